@@ -1,0 +1,47 @@
+# dlc: the two commands a newcomer needs are `make run` and `make test`.
+# Each installs what is missing first and is quick when nothing is.
+
+LLVM_PREFIX ?= /usr/lib/llvm-22
+DEBIAN_PACKAGES := llvm-22-dev libmlir-22-dev mlir-22-tools libpolly-22-dev zlib1g-dev libzstd-dev
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+CARGO ?= cargo
+EXAMPLE ?= examples/w2_mlp.dl
+
+.PHONY: all setup run test lint fuzz-smoke bench clean
+
+all: test
+
+# LLVM and MLIR 22 from Debian (mlir-opt checks our --mlir-generic output; later
+# levels link them), and the cargo tools the tests use.
+setup:
+	@if [ ! -x $(LLVM_PREFIX)/bin/mlir-opt ] || [ ! -x $(LLVM_PREFIX)/bin/llvm-config ]; then \
+		echo "installing $(DEBIAN_PACKAGES)"; \
+		$(SUDO) apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q $(DEBIAN_PACKAGES); \
+	fi
+	@$(CARGO) nextest --version >/dev/null 2>&1 || $(CARGO) install --locked cargo-nextest
+	@$(CARGO) fuzz --version >/dev/null 2>&1 || $(CARGO) install --locked cargo-fuzz
+
+# Check an example model, print its graph IR, run it on the reference interpreter.
+run: setup
+	$(CARGO) build --release --locked -p dlc
+	./target/release/dlc check $(EXAMPLE)
+	./target/release/dlc compile $(EXAMPLE) --emit graph -o -
+	./target/release/dlc run $(EXAMPLE) --backend interp --random-inputs 0
+
+lint:
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+
+test: setup lint
+	$(CARGO) nextest run --workspace --locked --no-fail-fast
+	$(MAKE) fuzz-smoke
+
+# A short, bounded fuzzing run of the front end and graph pipeline.
+FUZZ_SECONDS ?= 60
+fuzz-smoke:
+	cd fuzz && RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run frontend --sanitizer none -- \
+		-max_total_time=$(FUZZ_SECONDS) -max_len=4096 -rss_limit_mb=4096 corpus-seed
+
+clean:
+	$(CARGO) clean

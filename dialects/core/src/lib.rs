@@ -1,0 +1,32 @@
+//! What every dlc dialect shares: element and tensor types, the helpers that
+//! make each dialect's text form round-trip, verifier errors, and the pass
+//! infrastructure (the [`Pass`] trait, a registry of named passes, pipelines
+//! written `a,b{key=value},c`, and a manager that verifies after every pass).
+#![deny(missing_docs)]
+
+mod pass;
+mod text;
+mod types;
+
+pub use pass::{
+    Pass, PassError, PassManager, PassOptions, PassRegistry, PassReport, Pipeline,
+    PipelineEntry, Verify,
+};
+pub use text::{format_float, parse_float};
+pub use types::{DType, TensorType};
+
+/// A problem the verifier found: where it is (an op's text name such as `%3`,
+/// or a function `@mlp`) and why it is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifyError {
+    /// Where the problem is, in the text form's names.
+    pub location: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl std::fmt::Display for VerifyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.location, self.message)
+    }
+}

@@ -1,0 +1,300 @@
+//! The body of `graph.compute`: a user-defined operator in index notation.
+//!
+//! A body defines local element arrays `t0, t1, ...` in order and then the
+//! output `out`, each as a scalar expression over index variables `dN`.
+//! Operands are read as `in0, in1, ...` with affine indices; a read outside
+//! an operand's (or local's) bounds yields zero. Reductions bind their own
+//! variables with explicit ranges (`sum[d2 in 0..64](...)`).
+
+use std::fmt::{self, Write};
+
+use dlc_core::{DType, TensorType, format_float};
+
+use crate::ops::{BinaryOp, CmpOp, ReduceKind, UnaryOp};
+
+/// An index variable, printed `d{N}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct IndexVar(pub u32);
+
+impl fmt::Display for IndexVar {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "d{}", self.0)
+    }
+}
+
+/// `sum(coeff * var) + constant`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Affine {
+    /// Non-zero coefficients, one per variable.
+    pub terms: Vec<(i64, IndexVar)>,
+    /// The constant term.
+    pub constant: i64,
+}
+
+impl Affine {
+    /// The plain variable `v`.
+    pub fn var(v: IndexVar) -> Self {
+        Affine { terms: vec![(1, v)], constant: 0 }
+    }
+
+    /// The variable if this is exactly one variable with coefficient 1.
+    pub fn as_var(&self) -> Option<IndexVar> {
+        match (self.terms.as_slice(), self.constant) {
+            ([(1, v)], 0) => Some(*v),
+            _ => None,
+        }
+    }
+
+    /// Evaluates with `env[v]` the value of variable `v`.
+    pub fn eval(&self, env: &[i64]) -> i64 {
+        self.terms.iter().fold(self.constant, |acc, (c, v)| {
+            acc.saturating_add(c.saturating_mul(env[v.0 as usize]))
+        })
+    }
+}
+
+impl fmt::Display for Affine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut first = true;
+        for &(c, v) in &self.terms {
+            let (neg, mag) = (c < 0, c.unsigned_abs());
+            match (first, neg) {
+                (true, true) => f.write_str("-")?,
+                (false, true) => f.write_str(" - ")?,
+                (false, false) => f.write_str(" + ")?,
+                (true, false) => {}
+            }
+            if mag != 1 {
+                write!(f, "{mag}*")?;
+            }
+            write!(f, "{v}")?;
+            first = false;
+        }
+        if first {
+            write!(f, "{}", self.constant)
+        } else if self.constant > 0 {
+            write!(f, " + {}", self.constant)
+        } else if self.constant < 0 {
+            write!(f, " - {}", self.constant.unsigned_abs())
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// What a read reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// The op's `N`-th operand, printed `in{N}`.
+    Input(u32),
+    /// The body's `N`-th local, printed `t{N}`.
+    Local(u32),
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Input(i) => write!(f, "in{i}"),
+            Source::Local(i) => write!(f, "t{i}"),
+        }
+    }
+}
+
+/// A reduction variable and its half-open range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RangeVar {
+    /// The variable.
+    pub var: IndexVar,
+    /// First value.
+    pub lo: i64,
+    /// One past the last value.
+    pub hi: i64,
+}
+
+/// A scalar expression evaluated at one point of an index space.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ScalarExpr {
+    /// A number; its element type is that of the expression around it.
+    Const(f64),
+    /// An element of an operand or a local; zero outside its bounds.
+    Read {
+        /// Operand or local.
+        src: Source,
+        /// One affine index per dimension.
+        index: Vec<Affine>,
+    },
+    /// Unary function.
+    Unary(UnaryOp, Box<ScalarExpr>),
+    /// Binary function.
+    Binary(BinaryOp, Box<ScalarExpr>, Box<ScalarExpr>),
+    /// Comparison, giving bool.
+    Compare(CmpOp, Box<ScalarExpr>, Box<ScalarExpr>),
+    /// `where(c, a, b)`.
+    Select(Box<ScalarExpr>, Box<ScalarExpr>, Box<ScalarExpr>),
+    /// Type conversion.
+    Cast(DType, Box<ScalarExpr>),
+    /// Reduction over the given ranges.
+    Reduce {
+        /// How values combine.
+        kind: ReduceKind,
+        /// Bound variables.
+        vars: Vec<RangeVar>,
+        /// The reduced expression.
+        body: Box<ScalarExpr>,
+    },
+}
+
+/// A local element array (`let`) or the output (`out`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ElemDef {
+    /// One variable per dimension of `ty`.
+    pub vars: Vec<IndexVar>,
+    /// Shape and element type of the defined array.
+    pub ty: TensorType,
+    /// The value at each point.
+    pub expr: ScalarExpr,
+}
+
+/// The body of a `graph.compute` op.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ComputeBody {
+    /// The user operator's name, for readers of the IR.
+    pub name: String,
+    /// Locals `t0, t1, ...`, each computed before the next.
+    pub locals: Vec<ElemDef>,
+    /// The output; its type is the op's result type.
+    pub out: ElemDef,
+}
+
+fn write_vars(out: &mut String, vars: &[IndexVar]) {
+    for (i, v) in vars.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        let _ = write!(out, "{v}");
+    }
+}
+
+impl ComputeBody {
+    /// The body lines as printed between braces, without indentation.
+    pub fn lines(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        for (i, local) in self.locals.iter().enumerate() {
+            let mut s = format!("let t{i}[");
+            write_vars(&mut s, &local.vars);
+            let _ = write!(s, "] : {} = ", local.ty);
+            local.expr.write(&mut s, true);
+            lines.push(s);
+        }
+        let mut s = String::from("out[");
+        write_vars(&mut s, &self.out.vars);
+        s.push_str("] = ");
+        self.out.expr.write(&mut s, true);
+        lines.push(s);
+        lines
+    }
+}
+
+impl ScalarExpr {
+    /// Appends the text form; `top` leaves a binary expression unparenthesized.
+    pub fn write(&self, out: &mut String, top: bool) {
+        match self {
+            ScalarExpr::Const(v) => out.push_str(&format_float(*v)),
+            ScalarExpr::Read { src, index } => {
+                let _ = write!(out, "{src}[");
+                for (i, a) in index.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    let _ = write!(out, "{a}");
+                }
+                out.push(']');
+            }
+            ScalarExpr::Unary(UnaryOp::Neg, e) => {
+                out.push('-');
+                e.write(out, false);
+            }
+            ScalarExpr::Unary(u, e) => {
+                let _ = write!(out, "{}(", u.name());
+                e.write(out, true);
+                out.push(')');
+            }
+            ScalarExpr::Binary(b, l, r) => match (b.symbol(), b.function_name()) {
+                (Some(sym), _) => {
+                    if !top {
+                        out.push('(');
+                    }
+                    l.write(out, false);
+                    let _ = write!(out, " {sym} ");
+                    r.write(out, false);
+                    if !top {
+                        out.push(')');
+                    }
+                }
+                (None, fname) => {
+                    let _ = write!(out, "{}(", fname.unwrap_or("?"));
+                    l.write(out, true);
+                    out.push_str(", ");
+                    r.write(out, true);
+                    out.push(')');
+                }
+            },
+            ScalarExpr::Compare(c, l, r) => {
+                if !top {
+                    out.push('(');
+                }
+                l.write(out, false);
+                let _ = write!(out, " {} ", c.symbol());
+                r.write(out, false);
+                if !top {
+                    out.push(')');
+                }
+            }
+            ScalarExpr::Select(c, a, b) => {
+                out.push_str("where(");
+                c.write(out, true);
+                out.push_str(", ");
+                a.write(out, true);
+                out.push_str(", ");
+                b.write(out, true);
+                out.push(')');
+            }
+            ScalarExpr::Cast(t, e) => {
+                out.push_str("cast(");
+                e.write(out, true);
+                let _ = write!(out, ", {t})");
+            }
+            ScalarExpr::Reduce { kind, vars, body } => {
+                let _ = write!(out, "{}[", kind.name());
+                for (i, rv) in vars.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    let _ = write!(out, "{} in {}..{}", rv.var, rv.lo, rv.hi);
+                }
+                out.push_str("](");
+                body.write(out, true);
+                out.push(')');
+            }
+        }
+    }
+
+    /// Calls `f` on this expression and every sub-expression, parents first.
+    pub fn visit<'a>(&'a self, f: &mut dyn FnMut(&'a ScalarExpr)) {
+        f(self);
+        match self {
+            ScalarExpr::Const(_) | ScalarExpr::Read { .. } => {}
+            ScalarExpr::Unary(_, e) | ScalarExpr::Cast(_, e) => e.visit(f),
+            ScalarExpr::Reduce { body, .. } => body.visit(f),
+            ScalarExpr::Binary(_, a, b) | ScalarExpr::Compare(_, a, b) => {
+                a.visit(f);
+                b.visit(f);
+            }
+            ScalarExpr::Select(c, a, b) => {
+                c.visit(f);
+                a.visit(f);
+                b.visit(f);
+            }
+        }
+    }
+}

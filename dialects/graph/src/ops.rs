@@ -1,0 +1,649 @@
+//! The graph dialect's operations. Each op is declared once here: its name,
+//! its attributes (as generic [`Attr`] values), and how it is rebuilt from
+//! them; the text printer, the text parser and the MLIR printer all derive
+//! from [`Op::name`], [`Op::attrs`] and [`Op::from_parts`].
+
+use dlc_core::DType;
+
+use crate::compute::ComputeBody;
+
+/// Element-wise functions of one operand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    /// `-x`
+    Neg,
+    /// `max(x, 0)`
+    Relu,
+    /// `e^x`
+    Exp,
+    /// natural logarithm
+    Log,
+    /// square root
+    Sqrt,
+    /// `1 / sqrt(x)`
+    Rsqrt,
+    /// hyperbolic tangent
+    Tanh,
+    /// `1 / (1 + e^-x)`
+    Sigmoid,
+    /// GELU, tanh approximation
+    Gelu,
+    /// absolute value
+    Abs,
+}
+
+impl UnaryOp {
+    /// Every unary op.
+    pub const ALL: [UnaryOp; 10] = [
+        UnaryOp::Neg,
+        UnaryOp::Relu,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Sqrt,
+        UnaryOp::Rsqrt,
+        UnaryOp::Tanh,
+        UnaryOp::Sigmoid,
+        UnaryOp::Gelu,
+        UnaryOp::Abs,
+    ];
+
+    /// Source-level and scalar-expression name (`relu`).
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Relu => "relu",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log => "log",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Rsqrt => "rsqrt",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::Gelu => "gelu",
+            UnaryOp::Abs => "abs",
+        }
+    }
+
+    /// Whether the op is defined on integers too (otherwise floats only).
+    pub fn accepts_int(self) -> bool {
+        matches!(self, UnaryOp::Neg | UnaryOp::Relu | UnaryOp::Abs)
+    }
+
+    /// The op from its name.
+    pub fn from_name(name: &str) -> Option<UnaryOp> {
+        UnaryOp::ALL.into_iter().find(|u| u.name() == name)
+    }
+}
+
+/// Element-wise functions of two operands (with broadcasting).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    /// `a + b`
+    Add,
+    /// `a - b`
+    Sub,
+    /// `a * b`
+    Mul,
+    /// `a / b` (floor division on integers)
+    Div,
+    /// element-wise maximum
+    Max,
+    /// element-wise minimum
+    Min,
+    /// `a ^ b`
+    Pow,
+}
+
+impl BinaryOp {
+    /// Every binary op.
+    pub const ALL: [BinaryOp; 7] = [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Max,
+        BinaryOp::Min,
+        BinaryOp::Pow,
+    ];
+
+    /// Graph op suffix (`add`, `maximum`).
+    pub fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+            BinaryOp::Max => "maximum",
+            BinaryOp::Min => "minimum",
+            BinaryOp::Pow => "pow",
+        }
+    }
+
+    /// The infix symbol, for the four arithmetic operators.
+    pub fn symbol(self) -> Option<&'static str> {
+        match self {
+            BinaryOp::Add => Some("+"),
+            BinaryOp::Sub => Some("-"),
+            BinaryOp::Mul => Some("*"),
+            BinaryOp::Div => Some("/"),
+            _ => None,
+        }
+    }
+
+    /// The function name used in scalar expressions for non-infix ops.
+    pub fn function_name(self) -> Option<&'static str> {
+        match self {
+            BinaryOp::Max => Some("max"),
+            BinaryOp::Min => Some("min"),
+            BinaryOp::Pow => Some("pow"),
+            _ => None,
+        }
+    }
+
+    /// Whether the op is defined on integers too.
+    pub fn accepts_int(self) -> bool {
+        self != BinaryOp::Pow
+    }
+}
+
+/// Element-wise comparisons; the result is `bool`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CmpOp {
+    /// `<`
+    Lt,
+    /// `<=`
+    Le,
+    /// `>`
+    Gt,
+    /// `>=`
+    Ge,
+    /// `==`
+    Eq,
+    /// `!=`
+    Ne,
+}
+
+impl CmpOp {
+    /// Every comparison.
+    pub const ALL: [CmpOp; 6] = [CmpOp::Lt, CmpOp::Le, CmpOp::Gt, CmpOp::Ge, CmpOp::Eq, CmpOp::Ne];
+
+    /// Graph op suffix (`lt`).
+    pub fn name(self) -> &'static str {
+        match self {
+            CmpOp::Lt => "lt",
+            CmpOp::Le => "le",
+            CmpOp::Gt => "gt",
+            CmpOp::Ge => "ge",
+            CmpOp::Eq => "eq",
+            CmpOp::Ne => "ne",
+        }
+    }
+
+    /// The infix symbol.
+    pub fn symbol(self) -> &'static str {
+        match self {
+            CmpOp::Lt => "<",
+            CmpOp::Le => "<=",
+            CmpOp::Gt => ">",
+            CmpOp::Ge => ">=",
+            CmpOp::Eq => "==",
+            CmpOp::Ne => "!=",
+        }
+    }
+
+    /// Applies the comparison.
+    pub fn apply(self, a: f64, b: f64) -> bool {
+        match self {
+            CmpOp::Lt => a < b,
+            CmpOp::Le => a <= b,
+            CmpOp::Gt => a > b,
+            CmpOp::Ge => a >= b,
+            CmpOp::Eq => a == b,
+            CmpOp::Ne => a != b,
+        }
+    }
+}
+
+/// How a reduction combines elements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReduceKind {
+    /// sum
+    Sum,
+    /// arithmetic mean (floats only)
+    Mean,
+    /// maximum
+    Max,
+    /// minimum
+    Min,
+    /// product
+    Prod,
+}
+
+impl ReduceKind {
+    /// Every reduction kind.
+    pub const ALL: [ReduceKind; 5] =
+        [ReduceKind::Sum, ReduceKind::Mean, ReduceKind::Max, ReduceKind::Min, ReduceKind::Prod];
+
+    /// Name in source and IR (`sum`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceKind::Sum => "sum",
+            ReduceKind::Mean => "mean",
+            ReduceKind::Max => "max",
+            ReduceKind::Min => "min",
+            ReduceKind::Prod => "prod",
+        }
+    }
+
+    /// The kind from its name.
+    pub fn from_name(name: &str) -> Option<ReduceKind> {
+        ReduceKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// The value a reduction over nothing gives.
+    pub fn identity(self) -> f64 {
+        match self {
+            ReduceKind::Sum | ReduceKind::Mean => 0.0,
+            ReduceKind::Prod => 1.0,
+            ReduceKind::Max => f64::NEG_INFINITY,
+            ReduceKind::Min => f64::INFINITY,
+        }
+    }
+
+    /// Folds one more element into an accumulator.
+    pub fn combine(self, acc: f64, x: f64) -> f64 {
+        match self {
+            ReduceKind::Sum | ReduceKind::Mean => acc + x,
+            ReduceKind::Prod => acc * x,
+            // NaN propagates, as in NumPy.
+            ReduceKind::Max => {
+                if x.is_nan() || x > acc {
+                    x
+                } else {
+                    acc
+                }
+            }
+            ReduceKind::Min => {
+                if x.is_nan() || x < acc {
+                    x
+                } else {
+                    acc
+                }
+            }
+        }
+    }
+}
+
+/// Kind of 2-D pooling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PoolKind {
+    /// maximum over the window (padding never wins)
+    Max,
+    /// mean over the window, padding counted (PyTorch's default)
+    Avg,
+}
+
+/// The value of a constant op: one value repeated, or every element.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ConstValue {
+    /// Every element is this value.
+    Splat(f64),
+    /// Each element, row-major.
+    Dense(Vec<f64>),
+}
+
+/// A graph operation. Operands are the node's incoming edges; what an op
+/// needs beyond its operands' types to determine its result types is here.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Op {
+    /// The function's `index`-th parameter.
+    Param {
+        /// Position in the signature.
+        index: u32,
+    },
+    /// A constant tensor of the node's result type.
+    Constant(ConstValue),
+    /// Element-wise unary function.
+    Unary(UnaryOp),
+    /// Element-wise binary function with NumPy broadcasting.
+    Binary(BinaryOp),
+    /// Element-wise comparison with broadcasting, giving `bool`.
+    Compare(CmpOp),
+    /// `where(cond, a, b)` with broadcasting.
+    Select,
+    /// Element type conversion.
+    Cast {
+        /// Target type.
+        to: DType,
+    },
+    /// `numpy.matmul`.
+    MatMul,
+    /// Reduction over `axes` (sorted, distinct).
+    Reduce {
+        /// How elements combine.
+        kind: ReduceKind,
+        /// Reduced axes.
+        axes: Vec<usize>,
+        /// Whether reduced axes stay with extent 1.
+        keepdims: bool,
+    },
+    /// Softmax along one axis.
+    Softmax {
+        /// The normalized axis.
+        axis: usize,
+    },
+    /// `(x - mean) / sqrt(var + eps)` over `axes`, without scale and shift.
+    LayerNorm {
+        /// Normalized axes (sorted, distinct).
+        axes: Vec<usize>,
+        /// Added to the variance.
+        eps: f64,
+    },
+    /// Same elements, new shape.
+    Reshape {
+        /// New shape.
+        shape: Vec<usize>,
+    },
+    /// Axis permutation: result axis `i` is operand axis `perm[i]`.
+    Transpose {
+        /// The permutation.
+        perm: Vec<usize>,
+    },
+    /// Joins operands along an axis.
+    Concat {
+        /// The joined axis.
+        axis: usize,
+    },
+    /// `x[.., start..end, ..]` along one axis.
+    Slice {
+        /// The sliced axis.
+        axis: usize,
+        /// First index kept.
+        start: usize,
+        /// One past the last index kept.
+        end: usize,
+    },
+    /// `numpy.broadcast_to`.
+    Broadcast {
+        /// Target shape.
+        shape: Vec<usize>,
+    },
+    /// 2-D convolution, NCHW input and OIHW weights.
+    Conv2d {
+        /// Stride along H and W.
+        stride: [usize; 2],
+        /// Zero padding along H and W.
+        padding: [usize; 2],
+        /// Channel groups.
+        groups: usize,
+    },
+    /// 2-D pooling over NCHW.
+    Pool2d {
+        /// Max or average.
+        kind: PoolKind,
+        /// Window extent along H and W.
+        kernel: [usize; 2],
+        /// Stride along H and W.
+        stride: [usize; 2],
+        /// Padding along H and W.
+        padding: [usize; 2],
+    },
+    /// Inference batch normalization along axis 1:
+    /// `(x - mean) / sqrt(var + eps) * gamma + beta`.
+    BatchNorm {
+        /// Added to the variance.
+        eps: f64,
+    },
+    /// A user-defined operator in index notation.
+    Compute(Box<ComputeBody>),
+    /// A call of another function of the module.
+    Call {
+        /// The callee's name.
+        callee: String,
+    },
+}
+
+/// A generic attribute value, as the text forms write it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Attr {
+    /// `3`
+    Int(i64),
+    /// `1.0e-5`
+    Float(f64),
+    /// `true`
+    Bool(bool),
+    /// `f32`
+    Type(DType),
+    /// `[0, 2, 1]` or `[1.0, 2.5]`; integers are kept exact.
+    List(Vec<Number>),
+}
+
+/// A number inside a list attribute.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Number {
+    /// Written without `.` or exponent.
+    Int(i64),
+    /// Written with `.`, an exponent, `inf` or `nan`.
+    Float(f64),
+}
+
+impl Number {
+    /// The value as a float.
+    pub fn as_f64(self) -> f64 {
+        match self {
+            Number::Int(i) => i as f64,
+            Number::Float(f) => f,
+        }
+    }
+}
+
+fn ints(v: &[usize]) -> Attr {
+    Attr::List(v.iter().map(|&x| Number::Int(x as i64)).collect())
+}
+
+fn pair(v: [usize; 2]) -> Attr {
+    ints(&v)
+}
+
+impl Op {
+    /// The op's full name (`graph.matmul`).
+    pub fn name(&self) -> String {
+        let suffix: &str = match self {
+            Op::Param { .. } => "param",
+            Op::Constant(_) => "constant",
+            Op::Unary(u) => u.name(),
+            Op::Binary(b) => b.name(),
+            Op::Compare(c) => c.name(),
+            Op::Select => "select",
+            Op::Cast { .. } => "cast",
+            Op::MatMul => "matmul",
+            Op::Reduce { kind, .. } => kind.name(),
+            Op::Softmax { .. } => "softmax",
+            Op::LayerNorm { .. } => "layernorm",
+            Op::Reshape { .. } => "reshape",
+            Op::Transpose { .. } => "transpose",
+            Op::Concat { .. } => "concat",
+            Op::Slice { .. } => "slice",
+            Op::Broadcast { .. } => "broadcast",
+            Op::Conv2d { .. } => "conv2d",
+            Op::Pool2d { kind: PoolKind::Max, .. } => "maxpool2d",
+            Op::Pool2d { kind: PoolKind::Avg, .. } => "avgpool2d",
+            Op::BatchNorm { .. } => "batchnorm",
+            Op::Compute(_) => "compute",
+            Op::Call { .. } => "call",
+        };
+        format!("graph.{suffix}")
+    }
+
+    /// The attributes the text forms print, in print order. The compute body
+    /// and the callee have text forms of their own and are not listed.
+    pub fn attrs(&self) -> Vec<(&'static str, Attr)> {
+        match self {
+            Op::Param { index } => vec![("index", Attr::Int(i64::from(*index)))],
+            Op::Constant(ConstValue::Splat(v)) => vec![("value", Attr::Float(*v))],
+            Op::Constant(ConstValue::Dense(vs)) => {
+                vec![("value", Attr::List(vs.iter().map(|&v| Number::Float(v)).collect()))]
+            }
+            Op::Cast { to } => vec![("to", Attr::Type(*to))],
+            Op::Reduce { axes, keepdims, .. } => {
+                vec![("axes", ints(axes)), ("keepdims", Attr::Bool(*keepdims))]
+            }
+            Op::Softmax { axis } => vec![("axis", Attr::Int(*axis as i64))],
+            Op::LayerNorm { axes, eps } => vec![("axes", ints(axes)), ("eps", Attr::Float(*eps))],
+            Op::Reshape { shape } | Op::Broadcast { shape } => vec![("shape", ints(shape))],
+            Op::Transpose { perm } => vec![("perm", ints(perm))],
+            Op::Concat { axis } => vec![("axis", Attr::Int(*axis as i64))],
+            Op::Slice { axis, start, end } => vec![
+                ("axis", Attr::Int(*axis as i64)),
+                ("start", Attr::Int(*start as i64)),
+                ("end", Attr::Int(*end as i64)),
+            ],
+            Op::Conv2d { stride, padding, groups } => vec![
+                ("stride", pair(*stride)),
+                ("padding", pair(*padding)),
+                ("groups", Attr::Int(*groups as i64)),
+            ],
+            Op::Pool2d { kernel, stride, padding, .. } => vec![
+                ("kernel", pair(*kernel)),
+                ("stride", pair(*stride)),
+                ("padding", pair(*padding)),
+            ],
+            Op::BatchNorm { eps } => vec![("eps", Attr::Float(*eps))],
+            Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Compare(_)
+            | Op::Select
+            | Op::MatMul
+            | Op::Compute(_)
+            | Op::Call { .. } => vec![],
+        }
+    }
+
+    /// Rebuilds an op from its name and attributes (not `param`, `compute`
+    /// or `call`, which the parser builds from their own syntax).
+    pub fn from_parts(name: &str, attrs: &[(String, Attr)]) -> Result<Op, String> {
+        let suffix = name
+            .strip_prefix("graph.")
+            .ok_or_else(|| format!("`{name}` is not a graph dialect op"))?;
+        let mut a = AttrReader { op: name, attrs, used: vec![false; attrs.len()] };
+        let op = if let Some(u) = UnaryOp::from_name(suffix) {
+            Op::Unary(u)
+        } else if let Some(b) = BinaryOp::ALL.into_iter().find(|b| b.name() == suffix) {
+            Op::Binary(b)
+        } else if let Some(c) = CmpOp::ALL.into_iter().find(|c| c.name() == suffix) {
+            Op::Compare(c)
+        } else if let Some(kind) = ReduceKind::from_name(suffix) {
+            Op::Reduce { kind, axes: a.usizes("axes")?, keepdims: a.bool("keepdims")? }
+        } else {
+            match suffix {
+                "constant" => Op::Constant(match a.get("value")? {
+                    Attr::Float(v) => ConstValue::Splat(*v),
+                    Attr::Int(i) => ConstValue::Splat(*i as f64),
+                    Attr::List(vs) => ConstValue::Dense(vs.iter().map(|n| n.as_f64()).collect()),
+                    _ => return Err(format!("{name}: `value` must be a number or a list")),
+                }),
+                "select" => Op::Select,
+                "cast" => match a.get("to")? {
+                    Attr::Type(t) => Op::Cast { to: *t },
+                    _ => return Err(format!("{name}: `to` must be an element type")),
+                },
+                "matmul" => Op::MatMul,
+                "softmax" => Op::Softmax { axis: a.usize("axis")? },
+                "layernorm" => Op::LayerNorm { axes: a.usizes("axes")?, eps: a.float("eps")? },
+                "reshape" => Op::Reshape { shape: a.usizes("shape")? },
+                "broadcast" => Op::Broadcast { shape: a.usizes("shape")? },
+                "transpose" => Op::Transpose { perm: a.usizes("perm")? },
+                "concat" => Op::Concat { axis: a.usize("axis")? },
+                "slice" => Op::Slice {
+                    axis: a.usize("axis")?,
+                    start: a.usize("start")?,
+                    end: a.usize("end")?,
+                },
+                "conv2d" => Op::Conv2d {
+                    stride: a.pair("stride")?,
+                    padding: a.pair("padding")?,
+                    groups: a.usize("groups")?,
+                },
+                "maxpool2d" | "avgpool2d" => Op::Pool2d {
+                    kind: if suffix == "maxpool2d" { PoolKind::Max } else { PoolKind::Avg },
+                    kernel: a.pair("kernel")?,
+                    stride: a.pair("stride")?,
+                    padding: a.pair("padding")?,
+                },
+                "batchnorm" => Op::BatchNorm { eps: a.float("eps")? },
+                _ => return Err(format!("unknown op `{name}`")),
+            }
+        };
+        a.finish()?;
+        Ok(op)
+    }
+}
+
+struct AttrReader<'a> {
+    op: &'a str,
+    attrs: &'a [(String, Attr)],
+    used: Vec<bool>,
+}
+
+impl AttrReader<'_> {
+    fn get(&mut self, key: &str) -> Result<&Attr, String> {
+        match self.attrs.iter().position(|(k, _)| k == key) {
+            Some(i) => {
+                self.used[i] = true;
+                Ok(&self.attrs[i].1)
+            }
+            None => Err(format!("{}: missing attribute `{key}`", self.op)),
+        }
+    }
+
+    fn usize(&mut self, key: &str) -> Result<usize, String> {
+        let op = self.op;
+        match self.get(key)? {
+            Attr::Int(i) if *i >= 0 => Ok(*i as usize),
+            _ => Err(format!("{op}: `{key}` must be a non-negative integer")),
+        }
+    }
+
+    fn usizes(&mut self, key: &str) -> Result<Vec<usize>, String> {
+        let op = self.op;
+        match self.get(key)? {
+            Attr::List(vs) => vs
+                .iter()
+                .map(|n| match n {
+                    Number::Int(i) if *i >= 0 => Ok(*i as usize),
+                    _ => Err(format!("{op}: `{key}` must list non-negative integers")),
+                })
+                .collect(),
+            _ => Err(format!("{op}: `{key}` must be a list of integers")),
+        }
+    }
+
+    fn pair(&mut self, key: &str) -> Result<[usize; 2], String> {
+        let v = self.usizes(key)?;
+        <[usize; 2]>::try_from(v.as_slice())
+            .map_err(|_| format!("{}: `{key}` must list two integers", self.op))
+    }
+
+    fn float(&mut self, key: &str) -> Result<f64, String> {
+        let op = self.op;
+        match self.get(key)? {
+            Attr::Float(f) => Ok(*f),
+            Attr::Int(i) => Ok(*i as f64),
+            _ => Err(format!("{op}: `{key}` must be a number")),
+        }
+    }
+
+    fn bool(&mut self, key: &str) -> Result<bool, String> {
+        let op = self.op;
+        match self.get(key)? {
+            Attr::Bool(b) => Ok(*b),
+            _ => Err(format!("{op}: `{key}` must be `true` or `false`")),
+        }
+    }
+
+    fn finish(self) -> Result<(), String> {
+        match self.used.iter().position(|u| !u) {
+            Some(i) => Err(format!("{}: unexpected attribute `{}`", self.op, self.attrs[i].0)),
+            None => Ok(()),
+        }
+    }
+}

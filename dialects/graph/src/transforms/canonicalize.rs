@@ -1,0 +1,198 @@
+use dlc_core::{Pass, PassError, TensorType};
+use petgraph::stable_graph::NodeIndex;
+
+use super::dce::remove_dead_nodes;
+use crate::interp::{Tensor, eval_op};
+use crate::module::{Function, Module, Value};
+use crate::ops::{BinaryOp, ConstValue, Op, UnaryOp};
+
+/// `graph.canonicalize`: folds constants and applies algebraic identities
+/// until nothing changes (or `max_iterations` sweeps), then removes what
+/// became dead. Identities treat `-0.0` and `0.0` as equal (`x + 0 -> x`).
+pub struct Canonicalize {
+    /// Upper bound on sweeps over each function.
+    pub max_iterations: u32,
+}
+
+/// Constants larger than this many elements are not folded, so folding never
+/// bloats the IR with huge dense literals.
+pub const FOLD_LIMIT: usize = 4096;
+
+fn splat(f: &Function, v: Value) -> Option<f64> {
+    match &f.body[v.node].op {
+        Op::Constant(ConstValue::Splat(x)) => Some(*x),
+        Op::Constant(ConstValue::Dense(xs)) => {
+            let first = *xs.first()?;
+            xs.iter().all(|x| x.to_bits() == first.to_bits()).then_some(first)
+        }
+        _ => None,
+    }
+}
+
+fn const_tensor(f: &Function, v: Value) -> Option<Tensor> {
+    let n = &f.body[v.node];
+    let ty = &n.results[0];
+    let values = match &n.op {
+        Op::Constant(ConstValue::Splat(x)) => vec![*x; ty.num_elements()?],
+        Op::Constant(ConstValue::Dense(xs)) => xs.clone(),
+        _ => return None,
+    };
+    Tensor::from_vec(ty, values).ok()
+}
+
+fn try_fold(f: &Function, node: NodeIndex) -> Option<Op> {
+    let n = &f.body[node];
+    if matches!(n.op, Op::Param { .. } | Op::Constant(_) | Op::Call { .. }) || n.results.len() != 1 {
+        return None;
+    }
+    if n.results[0].num_elements()? > FOLD_LIMIT {
+        return None;
+    }
+    let inputs: Vec<Tensor> =
+        f.operands(node).into_iter().map(|v| const_tensor(f, v)).collect::<Option<_>>()?;
+    let refs: Vec<&Tensor> = inputs.iter().collect();
+    let out = eval_op(&n.op, &refs, &n.results).ok()?.pop()?;
+    let values: Vec<f64> = out.data.iter().copied().collect();
+    let first = values.first().copied();
+    Some(Op::Constant(match first {
+        Some(x) if values.iter().all(|v| v.to_bits() == x.to_bits()) => ConstValue::Splat(x),
+        _ => ConstValue::Dense(values),
+    }))
+}
+
+/// What a node simplifies to: an existing value, or a new op on operands.
+enum Rewrite {
+    Use(Value),
+    New(Op, Vec<Value>),
+}
+
+fn simplify(f: &Function, node: NodeIndex) -> Option<Rewrite> {
+    let n = &f.body[node];
+    let ty: &TensorType = n.results.first()?;
+    let ops = f.operands(node);
+    let same_type = |v: Value| f.value_type(v) == ty;
+    let is = |v: Value, c: f64| splat(f, v) == Some(c);
+    let producer = |v: Value| &f.body[v.node].op;
+    match &n.op {
+        Op::Binary(b) => {
+            let (x, y) = (ops[0], ops[1]);
+            let keep_x = match b {
+                BinaryOp::Add => is(y, 0.0),
+                BinaryOp::Sub => is(y, 0.0),
+                BinaryOp::Mul | BinaryOp::Div => is(y, 1.0),
+                _ => false,
+            };
+            let keep_y = match b {
+                BinaryOp::Add => is(x, 0.0),
+                BinaryOp::Mul => is(x, 1.0),
+                _ => false,
+            };
+            if keep_x && same_type(x) {
+                Some(Rewrite::Use(x))
+            } else if keep_y && same_type(y) {
+                Some(Rewrite::Use(y))
+            } else {
+                None
+            }
+        }
+        Op::Unary(UnaryOp::Neg) => match producer(ops[0]) {
+            Op::Unary(UnaryOp::Neg) => Some(Rewrite::Use(f.operands(ops[0].node)[0])),
+            _ => None,
+        },
+        Op::Transpose { perm } => {
+            if perm.iter().enumerate().all(|(i, &p)| i == p) {
+                return Some(Rewrite::Use(ops[0]));
+            }
+            match producer(ops[0]) {
+                Op::Transpose { perm: inner } => {
+                    let composed: Vec<usize> = perm.iter().map(|&p| inner[p]).collect();
+                    let x = f.operands(ops[0].node)[0];
+                    if composed.iter().enumerate().all(|(i, &p)| i == p) {
+                        Some(Rewrite::Use(x))
+                    } else {
+                        Some(Rewrite::New(Op::Transpose { perm: composed }, vec![x]))
+                    }
+                }
+                _ => None,
+            }
+        }
+        Op::Reshape { shape } => {
+            if same_type(ops[0]) {
+                return Some(Rewrite::Use(ops[0]));
+            }
+            match producer(ops[0]) {
+                Op::Reshape { .. } => {
+                    let x = f.operands(ops[0].node)[0];
+                    if f.value_type(x) == ty {
+                        Some(Rewrite::Use(x))
+                    } else {
+                        Some(Rewrite::New(Op::Reshape { shape: shape.clone() }, vec![x]))
+                    }
+                }
+                _ => None,
+            }
+        }
+        Op::Broadcast { .. } | Op::Cast { .. } | Op::Slice { .. } | Op::Concat { .. }
+            if ops.len() == 1 && same_type(ops[0]) =>
+        {
+            Some(Rewrite::Use(ops[0]))
+        }
+        Op::Reduce { axes, .. } if axes.is_empty() && same_type(ops[0]) => {
+            Some(Rewrite::Use(ops[0]))
+        }
+        _ => None,
+    }
+}
+
+fn canonicalize_function(f: &mut Function, max_iterations: u32) -> (u64, u64) {
+    let (mut folded, mut simplified) = (0, 0);
+    for _ in 0..max_iterations {
+        let mut changed = false;
+        for node in f.topo_order() {
+            if !f.body.contains_node(node) || f.users(node).is_empty() && !f.results.iter().any(|r| r.node == node) {
+                continue;
+            }
+            if let Some(op) = try_fold(f, node) {
+                let ty = f.body[node].results.clone();
+                let new = f.add_node(op, &[], ty);
+                f.replace_all_uses(Value::of(node), Value::of(new));
+                folded += 1;
+                changed = true;
+                continue;
+            }
+            if let Some(rw) = simplify(f, node) {
+                let to = match rw {
+                    Rewrite::Use(v) => v,
+                    Rewrite::New(op, operands) => {
+                        let ty = f.body[node].results.clone();
+                        Value::of(f.add_node(op, &operands, ty))
+                    }
+                };
+                f.replace_all_uses(Value::of(node), to);
+                simplified += 1;
+                changed = true;
+            }
+        }
+        remove_dead_nodes(f);
+        if !changed {
+            break;
+        }
+    }
+    (folded, simplified)
+}
+
+impl Pass<Module> for Canonicalize {
+    fn name(&self) -> &'static str {
+        "graph.canonicalize"
+    }
+
+    fn run(&mut self, m: &mut Module) -> Result<Vec<(&'static str, u64)>, PassError> {
+        let (mut folded, mut simplified) = (0, 0);
+        for f in &mut m.functions {
+            let (a, b) = canonicalize_function(f, self.max_iterations);
+            folded += a;
+            simplified += b;
+        }
+        Ok(vec![("constants folded", folded), ("identities applied", simplified)])
+    }
+}

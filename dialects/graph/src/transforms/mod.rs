@@ -1,0 +1,42 @@
+//! Graph-dialect transforms and the registry that names them.
+
+mod canonicalize;
+mod dce;
+mod inline;
+
+pub use canonicalize::{Canonicalize, FOLD_LIMIT};
+pub use dce::{Dce, remove_dead_nodes};
+pub use inline::Inline;
+
+use dlc_core::PassRegistry;
+
+use crate::Module;
+
+/// The pipeline `dlc compile` and `dlc run` apply by default.
+pub const DEFAULT_PIPELINE: &str = "graph.inline,graph.canonicalize,graph.dce";
+
+/// Every graph pass, by name.
+pub fn registry() -> PassRegistry<Module> {
+    let mut r = PassRegistry::default();
+    r.register(
+        "graph.canonicalize",
+        "constant folding and algebraic identities (transpose of transpose, x*1, x+0, reshape of reshape, ...)",
+        |o| {
+            o.expect_only(&["max-iterations"])?;
+            Ok(Box::new(Canonicalize { max_iterations: o.get("max-iterations", 16)? }))
+        },
+    );
+    r.register("graph.dce", "removes ops whose results are never used", |o| {
+        o.expect_only(&[])?;
+        Ok(Box::new(Dce))
+    });
+    r.register(
+        "graph.inline",
+        "inlines every call and removes private functions left uncalled",
+        |o| {
+            o.expect_only(&[])?;
+            Ok(Box::new(Inline))
+        },
+    );
+    r
+}
