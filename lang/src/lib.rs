@@ -1,1 +1,126 @@
-//! placeholder during bootstrap
+//! The dlc language front end: a logos lexer, a lalrpop grammar, the AST,
+//! and the elaborator that checks names, shapes and element types and turns
+//! a program into a graph-dialect module (instantiating generic functions
+//! and turning user operators into `graph.compute` ops).
+//!
+//! Every error is a [`Diagnostic`] with a source span; no input makes this
+//! crate panic, overflow its stack or loop forever.
+#![deny(missing_docs)]
+
+pub mod ast;
+mod diag;
+mod elaborate;
+pub mod lexer;
+
+#[allow(clippy::all, missing_docs, unused_parens, rust_2018_idioms)]
+mod grammar {
+    include!(concat!(env!("OUT_DIR"), "/grammar.rs"));
+}
+
+pub use diag::{Diagnostic, Diagnostics};
+pub use elaborate::{DEFAULT_FLOAT, DEFAULT_INT, elaborate};
+
+use ast::{Program, Span};
+use lalrpop_util::ParseError;
+use lexer::LexError;
+
+/// An error raised inside the grammar: a lexical error or too deep nesting.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SyntaxError {
+    /// The lexer could not make a token.
+    Lex(LexError, Span),
+    /// Expressions nest deeper than [`ast::MAX_DEPTH`].
+    TooDeep(Span),
+}
+
+fn describe_expected(expected: &[String]) -> String {
+    let mut items: Vec<String> = expected
+        .iter()
+        .filter(|e| e.as_str() != "\"unterminated comment\"")
+        .map(|e| match e.trim_matches('"') {
+            "name" => "a name".to_string(),
+            "integer" => "an integer".to_string(),
+            "number" => "a number".to_string(),
+            other => format!("`{other}`"),
+        })
+        .collect();
+    items.dedup();
+    match items.len() {
+        0 => String::new(),
+        1 => format!("; expected {}", items[0]),
+        n if n <= 8 => format!("; expected one of {}", items.join(", ")),
+        _ => format!("; expected one of {}, ...", items[..8].join(", ")),
+    }
+}
+
+fn token_text(src: &str, l: usize, r: usize) -> String {
+    src.get(l..r).unwrap_or("?").to_string()
+}
+
+/// Parses source text into an AST.
+pub fn parse(src: &str) -> Result<Program, Diagnostics> {
+    let toks =
+        lexer::tokens(src).map(|t| t.map_err(|(e, l, r)| SyntaxError::Lex(e, Span::new(l, r))));
+    grammar::ProgramParser::new().parse(toks).map_err(|e| {
+        let d = match e {
+            ParseError::InvalidToken { location } => {
+                Diagnostic::new("invalid token", Span::new(location, location + 1), "here")
+            }
+            ParseError::UnrecognizedEof { location, expected } => Diagnostic::new(
+                format!("unexpected end of input{}", describe_expected(&expected)),
+                Span::new(location, location),
+                "input ends here",
+            ),
+            ParseError::UnrecognizedToken {
+                token: (l, _, r),
+                expected,
+            } => Diagnostic::new(
+                format!(
+                    "unexpected `{}`{}",
+                    token_text(src, l, r),
+                    describe_expected(&expected)
+                ),
+                Span::new(l, r),
+                "unexpected here",
+            ),
+            ParseError::ExtraToken { token: (l, _, r) } => Diagnostic::new(
+                format!(
+                    "unexpected `{}` after the end of the program",
+                    token_text(src, l, r)
+                ),
+                Span::new(l, r),
+                "extra token",
+            ),
+            ParseError::User {
+                error: SyntaxError::TooDeep(span),
+            } => Diagnostic::new(
+                format!("expression nests deeper than {} levels", ast::MAX_DEPTH),
+                span,
+                "too deeply nested",
+            )
+            .with_note("split it into several `let` statements"),
+            ParseError::User {
+                error: SyntaxError::Lex(kind, span),
+            } => {
+                let what = match kind {
+                    LexError::Invalid => {
+                        format!(
+                            "unexpected character `{}`",
+                            token_text(src, span.start, span.end)
+                        )
+                    }
+                    LexError::IntOverflow => "integer literal does not fit in 64 bits".to_string(),
+                    LexError::UnterminatedComment => "`/*` comment is never closed".to_string(),
+                };
+                Diagnostic::new(what, span, "here")
+            }
+        };
+        Diagnostics(vec![d])
+    })
+}
+
+/// Parses and elaborates source text into a verified graph module.
+pub fn compile_source(src: &str) -> Result<dlc_graph::Module, Diagnostics> {
+    let program = parse(src)?;
+    elaborate(&program)
+}

@@ -1,1 +1,265 @@
-//! placeholder during bootstrap
+//! The dlc runtime. For now: host tensors, their `.npy` files and random
+//! inputs, which `dlc run` and embedders use to feed and read models.
+//! Loading compiled modules, the CPU thread pool and CUDA (through cudarc,
+//! behind a feature) come with the back ends that produce code for them.
+#![deny(missing_docs)]
+
+use std::fs::File;
+use std::io::{BufReader, BufWriter};
+use std::path::Path;
+
+use dlc_core::{DType, TensorType};
+use npyz::WriterBuilder;
+use rand::{Rng, SeedableRng, rngs::StdRng};
+
+/// A tensor in host memory, its elements stored as f64 values that are each
+/// exactly representable in its element type.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostTensor {
+    /// Element type and shape.
+    pub ty: TensorType,
+    /// Elements, row-major.
+    pub data: Vec<f64>,
+}
+
+/// Why a tensor could not be read, written or made.
+#[derive(Debug, thiserror::Error)]
+pub enum TensorError {
+    /// The file could not be opened, read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The system error.
+        source: std::io::Error,
+    },
+    /// The file is not an `.npy` array dlc can read.
+    #[error("{path}: {message}")]
+    Format {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The tensor's data length disagrees with its type.
+    #[error("{ty} needs {expected} elements, got {got}")]
+    Length {
+        /// The type.
+        ty: TensorType,
+        /// Elements the type has.
+        expected: usize,
+        /// Elements given.
+        got: usize,
+    },
+}
+
+fn io_err(path: &Path) -> impl Fn(std::io::Error) -> TensorError + '_ {
+    move |source| TensorError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// Rounds to the nearest value of `dtype` (integers wrap, bool is `x != 0`).
+fn round_to(dtype: DType, x: f64) -> f64 {
+    match dtype {
+        DType::F32 => x as f32 as f64,
+        DType::F16 => half::f16::from_f64(x).to_f64(),
+        DType::BF16 => half::bf16::from_f64(x).to_f64(),
+        DType::I32 => (x as i64) as i32 as f64,
+        DType::I64 => x as i64 as f64,
+        DType::Bool => f64::from(u8::from(x != 0.0)),
+    }
+}
+
+impl HostTensor {
+    /// A tensor from a type and row-major elements, rounded to the type.
+    pub fn new(ty: TensorType, data: Vec<f64>) -> Result<HostTensor, TensorError> {
+        let expected = ty.num_elements().unwrap_or(usize::MAX);
+        if data.len() != expected {
+            return Err(TensorError::Length {
+                ty,
+                expected,
+                got: data.len(),
+            });
+        }
+        let data = data.into_iter().map(|x| round_to(ty.dtype, x)).collect();
+        Ok(HostTensor { ty, data })
+    }
+
+    /// Random elements: floats uniform in [-1, 1), integers uniform in
+    /// [-10, 10], booleans fair coins; the same seed gives the same tensor.
+    pub fn random(ty: &TensorType, rng: &mut StdRng) -> HostTensor {
+        let n = ty.num_elements().unwrap_or(0);
+        let data = (0..n)
+            .map(|_| match ty.dtype {
+                d if d.is_float() => round_to(d, rng.random_range(-1.0..1.0)),
+                DType::Bool => f64::from(u8::from(rng.random_bool(0.5))),
+                _ => rng.random_range(-10i64..=10) as f64,
+            })
+            .collect();
+        HostTensor {
+            ty: ty.clone(),
+            data,
+        }
+    }
+
+    /// Reads an `.npy` file. Its element type maps to dlc's: `<f4` f32,
+    /// `<f2` f16, `<i4` i32, `<i8` i64, `|b1` bool. NumPy has no bfloat16:
+    /// read a float32 file with `as_dtype = Some(BF16)` to round it.
+    pub fn read_npy(path: &Path, as_dtype: Option<DType>) -> Result<HostTensor, TensorError> {
+        let file = File::open(path).map_err(io_err(path))?;
+        let npy = npyz::NpyFile::new(BufReader::new(file)).map_err(|e| TensorError::Format {
+            path: path.display().to_string(),
+            message: format!("not a readable .npy file: {e}"),
+        })?;
+        let format_err = |message: String| TensorError::Format {
+            path: path.display().to_string(),
+            message,
+        };
+        if npy.order() == npyz::Order::Fortran {
+            return Err(format_err(
+                "Fortran-ordered arrays are not supported; save with C order".into(),
+            ));
+        }
+        let shape: Vec<usize> = npy
+            .shape()
+            .iter()
+            .map(|&d| usize::try_from(d).map_err(|_| format_err("dimension too large".into())))
+            .collect::<Result<_, _>>()?;
+        let npyz::DType::Plain(ts) = npy.dtype() else {
+            return Err(format_err("structured arrays are not supported".into()));
+        };
+        let descr = ts.to_string();
+        let file_dtype = match (ts.type_char(), ts.size_field()) {
+            (npyz::TypeChar::Float, 4) => DType::F32,
+            (npyz::TypeChar::Float, 2) => DType::F16,
+            (npyz::TypeChar::Int, 4) => DType::I32,
+            (npyz::TypeChar::Int, 8) => DType::I64,
+            (npyz::TypeChar::Bool, 1) => DType::Bool,
+            _ => {
+                return Err(format_err(format!(
+                    "element type `{descr}` has no dlc equivalent"
+                )));
+            }
+        };
+        let read = |e: std::io::Error| format_err(format!("reading data: {e}"));
+        let data: Vec<f64> = match file_dtype {
+            DType::F32 => npy
+                .into_vec::<f32>()
+                .map_err(read)?
+                .into_iter()
+                .map(f64::from)
+                .collect(),
+            DType::F16 => npy
+                .into_vec::<half::f16>()
+                .map_err(read)?
+                .into_iter()
+                .map(|x| x.to_f64())
+                .collect(),
+            DType::I32 => npy
+                .into_vec::<i32>()
+                .map_err(read)?
+                .into_iter()
+                .map(f64::from)
+                .collect(),
+            DType::I64 => npy
+                .into_vec::<i64>()
+                .map_err(read)?
+                .into_iter()
+                .map(|x| x as f64)
+                .collect(),
+            DType::Bool => npy
+                .into_vec::<bool>()
+                .map_err(read)?
+                .into_iter()
+                .map(|b| f64::from(u8::from(b)))
+                .collect(),
+            DType::BF16 => unreachable!("no .npy element type maps to bf16"),
+        };
+        let dtype = match as_dtype {
+            Some(DType::BF16) if file_dtype == DType::F32 => DType::BF16,
+            _ => file_dtype,
+        };
+        HostTensor::new(TensorType::new(dtype, shape), data)
+    }
+
+    /// Writes an `.npy` file; bf16 is written as float32 (NumPy has no
+    /// bfloat16), which represents every bf16 value exactly.
+    pub fn write_npy(&self, path: &Path) -> Result<(), TensorError> {
+        let file = File::create(path).map_err(io_err(path))?;
+        let shape: Vec<u64> = self.ty.shape.iter().map(|&d| d as u64).collect();
+        let w = BufWriter::new(file);
+        let io = io_err(path);
+        macro_rules! write_as {
+            ($t:ty, $conv:expr) => {{
+                let mut writer = npyz::WriteOptions::<$t>::new()
+                    .default_dtype()
+                    .shape(&shape)
+                    .writer(w)
+                    .begin_nd()
+                    .map_err(&io)?;
+                writer.extend(self.data.iter().map($conv)).map_err(&io)?;
+                writer.finish().map_err(&io)
+            }};
+        }
+        match self.ty.dtype {
+            DType::F32 | DType::BF16 => write_as!(f32, |&x| x as f32),
+            DType::F16 => write_as!(half::f16, |&x| half::f16::from_f64(x)),
+            DType::I32 => write_as!(i32, |&x| x as i32),
+            DType::I64 => write_as!(i64, |&x| x as i64),
+            DType::Bool => write_as!(bool, |&x| x != 0.0),
+        }
+    }
+}
+
+/// A deterministic generator for random inputs.
+pub fn seeded_rng(seed: u64) -> StdRng {
+    StdRng::seed_from_u64(seed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn npy_round_trips_every_dtype() {
+        let dir = std::env::temp_dir().join(format!("dlc-npy-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut rng = seeded_rng(7);
+        for dtype in DType::ALL {
+            let ty = TensorType::new(dtype, vec![2, 3]);
+            let t = HostTensor::random(&ty, &mut rng);
+            let path = dir.join(format!("{dtype}.npy"));
+            t.write_npy(&path).unwrap();
+            let back = HostTensor::read_npy(&path, Some(dtype)).unwrap();
+            assert_eq!(back, t, "{dtype}");
+        }
+        let scalar = HostTensor::new(TensorType::scalar(DType::F32), vec![0.1]).unwrap();
+        let path = dir.join("scalar.npy");
+        scalar.write_npy(&path).unwrap();
+        assert_eq!(HostTensor::read_npy(&path, None).unwrap(), scalar);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn bad_files_are_errors() {
+        let dir = std::env::temp_dir().join(format!("dlc-npy-bad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("garbage.npy");
+        std::fs::write(&path, b"not numpy at all").unwrap();
+        assert!(matches!(
+            HostTensor::read_npy(&path, None),
+            Err(TensorError::Format { .. })
+        ));
+        assert!(matches!(
+            HostTensor::read_npy(&dir.join("missing.npy"), None),
+            Err(TensorError::Io { .. })
+        ));
+        assert!(matches!(
+            HostTensor::new(TensorType::new(DType::F32, vec![2]), vec![1.0]),
+            Err(TensorError::Length { .. })
+        ));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

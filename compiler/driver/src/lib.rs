@@ -1,1 +1,350 @@
-//! placeholder during bootstrap
+//! The dlc pipeline as a library: read a source file or graph IR, check it,
+//! run passes, and execute an entry point. The `dlc` and `dlc-opt` tools are
+//! thin layers over this crate, and a `build.rs` calls the same functions.
+//!
+//! Every failure is a [`DriverError`] whose `Display` is the complete,
+//! user-facing message (source diagnostics already rendered with file, line,
+//! column and the underlined span).
+#![deny(missing_docs)]
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use dlc_core::{PassError, PassManager, PassReport, Pipeline, TensorType};
+use dlc_graph::interp::{InterpError, Tensor};
+use dlc_graph::{Function, Module};
+use dlc_runtime::{HostTensor, TensorError, seeded_rng};
+
+pub use dlc_graph::transforms::DEFAULT_PIPELINE;
+
+/// Stack for front-end and IR work: deep (but bounded) nesting in user input
+/// must end in a diagnostic, not a stack overflow.
+const FRONTEND_STACK: usize = 256 << 20;
+
+/// What went wrong, as the user should read it.
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    /// Source diagnostics, rendered.
+    #[error("{0}")]
+    Source(String),
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The system error.
+        source: std::io::Error,
+    },
+    /// The input is not UTF-8 text.
+    #[error("error: {path}:{line}:{column}: the file is not valid UTF-8 (byte 0x{byte:02x})")]
+    NotUtf8 {
+        /// The file.
+        path: String,
+        /// 1-based line of the first bad byte.
+        line: usize,
+        /// 1-based column (in bytes) of the first bad byte.
+        column: usize,
+        /// The bad byte.
+        byte: u8,
+    },
+    /// Graph IR text that does not parse.
+    #[error("error: {path}:{line}:{column}: {message}")]
+    IrSyntax {
+        /// The file.
+        path: String,
+        /// 1-based line.
+        line: usize,
+        /// 1-based column.
+        column: usize,
+        /// What was expected.
+        message: String,
+    },
+    /// A pipeline that could not be built or run.
+    #[error("error: {0}")]
+    Pass(#[from] PassError),
+    /// A problem with entry points, inputs or outputs.
+    #[error("error: {0}")]
+    Usage(String),
+    /// The interpreter failed.
+    #[error("error: {0}")]
+    Interp(#[from] InterpError),
+    /// A tensor file could not be read or written.
+    #[error("error: {0}")]
+    Tensor(#[from] TensorError),
+    /// The work thread died (a bug: the front end must not panic).
+    #[error("error: internal compiler error: {0}")]
+    Internal(String),
+}
+
+/// A loaded input text.
+#[derive(Debug, Clone)]
+pub struct SourceText {
+    /// The name diagnostics use (`model.dl`, `<stdin>`).
+    pub name: String,
+    /// The text.
+    pub text: String,
+}
+
+/// Checks that `bytes` are UTF-8 and reports the first bad byte's place.
+pub fn decode(name: &str, bytes: Vec<u8>) -> Result<SourceText, DriverError> {
+    match String::from_utf8(bytes) {
+        Ok(text) => Ok(SourceText {
+            name: name.to_string(),
+            text,
+        }),
+        Err(e) => {
+            let bytes = e.as_bytes();
+            let at = e.utf8_error().valid_up_to();
+            let before = &bytes[..at];
+            let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+            let column = at
+                - before
+                    .iter()
+                    .rposition(|&b| b == b'\n')
+                    .map_or(0, |p| p + 1)
+                + 1;
+            Err(DriverError::NotUtf8 {
+                path: name.to_string(),
+                line,
+                column,
+                byte: bytes[at],
+            })
+        }
+    }
+}
+
+/// Reads a file, or standard input for `-`.
+pub fn read_input(path: &str) -> Result<SourceText, DriverError> {
+    let io = |source| DriverError::Io {
+        path: path.to_string(),
+        source,
+    };
+    if path == "-" {
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut bytes).map_err(io)?;
+        decode("<stdin>", bytes)
+    } else {
+        decode(path, std::fs::read(path).map_err(io)?)
+    }
+}
+
+/// Runs `work` on a thread with a large stack.
+fn with_stack<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, DriverError> {
+    std::thread::Builder::new()
+        .name("dlc-frontend".into())
+        .stack_size(FRONTEND_STACK)
+        .spawn(work)
+        .map_err(|e| DriverError::Internal(format!("cannot start the front-end thread: {e}")))?
+        .join()
+        .map_err(|_| DriverError::Internal("the front end panicked".into()))
+}
+
+/// Parses and checks dlc source into a graph module (calls not yet inlined).
+pub fn compile_source(src: &SourceText) -> Result<Module, DriverError> {
+    let src = src.clone();
+    with_stack(move || {
+        dlc_lang::compile_source(&src.text)
+            .map_err(|d| DriverError::Source(d.render(&src.name, &src.text)))
+    })?
+}
+
+/// Parses and verifies graph IR text.
+pub fn parse_graph(src: &SourceText) -> Result<Module, DriverError> {
+    let src = src.clone();
+    with_stack(move || {
+        let module = dlc_graph::parse_module(&src.text).map_err(|e| DriverError::IrSyntax {
+            path: src.name.clone(),
+            line: e.line,
+            column: e.column,
+            message: e.message,
+        })?;
+        dlc_core::Verify::verify(&module)
+            .map_err(|errors| PassError::Verify { pass: None, errors })?;
+        Ok(module)
+    })?
+}
+
+/// Whether a text is graph IR (its first token is `graph.func`) rather than
+/// dlc source. A `.dl` file is always source.
+pub fn is_graph_ir(src: &SourceText) -> bool {
+    if src.name.ends_with(".dl") {
+        return false;
+    }
+    let mut rest = src.text.as_str();
+    loop {
+        rest = rest.trim_start();
+        match rest.strip_prefix("//") {
+            Some(r) => rest = r.split_once('\n').map_or("", |(_, after)| after),
+            None => return rest.starts_with("graph.func"),
+        }
+    }
+}
+
+/// Loads source or graph IR, whichever the text is.
+pub fn load(src: &SourceText) -> Result<Module, DriverError> {
+    if is_graph_ir(src) {
+        parse_graph(src)
+    } else {
+        compile_source(src)
+    }
+}
+
+/// Options for [`run_passes`].
+#[derive(Default)]
+pub struct PassOptions<'a> {
+    /// Where to print the IR after each pass (`--print-after-all`).
+    pub print_after_all: Option<&'a mut dyn Write>,
+}
+
+/// Runs a textual pipeline over `module`, verifying before and after each pass.
+pub fn run_passes(
+    module: &mut Module,
+    pipeline: &str,
+    options: PassOptions<'_>,
+) -> Result<Vec<PassReport>, DriverError> {
+    let pipeline = Pipeline::parse(pipeline)?;
+    let passes = dlc_graph::transforms::registry().build(&pipeline)?;
+    let mut manager = PassManager::new(passes);
+    if let Some(out) = options.print_after_all {
+        manager = manager.after_each_pass(move |name, ir: &Module| {
+            let _ = writeln!(out, "// -----// IR after {name} //----- //\n{ir}");
+        });
+    }
+    Ok(manager.run(module)?)
+}
+
+/// The entry point named `entry`, or the only one when `entry` is `None`.
+pub fn select_entry<'m>(
+    module: &'m Module,
+    entry: Option<&str>,
+) -> Result<&'m Function, DriverError> {
+    let names: Vec<&str> = module.entry_points().map(|f| f.name.as_str()).collect();
+    match entry {
+        Some(name) => module
+            .entry_points()
+            .find(|f| f.name == name)
+            .ok_or_else(|| {
+                DriverError::Usage(format!(
+                    "no entry point `{name}`; entry points: {}",
+                    names.join(", ")
+                ))
+            }),
+        None => match names.as_slice() {
+            [_] => module
+                .entry_points()
+                .next()
+                .ok_or_else(|| DriverError::Usage("no entry point".into())),
+            [] => Err(DriverError::Usage("the module has no entry point".into())),
+            _ => Err(DriverError::Usage(format!(
+                "the module has {} entry points; choose one with --entry: {}",
+                names.len(),
+                names.join(", ")
+            ))),
+        },
+    }
+}
+
+/// Builds the arguments of `f` from `.npy` files named by parameter, and
+/// random tensors (from `seed`) for parameters not named, if a seed is given.
+pub fn prepare_inputs(
+    f: &Function,
+    files: &[(String, PathBuf)],
+    seed: Option<u64>,
+) -> Result<Vec<HostTensor>, DriverError> {
+    let params: Vec<(&str, TensorType)> = f
+        .params
+        .iter()
+        .zip(f.param_types())
+        .map(|((n, _), t)| (n.as_str(), t))
+        .collect();
+    let mut given: HashMap<&str, &Path> = HashMap::new();
+    for (name, path) in files {
+        if !params.iter().any(|(p, _)| p == name) {
+            let all: Vec<&str> = params.iter().map(|(p, _)| *p).collect();
+            return Err(DriverError::Usage(format!(
+                "`{}` has no parameter `{name}`; its parameters: {}",
+                f.name,
+                all.join(", ")
+            )));
+        }
+        if given.insert(name.as_str(), path.as_path()).is_some() {
+            return Err(DriverError::Usage(format!("input `{name}` is given twice")));
+        }
+    }
+    let missing: Vec<&str> = params
+        .iter()
+        .map(|(p, _)| *p)
+        .filter(|p| !given.contains_key(p))
+        .collect();
+    if seed.is_none() && !missing.is_empty() {
+        return Err(DriverError::Usage(format!(
+            "missing input(s) for `{}`: {}; pass --input NAME=FILE.npy for each, or --random-inputs SEED",
+            f.name,
+            missing.join(", ")
+        )));
+    }
+    let mut rng = seeded_rng(seed.unwrap_or(0));
+    let mut inputs = Vec::new();
+    for (name, ty) in &params {
+        // Draw for every parameter so a parameter's random value does not
+        // depend on which others were given as files.
+        let random = HostTensor::random(ty, &mut rng);
+        let t = match given.get(name) {
+            Some(path) => {
+                let t = HostTensor::read_npy(path, Some(ty.dtype))?;
+                if &t.ty != ty {
+                    return Err(DriverError::Usage(format!(
+                        "input `{name}` must be {ty}, got {} from {}",
+                        t.ty,
+                        path.display()
+                    )));
+                }
+                t
+            }
+            None => random,
+        };
+        inputs.push(t);
+    }
+    Ok(inputs)
+}
+
+/// Runs entry point `f` of `module` on the reference interpreter.
+pub fn interpret(
+    module: &Module,
+    f: &Function,
+    inputs: &[HostTensor],
+) -> Result<Vec<HostTensor>, DriverError> {
+    let args: Vec<Tensor> = inputs
+        .iter()
+        .map(|h| Tensor::from_vec(&h.ty, h.data.clone()))
+        .collect::<Result<_, _>>()?;
+    let outputs = dlc_graph::interp::run_function(module, &f.name, &args)?;
+    outputs
+        .into_iter()
+        .map(|t| {
+            let ty = t.ty();
+            let data = t.data.iter().copied().collect();
+            Ok(HostTensor::new(ty, data)?)
+        })
+        .collect()
+}
+
+/// Writes outputs as `DIR/out0.npy`, `DIR/out1.npy`, ... in return order.
+pub fn save_outputs(dir: &Path, outputs: &[HostTensor]) -> Result<Vec<PathBuf>, DriverError> {
+    std::fs::create_dir_all(dir).map_err(|source| DriverError::Io {
+        path: dir.display().to_string(),
+        source,
+    })?;
+    outputs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let path = dir.join(format!("out{i}.npy"));
+            t.write_npy(&path)?;
+            Ok(path)
+        })
+        .collect()
+}

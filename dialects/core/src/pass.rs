@@ -92,14 +92,21 @@ pub struct PassOptions {
 impl PassOptions {
     /// Options for `pass` from parsed pairs.
     pub fn new(pass: &str, values: BTreeMap<String, String>) -> Self {
-        PassOptions { pass: pass.to_string(), values }
+        PassOptions {
+            pass: pass.to_string(),
+            values,
+        }
     }
 
     /// Fails if any option is not in `known`.
     pub fn expect_only(&self, known: &[&str]) -> Result<(), PassError> {
         for key in self.values.keys() {
             if !known.contains(&key.as_str()) {
-                let takes = if known.is_empty() { "none".to_string() } else { known.join(", ") };
+                let takes = if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                };
                 return Err(PassError::BadOption {
                     pass: self.pass.clone(),
                     message: format!("unknown option `{key}`; options it takes: {takes}"),
@@ -228,8 +235,12 @@ impl fmt::Display for Pipeline {
             }
             f.write_str(&e.name)?;
             if !e.options.values.is_empty() {
-                let opts: Vec<String> =
-                    e.options.values.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                let opts: Vec<String> = e
+                    .options
+                    .values
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect();
                 write!(f, "{{{}}}", opts.join(","))?;
             }
         }
@@ -246,7 +257,9 @@ pub struct PassRegistry<IR> {
 
 impl<IR> Default for PassRegistry<IR> {
     fn default() -> Self {
-        PassRegistry { passes: BTreeMap::new() }
+        PassRegistry {
+            passes: BTreeMap::new(),
+        }
     }
 }
 
@@ -300,7 +313,10 @@ pub struct PassManager<'a, IR> {
 impl<'a, IR: Verify> PassManager<'a, IR> {
     /// A manager for `passes`, run in order.
     pub fn new(passes: Vec<Box<dyn Pass<IR>>>) -> Self {
-        PassManager { passes, after_pass: None }
+        PassManager {
+            passes,
+            after_pass: None,
+        }
     }
 
     /// Calls `hook` with each pass's name and the IR after it
@@ -312,7 +328,8 @@ impl<'a, IR: Verify> PassManager<'a, IR> {
 
     /// Verifies `ir`, then runs every pass and verifies after each.
     pub fn run(&mut self, ir: &mut IR) -> Result<Vec<PassReport>, PassError> {
-        ir.verify().map_err(|errors| PassError::Verify { pass: None, errors })?;
+        ir.verify()
+            .map_err(|errors| PassError::Verify { pass: None, errors })?;
         let mut reports = Vec::with_capacity(self.passes.len());
         for pass in &mut self.passes {
             let start = Instant::now();
@@ -326,7 +343,11 @@ impl<'a, IR: Verify> PassManager<'a, IR> {
             if let Some(hook) = &mut self.after_pass {
                 hook(name, ir);
             }
-            reports.push(PassReport { name, elapsed, stats });
+            reports.push(PassReport {
+                name,
+                elapsed,
+                stats,
+            });
         }
         Ok(reports)
     }
@@ -342,15 +363,23 @@ mod tests {
         assert_eq!(p.0.len(), 3);
         assert_eq!(p.0[1].name, "c");
         assert_eq!(p.0[1].options.get::<u32>("k", 0).unwrap(), 1);
-        assert_eq!(p.0[1].options.get::<String>("j", String::new()).unwrap(), "x y");
+        assert_eq!(
+            p.0[1].options.get::<String>("j", String::new()).unwrap(),
+            "x y"
+        );
         assert_eq!(p.to_string(), "a.b,c{j=x y,k=1},d");
         assert_eq!(Pipeline::parse("").unwrap().0.len(), 0);
     }
 
     #[test]
     fn pipeline_syntax_errors_have_columns() {
-        for (text, column) in [("a,,b", 3), ("a{k}", 4), ("a{k=1", 6), ("a b", 3), ("a{k=1,k=2}", 7)]
-        {
+        for (text, column) in [
+            ("a,,b", 3),
+            ("a{k}", 4),
+            ("a{k=1", 6),
+            ("a b", 3),
+            ("a{k=1,k=2}", 7),
+        ] {
             match Pipeline::parse(text) {
                 Err(PassError::Syntax { column: c, .. }) => assert_eq!(c, column, "{text}"),
                 other => panic!("{text}: {other:?}"),
@@ -362,7 +391,10 @@ mod tests {
     impl Verify for Counter {
         fn verify(&self) -> Result<(), Vec<VerifyError>> {
             if self.0 > 2 {
-                Err(vec![VerifyError { location: "c".into(), message: "too big".into() }])
+                Err(vec![VerifyError {
+                    location: "c".into(),
+                    message: "too big".into(),
+                }])
             } else {
                 Ok(())
             }
@@ -389,14 +421,18 @@ mod tests {
         let passes = reg.build(&Pipeline::parse("incr,incr").unwrap()).unwrap();
         let mut seen = Vec::new();
         let mut c = Counter(0);
-        let reports =
-            PassManager::new(passes).after_each_pass(|n, ir| seen.push((n, ir.0))).run(&mut c);
+        let reports = PassManager::new(passes)
+            .after_each_pass(|n, ir| seen.push((n, ir.0)))
+            .run(&mut c);
         assert_eq!(reports.unwrap().len(), 2);
         assert_eq!(seen, vec![("incr", 1), ("incr", 2)]);
 
         let passes = reg.build(&Pipeline::parse("incr").unwrap()).unwrap();
         let err = PassManager::new(passes).run(&mut c).unwrap_err();
-        assert!(matches!(err, PassError::Verify { pass: Some(_), .. }), "{err}");
+        assert!(
+            matches!(err, PassError::Verify { pass: Some(_), .. }),
+            "{err}"
+        );
         assert!(matches!(
             reg.build(&Pipeline::parse("nope").unwrap()),
             Err(PassError::UnknownPass { .. })

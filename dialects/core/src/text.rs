@@ -34,7 +34,17 @@ mod tests {
 
     #[test]
     fn floats_round_trip() {
-        for v in [0.0, -0.0, 1.0, 0.1, 1e-5, 1e300, -2.5e-300, 123456789.0, f64::MAX] {
+        for v in [
+            0.0,
+            -0.0,
+            1.0,
+            0.1,
+            1e-5,
+            1e300,
+            -2.5e-300,
+            123456789.0,
+            f64::MAX,
+        ] {
             let s = format_float(v);
             assert!(s.contains('.') || s.contains("inf"), "{s}");
             assert_eq!(parse_float(&s).map(f64::to_bits), Some(v.to_bits()), "{s}");

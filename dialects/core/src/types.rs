@@ -108,7 +108,10 @@ impl TensorType {
 
     /// A rank-0 tensor.
     pub fn scalar(dtype: DType) -> Self {
-        TensorType { dtype, shape: vec![] }
+        TensorType {
+            dtype,
+            shape: vec![],
+        }
     }
 
     /// Number of dimensions.
@@ -118,7 +121,9 @@ impl TensorType {
 
     /// Number of elements, or `None` when it overflows `usize`.
     pub fn num_elements(&self) -> Option<usize> {
-        self.shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        self.shape
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
     }
 
     /// The MLIR builtin tensor type (`tensor<128x64xf32>`).
@@ -166,6 +171,9 @@ mod tests {
         assert_eq!(t.mlir(), "tensor<128x1024xf32>");
         assert_eq!(TensorType::scalar(DType::Bool).to_string(), "bool[]");
         assert_eq!(TensorType::scalar(DType::Bool).mlir(), "tensor<i1>");
-        assert_eq!(TensorType::new(DType::I32, vec![usize::MAX, 2]).num_elements(), None);
+        assert_eq!(
+            TensorType::new(DType::I32, vec![usize::MAX, 2]).num_elements(),
+            None
+        );
     }
 }

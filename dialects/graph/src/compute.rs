@@ -34,7 +34,10 @@ pub struct Affine {
 impl Affine {
     /// The plain variable `v`.
     pub fn var(v: IndexVar) -> Self {
-        Affine { terms: vec![(1, v)], constant: 0 }
+        Affine {
+            terms: vec![(1, v)],
+            constant: 0,
+        }
     }
 
     /// The variable if this is exactly one variable with coefficient 1.

@@ -18,14 +18,21 @@ pub struct InferError {
 
 impl InferError {
     fn new(message: impl Into<String>, label: impl Into<String>) -> Self {
-        InferError { message: message.into(), label: label.into() }
+        InferError {
+            message: message.into(),
+            label: label.into(),
+        }
     }
 }
 
 type Result<T> = std::result::Result<T, InferError>;
 
 fn fmt_types(types: &[&TensorType]) -> String {
-    types.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ")
+    types
+        .iter()
+        .map(|t| t.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// NumPy broadcasting of several shapes.
@@ -104,7 +111,10 @@ fn check_axes(what: &str, t: &TensorType, axes: &[usize]) -> Result<()> {
     for (i, &a) in axes.iter().enumerate() {
         if a >= t.rank() {
             return Err(InferError::new(
-                format!("{what}: axis {a} is out of range for {t} (rank {})", t.rank()),
+                format!(
+                    "{what}: axis {a} is out of range for {t} (rank {})",
+                    t.rank()
+                ),
                 format!("axis {a}"),
             ));
         }
@@ -131,7 +141,10 @@ fn arity(what: &str, got: usize, want: usize) -> Result<()> {
 
 fn window_out(what: &str, size: usize, kernel: usize, stride: usize, pad: usize) -> Result<usize> {
     if stride == 0 {
-        return Err(InferError::new(format!("{what}: stride must be positive"), "stride 0"));
+        return Err(InferError::new(
+            format!("{what}: stride must be positive"),
+            "stride 0",
+        ));
     }
     let padded = size + 2 * pad;
     if kernel == 0 || padded < kernel {
@@ -199,7 +212,11 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
             arity(what, inputs.len(), 2)?;
             matmul(inputs[0], inputs[1]).map(|t| vec![t])
         }
-        Op::Reduce { kind, axes, keepdims } => {
+        Op::Reduce {
+            kind,
+            axes,
+            keepdims,
+        } => {
             arity(what, inputs.len(), 1)?;
             let t = inputs[0];
             if *kind == ReduceKind::Mean {
@@ -229,7 +246,10 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
             need_float(what, inputs[0])?;
             check_axes(what, inputs[0], axes)?;
             if eps.is_nan() || *eps < 0.0 {
-                return Err(InferError::new(format!("{what}: eps must be >= 0"), "bad eps"));
+                return Err(InferError::new(
+                    format!("{what}: eps must be >= 0"),
+                    "bad eps",
+                ));
             }
             one(inputs[0].clone())
         }
@@ -243,7 +263,9 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
                     format!(
                         "{} vs {} elements",
                         t.num_elements().unwrap_or(usize::MAX),
-                        target.num_elements().map_or("too many".into(), |n| n.to_string())
+                        target
+                            .num_elements()
+                            .map_or("too many".into(), |n| n.to_string())
                     ),
                 ));
             }
@@ -260,11 +282,17 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
                     "not a permutation",
                 ));
             }
-            one(TensorType::new(t.dtype, perm.iter().map(|&p| t.shape[p]).collect()))
+            one(TensorType::new(
+                t.dtype,
+                perm.iter().map(|&p| t.shape[p]).collect(),
+            ))
         }
         Op::Concat { axis } => {
             if inputs.is_empty() {
-                return Err(InferError::new("concat needs at least one operand", "empty list"));
+                return Err(InferError::new(
+                    "concat needs at least one operand",
+                    "empty list",
+                ));
             }
             let d = same_dtype(what, inputs)?;
             let first = inputs[0];
@@ -272,9 +300,11 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
             let mut shape = first.shape.clone();
             for t in &inputs[1..] {
                 let compatible = t.rank() == first.rank()
-                    && t.shape.iter().zip(&first.shape).enumerate().all(|(i, (a, b))| {
-                        i == *axis || a == b
-                    });
+                    && t.shape
+                        .iter()
+                        .zip(&first.shape)
+                        .enumerate()
+                        .all(|(i, (a, b))| i == *axis || a == b);
                 if !compatible {
                     return Err(InferError::new(
                         format!(
@@ -294,9 +324,7 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
             check_axes(what, t, &[*axis])?;
             if start >= end || *end > t.shape[*axis] {
                 return Err(InferError::new(
-                    format!(
-                        "slice {start}..{end} is empty or out of range for axis {axis} of {t}"
-                    ),
+                    format!("slice {start}..{end} is empty or out of range for axis {axis} of {t}"),
                     format!("axis {axis} has extent {}", t.shape[*axis]),
                 ));
             }
@@ -308,7 +336,10 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
             arity(what, inputs.len(), 1)?;
             let t = inputs[0];
             let ok = shape.len() >= t.rank()
-                && t.shape.iter().zip(&shape[shape.len() - t.rank()..]).all(|(a, b)| a == b || *a == 1);
+                && t.shape
+                    .iter()
+                    .zip(&shape[shape.len() - t.rank()..])
+                    .all(|(a, b)| a == b || *a == 1);
             if !ok {
                 return Err(InferError::new(
                     format!("cannot broadcast {t} to shape {shape:?}"),
@@ -317,7 +348,11 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
             }
             one(TensorType::new(t.dtype, shape.clone()))
         }
-        Op::Conv2d { stride, padding, groups } => {
+        Op::Conv2d {
+            stride,
+            padding,
+            groups,
+        } => {
             arity(what, inputs.len(), 2)?;
             let (x, w) = (inputs[0], inputs[1]);
             need_rank("conv2d input", x, 4)?;
@@ -347,14 +382,22 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
             let ow = window_out(what, x.shape[3], w.shape[3], stride[1], padding[1])?;
             one(TensorType::new(d, vec![x.shape[0], o, oh, ow]))
         }
-        Op::Pool2d { kernel, stride, padding, .. } => {
+        Op::Pool2d {
+            kernel,
+            stride,
+            padding,
+            ..
+        } => {
             arity(what, inputs.len(), 1)?;
             let x = inputs[0];
             need_rank(what, x, 4)?;
             need_numeric(what, x)?;
             let oh = window_out(what, x.shape[2], kernel[0], stride[0], padding[0])?;
             let ow = window_out(what, x.shape[3], kernel[1], stride[1], padding[1])?;
-            one(TensorType::new(x.dtype, vec![x.shape[0], x.shape[1], oh, ow]))
+            one(TensorType::new(
+                x.dtype,
+                vec![x.shape[0], x.shape[1], oh, ow],
+            ))
         }
         Op::BatchNorm { .. } => {
             arity(what, inputs.len(), 5)?;
@@ -399,8 +442,16 @@ pub fn matmul(a: &TensorType, b: &TensorType) -> Result<TensorType> {
             "scalar operand",
         ));
     }
-    let a_shape = if a.rank() == 1 { vec![1, a.shape[0]] } else { a.shape.clone() };
-    let b_shape = if b.rank() == 1 { vec![b.shape[0], 1] } else { b.shape.clone() };
+    let a_shape = if a.rank() == 1 {
+        vec![1, a.shape[0]]
+    } else {
+        a.shape.clone()
+    };
+    let b_shape = if b.rank() == 1 {
+        vec![b.shape[0], 1]
+    } else {
+        b.shape.clone()
+    };
     let (m, k) = (a_shape[a_shape.len() - 2], a_shape[a_shape.len() - 1]);
     let (k2, n) = (b_shape[b_shape.len() - 2], b_shape[b_shape.len() - 1]);
     if k != k2 {
@@ -411,11 +462,11 @@ pub fn matmul(a: &TensorType, b: &TensorType) -> Result<TensorType> {
     }
     let batch = broadcast_shapes(&[&a_shape[..a_shape.len() - 2], &b_shape[..b_shape.len() - 2]])
         .ok_or_else(|| {
-            InferError::new(
-                format!("matmul batch dimensions do not broadcast: {a} @ {b}"),
-                "incompatible batch shapes",
-            )
-        })?;
+        InferError::new(
+            format!("matmul batch dimensions do not broadcast: {a} @ {b}"),
+            "incompatible batch shapes",
+        )
+    })?;
     let mut shape = batch;
     if a.rank() > 1 {
         shape.push(m);

@@ -31,7 +31,10 @@ impl Tensor {
     pub fn from_vec(ty: &TensorType, values: Vec<f64>) -> Result<Tensor> {
         let data = ArrayD::from_shape_vec(IxDyn(&ty.shape), values)
             .map_err(|e| InterpError::Shape(format!("{ty}: {e}")))?;
-        Ok(Tensor { dtype: ty.dtype, data: data.mapv(|x| round_to(ty.dtype, x)) })
+        Ok(Tensor {
+            dtype: ty.dtype,
+            data: data.mapv(|x| round_to(ty.dtype, x)),
+        })
     }
 
     /// The tensor's type.
@@ -158,7 +161,9 @@ pub fn apply_binary(b: BinaryOp, x: f64, y: f64, int: bool) -> Option<f64> {
 
 /// Runs function `name` of `module` on `args`.
 pub fn run_function(module: &Module, name: &str, args: &[Tensor]) -> Result<Vec<Tensor>> {
-    let f = module.function(name).ok_or_else(|| InterpError::UnknownFunction(name.into()))?;
+    let f = module
+        .function(name)
+        .ok_or_else(|| InterpError::UnknownFunction(name.into()))?;
     if args.len() != f.params.len() {
         return Err(InterpError::ArgCount {
             function: name.into(),
@@ -250,7 +255,10 @@ fn finish(ty: &TensorType, data: ArrayD<f64>) -> Result<Tensor> {
         )));
     }
     let data = data.mapv(|x| round_to(ty.dtype, x));
-    Ok(Tensor { dtype: ty.dtype, data: data.as_standard_layout().into_owned() })
+    Ok(Tensor {
+        dtype: ty.dtype,
+        data: data.as_standard_layout().into_owned(),
+    })
 }
 
 fn shape_err<E: std::fmt::Display>(e: E) -> InterpError {
@@ -259,14 +267,24 @@ fn shape_err<E: std::fmt::Display>(e: E) -> InterpError {
 
 /// Evaluates one op (not `graph.param` or `graph.call`) on tensor operands.
 pub fn eval_op(op: &Op, inputs: &[&Tensor], results: &[TensorType]) -> Result<Vec<Tensor>> {
-    let ty = results.first().ok_or_else(|| InterpError::Shape("op has no result".into()))?;
+    let ty = results
+        .first()
+        .ok_or_else(|| InterpError::Shape("op has no result".into()))?;
     for r in results {
         check_size(r)?;
     }
-    let x = || inputs.first().copied().ok_or_else(|| InterpError::Shape("missing operand".into()));
+    let x = || {
+        inputs
+            .first()
+            .copied()
+            .ok_or_else(|| InterpError::Shape("missing operand".into()))
+    };
     let out = match op {
         Op::Param { .. } | Op::Call { .. } => {
-            return Err(InterpError::Shape(format!("{} is not evaluated alone", op.name())));
+            return Err(InterpError::Shape(format!(
+                "{} is not evaluated alone",
+                op.name()
+            )));
         }
         Op::Constant(ConstValue::Splat(v)) => ArrayD::from_elem(IxDyn(&ty.shape), *v),
         Op::Constant(ConstValue::Dense(vs)) => {
@@ -290,14 +308,28 @@ pub fn eval_op(op: &Op, inputs: &[&Tensor], results: &[TensorType]) -> Result<Ve
         }
         Op::Compare(c) => {
             let (a, b) = broadcast2(&inputs[0].data, &inputs[1].data, &ty.shape)?;
-            Zip::from(&a).and(&b).map_collect(|&p, &q| f64::from(u8::from(c.apply(p, q))))
+            Zip::from(&a)
+                .and(&b)
+                .map_collect(|&p, &q| f64::from(u8::from(c.apply(p, q))))
         }
         Op::Select => {
             let shape = IxDyn(&ty.shape);
-            let c = inputs[0].data.broadcast(shape.clone()).ok_or_else(|| shape_err("select"))?;
-            let a = inputs[1].data.broadcast(shape.clone()).ok_or_else(|| shape_err("select"))?;
-            let b = inputs[2].data.broadcast(shape).ok_or_else(|| shape_err("select"))?;
-            Zip::from(&c).and(&a).and(&b).map_collect(|&c, &a, &b| if c != 0.0 { a } else { b })
+            let c = inputs[0]
+                .data
+                .broadcast(shape.clone())
+                .ok_or_else(|| shape_err("select"))?;
+            let a = inputs[1]
+                .data
+                .broadcast(shape.clone())
+                .ok_or_else(|| shape_err("select"))?;
+            let b = inputs[2]
+                .data
+                .broadcast(shape)
+                .ok_or_else(|| shape_err("select"))?;
+            Zip::from(&c)
+                .and(&a)
+                .and(&b)
+                .map_collect(|&c, &a, &b| if c != 0.0 { a } else { b })
         }
         Op::Cast { .. } => x()?.data.clone(),
         Op::MatMul => matmul(&inputs[0].data, &inputs[1].data, &ty.shape)?,
@@ -311,7 +343,8 @@ pub fn eval_op(op: &Op, inputs: &[&Tensor], results: &[TensorType]) -> Result<Ve
             if *kind == ReduceKind::Mean {
                 cur.mapv_inplace(|v| v / count as f64);
             }
-            cur.into_shape_with_order(IxDyn(&ty.shape)).map_err(shape_err)?
+            cur.into_shape_with_order(IxDyn(&ty.shape))
+                .map_err(shape_err)?
         }
         Op::Softmax { axis } => {
             let mut out = x()?.data.clone();
@@ -333,32 +366,54 @@ pub fn eval_op(op: &Op, inputs: &[&Tensor], results: &[TensorType]) -> Result<Ve
                 row.iter_mut().for_each(|v| *v = (*v - mean) * inv);
             })?
         }
-        Op::Reshape { shape } => {
-            x()?.data.as_standard_layout().into_owned().into_shape_with_order(IxDyn(shape)).map_err(shape_err)?
-        }
+        Op::Reshape { shape } => x()?
+            .data
+            .as_standard_layout()
+            .into_owned()
+            .into_shape_with_order(IxDyn(shape))
+            .map_err(shape_err)?,
         Op::Transpose { perm } => x()?.data.clone().permuted_axes(IxDyn(perm)),
         Op::Concat { axis } => {
             let views: Vec<_> = inputs.iter().map(|t| t.data.view()).collect();
             ndarray::concatenate(Axis(*axis), &views).map_err(shape_err)?
         }
-        Op::Slice { axis, start, end } => {
-            x()?.data.slice_axis(Axis(*axis), Slice::from(*start..*end)).to_owned()
-        }
-        Op::Broadcast { shape } => {
-            x()?.data.broadcast(IxDyn(shape)).ok_or_else(|| shape_err("broadcast"))?.to_owned()
-        }
-        Op::Conv2d { stride, padding, groups } => {
-            conv2d(&inputs[0].data, &inputs[1].data, *stride, *padding, *groups, &ty.shape)?
-        }
-        Op::Pool2d { kind, kernel, stride, padding } => {
-            pool2d(&x()?.data, *kind, *kernel, *stride, *padding, &ty.shape)
-        }
+        Op::Slice { axis, start, end } => x()?
+            .data
+            .slice_axis(Axis(*axis), Slice::from(*start..*end))
+            .to_owned(),
+        Op::Broadcast { shape } => x()?
+            .data
+            .broadcast(IxDyn(shape))
+            .ok_or_else(|| shape_err("broadcast"))?
+            .to_owned(),
+        Op::Conv2d {
+            stride,
+            padding,
+            groups,
+        } => conv2d(
+            &inputs[0].data,
+            &inputs[1].data,
+            *stride,
+            *padding,
+            *groups,
+            &ty.shape,
+        )?,
+        Op::Pool2d {
+            kind,
+            kernel,
+            stride,
+            padding,
+        } => pool2d(&x()?.data, *kind, *kernel, *stride, *padding, &ty.shape),
         Op::BatchNorm { eps } => {
             let xd = &inputs[0].data;
             let mut stat_shape = vec![1usize; xd.ndim()];
             stat_shape[1] = xd.shape()[1];
             let stat = |i: usize| -> Result<ArrayD<f64>> {
-                inputs[i].data.clone().into_shape_with_order(IxDyn(&stat_shape)).map_err(shape_err)
+                inputs[i]
+                    .data
+                    .clone()
+                    .into_shape_with_order(IxDyn(&stat_shape))
+                    .map_err(shape_err)
             };
             let (mean, var, gamma, beta) = (stat(1)?, stat(2)?, stat(3)?, stat(4)?);
             let scale = (var.mapv(|v| 1.0 / (v + eps).sqrt())) * &gamma;
@@ -374,17 +429,31 @@ fn broadcast2(
     b: &ArrayD<f64>,
     shape: &[usize],
 ) -> Result<(ArrayD<f64>, ArrayD<f64>)> {
-    let a = a.broadcast(IxDyn(shape)).ok_or_else(|| shape_err("broadcast"))?.to_owned();
-    let b = b.broadcast(IxDyn(shape)).ok_or_else(|| shape_err("broadcast"))?.to_owned();
+    let a = a
+        .broadcast(IxDyn(shape))
+        .ok_or_else(|| shape_err("broadcast"))?
+        .to_owned();
+    let b = b
+        .broadcast(IxDyn(shape))
+        .ok_or_else(|| shape_err("broadcast"))?
+        .to_owned();
     Ok((a, b))
 }
 
 /// Applies `f` to each group of elements that share all indices off `axes`.
-fn over_axes(x: &ArrayD<f64>, axes: &[usize], mut f: impl FnMut(&mut [f64])) -> Result<ArrayD<f64>> {
+fn over_axes(
+    x: &ArrayD<f64>,
+    axes: &[usize],
+    mut f: impl FnMut(&mut [f64]),
+) -> Result<ArrayD<f64>> {
     let rank = x.ndim();
     let mut perm: Vec<usize> = (0..rank).filter(|a| !axes.contains(a)).collect();
     perm.extend_from_slice(axes);
-    let moved = x.clone().permuted_axes(IxDyn(&perm)).as_standard_layout().into_owned();
+    let moved = x
+        .clone()
+        .permuted_axes(IxDyn(&perm))
+        .as_standard_layout()
+        .into_owned();
     let moved_shape = moved.shape().to_vec();
     let inner: usize = axes.iter().map(|&a| x.shape()[a]).product();
     let mut flat = moved.into_raw_vec_and_offset().0;
@@ -418,24 +487,39 @@ fn matmul(a: &ArrayD<f64>, b: &ArrayD<f64>, out_shape: &[usize]) -> Result<Array
     ])
     .ok_or_else(|| shape_err("matmul batch"))?;
     let nbatch: usize = batch.iter().product();
-    let full = |shape: &[usize], rows: usize, cols: usize, x: &ArrayD<f64>| -> Result<ArrayD<f64>> {
-        let x = x.clone().into_shape_with_order(IxDyn(shape)).map_err(shape_err)?;
-        let mut target = batch.clone();
-        target.extend([rows, cols]);
-        let owned = x.broadcast(IxDyn(&target)).ok_or_else(|| shape_err("matmul"))?.to_owned();
-        owned.into_shape_with_order(IxDyn(&[nbatch, rows, cols])).map_err(shape_err)
-    };
+    let full =
+        |shape: &[usize], rows: usize, cols: usize, x: &ArrayD<f64>| -> Result<ArrayD<f64>> {
+            let x = x
+                .clone()
+                .into_shape_with_order(IxDyn(shape))
+                .map_err(shape_err)?;
+            let mut target = batch.clone();
+            target.extend([rows, cols]);
+            let owned = x
+                .broadcast(IxDyn(&target))
+                .ok_or_else(|| shape_err("matmul"))?
+                .to_owned();
+            owned
+                .into_shape_with_order(IxDyn(&[nbatch, rows, cols]))
+                .map_err(shape_err)
+        };
     let a3 = full(&a_shape, m, k, a)?;
     let b3 = full(&b_shape, k, n, b)?;
     let mut out = ndarray::Array3::<f64>::zeros((nbatch, m, n));
     for i in 0..nbatch {
-        let av: ArrayView2<'_, f64> =
-            a3.index_axis(Axis(0), i).into_dimensionality().map_err(shape_err)?;
-        let bv: ArrayView2<'_, f64> =
-            b3.index_axis(Axis(0), i).into_dimensionality().map_err(shape_err)?;
+        let av: ArrayView2<'_, f64> = a3
+            .index_axis(Axis(0), i)
+            .into_dimensionality()
+            .map_err(shape_err)?;
+        let bv: ArrayView2<'_, f64> = b3
+            .index_axis(Axis(0), i)
+            .into_dimensionality()
+            .map_err(shape_err)?;
         out.slice_mut(s![i, .., ..]).assign(&av.dot(&bv));
     }
-    out.into_dyn().into_shape_with_order(IxDyn(out_shape)).map_err(shape_err)
+    out.into_dyn()
+        .into_shape_with_order(IxDyn(out_shape))
+        .map_err(shape_err)
 }
 
 fn conv2d(
@@ -484,7 +568,8 @@ fn conv2d(
             let wg = wmat.slice(s![g * og..(g + 1) * og, ..]);
             let res = wg.dot(&col);
             let res = res.into_shape_with_order((og, oh, ow)).map_err(shape_err)?;
-            out.slice_mut(s![b, g * og..(g + 1) * og, .., ..]).assign(&res);
+            out.slice_mut(s![b, g * og..(g + 1) * og, .., ..])
+                .assign(&res);
         }
     }
     let _ = c;
@@ -531,13 +616,21 @@ fn pool2d(
 /// needs no type inference per point.
 enum Eval {
     Const(f64),
-    Read { src: Source, index: Vec<crate::compute::Affine> },
+    Read {
+        src: Source,
+        index: Vec<crate::compute::Affine>,
+    },
     Unary(UnaryOp, Box<Eval>, DType),
     Binary(BinaryOp, Box<Eval>, Box<Eval>, DType),
     Compare(crate::ops::CmpOp, Box<Eval>, Box<Eval>),
     Select(Box<Eval>, Box<Eval>, Box<Eval>),
     Cast(DType, Box<Eval>),
-    Reduce { kind: ReduceKind, vars: Vec<crate::compute::RangeVar>, body: Box<Eval>, dtype: DType },
+    Reduce {
+        kind: ReduceKind,
+        vars: Vec<crate::compute::RangeVar>,
+        body: Box<Eval>,
+        dtype: DType,
+    },
 }
 
 /// Lowers `e` given the element types of operands and locals. A bare number
@@ -545,9 +638,13 @@ enum Eval {
 fn resolve(e: &ScalarExpr, types: &dyn Fn(Source) -> DType, ctx: DType) -> (Eval, Option<DType>) {
     match e {
         ScalarExpr::Const(v) => (Eval::Const(*v), None),
-        ScalarExpr::Read { src, index } => {
-            (Eval::Read { src: *src, index: index.clone() }, Some(types(*src)))
-        }
+        ScalarExpr::Read { src, index } => (
+            Eval::Read {
+                src: *src,
+                index: index.clone(),
+            },
+            Some(types(*src)),
+        ),
         ScalarExpr::Unary(u, x) => {
             let (x, d) = resolve(x, types, ctx);
             let d = d.unwrap_or(ctx);
@@ -562,10 +659,16 @@ fn resolve(e: &ScalarExpr, types: &dyn Fn(Source) -> DType, ctx: DType) -> (Eval
             (Eval::Binary(*b, Box::new(x), Box::new(y), c), d)
         }
         ScalarExpr::Compare(op, x, y) => {
-            let d = resolve(x, types, ctx).1.or(resolve(y, types, ctx).1).unwrap_or(ctx);
+            let d = resolve(x, types, ctx)
+                .1
+                .or(resolve(y, types, ctx).1)
+                .unwrap_or(ctx);
             let (x, _) = resolve(x, types, d);
             let (y, _) = resolve(y, types, d);
-            (Eval::Compare(*op, Box::new(x), Box::new(y)), Some(DType::Bool))
+            (
+                Eval::Compare(*op, Box::new(x), Box::new(y)),
+                Some(DType::Bool),
+            )
         }
         ScalarExpr::Select(c, x, y) => {
             let (c, _) = resolve(c, types, DType::Bool);
@@ -581,7 +684,15 @@ fn resolve(e: &ScalarExpr, types: &dyn Fn(Source) -> DType, ctx: DType) -> (Eval
         ScalarExpr::Reduce { kind, vars, body } => {
             let (b, d) = resolve(body, types, ctx);
             let dtype = d.unwrap_or(ctx);
-            (Eval::Reduce { kind: *kind, vars: vars.clone(), body: Box::new(b), dtype }, d)
+            (
+                Eval::Reduce {
+                    kind: *kind,
+                    vars: vars.clone(),
+                    body: Box::new(b),
+                    dtype,
+                },
+                d,
+            )
         }
     }
 }
@@ -591,7 +702,12 @@ struct Scope<'a> {
     locals: &'a [ArrayD<f64>],
 }
 
-fn read(arr: &ArrayD<f64>, index: &[crate::compute::Affine], env: &[i64], ix: &mut Vec<usize>) -> f64 {
+fn read(
+    arr: &ArrayD<f64>,
+    index: &[crate::compute::Affine],
+    env: &[i64],
+    ix: &mut Vec<usize>,
+) -> f64 {
     ix.clear();
     for (a, &dim) in index.iter().zip(arr.shape()) {
         let i = a.eval(env);
@@ -612,11 +728,20 @@ fn eval_scalar(e: &Eval, env: &mut [i64], scope: &Scope<'_>, ix: &mut Vec<usize>
         },
         Eval::Unary(u, x, d) => round_to(*d, apply_unary(*u, eval_scalar(x, env, scope, ix)?)),
         Eval::Binary(b, x, y, d) => {
-            let (p, q) = (eval_scalar(x, env, scope, ix)?, eval_scalar(y, env, scope, ix)?);
-            round_to(*d, apply_binary(*b, round_to(*d, p), round_to(*d, q), d.is_int())?)
+            let (p, q) = (
+                eval_scalar(x, env, scope, ix)?,
+                eval_scalar(y, env, scope, ix)?,
+            );
+            round_to(
+                *d,
+                apply_binary(*b, round_to(*d, p), round_to(*d, q), d.is_int())?,
+            )
         }
         Eval::Compare(c, x, y) => {
-            let (p, q) = (eval_scalar(x, env, scope, ix)?, eval_scalar(y, env, scope, ix)?);
+            let (p, q) = (
+                eval_scalar(x, env, scope, ix)?,
+                eval_scalar(y, env, scope, ix)?,
+            );
             f64::from(u8::from(c.apply(p, q)))
         }
         Eval::Select(c, x, y) => {
@@ -627,7 +752,12 @@ fn eval_scalar(e: &Eval, env: &mut [i64], scope: &Scope<'_>, ix: &mut Vec<usize>
             }
         }
         Eval::Cast(to, x) => round_to(*to, eval_scalar(x, env, scope, ix)?),
-        Eval::Reduce { kind, vars, body, dtype } => {
+        Eval::Reduce {
+            kind,
+            vars,
+            body,
+            dtype,
+        } => {
             let mut acc = kind.identity();
             let mut count = 0u64;
             reduce_rec(vars, env, &mut |env| {
@@ -687,17 +817,23 @@ fn eval_compute(body: &ComputeBody, inputs: &[&Tensor]) -> Result<ArrayD<f64>> {
         };
         let (expr, _) = resolve(&def.expr, &types, def.ty.dtype);
         let mut arr = ArrayD::<f64>::zeros(IxDyn(&def.ty.shape));
-        let scope = Scope { inputs, locals: &locals };
+        let scope = Scope {
+            inputs,
+            locals: &locals,
+        };
         let mut ix = Vec::new();
         for (idx, slot) in arr.indexed_iter_mut() {
             for (k, v) in def.vars.iter().enumerate() {
                 env[v.0 as usize] = idx[k] as i64;
             }
-            let value = eval_scalar(&expr, &mut env, &scope, &mut ix)
-                .ok_or_else(|| InterpError::DivisionByZero(format!("graph.compute `{}`", body.name)))?;
+            let value = eval_scalar(&expr, &mut env, &scope, &mut ix).ok_or_else(|| {
+                InterpError::DivisionByZero(format!("graph.compute `{}`", body.name))
+            })?;
             *slot = round_to(def.ty.dtype, value);
         }
         locals.push(arr);
     }
-    locals.pop().ok_or_else(|| InterpError::Shape("compute body without output".into()))
+    locals
+        .pop()
+        .ok_or_else(|| InterpError::Shape("compute body without output".into()))
 }

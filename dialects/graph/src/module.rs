@@ -87,7 +87,10 @@ impl Function {
     /// Appends a parameter.
     pub fn add_param(&mut self, name: impl Into<String>, ty: TensorType) -> Value {
         let index = self.params.len() as u32;
-        let node = self.body.add_node(Node { op: Op::Param { index }, results: vec![ty] });
+        let node = self.body.add_node(Node {
+            op: Op::Param { index },
+            results: vec![ty],
+        });
         self.params.push((name.into(), node));
         Value::of(node)
     }
@@ -96,7 +99,14 @@ impl Function {
     pub fn add_node(&mut self, op: Op, operands: &[Value], results: Vec<TensorType>) -> NodeIndex {
         let node = self.body.add_node(Node { op, results });
         for (i, v) in operands.iter().enumerate() {
-            self.body.add_edge(v.node, node, Use { operand: i as u32, result: v.result });
+            self.body.add_edge(
+                v.node,
+                node,
+                Use {
+                    operand: i as u32,
+                    result: v.result,
+                },
+            );
         }
         node
     }
@@ -108,12 +118,18 @@ impl Function {
 
     /// Parameter types, in order.
     pub fn param_types(&self) -> Vec<TensorType> {
-        self.params.iter().map(|(_, n)| self.body[*n].results[0].clone()).collect()
+        self.params
+            .iter()
+            .map(|(_, n)| self.body[*n].results[0].clone())
+            .collect()
     }
 
     /// Result types, in order.
     pub fn result_types(&self) -> Vec<TensorType> {
-        self.results.iter().map(|v| self.value_type(*v).clone()).collect()
+        self.results
+            .iter()
+            .map(|v| self.value_type(*v).clone())
+            .collect()
     }
 
     /// The type of a value.
@@ -129,7 +145,15 @@ impl Function {
         let mut uses: Vec<(u32, Value)> = self
             .body
             .edges_directed(node, Direction::Incoming)
-            .map(|e| (e.weight().operand, Value { node: e.source(), result: e.weight().result }))
+            .map(|e| {
+                (
+                    e.weight().operand,
+                    Value {
+                        node: e.source(),
+                        result: e.weight().result,
+                    },
+                )
+            })
             .collect();
         uses.sort_by_key(|(slot, _)| *slot);
         uses.into_iter().map(|(_, v)| v).collect()
@@ -137,8 +161,10 @@ impl Function {
 
     /// The nodes that use any result of `node` (with repetitions removed).
     pub fn users(&self, node: NodeIndex) -> Vec<NodeIndex> {
-        let set: BTreeSet<NodeIndex> =
-            self.body.neighbors_directed(node, Direction::Outgoing).collect();
+        let set: BTreeSet<NodeIndex> = self
+            .body
+            .neighbors_directed(node, Direction::Outgoing)
+            .collect();
         set.into_iter().collect()
     }
 
@@ -155,7 +181,14 @@ impl Function {
             .collect();
         for (edge, user, u) in edges {
             self.body.remove_edge(edge);
-            self.body.add_edge(to.node, user, Use { operand: u.operand, result: to.result });
+            self.body.add_edge(
+                to.node,
+                user,
+                Use {
+                    operand: u.operand,
+                    result: to.result,
+                },
+            );
         }
         for r in &mut self.results {
             if *r == from {
@@ -202,7 +235,10 @@ impl Function {
 
     /// Number of op nodes (parameters excluded).
     pub fn num_ops(&self) -> usize {
-        self.body.node_weights().filter(|n| !matches!(n.op, Op::Param { .. })).count()
+        self.body
+            .node_weights()
+            .filter(|n| !matches!(n.op, Op::Param { .. }))
+            .count()
     }
 }
 
@@ -221,7 +257,9 @@ impl Module {
 
     /// The public functions (entry points).
     pub fn entry_points(&self) -> impl Iterator<Item = &Function> {
-        self.functions.iter().filter(|f| f.visibility == Visibility::Public)
+        self.functions
+            .iter()
+            .filter(|f| f.visibility == Visibility::Public)
     }
 }
 

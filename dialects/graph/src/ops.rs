@@ -164,7 +164,14 @@ pub enum CmpOp {
 
 impl CmpOp {
     /// Every comparison.
-    pub const ALL: [CmpOp; 6] = [CmpOp::Lt, CmpOp::Le, CmpOp::Gt, CmpOp::Ge, CmpOp::Eq, CmpOp::Ne];
+    pub const ALL: [CmpOp; 6] = [
+        CmpOp::Lt,
+        CmpOp::Le,
+        CmpOp::Gt,
+        CmpOp::Ge,
+        CmpOp::Eq,
+        CmpOp::Ne,
+    ];
 
     /// Graph op suffix (`lt`).
     pub fn name(self) -> &'static str {
@@ -220,8 +227,13 @@ pub enum ReduceKind {
 
 impl ReduceKind {
     /// Every reduction kind.
-    pub const ALL: [ReduceKind; 5] =
-        [ReduceKind::Sum, ReduceKind::Mean, ReduceKind::Max, ReduceKind::Min, ReduceKind::Prod];
+    pub const ALL: [ReduceKind; 5] = [
+        ReduceKind::Sum,
+        ReduceKind::Mean,
+        ReduceKind::Max,
+        ReduceKind::Min,
+        ReduceKind::Prod,
+    ];
 
     /// Name in source and IR (`sum`).
     pub fn name(self) -> &'static str {
@@ -465,8 +477,14 @@ impl Op {
             Op::Slice { .. } => "slice",
             Op::Broadcast { .. } => "broadcast",
             Op::Conv2d { .. } => "conv2d",
-            Op::Pool2d { kind: PoolKind::Max, .. } => "maxpool2d",
-            Op::Pool2d { kind: PoolKind::Avg, .. } => "avgpool2d",
+            Op::Pool2d {
+                kind: PoolKind::Max,
+                ..
+            } => "maxpool2d",
+            Op::Pool2d {
+                kind: PoolKind::Avg,
+                ..
+            } => "avgpool2d",
             Op::BatchNorm { .. } => "batchnorm",
             Op::Compute(_) => "compute",
             Op::Call { .. } => "call",
@@ -481,7 +499,10 @@ impl Op {
             Op::Param { index } => vec![("index", Attr::Int(i64::from(*index)))],
             Op::Constant(ConstValue::Splat(v)) => vec![("value", Attr::Float(*v))],
             Op::Constant(ConstValue::Dense(vs)) => {
-                vec![("value", Attr::List(vs.iter().map(|&v| Number::Float(v)).collect()))]
+                vec![(
+                    "value",
+                    Attr::List(vs.iter().map(|&v| Number::Float(v)).collect()),
+                )]
             }
             Op::Cast { to } => vec![("to", Attr::Type(*to))],
             Op::Reduce { axes, keepdims, .. } => {
@@ -497,12 +518,21 @@ impl Op {
                 ("start", Attr::Int(*start as i64)),
                 ("end", Attr::Int(*end as i64)),
             ],
-            Op::Conv2d { stride, padding, groups } => vec![
+            Op::Conv2d {
+                stride,
+                padding,
+                groups,
+            } => vec![
                 ("stride", pair(*stride)),
                 ("padding", pair(*padding)),
                 ("groups", Attr::Int(*groups as i64)),
             ],
-            Op::Pool2d { kernel, stride, padding, .. } => vec![
+            Op::Pool2d {
+                kernel,
+                stride,
+                padding,
+                ..
+            } => vec![
                 ("kernel", pair(*kernel)),
                 ("stride", pair(*stride)),
                 ("padding", pair(*padding)),
@@ -524,7 +554,11 @@ impl Op {
         let suffix = name
             .strip_prefix("graph.")
             .ok_or_else(|| format!("`{name}` is not a graph dialect op"))?;
-        let mut a = AttrReader { op: name, attrs, used: vec![false; attrs.len()] };
+        let mut a = AttrReader {
+            op: name,
+            attrs,
+            used: vec![false; attrs.len()],
+        };
         let op = if let Some(u) = UnaryOp::from_name(suffix) {
             Op::Unary(u)
         } else if let Some(b) = BinaryOp::ALL.into_iter().find(|b| b.name() == suffix) {
@@ -532,7 +566,11 @@ impl Op {
         } else if let Some(c) = CmpOp::ALL.into_iter().find(|c| c.name() == suffix) {
             Op::Compare(c)
         } else if let Some(kind) = ReduceKind::from_name(suffix) {
-            Op::Reduce { kind, axes: a.usizes("axes")?, keepdims: a.bool("keepdims")? }
+            Op::Reduce {
+                kind,
+                axes: a.usizes("axes")?,
+                keepdims: a.bool("keepdims")?,
+            }
         } else {
             match suffix {
                 "constant" => Op::Constant(match a.get("value")? {
@@ -547,12 +585,25 @@ impl Op {
                     _ => return Err(format!("{name}: `to` must be an element type")),
                 },
                 "matmul" => Op::MatMul,
-                "softmax" => Op::Softmax { axis: a.usize("axis")? },
-                "layernorm" => Op::LayerNorm { axes: a.usizes("axes")?, eps: a.float("eps")? },
-                "reshape" => Op::Reshape { shape: a.usizes("shape")? },
-                "broadcast" => Op::Broadcast { shape: a.usizes("shape")? },
-                "transpose" => Op::Transpose { perm: a.usizes("perm")? },
-                "concat" => Op::Concat { axis: a.usize("axis")? },
+                "softmax" => Op::Softmax {
+                    axis: a.usize("axis")?,
+                },
+                "layernorm" => Op::LayerNorm {
+                    axes: a.usizes("axes")?,
+                    eps: a.float("eps")?,
+                },
+                "reshape" => Op::Reshape {
+                    shape: a.usizes("shape")?,
+                },
+                "broadcast" => Op::Broadcast {
+                    shape: a.usizes("shape")?,
+                },
+                "transpose" => Op::Transpose {
+                    perm: a.usizes("perm")?,
+                },
+                "concat" => Op::Concat {
+                    axis: a.usize("axis")?,
+                },
                 "slice" => Op::Slice {
                     axis: a.usize("axis")?,
                     start: a.usize("start")?,
@@ -564,12 +615,18 @@ impl Op {
                     groups: a.usize("groups")?,
                 },
                 "maxpool2d" | "avgpool2d" => Op::Pool2d {
-                    kind: if suffix == "maxpool2d" { PoolKind::Max } else { PoolKind::Avg },
+                    kind: if suffix == "maxpool2d" {
+                        PoolKind::Max
+                    } else {
+                        PoolKind::Avg
+                    },
                     kernel: a.pair("kernel")?,
                     stride: a.pair("stride")?,
                     padding: a.pair("padding")?,
                 },
-                "batchnorm" => Op::BatchNorm { eps: a.float("eps")? },
+                "batchnorm" => Op::BatchNorm {
+                    eps: a.float("eps")?,
+                },
                 _ => return Err(format!("unknown op `{name}`")),
             }
         };
@@ -642,7 +699,10 @@ impl AttrReader<'_> {
 
     fn finish(self) -> Result<(), String> {
         match self.used.iter().position(|u| !u) {
-            Some(i) => Err(format!("{}: unexpected attribute `{}`", self.op, self.attrs[i].0)),
+            Some(i) => Err(format!(
+                "{}: unexpected attribute `{}`",
+                self.op, self.attrs[i].0
+            )),
             None => Ok(()),
         }
     }

@@ -67,7 +67,11 @@ fn lex(text: &str) -> Result<Lexed, ParseError> {
     while i < chars.len() {
         let c = chars[i];
         let (tl, tc) = (line, col);
-        let err = |message: String| ParseError { line: tl, column: tc, message };
+        let err = |message: String| ParseError {
+            line: tl,
+            column: tc,
+            message,
+        };
         if c == '\n' {
             i += 1;
             line += 1;
@@ -102,7 +106,11 @@ fn lex(text: &str) -> Result<Lexed, ParseError> {
                 return Err(err(format!("expected a name after `{c}`")));
             }
             let s: String = chars[start + 1..i].iter().collect();
-            if c == '%' { Tok::Percent(s) } else { Tok::At(s) }
+            if c == '%' {
+                Tok::Percent(s)
+            } else {
+                Tok::At(s)
+            }
         } else if c.is_ascii_digit() {
             while i < chars.len() && chars[i].is_ascii_digit() {
                 i += 1;
@@ -132,7 +140,10 @@ fn lex(text: &str) -> Result<Lexed, ParseError> {
             if is_float {
                 Tok::Float(s.parse().map_err(|_| err(format!("bad number `{s}`")))?)
             } else {
-                Tok::Int(s.parse().map_err(|_| err(format!("integer `{s}` is too large")))?)
+                Tok::Int(
+                    s.parse()
+                        .map_err(|_| err(format!("integer `{s}` is too large")))?,
+                )
             }
         } else if c == '"' {
             i += 1;
@@ -175,14 +186,23 @@ fn lex(text: &str) -> Result<Lexed, ParseError> {
 struct Parser {
     toks: Vec<(Tok, usize, usize)>,
     pos: usize,
+    depth: u32,
 }
+
+/// Deepest scalar-expression nesting accepted in a compute body; deeper text
+/// is an error, never a stack overflow.
+pub const MAX_EXPR_DEPTH: u32 = 256;
 
 type PResult<T> = Result<T, ParseError>;
 
 /// Parses a whole module.
 pub fn parse_module(text: &str) -> Result<Module, ParseError> {
     let lexed = lex(text)?;
-    let mut p = Parser { toks: lexed.toks, pos: 0 };
+    let mut p = Parser {
+        toks: lexed.toks,
+        pos: 0,
+        depth: 0,
+    };
     let mut module = Module::default();
     while p.peek() != &Tok::Eof {
         module.functions.push(p.function()?);
@@ -209,7 +229,11 @@ impl Parser {
 
     fn error<T>(&self, message: impl Into<String>) -> PResult<T> {
         let (_, line, column) = &self.toks[self.pos];
-        Err(ParseError { line: *line, column: *column, message: message.into() })
+        Err(ParseError {
+            line: *line,
+            column: *column,
+            message: message.into(),
+        })
     }
 
     fn expected<T>(&self, what: &str) -> PResult<T> {
@@ -226,7 +250,11 @@ impl Parser {
     }
 
     fn expect(&mut self, p: &str) -> PResult<()> {
-        if self.eat(p) { Ok(()) } else { self.expected(&format!("`{p}`")) }
+        if self.eat(p) {
+            Ok(())
+        } else {
+            self.expected(&format!("`{p}`"))
+        }
     }
 
     fn eat_ident(&mut self, word: &str) -> bool {
@@ -302,8 +330,11 @@ impl Parser {
         if !self.eat_ident("graph.func") {
             return self.expected("`graph.func`");
         }
-        let visibility =
-            if self.eat_ident("private") { Visibility::Private } else { Visibility::Public };
+        let visibility = if self.eat_ident("private") {
+            Visibility::Private
+        } else {
+            Visibility::Public
+        };
         let name = match self.next() {
             Tok::At(n) => n,
             _ => {
@@ -387,15 +418,24 @@ impl Parser {
             if r >= count {
                 return self.error(format!("`%{name}` has {count} result(s)"));
             }
-            Ok(Value { node, result: r as u32 })
+            Ok(Value {
+                node,
+                result: r as u32,
+            })
         } else if count != 1 {
-            self.error(format!("`%{name}` has {count} results: name one as `%{name}#N`"))
+            self.error(format!(
+                "`%{name}` has {count} results: name one as `%{name}#N`"
+            ))
         } else {
             Ok(Value::of(node))
         }
     }
 
-    fn value_list(&mut self, f: &Function, scope: &HashMap<String, NodeIndex>) -> PResult<Vec<Value>> {
+    fn value_list(
+        &mut self,
+        f: &Function,
+        scope: &HashMap<String, NodeIndex>,
+    ) -> PResult<Vec<Value>> {
         let mut vs = Vec::new();
         if matches!(self.peek(), Tok::Percent(_)) {
             vs.push(self.value(f, scope)?);
@@ -406,7 +446,11 @@ impl Parser {
         Ok(vs)
     }
 
-    fn statement(&mut self, f: &mut Function, scope: &mut HashMap<String, NodeIndex>) -> PResult<()> {
+    fn statement(
+        &mut self,
+        f: &mut Function,
+        scope: &mut HashMap<String, NodeIndex>,
+    ) -> PResult<()> {
         let rname = match self.peek().clone() {
             Tok::Percent(n) => n,
             _ => return self.expected("an op `%name = ...` or `graph.return`"),
@@ -476,7 +520,10 @@ impl Parser {
             types.push(self.tensor_type()?);
         }
         if types.len() != count {
-            return self.error(format!("{count} result(s) named but {} type(s) given", types.len()));
+            return self.error(format!(
+                "{count} result(s) named but {} type(s) given",
+                types.len()
+            ));
         }
         let node = f.add_node(op, &operands, types);
         scope.insert(rname, node);
@@ -581,7 +628,11 @@ impl Parser {
                 self.expect("}")?;
                 // The output type is the op's result type, read after the body.
                 let ty = self.peek_result_type()?;
-                return Ok(ComputeBody { name, locals, out: ElemDef { vars, ty, expr } });
+                return Ok(ComputeBody {
+                    name,
+                    locals,
+                    out: ElemDef { vars, ty, expr },
+                });
             } else {
                 return self.expected("`let` or `out`");
             }
@@ -600,6 +651,19 @@ impl Parser {
     /// Scalar expressions by precedence level: 0 comparisons, 1 `+ -`,
     /// 2 `* /`, 3 unary and atoms.
     fn sexpr(&mut self, level: u8) -> PResult<ScalarExpr> {
+        self.depth += 1;
+        let r = if self.depth > MAX_EXPR_DEPTH {
+            self.error(format!(
+                "expression nests deeper than {MAX_EXPR_DEPTH} levels"
+            ))
+        } else {
+            self.sexpr_level(level)
+        };
+        self.depth -= 1;
+        r
+    }
+
+    fn sexpr_level(&mut self, level: u8) -> PResult<ScalarExpr> {
         if level == 3 {
             return self.satom();
         }
@@ -641,7 +705,7 @@ impl Parser {
                     return Ok(ScalarExpr::Const(self.number()?.as_f64()));
                 }
                 self.next();
-                Ok(ScalarExpr::Unary(UnaryOp::Neg, Box::new(self.satom()?)))
+                Ok(ScalarExpr::Unary(UnaryOp::Neg, Box::new(self.sexpr(3)?)))
             }
             Tok::Int(_) | Tok::Float(_) => Ok(ScalarExpr::Const(self.number()?.as_f64())),
             Tok::Punct("(") => {
@@ -659,7 +723,11 @@ impl Parser {
                     .strip_prefix("in")
                     .and_then(|n| n.parse().ok())
                     .map(Source::Input)
-                    .or_else(|| s.strip_prefix('t').and_then(|n| n.parse().ok()).map(Source::Local));
+                    .or_else(|| {
+                        s.strip_prefix('t')
+                            .and_then(|n| n.parse().ok())
+                            .map(Source::Local)
+                    });
                 if let Some(src) = src {
                     self.expect("[")?;
                     let mut index = Vec::new();
@@ -694,13 +762,20 @@ impl Parser {
                         self.expect(",")?;
                     }
                     let body = self.args(1)?.remove(0);
-                    return Ok(ScalarExpr::Reduce { kind, vars, body: Box::new(body) });
+                    return Ok(ScalarExpr::Reduce {
+                        kind,
+                        vars,
+                        body: Box::new(body),
+                    });
                 }
                 if let Some(u) = UnaryOp::from_name(&s) {
                     let a = self.args(1)?.remove(0);
                     return Ok(ScalarExpr::Unary(u, Box::new(a)));
                 }
-                if let Some(b) = BinaryOp::ALL.into_iter().find(|b| b.function_name() == Some(s.as_str())) {
+                if let Some(b) = BinaryOp::ALL
+                    .into_iter()
+                    .find(|b| b.function_name() == Some(s.as_str()))
+                {
                     let mut a = self.args(2)?;
                     let r = a.remove(1);
                     return Ok(ScalarExpr::Binary(b, Box::new(a.remove(0)), Box::new(r)));
@@ -737,7 +812,11 @@ impl Parser {
             let (coeff, var) = match self.peek().clone() {
                 Tok::Int(i) => {
                     self.next();
-                    if self.eat("*") { (i, Some(self.index_var()?)) } else { (i, None) }
+                    if self.eat("*") {
+                        (i, Some(self.index_var()?))
+                    } else {
+                        (i, None)
+                    }
                 }
                 Tok::Ident(_) => (1, Some(self.index_var()?)),
                 _ => return self.expected("an affine index (`d0`, `2*d1`, `d0 + 1`)"),

@@ -29,9 +29,19 @@ pub fn node_names(f: &Function) -> HashMap<NodeIndex, String> {
 }
 
 fn value_name(f: &Function, names: &HashMap<NodeIndex, String>, v: Value) -> String {
-    let base = names.get(&v.node).cloned().unwrap_or_else(|| "%<invalid>".into());
-    let multi = f.body.node_weight(v.node).is_some_and(|n| n.results.len() > 1);
-    if multi { format!("{base}#{}", v.result) } else { base }
+    let base = names
+        .get(&v.node)
+        .cloned()
+        .unwrap_or_else(|| "%<invalid>".into());
+    let multi = f
+        .body
+        .node_weight(v.node)
+        .is_some_and(|n| n.results.len() > 1);
+    if multi {
+        format!("{base}#{}", v.result)
+    } else {
+        base
+    }
 }
 
 fn attr_text(a: &Attr) -> String {
@@ -54,7 +64,11 @@ fn attr_text(a: &Attr) -> String {
 }
 
 fn types_text(types: &[TensorType]) -> String {
-    types.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ")
+    types
+        .iter()
+        .map(|t| t.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Prints a whole module.
@@ -71,7 +85,11 @@ pub fn print_module(m: &Module) -> String {
 
 fn print_function(f: &Function, out: &mut String) {
     let names = node_names(f);
-    let vis = if f.visibility == Visibility::Private { "private " } else { "" };
+    let vis = if f.visibility == Visibility::Private {
+        "private "
+    } else {
+        ""
+    };
     let _ = write!(out, "graph.func {vis}@{}(", f.name);
     for (i, (name, node)) in f.params.iter().enumerate() {
         if i > 0 {
@@ -90,8 +108,11 @@ fn print_function(f: &Function, out: &mut String) {
         if matches!(n.op, Op::Param { .. }) {
             continue;
         }
-        let operands: Vec<String> =
-            f.operands(node).into_iter().map(|v| value_name(f, &names, v)).collect();
+        let operands: Vec<String> = f
+            .operands(node)
+            .into_iter()
+            .map(|v| value_name(f, &names, v))
+            .collect();
         let result = &names[&node];
         let _ = write!(out, "  {result}");
         if n.results.len() != 1 {
@@ -119,15 +140,21 @@ fn print_function(f: &Function, out: &mut String) {
                 }
                 let attrs = op.attrs();
                 if !attrs.is_empty() {
-                    let items: Vec<String> =
-                        attrs.iter().map(|(k, a)| format!("{k} = {}", attr_text(a))).collect();
+                    let items: Vec<String> = attrs
+                        .iter()
+                        .map(|(k, a)| format!("{k} = {}", attr_text(a)))
+                        .collect();
                     let _ = write!(out, " {{{}}}", items.join(", "));
                 }
             }
         }
         let _ = writeln!(out, " : {}", types_text(&n.results));
     }
-    let results: Vec<String> = f.results.iter().map(|v| value_name(f, &names, *v)).collect();
+    let results: Vec<String> = f
+        .results
+        .iter()
+        .map(|v| value_name(f, &names, *v))
+        .collect();
     let _ = writeln!(out, "  graph.return {}", results.join(", "));
     out.push_str("}\n");
 }
@@ -144,7 +171,11 @@ fn mlir_element(v: f64, dtype: DType) -> String {
 }
 
 fn mlir_types(types: &[&TensorType]) -> String {
-    types.iter().map(|t| t.mlir()).collect::<Vec<_>>().join(", ")
+    types
+        .iter()
+        .map(|t| t.mlir())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn mlir_string(s: &str) -> String {
@@ -203,7 +234,8 @@ pub fn print_mlir_generic(m: &Module) -> String {
             let operands = f.operands(node);
             let operand_names: Vec<String> =
                 operands.iter().map(|v| value_name(f, &names, *v)).collect();
-            let operand_types: Vec<&TensorType> = operands.iter().map(|v| f.value_type(*v)).collect();
+            let operand_types: Vec<&TensorType> =
+                operands.iter().map(|v| f.value_type(*v)).collect();
             let mut attrs: Vec<String> = match &n.op {
                 Op::Constant(value) => {
                     let t = &n.results[0];
@@ -211,7 +243,10 @@ pub fn print_mlir_generic(m: &Module) -> String {
                         ConstValue::Splat(v) => mlir_element(*v, t.dtype),
                         ConstValue::Dense(vs) => format!(
                             "[{}]",
-                            vs.iter().map(|v| mlir_element(*v, t.dtype)).collect::<Vec<_>>().join(", ")
+                            vs.iter()
+                                .map(|v| mlir_element(*v, t.dtype))
+                                .collect::<Vec<_>>()
+                                .join(", ")
                         ),
                     };
                     vec![format!("value = dense<{body}> : {}", t.mlir())]
@@ -221,7 +256,11 @@ pub fn print_mlir_generic(m: &Module) -> String {
                     format!("body = {}", mlir_string(&body.lines().join("; "))),
                     format!("name = {}", mlir_string(&body.name)),
                 ],
-                op => op.attrs().iter().map(|(k, a)| format!("{k} = {}", mlir_attr(a))).collect(),
+                op => op
+                    .attrs()
+                    .iter()
+                    .map(|(k, a)| format!("{k} = {}", mlir_attr(a)))
+                    .collect(),
             };
             attrs.sort();
             let _ = write!(out, "  {}", names[&node]);
@@ -240,7 +279,11 @@ pub fn print_mlir_generic(m: &Module) -> String {
                 mlir_types(&results)
             );
         }
-        let results: Vec<String> = f.results.iter().map(|v| value_name(f, &names, *v)).collect();
+        let results: Vec<String> = f
+            .results
+            .iter()
+            .map(|v| value_name(f, &names, *v))
+            .collect();
         let rtypes = f.result_types();
         let rtype_refs: Vec<&TensorType> = rtypes.iter().collect();
         let ptypes = f.param_types();
@@ -251,7 +294,11 @@ pub fn print_mlir_generic(m: &Module) -> String {
             results.join(", "),
             mlir_types(&rtype_refs)
         );
-        let vis = if f.visibility == Visibility::Private { ", sym_visibility = \"private\"" } else { "" };
+        let vis = if f.visibility == Visibility::Private {
+            ", sym_visibility = \"private\""
+        } else {
+            ""
+        };
         let _ = writeln!(
             out,
             "}}) {{function_type = ({}) -> ({}), sym_name = {}{vis}}} : () -> ()",

@@ -16,7 +16,11 @@ use crate::print::node_names;
 impl Verify for Module {
     fn verify(&self) -> Result<(), Vec<VerifyError>> {
         let errors = verify_module(self);
-        if errors.is_empty() { Ok(()) } else { Err(errors) }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors)
+        }
     }
 }
 
@@ -39,24 +43,36 @@ pub fn verify_module(module: &Module) -> Vec<VerifyError> {
 
 fn verify_function(module: &Module, f: &Function, errors: &mut Vec<VerifyError>) {
     let fname = format!("@{}", f.name);
-    let mut err = |location: String, message: String| errors.push(VerifyError { location, message });
+    let mut err =
+        |location: String, message: String| errors.push(VerifyError { location, message });
     if petgraph::algo::is_cyclic_directed(&f.body) {
         err(fname.clone(), "the op graph has a cycle".into());
         return;
     }
     let names = node_names(f);
-    let name_of = |n| names.get(&n).cloned().unwrap_or_else(|| format!("{fname}:{n:?}"));
+    let name_of = |n| {
+        names
+            .get(&n)
+            .cloned()
+            .unwrap_or_else(|| format!("{fname}:{n:?}"))
+    };
     let mut param_nodes = HashSet::new();
     let mut param_names = HashSet::new();
     for (i, (pname, node)) in f.params.iter().enumerate() {
         if !param_names.insert(pname.as_str()) {
-            err(format!("{fname}(%{pname})"), "parameter name used twice".into());
+            err(
+                format!("{fname}(%{pname})"),
+                "parameter name used twice".into(),
+            );
         }
         match f.body.node_weight(*node) {
             Some(n) if n.op == Op::Param { index: i as u32 } && n.results.len() == 1 => {
                 param_nodes.insert(*node);
             }
-            _ => err(format!("{fname}(%{pname})"), format!("is not graph.param {i}")),
+            _ => err(
+                format!("{fname}(%{pname})"),
+                format!("is not graph.param {i}"),
+            ),
         }
     }
     for node in f.body.node_indices() {
@@ -64,7 +80,10 @@ fn verify_function(module: &Module, f: &Function, errors: &mut Vec<VerifyError>)
         let loc = name_of(node);
         if matches!(n.op, Op::Param { .. }) {
             if !param_nodes.contains(&node) {
-                err(loc, "graph.param that is not a parameter of the function".into());
+                err(
+                    loc,
+                    "graph.param that is not a parameter of the function".into(),
+                );
             }
             continue;
         }
@@ -75,13 +94,19 @@ fn verify_function(module: &Module, f: &Function, errors: &mut Vec<VerifyError>)
             .collect();
         slots.sort_unstable();
         if slots.iter().enumerate().any(|(i, &s)| s as usize != i) {
-            err(loc.clone(), format!("operand slots are not 0..{}: {slots:?}", slots.len()));
+            err(
+                loc.clone(),
+                format!("operand slots are not 0..{}: {slots:?}", slots.len()),
+            );
             continue;
         }
         let mut bad_use = false;
         for e in f.body.edges_directed(node, Direction::Incoming) {
             if e.weight().result as usize >= f.body[e.source()].results.len() {
-                err(loc.clone(), format!("uses a result that {} lacks", name_of(e.source())));
+                err(
+                    loc.clone(),
+                    format!("uses a result that {} lacks", name_of(e.source())),
+                );
                 bad_use = true;
             }
         }
@@ -93,13 +118,19 @@ fn verify_function(module: &Module, f: &Function, errors: &mut Vec<VerifyError>)
         match &n.op {
             Op::Constant(value) => {
                 if !operands.is_empty() || n.results.len() != 1 {
-                    err(loc, "graph.constant takes no operands and has one result".into());
+                    err(
+                        loc,
+                        "graph.constant takes no operands and has one result".into(),
+                    );
                     continue;
                 }
                 if let ConstValue::Dense(vs) = value
                     && Some(vs.len()) != n.results[0].num_elements()
                 {
-                    err(loc, format!("{} values for type {}", vs.len(), n.results[0]));
+                    err(
+                        loc,
+                        format!("{} values for type {}", vs.len(), n.results[0]),
+                    );
                 }
             }
             Op::Call { callee } => match module.function(callee) {
@@ -139,7 +170,10 @@ fn verify_function(module: &Module, f: &Function, errors: &mut Vec<VerifyError>)
         err(fname.clone(), "returns nothing".into());
     }
     for r in &f.results {
-        let ok = f.body.node_weight(r.node).is_some_and(|n| (r.result as usize) < n.results.len());
+        let ok = f
+            .body
+            .node_weight(r.node)
+            .is_some_and(|n| (r.result as usize) < n.results.len());
         if !ok {
             err(fname.clone(), "returns a value that does not exist".into());
         }
@@ -147,7 +181,11 @@ fn verify_function(module: &Module, f: &Function, errors: &mut Vec<VerifyError>)
 }
 
 fn join(types: &[&TensorType]) -> String {
-    types.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ")
+    types
+        .iter()
+        .map(|t| t.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn check_recursion(module: &Module, errors: &mut Vec<VerifyError>) {
@@ -192,19 +230,50 @@ struct ComputeCtx<'a> {
     inputs: &'a [&'a TensorType],
     locals: &'a [ElemDef],
     bound: Vec<IndexVar>,
+    check_bound: bool,
+}
+
+/// The element type of a scalar expression over operands `inputs` and
+/// `locals` (`None` for a bare number, whose type adapts to its context).
+/// Variable binding is not checked here; [`check_compute`] does that.
+pub fn scalar_dtype(
+    e: &ScalarExpr,
+    inputs: &[&TensorType],
+    locals: &[ElemDef],
+) -> Result<Option<DType>, String> {
+    let mut ctx = ComputeCtx {
+        inputs,
+        locals,
+        bound: Vec::new(),
+        check_bound: false,
+    };
+    expr_dtype(e, &mut ctx)
 }
 
 /// Checks a compute body against its operand types: variables bound once and
 /// in scope, reads of the right rank, locals read only after they are
 /// defined, and consistent element types.
 pub fn check_compute(body: &ComputeBody, inputs: &[&TensorType]) -> Result<(), String> {
-    let defs = body.locals.iter().enumerate().map(|(i, d)| (format!("t{i}"), d, i));
+    let defs = body
+        .locals
+        .iter()
+        .enumerate()
+        .map(|(i, d)| (format!("t{i}"), d, i));
     let out = std::iter::once(("out".to_string(), &body.out, body.locals.len()));
     for (name, def, visible) in defs.chain(out) {
         if def.vars.len() != def.ty.rank() {
-            return Err(format!("{name} has {} indices for type {}", def.vars.len(), def.ty));
+            return Err(format!(
+                "{name} has {} indices for type {}",
+                def.vars.len(),
+                def.ty
+            ));
         }
-        let mut ctx = ComputeCtx { inputs, locals: &body.locals[..visible], bound: Vec::new() };
+        let mut ctx = ComputeCtx {
+            inputs,
+            locals: &body.locals[..visible],
+            bound: Vec::new(),
+            check_bound: true,
+        };
         for v in &def.vars {
             if ctx.bound.contains(v) {
                 return Err(format!("{name}: index {v} is bound twice"));
@@ -214,7 +283,10 @@ pub fn check_compute(body: &ComputeBody, inputs: &[&TensorType]) -> Result<(), S
         let dtype = expr_dtype(&def.expr, &mut ctx).map_err(|m| format!("{name}: {m}"))?;
         match dtype {
             Some(d) if d != def.ty.dtype => {
-                return Err(format!("{name} is declared {} but computes {d}", def.ty.dtype));
+                return Err(format!(
+                    "{name} is declared {} but computes {d}",
+                    def.ty.dtype
+                ));
             }
             None if !def.ty.dtype.is_numeric() => {
                 return Err(format!("{name}: a number cannot be a bool"));
@@ -242,10 +314,18 @@ fn expr_dtype(e: &ScalarExpr, ctx: &mut ComputeCtx<'_>) -> Result<Option<DType>,
             }
             .ok_or_else(|| format!("{src} is not defined here"))?;
             if index.len() != ty.rank() {
-                return Err(format!("{src} has rank {} but is read with {} indices", ty.rank(), index.len()));
+                return Err(format!(
+                    "{src} has rank {} but is read with {} indices",
+                    ty.rank(),
+                    index.len()
+                ));
             }
             for a in index {
-                if let Some((_, v)) = a.terms.iter().find(|(_, v)| !ctx.bound.contains(v)) {
+                if let Some((_, v)) = a
+                    .terms
+                    .iter()
+                    .find(|(_, v)| ctx.check_bound && !ctx.bound.contains(v))
+                {
                     return Err(format!("index {v} is not bound"));
                 }
             }
@@ -292,7 +372,10 @@ fn expr_dtype(e: &ScalarExpr, ctx: &mut ComputeCtx<'_>) -> Result<Option<DType>,
                     return Err(format!("index {} is bound twice", rv.var));
                 }
                 if rv.lo > rv.hi {
-                    return Err(format!("range {}..{} of {} is reversed", rv.lo, rv.hi, rv.var));
+                    return Err(format!(
+                        "range {}..{} of {} is reversed",
+                        rv.lo, rv.hi, rv.var
+                    ));
                 }
                 ctx.bound.push(rv.var);
             }

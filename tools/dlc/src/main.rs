@@ -1,1 +1,241 @@
-fn main() {}
+//! `dlc`: check, compile, run and benchmark models written in the dlc
+//! language.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use dlc_driver::{
+    DEFAULT_PIPELINE, DriverError, PassOptions, compile_source, interpret, prepare_inputs,
+    read_input, run_passes, save_outputs, select_entry,
+};
+use dlc_runtime::HostTensor;
+
+#[derive(Parser)]
+#[command(name = "dlc", version, about = "The dlc deep-learning compiler")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Emit {
+    /// Graph dialect text.
+    Graph,
+    /// Graph dialect in MLIR's generic operation syntax.
+    GraphMlir,
+    /// Loop dialect text.
+    Loop,
+    /// Tile dialect text.
+    Tile,
+    /// LLVM IR.
+    Llvm,
+    /// Assembly.
+    Asm,
+    /// Object file.
+    Obj,
+    /// Shared library.
+    So,
+    /// C header for the compiled entry points.
+    Header,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Backend {
+    /// The reference interpreter of the graph dialect.
+    Interp,
+    /// Compiled native code for this CPU.
+    Cpu,
+    /// Compiled code for an NVIDIA GPU.
+    Gpu,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Parse and check a model; report every error found.
+    Check {
+        /// The `.dl` file (`-` for standard input).
+        file: String,
+    },
+    /// Compile a model to the chosen artifact.
+    Compile {
+        /// The `.dl` file (`-` for standard input).
+        file: String,
+        /// Keep only this entry point.
+        #[arg(long)]
+        entry: Option<String>,
+        /// What to produce.
+        #[arg(long, value_enum, default_value = "graph")]
+        emit: Emit,
+        /// Output file (`-` for standard output).
+        #[arg(short, long, default_value = "-")]
+        output: String,
+        /// Graph pipeline to run.
+        #[arg(long, default_value = DEFAULT_PIPELINE)]
+        passes: String,
+    },
+    /// Run an entry point of a model.
+    Run {
+        /// The `.dl` file (`-` for standard input).
+        file: String,
+        /// Entry point to run; may be left out when there is only one.
+        #[arg(long)]
+        entry: Option<String>,
+        /// Where to run it.
+        #[arg(long, value_enum, default_value = "interp")]
+        backend: Backend,
+        /// An input as NAME=PATH.npy; repeat for each parameter.
+        #[arg(long = "input", value_name = "NAME=PATH")]
+        inputs: Vec<String>,
+        /// Fill the inputs not given with random values from this seed.
+        #[arg(long, value_name = "SEED")]
+        random_inputs: Option<u64>,
+        /// Write the results as DIR/out0.npy, DIR/out1.npy, ... in return order.
+        #[arg(long, value_name = "DIR")]
+        save_outputs: Option<PathBuf>,
+        /// Graph pipeline to run before executing.
+        #[arg(long, default_value = DEFAULT_PIPELINE)]
+        passes: String,
+    },
+    /// Measure compile time and steady-state latency of an entry point.
+    Bench {
+        /// The `.dl` file.
+        file: String,
+        /// Entry point to measure.
+        #[arg(long)]
+        entry: Option<String>,
+    },
+}
+
+fn not_yet(what: &str) -> DriverError {
+    DriverError::Usage(format!(
+        "{what} is not available yet: this build has the front end, the graph dialect and its \
+         reference interpreter; the loop and tile dialects and the CPU/GPU back ends come next"
+    ))
+}
+
+fn summary(t: &HostTensor) -> String {
+    let n = t.data.len();
+    let shown: Vec<String> = t.data.iter().take(6).map(|v| format!("{v:.6}")).collect();
+    let more = if n > 6 { ", ..." } else { "" };
+    let (mut lo, mut hi, mut sum) = (f64::INFINITY, f64::NEG_INFINITY, 0.0);
+    for &v in &t.data {
+        lo = lo.min(v);
+        hi = hi.max(v);
+        sum += v;
+    }
+    format!(
+        "{} = [{}{more}]  min {lo:.6} max {hi:.6} mean {:.6}",
+        t.ty,
+        shown.join(", "),
+        sum / n.max(1) as f64
+    )
+}
+
+fn run(cli: Cli) -> Result<(), DriverError> {
+    match cli.command {
+        Command::Check { file } => {
+            let src = read_input(&file)?;
+            let module = compile_source(&src)?;
+            let entries: Vec<&str> = module.entry_points().map(|f| f.name.as_str()).collect();
+            println!(
+                "{}: ok ({} entry point(s): {})",
+                src.name,
+                entries.len(),
+                entries.join(", ")
+            );
+            Ok(())
+        }
+        Command::Compile {
+            file,
+            entry,
+            emit,
+            output,
+            passes,
+        } => {
+            let src = read_input(&file)?;
+            let mut module = compile_source(&src)?;
+            run_passes(&mut module, &passes, PassOptions::default())?;
+            if let Some(name) = entry.as_deref() {
+                select_entry(&module, Some(name))?;
+                module
+                    .functions
+                    .retain(|f| f.name == name || f.visibility == dlc_graph::Visibility::Private);
+            }
+            let text = match emit {
+                Emit::Graph => dlc_graph::print_module(&module),
+                Emit::GraphMlir => dlc_graph::print_mlir_generic(&module),
+                Emit::Loop => return Err(not_yet("--emit loop")),
+                Emit::Tile => return Err(not_yet("--emit tile")),
+                Emit::Llvm => return Err(not_yet("--emit llvm")),
+                Emit::Asm => return Err(not_yet("--emit asm")),
+                Emit::Obj => return Err(not_yet("--emit obj")),
+                Emit::So => return Err(not_yet("--emit so")),
+                Emit::Header => return Err(not_yet("--emit header")),
+            };
+            if output == "-" {
+                print!("{text}");
+                Ok(())
+            } else {
+                std::fs::write(&output, text).map_err(|source| DriverError::Io {
+                    path: output.clone(),
+                    source,
+                })
+            }
+        }
+        Command::Run {
+            file,
+            entry,
+            backend,
+            inputs,
+            random_inputs,
+            save_outputs: save,
+            passes,
+        } => {
+            match backend {
+                Backend::Interp => {}
+                Backend::Cpu => return Err(not_yet("--backend cpu")),
+                Backend::Gpu => return Err(not_yet("--backend gpu")),
+            }
+            let mut files = Vec::new();
+            for spec in &inputs {
+                let Some((name, path)) = spec.split_once('=') else {
+                    return Err(DriverError::Usage(format!(
+                        "--input takes NAME=PATH.npy, got `{spec}`"
+                    )));
+                };
+                files.push((name.to_string(), PathBuf::from(path)));
+            }
+            let src = read_input(&file)?;
+            let mut module = compile_source(&src)?;
+            run_passes(&mut module, &passes, PassOptions::default())?;
+            let f = select_entry(&module, entry.as_deref())?;
+            let args = prepare_inputs(f, &files, random_inputs)?;
+            let outputs = interpret(&module, f, &args)?;
+            for (i, t) in outputs.iter().enumerate() {
+                println!("out{i}: {}", summary(t));
+            }
+            if let Some(dir) = save {
+                for path in save_outputs(&dir, &outputs)? {
+                    println!("wrote {}", path.display());
+                }
+            }
+            Ok(())
+        }
+        Command::Bench { .. } => Err(not_yet("dlc bench (it measures compiled code)")),
+    }
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let msg = e.to_string();
+            eprint!("{msg}");
+            if !msg.ends_with('\n') {
+                eprintln!();
+            }
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -23,7 +23,9 @@ fn splat(f: &Function, v: Value) -> Option<f64> {
         Op::Constant(ConstValue::Splat(x)) => Some(*x),
         Op::Constant(ConstValue::Dense(xs)) => {
             let first = *xs.first()?;
-            xs.iter().all(|x| x.to_bits() == first.to_bits()).then_some(first)
+            xs.iter()
+                .all(|x| x.to_bits() == first.to_bits())
+                .then_some(first)
         }
         _ => None,
     }
@@ -42,14 +44,18 @@ fn const_tensor(f: &Function, v: Value) -> Option<Tensor> {
 
 fn try_fold(f: &Function, node: NodeIndex) -> Option<Op> {
     let n = &f.body[node];
-    if matches!(n.op, Op::Param { .. } | Op::Constant(_) | Op::Call { .. }) || n.results.len() != 1 {
+    if matches!(n.op, Op::Param { .. } | Op::Constant(_) | Op::Call { .. }) || n.results.len() != 1
+    {
         return None;
     }
     if n.results[0].num_elements()? > FOLD_LIMIT {
         return None;
     }
-    let inputs: Vec<Tensor> =
-        f.operands(node).into_iter().map(|v| const_tensor(f, v)).collect::<Option<_>>()?;
+    let inputs: Vec<Tensor> = f
+        .operands(node)
+        .into_iter()
+        .map(|v| const_tensor(f, v))
+        .collect::<Option<_>>()?;
     let refs: Vec<&Tensor> = inputs.iter().collect();
     let out = eval_op(&n.op, &refs, &n.results).ok()?.pop()?;
     let values: Vec<f64> = out.data.iter().copied().collect();
@@ -126,7 +132,12 @@ fn simplify(f: &Function, node: NodeIndex) -> Option<Rewrite> {
                     if f.value_type(x) == ty {
                         Some(Rewrite::Use(x))
                     } else {
-                        Some(Rewrite::New(Op::Reshape { shape: shape.clone() }, vec![x]))
+                        Some(Rewrite::New(
+                            Op::Reshape {
+                                shape: shape.clone(),
+                            },
+                            vec![x],
+                        ))
                     }
                 }
                 _ => None,
@@ -149,7 +160,9 @@ fn canonicalize_function(f: &mut Function, max_iterations: u32) -> (u64, u64) {
     for _ in 0..max_iterations {
         let mut changed = false;
         for node in f.topo_order() {
-            if !f.body.contains_node(node) || f.users(node).is_empty() && !f.results.iter().any(|r| r.node == node) {
+            if !f.body.contains_node(node)
+                || f.users(node).is_empty() && !f.results.iter().any(|r| r.node == node)
+            {
                 continue;
             }
             if let Some(op) = try_fold(f, node) {
@@ -193,6 +206,9 @@ impl Pass<Module> for Canonicalize {
             folded += a;
             simplified += b;
         }
-        Ok(vec![("constants folded", folded), ("identities applied", simplified)])
+        Ok(vec![
+            ("constants folded", folded),
+            ("identities applied", simplified),
+        ])
     }
 }

@@ -24,7 +24,10 @@ fn inline_call(f: &mut Function, call: NodeIndex, callee: &Function) {
     let translate = |v: Value, map: &HashMap<NodeIndex, NodeIndex>| -> Value {
         match param_values.get(&v.node) {
             Some(arg) => *arg,
-            None => Value { node: map[&v.node], result: v.result },
+            None => Value {
+                node: map[&v.node],
+                result: v.result,
+            },
         }
     };
     for node in callee.topo_order() {
@@ -32,14 +35,23 @@ fn inline_call(f: &mut Function, call: NodeIndex, callee: &Function) {
         if matches!(n.op, Op::Param { .. }) {
             continue;
         }
-        let operands: Vec<Value> =
-            callee.operands(node).into_iter().map(|v| translate(v, &map)).collect();
+        let operands: Vec<Value> = callee
+            .operands(node)
+            .into_iter()
+            .map(|v| translate(v, &map))
+            .collect();
         let new = f.add_node(n.op.clone(), &operands, n.results.clone());
         map.insert(node, new);
     }
     for (r, v) in callee.results.iter().enumerate() {
         let to = translate(*v, &map);
-        f.replace_all_uses(Value { node: call, result: r as u32 }, to);
+        f.replace_all_uses(
+            Value {
+                node: call,
+                result: r as u32,
+            },
+            to,
+        );
     }
     f.body.remove_node(call);
 }
@@ -60,16 +72,22 @@ impl Pass<Module> for Inline {
                     _ => None,
                 });
                 let Some((node, callee)) = call else { break };
-                let callee = m.function(&callee).cloned().ok_or_else(|| PassError::Failed {
-                    pass: self.name().into(),
-                    message: format!("call of unknown function @{callee}"),
-                })?;
+                let callee = m
+                    .function(&callee)
+                    .cloned()
+                    .ok_or_else(|| PassError::Failed {
+                        pass: self.name().into(),
+                        message: format!("call of unknown function @{callee}"),
+                    })?;
                 inline_call(&mut m.functions[i], node, &callee);
                 count += 1;
                 if count > MAX_INLINES {
                     return Err(PassError::Failed {
                         pass: self.name().into(),
-                        message: format!("more than {MAX_INLINES} calls inlined into @{}", m.functions[i].name),
+                        message: format!(
+                            "more than {MAX_INLINES} calls inlined into @{}",
+                            m.functions[i].name
+                        ),
                     });
                 }
             }
@@ -85,7 +103,8 @@ impl Pass<Module> for Inline {
             })
             .collect();
         let before = m.functions.len();
-        m.functions.retain(|f| f.visibility == Visibility::Public || called.contains(&f.name));
+        m.functions
+            .retain(|f| f.visibility == Visibility::Public || called.contains(&f.name));
         Ok(vec![
             ("calls inlined", inlined),
             ("functions removed", (before - m.functions.len()) as u64),

@@ -26,10 +26,14 @@ pub fn registry() -> PassRegistry<Module> {
             Ok(Box::new(Canonicalize { max_iterations: o.get("max-iterations", 16)? }))
         },
     );
-    r.register("graph.dce", "removes ops whose results are never used", |o| {
-        o.expect_only(&[])?;
-        Ok(Box::new(Dce))
-    });
+    r.register(
+        "graph.dce",
+        "removes ops whose results are never used",
+        |o| {
+            o.expect_only(&[])?;
+            Ok(Box::new(Dce))
+        },
+    );
     r.register(
         "graph.inline",
         "inlines every call and removes private functions left uncalled",

@@ -1,0 +1,82 @@
+//! Source diagnostics: a message, a primary span with a label, secondary
+//! spans, and notes, rendered as `FILE:LINE:COL` with the source line and the
+//! span underlined.
+
+use codespan_reporting::diagnostic::{Diagnostic as CsDiagnostic, Label};
+use codespan_reporting::files::SimpleFile;
+use codespan_reporting::term::{self, Chars, Config};
+
+use crate::ast::Span;
+
+/// One error about the source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Diagnostic {
+    /// The main message.
+    pub message: String,
+    /// Where, and a short label under it.
+    pub primary: (Span, String),
+    /// Other places that explain the error.
+    pub secondary: Vec<(Span, String)>,
+    /// Extra sentences.
+    pub notes: Vec<String>,
+}
+
+impl Diagnostic {
+    /// An error at `span` with a label.
+    pub fn new(message: impl Into<String>, span: Span, label: impl Into<String>) -> Self {
+        Diagnostic {
+            message: message.into(),
+            primary: (span, label.into()),
+            secondary: vec![],
+            notes: vec![],
+        }
+    }
+
+    /// Adds a secondary span.
+    pub fn with_secondary(mut self, span: Span, label: impl Into<String>) -> Self {
+        self.secondary.push((span, label.into()));
+        self
+    }
+
+    /// Adds a note.
+    pub fn with_note(mut self, note: impl Into<String>) -> Self {
+        self.notes.push(note.into());
+        self
+    }
+}
+
+/// Every error found in one source file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{} error(s) in the source", .0.len())]
+pub struct Diagnostics(pub Vec<Diagnostic>);
+
+impl Diagnostics {
+    /// Renders every diagnostic against the source text, without colour.
+    pub fn render(&self, file_name: &str, source: &str) -> String {
+        let file = SimpleFile::new(file_name, source);
+        let config = Config {
+            chars: Chars::ascii(),
+            ..Config::default()
+        };
+        let mut out = String::new();
+        for d in &self.0 {
+            let clamp = |s: Span| {
+                s.start.min(source.len())..s.end.min(source.len()).max(s.start.min(source.len()))
+            };
+            let mut labels =
+                vec![Label::primary((), clamp(d.primary.0)).with_message(&d.primary.1)];
+            for (span, label) in &d.secondary {
+                labels.push(Label::secondary((), clamp(*span)).with_message(label));
+            }
+            let cs = CsDiagnostic::error()
+                .with_message(&d.message)
+                .with_labels(labels)
+                .with_notes(d.notes.clone());
+            match term::emit_into_string(&config, &file, &cs) {
+                Ok(s) => out.push_str(&s),
+                Err(e) => out.push_str(&format!("error: {} (could not render: {e})\n", d.message)),
+            }
+        }
+        out
+    }
+}
