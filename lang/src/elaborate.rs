@@ -283,40 +283,38 @@ fn resolve_type(te: &TypeExpr, dims: &HashMap<String, usize>) -> R<TensorType> {
     Ok(ty)
 }
 
-fn const_int(e: &Expr) -> R<i64> {
+/// An integer constant: a literal, a dimension parameter, or `+ - *` of those.
+fn const_int(e: &Expr, dims: &HashMap<String, usize>) -> R<i64> {
+    let err = || Diagnostic::new("expected an integer constant", e.span, "not an integer constant");
+    let overflow = || Diagnostic::new("integer constant overflows", e.span, "overflow");
     match &e.kind {
         ExprKind::Int(v) => Ok(*v),
-        ExprKind::Neg(x) => match &x.kind {
-            ExprKind::Int(v) => Ok(-*v),
-            _ => Err(Diagnostic::new(
-                "expected an integer constant",
-                e.span,
-                "not an integer constant",
-            )),
-        },
-        _ => Err(Diagnostic::new(
-            "expected an integer constant",
-            e.span,
-            "not an integer constant",
-        )),
+        ExprKind::Var(n) => dims.get(n).map(|&d| d as i64).ok_or_else(err),
+        ExprKind::Neg(x) => const_int(x, dims)?.checked_neg().ok_or_else(overflow),
+        ExprKind::Binary(op @ (BinOp::Add | BinOp::Sub | BinOp::Mul), a, b) => {
+            let (x, y) = (const_int(a, dims)?, const_int(b, dims)?);
+            match op {
+                BinOp::Add => x.checked_add(y),
+                BinOp::Sub => x.checked_sub(y),
+                _ => x.checked_mul(y),
+            }
+            .ok_or_else(overflow)
+        }
+        _ => Err(err()),
     }
 }
 
-fn const_ints(e: &Expr) -> R<Vec<(i64, Span)>> {
+fn const_ints(e: &Expr, dims: &HashMap<String, usize>) -> R<Vec<(i64, Span)>> {
     match &e.kind {
-        ExprKind::List(items) => items.iter().map(|i| Ok((const_int(i)?, i.span))).collect(),
-        _ => Err(Diagnostic::new(
-            "expected a list of integers such as `[4, -1]`",
-            e.span,
-            "not a list of integers",
-        )),
+        ExprKind::List(items) => items.iter().map(|i| Ok((const_int(i, dims)?, i.span))).collect(),
+        _ => Err(Diagnostic::new("expected a list of integers such as `[4, -1]`", e.span, "not a list of integers")),
     }
 }
 
-fn const_int_or_list(e: &Expr) -> R<Vec<(i64, Span)>> {
+fn const_int_or_list(e: &Expr, dims: &HashMap<String, usize>) -> R<Vec<(i64, Span)>> {
     match &e.kind {
-        ExprKind::List(_) => const_ints(e),
-        _ => Ok(vec![(const_int(e)?, e.span)]),
+        ExprKind::List(_) => const_ints(e, dims),
+        _ => Ok(vec![(const_int(e, dims)?, e.span)]),
     }
 }
 
@@ -408,9 +406,9 @@ fn normalize_axes(items: &[(i64, Span)], ty: &TensorType) -> R<Vec<usize>> {
     Ok(axes)
 }
 
-fn pair_arg(e: Option<&Expr>, default: [usize; 2], what: &str) -> R<[usize; 2]> {
+fn pair_arg(e: Option<&Expr>, default: [usize; 2], what: &str, dims: &HashMap<String, usize>) -> R<[usize; 2]> {
     let Some(e) = e else { return Ok(default) };
-    let items = const_int_or_list(e)?;
+    let items = const_int_or_list(e, dims)?;
     let vals: Vec<i64> = items.iter().map(|(v, _)| *v).collect();
     let pair = match vals.as_slice() {
         [v] => [*v, *v],
@@ -813,6 +811,7 @@ impl<'p> Elab<'p> {
             ))),
             ExprKind::Var(n) => match cx.env.get(n) {
                 Some((v, _)) => Ok(v.clone()),
+                None if cx.dims.contains_key(n) => Ok(EVal::Lit(cx.dims[n] as f64, false)),
                 None if self.fns.contains_key(n.as_str())
                     || self.ops.contains_key(n.as_str())
                     || BUILTINS.contains(&n.as_str()) =>
@@ -1121,7 +1120,7 @@ impl<'p> Elab<'p> {
                 let x = self.tensor(cx, req(&a, 0))?;
                 let ty = Self::ty(cx, x);
                 let axes = match a[1] {
-                    Some(e) => normalize_axes(&const_int_or_list(e)?, &ty)?,
+                    Some(e) => normalize_axes(&const_int_or_list(e, &cx.dims)?, &ty)?,
                     None => (0..ty.rank()).collect(),
                 };
                 let keepdims = a[2].map(const_bool).transpose()?.unwrap_or(false);
@@ -1141,7 +1140,7 @@ impl<'p> Elab<'p> {
                 let x = self.tensor(cx, req(&a, 0))?;
                 let ty = Self::ty(cx, x);
                 let (ax, s) = match a[1] {
-                    Some(e) => (const_int(e)?, e.span),
+                    Some(e) => (const_int(e, &cx.dims)?, e.span),
                     None => (-1, span),
                 };
                 let axis = normalize_axis(ax, &ty, s)?;
@@ -1152,7 +1151,7 @@ impl<'p> Elab<'p> {
                 let x = self.tensor(cx, req(&a, 0))?;
                 let ty = Self::ty(cx, x);
                 let axes = match a[1] {
-                    Some(e) => normalize_axes(&const_int_or_list(e)?, &ty)?,
+                    Some(e) => normalize_axes(&const_int_or_list(e, &cx.dims)?, &ty)?,
                     None => normalize_axes(&[(-1, span)], &ty)?,
                 };
                 let eps = a[2].map(const_float).transpose()?.map_or(1e-5, |(v, _)| v);
@@ -1162,7 +1161,7 @@ impl<'p> Elab<'p> {
                 let a = bind(f, args, &["x", "shape"], 2, span)?;
                 let x = self.tensor(cx, req(&a, 0))?;
                 let ty = Self::ty(cx, x);
-                let items = const_ints(req(&a, 1))?;
+                let items = const_ints(req(&a, 1), &cx.dims)?;
                 let shape = reshape_target(&items, &ty, req(&a, 1).span)?;
                 Ok(t(self.add(cx, Op::Reshape { shape }, &[x], span)?))
             }
@@ -1172,7 +1171,7 @@ impl<'p> Elab<'p> {
                 let ty = Self::ty(cx, x);
                 let perm = match a[1] {
                     Some(e) => {
-                        let items = const_ints(e)?;
+                        let items = const_ints(e, &cx.dims)?;
                         if items.len() != ty.rank() {
                             return Err(Diagnostic::new(
                                 format!(
@@ -1215,7 +1214,7 @@ impl<'p> Elab<'p> {
                 };
                 let ty = Self::ty(cx, first);
                 let (ax, s) = match a[1] {
-                    Some(e) => (const_int(e)?, e.span),
+                    Some(e) => (const_int(e, &cx.dims)?, e.span),
                     None => (0, span),
                 };
                 let axis = normalize_axis(ax, &ty, s)?;
@@ -1226,14 +1225,14 @@ impl<'p> Elab<'p> {
                 let x = self.tensor(cx, req(&a, 0))?;
                 let ty = Self::ty(cx, x);
                 let (ax, s) = match a[1] {
-                    Some(e) => (const_int(e)?, e.span),
+                    Some(e) => (const_int(e, &cx.dims)?, e.span),
                     None => (0, span),
                 };
                 let axis = normalize_axis(ax, &ty, s)?;
                 let dim = ty.shape[axis] as i64;
                 let fix = |v: i64| if v < 0 { v + dim } else { v };
-                let start = fix(a[2].map(const_int).transpose()?.unwrap_or(0));
-                let end = fix(a[3].map(const_int).transpose()?.unwrap_or(dim));
+                let start = fix(a[2].map(|e| const_int(e, &cx.dims)).transpose()?.unwrap_or(0));
+                let end = fix(a[3].map(|e| const_int(e, &cx.dims)).transpose()?.unwrap_or(dim));
                 if !(0 <= start && start < end && end <= dim) {
                     return Err(Diagnostic::new(
                         format!(
@@ -1253,17 +1252,17 @@ impl<'p> Elab<'p> {
             "broadcast" => {
                 let a = bind(f, args, &["x", "shape"], 2, span)?;
                 let x = self.tensor(cx, req(&a, 0))?;
-                let shape = positive_shape(&const_ints(req(&a, 1))?)?;
+                let shape = positive_shape(&const_ints(req(&a, 1), &cx.dims)?)?;
                 Ok(t(self.add(cx, Op::Broadcast { shape }, &[x], span)?))
             }
             "conv2d" => {
                 let a = bind(f, args, &["x", "w", "stride", "padding", "groups"], 2, span)?;
                 let x = self.tensor(cx, req(&a, 0))?;
                 let w = self.tensor(cx, req(&a, 1))?;
-                let stride = pair_arg(a[2], [1, 1], "stride")?;
-                let padding = pair_arg(a[3], [0, 0], "padding")?;
+                let stride = pair_arg(a[2], [1, 1], "stride", &cx.dims)?;
+                let padding = pair_arg(a[3], [0, 0], "padding", &cx.dims)?;
                 let groups = match a[4] {
-                    Some(e) => usize::try_from(const_int(e)?).map_err(|_| {
+                    Some(e) => usize::try_from(const_int(e, &cx.dims)?).map_err(|_| {
                         Diagnostic::new("groups must be positive", e.span, "not positive")
                     })?,
                     None => 1,
@@ -1282,9 +1281,9 @@ impl<'p> Elab<'p> {
             "maxpool2d" | "avgpool2d" => {
                 let a = bind(f, args, &["x", "kernel", "stride", "padding"], 2, span)?;
                 let x = self.tensor(cx, req(&a, 0))?;
-                let kernel = pair_arg(a[1], [1, 1], "kernel")?;
-                let stride = pair_arg(a[2], kernel, "stride")?;
-                let padding = pair_arg(a[3], [0, 0], "padding")?;
+                let kernel = pair_arg(a[1], [1, 1], "kernel", &cx.dims)?;
+                let stride = pair_arg(a[2], kernel, "stride", &cx.dims)?;
+                let padding = pair_arg(a[3], [0, 0], "padding", &cx.dims)?;
                 let kind = if name == "maxpool2d" {
                     PoolKind::Max
                 } else {
@@ -1337,7 +1336,7 @@ impl<'p> Elab<'p> {
                     &["shape", "dtype"]
                 };
                 let a = bind(f, args, params, if name == "full" { 2 } else { 1 }, span)?;
-                let shape = positive_shape(&const_ints(req(&a, 0))?)?;
+                let shape = positive_shape(&const_ints(req(&a, 0), &cx.dims)?)?;
                 let (value, is_float, dt_arg) = match name {
                     "zeros" => (0.0, false, a[1]),
                     "ones" => (1.0, false, a[1]),
