@@ -285,7 +285,13 @@ fn resolve_type(te: &TypeExpr, dims: &HashMap<String, usize>) -> R<TensorType> {
 
 /// An integer constant: a literal, a dimension parameter, or `+ - *` of those.
 fn const_int(e: &Expr, dims: &HashMap<String, usize>) -> R<i64> {
-    let err = || Diagnostic::new("expected an integer constant", e.span, "not an integer constant");
+    let err = || {
+        Diagnostic::new(
+            "expected an integer constant",
+            e.span,
+            "not an integer constant",
+        )
+    };
     let overflow = || Diagnostic::new("integer constant overflows", e.span, "overflow");
     match &e.kind {
         ExprKind::Int(v) => Ok(*v),
@@ -306,8 +312,15 @@ fn const_int(e: &Expr, dims: &HashMap<String, usize>) -> R<i64> {
 
 fn const_ints(e: &Expr, dims: &HashMap<String, usize>) -> R<Vec<(i64, Span)>> {
     match &e.kind {
-        ExprKind::List(items) => items.iter().map(|i| Ok((const_int(i, dims)?, i.span))).collect(),
-        _ => Err(Diagnostic::new("expected a list of integers such as `[4, -1]`", e.span, "not a list of integers")),
+        ExprKind::List(items) => items
+            .iter()
+            .map(|i| Ok((const_int(i, dims)?, i.span)))
+            .collect(),
+        _ => Err(Diagnostic::new(
+            "expected a list of integers such as `[4, -1]`",
+            e.span,
+            "not a list of integers",
+        )),
     }
 }
 
@@ -406,7 +419,12 @@ fn normalize_axes(items: &[(i64, Span)], ty: &TensorType) -> R<Vec<usize>> {
     Ok(axes)
 }
 
-fn pair_arg(e: Option<&Expr>, default: [usize; 2], what: &str, dims: &HashMap<String, usize>) -> R<[usize; 2]> {
+fn pair_arg(
+    e: Option<&Expr>,
+    default: [usize; 2],
+    what: &str,
+    dims: &HashMap<String, usize>,
+) -> R<[usize; 2]> {
     let Some(e) = e else { return Ok(default) };
     let items = const_int_or_list(e, dims)?;
     let vals: Vec<i64> = items.iter().map(|(v, _)| *v).collect();
@@ -1231,8 +1249,14 @@ impl<'p> Elab<'p> {
                 let axis = normalize_axis(ax, &ty, s)?;
                 let dim = ty.shape[axis] as i64;
                 let fix = |v: i64| if v < 0 { v + dim } else { v };
-                let start = fix(a[2].map(|e| const_int(e, &cx.dims)).transpose()?.unwrap_or(0));
-                let end = fix(a[3].map(|e| const_int(e, &cx.dims)).transpose()?.unwrap_or(dim));
+                let start = fix(a[2]
+                    .map(|e| const_int(e, &cx.dims))
+                    .transpose()?
+                    .unwrap_or(0));
+                let end = fix(a[3]
+                    .map(|e| const_int(e, &cx.dims))
+                    .transpose()?
+                    .unwrap_or(dim));
                 if !(0 <= start && start < end && end <= dim) {
                     return Err(Diagnostic::new(
                         format!(

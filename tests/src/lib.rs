@@ -1,1 +1,134 @@
-//! placeholder during bootstrap
+//! Helpers shared by the workspace-level tests: where the repository and its
+//! examples are, the code examples of the language reference, and the MLIR
+//! tools that check `--mlir-generic` output.
+#![deny(missing_docs)]
+
+use std::path::{Path, PathBuf};
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+/// Every fenced code block of a Markdown text that defines a `fn` or `op`.
+pub fn code_blocks(markdown: &str) -> Vec<String> {
+    let mut blocks = Vec::new();
+    let mut current: Option<String> = None;
+    for line in markdown.lines() {
+        if line.trim_start().starts_with("```") {
+            match current.take() {
+                Some(block) => blocks.push(block),
+                None => current = Some(String::new()),
+            }
+        } else if let Some(block) = &mut current {
+            block.push_str(line);
+            block.push('\n');
+        }
+    }
+    blocks
+        .into_iter()
+        .filter(|b| {
+            b.lines()
+                .any(|l| l.starts_with("fn ") || l.starts_with("op "))
+        })
+        .collect()
+}
+
+/// The code examples of the design's language reference
+/// (`../shared/design/LANGUAGE.md`, beside the repository), which are
+/// normative, read from the file itself.
+pub fn language_reference_examples() -> Vec<String> {
+    let path = repo_root().join("../shared/design/LANGUAGE.md");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "the language reference {} must be readable: {e}",
+            path.display()
+        )
+    });
+    code_blocks(&text)
+}
+
+/// Every `.dl` file under `examples/`, sorted, as (relative path, text).
+pub fn example_files() -> Vec<(String, String)> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "dl") {
+                out.push(p);
+            }
+        }
+    }
+    let root = repo_root();
+    let mut paths = Vec::new();
+    walk(&root.join("examples"), &mut paths);
+    paths.sort();
+    paths
+        .into_iter()
+        .map(|p| {
+            let rel = p.strip_prefix(&root).unwrap_or(&p).display().to_string();
+            let text = std::fs::read_to_string(&p).unwrap_or_default();
+            (rel, text)
+        })
+        .collect()
+}
+
+/// `mlir-opt` from LLVM 22, which `make setup` installs. Outside CI a
+/// missing tool skips the MLIR checks with a printed reason; in CI
+/// (`CI` set) it is an error, so the check cannot silently vanish.
+pub fn mlir_opt() -> Option<PathBuf> {
+    for candidate in ["/usr/lib/llvm-22/bin/mlir-opt", "/usr/bin/mlir-opt-22"] {
+        let p = PathBuf::from(candidate);
+        if p.exists() {
+            return Some(p);
+        }
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("mlir-opt (LLVM 22) is missing in CI; `make setup` installs it");
+    }
+    eprintln!("skipping the MLIR parse check: mlir-opt-22 not found (run `make setup`)");
+    None
+}
+
+/// Runs `mlir-opt --allow-unregistered-dialect` on `text`; `Err` holds its
+/// complaint.
+pub fn mlir_parses(mlir_opt: &Path, text: &str) -> Result<(), String> {
+    use std::io::Write;
+    let mut child = std::process::Command::new(mlir_opt)
+        .arg("--allow-unregistered-dialect")
+        .arg("-o")
+        .arg("/dev/null")
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run {}: {e}", mlir_opt.display()))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(text.as_bytes())
+            .map_err(|e| e.to_string())?;
+    }
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn code_blocks_keep_only_definitions() {
+        let md = "text\n```\nfn f() -> f32 {\n}\n```\n```\nerror: x\n```\n";
+        assert_eq!(code_blocks(md), vec!["fn f() -> f32 {\n}\n".to_string()]);
+    }
+}

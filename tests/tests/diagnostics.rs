@@ -1,0 +1,128 @@
+//! Bad input of every kind gets a located diagnostic, never a panic, a stack
+//! overflow or a hang. Each case's rendered diagnostic is an insta snapshot
+//! (the source is part of the snapshot, above the diagnostic).
+
+use dlc_driver::{DriverError, SourceText, compile_source, decode};
+
+fn diagnose(source: &str) -> String {
+    let src = SourceText {
+        name: "model.dl".into(),
+        text: source.into(),
+    };
+    match compile_source(&src) {
+        Ok(_) => panic!("expected an error for:\n{source}"),
+        Err(DriverError::Source(rendered)) => rendered,
+        Err(other) => panic!("expected a source diagnostic, got {other:?}"),
+    }
+}
+
+macro_rules! bad_input {
+    ($($name:ident: $src:expr;)*) => {$(
+        #[test]
+        fn $name() {
+            let src: &str = $src;
+            let rendered = diagnose(src);
+            assert!(rendered.starts_with("error: "), "{rendered}");
+            assert!(rendered.contains("--> model.dl:"), "no location in:\n{rendered}");
+            insta::assert_snapshot!(stringify!($name), format!("{src}\n---\n{rendered}"));
+        }
+    )*};
+}
+
+bad_input! {
+    syntax_missing_semicolon: "fn f(x: f32[4]) -> f32[4] {\n    let y = relu(x)\n    return y;\n}\n";
+    syntax_unexpected_token: "fn f(x: f32[4]) -> f32[4] {\n    return x + * x;\n}\n";
+    syntax_unclosed_brace: "fn f(x: f32[4]) -> f32[4] {\n    return x;\n";
+    syntax_bad_character: "fn f(x: f32[4]) -> f32[4] {\n    return x $ x;\n}\n";
+    unterminated_comment: "/* a comment that never ends\nfn f(x: f32[4]) -> f32[4] { return x; }\n";
+    integer_too_large: "fn f(x: f32[4]) -> f32[4] {\n    return x * 99999999999999999999;\n}\n";
+    unknown_name: "fn f(x: f32[4]) -> f32[4] {\n    return relu(y);\n}\n";
+    unknown_function: "fn f(x: f32[4]) -> f32[4] {\n    return frobnicate(x);\n}\n";
+    unknown_dtype: "fn f(x: f64[4]) -> f64[4] {\n    return x;\n}\n";
+    matmul_inner_dimensions: "fn f(x: f32[128, 1024], w: f32[512, 10]) -> f32[128, 10] {\n    let h = x @ w;\n    return h;\n}\n";
+    broadcast_mismatch: "fn f(x: f32[4, 3], y: f32[5]) -> f32[4, 3] {\n    return x + y;\n}\n";
+    dtype_mismatch: "fn f(x: f32[4], y: i32[4]) -> f32[4] {\n    return x * y;\n}\n";
+    float_literal_for_int: "fn f(x: i32[4]) -> i32[4] {\n    return x * 0.5;\n}\n";
+    float_only_function: "fn f(x: i32[4]) -> i32[4] {\n    return exp(x);\n}\n";
+    axis_out_of_range: "fn f(x: f32[4, 8]) -> f32[4] {\n    return sum(x, axis=2);\n}\n";
+    builtin_arity: "fn f(x: f32[4], y: f32[4]) -> f32[4] {\n    return relu(x, y);\n}\n";
+    unknown_keyword: "fn f(x: f32[4, 8]) -> f32[4, 8] {\n    return softmax(x, axes=1);\n}\n";
+    missing_argument: "fn f(x: f32[4, 8]) -> f32[4, 8] {\n    return reshape(x);\n}\n";
+    user_function_arity: "fn dense[M, K, N](x: f32[M, K], w: f32[K, N], b: f32[N]) -> f32[M, N] {\n    return x @ w + b;\n}\nfn f(x: f32[2, 3], w: f32[3, 4]) -> f32[2, 4] {\n    return dense(x, w);\n}\n";
+    generic_argument_mismatch: "fn dense[M, K, N](x: f32[M, K], w: f32[K, N], b: f32[N]) -> f32[M, N] {\n    return x @ w + b;\n}\nfn f(x: f32[2, 3], w: f32[4, 5], b: f32[5]) -> f32[2, 5] {\n    return dense(x, w, b);\n}\n";
+    error_inside_instantiation: "fn bad[N](x: f32[N]) -> f32[N] {\n    return x @ x;\n}\nfn f(x: f32[3]) -> f32[3] {\n    return bad(x);\n}\n";
+    cannot_infer_dimension: "fn make[N](x: f32[4]) -> f32[N] {\n    return x;\n}\nfn f(x: f32[4]) -> f32[4] {\n    return make(x);\n}\n";
+    unbound_reduction_index: "op rowsum[M, N](a: f32[M, N]) -> f32[M] {\n    out[i] = a[i, k];\n}\nfn f(x: f32[2, 3]) -> f32[2] {\n    return rowsum(x);\n}\n";
+    reduction_range_not_inferable: "op total[N](a: f32[N]) -> f32 {\n    out[] = sum[k](a[2 * k]);\n}\nfn f(x: f32[6]) -> f32 {\n    return total(x);\n}\n";
+    non_affine_index: "op sq[N](a: f32[N, N]) -> f32[N] {\n    out[i] = a[i, i * i];\n}\nfn f(x: f32[3, 3]) -> f32[3] {\n    return sq(x);\n}\n";
+    index_as_value: "op iota[N](a: f32[N]) -> f32[N] {\n    out[i] = a[i] + i;\n}\nfn f(x: f32[3]) -> f32[3] {\n    return iota(x);\n}\n";
+    out_rank_mismatch: "op bad[N](a: f32[N]) -> f32[N, N] {\n    out[i] = a[i];\n}\nfn f(x: f32[3]) -> f32[3, 3] {\n    return bad(x);\n}\n";
+    index_notation_in_fn: "fn f(x: f32[3]) -> f32[3] {\n    return x[0];\n}\n";
+    direct_recursion: "fn f(x: f32[4]) -> f32[4] {\n    return f(x);\n}\n";
+    mutual_recursion: "fn g[N](x: f32[N]) -> f32[N] {\n    return h(x);\n}\nfn h[N](x: f32[N]) -> f32[N] {\n    return g(x);\n}\nfn f(x: f32[4]) -> f32[4] {\n    return g(x);\n}\n";
+    duplicate_function: "fn f(x: f32[4]) -> f32[4] {\n    return x;\n}\nfn f(x: f32[4]) -> f32[4] {\n    return x;\n}\n";
+    duplicate_parameter: "fn f(x: f32[4], x: f32[4]) -> f32[4] {\n    return x;\n}\n";
+    duplicate_let: "fn f(x: f32[4]) -> f32[4] {\n    let y = x;\n    let y = relu(x);\n    return y;\n}\n";
+    redefined_builtin: "fn relu(x: f32[4]) -> f32[4] {\n    return x;\n}\n";
+    zero_dimension: "fn f(x: f32[0, 4]) -> f32[0, 4] {\n    return x;\n}\n";
+    unknown_dimension: "fn f(x: f32[M, 4]) -> f32[M, 4] {\n    return x;\n}\n";
+    too_many_elements: "fn f(x: f32[4]) -> f32[4] {\n    let z = zeros([4294967296, 4294967296]);\n    return x;\n}\n";
+    reshape_element_count: "fn f(x: f32[4, 6]) -> f32[5, 5] {\n    return reshape(x, [5, 5]);\n}\n";
+    reshape_cannot_infer: "fn f(x: f32[4, 6]) -> f32[5, 5] {\n    return reshape(x, [5, -1]);\n}\n";
+    transpose_not_permutation: "fn f(x: f32[4, 6]) -> f32[6, 4] {\n    return transpose(x, [0, 0]);\n}\n";
+    slice_out_of_range: "fn f(x: f32[4, 6]) -> f32[4, 2] {\n    return slice(x, axis=1, start=5, end=7);\n}\n";
+    conv_channel_mismatch: "fn f(x: f32[1, 3, 8, 8], w: f32[4, 2, 3, 3]) -> f32[1, 4, 8, 8] {\n    return conv2d(x, w, padding=1);\n}\n";
+    return_type_mismatch: "fn f(x: f32[4, 8]) -> f32[4, 8] {\n    return sum(x, axis=1);\n}\n";
+    missing_return: "fn f(x: f32[4]) -> f32[4] {\n    let y = relu(x);\n}\n";
+    statement_after_return: "fn f(x: f32[4]) -> f32[4] {\n    return x;\n    let y = x;\n}\n";
+    tuple_count_mismatch: "fn f(x: f32[4]) -> (f32[4], f32[4]) {\n    return x;\n}\n";
+    empty_input: "";
+    only_generic_functions: "fn id[N](x: f32[N]) -> f32[N] {\n    return x;\n}\n";
+}
+
+#[test]
+fn pathological_nesting_is_an_error_not_a_crash() {
+    for (open, close) in [("(", ")"), ("relu(", ")"), ("-", "")] {
+        let depth = 50_000;
+        let src = format!(
+            "fn f(x: f32[4]) -> f32[4] {{\n    return {}x{};\n}}\n",
+            open.repeat(depth),
+            close.repeat(depth)
+        );
+        let rendered = diagnose(&src);
+        assert!(
+            rendered.contains("nests deeper than"),
+            "{}",
+            &rendered[..rendered.len().min(400)]
+        );
+    }
+    let chain = format!(
+        "fn f(x: f32[4]) -> f32[4] {{\n    return x{};\n}}\n",
+        " + x".repeat(100_000)
+    );
+    assert!(diagnose(&chain).contains("nests deeper than"));
+}
+
+#[test]
+fn bytes_that_are_not_utf8_are_located() {
+    let err = decode(
+        "model.dl",
+        b"fn f(x: f32[4]) -> f32[4] {\n    return \xff;\n}\n".to_vec(),
+    )
+    .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "error: model.dl:2:12: the file is not valid UTF-8 (byte 0xff)"
+    );
+}
+
+#[test]
+fn every_error_in_a_file_is_reported() {
+    let rendered = diagnose(
+        "fn f(x: f32[4]) -> f32[4] {\n    return y;\n}\nfn g(x: f32[4]) -> f32[4] {\n    return z;\n}\n",
+    );
+    assert!(
+        rendered.contains("unknown name `y`") && rendered.contains("unknown name `z`"),
+        "{rendered}"
+    );
+}
