@@ -788,7 +788,12 @@ impl<'p> Elab<'p> {
             } else {
                 e.label.clone()
             };
-            Diagnostic::new(e.message, span, label)
+            // Users wrote `+` or `exp(...)`, not graph ops: drop the dialect prefix.
+            let message = e
+                .message
+                .strip_prefix("graph.")
+                .map_or(e.message.clone(), str::to_string);
+            Diagnostic::new(message, span, label)
         })?;
         for r in &results {
             check_type_size(r, span)?;
