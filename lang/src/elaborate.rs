@@ -995,14 +995,15 @@ impl<'p> Elab<'p> {
                     env.insert(id.name.clone(), actual);
                     continue;
                 }
-                let mut scope = env.clone();
-                scope.extend(
-                    cx.dims
-                        .iter()
-                        .filter(|(k, _)| !dim_names.contains(k.as_str()))
-                        .map(|(k, v)| (k.clone(), *v)),
-                );
-                let want = eval_dim(d, &env)?;
+                let want = eval_dim(d, &env).map_err(|e| match dims.iter().find(|p| !env.contains_key(&p.name) && dim_mentions(d, &p.name)) {
+                    Some(p) => Diagnostic::new(
+                        format!("cannot infer dimension `{}` of `{}`: it must appear alone as a dimension of an earlier parameter", p.name, name.name),
+                        d.span(),
+                        "inferred only from a bare dimension",
+                    )
+                    .with_secondary(a.value.span, "in this argument"),
+                    None => e,
+                })?;
                 if want != actual as i64 {
                     let label = match d {
                         DimExpr::Name(id) => format!("{} is {want} here, got {actual}", id.name),
@@ -1400,6 +1401,14 @@ impl<'p> Elab<'p> {
                 "not defined",
             )),
         }
+    }
+}
+
+fn dim_mentions(d: &DimExpr, name: &str) -> bool {
+    match d {
+        DimExpr::Int(..) => false,
+        DimExpr::Name(id) => id.name == name,
+        DimExpr::Binary(_, a, b, _) => dim_mentions(a, name) || dim_mentions(b, name),
     }
 }
 

@@ -76,6 +76,7 @@ bad_input! {
     missing_return: "fn f(x: f32[4]) -> f32[4] {\n    let y = relu(x);\n}\n";
     statement_after_return: "fn f(x: f32[4]) -> f32[4] {\n    return x;\n    let y = x;\n}\n";
     tuple_count_mismatch: "fn f(x: f32[4]) -> (f32[4], f32[4]) {\n    return x;\n}\n";
+    dimension_only_in_expression: "fn halves[N](x: f32[2 * N]) -> f32[N] {\n    return slice(x, start=0, end=N);\n}\nfn f(x: f32[8]) -> f32[4] {\n    return halves(x);\n}\n";
     empty_input: "";
     only_generic_functions: "fn id[N](x: f32[N]) -> f32[N] {\n    return x;\n}\n";
 }
