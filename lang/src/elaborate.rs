@@ -72,6 +72,14 @@ enum EVal {
     Tuple(Vec<Value>),
 }
 
+/// What a call of a user `fn` or `op` is checked against.
+struct Signature<'a> {
+    what: &'static str,
+    name: &'a Ident,
+    dims: &'a [Ident],
+    params: &'a [Param],
+}
+
 struct FnCx {
     f: Function,
     env: HashMap<String, (EVal, Span)>,
@@ -866,11 +874,10 @@ impl<'p> Elab<'p> {
             ExprKind::Binary(op, a, b) => {
                 let va = self.expr(cx, a)?;
                 let vb = self.expr(cx, b)?;
-                if let (EVal::Lit(x, fx), EVal::Lit(y, fy), Some(v)) = (&va, &vb, None::<()>) {
-                    let _ = v;
-                    if let Some(r) = fold_literals(*op, *x, *fx, *y, *fy, e.span)? {
-                        return Ok(r);
-                    }
+                if let (EVal::Lit(x, fx), EVal::Lit(y, fy)) = (&va, &vb)
+                    && let Some(r) = fold_literals(*op, *x, *fx, *y, *fy, e.span)?
+                {
+                    return Ok(r);
                 }
                 let (x, y) = self.pair(cx, va, vb, a.span, b.span)?;
                 let gop = match op {
@@ -925,13 +932,16 @@ impl<'p> Elab<'p> {
     fn bind_user(
         &mut self,
         cx: &mut FnCx,
-        what: &str,
-        name: &Ident,
-        dims: &[Ident],
-        params: &[Param],
+        sig: Signature<'_>,
         args: &[Arg],
         span: Span,
     ) -> R<(Vec<Value>, HashMap<String, usize>)> {
+        let Signature {
+            what,
+            name,
+            dims,
+            params,
+        } = sig;
         if let Some(k) = args.iter().find_map(|a| a.name.as_ref()) {
             return Err(Diagnostic::new(
                 format!("{what} `{}` takes positional arguments only", name.name),
@@ -1038,10 +1048,12 @@ impl<'p> Elab<'p> {
     ) -> R<EVal> {
         let (values, env) = self.bind_user(
             cx,
-            "function",
-            &def.name,
-            &def.dims,
-            &def.params,
+            Signature {
+                what: "function",
+                name: &def.name,
+                dims: &def.dims,
+                params: &def.params,
+            },
             args,
             span,
         )?;
@@ -1088,10 +1100,12 @@ impl<'p> Elab<'p> {
     ) -> R<EVal> {
         let (values, env) = self.bind_user(
             cx,
-            "operator",
-            &def.name,
-            &def.dims,
-            &def.params,
+            Signature {
+                what: "operator",
+                name: &def.name,
+                dims: &def.dims,
+                params: &def.params,
+            },
             args,
             span,
         )?;
@@ -1483,7 +1497,7 @@ fn reshape_target(items: &[(i64, Span)], ty: &TensorType, span: Span) -> R<Vec<u
     }
     let mut shape: Vec<usize> = items.iter().map(|&(v, _)| v.max(0) as usize).collect();
     if let Some(i) = infer_at {
-        if total % known != 0 {
+        if !total.is_multiple_of(known) {
             return Err(Diagnostic::new(
                 format!(
                     "reshape: cannot infer -1 for {ty}: {total} elements are not a multiple of {known}"

@@ -12,7 +12,14 @@ mod diag;
 mod elaborate;
 pub mod lexer;
 
-#[allow(clippy::all, missing_docs, unused_parens, rust_2018_idioms)]
+#[allow(
+    clippy::all,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    missing_docs,
+    unused_parens,
+    rust_2018_idioms
+)]
 mod grammar {
     include!(concat!(env!("OUT_DIR"), "/grammar.rs"));
 }

@@ -2,6 +2,8 @@
 //! overflow or a hang. Each case's rendered diagnostic is an insta snapshot
 //! (the source is part of the snapshot, above the diagnostic).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
+
 use dlc_driver::{DriverError, SourceText, compile_source, decode};
 
 fn diagnose(source: &str) -> String {

@@ -2,6 +2,8 @@
 //! checks; its graph IR round-trips through the text form (before and after
 //! the default pipeline); and its `--mlir-generic` form parses with MLIR.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
+
 use dlc_driver::{
     DEFAULT_PIPELINE, PassOptions, SourceText, compile_source, parse_graph, run_passes,
 };

@@ -3,6 +3,8 @@
 //! output (the IR after the pipeline, or the error) is an insta snapshot
 //! beside this file. `cargo insta review` is the review of a change.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
+
 use dlc_driver::{PassOptions, SourceText, load, run_passes};
 
 fn run_case(text: &str, name: &str) -> String {

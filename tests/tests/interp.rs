@@ -1,0 +1,429 @@
+//! The reference interpreter on small programs, against values computed by
+//! hand (or, for transcendental functions, with NumPy in float64, noted
+//! beside them).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
+
+use dlc_core::{DType, TensorType};
+use dlc_driver::{
+    DEFAULT_PIPELINE, DriverError, PassOptions, SourceText, compile_source, interpret, run_passes,
+    select_entry,
+};
+use dlc_runtime::HostTensor;
+
+fn t(dtype: DType, shape: &[usize], data: &[f64]) -> HostTensor {
+    HostTensor::new(TensorType::new(dtype, shape.to_vec()), data.to_vec()).unwrap()
+}
+
+fn f32t(shape: &[usize], data: &[f64]) -> HostTensor {
+    t(DType::F32, shape, data)
+}
+
+fn eval(src: &str, inputs: &[HostTensor]) -> Result<Vec<HostTensor>, DriverError> {
+    let mut module = compile_source(&SourceText {
+        name: "test.dl".into(),
+        text: src.into(),
+    })?;
+    run_passes(&mut module, DEFAULT_PIPELINE, PassOptions::default())?;
+    let f = select_entry(&module, None)?;
+    interpret(&module, f, inputs)
+}
+
+#[track_caller]
+fn expect(src: &str, inputs: &[HostTensor], shape: &[usize], want: &[f64]) {
+    let out = eval(src, inputs).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(out[0].ty.shape, shape, "shape");
+    assert_eq!(out[0].data.len(), want.len());
+    for (i, (g, w)) in out[0].data.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-6 * w.abs().max(1.0),
+            "element {i}: got {g}, want {w}\n{:?}",
+            out[0].data
+        );
+    }
+}
+
+#[test]
+fn matmul_numpy_semantics() {
+    let a = f32t(&[2, 2], &[1.0, 2.0, 3.0, 4.0]);
+    let b = f32t(&[2, 2], &[5.0, 6.0, 7.0, 8.0]);
+    expect(
+        "fn f(a: f32[2, 2], b: f32[2, 2]) -> f32[2, 2] { return a @ b; }",
+        &[a, b],
+        &[2, 2],
+        &[19.0, 22.0, 43.0, 50.0],
+    );
+    let v = f32t(&[3], &[1.0, 2.0, 3.0]);
+    let m = f32t(&[3, 2], &[1.0, 0.0, 0.0, 1.0, 1.0, 1.0]);
+    expect(
+        "fn f(v: f32[3], m: f32[3, 2]) -> f32[2] { return v @ m; }",
+        &[v.clone(), m],
+        &[2],
+        &[4.0, 5.0],
+    );
+    let w = f32t(&[3], &[4.0, 5.0, 6.0]);
+    expect(
+        "fn f(v: f32[3], w: f32[3]) -> f32 { return v @ w; }",
+        &[v, w],
+        &[],
+        &[32.0],
+    );
+    // Batched, with the batch dimension broadcast: [2,1,2] @ [2,1] -> [2,1,1].
+    let a = f32t(&[2, 1, 2], &[1.0, 2.0, 3.0, 4.0]);
+    let b = f32t(&[2, 1], &[10.0, 1.0]);
+    expect(
+        "fn f(a: f32[2, 1, 2], b: f32[2, 1]) -> f32[2, 1, 1] { return a @ b; }",
+        &[a, b],
+        &[2, 1, 1],
+        &[12.0, 34.0],
+    );
+}
+
+#[test]
+fn broadcasting_and_literals() {
+    let a = f32t(&[2, 1], &[1.0, 2.0]);
+    let b = f32t(&[3], &[10.0, 20.0, 30.0]);
+    expect(
+        "fn f(a: f32[2, 1], b: f32[3]) -> f32[2, 3] { return a + b; }",
+        &[a.clone(), b],
+        &[2, 3],
+        &[11.0, 21.0, 31.0, 12.0, 22.0, 32.0],
+    );
+    expect(
+        "fn f(a: f32[2, 1]) -> f32[2, 1] { return 2 * a - 1.5 / 3.0; }",
+        &[a],
+        &[2, 1],
+        &[1.5, 3.5],
+    );
+}
+
+#[test]
+fn reductions() {
+    let x = || f32t(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    expect(
+        "fn f(x: f32[2, 3]) -> f32[2] { return sum(x, axis=1); }",
+        &[x()],
+        &[2],
+        &[6.0, 15.0],
+    );
+    expect(
+        "fn f(x: f32[2, 3]) -> f32[3] { return mean(x, axis=0); }",
+        &[x()],
+        &[3],
+        &[2.5, 3.5, 4.5],
+    );
+    expect(
+        "fn f(x: f32[2, 3]) -> f32 { return max(x); }",
+        &[x()],
+        &[],
+        &[6.0],
+    );
+    expect(
+        "fn f(x: f32[2, 3]) -> f32[2, 1] { return min(x, axis=-1, keepdims=true); }",
+        &[x()],
+        &[2, 1],
+        &[1.0, 4.0],
+    );
+    expect(
+        "fn f(x: f32[2, 3]) -> f32 { return sum(x, axis=[0, 1]); }",
+        &[x()],
+        &[],
+        &[21.0],
+    );
+}
+
+#[test]
+fn normalizations() {
+    let x = f32t(&[2], &[0.0, 3f64.ln()]);
+    expect(
+        "fn f(x: f32[2]) -> f32[2] { return softmax(x); }",
+        &[x],
+        &[2],
+        &[0.25, 0.75],
+    );
+    let x = f32t(&[3], &[1.0, 2.0, 3.0]);
+    // (x - 2) / sqrt(2/3)
+    expect(
+        "fn f(x: f32[3]) -> f32[3] { return layernorm(x, eps=0.0); }",
+        &[x],
+        &[3],
+        &[-1.224744871391589, 0.0, 1.224744871391589],
+    );
+    let x = f32t(&[1, 2, 1, 1], &[1.0, 2.0]);
+    let stat = |a: f64, b: f64| f32t(&[2], &[a, b]);
+    expect(
+        "fn f(x: f32[1, 2, 1, 1], m: f32[2], v: f32[2], g: f32[2], b: f32[2]) -> f32[1, 2, 1, 1] { return batchnorm(x, m, v, g, b, eps=0.0); }",
+        &[
+            x,
+            stat(0.0, 1.0),
+            stat(1.0, 4.0),
+            stat(2.0, 3.0),
+            stat(0.0, 1.0),
+        ],
+        &[1, 2, 1, 1],
+        &[2.0, 2.5],
+    );
+}
+
+#[test]
+fn elementwise_functions() {
+    let one = || f32t(&[], &[1.0]);
+    // NumPy float64: 0.5 * (1 + tanh(sqrt(2/pi) * (1 + 0.044715))) = 0.8411919906082768
+    expect(
+        "fn f(x: f32) -> f32 { return gelu(x); }",
+        &[one()],
+        &[],
+        &[0.8411919906082768],
+    );
+    expect(
+        "fn f(x: f32) -> f32[6] { return concat([reshape(relu(-x), [1]), reshape(sigmoid(x - 1.0), [1]), reshape(tanh(x - 1.0), [1]), reshape(rsqrt(x * 4.0), [1]), reshape(abs(x - 3.0), [1]), reshape(sqrt(x * 9.0), [1])]); }",
+        &[one()],
+        &[6],
+        &[0.0, 0.5, 0.0, 0.5, 2.0, 3.0],
+    );
+    expect(
+        "fn f(x: f32) -> f32 { return pow(x * 2.0, 3.0) + exp(x - 1.0) + log(x); }",
+        &[one()],
+        &[],
+        &[9.0],
+    );
+    let x = f32t(&[2], &[-1.0, 2.0]);
+    expect(
+        "fn f(x: f32[2]) -> f32[2] { return where(x > 0.0, x, 0.5); }",
+        std::slice::from_ref(&x),
+        &[2],
+        &[0.5, 2.0],
+    );
+    expect(
+        "fn f(x: f32[2]) -> f32[2] { return max(x, 0.0) + min(x, 1.0); }",
+        &[x],
+        &[2],
+        &[-1.0, 3.0],
+    );
+}
+
+#[test]
+fn shape_operators() {
+    let x = || f32t(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    expect(
+        "fn f(x: f32[2, 3]) -> f32[3, 2] { return transpose(x); }",
+        &[x()],
+        &[3, 2],
+        &[1.0, 4.0, 2.0, 5.0, 3.0, 6.0],
+    );
+    expect(
+        "fn f(x: f32[2, 3]) -> f32[3, 2] { return reshape(x, [3, -1]); }",
+        &[x()],
+        &[3, 2],
+        &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
+    );
+    expect(
+        "fn f(x: f32[2, 3]) -> f32[2, 1] { return slice(x, axis=1, start=-2, end=-1); }",
+        &[x()],
+        &[2, 1],
+        &[2.0, 5.0],
+    );
+    expect(
+        "fn f(x: f32[2, 3]) -> f32[2, 6] { return concat([x, x * 10.0], axis=1); }",
+        &[x()],
+        &[2, 6],
+        &[
+            1.0, 2.0, 3.0, 10.0, 20.0, 30.0, 4.0, 5.0, 6.0, 40.0, 50.0, 60.0,
+        ],
+    );
+    expect(
+        "fn f(x: f32[2, 3]) -> f32[2, 2, 3] { return broadcast(x, [2, 2, 3]); }",
+        &[x()],
+        &[2, 2, 3],
+        &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
+    );
+    expect(
+        "fn f(x: f32[2, 3]) -> f32[2, 3] { return x + zeros([2, 3]) + ones([3]) + full([2, 1], 0.5); }",
+        &[x()],
+        &[2, 3],
+        &[2.5, 3.5, 4.5, 5.5, 6.5, 7.5],
+    );
+}
+
+#[test]
+fn convolution_and_pooling() {
+    let ones = |shape: &[usize]| f32t(shape, &vec![1.0; shape.iter().product()]);
+    let conv = "fn f(x: f32[1, 1, 3, 3], w: f32[1, 1, 3, 3]) -> f32[1, 1, 3, 3] { return conv2d(x, w, padding=1); }";
+    expect(
+        conv,
+        &[ones(&[1, 1, 3, 3]), ones(&[1, 1, 3, 3])],
+        &[1, 1, 3, 3],
+        &[4.0, 6.0, 4.0, 6.0, 9.0, 6.0, 4.0, 6.0, 4.0],
+    );
+    let strided = "fn f(x: f32[1, 1, 3, 3], w: f32[1, 1, 3, 3]) -> f32[1, 1, 2, 2] { return conv2d(x, w, stride=2, padding=1); }";
+    expect(
+        strided,
+        &[ones(&[1, 1, 3, 3]), ones(&[1, 1, 3, 3])],
+        &[1, 1, 2, 2],
+        &[4.0, 4.0, 4.0, 4.0],
+    );
+    let grouped = "fn f(x: f32[1, 2, 1, 1], w: f32[2, 1, 1, 1]) -> f32[1, 2, 1, 1] { return conv2d(x, w, groups=2); }";
+    expect(
+        grouped,
+        &[
+            f32t(&[1, 2, 1, 1], &[1.0, 2.0]),
+            f32t(&[2, 1, 1, 1], &[3.0, 5.0]),
+        ],
+        &[1, 2, 1, 1],
+        &[3.0, 10.0],
+    );
+    let x: Vec<f64> = (1..=16).map(f64::from).collect();
+    expect(
+        "fn f(x: f32[1, 1, 4, 4]) -> f32[1, 1, 2, 2] { return maxpool2d(x, kernel=2); }",
+        &[f32t(&[1, 1, 4, 4], &x)],
+        &[1, 1, 2, 2],
+        &[6.0, 8.0, 14.0, 16.0],
+    );
+    expect(
+        "fn f(x: f32[1, 1, 4, 4]) -> f32[1, 1, 2, 2] { return avgpool2d(x, kernel=2); }",
+        &[f32t(&[1, 1, 4, 4], &x)],
+        &[1, 1, 2, 2],
+        &[3.5, 5.5, 11.5, 13.5],
+    );
+}
+
+#[test]
+fn integers_and_casts() {
+    let x = t(DType::I32, &[3], &[-7.0, 7.0, 2147483647.0]);
+    expect(
+        "fn f(x: i32[3]) -> i32[3] { return x / 2; }",
+        std::slice::from_ref(&x),
+        &[3],
+        &[-4.0, 3.0, 1073741823.0],
+    );
+    expect(
+        "fn f(x: i32[3]) -> i32[3] { return x + 1; }",
+        std::slice::from_ref(&x),
+        &[3],
+        &[-6.0, 8.0, -2147483648.0],
+    );
+    let y = f32t(&[2], &[2.7, -2.7]);
+    expect(
+        "fn f(y: f32[2]) -> i32[2] { return cast(y, i32); }",
+        &[y],
+        &[2],
+        &[2.0, -2.0],
+    );
+    let err = eval("fn f(x: i32[3]) -> i32[3] { return x / (x - x); }", &[x]).unwrap_err();
+    assert!(
+        err.to_string().contains("integer division by zero"),
+        "{err}"
+    );
+}
+
+#[test]
+fn reduced_precision_rounds_per_op() {
+    let h = t(DType::F16, &[1], &[1.0]);
+    expect(
+        "fn f(x: f16[1]) -> f16[1] { return x + 0.0001; }",
+        &[h],
+        &[1],
+        &[1.0],
+    );
+    let b = t(DType::BF16, &[1], &[1.0]);
+    expect(
+        "fn f(x: bf16[1]) -> bf16[1] { return x + 0.001; }",
+        &[b],
+        &[1],
+        &[1.0],
+    );
+    let f = f32t(&[1], &[1.0]);
+    expect(
+        "fn f(x: f32[1]) -> f32[1] { return x + 0.0001; }",
+        &[f],
+        &[1],
+        &[1.0001_f32 as f64],
+    );
+}
+
+#[test]
+fn user_operators_in_index_notation() {
+    let ops = "
+op matmul_t[M, N, K](a: f32[M, K], b: f32[N, K]) -> f32[M, N] {
+    out[i, j] = sum[k](a[i, k] * b[j, k]);
+}
+op rowprod[M, N](x: f32[M, N]) -> f32[M] {
+    out[i] = prod[j](x[i, j]);
+}
+op shift[N](x: f32[N]) -> f32[N] {
+    out[i] = x[i + 1];
+}
+op head_sum[N](x: f32[N]) -> f32 {
+    out[] = sum[k in 0..2](x[k]);
+}
+op conv3x3[N, C, H, W, O](img: f32[N, C, H, W], w: f32[O, C, 3, 3]) -> f32[N, O, H, W] {
+    out[n, o, y, x] = sum[c, ky, kx](img[n, c, y + ky - 1, x + kx - 1] * w[o, c, ky, kx]);
+}
+";
+    let a = f32t(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    let b = f32t(&[1, 3], &[1.0, 0.0, -1.0]);
+    expect(
+        &format!(
+            "{ops} fn f(a: f32[2, 3], b: f32[1, 3]) -> f32[2, 1] {{ return matmul_t(a, b); }}"
+        ),
+        &[a.clone(), b],
+        &[2, 1],
+        &[-2.0, -2.0],
+    );
+    expect(
+        &format!("{ops} fn f(a: f32[2, 3]) -> f32[2] {{ return rowprod(a); }}"),
+        &[a],
+        &[2],
+        &[6.0, 120.0],
+    );
+    let v = f32t(&[3], &[1.0, 2.0, 3.0]);
+    expect(
+        &format!("{ops} fn f(v: f32[3]) -> f32[3] {{ return shift(v); }}"),
+        std::slice::from_ref(&v),
+        &[3],
+        &[2.0, 3.0, 0.0],
+    );
+    expect(
+        &format!("{ops} fn f(v: f32[3]) -> f32 {{ return head_sum(v); }}"),
+        &[v],
+        &[],
+        &[3.0],
+    );
+    let ones = f32t(&[1, 1, 3, 3], &[1.0; 9]);
+    expect(
+        &format!(
+            "{ops} fn f(x: f32[1, 1, 3, 3], w: f32[1, 1, 3, 3]) -> f32[1, 1, 3, 3] {{ return conv3x3(x, w); }}"
+        ),
+        &[ones.clone(), ones],
+        &[1, 1, 3, 3],
+        &[4.0, 6.0, 4.0, 6.0, 9.0, 6.0, 4.0, 6.0, 4.0],
+    );
+}
+
+#[test]
+fn tuples_come_back_in_order() {
+    let x = f32t(&[2], &[1.0, 2.0]);
+    let out = eval(
+        "fn f(x: f32[2]) -> (f32[2], f32) { return (x * 2.0, sum(x)); }",
+        &[x],
+    )
+    .unwrap();
+    assert_eq!(out.len(), 2);
+    assert_eq!(out[0].data, vec![2.0, 4.0]);
+    assert_eq!(out[1].data, vec![3.0]);
+}
+
+#[test]
+fn arguments_of_the_wrong_type_are_errors() {
+    let wrong = f32t(&[3], &[1.0, 2.0, 3.0]);
+    let err = eval("fn f(x: f32[2]) -> f32[2] { return x; }", &[wrong]).unwrap_err();
+    assert!(
+        err.to_string().contains("must be f32[2], got f32[3]"),
+        "{err}"
+    );
+    let err = eval("fn f(x: f32[2]) -> f32[2] { return x; }", &[]).unwrap_err();
+    assert!(
+        err.to_string().contains("takes 1 argument(s), got 0"),
+        "{err}"
+    );
+}

@@ -1,0 +1,316 @@
+//! The `dlc` command end to end: exit codes, inputs and outputs as `.npy`
+//! files, and the errors users get for bad arguments.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use dlc_core::{DType, TensorType};
+use dlc_runtime::HostTensor;
+
+const MODEL: &str = "
+fn affine(x: f32[2, 3], w: f32[3, 2], b: f32[2]) -> f32[2, 2] {
+    return x @ w + b;
+}
+
+fn pair(x: f32[2]) -> (f32[2], i32[2]) {
+    return (x * 2.0, cast(x, i32));
+}
+";
+
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(name: &str) -> Dir {
+        let p = std::env::temp_dir().join(format!("dlc-cli-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        Dir(p)
+    }
+    fn file(&self, name: &str, text: &str) -> String {
+        let p = self.0.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    }
+    fn npy(&self, name: &str, ty: TensorType, data: &[f64]) -> String {
+        let p = self.0.join(name);
+        HostTensor::new(ty, data.to_vec())
+            .unwrap()
+            .write_npy(&p)
+            .unwrap();
+        p.display().to_string()
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn dlc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_dlc"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[track_caller]
+fn fails_with(o: &Output, text: &str) {
+    assert_eq!(o.status.code(), Some(1), "stderr: {}", stderr(o));
+    assert!(
+        stderr(o).contains(text),
+        "expected `{text}` in:\n{}",
+        stderr(o)
+    );
+}
+
+fn f32ty(shape: &[usize]) -> TensorType {
+    TensorType::new(DType::F32, shape.to_vec())
+}
+
+#[test]
+fn run_reads_inputs_and_saves_outputs_in_return_order() {
+    let d = Dir::new("run");
+    let model = d.file("m.dl", MODEL);
+    let x = d.npy("x.npy", f32ty(&[2, 3]), &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    let w = d.npy("w.npy", f32ty(&[3, 2]), &[1.0, 0.0, 0.0, 1.0, 1.0, 1.0]);
+    let b = d.npy("b.npy", f32ty(&[2]), &[0.5, -0.5]);
+    let out = d.0.join("out");
+    let o = dlc(&[
+        "run",
+        &model,
+        "--entry",
+        "affine",
+        "--backend",
+        "interp",
+        "--input",
+        &format!("x={x}"),
+        "--input",
+        &format!("w={w}"),
+        "--input",
+        &format!("b={b}"),
+        "--save-outputs",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let got = HostTensor::read_npy(&out.join("out0.npy"), None).unwrap();
+    assert_eq!(got.ty, f32ty(&[2, 2]));
+    assert_eq!(got.data, vec![4.5, 4.5, 10.5, 10.5]);
+
+    let x = d.npy("x2.npy", f32ty(&[2]), &[1.5, -2.5]);
+    let o = dlc(&[
+        "run",
+        &model,
+        "--entry",
+        "pair",
+        "--input",
+        &format!("x={x}"),
+        "--save-outputs",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let a = HostTensor::read_npy(&out.join("out0.npy"), None).unwrap();
+    let b = HostTensor::read_npy(&out.join("out1.npy"), None).unwrap();
+    assert_eq!(a.data, vec![3.0, -5.0]);
+    assert_eq!(b.ty, TensorType::new(DType::I32, vec![2]));
+    assert_eq!(b.data, vec![1.0, -2.0]);
+}
+
+#[test]
+fn random_inputs_are_deterministic() {
+    let d = Dir::new("random");
+    let model = d.file("m.dl", MODEL);
+    let run = |seed: &str| {
+        let o = dlc(&["run", &model, "--entry", "affine", "--random-inputs", seed]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    assert_eq!(run("3"), run("3"));
+    assert_ne!(run("3"), run("4"));
+}
+
+#[test]
+fn input_errors_are_clear() {
+    let d = Dir::new("inputs");
+    let model = d.file("m.dl", MODEL);
+    fails_with(
+        &dlc(&["run", &model, "--entry", "affine"]),
+        "missing input(s) for `affine`: x, w, b",
+    );
+    let bad_shape = d.npy("x.npy", f32ty(&[3, 2]), &[0.0; 6]);
+    fails_with(
+        &dlc(&[
+            "run",
+            &model,
+            "--entry",
+            "affine",
+            "--random-inputs",
+            "0",
+            "--input",
+            &format!("x={bad_shape}"),
+        ]),
+        "input `x` must be f32[2, 3], got f32[3, 2]",
+    );
+    let bad_dtype = d.npy("xi.npy", TensorType::new(DType::I32, vec![2, 3]), &[0.0; 6]);
+    fails_with(
+        &dlc(&[
+            "run",
+            &model,
+            "--entry",
+            "affine",
+            "--random-inputs",
+            "0",
+            "--input",
+            &format!("x={bad_dtype}"),
+        ]),
+        "input `x` must be f32[2, 3], got i32[2, 3]",
+    );
+    fails_with(
+        &dlc(&[
+            "run",
+            &model,
+            "--entry",
+            "affine",
+            "--random-inputs",
+            "0",
+            "--input",
+            "y=a.npy",
+        ]),
+        "`affine` has no parameter `y`; its parameters: x, w, b",
+    );
+    fails_with(
+        &dlc(&["run", &model, "--entry", "affine", "--input", "x"]),
+        "--input takes NAME=PATH.npy",
+    );
+    fails_with(
+        &dlc(&[
+            "run",
+            &model,
+            "--entry",
+            "affine",
+            "--random-inputs",
+            "0",
+            "--input",
+            "x=/no/such.npy",
+        ]),
+        "/no/such.npy",
+    );
+    let garbage = d.file("g.npy", "not an array");
+    fails_with(
+        &dlc(&[
+            "run",
+            &model,
+            "--entry",
+            "affine",
+            "--random-inputs",
+            "0",
+            "--input",
+            &format!("x={garbage}"),
+        ]),
+        "not a readable .npy file",
+    );
+}
+
+#[test]
+fn entry_point_selection() {
+    let d = Dir::new("entry");
+    let model = d.file("m.dl", MODEL);
+    fails_with(
+        &dlc(&["run", &model, "--random-inputs", "0"]),
+        "has 2 entry points; choose one with --entry: affine, pair",
+    );
+    fails_with(
+        &dlc(&["run", &model, "--entry", "nope", "--random-inputs", "0"]),
+        "no entry point `nope`; entry points: affine, pair",
+    );
+    let single = d.file("s.dl", "fn only(x: f32[2]) -> f32[2] { return x; }");
+    assert!(
+        dlc(&["run", &single, "--random-inputs", "0"])
+            .status
+            .success()
+    );
+}
+
+#[test]
+fn compile_emits_graph_ir_and_refuses_what_does_not_exist_yet() {
+    let d = Dir::new("compile");
+    let model = d.file("m.dl", MODEL);
+    let out = d.0.join("m.graph");
+    let o = dlc(&[
+        "compile",
+        &model,
+        "--emit",
+        "graph",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(text.starts_with("graph.func @affine("), "{text}");
+    let o = dlc(&["compile", &model, "--entry", "pair", "--emit", "graph"]);
+    assert!(String::from_utf8_lossy(&o.stdout).starts_with("graph.func @pair("));
+    for emit in ["loop", "tile", "llvm", "asm", "obj", "so", "header"] {
+        fails_with(
+            &dlc(&["compile", &model, "--emit", emit]),
+            "is not available yet",
+        );
+    }
+    fails_with(
+        &dlc(&[
+            "run",
+            &model,
+            "--entry",
+            "pair",
+            "--backend",
+            "cpu",
+            "--random-inputs",
+            "0",
+        ]),
+        "--backend cpu is not available yet",
+    );
+    fails_with(&dlc(&["bench", &model]), "is not available yet");
+}
+
+#[test]
+fn bad_files_fail_with_a_location() {
+    let d = Dir::new("bad");
+    let bad = d.file(
+        "bad.dl",
+        "fn f(x: f32[4]) -> f32[4] {\n    return x @ y;\n}\n",
+    );
+    let o = dlc(&["check", &bad]);
+    fails_with(&o, "unknown name `y`");
+    assert!(stderr(&o).contains("bad.dl:2:16"), "{}", stderr(&o));
+    let p = d.0.join("bin.dl");
+    std::fs::write(&p, b"fn \xfe").unwrap();
+    fails_with(
+        &dlc(&["check", p.to_str().unwrap()]),
+        "bin.dl:1:4: the file is not valid UTF-8",
+    );
+    fails_with(&dlc(&["check", "/no/such/file.dl"]), "/no/such/file.dl");
+    let ok = d.file("ok.dl", MODEL);
+    let o = dlc(&["check", &ok]);
+    assert!(o.status.success());
+    assert!(String::from_utf8_lossy(&o.stdout).contains("2 entry point(s): affine, pair"));
+}
+
+#[test]
+fn examples_run_in_the_interpreter() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let o = dlc(&[
+        "run",
+        root.join("examples/language/index_notation.dl")
+            .to_str()
+            .unwrap(),
+        "--random-inputs",
+        "1",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).starts_with("out0: f32[12, 384, 64]"));
+}
