@@ -40,8 +40,10 @@ test: setup lint
 # A short, bounded fuzzing run of the front end and graph pipeline.
 FUZZ_SECONDS ?= 60
 fuzz-smoke:
-	cd fuzz && RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run frontend --sanitizer none -- \
-		-max_total_time=$(FUZZ_SECONDS) -max_len=4096 -rss_limit_mb=4096 corpus-seed
+	mkdir -p fuzz/corpus/frontend
+	cd fuzz && RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run frontend --sanitizer none \
+		corpus/frontend ../examples ../examples/language -- \
+		-max_total_time=$(FUZZ_SECONDS) -max_len=4096 -rss_limit_mb=4096 -timeout=10
 
 clean:
 	$(CARGO) clean

@@ -1,0 +1,54 @@
+//! Fuzzes the front end and the graph pipeline: any bytes, read as dlc
+//! source and as graph IR, must give a result or an error, never a panic,
+//! a hang or a crash. What checks must also print, parse back identically,
+//! survive the default pipeline, print as MLIR and, when small, run.
+#![no_main]
+
+use dlc_core::{PassManager, Pipeline, Verify};
+use dlc_graph::{Module, interp};
+use libfuzzer_sys::fuzz_target;
+
+/// Programs whose tensors all stay this small are also interpreted.
+const INTERPRET_LIMIT: usize = 4096;
+
+fn exercise(mut module: Module) {
+    let printed = dlc_graph::print_module(&module);
+    let reparsed = dlc_graph::parse_module(&printed).expect("printed IR parses back");
+    assert_eq!(dlc_graph::print_module(&reparsed), printed, "print-parse-print differs");
+    let passes = dlc_graph::transforms::registry()
+        .build(&Pipeline::parse(dlc_graph::transforms::DEFAULT_PIPELINE).expect("default pipeline parses"))
+        .expect("default pipeline builds");
+    PassManager::new(passes).run(&mut module).expect("verified IR survives the default pipeline");
+    let _ = dlc_graph::print_mlir_generic(&module);
+    for f in module.entry_points() {
+        let small = f.body.node_weights().all(|n| {
+            n.results.iter().all(|t| t.num_elements().is_some_and(|e| e <= INTERPRET_LIMIT))
+        });
+        if !small {
+            continue;
+        }
+        let args: Vec<interp::Tensor> = f
+            .param_types()
+            .iter()
+            .map(|t| {
+                let n = t.num_elements().unwrap_or(0);
+                interp::Tensor::from_vec(t, (0..n).map(|i| (i % 7) as f64 - 3.0).collect())
+                    .expect("argument matches its type")
+            })
+            .collect();
+        // Errors (integer division by zero) are fine; panics are not.
+        let _ = interp::run_function(&module, &f.name, &args);
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    if let Ok(module) = dlc_lang::compile_source(text) {
+        exercise(module);
+    }
+    if let Ok(module) = dlc_graph::parse_module(text)
+        && module.verify().is_ok()
+    {
+        exercise(module);
+    }
+});
