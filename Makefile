@@ -33,9 +33,10 @@ lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
+# The fuzz run goes first so that the test runner's summary closes the output.
 test: setup lint
-	$(CARGO) nextest run --workspace --locked --no-fail-fast
 	$(MAKE) fuzz-smoke
+	$(CARGO) nextest run --workspace --locked --no-fail-fast
 
 # A short, bounded fuzzing run of the front end and graph pipeline.
 FUZZ_SECONDS ?= 60
