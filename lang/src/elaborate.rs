@@ -91,7 +91,14 @@ struct Elab<'p> {
     ops: HashMap<&'p str, &'p OpDef>,
     module: Module,
     in_progress: Vec<String>,
+    /// Generic functions and operators that some call instantiated.
+    used: HashSet<String>,
 }
+
+/// Dimension values for checking a generic function or operator that no
+/// entry point calls: distinct primes, large enough that dimension
+/// arithmetic such as `N - 1` stays positive.
+const PROBE_DIMS: [usize; 12] = [67, 71, 73, 79, 83, 89, 97, 101, 103, 107, 109, 113];
 
 /// Checks a program and builds its graph module: one public function per
 /// entry point (a `fn` with a concrete signature) and one private function
@@ -103,6 +110,7 @@ pub fn elaborate(program: &Program) -> Result<Module, Diagnostics> {
         ops: HashMap::new(),
         module: Module::default(),
         in_progress: vec![],
+        used: HashSet::new(),
     };
     let mut seen: HashMap<&str, Span> = HashMap::new();
     for item in &program.items {
@@ -176,6 +184,9 @@ pub fn elaborate(program: &Program) -> Result<Module, Diagnostics> {
         if let Err(d) = elab.ensure_fn(def, &[], None) {
             errors.push(d);
         }
+    }
+    if errors.is_empty() {
+        errors.extend(elab.check_uncalled(program));
     }
     if !errors.is_empty() {
         return Err(Diagnostics(errors));
@@ -320,7 +331,7 @@ fn const_int(e: &Expr, dims: &HashMap<String, usize>) -> R<i64> {
 
 fn const_ints(e: &Expr, dims: &HashMap<String, usize>) -> R<Vec<(i64, Span)>> {
     match &e.kind {
-        ExprKind::List(items) => items
+        ExprKind::List(items) | ExprKind::Tuple(items) => items
             .iter()
             .map(|i| Ok((const_int(i, dims)?, i.span)))
             .collect(),
@@ -334,7 +345,7 @@ fn const_ints(e: &Expr, dims: &HashMap<String, usize>) -> R<Vec<(i64, Span)>> {
 
 fn const_int_or_list(e: &Expr, dims: &HashMap<String, usize>) -> R<Vec<(i64, Span)>> {
     match &e.kind {
-        ExprKind::List(_) => const_ints(e, dims),
+        ExprKind::List(_) | ExprKind::Tuple(_) => const_ints(e, dims),
         _ => Ok(vec![(const_int(e, dims)?, e.span)]),
     }
 }
@@ -539,6 +550,61 @@ fn literal_dtype(is_float: bool) -> DType {
 }
 
 impl<'p> Elab<'p> {
+    /// Checks generic functions and operators that no entry point calls, at
+    /// placeholder dimensions, so that errors in them are reported too. What
+    /// the check builds is thrown away.
+    fn check_uncalled(&mut self, program: &'p Program) -> Vec<Diagnostic> {
+        let mut errors = Vec::new();
+        for item in &program.items {
+            let (name, dims) = match item {
+                Item::Fn(f) if !f.dims.is_empty() => (&f.name, &f.dims),
+                Item::Op(o) => (&o.name, &o.dims),
+                Item::Fn(_) => continue,
+            };
+            if self.used.contains(&name.name) || dims.len() > PROBE_DIMS.len() {
+                continue;
+            }
+            let values = &PROBE_DIMS[..dims.len()];
+            let binds: Vec<String> = dims
+                .iter()
+                .zip(values)
+                .map(|(d, v)| format!("{}={v}", d.name))
+                .collect();
+            let note = format!(
+                "`{}` is never called, so it was checked with placeholder dimensions {}",
+                name.name,
+                if binds.is_empty() {
+                    "(none)".to_string()
+                } else {
+                    binds.join(", ")
+                }
+            );
+            let kept = self.module.functions.len();
+            let result = match item {
+                Item::Fn(f) => self.ensure_fn(f, values, None).map(|_| ()),
+                Item::Op(o) => {
+                    let env: HashMap<String, usize> = o
+                        .dims
+                        .iter()
+                        .map(|d| d.name.clone())
+                        .zip(values.iter().copied())
+                        .collect();
+                    o.params
+                        .iter()
+                        .map(|p| resolve_type(&p.ty, &env))
+                        .collect::<R<Vec<_>>>()
+                        .and_then(|inputs| Ok((inputs, resolve_type(&o.ret, &env)?)))
+                        .and_then(|(inputs, out)| build_compute(o, &inputs, &env, out).map(|_| ()))
+                }
+            };
+            self.module.functions.truncate(kept);
+            if let Err(d) = result {
+                errors.push(d.with_note(note));
+            }
+        }
+        errors
+    }
+
     fn ensure_fn(
         &mut self,
         def: &'p FnDef,
@@ -1046,6 +1112,7 @@ impl<'p> Elab<'p> {
         args: &[Arg],
         span: Span,
     ) -> R<EVal> {
+        self.used.insert(def.name.name.clone());
         let (values, env) = self.bind_user(
             cx,
             Signature {
@@ -1098,6 +1165,7 @@ impl<'p> Elab<'p> {
         args: &[Arg],
         span: Span,
     ) -> R<EVal> {
+        self.used.insert(def.name.name.clone());
         let (values, env) = self.bind_user(
             cx,
             Signature {

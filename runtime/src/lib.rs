@@ -117,11 +117,7 @@ impl HostTensor {
             path: path.display().to_string(),
             message,
         };
-        if npy.order() == npyz::Order::Fortran {
-            return Err(format_err(
-                "Fortran-ordered arrays are not supported; save with C order".into(),
-            ));
-        }
+        let fortran = npy.order() == npyz::Order::Fortran;
         let shape: Vec<usize> = npy
             .shape()
             .iter()
@@ -137,9 +133,14 @@ impl HostTensor {
             (npyz::TypeChar::Int, 4) => DType::I32,
             (npyz::TypeChar::Int, 8) => DType::I64,
             (npyz::TypeChar::Bool, 1) => DType::Bool,
+            (npyz::TypeChar::Float, 8) => {
+                return Err(format_err(format!(
+                    "float64 arrays (`{descr}`) have no dlc element type; save the array as float32 (`x.astype(numpy.float32)`)"
+                )));
+            }
             _ => {
                 return Err(format_err(format!(
-                    "element type `{descr}` has no dlc equivalent"
+                    "element type `{descr}` has no dlc equivalent (dlc reads float32, float16, int32, int64 and bool)"
                 )));
             }
         };
@@ -177,6 +178,11 @@ impl HostTensor {
                 .collect(),
             DType::BF16 => unreachable!("no .npy element type maps to bf16"),
         };
+        let data = if fortran {
+            fortran_to_c(&shape, &data)
+        } else {
+            data
+        };
         let dtype = match as_dtype {
             Some(DType::BF16) if file_dtype == DType::F32 => DType::BF16,
             _ => file_dtype,
@@ -213,6 +219,35 @@ impl HostTensor {
     }
 }
 
+/// Reorders column-major (Fortran-order) elements into row-major order.
+fn fortran_to_c(shape: &[usize], data: &[f64]) -> Vec<f64> {
+    // Column-major stride of each axis.
+    let mut strides = vec![1usize; shape.len()];
+    for i in 1..shape.len() {
+        strides[i] = strides[i - 1] * shape[i - 1];
+    }
+    let mut index = vec![0usize; shape.len()];
+    let mut out = Vec::with_capacity(data.len());
+    for _ in 0..data.len() {
+        out.push(
+            data[index
+                .iter()
+                .zip(&strides)
+                .map(|(i, s)| i * s)
+                .sum::<usize>()],
+        );
+        // Advance the row-major index, last axis fastest.
+        for axis in (0..shape.len()).rev() {
+            index[axis] += 1;
+            if index[axis] < shape[axis] {
+                break;
+            }
+            index[axis] = 0;
+        }
+    }
+    out
+}
+
 /// A deterministic generator for random inputs.
 pub fn seeded_rng(seed: u64) -> StdRng {
     StdRng::seed_from_u64(seed)
@@ -239,6 +274,28 @@ mod tests {
         let path = dir.join("scalar.npy");
         scalar.write_npy(&path).unwrap();
         assert_eq!(HostTensor::read_npy(&path, None).unwrap(), scalar);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn fortran_order_is_read_in_row_major_order() {
+        // A 2x3 array [[1, 2, 3], [4, 5, 6]] saved by NumPy in Fortran order
+        // (as `np.save(path, np.asfortranarray(a))` writes it).
+        let header = "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }";
+        let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+        let padded = format!("{header:<117}\n");
+        bytes.extend((padded.len() as u16).to_le_bytes());
+        bytes.extend(padded.as_bytes());
+        for v in [1.0f32, 4.0, 2.0, 5.0, 3.0, 6.0] {
+            bytes.extend(v.to_le_bytes());
+        }
+        let dir = std::env::temp_dir().join(format!("dlc-npy-f-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("f.npy");
+        std::fs::write(&path, bytes).unwrap();
+        let t = HostTensor::read_npy(&path, None).unwrap();
+        assert_eq!(t.ty, TensorType::new(DType::F32, vec![2, 3]));
+        assert_eq!(t.data, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -79,6 +79,8 @@ bad_input! {
     statement_after_return: "fn f(x: f32[4]) -> f32[4] {\n    return x;\n    let y = x;\n}\n";
     tuple_count_mismatch: "fn f(x: f32[4]) -> (f32[4], f32[4]) {\n    return x;\n}\n";
     dimension_only_in_expression: "fn halves[N](x: f32[2 * N]) -> f32[N] {\n    return slice(x, start=0, end=N);\n}\nfn f(x: f32[8]) -> f32[4] {\n    return halves(x);\n}\n";
+    error_in_uncalled_operator: "op broken[M, N](a: f32[M, N]) -> f32[M] {\n    out[i] = a[i, k];\n}\nfn f(x: f32[4]) -> f32[4] {\n    return x;\n}\n";
+    error_in_uncalled_generic_function: "fn helper[N](x: f32[N]) -> f32[N] {\n    return relu(y);\n}\nfn f(x: f32[4]) -> f32[4] {\n    return x;\n}\n";
     empty_input: "";
     only_generic_functions: "fn id[N](x: f32[N]) -> f32[N] {\n    return x;\n}\n";
 }
