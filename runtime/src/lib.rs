@@ -60,18 +60,6 @@ fn io_err(path: &Path) -> impl Fn(std::io::Error) -> TensorError + '_ {
     }
 }
 
-/// Rounds to the nearest value of `dtype` (integers wrap, bool is `x != 0`).
-fn round_to(dtype: DType, x: f64) -> f64 {
-    match dtype {
-        DType::F32 => x as f32 as f64,
-        DType::F16 => half::f16::from_f64(x).to_f64(),
-        DType::BF16 => half::bf16::from_f64(x).to_f64(),
-        DType::I32 => (x as i64) as i32 as f64,
-        DType::I64 => x as i64 as f64,
-        DType::Bool => f64::from(u8::from(x != 0.0)),
-    }
-}
-
 impl HostTensor {
     /// A tensor from a type and row-major elements, rounded to the type.
     pub fn new(ty: TensorType, data: Vec<f64>) -> Result<HostTensor, TensorError> {
@@ -83,7 +71,7 @@ impl HostTensor {
                 got: data.len(),
             });
         }
-        let data = data.into_iter().map(|x| round_to(ty.dtype, x)).collect();
+        let data = data.into_iter().map(|x| ty.dtype.round(x)).collect();
         Ok(HostTensor { ty, data })
     }
 
@@ -93,7 +81,7 @@ impl HostTensor {
         let n = ty.num_elements().unwrap_or(0);
         let data = (0..n)
             .map(|_| match ty.dtype {
-                d if d.is_float() => round_to(d, rng.random_range(-1.0..1.0)),
+                d if d.is_float() => d.round(rng.random_range(-1.0..1.0)),
                 DType::Bool => f64::from(u8::from(rng.random_bool(0.5))),
                 _ => rng.random_range(-10i64..=10) as f64,
             })

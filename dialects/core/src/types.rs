@@ -64,6 +64,20 @@ impl DType {
         self != DType::Bool
     }
 
+    /// Rounds `x` to the nearest value of this type: floats round to
+    /// nearest-even, integers wrap as two's complement after truncating
+    /// toward zero, and bool is `x != 0`.
+    pub fn round(self, x: f64) -> f64 {
+        match self {
+            DType::F32 => x as f32 as f64,
+            DType::F16 => half::f16::from_f64(x).to_f64(),
+            DType::BF16 => half::bf16::from_f64(x).to_f64(),
+            DType::I32 => (x as i64) as i32 as f64,
+            DType::I64 => x as i64 as f64,
+            DType::Bool => f64::from(u8::from(x != 0.0)),
+        }
+    }
+
     /// Size of one element in bytes.
     pub fn size_bytes(self) -> usize {
         match self {
@@ -162,6 +176,17 @@ mod tests {
             assert_eq!(d.name().parse::<DType>(), Ok(d));
         }
         assert!("f64".parse::<DType>().is_err());
+    }
+
+    #[test]
+    fn rounding_to_each_type() {
+        assert_eq!(DType::F32.round(0.1), 0.1f32 as f64);
+        assert_eq!(DType::F16.round(1.0001), 1.0);
+        assert_eq!(DType::BF16.round(1.001), 1.0);
+        assert_eq!(DType::I32.round(2147483648.0), -2147483648.0);
+        assert_eq!(DType::I32.round(-2.7), -2.0);
+        assert_eq!(DType::I64.round(2.7), 2.0);
+        assert_eq!(DType::Bool.round(-0.5), 1.0);
     }
 
     #[test]

@@ -90,17 +90,9 @@ pub const MAX_ELEMENTS: usize = 1 << 29;
 
 type Result<T> = std::result::Result<T, InterpError>;
 
-/// Rounds `x` to the nearest value of `dtype` (integers wrap, float to
-/// integer truncates toward zero, bool is `x != 0`).
+/// Rounds `x` to the nearest value of `dtype` (see [`DType::round`]).
 pub fn round_to(dtype: DType, x: f64) -> f64 {
-    match dtype {
-        DType::F32 => x as f32 as f64,
-        DType::F16 => half::f16::from_f64(x).to_f64(),
-        DType::BF16 => half::bf16::from_f64(x).to_f64(),
-        DType::I32 => (x as i64) as i32 as f64,
-        DType::I64 => x as i64 as f64,
-        DType::Bool => f64::from(u8::from(x != 0.0)),
-    }
+    dtype.round(x)
 }
 
 /// Applies a unary function.
