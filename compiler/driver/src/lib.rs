@@ -286,6 +286,17 @@ pub fn prepare_inputs(
             missing.join(", ")
         )));
     }
+    for (name, ty) in &params {
+        if ty
+            .num_elements()
+            .is_none_or(|n| n > dlc_graph::interp::MAX_ELEMENTS)
+        {
+            return Err(DriverError::Usage(format!(
+                "input `{name}` ({ty}) is too large for the interpreter (limit {} elements)",
+                dlc_graph::interp::MAX_ELEMENTS
+            )));
+        }
+    }
     let mut rng = seeded_rng(seed.unwrap_or(0));
     let mut inputs = Vec::new();
     for (name, ty) in &params {

@@ -201,6 +201,22 @@ fn input_errors_are_clear() {
         ]),
         "/no/such.npy",
     );
+    let huge = d.file(
+        "huge.dl",
+        "fn f(x: f32[100000, 100000]) -> f32 { return sum(x); }",
+    );
+    fails_with(
+        &dlc(&["run", &huge, "--random-inputs", "0"]),
+        "input `x` (f32[100000, 100000]) is too large for the interpreter",
+    );
+    let big_const = d.file(
+        "bigc.dl",
+        "fn f(x: f32) -> f32 { return sum(zeros([100000, 100000])) + x; }",
+    );
+    fails_with(
+        &dlc(&["run", &big_const, "--random-inputs", "0"]),
+        "too large for the interpreter",
+    );
     let garbage = d.file("g.npy", "not an array");
     fails_with(
         &dlc(&[

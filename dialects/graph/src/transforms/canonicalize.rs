@@ -51,6 +51,15 @@ fn try_fold(f: &Function, node: NodeIndex) -> Option<Op> {
     if n.results[0].num_elements()? > FOLD_LIMIT {
         return None;
     }
+    // Operands are materialized to fold; a small result of a huge constant
+    // (the sum of a splat) is not worth that memory.
+    if f.operands(node).iter().any(|v| {
+        f.value_type(*v)
+            .num_elements()
+            .is_none_or(|e| e > FOLD_LIMIT)
+    }) {
+        return None;
+    }
     let inputs: Vec<Tensor> = f
         .operands(node)
         .into_iter()
