@@ -7,18 +7,21 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CARGO ?= cargo
 EXAMPLE ?= examples/w2_mlp.dl
 
-.PHONY: all setup run test lint fuzz-smoke bench clean
+.PHONY: all setup setup-test-tools run test lint fuzz-smoke clean
 
 all: test
 
-# LLVM and MLIR 22 from Debian (mlir-opt checks our --mlir-generic output; later
-# levels link them), and the cargo tools the tests use.
+# LLVM and MLIR 22 from Debian: mlir-opt checks our --mlir-generic output, and
+# the code generators will link them.
 setup:
 	@if [ ! -x $(LLVM_PREFIX)/bin/mlir-opt ] || [ ! -x $(LLVM_PREFIX)/bin/llvm-config ]; then \
 		echo "installing $(DEBIAN_PACKAGES)"; \
 		$(SUDO) apt-get update -q && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q $(DEBIAN_PACKAGES); \
 	fi
+
+# The cargo tools the tests use.
+setup-test-tools:
 	@$(CARGO) nextest --version >/dev/null 2>&1 || $(CARGO) install --locked cargo-nextest
 	@$(CARGO) fuzz --version >/dev/null 2>&1 || $(CARGO) install --locked cargo-fuzz
 
@@ -34,13 +37,13 @@ lint:
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
 # The fuzz run goes first so that the test runner's summary closes the output.
-test: setup lint
+test: setup setup-test-tools lint
 	$(MAKE) fuzz-smoke
 	$(CARGO) nextest run --workspace --locked --no-fail-fast
 
 # A short, bounded fuzzing run of the front end and graph pipeline.
 FUZZ_SECONDS ?= 60
-fuzz-smoke:
+fuzz-smoke: setup-test-tools
 	mkdir -p fuzz/corpus/frontend
 	cd fuzz && RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run frontend --sanitizer none \
 		corpus/frontend ../examples ../examples/language -- \
