@@ -81,6 +81,7 @@ bad_input! {
     dimension_only_in_expression: "fn halves[N](x: f32[2 * N]) -> f32[N] {\n    return slice(x, start=0, end=N);\n}\nfn f(x: f32[8]) -> f32[4] {\n    return halves(x);\n}\n";
     error_in_uncalled_operator: "op broken[M, N](a: f32[M, N]) -> f32[M] {\n    out[i] = a[i, k];\n}\nfn f(x: f32[4]) -> f32[4] {\n    return x;\n}\n";
     error_in_uncalled_generic_function: "fn helper[N](x: f32[N]) -> f32[N] {\n    return relu(y);\n}\nfn f(x: f32[4]) -> f32[4] {\n    return x;\n}\n";
+    huge_padding: "fn f(x: f32[1, 1, 4, 4]) -> f32 {\n    return sum(maxpool2d(x, kernel=2, padding=9223372036854775807));\n}\n";
     empty_input: "";
     only_generic_functions: "fn id[N](x: f32[N]) -> f32[N] {\n    return x;\n}\n";
 }

@@ -146,7 +146,12 @@ fn window_out(what: &str, size: usize, kernel: usize, stride: usize, pad: usize)
             "stride 0",
         ));
     }
-    let padded = size + 2 * pad;
+    let Some(padded) = pad.checked_mul(2).and_then(|p| p.checked_add(size)) else {
+        return Err(InferError::new(
+            format!("{what}: padding {pad} is too large"),
+            "padding overflows",
+        ));
+    };
     if kernel == 0 || padded < kernel {
         return Err(InferError::new(
             format!("{what}: window {kernel} does not fit input extent {size} with padding {pad}"),
@@ -314,7 +319,9 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
                         format!("{first} vs {t}"),
                     ));
                 }
-                shape[*axis] += t.shape[*axis];
+                shape[*axis] = shape[*axis].checked_add(t.shape[*axis]).ok_or_else(|| {
+                    InferError::new("concat: the joined extent overflows", "too large")
+                })?;
             }
             one(TensorType::new(d, shape))
         }

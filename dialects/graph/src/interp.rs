@@ -522,7 +522,7 @@ fn conv2d(
     groups: usize,
     out_shape: &[usize],
 ) -> Result<ArrayD<f64>> {
-    let (n, c, h, wd) = (x.shape()[0], x.shape()[1], x.shape()[2], x.shape()[3]);
+    let (n, h, wd) = (x.shape()[0], x.shape()[2], x.shape()[3]);
     let (o, cg, kh, kw) = (w.shape()[0], w.shape()[1], w.shape()[2], w.shape()[3]);
     let (oh, ow) = (out_shape[2], out_shape[3]);
     let og = o / groups;
@@ -564,7 +564,6 @@ fn conv2d(
                 .assign(&res);
         }
     }
-    let _ = c;
     Ok(out.into_dyn())
 }
 

@@ -50,16 +50,13 @@ impl Tok {
     }
 }
 
-struct Lexed {
-    toks: Vec<(Tok, usize, usize)>,
-}
-
 const PUNCTS: [&str; 22] = [
     "->", "..", "<=", ">=", "==", "!=", "=", ":", ",", "(", ")", "[", "]", "{", "}", "*", "+", "-",
     "/", "<", ">", "#",
 ];
 
-fn lex(text: &str) -> Result<Lexed, ParseError> {
+/// Tokens with their 1-based line and column.
+fn lex(text: &str) -> Result<Vec<(Tok, usize, usize)>, ParseError> {
     let chars: Vec<char> = text.chars().collect();
     let (mut i, mut line, mut col) = (0usize, 1usize, 1usize);
     let mut toks = Vec::new();
@@ -180,7 +177,7 @@ fn lex(text: &str) -> Result<Lexed, ParseError> {
         toks.push((tok, tl, tc));
     }
     toks.push((Tok::Eof, line, col));
-    Ok(Lexed { toks })
+    Ok(toks)
 }
 
 struct Parser {
@@ -197,9 +194,8 @@ type PResult<T> = Result<T, ParseError>;
 
 /// Parses a whole module.
 pub fn parse_module(text: &str) -> Result<Module, ParseError> {
-    let lexed = lex(text)?;
     let mut p = Parser {
-        toks: lexed.toks,
+        toks: lex(text)?,
         pos: 0,
         depth: 0,
     };
@@ -821,15 +817,13 @@ impl Parser {
                 Tok::Ident(_) => (1, Some(self.index_var()?)),
                 _ => return self.expected("an affine index (`d0`, `2*d1`, `d0 + 1`)"),
             };
-            let c = coeff.checked_mul(sign).ok_or_else(|| ParseError {
-                line: 0,
-                column: 0,
-                message: "coefficient overflows".into(),
-            })?;
+            let Some(c) = coeff.checked_mul(sign) else {
+                return self.error("index coefficient overflows");
+            };
             match var {
                 None => constant = constant.saturating_add(c),
                 Some(v) => match terms.iter_mut().find(|(_, w)| *w == v) {
-                    Some(t) => t.0 += c,
+                    Some(t) => t.0 = t.0.saturating_add(c),
                     None => terms.push((c, v)),
                 },
             }
