@@ -737,15 +737,12 @@ impl<'p> Elab<'p> {
                             ));
                         }
                     };
+                    if names.len() > 1 {
+                        check_distinct(names, "name")?;
+                    }
+                    // Rebinding a name replaces it for the statements after,
+                    // as assignment does in Python.
                     for (n, v) in bindings {
-                        if let Some((_, prev)) = cx.env.get(&n.name) {
-                            return Err(Diagnostic::new(
-                                format!("`{}` is already defined", n.name),
-                                n.span,
-                                "defined again",
-                            )
-                            .with_secondary(*prev, "first defined here"));
-                        }
                         cx.env.insert(n.name.clone(), (v, n.span));
                     }
                 }

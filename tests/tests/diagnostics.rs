@@ -64,7 +64,14 @@ bad_input! {
     mutual_recursion: "fn g[N](x: f32[N]) -> f32[N] {\n    return h(x);\n}\nfn h[N](x: f32[N]) -> f32[N] {\n    return g(x);\n}\nfn f(x: f32[4]) -> f32[4] {\n    return g(x);\n}\n";
     duplicate_function: "fn f(x: f32[4]) -> f32[4] {\n    return x;\n}\nfn f(x: f32[4]) -> f32[4] {\n    return x;\n}\n";
     duplicate_parameter: "fn f(x: f32[4], x: f32[4]) -> f32[4] {\n    return x;\n}\n";
-    duplicate_let: "fn f(x: f32[4]) -> f32[4] {\n    let y = x;\n    let y = relu(x);\n    return y;\n}\n";
+    duplicate_tuple_names: "fn two(x: f32[4]) -> (f32[4], f32[4]) {
+    return (x, x);
+}
+fn f(x: f32[4]) -> f32[4] {
+    let (a, a) = two(x);
+    return a;
+}
+";
     redefined_builtin: "fn relu(x: f32[4]) -> f32[4] {\n    return x;\n}\n";
     zero_dimension: "fn f(x: f32[0, 4]) -> f32[0, 4] {\n    return x;\n}\n";
     unknown_dimension: "fn f(x: f32[M, 4]) -> f32[M, 4] {\n    return x;\n}\n";

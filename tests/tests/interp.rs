@@ -401,6 +401,17 @@ op conv3x3[N, C, H, W, O](img: f32[N, C, H, W], w: f32[O, C, 3, 3]) -> f32[N, O,
 }
 
 #[test]
+fn names_can_be_rebound() {
+    let x = f32t(&[2], &[1.0, -2.0]);
+    expect(
+        "fn f(x: f32[2]) -> f32[2] { let h = relu(x); let h = h * .5 + 1; let x = h + x; return x; }",
+        &[x],
+        &[2],
+        &[2.5, -1.0],
+    );
+}
+
+#[test]
 fn tuples_come_back_in_order() {
     let x = f32t(&[2], &[1.0, 2.0]);
     let out = eval(
