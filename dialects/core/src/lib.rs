@@ -4,7 +4,9 @@
 //! written `a,b{key=value},c`, and a manager that verifies after every pass).
 #![deny(missing_docs)]
 
+pub mod lex;
 mod pass;
+pub mod scalar;
 mod text;
 mod types;
 

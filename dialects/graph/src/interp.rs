@@ -14,6 +14,8 @@ use petgraph::stable_graph::NodeIndex;
 
 use crate::compute::{ComputeBody, ScalarExpr, Source};
 use crate::module::{Function, Module};
+pub use dlc_core::scalar::{apply_binary, apply_unary};
+
 use crate::ops::{BinaryOp, ConstValue, Op, PoolKind, ReduceKind, UnaryOp};
 
 /// A tensor value: its element type and its elements as f64, each exactly
@@ -93,62 +95,6 @@ type Result<T> = std::result::Result<T, InterpError>;
 /// Rounds `x` to the nearest value of `dtype` (see [`DType::round`]).
 pub fn round_to(dtype: DType, x: f64) -> f64 {
     dtype.round(x)
-}
-
-/// Applies a unary function.
-pub fn apply_unary(u: UnaryOp, x: f64) -> f64 {
-    match u {
-        UnaryOp::Neg => -x,
-        UnaryOp::Relu => {
-            if x < 0.0 {
-                0.0
-            } else {
-                x
-            }
-        }
-        UnaryOp::Exp => x.exp(),
-        UnaryOp::Log => x.ln(),
-        UnaryOp::Sqrt => x.sqrt(),
-        UnaryOp::Rsqrt => 1.0 / x.sqrt(),
-        UnaryOp::Tanh => x.tanh(),
-        UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
-        UnaryOp::Gelu => {
-            let c = (2.0 / std::f64::consts::PI).sqrt();
-            0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
-        }
-        UnaryOp::Abs => x.abs(),
-    }
-}
-
-/// Applies a binary function; `int` selects integer division.
-pub fn apply_binary(b: BinaryOp, x: f64, y: f64, int: bool) -> Option<f64> {
-    Some(match b {
-        BinaryOp::Add => x + y,
-        BinaryOp::Sub => x - y,
-        BinaryOp::Mul => x * y,
-        BinaryOp::Div if int => {
-            if y == 0.0 {
-                return None;
-            }
-            (x / y).floor()
-        }
-        BinaryOp::Div => x / y,
-        BinaryOp::Max => {
-            if x.is_nan() || x > y {
-                x
-            } else {
-                y
-            }
-        }
-        BinaryOp::Min => {
-            if x.is_nan() || x < y {
-                x
-            } else {
-                y
-            }
-        }
-        BinaryOp::Pow => x.powf(y),
-    })
 }
 
 /// Runs function `name` of `module` on `args`.

@@ -4,6 +4,8 @@
 
 use std::collections::HashMap;
 
+pub use dlc_core::lex::ParseError;
+use dlc_core::lex::{Cursor, PResult, Tok};
 use dlc_core::{DType, TensorType, parse_float};
 use petgraph::stable_graph::NodeIndex;
 
@@ -11,192 +13,32 @@ use crate::compute::{Affine, ComputeBody, ElemDef, IndexVar, RangeVar, ScalarExp
 use crate::module::{Function, Module, Value, Visibility};
 use crate::ops::{Attr, BinaryOp, CmpOp, Number, Op, ReduceKind, UnaryOp};
 
-/// A syntax error in graph IR text.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{line}:{column}: {message}")]
-pub struct ParseError {
-    /// 1-based line.
-    pub line: usize,
-    /// 1-based column (in characters).
-    pub column: usize,
-    /// What was expected.
-    pub message: String,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-enum Tok {
-    Ident(String),
-    Percent(String),
-    At(String),
-    Int(i64),
-    Float(f64),
-    Str(String),
-    Punct(&'static str),
-    Eof,
-}
-
-impl Tok {
-    fn describe(&self) -> String {
-        match self {
-            Tok::Ident(s) => format!("`{s}`"),
-            Tok::Percent(s) => format!("`%{s}`"),
-            Tok::At(s) => format!("`@{s}`"),
-            Tok::Int(i) => format!("`{i}`"),
-            Tok::Float(f) => format!("`{f}`"),
-            Tok::Str(s) => format!("{s:?}"),
-            Tok::Punct(p) => format!("`{p}`"),
-            Tok::Eof => "end of input".into(),
-        }
-    }
-}
-
-const PUNCTS: [&str; 22] = [
-    "->", "..", "<=", ">=", "==", "!=", "=", ":", ",", "(", ")", "[", "]", "{", "}", "*", "+", "-",
-    "/", "<", ">", "#",
-];
-
-/// Tokens with their 1-based line and column.
-fn lex(text: &str) -> Result<Vec<(Tok, usize, usize)>, ParseError> {
-    let chars: Vec<char> = text.chars().collect();
-    let (mut i, mut line, mut col) = (0usize, 1usize, 1usize);
-    let mut toks = Vec::new();
-    let name_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '$');
-    while i < chars.len() {
-        let c = chars[i];
-        let (tl, tc) = (line, col);
-        let err = |message: String| ParseError {
-            line: tl,
-            column: tc,
-            message,
-        };
-        if c == '\n' {
-            i += 1;
-            line += 1;
-            col = 1;
-            continue;
-        }
-        if c.is_whitespace() {
-            i += 1;
-            col += 1;
-            continue;
-        }
-        if c == '/' && chars.get(i + 1) == Some(&'/') {
-            while i < chars.len() && chars[i] != '\n' {
-                i += 1;
-            }
-            continue;
-        }
-        let start = i;
-        let tok = if c.is_ascii_alphabetic() || c == '_' {
-            while i < chars.len() && name_char(chars[i]) {
-                i += 1;
-            }
-            // `0..64` must not swallow the dots; names never end in `..`.
-            let s: String = chars[start..i].iter().collect();
-            Tok::Ident(s)
-        } else if c == '%' || c == '@' {
-            i += 1;
-            while i < chars.len() && name_char(chars[i]) {
-                i += 1;
-            }
-            if i == start + 1 {
-                return Err(err(format!("expected a name after `{c}`")));
-            }
-            let s: String = chars[start + 1..i].iter().collect();
-            if c == '%' {
-                Tok::Percent(s)
-            } else {
-                Tok::At(s)
-            }
-        } else if c.is_ascii_digit() {
-            while i < chars.len() && chars[i].is_ascii_digit() {
-                i += 1;
-            }
-            let mut is_float = false;
-            if i + 1 < chars.len() && chars[i] == '.' && chars[i + 1].is_ascii_digit() {
-                is_float = true;
-                i += 1;
-                while i < chars.len() && chars[i].is_ascii_digit() {
-                    i += 1;
-                }
-            }
-            if i < chars.len() && (chars[i] == 'e' || chars[i] == 'E') {
-                let mut j = i + 1;
-                if j < chars.len() && (chars[j] == '+' || chars[j] == '-') {
-                    j += 1;
-                }
-                if j < chars.len() && chars[j].is_ascii_digit() {
-                    is_float = true;
-                    i = j;
-                    while i < chars.len() && chars[i].is_ascii_digit() {
-                        i += 1;
-                    }
-                }
-            }
-            let s: String = chars[start..i].iter().collect();
-            if is_float {
-                Tok::Float(s.parse().map_err(|_| err(format!("bad number `{s}`")))?)
-            } else {
-                Tok::Int(
-                    s.parse()
-                        .map_err(|_| err(format!("integer `{s}` is too large")))?,
-                )
-            }
-        } else if c == '"' {
-            i += 1;
-            let mut s = String::new();
-            loop {
-                match chars.get(i) {
-                    None | Some('\n') => return Err(err("unterminated string".into())),
-                    Some('"') => {
-                        i += 1;
-                        break;
-                    }
-                    Some('\\') if matches!(chars.get(i + 1), Some('"') | Some('\\')) => {
-                        s.push(chars[i + 1]);
-                        i += 2;
-                    }
-                    Some(&ch) => {
-                        s.push(ch);
-                        i += 1;
-                    }
-                }
-            }
-            Tok::Str(s)
-        } else {
-            let rest: String = chars[i..chars.len().min(i + 2)].iter().collect();
-            match PUNCTS.iter().find(|p| rest.starts_with(**p)) {
-                Some(p) => {
-                    i += p.len();
-                    Tok::Punct(p)
-                }
-                None => return Err(err(format!("unexpected character `{c}`"))),
-            }
-        };
-        col += i - start;
-        toks.push((tok, tl, tc));
-    }
-    toks.push((Tok::Eof, line, col));
-    Ok(toks)
-}
-
 struct Parser {
-    toks: Vec<(Tok, usize, usize)>,
-    pos: usize,
+    cursor: Cursor,
     depth: u32,
+}
+
+impl std::ops::Deref for Parser {
+    type Target = Cursor;
+    fn deref(&self) -> &Cursor {
+        &self.cursor
+    }
+}
+
+impl std::ops::DerefMut for Parser {
+    fn deref_mut(&mut self) -> &mut Cursor {
+        &mut self.cursor
+    }
 }
 
 /// Deepest scalar-expression nesting accepted in a compute body; deeper text
 /// is an error, never a stack overflow.
 pub const MAX_EXPR_DEPTH: u32 = 256;
 
-type PResult<T> = Result<T, ParseError>;
-
 /// Parses a whole module.
 pub fn parse_module(text: &str) -> Result<Module, ParseError> {
     let mut p = Parser {
-        toks: lex(text)?,
-        pos: 0,
+        cursor: Cursor::new(text)?,
         depth: 0,
     };
     let mut module = Module::default();
@@ -207,105 +49,6 @@ pub fn parse_module(text: &str) -> Result<Module, ParseError> {
 }
 
 impl Parser {
-    fn peek(&self) -> &Tok {
-        &self.toks[self.pos].0
-    }
-
-    fn peek_at(&self, k: usize) -> &Tok {
-        &self.toks[(self.pos + k).min(self.toks.len() - 1)].0
-    }
-
-    fn next(&mut self) -> Tok {
-        let t = self.toks[self.pos].0.clone();
-        if self.pos + 1 < self.toks.len() {
-            self.pos += 1;
-        }
-        t
-    }
-
-    fn error<T>(&self, message: impl Into<String>) -> PResult<T> {
-        let (_, line, column) = &self.toks[self.pos];
-        Err(ParseError {
-            line: *line,
-            column: *column,
-            message: message.into(),
-        })
-    }
-
-    fn expected<T>(&self, what: &str) -> PResult<T> {
-        self.error(format!("expected {what}, found {}", self.peek().describe()))
-    }
-
-    fn eat(&mut self, p: &str) -> bool {
-        if matches!(self.peek(), Tok::Punct(q) if *q == p) {
-            self.next();
-            true
-        } else {
-            false
-        }
-    }
-
-    fn expect(&mut self, p: &str) -> PResult<()> {
-        if self.eat(p) {
-            Ok(())
-        } else {
-            self.expected(&format!("`{p}`"))
-        }
-    }
-
-    fn eat_ident(&mut self, word: &str) -> bool {
-        if matches!(self.peek(), Tok::Ident(s) if s == word) {
-            self.next();
-            true
-        } else {
-            false
-        }
-    }
-
-    fn ident(&mut self, what: &str) -> PResult<String> {
-        match self.peek().clone() {
-            Tok::Ident(s) => {
-                self.next();
-                Ok(s)
-            }
-            _ => self.expected(what),
-        }
-    }
-
-    fn int(&mut self) -> PResult<i64> {
-        let neg = self.eat("-");
-        match self.peek().clone() {
-            Tok::Int(i) => {
-                self.next();
-                Ok(if neg { -i } else { i })
-            }
-            _ => self.expected("an integer"),
-        }
-    }
-
-    fn usize(&mut self) -> PResult<usize> {
-        match self.peek().clone() {
-            Tok::Int(i) => {
-                self.next();
-                usize::try_from(i).or_else(|_| self.error("value too large"))
-            }
-            _ => self.expected("a non-negative integer"),
-        }
-    }
-
-    fn dtype(&mut self) -> PResult<DType> {
-        match self.peek().clone() {
-            Tok::Ident(s) => match s.parse() {
-                Ok(d) => {
-                    self.next();
-                    Ok(d)
-                }
-                Err(_) => self.expected("an element type"),
-            },
-            _ => self.expected("an element type"),
-        }
-    }
-
     fn tensor_type(&mut self) -> PResult<TensorType> {
         let dtype = self.dtype()?;
         self.expect("[")?;
@@ -331,7 +74,7 @@ impl Parser {
         } else {
             Visibility::Public
         };
-        let name = match self.next() {
+        let name = match self.bump() {
             Tok::At(n) => n,
             _ => {
                 self.pos -= 1;
@@ -350,7 +93,7 @@ impl Parser {
                 if scope.contains_key(&pname) {
                     return self.error(format!("`%{pname}` is defined twice"));
                 }
-                self.next();
+                self.bump();
                 self.expect(":")?;
                 let ty = self.tensor_type()?;
                 let v = f.add_param(pname.clone(), ty);
@@ -407,7 +150,7 @@ impl Parser {
         let Some(&node) = scope.get(&name) else {
             return self.error(format!("`%{name}` is not defined before this use"));
         };
-        self.next();
+        self.bump();
         let count = f.body[node].results.len();
         if self.eat("#") {
             let r = self.usize()?;
@@ -454,14 +197,14 @@ impl Parser {
         if scope.contains_key(&rname) {
             return self.error(format!("`%{rname}` is defined twice"));
         }
-        self.next();
+        self.bump();
         let count = if self.eat(":") { self.usize()? } else { 1 };
         self.expect("=")?;
         let op_pos = self.pos;
         let opname = self.ident("an op name")?;
         let (op, operands) = match opname.as_str() {
             "graph.call" => {
-                let callee = match self.next() {
+                let callee = match self.bump() {
                     Tok::At(c) => c,
                     _ => {
                         self.pos -= 1;
@@ -474,7 +217,7 @@ impl Parser {
                 (Op::Call { callee }, args)
             }
             "graph.compute" => {
-                let name = match self.next() {
+                let name = match self.bump() {
                     Tok::Str(s) => s,
                     _ => {
                         self.pos -= 1;
@@ -528,7 +271,7 @@ impl Parser {
 
     fn number(&mut self) -> PResult<Number> {
         let neg = self.eat("-");
-        let n = match self.next() {
+        let n = match self.bump() {
             Tok::Int(i) => Number::Int(i),
             Tok::Float(v) => Number::Float(v),
             Tok::Ident(s) if s == "inf" || s == "nan" => {
@@ -549,12 +292,12 @@ impl Parser {
     fn attr(&mut self) -> PResult<Attr> {
         match self.peek().clone() {
             Tok::Ident(s) if s == "true" || s == "false" => {
-                self.next();
+                self.bump();
                 Ok(Attr::Bool(s == "true"))
             }
             Tok::Ident(s) if s.parse::<DType>().is_ok() => Ok(Attr::Type(self.dtype()?)),
             Tok::Punct("[") => {
-                self.next();
+                self.bump();
                 let mut items = Vec::new();
                 if !self.eat("]") {
                     loop {
@@ -578,7 +321,7 @@ impl Parser {
         match self.peek().clone() {
             Tok::Ident(s) => match s.strip_prefix('d').and_then(|n| n.parse::<u32>().ok()) {
                 Some(n) => {
-                    self.next();
+                    self.bump();
                     Ok(IndexVar(n))
                 }
                 None => self.expected("an index variable `dN`"),
@@ -674,7 +417,7 @@ impl Parser {
                 _ => None,
             };
             let Some(op) = op else { return Ok(lhs) };
-            self.next();
+            self.bump();
             let rhs = self.sexpr(level + 1)?;
             lhs = match op {
                 Ok(b) => ScalarExpr::Binary(b, Box::new(lhs), Box::new(rhs)),
@@ -700,12 +443,12 @@ impl Parser {
                 if matches!(self.peek_at(1), Tok::Int(_) | Tok::Float(_)) {
                     return Ok(ScalarExpr::Const(self.number()?.as_f64()));
                 }
-                self.next();
+                self.bump();
                 Ok(ScalarExpr::Unary(UnaryOp::Neg, Box::new(self.sexpr(3)?)))
             }
             Tok::Int(_) | Tok::Float(_) => Ok(ScalarExpr::Const(self.number()?.as_f64())),
             Tok::Punct("(") => {
-                self.next();
+                self.bump();
                 let e = self.sexpr(0)?;
                 self.expect(")")?;
                 Ok(e)
@@ -714,7 +457,7 @@ impl Parser {
                 if s == "inf" || s == "nan" {
                     return Ok(ScalarExpr::Const(self.number()?.as_f64()));
                 }
-                self.next();
+                self.bump();
                 let src = s
                     .strip_prefix("in")
                     .and_then(|n| n.parse().ok())
@@ -741,7 +484,7 @@ impl Parser {
                 if let Some(kind) = ReduceKind::from_name(&s)
                     && matches!(self.peek(), Tok::Punct("["))
                 {
-                    self.next();
+                    self.bump();
                     let mut vars = Vec::new();
                     loop {
                         let var = self.index_var()?;
@@ -807,7 +550,7 @@ impl Parser {
         loop {
             let (coeff, var) = match self.peek().clone() {
                 Tok::Int(i) => {
-                    self.next();
+                    self.bump();
                     if self.eat("*") {
                         (i, Some(self.index_var()?))
                     } else {

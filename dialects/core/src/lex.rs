@@ -1,0 +1,309 @@
+//! The lexer and token cursor shared by the IR text parsers of every
+//! dialect. Tokens carry their 1-based line and column, so every parse
+//! error points at the offending token.
+
+use crate::DType;
+
+/// A syntax error in graph IR text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{line}:{column}: {message}")]
+pub struct ParseError {
+    /// 1-based line.
+    pub line: usize,
+    /// 1-based column (in characters).
+    pub column: usize,
+    /// What was expected.
+    pub message: String,
+}
+
+/// A token of IR text.
+#[derive(Debug, Clone, PartialEq)]
+#[allow(missing_docs)]
+pub enum Tok {
+    Ident(String),
+    Percent(String),
+    At(String),
+    Int(i64),
+    Float(f64),
+    Str(String),
+    Punct(&'static str),
+    Eof,
+}
+
+impl Tok {
+    /// How the token reads in an error message.
+    pub fn describe(&self) -> String {
+        match self {
+            Tok::Ident(s) => format!("`{s}`"),
+            Tok::Percent(s) => format!("`%{s}`"),
+            Tok::At(s) => format!("`@{s}`"),
+            Tok::Int(i) => format!("`{i}`"),
+            Tok::Float(f) => format!("`{f}`"),
+            Tok::Str(s) => format!("{s:?}"),
+            Tok::Punct(p) => format!("`{p}`"),
+            Tok::Eof => "end of input".into(),
+        }
+    }
+}
+
+const PUNCTS: [&str; 22] = [
+    "->", "..", "<=", ">=", "==", "!=", "=", ":", ",", "(", ")", "[", "]", "{", "}", "*", "+", "-",
+    "/", "<", ">", "#",
+];
+
+/// Tokens with their 1-based line and column.
+pub fn lex(text: &str) -> Result<Vec<(Tok, usize, usize)>, ParseError> {
+    let chars: Vec<char> = text.chars().collect();
+    let (mut i, mut line, mut col) = (0usize, 1usize, 1usize);
+    let mut toks = Vec::new();
+    let name_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '$');
+    while i < chars.len() {
+        let c = chars[i];
+        let (tl, tc) = (line, col);
+        let err = |message: String| ParseError {
+            line: tl,
+            column: tc,
+            message,
+        };
+        if c == '\n' {
+            i += 1;
+            line += 1;
+            col = 1;
+            continue;
+        }
+        if c.is_whitespace() {
+            i += 1;
+            col += 1;
+            continue;
+        }
+        if c == '/' && chars.get(i + 1) == Some(&'/') {
+            while i < chars.len() && chars[i] != '\n' {
+                i += 1;
+            }
+            continue;
+        }
+        let start = i;
+        let tok = if c.is_ascii_alphabetic() || c == '_' {
+            while i < chars.len() && name_char(chars[i]) {
+                i += 1;
+            }
+            // `0..64` must not swallow the dots; names never end in `..`.
+            let s: String = chars[start..i].iter().collect();
+            Tok::Ident(s)
+        } else if c == '%' || c == '@' {
+            i += 1;
+            while i < chars.len() && name_char(chars[i]) {
+                i += 1;
+            }
+            if i == start + 1 {
+                return Err(err(format!("expected a name after `{c}`")));
+            }
+            let s: String = chars[start + 1..i].iter().collect();
+            if c == '%' {
+                Tok::Percent(s)
+            } else {
+                Tok::At(s)
+            }
+        } else if c.is_ascii_digit() {
+            while i < chars.len() && chars[i].is_ascii_digit() {
+                i += 1;
+            }
+            let mut is_float = false;
+            if i + 1 < chars.len() && chars[i] == '.' && chars[i + 1].is_ascii_digit() {
+                is_float = true;
+                i += 1;
+                while i < chars.len() && chars[i].is_ascii_digit() {
+                    i += 1;
+                }
+            }
+            if i < chars.len() && (chars[i] == 'e' || chars[i] == 'E') {
+                let mut j = i + 1;
+                if j < chars.len() && (chars[j] == '+' || chars[j] == '-') {
+                    j += 1;
+                }
+                if j < chars.len() && chars[j].is_ascii_digit() {
+                    is_float = true;
+                    i = j;
+                    while i < chars.len() && chars[i].is_ascii_digit() {
+                        i += 1;
+                    }
+                }
+            }
+            let s: String = chars[start..i].iter().collect();
+            if is_float {
+                Tok::Float(s.parse().map_err(|_| err(format!("bad number `{s}`")))?)
+            } else {
+                Tok::Int(
+                    s.parse()
+                        .map_err(|_| err(format!("integer `{s}` is too large")))?,
+                )
+            }
+        } else if c == '"' {
+            i += 1;
+            let mut s = String::new();
+            loop {
+                match chars.get(i) {
+                    None | Some('\n') => return Err(err("unterminated string".into())),
+                    Some('"') => {
+                        i += 1;
+                        break;
+                    }
+                    Some('\\') if matches!(chars.get(i + 1), Some('"') | Some('\\')) => {
+                        s.push(chars[i + 1]);
+                        i += 2;
+                    }
+                    Some(&ch) => {
+                        s.push(ch);
+                        i += 1;
+                    }
+                }
+            }
+            Tok::Str(s)
+        } else {
+            let rest: String = chars[i..chars.len().min(i + 2)].iter().collect();
+            match PUNCTS.iter().find(|p| rest.starts_with(**p)) {
+                Some(p) => {
+                    i += p.len();
+                    Tok::Punct(p)
+                }
+                None => return Err(err(format!("unexpected character `{c}`"))),
+            }
+        };
+        col += i - start;
+        toks.push((tok, tl, tc));
+    }
+    toks.push((Tok::Eof, line, col));
+    Ok(toks)
+}
+
+/// A result of parsing.
+pub type PResult<T> = Result<T, ParseError>;
+
+/// A position in a token list, with the helpers recursive-descent parsers use.
+pub struct Cursor {
+    /// The tokens, ending with [`Tok::Eof`].
+    pub toks: Vec<(Tok, usize, usize)>,
+    /// Index of the next token.
+    pub pos: usize,
+}
+
+impl Cursor {
+    /// Lexes `text`.
+    pub fn new(text: &str) -> PResult<Cursor> {
+        Ok(Cursor {
+            toks: lex(text)?,
+            pos: 0,
+        })
+    }
+
+    /// The next token, not consumed.
+    pub fn peek(&self) -> &Tok {
+        &self.toks[self.pos].0
+    }
+
+    /// The token `k` places ahead.
+    pub fn peek_at(&self, k: usize) -> &Tok {
+        &self.toks[(self.pos + k).min(self.toks.len() - 1)].0
+    }
+
+    /// Consumes and returns the next token (the end stays put).
+    pub fn bump(&mut self) -> Tok {
+        let t = self.toks[self.pos].0.clone();
+        if self.pos + 1 < self.toks.len() {
+            self.pos += 1;
+        }
+        t
+    }
+
+    /// An error at the next token.
+    pub fn error<T>(&self, message: impl Into<String>) -> PResult<T> {
+        let (_, line, column) = &self.toks[self.pos];
+        Err(ParseError {
+            line: *line,
+            column: *column,
+            message: message.into(),
+        })
+    }
+
+    /// `expected WHAT, found TOKEN` at the next token.
+    pub fn expected<T>(&self, what: &str) -> PResult<T> {
+        self.error(format!("expected {what}, found {}", self.peek().describe()))
+    }
+
+    /// Consumes punctuation `p` if it is next.
+    pub fn eat(&mut self, p: &str) -> bool {
+        if matches!(self.peek(), Tok::Punct(q) if *q == p) {
+            self.bump();
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Consumes punctuation `p`, or fails.
+    pub fn expect(&mut self, p: &str) -> PResult<()> {
+        if self.eat(p) {
+            Ok(())
+        } else {
+            self.expected(&format!("`{p}`"))
+        }
+    }
+
+    /// Consumes the word `word` if it is next.
+    pub fn eat_ident(&mut self, word: &str) -> bool {
+        if matches!(self.peek(), Tok::Ident(s) if s == word) {
+            self.bump();
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Consumes a name.
+    pub fn ident(&mut self, what: &str) -> PResult<String> {
+        match self.peek().clone() {
+            Tok::Ident(s) => {
+                self.bump();
+                Ok(s)
+            }
+            _ => self.expected(what),
+        }
+    }
+
+    /// Consumes an integer, with an optional leading `-`.
+    pub fn int(&mut self) -> PResult<i64> {
+        let neg = self.eat("-");
+        match self.peek().clone() {
+            Tok::Int(i) => {
+                self.bump();
+                Ok(if neg { -i } else { i })
+            }
+            _ => self.expected("an integer"),
+        }
+    }
+
+    /// Consumes a non-negative integer.
+    pub fn usize(&mut self) -> PResult<usize> {
+        match self.peek().clone() {
+            Tok::Int(i) => {
+                self.bump();
+                usize::try_from(i).or_else(|_| self.error("value too large"))
+            }
+            _ => self.expected("a non-negative integer"),
+        }
+    }
+
+    /// Consumes an element type name.
+    pub fn dtype(&mut self) -> PResult<DType> {
+        match self.peek().clone() {
+            Tok::Ident(s) => match s.parse() {
+                Ok(d) => {
+                    self.bump();
+                    Ok(d)
+                }
+                Err(_) => self.expected("an element type"),
+            },
+            _ => self.expected("an element type"),
+        }
+    }
+}

@@ -1,0 +1,337 @@
+//! Scalar operators shared by every level: the element-wise functions,
+//! comparisons and reduction kinds that the graph, loop and tile dialects
+//! name the same way, and their meaning on f64 values.
+
+/// Element-wise functions of one operand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    /// `-x`
+    Neg,
+    /// `max(x, 0)`
+    Relu,
+    /// `e^x`
+    Exp,
+    /// natural logarithm
+    Log,
+    /// square root
+    Sqrt,
+    /// `1 / sqrt(x)`
+    Rsqrt,
+    /// hyperbolic tangent
+    Tanh,
+    /// `1 / (1 + e^-x)`
+    Sigmoid,
+    /// GELU, tanh approximation
+    Gelu,
+    /// absolute value
+    Abs,
+}
+
+impl UnaryOp {
+    /// Every unary op.
+    pub const ALL: [UnaryOp; 10] = [
+        UnaryOp::Neg,
+        UnaryOp::Relu,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Sqrt,
+        UnaryOp::Rsqrt,
+        UnaryOp::Tanh,
+        UnaryOp::Sigmoid,
+        UnaryOp::Gelu,
+        UnaryOp::Abs,
+    ];
+
+    /// Source-level and scalar-expression name (`relu`).
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Relu => "relu",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log => "log",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Rsqrt => "rsqrt",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::Gelu => "gelu",
+            UnaryOp::Abs => "abs",
+        }
+    }
+
+    /// Whether the op is defined on integers too (otherwise floats only).
+    pub fn accepts_int(self) -> bool {
+        matches!(self, UnaryOp::Neg | UnaryOp::Relu | UnaryOp::Abs)
+    }
+
+    /// The op from its name.
+    pub fn from_name(name: &str) -> Option<UnaryOp> {
+        UnaryOp::ALL.into_iter().find(|u| u.name() == name)
+    }
+}
+
+/// Element-wise functions of two operands (with broadcasting).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    /// `a + b`
+    Add,
+    /// `a - b`
+    Sub,
+    /// `a * b`
+    Mul,
+    /// `a / b` (floor division on integers)
+    Div,
+    /// element-wise maximum
+    Max,
+    /// element-wise minimum
+    Min,
+    /// `a ^ b`
+    Pow,
+}
+
+impl BinaryOp {
+    /// Every binary op.
+    pub const ALL: [BinaryOp; 7] = [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Max,
+        BinaryOp::Min,
+        BinaryOp::Pow,
+    ];
+
+    /// Graph op suffix (`add`, `maximum`).
+    pub fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+            BinaryOp::Max => "maximum",
+            BinaryOp::Min => "minimum",
+            BinaryOp::Pow => "pow",
+        }
+    }
+
+    /// The infix symbol, for the four arithmetic operators.
+    pub fn symbol(self) -> Option<&'static str> {
+        match self {
+            BinaryOp::Add => Some("+"),
+            BinaryOp::Sub => Some("-"),
+            BinaryOp::Mul => Some("*"),
+            BinaryOp::Div => Some("/"),
+            _ => None,
+        }
+    }
+
+    /// The function name used in scalar expressions for non-infix ops.
+    pub fn function_name(self) -> Option<&'static str> {
+        match self {
+            BinaryOp::Max => Some("max"),
+            BinaryOp::Min => Some("min"),
+            BinaryOp::Pow => Some("pow"),
+            _ => None,
+        }
+    }
+
+    /// Whether the op is defined on integers too.
+    pub fn accepts_int(self) -> bool {
+        self != BinaryOp::Pow
+    }
+}
+
+/// Element-wise comparisons; the result is `bool`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CmpOp {
+    /// `<`
+    Lt,
+    /// `<=`
+    Le,
+    /// `>`
+    Gt,
+    /// `>=`
+    Ge,
+    /// `==`
+    Eq,
+    /// `!=`
+    Ne,
+}
+
+impl CmpOp {
+    /// Every comparison.
+    pub const ALL: [CmpOp; 6] = [
+        CmpOp::Lt,
+        CmpOp::Le,
+        CmpOp::Gt,
+        CmpOp::Ge,
+        CmpOp::Eq,
+        CmpOp::Ne,
+    ];
+
+    /// Graph op suffix (`lt`).
+    pub fn name(self) -> &'static str {
+        match self {
+            CmpOp::Lt => "lt",
+            CmpOp::Le => "le",
+            CmpOp::Gt => "gt",
+            CmpOp::Ge => "ge",
+            CmpOp::Eq => "eq",
+            CmpOp::Ne => "ne",
+        }
+    }
+
+    /// The infix symbol.
+    pub fn symbol(self) -> &'static str {
+        match self {
+            CmpOp::Lt => "<",
+            CmpOp::Le => "<=",
+            CmpOp::Gt => ">",
+            CmpOp::Ge => ">=",
+            CmpOp::Eq => "==",
+            CmpOp::Ne => "!=",
+        }
+    }
+
+    /// Applies the comparison.
+    pub fn apply(self, a: f64, b: f64) -> bool {
+        match self {
+            CmpOp::Lt => a < b,
+            CmpOp::Le => a <= b,
+            CmpOp::Gt => a > b,
+            CmpOp::Ge => a >= b,
+            CmpOp::Eq => a == b,
+            CmpOp::Ne => a != b,
+        }
+    }
+}
+
+/// How a reduction combines elements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReduceKind {
+    /// sum
+    Sum,
+    /// arithmetic mean (floats only)
+    Mean,
+    /// maximum
+    Max,
+    /// minimum
+    Min,
+    /// product
+    Prod,
+}
+
+impl ReduceKind {
+    /// Every reduction kind.
+    pub const ALL: [ReduceKind; 5] = [
+        ReduceKind::Sum,
+        ReduceKind::Mean,
+        ReduceKind::Max,
+        ReduceKind::Min,
+        ReduceKind::Prod,
+    ];
+
+    /// Name in source and IR (`sum`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceKind::Sum => "sum",
+            ReduceKind::Mean => "mean",
+            ReduceKind::Max => "max",
+            ReduceKind::Min => "min",
+            ReduceKind::Prod => "prod",
+        }
+    }
+
+    /// The kind from its name.
+    pub fn from_name(name: &str) -> Option<ReduceKind> {
+        ReduceKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// The value a reduction over nothing gives.
+    pub fn identity(self) -> f64 {
+        match self {
+            ReduceKind::Sum | ReduceKind::Mean => 0.0,
+            ReduceKind::Prod => 1.0,
+            ReduceKind::Max => f64::NEG_INFINITY,
+            ReduceKind::Min => f64::INFINITY,
+        }
+    }
+
+    /// Folds one more element into an accumulator.
+    pub fn combine(self, acc: f64, x: f64) -> f64 {
+        match self {
+            ReduceKind::Sum | ReduceKind::Mean => acc + x,
+            ReduceKind::Prod => acc * x,
+            // NaN propagates, as in NumPy.
+            ReduceKind::Max => {
+                if x.is_nan() || x > acc {
+                    x
+                } else {
+                    acc
+                }
+            }
+            ReduceKind::Min => {
+                if x.is_nan() || x < acc {
+                    x
+                } else {
+                    acc
+                }
+            }
+        }
+    }
+}
+
+/// Applies a unary function.
+pub fn apply_unary(u: UnaryOp, x: f64) -> f64 {
+    match u {
+        UnaryOp::Neg => -x,
+        UnaryOp::Relu => {
+            if x < 0.0 {
+                0.0
+            } else {
+                x
+            }
+        }
+        UnaryOp::Exp => x.exp(),
+        UnaryOp::Log => x.ln(),
+        UnaryOp::Sqrt => x.sqrt(),
+        UnaryOp::Rsqrt => 1.0 / x.sqrt(),
+        UnaryOp::Tanh => x.tanh(),
+        UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+        UnaryOp::Gelu => {
+            let c = (2.0 / std::f64::consts::PI).sqrt();
+            0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
+        }
+        UnaryOp::Abs => x.abs(),
+    }
+}
+
+/// Applies a binary function; `int` selects integer division.
+pub fn apply_binary(b: BinaryOp, x: f64, y: f64, int: bool) -> Option<f64> {
+    Some(match b {
+        BinaryOp::Add => x + y,
+        BinaryOp::Sub => x - y,
+        BinaryOp::Mul => x * y,
+        BinaryOp::Div if int => {
+            if y == 0.0 {
+                return None;
+            }
+            (x / y).floor()
+        }
+        BinaryOp::Div => x / y,
+        BinaryOp::Max => {
+            if x.is_nan() || x > y {
+                x
+            } else {
+                y
+            }
+        }
+        BinaryOp::Min => {
+            if x.is_nan() || x < y {
+                x
+            } else {
+                y
+            }
+        }
+        BinaryOp::Pow => x.powf(y),
+    })
+}
