@@ -1,0 +1,309 @@
+//! The loop interpreter: runs a function over buffers. Scalars are f64
+//! values rounded to their element type after every op, as in the graph
+//! interpreter; carried values of a `loop.for` are rounded each iteration,
+//! so an f32 reduction accumulates in f32 here (the graph interpreter
+//! accumulates in f64: results agree within tolerance, not exactly).
+
+use dlc_core::DType;
+use dlc_core::scalar::{apply_binary, apply_unary};
+
+use crate::ir::{Block, BufferType, Function, IndexExpr, Module, OpKind, Type, Value};
+
+/// A buffer's contents: `data[offset]` holds the element at the index whose
+/// offset (the dot product with the strides) is `offset`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Buffer {
+    /// Type, shape and strides.
+    pub ty: BufferType,
+    /// Storage.
+    pub data: Vec<f64>,
+}
+
+impl Buffer {
+    /// A zero-filled buffer.
+    pub fn zeros(ty: BufferType) -> Result<Buffer, LoopError> {
+        match ty.storage_len() {
+            Some(n) if n <= MAX_ELEMENTS => Ok(Buffer {
+                data: vec![0.0; n],
+                ty,
+            }),
+            _ => Err(LoopError::TooLarge(ty.to_string())),
+        }
+    }
+}
+
+/// The largest buffer (in elements) the interpreter allocates.
+pub const MAX_ELEMENTS: usize = 1 << 29;
+
+/// Why a function could not run.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum LoopError {
+    /// No such function.
+    #[error("no function `@{0}`")]
+    UnknownFunction(String),
+    /// Arguments do not match the parameters.
+    #[error("{0}")]
+    Arguments(String),
+    /// A load or store outside a buffer without a pad value.
+    #[error("{op} at index {index:?} is outside {ty}")]
+    OutOfBounds {
+        /// The op.
+        op: String,
+        /// The computed index.
+        index: Vec<i64>,
+        /// The buffer type.
+        ty: String,
+    },
+    /// A buffer used after `loop.dealloc`.
+    #[error("{0} uses a buffer after it was deallocated")]
+    UseAfterFree(String),
+    /// Integer division by zero.
+    #[error("integer division by zero")]
+    DivisionByZero,
+    /// A buffer too large to allocate.
+    #[error("{0} is too large for the interpreter (limit {MAX_ELEMENTS} elements)")]
+    TooLarge(String),
+    /// IR the verifier should have rejected.
+    #[error("invalid IR: {0}")]
+    Invalid(String),
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Slot {
+    Unset,
+    Index(i64),
+    Scalar(f64),
+    Buffer(usize),
+}
+
+struct Machine<'f> {
+    f: &'f Function,
+    slots: Vec<Slot>,
+    heap: Vec<Option<Buffer>>,
+}
+
+/// Runs `name` with `args`, one buffer per parameter, updating them in place.
+pub fn run_function(m: &Module, name: &str, args: &mut [Buffer]) -> Result<(), LoopError> {
+    let f = m
+        .functions
+        .iter()
+        .find(|f| f.name == name)
+        .ok_or_else(|| LoopError::UnknownFunction(name.into()))?;
+    if args.len() != f.params.len() {
+        return Err(LoopError::Arguments(format!(
+            "@{name} takes {} buffers, got {}",
+            f.params.len(),
+            args.len()
+        )));
+    }
+    let mut machine = Machine {
+        f,
+        slots: vec![Slot::Unset; f.values.len()],
+        heap: Vec::new(),
+    };
+    for (i, ((pname, v), arg)) in f.params.iter().zip(args.iter_mut()).enumerate() {
+        if f.ty(*v) != &Type::Buffer(arg.ty.clone()) {
+            return Err(LoopError::Arguments(format!(
+                "argument {i} (%{pname}) must be {}, got {}",
+                f.ty(*v),
+                arg.ty
+            )));
+        }
+        machine.slots[v.0 as usize] = Slot::Buffer(machine.heap.len());
+        machine.heap.push(Some(std::mem::replace(
+            arg,
+            Buffer {
+                ty: arg.ty.clone(),
+                data: vec![],
+            },
+        )));
+    }
+    let result = machine.block(&f.body, &[]);
+    for (i, arg) in args.iter_mut().enumerate() {
+        if let Some(b) = machine.heap[i].take() {
+            *arg = b;
+        }
+    }
+    result.map(|_| ())
+}
+
+impl Machine<'_> {
+    fn scalar(&self, v: Value) -> Result<f64, LoopError> {
+        match self.slots.get(v.0 as usize) {
+            Some(Slot::Scalar(x)) => Ok(*x),
+            _ => Err(LoopError::Invalid(format!(
+                "value {} is not a computed scalar",
+                v.0
+            ))),
+        }
+    }
+
+    fn dtype(&self, v: Value) -> DType {
+        match self.f.ty(v) {
+            Type::Scalar(d) => *d,
+            _ => DType::F32,
+        }
+    }
+
+    fn index(&self, e: &IndexExpr) -> Result<i64, LoopError> {
+        e.terms.iter().try_fold(e.constant, |acc, (c, v)| {
+            match self.slots.get(v.0 as usize) {
+                Some(Slot::Index(i)) => Ok(acc.saturating_add(c.saturating_mul(*i))),
+                _ => Err(LoopError::Invalid(format!("value {} is not an index", v.0))),
+            }
+        })
+    }
+
+    /// The storage offset of `index` in buffer `b`, or `None` out of bounds.
+    fn offset(
+        &self,
+        b: Value,
+        index: &[IndexExpr],
+        op: &str,
+    ) -> Result<(usize, Option<usize>), LoopError> {
+        let Some(Slot::Buffer(id)) = self.slots.get(b.0 as usize).copied() else {
+            return Err(LoopError::Invalid(format!("value {} is not a buffer", b.0)));
+        };
+        let buf = self.heap[id]
+            .as_ref()
+            .ok_or_else(|| LoopError::UseAfterFree(op.into()))?;
+        let idx: Vec<i64> = index
+            .iter()
+            .map(|e| self.index(e))
+            .collect::<Result<_, _>>()?;
+        let mut off = 0usize;
+        for ((&i, &d), &s) in idx.iter().zip(&buf.ty.shape).zip(&buf.ty.strides) {
+            if i < 0 || i as u64 >= d as u64 {
+                return Ok((id, None));
+            }
+            off += i as usize * s;
+        }
+        Ok((id, Some(off)))
+    }
+
+    fn out_of_bounds(&self, op: &str, b: Value, index: &[IndexExpr]) -> LoopError {
+        LoopError::OutOfBounds {
+            op: op.into(),
+            index: index
+                .iter()
+                .map(|e| self.index(e).unwrap_or(i64::MIN))
+                .collect(),
+            ty: self.f.ty(b).to_string(),
+        }
+    }
+
+    fn set(&mut self, v: Value, s: Slot) {
+        self.slots[v.0 as usize] = s;
+    }
+
+    /// Runs a block; returns the values of its `loop.yield`, if any.
+    fn block(&mut self, b: &Block, args: &[Slot]) -> Result<Vec<f64>, LoopError> {
+        for (a, s) in b.args.iter().zip(args) {
+            self.set(*a, *s);
+        }
+        for &id in &b.ops {
+            let op = self.f.op(id);
+            let name = op.kind.name();
+            let r = op.results.first().copied();
+            let scalar_result = |m: &mut Self, x: f64| {
+                if let Some(r) = r {
+                    let d = m.dtype(r);
+                    m.set(r, Slot::Scalar(d.round(x)));
+                }
+            };
+            match &op.kind {
+                OpKind::Alloc => {
+                    let Type::Buffer(t) = self.f.ty(op.results[0]).clone() else {
+                        return Err(LoopError::Invalid("alloc of a non-buffer".into()));
+                    };
+                    self.heap.push(Some(Buffer::zeros(t)?));
+                    self.set(op.results[0], Slot::Buffer(self.heap.len() - 1));
+                }
+                OpKind::Dealloc => {
+                    let Some(Slot::Buffer(id)) = self.slots.get(op.operands[0].0 as usize).copied()
+                    else {
+                        return Err(LoopError::Invalid("dealloc of a non-buffer".into()));
+                    };
+                    if self.heap[id].take().is_none() {
+                        return Err(LoopError::UseAfterFree(name));
+                    }
+                }
+                OpKind::Const(v) => scalar_result(self, *v),
+                OpKind::Unary(u) => {
+                    let x = self.scalar(op.operands[0])?;
+                    scalar_result(self, apply_unary(*u, x));
+                }
+                OpKind::Binary(b) => {
+                    let (x, y) = (self.scalar(op.operands[0])?, self.scalar(op.operands[1])?);
+                    let int = self.dtype(op.operands[0]).is_int();
+                    let v = apply_binary(*b, x, y, int).ok_or(LoopError::DivisionByZero)?;
+                    scalar_result(self, v);
+                }
+                OpKind::Compare(c) => {
+                    let (x, y) = (self.scalar(op.operands[0])?, self.scalar(op.operands[1])?);
+                    scalar_result(self, f64::from(u8::from(c.apply(x, y))));
+                }
+                OpKind::Select => {
+                    let c = self.scalar(op.operands[0])?;
+                    let v = self.scalar(op.operands[if c != 0.0 { 1 } else { 2 }])?;
+                    scalar_result(self, v);
+                }
+                OpKind::Cast => {
+                    let x = self.scalar(op.operands[0])?;
+                    scalar_result(self, x);
+                }
+                OpKind::Load { index, pad } => {
+                    let v = match self.offset(op.operands[0], index, &name)? {
+                        (id, Some(off)) => self.heap[id].as_ref().map_or(0.0, |b| b.data[off]),
+                        (_, None) => match pad {
+                            Some(p) => *p,
+                            None => return Err(self.out_of_bounds(&name, op.operands[0], index)),
+                        },
+                    };
+                    scalar_result(self, v);
+                }
+                OpKind::Store { index } => {
+                    let v = self.scalar(op.operands[0])?;
+                    match self.offset(op.operands[1], index, &name)? {
+                        (id, Some(off)) => {
+                            if let Some(b) = self.heap[id].as_mut() {
+                                b.data[off] = v;
+                            }
+                        }
+                        (_, None) => return Err(self.out_of_bounds(&name, op.operands[1], index)),
+                    }
+                }
+                OpKind::For { lo, hi, step } => {
+                    let mut carried: Vec<f64> = op
+                        .operands
+                        .iter()
+                        .map(|v| self.scalar(*v))
+                        .collect::<Result<_, _>>()?;
+                    let mut i = *lo;
+                    while i < *hi {
+                        let mut args = vec![Slot::Index(i)];
+                        args.extend(carried.iter().map(|x| Slot::Scalar(*x)));
+                        let yielded = self.block(&op.regions[0], &args)?;
+                        if !carried.is_empty() {
+                            carried = yielded;
+                        }
+                        i = i.saturating_add(*step);
+                    }
+                    for (r, x) in op.results.iter().zip(carried) {
+                        self.set(*r, Slot::Scalar(x));
+                    }
+                }
+                OpKind::Parallel { lo, hi } => {
+                    for i in *lo..*hi {
+                        self.block(&op.regions[0], &[Slot::Index(i)])?;
+                    }
+                }
+                OpKind::Yield => {
+                    return op.operands.iter().map(|v| self.scalar(*v)).collect();
+                }
+                OpKind::Return => return Ok(vec![]),
+            }
+        }
+        Ok(vec![])
+    }
+}

@@ -1,0 +1,383 @@
+//! The loop dialect's text form (read back by [`crate::parse`] to the same
+//! text) and MLIR's generic operation syntax (which `mlir-opt
+//! --allow-unregistered-dialect` parses). Values are named `%0, %1, ...` in
+//! the order they are defined; parameters keep their names.
+
+use std::collections::HashMap;
+use std::fmt::Write;
+
+use dlc_core::{DType, format_float};
+
+use crate::ir::{Block, Function, IndexExpr, Module, OpId, OpKind, Type, Value};
+
+struct Namer {
+    names: HashMap<Value, String>,
+    next: u32,
+}
+
+impl Namer {
+    fn new(f: &Function) -> Namer {
+        let names = f
+            .params
+            .iter()
+            .map(|(n, v)| (*v, format!("%{n}")))
+            .collect();
+        Namer { names, next: 0 }
+    }
+
+    /// Names every result of a multi-result op `%N#k`, as MLIR does.
+    fn define_group(&mut self, vs: &[Value]) -> String {
+        let base = format!("%{}", self.next);
+        self.next += 1;
+        for (k, v) in vs.iter().enumerate() {
+            self.names.insert(*v, format!("{base}#{k}"));
+        }
+        base
+    }
+
+    fn define(&mut self, v: Value) -> String {
+        let name = format!("%{}", self.next);
+        self.next += 1;
+        self.names.insert(v, name.clone());
+        name
+    }
+
+    fn get(&self, v: Value) -> String {
+        self.names
+            .get(&v)
+            .cloned()
+            .unwrap_or_else(|| format!("%<undefined {}>", v.0))
+    }
+
+    fn list(&self, vs: &[Value]) -> String {
+        vs.iter()
+            .map(|v| self.get(*v))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    fn index(&self, e: &IndexExpr) -> String {
+        affine_text(e, |v| self.get(v), false)
+    }
+}
+
+/// `a + 2*b - 1`, with `var` naming each index value; MLIR's affine syntax
+/// (`mlir`) writes the coefficient after the variable: `b * 2`.
+fn affine_text(e: &IndexExpr, var: impl Fn(Value) -> String, mlir: bool) -> String {
+    let mut s = String::new();
+    for (i, &(c, v)) in e.terms.iter().enumerate() {
+        let mag = c.unsigned_abs();
+        match (i == 0, c < 0) {
+            (true, true) => s.push('-'),
+            (false, true) => s.push_str(" - "),
+            (false, false) => s.push_str(" + "),
+            (true, false) => {}
+        }
+        match (mag, mlir) {
+            (1, _) => s.push_str(&var(v)),
+            (_, false) => {
+                let _ = write!(s, "{mag}*{}", var(v));
+            }
+            (_, true) => {
+                let _ = write!(s, "{} * {mag}", var(v));
+            }
+        }
+    }
+    if e.terms.is_empty() {
+        let _ = write!(s, "{}", e.constant);
+    } else if e.constant > 0 {
+        let _ = write!(s, " + {}", e.constant);
+    } else if e.constant < 0 {
+        let _ = write!(s, " - {}", e.constant.unsigned_abs());
+    }
+    s
+}
+
+fn const_text(v: f64, dtype: DType) -> String {
+    match dtype {
+        DType::Bool => (v != 0.0).to_string(),
+        DType::I32 | DType::I64 => (v as i64).to_string(),
+        _ => format_float(v),
+    }
+}
+
+/// Prints a module.
+pub fn print_module(m: &Module) -> String {
+    let mut out = String::new();
+    for (i, f) in m.functions.iter().enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        print_function(f, &mut out);
+    }
+    out
+}
+
+fn print_function(f: &Function, out: &mut String) {
+    let mut namer = Namer::new(f);
+    let params: Vec<String> = f
+        .params
+        .iter()
+        .map(|(n, v)| format!("%{n}: {}", f.ty(*v)))
+        .collect();
+    let _ = writeln!(out, "loop.func @{}({}) {{", f.name, params.join(", "));
+    print_block(f, &f.body, &mut namer, 1, out);
+    out.push_str("}\n");
+}
+
+fn print_block(f: &Function, b: &Block, namer: &mut Namer, depth: usize, out: &mut String) {
+    for &op in &b.ops {
+        print_op(f, op, namer, depth, out);
+    }
+}
+
+fn scalar_type(f: &Function, v: Value) -> String {
+    f.ty(v).to_string()
+}
+
+fn print_op(f: &Function, id: OpId, namer: &mut Namer, depth: usize, out: &mut String) {
+    let op = f.op(id);
+    let pad = "  ".repeat(depth);
+    let results: Vec<String> = op.results.iter().map(|r| namer.define(*r)).collect();
+    out.push_str(&pad);
+    if !results.is_empty() {
+        let _ = write!(out, "{} = ", results.join(", "));
+    }
+    let name = op.kind.name();
+    let ops = &op.operands;
+    match &op.kind {
+        OpKind::Alloc => {
+            let _ = write!(out, "{name} : {}", f.ty(op.results[0]));
+        }
+        OpKind::Dealloc | OpKind::Yield => {
+            let _ = write!(out, "{name} {}", namer.list(ops));
+        }
+        OpKind::Return => out.push_str(&name),
+        OpKind::Const(v) => {
+            let t = f.ty(op.results[0]);
+            let dtype = if let Type::Scalar(d) = t {
+                *d
+            } else {
+                DType::F32
+            };
+            let _ = write!(out, "{name} {} : {t}", const_text(*v, dtype));
+        }
+        OpKind::Unary(_) | OpKind::Binary(_) | OpKind::Compare(_) | OpKind::Select => {
+            let ty = scalar_type(f, *ops.last().unwrap_or(&op.results[0]));
+            let _ = write!(out, "{name} {} : {ty}", namer.list(ops));
+        }
+        OpKind::Cast => {
+            let _ = write!(
+                out,
+                "{name} {} : {} to {}",
+                namer.get(ops[0]),
+                f.ty(ops[0]),
+                f.ty(op.results[0])
+            );
+        }
+        OpKind::Load { index, pad } => {
+            let idx: Vec<String> = index.iter().map(|e| namer.index(e)).collect();
+            let _ = write!(out, "{name} {}[{}]", namer.get(ops[0]), idx.join(", "));
+            if let Some(p) = pad {
+                let dtype = if let Type::Scalar(d) = f.ty(op.results[0]) {
+                    *d
+                } else {
+                    DType::F32
+                };
+                let _ = write!(out, " pad {}", const_text(*p, dtype));
+            }
+            let _ = write!(out, " : {}", f.ty(op.results[0]));
+        }
+        OpKind::Store { index } => {
+            let idx: Vec<String> = index.iter().map(|e| namer.index(e)).collect();
+            let _ = write!(
+                out,
+                "{name} {}, {}[{}]",
+                namer.get(ops[0]),
+                namer.get(ops[1]),
+                idx.join(", ")
+            );
+        }
+        OpKind::For { lo, hi, step } => {
+            let body = &op.regions[0];
+            let iv = namer.define(body.args[0]);
+            let _ = write!(out, "{name} {iv} = {lo} to {hi} step {step}");
+            if !ops.is_empty() {
+                let iters: Vec<String> = body.args[1..]
+                    .iter()
+                    .zip(ops)
+                    .map(|(a, init)| {
+                        let n = namer.define(*a);
+                        format!("{n} = {}", namer.get(*init))
+                    })
+                    .collect();
+                let types: Vec<String> = op.results.iter().map(|r| f.ty(*r).to_string()).collect();
+                let _ = write!(out, " iter({}) -> {}", iters.join(", "), types.join(", "));
+            }
+            out.push_str(" {\n");
+            print_block(f, body, namer, depth + 1, out);
+            let _ = write!(out, "{pad}}}");
+        }
+        OpKind::Parallel { lo, hi } => {
+            let body = &op.regions[0];
+            let iv = namer.define(body.args[0]);
+            let _ = writeln!(out, "{name} {iv} = {lo} to {hi} {{");
+            print_block(f, body, namer, depth + 1, out);
+            let _ = write!(out, "{pad}}}");
+        }
+    }
+    out.push('\n');
+}
+
+fn mlir_const(v: f64, dtype: DType) -> String {
+    match dtype {
+        DType::Bool => (v != 0.0).to_string(),
+        DType::I32 | DType::I64 => format!("{} : {}", v as i64, dtype.mlir_name()),
+        _ if v.is_finite() => format!("{} : {}", format_float(v), dtype.mlir_name()),
+        DType::F32 => format!("0x{:08X} : f32", (v as f32).to_bits()),
+        _ => format!("0x{:016X} : f64", v.to_bits()),
+    }
+}
+
+/// The distinct index values an index list uses, and its `affine_map`.
+fn affine_map(index: &[IndexExpr]) -> (Vec<Value>, String) {
+    let mut dims: Vec<Value> = Vec::new();
+    for e in index {
+        for (_, v) in &e.terms {
+            if !dims.contains(v) {
+                dims.push(*v);
+            }
+        }
+    }
+    let dim_name = |v: Value| format!("d{}", dims.iter().position(|d| *d == v).unwrap_or(0));
+    let results: Vec<String> = index
+        .iter()
+        .map(|e| affine_text(e, dim_name, true))
+        .collect();
+    let params: Vec<String> = (0..dims.len()).map(|i| format!("d{i}")).collect();
+    (
+        dims.clone(),
+        format!(
+            "affine_map<({}) -> ({})>",
+            params.join(", "),
+            results.join(", ")
+        ),
+    )
+}
+
+/// Prints a module in MLIR's generic operation syntax.
+pub fn print_mlir_generic(m: &Module) -> String {
+    let mut out = String::new();
+    for f in &m.functions {
+        let mut namer = Namer::new(f);
+        let params: Vec<String> = f
+            .params
+            .iter()
+            .map(|(n, v)| format!("%{n}: {}", f.ty(*v).mlir()))
+            .collect();
+        let _ = writeln!(out, "\"loop.func\"() ({{\n^bb0({}):", params.join(", "));
+        mlir_block(f, &f.body, &mut namer, 1, &mut out);
+        let types: Vec<String> = f.params.iter().map(|(_, v)| f.ty(*v).mlir()).collect();
+        let _ = writeln!(
+            out,
+            "}}) {{function_type = ({}) -> (), sym_name = \"{}\"}} : () -> ()",
+            types.join(", "),
+            f.name
+        );
+    }
+    out
+}
+
+fn mlir_block(f: &Function, b: &Block, namer: &mut Namer, depth: usize, out: &mut String) {
+    for &id in &b.ops {
+        let op = f.op(id);
+        let pad = "  ".repeat(depth);
+        let results: Vec<String> = match op.results.len() {
+            0 => vec![],
+            1 => vec![namer.define(op.results[0])],
+            _ => vec![namer.define_group(&op.results)],
+        };
+        let mut operands = op.operands.clone();
+        let mut attrs: Vec<String> = Vec::new();
+        match &op.kind {
+            OpKind::Const(v) => {
+                let dtype = if let Type::Scalar(d) = f.ty(op.results[0]) {
+                    *d
+                } else {
+                    DType::F32
+                };
+                attrs.push(format!("value = {}", mlir_const(*v, dtype)));
+            }
+            OpKind::Load { index, pad: p } => {
+                let (dims, map) = affine_map(index);
+                operands.extend(dims);
+                attrs.push(format!("map = {map}"));
+                if let Some(p) = p {
+                    let dtype = if let Type::Scalar(d) = f.ty(op.results[0]) {
+                        *d
+                    } else {
+                        DType::F32
+                    };
+                    attrs.push(format!("pad = {}", mlir_const(*p, dtype)));
+                }
+            }
+            OpKind::Store { index } => {
+                let (dims, map) = affine_map(index);
+                operands.extend(dims);
+                attrs.push(format!("map = {map}"));
+            }
+            OpKind::For { lo, hi, step } => {
+                attrs.push(format!("lower = {lo} : i64"));
+                attrs.push(format!("step = {step} : i64"));
+                attrs.push(format!("upper = {hi} : i64"));
+            }
+            OpKind::Parallel { lo, hi } => {
+                attrs.push(format!("lower = {lo} : i64"));
+                attrs.push(format!("upper = {hi} : i64"));
+            }
+            _ => {}
+        }
+        out.push_str(&pad);
+        match op.results.len() {
+            0 => {}
+            1 => {
+                let _ = write!(out, "{} = ", results[0]);
+            }
+            n => {
+                let _ = write!(out, "{}:{n} = ", results[0]);
+            }
+        }
+        let operand_types: Vec<String> = operands.iter().map(|v| f.ty(*v).mlir()).collect();
+        let _ = write!(out, "\"{}\"({})", op.kind.name(), namer.list(&operands));
+        if !op.regions.is_empty() {
+            out.push_str(" (");
+            for (i, region) in op.regions.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                let args: Vec<String> = region
+                    .args
+                    .iter()
+                    .map(|a| {
+                        let n = namer.define(*a);
+                        format!("{n}: {}", f.ty(*a).mlir())
+                    })
+                    .collect();
+                let _ = writeln!(out, "{{\n{pad}^bb0({}):", args.join(", "));
+                mlir_block(f, region, namer, depth + 1, out);
+                let _ = write!(out, "{pad}}}");
+            }
+            out.push(')');
+        }
+        if !attrs.is_empty() {
+            let _ = write!(out, " {{{}}}", attrs.join(", "));
+        }
+        let result_types: Vec<String> = op.results.iter().map(|v| f.ty(*v).mlir()).collect();
+        let _ = writeln!(
+            out,
+            " : ({}) -> ({})",
+            operand_types.join(", "),
+            result_types.join(", ")
+        );
+    }
+}

@@ -1,0 +1,337 @@
+//! The loop dialect's verifier: SSA (each value defined once, used only
+//! where visible), the type rules of every op, and the terminators of each
+//! kind of block. Every problem is reported, each with where it is.
+
+use dlc_core::{DType, Verify, VerifyError};
+
+use crate::ir::{Block, Function, IndexExpr, Module, OpId, OpKind, Type, Value};
+
+impl Verify for Module {
+    fn verify(&self) -> Result<(), Vec<VerifyError>> {
+        let errors = verify_module(self);
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors)
+        }
+    }
+}
+
+/// Every problem in `m`.
+pub fn verify_module(m: &Module) -> Vec<VerifyError> {
+    let mut errors = Vec::new();
+    let mut names = std::collections::HashSet::new();
+    for f in &m.functions {
+        if !names.insert(f.name.as_str()) {
+            errors.push(VerifyError {
+                location: format!("@{}", f.name),
+                message: "function defined twice".into(),
+            });
+        }
+        Checker::new(f, &mut errors).function();
+    }
+    errors
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum BlockKind {
+    Function,
+    For { carries: bool },
+    Parallel,
+}
+
+struct Checker<'a> {
+    f: &'a Function,
+    errors: &'a mut Vec<VerifyError>,
+    defined: Vec<bool>,
+    visible: Vec<Value>,
+    op_seen: Vec<bool>,
+}
+
+impl<'a> Checker<'a> {
+    fn new(f: &'a Function, errors: &'a mut Vec<VerifyError>) -> Self {
+        Checker {
+            f,
+            errors,
+            defined: vec![false; f.values.len()],
+            visible: Vec::new(),
+            op_seen: vec![false; f.ops.len()],
+        }
+    }
+
+    fn err(&mut self, location: String, message: String) {
+        self.errors.push(VerifyError { location, message });
+    }
+
+    fn loc(&self, id: OpId) -> String {
+        format!(
+            "@{} op {} ({})",
+            self.f.name,
+            id.0,
+            self.f.ops[id.0 as usize].kind.name()
+        )
+    }
+
+    fn define(&mut self, v: Value, loc: &str) {
+        match self.defined.get_mut(v.0 as usize) {
+            None => self.err(
+                loc.into(),
+                format!("defines value {} that does not exist", v.0),
+            ),
+            Some(d) if *d => self.err(loc.into(), format!("value {} is defined twice", v.0)),
+            Some(d) => {
+                *d = true;
+                self.visible.push(v);
+            }
+        }
+    }
+
+    fn ty(&self, v: Value) -> Option<&Type> {
+        self.f.values.get(v.0 as usize)
+    }
+
+    fn function(&mut self) {
+        let loc = format!("@{}", self.f.name);
+        for (name, v) in &self.f.params {
+            self.define(*v, &loc);
+            if !matches!(self.ty(*v), Some(Type::Buffer(_))) {
+                self.err(loc.clone(), format!("parameter %{name} is not a buffer"));
+            }
+        }
+        let body = self.f.body.clone();
+        self.block(&body, BlockKind::Function, &[], &loc);
+    }
+
+    fn block(&mut self, b: &Block, kind: BlockKind, carried: &[Type], loc: &str) {
+        let depth = self.visible.len();
+        for a in &b.args {
+            self.define(*a, loc);
+        }
+        for (i, &id) in b.ops.iter().enumerate() {
+            let Some(op) = self.f.ops.get(id.0 as usize) else {
+                self.err(loc.into(), format!("lists op {} that does not exist", id.0));
+                continue;
+            };
+            if std::mem::replace(&mut self.op_seen[id.0 as usize], true) {
+                self.err(self.loc(id), "is listed in two blocks".into());
+                continue;
+            }
+            let last = i + 1 == b.ops.len();
+            match (&op.kind, kind) {
+                (OpKind::Return, BlockKind::Function) if last => {}
+                (OpKind::Return, _) => self.err(
+                    self.loc(id),
+                    "must be the last op of a function body".into(),
+                ),
+                (OpKind::Yield, BlockKind::For { carries: true }) if last => {
+                    let types: Vec<Type> = op
+                        .operands
+                        .iter()
+                        .filter_map(|v| self.ty(*v).cloned())
+                        .collect();
+                    if types != carried {
+                        self.err(
+                            self.loc(id),
+                            "yields values whose types differ from the carried ones".into(),
+                        );
+                    }
+                }
+                (OpKind::Yield, _) => self.err(
+                    self.loc(id),
+                    "must be the last op of a loop.for body that carries values".into(),
+                ),
+                _ => {}
+            }
+            self.op(id);
+        }
+        let ends_with = |k: fn(&OpKind) -> bool| {
+            b.ops
+                .last()
+                .and_then(|o| self.f.ops.get(o.0 as usize))
+                .is_some_and(|o| k(&o.kind))
+        };
+        match kind {
+            BlockKind::Function if !ends_with(|k| matches!(k, OpKind::Return)) => self.err(
+                loc.into(),
+                "the function body does not end with loop.return".into(),
+            ),
+            BlockKind::For { carries: true } if !ends_with(|k| matches!(k, OpKind::Yield)) => self
+                .err(
+                    loc.into(),
+                    "a loop.for carrying values must end with loop.yield".into(),
+                ),
+            _ => {}
+        }
+        self.visible.truncate(depth);
+    }
+
+    fn scalar(&self, v: Value) -> Option<DType> {
+        match self.ty(v) {
+            Some(Type::Scalar(d)) => Some(*d),
+            _ => None,
+        }
+    }
+
+    fn check_index(&mut self, id: OpId, index: &[IndexExpr], rank: usize) {
+        if index.len() != rank {
+            self.err(
+                self.loc(id),
+                format!("{} indices for a rank-{rank} buffer", index.len()),
+            );
+        }
+        for e in index {
+            for (_, v) in &e.terms {
+                if !self.visible.contains(v) {
+                    self.err(
+                        self.loc(id),
+                        format!("index uses value {} where it is not visible", v.0),
+                    );
+                } else if self.ty(*v) != Some(&Type::Index) {
+                    self.err(
+                        self.loc(id),
+                        format!("index uses value {}, which is not an index", v.0),
+                    );
+                }
+            }
+        }
+    }
+
+    fn op(&mut self, id: OpId) {
+        let op: &'a crate::ir::OpData = &self.f.ops[id.0 as usize];
+        let loc = self.loc(id);
+        for v in &op.operands {
+            if !self.visible.contains(v) {
+                self.err(
+                    loc.clone(),
+                    format!(
+                        "uses value {} before its definition or outside its scope",
+                        v.0
+                    ),
+                );
+            }
+        }
+        // Types borrow the function, not the checker, which checks nested
+        // blocks mutably below.
+        let f: &'a Function = self.f;
+        let ops: Vec<Option<&'a Type>> = op
+            .operands
+            .iter()
+            .map(|v| f.values.get(v.0 as usize))
+            .collect();
+        let res: Vec<Option<&'a Type>> = op
+            .results
+            .iter()
+            .map(|v| f.values.get(v.0 as usize))
+            .collect();
+        let shape = |n_ops: usize, n_res: usize| ops.len() == n_ops && res.len() == n_res;
+        let problem: Option<String> = match &op.kind {
+            OpKind::Alloc => (!shape(0, 1) || !matches!(res[0], Some(Type::Buffer(_))))
+                .then(|| "takes no operand and gives one buffer".into()),
+            OpKind::Dealloc => (!shape(1, 0) || !matches!(ops[0], Some(Type::Buffer(_))))
+                .then(|| "takes one buffer".into()),
+            OpKind::Const(_) => (!shape(0, 1) || !matches!(res[0], Some(Type::Scalar(_))))
+                .then(|| "gives one scalar".into()),
+            OpKind::Unary(u) => match (
+                shape(1, 1),
+                ops.first().copied().flatten(),
+                res.first().copied().flatten(),
+            ) {
+                (true, Some(Type::Scalar(a)), Some(Type::Scalar(r))) if a == r => (!a.is_numeric()
+                    || (!a.is_float() && !u.accepts_int()))
+                .then(|| format!("is not defined on {a}")),
+                _ => Some("takes one scalar and gives one of the same type".into()),
+            },
+            OpKind::Binary(b) => match (
+                shape(2, 1),
+                op.operands.first().and_then(|v| self.scalar(*v)),
+            ) {
+                (true, Some(d)) if ops[1] == ops[0] && res[0] == ops[0] => (!d.is_numeric()
+                    || (!d.is_float() && !b.accepts_int()))
+                .then(|| format!("is not defined on {d}")),
+                _ => Some("takes two scalars of one type and gives one of that type".into()),
+            },
+            OpKind::Compare(_) => (!shape(2, 1)
+                || ops[0] != ops[1]
+                || !matches!(ops[0], Some(Type::Scalar(_)))
+                || res[0] != Some(&Type::Scalar(DType::Bool)))
+            .then(|| "takes two scalars of one type and gives bool".into()),
+            OpKind::Select => (!shape(3, 1)
+                || ops[0] != Some(&Type::Scalar(DType::Bool))
+                || ops[1] != ops[2]
+                || res[0] != ops[1])
+                .then(|| "takes bool, then two scalars of one type, and gives that type".into()),
+            OpKind::Cast => (!shape(1, 1)
+                || !matches!(ops[0], Some(Type::Scalar(_)))
+                || !matches!(res[0], Some(Type::Scalar(_))))
+            .then(|| "converts one scalar".into()),
+            OpKind::Load { index, .. } => {
+                match (shape(1, 1), ops.first().copied().flatten().cloned()) {
+                    (true, Some(Type::Buffer(b))) => {
+                        self.check_index(id, index, b.shape.len());
+                        (res[0] != Some(&Type::Scalar(b.dtype)))
+                            .then(|| format!("must give a {} scalar", b.dtype))
+                    }
+                    _ => Some("reads one element of one buffer".into()),
+                }
+            }
+            OpKind::Store { index } => {
+                match (shape(2, 0), ops.get(1).copied().flatten().cloned()) {
+                    (true, Some(Type::Buffer(b))) => {
+                        self.check_index(id, index, b.shape.len());
+                        (ops[0] != Some(&Type::Scalar(b.dtype)))
+                            .then(|| format!("must store a {} scalar", b.dtype))
+                    }
+                    _ => Some("writes one scalar into one buffer".into()),
+                }
+            }
+            OpKind::For { step, .. } => {
+                let body = op.regions.first();
+                let carried: Vec<Type> = ops.iter().filter_map(|t| t.cloned()).collect();
+                let args: Vec<Option<&Type>> = body
+                    .map(|b| b.args.iter().map(|v| self.ty(*v)).collect())
+                    .unwrap_or_default();
+                if *step <= 0 {
+                    Some("needs a positive step".into())
+                } else if op.regions.len() != 1
+                    || args.first() != Some(&Some(&Type::Index))
+                    || args[1..].to_vec() != ops
+                    || res != ops
+                {
+                    Some("has one body whose arguments are the index and the carried values, whose types are the results'".into())
+                } else {
+                    let b = op.regions[0].clone();
+                    self.block(
+                        &b,
+                        BlockKind::For {
+                            carries: !carried.is_empty(),
+                        },
+                        &carried,
+                        &loc,
+                    );
+                    None
+                }
+            }
+            OpKind::Parallel { .. } => {
+                let ok = shape(0, 0)
+                    && op.regions.len() == 1
+                    && op.regions[0].args.len() == 1
+                    && self.ty(op.regions[0].args[0]) == Some(&Type::Index);
+                if ok {
+                    let b = op.regions[0].clone();
+                    self.block(&b, BlockKind::Parallel, &[], &loc);
+                    None
+                } else {
+                    Some("has one body whose only argument is the index, and no results".into())
+                }
+            }
+            OpKind::Yield | OpKind::Return => None,
+        };
+        if let Some(p) = problem {
+            self.err(loc.clone(), p);
+        }
+        let results = self.f.ops[id.0 as usize].results.clone();
+        for r in results {
+            self.define(r, &loc);
+        }
+    }
+}

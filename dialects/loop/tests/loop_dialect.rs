@@ -1,0 +1,277 @@
+//! The loop dialect: text round-trip, MLIR generic form, verifier errors, and
+//! the interpreter against plain Rust loops.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
+
+use dlc_core::{DType, Verify};
+use dlc_loop::interp::{Buffer, LoopError, run_function};
+use dlc_loop::{BufferType, parse_module, print_mlir_generic, print_module};
+
+const KERNELS: &str = "
+// mm = a @ b; rs = relu(rowsum(a) - 1); box = 3x3 box filter of img with zero
+// padding; t = transpose of a into a column-major buffer; mask = (a > 0) as i32
+loop.func @kernels(%a: buffer<f32[4, 8]>, %b: buffer<f32[8, 3]>, %img: buffer<f32[5, 5]>,
+                   %mm: buffer<f32[4, 3]>, %rs: buffer<f32[4]>, %box: buffer<f32[5, 5]>,
+                   %t: buffer<f32[8, 4], strides = [1, 8]>, %mask: buffer<i32[4, 8]>) {
+  loop.parallel %i = 0 to 4 {
+    loop.for %j = 0 to 3 step 1 {
+      %zero = loop.const 0.0 : f32
+      %acc = loop.for %k = 0 to 8 step 1 iter(%s = %zero) -> f32 {
+        %x = loop.load %a[%i, %k] : f32
+        %y = loop.load %b[%k, %j] : f32
+        %p = loop.mul %x, %y : f32
+        %n = loop.add %s, %p : f32
+        loop.yield %n
+      }
+      loop.store %acc, %mm[%i, %j]
+    }
+  }
+  %scratch = loop.alloc : buffer<f32[4]>
+  loop.parallel %r = 0 to 4 {
+    %z = loop.const 0.0 : f32
+    %sum = loop.for %c = 0 to 8 step 1 iter(%q = %z) -> f32 {
+      %v = loop.load %a[%r, %c] : f32
+      %q2 = loop.add %q, %v : f32
+      loop.yield %q2
+    }
+    loop.store %sum, %scratch[%r]
+  }
+  loop.for %r2 = 0 to 4 step 1 {
+    %v2 = loop.load %scratch[%r2] : f32
+    %one = loop.const 1.0 : f32
+    %d = loop.sub %v2, %one : f32
+    %e = loop.relu %d : f32
+    loop.store %e, %rs[%r2]
+  }
+  loop.dealloc %scratch
+  loop.parallel %py = 0 to 5 {
+    loop.parallel %px = 0 to 5 {
+      %z0 = loop.const 0.0 : f32
+      %rowsum = loop.for %ky = 0 to 3 step 1 iter(%acc1 = %z0) -> f32 {
+        %colsum = loop.for %kx = 0 to 3 step 1 iter(%acc2 = %acc1) -> f32 {
+          %w = loop.load %img[%py + %ky - 1, %px + %kx - 1] pad 0.0 : f32
+          %acc3 = loop.add %acc2, %w : f32
+          loop.yield %acc3
+        }
+        loop.yield %colsum
+      }
+      loop.store %rowsum, %box[%py, %px]
+    }
+  }
+  loop.for %ti = 0 to 4 step 2 {
+    loop.for %tj = 0 to 8 step 1 {
+      %tv = loop.load %a[%ti, %tj] : f32
+      loop.store %tv, %t[%tj, %ti]
+      %tw = loop.load %a[%ti + 1, %tj] : f32
+      loop.store %tw, %t[%tj, 1*%ti + 1]
+      %zz = loop.const 0.0 : f32
+      %pos = loop.gt %tv, %zz : f32
+      %one_i = loop.const 1 : i32
+      %zero_i = loop.const 0 : i32
+      %m = loop.select %pos, %one_i, %zero_i : i32
+      loop.store %m, %mask[%ti, %tj]
+      %pos2 = loop.gt %tw, %zz : f32
+      %m2 = loop.cast %pos2 : bool to i32
+      loop.store %m2, %mask[%ti + 1, %tj]
+    }
+  }
+  loop.return
+}
+";
+
+fn filled(ty: BufferType, f: impl Fn(usize) -> f64) -> Buffer {
+    let mut b = Buffer::zeros(ty).unwrap();
+    for (i, x) in b.data.iter_mut().enumerate() {
+        *x = b.ty.dtype.round(f(i));
+    }
+    b
+}
+
+fn f32buf(shape: &[usize]) -> BufferType {
+    BufferType::contiguous(DType::F32, shape.to_vec())
+}
+
+#[test]
+fn text_round_trips() {
+    let m = parse_module(KERNELS).unwrap_or_else(|e| panic!("{e}"));
+    m.verify().unwrap_or_else(|e| panic!("{e:?}"));
+    let printed = print_module(&m);
+    let again = parse_module(&printed).unwrap_or_else(|e| panic!("{e}\n{printed}"));
+    again.verify().unwrap();
+    assert_eq!(print_module(&again), printed);
+    assert!(
+        printed.contains("%t: buffer<f32[8, 4], strides = [1, 8]>"),
+        "{printed}"
+    );
+    assert!(printed.contains("pad 0.0 : f32"), "{printed}");
+}
+
+#[test]
+fn mlir_parses_the_generic_form() {
+    let m = parse_module(KERNELS).unwrap();
+    let text = print_mlir_generic(&m);
+    assert!(
+        text.contains("map = affine_map<(d0, d1, d2, d3) -> (d0 + d1 - 1, d2 + d3 - 1)>"),
+        "{text}"
+    );
+    if let Some(tool) = dlc_tests::mlir_opt() {
+        dlc_tests::mlir_parses(&tool, &text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    }
+}
+
+#[test]
+fn interpreter_matches_plain_loops() {
+    let m = parse_module(KERNELS).unwrap();
+    let a = filled(f32buf(&[4, 8]), |i| (i as f64 * 0.37).sin());
+    let b = filled(f32buf(&[8, 3]), |i| (i as f64 * 0.11).cos());
+    let img = filled(f32buf(&[5, 5]), |i| i as f64 - 12.0);
+    let mut args = vec![
+        a.clone(),
+        b.clone(),
+        img.clone(),
+        Buffer::zeros(f32buf(&[4, 3])).unwrap(),
+        Buffer::zeros(f32buf(&[4])).unwrap(),
+        Buffer::zeros(f32buf(&[5, 5])).unwrap(),
+        Buffer::zeros(BufferType {
+            dtype: DType::F32,
+            shape: vec![8, 4],
+            strides: vec![1, 8],
+        })
+        .unwrap(),
+        Buffer::zeros(BufferType::contiguous(DType::I32, vec![4, 8])).unwrap(),
+    ];
+    run_function(&m, "kernels", &mut args).unwrap();
+    let at = |i: usize, j: usize| a.data[i * 8 + j];
+    for i in 0..4 {
+        for j in 0..3 {
+            let mut s = 0f32;
+            for k in 0..8 {
+                s += (at(i, k) as f32) * (b.data[k * 3 + j] as f32);
+            }
+            assert!(
+                (args[3].data[i * 3 + j] - s as f64).abs() < 1e-6,
+                "mm[{i},{j}]"
+            );
+        }
+        let row: f32 = (0..8).map(|k| at(i, k) as f32).sum();
+        assert!(
+            (args[4].data[i] - (row - 1.0).max(0.0) as f64).abs() < 1e-6,
+            "rs[{i}]"
+        );
+        for j in 0..8 {
+            // t is column-major: element [j, i] lives at j + 8 * i, which is a's row-major offset.
+            assert_eq!(args[6].data[j + 8 * i], at(i, j));
+            assert_eq!(
+                args[7].data[i * 8 + j],
+                if at(i, j) > 0.0 { 1.0 } else { 0.0 }
+            );
+        }
+    }
+    for y in 0..5i64 {
+        for x in 0..5i64 {
+            let mut s = 0.0;
+            for ky in -1..=1 {
+                for kx in -1..=1 {
+                    let (iy, ix) = (y + ky, x + kx);
+                    if (0..5).contains(&iy) && (0..5).contains(&ix) {
+                        s += img.data[(iy * 5 + ix) as usize];
+                    }
+                }
+            }
+            assert_eq!(args[5].data[(y * 5 + x) as usize], s, "box[{y},{x}]");
+        }
+    }
+}
+
+#[test]
+fn run_time_errors() {
+    let oob = "loop.func @f(%o: buffer<f32[4]>) {\n  loop.for %i = 0 to 5 step 1 {\n    %c = loop.const 1.0 : f32\n    loop.store %c, %o[%i]\n  }\n  loop.return\n}\n";
+    let m = parse_module(oob).unwrap();
+    m.verify().unwrap();
+    let mut args = vec![Buffer::zeros(f32buf(&[4])).unwrap()];
+    let err = run_function(&m, "f", &mut args).unwrap_err();
+    assert_eq!(
+        err,
+        LoopError::OutOfBounds {
+            op: "loop.store".into(),
+            index: vec![4],
+            ty: "buffer<f32[4]>".into()
+        }
+    );
+    let freed = "loop.func @f(%o: buffer<f32[1]>) {\n  %b = loop.alloc : buffer<f32[1]>\n  loop.dealloc %b\n  %v = loop.load %b[0] : f32\n  loop.store %v, %o[0]\n  loop.return\n}\n";
+    let m = parse_module(freed).unwrap();
+    let err = run_function(&m, "f", &mut [Buffer::zeros(f32buf(&[1])).unwrap()]).unwrap_err();
+    assert_eq!(err, LoopError::UseAfterFree("loop.load".into()));
+    let err = run_function(&m, "f", &mut [Buffer::zeros(f32buf(&[2])).unwrap()]).unwrap_err();
+    assert!(matches!(err, LoopError::Arguments(_)), "{err}");
+}
+
+#[test]
+fn verifier_reports_every_problem() {
+    let bad = "loop.func @f(%a: buffer<f32[4]>, %o: buffer<i32[4]>) {
+  loop.parallel %i = 0 to 4 {
+    %x = loop.load %a[%i, %i] : f32
+    %y = loop.exp %x : f32
+    loop.store %y, %o[%i]
+    %z = loop.cast %y : f32 to i32
+    %w = loop.exp %z : i32
+  }
+  %s = loop.const 0.0 : f32
+  %r = loop.for %k = 0 to 4 step 0 iter(%acc = %s) -> f32 {
+    loop.yield %acc
+  }
+}
+";
+    let m = parse_module(bad).unwrap_or_else(|e| panic!("{e}"));
+    let errors = m.verify().unwrap_err();
+    let text: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+    let all = text.join("\n");
+    for want in [
+        "2 indices for a rank-1 buffer",
+        "must store a i32 scalar",
+        "(loop.exp): is not defined on i32",
+        "needs a positive step",
+        "does not end with loop.return",
+    ] {
+        assert!(all.contains(want), "missing `{want}` in:\n{all}");
+    }
+}
+
+#[test]
+fn parse_errors_are_located() {
+    let cases = [
+        (
+            "loop.func @f(%a: buffer<f32[4]>) {\n  %x = loop.load %b[0] : f32\n  loop.return\n}\n",
+            "2:18: `%b` is not defined here",
+        ),
+        (
+            "loop.func @f(%a: buffer<f32[4]>) {\n  %x = loop.frob %a : f32\n  loop.return\n}\n",
+            "2:8: unknown op `loop.frob`",
+        ),
+        (
+            "loop.func @f(%a: buffer<f32[4]>) {\n  %x, %y = loop.const 1.0 : f32\n  loop.return\n}\n",
+            "2:12: `loop.const` has 1 result(s), 2 named",
+        ),
+        (
+            "loop.func @f(%a: buffer<f32[4]>) {\n  loop.parallel %i = 0 to 4 {\n    %c = loop.const 1.0 : f32\n  }\n  loop.store %c, %a[0]\n  loop.return\n}\n",
+            "5:14: `%c` is not defined here",
+        ),
+    ];
+    for (text, want) in cases {
+        let err = parse_module(text).unwrap_err().to_string();
+        assert_eq!(err, want);
+    }
+    let deep = format!(
+        "loop.func @f(%a: buffer<f32[1]>) {{\n{}{}  loop.return\n}}\n",
+        (0..300)
+            .map(|i| format!("loop.parallel %i{i} = 0 to 1 {{\n"))
+            .collect::<String>(),
+        "}\n".repeat(300)
+    );
+    assert!(
+        parse_module(&deep)
+            .unwrap_err()
+            .to_string()
+            .contains("loops nest deeper than")
+    );
+}
