@@ -164,15 +164,20 @@ impl Machine<'_> {
         let Some(Slot::Buffer(id)) = self.slots.get(b.0 as usize).copied() else {
             return Err(LoopError::Invalid(format!("value {} is not a buffer", b.0)));
         };
-        let buf = self.heap[id]
-            .as_ref()
-            .ok_or_else(|| LoopError::UseAfterFree(op.into()))?;
+        if self.heap[id].is_none() {
+            return Err(LoopError::UseAfterFree(op.into()));
+        }
+        // The layout is the value's own type: a view shares storage with
+        // another shape and strides.
+        let Type::Buffer(layout) = self.f.ty(b) else {
+            return Err(LoopError::Invalid(format!("value {} is not a buffer", b.0)));
+        };
         let idx: Vec<i64> = index
             .iter()
             .map(|e| self.index(e))
             .collect::<Result<_, _>>()?;
         let mut off = 0usize;
-        for ((&i, &d), &s) in idx.iter().zip(&buf.ty.shape).zip(&buf.ty.strides) {
+        for ((&i, &d), &s) in idx.iter().zip(&layout.shape).zip(&layout.strides) {
             if i < 0 || i as u64 >= d as u64 {
                 return Ok((id, None));
             }
@@ -218,6 +223,13 @@ impl Machine<'_> {
                     };
                     self.heap.push(Some(Buffer::zeros(t)?));
                     self.set(op.results[0], Slot::Buffer(self.heap.len() - 1));
+                }
+                OpKind::View => {
+                    let src = self.slots.get(op.operands[0].0 as usize).copied();
+                    let Some(Slot::Buffer(id)) = src else {
+                        return Err(LoopError::Invalid("view of a non-buffer".into()));
+                    };
+                    self.set(op.results[0], Slot::Buffer(id));
                 }
                 OpKind::Dealloc => {
                     let Some(Slot::Buffer(id)) = self.slots.get(op.operands[0].0 as usize).copied()

@@ -145,6 +145,10 @@ pub enum OpKind {
     Alloc,
     /// `loop.dealloc %b`: the buffer's storage is released.
     Dealloc,
+    /// `%v = loop.view %b : buffer<..>`: the same storage seen with another
+    /// shape and strides (a reshape of a contiguous buffer, a transpose). The
+    /// view must stay within the storage; it aliases `%b`.
+    View,
     /// `%c = loop.const 0.5 : f32`.
     Const(f64),
     /// Element-wise function of one scalar.
@@ -200,6 +204,7 @@ impl OpKind {
         let s: &str = match self {
             OpKind::Alloc => "alloc",
             OpKind::Dealloc => "dealloc",
+            OpKind::View => "view",
             OpKind::Const(_) => "const",
             OpKind::Unary(u) => u.name(),
             OpKind::Binary(b) => b.name(),

@@ -10,12 +10,14 @@
 //! round-trip), MLIR generic printing, and the interpreter ([`interp`]).
 #![deny(missing_docs)]
 
+pub mod build;
 pub mod interp;
 pub mod ir;
 pub mod parse;
 pub mod print;
 pub mod verify;
 
+pub use build::Builder;
 pub use ir::{Block, BufferType, Function, IndexExpr, Module, OpData, OpId, OpKind, Type, Value};
 pub use parse::parse_module;
 pub use print::{print_mlir_generic, print_module};

@@ -286,6 +286,12 @@ impl Parser {
                 (OpKind::Alloc, vec![], vec![t], vec![])
             }
             "dealloc" => (OpKind::Dealloc, vec![self.value()?], vec![], vec![]),
+            "view" => {
+                let b = self.value()?;
+                self.expect(":")?;
+                let t = self.ty()?;
+                (OpKind::View, vec![b], vec![t], vec![])
+            }
             "yield" => (OpKind::Yield, self.values()?, vec![], vec![]),
             "return" => (OpKind::Return, vec![], vec![], vec![]),
             "const" => {

@@ -149,6 +149,14 @@ fn print_op(f: &Function, id: OpId, namer: &mut Namer, depth: usize, out: &mut S
         OpKind::Alloc => {
             let _ = write!(out, "{name} : {}", f.ty(op.results[0]));
         }
+        OpKind::View => {
+            let _ = write!(
+                out,
+                "{name} {} : {}",
+                namer.get(ops[0]),
+                f.ty(op.results[0])
+            );
+        }
         OpKind::Dealloc | OpKind::Yield => {
             let _ = write!(out, "{name} {}", namer.list(ops));
         }

@@ -229,6 +229,22 @@ impl<'a> Checker<'a> {
                 .then(|| "takes no operand and gives one buffer".into()),
             OpKind::Dealloc => (!shape(1, 0) || !matches!(ops[0], Some(Type::Buffer(_))))
                 .then(|| "takes one buffer".into()),
+            OpKind::View => match (
+                shape(1, 1),
+                ops.first().copied().flatten(),
+                res.first().copied().flatten(),
+            ) {
+                (true, Some(Type::Buffer(src)), Some(Type::Buffer(view))) => {
+                    if src.dtype != view.dtype {
+                        Some("keeps the element type".into())
+                    } else if view.storage_len() > src.storage_len() {
+                        Some(format!("{view} reaches past the storage of {src}"))
+                    } else {
+                        None
+                    }
+                }
+                _ => Some("views one buffer as another buffer type".into()),
+            },
             OpKind::Const(_) => (!shape(0, 1) || !matches!(res[0], Some(Type::Scalar(_))))
                 .then(|| "gives one scalar".into()),
             OpKind::Unary(u) => match (

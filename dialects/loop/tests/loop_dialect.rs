@@ -275,3 +275,46 @@ fn parse_errors_are_located() {
             .contains("loops nest deeper than")
     );
 }
+
+#[test]
+fn builder_and_views() {
+    use dlc_core::scalar::BinaryOp;
+    use dlc_loop::{Builder, IndexExpr, Module};
+    // out[i, j] = flat[i * 3 + j] * 2, with `flat` seen as [2, 3] through a view.
+    let mut b = Builder::new("twice");
+    let flat = b.param("flat", f32buf(&[6]));
+    let out = b.param("out", f32buf(&[2, 3]));
+    let grid = b.view(flat, f32buf(&[2, 3]));
+    b.parallel(0, 2, |b, i| {
+        b.for_loop(0, 3, 1, &[], |b, j, _| {
+            let x = b.load(grid, vec![IndexExpr::value(i), IndexExpr::value(j)], None);
+            let two = b.constant(2.0, DType::F32);
+            let y = b.binary(BinaryOp::Mul, x, two);
+            b.store(y, out, vec![IndexExpr::value(i), IndexExpr::value(j)]);
+            vec![]
+        });
+    });
+    let m = Module {
+        functions: vec![b.finish()],
+    };
+    m.verify()
+        .unwrap_or_else(|e| panic!("{e:?}\n{}", print_module(&m)));
+    let text = print_module(&m);
+    assert!(
+        text.contains("loop.view %flat : buffer<f32[2, 3]>"),
+        "{text}"
+    );
+    assert_eq!(print_module(&parse_module(&text).unwrap()), text);
+    let mut args = vec![
+        filled(f32buf(&[6]), |i| i as f64),
+        Buffer::zeros(f32buf(&[2, 3])).unwrap(),
+    ];
+    run_function(&m, "twice", &mut args).unwrap();
+    assert_eq!(args[1].data, vec![0.0, 2.0, 4.0, 6.0, 8.0, 10.0]);
+    let too_big = "loop.func @f(%a: buffer<f32[4]>) {\n  %v = loop.view %a : buffer<f32[5]>\n  loop.return\n}\n";
+    let errors = parse_module(too_big).unwrap().verify().unwrap_err();
+    assert!(
+        errors[0].message.contains("reaches past the storage"),
+        "{errors:?}"
+    );
+}
