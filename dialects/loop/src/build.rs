@@ -10,6 +10,21 @@ use crate::ir::{Block, BufferType, Function, IndexExpr, OpKind, Type, Value};
 pub struct Builder {
     f: Function,
     blocks: Vec<Block>,
+    open: Vec<OpenLoop>,
+}
+
+/// A loop whose body is being built.
+enum OpenLoop {
+    For {
+        lo: i64,
+        hi: i64,
+        step: i64,
+        inits: Vec<Value>,
+    },
+    Parallel {
+        lo: i64,
+        hi: i64,
+    },
 }
 
 impl Builder {
@@ -18,6 +33,7 @@ impl Builder {
         Builder {
             f: Function::new(name),
             blocks: vec![Block::default()],
+            open: vec![],
         }
     }
 
@@ -121,6 +137,76 @@ impl Builder {
         self.push(OpKind::Store { index }, vec![v, buf], &[], vec![]);
     }
 
+    /// Opens a sequential loop carrying `inits`; ops built until
+    /// [`Builder::end_for`] form its body. Returns the index and the carried
+    /// values as the body sees them.
+    pub fn begin_for(
+        &mut self,
+        lo: i64,
+        hi: i64,
+        step: i64,
+        inits: &[Value],
+    ) -> (Value, Vec<Value>) {
+        let iv = self.f.new_value(Type::Index);
+        let carried: Vec<Value> = inits
+            .iter()
+            .map(|v| {
+                let t = self.f.ty(*v).clone();
+                self.f.new_value(t)
+            })
+            .collect();
+        let mut args = vec![iv];
+        args.extend(&carried);
+        self.blocks.push(Block { args, ops: vec![] });
+        self.open.push(OpenLoop::For {
+            lo,
+            hi,
+            step,
+            inits: inits.to_vec(),
+        });
+        (iv, carried)
+    }
+
+    /// Closes the innermost open `loop.for`, yielding `next` (one per carried
+    /// value); returns the loop's results.
+    pub fn end_for(&mut self, next: Vec<Value>) -> Vec<Value> {
+        let Some(OpenLoop::For {
+            lo,
+            hi,
+            step,
+            inits,
+        }) = self.open.pop()
+        else {
+            unreachable!("end_for closes a loop opened by begin_for")
+        };
+        if !inits.is_empty() {
+            self.push(OpKind::Yield, next, &[], vec![]);
+        }
+        let types: Vec<Type> = inits.iter().map(|v| self.f.ty(*v).clone()).collect();
+        let block = self.blocks.pop().unwrap_or_default();
+        self.push(OpKind::For { lo, hi, step }, inits, &types, vec![block])
+    }
+
+    /// Opens a loop of independent iterations; returns its index.
+    pub fn begin_parallel(&mut self, lo: i64, hi: i64) -> Value {
+        let iv = self.f.new_value(Type::Index);
+        self.blocks.push(Block {
+            args: vec![iv],
+            ops: vec![],
+        });
+        self.open.push(OpenLoop::Parallel { lo, hi });
+        iv
+    }
+
+    /// Closes the innermost open `loop.parallel`.
+    pub fn end_parallel(&mut self) {
+        let Some(OpenLoop::Parallel { lo, hi }) = self.open.pop() else {
+            unreachable!("end_parallel closes a loop opened by begin_parallel")
+        };
+        let block = self.blocks.pop().unwrap_or_default();
+        self.push(OpKind::Parallel { lo, hi }, vec![], &[], vec![block]);
+    }
+
     /// A sequential loop carrying `inits`; `body` gets the index and the
     /// carried values and returns the next ones. Returns the final values.
     pub fn for_loop(
@@ -131,35 +217,16 @@ impl Builder {
         inits: &[Value],
         body: impl FnOnce(&mut Self, Value, &[Value]) -> Vec<Value>,
     ) -> Vec<Value> {
-        let iv = self.f.new_value(Type::Index);
-        let types: Vec<Type> = inits.iter().map(|v| self.f.ty(*v).clone()).collect();
-        let carried: Vec<Value> = types.iter().map(|t| self.f.new_value(t.clone())).collect();
-        let mut args = vec![iv];
-        args.extend(&carried);
-        self.blocks.push(Block { args, ops: vec![] });
+        let (iv, carried) = self.begin_for(lo, hi, step, inits);
         let next = body(self, iv, &carried);
-        if !inits.is_empty() {
-            self.push(OpKind::Yield, next, &[], vec![]);
-        }
-        let block = self.blocks.pop().unwrap_or_default();
-        self.push(
-            OpKind::For { lo, hi, step },
-            inits.to_vec(),
-            &types,
-            vec![block],
-        )
+        self.end_for(next)
     }
 
     /// A loop of independent iterations.
     pub fn parallel(&mut self, lo: i64, hi: i64, body: impl FnOnce(&mut Self, Value)) {
-        let iv = self.f.new_value(Type::Index);
-        self.blocks.push(Block {
-            args: vec![iv],
-            ops: vec![],
-        });
+        let iv = self.begin_parallel(lo, hi);
         body(self, iv);
-        let block = self.blocks.pop().unwrap_or_default();
-        self.push(OpKind::Parallel { lo, hi }, vec![], &[], vec![block]);
+        self.end_parallel();
     }
 
     /// Ends the function with `loop.return`.
