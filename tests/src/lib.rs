@@ -122,6 +122,120 @@ pub fn mlir_parses(mlir_opt: &Path, text: &str) -> Result<(), String> {
     }
 }
 
+/// Operators every generated program defines.
+const HEADER: &str = "
+op rowsum[M, N](x: f32[M, N]) -> f32[M] {
+    out[i] = sum[j](x[i, j]);
+}
+op shift[N](x: f32[N]) -> f32[N] {
+    let h[i] = x[i] * 0.5;
+    out[i] = h[i + 1] - h[i];
+}
+";
+
+/// Builds a well-typed program from a list of choices: each choice appends
+/// one `let` applying some operator to values already defined. The entry
+/// point is `f(a: f32[4, 6], b: f32[6, 4], c: f32[6], s: f32)`.
+pub fn generated_program(choices: &[u32], tuple: bool) -> String {
+    let mut pool: Vec<(String, Vec<usize>)> = vec![
+        ("a".into(), vec![4, 6]),
+        ("b".into(), vec![6, 4]),
+        ("c".into(), vec![6]),
+        ("s".into(), vec![]),
+    ];
+    let mut body = String::new();
+    for (n, &c) in choices.iter().enumerate() {
+        let (v, shape) = pool[(c as usize / 16) % pool.len()].clone();
+        let partner = pool.iter().find(|(w, sh)| *sh == shape && *w != v).cloned();
+        let rank = shape.len();
+        let (expr, out): (String, Vec<usize>) = match c % 16 {
+            0 => (format!("relu({v})"), shape),
+            1 => (format!("tanh({v})"), shape),
+            2 => (format!("sigmoid({v}) * 1.0"), shape),
+            3 => (format!("({v} * 0.5 + 1.0) - 0.0"), shape),
+            4 => (format!("-(-{v}) / 1.0"), shape),
+            5 if rank == 2 => (format!("transpose({v})"), vec![shape[1], shape[0]]),
+            6 if rank >= 1 => {
+                let keep = (c >> 8) & 1 == 1;
+                let mut s = shape.clone();
+                if keep {
+                    s[0] = 1
+                } else {
+                    s.remove(0);
+                }
+                (format!("sum({v}, axis=0, keepdims={keep})"), s)
+            }
+            7 if rank == 2 => match pool
+                .iter()
+                .find(|(_, sh)| sh.len() == 2 && sh[0] == shape[1])
+            {
+                Some((w, sh)) => (format!("{v} @ {w}"), vec![shape[0], sh[1]]),
+                None => (format!("gelu({v})"), shape),
+            },
+            8 => match partner {
+                Some((w, _)) => (
+                    ["+", "*", "-"].map(|o| format!("{v} {o} {w}"))[(c as usize >> 8) % 3].clone(),
+                    shape,
+                ),
+                None => (format!("max({v}, 0.25)"), shape),
+            },
+            9 if rank >= 1 => (format!("softmax({v}, axis=-1)"), shape),
+            10 if rank == 2 => (format!("rowsum({v})"), vec![shape[0]]),
+            10 if rank == 1 => (format!("shift({v})"), shape),
+            11 if rank >= 1 => {
+                let dims = shape
+                    .iter()
+                    .map(|d| d.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                (format!("reshape(reshape({v}, [-1]), [{dims}])"), shape)
+            }
+            12 if rank == 2 => (format!("transpose(transpose({v}))"), shape),
+            13 => (
+                format!(
+                    "{v} + full([{}], 0.5) * 2.0",
+                    shape
+                        .iter()
+                        .map(|d| d.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                shape,
+            ),
+            14 if rank == 2 => (
+                format!("layernorm({v}) + where({v} > 0.0, {v}, 0.0)"),
+                shape,
+            ),
+            _ => (format!("abs({v}) * exp(0.0)"), shape),
+        };
+        let name = format!("v{n}");
+        body.push_str(&format!("    let {name} = {expr};\n"));
+        pool.push((name, out));
+    }
+    let ty = |s: &[usize]| {
+        format!(
+            "f32[{}]",
+            s.iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    };
+    let (last, last_shape) = pool.last().cloned().unwrap_or_default();
+    let (ret_ty, ret) = if tuple {
+        let (first, first_shape) = pool[pool.len() / 2].clone();
+        (
+            format!("({}, {})", ty(&last_shape), ty(&first_shape)),
+            format!("({last}, {first})"),
+        )
+    } else {
+        (ty(&last_shape), last)
+    };
+    format!(
+        "{HEADER}\nfn f(a: f32[4, 6], b: f32[6, 4], c: f32[6], s: f32) -> {ret_ty} {{\n{body}    return {ret};\n}}\n"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

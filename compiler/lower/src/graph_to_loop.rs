@@ -1,0 +1,999 @@
+//! Graph to loop: every graph op becomes loop nests over buffers.
+//!
+//! Each entry point becomes a `loop.func` whose parameters are the graph
+//! parameters followed by one output buffer per result (`out0`, ...),
+//! written in place.
+//!
+//! Fusion: element-wise ops (unary, binary, comparisons, `where`, casts,
+//! splat constants, broadcasts, transposes, slices, batchnorm) are computed
+//! at an index rather than stored, so a chain of them becomes one loop nest
+//! (producer fusion). An element-wise op is stored in a buffer only when it
+//! has several users, is a result, or feeds an op that reads its operands
+//! many times (a matrix product, a reduction, a user operator). An op that
+//! produces values at indices (matmul, reductions, softmax, layernorm,
+//! convolution, pooling, user operators) whose only user starts an
+//! element-wise chain of the same shape stores the end of that chain
+//! instead (epilogue fusion: `relu(x @ w + b)` is one loop nest).
+//!
+//! Buffers: each stored intermediate is allocated before its loop nest and
+//! deallocated right after the last loop nest that reads it; a reshape of a
+//! stored buffer is a `loop.view` of it, with no copy.
+
+use std::collections::{HashMap, HashSet};
+
+use dlc_core::scalar::{BinaryOp, ReduceKind, UnaryOp};
+use dlc_core::{DType, TensorType};
+use dlc_graph::compute::{Affine, ComputeBody, IndexVar, ScalarExpr, Source};
+use dlc_graph::ops::{ConstValue, Op, PoolKind};
+use dlc_graph::{Function as GFunction, Module as GModule};
+use dlc_loop::{BufferType, Builder, Function, IndexExpr, Module, Value};
+use petgraph::Direction;
+use petgraph::stable_graph::NodeIndex;
+
+/// Why a graph module could not be lowered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LowerError {
+    /// A call is left; `graph.inline` removes them.
+    #[error("@{0} still calls @{1}; run graph.inline before lowering")]
+    Call(String, String),
+    /// The graph is invalid (the verifier rules this out).
+    #[error("invalid graph: {0}")]
+    Invalid(String),
+}
+
+/// Lowers every entry point of a verified, inlined graph module.
+pub fn lower_module(m: &GModule) -> Result<Module, LowerError> {
+    let functions = m
+        .entry_points()
+        .map(lower_function)
+        .collect::<Result<_, _>>()?;
+    Ok(Module { functions })
+}
+
+fn contiguous(t: &TensorType) -> BufferType {
+    BufferType::contiguous(t.dtype, t.shape.clone())
+}
+
+fn ix(v: Value) -> IndexExpr {
+    IndexExpr::value(v)
+}
+
+fn ix_const(c: i64) -> IndexExpr {
+    IndexExpr {
+        terms: vec![],
+        constant: c,
+    }
+}
+
+/// `a * k + b`.
+fn ix_axpy(k: i64, a: &IndexExpr, b: &IndexExpr) -> IndexExpr {
+    let mut out = b.clone();
+    for &(c, v) in &a.terms {
+        match out.terms.iter_mut().find(|(_, w)| *w == v) {
+            Some(t) => t.0 += c * k,
+            None => out.terms.push((c * k, v)),
+        }
+    }
+    out.constant += a.constant * k;
+    out.terms.retain(|(c, _)| *c != 0);
+    out
+}
+
+/// Maps an index of `dst` (a broadcast result) to `src` (an operand), NumPy
+/// style: trailing axes align, and an axis of extent 1 is read at 0.
+fn broadcast_index(idx: &[IndexExpr], src: &[usize], dst: &[usize]) -> Vec<IndexExpr> {
+    let off = dst.len() - src.len();
+    src.iter()
+        .enumerate()
+        .map(|(i, &d)| {
+            if d == 1 && dst[off + i] != 1 {
+                ix_const(0)
+            } else {
+                idx[off + i].clone()
+            }
+        })
+        .collect()
+}
+
+fn is_elementwise(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Compare(_)
+            | Op::Select
+            | Op::Cast { .. }
+            | Op::Constant(ConstValue::Splat(_))
+            | Op::Broadcast { .. }
+            | Op::Transpose { .. }
+            | Op::Slice { .. }
+            | Op::BatchNorm { .. }
+    )
+}
+
+/// Ops that compute a value per output index, after which an element-wise
+/// epilogue can be applied before storing.
+fn has_value_at_index(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::MatMul
+            | Op::Reduce { .. }
+            | Op::Softmax { .. }
+            | Op::LayerNorm { .. }
+            | Op::Conv2d { .. }
+            | Op::Pool2d { .. }
+            | Op::Compute(_)
+    )
+}
+
+/// How each node is computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Plan {
+    /// A parameter: its buffer is given.
+    Param,
+    /// Computed at each index where it is read; never stored.
+    Inline,
+    /// Stored in its own buffer by its own loop nest.
+    Stored,
+    /// Stored in its own buffer by the loop nest of the op it follows.
+    EpilogueOf(NodeIndex),
+    /// Computed by its loop nest but stored as the end of its epilogue chain.
+    WithEpilogue(NodeIndex),
+    /// A reshape: a view of its operand's buffer.
+    View,
+}
+
+struct Lowering<'g> {
+    g: &'g GFunction,
+    b: Builder,
+    plan: HashMap<NodeIndex, Plan>,
+    /// The buffer holding each stored node (params, stored nodes, views).
+    home: HashMap<NodeIndex, Value>,
+    /// Values substituted for a node while emitting an epilogue.
+    subst: HashMap<NodeIndex, Value>,
+    /// Buffers allocated here, by the node whose storage they are.
+    allocated: HashMap<NodeIndex, Value>,
+}
+
+fn lower_function(g: &GFunction) -> Result<Function, LowerError> {
+    for n in g.body.node_indices() {
+        if let Op::Call { callee } = &g.body[n].op {
+            return Err(LowerError::Call(g.name.clone(), callee.clone()));
+        }
+    }
+    let mut b = Builder::new(g.name.clone());
+    let mut home = HashMap::new();
+    let mut taken: HashSet<String> = HashSet::new();
+    for (name, node) in &g.params {
+        let v = b.param(name.clone(), contiguous(&g.body[*node].results[0]));
+        home.insert(*node, v);
+        taken.insert(name.clone());
+    }
+    let mut outs = Vec::new();
+    for (i, r) in g.results.iter().enumerate() {
+        let mut name = format!("out{i}");
+        while taken.contains(&name) {
+            name.push('_');
+        }
+        taken.insert(name.clone());
+        outs.push(b.param(name, contiguous(g.value_type(*r))));
+    }
+    let mut l = Lowering {
+        g,
+        b,
+        plan: HashMap::new(),
+        home,
+        subst: HashMap::new(),
+        allocated: HashMap::new(),
+    };
+    l.plan_nodes();
+    // Results get their output buffer as home, unless already homed (a
+    // parameter, or a node returned twice): those are copied at the end. A
+    // reshape that is a result is copied through a view where it stands.
+    let mut copies = Vec::new();
+    for (i, r) in g.results.iter().enumerate() {
+        match l.home.entry(r.node) {
+            std::collections::hash_map::Entry::Occupied(_) => copies.push((r.node, outs[i])),
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(outs[i]);
+            }
+        }
+    }
+    let order = g.topo_order();
+    let last_reader = l.last_readers(&order);
+    for (k, &n) in order.iter().enumerate() {
+        l.emit_at_position(n)?;
+        let done: Vec<NodeIndex> = last_reader
+            .iter()
+            .filter(|(_, last)| **last == k)
+            .map(|(node, _)| *node)
+            .collect();
+        for node in done {
+            if let Some(buf) = l.allocated.get(&node).copied() {
+                l.b.dealloc(buf);
+            }
+        }
+    }
+    for (node, out) in copies {
+        let shape = g.body[node].results[0].shape.clone();
+        let idx = l.open_nest(&shape);
+        let v = l.value_at(node, &idx);
+        l.b.store(v, out, idx);
+        l.close_nest(shape.len());
+    }
+    // Buffers nothing reads after their own loop nest.
+    for (node, buf) in l.allocated.clone() {
+        if !last_reader.contains_key(&node) {
+            l.b.dealloc(buf);
+        }
+    }
+    Ok(l.b.finish())
+}
+
+impl Lowering<'_> {
+    fn users(&self, n: NodeIndex) -> Vec<NodeIndex> {
+        self.g
+            .body
+            .neighbors_directed(n, Direction::Outgoing)
+            .collect()
+    }
+
+    fn uses(&self, n: NodeIndex) -> usize {
+        self.users(n).len() + self.g.results.iter().filter(|r| r.node == n).count()
+    }
+
+    fn op(&self, n: NodeIndex) -> &Op {
+        &self.g.body[n].op
+    }
+
+    fn ty(&self, n: NodeIndex) -> &TensorType {
+        &self.g.body[n].results[0]
+    }
+
+    fn operand(&self, n: NodeIndex, k: usize) -> NodeIndex {
+        self.g.operands(n)[k].node
+    }
+
+    fn plan_nodes(&mut self) {
+        let order = self.g.topo_order();
+        for &n in &order {
+            let plan = match self.op(n) {
+                Op::Param { .. } => Plan::Param,
+                Op::Reshape { .. } => Plan::View,
+                op if is_elementwise(op) => {
+                    let users = self.users(n);
+                    let single_elementwise_user =
+                        self.uses(n) == 1 && users.len() == 1 && is_elementwise(self.op(users[0]));
+                    if single_elementwise_user {
+                        Plan::Inline
+                    } else {
+                        Plan::Stored
+                    }
+                }
+                _ => Plan::Stored,
+            };
+            self.plan.insert(n, plan);
+        }
+        // Epilogues: an op with a value per index whose only user begins an
+        // element-wise chain of the same shape stores the chain's end instead.
+        for &n in &order {
+            if !has_value_at_index(self.op(n)) || self.uses(n) != 1 {
+                continue;
+            }
+            let Some(&first) = self.users(n).first() else {
+                continue;
+            };
+            let shape = self.ty(n).shape.clone();
+            let mut end = first;
+            let mut ok = is_elementwise(self.op(end)) && self.ty(end).shape == shape;
+            while ok && self.plan[&end] == Plan::Inline {
+                end = self.users(end)[0];
+                ok = self.ty(end).shape == shape && is_elementwise(self.op(end));
+            }
+            if ok && self.plan[&end] == Plan::Stored {
+                self.plan.insert(n, Plan::WithEpilogue(end));
+                self.plan.insert(end, Plan::EpilogueOf(n));
+            }
+        }
+    }
+
+    /// The element-wise chain an op's epilogue applies, from its user to
+    /// `end` inclusive.
+    fn chain(&self, n: NodeIndex, end: NodeIndex) -> Vec<NodeIndex> {
+        let mut chain = Vec::new();
+        let mut cur = n;
+        while cur != end {
+            cur = self.users(cur)[0];
+            chain.push(cur);
+        }
+        chain
+    }
+
+    /// The kernel whose loop nest is emitted at `p`'s place in topological
+    /// order: `p`'s own, or, for the end of an epilogue chain, its anchor's
+    /// (placed there so every operand of the chain is computed before it).
+    fn kernel_at(&self, p: NodeIndex) -> Option<NodeIndex> {
+        match self.plan[&p] {
+            Plan::Stored | Plan::View => Some(p),
+            Plan::EpilogueOf(anchor) => Some(anchor),
+            Plan::Param | Plan::Inline | Plan::WithEpilogue(_) => None,
+        }
+    }
+
+    /// The stored nodes a kernel's loop nest reads: its operands and those of
+    /// its epilogue chain, looking through inlined nodes.
+    fn reads(&self, n: NodeIndex) -> Vec<NodeIndex> {
+        let mut skip: HashSet<NodeIndex> = HashSet::from([n]);
+        let mut stack: Vec<NodeIndex> = self.g.operands(n).iter().map(|v| v.node).collect();
+        if let Plan::WithEpilogue(end) = self.plan[&n] {
+            for c in self.chain(n, end) {
+                skip.insert(c);
+                stack.extend(self.g.operands(c).iter().map(|v| v.node));
+            }
+        }
+        let mut out = Vec::new();
+        let mut seen = HashSet::new();
+        while let Some(o) = stack.pop() {
+            if skip.contains(&o) || !seen.insert(o) {
+                continue;
+            }
+            match self.plan[&o] {
+                Plan::Inline => stack.extend(self.g.operands(o).iter().map(|v| v.node)),
+                _ => out.push(o),
+            }
+        }
+        out
+    }
+
+    /// The storage a node's buffer lives in (a view's is its operand's).
+    fn storage_of(&self, n: NodeIndex) -> NodeIndex {
+        let mut cur = n;
+        while self.plan[&cur] == Plan::View {
+            cur = self.operand(cur, 0);
+        }
+        cur
+    }
+
+    /// For each storage, the position (in `order`) of the last kernel that
+    /// reads it.
+    fn last_readers(&self, order: &[NodeIndex]) -> HashMap<NodeIndex, usize> {
+        let mut last = HashMap::new();
+        for (k, &p) in order.iter().enumerate() {
+            let Some(kernel) = self.kernel_at(p) else {
+                continue;
+            };
+            for r in self.reads(kernel) {
+                last.insert(self.storage_of(r), k);
+            }
+        }
+        last
+    }
+
+    /// Opens a loop nest over `shape` (the outermost axis parallel) and
+    /// returns its indices.
+    fn open_nest(&mut self, shape: &[usize]) -> Vec<IndexExpr> {
+        shape
+            .iter()
+            .enumerate()
+            .map(|(i, &d)| {
+                let iv = if i == 0 {
+                    self.b.begin_parallel(0, d as i64)
+                } else {
+                    self.b.begin_for(0, d as i64, 1, &[]).0
+                };
+                ix(iv)
+            })
+            .collect()
+    }
+
+    fn close_nest(&mut self, rank: usize) {
+        for i in (0..rank).rev() {
+            if i == 0 {
+                self.b.end_parallel();
+            } else {
+                self.b.end_for(vec![]);
+            }
+        }
+    }
+
+    /// Allocates the node's buffer unless it already has one (an output).
+    fn ensure_home(&mut self, n: NodeIndex) -> Value {
+        if let Some(v) = self.home.get(&n) {
+            return *v;
+        }
+        let buf = self.b.alloc(contiguous(self.ty(n)));
+        self.home.insert(n, buf);
+        self.allocated.insert(n, buf);
+        buf
+    }
+
+    fn emit_at_position(&mut self, p: NodeIndex) -> Result<(), LowerError> {
+        let Some(n) = self.kernel_at(p) else {
+            return Ok(());
+        };
+        if self.plan[&n] == Plan::View {
+            let src = self.operand(n, 0);
+            let Some(&buf) = self.home.get(&src) else {
+                return Err(LowerError::Invalid(
+                    "reshape of a value with no buffer".into(),
+                ));
+            };
+            let view = self.b.view(buf, contiguous(self.ty(n)));
+            if let Some(&out) = self.home.get(&n) {
+                // A reshape that is a result: copy through the view.
+                let shape = self.ty(n).shape.clone();
+                let idx = self.open_nest(&shape);
+                let v = self.b.load(view, idx.clone(), None);
+                self.b.store(v, out, idx);
+                self.close_nest(shape.len());
+            } else {
+                self.home.insert(n, view);
+            }
+            return Ok(());
+        }
+        let target = match self.plan[&n] {
+            Plan::WithEpilogue(end) => end,
+            _ => n,
+        };
+        self.ensure_home(target);
+        self.emit_kernel(n)
+    }
+
+    /// Stores the value `v` of node `n` at `idx`, applying its epilogue.
+    fn sink(&mut self, n: NodeIndex, idx: &[IndexExpr], v: Value) {
+        match self.plan[&n] {
+            Plan::WithEpilogue(end) => {
+                self.subst.insert(n, v);
+                let w = self.compute_at(end, idx);
+                self.subst.remove(&n);
+                let buf = self.home[&end];
+                self.b.store(w, buf, idx.to_vec());
+            }
+            _ => {
+                let buf = self.home[&n];
+                self.b.store(v, buf, idx.to_vec());
+            }
+        }
+    }
+
+    /// The value of node `n` at `idx`: substituted, loaded, or computed.
+    fn value_at(&mut self, n: NodeIndex, idx: &[IndexExpr]) -> Value {
+        if let Some(v) = self.subst.get(&n) {
+            return *v;
+        }
+        if self.plan[&n] != Plan::Inline
+            && let Some(&buf) = self.home.get(&n)
+        {
+            return self.b.load(buf, idx.to_vec(), None);
+        }
+        self.compute_at(n, idx)
+    }
+
+    fn operand_at(&mut self, n: NodeIndex, k: usize, idx: &[IndexExpr]) -> Value {
+        let o = self.operand(n, k);
+        let mapped = broadcast_index(idx, &self.ty(o).shape.clone(), &self.ty(n).shape.clone());
+        self.value_at(o, &mapped)
+    }
+
+    /// Computes an element-wise node at `idx` from its operands.
+    fn compute_at(&mut self, n: NodeIndex, idx: &[IndexExpr]) -> Value {
+        let dtype = self.ty(n).dtype;
+        match self.op(n).clone() {
+            Op::Constant(ConstValue::Splat(v)) => self.b.constant(v, dtype),
+            Op::Unary(u) => {
+                let x = self.operand_at(n, 0, idx);
+                self.b.unary(u, x)
+            }
+            Op::Binary(op) => {
+                let x = self.operand_at(n, 0, idx);
+                let y = self.operand_at(n, 1, idx);
+                self.b.binary(op, x, y)
+            }
+            Op::Compare(c) => {
+                let x = self.operand_at(n, 0, idx);
+                let y = self.operand_at(n, 1, idx);
+                self.b.compare(c, x, y)
+            }
+            Op::Select => {
+                let c = self.operand_at(n, 0, idx);
+                let x = self.operand_at(n, 1, idx);
+                let y = self.operand_at(n, 2, idx);
+                self.b.select(c, x, y)
+            }
+            Op::Cast { to } => {
+                let x = self.operand_at(n, 0, idx);
+                self.b.cast(x, to)
+            }
+            Op::Broadcast { .. } => self.operand_at(n, 0, idx),
+            Op::Transpose { perm } => {
+                let mut src = vec![ix_const(0); perm.len()];
+                for (i, &p) in perm.iter().enumerate() {
+                    src[p] = idx[i].clone();
+                }
+                let o = self.operand(n, 0);
+                self.value_at(o, &src)
+            }
+            Op::Slice { axis, start, .. } => {
+                let mut src = idx.to_vec();
+                src[axis] = ix_axpy(1, &idx[axis], &ix_const(start as i64));
+                let o = self.operand(n, 0);
+                self.value_at(o, &src)
+            }
+            Op::BatchNorm { eps } => {
+                let x = self.operand_at(n, 0, idx);
+                let c = [idx[1].clone()];
+                let stat = |l: &mut Self, k: usize| {
+                    let o = l.operand(n, k);
+                    l.value_at(o, &c)
+                };
+                let (mean, var, gamma, beta) =
+                    (stat(self, 1), stat(self, 2), stat(self, 3), stat(self, 4));
+                let e = self.b.constant(eps, dtype);
+                let ve = self.b.binary(BinaryOp::Add, var, e);
+                let inv = self.b.unary(UnaryOp::Rsqrt, ve);
+                let scale = self.b.binary(BinaryOp::Mul, inv, gamma);
+                let centered = self.b.binary(BinaryOp::Sub, x, mean);
+                let scaled = self.b.binary(BinaryOp::Mul, centered, scale);
+                self.b.binary(BinaryOp::Add, scaled, beta)
+            }
+            // Stored nodes are read from their buffers; `value_at` only gets
+            // here for element-wise ops.
+            other => unreachable!("{} is not computed at an index", other.name()),
+        }
+    }
+
+    fn reduce_identity(kind: ReduceKind, d: DType) -> f64 {
+        match (kind, d) {
+            (ReduceKind::Max, DType::I32) => f64::from(i32::MIN),
+            (ReduceKind::Max, DType::I64) => i64::MIN as f64,
+            (ReduceKind::Min, DType::I32) => f64::from(i32::MAX),
+            (ReduceKind::Min, DType::I64) => i64::MAX as f64,
+            _ => kind.identity(),
+        }
+    }
+
+    fn combine(&mut self, kind: ReduceKind, acc: Value, x: Value) -> Value {
+        let op = match kind {
+            ReduceKind::Sum | ReduceKind::Mean => BinaryOp::Add,
+            ReduceKind::Max => BinaryOp::Max,
+            ReduceKind::Min => BinaryOp::Min,
+            ReduceKind::Prod => BinaryOp::Mul,
+        };
+        self.b.binary(op, acc, x)
+    }
+
+    /// Reduces over `extents` with `kind`; `body` gives the element at the
+    /// reduction indices.
+    fn reduce_loops(
+        &mut self,
+        kind: ReduceKind,
+        dtype: DType,
+        ranges: &[(i64, i64)],
+        body: &mut dyn FnMut(&mut Self, &[IndexExpr]) -> Value,
+    ) -> Value {
+        let init = self.b.constant(Self::reduce_identity(kind, dtype), dtype);
+        let mut ivs = Vec::new();
+        let mut carried = init;
+        for &(lo, hi) in ranges {
+            let (iv, c) = self.b.begin_for(lo, hi, 1, &[carried]);
+            ivs.push(ix(iv));
+            carried = c[0];
+        }
+        let x = body(self, &ivs);
+        let mut next = self.combine(kind, carried, x);
+        for _ in ranges {
+            next = self.b.end_for(vec![next])[0];
+        }
+        if kind == ReduceKind::Mean {
+            let count: i64 = ranges.iter().map(|(lo, hi)| hi - lo).product();
+            let c = self.b.constant(count as f64, dtype);
+            next = self.b.binary(BinaryOp::Div, next, c);
+        }
+        next
+    }
+
+    fn emit_kernel(&mut self, n: NodeIndex) -> Result<(), LowerError> {
+        let ty = self.ty(n).clone();
+        let dtype = ty.dtype;
+        match self.op(n).clone() {
+            op if is_elementwise(&op) => {
+                let idx = self.open_nest(&ty.shape);
+                let v = self.compute_at(n, &idx);
+                self.sink(n, &idx, v);
+                self.close_nest(ty.rank());
+            }
+            Op::Constant(ConstValue::Dense(values)) => {
+                let buf = self.home[&n];
+                let shape = ty.shape.clone();
+                for (flat, v) in values.iter().enumerate() {
+                    let mut rest = flat;
+                    let mut idx = vec![ix_const(0); shape.len()];
+                    for axis in (0..shape.len()).rev() {
+                        idx[axis] = ix_const((rest % shape[axis]) as i64);
+                        rest /= shape[axis];
+                    }
+                    let c = self.b.constant(*v, dtype);
+                    self.b.store(c, buf, idx);
+                }
+            }
+            Op::MatMul => {
+                let (a, bn) = (self.operand(n, 0), self.operand(n, 1));
+                let (ash, bsh) = (self.ty(a).shape.clone(), self.ty(bn).shape.clone());
+                let k = ash[ash.len() - 1];
+                let nb = ty.rank() - usize::from(ash.len() > 1) - usize::from(bsh.len() > 1);
+                let idx = self.open_nest(&ty.shape);
+                let batch = &idx[..nb];
+                let m_pos = nb;
+                let n_pos = nb + usize::from(ash.len() > 1);
+                let (abuf, bbuf) = (self.home[&a], self.home[&bn]);
+                let batch_shape: Vec<usize> = ty.shape[..nb].to_vec();
+                let a_batch = if ash.len() > 2 {
+                    broadcast_index(batch, &ash[..ash.len() - 2], &batch_shape)
+                } else {
+                    vec![]
+                };
+                let b_batch = if bsh.len() > 2 {
+                    broadcast_index(batch, &bsh[..bsh.len() - 2], &batch_shape)
+                } else {
+                    vec![]
+                };
+                let idx2 = idx.clone();
+                let acc =
+                    self.reduce_loops(ReduceKind::Sum, dtype, &[(0, k as i64)], &mut |l, kk| {
+                        let mut ai = a_batch.clone();
+                        if ash.len() > 1 {
+                            ai.push(idx2[m_pos].clone());
+                        }
+                        ai.push(kk[0].clone());
+                        let mut bi = b_batch.clone();
+                        bi.push(kk[0].clone());
+                        if bsh.len() > 1 {
+                            bi.push(idx2[n_pos].clone());
+                        }
+                        let x = l.b.load(abuf, ai, None);
+                        let y = l.b.load(bbuf, bi, None);
+                        l.b.binary(BinaryOp::Mul, x, y)
+                    });
+                self.sink(n, &idx, acc);
+                self.close_nest(ty.rank());
+            }
+            Op::Reduce {
+                kind,
+                axes,
+                keepdims,
+            } => {
+                let x = self.operand(n, 0);
+                let xsh = self.ty(x).shape.clone();
+                let xbuf = self.home[&x];
+                let idx = self.open_nest(&ty.shape);
+                let ranges: Vec<(i64, i64)> = axes.iter().map(|&a| (0, xsh[a] as i64)).collect();
+                let idx2 = idx.clone();
+                let v = self.reduce_loops(kind, dtype, &ranges, &mut |l, r| {
+                    let mut xi = Vec::new();
+                    let (mut out_pos, mut red_pos) = (0, 0);
+                    for axis in 0..xsh.len() {
+                        if axes.contains(&axis) {
+                            xi.push(r[red_pos].clone());
+                            red_pos += 1;
+                            if keepdims {
+                                out_pos += 1;
+                            }
+                        } else {
+                            xi.push(idx2[out_pos].clone());
+                            out_pos += 1;
+                        }
+                    }
+                    l.b.load(xbuf, xi, None)
+                });
+                self.sink(n, &idx, v);
+                self.close_nest(ty.rank());
+            }
+            Op::Softmax { axis } => {
+                let x = self.operand(n, 0);
+                let xbuf = self.home[&x];
+                let mut outer = ty.shape.clone();
+                let extent = outer.remove(axis) as i64;
+                let oidx = self.open_nest(&outer);
+                let full = |j: &IndexExpr| {
+                    let mut v = oidx.clone();
+                    v.insert(axis, j.clone());
+                    v
+                };
+                let m = self.reduce_loops(ReduceKind::Max, dtype, &[(0, extent)], &mut |l, j| {
+                    l.b.load(xbuf, full(&j[0]), None)
+                });
+                let s = self.reduce_loops(ReduceKind::Sum, dtype, &[(0, extent)], &mut |l, j| {
+                    let xv = l.b.load(xbuf, full(&j[0]), None);
+                    let d = l.b.binary(BinaryOp::Sub, xv, m);
+                    l.b.unary(UnaryOp::Exp, d)
+                });
+                let (j, _) = self.b.begin_for(0, extent, 1, &[]);
+                let at = full(&ix(j));
+                let xv = self.b.load(xbuf, at.clone(), None);
+                let d = self.b.binary(BinaryOp::Sub, xv, m);
+                let e = self.b.unary(UnaryOp::Exp, d);
+                let v = self.b.binary(BinaryOp::Div, e, s);
+                self.sink(n, &at, v);
+                self.b.end_for(vec![]);
+                self.close_nest(outer.len());
+            }
+            Op::LayerNorm { axes, eps } => {
+                let x = self.operand(n, 0);
+                let xbuf = self.home[&x];
+                let outer: Vec<usize> = (0..ty.rank())
+                    .filter(|a| !axes.contains(a))
+                    .map(|a| ty.shape[a])
+                    .collect();
+                let ranges: Vec<(i64, i64)> =
+                    axes.iter().map(|&a| (0, ty.shape[a] as i64)).collect();
+                let oidx = self.open_nest(&outer);
+                let rank = ty.rank();
+                let full = |inner: &[IndexExpr]| {
+                    let (mut o, mut i) = (0, 0);
+                    (0..rank)
+                        .map(|a| {
+                            if axes.contains(&a) {
+                                i += 1;
+                                inner[i - 1].clone()
+                            } else {
+                                o += 1;
+                                oidx[o - 1].clone()
+                            }
+                        })
+                        .collect::<Vec<_>>()
+                };
+                let mean = self.reduce_loops(ReduceKind::Mean, dtype, &ranges, &mut |l, r| {
+                    l.b.load(xbuf, full(r), None)
+                });
+                let var = self.reduce_loops(ReduceKind::Mean, dtype, &ranges, &mut |l, r| {
+                    let xv = l.b.load(xbuf, full(r), None);
+                    let d = l.b.binary(BinaryOp::Sub, xv, mean);
+                    l.b.binary(BinaryOp::Mul, d, d)
+                });
+                let e = self.b.constant(eps, dtype);
+                let ve = self.b.binary(BinaryOp::Add, var, e);
+                let inv = self.b.unary(UnaryOp::Rsqrt, ve);
+                let mut inner = Vec::new();
+                for &(lo, hi) in &ranges {
+                    inner.push(ix(self.b.begin_for(lo, hi, 1, &[]).0));
+                }
+                let at = full(&inner);
+                let xv = self.b.load(xbuf, at.clone(), None);
+                let d = self.b.binary(BinaryOp::Sub, xv, mean);
+                let v = self.b.binary(BinaryOp::Mul, d, inv);
+                self.sink(n, &at, v);
+                for _ in &ranges {
+                    self.b.end_for(vec![]);
+                }
+                self.close_nest(outer.len());
+            }
+            Op::Conv2d {
+                stride,
+                padding,
+                groups,
+            } => {
+                let (x, w) = (self.operand(n, 0), self.operand(n, 1));
+                let (xbuf, wbuf) = (self.home[&x], self.home[&w]);
+                let wsh = self.ty(w).shape.clone();
+                let (o, cg, kh, kw) = (wsh[0], wsh[1], wsh[2], wsh[3]);
+                let og = o / groups;
+                // Loops n, g, o-in-group, y, x so that o = g * og + oi stays affine.
+                let ivs = self.open_nest(&[ty.shape[0], groups, og, ty.shape[2], ty.shape[3]]);
+                let (nb, g, oi, oy, ox) = (&ivs[0], &ivs[1], &ivs[2], &ivs[3], &ivs[4]);
+                let oc = ix_axpy(og as i64, g, oi);
+                let ranges = [(0, cg as i64), (0, kh as i64), (0, kw as i64)];
+                let (nb2, g2, oy2, ox2, oc2) =
+                    (nb.clone(), g.clone(), oy.clone(), ox.clone(), oc.clone());
+                let acc = self.reduce_loops(ReduceKind::Sum, dtype, &ranges, &mut |l, r| {
+                    let (c, ky, kx) = (&r[0], &r[1], &r[2]);
+                    let xc = ix_axpy(cg as i64, &g2, c);
+                    let iy = ix_axpy(
+                        stride[0] as i64,
+                        &oy2,
+                        &ix_axpy(1, ky, &ix_const(-(padding[0] as i64))),
+                    );
+                    let ixx = ix_axpy(
+                        stride[1] as i64,
+                        &ox2,
+                        &ix_axpy(1, kx, &ix_const(-(padding[1] as i64))),
+                    );
+                    let xv = l.b.load(xbuf, vec![nb2.clone(), xc, iy, ixx], Some(0.0));
+                    let wv = l.b.load(
+                        wbuf,
+                        vec![oc2.clone(), c.clone(), ky.clone(), kx.clone()],
+                        None,
+                    );
+                    l.b.binary(BinaryOp::Mul, xv, wv)
+                });
+                self.sink(n, &[nb.clone(), oc, oy.clone(), ox.clone()], acc);
+                self.close_nest(5);
+            }
+            Op::Pool2d {
+                kind,
+                kernel,
+                stride,
+                padding,
+            } => {
+                let x = self.operand(n, 0);
+                let xbuf = self.home[&x];
+                let idx = self.open_nest(&ty.shape);
+                let (rk, pad) = match kind {
+                    PoolKind::Max => (ReduceKind::Max, f64::NEG_INFINITY),
+                    PoolKind::Avg => (ReduceKind::Mean, 0.0),
+                };
+                let idx2 = idx.clone();
+                let ranges = [(0, kernel[0] as i64), (0, kernel[1] as i64)];
+                let v = self.reduce_loops(rk, dtype, &ranges, &mut |l, r| {
+                    let iy = ix_axpy(
+                        stride[0] as i64,
+                        &idx2[2],
+                        &ix_axpy(1, &r[0], &ix_const(-(padding[0] as i64))),
+                    );
+                    let ixx = ix_axpy(
+                        stride[1] as i64,
+                        &idx2[3],
+                        &ix_axpy(1, &r[1], &ix_const(-(padding[1] as i64))),
+                    );
+                    l.b.load(
+                        xbuf,
+                        vec![idx2[0].clone(), idx2[1].clone(), iy, ixx],
+                        Some(pad),
+                    )
+                });
+                self.sink(n, &idx, v);
+                self.close_nest(4);
+            }
+            Op::Concat { axis } => {
+                let buf = self.home[&n];
+                let mut offset = 0i64;
+                for k in 0..self.g.operands(n).len() {
+                    let o = self.operand(n, k);
+                    let shape = self.ty(o).shape.clone();
+                    let idx = self.open_nest(&shape);
+                    let v = self.value_at(o, &idx);
+                    let mut at = idx.clone();
+                    at[axis] = ix_axpy(1, &idx[axis], &ix_const(offset));
+                    self.b.store(v, buf, at);
+                    self.close_nest(shape.len());
+                    offset += shape[axis] as i64;
+                }
+            }
+            Op::Compute(body) => self.emit_compute(n, &body)?,
+            other => {
+                return Err(LowerError::Invalid(format!(
+                    "{} has no loop nest",
+                    other.name()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn emit_compute(&mut self, n: NodeIndex, body: &ComputeBody) -> Result<(), LowerError> {
+        let inputs: Vec<NodeIndex> = self.g.operands(n).iter().map(|v| v.node).collect();
+        let input_types: Vec<TensorType> = inputs.iter().map(|i| self.ty(*i).clone()).collect();
+        let input_bufs: Vec<Value> = inputs.iter().map(|i| self.home[i]).collect();
+        let mut local_bufs: Vec<Value> = Vec::new();
+        for (k, def) in body.locals.iter().chain([&body.out]).enumerate() {
+            let is_out = k == body.locals.len();
+            let buf = if is_out {
+                None
+            } else {
+                Some(self.b.alloc(contiguous(&def.ty)))
+            };
+            let idx = self.open_nest(&def.ty.shape);
+            let env: HashMap<IndexVar, IndexExpr> =
+                def.vars.iter().copied().zip(idx.iter().cloned()).collect();
+            let cx = ScalarCx {
+                inputs: &input_bufs,
+                input_types: &input_types,
+                locals: &local_bufs,
+                defs: &body.locals[..k.min(body.locals.len())],
+            };
+            let v = self.scalar(&cx, &def.expr, def.ty.dtype, &env)?;
+            match buf {
+                Some(buf) => self.b.store(v, buf, idx),
+                None => self.sink(n, &idx, v),
+            }
+            self.close_nest(def.ty.rank());
+            if let Some(buf) = buf {
+                local_bufs.push(buf);
+            }
+        }
+        for buf in local_bufs {
+            self.b.dealloc(buf);
+        }
+        Ok(())
+    }
+
+    /// Lowers a scalar expression of a compute body. A bare number takes the
+    /// type of what it meets (`ctx`), as in the graph interpreter.
+    fn scalar(
+        &mut self,
+        cx: &ScalarCx<'_>,
+        e: &ScalarExpr,
+        ctx: DType,
+        env: &HashMap<IndexVar, IndexExpr>,
+    ) -> Result<Value, LowerError> {
+        let dt = |x: &ScalarExpr| -> Result<Option<DType>, LowerError> {
+            let refs: Vec<&TensorType> = cx.input_types.iter().collect();
+            dlc_graph::verify::scalar_dtype(x, &refs, cx.defs).map_err(LowerError::Invalid)
+        };
+        Ok(match e {
+            ScalarExpr::Const(v) => self.b.constant(*v, ctx),
+            ScalarExpr::Read { src, index } => {
+                let buf = match src {
+                    Source::Input(i) => cx.inputs[*i as usize],
+                    Source::Local(i) => cx.locals[*i as usize],
+                };
+                let idx = index.iter().map(|a| affine_to_index(a, env)).collect();
+                self.b.load(buf, idx, Some(0.0))
+            }
+            ScalarExpr::Unary(u, x) => {
+                let d = dt(x)?.unwrap_or(ctx);
+                let v = self.scalar(cx, x, d, env)?;
+                self.b.unary(*u, v)
+            }
+            ScalarExpr::Binary(op, x, y) => {
+                let d = dt(x)?.or(dt(y)?).unwrap_or(ctx);
+                let (a, b) = (self.scalar(cx, x, d, env)?, self.scalar(cx, y, d, env)?);
+                self.b.binary(*op, a, b)
+            }
+            ScalarExpr::Compare(c, x, y) => {
+                let d = dt(x)?.or(dt(y)?).unwrap_or(ctx);
+                let (a, b) = (self.scalar(cx, x, d, env)?, self.scalar(cx, y, d, env)?);
+                self.b.compare(*c, a, b)
+            }
+            ScalarExpr::Select(c, x, y) => {
+                let cv = self.scalar(cx, c, DType::Bool, env)?;
+                let d = dt(x)?.or(dt(y)?).unwrap_or(ctx);
+                let (a, b) = (self.scalar(cx, x, d, env)?, self.scalar(cx, y, d, env)?);
+                self.b.select(cv, a, b)
+            }
+            ScalarExpr::Cast(to, x) => {
+                let d = dt(x)?.unwrap_or(*to);
+                let v = self.scalar(cx, x, d, env)?;
+                self.b.cast(v, *to)
+            }
+            ScalarExpr::Reduce { kind, vars, body } => {
+                let d = dt(body)?.unwrap_or(ctx);
+                let ranges: Vec<(i64, i64)> = vars.iter().map(|r| (r.lo, r.hi)).collect();
+                let mut failure = None;
+                let v = self.reduce_loops(*kind, d, &ranges, &mut |l, ivs| {
+                    let mut inner = env.clone();
+                    for (r, iv) in vars.iter().zip(ivs) {
+                        inner.insert(r.var, iv.clone());
+                    }
+                    match l.scalar(cx, body, d, &inner) {
+                        Ok(v) => v,
+                        Err(err) => {
+                            failure = Some(err);
+                            l.b.constant(0.0, d)
+                        }
+                    }
+                });
+                if let Some(err) = failure {
+                    return Err(err);
+                }
+                v
+            }
+        })
+    }
+}
+
+struct ScalarCx<'a> {
+    inputs: &'a [Value],
+    input_types: &'a [TensorType],
+    locals: &'a [Value],
+    defs: &'a [dlc_graph::compute::ElemDef],
+}
+
+fn affine_to_index(a: &Affine, env: &HashMap<IndexVar, IndexExpr>) -> IndexExpr {
+    let mut out = ix_const(a.constant);
+    for (c, v) in &a.terms {
+        if let Some(e) = env.get(v) {
+            out = ix_axpy(*c, e, &out);
+        }
+    }
+    out
+}
