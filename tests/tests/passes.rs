@@ -1,11 +1,11 @@
 //! File-driven pass tests. Each `passes/*.test` file starts with
-//! `// RUN: PIPELINE` and holds its input (dlc source or graph IR); the
+//! `// RUN: PIPELINE` and holds its input (dlc source, graph or loop IR); the
 //! output (the IR after the pipeline, or the error) is an insta snapshot
 //! beside this file. `cargo insta review` is the review of a change.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
-use dlc_driver::{PassOptions, SourceText, load, run_passes};
+use dlc_driver::{PassOptions, SourceText, load_ir, run_pipeline};
 
 fn run_case(text: &str, name: &str) -> String {
     let pipeline = text
@@ -17,9 +17,9 @@ fn run_case(text: &str, name: &str) -> String {
         name: name.to_string(),
         text: text.to_string(),
     };
-    let result = load(&src).and_then(|mut module| {
-        run_passes(&mut module, pipeline, PassOptions::default())?;
-        Ok(dlc_graph::print_module(&module))
+    let result = load_ir(&src).and_then(|mut ir| {
+        run_pipeline(&mut ir, pipeline, PassOptions::default())?;
+        Ok(ir.print())
     });
     match result {
         Ok(ir) => ir,

@@ -11,7 +11,10 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use dlc_core::{PassError, PassManager, PassReport, Pipeline, TensorType};
+use dlc_core::{
+    Pass, PassError, PassManager, PassRegistry, PassReport, Pipeline, TensorType, Verify,
+    VerifyError,
+};
 use dlc_graph::interp::{InterpError, Tensor};
 use dlc_graph::{Function, Module};
 use dlc_runtime::{HostTensor, TensorError, seeded_rng};
@@ -167,20 +170,30 @@ pub fn parse_graph(src: &SourceText) -> Result<Module, DriverError> {
     })?
 }
 
-/// Whether a text is graph IR (its first token is `graph.func`) rather than
-/// dlc source. A `.dl` file is always source.
-pub fn is_graph_ir(src: &SourceText) -> bool {
+/// What a text holds, judged by its first token: `graph.func` (graph IR),
+/// `loop.func` (loop IR), or anything else (dlc source). A `.dl` file is
+/// always source.
+fn text_level(src: &SourceText) -> Option<&'static str> {
     if src.name.ends_with(".dl") {
-        return false;
+        return None;
     }
     let mut rest = src.text.as_str();
     loop {
         rest = rest.trim_start();
         match rest.strip_prefix("//") {
             Some(r) => rest = r.split_once('\n').map_or("", |(_, after)| after),
-            None => return rest.starts_with("graph.func"),
+            None => {
+                return ["graph.func", "loop.func"]
+                    .into_iter()
+                    .find(|k| rest.starts_with(k));
+            }
         }
     }
+}
+
+/// Whether a text is graph IR rather than dlc source.
+pub fn is_graph_ir(src: &SourceText) -> bool {
+    text_level(src) == Some("graph.func")
 }
 
 /// Loads source or graph IR, whichever the text is.
@@ -190,6 +203,150 @@ pub fn load(src: &SourceText) -> Result<Module, DriverError> {
     } else {
         compile_source(src)
     }
+}
+
+/// A module at any level of the compiler.
+#[derive(Debug, Clone)]
+pub enum Ir {
+    /// The graph dialect.
+    Graph(Module),
+    /// The loop dialect.
+    Loop(dlc_loop::Module),
+}
+
+impl Ir {
+    /// The level's name, as error messages say it.
+    pub fn level(&self) -> &'static str {
+        match self {
+            Ir::Graph(_) => "graph",
+            Ir::Loop(_) => "loop",
+        }
+    }
+
+    /// The text form.
+    pub fn print(&self) -> String {
+        match self {
+            Ir::Graph(m) => dlc_graph::print_module(m),
+            Ir::Loop(m) => dlc_loop::print_module(m),
+        }
+    }
+
+    /// MLIR's generic operation syntax.
+    pub fn print_mlir_generic(&self) -> String {
+        match self {
+            Ir::Graph(m) => dlc_graph::print_mlir_generic(m),
+            Ir::Loop(m) => dlc_loop::print_mlir_generic(m),
+        }
+    }
+}
+
+impl Verify for Ir {
+    fn verify(&self) -> Result<(), Vec<VerifyError>> {
+        match self {
+            Ir::Graph(m) => m.verify(),
+            Ir::Loop(m) => m.verify(),
+        }
+    }
+}
+
+/// Parses and verifies loop IR text.
+pub fn parse_loop(src: &SourceText) -> Result<dlc_loop::Module, DriverError> {
+    let src = src.clone();
+    with_stack(move || {
+        let module = dlc_loop::parse_module(&src.text).map_err(|e| DriverError::IrSyntax {
+            path: src.name.clone(),
+            line: e.line,
+            column: e.column,
+            message: e.message,
+        })?;
+        module
+            .verify()
+            .map_err(|errors| PassError::Verify { pass: None, errors })?;
+        Ok(module)
+    })?
+}
+
+/// Loads dlc source, graph IR or loop IR, whichever the text is.
+pub fn load_ir(src: &SourceText) -> Result<Ir, DriverError> {
+    match text_level(src) {
+        Some("loop.func") => Ok(Ir::Loop(parse_loop(src)?)),
+        Some(_) => Ok(Ir::Graph(parse_graph(src)?)),
+        None => Ok(Ir::Graph(compile_source(src)?)),
+    }
+}
+
+/// A graph pass run on [`Ir`]: it refuses other levels.
+struct OnGraph(Box<dyn Pass<Module>>);
+
+impl Pass<Ir> for OnGraph {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+
+    fn run(&mut self, ir: &mut Ir) -> Result<Vec<(&'static str, u64)>, PassError> {
+        match ir {
+            Ir::Graph(m) => self.0.run(m),
+            other => Err(PassError::Failed {
+                pass: self.0.name().into(),
+                message: format!("expects graph IR, got {} IR", other.level()),
+            }),
+        }
+    }
+}
+
+/// `convert-graph-to-loop`: lowers every entry point to the loop dialect.
+struct ConvertGraphToLoop;
+
+impl Pass<Ir> for ConvertGraphToLoop {
+    fn name(&self) -> &'static str {
+        "convert-graph-to-loop"
+    }
+
+    fn run(&mut self, ir: &mut Ir) -> Result<Vec<(&'static str, u64)>, PassError> {
+        let fail = |message: String| PassError::Failed {
+            pass: "convert-graph-to-loop".into(),
+            message,
+        };
+        let Ir::Graph(m) = ir else {
+            return Err(fail(format!("expects graph IR, got {} IR", ir.level())));
+        };
+        let lowered = dlc_lower::lower_module(m).map_err(|e| fail(e.to_string()))?;
+        let ops: usize = lowered.functions.iter().map(|f| f.ops.len()).sum();
+        *ir = Ir::Loop(lowered);
+        Ok(vec![("loop ops created", ops as u64)])
+    }
+}
+
+/// Every pass of every level, and the conversions between levels.
+pub fn registry() -> PassRegistry<Ir> {
+    let mut r =
+        dlc_graph::transforms::registry().lift(|p| Box::new(OnGraph(p)) as Box<dyn Pass<Ir>>);
+    r.register(
+        "convert-graph-to-loop",
+        "lowers the graph dialect to loop nests over buffers (with fusion and buffer lifetimes)",
+        |o| {
+            o.expect_only(&[])?;
+            Ok(Box::new(ConvertGraphToLoop))
+        },
+    );
+    r
+}
+
+/// Runs a textual pipeline over a module at any level.
+pub fn run_pipeline(
+    ir: &mut Ir,
+    pipeline: &str,
+    options: PassOptions<'_>,
+) -> Result<Vec<PassReport>, DriverError> {
+    let pipeline = Pipeline::parse(pipeline)?;
+    let passes = registry().build(&pipeline)?;
+    let mut manager = PassManager::new(passes);
+    if let Some(out) = options.print_after_all {
+        manager = manager.after_each_pass(move |name, ir: &Ir| {
+            let _ = writeln!(out, "// -----// IR after {name} //----- //\n{}", ir.print());
+        });
+    }
+    Ok(manager.run(ir)?)
 }
 
 /// Options for [`run_passes`].
@@ -341,6 +498,70 @@ pub fn interpret(
             Ok(HostTensor::new(ty, data)?)
         })
         .collect()
+}
+
+/// Lowers the graph module to loops and runs entry point `f` on the loop
+/// interpreter.
+pub fn interpret_loops(
+    module: &Module,
+    f: &Function,
+    inputs: &[HostTensor],
+) -> Result<Vec<HostTensor>, DriverError> {
+    use dlc_loop::BufferType;
+    use dlc_loop::interp::{Buffer, run_function};
+    let lowered = dlc_lower::lower_module(module).map_err(|e| DriverError::Usage(e.to_string()))?;
+    let mut args: Vec<Buffer> = inputs
+        .iter()
+        .map(|t| Buffer {
+            ty: BufferType::contiguous(t.ty.dtype, t.ty.shape.clone()),
+            data: t.data.clone(),
+        })
+        .collect();
+    let result_types = f.result_types();
+    for t in &result_types {
+        args.push(
+            Buffer::zeros(BufferType::contiguous(t.dtype, t.shape.clone()))
+                .map_err(|e| DriverError::Usage(e.to_string()))?,
+        );
+    }
+    run_function(&lowered, &f.name, &mut args)
+        .map_err(|e| DriverError::Usage(format!("loop interpreter: {e}")))?;
+    args.drain(..inputs.len());
+    args.into_iter()
+        .zip(result_types)
+        .map(|(b, ty)| Ok(HostTensor::new(ty, b.data)?))
+        .collect()
+}
+
+/// The largest relative error (max-abs difference over max-abs of the
+/// reference) between two lists of results, or an error when their types
+/// differ.
+pub fn max_relative_error(
+    got: &[HostTensor],
+    reference: &[HostTensor],
+) -> Result<f64, DriverError> {
+    let mut worst = 0f64;
+    for (i, (g, r)) in got.iter().zip(reference).enumerate() {
+        if g.ty != r.ty {
+            return Err(DriverError::Usage(format!(
+                "result {i} is {} but the reference is {}",
+                g.ty, r.ty
+            )));
+        }
+        let scale = r.data.iter().fold(0f64, |a, x| a.max(x.abs()));
+        let diff = g.data.iter().zip(&r.data).fold(0f64, |a, (x, y)| {
+            if x.is_nan() && y.is_nan() {
+                a
+            } else if x.is_nan() || y.is_nan() {
+                f64::INFINITY
+            } else {
+                a.max((x - y).abs())
+            }
+        });
+        let rel = if scale > 0.0 { diff / scale } else { diff };
+        worst = worst.max(rel);
+    }
+    Ok(worst)
 }
 
 /// Writes outputs as `DIR/out0.npy`, `DIR/out1.npy`, ... in return order.

@@ -11,8 +11,8 @@ mod text;
 mod types;
 
 pub use pass::{
-    Pass, PassError, PassManager, PassOptions, PassRegistry, PassReport, Pipeline, PipelineEntry,
-    Verify,
+    Pass, PassAdapter, PassError, PassManager, PassOptions, PassRegistry, PassReport, Pipeline,
+    PipelineEntry, Verify,
 };
 pub use text::{format_float, parse_float};
 pub use types::{DType, TensorType};

@@ -248,7 +248,10 @@ impl fmt::Display for Pipeline {
     }
 }
 
-type PassCtor<IR> = fn(&PassOptions) -> Result<Box<dyn Pass<IR>>, PassError>;
+/// Adapts a pass over one IR to a larger IR (an enum over levels).
+pub type PassAdapter<IR, Outer> = fn(Box<dyn Pass<IR>>) -> Box<dyn Pass<Outer>>;
+
+type PassCtor<IR> = Box<dyn Fn(&PassOptions) -> Result<Box<dyn Pass<IR>>, PassError>>;
 
 /// Named passes over one IR, built from pipeline text.
 pub struct PassRegistry<IR> {
@@ -266,8 +269,38 @@ impl<IR> Default for PassRegistry<IR> {
 impl<IR> PassRegistry<IR> {
     /// Registers `name` with a one-line description and a constructor that
     /// validates the pass's options.
-    pub fn register(&mut self, name: &'static str, description: &'static str, ctor: PassCtor<IR>) {
-        self.passes.insert(name, (description, ctor));
+    pub fn register(
+        &mut self,
+        name: &'static str,
+        description: &'static str,
+        ctor: impl Fn(&PassOptions) -> Result<Box<dyn Pass<IR>>, PassError> + 'static,
+    ) {
+        self.passes.insert(name, (description, Box::new(ctor)));
+    }
+
+    /// The same passes over a larger IR (an enum over levels): `wrap`
+    /// adapts each built pass.
+    pub fn lift<Outer>(self, wrap: PassAdapter<IR, Outer>) -> PassRegistry<Outer>
+    where
+        IR: 'static,
+        Outer: 'static,
+    {
+        let mut out = PassRegistry::default();
+        for (name, (description, ctor)) in self.passes {
+            out.passes.insert(
+                name,
+                (
+                    description,
+                    Box::new(move |o: &PassOptions| ctor(o).map(wrap)) as PassCtor<Outer>,
+                ),
+            );
+        }
+        out
+    }
+
+    /// Adds every pass of `other`.
+    pub fn extend(&mut self, other: PassRegistry<IR>) {
+        self.passes.extend(other.passes);
     }
 
     /// `(name, description)` of every registered pass, sorted by name.

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
-use dlc_driver::{DriverError, PassOptions, load, read_input, run_passes};
+use dlc_driver::{DriverError, PassOptions, load_ir, read_input, registry, run_pipeline};
 
 #[derive(Parser)]
 #[command(
@@ -14,7 +14,7 @@ use dlc_driver::{DriverError, PassOptions, load, read_input, run_passes};
     about = "Run dlc passes over source or IR and print the result"
 )]
 struct Args {
-    /// Input: a `.dl` source file, a graph IR file, or `-` for standard input.
+    /// Input: a `.dl` source file, a graph or loop IR file, or `-` for standard input.
     #[arg(required_unless_present = "list_passes")]
     input: Option<String>,
     /// Pipeline to run, as `a,b{key=value},c`.
@@ -42,14 +42,14 @@ struct Args {
 
 fn run(args: Args) -> Result<(), DriverError> {
     if args.list_passes {
-        for (name, description) in dlc_graph::transforms::registry().describe() {
+        for (name, description) in registry().describe() {
             println!("{name:<22} {description}");
         }
         return Ok(());
     }
     let input = args.input.as_deref().unwrap_or("-");
     let src = read_input(input)?;
-    let mut module = load(&src)?;
+    let mut module = load_ir(&src)?;
     let mut stderr = std::io::stderr();
     let options = PassOptions {
         print_after_all: if args.print_after_all {
@@ -58,7 +58,7 @@ fn run(args: Args) -> Result<(), DriverError> {
             None
         },
     };
-    let reports = run_passes(&mut module, &args.passes, options)?;
+    let reports = run_pipeline(&mut module, &args.passes, options)?;
     let mut err = std::io::stderr().lock();
     if args.stats {
         for r in &reports {
@@ -81,9 +81,9 @@ fn run(args: Args) -> Result<(), DriverError> {
         let _ = writeln!(err, "{:>10.3} ms  total", total * 1e3);
     }
     let text = if args.mlir_generic {
-        dlc_graph::print_mlir_generic(&module)
+        module.print_mlir_generic()
     } else {
-        dlc_graph::print_module(&module)
+        module.print()
     };
     match &args.output {
         Some(path) if path != "-" => std::fs::write(path, text).map_err(|source| DriverError::Io {

@@ -127,11 +127,40 @@ fn errors_exit_non_zero_with_locations() {
 }
 
 #[test]
+fn lowers_to_loops_and_reads_loop_ir_back() {
+    let o = dlc_opt(
+        &["-", "--passes", "graph.canonicalize,convert-graph-to-loop"],
+        SRC,
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let loops = text(&o.stdout);
+    assert!(
+        loops.starts_with("loop.func @f(%x: buffer<f32[4, 8]>, %out0: buffer<f32[4, 8]>)"),
+        "{loops}"
+    );
+    let again = dlc_opt(&["-"], &loops);
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    assert_eq!(text(&again.stdout), loops);
+    let o = dlc_opt(&["-", "--passes", "graph.dce"], &loops);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("pass `graph.dce` failed: expects graph IR, got loop IR"),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
+#[test]
 fn lists_passes() {
     let o = dlc_opt(&["--list-passes"], "");
     assert!(o.status.success());
     let out = text(&o.stdout);
-    for p in ["graph.canonicalize", "graph.dce", "graph.inline"] {
+    for p in [
+        "graph.canonicalize",
+        "graph.dce",
+        "graph.inline",
+        "convert-graph-to-loop",
+    ] {
         assert!(out.contains(p), "{out}");
     }
 }

@@ -6,8 +6,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use dlc_driver::{
-    DEFAULT_PIPELINE, DriverError, PassOptions, compile_source, interpret, prepare_inputs,
-    read_input, run_passes, save_outputs, select_entry,
+    DEFAULT_PIPELINE, DriverError, PassOptions, compile_source, interpret, interpret_loops,
+    max_relative_error, prepare_inputs, read_input, run_passes, save_outputs, select_entry,
 };
 use dlc_runtime::HostTensor;
 
@@ -26,6 +26,8 @@ enum Emit {
     GraphMlir,
     /// Loop dialect text.
     Loop,
+    /// Loop dialect in MLIR's generic operation syntax.
+    LoopMlir,
     /// Tile dialect text.
     Tile,
     /// LLVM IR.
@@ -44,6 +46,8 @@ enum Emit {
 enum Backend {
     /// The reference interpreter of the graph dialect.
     Interp,
+    /// The program lowered to loop nests, run by the loop interpreter.
+    Loop,
     /// Compiled native code for this CPU.
     Cpu,
     /// Compiled code for an NVIDIA GPU.
@@ -96,6 +100,10 @@ enum Command {
         /// Graph pipeline to run before executing.
         #[arg(long, default_value = DEFAULT_PIPELINE)]
         passes: String,
+        /// Also run the reference interpreter and fail if the results differ
+        /// by more than 1e-3 (relative to the largest reference value).
+        #[arg(long)]
+        check: bool,
     },
     /// Measure compile time and steady-state latency of an entry point.
     Bench {
@@ -107,10 +115,17 @@ enum Command {
     },
 }
 
+/// `--check` fails above this relative error.
+const CHECK_TOLERANCE: f64 = 1e-3;
+
+fn lower(module: &dlc_graph::Module) -> Result<dlc_loop::Module, DriverError> {
+    dlc_lower::lower_module(module).map_err(|e| DriverError::Usage(e.to_string()))
+}
+
 fn not_yet(what: &str) -> DriverError {
     DriverError::Usage(format!(
-        "{what} is not available yet: this build has the front end, the graph dialect and its \
-         reference interpreter; the loop and tile dialects and the CPU/GPU back ends come next"
+        "{what} is not available yet: this build lowers to the loop dialect and interprets it \
+         (--backend loop); the tile dialect and the CPU/GPU code generators come next"
     ))
 }
 
@@ -165,7 +180,8 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             let text = match emit {
                 Emit::Graph => dlc_graph::print_module(&module),
                 Emit::GraphMlir => dlc_graph::print_mlir_generic(&module),
-                Emit::Loop => return Err(not_yet("--emit loop")),
+                Emit::Loop => dlc_loop::print_module(&lower(&module)?),
+                Emit::LoopMlir => dlc_loop::print_mlir_generic(&lower(&module)?),
                 Emit::Tile => return Err(not_yet("--emit tile")),
                 Emit::Llvm => return Err(not_yet("--emit llvm")),
                 Emit::Asm => return Err(not_yet("--emit asm")),
@@ -191,9 +207,10 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             random_inputs,
             save_outputs: save,
             passes,
+            check,
         } => {
             match backend {
-                Backend::Interp => {}
+                Backend::Interp | Backend::Loop => {}
                 Backend::Cpu => return Err(not_yet("--backend cpu")),
                 Backend::Gpu => return Err(not_yet("--backend gpu")),
             }
@@ -211,7 +228,20 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             run_passes(&mut module, &passes, PassOptions::default())?;
             let f = select_entry(&module, entry.as_deref())?;
             let args = prepare_inputs(f, &files, random_inputs)?;
-            let outputs = interpret(&module, f, &args)?;
+            let outputs = match backend {
+                Backend::Loop => interpret_loops(&module, f, &args)?,
+                _ => interpret(&module, f, &args)?,
+            };
+            if check {
+                let reference = interpret(&module, f, &args)?;
+                let err = max_relative_error(&outputs, &reference)?;
+                if err > CHECK_TOLERANCE {
+                    return Err(DriverError::Usage(format!(
+                        "--check: results differ from the reference interpreter: largest relative error {err:.3e} > {CHECK_TOLERANCE:e}"
+                    )));
+                }
+                println!("check: ok (largest relative error {err:.3e})");
+            }
             for (i, t) in outputs.iter().enumerate() {
                 println!("out{i}: {}", summary(t));
             }

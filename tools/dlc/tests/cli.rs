@@ -271,7 +271,14 @@ fn compile_emits_graph_ir_and_refuses_what_does_not_exist_yet() {
     assert!(text.starts_with("graph.func @affine("), "{text}");
     let o = dlc(&["compile", &model, "--entry", "pair", "--emit", "graph"]);
     assert!(String::from_utf8_lossy(&o.stdout).starts_with("graph.func @pair("));
-    for emit in ["loop", "tile", "llvm", "asm", "obj", "so", "header"] {
+    let o = dlc(&["compile", &model, "--entry", "affine", "--emit", "loop"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).starts_with("loop.func @affine(%x: buffer<f32[2, 3]>")
+    );
+    let o = dlc(&["compile", &model, "--emit", "loop-mlir"]);
+    assert!(String::from_utf8_lossy(&o.stdout).starts_with("\"loop.func\"() ({"));
+    for emit in ["tile", "llvm", "asm", "obj", "so", "header"] {
         fails_with(
             &dlc(&["compile", &model, "--emit", emit]),
             "is not available yet",
@@ -291,6 +298,27 @@ fn compile_emits_graph_ir_and_refuses_what_does_not_exist_yet() {
         "--backend cpu is not available yet",
     );
     fails_with(&dlc(&["bench", &model]), "is not available yet");
+}
+
+#[test]
+fn the_loop_backend_agrees_with_the_reference() {
+    let d = Dir::new("loop");
+    let model = d.file("m.dl", MODEL);
+    for entry in ["affine", "pair"] {
+        let o = dlc(&[
+            "run",
+            &model,
+            "--entry",
+            entry,
+            "--backend",
+            "loop",
+            "--random-inputs",
+            "5",
+            "--check",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert!(String::from_utf8_lossy(&o.stdout).contains("check: ok"));
+    }
 }
 
 #[test]
