@@ -154,20 +154,34 @@ pub fn compile_source(src: &SourceText) -> Result<Module, DriverError> {
     })?
 }
 
-/// Parses and verifies graph IR text.
-pub fn parse_graph(src: &SourceText) -> Result<Module, DriverError> {
+/// Parses IR text with `parse` and verifies it, on the big-stack thread.
+fn parse_ir<M: Verify + Send + 'static>(
+    src: &SourceText,
+    parse: fn(&str) -> Result<M, dlc_core::lex::ParseError>,
+) -> Result<M, DriverError> {
     let src = src.clone();
     with_stack(move || {
-        let module = dlc_graph::parse_module(&src.text).map_err(|e| DriverError::IrSyntax {
+        let module = parse(&src.text).map_err(|e| DriverError::IrSyntax {
             path: src.name.clone(),
             line: e.line,
             column: e.column,
             message: e.message,
         })?;
-        dlc_core::Verify::verify(&module)
+        module
+            .verify()
             .map_err(|errors| PassError::Verify { pass: None, errors })?;
         Ok(module)
     })?
+}
+
+/// Parses and verifies graph IR text.
+pub fn parse_graph(src: &SourceText) -> Result<Module, DriverError> {
+    parse_ir(src, dlc_graph::parse_module)
+}
+
+/// Parses and verifies loop IR text.
+pub fn parse_loop(src: &SourceText) -> Result<dlc_loop::Module, DriverError> {
+    parse_ir(src, dlc_loop::parse_module)
 }
 
 /// What a text holds, judged by its first token: `graph.func` (graph IR),
@@ -247,23 +261,6 @@ impl Verify for Ir {
             Ir::Loop(m) => m.verify(),
         }
     }
-}
-
-/// Parses and verifies loop IR text.
-pub fn parse_loop(src: &SourceText) -> Result<dlc_loop::Module, DriverError> {
-    let src = src.clone();
-    with_stack(move || {
-        let module = dlc_loop::parse_module(&src.text).map_err(|e| DriverError::IrSyntax {
-            path: src.name.clone(),
-            line: e.line,
-            column: e.column,
-            message: e.message,
-        })?;
-        module
-            .verify()
-            .map_err(|errors| PassError::Verify { pass: None, errors })?;
-        Ok(module)
-    })?
 }
 
 /// Loads dlc source, graph IR or loop IR, whichever the text is.

@@ -8,11 +8,10 @@
 
 use dlc_core::Verify;
 use dlc_driver::{
-    DEFAULT_PIPELINE, PassOptions, SourceText, compile_source, interpret, prepare_inputs,
-    run_passes,
+    DEFAULT_PIPELINE, PassOptions, SourceText, compile_source, interpret, interpret_loops,
+    max_relative_error, prepare_inputs, run_passes,
 };
-use dlc_loop::interp::{Buffer, run_function};
-use dlc_loop::{BufferType, parse_module, print_mlir_generic, print_module};
+use dlc_loop::{parse_module, print_mlir_generic, print_module};
 use dlc_lower::lower_module;
 use proptest::prelude::*;
 
@@ -48,40 +47,21 @@ fn agree(src: &str) {
     for (seed, f) in m.entry_points().enumerate() {
         let inputs = prepare_inputs(f, &[], Some(seed as u64)).unwrap();
         let want = interpret(&m, f, &inputs).unwrap();
-        let mut args: Vec<Buffer> = inputs
-            .iter()
-            .map(|t| Buffer {
-                ty: BufferType::contiguous(t.ty.dtype, t.ty.shape.clone()),
-                data: t.data.clone(),
-            })
-            .collect();
-        for w in &want {
-            args.push(
-                Buffer::zeros(BufferType::contiguous(w.ty.dtype, w.ty.shape.clone())).unwrap(),
-            );
-        }
-        run_function(&l, &f.name, &mut args)
-            .unwrap_or_else(|e| panic!("{e}\n{}", print_module(&l)));
-        for (i, w) in want.iter().enumerate() {
-            let got = &args[inputs.len() + i].data;
-            let scale = w.data.iter().fold(0f64, |a, x| a.max(x.abs())).max(1e-30);
-            let err = w.data.iter().zip(got).fold(0f64, |a, (x, y)| {
-                if x.is_nan() && y.is_nan() {
-                    a
-                } else {
-                    a.max((x - y).abs())
-                }
-            });
-            assert!(
-                err / scale <= TOLERANCE,
-                "@{} result {i}: relative error {:.3e}\nwant {:?}\ngot  {:?}\n{}",
-                f.name,
-                err / scale,
-                &w.data[..w.data.len().min(8)],
-                &got[..got.len().min(8)],
-                print_module(&l)
-            );
-        }
+        let got =
+            interpret_loops(&m, f, &inputs).unwrap_or_else(|e| panic!("{e}\n{}", print_module(&l)));
+        let err = max_relative_error(&got, &want).unwrap();
+        assert!(
+            err <= TOLERANCE,
+            "@{}: relative error {err:.3e}\nwant {:?}\ngot  {:?}\n{}",
+            f.name,
+            want.iter()
+                .map(|t| &t.data[..t.data.len().min(8)])
+                .collect::<Vec<_>>(),
+            got.iter()
+                .map(|t| &t.data[..t.data.len().min(8)])
+                .collect::<Vec<_>>(),
+            print_module(&l)
+        );
     }
 }
 
