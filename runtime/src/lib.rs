@@ -92,6 +92,42 @@ impl HostTensor {
         }
     }
 
+    /// The elements as little-endian bytes of the element type (bool: one
+    /// byte each), as compiled code reads them.
+    pub fn to_le_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.data.len() * self.ty.dtype.size_bytes());
+        for &x in &self.data {
+            match self.ty.dtype {
+                DType::F32 => out.extend((x as f32).to_le_bytes()),
+                DType::F16 => out.extend(half::f16::from_f64(x).to_le_bytes()),
+                DType::BF16 => out.extend(half::bf16::from_f64(x).to_le_bytes()),
+                DType::I32 => out.extend((x as i32).to_le_bytes()),
+                DType::I64 => out.extend((x as i64).to_le_bytes()),
+                DType::Bool => out.push(u8::from(x != 0.0)),
+            }
+        }
+        out
+    }
+
+    /// A tensor from little-endian bytes of its element type.
+    pub fn from_le_bytes(ty: TensorType, bytes: &[u8]) -> Result<HostTensor, TensorError> {
+        let size = ty.dtype.size_bytes();
+        let data = bytes
+            .chunks_exact(size)
+            .map(|c| match ty.dtype {
+                DType::F32 => f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+                DType::F16 => half::f16::from_le_bytes([c[0], c[1]]).to_f64(),
+                DType::BF16 => half::bf16::from_le_bytes([c[0], c[1]]).to_f64(),
+                DType::I32 => f64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+                DType::I64 => {
+                    i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f64
+                }
+                DType::Bool => f64::from(u8::from(c[0] != 0)),
+            })
+            .collect();
+        HostTensor::new(ty, data)
+    }
+
     /// Reads an `.npy` file. Its element type maps to dlc's: `<f4` f32,
     /// `<f2` f16, `<i4` i32, `<i8` i64, `|b1` bool. NumPy has no bfloat16:
     /// read a float32 file with `as_dtype = Some(BF16)` to round it.
@@ -285,6 +321,21 @@ mod tests {
         assert_eq!(t.ty, TensorType::new(DType::F32, vec![2, 3]));
         assert_eq!(t.data, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn bytes_round_trip_every_dtype() {
+        let mut rng = seeded_rng(3);
+        for dtype in DType::ALL {
+            let t = HostTensor::random(&TensorType::new(dtype, vec![5]), &mut rng);
+            let bytes = t.to_le_bytes();
+            assert_eq!(bytes.len(), 5 * dtype.size_bytes());
+            assert_eq!(
+                HostTensor::from_le_bytes(t.ty.clone(), &bytes).unwrap(),
+                t,
+                "{dtype}"
+            );
+        }
     }
 
     #[test]

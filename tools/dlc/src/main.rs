@@ -122,10 +122,42 @@ fn lower(module: &dlc_graph::Module) -> Result<dlc_loop::Module, DriverError> {
     dlc_lower::lower_module(module).map_err(|e| DriverError::Usage(e.to_string()))
 }
 
+fn codegen(e: dlc_llvm::CodegenError) -> DriverError {
+    DriverError::Usage(e.to_string())
+}
+
+/// Compiles the entry point for this CPU through LLVM and runs it in process.
+fn run_cpu(
+    module: &dlc_graph::Module,
+    f: &dlc_graph::Function,
+    inputs: &[HostTensor],
+) -> Result<Vec<HostTensor>, DriverError> {
+    let lowered = lower(module)?;
+    let mut buffers: Vec<Vec<u8>> = inputs.iter().map(HostTensor::to_le_bytes).collect();
+    let outs = f.result_types();
+    for t in &outs {
+        let bytes = t
+            .num_elements()
+            .and_then(|n| n.checked_mul(t.dtype.size_bytes()));
+        buffers.push(vec![
+            0u8;
+            bytes.ok_or_else(|| DriverError::Usage(format!(
+                "{t} is too large"
+            )))?
+        ]);
+    }
+    dlc_llvm::run(&lowered, &f.name, &mut buffers).map_err(codegen)?;
+    outs.into_iter()
+        .zip(&buffers[inputs.len()..])
+        .map(|(t, b)| Ok(HostTensor::from_le_bytes(t, b)?))
+        .collect()
+}
+
 fn not_yet(what: &str) -> DriverError {
     DriverError::Usage(format!(
-        "{what} is not available yet: this build lowers to the loop dialect and interprets it \
-         (--backend loop); the tile dialect and the CPU/GPU code generators come next"
+        "{what} is not available yet: this build compiles through the loop dialect and LLVM for \
+         this CPU (--backend cpu, --emit llvm|asm|obj); shared libraries, C headers, the GPU \
+         and benchmarks come next"
     ))
 }
 
@@ -183,9 +215,23 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                 Emit::Loop => dlc_loop::print_module(&lower(&module)?),
                 Emit::LoopMlir => dlc_loop::print_mlir_generic(&lower(&module)?),
                 Emit::Tile => return Err(not_yet("--emit tile")),
-                Emit::Llvm => return Err(not_yet("--emit llvm")),
-                Emit::Asm => return Err(not_yet("--emit asm")),
-                Emit::Obj => return Err(not_yet("--emit obj")),
+                Emit::Llvm => dlc_llvm::emit_llvm_ir(&lower(&module)?).map_err(codegen)?,
+                Emit::Asm => {
+                    let bytes = dlc_llvm::emit_native(&lower(&module)?, false).map_err(codegen)?;
+                    String::from_utf8_lossy(&bytes).into_owned()
+                }
+                Emit::Obj => {
+                    let bytes = dlc_llvm::emit_native(&lower(&module)?, true).map_err(codegen)?;
+                    if output == "-" {
+                        return Err(DriverError::Usage(
+                            "--emit obj writes a binary file: give -o FILE".into(),
+                        ));
+                    }
+                    return std::fs::write(&output, bytes).map_err(|source| DriverError::Io {
+                        path: output.clone(),
+                        source,
+                    });
+                }
                 Emit::So => return Err(not_yet("--emit so")),
                 Emit::Header => return Err(not_yet("--emit header")),
             };
@@ -210,8 +256,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             check,
         } => {
             match backend {
-                Backend::Interp | Backend::Loop => {}
-                Backend::Cpu => return Err(not_yet("--backend cpu")),
+                Backend::Interp | Backend::Loop | Backend::Cpu => {}
                 Backend::Gpu => return Err(not_yet("--backend gpu")),
             }
             let mut files = Vec::new();
@@ -230,6 +275,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             let args = prepare_inputs(f, &files, random_inputs)?;
             let outputs = match backend {
                 Backend::Loop => interpret_loops(&module, f, &args)?,
+                Backend::Cpu => run_cpu(&module, f, &args)?,
                 _ => interpret(&module, f, &args)?,
             };
             if check {

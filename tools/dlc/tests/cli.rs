@@ -278,12 +278,39 @@ fn compile_emits_graph_ir_and_refuses_what_does_not_exist_yet() {
     );
     let o = dlc(&["compile", &model, "--emit", "loop-mlir"]);
     assert!(String::from_utf8_lossy(&o.stdout).starts_with("\"loop.func\"() ({"));
-    for emit in ["tile", "llvm", "asm", "obj", "so", "header"] {
+    for emit in ["tile", "so", "header"] {
         fails_with(
             &dlc(&["compile", &model, "--emit", emit]),
             "is not available yet",
         );
     }
+    let o = dlc(&["compile", &model, "--emit", "llvm"]);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains(" i32 @affine(ptr"),
+        "{}",
+        stderr(&o)
+    );
+    let o = dlc(&["compile", &model, "--emit", "asm"]);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("affine:"),
+        "{}",
+        stderr(&o)
+    );
+    let obj = d.0.join("m.o");
+    assert!(
+        dlc(&[
+            "compile",
+            &model,
+            "--emit",
+            "obj",
+            "-o",
+            obj.to_str().unwrap()
+        ])
+        .status
+        .success()
+    );
+    assert_eq!(&std::fs::read(&obj).unwrap()[..4], b"\x7fELF");
+    fails_with(&dlc(&["compile", &model, "--emit", "obj"]), "give -o FILE");
     fails_with(
         &dlc(&[
             "run",
@@ -291,11 +318,11 @@ fn compile_emits_graph_ir_and_refuses_what_does_not_exist_yet() {
             "--entry",
             "pair",
             "--backend",
-            "cpu",
+            "gpu",
             "--random-inputs",
             "0",
         ]),
-        "--backend cpu is not available yet",
+        "--backend gpu is not available yet",
     );
     fails_with(&dlc(&["bench", &model]), "is not available yet");
 }
@@ -304,14 +331,19 @@ fn compile_emits_graph_ir_and_refuses_what_does_not_exist_yet() {
 fn the_loop_backend_agrees_with_the_reference() {
     let d = Dir::new("loop");
     let model = d.file("m.dl", MODEL);
-    for entry in ["affine", "pair"] {
+    for (entry, backend) in [
+        ("affine", "loop"),
+        ("pair", "loop"),
+        ("affine", "cpu"),
+        ("pair", "cpu"),
+    ] {
         let o = dlc(&[
             "run",
             &model,
             "--entry",
             entry,
             "--backend",
-            "loop",
+            backend,
             "--random-inputs",
             "5",
             "--check",

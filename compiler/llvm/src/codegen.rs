@@ -1,0 +1,981 @@
+use std::collections::HashMap;
+
+use dlc_core::DType;
+use dlc_core::scalar::{BinaryOp, CmpOp, UnaryOp};
+use dlc_loop::{Block, Function, IndexExpr, Module as LModule, OpKind, Type, Value};
+use inkwell::attributes::AttributeLoc;
+use inkwell::basic_block::BasicBlock;
+use inkwell::builder::{Builder, BuilderError};
+use inkwell::context::Context;
+use inkwell::intrinsics::Intrinsic;
+use inkwell::module::{Linkage, Module};
+use inkwell::passes::PassBuilderOptions;
+use inkwell::targets::{CodeModel, InitializationConfig, RelocMode, Target, TargetMachine};
+use inkwell::types::{BasicMetadataTypeEnum, BasicTypeEnum};
+use inkwell::values::{
+    BasicMetadataValueEnum, BasicValueEnum, FloatValue, FunctionValue, IntValue, PointerValue,
+};
+use inkwell::{AddressSpace, FloatPredicate, IntPredicate, OptimizationLevel};
+
+/// Why code could not be generated or run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CodegenError {
+    /// LLVM refused something (a target, the IR, the JIT).
+    #[error("LLVM: {0}")]
+    Llvm(String),
+    /// The loop IR breaks an invariant the verifier checks.
+    #[error("invalid loop IR: {0}")]
+    Invalid(String),
+    /// Arguments do not match the function.
+    #[error("{0}")]
+    Arguments(String),
+    /// The compiled code reported an error.
+    #[error("{0}")]
+    Runtime(String),
+}
+
+impl From<BuilderError> for CodegenError {
+    fn from(e: BuilderError) -> Self {
+        CodegenError::Llvm(e.to_string())
+    }
+}
+
+type R<T> = Result<T, CodegenError>;
+
+fn host_machine() -> R<TargetMachine> {
+    Target::initialize_native(&InitializationConfig::default()).map_err(CodegenError::Llvm)?;
+    let triple = TargetMachine::get_default_triple();
+    let target = Target::from_triple(&triple).map_err(|e| CodegenError::Llvm(e.to_string()))?;
+    let cpu = TargetMachine::get_host_cpu_name();
+    let features = TargetMachine::get_host_cpu_features();
+    target
+        .create_target_machine(
+            &triple,
+            &cpu.to_string_lossy(),
+            &features.to_string_lossy(),
+            OptimizationLevel::Aggressive,
+            RelocMode::PIC,
+            CodeModel::Default,
+        )
+        .ok_or_else(|| CodegenError::Llvm("cannot create a target machine for the host".into()))
+}
+
+/// An LLVM module compiled from loop IR, with the target machine it is for.
+pub struct Compiled<'ctx> {
+    /// The optimized module.
+    pub module: Module<'ctx>,
+    machine: TargetMachine,
+}
+
+/// Compiles loop IR for the host CPU and optimizes it (O3).
+pub fn compile<'ctx>(ctx: &'ctx Context, m: &LModule) -> R<Compiled<'ctx>> {
+    let machine = host_machine()?;
+    let module = ctx.create_module("dlc");
+    module.set_triple(&machine.get_triple());
+    module.set_data_layout(&machine.get_target_data().get_data_layout());
+    let cpu = TargetMachine::get_host_cpu_name()
+        .to_string_lossy()
+        .into_owned();
+    let features = TargetMachine::get_host_cpu_features()
+        .to_string_lossy()
+        .into_owned();
+    for f in &m.functions {
+        let func = Gen::function(ctx, &module, f)?;
+        for (k, v) in [
+            ("target-cpu", cpu.as_str()),
+            ("target-features", features.as_str()),
+            ("prefer-vector-width", "512"),
+        ] {
+            func.add_attribute(AttributeLoc::Function, ctx.create_string_attribute(k, v));
+        }
+        entry_wrapper(ctx, &module, f, func)?;
+    }
+    module
+        .verify()
+        .map_err(|e| CodegenError::Llvm(format!("generated IR is invalid: {e}")))?;
+    module
+        .run_passes("default<O3>", &machine, PassBuilderOptions::create())
+        .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+    Ok(Compiled { module, machine })
+}
+
+impl Compiled<'_> {
+    /// The target machine the module was compiled for.
+    pub fn machine(&self) -> &TargetMachine {
+        &self.machine
+    }
+}
+
+/// The optimized LLVM IR of a loop module, as text.
+pub fn emit_llvm_ir(m: &LModule) -> R<String> {
+    let ctx = Context::create();
+    let c = compile(&ctx, m)?;
+    Ok(c.module.print_to_string().to_string())
+}
+
+/// Native assembly (`asm`) or an object file for the host, from loop IR.
+pub fn emit_native(m: &LModule, object: bool) -> R<Vec<u8>> {
+    let ctx = Context::create();
+    let c = compile(&ctx, m)?;
+    let kind = if object {
+        inkwell::targets::FileType::Object
+    } else {
+        inkwell::targets::FileType::Assembly
+    };
+    let buf = c
+        .machine
+        .write_to_memory_buffer(&c.module, kind)
+        .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+    Ok(buf.as_slice().to_vec())
+}
+
+/// 64-byte aligned storage for one buffer.
+struct Aligned {
+    words: Vec<[u64; 8]>,
+}
+
+impl Aligned {
+    fn new(bytes: &[u8]) -> Aligned {
+        let mut words = vec![[0u64; 8]; bytes.len().div_ceil(64).max(1)];
+        for (i, chunk) in bytes.chunks(8).enumerate() {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            words[i / 8][i % 8] = u64::from_le_bytes(w);
+        }
+        Aligned { words }
+    }
+
+    fn bytes(&self, len: usize) -> Vec<u8> {
+        self.words
+            .iter()
+            .flat_map(|w| w.iter().flat_map(|x| x.to_le_bytes()))
+            .take(len)
+            .collect()
+    }
+
+    fn ptr(&mut self) -> *mut u8 {
+        self.words.as_mut_ptr().cast()
+    }
+}
+
+/// Compiles `m` and runs function `name` in process. `buffers` holds each
+/// parameter's storage as little-endian bytes of its element type (bool: one
+/// byte), in parameter order; outputs are written back into them.
+pub fn run(m: &LModule, name: &str, buffers: &mut [Vec<u8>]) -> R<()> {
+    let f = m
+        .functions
+        .iter()
+        .find(|f| f.name == name)
+        .ok_or_else(|| CodegenError::Arguments(format!("no function `@{name}`")))?;
+    if buffers.len() != f.params.len() {
+        return Err(CodegenError::Arguments(format!(
+            "@{name} takes {} buffers, got {}",
+            f.params.len(),
+            buffers.len()
+        )));
+    }
+    for (i, ((pname, v), buf)) in f.params.iter().zip(buffers.iter()).enumerate() {
+        let Type::Buffer(t) = f.ty(*v) else {
+            return Err(CodegenError::Invalid("parameter is not a buffer".into()));
+        };
+        let need = t
+            .storage_len()
+            .unwrap_or(usize::MAX)
+            .saturating_mul(t.dtype.size_bytes());
+        if buf.len() != need {
+            return Err(CodegenError::Arguments(format!(
+                "buffer {i} (%{pname}, {t}) needs {need} bytes, got {}",
+                buf.len()
+            )));
+        }
+    }
+    let ctx = Context::create();
+    let compiled = compile(&ctx, m)?;
+    let engine = compiled
+        .module
+        .create_jit_execution_engine(OptimizationLevel::Aggressive)
+        .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+    let mut storage: Vec<Aligned> = buffers.iter().map(|b| Aligned::new(b)).collect();
+    let pointers: Vec<*mut u8> = storage.iter_mut().map(Aligned::ptr).collect();
+    type Entry = unsafe extern "C" fn(*const *mut u8) -> i32;
+    // SAFETY: `name.entry` was generated by `entry_wrapper` with exactly this
+    // signature; `pointers` holds one pointer per parameter, each to storage
+    // of the size the function's buffer type needs (checked above), 64-byte
+    // aligned, alive until the call returns.
+    let status = unsafe {
+        let entry = engine
+            .get_function::<Entry>(&format!("{name}.entry"))
+            .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+        entry.call(pointers.as_ptr())
+    };
+    for (buf, s) in buffers.iter_mut().zip(&storage) {
+        *buf = s.bytes(buf.len());
+    }
+    match status {
+        0 => Ok(()),
+        1 => Err(CodegenError::Runtime("integer division by zero".into())),
+        2 => Err(CodegenError::Runtime(
+            "out of memory allocating a buffer".into(),
+        )),
+        s => Err(CodegenError::Runtime(format!(
+            "compiled code failed with status {s}"
+        ))),
+    }
+}
+
+fn entry_wrapper<'ctx>(
+    ctx: &'ctx Context,
+    module: &Module<'ctx>,
+    f: &Function,
+    func: FunctionValue<'ctx>,
+) -> R<()> {
+    let ptr = ctx.ptr_type(AddressSpace::default());
+    let i32t = ctx.i32_type();
+    let wrapper = module.add_function(
+        &format!("{}.entry", f.name),
+        i32t.fn_type(&[ptr.into()], false),
+        Some(Linkage::External),
+    );
+    let b = ctx.create_builder();
+    b.position_at_end(ctx.append_basic_block(wrapper, "entry"));
+    let array = wrapper
+        .get_first_param()
+        .map(|p| p.into_pointer_value())
+        .ok_or_else(|| CodegenError::Invalid("wrapper without parameter".into()))?;
+    let mut args: Vec<BasicMetadataValueEnum<'_>> = Vec::new();
+    for i in 0..f.params.len() {
+        // SAFETY (LLVM IR semantics): index i is within the array the caller passes.
+        let slot = unsafe {
+            b.build_in_bounds_gep(
+                ptr,
+                array,
+                &[ctx.i64_type().const_int(i as u64, false)],
+                "slot",
+            )?
+        };
+        args.push(b.build_load(ptr, slot, "buffer")?.into());
+    }
+    let status = b
+        .build_call(func, &args, "status")?
+        .try_as_basic_value()
+        .basic()
+        .ok_or_else(|| CodegenError::Invalid("call without value".into()))?;
+    b.build_return(Some(&status))?;
+    Ok(())
+}
+
+struct Gen<'ctx, 'f> {
+    ctx: &'ctx Context,
+    module: &'f Module<'ctx>,
+    b: Builder<'ctx>,
+    f: &'f Function,
+    func: FunctionValue<'ctx>,
+    vals: HashMap<Value, BasicValueEnum<'ctx>>,
+    fail_div: BasicBlock<'ctx>,
+    fail_alloc: BasicBlock<'ctx>,
+}
+
+fn storage_type(ctx: &Context, d: DType) -> BasicTypeEnum<'_> {
+    match d {
+        DType::F32 => ctx.f32_type().into(),
+        DType::F16 => ctx.f16_type().into(),
+        DType::BF16 => ctx.bf16_type().into(),
+        DType::I32 => ctx.i32_type().into(),
+        DType::I64 => ctx.i64_type().into(),
+        DType::Bool => ctx.i8_type().into(),
+    }
+}
+
+fn scalar_type(ctx: &Context, d: DType) -> BasicTypeEnum<'_> {
+    match d {
+        DType::Bool => ctx.bool_type().into(),
+        other => storage_type(ctx, other),
+    }
+}
+
+impl<'ctx, 'f> Gen<'ctx, 'f> {
+    fn function(
+        ctx: &'ctx Context,
+        module: &'f Module<'ctx>,
+        f: &'f Function,
+    ) -> R<FunctionValue<'ctx>> {
+        let ptr = ctx.ptr_type(AddressSpace::default());
+        let params: Vec<BasicMetadataTypeEnum<'_>> = f.params.iter().map(|_| ptr.into()).collect();
+        let func = module.add_function(
+            &f.name,
+            ctx.i32_type().fn_type(&params, false),
+            Some(Linkage::External),
+        );
+        let entry = ctx.append_basic_block(func, "entry");
+        let fail_div = ctx.append_basic_block(func, "fail.division_by_zero");
+        let fail_alloc = ctx.append_basic_block(func, "fail.alloc");
+        let b = ctx.create_builder();
+        for (block, status) in [(fail_div, 1), (fail_alloc, 2)] {
+            b.position_at_end(block);
+            b.build_return(Some(&ctx.i32_type().const_int(status, false)))?;
+        }
+        b.position_at_end(entry);
+        let mut g = Gen {
+            ctx,
+            module,
+            b,
+            f,
+            func,
+            vals: HashMap::new(),
+            fail_div,
+            fail_alloc,
+        };
+        for (i, (_, v)) in f.params.iter().enumerate() {
+            let p = func
+                .get_nth_param(i as u32)
+                .ok_or_else(|| CodegenError::Invalid("missing parameter".into()))?;
+            g.vals.insert(*v, p);
+        }
+        g.block(&f.body)?;
+        Ok(func)
+    }
+
+    fn get(&self, v: Value) -> R<BasicValueEnum<'ctx>> {
+        self.vals.get(&v).copied().ok_or_else(|| {
+            CodegenError::Invalid(format!("value {} used before it is defined", v.0))
+        })
+    }
+
+    fn dtype(&self, v: Value) -> DType {
+        match self.f.ty(v) {
+            Type::Scalar(d) => *d,
+            Type::Buffer(b) => b.dtype,
+            Type::Index => DType::I64,
+        }
+    }
+
+    fn index(&self, e: &IndexExpr) -> R<IntValue<'ctx>> {
+        let i64t = self.ctx.i64_type();
+        let mut acc = i64t.const_int(e.constant as u64, true);
+        for (c, v) in &e.terms {
+            let iv = self.get(*v)?.into_int_value();
+            let term = self
+                .b
+                .build_int_mul(iv, i64t.const_int(*c as u64, true), "term")?;
+            acc = self.b.build_int_add(acc, term, "idx")?;
+        }
+        Ok(acc)
+    }
+
+    /// The element pointer of `buf[index]`, and (when `checked`) whether the
+    /// index is in bounds; an out-of-bounds index is replaced by offset 0.
+    fn address(
+        &self,
+        buf: Value,
+        index: &[IndexExpr],
+        checked: bool,
+    ) -> R<(PointerValue<'ctx>, Option<IntValue<'ctx>>)> {
+        let Type::Buffer(t) = self.f.ty(buf) else {
+            return Err(CodegenError::Invalid("load from a non-buffer".into()));
+        };
+        let i64t = self.ctx.i64_type();
+        let mut offset = i64t.const_zero();
+        let mut inside: Option<IntValue<'ctx>> = None;
+        for ((e, &d), &s) in index.iter().zip(&t.shape).zip(&t.strides) {
+            let i = self.index(e)?;
+            if checked {
+                let ok = self.b.build_int_compare(
+                    IntPredicate::ULT,
+                    i,
+                    i64t.const_int(d as u64, false),
+                    "inb",
+                )?;
+                inside = Some(match inside {
+                    None => ok,
+                    Some(prev) => self.b.build_and(prev, ok, "inb")?,
+                });
+            }
+            let scaled = self
+                .b
+                .build_int_mul(i, i64t.const_int(s as u64, false), "off")?;
+            offset = self.b.build_int_add(offset, scaled, "off")?;
+        }
+        if let Some(ok) = inside {
+            offset = self
+                .b
+                .build_select(ok, offset, i64t.const_zero(), "safe")?
+                .into_int_value();
+        }
+        let base = self.get(buf)?.into_pointer_value();
+        // SAFETY (LLVM IR semantics): the offset is within the buffer's storage:
+        // checked above, or guaranteed by the lowering for unpadded accesses.
+        let p = unsafe {
+            self.b
+                .build_in_bounds_gep(storage_type(self.ctx, t.dtype), base, &[offset], "elt")?
+        };
+        Ok((p, inside))
+    }
+
+    fn call(
+        &self,
+        name: &str,
+        types: &[BasicTypeEnum<'ctx>],
+        args: &[BasicValueEnum<'ctx>],
+    ) -> R<BasicValueEnum<'ctx>> {
+        let decl = Intrinsic::find(name)
+            .and_then(|i| i.get_declaration(self.module, types))
+            .ok_or_else(|| CodegenError::Llvm(format!("no intrinsic {name}")))?;
+        let args: Vec<BasicMetadataValueEnum<'ctx>> = args.iter().map(|a| (*a).into()).collect();
+        self.b
+            .build_call(decl, &args, "call")?
+            .try_as_basic_value()
+            .basic()
+            .ok_or_else(|| CodegenError::Llvm(format!("{name} gives no value")))
+    }
+
+    fn libm_f32(&self, name: &str, x: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        let f32t = self.ctx.f32_type();
+        let decl = self.module.get_function(name).unwrap_or_else(|| {
+            self.module.add_function(
+                name,
+                f32t.fn_type(&[f32t.into()], false),
+                Some(Linkage::External),
+            )
+        });
+        let wide = self.b.build_float_cast(x, f32t, "wide")?;
+        let r = self
+            .b
+            .build_call(decl, &[wide.into()], name)?
+            .try_as_basic_value()
+            .basic()
+            .ok_or_else(|| CodegenError::Llvm(format!("{name} gives no value")))?;
+        Ok(self
+            .b
+            .build_float_cast(r.into_float_value(), x.get_type(), "narrow")?)
+    }
+
+    /// Computes `op` on a 16-bit float in f32 and rounds back: LLVM lowers
+    /// many operations on half and bfloat to library calls that do not exist.
+    fn widened(
+        &self,
+        x: FloatValue<'ctx>,
+        op: impl FnOnce(FloatValue<'ctx>) -> R<FloatValue<'ctx>>,
+    ) -> R<Option<FloatValue<'ctx>>> {
+        let f32t = self.ctx.f32_type();
+        if x.get_type() == f32t {
+            return Ok(None);
+        }
+        let wide = self.b.build_float_ext(x, f32t, "wide")?;
+        let r = op(wide)?;
+        Ok(Some(self.b.build_float_trunc(r, x.get_type(), "narrow")?))
+    }
+
+    fn float_unary(&self, u: UnaryOp, x: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        if !matches!(u, UnaryOp::Neg | UnaryOp::Relu | UnaryOp::Abs)
+            && let Some(v) = self.widened(x, |w| self.float_unary(u, w))?
+        {
+            return Ok(v);
+        }
+        let t = x.get_type();
+        let ty: BasicTypeEnum<'ctx> = t.into();
+        let one = t.const_float(1.0);
+        let intr = |name: &str, v: FloatValue<'ctx>| -> R<FloatValue<'ctx>> {
+            Ok(self.call(name, &[ty], &[v.into()])?.into_float_value())
+        };
+        Ok(match u {
+            UnaryOp::Neg => self.b.build_float_neg(x, "neg")?,
+            UnaryOp::Relu => {
+                let neg =
+                    self.b
+                        .build_float_compare(FloatPredicate::OLT, x, t.const_zero(), "isneg")?;
+                self.b
+                    .build_select(neg, t.const_zero(), x, "relu")?
+                    .into_float_value()
+            }
+            UnaryOp::Exp => intr("llvm.exp", x)?,
+            UnaryOp::Log => intr("llvm.log", x)?,
+            UnaryOp::Sqrt => intr("llvm.sqrt", x)?,
+            UnaryOp::Rsqrt => {
+                let s = intr("llvm.sqrt", x)?;
+                self.b.build_float_div(one, s, "rsqrt")?
+            }
+            UnaryOp::Tanh => self.libm_f32("tanhf", x)?,
+            UnaryOp::Sigmoid => {
+                let n = self.b.build_float_neg(x, "negx")?;
+                let e = intr("llvm.exp", n)?;
+                let d = self.b.build_float_add(one, e, "den")?;
+                self.b.build_float_div(one, d, "sigmoid")?
+            }
+            UnaryOp::Gelu => {
+                let c = t.const_float((2.0 / std::f64::consts::PI).sqrt());
+                let x3 = self
+                    .b
+                    .build_float_mul(self.b.build_float_mul(x, x, "x2")?, x, "x3")?;
+                let inner = self.b.build_float_add(
+                    x,
+                    self.b.build_float_mul(t.const_float(0.044715), x3, "cx3")?,
+                    "inner",
+                )?;
+                let th = self.libm_f32("tanhf", self.b.build_float_mul(c, inner, "arg")?)?;
+                let half_x = self.b.build_float_mul(t.const_float(0.5), x, "halfx")?;
+                self.b
+                    .build_float_mul(half_x, self.b.build_float_add(one, th, "onep")?, "gelu")?
+            }
+            UnaryOp::Abs => intr("llvm.fabs", x)?,
+        })
+    }
+
+    fn int_unary(&self, u: UnaryOp, x: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        let t = x.get_type();
+        Ok(match u {
+            UnaryOp::Neg => self.b.build_int_neg(x, "neg")?,
+            UnaryOp::Relu => self
+                .call("llvm.smax", &[t.into()], &[x.into(), t.const_zero().into()])?
+                .into_int_value(),
+            UnaryOp::Abs => self
+                .call(
+                    "llvm.abs",
+                    &[t.into()],
+                    &[x.into(), self.ctx.bool_type().const_zero().into()],
+                )?
+                .into_int_value(),
+            other => {
+                return Err(CodegenError::Invalid(format!(
+                    "{} on integers",
+                    other.name()
+                )));
+            }
+        })
+    }
+
+    fn float_binary(
+        &self,
+        op: BinaryOp,
+        x: FloatValue<'ctx>,
+        y: FloatValue<'ctx>,
+    ) -> R<FloatValue<'ctx>> {
+        if matches!(op, BinaryOp::Max | BinaryOp::Min | BinaryOp::Pow)
+            && x.get_type() != self.ctx.f32_type()
+        {
+            let yw = self.b.build_float_ext(y, self.ctx.f32_type(), "widey")?;
+            if let Some(v) = self.widened(x, |xw| self.float_binary(op, xw, yw))? {
+                return Ok(v);
+            }
+        }
+        let ty: BasicTypeEnum<'ctx> = x.get_type().into();
+        Ok(match op {
+            BinaryOp::Add => self.b.build_float_add(x, y, "add")?,
+            BinaryOp::Sub => self.b.build_float_sub(x, y, "sub")?,
+            BinaryOp::Mul => self.b.build_float_mul(x, y, "mul")?,
+            BinaryOp::Div => self.b.build_float_div(x, y, "div")?,
+            BinaryOp::Max => self
+                .call("llvm.maximum", &[ty], &[x.into(), y.into()])?
+                .into_float_value(),
+            BinaryOp::Min => self
+                .call("llvm.minimum", &[ty], &[x.into(), y.into()])?
+                .into_float_value(),
+            BinaryOp::Pow => self
+                .call("llvm.pow", &[ty], &[x.into(), y.into()])?
+                .into_float_value(),
+        })
+    }
+
+    /// Integer arithmetic: wrapping, and floor division that fails (status
+    /// 1) on a zero divisor and wraps on `MIN / -1`, as the interpreters do.
+    fn int_binary(&self, op: BinaryOp, x: IntValue<'ctx>, y: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        let t = x.get_type();
+        Ok(match op {
+            BinaryOp::Add => self.b.build_int_add(x, y, "add")?,
+            BinaryOp::Sub => self.b.build_int_sub(x, y, "sub")?,
+            BinaryOp::Mul => self.b.build_int_mul(x, y, "mul")?,
+            BinaryOp::Max => self
+                .call("llvm.smax", &[t.into()], &[x.into(), y.into()])?
+                .into_int_value(),
+            BinaryOp::Min => self
+                .call("llvm.smin", &[t.into()], &[x.into(), y.into()])?
+                .into_int_value(),
+            BinaryOp::Div => {
+                let zero =
+                    self.b
+                        .build_int_compare(IntPredicate::EQ, y, t.const_zero(), "divzero")?;
+                let ok = self.ctx.append_basic_block(self.func, "div.ok");
+                self.b.build_conditional_branch(zero, self.fail_div, ok)?;
+                self.b.position_at_end(ok);
+                let minus_one = self.b.build_int_compare(
+                    IntPredicate::EQ,
+                    y,
+                    t.const_all_ones(),
+                    "byminus1",
+                )?;
+                let safe = self
+                    .b
+                    .build_select(minus_one, t.const_int(1, false), y, "safe")?
+                    .into_int_value();
+                let q = self.b.build_int_signed_div(x, safe, "q")?;
+                let r = self.b.build_int_signed_rem(x, safe, "r")?;
+                let inexact =
+                    self.b
+                        .build_int_compare(IntPredicate::NE, r, t.const_zero(), "inexact")?;
+                let signs = self.b.build_xor(r, safe, "signs")?;
+                let differ =
+                    self.b
+                        .build_int_compare(IntPredicate::SLT, signs, t.const_zero(), "differ")?;
+                let adjust = self.b.build_and(inexact, differ, "adjust")?;
+                let floored = self.b.build_int_sub(
+                    q,
+                    self.b.build_int_z_extend(adjust, t, "one")?,
+                    "floor",
+                )?;
+                let negated = self.b.build_int_neg(x, "negx")?;
+                self.b
+                    .build_select(minus_one, negated, floored, "div")?
+                    .into_int_value()
+            }
+            BinaryOp::Pow => return Err(CodegenError::Invalid("pow on integers".into())),
+        })
+    }
+
+    fn compare(
+        &self,
+        c: CmpOp,
+        x: BasicValueEnum<'ctx>,
+        y: BasicValueEnum<'ctx>,
+        d: DType,
+    ) -> R<IntValue<'ctx>> {
+        if d.is_float() {
+            let p = match c {
+                CmpOp::Lt => FloatPredicate::OLT,
+                CmpOp::Le => FloatPredicate::OLE,
+                CmpOp::Gt => FloatPredicate::OGT,
+                CmpOp::Ge => FloatPredicate::OGE,
+                CmpOp::Eq => FloatPredicate::OEQ,
+                CmpOp::Ne => FloatPredicate::UNE,
+            };
+            return Ok(self.b.build_float_compare(
+                p,
+                x.into_float_value(),
+                y.into_float_value(),
+                "cmp",
+            )?);
+        }
+        let unsigned = d == DType::Bool;
+        let p = match (c, unsigned) {
+            (CmpOp::Lt, false) => IntPredicate::SLT,
+            (CmpOp::Le, false) => IntPredicate::SLE,
+            (CmpOp::Gt, false) => IntPredicate::SGT,
+            (CmpOp::Ge, false) => IntPredicate::SGE,
+            (CmpOp::Lt, true) => IntPredicate::ULT,
+            (CmpOp::Le, true) => IntPredicate::ULE,
+            (CmpOp::Gt, true) => IntPredicate::UGT,
+            (CmpOp::Ge, true) => IntPredicate::UGE,
+            (CmpOp::Eq, _) => IntPredicate::EQ,
+            (CmpOp::Ne, _) => IntPredicate::NE,
+        };
+        Ok(self
+            .b
+            .build_int_compare(p, x.into_int_value(), y.into_int_value(), "cmp")?)
+    }
+
+    fn cast(&self, x: BasicValueEnum<'ctx>, from: DType, to: DType) -> R<BasicValueEnum<'ctx>> {
+        let target = scalar_type(self.ctx, to);
+        Ok(
+            match (
+                from.is_float(),
+                to.is_float(),
+                from == DType::Bool,
+                to == DType::Bool,
+            ) {
+                _ if from == to => x,
+                (true, true, ..) => {
+                    // f16 <-> bf16 go through f32; LLVM has no direct cast.
+                    let wide = self.b.build_float_cast(
+                        x.into_float_value(),
+                        self.ctx.f32_type(),
+                        "wide",
+                    )?;
+                    self.b
+                        .build_float_cast(wide, target.into_float_type(), "fcast")?
+                        .into()
+                }
+                (true, false, _, true) => {
+                    let z = x.into_float_value().get_type().const_zero();
+                    self.b
+                        .build_float_compare(
+                            FloatPredicate::UNE,
+                            x.into_float_value(),
+                            z,
+                            "tobool",
+                        )?
+                        .into()
+                }
+                (true, false, ..) => {
+                    let i64t = self.ctx.i64_type();
+                    let sat = self
+                        .call("llvm.fptosi.sat", &[i64t.into(), x.get_type()], &[x])?
+                        .into_int_value();
+                    self.b
+                        .build_int_truncate_or_bit_cast(sat, target.into_int_type(), "toint")?
+                        .into()
+                }
+                (false, true, true, _) => self
+                    .b
+                    .build_unsigned_int_to_float(
+                        x.into_int_value(),
+                        target.into_float_type(),
+                        "fromb",
+                    )?
+                    .into(),
+                (false, true, ..) => self
+                    .b
+                    .build_signed_int_to_float(
+                        x.into_int_value(),
+                        target.into_float_type(),
+                        "fromi",
+                    )?
+                    .into(),
+                (false, false, _, true) => {
+                    let z = x.into_int_value().get_type().const_zero();
+                    self.b
+                        .build_int_compare(IntPredicate::NE, x.into_int_value(), z, "tobool")?
+                        .into()
+                }
+                (false, false, true, _) => self
+                    .b
+                    .build_int_z_extend(x.into_int_value(), target.into_int_type(), "zext")?
+                    .into(),
+                (false, false, ..) => self
+                    .b
+                    .build_int_cast_sign_flag(
+                        x.into_int_value(),
+                        target.into_int_type(),
+                        true,
+                        "icast",
+                    )?
+                    .into(),
+            },
+        )
+    }
+
+    fn constant(&self, v: f64, d: DType) -> BasicValueEnum<'ctx> {
+        match scalar_type(self.ctx, d) {
+            BasicTypeEnum::FloatType(t) => t.const_float(v).into(),
+            BasicTypeEnum::IntType(t) if d == DType::Bool => {
+                t.const_int(u64::from(v != 0.0), false).into()
+            }
+            BasicTypeEnum::IntType(t) => t.const_int(v as i64 as u64, true).into(),
+            other => other.const_zero(),
+        }
+    }
+
+    fn scalar_result(&mut self, op: &dlc_loop::OpData, v: BasicValueEnum<'ctx>) {
+        if let Some(r) = op.results.first() {
+            self.vals.insert(*r, v);
+        }
+    }
+
+    /// Emits a block; returns the values its `loop.yield` passes on.
+    fn block(&mut self, blk: &Block) -> R<Vec<BasicValueEnum<'ctx>>> {
+        for &id in &blk.ops {
+            let op = self.f.op(id);
+            let operand = |k: usize| {
+                op.operands.get(k).copied().ok_or_else(|| {
+                    CodegenError::Invalid(format!("{} lacks operand {k}", op.kind.name()))
+                })
+            };
+            match &op.kind {
+                OpKind::Alloc => {
+                    let Type::Buffer(t) = self.f.ty(op.results[0]) else {
+                        return Err(CodegenError::Invalid("alloc of a non-buffer".into()));
+                    };
+                    let bytes = t
+                        .storage_len()
+                        .unwrap_or(usize::MAX)
+                        .saturating_mul(t.dtype.size_bytes())
+                        .max(1);
+                    let i64t = self.ctx.i64_type();
+                    let ptr = self.ctx.ptr_type(AddressSpace::default());
+                    let malloc = self.module.get_function("malloc").unwrap_or_else(|| {
+                        self.module.add_function(
+                            "malloc",
+                            ptr.fn_type(&[i64t.into()], false),
+                            Some(Linkage::External),
+                        )
+                    });
+                    let p = self
+                        .b
+                        .build_call(malloc, &[i64t.const_int(bytes as u64, false).into()], "buf")?
+                        .try_as_basic_value()
+                        .basic()
+                        .ok_or_else(|| CodegenError::Llvm("malloc gives no value".into()))?;
+                    let null = self.b.build_is_null(p.into_pointer_value(), "isnull")?;
+                    let ok = self.ctx.append_basic_block(self.func, "alloc.ok");
+                    self.b.build_conditional_branch(null, self.fail_alloc, ok)?;
+                    self.b.position_at_end(ok);
+                    self.scalar_result(op, p);
+                }
+                OpKind::Dealloc => {
+                    let ptr = self.ctx.ptr_type(AddressSpace::default());
+                    let free = self.module.get_function("free").unwrap_or_else(|| {
+                        self.module.add_function(
+                            "free",
+                            self.ctx.void_type().fn_type(&[ptr.into()], false),
+                            Some(Linkage::External),
+                        )
+                    });
+                    let p = self.get(operand(0)?)?;
+                    self.b.build_call(free, &[p.into()], "")?;
+                }
+                OpKind::View => {
+                    let p = self.get(operand(0)?)?;
+                    self.scalar_result(op, p);
+                }
+                OpKind::Const(v) => {
+                    let c = self.constant(*v, self.dtype(op.results[0]));
+                    self.scalar_result(op, c);
+                }
+                OpKind::Unary(u) => {
+                    let x = self.get(operand(0)?)?;
+                    let v: BasicValueEnum<'ctx> = if self.dtype(operand(0)?).is_float() {
+                        self.float_unary(*u, x.into_float_value())?.into()
+                    } else {
+                        self.int_unary(*u, x.into_int_value())?.into()
+                    };
+                    self.scalar_result(op, v);
+                }
+                OpKind::Binary(bop) => {
+                    let (x, y) = (self.get(operand(0)?)?, self.get(operand(1)?)?);
+                    let v: BasicValueEnum<'ctx> = if self.dtype(operand(0)?).is_float() {
+                        self.float_binary(*bop, x.into_float_value(), y.into_float_value())?
+                            .into()
+                    } else {
+                        self.int_binary(*bop, x.into_int_value(), y.into_int_value())?
+                            .into()
+                    };
+                    self.scalar_result(op, v);
+                }
+                OpKind::Compare(c) => {
+                    let (x, y) = (self.get(operand(0)?)?, self.get(operand(1)?)?);
+                    let v = self.compare(*c, x, y, self.dtype(operand(0)?))?;
+                    self.scalar_result(op, v.into());
+                }
+                OpKind::Select => {
+                    let c = self.get(operand(0)?)?.into_int_value();
+                    let (x, y) = (self.get(operand(1)?)?, self.get(operand(2)?)?);
+                    let v = self.b.build_select(c, x, y, "sel")?;
+                    self.scalar_result(op, v);
+                }
+                OpKind::Cast => {
+                    let x = self.get(operand(0)?)?;
+                    let v = self.cast(x, self.dtype(operand(0)?), self.dtype(op.results[0]))?;
+                    self.scalar_result(op, v);
+                }
+                OpKind::Load { index, pad } => {
+                    let buf = operand(0)?;
+                    let d = self.dtype(buf);
+                    let (p, inside) = self.address(buf, index, pad.is_some())?;
+                    let raw = self.b.build_load(storage_type(self.ctx, d), p, "ld")?;
+                    let mut v = if d == DType::Bool {
+                        let z = self.ctx.i8_type().const_zero();
+                        self.b
+                            .build_int_compare(IntPredicate::NE, raw.into_int_value(), z, "b")?
+                            .into()
+                    } else {
+                        raw
+                    };
+                    if let (Some(pad), Some(ok)) = (pad, inside) {
+                        v = self
+                            .b
+                            .build_select(ok, v, self.constant(*pad, d), "padded")?;
+                    }
+                    self.scalar_result(op, v);
+                }
+                OpKind::Store { index } => {
+                    let (val, buf) = (operand(0)?, operand(1)?);
+                    let d = self.dtype(buf);
+                    let (p, _) = self.address(buf, index, false)?;
+                    let mut v = self.get(val)?;
+                    if d == DType::Bool {
+                        v = self
+                            .b
+                            .build_int_z_extend(v.into_int_value(), self.ctx.i8_type(), "byte")?
+                            .into();
+                    }
+                    self.b.build_store(p, v)?;
+                }
+                OpKind::For { lo, hi, step } => {
+                    let results = self.emit_loop(op, *lo, *hi, *step)?;
+                    for (r, v) in op.results.iter().zip(results) {
+                        self.vals.insert(*r, v);
+                    }
+                }
+                OpKind::Parallel { lo, hi } => {
+                    // Iterations are independent; they run in order here and
+                    // over threads once the runtime has its pool.
+                    self.emit_loop(op, *lo, *hi, 1)?;
+                }
+                OpKind::Yield => {
+                    return op.operands.iter().map(|v| self.get(*v)).collect();
+                }
+                OpKind::Return => {
+                    self.b
+                        .build_return(Some(&self.ctx.i32_type().const_zero()))?;
+                }
+            }
+        }
+        Ok(vec![])
+    }
+
+    /// A counted loop with carried values; returns their final values.
+    fn emit_loop(
+        &mut self,
+        op: &dlc_loop::OpData,
+        lo: i64,
+        hi: i64,
+        step: i64,
+    ) -> R<Vec<BasicValueEnum<'ctx>>> {
+        let i64t = self.ctx.i64_type();
+        let body = &op.regions[0];
+        let pre = self
+            .b
+            .get_insert_block()
+            .ok_or_else(|| CodegenError::Llvm("no insertion block".into()))?;
+        let header = self.ctx.append_basic_block(self.func, "loop.header");
+        let body_bb = self.ctx.append_basic_block(self.func, "loop.body");
+        let exit = self.ctx.append_basic_block(self.func, "loop.exit");
+        self.b.build_unconditional_branch(header)?;
+        self.b.position_at_end(header);
+        let iv = self.b.build_phi(i64t, "i")?;
+        iv.add_incoming(&[(&i64t.const_int(lo as u64, true), pre)]);
+        let mut carried = Vec::new();
+        for init in &op.operands {
+            let v = self.get(*init)?;
+            let phi = self.b.build_phi(v.get_type(), "carried")?;
+            phi.add_incoming(&[(&v, pre)]);
+            carried.push(phi);
+        }
+        let more = self.b.build_int_compare(
+            IntPredicate::SLT,
+            iv.as_basic_value().into_int_value(),
+            i64t.const_int(hi as u64, true),
+            "more",
+        )?;
+        self.b.build_conditional_branch(more, body_bb, exit)?;
+        self.b.position_at_end(body_bb);
+        self.vals.insert(body.args[0], iv.as_basic_value());
+        for (a, phi) in body.args[1..].iter().zip(&carried) {
+            self.vals.insert(*a, phi.as_basic_value());
+        }
+        let next = self.block(body)?;
+        let latch = self
+            .b
+            .get_insert_block()
+            .ok_or_else(|| CodegenError::Llvm("no insertion block".into()))?;
+        let inc = self.b.build_int_add(
+            iv.as_basic_value().into_int_value(),
+            i64t.const_int(step as u64, true),
+            "next",
+        )?;
+        iv.add_incoming(&[(&inc, latch)]);
+        for (phi, v) in carried.iter().zip(&next) {
+            phi.add_incoming(&[(v, latch)]);
+        }
+        self.b.build_unconditional_branch(header)?;
+        self.b.position_at_end(exit);
+        Ok(carried.iter().map(|p| p.as_basic_value()).collect())
+    }
+}

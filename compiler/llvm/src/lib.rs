@@ -1,0 +1,21 @@
+//! Code generation through LLVM (inkwell), the only crate that links LLVM.
+//!
+//! [`compile`] turns loop IR into an LLVM module: each `loop.func` becomes a
+//! C-ABI function `int32_t name(T0 *b0, T1 *b1, ...)` taking one pointer per
+//! buffer parameter (contiguous storage of the buffer's element type; `bool`
+//! is one byte) and returning 0, or a nonzero status: 1 for an integer
+//! division by zero, 2 when an allocation fails. A wrapper
+//! `int32_t name.entry(void **buffers)` takes the pointers as an array, for
+//! callers that do not know the arity statically. Every function carries the
+//! host CPU and its features, and the module goes through LLVM's O3 pipeline.
+//! [`run`] compiles and runs a function in process through LLVM's JIT.
+//!
+//! Loads without a pad value must be in bounds (the lowering only emits
+//! those); padded loads are bounds-checked.
+#![deny(missing_docs)]
+// The JIT call is an FFI boundary; see `run`.
+#![allow(unsafe_code)]
+
+mod codegen;
+
+pub use codegen::{CodegenError, Compiled, compile, emit_llvm_ir, emit_native, run};

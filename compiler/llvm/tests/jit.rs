@@ -1,0 +1,162 @@
+//! Compiled code (loop IR -> LLVM -> JIT on this CPU) against the graph
+//! interpreter, on programs covering every op, and generated programs.
+//! This is the one test binary that links LLVM.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
+
+use dlc_driver::{
+    DEFAULT_PIPELINE, PassOptions, SourceText, compile_source, interpret, max_relative_error,
+    prepare_inputs, run_passes,
+};
+use dlc_runtime::HostTensor;
+use proptest::prelude::*;
+
+/// Relative error allowed: compiled code accumulates in the element type
+/// and evaluates transcendental functions in f32.
+const TOLERANCE: f64 = 1e-4;
+
+fn jit_agrees(src: &str) {
+    let mut m = compile_source(&SourceText {
+        name: "t.dl".into(),
+        text: src.into(),
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    run_passes(&mut m, DEFAULT_PIPELINE, PassOptions::default()).unwrap();
+    let lowered = dlc_lower::lower_module(&m).unwrap();
+    for (seed, f) in m.entry_points().enumerate() {
+        let inputs = prepare_inputs(f, &[], Some(seed as u64)).unwrap();
+        let want = interpret(&m, f, &inputs).unwrap();
+        let mut buffers: Vec<Vec<u8>> = inputs.iter().map(HostTensor::to_le_bytes).collect();
+        let outs = f.result_types();
+        for t in &outs {
+            buffers.push(vec![0u8; t.num_elements().unwrap() * t.dtype.size_bytes()]);
+        }
+        dlc_llvm::run(&lowered, &f.name, &mut buffers)
+            .unwrap_or_else(|e| panic!("{e}\n{}", dlc_loop::print_module(&lowered)));
+        let got: Vec<HostTensor> = outs
+            .iter()
+            .zip(&buffers[inputs.len()..])
+            .map(|(t, b)| HostTensor::from_le_bytes(t.clone(), b).unwrap())
+            .collect();
+        let err = max_relative_error(&got, &want).unwrap();
+        assert!(
+            err <= TOLERANCE,
+            "@{}: relative error {err:.3e}\nwant {:?}\ngot {:?}",
+            f.name,
+            want[0].data,
+            got[0].data
+        );
+    }
+}
+
+#[test]
+fn element_wise_ops_and_casts() {
+    jit_agrees(
+        "fn f(x: f32[3, 4], b: f32[4], s: f32) -> f32[3, 4] { return gelu(tanh(x) * b - s) + sigmoid(-x) / (abs(x) + 1.0); }",
+    );
+    jit_agrees(
+        "fn f(x: f32[3, 4], y: f32[3, 1]) -> f32[3, 4] { return where(x > y, exp(x), pow(abs(y) + 0.5, 2.0)) + max(x, y) - min(x, 0.0) + rsqrt(abs(x) + 1.0) + log(sqrt(abs(x) + 1.0)) + relu(x); }",
+    );
+    jit_agrees(
+        "fn f(x: i32[2, 3], y: i32[3]) -> i32[2, 3] { return (x * 3 + y) / 4 - abs(x) + relu(y) + max(x, y) - min(x, 2); }",
+    );
+    jit_agrees(
+        "fn f(x: f32[2, 3]) -> (i32[2, 3], i64[2, 3], bool[2, 3], f16[2, 3], bf16[2, 3]) { return (cast(x * 10.0, i32), cast(x * 1000.0, i64), x > 0.0, cast(x, f16), cast(x, bf16)); }",
+    );
+    jit_agrees(
+        "fn f(x: f16[4], b: bf16[4]) -> (f16[4], bf16[4]) { return (x * x + 1.0 + tanh(x) + max(x, 0.5), exp(b) - b + gelu(b) + pow(abs(b), 2.0)); }",
+    );
+    jit_agrees(
+        "fn f(c: bool[4], x: i64[4]) -> (i64[4], f32[4]) { return (where(c, x, -x), cast(c, f32) + cast(x, f32)); }",
+    );
+}
+
+#[test]
+fn integer_division_by_zero_is_an_error() {
+    let mut m = compile_source(&SourceText {
+        name: "t.dl".into(),
+        text: "fn f(x: i32[2]) -> i32[2] { return x / (x - x); }".into(),
+    })
+    .unwrap();
+    run_passes(&mut m, DEFAULT_PIPELINE, PassOptions::default()).unwrap();
+    let lowered = dlc_lower::lower_module(&m).unwrap();
+    let mut buffers = vec![vec![1u8, 0, 0, 0, 2, 0, 0, 0], vec![0u8; 8]];
+    let err = dlc_llvm::run(&lowered, "f", &mut buffers).unwrap_err();
+    assert_eq!(err.to_string(), "integer division by zero");
+    let err = dlc_llvm::run(&lowered, "f", &mut [vec![0u8; 3]]).unwrap_err();
+    assert!(err.to_string().contains("takes 2 buffers"), "{err}");
+}
+
+#[test]
+fn tensor_operators() {
+    jit_agrees(
+        "fn f(x: f32[3, 4, 5]) -> (f32[3, 5], f32[1, 4, 1], f32, f32[3, 4, 5], f32[3, 4, 5]) { return (sum(x, axis=1), mean(x, axis=[0, 2], keepdims=true), max(x), softmax(x, axis=1), layernorm(x, axis=[1, 2])); }",
+    );
+    jit_agrees(
+        "fn f(a: f32[2, 1, 3, 4], b: f32[5, 4, 2], v: f32[4]) -> (f32[2, 5, 3, 2], f32[2, 1, 3]) { return (a @ b, a @ v); }",
+    );
+    jit_agrees(
+        "fn f(x: f32[2, 4, 6, 5], w: f32[6, 2, 3, 2]) -> f32[2, 6, 3, 6] { return relu(conv2d(x, w, stride=[2, 1], padding=[1, 1], groups=2)); }",
+    );
+    jit_agrees(
+        "fn f(x: f32[1, 2, 7, 6]) -> (f32[1, 2, 4, 3], f32[1, 2, 4, 3]) { return (maxpool2d(x, kernel=3, stride=2, padding=1), avgpool2d(x, kernel=3, stride=2, padding=1)); }",
+    );
+    jit_agrees(
+        "fn f(x: f32[2, 3, 4, 4], m: f32[3], v: f32[3], g: f32[3], b: f32[3]) -> f32[2, 3, 4, 4] { return batchnorm(x, m, abs(v) + 0.5, g, b); }",
+    );
+    jit_agrees(
+        "fn f(x: f32[2, 6], y: f32[2, 3]) -> (f32[3, 4], f32[4, 2], f32[2, 9], f32[2, 2, 3]) { return (reshape(exp(x), [3, 4]), transpose(slice(reshape(x, [3, 4]), axis=0, start=1, end=3)), concat([x, y], axis=1), broadcast(y, [2, 2, 3])); }",
+    );
+}
+
+#[test]
+fn user_operators() {
+    jit_agrees(
+        "
+op conv3x3[N, C, H, W, O](img: f32[N, C, H, W], w: f32[O, C, 3, 3]) -> f32[N, O, H, W] {
+    out[n, o, y, x] = sum[c, ky, kx](img[n, c, y + ky - 1, x + kx - 1] * w[o, c, ky, kx]);
+}
+op row_softmax[M, N](x: f32[M, N]) -> f32[M, N] {
+    let m[i] = max[j](x[i, j]);
+    let e[i, j] = exp(x[i, j] - m[i]);
+    let s[i] = sum[j](e[i, j]);
+    out[i, j] = e[i, j] / s[i];
+}
+fn f(img: f32[1, 2, 5, 5], w: f32[3, 2, 3, 3], a: f32[3, 4]) -> (f32[1, 3, 5, 5], f32[3, 4]) {
+    return (conv3x3(img, w), row_softmax(a));
+}",
+    );
+}
+
+#[test]
+fn small_workloads() {
+    jit_agrees(
+        "fn mlp(x: f32[4, 8], w1: f32[8, 16], b1: f32[16], w2: f32[16, 8], b2: f32[8]) -> f32[4, 8] { return relu(x @ w1 + b1) @ w2 + b2; }",
+    );
+    jit_agrees(
+        "fn attention(q: f32[2, 6, 4], k: f32[2, 6, 4], v: f32[2, 6, 4]) -> f32[2, 6, 4] { return softmax(q @ transpose(k, [0, 2, 1]) / sqrt(4.0), axis=-1) @ v; }",
+    );
+}
+
+#[test]
+fn emits_llvm_ir_for_the_host() {
+    let mut m = compile_source(&SourceText {
+        name: "t.dl".into(),
+        text: "fn f(x: f32[64], y: f32[64]) -> f32[64] { return x * y + 1.0; }".into(),
+    })
+    .unwrap();
+    run_passes(&mut m, DEFAULT_PIPELINE, PassOptions::default()).unwrap();
+    let ir = dlc_llvm::emit_llvm_ir(&dlc_lower::lower_module(&m).unwrap()).unwrap();
+    assert!(ir.contains(" i32 @f(ptr"), "{ir}");
+    assert!(ir.contains(" i32 @f.entry(ptr"), "{ir}");
+    assert!(ir.contains("\"target-cpu\""), "{ir}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
+
+    #[test]
+    fn generated_programs_agree(choices in prop::collection::vec(any::<u32>(), 1..10), tuple in any::<bool>()) {
+        jit_agrees(&dlc_tests::generated_program(&choices, tuple));
+    }
+}
