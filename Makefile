@@ -7,7 +7,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CARGO ?= cargo
 EXAMPLE ?= examples/w2_mlp.dl
 
-.PHONY: all setup setup-test-tools run test lint fuzz-smoke clean
+.PHONY: all setup setup-test-tools run test lint fuzz-smoke bench clean
 
 all: test
 
@@ -48,6 +48,12 @@ fuzz-smoke: setup-test-tools
 	cd fuzz && RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run frontend --sanitizer none \
 		corpus/frontend ../examples ../examples/language -- \
 		-max_total_time=$(FUZZ_SECONDS) -max_len=4096 -rss_limit_mb=4096 -timeout=10
+
+# dlc bench on W1..W8: target/bench/results.md and results.json.
+# RUNS=20 timed runs per entry point (slow while matmuls are naive loops).
+bench: setup
+	$(CARGO) build --release --locked -p dlc
+	RUNS=$(or $(RUNS),20) ./scripts/bench.sh
 
 clean:
 	$(CARGO) clean

@@ -18,4 +18,4 @@
 
 mod codegen;
 
-pub use codegen::{CodegenError, Compiled, compile, emit_llvm_ir, emit_native, run};
+pub use codegen::{CodegenError, Compiled, Timing, bench, compile, emit_llvm_ir, emit_native, run};

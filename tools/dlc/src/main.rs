@@ -105,13 +105,26 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
-    /// Measure compile time and steady-state latency of an entry point.
+    /// Measure compile time and steady-state latency of an entry point
+    /// compiled for this CPU (random inputs from seed 0).
     Bench {
         /// The `.dl` file.
         file: String,
-        /// Entry point to measure.
+        /// Entry point to measure; may be left out when there is only one.
         #[arg(long)]
         entry: Option<String>,
+        /// Threads to run on.
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+        /// Timed runs (at least 20 for reported figures).
+        #[arg(long, default_value_t = 20)]
+        runs: usize,
+        /// Untimed warm-up runs before them.
+        #[arg(long, default_value_t = 3)]
+        warmup: usize,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -151,6 +164,85 @@ fn run_cpu(
         .zip(&buffers[inputs.len()..])
         .map(|(t, b)| Ok(HostTensor::from_le_bytes(t, b)?))
         .collect()
+}
+
+/// `dlc bench`: cold compile time (source to callable code) and the
+/// latency of repeated calls.
+fn bench(
+    file: &str,
+    entry: Option<&str>,
+    threads: usize,
+    runs: usize,
+    warmup: usize,
+    json: bool,
+) -> Result<(), DriverError> {
+    if threads != 1 {
+        return Err(DriverError::Usage(format!(
+            "--threads {threads}: compiled code runs parallel loops on one thread until the runtime's \
+             thread pool lands; only --threads 1 is available"
+        )));
+    }
+    if runs == 0 {
+        return Err(DriverError::Usage("--runs must be at least 1".into()));
+    }
+    let start = std::time::Instant::now();
+    let src = read_input(file)?;
+    let mut module = compile_source(&src)?;
+    run_passes(&mut module, DEFAULT_PIPELINE, PassOptions::default())?;
+    let f = select_entry(&module, entry)?;
+    let lowered = lower(&module)?;
+    let front = start.elapsed();
+    let inputs = prepare_inputs(f, &[], Some(0))?;
+    let mut buffers: Vec<Vec<u8>> = inputs.iter().map(HostTensor::to_le_bytes).collect();
+    for t in f.result_types() {
+        let bytes = t
+            .num_elements()
+            .and_then(|n| n.checked_mul(t.dtype.size_bytes()));
+        buffers.push(vec![
+            0u8;
+            bytes.ok_or_else(|| DriverError::Usage(format!(
+                "{t} is too large"
+            )))?
+        ]);
+    }
+    let timing = dlc_llvm::bench(&lowered, &f.name, &mut buffers, warmup, runs).map_err(codegen)?;
+    let mut ms: Vec<f64> = timing.runs.iter().map(|d| d.as_secs_f64() * 1e3).collect();
+    ms.sort_by(f64::total_cmp);
+    let median = if ms.len() % 2 == 1 {
+        ms[ms.len() / 2]
+    } else {
+        (ms[ms.len() / 2 - 1] + ms[ms.len() / 2]) / 2.0
+    };
+    let (min, max) = (ms[0], ms[ms.len() - 1]);
+    let compile = front + timing.compile;
+    if json {
+        let report = serde_json::json!({
+            "file": file,
+            "entry": f.name,
+            "threads": threads,
+            "compile_s": compile.as_secs_f64(),
+            "frontend_s": front.as_secs_f64(),
+            "llvm_s": timing.compile.as_secs_f64(),
+            "median_ms": median,
+            "min_ms": min,
+            "max_ms": max,
+            "runs": runs,
+            "warmup": warmup,
+        });
+        println!("{report}");
+    } else {
+        println!("{} ({file}), {threads} thread", f.name);
+        println!(
+            "  compile: {:.3} s (front end and lowering {:.3} s, LLVM {:.3} s)",
+            compile.as_secs_f64(),
+            front.as_secs_f64(),
+            timing.compile.as_secs_f64()
+        );
+        println!(
+            "  latency: median {median:.3} ms, min {min:.3} ms, max {max:.3} ms over {runs} runs ({warmup} warm-up)"
+        );
+    }
+    Ok(())
 }
 
 fn not_yet(what: &str) -> DriverError {
@@ -298,7 +390,14 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             }
             Ok(())
         }
-        Command::Bench { .. } => Err(not_yet("dlc bench (it measures compiled code)")),
+        Command::Bench {
+            file,
+            entry,
+            threads,
+            runs,
+            warmup,
+            json,
+        } => bench(&file, entry.as_deref(), threads, runs, warmup, json),
     }
 }
 

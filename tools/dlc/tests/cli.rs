@@ -324,7 +324,6 @@ fn compile_emits_graph_ir_and_refuses_what_does_not_exist_yet() {
         ]),
         "--backend gpu is not available yet",
     );
-    fails_with(&dlc(&["bench", &model]), "is not available yet");
 }
 
 #[test]
@@ -351,6 +350,47 @@ fn the_loop_backend_agrees_with_the_reference() {
         assert!(o.status.success(), "{}", stderr(&o));
         assert!(String::from_utf8_lossy(&o.stdout).contains("check: ok"));
     }
+}
+
+#[test]
+fn bench_reports_compile_time_and_latency() {
+    let d = Dir::new("bench");
+    let model = d.file("m.dl", MODEL);
+    let o = dlc(&[
+        "bench", &model, "--entry", "affine", "--runs", "3", "--warmup", "1", "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["entry"], "affine");
+    assert_eq!(report["runs"], 3);
+    for key in [
+        "compile_s",
+        "frontend_s",
+        "llvm_s",
+        "median_ms",
+        "min_ms",
+        "max_ms",
+    ] {
+        assert!(
+            report[key].as_f64().is_some_and(|v| v >= 0.0),
+            "{key} in {report}"
+        );
+    }
+    assert!(report["min_ms"].as_f64() <= report["median_ms"].as_f64());
+    let o = dlc(&["bench", &model, "--entry", "pair", "--runs", "2"]);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("latency: median"),
+        "{}",
+        stderr(&o)
+    );
+    fails_with(
+        &dlc(&["bench", &model, "--entry", "pair", "--threads", "2"]),
+        "only --threads 1 is available",
+    );
+    fails_with(
+        &dlc(&["bench", &model, "--entry", "pair", "--runs", "0"]),
+        "--runs must be at least 1",
+    );
 }
 
 #[test]
