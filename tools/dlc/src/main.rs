@@ -139,16 +139,14 @@ fn codegen(e: dlc_llvm::CodegenError) -> DriverError {
     DriverError::Usage(e.to_string())
 }
 
-/// Compiles the entry point for this CPU through LLVM and runs it in process.
-fn run_cpu(
-    module: &dlc_graph::Module,
-    f: &dlc_graph::Function,
+/// The byte buffers compiled code is called with: the inputs, then a
+/// zeroed buffer for each result.
+fn call_buffers(
     inputs: &[HostTensor],
-) -> Result<Vec<HostTensor>, DriverError> {
-    let lowered = lower(module)?;
+    outputs: &[dlc_core::TensorType],
+) -> Result<Vec<Vec<u8>>, DriverError> {
     let mut buffers: Vec<Vec<u8>> = inputs.iter().map(HostTensor::to_le_bytes).collect();
-    let outs = f.result_types();
-    for t in &outs {
+    for t in outputs {
         let bytes = t
             .num_elements()
             .and_then(|n| n.checked_mul(t.dtype.size_bytes()));
@@ -159,6 +157,18 @@ fn run_cpu(
             )))?
         ]);
     }
+    Ok(buffers)
+}
+
+/// Compiles the entry point for this CPU through LLVM and runs it in process.
+fn run_cpu(
+    module: &dlc_graph::Module,
+    f: &dlc_graph::Function,
+    inputs: &[HostTensor],
+) -> Result<Vec<HostTensor>, DriverError> {
+    let lowered = lower(module)?;
+    let outs = f.result_types();
+    let mut buffers = call_buffers(inputs, &outs)?;
     dlc_llvm::run(&lowered, &f.name, &mut buffers).map_err(codegen)?;
     outs.into_iter()
         .zip(&buffers[inputs.len()..])
@@ -193,18 +203,7 @@ fn bench(
     let lowered = lower(&module)?;
     let front = start.elapsed();
     let inputs = prepare_inputs(f, &[], Some(0))?;
-    let mut buffers: Vec<Vec<u8>> = inputs.iter().map(HostTensor::to_le_bytes).collect();
-    for t in f.result_types() {
-        let bytes = t
-            .num_elements()
-            .and_then(|n| n.checked_mul(t.dtype.size_bytes()));
-        buffers.push(vec![
-            0u8;
-            bytes.ok_or_else(|| DriverError::Usage(format!(
-                "{t} is too large"
-            )))?
-        ]);
-    }
+    let mut buffers = call_buffers(&inputs, &f.result_types())?;
     let timing = dlc_llvm::bench(&lowered, &f.name, &mut buffers, warmup, runs).map_err(codegen)?;
     let mut ms: Vec<f64> = timing.runs.iter().map(|d| d.as_secs_f64() * 1e3).collect();
     ms.sort_by(f64::total_cmp);
