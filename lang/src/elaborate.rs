@@ -12,7 +12,6 @@ use dlc_graph::compute::{
     Affine, ComputeBody, ElemDef as GElemDef, IndexVar, RangeVar, ScalarExpr, Source,
 };
 use dlc_graph::infer::infer;
-use dlc_graph::interp::round_to;
 use dlc_graph::ops::{BinaryOp, CmpOp, ConstValue, PoolKind, ReduceKind, UnaryOp};
 use dlc_graph::verify::scalar_dtype;
 use dlc_graph::{Function, Module, Op, Value, Visibility};
@@ -823,7 +822,7 @@ impl<'p> Elab<'p> {
             ));
         }
         Ok(cx.f.add_op(
-            Op::Constant(ConstValue::Splat(round_to(dtype, x))),
+            Op::Constant(ConstValue::Splat(dtype.round(x))),
             &[],
             TensorType::scalar(dtype),
         ))
@@ -1469,7 +1468,7 @@ impl<'p> Elab<'p> {
                 let ty = TensorType::new(dtype, shape);
                 check_type_size(&ty, span)?;
                 Ok(t(cx.f.add_op(
-                    Op::Constant(ConstValue::Splat(round_to(dtype, value))),
+                    Op::Constant(ConstValue::Splat(dtype.round(value))),
                     &[],
                     ty,
                 )))

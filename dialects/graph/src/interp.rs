@@ -35,7 +35,7 @@ impl Tensor {
             .map_err(|e| InterpError::Shape(format!("{ty}: {e}")))?;
         Ok(Tensor {
             dtype: ty.dtype,
-            data: data.mapv(|x| round_to(ty.dtype, x)),
+            data: data.mapv(|x| ty.dtype.round(x)),
         })
     }
 
@@ -91,11 +91,6 @@ pub enum InterpError {
 pub const MAX_ELEMENTS: usize = 1 << 29;
 
 type Result<T> = std::result::Result<T, InterpError>;
-
-/// Rounds `x` to the nearest value of `dtype` (see [`DType::round`]).
-pub fn round_to(dtype: DType, x: f64) -> f64 {
-    dtype.round(x)
-}
 
 /// Runs function `name` of `module` on `args`.
 pub fn run_function(module: &Module, name: &str, args: &[Tensor]) -> Result<Vec<Tensor>> {
@@ -192,7 +187,7 @@ fn finish(ty: &TensorType, data: ArrayD<f64>) -> Result<Tensor> {
             data.shape()
         )));
     }
-    let data = data.mapv(|x| round_to(ty.dtype, x));
+    let data = data.mapv(|x| ty.dtype.round(x));
     Ok(Tensor {
         dtype: ty.dtype,
         data: data.as_standard_layout().into_owned(),
@@ -663,16 +658,13 @@ fn eval_scalar(e: &Eval, env: &mut [i64], scope: &Scope<'_>, ix: &mut Vec<usize>
             Source::Input(i) => read(&scope.inputs[*i as usize].data, index, env, ix),
             Source::Local(i) => read(&scope.locals[*i as usize], index, env, ix),
         },
-        Eval::Unary(u, x, d) => round_to(*d, apply_unary(*u, eval_scalar(x, env, scope, ix)?)),
+        Eval::Unary(u, x, d) => d.round(apply_unary(*u, eval_scalar(x, env, scope, ix)?)),
         Eval::Binary(b, x, y, d) => {
             let (p, q) = (
                 eval_scalar(x, env, scope, ix)?,
                 eval_scalar(y, env, scope, ix)?,
             );
-            round_to(
-                *d,
-                apply_binary(*b, round_to(*d, p), round_to(*d, q), d.is_int())?,
-            )
+            d.round(apply_binary(*b, d.round(p), d.round(q), d.is_int())?)
         }
         Eval::Compare(c, x, y) => {
             let (p, q) = (
@@ -688,7 +680,7 @@ fn eval_scalar(e: &Eval, env: &mut [i64], scope: &Scope<'_>, ix: &mut Vec<usize>
                 eval_scalar(y, env, scope, ix)?
             }
         }
-        Eval::Cast(to, x) => round_to(*to, eval_scalar(x, env, scope, ix)?),
+        Eval::Cast(to, x) => to.round(eval_scalar(x, env, scope, ix)?),
         Eval::Reduce {
             kind,
             vars,
@@ -706,7 +698,7 @@ fn eval_scalar(e: &Eval, env: &mut [i64], scope: &Scope<'_>, ix: &mut Vec<usize>
             if *kind == ReduceKind::Mean && count > 0 {
                 acc /= count as f64;
             }
-            round_to(*dtype, acc)
+            dtype.round(acc)
         }
     })
 }
@@ -766,7 +758,7 @@ fn eval_compute(body: &ComputeBody, inputs: &[&Tensor]) -> Result<ArrayD<f64>> {
             let value = eval_scalar(&expr, &mut env, &scope, &mut ix).ok_or_else(|| {
                 InterpError::DivisionByZero(format!("graph.compute `{}`", body.name))
             })?;
-            *slot = round_to(def.ty.dtype, value);
+            *slot = def.ty.dtype.round(value);
         }
         locals.push(arr);
     }
