@@ -1,12 +1,16 @@
 use std::collections::HashMap;
 
 use dlc_core::DType;
+use dlc_core::TensorType;
 use dlc_core::scalar::{BinaryOp, CmpOp, UnaryOp};
 use dlc_loop::{Block, Function, IndexExpr, Module as LModule, OpKind, Type, Value};
+use dlc_runtime::abi::Signature;
+use dlc_runtime::{Kernel, Param, call::EntryFn};
 use inkwell::attributes::AttributeLoc;
 use inkwell::basic_block::BasicBlock;
 use inkwell::builder::{Builder, BuilderError};
 use inkwell::context::Context;
+use inkwell::execution_engine::ExecutionEngine;
 use inkwell::intrinsics::Intrinsic;
 use inkwell::module::{Linkage, Module};
 use inkwell::passes::PassBuilderOptions;
@@ -29,9 +33,9 @@ pub enum CodegenError {
     /// Arguments do not match the function.
     #[error("{0}")]
     Arguments(String),
-    /// The compiled code reported an error.
+    /// A shared library could not be linked.
     #[error("{0}")]
-    Runtime(String),
+    Link(String),
 }
 
 impl From<BuilderError> for CodegenError {
@@ -89,7 +93,14 @@ pub fn compile<'ctx>(ctx: &'ctx Context, m: &LModule) -> R<Compiled<'ctx>> {
             func.add_attribute(AttributeLoc::Function, ctx.create_string_attribute(k, v));
         }
         entry_wrapper(ctx, &module, f, func)?;
+        if let Ok(sig) = signature(f) {
+            let text = ctx.const_string(sig.encode().as_bytes(), true);
+            let global = module.add_global(text.get_type(), None, &format!("{}.signature", f.name));
+            global.set_initializer(&text);
+            global.set_constant(true);
+        }
     }
+    define_bf16_truncation(ctx, &module)?;
     module
         .verify()
         .map_err(|e| CodegenError::Llvm(format!("generated IR is invalid: {e}")))?;
@@ -97,6 +108,41 @@ pub fn compile<'ctx>(ctx: &'ctx Context, m: &LModule) -> R<Compiled<'ctx>> {
         .run_passes("default<O3>", &machine, PassBuilderOptions::create())
         .map_err(|e| CodegenError::Llvm(e.to_string()))?;
     Ok(Compiled { module, machine })
+}
+
+/// LLVM rounds f32 to bfloat with a call to `__truncsfbf2` on CPUs without
+/// AVX512-BF16, and the libgcc of GCC 12 (Debian 12) has no such function:
+/// each module carries its own (weak, hidden: a real one wins), rounding to
+/// nearest even and keeping NaNs quiet.
+fn define_bf16_truncation<'ctx>(ctx: &'ctx Context, module: &Module<'ctx>) -> R<()> {
+    let (f32t, i32t) = (ctx.f32_type(), ctx.i32_type());
+    let f = module.add_function(
+        "__truncsfbf2",
+        ctx.bf16_type().fn_type(&[f32t.into()], false),
+        Some(Linkage::WeakAny),
+    );
+    f.as_global_value()
+        .set_visibility(inkwell::GlobalVisibility::Hidden);
+    let b = ctx.create_builder();
+    b.position_at_end(ctx.append_basic_block(f, "entry"));
+    let x = f
+        .get_first_param()
+        .ok_or_else(|| CodegenError::Invalid("__truncsfbf2 without parameter".into()))?
+        .into_float_value();
+    let bits = b.build_bit_cast(x, i32t, "bits")?.into_int_value();
+    let c = |v: u64| i32t.const_int(v, false);
+    let high = b.build_right_shift(bits, c(16), false, "high")?;
+    let lsb = b.build_and(high, c(1), "lsb")?;
+    let bias = b.build_int_add(lsb, c(0x7fff), "bias")?;
+    let rounded = b.build_int_add(bits, bias, "rounded")?;
+    let rounded = b.build_right_shift(rounded, c(16), false, "rounded")?;
+    let quiet = b.build_or(high, c(0x40), "quiet")?;
+    let nan = b.build_float_compare(FloatPredicate::UNO, x, x, "nan")?;
+    let r = b.build_select(nan, quiet, rounded, "r")?.into_int_value();
+    let r = b.build_int_truncate(r, ctx.i16_type(), "r16")?;
+    let r = b.build_bit_cast(r, ctx.bf16_type(), "bf")?;
+    b.build_return(Some(&r))?;
+    Ok(())
 }
 
 impl Compiled<'_> {
@@ -129,133 +175,147 @@ pub fn emit_native(m: &LModule, object: bool) -> R<Vec<u8>> {
     Ok(buf.as_slice().to_vec())
 }
 
-/// 64-byte aligned storage for one buffer.
-struct Aligned {
-    words: Vec<[u64; 8]>,
+/// Links loop IR into a shared library at `path` with the system's C
+/// compiler (`$CC`, else `cc`), against libm and the OpenMP runtime.
+pub fn emit_shared_library(m: &LModule, path: &std::path::Path) -> R<()> {
+    let object = emit_native(m, true)?;
+    let dir = std::env::temp_dir().join(format!(
+        "dlc-link-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| CodegenError::Link(format!("{}: {e}", dir.display())))?;
+    let obj = dir.join("module.o");
+    let result = std::fs::write(&obj, &object)
+        .map_err(|e| CodegenError::Link(format!("{}: {e}", obj.display())))
+        .and_then(|()| {
+            let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+            let out = std::process::Command::new(&cc)
+                .arg("-shared")
+                .arg("-o")
+                .arg(path)
+                .arg(&obj)
+                .args(["-lm", "-lgomp"])
+                .output()
+                .map_err(|e| {
+                    CodegenError::Link(format!(
+                        "cannot run the C compiler `{cc}` to link a shared library: {e}"
+                    ))
+                })?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(CodegenError::Link(format!(
+                    "`{cc} -shared` failed: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )))
+            }
+        });
+    let _ = std::fs::remove_dir_all(&dir);
+    result
 }
 
-impl Aligned {
-    fn new(bytes: &[u8]) -> Aligned {
-        let mut words = vec![[0u64; 8]; bytes.len().div_ceil(64).max(1)];
-        for (i, chunk) in bytes.chunks(8).enumerate() {
-            let mut w = [0u8; 8];
-            w[..chunk.len()].copy_from_slice(chunk);
-            words[i / 8][i % 8] = u64::from_le_bytes(w);
-        }
-        Aligned { words }
-    }
-
-    fn bytes(&self, len: usize) -> Vec<u8> {
-        self.words
-            .iter()
-            .flat_map(|w| w.iter().flat_map(|x| x.to_le_bytes()))
-            .take(len)
-            .collect()
-    }
-
-    fn ptr(&mut self) -> *mut u8 {
-        self.words.as_mut_ptr().cast()
-    }
-}
-
-/// How long compiling took and how long each timed call took.
-#[derive(Debug, Clone)]
-pub struct Timing {
-    /// LLVM code generation, O3 and JIT finalization.
-    pub compile: std::time::Duration,
-    /// Each timed call, in order (warm-up calls excluded).
-    pub runs: Vec<std::time::Duration>,
-}
-
-/// Compiles `m` and runs function `name` in process. `buffers` holds each
-/// parameter's storage as little-endian bytes of its element type (bool: one
-/// byte), in parameter order; outputs are written back into them.
-pub fn run(m: &LModule, name: &str, buffers: &mut [Vec<u8>]) -> R<()> {
-    bench(m, name, buffers, 0, 1).map(|_| ())
-}
-
-/// Compiles `m` once, calls `name` `warmup` times untimed and then `runs`
-/// times timed, on the same buffers (outputs hold the last call's results).
-pub fn bench(
-    m: &LModule,
-    name: &str,
-    buffers: &mut [Vec<u8>],
-    warmup: usize,
-    runs: usize,
-) -> R<Timing> {
-    let f = m
-        .functions
+/// The runtime signature of a loop function: its parameters, inputs then
+/// results, each a contiguous tensor.
+pub fn signature(f: &Function) -> R<Signature> {
+    let first_output = f.params.len() - f.outputs.min(f.params.len());
+    f.params
         .iter()
-        .find(|f| f.name == name)
-        .ok_or_else(|| CodegenError::Arguments(format!("no function `@{name}`")))?;
-    if buffers.len() != f.params.len() {
-        return Err(CodegenError::Arguments(format!(
-            "@{name} takes {} buffers, got {}",
-            f.params.len(),
-            buffers.len()
-        )));
+        .enumerate()
+        .map(|(i, (name, v))| {
+            let Type::Buffer(t) = f.ty(*v) else {
+                return Err(CodegenError::Invalid(format!(
+                    "parameter %{name} of @{} is not a buffer",
+                    f.name
+                )));
+            };
+            if !t.is_contiguous() {
+                return Err(CodegenError::Arguments(format!(
+                    "parameter %{name} of @{} ({t}) is strided; only row-major parameters can be \
+                     passed through the C ABI",
+                    f.name
+                )));
+            }
+            Ok(Param {
+                name: name.clone(),
+                ty: TensorType::new(t.dtype, t.shape.clone()),
+                output: i >= first_output,
+            })
+        })
+        .collect::<R<Vec<_>>>()
+        .map(|params| Signature {
+            name: f.name.clone(),
+            params,
+        })
+}
+
+/// A loop module compiled in process: its functions can be called as
+/// [`Kernel`]s while it lives.
+pub struct Jit<'m> {
+    engine: ExecutionEngine<'m>,
+    module: &'m LModule,
+    compile_time: std::time::Duration,
+}
+
+impl Jit<'_> {
+    /// How long code generation, O3 and JIT finalization took.
+    pub fn compile_time(&self) -> std::time::Duration {
+        self.compile_time
     }
-    for (i, ((pname, v), buf)) in f.params.iter().zip(buffers.iter()).enumerate() {
-        let Type::Buffer(t) = f.ty(*v) else {
-            return Err(CodegenError::Invalid("parameter is not a buffer".into()));
-        };
-        let need = t
-            .storage_len()
-            .unwrap_or(usize::MAX)
-            .saturating_mul(t.dtype.size_bytes());
-        if buf.len() != need {
-            return Err(CodegenError::Arguments(format!(
-                "buffer {i} (%{pname}, {t}) needs {need} bytes, got {}",
-                buf.len()
-            )));
-        }
+
+    /// Function `name`, callable with checked arguments.
+    pub fn kernel(&self, name: &str) -> R<Kernel<'_>> {
+        let f = self
+            .module
+            .functions
+            .iter()
+            .find(|f| f.name == name)
+            .ok_or_else(|| CodegenError::Arguments(format!("no function `@{name}`")))?;
+        let sig = signature(f)?;
+        let address = self
+            .engine
+            .get_function_address(&format!("{name}.entry"))
+            .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+        // SAFETY: `name.entry` was generated by `entry_wrapper` with the
+        // `EntryFn` type, for the function `sig` describes; the kernel
+        // borrows the JIT, which keeps the code alive.
+        Ok(unsafe {
+            let entry = std::mem::transmute::<usize, EntryFn>(address);
+            Kernel::from_raw(sig, entry)
+        })
     }
+}
+
+/// Compiles `m` for this CPU, JIT-links it and hands it to `use_it`.
+pub fn jit<T>(m: &LModule, use_it: impl FnOnce(&Jit<'_>) -> R<T>) -> R<T> {
     let start = std::time::Instant::now();
+    load_thread_pool()?;
     let ctx = Context::create();
     let compiled = compile(&ctx, m)?;
     let engine = compiled
         .module
         .create_jit_execution_engine(OptimizationLevel::Aggressive)
         .map_err(|e| CodegenError::Llvm(e.to_string()))?;
-    type Entry = unsafe extern "C" fn(*const *mut u8) -> i32;
-    // SAFETY: `name.entry` was generated by `entry_wrapper` with exactly
-    // this signature.
-    let entry = unsafe { engine.get_function::<Entry>(&format!("{name}.entry")) }
-        .map_err(|e| CodegenError::Llvm(e.to_string()))?;
-    let compile_time = start.elapsed();
-    let mut storage: Vec<Aligned> = buffers.iter().map(|b| Aligned::new(b)).collect();
-    let pointers: Vec<*mut u8> = storage.iter_mut().map(Aligned::ptr).collect();
-    let mut times = Vec::with_capacity(runs);
-    for k in 0..warmup + runs {
-        let t = std::time::Instant::now();
-        // SAFETY: `pointers` holds one pointer per parameter, each to
-        // storage of the size the function's buffer type needs (checked
-        // above), 64-byte aligned, alive until the call returns.
-        let status = unsafe { entry.call(pointers.as_ptr()) };
-        if k >= warmup {
-            times.push(t.elapsed());
-        }
-        match status {
-            0 => {}
-            1 => return Err(CodegenError::Runtime("integer division by zero".into())),
-            2 => {
-                return Err(CodegenError::Runtime(
-                    "out of memory allocating a buffer".into(),
-                ));
-            }
-            s => {
-                return Err(CodegenError::Runtime(format!(
-                    "compiled code failed with status {s}"
-                )));
-            }
-        }
-    }
-    for (buf, s) in buffers.iter_mut().zip(&storage) {
-        *buf = s.bytes(buf.len());
-    }
-    Ok(Timing {
-        compile: compile_time,
-        runs: times,
+    // The engine takes the module; the context outlives both here.
+    let jit = Jit {
+        engine,
+        module: m,
+        compile_time: start.elapsed(),
+    };
+    use_it(&jit)
+}
+
+/// Makes the OpenMP runtime's symbols visible to JIT-compiled code.
+fn load_thread_pool() -> R<()> {
+    inkwell::support::load_library_permanently(std::path::Path::new("libgomp.so.1")).map_err(|_| {
+        CodegenError::Llvm(
+            "cannot load the OpenMP runtime libgomp.so.1 that parallel loops run on (install \
+                 libgomp1)"
+                .into(),
+        )
     })
 }
 

@@ -6,9 +6,13 @@
 //! is one byte) and returning 0, or a nonzero status: 1 for an integer
 //! division by zero, 2 when an allocation fails. A wrapper
 //! `int32_t name.entry(void **buffers)` takes the pointers as an array, for
-//! callers that do not know the arity statically. Every function carries the
-//! host CPU and its features, and the module goes through LLVM's O3 pipeline.
-//! [`run`] compiles and runs a function in process through LLVM's JIT.
+//! callers that do not know the arity statically, and `NAME.signature`
+//! describes the parameters (the ABI is `dlc_runtime::abi`'s). Every function
+//! carries the host CPU and its features, and the module goes through LLVM's
+//! O3 pipeline. [`jit`] compiles a module in process and hands out its
+//! functions as the runtime's checked [`dlc_runtime::Kernel`]s;
+//! [`emit_native`] and [`emit_shared_library`] write object files, assembly
+//! and shared libraries.
 //!
 //! Loads without a pad value must be in bounds (the lowering only emits
 //! those); padded loads are bounds-checked.
@@ -18,4 +22,7 @@
 
 mod codegen;
 
-pub use codegen::{CodegenError, Compiled, Timing, bench, compile, emit_llvm_ir, emit_native, run};
+pub use codegen::{
+    CodegenError, Compiled, Jit, compile, emit_llvm_ir, emit_native, emit_shared_library, jit,
+    signature,
+};

@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
+use dlc_core::{DType, TensorType};
 use dlc_driver::{
     DEFAULT_PIPELINE, PassOptions, SourceText, compile_source, interpret, max_relative_error,
     prepare_inputs, run_passes,
@@ -26,18 +27,10 @@ fn jit_agrees(src: &str) {
     for (seed, f) in m.entry_points().enumerate() {
         let inputs = prepare_inputs(f, &[], Some(seed as u64)).unwrap();
         let want = interpret(&m, f, &inputs).unwrap();
-        let mut buffers: Vec<Vec<u8>> = inputs.iter().map(HostTensor::to_le_bytes).collect();
-        let outs = f.result_types();
-        for t in &outs {
-            buffers.push(vec![0u8; t.num_elements().unwrap() * t.dtype.size_bytes()]);
-        }
-        dlc_llvm::run(&lowered, &f.name, &mut buffers)
-            .unwrap_or_else(|e| panic!("{e}\n{}", dlc_loop::print_module(&lowered)));
-        let got: Vec<HostTensor> = outs
-            .iter()
-            .zip(&buffers[inputs.len()..])
-            .map(|(t, b)| HostTensor::from_le_bytes(t.clone(), b).unwrap())
-            .collect();
+        let got: Vec<HostTensor> =
+            dlc_llvm::jit(&lowered, |jit| Ok(jit.kernel(&f.name)?.call(&inputs)))
+                .unwrap_or_else(|e| panic!("{e}\n{}", dlc_loop::print_module(&lowered)))
+                .unwrap_or_else(|e| panic!("{e}\n{}", dlc_loop::print_module(&lowered)));
         let err = max_relative_error(&got, &want).unwrap();
         assert!(
             err <= TOLERANCE,
@@ -80,11 +73,60 @@ fn integer_division_by_zero_is_an_error() {
     .unwrap();
     run_passes(&mut m, DEFAULT_PIPELINE, PassOptions::default()).unwrap();
     let lowered = dlc_lower::lower_module(&m).unwrap();
-    let mut buffers = vec![vec![1u8, 0, 0, 0, 2, 0, 0, 0], vec![0u8; 8]];
-    let err = dlc_llvm::run(&lowered, "f", &mut buffers).unwrap_err();
-    assert_eq!(err.to_string(), "integer division by zero");
-    let err = dlc_llvm::run(&lowered, "f", &mut [vec![0u8; 3]]).unwrap_err();
-    assert!(err.to_string().contains("takes 2 buffers"), "{err}");
+    let x = HostTensor::new(TensorType::new(DType::I32, vec![2]), vec![1.0, 2.0]).unwrap();
+    let err = dlc_llvm::jit(&lowered, |jit| Ok(jit.kernel("f")?.call(&[x]).unwrap_err())).unwrap();
+    assert_eq!(err.to_string(), "`f`: integer division by zero");
+}
+
+/// The runtime's checked call rejects what does not match the signature.
+#[test]
+fn calls_with_wrong_arguments_are_rejected() {
+    let mut m = compile_source(&SourceText {
+        name: "t.dl".into(),
+        text: "fn f(x: f32[2, 3], y: f32[3]) -> f32[2, 3] { return x * y; }".into(),
+    })
+    .unwrap();
+    run_passes(&mut m, DEFAULT_PIPELINE, PassOptions::default()).unwrap();
+    let lowered = dlc_lower::lower_module(&m).unwrap();
+    let t = |d: DType, shape: Vec<usize>| {
+        HostTensor::new(
+            TensorType::new(d, shape.clone()),
+            vec![1.0; shape.iter().product()],
+        )
+        .unwrap()
+    };
+    let errors = dlc_llvm::jit(&lowered, |jit| {
+        let k = jit.kernel("f")?;
+        assert_eq!(
+            k.call(&[t(DType::F32, vec![2, 3]), t(DType::F32, vec![3])])
+                .unwrap()[0]
+                .data,
+            vec![1.0; 6]
+        );
+        Ok([
+            vec![t(DType::F32, vec![2, 3])],
+            vec![t(DType::F32, vec![3, 2]), t(DType::F32, vec![3])],
+            vec![t(DType::F32, vec![2, 3]), t(DType::I32, vec![3])],
+            vec![
+                t(DType::F32, vec![2, 3]),
+                t(DType::F32, vec![3]),
+                t(DType::F32, vec![3]),
+            ],
+        ]
+        .map(|args| k.call(&args).unwrap_err().to_string()))
+    })
+    .unwrap();
+    assert_eq!(
+        errors,
+        [
+            "`f` takes 2 input(s), got 1: missing `y` (f32[3])",
+            "`f`: input `x` must be f32[2, 3], got f32[3, 2]",
+            "`f`: input `y` must have element type f32, got i32 (i32[3])",
+            "`f` takes 2 input(s), got 3",
+        ]
+    );
+    let missing = dlc_llvm::jit(&lowered, |jit| jit.kernel("g").map(|_| ())).unwrap_err();
+    assert_eq!(missing.to_string(), "no function `@g`");
 }
 
 #[test]

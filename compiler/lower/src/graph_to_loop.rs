@@ -176,7 +176,7 @@ fn lower_function(g: &GFunction) -> Result<Function, LowerError> {
             name.push('_');
         }
         taken.insert(name.clone());
-        outs.push(b.param(name, contiguous(g.value_type(*r))));
+        outs.push(b.output(name, contiguous(g.value_type(*r))));
     }
     let mut l = Lowering {
         g,

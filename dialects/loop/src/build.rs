@@ -37,8 +37,15 @@ impl Builder {
         }
     }
 
-    /// Appends a buffer parameter.
+    /// Appends an input buffer parameter (before any output).
     pub fn param(&mut self, name: impl Into<String>, ty: BufferType) -> Value {
+        debug_assert_eq!(self.f.outputs, 0, "inputs come before outputs");
+        self.f.add_param(name, ty)
+    }
+
+    /// Appends an output buffer parameter: a result the function writes.
+    pub fn output(&mut self, name: impl Into<String>, ty: BufferType) -> Value {
+        self.f.outputs += 1;
         self.f.add_param(name, ty)
     }
 

@@ -252,6 +252,9 @@ pub struct Function {
     pub name: String,
     /// Parameter names and values.
     pub params: Vec<(String, Value)>,
+    /// How many of the parameters, at the end, are results the function
+    /// writes (printed with `out`); the others are inputs it only reads.
+    pub outputs: usize,
     /// The body.
     pub body: Block,
     /// Type of each value, indexed by [`Value`].
@@ -273,6 +276,16 @@ impl Function {
     pub fn new_value(&mut self, ty: Type) -> Value {
         self.values.push(ty);
         Value(self.values.len() as u32 - 1)
+    }
+
+    /// The parameters that are inputs (all but the trailing `outputs`).
+    pub fn inputs(&self) -> &[(String, Value)] {
+        &self.params[..self.params.len().saturating_sub(self.outputs)]
+    }
+
+    /// The parameters that are results.
+    pub fn results(&self) -> &[(String, Value)] {
+        &self.params[self.params.len().saturating_sub(self.outputs)..]
     }
 
     /// Appends a parameter.

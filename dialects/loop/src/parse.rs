@@ -232,6 +232,11 @@ impl Parser {
         self.expect("(")?;
         if !self.eat(")") {
             loop {
+                let output = self.eat_ident("out");
+                if !output && self.f.outputs > 0 {
+                    return self.expected("`out`: results follow the inputs");
+                }
+                self.f.outputs += usize::from(output);
                 let pname = self.name("a parameter `%name`")?;
                 self.expect(":")?;
                 if !self.eat_ident("buffer") {

@@ -115,10 +115,15 @@ pub fn print_module(m: &Module) -> String {
 
 fn print_function(f: &Function, out: &mut String) {
     let mut namer = Namer::new(f);
+    let first_output = f.params.len() - f.outputs.min(f.params.len());
     let params: Vec<String> = f
         .params
         .iter()
-        .map(|(n, v)| format!("%{n}: {}", f.ty(*v)))
+        .enumerate()
+        .map(|(i, (n, v))| {
+            let out = if i >= first_output { "out " } else { "" };
+            format!("{out}%{n}: {}", f.ty(*v))
+        })
         .collect();
     let _ = writeln!(out, "loop.func @{}({}) {{", f.name, params.join(", "));
     print_block(f, &f.body, &mut namer, 1, out);
@@ -288,7 +293,8 @@ pub fn print_mlir_generic(m: &Module) -> String {
         let types: Vec<String> = f.params.iter().map(|(_, v)| f.ty(*v).mlir()).collect();
         let _ = writeln!(
             out,
-            "}}) {{function_type = ({}) -> (), sym_name = \"{}\"}} : () -> ()",
+            "}}) {{dlc.outputs = {} : i64, function_type = ({}) -> (), sym_name = \"{}\"}} : () -> ()",
+            f.outputs,
             types.join(", "),
             f.name
         );

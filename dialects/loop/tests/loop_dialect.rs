@@ -256,6 +256,10 @@ fn parse_errors_are_located() {
             "loop.func @f(%a: buffer<f32[4]>) {\n  loop.parallel %i = 0 to 4 {\n    %c = loop.const 1.0 : f32\n  }\n  loop.store %c, %a[0]\n  loop.return\n}\n",
             "5:14: `%c` is not defined here",
         ),
+        (
+            "loop.func @f(out %o: buffer<f32[4]>, %a: buffer<f32[4]>) {\n  loop.return\n}\n",
+            "1:38: expected `out`: results follow the inputs, found `%a`",
+        ),
     ];
     for (text, want) in cases {
         let err = parse_module(text).unwrap_err().to_string();

@@ -135,7 +135,7 @@ fn lowers_to_loops_and_reads_loop_ir_back() {
     assert!(o.status.success(), "{}", text(&o.stderr));
     let loops = text(&o.stdout);
     assert!(
-        loops.starts_with("loop.func @f(%x: buffer<f32[4, 8]>, %out0: buffer<f32[4, 8]>)"),
+        loops.starts_with("loop.func @f(%x: buffer<f32[4, 8]>, out %out0: buffer<f32[4, 8]>)"),
         "{loops}"
     );
     let again = dlc_opt(&["-"], &loops);

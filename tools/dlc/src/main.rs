@@ -113,7 +113,7 @@ enum Command {
         /// Entry point to measure; may be left out when there is only one.
         #[arg(long)]
         entry: Option<String>,
-        /// Threads to run on.
+        /// Threads parallel loops run on (0: one per core).
         #[arg(long, default_value_t = 1)]
         threads: usize,
         /// Timed runs (at least 20 for reported figures).
@@ -139,27 +139,6 @@ fn codegen(e: dlc_llvm::CodegenError) -> DriverError {
     DriverError::Usage(e.to_string())
 }
 
-/// The byte buffers compiled code is called with: the inputs, then a
-/// zeroed buffer for each result.
-fn call_buffers(
-    inputs: &[HostTensor],
-    outputs: &[dlc_core::TensorType],
-) -> Result<Vec<Vec<u8>>, DriverError> {
-    let mut buffers: Vec<Vec<u8>> = inputs.iter().map(HostTensor::to_le_bytes).collect();
-    for t in outputs {
-        let bytes = t
-            .num_elements()
-            .and_then(|n| n.checked_mul(t.dtype.size_bytes()));
-        buffers.push(vec![
-            0u8;
-            bytes.ok_or_else(|| DriverError::Usage(format!(
-                "{t} is too large"
-            )))?
-        ]);
-    }
-    Ok(buffers)
-}
-
 /// Compiles the entry point for this CPU through LLVM and runs it in process.
 fn run_cpu(
     module: &dlc_graph::Module,
@@ -167,13 +146,12 @@ fn run_cpu(
     inputs: &[HostTensor],
 ) -> Result<Vec<HostTensor>, DriverError> {
     let lowered = lower(module)?;
-    let outs = f.result_types();
-    let mut buffers = call_buffers(inputs, &outs)?;
-    dlc_llvm::run(&lowered, &f.name, &mut buffers).map_err(codegen)?;
-    outs.into_iter()
-        .zip(&buffers[inputs.len()..])
-        .map(|(t, b)| Ok(HostTensor::from_le_bytes(t, b)?))
-        .collect()
+    dlc_llvm::jit(&lowered, |jit| {
+        jit.kernel(&f.name)?
+            .call(inputs)
+            .map_err(|e| dlc_llvm::CodegenError::Arguments(e.to_string()))
+    })
+    .map_err(codegen)
 }
 
 /// `dlc bench`: cold compile time (source to callable code) and the
@@ -186,15 +164,15 @@ fn bench(
     warmup: usize,
     json: bool,
 ) -> Result<(), DriverError> {
-    if threads != 1 {
-        return Err(DriverError::Usage(format!(
-            "--threads {threads}: compiled code runs parallel loops on one thread until the runtime's \
-             thread pool lands; only --threads 1 is available"
-        )));
-    }
     if runs == 0 {
         return Err(DriverError::Usage("--runs must be at least 1".into()));
     }
+    let threads = if threads == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        threads
+    };
+    dlc_runtime::set_num_threads(threads).map_err(|e| DriverError::Usage(e.to_string()))?;
     let start = std::time::Instant::now();
     let src = read_input(file)?;
     let mut module = compile_source(&src)?;
@@ -203,9 +181,22 @@ fn bench(
     let lowered = lower(&module)?;
     let front = start.elapsed();
     let inputs = prepare_inputs(f, &[], Some(0))?;
-    let mut buffers = call_buffers(&inputs, &f.result_types())?;
-    let timing = dlc_llvm::bench(&lowered, &f.name, &mut buffers, warmup, runs).map_err(codegen)?;
-    let mut ms: Vec<f64> = timing.runs.iter().map(|d| d.as_secs_f64() * 1e3).collect();
+    let call_err = |e: dlc_runtime::RuntimeError| dlc_llvm::CodegenError::Arguments(e.to_string());
+    let (llvm, mut ms) = dlc_llvm::jit(&lowered, |jit| {
+        let kernel = jit.kernel(&f.name)?;
+        let mut call = kernel.bind(&inputs).map_err(call_err)?;
+        for _ in 0..warmup {
+            call.run().map_err(call_err)?;
+        }
+        let mut ms = Vec::with_capacity(runs);
+        for _ in 0..runs {
+            let t = std::time::Instant::now();
+            call.run().map_err(call_err)?;
+            ms.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        Ok((jit.compile_time(), ms))
+    })
+    .map_err(codegen)?;
     ms.sort_by(f64::total_cmp);
     let median = if ms.len() % 2 == 1 {
         ms[ms.len() / 2]
@@ -213,7 +204,7 @@ fn bench(
         (ms[ms.len() / 2 - 1] + ms[ms.len() / 2]) / 2.0
     };
     let (min, max) = (ms[0], ms[ms.len() - 1]);
-    let compile = front + timing.compile;
+    let compile = front + llvm;
     if json {
         let report = serde_json::json!({
             "file": file,
@@ -221,7 +212,7 @@ fn bench(
             "threads": threads,
             "compile_s": compile.as_secs_f64(),
             "frontend_s": front.as_secs_f64(),
-            "llvm_s": timing.compile.as_secs_f64(),
+            "llvm_s": llvm.as_secs_f64(),
             "median_ms": median,
             "min_ms": min,
             "max_ms": max,
@@ -230,12 +221,16 @@ fn bench(
         });
         println!("{report}");
     } else {
-        println!("{} ({file}), {threads} thread", f.name);
+        println!(
+            "{} ({file}), {threads} thread{}",
+            f.name,
+            if threads == 1 { "" } else { "s" }
+        );
         println!(
             "  compile: {:.3} s (front end and lowering {:.3} s, LLVM {:.3} s)",
             compile.as_secs_f64(),
             front.as_secs_f64(),
-            timing.compile.as_secs_f64()
+            llvm.as_secs_f64()
         );
         println!(
             "  latency: median {median:.3} ms, min {min:.3} ms, max {max:.3} ms over {runs} runs ({warmup} warm-up)"
@@ -323,8 +318,30 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                         source,
                     });
                 }
-                Emit::So => return Err(not_yet("--emit so")),
-                Emit::Header => return Err(not_yet("--emit header")),
+                Emit::So => {
+                    if output == "-" {
+                        return Err(DriverError::Usage(
+                            "--emit so writes a binary file: give -o FILE".into(),
+                        ));
+                    }
+                    dlc_llvm::emit_shared_library(&lower(&module)?, std::path::Path::new(&output))
+                        .map_err(codegen)?;
+                    return Ok(());
+                }
+                Emit::Header => {
+                    let lowered = lower(&module)?;
+                    let sigs = lowered
+                        .functions
+                        .iter()
+                        .map(dlc_llvm::signature)
+                        .collect::<Result<Vec<_>, _>>()
+                        .map_err(codegen)?;
+                    let stem =
+                        std::path::Path::new(if output == "-" { &src.name } else { &output })
+                            .file_stem()
+                            .map_or("model".into(), |s| s.to_string_lossy().into_owned());
+                    dlc_runtime::abi::c_header(&stem, &sigs)
+                }
             };
             if output == "-" {
                 print!("{text}");

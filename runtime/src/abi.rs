@@ -1,0 +1,271 @@
+//! The calling convention of compiled code.
+//!
+//! Every compiled function `NAME` is exported twice:
+//! - `int32_t NAME(T0 *p0, T1 *p1, ...)`: one pointer per parameter, inputs
+//!   first, then the results it writes; each points to the row-major
+//!   elements of the tensor (`bool` is one byte per element);
+//! - `int32_t NAME.entry(void **params)`: the same, with the pointers in an
+//!   array, for callers that learn the arity at run time.
+//!
+//! Both return a [status](status_message). Beside them, `NAME.signature` is a
+//! NUL-terminated string describing the parameters (see [`Signature`]), so a
+//! loaded library can be called with checked arguments.
+
+use std::fmt::Write as _;
+
+use dlc_core::{DType, TensorType};
+
+/// Status of a successful call.
+pub const STATUS_OK: i32 = 0;
+/// Status when an integer division by zero was attempted.
+pub const STATUS_DIVISION_BY_ZERO: i32 = 1;
+/// Status when a buffer could not be allocated.
+pub const STATUS_OUT_OF_MEMORY: i32 = 2;
+
+/// What a nonzero status means, or `None` for [`STATUS_OK`].
+pub fn status_message(status: i32) -> Option<String> {
+    match status {
+        STATUS_OK => None,
+        STATUS_DIVISION_BY_ZERO => Some("integer division by zero".into()),
+        STATUS_OUT_OF_MEMORY => Some("out of memory allocating a buffer".into()),
+        s => Some(format!("compiled code failed with status {s}")),
+    }
+}
+
+/// One parameter of a compiled function.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Param {
+    /// Its name in the source.
+    pub name: String,
+    /// Element type and shape.
+    pub ty: TensorType,
+    /// Whether it is a result the function writes (otherwise an input).
+    pub output: bool,
+}
+
+/// The parameters of a compiled function: inputs, then results.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Signature {
+    /// The function's symbol.
+    pub name: String,
+    /// Its parameters, in call order.
+    pub params: Vec<Param>,
+}
+
+impl Signature {
+    /// The inputs, in order.
+    pub fn inputs(&self) -> impl Iterator<Item = &Param> {
+        self.params.iter().filter(|p| !p.output)
+    }
+
+    /// The results, in order.
+    pub fn outputs(&self) -> impl Iterator<Item = &Param> {
+        self.params.iter().filter(|p| p.output)
+    }
+
+    /// The text stored in `NAME.signature`: one `in|out NAME DTYPE DIMS...`
+    /// entry per parameter, separated by `;`
+    /// (`in x f32 128 784;out out0 f32 128 10`).
+    pub fn encode(&self) -> String {
+        let entries: Vec<String> = self
+            .params
+            .iter()
+            .map(|p| {
+                let mut e = format!(
+                    "{} {} {}",
+                    if p.output { "out" } else { "in" },
+                    p.name,
+                    p.ty.dtype
+                );
+                for d in &p.ty.shape {
+                    let _ = write!(e, " {d}");
+                }
+                e
+            })
+            .collect();
+        entries.join(";")
+    }
+
+    /// Reads the text of [`Signature::encode`].
+    pub fn decode(name: &str, text: &str) -> Result<Signature, String> {
+        let mut params = Vec::new();
+        for entry in text.split(';').filter(|e| !e.is_empty()) {
+            let bad = || format!("`{name}`: malformed signature entry `{entry}`");
+            let mut words = entry.split(' ');
+            let output = match words.next() {
+                Some("in") => false,
+                Some("out") => true,
+                _ => return Err(bad()),
+            };
+            let pname = words.next().ok_or_else(bad)?.to_string();
+            let dtype: DType = words.next().ok_or_else(bad)?.parse().map_err(|_| bad())?;
+            let shape = words
+                .map(|w| w.parse::<usize>().map_err(|_| bad()))
+                .collect::<Result<Vec<_>, _>>()?;
+            params.push(Param {
+                name: pname,
+                ty: TensorType::new(dtype, shape),
+                output,
+            });
+        }
+        Ok(Signature {
+            name: name.to_string(),
+            params,
+        })
+    }
+}
+
+fn c_type(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "float",
+        // No portable C type for the 16-bit floats: their bits.
+        DType::F16 | DType::BF16 => "uint16_t",
+        DType::I32 => "int32_t",
+        DType::I64 => "int64_t",
+        DType::Bool => "uint8_t",
+    }
+}
+
+/// Whether `name` can be a C identifier.
+pub fn is_c_identifier(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// A C header declaring compiled functions; `guard` names the include
+/// guard (made a C identifier). Functions whose names are not C identifiers
+/// are left out (only their `.entry` form can be called, by `dlsym`).
+pub fn c_header(guard: &str, functions: &[Signature]) -> String {
+    let guard: String = guard
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let mut h = String::new();
+    let _ = writeln!(
+        h,
+        "/* Generated by dlc. Link the object file (or shared library) with -lm and,
+ * if parallel loops were compiled, -lgomp (OMP_NUM_THREADS sizes the pool). */
+#ifndef DLC_{guard}_H
+#define DLC_{guard}_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern \"C\" {{
+#endif
+
+/* Every function returns one of these. */
+#define DLC_OK {STATUS_OK}
+#define DLC_DIVISION_BY_ZERO {STATUS_DIVISION_BY_ZERO}
+#define DLC_OUT_OF_MEMORY {STATUS_OUT_OF_MEMORY}
+"
+    );
+    for f in functions {
+        if !is_c_identifier(&f.name) {
+            continue;
+        }
+        let _ = writeln!(
+            h,
+            "/* {}: inputs, then results it writes; row-major elements. */",
+            f.name
+        );
+        for p in &f.params {
+            let _ = writeln!(
+                h,
+                "/*   {} {}: {} ({} elements) */",
+                if p.output { "out" } else { "in " },
+                p.name,
+                p.ty,
+                p.ty.num_elements().unwrap_or(0)
+            );
+        }
+        let params: Vec<String> = f
+            .params
+            .iter()
+            .map(|p| {
+                let konst = if p.output { "" } else { "const " };
+                let pname = if is_c_identifier(&p.name) {
+                    p.name.clone()
+                } else {
+                    String::new()
+                };
+                format!("{konst}{} *{pname}", c_type(p.ty.dtype))
+            })
+            .collect();
+        let params = if params.is_empty() {
+            "void".to_string()
+        } else {
+            params.join(", ")
+        };
+        let _ = writeln!(h, "int32_t {}({params});\n", f.name);
+    }
+    let _ = writeln!(
+        h,
+        "#ifdef __cplusplus
+}}
+#endif
+
+#endif /* DLC_{guard}_H */"
+    );
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sig() -> Signature {
+        Signature {
+            name: "mlp".into(),
+            params: vec![
+                Param {
+                    name: "x".into(),
+                    ty: TensorType::new(DType::F32, vec![2, 3]),
+                    output: false,
+                },
+                Param {
+                    name: "n".into(),
+                    ty: TensorType::scalar(DType::I64),
+                    output: false,
+                },
+                Param {
+                    name: "out0".into(),
+                    ty: TensorType::new(DType::Bool, vec![4]),
+                    output: true,
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn signatures_round_trip_through_their_text() {
+        let s = sig();
+        assert_eq!(s.encode(), "in x f32 2 3;in n i64;out out0 bool 4");
+        assert_eq!(Signature::decode("mlp", &s.encode()), Ok(s));
+        assert!(Signature::decode("f", "sideways x f32 2").is_err());
+        assert!(Signature::decode("f", "in x f99 2").is_err());
+        assert!(Signature::decode("f", "in x f32 two").is_err());
+    }
+
+    #[test]
+    fn headers_declare_c_functions() {
+        let mut hidden = sig();
+        hidden.name = "dense$4$8".into();
+        let h = c_header("my-model", &[sig(), hidden]);
+        assert!(h.contains("#ifndef DLC_MY_MODEL_H"), "{h}");
+        assert!(
+            h.contains("int32_t mlp(const float *x, const int64_t *n, uint8_t *out0);"),
+            "{h}"
+        );
+        assert!(!h.contains("dense$"), "{h}");
+    }
+}

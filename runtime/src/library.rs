@@ -1,0 +1,92 @@
+//! Compiled modules loaded from shared libraries, and the thread pool.
+
+use std::ffi::{CStr, c_char, c_int};
+use std::path::{Path, PathBuf};
+
+use crate::abi::Signature;
+use crate::call::{EntryFn, Kernel, RuntimeError};
+
+/// A shared library made by `dlc compile --emit so`.
+#[derive(Debug)]
+pub struct SharedLibrary {
+    lib: libloading::Library,
+    path: PathBuf,
+}
+
+impl SharedLibrary {
+    /// Loads the library at `path`.
+    pub fn open(path: &Path) -> Result<SharedLibrary, RuntimeError> {
+        // SAFETY: loading runs the library's initializers; a dlc library has
+        // none beyond the C runtime's.
+        let lib = unsafe { libloading::Library::new(path) }
+            .map_err(|e| RuntimeError::Load(format!("{}: {e}", path.display())))?;
+        Ok(SharedLibrary {
+            lib,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The signature of function `name`, read from `name.signature`.
+    pub fn signature(&self, name: &str) -> Result<Signature, RuntimeError> {
+        let symbol = format!("{name}.signature\0");
+        // SAFETY: `NAME.signature` is a NUL-terminated constant string that
+        // dlc emits beside every function; the symbol's address is its first
+        // byte, valid while the library is loaded.
+        let text = unsafe {
+            let p = self
+                .lib
+                .get::<*const c_char>(symbol.as_bytes())
+                .map_err(|_| self.no_function(name))?;
+            CStr::from_ptr(*p).to_string_lossy().into_owned()
+        };
+        Signature::decode(name, &text).map_err(RuntimeError::Load)
+    }
+
+    /// Function `name`, callable with checked arguments.
+    pub fn kernel(&self, name: &str) -> Result<Kernel<'_>, RuntimeError> {
+        let signature = self.signature(name)?;
+        let symbol = format!("{name}.entry\0");
+        // SAFETY: `NAME.entry` has type `EntryFn` in every dlc library, and
+        // `signature` is the one emitted with it; the kernel borrows `self`,
+        // so the code stays loaded while it exists.
+        unsafe {
+            let entry = *self
+                .lib
+                .get::<EntryFn>(symbol.as_bytes())
+                .map_err(|_| self.no_function(name))?;
+            Ok(Kernel::from_raw(signature, entry))
+        }
+    }
+
+    fn no_function(&self, name: &str) -> RuntimeError {
+        RuntimeError::Load(format!(
+            "{}: no dlc function `{name}` (was it compiled with --entry {name}?)",
+            self.path.display()
+        ))
+    }
+}
+
+/// Sets how many threads parallel loops of compiled code use (the OpenMP
+/// runtime's `omp_set_num_threads`); 0 means one per core.
+pub fn set_num_threads(n: usize) -> Result<(), RuntimeError> {
+    let n = if n == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        n
+    };
+    let n = c_int::try_from(n)
+        .map_err(|_| RuntimeError::Arguments(format!("{n} threads is too many")))?;
+    // SAFETY: libgomp has no initializers with preconditions; it stays
+    // loaded for the life of the process (leaked below), so its pool, which
+    // compiled code shares, is never unloaded.
+    unsafe {
+        let gomp = libloading::Library::new("libgomp.so.1")
+            .map_err(|e| RuntimeError::Load(format!("the OpenMP runtime (libgomp.so.1): {e}")))?;
+        let set = *gomp
+            .get::<unsafe extern "C" fn(c_int)>(b"omp_set_num_threads\0")
+            .map_err(|e| RuntimeError::Load(format!("libgomp.so.1: {e}")))?;
+        set(n);
+        std::mem::forget(gomp);
+    }
+    Ok(())
+}

@@ -1,0 +1,357 @@
+//! Host tensors, their `.npy` files and random inputs.
+
+use std::fs::File;
+use std::io::{BufReader, BufWriter};
+use std::path::Path;
+
+use dlc_core::{DType, TensorType};
+use npyz::WriterBuilder;
+use rand::{Rng, SeedableRng, rngs::StdRng};
+
+/// A tensor in host memory, its elements stored as f64 values that are each
+/// exactly representable in its element type.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostTensor {
+    /// Element type and shape.
+    pub ty: TensorType,
+    /// Elements, row-major.
+    pub data: Vec<f64>,
+}
+
+/// Why a tensor could not be read, written or made.
+#[derive(Debug, thiserror::Error)]
+pub enum TensorError {
+    /// The file could not be opened, read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The system error.
+        source: std::io::Error,
+    },
+    /// The file is not an `.npy` array dlc can read.
+    #[error("{path}: {message}")]
+    Format {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The tensor's data length disagrees with its type.
+    #[error("{ty} needs {expected} elements, got {got}")]
+    Length {
+        /// The type.
+        ty: TensorType,
+        /// Elements the type has.
+        expected: usize,
+        /// Elements given.
+        got: usize,
+    },
+}
+
+fn io_err(path: &Path) -> impl Fn(std::io::Error) -> TensorError + '_ {
+    move |source| TensorError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+impl HostTensor {
+    /// A tensor from a type and row-major elements, rounded to the type.
+    pub fn new(ty: TensorType, data: Vec<f64>) -> Result<HostTensor, TensorError> {
+        let expected = ty.num_elements().unwrap_or(usize::MAX);
+        if data.len() != expected {
+            return Err(TensorError::Length {
+                ty,
+                expected,
+                got: data.len(),
+            });
+        }
+        let data = data.into_iter().map(|x| ty.dtype.round(x)).collect();
+        Ok(HostTensor { ty, data })
+    }
+
+    /// Random elements: floats uniform in [-1, 1), integers uniform in
+    /// [-10, 10], booleans fair coins; the same seed gives the same tensor.
+    pub fn random(ty: &TensorType, rng: &mut StdRng) -> HostTensor {
+        let n = ty.num_elements().unwrap_or(0);
+        let data = (0..n)
+            .map(|_| match ty.dtype {
+                d if d.is_float() => d.round(rng.random_range(-1.0..1.0)),
+                DType::Bool => f64::from(u8::from(rng.random_bool(0.5))),
+                _ => rng.random_range(-10i64..=10) as f64,
+            })
+            .collect();
+        HostTensor {
+            ty: ty.clone(),
+            data,
+        }
+    }
+
+    /// The elements as little-endian bytes of the element type (bool: one
+    /// byte each), as compiled code reads them.
+    pub fn to_le_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.data.len() * self.ty.dtype.size_bytes());
+        for &x in &self.data {
+            match self.ty.dtype {
+                DType::F32 => out.extend((x as f32).to_le_bytes()),
+                DType::F16 => out.extend(half::f16::from_f64(x).to_le_bytes()),
+                DType::BF16 => out.extend(half::bf16::from_f64(x).to_le_bytes()),
+                DType::I32 => out.extend((x as i32).to_le_bytes()),
+                DType::I64 => out.extend((x as i64).to_le_bytes()),
+                DType::Bool => out.push(u8::from(x != 0.0)),
+            }
+        }
+        out
+    }
+
+    /// A tensor from little-endian bytes of its element type.
+    pub fn from_le_bytes(ty: TensorType, bytes: &[u8]) -> Result<HostTensor, TensorError> {
+        let size = ty.dtype.size_bytes();
+        let data = bytes
+            .chunks_exact(size)
+            .map(|c| match ty.dtype {
+                DType::F32 => f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+                DType::F16 => half::f16::from_le_bytes([c[0], c[1]]).to_f64(),
+                DType::BF16 => half::bf16::from_le_bytes([c[0], c[1]]).to_f64(),
+                DType::I32 => f64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+                DType::I64 => {
+                    i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f64
+                }
+                DType::Bool => f64::from(u8::from(c[0] != 0)),
+            })
+            .collect();
+        HostTensor::new(ty, data)
+    }
+
+    /// Reads an `.npy` file. Its element type maps to dlc's: `<f4` f32,
+    /// `<f2` f16, `<i4` i32, `<i8` i64, `|b1` bool. NumPy has no bfloat16:
+    /// read a float32 file with `as_dtype = Some(BF16)` to round it.
+    pub fn read_npy(path: &Path, as_dtype: Option<DType>) -> Result<HostTensor, TensorError> {
+        let file = File::open(path).map_err(io_err(path))?;
+        let npy = npyz::NpyFile::new(BufReader::new(file)).map_err(|e| TensorError::Format {
+            path: path.display().to_string(),
+            message: format!("not a readable .npy file: {e}"),
+        })?;
+        let format_err = |message: String| TensorError::Format {
+            path: path.display().to_string(),
+            message,
+        };
+        let fortran = npy.order() == npyz::Order::Fortran;
+        let shape: Vec<usize> = npy
+            .shape()
+            .iter()
+            .map(|&d| usize::try_from(d).map_err(|_| format_err("dimension too large".into())))
+            .collect::<Result<_, _>>()?;
+        let npyz::DType::Plain(ts) = npy.dtype() else {
+            return Err(format_err("structured arrays are not supported".into()));
+        };
+        let descr = ts.to_string();
+        let file_dtype = match (ts.type_char(), ts.size_field()) {
+            (npyz::TypeChar::Float, 4) => DType::F32,
+            (npyz::TypeChar::Float, 2) => DType::F16,
+            (npyz::TypeChar::Int, 4) => DType::I32,
+            (npyz::TypeChar::Int, 8) => DType::I64,
+            (npyz::TypeChar::Bool, 1) => DType::Bool,
+            (npyz::TypeChar::Float, 8) => {
+                return Err(format_err(format!(
+                    "float64 arrays (`{descr}`) have no dlc element type; save the array as float32 (`x.astype(numpy.float32)`)"
+                )));
+            }
+            _ => {
+                return Err(format_err(format!(
+                    "element type `{descr}` has no dlc equivalent (dlc reads float32, float16, int32, int64 and bool)"
+                )));
+            }
+        };
+        let read = |e: std::io::Error| format_err(format!("reading data: {e}"));
+        let data: Vec<f64> = match file_dtype {
+            DType::F32 => npy
+                .into_vec::<f32>()
+                .map_err(read)?
+                .into_iter()
+                .map(f64::from)
+                .collect(),
+            DType::F16 => npy
+                .into_vec::<half::f16>()
+                .map_err(read)?
+                .into_iter()
+                .map(|x| x.to_f64())
+                .collect(),
+            DType::I32 => npy
+                .into_vec::<i32>()
+                .map_err(read)?
+                .into_iter()
+                .map(f64::from)
+                .collect(),
+            DType::I64 => npy
+                .into_vec::<i64>()
+                .map_err(read)?
+                .into_iter()
+                .map(|x| x as f64)
+                .collect(),
+            DType::Bool => npy
+                .into_vec::<bool>()
+                .map_err(read)?
+                .into_iter()
+                .map(|b| f64::from(u8::from(b)))
+                .collect(),
+            DType::BF16 => unreachable!("no .npy element type maps to bf16"),
+        };
+        let data = if fortran {
+            fortran_to_c(&shape, &data)
+        } else {
+            data
+        };
+        let dtype = match as_dtype {
+            Some(DType::BF16) if file_dtype == DType::F32 => DType::BF16,
+            _ => file_dtype,
+        };
+        HostTensor::new(TensorType::new(dtype, shape), data)
+    }
+
+    /// Writes an `.npy` file; bf16 is written as float32 (NumPy has no
+    /// bfloat16), which represents every bf16 value exactly.
+    pub fn write_npy(&self, path: &Path) -> Result<(), TensorError> {
+        let file = File::create(path).map_err(io_err(path))?;
+        let shape: Vec<u64> = self.ty.shape.iter().map(|&d| d as u64).collect();
+        let w = BufWriter::new(file);
+        let io = io_err(path);
+        macro_rules! write_as {
+            ($t:ty, $conv:expr) => {{
+                let mut writer = npyz::WriteOptions::<$t>::new()
+                    .default_dtype()
+                    .shape(&shape)
+                    .writer(w)
+                    .begin_nd()
+                    .map_err(&io)?;
+                writer.extend(self.data.iter().map($conv)).map_err(&io)?;
+                writer.finish().map_err(&io)
+            }};
+        }
+        match self.ty.dtype {
+            DType::F32 | DType::BF16 => write_as!(f32, |&x| x as f32),
+            DType::F16 => write_as!(half::f16, |&x| half::f16::from_f64(x)),
+            DType::I32 => write_as!(i32, |&x| x as i32),
+            DType::I64 => write_as!(i64, |&x| x as i64),
+            DType::Bool => write_as!(bool, |&x| x != 0.0),
+        }
+    }
+}
+
+/// Reorders column-major (Fortran-order) elements into row-major order.
+fn fortran_to_c(shape: &[usize], data: &[f64]) -> Vec<f64> {
+    // Column-major stride of each axis.
+    let mut strides = vec![1usize; shape.len()];
+    for i in 1..shape.len() {
+        strides[i] = strides[i - 1] * shape[i - 1];
+    }
+    let mut index = vec![0usize; shape.len()];
+    let mut out = Vec::with_capacity(data.len());
+    for _ in 0..data.len() {
+        out.push(
+            data[index
+                .iter()
+                .zip(&strides)
+                .map(|(i, s)| i * s)
+                .sum::<usize>()],
+        );
+        // Advance the row-major index, last axis fastest.
+        for axis in (0..shape.len()).rev() {
+            index[axis] += 1;
+            if index[axis] < shape[axis] {
+                break;
+            }
+            index[axis] = 0;
+        }
+    }
+    out
+}
+
+/// A deterministic generator for random inputs.
+pub fn seeded_rng(seed: u64) -> StdRng {
+    StdRng::seed_from_u64(seed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn npy_round_trips_every_dtype() {
+        let dir = std::env::temp_dir().join(format!("dlc-npy-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut rng = seeded_rng(7);
+        for dtype in DType::ALL {
+            let ty = TensorType::new(dtype, vec![2, 3]);
+            let t = HostTensor::random(&ty, &mut rng);
+            let path = dir.join(format!("{dtype}.npy"));
+            t.write_npy(&path).unwrap();
+            let back = HostTensor::read_npy(&path, Some(dtype)).unwrap();
+            assert_eq!(back, t, "{dtype}");
+        }
+        let scalar = HostTensor::new(TensorType::scalar(DType::F32), vec![0.1]).unwrap();
+        let path = dir.join("scalar.npy");
+        scalar.write_npy(&path).unwrap();
+        assert_eq!(HostTensor::read_npy(&path, None).unwrap(), scalar);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn fortran_order_is_read_in_row_major_order() {
+        // A 2x3 array [[1, 2, 3], [4, 5, 6]] saved by NumPy in Fortran order
+        // (as `np.save(path, np.asfortranarray(a))` writes it).
+        let header = "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }";
+        let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+        let padded = format!("{header:<117}\n");
+        bytes.extend((padded.len() as u16).to_le_bytes());
+        bytes.extend(padded.as_bytes());
+        for v in [1.0f32, 4.0, 2.0, 5.0, 3.0, 6.0] {
+            bytes.extend(v.to_le_bytes());
+        }
+        let dir = std::env::temp_dir().join(format!("dlc-npy-f-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("f.npy");
+        std::fs::write(&path, bytes).unwrap();
+        let t = HostTensor::read_npy(&path, None).unwrap();
+        assert_eq!(t.ty, TensorType::new(DType::F32, vec![2, 3]));
+        assert_eq!(t.data, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn bytes_round_trip_every_dtype() {
+        let mut rng = seeded_rng(3);
+        for dtype in DType::ALL {
+            let t = HostTensor::random(&TensorType::new(dtype, vec![5]), &mut rng);
+            let bytes = t.to_le_bytes();
+            assert_eq!(bytes.len(), 5 * dtype.size_bytes());
+            assert_eq!(
+                HostTensor::from_le_bytes(t.ty.clone(), &bytes).unwrap(),
+                t,
+                "{dtype}"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_files_are_errors() {
+        let dir = std::env::temp_dir().join(format!("dlc-npy-bad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("garbage.npy");
+        std::fs::write(&path, b"not numpy at all").unwrap();
+        assert!(matches!(
+            HostTensor::read_npy(&path, None),
+            Err(TensorError::Format { .. })
+        ));
+        assert!(matches!(
+            HostTensor::read_npy(&dir.join("missing.npy"), None),
+            Err(TensorError::Io { .. })
+        ));
+        assert!(matches!(
+            HostTensor::new(TensorType::new(DType::F32, vec![2]), vec![1.0]),
+            Err(TensorError::Length { .. })
+        ));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
