@@ -27,5 +27,5 @@ mod tensor;
 
 pub use abi::{Param, Signature};
 pub use call::{AlignedBuffer, Kernel, RuntimeError};
-pub use library::{SharedLibrary, set_num_threads};
+pub use library::{SharedLibrary, load_thread_pool, set_num_threads};
 pub use tensor::{HostTensor, TensorError, seeded_rng};

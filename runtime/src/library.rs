@@ -16,6 +16,8 @@ pub struct SharedLibrary {
 impl SharedLibrary {
     /// Loads the library at `path`.
     pub fn open(path: &Path) -> Result<SharedLibrary, RuntimeError> {
+        // Pin the thread pool first: unloading the library must not unload it.
+        load_thread_pool()?;
         // SAFETY: loading runs the library's initializers; a dlc library has
         // none beyond the C runtime's.
         let lib = unsafe { libloading::Library::new(path) }
@@ -66,9 +68,29 @@ impl SharedLibrary {
     }
 }
 
+/// Loads the OpenMP runtime (libgomp) that parallel loops of compiled code
+/// run on, for the rest of the process: it is never unloaded, since its
+/// worker threads outlive every call (LLVM's JIT, which also opens it,
+/// closes its handles at exit while those threads still sleep in it).
+pub fn load_thread_pool() -> Result<(), RuntimeError> {
+    static POOL: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| {
+        // SAFETY: libgomp's initializers have no preconditions; the handle
+        // is leaked so the library stays mapped.
+        unsafe { libloading::Library::new("libgomp.so.1") }
+            .map(std::mem::forget)
+            .map_err(|e| {
+                format!("cannot load the OpenMP runtime libgomp.so.1 (install libgomp1): {e}")
+            })
+    })
+    .clone()
+    .map_err(RuntimeError::Load)
+}
+
 /// Sets how many threads parallel loops of compiled code use (the OpenMP
 /// runtime's `omp_set_num_threads`); 0 means one per core.
 pub fn set_num_threads(n: usize) -> Result<(), RuntimeError> {
+    load_thread_pool()?;
     let n = if n == 0 {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     } else {
@@ -76,17 +98,15 @@ pub fn set_num_threads(n: usize) -> Result<(), RuntimeError> {
     };
     let n = c_int::try_from(n)
         .map_err(|_| RuntimeError::Arguments(format!("{n} threads is too many")))?;
-    // SAFETY: libgomp has no initializers with preconditions; it stays
-    // loaded for the life of the process (leaked below), so its pool, which
-    // compiled code shares, is never unloaded.
+    // SAFETY: libgomp is loaded for good (above); this handle only looks up
+    // a symbol of type `void (int)`.
     unsafe {
         let gomp = libloading::Library::new("libgomp.so.1")
-            .map_err(|e| RuntimeError::Load(format!("the OpenMP runtime (libgomp.so.1): {e}")))?;
+            .map_err(|e| RuntimeError::Load(format!("libgomp.so.1: {e}")))?;
         let set = *gomp
             .get::<unsafe extern "C" fn(c_int)>(b"omp_set_num_threads\0")
             .map_err(|e| RuntimeError::Load(format!("libgomp.so.1: {e}")))?;
         set(n);
-        std::mem::forget(gomp);
     }
     Ok(())
 }

@@ -314,6 +314,34 @@ impl Pass<Ir> for ConvertGraphToLoop {
     }
 }
 
+/// `convert-loop-to-tile`: maps loop nests onto the CPU (tile dialect ops).
+struct ConvertLoopToTile;
+
+impl Pass<Ir> for ConvertLoopToTile {
+    fn name(&self) -> &'static str {
+        "convert-loop-to-tile"
+    }
+
+    fn run(&mut self, ir: &mut Ir) -> Result<Vec<(&'static str, u64)>, PassError> {
+        match ir {
+            Ir::Loop(m) => dlc_tile::ConvertLoopToTile.run(m),
+            other => Err(PassError::Failed {
+                pass: "convert-loop-to-tile".into(),
+                message: format!("expects loop IR, got {} IR", other.level()),
+            }),
+        }
+    }
+}
+
+/// Lowers a graph module to loops and maps them onto this CPU: the IR the
+/// CPU back end compiles.
+pub fn lower_for_cpu(module: &Module) -> Result<dlc_loop::Module, DriverError> {
+    let mut lowered =
+        dlc_lower::lower_module(module).map_err(|e| DriverError::Usage(e.to_string()))?;
+    PassManager::new(vec![Box::new(dlc_tile::ConvertLoopToTile)]).run(&mut lowered)?;
+    Ok(lowered)
+}
+
 /// Every pass of every level, and the conversions between levels.
 pub fn registry() -> PassRegistry<Ir> {
     let mut r =
@@ -324,6 +352,15 @@ pub fn registry() -> PassRegistry<Ir> {
         |o| {
             o.expect_only(&[])?;
             Ok(Box::new(ConvertGraphToLoop))
+        },
+    );
+    r.register(
+        "convert-loop-to-tile",
+        "maps loop nests onto the CPU: contractions to packed register-tiled tile.matmul, outer \
+         parallel loops to tile.threads",
+        |o| {
+            o.expect_only(&[])?;
+            Ok(Box::new(ConvertLoopToTile))
         },
     );
     r
@@ -504,9 +541,19 @@ pub fn interpret_loops(
     f: &Function,
     inputs: &[HostTensor],
 ) -> Result<Vec<HostTensor>, DriverError> {
+    let lowered = dlc_lower::lower_module(module).map_err(|e| DriverError::Usage(e.to_string()))?;
+    interpret_lowered(&lowered, f, inputs)
+}
+
+/// Runs entry point `f`, lowered to loop (or tile) IR in `lowered`, on the
+/// loop interpreter.
+pub fn interpret_lowered(
+    lowered: &dlc_loop::Module,
+    f: &Function,
+    inputs: &[HostTensor],
+) -> Result<Vec<HostTensor>, DriverError> {
     use dlc_loop::BufferType;
     use dlc_loop::interp::{Buffer, run_function};
-    let lowered = dlc_lower::lower_module(module).map_err(|e| DriverError::Usage(e.to_string()))?;
     let mut args: Vec<Buffer> = inputs
         .iter()
         .map(|t| Buffer {
@@ -521,7 +568,7 @@ pub fn interpret_loops(
                 .map_err(|e| DriverError::Usage(e.to_string()))?,
         );
     }
-    run_function(&lowered, &f.name, &mut args)
+    run_function(lowered, &f.name, &mut args)
         .map_err(|e| DriverError::Usage(format!("loop interpreter: {e}")))?;
     args.drain(..inputs.len());
     args.into_iter()

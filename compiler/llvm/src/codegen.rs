@@ -21,6 +21,8 @@ use inkwell::values::{
 };
 use inkwell::{AddressSpace, FloatPredicate, IntPredicate, OptimizationLevel};
 
+mod tile;
+
 /// Why code could not be generated or run.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CodegenError {
@@ -85,13 +87,6 @@ pub fn compile<'ctx>(ctx: &'ctx Context, m: &LModule) -> R<Compiled<'ctx>> {
         .into_owned();
     for f in &m.functions {
         let func = Gen::function(ctx, &module, f)?;
-        for (k, v) in [
-            ("target-cpu", cpu.as_str()),
-            ("target-features", features.as_str()),
-            ("prefer-vector-width", "512"),
-        ] {
-            func.add_attribute(AttributeLoc::Function, ctx.create_string_attribute(k, v));
-        }
         entry_wrapper(ctx, &module, f, func)?;
         if let Ok(sig) = signature(f) {
             let text = ctx.const_string(sig.encode().as_bytes(), true);
@@ -101,6 +96,18 @@ pub fn compile<'ctx>(ctx: &'ctx Context, m: &LModule) -> R<Compiled<'ctx>> {
         }
     }
     define_bf16_truncation(ctx, &module)?;
+    for func in module.get_functions() {
+        if func.count_basic_blocks() == 0 {
+            continue;
+        }
+        for (k, v) in [
+            ("target-cpu", cpu.as_str()),
+            ("target-features", features.as_str()),
+            ("prefer-vector-width", "512"),
+        ] {
+            func.add_attribute(AttributeLoc::Function, ctx.create_string_attribute(k, v));
+        }
+    }
     module
         .verify()
         .map_err(|e| CodegenError::Llvm(format!("generated IR is invalid: {e}")))?;
@@ -310,6 +317,7 @@ pub fn jit<T>(m: &LModule, use_it: impl FnOnce(&Jit<'_>) -> R<T>) -> R<T> {
 
 /// Makes the OpenMP runtime's symbols visible to JIT-compiled code.
 fn load_thread_pool() -> R<()> {
+    dlc_runtime::load_thread_pool().map_err(|e| CodegenError::Llvm(e.to_string()))?;
     inkwell::support::load_library_permanently(std::path::Path::new("libgomp.so.1")).map_err(|_| {
         CodegenError::Llvm(
             "cannot load the OpenMP runtime libgomp.so.1 that parallel loops run on (install \
@@ -369,6 +377,9 @@ struct Gen<'ctx, 'f> {
     vals: HashMap<Value, BasicValueEnum<'ctx>>,
     fail_div: BasicBlock<'ctx>,
     fail_alloc: BasicBlock<'ctx>,
+    /// Where a failing status goes: `None` in a function that returns it,
+    /// the shared slot in a function outlined for threads.
+    status_slot: Option<PointerValue<'ctx>>,
 }
 
 fn storage_type(ctx: &Context, d: DType) -> BasicTypeEnum<'_> {
@@ -420,6 +431,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f> {
             vals: HashMap::new(),
             fail_div,
             fail_alloc,
+            status_slot: None,
         };
         for (i, (_, v)) in f.params.iter().enumerate() {
             let p = func
@@ -1000,10 +1012,12 @@ impl<'ctx, 'f> Gen<'ctx, 'f> {
                     }
                 }
                 OpKind::Parallel { lo, hi } => {
-                    // Iterations are independent; they run in order here and
-                    // over threads once the runtime has its pool.
+                    // Not mapped onto threads (convert-loop-to-tile does
+                    // that): iterations run in order.
                     self.emit_loop(op, *lo, *hi, 1)?;
                 }
+                OpKind::Threads { lo, hi } => self.threads(id, *lo, *hi)?,
+                OpKind::Matmul(_) => self.matmul(id)?,
                 OpKind::Yield => {
                     return op.operands.iter().map(|v| self.get(*v)).collect();
                 }

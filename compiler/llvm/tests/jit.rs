@@ -23,7 +23,7 @@ fn jit_agrees(src: &str) {
     })
     .unwrap_or_else(|e| panic!("{e}"));
     run_passes(&mut m, DEFAULT_PIPELINE, PassOptions::default()).unwrap();
-    let lowered = dlc_lower::lower_module(&m).unwrap();
+    let lowered = dlc_driver::lower_for_cpu(&m).unwrap();
     for (seed, f) in m.entry_points().enumerate() {
         let inputs = prepare_inputs(f, &[], Some(seed as u64)).unwrap();
         let want = interpret(&m, f, &inputs).unwrap();
@@ -127,6 +127,24 @@ fn calls_with_wrong_arguments_are_rejected() {
     );
     let missing = dlc_llvm::jit(&lowered, |jit| jit.kernel("g").map(|_| ())).unwrap_err();
     assert_eq!(missing.to_string(), "no function `@g`");
+}
+
+/// Contractions compiled as packed, register-tiled `tile.matmul`s: row
+/// counts that are not multiples of the register tile (6) or the row block
+/// (72, so several blocks run on threads), columns that are not multiples of
+/// 32, depths over one packed panel (256), transposed and batched operands,
+/// epilogues.
+#[test]
+fn tiled_contractions() {
+    jit_agrees(
+        "fn f(x: f32[150, 300], w: f32[300, 70], b: f32[70]) -> f32[150, 70] { return relu(x @ w + b); }",
+    );
+    jit_agrees(
+        "fn f(q: f32[3, 41, 64], k: f32[3, 53, 64], v: f32[3, 53, 17]) -> f32[3, 41, 17] { return softmax(q @ transpose(k, [0, 2, 1]) / 8.0, axis=-1) @ v; }",
+    );
+    jit_agrees(
+        "fn f(x: f32[7, 513], w: f32[33, 513]) -> f32[7, 33] { return x @ transpose(w, [1, 0]); }",
+    );
 }
 
 #[test]

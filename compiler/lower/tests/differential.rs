@@ -9,7 +9,7 @@
 use dlc_core::Verify;
 use dlc_driver::{
     DEFAULT_PIPELINE, PassOptions, SourceText, compile_source, interpret, interpret_loops,
-    max_relative_error, prepare_inputs, run_passes,
+    interpret_lowered, lower_for_cpu, max_relative_error, prepare_inputs, run_passes,
 };
 use dlc_loop::{parse_module, print_mlir_generic, print_module};
 use dlc_lower::lower_module;
@@ -40,15 +40,36 @@ fn lowered(m: &dlc_graph::Module) -> dlc_loop::Module {
     l
 }
 
-/// Runs every entry point both ways on random inputs and compares.
+/// The program mapped onto the CPU (tile dialect ops); its text verifies
+/// and round-trips too.
+fn tiled(m: &dlc_graph::Module) -> dlc_loop::Module {
+    let t = lower_for_cpu(m).unwrap_or_else(|e| panic!("{e}"));
+    let text = print_module(&t);
+    let again = parse_module(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(print_module(&again), text, "tile IR does not round-trip");
+    t
+}
+
+/// Runs every entry point three ways on random inputs (graph interpreter,
+/// loop interpreter on loop IR and on tile IR) and compares.
 fn agree(src: &str) {
     let m = graph(src);
     let l = lowered(&m);
+    let t = tiled(&m);
     for (seed, f) in m.entry_points().enumerate() {
         let inputs = prepare_inputs(f, &[], Some(seed as u64)).unwrap();
         let want = interpret(&m, f, &inputs).unwrap();
         let got =
             interpret_loops(&m, f, &inputs).unwrap_or_else(|e| panic!("{e}\n{}", print_module(&l)));
+        let on_tiles = interpret_lowered(&t, f, &inputs)
+            .unwrap_or_else(|e| panic!("{e}\n{}", print_module(&t)));
+        let tile_err = max_relative_error(&on_tiles, &want).unwrap();
+        assert!(
+            tile_err <= TOLERANCE,
+            "@{}: tile IR relative error {tile_err:.3e}\n{}",
+            f.name,
+            print_module(&t)
+        );
         let err = max_relative_error(&got, &want).unwrap();
         assert!(
             err <= TOLERANCE,
@@ -124,6 +145,21 @@ fn matrix_products() {
     agree("fn f(x: f32[3, 5], w: f32[5, 1], y: f32[3, 4]) -> f32[3, 4] { return (x @ w) * y; }");
     // A product used twice is stored.
     agree("fn f(x: f32[3, 3]) -> f32[3, 3] { let p = x @ x; return p + transpose(p); }");
+}
+
+/// Contractions large enough to become `tile.matmul` (with epilogues,
+/// batches, transposed operands), interpreted as tile IR.
+#[test]
+fn contractions_mapped_to_tiles() {
+    let src = "
+fn dense(x: f32[40, 30], w: f32[30, 50], b: f32[50]) -> f32[40, 50] { return gelu(x @ w + b) * 2.0; }
+fn scores(q: f32[3, 20, 33], k: f32[3, 37, 33]) -> f32[3, 20, 37] { return q @ transpose(k, [0, 2, 1]) / 4.0; }
+fn two(x: f32[24, 40], w1: f32[40, 36], w2: f32[36, 40]) -> f32[24, 40] { return relu(x @ w1) @ w2; }
+";
+    let t = tiled(&graph(src));
+    let text = print_module(&t);
+    assert_eq!(text.matches("tile.matmul").count(), 4, "{text}");
+    agree(src);
 }
 
 #[test]

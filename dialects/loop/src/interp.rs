@@ -305,9 +305,47 @@ impl Machine<'_> {
                         self.set(*r, Slot::Scalar(x));
                     }
                 }
-                OpKind::Parallel { lo, hi } => {
+                OpKind::Parallel { lo, hi } | OpKind::Threads { lo, hi } => {
                     for i in *lo..*hi {
                         self.block(&op.regions[0], &[Slot::Index(i)])?;
+                    }
+                }
+                OpKind::Matmul(c) => {
+                    let crate::ir::Contraction { m, n, k, a, b, .. } = &**c;
+                    let body = &op.regions[0];
+                    let (iv, jv, kv, acc) =
+                        (body.args[0], body.args[1], body.args[2], body.args[3]);
+                    let d = self.dtype(acc);
+                    for i in 0..*m {
+                        for j in 0..*n {
+                            self.set(iv, Slot::Index(i));
+                            self.set(jv, Slot::Index(j));
+                            let mut sum = 0.0;
+                            for kk in 0..*k {
+                                self.set(kv, Slot::Index(kk));
+                                let mut x = [0.0; 2];
+                                for (slot, (buf, index)) in
+                                    x.iter_mut().zip([(op.operands[0], a), (op.operands[1], b)])
+                                {
+                                    *slot = match self.offset(buf, index, &name)? {
+                                        (id, Some(off)) => {
+                                            self.heap[id].as_ref().map_or(0.0, |b| b.data[off])
+                                        }
+                                        (_, None) => {
+                                            return Err(self.out_of_bounds(&name, buf, index));
+                                        }
+                                    };
+                                }
+                                sum = d.round(sum + d.round(x[0] * x[1]));
+                            }
+                            let args = [
+                                Slot::Index(i),
+                                Slot::Index(j),
+                                Slot::Index(0),
+                                Slot::Scalar(sum),
+                            ];
+                            self.block(body, &args)?;
+                        }
                     }
                 }
                 OpKind::Yield => {

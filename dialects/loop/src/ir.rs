@@ -138,6 +138,24 @@ impl IndexExpr {
     }
 }
 
+/// The sizes and indices of a `tile.matmul` (boxed in [`OpKind`], which
+/// they would otherwise make larger for every op).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Contraction {
+    /// Rows.
+    pub m: i64,
+    /// Columns.
+    pub n: i64,
+    /// Reduction length.
+    pub k: i64,
+    /// Index into the left operand.
+    pub a: Vec<IndexExpr>,
+    /// Index into the right operand.
+    pub b: Vec<IndexExpr>,
+    /// Whether row blocks run over threads.
+    pub parallel: bool,
+}
+
 /// What an op does. Operands, results and regions are in [`OpData`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum OpKind {
@@ -194,6 +212,25 @@ pub enum OpKind {
     },
     /// Ends a `loop.for` body that carries values: the next iteration's values.
     Yield,
+    /// `tile.threads %i = lo to hi { ... }`: a parallel loop whose iterations
+    /// are split in contiguous chunks over the runtime's threads. A tile
+    /// dialect op: tile ops share the loop dialect's IR, as MLIR dialects
+    /// share a module.
+    Threads {
+        /// First index.
+        lo: i64,
+        /// One past the last index.
+        hi: i64,
+    },
+    /// `tile.matmul (%i, %j, %k, %acc) = (M, N, K) %a[..] * %b[..] [parallel]
+    /// { epilogue }`: for every `i < M`, `j < N`, `%acc` is the sum over
+    /// `k < K` of `a[..] * b[..]` (f32; operands 0 and 1 are the buffers, the
+    /// indices affine in `%i`, `%k` and `%k`, `%j`, and in indices defined
+    /// outside), and the region, run once per `(i, j)` after the sum, does
+    /// what follows with it (an epilogue ending in stores). Code generation
+    /// packs both operands and runs a register-tiled micro-kernel;
+    /// `parallel` splits the rows over threads.
+    Matmul(Box<Contraction>),
     /// Ends a function.
     Return,
 }
@@ -217,6 +254,8 @@ impl OpKind {
             OpKind::Parallel { .. } => "parallel",
             OpKind::Yield => "yield",
             OpKind::Return => "return",
+            OpKind::Threads { .. } => return "tile.threads".into(),
+            OpKind::Matmul(_) => return "tile.matmul".into(),
         };
         format!("loop.{s}")
     }

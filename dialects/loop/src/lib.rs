@@ -18,7 +18,9 @@ pub mod print;
 pub mod verify;
 
 pub use build::Builder;
-pub use ir::{Block, BufferType, Function, IndexExpr, Module, OpData, OpId, OpKind, Type, Value};
+pub use ir::{
+    Block, BufferType, Contraction, Function, IndexExpr, Module, OpData, OpId, OpKind, Type, Value,
+};
 pub use parse::parse_module;
 pub use print::{print_mlir_generic, print_module};
 

@@ -28,9 +28,13 @@ impl std::ops::DerefMut for Parser {
     }
 }
 
+/// An op before it is created: kind, operands, result types, regions.
+type OpParts = (OpKind, Vec<Value>, Vec<Type>, Vec<Block>);
+
 /// Loops nest at most this deep in text; deeper is an error, not a stack
-/// overflow.
-pub const MAX_NESTING: usize = 128;
+/// overflow, even on a 2 MiB thread stack in an unoptimized build. Lowered
+/// programs nest about rank + 3 deep.
+pub const MAX_NESTING: usize = 64;
 
 /// Parses a whole module.
 pub fn parse_module(text: &str) -> Result<Module, ParseError> {
@@ -269,6 +273,131 @@ impl Parser {
         Ok(Block { args, ops })
     }
 
+    /// The rest of `loop.for`, `loop.parallel` and `tile.threads` (kept out
+    /// of `op`, which recurses through nested blocks).
+    #[inline(never)]
+    fn loop_op(&mut self, suffix: &str) -> PResult<OpParts> {
+        let iv_name = self.name("the loop index `%i`")?;
+        self.expect("=")?;
+        let lo = self.int()?;
+        if !self.eat_ident("to") {
+            return self.expected("`to`");
+        }
+        let hi = self.int()?;
+        let step = if suffix == "for" {
+            if !self.eat_ident("step") {
+                return self.expected("`step`");
+            }
+            self.int()?
+        } else {
+            1
+        };
+        let mut iter_names = Vec::new();
+        let mut inits = Vec::new();
+        let mut types = Vec::new();
+        if suffix == "for" && self.eat_ident("iter") {
+            self.expect("(")?;
+            loop {
+                iter_names.push(self.name("a carried value `%acc`")?);
+                self.expect("=")?;
+                inits.push(self.value()?);
+                if self.eat(")") {
+                    break;
+                }
+                self.expect(",")?;
+            }
+            self.expect("->")?;
+            types.push(self.ty()?);
+            while self.eat(",") {
+                types.push(self.ty()?);
+            }
+            if types.len() != inits.len() {
+                return self.error(format!(
+                    "{} carried value(s) but {} type(s)",
+                    inits.len(),
+                    types.len()
+                ));
+            }
+        }
+        self.expect("{")?;
+        self.scopes.push(HashMap::new());
+        let iv = self.f.new_value(Type::Index);
+        self.define(iv_name, iv)?;
+        let mut args = vec![iv];
+        for (n, t) in iter_names.into_iter().zip(&types) {
+            let a = self.f.new_value(t.clone());
+            self.define(n, a)?;
+            args.push(a);
+        }
+        let body = self.block(args);
+        self.scopes.pop();
+        let kind = match suffix {
+            "for" => OpKind::For { lo, hi, step },
+            "threads" => OpKind::Threads { lo, hi },
+            _ => OpKind::Parallel { lo, hi },
+        };
+        Ok((kind, inits, types, vec![body?]))
+    }
+
+    /// The rest of `tile.matmul` (a function of its own: `op` recurses
+    /// through nested blocks, and its frame must stay small).
+    #[inline(never)]
+    fn matmul(&mut self) -> PResult<OpParts> {
+        self.expect("(")?;
+        let mut arg_names = vec![self.name("`%i`")?];
+        for what in ["`%j`", "`%k`", "`%acc`"] {
+            self.expect(",")?;
+            arg_names.push(self.name(what)?);
+        }
+        self.expect(")")?;
+        self.expect("=")?;
+        self.expect("(")?;
+        let m = self.int()?;
+        self.expect(",")?;
+        let n = self.int()?;
+        self.expect(",")?;
+        let k = self.int()?;
+        self.expect(")")?;
+        self.scopes.push(HashMap::new());
+        let mut args = Vec::new();
+        for (i, name) in arg_names.into_iter().enumerate() {
+            let t = if i < 3 {
+                Type::Index
+            } else {
+                Type::Scalar(DType::F32)
+            };
+            let v = self.f.new_value(t);
+            self.define(name, v)?;
+            args.push(v);
+        }
+        let operands = (|| {
+            let lhs = self.value()?;
+            let a = self.index_list()?;
+            self.expect("*")?;
+            let rhs = self.value()?;
+            let b = self.index_list()?;
+            let parallel = self.eat_ident("parallel");
+            self.expect("{")?;
+            Ok((lhs, a, rhs, b, parallel))
+        })();
+        let body = operands.and_then(|o| Ok((o, self.block(args)?)));
+        self.scopes.pop();
+        let ((lhs, a, rhs, b, parallel), body) = body?;
+        Ok((
+            OpKind::Matmul(Box::new(crate::ir::Contraction {
+                m,
+                n,
+                k,
+                a,
+                b,
+                parallel,
+            })),
+            vec![lhs, rhs],
+            vec![],
+            vec![body],
+        ))
+    }
+
     fn op(&mut self) -> PResult<crate::ir::OpId> {
         let mut names = Vec::new();
         if matches!(self.peek(), Tok::Percent(_)) {
@@ -280,9 +409,18 @@ impl Parser {
         }
         let op_pos = self.pos;
         let opname = self.ident("an op name")?;
-        let Some(suffix) = opname.strip_prefix("loop.") else {
-            self.pos = op_pos;
-            return self.error(format!("`{opname}` is not a loop dialect op"));
+        let suffix = match (opname.strip_prefix("loop."), opname.as_str()) {
+            (Some("threads" | "matmul"), _) => {
+                self.pos = op_pos;
+                return self.error(format!("unknown op `{opname}`"));
+            }
+            (Some(s), _) => s,
+            (None, "tile.threads") => "threads",
+            (None, "tile.matmul") => "matmul",
+            _ => {
+                self.pos = op_pos;
+                return self.error(format!("`{opname}` is not a loop or tile dialect op"));
+            }
         };
         let (kind, operands, result_types, regions) = match suffix {
             "alloc" => {
@@ -345,68 +483,8 @@ impl Parser {
                 let index = self.index_list()?;
                 (OpKind::Store { index }, vec![v, b], vec![], vec![])
             }
-            "for" | "parallel" => {
-                let iv_name = self.name("the loop index `%i`")?;
-                self.expect("=")?;
-                let lo = self.int()?;
-                if !self.eat_ident("to") {
-                    return self.expected("`to`");
-                }
-                let hi = self.int()?;
-                let step = if suffix == "for" {
-                    if !self.eat_ident("step") {
-                        return self.expected("`step`");
-                    }
-                    self.int()?
-                } else {
-                    1
-                };
-                let mut iter_names = Vec::new();
-                let mut inits = Vec::new();
-                let mut types = Vec::new();
-                if suffix == "for" && self.eat_ident("iter") {
-                    self.expect("(")?;
-                    loop {
-                        iter_names.push(self.name("a carried value `%acc`")?);
-                        self.expect("=")?;
-                        inits.push(self.value()?);
-                        if self.eat(")") {
-                            break;
-                        }
-                        self.expect(",")?;
-                    }
-                    self.expect("->")?;
-                    types.push(self.ty()?);
-                    while self.eat(",") {
-                        types.push(self.ty()?);
-                    }
-                    if types.len() != inits.len() {
-                        return self.error(format!(
-                            "{} carried value(s) but {} type(s)",
-                            inits.len(),
-                            types.len()
-                        ));
-                    }
-                }
-                self.expect("{")?;
-                self.scopes.push(HashMap::new());
-                let iv = self.f.new_value(Type::Index);
-                self.define(iv_name, iv)?;
-                let mut args = vec![iv];
-                for (n, t) in iter_names.into_iter().zip(&types) {
-                    let a = self.f.new_value(t.clone());
-                    self.define(n, a)?;
-                    args.push(a);
-                }
-                let body = self.block(args);
-                self.scopes.pop();
-                let kind = if suffix == "for" {
-                    OpKind::For { lo, hi, step }
-                } else {
-                    OpKind::Parallel { lo, hi }
-                };
-                (kind, inits, types, vec![body?])
-            }
+            "matmul" if opname == "tile.matmul" => self.matmul()?,
+            "for" | "parallel" | "threads" => self.loop_op(suffix)?,
             other => {
                 let ops = self.values()?;
                 self.expect(":")?;

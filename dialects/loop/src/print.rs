@@ -231,10 +231,36 @@ fn print_op(f: &Function, id: OpId, namer: &mut Namer, depth: usize, out: &mut S
             print_block(f, body, namer, depth + 1, out);
             let _ = write!(out, "{pad}}}");
         }
-        OpKind::Parallel { lo, hi } => {
+        OpKind::Parallel { lo, hi } | OpKind::Threads { lo, hi } => {
             let body = &op.regions[0];
             let iv = namer.define(body.args[0]);
             let _ = writeln!(out, "{name} {iv} = {lo} to {hi} {{");
+            print_block(f, body, namer, depth + 1, out);
+            let _ = write!(out, "{pad}}}");
+        }
+        OpKind::Matmul(c) => {
+            let crate::ir::Contraction {
+                m,
+                n,
+                k,
+                a,
+                b,
+                parallel,
+            } = &**c;
+            let body = &op.regions[0];
+            let args: Vec<String> = body.args.iter().map(|v| namer.define(*v)).collect();
+            let ai: Vec<String> = a.iter().map(|e| namer.index(e)).collect();
+            let bi: Vec<String> = b.iter().map(|e| namer.index(e)).collect();
+            let _ = writeln!(
+                out,
+                "{name} ({}) = ({m}, {n}, {k}) {}[{}] * {}[{}]{} {{",
+                args.join(", "),
+                namer.get(ops[0]),
+                ai.join(", "),
+                namer.get(ops[1]),
+                bi.join(", "),
+                if *parallel { " parallel" } else { "" }
+            );
             print_block(f, body, namer, depth + 1, out);
             let _ = write!(out, "{pad}}}");
         }
@@ -252,6 +278,21 @@ fn mlir_const(v: f64, dtype: DType) -> String {
     }
 }
 
+/// The `affine_map` of an index list over the given dimensions.
+fn affine_map_over(dims: &[Value], index: &[IndexExpr]) -> String {
+    let dim_name = |v: Value| format!("d{}", dims.iter().position(|d| *d == v).unwrap_or(0));
+    let results: Vec<String> = index
+        .iter()
+        .map(|e| affine_text(e, dim_name, true))
+        .collect();
+    let params: Vec<String> = (0..dims.len()).map(|i| format!("d{i}")).collect();
+    format!(
+        "affine_map<({}) -> ({})>",
+        params.join(", "),
+        results.join(", ")
+    )
+}
+
 /// The distinct index values an index list uses, and its `affine_map`.
 fn affine_map(index: &[IndexExpr]) -> (Vec<Value>, String) {
     let mut dims: Vec<Value> = Vec::new();
@@ -262,20 +303,8 @@ fn affine_map(index: &[IndexExpr]) -> (Vec<Value>, String) {
             }
         }
     }
-    let dim_name = |v: Value| format!("d{}", dims.iter().position(|d| *d == v).unwrap_or(0));
-    let results: Vec<String> = index
-        .iter()
-        .map(|e| affine_text(e, dim_name, true))
-        .collect();
-    let params: Vec<String> = (0..dims.len()).map(|i| format!("d{i}")).collect();
-    (
-        dims.clone(),
-        format!(
-            "affine_map<({}) -> ({})>",
-            params.join(", "),
-            results.join(", ")
-        ),
-    )
+    let map = affine_map_over(&dims, index);
+    (dims, map)
 }
 
 /// Prints a module in MLIR's generic operation syntax.
@@ -345,9 +374,36 @@ fn mlir_block(f: &Function, b: &Block, namer: &mut Namer, depth: usize, out: &mu
                 attrs.push(format!("step = {step} : i64"));
                 attrs.push(format!("upper = {hi} : i64"));
             }
-            OpKind::Parallel { lo, hi } => {
+            OpKind::Parallel { lo, hi } | OpKind::Threads { lo, hi } => {
                 attrs.push(format!("lower = {lo} : i64"));
                 attrs.push(format!("upper = {hi} : i64"));
+            }
+            OpKind::Matmul(c) => {
+                let crate::ir::Contraction {
+                    m,
+                    n,
+                    k,
+                    a,
+                    b,
+                    parallel,
+                } = &**c;
+                // Maps over (i, j, k, indices from outside...); the outside
+                // indices become operands after the two buffers.
+                let mut dims: Vec<Value> = op.regions[0].args[..3].to_vec();
+                for e in a.iter().chain(b) {
+                    for (_, v) in &e.terms {
+                        if !dims.contains(v) {
+                            dims.push(*v);
+                        }
+                    }
+                }
+                operands.extend(&dims[3..]);
+                attrs.push(format!("a_map = {}", affine_map_over(&dims, a)));
+                attrs.push(format!("b_map = {}", affine_map_over(&dims, b)));
+                attrs.push(format!("sizes = array<i64: {m}, {n}, {k}>"));
+                if *parallel {
+                    attrs.push("parallel".into());
+                }
             }
             _ => {}
         }

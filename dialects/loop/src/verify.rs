@@ -327,7 +327,46 @@ impl<'a> Checker<'a> {
                     None
                 }
             }
-            OpKind::Parallel { .. } => {
+            OpKind::Matmul(c) => {
+                let crate::ir::Contraction { a, b, m, n, k, .. } = &**c;
+                let body = op.regions.first();
+                let args: Vec<Option<&Type>> = body
+                    .map(|b| b.args.iter().map(|v| self.ty(*v)).collect())
+                    .unwrap_or_default();
+                let f32s = Some(&Type::Scalar(DType::F32));
+                let bufs: Vec<Option<&Type>> = ops.clone();
+                match (shape(2, 0), bufs.first().copied().flatten(), bufs.get(1).copied().flatten()) {
+                    _ if *m <= 0 || *n <= 0 || *k <= 0 => Some("needs positive sizes".into()),
+                    (true, Some(Type::Buffer(ta)), Some(Type::Buffer(tb)))
+                        if ta.dtype == DType::F32
+                            && tb.dtype == DType::F32
+                            && op.regions.len() == 1
+                            && args.len() == 4
+                            && args[..3].iter().all(|t| *t == Some(&Type::Index))
+                            && args[3] == f32s =>
+                    {
+                        let region = op.regions[0].clone();
+                        let depth = self.visible.len();
+                        self.visible.extend(&region.args[..3]);
+                        self.check_index(id, a, ta.shape.len());
+                        self.check_index(id, b, tb.shape.len());
+                        self.visible.truncate(depth);
+                        if uses_value(f, &region, region.args[2]) {
+                            self.err(
+                                loc.clone(),
+                                "uses the reduction index outside the operands' indices".into(),
+                            );
+                        }
+                        self.block(&region, BlockKind::Parallel, &[], &loc);
+                        None
+                    }
+                    _ => Some(
+                        "takes two f32 buffers and has one body with arguments (i, j, k: index, acc: f32)"
+                            .into(),
+                    ),
+                }
+            }
+            OpKind::Parallel { .. } | OpKind::Threads { .. } => {
                 let ok = shape(0, 0)
                     && op.regions.len() == 1
                     && op.regions[0].args.len() == 1
@@ -350,4 +389,22 @@ impl<'a> Checker<'a> {
             self.define(r, &loc);
         }
     }
+}
+
+/// Whether an op in `b`, or in blocks nested in it, uses `v`.
+fn uses_value(f: &Function, b: &Block, v: Value) -> bool {
+    b.ops.iter().any(|id| {
+        let Some(op) = f.ops.get(id.0 as usize) else {
+            return false;
+        };
+        let in_index =
+            |index: &[IndexExpr]| index.iter().any(|e| e.terms.iter().any(|(_, t)| *t == v));
+        op.operands.contains(&v)
+            || match &op.kind {
+                OpKind::Load { index, .. } | OpKind::Store { index } => in_index(index),
+                OpKind::Matmul(c) => in_index(&c.a) || in_index(&c.b),
+                _ => false,
+            }
+            || op.regions.iter().any(|r| uses_value(f, r, v))
+    })
 }

@@ -135,6 +135,11 @@ fn lower(module: &dlc_graph::Module) -> Result<dlc_loop::Module, DriverError> {
     dlc_lower::lower_module(module).map_err(|e| DriverError::Usage(e.to_string()))
 }
 
+/// Loop IR mapped onto this CPU: what the CPU back end compiles.
+fn tile(module: &dlc_graph::Module) -> Result<dlc_loop::Module, DriverError> {
+    dlc_driver::lower_for_cpu(module)
+}
+
 fn codegen(e: dlc_llvm::CodegenError) -> DriverError {
     DriverError::Usage(e.to_string())
 }
@@ -145,7 +150,7 @@ fn run_cpu(
     f: &dlc_graph::Function,
     inputs: &[HostTensor],
 ) -> Result<Vec<HostTensor>, DriverError> {
-    let lowered = lower(module)?;
+    let lowered = tile(module)?;
     dlc_llvm::jit(&lowered, |jit| {
         jit.kernel(&f.name)?
             .call(inputs)
@@ -178,7 +183,7 @@ fn bench(
     let mut module = compile_source(&src)?;
     run_passes(&mut module, DEFAULT_PIPELINE, PassOptions::default())?;
     let f = select_entry(&module, entry)?;
-    let lowered = lower(&module)?;
+    let lowered = tile(&module)?;
     let front = start.elapsed();
     let inputs = prepare_inputs(f, &[], Some(0))?;
     let call_err = |e: dlc_runtime::RuntimeError| dlc_llvm::CodegenError::Arguments(e.to_string());
@@ -300,14 +305,14 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                 Emit::GraphMlir => dlc_graph::print_mlir_generic(&module),
                 Emit::Loop => dlc_loop::print_module(&lower(&module)?),
                 Emit::LoopMlir => dlc_loop::print_mlir_generic(&lower(&module)?),
-                Emit::Tile => return Err(not_yet("--emit tile")),
-                Emit::Llvm => dlc_llvm::emit_llvm_ir(&lower(&module)?).map_err(codegen)?,
+                Emit::Tile => dlc_loop::print_module(&tile(&module)?),
+                Emit::Llvm => dlc_llvm::emit_llvm_ir(&tile(&module)?).map_err(codegen)?,
                 Emit::Asm => {
-                    let bytes = dlc_llvm::emit_native(&lower(&module)?, false).map_err(codegen)?;
+                    let bytes = dlc_llvm::emit_native(&tile(&module)?, false).map_err(codegen)?;
                     String::from_utf8_lossy(&bytes).into_owned()
                 }
                 Emit::Obj => {
-                    let bytes = dlc_llvm::emit_native(&lower(&module)?, true).map_err(codegen)?;
+                    let bytes = dlc_llvm::emit_native(&tile(&module)?, true).map_err(codegen)?;
                     if output == "-" {
                         return Err(DriverError::Usage(
                             "--emit obj writes a binary file: give -o FILE".into(),
@@ -324,12 +329,12 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                             "--emit so writes a binary file: give -o FILE".into(),
                         ));
                     }
-                    dlc_llvm::emit_shared_library(&lower(&module)?, std::path::Path::new(&output))
+                    dlc_llvm::emit_shared_library(&tile(&module)?, std::path::Path::new(&output))
                         .map_err(codegen)?;
                     return Ok(());
                 }
                 Emit::Header => {
-                    let lowered = lower(&module)?;
+                    let lowered = tile(&module)?;
                     let sigs = lowered
                         .functions
                         .iter()

@@ -1,0 +1,635 @@
+//! Code generation of the tile dialect's ops: `tile.threads` (an outlined
+//! body run on the OpenMP runtime's threads) and `tile.matmul` (packed
+//! operands and a register-tiled AVX-512 micro-kernel).
+
+use std::collections::BTreeSet;
+
+use dlc_loop::{Function, IndexExpr, OpId, OpKind, Type, Value};
+use inkwell::AtomicOrdering;
+use inkwell::module::Linkage;
+use inkwell::values::{BasicValue, BasicValueEnum, FunctionValue, IntValue, PointerValue};
+use inkwell::{AddressSpace, IntPredicate};
+
+use super::{CodegenError, Gen, R};
+
+/// Rows of the micro-kernel's register tile.
+const MR: u64 = 6;
+/// Lanes of one vector (f32 on AVX-512).
+const LANES: u64 = 16;
+/// Columns of the register tile: two vectors, so 12 accumulators, two
+/// operand vectors and a broadcast fit the 32 vector registers.
+const NR: u64 = 2 * LANES;
+/// Rows of the left operand packed at once (a multiple of `MR`); with `KC`
+/// the packed block (72 x 256 x 4 bytes = 72 KiB) stays in L2.
+const MC: u64 = 12 * MR;
+/// Depth of the packed blocks.
+const KC: u64 = 256;
+
+/// Values used inside the ops (operands, indices, nested bodies) that are
+/// defined outside them.
+fn free_values(f: &Function, ops: &[OpId]) -> BTreeSet<Value> {
+    fn walk(f: &Function, ops: &[OpId], used: &mut BTreeSet<Value>, defined: &mut BTreeSet<Value>) {
+        for id in ops {
+            let op = f.op(*id);
+            used.extend(&op.operands);
+            let index_terms = |index: &[IndexExpr], used: &mut BTreeSet<Value>| {
+                for e in index {
+                    used.extend(e.terms.iter().map(|(_, v)| *v));
+                }
+            };
+            match &op.kind {
+                OpKind::Load { index, .. } | OpKind::Store { index } => index_terms(index, used),
+                OpKind::Matmul(c) => {
+                    index_terms(&c.a, used);
+                    index_terms(&c.b, used);
+                }
+                _ => {}
+            }
+            defined.extend(&op.results);
+            for r in &op.regions {
+                defined.extend(&r.args);
+                walk(f, &r.ops, used, defined);
+            }
+        }
+    }
+    let (mut used, mut defined) = (BTreeSet::new(), BTreeSet::new());
+    walk(f, ops, &mut used, &mut defined);
+    used.retain(|v| !defined.contains(v));
+    used
+}
+
+/// `(coefficient of each of `vars`, the rest)` of a buffer offset:
+/// `sum_d stride_d * index_d`.
+fn split_offset(strides: &[usize], index: &[IndexExpr], vars: &[Value]) -> (Vec<i64>, IndexExpr) {
+    let mut coeffs = vec![0i64; vars.len()];
+    let mut rest = IndexExpr::default();
+    for (e, &s) in index.iter().zip(strides) {
+        let s = s as i64;
+        rest.constant += s * e.constant;
+        for &(c, v) in &e.terms {
+            match vars.iter().position(|x| *x == v) {
+                Some(p) => coeffs[p] += s * c,
+                None => rest.terms.push((s * c, v)),
+            }
+        }
+    }
+    (coeffs, rest)
+}
+
+impl<'ctx> Gen<'ctx, '_> {
+    fn i64c(&self, v: u64) -> IntValue<'ctx> {
+        self.ctx.i64_type().const_int(v, false)
+    }
+
+    fn min(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        let lt = self.b.build_int_compare(IntPredicate::SLT, a, b, "lt")?;
+        Ok(self.b.build_select(lt, a, b, "min")?.into_int_value())
+    }
+
+    /// `p + offset` elements of f32.
+    fn f32_at(&self, p: PointerValue<'ctx>, offset: IntValue<'ctx>) -> R<PointerValue<'ctx>> {
+        // SAFETY (LLVM IR semantics): callers keep offsets inside the
+        // buffer or the packed block they address.
+        Ok(unsafe {
+            self.b
+                .build_in_bounds_gep(self.ctx.f32_type(), p, &[offset], "at")?
+        })
+    }
+
+    /// A loop `lo..hi` by 1 around what `body` emits.
+    fn counted(
+        &mut self,
+        lo: IntValue<'ctx>,
+        hi: IntValue<'ctx>,
+        body: impl FnOnce(&mut Self, IntValue<'ctx>) -> R<()>,
+    ) -> R<()> {
+        let i64t = self.ctx.i64_type();
+        let pre = self
+            .b
+            .get_insert_block()
+            .ok_or_else(|| CodegenError::Llvm("no insertion block".into()))?;
+        let header = self.ctx.append_basic_block(self.func, "tile.header");
+        let body_bb = self.ctx.append_basic_block(self.func, "tile.body");
+        let exit = self.ctx.append_basic_block(self.func, "tile.exit");
+        self.b.build_unconditional_branch(header)?;
+        self.b.position_at_end(header);
+        let iv = self.b.build_phi(i64t, "t")?;
+        iv.add_incoming(&[(&lo, pre)]);
+        let i = iv.as_basic_value().into_int_value();
+        let more = self.b.build_int_compare(IntPredicate::SLT, i, hi, "more")?;
+        self.b.build_conditional_branch(more, body_bb, exit)?;
+        self.b.position_at_end(body_bb);
+        body(self, i)?;
+        let latch = self
+            .b
+            .get_insert_block()
+            .ok_or_else(|| CodegenError::Llvm("no insertion block".into()))?;
+        let next = self.b.build_int_add(i, self.i64c(1), "next")?;
+        iv.add_incoming(&[(&next, latch)]);
+        self.b.build_unconditional_branch(header)?;
+        self.b.position_at_end(exit);
+        Ok(())
+    }
+
+    /// Leaves the function with `status` (nonzero): returns it, or, in a
+    /// function outlined for threads, records it and returns.
+    fn fail_with(&self, status: IntValue<'ctx>) -> R<()> {
+        match self.status_slot {
+            None => {
+                self.b.build_return(Some(&status))?;
+            }
+            Some(slot) => {
+                let st = self.b.build_store(slot, status)?;
+                st.set_atomic_ordering(AtomicOrdering::Monotonic)
+                    .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+                st.set_alignment(4)
+                    .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+                self.b.build_return(None)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn declare(&self, name: &str, ty: inkwell::types::FunctionType<'ctx>) -> FunctionValue<'ctx> {
+        self.module
+            .get_function(name)
+            .unwrap_or_else(|| self.module.add_function(name, ty, Some(Linkage::External)))
+    }
+
+    /// `malloc` (or zeroed `calloc`) of `bytes`, failing with status 2.
+    fn heap(&self, bytes: u64, zeroed: bool) -> R<PointerValue<'ctx>> {
+        let (i64t, ptr) = (
+            self.ctx.i64_type(),
+            self.ctx.ptr_type(AddressSpace::default()),
+        );
+        let p = if zeroed {
+            let calloc = self.declare("calloc", ptr.fn_type(&[i64t.into(), i64t.into()], false));
+            self.b.build_call(
+                calloc,
+                &[self.i64c(1).into(), self.i64c(bytes).into()],
+                "block",
+            )?
+        } else {
+            let malloc = self.declare("malloc", ptr.fn_type(&[i64t.into()], false));
+            self.b
+                .build_call(malloc, &[self.i64c(bytes).into()], "block")?
+        }
+        .try_as_basic_value()
+        .basic()
+        .ok_or_else(|| CodegenError::Llvm("malloc gives no value".into()))?
+        .into_pointer_value();
+        let null = self.b.build_is_null(p, "isnull")?;
+        let ok = self.ctx.append_basic_block(self.func, "alloc.ok");
+        self.b.build_conditional_branch(null, self.fail_alloc, ok)?;
+        self.b.position_at_end(ok);
+        Ok(p)
+    }
+
+    fn release(&self, p: PointerValue<'ctx>) -> R<()> {
+        let ptr = self.ctx.ptr_type(AddressSpace::default());
+        let free = self.declare("free", self.ctx.void_type().fn_type(&[ptr.into()], false));
+        self.b.build_call(free, &[p.into()], "")?;
+        Ok(())
+    }
+
+    /// Runs `body(index)` for `lo..hi` split in contiguous chunks over the
+    /// OpenMP runtime's threads (`GOMP_parallel`). The body is outlined into
+    /// a function that reads `captures` (every value it uses from outside)
+    /// from a frame; a failing status is passed back through the frame.
+    fn parallel_for(
+        &mut self,
+        lo: i64,
+        hi: i64,
+        captures: &BTreeSet<Value>,
+        body: impl FnOnce(&mut Gen<'ctx, '_>, IntValue<'ctx>) -> R<()>,
+    ) -> R<()> {
+        let (ctx, i64t, i32t) = (self.ctx, self.ctx.i64_type(), self.ctx.i32_type());
+        let ptr = ctx.ptr_type(AddressSpace::default());
+        let captures: Vec<(Value, BasicValueEnum<'ctx>)> = captures
+            .iter()
+            .map(|v| Ok((*v, self.get(*v)?)))
+            .collect::<R<_>>()?;
+        let frame_ty = i64t.array_type(captures.len() as u32 + 1);
+        // The frame lives in the entry block, so a nest of these does not
+        // grow the stack.
+        let here = self
+            .b
+            .get_insert_block()
+            .ok_or_else(|| CodegenError::Llvm("no insertion block".into()))?;
+        let entry = self
+            .func
+            .get_first_basic_block()
+            .ok_or_else(|| CodegenError::Llvm("function without entry".into()))?;
+        match entry.get_first_instruction() {
+            Some(i) => self.b.position_before(&i),
+            None => self.b.position_at_end(entry),
+        }
+        let frame = self.b.build_alloca(frame_ty, "frame")?;
+        self.b.position_at_end(here);
+        let slot = |g: &Gen<'ctx, '_>, frame: PointerValue<'ctx>, i: usize| {
+            // SAFETY (LLVM IR semantics): i is within the frame array.
+            unsafe {
+                g.b.build_in_bounds_gep(i64t, frame, &[g.i64c(i as u64)], "slot")
+            }
+        };
+        for (i, (_, v)) in captures.iter().enumerate() {
+            self.b.build_store(slot(self, frame, i)?, *v)?;
+        }
+        let status_slot = slot(self, frame, captures.len())?;
+        self.b.build_store(status_slot, i32t.const_zero())?;
+
+        let outlined = self.module.add_function(
+            &format!(
+                "{}.threads{}",
+                self.f.name,
+                self.module.get_functions().count()
+            ),
+            ctx.void_type().fn_type(&[ptr.into()], false),
+            Some(Linkage::Private),
+        );
+        let start = ctx.append_basic_block(outlined, "entry");
+        let mut g = Gen {
+            ctx,
+            module: self.module,
+            b: ctx.create_builder(),
+            f: self.f,
+            func: outlined,
+            vals: std::collections::HashMap::new(),
+            fail_div: ctx.append_basic_block(outlined, "fail.division_by_zero"),
+            fail_alloc: ctx.append_basic_block(outlined, "fail.alloc"),
+            status_slot: None,
+        };
+        g.b.position_at_end(start);
+        let frame_in = outlined
+            .get_first_param()
+            .ok_or_else(|| CodegenError::Invalid("outlined body without frame".into()))?
+            .into_pointer_value();
+        g.status_slot = Some(slot(&g, frame_in, captures.len())?);
+        for (block, status) in [(g.fail_div, 1), (g.fail_alloc, 2)] {
+            g.b.position_at_end(block);
+            g.fail_with(i32t.const_int(status, false))?;
+        }
+        g.b.position_at_end(start);
+        for (i, (v, val)) in captures.iter().enumerate() {
+            let loaded =
+                g.b.build_load(val.get_type(), slot(&g, frame_in, i)?, "captured")?;
+            g.vals.insert(*v, loaded);
+        }
+        let thread_num = g.declare("omp_get_thread_num", i32t.fn_type(&[], false));
+        let num_threads = g.declare("omp_get_num_threads", i32t.fn_type(&[], false));
+        let int = |g: &Gen<'ctx, '_>, f: FunctionValue<'ctx>| -> R<IntValue<'ctx>> {
+            let r =
+                g.b.build_call(f, &[], "omp")?
+                    .try_as_basic_value()
+                    .basic()
+                    .ok_or_else(|| CodegenError::Llvm("omp call gives no value".into()))?;
+            Ok(g.b.build_int_s_extend(r.into_int_value(), i64t, "n")?)
+        };
+        let (tid, nt) = (int(&g, thread_num)?, int(&g, num_threads)?);
+        let total = (hi - lo).max(0) as u64;
+        let chunk = g.b.build_int_unsigned_div(
+            g.b.build_int_add(
+                g.i64c(total),
+                g.b.build_int_sub(nt, g.i64c(1), "nt1")?,
+                "up",
+            )?,
+            nt,
+            "chunk",
+        )?;
+        let first = g.b.build_int_add(
+            i64t.const_int(lo as u64, true),
+            g.b.build_int_mul(tid, chunk, "skip")?,
+            "first",
+        )?;
+        let end = g.b.build_int_add(first, chunk, "end")?;
+        let end = g.min(end, i64t.const_int(hi as u64, true))?;
+        g.counted(first, end, body)?;
+        g.b.build_return(None)?;
+
+        let gomp = self.declare(
+            "GOMP_parallel",
+            ctx.void_type()
+                .fn_type(&[ptr.into(), ptr.into(), i32t.into(), i32t.into()], false),
+        );
+        self.b.build_call(
+            gomp,
+            &[
+                outlined.as_global_value().as_pointer_value().into(),
+                frame.into(),
+                i32t.const_zero().into(),
+                i32t.const_zero().into(),
+            ],
+            "",
+        )?;
+        let status = self.b.build_load(i32t, status_slot, "status")?;
+        let failed = self.b.build_int_compare(
+            IntPredicate::NE,
+            status.into_int_value(),
+            i32t.const_zero(),
+            "failed",
+        )?;
+        let fail = ctx.append_basic_block(self.func, "threads.failed");
+        let ok = ctx.append_basic_block(self.func, "threads.ok");
+        self.b.build_conditional_branch(failed, fail, ok)?;
+        self.b.position_at_end(fail);
+        self.fail_with(status.into_int_value())?;
+        self.b.position_at_end(ok);
+        Ok(())
+    }
+
+    /// `tile.threads`.
+    pub(super) fn threads(&mut self, id: OpId, lo: i64, hi: i64) -> R<()> {
+        let captures = free_values(self.f, &[id]);
+        let f = self.f;
+        let region = &f.op(id).regions[0];
+        self.parallel_for(lo, hi, &captures, |g, i| {
+            g.vals.insert(region.args[0], i.into());
+            g.block(region).map(|_| ())
+        })
+    }
+
+    /// `tile.matmul`: for each block of `MC` rows, the product goes into a
+    /// zeroed block (rows padded to `MR`, columns to `NR`) by packed `KC`-deep
+    /// panels and the micro-kernel; then the epilogue runs on each element.
+    pub(super) fn matmul(&mut self, id: OpId) -> R<()> {
+        let f = self.f;
+        let op = f.op(id);
+        let OpKind::Matmul(c) = &op.kind else {
+            return Err(CodegenError::Invalid("not a tile.matmul".into()));
+        };
+        let dlc_loop::Contraction {
+            m,
+            n,
+            k,
+            a,
+            b,
+            parallel,
+        } = &**c;
+        let (m, n, k) = (*m as u64, *n as u64, *k as u64);
+        let region = &op.regions[0];
+        let [iv, jv, kv, acc] = region.args[..] else {
+            return Err(CodegenError::Invalid("tile.matmul body arguments".into()));
+        };
+        let strides = |v: Value| match f.ty(v) {
+            Type::Buffer(t) => Ok(t.strides.clone()),
+            _ => Err(CodegenError::Invalid("tile.matmul of a non-buffer".into())),
+        };
+        let (a_coef, a_rest) = split_offset(&strides(op.operands[0])?, a, &[iv, kv]);
+        let (b_coef, b_rest) = split_offset(&strides(op.operands[1])?, b, &[kv, jv]);
+        let npad = n.div_ceil(NR) * NR;
+        let blocks = m.div_ceil(MC);
+        let body = move |g: &mut Gen<'ctx, '_>, block: IntValue<'ctx>| -> R<()> {
+            let i64t = g.ctx.i64_type();
+            let c64 = move |v: u64| i64t.const_int(v, false);
+            let (ab, bb) = (g.get(op.operands[0])?, g.get(op.operands[1])?);
+            let (abase, bbase) = (g.index(&a_rest)?, g.index(&b_rest)?);
+            let i0 = g.b.build_int_mul(block, c64(MC), "i0")?;
+            let mc = g.min(c64(MC), g.b.build_int_sub(c64(m), i0, "left")?)?;
+            let cblock = g.heap(MC * npad * 4, true)?;
+            let apack = g.heap(MC * KC * 4, false)?;
+            let bpack = g.heap(KC * npad * 4, false)?;
+            let kernel = g.micro_kernel()?;
+            let (ap, bp) = (ab.into_pointer_value(), bb.into_pointer_value());
+            let mul = |g: &Gen<'ctx, '_>, x: IntValue<'ctx>, c: i64| {
+                g.b.build_int_mul(x, g.ctx.i64_type().const_int(c as u64, true), "m")
+            };
+            g.counted(c64(0), c64(k.div_ceil(KC)), |g, pb| {
+                let p0 = g.b.build_int_mul(pb, c64(KC), "p0")?;
+                let kc = g.min(c64(KC), g.b.build_int_sub(c64(k), p0, "kleft")?)?;
+                // Right operand: panels of NR columns, row by row.
+                g.counted(c64(0), c64(npad / NR), |g, jp| {
+                    g.counted(c64(0), kc, |g, p| {
+                        let row = g.b.build_int_add(p0, p, "row")?;
+                        let roff = g.b.build_int_add(bbase, mul(g, row, b_coef[0])?, "roff")?;
+                        let dst = g.b.build_int_mul(
+                            g.b.build_int_add(g.b.build_int_mul(jp, kc, "jpk")?, p, "at")?,
+                            c64(NR),
+                            "dst",
+                        )?;
+                        g.counted(c64(0), c64(NR), |g, jj| {
+                            let j =
+                                g.b.build_int_add(g.b.build_int_mul(jp, c64(NR), "j0")?, jj, "j")?;
+                            let inside =
+                                g.b.build_int_compare(IntPredicate::SLT, j, c64(n), "inside")?;
+                            let jc = g.min(j, c64(n - 1))?;
+                            let off = g.b.build_int_add(roff, mul(g, jc, b_coef[1])?, "off")?;
+                            let x = g.b.build_load(g.ctx.f32_type(), g.f32_at(bp, off)?, "b")?;
+                            let x = g.b.build_select(
+                                inside,
+                                x,
+                                g.ctx.f32_type().const_zero().into(),
+                                "b",
+                            )?;
+                            let d = g.b.build_int_add(dst, jj, "d")?;
+                            g.b.build_store(g.f32_at(bpack, d)?, x)?;
+                            Ok(())
+                        })
+                    })
+                })?;
+                // Left operand: panels of MR rows, column by column.
+                g.counted(c64(0), c64(MC), |g, i| {
+                    let inside = g.b.build_int_compare(IntPredicate::SLT, i, mc, "inside")?;
+                    let ic = g.min(i, g.b.build_int_sub(mc, c64(1), "last")?)?;
+                    let row = g.b.build_int_add(i0, ic, "row")?;
+                    let roff = g.b.build_int_add(abase, mul(g, row, a_coef[0])?, "roff")?;
+                    let panel = g.b.build_int_unsigned_div(i, c64(MR), "panel")?;
+                    let lane = g.b.build_int_unsigned_rem(i, c64(MR), "lane")?;
+                    let pbase =
+                        g.b.build_int_mul(g.b.build_int_mul(panel, kc, "pk")?, c64(MR), "pb")?;
+                    g.counted(c64(0), kc, |g, p| {
+                        let col = g.b.build_int_add(p0, p, "col")?;
+                        let off = g.b.build_int_add(roff, mul(g, col, a_coef[1])?, "off")?;
+                        let x = g.b.build_load(g.ctx.f32_type(), g.f32_at(ap, off)?, "a")?;
+                        let x =
+                            g.b.build_select(inside, x, g.ctx.f32_type().const_zero().into(), "a")?;
+                        let d = g.b.build_int_add(
+                            pbase,
+                            g.b.build_int_add(g.b.build_int_mul(p, c64(MR), "pm")?, lane, "pl")?,
+                            "d",
+                        )?;
+                        g.b.build_store(g.f32_at(apack, d)?, x)?;
+                        Ok(())
+                    })
+                })?;
+                let panels = g.b.build_int_unsigned_div(
+                    g.b.build_int_add(mc, c64(MR - 1), "up")?,
+                    c64(MR),
+                    "panels",
+                )?;
+                g.counted(c64(0), c64(npad / NR), |g, jp| {
+                    g.counted(c64(0), panels, |g, ip| {
+                        let a_at =
+                            g.b.build_int_mul(g.b.build_int_mul(ip, kc, "ik")?, c64(MR), "aat")?;
+                        let b_at =
+                            g.b.build_int_mul(g.b.build_int_mul(jp, kc, "jk")?, c64(NR), "bat")?;
+                        let c_at = g.b.build_int_add(
+                            g.b.build_int_mul(ip, c64(MR * npad), "cr")?,
+                            g.b.build_int_mul(jp, c64(NR), "cc")?,
+                            "cat",
+                        )?;
+                        g.b.build_call(
+                            kernel,
+                            &[
+                                kc.into(),
+                                g.f32_at(apack, a_at)?.into(),
+                                g.f32_at(bpack, b_at)?.into(),
+                                g.f32_at(cblock, c_at)?.into(),
+                                c64(npad).into(),
+                            ],
+                            "",
+                        )?;
+                        Ok(())
+                    })
+                })
+            })?;
+            g.release(apack)?;
+            g.release(bpack)?;
+            // The epilogue, element by element.
+            g.counted(c64(0), mc, |g, ii| {
+                g.vals.insert(iv, g.b.build_int_add(i0, ii, "i")?.into());
+                let crow = g.b.build_int_mul(ii, c64(npad), "crow")?;
+                g.counted(c64(0), c64(n), |g, j| {
+                    g.vals.insert(jv, j.into());
+                    g.vals.insert(kv, c64(0).into());
+                    let at = g.b.build_int_add(crow, j, "cat")?;
+                    let sum =
+                        g.b.build_load(g.ctx.f32_type(), g.f32_at(cblock, at)?, "acc")?;
+                    g.vals.insert(acc, sum);
+                    g.block(region).map(|_| ())
+                })
+            })?;
+            g.release(cblock)
+        };
+        if *parallel {
+            let captures = free_values(f, &[id]);
+            self.parallel_for(0, blocks as i64, &captures, body)
+        } else {
+            self.counted(self.i64c(0), self.i64c(blocks), body)
+        }
+    }
+
+    /// `dlc.sgemm.6x32(kc, a, b, c, ldc)`: `c[MR x NR] += a * b` over `kc`
+    /// steps, `a` packed `kc x MR`, `b` packed `kc x NR`, `c` with row
+    /// stride `ldc`; the register tile is `MR x NR / LANES` vectors.
+    fn micro_kernel(&self) -> R<FunctionValue<'ctx>> {
+        let name = format!("dlc.sgemm.{MR}x{NR}");
+        if let Some(k) = self.module.get_function(&name) {
+            return Ok(k);
+        }
+        let ctx = self.ctx;
+        let (i64t, f32t, ptr) = (
+            ctx.i64_type(),
+            ctx.f32_type(),
+            ctx.ptr_type(AddressSpace::default()),
+        );
+        let vec = f32t.vec_type(LANES as u32);
+        let kernel = self.module.add_function(
+            &name,
+            ctx.void_type().fn_type(
+                &[i64t.into(), ptr.into(), ptr.into(), ptr.into(), i64t.into()],
+                false,
+            ),
+            Some(Linkage::Private),
+        );
+        let param = |i: u32| {
+            kernel
+                .get_nth_param(i)
+                .ok_or_else(|| CodegenError::Invalid("micro-kernel parameter".into()))
+        };
+        let (kc, a, b, c, ldc) = (
+            param(0)?.into_int_value(),
+            param(1)?.into_pointer_value(),
+            param(2)?.into_pointer_value(),
+            param(3)?.into_pointer_value(),
+            param(4)?.into_int_value(),
+        );
+        let bld = ctx.create_builder();
+        let entry = ctx.append_basic_block(kernel, "entry");
+        let body = ctx.append_basic_block(kernel, "k");
+        let exit = ctx.append_basic_block(kernel, "store");
+        bld.position_at_end(entry);
+        bld.build_unconditional_branch(body)?;
+        bld.position_at_end(body);
+        let p = bld.build_phi(i64t, "p")?;
+        p.add_incoming(&[(&i64t.const_zero(), entry)]);
+        let pv = p.as_basic_value().into_int_value();
+        let nv = (NR / LANES) as usize;
+        let mut phis = Vec::new();
+        for _ in 0..MR as usize * nv {
+            let phi = bld.build_phi(vec, "c")?;
+            phi.add_incoming(&[(&vec.const_zero(), entry)]);
+            phis.push(phi);
+        }
+        let at = |base: PointerValue<'ctx>, off: IntValue<'ctx>| {
+            // SAFETY (LLVM IR semantics): within the packed panels and the
+            // padded result block the caller passes.
+            unsafe { bld.build_in_bounds_gep(f32t, base, &[off], "at") }
+        };
+        let fma = inkwell::intrinsics::Intrinsic::find("llvm.fma")
+            .and_then(|i| i.get_declaration(self.module, &[vec.into()]))
+            .ok_or_else(|| CodegenError::Llvm("no llvm.fma".into()))?;
+        let boff = bld.build_int_mul(pv, i64t.const_int(NR, false), "boff")?;
+        let mut bvecs = Vec::new();
+        for v in 0..nv {
+            let off = bld.build_int_add(boff, i64t.const_int(v as u64 * LANES, false), "bo")?;
+            let ld = bld.build_load(vec, at(b, off)?, "bv")?;
+            ld.as_instruction_value()
+                .map(|i| i.set_alignment(4))
+                .transpose()
+                .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+            bvecs.push(ld);
+        }
+        let aoff = bld.build_int_mul(pv, i64t.const_int(MR, false), "aoff")?;
+        let mut next = Vec::new();
+        for r in 0..MR as usize {
+            let off = bld.build_int_add(aoff, i64t.const_int(r as u64, false), "ao")?;
+            let x = bld.build_load(f32t, at(a, off)?, "a")?;
+            let one = bld.build_insert_element(vec.get_poison(), x, i64t.const_zero(), "a1")?;
+            let splat = bld.build_shuffle_vector(
+                one,
+                vec.get_poison(),
+                ctx.i32_type().vec_type(LANES as u32).const_zero(),
+                "splat",
+            )?;
+            for v in 0..nv {
+                let acc = phis[r * nv + v].as_basic_value();
+                let r = bld
+                    .build_call(fma, &[splat.into(), bvecs[v].into(), acc.into()], "fma")?
+                    .try_as_basic_value()
+                    .basic()
+                    .ok_or_else(|| CodegenError::Llvm("fma gives no value".into()))?;
+                next.push(r);
+            }
+        }
+        let p1 = bld.build_int_add(pv, i64t.const_int(1, false), "p1")?;
+        p.add_incoming(&[(&p1, body)]);
+        for (phi, v) in phis.iter().zip(&next) {
+            phi.add_incoming(&[(v, body)]);
+        }
+        let more = bld.build_int_compare(IntPredicate::SLT, p1, kc, "more")?;
+        bld.build_conditional_branch(more, body, exit)?;
+        bld.position_at_end(exit);
+        for r in 0..MR as usize {
+            let row = bld.build_int_mul(ldc, i64t.const_int(r as u64, false), "row")?;
+            for v in 0..nv {
+                let off = bld.build_int_add(row, i64t.const_int(v as u64 * LANES, false), "co")?;
+                let cp = at(c, off)?;
+                let old = bld.build_load(vec, cp, "old")?;
+                old.as_instruction_value()
+                    .map(|i| i.set_alignment(4))
+                    .transpose()
+                    .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+                let sum = bld.build_float_add(
+                    old.into_vector_value(),
+                    next[r * nv + v].into_vector_value(),
+                    "sum",
+                )?;
+                bld.build_store(cp, sum)?
+                    .set_alignment(4)
+                    .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+            }
+        }
+        bld.build_return(None)?;
+        Ok(kernel)
+    }
+}
