@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs `dlc bench` on every entry point of the workloads W1..W8 and writes
 # target/bench/results.json (one object per line) and target/bench/results.md.
-# RUNS (default 20) timed runs after 3 warm-ups; THREADS (default 1).
+# RUNS (default 20) timed runs after 3 warm-ups, with each thread count in
+# THREADS (default "1 0": one thread, then one per core).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dlc=./target/release/dlc
@@ -11,8 +12,10 @@ mkdir -p "$out"
 for file in examples/w*.dl; do
     entries=$("$dlc" check "$file" | sed 's/.*: //; s/,//g; s/)//')
     for entry in $entries; do
-        echo "bench $entry ($file)" >&2
-        "$dlc" bench "$file" --entry "$entry" --runs "${RUNS:-20}" --threads "${THREADS:-1}" --json >> "$out/results.json"
+        for threads in ${THREADS:-1 0}; do
+            echo "bench $entry ($file), --threads $threads" >&2
+            "$dlc" bench "$file" --entry "$entry" --runs "${RUNS:-20}" --threads "$threads" --json >> "$out/results.json"
+        done
     done
 done
 python3 - "$out" <<'PY'

@@ -201,14 +201,16 @@ impl<'ctx> Gen<'ctx, '_> {
         lo: i64,
         hi: i64,
         captures: &BTreeSet<Value>,
-        body: impl FnOnce(&mut Gen<'ctx, '_>, IntValue<'ctx>) -> R<()>,
+        extra: &[BasicValueEnum<'ctx>],
+        body: impl FnOnce(&mut Gen<'ctx, '_>, IntValue<'ctx>, &[BasicValueEnum<'ctx>]) -> R<()>,
     ) -> R<()> {
         let (ctx, i64t, i32t) = (self.ctx, self.ctx.i64_type(), self.ctx.i32_type());
         let ptr = ctx.ptr_type(AddressSpace::default());
-        let captures: Vec<(Value, BasicValueEnum<'ctx>)> = captures
+        let mut captures: Vec<(Option<Value>, BasicValueEnum<'ctx>)> = captures
             .iter()
-            .map(|v| Ok((*v, self.get(*v)?)))
+            .map(|v| Ok((Some(*v), self.get(*v)?)))
             .collect::<R<_>>()?;
+        captures.extend(extra.iter().map(|v| (None, *v)));
         let frame_ty = i64t.array_type(captures.len() as u32 + 1);
         // The frame lives in the entry block, so a nest of these does not
         // grow the stack.
@@ -270,10 +272,16 @@ impl<'ctx> Gen<'ctx, '_> {
             g.fail_with(i32t.const_int(status, false))?;
         }
         g.b.position_at_end(start);
+        let mut extra_in = Vec::new();
         for (i, (v, val)) in captures.iter().enumerate() {
             let loaded =
                 g.b.build_load(val.get_type(), slot(&g, frame_in, i)?, "captured")?;
-            g.vals.insert(*v, loaded);
+            match v {
+                Some(v) => {
+                    g.vals.insert(*v, loaded);
+                }
+                None => extra_in.push(loaded),
+            }
         }
         let thread_num = g.declare("omp_get_thread_num", i32t.fn_type(&[], false));
         let num_threads = g.declare("omp_get_num_threads", i32t.fn_type(&[], false));
@@ -303,7 +311,7 @@ impl<'ctx> Gen<'ctx, '_> {
         )?;
         let end = g.b.build_int_add(first, chunk, "end")?;
         let end = g.min(end, i64t.const_int(hi as u64, true))?;
-        g.counted(first, end, body)?;
+        g.counted(first, end, |g, i| body(g, i, &extra_in))?;
         g.b.build_return(None)?;
 
         let gomp = self.declare(
@@ -342,7 +350,7 @@ impl<'ctx> Gen<'ctx, '_> {
         let captures = free_values(self.f, &[id]);
         let f = self.f;
         let region = &f.op(id).regions[0];
-        self.parallel_for(lo, hi, &captures, |g, i| {
+        self.parallel_for(lo, hi, &captures, &[], |g, i, _| {
             g.vals.insert(region.args[0], i.into());
             g.block(region).map(|_| ())
         })
@@ -378,25 +386,23 @@ impl<'ctx> Gen<'ctx, '_> {
         let (b_coef, b_rest) = split_offset(&strides(op.operands[1])?, b, &[kv, jv]);
         let npad = n.div_ceil(NR) * NR;
         let blocks = m.div_ceil(MC);
-        let body = move |g: &mut Gen<'ctx, '_>, block: IntValue<'ctx>| -> R<()> {
-            let i64t = g.ctx.i64_type();
-            let c64 = move |v: u64| i64t.const_int(v, false);
-            let (ab, bb) = (g.get(op.operands[0])?, g.get(op.operands[1])?);
-            let (abase, bbase) = (g.index(&a_rest)?, g.index(&b_rest)?);
-            let i0 = g.b.build_int_mul(block, c64(MC), "i0")?;
-            let mc = g.min(c64(MC), g.b.build_int_sub(c64(m), i0, "left")?)?;
-            let cblock = g.heap(MC * npad * 4, true)?;
-            let apack = g.heap(MC * KC * 4, false)?;
-            let bpack = g.heap(KC * npad * 4, false)?;
-            let kernel = g.micro_kernel()?;
-            let (ap, bp) = (ab.into_pointer_value(), bb.into_pointer_value());
-            let mul = |g: &Gen<'ctx, '_>, x: IntValue<'ctx>, c: i64| {
-                g.b.build_int_mul(x, g.ctx.i64_type().const_int(c as u64, true), "m")
-            };
-            g.counted(c64(0), c64(k.div_ceil(KC)), |g, pb| {
+        let panels_k = k.div_ceil(KC);
+        let i64t = self.ctx.i64_type();
+        let c64 = move |v: u64| i64t.const_int(v, false);
+        let mul = |g: &Gen<'ctx, '_>, x: IntValue<'ctx>, c: i64| {
+            g.b.build_int_mul(x, g.ctx.i64_type().const_int(c as u64, true), "m")
+        };
+        // The right operand is packed once, for every row block: KC-deep
+        // panels (the last may be shallower) of NR-column strips, each
+        // strip row by row, zero past column n.
+        let bpack = self.heap(panels_k * KC * npad * 4, false)?;
+        {
+            let bp = self.get(op.operands[1])?.into_pointer_value();
+            let bbase = self.index(&b_rest)?;
+            self.counted(c64(0), c64(panels_k), |g, pb| {
                 let p0 = g.b.build_int_mul(pb, c64(KC), "p0")?;
                 let kc = g.min(c64(KC), g.b.build_int_sub(c64(k), p0, "kleft")?)?;
-                // Right operand: panels of NR columns, row by row.
+                let panel = g.b.build_int_mul(pb, c64(KC * npad), "panel")?;
                 g.counted(c64(0), c64(npad / NR), |g, jp| {
                     g.counted(c64(0), kc, |g, p| {
                         let row = g.b.build_int_add(p0, p, "row")?;
@@ -406,6 +412,7 @@ impl<'ctx> Gen<'ctx, '_> {
                             c64(NR),
                             "dst",
                         )?;
+                        let dst = g.b.build_int_add(panel, dst, "dst")?;
                         g.counted(c64(0), c64(NR), |g, jj| {
                             let j =
                                 g.b.build_int_add(g.b.build_int_mul(jp, c64(NR), "j0")?, jj, "j")?;
@@ -425,7 +432,29 @@ impl<'ctx> Gen<'ctx, '_> {
                             Ok(())
                         })
                     })
-                })?;
+                })
+            })?;
+        }
+        let body = move |g: &mut Gen<'ctx, '_>,
+                         block: IntValue<'ctx>,
+                         extra: &[BasicValueEnum<'ctx>]|
+              -> R<()> {
+            let bpack = extra
+                .first()
+                .ok_or_else(|| CodegenError::Invalid("packed operand not passed".into()))?
+                .into_pointer_value();
+            let ab = g.get(op.operands[0])?;
+            let abase = g.index(&a_rest)?;
+            let i0 = g.b.build_int_mul(block, c64(MC), "i0")?;
+            let mc = g.min(c64(MC), g.b.build_int_sub(c64(m), i0, "left")?)?;
+            let cblock = g.heap(MC * npad * 4, true)?;
+            let apack = g.heap(MC * KC * 4, false)?;
+            let kernel = g.micro_kernel()?;
+            let ap = ab.into_pointer_value();
+            g.counted(c64(0), c64(panels_k), |g, pb| {
+                let p0 = g.b.build_int_mul(pb, c64(KC), "p0")?;
+                let kc = g.min(c64(KC), g.b.build_int_sub(c64(k), p0, "kleft")?)?;
+                let bpanel = g.b.build_int_mul(pb, c64(KC * npad), "bpanel")?;
                 // Left operand: panels of MR rows, column by column.
                 g.counted(c64(0), c64(MC), |g, i| {
                     let inside = g.b.build_int_compare(IntPredicate::SLT, i, mc, "inside")?;
@@ -460,8 +489,9 @@ impl<'ctx> Gen<'ctx, '_> {
                     g.counted(c64(0), panels, |g, ip| {
                         let a_at =
                             g.b.build_int_mul(g.b.build_int_mul(ip, kc, "ik")?, c64(MR), "aat")?;
-                        let b_at =
+                        let b_at_in =
                             g.b.build_int_mul(g.b.build_int_mul(jp, kc, "jk")?, c64(NR), "bat")?;
+                        let b_at = g.b.build_int_add(bpanel, b_at_in, "bat")?;
                         let c_at = g.b.build_int_add(
                             g.b.build_int_mul(ip, c64(MR * npad), "cr")?,
                             g.b.build_int_mul(jp, c64(NR), "cc")?,
@@ -483,7 +513,6 @@ impl<'ctx> Gen<'ctx, '_> {
                 })
             })?;
             g.release(apack)?;
-            g.release(bpack)?;
             // The epilogue, element by element.
             g.counted(c64(0), mc, |g, ii| {
                 g.vals.insert(iv, g.b.build_int_add(i0, ii, "i")?.into());
@@ -502,10 +531,13 @@ impl<'ctx> Gen<'ctx, '_> {
         };
         if *parallel {
             let captures = free_values(f, &[id]);
-            self.parallel_for(0, blocks as i64, &captures, body)
+            self.parallel_for(0, blocks as i64, &captures, &[bpack.into()], body)?;
         } else {
-            self.counted(self.i64c(0), self.i64c(blocks), body)
+            self.counted(self.i64c(0), self.i64c(blocks), |g, i| {
+                body(g, i, &[bpack.into()])
+            })?;
         }
+        self.release(bpack)
     }
 
     /// `dlc.sgemm.6x32(kc, a, b, c, ldc)`: `c[MR x NR] += a * b` over `kc`
