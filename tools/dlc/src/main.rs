@@ -86,7 +86,7 @@ enum Command {
         #[arg(long)]
         entry: Option<String>,
         /// Where to run it.
-        #[arg(long, value_enum, default_value = "interp")]
+        #[arg(long, value_enum, default_value = "cpu")]
         backend: Backend,
         /// An input as NAME=PATH.npy; repeat for each parameter.
         #[arg(long = "input", value_name = "NAME=PATH")]
@@ -246,9 +246,8 @@ fn bench(
 
 fn not_yet(what: &str) -> DriverError {
     DriverError::Usage(format!(
-        "{what} is not available yet: this build compiles through the loop dialect and LLVM for \
-         this CPU (--backend cpu, --emit llvm|asm|obj); shared libraries, C headers, the GPU \
-         and benchmarks come next"
+        "{what} is not available yet: this build compiles for this CPU only (--backend cpu); \
+         the GPU back end (NVPTX) comes next"
     ))
 }
 

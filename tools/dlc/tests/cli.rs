@@ -214,7 +214,14 @@ fn input_errors_are_clear() {
         "fn f(x: f32) -> f32 { return sum(zeros([100000, 100000])) + x; }",
     );
     fails_with(
-        &dlc(&["run", &big_const, "--random-inputs", "0"]),
+        &dlc(&[
+            "run",
+            &big_const,
+            "--backend",
+            "interp",
+            "--random-inputs",
+            "0",
+        ]),
         "too large for the interpreter",
     );
     let garbage = d.file("g.npy", "not an array");
