@@ -111,6 +111,18 @@ fn is_elementwise(op: &Op) -> bool {
     )
 }
 
+/// Element-wise ops that read each operand at their own index: an epilogue
+/// chain may only hold these (a transpose, broadcast or slice of the same
+/// shape still moves elements, so the product would be stored at the wrong
+/// index).
+fn is_pointwise(op: &Op) -> bool {
+    is_elementwise(op)
+        && !matches!(
+            op,
+            Op::Broadcast { .. } | Op::Transpose { .. } | Op::Slice { .. }
+        )
+}
+
 /// Ops that compute a value per output index, after which an element-wise
 /// epilogue can be applied before storing.
 fn has_value_at_index(op: &Op) -> bool {
@@ -285,10 +297,10 @@ impl Lowering<'_> {
             };
             let shape = self.ty(n).shape.clone();
             let mut end = first;
-            let mut ok = is_elementwise(self.op(end)) && self.ty(end).shape == shape;
+            let mut ok = is_pointwise(self.op(end)) && self.ty(end).shape == shape;
             while ok && self.plan[&end] == Plan::Inline {
                 end = self.users(end)[0];
-                ok = self.ty(end).shape == shape && is_elementwise(self.op(end));
+                ok = self.ty(end).shape == shape && is_pointwise(self.op(end));
             }
             if ok && self.plan[&end] == Plan::Stored {
                 self.plan.insert(n, Plan::WithEpilogue(end));

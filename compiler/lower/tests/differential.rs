@@ -145,6 +145,10 @@ fn matrix_products() {
     agree("fn f(x: f32[3, 5], w: f32[5, 1], y: f32[3, 4]) -> f32[3, 4] { return (x @ w) * y; }");
     // A product used twice is stored.
     agree("fn f(x: f32[3, 3]) -> f32[3, 3] { let p = x @ x; return p + transpose(p); }");
+    // A transpose of the same shape moves elements: it is no epilogue (found
+    // by the generated programs of the compiled-code tests).
+    agree("fn f(a: f32[4, 6], b: f32[6, 4]) -> f32[6, 6] { return transpose(b @ a) * 2.0; }");
+    agree("fn f(x: f32[5, 5, 3]) -> f32[5, 5] { return exp(transpose(sum(x, axis=2), [1, 0])); }");
 }
 
 /// Contractions large enough to become `tile.matmul` (with epilogues,
