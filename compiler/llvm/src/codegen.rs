@@ -21,6 +21,7 @@ use inkwell::values::{
 };
 use inkwell::{AddressSpace, FloatPredicate, IntPredicate, OptimizationLevel};
 
+mod math;
 mod tile;
 
 /// Why code could not be generated or run.
@@ -536,27 +537,6 @@ impl<'ctx, 'f> Gen<'ctx, 'f> {
             .ok_or_else(|| CodegenError::Llvm(format!("{name} gives no value")))
     }
 
-    fn libm_f32(&self, name: &str, x: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
-        let f32t = self.ctx.f32_type();
-        let decl = self.module.get_function(name).unwrap_or_else(|| {
-            self.module.add_function(
-                name,
-                f32t.fn_type(&[f32t.into()], false),
-                Some(Linkage::External),
-            )
-        });
-        let wide = self.b.build_float_cast(x, f32t, "wide")?;
-        let r = self
-            .b
-            .build_call(decl, &[wide.into()], name)?
-            .try_as_basic_value()
-            .basic()
-            .ok_or_else(|| CodegenError::Llvm(format!("{name} gives no value")))?;
-        Ok(self
-            .b
-            .build_float_cast(r.into_float_value(), x.get_type(), "narrow")?)
-    }
-
     /// Computes `op` on a 16-bit float in f32 and rounds back: LLVM lowers
     /// many operations on half and bfloat to library calls that do not exist.
     fn widened(
@@ -595,6 +575,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f> {
                     .build_select(neg, t.const_zero(), x, "relu")?
                     .into_float_value()
             }
+            UnaryOp::Exp if t == self.ctx.f32_type() => self.exp_f32(x)?,
             UnaryOp::Exp => intr("llvm.exp", x)?,
             UnaryOp::Log => intr("llvm.log", x)?,
             UnaryOp::Sqrt => intr("llvm.sqrt", x)?,
@@ -602,10 +583,10 @@ impl<'ctx, 'f> Gen<'ctx, 'f> {
                 let s = intr("llvm.sqrt", x)?;
                 self.b.build_float_div(one, s, "rsqrt")?
             }
-            UnaryOp::Tanh => self.libm_f32("tanhf", x)?,
+            UnaryOp::Tanh => self.tanh_f32(x)?,
             UnaryOp::Sigmoid => {
                 let n = self.b.build_float_neg(x, "negx")?;
-                let e = intr("llvm.exp", n)?;
+                let e = self.exp_f32(n)?;
                 let d = self.b.build_float_add(one, e, "den")?;
                 self.b.build_float_div(one, d, "sigmoid")?
             }
@@ -619,7 +600,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f> {
                     self.b.build_float_mul(t.const_float(0.044715), x3, "cx3")?,
                     "inner",
                 )?;
-                let th = self.libm_f32("tanhf", self.b.build_float_mul(c, inner, "arg")?)?;
+                let th = self.tanh_f32(self.b.build_float_mul(c, inner, "arg")?)?;
                 let half_x = self.b.build_float_mul(t.const_float(0.5), x, "halfx")?;
                 self.b
                     .build_float_mul(half_x, self.b.build_float_add(one, th, "onep")?, "gelu")?
@@ -667,9 +648,9 @@ impl<'ctx, 'f> Gen<'ctx, 'f> {
         }
         let ty: BasicTypeEnum<'ctx> = x.get_type().into();
         Ok(match op {
-            BinaryOp::Add => self.b.build_float_add(x, y, "add")?,
-            BinaryOp::Sub => self.b.build_float_sub(x, y, "sub")?,
-            BinaryOp::Mul => self.b.build_float_mul(x, y, "mul")?,
+            BinaryOp::Add => self.relaxed(self.b.build_float_add(x, y, "add")?)?,
+            BinaryOp::Sub => self.relaxed(self.b.build_float_sub(x, y, "sub")?)?,
+            BinaryOp::Mul => self.relaxed(self.b.build_float_mul(x, y, "mul")?)?,
             BinaryOp::Div => self.b.build_float_div(x, y, "div")?,
             BinaryOp::Max => self
                 .call("llvm.maximum", &[ty], &[x.into(), y.into()])?

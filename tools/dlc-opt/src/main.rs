@@ -43,7 +43,7 @@ struct Args {
 fn run(args: Args) -> Result<(), DriverError> {
     if args.list_passes {
         for (name, description) in registry().describe() {
-            println!("{name:<22} {description}");
+            dlc_driver::outln!("{name:<22} {description}");
         }
         return Ok(());
     }
@@ -91,7 +91,7 @@ fn run(args: Args) -> Result<(), DriverError> {
             source,
         }),
         _ => {
-            print!("{text}");
+            dlc_driver::out!("{text}");
             Ok(())
         }
     }

@@ -224,20 +224,20 @@ fn bench(
             "runs": runs,
             "warmup": warmup,
         });
-        println!("{report}");
+        dlc_driver::outln!("{report}");
     } else {
-        println!(
+        dlc_driver::outln!(
             "{} ({file}), {threads} thread{}",
             f.name,
             if threads == 1 { "" } else { "s" }
         );
-        println!(
+        dlc_driver::outln!(
             "  compile: {:.3} s (front end and lowering {:.3} s, LLVM {:.3} s)",
             compile.as_secs_f64(),
             front.as_secs_f64(),
             llvm.as_secs_f64()
         );
-        println!(
+        dlc_driver::outln!(
             "  latency: median {median:.3} ms, min {min:.3} ms, max {max:.3} ms over {runs} runs ({warmup} warm-up)"
         );
     }
@@ -275,7 +275,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             let src = read_input(&file)?;
             let module = compile_source(&src)?;
             let entries: Vec<&str> = module.entry_points().map(|f| f.name.as_str()).collect();
-            println!(
+            dlc_driver::outln!(
                 "{}: ok ({} entry point(s): {})",
                 src.name,
                 entries.len(),
@@ -348,7 +348,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                 }
             };
             if output == "-" {
-                print!("{text}");
+                dlc_driver::out!("{text}");
                 Ok(())
             } else {
                 std::fs::write(&output, text).map_err(|source| DriverError::Io {
@@ -398,14 +398,14 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                         "--check: results differ from the reference interpreter: largest relative error {err:.3e} > {CHECK_TOLERANCE:e}"
                     )));
                 }
-                println!("check: ok (largest relative error {err:.3e})");
+                dlc_driver::outln!("check: ok (largest relative error {err:.3e})");
             }
             for (i, t) in outputs.iter().enumerate() {
-                println!("out{i}: {}", summary(t));
+                dlc_driver::outln!("out{i}: {}", summary(t));
             }
             if let Some(dir) = save {
                 for path in save_outputs(&dir, &outputs)? {
-                    println!("wrote {}", path.display());
+                    dlc_driver::outln!("wrote {}", path.display());
                 }
             }
             Ok(())
