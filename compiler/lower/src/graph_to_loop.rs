@@ -272,6 +272,22 @@ impl Lowering<'_> {
             let plan = match self.op(n) {
                 Op::Param { .. } => Plan::Param,
                 Op::Reshape { .. } => Plan::View,
+                // A transpose read only by matrix products is a strided view
+                // of its operand's buffer: the products (and the packing of
+                // tile.matmul) read through any strides, so nothing is copied.
+                Op::Transpose { .. }
+                    if self.uses(n) == self.users(n).len()
+                        && self
+                            .users(n)
+                            .iter()
+                            .all(|u| matches!(self.op(*u), Op::MatMul))
+                        && matches!(
+                            self.plan.get(&self.operand(n, 0)),
+                            Some(Plan::Param | Plan::Stored | Plan::View)
+                        ) =>
+                {
+                    Plan::View
+                }
                 op if is_elementwise(op) => {
                     let users = self.users(n);
                     let single_elementwise_user =
@@ -427,10 +443,18 @@ impl Lowering<'_> {
             let src = self.operand(n, 0);
             let Some(&buf) = self.home.get(&src) else {
                 return Err(LowerError::Invalid(
-                    "reshape of a value with no buffer".into(),
+                    "reshape or transpose of a value with no buffer".into(),
                 ));
             };
-            let view = self.b.view(buf, contiguous(self.ty(n)));
+            let ty = match (self.op(n), self.b.ty(buf)) {
+                (Op::Transpose { perm }, dlc_loop::Type::Buffer(from)) => BufferType {
+                    dtype: from.dtype,
+                    shape: perm.iter().map(|&p| from.shape[p]).collect(),
+                    strides: perm.iter().map(|&p| from.strides[p]).collect(),
+                },
+                _ => contiguous(self.ty(n)),
+            };
+            let view = self.b.view(buf, ty);
             if let Some(&out) = self.home.get(&n) {
                 // A reshape that is a result: copy through the view.
                 let shape = self.ty(n).shape.clone();
