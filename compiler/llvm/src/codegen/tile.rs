@@ -356,9 +356,253 @@ impl<'ctx> Gen<'ctx, '_> {
         })
     }
 
-    /// `tile.matmul`: for each block of `MC` rows, the product goes into a
-    /// zeroed block (rows padded to `MR`, columns to `NR`) by packed `KC`-deep
-    /// panels and the micro-kernel; then the epilogue runs on each element.
+    /// A private function of the module, built once: `build` emits its body
+    /// with a generator placed in its entry block, given its parameters.
+    fn helper(
+        &self,
+        name: &str,
+        params: &[inkwell::types::BasicMetadataTypeEnum<'ctx>],
+        build: impl FnOnce(&mut Gen<'ctx, '_>, &[BasicValueEnum<'ctx>]) -> R<()>,
+    ) -> R<FunctionValue<'ctx>> {
+        if let Some(f) = self.module.get_function(name) {
+            return Ok(f);
+        }
+        let ctx = self.ctx;
+        let func = self.module.add_function(
+            name,
+            ctx.void_type().fn_type(params, false),
+            Some(Linkage::Private),
+        );
+        let entry = ctx.append_basic_block(func, "entry");
+        // Helpers neither divide integers nor allocate.
+        let trap = ctx.append_basic_block(func, "unreachable");
+        let mut g = Gen {
+            ctx,
+            module: self.module,
+            b: ctx.create_builder(),
+            f: self.f,
+            func,
+            vals: std::collections::HashMap::new(),
+            fail_div: trap,
+            fail_alloc: trap,
+            status_slot: None,
+        };
+        g.b.position_at_end(trap);
+        g.b.build_unreachable()?;
+        g.b.position_at_end(entry);
+        let args: Vec<BasicValueEnum<'ctx>> = func.get_param_iter().collect();
+        build(&mut g, &args)?;
+        g.b.build_return(None)?;
+        Ok(func)
+    }
+
+    /// `dlc.sgemm.pack_b(b, base, sk, sn, k, n, npad, dst)`: the right
+    /// operand (element `(p, j)` at `b[base + p*sk + j*sn]`) as KC-deep panels
+    /// of NR-column strips, each strip row by row, zero past column `n`.
+    fn pack_b(&self) -> R<FunctionValue<'ctx>> {
+        let (i64t, ptr) = (
+            self.ctx.i64_type(),
+            self.ctx.ptr_type(AddressSpace::default()),
+        );
+        let c64 = move |v: u64| i64t.const_int(v, false);
+        self.helper(
+            "dlc.sgemm.pack_b",
+            &[
+                ptr.into(),
+                i64t.into(),
+                i64t.into(),
+                i64t.into(),
+                i64t.into(),
+                i64t.into(),
+                i64t.into(),
+                ptr.into(),
+            ],
+            |g, args| {
+                let [b, base, sk, sn, k, n, npad, dst] = args else {
+                    return Err(CodegenError::Invalid("pack_b parameters".into()));
+                };
+                let (b, dst) = (b.into_pointer_value(), dst.into_pointer_value());
+                let [base, sk, sn, k, n, npad] =
+                    [base, sk, sn, k, n, npad].map(|v| v.into_int_value());
+                let panels = g.b.build_int_unsigned_div(
+                    g.b.build_int_add(k, c64(KC - 1), "up")?,
+                    c64(KC),
+                    "panels",
+                )?;
+                let strips = g.b.build_int_unsigned_div(npad, c64(NR), "strips")?;
+                let last = g.b.build_int_sub(n, c64(1), "last")?;
+                g.counted(c64(0), panels, |g, pb| {
+                    let p0 = g.b.build_int_mul(pb, c64(KC), "p0")?;
+                    let kc = g.min(c64(KC), g.b.build_int_sub(k, p0, "kleft")?)?;
+                    let panel =
+                        g.b.build_int_mul(g.b.build_int_mul(pb, c64(KC), "pk")?, npad, "panel")?;
+                    g.counted(c64(0), strips, |g, jp| {
+                        g.counted(c64(0), kc, |g, p| {
+                            let row = g.b.build_int_add(p0, p, "row")?;
+                            let roff =
+                                g.b.build_int_add(base, g.b.build_int_mul(row, sk, "rs")?, "roff")?;
+                            let at =
+                                g.b.build_int_add(g.b.build_int_mul(jp, kc, "jpk")?, p, "at")?;
+                            let at = g.b.build_int_add(
+                                panel,
+                                g.b.build_int_mul(at, c64(NR), "s")?,
+                                "at",
+                            )?;
+                            g.counted(c64(0), c64(NR), |g, jj| {
+                                let j = g.b.build_int_add(
+                                    g.b.build_int_mul(jp, c64(NR), "j0")?,
+                                    jj,
+                                    "j",
+                                )?;
+                                let inside =
+                                    g.b.build_int_compare(IntPredicate::SLT, j, n, "in")?;
+                                let jc = g.min(j, last)?;
+                                let off = g.b.build_int_add(
+                                    roff,
+                                    g.b.build_int_mul(jc, sn, "cs")?,
+                                    "off",
+                                )?;
+                                let x = g.b.build_load(g.ctx.f32_type(), g.f32_at(b, off)?, "b")?;
+                                let zero = g.ctx.f32_type().const_zero().into();
+                                let x = g.b.build_select(inside, x, zero, "b")?;
+                                let d = g.b.build_int_add(at, jj, "d")?;
+                                g.b.build_store(g.f32_at(dst, d)?, x)?;
+                                Ok(())
+                            })
+                        })
+                    })
+                })
+            },
+        )
+    }
+
+    /// `dlc.sgemm.block(a, base, si, sk, i0, mc, k, npad, bpack, apack, c)`:
+    /// `c[MC x npad] += a[i0 .. i0 + mc, ..] * b` for the packed `b`, one
+    /// KC-deep panel at a time: the rows' slice of the left operand (element
+    /// `(i, p)` at `a[base + i*si + p*sk]`) is packed into MR-row strips, and
+    /// the micro-kernel runs on every pair of strips.
+    fn gemm_block(&self) -> R<FunctionValue<'ctx>> {
+        let (i64t, ptr) = (
+            self.ctx.i64_type(),
+            self.ctx.ptr_type(AddressSpace::default()),
+        );
+        let c64 = move |v: u64| i64t.const_int(v, false);
+        let kernel = self.micro_kernel()?;
+        self.helper(
+            "dlc.sgemm.block",
+            &[
+                ptr.into(),
+                i64t.into(),
+                i64t.into(),
+                i64t.into(),
+                i64t.into(),
+                i64t.into(),
+                i64t.into(),
+                i64t.into(),
+                ptr.into(),
+                ptr.into(),
+                ptr.into(),
+            ],
+            |g, args| {
+                let [a, base, si, sk, i0, mc, k, npad, bpack, apack, cblock] = args else {
+                    return Err(CodegenError::Invalid("gemm_block parameters".into()));
+                };
+                let [a, bpack, apack, cblock] =
+                    [a, bpack, apack, cblock].map(|v| v.into_pointer_value());
+                let [base, si, sk, i0, mc, k, npad] =
+                    [base, si, sk, i0, mc, k, npad].map(|v| v.into_int_value());
+                let panels_k = g.b.build_int_unsigned_div(
+                    g.b.build_int_add(k, c64(KC - 1), "up")?,
+                    c64(KC),
+                    "panels",
+                )?;
+                let strips = g.b.build_int_unsigned_div(npad, c64(NR), "strips")?;
+                let row_strips = g.b.build_int_unsigned_div(
+                    g.b.build_int_add(mc, c64(MR - 1), "up")?,
+                    c64(MR),
+                    "rows",
+                )?;
+                let last = g.b.build_int_sub(mc, c64(1), "last")?;
+                g.counted(c64(0), panels_k, |g, pb| {
+                    let p0 = g.b.build_int_mul(pb, c64(KC), "p0")?;
+                    let kc = g.min(c64(KC), g.b.build_int_sub(k, p0, "kleft")?)?;
+                    let bpanel =
+                        g.b.build_int_mul(g.b.build_int_mul(pb, c64(KC), "pk")?, npad, "bpanel")?;
+                    g.counted(c64(0), c64(MC), |g, i| {
+                        let inside = g.b.build_int_compare(IntPredicate::SLT, i, mc, "in")?;
+                        let row = g.b.build_int_add(i0, g.min(i, last)?, "row")?;
+                        let roff =
+                            g.b.build_int_add(base, g.b.build_int_mul(row, si, "rs")?, "roff")?;
+                        let strip = g.b.build_int_unsigned_div(i, c64(MR), "strip")?;
+                        let lane = g.b.build_int_unsigned_rem(i, c64(MR), "lane")?;
+                        let sbase =
+                            g.b.build_int_mul(g.b.build_int_mul(strip, kc, "sk")?, c64(MR), "sb")?;
+                        g.counted(c64(0), kc, |g, p| {
+                            let col = g.b.build_int_add(p0, p, "col")?;
+                            let off =
+                                g.b.build_int_add(roff, g.b.build_int_mul(col, sk, "cs")?, "off")?;
+                            let x = g.b.build_load(g.ctx.f32_type(), g.f32_at(a, off)?, "a")?;
+                            let zero = g.ctx.f32_type().const_zero().into();
+                            let x = g.b.build_select(inside, x, zero, "a")?;
+                            let d = g.b.build_int_add(
+                                sbase,
+                                g.b.build_int_add(
+                                    g.b.build_int_mul(p, c64(MR), "pm")?,
+                                    lane,
+                                    "pl",
+                                )?,
+                                "d",
+                            )?;
+                            g.b.build_store(g.f32_at(apack, d)?, x)?;
+                            Ok(())
+                        })
+                    })?;
+                    g.counted(c64(0), strips, |g, jp| {
+                        g.counted(c64(0), row_strips, |g, ip| {
+                            let a_at = g.b.build_int_mul(
+                                g.b.build_int_mul(ip, kc, "ik")?,
+                                c64(MR),
+                                "aat",
+                            )?;
+                            let b_at = g.b.build_int_mul(
+                                g.b.build_int_mul(jp, kc, "jk")?,
+                                c64(NR),
+                                "bat",
+                            )?;
+                            let b_at = g.b.build_int_add(bpanel, b_at, "bat")?;
+                            let c_at = g.b.build_int_add(
+                                g.b.build_int_mul(
+                                    g.b.build_int_mul(ip, c64(MR), "ir")?,
+                                    npad,
+                                    "cr",
+                                )?,
+                                g.b.build_int_mul(jp, c64(NR), "cc")?,
+                                "cat",
+                            )?;
+                            g.b.build_call(
+                                kernel,
+                                &[
+                                    kc.into(),
+                                    g.f32_at(apack, a_at)?.into(),
+                                    g.f32_at(bpack, b_at)?.into(),
+                                    g.f32_at(cblock, c_at)?.into(),
+                                    npad.into(),
+                                ],
+                                "",
+                            )?;
+                            Ok(())
+                        })
+                    })
+                })
+            },
+        )
+    }
+
+    /// `tile.matmul`: the right operand is packed once (`dlc.sgemm.pack_b`);
+    /// each block of MC rows (over threads when `parallel`) is multiplied
+    /// into a zeroed block, rows padded to MR and columns to NR
+    /// (`dlc.sgemm.block`); then the epilogue runs on the block's elements.
+    /// The packing and blocking code is shared by every matmul of the module.
     pub(super) fn matmul(&mut self, id: OpId) -> R<()> {
         let f = self.f;
         let op = f.op(id);
@@ -386,55 +630,27 @@ impl<'ctx> Gen<'ctx, '_> {
         let (b_coef, b_rest) = split_offset(&strides(op.operands[1])?, b, &[kv, jv]);
         let npad = n.div_ceil(NR) * NR;
         let blocks = m.div_ceil(MC);
-        let panels_k = k.div_ceil(KC);
         let i64t = self.ctx.i64_type();
         let c64 = move |v: u64| i64t.const_int(v, false);
-        let mul = |g: &Gen<'ctx, '_>, x: IntValue<'ctx>, c: i64| {
-            g.b.build_int_mul(x, g.ctx.i64_type().const_int(c as u64, true), "m")
-        };
-        // The right operand is packed once, for every row block: KC-deep
-        // panels (the last may be shallower) of NR-column strips, each
-        // strip row by row, zero past column n.
-        let bpack = self.heap(panels_k * KC * npad * 4, false)?;
-        {
-            let bp = self.get(op.operands[1])?.into_pointer_value();
-            let bbase = self.index(&b_rest)?;
-            self.counted(c64(0), c64(panels_k), |g, pb| {
-                let p0 = g.b.build_int_mul(pb, c64(KC), "p0")?;
-                let kc = g.min(c64(KC), g.b.build_int_sub(c64(k), p0, "kleft")?)?;
-                let panel = g.b.build_int_mul(pb, c64(KC * npad), "panel")?;
-                g.counted(c64(0), c64(npad / NR), |g, jp| {
-                    g.counted(c64(0), kc, |g, p| {
-                        let row = g.b.build_int_add(p0, p, "row")?;
-                        let roff = g.b.build_int_add(bbase, mul(g, row, b_coef[0])?, "roff")?;
-                        let dst = g.b.build_int_mul(
-                            g.b.build_int_add(g.b.build_int_mul(jp, kc, "jpk")?, p, "at")?,
-                            c64(NR),
-                            "dst",
-                        )?;
-                        let dst = g.b.build_int_add(panel, dst, "dst")?;
-                        g.counted(c64(0), c64(NR), |g, jj| {
-                            let j =
-                                g.b.build_int_add(g.b.build_int_mul(jp, c64(NR), "j0")?, jj, "j")?;
-                            let inside =
-                                g.b.build_int_compare(IntPredicate::SLT, j, c64(n), "inside")?;
-                            let jc = g.min(j, c64(n - 1))?;
-                            let off = g.b.build_int_add(roff, mul(g, jc, b_coef[1])?, "off")?;
-                            let x = g.b.build_load(g.ctx.f32_type(), g.f32_at(bp, off)?, "b")?;
-                            let x = g.b.build_select(
-                                inside,
-                                x,
-                                g.ctx.f32_type().const_zero().into(),
-                                "b",
-                            )?;
-                            let d = g.b.build_int_add(dst, jj, "d")?;
-                            g.b.build_store(g.f32_at(bpack, d)?, x)?;
-                            Ok(())
-                        })
-                    })
-                })
-            })?;
-        }
+        let s64 = move |v: i64| i64t.const_int(v as u64, true);
+        let bpack = self.heap(k.div_ceil(KC) * KC * npad * 4, false)?;
+        let pack_b = self.pack_b()?;
+        let bbase = self.index(&b_rest)?;
+        self.b.build_call(
+            pack_b,
+            &[
+                self.get(op.operands[1])?.into(),
+                bbase.into(),
+                s64(b_coef[0]).into(),
+                s64(b_coef[1]).into(),
+                c64(k).into(),
+                c64(n).into(),
+                c64(npad).into(),
+                bpack.into(),
+            ],
+            "",
+        )?;
+        let gemm_block = self.gemm_block()?;
         let body = move |g: &mut Gen<'ctx, '_>,
                          block: IntValue<'ctx>,
                          extra: &[BasicValueEnum<'ctx>]|
@@ -443,75 +659,28 @@ impl<'ctx> Gen<'ctx, '_> {
                 .first()
                 .ok_or_else(|| CodegenError::Invalid("packed operand not passed".into()))?
                 .into_pointer_value();
-            let ab = g.get(op.operands[0])?;
             let abase = g.index(&a_rest)?;
             let i0 = g.b.build_int_mul(block, c64(MC), "i0")?;
             let mc = g.min(c64(MC), g.b.build_int_sub(c64(m), i0, "left")?)?;
             let cblock = g.heap(MC * npad * 4, true)?;
             let apack = g.heap(MC * KC * 4, false)?;
-            let kernel = g.micro_kernel()?;
-            let ap = ab.into_pointer_value();
-            g.counted(c64(0), c64(panels_k), |g, pb| {
-                let p0 = g.b.build_int_mul(pb, c64(KC), "p0")?;
-                let kc = g.min(c64(KC), g.b.build_int_sub(c64(k), p0, "kleft")?)?;
-                let bpanel = g.b.build_int_mul(pb, c64(KC * npad), "bpanel")?;
-                // Left operand: panels of MR rows, column by column.
-                g.counted(c64(0), c64(MC), |g, i| {
-                    let inside = g.b.build_int_compare(IntPredicate::SLT, i, mc, "inside")?;
-                    let ic = g.min(i, g.b.build_int_sub(mc, c64(1), "last")?)?;
-                    let row = g.b.build_int_add(i0, ic, "row")?;
-                    let roff = g.b.build_int_add(abase, mul(g, row, a_coef[0])?, "roff")?;
-                    let panel = g.b.build_int_unsigned_div(i, c64(MR), "panel")?;
-                    let lane = g.b.build_int_unsigned_rem(i, c64(MR), "lane")?;
-                    let pbase =
-                        g.b.build_int_mul(g.b.build_int_mul(panel, kc, "pk")?, c64(MR), "pb")?;
-                    g.counted(c64(0), kc, |g, p| {
-                        let col = g.b.build_int_add(p0, p, "col")?;
-                        let off = g.b.build_int_add(roff, mul(g, col, a_coef[1])?, "off")?;
-                        let x = g.b.build_load(g.ctx.f32_type(), g.f32_at(ap, off)?, "a")?;
-                        let x =
-                            g.b.build_select(inside, x, g.ctx.f32_type().const_zero().into(), "a")?;
-                        let d = g.b.build_int_add(
-                            pbase,
-                            g.b.build_int_add(g.b.build_int_mul(p, c64(MR), "pm")?, lane, "pl")?,
-                            "d",
-                        )?;
-                        g.b.build_store(g.f32_at(apack, d)?, x)?;
-                        Ok(())
-                    })
-                })?;
-                let panels = g.b.build_int_unsigned_div(
-                    g.b.build_int_add(mc, c64(MR - 1), "up")?,
-                    c64(MR),
-                    "panels",
-                )?;
-                g.counted(c64(0), c64(npad / NR), |g, jp| {
-                    g.counted(c64(0), panels, |g, ip| {
-                        let a_at =
-                            g.b.build_int_mul(g.b.build_int_mul(ip, kc, "ik")?, c64(MR), "aat")?;
-                        let b_at_in =
-                            g.b.build_int_mul(g.b.build_int_mul(jp, kc, "jk")?, c64(NR), "bat")?;
-                        let b_at = g.b.build_int_add(bpanel, b_at_in, "bat")?;
-                        let c_at = g.b.build_int_add(
-                            g.b.build_int_mul(ip, c64(MR * npad), "cr")?,
-                            g.b.build_int_mul(jp, c64(NR), "cc")?,
-                            "cat",
-                        )?;
-                        g.b.build_call(
-                            kernel,
-                            &[
-                                kc.into(),
-                                g.f32_at(apack, a_at)?.into(),
-                                g.f32_at(bpack, b_at)?.into(),
-                                g.f32_at(cblock, c_at)?.into(),
-                                c64(npad).into(),
-                            ],
-                            "",
-                        )?;
-                        Ok(())
-                    })
-                })
-            })?;
+            g.b.build_call(
+                gemm_block,
+                &[
+                    g.get(op.operands[0])?.into(),
+                    abase.into(),
+                    s64(a_coef[0]).into(),
+                    s64(a_coef[1]).into(),
+                    i0.into(),
+                    mc.into(),
+                    c64(k).into(),
+                    c64(npad).into(),
+                    bpack.into(),
+                    apack.into(),
+                    cblock.into(),
+                ],
+                "",
+            )?;
             g.release(apack)?;
             // The epilogue, element by element.
             g.counted(c64(0), mc, |g, ii| {
