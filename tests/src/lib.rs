@@ -137,10 +137,18 @@ op shift[N](x: f32[N]) -> f32[N] {
 /// one `let` applying some operator to values already defined. The entry
 /// point is `f(a: f32[4, 6], b: f32[6, 4], c: f32[6], s: f32)`.
 pub fn generated_program(choices: &[u32], tuple: bool) -> String {
+    generated_program_sized(choices, tuple, 4, 6)
+}
+
+/// [`generated_program`] with the entry point
+/// `f(a: f32[M, N], b: f32[N, M], c: f32[N], s: f32)` (`M` and `N` distinct):
+/// large sizes make its products big enough for the tile dialect's
+/// `tile.matmul`.
+pub fn generated_program_sized(choices: &[u32], tuple: bool, m: usize, n: usize) -> String {
     let mut pool: Vec<(String, Vec<usize>)> = vec![
-        ("a".into(), vec![4, 6]),
-        ("b".into(), vec![6, 4]),
-        ("c".into(), vec![6]),
+        ("a".into(), vec![m, n]),
+        ("b".into(), vec![n, m]),
+        ("c".into(), vec![n]),
         ("s".into(), vec![]),
     ];
     let mut body = String::new();
@@ -232,7 +240,7 @@ pub fn generated_program(choices: &[u32], tuple: bool) -> String {
         (ty(&last_shape), last)
     };
     format!(
-        "{HEADER}\nfn f(a: f32[4, 6], b: f32[6, 4], c: f32[6], s: f32) -> {ret_ty} {{\n{body}    return {ret};\n}}\n"
+        "{HEADER}\nfn f(a: f32[{m}, {n}], b: f32[{n}, {m}], c: f32[{n}], s: f32) -> {ret_ty} {{\n{body}    return {ret};\n}}\n"
     )
 }
 

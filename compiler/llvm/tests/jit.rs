@@ -266,4 +266,11 @@ proptest! {
     fn generated_programs_agree(choices in prop::collection::vec(any::<u32>(), 1..10), tuple in any::<bool>()) {
         jit_agrees(&dlc_tests::generated_program(&choices, tuple));
     }
+
+    /// The same at sizes where products become packed `tile.matmul`s (with
+    /// whatever epilogue the program puts after them) and loops run on threads.
+    #[test]
+    fn large_generated_programs_agree(choices in prop::collection::vec(any::<u32>(), 1..10), tuple in any::<bool>()) {
+        jit_agrees(&dlc_tests::generated_program_sized(&choices, tuple, 80, 96));
+    }
 }
