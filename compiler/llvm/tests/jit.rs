@@ -192,6 +192,10 @@ fn tiled_contractions() {
     jit_agrees(
         "fn f(x: f32[7, 513], w: f32[33, 513]) -> f32[7, 33] { return x @ transpose(w, [1, 0]); }",
     );
+    // A convolution as a product over an im2col buffer.
+    jit_agrees(
+        "fn f(x: f32[3, 8, 13, 11], w: f32[20, 8, 3, 2], b: f32[20, 1, 1]) -> f32[3, 20, 7, 12] { return relu(conv2d(x, w, stride=[2, 1], padding=[1, 1]) + b); }",
+    );
 }
 
 #[test]

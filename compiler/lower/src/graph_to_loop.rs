@@ -305,7 +305,7 @@ impl Lowering<'_> {
         // Epilogues: an op with a value per index whose only user begins an
         // element-wise chain of the same shape stores the chain's end instead.
         for &n in &order {
-            if !has_value_at_index(self.op(n)) || self.uses(n) != 1 {
+            if !has_value_at_index(self.op(n)) || self.uses(n) != 1 || self.conv_as_matmul(n) {
                 continue;
             }
             let Some(&first) = self.users(n).first() else {
@@ -473,6 +473,77 @@ impl Lowering<'_> {
         };
         self.ensure_home(target);
         self.emit_kernel(n)
+    }
+
+    /// Whether convolution `n` is lowered as a matrix product over an im2col
+    /// buffer (which the tile dialect turns into a packed `tile.matmul`):
+    /// f32, one group, and at least 16K multiply-adds per image, the size at
+    /// which `convert-loop-to-tile` maps a product.
+    fn conv_as_matmul(&self, n: NodeIndex) -> bool {
+        let Op::Conv2d { groups: 1, .. } = self.op(n) else {
+            return false;
+        };
+        let (out, w) = (self.ty(n), self.ty(self.operand(n, 1)));
+        out.dtype == DType::F32
+            && out.shape[1..]
+                .iter()
+                .chain(&w.shape[1..])
+                .product::<usize>()
+                >= 16 * 1024
+    }
+
+    /// Convolution `n` as `out[b] (viewed [O, Y*X]) = w (viewed [O, C*KH*KW])
+    /// @ col[b]`, where `col[b, (c, ky, kx), (y, x)]` holds the input element
+    /// each kernel tap reads (zero in the padding). No epilogue: what follows
+    /// reads the stored result.
+    fn conv_im2col(&mut self, n: NodeIndex, stride: &[usize], padding: &[usize]) {
+        let ty = self.ty(n).clone();
+        let (x, w) = (self.operand(n, 0), self.operand(n, 1));
+        let (xbuf, wbuf, out) = (self.home[&x], self.home[&w], self.home[&n]);
+        let wsh = self.ty(w).shape.clone();
+        let (o, c, kh, kw) = (wsh[0], wsh[1], wsh[2], wsh[3]);
+        let (batch, oy, ox) = (ty.shape[0], ty.shape[2], ty.shape[3]);
+        let (q, p) = (c * kh * kw, oy * ox);
+        let col = self
+            .b
+            .alloc(contiguous(&TensorType::new(ty.dtype, vec![batch, q, p])));
+        let ivs = self.open_nest(&[batch, c, kh, kw, oy, ox]);
+        let (nb, ci, ky, kx, y, xx) = (&ivs[0], &ivs[1], &ivs[2], &ivs[3], &ivs[4], &ivs[5]);
+        let iy = ix_axpy(
+            stride[0] as i64,
+            y,
+            &ix_axpy(1, ky, &ix_const(-(padding[0] as i64))),
+        );
+        let ix = ix_axpy(
+            stride[1] as i64,
+            xx,
+            &ix_axpy(1, kx, &ix_const(-(padding[1] as i64))),
+        );
+        let v = self
+            .b
+            .load(xbuf, vec![nb.clone(), ci.clone(), iy, ix], Some(0.0));
+        let row = ix_axpy((kh * kw) as i64, ci, &ix_axpy(kw as i64, ky, kx));
+        let colx = ix_axpy(ox as i64, y, xx);
+        self.b.store(v, col, vec![nb.clone(), row, colx]);
+        self.close_nest(6);
+        let wv = self
+            .b
+            .view(wbuf, contiguous(&TensorType::new(ty.dtype, vec![o, q])));
+        let ov = self.b.view(
+            out,
+            contiguous(&TensorType::new(ty.dtype, vec![batch, o, p])),
+        );
+        let idx = self.open_nest(&[batch, o, p]);
+        let (nb, oc, pos) = (idx[0].clone(), idx[1].clone(), idx[2].clone());
+        let acc = self.reduce_loops(ReduceKind::Sum, ty.dtype, &[(0, q as i64)], &mut |l, r| {
+            let a = l.b.load(wv, vec![oc.clone(), r[0].clone()], None);
+            let b =
+                l.b.load(col, vec![nb.clone(), r[0].clone(), pos.clone()], None);
+            l.b.binary(BinaryOp::Mul, a, b)
+        });
+        self.b.store(acc, ov, idx.clone());
+        self.close_nest(3);
+        self.b.dealloc(col);
     }
 
     /// Stores the value `v` of node `n` at `idx`, applying its epilogue.
@@ -802,6 +873,15 @@ impl Lowering<'_> {
                     self.b.end_for(vec![]);
                 }
                 self.close_nest(outer.len());
+            }
+            Op::Conv2d {
+                stride,
+                padding,
+                groups: 1,
+            } if self.conv_as_matmul(n)
+                && matches!(self.b.ty(self.home[&self.operand(n, 1)]), dlc_loop::Type::Buffer(t) if t.is_contiguous()) =>
+            {
+                self.conv_im2col(n, &stride, &padding);
             }
             Op::Conv2d {
                 stride,

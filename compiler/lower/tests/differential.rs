@@ -176,6 +176,20 @@ fn convolution_and_pooling() {
     );
 }
 
+/// Convolutions large enough to be lowered as products over an im2col
+/// buffer (and mapped to `tile.matmul`): strides, padding, non-square
+/// kernels, a following batchnorm and relu.
+#[test]
+fn convolutions_as_products() {
+    let src = "fn f(x: f32[2, 8, 13, 11], w: f32[16, 8, 3, 2], m: f32[16], v: f32[16], g: f32[16], b: f32[16]) -> f32[2, 16, 7, 12] { return relu(batchnorm(conv2d(x, w, stride=[2, 1], padding=[1, 1]), m, v, g, b)); }";
+    let text = print_module(&tiled(&graph(src)));
+    assert!(text.contains("tile.matmul"), "{text}");
+    agree(&src.replace(
+        "batchnorm(conv2d(x, w, stride=[2, 1], padding=[1, 1]), m, v, g, b)",
+        "batchnorm(conv2d(x, w, stride=[2, 1], padding=[1, 1]), m, abs(v) + 0.5, g, b)",
+    ));
+}
+
 #[test]
 fn user_operators() {
     agree("
