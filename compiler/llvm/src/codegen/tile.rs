@@ -448,6 +448,28 @@ impl<'ctx> Gen<'ctx, '_> {
                                 g.b.build_int_mul(at, c64(NR), "s")?,
                                 "at",
                             )?;
+                            // A whole strip of a row-major operand is one copy.
+                            let j0 = g.b.build_int_mul(jp, c64(NR), "j0")?;
+                            let whole = g.b.build_and(
+                                g.b.build_int_compare(IntPredicate::EQ, sn, c64(1), "unit")?,
+                                g.b.build_int_compare(
+                                    IntPredicate::SLE,
+                                    g.b.build_int_add(j0, c64(NR), "j1")?,
+                                    n,
+                                    "fits",
+                                )?,
+                                "whole",
+                            )?;
+                            let copy = g.ctx.append_basic_block(g.func, "pack.copy");
+                            let each = g.ctx.append_basic_block(g.func, "pack.each");
+                            let done = g.ctx.append_basic_block(g.func, "pack.done");
+                            g.b.build_conditional_branch(whole, copy, each)?;
+                            g.b.position_at_end(copy);
+                            let src = g.f32_at(b, g.b.build_int_add(roff, j0, "src")?)?;
+                            g.b.build_memcpy(g.f32_at(dst, at)?, 4, src, 4, c64(NR * 4))
+                                .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+                            g.b.build_unconditional_branch(done)?;
+                            g.b.position_at_end(each);
                             g.counted(c64(0), c64(NR), |g, jj| {
                                 let j = g.b.build_int_add(
                                     g.b.build_int_mul(jp, c64(NR), "j0")?,
@@ -468,7 +490,10 @@ impl<'ctx> Gen<'ctx, '_> {
                                 let d = g.b.build_int_add(at, jj, "d")?;
                                 g.b.build_store(g.f32_at(dst, d)?, x)?;
                                 Ok(())
-                            })
+                            })?;
+                            g.b.build_unconditional_branch(done)?;
+                            g.b.position_at_end(done);
+                            Ok(())
                         })
                     })
                 })
