@@ -396,6 +396,29 @@ impl<'ctx> Gen<'ctx, '_> {
         Ok(func)
     }
 
+    /// Runs `body(p0, kc, offset)` for each KC-deep panel of a depth `k`:
+    /// its first row, its depth (KC, or less for the last), and where it
+    /// starts in a packed right operand `npad` columns wide.
+    fn k_panels(
+        &mut self,
+        k: IntValue<'ctx>,
+        npad: IntValue<'ctx>,
+        body: impl FnOnce(&mut Self, IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>) -> R<()>,
+    ) -> R<()> {
+        let kc_max = self.i64c(KC);
+        let panels = self.b.build_int_unsigned_div(
+            self.b.build_int_add(k, self.i64c(KC - 1), "up")?,
+            kc_max,
+            "panels",
+        )?;
+        self.counted(self.i64c(0), panels, |g, pb| {
+            let p0 = g.b.build_int_mul(pb, kc_max, "p0")?;
+            let kc = g.min(kc_max, g.b.build_int_sub(k, p0, "kleft")?)?;
+            let offset = g.b.build_int_mul(p0, npad, "panel")?;
+            body(g, p0, kc, offset)
+        })
+    }
+
     /// `dlc.sgemm.pack_b(b, base, sk, sn, k, n, npad, dst)`: the right
     /// operand (element `(p, j)` at `b[base + p*sk + j*sn]`) as KC-deep panels
     /// of NR-column strips, each strip row by row, zero past column `n`.
@@ -424,18 +447,9 @@ impl<'ctx> Gen<'ctx, '_> {
                 let (b, dst) = (b.into_pointer_value(), dst.into_pointer_value());
                 let [base, sk, sn, k, n, npad] =
                     [base, sk, sn, k, n, npad].map(|v| v.into_int_value());
-                let panels = g.b.build_int_unsigned_div(
-                    g.b.build_int_add(k, c64(KC - 1), "up")?,
-                    c64(KC),
-                    "panels",
-                )?;
                 let strips = g.b.build_int_unsigned_div(npad, c64(NR), "strips")?;
                 let last = g.b.build_int_sub(n, c64(1), "last")?;
-                g.counted(c64(0), panels, |g, pb| {
-                    let p0 = g.b.build_int_mul(pb, c64(KC), "p0")?;
-                    let kc = g.min(c64(KC), g.b.build_int_sub(k, p0, "kleft")?)?;
-                    let panel =
-                        g.b.build_int_mul(g.b.build_int_mul(pb, c64(KC), "pk")?, npad, "panel")?;
+                g.k_panels(k, npad, |g, p0, kc, panel| {
                     g.counted(c64(0), strips, |g, jp| {
                         g.counted(c64(0), kc, |g, p| {
                             let row = g.b.build_int_add(p0, p, "row")?;
@@ -536,11 +550,6 @@ impl<'ctx> Gen<'ctx, '_> {
                     [a, bpack, apack, cblock].map(|v| v.into_pointer_value());
                 let [base, si, sk, i0, mc, k, npad] =
                     [base, si, sk, i0, mc, k, npad].map(|v| v.into_int_value());
-                let panels_k = g.b.build_int_unsigned_div(
-                    g.b.build_int_add(k, c64(KC - 1), "up")?,
-                    c64(KC),
-                    "panels",
-                )?;
                 let strips = g.b.build_int_unsigned_div(npad, c64(NR), "strips")?;
                 let row_strips = g.b.build_int_unsigned_div(
                     g.b.build_int_add(mc, c64(MR - 1), "up")?,
@@ -548,11 +557,7 @@ impl<'ctx> Gen<'ctx, '_> {
                     "rows",
                 )?;
                 let last = g.b.build_int_sub(mc, c64(1), "last")?;
-                g.counted(c64(0), panels_k, |g, pb| {
-                    let p0 = g.b.build_int_mul(pb, c64(KC), "p0")?;
-                    let kc = g.min(c64(KC), g.b.build_int_sub(k, p0, "kleft")?)?;
-                    let bpanel =
-                        g.b.build_int_mul(g.b.build_int_mul(pb, c64(KC), "pk")?, npad, "bpanel")?;
+                g.k_panels(k, npad, |g, p0, kc, bpanel| {
                     g.counted(c64(0), c64(MC), |g, i| {
                         let inside = g.b.build_int_compare(IntPredicate::SLT, i, mc, "in")?;
                         let row = g.b.build_int_add(i0, g.min(i, last)?, "row")?;
