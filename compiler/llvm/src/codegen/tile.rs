@@ -24,6 +24,9 @@ const NR: u64 = 2 * LANES;
 const MC: u64 = 12 * MR;
 /// Depth of the packed blocks.
 const KC: u64 = 256;
+/// A parallel `tile.matmul` is cut into at least this many units of work
+/// (when it has that many column strips), so threads are balanced.
+const UNITS: u64 = 8;
 
 /// Values used inside the ops (operands, indices, nested bodies) that are
 /// defined outside them.
@@ -541,16 +544,34 @@ impl<'ctx> Gen<'ctx, '_> {
                 ptr.into(),
                 ptr.into(),
                 ptr.into(),
+                i64t.into(),
+                i64t.into(),
+                i64t.into(),
             ],
             |g, args| {
-                let [a, base, si, sk, i0, mc, k, npad, bpack, apack, cblock] = args else {
+                let [
+                    a,
+                    base,
+                    si,
+                    sk,
+                    i0,
+                    mc,
+                    k,
+                    npad,
+                    bpack,
+                    apack,
+                    cblock,
+                    js,
+                    je,
+                    ldc,
+                ] = args
+                else {
                     return Err(CodegenError::Invalid("gemm_block parameters".into()));
                 };
                 let [a, bpack, apack, cblock] =
                     [a, bpack, apack, cblock].map(|v| v.into_pointer_value());
-                let [base, si, sk, i0, mc, k, npad] =
-                    [base, si, sk, i0, mc, k, npad].map(|v| v.into_int_value());
-                let strips = g.b.build_int_unsigned_div(npad, c64(NR), "strips")?;
+                let [base, si, sk, i0, mc, k, npad, js, je, ldc] =
+                    [base, si, sk, i0, mc, k, npad, js, je, ldc].map(|v| v.into_int_value());
                 let row_strips = g.b.build_int_unsigned_div(
                     g.b.build_int_add(mc, c64(MR - 1), "up")?,
                     c64(MR),
@@ -587,7 +608,7 @@ impl<'ctx> Gen<'ctx, '_> {
                             Ok(())
                         })
                     })?;
-                    g.counted(c64(0), strips, |g, jp| {
+                    g.counted(js, je, |g, jp| {
                         g.counted(c64(0), row_strips, |g, ip| {
                             let a_at = g.b.build_int_mul(
                                 g.b.build_int_mul(ip, kc, "ik")?,
@@ -603,10 +624,14 @@ impl<'ctx> Gen<'ctx, '_> {
                             let c_at = g.b.build_int_add(
                                 g.b.build_int_mul(
                                     g.b.build_int_mul(ip, c64(MR), "ir")?,
-                                    npad,
+                                    ldc,
                                     "cr",
                                 )?,
-                                g.b.build_int_mul(jp, c64(NR), "cc")?,
+                                g.b.build_int_mul(
+                                    g.b.build_int_sub(jp, js, "jrel")?,
+                                    c64(NR),
+                                    "cc",
+                                )?,
                                 "cat",
                             )?;
                             g.b.build_call(
@@ -616,7 +641,7 @@ impl<'ctx> Gen<'ctx, '_> {
                                     g.f32_at(apack, a_at)?.into(),
                                     g.f32_at(bpack, b_at)?.into(),
                                     g.f32_at(cblock, c_at)?.into(),
-                                    npad.into(),
+                                    ldc.into(),
                                 ],
                                 "",
                             )?;
@@ -681,10 +706,31 @@ impl<'ctx> Gen<'ctx, '_> {
             "",
         )?;
         let gemm_block = self.gemm_block()?;
+        // Units of work: a block of MC rows by a chunk of NR-column strips;
+        // the columns are split when there are few row blocks, so that even
+        // a product with one row block keeps every thread busy.
+        let strips = npad / NR;
+        let per_chunk = if *parallel {
+            strips.div_ceil(UNITS.div_ceil(blocks).clamp(1, strips))
+        } else {
+            strips
+        };
+        let chunks = strips.div_ceil(per_chunk);
+        let ldc = per_chunk * NR;
         let body = move |g: &mut Gen<'ctx, '_>,
-                         block: IntValue<'ctx>,
+                         unit: IntValue<'ctx>,
                          extra: &[BasicValueEnum<'ctx>]|
               -> R<()> {
+            let block = g.b.build_int_unsigned_div(unit, c64(chunks), "block")?;
+            let chunk = g.b.build_int_unsigned_rem(unit, c64(chunks), "chunk")?;
+            let js = g.b.build_int_mul(chunk, c64(per_chunk), "js")?;
+            let je = g.min(g.b.build_int_add(js, c64(per_chunk), "je")?, c64(strips))?;
+            let j0 = g.b.build_int_mul(js, c64(NR), "j0")?;
+            let width = g.b.build_int_sub(
+                g.min(g.b.build_int_mul(je, c64(NR), "jn")?, c64(n))?,
+                j0,
+                "width",
+            )?;
             let bpack = extra
                 .first()
                 .ok_or_else(|| CodegenError::Invalid("packed operand not passed".into()))?
@@ -692,7 +738,7 @@ impl<'ctx> Gen<'ctx, '_> {
             let abase = g.index(&a_rest)?;
             let i0 = g.b.build_int_mul(block, c64(MC), "i0")?;
             let mc = g.min(c64(MC), g.b.build_int_sub(c64(m), i0, "left")?)?;
-            let cblock = g.heap(MC * npad * 4, true)?;
+            let cblock = g.heap(MC * ldc * 4, true)?;
             let apack = g.heap(MC * KC * 4, false)?;
             g.b.build_call(
                 gemm_block,
@@ -708,6 +754,9 @@ impl<'ctx> Gen<'ctx, '_> {
                     bpack.into(),
                     apack.into(),
                     cblock.into(),
+                    js.into(),
+                    je.into(),
+                    c64(ldc).into(),
                 ],
                 "",
             )?;
@@ -715,11 +764,11 @@ impl<'ctx> Gen<'ctx, '_> {
             // The epilogue, element by element.
             g.counted(c64(0), mc, |g, ii| {
                 g.vals.insert(iv, g.b.build_int_add(i0, ii, "i")?.into());
-                let crow = g.b.build_int_mul(ii, c64(npad), "crow")?;
-                g.counted(c64(0), c64(n), |g, j| {
-                    g.vals.insert(jv, j.into());
+                let crow = g.b.build_int_mul(ii, c64(ldc), "crow")?;
+                g.counted(c64(0), width, |g, jj| {
+                    g.vals.insert(jv, g.b.build_int_add(j0, jj, "j")?.into());
                     g.vals.insert(kv, c64(0).into());
-                    let at = g.b.build_int_add(crow, j, "cat")?;
+                    let at = g.b.build_int_add(crow, jj, "cat")?;
                     let sum =
                         g.b.build_load(g.ctx.f32_type(), g.f32_at(cblock, at)?, "acc")?;
                     g.vals.insert(acc, sum);
@@ -730,9 +779,15 @@ impl<'ctx> Gen<'ctx, '_> {
         };
         if *parallel {
             let captures = free_values(f, &[id]);
-            self.parallel_for(0, blocks as i64, &captures, &[bpack.into()], body)?;
+            self.parallel_for(
+                0,
+                (blocks * chunks) as i64,
+                &captures,
+                &[bpack.into()],
+                body,
+            )?;
         } else {
-            self.counted(self.i64c(0), self.i64c(blocks), |g, i| {
+            self.counted(self.i64c(0), self.i64c(blocks * chunks), |g, i| {
                 body(g, i, &[bpack.into()])
             })?;
         }
