@@ -192,6 +192,11 @@ fn tiled_contractions() {
     jit_agrees(
         "fn f(x: f32[7, 513], w: f32[33, 513]) -> f32[7, 33] { return x @ transpose(w, [1, 0]); }",
     );
+    // One row block: the columns are split over threads in chunks of two
+    // strips, the last chunk one partial strip.
+    jit_agrees(
+        "fn f(x: f32[20, 40], w: f32[40, 330], b: f32[330]) -> f32[20, 330] { return tanh(x @ w) - b; }",
+    );
     // A convolution as a product over an im2col buffer.
     jit_agrees(
         "fn f(x: f32[3, 8, 13, 11], w: f32[20, 8, 3, 2], b: f32[20, 1, 1]) -> f32[3, 20, 7, 12] { return relu(conv2d(x, w, stride=[2, 1], padding=[1, 1]) + b); }",
