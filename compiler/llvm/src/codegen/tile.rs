@@ -579,32 +579,41 @@ impl<'ctx> Gen<'ctx, '_> {
                 )?;
                 let last = g.b.build_int_sub(mc, c64(1), "last")?;
                 g.k_panels(k, npad, |g, p0, kc, bpanel| {
-                    g.counted(c64(0), c64(MC), |g, i| {
-                        let inside = g.b.build_int_compare(IntPredicate::SLT, i, mc, "in")?;
-                        let row = g.b.build_int_add(i0, g.min(i, last)?, "row")?;
-                        let roff =
-                            g.b.build_int_add(base, g.b.build_int_mul(row, si, "rs")?, "roff")?;
-                        let strip = g.b.build_int_unsigned_div(i, c64(MR), "strip")?;
-                        let lane = g.b.build_int_unsigned_rem(i, c64(MR), "lane")?;
+                    // Left operand: strip by strip, column by column, the
+                    // MR rows side by side (an interleaving store, which
+                    // vectorizes). Rows past mc repeat the last row: their
+                    // results land in the block's padding, never read.
+                    g.counted(c64(0), row_strips, |g, strip| {
+                        let mut roffs = Vec::new();
+                        for r in 0..MR {
+                            let i = g.b.build_int_add(
+                                g.b.build_int_mul(strip, c64(MR), "s0")?,
+                                c64(r),
+                                "i",
+                            )?;
+                            let row = g.b.build_int_add(i0, g.min(i, last)?, "row")?;
+                            roffs.push(g.b.build_int_add(
+                                base,
+                                g.b.build_int_mul(row, si, "rs")?,
+                                "roff",
+                            )?);
+                        }
                         let sbase =
                             g.b.build_int_mul(g.b.build_int_mul(strip, kc, "sk")?, c64(MR), "sb")?;
                         g.counted(c64(0), kc, |g, p| {
-                            let col = g.b.build_int_add(p0, p, "col")?;
-                            let off =
-                                g.b.build_int_add(roff, g.b.build_int_mul(col, sk, "cs")?, "off")?;
-                            let x = g.b.build_load(g.ctx.f32_type(), g.f32_at(a, off)?, "a")?;
-                            let zero = g.ctx.f32_type().const_zero().into();
-                            let x = g.b.build_select(inside, x, zero, "a")?;
-                            let d = g.b.build_int_add(
+                            let coff =
+                                g.b.build_int_mul(g.b.build_int_add(p0, p, "col")?, sk, "cs")?;
+                            let d0 = g.b.build_int_add(
                                 sbase,
-                                g.b.build_int_add(
-                                    g.b.build_int_mul(p, c64(MR), "pm")?,
-                                    lane,
-                                    "pl",
-                                )?,
-                                "d",
+                                g.b.build_int_mul(p, c64(MR), "pm")?,
+                                "d0",
                             )?;
-                            g.b.build_store(g.f32_at(apack, d)?, x)?;
+                            for (r, roff) in roffs.iter().enumerate() {
+                                let off = g.b.build_int_add(*roff, coff, "off")?;
+                                let x = g.b.build_load(g.ctx.f32_type(), g.f32_at(a, off)?, "a")?;
+                                let d = g.b.build_int_add(d0, c64(r as u64), "d")?;
+                                g.b.build_store(g.f32_at(apack, d)?, x)?;
+                            }
                             Ok(())
                         })
                     })?;
