@@ -30,7 +30,7 @@ pub const MIN_MATMUL_MACS: i64 = 16 * 1024;
 
 /// A parallel loop with fewer iterations than this is looked through for a
 /// wider one inside before being mapped onto threads.
-pub const MIN_THREAD_ITERATIONS: i64 = 16;
+pub const MIN_THREAD_ITERATIONS: i64 = 8;
 
 /// `convert-loop-to-tile`: contractions to `tile.matmul`, outer parallel
 /// loops to `tile.threads`.
