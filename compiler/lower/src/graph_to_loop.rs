@@ -163,8 +163,12 @@ struct Lowering<'g> {
     home: HashMap<NodeIndex, Value>,
     /// Values substituted for a node while emitting an epilogue.
     subst: HashMap<NodeIndex, Value>,
-    /// Buffers allocated here, by the node whose storage they are.
+    /// Buffers allocated here (the `loop.alloc`, which a node's home may
+    /// view), by the node whose storage they are.
     allocated: HashMap<NodeIndex, Value>,
+    /// Allocations whose node's lifetime has ended, free for a later node of
+    /// the same element type that fits: (alloc, element type, elements).
+    free: Vec<(Value, DType, usize)>,
 }
 
 fn lower_function(g: &GFunction) -> Result<Function, LowerError> {
@@ -197,6 +201,7 @@ fn lower_function(g: &GFunction) -> Result<Function, LowerError> {
         home,
         subst: HashMap::new(),
         allocated: HashMap::new(),
+        free: Vec::new(),
     };
     l.plan_nodes();
     // Results get their output buffer as home, unless already homed (a
@@ -222,7 +227,9 @@ fn lower_function(g: &GFunction) -> Result<Function, LowerError> {
             .collect();
         for node in done {
             if let Some(buf) = l.allocated.get(&node).copied() {
-                l.b.dealloc(buf);
+                let t = l.ty(node);
+                let elements = t.num_elements().unwrap_or(usize::MAX);
+                l.free.push((buf, t.dtype, elements));
             }
         }
     }
@@ -233,11 +240,14 @@ fn lower_function(g: &GFunction) -> Result<Function, LowerError> {
         l.b.store(v, out, idx);
         l.close_nest(shape.len());
     }
-    // Buffers nothing reads after their own loop nest.
+    // Buffers nothing reads after their own loop nest, and the free ones.
     for (node, buf) in l.allocated.clone() {
         if !last_reader.contains_key(&node) {
             l.b.dealloc(buf);
         }
+    }
+    for (buf, _, _) in std::mem::take(&mut l.free) {
+        l.b.dealloc(buf);
     }
     Ok(l.b.finish())
 }
@@ -429,10 +439,29 @@ impl Lowering<'_> {
         if let Some(v) = self.home.get(&n) {
             return *v;
         }
-        let buf = self.b.alloc(contiguous(self.ty(n)));
-        self.home.insert(n, buf);
-        self.allocated.insert(n, buf);
-        buf
+        let ty = contiguous(self.ty(n));
+        let need = self.ty(n).num_elements().unwrap_or(usize::MAX);
+        // Reuse the smallest free allocation that fits, through a view.
+        let fit = self
+            .free
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, d, cap))| *d == ty.dtype && *cap >= need)
+            .min_by_key(|(_, (_, _, cap))| *cap)
+            .map(|(i, _)| i);
+        let (root, home) = match fit {
+            Some(i) => {
+                let (root, _, _) = self.free.swap_remove(i);
+                (root, self.b.view(root, ty))
+            }
+            None => {
+                let buf = self.b.alloc(ty);
+                (buf, buf)
+            }
+        };
+        self.home.insert(n, home);
+        self.allocated.insert(n, root);
+        home
     }
 
     fn emit_at_position(&mut self, p: NodeIndex) -> Result<(), LowerError> {
