@@ -220,11 +220,13 @@ fn lower_function(g: &GFunction) -> Result<Function, LowerError> {
     let last_reader = l.last_readers(&order);
     for (k, &n) in order.iter().enumerate() {
         l.emit_at_position(n)?;
-        let done: Vec<NodeIndex> = last_reader
+        // Sorted: the output must not depend on hash order.
+        let mut done: Vec<NodeIndex> = last_reader
             .iter()
             .filter(|(_, last)| **last == k)
             .map(|(node, _)| *node)
             .collect();
+        done.sort();
         for node in done {
             if let Some(buf) = l.allocated.get(&node).copied() {
                 let t = l.ty(node);
@@ -241,10 +243,15 @@ fn lower_function(g: &GFunction) -> Result<Function, LowerError> {
         l.close_nest(shape.len());
     }
     // Buffers nothing reads after their own loop nest, and the free ones.
-    for (node, buf) in l.allocated.clone() {
-        if !last_reader.contains_key(&node) {
-            l.b.dealloc(buf);
-        }
+    let mut unread: Vec<(NodeIndex, Value)> = l
+        .allocated
+        .iter()
+        .filter(|(node, _)| !last_reader.contains_key(node))
+        .map(|(node, buf)| (*node, *buf))
+        .collect();
+    unread.sort();
+    for (_, buf) in unread {
+        l.b.dealloc(buf);
     }
     for (buf, _, _) in std::mem::take(&mut l.free) {
         l.b.dealloc(buf);
@@ -536,8 +543,9 @@ impl Lowering<'_> {
         let col = self
             .b
             .alloc(contiguous(&TensorType::new(ty.dtype, vec![batch, q, p])));
-        let ivs = self.open_nest(&[batch, c, kh, kw, oy, ox]);
-        let (nb, ci, ky, kx, y, xx) = (&ivs[0], &ivs[1], &ivs[2], &ivs[3], &ivs[4], &ivs[5]);
+        // Channels outermost: the parallel loop has work even at batch 1.
+        let ivs = self.open_nest(&[c, batch, kh, kw, oy, ox]);
+        let (ci, nb, ky, kx, y, xx) = (&ivs[0], &ivs[1], &ivs[2], &ivs[3], &ivs[4], &ivs[5]);
         let iy = ix_axpy(
             stride[0] as i64,
             y,

@@ -273,6 +273,10 @@ fn every_example_lowers_to_valid_loop_ir() {
         let m = graph(&text);
         let l = lowered(&m);
         assert_eq!(l.functions.len(), m.entry_points().count(), "{name}");
+        // Deterministic: lowering again (with fresh hash seeds) and mapping
+        // onto the CPU give the same text.
+        assert_eq!(print_module(&lowered(&m)), print_module(&l), "{name}");
+        assert_eq!(print_module(&tiled(&m)), print_module(&tiled(&m)), "{name}");
         if let Some(tool) = &tool {
             let generic = print_mlir_generic(&l);
             dlc_tests::mlir_parses(tool, &generic).unwrap_or_else(|e| panic!("{name}: {e}"));
