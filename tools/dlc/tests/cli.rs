@@ -515,33 +515,40 @@ fn object_files_link_into_a_c_program() {
         "{h}"
     );
     let main = d.file("main.c", C_MAIN);
-    let exe = d.0.join("main");
-    let cc = Command::new("cc")
-        .args(["-std=c99", "-Wall", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(&main)
-        .arg(&obj)
-        .args(["-lm", "-lgomp"])
-        .output()
-        .expect("the C compiler `cc` (installed by `make setup`)");
-    assert!(cc.status.success(), "{}", stderr(&cc));
-    let run = Command::new(&exe).output().unwrap();
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stdout)
-    );
-    let got: Vec<f64> = String::from_utf8_lossy(&run.stdout)
-        .lines()
-        .map(|l| l.parse().unwrap())
-        .collect();
-    let want = affine_reference();
-    assert_eq!(got.len(), want.len());
-    for (g, w) in got.iter().zip(&want) {
+    // With the OpenMP runtime, parallel loops run on its threads; without
+    // it, on the calling thread.
+    for (exe, libs) in [
+        ("main", &["-lm", "-lgomp"][..]),
+        ("main_alone", &["-lm"][..]),
+    ] {
+        let exe = d.0.join(exe);
+        let cc = Command::new("cc")
+            .args(["-std=c99", "-Wall", "-Werror", "-o"])
+            .arg(&exe)
+            .arg(&main)
+            .arg(&obj)
+            .args(libs)
+            .output()
+            .expect("the C compiler `cc` (installed by `make setup`)");
+        assert!(cc.status.success(), "{libs:?}: {}", stderr(&cc));
+        let run = Command::new(&exe).output().unwrap();
         assert!(
-            (g - w).abs() <= 1e-5 * w.abs().max(1.0),
-            "got {got:?}, want {want:?}"
+            run.status.success(),
+            "{}",
+            String::from_utf8_lossy(&run.stdout)
         );
+        let got: Vec<f64> = String::from_utf8_lossy(&run.stdout)
+            .lines()
+            .map(|l| l.parse().unwrap())
+            .collect();
+        let want = affine_reference();
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(&want) {
+            assert!(
+                (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+                "{libs:?}: got {got:?}, want {want:?}"
+            );
+        }
     }
 }
 

@@ -159,6 +159,26 @@ impl<'ctx> Gen<'ctx, '_> {
             .unwrap_or_else(|| self.module.add_function(name, ty, Some(Linkage::External)))
     }
 
+    /// A weak declaration: the symbol is null at run time when nothing
+    /// linked defines it (an object file linked without `-lgomp`).
+    fn declare_weak(
+        &self,
+        name: &str,
+        ty: inkwell::types::FunctionType<'ctx>,
+    ) -> FunctionValue<'ctx> {
+        self.module.get_function(name).unwrap_or_else(|| {
+            self.module
+                .add_function(name, ty, Some(Linkage::ExternalWeak))
+        })
+    }
+
+    /// Whether weakly declared `f` was linked, as an i1.
+    fn linked(&self, f: FunctionValue<'ctx>) -> R<IntValue<'ctx>> {
+        Ok(self
+            .b
+            .build_is_not_null(f.as_global_value().as_pointer_value(), "linked")?)
+    }
+
     /// `malloc` (or zeroed `calloc`) of `bytes`, failing with status 2.
     fn heap(&self, bytes: u64, zeroed: bool) -> R<PointerValue<'ctx>> {
         let (i64t, ptr) = (
@@ -286,17 +306,30 @@ impl<'ctx> Gen<'ctx, '_> {
                 None => extra_in.push(loaded),
             }
         }
-        let thread_num = g.declare("omp_get_thread_num", i32t.fn_type(&[], false));
-        let num_threads = g.declare("omp_get_num_threads", i32t.fn_type(&[], false));
-        let int = |g: &Gen<'ctx, '_>, f: FunctionValue<'ctx>| -> R<IntValue<'ctx>> {
+        let thread_num = g.declare_weak("omp_get_thread_num", i32t.fn_type(&[], false));
+        let num_threads = g.declare_weak("omp_get_num_threads", i32t.fn_type(&[], false));
+        // Without the OpenMP runtime, this is thread 0 of 1.
+        let int = |g: &Gen<'ctx, '_>, f: FunctionValue<'ctx>, alone: u64| -> R<IntValue<'ctx>> {
+            let here =
+                g.b.get_insert_block()
+                    .ok_or_else(|| CodegenError::Llvm("no insertion block".into()))?;
+            let call = g.ctx.append_basic_block(g.func, "omp.call");
+            let join = g.ctx.append_basic_block(g.func, "omp.join");
+            g.b.build_conditional_branch(g.linked(f)?, call, join)?;
+            g.b.position_at_end(call);
             let r =
                 g.b.build_call(f, &[], "omp")?
                     .try_as_basic_value()
                     .basic()
                     .ok_or_else(|| CodegenError::Llvm("omp call gives no value".into()))?;
-            Ok(g.b.build_int_s_extend(r.into_int_value(), i64t, "n")?)
+            let r = g.b.build_int_s_extend(r.into_int_value(), i64t, "n")?;
+            g.b.build_unconditional_branch(join)?;
+            g.b.position_at_end(join);
+            let phi = g.b.build_phi(i64t, "n")?;
+            phi.add_incoming(&[(&r, call), (&g.i64c(alone), here)]);
+            Ok(phi.as_basic_value().into_int_value())
         };
-        let (tid, nt) = (int(&g, thread_num)?, int(&g, num_threads)?);
+        let (tid, nt) = (int(&g, thread_num, 0)?, int(&g, num_threads, 1)?);
         let total = (hi - lo).max(0) as u64;
         let chunk = g.b.build_int_unsigned_div(
             g.b.build_int_add(
@@ -317,11 +350,18 @@ impl<'ctx> Gen<'ctx, '_> {
         g.counted(first, end, |g, i| body(g, i, &extra_in))?;
         g.b.build_return(None)?;
 
-        let gomp = self.declare(
+        // Run on the OpenMP runtime's threads when it is linked, else here.
+        let gomp = self.declare_weak(
             "GOMP_parallel",
             ctx.void_type()
                 .fn_type(&[ptr.into(), ptr.into(), i32t.into(), i32t.into()], false),
         );
+        let pool = ctx.append_basic_block(self.func, "threads.pool");
+        let alone = ctx.append_basic_block(self.func, "threads.alone");
+        let joined = ctx.append_basic_block(self.func, "threads.joined");
+        self.b
+            .build_conditional_branch(self.linked(gomp)?, pool, alone)?;
+        self.b.position_at_end(pool);
         self.b.build_call(
             gomp,
             &[
@@ -332,6 +372,11 @@ impl<'ctx> Gen<'ctx, '_> {
             ],
             "",
         )?;
+        self.b.build_unconditional_branch(joined)?;
+        self.b.position_at_end(alone);
+        self.b.build_call(outlined, &[frame.into()], "")?;
+        self.b.build_unconditional_branch(joined)?;
+        self.b.position_at_end(joined);
         let status = self.b.build_load(i32t, status_slot, "status")?;
         let failed = self.b.build_int_compare(
             IntPredicate::NE,
