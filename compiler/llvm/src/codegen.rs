@@ -1011,7 +1011,8 @@ impl<'ctx, 'f> Gen<'ctx, 'f> {
         Ok(vec![])
     }
 
-    /// A counted loop with carried values; returns their final values.
+    /// A loop op's counted loop: the body region gets the index and the
+    /// carried values; returns their final values.
     fn emit_loop(
         &mut self,
         op: &dlc_loop::OpData,
@@ -1021,6 +1022,42 @@ impl<'ctx, 'f> Gen<'ctx, 'f> {
     ) -> R<Vec<BasicValueEnum<'ctx>>> {
         let i64t = self.ctx.i64_type();
         let body = &op.regions[0];
+        let inits = op
+            .operands
+            .iter()
+            .map(|v| self.get(*v))
+            .collect::<R<Vec<_>>>()?;
+        self.counted_carrying(
+            i64t.const_int(lo as u64, true),
+            i64t.const_int(hi as u64, true),
+            step,
+            &inits,
+            |g, i, carried| {
+                g.vals.insert(body.args[0], i.into());
+                for (a, v) in body.args[1..].iter().zip(carried) {
+                    g.vals.insert(*a, *v);
+                }
+                g.block(body)
+            },
+        )
+    }
+
+    /// A loop `lo..hi` by `step` carrying `inits` from one iteration to the
+    /// next: `body` gets the index and the carried values and gives the next
+    /// ones; returns the final values.
+    fn counted_carrying(
+        &mut self,
+        lo: IntValue<'ctx>,
+        hi: IntValue<'ctx>,
+        step: i64,
+        inits: &[BasicValueEnum<'ctx>],
+        body: impl FnOnce(
+            &mut Self,
+            IntValue<'ctx>,
+            &[BasicValueEnum<'ctx>],
+        ) -> R<Vec<BasicValueEnum<'ctx>>>,
+    ) -> R<Vec<BasicValueEnum<'ctx>>> {
+        let i64t = self.ctx.i64_type();
         let pre = self
             .b
             .get_insert_block()
@@ -1031,42 +1068,33 @@ impl<'ctx, 'f> Gen<'ctx, 'f> {
         self.b.build_unconditional_branch(header)?;
         self.b.position_at_end(header);
         let iv = self.b.build_phi(i64t, "i")?;
-        iv.add_incoming(&[(&i64t.const_int(lo as u64, true), pre)]);
+        iv.add_incoming(&[(&lo, pre)]);
         let mut carried = Vec::new();
-        for init in &op.operands {
-            let v = self.get(*init)?;
+        for v in inits {
             let phi = self.b.build_phi(v.get_type(), "carried")?;
-            phi.add_incoming(&[(&v, pre)]);
+            phi.add_incoming(&[(v, pre)]);
             carried.push(phi);
         }
-        let more = self.b.build_int_compare(
-            IntPredicate::SLT,
-            iv.as_basic_value().into_int_value(),
-            i64t.const_int(hi as u64, true),
-            "more",
-        )?;
+        let i = iv.as_basic_value().into_int_value();
+        let more = self.b.build_int_compare(IntPredicate::SLT, i, hi, "more")?;
         self.b.build_conditional_branch(more, body_bb, exit)?;
         self.b.position_at_end(body_bb);
-        self.vals.insert(body.args[0], iv.as_basic_value());
-        for (a, phi) in body.args[1..].iter().zip(&carried) {
-            self.vals.insert(*a, phi.as_basic_value());
-        }
-        let next = self.block(body)?;
+        let current: Vec<BasicValueEnum<'ctx>> =
+            carried.iter().map(|p| p.as_basic_value()).collect();
+        let next = body(self, i, &current)?;
         let latch = self
             .b
             .get_insert_block()
             .ok_or_else(|| CodegenError::Llvm("no insertion block".into()))?;
-        let inc = self.b.build_int_add(
-            iv.as_basic_value().into_int_value(),
-            i64t.const_int(step as u64, true),
-            "next",
-        )?;
+        let inc = self
+            .b
+            .build_int_add(i, i64t.const_int(step as u64, true), "next")?;
         iv.add_incoming(&[(&inc, latch)]);
         for (phi, v) in carried.iter().zip(&next) {
             phi.add_incoming(&[(v, latch)]);
         }
         self.b.build_unconditional_branch(header)?;
         self.b.position_at_end(exit);
-        Ok(carried.iter().map(|p| p.as_basic_value()).collect())
+        Ok(current)
     }
 }

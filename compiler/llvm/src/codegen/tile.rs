@@ -106,32 +106,8 @@ impl<'ctx> Gen<'ctx, '_> {
         hi: IntValue<'ctx>,
         body: impl FnOnce(&mut Self, IntValue<'ctx>) -> R<()>,
     ) -> R<()> {
-        let i64t = self.ctx.i64_type();
-        let pre = self
-            .b
-            .get_insert_block()
-            .ok_or_else(|| CodegenError::Llvm("no insertion block".into()))?;
-        let header = self.ctx.append_basic_block(self.func, "tile.header");
-        let body_bb = self.ctx.append_basic_block(self.func, "tile.body");
-        let exit = self.ctx.append_basic_block(self.func, "tile.exit");
-        self.b.build_unconditional_branch(header)?;
-        self.b.position_at_end(header);
-        let iv = self.b.build_phi(i64t, "t")?;
-        iv.add_incoming(&[(&lo, pre)]);
-        let i = iv.as_basic_value().into_int_value();
-        let more = self.b.build_int_compare(IntPredicate::SLT, i, hi, "more")?;
-        self.b.build_conditional_branch(more, body_bb, exit)?;
-        self.b.position_at_end(body_bb);
-        body(self, i)?;
-        let latch = self
-            .b
-            .get_insert_block()
-            .ok_or_else(|| CodegenError::Llvm("no insertion block".into()))?;
-        let next = self.b.build_int_add(i, self.i64c(1), "next")?;
-        iv.add_incoming(&[(&next, latch)]);
-        self.b.build_unconditional_branch(header)?;
-        self.b.position_at_end(exit);
-        Ok(())
+        self.counted_carrying(lo, hi, 1, &[], |g, i, _| body(g, i).map(|()| vec![]))
+            .map(|_| ())
     }
 
     /// Leaves the function with `status` (nonzero): returns it, or, in a
