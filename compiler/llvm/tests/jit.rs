@@ -16,13 +16,19 @@ use proptest::prelude::*;
 /// and evaluates transcendental functions in f32.
 const TOLERANCE: f64 = 1e-4;
 
-fn jit_agrees(src: &str) {
+/// `src` checked and through the default pipeline.
+fn graph(src: &str) -> dlc_graph::Module {
     let mut m = compile_source(&SourceText {
         name: "t.dl".into(),
         text: src.into(),
     })
     .unwrap_or_else(|e| panic!("{e}"));
     run_passes(&mut m, DEFAULT_PIPELINE, PassOptions::default()).unwrap();
+    m
+}
+
+fn jit_agrees(src: &str) {
+    let m = graph(src);
     let lowered = dlc_driver::lower_for_cpu(&m).unwrap();
     for (seed, f) in m.entry_points().enumerate() {
         let inputs = prepare_inputs(f, &[], Some(seed as u64)).unwrap();
@@ -66,12 +72,7 @@ fn element_wise_ops_and_casts() {
 
 #[test]
 fn integer_division_by_zero_is_an_error() {
-    let mut m = compile_source(&SourceText {
-        name: "t.dl".into(),
-        text: "fn f(x: i32[2]) -> i32[2] { return x / (x - x); }".into(),
-    })
-    .unwrap();
-    run_passes(&mut m, DEFAULT_PIPELINE, PassOptions::default()).unwrap();
+    let m = graph("fn f(x: i32[2]) -> i32[2] { return x / (x - x); }");
     let lowered = dlc_lower::lower_module(&m).unwrap();
     let x = HostTensor::new(TensorType::new(DType::I32, vec![2]), vec![1.0, 2.0]).unwrap();
     let err = dlc_llvm::jit(&lowered, |jit| Ok(jit.kernel("f")?.call(&[x]).unwrap_err())).unwrap();
@@ -92,12 +93,7 @@ fn transcendental_functions_are_accurate_everywhere() {
     let src = format!(
         "fn f(x: f32[{n}]) -> (f32[{n}], f32[{n}], f32[{n}], f32[{n}]) {{ return (exp(x), tanh(x), tanh(x / 64.0), sigmoid(x)); }}"
     );
-    let mut m = compile_source(&SourceText {
-        name: "t.dl".into(),
-        text: src,
-    })
-    .unwrap();
-    run_passes(&mut m, DEFAULT_PIPELINE, PassOptions::default()).unwrap();
+    let m = graph(&src);
     let lowered = dlc_driver::lower_for_cpu(&m).unwrap();
     let x = HostTensor::new(TensorType::new(DType::F32, vec![n]), xs.clone()).unwrap();
     let out = dlc_llvm::jit(&lowered, |jit| Ok(jit.kernel("f")?.call(&[x]).unwrap())).unwrap();
@@ -128,12 +124,7 @@ fn transcendental_functions_are_accurate_everywhere() {
 /// The runtime's checked call rejects what does not match the signature.
 #[test]
 fn calls_with_wrong_arguments_are_rejected() {
-    let mut m = compile_source(&SourceText {
-        name: "t.dl".into(),
-        text: "fn f(x: f32[2, 3], y: f32[3]) -> f32[2, 3] { return x * y; }".into(),
-    })
-    .unwrap();
-    run_passes(&mut m, DEFAULT_PIPELINE, PassOptions::default()).unwrap();
+    let m = graph("fn f(x: f32[2, 3], y: f32[3]) -> f32[2, 3] { return x * y; }");
     let lowered = dlc_lower::lower_module(&m).unwrap();
     let t = |d: DType, shape: Vec<usize>| {
         HostTensor::new(
@@ -256,12 +247,7 @@ fn small_workloads() {
 
 #[test]
 fn emits_llvm_ir_for_the_host() {
-    let mut m = compile_source(&SourceText {
-        name: "t.dl".into(),
-        text: "fn f(x: f32[64], y: f32[64]) -> f32[64] { return x * y + 1.0; }".into(),
-    })
-    .unwrap();
-    run_passes(&mut m, DEFAULT_PIPELINE, PassOptions::default()).unwrap();
+    let m = graph("fn f(x: f32[64], y: f32[64]) -> f32[64] { return x * y + 1.0; }");
     let ir = dlc_llvm::emit_llvm_ir(&dlc_lower::lower_module(&m).unwrap()).unwrap();
     assert!(ir.contains(" i32 @f(ptr"), "{ir}");
     assert!(ir.contains(" i32 @f.entry(ptr"), "{ir}");
