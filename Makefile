@@ -7,7 +7,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CARGO ?= cargo
 EXAMPLE ?= examples/w2_mlp.dl
 
-.PHONY: all setup setup-test-tools run test lint fuzz-smoke bench clean
+.PHONY: all setup setup-test-tools run test lint fuzz-smoke bench bench-saturate clean
 
 all: test
 
@@ -56,6 +56,11 @@ fuzz-smoke: setup-test-tools
 bench: setup
 	$(CARGO) build --release --locked -p dlc
 	RUNS=$(or $(RUNS),20) ./scripts/bench.sh
+
+# graph.saturate on W2, W6, W8 and Tensat-style graphs: target/bench/saturate.md.
+bench-saturate: setup
+	$(CARGO) build --release --locked -p dlc -p dlc-opt
+	./scripts/saturate.sh
 
 clean:
 	$(CARGO) clean

@@ -125,6 +125,21 @@ enum Command {
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
+        /// Graph pipeline to run before lowering (compare with and without
+        /// `graph.saturate` in one run).
+        #[arg(long, default_value = DEFAULT_PIPELINE)]
+        passes: String,
+    },
+    /// Measure this machine with the project's own compiled kernels (one
+    /// thread) and write the constants of the cost model `graph.saturate`
+    /// extracts by.
+    Calibrate {
+        /// Where to write the model (`-` for standard output).
+        #[arg(short, long, default_value = "dialects/graph/cost-model.json")]
+        output: String,
+        /// Timed runs per kernel.
+        #[arg(long, default_value_t = 30)]
+        runs: usize,
     },
 }
 
@@ -168,6 +183,7 @@ fn bench(
     runs: usize,
     warmup: usize,
     json: bool,
+    passes: &str,
 ) -> Result<(), DriverError> {
     if runs == 0 {
         return Err(DriverError::Usage("--runs must be at least 1".into()));
@@ -181,34 +197,12 @@ fn bench(
     let start = std::time::Instant::now();
     let src = read_input(file)?;
     let mut module = compile_source(&src)?;
-    run_passes(&mut module, DEFAULT_PIPELINE, PassOptions::default())?;
+    run_passes(&mut module, passes, PassOptions::default())?;
     let f = select_entry(&module, entry)?;
     let lowered = tile(&module)?;
     let front = start.elapsed();
-    let inputs = prepare_inputs(f, &[], Some(0))?;
-    let call_err = |e: dlc_runtime::RuntimeError| dlc_llvm::CodegenError::Arguments(e.to_string());
-    let (llvm, mut ms) = dlc_llvm::jit(&lowered, |jit| {
-        let kernel = jit.kernel(&f.name)?;
-        let mut call = kernel.bind(&inputs).map_err(call_err)?;
-        for _ in 0..warmup {
-            call.run().map_err(call_err)?;
-        }
-        let mut ms = Vec::with_capacity(runs);
-        for _ in 0..runs {
-            let t = std::time::Instant::now();
-            call.run().map_err(call_err)?;
-            ms.push(t.elapsed().as_secs_f64() * 1e3);
-        }
-        Ok((jit.compile_time(), ms))
-    })
-    .map_err(codegen)?;
-    ms.sort_by(f64::total_cmp);
-    let median = if ms.len() % 2 == 1 {
-        ms[ms.len() / 2]
-    } else {
-        (ms[ms.len() / 2 - 1] + ms[ms.len() / 2]) / 2.0
-    };
-    let (min, max) = (ms[0], ms[ms.len() - 1]);
+    let (llvm, ms) = time_calls(&lowered, f, warmup, runs)?;
+    let (median, min, max) = (median(&ms), ms[0], ms[ms.len() - 1]);
     let compile = front + llvm;
     if json {
         let report = serde_json::json!({
@@ -240,6 +234,119 @@ fn bench(
         dlc_driver::outln!(
             "  latency: median {median:.3} ms, min {min:.3} ms, max {max:.3} ms over {runs} runs ({warmup} warm-up)"
         );
+    }
+    Ok(())
+}
+
+/// Compiles `lowered` and times `runs` calls of `f` on random inputs (seed
+/// 0) after `warmup` untimed ones: LLVM time and the sorted times in ms.
+fn time_calls(
+    lowered: &dlc_loop::Module,
+    f: &dlc_graph::Function,
+    warmup: usize,
+    runs: usize,
+) -> Result<(std::time::Duration, Vec<f64>), DriverError> {
+    let inputs = prepare_inputs(f, &[], Some(0))?;
+    let call_err = |e: dlc_runtime::RuntimeError| dlc_llvm::CodegenError::Arguments(e.to_string());
+    let (llvm, mut ms) = dlc_llvm::jit(lowered, |jit| {
+        let kernel = jit.kernel(&f.name)?;
+        let mut call = kernel.bind(&inputs).map_err(call_err)?;
+        for _ in 0..warmup {
+            call.run().map_err(call_err)?;
+        }
+        let mut ms = Vec::with_capacity(runs);
+        for _ in 0..runs {
+            let t = std::time::Instant::now();
+            call.run().map_err(call_err)?;
+            ms.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        Ok((jit.compile_time(), ms))
+    })
+    .map_err(codegen)?;
+    ms.sort_by(f64::total_cmp);
+    Ok((llvm, ms))
+}
+
+fn median(sorted: &[f64]) -> f64 {
+    let n = sorted.len();
+    if n % 2 == 1 {
+        sorted[n / 2]
+    } else {
+        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+    }
+}
+
+/// Median time in µs of one call of the only entry point of `src`.
+fn time_source(src: &str, runs: usize) -> Result<f64, DriverError> {
+    let mut module = compile_source(&dlc_driver::SourceText {
+        name: "<calibrate>".into(),
+        text: src.into(),
+    })?;
+    run_passes(&mut module, DEFAULT_PIPELINE, PassOptions::default())?;
+    let f = select_entry(&module, None)?;
+    let lowered = tile(&module)?;
+    let (_, ms) = time_calls(&lowered, f, 3, runs)?;
+    Ok(median(&ms) * 1e3)
+}
+
+/// `dlc calibrate`: the cost model's constants from timings of compiled
+/// kernels on one thread. Peak: a 512^3 product. Bandwidth: `x + y` over
+/// 8 Mi elements (two reads, one write). Element-wise op: the extra time
+/// per element of a chain of 17 fused ops over one op, on data that stays
+/// in cache. Kernel overhead: a 4x4 product.
+fn calibrate(output: &str, runs: usize) -> Result<(), DriverError> {
+    if runs == 0 {
+        return Err(DriverError::Usage("--runs must be at least 1".into()));
+    }
+    dlc_runtime::set_num_threads(1).map_err(|e| DriverError::Usage(e.to_string()))?;
+    let gemm = time_source(
+        "fn k(a: f32[512, 512], b: f32[512, 512]) -> f32[512, 512] { return a @ b; }",
+        runs,
+    )?;
+    let n = 8 << 20;
+    let stream = time_source(
+        &format!("fn k(x: f32[{n}], y: f32[{n}]) -> f32[{n}] {{ return x + y; }}"),
+        runs,
+    )?;
+    let e = 64 << 10;
+    let one = time_source(
+        &format!("fn k(x: f32[{e}]) -> f32[{e}] {{ return x * 1.5; }}"),
+        runs,
+    )?;
+    let chain: String = (0..16).fold("x * 1.5".to_string(), |acc, i| {
+        if i % 2 == 0 {
+            format!("tanh({acc})")
+        } else {
+            format!("({acc}) * 0.75 + 0.25")
+        }
+    });
+    let ops = 1 + 16 + 8; // the first multiply, 16 tanh/multiply steps, 8 adds
+    let many = time_source(
+        &format!("fn k(x: f32[{e}]) -> f32[{e}] {{ return {chain}; }}"),
+        runs,
+    )?;
+    let tiny = time_source(
+        "fn k(a: f32[4, 4], b: f32[4, 4]) -> f32[4, 4] { return a @ b; }",
+        runs,
+    )?;
+    let model = dlc_graph::transforms::saturate::cost::CostModel {
+        gemm_gflops: 2.0 * 512f64.powi(3) / (gemm * 1e3),
+        bandwidth_gbs: 3.0 * 4.0 * n as f64 / (stream * 1e3),
+        elementwise_ns: ((many - one).max(0.0) * 1e3 / (e as f64 * (ops - 1) as f64)).max(1e-3),
+        kernel_us: tiny.max(1e-3),
+        source: format!(
+            "dlc calibrate --runs {runs}: 512^3 product {gemm:.1} us, x+y over {n} elements {stream:.1} us, \
+             {ops} fused ops over {e} elements {many:.1} us vs one {one:.1} us, 4x4 product {tiny:.2} us"
+        ),
+    };
+    let text = format!("{}\n", model.to_json());
+    if output == "-" {
+        dlc_driver::out!("{text}");
+    } else {
+        std::fs::write(output, text).map_err(|source| DriverError::Io {
+            path: output.into(),
+            source,
+        })?;
     }
     Ok(())
 }
@@ -417,7 +524,17 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             runs,
             warmup,
             json,
-        } => bench(&file, entry.as_deref(), threads, runs, warmup, json),
+            passes,
+        } => bench(
+            &file,
+            entry.as_deref(),
+            threads,
+            runs,
+            warmup,
+            json,
+            &passes,
+        ),
+        Command::Calibrate { output, runs } => calibrate(&output, runs),
     }
 }
 

@@ -3,6 +3,7 @@
 mod canonicalize;
 mod dce;
 mod inline;
+pub mod saturate;
 
 pub use canonicalize::{Canonicalize, FOLD_LIMIT};
 pub use dce::{Dce, remove_dead_nodes};
@@ -13,7 +14,8 @@ use dlc_core::PassRegistry;
 use crate::Module;
 
 /// The pipeline `dlc compile` and `dlc run` apply by default.
-pub const DEFAULT_PIPELINE: &str = "graph.inline,graph.canonicalize,graph.dce";
+pub const DEFAULT_PIPELINE: &str =
+    "graph.inline,graph.canonicalize,graph.saturate,graph.canonicalize,graph.dce";
 
 /// Every graph pass, by name.
 pub fn registry() -> PassRegistry<Module> {
@@ -25,6 +27,11 @@ pub fn registry() -> PassRegistry<Module> {
             o.expect_only(&["max-iterations"])?;
             Ok(Box::new(Canonicalize { max_iterations: o.get("max-iterations", 16)? }))
         },
+    );
+    r.register(
+        "graph.saturate",
+        "equality saturation (egg): rewrites by the rule tables, extracts the cheapest equivalent graph under the calibrated cost model",
+        |o| Ok(Box::new(saturate::from_options(o)?)),
     );
     r.register(
         "graph.dce",

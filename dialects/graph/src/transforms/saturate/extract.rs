@@ -1,0 +1,333 @@
+//! Extraction: pick one e-node per needed e-class so that the chosen graph
+//! costs least. Greedy extraction (egg's bottom-up extractor) counts a shared
+//! subterm once per use; exact extraction is an integer program over the
+//! whole DAG (each shared class paid once), with topological-order variables
+//! that rule out cycles, warm-started from the greedy choice so that it is
+//! never worse, and bounded in time.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
+
+use egg::{CostFunction, Extractor, Id, Language};
+use good_lp::{
+    Expression, Solution, SolverModel, Variable, WithInitialSolution, WithTimeLimit, constraint,
+    microlp, variable, variables,
+};
+
+use super::cost::CostModel;
+use super::lang::{Data, Head, Info, TEGraph, TLang, decode, reachable};
+
+/// One chosen e-node per e-class.
+pub type Choice = BTreeMap<Id, TLang>;
+
+/// The cost of `node` alone (its children not included), in µs; infinite
+/// for a node that does not type-check.
+pub fn node_cost(model: &CostModel, eg: &TEGraph, node: &TLang) -> f64 {
+    let get = |c: Id| eg[c].data.clone();
+    if matches!(node, TLang::Num(_) | TLang::Sym(_)) {
+        return 0.0;
+    }
+    let Some((head, operands)) = decode(&eg.analysis.tables, node, &get) else {
+        return f64::INFINITY;
+    };
+    let infos: Option<Vec<Info>> = operands
+        .iter()
+        .map(|&o| eg[o].data.info().cloned())
+        .collect();
+    let Some(infos) = infos else {
+        return f64::INFINITY;
+    };
+    let Some(out) = own_info(eg, node) else {
+        return f64::INFINITY;
+    };
+    match head {
+        Head::Const(_) => 0.0,
+        Head::Op(op) => model.op_cost(&op, &out, &infos),
+    }
+}
+
+fn own_info(eg: &TEGraph, node: &TLang) -> Option<Info> {
+    let get = |c: Id| eg[c].data.clone();
+    match super::lang::compute_data(&eg.analysis.tables, node, &get) {
+        Data::Tensor(i) => Some(i),
+        _ => None,
+    }
+}
+
+/// The tensor operands' classes of a node (attribute leaves left out).
+pub fn tensor_children(eg: &TEGraph, node: &TLang) -> Vec<Id> {
+    node.children()
+        .iter()
+        .map(|&c| eg.find(c))
+        .filter(|&c| matches!(eg[c].data, Data::Tensor(_) | Data::Invalid))
+        .collect()
+}
+
+struct TreeCost<'a> {
+    model: &'a CostModel,
+    eg: &'a TEGraph,
+}
+
+impl CostFunction<TLang> for TreeCost<'_> {
+    type Cost = f64;
+
+    fn cost<C>(&mut self, enode: &TLang, mut costs: C) -> f64
+    where
+        C: FnMut(Id) -> f64,
+    {
+        let own = node_cost(self.model, self.eg, enode);
+        enode.children().iter().fold(own, |acc, &c| acc + costs(c))
+    }
+}
+
+/// Greedy extraction: for each class reachable from `roots`, its cheapest
+/// node by tree cost.
+pub fn greedy(model: &CostModel, eg: &TEGraph, roots: &[Id]) -> Choice {
+    let ex = Extractor::new(eg, TreeCost { model, eg });
+    let mut choice = Choice::new();
+    let mut stack: Vec<Id> = roots.iter().map(|&r| eg.find(r)).collect();
+    while let Some(c) = stack.pop() {
+        if choice.contains_key(&c) {
+            continue;
+        }
+        let node = ex.find_best_node(c).clone();
+        stack.extend(node.children().iter().map(|&ch| eg.find(ch)));
+        choice.insert(c, node);
+    }
+    choice
+}
+
+/// The classes a choice uses, children before users; `None` if the choice
+/// misses a class or has a cycle.
+pub fn used_classes(eg: &TEGraph, choice: &Choice, roots: &[Id]) -> Option<Vec<Id>> {
+    // 0 = unvisited, 1 = on the stack, 2 = done
+    let mut state: HashMap<Id, u8> = HashMap::new();
+    let mut order = Vec::new();
+    fn visit(
+        eg: &TEGraph,
+        choice: &Choice,
+        c: Id,
+        state: &mut HashMap<Id, u8>,
+        order: &mut Vec<Id>,
+    ) -> Option<()> {
+        match state.get(&c) {
+            Some(2) => return Some(()),
+            Some(_) => return None,
+            None => {}
+        }
+        state.insert(c, 1);
+        let node = choice.get(&c)?;
+        for ch in tensor_children(eg, node) {
+            visit(eg, choice, ch, state, order)?;
+        }
+        state.insert(c, 2);
+        order.push(c);
+        Some(())
+    }
+    for &r in roots {
+        visit(eg, choice, eg.find(r), &mut state, &mut order)?;
+    }
+    Some(order)
+}
+
+/// The DAG cost of a choice: each used class paid once.
+pub fn dag_cost(model: &CostModel, eg: &TEGraph, choice: &Choice, roots: &[Id]) -> f64 {
+    match used_classes(eg, choice, roots) {
+        Some(used) => used.iter().map(|c| node_cost(model, eg, &choice[c])).sum(),
+        None => f64::INFINITY,
+    }
+}
+
+/// How exact extraction ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IlpOutcome {
+    /// The solver proved its choice optimal.
+    Optimal,
+    /// The time limit stopped it; its best acyclic choice (at worst the
+    /// starting one) is used.
+    TimeLimit,
+    /// The solver failed; the starting choice is used.
+    Failed,
+}
+
+/// A candidate e-node of the integer program.
+struct Candidate {
+    class: Id,
+    node: TLang,
+    kids: Vec<Id>,
+    cost: f64,
+}
+
+/// Exact extraction by integer programming, starting from `start` (a
+/// complete, acyclic choice, normally the greedy one).
+///
+/// Variables: one boolean per candidate e-node and per e-class ("used");
+/// a used class picks exactly one node, a picked node uses its children's
+/// classes, the roots are used. Cycles are ruled out lazily: a solution
+/// whose choice has a cycle gets a cut (not all of the cycle's nodes) and is
+/// solved again, which keeps the program small where a topological-order
+/// formulation makes it slow.
+pub fn ilp(
+    model: &CostModel,
+    eg: &TEGraph,
+    roots: &[Id],
+    start: &Choice,
+    limit: Duration,
+) -> (Choice, IlpOutcome) {
+    let begin = std::time::Instant::now();
+    let classes: Vec<Id> = reachable(eg, roots)
+        .into_iter()
+        .filter(|&c| matches!(eg[c].data, Data::Tensor(_)))
+        .collect();
+    let known: BTreeSet<Id> = classes.iter().copied().collect();
+    let mut cands: Vec<Candidate> = Vec::new();
+    for &c in &classes {
+        for node in &eg[c].nodes {
+            let cost = node_cost(model, eg, node);
+            let kids = tensor_children(eg, node);
+            if cost.is_finite() && !kids.contains(&c) && kids.iter().all(|k| known.contains(k)) {
+                cands.push(Candidate {
+                    class: c,
+                    node: node.clone(),
+                    kids,
+                    cost,
+                });
+            }
+        }
+    }
+    let start_used: BTreeSet<Id> = used_classes(eg, start, roots)
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
+    let mut cuts: Vec<Vec<usize>> = Vec::new();
+    for _round in 0..16 {
+        let left = limit.saturating_sub(begin.elapsed());
+        if left.is_zero() {
+            return (start.clone(), IlpOutcome::TimeLimit);
+        }
+        let mut vars = variables!();
+        let r: HashMap<Id, Variable> = classes
+            .iter()
+            .map(|&c| (c, vars.add(variable().binary())))
+            .collect();
+        let x: Vec<Variable> = cands
+            .iter()
+            .map(|_| vars.add(variable().binary()))
+            .collect();
+        let objective: Expression = cands.iter().zip(&x).map(|(k, v)| k.cost * *v).sum();
+        let mut warm: Vec<(Variable, f64)> = Vec::new();
+        for &c in &classes {
+            warm.push((r[&c], if start_used.contains(&c) { 1.0 } else { 0.0 }));
+        }
+        for (k, v) in cands.iter().zip(&x) {
+            let chosen = start_used.contains(&k.class) && start.get(&k.class) == Some(&k.node);
+            warm.push((*v, if chosen { 1.0 } else { 0.0 }));
+        }
+        let mut problem = vars
+            .minimise(objective)
+            .using(microlp)
+            .with_time_limit(left.as_secs_f64())
+            .with_initial_solution(warm);
+        let mut per_class: HashMap<Id, Expression> = HashMap::new();
+        for (k, v) in cands.iter().zip(&x) {
+            *per_class.entry(k.class).or_default() += *v;
+            for kid in &k.kids {
+                problem.add_constraint(constraint!(*v <= r[kid]));
+            }
+        }
+        for &c in &classes {
+            let sum = per_class.remove(&c).unwrap_or_default();
+            problem.add_constraint(constraint!(sum == r[&c]));
+        }
+        for root in roots.iter().map(|&r| eg.find(r)).collect::<BTreeSet<_>>() {
+            if let Some(v) = r.get(&root) {
+                problem.add_constraint(constraint!(*v == 1.0));
+            }
+        }
+        for cut in &cuts {
+            let sum: Expression = cut.iter().map(|&i| x[i]).sum();
+            problem.add_constraint(constraint!(sum <= (cut.len() - 1) as f64));
+        }
+        let Ok(solution) = problem.solve() else {
+            // microlp reports a time limit hit before any solution as an error.
+            let outcome = if begin.elapsed() >= limit {
+                IlpOutcome::TimeLimit
+            } else {
+                IlpOutcome::Failed
+            };
+            return (start.clone(), outcome);
+        };
+        let optimal = matches!(solution.status(), good_lp::SolutionStatus::Optimal);
+        let mut choice = Choice::new();
+        let mut picked: HashMap<Id, usize> = HashMap::new();
+        for (i, (k, v)) in cands.iter().zip(&x).enumerate() {
+            if solution.value(*v) > 0.5 {
+                choice.insert(k.class, k.node.clone());
+                picked.insert(k.class, i);
+            }
+        }
+        // Attribute leaves are chosen as they are.
+        for c in reachable(eg, roots) {
+            if let Some(leaf) = eg[c].nodes.iter().find(|n| n.is_leaf()) {
+                choice.entry(c).or_insert_with(|| leaf.clone());
+            }
+        }
+        match find_cycle(eg, &choice, roots) {
+            None if used_classes(eg, &choice, roots).is_some() => {
+                let outcome = if optimal {
+                    IlpOutcome::Optimal
+                } else {
+                    IlpOutcome::TimeLimit
+                };
+                return (choice, outcome);
+            }
+            None => return (start.clone(), IlpOutcome::Failed),
+            Some(cycle) => {
+                let cut: Option<Vec<usize>> =
+                    cycle.iter().map(|c| picked.get(c).copied()).collect();
+                match cut {
+                    Some(cut) => cuts.push(cut),
+                    None => return (start.clone(), IlpOutcome::Failed),
+                }
+            }
+        }
+    }
+    (start.clone(), IlpOutcome::TimeLimit)
+}
+
+/// The classes of one cycle of a choice reachable from `roots`, if any.
+fn find_cycle(eg: &TEGraph, choice: &Choice, roots: &[Id]) -> Option<Vec<Id>> {
+    // 1 = on the current path, 2 = done
+    let mut state: HashMap<Id, u8> = HashMap::new();
+    let mut path: Vec<Id> = Vec::new();
+    fn visit(
+        eg: &TEGraph,
+        choice: &Choice,
+        c: Id,
+        state: &mut HashMap<Id, u8>,
+        path: &mut Vec<Id>,
+    ) -> Option<Vec<Id>> {
+        match state.get(&c) {
+            Some(2) => return None,
+            Some(_) => {
+                let at = path.iter().position(|&p| p == c).unwrap_or(0);
+                return Some(path[at..].to_vec());
+            }
+            None => {}
+        }
+        let node = choice.get(&c)?;
+        state.insert(c, 1);
+        path.push(c);
+        for k in tensor_children(eg, node) {
+            if let Some(cycle) = visit(eg, choice, k, state, path) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        state.insert(c, 2);
+        None
+    }
+    roots
+        .iter()
+        .find_map(|&r| visit(eg, choice, eg.find(r), &mut state, &mut path))
+}

@@ -1,0 +1,419 @@
+//! `graph.saturate`: equality saturation in the style of TASO and Tensat.
+//!
+//! Each function becomes an e-graph ([`lang`]); the rule tables ([`rules`])
+//! grow it under explicit node, iteration and time limits, the multi-pattern
+//! merges only in the first iterations; extraction ([`extract`]) picks the
+//! cheapest equivalent graph under the calibrated cost model ([`cost`]), and
+//! the function is replaced only if that is cheaper than what it was.
+//! Subexpressions that depend only on constants are folded while the graph
+//! is rebuilt, so work on weights is done once, at compile time.
+
+pub mod cost;
+pub mod extract;
+pub mod lang;
+pub mod rules;
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use dlc_core::{Pass, PassError};
+use egg::{Id, Runner, StopReason};
+use petgraph::stable_graph::NodeIndex;
+
+use crate::interp::{Tensor, eval_op};
+use crate::module::{Function, Module, Value};
+use crate::ops::{ConstValue, Op};
+use cost::{CostModel, WEIGHT_FOLD_LIMIT};
+use extract::{Choice, IlpOutcome, dag_cost, greedy, ilp, tensor_children, used_classes};
+use lang::{Encoded, Head, TEGraph, decode, encode};
+
+/// How the chosen graph is extracted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Extraction {
+    /// Bottom-up tree cost (fast; counts shared subterms once per use).
+    Greedy,
+    /// Integer programming over the DAG, greedy as start and fallback.
+    Ilp,
+}
+
+/// Limits and choices of one saturation run.
+#[derive(Debug, Clone)]
+pub struct SaturateOptions {
+    /// Stop growing the e-graph beyond this many e-nodes.
+    pub node_limit: usize,
+    /// At most this many iterations (rule applications over the e-graph).
+    pub iter_limit: usize,
+    /// Stop growing the e-graph after this long.
+    pub time_limit: Duration,
+    /// Multi-pattern rules run only in this many first iterations.
+    pub multi_iters: usize,
+    /// How to extract.
+    pub extraction: Extraction,
+    /// Time limit of exact extraction.
+    pub ilp_time_limit: Duration,
+    /// The rule tables to use, by name ([`rules::TABLES`]).
+    pub tables: Vec<String>,
+}
+
+impl Default for SaturateOptions {
+    fn default() -> Self {
+        SaturateOptions {
+            node_limit: 20_000,
+            iter_limit: 12,
+            time_limit: Duration::from_millis(300),
+            multi_iters: 2,
+            extraction: Extraction::Ilp,
+            ilp_time_limit: Duration::from_millis(300),
+            tables: rules::TABLES.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+}
+
+/// What one saturation of one function did.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// Why the e-graph stopped growing.
+    pub stop: StopReason,
+    /// Iterations run.
+    pub iterations: usize,
+    /// E-classes at the end.
+    pub classes: usize,
+    /// E-nodes at the end.
+    pub nodes: usize,
+    /// Estimated cost of the function as it was, µs.
+    pub cost_before: f64,
+    /// Estimated cost of the extracted function, µs.
+    pub cost_after: f64,
+    /// How exact extraction ended (`None` when greedy was asked for).
+    pub ilp: Option<IlpOutcome>,
+    /// Whether the function was replaced.
+    pub changed: bool,
+    /// Wall time.
+    pub elapsed: Duration,
+}
+
+/// Saturates `f` and replaces it by the cheapest equivalent found. Returns
+/// `None` (and leaves `f` alone) for a function with calls or multi-result
+/// ops.
+pub fn saturate_function(
+    f: &mut Function,
+    options: &SaturateOptions,
+    model: &CostModel,
+) -> Option<Report> {
+    let start = Instant::now();
+    let Encoded {
+        egraph,
+        roots,
+        origin,
+    } = encode(f).ok()?;
+    let before_choice = greedy(model, &egraph, &roots);
+    let cost_before = dag_cost(model, &egraph, &before_choice, &roots);
+    let (single, multi): (Vec<_>, Vec<_>) = rules::tables()
+        .into_iter()
+        .filter(|(name, _, _)| options.tables.iter().any(|t| t == name))
+        .partition(|(_, _, is_multi)| !is_multi);
+    let single: Vec<rules::Rule> = single.into_iter().flat_map(|(_, r, _)| r).collect();
+    let all: Vec<rules::Rule> = single
+        .iter()
+        .cloned()
+        .chain(multi.into_iter().flat_map(|(_, r, _)| r))
+        .collect();
+    let first = options.multi_iters.min(options.iter_limit);
+    let mut runner = Runner::default()
+        .with_egraph(egraph)
+        .with_iter_limit(first)
+        .with_node_limit(options.node_limit)
+        .with_time_limit(options.time_limit)
+        .run(&all);
+    let mut iterations = runner.iterations.len();
+    let mut stop = runner.stop_reason.clone().unwrap_or(StopReason::Saturated);
+    if matches!(stop, StopReason::IterationLimit(_)) && options.iter_limit > first {
+        let left = options.time_limit.saturating_sub(start.elapsed());
+        runner = Runner::default()
+            .with_egraph(runner.egraph)
+            .with_iter_limit(options.iter_limit - first)
+            .with_node_limit(options.node_limit)
+            .with_time_limit(left)
+            .run(&single);
+        iterations += runner.iterations.len();
+        stop = runner.stop_reason.clone().unwrap_or(StopReason::Saturated);
+    }
+    let mut eg = runner.egraph;
+    eg.rebuild();
+    let roots: Vec<Id> = roots.iter().map(|&r| eg.find(r)).collect();
+    let origin: HashMap<Id, NodeIndex> = origin.into_iter().map(|(c, n)| (eg.find(c), n)).collect();
+    let g = greedy(model, &eg, &roots);
+    let (choice, outcome) = match options.extraction {
+        Extraction::Greedy => (g, None),
+        Extraction::Ilp => {
+            let (c, o) = ilp(model, &eg, &roots, &g, options.ilp_time_limit);
+            // The solver's answer is checked, never trusted: keep the cheaper.
+            if dag_cost(model, &eg, &c, &roots) <= dag_cost(model, &eg, &g, &roots) {
+                (c, Some(o))
+            } else {
+                (g, Some(IlpOutcome::Failed))
+            }
+        }
+    };
+    let cost_after = dag_cost(model, &eg, &choice, &roots);
+    let changed = cost_after < cost_before * (1.0 - 1e-9);
+    if changed && let Some(new) = rebuild(&eg, &choice, &roots, f, &origin) {
+        *f = new;
+    }
+    Some(Report {
+        stop,
+        iterations,
+        classes: eg.number_of_classes(),
+        nodes: eg.total_number_of_nodes(),
+        cost_before,
+        cost_after: if changed { cost_after } else { cost_before },
+        ilp: outcome,
+        changed,
+        elapsed: start.elapsed(),
+    })
+}
+
+/// The function a choice describes: parameters as in `original`, nodes in
+/// the original order where they came from the original, constant-only
+/// subexpressions folded. `None` if the choice is incomplete or cyclic.
+pub fn rebuild(
+    eg: &TEGraph,
+    choice: &Choice,
+    roots: &[Id],
+    original: &Function,
+    origin: &HashMap<Id, NodeIndex>,
+) -> Option<Function> {
+    let used = used_classes(eg, choice, roots)?;
+    // Order: each class keyed by its original node, new classes right after
+    // the latest original node they depend on.
+    let mut key: HashMap<Id, (usize, usize)> = HashMap::new();
+    let mut fresh = 0;
+    for &c in &used {
+        let k = match origin.get(&c) {
+            Some(n) => (n.index(), 0),
+            None => {
+                fresh += 1;
+                let dep = tensor_children(eg, &choice[&c])
+                    .iter()
+                    .map(|k| key[k].0)
+                    .max()
+                    .unwrap_or(0);
+                (dep, fresh)
+            }
+        };
+        key.insert(c, k);
+    }
+    let mut users: HashMap<Id, Vec<Id>> = HashMap::new();
+    let mut pending: HashMap<Id, usize> = HashMap::new();
+    for &c in &used {
+        let kids: BTreeSet<Id> = tensor_children(eg, &choice[&c]).into_iter().collect();
+        pending.insert(c, kids.len());
+        for k in kids {
+            users.entry(k).or_default().push(c);
+        }
+    }
+    let mut ready: BTreeSet<((usize, usize), Id)> = used
+        .iter()
+        .filter(|c| pending[c] == 0)
+        .map(|&c| (key[&c], c))
+        .collect();
+
+    let mut f = Function::new(original.name.clone(), original.visibility);
+    let mut value: HashMap<Id, Value> = HashMap::new();
+    let mut params: Vec<Option<Value>> = vec![None; original.params.len()];
+    for (i, (name, node)) in original.params.iter().enumerate() {
+        params[i] = Some(f.add_param(name.clone(), original.body[*node].results[0].clone()));
+    }
+    let mut folded: HashMap<Id, Tensor> = HashMap::new();
+    let get = |c: Id| eg[c].data.clone();
+    while let Some((_, c)) = ready.pop_first() {
+        let node = &choice[&c];
+        let (head, operands) = decode(&eg.analysis.tables, node, &get)?;
+        let info = eg[c].data.info()?.clone();
+        let v = match head {
+            Head::Op(Op::Param { index }) => params.get(index as usize).copied().flatten()?,
+            Head::Const(k) => {
+                let (cv, ty) = &eg.analysis.tables.consts[k];
+                if let Ok(t) = const_tensor(cv, ty) {
+                    folded.insert(c, t);
+                }
+                f.add_op(Op::Constant(cv.clone()), &[], ty.clone())
+            }
+            Head::Op(op) => {
+                let operands: Vec<Id> = operands.iter().map(|&o| eg.find(o)).collect();
+                let fold = info.weights
+                    && info
+                        .ty
+                        .num_elements()
+                        .is_some_and(|n| n <= WEIGHT_FOLD_LIMIT)
+                    && operands.iter().all(|o| folded.contains_key(o));
+                let result = if fold {
+                    let inputs: Vec<&Tensor> = operands.iter().map(|o| &folded[o]).collect();
+                    eval_op(&op, &inputs, std::slice::from_ref(&info.ty))
+                        .ok()
+                        .and_then(|mut r| r.pop())
+                } else {
+                    None
+                };
+                match result {
+                    Some(t) => {
+                        let values: Vec<f64> = t.data.iter().copied().collect();
+                        let cv = match values.first() {
+                            Some(&x) if values.iter().all(|v| v.to_bits() == x.to_bits()) => {
+                                ConstValue::Splat(x)
+                            }
+                            _ => ConstValue::Dense(values),
+                        };
+                        folded.insert(c, t);
+                        f.add_op(Op::Constant(cv), &[], info.ty.clone())
+                    }
+                    None => {
+                        let args: Vec<Value> = operands.iter().map(|o| value[o]).collect();
+                        f.add_op(op, &args, info.ty.clone())
+                    }
+                }
+            }
+        };
+        value.insert(c, v);
+        for &u in users.get(&c).map(Vec::as_slice).unwrap_or(&[]) {
+            let p = pending.get_mut(&u)?;
+            *p -= 1;
+            if *p == 0 {
+                ready.insert((key[&u], u));
+            }
+        }
+    }
+    f.results = roots
+        .iter()
+        .map(|r| value.get(r).copied())
+        .collect::<Option<_>>()?;
+    crate::transforms::remove_dead_nodes(&mut f);
+    Some(f)
+}
+
+fn const_tensor(
+    cv: &ConstValue,
+    ty: &dlc_core::TensorType,
+) -> Result<Tensor, crate::interp::InterpError> {
+    let n = ty.num_elements().unwrap_or(usize::MAX);
+    if n > WEIGHT_FOLD_LIMIT {
+        return Err(crate::interp::InterpError::TooLarge(ty.clone()));
+    }
+    let values = match cv {
+        ConstValue::Splat(x) => vec![*x; n],
+        ConstValue::Dense(xs) => xs.clone(),
+    };
+    Tensor::from_vec(ty, values)
+}
+
+/// The pass.
+pub struct Saturate {
+    /// Limits and choices.
+    pub options: SaturateOptions,
+}
+
+impl Pass<Module> for Saturate {
+    fn name(&self) -> &'static str {
+        "graph.saturate"
+    }
+
+    fn run(&mut self, module: &mut Module) -> Result<Vec<(&'static str, u64)>, PassError> {
+        let model = CostModel::calibrated();
+        let mut stats: Vec<(&'static str, u64)> = Vec::new();
+        let mut add = |what: &'static str, n: u64| match stats.iter_mut().find(|(w, _)| *w == what)
+        {
+            Some((_, m)) => *m += n,
+            None => stats.push((what, n)),
+        };
+        for f in &mut module.functions {
+            let Some(r) = saturate_function(f, &self.options, model) else {
+                add("functions skipped (calls or multi-result ops)", 1);
+                continue;
+            };
+            add("functions saturated", 1);
+            add("functions changed", u64::from(r.changed));
+            add(
+                match r.stop {
+                    StopReason::Saturated => "stopped: saturated",
+                    StopReason::IterationLimit(_) => "stopped: iteration limit",
+                    StopReason::NodeLimit(_) => "stopped: node limit",
+                    StopReason::TimeLimit(_) => "stopped: time limit",
+                    StopReason::Other(_) => "stopped: other",
+                },
+                1,
+            );
+            add("iterations", r.iterations as u64);
+            add("e-classes", r.classes as u64);
+            add("e-nodes", r.nodes as u64);
+            add("time (us)", r.elapsed.as_micros() as u64);
+            add(
+                "estimated cost before (ns)",
+                (r.cost_before * 1e3).round() as u64,
+            );
+            add(
+                "estimated cost after (ns)",
+                (r.cost_after * 1e3).round() as u64,
+            );
+            match r.ilp {
+                Some(IlpOutcome::Optimal) => add("extraction: ilp optimal", 1),
+                Some(IlpOutcome::TimeLimit) => add("extraction: ilp at time limit (best found)", 1),
+                Some(IlpOutcome::Failed) => add("extraction: greedy (ilp failed)", 1),
+                None => add("extraction: greedy", 1),
+            }
+        }
+        Ok(stats)
+    }
+}
+
+/// Builds the pass from `graph.saturate{...}` options.
+pub fn from_options(o: &dlc_core::PassOptions) -> Result<Saturate, PassError> {
+    o.expect_only(&[
+        "node-limit",
+        "iter-limit",
+        "time-limit-ms",
+        "multi-iters",
+        "extract",
+        "ilp-time-limit-ms",
+        "rules",
+    ])?;
+    let d = SaturateOptions::default();
+    let bad = |message: String| PassError::BadOption {
+        pass: "graph.saturate".into(),
+        message,
+    };
+    let extraction = match o.get("extract", "ilp".to_string())?.as_str() {
+        "ilp" => Extraction::Ilp,
+        "greedy" => Extraction::Greedy,
+        other => {
+            return Err(bad(format!(
+                "`extract` is `ilp` or `greedy`, not `{other}`"
+            )));
+        }
+    };
+    let tables: Vec<String> = o
+        .get("rules", rules::TABLES.join(" "))?
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    if let Some(t) = tables.iter().find(|t| !rules::TABLES.contains(&t.as_str())) {
+        return Err(bad(format!(
+            "unknown rule table `{t}`; tables: {}",
+            rules::TABLES.join(" ")
+        )));
+    }
+    Ok(Saturate {
+        options: SaturateOptions {
+            node_limit: o.get("node-limit", d.node_limit)?,
+            iter_limit: o.get("iter-limit", d.iter_limit)?,
+            time_limit: Duration::from_millis(
+                o.get("time-limit-ms", d.time_limit.as_millis() as u64)?,
+            ),
+            multi_iters: o.get("multi-iters", d.multi_iters)?,
+            extraction,
+            ilp_time_limit: Duration::from_millis(
+                o.get("ilp-time-limit-ms", d.ilp_time_limit.as_millis() as u64)?,
+            ),
+            tables,
+        },
+    })
+}
