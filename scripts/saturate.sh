@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Figures of equality saturation (`graph.saturate`) on W2, W6, W8 and the two
-# Tensat-style graphs: optimization time, e-graph size and estimated cost
+# Figures of equality saturation (`graph.saturate`) on W2, W6, W8, the two
+# Tensat-style graphs and two written-to-be-improved ones (examples/saturate_*):
+# optimization time, e-graph size and estimated cost
 # before/after (from `dlc-opt --stats`), and the CPU latency of the program
 # compiled without and with it, measured alternately in one run (ROUNDS
 # rounds, default 3, of RUNS timed runs, default 20; best median kept), on
@@ -13,13 +14,13 @@ out=target/bench
 mkdir -p "$out"
 plain="graph.inline,graph.canonicalize,graph.dce"
 : > "$out/saturate.json"
-for spec in w2_mlp:mlp w6_bert_layer:bert_layer w8_gcn:gcn tensat_nasrnn:nasrnn tensat_resnext:resnext; do
+for spec in w2_mlp:mlp w6_bert_layer:bert_layer w8_gcn:gcn tensat_nasrnn:nasrnn tensat_resnext:resnext saturate_projections:projections saturate_gcn_left:gcn_left; do
     file=examples/${spec%%:*}.dl
     entry=${spec#*:}
     echo "saturate $entry ($file)" >&2
     "$dlc" compile "$file" --entry "$entry" --passes "$plain" -o "$out/$entry.graph"
     stats=$("$opt" "$out/$entry.graph" --passes graph.saturate --stats 2>&1 >/dev/null)
-    best_plain=inf; best_sat=inf
+    best_plain="float('inf')"; best_sat="float('inf')"
     for _ in $(seq "${ROUNDS:-3}"); do
         for which in plain full; do
             # the default pipeline (with graph.saturate) when no --passes

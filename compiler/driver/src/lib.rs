@@ -390,6 +390,17 @@ pub struct PassOptions<'a> {
     pub print_after_all: Option<&'a mut dyn Write>,
 }
 
+/// Writes each pass's counters as `--stats` prints them
+/// (`   value pass - counter`), to standard error.
+pub fn print_stats(reports: &[PassReport]) {
+    let mut err = std::io::stderr().lock();
+    for r in reports {
+        for (what, n) in &r.stats {
+            let _ = writeln!(err, "{:>8} {} - {what}", n, r.name);
+        }
+    }
+}
+
 /// Runs a textual pipeline over `module`, verifying before and after each pass.
 pub fn run_passes(
     module: &mut Module,

@@ -576,12 +576,13 @@ fn three_projections_merge_when_cheaper() {
         let module = parse_module(&src).unwrap_or_else(|e| panic!("{e}\n{src}"));
         let mut opt = module.clone();
         // A fixed model, so that the decision does not move with the
-        // machine's calibration: 100 GFLOP/s, 10 GB/s, 0.5 ns per fused
-        // element-wise op, 1 us per kernel.
+        // machine's calibration: 100 GFLOP/s, 10 GB/s, 0.02 / 2 ns per
+        // fused arithmetic / transcendental op and element, 1 us per kernel.
         let model = CostModel {
             gemm_gflops: 100.0,
             bandwidth_gbs: 10.0,
-            elementwise_ns: 0.5,
+            elementwise_ns: 0.02,
+            transcendental_ns: 2.0,
             kernel_us: 1.0,
             source: "test".into(),
         };

@@ -59,14 +59,10 @@ fn run(args: Args) -> Result<(), DriverError> {
         },
     };
     let reports = run_pipeline(&mut module, &args.passes, options)?;
-    let mut err = std::io::stderr().lock();
     if args.stats {
-        for r in &reports {
-            for (what, n) in &r.stats {
-                let _ = writeln!(err, "{:>8} {} - {what}", n, r.name);
-            }
-        }
+        dlc_driver::print_stats(&reports);
     }
+    let mut err = std::io::stderr().lock();
     if args.timing {
         let total: f64 = reports.iter().map(|r| r.elapsed.as_secs_f64()).sum();
         let _ = writeln!(err, "===-- pass timing --===");

@@ -77,6 +77,11 @@ enum Command {
         /// Graph pipeline to run.
         #[arg(long, default_value = DEFAULT_PIPELINE)]
         passes: String,
+        /// Print each pass's statistics (to standard error): for
+        /// `graph.saturate`, the stop reason, e-graph size, time and
+        /// estimated cost before and after.
+        #[arg(long)]
+        stats: bool,
     },
     /// Run an entry point of a model.
     Run {
@@ -291,9 +296,10 @@ fn time_source(src: &str, runs: usize) -> Result<f64, DriverError> {
 
 /// `dlc calibrate`: the cost model's constants from timings of compiled
 /// kernels on one thread. Peak: a 512^3 product. Bandwidth: `x + y` over
-/// 8 Mi elements (two reads, one write). Element-wise op: the extra time
-/// per element of a chain of 17 fused ops over one op, on data that stays
-/// in cache. Kernel overhead: a 4x4 product.
+/// 8 Mi elements (two reads, one write). Element-wise ops: the extra time
+/// per element of a chain of 32 fused multiplies and adds, and of 8 tanh and
+/// exp, over one multiply, on data that stays in cache. Kernel overhead: a
+/// 4x4 product.
 fn calibrate(output: &str, runs: usize) -> Result<(), DriverError> {
     if runs == 0 {
         return Err(DriverError::Usage("--runs must be at least 1".into()));
@@ -308,23 +314,35 @@ fn calibrate(output: &str, runs: usize) -> Result<(), DriverError> {
         &format!("fn k(x: f32[{n}], y: f32[{n}]) -> f32[{n}] {{ return x + y; }}"),
         runs,
     )?;
+    // Element-wise chains over data that stays in cache: the extra time
+    // per element and op over a single op. The arithmetic chain is a
+    // polynomial in x (Horner form), which reassociation cannot fold.
     let e = 64 << 10;
     let one = time_source(
         &format!("fn k(x: f32[{e}]) -> f32[{e}] {{ return x * 1.5; }}"),
         runs,
     )?;
-    let chain: String = (0..16).fold("x * 1.5".to_string(), |acc, i| {
+    let arith_ops = 32;
+    let arith_chain =
+        (0..arith_ops / 2).fold("x".to_string(), |acc, _| format!("({acc}) * x + 0.25"));
+    let arith = time_source(
+        &format!("fn k(x: f32[{e}]) -> f32[{e}] {{ return {arith_chain}; }}"),
+        runs,
+    )?;
+    let trans_ops = 8;
+    let trans_chain = (0..trans_ops).fold("x".to_string(), |acc, i| {
         if i % 2 == 0 {
             format!("tanh({acc})")
         } else {
-            format!("({acc}) * 0.75 + 0.25")
+            format!("exp({acc})")
         }
     });
-    let ops = 1 + 16 + 8; // the first multiply, 16 tanh/multiply steps, 8 adds
-    let many = time_source(
-        &format!("fn k(x: f32[{e}]) -> f32[{e}] {{ return {chain}; }}"),
+    let trans = time_source(
+        &format!("fn k(x: f32[{e}]) -> f32[{e}] {{ return {trans_chain}; }}"),
         runs,
     )?;
+    let per =
+        |t: f64, ops: usize| ((t - one).max(0.0) * 1e3 / (e as f64 * (ops - 1) as f64)).max(1e-3);
     let tiny = time_source(
         "fn k(a: f32[4, 4], b: f32[4, 4]) -> f32[4, 4] { return a @ b; }",
         runs,
@@ -332,11 +350,13 @@ fn calibrate(output: &str, runs: usize) -> Result<(), DriverError> {
     let model = dlc_graph::transforms::saturate::cost::CostModel {
         gemm_gflops: 2.0 * 512f64.powi(3) / (gemm * 1e3),
         bandwidth_gbs: 3.0 * 4.0 * n as f64 / (stream * 1e3),
-        elementwise_ns: ((many - one).max(0.0) * 1e3 / (e as f64 * (ops - 1) as f64)).max(1e-3),
+        elementwise_ns: per(arith, arith_ops),
+        transcendental_ns: per(trans, trans_ops),
         kernel_us: tiny.max(1e-3),
         source: format!(
             "dlc calibrate --runs {runs}: 512^3 product {gemm:.1} us, x+y over {n} elements {stream:.1} us, \
-             {ops} fused ops over {e} elements {many:.1} us vs one {one:.1} us, 4x4 product {tiny:.2} us"
+             {arith_ops} fused multiply/add ops over {e} elements {arith:.1} us and {trans_ops} tanh/exp \
+             {trans:.1} us vs one multiply {one:.1} us, 4x4 product {tiny:.2} us"
         ),
     };
     let text = format!("{}\n", model.to_json());
@@ -396,10 +416,14 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             emit,
             output,
             passes,
+            stats,
         } => {
             let src = read_input(&file)?;
             let mut module = compile_source(&src)?;
-            run_passes(&mut module, &passes, PassOptions::default())?;
+            let reports = run_passes(&mut module, &passes, PassOptions::default())?;
+            if stats {
+                dlc_driver::print_stats(&reports);
+            }
             if let Some(name) = entry.as_deref() {
                 select_entry(&module, Some(name))?;
                 module

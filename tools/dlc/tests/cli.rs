@@ -605,3 +605,46 @@ fn shared_libraries_load_and_check_their_arguments() {
     let err = dlc_runtime::SharedLibrary::open(&d.0.join("absent.so")).unwrap_err();
     assert!(err.to_string().contains("absent.so"), "{err}");
 }
+
+#[test]
+fn compile_stats_report_saturation() {
+    let d = Dir::new("stats");
+    let model = d.file(
+        "assoc.dl",
+        "fn f(a: f32[256, 256], x: f32[256, 512], w: f32[512, 8]) -> f32[256, 8] { return (a @ x) @ w; }",
+    );
+    let o = dlc(&["compile", &model, "--stats"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    for counter in [
+        "graph.saturate - functions changed",
+        "graph.saturate - stopped: saturated",
+        "graph.saturate - e-classes",
+        "graph.saturate - e-nodes",
+        "graph.saturate - time (us)",
+        "graph.saturate - estimated cost before (ns)",
+        "graph.saturate - estimated cost after (ns)",
+        "graph.saturate - extraction: ilp optimal",
+    ] {
+        assert!(err.contains(counter), "missing `{counter}` in:\n{err}");
+    }
+    let cost = |what: &str| -> u64 {
+        let line = err.lines().find(|l| l.contains(what)).unwrap();
+        line.split_whitespace().next().unwrap().parse().unwrap()
+    };
+    assert!(cost("cost after") * 10 < cost("cost before"), "{err}");
+    // The cheaper association is what was compiled.
+    let ir = String::from_utf8_lossy(&o.stdout);
+    assert!(ir.contains("graph.matmul %x, %w"), "{ir}");
+    // Without saturation, no statistics of it and the order as written.
+    let o = dlc(&[
+        "compile",
+        &model,
+        "--stats",
+        "--passes",
+        "graph.inline,graph.dce",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("graph.saturate"));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("graph.matmul %a, %x"));
+}

@@ -13,12 +13,16 @@
 //! the overhead and moves its operands and result through memory. Work that
 //! depends only on constants is folded at compile time and costs nothing.
 
+use std::collections::HashMap;
 use std::sync::OnceLock;
 
-use dlc_core::TensorType;
+use dlc_core::{DType, TensorType};
+use petgraph::Direction;
+use petgraph::stable_graph::NodeIndex;
 
 use super::lang::Info;
-use crate::ops::Op;
+use crate::module::Function;
+use crate::ops::{ConstValue, Op, UnaryOp};
 
 /// Constants of the roofline model.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,8 +31,11 @@ pub struct CostModel {
     pub gemm_gflops: f64,
     /// Streaming memory bandwidth, GB/s.
     pub bandwidth_gbs: f64,
-    /// Time of one fused element-wise op per element, ns.
+    /// Time of one fused arithmetic element-wise op per element, ns.
     pub elementwise_ns: f64,
+    /// Time of one fused transcendental op (`exp`, `log`, `tanh`, `sigmoid`,
+    /// `gelu`) per element, ns.
+    pub transcendental_ns: f64,
     /// Fixed cost of one kernel (loop nest, call, thread start), µs.
     pub kernel_us: f64,
     /// Where the constants came from.
@@ -65,6 +72,7 @@ impl CostModel {
             gemm_gflops: num("gemm_gflops")?,
             bandwidth_gbs: num("bandwidth_gbs")?,
             elementwise_ns: num("elementwise_ns")?,
+            transcendental_ns: num("transcendental_ns")?,
             kernel_us: num("kernel_us")?,
             source: v
                 .get("source")
@@ -80,6 +88,7 @@ impl CostModel {
             "gemm_gflops": self.gemm_gflops,
             "bandwidth_gbs": self.bandwidth_gbs,
             "elementwise_ns": self.elementwise_ns,
+            "transcendental_ns": self.transcendental_ns,
             "kernel_us": self.kernel_us,
             "source": self.source,
         })
@@ -96,6 +105,18 @@ impl CostModel {
 
     fn ew_us(&self, elements: f64) -> f64 {
         elements * self.elementwise_ns * 1e-3
+    }
+
+    /// Arithmetic time of element-wise `op` over `n` elements, µs.
+    fn ew_op_us(&self, op: &Op, n: f64) -> f64 {
+        match op {
+            Op::Unary(
+                UnaryOp::Exp | UnaryOp::Log | UnaryOp::Tanh | UnaryOp::Sigmoid | UnaryOp::Gelu,
+            ) => n * self.transcendental_ns * 1e-3,
+            // subtract, add, square root, divide, multiply, add
+            Op::BatchNorm { .. } => self.ew_us(6.0 * n),
+            _ => self.ew_us(n),
+        }
     }
 
     /// The cost in µs of `op` producing `out` from `inputs` (a constant
@@ -121,9 +142,8 @@ impl CostModel {
             | Op::Cast { .. }
             | Op::Broadcast { .. }
             | Op::Transpose { .. }
-            | Op::Slice { .. } => self.ew_us(n_out) + self.bytes_us(leaf_bytes),
-            // subtract, add, square root, divide, multiply, add
-            Op::BatchNorm { .. } => self.ew_us(6.0 * n_out) + self.bytes_us(leaf_bytes),
+            | Op::Slice { .. }
+            | Op::BatchNorm { .. } => self.ew_op_us(op, n_out) + self.bytes_us(leaf_bytes),
             Op::MatMul => {
                 let k = inputs
                     .first()
@@ -143,7 +163,10 @@ impl CostModel {
                 kernel(2.0 * n_out * per_out, in_bytes + out_bytes + 2.0 * im2col)
             }
             Op::Softmax { .. } | Op::LayerNorm { .. } => {
-                self.kernel_us + self.bytes_us(in_bytes + out_bytes) + self.ew_us(5.0 * n_in)
+                self.kernel_us
+                    + self.bytes_us(in_bytes + out_bytes)
+                    + self.ew_us(4.0 * n_in)
+                    + n_in * self.transcendental_ns * 1e-3
             }
             Op::Reduce { .. } | Op::Pool2d { .. } | Op::Concat { .. } | Op::Compute(_) => {
                 self.kernel_us + self.bytes_us(in_bytes + out_bytes) + self.ew_us(n_in)
@@ -151,6 +174,183 @@ impl CostModel {
             Op::Call { .. } => f64::INFINITY,
         }
     }
+}
+
+impl CostModel {
+    /// The cost in µs of a whole function as the CPU back end compiles it:
+    /// the lowering's own fusion plan is followed, so an element-wise op
+    /// costs a pass over memory exactly when it is stored (several users, or
+    /// a user that is not element-wise), nothing beyond its arithmetic when
+    /// it is inlined into its user, and nothing beyond its arithmetic and
+    /// the reads of its other operands when it ends the epilogue of a
+    /// product (convolutions computed through im2col have no epilogue, as in
+    /// the back end). Extraction minimizes the local per-op model; this one
+    /// decides whether the result replaces the function and is what
+    /// `--stats` reports.
+    pub fn function_cost(&self, f: &Function) -> f64 {
+        #[derive(Clone, Copy, PartialEq)]
+        enum Plan {
+            Free,
+            Inline,
+            Stored,
+            Kernel,
+            EpilogueEnd,
+        }
+        let order = f.topo_order();
+        let uses = |n: NodeIndex| {
+            f.body.edges_directed(n, Direction::Outgoing).count()
+                + f.results.iter().filter(|r| r.node == n).count()
+        };
+        let ty = |n: NodeIndex| &f.body[n].results[0];
+        let mut plan: HashMap<NodeIndex, Plan> = HashMap::new();
+        for &n in &order {
+            let op = &f.body[n].op;
+            let users = f.users(n);
+            let p = match op {
+                Op::Param { .. } | Op::Reshape { .. } | Op::Constant(_) => Plan::Free,
+                Op::Transpose { .. }
+                    if uses(n) == users.len()
+                        && users.iter().all(|u| f.body[*u].op == Op::MatMul) =>
+                {
+                    Plan::Free
+                }
+                op if elementwise(op) => {
+                    if uses(n) == 1 && users.len() == 1 && elementwise(&f.body[users[0]].op) {
+                        Plan::Inline
+                    } else {
+                        Plan::Stored
+                    }
+                }
+                _ => Plan::Kernel,
+            };
+            plan.insert(n, p);
+        }
+        for &n in &order {
+            let anchor = matches!(
+                f.body[n].op,
+                Op::MatMul | Op::Reduce { .. } | Op::Softmax { .. } | Op::LayerNorm { .. }
+            ) || (matches!(f.body[n].op, Op::Conv2d { .. }) && !conv_as_matmul(f, n));
+            if !anchor || uses(n) != 1 {
+                continue;
+            }
+            let Some(&first) = f.users(n).first() else {
+                continue;
+            };
+            let shape = &ty(n).shape;
+            let mut end = first;
+            let mut ok = pointwise(&f.body[end].op) && ty(end).shape == *shape;
+            while ok && plan[&end] == Plan::Inline {
+                end = f.users(end)[0];
+                ok = ty(end).shape == *shape && pointwise(&f.body[end].op);
+            }
+            if ok && plan[&end] == Plan::Stored {
+                plan.insert(end, Plan::EpilogueEnd);
+            }
+        }
+        // The arithmetic of an element-wise tree and the bytes of what it
+        // reads from memory (operands that are not inlined into it).
+        fn tree(
+            m: &CostModel,
+            f: &Function,
+            plan: &HashMap<NodeIndex, Plan>,
+            n: NodeIndex,
+            skip: Option<NodeIndex>,
+        ) -> (f64, f64) {
+            let node = &f.body[n];
+            let mut compute = m.ew_op_us(&node.op, elements(&node.results[0]));
+            let mut read = 0.0;
+            for v in f.operands(n) {
+                if Some(v.node) == skip {
+                    continue;
+                }
+                match plan[&v.node] {
+                    Plan::Inline => {
+                        let (c, r) = tree(m, f, plan, v.node, skip);
+                        compute += c;
+                        read += r;
+                    }
+                    _ if matches!(f.body[v.node].op, Op::Constant(ConstValue::Splat(_))) => {}
+                    _ => read += bytes(f.value_type(v)),
+                }
+            }
+            (compute, read)
+        }
+        let mut total = 0.0;
+        for &n in &order {
+            let node = &f.body[n];
+            let out = &node.results[0];
+            total += match plan[&n] {
+                Plan::Free | Plan::Inline => 0.0,
+                Plan::Stored => {
+                    let (compute, read) = tree(self, f, &plan, n, None);
+                    self.kernel_us + compute.max(self.bytes_us(read + bytes(out)))
+                }
+                Plan::EpilogueEnd => {
+                    // The anchor's result arrives in registers.
+                    let (compute, read) = tree(self, f, &plan, n, None);
+                    let anchor_bytes = bytes(out);
+                    compute.max(self.bytes_us((read - anchor_bytes).max(0.0)))
+                }
+                Plan::Kernel => {
+                    let inputs: Vec<Info> = f
+                        .operands(n)
+                        .iter()
+                        .map(|v| Info {
+                            ty: f.value_type(*v).clone(),
+                            weights: false,
+                            leaf: false,
+                        })
+                        .collect();
+                    let own = Info {
+                        ty: out.clone(),
+                        weights: false,
+                        leaf: false,
+                    };
+                    self.op_cost(&node.op, &own, &inputs)
+                }
+            };
+        }
+        total
+    }
+}
+
+fn elementwise(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Compare(_)
+            | Op::Select
+            | Op::Cast { .. }
+            | Op::Broadcast { .. }
+            | Op::Transpose { .. }
+            | Op::Slice { .. }
+            | Op::BatchNorm { .. }
+    )
+}
+
+fn pointwise(op: &Op) -> bool {
+    elementwise(op)
+        && !matches!(
+            op,
+            Op::Broadcast { .. } | Op::Transpose { .. } | Op::Slice { .. }
+        )
+}
+
+/// The back end's rule: one-group f32 convolutions with at least 16K
+/// multiply-adds per image are products over an im2col buffer.
+fn conv_as_matmul(f: &Function, n: NodeIndex) -> bool {
+    let Op::Conv2d { groups: 1, .. } = f.body[n].op else {
+        return false;
+    };
+    let out = &f.body[n].results[0];
+    let w = f.value_type(f.operands(n)[1]);
+    out.dtype == DType::F32
+        && out.shape[1..]
+            .iter()
+            .chain(&w.shape[1..])
+            .product::<usize>()
+            >= 16 * 1024
 }
 
 fn elements(t: &TensorType) -> f64 {

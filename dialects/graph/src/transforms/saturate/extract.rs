@@ -180,13 +180,19 @@ pub fn ilp(
         .filter(|&c| matches!(eg[c].data, Data::Tensor(_)))
         .collect();
     let known: BTreeSet<Id> = classes.iter().copied().collect();
+    // Candidates, without dominated nodes: a node that costs at least as
+    // much as another of its class whose operand classes are a subset of
+    // its own can be swapped for that one in any solution (commuted
+    // operands are the common case), so it never needs a variable. The
+    // starting choice is always kept, for the warm start.
     let mut cands: Vec<Candidate> = Vec::new();
     for &c in &classes {
+        let mut here: Vec<Candidate> = Vec::new();
         for node in &eg[c].nodes {
             let cost = node_cost(model, eg, node);
             let kids = tensor_children(eg, node);
             if cost.is_finite() && !kids.contains(&c) && kids.iter().all(|k| known.contains(k)) {
-                cands.push(Candidate {
+                here.push(Candidate {
                     class: c,
                     node: node.clone(),
                     kids,
@@ -194,6 +200,18 @@ pub fn ilp(
                 });
             }
         }
+        here.sort_by(|a, b| a.cost.total_cmp(&b.cost));
+        let mut kept: Vec<Candidate> = Vec::new();
+        for cand in here {
+            let set: BTreeSet<Id> = cand.kids.iter().copied().collect();
+            let dominated = kept
+                .iter()
+                .any(|k| k.cost <= cand.cost && k.kids.iter().all(|kid| set.contains(kid)));
+            if !dominated || start.get(&c) == Some(&cand.node) {
+                kept.push(cand);
+            }
+        }
+        cands.extend(kept);
     }
     let start_used: BTreeSet<Id> = used_classes(eg, start, roots)
         .unwrap_or_default()

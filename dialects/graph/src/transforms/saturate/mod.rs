@@ -3,8 +3,9 @@
 //! Each function becomes an e-graph ([`lang`]); the rule tables ([`rules`])
 //! grow it under explicit node, iteration and time limits, the multi-pattern
 //! merges only in the first iterations; extraction ([`extract`]) picks the
-//! cheapest equivalent graph under the calibrated cost model ([`cost`]), and
-//! the function is replaced only if that is cheaper than what it was.
+//! cheapest equivalent graph under the calibrated per-op cost model
+//! ([`cost`]), and the function is replaced only if the function-level model
+//! (which follows the back end's fusion plan) finds it cheaper than it was.
 //! Subexpressions that depend only on constants are folded while the graph
 //! is rebuilt, so work on weights is done once, at compile time.
 
@@ -24,7 +25,7 @@ use crate::interp::{Tensor, eval_op};
 use crate::module::{Function, Module, Value};
 use crate::ops::{ConstValue, Op};
 use cost::{CostModel, WEIGHT_FOLD_LIMIT};
-use extract::{Choice, IlpOutcome, dag_cost, greedy, ilp, tensor_children, used_classes};
+use extract::{Choice, IlpOutcome, greedy, ilp, tensor_children, used_classes};
 use lang::{Encoded, Head, TEGraph, decode, encode};
 
 /// How the chosen graph is extracted.
@@ -80,9 +81,9 @@ pub struct Report {
     pub classes: usize,
     /// E-nodes at the end.
     pub nodes: usize,
-    /// Estimated cost of the function as it was, µs.
+    /// Estimated cost of the function as it was, µs (function-level model).
     pub cost_before: f64,
-    /// Estimated cost of the extracted function, µs.
+    /// Estimated cost of the function as it is now, µs.
     pub cost_after: f64,
     /// How exact extraction ended (`None` when greedy was asked for).
     pub ilp: Option<IlpOutcome>,
@@ -106,8 +107,7 @@ pub fn saturate_function(
         roots,
         origin,
     } = encode(f).ok()?;
-    let before_choice = greedy(model, &egraph, &roots);
-    let cost_before = dag_cost(model, &egraph, &before_choice, &roots);
+    let cost_before = model.function_cost(f);
     let (single, multi): (Vec<_>, Vec<_>) = rules::tables()
         .into_iter()
         .filter(|(name, _, _)| options.tables.iter().any(|t| t == name))
@@ -143,22 +143,35 @@ pub fn saturate_function(
     let roots: Vec<Id> = roots.iter().map(|&r| eg.find(r)).collect();
     let origin: HashMap<Id, NodeIndex> = origin.into_iter().map(|(c, n)| (eg.find(c), n)).collect();
     let g = greedy(model, &eg, &roots);
-    let (choice, outcome) = match options.extraction {
-        Extraction::Greedy => (g, None),
+    let mut candidates = vec![g.clone()];
+    let outcome = match options.extraction {
+        Extraction::Greedy => None,
         Extraction::Ilp => {
             let (c, o) = ilp(model, &eg, &roots, &g, options.ilp_time_limit);
-            // The solver's answer is checked, never trusted: keep the cheaper.
-            if dag_cost(model, &eg, &c, &roots) <= dag_cost(model, &eg, &g, &roots) {
-                (c, Some(o))
-            } else {
-                (g, Some(IlpOutcome::Failed))
-            }
+            candidates.push(c);
+            Some(o)
         }
     };
-    let cost_after = dag_cost(model, &eg, &choice, &roots);
-    let changed = cost_after < cost_before * (1.0 - 1e-9);
-    if changed && let Some(new) = rebuild(&eg, &choice, &roots, f, &origin) {
+    // Extraction minimizes the per-op model; the function-level model (the
+    // back end's fusion plan) decides between the candidates and the
+    // original.
+    let mut best: Option<(f64, Function)> = None;
+    for choice in &candidates {
+        if let Some(new) = rebuild(&eg, choice, &roots, f, &origin) {
+            let cost = model.function_cost(&new);
+            if best.as_ref().is_none_or(|(b, _)| cost < *b) {
+                best = Some((cost, new));
+            }
+        }
+    }
+    let mut changed = false;
+    let mut cost_after = cost_before;
+    if let Some((cost, new)) = best
+        && cost < cost_before * (1.0 - 1e-9)
+    {
         *f = new;
+        changed = true;
+        cost_after = cost;
     }
     Some(Report {
         stop,
@@ -166,7 +179,7 @@ pub fn saturate_function(
         classes: eg.number_of_classes(),
         nodes: eg.total_number_of_nodes(),
         cost_before,
-        cost_after: if changed { cost_after } else { cost_before },
+        cost_after,
         ilp: outcome,
         changed,
         elapsed: start.elapsed(),
