@@ -148,7 +148,14 @@ pub enum IlpOutcome {
     TimeLimit,
     /// The solver failed; the starting choice is used.
     Failed,
+    /// More than [`ILP_MAX_NODES`] candidates: the starting choice is used
+    /// (microlp overruns its time limit on programs that large).
+    TooLarge,
 }
+
+/// The largest integer program (in candidate e-nodes) exact extraction
+/// attempts.
+pub const ILP_MAX_NODES: usize = 3000;
 
 /// A candidate e-node of the integer program.
 struct Candidate {
@@ -212,6 +219,9 @@ pub fn ilp(
             }
         }
         cands.extend(kept);
+    }
+    if cands.len() > ILP_MAX_NODES {
+        return (start.clone(), IlpOutcome::TooLarge);
     }
     let start_used: BTreeSet<Id> = used_classes(eg, start, roots)
         .unwrap_or_default()

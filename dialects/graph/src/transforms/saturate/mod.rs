@@ -61,10 +61,10 @@ impl Default for SaturateOptions {
         SaturateOptions {
             node_limit: 20_000,
             iter_limit: 12,
-            time_limit: Duration::from_millis(300),
+            time_limit: Duration::from_millis(150),
             multi_iters: 2,
             extraction: Extraction::Ilp,
-            ilp_time_limit: Duration::from_millis(300),
+            ilp_time_limit: Duration::from_millis(150),
             tables: rules::TABLES.iter().map(|s| s.to_string()).collect(),
         }
     }
@@ -371,6 +371,7 @@ impl Pass<Module> for Saturate {
                 Some(IlpOutcome::Optimal) => add("extraction: ilp optimal", 1),
                 Some(IlpOutcome::TimeLimit) => add("extraction: ilp at time limit (best found)", 1),
                 Some(IlpOutcome::Failed) => add("extraction: greedy (ilp failed)", 1),
+                Some(IlpOutcome::TooLarge) => add("extraction: greedy (too large for ilp)", 1),
                 None => add("extraction: greedy", 1),
             }
         }
