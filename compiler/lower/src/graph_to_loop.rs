@@ -95,34 +95,6 @@ fn broadcast_index(idx: &[IndexExpr], src: &[usize], dst: &[usize]) -> Vec<Index
         .collect()
 }
 
-fn is_elementwise(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Unary(_)
-            | Op::Binary(_)
-            | Op::Compare(_)
-            | Op::Select
-            | Op::Cast { .. }
-            | Op::Constant(ConstValue::Splat(_))
-            | Op::Broadcast { .. }
-            | Op::Transpose { .. }
-            | Op::Slice { .. }
-            | Op::BatchNorm { .. }
-    )
-}
-
-/// Element-wise ops that read each operand at their own index: an epilogue
-/// chain may only hold these (a transpose, broadcast or slice of the same
-/// shape still moves elements, so the product would be stored at the wrong
-/// index).
-fn is_pointwise(op: &Op) -> bool {
-    is_elementwise(op)
-        && !matches!(
-            op,
-            Op::Broadcast { .. } | Op::Transpose { .. } | Op::Slice { .. }
-        )
-}
-
 /// Ops that compute a value per output index, after which an element-wise
 /// epilogue can be applied before storing.
 fn has_value_at_index(op: &Op) -> bool {
@@ -305,10 +277,10 @@ impl Lowering<'_> {
                 {
                     Plan::View
                 }
-                op if is_elementwise(op) => {
+                op if op.is_elementwise() => {
                     let users = self.users(n);
                     let single_elementwise_user =
-                        self.uses(n) == 1 && users.len() == 1 && is_elementwise(self.op(users[0]));
+                        self.uses(n) == 1 && users.len() == 1 && self.op(users[0]).is_elementwise();
                     if single_elementwise_user {
                         Plan::Inline
                     } else {
@@ -330,10 +302,10 @@ impl Lowering<'_> {
             };
             let shape = self.ty(n).shape.clone();
             let mut end = first;
-            let mut ok = is_pointwise(self.op(end)) && self.ty(end).shape == shape;
+            let mut ok = self.op(end).is_pointwise() && self.ty(end).shape == shape;
             while ok && self.plan[&end] == Plan::Inline {
                 end = self.users(end)[0];
-                ok = self.ty(end).shape == shape && is_pointwise(self.op(end));
+                ok = self.ty(end).shape == shape && self.op(end).is_pointwise();
             }
             if ok && self.plan[&end] == Plan::Stored {
                 self.plan.insert(n, Plan::WithEpilogue(end));
@@ -516,16 +488,10 @@ impl Lowering<'_> {
     /// f32, one group, and at least 16K multiply-adds per image, the size at
     /// which `convert-loop-to-tile` maps a product.
     fn conv_as_matmul(&self, n: NodeIndex) -> bool {
-        let Op::Conv2d { groups: 1, .. } = self.op(n) else {
+        let Op::Conv2d { groups, .. } = self.op(n) else {
             return false;
         };
-        let (out, w) = (self.ty(n), self.ty(self.operand(n, 1)));
-        out.dtype == DType::F32
-            && out.shape[1..]
-                .iter()
-                .chain(&w.shape[1..])
-                .product::<usize>()
-                >= 16 * 1024
+        dlc_graph::ops::conv_is_im2col_product(*groups, self.ty(n), self.ty(self.operand(n, 1)))
     }
 
     /// Convolution `n` as `out[b] (viewed [O, Y*X]) = w (viewed [O, C*KH*KW])
@@ -740,7 +706,7 @@ impl Lowering<'_> {
         let ty = self.ty(n).clone();
         let dtype = ty.dtype;
         match self.op(n).clone() {
-            op if is_elementwise(&op) => {
+            op if op.is_elementwise() => {
                 let idx = self.open_nest(&ty.shape);
                 let v = self.compute_at(n, &idx);
                 self.sink(n, &idx, v);

@@ -3,8 +3,8 @@
 //! them; the text printer, the text parser and the MLIR printer all derive
 //! from [`Op::name`], [`Op::attrs`] and [`Op::from_parts`].
 
-use dlc_core::DType;
 pub use dlc_core::scalar::{BinaryOp, CmpOp, ReduceKind, UnaryOp};
+use dlc_core::{DType, TensorType};
 
 use crate::compute::ComputeBody;
 
@@ -356,6 +356,54 @@ impl Op {
         a.finish()?;
         Ok(op)
     }
+}
+
+impl Op {
+    /// Whether the op computes each result element from operand elements
+    /// alone (so the CPU back end inlines it into an element-wise user or a
+    /// product's epilogue): arithmetic, comparisons, selects, casts, splat
+    /// constants, broadcasts, transposes, slices and batchnorm.
+    pub fn is_elementwise(&self) -> bool {
+        matches!(
+            self,
+            Op::Unary(_)
+                | Op::Binary(_)
+                | Op::Compare(_)
+                | Op::Select
+                | Op::Cast { .. }
+                | Op::Constant(ConstValue::Splat(_))
+                | Op::Broadcast { .. }
+                | Op::Transpose { .. }
+                | Op::Slice { .. }
+                | Op::BatchNorm { .. }
+        )
+    }
+
+    /// Element-wise ops that read each operand at their own index: an
+    /// epilogue chain may only hold these (a transpose, broadcast or slice of
+    /// the same shape still moves elements).
+    pub fn is_pointwise(&self) -> bool {
+        self.is_elementwise()
+            && !matches!(
+                self,
+                Op::Broadcast { .. } | Op::Transpose { .. } | Op::Slice { .. }
+            )
+    }
+}
+
+/// The CPU back end's rule for a convolution with result type `out` and
+/// weights `w`: one group, f32, and at least 16K multiply-adds per image
+/// make it a product over an im2col buffer (which has no epilogue).
+pub fn conv_is_im2col_product(groups: usize, out: &TensorType, w: &TensorType) -> bool {
+    groups == 1
+        && out.dtype == DType::F32
+        && out
+            .shape
+            .iter()
+            .skip(1)
+            .chain(w.shape.iter().skip(1))
+            .product::<usize>()
+            >= 16 * 1024
 }
 
 struct AttrReader<'a> {

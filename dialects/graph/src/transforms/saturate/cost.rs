@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
-use dlc_core::{DType, TensorType};
+use dlc_core::TensorType;
 use petgraph::Direction;
 use petgraph::stable_graph::NodeIndex;
 
@@ -135,15 +135,6 @@ impl CostModel {
         };
         match op {
             Op::Param { .. } | Op::Constant(_) | Op::Reshape { .. } => 0.0,
-            Op::Unary(_)
-            | Op::Binary(_)
-            | Op::Compare(_)
-            | Op::Select
-            | Op::Cast { .. }
-            | Op::Broadcast { .. }
-            | Op::Transpose { .. }
-            | Op::Slice { .. }
-            | Op::BatchNorm { .. } => self.ew_op_us(op, n_out) + self.bytes_us(leaf_bytes),
             Op::MatMul => {
                 let k = inputs
                     .first()
@@ -172,6 +163,11 @@ impl CostModel {
                 self.kernel_us + self.bytes_us(in_bytes + out_bytes) + self.ew_us(n_in)
             }
             Op::Call { .. } => f64::INFINITY,
+            // The element-wise ops (`Op::is_elementwise`).
+            op => {
+                debug_assert!(op.is_elementwise(), "{}", op.name());
+                self.ew_op_us(op, n_out) + self.bytes_us(leaf_bytes)
+            }
         }
     }
 }
@@ -214,8 +210,8 @@ impl CostModel {
                 {
                     Plan::Free
                 }
-                op if elementwise(op) => {
-                    if uses(n) == 1 && users.len() == 1 && elementwise(&f.body[users[0]].op) {
+                op if op.is_elementwise() => {
+                    if uses(n) == 1 && users.len() == 1 && f.body[users[0]].op.is_elementwise() {
                         Plan::Inline
                     } else {
                         Plan::Stored
@@ -238,10 +234,10 @@ impl CostModel {
             };
             let shape = &ty(n).shape;
             let mut end = first;
-            let mut ok = pointwise(&f.body[end].op) && ty(end).shape == *shape;
+            let mut ok = f.body[end].op.is_pointwise() && ty(end).shape == *shape;
             while ok && plan[&end] == Plan::Inline {
                 end = f.users(end)[0];
-                ok = ty(end).shape == *shape && pointwise(&f.body[end].op);
+                ok = ty(end).shape == *shape && f.body[end].op.is_pointwise();
             }
             if ok && plan[&end] == Plan::Stored {
                 plan.insert(end, Plan::EpilogueEnd);
@@ -314,43 +310,12 @@ impl CostModel {
     }
 }
 
-fn elementwise(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Unary(_)
-            | Op::Binary(_)
-            | Op::Compare(_)
-            | Op::Select
-            | Op::Cast { .. }
-            | Op::Broadcast { .. }
-            | Op::Transpose { .. }
-            | Op::Slice { .. }
-            | Op::BatchNorm { .. }
-    )
-}
-
-fn pointwise(op: &Op) -> bool {
-    elementwise(op)
-        && !matches!(
-            op,
-            Op::Broadcast { .. } | Op::Transpose { .. } | Op::Slice { .. }
-        )
-}
-
-/// The back end's rule: one-group f32 convolutions with at least 16K
-/// multiply-adds per image are products over an im2col buffer.
 fn conv_as_matmul(f: &Function, n: NodeIndex) -> bool {
-    let Op::Conv2d { groups: 1, .. } = f.body[n].op else {
+    let Op::Conv2d { groups, .. } = f.body[n].op else {
         return false;
     };
-    let out = &f.body[n].results[0];
     let w = f.value_type(f.operands(n)[1]);
-    out.dtype == DType::F32
-        && out.shape[1..]
-            .iter()
-            .chain(&w.shape[1..])
-            .product::<usize>()
-            >= 16 * 1024
+    crate::ops::conv_is_im2col_product(groups, &f.body[n].results[0], w)
 }
 
 fn elements(t: &TensorType) -> f64 {
