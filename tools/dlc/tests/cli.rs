@@ -632,7 +632,8 @@ fn compile_stats_report_saturation() {
         let line = err.lines().find(|l| l.contains(what)).unwrap();
         line.split_whitespace().next().unwrap().parse().unwrap()
     };
-    assert!(cost("cost after") * 10 < cost("cost before"), "{err}");
+    // 67M multiply-adds and a narrow product against two narrow products.
+    assert!(cost("cost after") * 5 < cost("cost before"), "{err}");
     // The cheaper association is what was compiled.
     let ir = String::from_utf8_lossy(&o.stdout);
     assert!(ir.contains("graph.matmul %x, %w"), "{ir}");

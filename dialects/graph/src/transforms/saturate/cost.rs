@@ -130,8 +130,12 @@ impl CostModel {
         let leaf_bytes: f64 = inputs.iter().filter(|i| i.leaf).map(|i| bytes(&i.ty)).sum();
         let n_out = elements(&out.ty);
         let n_in: f64 = inputs.iter().map(|i| elements(&i.ty)).sum();
-        let kernel = |flops: f64, bytes: f64| {
-            self.kernel_us + self.flops_us(flops).max(self.bytes_us(bytes))
+        // Products and convolutions write their result after the reduction
+        // loop, not overlapped with it.
+        let product = |flops: f64| {
+            self.kernel_us
+                + self.flops_us(flops).max(self.bytes_us(in_bytes))
+                + self.bytes_us(out_bytes)
         };
         match op {
             Op::Param { .. } | Op::Constant(_) | Op::Reshape { .. } => 0.0,
@@ -141,7 +145,18 @@ impl CostModel {
                     .and_then(|a| a.ty.shape.last())
                     .copied()
                     .unwrap_or(1) as f64;
-                kernel(2.0 * n_out * k, in_bytes + out_bytes)
+                // An f32 product of 16K multiply-adds or more runs on the
+                // CPU's register tile, 32 columns wide: narrower products
+                // pay for 32.
+                let matrix = inputs.get(1).is_some_and(|b| b.ty.rank() >= 2);
+                let n = if matrix {
+                    out.ty.shape.last().copied().unwrap_or(1).max(1) as f64
+                } else {
+                    1.0
+                };
+                let tiled = matrix && out.ty.dtype == dlc_core::DType::F32 && n_out * k >= 16384.0;
+                let n_paid = if tiled { (n / 32.0).ceil() * 32.0 } else { n };
+                product(2.0 * n_out / n * n_paid * k)
             }
             Op::Conv2d { groups, .. } => {
                 // Each output element is a dot product over C/groups * KH * KW;
@@ -151,7 +166,11 @@ impl CostModel {
                 let per_out = w.map_or(1.0, |w| w.iter().skip(1).product::<usize>() as f64);
                 let o = w.and_then(|w| w.first()).copied().unwrap_or(1).max(1) as f64;
                 let im2col = n_out / o * per_out * (*groups as f64) * 4.0;
-                kernel(2.0 * n_out * per_out, in_bytes + out_bytes + 2.0 * im2col)
+                self.kernel_us
+                    + self
+                        .flops_us(2.0 * n_out * per_out)
+                        .max(self.bytes_us(in_bytes + 2.0 * im2col))
+                    + self.bytes_us(out_bytes)
             }
             Op::Softmax { .. } | Op::LayerNorm { .. } => {
                 self.kernel_us
