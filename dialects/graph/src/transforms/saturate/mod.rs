@@ -64,7 +64,7 @@ impl Default for SaturateOptions {
             time_limit: Duration::from_millis(150),
             multi_iters: 2,
             extraction: Extraction::Ilp,
-            ilp_time_limit: Duration::from_millis(150),
+            ilp_time_limit: Duration::from_millis(250),
             tables: rules::TABLES.iter().map(|s| s.to_string()).collect(),
         }
     }
