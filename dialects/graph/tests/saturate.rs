@@ -17,7 +17,7 @@ use dlc_graph::transforms::saturate::lang::{
 };
 use dlc_graph::transforms::saturate::rules::{self, Rule};
 use dlc_graph::transforms::saturate::{SaturateOptions, saturate_function};
-use egg::{AstSize, Extractor, Id, RecExpr, Runner};
+use egg::{AstSize, Extractor, Id, Language, RecExpr, Runner};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -619,4 +619,50 @@ fn three_projections_merge_when_cheaper() {
             }
         }
     }
+}
+
+/// `-(-x) = x` puts a cycle in the e-graph (x's class holds `-(n)`, n's holds
+/// `-(x)`): a choice through it is rejected, and exact extraction never
+/// returns one.
+#[test]
+fn extraction_never_chooses_a_cycle() {
+    use dlc_graph::transforms::saturate::extract::{Choice, IlpOutcome, greedy, ilp, used_classes};
+    let mut rng = StdRng::seed_from_u64(2);
+    let specs = specs(&["3 4"], &mut rng);
+    let (eg, root) = egraph_of("(unary neg (unary neg (param 0)))", &specs);
+    let rule: Vec<Rule> = rules::algebra()
+        .into_iter()
+        .filter(|r| r.name.as_str() == "neg-neg")
+        .collect();
+    let runner = Runner::default()
+        .with_egraph(eg)
+        .with_iter_limit(1)
+        .run(&rule);
+    let eg = runner.egraph;
+    let x = eg.find(root);
+    let neg_of = |c: Id| {
+        eg[c]
+            .nodes
+            .iter()
+            .find(|n| matches!(n, TLang::Unary(_)))
+            .cloned()
+    };
+    let through = neg_of(x).unwrap();
+    let inner = eg.find(*through.children().last().unwrap());
+    let mut cyclic = Choice::new();
+    cyclic.insert(x, through);
+    cyclic.insert(inner, neg_of(inner).unwrap());
+    for c in reachable(&eg, &[x]) {
+        if let Some(leaf) = eg[c].nodes.iter().find(|n| n.is_leaf()) {
+            cyclic.entry(c).or_insert_with(|| leaf.clone());
+        }
+    }
+    assert!(used_classes(&eg, &cyclic, &[x]).is_none());
+    let model = CostModel::calibrated();
+    let start = greedy(model, &eg, &[x]);
+    let used = used_classes(&eg, &start, &[x]).unwrap();
+    assert_eq!(used, vec![x], "the parameter alone");
+    let (choice, outcome) = ilp(model, &eg, &[x], &start, Duration::from_secs(5));
+    assert_eq!(outcome, IlpOutcome::Optimal);
+    assert!(used_classes(&eg, &choice, &[x]).is_some());
 }

@@ -97,45 +97,56 @@ pub fn greedy(model: &CostModel, eg: &TEGraph, roots: &[Id]) -> Choice {
     choice
 }
 
-/// The classes a choice uses, children before users; `None` if the choice
-/// misses a class or has a cycle.
-pub fn used_classes(eg: &TEGraph, choice: &Choice, roots: &[Id]) -> Option<Vec<Id>> {
-    // 0 = unvisited, 1 = on the stack, 2 = done
-    let mut state: HashMap<Id, u8> = HashMap::new();
-    let mut order = Vec::new();
+/// Why a choice describes no function.
+enum Broken {
+    /// A class it needs has no chosen node.
+    Missing,
+    /// The chosen nodes form a cycle through these classes.
+    Cycle(Vec<Id>),
+}
+
+/// The classes a choice uses from `roots`, children before users.
+fn walk(eg: &TEGraph, choice: &Choice, roots: &[Id]) -> Result<Vec<Id>, Broken> {
+    // false: on the current path; true: done
+    let mut state: HashMap<Id, bool> = HashMap::new();
+    let (mut path, mut order) = (Vec::new(), Vec::new());
     fn visit(
         eg: &TEGraph,
         choice: &Choice,
         c: Id,
-        state: &mut HashMap<Id, u8>,
+        state: &mut HashMap<Id, bool>,
+        path: &mut Vec<Id>,
         order: &mut Vec<Id>,
-    ) -> Option<()> {
+    ) -> Result<(), Broken> {
         match state.get(&c) {
-            Some(2) => return Some(()),
-            Some(_) => return None,
+            Some(true) => return Ok(()),
+            Some(false) => {
+                let at = path.iter().position(|&p| p == c).unwrap_or(0);
+                return Err(Broken::Cycle(path[at..].to_vec()));
+            }
             None => {}
         }
-        state.insert(c, 1);
-        let node = choice.get(&c)?;
-        for ch in tensor_children(eg, node) {
-            visit(eg, choice, ch, state, order)?;
+        let node = choice.get(&c).ok_or(Broken::Missing)?;
+        state.insert(c, false);
+        path.push(c);
+        for k in tensor_children(eg, node) {
+            visit(eg, choice, k, state, path, order)?;
         }
-        state.insert(c, 2);
+        path.pop();
+        state.insert(c, true);
         order.push(c);
-        Some(())
+        Ok(())
     }
     for &r in roots {
-        visit(eg, choice, eg.find(r), &mut state, &mut order)?;
+        visit(eg, choice, eg.find(r), &mut state, &mut path, &mut order)?;
     }
-    Some(order)
+    Ok(order)
 }
 
-/// The DAG cost of a choice: each used class paid once.
-pub fn dag_cost(model: &CostModel, eg: &TEGraph, choice: &Choice, roots: &[Id]) -> f64 {
-    match used_classes(eg, choice, roots) {
-        Some(used) => used.iter().map(|c| node_cost(model, eg, &choice[c])).sum(),
-        None => f64::INFINITY,
-    }
+/// The classes a choice uses, children before users; `None` if the choice
+/// misses a class or has a cycle.
+pub fn used_classes(eg: &TEGraph, choice: &Choice, roots: &[Id]) -> Option<Vec<Id>> {
+    walk(eg, choice, roots).ok()
 }
 
 /// How exact extraction ended.
@@ -300,8 +311,8 @@ pub fn ilp(
                 choice.entry(c).or_insert_with(|| leaf.clone());
             }
         }
-        match find_cycle(eg, &choice, roots) {
-            None if used_classes(eg, &choice, roots).is_some() => {
+        match walk(eg, &choice, roots) {
+            Ok(_) => {
                 let outcome = if optimal {
                     IlpOutcome::Optimal
                 } else {
@@ -309,8 +320,8 @@ pub fn ilp(
                 };
                 return (choice, outcome);
             }
-            None => return (start.clone(), IlpOutcome::Failed),
-            Some(cycle) => {
+            Err(Broken::Missing) => return (start.clone(), IlpOutcome::Failed),
+            Err(Broken::Cycle(cycle)) => {
                 let cut: Option<Vec<usize>> =
                     cycle.iter().map(|c| picked.get(c).copied()).collect();
                 match cut {
@@ -321,41 +332,4 @@ pub fn ilp(
         }
     }
     (start.clone(), IlpOutcome::TimeLimit)
-}
-
-/// The classes of one cycle of a choice reachable from `roots`, if any.
-fn find_cycle(eg: &TEGraph, choice: &Choice, roots: &[Id]) -> Option<Vec<Id>> {
-    // 1 = on the current path, 2 = done
-    let mut state: HashMap<Id, u8> = HashMap::new();
-    let mut path: Vec<Id> = Vec::new();
-    fn visit(
-        eg: &TEGraph,
-        choice: &Choice,
-        c: Id,
-        state: &mut HashMap<Id, u8>,
-        path: &mut Vec<Id>,
-    ) -> Option<Vec<Id>> {
-        match state.get(&c) {
-            Some(2) => return None,
-            Some(_) => {
-                let at = path.iter().position(|&p| p == c).unwrap_or(0);
-                return Some(path[at..].to_vec());
-            }
-            None => {}
-        }
-        let node = choice.get(&c)?;
-        state.insert(c, 1);
-        path.push(c);
-        for k in tensor_children(eg, node) {
-            if let Some(cycle) = visit(eg, choice, k, state, path) {
-                return Some(cycle);
-            }
-        }
-        path.pop();
-        state.insert(c, 2);
-        None
-    }
-    roots
-        .iter()
-        .find_map(|&r| visit(eg, choice, eg.find(r), &mut state, &mut path))
 }
