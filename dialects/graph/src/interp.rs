@@ -39,6 +39,31 @@ impl Tensor {
         })
     }
 
+    /// The value of a constant of type `ty`.
+    pub fn from_const(value: &ConstValue, ty: &TensorType) -> Result<Tensor> {
+        let values = match value {
+            ConstValue::Splat(x) => {
+                let n = ty
+                    .num_elements()
+                    .filter(|&n| n <= MAX_ELEMENTS)
+                    .ok_or_else(|| InterpError::TooLarge(ty.clone()))?;
+                vec![*x; n]
+            }
+            ConstValue::Dense(xs) => xs.clone(),
+        };
+        Tensor::from_vec(ty, values)
+    }
+
+    /// The tensor as a constant's value: a splat when every element is the
+    /// same (bit for bit).
+    pub fn to_const(&self) -> ConstValue {
+        let values: Vec<f64> = self.data.iter().copied().collect();
+        match values.first() {
+            Some(&x) if values.iter().all(|v| v.to_bits() == x.to_bits()) => ConstValue::Splat(x),
+            _ => ConstValue::Dense(values),
+        }
+    }
+
     /// The tensor's type.
     pub fn ty(&self) -> TensorType {
         TensorType::new(self.dtype, self.data.shape().to_vec())

@@ -335,12 +335,7 @@ fn check_classes(eg: &TEGraph, root: Id, inputs: &[Tensor]) -> Result<usize, Str
         match head {
             Head::Const(k) => {
                 let (cv, ty) = &eg.analysis.tables.consts[k];
-                let n = ty.num_elements().unwrap_or(0);
-                let values = match cv {
-                    dlc_graph::ops::ConstValue::Splat(x) => vec![*x; n],
-                    dlc_graph::ops::ConstValue::Dense(xs) => xs.clone(),
-                };
-                Tensor::from_vec(ty, values).map_err(|e| e.to_string())
+                Tensor::from_const(cv, ty).map_err(|e| e.to_string())
             }
             Head::Op(Op::Param { index }) => Ok(inputs[index as usize].clone()),
             Head::Op(op) => {

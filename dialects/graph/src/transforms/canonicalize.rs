@@ -33,13 +33,10 @@ fn splat(f: &Function, v: Value) -> Option<f64> {
 
 fn const_tensor(f: &Function, v: Value) -> Option<Tensor> {
     let n = &f.body[v.node];
-    let ty = &n.results[0];
-    let values = match &n.op {
-        Op::Constant(ConstValue::Splat(x)) => vec![*x; ty.num_elements()?],
-        Op::Constant(ConstValue::Dense(xs)) => xs.clone(),
-        _ => return None,
-    };
-    Tensor::from_vec(ty, values).ok()
+    match &n.op {
+        Op::Constant(value) => Tensor::from_const(value, &n.results[0]).ok(),
+        _ => None,
+    }
 }
 
 fn try_fold(f: &Function, node: NodeIndex) -> Option<Op> {
@@ -67,12 +64,7 @@ fn try_fold(f: &Function, node: NodeIndex) -> Option<Op> {
         .collect::<Option<_>>()?;
     let refs: Vec<&Tensor> = inputs.iter().collect();
     let out = eval_op(&n.op, &refs, &n.results).ok()?.pop()?;
-    let values: Vec<f64> = out.data.iter().copied().collect();
-    let first = values.first().copied();
-    Some(Op::Constant(match first {
-        Some(x) if values.iter().all(|v| v.to_bits() == x.to_bits()) => ConstValue::Splat(x),
-        _ => ConstValue::Dense(values),
-    }))
+    Some(Op::Constant(out.to_const()))
 }
 
 /// What a node simplifies to: an existing value, or a new op on operands.

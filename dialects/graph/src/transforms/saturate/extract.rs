@@ -15,7 +15,7 @@ use good_lp::{
 };
 
 use super::cost::CostModel;
-use super::lang::{Data, Head, Info, TEGraph, TLang, decode, reachable};
+use super::lang::{Data, Head, TEGraph, TLang, reachable, typed};
 
 /// One chosen e-node per e-class.
 pub type Choice = BTreeMap<Id, TLang>;
@@ -23,34 +23,14 @@ pub type Choice = BTreeMap<Id, TLang>;
 /// The cost of `node` alone (its children not included), in µs; infinite
 /// for a node that does not type-check.
 pub fn node_cost(model: &CostModel, eg: &TEGraph, node: &TLang) -> f64 {
-    let get = |c: Id| eg[c].data.clone();
-    if matches!(node, TLang::Num(_) | TLang::Sym(_)) {
+    if node.is_leaf() {
         return 0.0;
     }
-    let Some((head, operands)) = decode(&eg.analysis.tables, node, &get) else {
-        return f64::INFINITY;
-    };
-    let infos: Option<Vec<Info>> = operands
-        .iter()
-        .map(|&o| eg[o].data.info().cloned())
-        .collect();
-    let Some(infos) = infos else {
-        return f64::INFINITY;
-    };
-    let Some(out) = own_info(eg, node) else {
-        return f64::INFINITY;
-    };
-    match head {
-        Head::Const(_) => 0.0,
-        Head::Op(op) => model.op_cost(&op, &out, &infos),
-    }
-}
-
-fn own_info(eg: &TEGraph, node: &TLang) -> Option<Info> {
     let get = |c: Id| eg[c].data.clone();
-    match super::lang::compute_data(&eg.analysis.tables, node, &get) {
-        Data::Tensor(i) => Some(i),
-        _ => None,
+    match typed(&eg.analysis.tables, node, &get) {
+        Some((Head::Const(_), _, _)) => 0.0,
+        Some((Head::Op(op), inputs, out)) => model.op_cost(&op, &out, &inputs),
+        None => f64::INFINITY,
     }
 }
 
@@ -193,9 +173,16 @@ pub fn ilp(
     limit: Duration,
 ) -> (Choice, IlpOutcome) {
     let begin = std::time::Instant::now();
-    let classes: Vec<Id> = reachable(eg, roots)
-        .into_iter()
+    let all = reachable(eg, roots);
+    let classes: Vec<Id> = all
+        .iter()
+        .copied()
         .filter(|&c| matches!(eg[c].data, Data::Tensor(_)))
+        .collect();
+    // Attribute leaves are chosen as they are.
+    let leaves: Vec<(Id, TLang)> = all
+        .iter()
+        .filter_map(|&c| Some((c, eg[c].nodes.iter().find(|n| n.is_leaf())?.clone())))
         .collect();
     let known: BTreeSet<Id> = classes.iter().copied().collect();
     // Candidates, without dominated nodes: a node that costs at least as
@@ -305,11 +292,8 @@ pub fn ilp(
                 picked.insert(k.class, i);
             }
         }
-        // Attribute leaves are chosen as they are.
-        for c in reachable(eg, roots) {
-            if let Some(leaf) = eg[c].nodes.iter().find(|n| n.is_leaf()) {
-                choice.entry(c).or_insert_with(|| leaf.clone());
-            }
+        for (c, leaf) in &leaves {
+            choice.entry(*c).or_insert_with(|| leaf.clone());
         }
         match walk(eg, &choice, roots) {
             Ok(_) => {

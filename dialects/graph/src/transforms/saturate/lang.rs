@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use dlc_core::{DType, TensorType};
+use dlc_core::TensorType;
 use egg::{Analysis, DidMerge, EGraph, Id, Language, Symbol};
 use petgraph::stable_graph::NodeIndex;
 
@@ -311,48 +311,55 @@ pub fn decode(tables: &Tables, node: &TLang, get: &dyn Fn(Id) -> Data) -> Option
     Some((Head::Op(op), node.children().to_vec()))
 }
 
-/// The data of `node` given its children's data: its type by the graph
-/// dialect's own inference, or [`Data::Invalid`].
-pub fn compute_data(tables: &Tables, node: &TLang, get: &dyn Fn(Id) -> Data) -> Data {
-    match node {
-        TLang::Num(n) => return Data::Num(*n),
-        TLang::Sym(s) => return Data::Sym(*s),
-        _ => {}
-    }
-    let Some((head, operands)) = decode(tables, node, get) else {
-        return Data::Invalid;
-    };
-    match head {
-        Head::Const(k) => Data::Tensor(Info {
-            ty: tables.consts[k].1.clone(),
+/// `node` decoded, with its operand classes' facts and its own: its type by
+/// the graph dialect's own inference. `None` if it does not decode or
+/// type-check (or is an attribute leaf).
+pub fn typed(
+    tables: &Tables,
+    node: &TLang,
+    get: &dyn Fn(Id) -> Data,
+) -> Option<(Head, Vec<Info>, Info)> {
+    let (head, operands) = decode(tables, node, get)?;
+    let infos: Vec<Info> = operands
+        .iter()
+        .map(|&o| get(o).info().cloned())
+        .collect::<Option<_>>()?;
+    let own = match &head {
+        Head::Const(k) => Info {
+            ty: tables.consts[*k].1.clone(),
             weights: true,
             leaf: true,
-        }),
-        Head::Op(Op::Param { index }) => Data::Tensor(Info {
-            ty: tables.params[index as usize].clone(),
+        },
+        Head::Op(Op::Param { index }) => Info {
+            ty: tables.params[*index as usize].clone(),
             weights: false,
             leaf: true,
-        }),
+        },
         Head::Op(op) => {
-            let infos: Option<Vec<Info>> =
-                operands.iter().map(|&o| get(o).info().cloned()).collect();
-            let Some(infos) = infos else {
-                return Data::Invalid;
-            };
             let types: Vec<&TensorType> = infos.iter().map(|i| &i.ty).collect();
-            let mut valid = true;
-            if let Op::Compute(body) = &op {
-                valid = crate::verify::check_compute(body, &types).is_ok();
+            if let Op::Compute(body) = op {
+                crate::verify::check_compute(body, &types).ok()?;
             }
-            match infer(&op, &types) {
-                Ok(mut tys) if valid && tys.len() == 1 => Data::Tensor(Info {
-                    ty: tys.remove(0),
-                    weights: infos.iter().all(|i| i.weights),
-                    leaf: false,
-                }),
-                _ => Data::Invalid,
+            let mut tys = infer(op, &types).ok()?;
+            if tys.len() != 1 {
+                return None;
+            }
+            Info {
+                ty: tys.remove(0),
+                weights: infos.iter().all(|i| i.weights),
+                leaf: false,
             }
         }
+    };
+    Some((head, infos, own))
+}
+
+/// The data of `node` given its children's data: see [`typed`].
+pub fn compute_data(tables: &Tables, node: &TLang, get: &dyn Fn(Id) -> Data) -> Data {
+    match node {
+        TLang::Num(n) => Data::Num(*n),
+        TLang::Sym(s) => Data::Sym(*s),
+        _ => typed(tables, node, get).map_or(Data::Invalid, |(_, _, own)| Data::Tensor(own)),
     }
 }
 
@@ -379,39 +386,26 @@ pub enum Unsupported {
 
 /// Builds the e-graph of `f`.
 pub fn encode(f: &Function) -> Result<Encoded, Unsupported> {
-    let mut tables = Tables {
-        params: f.param_types(),
-        ..Tables::default()
-    };
-    let order = f.topo_order();
-    // Ops and constants first, so that the tables are complete before the
-    // analysis sees any node.
-    let mut heads: HashMap<NodeIndex, TLangHead> = HashMap::new();
-    for &n in &order {
-        let node = &f.body[n];
-        if node.results.len() != 1 {
-            return Err(Unsupported::MultiResult);
-        }
-        let head = match &node.op {
-            Op::Call { .. } => return Err(Unsupported::Call),
-            Op::Constant(v) => {
-                TLangHead::Const(tables.intern_const(v.clone(), node.results[0].clone()))
-            }
-            op if opaque(op) => TLangHead::Opaque(tables.intern_op(op)),
-            _ => TLangHead::Plain,
-        };
-        heads.insert(n, head);
-    }
     let mut egraph = TEGraph::new(TensorAnalysis {
-        tables,
+        tables: Tables {
+            params: f.param_types(),
+            ..Tables::default()
+        },
         conflicts: 0,
     });
     let mut class: HashMap<NodeIndex, Id> = HashMap::new();
     let mut origin = HashMap::new();
-    for &n in &order {
+    for n in f.topo_order() {
+        let node = &f.body[n];
+        if matches!(node.op, Op::Call { .. }) {
+            return Err(Unsupported::Call);
+        }
+        if node.results.len() != 1 {
+            return Err(Unsupported::MultiResult);
+        }
         let operands: Vec<Id> = f.operands(n).iter().map(|v| class[&v.node]).collect();
-        let node = term(&mut egraph, &f.body[n].op, &heads[&n], &operands);
-        let id = egraph.add(node);
+        let term = term(&mut egraph, node, &operands);
+        let id = egraph.add(term);
         class.insert(n, id);
         origin.entry(id).or_insert(n);
     }
@@ -432,42 +426,28 @@ pub fn encode(f: &Function) -> Result<Encoded, Unsupported> {
     })
 }
 
-enum TLangHead {
-    Plain,
-    Const(usize),
-    Opaque(usize),
-}
-
-/// Whether rules treat `op` as opaque.
-fn opaque(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Compare(_)
-            | Op::Select
-            | Op::Cast { .. }
-            | Op::Reduce { .. }
-            | Op::Softmax { .. }
-            | Op::LayerNorm { .. }
-            | Op::Pool2d { .. }
-            | Op::Compute(_)
-    )
-}
-
-fn term(eg: &mut TEGraph, op: &Op, head: &TLangHead, operands: &[Id]) -> TLang {
+/// The e-node of a graph node whose operands are in `operands`. Constants
+/// and ops no rule looks inside (reductions, softmax, layernorm, pooling,
+/// comparisons, selects, casts, user operators) go into the tables first,
+/// so the analysis finds them when the node is added.
+fn term(eg: &mut TEGraph, node: &crate::module::Node, operands: &[Id]) -> TLang {
+    let op = &node.op;
+    if let Op::Constant(v) = op {
+        let k = eg
+            .analysis
+            .tables
+            .intern_const(v.clone(), node.results[0].clone());
+        let leaf = eg.add(TLang::Num(k as i64));
+        return TLang::Const([leaf]);
+    }
     let mut leaf = |n: TLang| eg.add(n);
     let num = |x: usize| TLang::Num(x as i64);
     let s = |x: String| TLang::Sym(Symbol::from(x));
     let unary = |a: Id, x: &[Id]| [a, x[0]];
-    match (op, head) {
-        (_, TLangHead::Const(k)) => TLang::Const([leaf(num(*k))]),
-        (_, TLangHead::Opaque(k)) => {
-            let mut ch = vec![leaf(num(*k))];
-            ch.extend_from_slice(operands);
-            TLang::Opaque(ch.into_boxed_slice())
-        }
-        (Op::Param { index }, _) => TLang::Param([leaf(num(*index as usize))]),
-        (Op::Unary(u), _) => TLang::Unary(unary(leaf(s(u.name().into())), operands)),
-        (Op::Binary(b), _) => {
+    match op {
+        Op::Param { index } => TLang::Param([leaf(num(*index as usize))]),
+        Op::Unary(u) => TLang::Unary(unary(leaf(s(u.name().into())), operands)),
+        Op::Binary(b) => {
             let (x, y) = (operands[0], operands[1]);
             match b {
                 BinaryOp::Add => TLang::Add([x, y]),
@@ -477,36 +457,33 @@ fn term(eg: &mut TEGraph, op: &Op, head: &TLangHead, operands: &[Id]) -> TLang {
                 _ => TLang::Binary([leaf(s(b.name().into())), x, y]),
             }
         }
-        (Op::MatMul, _) => TLang::MatMul([operands[0], operands[1]]),
-        (Op::Transpose { perm }, _) => TLang::Transpose(unary(leaf(s(list(perm))), operands)),
-        (Op::Reshape { shape }, _) => TLang::Reshape(unary(leaf(s(list(shape))), operands)),
-        (Op::Broadcast { shape }, _) => TLang::Broadcast(unary(leaf(s(list(shape))), operands)),
-        (Op::Concat { axis }, _) => {
+        Op::MatMul => TLang::MatMul([operands[0], operands[1]]),
+        Op::Transpose { perm } => TLang::Transpose(unary(leaf(s(list(perm))), operands)),
+        Op::Reshape { shape } => TLang::Reshape(unary(leaf(s(list(shape))), operands)),
+        Op::Broadcast { shape } => TLang::Broadcast(unary(leaf(s(list(shape))), operands)),
+        Op::Concat { axis } => {
             let mut ch = vec![leaf(num(*axis))];
             ch.extend_from_slice(operands);
             TLang::Concat(ch.into_boxed_slice())
         }
-        (Op::Slice { axis, start, end }, _) => TLang::Slice([
+        Op::Slice { axis, start, end } => TLang::Slice([
             leaf(num(*axis)),
             leaf(num(*start)),
             leaf(num(*end)),
             operands[0],
         ]),
-        (
-            Op::Conv2d {
-                stride,
-                padding,
-                groups,
-            },
-            _,
-        ) => TLang::Conv2d([
+        Op::Conv2d {
+            stride,
+            padding,
+            groups,
+        } => TLang::Conv2d([
             leaf(s(list(stride))),
             leaf(s(list(padding))),
             leaf(num(*groups)),
             operands[0],
             operands[1],
         ]),
-        (Op::BatchNorm { eps }, _) => TLang::BatchNorm([
+        Op::BatchNorm { eps } => TLang::BatchNorm([
             leaf(s(float(*eps))),
             operands[0],
             operands[1],
@@ -514,8 +491,8 @@ fn term(eg: &mut TEGraph, op: &Op, head: &TLangHead, operands: &[Id]) -> TLang {
             operands[3],
             operands[4],
         ]),
-        // Every other op is opaque (see `opaque`) or handled above.
-        (op, TLangHead::Plain) => {
+        // Every other op is opaque to the rules.
+        op => {
             let k = eg.analysis.tables.intern_op(op);
             let mut ch = vec![eg.add(num(k))];
             ch.extend_from_slice(operands);
@@ -536,9 +513,4 @@ pub fn reachable(eg: &TEGraph, roots: &[Id]) -> BTreeSet<Id> {
         }
     }
     seen
-}
-
-/// The element type of a class, if a tensor.
-pub fn dtype(eg: &TEGraph, id: Id) -> Option<DType> {
-    eg[id].data.ty().map(|t| t.dtype)
 }

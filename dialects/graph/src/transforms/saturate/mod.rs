@@ -23,7 +23,7 @@ use petgraph::stable_graph::NodeIndex;
 
 use crate::interp::{Tensor, eval_op};
 use crate::module::{Function, Module, Value};
-use crate::ops::{ConstValue, Op};
+use crate::ops::Op;
 use cost::{CostModel, WEIGHT_FOLD_LIMIT};
 use extract::{Choice, IlpOutcome, greedy, ilp, tensor_children, used_classes};
 use lang::{Encoded, Head, TEGraph, decode, encode};
@@ -247,7 +247,9 @@ pub fn rebuild(
             Head::Op(Op::Param { index }) => params.get(index as usize).copied().flatten()?,
             Head::Const(k) => {
                 let (cv, ty) = &eg.analysis.tables.consts[k];
-                if let Ok(t) = const_tensor(cv, ty) {
+                if ty.num_elements().is_some_and(|n| n <= WEIGHT_FOLD_LIMIT)
+                    && let Ok(t) = Tensor::from_const(cv, ty)
+                {
                     folded.insert(c, t);
                 }
                 f.add_op(Op::Constant(cv.clone()), &[], ty.clone())
@@ -270,13 +272,7 @@ pub fn rebuild(
                 };
                 match result {
                     Some(t) => {
-                        let values: Vec<f64> = t.data.iter().copied().collect();
-                        let cv = match values.first() {
-                            Some(&x) if values.iter().all(|v| v.to_bits() == x.to_bits()) => {
-                                ConstValue::Splat(x)
-                            }
-                            _ => ConstValue::Dense(values),
-                        };
+                        let cv = t.to_const();
                         folded.insert(c, t);
                         f.add_op(Op::Constant(cv), &[], info.ty.clone())
                     }
@@ -302,21 +298,6 @@ pub fn rebuild(
         .collect::<Option<_>>()?;
     crate::transforms::remove_dead_nodes(&mut f);
     Some(f)
-}
-
-fn const_tensor(
-    cv: &ConstValue,
-    ty: &dlc_core::TensorType,
-) -> Result<Tensor, crate::interp::InterpError> {
-    let n = ty.num_elements().unwrap_or(usize::MAX);
-    if n > WEIGHT_FOLD_LIMIT {
-        return Err(crate::interp::InterpError::TooLarge(ty.clone()));
-    }
-    let values = match cv {
-        ConstValue::Splat(x) => vec![*x; n],
-        ConstValue::Dense(xs) => xs.clone(),
-    };
-    Tensor::from_vec(ty, values)
 }
 
 /// The pass.
