@@ -1,15 +1,18 @@
 //! The calling convention of compiled code.
 //!
-//! Every compiled function `NAME` is exported twice:
-//! - `int32_t NAME(T0 *p0, T1 *p1, ...)`: one pointer per parameter, inputs
+//! Every compiled entry point `f` is exported under a symbol `SYM`, its name
+//! with a prefix (see [`Symbols`]: `dlc_model_f` for `model.dl` by default),
+//! twice:
+//! - `int32_t SYM(T0 *p0, T1 *p1, ...)`: one pointer per parameter, inputs
 //!   first, then the results it writes; each points to the row-major
 //!   elements of the tensor (`bool` is one byte per element);
-//! - `int32_t NAME.entry(void **params)`: the same, with the pointers in an
+//! - `int32_t SYM.entry(void **params)`: the same, with the pointers in an
 //!   array, for callers that learn the arity at run time.
 //!
-//! Both return a [status](status_message). Beside them, `NAME.signature` is a
+//! Both return a [status](status_message). Beside them, `SYM.signature` is a
 //! NUL-terminated string describing the parameters (see [`Signature`]), so a
-//! loaded library can be called with checked arguments.
+//! loaded library can be called with checked arguments. Every other symbol
+//! of generated code is private to its object file.
 
 use std::fmt::Write as _;
 
@@ -115,6 +118,254 @@ impl Signature {
     }
 }
 
+/// Names that a symbol of generated code, or a parameter name in its C
+/// header, must never take: C and C++ keywords, the types and macros the
+/// header uses, and the C library, libm and OpenMP functions that generated
+/// code calls.
+const RESERVED: &[&str] = &[
+    // C (to C23) and C++ keywords.
+    "alignas",
+    "alignof",
+    "and",
+    "and_eq",
+    "asm",
+    "auto",
+    "bitand",
+    "bitor",
+    "bool",
+    "break",
+    "case",
+    "catch",
+    "char",
+    "char8_t",
+    "char16_t",
+    "char32_t",
+    "class",
+    "compl",
+    "concept",
+    "const",
+    "consteval",
+    "constexpr",
+    "constinit",
+    "const_cast",
+    "continue",
+    "co_await",
+    "co_return",
+    "co_yield",
+    "decltype",
+    "default",
+    "delete",
+    "do",
+    "double",
+    "dynamic_cast",
+    "else",
+    "enum",
+    "explicit",
+    "export",
+    "extern",
+    "false",
+    "float",
+    "for",
+    "friend",
+    "goto",
+    "if",
+    "inline",
+    "int",
+    "long",
+    "mutable",
+    "namespace",
+    "new",
+    "noexcept",
+    "not",
+    "not_eq",
+    "nullptr",
+    "operator",
+    "or",
+    "or_eq",
+    "private",
+    "protected",
+    "public",
+    "register",
+    "reinterpret_cast",
+    "requires",
+    "restrict",
+    "return",
+    "short",
+    "signed",
+    "sizeof",
+    "static",
+    "static_assert",
+    "static_cast",
+    "struct",
+    "switch",
+    "template",
+    "this",
+    "thread_local",
+    "throw",
+    "true",
+    "try",
+    "typedef",
+    "typeid",
+    "typename",
+    "typeof",
+    "typeof_unqual",
+    "union",
+    "unsigned",
+    "using",
+    "virtual",
+    "void",
+    "volatile",
+    "wchar_t",
+    "while",
+    "xor",
+    "xor_eq",
+    // Types and macros of the header and <stdint.h>.
+    "int8_t",
+    "int16_t",
+    "int32_t",
+    "int64_t",
+    "uint8_t",
+    "uint16_t",
+    "uint32_t",
+    "uint64_t",
+    "intptr_t",
+    "uintptr_t",
+    "intmax_t",
+    "uintmax_t",
+    "size_t",
+    "ptrdiff_t",
+    "NULL",
+    // What generated code calls.
+    "malloc",
+    "calloc",
+    "realloc",
+    "free",
+    "memcpy",
+    "memmove",
+    "memset",
+    "abort",
+    "exit",
+    "GOMP_parallel",
+    "omp_get_thread_num",
+    "omp_get_num_threads",
+    "omp_set_num_threads",
+    "exp",
+    "expf",
+    "log",
+    "logf",
+    "sqrt",
+    "sqrtf",
+    "tanh",
+    "tanhf",
+    "pow",
+    "powf",
+    "fabs",
+    "fabsf",
+    "fmax",
+    "fmaxf",
+    "fmin",
+    "fminf",
+    "floor",
+    "floorf",
+    "main",
+];
+
+/// Whether `name` is reserved in C or by the header: a [`RESERVED`] name, an
+/// implementation-reserved identifier (`__x`, `_X`), a `DLC_` status macro,
+/// or a name shaped like a `<stdint.h>` macro (`..._MAX`, `..._MIN`,
+/// `..._WIDTH`, `..._C`).
+fn is_reserved(name: &str) -> bool {
+    let upper = |s: &str| {
+        s.chars()
+            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+    };
+    RESERVED.contains(&name)
+        || name.starts_with("__")
+        || name.starts_with('_') && name[1..].starts_with(|c: char| c.is_ascii_uppercase())
+        || name.starts_with("DLC_")
+        || upper(name)
+            && ["_MAX", "_MIN", "_WIDTH", "_C"]
+                .iter()
+                .any(|s| name.ends_with(s))
+}
+
+/// How the functions of a compiled module are named in an object file,
+/// library or C header: entry point `f` becomes `PREFIX f`. The default
+/// prefix comes from the module's file (`dlc_model_` for `model.dl`), so
+/// two models link into one program and no entry point's name (`malloc`,
+/// `int`, `GOMP_parallel`) meets a symbol of the C library, the OpenMP
+/// runtime or LLVM, or a C keyword. A prefix is set with `--prefix`; every
+/// resulting symbol is checked ([`Symbols::symbol`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Symbols {
+    prefix: String,
+}
+
+impl Symbols {
+    /// Symbols with `prefix` (empty, or the start of a C identifier).
+    pub fn with_prefix(prefix: &str) -> Result<Symbols, String> {
+        let ok = prefix.is_empty()
+            || prefix.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+                && prefix
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !ok {
+            return Err(format!(
+                "symbol prefix `{prefix}` is not the start of a C identifier (letters, digits and `_`, not starting with a digit)"
+            ));
+        }
+        Ok(Symbols {
+            prefix: prefix.to_string(),
+        })
+    }
+
+    /// The default for a module read from a file with this stem (`model`
+    /// for `model.dl`): `dlc_` and the stem made an identifier, then `_`.
+    pub fn for_module(stem: &str) -> Symbols {
+        let stem: String = stem
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        Symbols {
+            prefix: format!("dlc_{stem}_"),
+        }
+    }
+
+    /// The prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The exported symbol of entry point `name`, or why it cannot be one
+    /// (not a C identifier, or a name reserved in C or by the runtime).
+    pub fn symbol(&self, name: &str) -> Result<String, String> {
+        let symbol = format!("{}{name}", self.prefix);
+        if !is_c_identifier(&symbol) {
+            return Err(format!(
+                "`{symbol}` (entry point `{name}`) is not a C identifier"
+            ));
+        }
+        if is_reserved(&symbol) {
+            return Err(format!(
+                "the symbol `{symbol}` of entry point `{name}` is reserved (a C keyword, or a name \
+                 of the C library, the OpenMP runtime or the header); choose another --prefix"
+            ));
+        }
+        Ok(symbol)
+    }
+}
+
+/// A parameter's name as the C header writes it: the name itself, with `_`
+/// appended where C would read it as something else (a keyword, a type or
+/// macro of the header, a reserved identifier).
+fn c_param_name(name: &str) -> String {
+    if is_reserved(name) {
+        format!("{name}_")
+    } else {
+        name.to_string()
+    }
+}
+
 fn c_type(d: DType) -> &'static str {
     match d {
         DType::F32 => "float",
@@ -195,7 +446,7 @@ extern \"C\" {{
             .map(|p| {
                 let konst = if p.output { "" } else { "const " };
                 let pname = if is_c_identifier(&p.name) {
-                    p.name.clone()
+                    c_param_name(&p.name)
                 } else {
                     String::new()
                 };
@@ -268,5 +519,49 @@ mod tests {
             "{h}"
         );
         assert!(!h.contains("dense$"), "{h}");
+    }
+
+    #[test]
+    fn symbols_are_prefixed_and_checked() {
+        let d = Symbols::for_module("w2-mlp");
+        assert_eq!(d.prefix(), "dlc_w2_mlp_");
+        for name in [
+            "malloc",
+            "free",
+            "int",
+            "GOMP_parallel",
+            "omp_get_thread_num",
+            "main",
+        ] {
+            assert_eq!(d.symbol(name), Ok(format!("dlc_w2_mlp_{name}")));
+        }
+        let bare = Symbols::with_prefix("").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(bare.symbol("mlp"), Ok("mlp".into()));
+        for name in [
+            "malloc",
+            "free",
+            "int",
+            "GOMP_parallel",
+            "omp_get_thread_num",
+            "__x",
+        ] {
+            assert!(bare.symbol(name).is_err(), "{name} must be refused");
+        }
+        assert!(Symbols::with_prefix("9x").is_err());
+        assert!(Symbols::with_prefix("a-b").is_err());
+        assert!(Symbols::with_prefix("my_").is_ok());
+    }
+
+    #[test]
+    fn header_parameter_names_are_never_c_keywords_or_macros() {
+        let mut s = sig();
+        for (p, name) in s.params.iter_mut().zip(["int", "INT32_MAX", "out0"]) {
+            p.name = name.into();
+        }
+        let h = c_header("m", &[s]);
+        assert!(
+            h.contains("int32_t mlp(const float *int_, const int64_t *INT32_MAX_, uint8_t *out0);"),
+            "{h}"
+        );
     }
 }

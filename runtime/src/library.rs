@@ -28,7 +28,9 @@ impl SharedLibrary {
         })
     }
 
-    /// The signature of function `name`, read from `name.signature`.
+    /// The signature of the function exported as `name` (an entry point's
+    /// symbol: its name with the prefix it was compiled with, `dlc_model_f`
+    /// for entry `f` of `model.dl` by default), read from `name.signature`.
     pub fn signature(&self, name: &str) -> Result<Signature, RuntimeError> {
         let symbol = format!("{name}.signature\0");
         // SAFETY: `NAME.signature` is a NUL-terminated constant string that
@@ -44,7 +46,8 @@ impl SharedLibrary {
         Signature::decode(name, &text).map_err(RuntimeError::Load)
     }
 
-    /// Function `name`, callable with checked arguments.
+    /// The function exported as `name` (see [`SharedLibrary::signature`]),
+    /// callable with checked arguments.
     pub fn kernel(&self, name: &str) -> Result<Kernel<'_>, RuntimeError> {
         let signature = self.signature(name)?;
         let symbol = format!("{name}.entry\0");
@@ -62,7 +65,9 @@ impl SharedLibrary {
 
     fn no_function(&self, name: &str) -> RuntimeError {
         RuntimeError::Load(format!(
-            "{}: no dlc function `{name}` (was it compiled with --entry {name}?)",
+            "{}: no dlc function `{name}` (a function's symbol is its entry point's name with the \
+             symbol prefix it was compiled with: `dlc_model_f` for entry `f` of `model.dl`, or \
+             `--prefix`)",
             self.path.display()
         ))
     }

@@ -5,6 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
+use dlc_runtime::HostTensor;
+
 /// The repository root.
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -37,11 +39,10 @@ pub fn code_blocks(markdown: &str) -> Vec<String> {
         .collect()
 }
 
-/// The code examples of the design's language reference
-/// (`../shared/design/LANGUAGE.md`, beside the repository), which are
-/// normative, read from the file itself.
+/// The code examples of the language reference (`docs/language.md`), which
+/// are normative, read from the file itself.
 pub fn language_reference_examples() -> Vec<String> {
-    let path = repo_root().join("../shared/design/LANGUAGE.md");
+    let path = repo_root().join("docs/language.md");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
         panic!(
             "the language reference {} must be readable: {e}",
@@ -49,6 +50,55 @@ pub fn language_reference_examples() -> Vec<String> {
         )
     });
     code_blocks(&text)
+}
+
+/// The repository's files, relative to its root: what `git ls-files` lists,
+/// or, without git (an unpacked archive), every file outside the ignored
+/// build and fuzzing directories.
+pub fn repository_files() -> Vec<String> {
+    let root = repo_root();
+    if let Ok(out) = std::process::Command::new("git")
+        .arg("-C")
+        .arg(&root)
+        .args(["ls-files", "-z"])
+        .output()
+        && out.status.success()
+    {
+        return String::from_utf8_lossy(&out.stdout)
+            .split('\0')
+            .filter(|p| !p.is_empty())
+            .map(str::to_string)
+            .collect();
+    }
+    const IGNORED: [&str; 6] = [
+        ".git",
+        "target",
+        "fuzz/target",
+        "fuzz/corpus",
+        "fuzz/artifacts",
+        "out",
+    ];
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            let rel = p.strip_prefix(root).unwrap_or(&p).display().to_string();
+            if IGNORED.contains(&rel.as_str()) {
+                continue;
+            }
+            if p.is_dir() {
+                walk(root, &p, out);
+            } else {
+                out.push(rel);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(&root, &root, &mut files);
+    files.sort();
+    files
 }
 
 /// Every `.dl` file under `examples/`, sorted, as (relative path, text).
@@ -119,6 +169,122 @@ pub fn mlir_parses(mlir_opt: &Path, text: &str) -> Result<(), String> {
         Ok(())
     } else {
         Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// Reductions in every floating-point type at sizes where accumulating in
+/// f16 or bf16 visibly fails, each as (source, the value every input is
+/// filled with, the exact value of the result's first element). A narrow
+/// accumulator stalls: a sum of f16 ones stops at 2048, a bf16 one at 256.
+/// Every execution path accumulates f16/bf16 in f32 (docs/language.md) and
+/// must give the exact value within a few ulps of the type.
+pub fn narrow_accumulation_cases() -> Vec<(String, f64, f64)> {
+    let mut cases = Vec::new();
+    for t in ["f32", "f16", "bf16"] {
+        // Inputs rounded to the type: 0.1 is not exact in any of them.
+        let dtype: dlc_core::DType = t.parse().unwrap_or(dlc_core::DType::F32);
+        let tenth = dtype.round(0.1);
+        cases.extend([
+            (
+                format!("fn c(x: {t}[1, 64, 3, 3], w: {t}[1, 64, 3, 3]) -> {t}[1, 1, 1, 1] {{ return conv2d(x, w); }}"),
+                0.1,
+                576.0 * tenth * tenth,
+            ),
+            (
+                format!("fn s(x: {t}[128, 128]) -> {t} {{ return sum(x); }}"),
+                1.0,
+                16384.0,
+            ),
+            (
+                format!("fn s(x: {t}[64, 4096]) -> {t}[64] {{ return sum(x, axis=1); }}"),
+                1.0,
+                4096.0,
+            ),
+            (
+                format!("fn m(x: {t}[24, 24]) -> {t} {{ return mean(x); }}"),
+                0.1,
+                tenth,
+            ),
+            (
+                format!("fn p(x: {t}[576]) -> {t}[576] {{ return softmax(x); }}"),
+                0.1,
+                1.0 / 576.0,
+            ),
+            (
+                format!("fn p(x: {t}[2, 4096]) -> {t}[2, 4096] {{ return layernorm(x) + x; }}"),
+                1.0,
+                1.0,
+            ),
+            (
+                format!("fn g(a: {t}[4, 4096], b: {t}[4096, 4]) -> {t}[4, 4] {{ return a @ b; }}"),
+                1.0,
+                4096.0,
+            ),
+            (
+                format!("fn a(x: {t}[1, 1, 64, 64]) -> {t}[1, 1, 1, 1] {{ return avgpool2d(x, kernel=64); }}"),
+                0.1,
+                tenth,
+            ),
+            (
+                format!(
+                    "op rows[M, N](x: {t}[M, N]) -> {t}[M] {{ out[i] = sum[j](x[i, j]); }}\n\
+                     fn r(x: {t}[8, 8192]) -> {t}[8] {{ return rows(x); }}"
+                ),
+                1.0,
+                8192.0,
+            ),
+        ]);
+    }
+    cases
+}
+
+/// A way of running entry point `f` of a module on inputs.
+pub type Runner =
+    dyn Fn(&dlc_graph::Module, &dlc_graph::Function, &[HostTensor]) -> Vec<HostTensor>;
+
+/// Runs the [`narrow_accumulation_cases`] with `run` on inputs filled with
+/// their value: the first result element must be the exact value within
+/// `--check`'s tolerance for the type, and every result must pass `--check`
+/// against the graph interpreter. Panics otherwise.
+pub fn check_narrow_accumulation(run: &Runner) {
+    for (src, fill, exact) in narrow_accumulation_cases() {
+        let mut m = dlc_driver::compile_source(&dlc_driver::SourceText {
+            name: "t.dl".into(),
+            text: src.clone(),
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+        dlc_driver::run_passes(
+            &mut m,
+            dlc_driver::DEFAULT_PIPELINE,
+            dlc_driver::PassOptions::default(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let Some(f) = m.entry_points().next() else {
+            panic!("{src}: no entry point");
+        };
+        let inputs: Vec<HostTensor> = f
+            .param_types()
+            .into_iter()
+            .map(|t| {
+                let n = t.num_elements().unwrap_or(0);
+                let v = t.dtype.round(fill);
+                HostTensor::new(t, vec![v; n]).unwrap_or_else(|e| panic!("{e}"))
+            })
+            .collect();
+        let got = run(&m, f, &inputs);
+        let want = dlc_driver::interpret(&m, f, &inputs).unwrap_or_else(|e| panic!("{e}"));
+        let tolerances = dlc_driver::check_tolerances(f);
+        let first = got[0].data[0];
+        assert!(
+            (first - exact).abs() <= tolerances[0] * exact.abs(),
+            "{src}: got {first}, exact {exact} (reference interpreter {})",
+            want[0].data[0]
+        );
+        let checks =
+            dlc_driver::check_results(&got, &want, &tolerances).unwrap_or_else(|e| panic!("{e}"));
+        for c in checks {
+            assert!(c.passed(), "{src}: {c}");
+        }
     }
 }
 

@@ -61,7 +61,7 @@ fn language_reference_examples_check_and_round_trip() {
     let tool = mlir_opt();
     for (i, text) in examples.iter().enumerate() {
         check_program(
-            &format!("LANGUAGE.md example {}", i + 1),
+            &format!("docs/language.md example {}", i + 1),
             text,
             tool.as_deref(),
         );
@@ -98,7 +98,33 @@ fn examples_hold_every_reference_example() {
     for example in language_reference_examples() {
         assert!(
             files.iter().any(|(_, text)| text.contains(example.trim())),
-            "examples/ has no copy of this LANGUAGE.md example:\n{example}"
+            "examples/ has no copy of this docs/language.md example:\n{example}"
         );
     }
+}
+
+/// The repository stands alone: no file of it may refer to anything beside
+/// it (a user's clone has nothing there). The needle is built at run time so
+/// that this file does not match itself.
+#[test]
+fn no_file_refers_outside_the_repository() {
+    let needle = format!("..{}shared", '/');
+    let root = dlc_tests::repo_root();
+    let files = dlc_tests::repository_files();
+    assert!(
+        files.iter().any(|p| p.ends_with("Cargo.toml")),
+        "the repository's file list is empty"
+    );
+    let offenders: Vec<String> = files
+        .iter()
+        .filter(|p| {
+            std::fs::read(root.join(p))
+                .is_ok_and(|bytes| String::from_utf8_lossy(&bytes).contains(&needle))
+        })
+        .cloned()
+        .collect();
+    assert!(
+        offenders.is_empty(),
+        "these files refer to `{needle}`, which a clone does not have: {offenders:?}"
+    );
 }

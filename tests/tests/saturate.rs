@@ -18,11 +18,11 @@ use dlc_tests::{example_files, language_reference_examples};
 
 const EXACT_PIPELINE: &str = "graph.inline,graph.canonicalize,graph.dce";
 
-/// Every program the project ships: the example models and LANGUAGE.md's.
+/// Every program the project ships: the example models and docs/language.md's.
 fn programs() -> Vec<(String, String)> {
     let mut all = example_files();
     for (i, text) in language_reference_examples().into_iter().enumerate() {
-        all.push((format!("LANGUAGE.md example {}", i + 1), text));
+        all.push((format!("docs/language.md example {}", i + 1), text));
     }
     all
 }

@@ -12,8 +12,8 @@ use dlc_driver::{
 use dlc_runtime::HostTensor;
 use proptest::prelude::*;
 
-/// Relative error allowed: compiled code accumulates in the element type
-/// and evaluates transcendental functions in f32.
+/// Relative error allowed: compiled code accumulates in f32 (or the integer
+/// type), reassociates sums and evaluates transcendental functions in f32.
 const TOLERANCE: f64 = 1e-4;
 
 /// `src` checked and through the default pipeline.
@@ -25,6 +25,16 @@ fn graph(src: &str) -> dlc_graph::Module {
     .unwrap_or_else(|e| panic!("{e}"));
     run_passes(&mut m, DEFAULT_PIPELINE, PassOptions::default()).unwrap();
     m
+}
+
+#[test]
+fn narrow_floats_accumulate_in_f32_in_compiled_code() {
+    dlc_tests::check_narrow_accumulation(&|m, f, inputs| {
+        let lowered = dlc_driver::lower_for_cpu(m).unwrap();
+        dlc_llvm::jit(&lowered, |jit| Ok(jit.kernel(&f.name)?.call(inputs)))
+            .unwrap()
+            .unwrap()
+    });
 }
 
 fn jit_agrees(src: &str) {
@@ -248,10 +258,21 @@ fn small_workloads() {
 #[test]
 fn emits_llvm_ir_for_the_host() {
     let m = graph("fn f(x: f32[64], y: f32[64]) -> f32[64] { return x * y + 1.0; }");
-    let ir = dlc_llvm::emit_llvm_ir(&dlc_lower::lower_module(&m).unwrap()).unwrap();
-    assert!(ir.contains(" i32 @f(ptr"), "{ir}");
-    assert!(ir.contains(" i32 @f.entry(ptr"), "{ir}");
+    let symbols = dlc_runtime::abi::Symbols::for_module("model");
+    let ir = dlc_llvm::emit_llvm_ir(&dlc_lower::lower_module(&m).unwrap(), &symbols).unwrap();
+    assert!(ir.contains(" i32 @dlc_model_f(ptr"), "{ir}");
+    assert!(ir.contains(" i32 @dlc_model_f.entry(ptr"), "{ir}");
     assert!(ir.contains("\"target-cpu\""), "{ir}");
+    // Nothing but the entry points, their wrappers and signatures is
+    // exported: helpers are private, the bf16 fallback weak and hidden.
+    for line in ir.lines().filter(|l| l.starts_with("define ")) {
+        assert!(
+            line.contains("@dlc_model_f")
+                || line.contains(" private ")
+                || line.contains(" hidden "),
+            "{line}"
+        );
+    }
 }
 
 proptest! {

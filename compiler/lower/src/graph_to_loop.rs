@@ -542,8 +542,10 @@ impl Lowering<'_> {
             let a = l.b.load(wv, vec![oc.clone(), r[0].clone()], None);
             let b =
                 l.b.load(col, vec![nb.clone(), r[0].clone(), pos.clone()], None);
+            let (a, b) = (l.widen(a), l.widen(b));
             l.b.binary(BinaryOp::Mul, a, b)
         });
+        let acc = self.narrow(acc, ty.dtype);
         self.b.store(acc, ov, idx.clone());
         self.close_nest(3);
         self.b.dealloc(col);
@@ -630,21 +632,25 @@ impl Lowering<'_> {
                 self.value_at(o, &src)
             }
             Op::BatchNorm { eps } => {
+                // f16/bf16: computed in f32, rounded once.
                 let x = self.operand_at(n, 0, idx);
+                let x = self.widen(x);
                 let c = [idx[1].clone()];
                 let stat = |l: &mut Self, k: usize| {
                     let o = l.operand(n, k);
-                    l.value_at(o, &c)
+                    let v = l.value_at(o, &c);
+                    l.widen(v)
                 };
                 let (mean, var, gamma, beta) =
                     (stat(self, 1), stat(self, 2), stat(self, 3), stat(self, 4));
-                let e = self.b.constant(eps, dtype);
+                let e = self.b.constant(eps, dtype.accumulator());
                 let ve = self.b.binary(BinaryOp::Add, var, e);
                 let inv = self.b.unary(UnaryOp::Rsqrt, ve);
                 let scale = self.b.binary(BinaryOp::Mul, inv, gamma);
                 let centered = self.b.binary(BinaryOp::Sub, x, mean);
                 let scaled = self.b.binary(BinaryOp::Mul, centered, scale);
-                self.b.binary(BinaryOp::Add, scaled, beta)
+                let y = self.b.binary(BinaryOp::Add, scaled, beta);
+                self.narrow(y, dtype)
             }
             // Stored nodes are read from their buffers; `value_at` only gets
             // here for element-wise ops.
@@ -672,8 +678,28 @@ impl Lowering<'_> {
         self.b.binary(op, acc, x)
     }
 
-    /// Reduces over `extents` with `kind`; `body` gives the element at the
-    /// reduction indices.
+    /// `v` in the accumulator type of its element type: f16 and bf16 values
+    /// become f32 (exactly), others are returned as they are.
+    fn widen(&mut self, v: Value) -> Value {
+        match *self.b.ty(v) {
+            dlc_loop::Type::Scalar(d) if d.is_narrow_float() => self.b.cast(v, d.accumulator()),
+            _ => v,
+        }
+    }
+
+    /// `v`, computed in an accumulator type, rounded once to `d`.
+    fn narrow(&mut self, v: Value, d: DType) -> Value {
+        match *self.b.ty(v) {
+            dlc_loop::Type::Scalar(from) if from != d => self.b.cast(v, d),
+            _ => v,
+        }
+    }
+
+    /// Reduces over `ranges` with `kind`; `body` gives the element at the
+    /// reduction indices. The reduction of `dtype` values runs in
+    /// `dtype.accumulator()` (f32 for f16/bf16), and so does the result:
+    /// the caller rounds it to `dtype` with [`Self::narrow`] once it is done
+    /// computing with it.
     fn reduce_loops(
         &mut self,
         kind: ReduceKind,
@@ -681,6 +707,7 @@ impl Lowering<'_> {
         ranges: &[(i64, i64)],
         body: &mut dyn FnMut(&mut Self, &[IndexExpr]) -> Value,
     ) -> Value {
+        let dtype = dtype.accumulator();
         let init = self.b.constant(Self::reduce_identity(kind, dtype), dtype);
         let mut ivs = Vec::new();
         let mut carried = init;
@@ -690,6 +717,7 @@ impl Lowering<'_> {
             carried = c[0];
         }
         let x = body(self, &ivs);
+        let x = self.widen(x);
         let mut next = self.combine(kind, carried, x);
         for _ in ranges {
             next = self.b.end_for(vec![next])[0];
@@ -762,8 +790,10 @@ impl Lowering<'_> {
                         }
                         let x = l.b.load(abuf, ai, None);
                         let y = l.b.load(bbuf, bi, None);
+                        let (x, y) = (l.widen(x), l.widen(y));
                         l.b.binary(BinaryOp::Mul, x, y)
                     });
+                let acc = self.narrow(acc, dtype);
                 self.sink(n, &idx, acc);
                 self.close_nest(ty.rank());
             }
@@ -795,6 +825,7 @@ impl Lowering<'_> {
                     }
                     l.b.load(xbuf, xi, None)
                 });
+                let v = self.narrow(v, dtype);
                 self.sink(n, &idx, v);
                 self.close_nest(ty.rank());
             }
@@ -809,20 +840,24 @@ impl Lowering<'_> {
                     v.insert(axis, j.clone());
                     v
                 };
+                // f16/bf16: computed in f32 throughout, rounded once.
                 let m = self.reduce_loops(ReduceKind::Max, dtype, &[(0, extent)], &mut |l, j| {
                     l.b.load(xbuf, full(&j[0]), None)
                 });
                 let s = self.reduce_loops(ReduceKind::Sum, dtype, &[(0, extent)], &mut |l, j| {
                     let xv = l.b.load(xbuf, full(&j[0]), None);
+                    let xv = l.widen(xv);
                     let d = l.b.binary(BinaryOp::Sub, xv, m);
                     l.b.unary(UnaryOp::Exp, d)
                 });
                 let (j, _) = self.b.begin_for(0, extent, 1, &[]);
                 let at = full(&ix(j));
                 let xv = self.b.load(xbuf, at.clone(), None);
+                let xv = self.widen(xv);
                 let d = self.b.binary(BinaryOp::Sub, xv, m);
                 let e = self.b.unary(UnaryOp::Exp, d);
                 let v = self.b.binary(BinaryOp::Div, e, s);
+                let v = self.narrow(v, dtype);
                 self.sink(n, &at, v);
                 self.b.end_for(vec![]);
                 self.close_nest(outer.len());
@@ -857,10 +892,11 @@ impl Lowering<'_> {
                 });
                 let var = self.reduce_loops(ReduceKind::Mean, dtype, &ranges, &mut |l, r| {
                     let xv = l.b.load(xbuf, full(r), None);
+                    let xv = l.widen(xv);
                     let d = l.b.binary(BinaryOp::Sub, xv, mean);
                     l.b.binary(BinaryOp::Mul, d, d)
                 });
-                let e = self.b.constant(eps, dtype);
+                let e = self.b.constant(eps, dtype.accumulator());
                 let ve = self.b.binary(BinaryOp::Add, var, e);
                 let inv = self.b.unary(UnaryOp::Rsqrt, ve);
                 let mut inner = Vec::new();
@@ -869,8 +905,10 @@ impl Lowering<'_> {
                 }
                 let at = full(&inner);
                 let xv = self.b.load(xbuf, at.clone(), None);
+                let xv = self.widen(xv);
                 let d = self.b.binary(BinaryOp::Sub, xv, mean);
                 let v = self.b.binary(BinaryOp::Mul, d, inv);
+                let v = self.narrow(v, dtype);
                 self.sink(n, &at, v);
                 for _ in &ranges {
                     self.b.end_for(vec![]);
@@ -922,8 +960,10 @@ impl Lowering<'_> {
                         vec![oc2.clone(), c.clone(), ky.clone(), kx.clone()],
                         None,
                     );
+                    let (xv, wv) = (l.widen(xv), l.widen(wv));
                     l.b.binary(BinaryOp::Mul, xv, wv)
                 });
+                let acc = self.narrow(acc, dtype);
                 self.sink(n, &[nb.clone(), oc, oy.clone(), ox.clone()], acc);
                 self.close_nest(5);
             }
@@ -959,6 +999,7 @@ impl Lowering<'_> {
                         Some(pad),
                     )
                 });
+                let v = self.narrow(v, dtype);
                 self.sink(n, &idx, v);
                 self.close_nest(4);
             }
@@ -1094,7 +1135,7 @@ impl Lowering<'_> {
                 if let Some(err) = failure {
                     return Err(err);
                 }
-                v
+                self.narrow(v, d)
             }
         })
     }

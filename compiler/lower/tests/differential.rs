@@ -15,8 +15,8 @@ use dlc_loop::{parse_module, print_mlir_generic, print_module};
 use dlc_lower::lower_module;
 use proptest::prelude::*;
 
-/// Relative error allowed: the loop interpreter accumulates reductions in the
-/// element type, the graph interpreter in f64.
+/// Relative error allowed: the loop interpreter accumulates reductions in f32
+/// (or the integer type), the graph interpreter in f64.
 const TOLERANCE: f64 = 1e-4;
 
 fn graph(src: &str) -> dlc_graph::Module {
@@ -48,6 +48,14 @@ fn tiled(m: &dlc_graph::Module) -> dlc_loop::Module {
     let again = parse_module(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
     assert_eq!(print_module(&again), text, "tile IR does not round-trip");
     t
+}
+
+#[test]
+fn narrow_floats_accumulate_in_f32_on_the_loop_interpreter() {
+    dlc_tests::check_narrow_accumulation(&|m, f, inputs| interpret_loops(m, f, inputs).unwrap());
+    dlc_tests::check_narrow_accumulation(&|m, f, inputs| {
+        interpret_lowered(&lower_for_cpu(m).unwrap(), f, inputs).unwrap()
+    });
 }
 
 /// Runs every entry point three ways on random inputs (graph interpreter,
@@ -267,7 +275,7 @@ fn every_example_lowers_to_valid_loop_ir() {
         dlc_tests::language_reference_examples()
             .into_iter()
             .enumerate()
-            .map(|(i, t)| (format!("LANGUAGE.md example {}", i + 1), t)),
+            .map(|(i, t)| (format!("docs/language.md example {}", i + 1), t)),
     );
     for (name, text) in programs {
         let m = graph(&text);

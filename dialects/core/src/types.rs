@@ -59,6 +59,25 @@ impl DType {
         matches!(self, DType::I32 | DType::I64)
     }
 
+    /// The type a reduction over elements of this type accumulates in:
+    /// `f32` for the narrow floats `f16` and `bf16` (the result is rounded
+    /// to the narrow type once, at the end), the type itself otherwise.
+    /// Every execution path follows this rule, so a sum of thousands of
+    /// `f16` values does not stall once its partial sum outgrows the
+    /// spacing of `f16`.
+    pub fn accumulator(self) -> DType {
+        match self {
+            DType::F16 | DType::BF16 => DType::F32,
+            other => other,
+        }
+    }
+
+    /// Whether this is `f16` or `bf16`, whose arithmetic is carried out in
+    /// `f32` wherever one op would otherwise round many times.
+    pub fn is_narrow_float(self) -> bool {
+        matches!(self, DType::F16 | DType::BF16)
+    }
+
     /// Whether arithmetic is defined on this type.
     pub fn is_numeric(self) -> bool {
         self != DType::Bool

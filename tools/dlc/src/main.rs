@@ -6,10 +6,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use dlc_driver::{
-    DEFAULT_PIPELINE, DriverError, PassOptions, compile_source, interpret, interpret_loops,
-    max_relative_error, prepare_inputs, read_input, run_passes, save_outputs, select_entry,
+    DEFAULT_PIPELINE, DriverError, PassOptions, check_results, check_tolerances, compile_source,
+    interpret, interpret_loops, prepare_inputs, read_input, run_passes, save_outputs, select_entry,
 };
 use dlc_runtime::HostTensor;
+use dlc_runtime::abi::Symbols;
 
 #[derive(Parser)]
 #[command(name = "dlc", version, about = "The dlc deep-learning compiler")]
@@ -82,6 +83,10 @@ enum Command {
         /// estimated cost before and after.
         #[arg(long)]
         stats: bool,
+        /// Prefix of the exported symbols (llvm, asm, obj, so, header):
+        /// entry point `f` of `model.dl` is `dlc_model_f` by default.
+        #[arg(long, value_name = "PREFIX")]
+        prefix: Option<String>,
     },
     /// Run an entry point of a model.
     Run {
@@ -105,8 +110,10 @@ enum Command {
         /// Graph pipeline to run before executing.
         #[arg(long, default_value = DEFAULT_PIPELINE)]
         passes: String,
-        /// Also run the reference interpreter and fail if the results differ
-        /// by more than 1e-3 (relative to the largest reference value).
+        /// Also run the reference interpreter and fail unless every result
+        /// matches it: relative to the result's largest magnitude within
+        /// 1e-4 for f32, 4 ulps for f16 (2^-8) and bf16 (2^-5), exactly for
+        /// integers and bool; NaN and infinity in the same places.
         #[arg(long)]
         check: bool,
     },
@@ -147,9 +154,6 @@ enum Command {
         runs: usize,
     },
 }
-
-/// `--check` fails above this relative error.
-const CHECK_TOLERANCE: f64 = 1e-3;
 
 fn lower(module: &dlc_graph::Module) -> Result<dlc_loop::Module, DriverError> {
     dlc_lower::lower_module(module).map_err(|e| DriverError::Usage(e.to_string()))
@@ -371,6 +375,17 @@ fn calibrate(output: &str, runs: usize) -> Result<(), DriverError> {
     Ok(())
 }
 
+/// The stem of an input's name (`model` for `dir/model.dl`, `stdin` for
+/// standard input): what default symbol prefixes are made of.
+fn module_stem(name: &str) -> String {
+    if name == "<stdin>" {
+        return "stdin".into();
+    }
+    std::path::Path::new(name)
+        .file_stem()
+        .map_or("model".into(), |s| s.to_string_lossy().into_owned())
+}
+
 fn not_yet(what: &str) -> DriverError {
     DriverError::Usage(format!(
         "{what} is not available yet: this build compiles for this CPU only (--backend cpu); \
@@ -417,8 +432,13 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             output,
             passes,
             stats,
+            prefix,
         } => {
             let src = read_input(&file)?;
+            let symbols = match prefix {
+                Some(p) => Symbols::with_prefix(&p).map_err(DriverError::Usage)?,
+                None => Symbols::for_module(&module_stem(&src.name)),
+            };
             let mut module = compile_source(&src)?;
             let reports = run_passes(&mut module, &passes, PassOptions::default())?;
             if stats {
@@ -436,13 +456,15 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                 Emit::Loop => dlc_loop::print_module(&lower(&module)?),
                 Emit::LoopMlir => dlc_loop::print_mlir_generic(&lower(&module)?),
                 Emit::Tile => dlc_loop::print_module(&tile(&module)?),
-                Emit::Llvm => dlc_llvm::emit_llvm_ir(&tile(&module)?).map_err(codegen)?,
+                Emit::Llvm => dlc_llvm::emit_llvm_ir(&tile(&module)?, &symbols).map_err(codegen)?,
                 Emit::Asm => {
-                    let bytes = dlc_llvm::emit_native(&tile(&module)?, false).map_err(codegen)?;
+                    let bytes =
+                        dlc_llvm::emit_native(&tile(&module)?, false, &symbols).map_err(codegen)?;
                     String::from_utf8_lossy(&bytes).into_owned()
                 }
                 Emit::Obj => {
-                    let bytes = dlc_llvm::emit_native(&tile(&module)?, true).map_err(codegen)?;
+                    let bytes =
+                        dlc_llvm::emit_native(&tile(&module)?, true, &symbols).map_err(codegen)?;
                     if output == "-" {
                         return Err(DriverError::Usage(
                             "--emit obj writes a binary file: give -o FILE".into(),
@@ -459,8 +481,12 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                             "--emit so writes a binary file: give -o FILE".into(),
                         ));
                     }
-                    dlc_llvm::emit_shared_library(&tile(&module)?, std::path::Path::new(&output))
-                        .map_err(codegen)?;
+                    dlc_llvm::emit_shared_library(
+                        &tile(&module)?,
+                        std::path::Path::new(&output),
+                        &symbols,
+                    )
+                    .map_err(codegen)?;
                     return Ok(());
                 }
                 Emit::Header => {
@@ -468,7 +494,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                     let sigs = lowered
                         .functions
                         .iter()
-                        .map(dlc_llvm::signature)
+                        .map(|f| dlc_llvm::exported_signature(f, &symbols))
                         .collect::<Result<Vec<_>, _>>()
                         .map_err(codegen)?;
                     let stem =
@@ -523,13 +549,24 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             };
             if check {
                 let reference = interpret(&module, f, &args)?;
-                let err = max_relative_error(&outputs, &reference)?;
-                if err > CHECK_TOLERANCE {
+                let checks = check_results(&outputs, &reference, &check_tolerances(f))?;
+                let failed: Vec<String> = checks
+                    .iter()
+                    .filter(|c| !c.passed())
+                    .map(ToString::to_string)
+                    .collect();
+                if !failed.is_empty() {
                     return Err(DriverError::Usage(format!(
-                        "--check: results differ from the reference interpreter: largest relative error {err:.3e} > {CHECK_TOLERANCE:e}"
+                        "--check: results differ from the reference interpreter: {}",
+                        failed.join("; ")
                     )));
                 }
-                dlc_driver::outln!("check: ok (largest relative error {err:.3e})");
+                for c in &checks {
+                    if c.all_nan() {
+                        eprintln!("warning: --check: {c}");
+                    }
+                    dlc_driver::outln!("check: ok: {c}");
+                }
             }
             for (i, t) in outputs.iter().enumerate() {
                 dlc_driver::outln!("out{i}: {}", summary(t));

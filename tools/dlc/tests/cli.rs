@@ -294,7 +294,7 @@ fn compile_emits_graph_ir_and_refuses_what_does_not_exist_yet() {
     );
     let o = dlc(&["compile", &model, "--emit", "llvm"]);
     assert!(
-        String::from_utf8_lossy(&o.stdout).contains(" i32 @affine(ptr"),
+        String::from_utf8_lossy(&o.stdout).contains(" i32 @dlc_m_affine(ptr"),
         "{}",
         stderr(&o)
     );
@@ -463,7 +463,7 @@ int main(void) {
     }
     b[0] = 1.5f;
     b[1] = -3.0f;
-    int32_t status = affine(x, w, b, out);
+    int32_t status = dlc_m_affine(x, w, b, out);
     if (status != DLC_OK) {
         printf("status %d\n", status);
         return 1;
@@ -507,11 +507,13 @@ fn object_files_link_into_a_c_program() {
     }
     let h = std::fs::read_to_string(&header).unwrap();
     assert!(
-        h.contains("int32_t affine(const float *x, const float *w, const float *b, float *out0);"),
+        h.contains(
+            "int32_t dlc_m_affine(const float *x, const float *w, const float *b, float *out0);"
+        ),
         "{h}"
     );
     assert!(
-        h.contains("int32_t pair(const float *x, float *out0, int32_t *out1);"),
+        h.contains("int32_t dlc_m_pair(const float *x, float *out0, int32_t *out1);"),
         "{h}"
     );
     let main = d.file("main.c", C_MAIN);
@@ -568,7 +570,7 @@ fn shared_libraries_load_and_check_their_arguments() {
     assert!(o.status.success(), "{}", stderr(&o));
     fails_with(&dlc(&["compile", &model, "--emit", "so"]), "give -o FILE");
     let lib = dlc_runtime::SharedLibrary::open(&so).unwrap();
-    let affine = lib.kernel("affine").unwrap();
+    let affine = lib.kernel("dlc_m_affine").unwrap();
     let x: Vec<f64> = (0..6).map(|i| 0.5 * f64::from(i) - 1.0).collect();
     let w: Vec<f64> = (0..6).map(|i| 0.25 * f64::from(i * i) - 2.0).collect();
     let args = [
@@ -589,19 +591,21 @@ fn shared_libraries_load_and_check_their_arguments() {
     let err = affine.call(&args[..2]).unwrap_err().to_string();
     assert_eq!(
         err,
-        "`affine` takes 3 input(s), got 2: missing `b` (f32[2])"
+        "`dlc_m_affine` takes 3 input(s), got 2: missing `b` (f32[2])"
     );
-    let pair = lib.kernel("pair").unwrap();
+    let pair = lib.kernel("dlc_m_pair").unwrap();
     let err = pair
         .call(&[HostTensor::new(TensorType::new(DType::I32, vec![2]), vec![1.0, 2.0]).unwrap()])
         .unwrap_err()
         .to_string();
     assert_eq!(
         err,
-        "`pair`: input `x` must have element type f32, got i32 (i32[2])"
+        "`dlc_m_pair`: input `x` must have element type f32, got i32 (i32[2])"
     );
     let err = lib.kernel("nothing").unwrap_err().to_string();
     assert!(err.contains("no dlc function `nothing`"), "{err}");
+    let err = lib.kernel("affine").unwrap_err().to_string();
+    assert!(err.contains("symbol prefix"), "{err}");
     let err = dlc_runtime::SharedLibrary::open(&d.0.join("absent.so")).unwrap_err();
     assert!(err.to_string().contains("absent.so"), "{err}");
 }
@@ -648,4 +652,113 @@ fn compile_stats_report_saturation() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(!stderr(&o).contains("graph.saturate"));
     assert!(String::from_utf8_lossy(&o.stdout).contains("graph.matmul %a, %x"));
+}
+
+/// Entry points and parameters named like C library, OpenMP and LLVM
+/// symbols or C keywords: each compiles, links into a C program through its
+/// header and runs; the JIT runs them too; a prefix that would export a
+/// reserved symbol is refused with a message.
+#[test]
+fn any_legal_name_compiles_links_and_runs() {
+    let names = [
+        "malloc",
+        "free",
+        "omp_get_thread_num",
+        "GOMP_parallel",
+        "int",
+        "memcpy",
+    ];
+    let mut model = String::new();
+    for (k, name) in names.iter().enumerate() {
+        model.push_str(&format!(
+            "fn {name}(int: f32[64, 64], double: f32[64, 64], NULL: f32[64]) -> f32[64, 64] {{\n    \
+             return relu(int @ double + NULL) * {}.0;\n}}\n",
+            k + 1
+        ));
+    }
+    let d = Dir::new("names");
+    let src = d.file("names.dl", &model);
+    let (obj, header) = (d.0.join("names.o"), d.0.join("names.h"));
+    for (emit, path) in [("obj", &obj), ("header", &header)] {
+        let o = dlc(&[
+            "compile",
+            &src,
+            "--emit",
+            emit,
+            "-o",
+            path.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{emit}: {}", stderr(&o));
+    }
+    let h = std::fs::read_to_string(&header).unwrap();
+    assert!(
+        h.contains(
+            "int32_t dlc_names_malloc(const float *int_, const float *double_, const float *NULL_, \
+             float *out0);"
+        ),
+        "{h}"
+    );
+    // Every entry on inputs of ones: relu(64 + 1) * (k + 1) everywhere.
+    let mut main = String::from(
+        "#include <stdio.h>\n#include \"names.h\"\nstatic float a[4096], b[4096], c[64], o[4096];\n\
+         int main(void) {\n  for (int i = 0; i < 4096; i++) { a[i] = 1.0f; b[i] = 1.0f; }\n  \
+         for (int i = 0; i < 64; i++) c[i] = 1.0f;\n",
+    );
+    for name in names {
+        main.push_str(&format!(
+            "  if (dlc_names_{name}(a, b, c, o) != DLC_OK) return 1;\n  printf(\"%g %g\\n\", o[0], o[4095]);\n"
+        ));
+    }
+    main.push_str("  return 0;\n}\n");
+    let main = d.file("main.c", &main);
+    let exe = d.0.join("names");
+    let cc = Command::new("cc")
+        .args(["-std=c99", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&main)
+        .arg(&obj)
+        .args(["-lm", "-lgomp"])
+        .output()
+        .expect("the C compiler `cc` (installed by `make setup`)");
+    assert!(cc.status.success(), "{}", stderr(&cc));
+    let run = Command::new(&exe).output().unwrap();
+    assert!(run.status.success(), "{}", stderr(&run));
+    let want: String = (1..=names.len())
+        .map(|k| format!("{0} {0}\n", 65 * k))
+        .collect();
+    assert_eq!(String::from_utf8_lossy(&run.stdout), want);
+    // In process (JIT), checked against the interpreter.
+    for name in names {
+        let o = dlc(&[
+            "run",
+            &src,
+            "--entry",
+            name,
+            "--random-inputs",
+            "0",
+            "--check",
+        ]);
+        assert!(o.status.success(), "{name}: {}", stderr(&o));
+    }
+    // An explicit prefix is checked: no prefix at all would export `malloc`.
+    fails_with(
+        &dlc(&[
+            "compile",
+            &src,
+            "--emit",
+            "obj",
+            "-o",
+            "/dev/null",
+            "--prefix",
+            "",
+        ]),
+        "the symbol `malloc` of entry point `malloc` is reserved",
+    );
+    fails_with(
+        &dlc(&["compile", &src, "--emit", "header", "--prefix", "9"]),
+        "symbol prefix `9` is not the start of a C identifier",
+    );
+    let o = dlc(&["compile", &src, "--emit", "header", "--prefix", "my_"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("int32_t my_int("));
 }
