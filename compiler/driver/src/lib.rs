@@ -524,17 +524,32 @@ pub fn prepare_inputs(
     Ok(inputs)
 }
 
-/// Runs entry point `f` of `module` on the reference interpreter.
+pub use dlc_graph::interp::DEFAULT_WORK_LIMIT;
+
+/// Runs entry point `f` of `module` on the reference interpreter, within
+/// [`DEFAULT_WORK_LIMIT`].
 pub fn interpret(
     module: &Module,
     f: &Function,
     inputs: &[HostTensor],
 ) -> Result<Vec<HostTensor>, DriverError> {
+    interpret_within(module, f, inputs, DEFAULT_WORK_LIMIT)
+}
+
+/// Runs entry point `f` of `module` on the reference interpreter, refusing
+/// (before running anything) a program whose estimated work is above
+/// `limit` element operations.
+pub fn interpret_within(
+    module: &Module,
+    f: &Function,
+    inputs: &[HostTensor],
+    limit: f64,
+) -> Result<Vec<HostTensor>, DriverError> {
     let args: Vec<Tensor> = inputs
         .iter()
         .map(|h| Tensor::from_vec(&h.ty, h.data.clone()))
         .collect::<Result<_, _>>()?;
-    let outputs = dlc_graph::interp::run_function(module, &f.name, &args)?;
+    let outputs = dlc_graph::interp::run_function_within(module, &f.name, &args, limit)?;
     outputs
         .into_iter()
         .map(|t| {
@@ -546,25 +561,48 @@ pub fn interpret(
 }
 
 /// Lowers the graph module to loops and runs entry point `f` on the loop
-/// interpreter.
+/// interpreter, within [`DEFAULT_WORK_LIMIT`].
 pub fn interpret_loops(
     module: &Module,
     f: &Function,
     inputs: &[HostTensor],
 ) -> Result<Vec<HostTensor>, DriverError> {
+    interpret_loops_within(module, f, inputs, DEFAULT_WORK_LIMIT)
+}
+
+/// [`interpret_loops`] refusing, before running anything, a program whose
+/// estimated work is above `limit` (as the graph interpreter estimates it,
+/// naming the graph op; then as the loop interpreter counts its ops).
+pub fn interpret_loops_within(
+    module: &Module,
+    f: &Function,
+    inputs: &[HostTensor],
+    limit: f64,
+) -> Result<Vec<HostTensor>, DriverError> {
+    dlc_graph::interp::check_work(module, f, limit)?;
     let lowered = dlc_lower::lower_module(module).map_err(|e| DriverError::Usage(e.to_string()))?;
-    interpret_lowered(&lowered, f, inputs)
+    interpret_lowered_within(&lowered, f, inputs, limit)
 }
 
 /// Runs entry point `f`, lowered to loop (or tile) IR in `lowered`, on the
-/// loop interpreter.
+/// loop interpreter, within [`DEFAULT_WORK_LIMIT`].
 pub fn interpret_lowered(
     lowered: &dlc_loop::Module,
     f: &Function,
     inputs: &[HostTensor],
 ) -> Result<Vec<HostTensor>, DriverError> {
+    interpret_lowered_within(lowered, f, inputs, DEFAULT_WORK_LIMIT)
+}
+
+/// [`interpret_lowered`] under a work limit of `limit` executed loop ops.
+pub fn interpret_lowered_within(
+    lowered: &dlc_loop::Module,
+    f: &Function,
+    inputs: &[HostTensor],
+    limit: f64,
+) -> Result<Vec<HostTensor>, DriverError> {
     use dlc_loop::BufferType;
-    use dlc_loop::interp::{Buffer, run_function};
+    use dlc_loop::interp::{Buffer, run_function_within};
     let mut args: Vec<Buffer> = inputs
         .iter()
         .map(|t| Buffer {
@@ -579,7 +617,7 @@ pub fn interpret_lowered(
                 .map_err(|e| DriverError::Usage(e.to_string()))?,
         );
     }
-    run_function(lowered, &f.name, &mut args)
+    run_function_within(lowered, &f.name, &mut args, limit)
         .map_err(|e| DriverError::Usage(format!("loop interpreter: {e}")))?;
     args.drain(..inputs.len());
     args.into_iter()

@@ -106,6 +106,23 @@ pub enum InterpError {
     /// A tensor too large to hold in the interpreter.
     #[error("{0} is too large for the interpreter (limit {MAX_ELEMENTS} elements)")]
     TooLarge(TensorType),
+    /// A program whose estimated work exceeds the limit it is run under.
+    #[error(
+        "{op} would take about {work:.2e} element operations ({total:.2e} for the whole of @{function}), \
+         more than the interpreter's limit of {limit:.2e}; --max-work raises the limit"
+    )]
+    TooMuchWork {
+        /// The function.
+        function: String,
+        /// The costliest op, as `@f graph.compute (rows)`.
+        op: String,
+        /// Its estimated work.
+        work: f64,
+        /// The whole function's.
+        total: f64,
+        /// The limit.
+        limit: f64,
+    },
     /// A shape inconsistency the verifier should have ruled out.
     #[error("internal shape error: {0}")]
     Shape(String),
@@ -115,10 +132,129 @@ pub enum InterpError {
 /// f64. Larger programs are rejected with an error instead of aborting.
 pub const MAX_ELEMENTS: usize = 1 << 29;
 
+/// The most work the interpreter takes on in one run unless told otherwise,
+/// in estimated element operations (one multiply-add of a product, one
+/// element of an element-wise op, one evaluation of a scalar expression node
+/// of a user operator): 2^34, about 17 billion, which a matrix product of
+/// 2048^3 fits and which takes the interpreter minutes at most.
+pub const DEFAULT_WORK_LIMIT: f64 = 17_179_869_184.0;
+
+/// The most work one op may take to be folded into a constant at compile
+/// time (`graph.canonicalize`, `graph.saturate`): 2^24 element operations,
+/// a few milliseconds. Costlier ops on constants are left to run.
+pub const FOLD_WORK_LIMIT: f64 = 16_777_216.0;
+
 type Result<T> = std::result::Result<T, InterpError>;
 
-/// Runs function `name` of `module` on `args`.
+/// The estimated work of one op (a call excepted: see [`estimate_work`]),
+/// in element operations, from its operand and result types.
+pub fn op_work(op: &Op, inputs: &[&TensorType], results: &[TensorType]) -> f64 {
+    let elements = |t: &TensorType| t.num_elements().map_or(f64::INFINITY, |n| n as f64);
+    let out: f64 = results.iter().map(elements).sum();
+    let input = |k: usize| inputs.get(k).map_or(1.0, |t| elements(t));
+    match op {
+        Op::Param { .. } | Op::Call { .. } => 0.0,
+        Op::MatMul => {
+            out * inputs
+                .first()
+                .and_then(|t| t.shape.last())
+                .map_or(1.0, |&k| k as f64)
+        }
+        Op::Reduce { .. } => input(0),
+        Op::Softmax { .. } | Op::LayerNorm { .. } => 3.0 * input(0),
+        Op::Conv2d { .. } => {
+            out * inputs.get(1).map_or(1.0, |w| {
+                w.shape.iter().skip(1).map(|&d| d as f64).product::<f64>()
+            })
+        }
+        Op::Pool2d { kernel, .. } => out * kernel.iter().map(|&d| d as f64).product::<f64>(),
+        Op::Compute(body) => body
+            .locals
+            .iter()
+            .chain([&body.out])
+            .map(|def| elements(&def.ty) * scalar_work(&def.expr))
+            .sum(),
+        _ => out,
+    }
+}
+
+/// The estimated work of each op of `f` (calls included, as their callee's
+/// total), in element operations, as (`@f graph.op`, work).
+pub fn estimate_work(module: &Module, f: &Function) -> Vec<(String, f64)> {
+    f.body
+        .node_indices()
+        .map(|n| {
+            let node = &f.body[n];
+            let work = match &node.op {
+                Op::Call { callee } => module.function(callee).map_or(0.0, |g| {
+                    estimate_work(module, g).iter().map(|(_, w)| w).sum()
+                }),
+                op => {
+                    let inputs: Vec<&TensorType> =
+                        f.operands(n).iter().map(|v| f.value_type(*v)).collect();
+                    op_work(op, &inputs, &node.results)
+                }
+            };
+            let name = match &node.op {
+                Op::Compute(body) => format!("@{} graph.compute ({})", f.name, body.name),
+                op => format!("@{} {}", f.name, op.name()),
+            };
+            (name, work)
+        })
+        .collect()
+}
+
+/// Scalar expression nodes evaluated for one element of a user operator.
+fn scalar_work(e: &ScalarExpr) -> f64 {
+    match e {
+        ScalarExpr::Const(_) | ScalarExpr::Read { .. } => 1.0,
+        ScalarExpr::Unary(_, x) | ScalarExpr::Cast(_, x) => 1.0 + scalar_work(x),
+        ScalarExpr::Binary(_, x, y) | ScalarExpr::Compare(_, x, y) => {
+            1.0 + scalar_work(x) + scalar_work(y)
+        }
+        ScalarExpr::Select(c, x, y) => 1.0 + scalar_work(c) + scalar_work(x) + scalar_work(y),
+        ScalarExpr::Reduce { vars, body, .. } => {
+            let trips: f64 = vars.iter().map(|r| (r.hi - r.lo).max(0) as f64).product();
+            1.0 + trips * scalar_work(body)
+        }
+    }
+}
+
+/// Fails with [`InterpError::TooMuchWork`] when `f`'s estimated work is
+/// above `limit`.
+pub fn check_work(module: &Module, f: &Function, limit: f64) -> Result<()> {
+    let ops = estimate_work(module, f);
+    let total: f64 = ops.iter().map(|(_, w)| w).sum();
+    if total <= limit {
+        return Ok(());
+    }
+    let (op, work) = ops
+        .into_iter()
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .unwrap_or_default();
+    Err(InterpError::TooMuchWork {
+        function: f.name.clone(),
+        op,
+        work,
+        total,
+        limit,
+    })
+}
+
+/// Runs function `name` of `module` on `args`, refusing programs whose
+/// estimated work is above [`DEFAULT_WORK_LIMIT`].
 pub fn run_function(module: &Module, name: &str, args: &[Tensor]) -> Result<Vec<Tensor>> {
+    run_function_within(module, name, args, DEFAULT_WORK_LIMIT)
+}
+
+/// Runs function `name` of `module` on `args`, refusing programs whose
+/// estimated work ([`estimate_work`]) is above `limit`.
+pub fn run_function_within(
+    module: &Module,
+    name: &str,
+    args: &[Tensor],
+    limit: f64,
+) -> Result<Vec<Tensor>> {
     let f = module
         .function(name)
         .ok_or_else(|| InterpError::UnknownFunction(name.into()))?;
@@ -141,6 +277,7 @@ pub fn run_function(module: &Module, name: &str, args: &[Tensor]) -> Result<Vec<
             });
         }
     }
+    check_work(module, f, limit)?;
     run_body(module, f, args)
 }
 
@@ -153,7 +290,8 @@ fn run_body(module: &Module, f: &Function, args: &[Tensor]) -> Result<Vec<Tensor
             Op::Call { callee } => {
                 let inputs = gather(f, &values, node)?;
                 let inputs: Vec<Tensor> = inputs.into_iter().cloned().collect();
-                run_function(module, callee, &inputs)?
+                // Already counted in the caller's estimate.
+                run_function_within(module, callee, &inputs, f64::INFINITY)?
             }
             op => {
                 let inputs = gather(f, &values, node)?;

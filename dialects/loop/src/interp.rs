@@ -66,6 +66,78 @@ pub enum LoopError {
     /// IR the verifier should have rejected.
     #[error("invalid IR: {0}")]
     Invalid(String),
+    /// A function whose estimated work exceeds the limit it is run under.
+    #[error(
+        "{op} (top-level op {index} of @{function}) would take about {work:.2e} operations \
+         ({total:.2e} for the whole function), more than the interpreter's limit of {limit:.2e}; \
+         --max-work raises the limit"
+    )]
+    TooMuchWork {
+        /// The function.
+        function: String,
+        /// The costliest top-level op's name.
+        op: String,
+        /// Its position in the function body.
+        index: usize,
+        /// Its estimated work.
+        work: f64,
+        /// The whole function's.
+        total: f64,
+        /// The limit.
+        limit: f64,
+    },
+}
+
+/// The most work the loop interpreter takes on in one run unless told
+/// otherwise, in executed ops: 2^34, as the graph interpreter's.
+pub const DEFAULT_WORK_LIMIT: f64 = 17_179_869_184.0;
+
+/// The ops a block executes: loops multiply their body's count by their
+/// trip count, `tile.matmul` counts its multiply-adds and runs its epilogue
+/// once per element.
+fn block_work(f: &Function, b: &crate::Block) -> f64 {
+    b.ops.iter().map(|&op| op_work(f, op)).sum()
+}
+
+fn op_work(f: &Function, op: crate::OpId) -> f64 {
+    let data = &f.ops[op.0 as usize];
+    let body = || data.regions.iter().map(|r| block_work(f, r)).sum::<f64>();
+    let trips = |lo: i64, hi: i64, step: i64| ((hi - lo).max(0) as f64 / step.max(1) as f64).ceil();
+    match &data.kind {
+        OpKind::For { lo, hi, step } => 1.0 + trips(*lo, *hi, *step) * body(),
+        OpKind::Parallel { lo, hi } | OpKind::Threads { lo, hi } => {
+            1.0 + trips(*lo, *hi, 1) * body()
+        }
+        OpKind::Matmul(c) => {
+            let (m, n, k) = (c.m.max(0) as f64, c.n.max(0) as f64, c.k.max(0) as f64);
+            m * n * (2.0 * k + body())
+        }
+        _ => 1.0 + body(),
+    }
+}
+
+/// Fails with [`LoopError::TooMuchWork`] when function `f`'s estimated
+/// work is above `limit`.
+pub fn check_work(f: &Function, limit: f64) -> Result<(), LoopError> {
+    let per_op: Vec<f64> = f.body.ops.iter().map(|&op| op_work(f, op)).collect();
+    let total: f64 = per_op.iter().sum();
+    if total <= limit {
+        return Ok(());
+    }
+    let (index, work) = per_op
+        .iter()
+        .copied()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .unwrap_or_default();
+    Err(LoopError::TooMuchWork {
+        function: f.name.clone(),
+        op: f.ops[f.body.ops[index].0 as usize].kind.name(),
+        index,
+        work,
+        total,
+        limit,
+    })
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -82,8 +154,20 @@ struct Machine<'f> {
     heap: Vec<Option<Buffer>>,
 }
 
-/// Runs `name` with `args`, one buffer per parameter, updating them in place.
+/// Runs `name` with `args`, one buffer per parameter, updating them in
+/// place; refuses functions whose estimated work is above
+/// [`DEFAULT_WORK_LIMIT`].
 pub fn run_function(m: &Module, name: &str, args: &mut [Buffer]) -> Result<(), LoopError> {
+    run_function_within(m, name, args, DEFAULT_WORK_LIMIT)
+}
+
+/// [`run_function`] under a work limit of `limit` executed ops.
+pub fn run_function_within(
+    m: &Module,
+    name: &str,
+    args: &mut [Buffer],
+    limit: f64,
+) -> Result<(), LoopError> {
     let f = m
         .functions
         .iter()
@@ -96,6 +180,7 @@ pub fn run_function(m: &Module, name: &str, args: &mut [Buffer]) -> Result<(), L
             args.len()
         )));
     }
+    check_work(f, limit)?;
     let mut machine = Machine {
         f,
         slots: vec![Slot::Unset; f.values.len()],

@@ -6,8 +6,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use dlc_driver::{
-    DEFAULT_PIPELINE, DriverError, PassOptions, check_results, check_tolerances, compile_source,
-    interpret, interpret_loops, prepare_inputs, read_input, run_passes, save_outputs, select_entry,
+    DEFAULT_PIPELINE, DEFAULT_WORK_LIMIT, DriverError, PassOptions, check_results,
+    check_tolerances, compile_source, interpret_loops_within, interpret_within, prepare_inputs,
+    read_input, run_passes, save_outputs, select_entry,
 };
 use dlc_runtime::HostTensor;
 use dlc_runtime::abi::Symbols;
@@ -116,6 +117,11 @@ enum Command {
         /// integers and bool; NaN and infinity in the same places.
         #[arg(long)]
         check: bool,
+        /// The most work the interpreters (`--backend interp|loop`, and the
+        /// reference of `--check`) take on, in estimated element operations;
+        /// a program above it is refused before it runs.
+        #[arg(long, value_name = "OPS", default_value_t = DEFAULT_WORK_LIMIT)]
+        max_work: f64,
     },
     /// Measure compile time and steady-state latency of an entry point
     /// compiled for this CPU (random inputs from seed 0).
@@ -523,7 +529,13 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             save_outputs: save,
             passes,
             check,
+            max_work,
         } => {
+            if max_work.is_nan() || max_work <= 0.0 {
+                return Err(DriverError::Usage(format!(
+                    "--max-work must be a positive number of operations, got {max_work}"
+                )));
+            }
             match backend {
                 Backend::Interp | Backend::Loop | Backend::Cpu => {}
                 Backend::Gpu => return Err(not_yet("--backend gpu")),
@@ -543,12 +555,12 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             let f = select_entry(&module, entry.as_deref())?;
             let args = prepare_inputs(f, &files, random_inputs)?;
             let outputs = match backend {
-                Backend::Loop => interpret_loops(&module, f, &args)?,
+                Backend::Loop => interpret_loops_within(&module, f, &args, max_work)?,
                 Backend::Cpu => run_cpu(&module, f, &args)?,
-                _ => interpret(&module, f, &args)?,
+                _ => interpret_within(&module, f, &args, max_work)?,
             };
             if check {
-                let reference = interpret(&module, f, &args)?;
+                let reference = interpret_within(&module, f, &args, max_work)?;
                 let checks = check_results(&outputs, &reference, &check_tolerances(f))?;
                 let failed: Vec<String> = checks
                     .iter()

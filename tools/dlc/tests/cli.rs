@@ -222,7 +222,7 @@ fn input_errors_are_clear() {
             "--random-inputs",
             "0",
         ]),
-        "too large for the interpreter",
+        "@f graph.sum would take about 1.00e10 element operations",
     );
     let garbage = d.file("g.npy", "not an array");
     fails_with(
@@ -761,4 +761,91 @@ fn any_legal_name_compiles_links_and_runs() {
     let o = dlc(&["compile", &src, "--emit", "header", "--prefix", "my_"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("int32_t my_int("));
+}
+
+/// A reduction over 10^13 elements: the interpreters refuse it before
+/// running (naming the op and the figure) instead of running for days, the
+/// limit is a flag, and constant folding leaves it to run-time.
+#[test]
+fn interpreters_refuse_work_beyond_their_limit() {
+    let d = Dir::new("work");
+    let huge = d.file(
+        "huge.dl",
+        "op s[N](x: f32[N]) -> f32[N] { out[i] = sum[k in 0..10000000000000](x[k]); }\n\
+         fn f(x: f32[4]) -> f32[4] { return s(x); }\n",
+    );
+    for backend in ["interp", "loop", "cpu"] {
+        let start = std::time::Instant::now();
+        let o = dlc(&[
+            "run",
+            &huge,
+            "--backend",
+            backend,
+            "--random-inputs",
+            "0",
+            "--check",
+        ]);
+        fails_with(
+            &o,
+            "error: @f graph.compute (s) would take about 4.00e13 element operations",
+        );
+        assert!(
+            stderr(&o).contains("--max-work raises the limit"),
+            "{}",
+            stderr(&o)
+        );
+        assert!(
+            start.elapsed().as_secs() < 60,
+            "{backend} took {:?}",
+            start.elapsed()
+        );
+    }
+    // The limit is adjustable both ways.
+    let small = d.file(
+        "small.dl",
+        "fn f(x: f32[64, 64]) -> f32[64, 64] { return x @ x; }",
+    );
+    let o = dlc(&[
+        "run",
+        &small,
+        "--backend",
+        "interp",
+        "--random-inputs",
+        "0",
+        "--max-work",
+        "1000",
+    ]);
+    fails_with(
+        &o,
+        "@f graph.matmul would take about 2.62e5 element operations",
+    );
+    let o = dlc(&[
+        "run",
+        &small,
+        "--backend",
+        "loop",
+        "--random-inputs",
+        "0",
+        "--max-work",
+        "1e7",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    fails_with(
+        &dlc(&["run", &small, "--random-inputs", "0", "--max-work", "0"]),
+        "--max-work must be a positive number",
+    );
+    // Folding a constant operand must not run it at compile time.
+    let folded = d.file(
+        "folded.dl",
+        "op s[N](x: f32[N]) -> f32[N] { out[i] = sum[k in 0..10000000000000](x[k]); }\n\
+         fn f(y: f32[4]) -> f32[4] { return s(ones([4])) + y; }\n",
+    );
+    let start = std::time::Instant::now();
+    let o = dlc(&["compile", &folded]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        start.elapsed().as_secs() < 60,
+        "compile took {:?}",
+        start.elapsed()
+    );
 }

@@ -2,7 +2,7 @@ use dlc_core::{Pass, PassError, TensorType};
 use petgraph::stable_graph::NodeIndex;
 
 use super::dce::remove_dead_nodes;
-use crate::interp::{Tensor, eval_op};
+use crate::interp::{FOLD_WORK_LIMIT, Tensor, eval_op, op_work};
 use crate::module::{Function, Module, Value};
 use crate::ops::{BinaryOp, ConstValue, Op, UnaryOp};
 
@@ -55,6 +55,11 @@ fn try_fold(f: &Function, node: NodeIndex) -> Option<Op> {
             .num_elements()
             .is_none_or(|e| e > FOLD_LIMIT)
     }) {
+        return None;
+    }
+    // Folding runs the interpreter at compile time: only cheap ops.
+    let types: Vec<&TensorType> = f.operands(node).iter().map(|v| f.value_type(*v)).collect();
+    if op_work(&n.op, &types, &n.results) > FOLD_WORK_LIMIT {
         return None;
     }
     let inputs: Vec<Tensor> = f

@@ -21,7 +21,7 @@ use dlc_core::{Pass, PassError};
 use egg::{Id, Runner, StopReason};
 use petgraph::stable_graph::NodeIndex;
 
-use crate::interp::{Tensor, eval_op};
+use crate::interp::{FOLD_WORK_LIMIT, Tensor, eval_op, op_work};
 use crate::module::{Function, Module, Value};
 use crate::ops::Op;
 use cost::{CostModel, WEIGHT_FOLD_LIMIT};
@@ -261,7 +261,13 @@ pub fn rebuild(
                         .ty
                         .num_elements()
                         .is_some_and(|n| n <= WEIGHT_FOLD_LIMIT)
-                    && operands.iter().all(|o| folded.contains_key(o));
+                    && operands.iter().all(|o| folded.contains_key(o))
+                    && {
+                        let types: Vec<dlc_core::TensorType> =
+                            operands.iter().map(|o| folded[o].ty()).collect();
+                        let types: Vec<&dlc_core::TensorType> = types.iter().collect();
+                        op_work(&op, &types, std::slice::from_ref(&info.ty)) <= FOLD_WORK_LIMIT
+                    };
                 let result = if fold {
                     let inputs: Vec<&Tensor> = operands.iter().map(|o| &folded[o]).collect();
                     eval_op(&op, &inputs, std::slice::from_ref(&info.ty))
