@@ -19,6 +19,9 @@ pub struct Diagnostic {
     pub secondary: Vec<(Span, String)>,
     /// Extra sentences.
     pub notes: Vec<String>,
+    /// An error that follows from one already reported (a use of a name
+    /// whose definition failed): it stops the statement but is not shown.
+    pub follow_on: bool,
 }
 
 impl Diagnostic {
@@ -29,6 +32,34 @@ impl Diagnostic {
             primary: (span, label.into()),
             secondary: vec![],
             notes: vec![],
+            follow_on: false,
+        }
+    }
+
+    /// A [follow-on](Diagnostic::follow_on) error at `span`.
+    pub fn follow_on(span: Span) -> Self {
+        Diagnostic {
+            follow_on: true,
+            ..Diagnostic::new("follows from an earlier error", span, "")
+        }
+    }
+
+    /// Adds "did you mean `x`?" when one of `candidates` is close to `name`
+    /// (Jaro-Winkler similarity of at least 0.8, the closest one).
+    pub fn with_suggestion<'a>(
+        self,
+        name: &str,
+        candidates: impl IntoIterator<Item = &'a str>,
+    ) -> Self {
+        let best = candidates
+            .into_iter()
+            .filter(|c| *c != name)
+            .map(|c| (strsim::jaro_winkler(name, c), c))
+            .filter(|(score, _)| *score >= 0.8)
+            .max_by(|a, b| a.0.total_cmp(&b.0).then_with(|| b.1.cmp(a.1)));
+        match best {
+            Some((_, c)) => self.with_note(format!("did you mean `{c}`?")),
+            None => self,
         }
     }
 

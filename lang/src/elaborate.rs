@@ -69,6 +69,9 @@ enum EVal {
     /// A literal not yet given a type: value and whether it was written as a float.
     Lit(f64, bool),
     Tuple(Vec<Value>),
+    /// A name whose definition failed (and was reported): using it stops
+    /// the statement silently, so one mistake gives one error.
+    Poisoned,
 }
 
 /// What a call of a user `fn` or `op` is checked against.
@@ -92,6 +95,10 @@ struct Elab<'p> {
     in_progress: Vec<String>,
     /// Generic functions and operators that some call instantiated.
     used: HashSet<String>,
+    /// Further errors of a function whose first error is being returned
+    /// (each statement of a function is checked, so a function may have
+    /// several); collected after each entry point.
+    pending: Vec<Diagnostic>,
 }
 
 /// Dimension values for checking a generic function or operator that no
@@ -110,6 +117,7 @@ pub fn elaborate(program: &Program) -> Result<Module, Diagnostics> {
         module: Module::default(),
         in_progress: vec![],
         used: HashSet::new(),
+        pending: Vec::new(),
     };
     let mut seen: HashMap<&str, Span> = HashMap::new();
     for item in &program.items {
@@ -183,10 +191,12 @@ pub fn elaborate(program: &Program) -> Result<Module, Diagnostics> {
         if let Err(d) = elab.ensure_fn(def, &[], None) {
             errors.push(d);
         }
+        errors.append(&mut elab.pending);
     }
     if errors.is_empty() {
         errors.extend(elab.check_uncalled(program));
     }
+    errors.retain(|d| !d.follow_on);
     if !errors.is_empty() {
         return Err(Diagnostics(errors));
     }
@@ -598,8 +608,9 @@ impl<'p> Elab<'p> {
             };
             self.module.functions.truncate(kept);
             if let Err(d) = result {
-                errors.push(d.with_note(note));
+                errors.push(d.with_note(note.clone()));
             }
+            errors.extend(self.pending.drain(..).map(|d| d.with_note(note.clone())));
         }
         errors
     }
@@ -668,6 +679,76 @@ impl<'p> Elab<'p> {
         }
     }
 
+    /// Checks one statement of a function body and adds its ops.
+    fn stmt(
+        &mut self,
+        cx: &mut FnCx,
+        stmt: &Stmt,
+        returned: &mut Option<(Vec<(EVal, Span)>, Span)>,
+    ) -> R<()> {
+        match stmt {
+            Stmt::Let {
+                names,
+                tuple,
+                value,
+                ..
+            } => {
+                let v = self.expr(cx, value)?;
+                let bindings: Vec<(Ident, EVal)> = match (*tuple, v) {
+                    (false, v) => vec![(names[0].clone(), v)],
+                    (true, EVal::Tuple(vs)) if vs.len() == names.len() => names
+                        .iter()
+                        .cloned()
+                        .zip(vs.into_iter().map(EVal::Tensor))
+                        .collect(),
+                    (true, EVal::Tuple(vs)) => {
+                        return Err(Diagnostic::new(
+                            format!(
+                                "{} name(s) bound to a tuple of {} value(s)",
+                                names.len(),
+                                vs.len()
+                            ),
+                            value.span,
+                            format!("{} values", vs.len()),
+                        ));
+                    }
+                    (true, _) => {
+                        return Err(Diagnostic::new(
+                            "only a tuple can be unpacked",
+                            value.span,
+                            "not a tuple",
+                        ));
+                    }
+                };
+                if names.len() > 1 {
+                    check_distinct(names, "name")?;
+                }
+                // Rebinding a name replaces it for the statements after,
+                // as assignment does in Python.
+                for (n, v) in bindings {
+                    cx.env.insert(n.name.clone(), (v, n.span));
+                }
+            }
+            Stmt::Return { value, span } => {
+                let vals = match &value.kind {
+                    ExprKind::Tuple(items) => items
+                        .iter()
+                        .map(|e| Ok((self.expr(cx, e)?, e.span)))
+                        .collect::<R<Vec<_>>>()?,
+                    _ => match self.expr(cx, value)? {
+                        EVal::Tuple(vs) => vs
+                            .into_iter()
+                            .map(|v| (EVal::Tensor(v), value.span))
+                            .collect(),
+                        v => vec![(v, value.span)],
+                    },
+                };
+                *returned = Some((vals, *span));
+            }
+        }
+        Ok(())
+    }
+
     fn build_fn(
         &mut self,
         def: &'p FnDef,
@@ -692,6 +773,7 @@ impl<'p> Elab<'p> {
             .map(|t| resolve_type(t, &cx.dims))
             .collect::<R<_>>()?;
         let mut returned: Option<(Vec<(EVal, Span)>, Span)> = None;
+        let mut failures: Vec<Diagnostic> = Vec::new();
         for stmt in &def.body {
             if let Some((_, rspan)) = &returned {
                 let span = match stmt {
@@ -702,66 +784,25 @@ impl<'p> Elab<'p> {
                         .with_secondary(*rspan, "the function returns here"),
                 );
             }
-            match stmt {
-                Stmt::Let {
-                    names,
-                    tuple,
-                    value,
-                    ..
-                } => {
-                    let v = self.expr(&mut cx, value)?;
-                    let bindings: Vec<(Ident, EVal)> = match (*tuple, v) {
-                        (false, v) => vec![(names[0].clone(), v)],
-                        (true, EVal::Tuple(vs)) if vs.len() == names.len() => names
-                            .iter()
-                            .cloned()
-                            .zip(vs.into_iter().map(EVal::Tensor))
-                            .collect(),
-                        (true, EVal::Tuple(vs)) => {
-                            return Err(Diagnostic::new(
-                                format!(
-                                    "{} name(s) bound to a tuple of {} value(s)",
-                                    names.len(),
-                                    vs.len()
-                                ),
-                                value.span,
-                                format!("{} values", vs.len()),
-                            ));
+            if let Err(d) = self.stmt(&mut cx, stmt, &mut returned) {
+                failures.push(d);
+                // What the statement defines is poisoned: later uses stop
+                // their statements without a second report.
+                match stmt {
+                    Stmt::Let { names, .. } => {
+                        for n in names {
+                            cx.env.insert(n.name.clone(), (EVal::Poisoned, n.span));
                         }
-                        (true, _) => {
-                            return Err(Diagnostic::new(
-                                "only a tuple can be unpacked",
-                                value.span,
-                                "not a tuple",
-                            ));
-                        }
-                    };
-                    if names.len() > 1 {
-                        check_distinct(names, "name")?;
                     }
-                    // Rebinding a name replaces it for the statements after,
-                    // as assignment does in Python.
-                    for (n, v) in bindings {
-                        cx.env.insert(n.name.clone(), (v, n.span));
-                    }
-                }
-                Stmt::Return { value, span } => {
-                    let vals = match &value.kind {
-                        ExprKind::Tuple(items) => items
-                            .iter()
-                            .map(|e| Ok((self.expr(&mut cx, e)?, e.span)))
-                            .collect::<R<Vec<_>>>()?,
-                        _ => match self.expr(&mut cx, value)? {
-                            EVal::Tuple(vs) => vs
-                                .into_iter()
-                                .map(|v| (EVal::Tensor(v), value.span))
-                                .collect(),
-                            v => vec![(v, value.span)],
-                        },
-                    };
-                    returned = Some((vals, *span));
+                    Stmt::Return { span, .. } => returned = Some((Vec::new(), *span)),
                 }
             }
+        }
+        failures.retain(|d| !d.follow_on);
+        if !failures.is_empty() {
+            let first = failures.remove(0);
+            self.pending.extend(failures);
+            return Err(first);
         }
         let Some((vals, rspan)) = returned else {
             return Err(Diagnostic::new(
@@ -837,6 +878,7 @@ impl<'p> Elab<'p> {
                 span,
                 "tuple",
             )),
+            EVal::Poisoned => Err(Diagnostic::follow_on(span)),
         }
     }
 
@@ -903,6 +945,7 @@ impl<'p> Elab<'p> {
                 TensorType::scalar(DType::Bool),
             ))),
             ExprKind::Var(n) => match cx.env.get(n) {
+                Some((EVal::Poisoned, _)) => Err(Diagnostic::follow_on(e.span)),
                 Some((v, _)) => Ok(v.clone()),
                 None if cx.dims.contains_key(n) => Ok(EVal::Lit(cx.dims[n] as f64, false)),
                 None if self.fns.contains_key(n.as_str())
@@ -915,11 +958,13 @@ impl<'p> Elab<'p> {
                         "not a value",
                     ))
                 }
-                None => Err(Diagnostic::new(
-                    format!("unknown name `{n}`"),
-                    e.span,
-                    "not defined",
-                )),
+                None => Err(
+                    Diagnostic::new(format!("unknown name `{n}`"), e.span, "not defined")
+                        .with_suggestion(
+                            n,
+                            cx.env.keys().chain(cx.dims.keys()).map(String::as_str),
+                        ),
+                ),
             },
             ExprKind::Neg(x) => match self.expr(cx, x)? {
                 EVal::Lit(v, f) => Ok(EVal::Lit(-v, f)),
@@ -1473,11 +1518,17 @@ impl<'p> Elab<'p> {
                     ty,
                 )))
             }
-            _ => Err(Diagnostic::new(
-                format!("unknown function `{name}`"),
-                f.span,
-                "not defined",
-            )),
+            _ => Err(
+                Diagnostic::new(format!("unknown function `{name}`"), f.span, "not defined")
+                    .with_suggestion(
+                        name,
+                        self.fns
+                            .keys()
+                            .chain(self.ops.keys())
+                            .copied()
+                            .chain(BUILTINS.iter().copied()),
+                    ),
+            ),
         }
     }
 }
@@ -1786,6 +1837,13 @@ impl OpCx<'_> {
             format!("unknown operand or local `{}`", name.name),
             name.span,
             "not defined",
+        )
+        .with_suggestion(
+            &name.name,
+            self.locals
+                .keys()
+                .map(String::as_str)
+                .chain(self.def.params.iter().map(|p| p.name.name.as_str())),
         ))
     }
 

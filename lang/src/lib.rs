@@ -64,6 +64,21 @@ fn token_text(src: &str, l: usize, r: usize) -> String {
     src.get(l..r).unwrap_or("?").to_string()
 }
 
+/// When the parser stopped at the token starting at `at`, expecting `;`
+/// among others, and that token begins a later line than the token before
+/// it: the span of that earlier token, which ends a statement lacking its
+/// `;`. A missing `;` is reported there, not at the next line's first token.
+fn missing_semicolon(src: &str, at: usize, expected: &[String]) -> Option<Span> {
+    if !expected.iter().any(|e| e == "\";\"") {
+        return None;
+    }
+    let prev = lexer::tokens(src)
+        .filter_map(|t| t.ok().map(|(l, _, r)| Span::new(l, r)))
+        .take_while(|s| s.end <= at)
+        .last()?;
+    src.get(prev.end..at)?.contains('\n').then_some(prev)
+}
+
 /// Parses source text into an AST.
 pub fn parse(src: &str) -> Result<Program, Diagnostics> {
     let toks =
@@ -77,6 +92,17 @@ pub fn parse(src: &str) -> Result<Program, Diagnostics> {
                 format!("unexpected end of input{}", describe_expected(&expected)),
                 Span::new(location, location),
                 "input ends here",
+            ),
+            ParseError::UnrecognizedToken {
+                token: (l, _, _),
+                expected,
+            } if let Some(prev) = missing_semicolon(src, l, &expected) => Diagnostic::new(
+                format!(
+                    "expected `;` after `{}`, the end of this statement",
+                    token_text(src, prev.start, prev.end)
+                ),
+                Span::new(prev.end, prev.end),
+                "`;` missing here",
             ),
             ParseError::UnrecognizedToken {
                 token: (l, _, r),

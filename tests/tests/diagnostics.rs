@@ -90,6 +90,11 @@ fn f(x: f32[4]) -> f32[4] {
     error_in_uncalled_generic_function: "fn helper[N](x: f32[N]) -> f32[N] {\n    return relu(y);\n}\nfn f(x: f32[4]) -> f32[4] {\n    return x;\n}\n";
     huge_padding: "fn f(x: f32[1, 1, 4, 4]) -> f32 {\n    return sum(maxpool2d(x, kernel=2, padding=9223372036854775807));\n}\n";
     empty_input: "";
+    every_error_of_a_function: "fn f(x: f32[4], y: f32[5]) -> f32[4] {\n    let a = x + y;\n    let b = relu(zz);\n    let c = sum(x, axis=3);\n    return a + b + c;\n}\n";
+    syntax_missing_semicolon_before_comment: "fn f(x: f32[4]) -> f32[4] {\n    let y = relu(x) // the activation\n    /* then */\n    return y;\n}\n";
+    did_you_mean_a_name: "fn f(x: f32[4]) -> f32[4] {\n    let hidden = relu(x);\n    return hiden * 2.0;\n}\n";
+    did_you_mean_a_function: "fn f(x: f32[4, 4]) -> f32[4, 4] {\n    return sofmax(x);\n}\n";
+    did_you_mean_an_operand: "op rows[M, N](xs: f32[M, N]) -> f32[M] {\n    out[i] = sum[j](x[i, j]);\n}\nfn f(x: f32[2, 3]) -> f32[2] {\n    return rows(x);\n}\n";
     only_generic_functions: "fn id[N](x: f32[N]) -> f32[N] {\n    return x;\n}\n";
 }
 
