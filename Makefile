@@ -27,12 +27,14 @@ setup-test-tools:
 	@$(CARGO) nextest --version >/dev/null 2>&1 || $(CARGO) install --locked cargo-nextest
 	@$(CARGO) fuzz --version >/dev/null 2>&1 || $(CARGO) install --locked cargo-fuzz
 
-# Check an example model, print its graph IR, run it on the reference interpreter.
+# Check an example model, print its optimized graph IR, compile it for this
+# CPU and run it, checked against the reference interpreter. Builds dlc-opt
+# too, which the README's examples use.
 run: setup
-	$(CARGO) build --release --locked -p dlc
+	$(CARGO) build --release --locked -p dlc -p dlc-opt
 	./target/release/dlc check $(EXAMPLE)
 	./target/release/dlc compile $(EXAMPLE) --emit graph -o -
-	./target/release/dlc run $(EXAMPLE) --backend interp --random-inputs 0
+	./target/release/dlc run $(EXAMPLE) --backend cpu --random-inputs 0 --check
 
 lint:
 	$(CARGO) fmt --all --check

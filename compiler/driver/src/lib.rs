@@ -32,7 +32,7 @@ pub enum DriverError {
     #[error("{0}")]
     Source(String),
     /// A file could not be read or written.
-    #[error("{path}: {source}")]
+    #[error("error: {path}: {source}")]
     Io {
         /// The file.
         path: String,
@@ -494,17 +494,24 @@ pub fn prepare_inputs(
             .is_none_or(|n| n > dlc_graph::interp::MAX_ELEMENTS)
         {
             return Err(DriverError::Usage(format!(
-                "input `{name}` ({ty}) is too large for the interpreter (limit {} elements)",
+                "input `{name}` ({ty}) has more elements than dlc holds in memory (limit {})",
                 dlc_graph::interp::MAX_ELEMENTS
             )));
         }
     }
     let mut rng = seeded_rng(seed.unwrap_or(0));
     let mut inputs = Vec::new();
-    for (name, ty) in &params {
+    let positive = positive_params(f);
+    for (k, (name, ty)) in params.iter().enumerate() {
         // Draw for every parameter so a parameter's random value does not
         // depend on which others were given as files.
-        let random = HostTensor::random(ty, &mut rng);
+        let mut random = HostTensor::random(ty, &mut rng);
+        if positive[k] && ty.dtype.is_float() {
+            // Inside the op's domain: uniform in [0.25, 1.25).
+            for v in &mut random.data {
+                *v = ty.dtype.round(v.abs() + 0.25);
+            }
+        }
         let t = match given.get(name) {
             Some(path) => {
                 let t = HostTensor::read_npy(path, Some(ty.dtype))?;
@@ -525,6 +532,78 @@ pub fn prepare_inputs(
 }
 
 pub use dlc_graph::interp::DEFAULT_WORK_LIMIT;
+
+/// For each parameter of `f`, whether random values for it must be positive
+/// to stay inside the domain of an op that reads it (directly or through
+/// reshapes, transposes, broadcasts, slices and concatenations): a
+/// batchnorm variance, the operand of `sqrt`, `rsqrt` or `log`, the base of
+/// `pow`.
+pub fn positive_params(f: &Function) -> Vec<bool> {
+    use dlc_core::scalar::{BinaryOp, UnaryOp};
+    use dlc_graph::Op;
+    let needs_positive = |node: petgraph::stable_graph::NodeIndex| {
+        let mut stack = vec![node];
+        let mut seen = std::collections::HashSet::new();
+        while let Some(n) = stack.pop() {
+            if !seen.insert(n) {
+                continue;
+            }
+            for u in f.body.neighbors_directed(n, petgraph::Direction::Outgoing) {
+                let positions: Vec<usize> = f
+                    .operands(u)
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, v)| v.node == n)
+                    .map(|(k, _)| k)
+                    .collect();
+                match &f.body[u].op {
+                    Op::Unary(UnaryOp::Sqrt | UnaryOp::Rsqrt | UnaryOp::Log) => return true,
+                    Op::BatchNorm { .. } if positions.contains(&2) => return true,
+                    Op::Binary(BinaryOp::Pow) if positions.contains(&0) => return true,
+                    Op::Reshape { .. }
+                    | Op::Transpose { .. }
+                    | Op::Broadcast { .. }
+                    | Op::Slice { .. }
+                    | Op::Concat { .. } => stack.push(u),
+                    _ => {}
+                }
+            }
+        }
+        false
+    };
+    f.params.iter().map(|(_, n)| needs_positive(*n)).collect()
+}
+
+/// Writes inputs as `DIR/NAME.npy`, one file per parameter of `f`.
+pub fn save_inputs(
+    dir: &Path,
+    f: &Function,
+    inputs: &[HostTensor],
+) -> Result<Vec<PathBuf>, DriverError> {
+    ensure_writable_dir(dir)?;
+    f.params
+        .iter()
+        .zip(inputs)
+        .map(|((name, _), t)| {
+            let path = dir.join(format!("{name}.npy"));
+            t.write_npy(&path)?;
+            Ok(path)
+        })
+        .collect()
+}
+
+/// Creates `dir` if needed and checks that files can be written in it, so
+/// that a run does not fail only after its work is done.
+pub fn ensure_writable_dir(dir: &Path) -> Result<(), DriverError> {
+    let io = |source| DriverError::Io {
+        path: dir.display().to_string(),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let probe = dir.join(format!(".dlc-write-check-{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(io)?;
+    std::fs::remove_file(&probe).map_err(io)
+}
 
 /// Runs entry point `f` of `module` on the reference interpreter, within
 /// [`DEFAULT_WORK_LIMIT`].
@@ -805,10 +884,7 @@ pub fn check_results(
 
 /// Writes outputs as `DIR/out0.npy`, `DIR/out1.npy`, ... in return order.
 pub fn save_outputs(dir: &Path, outputs: &[HostTensor]) -> Result<Vec<PathBuf>, DriverError> {
-    std::fs::create_dir_all(dir).map_err(|source| DriverError::Io {
-        path: dir.display().to_string(),
-        source,
-    })?;
+    ensure_writable_dir(dir)?;
     outputs
         .iter()
         .enumerate()

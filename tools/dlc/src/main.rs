@@ -73,7 +73,8 @@ enum Command {
         /// What to produce.
         #[arg(long, value_enum, default_value = "graph")]
         emit: Emit,
-        /// Output file (`-` for standard output).
+        /// Output file (`-` for standard output, which `--emit so` refuses:
+        /// a shared library is linked to a file).
         #[arg(short, long, default_value = "-")]
         output: String,
         /// Graph pipeline to run.
@@ -108,6 +109,10 @@ enum Command {
         /// Write the results as DIR/out0.npy, DIR/out1.npy, ... in return order.
         #[arg(long, value_name = "DIR")]
         save_outputs: Option<PathBuf>,
+        /// Write the inputs the run used as DIR/NAME.npy, one per parameter
+        /// (to reproduce a run made with --random-inputs).
+        #[arg(long, value_name = "DIR")]
+        save_inputs: Option<PathBuf>,
         /// Graph pipeline to run before executing.
         #[arg(long, default_value = DEFAULT_PIPELINE)]
         passes: String,
@@ -152,9 +157,13 @@ enum Command {
     /// thread) and write the constants of the cost model `graph.saturate`
     /// extracts by.
     Calibrate {
-        /// Where to write the model (`-` for standard output).
-        #[arg(short, long, default_value = "dialects/graph/cost-model.json")]
-        output: String,
+        /// Where to write the model (`-` for standard output). By default
+        /// the cost model of the source tree (`dialects/graph/cost-model.json`)
+        /// when run at the root of dlc's repository, `dlc-cost-model.json` in
+        /// the current directory elsewhere. The compiler uses the model it was
+        /// built with: copy the file into the source tree and rebuild.
+        #[arg(short, long)]
+        output: Option<String>,
         /// Timed runs per kernel.
         #[arg(long, default_value_t = 30)]
         runs: usize,
@@ -314,6 +323,17 @@ fn calibrate(output: &str, runs: usize) -> Result<(), DriverError> {
     if runs == 0 {
         return Err(DriverError::Usage("--runs must be at least 1".into()));
     }
+    // The output must be writable before minutes of measuring.
+    if output != "-" {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(output)
+            .map_err(|source| DriverError::Io {
+                path: output.into(),
+                source,
+            })?;
+    }
     dlc_runtime::set_num_threads(1).map_err(|e| DriverError::Usage(e.to_string()))?;
     let gemm = time_source(
         "fn k(a: f32[512, 512], b: f32[512, 512]) -> f32[512, 512] { return a @ b; }",
@@ -399,10 +419,25 @@ fn not_yet(what: &str) -> DriverError {
     ))
 }
 
+/// One line about a result: its type, its first elements, and its range
+/// (floats with six decimals, integers as integers, booleans as `true` and
+/// `false` with a count of each).
 fn summary(t: &HostTensor) -> String {
+    use dlc_core::DType;
     let n = t.data.len();
-    let shown: Vec<String> = t.data.iter().take(6).map(|v| format!("{v:.6}")).collect();
+    let dtype = t.ty.dtype;
+    let show = |v: f64| match dtype {
+        DType::Bool => (v != 0.0).to_string(),
+        DType::I32 | DType::I64 => format!("{}", v as i64),
+        _ => format!("{v:.6}"),
+    };
+    let shown: Vec<String> = t.data.iter().take(6).map(|&v| show(v)).collect();
     let more = if n > 6 { ", ..." } else { "" };
+    let head = format!("{} = [{}{more}]", t.ty, shown.join(", "));
+    if dtype == DType::Bool {
+        let trues = t.data.iter().filter(|&&v| v != 0.0).count();
+        return format!("{head}  {trues} true, {} false", n - trues);
+    }
     let (mut lo, mut hi, mut sum) = (f64::INFINITY, f64::NEG_INFINITY, 0.0);
     for &v in &t.data {
         lo = lo.min(v);
@@ -410,9 +445,9 @@ fn summary(t: &HostTensor) -> String {
         sum += v;
     }
     format!(
-        "{} = [{}{more}]  min {lo:.6} max {hi:.6} mean {:.6}",
-        t.ty,
-        shown.join(", "),
+        "{head}  min {} max {} mean {:.6}",
+        show(lo),
+        show(hi),
         sum / n.max(1) as f64
     )
 }
@@ -472,9 +507,14 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                     let bytes =
                         dlc_llvm::emit_native(&tile(&module)?, true, &symbols).map_err(codegen)?;
                     if output == "-" {
-                        return Err(DriverError::Usage(
-                            "--emit obj writes a binary file: give -o FILE".into(),
-                        ));
+                        use std::io::Write;
+                        let mut out = std::io::stdout().lock();
+                        return out.write_all(&bytes).and_then(|()| out.flush()).map_err(
+                            |source| DriverError::Io {
+                                path: "<stdout>".into(),
+                                source,
+                            },
+                        );
                     }
                     return std::fs::write(&output, bytes).map_err(|source| DriverError::Io {
                         path: output.clone(),
@@ -527,10 +567,15 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             inputs,
             random_inputs,
             save_outputs: save,
+            save_inputs,
             passes,
             check,
             max_work,
         } => {
+            // Where results go is checked before any work is done.
+            for dir in [&save, &save_inputs].into_iter().flatten() {
+                dlc_driver::ensure_writable_dir(dir)?;
+            }
             if max_work.is_nan() || max_work <= 0.0 {
                 return Err(DriverError::Usage(format!(
                     "--max-work must be a positive number of operations, got {max_work}"
@@ -554,6 +599,11 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             run_passes(&mut module, &passes, PassOptions::default())?;
             let f = select_entry(&module, entry.as_deref())?;
             let args = prepare_inputs(f, &files, random_inputs)?;
+            if let Some(dir) = &save_inputs {
+                for path in dlc_driver::save_inputs(dir, f, &args)? {
+                    dlc_driver::outln!("wrote {}", path.display());
+                }
+            }
             let outputs = match backend {
                 Backend::Loop => interpret_loops_within(&module, f, &args, max_work)?,
                 Backend::Cpu => run_cpu(&module, f, &args)?,
@@ -607,7 +657,17 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             json,
             &passes,
         ),
-        Command::Calibrate { output, runs } => calibrate(&output, runs),
+        Command::Calibrate { output, runs } => {
+            let output = output.unwrap_or_else(|| {
+                let tree = "dialects/graph/cost-model.json";
+                if std::path::Path::new(tree).is_file() {
+                    tree.into()
+                } else {
+                    "dlc-cost-model.json".into()
+                }
+            });
+            calibrate(&output, runs)
+        }
     }
 }
 

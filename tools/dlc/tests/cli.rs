@@ -207,7 +207,7 @@ fn input_errors_are_clear() {
     );
     fails_with(
         &dlc(&["run", &huge, "--random-inputs", "0"]),
-        "input `x` (f32[100000, 100000]) is too large for the interpreter",
+        "input `x` (f32[100000, 100000]) has more elements than dlc holds in memory",
     );
     let big_const = d.file(
         "bigc.dl",
@@ -848,4 +848,120 @@ fn interpreters_refuse_work_beyond_their_limit() {
         "compile took {:?}",
         start.elapsed()
     );
+}
+
+/// The smaller traps: every error line starts with `error:`, output
+/// directories are checked before the model runs, random inputs stay in
+/// their ops' domains and can be saved, integers and booleans print as such,
+/// an object file can go to standard output.
+#[test]
+fn small_traps_are_closed() {
+    let d = Dir::new("traps");
+    // Missing files and unwritable directories: `error:` lines, exit 1.
+    let o = dlc(&["check", "/no/such/model.dl"]);
+    fails_with(&o, "/no/such/model.dl");
+    assert!(stderr(&o).starts_with("error: "), "{}", stderr(&o));
+    let model = d.file("m.dl", MODEL);
+    let blocker = d.file("not-a-dir", "");
+    let under_file = format!("{blocker}/out");
+    for flag in ["--save-outputs", "--save-inputs"] {
+        let o = dlc(&[
+            "run",
+            &model,
+            "--entry",
+            "affine",
+            "--random-inputs",
+            "0",
+            flag,
+            &under_file,
+        ]);
+        fails_with(&o, &under_file);
+        assert!(stderr(&o).starts_with("error: "), "{}", stderr(&o));
+        assert!(o.stdout.is_empty(), "ran before checking {flag}");
+    }
+    // Variances, square roots and logarithms get positive random inputs, so
+    // the check compares numbers, not NaNs; the inputs can be saved and
+    // reused.
+    let domain = d.file(
+        "domain2.dl",
+        "fn f(x: f32[2, 3, 4, 4], m: f32[3], v: f32[3], g: f32[3], b: f32[3], s: f32[4], t: f32[3, 2]) -> f32[2, 3, 4, 4] {\n\
+         \x20   let u = slice(transpose(t), axis=0, start=0, end=1);\n\
+         \x20   return batchnorm(x, m, v, g, b) * sqrt(s) + sum(log(u));\n}\n",
+    );
+    let inputs = d.0.join("inputs");
+    let o = dlc(&[
+        "run",
+        &domain,
+        "--random-inputs",
+        "3",
+        "--check",
+        "--save-inputs",
+        inputs.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(!out.contains("NaN") && !stderr(&o).contains("NaN"), "{out}");
+    for p in ["v", "s", "t"] {
+        let t = HostTensor::read_npy(&inputs.join(format!("{p}.npy")), None).unwrap();
+        assert!(t.data.iter().all(|&x| x > 0.0), "{p}: {:?}", t.data);
+    }
+    let x = HostTensor::read_npy(&inputs.join("x.npy"), None).unwrap();
+    assert!(x.data.iter().any(|&v| v < 0.0), "x keeps its usual range");
+    let mut again = vec!["run".to_string(), domain.clone()];
+    for p in ["x", "m", "v", "g", "b", "s", "t"] {
+        again.push("--input".into());
+        again.push(format!("{p}={}", inputs.join(format!("{p}.npy")).display()));
+    }
+    let again: Vec<&str> = again.iter().map(String::as_str).collect();
+    let o2 = dlc(&again);
+    assert!(o2.status.success(), "{}", stderr(&o2));
+    let last = |s: &str| s.lines().last().unwrap_or_default().to_string();
+    assert_eq!(last(&String::from_utf8_lossy(&o2.stdout)), last(&out));
+    // Integers and booleans print as such.
+    let ints = d.file(
+        "ints.dl",
+        "fn f(x: i32[3]) -> (i32[3], bool[3]) { return (x * 2, x > 1); }",
+    );
+    let xs = d.npy(
+        "xs.npy",
+        TensorType::new(DType::I32, vec![3]),
+        &[1.0, 2.0, -3.0],
+    );
+    let o = dlc(&["run", &ints, "--input", &format!("x={xs}")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("out0: i32[3] = [2, 4, -6]  min -6 max 4 mean 0.000000"),
+        "{out}"
+    );
+    assert!(
+        out.contains("out1: bool[3] = [false, true, false]  1 true, 2 false"),
+        "{out}"
+    );
+    // An object file on standard output.
+    let o = dlc(&["compile", &model, "--emit", "obj", "-o", "-"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(o.stdout.starts_with(b"\x7fELF"), "not an object file");
+    // Calibration checks its output before measuring.
+    let start = std::time::Instant::now();
+    fails_with(
+        &dlc(&["calibrate", "-o", &format!("{under_file}/model.json")]),
+        &under_file,
+    );
+    assert!(start.elapsed().as_secs() < 10);
+}
+
+/// Outside the repository, `dlc calibrate` writes `dlc-cost-model.json` in
+/// the current directory.
+#[test]
+fn calibrate_writes_to_the_current_directory_outside_the_repository() {
+    let d = Dir::new("calibrate");
+    let o = Command::new(env!("CARGO_BIN_EXE_dlc"))
+        .args(["calibrate", "--runs", "1"])
+        .current_dir(&d.0)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(d.0.join("dlc-cost-model.json")).unwrap();
+    assert!(text.contains("gemm_gflops"), "{text}");
 }
