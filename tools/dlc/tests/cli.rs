@@ -318,7 +318,7 @@ fn compile_emits_graph_ir_and_refuses_what_does_not_exist_yet() {
         .success()
     );
     assert_eq!(&std::fs::read(&obj).unwrap()[..4], b"\x7fELF");
-    fails_with(&dlc(&["compile", &model, "--emit", "obj"]), "give -o FILE");
+    fails_with(&dlc(&["compile", &model, "--emit", "so"]), "give -o FILE");
     fails_with(
         &dlc(&[
             "run",
