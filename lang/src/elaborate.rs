@@ -95,6 +95,9 @@ struct Elab<'p> {
     in_progress: Vec<String>,
     /// Generic functions and operators that some call instantiated.
     used: HashSet<String>,
+    /// Where byte offsets of the source are, when it came from a file: ops
+    /// carry their place.
+    lines: Option<dlc_core::LineIndex>,
     /// Further errors of a function whose first error is being returned
     /// (each statement of a function is checked, so a function may have
     /// several); collected after each entry point.
@@ -109,7 +112,12 @@ const PROBE_DIMS: [usize; 12] = [67, 71, 73, 79, 83, 89, 97, 101, 103, 107, 109,
 /// Checks a program and builds its graph module: one public function per
 /// entry point (a `fn` with a concrete signature) and one private function
 /// per instantiation of a generic `fn`, called through `graph.call`.
-pub fn elaborate(program: &Program) -> Result<Module, Diagnostics> {
+/// With `lines` (the source's line index), every op written in the source
+/// carries its place.
+pub fn elaborate(
+    program: &Program,
+    lines: Option<dlc_core::LineIndex>,
+) -> Result<Module, Diagnostics> {
     let mut errors = Vec::new();
     let mut elab = Elab {
         fns: HashMap::new(),
@@ -118,6 +126,7 @@ pub fn elaborate(program: &Program) -> Result<Module, Diagnostics> {
         in_progress: vec![],
         used: HashSet::new(),
         pending: Vec::new(),
+        lines,
     };
     let mut seen: HashMap<&str, Span> = HashMap::new();
     for item in &program.items {
@@ -910,7 +919,9 @@ impl<'p> Elab<'p> {
         for r in &results {
             check_type_size(r, span)?;
         }
-        Ok(cx.f.add_op(op, operands, results.remove(0)))
+        let v = cx.f.add_op(op, operands, results.remove(0));
+        cx.f.body[v.node].loc = self.lines.as_ref().map(|l| l.loc(span.start));
+        Ok(v)
     }
 
     /// Two operands of an element-wise op, with literals taking the other's type.

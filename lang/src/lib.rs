@@ -155,5 +155,12 @@ pub fn parse(src: &str) -> Result<Program, Diagnostics> {
 /// Parses and elaborates source text into a verified graph module.
 pub fn compile_source(src: &str) -> Result<dlc_graph::Module, Diagnostics> {
     let program = parse(src)?;
-    elaborate(&program)
+    elaborate(&program, None)
+}
+
+/// [`compile_source`] for the text of file `name`: every op the source
+/// writes carries its place (`name:line:column`), which run-time errors name.
+pub fn compile_file(name: &str, src: &str) -> Result<dlc_graph::Module, Diagnostics> {
+    let program = parse(src)?;
+    elaborate(&program, Some(dlc_core::LineIndex::new(name, src)))
 }

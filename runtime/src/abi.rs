@@ -25,14 +25,39 @@ pub const STATUS_DIVISION_BY_ZERO: i32 = 1;
 /// Status when a buffer could not be allocated.
 pub const STATUS_OUT_OF_MEMORY: i32 = 2;
 
-/// What a nonzero status means, or `None` for [`STATUS_OK`].
-pub fn status_message(status: i32) -> Option<String> {
-    match status {
-        STATUS_OK => None,
-        STATUS_DIVISION_BY_ZERO => Some("integer division by zero".into()),
-        STATUS_OUT_OF_MEMORY => Some("out of memory allocating a buffer".into()),
-        s => Some(format!("compiled code failed with status {s}")),
-    }
+/// The kind of a status (its low byte): [`STATUS_OK`],
+/// [`STATUS_DIVISION_BY_ZERO`] or [`STATUS_OUT_OF_MEMORY`]. The bits above
+/// number the failing op's [`Site`] in the function's signature, from 1 (0:
+/// unknown).
+pub fn status_kind(status: i32) -> i32 {
+    status & 0xff
+}
+
+/// A place where a compiled function can fail: the kind of failure (its
+/// status) and the source place of the op (`model.dl:3:12`), when the
+/// program was compiled from source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Site {
+    /// [`STATUS_DIVISION_BY_ZERO`] or [`STATUS_OUT_OF_MEMORY`].
+    pub kind: i32,
+    /// Where the op comes from.
+    pub loc: Option<dlc_core::SourceLoc>,
+}
+
+/// What a nonzero status means, naming the failing op's source place when
+/// `sites` (the function's) has it; `None` for [`STATUS_OK`].
+pub fn status_message(status: i32, sites: &[String]) -> Option<String> {
+    let what = match status_kind(status) {
+        STATUS_OK if status == STATUS_OK => return None,
+        STATUS_DIVISION_BY_ZERO => "integer division by zero",
+        STATUS_OUT_OF_MEMORY => "out of memory allocating a buffer",
+        _ => return Some(format!("compiled code failed with status {status}")),
+    };
+    let site = usize::try_from(status >> 8).unwrap_or(0);
+    Some(match site.checked_sub(1).and_then(|k| sites.get(k)) {
+        Some(place) if place != "-" => format!("{what} at {place}"),
+        _ => what.to_string(),
+    })
 }
 
 /// One parameter of a compiled function.
@@ -46,13 +71,26 @@ pub struct Param {
     pub output: bool,
 }
 
-/// The parameters of a compiled function: inputs, then results.
+/// The parameters of a compiled function: inputs, then results; and the
+/// source places its failure statuses number.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Signature {
     /// The function's symbol.
     pub name: String,
     /// Its parameters, in call order.
     pub params: Vec<Param>,
+    /// Where it can fail: site `k` (from 1) of a failure status is
+    /// `sites[k - 1]`.
+    pub sites: Vec<Site>,
+}
+
+/// `%` and `;` escaped, so a file name fits in a signature entry.
+fn escape(s: &str) -> String {
+    s.replace('%', "%25").replace(';', "%3B")
+}
+
+fn unescape(s: &str) -> String {
+    s.replace("%3B", ";").replace("%25", "%")
 }
 
 impl Signature {
@@ -66,11 +104,22 @@ impl Signature {
         self.params.iter().filter(|p| p.output)
     }
 
+    /// The source place of each site, as failure messages name it (`-`
+    /// where unknown).
+    pub fn site_places(&self) -> Vec<String> {
+        self.sites
+            .iter()
+            .map(|s| s.loc.as_ref().map_or("-".into(), ToString::to_string))
+            .collect()
+    }
+
     /// The text stored in `NAME.signature`: one `in|out NAME DTYPE DIMS...`
-    /// entry per parameter, separated by `;`
-    /// (`in x f32 128 784;out out0 f32 128 10`).
+    /// entry per parameter, then one `site KIND FILE LINE COLUMN` (or
+    /// `site KIND -`) per failure site, separated by `;`
+    /// (`in x f32 128 784;out out0 f32 128 10;site 1 m.dl 3 12`); `%` and
+    /// `;` in file names are escaped as `%25` and `%3B`.
     pub fn encode(&self) -> String {
-        let entries: Vec<String> = self
+        let mut entries: Vec<String> = self
             .params
             .iter()
             .map(|p| {
@@ -86,18 +135,50 @@ impl Signature {
                 e
             })
             .collect();
+        for site in &self.sites {
+            entries.push(match &site.loc {
+                Some(l) => format!(
+                    "site {} {} {} {}",
+                    site.kind,
+                    escape(&l.file).replace(' ', "%20"),
+                    l.line,
+                    l.column
+                ),
+                None => format!("site {} -", site.kind),
+            });
+        }
         entries.join(";")
     }
 
     /// Reads the text of [`Signature::encode`].
     pub fn decode(name: &str, text: &str) -> Result<Signature, String> {
         let mut params = Vec::new();
+        let mut sites = Vec::new();
         for entry in text.split(';').filter(|e| !e.is_empty()) {
             let bad = || format!("`{name}`: malformed signature entry `{entry}`");
             let mut words = entry.split(' ');
             let output = match words.next() {
                 Some("in") => false,
                 Some("out") => true,
+                Some("site") => {
+                    let kind = words.next().and_then(|w| w.parse().ok()).ok_or_else(bad)?;
+                    let loc = match words.next().ok_or_else(bad)? {
+                        "-" => None,
+                        file => {
+                            let mut num = || -> Result<u32, String> {
+                                words.next().and_then(|w| w.parse().ok()).ok_or_else(bad)
+                            };
+                            let (line, column) = (num()?, num()?);
+                            Some(dlc_core::SourceLoc {
+                                file: unescape(&file.replace("%20", " ")).into(),
+                                line,
+                                column,
+                            })
+                        }
+                    };
+                    sites.push(Site { kind, loc });
+                    continue;
+                }
                 _ => return Err(bad()),
             };
             let pname = words.next().ok_or_else(bad)?.to_string();
@@ -114,6 +195,7 @@ impl Signature {
         Ok(Signature {
             name: name.to_string(),
             params,
+            sites,
         })
     }
 }
@@ -415,10 +497,13 @@ pub fn c_header(guard: &str, functions: &[Signature]) -> String {
 extern \"C\" {{
 #endif
 
-/* Every function returns one of these. */
+/* Every function returns DLC_OK, or a failure status whose kind
+ * (DLC_STATUS_KIND) is one of the others; the bits above number the failing
+ * op among the function's sites (listed in its SYM.signature string). */
 #define DLC_OK {STATUS_OK}
 #define DLC_DIVISION_BY_ZERO {STATUS_DIVISION_BY_ZERO}
 #define DLC_OUT_OF_MEMORY {STATUS_OUT_OF_MEMORY}
+#define DLC_STATUS_KIND(status) ((status) & 0xff)
 "
     );
     for f in functions {
@@ -495,6 +580,7 @@ mod tests {
                     output: true,
                 },
             ],
+            sites: vec![],
         }
     }
 
@@ -506,6 +592,37 @@ mod tests {
         assert!(Signature::decode("f", "sideways x f32 2").is_err());
         assert!(Signature::decode("f", "in x f99 2").is_err());
         assert!(Signature::decode("f", "in x f32 two").is_err());
+        let mut s = sig();
+        s.sites = vec![
+            Site {
+                kind: STATUS_DIVISION_BY_ZERO,
+                loc: Some(dlc_core::SourceLoc {
+                    file: "my dir;x/m%.dl".into(),
+                    line: 3,
+                    column: 12,
+                }),
+            },
+            Site {
+                kind: STATUS_OUT_OF_MEMORY,
+                loc: None,
+            },
+        ];
+        assert_eq!(Signature::decode("mlp", &s.encode()), Ok(s.clone()));
+        let places = s.site_places();
+        assert_eq!(
+            status_message(STATUS_DIVISION_BY_ZERO | 1 << 8, &places).as_deref(),
+            Some("integer division by zero at my dir;x/m%.dl:3:12")
+        );
+        assert_eq!(
+            status_message(STATUS_OUT_OF_MEMORY | 2 << 8, &places).as_deref(),
+            Some("out of memory allocating a buffer")
+        );
+        assert_eq!(
+            status_message(STATUS_DIVISION_BY_ZERO, &places).as_deref(),
+            Some("integer division by zero")
+        );
+        assert_eq!(status_message(STATUS_OK, &places), None);
+        assert!(Signature::decode("f", "site 1 m.dl three 4").is_err());
     }
 
     #[test]

@@ -190,7 +190,7 @@ impl BoundCall<'_, '_> {
         // per parameter, in order, each of the size its type needs, and they
         // outlive the call.
         let status = unsafe { (self.kernel.entry)(pointers.as_ptr()) };
-        match status_message(status) {
+        match status_message(status, &self.kernel.signature.site_places()) {
             None => Ok(()),
             Some(m) => Err(RuntimeError::Failed(format!(
                 "`{}`: {m}",

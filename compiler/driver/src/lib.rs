@@ -149,7 +149,7 @@ fn with_stack<T: Send + 'static>(
 pub fn compile_source(src: &SourceText) -> Result<Module, DriverError> {
     let src = src.clone();
     with_stack(move || {
-        dlc_lang::compile_source(&src.text)
+        dlc_lang::compile_file(&src.name, &src.text)
             .map_err(|d| DriverError::Source(d.render(&src.name, &src.text)))
     })?
 }

@@ -4,7 +4,7 @@ use dlc_core::DType;
 use dlc_core::TensorType;
 use dlc_core::scalar::{BinaryOp, CmpOp, UnaryOp};
 use dlc_loop::{Block, Function, IndexExpr, Module as LModule, OpKind, Type, Value};
-use dlc_runtime::abi::{Signature, Symbols};
+use dlc_runtime::abi::{STATUS_DIVISION_BY_ZERO, STATUS_OUT_OF_MEMORY, Signature, Site, Symbols};
 use dlc_runtime::{Kernel, Param, call::EntryFn};
 use inkwell::attributes::AttributeLoc;
 use inkwell::basic_block::BasicBlock;
@@ -75,6 +75,8 @@ pub struct Compiled<'ctx> {
     /// The optimized module.
     pub module: Module<'ctx>,
     machine: TargetMachine,
+    /// Each function's failure sites, by loop function name.
+    sites: HashMap<String, Vec<Site>>,
 }
 
 /// The prefix of the symbols of JIT-compiled code, which never leave the
@@ -98,11 +100,16 @@ pub fn compile<'ctx>(ctx: &'ctx Context, m: &LModule, symbols: &Symbols) -> R<Co
     let features = TargetMachine::get_host_cpu_features()
         .to_string_lossy()
         .into_owned();
+    let mut all_sites = HashMap::new();
     for f in &m.functions {
         let symbol = symbols.symbol(&f.name).map_err(CodegenError::Symbol)?;
-        let func = Gen::function(ctx, &module, f, &symbol)?;
+        let sites = Sites::default();
+        let func = Gen::function(ctx, &module, f, &symbol, &sites)?;
         entry_wrapper(ctx, &module, f, func, &symbol)?;
-        if let Ok(sig) = signature(f) {
+        let sites = sites.borrow().clone();
+        all_sites.insert(f.name.clone(), sites.clone());
+        if let Ok(mut sig) = signature(f) {
+            sig.sites = sites;
             let text = ctx.const_string(sig.encode().as_bytes(), true);
             let global = module.add_global(text.get_type(), None, &format!("{symbol}.signature"));
             global.set_initializer(&text);
@@ -128,7 +135,11 @@ pub fn compile<'ctx>(ctx: &'ctx Context, m: &LModule, symbols: &Symbols) -> R<Co
     module
         .run_passes("default<O3>", &machine, PassBuilderOptions::create())
         .map_err(|e| CodegenError::Llvm(e.to_string()))?;
-    Ok(Compiled { module, machine })
+    Ok(Compiled {
+        module,
+        machine,
+        sites: all_sites,
+    })
 }
 
 /// LLVM rounds f32 to bfloat with a call to `__truncsfbf2` on CPUs without
@@ -270,6 +281,7 @@ pub fn signature(f: &Function) -> R<Signature> {
         .map(|params| Signature {
             name: f.name.clone(),
             params,
+            sites: Vec::new(),
         })
 }
 
@@ -287,6 +299,7 @@ pub struct Jit<'m> {
     engine: ExecutionEngine<'m>,
     module: &'m LModule,
     compile_time: std::time::Duration,
+    sites: HashMap<String, Vec<Site>>,
 }
 
 impl Jit<'_> {
@@ -303,7 +316,8 @@ impl Jit<'_> {
             .iter()
             .find(|f| f.name == name)
             .ok_or_else(|| CodegenError::Arguments(format!("no function `@{name}`")))?;
-        let sig = signature(f)?;
+        let mut sig = signature(f)?;
+        sig.sites = self.sites.get(name).cloned().unwrap_or_default();
         let symbol = jit_symbols().symbol(name).map_err(CodegenError::Symbol)?;
         let address = self
             .engine
@@ -325,6 +339,7 @@ pub fn jit<T>(m: &LModule, use_it: impl FnOnce(&Jit<'_>) -> R<T>) -> R<T> {
     load_thread_pool()?;
     let ctx = Context::create();
     let compiled = compile(&ctx, m, &jit_symbols())?;
+    let sites = compiled.sites.clone();
     let engine = compiled
         .module
         .create_jit_execution_engine(OptimizationLevel::Aggressive)
@@ -334,6 +349,7 @@ pub fn jit<T>(m: &LModule, use_it: impl FnOnce(&Jit<'_>) -> R<T>) -> R<T> {
         engine,
         module: m,
         compile_time: start.elapsed(),
+        sites,
     };
     use_it(&jit)
 }
@@ -399,12 +415,25 @@ struct Gen<'ctx, 'f> {
     f: &'f Function,
     func: FunctionValue<'ctx>,
     vals: HashMap<Value, BasicValueEnum<'ctx>>,
-    fail_div: BasicBlock<'ctx>,
-    fail_alloc: BasicBlock<'ctx>,
+    /// The failure sites of the exported function being generated (its
+    /// outlined bodies share them).
+    sites: Sites,
+    /// This LLVM function's block leaving with each status.
+    fail_blocks: std::cell::RefCell<HashMap<i32, BasicBlock<'ctx>>>,
+    /// In helpers that cannot fail: the block every failure branches to
+    /// (unreachable).
+    trap: Option<BasicBlock<'ctx>>,
+    /// The source place of the op being generated.
+    loc: Option<dlc_core::SourceLoc>,
     /// Where a failing status goes: `None` in a function that returns it,
     /// the shared slot in a function outlined for threads.
     status_slot: Option<PointerValue<'ctx>>,
 }
+
+/// The places where an exported function can fail, in the order their
+/// statuses number them: status `kind | (k + 1) << 8` is a failure of kind
+/// `kind` at site `k` (see `dlc_runtime::abi`).
+type Sites = std::rc::Rc<std::cell::RefCell<Vec<Site>>>;
 
 fn storage_type(ctx: &Context, d: DType) -> BasicTypeEnum<'_> {
     match d {
@@ -430,6 +459,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f> {
         module: &'f Module<'ctx>,
         f: &'f Function,
         symbol: &str,
+        sites: &Sites,
     ) -> R<FunctionValue<'ctx>> {
         let ptr = ctx.ptr_type(AddressSpace::default());
         let params: Vec<BasicMetadataTypeEnum<'_>> = f.params.iter().map(|_| ptr.into()).collect();
@@ -439,13 +469,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f> {
             Some(Linkage::External),
         );
         let entry = ctx.append_basic_block(func, "entry");
-        let fail_div = ctx.append_basic_block(func, "fail.division_by_zero");
-        let fail_alloc = ctx.append_basic_block(func, "fail.alloc");
         let b = ctx.create_builder();
-        for (block, status) in [(fail_div, 1), (fail_alloc, 2)] {
-            b.position_at_end(block);
-            b.build_return(Some(&ctx.i32_type().const_int(status, false)))?;
-        }
         b.position_at_end(entry);
         let mut g = Gen {
             ctx,
@@ -454,8 +478,10 @@ impl<'ctx, 'f> Gen<'ctx, 'f> {
             f,
             func,
             vals: HashMap::new(),
-            fail_div,
-            fail_alloc,
+            sites: sites.clone(),
+            fail_blocks: Default::default(),
+            trap: None,
+            loc: None,
             status_slot: None,
         };
         for (i, (_, v)) in f.params.iter().enumerate() {
@@ -466,6 +492,48 @@ impl<'ctx, 'f> Gen<'ctx, 'f> {
         }
         g.block(&f.body)?;
         Ok(func)
+    }
+
+    /// The block that leaves the function with a failure of `kind` at the
+    /// op being generated (its source place numbered among the function's
+    /// sites).
+    fn fail_block(&self, kind: i32) -> R<BasicBlock<'ctx>> {
+        if let Some(trap) = self.trap {
+            return Ok(trap);
+        }
+        let site = {
+            let mut sites = self.sites.borrow_mut();
+            let this = Site {
+                kind,
+                loc: self.loc.clone(),
+            };
+            match sites.iter().position(|s| *s == this) {
+                Some(k) => k + 1,
+                None => {
+                    sites.push(this);
+                    sites.len()
+                }
+            }
+        };
+        // Statuses are i32: past 2^23 sites, the place is left unknown.
+        let status = kind
+            | i32::try_from(site)
+                .ok()
+                .filter(|s| *s < 1 << 23)
+                .unwrap_or(0)
+                << 8;
+        if let Some(b) = self.fail_blocks.borrow().get(&status) {
+            return Ok(*b);
+        }
+        let here = self.b.get_insert_block();
+        let block = self.ctx.append_basic_block(self.func, "fail");
+        self.b.position_at_end(block);
+        self.fail_with(self.ctx.i32_type().const_int(status as u64, false))?;
+        if let Some(here) = here {
+            self.b.position_at_end(here);
+        }
+        self.fail_blocks.borrow_mut().insert(status, block);
+        Ok(block)
     }
 
     fn get(&self, v: Value) -> R<BasicValueEnum<'ctx>> {
@@ -707,7 +775,8 @@ impl<'ctx, 'f> Gen<'ctx, 'f> {
                     self.b
                         .build_int_compare(IntPredicate::EQ, y, t.const_zero(), "divzero")?;
                 let ok = self.ctx.append_basic_block(self.func, "div.ok");
-                self.b.build_conditional_branch(zero, self.fail_div, ok)?;
+                let fail = self.fail_block(STATUS_DIVISION_BY_ZERO)?;
+                self.b.build_conditional_branch(zero, fail, ok)?;
                 self.b.position_at_end(ok);
                 let minus_one = self.b.build_int_compare(
                     IntPredicate::EQ,
@@ -885,6 +954,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f> {
     fn block(&mut self, blk: &Block) -> R<Vec<BasicValueEnum<'ctx>>> {
         for &id in &blk.ops {
             let op = self.f.op(id);
+            self.loc.clone_from(&op.loc);
             let operand = |k: usize| {
                 op.operands.get(k).copied().ok_or_else(|| {
                     CodegenError::Invalid(format!("{} lacks operand {k}", op.kind.name()))
@@ -917,7 +987,8 @@ impl<'ctx, 'f> Gen<'ctx, 'f> {
                         .ok_or_else(|| CodegenError::Llvm("malloc gives no value".into()))?;
                     let null = self.b.build_is_null(p.into_pointer_value(), "isnull")?;
                     let ok = self.ctx.append_basic_block(self.func, "alloc.ok");
-                    self.b.build_conditional_branch(null, self.fail_alloc, ok)?;
+                    let fail = self.fail_block(STATUS_OUT_OF_MEMORY)?;
+                    self.b.build_conditional_branch(null, fail, ok)?;
                     self.b.position_at_end(ok);
                     self.scalar_result(op, p);
                 }

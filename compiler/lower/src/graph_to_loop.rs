@@ -479,8 +479,12 @@ impl Lowering<'_> {
             Plan::WithEpilogue(end) => end,
             _ => n,
         };
+        // The kernel's ops (its allocation included) carry its place.
+        let outer = self.b.set_loc(self.g.body[n].loc.clone());
         self.ensure_home(target);
-        self.emit_kernel(n)
+        let r = self.emit_kernel(n);
+        self.b.set_loc(outer);
+        r
     }
 
     /// Whether convolution `n` is lowered as a matrix product over an im2col
@@ -587,8 +591,16 @@ impl Lowering<'_> {
         self.value_at(o, &mapped)
     }
 
-    /// Computes an element-wise node at `idx` from its operands.
+    /// Computes an element-wise node at `idx` from its operands; its ops
+    /// carry its source place.
     fn compute_at(&mut self, n: NodeIndex, idx: &[IndexExpr]) -> Value {
+        let outer = self.b.set_loc(self.g.body[n].loc.clone());
+        let v = self.compute_node_at(n, idx);
+        self.b.set_loc(outer);
+        v
+    }
+
+    fn compute_node_at(&mut self, n: NodeIndex, idx: &[IndexExpr]) -> Value {
         let dtype = self.ty(n).dtype;
         match self.op(n).clone() {
             Op::Constant(ConstValue::Splat(v)) => self.b.constant(v, dtype),

@@ -5,11 +5,13 @@
 #![deny(missing_docs)]
 
 pub mod lex;
+pub mod loc;
 mod pass;
 pub mod scalar;
 mod text;
 mod types;
 
+pub use loc::{LineIndex, SourceLoc};
 pub use pass::{
     Pass, PassAdapter, PassError, PassManager, PassOptions, PassRegistry, PassReport, Pipeline,
     PipelineEntry, Verify,

@@ -101,7 +101,7 @@ pub enum InterpError {
         got: TensorType,
     },
     /// Integer division by zero.
-    #[error("integer division by zero in {0}")]
+    #[error("integer division by zero at {0}")]
     DivisionByZero(String),
     /// A tensor too large to hold in the interpreter.
     #[error("{0} is too large for the interpreter (limit {MAX_ELEMENTS} elements)")]
@@ -295,8 +295,11 @@ fn run_body(module: &Module, f: &Function, args: &[Tensor]) -> Result<Vec<Tensor
             }
             op => {
                 let inputs = gather(f, &values, node)?;
-                eval_op(op, &inputs, &n.results)
-                    .map_err(|e| with_location(e, &format!("@{} {}", f.name, op.name())))?
+                let what = match &n.loc {
+                    Some(loc) => format!("{loc} (@{} {})", f.name, op.name()),
+                    None => format!("@{} {}", f.name, op.name()),
+                };
+                eval_op(op, &inputs, &n.results).map_err(|e| with_location(e, &what))?
             }
         };
         values.insert(node, results);

@@ -46,6 +46,9 @@ pub struct Node {
     pub op: Op,
     /// Result types; most ops have one.
     pub results: Vec<TensorType>,
+    /// Where the op comes from in the source, when it was compiled from
+    /// source: run-time errors name it. Not part of the text form.
+    pub loc: Option<dlc_core::SourceLoc>,
 }
 
 /// Whether a function is an entry point.
@@ -90,6 +93,7 @@ impl Function {
         let node = self.body.add_node(Node {
             op: Op::Param { index },
             results: vec![ty],
+            loc: None,
         });
         self.params.push((name.into(), node));
         Value::of(node)
@@ -97,7 +101,11 @@ impl Function {
 
     /// Adds an op with the given operands and result types.
     pub fn add_node(&mut self, op: Op, operands: &[Value], results: Vec<TensorType>) -> NodeIndex {
-        let node = self.body.add_node(Node { op, results });
+        let node = self.body.add_node(Node {
+            op,
+            results,
+            loc: None,
+        });
         for (i, v) in operands.iter().enumerate() {
             self.body.add_edge(
                 v.node,

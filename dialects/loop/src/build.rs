@@ -11,6 +11,8 @@ pub struct Builder {
     f: Function,
     blocks: Vec<Block>,
     open: Vec<OpenLoop>,
+    /// The source place new ops carry.
+    loc: Option<dlc_core::SourceLoc>,
 }
 
 /// A loop whose body is being built.
@@ -34,7 +36,14 @@ impl Builder {
             f: Function::new(name),
             blocks: vec![Block::default()],
             open: vec![],
+            loc: None,
         }
+    }
+
+    /// Sets the source place the ops built from now on carry; returns the
+    /// previous one.
+    pub fn set_loc(&mut self, loc: Option<dlc_core::SourceLoc>) -> Option<dlc_core::SourceLoc> {
+        std::mem::replace(&mut self.loc, loc)
     }
 
     /// Appends an input buffer parameter (before any output).
@@ -69,6 +78,7 @@ impl Builder {
         regions: Vec<Block>,
     ) -> Vec<Value> {
         let id = self.f.create_op(kind, operands, results, regions);
+        self.f.ops[id.0 as usize].loc = self.loc.clone();
         if let Some(b) = self.blocks.last_mut() {
             b.ops.push(id);
         }

@@ -57,9 +57,9 @@ pub enum LoopError {
     /// A buffer used after `loop.dealloc`.
     #[error("{0} uses a buffer after it was deallocated")]
     UseAfterFree(String),
-    /// Integer division by zero.
-    #[error("integer division by zero")]
-    DivisionByZero,
+    /// Integer division by zero, at the op's source place when known.
+    #[error("integer division by zero{}", .0.as_ref().map_or(String::new(), |l| format!(" at {l}")))]
+    DivisionByZero(Option<dlc_core::SourceLoc>),
     /// A buffer too large to allocate.
     #[error("{0} is too large for the interpreter (limit {MAX_ELEMENTS} elements)")]
     TooLarge(String),
@@ -333,7 +333,8 @@ impl Machine<'_> {
                 OpKind::Binary(b) => {
                     let (x, y) = (self.scalar(op.operands[0])?, self.scalar(op.operands[1])?);
                     let int = self.dtype(op.operands[0]).is_int();
-                    let v = apply_binary(*b, x, y, int).ok_or(LoopError::DivisionByZero)?;
+                    let v = apply_binary(*b, x, y, int)
+                        .ok_or_else(|| LoopError::DivisionByZero(op.loc.clone()))?;
                     scalar_result(self, v);
                 }
                 OpKind::Compare(c) => {

@@ -272,6 +272,10 @@ pub struct OpData {
     pub results: Vec<Value>,
     /// Nested blocks (loop bodies).
     pub regions: Vec<Block>,
+    /// The source place of the graph op it was lowered from, when known:
+    /// what a run-time failure of the op (a division by zero, an allocation)
+    /// names. Not part of the text form.
+    pub loc: Option<dlc_core::SourceLoc>,
 }
 
 /// A list of ops, with arguments (a loop's index and carried values).
@@ -348,6 +352,7 @@ impl Function {
             operands,
             results,
             regions,
+            loc: None,
         });
         OpId(self.ops.len() as u32 - 1)
     }

@@ -188,6 +188,7 @@ fn matmul(f: &mut Function, id: OpId) -> Option<OpId> {
             args: vec![iv, jv, kv, acc],
             ops: epilogue,
         }],
+        loc: r.loc.clone(),
     });
     Some(OpId(f.ops.len() as u32 - 1))
 }

@@ -965,3 +965,46 @@ fn calibrate_writes_to_the_current_directory_outside_the_repository() {
     let text = std::fs::read_to_string(d.0.join("dlc-cost-model.json")).unwrap();
     assert!(text.contains("gemm_gflops"), "{text}");
 }
+
+/// An integer division by zero names its source place on every backend:
+/// compiled code (in process, in a loop spread over threads, and through a
+/// shared library's checked call) and both interpreters.
+#[test]
+fn run_time_errors_name_the_source_place() {
+    let d = Dir::new("place");
+    let src = d.file(
+        "div.dl",
+        "fn f(x: i32[64], y: i32[64]) -> i32[64] {\n    let s = x * 2;\n    let q = s / y;\n    return q + 1;\n}\n",
+    );
+    let place = format!("{src}:3:13");
+    for backend in ["cpu", "interp", "loop"] {
+        // Random integers in [-10, 10]: some divisor of 64 is zero.
+        let o = dlc(&["run", &src, "--backend", backend, "--random-inputs", "0"]);
+        fails_with(&o, &format!("integer division by zero at {place}"));
+    }
+    let so = d.0.join("libdiv.so");
+    let o = dlc(&["compile", &src, "--emit", "so", "-o", so.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let lib = dlc_runtime::SharedLibrary::open(&so).unwrap();
+    let f = lib.kernel("dlc_div_f").unwrap();
+    let ints = |v: Vec<f64>| HostTensor::new(TensorType::new(DType::I32, vec![64]), v).unwrap();
+    let err = f
+        .call(&[ints(vec![1.0; 64]), ints((0..64).map(f64::from).collect())])
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        format!("`dlc_div_f`: integer division by zero at {place}")
+    );
+    let ok = f.call(&[ints(vec![3.0; 64]), ints(vec![2.0; 64])]).unwrap();
+    assert!(ok[0].data.iter().all(|&v| v == 4.0), "{:?}", ok[0].data);
+    // A 40 GB intermediate: the allocation fails, and says where.
+    let oom = d.file(
+        "oom.dl",
+        "fn f(x: f32[100000]) -> f32[100000] {\n    let b = broadcast(x, [100000, 100000]);\n    return sum(b * b + b, axis=1);\n}\n",
+    );
+    fails_with(
+        &dlc(&["run", &oom, "--random-inputs", "0"]),
+        &format!("`f`: out of memory allocating a buffer at {oom}:2:13"),
+    );
+}

@@ -112,7 +112,7 @@ impl<'ctx> Gen<'ctx, '_> {
 
     /// Leaves the function with `status` (nonzero): returns it, or, in a
     /// function outlined for threads, records it and returns.
-    fn fail_with(&self, status: IntValue<'ctx>) -> R<()> {
+    pub(super) fn fail_with(&self, status: IntValue<'ctx>) -> R<()> {
         match self.status_slot {
             None => {
                 self.b.build_return(Some(&status))?;
@@ -179,7 +179,8 @@ impl<'ctx> Gen<'ctx, '_> {
         .into_pointer_value();
         let null = self.b.build_is_null(p, "isnull")?;
         let ok = self.ctx.append_basic_block(self.func, "alloc.ok");
-        self.b.build_conditional_branch(null, self.fail_alloc, ok)?;
+        let fail = self.fail_block(dlc_runtime::abi::STATUS_OUT_OF_MEMORY)?;
+        self.b.build_conditional_branch(null, fail, ok)?;
         self.b.position_at_end(ok);
         Ok(p)
     }
@@ -256,8 +257,10 @@ impl<'ctx> Gen<'ctx, '_> {
             f: self.f,
             func: outlined,
             vals: std::collections::HashMap::new(),
-            fail_div: ctx.append_basic_block(outlined, "fail.division_by_zero"),
-            fail_alloc: ctx.append_basic_block(outlined, "fail.alloc"),
+            sites: self.sites.clone(),
+            fail_blocks: Default::default(),
+            trap: None,
+            loc: self.loc.clone(),
             status_slot: None,
         };
         g.b.position_at_end(start);
@@ -266,10 +269,6 @@ impl<'ctx> Gen<'ctx, '_> {
             .ok_or_else(|| CodegenError::Invalid("outlined body without frame".into()))?
             .into_pointer_value();
         g.status_slot = Some(slot(&g, frame_in, captures.len())?);
-        for (block, status) in [(g.fail_div, 1), (g.fail_alloc, 2)] {
-            g.b.position_at_end(block);
-            g.fail_with(i32t.const_int(status, false))?;
-        }
         g.b.position_at_end(start);
         let mut extra_in = Vec::new();
         for (i, (v, val)) in captures.iter().enumerate() {
@@ -407,8 +406,10 @@ impl<'ctx> Gen<'ctx, '_> {
             f: self.f,
             func,
             vals: std::collections::HashMap::new(),
-            fail_div: trap,
-            fail_alloc: trap,
+            sites: self.sites.clone(),
+            fail_blocks: Default::default(),
+            trap: Some(trap),
+            loc: None,
             status_slot: None,
         };
         g.b.position_at_end(trap);

@@ -184,7 +184,10 @@ fn canonicalize_function(f: &mut Function, max_iterations: u32) -> (u64, u64) {
                     Rewrite::Use(v) => v,
                     Rewrite::New(op, operands) => {
                         let ty = f.body[node].results.clone();
-                        Value::of(f.add_node(op, &operands, ty))
+                        let loc = f.body[node].loc.clone();
+                        let new = f.add_node(op, &operands, ty);
+                        f.body[new].loc = loc;
+                        Value::of(new)
                     }
                 };
                 f.replace_all_uses(Value::of(node), to);

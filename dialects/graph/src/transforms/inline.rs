@@ -41,6 +41,7 @@ fn inline_call(f: &mut Function, call: NodeIndex, callee: &Function) {
             .map(|v| translate(v, &map))
             .collect();
         let new = f.add_node(n.op.clone(), &operands, n.results.clone());
+        f.body[new].loc = n.loc.clone();
         map.insert(node, new);
     }
     for (r, v) in callee.results.iter().enumerate() {
