@@ -489,23 +489,47 @@ fn affine_reference() -> Vec<f64> {
     out
 }
 
-#[test]
-fn object_files_link_into_a_c_program() {
-    let d = Dir::new("cabi");
-    let model = d.file("m.dl", MODEL);
-    let (obj, header) = (d.0.join("model.o"), d.0.join("model.h"));
+/// Compiles `model` to `DIR/STEM.o` and `DIR/STEM.h`; the header's text.
+fn emit_object_and_header(d: &Dir, model: &str, stem: &str) -> (PathBuf, String) {
+    let (obj, header) = (d.0.join(format!("{stem}.o")), d.0.join(format!("{stem}.h")));
     for (emit, path) in [("obj", &obj), ("header", &header)] {
         let o = dlc(&[
             "compile",
-            &model,
+            model,
             "--emit",
             emit,
             "-o",
             path.to_str().unwrap(),
         ]);
-        assert!(o.status.success(), "{}", stderr(&o));
+        assert!(o.status.success(), "{emit}: {}", stderr(&o));
     }
-    let h = std::fs::read_to_string(&header).unwrap();
+    (obj, std::fs::read_to_string(&header).unwrap())
+}
+
+/// Builds `main` with `obj` into `DIR/EXE` (`cc -std=c99 -Wall -Werror`)
+/// and runs it; its standard output.
+fn run_c_program(d: &Dir, exe: &str, main: &str, obj: &Path, libs: &[&str]) -> String {
+    let exe = d.0.join(exe);
+    let cc = Command::new("cc")
+        .args(["-std=c99", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(main)
+        .arg(obj)
+        .args(libs)
+        .output()
+        .expect("the C compiler `cc` (installed by `make setup`)");
+    assert!(cc.status.success(), "{libs:?}: {}", stderr(&cc));
+    let run = Command::new(&exe).output().unwrap();
+    let out = String::from_utf8_lossy(&run.stdout).into_owned();
+    assert!(run.status.success(), "{out}{}", stderr(&run));
+    out
+}
+
+#[test]
+fn object_files_link_into_a_c_program() {
+    let d = Dir::new("cabi");
+    let model = d.file("m.dl", MODEL);
+    let (obj, h) = emit_object_and_header(&d, &model, "model");
     assert!(
         h.contains(
             "int32_t dlc_m_affine(const float *x, const float *w, const float *b, float *out0);"
@@ -523,23 +547,7 @@ fn object_files_link_into_a_c_program() {
         ("main", &["-lm", "-lgomp"][..]),
         ("main_alone", &["-lm"][..]),
     ] {
-        let exe = d.0.join(exe);
-        let cc = Command::new("cc")
-            .args(["-std=c99", "-Wall", "-Werror", "-o"])
-            .arg(&exe)
-            .arg(&main)
-            .arg(&obj)
-            .args(libs)
-            .output()
-            .expect("the C compiler `cc` (installed by `make setup`)");
-        assert!(cc.status.success(), "{libs:?}: {}", stderr(&cc));
-        let run = Command::new(&exe).output().unwrap();
-        assert!(
-            run.status.success(),
-            "{}",
-            String::from_utf8_lossy(&run.stdout)
-        );
-        let got: Vec<f64> = String::from_utf8_lossy(&run.stdout)
+        let got: Vec<f64> = run_c_program(&d, exe, &main, &obj, libs)
             .lines()
             .map(|l| l.parse().unwrap())
             .collect();
@@ -678,19 +686,7 @@ fn any_legal_name_compiles_links_and_runs() {
     }
     let d = Dir::new("names");
     let src = d.file("names.dl", &model);
-    let (obj, header) = (d.0.join("names.o"), d.0.join("names.h"));
-    for (emit, path) in [("obj", &obj), ("header", &header)] {
-        let o = dlc(&[
-            "compile",
-            &src,
-            "--emit",
-            emit,
-            "-o",
-            path.to_str().unwrap(),
-        ]);
-        assert!(o.status.success(), "{emit}: {}", stderr(&o));
-    }
-    let h = std::fs::read_to_string(&header).unwrap();
+    let (obj, h) = emit_object_and_header(&d, &src, "names");
     assert!(
         h.contains(
             "int32_t dlc_names_malloc(const float *int_, const float *double_, const float *NULL_, \
@@ -711,22 +707,13 @@ fn any_legal_name_compiles_links_and_runs() {
     }
     main.push_str("  return 0;\n}\n");
     let main = d.file("main.c", &main);
-    let exe = d.0.join("names");
-    let cc = Command::new("cc")
-        .args(["-std=c99", "-Wall", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(&main)
-        .arg(&obj)
-        .args(["-lm", "-lgomp"])
-        .output()
-        .expect("the C compiler `cc` (installed by `make setup`)");
-    assert!(cc.status.success(), "{}", stderr(&cc));
-    let run = Command::new(&exe).output().unwrap();
-    assert!(run.status.success(), "{}", stderr(&run));
     let want: String = (1..=names.len())
         .map(|k| format!("{0} {0}\n", 65 * k))
         .collect();
-    assert_eq!(String::from_utf8_lossy(&run.stdout), want);
+    assert_eq!(
+        run_c_program(&d, "names", &main, &obj, &["-lm", "-lgomp"]),
+        want
+    );
     // In process (JIT), checked against the interpreter.
     for name in names {
         let o = dlc(&[
