@@ -206,6 +206,10 @@ pub fn elaborate(
         errors.extend(elab.check_uncalled(program));
     }
     errors.retain(|d| !d.follow_on);
+    // A broken generic function called twice with the same dimensions is
+    // reported once (at its first call).
+    let mut seen_errors = HashSet::new();
+    errors.retain(|d| seen_errors.insert((d.message.clone(), d.primary.0)));
     if !errors.is_empty() {
         return Err(Diagnostics(errors));
     }

@@ -92,6 +92,7 @@ fn f(x: f32[4]) -> f32[4] {
     empty_input: "";
     every_error_of_a_function: "fn f(x: f32[4], y: f32[5]) -> f32[4] {\n    let a = x + y;\n    let b = relu(zz);\n    let c = sum(x, axis=3);\n    return a + b + c;\n}\n";
     syntax_missing_semicolon_before_comment: "fn f(x: f32[4]) -> f32[4] {\n    let y = relu(x) // the activation\n    /* then */\n    return y;\n}\n";
+    generic_error_reported_once: "fn bad[N](x: f32[N]) -> f32[N] {\n    return x @ x;\n}\nfn f(x: f32[3]) -> f32[3] {\n    let a = bad(x);\n    let b = bad(x);\n    return a + b;\n}\n";
     did_you_mean_a_name: "fn f(x: f32[4]) -> f32[4] {\n    let hidden = relu(x);\n    return hiden * 2.0;\n}\n";
     did_you_mean_a_function: "fn f(x: f32[4, 4]) -> f32[4, 4] {\n    return sofmax(x);\n}\n";
     did_you_mean_an_operand: "op rows[M, N](xs: f32[M, N]) -> f32[M] {\n    out[i] = sum[j](x[i, j]);\n}\nfn f(x: f32[2, 3]) -> f32[2] {\n    return rows(x);\n}\n";
