@@ -501,15 +501,21 @@ pub fn prepare_inputs(
     }
     let mut rng = seeded_rng(seed.unwrap_or(0));
     let mut inputs = Vec::new();
-    let positive = positive_params(f);
+    let ranges = random_ranges(f);
     for (k, (name, ty)) in params.iter().enumerate() {
         // Draw for every parameter so a parameter's random value does not
         // depend on which others were given as files.
         let mut random = HostTensor::random(ty, &mut rng);
-        if positive[k] && ty.dtype.is_float() {
-            // Inside the op's domain: uniform in [0.25, 1.25).
-            for v in &mut random.data {
-                *v = ty.dtype.round(v.abs() + 0.25);
+        if ty.dtype.is_float() {
+            let map: Option<Box<dyn Fn(f64) -> f64>> = match ranges[k] {
+                RandomRange::Unit => None,
+                RandomRange::Positive => Some(Box::new(|v: f64| v.abs() + 0.25)),
+                RandomRange::Weight(s) => Some(Box::new(move |v: f64| v * s)),
+            };
+            if let Some(map) = map {
+                for v in &mut random.data {
+                    *v = ty.dtype.round(map(*v));
+                }
             }
         }
         let t = match given.get(name) {
@@ -533,15 +539,32 @@ pub fn prepare_inputs(
 
 pub use dlc_graph::interp::DEFAULT_WORK_LIMIT;
 
-/// For each parameter of `f`, whether random values for it must be positive
-/// to stay inside the domain of an op that reads it (directly or through
-/// reshapes, transposes, broadcasts, slices and concatenations): a
-/// batchnorm variance, the operand of `sqrt`, `rsqrt` or `log`, the base of
-/// `pow`.
-pub fn positive_params(f: &Function) -> Vec<bool> {
+/// How random values for a float parameter are drawn (`--random-inputs`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RandomRange {
+    /// Uniform in [-1, 1).
+    Unit,
+    /// Uniform in [0.25, 1.25): an op needs the value positive.
+    Positive,
+    /// Uniform in [-s, s): the weights of a product or convolution, scaled
+    /// by `s = 1 / sqrt(fan-in)` as common initializations are, so that
+    /// activations stay near 1 however deep the model.
+    Weight(f64),
+}
+
+/// For each parameter of `f`, how its random values are drawn, from the ops
+/// that read it (directly or through reshapes, transposes, broadcasts,
+/// slices and concatenations): [`RandomRange::Positive`] for a batchnorm
+/// variance, the operand of `sqrt`, `rsqrt` or `log` and the base of
+/// `pow`; [`RandomRange::Weight`] for the right operand of a matrix product
+/// (fan-in: the contraction length) and the weights of a convolution
+/// (fan-in: input channels per group times the kernel's size);
+/// [`RandomRange::Unit`] otherwise.
+pub fn random_ranges(f: &Function) -> Vec<RandomRange> {
     use dlc_core::scalar::{BinaryOp, UnaryOp};
     use dlc_graph::Op;
-    let needs_positive = |node: petgraph::stable_graph::NodeIndex| {
+    let range = |node: petgraph::stable_graph::NodeIndex| {
+        let mut found = RandomRange::Unit;
         let mut stack = vec![node];
         let mut seen = std::collections::HashSet::new();
         while let Some(n) = stack.pop() {
@@ -549,17 +572,26 @@ pub fn positive_params(f: &Function) -> Vec<bool> {
                 continue;
             }
             for u in f.body.neighbors_directed(n, petgraph::Direction::Outgoing) {
-                let positions: Vec<usize> = f
-                    .operands(u)
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, v)| v.node == n)
-                    .map(|(k, _)| k)
-                    .collect();
+                let operands = f.operands(u);
+                let at = |k: usize| operands.get(k).is_some_and(|v| v.node == n);
                 match &f.body[u].op {
-                    Op::Unary(UnaryOp::Sqrt | UnaryOp::Rsqrt | UnaryOp::Log) => return true,
-                    Op::BatchNorm { .. } if positions.contains(&2) => return true,
-                    Op::Binary(BinaryOp::Pow) if positions.contains(&0) => return true,
+                    Op::Unary(UnaryOp::Sqrt | UnaryOp::Rsqrt | UnaryOp::Log) => {
+                        return RandomRange::Positive;
+                    }
+                    Op::BatchNorm { .. } if at(2) => return RandomRange::Positive,
+                    Op::Binary(BinaryOp::Pow) if at(0) => return RandomRange::Positive,
+                    Op::MatMul if at(1) => {
+                        let k = operands
+                            .first()
+                            .and_then(|a| f.value_type(*a).shape.last().copied())
+                            .unwrap_or(1);
+                        found = RandomRange::Weight(1.0 / (k.max(1) as f64).sqrt());
+                    }
+                    Op::Conv2d { .. } if at(1) => {
+                        let fan_in: usize =
+                            f.value_type(operands[1]).shape.iter().skip(1).product();
+                        found = RandomRange::Weight(1.0 / (fan_in.max(1) as f64).sqrt());
+                    }
                     Op::Reshape { .. }
                     | Op::Transpose { .. }
                     | Op::Broadcast { .. }
@@ -569,9 +601,9 @@ pub fn positive_params(f: &Function) -> Vec<bool> {
                 }
             }
         }
-        false
+        found
     };
-    f.params.iter().map(|(_, n)| needs_positive(*n)).collect()
+    f.params.iter().map(|(_, n)| range(*n)).collect()
 }
 
 /// Writes inputs as `DIR/NAME.npy`, one file per parameter of `f`.

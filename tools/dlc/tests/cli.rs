@@ -904,6 +904,43 @@ fn small_traps_are_closed() {
     assert!(o2.status.success(), "{}", stderr(&o2));
     let last = |s: &str| s.lines().last().unwrap_or_default().to_string();
     assert_eq!(last(&String::from_utf8_lossy(&o2.stdout)), last(&out));
+    // Weights of products and convolutions are scaled by 1/sqrt(fan-in),
+    // as initializations are, so deep models (W7's 32 GRU steps) stay out
+    // of chaos and pass --check.
+    let weights = d.file(
+        "weights.dl",
+        "fn f(x: f32[4, 256], w: f32[8, 256], img: f32[1, 4, 6, 6], k: f32[2, 4, 3, 3]) -> (f32[4, 8], f32[1, 2, 4, 4]) {\n\
+         \x20   return (x @ transpose(w), conv2d(img, k));\n}\n",
+    );
+    let saved = d.0.join("weights");
+    let o = dlc(&[
+        "run",
+        &weights,
+        "--random-inputs",
+        "1",
+        "--check",
+        "--save-inputs",
+        saved.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let largest = |p: &str| {
+        let t = HostTensor::read_npy(&saved.join(format!("{p}.npy")), None).unwrap();
+        t.data.iter().fold(0f64, |m, v| m.max(v.abs()))
+    };
+    assert!(
+        largest("w") <= 1.0 / 16.0 && largest("w") > 0.03,
+        "w: {}",
+        largest("w")
+    );
+    assert!(
+        largest("k") <= 1.0 / 6.0 && largest("k") > 0.1,
+        "k: {}",
+        largest("k")
+    );
+    assert!(
+        largest("x") > 0.9 && largest("img") > 0.5,
+        "activations keep [-1, 1)"
+    );
     // Integers and booleans print as such.
     let ints = d.file(
         "ints.dl",
