@@ -952,3 +952,66 @@ macro_rules! outln {
     () => { $crate::write_stdout(format_args!("\n")) };
     ($($t:tt)*) => { $crate::write_stdout(format_args!("{}\n", format_args!($($t)*))) };
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dlc_core::DType;
+
+    fn t(data: &[f64]) -> HostTensor {
+        HostTensor::new(TensorType::new(DType::F32, vec![data.len()]), data.to_vec())
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn check(got: &[f64], want: &[f64]) -> ResultCheck {
+        let mut c = check_results(&[t(got)], &[t(want)], &[1e-4]).unwrap_or_else(|e| panic!("{e}"));
+        c.remove(0)
+    }
+
+    #[test]
+    fn checks_compare_within_the_tolerance_of_the_type() {
+        assert_eq!(check_tolerance(DType::F32), 1e-4);
+        assert_eq!(check_tolerance(DType::F16), 1.0 / 256.0);
+        assert_eq!(check_tolerance(DType::BF16), 1.0 / 32.0);
+        assert_eq!(check_tolerance(DType::I32), 0.0);
+        let c = check(&[1.0, 2.00005], &[1.0, 2.0]);
+        assert!(c.passed(), "{c}");
+        assert!((c.relative_error - 2.5e-5).abs() < 1e-7, "{c}");
+        assert!(!check(&[1.0, 2.001], &[1.0, 2.0]).passed());
+    }
+
+    #[test]
+    fn nan_and_infinity_must_be_in_the_same_places() {
+        // A NaN or infinity where the reference is finite, or the reverse.
+        for (got, want) in [
+            (f64::NAN, 1.0),
+            (1.0, f64::NAN),
+            (f64::INFINITY, 1.0),
+            (1.0, f64::NEG_INFINITY),
+            (f64::INFINITY, f64::NEG_INFINITY),
+            (f64::NAN, f64::INFINITY),
+        ] {
+            let c = check(&[0.5, got], &[0.5, want]);
+            assert!(!c.passed(), "{got} vs {want}: {c}");
+            assert!(c.to_string().contains("element 1 is"), "{c}");
+        }
+        // The same non-finite values are equal, and said.
+        let c = check(
+            &[f64::INFINITY, f64::NAN, 1.0],
+            &[f64::INFINITY, f64::NAN, 1.0],
+        );
+        assert!(c.passed(), "{c}");
+        assert_eq!(c.nan_in_both, 1);
+        assert!(
+            c.to_string().contains("1 element(s) are NaN in both"),
+            "{c}"
+        );
+        let c = check(&[f64::NAN, f64::NAN], &[f64::NAN, f64::NAN]);
+        assert!(c.all_nan());
+        assert!(
+            c.to_string()
+                .contains("every element is NaN in both results, so nothing was compared"),
+            "{c}"
+        );
+    }
+}
