@@ -84,13 +84,18 @@ pub struct Signature {
     pub sites: Vec<Site>,
 }
 
-/// `%` and `;` escaped, so a file name fits in a signature entry.
+/// `%`, `;` and spaces escaped, so a file name is one word of a signature
+/// entry.
 fn escape(s: &str) -> String {
-    s.replace('%', "%25").replace(';', "%3B")
+    s.replace('%', "%25")
+        .replace(';', "%3B")
+        .replace(' ', "%20")
 }
 
 fn unescape(s: &str) -> String {
-    s.replace("%3B", ";").replace("%25", "%")
+    s.replace("%20", " ")
+        .replace("%3B", ";")
+        .replace("%25", "%")
 }
 
 impl Signature {
@@ -116,8 +121,8 @@ impl Signature {
     /// The text stored in `NAME.signature`: one `in|out NAME DTYPE DIMS...`
     /// entry per parameter, then one `site KIND FILE LINE COLUMN` (or
     /// `site KIND -`) per failure site, separated by `;`
-    /// (`in x f32 128 784;out out0 f32 128 10;site 1 m.dl 3 12`); `%` and
-    /// `;` in file names are escaped as `%25` and `%3B`.
+    /// (`in x f32 128 784;out out0 f32 128 10;site 1 m.dl 3 12`); `%`, `;`
+    /// and spaces in file names are escaped as `%25`, `%3B` and `%20`.
     pub fn encode(&self) -> String {
         let mut entries: Vec<String> = self
             .params
@@ -140,7 +145,7 @@ impl Signature {
                 Some(l) => format!(
                     "site {} {} {} {}",
                     site.kind,
-                    escape(&l.file).replace(' ', "%20"),
+                    escape(&l.file),
                     l.line,
                     l.column
                 ),
@@ -170,7 +175,7 @@ impl Signature {
                             };
                             let (line, column) = (num()?, num()?);
                             Some(dlc_core::SourceLoc {
-                                file: unescape(&file.replace("%20", " ")).into(),
+                                file: unescape(file).into(),
                                 line,
                                 column,
                             })

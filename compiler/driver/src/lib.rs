@@ -612,7 +612,7 @@ pub fn save_inputs(
     f: &Function,
     inputs: &[HostTensor],
 ) -> Result<Vec<PathBuf>, DriverError> {
-    ensure_writable_dir(dir)?;
+    create_dir(dir)?;
     f.params
         .iter()
         .zip(inputs)
@@ -624,16 +624,25 @@ pub fn save_inputs(
         .collect()
 }
 
+fn dir_error(dir: &Path) -> impl Fn(std::io::Error) -> DriverError + '_ {
+    move |source| DriverError::Io {
+        path: dir.display().to_string(),
+        source,
+    }
+}
+
+/// Creates `dir` if needed (writing a file in it reports any other problem).
+fn create_dir(dir: &Path) -> Result<(), DriverError> {
+    std::fs::create_dir_all(dir).map_err(dir_error(dir))
+}
+
 /// Creates `dir` if needed and checks that files can be written in it, so
 /// that a run does not fail only after its work is done.
 pub fn ensure_writable_dir(dir: &Path) -> Result<(), DriverError> {
-    let io = |source| DriverError::Io {
-        path: dir.display().to_string(),
-        source,
-    };
-    std::fs::create_dir_all(dir).map_err(io)?;
+    let io = dir_error(dir);
+    create_dir(dir)?;
     let probe = dir.join(format!(".dlc-write-check-{}", std::process::id()));
-    std::fs::write(&probe, b"").map_err(io)?;
+    std::fs::write(&probe, b"").map_err(&io)?;
     std::fs::remove_file(&probe).map_err(io)
 }
 
@@ -916,7 +925,7 @@ pub fn check_results(
 
 /// Writes outputs as `DIR/out0.npy`, `DIR/out1.npy`, ... in return order.
 pub fn save_outputs(dir: &Path, outputs: &[HostTensor]) -> Result<Vec<PathBuf>, DriverError> {
-    ensure_writable_dir(dir)?;
+    create_dir(dir)?;
     outputs
         .iter()
         .enumerate()

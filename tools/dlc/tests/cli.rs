@@ -837,6 +837,23 @@ fn interpreters_refuse_work_beyond_their_limit() {
     );
 }
 
+/// `dlc run MODEL --random-inputs SEED --check --save-inputs DIR`, which
+/// must succeed.
+fn run_checked_saving_inputs(model: &str, seed: &str, dir: &Path) -> Output {
+    let dir = dir.to_str().unwrap();
+    let o = dlc(&[
+        "run",
+        model,
+        "--random-inputs",
+        seed,
+        "--check",
+        "--save-inputs",
+        dir,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    o
+}
+
 /// The smaller traps: every error line starts with `error:`, output
 /// directories are checked before the model runs, random inputs stay in
 /// their ops' domains and can be saved, integers and booleans print as such,
@@ -876,16 +893,7 @@ fn small_traps_are_closed() {
          \x20   return batchnorm(x, m, v, g, b) * sqrt(s) + sum(log(u));\n}\n",
     );
     let inputs = d.0.join("inputs");
-    let o = dlc(&[
-        "run",
-        &domain,
-        "--random-inputs",
-        "3",
-        "--check",
-        "--save-inputs",
-        inputs.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run_checked_saving_inputs(&domain, "3", &inputs);
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(!out.contains("NaN") && !stderr(&o).contains("NaN"), "{out}");
     for p in ["v", "s", "t"] {
@@ -913,16 +921,7 @@ fn small_traps_are_closed() {
          \x20   return (x @ transpose(w), conv2d(img, k));\n}\n",
     );
     let saved = d.0.join("weights");
-    let o = dlc(&[
-        "run",
-        &weights,
-        "--random-inputs",
-        "1",
-        "--check",
-        "--save-inputs",
-        saved.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    run_checked_saving_inputs(&weights, "1", &saved);
     let largest = |p: &str| {
         let t = HostTensor::read_npy(&saved.join(format!("{p}.npy")), None).unwrap();
         t.data.iter().fold(0f64, |m, v| m.max(v.abs()))
