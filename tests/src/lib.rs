@@ -309,7 +309,7 @@ pub fn generated_program(choices: &[u32], tuple: bool) -> String {
 /// [`generated_program`] with the entry point
 /// `f(a: f32[M, N], b: f32[N, M], c: f32[N], s: f32)` (`M` and `N` distinct):
 /// large sizes make its products big enough for the tile dialect's
-/// `tile.matmul`.
+/// `loop.matmul`.
 pub fn generated_program_sized(choices: &[u32], tuple: bool, m: usize, n: usize) -> String {
     let mut pool: Vec<(String, Vec<usize>)> = vec![
         ("a".into(), vec![m, n]),

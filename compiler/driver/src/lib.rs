@@ -184,8 +184,14 @@ pub fn parse_loop(src: &SourceText) -> Result<dlc_loop::Module, DriverError> {
     parse_ir(src, dlc_loop::parse_module)
 }
 
+/// Parses and verifies tile IR text.
+pub fn parse_tile(src: &SourceText) -> Result<dlc_tile::Module, DriverError> {
+    parse_ir(src, dlc_tile::parse_module)
+}
+
 /// What a text holds, judged by its first token: `graph.func` (graph IR),
-/// `loop.func` (loop IR), or anything else (dlc source). A `.dl` file is
+/// `loop.func` (loop IR), `tile.func` (tile IR), or anything else (dlc
+/// source). A `.dl` file is
 /// always source.
 fn text_level(src: &SourceText) -> Option<&'static str> {
     if src.name.ends_with(".dl") {
@@ -197,7 +203,7 @@ fn text_level(src: &SourceText) -> Option<&'static str> {
         match rest.strip_prefix("//") {
             Some(r) => rest = r.split_once('\n').map_or("", |(_, after)| after),
             None => {
-                return ["graph.func", "loop.func"]
+                return ["graph.func", "loop.func", "tile.func"]
                     .into_iter()
                     .find(|k| rest.starts_with(k));
             }
@@ -226,6 +232,8 @@ pub enum Ir {
     Graph(Module),
     /// The loop dialect.
     Loop(dlc_loop::Module),
+    /// The tile dialect.
+    Tile(dlc_tile::Module),
 }
 
 impl Ir {
@@ -234,6 +242,7 @@ impl Ir {
         match self {
             Ir::Graph(_) => "graph",
             Ir::Loop(_) => "loop",
+            Ir::Tile(_) => "tile",
         }
     }
 
@@ -242,6 +251,7 @@ impl Ir {
         match self {
             Ir::Graph(m) => dlc_graph::print_module(m),
             Ir::Loop(m) => dlc_loop::print_module(m),
+            Ir::Tile(m) => dlc_tile::print_module(m),
         }
     }
 
@@ -250,6 +260,7 @@ impl Ir {
         match self {
             Ir::Graph(m) => dlc_graph::print_mlir_generic(m),
             Ir::Loop(m) => dlc_loop::print_mlir_generic(m),
+            Ir::Tile(m) => dlc_tile::print_mlir_generic(m),
         }
     }
 }
@@ -259,14 +270,16 @@ impl Verify for Ir {
         match self {
             Ir::Graph(m) => m.verify(),
             Ir::Loop(m) => m.verify(),
+            Ir::Tile(m) => m.verify(),
         }
     }
 }
 
-/// Loads dlc source, graph IR or loop IR, whichever the text is.
+/// Loads dlc source, graph IR, loop IR or tile IR, whichever the text is.
 pub fn load_ir(src: &SourceText) -> Result<Ir, DriverError> {
     match text_level(src) {
         Some("loop.func") => Ok(Ir::Loop(parse_loop(src)?)),
+        Some("tile.func") => Ok(Ir::Tile(parse_tile(src)?)),
         Some(_) => Ok(Ir::Graph(parse_graph(src)?)),
         None => Ok(Ir::Graph(compile_source(src)?)),
     }
@@ -314,8 +327,9 @@ impl Pass<Ir> for ConvertGraphToLoop {
     }
 }
 
-/// `convert-loop-to-tile`: maps loop nests onto the CPU (tile dialect ops).
-struct ConvertLoopToTile;
+/// `convert-loop-to-tile{target=NAME}`: schedules every loop nest as tile
+/// kernels for a target.
+struct ConvertLoopToTile(dlc_core::TargetDesc);
 
 impl Pass<Ir> for ConvertLoopToTile {
     fn name(&self) -> &'static str {
@@ -323,10 +337,39 @@ impl Pass<Ir> for ConvertLoopToTile {
     }
 
     fn run(&mut self, ir: &mut Ir) -> Result<Vec<(&'static str, u64)>, PassError> {
+        let fail = |message: String| PassError::Failed {
+            pass: "convert-loop-to-tile".into(),
+            message,
+        };
+        let Ir::Loop(m) = ir else {
+            return Err(fail(format!("expects loop IR, got {} IR", ir.level())));
+        };
+        let tiled = dlc_lower::convert_module(m, &self.0).map_err(|e| fail(e.to_string()))?;
+        let kernels = tiled
+            .functions
+            .iter()
+            .flat_map(|f| &f.ops)
+            .filter(|o| matches!(o.kind, dlc_tile::OpKind::Kernel { .. }))
+            .count();
+        *ir = Ir::Tile(tiled);
+        Ok(vec![("kernels created", kernels as u64)])
+    }
+}
+
+/// `loop.map-cpu`: maps loop nests onto the CPU for the current CPU back
+/// end (`loop.matmul`, `loop.threads`).
+struct MapLoopsToCpu;
+
+impl Pass<Ir> for MapLoopsToCpu {
+    fn name(&self) -> &'static str {
+        "loop.map-cpu"
+    }
+
+    fn run(&mut self, ir: &mut Ir) -> Result<Vec<(&'static str, u64)>, PassError> {
         match ir {
-            Ir::Loop(m) => dlc_tile::ConvertLoopToTile.run(m),
+            Ir::Loop(m) => dlc_lower::MapLoopsToCpu.run(m),
             other => Err(PassError::Failed {
-                pass: "convert-loop-to-tile".into(),
+                pass: "loop.map-cpu".into(),
                 message: format!("expects loop IR, got {} IR", other.level()),
             }),
         }
@@ -338,8 +381,29 @@ impl Pass<Ir> for ConvertLoopToTile {
 pub fn lower_for_cpu(module: &Module) -> Result<dlc_loop::Module, DriverError> {
     let mut lowered =
         dlc_lower::lower_module(module).map_err(|e| DriverError::Usage(e.to_string()))?;
-    PassManager::new(vec![Box::new(dlc_tile::ConvertLoopToTile)]).run(&mut lowered)?;
+    PassManager::new(vec![Box::new(dlc_lower::MapLoopsToCpu)]).run(&mut lowered)?;
     Ok(lowered)
+}
+
+/// Lowers a graph module to loops and schedules them as tile kernels for
+/// `target` (verifying each level).
+pub fn lower_for_tile(
+    module: &Module,
+    target: &dlc_core::TargetDesc,
+) -> Result<dlc_tile::Module, DriverError> {
+    let mut ir = Ir::Graph(module.clone());
+    let mut manager = PassManager::new(vec![
+        Box::new(ConvertGraphToLoop) as Box<dyn Pass<Ir>>,
+        Box::new(ConvertLoopToTile(target.clone())),
+    ]);
+    manager.run(&mut ir)?;
+    match ir {
+        Ir::Tile(m) => Ok(m),
+        other => Err(DriverError::Usage(format!(
+            "expected tile IR, got {} IR",
+            other.level()
+        ))),
+    }
 }
 
 /// Every pass of every level, and the conversions between levels.
@@ -356,11 +420,26 @@ pub fn registry() -> PassRegistry<Ir> {
     );
     r.register(
         "convert-loop-to-tile",
-        "maps loop nests onto the CPU: contractions to packed register-tiled tile.matmul, outer \
-         parallel loops to tile.threads",
+        "schedules each loop nest as tile kernels (grid, tiles, tile.dot, tile.reduce) for \
+         `target` (host, x86-64-avx512, x86-64-avx2, sm_80, sm_90; default host)",
+        |o| {
+            o.expect_only(&["target"])?;
+            let name: String = o.get("target", "host".to_string())?;
+            let target =
+                dlc_core::TargetDesc::named(&name).map_err(|message| PassError::Failed {
+                    pass: "convert-loop-to-tile".into(),
+                    message,
+                })?;
+            Ok(Box::new(ConvertLoopToTile(target)))
+        },
+    );
+    r.register(
+        "loop.map-cpu",
+        "maps loop nests onto the host CPU for the CPU back end: packed contractions to \
+         loop.matmul, outer parallel loops to loop.threads",
         |o| {
             o.expect_only(&[])?;
-            Ok(Box::new(ConvertLoopToTile))
+            Ok(Box::new(MapLoopsToCpu))
         },
     );
     r
@@ -739,6 +818,43 @@ pub fn interpret_lowered_within(
     }
     run_function_within(lowered, &f.name, &mut args, limit)
         .map_err(|e| DriverError::Usage(format!("loop interpreter: {e}")))?;
+    args.drain(..inputs.len());
+    args.into_iter()
+        .zip(result_types)
+        .map(|(b, ty)| Ok(HostTensor::new(ty, b.data)?))
+        .collect()
+}
+
+/// Runs entry point `f`, scheduled as tile IR in `tiled`, on the tile
+/// interpreter, under a work limit of `limit` element operations.
+pub fn interpret_tile_within(
+    tiled: &dlc_tile::Module,
+    f: &Function,
+    inputs: &[HostTensor],
+    limit: f64,
+) -> Result<Vec<HostTensor>, DriverError> {
+    use dlc_tile::interp::{Buffer, run_function_within};
+    use dlc_tile::{BufferType, Space};
+    let mut args: Vec<Buffer> = inputs
+        .iter()
+        .map(|t| Buffer {
+            ty: BufferType::contiguous(t.ty.dtype, t.ty.shape.clone(), Space::Global),
+            data: t.data.clone(),
+        })
+        .collect();
+    let result_types = f.result_types();
+    for t in &result_types {
+        args.push(
+            Buffer::zeros(BufferType::contiguous(
+                t.dtype,
+                t.shape.clone(),
+                Space::Global,
+            ))
+            .map_err(|e| DriverError::Usage(e.to_string()))?,
+        );
+    }
+    run_function_within(tiled, &f.name, &mut args, limit)
+        .map_err(|e| DriverError::Usage(format!("tile interpreter: {e}")))?;
     args.drain(..inputs.len());
     args.into_iter()
         .zip(result_types)

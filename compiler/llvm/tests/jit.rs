@@ -180,7 +180,7 @@ fn calls_with_wrong_arguments_are_rejected() {
     assert_eq!(missing.to_string(), "no function `@g`");
 }
 
-/// Contractions compiled as packed, register-tiled `tile.matmul`s: row
+/// Contractions compiled as packed, register-tiled `loop.matmul`s: row
 /// counts that are not multiples of the register tile (6) or the row block
 /// (72, so several blocks run on threads), columns that are not multiples of
 /// 32, depths over one packed panel (256), transposed and batched operands,
@@ -286,7 +286,7 @@ proptest! {
         jit_agrees(&dlc_tests::generated_program(&choices, tuple));
     }
 
-    /// The same at sizes where products become packed `tile.matmul`s (with
+    /// The same at sizes where products become packed `loop.matmul`s (with
     /// whatever epilogue the program puts after them) and loops run on threads.
     #[test]
     fn large_generated_programs_agree(choices in prop::collection::vec(any::<u32>(), 1..10), tuple in any::<bool>()) {

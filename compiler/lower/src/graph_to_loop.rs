@@ -263,7 +263,7 @@ impl Lowering<'_> {
                 Op::Reshape { .. } => Plan::View,
                 // A transpose read only by matrix products is a strided view
                 // of its operand's buffer: the products (and the packing of
-                // tile.matmul) read through any strides, so nothing is copied.
+                // loop.matmul) read through any strides, so nothing is copied.
                 Op::Transpose { .. }
                     if self.uses(n) == self.users(n).len()
                         && self
@@ -488,7 +488,7 @@ impl Lowering<'_> {
     }
 
     /// Whether convolution `n` is lowered as a matrix product over an im2col
-    /// buffer (which the tile dialect turns into a packed `tile.matmul`):
+    /// buffer (which the tile dialect turns into a packed `loop.matmul`):
     /// f32, one group, and at least 16K multiply-adds per image, the size at
     /// which `convert-loop-to-tile` maps a product.
     fn conv_as_matmul(&self, n: NodeIndex) -> bool {
@@ -671,13 +671,7 @@ impl Lowering<'_> {
     }
 
     fn reduce_identity(kind: ReduceKind, d: DType) -> f64 {
-        match (kind, d) {
-            (ReduceKind::Max, DType::I32) => f64::from(i32::MIN),
-            (ReduceKind::Max, DType::I64) => i64::MIN as f64,
-            (ReduceKind::Min, DType::I32) => f64::from(i32::MAX),
-            (ReduceKind::Min, DType::I64) => i64::MAX as f64,
-            _ => kind.identity(),
-        }
+        kind.identity_in(d)
     }
 
     fn combine(&mut self, kind: ReduceKind, acc: Value, x: Value) -> Value {

@@ -1,15 +1,19 @@
-//! Graph to loop, differentially: the loop interpreter running the lowered
-//! program must give the graph interpreter's results (the definition) within
-//! tolerance, on small programs that cover every op, every fusion case and
-//! every way a result can be produced; every example model and language
-//! reference example lowers to loop IR that verifies and round-trips.
+//! Graph to loop to tile, differentially: the loop interpreter running the
+//! lowered program, and the tile interpreter running it scheduled for the
+//! host CPU and for an sm_90 GPU, must give the graph interpreter's results
+//! (the definition) within tolerance, on small programs that cover every op,
+//! every fusion case and every way a result can be produced; every example
+//! model and language reference example lowers to loop and tile IR that
+//! verify and round-trip.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
+use dlc_core::TargetDesc;
 use dlc_core::Verify;
 use dlc_driver::{
     DEFAULT_PIPELINE, PassOptions, SourceText, compile_source, interpret, interpret_loops,
-    interpret_lowered, lower_for_cpu, max_relative_error, prepare_inputs, run_passes,
+    interpret_lowered, interpret_tile_within, lower_for_cpu, lower_for_tile, max_relative_error,
+    prepare_inputs, run_passes,
 };
 use dlc_loop::{parse_module, print_mlir_generic, print_module};
 use dlc_lower::lower_module;
@@ -50,6 +54,42 @@ fn tiled(m: &dlc_graph::Module) -> dlc_loop::Module {
     t
 }
 
+/// The targets tile IR is checked for: this CPU and an sm_90 GPU (no GPU
+/// needed: the tile interpreter runs the GPU schedule).
+fn targets() -> Vec<TargetDesc> {
+    vec![TargetDesc::host().clone(), TargetDesc::sm_90()]
+}
+
+/// The program scheduled as tile kernels for `target`; its text verifies
+/// and round-trips.
+fn kernels(m: &dlc_graph::Module, target: &TargetDesc) -> dlc_tile::Module {
+    let t = lower_for_tile(m, target).unwrap_or_else(|e| panic!("{}: {e}", target.name));
+    let text = dlc_tile::print_module(&t);
+    if let Err(errors) = t.verify() {
+        panic!(
+            "{}: tile IR does not verify: {errors:?}\n{text}",
+            target.name
+        );
+    }
+    let again = dlc_tile::parse_module(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(
+        dlc_tile::print_module(&again),
+        text,
+        "tile IR does not round-trip"
+    );
+    t
+}
+
+#[test]
+fn narrow_floats_accumulate_in_f32_on_the_tile_interpreter() {
+    for target in targets() {
+        dlc_tests::check_narrow_accumulation(&move |m, f, inputs| {
+            let t = kernels(m, &target);
+            interpret_tile_within(&t, f, inputs, dlc_driver::DEFAULT_WORK_LIMIT).unwrap()
+        });
+    }
+}
+
 #[test]
 fn narrow_floats_accumulate_in_f32_on_the_loop_interpreter() {
     dlc_tests::check_narrow_accumulation(&|m, f, inputs| interpret_loops(m, f, inputs).unwrap());
@@ -58,15 +98,32 @@ fn narrow_floats_accumulate_in_f32_on_the_loop_interpreter() {
     });
 }
 
-/// Runs every entry point three ways on random inputs (graph interpreter,
-/// loop interpreter on loop IR and on tile IR) and compares.
+/// Runs every entry point five ways on random inputs (graph interpreter,
+/// loop interpreter on loop IR and on the CPU-mapped loop IR, tile
+/// interpreter on the kernels for the host and for sm_90) and compares.
 fn agree(src: &str) {
     let m = graph(src);
     let l = lowered(&m);
     let t = tiled(&m);
+    let scheduled: Vec<(String, dlc_tile::Module)> = targets()
+        .iter()
+        .map(|target| (target.name.clone(), kernels(&m, target)))
+        .collect();
     for (seed, f) in m.entry_points().enumerate() {
         let inputs = prepare_inputs(f, &[], Some(seed as u64)).unwrap();
         let want = interpret(&m, f, &inputs).unwrap();
+        for (name, k) in &scheduled {
+            let text = || dlc_tile::print_module(k);
+            let got = interpret_tile_within(k, f, &inputs, dlc_driver::DEFAULT_WORK_LIMIT)
+                .unwrap_or_else(|e| panic!("{name}: {e}\n{}", text()));
+            let err = max_relative_error(&got, &want).unwrap();
+            assert!(
+                err <= TOLERANCE,
+                "@{} on {name}: tile interpreter relative error {err:.3e}\n{}",
+                f.name,
+                text()
+            );
+        }
         let got =
             interpret_loops(&m, f, &inputs).unwrap_or_else(|e| panic!("{e}\n{}", print_module(&l)));
         let on_tiles = interpret_lowered(&t, f, &inputs)
@@ -159,7 +216,7 @@ fn matrix_products() {
     agree("fn f(x: f32[5, 5, 3]) -> f32[5, 5] { return exp(transpose(sum(x, axis=2), [1, 0])); }");
 }
 
-/// Contractions large enough to become `tile.matmul` (with epilogues,
+/// Contractions large enough to become `loop.matmul` (with epilogues,
 /// batches, transposed operands), interpreted as tile IR.
 #[test]
 fn contractions_mapped_to_tiles() {
@@ -170,7 +227,7 @@ fn two(x: f32[24, 40], w1: f32[40, 36], w2: f32[36, 40]) -> f32[24, 40] { return
 ";
     let t = tiled(&graph(src));
     let text = print_module(&t);
-    assert_eq!(text.matches("tile.matmul").count(), 4, "{text}");
+    assert_eq!(text.matches("loop.matmul").count(), 4, "{text}");
     agree(src);
 }
 
@@ -185,13 +242,13 @@ fn convolution_and_pooling() {
 }
 
 /// Convolutions large enough to be lowered as products over an im2col
-/// buffer (and mapped to `tile.matmul`): strides, padding, non-square
+/// buffer (and mapped to `loop.matmul`): strides, padding, non-square
 /// kernels, a following batchnorm and relu.
 #[test]
 fn convolutions_as_products() {
     let src = "fn f(x: f32[2, 8, 13, 11], w: f32[16, 8, 3, 2], m: f32[16], v: f32[16], g: f32[16], b: f32[16]) -> f32[2, 16, 7, 12] { return relu(batchnorm(conv2d(x, w, stride=[2, 1], padding=[1, 1]), m, v, g, b)); }";
     let text = print_module(&tiled(&graph(src)));
-    assert!(text.contains("tile.matmul"), "{text}");
+    assert!(text.contains("loop.matmul"), "{text}");
     agree(&src.replace(
         "batchnorm(conv2d(x, w, stride=[2, 1], padding=[1, 1]), m, v, g, b)",
         "batchnorm(conv2d(x, w, stride=[2, 1], padding=[1, 1]), m, abs(v) + 0.5, g, b)",
@@ -268,7 +325,7 @@ fn gru(x: f32[2, 3, 4], w_ih: f32[15, 4], w_hh: f32[15, 5], b_ih: f32[15], b_hh:
 }
 
 #[test]
-fn every_example_lowers_to_valid_loop_ir() {
+fn every_example_lowers_to_valid_loop_and_tile_ir() {
     let tool = dlc_tests::mlir_opt();
     let mut programs: Vec<(String, String)> = dlc_tests::example_files();
     programs.extend(
@@ -285,6 +342,27 @@ fn every_example_lowers_to_valid_loop_ir() {
         // onto the CPU give the same text.
         assert_eq!(print_module(&lowered(&m)), print_module(&l), "{name}");
         assert_eq!(print_module(&tiled(&m)), print_module(&tiled(&m)), "{name}");
+        for target in targets() {
+            let k = kernels(&m, &target);
+            assert_eq!(
+                dlc_tile::print_module(&kernels(&m, &target)),
+                dlc_tile::print_module(&k),
+                "{name}"
+            );
+            let text = dlc_tile::print_module(&k);
+            for op in ["tile.kernel", "tile.program_id", "tile.load", "tile.store"] {
+                assert!(
+                    text.contains(op),
+                    "{name} for {}: no {op}\n{text}",
+                    target.name
+                );
+            }
+            if let Some(tool) = &tool {
+                let generic = dlc_tile::print_mlir_generic(&k);
+                dlc_tests::mlir_parses(tool, &generic)
+                    .unwrap_or_else(|e| panic!("{name} for {}: {e}", target.name));
+            }
+        }
         if let Some(tool) = &tool {
             let generic = print_mlir_generic(&l);
             dlc_tests::mlir_parses(tool, &generic).unwrap_or_else(|e| panic!("{name}: {e}"));

@@ -8,6 +8,7 @@ pub mod lex;
 pub mod loc;
 mod pass;
 pub mod scalar;
+pub mod target;
 mod text;
 mod types;
 
@@ -16,6 +17,7 @@ pub use pass::{
     Pass, PassAdapter, PassError, PassManager, PassOptions, PassRegistry, PassReport, Pipeline,
     PipelineEntry, Verify,
 };
+pub use target::TargetDesc;
 pub use text::{format_float, parse_float};
 pub use types::{DType, TensorType};
 

@@ -256,6 +256,19 @@ impl ReduceKind {
         }
     }
 
+    /// The identity in element type `d`: the extreme values of an integer
+    /// type stand for the infinities it lacks.
+    pub fn identity_in(self, d: crate::DType) -> f64 {
+        use crate::DType;
+        match (self, d) {
+            (ReduceKind::Max, DType::I32) => f64::from(i32::MIN),
+            (ReduceKind::Max, DType::I64) => i64::MIN as f64,
+            (ReduceKind::Min, DType::I32) => f64::from(i32::MAX),
+            (ReduceKind::Min, DType::I64) => i64::MAX as f64,
+            _ => self.identity(),
+        }
+    }
+
     /// Folds one more element into an accumulator.
     pub fn combine(self, acc: f64, x: f64) -> f64 {
         match self {

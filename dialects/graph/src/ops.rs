@@ -392,18 +392,17 @@ impl Op {
 }
 
 /// The CPU back end's rule for a convolution with result type `out` and
-/// weights `w`: one group, f32, and at least 16K multiply-adds per image
-/// make it a product over an im2col buffer (which has no epilogue).
+/// weights `w`: one group and a product per image that the host CPU runs
+/// on its packed kernel (`TargetDesc::packs_product`) make it a product
+/// over an im2col buffer (which has no epilogue).
 pub fn conv_is_im2col_product(groups: usize, out: &TensorType, w: &TensorType) -> bool {
-    groups == 1
-        && out.dtype == DType::F32
-        && out
-            .shape
-            .iter()
-            .skip(1)
-            .chain(w.shape.iter().skip(1))
-            .product::<usize>()
-            >= 16 * 1024
+    let macs = out
+        .shape
+        .iter()
+        .skip(1)
+        .chain(w.shape.iter().skip(1))
+        .product::<usize>();
+    groups == 1 && dlc_core::TargetDesc::host().packs_product(out.dtype, macs)
 }
 
 struct AttrReader<'a> {

@@ -93,7 +93,7 @@ pub enum LoopError {
 pub const DEFAULT_WORK_LIMIT: f64 = 17_179_869_184.0;
 
 /// The ops a block executes: loops multiply their body's count by their
-/// trip count, `tile.matmul` counts its multiply-adds and runs its epilogue
+/// trip count, `loop.matmul` counts its multiply-adds and runs its epilogue
 /// once per element.
 fn block_work(f: &Function, b: &crate::Block) -> f64 {
     b.ops.iter().map(|&op| op_work(f, op)).sum()

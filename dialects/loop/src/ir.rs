@@ -138,7 +138,7 @@ impl IndexExpr {
     }
 }
 
-/// The sizes and indices of a `tile.matmul` (boxed in [`OpKind`], which
+/// The sizes and indices of a `loop.matmul` (boxed in [`OpKind`], which
 /// they would otherwise make larger for every op).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Contraction {
@@ -212,24 +212,26 @@ pub enum OpKind {
     },
     /// Ends a `loop.for` body that carries values: the next iteration's values.
     Yield,
-    /// `tile.threads %i = lo to hi { ... }`: a parallel loop whose iterations
-    /// are split in contiguous chunks over the runtime's threads. A tile
-    /// dialect op: tile ops share the loop dialect's IR, as MLIR dialects
-    /// share a module.
+    /// `loop.threads %i = lo to hi { ... }`: a parallel loop whose iterations
+    /// are split in contiguous chunks over the runtime's threads. Made by
+    /// `loop.map-cpu` for the CPU back end, which still compiles loop IR;
+    /// it goes away when that back end reads tile IR.
     Threads {
         /// First index.
         lo: i64,
         /// One past the last index.
         hi: i64,
     },
-    /// `tile.matmul (%i, %j, %k, %acc) = (M, N, K) %a[..] * %b[..] [parallel]
+    /// `loop.matmul (%i, %j, %k, %acc) = (M, N, K) %a[..] * %b[..] [parallel]
     /// { epilogue }`: for every `i < M`, `j < N`, `%acc` is the sum over
     /// `k < K` of `a[..] * b[..]` (f32; operands 0 and 1 are the buffers, the
     /// indices affine in `%i`, `%k` and `%k`, `%j`, and in indices defined
     /// outside), and the region, run once per `(i, j)` after the sum, does
-    /// what follows with it (an epilogue ending in stores). Code generation
-    /// packs both operands and runs a register-tiled micro-kernel;
-    /// `parallel` splits the rows over threads.
+    /// what follows with it (an epilogue ending in stores): the structured
+    /// contraction that `convert-loop-to-tile` turns into `tile.dot`
+    /// programs. The CPU back end packs both operands and runs a
+    /// register-tiled micro-kernel; `parallel` (set by `loop.map-cpu`)
+    /// splits the rows over threads.
     Matmul(Box<Contraction>),
     /// Ends a function.
     Return,
@@ -254,8 +256,8 @@ impl OpKind {
             OpKind::Parallel { .. } => "parallel",
             OpKind::Yield => "yield",
             OpKind::Return => "return",
-            OpKind::Threads { .. } => return "tile.threads".into(),
-            OpKind::Matmul(_) => return "tile.matmul".into(),
+            OpKind::Threads { .. } => "threads",
+            OpKind::Matmul(_) => "matmul",
         };
         format!("loop.{s}")
     }

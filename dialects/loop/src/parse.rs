@@ -273,7 +273,7 @@ impl Parser {
         Ok(Block { args, ops })
     }
 
-    /// The rest of `loop.for`, `loop.parallel` and `tile.threads` (kept out
+    /// The rest of `loop.for`, `loop.parallel` and `loop.threads` (kept out
     /// of `op`, which recurses through nested blocks).
     #[inline(never)]
     fn loop_op(&mut self, suffix: &str) -> PResult<OpParts> {
@@ -339,7 +339,7 @@ impl Parser {
         Ok((kind, inits, types, vec![body?]))
     }
 
-    /// The rest of `tile.matmul` (a function of its own: `op` recurses
+    /// The rest of `loop.matmul` (a function of its own: `op` recurses
     /// through nested blocks, and its frame must stay small).
     #[inline(never)]
     fn matmul(&mut self) -> PResult<OpParts> {
@@ -409,18 +409,9 @@ impl Parser {
         }
         let op_pos = self.pos;
         let opname = self.ident("an op name")?;
-        let suffix = match (opname.strip_prefix("loop."), opname.as_str()) {
-            (Some("threads" | "matmul"), _) => {
-                self.pos = op_pos;
-                return self.error(format!("unknown op `{opname}`"));
-            }
-            (Some(s), _) => s,
-            (None, "tile.threads") => "threads",
-            (None, "tile.matmul") => "matmul",
-            _ => {
-                self.pos = op_pos;
-                return self.error(format!("`{opname}` is not a loop or tile dialect op"));
-            }
+        let Some(suffix) = opname.strip_prefix("loop.") else {
+            self.pos = op_pos;
+            return self.error(format!("`{opname}` is not a loop dialect op"));
         };
         let (kind, operands, result_types, regions) = match suffix {
             "alloc" => {
@@ -483,7 +474,7 @@ impl Parser {
                 let index = self.index_list()?;
                 (OpKind::Store { index }, vec![v, b], vec![], vec![])
             }
-            "matmul" if opname == "tile.matmul" => self.matmul()?,
+            "matmul" => self.matmul()?,
             "for" | "parallel" | "threads" => self.loop_op(suffix)?,
             other => {
                 let ops = self.values()?;

@@ -30,8 +30,13 @@ enum Emit {
     Loop,
     /// Loop dialect in MLIR's generic operation syntax.
     LoopMlir,
-    /// Tile dialect text.
+    /// Tile dialect text (kernels scheduled for `--target`).
     Tile,
+    /// Tile dialect in MLIR's generic operation syntax.
+    TileMlir,
+    /// Loop IR mapped onto this CPU (`loop.matmul`, `loop.threads`): what
+    /// the CPU back end compiles.
+    LoopCpu,
     /// LLVM IR.
     Llvm,
     /// Assembly.
@@ -50,6 +55,9 @@ enum Backend {
     Interp,
     /// The program lowered to loop nests, run by the loop interpreter.
     Loop,
+    /// The program scheduled as tile kernels for `--target`, run by the
+    /// tile interpreter.
+    Tile,
     /// Compiled native code for this CPU.
     Cpu,
     /// Compiled code for an NVIDIA GPU.
@@ -89,6 +97,10 @@ enum Command {
         /// entry point `f` of `model.dl` is `dlc_model_f` by default.
         #[arg(long, value_name = "PREFIX")]
         prefix: Option<String>,
+        /// The target tile IR is scheduled for (`--emit tile|tile-mlir`):
+        /// host, x86-64-avx512, x86-64-avx2, sm_80 or sm_90.
+        #[arg(long, default_value = "host")]
+        target: String,
     },
     /// Run an entry point of a model.
     Run {
@@ -127,6 +139,10 @@ enum Command {
         /// a program above it is refused before it runs.
         #[arg(long, value_name = "OPS", default_value_t = DEFAULT_WORK_LIMIT)]
         max_work: f64,
+        /// The target `--backend tile` schedules for: host, x86-64-avx512,
+        /// x86-64-avx2, sm_80 or sm_90.
+        #[arg(long, default_value = "host")]
+        target: String,
     },
     /// Measure compile time and steady-state latency of an entry point
     /// compiled for this CPU (random inputs from seed 0).
@@ -175,8 +191,14 @@ fn lower(module: &dlc_graph::Module) -> Result<dlc_loop::Module, DriverError> {
 }
 
 /// Loop IR mapped onto this CPU: what the CPU back end compiles.
-fn tile(module: &dlc_graph::Module) -> Result<dlc_loop::Module, DriverError> {
+fn cpu_loops(module: &dlc_graph::Module) -> Result<dlc_loop::Module, DriverError> {
     dlc_driver::lower_for_cpu(module)
+}
+
+/// Tile IR scheduled for the target named `target`.
+fn tiled(module: &dlc_graph::Module, target: &str) -> Result<dlc_tile::Module, DriverError> {
+    let target = dlc_core::TargetDesc::named(target).map_err(DriverError::Usage)?;
+    dlc_driver::lower_for_tile(module, &target)
 }
 
 fn codegen(e: dlc_llvm::CodegenError) -> DriverError {
@@ -189,7 +211,7 @@ fn run_cpu(
     f: &dlc_graph::Function,
     inputs: &[HostTensor],
 ) -> Result<Vec<HostTensor>, DriverError> {
-    let lowered = tile(module)?;
+    let lowered = cpu_loops(module)?;
     dlc_llvm::jit(&lowered, |jit| {
         jit.kernel(&f.name)?
             .call(inputs)
@@ -223,7 +245,7 @@ fn bench(
     let mut module = compile_source(&src)?;
     run_passes(&mut module, passes, PassOptions::default())?;
     let f = select_entry(&module, entry)?;
-    let lowered = tile(&module)?;
+    let lowered = cpu_loops(&module)?;
     let front = start.elapsed();
     let (llvm, ms) = time_calls(&lowered, f, warmup, runs)?;
     let (median, min, max) = (median(&ms), ms[0], ms[ms.len() - 1]);
@@ -308,7 +330,7 @@ fn time_source(src: &str, runs: usize) -> Result<f64, DriverError> {
     })?;
     run_passes(&mut module, DEFAULT_PIPELINE, PassOptions::default())?;
     let f = select_entry(&module, None)?;
-    let lowered = tile(&module)?;
+    let lowered = cpu_loops(&module)?;
     let (_, ms) = time_calls(&lowered, f, 3, runs)?;
     Ok(median(&ms) * 1e3)
 }
@@ -474,6 +496,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             passes,
             stats,
             prefix,
+            target,
         } => {
             let src = read_input(&file)?;
             let symbols = match prefix {
@@ -496,16 +519,20 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                 Emit::GraphMlir => dlc_graph::print_mlir_generic(&module),
                 Emit::Loop => dlc_loop::print_module(&lower(&module)?),
                 Emit::LoopMlir => dlc_loop::print_mlir_generic(&lower(&module)?),
-                Emit::Tile => dlc_loop::print_module(&tile(&module)?),
-                Emit::Llvm => dlc_llvm::emit_llvm_ir(&tile(&module)?, &symbols).map_err(codegen)?,
+                Emit::Tile => dlc_tile::print_module(&tiled(&module, &target)?),
+                Emit::TileMlir => dlc_tile::print_mlir_generic(&tiled(&module, &target)?),
+                Emit::LoopCpu => dlc_loop::print_module(&cpu_loops(&module)?),
+                Emit::Llvm => {
+                    dlc_llvm::emit_llvm_ir(&cpu_loops(&module)?, &symbols).map_err(codegen)?
+                }
                 Emit::Asm => {
-                    let bytes =
-                        dlc_llvm::emit_native(&tile(&module)?, false, &symbols).map_err(codegen)?;
+                    let bytes = dlc_llvm::emit_native(&cpu_loops(&module)?, false, &symbols)
+                        .map_err(codegen)?;
                     String::from_utf8_lossy(&bytes).into_owned()
                 }
                 Emit::Obj => {
-                    let bytes =
-                        dlc_llvm::emit_native(&tile(&module)?, true, &symbols).map_err(codegen)?;
+                    let bytes = dlc_llvm::emit_native(&cpu_loops(&module)?, true, &symbols)
+                        .map_err(codegen)?;
                     if output == "-" {
                         use std::io::Write;
                         let mut out = std::io::stdout().lock();
@@ -528,7 +555,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                         ));
                     }
                     dlc_llvm::emit_shared_library(
-                        &tile(&module)?,
+                        &cpu_loops(&module)?,
                         std::path::Path::new(&output),
                         &symbols,
                     )
@@ -536,7 +563,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                     return Ok(());
                 }
                 Emit::Header => {
-                    let lowered = tile(&module)?;
+                    let lowered = cpu_loops(&module)?;
                     let sigs = lowered
                         .functions
                         .iter()
@@ -571,6 +598,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             passes,
             check,
             max_work,
+            target,
         } => {
             // Where results go is checked before any work is done.
             for dir in [&save, &save_inputs].into_iter().flatten() {
@@ -582,7 +610,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                 )));
             }
             match backend {
-                Backend::Interp | Backend::Loop | Backend::Cpu => {}
+                Backend::Interp | Backend::Loop | Backend::Tile | Backend::Cpu => {}
                 Backend::Gpu => return Err(not_yet("--backend gpu")),
             }
             let mut files = Vec::new();
@@ -606,6 +634,11 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             }
             let outputs = match backend {
                 Backend::Loop => interpret_loops_within(&module, f, &args, max_work)?,
+                Backend::Tile => {
+                    dlc_graph::interp::check_work(&module, f, max_work)?;
+                    let tiled = tiled(&module, &target)?;
+                    dlc_driver::interpret_tile_within(&tiled, f, &args, max_work)?
+                }
                 Backend::Cpu => run_cpu(&module, f, &args)?,
                 _ => interpret_within(&module, f, &args, max_work)?,
             };

@@ -285,12 +285,32 @@ fn compile_emits_graph_ir_and_refuses_what_does_not_exist_yet() {
     );
     let o = dlc(&["compile", &model, "--emit", "loop-mlir"]);
     assert!(String::from_utf8_lossy(&o.stdout).starts_with("\"loop.func\"() ({"));
-    let o = dlc(&["compile", &model, "--entry", "affine", "--emit", "tile"]);
+    let o = dlc(&["compile", &model, "--entry", "affine", "--emit", "loop-cpu"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(
-        String::from_utf8_lossy(&o.stdout).contains("tile.threads"),
+        String::from_utf8_lossy(&o.stdout).contains("loop.threads"),
         "{}",
         String::from_utf8_lossy(&o.stdout)
+    );
+    for target in ["host", "sm_90"] {
+        let o = dlc(&[
+            "compile", &model, "--entry", "affine", "--emit", "tile", "--target", target,
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            text.starts_with("tile.func @affine(") && text.contains("tile.kernel"),
+            "{text}"
+        );
+    }
+    let o = dlc(&["compile", &model, "--emit", "tile-mlir"]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("\"tile.kernel\""));
+    let o = dlc(&["compile", &model, "--emit", "tile", "--target", "tpu"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("unknown target `tpu`"),
+        "{}",
+        stderr(&o)
     );
     let o = dlc(&["compile", &model, "--emit", "llvm"]);
     assert!(
@@ -335,12 +355,14 @@ fn compile_emits_graph_ir_and_refuses_what_does_not_exist_yet() {
 }
 
 #[test]
-fn the_loop_backend_agrees_with_the_reference() {
+fn the_loop_and_tile_backends_agree_with_the_reference() {
     let d = Dir::new("loop");
     let model = d.file("m.dl", MODEL);
     for (entry, backend) in [
         ("affine", "loop"),
         ("pair", "loop"),
+        ("affine", "tile"),
+        ("pair", "tile"),
         ("affine", "cpu"),
         ("pair", "cpu"),
     ] {
@@ -761,7 +783,7 @@ fn interpreters_refuse_work_beyond_their_limit() {
         "op s[N](x: f32[N]) -> f32[N] { out[i] = sum[k in 0..10000000000000](x[k]); }\n\
          fn f(x: f32[4]) -> f32[4] { return s(x); }\n",
     );
-    for backend in ["interp", "loop", "cpu"] {
+    for backend in ["interp", "loop", "tile", "cpu"] {
         let start = std::time::Instant::now();
         let o = dlc(&[
             "run",
@@ -991,7 +1013,7 @@ fn calibrate_writes_to_the_current_directory_outside_the_repository() {
 
 /// An integer division by zero names its source place on every backend:
 /// compiled code (in process, in a loop spread over threads, and through a
-/// shared library's checked call) and both interpreters.
+/// shared library's checked call) and the interpreters.
 #[test]
 fn run_time_errors_name_the_source_place() {
     let d = Dir::new("place");
@@ -1000,7 +1022,7 @@ fn run_time_errors_name_the_source_place() {
         "fn f(x: i32[64], y: i32[64]) -> i32[64] {\n    let s = x * 2;\n    let q = s / y;\n    return q + 1;\n}\n",
     );
     let place = format!("{src}:3:13");
-    for backend in ["cpu", "interp", "loop"] {
+    for backend in ["cpu", "interp", "loop", "tile"] {
         // Random integers in [-10, 10]: some divisor of 64 is zero.
         let o = dlc(&["run", &src, "--backend", backend, "--random-inputs", "0"]);
         fails_with(&o, &format!("integer division by zero at {place}"));

@@ -1,5 +1,5 @@
-//! Code generation of the tile dialect's ops: `tile.threads` (an outlined
-//! body run on the OpenMP runtime's threads) and `tile.matmul` (packed
+//! Code generation of the tile dialect's ops: `loop.threads` (an outlined
+//! body run on the OpenMP runtime's threads) and `loop.matmul` (packed
 //! operands and a register-tiled AVX-512 micro-kernel).
 
 use std::collections::BTreeSet;
@@ -24,7 +24,7 @@ const NR: u64 = 2 * LANES;
 const MC: u64 = 12 * MR;
 /// Depth of the packed blocks.
 const KC: u64 = 256;
-/// A parallel `tile.matmul` is cut into at least this many units of work
+/// A parallel `loop.matmul` is cut into at least this many units of work
 /// (when it has that many column strips), so threads are balanced.
 const UNITS: u64 = 8;
 
@@ -368,7 +368,7 @@ impl<'ctx> Gen<'ctx, '_> {
         Ok(())
     }
 
-    /// `tile.threads`.
+    /// `loop.threads`.
     pub(super) fn threads(&mut self, id: OpId, lo: i64, hi: i64) -> R<()> {
         let captures = free_values(self.f, &[id]);
         let f = self.f;
@@ -684,7 +684,7 @@ impl<'ctx> Gen<'ctx, '_> {
         )
     }
 
-    /// `tile.matmul`: the right operand is packed once (`dlc.sgemm.pack_b`);
+    /// `loop.matmul`: the right operand is packed once (`dlc.sgemm.pack_b`);
     /// each block of MC rows (over threads when `parallel`) is multiplied
     /// into a zeroed block, rows padded to MR and columns to NR
     /// (`dlc.sgemm.block`); then the epilogue runs on the block's elements.
@@ -693,7 +693,7 @@ impl<'ctx> Gen<'ctx, '_> {
         let f = self.f;
         let op = f.op(id);
         let OpKind::Matmul(c) = &op.kind else {
-            return Err(CodegenError::Invalid("not a tile.matmul".into()));
+            return Err(CodegenError::Invalid("not a loop.matmul".into()));
         };
         let dlc_loop::Contraction {
             m,
@@ -706,11 +706,11 @@ impl<'ctx> Gen<'ctx, '_> {
         let (m, n, k) = (*m as u64, *n as u64, *k as u64);
         let region = &op.regions[0];
         let [iv, jv, kv, acc] = region.args[..] else {
-            return Err(CodegenError::Invalid("tile.matmul body arguments".into()));
+            return Err(CodegenError::Invalid("loop.matmul body arguments".into()));
         };
         let strides = |v: Value| match f.ty(v) {
             Type::Buffer(t) => Ok(t.strides.clone()),
-            _ => Err(CodegenError::Invalid("tile.matmul of a non-buffer".into())),
+            _ => Err(CodegenError::Invalid("loop.matmul of a non-buffer".into())),
         };
         let (a_coef, a_rest) = split_offset(&strides(op.operands[0])?, a, &[iv, kv]);
         let (b_coef, b_rest) = split_offset(&strides(op.operands[1])?, b, &[kv, jv]);

@@ -145,17 +145,19 @@ impl CostModel {
                     .and_then(|a| a.ty.shape.last())
                     .copied()
                     .unwrap_or(1) as f64;
-                // An f32 product of 16K multiply-adds or more runs on the
-                // CPU's register tile, 32 columns wide: narrower products
-                // pay for 32.
+                // A product the host CPU packs (TargetDesc::packs_product)
+                // runs on its register tile, `nr` columns wide: narrower
+                // products pay for `nr`.
                 let matrix = inputs.get(1).is_some_and(|b| b.ty.rank() >= 2);
                 let n = if matrix {
                     out.ty.shape.last().copied().unwrap_or(1).max(1) as f64
                 } else {
                     1.0
                 };
-                let tiled = matrix && out.ty.dtype == dlc_core::DType::F32 && n_out * k >= 16384.0;
-                let n_paid = if tiled { (n / 32.0).ceil() * 32.0 } else { n };
+                let host = dlc_core::TargetDesc::host();
+                let tiled = matrix && host.packs_product(out.ty.dtype, (n_out * k) as usize);
+                let nr = host.gemm_blocking(out.ty.dtype).nr as f64;
+                let n_paid = if tiled { (n / nr).ceil() * nr } else { n };
                 product(2.0 * n_out / n * n_paid * k)
             }
             Op::Conv2d { groups, .. } => {

@@ -1,0 +1,1009 @@
+//! Loop to tile: each loop nest becomes a kernel scheduled for a target.
+//!
+//! A function's buffers stay at the host level (`tile.alloc`, `tile.view`,
+//! `tile.dealloc`); each top-level loop nest becomes a `tile.kernel`:
+//!
+//! - **Grid**: the outermost band of perfectly nested parallel loops (up to
+//!   three) becomes the grid, one program per iteration; when the band's
+//!   innermost loop has a straight-line body, it is blocked instead: each
+//!   program takes `vector` consecutive iterations as one tile axis, with a
+//!   mask on the ragged last block (schedule `blocked`). Otherwise the body
+//!   runs in each program (schedule `rows`).
+//! - **Vectorization**: inside a program, every innermost loop becomes a
+//!   `tile.for` over blocks of `vector` iterations: loads and stores become
+//!   tile loads and stores at `#0`, arithmetic acts on whole tiles, values
+//!   that do not depend on the loop stay scalars, and a value the loop
+//!   carries by `+`, `*`, `max` or `min` (a reduction) becomes a tile of
+//!   partial results, reduced by `tile.reduce` after the loop. Loops that
+//!   are not innermost stay counted `tile.for` loops.
+//! - **Contractions** (`loop.matmul`, the structured product the lowering's
+//!   nests are raised to) become block programs (schedule `dot`): a grid
+//!   over `BM x BN` blocks of the result, a `tile.for` over `BK`-deep slices
+//!   of the reduction loading both operand blocks and accumulating with
+//!   `tile.dot`, then the epilogue on the `BM x BN` accumulator tile. For a
+//!   GPU target the operand blocks are staged through shared memory between
+//!   barriers.
+//! - Top-level ops outside nests (a full reduction to a scalar and its
+//!   store), and nests that share scalars with them, run in one program
+//!   (schedule `serial`).
+//!
+//! The choices are a [`Schedule`] per kernel, printed with it; the sizes
+//! come from the target description ([`TargetDesc`]).
+
+use std::collections::{HashMap, HashSet};
+
+use dlc_core::scalar::{BinaryOp, ReduceKind};
+use dlc_core::{DType, TargetDesc};
+use dlc_loop::{
+    Block as LBlock, BufferType as LBufferType, Function as LFunction, IndexExpr,
+    Module as LModule, OpId as LOpId, OpKind as L, Type as LType, Value as LValue,
+};
+use dlc_tile::{Affine, BufferType, Builder, Module, Schedule, Space, TileType, Type, Value};
+
+/// Why loop IR could not be converted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TileConvError {
+    /// IR the loop verifier should have rejected.
+    #[error("invalid loop IR in @{0}: {1}")]
+    Invalid(String, String),
+}
+
+/// The schedule parameters a target gives each kind of nest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScheduleParams {
+    /// Iterations of an innermost loop one tile holds.
+    pub vector: usize,
+    /// Block of a contraction: rows, columns, depth.
+    pub dot: [usize; 3],
+    /// Whether contraction operands are staged through shared memory.
+    pub stage_shared: bool,
+}
+
+impl ScheduleParams {
+    /// What `target` takes: on a CPU, four vectors of f32 per tile and the
+    /// packed kernel's register tile and depth (`mr x nr`, `kc`); on a GPU,
+    /// a tile of one element per thread of a 256-thread block and
+    /// 64 x 64 x 32 blocks staged through shared memory.
+    pub fn for_target(target: &TargetDesc) -> ScheduleParams {
+        let g = target.gemm_blocking(DType::F32);
+        match target.gpu() {
+            Some(gpu) => ScheduleParams {
+                vector: 256.min(gpu.max_threads_per_block),
+                dot: [g.mr, g.nr, g.kc],
+                stage_shared: true,
+            },
+            None => ScheduleParams {
+                vector: 4 * target.lanes(DType::F32),
+                dot: [g.mr, g.nr, g.kc],
+                stage_shared: false,
+            },
+        }
+    }
+}
+
+/// Converts every function of a verified loop module for `target`.
+pub fn convert_module(m: &LModule, target: &TargetDesc) -> Result<Module, TileConvError> {
+    let params = ScheduleParams::for_target(target);
+    let functions = m
+        .functions
+        .iter()
+        .map(|f| {
+            let mut f = f.clone();
+            crate::loop_to_cpu::raise_contractions(&mut f, |_, _| true);
+            Conv::new(&f, &params).function()
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Module { functions })
+}
+
+fn tile_buffer(t: &LBufferType) -> BufferType {
+    BufferType {
+        dtype: t.dtype,
+        shape: t.shape.clone(),
+        strides: t.strides.clone(),
+        space: Space::Global,
+    }
+}
+
+fn loop_bounds(kind: &L) -> Option<(i64, i64, i64)> {
+    match *kind {
+        L::For { lo, hi, step } => Some((lo, hi, step)),
+        L::Parallel { lo, hi } | L::Threads { lo, hi } => Some((lo, hi, 1)),
+        _ => None,
+    }
+}
+
+fn is_parallel(kind: &L) -> bool {
+    matches!(kind, L::Parallel { .. } | L::Threads { .. })
+}
+
+/// A reduction carried by an innermost loop: the carried argument is read
+/// once, by `combine`, whose result is yielded in its place.
+#[derive(Clone, Copy)]
+struct Carry {
+    kind: ReduceKind,
+    op: BinaryOp,
+    /// The combining op in the body.
+    combine: LOpId,
+}
+
+struct Conv<'a> {
+    src: &'a LFunction,
+    params: &'a ScheduleParams,
+    b: Builder,
+    /// Buffers: parameters, allocations, views.
+    buffers: HashMap<LValue, Value>,
+    /// Loop counters: as affine expressions of tile indices and coordinates.
+    index: HashMap<LValue, Affine>,
+    /// Scalars and tiles.
+    values: HashMap<LValue, Value>,
+    /// The shape of the tiles of the region being converted (empty: scalar
+    /// code) and its mask.
+    shape: Vec<usize>,
+    mask: Option<Value>,
+    /// Scalars splatted to `shape` in the current region.
+    splats: HashMap<LValue, Value>,
+    /// Top-level ops defining constants (re-created where used).
+    consts: HashMap<LValue, (f64, DType)>,
+}
+
+impl<'a> Conv<'a> {
+    fn new(src: &'a LFunction, params: &'a ScheduleParams) -> Self {
+        Conv {
+            src,
+            params,
+            b: Builder::new(src.name.clone()),
+            buffers: HashMap::new(),
+            index: HashMap::new(),
+            values: HashMap::new(),
+            shape: vec![],
+            mask: None,
+            splats: HashMap::new(),
+            consts: HashMap::new(),
+        }
+    }
+
+    fn invalid(&self, what: impl Into<String>) -> TileConvError {
+        TileConvError::Invalid(self.src.name.clone(), what.into())
+    }
+
+    fn op(&self, id: LOpId) -> &'a dlc_loop::OpData {
+        let src: &'a LFunction = self.src;
+        src.op(id)
+    }
+
+    fn function(mut self) -> Result<dlc_tile::Function, TileConvError> {
+        let n = self.src.params.len();
+        for (i, (name, v)) in self.src.params.iter().enumerate() {
+            let LType::Buffer(t) = self.src.ty(*v) else {
+                return Err(self.invalid(format!("parameter %{name} is not a buffer")));
+            };
+            let tv = self
+                .b
+                .param(name.clone(), tile_buffer(t), i + self.src.outputs >= n);
+            self.buffers.insert(*v, tv);
+        }
+        let top: Vec<LOpId> = self.src.body.ops.clone();
+        for &id in &top {
+            if let L::Const(c) = self.op(id).kind {
+                let d = match self.src.ty(self.op(id).results[0]) {
+                    LType::Scalar(d) => *d,
+                    _ => DType::F32,
+                };
+                self.consts.insert(self.op(id).results[0], (c, d));
+            }
+        }
+        let cuts = self.cut_points(&top);
+        let mut serial: Vec<LOpId> = vec![];
+        let mut deferred: Vec<LOpId> = vec![];
+        for (i, &id) in top.iter().enumerate() {
+            let op = self.op(id);
+            match &op.kind {
+                L::Return => {}
+                L::Alloc | L::View => self.host_op(id)?,
+                L::Dealloc => deferred.push(id),
+                L::Const(_) => {}
+                kind if (is_parallel(kind) || matches!(kind, L::Matmul(_)))
+                    && cuts[i]
+                    && cuts[i + 1] =>
+                {
+                    self.flush(&mut serial, &mut deferred)?;
+                    self.b.set_loc(op.loc.clone());
+                    self.parallel_kernel(id)?;
+                    for d in std::mem::take(&mut deferred) {
+                        self.host_op(d)?;
+                    }
+                }
+                _ => serial.push(id),
+            }
+        }
+        self.flush(&mut serial, &mut deferred)?;
+        let mut f = self.b.finish();
+        dlc_tile::transforms::dce(&mut f);
+        Ok(f)
+    }
+
+    /// `cuts[i]`: whether no scalar defined by a top-level op before `i`
+    /// (constants aside, which are re-created where used) is used at or
+    /// after `i`, so a kernel may start there.
+    fn cut_points(&self, top: &[LOpId]) -> Vec<bool> {
+        let mut last_use: HashMap<LValue, usize> = HashMap::new();
+        for (i, &id) in top.iter().enumerate() {
+            let mut used = vec![];
+            collect_uses(self.src, id, &mut used);
+            for v in used {
+                last_use.insert(v, i);
+            }
+        }
+        let mut cuts = vec![true; top.len() + 1];
+        for (i, &id) in top.iter().enumerate() {
+            let op = self.op(id);
+            if matches!(op.kind, L::Const(_)) {
+                continue;
+            }
+            for r in &op.results {
+                if matches!(self.src.ty(*r), LType::Buffer(_)) {
+                    continue;
+                }
+                if let Some(&last) = last_use.get(r) {
+                    for c in cuts.iter_mut().take(last + 1).skip(i + 1) {
+                        *c = false;
+                    }
+                }
+            }
+        }
+        cuts
+    }
+
+    fn host_op(&mut self, id: LOpId) -> Result<(), TileConvError> {
+        let op = self.op(id);
+        match &op.kind {
+            L::Alloc => {
+                let LType::Buffer(t) = self.src.ty(op.results[0]) else {
+                    return Err(self.invalid("alloc of a non-buffer"));
+                };
+                let v = self.b.alloc(tile_buffer(t));
+                self.buffers.insert(op.results[0], v);
+            }
+            L::View => {
+                let LType::Buffer(t) = self.src.ty(op.results[0]) else {
+                    return Err(self.invalid("view of a non-buffer"));
+                };
+                let from = self.buffer(op.operands[0])?;
+                let v = self.b.view(from, tile_buffer(t));
+                self.buffers.insert(op.results[0], v);
+            }
+            L::Dealloc => {
+                let b = self.buffer(op.operands[0])?;
+                self.b.dealloc(b);
+            }
+            _ => return Err(self.invalid(format!("{} at the host level", op.kind.name()))),
+        }
+        Ok(())
+    }
+
+    /// Emits the pending top-level ops as one program, then the deferred
+    /// deallocations.
+    fn flush(
+        &mut self,
+        serial: &mut Vec<LOpId>,
+        deferred: &mut Vec<LOpId>,
+    ) -> Result<(), TileConvError> {
+        if !serial.is_empty() {
+            let ops = std::mem::take(serial);
+            self.b.set_loc(self.op(ops[0]).loc.clone());
+            let schedule = Schedule::new("serial").with("vector", vec![self.params.vector as i64]);
+            self.b.begin_kernel(vec![1], schedule);
+            self.values.clear();
+            self.ops(&ops)?;
+            self.b.end_kernel();
+        }
+        for d in std::mem::take(deferred) {
+            self.host_op(d)?;
+        }
+        Ok(())
+    }
+
+    fn buffer(&self, v: LValue) -> Result<Value, TileConvError> {
+        self.buffers
+            .get(&v)
+            .copied()
+            .ok_or_else(|| self.invalid(format!("buffer value {} is not defined", v.0)))
+    }
+
+    /// A top-level parallel nest or contraction as its own kernel.
+    fn parallel_kernel(&mut self, root: LOpId) -> Result<(), TileConvError> {
+        self.values.clear();
+        // The band of perfectly nested parallel loops.
+        let mut band: Vec<LOpId> = vec![];
+        let mut at = root;
+        loop {
+            let op = self.op(at);
+            if !is_parallel(&op.kind) || band.len() == 3 {
+                break;
+            }
+            band.push(at);
+            match op.regions[0].ops.as_slice() {
+                [inner]
+                    if is_parallel(&self.op(*inner).kind)
+                        || matches!(self.op(*inner).kind, L::Matmul(_)) =>
+                {
+                    at = *inner
+                }
+                _ => break,
+            }
+        }
+        let inner_matmul = if band.is_empty() {
+            Some(root)
+        } else {
+            let last = self.op(*band.last().unwrap_or(&root));
+            match last.regions[0].ops.as_slice() {
+                [m] if matches!(self.op(*m).kind, L::Matmul(_)) && band.len() < 2 => Some(*m),
+                _ => None,
+            }
+        };
+        if let Some(m) = inner_matmul {
+            return self.dot_kernel(&band, m);
+        }
+        let last = *band.last().ok_or_else(|| self.invalid("empty band"))?;
+        let last_op = self.op(last);
+        let straight = last_op.regions[0].ops.iter().all(|o| {
+            loop_bounds(&self.op(*o).kind).is_none() && !matches!(self.op(*o).kind, L::Matmul(_))
+        });
+        let blocked = straight && self.vectorizable(last).is_some();
+        let mut grid = vec![];
+        for &l in &band {
+            let (lo, hi, _) = loop_bounds(&self.op(l).kind).unwrap_or((0, 1, 1));
+            let n = (hi - lo).max(0) as usize;
+            if l == last && blocked {
+                let w = self.params.vector.min(n.max(1));
+                grid.push(n.div_ceil(w).max(1));
+            } else {
+                grid.push(n.max(1));
+            }
+        }
+        let strategy = if blocked { "blocked" } else { "rows" };
+        let schedule = Schedule::new(strategy).with("vector", vec![self.params.vector as i64]);
+        self.b.begin_kernel(grid.clone(), schedule);
+        for (axis, &l) in band.iter().enumerate() {
+            let op = self.op(l);
+            let (lo, hi, _) = loop_bounds(&op.kind).unwrap_or((0, 1, 1));
+            let pid = self.b.program_id(axis);
+            let counter = op.regions[0].args[0];
+            if l == last && blocked {
+                let n = (hi - lo).max(0) as usize;
+                let w = self.params.vector.min(n.max(1));
+                let base = Affine::value(pid)
+                    .scaled(w as i64)
+                    .plus_scaled(1, &Affine::constant(lo));
+                self.index
+                    .insert(counter, base.plus_scaled(1, &Affine::axis(0)));
+                self.shape = vec![w];
+                self.mask = (!n.is_multiple_of(w)).then(|| {
+                    let limit =
+                        Affine::constant(n as i64).plus_scaled(-(w as i64), &Affine::value(pid));
+                    self.b.mask(vec![limit], &[w])
+                });
+                self.splats.clear();
+            } else {
+                self.index.insert(
+                    counter,
+                    Affine::value(pid).plus_scaled(1, &Affine::constant(lo)),
+                );
+            }
+        }
+        let body = &self.op(last).regions[0];
+        let result = self.ops(&body.ops);
+        self.shape.clear();
+        self.mask = None;
+        self.splats.clear();
+        result?;
+        self.b.end_kernel();
+        Ok(())
+    }
+
+    /// Whether the innermost loop `id` can run as tiles: its reductions,
+    /// or `None`.
+    fn vectorizable(&self, id: LOpId) -> Option<Vec<Carry>> {
+        let op = self.op(id);
+        let (_, _, step) = loop_bounds(&op.kind)?;
+        if step != 1 {
+            return None;
+        }
+        let body = &op.regions[0];
+        let counter = body.args[0];
+        let mut stored: HashSet<LValue> = HashSet::new();
+        let mut loaded: HashSet<LValue> = HashSet::new();
+        for &o in &body.ops {
+            let d = self.op(o);
+            match &d.kind {
+                L::Store { index } => {
+                    let distinct = index
+                        .iter()
+                        .any(|e| e.terms.iter().any(|t| t.1 == counter && t.0 != 0));
+                    if !distinct {
+                        return None;
+                    }
+                    stored.insert(d.operands[1]);
+                }
+                L::Load { .. } => {
+                    loaded.insert(d.operands[0]);
+                }
+                L::For { .. } | L::Parallel { .. } | L::Threads { .. } | L::Matmul(_) => {
+                    return None;
+                }
+                _ => {}
+            }
+        }
+        // Views alias: compare storage roots.
+        let root = |v: LValue| root_buffer(self.src, v);
+        let stored: HashSet<LValue> = stored.into_iter().map(root).collect();
+        if loaded.into_iter().any(|v| stored.contains(&root(v))) {
+            return None;
+        }
+        let carried = &body.args[1..];
+        let yield_op = body.ops.last().map(|o| self.op(*o));
+        let mut carries = vec![];
+        for (k, &c) in carried.iter().enumerate() {
+            let users: Vec<LOpId> = body
+                .ops
+                .iter()
+                .copied()
+                .filter(|o| self.op(*o).operands.contains(&c))
+                .collect();
+            let [user] = users.as_slice() else {
+                return None;
+            };
+            let u = self.op(*user);
+            let (kind, bop) = match u.kind {
+                L::Binary(b @ BinaryOp::Add) => (ReduceKind::Sum, b),
+                L::Binary(b @ BinaryOp::Mul) => (ReduceKind::Prod, b),
+                L::Binary(b @ BinaryOp::Max) => (ReduceKind::Max, b),
+                L::Binary(b @ BinaryOp::Min) => (ReduceKind::Min, b),
+                _ => return None,
+            };
+            if u.operands[0] == u.operands[1]
+                || yield_op.is_none_or(|y| {
+                    !matches!(y.kind, L::Yield) || y.operands.get(k) != Some(&u.results[0])
+                })
+            {
+                return None;
+            }
+            // The partial result is only yielded.
+            let used_elsewhere = body
+                .ops
+                .iter()
+                .filter(|o| self.op(**o).operands.contains(&u.results[0]))
+                .count()
+                != 1;
+            if used_elsewhere {
+                return None;
+            }
+            carries.push(Carry {
+                kind,
+                op: bop,
+                combine: *user,
+            });
+        }
+        Some(carries)
+    }
+
+    /// Converts a list of ops in the current region.
+    fn ops(&mut self, ops: &[LOpId]) -> Result<(), TileConvError> {
+        for &id in ops {
+            self.b.set_loc(self.op(id).loc.clone());
+            self.op_in_program(id)?;
+        }
+        Ok(())
+    }
+
+    fn affine(&self, e: &IndexExpr) -> Result<Affine, TileConvError> {
+        let mut out = Affine::constant(e.constant);
+        for &(c, v) in &e.terms {
+            let a = self.index.get(&v).ok_or_else(|| {
+                self.invalid(format!("index value {} has no tile counterpart", v.0))
+            })?;
+            out = out.plus_scaled(c, a);
+        }
+        Ok(out)
+    }
+
+    /// The tile counterpart of a scalar: computed in this program, or a
+    /// constant re-created here.
+    fn scalar(&mut self, v: LValue) -> Result<Value, TileConvError> {
+        if let Some(&t) = self.values.get(&v) {
+            return Ok(t);
+        }
+        if let Some(&(c, d)) = self.consts.get(&v) {
+            let t = self.b.constant(c, Type::Scalar(d));
+            self.values.insert(v, t);
+            return Ok(t);
+        }
+        Err(self.invalid(format!("value {} is used before it is computed", v.0)))
+    }
+
+    fn is_tile(&self, t: Value) -> bool {
+        matches!(self.b.ty(t), Type::Tile(_))
+    }
+
+    /// The counterpart of `v` as a tile of the region's shape.
+    fn as_tile(&mut self, v: LValue) -> Result<Value, TileConvError> {
+        let t = self.scalar(v)?;
+        if self.is_tile(t) || self.shape.is_empty() {
+            return Ok(t);
+        }
+        if let Some(&s) = self.splats.get(&v) {
+            return Ok(s);
+        }
+        let shape = self.shape.clone();
+        let s = self.b.splat(t, &shape);
+        self.splats.insert(v, s);
+        Ok(s)
+    }
+
+    /// Operands of an element-wise op: all tiles when any is, else scalars.
+    fn elementwise_operands(&mut self, vs: &[LValue]) -> Result<Vec<Value>, TileConvError> {
+        let direct: Vec<Value> = vs
+            .iter()
+            .map(|v| self.scalar(*v))
+            .collect::<Result<_, _>>()?;
+        if direct.iter().any(|t| self.is_tile(*t)) {
+            vs.iter().map(|v| self.as_tile(*v)).collect()
+        } else {
+            Ok(direct)
+        }
+    }
+
+    fn result_dtype(&self, v: LValue) -> DType {
+        match self.src.ty(v) {
+            LType::Scalar(d) => *d,
+            _ => DType::F32,
+        }
+    }
+
+    fn op_in_program(&mut self, id: LOpId) -> Result<(), TileConvError> {
+        let op = self.op(id);
+        let r = op.results.first().copied();
+        let set = |c: &mut Self, t: Value| {
+            if let Some(r) = r {
+                c.values.insert(r, t);
+            }
+        };
+        match &op.kind {
+            L::Const(v) => {
+                let t = self
+                    .b
+                    .constant(*v, Type::Scalar(self.result_dtype(op.results[0])));
+                set(self, t);
+            }
+            L::Unary(u) => {
+                let x = self.elementwise_operands(&op.operands)?;
+                let t = self.b.unary(*u, x[0]);
+                set(self, t);
+            }
+            L::Binary(bop) => {
+                let mut x = self.elementwise_operands(&op.operands)?;
+                // A masked-off lane must not divide by zero.
+                if *bop == BinaryOp::Div
+                    && self.result_dtype(op.operands[0]).is_int()
+                    && let Some(m) = self.mask
+                    && self.is_tile(x[1])
+                {
+                    let one = self.b.constant(1.0, self.b.ty(x[1]).clone());
+                    x[1] = self.b.select(m, x[1], one);
+                }
+                let t = self.b.binary(*bop, x[0], x[1]);
+                set(self, t);
+            }
+            L::Compare(c) => {
+                let x = self.elementwise_operands(&op.operands)?;
+                let t = self.b.compare(*c, x[0], x[1]);
+                set(self, t);
+            }
+            L::Select => {
+                let x = self.elementwise_operands(&op.operands)?;
+                let t = self.b.select(x[0], x[1], x[2]);
+                set(self, t);
+            }
+            L::Cast => {
+                let x = self.elementwise_operands(&op.operands)?;
+                let t = self.b.cast(x[0], self.result_dtype(op.results[0]));
+                set(self, t);
+            }
+            L::Load { index, pad } => {
+                let buf = self.buffer(op.operands[0])?;
+                let index: Vec<Affine> = index
+                    .iter()
+                    .map(|e| self.affine(e))
+                    .collect::<Result<_, _>>()?;
+                let d = self.result_dtype(op.results[0]);
+                let t = if index.iter().any(|e| !e.axes.is_empty()) {
+                    let pad = pad.or(self.mask.map(|_| 0.0));
+                    let ty = Type::Tile(TileType::new(d, self.shape.clone()));
+                    self.b.load(buf, index, self.mask, pad, ty)
+                } else {
+                    self.b.load(buf, index, None, *pad, Type::Scalar(d))
+                };
+                set(self, t);
+            }
+            L::Store { index } => {
+                let buf = self.buffer(op.operands[1])?;
+                let index: Vec<Affine> = index
+                    .iter()
+                    .map(|e| self.affine(e))
+                    .collect::<Result<_, _>>()?;
+                let tiled = index.iter().any(|e| !e.axes.is_empty());
+                let v = if tiled {
+                    self.as_tile(op.operands[0])?
+                } else {
+                    self.scalar(op.operands[0])?
+                };
+                if self.is_tile(v) && !tiled {
+                    return Err(self.invalid("a tile stored at one place"));
+                }
+                let mask = if tiled { self.mask } else { None };
+                self.b.store(v, buf, index, mask);
+            }
+            L::For { .. } | L::Parallel { .. } | L::Threads { .. } => self.loop_in_program(id)?,
+            L::Matmul(_) => self.dot_in_program(id)?,
+            L::Yield => {}
+            L::Alloc | L::Dealloc | L::View | L::Return => {
+                return Err(self.invalid(format!("{} inside a loop nest", op.kind.name())));
+            }
+        }
+        Ok(())
+    }
+
+    fn loop_in_program(&mut self, id: LOpId) -> Result<(), TileConvError> {
+        let op = self.op(id);
+        let (lo, hi, step) = loop_bounds(&op.kind).unwrap_or((0, 0, 1));
+        let body: &'a LBlock = &op.regions[0];
+        let innermost = body.ops.iter().all(|o| {
+            loop_bounds(&self.op(*o).kind).is_none() && !matches!(self.op(*o).kind, L::Matmul(_))
+        });
+        if innermost
+            && self.shape.is_empty()
+            && let Some(carries) = self.vectorizable(id)
+        {
+            return self.vector_loop(id, lo, hi, carries);
+        }
+        // A counted loop carrying scalars.
+        let inits: Vec<Value> = op
+            .operands
+            .iter()
+            .map(|v| self.scalar(*v))
+            .collect::<Result<_, _>>()?;
+        let (counter, carried) = self.b.begin_for(lo, hi, step, &inits);
+        self.index.insert(body.args[0], Affine::value(counter));
+        for (a, c) in body.args[1..].iter().zip(&carried) {
+            self.values.insert(*a, *c);
+        }
+        self.ops(&body.ops)?;
+        let next: Vec<Value> = match body.ops.last().map(|o| self.op(*o)) {
+            Some(y) if matches!(y.kind, L::Yield) => y
+                .operands
+                .iter()
+                .map(|v| self.scalar(*v))
+                .collect::<Result<_, _>>()?,
+            _ => vec![],
+        };
+        let results = self.b.end_for(next);
+        for (r, t) in op.results.iter().zip(results) {
+            self.values.insert(*r, t);
+        }
+        Ok(())
+    }
+
+    /// An innermost loop as a `tile.for` over blocks of `vector` iterations.
+    fn vector_loop(
+        &mut self,
+        id: LOpId,
+        lo: i64,
+        hi: i64,
+        carries: Vec<Carry>,
+    ) -> Result<(), TileConvError> {
+        let op = self.op(id);
+        let body: &'a LBlock = &op.regions[0];
+        let n = (hi - lo).max(0) as usize;
+        if n == 0 {
+            for (r, init) in op.results.iter().zip(&op.operands) {
+                let t = self.scalar(*init)?;
+                self.values.insert(*r, t);
+            }
+            return Ok(());
+        }
+        let w = self.params.vector.min(n);
+        let shape = vec![w];
+        let mut inits = vec![];
+        for (c, init) in carries.iter().zip(&op.operands) {
+            let d = self.result_dtype(*init);
+            inits.push(self.b.constant(
+                c.kind.identity_in(d),
+                Type::Tile(TileType::new(d, shape.clone())),
+            ));
+        }
+        // What a masked-off lane contributes to each reduction.
+        let ragged = !n.is_multiple_of(w);
+        let idents: Vec<Option<Value>> = carries
+            .iter()
+            .zip(&inits)
+            .map(|(c, init)| {
+                let ty = self.b.ty(*init).clone();
+                let d = ty.dtype().unwrap_or(DType::F32);
+                ragged.then(|| self.b.constant(c.kind.identity_in(d), ty))
+            })
+            .collect();
+        let (counter, carried) = self.b.begin_for(lo, hi, w as i64, &inits);
+        self.index.insert(
+            body.args[0],
+            Affine::value(counter).plus_scaled(1, &Affine::axis(0)),
+        );
+        self.shape = shape.clone();
+        self.splats.clear();
+        self.mask = (!n.is_multiple_of(w)).then(|| {
+            let limit = Affine::constant(hi).plus_scaled(-1, &Affine::value(counter));
+            self.b.mask(vec![limit], &[w])
+        });
+        let combines: HashMap<LOpId, usize> = carries
+            .iter()
+            .enumerate()
+            .map(|(k, c)| (c.combine, k))
+            .collect();
+        let mut next = vec![Value(0); carries.len()];
+        let result = (|| -> Result<(), TileConvError> {
+            for &o in &body.ops {
+                self.b.set_loc(self.op(o).loc.clone());
+                if let Some(&k) = combines.get(&o) {
+                    let d = self.op(o);
+                    let x = if d.operands[0] == body.args[1 + k] {
+                        d.operands[1]
+                    } else {
+                        d.operands[0]
+                    };
+                    let mut x = self.as_tile(x)?;
+                    if let (Some(m), Some(ident)) = (self.mask, idents[k]) {
+                        x = self.b.select(m, x, ident);
+                    }
+                    next[k] = self.b.binary(carries[k].op, carried[k], x);
+                    continue;
+                }
+                if matches!(self.op(o).kind, L::Yield) {
+                    continue;
+                }
+                self.op_in_program(o)?;
+            }
+            Ok(())
+        })();
+        self.shape.clear();
+        self.mask = None;
+        self.splats.clear();
+        result?;
+        let accs = self.b.end_for(next);
+        for ((r, init), (c, acc)) in op
+            .results
+            .iter()
+            .zip(&op.operands)
+            .zip(carries.iter().zip(accs))
+        {
+            let part = self.b.reduce(c.kind, 0, acc);
+            let init = self.scalar(*init)?;
+            let t = self.b.binary(c.op, init, part);
+            self.values.insert(*r, t);
+        }
+        Ok(())
+    }
+
+    /// A contraction (and the parallel loops around it, `band`) as its own
+    /// kernel: a grid over the batch and the result's blocks.
+    fn dot_kernel(&mut self, band: &[LOpId], m: LOpId) -> Result<(), TileConvError> {
+        let L::Matmul(c) = &self.op(m).kind else {
+            return Err(self.invalid("not a contraction"));
+        };
+        let [bm, bn, bk] = self.params.dot;
+        let (bm, bn, bk) = (
+            bm.min(c.m.max(1) as usize),
+            bn.min(c.n.max(1) as usize),
+            bk.min(c.k.max(1) as usize),
+        );
+        let mut grid: Vec<usize> = band
+            .iter()
+            .map(|l| {
+                let (lo, hi, _) = loop_bounds(&self.op(*l).kind).unwrap_or((0, 1, 1));
+                (hi - lo).max(1) as usize
+            })
+            .collect();
+        grid.push((c.m.max(0) as usize).div_ceil(bm).max(1));
+        grid.push((c.n.max(0) as usize).div_ceil(bn).max(1));
+        let mut schedule = Schedule::new("dot").with("tile", vec![bm as i64, bn as i64, bk as i64]);
+        if self.params.stage_shared {
+            schedule = schedule.with("stages", vec![1]);
+        }
+        self.b.begin_kernel(grid, schedule);
+        for (axis, l) in band.iter().enumerate() {
+            let op = self.op(*l);
+            let (lo, _, _) = loop_bounds(&op.kind).unwrap_or((0, 1, 1));
+            let pid = self.b.program_id(axis);
+            self.index.insert(
+                op.regions[0].args[0],
+                Affine::value(pid).plus_scaled(1, &Affine::constant(lo)),
+            );
+        }
+        let pi = self.b.program_id(band.len());
+        let pj = self.b.program_id(band.len() + 1);
+        let i0 = Affine::value(pi).scaled(bm as i64);
+        let j0 = Affine::value(pj).scaled(bn as i64);
+        self.dot_block(m, i0, j0, [bm, bn, bk], true)?;
+        self.b.end_kernel();
+        Ok(())
+    }
+
+    /// A contraction inside a program: counted loops over its blocks.
+    fn dot_in_program(&mut self, m: LOpId) -> Result<(), TileConvError> {
+        let L::Matmul(c) = &self.op(m).kind else {
+            return Err(self.invalid("not a contraction"));
+        };
+        let [bm, bn, bk] = self.params.dot;
+        let (bm, bn, bk) = (
+            bm.min(c.m.max(1) as usize),
+            bn.min(c.n.max(1) as usize),
+            bk.min(c.k.max(1) as usize),
+        );
+        let (ci, _) = self.b.begin_for(0, c.m, bm as i64, &[]);
+        let (cj, _) = self.b.begin_for(0, c.n, bn as i64, &[]);
+        self.dot_block(m, Affine::value(ci), Affine::value(cj), [bm, bn, bk], false)?;
+        self.b.end_for(vec![]);
+        self.b.end_for(vec![]);
+        Ok(())
+    }
+
+    /// One `bm x bn` block of contraction `m` at rows `i0`, columns `j0`:
+    /// the K loop of `tile.dot`s, then the epilogue on the accumulator.
+    /// `shared`: whether operands may be staged through shared memory
+    /// (only at a kernel's top level, where every program reaches the
+    /// barriers).
+    fn dot_block(
+        &mut self,
+        m: LOpId,
+        i0: Affine,
+        j0: Affine,
+        [bm, bn, bk]: [usize; 3],
+        shared: bool,
+    ) -> Result<(), TileConvError> {
+        let op = self.op(m);
+        let L::Matmul(c) = &op.kind else {
+            return Err(self.invalid("not a contraction"));
+        };
+        let body: &'a LBlock = &op.regions[0];
+        let (iv, jv, kv, accv) = (body.args[0], body.args[1], body.args[2], body.args[3]);
+        let (a, bbuf) = (self.buffer(op.operands[0])?, self.buffer(op.operands[1])?);
+        let dtype = match self.b.ty(a) {
+            Type::Buffer(t) => t.dtype,
+            _ => DType::F32,
+        };
+        let acc_dtype = self.result_dtype(accv);
+        let stage = shared && self.params.stage_shared;
+        let (sa, sb) = if stage {
+            (
+                Some(
+                    self.b
+                        .alloc(BufferType::contiguous(dtype, vec![bm, bk], Space::Shared)),
+                ),
+                Some(
+                    self.b
+                        .alloc(BufferType::contiguous(dtype, vec![bk, bn], Space::Shared)),
+                ),
+            )
+        } else {
+            (None, None)
+        };
+        let zero = self
+            .b
+            .constant(0.0, Type::Tile(TileType::new(acc_dtype, vec![bm, bn])));
+        let (kb, accs) = self.b.begin_for(0, c.k, bk as i64, &[zero]);
+        let ragged_m = !(c.m as usize).is_multiple_of(bm);
+        let ragged_n = !(c.n as usize).is_multiple_of(bn);
+        let ragged_k = !(c.k as usize).is_multiple_of(bk);
+        let rows_left = Affine::constant(c.m).plus_scaled(-1, &i0);
+        let cols_left = Affine::constant(c.n).plus_scaled(-1, &j0);
+        let depth_left = Affine::constant(c.k).plus_scaled(-1, &Affine::value(kb));
+        // Operand blocks: i -> i0 + #0, k -> kb + #1 for the left operand;
+        // k -> kb + #0, j -> j0 + #1 for the right one.
+        self.index.insert(iv, i0.plus_scaled(1, &Affine::axis(0)));
+        self.index
+            .insert(kv, Affine::value(kb).plus_scaled(1, &Affine::axis(1)));
+        let a_index: Vec<Affine> =
+            c.a.iter()
+                .map(|e| self.affine(e))
+                .collect::<Result<_, _>>()?;
+        let a_mask = (ragged_m || ragged_k).then(|| {
+            self.b
+                .mask(vec![rows_left.clone(), depth_left.clone()], &[bm, bk])
+        });
+        let ta = Type::Tile(TileType::new(dtype, vec![bm, bk]));
+        let mut at = self
+            .b
+            .load(a, a_index, a_mask, a_mask.map(|_| 0.0), ta.clone());
+        self.index
+            .insert(kv, Affine::value(kb).plus_scaled(1, &Affine::axis(0)));
+        self.index.insert(jv, j0.plus_scaled(1, &Affine::axis(1)));
+        let b_index: Vec<Affine> =
+            c.b.iter()
+                .map(|e| self.affine(e))
+                .collect::<Result<_, _>>()?;
+        let b_mask = (ragged_k || ragged_n)
+            .then(|| self.b.mask(vec![depth_left, cols_left.clone()], &[bk, bn]));
+        let tb = Type::Tile(TileType::new(dtype, vec![bk, bn]));
+        let mut bt = self
+            .b
+            .load(bbuf, b_index, b_mask, b_mask.map(|_| 0.0), tb.clone());
+        if let (Some(sa), Some(sb)) = (sa, sb) {
+            let (a2, b2) = (
+                vec![Affine::axis(0), Affine::axis(1)],
+                vec![Affine::axis(0), Affine::axis(1)],
+            );
+            self.b.store(at, sa, a2.clone(), None);
+            self.b.store(bt, sb, b2.clone(), None);
+            self.b.barrier();
+            at = self.b.load(sa, a2, None, None, ta);
+            bt = self.b.load(sb, b2, None, None, tb);
+        }
+        let next = self.b.dot(at, bt, accs[0]);
+        if stage {
+            self.b.barrier();
+        }
+        let acc = self.b.end_for(vec![next])[0];
+        // The epilogue on the accumulator: i -> i0 + #0, j -> j0 + #1.
+        self.index.insert(iv, i0.plus_scaled(1, &Affine::axis(0)));
+        self.index.insert(jv, j0.plus_scaled(1, &Affine::axis(1)));
+        self.index.insert(kv, Affine::constant(0));
+        self.values.insert(accv, acc);
+        let saved = (
+            std::mem::take(&mut self.shape),
+            self.mask.take(),
+            std::mem::take(&mut self.splats),
+        );
+        self.shape = vec![bm, bn];
+        self.mask =
+            (ragged_m || ragged_n).then(|| self.b.mask(vec![rows_left, cols_left], &[bm, bn]));
+        let result = self.ops(&body.ops);
+        (self.shape, self.mask, self.splats) = saved;
+        result
+    }
+}
+
+/// The buffer a view ultimately aliases.
+fn root_buffer(f: &LFunction, mut v: LValue) -> LValue {
+    loop {
+        let def = f
+            .ops
+            .iter()
+            .find(|o| matches!(o.kind, L::View) && o.results.first() == Some(&v));
+        match def {
+            Some(o) => v = o.operands[0],
+            None => return v,
+        }
+    }
+}
+
+/// Every value op `id` and its nested ops read (operands and index values).
+fn collect_uses(f: &LFunction, id: LOpId, out: &mut Vec<LValue>) {
+    let op = f.op(id);
+    out.extend(&op.operands);
+    let index: &[IndexExpr] = match &op.kind {
+        L::Load { index, .. } | L::Store { index } => index,
+        _ => &[],
+    };
+    for e in index {
+        out.extend(e.terms.iter().map(|t| t.1));
+    }
+    if let L::Matmul(c) = &op.kind {
+        for e in c.a.iter().chain(&c.b) {
+            out.extend(e.terms.iter().map(|t| t.1));
+        }
+    }
+    for r in &op.regions {
+        for &o in &r.ops {
+            collect_uses(f, o, out);
+        }
+    }
+}

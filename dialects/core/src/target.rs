@@ -1,0 +1,289 @@
+//! Target descriptions: the one statement of what a machine offers, read
+//! by the loop -> tile conversion (schedules, tile sizes), the CPU back end
+//! (its micro-kernel and blocking) and the equality-saturation cost model
+//! (which products run on the register tile). No back-end constant is
+//! written anywhere else.
+
+use crate::DType;
+
+/// A CPU: vector width, registers, caches, cores, and the blocking of its
+/// packed matrix-product kernel, derived from those.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CpuDesc {
+    /// Bits of one vector register (512 with AVX-512, 256 with AVX2).
+    pub vector_bits: usize,
+    /// Vector registers (32 with AVX-512, 16 with AVX2).
+    pub vector_registers: usize,
+    /// Whether fused multiply-add exists.
+    pub fma: bool,
+    /// Whether AVX-512 BF16 instructions exist (bf16 dot products).
+    pub avx512_bf16: bool,
+    /// Cores the runtime's thread pool may use.
+    pub cores: usize,
+    /// Level-1 data cache per core, bytes.
+    pub l1_bytes: usize,
+    /// Level-2 cache per core, bytes.
+    pub l2_bytes: usize,
+}
+
+/// The register-tiled product kernel's blocking (BLIS's names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GemmBlocking {
+    /// Rows of the register tile.
+    pub mr: usize,
+    /// Columns of the register tile (whole vectors).
+    pub nr: usize,
+    /// Rows of the left operand packed at once (a multiple of `mr`).
+    pub mc: usize,
+    /// Depth of the packed panels.
+    pub kc: usize,
+    /// Vector lanes of the element type.
+    pub lanes: usize,
+    /// A parallel product is cut into at least this many units of work.
+    pub min_units: usize,
+}
+
+/// An NVIDIA GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuDesc {
+    /// Compute capability, e.g. `(9, 0)` for sm_90.
+    pub compute_capability: (u32, u32),
+    /// Threads of a warp.
+    pub warp_size: usize,
+    /// Most threads of one block.
+    pub max_threads_per_block: usize,
+    /// Shared memory one block may use, bytes (the opt-in maximum).
+    pub shared_memory_per_block: usize,
+    /// Streaming multiprocessors (for sizing grids).
+    pub multiprocessors: usize,
+    /// Tensor-core instruction shapes `(m, n, k)` per input type; the
+    /// accumulator is that type's accumulator (f32 for f16/bf16).
+    pub mma: Vec<(DType, [usize; 3])>,
+}
+
+/// What a target is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TargetKind {
+    /// An x86-64 CPU.
+    Cpu(CpuDesc),
+    /// An NVIDIA GPU.
+    Gpu(GpuDesc),
+}
+
+/// A target: its name (`x86-64-avx512`, `sm_90`) and what it offers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetDesc {
+    /// The name `--target` takes.
+    pub name: String,
+    /// CPU or GPU.
+    pub kind: TargetKind,
+}
+
+/// The names [`TargetDesc::named`] knows.
+pub const TARGET_NAMES: [&str; 5] = ["host", "x86-64-avx512", "x86-64-avx2", "sm_80", "sm_90"];
+
+/// Contractions with fewer multiply-adds than this are not packed: packing
+/// costs more than it saves.
+const MIN_PACKED_MACS: usize = 16 * 1024;
+
+/// A parallel loop with fewer iterations than this is looked through for a
+/// wider one inside before being spread over threads.
+const MIN_THREAD_ITERATIONS: usize = 8;
+
+impl TargetDesc {
+    /// An x86-64 CPU with AVX-512 (F, FMA): 32 registers of 512 bits.
+    pub fn x86_64_avx512(cores: usize) -> TargetDesc {
+        TargetDesc {
+            name: "x86-64-avx512".into(),
+            kind: TargetKind::Cpu(CpuDesc {
+                vector_bits: 512,
+                vector_registers: 32,
+                fma: true,
+                avx512_bf16: false,
+                cores,
+                l1_bytes: 48 << 10,
+                l2_bytes: 2 << 20,
+            }),
+        }
+    }
+
+    /// An x86-64 CPU with AVX2 and FMA: 16 registers of 256 bits.
+    pub fn x86_64_avx2(cores: usize) -> TargetDesc {
+        TargetDesc {
+            name: "x86-64-avx2".into(),
+            kind: TargetKind::Cpu(CpuDesc {
+                vector_bits: 256,
+                vector_registers: 16,
+                fma: true,
+                avx512_bf16: false,
+                cores,
+                l1_bytes: 32 << 10,
+                l2_bytes: 1 << 20,
+            }),
+        }
+    }
+
+    /// This machine's CPU: AVX-512 when it has AVX512F, else AVX2, with
+    /// its core count (detected once).
+    pub fn host() -> &'static TargetDesc {
+        static HOST: std::sync::OnceLock<TargetDesc> = std::sync::OnceLock::new();
+        HOST.get_or_init(TargetDesc::detect_host)
+    }
+
+    fn detect_host() -> TargetDesc {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                let mut t = TargetDesc::x86_64_avx512(cores);
+                if let TargetKind::Cpu(c) = &mut t.kind {
+                    c.avx512_bf16 = std::arch::is_x86_feature_detected!("avx512bf16");
+                }
+                return t;
+            }
+        }
+        TargetDesc::x86_64_avx2(cores)
+    }
+
+    /// An NVIDIA GPU of compute capability 8.0 (A100).
+    pub fn sm_80() -> TargetDesc {
+        TargetDesc {
+            name: "sm_80".into(),
+            kind: TargetKind::Gpu(GpuDesc {
+                compute_capability: (8, 0),
+                warp_size: 32,
+                max_threads_per_block: 1024,
+                shared_memory_per_block: 163 << 10,
+                multiprocessors: 108,
+                mma: vec![(DType::F16, [16, 8, 16]), (DType::BF16, [16, 8, 16])],
+            }),
+        }
+    }
+
+    /// An NVIDIA GPU of compute capability 9.0 (H100).
+    pub fn sm_90() -> TargetDesc {
+        TargetDesc {
+            name: "sm_90".into(),
+            kind: TargetKind::Gpu(GpuDesc {
+                compute_capability: (9, 0),
+                warp_size: 32,
+                max_threads_per_block: 1024,
+                shared_memory_per_block: 227 << 10,
+                multiprocessors: 132,
+                mma: vec![(DType::F16, [16, 8, 16]), (DType::BF16, [16, 8, 16])],
+            }),
+        }
+    }
+
+    /// The description `--target NAME` means; `host` is this machine.
+    pub fn named(name: &str) -> Result<TargetDesc, String> {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        match name {
+            "host" => Ok(TargetDesc::host().clone()),
+            "x86-64-avx512" => Ok(TargetDesc::x86_64_avx512(cores)),
+            "x86-64-avx2" => Ok(TargetDesc::x86_64_avx2(cores)),
+            "sm_80" | "cuda:sm_80" => Ok(TargetDesc::sm_80()),
+            "sm_90" | "cuda:sm_90" => Ok(TargetDesc::sm_90()),
+            other => Err(format!(
+                "unknown target `{other}` (known: {})",
+                TARGET_NAMES.join(", ")
+            )),
+        }
+    }
+
+    /// The CPU part, if this is a CPU.
+    pub fn cpu(&self) -> Option<&CpuDesc> {
+        match &self.kind {
+            TargetKind::Cpu(c) => Some(c),
+            TargetKind::Gpu(_) => None,
+        }
+    }
+
+    /// The GPU part, if this is a GPU.
+    pub fn gpu(&self) -> Option<&GpuDesc> {
+        match &self.kind {
+            TargetKind::Gpu(g) => Some(g),
+            TargetKind::Cpu(_) => None,
+        }
+    }
+
+    /// Elements of `d` one vector register holds (one per thread on a
+    /// GPU, whose vectors are warps: see [`GpuDesc::warp_size`]).
+    pub fn lanes(&self, d: DType) -> usize {
+        match &self.kind {
+            TargetKind::Cpu(c) => (c.vector_bits / 8 / d.size_bytes()).max(1),
+            TargetKind::Gpu(_) => 1,
+        }
+    }
+
+    /// Multiply-adds below which a contraction is not worth packing.
+    pub fn min_packed_macs(&self) -> usize {
+        MIN_PACKED_MACS
+    }
+
+    /// Iterations below which a parallel loop is looked through for a
+    /// wider one before being spread over threads.
+    pub fn min_thread_iterations(&self) -> usize {
+        MIN_THREAD_ITERATIONS
+    }
+
+    /// The packed product kernel's blocking for `d` on a CPU: a register
+    /// tile of `mr` rows by two vectors (12 accumulators, two operand
+    /// vectors and a broadcast fit 16 registers and more), `mc = 12 mr`
+    /// rows and `kc = 256` deep packed blocks, so a packed block of the
+    /// left operand stays in L2 and a panel of the right one in L1. On a
+    /// GPU, the same numbers for one thread block's tile.
+    pub fn gemm_blocking(&self, d: DType) -> GemmBlocking {
+        let lanes = self.lanes(d.accumulator());
+        match &self.kind {
+            TargetKind::Cpu(_) => {
+                let mr = 6;
+                GemmBlocking {
+                    mr,
+                    nr: 2 * lanes,
+                    mc: 12 * mr,
+                    kc: 256,
+                    lanes,
+                    min_units: 8,
+                }
+            }
+            TargetKind::Gpu(_) => GemmBlocking {
+                mr: 64,
+                nr: 64,
+                mc: 64,
+                kc: 32,
+                lanes,
+                min_units: 1,
+            },
+        }
+    }
+
+    /// Whether a product of `macs` multiply-adds over `d` runs on the
+    /// packed register-tiled kernel (and pays for its columns rounded up to
+    /// whole register tiles).
+    pub fn packs_product(&self, d: DType, macs: usize) -> bool {
+        d == DType::F32 && macs >= self.min_packed_macs()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptions_state_their_machines() {
+        let avx512 = TargetDesc::x86_64_avx512(2);
+        assert_eq!(avx512.lanes(DType::F32), 16);
+        assert_eq!(avx512.lanes(DType::F16), 32);
+        let g = avx512.gemm_blocking(DType::F32);
+        assert_eq!((g.mr, g.nr, g.mc, g.kc), (6, 32, 72, 256));
+        let avx2 = TargetDesc::x86_64_avx2(2);
+        assert_eq!(avx2.gemm_blocking(DType::F32).nr, 16);
+        // f16 products accumulate in f32, so their tile is f32's.
+        assert_eq!(avx512.gemm_blocking(DType::F16).nr, 32);
+        let sm90 = TargetDesc::named("sm_90").expect("known");
+        assert_eq!(sm90.gpu().map(|g| g.compute_capability), Some((9, 0)));
+        assert!(TargetDesc::named("sm_75").is_err());
+        assert!(TargetDesc::host().cpu().is_some());
+    }
+}

@@ -1,0 +1,273 @@
+//! A builder that appends ops to the innermost open block, for code that
+//! produces tile IR (the loop -> tile conversion).
+
+use dlc_core::DType;
+use dlc_core::scalar::{BinaryOp, CmpOp, ReduceKind, UnaryOp};
+
+use crate::ir::{Affine, Block, BufferType, Function, Schedule, TileType, Type, Value};
+use crate::ops::OpKind;
+
+/// Builds one function; kernel and loop bodies are opened and closed.
+pub struct Builder {
+    f: Function,
+    blocks: Vec<Block>,
+    open: Vec<Open>,
+    loc: Option<dlc_core::SourceLoc>,
+}
+
+enum Open {
+    Kernel {
+        grid: Vec<usize>,
+        schedule: Schedule,
+    },
+    For {
+        lo: i64,
+        hi: i64,
+        step: i64,
+        inits: Vec<Value>,
+    },
+}
+
+impl Builder {
+    /// Starts function `name` with an empty body.
+    pub fn new(name: impl Into<String>) -> Self {
+        Builder {
+            f: Function::new(name),
+            blocks: vec![Block::default()],
+            open: vec![],
+            loc: None,
+        }
+    }
+
+    /// Sets the source place the ops built from now on carry; returns the
+    /// previous one.
+    pub fn set_loc(&mut self, loc: Option<dlc_core::SourceLoc>) -> Option<dlc_core::SourceLoc> {
+        std::mem::replace(&mut self.loc, loc)
+    }
+
+    /// Appends a buffer parameter; `output` marks a result (after inputs).
+    pub fn param(&mut self, name: impl Into<String>, ty: BufferType, output: bool) -> Value {
+        self.f.outputs += usize::from(output);
+        self.f.add_param(name, ty)
+    }
+
+    /// The type of a value built so far.
+    pub fn ty(&self, v: Value) -> &Type {
+        self.f.ty(v)
+    }
+
+    /// Appends an op to the innermost open block; returns its results.
+    pub fn push(
+        &mut self,
+        kind: OpKind,
+        operands: Vec<Value>,
+        results: &[Type],
+        regions: Vec<Block>,
+    ) -> Vec<Value> {
+        let id = self.f.create_op(kind, operands, results, regions);
+        self.f.ops[id.0 as usize].loc = self.loc.clone();
+        if let Some(b) = self.blocks.last_mut() {
+            b.ops.push(id);
+        }
+        self.f.op(id).results.clone()
+    }
+
+    fn one(&mut self, kind: OpKind, operands: Vec<Value>, result: Type) -> Value {
+        self.push(kind, operands, &[result], vec![])[0]
+    }
+
+    /// `tile.alloc`.
+    pub fn alloc(&mut self, ty: BufferType) -> Value {
+        self.one(OpKind::Alloc, vec![], Type::Buffer(ty))
+    }
+
+    /// `tile.dealloc`.
+    pub fn dealloc(&mut self, b: Value) {
+        self.push(OpKind::Dealloc, vec![b], &[], vec![]);
+    }
+
+    /// `tile.view`.
+    pub fn view(&mut self, b: Value, ty: BufferType) -> Value {
+        self.one(OpKind::View, vec![b], Type::Buffer(ty))
+    }
+
+    /// `tile.program_id`.
+    pub fn program_id(&mut self, axis: usize) -> Value {
+        self.one(OpKind::ProgramId { axis }, vec![], Type::Index)
+    }
+
+    /// `tile.const` of type `ty` (a scalar or a tile).
+    pub fn constant(&mut self, v: f64, ty: Type) -> Value {
+        self.one(OpKind::Const(v), vec![], ty)
+    }
+
+    /// `tile.splat` of a scalar to a tile of `shape`.
+    pub fn splat(&mut self, x: Value, shape: &[usize]) -> Value {
+        let d = self.ty(x).dtype().unwrap_or(DType::F32);
+        self.one(
+            OpKind::Splat,
+            vec![x],
+            Type::Tile(TileType::new(d, shape.to_vec())),
+        )
+    }
+
+    /// An element-wise unary op.
+    pub fn unary(&mut self, u: UnaryOp, x: Value) -> Value {
+        let t = self.ty(x).clone();
+        self.one(OpKind::Unary(u), vec![x], t)
+    }
+
+    /// An element-wise binary op.
+    pub fn binary(&mut self, b: BinaryOp, x: Value, y: Value) -> Value {
+        let t = self.ty(x).clone();
+        self.one(OpKind::Binary(b), vec![x, y], t)
+    }
+
+    /// An element-wise comparison.
+    pub fn compare(&mut self, c: CmpOp, x: Value, y: Value) -> Value {
+        let t = self.ty(x).with_dtype(DType::Bool);
+        self.one(OpKind::Compare(c), vec![x, y], t)
+    }
+
+    /// `tile.select`.
+    pub fn select(&mut self, c: Value, a: Value, b: Value) -> Value {
+        let t = self.ty(a).clone();
+        self.one(OpKind::Select, vec![c, a, b], t)
+    }
+
+    /// `tile.cast` to element type `to`.
+    pub fn cast(&mut self, x: Value, to: DType) -> Value {
+        let t = self.ty(x).with_dtype(to);
+        self.one(OpKind::Cast, vec![x], t)
+    }
+
+    /// `tile.load` of a `result` value.
+    pub fn load(
+        &mut self,
+        buf: Value,
+        index: Vec<Affine>,
+        mask: Option<Value>,
+        pad: Option<f64>,
+        result: Type,
+    ) -> Value {
+        let mut operands = vec![buf];
+        operands.extend(mask);
+        self.one(OpKind::Load { index, pad }, operands, result)
+    }
+
+    /// `tile.store`.
+    pub fn store(&mut self, v: Value, buf: Value, index: Vec<Affine>, mask: Option<Value>) {
+        let mut operands = vec![v, buf];
+        operands.extend(mask);
+        self.push(OpKind::Store { index }, operands, &[], vec![]);
+    }
+
+    /// `tile.mask` of `shape` with the given limits.
+    pub fn mask(&mut self, limits: Vec<Affine>, shape: &[usize]) -> Value {
+        let t = Type::Tile(TileType::new(DType::Bool, shape.to_vec()));
+        self.one(OpKind::Mask { limits }, vec![], t)
+    }
+
+    /// `tile.broadcast` to `shape`.
+    pub fn broadcast(&mut self, x: Value, shape: &[usize]) -> Value {
+        let d = self.ty(x).dtype().unwrap_or(DType::F32);
+        self.one(OpKind::Broadcast, vec![x], Type::value(d, shape))
+    }
+
+    /// `tile.dot`.
+    pub fn dot(&mut self, a: Value, b: Value, acc: Value) -> Value {
+        let t = self.ty(acc).clone();
+        self.one(OpKind::Dot, vec![a, b, acc], t)
+    }
+
+    /// `tile.reduce` along `axis`.
+    pub fn reduce(&mut self, kind: ReduceKind, axis: usize, x: Value) -> Value {
+        let (d, mut shape) = match self.ty(x) {
+            Type::Tile(t) => (t.dtype, t.shape.clone()),
+            other => (other.dtype().unwrap_or(DType::F32), vec![]),
+        };
+        if axis < shape.len() {
+            shape.remove(axis);
+        }
+        self.one(
+            OpKind::Reduce { kind, axis },
+            vec![x],
+            Type::value(d, &shape),
+        )
+    }
+
+    /// `tile.barrier`.
+    pub fn barrier(&mut self) {
+        self.push(OpKind::Barrier, vec![], &[], vec![]);
+    }
+
+    /// Opens a kernel; ops built until [`Builder::end_kernel`] are its body.
+    pub fn begin_kernel(&mut self, grid: Vec<usize>, schedule: Schedule) {
+        self.blocks.push(Block::default());
+        self.open.push(Open::Kernel { grid, schedule });
+    }
+
+    /// Closes the innermost open kernel.
+    pub fn end_kernel(&mut self) {
+        let Some(Open::Kernel { grid, schedule }) = self.open.pop() else {
+            unreachable!("end_kernel closes a kernel opened by begin_kernel")
+        };
+        let block = self.blocks.pop().unwrap_or_default();
+        self.push(OpKind::Kernel { grid, schedule }, vec![], &[], vec![block]);
+    }
+
+    /// Opens a counted loop carrying `inits`; returns its counter and the
+    /// carried values as the body sees them.
+    pub fn begin_for(
+        &mut self,
+        lo: i64,
+        hi: i64,
+        step: i64,
+        inits: &[Value],
+    ) -> (Value, Vec<Value>) {
+        let iv = self.f.new_value(Type::Index);
+        let carried: Vec<Value> = inits
+            .iter()
+            .map(|v| {
+                let t = self.f.ty(*v).clone();
+                self.f.new_value(t)
+            })
+            .collect();
+        let mut args = vec![iv];
+        args.extend(&carried);
+        self.blocks.push(Block { args, ops: vec![] });
+        self.open.push(Open::For {
+            lo,
+            hi,
+            step,
+            inits: inits.to_vec(),
+        });
+        (iv, carried)
+    }
+
+    /// Closes the innermost open loop, yielding `next`; returns its results.
+    pub fn end_for(&mut self, next: Vec<Value>) -> Vec<Value> {
+        let Some(Open::For {
+            lo,
+            hi,
+            step,
+            inits,
+        }) = self.open.pop()
+        else {
+            unreachable!("end_for closes a loop opened by begin_for")
+        };
+        if !inits.is_empty() {
+            self.push(OpKind::Yield, next, &[], vec![]);
+        }
+        let types: Vec<Type> = inits.iter().map(|v| self.f.ty(*v).clone()).collect();
+        let block = self.blocks.pop().unwrap_or_default();
+        self.push(OpKind::For { lo, hi, step }, inits, &types, vec![block])
+    }
+
+    /// Ends the function with `tile.return`.
+    pub fn finish(mut self) -> Function {
+        self.push(OpKind::Return, vec![], &[], vec![]);
+        self.f.body = self.blocks.pop().unwrap_or_default();
+        self.f
+    }
+}

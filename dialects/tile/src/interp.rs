@@ -1,0 +1,742 @@
+//! The tile interpreter: runs a function exactly as the IR says. Kernels
+//! run their programs one after another in row-major grid order; scratch
+//! and shared buffers are allocated per program (filled with NaN for float
+//! types, so reading what was never written shows); masks, pads and
+//! packing loads and stores run element by element. Elements are f64
+//! values rounded to their element type after every op; `tile.dot` and
+//! `tile.reduce` sum exactly and round once.
+//!
+//! A program stands for all the threads a GPU runs it on, so the
+//! interpreter checks what a barrier is for: an element of shared memory
+//! written since the last `tile.barrier` must not be read or written again
+//! before the next one, and one read must not be overwritten (each could be
+//! another thread's access).
+
+use std::rc::Rc;
+
+use dlc_core::DType;
+use dlc_core::scalar::{ReduceKind, apply_binary, apply_unary};
+
+use crate::ir::{Affine, Block, BufferType, Function, Module, OpId, Space, Type, Value};
+use crate::ops::OpKind;
+
+/// A buffer's contents: `data[offset]` holds the element whose offset (the
+/// dot product of its index with the strides) is `offset`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Buffer {
+    /// Type, shape and strides.
+    pub ty: BufferType,
+    /// Storage.
+    pub data: Vec<f64>,
+}
+
+impl Buffer {
+    /// A zero-filled buffer.
+    pub fn zeros(ty: BufferType) -> Result<Buffer, TileError> {
+        match ty.storage_len() {
+            Some(n) if n <= MAX_ELEMENTS => Ok(Buffer {
+                data: vec![0.0; n],
+                ty,
+            }),
+            _ => Err(TileError::TooLarge(ty.to_string())),
+        }
+    }
+}
+
+/// The largest buffer (in elements) the interpreter allocates.
+pub const MAX_ELEMENTS: usize = 1 << 29;
+
+/// The most work the interpreter takes on in one run unless told otherwise,
+/// in element operations: 2^34, as the other interpreters'.
+pub const DEFAULT_WORK_LIMIT: f64 = 17_179_869_184.0;
+
+/// Why a function could not run.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TileError {
+    /// No such function.
+    #[error("no function `@{0}`")]
+    UnknownFunction(String),
+    /// Arguments do not match the parameters.
+    #[error("{0}")]
+    Arguments(String),
+    /// An access outside a buffer without a pad value.
+    #[error("{op} accesses index {index:?}, outside {ty}")]
+    OutOfBounds {
+        /// The op.
+        op: String,
+        /// The computed index.
+        index: Vec<i64>,
+        /// The buffer type.
+        ty: String,
+    },
+    /// A masked-off element read without a pad value.
+    #[error("{0} reads an element its mask turns off, and has no pad value")]
+    MaskedWithoutPad(String),
+    /// Two elements of one store write the same place.
+    #[error("{op} writes index {index:?} of {ty} twice")]
+    OverlappingStore {
+        /// The op.
+        op: String,
+        /// The index written twice.
+        index: Vec<i64>,
+        /// The buffer type.
+        ty: String,
+    },
+    /// Conflicting shared-memory accesses without a barrier between them.
+    #[error(
+        "{op} {what} shared memory ({ty}, index {index:?}) {since} since the last tile.barrier"
+    )]
+    SharedRace {
+        /// The op.
+        op: String,
+        /// `reads` or `writes`.
+        what: &'static str,
+        /// What happened to the element before.
+        since: &'static str,
+        /// The index.
+        index: Vec<i64>,
+        /// The buffer type.
+        ty: String,
+    },
+    /// A buffer used after `tile.dealloc`.
+    #[error("{0} uses a buffer after it was deallocated")]
+    UseAfterFree(String),
+    /// Integer division by zero, at the op's source place when known.
+    #[error("integer division by zero{}", .0.as_ref().map_or(String::new(), |l| format!(" at {l}")))]
+    DivisionByZero(Option<dlc_core::SourceLoc>),
+    /// A buffer too large to allocate.
+    #[error("{0} is too large for the interpreter (limit {MAX_ELEMENTS} elements)")]
+    TooLarge(String),
+    /// IR the verifier should have rejected.
+    #[error("invalid IR: {0}")]
+    Invalid(String),
+    /// A function whose estimated work exceeds the limit it is run under.
+    #[error(
+        "{op} (top-level op {index} of @{function}) would take about {work:.2e} operations \
+         ({total:.2e} for the whole function), more than the interpreter's limit of {limit:.2e}; \
+         --max-work raises the limit"
+    )]
+    TooMuchWork {
+        /// The function.
+        function: String,
+        /// The costliest top-level op's name.
+        op: String,
+        /// Its position in the function body.
+        index: usize,
+        /// Its estimated work.
+        work: f64,
+        /// The whole function's.
+        total: f64,
+        /// The limit.
+        limit: f64,
+    },
+}
+
+fn elements(t: &Type) -> f64 {
+    match t {
+        Type::Tile(t) => t.len() as f64,
+        _ => 1.0,
+    }
+}
+
+/// The element operations an op executes: loops and kernels multiply their
+/// body's count by their trip count or grid size, `tile.dot` counts its
+/// multiply-adds.
+fn op_work(f: &Function, id: OpId) -> f64 {
+    let op = f.op(id);
+    let body: f64 = op
+        .regions
+        .iter()
+        .map(|r| r.ops.iter().map(|&o| op_work(f, o)).sum::<f64>())
+        .sum();
+    let result = op.results.first().map_or(1.0, |r| elements(f.ty(*r)));
+    match &op.kind {
+        OpKind::Kernel { grid, .. } => grid.iter().map(|&g| g as f64).product::<f64>() * body,
+        OpKind::For { lo, hi, step } => {
+            1.0 + ((hi - lo).max(0) as f64 / (*step).max(1) as f64).ceil() * body
+        }
+        OpKind::Dot => {
+            let k = f.ty(op.operands[0]).shape().map_or(1, |s| s[1]) as f64;
+            2.0 * result * k
+        }
+        OpKind::Store { .. } => elements(f.ty(op.operands[0])),
+        OpKind::Reduce { .. } => elements(f.ty(op.operands[0])),
+        _ => result,
+    }
+}
+
+/// Fails with [`TileError::TooMuchWork`] when function `f`'s estimated work
+/// is above `limit`.
+pub fn check_work(f: &Function, limit: f64) -> Result<(), TileError> {
+    let per_op: Vec<f64> = f.body.ops.iter().map(|&op| op_work(f, op)).collect();
+    let total: f64 = per_op.iter().sum();
+    if total <= limit {
+        return Ok(());
+    }
+    let (index, work) = per_op
+        .iter()
+        .copied()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .unwrap_or_default();
+    Err(TileError::TooMuchWork {
+        function: f.name.clone(),
+        op: f.op(f.body.ops[index]).kind.name(),
+        index,
+        work,
+        total,
+        limit,
+    })
+}
+
+#[derive(Debug, Clone)]
+enum Slot {
+    Unset,
+    Index(i64),
+    Scalar(f64),
+    Tile(Rc<[f64]>),
+    Buffer(usize),
+}
+
+/// Storage: elements, and for shared memory the state of each element
+/// since the last barrier (1: written, 2: read).
+struct Storage {
+    data: Vec<f64>,
+    hazards: Option<Vec<u8>>,
+}
+
+struct Machine<'f> {
+    f: &'f Function,
+    slots: Vec<Slot>,
+    heap: Vec<Option<Storage>>,
+    program: [i64; 3],
+}
+
+/// Runs `name` with `args`, one buffer per parameter, updating them in
+/// place; refuses functions whose estimated work is above
+/// [`DEFAULT_WORK_LIMIT`].
+pub fn run_function(m: &Module, name: &str, args: &mut [Buffer]) -> Result<(), TileError> {
+    run_function_within(m, name, args, DEFAULT_WORK_LIMIT)
+}
+
+/// [`run_function`] under a work limit of `limit` element operations.
+pub fn run_function_within(
+    m: &Module,
+    name: &str,
+    args: &mut [Buffer],
+    limit: f64,
+) -> Result<(), TileError> {
+    let f = m
+        .functions
+        .iter()
+        .find(|f| f.name == name)
+        .ok_or_else(|| TileError::UnknownFunction(name.into()))?;
+    if args.len() != f.params.len() {
+        return Err(TileError::Arguments(format!(
+            "@{name} takes {} buffers, got {}",
+            f.params.len(),
+            args.len()
+        )));
+    }
+    check_work(f, limit)?;
+    let mut machine = Machine {
+        f,
+        slots: vec![Slot::Unset; f.values.len()],
+        heap: Vec::new(),
+        program: [0; 3],
+    };
+    for (i, ((pname, v), arg)) in f.params.iter().zip(args.iter_mut()).enumerate() {
+        if f.ty(*v) != &Type::Buffer(arg.ty.clone()) {
+            return Err(TileError::Arguments(format!(
+                "argument {i} (%{pname}) must be {}, got {}",
+                f.ty(*v),
+                arg.ty
+            )));
+        }
+        machine.slots[v.0 as usize] = Slot::Buffer(machine.heap.len());
+        machine.heap.push(Some(Storage {
+            data: std::mem::take(&mut arg.data),
+            hazards: None,
+        }));
+    }
+    let result = machine.block(&f.body, &[]);
+    for (i, arg) in args.iter_mut().enumerate() {
+        if let Some(s) = machine.heap[i].take() {
+            arg.data = s.data;
+        }
+    }
+    result.map(|_| ())
+}
+
+/// An index list evaluated for one program: per buffer dimension, the
+/// part without tile coordinates and the coordinates' coefficients.
+struct Addresses {
+    bases: Vec<i64>,
+    axes: Vec<Vec<(i64, usize)>>,
+}
+
+impl Addresses {
+    fn at(&self, c: &[usize], out: &mut [i64]) {
+        for (d, o) in out.iter_mut().enumerate() {
+            *o = self.axes[d].iter().fold(self.bases[d], |acc, &(k, a)| {
+                acc.saturating_add(k.saturating_mul(c.get(a).copied().unwrap_or(0) as i64))
+            });
+        }
+    }
+}
+
+/// Row-major coordinates of element `flat` of `shape`.
+fn coords(shape: &[usize], mut flat: usize, out: &mut [usize]) {
+    for k in (0..shape.len()).rev() {
+        out[k] = flat % shape[k];
+        flat /= shape[k];
+    }
+}
+
+fn flat_index(shape: &[usize], c: &[usize]) -> usize {
+    c.iter().zip(shape).fold(0, |acc, (i, d)| acc * d + i)
+}
+
+impl Machine<'_> {
+    fn invalid(&self, what: String) -> TileError {
+        TileError::Invalid(format!("@{}: {what}", self.f.name))
+    }
+
+    fn slot(&self, v: Value) -> &Slot {
+        &self.slots[v.0 as usize]
+    }
+
+    fn set(&mut self, v: Value, s: Slot) {
+        self.slots[v.0 as usize] = s;
+    }
+
+    fn index_value(&self, v: Value) -> Result<i64, TileError> {
+        match self.slot(v) {
+            Slot::Index(i) => Ok(*i),
+            _ => Err(self.invalid(format!("value {} is not an index", v.0))),
+        }
+    }
+
+    /// The value of `e` without its tile coordinates.
+    fn base(&self, e: &Affine) -> Result<i64, TileError> {
+        e.terms.iter().try_fold(e.constant, |acc, (c, v)| {
+            Ok(acc.saturating_add(c.saturating_mul(self.index_value(*v)?)))
+        })
+    }
+
+    /// The elements of a scalar or tile value.
+    fn elements(&self, v: Value) -> Result<Rc<[f64]>, TileError> {
+        match self.slot(v) {
+            Slot::Scalar(x) => Ok(Rc::from(vec![*x])),
+            Slot::Tile(t) => Ok(t.clone()),
+            _ => Err(self.invalid(format!("value {} is not computed", v.0))),
+        }
+    }
+
+    fn put(&mut self, v: Value, data: Vec<f64>) {
+        let d = self.f.ty(v).dtype().unwrap_or(DType::F32);
+        let data: Vec<f64> = data.into_iter().map(|x| d.round(x)).collect();
+        let slot = match self.f.ty(v) {
+            Type::Tile(_) => Slot::Tile(Rc::from(data)),
+            _ => Slot::Scalar(data.first().copied().unwrap_or(0.0)),
+        };
+        self.set(v, slot);
+    }
+
+    fn buffer(&self, v: Value, op: &str) -> Result<(usize, BufferType), TileError> {
+        let Slot::Buffer(id) = self.slot(v) else {
+            return Err(self.invalid(format!("value {} is not a buffer", v.0)));
+        };
+        if self.heap[*id].is_none() {
+            return Err(TileError::UseAfterFree(op.into()));
+        }
+        let Type::Buffer(layout) = self.f.ty(v) else {
+            return Err(self.invalid(format!("value {} is not a buffer", v.0)));
+        };
+        Ok((*id, layout.clone()))
+    }
+
+    fn alloc(&mut self, ty: &BufferType) -> Result<usize, TileError> {
+        let n = match ty.storage_len() {
+            Some(n) if n <= MAX_ELEMENTS => n,
+            _ => return Err(TileError::TooLarge(ty.to_string())),
+        };
+        let fill = if ty.dtype.is_float() { f64::NAN } else { 0.0 };
+        self.heap.push(Some(Storage {
+            data: vec![fill; n],
+            hazards: (ty.space == Space::Shared).then(|| vec![0; n]),
+        }));
+        Ok(self.heap.len() - 1)
+    }
+
+    /// The buffer index of each element under `index`.
+    fn addresses(&self, index: &[Affine]) -> Result<Addresses, TileError> {
+        Ok(Addresses {
+            bases: index
+                .iter()
+                .map(|e| self.base(e))
+                .collect::<Result<_, _>>()?,
+            axes: index.iter().map(|e| e.axes.clone()).collect(),
+        })
+    }
+
+    fn offset(layout: &BufferType, idx: &[i64]) -> Option<usize> {
+        let mut off = 0usize;
+        for ((&i, &d), &s) in idx.iter().zip(&layout.shape).zip(&layout.strides) {
+            if i < 0 || i as u64 >= d as u64 {
+                return None;
+            }
+            off += i as usize * s;
+        }
+        Some(off)
+    }
+
+    fn mask(&self, op: &crate::OpData, at: usize) -> Result<Option<Rc<[f64]>>, TileError> {
+        op.operands.get(at).map(|m| self.elements(*m)).transpose()
+    }
+
+    fn load(&mut self, id: OpId, index: &[Affine], pad: Option<f64>) -> Result<(), TileError> {
+        let op = self.f.op(id);
+        let name = op.kind.name();
+        let (buf, layout) = self.buffer(op.operands[0], &name)?;
+        let mask = self.mask(op, 1)?;
+        let shape = self.f.ty(op.results[0]).shape().unwrap_or(&[]).to_vec();
+        let n: usize = shape.iter().product();
+        let address = self.addresses(index)?;
+        let (mut c, mut idx) = (vec![0usize; shape.len()], vec![0i64; index.len()]);
+        let mut out = Vec::with_capacity(n);
+        for e in 0..n {
+            if mask.as_ref().is_some_and(|m| m[e] == 0.0) {
+                out.push(pad.ok_or_else(|| TileError::MaskedWithoutPad(name.clone()))?);
+                continue;
+            }
+            coords(&shape, e, &mut c);
+            address.at(&c, &mut idx);
+            match Self::offset(&layout, &idx) {
+                Some(off) => {
+                    let s = self.heap[buf]
+                        .as_mut()
+                        .ok_or_else(|| TileError::UseAfterFree(name.clone()))?;
+                    if let Some(h) = s.hazards.as_mut() {
+                        if h[off] & 1 != 0 {
+                            return Err(TileError::SharedRace {
+                                op: name,
+                                what: "reads",
+                                since: "written",
+                                index: idx,
+                                ty: layout.to_string(),
+                            });
+                        }
+                        h[off] |= 2;
+                    }
+                    out.push(s.data[off]);
+                }
+                None => match pad {
+                    Some(p) => out.push(p),
+                    None => {
+                        return Err(TileError::OutOfBounds {
+                            op: name,
+                            index: idx,
+                            ty: layout.to_string(),
+                        });
+                    }
+                },
+            }
+        }
+        self.put(op.results[0], out);
+        Ok(())
+    }
+
+    fn store(&mut self, id: OpId, index: &[Affine]) -> Result<(), TileError> {
+        let op = self.f.op(id);
+        let name = op.kind.name();
+        let values = self.elements(op.operands[0])?;
+        let (buf, layout) = self.buffer(op.operands[1], &name)?;
+        let mask = self.mask(op, 2)?;
+        let shape = self.f.ty(op.operands[0]).shape().unwrap_or(&[]).to_vec();
+        let address = self.addresses(index)?;
+        let (mut c, mut idx) = (vec![0usize; shape.len()], vec![0i64; index.len()]);
+        let mut writes: Vec<(usize, usize)> = Vec::with_capacity(values.len());
+        for e in 0..values.len() {
+            if mask.as_ref().is_some_and(|m| m[e] == 0.0) {
+                continue;
+            }
+            coords(&shape, e, &mut c);
+            address.at(&c, &mut idx);
+            match Self::offset(&layout, &idx) {
+                Some(off) => writes.push((off, e)),
+                None => {
+                    return Err(TileError::OutOfBounds {
+                        op: name,
+                        index: idx,
+                        ty: layout.to_string(),
+                    });
+                }
+            }
+        }
+        let mut offsets: Vec<usize> = writes.iter().map(|w| w.0).collect();
+        offsets.sort_unstable();
+        if let Some(w) = offsets.windows(2).find(|w| w[0] == w[1]) {
+            let e = writes.iter().find(|x| x.0 == w[0]).map_or(0, |x| x.1);
+            coords(&shape, e, &mut c);
+            address.at(&c, &mut idx);
+            return Err(TileError::OverlappingStore {
+                op: name,
+                index: idx,
+                ty: layout.to_string(),
+            });
+        }
+        let s = self.heap[buf]
+            .as_mut()
+            .ok_or_else(|| TileError::UseAfterFree(name.clone()))?;
+        if let Some(h) = s.hazards.as_mut() {
+            for &(off, e) in &writes {
+                if h[off] != 0 {
+                    coords(&shape, e, &mut c);
+                    address.at(&c, &mut idx);
+                    return Err(TileError::SharedRace {
+                        op: name,
+                        what: "writes",
+                        since: if h[off] & 1 != 0 { "written" } else { "read" },
+                        index: idx,
+                        ty: layout.to_string(),
+                    });
+                }
+            }
+            for &(off, _) in &writes {
+                h[off] = 1;
+            }
+        }
+        for (off, e) in writes {
+            s.data[off] = values[e];
+        }
+        Ok(())
+    }
+
+    /// Runs a block; returns the values of its `tile.yield`, if any.
+    fn block(&mut self, b: &Block, args: &[Slot]) -> Result<Vec<Slot>, TileError> {
+        for (a, s) in b.args.iter().zip(args) {
+            self.set(*a, s.clone());
+        }
+        for &id in &b.ops {
+            let op = self.f.op(id);
+            let name = op.kind.name();
+            let result = op.results.first().copied();
+            let shape_of = |v: Value| self.f.ty(v).shape().unwrap_or(&[]).to_vec();
+            match &op.kind {
+                OpKind::Alloc => {
+                    let Some(Type::Buffer(t)) = result.map(|r| self.f.ty(r).clone()) else {
+                        return Err(self.invalid("alloc of a non-buffer".into()));
+                    };
+                    let slot = self.alloc(&t)?;
+                    self.set(op.results[0], Slot::Buffer(slot));
+                }
+                OpKind::View => {
+                    let (id, _) = self.buffer(op.operands[0], &name)?;
+                    self.set(op.results[0], Slot::Buffer(id));
+                }
+                OpKind::Dealloc => {
+                    let (id, _) = self.buffer(op.operands[0], &name)?;
+                    self.heap[id] = None;
+                }
+                OpKind::Kernel { grid, .. } => {
+                    let body = &op.regions[0];
+                    let total: usize = grid.iter().product();
+                    let mut c = vec![0usize; grid.len()];
+                    for p in 0..total {
+                        coords(grid, p, &mut c);
+                        for (k, x) in c.iter().enumerate() {
+                            self.program[k] = *x as i64;
+                        }
+                        let heap_mark = self.heap.len();
+                        let r = self.block(body, &[]);
+                        // Scratch and shared memory live for one program.
+                        self.heap.truncate(heap_mark);
+                        r?;
+                    }
+                }
+                OpKind::Return => return Ok(vec![]),
+                OpKind::ProgramId { axis } => {
+                    let p = self.program[(*axis).min(2)];
+                    self.set(op.results[0], Slot::Index(p));
+                }
+                OpKind::Const(v) => {
+                    let n = elements(self.f.ty(op.results[0])) as usize;
+                    self.put(op.results[0], vec![*v; n]);
+                }
+                OpKind::Splat => {
+                    let x = self.elements(op.operands[0])?[0];
+                    let n = elements(self.f.ty(op.results[0])) as usize;
+                    self.put(op.results[0], vec![x; n]);
+                }
+                OpKind::Unary(u) => {
+                    let x = self.elements(op.operands[0])?;
+                    self.put(
+                        op.results[0],
+                        x.iter().map(|&v| apply_unary(*u, v)).collect(),
+                    );
+                }
+                OpKind::Binary(b) => {
+                    let (x, y) = (
+                        self.elements(op.operands[0])?,
+                        self.elements(op.operands[1])?,
+                    );
+                    let int = self
+                        .f
+                        .ty(op.operands[0])
+                        .dtype()
+                        .is_some_and(|d| d.is_int());
+                    let out: Option<Vec<f64>> = x
+                        .iter()
+                        .zip(y.iter())
+                        .map(|(&a, &c)| apply_binary(*b, a, c, int))
+                        .collect();
+                    let out = out.ok_or_else(|| TileError::DivisionByZero(op.loc.clone()))?;
+                    self.put(op.results[0], out);
+                }
+                OpKind::Compare(c) => {
+                    let (x, y) = (
+                        self.elements(op.operands[0])?,
+                        self.elements(op.operands[1])?,
+                    );
+                    let out = x
+                        .iter()
+                        .zip(y.iter())
+                        .map(|(&a, &b)| f64::from(u8::from(c.apply(a, b))));
+                    self.put(op.results[0], out.collect());
+                }
+                OpKind::Select => {
+                    let c = self.elements(op.operands[0])?;
+                    let (a, b) = (
+                        self.elements(op.operands[1])?,
+                        self.elements(op.operands[2])?,
+                    );
+                    let out = (0..c.len()).map(|i| if c[i] != 0.0 { a[i] } else { b[i] });
+                    self.put(op.results[0], out.collect());
+                }
+                OpKind::Cast => {
+                    let x = self.elements(op.operands[0])?;
+                    self.put(op.results[0], x.to_vec());
+                }
+                OpKind::Load { index, pad } => self.load(id, index, *pad)?,
+                OpKind::Store { index } => self.store(id, index)?,
+                OpKind::Mask { limits } => {
+                    let shape = shape_of(op.results[0]);
+                    let lims: Vec<i64> = limits
+                        .iter()
+                        .map(|e| self.base(e))
+                        .collect::<Result<_, _>>()?;
+                    let n: usize = shape.iter().product();
+                    let mut c = vec![0usize; shape.len()];
+                    let mut out = Vec::with_capacity(n);
+                    for e in 0..n {
+                        coords(&shape, e, &mut c);
+                        let on = c.iter().zip(&lims).all(|(&x, &l)| (x as i64) < l);
+                        out.push(f64::from(u8::from(on)));
+                    }
+                    self.put(op.results[0], out);
+                }
+                OpKind::Broadcast => {
+                    let (from, to) = (shape_of(op.operands[0]), shape_of(op.results[0]));
+                    let x = self.elements(op.operands[0])?;
+                    let n: usize = to.iter().product();
+                    let (mut c, mut src) = (vec![0usize; to.len()], vec![0usize; to.len()]);
+                    let mut out = Vec::with_capacity(n);
+                    for e in 0..n {
+                        coords(&to, e, &mut c);
+                        for k in 0..to.len() {
+                            src[k] = if from[k] == 1 { 0 } else { c[k] };
+                        }
+                        out.push(x[flat_index(&from, &src)]);
+                    }
+                    self.put(op.results[0], out);
+                }
+                OpKind::Reshape | OpKind::ExpandDims { .. } => {
+                    let x = self.elements(op.operands[0])?;
+                    self.put(op.results[0], x.to_vec());
+                }
+                OpKind::Trans { perm } => {
+                    let (from, to) = (shape_of(op.operands[0]), shape_of(op.results[0]));
+                    let x = self.elements(op.operands[0])?;
+                    let n: usize = to.iter().product();
+                    let (mut c, mut src) = (vec![0usize; to.len()], vec![0usize; to.len()]);
+                    let mut out = Vec::with_capacity(n);
+                    for e in 0..n {
+                        coords(&to, e, &mut c);
+                        for (i, &p) in perm.iter().enumerate() {
+                            src[p] = c[i];
+                        }
+                        out.push(x[flat_index(&from, &src)]);
+                    }
+                    self.put(op.results[0], out);
+                }
+                OpKind::Dot => {
+                    let (a, b, acc) = (
+                        self.elements(op.operands[0])?,
+                        self.elements(op.operands[1])?,
+                        self.elements(op.operands[2])?,
+                    );
+                    let (sa, sb) = (shape_of(op.operands[0]), shape_of(op.operands[1]));
+                    let (m, k, n) = (sa[0], sa[1], sb[1]);
+                    let mut out = acc.to_vec();
+                    for i in 0..m {
+                        for j in 0..n {
+                            let s: f64 = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
+                            out[i * n + j] += s;
+                        }
+                    }
+                    self.put(op.results[0], out);
+                }
+                OpKind::Reduce { kind, axis } => {
+                    let shape = shape_of(op.operands[0]);
+                    let x = self.elements(op.operands[0])?;
+                    let outer: usize = shape[..*axis].iter().product();
+                    let inner: usize = shape[*axis + 1..].iter().product();
+                    let len = shape[*axis];
+                    let mut out = Vec::with_capacity(outer * inner);
+                    for o in 0..outer {
+                        for i in 0..inner {
+                            let mut acc = kind.identity();
+                            for r in 0..len {
+                                acc = kind.combine(acc, x[(o * len + r) * inner + i]);
+                            }
+                            if *kind == ReduceKind::Mean {
+                                acc /= len as f64;
+                            }
+                            out.push(acc);
+                        }
+                    }
+                    self.put(op.results[0], out);
+                }
+                OpKind::For { lo, hi, step } => {
+                    let mut carried: Vec<Slot> =
+                        op.operands.iter().map(|v| self.slot(*v).clone()).collect();
+                    let mut i = *lo;
+                    while i < *hi {
+                        let mut args = vec![Slot::Index(i)];
+                        args.extend(carried.iter().cloned());
+                        let yielded = self.block(&op.regions[0], &args)?;
+                        if !carried.is_empty() {
+                            carried = yielded;
+                        }
+                        i = i.saturating_add((*step).max(1));
+                    }
+                    for (r, s) in op.results.iter().zip(carried) {
+                        self.set(*r, s);
+                    }
+                }
+                OpKind::Yield => {
+                    return Ok(op.operands.iter().map(|v| self.slot(*v).clone()).collect());
+                }
+                OpKind::Barrier => {
+                    for s in self.heap.iter_mut().flatten() {
+                        if let Some(h) = s.hazards.as_mut() {
+                            h.fill(0);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(vec![])
+    }
+}

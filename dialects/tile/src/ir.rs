@@ -1,0 +1,473 @@
+//! The tile dialect's data. A function is host code: it allocates global
+//! buffers and launches kernels one after another. A `tile.kernel` is a
+//! grid of program instances; each instance runs the kernel's body with its
+//! own program ids, on values that are whole tiles (small static-shaped
+//! blocks), scalars and indices. Values and ops live in per-function
+//! arenas (`Value`, `OpId`), as in the loop dialect; an op owns its nested
+//! blocks.
+
+use std::fmt;
+
+use dlc_core::DType;
+
+/// An SSA value: a function parameter, a block argument or an op result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Value(pub u32);
+
+/// An op of a function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OpId(pub u32);
+
+/// Where a buffer lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Space {
+    /// Memory every program and the host see (parameters, intermediates).
+    Global,
+    /// Memory private to one program instance (a CPU thread's stack or
+    /// heap scratch, a GPU thread block's registers or local memory).
+    Scratch,
+    /// Memory shared by the threads that run one program on a GPU (CUDA
+    /// shared memory); accesses that conflict must be separated by a
+    /// `tile.barrier`.
+    Shared,
+}
+
+impl Space {
+    /// Every space.
+    pub const ALL: [Space; 3] = [Space::Global, Space::Scratch, Space::Shared];
+
+    /// The text name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Space::Global => "global",
+            Space::Scratch => "scratch",
+            Space::Shared => "shared",
+        }
+    }
+
+    /// MLIR's memory space number (NVVM's: 0 generic, 3 shared, 5 local).
+    pub fn mlir(self) -> u32 {
+        match self {
+            Space::Global => 0,
+            Space::Shared => 3,
+            Space::Scratch => 5,
+        }
+    }
+}
+
+/// A buffer: element type, shape, strides in elements, memory space.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BufferType {
+    /// Element type.
+    pub dtype: DType,
+    /// Extent of each dimension.
+    pub shape: Vec<usize>,
+    /// Distance in elements between neighbours along each dimension.
+    pub strides: Vec<usize>,
+    /// Where it lives.
+    pub space: Space,
+}
+
+impl BufferType {
+    /// A row-major buffer in `space`.
+    pub fn contiguous(dtype: DType, shape: Vec<usize>, space: Space) -> Self {
+        let mut strides = vec![1usize; shape.len()];
+        for i in (0..shape.len().saturating_sub(1)).rev() {
+            strides[i] = strides[i + 1].saturating_mul(shape[i + 1]);
+        }
+        BufferType {
+            dtype,
+            shape,
+            strides,
+            space,
+        }
+    }
+
+    /// Whether the strides are the row-major ones.
+    pub fn is_contiguous(&self) -> bool {
+        BufferType::contiguous(self.dtype, self.shape.clone(), self.space).strides == self.strides
+    }
+
+    /// Elements of storage the buffer spans, or `None` on overflow.
+    pub fn storage_len(&self) -> Option<usize> {
+        if self.shape.contains(&0) {
+            return Some(0);
+        }
+        self.shape
+            .iter()
+            .zip(&self.strides)
+            .try_fold(1usize, |acc, (d, s)| {
+                acc.checked_add((d - 1).checked_mul(*s)?)
+            })
+    }
+
+    /// The MLIR type (`memref<4x8xf32>`, `memref<4x8xf32, strided<[1, 4]>, 3>`).
+    pub fn mlir(&self) -> String {
+        let mut s = String::from("memref<");
+        for d in &self.shape {
+            s.push_str(&format!("{d}x"));
+        }
+        s.push_str(self.dtype.mlir_name());
+        if !self.is_contiguous() {
+            let strides: Vec<String> = self.strides.iter().map(|s| s.to_string()).collect();
+            s.push_str(&format!(", strided<[{}]>", strides.join(", ")));
+        }
+        if self.space != Space::Global {
+            s.push_str(&format!(", {}", self.space.mlir()));
+        }
+        s.push('>');
+        s
+    }
+}
+
+impl fmt::Display for BufferType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let dims: Vec<String> = self.shape.iter().map(|d| d.to_string()).collect();
+        write!(f, "buffer<{}[{}]", self.dtype, dims.join(", "))?;
+        if !self.is_contiguous() {
+            let strides: Vec<String> = self.strides.iter().map(|s| s.to_string()).collect();
+            write!(f, ", strides = [{}]", strides.join(", "))?;
+        }
+        if self.space != Space::Global {
+            write!(f, ", {}", self.space.name())?;
+        }
+        f.write_str(">")
+    }
+}
+
+/// A tile: a static-shaped block of elements held by one program.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TileType {
+    /// Element type.
+    pub dtype: DType,
+    /// Extent of each axis (at least one axis, every extent at least 1).
+    pub shape: Vec<usize>,
+}
+
+impl TileType {
+    /// A tile type.
+    pub fn new(dtype: DType, shape: Vec<usize>) -> Self {
+        TileType { dtype, shape }
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Whether the tile has no elements (never, for a verified type).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl fmt::Display for TileType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("tile<")?;
+        for d in &self.shape {
+            write!(f, "{d}x")?;
+        }
+        write!(f, "{}>", self.dtype)
+    }
+}
+
+/// The type of a value.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Type {
+    /// An index (a signed 64-bit integer): program ids, loop counters.
+    Index,
+    /// One element.
+    Scalar(DType),
+    /// A tile of elements.
+    Tile(TileType),
+    /// A buffer.
+    Buffer(BufferType),
+}
+
+impl Type {
+    /// The element type of a scalar or tile.
+    pub fn dtype(&self) -> Option<DType> {
+        match self {
+            Type::Scalar(d) => Some(*d),
+            Type::Tile(t) => Some(t.dtype),
+            _ => None,
+        }
+    }
+
+    /// The shape of a tile (empty for a scalar).
+    pub fn shape(&self) -> Option<&[usize]> {
+        match self {
+            Type::Scalar(_) => Some(&[]),
+            Type::Tile(t) => Some(&t.shape),
+            _ => None,
+        }
+    }
+
+    /// The same shape with another element type.
+    pub fn with_dtype(&self, d: DType) -> Type {
+        match self {
+            Type::Tile(t) => Type::Tile(TileType::new(d, t.shape.clone())),
+            _ => Type::Scalar(d),
+        }
+    }
+
+    /// A scalar (empty `shape`) or tile type.
+    pub fn value(dtype: DType, shape: &[usize]) -> Type {
+        if shape.is_empty() {
+            Type::Scalar(dtype)
+        } else {
+            Type::Tile(TileType::new(dtype, shape.to_vec()))
+        }
+    }
+
+    /// The MLIR type: tiles are `tensor`s (as Triton's are).
+    pub fn mlir(&self) -> String {
+        match self {
+            Type::Index => "index".into(),
+            Type::Scalar(d) => d.mlir_name().into(),
+            Type::Tile(t) => {
+                let dims: String = t.shape.iter().map(|d| format!("{d}x")).collect();
+                format!("tensor<{dims}{}>", t.dtype.mlir_name())
+            }
+            Type::Buffer(b) => b.mlir(),
+        }
+    }
+}
+
+impl fmt::Display for Type {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Type::Index => f.write_str("index"),
+            Type::Scalar(d) => write!(f, "{d}"),
+            Type::Tile(t) => write!(f, "{t}"),
+            Type::Buffer(b) => write!(f, "{b}"),
+        }
+    }
+}
+
+/// An affine index into a buffer dimension or a mask limit:
+/// `constant + sum(coeff * index value) + sum(coeff * #axis)`, where `#k`
+/// is an element's coordinate along axis `k` of the tile being loaded,
+/// stored or masked. An expression without `#` terms is the same for every
+/// element.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Hash)]
+pub struct Affine {
+    /// Non-zero coefficients of index-typed values.
+    pub terms: Vec<(i64, Value)>,
+    /// Non-zero coefficients of tile coordinates.
+    pub axes: Vec<(i64, usize)>,
+    /// The constant term.
+    pub constant: i64,
+}
+
+impl Affine {
+    /// The constant `c`.
+    pub fn constant(c: i64) -> Self {
+        Affine {
+            constant: c,
+            ..Affine::default()
+        }
+    }
+
+    /// The index value `v`.
+    pub fn value(v: Value) -> Self {
+        Affine {
+            terms: vec![(1, v)],
+            ..Affine::default()
+        }
+    }
+
+    /// Tile coordinate `#axis`.
+    pub fn axis(axis: usize) -> Self {
+        Affine {
+            axes: vec![(1, axis)],
+            ..Affine::default()
+        }
+    }
+
+    /// `self + k * other`, with like terms merged and zero terms dropped.
+    pub fn plus_scaled(&self, k: i64, other: &Affine) -> Affine {
+        let mut out = self.clone();
+        out.constant = out
+            .constant
+            .saturating_add(k.saturating_mul(other.constant));
+        for &(c, v) in &other.terms {
+            match out.terms.iter_mut().find(|t| t.1 == v) {
+                Some(t) => t.0 = t.0.saturating_add(k.saturating_mul(c)),
+                None => out.terms.push((k.saturating_mul(c), v)),
+            }
+        }
+        for &(c, a) in &other.axes {
+            match out.axes.iter_mut().find(|t| t.1 == a) {
+                Some(t) => t.0 = t.0.saturating_add(k.saturating_mul(c)),
+                None => out.axes.push((k.saturating_mul(c), a)),
+            }
+        }
+        out.terms.retain(|t| t.0 != 0);
+        out.axes.retain(|t| t.0 != 0);
+        out
+    }
+
+    /// `k * self`.
+    pub fn scaled(&self, k: i64) -> Affine {
+        Affine::default().plus_scaled(k, self)
+    }
+
+    /// Whether the expression mentions value `v`.
+    pub fn uses(&self, v: Value) -> bool {
+        self.terms.iter().any(|t| t.1 == v)
+    }
+}
+
+/// How a kernel was scheduled: the strategy the conversion picked for the
+/// loop nest and its parameters (tile sizes, vector width, staging). It is
+/// printed with the kernel so that a cost model or a search can read it and
+/// ask the conversion for another; code generation reads the IR, never this.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Schedule {
+    /// The strategy (`"elementwise"`, `"rows"`, `"dot"`, `"serial"`).
+    pub strategy: String,
+    /// Named integer parameters, in print order (`tile = [64, 64, 32]`).
+    pub params: Vec<(String, Vec<i64>)>,
+}
+
+impl Schedule {
+    /// A schedule with no parameters.
+    pub fn new(strategy: impl Into<String>) -> Self {
+        Schedule {
+            strategy: strategy.into(),
+            params: vec![],
+        }
+    }
+
+    /// Adds a parameter.
+    pub fn with(mut self, name: impl Into<String>, values: Vec<i64>) -> Self {
+        self.params.push((name.into(), values));
+        self
+    }
+
+    /// A parameter's values.
+    pub fn get(&self, name: &str) -> Option<&[i64]> {
+        self.params
+            .iter()
+            .find(|p| p.0 == name)
+            .map(|p| p.1.as_slice())
+    }
+}
+
+/// An op: its kind, operands, results and nested blocks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpData {
+    /// What it does.
+    pub kind: crate::ops::OpKind,
+    /// Values it reads.
+    pub operands: Vec<Value>,
+    /// Values it defines.
+    pub results: Vec<Value>,
+    /// Nested blocks (kernel and loop bodies).
+    pub regions: Vec<Block>,
+    /// The source place the op was lowered from, when known (what a
+    /// run-time failure names). Not part of the text form.
+    pub loc: Option<dlc_core::SourceLoc>,
+}
+
+/// A list of ops, with arguments (a loop's counter and carried values).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Block {
+    /// Values the block defines on entry.
+    pub args: Vec<Value>,
+    /// Its ops, in order.
+    pub ops: Vec<OpId>,
+}
+
+/// A function over buffers: inputs, then the outputs it writes in place.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Function {
+    /// Symbol name.
+    pub name: String,
+    /// Parameter names and values.
+    pub params: Vec<(String, Value)>,
+    /// How many of the parameters, at the end, are results.
+    pub outputs: usize,
+    /// The body.
+    pub body: Block,
+    /// Type of each value, indexed by [`Value`].
+    pub values: Vec<Type>,
+    /// Every op, indexed by [`OpId`].
+    pub ops: Vec<OpData>,
+}
+
+impl Function {
+    /// An empty function.
+    pub fn new(name: impl Into<String>) -> Self {
+        Function {
+            name: name.into(),
+            ..Function::default()
+        }
+    }
+
+    /// A new value of type `ty`.
+    pub fn new_value(&mut self, ty: Type) -> Value {
+        self.values.push(ty);
+        Value(self.values.len() as u32 - 1)
+    }
+
+    /// Appends a buffer parameter.
+    pub fn add_param(&mut self, name: impl Into<String>, ty: BufferType) -> Value {
+        let v = self.new_value(Type::Buffer(ty));
+        self.params.push((name.into(), v));
+        v
+    }
+
+    /// The parameters that are inputs.
+    pub fn inputs(&self) -> &[(String, Value)] {
+        &self.params[..self.params.len().saturating_sub(self.outputs)]
+    }
+
+    /// The parameters that are results.
+    pub fn results(&self) -> &[(String, Value)] {
+        &self.params[self.params.len().saturating_sub(self.outputs)..]
+    }
+
+    /// Creates an op (in no block yet) with results of the given types.
+    pub fn create_op(
+        &mut self,
+        kind: crate::ops::OpKind,
+        operands: Vec<Value>,
+        results: &[Type],
+        regions: Vec<Block>,
+    ) -> OpId {
+        let results = results.iter().map(|t| self.new_value(t.clone())).collect();
+        self.ops.push(OpData {
+            kind,
+            operands,
+            results,
+            regions,
+            loc: None,
+        });
+        OpId(self.ops.len() as u32 - 1)
+    }
+
+    /// The type of a value.
+    ///
+    /// # Panics
+    /// If `v` is not a value of this function; the verifier rules this out.
+    pub fn ty(&self, v: Value) -> &Type {
+        &self.values[v.0 as usize]
+    }
+
+    /// An op's data.
+    ///
+    /// # Panics
+    /// If `op` is not an op of this function; the verifier rules this out.
+    pub fn op(&self, op: OpId) -> &OpData {
+        &self.ops[op.0 as usize]
+    }
+}
+
+/// A list of functions.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Module {
+    /// The functions, in print order.
+    pub functions: Vec<Function>,
+}

@@ -1,0 +1,837 @@
+//! The tile dialect's operations, each declared once: its name
+//! ([`OpKind::name`]), its attributes ([`OpKind::attrs`], rebuilt by
+//! [`OpKind::from_parts`]), its operand and region syntax
+//! ([`OpKind::syntax`]) and its typing rule ([`OpKind::check`]). The text
+//! printer, the text parser, the MLIR generic printer and the verifier all
+//! derive from these four; no op has a printer or parser of its own.
+
+pub use dlc_core::scalar::{BinaryOp, CmpOp, ReduceKind, UnaryOp};
+use dlc_core::{DType, format_float};
+
+use crate::ir::{Affine, Schedule, Type};
+
+/// What an op does. Operands, results and regions are in
+/// [`crate::OpData`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum OpKind {
+    /// `%b = tile.alloc : buffer<..>`: a new buffer in the result type's
+    /// space; in the function body a global buffer, in a kernel one per
+    /// program (scratch) or per program's thread block (shared). Contents
+    /// are undefined until stored.
+    Alloc,
+    /// `tile.dealloc %b`: a global buffer's storage is released.
+    Dealloc,
+    /// `%v = tile.view %b : buffer<..>`: the same storage with another shape
+    /// and strides (a reshape, a transpose, a packed layout's panel).
+    View,
+    /// `tile.kernel {grid = [..], ..} { body }`: runs the body once per grid
+    /// point (a program); programs are independent of one another.
+    Kernel {
+        /// Programs along each grid axis (one to three axes).
+        grid: Vec<usize>,
+        /// How the conversion scheduled the loop nest this kernel runs.
+        schedule: Schedule,
+    },
+    /// Ends a function.
+    Return,
+    /// `%p = tile.program_id {axis = 0} : index`: this program's coordinate
+    /// along a grid axis.
+    ProgramId {
+        /// The grid axis.
+        axis: usize,
+    },
+    /// `%c = tile.const {value = 0.0} : tile<..>`: a scalar, or a tile with
+    /// every element equal.
+    Const(f64),
+    /// `%t = tile.splat %s : tile<..>`: a tile with every element `%s`.
+    Splat,
+    /// Element-wise function of one scalar or tile.
+    Unary(UnaryOp),
+    /// Element-wise function of two scalars or tiles of one type.
+    Binary(BinaryOp),
+    /// Element-wise comparison, giving bool.
+    Compare(CmpOp),
+    /// `tile.select %c, %a, %b`: element-wise choice.
+    Select,
+    /// Element type conversion.
+    Cast,
+    /// `%t = tile.load %b[idx, ..] mask %m {pad = P} : tile<..>`: element
+    /// `e` of the result is `b[idx(e)]`, where `#k` in an index is `e`'s
+    /// coordinate along axis `k` (an index without `#k` broadcasts along
+    /// axis `k`). Elements the mask turns off, and elements outside the
+    /// buffer, read `pad`; without a pad they are errors.
+    Load {
+        /// One affine index per buffer dimension.
+        index: Vec<Affine>,
+        /// The value read where the mask is off or outside the buffer.
+        pad: Option<f64>,
+    },
+    /// `tile.store %v, %b[idx, ..] mask %m`: writes every element the mask
+    /// leaves on (all without a mask) to `b[idx(e)]`; out of bounds is an
+    /// error, and two elements must not write one place.
+    Store {
+        /// One affine index per buffer dimension.
+        index: Vec<Affine>,
+    },
+    /// `%m = tile.mask [l0, l1, ..] : tile<..xbool>`: element `e` is on when
+    /// `e_k < l_k` along every axis: the ragged edge of a loop nest.
+    Mask {
+        /// One limit per axis (no `#` terms).
+        limits: Vec<Affine>,
+    },
+    /// `%r = tile.broadcast %t : tile<..>`: axes of extent 1 repeated to
+    /// the result's extent.
+    Broadcast,
+    /// `%r = tile.reshape %t : tile<..>`: the same elements, row-major, in
+    /// another shape.
+    Reshape,
+    /// `%r = tile.trans %t {perm = [1, 0]}`: result axis `i` is operand
+    /// axis `perm[i]`.
+    Trans {
+        /// The permutation.
+        perm: Vec<usize>,
+    },
+    /// `%r = tile.expand_dims %t {axis = 0}`: a new axis of extent 1.
+    ExpandDims {
+        /// Where the new axis goes.
+        axis: usize,
+    },
+    /// `%r = tile.dot %a, %b, %acc`: `acc + a @ b` for `a: MxK`, `b: KxN`,
+    /// `acc: MxN` in the operands' accumulator type (f32 for f16/bf16).
+    Dot,
+    /// `%r = tile.reduce %t {kind = sum, axis = 1}`: combines the elements
+    /// along one axis (a 1-axis tile reduces to a scalar).
+    Reduce {
+        /// How elements combine.
+        kind: ReduceKind,
+        /// The reduced axis.
+        axis: usize,
+    },
+    /// `%r:n = tile.for %init.. {lo, hi, step} (%i, %c..) { .. }`: a counted
+    /// loop in one program, carrying values from one iteration to the next.
+    For {
+        /// First counter value.
+        lo: i64,
+        /// One past the last.
+        hi: i64,
+        /// Positive step.
+        step: i64,
+    },
+    /// Ends a `tile.for` body: the next iteration's carried values.
+    Yield,
+    /// `tile.barrier`: every thread running the program arrives before any
+    /// goes on, so shared memory written before is visible after.
+    Barrier,
+}
+
+/// A generic attribute value as the text form writes it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Attr {
+    /// `3`
+    Int(i64),
+    /// `0.5`
+    Float(f64),
+    /// `[1, 0]`
+    Ints(Vec<i64>),
+    /// `sum`, `global`
+    Word(String),
+    /// `"dot"`
+    Str(String),
+}
+
+impl Attr {
+    /// The text form.
+    pub fn text(&self) -> String {
+        match self {
+            Attr::Int(i) => i.to_string(),
+            Attr::Float(v) => format_float(*v),
+            Attr::Ints(v) => {
+                let items: Vec<String> = v.iter().map(|i| i.to_string()).collect();
+                format!("[{}]", items.join(", "))
+            }
+            Attr::Word(w) => w.clone(),
+            Attr::Str(s) => format!("{s:?}"),
+        }
+    }
+
+    /// MLIR's form.
+    pub fn mlir(&self) -> String {
+        match self {
+            Attr::Int(i) => format!("{i} : i64"),
+            Attr::Float(v) => crate::print::mlir_float(*v),
+            Attr::Ints(v) => {
+                let items: Vec<String> = v.iter().map(|i| i.to_string()).collect();
+                format!("array<i64: {}>", items.join(", "))
+            }
+            Attr::Word(w) | Attr::Str(w) => format!("{w:?}"),
+        }
+    }
+}
+
+/// How an op's operands are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operands {
+    /// Exactly this many values, comma-separated.
+    Fixed(usize),
+    /// Any number of values (`tile.for`'s initial values, `tile.yield`).
+    Variadic,
+    /// `before` values, then a buffer with an index `%b[..]`, then an
+    /// optional `mask %m` (loads and stores).
+    Indexed {
+        /// Values before the buffer.
+        before: usize,
+    },
+    /// An index list `[..]` and no values (`tile.mask`).
+    Limits,
+}
+
+/// Where an op may appear.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    /// In a function body, outside kernels.
+    Host,
+    /// In a kernel (in its body or a loop inside it).
+    Program,
+    /// Either.
+    Anywhere,
+}
+
+/// An op's syntax, derived from its declaration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Syntax {
+    /// How operands are written.
+    pub operands: Operands,
+    /// Whether results may be many (`tile.for`); otherwise at most one.
+    pub many_results: bool,
+    /// Whether it has one region: `Some(true)` when the region has
+    /// arguments written `(%i, ..)`.
+    pub region: Option<bool>,
+    /// Where it may appear.
+    pub place: Place,
+    /// Whether it ends a block (`tile.return`, `tile.yield`).
+    pub terminator: bool,
+}
+
+fn syntax(operands: Operands, place: Place) -> Syntax {
+    Syntax {
+        operands,
+        many_results: false,
+        region: None,
+        place,
+        terminator: false,
+    }
+}
+
+impl OpKind {
+    /// The op's full name (`tile.dot`).
+    pub fn name(&self) -> String {
+        let s: &str = match self {
+            OpKind::Alloc => "alloc",
+            OpKind::Dealloc => "dealloc",
+            OpKind::View => "view",
+            OpKind::Kernel { .. } => "kernel",
+            OpKind::Return => "return",
+            OpKind::ProgramId { .. } => "program_id",
+            OpKind::Const(_) => "const",
+            OpKind::Splat => "splat",
+            OpKind::Unary(u) => u.name(),
+            OpKind::Binary(b) => b.name(),
+            OpKind::Compare(c) => c.name(),
+            OpKind::Select => "select",
+            OpKind::Cast => "cast",
+            OpKind::Load { .. } => "load",
+            OpKind::Store { .. } => "store",
+            OpKind::Mask { .. } => "mask",
+            OpKind::Broadcast => "broadcast",
+            OpKind::Reshape => "reshape",
+            OpKind::Trans { .. } => "trans",
+            OpKind::ExpandDims { .. } => "expand_dims",
+            OpKind::Dot => "dot",
+            OpKind::Reduce { .. } => "reduce",
+            OpKind::For { .. } => "for",
+            OpKind::Yield => "yield",
+            OpKind::Barrier => "barrier",
+        };
+        format!("tile.{s}")
+    }
+
+    /// How the op is written and where it may stand.
+    pub fn syntax(&self) -> Syntax {
+        use Operands::*;
+        use Place::*;
+        match self {
+            OpKind::Alloc => syntax(Fixed(0), Anywhere),
+            OpKind::Dealloc => syntax(Fixed(1), Host),
+            OpKind::View => syntax(Fixed(1), Anywhere),
+            OpKind::Kernel { .. } => Syntax {
+                region: Some(false),
+                ..syntax(Fixed(0), Host)
+            },
+            OpKind::Return => Syntax {
+                terminator: true,
+                ..syntax(Fixed(0), Host)
+            },
+            OpKind::ProgramId { .. } | OpKind::Const(_) | OpKind::Barrier => {
+                syntax(Fixed(0), Program)
+            }
+            OpKind::Splat
+            | OpKind::Unary(_)
+            | OpKind::Cast
+            | OpKind::Broadcast
+            | OpKind::Reshape
+            | OpKind::Trans { .. }
+            | OpKind::ExpandDims { .. }
+            | OpKind::Reduce { .. } => syntax(Fixed(1), Program),
+            OpKind::Binary(_) | OpKind::Compare(_) => syntax(Fixed(2), Program),
+            OpKind::Select | OpKind::Dot => syntax(Fixed(3), Program),
+            OpKind::Load { .. } => syntax(Indexed { before: 0 }, Program),
+            OpKind::Store { .. } => syntax(Indexed { before: 1 }, Program),
+            OpKind::Mask { .. } => syntax(Limits, Program),
+            OpKind::For { .. } => Syntax {
+                many_results: true,
+                region: Some(true),
+                ..syntax(Variadic, Program)
+            },
+            OpKind::Yield => Syntax {
+                terminator: true,
+                ..syntax(Variadic, Program)
+            },
+        }
+    }
+
+    /// The index list written after the buffer (loads, stores) or as the
+    /// operand list (`tile.mask`).
+    pub fn index(&self) -> Option<&[Affine]> {
+        match self {
+            OpKind::Load { index, .. } | OpKind::Store { index } => Some(index),
+            OpKind::Mask { limits } => Some(limits),
+            _ => None,
+        }
+    }
+
+    /// The attributes the text forms print, in print order.
+    pub fn attrs(&self) -> Vec<(String, Attr)> {
+        let one = |k: &str, a: Attr| vec![(k.to_string(), a)];
+        match self {
+            OpKind::Kernel { grid, schedule } => {
+                let mut v = vec![
+                    (
+                        "grid".to_string(),
+                        Attr::Ints(grid.iter().map(|&g| g as i64).collect()),
+                    ),
+                    ("schedule".to_string(), Attr::Str(schedule.strategy.clone())),
+                ];
+                v.extend(
+                    schedule
+                        .params
+                        .iter()
+                        .map(|(k, p)| (k.clone(), Attr::Ints(p.clone()))),
+                );
+                v
+            }
+            OpKind::ProgramId { axis } | OpKind::ExpandDims { axis } => {
+                one("axis", Attr::Int(*axis as i64))
+            }
+            OpKind::Const(v) => one("value", Attr::Float(*v)),
+            OpKind::Load { pad: Some(p), .. } => one("pad", Attr::Float(*p)),
+            OpKind::Trans { perm } => {
+                one("perm", Attr::Ints(perm.iter().map(|&p| p as i64).collect()))
+            }
+            OpKind::Reduce { kind, axis } => vec![
+                ("kind".to_string(), Attr::Word(kind.name().to_string())),
+                ("axis".to_string(), Attr::Int(*axis as i64)),
+            ],
+            OpKind::For { lo, hi, step } => vec![
+                ("lo".to_string(), Attr::Int(*lo)),
+                ("hi".to_string(), Attr::Int(*hi)),
+                ("step".to_string(), Attr::Int(*step)),
+            ],
+            _ => vec![],
+        }
+    }
+
+    /// Rebuilds an op from its name, attributes and index list (the
+    /// parser's half of the declaration).
+    pub fn from_parts(
+        name: &str,
+        attrs: &[(String, Attr)],
+        index: Option<Vec<Affine>>,
+    ) -> Result<OpKind, String> {
+        let suffix = name
+            .strip_prefix("tile.")
+            .ok_or_else(|| format!("`{name}` is not a tile dialect op"))?;
+        let mut a = AttrReader {
+            op: name,
+            attrs,
+            used: vec![false; attrs.len()],
+        };
+        let index = |what: &str| {
+            index
+                .clone()
+                .ok_or_else(|| format!("`{name}` needs {what}"))
+        };
+        let op = if let Some(u) = UnaryOp::from_name(suffix) {
+            OpKind::Unary(u)
+        } else if let Some(b) = BinaryOp::ALL.into_iter().find(|b| b.name() == suffix) {
+            OpKind::Binary(b)
+        } else if let Some(c) = CmpOp::ALL.into_iter().find(|c| c.name() == suffix) {
+            OpKind::Compare(c)
+        } else {
+            match suffix {
+                "alloc" => OpKind::Alloc,
+                "dealloc" => OpKind::Dealloc,
+                "view" => OpKind::View,
+                "kernel" => {
+                    let grid = a.usizes("grid")?;
+                    let strategy = a.string("schedule")?;
+                    let mut params = vec![];
+                    for (i, (k, v)) in attrs.iter().enumerate() {
+                        if a.used[i] {
+                            continue;
+                        }
+                        match v {
+                            Attr::Ints(p) => params.push((k.clone(), p.clone())),
+                            _ => {
+                                return Err(format!(
+                                    "`{name}`: schedule parameter `{k}` must be a list of integers"
+                                ));
+                            }
+                        }
+                        a.used[i] = true;
+                    }
+                    OpKind::Kernel {
+                        grid,
+                        schedule: Schedule { strategy, params },
+                    }
+                }
+                "return" => OpKind::Return,
+                "program_id" => OpKind::ProgramId {
+                    axis: a.usize("axis")?,
+                },
+                "const" => OpKind::Const(a.float("value")?),
+                "splat" => OpKind::Splat,
+                "select" => OpKind::Select,
+                "cast" => OpKind::Cast,
+                "load" => OpKind::Load {
+                    index: index("an index `%b[..]`")?,
+                    pad: a.optional_float("pad")?,
+                },
+                "store" => OpKind::Store {
+                    index: index("an index `%b[..]`")?,
+                },
+                "mask" => OpKind::Mask {
+                    limits: index("limits `[..]`")?,
+                },
+                "broadcast" => OpKind::Broadcast,
+                "reshape" => OpKind::Reshape,
+                "trans" => OpKind::Trans {
+                    perm: a.usizes("perm")?,
+                },
+                "expand_dims" => OpKind::ExpandDims {
+                    axis: a.usize("axis")?,
+                },
+                "dot" => OpKind::Dot,
+                "reduce" => {
+                    let kind = a.word("kind")?;
+                    OpKind::Reduce {
+                        kind: ReduceKind::from_name(&kind)
+                            .ok_or_else(|| format!("`{name}`: unknown reduction `{kind}`"))?,
+                        axis: a.usize("axis")?,
+                    }
+                }
+                "for" => OpKind::For {
+                    lo: a.int("lo")?,
+                    hi: a.int("hi")?,
+                    step: a.int("step")?,
+                },
+                "yield" => OpKind::Yield,
+                "barrier" => OpKind::Barrier,
+                _ => return Err(format!("unknown op `{name}`")),
+            }
+        };
+        a.finish()?;
+        Ok(op)
+    }
+
+    /// The op's typing rule: whether operands of types `operands` and
+    /// results of types `results` fit it. Where an op stands, SSA scoping
+    /// and region arguments are the verifier's.
+    pub fn check(&self, operands: &[&Type], results: &[&Type]) -> Result<(), String> {
+        let syn = self.syntax();
+        match syn.operands {
+            Operands::Fixed(n) if operands.len() != n => {
+                return Err(format!("takes {n} operands, got {}", operands.len()));
+            }
+            Operands::Indexed { before }
+                if !(before + 1..=before + 2).contains(&operands.len()) =>
+            {
+                return Err(format!(
+                    "takes {} operands and an optional mask, got {}",
+                    before + 1,
+                    operands.len()
+                ));
+            }
+            Operands::Limits if !operands.is_empty() => {
+                return Err("takes no operands".into());
+            }
+            _ => {}
+        }
+        let produces = match self {
+            OpKind::Dealloc
+            | OpKind::Kernel { .. }
+            | OpKind::Return
+            | OpKind::Store { .. }
+            | OpKind::Yield
+            | OpKind::Barrier => 0,
+            OpKind::For { .. } => operands.len(),
+            _ => 1,
+        };
+        if results.len() != produces {
+            return Err(format!(
+                "has {} results, expected {produces}",
+                results.len()
+            ));
+        }
+        let value = |t: &Type| -> Result<(DType, Vec<usize>), String> {
+            match t {
+                Type::Scalar(d) => Ok((*d, vec![])),
+                Type::Tile(t) => Ok((t.dtype, t.shape.clone())),
+                other => Err(format!("expects a scalar or tile, got {other}")),
+            }
+        };
+        let tile = |t: &Type| -> Result<(DType, Vec<usize>), String> {
+            match t {
+                Type::Tile(t) => Ok((t.dtype, t.shape.clone())),
+                other => Err(format!("expects a tile, got {other}")),
+            }
+        };
+        let buffer = |t: &Type| match t {
+            Type::Buffer(b) => Ok(b.clone()),
+            other => Err(format!("expects a buffer, got {other}")),
+        };
+        let same = |want: &Type, got: &Type, what: &str| {
+            if want == got {
+                Ok(())
+            } else {
+                Err(format!("{what} is {got}, expected {want}"))
+            }
+        };
+        let r = results.first().copied();
+        match self {
+            OpKind::Alloc => {
+                buffer(r.ok_or("no result")?)?;
+            }
+            OpKind::Dealloc => {
+                buffer(operands[0])?;
+            }
+            OpKind::View => {
+                let (src, dst) = (buffer(operands[0])?, buffer(r.ok_or("no result")?)?);
+                if src.dtype != dst.dtype || src.space != dst.space {
+                    return Err(format!(
+                        "views {src} as {dst}: element type and space must stay"
+                    ));
+                }
+                if dst.storage_len() > src.storage_len() || dst.shape.len() != dst.strides.len() {
+                    return Err(format!(
+                        "views {src} as {dst}, which reaches past its storage"
+                    ));
+                }
+            }
+            OpKind::Kernel { grid, .. } => {
+                if grid.is_empty() || grid.len() > 3 || grid.contains(&0) {
+                    return Err(format!(
+                        "grid {grid:?} must have one to three axes, each at least 1"
+                    ));
+                }
+            }
+            OpKind::ProgramId { axis } => {
+                if *axis > 2 {
+                    return Err(format!("axis {axis} is not a grid axis (0, 1 or 2)"));
+                }
+                same(&Type::Index, r.ok_or("no result")?, "the result")?;
+            }
+            OpKind::Const(v) => {
+                let (d, _) = value(r.ok_or("no result")?)?;
+                if d.round(*v) != *v && !v.is_nan() {
+                    return Err(format!("{} is not a value of {d}", format_float(*v)));
+                }
+            }
+            OpKind::Splat => {
+                let (d, _) = tile(r.ok_or("no result")?)?;
+                same(&Type::Scalar(d), operands[0], "the operand")?;
+            }
+            OpKind::Unary(u) => {
+                let (d, _) = value(operands[0])?;
+                if !d.is_numeric() || (d.is_int() && !u.accepts_int()) {
+                    return Err(format!("is not defined on {d}"));
+                }
+                same(operands[0], r.ok_or("no result")?, "the result")?;
+            }
+            OpKind::Binary(b) => {
+                let (d, _) = value(operands[0])?;
+                same(operands[0], operands[1], "the second operand")?;
+                if !d.is_numeric() || (d.is_int() && !b.accepts_int()) {
+                    return Err(format!("is not defined on {d}"));
+                }
+                same(operands[0], r.ok_or("no result")?, "the result")?;
+            }
+            OpKind::Compare(_) => {
+                let (_, shape) = value(operands[0])?;
+                same(operands[0], operands[1], "the second operand")?;
+                same(
+                    &Type::value(DType::Bool, &shape),
+                    r.ok_or("no result")?,
+                    "the result",
+                )?;
+            }
+            OpKind::Select => {
+                let (_, shape) = value(operands[1])?;
+                same(
+                    &Type::value(DType::Bool, &shape),
+                    operands[0],
+                    "the condition",
+                )?;
+                same(operands[1], operands[2], "the third operand")?;
+                same(operands[1], r.ok_or("no result")?, "the result")?;
+            }
+            OpKind::Cast => {
+                let (_, shape) = value(operands[0])?;
+                let (_, rshape) = value(r.ok_or("no result")?)?;
+                if shape != rshape {
+                    return Err("changes the shape".into());
+                }
+            }
+            OpKind::Load { index, pad } => {
+                let b = buffer(operands[0])?;
+                let (d, shape) = value(r.ok_or("no result")?)?;
+                if d != b.dtype {
+                    return Err(format!("loads {d} from {b}"));
+                }
+                check_index(index, b.shape.len(), shape.len())?;
+                if let Some(m) = operands.get(1) {
+                    same(&Type::value(DType::Bool, &shape), m, "the mask")?;
+                }
+                if let Some(p) = pad
+                    && d.round(*p) != *p
+                    && !p.is_nan()
+                {
+                    return Err(format!("pad {} is not a value of {d}", format_float(*p)));
+                }
+            }
+            OpKind::Store { index } => {
+                let (d, shape) = value(operands[0])?;
+                let b = buffer(operands[1])?;
+                if d != b.dtype {
+                    return Err(format!("stores {d} into {b}"));
+                }
+                check_index(index, b.shape.len(), shape.len())?;
+                if let Some(m) = operands.get(2) {
+                    same(&Type::value(DType::Bool, &shape), m, "the mask")?;
+                }
+            }
+            OpKind::Mask { limits } => {
+                let (d, shape) = tile(r.ok_or("no result")?)?;
+                if d != DType::Bool {
+                    return Err(format!("gives bool tiles, not {d}"));
+                }
+                if limits.len() != shape.len() {
+                    return Err(format!(
+                        "has {} limits for {} axes",
+                        limits.len(),
+                        shape.len()
+                    ));
+                }
+                if limits.iter().any(|l| !l.axes.is_empty()) {
+                    return Err("limits cannot use tile coordinates `#k`".into());
+                }
+            }
+            OpKind::Broadcast => {
+                let (d, from) = tile(operands[0])?;
+                let (rd, to) = tile(r.ok_or("no result")?)?;
+                if d != rd
+                    || from.len() != to.len()
+                    || from.iter().zip(&to).any(|(f, t)| f != t && *f != 1)
+                {
+                    return Err(format!(
+                        "cannot broadcast {} to {}",
+                        operands[0], results[0]
+                    ));
+                }
+            }
+            OpKind::Reshape => {
+                let (d, from) = tile(operands[0])?;
+                let (rd, to) = tile(r.ok_or("no result")?)?;
+                if d != rd || from.iter().product::<usize>() != to.iter().product::<usize>() {
+                    return Err(format!("cannot reshape {} to {}", operands[0], results[0]));
+                }
+            }
+            OpKind::Trans { perm } => {
+                let (d, from) = tile(operands[0])?;
+                let mut sorted = perm.clone();
+                sorted.sort_unstable();
+                if sorted != (0..from.len()).collect::<Vec<_>>() {
+                    return Err(format!(
+                        "{perm:?} is not a permutation of {} axes",
+                        from.len()
+                    ));
+                }
+                let to: Vec<usize> = perm.iter().map(|&p| from[p]).collect();
+                same(&Type::value(d, &to), r.ok_or("no result")?, "the result")?;
+            }
+            OpKind::ExpandDims { axis } => {
+                let (d, mut shape) = tile(operands[0])?;
+                if *axis > shape.len() {
+                    return Err(format!("axis {axis} is past the {} axes", shape.len()));
+                }
+                shape.insert(*axis, 1);
+                same(&Type::value(d, &shape), r.ok_or("no result")?, "the result")?;
+            }
+            OpKind::Dot => {
+                let (da, a) = tile(operands[0])?;
+                let (db, b) = tile(operands[1])?;
+                let (dc, c) = tile(operands[2])?;
+                if a.len() != 2 || b.len() != 2 || c.len() != 2 {
+                    return Err("multiplies 2-axis tiles".into());
+                }
+                if da != db || !da.is_numeric() || dc != da.accumulator() {
+                    return Err(format!(
+                        "multiplies {da} by {db} into {dc}; the accumulator must be {}",
+                        da.accumulator()
+                    ));
+                }
+                if a[1] != b[0] || c != [a[0], b[1]] {
+                    return Err(format!(
+                        "shapes {a:?} @ {b:?} do not make the accumulator's {c:?}"
+                    ));
+                }
+                same(operands[2], r.ok_or("no result")?, "the result")?;
+            }
+            OpKind::Reduce { axis, .. } => {
+                let (d, mut shape) = tile(operands[0])?;
+                if *axis >= shape.len() {
+                    return Err(format!("axis {axis} is past the {} axes", shape.len()));
+                }
+                if !d.is_numeric() {
+                    return Err(format!("is not defined on {d}"));
+                }
+                shape.remove(*axis);
+                same(&Type::value(d, &shape), r.ok_or("no result")?, "the result")?;
+            }
+            OpKind::For { step, .. } => {
+                if *step <= 0 {
+                    return Err(format!("step {step} must be positive"));
+                }
+                for (i, (o, r)) in operands.iter().zip(results).enumerate() {
+                    value(o)?;
+                    same(o, r, &format!("result {i}"))?;
+                }
+            }
+            OpKind::Yield => {
+                for o in operands {
+                    value(o)?;
+                }
+            }
+            OpKind::Return | OpKind::Barrier => {}
+        }
+        Ok(())
+    }
+}
+
+/// An index list of `rank` expressions whose tile coordinates are axes of a
+/// `tile_rank`-axis tile.
+fn check_index(index: &[Affine], rank: usize, tile_rank: usize) -> Result<(), String> {
+    if index.len() != rank {
+        return Err(format!("has {} indices for {rank} dimensions", index.len()));
+    }
+    for e in index {
+        if let Some((_, k)) = e.axes.iter().find(|(_, k)| *k >= tile_rank) {
+            return Err(format!("uses `#{k}`, but the tile has {tile_rank} axes"));
+        }
+    }
+    Ok(())
+}
+
+struct AttrReader<'a> {
+    op: &'a str,
+    attrs: &'a [(String, Attr)],
+    used: Vec<bool>,
+}
+
+impl AttrReader<'_> {
+    fn find(&mut self, key: &str) -> Option<&Attr> {
+        let i = self.attrs.iter().position(|(k, _)| k == key)?;
+        self.used[i] = true;
+        Some(&self.attrs[i].1)
+    }
+
+    fn get(&mut self, key: &str) -> Result<&Attr, String> {
+        let op = self.op;
+        self.find(key)
+            .ok_or_else(|| format!("`{op}` needs attribute `{key}`"))
+    }
+
+    fn int(&mut self, key: &str) -> Result<i64, String> {
+        let op = self.op;
+        match self.get(key)? {
+            Attr::Int(i) => Ok(*i),
+            _ => Err(format!("`{op}`: `{key}` must be an integer")),
+        }
+    }
+
+    fn usize(&mut self, key: &str) -> Result<usize, String> {
+        let op = self.op;
+        usize::try_from(self.int(key)?).map_err(|_| format!("`{op}`: `{key}` must not be negative"))
+    }
+
+    fn usizes(&mut self, key: &str) -> Result<Vec<usize>, String> {
+        let op = self.op;
+        match self.get(key)? {
+            Attr::Ints(v) => v
+                .iter()
+                .map(|&i| usize::try_from(i))
+                .collect::<Result<_, _>>()
+                .map_err(|_| format!("`{op}`: `{key}` must not be negative")),
+            _ => Err(format!("`{op}`: `{key}` must be a list of integers")),
+        }
+    }
+
+    fn float(&mut self, key: &str) -> Result<f64, String> {
+        let op = self.op;
+        match self.get(key)? {
+            Attr::Float(v) => Ok(*v),
+            Attr::Int(i) => Ok(*i as f64),
+            _ => Err(format!("`{op}`: `{key}` must be a number")),
+        }
+    }
+
+    fn optional_float(&mut self, key: &str) -> Result<Option<f64>, String> {
+        if self.attrs.iter().any(|(k, _)| k == key) {
+            self.float(key).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    fn word(&mut self, key: &str) -> Result<String, String> {
+        let op = self.op;
+        match self.get(key)? {
+            Attr::Word(w) => Ok(w.clone()),
+            _ => Err(format!("`{op}`: `{key}` must be a name")),
+        }
+    }
+
+    fn string(&mut self, key: &str) -> Result<String, String> {
+        let op = self.op;
+        match self.get(key)? {
+            Attr::Str(s) => Ok(s.clone()),
+            _ => Err(format!("`{op}`: `{key}` must be a string")),
+        }
+    }
+
+    fn finish(self) -> Result<(), String> {
+        match self.attrs.iter().zip(&self.used).find(|(_, u)| !**u) {
+            Some(((k, _), _)) => Err(format!("`{}` has no attribute `{k}`", self.op)),
+            None => Ok(()),
+        }
+    }
+}

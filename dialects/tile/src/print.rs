@@ -1,0 +1,365 @@
+//! The tile dialect's text form (read back by [`crate::parse`] to the same
+//! text) and MLIR's generic operation syntax (which `mlir-opt
+//! --allow-unregistered-dialect` parses). Both are derived from the op
+//! declarations in [`crate::ops`]: one generic shape for every op,
+//!
+//! ```text
+//! %r = tile.NAME operands {attrs} (%region_args) { region } : result types
+//! ```
+//!
+//! where a load's or store's buffer is written with its index (`%b[4*%0 +
+//! #1, %1]`, `#k` a tile coordinate) and a mask follows as `mask %m`.
+
+use std::collections::HashMap;
+use std::fmt::Write;
+
+use dlc_core::format_float;
+
+use crate::ir::{Affine, Block, Function, Module, OpId, Value};
+use crate::ops::Operands;
+
+struct Namer {
+    names: HashMap<Value, String>,
+    next: u32,
+}
+
+impl Namer {
+    fn new(f: &Function) -> Namer {
+        let names = f
+            .params
+            .iter()
+            .map(|(n, v)| (*v, format!("%{n}")))
+            .collect();
+        Namer { names, next: 0 }
+    }
+
+    fn define_group(&mut self, vs: &[Value]) -> String {
+        let base = format!("%{}", self.next);
+        self.next += 1;
+        for (k, v) in vs.iter().enumerate() {
+            self.names.insert(*v, format!("{base}#{k}"));
+        }
+        base
+    }
+
+    fn define(&mut self, v: Value) -> String {
+        let name = format!("%{}", self.next);
+        self.next += 1;
+        self.names.insert(v, name.clone());
+        name
+    }
+
+    fn get(&self, v: Value) -> String {
+        self.names
+            .get(&v)
+            .cloned()
+            .unwrap_or_else(|| format!("%<undefined {}>", v.0))
+    }
+
+    fn list(&self, vs: &[Value]) -> String {
+        vs.iter()
+            .map(|v| self.get(*v))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// `%a + 2*%b - #1 + 3`; in MLIR's syntax (`var` naming symbols and
+/// `axis` naming dimensions) the coefficient follows: `s1 * 2`.
+fn affine_text(
+    e: &Affine,
+    var: impl Fn(Value) -> String,
+    axis: impl Fn(usize) -> String,
+    mlir: bool,
+) -> String {
+    let mut parts: Vec<(i64, String)> = e.terms.iter().map(|&(c, v)| (c, var(v))).collect();
+    parts.extend(e.axes.iter().map(|&(c, k)| (c, axis(k))));
+    let mut s = String::new();
+    for (i, (c, name)) in parts.iter().enumerate() {
+        let mag = c.unsigned_abs();
+        match (i == 0, *c < 0) {
+            (true, true) => s.push('-'),
+            (false, true) => s.push_str(" - "),
+            (false, false) => s.push_str(" + "),
+            (true, false) => {}
+        }
+        match (mag, mlir) {
+            (1, _) => s.push_str(name),
+            (_, false) => {
+                let _ = write!(s, "{mag}*{name}");
+            }
+            (_, true) => {
+                let _ = write!(s, "{name} * {mag}");
+            }
+        }
+    }
+    let k = e.constant;
+    match (parts.is_empty(), k) {
+        (true, _) => {
+            let _ = write!(s, "{k}");
+        }
+        (false, 0) => {}
+        (false, k) if k < 0 => {
+            let _ = write!(s, " - {}", k.unsigned_abs());
+        }
+        (false, k) => {
+            let _ = write!(s, " + {k}");
+        }
+    }
+    s
+}
+
+/// Prints a module.
+pub fn print_module(m: &Module) -> String {
+    let mut out = String::new();
+    for (i, f) in m.functions.iter().enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        print_function(f, &mut out);
+    }
+    out
+}
+
+fn print_function(f: &Function, out: &mut String) {
+    let mut namer = Namer::new(f);
+    let params: Vec<String> = f
+        .params
+        .iter()
+        .enumerate()
+        .map(|(i, (n, v))| {
+            let out = if i + f.outputs >= f.params.len() {
+                "out "
+            } else {
+                ""
+            };
+            format!("{out}%{n}: {}", f.ty(*v))
+        })
+        .collect();
+    let _ = writeln!(out, "tile.func @{}({}) {{", f.name, params.join(", "));
+    print_block(f, &f.body, &mut namer, 1, out);
+    out.push_str("}\n");
+}
+
+fn print_block(f: &Function, b: &Block, namer: &mut Namer, depth: usize, out: &mut String) {
+    for &id in &b.ops {
+        print_op(f, id, namer, depth, out);
+    }
+}
+
+fn print_op(f: &Function, id: OpId, namer: &mut Namer, depth: usize, out: &mut String) {
+    let op = f.op(id);
+    let pad = "  ".repeat(depth);
+    let _ = write!(out, "{pad}");
+    match op.results.len() {
+        0 => {}
+        1 if !op.kind.syntax().many_results => {
+            let name = namer.define(op.results[0]);
+            let _ = write!(out, "{name} = ");
+        }
+        n => {
+            let base = namer.define_group(&op.results);
+            let _ = write!(out, "{base}:{n} = ");
+        }
+    }
+    out.push_str(&op.kind.name());
+    let syn = op.kind.syntax();
+    let index_text = |namer: &Namer| -> String {
+        let items: Vec<String> = op
+            .kind
+            .index()
+            .unwrap_or(&[])
+            .iter()
+            .map(|e| affine_text(e, |v| namer.get(v), |k| format!("#{k}"), false))
+            .collect();
+        format!("[{}]", items.join(", "))
+    };
+    match syn.operands {
+        Operands::Fixed(_) | Operands::Variadic => {
+            if !op.operands.is_empty() {
+                let _ = write!(out, " {}", namer.list(&op.operands));
+            }
+        }
+        Operands::Indexed { before } => {
+            let mut parts: Vec<String> = op.operands[..before.min(op.operands.len())]
+                .iter()
+                .map(|v| namer.get(*v))
+                .collect();
+            if let Some(b) = op.operands.get(before) {
+                parts.push(format!("{}{}", namer.get(*b), index_text(namer)));
+            }
+            let _ = write!(out, " {}", parts.join(", "));
+            if let Some(m) = op.operands.get(before + 1) {
+                let _ = write!(out, " mask {}", namer.get(*m));
+            }
+        }
+        Operands::Limits => {
+            let _ = write!(out, " {}", index_text(namer));
+        }
+    }
+    let attrs = op.kind.attrs();
+    if !attrs.is_empty() {
+        let items: Vec<String> = attrs
+            .iter()
+            .map(|(k, a)| format!("{k} = {}", a.text()))
+            .collect();
+        let _ = write!(out, " {{{}}}", items.join(", "));
+    }
+    if let Some(region) = op.regions.first() {
+        if syn.region == Some(true) {
+            let args: Vec<String> = region.args.iter().map(|a| namer.define(*a)).collect();
+            let _ = write!(out, " ({})", args.join(", "));
+        }
+        out.push_str(" {\n");
+        print_block(f, region, namer, depth + 1, out);
+        let _ = write!(out, "{pad}}}");
+    }
+    if !op.results.is_empty() {
+        let types: Vec<String> = op.results.iter().map(|r| f.ty(*r).to_string()).collect();
+        let _ = write!(out, " : {}", types.join(", "));
+    }
+    out.push('\n');
+}
+
+/// A float as an MLIR attribute (`0.5 : f64`; bit patterns for
+/// infinities and NaN, which MLIR's float literals cannot spell).
+pub fn mlir_float(v: f64) -> String {
+    if v.is_finite() {
+        format!("{} : f64", format_float(v))
+    } else {
+        format!("0x{:016X} : f64", v.to_bits())
+    }
+}
+
+/// Prints a module in MLIR's generic operation syntax: each function is a
+/// `"tile.func"` op with one region, tiles are `tensor`s, buffers are
+/// `memref`s with their memory space, and an index list is an
+/// `affine_map` whose dimensions are the tile coordinates and whose
+/// symbols are the index values it uses (appended to the operands).
+pub fn print_mlir_generic(m: &Module) -> String {
+    let mut out = String::from("module {\n");
+    for f in &m.functions {
+        let mut namer = Namer::new(f);
+        let _ = writeln!(out, "  \"tile.func\"() ({{");
+        let args: Vec<String> = f
+            .params
+            .iter()
+            .map(|(n, v)| format!("%{n}: {}", f.ty(*v).mlir()))
+            .collect();
+        let _ = writeln!(out, "  ^bb0({}):", args.join(", "));
+        mlir_block(f, &f.body, &mut namer, 2, &mut out);
+        let _ = writeln!(
+            out,
+            "  }}) {{sym_name = \"{}\", outputs = {} : i64}} : () -> ()",
+            f.name, f.outputs
+        );
+    }
+    out.push_str("}\n");
+    out
+}
+
+fn mlir_block(f: &Function, b: &Block, namer: &mut Namer, depth: usize, out: &mut String) {
+    for &id in &b.ops {
+        mlir_op(f, id, namer, depth, out);
+    }
+}
+
+fn mlir_op(f: &Function, id: OpId, namer: &mut Namer, depth: usize, out: &mut String) {
+    let op = f.op(id);
+    let pad = "  ".repeat(depth);
+    let mut operands = op.operands.clone();
+    let mut attrs: Vec<String> = op
+        .kind
+        .attrs()
+        .iter()
+        .map(|(k, a)| format!("{k} = {}", a.mlir()))
+        .collect();
+    if let Some(index) = op.kind.index() {
+        let mut symbols: Vec<Value> = Vec::new();
+        for e in index {
+            for (_, v) in &e.terms {
+                if !symbols.contains(v) {
+                    symbols.push(*v);
+                }
+            }
+        }
+        let dims = index
+            .iter()
+            .flat_map(|e| e.axes.iter().map(|a| a.1 + 1))
+            .max()
+            .unwrap_or(0)
+            .max(
+                op.results
+                    .first()
+                    .and_then(|r| f.ty(*r).shape())
+                    .map_or(0, |s| s.len()),
+            );
+        let results: Vec<String> = index
+            .iter()
+            .map(|e| {
+                affine_text(
+                    e,
+                    |v| format!("s{}", symbols.iter().position(|s| *s == v).unwrap_or(0)),
+                    |k| format!("d{k}"),
+                    true,
+                )
+            })
+            .collect();
+        let d: Vec<String> = (0..dims).map(|i| format!("d{i}")).collect();
+        let s: Vec<String> = (0..symbols.len()).map(|i| format!("s{i}")).collect();
+        attrs.push(format!(
+            "index = affine_map<({})[{}] -> ({})>",
+            d.join(", "),
+            s.join(", "),
+            results.join(", ")
+        ));
+        attrs.push(format!("index_symbols = {} : i64", symbols.len()));
+        operands.extend(symbols);
+    }
+    let operand_text = namer.list(&operands);
+    let operand_types: Vec<String> = operands.iter().map(|v| f.ty(*v).mlir()).collect();
+    let result_types: Vec<String> = op.results.iter().map(|v| f.ty(*v).mlir()).collect();
+    let _ = write!(out, "{pad}");
+    match op.results.len() {
+        0 => {}
+        1 => {
+            let name = namer.define(op.results[0]);
+            let _ = write!(out, "{name} = ");
+        }
+        n => {
+            let base = namer.define_group(&op.results);
+            let _ = write!(out, "{base}:{n} = ");
+        }
+    }
+    let _ = write!(out, "\"{}\"({operand_text})", op.kind.name());
+    if let Some(region) = op.regions.first() {
+        out.push_str(" ({\n");
+        let args: Vec<String> = region
+            .args
+            .iter()
+            .map(|a| {
+                let ty = f.ty(*a).mlir();
+                format!("{}: {ty}", namer.define(*a))
+            })
+            .collect();
+        let _ = writeln!(out, "{pad}^bb0({}):", args.join(", "));
+        mlir_block(f, region, namer, depth + 1, out);
+        let terminated = region
+            .ops
+            .last()
+            .is_some_and(|o| f.op(*o).kind.syntax().terminator);
+        if !terminated {
+            let _ = writeln!(out, "{pad}  \"tile.end\"() : () -> ()");
+        }
+        let _ = write!(out, "{pad}}})");
+    }
+    if !attrs.is_empty() {
+        let _ = write!(out, " {{{}}}", attrs.join(", "));
+    }
+    let _ = writeln!(
+        out,
+        " : ({}) -> ({})",
+        operand_types.join(", "),
+        result_types.join(", ")
+    );
+}

@@ -1,0 +1,268 @@
+//! The tile dialect on its own: text round trips, the MLIR generic form
+//! parses, and the interpreter runs programs exactly: masks and pads,
+//! packing through scratch memory, shared memory between barriers, dots and
+//! reductions, and refuses what is wrong (out of bounds, overlapping stores,
+//! races on shared memory).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
+
+use dlc_core::{DType, Verify};
+use dlc_tile::interp::{Buffer, TileError, run_function};
+use dlc_tile::{BufferType, Space, parse_module, print_mlir_generic, print_module};
+
+fn module(text: &str) -> dlc_tile::Module {
+    let m = parse_module(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    if let Err(errors) = m.verify() {
+        panic!("does not verify: {errors:?}\n{text}");
+    }
+    let printed = print_module(&m);
+    let again = parse_module(&printed).unwrap_or_else(|e| panic!("{e}\n{printed}"));
+    assert_eq!(print_module(&again), printed, "does not round-trip");
+    if let Some(tool) = dlc_tests::mlir_opt() {
+        dlc_tests::mlir_parses(&tool, &print_mlir_generic(&m)).unwrap();
+    }
+    m
+}
+
+fn buffer(dtype: DType, shape: &[usize], data: Vec<f64>) -> Buffer {
+    Buffer {
+        ty: BufferType::contiguous(dtype, shape.to_vec(), Space::Global),
+        data,
+    }
+}
+
+fn run(m: &dlc_tile::Module, args: &mut [Buffer]) -> Result<(), TileError> {
+    run_function(m, "f", args)
+}
+
+/// A matrix product with ragged blocks: a 5 x 7 by 7 x 3 product in 4 x 2
+/// blocks with a K loop of 4, masks on every ragged edge, the left operand
+/// packed through scratch memory transposed (and read back transposed),
+/// the right one staged through shared memory between barriers.
+const BLOCKED_PRODUCT: &str = "
+tile.func @f(%a: buffer<f32[5, 7]>, %b: buffer<f32[7, 3]>, out %c: buffer<f32[5, 3]>) {
+  tile.kernel {grid = [2, 2], schedule = \"dot\", tile = [4, 2, 4]} {
+    %i = tile.program_id {axis = 0} : index
+    %j = tile.program_id {axis = 1} : index
+    %pack = tile.alloc : buffer<f32[4, 4], scratch>
+    %sb = tile.alloc : buffer<f32[4, 2], shared>
+    %zero = tile.const {value = 0.0} : tile<4x2xf32>
+    %acc:1 = tile.for %zero {lo = 0, hi = 7, step = 4} (%k, %part) {
+      %ma = tile.mask [5 - 4*%i, 7 - %k] : tile<4x4xbool>
+      %ta = tile.load %a[4*%i + #0, %k + #1] mask %ma {pad = 0.0} : tile<4x4xf32>
+      %tt = tile.trans %ta {perm = [1, 0]} : tile<4x4xf32>
+      tile.store %tt, %pack[#0, #1]
+      %pa = tile.load %pack[#1, #0] : tile<4x4xf32>
+      %mb = tile.mask [7 - %k, 3 - 2*%j] : tile<4x2xbool>
+      %tb = tile.load %b[%k + #0, 2*%j + #1] mask %mb {pad = 0.0} : tile<4x2xf32>
+      tile.store %tb, %sb[#0, #1]
+      tile.barrier
+      %sbt = tile.load %sb[#0, #1] : tile<4x2xf32>
+      %next = tile.dot %pa, %sbt, %part : tile<4x2xf32>
+      tile.barrier
+      tile.yield %next
+    } : tile<4x2xf32>
+    %mc = tile.mask [5 - 4*%i, 3 - 2*%j] : tile<4x2xbool>
+    tile.store %acc#0, %c[4*%i + #0, 2*%j + #1] mask %mc
+  }
+  tile.return
+}
+";
+
+#[test]
+fn a_blocked_product_with_packing_and_shared_memory_runs_exactly() {
+    let m = module(BLOCKED_PRODUCT);
+    let a: Vec<f64> = (0..35).map(|x| f64::from(x % 11) - 5.0).collect();
+    let b: Vec<f64> = (0..21).map(|x| f64::from(x % 7) * 0.5 - 1.0).collect();
+    let mut args = [
+        buffer(DType::F32, &[5, 7], a.clone()),
+        buffer(DType::F32, &[7, 3], b.clone()),
+        buffer(DType::F32, &[5, 3], vec![0.0; 15]),
+    ];
+    run(&m, &mut args).unwrap();
+    for i in 0..5 {
+        for j in 0..3 {
+            let want: f64 = (0..7).map(|k| a[i * 7 + k] * b[k * 3 + j]).sum();
+            assert_eq!(args[2].data[i * 3 + j], want, "c[{i}, {j}]");
+        }
+    }
+}
+
+#[test]
+fn shared_memory_read_without_a_barrier_is_a_race() {
+    let text = BLOCKED_PRODUCT.replacen("      tile.barrier\n", "", 1);
+    let m = module(&text);
+    let mut args = [
+        buffer(DType::F32, &[5, 7], vec![1.0; 35]),
+        buffer(DType::F32, &[7, 3], vec![1.0; 21]),
+        buffer(DType::F32, &[5, 3], vec![0.0; 15]),
+    ];
+    let e = run(&m, &mut args).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            TileError::SharedRace {
+                what: "reads",
+                since: "written",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // Without the barrier at the end of the loop, the next iteration's
+    // store overwrites what this one read.
+    let text = BLOCKED_PRODUCT.replace("      tile.barrier\n      tile.yield", "      tile.yield");
+    let e = run(&module(&text), &mut args).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            TileError::SharedRace {
+                what: "writes",
+                since: "read",
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn reading_unwritten_scratch_memory_shows() {
+    // Packing that forgets the last row of each block: the product reads
+    // NaN from scratch memory, which the interpreter fills it with.
+    let text = BLOCKED_PRODUCT.replace(
+        "tile.store %tt, %pack[#0, #1]",
+        "%half = tile.reshape %tt : tile<4x4xf32>\n      tile.store %half, %pack[#0, #1] mask %ma",
+    );
+    let m = module(&text);
+    let mut args = [
+        buffer(DType::F32, &[5, 7], vec![1.0; 35]),
+        buffer(DType::F32, &[7, 3], vec![1.0; 21]),
+        buffer(DType::F32, &[5, 3], vec![0.0; 15]),
+    ];
+    run(&m, &mut args).unwrap();
+    assert!(
+        args[2].data.iter().any(|x| x.is_nan()),
+        "{:?}",
+        args[2].data
+    );
+}
+
+const ROWS: &str = "
+tile.func @f(%x: buffer<f32[3, 10]>, out %o: buffer<f32[3]>, out %y: buffer<f32[3, 10]>) {
+  tile.kernel {grid = [3], schedule = \"rows\", vector = [4]} {
+    %r = tile.program_id {axis = 0} : index
+    %init = tile.const {value = -inf} : tile<4xf32>
+    %ninf = tile.const {value = -inf} : tile<4xf32>
+    %m:1 = tile.for %init {lo = 0, hi = 10, step = 4} (%c, %acc) {
+      %on = tile.mask [10 - %c] : tile<4xbool>
+      %v = tile.load %x[%r, %c + #0] mask %on {pad = 0.0} : tile<4xf32>
+      %w = tile.select %on, %v, %ninf : tile<4xf32>
+      %next = tile.maximum %acc, %w : tile<4xf32>
+      tile.yield %next
+    } : tile<4xf32>
+    %max = tile.reduce %m#0 {kind = max, axis = 0} : f32
+    tile.store %max, %o[%r]
+    tile.for {lo = 0, hi = 10, step = 4} (%c2) {
+      %on2 = tile.mask [10 - %c2] : tile<4xbool>
+      %v2 = tile.load %x[%r, %c2 + #0] mask %on2 {pad = 0.0} : tile<4xf32>
+      %s = tile.splat %max : tile<4xf32>
+      %d = tile.sub %v2, %s : tile<4xf32>
+      tile.store %d, %y[%r, %c2 + #0] mask %on2
+    }
+  }
+  tile.return
+}
+";
+
+#[test]
+fn row_reductions_with_ragged_masks() {
+    let m = module(ROWS);
+    let x: Vec<f64> = (0..30).map(|i| f64::from((i * 7) % 13) - 6.0).collect();
+    let mut args = [
+        buffer(DType::F32, &[3, 10], x.clone()),
+        buffer(DType::F32, &[3], vec![0.0; 3]),
+        buffer(DType::F32, &[3, 10], vec![0.0; 30]),
+    ];
+    run(&m, &mut args).unwrap();
+    for r in 0..3 {
+        let row = &x[r * 10..r * 10 + 10];
+        let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        assert_eq!(args[1].data[r], max);
+        for (c, x) in row.iter().enumerate() {
+            assert_eq!(args[2].data[r * 10 + c], x - max);
+        }
+    }
+}
+
+#[test]
+fn what_the_interpreter_refuses() {
+    // Without the mask, the last tile of each row reads past the buffer.
+    let no_mask = ROWS.replace(
+        "%v = tile.load %x[%r, %c + #0] mask %on {pad = 0.0}",
+        "%v = tile.load %x[%r, %c + #0]",
+    );
+    let mut args = [
+        buffer(DType::F32, &[3, 10], vec![1.0; 30]),
+        buffer(DType::F32, &[3], vec![0.0; 3]),
+        buffer(DType::F32, &[3, 10], vec![0.0; 30]),
+    ];
+    let e = run(&module(&no_mask), &mut args).unwrap_err();
+    assert!(
+        matches!(&e, TileError::OutOfBounds { index, .. } if index == &vec![0, 10]),
+        "{e}"
+    );
+    // A masked-off element needs a pad value to read.
+    let no_pad = ROWS.replace("mask %on {pad = 0.0}", "mask %on");
+    let e = run(&module(&no_pad), &mut args).unwrap_err();
+    assert!(matches!(e, TileError::MaskedWithoutPad(_)), "{e}");
+    // Two elements of one store may not write one place.
+    let overlap = ROWS.replace(
+        "tile.store %d, %y[%r, %c2 + #0]",
+        "tile.store %d, %y[%r, %c2]",
+    );
+    let e = run(&module(&overlap), &mut args).unwrap_err();
+    assert!(matches!(e, TileError::OverlappingStore { .. }), "{e}");
+    // Arguments are checked.
+    let mut wrong = [buffer(DType::F32, &[3, 9], vec![0.0; 27])];
+    let e = run(&module(ROWS), &mut wrong).unwrap_err();
+    assert!(matches!(e, TileError::Arguments(_)), "{e}");
+}
+
+#[test]
+fn narrow_floats_dot_and_reduce_round_once() {
+    // 2048 f16 ones summed with tile.reduce give 2048 (exact, rounded once),
+    // and a dot of f16 tiles accumulates in f32.
+    let text = "
+tile.func @f(%x: buffer<f16[1, 4096]>, out %o: buffer<f32[2]>) {
+  tile.kernel {grid = [1], schedule = \"serial\"} {
+    %t = tile.load %x[0, #0] : tile<4096xf16>
+    %w = tile.cast %t : tile<4096xf32>
+    %s = tile.reduce %w {kind = sum, axis = 0} : f32
+    tile.store %s, %o[0]
+    %a = tile.load %x[#0, #1] : tile<1x4096xf16>
+    %b = tile.load %x[#1, #0] : tile<4096x1xf16>
+    %z = tile.const {value = 0.0} : tile<1x1xf32>
+    %d = tile.dot %a, %b, %z : tile<1x1xf32>
+    tile.store %d, %o[1 + #0 + #1]
+  }
+  tile.return
+}
+";
+    let m = module(text);
+    let mut args = [
+        buffer(DType::F16, &[1, 4096], vec![1.0; 4096]),
+        buffer(DType::F32, &[2], vec![0.0; 2]),
+    ];
+    run(&m, &mut args).unwrap();
+    assert_eq!(args[1].data, vec![4096.0, 4096.0]);
+}
+
+#[test]
+fn work_is_estimated_before_running() {
+    let m = module(BLOCKED_PRODUCT);
+    let f = &m.functions[0];
+    assert!(dlc_tile::interp::check_work(f, 1e6).is_ok());
+    let e = dlc_tile::interp::check_work(f, 10.0).unwrap_err();
+    assert!(e.to_string().contains("tile.kernel"), "{e}");
+}
