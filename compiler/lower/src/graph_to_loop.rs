@@ -24,6 +24,7 @@ use std::collections::{HashMap, HashSet};
 use dlc_core::scalar::{BinaryOp, ReduceKind, UnaryOp};
 use dlc_core::{DType, TensorType};
 use dlc_graph::compute::{Affine, ComputeBody, IndexVar, ScalarExpr, Source};
+use dlc_graph::fusion::Plan;
 use dlc_graph::ops::{ConstValue, Op, PoolKind};
 use dlc_graph::{Function as GFunction, Module as GModule};
 use dlc_loop::{BufferType, Builder, Function, IndexExpr, Module, Value};
@@ -93,38 +94,6 @@ fn broadcast_index(idx: &[IndexExpr], src: &[usize], dst: &[usize]) -> Vec<Index
             }
         })
         .collect()
-}
-
-/// Ops that compute a value per output index, after which an element-wise
-/// epilogue can be applied before storing.
-fn has_value_at_index(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::MatMul
-            | Op::Reduce { .. }
-            | Op::Softmax { .. }
-            | Op::LayerNorm { .. }
-            | Op::Conv2d { .. }
-            | Op::Pool2d { .. }
-            | Op::Compute(_)
-    )
-}
-
-/// How each node is computed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Plan {
-    /// A parameter: its buffer is given.
-    Param,
-    /// Computed at each index where it is read; never stored.
-    Inline,
-    /// Stored in its own buffer by its own loop nest.
-    Stored,
-    /// Stored in its own buffer by the loop nest of the op it follows.
-    EpilogueOf(NodeIndex),
-    /// Computed by its loop nest but stored as the end of its epilogue chain.
-    WithEpilogue(NodeIndex),
-    /// A reshape: a view of its operand's buffer.
-    View,
 }
 
 struct Lowering<'g> {
@@ -239,10 +208,6 @@ impl Lowering<'_> {
             .collect()
     }
 
-    fn uses(&self, n: NodeIndex) -> usize {
-        self.users(n).len() + self.g.results.iter().filter(|r| r.node == n).count()
-    }
-
     fn op(&self, n: NodeIndex) -> &Op {
         &self.g.body[n].op
     }
@@ -256,62 +221,7 @@ impl Lowering<'_> {
     }
 
     fn plan_nodes(&mut self) {
-        let order = self.g.topo_order();
-        for &n in &order {
-            let plan = match self.op(n) {
-                Op::Param { .. } => Plan::Param,
-                Op::Reshape { .. } => Plan::View,
-                // A transpose read only by matrix products is a strided view
-                // of its operand's buffer: the products (and the packing of
-                // loop.matmul) read through any strides, so nothing is copied.
-                Op::Transpose { .. }
-                    if self.uses(n) == self.users(n).len()
-                        && self
-                            .users(n)
-                            .iter()
-                            .all(|u| matches!(self.op(*u), Op::MatMul))
-                        && matches!(
-                            self.plan.get(&self.operand(n, 0)),
-                            Some(Plan::Param | Plan::Stored | Plan::View)
-                        ) =>
-                {
-                    Plan::View
-                }
-                op if op.is_elementwise() => {
-                    let users = self.users(n);
-                    let single_elementwise_user =
-                        self.uses(n) == 1 && users.len() == 1 && self.op(users[0]).is_elementwise();
-                    if single_elementwise_user {
-                        Plan::Inline
-                    } else {
-                        Plan::Stored
-                    }
-                }
-                _ => Plan::Stored,
-            };
-            self.plan.insert(n, plan);
-        }
-        // Epilogues: an op with a value per index whose only user begins an
-        // element-wise chain of the same shape stores the chain's end instead.
-        for &n in &order {
-            if !has_value_at_index(self.op(n)) || self.uses(n) != 1 || self.conv_as_matmul(n) {
-                continue;
-            }
-            let Some(&first) = self.users(n).first() else {
-                continue;
-            };
-            let shape = self.ty(n).shape.clone();
-            let mut end = first;
-            let mut ok = self.op(end).is_pointwise() && self.ty(end).shape == shape;
-            while ok && self.plan[&end] == Plan::Inline {
-                end = self.users(end)[0];
-                ok = self.ty(end).shape == shape && self.op(end).is_pointwise();
-            }
-            if ok && self.plan[&end] == Plan::Stored {
-                self.plan.insert(n, Plan::WithEpilogue(end));
-                self.plan.insert(end, Plan::EpilogueOf(n));
-            }
-        }
+        self.plan = dlc_graph::fusion::plan(self.g);
     }
 
     /// The element-wise chain an op's epilogue applies, from its user to
@@ -492,10 +402,7 @@ impl Lowering<'_> {
     /// f32, one group, and at least 16K multiply-adds per image, the size at
     /// which `convert-loop-to-tile` maps a product.
     fn conv_as_matmul(&self, n: NodeIndex) -> bool {
-        let Op::Conv2d { groups, .. } = self.op(n) else {
-            return false;
-        };
-        dlc_graph::ops::conv_is_im2col_product(*groups, self.ty(n), self.ty(self.operand(n, 1)))
+        dlc_graph::fusion::conv_as_matmul(self.g, n)
     }
 
     /// Convolution `n` as `out[b] (viewed [O, Y*X]) = w (viewed [O, C*KH*KW])

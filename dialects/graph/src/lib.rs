@@ -9,6 +9,7 @@
 #![deny(missing_docs)]
 
 pub mod compute;
+pub mod fusion;
 pub mod infer;
 pub mod interp;
 pub mod module;

@@ -661,3 +661,41 @@ fn extraction_never_chooses_a_cycle() {
     assert_eq!(outcome, IlpOutcome::Optimal);
     assert!(used_classes(&eg, &choice, &[x]).is_some());
 }
+
+/// The function-level cost follows the lowering's own fusion plan (one
+/// analysis, `dlc_graph::fusion::plan`): a relu after a pooling or a user
+/// operator is its epilogue and costs its arithmetic, not a kernel and a
+/// pass over memory (the cost model's old copy of the plan had dropped
+/// those epilogues).
+#[test]
+fn function_cost_prices_the_epilogues_the_lowering_fuses() {
+    use dlc_graph::fusion::{Plan, plan};
+    let m = parse_module(
+        "graph.func @f(%x: f32[8, 64, 56, 56]) -> f32[8, 64, 28, 28] {
+  %0 = graph.maxpool2d %x {kernel = [2, 2], stride = [2, 2], padding = [0, 0]} : f32[8, 64, 28, 28]
+  %1 = graph.relu %0 : f32[8, 64, 28, 28]
+  graph.return %1
+}
+graph.func @g(%x: f32[8, 64, 56, 56]) -> f32[8, 64, 28, 28] {
+  %0 = graph.maxpool2d %x {kernel = [2, 2], stride = [2, 2], padding = [0, 0]} : f32[8, 64, 28, 28]
+  graph.return %0
+}
+",
+    )
+    .unwrap();
+    let (f, g) = (&m.functions[0], &m.functions[1]);
+    let p = plan(f);
+    let pool = f.topo_order()[1];
+    assert!(matches!(p[&pool], Plan::WithEpilogue(_)), "{p:?}");
+    let model = CostModel::calibrated();
+    let (with_relu, alone) = (model.function_cost(f), model.function_cost(g));
+    // The relu adds its arithmetic only: far less than a kernel launch
+    // plus a read and a write of 1.6 MB.
+    let separate =
+        model.kernel_us + 2.0 * 8.0 * 64.0 * 28.0 * 28.0 * 4.0 / (model.bandwidth_gbs * 1e3);
+    assert!(
+        with_relu - alone < separate / 2.0,
+        "relu epilogue priced at {} us, a separate pass at {separate} us",
+        with_relu - alone
+    );
+}

@@ -14,10 +14,11 @@
 //! depends only on constants is folded at compile time and costs nothing.
 
 use std::collections::HashMap;
+
+use crate::fusion::Plan;
 use std::sync::OnceLock;
 
 use dlc_core::TensorType;
-use petgraph::Direction;
 use petgraph::stable_graph::NodeIndex;
 
 use super::lang::Info;
@@ -205,65 +206,9 @@ impl CostModel {
     /// decides whether the result replaces the function and is what
     /// `--stats` reports.
     pub fn function_cost(&self, f: &Function) -> f64 {
-        #[derive(Clone, Copy, PartialEq)]
-        enum Plan {
-            Free,
-            Inline,
-            Stored,
-            Kernel,
-            EpilogueEnd,
-        }
+        // What the lowering will do with each node: one analysis for both.
+        let plan = crate::fusion::plan(f);
         let order = f.topo_order();
-        let uses = |n: NodeIndex| {
-            f.body.edges_directed(n, Direction::Outgoing).count()
-                + f.results.iter().filter(|r| r.node == n).count()
-        };
-        let ty = |n: NodeIndex| &f.body[n].results[0];
-        let mut plan: HashMap<NodeIndex, Plan> = HashMap::new();
-        for &n in &order {
-            let op = &f.body[n].op;
-            let users = f.users(n);
-            let p = match op {
-                Op::Param { .. } | Op::Reshape { .. } | Op::Constant(_) => Plan::Free,
-                Op::Transpose { .. }
-                    if uses(n) == users.len()
-                        && users.iter().all(|u| f.body[*u].op == Op::MatMul) =>
-                {
-                    Plan::Free
-                }
-                op if op.is_elementwise() => {
-                    if uses(n) == 1 && users.len() == 1 && f.body[users[0]].op.is_elementwise() {
-                        Plan::Inline
-                    } else {
-                        Plan::Stored
-                    }
-                }
-                _ => Plan::Kernel,
-            };
-            plan.insert(n, p);
-        }
-        for &n in &order {
-            let anchor = matches!(
-                f.body[n].op,
-                Op::MatMul | Op::Reduce { .. } | Op::Softmax { .. } | Op::LayerNorm { .. }
-            ) || (matches!(f.body[n].op, Op::Conv2d { .. }) && !conv_as_matmul(f, n));
-            if !anchor || uses(n) != 1 {
-                continue;
-            }
-            let Some(&first) = f.users(n).first() else {
-                continue;
-            };
-            let shape = &ty(n).shape;
-            let mut end = first;
-            let mut ok = f.body[end].op.is_pointwise() && ty(end).shape == *shape;
-            while ok && plan[&end] == Plan::Inline {
-                end = f.users(end)[0];
-                ok = ty(end).shape == *shape && f.body[end].op.is_pointwise();
-            }
-            if ok && plan[&end] == Plan::Stored {
-                plan.insert(end, Plan::EpilogueEnd);
-            }
-        }
         // The arithmetic of an element-wise tree and the bytes of what it
         // reads from memory (operands that are not inlined into it).
         fn tree(
@@ -297,18 +242,21 @@ impl CostModel {
             let node = &f.body[n];
             let out = &node.results[0];
             total += match plan[&n] {
-                Plan::Free | Plan::Inline => 0.0,
-                Plan::Stored => {
+                // Views and parameters cost nothing; nor do constants, which
+                // are folded or filled once.
+                Plan::Param | Plan::View | Plan::Inline => 0.0,
+                _ if matches!(node.op, Op::Constant(_)) => 0.0,
+                Plan::Stored if node.op.is_elementwise() => {
                     let (compute, read) = tree(self, f, &plan, n, None);
                     self.kernel_us + compute.max(self.bytes_us(read + bytes(out)))
                 }
-                Plan::EpilogueEnd => {
+                Plan::EpilogueOf(_) => {
                     // The anchor's result arrives in registers.
                     let (compute, read) = tree(self, f, &plan, n, None);
                     let anchor_bytes = bytes(out);
                     compute.max(self.bytes_us((read - anchor_bytes).max(0.0)))
                 }
-                Plan::Kernel => {
+                Plan::Stored | Plan::WithEpilogue(_) => {
                     let inputs: Vec<Info> = f
                         .operands(n)
                         .iter()
@@ -329,14 +277,6 @@ impl CostModel {
         }
         total
     }
-}
-
-fn conv_as_matmul(f: &Function, n: NodeIndex) -> bool {
-    let Op::Conv2d { groups, .. } = f.body[n].op else {
-        return false;
-    };
-    let w = f.value_type(f.operands(n)[1]);
-    crate::ops::conv_is_im2col_product(groups, &f.body[n].results[0], w)
 }
 
 fn elements(t: &TensorType) -> f64 {

@@ -1,0 +1,121 @@
+//! The fusion plan: how each node of a function is computed by the CPU
+//! back end's loop nests. It is one analysis, read by the lowering to loops
+//! (which emits what it says) and by the equality-saturation cost model's
+//! function-level estimate (which prices what it says), so the two cannot
+//! drift apart.
+
+use std::collections::HashMap;
+
+use petgraph::Direction;
+use petgraph::stable_graph::NodeIndex;
+
+use crate::module::Function;
+use crate::ops::{Op, conv_is_im2col_product};
+
+/// How a node is computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plan {
+    /// A parameter: its buffer is given.
+    Param,
+    /// Computed at each index where it is read; never stored (an
+    /// element-wise op whose one user is element-wise).
+    Inline,
+    /// Stored in its own buffer by its own loop nest.
+    Stored,
+    /// The end of an element-wise chain, stored by the loop nest of the op
+    /// it follows (that op's epilogue).
+    EpilogueOf(NodeIndex),
+    /// An op with a value per index whose loop nest applies the chain
+    /// ending at the given node before storing (its epilogue).
+    WithEpilogue(NodeIndex),
+    /// A view of its operand's buffer: a reshape, or a transpose read only
+    /// by matrix products (which read through any strides).
+    View,
+}
+
+/// Whether an op produces one value per result index from a loop nest of
+/// its own (so an element-wise chain may follow it as an epilogue):
+/// products, reductions, softmax, layernorm, convolutions, pooling, user
+/// operators.
+pub fn has_value_at_index(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::MatMul
+            | Op::Reduce { .. }
+            | Op::Softmax { .. }
+            | Op::LayerNorm { .. }
+            | Op::Conv2d { .. }
+            | Op::Pool2d { .. }
+            | Op::Compute(_)
+    )
+}
+
+/// Whether convolution `n` runs as a product over an im2col buffer (which
+/// takes no epilogue).
+pub fn conv_as_matmul(f: &Function, n: NodeIndex) -> bool {
+    let Op::Conv2d { groups, .. } = f.body[n].op else {
+        return false;
+    };
+    let w = f.value_type(f.operands(n)[1]);
+    conv_is_im2col_product(groups, &f.body[n].results[0], w)
+}
+
+/// The plan of every node of `f`.
+pub fn plan(f: &Function) -> HashMap<NodeIndex, Plan> {
+    // Uses count every edge and every appearance among the results.
+    let edges = |n: NodeIndex| f.body.edges_directed(n, Direction::Outgoing).count();
+    let is_result = |n: NodeIndex| f.results.iter().any(|r| r.node == n);
+    let uses = |n: NodeIndex| edges(n) + f.results.iter().filter(|r| r.node == n).count();
+    let op = |n: NodeIndex| &f.body[n].op;
+    let ty = |n: NodeIndex| &f.body[n].results[0];
+    let order = f.topo_order();
+    let mut plan: HashMap<NodeIndex, Plan> = HashMap::new();
+    for &n in &order {
+        let users = f.users(n);
+        let p = match op(n) {
+            Op::Param { .. } => Plan::Param,
+            Op::Reshape { .. } => Plan::View,
+            Op::Transpose { .. }
+                if !is_result(n)
+                    && users.iter().all(|u| matches!(op(*u), Op::MatMul))
+                    && matches!(
+                        f.operands(n).first().and_then(|v| plan.get(&v.node)),
+                        Some(Plan::Param | Plan::Stored | Plan::View)
+                    ) =>
+            {
+                Plan::View
+            }
+            o if o.is_elementwise() => {
+                if uses(n) == 1 && users.len() == 1 && op(users[0]).is_elementwise() {
+                    Plan::Inline
+                } else {
+                    Plan::Stored
+                }
+            }
+            _ => Plan::Stored,
+        };
+        plan.insert(n, p);
+    }
+    // Epilogues: an op with a value per index whose only user begins an
+    // element-wise chain of the same shape stores the chain's end instead.
+    for &n in &order {
+        if !has_value_at_index(op(n)) || uses(n) != 1 || conv_as_matmul(f, n) {
+            continue;
+        }
+        let Some(&first) = f.users(n).first() else {
+            continue;
+        };
+        let shape = &ty(n).shape;
+        let mut end = first;
+        let mut ok = op(end).is_pointwise() && ty(end).shape == *shape;
+        while ok && plan[&end] == Plan::Inline {
+            end = f.users(end)[0];
+            ok = ty(end).shape == *shape && op(end).is_pointwise();
+        }
+        if ok && plan[&end] == Plan::Stored {
+            plan.insert(n, Plan::WithEpilogue(end));
+            plan.insert(end, Plan::EpilogueOf(n));
+        }
+    }
+    plan
+}
