@@ -323,6 +323,41 @@ impl Lowering<'_> {
         }
     }
 
+    /// A product as the structured `loop.matmul`: loops over the `batch`
+    /// dimensions (the outermost parallel), then an `m x n` product summed
+    /// over `k` of the operands `a` and `b` of element type `dtype`, indexed
+    /// by `a.1(batch, i, k)` and `b.1(batch, k, j)`; `epilogue` gets the
+    /// result index (`batch ++ [i, j]`) and the sum, rounded to `dtype`.
+    #[allow(clippy::type_complexity)]
+    fn product(
+        &mut self,
+        batch: &[usize],
+        [m, n, k]: [usize; 3],
+        dtype: DType,
+        a: (
+            Value,
+            &dyn Fn(&[IndexExpr], &IndexExpr, &IndexExpr) -> Vec<IndexExpr>,
+        ),
+        b: (
+            Value,
+            &dyn Fn(&[IndexExpr], &IndexExpr, &IndexExpr) -> Vec<IndexExpr>,
+        ),
+        epilogue: &mut dyn FnMut(&mut Self, &[IndexExpr], Value),
+    ) {
+        let bidx = self.open_nest(batch);
+        let [i, j, kk, acc] =
+            self.b
+                .begin_matmul(m as i64, n as i64, k as i64, dtype.accumulator());
+        let (i, j, kk) = (ix(i), ix(j), ix(kk));
+        let sum = self.narrow(acc, dtype);
+        let mut idx = bidx.clone();
+        idx.extend([i.clone(), j.clone()]);
+        epilogue(self, &idx, sum);
+        let (ai, bi) = ((a.1)(&bidx, &i, &kk), (b.1)(&bidx, &kk, &j));
+        self.b.end_matmul(a.0, ai, b.0, bi);
+        self.close_nest(batch.len());
+    }
+
     /// Allocates the node's buffer unless it already has one (an output).
     fn ensure_home(&mut self, n: NodeIndex) -> Value {
         if let Some(v) = self.home.get(&n) {
@@ -447,18 +482,14 @@ impl Lowering<'_> {
             out,
             contiguous(&TensorType::new(ty.dtype, vec![batch, o, p])),
         );
-        let idx = self.open_nest(&[batch, o, p]);
-        let (nb, oc, pos) = (idx[0].clone(), idx[1].clone(), idx[2].clone());
-        let acc = self.reduce_loops(ReduceKind::Sum, ty.dtype, &[(0, q as i64)], &mut |l, r| {
-            let a = l.b.load(wv, vec![oc.clone(), r[0].clone()], None);
-            let b =
-                l.b.load(col, vec![nb.clone(), r[0].clone(), pos.clone()], None);
-            let (a, b) = (l.widen(a), l.widen(b));
-            l.b.binary(BinaryOp::Mul, a, b)
-        });
-        let acc = self.narrow(acc, ty.dtype);
-        self.b.store(acc, ov, idx.clone());
-        self.close_nest(3);
+        self.product(
+            &[batch],
+            [o, p, q],
+            ty.dtype,
+            (wv, &|_, oc, r| vec![oc.clone(), r.clone()]),
+            (col, &|b, r, pos| vec![b[0].clone(), r.clone(), pos.clone()]),
+            &mut |l, idx, acc| l.b.store(acc, ov, idx.to_vec()),
+        );
         self.b.dealloc(col);
     }
 
@@ -666,6 +697,33 @@ impl Lowering<'_> {
                     let c = self.b.constant(*v, dtype);
                     self.b.store(c, buf, idx);
                 }
+            }
+            Op::MatMul
+                if self.ty(self.operand(n, 0)).rank() >= 2
+                    && self.ty(self.operand(n, 1)).rank() >= 2 =>
+            {
+                let (a, bn) = (self.operand(n, 0), self.operand(n, 1));
+                let (ash, bsh) = (self.ty(a).shape.clone(), self.ty(bn).shape.clone());
+                let nb = ty.rank() - 2;
+                let batch_shape: Vec<usize> = ty.shape[..nb].to_vec();
+                let (m, k, cols) = (ash[ash.len() - 2], ash[ash.len() - 1], bsh[bsh.len() - 1]);
+                let (abuf, bbuf) = (self.home[&a], self.home[&bn]);
+                self.product(
+                    &batch_shape,
+                    [m, cols, k],
+                    dtype,
+                    (abuf, &|batch, i, kk| {
+                        let mut v = broadcast_index(batch, &ash[..ash.len() - 2], &batch_shape);
+                        v.extend([i.clone(), kk.clone()]);
+                        v
+                    }),
+                    (bbuf, &|batch, kk, j| {
+                        let mut v = broadcast_index(batch, &bsh[..bsh.len() - 2], &batch_shape);
+                        v.extend([kk.clone(), j.clone()]);
+                        v
+                    }),
+                    &mut |l, idx, acc| l.sink(n, idx, acc),
+                );
             }
             Op::MatMul => {
                 let (a, bn) = (self.operand(n, 0), self.operand(n, 1));

@@ -1,20 +1,17 @@
 //! `loop.map-cpu`: the mapping of loop IR onto the CPU that the current
 //! CPU back end compiles (it reads loop IR, not tile IR, until it is
 //! rebuilt on the tile dialect):
-//! 1. each contraction nest (`for i { for j { acc = sum_k a[..] * b[..];
-//!    epilogue(acc) } }`) becomes the structured `loop.matmul`
-//!    ([`raise_contractions`], which `convert-loop-to-tile` shares), and one
-//!    of f32 with at least [`TargetDesc::min_packed_macs`] multiply-adds
-//!    stays one, so code generation packs its operands and runs a
-//!    register-tiled micro-kernel (smaller or other types go back to loops);
+//! 1. a structured product (`loop.matmul`, as the lowering emits every
+//!    matrix product) that the host packs (`TargetDesc::packs_product`: f32
+//!    with at least 16K multiply-adds) stays one, so code generation packs
+//!    its operands and runs a register-tiled micro-kernel; others become the
+//!    loop nest they mean, which LLVM vectorizes;
 //! 2. the outermost parallel loop of each top-level nest with enough
 //!    iterations runs on the runtime's threads (`loop.threads`), or a
 //!    top-level `loop.matmul` splits its rows over threads.
 
 use dlc_core::{DType, Pass, PassError, TargetDesc, scalar::BinaryOp};
-use dlc_loop::{
-    Block, Contraction, Function, IndexExpr, Module, OpData, OpId, OpKind, Type, Value,
-};
+use dlc_loop::{Block, Function, IndexExpr, Module, OpData, OpId, OpKind, Type, Value};
 
 /// `loop.map-cpu`: packed contractions to `loop.matmul`, outer parallel
 /// loops to `loop.threads`, for the host CPU.
@@ -30,7 +27,7 @@ impl Pass<Module> for MapLoopsToCpu {
         let target = TargetDesc::host();
         let (mut matmuls, mut threads) = (0u64, 0u64);
         for f in &mut m.functions {
-            matmuls += raise_contractions(f, |d, macs| target.packs_product(d, macs));
+            matmuls += expand_unpacked(f, target);
             let top = f.body.ops.clone();
             let min_iterations = target.min_thread_iterations() as i64;
             for id in top {
@@ -44,152 +41,173 @@ impl Pass<Module> for MapLoopsToCpu {
     }
 }
 
-/// Rewrites each contraction nest of `f` for whose element type and
-/// multiply-adds `keep` holds into a structured `loop.matmul`; returns how
-/// many. (The lowering from the graph emits products as loop nests of one
-/// fixed shape, which this recognizes; see docs/architecture.md.)
-pub fn raise_contractions(f: &mut Function, keep: impl Fn(DType, usize) -> bool + Copy) -> u64 {
-    let mut count = 0;
-    let body = f.body.ops.clone();
-    f.body.ops = contractions(f, body, &mut count, keep);
-    count
+/// Expands each `loop.matmul` of `f` that the host does not pack (not f32,
+/// or too few multiply-adds) into the loop nest it means; returns how many
+/// products stay packed.
+fn expand_unpacked(f: &mut Function, target: &TargetDesc) -> u64 {
+    let mut packed = 0;
+    let body = std::mem::take(&mut f.body);
+    f.body = expand_in(f, body, target, &mut packed);
+    packed
 }
 
-/// Rewrites the contraction nests among `ops` (and in their bodies).
-fn contractions(
-    f: &mut Function,
-    ops: Vec<OpId>,
-    count: &mut u64,
-    keep: impl Fn(DType, usize) -> bool + Copy,
-) -> Vec<OpId> {
-    ops.into_iter()
-        .map(|id| {
-            if let Some(new) = matmul(f, id, keep) {
-                *count += 1;
-                return new;
-            }
-            for r in 0..f.ops[id.0 as usize].regions.len() {
-                let inner = f.ops[id.0 as usize].regions[r].ops.clone();
-                let inner = contractions(f, inner, count, keep);
-                f.ops[id.0 as usize].regions[r].ops = inner;
-            }
-            id
-        })
-        .collect()
-}
-
-/// A loop `0..hi` by 1 carrying nothing: its extent and body.
-fn plain_loop(op: &OpData) -> Option<(i64, &Block)> {
-    match op.kind {
-        OpKind::For { lo: 0, hi, step: 1 } | OpKind::Parallel { lo: 0, hi }
-            if op.operands.is_empty() =>
-        {
-            Some((hi, &op.regions[0]))
+fn expand_in(f: &mut Function, mut b: Block, target: &TargetDesc, packed: &mut u64) -> Block {
+    for slot in 0..b.ops.len() {
+        let id = b.ops[slot];
+        let regions = std::mem::take(&mut f.ops[id.0 as usize].regions);
+        f.ops[id.0 as usize].regions = regions
+            .into_iter()
+            .map(|r| expand_in(f, r, target, packed))
+            .collect();
+        let OpKind::Matmul(c) = &f.ops[id.0 as usize].kind else {
+            continue;
+        };
+        let dtype = match f.ty(f.ops[id.0 as usize].operands[0]) {
+            Type::Buffer(t) => t.dtype,
+            _ => continue,
+        };
+        let macs = usize::try_from(c.m.saturating_mul(c.n).saturating_mul(c.k)).unwrap_or(0);
+        if target.packs_product(dtype, macs) {
+            *packed += 1;
+        } else {
+            b.ops[slot] = expand(f, id);
         }
-        _ => None,
     }
+    b
 }
 
-fn uses(index: &[IndexExpr], v: Value) -> bool {
-    index.iter().any(|e| e.terms.iter().any(|(_, t)| *t == v))
-}
-
-/// `loop.matmul` for the nest at `id`, if it is a contraction:
-/// `loop i { loop j { %z = 0; %acc = loop.for k iter(%s = %z) { %a = load;
-/// %b = load; %p = mul %a, %b; %t = add %s, %p; yield %t }; epilogue } }`.
-fn matmul(f: &mut Function, id: OpId, keep: impl Fn(DType, usize) -> bool) -> Option<OpId> {
-    let outer = f.op(id);
-    let (m, ibody) = plain_loop(outer)?;
-    let [j_id] = ibody.ops.as_slice() else {
-        return None;
+/// The loop nest a `loop.matmul` means: `parallel i { for j { %acc = for k
+/// iter(0) { a * b + .. }; epilogue } }`, products computed in the
+/// accumulator type. The epilogue's `%acc` becomes the `k` loop's result.
+fn expand(f: &mut Function, id: OpId) -> OpId {
+    let op = f.ops[id.0 as usize].clone();
+    let OpKind::Matmul(c) = &op.kind else {
+        return id;
     };
-    let iv = ibody.args[0];
-    let (n, jbody) = plain_loop(f.op(*j_id))?;
-    let jv = jbody.args[0];
-    // The one reduction loop in j's body.
-    let reductions: Vec<OpId> = jbody
-        .ops
-        .iter()
-        .copied()
-        .filter(|o| matches!(f.op(*o).kind, OpKind::For { .. }))
-        .collect();
-    let [r_id] = reductions.as_slice() else {
-        return None;
+    let region = &op.regions[0];
+    let (iv, jv, kv, accv) = (
+        region.args[0],
+        region.args[1],
+        region.args[2],
+        region.args[3],
+    );
+    let acc_t = f.ty(accv).clone();
+    let acc_d = match acc_t {
+        Type::Scalar(d) => d,
+        _ => DType::F32,
     };
-    let r = f.op(*r_id);
-    let OpKind::For {
-        lo: 0,
-        hi: k,
-        step: 1,
-    } = r.kind
-    else {
-        return None;
+    let loc = op.loc.clone();
+    let make = |f: &mut Function,
+                kind: OpKind,
+                operands: Vec<Value>,
+                results: &[Type],
+                regions: Vec<Block>| {
+        let id = f.create_op(kind, operands, results, regions);
+        f.ops[id.0 as usize].loc = loc.clone();
+        id
     };
-    if r.operands.len() != 1 || r.results.len() != 1 {
-        return None;
-    }
-    let init = r.operands[0];
-    let zero = jbody.ops.iter().any(|o| {
-        let op = f.op(*o);
-        matches!(op.kind, OpKind::Const(c) if c == 0.0) && op.results == [init]
-    });
-    if !zero || *f.ty(init) != Type::Scalar(DType::F32) {
-        return None;
-    }
-    let rbody = &r.regions[0];
-    let (kv, carried) = (rbody.args[0], rbody.args[1]);
-    let [l1, l2, mul, add, yld] = rbody.ops.as_slice() else {
-        return None;
+    let zero = make(
+        f,
+        OpKind::Const(0.0),
+        vec![],
+        std::slice::from_ref(&acc_t),
+        vec![],
+    );
+    let init = f.op(zero).results[0];
+    let carried = f.new_value(acc_t.clone());
+    let mut k_ops = vec![];
+    let operand = |f: &mut Function, buf: Value, index: &[IndexExpr], k_ops: &mut Vec<OpId>| {
+        let d = match f.ty(buf) {
+            Type::Buffer(t) => t.dtype,
+            _ => acc_d,
+        };
+        let load = make(
+            f,
+            OpKind::Load {
+                index: index.to_vec(),
+                pad: None,
+            },
+            vec![buf],
+            &[Type::Scalar(d)],
+            vec![],
+        );
+        k_ops.push(load);
+        let mut v = f.op(load).results[0];
+        if d != acc_d {
+            let cast = make(
+                f,
+                OpKind::Cast,
+                vec![v],
+                std::slice::from_ref(&acc_t),
+                vec![],
+            );
+            k_ops.push(cast);
+            v = f.op(cast).results[0];
+        }
+        v
     };
-    let (l1, l2, mul, add, yld) = (f.op(*l1), f.op(*l2), f.op(*mul), f.op(*add), f.op(*yld));
-    let load = |op: &OpData| match &op.kind {
-        OpKind::Load { index, pad: None } => Some((op.operands[0], index.clone(), op.results[0])),
-        _ => None,
-    };
-    let (x, y) = (load(l1)?, load(l2)?);
-    let same = |ops: &[Value], a: Value, b: Value| ops == [a, b] || ops == [b, a];
-    if !matches!(mul.kind, OpKind::Binary(BinaryOp::Mul))
-        || !same(&mul.operands, x.2, y.2)
-        || !matches!(add.kind, OpKind::Binary(BinaryOp::Add))
-        || !same(&add.operands, carried, mul.results[0])
-        || !matches!(yld.kind, OpKind::Yield)
-        || yld.operands != add.results
-    {
-        return None;
-    }
-    // The left operand is indexed by i (never j), the right by j (never i).
-    let (a, b) = if !uses(&x.1, jv) && !uses(&y.1, iv) {
-        (x, y)
-    } else if !uses(&y.1, jv) && !uses(&x.1, iv) {
-        (y, x)
-    } else {
-        return None;
-    };
-    let f32_buffer = |v: Value| matches!(f.ty(v), Type::Buffer(t) if t.dtype == DType::F32);
-    let macs = usize::try_from(m.saturating_mul(n).saturating_mul(k)).unwrap_or(0);
-    if !f32_buffer(a.0) || !f32_buffer(b.0) || !keep(DType::F32, macs) {
-        return None;
-    }
-    let acc = r.results[0];
-    let epilogue: Vec<OpId> = jbody.ops.iter().copied().filter(|o| o != r_id).collect();
+    let x = operand(f, op.operands[0], &c.a, &mut k_ops);
+    let y = operand(f, op.operands[1], &c.b, &mut k_ops);
+    let mul = make(
+        f,
+        OpKind::Binary(BinaryOp::Mul),
+        vec![x, y],
+        std::slice::from_ref(&acc_t),
+        vec![],
+    );
+    let p = f.op(mul).results[0];
+    let add = make(
+        f,
+        OpKind::Binary(BinaryOp::Add),
+        vec![carried, p],
+        std::slice::from_ref(&acc_t),
+        vec![],
+    );
+    let next = f.op(add).results[0];
+    let yld = make(f, OpKind::Yield, vec![next], &[], vec![]);
+    k_ops.extend([mul, add, yld]);
+    // The k loop defines the epilogue's accumulator.
     f.ops.push(OpData {
-        kind: OpKind::Matmul(Box::new(Contraction {
-            m,
-            n,
-            k,
-            a: a.1,
-            b: b.1,
-            parallel: false,
-        })),
-        operands: vec![a.0, b.0],
-        results: vec![],
+        kind: OpKind::For {
+            lo: 0,
+            hi: c.k,
+            step: 1,
+        },
+        operands: vec![init],
+        results: vec![accv],
         regions: vec![Block {
-            args: vec![iv, jv, kv, acc],
-            ops: epilogue,
+            args: vec![kv, carried],
+            ops: k_ops,
         }],
-        loc: r.loc.clone(),
+        loc: op.loc.clone(),
     });
-    Some(OpId(f.ops.len() as u32 - 1))
+    let k_loop = OpId(f.ops.len() as u32 - 1);
+    let mut j_ops = vec![zero, k_loop];
+    j_ops.extend(region.ops.iter().copied());
+    let j_loop = make(
+        f,
+        OpKind::For {
+            lo: 0,
+            hi: c.n,
+            step: 1,
+        },
+        vec![],
+        &[],
+        vec![Block {
+            args: vec![jv],
+            ops: j_ops,
+        }],
+    );
+    make(
+        f,
+        OpKind::Parallel { lo: 0, hi: c.m },
+        vec![],
+        &[],
+        vec![Block {
+            args: vec![iv],
+            ops: vec![j_loop],
+        }],
+    )
 }
 
 /// Maps the top-level nest at `id` onto threads; whether it did.

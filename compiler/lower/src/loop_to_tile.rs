@@ -87,11 +87,7 @@ pub fn convert_module(m: &LModule, target: &TargetDesc) -> Result<Module, TileCo
     let functions = m
         .functions
         .iter()
-        .map(|f| {
-            let mut f = f.clone();
-            crate::loop_to_cpu::raise_contractions(&mut f, |_, _| true);
-            Conv::new(&f, &params).function()
-        })
+        .map(|f| Conv::new(f, &params).function())
         .collect::<Result<_, _>>()?;
     Ok(Module { functions })
 }

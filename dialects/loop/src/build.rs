@@ -27,6 +27,11 @@ enum OpenLoop {
         lo: i64,
         hi: i64,
     },
+    Matmul {
+        m: i64,
+        n: i64,
+        k: i64,
+    },
 }
 
 impl Builder {
@@ -222,6 +227,50 @@ impl Builder {
         };
         let block = self.blocks.pop().unwrap_or_default();
         self.push(OpKind::Parallel { lo, hi }, vec![], &[], vec![block]);
+    }
+
+    /// Opens a `loop.matmul` of `m x n` results summed over `k`, whose
+    /// accumulator is `acc`; ops built until [`Builder::end_matmul`] are its
+    /// epilogue. Returns `(i, j, k, acc)` as the epilogue sees them (`k`
+    /// only indexes the operands).
+    pub fn begin_matmul(&mut self, m: i64, n: i64, k: i64, acc: DType) -> [Value; 4] {
+        let args = [
+            self.f.new_value(Type::Index),
+            self.f.new_value(Type::Index),
+            self.f.new_value(Type::Index),
+            self.f.new_value(Type::Scalar(acc)),
+        ];
+        self.blocks.push(Block {
+            args: args.to_vec(),
+            ops: vec![],
+        });
+        self.open.push(OpenLoop::Matmul { m, n, k });
+        args
+    }
+
+    /// Closes the innermost open `loop.matmul`: its operands, indexed by
+    /// affine expressions of the `i`, `k` (left) and `k`, `j` (right) that
+    /// [`Builder::begin_matmul`] returned and of enclosing indices.
+    pub fn end_matmul(
+        &mut self,
+        a: Value,
+        a_index: Vec<IndexExpr>,
+        b: Value,
+        b_index: Vec<IndexExpr>,
+    ) {
+        let Some(OpenLoop::Matmul { m, n, k }) = self.open.pop() else {
+            unreachable!("end_matmul closes a product opened by begin_matmul")
+        };
+        let block = self.blocks.pop().unwrap_or_default();
+        let c = crate::ir::Contraction {
+            m,
+            n,
+            k,
+            a: a_index,
+            b: b_index,
+            parallel: false,
+        };
+        self.push(OpKind::Matmul(Box::new(c)), vec![a, b], &[], vec![block]);
     }
 
     /// A sequential loop carrying `inits`; `body` gets the index and the

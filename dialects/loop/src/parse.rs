@@ -370,8 +370,13 @@ impl Parser {
             self.define(name, v)?;
             args.push(v);
         }
+        let acc = args[3];
         let operands = (|| {
             let lhs = self.value()?;
+            // The accumulator has the operands' accumulator type.
+            if let Type::Buffer(t) = self.f.ty(lhs) {
+                self.f.values[acc.0 as usize] = Type::Scalar(t.dtype.accumulator());
+            }
             let a = self.index_list()?;
             self.expect("*")?;
             let rhs = self.value()?;

@@ -333,17 +333,16 @@ impl<'a> Checker<'a> {
                 let args: Vec<Option<&Type>> = body
                     .map(|b| b.args.iter().map(|v| self.ty(*v)).collect())
                     .unwrap_or_default();
-                let f32s = Some(&Type::Scalar(DType::F32));
                 let bufs: Vec<Option<&Type>> = ops.clone();
                 match (shape(2, 0), bufs.first().copied().flatten(), bufs.get(1).copied().flatten()) {
                     _ if *m <= 0 || *n <= 0 || *k <= 0 => Some("needs positive sizes".into()),
                     (true, Some(Type::Buffer(ta)), Some(Type::Buffer(tb)))
-                        if ta.dtype == DType::F32
-                            && tb.dtype == DType::F32
+                        if ta.dtype == tb.dtype
+                            && ta.dtype.is_numeric()
                             && op.regions.len() == 1
                             && args.len() == 4
                             && args[..3].iter().all(|t| *t == Some(&Type::Index))
-                            && args[3] == f32s =>
+                            && args[3] == Some(&Type::Scalar(ta.dtype.accumulator())) =>
                     {
                         let region = op.regions[0].clone();
                         let depth = self.visible.len();
@@ -361,7 +360,8 @@ impl<'a> Checker<'a> {
                         None
                     }
                     _ => Some(
-                        "takes two f32 buffers and has one body with arguments (i, j, k: index, acc: f32)"
+                        "takes two buffers of one numeric element type and has one body with arguments \
+                         (i, j, k: index, acc: the element type's accumulator type)"
                             .into(),
                     ),
                 }
