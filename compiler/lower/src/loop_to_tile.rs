@@ -57,6 +57,9 @@ pub struct ScheduleParams {
     pub dot: [usize; 3],
     /// Whether contraction operands are staged through shared memory.
     pub stage_shared: bool,
+    /// On a CPU, the packed product's blocking `[mr, nr, mc, kc]` and the
+    /// fewest multiply-adds worth packing (f32 products only).
+    pub packed: Option<([usize; 4], usize)>,
 }
 
 impl ScheduleParams {
@@ -71,11 +74,13 @@ impl ScheduleParams {
                 vector: 256.min(gpu.max_threads_per_block),
                 dot: [g.mr, g.nr, g.kc],
                 stage_shared: true,
+                packed: None,
             },
             None => ScheduleParams {
                 vector: 4 * target.lanes(DType::F32),
                 dot: [g.mr, g.nr, g.kc],
                 stage_shared: false,
+                packed: Some(([g.mr, g.nr, g.mc, g.kc], target.min_packed_macs())),
             },
         }
     }
@@ -339,6 +344,9 @@ impl<'a> Conv<'a> {
             }
         };
         if let Some(m) = inner_matmul {
+            if band.is_empty() && self.packs(m) {
+                return self.packed_dot(m);
+            }
             return self.dot_kernel(&band, m);
         }
         let last = *band.last().ok_or_else(|| self.invalid("empty band"))?;
@@ -786,6 +794,231 @@ impl<'a> Conv<'a> {
             let t = self.b.binary(c.op, init, part);
             self.values.insert(*r, t);
         }
+        Ok(())
+    }
+
+    /// Whether contraction `m` runs on the CPU's packed kernel.
+    fn packs(&self, m: LOpId) -> bool {
+        let op = self.op(m);
+        let (L::Matmul(c), Some((_, min_macs))) = (&op.kind, self.params.packed) else {
+            return false;
+        };
+        let f32s = op
+            .operands
+            .iter()
+            .all(|v| matches!(self.src.ty(*v), LType::Buffer(t) if t.dtype == DType::F32));
+        let macs = c.m.saturating_mul(c.n).saturating_mul(c.k);
+        f32s && usize::try_from(macs).is_ok_and(|macs| macs >= min_macs)
+    }
+
+    /// A top-level f32 contraction as BLIS computes it on a CPU, with the
+    /// packing as IR: a `pack` kernel copies the right operand once into
+    /// `kc x nr` panels (zero-padded past its edges); then each program of
+    /// the `packed` kernel takes `mc` rows: for each `kc`-deep slice it
+    /// packs its rows of the left operand into `mr`-row strips of scratch
+    /// memory (transposed: one `mr` column per step of `k`), and for each
+    /// panel and strip runs the register tile, `kc` steps of an `mr x 1` by
+    /// `1 x nr` `tile.dot` accumulating into a scratch block of the result;
+    /// finally the epilogue runs on the block, `mr x nr` at a time.
+    fn packed_dot(&mut self, m: LOpId) -> Result<(), TileConvError> {
+        let op = self.op(m);
+        let L::Matmul(c) = &op.kind else {
+            return Err(self.invalid("not a contraction"));
+        };
+        let Some(([mr, nr, mc, kc], _)) = self.params.packed else {
+            return Err(self.invalid("no packed blocking for this target"));
+        };
+        // Blocks no larger than the product needs.
+        let kc = kc.min(c.k.max(1) as usize);
+        let mc = mc.min((c.m.max(1) as usize).div_ceil(mr) * mr);
+        let body: &'a LBlock = &op.regions[0];
+        let (iv, jv, kv, accv) = (body.args[0], body.args[1], body.args[2], body.args[3]);
+        let (a, b) = (self.buffer(op.operands[0])?, self.buffer(op.operands[1])?);
+        let (m_, n_, k_) = (c.m as usize, c.n as usize, c.k as usize);
+        let (kb_n, nb_n, strips) = (k_.div_ceil(kc), n_.div_ceil(nr), mc / mr);
+        let f32t = |shape: Vec<usize>| Type::Tile(TileType::new(DType::F32, shape));
+        let schedule = || {
+            Schedule::new("packed")
+                .with("blocking", vec![mr as i64, nr as i64, mc as i64, kc as i64])
+        };
+        // The right operand, packed once: panels[kb, nb, k, j].
+        let panels = self.b.alloc(BufferType::contiguous(
+            DType::F32,
+            vec![kb_n, nb_n, kc, nr],
+            Space::Global,
+        ));
+        self.b
+            .begin_kernel(vec![kb_n, nb_n], schedule().with("pack", vec![1]));
+        let (pk, pn) = (self.b.program_id(0), self.b.program_id(1));
+        self.index.insert(
+            kv,
+            Affine::value(pk)
+                .scaled(kc as i64)
+                .plus_scaled(1, &Affine::axis(0)),
+        );
+        self.index.insert(
+            jv,
+            Affine::value(pn)
+                .scaled(nr as i64)
+                .plus_scaled(1, &Affine::axis(1)),
+        );
+        let b_index: Vec<Affine> =
+            c.b.iter()
+                .map(|e| self.affine(e))
+                .collect::<Result<_, _>>()?;
+        let limits = vec![
+            Affine::constant(c.k).plus_scaled(-(kc as i64), &Affine::value(pk)),
+            Affine::constant(c.n).plus_scaled(-(nr as i64), &Affine::value(pn)),
+        ];
+        let mask = (!k_.is_multiple_of(kc) || !n_.is_multiple_of(nr))
+            .then(|| self.b.mask(limits, &[kc, nr]));
+        let t = self
+            .b
+            .load(b, b_index, mask, mask.map(|_| 0.0), f32t(vec![kc, nr]));
+        let panel = vec![
+            Affine::value(pk),
+            Affine::value(pn),
+            Affine::axis(0),
+            Affine::axis(1),
+        ];
+        self.b.store(t, panels, panel, None);
+        self.b.end_kernel();
+
+        self.b.begin_kernel(vec![m_.div_ceil(mc)], schedule());
+        let p = self.b.program_id(0);
+        let i0 = Affine::value(p).scaled(mc as i64);
+        let strip_buf = self.b.alloc(BufferType::contiguous(
+            DType::F32,
+            vec![strips, kc, mr],
+            Space::Scratch,
+        ));
+        let block = self.b.alloc(BufferType::contiguous(
+            DType::F32,
+            vec![mc, nb_n * nr],
+            Space::Scratch,
+        ));
+        let zero = self.b.constant(0.0, f32t(vec![mc, nr]));
+        let (zn, _) = self.b.begin_for(0, nb_n as i64, 1, &[]);
+        self.b.store(
+            zero,
+            block,
+            vec![
+                Affine::axis(0),
+                Affine::value(zn)
+                    .scaled(nr as i64)
+                    .plus_scaled(1, &Affine::axis(1)),
+            ],
+            None,
+        );
+        self.b.end_for(vec![]);
+        let (kb, _) = self.b.begin_for(0, kb_n as i64, 1, &[]);
+        // Pack this slice of the program's rows, strip by strip.
+        let (s, _) = self.b.begin_for(0, strips as i64, 1, &[]);
+        let row0 = i0.plus_scaled(mr as i64, &Affine::value(s));
+        let k0 = Affine::value(kb).scaled(kc as i64);
+        self.index.insert(iv, row0.plus_scaled(1, &Affine::axis(0)));
+        self.index.insert(kv, k0.plus_scaled(1, &Affine::axis(1)));
+        let a_index: Vec<Affine> =
+            c.a.iter()
+                .map(|e| self.affine(e))
+                .collect::<Result<_, _>>()?;
+        let a_mask = self.b.mask(
+            vec![
+                Affine::constant(c.m).plus_scaled(-1, &row0),
+                Affine::constant(c.k).plus_scaled(-1, &k0),
+            ],
+            &[mr, kc],
+        );
+        let ta = self
+            .b
+            .load(a, a_index, Some(a_mask), Some(0.0), f32t(vec![mr, kc]));
+        self.b.store(
+            ta,
+            strip_buf,
+            vec![Affine::value(s), Affine::axis(1), Affine::axis(0)],
+            None,
+        );
+        self.b.end_for(vec![]);
+        // The register tile over every panel and strip.
+        let (nb, _) = self.b.begin_for(0, nb_n as i64, 1, &[]);
+        let (s, _) = self.b.begin_for(0, strips as i64, 1, &[]);
+        let at = vec![
+            Affine::value(s)
+                .scaled(mr as i64)
+                .plus_scaled(1, &Affine::axis(0)),
+            Affine::value(nb)
+                .scaled(nr as i64)
+                .plus_scaled(1, &Affine::axis(1)),
+        ];
+        let c0 = self
+            .b
+            .load(block, at.clone(), None, None, f32t(vec![mr, nr]));
+        let (k, acc) = self.b.begin_for(0, kc as i64, 1, &[c0]);
+        let ak = self.b.load(
+            strip_buf,
+            vec![
+                Affine::value(s),
+                Affine::value(k).plus_scaled(1, &Affine::axis(1)),
+                Affine::axis(0),
+            ],
+            None,
+            None,
+            f32t(vec![mr, 1]),
+        );
+        let bk = self.b.load(
+            panels,
+            vec![
+                Affine::value(kb),
+                Affine::value(nb),
+                Affine::value(k).plus_scaled(1, &Affine::axis(0)),
+                Affine::axis(1),
+            ],
+            None,
+            None,
+            f32t(vec![1, nr]),
+        );
+        let next = self.b.dot(ak, bk, acc[0]);
+        let sum = self.b.end_for(vec![next])[0];
+        self.b.store(sum, block, at, None);
+        self.b.end_for(vec![]);
+        self.b.end_for(vec![]);
+        self.b.end_for(vec![]);
+        // The epilogue, one register tile at a time.
+        let (nb, _) = self.b.begin_for(0, nb_n as i64, 1, &[]);
+        let (s, _) = self.b.begin_for(0, strips as i64, 1, &[]);
+        let at = vec![
+            Affine::value(s)
+                .scaled(mr as i64)
+                .plus_scaled(1, &Affine::axis(0)),
+            Affine::value(nb)
+                .scaled(nr as i64)
+                .plus_scaled(1, &Affine::axis(1)),
+        ];
+        let sum = self.b.load(block, at, None, None, f32t(vec![mr, nr]));
+        let row0 = i0.plus_scaled(mr as i64, &Affine::value(s));
+        let col0 = Affine::value(nb).scaled(nr as i64);
+        self.index.insert(iv, row0.plus_scaled(1, &Affine::axis(0)));
+        self.index.insert(jv, col0.plus_scaled(1, &Affine::axis(1)));
+        self.index.insert(kv, Affine::constant(0));
+        self.values.insert(accv, sum);
+        self.shape = vec![mr, nr];
+        self.splats.clear();
+        self.mask = Some(self.b.mask(
+            vec![
+                Affine::constant(c.m).plus_scaled(-1, &row0),
+                Affine::constant(c.n).plus_scaled(-1, &col0),
+            ],
+            &[mr, nr],
+        ));
+        let result = self.ops(&body.ops);
+        self.shape.clear();
+        self.mask = None;
+        self.splats.clear();
+        result?;
+        self.b.end_for(vec![]);
+        self.b.end_for(vec![]);
+        self.b.end_kernel();
+        self.b.dealloc(panels);
         Ok(())
     }
 
