@@ -45,12 +45,14 @@ test: setup setup-test-tools lint
 	$(MAKE) fuzz-smoke
 	$(CARGO) nextest run --workspace --locked --no-fail-fast
 
-# A short, bounded fuzzing run of the front end and graph pipeline.
+# A short, bounded fuzzing run of the front end, the graph pipeline and the tile
+# level, seeded with the examples and the pass test files (source, graph, loop
+# and tile IR).
 FUZZ_SECONDS ?= 60
 fuzz-smoke: setup-test-tools
 	mkdir -p fuzz/corpus/frontend
 	cd fuzz && RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run frontend --sanitizer none \
-		corpus/frontend ../examples ../examples/language -- \
+		corpus/frontend ../examples ../examples/language ../tests/tests/passes -- \
 		-max_total_time=$(FUZZ_SECONDS) -max_len=4096 -rss_limit_mb=4096 -timeout=10
 
 # dlc bench on W1..W8: target/bench/results.md and results.json.

@@ -1,7 +1,10 @@
-//! Fuzzes the front end and the graph pipeline: any bytes, read as dlc
-//! source and as graph IR, must give a result or an error, never a panic,
-//! a hang or a crash. What checks must also print, parse back identically,
-//! survive the default pipeline, print as MLIR and, when small, run.
+//! Fuzzes the front end, the graph pipeline and the tile level: any bytes,
+//! read as dlc source, as graph IR and as tile IR, must give a result or an
+//! error, never a panic, a hang or a crash. What checks must also print,
+//! parse back identically, survive the default pipeline, print as MLIR and,
+//! when small, run; programs are also lowered and scheduled as tile kernels
+//! for the host and for sm_90, which must verify and, when small, run on the
+//! tile interpreter.
 #![no_main]
 
 use dlc_core::{PassManager, Pipeline, Verify};
@@ -55,6 +58,48 @@ fn exercise(mut module: Module) {
         // panics are not.
         let _ = interp::run_function_within(&module, &f.name, &args, WORK_LIMIT);
     }
+    if let Ok(lowered) = dlc_lower::lower_module(&module) {
+        for target in [
+            dlc_core::TargetDesc::host().clone(),
+            dlc_core::TargetDesc::sm_90(),
+        ] {
+            let tiled = dlc_lower::convert_module(&lowered, &target)
+                .expect("verified loop IR converts to tile IR");
+            if let Err(errors) = tiled.verify() {
+                panic!("tile IR does not verify: {errors:?}");
+            }
+            exercise_tile(&tiled);
+        }
+    }
+}
+
+/// Tile IR that verifies: it prints and parses back identically, prints as
+/// MLIR, and runs (on made-up arguments) to a result or an error.
+fn exercise_tile(module: &dlc_tile::Module) {
+    let printed = dlc_tile::print_module(module);
+    let reparsed = dlc_tile::parse_module(&printed).expect("printed tile IR parses back");
+    assert_eq!(
+        dlc_tile::print_module(&reparsed),
+        printed,
+        "print-parse-print differs"
+    );
+    let _ = dlc_tile::print_mlir_generic(module);
+    for f in &module.functions {
+        let mut args = Vec::new();
+        for (_, v) in &f.params {
+            let dlc_tile::Type::Buffer(t) = f.ty(*v) else {
+                return;
+            };
+            match t.storage_len() {
+                Some(n) if n <= INTERPRET_LIMIT => args.push(dlc_tile::interp::Buffer {
+                    ty: t.clone(),
+                    data: (0..n).map(|i| (i % 7) as f64 - 3.0).collect(),
+                }),
+                _ => return,
+            }
+        }
+        let _ = dlc_tile::interp::run_function_within(module, &f.name, &mut args, WORK_LIMIT);
+    }
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -68,5 +113,10 @@ fuzz_target!(|data: &[u8]| {
         && module.verify().is_ok()
     {
         exercise(module);
+    }
+    if let Ok(module) = dlc_tile::parse_module(text)
+        && module.verify().is_ok()
+    {
+        exercise_tile(&module);
     }
 });

@@ -344,8 +344,8 @@ impl<'a> Conv<'a> {
             }
         };
         if let Some(m) = inner_matmul {
-            if band.is_empty() && self.packs(m) {
-                return self.packed_dot(m);
+            if band.len() <= 1 && self.packs(m) {
+                return self.packed_dot(band.first().copied(), m);
             }
             return self.dot_kernel(&band, m);
         }
@@ -820,7 +820,15 @@ impl<'a> Conv<'a> {
     /// panel and strip runs the register tile, `kc` steps of an `mr x 1` by
     /// `1 x nr` `tile.dot` accumulating into a scratch block of the result;
     /// finally the epilogue runs on the block, `mr x nr` at a time.
-    fn packed_dot(&mut self, m: LOpId) -> Result<(), TileConvError> {
+    fn packed_dot(&mut self, batch: Option<LOpId>, m: LOpId) -> Result<(), TileConvError> {
+        // A batch loop around the product is the first grid axis of both
+        // kernels; each batch has its own panels.
+        let batch = batch.map(|l| {
+            let op = self.op(l);
+            let (lo, hi, _) = loop_bounds(&op.kind).unwrap_or((0, 1, 1));
+            (op.regions[0].args[0], lo, (hi - lo).max(1) as usize)
+        });
+        let bat_axes = usize::from(batch.is_some());
         let op = self.op(m);
         let L::Matmul(c) = &op.kind else {
             return Err(self.invalid("not a contraction"));
@@ -841,15 +849,33 @@ impl<'a> Conv<'a> {
             Schedule::new("packed")
                 .with("blocking", vec![mr as i64, nr as i64, mc as i64, kc as i64])
         };
-        // The right operand, packed once: panels[kb, nb, k, j].
+        // The right operand, packed once: panels[batch.., kb, nb, k, j].
+        let mut panel_shape: Vec<usize> = batch.iter().map(|b| b.2).collect();
+        panel_shape.extend([kb_n, nb_n, kc, nr]);
         let panels = self.b.alloc(BufferType::contiguous(
             DType::F32,
-            vec![kb_n, nb_n, kc, nr],
+            panel_shape,
             Space::Global,
         ));
-        self.b
-            .begin_kernel(vec![kb_n, nb_n], schedule().with("pack", vec![1]));
-        let (pk, pn) = (self.b.program_id(0), self.b.program_id(1));
+        let mut grid: Vec<usize> = batch.iter().map(|b| b.2).collect();
+        grid.extend([kb_n, nb_n]);
+        self.b.begin_kernel(grid, schedule().with("pack", vec![1]));
+        // The batch's program id, mapped to the batch loop's counter.
+        let batch_id = |c: &mut Self| -> Vec<Affine> {
+            batch
+                .map(|(counter, lo, _)| {
+                    let p = c.b.program_id(0);
+                    c.index.insert(
+                        counter,
+                        Affine::value(p).plus_scaled(1, &Affine::constant(lo)),
+                    );
+                    Affine::value(p)
+                })
+                .into_iter()
+                .collect()
+        };
+        let bat = batch_id(self);
+        let (pk, pn) = (self.b.program_id(bat_axes), self.b.program_id(bat_axes + 1));
         self.index.insert(
             kv,
             Affine::value(pk)
@@ -875,17 +901,21 @@ impl<'a> Conv<'a> {
         let t = self
             .b
             .load(b, b_index, mask, mask.map(|_| 0.0), f32t(vec![kc, nr]));
-        let panel = vec![
+        let mut panel = bat.clone();
+        panel.extend([
             Affine::value(pk),
             Affine::value(pn),
             Affine::axis(0),
             Affine::axis(1),
-        ];
+        ]);
         self.b.store(t, panels, panel, None);
         self.b.end_kernel();
 
-        self.b.begin_kernel(vec![m_.div_ceil(mc)], schedule());
-        let p = self.b.program_id(0);
+        let mut grid: Vec<usize> = batch.iter().map(|b| b.2).collect();
+        grid.push(m_.div_ceil(mc));
+        self.b.begin_kernel(grid, schedule());
+        let bat = batch_id(self);
+        let p = self.b.program_id(bat_axes);
         let i0 = Affine::value(p).scaled(mc as i64);
         let strip_buf = self.b.alloc(BufferType::contiguous(
             DType::F32,
@@ -965,18 +995,14 @@ impl<'a> Conv<'a> {
             None,
             f32t(vec![mr, 1]),
         );
-        let bk = self.b.load(
-            panels,
-            vec![
-                Affine::value(kb),
-                Affine::value(nb),
-                Affine::value(k).plus_scaled(1, &Affine::axis(0)),
-                Affine::axis(1),
-            ],
-            None,
-            None,
-            f32t(vec![1, nr]),
-        );
+        let mut panel = bat.clone();
+        panel.extend([
+            Affine::value(kb),
+            Affine::value(nb),
+            Affine::value(k).plus_scaled(1, &Affine::axis(0)),
+            Affine::axis(1),
+        ]);
+        let bk = self.b.load(panels, panel, None, None, f32t(vec![1, nr]));
         let next = self.b.dot(ak, bk, acc[0]);
         let sum = self.b.end_for(vec![next])[0];
         self.b.store(sum, block, at, None);

@@ -151,9 +151,13 @@ fn op_work(f: &Function, id: OpId) -> f64 {
         .sum();
     let result = op.results.first().map_or(1.0, |r| elements(f.ty(*r)));
     match &op.kind {
-        OpKind::Kernel { grid, .. } => grid.iter().map(|&g| g as f64).product::<f64>() * body,
+        // Every program and iteration costs at least one step, so an empty
+        // body over a huge grid or range is refused too.
+        OpKind::Kernel { grid, .. } => {
+            grid.iter().map(|&g| g as f64).product::<f64>() * (1.0 + body)
+        }
         OpKind::For { lo, hi, step } => {
-            1.0 + ((hi - lo).max(0) as f64 / (*step).max(1) as f64).ceil() * body
+            1.0 + ((hi - lo).max(0) as f64 / (*step).max(1) as f64).ceil() * (1.0 + body)
         }
         OpKind::Dot => {
             let k = f.ty(op.operands[0]).shape().map_or(1, |s| s[1]) as f64;

@@ -135,6 +135,10 @@ impl fmt::Display for BufferType {
     }
 }
 
+/// The most elements one tile may have: tiles are blocks a program holds
+/// in registers or scratch memory, not whole tensors.
+pub const MAX_TILE_ELEMENTS: usize = 1 << 20;
+
 /// A tile: a static-shaped block of elements held by one program.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct TileType {

@@ -177,6 +177,13 @@ impl Parser {
                 return self.error(format!("`{dtype}` is not an element type"));
             }
         };
+        let len = shape.iter().try_fold(1usize, |n, d| n.checked_mul(*d));
+        if len.is_none_or(|n| n > crate::ir::MAX_TILE_ELEMENTS) {
+            return self.error(format!(
+                "a tile has at most {} elements",
+                crate::ir::MAX_TILE_ELEMENTS
+            ));
+        }
         self.expect(">")?;
         Ok(TileType::new(dtype, shape))
     }

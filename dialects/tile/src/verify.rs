@@ -136,6 +136,23 @@ impl<'a> Checker<'a> {
 
     fn function(&mut self) {
         let loc = format!("@{}", self.f.name);
+        for t in &self.f.values {
+            if let Type::Tile(t) = t {
+                let len = t.shape.iter().try_fold(1usize, |n, d| n.checked_mul(*d));
+                if t.shape.is_empty()
+                    || t.shape.contains(&0)
+                    || len.is_none_or(|n| n > crate::ir::MAX_TILE_ELEMENTS)
+                {
+                    self.err(
+                        loc.clone(),
+                        format!(
+                            "{t} is not a tile type (one or more axes, each at least 1, at most {} elements)",
+                            crate::ir::MAX_TILE_ELEMENTS
+                        ),
+                    );
+                }
+            }
+        }
         for (name, v) in &self.f.params {
             self.define(*v, &loc);
             match self.f.values.get(v.0 as usize) {

@@ -265,4 +265,16 @@ fn work_is_estimated_before_running() {
     assert!(dlc_tile::interp::check_work(f, 1e6).is_ok());
     let e = dlc_tile::interp::check_work(f, 10.0).unwrap_err();
     assert!(e.to_string().contains("tile.kernel"), "{e}");
+    // A huge grid or loop counts even with nothing in it.
+    let empty = module(
+        "tile.func @f() {
+  tile.kernel {grid = [1000000, 1000000], schedule = \"serial\"} {
+    tile.for {lo = 0, hi = 1000000, step = 1} (%i) {
+    }
+  }
+  tile.return
+}
+",
+    );
+    assert!(dlc_tile::interp::check_work(&empty.functions[0], 1e12).is_err());
 }
