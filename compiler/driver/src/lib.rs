@@ -327,9 +327,9 @@ impl Pass<Ir> for ConvertGraphToLoop {
     }
 }
 
-/// `convert-loop-to-tile{target=NAME}`: schedules every loop nest as tile
-/// kernels for a target.
-struct ConvertLoopToTile(dlc_core::TargetDesc);
+/// `convert-loop-to-tile{target=NAME,...}`: schedules every loop nest as
+/// tile kernels with a target's schedule parameters (or overridden ones).
+struct ConvertLoopToTile(dlc_lower::ScheduleParams);
 
 impl Pass<Ir> for ConvertLoopToTile {
     fn name(&self) -> &'static str {
@@ -344,7 +344,7 @@ impl Pass<Ir> for ConvertLoopToTile {
         let Ir::Loop(m) = ir else {
             return Err(fail(format!("expects loop IR, got {} IR", ir.level())));
         };
-        let tiled = dlc_lower::convert_module(m, &self.0).map_err(|e| fail(e.to_string()))?;
+        let tiled = dlc_lower::convert_module_with(m, &self.0).map_err(|e| fail(e.to_string()))?;
         let kernels = tiled
             .functions
             .iter()
@@ -394,7 +394,9 @@ pub fn lower_for_tile(
     let mut ir = Ir::Graph(module.clone());
     let mut manager = PassManager::new(vec![
         Box::new(ConvertGraphToLoop) as Box<dyn Pass<Ir>>,
-        Box::new(ConvertLoopToTile(target.clone())),
+        Box::new(ConvertLoopToTile(dlc_lower::ScheduleParams::for_target(
+            target,
+        ))),
     ]);
     manager.run(&mut ir)?;
     match ir {
@@ -421,16 +423,32 @@ pub fn registry() -> PassRegistry<Ir> {
     r.register(
         "convert-loop-to-tile",
         "schedules each loop nest as tile kernels (grid, tiles, tile.dot, tile.reduce) for \
-         `target` (host, x86-64-avx512, x86-64-avx2, sm_80, sm_90; default host)",
+         `target` (host, x86-64-avx512, x86-64-avx2, sm_80, sm_90; default host); `vector=N` \
+         (iterations per tile of an innermost loop), `dot=MxNxK` (blocks of a product) and \
+         `packed=false` (no packed products) override the target's schedule",
         |o| {
-            o.expect_only(&["target"])?;
+            o.expect_only(&["target", "vector", "dot", "packed"])?;
+            let fail = |message: String| PassError::BadOption {
+                pass: "convert-loop-to-tile".into(),
+                message,
+            };
             let name: String = o.get("target", "host".to_string())?;
-            let target =
-                dlc_core::TargetDesc::named(&name).map_err(|message| PassError::Failed {
-                    pass: "convert-loop-to-tile".into(),
-                    message,
-                })?;
-            Ok(Box::new(ConvertLoopToTile(target)))
+            let target = dlc_core::TargetDesc::named(&name).map_err(fail)?;
+            let mut params = dlc_lower::ScheduleParams::for_target(&target);
+            params.vector = o.get("vector", params.vector)?;
+            let dot: String = o.get("dot", String::new())?;
+            if !dot.is_empty() {
+                let sizes: Vec<usize> = dot.split('x').filter_map(|d| d.parse().ok()).collect();
+                match sizes.as_slice() {
+                    [m, n, k] => params.dot = [*m, *n, *k],
+                    _ => return Err(fail(format!("dot takes MxNxK (three sizes), got `{dot}`"))),
+                }
+            }
+            if !o.get("packed", true)? {
+                params.packed = None;
+            }
+            params.validate().map_err(fail)?;
+            Ok(Box::new(ConvertLoopToTile(params)))
         },
     );
     r.register(

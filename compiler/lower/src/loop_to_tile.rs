@@ -63,6 +63,35 @@ pub struct ScheduleParams {
 }
 
 impl ScheduleParams {
+    /// Checks parameters given by hand: every tile they make must be a tile
+    /// (at most `dlc_tile::ir::MAX_TILE_ELEMENTS` elements).
+    pub fn validate(&self) -> Result<(), String> {
+        let max = dlc_tile::ir::MAX_TILE_ELEMENTS;
+        let [m, n, k] = self.dot;
+        let fits =
+            |a: usize, b: usize| a >= 1 && b >= 1 && a.checked_mul(b).is_some_and(|x| x <= max);
+        if !(1..=max).contains(&self.vector) {
+            return Err(format!("vector must be 1 to {max}, got {}", self.vector));
+        }
+        if !(fits(m, n) && fits(m, k) && fits(k, n)) {
+            return Err(format!(
+                "dot blocks {m}x{n}x{k} make tiles of more than {max} elements"
+            ));
+        }
+        if let Some(([mr, nr, mc, kc], _)) = self.packed
+            && !(fits(mr, nr)
+                && fits(kc, nr)
+                && fits(mc, nr)
+                && fits(mr, kc)
+                && mc.is_multiple_of(mr))
+        {
+            return Err(format!(
+                "packed blocking {mr}x{nr}x{mc}x{kc} is not a valid blocking"
+            ));
+        }
+        Ok(())
+    }
+
     /// What `target` takes: on a CPU, four vectors of f32 per tile and the
     /// packed kernel's register tile and depth (`mr x nr`, `kc`); on a GPU,
     /// a tile of one element per thread of a 256-thread block and
@@ -86,13 +115,19 @@ impl ScheduleParams {
     }
 }
 
-/// Converts every function of a verified loop module for `target`.
+/// Converts every function of a verified loop module with the schedule
+/// parameters of `target`.
 pub fn convert_module(m: &LModule, target: &TargetDesc) -> Result<Module, TileConvError> {
-    let params = ScheduleParams::for_target(target);
+    convert_module_with(m, &ScheduleParams::for_target(target))
+}
+
+/// Converts every function of a verified loop module with the given
+/// schedule parameters (a target's, or a search's).
+pub fn convert_module_with(m: &LModule, params: &ScheduleParams) -> Result<Module, TileConvError> {
     let functions = m
         .functions
         .iter()
-        .map(|f| Conv::new(f, &params).function())
+        .map(|f| Conv::new(f, params).function())
         .collect::<Result<_, _>>()?;
     Ok(Module { functions })
 }
