@@ -17,13 +17,55 @@
 //!
 //! Loads without a pad value must be in bounds (the lowering only emits
 //! those); padded loads are bounds-checked.
+//!
+//! Layout, by concern and by target: `target/` (one module per target:
+//! `x86_64` builds the host's target machine and the attributes every
+//! function carries; NVPTX goes beside it), `emit` (a loop module to an
+//! optimized LLVM module, and its artifacts), `abi` (signatures and the
+//! `SYM.entry` wrapper), `jit` (in-process kernels), `codegen` (loop IR to
+//! LLVM IR: loops and scalar ops in `mod.rs`, `math` for the transcendental
+//! functions, `parallel` for outlining onto the OpenMP runtime and shared
+//! helpers, `matmul` for the packed product).
 #![deny(missing_docs)]
 // The JIT call is an FFI boundary; see `run`.
 #![allow(unsafe_code)]
 
+mod abi;
 mod codegen;
+mod emit;
+mod jit;
+mod target;
 
-pub use codegen::{
-    CodegenError, Compiled, Jit, compile, emit_llvm_ir, emit_native, emit_shared_library,
-    exported_signature, jit, signature,
-};
+pub use abi::{exported_signature, signature};
+pub use emit::{Compiled, compile, emit_llvm_ir, emit_native, emit_shared_library};
+pub use jit::{Jit, jit};
+
+use inkwell::builder::BuilderError;
+
+/// Why code could not be generated or run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CodegenError {
+    /// LLVM refused something (a target, the IR, the JIT).
+    #[error("LLVM: {0}")]
+    Llvm(String),
+    /// The loop IR breaks an invariant the verifier checks.
+    #[error("invalid loop IR: {0}")]
+    Invalid(String),
+    /// Arguments do not match the function.
+    #[error("{0}")]
+    Arguments(String),
+    /// A shared library could not be linked.
+    #[error("{0}")]
+    Link(String),
+    /// An entry point's exported symbol is not allowed (see [`Symbols`]).
+    #[error("{0}")]
+    Symbol(String),
+}
+
+impl From<BuilderError> for CodegenError {
+    fn from(e: BuilderError) -> Self {
+        CodegenError::Llvm(e.to_string())
+    }
+}
+
+pub(crate) type R<T> = Result<T, CodegenError>;

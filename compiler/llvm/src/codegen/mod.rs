@@ -1,414 +1,31 @@
+//! Loop IR to LLVM IR: functions, loops, loads and stores, scalar
+//! arithmetic ([`math`] for the transcendental functions), parallel loops
+//! outlined onto the OpenMP runtime ([`parallel`]) and the packed
+//! register-tiled product ([`matmul`]).
+
 use std::collections::HashMap;
 
+use crate::{CodegenError, R};
 use dlc_core::DType;
-use dlc_core::TensorType;
 use dlc_core::scalar::{BinaryOp, CmpOp, UnaryOp};
-use dlc_loop::{Block, Function, IndexExpr, Module as LModule, OpKind, Type, Value};
-use dlc_runtime::abi::{STATUS_DIVISION_BY_ZERO, STATUS_OUT_OF_MEMORY, Signature, Site, Symbols};
-use dlc_runtime::{Kernel, Param, call::EntryFn};
-use inkwell::attributes::AttributeLoc;
+use dlc_loop::{Block, Function, IndexExpr, OpKind, Type, Value};
+use dlc_runtime::abi::{STATUS_DIVISION_BY_ZERO, STATUS_OUT_OF_MEMORY, Site};
 use inkwell::basic_block::BasicBlock;
-use inkwell::builder::{Builder, BuilderError};
+use inkwell::builder::Builder;
 use inkwell::context::Context;
-use inkwell::execution_engine::ExecutionEngine;
 use inkwell::intrinsics::Intrinsic;
 use inkwell::module::{Linkage, Module};
-use inkwell::passes::PassBuilderOptions;
-use inkwell::targets::{CodeModel, InitializationConfig, RelocMode, Target, TargetMachine};
 use inkwell::types::{BasicMetadataTypeEnum, BasicTypeEnum};
 use inkwell::values::{
     BasicMetadataValueEnum, BasicValueEnum, FloatValue, FunctionValue, IntValue, PointerValue,
 };
-use inkwell::{AddressSpace, FloatPredicate, IntPredicate, OptimizationLevel};
+use inkwell::{AddressSpace, FloatPredicate, IntPredicate};
 
 mod math;
-mod tile;
+mod matmul;
+mod parallel;
 
-/// Why code could not be generated or run.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum CodegenError {
-    /// LLVM refused something (a target, the IR, the JIT).
-    #[error("LLVM: {0}")]
-    Llvm(String),
-    /// The loop IR breaks an invariant the verifier checks.
-    #[error("invalid loop IR: {0}")]
-    Invalid(String),
-    /// Arguments do not match the function.
-    #[error("{0}")]
-    Arguments(String),
-    /// A shared library could not be linked.
-    #[error("{0}")]
-    Link(String),
-    /// An entry point's exported symbol is not allowed (see [`Symbols`]).
-    #[error("{0}")]
-    Symbol(String),
-}
-
-impl From<BuilderError> for CodegenError {
-    fn from(e: BuilderError) -> Self {
-        CodegenError::Llvm(e.to_string())
-    }
-}
-
-type R<T> = Result<T, CodegenError>;
-
-fn host_machine() -> R<TargetMachine> {
-    Target::initialize_native(&InitializationConfig::default()).map_err(CodegenError::Llvm)?;
-    let triple = TargetMachine::get_default_triple();
-    let target = Target::from_triple(&triple).map_err(|e| CodegenError::Llvm(e.to_string()))?;
-    let cpu = TargetMachine::get_host_cpu_name();
-    let features = TargetMachine::get_host_cpu_features();
-    target
-        .create_target_machine(
-            &triple,
-            &cpu.to_string_lossy(),
-            &features.to_string_lossy(),
-            OptimizationLevel::Aggressive,
-            RelocMode::PIC,
-            CodeModel::Default,
-        )
-        .ok_or_else(|| CodegenError::Llvm("cannot create a target machine for the host".into()))
-}
-
-/// An LLVM module compiled from loop IR, with the target machine it is for.
-pub struct Compiled<'ctx> {
-    /// The optimized module.
-    pub module: Module<'ctx>,
-    machine: TargetMachine,
-    /// Each function's failure sites, by loop function name.
-    sites: HashMap<String, Vec<Site>>,
-}
-
-/// The prefix of the symbols of JIT-compiled code, which never leave the
-/// process.
-const JIT_PREFIX: &str = "dlc_jit_";
-
-fn jit_symbols() -> Symbols {
-    Symbols::with_prefix(JIT_PREFIX).unwrap_or_else(|_| unreachable!("a C identifier"))
-}
-
-/// Compiles loop IR for the host CPU and optimizes it (O3); entry point `f`
-/// is exported as `symbols.symbol(f)`, every other function is private.
-pub fn compile<'ctx>(ctx: &'ctx Context, m: &LModule, symbols: &Symbols) -> R<Compiled<'ctx>> {
-    let machine = host_machine()?;
-    let module = ctx.create_module("dlc");
-    module.set_triple(&machine.get_triple());
-    module.set_data_layout(&machine.get_target_data().get_data_layout());
-    let cpu = TargetMachine::get_host_cpu_name()
-        .to_string_lossy()
-        .into_owned();
-    let features = TargetMachine::get_host_cpu_features()
-        .to_string_lossy()
-        .into_owned();
-    let mut all_sites = HashMap::new();
-    for f in &m.functions {
-        let symbol = symbols.symbol(&f.name).map_err(CodegenError::Symbol)?;
-        let sites = Sites::default();
-        let func = Gen::function(ctx, &module, f, &symbol, &sites)?;
-        entry_wrapper(ctx, &module, f, func, &symbol)?;
-        let sites = sites.borrow().clone();
-        all_sites.insert(f.name.clone(), sites.clone());
-        if let Ok(mut sig) = signature(f) {
-            sig.sites = sites;
-            let text = ctx.const_string(sig.encode().as_bytes(), true);
-            let global = module.add_global(text.get_type(), None, &format!("{symbol}.signature"));
-            global.set_initializer(&text);
-            global.set_constant(true);
-        }
-    }
-    define_bf16_truncation(ctx, &module)?;
-    for func in module.get_functions() {
-        if func.count_basic_blocks() == 0 {
-            continue;
-        }
-        for (k, v) in [
-            ("target-cpu", cpu.as_str()),
-            ("target-features", features.as_str()),
-            ("prefer-vector-width", "512"),
-        ] {
-            func.add_attribute(AttributeLoc::Function, ctx.create_string_attribute(k, v));
-        }
-    }
-    module
-        .verify()
-        .map_err(|e| CodegenError::Llvm(format!("generated IR is invalid: {e}")))?;
-    module
-        .run_passes("default<O3>", &machine, PassBuilderOptions::create())
-        .map_err(|e| CodegenError::Llvm(e.to_string()))?;
-    Ok(Compiled {
-        module,
-        machine,
-        sites: all_sites,
-    })
-}
-
-/// LLVM rounds f32 to bfloat with a call to `__truncsfbf2` on CPUs without
-/// AVX512-BF16, and the libgcc of GCC 12 (Debian 12) has no such function:
-/// each module carries its own (weak, hidden: a real one wins), rounding to
-/// nearest even and keeping NaNs quiet.
-fn define_bf16_truncation<'ctx>(ctx: &'ctx Context, module: &Module<'ctx>) -> R<()> {
-    let (f32t, i32t) = (ctx.f32_type(), ctx.i32_type());
-    let f = module.add_function(
-        "__truncsfbf2",
-        ctx.bf16_type().fn_type(&[f32t.into()], false),
-        Some(Linkage::WeakAny),
-    );
-    f.as_global_value()
-        .set_visibility(inkwell::GlobalVisibility::Hidden);
-    let b = ctx.create_builder();
-    b.position_at_end(ctx.append_basic_block(f, "entry"));
-    let x = f
-        .get_first_param()
-        .ok_or_else(|| CodegenError::Invalid("__truncsfbf2 without parameter".into()))?
-        .into_float_value();
-    let bits = b.build_bit_cast(x, i32t, "bits")?.into_int_value();
-    let c = |v: u64| i32t.const_int(v, false);
-    let high = b.build_right_shift(bits, c(16), false, "high")?;
-    let lsb = b.build_and(high, c(1), "lsb")?;
-    let bias = b.build_int_add(lsb, c(0x7fff), "bias")?;
-    let rounded = b.build_int_add(bits, bias, "rounded")?;
-    let rounded = b.build_right_shift(rounded, c(16), false, "rounded")?;
-    let quiet = b.build_or(high, c(0x40), "quiet")?;
-    let nan = b.build_float_compare(FloatPredicate::UNO, x, x, "nan")?;
-    let r = b.build_select(nan, quiet, rounded, "r")?.into_int_value();
-    let r = b.build_int_truncate(r, ctx.i16_type(), "r16")?;
-    let r = b.build_bit_cast(r, ctx.bf16_type(), "bf")?;
-    b.build_return(Some(&r))?;
-    Ok(())
-}
-
-impl Compiled<'_> {
-    /// The target machine the module was compiled for.
-    pub fn machine(&self) -> &TargetMachine {
-        &self.machine
-    }
-}
-
-/// The optimized LLVM IR of a loop module, as text.
-pub fn emit_llvm_ir(m: &LModule, symbols: &Symbols) -> R<String> {
-    let ctx = Context::create();
-    let c = compile(&ctx, m, symbols)?;
-    Ok(c.module.print_to_string().to_string())
-}
-
-/// Native assembly (`asm`) or an object file for the host, from loop IR.
-pub fn emit_native(m: &LModule, object: bool, symbols: &Symbols) -> R<Vec<u8>> {
-    let ctx = Context::create();
-    let c = compile(&ctx, m, symbols)?;
-    let kind = if object {
-        inkwell::targets::FileType::Object
-    } else {
-        inkwell::targets::FileType::Assembly
-    };
-    let buf = c
-        .machine
-        .write_to_memory_buffer(&c.module, kind)
-        .map_err(|e| CodegenError::Llvm(e.to_string()))?;
-    Ok(buf.as_slice().to_vec())
-}
-
-/// Links loop IR into a shared library at `path` with the system's C
-/// compiler (`$CC`, else `cc`), against libm and the OpenMP runtime.
-pub fn emit_shared_library(m: &LModule, path: &std::path::Path, symbols: &Symbols) -> R<()> {
-    let object = emit_native(m, true, symbols)?;
-    let dir = std::env::temp_dir().join(format!(
-        "dlc-link-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos())
-    ));
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| CodegenError::Link(format!("{}: {e}", dir.display())))?;
-    let obj = dir.join("module.o");
-    let result = std::fs::write(&obj, &object)
-        .map_err(|e| CodegenError::Link(format!("{}: {e}", obj.display())))
-        .and_then(|()| {
-            let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-            let out = std::process::Command::new(&cc)
-                .arg("-shared")
-                .arg("-o")
-                .arg(path)
-                .arg(&obj)
-                .args(["-lm", "-lgomp"])
-                .output()
-                .map_err(|e| {
-                    CodegenError::Link(format!(
-                        "cannot run the C compiler `{cc}` to link a shared library: {e}"
-                    ))
-                })?;
-            if out.status.success() {
-                Ok(())
-            } else {
-                Err(CodegenError::Link(format!(
-                    "`{cc} -shared` failed: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                )))
-            }
-        });
-    let _ = std::fs::remove_dir_all(&dir);
-    result
-}
-
-/// The runtime signature of a loop function: its parameters, inputs then
-/// results, each a contiguous tensor.
-pub fn signature(f: &Function) -> R<Signature> {
-    let first_output = f.params.len() - f.outputs.min(f.params.len());
-    f.params
-        .iter()
-        .enumerate()
-        .map(|(i, (name, v))| {
-            let Type::Buffer(t) = f.ty(*v) else {
-                return Err(CodegenError::Invalid(format!(
-                    "parameter %{name} of @{} is not a buffer",
-                    f.name
-                )));
-            };
-            if !t.is_contiguous() {
-                return Err(CodegenError::Arguments(format!(
-                    "parameter %{name} of @{} ({t}) is strided; only row-major parameters can be \
-                     passed through the C ABI",
-                    f.name
-                )));
-            }
-            Ok(Param {
-                name: name.clone(),
-                ty: TensorType::new(t.dtype, t.shape.clone()),
-                output: i >= first_output,
-            })
-        })
-        .collect::<R<Vec<_>>>()
-        .map(|params| Signature {
-            name: f.name.clone(),
-            params,
-            sites: Vec::new(),
-        })
-}
-
-/// [`signature`] named by the function's exported symbol: what a C header
-/// declares.
-pub fn exported_signature(f: &Function, symbols: &Symbols) -> R<Signature> {
-    let mut sig = signature(f)?;
-    sig.name = symbols.symbol(&f.name).map_err(CodegenError::Symbol)?;
-    Ok(sig)
-}
-
-/// A loop module compiled in process: its functions can be called as
-/// [`Kernel`]s while it lives.
-pub struct Jit<'m> {
-    engine: ExecutionEngine<'m>,
-    module: &'m LModule,
-    compile_time: std::time::Duration,
-    sites: HashMap<String, Vec<Site>>,
-}
-
-impl Jit<'_> {
-    /// How long code generation, O3 and JIT finalization took.
-    pub fn compile_time(&self) -> std::time::Duration {
-        self.compile_time
-    }
-
-    /// Function `name`, callable with checked arguments.
-    pub fn kernel(&self, name: &str) -> R<Kernel<'_>> {
-        let f = self
-            .module
-            .functions
-            .iter()
-            .find(|f| f.name == name)
-            .ok_or_else(|| CodegenError::Arguments(format!("no function `@{name}`")))?;
-        let mut sig = signature(f)?;
-        sig.sites = self.sites.get(name).cloned().unwrap_or_default();
-        let symbol = jit_symbols().symbol(name).map_err(CodegenError::Symbol)?;
-        let address = self
-            .engine
-            .get_function_address(&format!("{symbol}.entry"))
-            .map_err(|e| CodegenError::Llvm(e.to_string()))?;
-        // SAFETY: `name.entry` was generated by `entry_wrapper` with the
-        // `EntryFn` type, for the function `sig` describes; the kernel
-        // borrows the JIT, which keeps the code alive.
-        Ok(unsafe {
-            let entry = std::mem::transmute::<usize, EntryFn>(address);
-            Kernel::from_raw(sig, entry)
-        })
-    }
-}
-
-/// Compiles `m` for this CPU, JIT-links it and hands it to `use_it`.
-pub fn jit<T>(m: &LModule, use_it: impl FnOnce(&Jit<'_>) -> R<T>) -> R<T> {
-    let start = std::time::Instant::now();
-    load_thread_pool()?;
-    let ctx = Context::create();
-    let compiled = compile(&ctx, m, &jit_symbols())?;
-    let sites = compiled.sites.clone();
-    let engine = compiled
-        .module
-        .create_jit_execution_engine(OptimizationLevel::Aggressive)
-        .map_err(|e| CodegenError::Llvm(e.to_string()))?;
-    // The engine takes the module; the context outlives both here.
-    let jit = Jit {
-        engine,
-        module: m,
-        compile_time: start.elapsed(),
-        sites,
-    };
-    use_it(&jit)
-}
-
-/// Makes the OpenMP runtime's symbols visible to JIT-compiled code.
-fn load_thread_pool() -> R<()> {
-    dlc_runtime::load_thread_pool().map_err(|e| CodegenError::Llvm(e.to_string()))?;
-    inkwell::support::load_library_permanently(std::path::Path::new("libgomp.so.1")).map_err(|_| {
-        CodegenError::Llvm(
-            "cannot load the OpenMP runtime libgomp.so.1 that parallel loops run on (install \
-                 libgomp1)"
-                .into(),
-        )
-    })
-}
-
-fn entry_wrapper<'ctx>(
-    ctx: &'ctx Context,
-    module: &Module<'ctx>,
-    f: &Function,
-    func: FunctionValue<'ctx>,
-    symbol: &str,
-) -> R<()> {
-    let ptr = ctx.ptr_type(AddressSpace::default());
-    let i32t = ctx.i32_type();
-    let wrapper = module.add_function(
-        &format!("{symbol}.entry"),
-        i32t.fn_type(&[ptr.into()], false),
-        Some(Linkage::External),
-    );
-    let b = ctx.create_builder();
-    b.position_at_end(ctx.append_basic_block(wrapper, "entry"));
-    let array = wrapper
-        .get_first_param()
-        .map(|p| p.into_pointer_value())
-        .ok_or_else(|| CodegenError::Invalid("wrapper without parameter".into()))?;
-    let mut args: Vec<BasicMetadataValueEnum<'_>> = Vec::new();
-    for i in 0..f.params.len() {
-        // SAFETY (LLVM IR semantics): index i is within the array the caller passes.
-        let slot = unsafe {
-            b.build_in_bounds_gep(
-                ptr,
-                array,
-                &[ctx.i64_type().const_int(i as u64, false)],
-                "slot",
-            )?
-        };
-        args.push(b.build_load(ptr, slot, "buffer")?.into());
-    }
-    let status = b
-        .build_call(func, &args, "status")?
-        .try_as_basic_value()
-        .basic()
-        .ok_or_else(|| CodegenError::Invalid("call without value".into()))?;
-    b.build_return(Some(&status))?;
-    Ok(())
-}
-
-struct Gen<'ctx, 'f> {
+pub(crate) struct Gen<'ctx, 'f> {
     ctx: &'ctx Context,
     module: &'f Module<'ctx>,
     b: Builder<'ctx>,
@@ -433,7 +50,7 @@ struct Gen<'ctx, 'f> {
 /// The places where an exported function can fail, in the order their
 /// statuses number them: status `kind | (k + 1) << 8` is a failure of kind
 /// `kind` at site `k` (see `dlc_runtime::abi`).
-type Sites = std::rc::Rc<std::cell::RefCell<Vec<Site>>>;
+pub(crate) type Sites = std::rc::Rc<std::cell::RefCell<Vec<Site>>>;
 
 fn storage_type(ctx: &Context, d: DType) -> BasicTypeEnum<'_> {
     match d {
@@ -454,7 +71,7 @@ fn scalar_type(ctx: &Context, d: DType) -> BasicTypeEnum<'_> {
 }
 
 impl<'ctx, 'f> Gen<'ctx, 'f> {
-    fn function(
+    pub(crate) fn function(
         ctx: &'ctx Context,
         module: &'f Module<'ctx>,
         f: &'f Function,

@@ -1,64 +1,45 @@
-//! Code generation of the tile dialect's ops: `loop.threads` (an outlined
-//! body run on the OpenMP runtime's threads) and `loop.matmul` (packed
-//! operands and a register-tiled AVX-512 micro-kernel).
+//! `loop.matmul`: packed operands and a register-tiled micro-kernel, the
+//! blocking taken from the host's target description.
 
-use std::collections::BTreeSet;
-
-use dlc_loop::{Function, IndexExpr, OpId, OpKind, Type, Value};
-use inkwell::AtomicOrdering;
+use dlc_loop::{IndexExpr, OpId, OpKind, Type, Value};
 use inkwell::module::Linkage;
 use inkwell::values::{BasicValue, BasicValueEnum, FunctionValue, IntValue, PointerValue};
 use inkwell::{AddressSpace, IntPredicate};
 
-use super::{CodegenError, Gen, R};
+use super::Gen;
+use super::parallel::free_values;
+use crate::{CodegenError, R};
 
-/// Rows of the micro-kernel's register tile.
-const MR: u64 = 6;
-/// Lanes of one vector (f32 on AVX-512).
-const LANES: u64 = 16;
-/// Columns of the register tile: two vectors, so 12 accumulators, two
-/// operand vectors and a broadcast fit the 32 vector registers.
-const NR: u64 = 2 * LANES;
-/// Rows of the left operand packed at once (a multiple of `MR`); with `KC`
-/// the packed block (72 x 256 x 4 bytes = 72 KiB) stays in L2.
-const MC: u64 = 12 * MR;
-/// Depth of the packed blocks.
-const KC: u64 = 256;
-/// A parallel `loop.matmul` is cut into at least this many units of work
-/// (when it has that many column strips), so threads are balanced.
-const UNITS: u64 = 8;
+/// The packed product's blocking, in BLIS's names: the host's
+/// `TargetDesc::gemm_blocking` for f32 (6, 32, 72, 256 and 16 lanes with
+/// AVX-512), so no constant of the kernel is written here.
+#[derive(Clone, Copy)]
+struct Blocking {
+    /// Rows of the micro-kernel's register tile.
+    mr: u64,
+    /// Lanes of one vector.
+    lanes: u64,
+    /// Columns of the register tile (whole vectors).
+    nr: u64,
+    /// Rows of the left operand packed at once (a multiple of `mr`).
+    mc: u64,
+    /// Depth of the packed blocks.
+    kc: u64,
+    /// A parallel `loop.matmul` is cut into at least this many units of
+    /// work (when it has that many column strips), so threads are balanced.
+    units: u64,
+}
 
-/// Values used inside the ops (operands, indices, nested bodies) that are
-/// defined outside them.
-fn free_values(f: &Function, ops: &[OpId]) -> BTreeSet<Value> {
-    fn walk(f: &Function, ops: &[OpId], used: &mut BTreeSet<Value>, defined: &mut BTreeSet<Value>) {
-        for id in ops {
-            let op = f.op(*id);
-            used.extend(&op.operands);
-            let index_terms = |index: &[IndexExpr], used: &mut BTreeSet<Value>| {
-                for e in index {
-                    used.extend(e.terms.iter().map(|(_, v)| *v));
-                }
-            };
-            match &op.kind {
-                OpKind::Load { index, .. } | OpKind::Store { index } => index_terms(index, used),
-                OpKind::Matmul(c) => {
-                    index_terms(&c.a, used);
-                    index_terms(&c.b, used);
-                }
-                _ => {}
-            }
-            defined.extend(&op.results);
-            for r in &op.regions {
-                defined.extend(&r.args);
-                walk(f, &r.ops, used, defined);
-            }
-        }
+fn blocking() -> Blocking {
+    let g = dlc_core::TargetDesc::host().gemm_blocking(dlc_core::DType::F32);
+    Blocking {
+        mr: g.mr as u64,
+        lanes: g.lanes as u64,
+        nr: g.nr as u64,
+        mc: g.mc as u64,
+        kc: g.kc as u64,
+        units: g.min_units as u64,
     }
-    let (mut used, mut defined) = (BTreeSet::new(), BTreeSet::new());
-    walk(f, ops, &mut used, &mut defined);
-    used.retain(|v| !defined.contains(v));
-    used
 }
 
 /// `(coefficient of each of `vars`, the rest)` of a buffer offset:
@@ -80,347 +61,6 @@ fn split_offset(strides: &[usize], index: &[IndexExpr], vars: &[Value]) -> (Vec<
 }
 
 impl<'ctx> Gen<'ctx, '_> {
-    fn i64c(&self, v: u64) -> IntValue<'ctx> {
-        self.ctx.i64_type().const_int(v, false)
-    }
-
-    fn min(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
-        let lt = self.b.build_int_compare(IntPredicate::SLT, a, b, "lt")?;
-        Ok(self.b.build_select(lt, a, b, "min")?.into_int_value())
-    }
-
-    /// `p + offset` elements of f32.
-    fn f32_at(&self, p: PointerValue<'ctx>, offset: IntValue<'ctx>) -> R<PointerValue<'ctx>> {
-        // SAFETY (LLVM IR semantics): callers keep offsets inside the
-        // buffer or the packed block they address.
-        Ok(unsafe {
-            self.b
-                .build_in_bounds_gep(self.ctx.f32_type(), p, &[offset], "at")?
-        })
-    }
-
-    /// A loop `lo..hi` by 1 around what `body` emits.
-    fn counted(
-        &mut self,
-        lo: IntValue<'ctx>,
-        hi: IntValue<'ctx>,
-        body: impl FnOnce(&mut Self, IntValue<'ctx>) -> R<()>,
-    ) -> R<()> {
-        self.counted_carrying(lo, hi, 1, &[], |g, i, _| body(g, i).map(|()| vec![]))
-            .map(|_| ())
-    }
-
-    /// Leaves the function with `status` (nonzero): returns it, or, in a
-    /// function outlined for threads, records it and returns.
-    pub(super) fn fail_with(&self, status: IntValue<'ctx>) -> R<()> {
-        match self.status_slot {
-            None => {
-                self.b.build_return(Some(&status))?;
-            }
-            Some(slot) => {
-                let st = self.b.build_store(slot, status)?;
-                st.set_atomic_ordering(AtomicOrdering::Monotonic)
-                    .map_err(|e| CodegenError::Llvm(e.to_string()))?;
-                st.set_alignment(4)
-                    .map_err(|e| CodegenError::Llvm(e.to_string()))?;
-                self.b.build_return(None)?;
-            }
-        }
-        Ok(())
-    }
-
-    fn declare(&self, name: &str, ty: inkwell::types::FunctionType<'ctx>) -> FunctionValue<'ctx> {
-        self.module
-            .get_function(name)
-            .unwrap_or_else(|| self.module.add_function(name, ty, Some(Linkage::External)))
-    }
-
-    /// A weak declaration: the symbol is null at run time when nothing
-    /// linked defines it (an object file linked without `-lgomp`).
-    fn declare_weak(
-        &self,
-        name: &str,
-        ty: inkwell::types::FunctionType<'ctx>,
-    ) -> FunctionValue<'ctx> {
-        self.module.get_function(name).unwrap_or_else(|| {
-            self.module
-                .add_function(name, ty, Some(Linkage::ExternalWeak))
-        })
-    }
-
-    /// Whether weakly declared `f` was linked, as an i1.
-    fn linked(&self, f: FunctionValue<'ctx>) -> R<IntValue<'ctx>> {
-        Ok(self
-            .b
-            .build_is_not_null(f.as_global_value().as_pointer_value(), "linked")?)
-    }
-
-    /// `malloc` (or zeroed `calloc`) of `bytes`, failing with status 2.
-    fn heap(&self, bytes: u64, zeroed: bool) -> R<PointerValue<'ctx>> {
-        let (i64t, ptr) = (
-            self.ctx.i64_type(),
-            self.ctx.ptr_type(AddressSpace::default()),
-        );
-        let p = if zeroed {
-            let calloc = self.declare("calloc", ptr.fn_type(&[i64t.into(), i64t.into()], false));
-            self.b.build_call(
-                calloc,
-                &[self.i64c(1).into(), self.i64c(bytes).into()],
-                "block",
-            )?
-        } else {
-            let malloc = self.declare("malloc", ptr.fn_type(&[i64t.into()], false));
-            self.b
-                .build_call(malloc, &[self.i64c(bytes).into()], "block")?
-        }
-        .try_as_basic_value()
-        .basic()
-        .ok_or_else(|| CodegenError::Llvm("malloc gives no value".into()))?
-        .into_pointer_value();
-        let null = self.b.build_is_null(p, "isnull")?;
-        let ok = self.ctx.append_basic_block(self.func, "alloc.ok");
-        let fail = self.fail_block(dlc_runtime::abi::STATUS_OUT_OF_MEMORY)?;
-        self.b.build_conditional_branch(null, fail, ok)?;
-        self.b.position_at_end(ok);
-        Ok(p)
-    }
-
-    fn release(&self, p: PointerValue<'ctx>) -> R<()> {
-        let ptr = self.ctx.ptr_type(AddressSpace::default());
-        let free = self.declare("free", self.ctx.void_type().fn_type(&[ptr.into()], false));
-        self.b.build_call(free, &[p.into()], "")?;
-        Ok(())
-    }
-
-    /// Runs `body(index)` for `lo..hi` split in contiguous chunks over the
-    /// OpenMP runtime's threads (`GOMP_parallel`). The body is outlined into
-    /// a function that reads `captures` (every value it uses from outside)
-    /// from a frame; a failing status is passed back through the frame.
-    fn parallel_for(
-        &mut self,
-        lo: i64,
-        hi: i64,
-        captures: &BTreeSet<Value>,
-        extra: &[BasicValueEnum<'ctx>],
-        body: impl FnOnce(&mut Gen<'ctx, '_>, IntValue<'ctx>, &[BasicValueEnum<'ctx>]) -> R<()>,
-    ) -> R<()> {
-        let (ctx, i64t, i32t) = (self.ctx, self.ctx.i64_type(), self.ctx.i32_type());
-        let ptr = ctx.ptr_type(AddressSpace::default());
-        let mut captures: Vec<(Option<Value>, BasicValueEnum<'ctx>)> = captures
-            .iter()
-            .map(|v| Ok((Some(*v), self.get(*v)?)))
-            .collect::<R<_>>()?;
-        captures.extend(extra.iter().map(|v| (None, *v)));
-        let frame_ty = i64t.array_type(captures.len() as u32 + 1);
-        // The frame lives in the entry block, so a nest of these does not
-        // grow the stack.
-        let here = self
-            .b
-            .get_insert_block()
-            .ok_or_else(|| CodegenError::Llvm("no insertion block".into()))?;
-        let entry = self
-            .func
-            .get_first_basic_block()
-            .ok_or_else(|| CodegenError::Llvm("function without entry".into()))?;
-        match entry.get_first_instruction() {
-            Some(i) => self.b.position_before(&i),
-            None => self.b.position_at_end(entry),
-        }
-        let frame = self.b.build_alloca(frame_ty, "frame")?;
-        self.b.position_at_end(here);
-        let slot = |g: &Gen<'ctx, '_>, frame: PointerValue<'ctx>, i: usize| {
-            // SAFETY (LLVM IR semantics): i is within the frame array.
-            unsafe {
-                g.b.build_in_bounds_gep(i64t, frame, &[g.i64c(i as u64)], "slot")
-            }
-        };
-        for (i, (_, v)) in captures.iter().enumerate() {
-            self.b.build_store(slot(self, frame, i)?, *v)?;
-        }
-        let status_slot = slot(self, frame, captures.len())?;
-        self.b.build_store(status_slot, i32t.const_zero())?;
-
-        let outlined = self.module.add_function(
-            &format!(
-                "{}.threads{}",
-                self.f.name,
-                self.module.get_functions().count()
-            ),
-            ctx.void_type().fn_type(&[ptr.into()], false),
-            Some(Linkage::Private),
-        );
-        let start = ctx.append_basic_block(outlined, "entry");
-        let mut g = Gen {
-            ctx,
-            module: self.module,
-            b: ctx.create_builder(),
-            f: self.f,
-            func: outlined,
-            vals: std::collections::HashMap::new(),
-            sites: self.sites.clone(),
-            fail_blocks: Default::default(),
-            trap: None,
-            loc: self.loc.clone(),
-            status_slot: None,
-        };
-        g.b.position_at_end(start);
-        let frame_in = outlined
-            .get_first_param()
-            .ok_or_else(|| CodegenError::Invalid("outlined body without frame".into()))?
-            .into_pointer_value();
-        g.status_slot = Some(slot(&g, frame_in, captures.len())?);
-        g.b.position_at_end(start);
-        let mut extra_in = Vec::new();
-        for (i, (v, val)) in captures.iter().enumerate() {
-            let loaded =
-                g.b.build_load(val.get_type(), slot(&g, frame_in, i)?, "captured")?;
-            match v {
-                Some(v) => {
-                    g.vals.insert(*v, loaded);
-                }
-                None => extra_in.push(loaded),
-            }
-        }
-        let thread_num = g.declare_weak("omp_get_thread_num", i32t.fn_type(&[], false));
-        let num_threads = g.declare_weak("omp_get_num_threads", i32t.fn_type(&[], false));
-        // Without the OpenMP runtime, this is thread 0 of 1.
-        let int = |g: &Gen<'ctx, '_>, f: FunctionValue<'ctx>, alone: u64| -> R<IntValue<'ctx>> {
-            let here =
-                g.b.get_insert_block()
-                    .ok_or_else(|| CodegenError::Llvm("no insertion block".into()))?;
-            let call = g.ctx.append_basic_block(g.func, "omp.call");
-            let join = g.ctx.append_basic_block(g.func, "omp.join");
-            g.b.build_conditional_branch(g.linked(f)?, call, join)?;
-            g.b.position_at_end(call);
-            let r =
-                g.b.build_call(f, &[], "omp")?
-                    .try_as_basic_value()
-                    .basic()
-                    .ok_or_else(|| CodegenError::Llvm("omp call gives no value".into()))?;
-            let r = g.b.build_int_s_extend(r.into_int_value(), i64t, "n")?;
-            g.b.build_unconditional_branch(join)?;
-            g.b.position_at_end(join);
-            let phi = g.b.build_phi(i64t, "n")?;
-            phi.add_incoming(&[(&r, call), (&g.i64c(alone), here)]);
-            Ok(phi.as_basic_value().into_int_value())
-        };
-        let (tid, nt) = (int(&g, thread_num, 0)?, int(&g, num_threads, 1)?);
-        let total = (hi - lo).max(0) as u64;
-        let chunk = g.b.build_int_unsigned_div(
-            g.b.build_int_add(
-                g.i64c(total),
-                g.b.build_int_sub(nt, g.i64c(1), "nt1")?,
-                "up",
-            )?,
-            nt,
-            "chunk",
-        )?;
-        let first = g.b.build_int_add(
-            i64t.const_int(lo as u64, true),
-            g.b.build_int_mul(tid, chunk, "skip")?,
-            "first",
-        )?;
-        let end = g.b.build_int_add(first, chunk, "end")?;
-        let end = g.min(end, i64t.const_int(hi as u64, true))?;
-        g.counted(first, end, |g, i| body(g, i, &extra_in))?;
-        g.b.build_return(None)?;
-
-        // Run on the OpenMP runtime's threads when it is linked, else here.
-        let gomp = self.declare_weak(
-            "GOMP_parallel",
-            ctx.void_type()
-                .fn_type(&[ptr.into(), ptr.into(), i32t.into(), i32t.into()], false),
-        );
-        let pool = ctx.append_basic_block(self.func, "threads.pool");
-        let alone = ctx.append_basic_block(self.func, "threads.alone");
-        let joined = ctx.append_basic_block(self.func, "threads.joined");
-        self.b
-            .build_conditional_branch(self.linked(gomp)?, pool, alone)?;
-        self.b.position_at_end(pool);
-        self.b.build_call(
-            gomp,
-            &[
-                outlined.as_global_value().as_pointer_value().into(),
-                frame.into(),
-                i32t.const_zero().into(),
-                i32t.const_zero().into(),
-            ],
-            "",
-        )?;
-        self.b.build_unconditional_branch(joined)?;
-        self.b.position_at_end(alone);
-        self.b.build_call(outlined, &[frame.into()], "")?;
-        self.b.build_unconditional_branch(joined)?;
-        self.b.position_at_end(joined);
-        let status = self.b.build_load(i32t, status_slot, "status")?;
-        let failed = self.b.build_int_compare(
-            IntPredicate::NE,
-            status.into_int_value(),
-            i32t.const_zero(),
-            "failed",
-        )?;
-        let fail = ctx.append_basic_block(self.func, "threads.failed");
-        let ok = ctx.append_basic_block(self.func, "threads.ok");
-        self.b.build_conditional_branch(failed, fail, ok)?;
-        self.b.position_at_end(fail);
-        self.fail_with(status.into_int_value())?;
-        self.b.position_at_end(ok);
-        Ok(())
-    }
-
-    /// `loop.threads`.
-    pub(super) fn threads(&mut self, id: OpId, lo: i64, hi: i64) -> R<()> {
-        let captures = free_values(self.f, &[id]);
-        let f = self.f;
-        let region = &f.op(id).regions[0];
-        self.parallel_for(lo, hi, &captures, &[], |g, i, _| {
-            g.vals.insert(region.args[0], i.into());
-            g.block(region).map(|_| ())
-        })
-    }
-
-    /// A private function of the module, built once: `build` emits its body
-    /// with a generator placed in its entry block, given its parameters.
-    fn helper(
-        &self,
-        name: &str,
-        params: &[inkwell::types::BasicMetadataTypeEnum<'ctx>],
-        build: impl FnOnce(&mut Gen<'ctx, '_>, &[BasicValueEnum<'ctx>]) -> R<()>,
-    ) -> R<FunctionValue<'ctx>> {
-        if let Some(f) = self.module.get_function(name) {
-            return Ok(f);
-        }
-        let ctx = self.ctx;
-        let func = self.module.add_function(
-            name,
-            ctx.void_type().fn_type(params, false),
-            Some(Linkage::Private),
-        );
-        let entry = ctx.append_basic_block(func, "entry");
-        // Helpers neither divide integers nor allocate.
-        let trap = ctx.append_basic_block(func, "unreachable");
-        let mut g = Gen {
-            ctx,
-            module: self.module,
-            b: ctx.create_builder(),
-            f: self.f,
-            func,
-            vals: std::collections::HashMap::new(),
-            sites: self.sites.clone(),
-            fail_blocks: Default::default(),
-            trap: Some(trap),
-            loc: None,
-            status_slot: None,
-        };
-        g.b.position_at_end(trap);
-        g.b.build_unreachable()?;
-        g.b.position_at_end(entry);
-        let args: Vec<BasicValueEnum<'ctx>> = func.get_param_iter().collect();
-        build(&mut g, &args)?;
-        g.b.build_return(None)?;
-        Ok(func)
-    }
-
     /// Runs `body(p0, kc, offset)` for each KC-deep panel of a depth `k`:
     /// its first row, its depth (KC, or less for the last), and where it
     /// starts in a packed right operand `npad` columns wide.
@@ -430,9 +70,10 @@ impl<'ctx> Gen<'ctx, '_> {
         npad: IntValue<'ctx>,
         body: impl FnOnce(&mut Self, IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>) -> R<()>,
     ) -> R<()> {
-        let kc_max = self.i64c(KC);
+        let bl = blocking();
+        let kc_max = self.i64c(bl.kc);
         let panels = self.b.build_int_unsigned_div(
-            self.b.build_int_add(k, self.i64c(KC - 1), "up")?,
+            self.b.build_int_add(k, self.i64c(bl.kc - 1), "up")?,
             kc_max,
             "panels",
         )?;
@@ -448,6 +89,7 @@ impl<'ctx> Gen<'ctx, '_> {
     /// operand (element `(p, j)` at `b[base + p*sk + j*sn]`) as KC-deep panels
     /// of NR-column strips, each strip row by row, zero past column `n`.
     fn pack_b(&self) -> R<FunctionValue<'ctx>> {
+        let bl = blocking();
         let (i64t, ptr) = (
             self.ctx.i64_type(),
             self.ctx.ptr_type(AddressSpace::default()),
@@ -472,7 +114,7 @@ impl<'ctx> Gen<'ctx, '_> {
                 let (b, dst) = (b.into_pointer_value(), dst.into_pointer_value());
                 let [base, sk, sn, k, n, npad] =
                     [base, sk, sn, k, n, npad].map(|v| v.into_int_value());
-                let strips = g.b.build_int_unsigned_div(npad, c64(NR), "strips")?;
+                let strips = g.b.build_int_unsigned_div(npad, c64(bl.nr), "strips")?;
                 let last = g.b.build_int_sub(n, c64(1), "last")?;
                 g.k_panels(k, npad, |g, p0, kc, panel| {
                     g.counted(c64(0), strips, |g, jp| {
@@ -484,16 +126,16 @@ impl<'ctx> Gen<'ctx, '_> {
                                 g.b.build_int_add(g.b.build_int_mul(jp, kc, "jpk")?, p, "at")?;
                             let at = g.b.build_int_add(
                                 panel,
-                                g.b.build_int_mul(at, c64(NR), "s")?,
+                                g.b.build_int_mul(at, c64(bl.nr), "s")?,
                                 "at",
                             )?;
                             // A whole strip of a row-major operand is one copy.
-                            let j0 = g.b.build_int_mul(jp, c64(NR), "j0")?;
+                            let j0 = g.b.build_int_mul(jp, c64(bl.nr), "j0")?;
                             let whole = g.b.build_and(
                                 g.b.build_int_compare(IntPredicate::EQ, sn, c64(1), "unit")?,
                                 g.b.build_int_compare(
                                     IntPredicate::SLE,
-                                    g.b.build_int_add(j0, c64(NR), "j1")?,
+                                    g.b.build_int_add(j0, c64(bl.nr), "j1")?,
                                     n,
                                     "fits",
                                 )?,
@@ -505,13 +147,13 @@ impl<'ctx> Gen<'ctx, '_> {
                             g.b.build_conditional_branch(whole, copy, each)?;
                             g.b.position_at_end(copy);
                             let src = g.f32_at(b, g.b.build_int_add(roff, j0, "src")?)?;
-                            g.b.build_memcpy(g.f32_at(dst, at)?, 4, src, 4, c64(NR * 4))
+                            g.b.build_memcpy(g.f32_at(dst, at)?, 4, src, 4, c64(bl.nr * 4))
                                 .map_err(|e| CodegenError::Llvm(e.to_string()))?;
                             g.b.build_unconditional_branch(done)?;
                             g.b.position_at_end(each);
-                            g.counted(c64(0), c64(NR), |g, jj| {
+                            g.counted(c64(0), c64(bl.nr), |g, jj| {
                                 let j = g.b.build_int_add(
-                                    g.b.build_int_mul(jp, c64(NR), "j0")?,
+                                    g.b.build_int_mul(jp, c64(bl.nr), "j0")?,
                                     jj,
                                     "j",
                                 )?;
@@ -546,6 +188,7 @@ impl<'ctx> Gen<'ctx, '_> {
     /// `(i, p)` at `a[base + i*si + p*sk]`) is packed into MR-row strips, and
     /// the micro-kernel runs on every pair of strips.
     fn gemm_block(&self) -> R<FunctionValue<'ctx>> {
+        let bl = blocking();
         let (i64t, ptr) = (
             self.ctx.i64_type(),
             self.ctx.ptr_type(AddressSpace::default()),
@@ -595,8 +238,8 @@ impl<'ctx> Gen<'ctx, '_> {
                 let [base, si, sk, i0, mc, k, npad, js, je, ldc] =
                     [base, si, sk, i0, mc, k, npad, js, je, ldc].map(|v| v.into_int_value());
                 let row_strips = g.b.build_int_unsigned_div(
-                    g.b.build_int_add(mc, c64(MR - 1), "up")?,
-                    c64(MR),
+                    g.b.build_int_add(mc, c64(bl.mr - 1), "up")?,
+                    c64(bl.mr),
                     "rows",
                 )?;
                 let last = g.b.build_int_sub(mc, c64(1), "last")?;
@@ -607,9 +250,9 @@ impl<'ctx> Gen<'ctx, '_> {
                     // results land in the block's padding, never read.
                     g.counted(c64(0), row_strips, |g, strip| {
                         let mut roffs = Vec::new();
-                        for r in 0..MR {
+                        for r in 0..bl.mr {
                             let i = g.b.build_int_add(
-                                g.b.build_int_mul(strip, c64(MR), "s0")?,
+                                g.b.build_int_mul(strip, c64(bl.mr), "s0")?,
                                 c64(r),
                                 "i",
                             )?;
@@ -620,14 +263,17 @@ impl<'ctx> Gen<'ctx, '_> {
                                 "roff",
                             )?);
                         }
-                        let sbase =
-                            g.b.build_int_mul(g.b.build_int_mul(strip, kc, "sk")?, c64(MR), "sb")?;
+                        let sbase = g.b.build_int_mul(
+                            g.b.build_int_mul(strip, kc, "sk")?,
+                            c64(bl.mr),
+                            "sb",
+                        )?;
                         g.counted(c64(0), kc, |g, p| {
                             let coff =
                                 g.b.build_int_mul(g.b.build_int_add(p0, p, "col")?, sk, "cs")?;
                             let d0 = g.b.build_int_add(
                                 sbase,
-                                g.b.build_int_mul(p, c64(MR), "pm")?,
+                                g.b.build_int_mul(p, c64(bl.mr), "pm")?,
                                 "d0",
                             )?;
                             for (r, roff) in roffs.iter().enumerate() {
@@ -643,24 +289,24 @@ impl<'ctx> Gen<'ctx, '_> {
                         g.counted(c64(0), row_strips, |g, ip| {
                             let a_at = g.b.build_int_mul(
                                 g.b.build_int_mul(ip, kc, "ik")?,
-                                c64(MR),
+                                c64(bl.mr),
                                 "aat",
                             )?;
                             let b_at = g.b.build_int_mul(
                                 g.b.build_int_mul(jp, kc, "jk")?,
-                                c64(NR),
+                                c64(bl.nr),
                                 "bat",
                             )?;
                             let b_at = g.b.build_int_add(bpanel, b_at, "bat")?;
                             let c_at = g.b.build_int_add(
                                 g.b.build_int_mul(
-                                    g.b.build_int_mul(ip, c64(MR), "ir")?,
+                                    g.b.build_int_mul(ip, c64(bl.mr), "ir")?,
                                     ldc,
                                     "cr",
                                 )?,
                                 g.b.build_int_mul(
                                     g.b.build_int_sub(jp, js, "jrel")?,
-                                    c64(NR),
+                                    c64(bl.nr),
                                     "cc",
                                 )?,
                                 "cat",
@@ -690,6 +336,7 @@ impl<'ctx> Gen<'ctx, '_> {
     /// (`dlc.sgemm.block`); then the epilogue runs on the block's elements.
     /// The packing and blocking code is shared by every matmul of the module.
     pub(super) fn matmul(&mut self, id: OpId) -> R<()> {
+        let bl = blocking();
         let f = self.f;
         let op = f.op(id);
         let OpKind::Matmul(c) = &op.kind else {
@@ -714,12 +361,12 @@ impl<'ctx> Gen<'ctx, '_> {
         };
         let (a_coef, a_rest) = split_offset(&strides(op.operands[0])?, a, &[iv, kv]);
         let (b_coef, b_rest) = split_offset(&strides(op.operands[1])?, b, &[kv, jv]);
-        let npad = n.div_ceil(NR) * NR;
-        let blocks = m.div_ceil(MC);
+        let npad = n.div_ceil(bl.nr) * bl.nr;
+        let blocks = m.div_ceil(bl.mc);
         let i64t = self.ctx.i64_type();
         let c64 = move |v: u64| i64t.const_int(v, false);
         let s64 = move |v: i64| i64t.const_int(v as u64, true);
-        let bpack = self.heap(k.div_ceil(KC) * KC * npad * 4, false)?;
+        let bpack = self.heap(k.div_ceil(bl.kc) * bl.kc * npad * 4, false)?;
         let pack_b = self.pack_b()?;
         let bbase = self.index(&b_rest)?;
         self.b.build_call(
@@ -740,14 +387,14 @@ impl<'ctx> Gen<'ctx, '_> {
         // Units of work: a block of MC rows by a chunk of NR-column strips;
         // the columns are split when there are few row blocks, so that even
         // a product with one row block keeps every thread busy.
-        let strips = npad / NR;
+        let strips = npad / bl.nr;
         let per_chunk = if *parallel {
-            strips.div_ceil(UNITS.div_ceil(blocks).clamp(1, strips))
+            strips.div_ceil(bl.units.div_ceil(blocks).clamp(1, strips))
         } else {
             strips
         };
         let chunks = strips.div_ceil(per_chunk);
-        let ldc = per_chunk * NR;
+        let ldc = per_chunk * bl.nr;
         let body = move |g: &mut Gen<'ctx, '_>,
                          unit: IntValue<'ctx>,
                          extra: &[BasicValueEnum<'ctx>]|
@@ -756,9 +403,9 @@ impl<'ctx> Gen<'ctx, '_> {
             let chunk = g.b.build_int_unsigned_rem(unit, c64(chunks), "chunk")?;
             let js = g.b.build_int_mul(chunk, c64(per_chunk), "js")?;
             let je = g.min(g.b.build_int_add(js, c64(per_chunk), "je")?, c64(strips))?;
-            let j0 = g.b.build_int_mul(js, c64(NR), "j0")?;
+            let j0 = g.b.build_int_mul(js, c64(bl.nr), "j0")?;
             let width = g.b.build_int_sub(
-                g.min(g.b.build_int_mul(je, c64(NR), "jn")?, c64(n))?,
+                g.min(g.b.build_int_mul(je, c64(bl.nr), "jn")?, c64(n))?,
                 j0,
                 "width",
             )?;
@@ -767,10 +414,10 @@ impl<'ctx> Gen<'ctx, '_> {
                 .ok_or_else(|| CodegenError::Invalid("packed operand not passed".into()))?
                 .into_pointer_value();
             let abase = g.index(&a_rest)?;
-            let i0 = g.b.build_int_mul(block, c64(MC), "i0")?;
-            let mc = g.min(c64(MC), g.b.build_int_sub(c64(m), i0, "left")?)?;
-            let cblock = g.heap(MC * ldc * 4, true)?;
-            let apack = g.heap(MC * KC * 4, false)?;
+            let i0 = g.b.build_int_mul(block, c64(bl.mc), "i0")?;
+            let mc = g.min(c64(bl.mc), g.b.build_int_sub(c64(m), i0, "left")?)?;
+            let cblock = g.heap(bl.mc * ldc * 4, true)?;
+            let apack = g.heap(bl.mc * bl.kc * 4, false)?;
             g.b.build_call(
                 gemm_block,
                 &[
@@ -829,7 +476,8 @@ impl<'ctx> Gen<'ctx, '_> {
     /// steps, `a` packed `kc x MR`, `b` packed `kc x NR`, `c` with row
     /// stride `ldc`; the register tile is `MR x NR / LANES` vectors.
     fn micro_kernel(&self) -> R<FunctionValue<'ctx>> {
-        let name = format!("dlc.sgemm.{MR}x{NR}");
+        let bl = blocking();
+        let name = format!("dlc.sgemm.{}x{}", bl.mr, bl.nr);
         if let Some(k) = self.module.get_function(&name) {
             return Ok(k);
         }
@@ -839,7 +487,7 @@ impl<'ctx> Gen<'ctx, '_> {
             ctx.f32_type(),
             ctx.ptr_type(AddressSpace::default()),
         );
-        let vec = f32t.vec_type(LANES as u32);
+        let vec = f32t.vec_type(bl.lanes as u32);
         let kernel = self.module.add_function(
             &name,
             ctx.void_type().fn_type(
@@ -870,9 +518,9 @@ impl<'ctx> Gen<'ctx, '_> {
         let p = bld.build_phi(i64t, "p")?;
         p.add_incoming(&[(&i64t.const_zero(), entry)]);
         let pv = p.as_basic_value().into_int_value();
-        let nv = (NR / LANES) as usize;
+        let nv = (bl.nr / bl.lanes) as usize;
         let mut phis = Vec::new();
-        for _ in 0..MR as usize * nv {
+        for _ in 0..bl.mr as usize * nv {
             let phi = bld.build_phi(vec, "c")?;
             phi.add_incoming(&[(&vec.const_zero(), entry)]);
             phis.push(phi);
@@ -885,10 +533,10 @@ impl<'ctx> Gen<'ctx, '_> {
         let fma = inkwell::intrinsics::Intrinsic::find("llvm.fma")
             .and_then(|i| i.get_declaration(self.module, &[vec.into()]))
             .ok_or_else(|| CodegenError::Llvm("no llvm.fma".into()))?;
-        let boff = bld.build_int_mul(pv, i64t.const_int(NR, false), "boff")?;
+        let boff = bld.build_int_mul(pv, i64t.const_int(bl.nr, false), "boff")?;
         let mut bvecs = Vec::new();
         for v in 0..nv {
-            let off = bld.build_int_add(boff, i64t.const_int(v as u64 * LANES, false), "bo")?;
+            let off = bld.build_int_add(boff, i64t.const_int(v as u64 * bl.lanes, false), "bo")?;
             let ld = bld.build_load(vec, at(b, off)?, "bv")?;
             ld.as_instruction_value()
                 .map(|i| i.set_alignment(4))
@@ -896,16 +544,16 @@ impl<'ctx> Gen<'ctx, '_> {
                 .map_err(|e| CodegenError::Llvm(e.to_string()))?;
             bvecs.push(ld);
         }
-        let aoff = bld.build_int_mul(pv, i64t.const_int(MR, false), "aoff")?;
+        let aoff = bld.build_int_mul(pv, i64t.const_int(bl.mr, false), "aoff")?;
         let mut next = Vec::new();
-        for r in 0..MR as usize {
+        for r in 0..bl.mr as usize {
             let off = bld.build_int_add(aoff, i64t.const_int(r as u64, false), "ao")?;
             let x = bld.build_load(f32t, at(a, off)?, "a")?;
             let one = bld.build_insert_element(vec.get_poison(), x, i64t.const_zero(), "a1")?;
             let splat = bld.build_shuffle_vector(
                 one,
                 vec.get_poison(),
-                ctx.i32_type().vec_type(LANES as u32).const_zero(),
+                ctx.i32_type().vec_type(bl.lanes as u32).const_zero(),
                 "splat",
             )?;
             for v in 0..nv {
@@ -926,10 +574,11 @@ impl<'ctx> Gen<'ctx, '_> {
         let more = bld.build_int_compare(IntPredicate::SLT, p1, kc, "more")?;
         bld.build_conditional_branch(more, body, exit)?;
         bld.position_at_end(exit);
-        for r in 0..MR as usize {
+        for r in 0..bl.mr as usize {
             let row = bld.build_int_mul(ldc, i64t.const_int(r as u64, false), "row")?;
             for v in 0..nv {
-                let off = bld.build_int_add(row, i64t.const_int(v as u64 * LANES, false), "co")?;
+                let off =
+                    bld.build_int_add(row, i64t.const_int(v as u64 * bl.lanes, false), "co")?;
                 let cp = at(c, off)?;
                 let old = bld.build_load(vec, cp, "old")?;
                 old.as_instruction_value()

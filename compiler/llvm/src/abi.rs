@@ -1,0 +1,97 @@
+//! The C ABI of generated code: each function's runtime signature and the
+//! `SYM.entry(void **)` wrapper.
+
+use crate::{CodegenError, R};
+use dlc_core::TensorType;
+use dlc_loop::{Function, Type};
+use dlc_runtime::Param;
+use dlc_runtime::abi::{Signature, Symbols};
+use inkwell::AddressSpace;
+use inkwell::context::Context;
+use inkwell::module::{Linkage, Module};
+use inkwell::values::{BasicMetadataValueEnum, FunctionValue};
+
+/// The runtime signature of a loop function: its parameters, inputs then
+/// results, each a contiguous tensor.
+pub fn signature(f: &Function) -> R<Signature> {
+    let first_output = f.params.len() - f.outputs.min(f.params.len());
+    f.params
+        .iter()
+        .enumerate()
+        .map(|(i, (name, v))| {
+            let Type::Buffer(t) = f.ty(*v) else {
+                return Err(CodegenError::Invalid(format!(
+                    "parameter %{name} of @{} is not a buffer",
+                    f.name
+                )));
+            };
+            if !t.is_contiguous() {
+                return Err(CodegenError::Arguments(format!(
+                    "parameter %{name} of @{} ({t}) is strided; only row-major parameters can be \
+                     passed through the C ABI",
+                    f.name
+                )));
+            }
+            Ok(Param {
+                name: name.clone(),
+                ty: TensorType::new(t.dtype, t.shape.clone()),
+                output: i >= first_output,
+            })
+        })
+        .collect::<R<Vec<_>>>()
+        .map(|params| Signature {
+            name: f.name.clone(),
+            params,
+            sites: Vec::new(),
+        })
+}
+
+/// [`signature`] named by the function's exported symbol: what a C header
+/// declares.
+pub fn exported_signature(f: &Function, symbols: &Symbols) -> R<Signature> {
+    let mut sig = signature(f)?;
+    sig.name = symbols.symbol(&f.name).map_err(CodegenError::Symbol)?;
+    Ok(sig)
+}
+
+pub(crate) fn entry_wrapper<'ctx>(
+    ctx: &'ctx Context,
+    module: &Module<'ctx>,
+    f: &Function,
+    func: FunctionValue<'ctx>,
+    symbol: &str,
+) -> R<()> {
+    let ptr = ctx.ptr_type(AddressSpace::default());
+    let i32t = ctx.i32_type();
+    let wrapper = module.add_function(
+        &format!("{symbol}.entry"),
+        i32t.fn_type(&[ptr.into()], false),
+        Some(Linkage::External),
+    );
+    let b = ctx.create_builder();
+    b.position_at_end(ctx.append_basic_block(wrapper, "entry"));
+    let array = wrapper
+        .get_first_param()
+        .map(|p| p.into_pointer_value())
+        .ok_or_else(|| CodegenError::Invalid("wrapper without parameter".into()))?;
+    let mut args: Vec<BasicMetadataValueEnum<'_>> = Vec::new();
+    for i in 0..f.params.len() {
+        // SAFETY (LLVM IR semantics): index i is within the array the caller passes.
+        let slot = unsafe {
+            b.build_in_bounds_gep(
+                ptr,
+                array,
+                &[ctx.i64_type().const_int(i as u64, false)],
+                "slot",
+            )?
+        };
+        args.push(b.build_load(ptr, slot, "buffer")?.into());
+    }
+    let status = b
+        .build_call(func, &args, "status")?
+        .try_as_basic_value()
+        .basic()
+        .ok_or_else(|| CodegenError::Invalid("call without value".into()))?;
+    b.build_return(Some(&status))?;
+    Ok(())
+}

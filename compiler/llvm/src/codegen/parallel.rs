@@ -1,0 +1,403 @@
+//! Helpers every outlined or shared function uses (constants, counted
+//! loops, failure statuses, declarations, heap memory) and `loop.threads`:
+//! a body outlined into a function run on the OpenMP runtime's threads.
+
+use std::collections::BTreeSet;
+
+use dlc_loop::{Function, IndexExpr, OpId, OpKind, Value};
+use inkwell::AtomicOrdering;
+use inkwell::module::Linkage;
+use inkwell::values::{BasicValueEnum, FunctionValue, IntValue, PointerValue};
+use inkwell::{AddressSpace, IntPredicate};
+
+use super::Gen;
+use crate::{CodegenError, R};
+
+/// Values used inside the ops (operands, indices, nested bodies) that are
+/// defined outside them.
+pub(super) fn free_values(f: &Function, ops: &[OpId]) -> BTreeSet<Value> {
+    fn walk(
+        f: &Function,
+        ops: &[OpId],
+        used: &mut BTreeSet<Value>,
+        defined: &mut BTreeSet<Value>,
+    ) {
+        for id in ops {
+            let op = f.op(*id);
+            used.extend(&op.operands);
+            let index_terms = |index: &[IndexExpr], used: &mut BTreeSet<Value>| {
+                for e in index {
+                    used.extend(e.terms.iter().map(|(_, v)| *v));
+                }
+            };
+            match &op.kind {
+                OpKind::Load { index, .. } | OpKind::Store { index } => index_terms(index, used),
+                OpKind::Matmul(c) => {
+                    index_terms(&c.a, used);
+                    index_terms(&c.b, used);
+                }
+                _ => {}
+            }
+            defined.extend(&op.results);
+            for r in &op.regions {
+                defined.extend(&r.args);
+                walk(f, &r.ops, used, defined);
+            }
+        }
+    }
+    let (mut used, mut defined) = (BTreeSet::new(), BTreeSet::new());
+    walk(f, ops, &mut used, &mut defined);
+    used.retain(|v| !defined.contains(v));
+    used
+}
+
+impl<'ctx> Gen<'ctx, '_> {
+    pub(super) fn i64c(&self, v: u64) -> IntValue<'ctx> {
+        self.ctx.i64_type().const_int(v, false)
+    }
+
+    pub(super) fn min(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        let lt = self.b.build_int_compare(IntPredicate::SLT, a, b, "lt")?;
+        Ok(self.b.build_select(lt, a, b, "min")?.into_int_value())
+    }
+
+    /// `p + offset` elements of f32.
+    pub(super) fn f32_at(
+        &self,
+        p: PointerValue<'ctx>,
+        offset: IntValue<'ctx>,
+    ) -> R<PointerValue<'ctx>> {
+        // SAFETY (LLVM IR semantics): callers keep offsets inside the
+        // buffer or the packed block they address.
+        Ok(unsafe {
+            self.b
+                .build_in_bounds_gep(self.ctx.f32_type(), p, &[offset], "at")?
+        })
+    }
+
+    /// A loop `lo..hi` by 1 around what `body` emits.
+    pub(super) fn counted(
+        &mut self,
+        lo: IntValue<'ctx>,
+        hi: IntValue<'ctx>,
+        body: impl FnOnce(&mut Self, IntValue<'ctx>) -> R<()>,
+    ) -> R<()> {
+        self.counted_carrying(lo, hi, 1, &[], |g, i, _| body(g, i).map(|()| vec![]))
+            .map(|_| ())
+    }
+
+    /// Leaves the function with `status` (nonzero): returns it, or, in a
+    /// function outlined for threads, records it and returns.
+    pub(super) fn fail_with(&self, status: IntValue<'ctx>) -> R<()> {
+        match self.status_slot {
+            None => {
+                self.b.build_return(Some(&status))?;
+            }
+            Some(slot) => {
+                let st = self.b.build_store(slot, status)?;
+                st.set_atomic_ordering(AtomicOrdering::Monotonic)
+                    .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+                st.set_alignment(4)
+                    .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+                self.b.build_return(None)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn declare(
+        &self,
+        name: &str,
+        ty: inkwell::types::FunctionType<'ctx>,
+    ) -> FunctionValue<'ctx> {
+        self.module
+            .get_function(name)
+            .unwrap_or_else(|| self.module.add_function(name, ty, Some(Linkage::External)))
+    }
+
+    /// A weak declaration: the symbol is null at run time when nothing
+    /// linked defines it (an object file linked without `-lgomp`).
+    pub(super) fn declare_weak(
+        &self,
+        name: &str,
+        ty: inkwell::types::FunctionType<'ctx>,
+    ) -> FunctionValue<'ctx> {
+        self.module.get_function(name).unwrap_or_else(|| {
+            self.module
+                .add_function(name, ty, Some(Linkage::ExternalWeak))
+        })
+    }
+
+    /// Whether weakly declared `f` was linked, as an i1.
+    pub(super) fn linked(&self, f: FunctionValue<'ctx>) -> R<IntValue<'ctx>> {
+        Ok(self
+            .b
+            .build_is_not_null(f.as_global_value().as_pointer_value(), "linked")?)
+    }
+
+    /// `malloc` (or zeroed `calloc`) of `bytes`, failing with status 2.
+    pub(super) fn heap(&self, bytes: u64, zeroed: bool) -> R<PointerValue<'ctx>> {
+        let (i64t, ptr) = (
+            self.ctx.i64_type(),
+            self.ctx.ptr_type(AddressSpace::default()),
+        );
+        let p = if zeroed {
+            let calloc = self.declare("calloc", ptr.fn_type(&[i64t.into(), i64t.into()], false));
+            self.b.build_call(
+                calloc,
+                &[self.i64c(1).into(), self.i64c(bytes).into()],
+                "block",
+            )?
+        } else {
+            let malloc = self.declare("malloc", ptr.fn_type(&[i64t.into()], false));
+            self.b
+                .build_call(malloc, &[self.i64c(bytes).into()], "block")?
+        }
+        .try_as_basic_value()
+        .basic()
+        .ok_or_else(|| CodegenError::Llvm("malloc gives no value".into()))?
+        .into_pointer_value();
+        let null = self.b.build_is_null(p, "isnull")?;
+        let ok = self.ctx.append_basic_block(self.func, "alloc.ok");
+        let fail = self.fail_block(dlc_runtime::abi::STATUS_OUT_OF_MEMORY)?;
+        self.b.build_conditional_branch(null, fail, ok)?;
+        self.b.position_at_end(ok);
+        Ok(p)
+    }
+
+    pub(super) fn release(&self, p: PointerValue<'ctx>) -> R<()> {
+        let ptr = self.ctx.ptr_type(AddressSpace::default());
+        let free = self.declare("free", self.ctx.void_type().fn_type(&[ptr.into()], false));
+        self.b.build_call(free, &[p.into()], "")?;
+        Ok(())
+    }
+
+    /// Runs `body(index)` for `lo..hi` split in contiguous chunks over the
+    /// OpenMP runtime's threads (`GOMP_parallel`). The body is outlined into
+    /// a function that reads `captures` (every value it uses from outside)
+    /// from a frame; a failing status is passed back through the frame.
+    pub(super) fn parallel_for(
+        &mut self,
+        lo: i64,
+        hi: i64,
+        captures: &BTreeSet<Value>,
+        extra: &[BasicValueEnum<'ctx>],
+        body: impl FnOnce(&mut Gen<'ctx, '_>, IntValue<'ctx>, &[BasicValueEnum<'ctx>]) -> R<()>,
+    ) -> R<()> {
+        let (ctx, i64t, i32t) = (self.ctx, self.ctx.i64_type(), self.ctx.i32_type());
+        let ptr = ctx.ptr_type(AddressSpace::default());
+        let mut captures: Vec<(Option<Value>, BasicValueEnum<'ctx>)> = captures
+            .iter()
+            .map(|v| Ok((Some(*v), self.get(*v)?)))
+            .collect::<R<_>>()?;
+        captures.extend(extra.iter().map(|v| (None, *v)));
+        let frame_ty = i64t.array_type(captures.len() as u32 + 1);
+        // The frame lives in the entry block, so a nest of these does not
+        // grow the stack.
+        let here = self
+            .b
+            .get_insert_block()
+            .ok_or_else(|| CodegenError::Llvm("no insertion block".into()))?;
+        let entry = self
+            .func
+            .get_first_basic_block()
+            .ok_or_else(|| CodegenError::Llvm("function without entry".into()))?;
+        match entry.get_first_instruction() {
+            Some(i) => self.b.position_before(&i),
+            None => self.b.position_at_end(entry),
+        }
+        let frame = self.b.build_alloca(frame_ty, "frame")?;
+        self.b.position_at_end(here);
+        let slot = |g: &Gen<'ctx, '_>, frame: PointerValue<'ctx>, i: usize| {
+            // SAFETY (LLVM IR semantics): i is within the frame array.
+            unsafe {
+                g.b.build_in_bounds_gep(i64t, frame, &[g.i64c(i as u64)], "slot")
+            }
+        };
+        for (i, (_, v)) in captures.iter().enumerate() {
+            self.b.build_store(slot(self, frame, i)?, *v)?;
+        }
+        let status_slot = slot(self, frame, captures.len())?;
+        self.b.build_store(status_slot, i32t.const_zero())?;
+
+        let outlined = self.module.add_function(
+            &format!(
+                "{}.threads{}",
+                self.f.name,
+                self.module.get_functions().count()
+            ),
+            ctx.void_type().fn_type(&[ptr.into()], false),
+            Some(Linkage::Private),
+        );
+        let start = ctx.append_basic_block(outlined, "entry");
+        let mut g = Gen {
+            ctx,
+            module: self.module,
+            b: ctx.create_builder(),
+            f: self.f,
+            func: outlined,
+            vals: std::collections::HashMap::new(),
+            sites: self.sites.clone(),
+            fail_blocks: Default::default(),
+            trap: None,
+            loc: self.loc.clone(),
+            status_slot: None,
+        };
+        g.b.position_at_end(start);
+        let frame_in = outlined
+            .get_first_param()
+            .ok_or_else(|| CodegenError::Invalid("outlined body without frame".into()))?
+            .into_pointer_value();
+        g.status_slot = Some(slot(&g, frame_in, captures.len())?);
+        g.b.position_at_end(start);
+        let mut extra_in = Vec::new();
+        for (i, (v, val)) in captures.iter().enumerate() {
+            let loaded =
+                g.b.build_load(val.get_type(), slot(&g, frame_in, i)?, "captured")?;
+            match v {
+                Some(v) => {
+                    g.vals.insert(*v, loaded);
+                }
+                None => extra_in.push(loaded),
+            }
+        }
+        let thread_num = g.declare_weak("omp_get_thread_num", i32t.fn_type(&[], false));
+        let num_threads = g.declare_weak("omp_get_num_threads", i32t.fn_type(&[], false));
+        // Without the OpenMP runtime, this is thread 0 of 1.
+        let int = |g: &Gen<'ctx, '_>, f: FunctionValue<'ctx>, alone: u64| -> R<IntValue<'ctx>> {
+            let here =
+                g.b.get_insert_block()
+                    .ok_or_else(|| CodegenError::Llvm("no insertion block".into()))?;
+            let call = g.ctx.append_basic_block(g.func, "omp.call");
+            let join = g.ctx.append_basic_block(g.func, "omp.join");
+            g.b.build_conditional_branch(g.linked(f)?, call, join)?;
+            g.b.position_at_end(call);
+            let r =
+                g.b.build_call(f, &[], "omp")?
+                    .try_as_basic_value()
+                    .basic()
+                    .ok_or_else(|| CodegenError::Llvm("omp call gives no value".into()))?;
+            let r = g.b.build_int_s_extend(r.into_int_value(), i64t, "n")?;
+            g.b.build_unconditional_branch(join)?;
+            g.b.position_at_end(join);
+            let phi = g.b.build_phi(i64t, "n")?;
+            phi.add_incoming(&[(&r, call), (&g.i64c(alone), here)]);
+            Ok(phi.as_basic_value().into_int_value())
+        };
+        let (tid, nt) = (int(&g, thread_num, 0)?, int(&g, num_threads, 1)?);
+        let total = (hi - lo).max(0) as u64;
+        let chunk = g.b.build_int_unsigned_div(
+            g.b.build_int_add(
+                g.i64c(total),
+                g.b.build_int_sub(nt, g.i64c(1), "nt1")?,
+                "up",
+            )?,
+            nt,
+            "chunk",
+        )?;
+        let first = g.b.build_int_add(
+            i64t.const_int(lo as u64, true),
+            g.b.build_int_mul(tid, chunk, "skip")?,
+            "first",
+        )?;
+        let end = g.b.build_int_add(first, chunk, "end")?;
+        let end = g.min(end, i64t.const_int(hi as u64, true))?;
+        g.counted(first, end, |g, i| body(g, i, &extra_in))?;
+        g.b.build_return(None)?;
+
+        // Run on the OpenMP runtime's threads when it is linked, else here.
+        let gomp = self.declare_weak(
+            "GOMP_parallel",
+            ctx.void_type()
+                .fn_type(&[ptr.into(), ptr.into(), i32t.into(), i32t.into()], false),
+        );
+        let pool = ctx.append_basic_block(self.func, "threads.pool");
+        let alone = ctx.append_basic_block(self.func, "threads.alone");
+        let joined = ctx.append_basic_block(self.func, "threads.joined");
+        self.b
+            .build_conditional_branch(self.linked(gomp)?, pool, alone)?;
+        self.b.position_at_end(pool);
+        self.b.build_call(
+            gomp,
+            &[
+                outlined.as_global_value().as_pointer_value().into(),
+                frame.into(),
+                i32t.const_zero().into(),
+                i32t.const_zero().into(),
+            ],
+            "",
+        )?;
+        self.b.build_unconditional_branch(joined)?;
+        self.b.position_at_end(alone);
+        self.b.build_call(outlined, &[frame.into()], "")?;
+        self.b.build_unconditional_branch(joined)?;
+        self.b.position_at_end(joined);
+        let status = self.b.build_load(i32t, status_slot, "status")?;
+        let failed = self.b.build_int_compare(
+            IntPredicate::NE,
+            status.into_int_value(),
+            i32t.const_zero(),
+            "failed",
+        )?;
+        let fail = ctx.append_basic_block(self.func, "threads.failed");
+        let ok = ctx.append_basic_block(self.func, "threads.ok");
+        self.b.build_conditional_branch(failed, fail, ok)?;
+        self.b.position_at_end(fail);
+        self.fail_with(status.into_int_value())?;
+        self.b.position_at_end(ok);
+        Ok(())
+    }
+
+    /// `loop.threads`.
+    pub(super) fn threads(&mut self, id: OpId, lo: i64, hi: i64) -> R<()> {
+        let captures = free_values(self.f, &[id]);
+        let f = self.f;
+        let region = &f.op(id).regions[0];
+        self.parallel_for(lo, hi, &captures, &[], |g, i, _| {
+            g.vals.insert(region.args[0], i.into());
+            g.block(region).map(|_| ())
+        })
+    }
+
+    /// A private function of the module, built once: `build` emits its body
+    /// with a generator placed in its entry block, given its parameters.
+    pub(super) fn helper(
+        &self,
+        name: &str,
+        params: &[inkwell::types::BasicMetadataTypeEnum<'ctx>],
+        build: impl FnOnce(&mut Gen<'ctx, '_>, &[BasicValueEnum<'ctx>]) -> R<()>,
+    ) -> R<FunctionValue<'ctx>> {
+        if let Some(f) = self.module.get_function(name) {
+            return Ok(f);
+        }
+        let ctx = self.ctx;
+        let func = self.module.add_function(
+            name,
+            ctx.void_type().fn_type(params, false),
+            Some(Linkage::Private),
+        );
+        let entry = ctx.append_basic_block(func, "entry");
+        // Helpers neither divide integers nor allocate.
+        let trap = ctx.append_basic_block(func, "unreachable");
+        let mut g = Gen {
+            ctx,
+            module: self.module,
+            b: ctx.create_builder(),
+            f: self.f,
+            func,
+            vals: std::collections::HashMap::new(),
+            sites: self.sites.clone(),
+            fail_blocks: Default::default(),
+            trap: Some(trap),
+            loc: None,
+            status_slot: None,
+        };
+        g.b.position_at_end(trap);
+        g.b.build_unreachable()?;
+        g.b.position_at_end(entry);
+        let args: Vec<BasicValueEnum<'ctx>> = func.get_param_iter().collect();
+        build(&mut g, &args)?;
+        g.b.build_return(None)?;
+        Ok(func)
+    }
+}

@@ -1,0 +1,181 @@
+//! A loop module as an optimized LLVM module for the host, and the
+//! artifacts made from it: LLVM IR text, assembly, object files, shared
+//! libraries.
+
+use std::collections::HashMap;
+
+use crate::abi::{entry_wrapper, signature};
+use crate::codegen::{Gen, Sites};
+use crate::target::x86_64;
+use crate::{CodegenError, R};
+use dlc_loop::Module as LModule;
+use dlc_runtime::abi::{Site, Symbols};
+use inkwell::FloatPredicate;
+use inkwell::attributes::AttributeLoc;
+use inkwell::context::Context;
+use inkwell::module::{Linkage, Module};
+use inkwell::passes::PassBuilderOptions;
+use inkwell::targets::TargetMachine;
+
+/// An LLVM module compiled from loop IR, with the target machine it is for.
+pub struct Compiled<'ctx> {
+    /// The optimized module.
+    pub module: Module<'ctx>,
+    machine: TargetMachine,
+    /// Each function's failure sites, by loop function name.
+    pub(crate) sites: HashMap<String, Vec<Site>>,
+}
+
+/// Compiles loop IR for the host CPU and optimizes it (O3); entry point `f`
+/// is exported as `symbols.symbol(f)`, every other function is private.
+pub fn compile<'ctx>(ctx: &'ctx Context, m: &LModule, symbols: &Symbols) -> R<Compiled<'ctx>> {
+    let machine = x86_64::host_machine()?;
+    let module = ctx.create_module("dlc");
+    module.set_triple(&machine.get_triple());
+    module.set_data_layout(&machine.get_target_data().get_data_layout());
+    let mut all_sites = HashMap::new();
+    for f in &m.functions {
+        let symbol = symbols.symbol(&f.name).map_err(CodegenError::Symbol)?;
+        let sites = Sites::default();
+        let func = Gen::function(ctx, &module, f, &symbol, &sites)?;
+        entry_wrapper(ctx, &module, f, func, &symbol)?;
+        let sites = sites.borrow().clone();
+        all_sites.insert(f.name.clone(), sites.clone());
+        if let Ok(mut sig) = signature(f) {
+            sig.sites = sites;
+            let text = ctx.const_string(sig.encode().as_bytes(), true);
+            let global = module.add_global(text.get_type(), None, &format!("{symbol}.signature"));
+            global.set_initializer(&text);
+            global.set_constant(true);
+        }
+    }
+    define_bf16_truncation(ctx, &module)?;
+    let attributes = x86_64::function_attributes();
+    for func in module.get_functions() {
+        if func.count_basic_blocks() == 0 {
+            continue;
+        }
+        for (k, v) in &attributes {
+            func.add_attribute(AttributeLoc::Function, ctx.create_string_attribute(k, v));
+        }
+    }
+    module
+        .verify()
+        .map_err(|e| CodegenError::Llvm(format!("generated IR is invalid: {e}")))?;
+    module
+        .run_passes("default<O3>", &machine, PassBuilderOptions::create())
+        .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+    Ok(Compiled {
+        module,
+        machine,
+        sites: all_sites,
+    })
+}
+
+/// LLVM rounds f32 to bfloat with a call to `__truncsfbf2` on CPUs without
+/// AVX512-BF16, and the libgcc of GCC 12 (Debian 12) has no such function:
+/// each module carries its own (weak, hidden: a real one wins), rounding to
+/// nearest even and keeping NaNs quiet.
+fn define_bf16_truncation<'ctx>(ctx: &'ctx Context, module: &Module<'ctx>) -> R<()> {
+    let (f32t, i32t) = (ctx.f32_type(), ctx.i32_type());
+    let f = module.add_function(
+        "__truncsfbf2",
+        ctx.bf16_type().fn_type(&[f32t.into()], false),
+        Some(Linkage::WeakAny),
+    );
+    f.as_global_value()
+        .set_visibility(inkwell::GlobalVisibility::Hidden);
+    let b = ctx.create_builder();
+    b.position_at_end(ctx.append_basic_block(f, "entry"));
+    let x = f
+        .get_first_param()
+        .ok_or_else(|| CodegenError::Invalid("__truncsfbf2 without parameter".into()))?
+        .into_float_value();
+    let bits = b.build_bit_cast(x, i32t, "bits")?.into_int_value();
+    let c = |v: u64| i32t.const_int(v, false);
+    let high = b.build_right_shift(bits, c(16), false, "high")?;
+    let lsb = b.build_and(high, c(1), "lsb")?;
+    let bias = b.build_int_add(lsb, c(0x7fff), "bias")?;
+    let rounded = b.build_int_add(bits, bias, "rounded")?;
+    let rounded = b.build_right_shift(rounded, c(16), false, "rounded")?;
+    let quiet = b.build_or(high, c(0x40), "quiet")?;
+    let nan = b.build_float_compare(FloatPredicate::UNO, x, x, "nan")?;
+    let r = b.build_select(nan, quiet, rounded, "r")?.into_int_value();
+    let r = b.build_int_truncate(r, ctx.i16_type(), "r16")?;
+    let r = b.build_bit_cast(r, ctx.bf16_type(), "bf")?;
+    b.build_return(Some(&r))?;
+    Ok(())
+}
+
+impl Compiled<'_> {
+    /// The target machine the module was compiled for.
+    pub fn machine(&self) -> &TargetMachine {
+        &self.machine
+    }
+}
+
+/// The optimized LLVM IR of a loop module, as text.
+pub fn emit_llvm_ir(m: &LModule, symbols: &Symbols) -> R<String> {
+    let ctx = Context::create();
+    let c = compile(&ctx, m, symbols)?;
+    Ok(c.module.print_to_string().to_string())
+}
+
+/// Native assembly (`asm`) or an object file for the host, from loop IR.
+pub fn emit_native(m: &LModule, object: bool, symbols: &Symbols) -> R<Vec<u8>> {
+    let ctx = Context::create();
+    let c = compile(&ctx, m, symbols)?;
+    let kind = if object {
+        inkwell::targets::FileType::Object
+    } else {
+        inkwell::targets::FileType::Assembly
+    };
+    let buf = c
+        .machine
+        .write_to_memory_buffer(&c.module, kind)
+        .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+    Ok(buf.as_slice().to_vec())
+}
+
+/// Links loop IR into a shared library at `path` with the system's C
+/// compiler (`$CC`, else `cc`), against libm and the OpenMP runtime.
+pub fn emit_shared_library(m: &LModule, path: &std::path::Path, symbols: &Symbols) -> R<()> {
+    let object = emit_native(m, true, symbols)?;
+    let dir = std::env::temp_dir().join(format!(
+        "dlc-link-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| CodegenError::Link(format!("{}: {e}", dir.display())))?;
+    let obj = dir.join("module.o");
+    let result = std::fs::write(&obj, &object)
+        .map_err(|e| CodegenError::Link(format!("{}: {e}", obj.display())))
+        .and_then(|()| {
+            let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+            let out = std::process::Command::new(&cc)
+                .arg("-shared")
+                .arg("-o")
+                .arg(path)
+                .arg(&obj)
+                .args(["-lm", "-lgomp"])
+                .output()
+                .map_err(|e| {
+                    CodegenError::Link(format!(
+                        "cannot run the C compiler `{cc}` to link a shared library: {e}"
+                    ))
+                })?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(CodegenError::Link(format!(
+                    "`{cc} -shared` failed: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )))
+            }
+        });
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
