@@ -818,29 +818,18 @@ pub fn interpret_lowered_within(
     inputs: &[HostTensor],
     limit: f64,
 ) -> Result<Vec<HostTensor>, DriverError> {
-    use dlc_loop::BufferType;
     use dlc_loop::interp::{Buffer, run_function_within};
-    let mut args: Vec<Buffer> = inputs
-        .iter()
-        .map(|t| Buffer {
-            ty: BufferType::contiguous(t.ty.dtype, t.ty.shape.clone()),
-            data: t.data.clone(),
-        })
-        .collect();
-    let result_types = f.result_types();
-    for t in &result_types {
-        args.push(
-            Buffer::zeros(BufferType::contiguous(t.dtype, t.shape.clone()))
-                .map_err(|e| DriverError::Usage(e.to_string()))?,
-        );
-    }
-    run_function_within(lowered, &f.name, &mut args, limit)
-        .map_err(|e| DriverError::Usage(format!("loop interpreter: {e}")))?;
-    args.drain(..inputs.len());
-    args.into_iter()
-        .zip(result_types)
-        .map(|(b, ty)| Ok(HostTensor::new(ty, b.data)?))
-        .collect()
+    interpret_buffers(f, inputs, "loop interpreter", |buffers| {
+        let mut args: Vec<Buffer> = buffers
+            .into_iter()
+            .map(|(t, data)| Buffer {
+                ty: dlc_loop::BufferType::contiguous(t.dtype, t.shape),
+                data,
+            })
+            .collect();
+        run_function_within(lowered, &f.name, &mut args, limit).map_err(|e| e.to_string())?;
+        Ok(args.into_iter().map(|b| b.data).collect())
+    })
 }
 
 /// Runs entry point `f`, scheduled as tile IR in `tiled`, on the tile
@@ -852,31 +841,51 @@ pub fn interpret_tile_within(
     limit: f64,
 ) -> Result<Vec<HostTensor>, DriverError> {
     use dlc_tile::interp::{Buffer, run_function_within};
-    use dlc_tile::{BufferType, Space};
-    let mut args: Vec<Buffer> = inputs
-        .iter()
-        .map(|t| Buffer {
-            ty: BufferType::contiguous(t.ty.dtype, t.ty.shape.clone(), Space::Global),
-            data: t.data.clone(),
-        })
-        .collect();
+    interpret_buffers(f, inputs, "tile interpreter", |buffers| {
+        let mut args: Vec<Buffer> = buffers
+            .into_iter()
+            .map(|(t, data)| Buffer {
+                ty: dlc_tile::BufferType::contiguous(t.dtype, t.shape, dlc_tile::Space::Global),
+                data,
+            })
+            .collect();
+        run_function_within(tiled, &f.name, &mut args, limit).map_err(|e| e.to_string())?;
+        Ok(args.into_iter().map(|b| b.data).collect())
+    })
+}
+
+/// Runs an interpreter of a lowered level over contiguous buffers: `run`
+/// gets one `(type, elements)` per parameter of `f` (the inputs, then the
+/// results filled with zeros) and gives back every buffer's elements after
+/// the run; the results are read from the trailing ones.
+fn interpret_buffers(
+    f: &Function,
+    inputs: &[HostTensor],
+    interpreter: &str,
+    run: impl FnOnce(Vec<(TensorType, Vec<f64>)>) -> Result<Vec<Vec<f64>>, String>,
+) -> Result<Vec<HostTensor>, DriverError> {
     let result_types = f.result_types();
+    let mut buffers: Vec<(TensorType, Vec<f64>)> = inputs
+        .iter()
+        .map(|t| (t.ty.clone(), t.data.clone()))
+        .collect();
     for t in &result_types {
-        args.push(
-            Buffer::zeros(BufferType::contiguous(
-                t.dtype,
-                t.shape.clone(),
-                Space::Global,
-            ))
-            .map_err(|e| DriverError::Usage(e.to_string()))?,
-        );
+        match t.num_elements() {
+            Some(n) if n <= dlc_tile::interp::MAX_ELEMENTS => {
+                buffers.push((t.clone(), vec![0.0; n]));
+            }
+            _ => {
+                return Err(DriverError::Usage(format!(
+                    "{interpreter}: result {t} is too large for the interpreter"
+                )));
+            }
+        }
     }
-    run_function_within(tiled, &f.name, &mut args, limit)
-        .map_err(|e| DriverError::Usage(format!("tile interpreter: {e}")))?;
-    args.drain(..inputs.len());
-    args.into_iter()
+    let mut out = run(buffers).map_err(|e| DriverError::Usage(format!("{interpreter}: {e}")))?;
+    out.drain(..inputs.len());
+    out.into_iter()
         .zip(result_types)
-        .map(|(b, ty)| Ok(HostTensor::new(ty, b.data)?))
+        .map(|(data, ty)| Ok(HostTensor::new(ty, data)?))
         .collect()
 }
 

@@ -911,18 +911,8 @@ impl<'a> Conv<'a> {
         };
         let bat = batch_id(self);
         let (pk, pn) = (self.b.program_id(bat_axes), self.b.program_id(bat_axes + 1));
-        self.index.insert(
-            kv,
-            Affine::value(pk)
-                .scaled(kc as i64)
-                .plus_scaled(1, &Affine::axis(0)),
-        );
-        self.index.insert(
-            jv,
-            Affine::value(pn)
-                .scaled(nr as i64)
-                .plus_scaled(1, &Affine::axis(1)),
-        );
+        self.index.insert(kv, Affine::block(pk, kc as i64, 0));
+        self.index.insert(jv, Affine::block(pn, nr as i64, 1));
         let b_index: Vec<Affine> =
             c.b.iter()
                 .map(|e| self.affine(e))
@@ -967,12 +957,7 @@ impl<'a> Conv<'a> {
         self.b.store(
             zero,
             block,
-            vec![
-                Affine::axis(0),
-                Affine::value(zn)
-                    .scaled(nr as i64)
-                    .plus_scaled(1, &Affine::axis(1)),
-            ],
+            vec![Affine::axis(0), Affine::block(zn, nr as i64, 1)],
             None,
         );
         self.b.end_for(vec![]);
@@ -1008,12 +993,8 @@ impl<'a> Conv<'a> {
         let (nb, _) = self.b.begin_for(0, nb_n as i64, 1, &[]);
         let (s, _) = self.b.begin_for(0, strips as i64, 1, &[]);
         let at = vec![
-            Affine::value(s)
-                .scaled(mr as i64)
-                .plus_scaled(1, &Affine::axis(0)),
-            Affine::value(nb)
-                .scaled(nr as i64)
-                .plus_scaled(1, &Affine::axis(1)),
+            Affine::block(s, mr as i64, 0),
+            Affine::block(nb, nr as i64, 1),
         ];
         let c0 = self
             .b
@@ -1048,12 +1029,8 @@ impl<'a> Conv<'a> {
         let (nb, _) = self.b.begin_for(0, nb_n as i64, 1, &[]);
         let (s, _) = self.b.begin_for(0, strips as i64, 1, &[]);
         let at = vec![
-            Affine::value(s)
-                .scaled(mr as i64)
-                .plus_scaled(1, &Affine::axis(0)),
-            Affine::value(nb)
-                .scaled(nr as i64)
-                .plus_scaled(1, &Affine::axis(1)),
+            Affine::block(s, mr as i64, 0),
+            Affine::block(nb, nr as i64, 1),
         ];
         let sum = self.b.load(block, at, None, None, f32t(vec![mr, nr]));
         let row0 = i0.plus_scaled(mr as i64, &Affine::value(s));

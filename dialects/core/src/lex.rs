@@ -179,6 +179,83 @@ pub fn lex(text: &str) -> Result<Vec<(Tok, usize, usize)>, ParseError> {
 /// A result of parsing.
 pub type PResult<T> = Result<T, ParseError>;
 
+/// The value names in scope while a function is parsed: names defined in
+/// enclosing blocks are visible, and a name is defined once per function
+/// scope chain.
+#[derive(Debug, Clone)]
+pub struct Scopes<V> {
+    scopes: Vec<std::collections::HashMap<String, V>>,
+}
+
+impl<V: Copy> Default for Scopes<V> {
+    fn default() -> Self {
+        Scopes {
+            scopes: vec![std::collections::HashMap::new()],
+        }
+    }
+}
+
+impl<V: Copy> Scopes<V> {
+    /// Opens a nested scope (a block).
+    pub fn push(&mut self) {
+        self.scopes.push(std::collections::HashMap::new());
+    }
+
+    /// Closes the innermost scope.
+    pub fn pop(&mut self) {
+        self.scopes.pop();
+    }
+
+    /// How many scopes are open.
+    pub fn depth(&self) -> usize {
+        self.scopes.len()
+    }
+
+    /// The value `%name` stands for here.
+    pub fn lookup(&self, name: &str) -> Option<V> {
+        self.scopes.iter().rev().find_map(|s| s.get(name).copied())
+    }
+
+    /// Defines `%name` in the innermost scope; an error at `c`'s token if it
+    /// is already visible.
+    pub fn define(&mut self, c: &Cursor, name: String, v: V) -> PResult<()> {
+        if self.lookup(&name).is_some() {
+            return c.error(format!("`%{name}` is defined twice"));
+        }
+        if let Some(scope) = self.scopes.last_mut() {
+            scope.insert(name, v);
+        }
+        Ok(())
+    }
+
+    /// Consumes a use of a value: `%name`, or `%name#k` (result `k` of an op
+    /// whose results are defined as a group).
+    pub fn value(&self, c: &mut Cursor) -> PResult<V> {
+        let Tok::Percent(n) = c.peek().clone() else {
+            return c.expected("a value `%name`");
+        };
+        if let (Tok::Punct("#"), Tok::Int(k)) = (c.peek_at(1).clone(), c.peek_at(2).clone()) {
+            let group = format!("{n}#{k}");
+            return match self.lookup(&group) {
+                Some(v) => {
+                    c.bump();
+                    c.bump();
+                    c.bump();
+                    Ok(v)
+                }
+                None => c.error(format!("`%{group}` is not defined here")),
+            };
+        }
+        match self.lookup(&n) {
+            Some(v) => {
+                c.bump();
+                Ok(v)
+            }
+            None => c.error(format!("`%{n}` is not defined here")),
+        }
+    }
+}
+
 /// A position in a token list, with the helpers recursive-descent parsers use.
 pub struct Cursor {
     /// The tokens, ending with [`Tok::Eof`].
@@ -256,6 +333,17 @@ impl Cursor {
             true
         } else {
             false
+        }
+    }
+
+    /// Consumes a value name `%name` (where one is defined).
+    pub fn percent(&mut self, what: &str) -> PResult<String> {
+        match self.peek().clone() {
+            Tok::Percent(n) => {
+                self.bump();
+                Ok(n)
+            }
+            _ => self.expected(what),
         }
     }
 

@@ -53,3 +53,60 @@ mod tests {
         assert!(parse_float(&format_float(f64::NAN)).is_some_and(f64::is_nan));
     }
 }
+
+/// The names values print with: parameters keep theirs, everything else is
+/// numbered `%0, %1, ...` in the order it is defined (a group of results
+/// is `%N#0, %N#1, ...`, as MLIR names them).
+#[derive(Debug, Clone)]
+pub struct Namer<V> {
+    names: std::collections::HashMap<V, String>,
+    next: u32,
+}
+
+impl<V: Copy + Eq + std::hash::Hash + std::fmt::Debug> Namer<V> {
+    /// A namer knowing the parameters' names (printed with `%`).
+    pub fn new<'a>(params: impl IntoIterator<Item = (&'a String, V)>) -> Self {
+        Namer {
+            names: params
+                .into_iter()
+                .map(|(n, v)| (v, format!("%{n}")))
+                .collect(),
+            next: 0,
+        }
+    }
+
+    /// Names a value `%N`.
+    pub fn define(&mut self, v: V) -> String {
+        let name = format!("%{}", self.next);
+        self.next += 1;
+        self.names.insert(v, name.clone());
+        name
+    }
+
+    /// Names a group of results `%N#k`; returns `%N`.
+    pub fn define_group(&mut self, vs: &[V]) -> String {
+        let base = format!("%{}", self.next);
+        self.next += 1;
+        for (k, v) in vs.iter().enumerate() {
+            self.names.insert(*v, format!("{base}#{k}"));
+        }
+        base
+    }
+
+    /// A value's name (`%<undefined ..>` for one never defined: IR the
+    /// verifier rejects).
+    pub fn get(&self, v: V) -> String {
+        self.names
+            .get(&v)
+            .cloned()
+            .unwrap_or_else(|| format!("%<undefined {v:?}>"))
+    }
+
+    /// Names, comma-separated.
+    pub fn list(&self, vs: &[V]) -> String {
+        vs.iter()
+            .map(|v| self.get(*v))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}

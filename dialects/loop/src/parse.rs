@@ -1,9 +1,7 @@
 //! Reads the loop dialect's text form. Errors carry line and column; the
 //! verifier then checks what was read.
 
-use std::collections::HashMap;
-
-use dlc_core::lex::{Cursor, PResult, ParseError, Tok};
+use dlc_core::lex::{Cursor, PResult, ParseError, Scopes, Tok};
 use dlc_core::scalar::{BinaryOp, CmpOp, UnaryOp};
 use dlc_core::{DType, parse_float};
 
@@ -12,7 +10,7 @@ use crate::ir::{Block, BufferType, Function, IndexExpr, Module, OpKind, Type, Va
 struct Parser {
     c: Cursor,
     f: Function,
-    scopes: Vec<HashMap<String, Value>>,
+    scopes: Scopes<Value>,
 }
 
 impl std::ops::Deref for Parser {
@@ -41,7 +39,7 @@ pub fn parse_module(text: &str) -> Result<Module, ParseError> {
     let mut p = Parser {
         c: Cursor::new(text)?,
         f: Function::default(),
-        scopes: vec![],
+        scopes: Scopes::default(),
     };
     let mut module = Module::default();
     while p.peek() != &Tok::Eof {
@@ -51,43 +49,17 @@ pub fn parse_module(text: &str) -> Result<Module, ParseError> {
 }
 
 impl Parser {
-    fn lookup(&self, name: &str) -> Option<Value> {
-        self.scopes.iter().rev().find_map(|s| s.get(name).copied())
-    }
-
     /// Defines `%name` in the innermost scope.
     fn define(&mut self, name: String, v: Value) -> PResult<()> {
-        if self.lookup(&name).is_some() {
-            return self.error(format!("`%{name}` is defined twice"));
-        }
-        if let Some(scope) = self.scopes.last_mut() {
-            scope.insert(name, v);
-        }
-        Ok(())
+        self.scopes.define(&self.c, name, v)
     }
 
     fn name(&mut self, what: &str) -> PResult<String> {
-        match self.peek().clone() {
-            Tok::Percent(n) => {
-                self.bump();
-                Ok(n)
-            }
-            _ => self.expected(what),
-        }
+        self.c.percent(what)
     }
 
     fn value(&mut self) -> PResult<Value> {
-        let n = match self.peek().clone() {
-            Tok::Percent(n) => n,
-            _ => return self.expected("a value `%name`"),
-        };
-        match self.lookup(&n) {
-            Some(v) => {
-                self.bump();
-                Ok(v)
-            }
-            None => self.error(format!("`%{n}` is not defined here")),
-        }
+        self.scopes.value(&mut self.c)
     }
 
     fn values(&mut self) -> PResult<Vec<Value>> {
@@ -232,7 +204,7 @@ impl Parser {
             }
         };
         self.f = Function::new(name);
-        self.scopes = vec![HashMap::new()];
+        self.scopes = Scopes::default();
         self.expect("(")?;
         if !self.eat(")") {
             loop {
@@ -263,7 +235,7 @@ impl Parser {
     /// Ops up to the closing `}`; `args` are the block's arguments, already
     /// defined in a new scope by the caller.
     fn block(&mut self, args: Vec<Value>) -> PResult<Block> {
-        if self.scopes.len() > MAX_NESTING {
+        if self.scopes.depth() > MAX_NESTING {
             return self.error(format!("loops nest deeper than {MAX_NESTING} levels"));
         }
         let mut ops = Vec::new();
@@ -320,7 +292,7 @@ impl Parser {
             }
         }
         self.expect("{")?;
-        self.scopes.push(HashMap::new());
+        self.scopes.push();
         let iv = self.f.new_value(Type::Index);
         self.define(iv_name, iv)?;
         let mut args = vec![iv];
@@ -358,7 +330,7 @@ impl Parser {
         self.expect(",")?;
         let k = self.int()?;
         self.expect(")")?;
-        self.scopes.push(HashMap::new());
+        self.scopes.push();
         let mut args = Vec::new();
         for (i, name) in arg_names.into_iter().enumerate() {
             let t = if i < 3 {

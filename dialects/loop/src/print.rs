@@ -3,62 +3,14 @@
 //! --allow-unregistered-dialect` parses). Values are named `%0, %1, ...` in
 //! the order they are defined; parameters keep their names.
 
-use std::collections::HashMap;
 use std::fmt::Write;
 
-use dlc_core::{DType, format_float};
+use dlc_core::{DType, Namer, format_float};
 
 use crate::ir::{Block, Function, IndexExpr, Module, OpId, OpKind, Type, Value};
 
-struct Namer {
-    names: HashMap<Value, String>,
-    next: u32,
-}
-
-impl Namer {
-    fn new(f: &Function) -> Namer {
-        let names = f
-            .params
-            .iter()
-            .map(|(n, v)| (*v, format!("%{n}")))
-            .collect();
-        Namer { names, next: 0 }
-    }
-
-    /// Names every result of a multi-result op `%N#k`, as MLIR does.
-    fn define_group(&mut self, vs: &[Value]) -> String {
-        let base = format!("%{}", self.next);
-        self.next += 1;
-        for (k, v) in vs.iter().enumerate() {
-            self.names.insert(*v, format!("{base}#{k}"));
-        }
-        base
-    }
-
-    fn define(&mut self, v: Value) -> String {
-        let name = format!("%{}", self.next);
-        self.next += 1;
-        self.names.insert(v, name.clone());
-        name
-    }
-
-    fn get(&self, v: Value) -> String {
-        self.names
-            .get(&v)
-            .cloned()
-            .unwrap_or_else(|| format!("%<undefined {}>", v.0))
-    }
-
-    fn list(&self, vs: &[Value]) -> String {
-        vs.iter()
-            .map(|v| self.get(*v))
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-
-    fn index(&self, e: &IndexExpr) -> String {
-        affine_text(e, |v| self.get(v), false)
-    }
+fn index_text(namer: &Namer<Value>, e: &IndexExpr) -> String {
+    affine_text(e, |v| namer.get(v), false)
 }
 
 /// `a + 2*b - 1`, with `var` naming each index value; MLIR's affine syntax
@@ -114,7 +66,7 @@ pub fn print_module(m: &Module) -> String {
 }
 
 fn print_function(f: &Function, out: &mut String) {
-    let mut namer = Namer::new(f);
+    let mut namer = Namer::new(f.params.iter().map(|(n, v)| (n, *v)));
     let first_output = f.params.len() - f.outputs.min(f.params.len());
     let params: Vec<String> = f
         .params
@@ -130,7 +82,7 @@ fn print_function(f: &Function, out: &mut String) {
     out.push_str("}\n");
 }
 
-fn print_block(f: &Function, b: &Block, namer: &mut Namer, depth: usize, out: &mut String) {
+fn print_block(f: &Function, b: &Block, namer: &mut Namer<Value>, depth: usize, out: &mut String) {
     for &op in &b.ops {
         print_op(f, op, namer, depth, out);
     }
@@ -140,7 +92,7 @@ fn scalar_type(f: &Function, v: Value) -> String {
     f.ty(v).to_string()
 }
 
-fn print_op(f: &Function, id: OpId, namer: &mut Namer, depth: usize, out: &mut String) {
+fn print_op(f: &Function, id: OpId, namer: &mut Namer<Value>, depth: usize, out: &mut String) {
     let op = f.op(id);
     let pad = "  ".repeat(depth);
     let results: Vec<String> = op.results.iter().map(|r| namer.define(*r)).collect();
@@ -189,7 +141,7 @@ fn print_op(f: &Function, id: OpId, namer: &mut Namer, depth: usize, out: &mut S
             );
         }
         OpKind::Load { index, pad } => {
-            let idx: Vec<String> = index.iter().map(|e| namer.index(e)).collect();
+            let idx: Vec<String> = index.iter().map(|e| index_text(namer, e)).collect();
             let _ = write!(out, "{name} {}[{}]", namer.get(ops[0]), idx.join(", "));
             if let Some(p) = pad {
                 let dtype = if let Type::Scalar(d) = f.ty(op.results[0]) {
@@ -202,7 +154,7 @@ fn print_op(f: &Function, id: OpId, namer: &mut Namer, depth: usize, out: &mut S
             let _ = write!(out, " : {}", f.ty(op.results[0]));
         }
         OpKind::Store { index } => {
-            let idx: Vec<String> = index.iter().map(|e| namer.index(e)).collect();
+            let idx: Vec<String> = index.iter().map(|e| index_text(namer, e)).collect();
             let _ = write!(
                 out,
                 "{name} {}, {}[{}]",
@@ -249,8 +201,8 @@ fn print_op(f: &Function, id: OpId, namer: &mut Namer, depth: usize, out: &mut S
             } = &**c;
             let body = &op.regions[0];
             let args: Vec<String> = body.args.iter().map(|v| namer.define(*v)).collect();
-            let ai: Vec<String> = a.iter().map(|e| namer.index(e)).collect();
-            let bi: Vec<String> = b.iter().map(|e| namer.index(e)).collect();
+            let ai: Vec<String> = a.iter().map(|e| index_text(namer, e)).collect();
+            let bi: Vec<String> = b.iter().map(|e| index_text(namer, e)).collect();
             let _ = writeln!(
                 out,
                 "{name} ({}) = ({m}, {n}, {k}) {}[{}] * {}[{}]{} {{",
@@ -311,7 +263,7 @@ fn affine_map(index: &[IndexExpr]) -> (Vec<Value>, String) {
 pub fn print_mlir_generic(m: &Module) -> String {
     let mut out = String::new();
     for f in &m.functions {
-        let mut namer = Namer::new(f);
+        let mut namer = Namer::new(f.params.iter().map(|(n, v)| (n, *v)));
         let params: Vec<String> = f
             .params
             .iter()
@@ -331,7 +283,7 @@ pub fn print_mlir_generic(m: &Module) -> String {
     out
 }
 
-fn mlir_block(f: &Function, b: &Block, namer: &mut Namer, depth: usize, out: &mut String) {
+fn mlir_block(f: &Function, b: &Block, namer: &mut Namer<Value>, depth: usize, out: &mut String) {
     for &id in &b.ops {
         let op = f.op(id);
         let pad = "  ".repeat(depth);

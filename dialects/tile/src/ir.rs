@@ -289,6 +289,14 @@ impl Affine {
         }
     }
 
+    /// `k * v + #axis`: coordinate `axis` of an element of block `v` of
+    /// blocks `k` wide.
+    pub fn block(v: Value, k: i64, axis: usize) -> Self {
+        Affine::value(v)
+            .scaled(k)
+            .plus_scaled(1, &Affine::axis(axis))
+    }
+
     /// `self + k * other`, with like terms merged and zero terms dropped.
     pub fn plus_scaled(&self, k: i64, other: &Affine) -> Affine {
         let mut out = self.clone();

@@ -2,9 +2,7 @@
 //! [`crate::print`] writes, driven by each op's declared syntax. Errors
 //! carry line and column; the verifier then checks what was read.
 
-use std::collections::HashMap;
-
-use dlc_core::lex::{Cursor, PResult, ParseError, Tok};
+use dlc_core::lex::{Cursor, PResult, ParseError, Scopes, Tok};
 use dlc_core::{DType, parse_float};
 
 use crate::ir::{Affine, Block, BufferType, Function, Module, Space, TileType, Type, Value};
@@ -17,7 +15,7 @@ pub const MAX_NESTING: usize = 64;
 struct Parser {
     c: Cursor,
     f: Function,
-    scopes: Vec<HashMap<String, Value>>,
+    scopes: Scopes<Value>,
 }
 
 impl std::ops::Deref for Parser {
@@ -38,7 +36,7 @@ pub fn parse_module(text: &str) -> Result<Module, ParseError> {
     let mut p = Parser {
         c: Cursor::new(text)?,
         f: Function::default(),
-        scopes: vec![],
+        scopes: Scopes::default(),
     };
     let mut module = Module::default();
     while p.peek() != &Tok::Eof {
@@ -48,57 +46,17 @@ pub fn parse_module(text: &str) -> Result<Module, ParseError> {
 }
 
 impl Parser {
-    fn lookup(&self, name: &str) -> Option<Value> {
-        self.scopes.iter().rev().find_map(|s| s.get(name).copied())
-    }
-
+    /// Defines `%name` in the innermost scope.
     fn define(&mut self, name: String, v: Value) -> PResult<()> {
-        if self.lookup(&name).is_some() {
-            return self.error(format!("`%{name}` is defined twice"));
-        }
-        if let Some(scope) = self.scopes.last_mut() {
-            scope.insert(name, v);
-        }
-        Ok(())
+        self.scopes.define(&self.c, name, v)
     }
 
     fn name(&mut self, what: &str) -> PResult<String> {
-        match self.peek().clone() {
-            Tok::Percent(n) => {
-                self.bump();
-                Ok(n)
-            }
-            _ => self.expected(what),
-        }
+        self.c.percent(what)
     }
 
-    /// `%name` or `%name#k` (result `k` of a multi-result op).
     fn value(&mut self) -> PResult<Value> {
-        let mut n = match self.peek().clone() {
-            Tok::Percent(n) => n,
-            _ => return self.expected("a value `%name`"),
-        };
-        if matches!(self.peek_at(1), Tok::Punct("#")) && matches!(self.peek_at(2), Tok::Int(_)) {
-            if let Tok::Int(k) = self.peek_at(2).clone() {
-                n = format!("{n}#{k}");
-            }
-            match self.lookup(&n) {
-                Some(v) => {
-                    self.bump();
-                    self.bump();
-                    self.bump();
-                    return Ok(v);
-                }
-                None => return self.error(format!("`%{n}` is not defined here")),
-            }
-        }
-        match self.lookup(&n) {
-            Some(v) => {
-                self.bump();
-                Ok(v)
-            }
-            None => self.error(format!("`%{n}` is not defined here")),
-        }
+        self.scopes.value(&mut self.c)
     }
 
     fn int_list(&mut self) -> PResult<Vec<i64>> {
@@ -316,7 +274,7 @@ impl Parser {
             }
         };
         self.f = Function::new(name);
-        self.scopes = vec![HashMap::new()];
+        self.scopes = Scopes::default();
         self.expect("(")?;
         if !self.eat(")") {
             loop {
@@ -346,10 +304,10 @@ impl Parser {
 
     /// Ops up to the closing `}` (consumed), in a new scope holding `args`.
     fn block(&mut self, args: Vec<(String, Type)>) -> PResult<Block> {
-        if self.scopes.len() > MAX_NESTING {
+        if self.scopes.depth() > MAX_NESTING {
             return self.error(format!("regions nest more than {MAX_NESTING} deep"));
         }
-        self.scopes.push(HashMap::new());
+        self.scopes.push();
         let mut block = Block::default();
         for (n, t) in args {
             let v = self.f.new_value(t);

@@ -10,59 +10,12 @@
 //! where a load's or store's buffer is written with its index (`%b[4*%0 +
 //! #1, %1]`, `#k` a tile coordinate) and a mask follows as `mask %m`.
 
-use std::collections::HashMap;
 use std::fmt::Write;
 
-use dlc_core::format_float;
+use dlc_core::{Namer, format_float};
 
 use crate::ir::{Affine, Block, Function, Module, OpId, Value};
 use crate::ops::Operands;
-
-struct Namer {
-    names: HashMap<Value, String>,
-    next: u32,
-}
-
-impl Namer {
-    fn new(f: &Function) -> Namer {
-        let names = f
-            .params
-            .iter()
-            .map(|(n, v)| (*v, format!("%{n}")))
-            .collect();
-        Namer { names, next: 0 }
-    }
-
-    fn define_group(&mut self, vs: &[Value]) -> String {
-        let base = format!("%{}", self.next);
-        self.next += 1;
-        for (k, v) in vs.iter().enumerate() {
-            self.names.insert(*v, format!("{base}#{k}"));
-        }
-        base
-    }
-
-    fn define(&mut self, v: Value) -> String {
-        let name = format!("%{}", self.next);
-        self.next += 1;
-        self.names.insert(v, name.clone());
-        name
-    }
-
-    fn get(&self, v: Value) -> String {
-        self.names
-            .get(&v)
-            .cloned()
-            .unwrap_or_else(|| format!("%<undefined {}>", v.0))
-    }
-
-    fn list(&self, vs: &[Value]) -> String {
-        vs.iter()
-            .map(|v| self.get(*v))
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-}
 
 /// `%a + 2*%b - #1 + 3`; in MLIR's syntax (`var` naming symbols and
 /// `axis` naming dimensions) the coefficient follows: `s1 * 2`.
@@ -122,7 +75,7 @@ pub fn print_module(m: &Module) -> String {
 }
 
 fn print_function(f: &Function, out: &mut String) {
-    let mut namer = Namer::new(f);
+    let mut namer = Namer::new(f.params.iter().map(|(n, v)| (n, *v)));
     let params: Vec<String> = f
         .params
         .iter()
@@ -141,13 +94,13 @@ fn print_function(f: &Function, out: &mut String) {
     out.push_str("}\n");
 }
 
-fn print_block(f: &Function, b: &Block, namer: &mut Namer, depth: usize, out: &mut String) {
+fn print_block(f: &Function, b: &Block, namer: &mut Namer<Value>, depth: usize, out: &mut String) {
     for &id in &b.ops {
         print_op(f, id, namer, depth, out);
     }
 }
 
-fn print_op(f: &Function, id: OpId, namer: &mut Namer, depth: usize, out: &mut String) {
+fn print_op(f: &Function, id: OpId, namer: &mut Namer<Value>, depth: usize, out: &mut String) {
     let op = f.op(id);
     let pad = "  ".repeat(depth);
     let _ = write!(out, "{pad}");
@@ -164,7 +117,7 @@ fn print_op(f: &Function, id: OpId, namer: &mut Namer, depth: usize, out: &mut S
     }
     out.push_str(&op.kind.name());
     let syn = op.kind.syntax();
-    let index_text = |namer: &Namer| -> String {
+    let index_text = |namer: &Namer<Value>| -> String {
         let items: Vec<String> = op
             .kind
             .index()
@@ -239,7 +192,7 @@ pub fn mlir_float(v: f64) -> String {
 pub fn print_mlir_generic(m: &Module) -> String {
     let mut out = String::from("module {\n");
     for f in &m.functions {
-        let mut namer = Namer::new(f);
+        let mut namer = Namer::new(f.params.iter().map(|(n, v)| (n, *v)));
         let _ = writeln!(out, "  \"tile.func\"() ({{");
         let args: Vec<String> = f
             .params
@@ -258,13 +211,13 @@ pub fn print_mlir_generic(m: &Module) -> String {
     out
 }
 
-fn mlir_block(f: &Function, b: &Block, namer: &mut Namer, depth: usize, out: &mut String) {
+fn mlir_block(f: &Function, b: &Block, namer: &mut Namer<Value>, depth: usize, out: &mut String) {
     for &id in &b.ops {
         mlir_op(f, id, namer, depth, out);
     }
 }
 
-fn mlir_op(f: &Function, id: OpId, namer: &mut Namer, depth: usize, out: &mut String) {
+fn mlir_op(f: &Function, id: OpId, namer: &mut Namer<Value>, depth: usize, out: &mut String) {
     let op = f.op(id);
     let pad = "  ".repeat(depth);
     let mut operands = op.operands.clone();

@@ -16,12 +16,7 @@ use crate::{CodegenError, R};
 /// Values used inside the ops (operands, indices, nested bodies) that are
 /// defined outside them.
 pub(super) fn free_values(f: &Function, ops: &[OpId]) -> BTreeSet<Value> {
-    fn walk(
-        f: &Function,
-        ops: &[OpId],
-        used: &mut BTreeSet<Value>,
-        defined: &mut BTreeSet<Value>,
-    ) {
+    fn walk(f: &Function, ops: &[OpId], used: &mut BTreeSet<Value>, defined: &mut BTreeSet<Value>) {
         for id in ops {
             let op = f.op(*id);
             used.extend(&op.operands);
