@@ -4,7 +4,7 @@
 //! parse back identically, survive the default pipeline, print as MLIR and,
 //! when small, run; programs are also lowered and scheduled as tile kernels
 //! for the host and for sm_90, which must verify and, when small, run on the
-//! tile interpreter.
+//! tile interpreter, and so must verified loop IR read as text.
 #![no_main]
 
 use dlc_core::{PassManager, Pipeline, Verify};
@@ -118,5 +118,22 @@ fuzz_target!(|data: &[u8]| {
         && module.verify().is_ok()
     {
         exercise_tile(&module);
+    }
+    // Verified loop IR (written by hand, not only lowered) converts to
+    // verified tile IR or says why not.
+    if let Ok(module) = dlc_loop::parse_module(text)
+        && module.verify().is_ok()
+    {
+        for target in [
+            dlc_core::TargetDesc::host().clone(),
+            dlc_core::TargetDesc::sm_90(),
+        ] {
+            if let Ok(tiled) = dlc_lower::convert_module(&module, &target) {
+                if let Err(errors) = tiled.verify() {
+                    panic!("tile IR converted from verified loop IR does not verify: {errors:?}");
+                }
+                exercise_tile(&tiled);
+            }
+        }
     }
 });

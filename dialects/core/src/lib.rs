@@ -11,6 +11,7 @@ pub mod scalar;
 pub mod target;
 mod text;
 mod types;
+pub mod work;
 
 pub use loc::{LineIndex, SourceLoc};
 pub use pass::{

@@ -67,25 +67,8 @@ pub enum LoopError {
     #[error("invalid IR: {0}")]
     Invalid(String),
     /// A function whose estimated work exceeds the limit it is run under.
-    #[error(
-        "{op} (top-level op {index} of @{function}) would take about {work:.2e} operations \
-         ({total:.2e} for the whole function), more than the interpreter's limit of {limit:.2e}; \
-         --max-work raises the limit"
-    )]
-    TooMuchWork {
-        /// The function.
-        function: String,
-        /// The costliest top-level op's name.
-        op: String,
-        /// Its position in the function body.
-        index: usize,
-        /// Its estimated work.
-        work: f64,
-        /// The whole function's.
-        total: f64,
-        /// The limit.
-        limit: f64,
-    },
+    #[error("{0}")]
+    TooMuchWork(#[from] dlc_core::work::WorkExceeded),
 }
 
 /// The most work the loop interpreter takes on in one run unless told
@@ -119,25 +102,13 @@ fn op_work(f: &Function, op: crate::OpId) -> f64 {
 /// Fails with [`LoopError::TooMuchWork`] when function `f`'s estimated
 /// work is above `limit`.
 pub fn check_work(f: &Function, limit: f64) -> Result<(), LoopError> {
-    let per_op: Vec<f64> = f.body.ops.iter().map(|&op| op_work(f, op)).collect();
-    let total: f64 = per_op.iter().sum();
-    if total <= limit {
-        return Ok(());
-    }
-    let (index, work) = per_op
+    let per_op: Vec<(String, f64)> = f
+        .body
+        .ops
         .iter()
-        .copied()
-        .enumerate()
-        .max_by(|a, b| a.1.total_cmp(&b.1))
-        .unwrap_or_default();
-    Err(LoopError::TooMuchWork {
-        function: f.name.clone(),
-        op: f.ops[f.body.ops[index].0 as usize].kind.name(),
-        index,
-        work,
-        total,
-        limit,
-    })
+        .map(|&op| (f.op(op).kind.name(), op_work(f, op)))
+        .collect();
+    Ok(dlc_core::work::check_work(&f.name, &per_op, limit)?)
 }
 
 #[derive(Debug, Clone, Copy)]
