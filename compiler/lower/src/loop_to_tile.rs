@@ -385,6 +385,11 @@ impl<'a> Conv<'a> {
             return self.dot_kernel(&band, m);
         }
         let last = *band.last().ok_or_else(|| self.invalid("empty band"))?;
+        if band.len() == 1
+            && let Some(inner) = self.short_rows(last)
+        {
+            return self.short_rows_kernel(last, inner);
+        }
         let last_op = self.op(last);
         let straight = last_op.regions[0].ops.iter().all(|o| {
             loop_bounds(&self.op(*o).kind).is_none() && !matches!(self.op(*o).kind, L::Matmul(_))
@@ -433,6 +438,85 @@ impl<'a> Conv<'a> {
         }
         let body = &self.op(last).regions[0];
         let result = self.ops(&body.ops);
+        self.shape.clear();
+        self.mask = None;
+        self.splats.clear();
+        result?;
+        self.b.end_kernel();
+        Ok(())
+    }
+
+    /// For a parallel loop `outer` whose body is one loop over rows shorter
+    /// than a tile (`vector` iterations) with a straight-line body, that
+    /// loop: such rows are better taken several at a time, as 2-D tiles.
+    /// Every store must write distinct places for distinct `(i, j)`: each
+    /// index dimension uses at most one of the two counters, and both
+    /// appear.
+    fn short_rows(&self, outer: LOpId) -> Option<LOpId> {
+        let op = self.op(outer);
+        let [inner] = op.regions[0].ops.as_slice() else {
+            return None;
+        };
+        let inner_op = self.op(*inner);
+        let (lo, hi, step) = loop_bounds(&inner_op.kind)?;
+        let (i, j) = (op.regions[0].args[0], inner_op.regions[0].args[0]);
+        let straight = inner_op.regions[0].ops.iter().all(|o| {
+            loop_bounds(&self.op(*o).kind).is_none() && !matches!(self.op(*o).kind, L::Matmul(_))
+        });
+        if step != 1
+            || !inner_op.operands.is_empty()
+            || (hi - lo) as usize >= self.params.vector
+            || !straight
+            || self.vectorizable(*inner).is_none_or(|c| !c.is_empty())
+        {
+            return None;
+        }
+        let separable = inner_op.regions[0]
+            .ops
+            .iter()
+            .all(|o| match &self.op(*o).kind {
+                L::Store { index } => {
+                    let uses =
+                        |e: &IndexExpr, v: LValue| e.terms.iter().any(|t| t.1 == v && t.0 != 0);
+                    index.iter().all(|e| !(uses(e, i) && uses(e, j)))
+                        && index.iter().any(|e| uses(e, i))
+                        && index.iter().any(|e| uses(e, j))
+                }
+                _ => true,
+            });
+        separable.then_some(*inner)
+    }
+
+    /// Rows `outer` x `inner` as `r x c` tiles: `c` the whole (short) row,
+    /// `r` rows so that a tile holds about `vector` elements; one program
+    /// per block of rows.
+    fn short_rows_kernel(&mut self, outer: LOpId, inner: LOpId) -> Result<(), TileConvError> {
+        let (o, n) = (self.op(outer), self.op(inner));
+        let (ilo, ihi, _) = loop_bounds(&o.kind).unwrap_or((0, 1, 1));
+        let (jlo, jhi, _) = loop_bounds(&n.kind).unwrap_or((0, 1, 1));
+        let (rows, c) = ((ihi - ilo).max(1) as usize, (jhi - jlo).max(1) as usize);
+        let r = (self.params.vector / c).clamp(1, rows);
+        let schedule = Schedule::new("blocked")
+            .with("vector", vec![self.params.vector as i64])
+            .with("tile", vec![r as i64, c as i64]);
+        self.b.begin_kernel(vec![rows.div_ceil(r)], schedule);
+        let pid = self.b.program_id(0);
+        let row0 = Affine::value(pid)
+            .scaled(r as i64)
+            .plus_scaled(1, &Affine::constant(ilo));
+        self.index
+            .insert(o.regions[0].args[0], row0.plus_scaled(1, &Affine::axis(0)));
+        self.index.insert(
+            n.regions[0].args[0],
+            Affine::constant(jlo).plus_scaled(1, &Affine::axis(1)),
+        );
+        self.shape = vec![r, c];
+        self.splats.clear();
+        self.mask = (!rows.is_multiple_of(r)).then(|| {
+            let left = Affine::constant(rows as i64).plus_scaled(-(r as i64), &Affine::value(pid));
+            self.b.mask(vec![left, Affine::constant(c as i64)], &[r, c])
+        });
+        let result = self.ops(&n.regions[0].ops);
         self.shape.clear();
         self.mask = None;
         self.splats.clear();
