@@ -134,9 +134,7 @@ pub fn convert_module_with(m: &LModule, params: &ScheduleParams) -> Result<Modul
 
 fn tile_buffer(t: &LBufferType) -> BufferType {
     BufferType {
-        dtype: t.dtype,
-        shape: t.shape.clone(),
-        strides: t.strides.clone(),
+        layout: t.clone(),
         space: Space::Global,
     }
 }

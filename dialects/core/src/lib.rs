@@ -4,6 +4,7 @@
 //! written `a,b{key=value},c`, and a manager that verifies after every pass).
 #![deny(missing_docs)]
 
+mod layout;
 pub mod lex;
 pub mod loc;
 mod pass;
@@ -13,6 +14,7 @@ mod text;
 mod types;
 pub mod work;
 
+pub use layout::Layout;
 pub use loc::{LineIndex, SourceLoc};
 pub use pass::{
     Pass, PassAdapter, PassError, PassManager, PassOptions, PassRegistry, PassReport, Pipeline,

@@ -16,76 +16,9 @@ pub struct Value(pub u32);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct OpId(pub u32);
 
-/// A buffer: element type, shape, and strides in elements.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct BufferType {
-    /// Element type.
-    pub dtype: DType,
-    /// Extent of each dimension.
-    pub shape: Vec<usize>,
-    /// Distance in elements between neighbours along each dimension.
-    pub strides: Vec<usize>,
-}
-
-impl BufferType {
-    /// A row-major buffer.
-    pub fn contiguous(dtype: DType, shape: Vec<usize>) -> Self {
-        let mut strides = vec![1usize; shape.len()];
-        for i in (0..shape.len().saturating_sub(1)).rev() {
-            strides[i] = strides[i + 1].saturating_mul(shape[i + 1]);
-        }
-        BufferType {
-            dtype,
-            shape,
-            strides,
-        }
-    }
-
-    /// Whether the strides are the row-major ones.
-    pub fn is_contiguous(&self) -> bool {
-        BufferType::contiguous(self.dtype, self.shape.clone()).strides == self.strides
-    }
-
-    /// Elements of storage the buffer spans, or `None` on overflow.
-    pub fn storage_len(&self) -> Option<usize> {
-        if self.shape.contains(&0) {
-            return Some(0);
-        }
-        self.shape
-            .iter()
-            .zip(&self.strides)
-            .try_fold(1usize, |acc, (d, s)| {
-                acc.checked_add((d - 1).checked_mul(*s)?)
-            })
-    }
-
-    /// The MLIR type (`memref<4x8xf32>`, `memref<4x8xf32, strided<[1, 4]>>`).
-    pub fn mlir(&self) -> String {
-        let mut s = String::from("memref<");
-        for d in &self.shape {
-            s.push_str(&format!("{d}x"));
-        }
-        s.push_str(self.dtype.mlir_name());
-        if !self.is_contiguous() {
-            let strides: Vec<String> = self.strides.iter().map(|s| s.to_string()).collect();
-            s.push_str(&format!(", strided<[{}]>", strides.join(", ")));
-        }
-        s.push('>');
-        s
-    }
-}
-
-impl fmt::Display for BufferType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let dims: Vec<String> = self.shape.iter().map(|d| d.to_string()).collect();
-        write!(f, "buffer<{}[{}]", self.dtype, dims.join(", "))?;
-        if !self.is_contiguous() {
-            let strides: Vec<String> = self.strides.iter().map(|s| s.to_string()).collect();
-            write!(f, ", strides = [{}]", strides.join(", "))?;
-        }
-        f.write_str(">")
-    }
-}
+/// A buffer: element type, shape, and strides in elements (the layout
+/// every dialect's buffers share).
+pub type BufferType = dlc_core::Layout;
 
 /// The type of a value.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -55,83 +55,49 @@ impl Space {
     }
 }
 
-/// A buffer: element type, shape, strides in elements, memory space.
+/// A buffer: its layout (element type, shape, strides in elements; read
+/// through it as `t.dtype`, `t.shape`, `t.strides`) and its memory space.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct BufferType {
-    /// Element type.
-    pub dtype: DType,
-    /// Extent of each dimension.
-    pub shape: Vec<usize>,
-    /// Distance in elements between neighbours along each dimension.
-    pub strides: Vec<usize>,
+    /// Element type, shape and strides.
+    pub layout: dlc_core::Layout,
     /// Where it lives.
     pub space: Space,
+}
+
+impl std::ops::Deref for BufferType {
+    type Target = dlc_core::Layout;
+    fn deref(&self) -> &dlc_core::Layout {
+        &self.layout
+    }
+}
+
+impl std::ops::DerefMut for BufferType {
+    fn deref_mut(&mut self) -> &mut dlc_core::Layout {
+        &mut self.layout
+    }
 }
 
 impl BufferType {
     /// A row-major buffer in `space`.
     pub fn contiguous(dtype: DType, shape: Vec<usize>, space: Space) -> Self {
-        let mut strides = vec![1usize; shape.len()];
-        for i in (0..shape.len().saturating_sub(1)).rev() {
-            strides[i] = strides[i + 1].saturating_mul(shape[i + 1]);
-        }
         BufferType {
-            dtype,
-            shape,
-            strides,
+            layout: dlc_core::Layout::contiguous(dtype, shape),
             space,
         }
     }
 
-    /// Whether the strides are the row-major ones.
-    pub fn is_contiguous(&self) -> bool {
-        BufferType::contiguous(self.dtype, self.shape.clone(), self.space).strides == self.strides
-    }
-
-    /// Elements of storage the buffer spans, or `None` on overflow.
-    pub fn storage_len(&self) -> Option<usize> {
-        if self.shape.contains(&0) {
-            return Some(0);
-        }
-        self.shape
-            .iter()
-            .zip(&self.strides)
-            .try_fold(1usize, |acc, (d, s)| {
-                acc.checked_add((d - 1).checked_mul(*s)?)
-            })
-    }
-
     /// The MLIR type (`memref<4x8xf32>`, `memref<4x8xf32, strided<[1, 4]>, 3>`).
     pub fn mlir(&self) -> String {
-        let mut s = String::from("memref<");
-        for d in &self.shape {
-            s.push_str(&format!("{d}x"));
-        }
-        s.push_str(self.dtype.mlir_name());
-        if !self.is_contiguous() {
-            let strides: Vec<String> = self.strides.iter().map(|s| s.to_string()).collect();
-            s.push_str(&format!(", strided<[{}]>", strides.join(", ")));
-        }
-        if self.space != Space::Global {
-            s.push_str(&format!(", {}", self.space.mlir()));
-        }
-        s.push('>');
-        s
+        self.layout
+            .mlir_in((self.space != Space::Global).then(|| self.space.mlir()))
     }
 }
 
 impl fmt::Display for BufferType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let dims: Vec<String> = self.shape.iter().map(|d| d.to_string()).collect();
-        write!(f, "buffer<{}[{}]", self.dtype, dims.join(", "))?;
-        if !self.is_contiguous() {
-            let strides: Vec<String> = self.strides.iter().map(|s| s.to_string()).collect();
-            write!(f, ", strides = [{}]", strides.join(", "))?;
-        }
-        if self.space != Space::Global {
-            write!(f, ", {}", self.space.name())?;
-        }
-        f.write_str(">")
+        let space = (self.space != Space::Global).then(|| self.space.name());
+        self.layout.text_with(f, space)
     }
 }
 

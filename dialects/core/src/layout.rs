@@ -1,0 +1,95 @@
+//! Buffer layouts: element type, shape and strides, as the loop and tile
+//! dialects' buffer types hold them.
+
+use std::fmt;
+
+use crate::DType;
+
+/// A strided buffer: element type, shape, and strides in elements.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Layout {
+    /// Element type.
+    pub dtype: DType,
+    /// Extent of each dimension.
+    pub shape: Vec<usize>,
+    /// Distance in elements between neighbours along each dimension.
+    pub strides: Vec<usize>,
+}
+
+impl Layout {
+    /// A row-major buffer.
+    pub fn contiguous(dtype: DType, shape: Vec<usize>) -> Self {
+        let mut strides = vec![1usize; shape.len()];
+        for i in (0..shape.len().saturating_sub(1)).rev() {
+            strides[i] = strides[i + 1].saturating_mul(shape[i + 1]);
+        }
+        Layout {
+            dtype,
+            shape,
+            strides,
+        }
+    }
+
+    /// Whether the strides are the row-major ones.
+    pub fn is_contiguous(&self) -> bool {
+        Layout::contiguous(self.dtype, self.shape.clone()).strides == self.strides
+    }
+
+    /// Elements of storage the buffer spans, or `None` on overflow.
+    pub fn storage_len(&self) -> Option<usize> {
+        if self.shape.contains(&0) {
+            return Some(0);
+        }
+        self.shape
+            .iter()
+            .zip(&self.strides)
+            .try_fold(1usize, |acc, (d, s)| {
+                acc.checked_add((d - 1).checked_mul(*s)?)
+            })
+    }
+
+    /// The MLIR type (`memref<4x8xf32>`, `memref<4x8xf32, strided<[1, 4]>>`),
+    /// in memory space `space` when given (`memref<4xf32, 3>`).
+    pub fn mlir_in(&self, space: Option<u32>) -> String {
+        let mut s = String::from("memref<");
+        for d in &self.shape {
+            s.push_str(&format!("{d}x"));
+        }
+        s.push_str(self.dtype.mlir_name());
+        if !self.is_contiguous() {
+            let strides: Vec<String> = self.strides.iter().map(|s| s.to_string()).collect();
+            s.push_str(&format!(", strided<[{}]>", strides.join(", ")));
+        }
+        if let Some(space) = space {
+            s.push_str(&format!(", {space}"));
+        }
+        s.push('>');
+        s
+    }
+
+    /// The MLIR type in the default memory space.
+    pub fn mlir(&self) -> String {
+        self.mlir_in(None)
+    }
+
+    /// The text form, `buffer<f32[4, 8], strides = [1, 4]>`, with `extra`
+    /// (a memory space) before the closing `>` when given.
+    pub fn text_with(&self, f: &mut fmt::Formatter<'_>, extra: Option<&str>) -> fmt::Result {
+        let dims: Vec<String> = self.shape.iter().map(|d| d.to_string()).collect();
+        write!(f, "buffer<{}[{}]", self.dtype, dims.join(", "))?;
+        if !self.is_contiguous() {
+            let strides: Vec<String> = self.strides.iter().map(|s| s.to_string()).collect();
+            write!(f, ", strides = [{}]", strides.join(", "))?;
+        }
+        if let Some(extra) = extra {
+            write!(f, ", {extra}")?;
+        }
+        f.write_str(">")
+    }
+}
+
+impl fmt::Display for Layout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.text_with(f, None)
+    }
+}
