@@ -96,8 +96,10 @@ impl Builder {
         self.one(OpKind::ProgramId { axis }, vec![], Type::Index)
     }
 
-    /// `tile.const` of type `ty` (a scalar or a tile).
+    /// `tile.const` of type `ty` (a scalar or a tile), `v` rounded to its
+    /// element type (as the loop dialect's `loop.const 2.4 : f32` means).
     pub fn constant(&mut self, v: f64, ty: Type) -> Value {
+        let v = ty.dtype().map_or(v, |d| d.round(v));
         self.one(OpKind::Const(v), vec![], ty)
     }
 
@@ -141,7 +143,7 @@ impl Builder {
         self.one(OpKind::Cast, vec![x], t)
     }
 
-    /// `tile.load` of a `result` value.
+    /// `tile.load` of a `result` value (`pad` rounded to its element type).
     pub fn load(
         &mut self,
         buf: Value,
@@ -152,6 +154,8 @@ impl Builder {
     ) -> Value {
         let mut operands = vec![buf];
         operands.extend(mask);
+        // The pad is a value of the element type.
+        let pad = pad.map(|p| result.dtype().map_or(p, |d| d.round(p)));
         self.one(OpKind::Load { index, pad }, operands, result)
     }
 
