@@ -348,6 +348,18 @@ impl<'a> Conv<'a> {
     /// A top-level parallel nest or contraction as its own kernel.
     fn parallel_kernel(&mut self, root: LOpId) -> Result<(), TileConvError> {
         self.values.clear();
+        // A nest with an empty loop in its band does nothing: no kernel (a
+        // grid has at least one program).
+        let mut at = root;
+        while let Some((lo, hi, _)) = loop_bounds(&self.op(at).kind) {
+            if hi <= lo {
+                return Ok(());
+            }
+            match self.op(at).regions[0].ops.as_slice() {
+                [inner] if is_parallel(&self.op(*inner).kind) => at = *inner,
+                _ => break,
+            }
+        }
         // The band of perfectly nested parallel loops.
         let mut band: Vec<LOpId> = vec![];
         let mut at = root;
