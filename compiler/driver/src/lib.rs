@@ -391,14 +391,14 @@ pub fn lower_for_tile(
     module: &Module,
     target: &dlc_core::TargetDesc,
 ) -> Result<dlc_tile::Module, DriverError> {
-    let mut ir = Ir::Graph(module.clone());
-    let mut manager = PassManager::new(vec![
-        Box::new(ConvertGraphToLoop) as Box<dyn Pass<Ir>>,
+    let lowered = dlc_lower::lower_module(module).map_err(|e| DriverError::Usage(e.to_string()))?;
+    let mut ir = Ir::Loop(lowered);
+    PassManager::new(vec![
         Box::new(ConvertLoopToTile(dlc_lower::ScheduleParams::for_target(
             target,
-        ))),
-    ]);
-    manager.run(&mut ir)?;
+        ))) as Box<dyn Pass<Ir>>,
+    ])
+    .run(&mut ir)?;
     match ir {
         Ir::Tile(m) => Ok(m),
         other => Err(DriverError::Usage(format!(

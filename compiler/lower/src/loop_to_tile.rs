@@ -179,6 +179,8 @@ struct Conv<'a> {
     splats: HashMap<LValue, Value>,
     /// Top-level ops defining constants (re-created where used).
     consts: HashMap<LValue, (f64, DType)>,
+    /// Each view's source buffer (views alias their source's storage).
+    view_of: HashMap<LValue, LValue>,
 }
 
 impl<'a> Conv<'a> {
@@ -194,7 +196,21 @@ impl<'a> Conv<'a> {
             mask: None,
             splats: HashMap::new(),
             consts: HashMap::new(),
+            view_of: src
+                .ops
+                .iter()
+                .filter(|o| matches!(o.kind, L::View))
+                .filter_map(|o| Some((*o.results.first()?, *o.operands.first()?)))
+                .collect(),
         }
+    }
+
+    /// The buffer a view ultimately aliases.
+    fn root_buffer(&self, mut v: LValue) -> LValue {
+        while let Some(&source) = self.view_of.get(&v) {
+            v = source;
+        }
+        v
     }
 
     fn invalid(&self, what: impl Into<String>) -> TileConvError {
@@ -569,7 +585,7 @@ impl<'a> Conv<'a> {
             }
         }
         // Views alias: compare storage roots.
-        let root = |v: LValue| root_buffer(self.src, v);
+        let root = |v: LValue| self.root_buffer(v);
         let stored: HashSet<LValue> = stored.into_iter().map(root).collect();
         if loaded.into_iter().any(|v| stored.contains(&root(v))) {
             return None;
@@ -1154,18 +1170,24 @@ impl<'a> Conv<'a> {
         Ok(())
     }
 
+    /// The `dot` schedule's blocks for contraction `c`: the parameters,
+    /// clamped to the product's extents.
+    fn dot_blocks(&self, c: &dlc_loop::Contraction) -> [usize; 3] {
+        let [bm, bn, bk] = self.params.dot;
+        [
+            bm.min(c.m.max(1) as usize),
+            bn.min(c.n.max(1) as usize),
+            bk.min(c.k.max(1) as usize),
+        ]
+    }
+
     /// A contraction (and the parallel loops around it, `band`) as its own
     /// kernel: a grid over the batch and the result's blocks.
     fn dot_kernel(&mut self, band: &[LOpId], m: LOpId) -> Result<(), TileConvError> {
         let L::Matmul(c) = &self.op(m).kind else {
             return Err(self.invalid("not a contraction"));
         };
-        let [bm, bn, bk] = self.params.dot;
-        let (bm, bn, bk) = (
-            bm.min(c.m.max(1) as usize),
-            bn.min(c.n.max(1) as usize),
-            bk.min(c.k.max(1) as usize),
-        );
+        let [bm, bn, bk] = self.dot_blocks(c);
         let mut grid: Vec<usize> = band
             .iter()
             .map(|l| {
@@ -1203,12 +1225,7 @@ impl<'a> Conv<'a> {
         let L::Matmul(c) = &self.op(m).kind else {
             return Err(self.invalid("not a contraction"));
         };
-        let [bm, bn, bk] = self.params.dot;
-        let (bm, bn, bk) = (
-            bm.min(c.m.max(1) as usize),
-            bn.min(c.n.max(1) as usize),
-            bk.min(c.k.max(1) as usize),
-        );
+        let [bm, bn, bk] = self.dot_blocks(c);
         let (ci, _) = self.b.begin_for(0, c.m, bm as i64, &[]);
         let (cj, _) = self.b.begin_for(0, c.n, bn as i64, &[]);
         self.dot_block(m, Affine::value(ci), Affine::value(cj), [bm, bn, bk], false)?;
@@ -1329,20 +1346,6 @@ impl<'a> Conv<'a> {
         let result = self.ops(&body.ops);
         (self.shape, self.mask, self.splats) = saved;
         result
-    }
-}
-
-/// The buffer a view ultimately aliases.
-fn root_buffer(f: &LFunction, mut v: LValue) -> LValue {
-    loop {
-        let def = f
-            .ops
-            .iter()
-            .find(|o| matches!(o.kind, L::View) && o.results.first() == Some(&v));
-        match def {
-            Some(o) => v = o.operands[0],
-            None => return v,
-        }
     }
 }
 

@@ -21,7 +21,7 @@ pub use pass::{
     PipelineEntry, Verify,
 };
 pub use target::TargetDesc;
-pub use text::{Namer, format_float, parse_float};
+pub use text::{Namer, affine_text, format_float, parse_float};
 pub use types::{DType, TensorType};
 
 /// A problem the verifier found: where it is (an op's text name such as `%3`,

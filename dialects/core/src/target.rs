@@ -147,29 +147,26 @@ impl TargetDesc {
 
     /// An NVIDIA GPU of compute capability 8.0 (A100).
     pub fn sm_80() -> TargetDesc {
-        TargetDesc {
-            name: "sm_80".into(),
-            kind: TargetKind::Gpu(GpuDesc {
-                compute_capability: (8, 0),
-                warp_size: 32,
-                max_threads_per_block: 1024,
-                shared_memory_per_block: 163 << 10,
-                multiprocessors: 108,
-                mma: vec![(DType::F16, [16, 8, 16]), (DType::BF16, [16, 8, 16])],
-            }),
-        }
+        TargetDesc::nvidia((8, 0), 163 << 10, 108)
     }
 
     /// An NVIDIA GPU of compute capability 9.0 (H100).
     pub fn sm_90() -> TargetDesc {
+        TargetDesc::nvidia((9, 0), 227 << 10, 132)
+    }
+
+    /// An NVIDIA GPU of compute capability `(major, minor)` with `shared`
+    /// bytes of shared memory per block and `multiprocessors` SMs; warps of
+    /// 32, blocks of up to 1024 threads, `mma.sync` m16n8k16 for f16/bf16.
+    fn nvidia(compute_capability: (u32, u32), shared: usize, multiprocessors: usize) -> TargetDesc {
         TargetDesc {
-            name: "sm_90".into(),
+            name: format!("sm_{}{}", compute_capability.0, compute_capability.1),
             kind: TargetKind::Gpu(GpuDesc {
-                compute_capability: (9, 0),
+                compute_capability,
                 warp_size: 32,
                 max_threads_per_block: 1024,
-                shared_memory_per_block: 227 << 10,
-                multiprocessors: 132,
+                shared_memory_per_block: shared,
+                multiprocessors,
                 mma: vec![(DType::F16, [16, 8, 16]), (DType::BF16, [16, 8, 16])],
             }),
         }

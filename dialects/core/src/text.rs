@@ -110,3 +110,37 @@ impl<V: Copy + Eq + std::hash::Hash + std::fmt::Debug> Namer<V> {
             .join(", ")
     }
 }
+
+/// An affine expression as text: `a + 2*b - 1` from the terms
+/// `(coefficient, name)` and the constant; MLIR's affine syntax (`mlir`)
+/// writes the coefficient after the name: `b * 2`.
+pub fn affine_text(terms: &[(i64, String)], constant: i64, mlir: bool) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    for (i, (c, name)) in terms.iter().enumerate() {
+        let mag = c.unsigned_abs();
+        match (i == 0, *c < 0) {
+            (true, true) => s.push('-'),
+            (false, true) => s.push_str(" - "),
+            (false, false) => s.push_str(" + "),
+            (true, false) => {}
+        }
+        match (mag, mlir) {
+            (1, _) => s.push_str(name),
+            (_, false) => {
+                let _ = write!(s, "{mag}*{name}");
+            }
+            (_, true) => {
+                let _ = write!(s, "{name} * {mag}");
+            }
+        }
+    }
+    if terms.is_empty() {
+        let _ = write!(s, "{constant}");
+    } else if constant > 0 {
+        let _ = write!(s, " + {constant}");
+    } else if constant < 0 {
+        let _ = write!(s, " - {}", constant.unsigned_abs());
+    }
+    s
+}

@@ -157,7 +157,8 @@ pub enum OpKind {
     },
     /// `loop.matmul (%i, %j, %k, %acc) = (M, N, K) %a[..] * %b[..] [parallel]
     /// { epilogue }`: for every `i < M`, `j < N`, `%acc` is the sum over
-    /// `k < K` of `a[..] * b[..]` (f32; operands 0 and 1 are the buffers, the
+    /// `k < K` of `a[..] * b[..]` in the accumulator type of the operands'
+    /// element type (operands 0 and 1 are the buffers, the
     /// indices affine in `%i`, `%k` and `%k`, `%j`, and in indices defined
     /// outside), and the region, run once per `(i, j)` after the sum, does
     /// what follows with it (an epilogue ending in stores): the structured

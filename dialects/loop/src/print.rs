@@ -13,36 +13,11 @@ fn index_text(namer: &Namer<Value>, e: &IndexExpr) -> String {
     affine_text(e, |v| namer.get(v), false)
 }
 
-/// `a + 2*b - 1`, with `var` naming each index value; MLIR's affine syntax
-/// (`mlir`) writes the coefficient after the variable: `b * 2`.
+/// An index with `var` naming each index value (MLIR's affine syntax when
+/// `mlir`).
 fn affine_text(e: &IndexExpr, var: impl Fn(Value) -> String, mlir: bool) -> String {
-    let mut s = String::new();
-    for (i, &(c, v)) in e.terms.iter().enumerate() {
-        let mag = c.unsigned_abs();
-        match (i == 0, c < 0) {
-            (true, true) => s.push('-'),
-            (false, true) => s.push_str(" - "),
-            (false, false) => s.push_str(" + "),
-            (true, false) => {}
-        }
-        match (mag, mlir) {
-            (1, _) => s.push_str(&var(v)),
-            (_, false) => {
-                let _ = write!(s, "{mag}*{}", var(v));
-            }
-            (_, true) => {
-                let _ = write!(s, "{} * {mag}", var(v));
-            }
-        }
-    }
-    if e.terms.is_empty() {
-        let _ = write!(s, "{}", e.constant);
-    } else if e.constant > 0 {
-        let _ = write!(s, " + {}", e.constant);
-    } else if e.constant < 0 {
-        let _ = write!(s, " - {}", e.constant.unsigned_abs());
-    }
-    s
+    let terms: Vec<(i64, String)> = e.terms.iter().map(|&(c, v)| (c, var(v))).collect();
+    dlc_core::affine_text(&terms, e.constant, mlir)
 }
 
 fn const_text(v: f64, dtype: DType) -> String {

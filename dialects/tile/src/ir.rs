@@ -290,11 +290,6 @@ impl Affine {
     pub fn scaled(&self, k: i64) -> Affine {
         Affine::default().plus_scaled(k, self)
     }
-
-    /// Whether the expression mentions value `v`.
-    pub fn uses(&self, v: Value) -> bool {
-        self.terms.iter().any(|t| t.1 == v)
-    }
 }
 
 /// How a kernel was scheduled: the strategy the conversion picked for the

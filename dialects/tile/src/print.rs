@@ -27,39 +27,7 @@ fn affine_text(
 ) -> String {
     let mut parts: Vec<(i64, String)> = e.terms.iter().map(|&(c, v)| (c, var(v))).collect();
     parts.extend(e.axes.iter().map(|&(c, k)| (c, axis(k))));
-    let mut s = String::new();
-    for (i, (c, name)) in parts.iter().enumerate() {
-        let mag = c.unsigned_abs();
-        match (i == 0, *c < 0) {
-            (true, true) => s.push('-'),
-            (false, true) => s.push_str(" - "),
-            (false, false) => s.push_str(" + "),
-            (true, false) => {}
-        }
-        match (mag, mlir) {
-            (1, _) => s.push_str(name),
-            (_, false) => {
-                let _ = write!(s, "{mag}*{name}");
-            }
-            (_, true) => {
-                let _ = write!(s, "{name} * {mag}");
-            }
-        }
-    }
-    let k = e.constant;
-    match (parts.is_empty(), k) {
-        (true, _) => {
-            let _ = write!(s, "{k}");
-        }
-        (false, 0) => {}
-        (false, k) if k < 0 => {
-            let _ = write!(s, " - {}", k.unsigned_abs());
-        }
-        (false, k) => {
-            let _ = write!(s, " + {k}");
-        }
-    }
-    s
+    dlc_core::affine_text(&parts, e.constant, mlir)
 }
 
 /// Prints a module.
