@@ -385,6 +385,12 @@ pub fn lower_for_cpu(module: &Module) -> Result<dlc_loop::Module, DriverError> {
     Ok(lowered)
 }
 
+/// What the tile CPU back end (`dlc run --backend cpu-tile`) compiles: tile
+/// IR scheduled for the host.
+pub fn lower_for_cpu_tiles(module: &Module) -> Result<dlc_tile::Module, DriverError> {
+    lower_for_tile(module, dlc_core::TargetDesc::host())
+}
+
 /// Lowers a graph module to loops and schedules them as tile kernels for
 /// `target` (verifying each level).
 pub fn lower_for_tile(

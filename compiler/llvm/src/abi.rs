@@ -25,18 +25,7 @@ pub fn signature(f: &Function) -> R<Signature> {
                     f.name
                 )));
             };
-            if !t.is_contiguous() {
-                return Err(CodegenError::Arguments(format!(
-                    "parameter %{name} of @{} ({t}) is strided; only row-major parameters can be \
-                     passed through the C ABI",
-                    f.name
-                )));
-            }
-            Ok(Param {
-                name: name.clone(),
-                ty: TensorType::new(t.dtype, t.shape.clone()),
-                output: i >= first_output,
-            })
+            param(&f.name, name, t, i >= first_output)
         })
         .collect::<R<Vec<_>>>()
         .map(|params| Signature {
@@ -46,18 +35,59 @@ pub fn signature(f: &Function) -> R<Signature> {
         })
 }
 
-/// [`signature`] named by the function's exported symbol: what a C header
-/// declares.
-pub fn exported_signature(f: &Function, symbols: &Symbols) -> R<Signature> {
-    let mut sig = signature(f)?;
-    sig.name = symbols.symbol(&f.name).map_err(CodegenError::Symbol)?;
+/// The runtime signature of a tile function (see [`signature`]).
+pub fn tile_signature(f: &dlc_tile::Function) -> R<Signature> {
+    let first_output = f.params.len() - f.outputs.min(f.params.len());
+    f.params
+        .iter()
+        .enumerate()
+        .map(|(i, (name, v))| {
+            let dlc_tile::Type::Buffer(t) = f.ty(*v) else {
+                return Err(CodegenError::Invalid(format!(
+                    "parameter %{name} of @{} is not a buffer",
+                    f.name
+                )));
+            };
+            param(&f.name, name, &t.layout, i >= first_output)
+        })
+        .collect::<R<Vec<_>>>()
+        .map(|params| Signature {
+            name: f.name.clone(),
+            params,
+            sites: Vec::new(),
+        })
+}
+
+fn param(func: &str, name: &str, t: &dlc_core::Layout, output: bool) -> R<Param> {
+    if !t.is_contiguous() {
+        return Err(CodegenError::Arguments(format!(
+            "parameter %{name} of @{func} ({t}) is strided; only row-major parameters can be \
+             passed through the C ABI"
+        )));
+    }
+    Ok(Param {
+        name: name.to_string(),
+        ty: TensorType::new(t.dtype, t.shape.clone()),
+        output,
+    })
+}
+
+/// Function `name`'s signature, named by its exported symbol: what a C
+/// header declares.
+pub fn exported_signature<P: crate::Program + ?Sized>(
+    m: &P,
+    name: &str,
+    symbols: &Symbols,
+) -> R<Signature> {
+    let mut sig = m.signature_of(name)?;
+    sig.name = symbols.symbol(name).map_err(CodegenError::Symbol)?;
     Ok(sig)
 }
 
 pub(crate) fn entry_wrapper<'ctx>(
     ctx: &'ctx Context,
     module: &Module<'ctx>,
-    f: &Function,
+    params: usize,
     func: FunctionValue<'ctx>,
     symbol: &str,
 ) -> R<()> {
@@ -75,7 +105,7 @@ pub(crate) fn entry_wrapper<'ctx>(
         .map(|p| p.into_pointer_value())
         .ok_or_else(|| CodegenError::Invalid("wrapper without parameter".into()))?;
     let mut args: Vec<BasicMetadataValueEnum<'_>> = Vec::new();
-    for i in 0..f.params.len() {
+    for i in 0..params {
         // SAFETY (LLVM IR semantics): index i is within the array the caller passes.
         let slot = unsafe {
             b.build_in_bounds_gep(

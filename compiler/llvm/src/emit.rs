@@ -1,15 +1,16 @@
-//! A loop module as an optimized LLVM module for the host, and the
+//! A loop or tile module as an optimized LLVM module for the host, and the
 //! artifacts made from it: LLVM IR text, assembly, object files, shared
 //! libraries.
 
 use std::collections::HashMap;
 
-use crate::abi::{entry_wrapper, signature};
+use crate::abi::{entry_wrapper, signature, tile_signature};
 use crate::codegen::{Gen, Sites};
 use crate::target::x86_64;
 use crate::{CodegenError, R};
 use dlc_loop::Module as LModule;
-use dlc_runtime::abi::{Site, Symbols};
+use dlc_runtime::abi::{Signature, Site, Symbols};
+use dlc_tile::Module as TModule;
 use inkwell::FloatPredicate;
 use inkwell::attributes::AttributeLoc;
 use inkwell::context::Context;
@@ -17,38 +18,135 @@ use inkwell::module::{Linkage, Module};
 use inkwell::passes::PassBuilderOptions;
 use inkwell::targets::TargetMachine;
 
-/// An LLVM module compiled from loop IR, with the target machine it is for.
+/// IR that code generation reads: loop IR (`dlc_loop::Module`) or tile IR
+/// (`dlc_tile::Module`, the CPU back end's input). Every function of it
+/// becomes a C-ABI function.
+pub trait Program {
+    /// The runtime signature of function `name` (no failure sites).
+    fn signature_of(&self, name: &str) -> R<Signature>;
+    /// Emits every function, its `SYM.entry` wrapper and its
+    /// `SYM.signature` into `module`; returns each function's failure
+    /// sites by name.
+    #[doc(hidden)]
+    fn emit_functions<'ctx>(
+        &self,
+        ctx: &'ctx Context,
+        module: &Module<'ctx>,
+        symbols: &Symbols,
+    ) -> R<HashMap<String, Vec<Site>>>;
+}
+
+/// A function emitted under `symbol` with `params` pointer parameters:
+/// its entry wrapper and signature global.
+fn export<'ctx>(
+    ctx: &'ctx Context,
+    module: &Module<'ctx>,
+    func: inkwell::values::FunctionValue<'ctx>,
+    symbol: &str,
+    params: usize,
+    sig: R<Signature>,
+    sites: &Sites,
+) -> R<Vec<Site>> {
+    entry_wrapper(ctx, module, params, func, symbol)?;
+    let sites = sites.borrow().clone();
+    if let Ok(mut sig) = sig {
+        sig.sites = sites.clone();
+        let text = ctx.const_string(sig.encode().as_bytes(), true);
+        let global = module.add_global(text.get_type(), None, &format!("{symbol}.signature"));
+        global.set_initializer(&text);
+        global.set_constant(true);
+    }
+    Ok(sites)
+}
+
+impl Program for LModule {
+    fn signature_of(&self, name: &str) -> R<Signature> {
+        let f = self
+            .functions
+            .iter()
+            .find(|f| f.name == name)
+            .ok_or_else(|| CodegenError::Arguments(format!("no function `@{name}`")))?;
+        signature(f)
+    }
+
+    fn emit_functions<'ctx>(
+        &self,
+        ctx: &'ctx Context,
+        module: &Module<'ctx>,
+        symbols: &Symbols,
+    ) -> R<HashMap<String, Vec<Site>>> {
+        let mut all = HashMap::new();
+        for f in &self.functions {
+            let symbol = symbols.symbol(&f.name).map_err(CodegenError::Symbol)?;
+            let sites = Sites::default();
+            let func = Gen::function(ctx, module, f, &symbol, &sites)?;
+            let sites = export(
+                ctx,
+                module,
+                func,
+                &symbol,
+                f.params.len(),
+                signature(f),
+                &sites,
+            )?;
+            all.insert(f.name.clone(), sites);
+        }
+        Ok(all)
+    }
+}
+
+impl Program for TModule {
+    fn signature_of(&self, name: &str) -> R<Signature> {
+        let f = self
+            .functions
+            .iter()
+            .find(|f| f.name == name)
+            .ok_or_else(|| CodegenError::Arguments(format!("no function `@{name}`")))?;
+        tile_signature(f)
+    }
+
+    fn emit_functions<'ctx>(
+        &self,
+        ctx: &'ctx Context,
+        module: &Module<'ctx>,
+        symbols: &Symbols,
+    ) -> R<HashMap<String, Vec<Site>>> {
+        let mut all = HashMap::new();
+        for f in &self.functions {
+            let symbol = symbols.symbol(&f.name).map_err(CodegenError::Symbol)?;
+            let sites = Sites::default();
+            let func = Gen::tile_function(ctx, module, f, &symbol, &sites)?;
+            let sig = tile_signature(f);
+            let sites = export(ctx, module, func, &symbol, f.params.len(), sig, &sites)?;
+            all.insert(f.name.clone(), sites);
+        }
+        Ok(all)
+    }
+}
+
+/// An LLVM module compiled from loop or tile IR, with the target machine
+/// it is for.
 pub struct Compiled<'ctx> {
     /// The optimized module.
     pub module: Module<'ctx>,
     machine: TargetMachine,
-    /// Each function's failure sites, by loop function name.
+    /// Each function's failure sites, by function name.
     pub(crate) sites: HashMap<String, Vec<Site>>,
 }
 
-/// Compiles loop IR for the host CPU and optimizes it (O3); entry point `f`
-/// is exported as `symbols.symbol(f)`, every other function is private.
-pub fn compile<'ctx>(ctx: &'ctx Context, m: &LModule, symbols: &Symbols) -> R<Compiled<'ctx>> {
+/// Compiles loop or tile IR for the host CPU and optimizes it (O3); entry
+/// point `f` is exported as `symbols.symbol(f)`, every other function is
+/// private.
+pub fn compile<'ctx, P: Program + ?Sized>(
+    ctx: &'ctx Context,
+    m: &P,
+    symbols: &Symbols,
+) -> R<Compiled<'ctx>> {
     let machine = x86_64::host_machine()?;
     let module = ctx.create_module("dlc");
     module.set_triple(&machine.get_triple());
     module.set_data_layout(&machine.get_target_data().get_data_layout());
-    let mut all_sites = HashMap::new();
-    for f in &m.functions {
-        let symbol = symbols.symbol(&f.name).map_err(CodegenError::Symbol)?;
-        let sites = Sites::default();
-        let func = Gen::function(ctx, &module, f, &symbol, &sites)?;
-        entry_wrapper(ctx, &module, f, func, &symbol)?;
-        let sites = sites.borrow().clone();
-        all_sites.insert(f.name.clone(), sites.clone());
-        if let Ok(mut sig) = signature(f) {
-            sig.sites = sites;
-            let text = ctx.const_string(sig.encode().as_bytes(), true);
-            let global = module.add_global(text.get_type(), None, &format!("{symbol}.signature"));
-            global.set_initializer(&text);
-            global.set_constant(true);
-        }
-    }
+    let all_sites = m.emit_functions(ctx, &module, symbols)?;
     define_bf16_truncation(ctx, &module)?;
     let attributes = x86_64::function_attributes();
     for func in module.get_functions() {
@@ -114,15 +212,15 @@ impl Compiled<'_> {
     }
 }
 
-/// The optimized LLVM IR of a loop module, as text.
-pub fn emit_llvm_ir(m: &LModule, symbols: &Symbols) -> R<String> {
+/// The optimized LLVM IR of a module, as text.
+pub fn emit_llvm_ir<P: Program + ?Sized>(m: &P, symbols: &Symbols) -> R<String> {
     let ctx = Context::create();
     let c = compile(&ctx, m, symbols)?;
     Ok(c.module.print_to_string().to_string())
 }
 
-/// Native assembly (`asm`) or an object file for the host, from loop IR.
-pub fn emit_native(m: &LModule, object: bool, symbols: &Symbols) -> R<Vec<u8>> {
+/// Native assembly (`asm`) or an object file for the host.
+pub fn emit_native<P: Program + ?Sized>(m: &P, object: bool, symbols: &Symbols) -> R<Vec<u8>> {
     let ctx = Context::create();
     let c = compile(&ctx, m, symbols)?;
     let kind = if object {
@@ -137,9 +235,13 @@ pub fn emit_native(m: &LModule, object: bool, symbols: &Symbols) -> R<Vec<u8>> {
     Ok(buf.as_slice().to_vec())
 }
 
-/// Links loop IR into a shared library at `path` with the system's C
+/// Links a module into a shared library at `path` with the system's C
 /// compiler (`$CC`, else `cc`), against libm and the OpenMP runtime.
-pub fn emit_shared_library(m: &LModule, path: &std::path::Path, symbols: &Symbols) -> R<()> {
+pub fn emit_shared_library<P: Program + ?Sized>(
+    m: &P,
+    path: &std::path::Path,
+    symbols: &Symbols,
+) -> R<()> {
     let object = emit_native(m, true, symbols)?;
     let dir = std::env::temp_dir().join(format!(
         "dlc-link-{}-{}",

@@ -1,12 +1,10 @@
-//! In-process compilation: a loop module JIT-linked and handed out as the
+//! In-process compilation: a loop or tile module JIT-linked and handed out as the
 //! runtime's checked kernels.
 
 use std::collections::HashMap;
 
-use crate::abi::signature;
-use crate::emit::compile;
+use crate::emit::{Program, compile};
 use crate::{CodegenError, R};
-use dlc_loop::Module as LModule;
 use dlc_runtime::abi::{Site, Symbols};
 use dlc_runtime::{Kernel, call::EntryFn};
 use inkwell::OptimizationLevel;
@@ -21,16 +19,16 @@ fn jit_symbols() -> Symbols {
     Symbols::with_prefix(JIT_PREFIX).unwrap_or_else(|_| unreachable!("a C identifier"))
 }
 
-/// A loop module compiled in process: its functions can be called as
+/// A module compiled in process: its functions can be called as
 /// [`Kernel`]s while it lives.
-pub struct Jit<'m> {
+pub struct Jit<'m, P: Program + ?Sized> {
     engine: ExecutionEngine<'m>,
-    module: &'m LModule,
+    module: &'m P,
     compile_time: std::time::Duration,
     sites: HashMap<String, Vec<Site>>,
 }
 
-impl Jit<'_> {
+impl<P: Program + ?Sized> Jit<'_, P> {
     /// How long code generation, O3 and JIT finalization took.
     pub fn compile_time(&self) -> std::time::Duration {
         self.compile_time
@@ -38,13 +36,7 @@ impl Jit<'_> {
 
     /// Function `name`, callable with checked arguments.
     pub fn kernel(&self, name: &str) -> R<Kernel<'_>> {
-        let f = self
-            .module
-            .functions
-            .iter()
-            .find(|f| f.name == name)
-            .ok_or_else(|| CodegenError::Arguments(format!("no function `@{name}`")))?;
-        let mut sig = signature(f)?;
+        let mut sig = self.module.signature_of(name)?;
         sig.sites = self.sites.get(name).cloned().unwrap_or_default();
         let symbol = jit_symbols().symbol(name).map_err(CodegenError::Symbol)?;
         let address = self
@@ -62,7 +54,7 @@ impl Jit<'_> {
 }
 
 /// Compiles `m` for this CPU, JIT-links it and hands it to `use_it`.
-pub fn jit<T>(m: &LModule, use_it: impl FnOnce(&Jit<'_>) -> R<T>) -> R<T> {
+pub fn jit<P: Program + ?Sized, T>(m: &P, use_it: impl FnOnce(&Jit<'_, P>) -> R<T>) -> R<T> {
     let start = std::time::Instant::now();
     load_thread_pool()?;
     let ctx = Context::create();

@@ -36,8 +36,8 @@ mod emit;
 mod jit;
 mod target;
 
-pub use abi::{exported_signature, signature};
-pub use emit::{Compiled, compile, emit_llvm_ir, emit_native, emit_shared_library};
+pub use abi::{exported_signature, signature, tile_signature};
+pub use emit::{Compiled, Program, compile, emit_llvm_ir, emit_native, emit_shared_library};
 pub use jit::{Jit, jit};
 
 use inkwell::builder::BuilderError;
@@ -51,6 +51,9 @@ pub enum CodegenError {
     /// The loop IR breaks an invariant the verifier checks.
     #[error("invalid loop IR: {0}")]
     Invalid(String),
+    /// Valid IR that this back end does not compile (said why).
+    #[error("{0}")]
+    Unsupported(String),
     /// Arguments do not match the function.
     #[error("{0}")]
     Arguments(String),

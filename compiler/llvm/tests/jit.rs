@@ -1,5 +1,6 @@
-//! Compiled code (loop IR -> LLVM -> JIT on this CPU) against the graph
-//! interpreter, on programs covering every op, and generated programs.
+//! Compiled code (loop IR -> LLVM -> JIT on this CPU, and tile IR scheduled
+//! for the host -> LLVM -> JIT) against the graph interpreter, on programs
+//! covering every op, and generated programs.
 //! This is the one test binary that links LLVM.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
@@ -35,26 +36,46 @@ fn narrow_floats_accumulate_in_f32_in_compiled_code() {
             .unwrap()
             .unwrap()
     });
+    dlc_tests::check_narrow_accumulation(&|m, f, inputs| {
+        let lowered = dlc_driver::lower_for_cpu_tiles(m).unwrap();
+        dlc_llvm::jit(&lowered, |jit| Ok(jit.kernel(&f.name)?.call(inputs)))
+            .unwrap()
+            .unwrap()
+    });
+}
+
+/// Both CPU back ends' results for entry point `f` of `m`.
+fn compiled_both(
+    m: &dlc_graph::Module,
+    f: &dlc_graph::Function,
+    inputs: &[HostTensor],
+) -> [(&'static str, Vec<HostTensor>); 2] {
+    let loops = dlc_driver::lower_for_cpu(m).unwrap();
+    let tiles = dlc_driver::lower_for_cpu_tiles(m).unwrap();
+    let from_loops = dlc_llvm::jit(&loops, |jit| Ok(jit.kernel(&f.name)?.call(inputs)))
+        .unwrap_or_else(|e| panic!("{e}\n{}", dlc_loop::print_module(&loops)))
+        .unwrap_or_else(|e| panic!("{e}\n{}", dlc_loop::print_module(&loops)));
+    let from_tiles = dlc_llvm::jit(&tiles, |jit| Ok(jit.kernel(&f.name)?.call(inputs)))
+        .unwrap_or_else(|e| panic!("{e}\n{}", dlc_tile::print_module(&tiles)))
+        .unwrap_or_else(|e| panic!("{e}\n{}", dlc_tile::print_module(&tiles)));
+    [("loop IR", from_loops), ("tile IR", from_tiles)]
 }
 
 fn jit_agrees(src: &str) {
     let m = graph(src);
-    let lowered = dlc_driver::lower_for_cpu(&m).unwrap();
     for (seed, f) in m.entry_points().enumerate() {
         let inputs = prepare_inputs(f, &[], Some(seed as u64)).unwrap();
         let want = interpret(&m, f, &inputs).unwrap();
-        let got: Vec<HostTensor> =
-            dlc_llvm::jit(&lowered, |jit| Ok(jit.kernel(&f.name)?.call(&inputs)))
-                .unwrap_or_else(|e| panic!("{e}\n{}", dlc_loop::print_module(&lowered)))
-                .unwrap_or_else(|e| panic!("{e}\n{}", dlc_loop::print_module(&lowered)));
-        let err = max_relative_error(&got, &want).unwrap();
-        assert!(
-            err <= TOLERANCE,
-            "@{}: relative error {err:.3e}\nwant {:?}\ngot {:?}",
-            f.name,
-            want[0].data,
-            got[0].data
-        );
+        for (from, got) in compiled_both(&m, f, &inputs) {
+            let err = max_relative_error(&got, &want).unwrap();
+            assert!(
+                err <= TOLERANCE,
+                "@{} (from {from}): relative error {err:.3e}\nwant {:?}\ngot {:?}",
+                f.name,
+                want[0].data,
+                got[0].data
+            );
+        }
     }
 }
 
@@ -85,11 +106,25 @@ fn integer_division_by_zero_is_an_error() {
     let m = graph("fn f(x: i32[2]) -> i32[2] { return x / (x - x); }");
     let lowered = dlc_lower::lower_module(&m).unwrap();
     let x = HostTensor::new(TensorType::new(DType::I32, vec![2]), vec![1.0, 2.0]).unwrap();
-    let err = dlc_llvm::jit(&lowered, |jit| Ok(jit.kernel("f")?.call(&[x]).unwrap_err())).unwrap();
+    let err = call(&lowered, "f", std::slice::from_ref(&x)).unwrap_err();
+    assert_eq!(err, "`f`: integer division by zero at t.dl:1:36");
+    // From tile IR: a zero in any lane of a vector fails, at the same place.
+    let tiles = dlc_driver::lower_for_cpu_tiles(&m).unwrap();
     assert_eq!(
-        err.to_string(),
+        call(&tiles, "f", &[x]).unwrap_err(),
         "`f`: integer division by zero at t.dl:1:36"
     );
+}
+
+/// Function `name` of `m` compiled and called (the call's error as text).
+fn call<P: dlc_llvm::Program>(
+    m: &P,
+    name: &str,
+    inputs: &[HostTensor],
+) -> Result<Vec<HostTensor>, String> {
+    dlc_llvm::jit(m, |jit| Ok(jit.kernel(name)?.call(inputs)))
+        .unwrap()
+        .map_err(|e| e.to_string())
 }
 
 /// The inline f32 `exp` and `tanh` (which let loops vectorize) stay within
@@ -108,8 +143,26 @@ fn transcendental_functions_are_accurate_everywhere() {
     );
     let m = graph(&src);
     let lowered = dlc_driver::lower_for_cpu(&m).unwrap();
+    let tiles = dlc_driver::lower_for_cpu_tiles(&m).unwrap();
     let x = HostTensor::new(TensorType::new(DType::F32, vec![n]), xs.clone()).unwrap();
-    let out = dlc_llvm::jit(&lowered, |jit| Ok(jit.kernel("f")?.call(&[x]).unwrap())).unwrap();
+    // Scalar code (vectorized by LLVM) from loop IR, vector code from tile IR.
+    for out in [
+        call(&lowered, "f", std::slice::from_ref(&x)).unwrap(),
+        call(&tiles, "f", std::slice::from_ref(&x)).unwrap(),
+    ] {
+        check_transcendental(&xs, &out);
+    }
+    // exp(NaN) is NaN.
+    let nan = HostTensor::new(TensorType::new(DType::F32, vec![n]), vec![f64::NAN; n]).unwrap();
+    for out in [
+        call(&lowered, "f", std::slice::from_ref(&nan)).unwrap(),
+        call(&tiles, "f", std::slice::from_ref(&nan)).unwrap(),
+    ] {
+        assert!(out.iter().all(|t| t.data.iter().all(|v| v.is_nan())));
+    }
+}
+
+fn check_transcendental(xs: &[f64], out: &[HostTensor]) {
     let refs: [fn(f64) -> f64; 4] = [
         f64::exp,
         f64::tanh,
@@ -128,10 +181,6 @@ fn transcendental_functions_are_accurate_everywhere() {
             assert!(ok, "function {k} at x = {x:e}: got {g:e}, want {w:e}");
         }
     }
-    // exp(NaN) is NaN.
-    let nan = HostTensor::new(TensorType::new(DType::F32, vec![n]), vec![f64::NAN; n]).unwrap();
-    let out = dlc_llvm::jit(&lowered, |jit| Ok(jit.kernel("f")?.call(&[nan]).unwrap())).unwrap();
-    assert!(out.iter().all(|t| t.data.iter().all(|v| v.is_nan())));
 }
 
 /// The runtime's checked call rejects what does not match the signature.

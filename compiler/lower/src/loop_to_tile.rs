@@ -307,6 +307,8 @@ impl<'a> Conv<'a> {
 
     fn host_op(&mut self, id: LOpId) -> Result<(), TileConvError> {
         let op = self.op(id);
+        // An allocation's failure names the op it holds the result of.
+        self.b.set_loc(op.loc.clone());
         match &op.kind {
             L::Alloc => {
                 let LType::Buffer(t) = self.src.ty(op.results[0]) else {

@@ -60,6 +60,9 @@ enum Backend {
     Tile,
     /// Compiled native code for this CPU.
     Cpu,
+    /// Compiled native code for this CPU, generated from tile IR scheduled
+    /// for the host (the back end that is replacing `cpu`).
+    CpuTile,
     /// Compiled code for an NVIDIA GPU.
     Gpu,
 }
@@ -168,6 +171,10 @@ enum Command {
         /// `graph.saturate` in one run).
         #[arg(long, default_value = DEFAULT_PIPELINE)]
         passes: String,
+        /// Generate code from tile IR scheduled for the host (the back end
+        /// replacing the loop IR one) instead of from loop IR.
+        #[arg(long)]
+        tiles: bool,
     },
     /// Measure this machine with the project's own compiled kernels (one
     /// thread) and write the constants of the cost model `graph.saturate`
@@ -205,14 +212,26 @@ fn codegen(e: dlc_llvm::CodegenError) -> DriverError {
     DriverError::Usage(e.to_string())
 }
 
-/// Compiles the entry point for this CPU through LLVM and runs it in process.
+/// Compiles the entry point for this CPU through LLVM (from loop IR, or
+/// from tile IR with `tiles`) and runs it in process.
 fn run_cpu(
     module: &dlc_graph::Module,
     f: &dlc_graph::Function,
     inputs: &[HostTensor],
+    tiles: bool,
 ) -> Result<Vec<HostTensor>, DriverError> {
-    let lowered = cpu_loops(module)?;
-    dlc_llvm::jit(&lowered, |jit| {
+    if tiles {
+        return run_compiled(&dlc_driver::lower_for_cpu_tiles(module)?, f, inputs);
+    }
+    run_compiled(&cpu_loops(module)?, f, inputs)
+}
+
+fn run_compiled<P: dlc_llvm::Program>(
+    lowered: &P,
+    f: &dlc_graph::Function,
+    inputs: &[HostTensor],
+) -> Result<Vec<HostTensor>, DriverError> {
+    dlc_llvm::jit(lowered, |jit| {
         jit.kernel(&f.name)?
             .call(inputs)
             .map_err(|e| dlc_llvm::CodegenError::Arguments(e.to_string()))
@@ -222,14 +241,20 @@ fn run_cpu(
 
 /// `dlc bench`: cold compile time (source to callable code) and the
 /// latency of repeated calls.
+/// How `dlc bench` times calls: timed runs after untimed warm-up ones.
+struct Timing {
+    runs: usize,
+    warmup: usize,
+}
+
 fn bench(
     file: &str,
     entry: Option<&str>,
     threads: usize,
-    runs: usize,
-    warmup: usize,
+    Timing { runs, warmup }: Timing,
     json: bool,
     passes: &str,
+    tiles: bool,
 ) -> Result<(), DriverError> {
     if runs == 0 {
         return Err(DriverError::Usage("--runs must be at least 1".into()));
@@ -245,9 +270,13 @@ fn bench(
     let mut module = compile_source(&src)?;
     run_passes(&mut module, passes, PassOptions::default())?;
     let f = select_entry(&module, entry)?;
-    let lowered = cpu_loops(&module)?;
-    let front = start.elapsed();
-    let (llvm, ms) = time_calls(&lowered, f, warmup, runs)?;
+    let (front, (llvm, ms)) = if tiles {
+        let lowered = dlc_driver::lower_for_cpu_tiles(&module)?;
+        (start.elapsed(), time_calls(&lowered, f, warmup, runs)?)
+    } else {
+        let lowered = cpu_loops(&module)?;
+        (start.elapsed(), time_calls(&lowered, f, warmup, runs)?)
+    };
     let (median, min, max) = (median(&ms), ms[0], ms[ms.len() - 1]);
     let compile = front + llvm;
     if json {
@@ -263,6 +292,7 @@ fn bench(
             "max_ms": max,
             "runs": runs,
             "warmup": warmup,
+            "backend": if tiles { "cpu-tile" } else { "cpu" },
         });
         dlc_driver::outln!("{report}");
     } else {
@@ -286,8 +316,8 @@ fn bench(
 
 /// Compiles `lowered` and times `runs` calls of `f` on random inputs (seed
 /// 0) after `warmup` untimed ones: LLVM time and the sorted times in ms.
-fn time_calls(
-    lowered: &dlc_loop::Module,
+fn time_calls<P: dlc_llvm::Program>(
+    lowered: &P,
     f: &dlc_graph::Function,
     warmup: usize,
     runs: usize,
@@ -567,7 +597,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                     let sigs = lowered
                         .functions
                         .iter()
-                        .map(|f| dlc_llvm::exported_signature(f, &symbols))
+                        .map(|f| dlc_llvm::exported_signature(&lowered, &f.name, &symbols))
                         .collect::<Result<Vec<_>, _>>()
                         .map_err(codegen)?;
                     let stem =
@@ -610,7 +640,11 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                 )));
             }
             match backend {
-                Backend::Interp | Backend::Loop | Backend::Tile | Backend::Cpu => {}
+                Backend::Interp
+                | Backend::Loop
+                | Backend::Tile
+                | Backend::Cpu
+                | Backend::CpuTile => {}
                 Backend::Gpu => return Err(not_yet("--backend gpu")),
             }
             let mut files = Vec::new();
@@ -632,6 +666,11 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                     dlc_driver::outln!("wrote {}", path.display());
                 }
             }
+            // Compiled code has no work limit: with --check, the reference
+            // refuses what it cannot finish before the compiled code starts.
+            if check && matches!(backend, Backend::Cpu | Backend::CpuTile) {
+                dlc_graph::interp::check_work(&module, f, max_work)?;
+            }
             let outputs = match backend {
                 Backend::Loop => interpret_loops_within(&module, f, &args, max_work)?,
                 Backend::Tile => {
@@ -639,7 +678,8 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                     let tiled = tiled(&module, &target)?;
                     dlc_driver::interpret_tile_within(&tiled, f, &args, max_work)?
                 }
-                Backend::Cpu => run_cpu(&module, f, &args)?,
+                Backend::Cpu => run_cpu(&module, f, &args, false)?,
+                Backend::CpuTile => run_cpu(&module, f, &args, true)?,
                 _ => interpret_within(&module, f, &args, max_work)?,
             };
             if check {
@@ -681,14 +721,15 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             warmup,
             json,
             passes,
+            tiles,
         } => bench(
             &file,
             entry.as_deref(),
             threads,
-            runs,
-            warmup,
+            Timing { runs, warmup },
             json,
             &passes,
+            tiles,
         ),
         Command::Calibrate { output, runs } => {
             let output = output.unwrap_or_else(|| {

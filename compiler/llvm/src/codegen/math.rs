@@ -1,58 +1,47 @@
-//! `exp` and `tanh` on f32 as straight-line code (Cephes' polynomials), so
+//! `exp` and `tanh` on f32 (scalars or vectors) as straight-line code (Cephes' polynomials), so
 //! loops that call them vectorize: a call to libm's `expf`/`tanhf` keeps a
 //! loop scalar, and LLVM's vector-library mappings stop at 8 lanes and have
 //! no `tanh`. Both are within a few ulp of the correctly rounded result.
 
 use inkwell::FloatPredicate;
-use inkwell::values::{BasicValue, FloatValue};
+use inkwell::values::{BasicValue, BasicValueEnum as BV};
 
-use super::{CodegenError, Gen, R};
+use super::elementwise::{convert, float2};
+use super::{CodegenError, Gen, Ir, R};
+use inkwell::types::BasicTypeEnum;
 
 /// Largest x with exp(x) finite in f32.
 const EXP_HI: f64 = 88.722_831_726_074_22;
 /// Below this, exp(x) is subnormal or zero in f32: computed as 0.
 const EXP_LO: f64 = -87.336_544_750_553_1;
 
-impl<'ctx> Gen<'ctx, '_> {
-    fn fconst(&self, v: f64) -> FloatValue<'ctx> {
-        self.ctx.f32_type().const_float(v)
-    }
-
+impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
     /// `a * b + c`, contractible to an FMA.
-    fn mul_add(
-        &self,
-        a: FloatValue<'ctx>,
-        b: FloatValue<'ctx>,
-        c: FloatValue<'ctx>,
-    ) -> R<FloatValue<'ctx>> {
-        let m = self.relaxed(self.b.build_float_mul(a, b, "m")?)?;
-        self.relaxed(self.b.build_float_add(m, c, "ma")?)
+    fn mul_add(&self, a: BV<'ctx>, b: BV<'ctx>, c: BV<'ctx>) -> R<BV<'ctx>> {
+        let m = self.relaxed(float2!(self, build_float_mul, a, b))?;
+        self.relaxed(float2!(self, build_float_add, m, c))
     }
 
     /// Evaluates the polynomial with coefficients `cs` (highest degree first)
     /// at `x` by Horner's rule.
-    fn horner(&self, x: FloatValue<'ctx>, cs: &[f64]) -> R<FloatValue<'ctx>> {
-        let mut p = self.fconst(cs[0]);
+    fn horner(&self, x: BV<'ctx>, cs: &[f64]) -> R<BV<'ctx>> {
+        let mut p = self.f32_like(x, cs[0]);
         for &c in &cs[1..] {
-            p = self.mul_add(p, x, self.fconst(c))?;
+            p = self.mul_add(p, x, self.f32_like(x, c))?;
         }
         Ok(p)
     }
 
-    /// exp(x) for f32: x = n ln2 + r with |r| <= ln2 / 2, exp(r) by a
-    /// degree-7 polynomial, times 2^n built in the exponent bits.
-    pub(super) fn exp_f32(&self, x: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
-        let (f32t, i32t) = (self.ctx.f32_type(), self.ctx.i32_type());
+    /// exp(x) for f32 (or f32 lanes): x = n ln2 + r with |r| <= ln2 / 2,
+    /// exp(r) by a degree-7 polynomial, times 2^n built in the exponent bits.
+    pub(super) fn exp_f32(&self, x: BV<'ctx>) -> R<BV<'ctx>> {
+        let c = |v: f64| self.f32_like(x, v);
         let xc = self.clamp(x, EXP_LO, EXP_HI)?;
-        let n = self
-            .b
-            .build_float_mul(xc, self.fconst(std::f64::consts::LOG2_E), "xlog2e")?;
-        let n = self
-            .call("llvm.roundeven", &[f32t.into()], &[n.into()])?
-            .into_float_value();
+        let n = float2!(self, build_float_mul, xc, c(std::f64::consts::LOG2_E));
+        let n = self.call("llvm.roundeven", &[x.get_type()], &[n])?;
         // ln 2 in two parts, so n * hi is exact.
-        let r = self.mul_add(n, self.fconst(-0.693_359_375), xc)?;
-        let r = self.mul_add(n, self.fconst(2.121_944_400_546_905_8e-4), r)?;
+        let r = self.mul_add(n, c(-0.693_359_375), xc)?;
+        let r = self.mul_add(n, c(2.121_944_400_546_905_8e-4), r)?;
         let p = self.horner(
             r,
             &[
@@ -64,50 +53,34 @@ impl<'ctx> Gen<'ctx, '_> {
                 5.000_000_120_1e-1,
             ],
         )?;
-        let r2 = self.b.build_float_mul(r, r, "r2")?;
+        let r2 = float2!(self, build_float_mul, r, r);
         let y = self.mul_add(p, r2, r)?;
-        let y = self.b.build_float_add(y, self.fconst(1.0), "y")?;
-        let ni = self.b.build_float_to_signed_int(n, i32t, "n")?;
-        let bits = self.b.build_left_shift(
-            self.b
-                .build_int_add(ni, i32t.const_int(127, false), "biased")?,
-            i32t.const_int(23, false),
-            "bits",
-        )?;
+        let y = float2!(self, build_float_add, y, c(1.0));
+        let i32t: BasicTypeEnum<'ctx> = self.ctx.i32_type().into();
+        let ni = convert!(self, build_float_to_signed_int, n, i32t, IntType);
+        let i32c = |v: u64| self.splat_const(x, self.ctx.i32_type().const_int(v, false).into());
+        let biased = super::elementwise::int2!(self, build_int_add, ni, i32c(127));
+        let bits = super::elementwise::int2!(self, build_left_shift, biased, i32c(23));
         let scale = self
             .b
-            .build_bit_cast(bits, f32t, "scale")?
-            .into_float_value();
-        let v = self.b.build_float_mul(y, scale, "exp")?;
+            .build_bit_cast(bits, x.get_type(), "scale")?
+            .as_basic_value_enum();
+        let v = float2!(self, build_float_mul, y, scale);
         // Above the range: inf; below: 0; NaN stays NaN.
-        let over =
-            self.b
-                .build_float_compare(FloatPredicate::OGT, x, self.fconst(EXP_HI), "over")?;
-        let under =
-            self.b
-                .build_float_compare(FloatPredicate::OLT, x, self.fconst(EXP_LO), "under")?;
-        let nan = self
-            .b
-            .build_float_compare(FloatPredicate::UNO, x, x, "nan")?;
-        let v = self
-            .b
-            .build_select(over, self.fconst(f64::INFINITY), v, "v")?
-            .into_float_value();
-        let v = self
-            .b
-            .build_select(under, self.fconst(0.0), v, "v")?
-            .into_float_value();
-        Ok(self.b.build_select(nan, x, v, "exp")?.into_float_value())
+        let over = self.fcmp(FloatPredicate::OGT, x, c(EXP_HI))?;
+        let under = self.fcmp(FloatPredicate::OLT, x, c(EXP_LO))?;
+        let nan = self.fcmp(FloatPredicate::UNO, x, x)?;
+        let v = self.select(over, c(f64::INFINITY), v)?;
+        let v = self.select(under, c(0.0), v)?;
+        self.select(nan, x, v)
     }
 
-    /// tanh(x) for f32: an odd polynomial below |x| = 0.625, else
-    /// 1 - 2 / (exp(2|x|) + 1) with x's sign.
-    pub(super) fn tanh_f32(&self, x: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
-        let f32t = self.ctx.f32_type();
-        let ax = self
-            .call("llvm.fabs", &[f32t.into()], &[x.into()])?
-            .into_float_value();
-        let z = self.b.build_float_mul(x, x, "z")?;
+    /// tanh(x) for f32 (or f32 lanes): an odd polynomial below |x| = 0.625,
+    /// else 1 - 2 / (exp(2|x|) + 1) with x's sign.
+    pub(super) fn tanh_f32(&self, x: BV<'ctx>) -> R<BV<'ctx>> {
+        let c = |v: f64| self.f32_like(x, v);
+        let ax = self.call("llvm.fabs", &[x.get_type()], &[x])?;
+        let z = float2!(self, build_float_mul, x, x);
         let p = self.horner(
             z,
             &[
@@ -118,48 +91,29 @@ impl<'ctx> Gen<'ctx, '_> {
                 -3.333_328_194_22e-1,
             ],
         )?;
-        let small = self.mul_add(self.b.build_float_mul(p, z, "pz")?, x, x)?;
+        let pz = float2!(self, build_float_mul, p, z);
+        let small = self.mul_add(pz, x, x)?;
         // exp(2|x|) overflows to inf for large |x|, giving exactly 1.
-        let e = self.exp_f32(self.b.build_float_mul(ax, self.fconst(2.0), "2ax")?)?;
-        let den = self.b.build_float_add(e, self.fconst(1.0), "den")?;
-        let q = self.b.build_float_div(self.fconst(2.0), den, "q")?;
-        let large = self.b.build_float_sub(self.fconst(1.0), q, "large")?;
-        let large = self
-            .call("llvm.copysign", &[f32t.into()], &[large.into(), x.into()])?
-            .into_float_value();
-        let is_small =
-            self.b
-                .build_float_compare(FloatPredicate::OLT, ax, self.fconst(0.625), "small")?;
+        let e = self.exp_f32(float2!(self, build_float_mul, ax, c(2.0)))?;
+        let den = float2!(self, build_float_add, e, c(1.0));
+        let q = float2!(self, build_float_div, c(2.0), den);
+        let large = float2!(self, build_float_sub, c(1.0), q);
+        let large = self.call("llvm.copysign", &[x.get_type()], &[large, x])?;
+        let is_small = self.fcmp(FloatPredicate::OLT, ax, c(0.625))?;
         // NaN fails the comparison and takes the large path, which keeps it.
-        Ok(self
-            .b
-            .build_select(is_small, small, large, "tanh")?
-            .into_float_value())
+        self.select(is_small, small, large)
     }
 
     /// `x` limited to `[lo, hi]` (NaN passes through as some value; callers
     /// select NaN back in).
-    fn clamp(&self, x: FloatValue<'ctx>, lo: f64, hi: f64) -> R<FloatValue<'ctx>> {
-        let f32t = self.ctx.f32_type();
-        let v = self
-            .call(
-                "llvm.maxnum",
-                &[f32t.into()],
-                &[x.into(), self.fconst(lo).into()],
-            )?
-            .into_float_value();
-        Ok(self
-            .call(
-                "llvm.minnum",
-                &[f32t.into()],
-                &[v.into(), self.fconst(hi).into()],
-            )?
-            .into_float_value())
+    fn clamp(&self, x: BV<'ctx>, lo: f64, hi: f64) -> R<BV<'ctx>> {
+        let v = self.call("llvm.maxnum", &[x.get_type()], &[x, self.f32_like(x, lo)])?;
+        self.call("llvm.minnum", &[x.get_type()], &[v, self.f32_like(x, hi)])
     }
 
     /// Marks a float add, subtract or multiply as reassociable and
     /// contractible, so reductions over it vectorize and multiply-adds fuse.
-    pub(super) fn relaxed(&self, v: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+    pub(super) fn relaxed(&self, v: BV<'ctx>) -> R<BV<'ctx>> {
         use inkwell::values::FastMathFlags;
         if let Some(i) = v.as_instruction_value() {
             i.set_fast_math_flags(FastMathFlags::AllowReassoc | FastMathFlags::AllowContract)

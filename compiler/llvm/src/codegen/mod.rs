@@ -7,9 +7,8 @@ use std::collections::HashMap;
 
 use crate::{CodegenError, R};
 use dlc_core::DType;
-use dlc_core::scalar::{BinaryOp, CmpOp, UnaryOp};
 use dlc_loop::{Block, Function, IndexExpr, OpKind, Type, Value};
-use dlc_runtime::abi::{STATUS_DIVISION_BY_ZERO, STATUS_OUT_OF_MEMORY, Site};
+use dlc_runtime::abi::{STATUS_OUT_OF_MEMORY, Site};
 use inkwell::basic_block::BasicBlock;
 use inkwell::builder::Builder;
 use inkwell::context::Context;
@@ -17,21 +16,48 @@ use inkwell::intrinsics::Intrinsic;
 use inkwell::module::{Linkage, Module};
 use inkwell::types::{BasicMetadataTypeEnum, BasicTypeEnum};
 use inkwell::values::{
-    BasicMetadataValueEnum, BasicValueEnum, FloatValue, FunctionValue, IntValue, PointerValue,
+    BasicMetadataValueEnum, BasicValueEnum, FunctionValue, IntValue, PointerValue,
 };
-use inkwell::{AddressSpace, FloatPredicate, IntPredicate};
+use inkwell::{AddressSpace, IntPredicate};
 
+pub(crate) mod elementwise;
 mod math;
 mod matmul;
 mod parallel;
+pub(crate) mod tile;
 
-pub(crate) struct Gen<'ctx, 'f> {
+/// The IR a generator reads: its functions and values. What does not
+/// depend on it (statuses, loops, element-wise operators, outlining onto
+/// threads) is shared by every IR's generator.
+pub(crate) trait Ir {
+    /// A function of the IR.
+    type Function;
+    /// An SSA value.
+    type Value: Copy + Eq + std::hash::Hash + Ord;
+    /// The function's name.
+    fn name(f: &Self::Function) -> &str;
+}
+
+/// Loop IR (`dlc_loop`).
+pub(crate) struct LoopIr;
+
+impl Ir for LoopIr {
+    type Function = Function;
+    type Value = Value;
+    fn name(f: &Function) -> &str {
+        &f.name
+    }
+}
+
+pub(crate) struct Gen<'ctx, 'f, I: Ir = LoopIr> {
     ctx: &'ctx Context,
     module: &'f Module<'ctx>,
     b: Builder<'ctx>,
-    f: &'f Function,
+    f: &'f I::Function,
     func: FunctionValue<'ctx>,
-    vals: HashMap<Value, BasicValueEnum<'ctx>>,
+    vals: HashMap<I::Value, BasicValueEnum<'ctx>>,
+    /// Tile IR only: each tile value's vectors (see [`tile`]).
+    chunks: HashMap<I::Value, Vec<BasicValueEnum<'ctx>>>,
     /// The failure sites of the exported function being generated (its
     /// outlined bodies share them).
     sites: Sites,
@@ -70,51 +96,11 @@ fn scalar_type(ctx: &Context, d: DType) -> BasicTypeEnum<'_> {
     }
 }
 
-impl<'ctx, 'f> Gen<'ctx, 'f> {
-    pub(crate) fn function(
-        ctx: &'ctx Context,
-        module: &'f Module<'ctx>,
-        f: &'f Function,
-        symbol: &str,
-        sites: &Sites,
-    ) -> R<FunctionValue<'ctx>> {
-        let ptr = ctx.ptr_type(AddressSpace::default());
-        let params: Vec<BasicMetadataTypeEnum<'_>> = f.params.iter().map(|_| ptr.into()).collect();
-        let func = module.add_function(
-            symbol,
-            ctx.i32_type().fn_type(&params, false),
-            Some(Linkage::External),
-        );
-        let entry = ctx.append_basic_block(func, "entry");
-        let b = ctx.create_builder();
-        b.position_at_end(entry);
-        let mut g = Gen {
-            ctx,
-            module,
-            b,
-            f,
-            func,
-            vals: HashMap::new(),
-            sites: sites.clone(),
-            fail_blocks: Default::default(),
-            trap: None,
-            loc: None,
-            status_slot: None,
-        };
-        for (i, (_, v)) in f.params.iter().enumerate() {
-            let p = func
-                .get_nth_param(i as u32)
-                .ok_or_else(|| CodegenError::Invalid("missing parameter".into()))?;
-            g.vals.insert(*v, p);
-        }
-        g.block(&f.body)?;
-        Ok(func)
-    }
-
+impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
     /// The block that leaves the function with a failure of `kind` at the
     /// op being generated (its source place numbered among the function's
     /// sites).
-    fn fail_block(&self, kind: i32) -> R<BasicBlock<'ctx>> {
+    pub(super) fn fail_block(&self, kind: i32) -> R<BasicBlock<'ctx>> {
         if let Some(trap) = self.trap {
             return Ok(trap);
         }
@@ -153,10 +139,126 @@ impl<'ctx, 'f> Gen<'ctx, 'f> {
         Ok(block)
     }
 
-    fn get(&self, v: Value) -> R<BasicValueEnum<'ctx>> {
+    fn get(&self, v: I::Value) -> R<BasicValueEnum<'ctx>> {
         self.vals.get(&v).copied().ok_or_else(|| {
-            CodegenError::Invalid(format!("value {} used before it is defined", v.0))
+            CodegenError::Invalid("a value is used before it is defined".to_string())
         })
+    }
+
+    pub(super) fn call(
+        &self,
+        name: &str,
+        types: &[BasicTypeEnum<'ctx>],
+        args: &[BasicValueEnum<'ctx>],
+    ) -> R<BasicValueEnum<'ctx>> {
+        let decl = Intrinsic::find(name)
+            .and_then(|i| i.get_declaration(self.module, types))
+            .ok_or_else(|| CodegenError::Llvm(format!("no intrinsic {name}")))?;
+        let args: Vec<BasicMetadataValueEnum<'ctx>> = args.iter().map(|a| (*a).into()).collect();
+        self.b
+            .build_call(decl, &args, "call")?
+            .try_as_basic_value()
+            .basic()
+            .ok_or_else(|| CodegenError::Llvm(format!("{name} gives no value")))
+    }
+
+    /// A loop `lo..hi` by `step` carrying `inits` from one iteration to the
+    /// next: `body` gets the index and the carried values and gives the next
+    /// ones; returns the final values.
+    fn counted_carrying(
+        &mut self,
+        lo: IntValue<'ctx>,
+        hi: IntValue<'ctx>,
+        step: i64,
+        inits: &[BasicValueEnum<'ctx>],
+        body: impl FnOnce(
+            &mut Self,
+            IntValue<'ctx>,
+            &[BasicValueEnum<'ctx>],
+        ) -> R<Vec<BasicValueEnum<'ctx>>>,
+    ) -> R<Vec<BasicValueEnum<'ctx>>> {
+        let i64t = self.ctx.i64_type();
+        let pre = self
+            .b
+            .get_insert_block()
+            .ok_or_else(|| CodegenError::Llvm("no insertion block".into()))?;
+        let header = self.ctx.append_basic_block(self.func, "loop.header");
+        let body_bb = self.ctx.append_basic_block(self.func, "loop.body");
+        let exit = self.ctx.append_basic_block(self.func, "loop.exit");
+        self.b.build_unconditional_branch(header)?;
+        self.b.position_at_end(header);
+        let iv = self.b.build_phi(i64t, "i")?;
+        iv.add_incoming(&[(&lo, pre)]);
+        let mut carried = Vec::new();
+        for v in inits {
+            let phi = self.b.build_phi(v.get_type(), "carried")?;
+            phi.add_incoming(&[(v, pre)]);
+            carried.push(phi);
+        }
+        let i = iv.as_basic_value().into_int_value();
+        let more = self.b.build_int_compare(IntPredicate::SLT, i, hi, "more")?;
+        self.b.build_conditional_branch(more, body_bb, exit)?;
+        self.b.position_at_end(body_bb);
+        let current: Vec<BasicValueEnum<'ctx>> =
+            carried.iter().map(|p| p.as_basic_value()).collect();
+        let next = body(self, i, &current)?;
+        let latch = self
+            .b
+            .get_insert_block()
+            .ok_or_else(|| CodegenError::Llvm("no insertion block".into()))?;
+        let inc = self
+            .b
+            .build_int_add(i, i64t.const_int(step as u64, true), "next")?;
+        iv.add_incoming(&[(&inc, latch)]);
+        for (phi, v) in carried.iter().zip(&next) {
+            phi.add_incoming(&[(v, latch)]);
+        }
+        self.b.build_unconditional_branch(header)?;
+        self.b.position_at_end(exit);
+        Ok(current)
+    }
+}
+
+impl<'ctx, 'f> Gen<'ctx, 'f> {
+    pub(crate) fn function(
+        ctx: &'ctx Context,
+        module: &'f Module<'ctx>,
+        f: &'f Function,
+        symbol: &str,
+        sites: &Sites,
+    ) -> R<FunctionValue<'ctx>> {
+        let ptr = ctx.ptr_type(AddressSpace::default());
+        let params: Vec<BasicMetadataTypeEnum<'_>> = f.params.iter().map(|_| ptr.into()).collect();
+        let func = module.add_function(
+            symbol,
+            ctx.i32_type().fn_type(&params, false),
+            Some(Linkage::External),
+        );
+        let entry = ctx.append_basic_block(func, "entry");
+        let b = ctx.create_builder();
+        b.position_at_end(entry);
+        let mut g = Gen {
+            ctx,
+            module,
+            b,
+            f,
+            func,
+            vals: HashMap::new(),
+            chunks: HashMap::new(),
+            sites: sites.clone(),
+            fail_blocks: Default::default(),
+            trap: None,
+            loc: None,
+            status_slot: None,
+        };
+        for (i, (_, v)) in f.params.iter().enumerate() {
+            let p = func
+                .get_nth_param(i as u32)
+                .ok_or_else(|| CodegenError::Invalid("missing parameter".into()))?;
+            g.vals.insert(*v, p);
+        }
+        g.block(&f.body)?;
+        Ok(func)
     }
 
     fn dtype(&self, v: Value) -> DType {
@@ -229,338 +331,6 @@ impl<'ctx, 'f> Gen<'ctx, 'f> {
         Ok((p, inside))
     }
 
-    fn call(
-        &self,
-        name: &str,
-        types: &[BasicTypeEnum<'ctx>],
-        args: &[BasicValueEnum<'ctx>],
-    ) -> R<BasicValueEnum<'ctx>> {
-        let decl = Intrinsic::find(name)
-            .and_then(|i| i.get_declaration(self.module, types))
-            .ok_or_else(|| CodegenError::Llvm(format!("no intrinsic {name}")))?;
-        let args: Vec<BasicMetadataValueEnum<'ctx>> = args.iter().map(|a| (*a).into()).collect();
-        self.b
-            .build_call(decl, &args, "call")?
-            .try_as_basic_value()
-            .basic()
-            .ok_or_else(|| CodegenError::Llvm(format!("{name} gives no value")))
-    }
-
-    /// Computes `op` on a 16-bit float in f32 and rounds back: LLVM lowers
-    /// many operations on half and bfloat to library calls that do not exist.
-    fn widened(
-        &self,
-        x: FloatValue<'ctx>,
-        op: impl FnOnce(FloatValue<'ctx>) -> R<FloatValue<'ctx>>,
-    ) -> R<Option<FloatValue<'ctx>>> {
-        let f32t = self.ctx.f32_type();
-        if x.get_type() == f32t {
-            return Ok(None);
-        }
-        let wide = self.b.build_float_ext(x, f32t, "wide")?;
-        let r = op(wide)?;
-        Ok(Some(self.b.build_float_trunc(r, x.get_type(), "narrow")?))
-    }
-
-    fn float_unary(&self, u: UnaryOp, x: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
-        if !matches!(u, UnaryOp::Neg | UnaryOp::Relu | UnaryOp::Abs)
-            && let Some(v) = self.widened(x, |w| self.float_unary(u, w))?
-        {
-            return Ok(v);
-        }
-        let t = x.get_type();
-        let ty: BasicTypeEnum<'ctx> = t.into();
-        let one = t.const_float(1.0);
-        let intr = |name: &str, v: FloatValue<'ctx>| -> R<FloatValue<'ctx>> {
-            Ok(self.call(name, &[ty], &[v.into()])?.into_float_value())
-        };
-        Ok(match u {
-            UnaryOp::Neg => self.b.build_float_neg(x, "neg")?,
-            UnaryOp::Relu => {
-                let neg =
-                    self.b
-                        .build_float_compare(FloatPredicate::OLT, x, t.const_zero(), "isneg")?;
-                self.b
-                    .build_select(neg, t.const_zero(), x, "relu")?
-                    .into_float_value()
-            }
-            UnaryOp::Exp if t == self.ctx.f32_type() => self.exp_f32(x)?,
-            UnaryOp::Exp => intr("llvm.exp", x)?,
-            UnaryOp::Log => intr("llvm.log", x)?,
-            UnaryOp::Sqrt => intr("llvm.sqrt", x)?,
-            UnaryOp::Rsqrt => {
-                let s = intr("llvm.sqrt", x)?;
-                self.b.build_float_div(one, s, "rsqrt")?
-            }
-            UnaryOp::Tanh => self.tanh_f32(x)?,
-            UnaryOp::Sigmoid => {
-                let n = self.b.build_float_neg(x, "negx")?;
-                let e = self.exp_f32(n)?;
-                let d = self.b.build_float_add(one, e, "den")?;
-                self.b.build_float_div(one, d, "sigmoid")?
-            }
-            UnaryOp::Gelu => {
-                let c = t.const_float((2.0 / std::f64::consts::PI).sqrt());
-                let x3 = self
-                    .b
-                    .build_float_mul(self.b.build_float_mul(x, x, "x2")?, x, "x3")?;
-                let inner = self.b.build_float_add(
-                    x,
-                    self.b.build_float_mul(t.const_float(0.044715), x3, "cx3")?,
-                    "inner",
-                )?;
-                let th = self.tanh_f32(self.b.build_float_mul(c, inner, "arg")?)?;
-                let half_x = self.b.build_float_mul(t.const_float(0.5), x, "halfx")?;
-                self.b
-                    .build_float_mul(half_x, self.b.build_float_add(one, th, "onep")?, "gelu")?
-            }
-            UnaryOp::Abs => intr("llvm.fabs", x)?,
-        })
-    }
-
-    fn int_unary(&self, u: UnaryOp, x: IntValue<'ctx>) -> R<IntValue<'ctx>> {
-        let t = x.get_type();
-        Ok(match u {
-            UnaryOp::Neg => self.b.build_int_neg(x, "neg")?,
-            UnaryOp::Relu => self
-                .call("llvm.smax", &[t.into()], &[x.into(), t.const_zero().into()])?
-                .into_int_value(),
-            UnaryOp::Abs => self
-                .call(
-                    "llvm.abs",
-                    &[t.into()],
-                    &[x.into(), self.ctx.bool_type().const_zero().into()],
-                )?
-                .into_int_value(),
-            other => {
-                return Err(CodegenError::Invalid(format!(
-                    "{} on integers",
-                    other.name()
-                )));
-            }
-        })
-    }
-
-    fn float_binary(
-        &self,
-        op: BinaryOp,
-        x: FloatValue<'ctx>,
-        y: FloatValue<'ctx>,
-    ) -> R<FloatValue<'ctx>> {
-        if matches!(op, BinaryOp::Max | BinaryOp::Min | BinaryOp::Pow)
-            && x.get_type() != self.ctx.f32_type()
-        {
-            let yw = self.b.build_float_ext(y, self.ctx.f32_type(), "widey")?;
-            if let Some(v) = self.widened(x, |xw| self.float_binary(op, xw, yw))? {
-                return Ok(v);
-            }
-        }
-        let ty: BasicTypeEnum<'ctx> = x.get_type().into();
-        Ok(match op {
-            BinaryOp::Add => self.relaxed(self.b.build_float_add(x, y, "add")?)?,
-            BinaryOp::Sub => self.relaxed(self.b.build_float_sub(x, y, "sub")?)?,
-            BinaryOp::Mul => self.relaxed(self.b.build_float_mul(x, y, "mul")?)?,
-            BinaryOp::Div => self.b.build_float_div(x, y, "div")?,
-            BinaryOp::Max => self
-                .call("llvm.maximum", &[ty], &[x.into(), y.into()])?
-                .into_float_value(),
-            BinaryOp::Min => self
-                .call("llvm.minimum", &[ty], &[x.into(), y.into()])?
-                .into_float_value(),
-            BinaryOp::Pow => self
-                .call("llvm.pow", &[ty], &[x.into(), y.into()])?
-                .into_float_value(),
-        })
-    }
-
-    /// Integer arithmetic: wrapping, and floor division that fails (status
-    /// 1) on a zero divisor and wraps on `MIN / -1`, as the interpreters do.
-    fn int_binary(&self, op: BinaryOp, x: IntValue<'ctx>, y: IntValue<'ctx>) -> R<IntValue<'ctx>> {
-        let t = x.get_type();
-        Ok(match op {
-            BinaryOp::Add => self.b.build_int_add(x, y, "add")?,
-            BinaryOp::Sub => self.b.build_int_sub(x, y, "sub")?,
-            BinaryOp::Mul => self.b.build_int_mul(x, y, "mul")?,
-            BinaryOp::Max => self
-                .call("llvm.smax", &[t.into()], &[x.into(), y.into()])?
-                .into_int_value(),
-            BinaryOp::Min => self
-                .call("llvm.smin", &[t.into()], &[x.into(), y.into()])?
-                .into_int_value(),
-            BinaryOp::Div => {
-                let zero =
-                    self.b
-                        .build_int_compare(IntPredicate::EQ, y, t.const_zero(), "divzero")?;
-                let ok = self.ctx.append_basic_block(self.func, "div.ok");
-                let fail = self.fail_block(STATUS_DIVISION_BY_ZERO)?;
-                self.b.build_conditional_branch(zero, fail, ok)?;
-                self.b.position_at_end(ok);
-                let minus_one = self.b.build_int_compare(
-                    IntPredicate::EQ,
-                    y,
-                    t.const_all_ones(),
-                    "byminus1",
-                )?;
-                let safe = self
-                    .b
-                    .build_select(minus_one, t.const_int(1, false), y, "safe")?
-                    .into_int_value();
-                let q = self.b.build_int_signed_div(x, safe, "q")?;
-                let r = self.b.build_int_signed_rem(x, safe, "r")?;
-                let inexact =
-                    self.b
-                        .build_int_compare(IntPredicate::NE, r, t.const_zero(), "inexact")?;
-                let signs = self.b.build_xor(r, safe, "signs")?;
-                let differ =
-                    self.b
-                        .build_int_compare(IntPredicate::SLT, signs, t.const_zero(), "differ")?;
-                let adjust = self.b.build_and(inexact, differ, "adjust")?;
-                let floored = self.b.build_int_sub(
-                    q,
-                    self.b.build_int_z_extend(adjust, t, "one")?,
-                    "floor",
-                )?;
-                let negated = self.b.build_int_neg(x, "negx")?;
-                self.b
-                    .build_select(minus_one, negated, floored, "div")?
-                    .into_int_value()
-            }
-            BinaryOp::Pow => return Err(CodegenError::Invalid("pow on integers".into())),
-        })
-    }
-
-    fn compare(
-        &self,
-        c: CmpOp,
-        x: BasicValueEnum<'ctx>,
-        y: BasicValueEnum<'ctx>,
-        d: DType,
-    ) -> R<IntValue<'ctx>> {
-        if d.is_float() {
-            let p = match c {
-                CmpOp::Lt => FloatPredicate::OLT,
-                CmpOp::Le => FloatPredicate::OLE,
-                CmpOp::Gt => FloatPredicate::OGT,
-                CmpOp::Ge => FloatPredicate::OGE,
-                CmpOp::Eq => FloatPredicate::OEQ,
-                CmpOp::Ne => FloatPredicate::UNE,
-            };
-            return Ok(self.b.build_float_compare(
-                p,
-                x.into_float_value(),
-                y.into_float_value(),
-                "cmp",
-            )?);
-        }
-        let unsigned = d == DType::Bool;
-        let p = match (c, unsigned) {
-            (CmpOp::Lt, false) => IntPredicate::SLT,
-            (CmpOp::Le, false) => IntPredicate::SLE,
-            (CmpOp::Gt, false) => IntPredicate::SGT,
-            (CmpOp::Ge, false) => IntPredicate::SGE,
-            (CmpOp::Lt, true) => IntPredicate::ULT,
-            (CmpOp::Le, true) => IntPredicate::ULE,
-            (CmpOp::Gt, true) => IntPredicate::UGT,
-            (CmpOp::Ge, true) => IntPredicate::UGE,
-            (CmpOp::Eq, _) => IntPredicate::EQ,
-            (CmpOp::Ne, _) => IntPredicate::NE,
-        };
-        Ok(self
-            .b
-            .build_int_compare(p, x.into_int_value(), y.into_int_value(), "cmp")?)
-    }
-
-    fn cast(&self, x: BasicValueEnum<'ctx>, from: DType, to: DType) -> R<BasicValueEnum<'ctx>> {
-        let target = scalar_type(self.ctx, to);
-        Ok(
-            match (
-                from.is_float(),
-                to.is_float(),
-                from == DType::Bool,
-                to == DType::Bool,
-            ) {
-                _ if from == to => x,
-                (true, true, ..) => {
-                    // f16 <-> bf16 go through f32; LLVM has no direct cast.
-                    let wide = self.b.build_float_cast(
-                        x.into_float_value(),
-                        self.ctx.f32_type(),
-                        "wide",
-                    )?;
-                    self.b
-                        .build_float_cast(wide, target.into_float_type(), "fcast")?
-                        .into()
-                }
-                (true, false, _, true) => {
-                    let z = x.into_float_value().get_type().const_zero();
-                    self.b
-                        .build_float_compare(
-                            FloatPredicate::UNE,
-                            x.into_float_value(),
-                            z,
-                            "tobool",
-                        )?
-                        .into()
-                }
-                (true, false, ..) => {
-                    let i64t = self.ctx.i64_type();
-                    let sat = self
-                        .call("llvm.fptosi.sat", &[i64t.into(), x.get_type()], &[x])?
-                        .into_int_value();
-                    self.b
-                        .build_int_truncate_or_bit_cast(sat, target.into_int_type(), "toint")?
-                        .into()
-                }
-                (false, true, true, _) => self
-                    .b
-                    .build_unsigned_int_to_float(
-                        x.into_int_value(),
-                        target.into_float_type(),
-                        "fromb",
-                    )?
-                    .into(),
-                (false, true, ..) => self
-                    .b
-                    .build_signed_int_to_float(
-                        x.into_int_value(),
-                        target.into_float_type(),
-                        "fromi",
-                    )?
-                    .into(),
-                (false, false, _, true) => {
-                    let z = x.into_int_value().get_type().const_zero();
-                    self.b
-                        .build_int_compare(IntPredicate::NE, x.into_int_value(), z, "tobool")?
-                        .into()
-                }
-                (false, false, true, _) => self
-                    .b
-                    .build_int_z_extend(x.into_int_value(), target.into_int_type(), "zext")?
-                    .into(),
-                (false, false, ..) => self
-                    .b
-                    .build_int_cast_sign_flag(
-                        x.into_int_value(),
-                        target.into_int_type(),
-                        true,
-                        "icast",
-                    )?
-                    .into(),
-            },
-        )
-    }
-
-    fn constant(&self, v: f64, d: DType) -> BasicValueEnum<'ctx> {
-        match scalar_type(self.ctx, d) {
-            BasicTypeEnum::FloatType(t) => t.const_float(v).into(),
-            BasicTypeEnum::IntType(t) if d == DType::Bool => {
-                t.const_int(u64::from(v != 0.0), false).into()
-            }
-            BasicTypeEnum::IntType(t) => t.const_int(v as i64 as u64, true).into(),
-            other => other.const_zero(),
-        }
-    }
-
     fn scalar_result(&mut self, op: &dlc_loop::OpData, v: BasicValueEnum<'ctx>) {
         if let Some(r) = op.results.first() {
             self.vals.insert(*r, v);
@@ -631,33 +401,23 @@ impl<'ctx, 'f> Gen<'ctx, 'f> {
                 }
                 OpKind::Unary(u) => {
                     let x = self.get(operand(0)?)?;
-                    let v: BasicValueEnum<'ctx> = if self.dtype(operand(0)?).is_float() {
-                        self.float_unary(*u, x.into_float_value())?.into()
-                    } else {
-                        self.int_unary(*u, x.into_int_value())?.into()
-                    };
+                    let v = self.unary(*u, x, self.dtype(operand(0)?))?;
                     self.scalar_result(op, v);
                 }
                 OpKind::Binary(bop) => {
                     let (x, y) = (self.get(operand(0)?)?, self.get(operand(1)?)?);
-                    let v: BasicValueEnum<'ctx> = if self.dtype(operand(0)?).is_float() {
-                        self.float_binary(*bop, x.into_float_value(), y.into_float_value())?
-                            .into()
-                    } else {
-                        self.int_binary(*bop, x.into_int_value(), y.into_int_value())?
-                            .into()
-                    };
+                    let v = self.binary(*bop, x, y, self.dtype(operand(0)?))?;
                     self.scalar_result(op, v);
                 }
                 OpKind::Compare(c) => {
                     let (x, y) = (self.get(operand(0)?)?, self.get(operand(1)?)?);
                     let v = self.compare(*c, x, y, self.dtype(operand(0)?))?;
-                    self.scalar_result(op, v.into());
+                    self.scalar_result(op, v);
                 }
                 OpKind::Select => {
-                    let c = self.get(operand(0)?)?.into_int_value();
+                    let c = self.get(operand(0)?)?;
                     let (x, y) = (self.get(operand(1)?)?, self.get(operand(2)?)?);
-                    let v = self.b.build_select(c, x, y, "sel")?;
+                    let v = self.select(c, x, y)?;
                     self.scalar_result(op, v);
                 }
                 OpKind::Cast => {
@@ -752,61 +512,5 @@ impl<'ctx, 'f> Gen<'ctx, 'f> {
                 g.block(body)
             },
         )
-    }
-
-    /// A loop `lo..hi` by `step` carrying `inits` from one iteration to the
-    /// next: `body` gets the index and the carried values and gives the next
-    /// ones; returns the final values.
-    fn counted_carrying(
-        &mut self,
-        lo: IntValue<'ctx>,
-        hi: IntValue<'ctx>,
-        step: i64,
-        inits: &[BasicValueEnum<'ctx>],
-        body: impl FnOnce(
-            &mut Self,
-            IntValue<'ctx>,
-            &[BasicValueEnum<'ctx>],
-        ) -> R<Vec<BasicValueEnum<'ctx>>>,
-    ) -> R<Vec<BasicValueEnum<'ctx>>> {
-        let i64t = self.ctx.i64_type();
-        let pre = self
-            .b
-            .get_insert_block()
-            .ok_or_else(|| CodegenError::Llvm("no insertion block".into()))?;
-        let header = self.ctx.append_basic_block(self.func, "loop.header");
-        let body_bb = self.ctx.append_basic_block(self.func, "loop.body");
-        let exit = self.ctx.append_basic_block(self.func, "loop.exit");
-        self.b.build_unconditional_branch(header)?;
-        self.b.position_at_end(header);
-        let iv = self.b.build_phi(i64t, "i")?;
-        iv.add_incoming(&[(&lo, pre)]);
-        let mut carried = Vec::new();
-        for v in inits {
-            let phi = self.b.build_phi(v.get_type(), "carried")?;
-            phi.add_incoming(&[(v, pre)]);
-            carried.push(phi);
-        }
-        let i = iv.as_basic_value().into_int_value();
-        let more = self.b.build_int_compare(IntPredicate::SLT, i, hi, "more")?;
-        self.b.build_conditional_branch(more, body_bb, exit)?;
-        self.b.position_at_end(body_bb);
-        let current: Vec<BasicValueEnum<'ctx>> =
-            carried.iter().map(|p| p.as_basic_value()).collect();
-        let next = body(self, i, &current)?;
-        let latch = self
-            .b
-            .get_insert_block()
-            .ok_or_else(|| CodegenError::Llvm("no insertion block".into()))?;
-        let inc = self
-            .b
-            .build_int_add(i, i64t.const_int(step as u64, true), "next")?;
-        iv.add_incoming(&[(&inc, latch)]);
-        for (phi, v) in carried.iter().zip(&next) {
-            phi.add_incoming(&[(v, latch)]);
-        }
-        self.b.build_unconditional_branch(header)?;
-        self.b.position_at_end(exit);
-        Ok(current)
     }
 }

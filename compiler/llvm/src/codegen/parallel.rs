@@ -10,7 +10,7 @@ use inkwell::module::Linkage;
 use inkwell::values::{BasicValueEnum, FunctionValue, IntValue, PointerValue};
 use inkwell::{AddressSpace, IntPredicate};
 
-use super::Gen;
+use super::{Gen, Ir};
 use crate::{CodegenError, R};
 
 /// Values used inside the ops (operands, indices, nested bodies) that are
@@ -46,7 +46,7 @@ pub(super) fn free_values(f: &Function, ops: &[OpId]) -> BTreeSet<Value> {
     used
 }
 
-impl<'ctx> Gen<'ctx, '_> {
+impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
     pub(super) fn i64c(&self, v: u64) -> IntValue<'ctx> {
         self.ctx.i64_type().const_int(v, false)
     }
@@ -175,13 +175,34 @@ impl<'ctx> Gen<'ctx, '_> {
         &mut self,
         lo: i64,
         hi: i64,
-        captures: &BTreeSet<Value>,
+        captures: &BTreeSet<I::Value>,
         extra: &[BasicValueEnum<'ctx>],
-        body: impl FnOnce(&mut Gen<'ctx, '_>, IntValue<'ctx>, &[BasicValueEnum<'ctx>]) -> R<()>,
+        body: impl FnOnce(&mut Gen<'ctx, '_, I>, IntValue<'ctx>, &[BasicValueEnum<'ctx>]) -> R<()>,
+    ) -> R<()> {
+        self.parallel_range(lo, hi, captures, extra, |g, first, end, extra| {
+            g.counted(first, end, |g, i| body(g, i, extra))
+        })
+    }
+
+    /// As [`Self::parallel_for`], with `body(first, end)` emitting what each
+    /// thread does with its range `first..end` (what it sets up once, the
+    /// loop over the range, what it releases).
+    pub(super) fn parallel_range(
+        &mut self,
+        lo: i64,
+        hi: i64,
+        captures: &BTreeSet<I::Value>,
+        extra: &[BasicValueEnum<'ctx>],
+        body: impl FnOnce(
+            &mut Gen<'ctx, '_, I>,
+            IntValue<'ctx>,
+            IntValue<'ctx>,
+            &[BasicValueEnum<'ctx>],
+        ) -> R<()>,
     ) -> R<()> {
         let (ctx, i64t, i32t) = (self.ctx, self.ctx.i64_type(), self.ctx.i32_type());
         let ptr = ctx.ptr_type(AddressSpace::default());
-        let mut captures: Vec<(Option<Value>, BasicValueEnum<'ctx>)> = captures
+        let mut captures: Vec<(Option<I::Value>, BasicValueEnum<'ctx>)> = captures
             .iter()
             .map(|v| Ok((Some(*v), self.get(*v)?)))
             .collect::<R<_>>()?;
@@ -203,7 +224,7 @@ impl<'ctx> Gen<'ctx, '_> {
         }
         let frame = self.b.build_alloca(frame_ty, "frame")?;
         self.b.position_at_end(here);
-        let slot = |g: &Gen<'ctx, '_>, frame: PointerValue<'ctx>, i: usize| {
+        let slot = |g: &Gen<'ctx, '_, I>, frame: PointerValue<'ctx>, i: usize| {
             // SAFETY (LLVM IR semantics): i is within the frame array.
             unsafe {
                 g.b.build_in_bounds_gep(i64t, frame, &[g.i64c(i as u64)], "slot")
@@ -218,7 +239,7 @@ impl<'ctx> Gen<'ctx, '_> {
         let outlined = self.module.add_function(
             &format!(
                 "{}.threads{}",
-                self.f.name,
+                I::name(self.f),
                 self.module.get_functions().count()
             ),
             ctx.void_type().fn_type(&[ptr.into()], false),
@@ -232,6 +253,7 @@ impl<'ctx> Gen<'ctx, '_> {
             f: self.f,
             func: outlined,
             vals: std::collections::HashMap::new(),
+            chunks: std::collections::HashMap::new(),
             sites: self.sites.clone(),
             fail_blocks: Default::default(),
             trap: None,
@@ -259,7 +281,7 @@ impl<'ctx> Gen<'ctx, '_> {
         let thread_num = g.declare_weak("omp_get_thread_num", i32t.fn_type(&[], false));
         let num_threads = g.declare_weak("omp_get_num_threads", i32t.fn_type(&[], false));
         // Without the OpenMP runtime, this is thread 0 of 1.
-        let int = |g: &Gen<'ctx, '_>, f: FunctionValue<'ctx>, alone: u64| -> R<IntValue<'ctx>> {
+        let int = |g: &Gen<'ctx, '_, I>, f: FunctionValue<'ctx>, alone: u64| -> R<IntValue<'ctx>> {
             let here =
                 g.b.get_insert_block()
                     .ok_or_else(|| CodegenError::Llvm("no insertion block".into()))?;
@@ -297,7 +319,7 @@ impl<'ctx> Gen<'ctx, '_> {
         )?;
         let end = g.b.build_int_add(first, chunk, "end")?;
         let end = g.min(end, i64t.const_int(hi as u64, true))?;
-        g.counted(first, end, |g, i| body(g, i, &extra_in))?;
+        body(&mut g, first, end, &extra_in)?;
         g.b.build_return(None)?;
 
         // Run on the OpenMP runtime's threads when it is linked, else here.
@@ -343,24 +365,13 @@ impl<'ctx> Gen<'ctx, '_> {
         Ok(())
     }
 
-    /// `loop.threads`.
-    pub(super) fn threads(&mut self, id: OpId, lo: i64, hi: i64) -> R<()> {
-        let captures = free_values(self.f, &[id]);
-        let f = self.f;
-        let region = &f.op(id).regions[0];
-        self.parallel_for(lo, hi, &captures, &[], |g, i, _| {
-            g.vals.insert(region.args[0], i.into());
-            g.block(region).map(|_| ())
-        })
-    }
-
     /// A private function of the module, built once: `build` emits its body
     /// with a generator placed in its entry block, given its parameters.
     pub(super) fn helper(
         &self,
         name: &str,
         params: &[inkwell::types::BasicMetadataTypeEnum<'ctx>],
-        build: impl FnOnce(&mut Gen<'ctx, '_>, &[BasicValueEnum<'ctx>]) -> R<()>,
+        build: impl FnOnce(&mut Gen<'ctx, '_, I>, &[BasicValueEnum<'ctx>]) -> R<()>,
     ) -> R<FunctionValue<'ctx>> {
         if let Some(f) = self.module.get_function(name) {
             return Ok(f);
@@ -381,6 +392,7 @@ impl<'ctx> Gen<'ctx, '_> {
             f: self.f,
             func,
             vals: std::collections::HashMap::new(),
+            chunks: std::collections::HashMap::new(),
             sites: self.sites.clone(),
             fail_blocks: Default::default(),
             trap: Some(trap),
@@ -394,5 +406,18 @@ impl<'ctx> Gen<'ctx, '_> {
         build(&mut g, &args)?;
         g.b.build_return(None)?;
         Ok(func)
+    }
+}
+
+impl<'ctx> Gen<'ctx, '_> {
+    /// `loop.threads`.
+    pub(super) fn threads(&mut self, id: OpId, lo: i64, hi: i64) -> R<()> {
+        let captures = free_values(self.f, &[id]);
+        let f = self.f;
+        let region = &f.op(id).regions[0];
+        self.parallel_for(lo, hi, &captures, &[], |g, i, _| {
+            g.vals.insert(region.args[0], i.into());
+            g.block(region).map(|_| ())
+        })
     }
 }

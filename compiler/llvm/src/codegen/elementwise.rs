@@ -1,0 +1,476 @@
+//! The element-wise operators of `dlc_core::scalar` (unary, binary,
+//! comparisons, casts, constants), emitted on a scalar or on a vector of
+//! lanes alike: loop IR computes one element at a time, tile IR a native
+//! vector of a tile's row at a time. Every emitter takes and gives
+//! `BasicValueEnum`s that are all scalars or all vectors of one length.
+
+use dlc_core::DType;
+use dlc_core::scalar::{BinaryOp, CmpOp, UnaryOp};
+use dlc_runtime::abi::STATUS_DIVISION_BY_ZERO;
+use inkwell::types::{BasicTypeEnum, VectorType};
+use inkwell::values::{BasicValueEnum as BV, IntValue};
+use inkwell::{FloatPredicate, IntPredicate};
+
+use super::{Gen, Ir, scalar_type};
+use crate::{CodegenError, R};
+
+pub(crate) fn mismatch(what: &str) -> CodegenError {
+    CodegenError::Invalid(format!(
+        "{what}: operands are not all scalars or all vectors"
+    ))
+}
+
+/// `b.$m(x, y)` on two floats or two float vectors.
+macro_rules! float2 {
+    ($g:expr, $m:ident, $x:expr, $y:expr) => {
+        match ($x, $y) {
+            (BV::FloatValue(a), BV::FloatValue(b)) => BV::from($g.b.$m(a, b, stringify!($m))?),
+            (BV::VectorValue(a), BV::VectorValue(b)) => BV::from($g.b.$m(a, b, stringify!($m))?),
+            _ => return Err($crate::codegen::elementwise::mismatch(stringify!($m))),
+        }
+    };
+}
+
+/// `b.$m(x, y)` on two integers or two integer vectors.
+macro_rules! int2 {
+    ($g:expr, $m:ident, $x:expr, $y:expr) => {
+        match ($x, $y) {
+            (BV::IntValue(a), BV::IntValue(b)) => BV::from($g.b.$m(a, b, stringify!($m))?),
+            (BV::VectorValue(a), BV::VectorValue(b)) => BV::from($g.b.$m(a, b, stringify!($m))?),
+            _ => return Err($crate::codegen::elementwise::mismatch(stringify!($m))),
+        }
+    };
+}
+
+/// `b.$m(x, type)`: a conversion of a float or float vector to `$t` (a
+/// scalar type, widened to `x`'s lanes).
+macro_rules! convert {
+    ($g:expr, $m:ident, $x:expr, $t:expr, $into:ident) => {{
+        let x = $x;
+        match ($x, $g.like(x, $t)) {
+            (BV::FloatValue(a), BasicTypeEnum::$into(t)) => {
+                BV::from($g.b.$m(a, t, stringify!($m))?)
+            }
+            (BV::VectorValue(a), BasicTypeEnum::VectorType(t)) => {
+                BV::from($g.b.$m(a, t, stringify!($m))?)
+            }
+            _ => return Err($crate::codegen::elementwise::mismatch(stringify!($m))),
+        }
+    }};
+}
+
+/// As `convert!`, from an integer or integer vector.
+macro_rules! convert_int {
+    ($g:expr, $m:ident, $x:expr, $t:expr, $into:ident) => {{
+        let x = $x;
+        match ($x, $g.like(x, $t)) {
+            (BV::IntValue(a), BasicTypeEnum::$into(t)) => {
+                BV::from($g.b.$m(a, t, stringify!($m))?)
+            }
+            (BV::VectorValue(a), BasicTypeEnum::VectorType(t)) => {
+                BV::from($g.b.$m(a, t, stringify!($m))?)
+            }
+            _ => return Err($crate::codegen::elementwise::mismatch(stringify!($m))),
+        }
+    }};
+}
+
+pub(crate) use {convert, convert_int, float2, int2};
+
+impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
+    /// A vector of `n` elements of scalar type `t`.
+    pub(super) fn vector_of(&self, t: BasicTypeEnum<'ctx>, n: u32) -> VectorType<'ctx> {
+        match t {
+            BasicTypeEnum::FloatType(t) => t.vec_type(n),
+            BasicTypeEnum::IntType(t) => t.vec_type(n),
+            BasicTypeEnum::PointerType(t) => t.vec_type(n),
+            BasicTypeEnum::VectorType(v) => v,
+            // Tiles hold numbers and booleans only.
+            _ => self.ctx.i8_type().vec_type(n),
+        }
+    }
+
+    /// `t` with `like`'s lanes: `t` itself for a scalar, a vector of `t` as
+    /// long as `like` for a vector.
+    pub(super) fn like(&self, like: BV<'ctx>, t: BasicTypeEnum<'ctx>) -> BasicTypeEnum<'ctx> {
+        match like {
+            BV::VectorValue(v) => self.vector_of(t, v.get_type().get_size()).into(),
+            _ => t,
+        }
+    }
+
+    /// A constant `c` of scalar type `t` with `like`'s lanes (a splat).
+    pub(super) fn splat_const(&self, like: BV<'ctx>, c: BV<'ctx>) -> BV<'ctx> {
+        match like {
+            BV::VectorValue(v) => {
+                let n = v.get_type().get_size() as usize;
+                VectorType::const_vector(&vec![c; n]).into()
+            }
+            _ => c,
+        }
+    }
+
+    /// The float constant `v` of `like`'s element type and lanes.
+    pub(super) fn fconst_like(&self, like: BV<'ctx>, v: f64) -> BV<'ctx> {
+        let t = element_type(like).into_float_type();
+        self.splat_const(like, t.const_float(v).into())
+    }
+
+    /// The f32 constant `v` with `like`'s lanes.
+    pub(super) fn f32_like(&self, like: BV<'ctx>, v: f64) -> BV<'ctx> {
+        self.splat_const(like, self.ctx.f32_type().const_float(v).into())
+    }
+
+    /// `x` with every lane equal to scalar `s` (`s` itself for `n == 0`).
+    pub(super) fn splat(&self, s: BV<'ctx>, n: u32) -> R<BV<'ctx>> {
+        if n == 0 {
+            return Ok(s);
+        }
+        let t = self.vector_of(s.get_type(), n);
+        let undef = t.get_poison();
+        let zero = self.ctx.i32_type().const_zero();
+        let one = self.b.build_insert_element(undef, s, zero, "one")?;
+        let mask = VectorType::const_vector(&vec![zero; n as usize]);
+        Ok(self
+            .b
+            .build_shuffle_vector(one, undef, mask, "splat")?
+            .into())
+    }
+
+    /// `select c, x, y` lane by lane (or on scalars).
+    pub(super) fn select(&self, c: BV<'ctx>, x: BV<'ctx>, y: BV<'ctx>) -> R<BV<'ctx>> {
+        Ok(match c {
+            BV::IntValue(c) => self.b.build_select(c, x, y, "sel")?,
+            BV::VectorValue(c) => self.b.build_select(c, x, y, "sel")?,
+            _ => return Err(mismatch("select")),
+        })
+    }
+
+    /// `x & y` on booleans.
+    pub(super) fn and(&self, x: BV<'ctx>, y: BV<'ctx>) -> R<BV<'ctx>> {
+        Ok(int2!(self, build_and, x, y))
+    }
+
+    /// Whether any lane of boolean `c` is set, as an i1.
+    pub(super) fn any(&self, c: BV<'ctx>) -> R<IntValue<'ctx>> {
+        Ok(match c {
+            BV::IntValue(c) => c,
+            BV::VectorValue(v) => self
+                .call("llvm.vector.reduce.or", &[v.get_type().into()], &[v.into()])?
+                .into_int_value(),
+            _ => return Err(mismatch("any")),
+        })
+    }
+
+    /// Computes `op` on 16-bit floats in f32 and rounds back: LLVM lowers
+    /// many operations on half and bfloat to library calls that do not exist.
+    fn widened(
+        &self,
+        x: BV<'ctx>,
+        op: impl FnOnce(BV<'ctx>) -> R<BV<'ctx>>,
+    ) -> R<Option<BV<'ctx>>> {
+        let f32t = self.ctx.f32_type();
+        let t = element_type(x);
+        if t == f32t.into() {
+            return Ok(None);
+        }
+        let wide = convert!(self, build_float_ext, x, f32t.into(), FloatType);
+        let r = op(wide)?;
+        Ok(Some(convert!(self, build_float_trunc, r, t, FloatType)))
+    }
+
+    pub(super) fn float_unary(&self, u: UnaryOp, x: BV<'ctx>) -> R<BV<'ctx>> {
+        if !matches!(u, UnaryOp::Neg | UnaryOp::Relu | UnaryOp::Abs)
+            && let Some(v) = self.widened(x, |w| self.float_unary(u, w))?
+        {
+            return Ok(v);
+        }
+        let ty = x.get_type();
+        let c = |v: f64| self.fconst_like(x, v);
+        let one = c(1.0);
+        let intr = |name: &str, v: BV<'ctx>| self.call(name, &[ty], &[v]);
+        Ok(match u {
+            UnaryOp::Neg => match x {
+                BV::FloatValue(a) => self.b.build_float_neg(a, "neg")?.into(),
+                BV::VectorValue(a) => self.b.build_float_neg(a, "neg")?.into(),
+                _ => return Err(mismatch("neg")),
+            },
+            UnaryOp::Relu => {
+                let neg = self.fcmp(FloatPredicate::OLT, x, c(0.0))?;
+                self.select(neg, c(0.0), x)?
+            }
+            UnaryOp::Exp if element_type(x) == self.ctx.f32_type().into() => self.exp_f32(x)?,
+            UnaryOp::Exp => intr("llvm.exp", x)?,
+            UnaryOp::Log => intr("llvm.log", x)?,
+            UnaryOp::Sqrt => intr("llvm.sqrt", x)?,
+            UnaryOp::Rsqrt => {
+                let s = intr("llvm.sqrt", x)?;
+                float2!(self, build_float_div, one, s)
+            }
+            UnaryOp::Tanh => self.tanh_f32(x)?,
+            UnaryOp::Sigmoid => {
+                let n = self.float_unary(UnaryOp::Neg, x)?;
+                let e = self.exp_f32(n)?;
+                let d = float2!(self, build_float_add, one, e);
+                float2!(self, build_float_div, one, d)
+            }
+            UnaryOp::Gelu => {
+                let x2 = float2!(self, build_float_mul, x, x);
+                let x3 = float2!(self, build_float_mul, x2, x);
+                let cx3 = float2!(self, build_float_mul, c(0.044715), x3);
+                let inner = float2!(self, build_float_add, x, cx3);
+                let arg = float2!(
+                    self,
+                    build_float_mul,
+                    c((2.0 / std::f64::consts::PI).sqrt()),
+                    inner
+                );
+                let th = self.tanh_f32(arg)?;
+                let half_x = float2!(self, build_float_mul, c(0.5), x);
+                let onep = float2!(self, build_float_add, one, th);
+                float2!(self, build_float_mul, half_x, onep)
+            }
+            UnaryOp::Abs => intr("llvm.fabs", x)?,
+        })
+    }
+
+    pub(super) fn int_unary(&self, u: UnaryOp, x: BV<'ctx>) -> R<BV<'ctx>> {
+        let t = x.get_type();
+        let zero = t.const_zero();
+        Ok(match u {
+            UnaryOp::Neg => int2!(self, build_int_sub, zero, x),
+            UnaryOp::Relu => self.call("llvm.smax", &[t], &[x, zero])?,
+            UnaryOp::Abs => self.call(
+                "llvm.abs",
+                &[t],
+                &[x, self.ctx.bool_type().const_zero().into()],
+            )?,
+            other => {
+                return Err(CodegenError::Invalid(format!(
+                    "{} on integers",
+                    other.name()
+                )));
+            }
+        })
+    }
+
+    pub(super) fn float_binary(&self, op: BinaryOp, x: BV<'ctx>, y: BV<'ctx>) -> R<BV<'ctx>> {
+        if matches!(op, BinaryOp::Max | BinaryOp::Min | BinaryOp::Pow)
+            && element_type(x) != self.ctx.f32_type().into()
+        {
+            let yw = convert!(
+                self,
+                build_float_ext,
+                y,
+                self.ctx.f32_type().into(),
+                FloatType
+            );
+            if let Some(v) = self.widened(x, |xw| self.float_binary(op, xw, yw))? {
+                return Ok(v);
+            }
+        }
+        let ty = x.get_type();
+        Ok(match op {
+            BinaryOp::Add => self.relaxed(float2!(self, build_float_add, x, y))?,
+            BinaryOp::Sub => self.relaxed(float2!(self, build_float_sub, x, y))?,
+            BinaryOp::Mul => self.relaxed(float2!(self, build_float_mul, x, y))?,
+            BinaryOp::Div => float2!(self, build_float_div, x, y),
+            BinaryOp::Max => self.call("llvm.maximum", &[ty], &[x, y])?,
+            BinaryOp::Min => self.call("llvm.minimum", &[ty], &[x, y])?,
+            BinaryOp::Pow => self.call("llvm.pow", &[ty], &[x, y])?,
+        })
+    }
+
+    /// Integer arithmetic: wrapping, and floor division that fails with
+    /// status 1 on a zero divisor (in any lane) and wraps on `MIN / -1`, as
+    /// the interpreters do.
+    pub(super) fn int_binary(&self, op: BinaryOp, x: BV<'ctx>, y: BV<'ctx>) -> R<BV<'ctx>> {
+        let t = x.get_type();
+        Ok(match op {
+            BinaryOp::Add => int2!(self, build_int_add, x, y),
+            BinaryOp::Sub => int2!(self, build_int_sub, x, y),
+            BinaryOp::Mul => int2!(self, build_int_mul, x, y),
+            BinaryOp::Max => self.call("llvm.smax", &[t], &[x, y])?,
+            BinaryOp::Min => self.call("llvm.smin", &[t], &[x, y])?,
+            BinaryOp::Div => {
+                let zero = t.const_zero();
+                let ones = int_all_ones(t);
+                let divzero = self.icmp(IntPredicate::EQ, y, zero)?;
+                let ok = self.ctx.append_basic_block(self.func, "div.ok");
+                let fail = self.fail_block(STATUS_DIVISION_BY_ZERO)?;
+                self.b
+                    .build_conditional_branch(self.any(divzero)?, fail, ok)?;
+                self.b.position_at_end(ok);
+                let minus_one = self.icmp(IntPredicate::EQ, y, ones)?;
+                let one = int2!(self, build_int_sub, zero, ones);
+                let safe = self.select(minus_one, one, y)?;
+                let q = int2!(self, build_int_signed_div, x, safe);
+                let r = int2!(self, build_int_signed_rem, x, safe);
+                let inexact = self.icmp(IntPredicate::NE, r, zero)?;
+                let signs = int2!(self, build_xor, r, safe);
+                let differ = self.icmp(IntPredicate::SLT, signs, zero)?;
+                let adjust = self.and(inexact, differ)?;
+                let adjust =
+                    convert_int!(self, build_int_z_extend, adjust, element_type(x), IntType);
+                let floored = int2!(self, build_int_sub, q, adjust);
+                let negated = int2!(self, build_int_sub, zero, x);
+                self.select(minus_one, negated, floored)?
+            }
+            BinaryOp::Pow => return Err(CodegenError::Invalid("pow on integers".into())),
+        })
+    }
+
+    pub(super) fn fcmp(&self, p: FloatPredicate, x: BV<'ctx>, y: BV<'ctx>) -> R<BV<'ctx>> {
+        Ok(match (x, y) {
+            (BV::FloatValue(a), BV::FloatValue(b)) => {
+                self.b.build_float_compare(p, a, b, "cmp")?.into()
+            }
+            (BV::VectorValue(a), BV::VectorValue(b)) => {
+                self.b.build_float_compare(p, a, b, "cmp")?.into()
+            }
+            _ => return Err(mismatch("fcmp")),
+        })
+    }
+
+    pub(super) fn icmp(&self, p: IntPredicate, x: BV<'ctx>, y: BV<'ctx>) -> R<BV<'ctx>> {
+        Ok(match (x, y) {
+            (BV::IntValue(a), BV::IntValue(b)) => self.b.build_int_compare(p, a, b, "cmp")?.into(),
+            (BV::VectorValue(a), BV::VectorValue(b)) => {
+                self.b.build_int_compare(p, a, b, "cmp")?.into()
+            }
+            _ => return Err(mismatch("icmp")),
+        })
+    }
+
+    pub(super) fn compare(&self, c: CmpOp, x: BV<'ctx>, y: BV<'ctx>, d: DType) -> R<BV<'ctx>> {
+        if d.is_float() {
+            let p = match c {
+                CmpOp::Lt => FloatPredicate::OLT,
+                CmpOp::Le => FloatPredicate::OLE,
+                CmpOp::Gt => FloatPredicate::OGT,
+                CmpOp::Ge => FloatPredicate::OGE,
+                CmpOp::Eq => FloatPredicate::OEQ,
+                CmpOp::Ne => FloatPredicate::UNE,
+            };
+            return self.fcmp(p, x, y);
+        }
+        let unsigned = d == DType::Bool;
+        let p = match (c, unsigned) {
+            (CmpOp::Lt, false) => IntPredicate::SLT,
+            (CmpOp::Le, false) => IntPredicate::SLE,
+            (CmpOp::Gt, false) => IntPredicate::SGT,
+            (CmpOp::Ge, false) => IntPredicate::SGE,
+            (CmpOp::Lt, true) => IntPredicate::ULT,
+            (CmpOp::Le, true) => IntPredicate::ULE,
+            (CmpOp::Gt, true) => IntPredicate::UGT,
+            (CmpOp::Ge, true) => IntPredicate::UGE,
+            (CmpOp::Eq, _) => IntPredicate::EQ,
+            (CmpOp::Ne, _) => IntPredicate::NE,
+        };
+        self.icmp(p, x, y)
+    }
+
+    /// The element-wise operator `from` -> `to` of the interpreters:
+    /// floats to ints saturate, anything to bool is `!= 0`.
+    pub(super) fn cast(&self, x: BV<'ctx>, from: DType, to: DType) -> R<BV<'ctx>> {
+        let target = scalar_type(self.ctx, to);
+        let f32t: BasicTypeEnum<'ctx> = self.ctx.f32_type().into();
+        Ok(
+            match (
+                from.is_float(),
+                to.is_float(),
+                from == DType::Bool,
+                to == DType::Bool,
+            ) {
+                _ if from == to => x,
+                (true, true, ..) => {
+                    // f16 <-> bf16 go through f32; LLVM has no direct cast.
+                    let wide = convert!(self, build_float_cast, x, f32t, FloatType);
+                    convert!(self, build_float_cast, wide, target, FloatType)
+                }
+                (true, false, _, true) => {
+                    let z = x.get_type().const_zero();
+                    self.fcmp(FloatPredicate::UNE, x, z)?
+                }
+                (true, false, ..) => {
+                    let i64t = self.like(x, self.ctx.i64_type().into());
+                    let sat = self.call("llvm.fptosi.sat", &[i64t, x.get_type()], &[x])?;
+                    if to == DType::I64 {
+                        sat
+                    } else {
+                        convert_int!(self, build_int_truncate, sat, target, IntType)
+                    }
+                }
+                (false, true, true, _) => {
+                    convert_int!(self, build_unsigned_int_to_float, x, target, FloatType)
+                }
+                (false, true, ..) => {
+                    convert_int!(self, build_signed_int_to_float, x, target, FloatType)
+                }
+                (false, false, _, true) => {
+                    let z = x.get_type().const_zero();
+                    self.icmp(IntPredicate::NE, x, z)?
+                }
+                (false, false, true, _) => {
+                    convert_int!(self, build_int_z_extend, x, target, IntType)
+                }
+                (false, false, ..) => {
+                    if from.size_bytes() > to.size_bytes() {
+                        convert_int!(self, build_int_truncate, x, target, IntType)
+                    } else {
+                        convert_int!(self, build_int_s_extend, x, target, IntType)
+                    }
+                }
+            },
+        )
+    }
+
+    /// The scalar constant `v` of `d`.
+    pub(super) fn constant(&self, v: f64, d: DType) -> BV<'ctx> {
+        match scalar_type(self.ctx, d) {
+            BasicTypeEnum::FloatType(t) => t.const_float(v).into(),
+            BasicTypeEnum::IntType(t) if d == DType::Bool => {
+                t.const_int(u64::from(v != 0.0), false).into()
+            }
+            BasicTypeEnum::IntType(t) => t.const_int(v as i64 as u64, true).into(),
+            other => other.const_zero(),
+        }
+    }
+
+    /// Unary operator `u` on elements of `d`.
+    pub(super) fn unary(&self, u: UnaryOp, x: BV<'ctx>, d: DType) -> R<BV<'ctx>> {
+        if d.is_float() {
+            self.float_unary(u, x)
+        } else {
+            self.int_unary(u, x)
+        }
+    }
+
+    /// Binary operator `op` on elements of `d`.
+    pub(super) fn binary(&self, op: BinaryOp, x: BV<'ctx>, y: BV<'ctx>, d: DType) -> R<BV<'ctx>> {
+        if d.is_float() {
+            self.float_binary(op, x, y)
+        } else {
+            self.int_binary(op, x, y)
+        }
+    }
+}
+
+/// The element type of a scalar or vector value.
+pub(super) fn element_type(x: BV<'_>) -> BasicTypeEnum<'_> {
+    match x {
+        BV::VectorValue(v) => v.get_type().get_element_type(),
+        other => other.get_type(),
+    }
+}
+
+/// All ones (-1) of an integer or integer vector type.
+fn int_all_ones(t: BasicTypeEnum<'_>) -> BV<'_> {
+    match t {
+        BasicTypeEnum::VectorType(v) => {
+            let one = v.get_element_type().into_int_type().const_all_ones();
+            VectorType::const_vector(&vec![one; v.get_size() as usize]).into()
+        }
+        other => other.into_int_type().const_all_ones().into(),
+    }
+}

@@ -1,0 +1,1316 @@
+//! Tile IR to LLVM IR for an x86-64 CPU.
+//!
+//! A function's host body allocates global buffers with `malloc` and runs
+//! its kernels one after another. A kernel's grid is flattened and, when it
+//! has enough programs, split in contiguous ranges over the OpenMP
+//! runtime's threads; each thread allocates the scratch memory its programs
+//! use once (one block, every `tile.alloc` of the kernel at a planned
+//! offset) and runs its programs in order. On a CPU a program is one
+//! thread, so shared memory is scratch memory and `tile.barrier` is a
+//! no-op.
+//!
+//! A tile value lives in registers as native vectors: each row of the tile
+//! (every axis but the last fixed) is cut along the last axis into vectors
+//! of at most `lanes(f32)` elements, whatever the element type, so that
+//! tiles of one shape (a mask, its data, a cast of it) are cut alike. Ops
+//! on tiles are unrolled over these vectors: element-wise ops vector by
+//! vector, `tile.dot` as one broadcast multiply-add per row, depth step
+//! and vector (the register-tiled micro-kernel when the schedule asks for
+//! an `mr x 1` by `1 x nr` product), loads and stores as vector accesses
+//! where the tile's last axis is contiguous in the buffer, masked where a
+//! mask or a pad asks, gathers and scatters where it is strided (packing).
+//! Tiles are therefore meant to be register-sized; the conversion keeps
+//! them within its schedule's blocking.
+
+use std::collections::{BTreeSet, HashMap};
+
+use dlc_core::scalar::{BinaryOp, ReduceKind};
+use dlc_core::{DType, TargetDesc};
+use dlc_tile::{Affine, Block, Function, OpData, OpId, OpKind, Type, Value};
+use inkwell::context::Context;
+use inkwell::module::{Linkage, Module};
+use inkwell::types::{BasicMetadataTypeEnum, BasicTypeEnum, VectorType};
+use inkwell::values::{BasicValueEnum as BV, FunctionValue, IntValue, PointerValue, VectorValue};
+use inkwell::{AddressSpace, IntPredicate};
+
+use super::{Gen, Ir, Sites, storage_type};
+use crate::{CodegenError, R};
+
+/// Tile IR (`dlc_tile`).
+pub(crate) struct TileIr;
+
+impl Ir for TileIr {
+    type Function = Function;
+    type Value = Value;
+    fn name(f: &Function) -> &str {
+        &f.name
+    }
+}
+
+/// The most vectors one tile value may be cut into: tiles are blocks a
+/// program holds in registers (or the stack, when they spill), not tensors.
+pub(crate) const MAX_TILE_VECTORS: usize = 4096;
+
+/// How a tile of some shape is cut into vectors.
+#[derive(Debug, Clone)]
+struct Cut {
+    /// The tile's shape (`[1]` for a scalar).
+    shape: Vec<usize>,
+    /// Lanes of a full vector.
+    width: usize,
+    /// Vectors per row.
+    per_row: usize,
+}
+
+impl Cut {
+    fn new(shape: &[usize], lanes: usize) -> Cut {
+        let shape = if shape.is_empty() {
+            vec![1]
+        } else {
+            shape.to_vec()
+        };
+        let last = shape[shape.len() - 1];
+        let width = lanes.min(last).max(1);
+        Cut {
+            per_row: last.div_ceil(width),
+            shape,
+            width,
+        }
+    }
+
+    fn last(&self) -> usize {
+        self.shape[self.shape.len() - 1]
+    }
+
+    fn rows(&self) -> usize {
+        self.shape[..self.shape.len() - 1].iter().product()
+    }
+
+    fn vectors(&self) -> usize {
+        self.rows() * self.per_row
+    }
+
+    /// Lanes of vector `j` of a row.
+    fn lanes(&self, j: usize) -> usize {
+        self.width.min(self.last() - j * self.width)
+    }
+
+    /// The coordinates of row `r` (every axis but the last).
+    fn row_coords(&self, mut r: usize) -> Vec<usize> {
+        let lead = &self.shape[..self.shape.len() - 1];
+        let mut c = vec![0; lead.len()];
+        for k in (0..lead.len()).rev() {
+            c[k] = r % lead[k];
+            r /= lead[k];
+        }
+        c
+    }
+
+    /// Row index of leading coordinates.
+    fn row_of(&self, coords: &[usize]) -> usize {
+        let lead = &self.shape[..self.shape.len() - 1];
+        coords.iter().zip(lead).fold(0, |acc, (c, d)| acc * d + c)
+    }
+
+    /// The vector and lane holding element `flat` (row-major).
+    fn locate(&self, flat: usize) -> (usize, u32) {
+        let (row, col) = (flat / self.last(), flat % self.last());
+        (
+            row * self.per_row + col / self.width,
+            (col % self.width) as u32,
+        )
+    }
+}
+
+/// A buffer access's address: `offset(e) = base + sum_k grad[k] * e_k`
+/// in elements, with each dimension's index `index[d](e) = dims[d].0 +
+/// sum_k dims[d].1[k] * e_k` kept for bounds checks.
+struct Access<'ctx> {
+    pointer: PointerValue<'ctx>,
+    base: IntValue<'ctx>,
+    grad: Vec<i64>,
+    dims: Vec<(IntValue<'ctx>, Vec<i64>, usize)>,
+    dtype: DType,
+}
+
+impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
+    /// Emits tile function `f` as the C-ABI function `symbol`.
+    pub(crate) fn tile_function(
+        ctx: &'ctx Context,
+        module: &'f Module<'ctx>,
+        f: &'f Function,
+        symbol: &str,
+        sites: &Sites,
+    ) -> R<FunctionValue<'ctx>> {
+        let ptr = ctx.ptr_type(AddressSpace::default());
+        let params: Vec<BasicMetadataTypeEnum<'_>> = f.params.iter().map(|_| ptr.into()).collect();
+        let func = module.add_function(
+            symbol,
+            ctx.i32_type().fn_type(&params, false),
+            Some(Linkage::External),
+        );
+        let entry = ctx.append_basic_block(func, "entry");
+        let b = ctx.create_builder();
+        b.position_at_end(entry);
+        let mut g = Gen {
+            ctx,
+            module,
+            b,
+            f,
+            func,
+            vals: HashMap::new(),
+            chunks: HashMap::new(),
+            sites: sites.clone(),
+            fail_blocks: Default::default(),
+            trap: None,
+            loc: None,
+            status_slot: None,
+        };
+        let lanes = g.lanes();
+        if let Some(t) = f.values.iter().find_map(|t| match t {
+            Type::Tile(t) if Cut::new(&t.shape, lanes).vectors() > MAX_TILE_VECTORS => Some(t),
+            _ => None,
+        }) {
+            return Err(CodegenError::Unsupported(format!(
+                "@{}: {t} is {} vectors of {lanes} lanes; the CPU back end holds a tile in \
+                 registers and takes at most {MAX_TILE_VECTORS} vectors",
+                f.name,
+                Cut::new(&t.shape, lanes).vectors()
+            )));
+        }
+        for (i, (_, v)) in f.params.iter().enumerate() {
+            let p = func
+                .get_nth_param(i as u32)
+                .ok_or_else(|| CodegenError::Invalid("missing parameter".into()))?;
+            g.vals.insert(*v, p);
+        }
+        g.host_block(&f.body)?;
+        Ok(func)
+    }
+
+    fn lanes(&self) -> usize {
+        TargetDesc::host().lanes(DType::F32)
+    }
+
+    fn cut(&self, v: Value) -> Cut {
+        Cut::new(self.f.ty(v).shape().unwrap_or(&[]), self.lanes())
+    }
+
+    fn tdtype(&self, v: Value) -> R<DType> {
+        match self.f.ty(v) {
+            Type::Scalar(d) => Ok(*d),
+            Type::Tile(t) => Ok(t.dtype),
+            Type::Buffer(b) => Ok(b.dtype),
+            Type::Index => Ok(DType::I64),
+        }
+    }
+
+    fn is_tile(&self, v: Value) -> bool {
+        matches!(self.f.ty(v), Type::Tile(_))
+    }
+
+    /// A value's vectors: a tile's, or a scalar as one 1-lane vector.
+    fn vectors(&self, v: Value) -> R<Vec<BV<'ctx>>> {
+        if let Some(c) = self.chunks.get(&v) {
+            return Ok(c.clone());
+        }
+        let s = self.get(v)?;
+        Ok(vec![self.splat(s, 1)?])
+    }
+
+    /// Defines `v` from vectors cut as [`Self::cut`] says (a scalar from
+    /// its one 1-lane vector).
+    fn define(&mut self, v: Value, vectors: Vec<BV<'ctx>>) -> R<()> {
+        if self.is_tile(v) {
+            self.chunks.insert(v, vectors);
+        } else {
+            let one = vectors
+                .first()
+                .copied()
+                .ok_or_else(|| CodegenError::Invalid("a scalar without a value".into()))?;
+            let s = self.lane(one, 0)?;
+            self.vals.insert(v, s);
+        }
+        Ok(())
+    }
+
+    fn lane(&self, v: BV<'ctx>, k: u32) -> R<BV<'ctx>> {
+        Ok(self.b.build_extract_element(
+            v.into_vector_value(),
+            self.ctx.i32_type().const_int(u64::from(k), false),
+            "lane",
+        )?)
+    }
+
+    /// Lane `k` of vector `v` repeated `n` times.
+    fn broadcast_lane(&self, v: BV<'ctx>, k: u32, n: usize) -> R<BV<'ctx>> {
+        let v = v.into_vector_value();
+        let idx = self.ctx.i32_type().const_int(u64::from(k), false);
+        let mask = VectorType::const_vector(&vec![idx; n]);
+        Ok(self
+            .b
+            .build_shuffle_vector(v, v.get_type().get_poison(), mask, "bcast")?
+            .into())
+    }
+
+    /// Lanes `from..from + n` of `v`.
+    fn sub_vector(&self, v: VectorValue<'ctx>, from: u32, n: u32) -> R<VectorValue<'ctx>> {
+        let i32t = self.ctx.i32_type();
+        let mask: Vec<_> = (from..from + n)
+            .map(|k| i32t.const_int(u64::from(k), false))
+            .collect();
+        Ok(self.b.build_shuffle_vector(
+            v,
+            v.get_type().get_poison(),
+            VectorType::const_vector(&mask),
+            "part",
+        )?)
+    }
+
+    /// Vectors cut as `cut` from scalars in row-major order.
+    fn vectors_of_scalars(&self, cut: &Cut, scalars: &[BV<'ctx>]) -> R<Vec<BV<'ctx>>> {
+        let mut out = Vec::with_capacity(cut.vectors());
+        let i32t = self.ctx.i32_type();
+        for r in 0..cut.rows() {
+            for j in 0..cut.per_row {
+                let n = cut.lanes(j);
+                let first = scalars[r * cut.last() + j * cut.width];
+                let mut v = self.vector_of(first.get_type(), n as u32).get_poison();
+                for k in 0..n {
+                    v = self.b.build_insert_element(
+                        v,
+                        scalars[r * cut.last() + j * cut.width + k],
+                        i32t.const_int(k as u64, false),
+                        "ins",
+                    )?;
+                }
+                out.push(v.into());
+            }
+        }
+        Ok(out)
+    }
+
+    fn const_vector(&self, c: BV<'ctx>, n: usize) -> BV<'ctx> {
+        VectorType::const_vector(&vec![c; n]).into()
+    }
+
+    fn index_value(&self, v: Value) -> R<IntValue<'ctx>> {
+        Ok(self.get(v)?.into_int_value())
+    }
+
+    /// The part of an affine expression without tile coordinates.
+    fn affine_base(&self, e: &Affine) -> R<IntValue<'ctx>> {
+        let i64t = self.ctx.i64_type();
+        let mut acc = i64t.const_int(e.constant as u64, true);
+        for &(c, v) in &e.terms {
+            let iv = self.index_value(v)?;
+            let term = self
+                .b
+                .build_int_mul(iv, i64t.const_int(c as u64, true), "term")?;
+            acc = self.b.build_int_add(acc, term, "idx")?;
+        }
+        Ok(acc)
+    }
+
+    fn access(&self, buf: Value, index: &[Affine], rank: usize) -> R<Access<'ctx>> {
+        let Type::Buffer(t) = self.f.ty(buf) else {
+            return Err(CodegenError::Invalid("an access to a non-buffer".into()));
+        };
+        let i64t = self.ctx.i64_type();
+        let mut base = i64t.const_zero();
+        let mut grad = vec![0i64; rank.max(1)];
+        let mut dims = Vec::with_capacity(index.len());
+        for ((e, &stride), &extent) in index.iter().zip(&t.strides).zip(&t.shape) {
+            let b = self.affine_base(e)?;
+            let scaled = self
+                .b
+                .build_int_mul(b, i64t.const_int(stride as u64, false), "off")?;
+            base = self.b.build_int_add(base, scaled, "off")?;
+            let mut coeffs = vec![0i64; rank.max(1)];
+            for &(c, k) in &e.axes {
+                if k < coeffs.len() {
+                    coeffs[k] = coeffs[k].wrapping_add(c);
+                    grad[k] = grad[k].wrapping_add(c.wrapping_mul(stride as i64));
+                }
+            }
+            dims.push((b, coeffs, extent));
+        }
+        Ok(Access {
+            pointer: self.get(buf)?.into_pointer_value(),
+            base,
+            grad,
+            dims,
+            dtype: t.dtype,
+        })
+    }
+
+    /// Vector `j` of row `row` of an access: the element offset of its
+    /// first lane and the step between lanes.
+    fn place(
+        &self,
+        a: &Access<'ctx>,
+        cut: &Cut,
+        row: &[usize],
+        j: usize,
+    ) -> R<(IntValue<'ctx>, i64)> {
+        let last = cut.shape.len() - 1;
+        let mut fixed: i64 = 0;
+        for (k, &c) in row.iter().enumerate() {
+            fixed = fixed.wrapping_add(a.grad[k].wrapping_mul(c as i64));
+        }
+        fixed = fixed.wrapping_add(a.grad[last].wrapping_mul((j * cut.width) as i64));
+        let off = self.b.build_int_add(
+            a.base,
+            self.ctx.i64_type().const_int(fixed as u64, true),
+            "at",
+        )?;
+        // One lane has no step: a scalar access.
+        let step = if cut.lanes(j) == 1 { 1 } else { a.grad[last] };
+        Ok((off, step))
+    }
+
+    /// Which lanes of vector `j` of row `row` index inside the buffer.
+    fn in_bounds(&self, a: &Access<'ctx>, cut: &Cut, row: &[usize], j: usize) -> R<BV<'ctx>> {
+        let i64t = self.ctx.i64_type();
+        let last = cut.shape.len() - 1;
+        let n = cut.lanes(j);
+        let mut ok: Option<BV<'ctx>> = None;
+        for (b, coeffs, extent) in &a.dims {
+            let mut fixed: i64 = 0;
+            for (k, &c) in row.iter().enumerate() {
+                fixed = fixed.wrapping_add(coeffs[k].wrapping_mul(c as i64));
+            }
+            fixed = fixed.wrapping_add(coeffs[last].wrapping_mul((j * cut.width) as i64));
+            let first = self
+                .b
+                .build_int_add(*b, i64t.const_int(fixed as u64, true), "i")?;
+            let steps: Vec<_> = (0..n)
+                .map(|k| i64t.const_int(coeffs[last].wrapping_mul(k as i64) as u64, true))
+                .collect();
+            let idx = super::elementwise::int2!(
+                self,
+                build_int_add,
+                self.splat(first.into(), n as u32)?,
+                BV::from(VectorType::const_vector(&steps))
+            );
+            let limit = self.const_vector(i64t.const_int(*extent as u64, false).into(), n);
+            let inside = self.icmp(IntPredicate::ULT, idx, limit)?;
+            ok = Some(match ok {
+                None => inside,
+                Some(prev) => self.and(prev, inside)?,
+            });
+        }
+        Ok(match ok {
+            Some(ok) => ok,
+            None => self.const_vector(self.ctx.bool_type().const_int(1, false).into(), n),
+        })
+    }
+
+    /// Pointers to `n` elements `step` apart from element `off`.
+    fn lane_pointers(
+        &self,
+        a: &Access<'ctx>,
+        off: IntValue<'ctx>,
+        step: i64,
+        n: usize,
+    ) -> R<VectorValue<'ctx>> {
+        let i64t = self.ctx.i64_type();
+        let size = a.dtype.size_bytes() as i64;
+        let addr = self.b.build_ptr_to_int(a.pointer, i64t, "addr")?;
+        let first = self.b.build_int_add(
+            addr,
+            self.b
+                .build_int_mul(off, i64t.const_int(size as u64, true), "bytes")?,
+            "first",
+        )?;
+        let steps: Vec<_> = (0..n)
+            .map(|k| i64t.const_int((step * size).wrapping_mul(k as i64) as u64, true))
+            .collect();
+        let addrs = self.b.build_int_add(
+            self.splat(first.into(), n as u32)?.into_vector_value(),
+            VectorType::const_vector(&steps),
+            "addrs",
+        )?;
+        let ptrs = self
+            .ctx
+            .ptr_type(AddressSpace::default())
+            .vec_type(n as u32);
+        Ok(self.b.build_int_to_ptr(addrs, ptrs, "ptrs")?)
+    }
+
+    fn element_pointer(&self, a: &Access<'ctx>, off: IntValue<'ctx>) -> R<PointerValue<'ctx>> {
+        // Not `inbounds`: a masked or padded access may start outside.
+        // SAFETY (LLVM IR semantics): a plain GEP is defined for any offset;
+        // only the lanes that are accessed must be inside the buffer.
+        Ok(unsafe {
+            self.b
+                .build_gep(storage_type(self.ctx, a.dtype), a.pointer, &[off], "elt")?
+        })
+    }
+
+    fn alignment(&self, d: DType) -> u32 {
+        d.size_bytes() as u32
+    }
+
+    fn mask_of(&self, op: &OpData, at: usize, j: usize) -> R<Option<BV<'ctx>>> {
+        match op.operands.get(at) {
+            Some(&m) => Ok(Some(self.vectors(m)?[j])),
+            None => Ok(None),
+        }
+    }
+
+    /// `tile.load`.
+    fn load(&mut self, op: &OpData, index: &[Affine], pad: Option<f64>) -> R<()> {
+        let r = op.results[0];
+        let cut = self.cut(r);
+        let a = self.access(op.operands[0], index, cut.shape.len())?;
+        let store_t = storage_type(self.ctx, a.dtype);
+        let mut out = Vec::with_capacity(cut.vectors());
+        for row in 0..cut.rows() {
+            let rc = cut.row_coords(row);
+            for j in 0..cut.per_row {
+                let n = cut.lanes(j);
+                let (off, step) = self.place(&a, &cut, &rc, j)?;
+                let mut on = self.mask_of(op, 1, row * cut.per_row + j)?;
+                if pad.is_some() {
+                    let inside = self.in_bounds(&a, &cut, &rc, j)?;
+                    on = Some(match on {
+                        Some(m) => self.and(m, inside)?,
+                        None => inside,
+                    });
+                }
+                let vt = self.vector_of(store_t, n as u32);
+                let passthru: BV<'ctx> = match pad {
+                    Some(p) => {
+                        let c = self.constant(p, a.dtype);
+                        let c = if a.dtype == DType::Bool {
+                            self.ctx
+                                .i8_type()
+                                .const_int(u64::from(p != 0.0), false)
+                                .into()
+                        } else {
+                            c
+                        };
+                        self.const_vector(c, n)
+                    }
+                    None => vt.const_zero().into(),
+                };
+                let raw: BV<'ctx> = match (step, on) {
+                    (0, None) => {
+                        let p = self.element_pointer(&a, off)?;
+                        let s = self.b.build_load(store_t, p, "ld")?;
+                        self.splat(s, n as u32)?
+                    }
+                    (1, None) => {
+                        let p = self.element_pointer(&a, off)?;
+                        let l = self.b.build_load(vt, p, "ld")?;
+                        set_alignment(l, self.alignment(a.dtype))?;
+                        l
+                    }
+                    (1, Some(m)) => {
+                        let p = self.element_pointer(&a, off)?;
+                        self.call(
+                            "llvm.masked.load",
+                            &[vt.into(), p.get_type().into()],
+                            &[p.into(), m, passthru],
+                        )?
+                    }
+                    (_, m) => {
+                        let ptrs = self.lane_pointers(&a, off, step, n)?;
+                        let m = match m {
+                            Some(m) => m,
+                            None => self
+                                .const_vector(self.ctx.bool_type().const_int(1, false).into(), n),
+                        };
+                        self.call(
+                            "llvm.masked.gather",
+                            &[vt.into(), ptrs.get_type().into()],
+                            &[ptrs.into(), m, passthru],
+                        )?
+                    }
+                };
+                let v = if a.dtype == DType::Bool {
+                    let z = vt.const_zero();
+                    self.icmp(IntPredicate::NE, raw, z.into())?
+                } else {
+                    raw
+                };
+                out.push(v);
+            }
+        }
+        self.define(r, out)
+    }
+
+    /// `tile.store`.
+    fn store(&mut self, op: &OpData, index: &[Affine]) -> R<()> {
+        let v = op.operands[0];
+        let cut = self.cut(v);
+        let a = self.access(op.operands[1], index, cut.shape.len())?;
+        let store_t = storage_type(self.ctx, a.dtype);
+        let data = self.vectors(v)?;
+        if op.operands.len() == 2 && self.transposing_store(&a, &cut, &data)? {
+            return Ok(());
+        }
+        for row in 0..cut.rows() {
+            let rc = cut.row_coords(row);
+            for j in 0..cut.per_row {
+                let n = cut.lanes(j);
+                let (off, step) = self.place(&a, &cut, &rc, j)?;
+                let on = self.mask_of(op, 2, row * cut.per_row + j)?;
+                let mut x = data[row * cut.per_row + j];
+                if a.dtype == DType::Bool {
+                    x = super::elementwise::convert_int!(
+                        self,
+                        build_int_z_extend,
+                        x,
+                        self.ctx.i8_type().into(),
+                        IntType
+                    );
+                }
+                match (step, on) {
+                    (1, None) => {
+                        let p = self.element_pointer(&a, off)?;
+                        let s = self.b.build_store(p, x)?;
+                        s.set_alignment(self.alignment(a.dtype))
+                            .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+                    }
+                    (1, Some(m)) => {
+                        let p = self.element_pointer(&a, off)?;
+                        self.call_void(
+                            "llvm.masked.store",
+                            &[x.get_type(), p.get_type().into()],
+                            &[x, p.into(), m],
+                        )?;
+                    }
+                    (_, m) => {
+                        let ptrs = self.lane_pointers(&a, off, step, n)?;
+                        let m = match m {
+                            Some(m) => m,
+                            None => self
+                                .const_vector(self.ctx.bool_type().const_int(1, false).into(), n),
+                        };
+                        self.call_void(
+                            "llvm.masked.scatter",
+                            &[x.get_type(), ptrs.get_type().into()],
+                            &[x, ptrs.into(), m],
+                        )?;
+                    }
+                }
+                let _ = store_t;
+            }
+        }
+        Ok(())
+    }
+
+    /// A store of a 2-axis tile into column-major place (`offset = r + c *
+    /// rows`, as packing the left operand of a product does): each vector
+    /// of columns is transposed in registers across the rows and written as
+    /// one contiguous run, instead of being scattered. Returns whether the
+    /// store was of that form.
+    fn transposing_store(&self, a: &Access<'ctx>, cut: &Cut, data: &[BV<'ctx>]) -> R<bool> {
+        let rows = cut.shape[0];
+        if cut.shape.len() != 2 || rows < 2 || a.dtype == DType::Bool {
+            return Ok(false);
+        }
+        if a.grad[0] != 1 || a.grad[1] != rows as i64 || cut.last() < 2 {
+            return Ok(false);
+        }
+        let i32t = self.ctx.i32_type();
+        for j in 0..cut.per_row {
+            let n = cut.lanes(j);
+            let parts: Vec<BV<'ctx>> = (0..rows).map(|r| data[r * cut.per_row + j]).collect();
+            let (whole, lanes) = self.concat(&parts)?;
+            // Element (r, c) goes to place c * rows + r of the run.
+            let mask: Vec<_> = (0..n)
+                .flat_map(|c| (0..rows).map(move |r| (r, c)))
+                .map(|(r, c)| i32t.const_int(u64::from(lanes[r] + c as u32), false))
+                .collect();
+            let run = self.b.build_shuffle_vector(
+                whole,
+                whole.get_type().get_poison(),
+                VectorType::const_vector(&mask),
+                "transposed",
+            )?;
+            let (off, _) = self.place(a, cut, &[0], j)?;
+            let p = self.element_pointer(a, off)?;
+            let st = self.b.build_store(p, run)?;
+            st.set_alignment(self.alignment(a.dtype))
+                .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+        }
+        Ok(true)
+    }
+
+    /// The vectors side by side in one vector; returns it and where each
+    /// part's first lane is.
+    fn concat(&self, parts: &[BV<'ctx>]) -> R<(VectorValue<'ctx>, Vec<u32>)> {
+        let i32t = self.ctx.i32_type();
+        // (vector, where each original part starts in it)
+        let mut level: Vec<(VectorValue<'ctx>, Vec<(usize, u32)>)> = parts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.into_vector_value(), vec![(i, 0)]))
+            .collect();
+        while level.len() > 1 {
+            let mut next = Vec::with_capacity(level.len().div_ceil(2));
+            let mut it = level.into_iter();
+            while let Some((x, px)) = it.next() {
+                let Some((y, py)) = it.next() else {
+                    next.push((x, px));
+                    break;
+                };
+                let (nx, ny) = (x.get_type().get_size(), y.get_type().get_size());
+                let wide = nx.max(ny);
+                let widen = |v: VectorValue<'ctx>, n: u32| -> R<VectorValue<'ctx>> {
+                    if n == wide {
+                        return Ok(v);
+                    }
+                    let mask: Vec<_> = (0..wide)
+                        .map(|k| {
+                            if k < n {
+                                i32t.const_int(u64::from(k), false)
+                            } else {
+                                i32t.get_poison()
+                            }
+                        })
+                        .collect();
+                    Ok(self.b.build_shuffle_vector(
+                        v,
+                        v.get_type().get_poison(),
+                        VectorType::const_vector(&mask),
+                        "widen",
+                    )?)
+                };
+                let (x, y) = (widen(x, nx)?, widen(y, ny)?);
+                let mask: Vec<_> = (0..2 * wide)
+                    .map(|k| i32t.const_int(u64::from(k), false))
+                    .collect();
+                let both =
+                    self.b
+                        .build_shuffle_vector(x, y, VectorType::const_vector(&mask), "concat")?;
+                let mut at = px;
+                at.extend(py.into_iter().map(|(i, o)| (i, o + wide)));
+                next.push((both, at));
+            }
+            level = next;
+        }
+        let (v, at) = level
+            .pop()
+            .ok_or_else(|| CodegenError::Invalid("nothing to concatenate".into()))?;
+        let mut starts = vec![0; parts.len()];
+        for (i, o) in at {
+            starts[i] = o;
+        }
+        Ok((v, starts))
+    }
+
+    fn call_void(&self, name: &str, types: &[BasicTypeEnum<'ctx>], args: &[BV<'ctx>]) -> R<()> {
+        let decl = inkwell::intrinsics::Intrinsic::find(name)
+            .and_then(|i| i.get_declaration(self.module, types))
+            .ok_or_else(|| CodegenError::Llvm(format!("no intrinsic {name}")))?;
+        let args: Vec<inkwell::values::BasicMetadataValueEnum<'ctx>> =
+            args.iter().map(|a| (*a).into()).collect();
+        self.b.build_call(decl, &args, "")?;
+        Ok(())
+    }
+
+    /// `tile.mask`: element `e` is on when `e_k < limit_k` on every axis.
+    fn mask(&mut self, op: &OpData, limits: &[Affine]) -> R<()> {
+        let r = op.results[0];
+        let cut = self.cut(r);
+        let i64t = self.ctx.i64_type();
+        let limits = limits
+            .iter()
+            .map(|l| self.affine_base(l))
+            .collect::<R<Vec<_>>>()?;
+        let last = cut.shape.len() - 1;
+        let mut out = Vec::with_capacity(cut.vectors());
+        for row in 0..cut.rows() {
+            let rc = cut.row_coords(row);
+            let mut row_on = self.ctx.bool_type().const_int(1, false);
+            for (k, &c) in rc.iter().enumerate() {
+                let on = self.b.build_int_compare(
+                    IntPredicate::SLT,
+                    i64t.const_int(c as u64, false),
+                    limits[k],
+                    "on",
+                )?;
+                row_on = self.b.build_and(row_on, on, "on")?;
+            }
+            for j in 0..cut.per_row {
+                let n = cut.lanes(j);
+                let cols: Vec<_> = (0..n)
+                    .map(|k| i64t.const_int((j * cut.width + k) as u64, false))
+                    .collect();
+                let lim = self.splat(limits[last].into(), n as u32)?;
+                let cols_on = self.icmp(
+                    IntPredicate::SLT,
+                    VectorType::const_vector(&cols).into(),
+                    lim,
+                )?;
+                let rows_on = self.splat(row_on.into(), n as u32)?;
+                out.push(self.and(cols_on, rows_on)?);
+            }
+        }
+        self.define(r, out)
+    }
+
+    /// `tile.broadcast`.
+    fn broadcast(&mut self, op: &OpData) -> R<()> {
+        let (x, r) = (op.operands[0], op.results[0]);
+        let (from, to) = (self.cut(x), self.cut(r));
+        let src = self.vectors(x)?;
+        let mut out = Vec::with_capacity(to.vectors());
+        for row in 0..to.rows() {
+            let rc = to.row_coords(row);
+            let src_rc: Vec<usize> = rc
+                .iter()
+                .zip(&from.shape)
+                .map(|(&c, &d)| if d == 1 { 0 } else { c })
+                .collect();
+            let src_row = from.row_of(&src_rc);
+            for j in 0..to.per_row {
+                out.push(if from.last() == to.last() {
+                    src[src_row * from.per_row + j]
+                } else {
+                    self.broadcast_lane(src[src_row * from.per_row], 0, to.lanes(j))?
+                });
+            }
+        }
+        self.define(r, out)
+    }
+
+    /// `tile.reshape`, `tile.expand_dims`, `tile.trans`: element `e` of the
+    /// result is element `source(e)` (flat, row-major) of the operand.
+    fn rearrange(&mut self, op: &OpData, source: impl Fn(usize) -> usize) -> R<()> {
+        let (x, r) = (op.operands[0], op.results[0]);
+        let (from, to) = (self.cut(x), self.cut(r));
+        let src = self.vectors(x)?;
+        let n = to.rows() * to.last();
+        if (0..n).all(|e| source(e) == e) && from.last() == to.last() {
+            return self.define(r, src);
+        }
+        let scalars = (0..n)
+            .map(|e| {
+                let (v, k) = from.locate(source(e));
+                self.lane(src[v], k)
+            })
+            .collect::<R<Vec<_>>>()?;
+        let out = self.vectors_of_scalars(&to, &scalars)?;
+        self.define(r, out)
+    }
+
+    /// `tile.dot`: `acc + a @ b`, one broadcast of `a[m, k]` and one
+    /// multiply-add per vector of row `k` of `b`.
+    fn dot(&mut self, op: &OpData) -> R<()> {
+        let (a, b, acc, r) = (
+            op.operands[0],
+            op.operands[1],
+            op.operands[2],
+            op.results[0],
+        );
+        let (ca, cb) = (self.cut(a), self.cut(b));
+        let (m, k) = (ca.shape[0], ca.shape[1]);
+        let d = self.tdtype(a)?;
+        let acc_d = self.tdtype(acc)?;
+        let (va, vb) = (self.vectors(a)?, self.vectors(b)?);
+        let mut out = self.vectors(acc)?;
+        let widen = |g: &Self, v: BV<'ctx>| -> R<BV<'ctx>> {
+            if d == acc_d {
+                Ok(v)
+            } else {
+                g.cast(v, d, acc_d)
+            }
+        };
+        let mut rows_b: Vec<Vec<BV<'ctx>>> = Vec::with_capacity(k);
+        for p in 0..k {
+            rows_b.push(
+                (0..cb.per_row)
+                    .map(|j| widen(self, vb[p * cb.per_row + j]))
+                    .collect::<R<Vec<_>>>()?,
+            );
+        }
+        for (p, row_b) in rows_b.iter().enumerate() {
+            for i in 0..m {
+                let (v, lane) = ca.locate(i * k + p);
+                let mut splats: HashMap<usize, BV<'ctx>> = HashMap::new();
+                for (j, &bj) in row_b.iter().enumerate() {
+                    let n = cb.lanes(j);
+                    let s = match splats.get(&n) {
+                        Some(s) => *s,
+                        None => {
+                            let s = widen(self, self.broadcast_lane(va[v], lane, n)?)?;
+                            splats.insert(n, s);
+                            s
+                        }
+                    };
+                    let slot = i * cb.per_row + j;
+                    out[slot] = if acc_d.is_float() {
+                        self.call("llvm.fmuladd", &[bj.get_type()], &[s, bj, out[slot]])?
+                    } else {
+                        let prod = self.binary(BinaryOp::Mul, s, bj, acc_d)?;
+                        self.binary(BinaryOp::Add, out[slot], prod, acc_d)?
+                    };
+                }
+            }
+        }
+        self.define(r, out)
+    }
+
+    /// A vector folded to one element with `op`.
+    fn horizontal(&self, v: BV<'ctx>, op: BinaryOp, d: DType) -> R<BV<'ctx>> {
+        let mut v = v.into_vector_value();
+        let mut leftover: Vec<BV<'ctx>> = Vec::new();
+        let mut n = v.get_type().get_size();
+        while n > 1 {
+            if n % 2 == 1 {
+                leftover.push(self.lane(v.into(), n - 1)?);
+                n -= 1;
+                v = self.sub_vector(v, 0, n)?;
+                continue;
+            }
+            let lo = self.sub_vector(v, 0, n / 2)?;
+            let hi = self.sub_vector(v, n / 2, n / 2)?;
+            v = self
+                .binary(op, lo.into(), hi.into(), d)?
+                .into_vector_value();
+            n /= 2;
+        }
+        let mut s = self.lane(v.into(), 0)?;
+        for x in leftover {
+            s = self.binary(op, s, x, d)?;
+        }
+        Ok(s)
+    }
+
+    /// `tile.reduce`.
+    fn reduce(&mut self, op: &OpData, kind: ReduceKind, axis: usize) -> R<()> {
+        let (x, r) = (op.operands[0], op.results[0]);
+        let d = self.tdtype(x)?;
+        let bop = match kind {
+            ReduceKind::Sum => BinaryOp::Add,
+            ReduceKind::Prod => BinaryOp::Mul,
+            ReduceKind::Max => BinaryOp::Max,
+            ReduceKind::Min => BinaryOp::Min,
+            ReduceKind::Mean => {
+                return Err(CodegenError::Invalid(
+                    "tile.reduce {kind = mean} (the verifier rejects it)".into(),
+                ));
+            }
+        };
+        let from = self.cut(x);
+        let src = self.vectors(x)?;
+        let last = from.shape.len() - 1;
+        if axis == last {
+            // Each row folds to one element.
+            let mut scalars = Vec::with_capacity(from.rows());
+            for row in 0..from.rows() {
+                let vs = &src[row * from.per_row..(row + 1) * from.per_row];
+                let full = vs.len() - usize::from(from.lanes(vs.len() - 1) != from.width);
+                let mut acc: Option<BV<'ctx>> = None;
+                for &v in &vs[..full] {
+                    acc = Some(match acc {
+                        None => v,
+                        Some(a) => self.binary(bop, a, v, d)?,
+                    });
+                }
+                let mut s = match acc {
+                    Some(a) => Some(self.horizontal(a, bop, d)?),
+                    None => None,
+                };
+                for &v in &vs[full..] {
+                    let h = self.horizontal(v, bop, d)?;
+                    s = Some(match s {
+                        None => h,
+                        Some(a) => self.binary(bop, a, h, d)?,
+                    });
+                }
+                scalars.push(
+                    s.ok_or_else(|| CodegenError::Invalid("a reduction of no elements".into()))?,
+                );
+            }
+            if self.is_tile(r) {
+                let out = self.vectors_of_scalars(&self.cut(r), &scalars)?;
+                self.chunks.insert(r, out);
+            } else {
+                self.vals.insert(r, scalars[0]);
+            }
+            return Ok(());
+        }
+        let to = self.cut(r);
+        let mut out = Vec::with_capacity(to.vectors());
+        for row in 0..to.rows() {
+            let rc = to.row_coords(row);
+            for j in 0..to.per_row {
+                let mut acc: Option<BV<'ctx>> = None;
+                for t in 0..from.shape[axis] {
+                    let mut src_rc = rc.clone();
+                    src_rc.insert(axis, t);
+                    let v = src[from.row_of(&src_rc) * from.per_row + j];
+                    acc = Some(match acc {
+                        None => v,
+                        Some(a) => self.binary(bop, a, v, d)?,
+                    });
+                }
+                out.push(
+                    acc.ok_or_else(|| CodegenError::Invalid("a reduction of no elements".into()))?,
+                );
+            }
+        }
+        self.define(r, out)
+    }
+
+    /// An element-wise op on scalars or on tiles vector by vector.
+    fn elementwise(&mut self, op: &OpData, f: impl Fn(&Self, &[BV<'ctx>]) -> R<BV<'ctx>>) -> R<()> {
+        let r = op.results[0];
+        if !self.is_tile(r) {
+            let args = op
+                .operands
+                .iter()
+                .map(|v| self.get(*v))
+                .collect::<R<Vec<_>>>()?;
+            let v = f(self, &args)?;
+            self.vals.insert(r, v);
+            return Ok(());
+        }
+        let args = op
+            .operands
+            .iter()
+            .map(|v| self.vectors(*v))
+            .collect::<R<Vec<_>>>()?;
+        let n = self.cut(r).vectors();
+        let mut out = Vec::with_capacity(n);
+        for j in 0..n {
+            let xs: Vec<BV<'ctx>> = args.iter().map(|a| a[j]).collect();
+            out.push(f(self, &xs)?);
+        }
+        self.chunks.insert(r, out);
+        Ok(())
+    }
+
+    /// A value's registers as a flat list (a tile's vectors, else itself).
+    fn flatten(&self, v: Value) -> R<Vec<BV<'ctx>>> {
+        if self.is_tile(v) {
+            self.chunks
+                .get(&v)
+                .cloned()
+                .ok_or_else(|| CodegenError::Invalid("a tile is used before it is defined".into()))
+        } else {
+            Ok(vec![self.get(v)?])
+        }
+    }
+
+    /// Binds `values` to what [`Self::flatten`] gave.
+    fn unflatten(&mut self, values: &[Value], flat: &[BV<'ctx>]) -> R<()> {
+        let mut at = 0;
+        for &v in values {
+            if self.is_tile(v) {
+                let n = self.cut(v).vectors();
+                let part = flat.get(at..at + n).ok_or_else(|| {
+                    CodegenError::Invalid("tile.for carries too few values".into())
+                })?;
+                self.chunks.insert(v, part.to_vec());
+                at += n;
+            } else {
+                let x = *flat.get(at).ok_or_else(|| {
+                    CodegenError::Invalid("tile.for carries too few values".into())
+                })?;
+                self.vals.insert(v, x);
+                at += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// The function body: buffers and kernels.
+    fn host_block(&mut self, blk: &Block) -> R<()> {
+        for &id in &blk.ops {
+            let f = self.f;
+            let op = f.op(id);
+            self.loc.clone_from(&op.loc);
+            match &op.kind {
+                OpKind::Alloc => {
+                    let bytes = self.buffer_bytes(op.results[0])?;
+                    let p = self.heap(bytes, false)?;
+                    self.vals.insert(op.results[0], p.into());
+                }
+                OpKind::Dealloc => {
+                    let p = self.get(op.operands[0])?.into_pointer_value();
+                    self.release(p)?;
+                }
+                OpKind::View => {
+                    let p = self.get(op.operands[0])?;
+                    self.vals.insert(op.results[0], p);
+                }
+                OpKind::Kernel { grid, .. } => self.kernel(id, grid)?,
+                OpKind::Return => {
+                    self.b
+                        .build_return(Some(&self.ctx.i32_type().const_zero()))?;
+                }
+                other => {
+                    return Err(CodegenError::Invalid(format!(
+                        "{} outside a kernel",
+                        other.name()
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn buffer_bytes(&self, v: Value) -> R<u64> {
+        let Type::Buffer(t) = self.f.ty(v) else {
+            return Err(CodegenError::Invalid("tile.alloc of a non-buffer".into()));
+        };
+        Ok(t.storage_len()
+            .unwrap_or(usize::MAX)
+            .saturating_mul(t.dtype.size_bytes())
+            .max(1) as u64)
+    }
+
+    /// `tile.kernel`: the grid's programs, over threads when there are
+    /// enough of them, with scratch memory allocated once per thread.
+    fn kernel(&mut self, id: OpId, grid: &[usize]) -> R<()> {
+        let f = self.f;
+        let op = f.op(id);
+        let body = &op.regions[0];
+        let total = grid.iter().product::<usize>();
+        if total == 0 {
+            return Ok(());
+        }
+        // Scratch (and, on a CPU, shared) buffers at planned offsets of one
+        // block per thread; program ids read by the body.
+        let mut allocs = Vec::new();
+        let mut pids = Vec::new();
+        collect(f, &body.ops, &mut allocs, &mut pids);
+        let mut offsets = Vec::with_capacity(allocs.len());
+        let mut scratch: u64 = 0;
+        for &v in &allocs {
+            offsets.push(scratch);
+            scratch = scratch
+                .saturating_add(self.buffer_bytes(v)?)
+                .div_ceil(64)
+                .saturating_mul(64);
+        }
+        let captures = free_values(f, &[id]);
+        let grid = grid.to_vec();
+        let run = move |g: &mut Gen<'ctx, '_, TileIr>,
+                        first: IntValue<'ctx>,
+                        end: IntValue<'ctx>,
+                        _: &[BV<'ctx>]|
+              -> R<()> {
+            let block = if scratch > 0 {
+                let p = g.heap(scratch, false)?;
+                for (&v, &off) in allocs.iter().zip(&offsets) {
+                    // SAFETY (LLVM IR semantics): the offset is inside the block.
+                    let at = unsafe {
+                        g.b.build_in_bounds_gep(g.ctx.i8_type(), p, &[g.i64c(off)], "scratch")?
+                    };
+                    g.vals.insert(v, at.into());
+                }
+                Some(p)
+            } else {
+                None
+            };
+            g.counted(first, end, |g, i| {
+                let mut rest = i;
+                let mut ids = vec![g.i64c(0); grid.len()];
+                for axis in (0..grid.len()).rev() {
+                    let n = g.i64c(grid[axis] as u64);
+                    ids[axis] = g.b.build_int_signed_rem(rest, n, "pid")?;
+                    rest = g.b.build_int_signed_div(rest, n, "rest")?;
+                }
+                for &(v, axis) in &pids {
+                    g.vals.insert(v, ids[axis].into());
+                }
+                g.program_block(body).map(|_| ())
+            })?;
+            if let Some(p) = block {
+                g.release(p)?;
+            }
+            Ok(())
+        };
+        if total >= TargetDesc::host().min_thread_iterations() {
+            self.parallel_range(0, total as i64, &captures, &[], run)
+        } else {
+            let (first, end) = (self.i64c(0), self.i64c(total as u64));
+            run(self, first, end, &[])
+        }
+    }
+
+    /// A kernel body or loop body; returns the values its `tile.yield`
+    /// passes on, flattened.
+    fn program_block(&mut self, blk: &Block) -> R<Vec<BV<'ctx>>> {
+        let f = self.f;
+        for &id in &blk.ops {
+            let op = f.op(id);
+            self.loc.clone_from(&op.loc);
+            match &op.kind {
+                // Planned when the kernel starts.
+                OpKind::Alloc | OpKind::ProgramId { .. } | OpKind::Barrier => {}
+                OpKind::View => {
+                    let p = self.get(op.operands[0])?;
+                    self.vals.insert(op.results[0], p);
+                }
+                OpKind::Const(c) => {
+                    let r = op.results[0];
+                    let d = self.tdtype(r)?;
+                    let s = self.constant(*c, d);
+                    if self.is_tile(r) {
+                        let cut = self.cut(r);
+                        let out = (0..cut.vectors())
+                            .map(|j| self.const_vector(s, cut.lanes(j % cut.per_row)))
+                            .collect();
+                        self.chunks.insert(r, out);
+                    } else {
+                        self.vals.insert(r, s);
+                    }
+                }
+                OpKind::Splat => {
+                    let r = op.results[0];
+                    let s = self.get(op.operands[0])?;
+                    let cut = self.cut(r);
+                    let mut by_width: HashMap<usize, BV<'ctx>> = HashMap::new();
+                    let mut out = Vec::with_capacity(cut.vectors());
+                    for j in 0..cut.vectors() {
+                        let n = cut.lanes(j % cut.per_row);
+                        let v = match by_width.get(&n) {
+                            Some(v) => *v,
+                            None => {
+                                let v = self.splat(s, n as u32)?;
+                                by_width.insert(n, v);
+                                v
+                            }
+                        };
+                        out.push(v);
+                    }
+                    self.define(r, out)?;
+                }
+                OpKind::Unary(u) => {
+                    let d = self.tdtype(op.operands[0])?;
+                    self.elementwise(op, |g, x| g.unary(*u, x[0], d))?;
+                }
+                OpKind::Binary(bop) => {
+                    let d = self.tdtype(op.operands[0])?;
+                    self.elementwise(op, |g, x| g.binary(*bop, x[0], x[1], d))?;
+                }
+                OpKind::Compare(c) => {
+                    let d = self.tdtype(op.operands[0])?;
+                    self.elementwise(op, |g, x| g.compare(*c, x[0], x[1], d))?;
+                }
+                OpKind::Select => self.elementwise(op, |g, x| g.select(x[0], x[1], x[2]))?,
+                OpKind::Cast => {
+                    let (from, to) = (self.tdtype(op.operands[0])?, self.tdtype(op.results[0])?);
+                    self.elementwise(op, |g, x| g.cast(x[0], from, to))?;
+                }
+                OpKind::Load { index, pad } => self.load(op, index, *pad)?,
+                OpKind::Store { index } => self.store(op, index)?,
+                OpKind::Mask { limits } => self.mask(op, limits)?,
+                OpKind::Broadcast => self.broadcast(op)?,
+                OpKind::Reshape | OpKind::ExpandDims { .. } => self.rearrange(op, |e| e)?,
+                OpKind::Trans { perm } => {
+                    let from = self.cut(op.operands[0]).shape;
+                    let to = self.cut(op.results[0]).shape;
+                    let perm = perm.clone();
+                    self.rearrange(op, move |e| {
+                        let mut c = vec![0; to.len()];
+                        let mut rest = e;
+                        for k in (0..to.len()).rev() {
+                            c[k] = rest % to[k];
+                            rest /= to[k];
+                        }
+                        let mut src = vec![0; from.len()];
+                        for (i, &p) in perm.iter().enumerate() {
+                            src[p] = c[i];
+                        }
+                        src.iter().zip(&from).fold(0, |acc, (c, d)| acc * d + c)
+                    })?;
+                }
+                OpKind::Dot => self.dot(op)?,
+                OpKind::Reduce { kind, axis } => self.reduce(op, *kind, *axis)?,
+                OpKind::For { lo, hi, step } => {
+                    let body = &op.regions[0];
+                    let mut inits = Vec::new();
+                    for v in &op.operands {
+                        inits.extend(self.flatten(*v)?);
+                    }
+                    let i64t = self.ctx.i64_type();
+                    let finals = self.counted_carrying(
+                        i64t.const_int(*lo as u64, true),
+                        i64t.const_int(*hi as u64, true),
+                        (*step).max(1),
+                        &inits,
+                        |g, i, carried| {
+                            g.vals.insert(body.args[0], i.into());
+                            g.unflatten(&body.args[1..], carried)?;
+                            g.program_block(body)
+                        },
+                    )?;
+                    self.unflatten(&op.results, &finals)?;
+                }
+                OpKind::Yield => {
+                    let mut out = Vec::new();
+                    for v in &op.operands {
+                        out.extend(self.flatten(*v)?);
+                    }
+                    return Ok(out);
+                }
+                other => {
+                    return Err(CodegenError::Invalid(format!(
+                        "{} inside a kernel",
+                        other.name()
+                    )));
+                }
+            }
+        }
+        Ok(vec![])
+    }
+}
+
+fn set_alignment(v: BV<'_>, align: u32) -> R<()> {
+    if let Some(i) = inkwell::values::BasicValue::as_instruction_value(&v) {
+        i.set_alignment(align)
+            .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// The buffers a kernel allocates and its `tile.program_id` results with
+/// their axes, at any depth.
+fn collect(f: &Function, ops: &[OpId], allocs: &mut Vec<Value>, pids: &mut Vec<(Value, usize)>) {
+    for &id in ops {
+        let op = f.op(id);
+        match op.kind {
+            OpKind::Alloc => allocs.extend(&op.results),
+            OpKind::ProgramId { axis } => pids.extend(op.results.iter().map(|&r| (r, axis))),
+            _ => {}
+        }
+        for r in &op.regions {
+            collect(f, &r.ops, allocs, pids);
+        }
+    }
+}
+
+/// Values used inside the ops (operands, indices, nested bodies) that are
+/// defined outside them.
+fn free_values(f: &Function, ops: &[OpId]) -> BTreeSet<Value> {
+    fn walk(f: &Function, ops: &[OpId], used: &mut BTreeSet<Value>, defined: &mut BTreeSet<Value>) {
+        for id in ops {
+            let op = f.op(*id);
+            used.extend(&op.operands);
+            if let Some(index) = op.kind.index() {
+                for e in index {
+                    used.extend(e.terms.iter().map(|(_, v)| *v));
+                }
+            }
+            defined.extend(&op.results);
+            for r in &op.regions {
+                defined.extend(&r.args);
+                walk(f, &r.ops, used, defined);
+            }
+        }
+    }
+    let (mut used, mut defined) = (BTreeSet::new(), BTreeSet::new());
+    walk(f, ops, &mut used, &mut defined);
+    used.retain(|v| !defined.contains(v));
+    used
+}
