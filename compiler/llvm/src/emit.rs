@@ -4,8 +4,9 @@
 
 use std::collections::HashMap;
 
-use crate::abi::{entry_wrapper, signature, tile_signature};
-use crate::codegen::{Gen, Sites};
+use crate::abi::entry_wrapper;
+use crate::codegen::tile::TileIr;
+use crate::codegen::{Ir, LoopIr, Sites};
 use crate::target::x86_64;
 use crate::{CodegenError, R};
 use dlc_loop::Module as LModule;
@@ -59,14 +60,43 @@ fn export<'ctx>(
     Ok(sites)
 }
 
+/// Function `name` of `functions`.
+fn find<'m, I: Ir>(functions: &'m [I::Function], name: &str) -> R<&'m I::Function> {
+    functions
+        .iter()
+        .find(|f| I::name(f) == name)
+        .ok_or_else(|| CodegenError::Arguments(format!("no function `@{name}`")))
+}
+
+/// [`Program::emit_functions`] for functions of IR `I`.
+fn emit_all<'ctx, I: Ir>(
+    functions: &[I::Function],
+    ctx: &'ctx Context,
+    module: &Module<'ctx>,
+    symbols: &Symbols,
+) -> R<HashMap<String, Vec<Site>>> {
+    let mut all = HashMap::new();
+    for f in functions {
+        let symbol = symbols.symbol(I::name(f)).map_err(CodegenError::Symbol)?;
+        let sites = Sites::default();
+        let func = I::emit(ctx, module, f, &symbol, &sites)?;
+        let sites = export(
+            ctx,
+            module,
+            func,
+            &symbol,
+            I::arity(f),
+            I::signature(f),
+            &sites,
+        )?;
+        all.insert(I::name(f).to_string(), sites);
+    }
+    Ok(all)
+}
+
 impl Program for LModule {
     fn signature_of(&self, name: &str) -> R<Signature> {
-        let f = self
-            .functions
-            .iter()
-            .find(|f| f.name == name)
-            .ok_or_else(|| CodegenError::Arguments(format!("no function `@{name}`")))?;
-        signature(f)
+        LoopIr::signature(find::<LoopIr>(&self.functions, name)?)
     }
 
     fn emit_functions<'ctx>(
@@ -75,34 +105,13 @@ impl Program for LModule {
         module: &Module<'ctx>,
         symbols: &Symbols,
     ) -> R<HashMap<String, Vec<Site>>> {
-        let mut all = HashMap::new();
-        for f in &self.functions {
-            let symbol = symbols.symbol(&f.name).map_err(CodegenError::Symbol)?;
-            let sites = Sites::default();
-            let func = Gen::function(ctx, module, f, &symbol, &sites)?;
-            let sites = export(
-                ctx,
-                module,
-                func,
-                &symbol,
-                f.params.len(),
-                signature(f),
-                &sites,
-            )?;
-            all.insert(f.name.clone(), sites);
-        }
-        Ok(all)
+        emit_all::<LoopIr>(&self.functions, ctx, module, symbols)
     }
 }
 
 impl Program for TModule {
     fn signature_of(&self, name: &str) -> R<Signature> {
-        let f = self
-            .functions
-            .iter()
-            .find(|f| f.name == name)
-            .ok_or_else(|| CodegenError::Arguments(format!("no function `@{name}`")))?;
-        tile_signature(f)
+        TileIr::signature(find::<TileIr>(&self.functions, name)?)
     }
 
     fn emit_functions<'ctx>(
@@ -111,16 +120,7 @@ impl Program for TModule {
         module: &Module<'ctx>,
         symbols: &Symbols,
     ) -> R<HashMap<String, Vec<Site>>> {
-        let mut all = HashMap::new();
-        for f in &self.functions {
-            let symbol = symbols.symbol(&f.name).map_err(CodegenError::Symbol)?;
-            let sites = Sites::default();
-            let func = Gen::tile_function(ctx, module, f, &symbol, &sites)?;
-            let sig = tile_signature(f);
-            let sites = export(ctx, module, func, &symbol, f.params.len(), sig, &sites)?;
-            all.insert(f.name.clone(), sites);
-        }
-        Ok(all)
+        emit_all::<TileIr>(&self.functions, ctx, module, symbols)
     }
 }
 

@@ -20,62 +20,62 @@ pub(crate) fn mismatch(what: &str) -> CodegenError {
     ))
 }
 
-/// `b.$m(x, y)` on two floats or two float vectors.
-macro_rules! float2 {
-    ($g:expr, $m:ident, $x:expr, $y:expr) => {
+/// `b.$m(x, y)` on two scalars of kind `$scalar` (`FloatValue`,
+/// `IntValue`) or two vectors.
+macro_rules! lanes2 {
+    ($g:expr, $m:ident, $x:expr, $y:expr, $scalar:ident) => {
         match ($x, $y) {
-            (BV::FloatValue(a), BV::FloatValue(b)) => BV::from($g.b.$m(a, b, stringify!($m))?),
+            (BV::$scalar(a), BV::$scalar(b)) => BV::from($g.b.$m(a, b, stringify!($m))?),
             (BV::VectorValue(a), BV::VectorValue(b)) => BV::from($g.b.$m(a, b, stringify!($m))?),
             _ => return Err($crate::codegen::elementwise::mismatch(stringify!($m))),
         }
+    };
+}
+
+/// `b.$m(x, y)` on two floats or two float vectors.
+macro_rules! float2 {
+    ($g:expr, $m:ident, $x:expr, $y:expr) => {
+        $crate::codegen::elementwise::lanes2!($g, $m, $x, $y, FloatValue)
     };
 }
 
 /// `b.$m(x, y)` on two integers or two integer vectors.
 macro_rules! int2 {
     ($g:expr, $m:ident, $x:expr, $y:expr) => {
-        match ($x, $y) {
-            (BV::IntValue(a), BV::IntValue(b)) => BV::from($g.b.$m(a, b, stringify!($m))?),
-            (BV::VectorValue(a), BV::VectorValue(b)) => BV::from($g.b.$m(a, b, stringify!($m))?),
-            _ => return Err($crate::codegen::elementwise::mismatch(stringify!($m))),
-        }
+        $crate::codegen::elementwise::lanes2!($g, $m, $x, $y, IntValue)
     };
 }
 
-/// `b.$m(x, type)`: a conversion of a float or float vector to `$t` (a
-/// scalar type, widened to `x`'s lanes).
+/// `b.$m(x, type)`: a conversion of a scalar of kind `$scalar` or a vector
+/// of them to `$t` (a scalar type of kind `$into`, widened to `x`'s lanes).
+macro_rules! conversion {
+    ($g:expr, $m:ident, $x:expr, $t:expr, $scalar:ident, $into:ident) => {{
+        let x = $x;
+        match (x, $g.like(x, $t)) {
+            (BV::$scalar(a), BasicTypeEnum::$into(t)) => BV::from($g.b.$m(a, t, stringify!($m))?),
+            (BV::VectorValue(a), BasicTypeEnum::VectorType(t)) => {
+                BV::from($g.b.$m(a, t, stringify!($m))?)
+            }
+            _ => return Err($crate::codegen::elementwise::mismatch(stringify!($m))),
+        }
+    }};
+}
+
+/// A conversion of a float or float vector (see `conversion!`).
 macro_rules! convert {
-    ($g:expr, $m:ident, $x:expr, $t:expr, $into:ident) => {{
-        let x = $x;
-        match ($x, $g.like(x, $t)) {
-            (BV::FloatValue(a), BasicTypeEnum::$into(t)) => {
-                BV::from($g.b.$m(a, t, stringify!($m))?)
-            }
-            (BV::VectorValue(a), BasicTypeEnum::VectorType(t)) => {
-                BV::from($g.b.$m(a, t, stringify!($m))?)
-            }
-            _ => return Err($crate::codegen::elementwise::mismatch(stringify!($m))),
-        }
-    }};
+    ($g:expr, $m:ident, $x:expr, $t:expr, $into:ident) => {
+        $crate::codegen::elementwise::conversion!($g, $m, $x, $t, FloatValue, $into)
+    };
 }
 
-/// As `convert!`, from an integer or integer vector.
+/// A conversion of an integer or integer vector (see `conversion!`).
 macro_rules! convert_int {
-    ($g:expr, $m:ident, $x:expr, $t:expr, $into:ident) => {{
-        let x = $x;
-        match ($x, $g.like(x, $t)) {
-            (BV::IntValue(a), BasicTypeEnum::$into(t)) => {
-                BV::from($g.b.$m(a, t, stringify!($m))?)
-            }
-            (BV::VectorValue(a), BasicTypeEnum::VectorType(t)) => {
-                BV::from($g.b.$m(a, t, stringify!($m))?)
-            }
-            _ => return Err($crate::codegen::elementwise::mismatch(stringify!($m))),
-        }
-    }};
+    ($g:expr, $m:ident, $x:expr, $t:expr, $into:ident) => {
+        $crate::codegen::elementwise::conversion!($g, $m, $x, $t, IntValue, $into)
+    };
 }
 
-pub(crate) use {convert, convert_int, float2, int2};
+pub(crate) use {conversion, convert, convert_int, float2, int2, lanes2};
 
 impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
     /// A vector of `n` elements of scalar type `t`.
@@ -121,11 +121,8 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         self.splat_const(like, self.ctx.f32_type().const_float(v).into())
     }
 
-    /// `x` with every lane equal to scalar `s` (`s` itself for `n == 0`).
+    /// A vector of `n` lanes, each scalar `s`.
     pub(super) fn splat(&self, s: BV<'ctx>, n: u32) -> R<BV<'ctx>> {
-        if n == 0 {
-            return Ok(s);
-        }
         let t = self.vector_of(s.get_type(), n);
         let undef = t.get_poison();
         let zero = self.ctx.i32_type().const_zero();

@@ -29,13 +29,26 @@ pub(crate) mod tile;
 /// The IR a generator reads: its functions and values. What does not
 /// depend on it (statuses, loops, element-wise operators, outlining onto
 /// threads) is shared by every IR's generator.
-pub(crate) trait Ir {
+pub(crate) trait Ir: Sized {
     /// A function of the IR.
     type Function;
     /// An SSA value.
     type Value: Copy + Eq + std::hash::Hash + Ord;
     /// The function's name.
     fn name(f: &Self::Function) -> &str;
+    /// Its runtime signature (no failure sites).
+    fn signature(f: &Self::Function) -> R<dlc_runtime::abi::Signature>;
+    /// How many pointer parameters its C-ABI function takes.
+    fn arity(f: &Self::Function) -> usize;
+    /// Emits it as the C-ABI function `symbol`, its failures numbered
+    /// among `sites`.
+    fn emit<'ctx>(
+        ctx: &'ctx Context,
+        module: &Module<'ctx>,
+        f: &Self::Function,
+        symbol: &str,
+        sites: &Sites,
+    ) -> R<FunctionValue<'ctx>>;
 }
 
 /// Loop IR (`dlc_loop`).
@@ -46,6 +59,24 @@ impl Ir for LoopIr {
     type Value = Value;
     fn name(f: &Function) -> &str {
         &f.name
+    }
+    fn signature(f: &Function) -> R<dlc_runtime::abi::Signature> {
+        crate::abi::signature(f)
+    }
+    fn arity(f: &Function) -> usize {
+        f.params.len()
+    }
+    fn emit<'ctx>(
+        ctx: &'ctx Context,
+        module: &Module<'ctx>,
+        f: &Function,
+        symbol: &str,
+        sites: &Sites,
+    ) -> R<FunctionValue<'ctx>> {
+        let params: Vec<Value> = f.params.iter().map(|(_, v)| *v).collect();
+        let mut g = Gen::exported(ctx, module, f, &params, symbol, sites)?;
+        g.block(&f.body)?;
+        Ok(g.func)
     }
 }
 
@@ -96,7 +127,58 @@ fn scalar_type(ctx: &Context, d: DType) -> BasicTypeEnum<'_> {
     }
 }
 
-impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
+impl<'ctx, 'f, I: Ir> Gen<'ctx, 'f, I> {
+    /// A generator for `func`, an LLVM function emitted for (part of) `f`.
+    pub(super) fn within(
+        ctx: &'ctx Context,
+        module: &'f Module<'ctx>,
+        f: &'f I::Function,
+        func: FunctionValue<'ctx>,
+        sites: &Sites,
+    ) -> Self {
+        Gen {
+            ctx,
+            module,
+            b: ctx.create_builder(),
+            f,
+            func,
+            vals: HashMap::new(),
+            chunks: HashMap::new(),
+            sites: sites.clone(),
+            fail_blocks: Default::default(),
+            trap: None,
+            loc: None,
+            status_slot: None,
+        }
+    }
+
+    /// A generator placed in the entry block of a new C-ABI function
+    /// `symbol` for `f`: `int32_t symbol(void *p0, ...)`, one pointer per
+    /// value of `params`, which are bound to them.
+    pub(super) fn exported(
+        ctx: &'ctx Context,
+        module: &'f Module<'ctx>,
+        f: &'f I::Function,
+        params: &[I::Value],
+        symbol: &str,
+        sites: &Sites,
+    ) -> R<Self> {
+        let ptr = ctx.ptr_type(AddressSpace::default());
+        let types: Vec<BasicMetadataTypeEnum<'_>> = params.iter().map(|_| ptr.into()).collect();
+        let func = module.add_function(
+            symbol,
+            ctx.i32_type().fn_type(&types, false),
+            Some(Linkage::External),
+        );
+        let g = Gen::within(ctx, module, f, func, sites);
+        g.b.position_at_end(ctx.append_basic_block(func, "entry"));
+        let mut g = g;
+        for (p, v) in func.get_param_iter().zip(params) {
+            g.vals.insert(*v, p);
+        }
+        Ok(g)
+    }
+
     /// The block that leaves the function with a failure of `kind` at the
     /// op being generated (its source place numbered among the function's
     /// sites).
@@ -145,21 +227,41 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         })
     }
 
+    /// A call of intrinsic `name` overloaded on `types`.
+    fn intrinsic(
+        &self,
+        name: &str,
+        types: &[BasicTypeEnum<'ctx>],
+        args: &[BasicValueEnum<'ctx>],
+    ) -> R<inkwell::values::CallSiteValue<'ctx>> {
+        let decl = Intrinsic::find(name)
+            .and_then(|i| i.get_declaration(self.module, types))
+            .ok_or_else(|| CodegenError::Llvm(format!("no intrinsic {name}")))?;
+        let args: Vec<BasicMetadataValueEnum<'ctx>> = args.iter().map(|a| (*a).into()).collect();
+        Ok(self.b.build_call(decl, &args, "call")?)
+    }
+
+    /// The value of intrinsic `name` overloaded on `types`.
     pub(super) fn call(
         &self,
         name: &str,
         types: &[BasicTypeEnum<'ctx>],
         args: &[BasicValueEnum<'ctx>],
     ) -> R<BasicValueEnum<'ctx>> {
-        let decl = Intrinsic::find(name)
-            .and_then(|i| i.get_declaration(self.module, types))
-            .ok_or_else(|| CodegenError::Llvm(format!("no intrinsic {name}")))?;
-        let args: Vec<BasicMetadataValueEnum<'ctx>> = args.iter().map(|a| (*a).into()).collect();
-        self.b
-            .build_call(decl, &args, "call")?
+        self.intrinsic(name, types, args)?
             .try_as_basic_value()
             .basic()
             .ok_or_else(|| CodegenError::Llvm(format!("{name} gives no value")))
+    }
+
+    /// Intrinsic `name`, which gives nothing (a masked store).
+    pub(super) fn call_void(
+        &self,
+        name: &str,
+        types: &[BasicTypeEnum<'ctx>],
+        args: &[BasicValueEnum<'ctx>],
+    ) -> R<()> {
+        self.intrinsic(name, types, args).map(|_| ())
     }
 
     /// A loop `lo..hi` by `step` carrying `inits` from one iteration to the
@@ -220,47 +322,6 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
 }
 
 impl<'ctx, 'f> Gen<'ctx, 'f> {
-    pub(crate) fn function(
-        ctx: &'ctx Context,
-        module: &'f Module<'ctx>,
-        f: &'f Function,
-        symbol: &str,
-        sites: &Sites,
-    ) -> R<FunctionValue<'ctx>> {
-        let ptr = ctx.ptr_type(AddressSpace::default());
-        let params: Vec<BasicMetadataTypeEnum<'_>> = f.params.iter().map(|_| ptr.into()).collect();
-        let func = module.add_function(
-            symbol,
-            ctx.i32_type().fn_type(&params, false),
-            Some(Linkage::External),
-        );
-        let entry = ctx.append_basic_block(func, "entry");
-        let b = ctx.create_builder();
-        b.position_at_end(entry);
-        let mut g = Gen {
-            ctx,
-            module,
-            b,
-            f,
-            func,
-            vals: HashMap::new(),
-            chunks: HashMap::new(),
-            sites: sites.clone(),
-            fail_blocks: Default::default(),
-            trap: None,
-            loc: None,
-            status_slot: None,
-        };
-        for (i, (_, v)) in f.params.iter().enumerate() {
-            let p = func
-                .get_nth_param(i as u32)
-                .ok_or_else(|| CodegenError::Invalid("missing parameter".into()))?;
-            g.vals.insert(*v, p);
-        }
-        g.block(&f.body)?;
-        Ok(func)
-    }
-
     fn dtype(&self, v: Value) -> DType {
         match self.f.ty(v) {
             Type::Scalar(d) => *d,

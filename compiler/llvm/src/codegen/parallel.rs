@@ -246,20 +246,8 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
             Some(Linkage::Private),
         );
         let start = ctx.append_basic_block(outlined, "entry");
-        let mut g = Gen {
-            ctx,
-            module: self.module,
-            b: ctx.create_builder(),
-            f: self.f,
-            func: outlined,
-            vals: std::collections::HashMap::new(),
-            chunks: std::collections::HashMap::new(),
-            sites: self.sites.clone(),
-            fail_blocks: Default::default(),
-            trap: None,
-            loc: self.loc.clone(),
-            status_slot: None,
-        };
+        let mut g = Gen::within(ctx, self.module, self.f, outlined, &self.sites);
+        g.loc.clone_from(&self.loc);
         g.b.position_at_end(start);
         let frame_in = outlined
             .get_first_param()
@@ -385,20 +373,8 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         let entry = ctx.append_basic_block(func, "entry");
         // Helpers neither divide integers nor allocate.
         let trap = ctx.append_basic_block(func, "unreachable");
-        let mut g = Gen {
-            ctx,
-            module: self.module,
-            b: ctx.create_builder(),
-            f: self.f,
-            func,
-            vals: std::collections::HashMap::new(),
-            chunks: std::collections::HashMap::new(),
-            sites: self.sites.clone(),
-            fail_blocks: Default::default(),
-            trap: Some(trap),
-            loc: None,
-            status_slot: None,
-        };
+        let mut g = Gen::within(ctx, self.module, self.f, func, &self.sites);
+        g.trap = Some(trap);
         g.b.position_at_end(trap);
         g.b.build_unreachable()?;
         g.b.position_at_end(entry);

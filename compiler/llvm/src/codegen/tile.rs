@@ -28,8 +28,8 @@ use dlc_core::scalar::{BinaryOp, ReduceKind};
 use dlc_core::{DType, TargetDesc};
 use dlc_tile::{Affine, Block, Function, OpData, OpId, OpKind, Type, Value};
 use inkwell::context::Context;
-use inkwell::module::{Linkage, Module};
-use inkwell::types::{BasicMetadataTypeEnum, BasicTypeEnum, VectorType};
+use inkwell::module::Module;
+use inkwell::types::{BasicTypeEnum, VectorType};
 use inkwell::values::{BasicValueEnum as BV, FunctionValue, IntValue, PointerValue, VectorValue};
 use inkwell::{AddressSpace, IntPredicate};
 
@@ -45,11 +45,46 @@ impl Ir for TileIr {
     fn name(f: &Function) -> &str {
         &f.name
     }
+    fn signature(f: &Function) -> R<dlc_runtime::abi::Signature> {
+        crate::abi::tile_signature(f)
+    }
+    fn arity(f: &Function) -> usize {
+        f.params.len()
+    }
+    fn emit<'ctx>(
+        ctx: &'ctx Context,
+        module: &Module<'ctx>,
+        f: &Function,
+        symbol: &str,
+        sites: &Sites,
+    ) -> R<FunctionValue<'ctx>> {
+        let lanes = lanes();
+        if let Some(t) = f.values.iter().find_map(|t| match t {
+            Type::Tile(t) if Cut::new(&t.shape, lanes).vectors() > MAX_TILE_VECTORS => Some(t),
+            _ => None,
+        }) {
+            return Err(CodegenError::Unsupported(format!(
+                "@{}: {t} is {} vectors of {lanes} lanes; the CPU back end holds a tile in \
+                 registers and takes at most {MAX_TILE_VECTORS} vectors",
+                f.name,
+                Cut::new(&t.shape, lanes).vectors()
+            )));
+        }
+        let params: Vec<Value> = f.params.iter().map(|(_, v)| *v).collect();
+        let mut g = Gen::exported(ctx, module, f, &params, symbol, sites)?;
+        g.host_block(&f.body)?;
+        Ok(g.func)
+    }
 }
 
 /// The most vectors one tile value may be cut into: tiles are blocks a
 /// program holds in registers (or the stack, when they spill), not tensors.
 pub(crate) const MAX_TILE_VECTORS: usize = 4096;
+
+/// Lanes of one vector of a tile: those of an f32 vector register.
+fn lanes() -> usize {
+    TargetDesc::host().lanes(DType::F32)
+}
 
 /// How a tile of some shape is cut into vectors.
 #[derive(Debug, Clone)]
@@ -134,66 +169,8 @@ struct Access<'ctx> {
 }
 
 impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
-    /// Emits tile function `f` as the C-ABI function `symbol`.
-    pub(crate) fn tile_function(
-        ctx: &'ctx Context,
-        module: &'f Module<'ctx>,
-        f: &'f Function,
-        symbol: &str,
-        sites: &Sites,
-    ) -> R<FunctionValue<'ctx>> {
-        let ptr = ctx.ptr_type(AddressSpace::default());
-        let params: Vec<BasicMetadataTypeEnum<'_>> = f.params.iter().map(|_| ptr.into()).collect();
-        let func = module.add_function(
-            symbol,
-            ctx.i32_type().fn_type(&params, false),
-            Some(Linkage::External),
-        );
-        let entry = ctx.append_basic_block(func, "entry");
-        let b = ctx.create_builder();
-        b.position_at_end(entry);
-        let mut g = Gen {
-            ctx,
-            module,
-            b,
-            f,
-            func,
-            vals: HashMap::new(),
-            chunks: HashMap::new(),
-            sites: sites.clone(),
-            fail_blocks: Default::default(),
-            trap: None,
-            loc: None,
-            status_slot: None,
-        };
-        let lanes = g.lanes();
-        if let Some(t) = f.values.iter().find_map(|t| match t {
-            Type::Tile(t) if Cut::new(&t.shape, lanes).vectors() > MAX_TILE_VECTORS => Some(t),
-            _ => None,
-        }) {
-            return Err(CodegenError::Unsupported(format!(
-                "@{}: {t} is {} vectors of {lanes} lanes; the CPU back end holds a tile in \
-                 registers and takes at most {MAX_TILE_VECTORS} vectors",
-                f.name,
-                Cut::new(&t.shape, lanes).vectors()
-            )));
-        }
-        for (i, (_, v)) in f.params.iter().enumerate() {
-            let p = func
-                .get_nth_param(i as u32)
-                .ok_or_else(|| CodegenError::Invalid("missing parameter".into()))?;
-            g.vals.insert(*v, p);
-        }
-        g.host_block(&f.body)?;
-        Ok(func)
-    }
-
-    fn lanes(&self) -> usize {
-        TargetDesc::host().lanes(DType::F32)
-    }
-
     fn cut(&self, v: Value) -> Cut {
-        Cut::new(self.f.ty(v).shape().unwrap_or(&[]), self.lanes())
+        Cut::new(self.f.ty(v).shape().unwrap_or(&[]), lanes())
     }
 
     fn tdtype(&self, v: Value) -> R<DType> {
@@ -402,7 +379,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         }
         Ok(match ok {
             Some(ok) => ok,
-            None => self.const_vector(self.ctx.bool_type().const_int(1, false).into(), n),
+            None => self.all_on(n),
         })
     }
 
@@ -452,11 +429,14 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         d.size_bytes() as u32
     }
 
-    fn mask_of(&self, op: &OpData, at: usize, j: usize) -> R<Option<BV<'ctx>>> {
-        match op.operands.get(at) {
-            Some(&m) => Ok(Some(self.vectors(m)?[j])),
-            None => Ok(None),
-        }
+    /// The vectors of the mask operand at `at`, if there is one.
+    fn mask_of(&self, op: &OpData, at: usize) -> R<Option<Vec<BV<'ctx>>>> {
+        op.operands.get(at).map(|&m| self.vectors(m)).transpose()
+    }
+
+    /// `n` lanes all on.
+    fn all_on(&self, n: usize) -> BV<'ctx> {
+        self.const_vector(self.ctx.bool_type().const_int(1, false).into(), n)
     }
 
     /// `tile.load`.
@@ -465,13 +445,14 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         let cut = self.cut(r);
         let a = self.access(op.operands[0], index, cut.shape.len())?;
         let store_t = storage_type(self.ctx, a.dtype);
+        let mask = self.mask_of(op, 1)?;
         let mut out = Vec::with_capacity(cut.vectors());
         for row in 0..cut.rows() {
             let rc = cut.row_coords(row);
             for j in 0..cut.per_row {
                 let n = cut.lanes(j);
                 let (off, step) = self.place(&a, &cut, &rc, j)?;
-                let mut on = self.mask_of(op, 1, row * cut.per_row + j)?;
+                let mut on = mask.as_ref().map(|m| m[row * cut.per_row + j]);
                 if pad.is_some() {
                     let inside = self.in_bounds(&a, &cut, &rc, j)?;
                     on = Some(match on {
@@ -517,11 +498,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                     }
                     (_, m) => {
                         let ptrs = self.lane_pointers(&a, off, step, n)?;
-                        let m = match m {
-                            Some(m) => m,
-                            None => self
-                                .const_vector(self.ctx.bool_type().const_int(1, false).into(), n),
-                        };
+                        let m = m.unwrap_or_else(|| self.all_on(n));
                         self.call(
                             "llvm.masked.gather",
                             &[vt.into(), ptrs.get_type().into()],
@@ -546,9 +523,9 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         let v = op.operands[0];
         let cut = self.cut(v);
         let a = self.access(op.operands[1], index, cut.shape.len())?;
-        let store_t = storage_type(self.ctx, a.dtype);
         let data = self.vectors(v)?;
-        if op.operands.len() == 2 && self.transposing_store(&a, &cut, &data)? {
+        let mask = self.mask_of(op, 2)?;
+        if mask.is_none() && self.transposing_store(&a, &cut, &data)? {
             return Ok(());
         }
         for row in 0..cut.rows() {
@@ -556,7 +533,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
             for j in 0..cut.per_row {
                 let n = cut.lanes(j);
                 let (off, step) = self.place(&a, &cut, &rc, j)?;
-                let on = self.mask_of(op, 2, row * cut.per_row + j)?;
+                let on = mask.as_ref().map(|m| m[row * cut.per_row + j]);
                 let mut x = data[row * cut.per_row + j];
                 if a.dtype == DType::Bool {
                     x = super::elementwise::convert_int!(
@@ -584,11 +561,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                     }
                     (_, m) => {
                         let ptrs = self.lane_pointers(&a, off, step, n)?;
-                        let m = match m {
-                            Some(m) => m,
-                            None => self
-                                .const_vector(self.ctx.bool_type().const_int(1, false).into(), n),
-                        };
+                        let m = m.unwrap_or_else(|| self.all_on(n));
                         self.call_void(
                             "llvm.masked.scatter",
                             &[x.get_type(), ptrs.get_type().into()],
@@ -596,7 +569,6 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                         )?;
                     }
                 }
-                let _ = store_t;
             }
         }
         Ok(())
@@ -701,16 +673,6 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
             starts[i] = o;
         }
         Ok((v, starts))
-    }
-
-    fn call_void(&self, name: &str, types: &[BasicTypeEnum<'ctx>], args: &[BV<'ctx>]) -> R<()> {
-        let decl = inkwell::intrinsics::Intrinsic::find(name)
-            .and_then(|i| i.get_declaration(self.module, types))
-            .ok_or_else(|| CodegenError::Llvm(format!("no intrinsic {name}")))?;
-        let args: Vec<inkwell::values::BasicMetadataValueEnum<'ctx>> =
-            args.iter().map(|a| (*a).into()).collect();
-        self.b.build_call(decl, &args, "")?;
-        Ok(())
     }
 
     /// `tile.mask`: element `e` is on when `e_k < limit_k` on every axis.
