@@ -350,6 +350,19 @@ impl<'a> Checker<'a> {
                         self.check_index(id, a, ta.shape.len());
                         self.check_index(id, b, tb.shape.len());
                         self.visible.truncate(depth);
+                        // A matrix product: rows index the left operand
+                        // only, columns the right one only.
+                        let in_terms =
+                            |e: &[IndexExpr], v: Value| e.iter().any(|x| x.terms.iter().any(|t| t.1 == v));
+                        if in_terms(a, region.args[1]) || in_terms(b, region.args[0]) {
+                            self.err(
+                                loc.clone(),
+                                "indexes its left operand by the column index or its right operand by \
+                                 the row index (a matrix product's left operand is indexed by rows and \
+                                 k, its right one by k and columns)"
+                                    .into(),
+                            );
+                        }
                         if uses_value(f, &region, region.args[2]) {
                             self.err(
                                 loc.clone(),
