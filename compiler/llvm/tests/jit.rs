@@ -305,6 +305,12 @@ fn small_workloads() {
     jit_agrees(
         "fn attention(q: f32[2, 6, 4], k: f32[2, 6, 4], v: f32[2, 6, 4]) -> f32[2, 6, 4] { return softmax(q @ transpose(k, [0, 2, 1]) / sqrt(4.0), axis=-1) @ v; }",
     );
+    // Repeated steps (a recurrent network unrolled): the tile back end
+    // emits each kernel once and calls it on every step's buffers.
+    jit_agrees(
+        "fn step[N](h: f32[64, N], w: f32[N, N], b: f32[N]) -> f32[64, N] { return tanh(h @ transpose(w) + b) + h; }
+         fn f(h: f32[64, 96], w: f32[96, 96], b: f32[96]) -> f32[64, 96] { return step(step(step(h, w, b), w, b * 2.0), w, b); }",
+    );
 }
 
 #[test]

@@ -11,4 +11,6 @@ pub mod loop_to_tile;
 
 pub use graph_to_loop::{LowerError, lower_module};
 pub use loop_to_cpu::MapLoopsToCpu;
-pub use loop_to_tile::{ScheduleParams, TileConvError, convert_module, convert_module_with};
+pub use loop_to_tile::{
+    Packing, ScheduleParams, TileConvError, convert_module, convert_module_with,
+};

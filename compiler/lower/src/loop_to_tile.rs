@@ -57,10 +57,24 @@ pub struct ScheduleParams {
     pub dot: [usize; 3],
     /// Whether contraction operands are staged through shared memory.
     pub stage_shared: bool,
-    /// On a CPU, the packed product's blocking `[mr, nr, mc, kc]` and the
-    /// fewest multiply-adds worth packing (f32 products only).
-    pub packed: Option<([usize; 4], usize)>,
+    /// On a CPU, the packed product's parameters (f32 products only).
+    pub packed: Option<Packing>,
 }
+
+/// The packed product's parameters (BLIS's names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Packing {
+    /// `[mr, nr, mc, kc]`: the register tile, rows packed at once, depth.
+    pub blocking: [usize; 4],
+    /// The fewest multiply-adds worth packing.
+    pub min_macs: usize,
+    /// A product is cut into at least this many programs when it has that
+    /// many panels (threads are balanced).
+    pub units: usize,
+}
+
+/// Deepest slice of `k` one copy into packed form moves: a few vectors.
+const PACK_DEPTH: usize = 16;
 
 impl ScheduleParams {
     /// Checks parameters given by hand: every tile they make must be a tile
@@ -78,8 +92,13 @@ impl ScheduleParams {
                 "dot blocks {m}x{n}x{k} make tiles of more than {max} elements"
             ));
         }
-        if let Some(([mr, nr, mc, kc], _)) = self.packed
-            && !(fits(mr, nr)
+        if let Some(Packing {
+            blocking: [mr, nr, mc, kc],
+            units,
+            ..
+        }) = self.packed
+            && !(units >= 1
+                && fits(mr, nr)
                 && fits(kc, nr)
                 && fits(mc, nr)
                 && fits(mr, kc)
@@ -109,7 +128,11 @@ impl ScheduleParams {
                 vector: 4 * target.lanes(DType::F32),
                 dot: [g.mr, g.nr, g.kc],
                 stage_shared: false,
-                packed: Some(([g.mr, g.nr, g.mc, g.kc], target.min_packed_macs())),
+                packed: Some(Packing {
+                    blocking: [g.mr, g.nr, g.mc, g.kc],
+                    min_macs: target.min_packed_macs(),
+                    units: g.min_units,
+                }),
             },
         }
     }
@@ -947,7 +970,7 @@ impl<'a> Conv<'a> {
     /// Whether contraction `m` runs on the CPU's packed kernel.
     fn packs(&self, m: LOpId) -> bool {
         let op = self.op(m);
-        let (L::Matmul(c), Some((_, min_macs))) = (&op.kind, self.params.packed) else {
+        let (L::Matmul(c), Some(Packing { min_macs, .. })) = (&op.kind, self.params.packed) else {
             return false;
         };
         let f32s = op
@@ -959,14 +982,20 @@ impl<'a> Conv<'a> {
     }
 
     /// A top-level f32 contraction as BLIS computes it on a CPU, with the
-    /// packing as IR: a `pack` kernel copies the right operand once into
-    /// `kc x nr` panels (zero-padded past its edges); then each program of
-    /// the `packed` kernel takes `mc` rows: for each `kc`-deep slice it
-    /// packs its rows of the left operand into `mr`-row strips of scratch
-    /// memory (transposed: one `mr` column per step of `k`), and for each
-    /// panel and strip runs the register tile, `kc` steps of an `mr x 1` by
-    /// `1 x nr` `tile.dot` accumulating into a scratch block of the result;
-    /// finally the epilogue runs on the block, `mr x nr` at a time.
+    /// packing as IR. A `pack` kernel copies the right operand once into
+    /// `kc x nr` panels (zero-padded past its edges). Each program of the
+    /// `packed` kernel then takes `mc` rows and a chunk of panels (the
+    /// columns are split when there are fewer row blocks than the target's
+    /// units of work, so a product of few rows still keeps every thread
+    /// busy): for each `kc`-deep slice it packs its rows of the left
+    /// operand into `mr`-row strips of scratch memory (transposed: one `mr`
+    /// column per step of `k`), and for each panel and strip runs the
+    /// register tile, `kc` steps of an `mr x 1` by `1 x nr` `tile.dot`
+    /// accumulating into a scratch block of the result; finally the
+    /// epilogue runs on the block, `mr x nr` at a time. Every copy moves
+    /// tiles of a few vectors in a `tile.for`, read along the operand's
+    /// contiguous axis (and transposed on the way when that is not the
+    /// panel's), so no tile is larger than the register tile.
     fn packed_dot(&mut self, batch: Option<LOpId>, m: LOpId) -> Result<(), TileConvError> {
         // A batch loop around the product is the first grid axis of both
         // kernels; each batch has its own panels.
@@ -976,11 +1005,17 @@ impl<'a> Conv<'a> {
             (op.regions[0].args[0], lo, (hi - lo).max(1) as usize)
         });
         let bat_axes = usize::from(batch.is_some());
+        let batches = batch.map_or(1, |b| b.2);
         let op = self.op(m);
         let L::Matmul(c) = &op.kind else {
             return Err(self.invalid("not a contraction"));
         };
-        let Some(([mr, nr, mc, kc], _)) = self.params.packed else {
+        let Some(Packing {
+            blocking: [mr, nr, mc, kc],
+            units,
+            ..
+        }) = self.params.packed
+        else {
             return Err(self.invalid("no packed blocking for this target"));
         };
         // Blocks no larger than the product needs.
@@ -990,7 +1025,19 @@ impl<'a> Conv<'a> {
         let (iv, jv, kv, accv) = (body.args[0], body.args[1], body.args[2], body.args[3]);
         let (a, b) = (self.buffer(op.operands[0])?, self.buffer(op.operands[1])?);
         let (m_, n_, k_) = (c.m as usize, c.n as usize, c.k as usize);
-        let (kb_n, nb_n, strips) = (k_.div_ceil(kc), n_.div_ceil(nr), mc / mr);
+        let (kb_n, strips_n, strips) = (k_.div_ceil(kc), n_.div_ceil(nr), mc / mr);
+        let blocks = m_.div_ceil(mc);
+        let per_chunk =
+            strips_n.div_ceil(units.div_ceil(blocks * batches).clamp(1, strips_n.max(1)));
+        let chunks = strips_n.div_ceil(per_chunk);
+        // Panels for whole chunks: the last chunk's extra panels are zeros.
+        let nb_n = chunks * per_chunk;
+        // Depth of one copied tile: a divisor of `kc`, so that copies never
+        // cross from one `kc` slice into the next.
+        let kk = (1..=PACK_DEPTH.min(kc))
+            .rev()
+            .find(|d| kc.is_multiple_of(*d))
+            .unwrap_or(1);
         let f32t = |shape: Vec<usize>| Type::Tile(TileType::new(DType::F32, shape));
         let schedule = || {
             Schedule::new("packed")
@@ -1023,37 +1070,57 @@ impl<'a> Conv<'a> {
         };
         let bat = batch_id(self);
         let (pk, pn) = (self.b.program_id(bat_axes), self.b.program_id(bat_axes + 1));
-        self.index.insert(kv, Affine::block(pk, kc as i64, 0));
-        self.index.insert(jv, Affine::block(pn, nr as i64, 1));
+        // Tile axes of the copy: (k, j), or (j, k) when the operand is
+        // contiguous along k and not along j.
+        let b_flip = self.unit_stride(op.operands[1], &c.b, kv)
+            && !self.unit_stride(op.operands[1], &c.b, jv);
+        let (ka, ja) = if b_flip { (1, 0) } else { (0, 1) };
+        let (f, _) = self.b.begin_for(0, (kc / kk) as i64, 1, &[]);
+        let k0 = Affine::value(pk)
+            .scaled(kc as i64)
+            .plus_scaled(kk as i64, &Affine::value(f));
+        let j0 = Affine::value(pn).scaled(nr as i64);
+        self.index.insert(kv, k0.plus_scaled(1, &Affine::axis(ka)));
+        self.index.insert(jv, j0.plus_scaled(1, &Affine::axis(ja)));
         let b_index: Vec<Affine> =
             c.b.iter()
                 .map(|e| self.affine(e))
                 .collect::<Result<_, _>>()?;
-        let limits = vec![
-            Affine::constant(c.k).plus_scaled(-(kc as i64), &Affine::value(pk)),
-            Affine::constant(c.n).plus_scaled(-(nr as i64), &Affine::value(pn)),
+        let mut limits = vec![
+            Affine::constant(c.k).plus_scaled(-1, &k0),
+            Affine::constant(c.n).plus_scaled(-1, &j0),
         ];
-        let mask = (!k_.is_multiple_of(kc) || !n_.is_multiple_of(nr))
-            .then(|| self.b.mask(limits, &[kc, nr]));
+        let mut shape = vec![kk, nr];
+        if b_flip {
+            limits.swap(0, 1);
+            shape.swap(0, 1);
+        }
+        let ragged = !k_.is_multiple_of(kc) || !n_.is_multiple_of(nr) || nb_n > strips_n;
+        let mask = ragged.then(|| self.b.mask(limits, &shape));
         let t = self
             .b
-            .load(b, b_index, mask, mask.map(|_| 0.0), f32t(vec![kc, nr]));
+            .load(b, b_index, mask, mask.map(|_| 0.0), f32t(shape));
         let mut panel = bat.clone();
         panel.extend([
             Affine::value(pk),
             Affine::value(pn),
-            Affine::axis(0),
-            Affine::axis(1),
+            Affine::value(f)
+                .scaled(kk as i64)
+                .plus_scaled(1, &Affine::axis(ka)),
+            Affine::axis(ja),
         ]);
         self.b.store(t, panels, panel, None);
+        self.b.end_for(vec![]);
         self.b.end_kernel();
 
         let mut grid: Vec<usize> = batch.iter().map(|b| b.2).collect();
-        grid.push(m_.div_ceil(mc));
+        grid.extend([blocks, chunks]);
         self.b.begin_kernel(grid, schedule());
         let bat = batch_id(self);
-        let p = self.b.program_id(bat_axes);
+        let (p, chunk) = (self.b.program_id(bat_axes), self.b.program_id(bat_axes + 1));
         let i0 = Affine::value(p).scaled(mc as i64);
+        // The program's first panel.
+        let nb0 = Affine::value(chunk).scaled(per_chunk as i64);
         let strip_buf = self.b.alloc(BufferType::contiguous(
             DType::F32,
             vec![strips, kc, mr],
@@ -1061,53 +1128,72 @@ impl<'a> Conv<'a> {
         ));
         let block = self.b.alloc(BufferType::contiguous(
             DType::F32,
-            vec![mc, nb_n * nr],
+            vec![mc, per_chunk * nr],
             Space::Scratch,
         ));
-        let zero = self.b.constant(0.0, f32t(vec![mc, nr]));
-        let (zn, _) = self.b.begin_for(0, nb_n as i64, 1, &[]);
-        self.b.store(
-            zero,
-            block,
-            vec![Affine::axis(0), Affine::block(zn, nr as i64, 1)],
-            None,
-        );
+        let register_tile = |nb: Value, s: Value| {
+            vec![
+                Affine::block(s, mr as i64, 0),
+                Affine::block(nb, nr as i64, 1),
+            ]
+        };
+        let zero = self.b.constant(0.0, f32t(vec![mr, nr]));
+        let (nb, _) = self.b.begin_for(0, per_chunk as i64, 1, &[]);
+        let (s, _) = self.b.begin_for(0, strips as i64, 1, &[]);
+        self.b.store(zero, block, register_tile(nb, s), None);
         self.b.end_for(vec![]);
+        self.b.end_for(vec![]);
+        // Tile axes of the left operand's copy: (i, k), or (k, i) when it
+        // is contiguous along i and not along k.
+        let a_flip = self.unit_stride(op.operands[0], &c.a, iv)
+            && !self.unit_stride(op.operands[0], &c.a, kv);
+        let (ia, ka) = if a_flip { (1, 0) } else { (0, 1) };
         let (kb, _) = self.b.begin_for(0, kb_n as i64, 1, &[]);
         // Pack this slice of the program's rows, strip by strip.
         let (s, _) = self.b.begin_for(0, strips as i64, 1, &[]);
+        let (f, _) = self.b.begin_for(0, (kc / kk) as i64, 1, &[]);
         let row0 = i0.plus_scaled(mr as i64, &Affine::value(s));
-        let k0 = Affine::value(kb).scaled(kc as i64);
-        self.index.insert(iv, row0.plus_scaled(1, &Affine::axis(0)));
-        self.index.insert(kv, k0.plus_scaled(1, &Affine::axis(1)));
+        let k0 = Affine::value(kb)
+            .scaled(kc as i64)
+            .plus_scaled(kk as i64, &Affine::value(f));
+        self.index
+            .insert(iv, row0.plus_scaled(1, &Affine::axis(ia)));
+        self.index.insert(kv, k0.plus_scaled(1, &Affine::axis(ka)));
         let a_index: Vec<Affine> =
             c.a.iter()
                 .map(|e| self.affine(e))
                 .collect::<Result<_, _>>()?;
-        let a_mask = self.b.mask(
-            vec![
-                Affine::constant(c.m).plus_scaled(-1, &row0),
-                Affine::constant(c.k).plus_scaled(-1, &k0),
-            ],
-            &[mr, kc],
-        );
+        let mut limits = vec![
+            Affine::constant(c.m).plus_scaled(-1, &row0),
+            Affine::constant(c.k).plus_scaled(-1, &k0),
+        ];
+        let mut shape = vec![mr, kk];
+        if a_flip {
+            limits.swap(0, 1);
+            shape.swap(0, 1);
+        }
+        let a_mask = self.b.mask(limits, &shape);
         let ta = self
             .b
-            .load(a, a_index, Some(a_mask), Some(0.0), f32t(vec![mr, kc]));
+            .load(a, a_index, Some(a_mask), Some(0.0), f32t(shape));
         self.b.store(
             ta,
             strip_buf,
-            vec![Affine::value(s), Affine::axis(1), Affine::axis(0)],
+            vec![
+                Affine::value(s),
+                Affine::value(f)
+                    .scaled(kk as i64)
+                    .plus_scaled(1, &Affine::axis(ka)),
+                Affine::axis(ia),
+            ],
             None,
         );
         self.b.end_for(vec![]);
+        self.b.end_for(vec![]);
         // The register tile over every panel and strip.
-        let (nb, _) = self.b.begin_for(0, nb_n as i64, 1, &[]);
+        let (nb, _) = self.b.begin_for(0, per_chunk as i64, 1, &[]);
         let (s, _) = self.b.begin_for(0, strips as i64, 1, &[]);
-        let at = vec![
-            Affine::block(s, mr as i64, 0),
-            Affine::block(nb, nr as i64, 1),
-        ];
+        let at = register_tile(nb, s);
         let c0 = self
             .b
             .load(block, at.clone(), None, None, f32t(vec![mr, nr]));
@@ -1126,7 +1212,7 @@ impl<'a> Conv<'a> {
         let mut panel = bat.clone();
         panel.extend([
             Affine::value(kb),
-            Affine::value(nb),
+            nb0.plus_scaled(1, &Affine::value(nb)),
             Affine::value(k).plus_scaled(1, &Affine::axis(0)),
             Affine::axis(1),
         ]);
@@ -1138,15 +1224,13 @@ impl<'a> Conv<'a> {
         self.b.end_for(vec![]);
         self.b.end_for(vec![]);
         // The epilogue, one register tile at a time.
-        let (nb, _) = self.b.begin_for(0, nb_n as i64, 1, &[]);
+        let (nb, _) = self.b.begin_for(0, per_chunk as i64, 1, &[]);
         let (s, _) = self.b.begin_for(0, strips as i64, 1, &[]);
-        let at = vec![
-            Affine::block(s, mr as i64, 0),
-            Affine::block(nb, nr as i64, 1),
-        ];
-        let sum = self.b.load(block, at, None, None, f32t(vec![mr, nr]));
+        let sum = self
+            .b
+            .load(block, register_tile(nb, s), None, None, f32t(vec![mr, nr]));
         let row0 = i0.plus_scaled(mr as i64, &Affine::value(s));
-        let col0 = Affine::value(nb).scaled(nr as i64);
+        let col0 = nb0.plus_scaled(1, &Affine::value(nb)).scaled(nr as i64);
         self.index.insert(iv, row0.plus_scaled(1, &Affine::axis(0)));
         self.index.insert(jv, col0.plus_scaled(1, &Affine::axis(1)));
         self.index.insert(kv, Affine::constant(0));
@@ -1170,6 +1254,27 @@ impl<'a> Conv<'a> {
         self.b.end_kernel();
         self.b.dealloc(panels);
         Ok(())
+    }
+
+    /// Whether `index` into buffer `buf` moves by one element when `var`
+    /// steps by one (the operand is contiguous along `var`).
+    fn unit_stride(&self, buf: LValue, index: &[IndexExpr], var: LValue) -> bool {
+        let LType::Buffer(view) = self.src.ty(buf) else {
+            return false;
+        };
+        let step: i64 = index
+            .iter()
+            .zip(&view.strides)
+            .map(|(e, &s)| {
+                s as i64
+                    * e.terms
+                        .iter()
+                        .filter(|(_, v)| *v == var)
+                        .map(|(c, _)| c)
+                        .sum::<i64>()
+            })
+            .sum();
+        step == 1
     }
 
     /// The `dot` schedule's blocks for contraction `c`: the parameters,

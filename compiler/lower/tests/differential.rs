@@ -393,11 +393,16 @@ fn odd_schedule_parameters_agree() {
     let mut schedules = vec![];
     for (vector, dot, packed) in [
         (1, [1, 1, 1], None),
-        (3, [5, 3, 2], Some(([2, 3, 4, 5], 1))),
+        (3, [5, 3, 2], Some(([2, 3, 4, 5], 3))),
         (7, [8, 16, 8], Some(([3, 5, 9, 7], 1))),
     ] {
         let mut p = dlc_lower::ScheduleParams::for_target(TargetDesc::host());
-        (p.vector, p.dot, p.packed) = (vector, dot, packed);
+        (p.vector, p.dot) = (vector, dot);
+        p.packed = packed.map(|(blocking, units)| dlc_lower::Packing {
+            blocking,
+            min_macs: 1,
+            units,
+        });
         p.validate().unwrap();
         schedules.push(p);
     }

@@ -10,6 +10,7 @@
 //! where a load's or store's buffer is written with its index (`%b[4*%0 +
 //! #1, %1]`, `#k` a tile coordinate) and a mask follows as `mask %m`.
 
+use std::collections::HashSet;
 use std::fmt::Write;
 
 use dlc_core::{Namer, format_float};
@@ -60,6 +61,57 @@ fn print_function(f: &Function, out: &mut String) {
     let _ = writeln!(out, "tile.func @{}({}) {{", f.name, params.join(", "));
     print_block(f, &f.body, &mut namer, 1, out);
     out.push_str("}\n");
+}
+
+/// Op `id` as text that says what it does to its inputs and nothing else:
+/// the values it uses from outside are named `%in0`, `%in1`, ... in the
+/// order of their first use (and returned in that order) and written with
+/// their types, values defined inside are numbered from zero, and the
+/// source place of every op it holds is written too (failures name them).
+/// Two ops with the same fingerprint compute the same function of their
+/// inputs, so a code generator may emit one and call it for both.
+pub fn fingerprint(f: &Function, id: OpId) -> (String, Vec<Value>) {
+    fn walk(f: &Function, ops: &[OpId], defined: &mut HashSet<Value>, inputs: &mut Vec<Value>) {
+        for &id in ops {
+            let op = f.op(id);
+            let index = op.kind.index().unwrap_or(&[]);
+            let uses = op
+                .operands
+                .iter()
+                .copied()
+                .chain(index.iter().flat_map(|e| e.terms.iter().map(|t| t.1)));
+            for v in uses {
+                if defined.insert(v) {
+                    inputs.push(v);
+                }
+            }
+            defined.extend(&op.results);
+            for r in &op.regions {
+                defined.extend(&r.args);
+                walk(f, &r.ops, defined, inputs);
+            }
+        }
+    }
+    let mut inputs = Vec::new();
+    walk(f, &[id], &mut HashSet::new(), &mut inputs);
+    let names: Vec<String> = (0..inputs.len()).map(|k| format!("in{k}")).collect();
+    let mut namer = Namer::new(names.iter().zip(inputs.iter().copied()));
+    let mut out = String::new();
+    for (n, v) in names.iter().zip(&inputs) {
+        let _ = writeln!(out, "%{n}: {}", f.ty(*v));
+    }
+    print_op(f, id, &mut namer, 0, &mut out);
+    fn places(f: &Function, ops: &[OpId], out: &mut String) {
+        for &id in ops {
+            let op = f.op(id);
+            let _ = writeln!(out, "{:?}", op.loc);
+            for r in &op.regions {
+                places(f, &r.ops, out);
+            }
+        }
+    }
+    places(f, &[id], &mut out);
+    (out, inputs)
 }
 
 fn print_block(f: &Function, b: &Block, namer: &mut Namer<Value>, depth: usize, out: &mut String) {

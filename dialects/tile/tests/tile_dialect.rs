@@ -278,3 +278,70 @@ fn work_is_estimated_before_running() {
     );
     assert!(dlc_tile::interp::check_work(&empty.functions[0], 1e12).is_err());
 }
+
+/// Kernels that do the same thing to different buffers have one
+/// fingerprint (code generation emits them once); their inputs come back in
+/// the order of first use, and a kernel that differs in anything (a
+/// constant, a buffer's layout) has another.
+#[test]
+fn kernels_doing_the_same_thing_share_a_fingerprint() {
+    let m = module(
+        "
+tile.func @f(%x: buffer<f32[4, 8]>, %y: buffer<f32[8, 4], strides = [1, 8]>, out %o: buffer<f32[4, 8]>) {
+  %a = tile.alloc : buffer<f32[4, 8]>
+  tile.kernel {grid = [4], schedule = \"rows\", vector = [8]} {
+    %p = tile.program_id {axis = 0} : index
+    %t = tile.load %x[%p, #0] : tile<8xf32>
+    %u = tile.exp %t : tile<8xf32>
+    tile.store %u, %a[%p, #0]
+  }
+  tile.kernel {grid = [4], schedule = \"rows\", vector = [8]} {
+    %p = tile.program_id {axis = 0} : index
+    %t = tile.load %a[%p, #0] : tile<8xf32>
+    %u = tile.exp %t : tile<8xf32>
+    tile.store %u, %o[%p, #0]
+  }
+  tile.kernel {grid = [4], schedule = \"rows\", vector = [8]} {
+    %p = tile.program_id {axis = 0} : index
+    %t = tile.load %a[%p, #0] : tile<8xf32>
+    %u = tile.tanh %t : tile<8xf32>
+    tile.store %u, %o[%p, #0]
+  }
+  tile.kernel {grid = [4], schedule = \"rows\", vector = [8]} {
+    %p = tile.program_id {axis = 0} : index
+    %t = tile.load %y[#0, %p] : tile<8xf32>
+    %u = tile.exp %t : tile<8xf32>
+    tile.store %u, %o[%p, #0]
+  }
+  tile.dealloc %a
+  tile.return
+}",
+    );
+    let f = &m.functions[0];
+    let kernels: Vec<_> = f
+        .body
+        .ops
+        .iter()
+        .copied()
+        .filter(|&id| f.op(id).kind.name() == "tile.kernel")
+        .collect();
+    let prints: Vec<_> = kernels
+        .iter()
+        .map(|&k| dlc_tile::print::fingerprint(f, k))
+        .collect();
+    let names = |vs: &[dlc_tile::Value]| -> Vec<String> {
+        vs.iter()
+            .map(|v| {
+                f.params
+                    .iter()
+                    .find(|(_, p)| p == v)
+                    .map_or_else(|| "a".to_string(), |(n, _)| n.clone())
+            })
+            .collect()
+    };
+    assert_eq!(prints[0].0, prints[1].0);
+    assert_eq!(names(&prints[0].1), ["x", "a"]);
+    assert_eq!(names(&prints[1].1), ["a", "o"]);
+    assert_ne!(prints[1].0, prints[2].0, "tanh is not exp");
+    assert_ne!(prints[0].0, prints[3].0, "another buffer type");
+}

@@ -102,6 +102,10 @@ pub(crate) struct Gen<'ctx, 'f, I: Ir = LoopIr> {
     /// Where a failing status goes: `None` in a function that returns it,
     /// the shared slot in a function outlined for threads.
     status_slot: Option<PointerValue<'ctx>>,
+    /// Tile IR only: the function each kernel was outlined into, by the
+    /// kernel's fingerprint (`dlc_tile::print::fingerprint`), so that
+    /// kernels doing the same thing to their inputs are emitted once.
+    kernels: HashMap<String, FunctionValue<'ctx>>,
 }
 
 /// The places where an exported function can fail, in the order their
@@ -149,6 +153,7 @@ impl<'ctx, 'f, I: Ir> Gen<'ctx, 'f, I> {
             trap: None,
             loc: None,
             status_slot: None,
+            kernels: HashMap::new(),
         }
     }
 

@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use dlc_loop::{Function, IndexExpr, OpId, OpKind, Value};
 use inkwell::AtomicOrdering;
 use inkwell::module::Linkage;
+use inkwell::types::BasicTypeEnum;
 use inkwell::values::{BasicValueEnum, FunctionValue, IntValue, PointerValue};
 use inkwell::{AddressSpace, IntPredicate};
 
@@ -44,6 +45,18 @@ pub(super) fn free_values(f: &Function, ops: &[OpId]) -> BTreeSet<Value> {
     walk(f, ops, &mut used, &mut defined);
     used.retain(|v| !defined.contains(v));
     used
+}
+
+/// Slot `i` (of 8 bytes) of an outlined function's frame.
+fn frame_slot<'ctx, I: Ir>(
+    g: &Gen<'ctx, '_, I>,
+    frame: PointerValue<'ctx>,
+    i: usize,
+) -> R<PointerValue<'ctx>> {
+    // SAFETY (LLVM IR semantics): i is within the frame array.
+    Ok(unsafe {
+        g.b.build_in_bounds_gep(g.ctx.i64_type(), frame, &[g.i64c(i as u64)], "slot")?
+    })
 }
 
 impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
@@ -200,46 +213,43 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
             &[BasicValueEnum<'ctx>],
         ) -> R<()>,
     ) -> R<()> {
+        let captures: Vec<I::Value> = captures.iter().copied().collect();
+        let outlined = self.outline(lo, hi, &captures, extra, true, body)?;
+        self.launch(outlined, &captures, extra, true)
+    }
+
+    /// Outlines `body(first, end)` over `lo..hi` into a function taking a
+    /// frame that holds `captures` (every value the body uses from outside,
+    /// in that order), then `extra`, then a status slot a failure is
+    /// recorded in. With `threads`, the function is meant for
+    /// `GOMP_parallel`: each thread takes its contiguous chunk of the range;
+    /// otherwise it runs the whole range. [`Self::launch`] calls it.
+    pub(super) fn outline(
+        &mut self,
+        lo: i64,
+        hi: i64,
+        captures: &[I::Value],
+        extra: &[BasicValueEnum<'ctx>],
+        threads: bool,
+        body: impl FnOnce(
+            &mut Gen<'ctx, '_, I>,
+            IntValue<'ctx>,
+            IntValue<'ctx>,
+            &[BasicValueEnum<'ctx>],
+        ) -> R<()>,
+    ) -> R<FunctionValue<'ctx>> {
         let (ctx, i64t, i32t) = (self.ctx, self.ctx.i64_type(), self.ctx.i32_type());
         let ptr = ctx.ptr_type(AddressSpace::default());
-        let mut captures: Vec<(Option<I::Value>, BasicValueEnum<'ctx>)> = captures
+        let mut slots: Vec<(Option<I::Value>, BasicTypeEnum<'ctx>)> = captures
             .iter()
-            .map(|v| Ok((Some(*v), self.get(*v)?)))
+            .map(|v| Ok((Some(*v), self.get(*v)?.get_type())))
             .collect::<R<_>>()?;
-        captures.extend(extra.iter().map(|v| (None, *v)));
-        let frame_ty = i64t.array_type(captures.len() as u32 + 1);
-        // The frame lives in the entry block, so a nest of these does not
-        // grow the stack.
-        let here = self
-            .b
-            .get_insert_block()
-            .ok_or_else(|| CodegenError::Llvm("no insertion block".into()))?;
-        let entry = self
-            .func
-            .get_first_basic_block()
-            .ok_or_else(|| CodegenError::Llvm("function without entry".into()))?;
-        match entry.get_first_instruction() {
-            Some(i) => self.b.position_before(&i),
-            None => self.b.position_at_end(entry),
-        }
-        let frame = self.b.build_alloca(frame_ty, "frame")?;
-        self.b.position_at_end(here);
-        let slot = |g: &Gen<'ctx, '_, I>, frame: PointerValue<'ctx>, i: usize| {
-            // SAFETY (LLVM IR semantics): i is within the frame array.
-            unsafe {
-                g.b.build_in_bounds_gep(i64t, frame, &[g.i64c(i as u64)], "slot")
-            }
-        };
-        for (i, (_, v)) in captures.iter().enumerate() {
-            self.b.build_store(slot(self, frame, i)?, *v)?;
-        }
-        let status_slot = slot(self, frame, captures.len())?;
-        self.b.build_store(status_slot, i32t.const_zero())?;
-
+        slots.extend(extra.iter().map(|v| (None, v.get_type())));
         let outlined = self.module.add_function(
             &format!(
-                "{}.threads{}",
+                "{}.{}{}",
                 I::name(self.f),
+                if threads { "threads" } else { "kernel" },
                 self.module.get_functions().count()
             ),
             ctx.void_type().fn_type(&[ptr.into()], false),
@@ -253,18 +263,26 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
             .get_first_param()
             .ok_or_else(|| CodegenError::Invalid("outlined body without frame".into()))?
             .into_pointer_value();
-        g.status_slot = Some(slot(&g, frame_in, captures.len())?);
-        g.b.position_at_end(start);
+        g.status_slot = Some(frame_slot(&g, frame_in, slots.len())?);
         let mut extra_in = Vec::new();
-        for (i, (v, val)) in captures.iter().enumerate() {
+        for (i, (v, ty)) in slots.iter().enumerate() {
             let loaded =
-                g.b.build_load(val.get_type(), slot(&g, frame_in, i)?, "captured")?;
+                g.b.build_load(*ty, frame_slot(&g, frame_in, i)?, "captured")?;
             match v {
                 Some(v) => {
                     g.vals.insert(*v, loaded);
                 }
                 None => extra_in.push(loaded),
             }
+        }
+        let (lo_v, hi_v) = (
+            i64t.const_int(lo as u64, true),
+            i64t.const_int(hi as u64, true),
+        );
+        if !threads {
+            body(&mut g, lo_v, hi_v, &extra_in)?;
+            g.b.build_return(None)?;
+            return Ok(outlined);
         }
         let thread_num = g.declare_weak("omp_get_thread_num", i32t.fn_type(&[], false));
         let num_threads = g.declare_weak("omp_get_num_threads", i32t.fn_type(&[], false));
@@ -300,43 +318,84 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
             nt,
             "chunk",
         )?;
-        let first = g.b.build_int_add(
-            i64t.const_int(lo as u64, true),
-            g.b.build_int_mul(tid, chunk, "skip")?,
-            "first",
-        )?;
+        let first =
+            g.b.build_int_add(lo_v, g.b.build_int_mul(tid, chunk, "skip")?, "first")?;
         let end = g.b.build_int_add(first, chunk, "end")?;
-        let end = g.min(end, i64t.const_int(hi as u64, true))?;
+        let end = g.min(end, hi_v)?;
         body(&mut g, first, end, &extra_in)?;
         g.b.build_return(None)?;
+        Ok(outlined)
+    }
 
-        // Run on the OpenMP runtime's threads when it is linked, else here.
-        let gomp = self.declare_weak(
-            "GOMP_parallel",
-            ctx.void_type()
-                .fn_type(&[ptr.into(), ptr.into(), i32t.into(), i32t.into()], false),
-        );
-        let pool = ctx.append_basic_block(self.func, "threads.pool");
-        let alone = ctx.append_basic_block(self.func, "threads.alone");
-        let joined = ctx.append_basic_block(self.func, "threads.joined");
-        self.b
-            .build_conditional_branch(self.linked(gomp)?, pool, alone)?;
-        self.b.position_at_end(pool);
-        self.b.build_call(
-            gomp,
-            &[
-                outlined.as_global_value().as_pointer_value().into(),
-                frame.into(),
-                i32t.const_zero().into(),
-                i32t.const_zero().into(),
-            ],
-            "",
-        )?;
-        self.b.build_unconditional_branch(joined)?;
-        self.b.position_at_end(alone);
-        self.b.build_call(outlined, &[frame.into()], "")?;
-        self.b.build_unconditional_branch(joined)?;
-        self.b.position_at_end(joined);
+    /// Calls a function [`Self::outline`] made: fills its frame with the
+    /// values of `captures` and `extra`, runs it on the OpenMP runtime's
+    /// threads (`threads`, when the runtime is linked) or here, and fails
+    /// with the status it recorded, if any.
+    pub(super) fn launch(
+        &mut self,
+        outlined: FunctionValue<'ctx>,
+        captures: &[I::Value],
+        extra: &[BasicValueEnum<'ctx>],
+        threads: bool,
+    ) -> R<()> {
+        let (ctx, i64t, i32t) = (self.ctx, self.ctx.i64_type(), self.ctx.i32_type());
+        let ptr = ctx.ptr_type(AddressSpace::default());
+        let mut values: Vec<BasicValueEnum<'ctx>> =
+            captures.iter().map(|v| self.get(*v)).collect::<R<_>>()?;
+        values.extend_from_slice(extra);
+        let frame_ty = i64t.array_type(values.len() as u32 + 1);
+        // The frame lives in the entry block, so a nest of these does not
+        // grow the stack.
+        let here = self
+            .b
+            .get_insert_block()
+            .ok_or_else(|| CodegenError::Llvm("no insertion block".into()))?;
+        let entry = self
+            .func
+            .get_first_basic_block()
+            .ok_or_else(|| CodegenError::Llvm("function without entry".into()))?;
+        match entry.get_first_instruction() {
+            Some(i) => self.b.position_before(&i),
+            None => self.b.position_at_end(entry),
+        }
+        let frame = self.b.build_alloca(frame_ty, "frame")?;
+        self.b.position_at_end(here);
+        for (i, v) in values.iter().enumerate() {
+            self.b.build_store(frame_slot(self, frame, i)?, *v)?;
+        }
+        let status_slot = frame_slot(self, frame, values.len())?;
+        self.b.build_store(status_slot, i32t.const_zero())?;
+        if threads {
+            // Run on the OpenMP runtime's threads when it is linked, else here.
+            let gomp = self.declare_weak(
+                "GOMP_parallel",
+                ctx.void_type()
+                    .fn_type(&[ptr.into(), ptr.into(), i32t.into(), i32t.into()], false),
+            );
+            let pool = ctx.append_basic_block(self.func, "threads.pool");
+            let alone = ctx.append_basic_block(self.func, "threads.alone");
+            let joined = ctx.append_basic_block(self.func, "threads.joined");
+            self.b
+                .build_conditional_branch(self.linked(gomp)?, pool, alone)?;
+            self.b.position_at_end(pool);
+            self.b.build_call(
+                gomp,
+                &[
+                    outlined.as_global_value().as_pointer_value().into(),
+                    frame.into(),
+                    i32t.const_zero().into(),
+                    i32t.const_zero().into(),
+                ],
+                "",
+            )?;
+            self.b.build_unconditional_branch(joined)?;
+            self.b.position_at_end(alone);
+            self.b.build_call(outlined, &[frame.into()], "")?;
+            self.b.build_unconditional_branch(joined)?;
+            self.b.position_at_end(joined);
+        } else {
+            self.b.build_call(outlined, &[frame.into()], "")?;
+        }
         let status = self.b.build_load(i32t, status_slot, "status")?;
         let failed = self.b.build_int_compare(
             IntPredicate::NE,

@@ -22,7 +22,7 @@
 //! Tiles are therefore meant to be register-sized; the conversion keeps
 //! them within its schedule's blocking.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 
 use dlc_core::scalar::{BinaryOp, ReduceKind};
 use dlc_core::{DType, TargetDesc};
@@ -1053,7 +1053,11 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                 .div_ceil(64)
                 .saturating_mul(64);
         }
-        let captures = free_values(f, &[id]);
+        let (key, inputs) = dlc_tile::print::fingerprint(f, id);
+        let threads = total >= TargetDesc::host().min_thread_iterations();
+        if let Some(&outlined) = self.kernels.get(&key) {
+            return self.launch(outlined, &inputs, &[], threads);
+        }
         let grid = grid.to_vec();
         let run = move |g: &mut Gen<'ctx, '_, TileIr>,
                         first: IntValue<'ctx>,
@@ -1091,12 +1095,9 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
             }
             Ok(())
         };
-        if total >= TargetDesc::host().min_thread_iterations() {
-            self.parallel_range(0, total as i64, &captures, &[], run)
-        } else {
-            let (first, end) = (self.i64c(0), self.i64c(total as u64));
-            run(self, first, end, &[])
-        }
+        let outlined = self.outline(0, total as i64, &inputs, &[], threads, run)?;
+        self.kernels.insert(key, outlined);
+        self.launch(outlined, &inputs, &[], threads)
     }
 
     /// A kernel body or loop body; returns the values its `tile.yield`
@@ -1250,29 +1251,4 @@ fn collect(f: &Function, ops: &[OpId], allocs: &mut Vec<Value>, pids: &mut Vec<(
             collect(f, &r.ops, allocs, pids);
         }
     }
-}
-
-/// Values used inside the ops (operands, indices, nested bodies) that are
-/// defined outside them.
-fn free_values(f: &Function, ops: &[OpId]) -> BTreeSet<Value> {
-    fn walk(f: &Function, ops: &[OpId], used: &mut BTreeSet<Value>, defined: &mut BTreeSet<Value>) {
-        for id in ops {
-            let op = f.op(*id);
-            used.extend(&op.operands);
-            if let Some(index) = op.kind.index() {
-                for e in index {
-                    used.extend(e.terms.iter().map(|(_, v)| *v));
-                }
-            }
-            defined.extend(&op.results);
-            for r in &op.regions {
-                defined.extend(&r.args);
-                walk(f, &r.ops, used, defined);
-            }
-        }
-    }
-    let (mut used, mut defined) = (BTreeSet::new(), BTreeSet::new());
-    walk(f, ops, &mut used, &mut defined);
-    used.retain(|v| !defined.contains(v));
-    used
 }
