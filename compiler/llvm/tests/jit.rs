@@ -55,9 +55,25 @@ fn compiled_both(
     let from_loops = dlc_llvm::jit(&loops, |jit| Ok(jit.kernel(&f.name)?.call(inputs)))
         .unwrap_or_else(|e| panic!("{e}\n{}", dlc_loop::print_module(&loops)))
         .unwrap_or_else(|e| panic!("{e}\n{}", dlc_loop::print_module(&loops)));
-    let from_tiles = dlc_llvm::jit(&tiles, |jit| Ok(jit.kernel(&f.name)?.call(inputs)))
-        .unwrap_or_else(|e| panic!("{e}\n{}", dlc_tile::print_module(&tiles)))
-        .unwrap_or_else(|e| panic!("{e}\n{}", dlc_tile::print_module(&tiles)));
+    // Called twice: the second call runs in the workspace the first one
+    // handed back, and must not see anything the first one left there.
+    let [from_tiles, again] = dlc_llvm::jit(&tiles, |jit| {
+        let k = jit.kernel(&f.name)?;
+        Ok([k.call(inputs), k.call(inputs)])
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", dlc_tile::print_module(&tiles)))
+    .map(|r| r.unwrap_or_else(|e| panic!("{e}\n{}", dlc_tile::print_module(&tiles))));
+    let bits = |ts: &[HostTensor]| -> Vec<Vec<u64>> {
+        ts.iter()
+            .map(|t| t.data.iter().map(|x| x.to_bits()).collect())
+            .collect()
+    };
+    assert_eq!(
+        bits(&from_tiles),
+        bits(&again),
+        "@{}: a second call differs",
+        f.name
+    );
     [("loop IR", from_loops), ("tile IR", from_tiles)]
 }
 

@@ -1018,9 +1018,27 @@ impl<'a> Conv<'a> {
         else {
             return Err(self.invalid("no packed blocking for this target"));
         };
-        // Blocks no larger than the product needs.
-        let kc = kc.min(c.k.max(1) as usize);
-        let mc = mc.min((c.m.max(1) as usize).div_ceil(mr) * mr);
+        // Blocks no larger than the product needs, and slices of the depth
+        // of even size (a whole number of copies deep), so that the last one
+        // is not mostly zeros the register tile multiplies.
+        let depth = c.k.max(1) as usize;
+        let even = depth.div_ceil(depth.div_ceil(kc));
+        let kc = if depth > kc && even > PACK_DEPTH {
+            even.next_multiple_of(PACK_DEPTH).min(kc)
+        } else {
+            even
+        };
+        // Row blocks of `mr`-row strips, as many strips as the blocking
+        // takes or down to half of it, whichever pads the rows least (every
+        // program runs all of its strips, so a last block mostly past the
+        // rows would be multiplied for nothing).
+        let rows = c.m.max(1) as usize;
+        let most = (mc / mr).max(1);
+        let mc = (most.div_ceil(2)..=most)
+            .rev()
+            .min_by_key(|s| rows.div_ceil(s * mr) * s * mr)
+            .map_or(mr, |s| s * mr)
+            .min(rows.div_ceil(mr) * mr);
         let body: &'a LBlock = &op.regions[0];
         let (iv, jv, kv, accv) = (body.args[0], body.args[1], body.args[2], body.args[3]);
         let (a, b) = (self.buffer(op.operands[0])?, self.buffer(op.operands[1])?);

@@ -556,8 +556,17 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                     dlc_llvm::emit_llvm_ir(&cpu_loops(&module)?, &symbols).map_err(codegen)?
                 }
                 Emit::Asm => {
-                    let bytes = dlc_llvm::emit_native(&cpu_loops(&module)?, false, &symbols)
-                        .map_err(codegen)?;
+                    let bytes = if std::env::var("DLC_TILES").is_ok() {
+                        dlc_llvm::emit_native(
+                            &dlc_driver::lower_for_cpu_tiles(&module)?,
+                            false,
+                            &symbols,
+                        )
+                        .map_err(codegen)?
+                    } else {
+                        dlc_llvm::emit_native(&cpu_loops(&module)?, false, &symbols)
+                            .map_err(codegen)?
+                    };
                     String::from_utf8_lossy(&bytes).into_owned()
                 }
                 Emit::Obj => {

@@ -106,6 +106,10 @@ pub(crate) struct Gen<'ctx, 'f, I: Ir = LoopIr> {
     /// kernel's fingerprint (`dlc_tile::print::fingerprint`), so that
     /// kernels doing the same thing to their inputs are emitted once.
     kernels: HashMap<String, FunctionValue<'ctx>>,
+    /// Tile IR only, in an exported function: the global caching its
+    /// workspace between calls and the workspace this call holds, handed
+    /// back on every way out (see `tile::Workspace`).
+    workspace: Option<(PointerValue<'ctx>, PointerValue<'ctx>)>,
 }
 
 /// The places where an exported function can fail, in the order their
@@ -154,6 +158,7 @@ impl<'ctx, 'f, I: Ir> Gen<'ctx, 'f, I> {
             loc: None,
             status_slot: None,
             kernels: HashMap::new(),
+            workspace: None,
         }
     }
 

@@ -99,6 +99,7 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
     pub(super) fn fail_with(&self, status: IntValue<'ctx>) -> R<()> {
         match self.status_slot {
             None => {
+                self.hand_back_workspace()?;
                 self.b.build_return(Some(&status))?;
             }
             Some(slot) => {
@@ -111,6 +112,29 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
             }
         }
         Ok(())
+    }
+
+    /// In a function holding a workspace: puts it back in its cache for the
+    /// next call, freeing the one a concurrent call left there, if any.
+    pub(super) fn hand_back_workspace(&self) -> R<()> {
+        let Some((cache, p)) = self.workspace else {
+            return Ok(());
+        };
+        let i64t = self.ctx.i64_type();
+        let mine = self.b.build_ptr_to_int(p, i64t, "mine")?;
+        let old = self.b.build_atomicrmw(
+            inkwell::AtomicRMWBinOp::Xchg,
+            cache,
+            mine,
+            AtomicOrdering::AcquireRelease,
+        )?;
+        let old = self.b.build_int_to_ptr(
+            old,
+            self.ctx.ptr_type(AddressSpace::default()),
+            "displaced",
+        )?;
+        // free(NULL) does nothing.
+        self.release(old)
     }
 
     pub(super) fn declare(

@@ -72,8 +72,128 @@ impl Ir for TileIr {
         }
         let params: Vec<Value> = f.params.iter().map(|(_, v)| *v).collect();
         let mut g = Gen::exported(ctx, module, f, &params, symbol, sites)?;
+        let plan = Workspace::plan(&g, f)?;
+        g.take_workspace(symbol, &plan)?;
         g.host_block(&f.body)?;
         Ok(g.func)
+    }
+}
+
+/// Where a function's global buffers live: every host-level `tile.alloc`
+/// at an offset of one workspace, first fit among the ranges free at that
+/// point (a buffer's range is free again after its `tile.dealloc`), so the
+/// workspace is about the function's peak of live buffers. A call takes the
+/// workspace the previous call left in a global cache (or allocates one),
+/// and hands it back when it returns: a model run many times allocates and
+/// page-faults its intermediates once, not on every call. Calls running at
+/// once each hold their own.
+pub(crate) struct Workspace {
+    /// Byte offset of each buffer.
+    offsets: HashMap<Value, u64>,
+    /// Bytes in all.
+    size: u64,
+    /// The source place of the largest buffer (named when allocating the
+    /// workspace fails).
+    largest: Option<dlc_core::SourceLoc>,
+}
+
+impl Workspace {
+    fn plan(g: &Gen<'_, '_, TileIr>, f: &Function) -> R<Workspace> {
+        let mut live: Vec<(u64, u64, Value)> = Vec::new();
+        let mut plan = Workspace {
+            offsets: HashMap::new(),
+            size: 0,
+            largest: None,
+        };
+        let mut largest = 0;
+        for &id in &f.body.ops {
+            let op = f.op(id);
+            match op.kind {
+                OpKind::Alloc => {
+                    let v = op.results[0];
+                    let bytes = g.buffer_bytes(v)?.div_ceil(64).saturating_mul(64);
+                    live.sort_unstable();
+                    let mut at = 0u64;
+                    for &(start, end, _) in &live {
+                        if start.saturating_sub(at) >= bytes {
+                            break;
+                        }
+                        at = at.max(end);
+                    }
+                    let end = at.saturating_add(bytes);
+                    live.push((at, end, v));
+                    plan.offsets.insert(v, at);
+                    plan.size = plan.size.max(end);
+                    if bytes > largest {
+                        largest = bytes;
+                        plan.largest.clone_from(&op.loc);
+                    }
+                }
+                OpKind::Dealloc => live.retain(|l| l.2 != op.operands[0]),
+                _ => {}
+            }
+        }
+        Ok(plan)
+    }
+}
+
+impl<'ctx> Gen<'ctx, '_, TileIr> {
+    /// Takes the exported function `symbol`'s workspace from its cache, or
+    /// allocates one, and places every planned buffer in it.
+    fn take_workspace(&mut self, symbol: &str, plan: &Workspace) -> R<()> {
+        if plan.size == 0 {
+            return Ok(());
+        }
+        let i64t = self.ctx.i64_type();
+        let cache = self
+            .module
+            .add_global(i64t, None, &format!("{symbol}.workspace"));
+        cache.set_linkage(inkwell::module::Linkage::Internal);
+        cache.set_initializer(&i64t.const_zero());
+        let cache = cache.as_pointer_value();
+        let cached = self.b.build_atomicrmw(
+            inkwell::AtomicRMWBinOp::Xchg,
+            cache,
+            i64t.const_zero(),
+            inkwell::AtomicOrdering::AcquireRelease,
+        )?;
+        let ptr = self.ctx.ptr_type(AddressSpace::default());
+        let cached = self.b.build_int_to_ptr(cached, ptr, "cached")?;
+        let empty = self.b.build_is_null(cached, "empty")?;
+        let here = self
+            .b
+            .get_insert_block()
+            .ok_or_else(|| CodegenError::Llvm("no insertion block".into()))?;
+        let fresh = self.ctx.append_basic_block(self.func, "workspace.new");
+        let ready = self.ctx.append_basic_block(self.func, "workspace.ready");
+        self.b.build_conditional_branch(empty, fresh, ready)?;
+        self.b.position_at_end(fresh);
+        self.loc.clone_from(&plan.largest);
+        let made = self.heap(plan.size, false)?;
+        self.loc = None;
+        let made_in = self
+            .b
+            .get_insert_block()
+            .ok_or_else(|| CodegenError::Llvm("no insertion block".into()))?;
+        self.b.build_unconditional_branch(ready)?;
+        self.b.position_at_end(ready);
+        let p = self.b.build_phi(ptr, "workspace")?;
+        p.add_incoming(&[(&cached, here), (&made, made_in)]);
+        let p = p.as_basic_value().into_pointer_value();
+        for (&v, &off) in &plan.offsets {
+            // SAFETY (LLVM IR semantics): the plan keeps every buffer inside
+            // the workspace.
+            let at = unsafe {
+                self.b
+                    .build_in_bounds_gep(self.ctx.i8_type(), p, &[self.i64c(off)], "buffer")?
+            };
+            self.vals.insert(v, at.into());
+        }
+        // From here on, every way out hands the workspace back; failure
+        // blocks made before (allocating it) must not.
+        self.workspace = Some((cache, p));
+        self.fail_blocks.borrow_mut().clear();
+        Ok(())
     }
 }
 
@@ -990,21 +1110,15 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
             let op = f.op(id);
             self.loc.clone_from(&op.loc);
             match &op.kind {
-                OpKind::Alloc => {
-                    let bytes = self.buffer_bytes(op.results[0])?;
-                    let p = self.heap(bytes, false)?;
-                    self.vals.insert(op.results[0], p.into());
-                }
-                OpKind::Dealloc => {
-                    let p = self.get(op.operands[0])?.into_pointer_value();
-                    self.release(p)?;
-                }
+                // Placed in the workspace when the function starts.
+                OpKind::Alloc | OpKind::Dealloc => {}
                 OpKind::View => {
                     let p = self.get(op.operands[0])?;
                     self.vals.insert(op.results[0], p);
                 }
                 OpKind::Kernel { grid, .. } => self.kernel(id, grid)?,
                 OpKind::Return => {
+                    self.hand_back_workspace()?;
                     self.b
                         .build_return(Some(&self.ctx.i32_type().const_zero()))?;
                 }
