@@ -356,38 +356,9 @@ impl Pass<Ir> for ConvertLoopToTile {
     }
 }
 
-/// `loop.map-cpu`: maps loop nests onto the CPU for the current CPU back
-/// end (`loop.matmul`, `loop.threads`).
-struct MapLoopsToCpu;
-
-impl Pass<Ir> for MapLoopsToCpu {
-    fn name(&self) -> &'static str {
-        "loop.map-cpu"
-    }
-
-    fn run(&mut self, ir: &mut Ir) -> Result<Vec<(&'static str, u64)>, PassError> {
-        match ir {
-            Ir::Loop(m) => dlc_lower::MapLoopsToCpu.run(m),
-            other => Err(PassError::Failed {
-                pass: "loop.map-cpu".into(),
-                message: format!("expects loop IR, got {} IR", other.level()),
-            }),
-        }
-    }
-}
-
-/// Lowers a graph module to loops and maps them onto this CPU: the IR the
-/// CPU back end compiles.
-pub fn lower_for_cpu(module: &Module) -> Result<dlc_loop::Module, DriverError> {
-    let mut lowered =
-        dlc_lower::lower_module(module).map_err(|e| DriverError::Usage(e.to_string()))?;
-    PassManager::new(vec![Box::new(dlc_lower::MapLoopsToCpu)]).run(&mut lowered)?;
-    Ok(lowered)
-}
-
-/// What the tile CPU back end (`dlc run --backend cpu-tile`) compiles: tile
-/// IR scheduled for the host.
-pub fn lower_for_cpu_tiles(module: &Module) -> Result<dlc_tile::Module, DriverError> {
+/// Lowers a graph module and schedules it as tile kernels for this CPU:
+/// what the CPU back end compiles.
+pub fn lower_for_cpu(module: &Module) -> Result<dlc_tile::Module, DriverError> {
     lower_for_tile(module, dlc_core::TargetDesc::host())
 }
 
@@ -455,15 +426,6 @@ pub fn registry() -> PassRegistry<Ir> {
             }
             params.validate().map_err(fail)?;
             Ok(Box::new(ConvertLoopToTile(params)))
-        },
-    );
-    r.register(
-        "loop.map-cpu",
-        "maps loop nests onto the host CPU for the CPU back end: packed contractions to \
-         loop.matmul, outer parallel loops to loop.threads",
-        |o| {
-            o.expect_only(&[])?;
-            Ok(Box::new(MapLoopsToCpu))
         },
     );
     r

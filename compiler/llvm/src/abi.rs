@@ -3,7 +3,6 @@
 
 use crate::{CodegenError, R};
 use dlc_core::TensorType;
-use dlc_loop::{Function, Type};
 use dlc_runtime::Param;
 use dlc_runtime::abi::{Signature, Symbols};
 use inkwell::AddressSpace;
@@ -11,32 +10,9 @@ use inkwell::context::Context;
 use inkwell::module::{Linkage, Module};
 use inkwell::values::{BasicMetadataValueEnum, FunctionValue};
 
-/// The runtime signature of a loop function: its parameters, inputs then
+/// The runtime signature of a tile function: its parameters, inputs then
 /// results, each a contiguous tensor.
-pub fn signature(f: &Function) -> R<Signature> {
-    let first_output = f.params.len() - f.outputs.min(f.params.len());
-    f.params
-        .iter()
-        .enumerate()
-        .map(|(i, (name, v))| {
-            let Type::Buffer(t) = f.ty(*v) else {
-                return Err(CodegenError::Invalid(format!(
-                    "parameter %{name} of @{} is not a buffer",
-                    f.name
-                )));
-            };
-            param(&f.name, name, t, i >= first_output)
-        })
-        .collect::<R<Vec<_>>>()
-        .map(|params| Signature {
-            name: f.name.clone(),
-            params,
-            sites: Vec::new(),
-        })
-}
-
-/// The runtime signature of a tile function (see [`signature`]).
-pub fn tile_signature(f: &dlc_tile::Function) -> R<Signature> {
+pub fn signature(f: &dlc_tile::Function) -> R<Signature> {
     let first_output = f.params.len() - f.outputs.min(f.params.len());
     f.params
         .iter()

@@ -1,4 +1,4 @@
-//! A loop or tile module as an optimized LLVM module for the host, and the
+//! A tile module as an optimized LLVM module for the host, and the
 //! artifacts made from it: LLVM IR text, assembly, object files, shared
 //! libraries.
 
@@ -6,10 +6,9 @@ use std::collections::HashMap;
 
 use crate::abi::entry_wrapper;
 use crate::codegen::tile::TileIr;
-use crate::codegen::{Ir, LoopIr, Sites};
+use crate::codegen::{Ir, Sites};
 use crate::target::x86_64;
 use crate::{CodegenError, R};
-use dlc_loop::Module as LModule;
 use dlc_runtime::abi::{Signature, Site, Symbols};
 use dlc_tile::Module as TModule;
 use inkwell::FloatPredicate;
@@ -19,9 +18,8 @@ use inkwell::module::{Linkage, Module};
 use inkwell::passes::PassBuilderOptions;
 use inkwell::targets::TargetMachine;
 
-/// IR that code generation reads: loop IR (`dlc_loop::Module`) or tile IR
-/// (`dlc_tile::Module`, the CPU back end's input). Every function of it
-/// becomes a C-ABI function.
+/// IR that code generation reads: tile IR (`dlc_tile::Module`) scheduled
+/// for the host. Every function of it becomes a C-ABI function.
 pub trait Program {
     /// The runtime signature of function `name` (no failure sites).
     fn signature_of(&self, name: &str) -> R<Signature>;
@@ -94,21 +92,6 @@ fn emit_all<'ctx, I: Ir>(
     Ok(all)
 }
 
-impl Program for LModule {
-    fn signature_of(&self, name: &str) -> R<Signature> {
-        LoopIr::signature(find::<LoopIr>(&self.functions, name)?)
-    }
-
-    fn emit_functions<'ctx>(
-        &self,
-        ctx: &'ctx Context,
-        module: &Module<'ctx>,
-        symbols: &Symbols,
-    ) -> R<HashMap<String, Vec<Site>>> {
-        emit_all::<LoopIr>(&self.functions, ctx, module, symbols)
-    }
-}
-
 impl Program for TModule {
     fn signature_of(&self, name: &str) -> R<Signature> {
         TileIr::signature(find::<TileIr>(&self.functions, name)?)
@@ -124,7 +107,7 @@ impl Program for TModule {
     }
 }
 
-/// An LLVM module compiled from loop or tile IR, with the target machine
+/// An LLVM module compiled from tile IR, with the target machine
 /// it is for.
 pub struct Compiled<'ctx> {
     /// The optimized module.
@@ -134,7 +117,7 @@ pub struct Compiled<'ctx> {
     pub(crate) sites: HashMap<String, Vec<Site>>,
 }
 
-/// Compiles loop or tile IR for the host CPU and optimizes it (O3); entry
+/// Compiles tile IR for the host CPU and optimizes it (O3); entry
 /// point `f` is exported as `symbols.symbol(f)`, every other function is
 /// private.
 pub fn compile<'ctx, P: Program + ?Sized>(

@@ -1,4 +1,4 @@
-//! In-process compilation: a loop or tile module JIT-linked and handed out as the
+//! In-process compilation: a tile module JIT-linked and handed out as the
 //! runtime's checked kernels.
 
 use std::collections::HashMap;

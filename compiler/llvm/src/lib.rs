@@ -1,6 +1,7 @@
 //! Code generation through LLVM (inkwell), the only crate that links LLVM.
 //!
-//! [`compile`] turns loop IR into an LLVM module: each `loop.func` becomes a
+//! [`compile`] turns tile IR scheduled for the host into an LLVM module:
+//! each `tile.func` becomes a
 //! C-ABI function `int32_t SYM(T0 *b0, T1 *b1, ...)`, where `SYM` is its
 //! name with the module's symbol prefix ([`dlc_runtime::abi::Symbols`]), taking one pointer per
 //! buffer parameter (contiguous storage of the buffer's element type; `bool`
@@ -10,22 +11,24 @@
 //! callers that do not know the arity statically, and `SYM.signature`
 //! describes the parameters (the ABI is `dlc_runtime::abi`'s). Every function
 //! carries the host CPU and its features, and the module goes through LLVM's
-//! O3 pipeline. [`jit`] compiles a module in process and hands out its
+//! O3 pipeline (see `codegen::tile` for how kernels, tiles and the
+//! workspace are lowered). [`jit`] compiles a module in process and hands out its
 //! functions as the runtime's checked [`dlc_runtime::Kernel`]s;
 //! [`emit_native`] and [`emit_shared_library`] write object files, assembly
 //! and shared libraries.
 //!
-//! Loads without a pad value must be in bounds (the lowering only emits
-//! those); padded loads are bounds-checked.
+//! Loads without a pad value or mask must be in bounds (the conversion only
+//! emits those); padded loads are bounds-checked.
 //!
 //! Layout, by concern and by target: `target/` (one module per target:
 //! `x86_64` builds the host's target machine and the attributes every
 //! function carries; NVPTX goes beside it), `emit` (a loop module to an
 //! optimized LLVM module, and its artifacts), `abi` (signatures and the
-//! `SYM.entry` wrapper), `jit` (in-process kernels), `codegen` (loop IR to
-//! LLVM IR: loops and scalar ops in `mod.rs`, `math` for the transcendental
-//! functions, `parallel` for outlining onto the OpenMP runtime and shared
-//! helpers, `matmul` for the packed product).
+//! `SYM.entry` wrapper), `jit` (in-process kernels), `codegen` (tile IR to
+//! LLVM IR: the generator and counted loops in `mod.rs`, `tile` for
+//! kernels, tiles and the workspace, `elementwise` and `math` for the
+//! operators on scalars and vectors, `parallel` for outlining onto the
+//! OpenMP runtime and shared helpers).
 #![deny(missing_docs)]
 // The JIT call is an FFI boundary; see `run`.
 #![allow(unsafe_code)]
@@ -36,7 +39,7 @@ mod emit;
 mod jit;
 mod target;
 
-pub use abi::{exported_signature, signature, tile_signature};
+pub use abi::{exported_signature, signature};
 pub use emit::{Compiled, Program, compile, emit_llvm_ir, emit_native, emit_shared_library};
 pub use jit::{Jit, jit};
 
@@ -48,8 +51,8 @@ pub enum CodegenError {
     /// LLVM refused something (a target, the IR, the JIT).
     #[error("LLVM: {0}")]
     Llvm(String),
-    /// The loop IR breaks an invariant the verifier checks.
-    #[error("invalid loop IR: {0}")]
+    /// The tile IR breaks an invariant the verifier checks.
+    #[error("invalid tile IR: {0}")]
     Invalid(String),
     /// Valid IR that this back end does not compile (said why).
     #[error("{0}")]

@@ -1,6 +1,6 @@
-//! Compiled code (loop IR -> LLVM -> JIT on this CPU, and tile IR scheduled
-//! for the host -> LLVM -> JIT) against the graph interpreter, on programs
-//! covering every op, and generated programs.
+//! Compiled code (tile IR scheduled for the host -> LLVM -> JIT on this
+//! CPU) against the graph interpreter, on programs covering every op, and
+//! generated programs.
 //! This is the one test binary that links LLVM.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
@@ -36,28 +36,18 @@ fn narrow_floats_accumulate_in_f32_in_compiled_code() {
             .unwrap()
             .unwrap()
     });
-    dlc_tests::check_narrow_accumulation(&|m, f, inputs| {
-        let lowered = dlc_driver::lower_for_cpu_tiles(m).unwrap();
-        dlc_llvm::jit(&lowered, |jit| Ok(jit.kernel(&f.name)?.call(inputs)))
-            .unwrap()
-            .unwrap()
-    });
 }
 
-/// Both CPU back ends' results for entry point `f` of `m`.
-fn compiled_both(
+/// The compiled results for entry point `f` of `m`.
+fn compiled(
     m: &dlc_graph::Module,
     f: &dlc_graph::Function,
     inputs: &[HostTensor],
-) -> [(&'static str, Vec<HostTensor>); 2] {
-    let loops = dlc_driver::lower_for_cpu(m).unwrap();
-    let tiles = dlc_driver::lower_for_cpu_tiles(m).unwrap();
-    let from_loops = dlc_llvm::jit(&loops, |jit| Ok(jit.kernel(&f.name)?.call(inputs)))
-        .unwrap_or_else(|e| panic!("{e}\n{}", dlc_loop::print_module(&loops)))
-        .unwrap_or_else(|e| panic!("{e}\n{}", dlc_loop::print_module(&loops)));
+) -> Vec<HostTensor> {
+    let tiles = dlc_driver::lower_for_cpu(m).unwrap();
     // Called twice: the second call runs in the workspace the first one
     // handed back, and must not see anything the first one left there.
-    let [from_tiles, again] = dlc_llvm::jit(&tiles, |jit| {
+    let [first, again] = dlc_llvm::jit(&tiles, |jit| {
         let k = jit.kernel(&f.name)?;
         Ok([k.call(inputs), k.call(inputs)])
     })
@@ -69,12 +59,12 @@ fn compiled_both(
             .collect()
     };
     assert_eq!(
-        bits(&from_tiles),
+        bits(&first),
         bits(&again),
         "@{}: a second call differs",
         f.name
     );
-    [("loop IR", from_loops), ("tile IR", from_tiles)]
+    first
 }
 
 fn jit_agrees(src: &str) {
@@ -82,16 +72,15 @@ fn jit_agrees(src: &str) {
     for (seed, f) in m.entry_points().enumerate() {
         let inputs = prepare_inputs(f, &[], Some(seed as u64)).unwrap();
         let want = interpret(&m, f, &inputs).unwrap();
-        for (from, got) in compiled_both(&m, f, &inputs) {
-            let err = max_relative_error(&got, &want).unwrap();
-            assert!(
-                err <= TOLERANCE,
-                "@{} (from {from}): relative error {err:.3e}\nwant {:?}\ngot {:?}",
-                f.name,
-                want[0].data,
-                got[0].data
-            );
-        }
+        let got = compiled(&m, f, &inputs);
+        let err = max_relative_error(&got, &want).unwrap();
+        assert!(
+            err <= TOLERANCE,
+            "@{}: relative error {err:.3e}\nwant {:?}\ngot {:?}",
+            f.name,
+            want[0].data,
+            got[0].data
+        );
     }
 }
 
@@ -120,12 +109,9 @@ fn element_wise_ops_and_casts() {
 #[test]
 fn integer_division_by_zero_is_an_error() {
     let m = graph("fn f(x: i32[2]) -> i32[2] { return x / (x - x); }");
-    let lowered = dlc_lower::lower_module(&m).unwrap();
     let x = HostTensor::new(TensorType::new(DType::I32, vec![2]), vec![1.0, 2.0]).unwrap();
-    let err = call(&lowered, "f", std::slice::from_ref(&x)).unwrap_err();
-    assert_eq!(err, "`f`: integer division by zero at t.dl:1:36");
-    // From tile IR: a zero in any lane of a vector fails, at the same place.
-    let tiles = dlc_driver::lower_for_cpu_tiles(&m).unwrap();
+    // A zero in any lane of a vector fails, at the division's place.
+    let tiles = dlc_driver::lower_for_cpu(&m).unwrap();
     assert_eq!(
         call(&tiles, "f", &[x]).unwrap_err(),
         "`f`: integer division by zero at t.dl:1:36"
@@ -158,24 +144,13 @@ fn transcendental_functions_are_accurate_everywhere() {
         "fn f(x: f32[{n}]) -> (f32[{n}], f32[{n}], f32[{n}], f32[{n}]) {{ return (exp(x), tanh(x), tanh(x / 64.0), sigmoid(x)); }}"
     );
     let m = graph(&src);
-    let lowered = dlc_driver::lower_for_cpu(&m).unwrap();
-    let tiles = dlc_driver::lower_for_cpu_tiles(&m).unwrap();
+    let tiles = dlc_driver::lower_for_cpu(&m).unwrap();
     let x = HostTensor::new(TensorType::new(DType::F32, vec![n]), xs.clone()).unwrap();
-    // Scalar code (vectorized by LLVM) from loop IR, vector code from tile IR.
-    for out in [
-        call(&lowered, "f", std::slice::from_ref(&x)).unwrap(),
-        call(&tiles, "f", std::slice::from_ref(&x)).unwrap(),
-    ] {
-        check_transcendental(&xs, &out);
-    }
+    check_transcendental(&xs, &call(&tiles, "f", std::slice::from_ref(&x)).unwrap());
     // exp(NaN) is NaN.
     let nan = HostTensor::new(TensorType::new(DType::F32, vec![n]), vec![f64::NAN; n]).unwrap();
-    for out in [
-        call(&lowered, "f", std::slice::from_ref(&nan)).unwrap(),
-        call(&tiles, "f", std::slice::from_ref(&nan)).unwrap(),
-    ] {
-        assert!(out.iter().all(|t| t.data.iter().all(|v| v.is_nan())));
-    }
+    let out = call(&tiles, "f", std::slice::from_ref(&nan)).unwrap();
+    assert!(out.iter().all(|t| t.data.iter().all(|v| v.is_nan())));
 }
 
 fn check_transcendental(xs: &[f64], out: &[HostTensor]) {
@@ -203,7 +178,7 @@ fn check_transcendental(xs: &[f64], out: &[HostTensor]) {
 #[test]
 fn calls_with_wrong_arguments_are_rejected() {
     let m = graph("fn f(x: f32[2, 3], y: f32[3]) -> f32[2, 3] { return x * y; }");
-    let lowered = dlc_lower::lower_module(&m).unwrap();
+    let lowered = dlc_driver::lower_for_cpu(&m).unwrap();
     let t = |d: DType, shape: Vec<usize>| {
         HostTensor::new(
             TensorType::new(d, shape.clone()),
@@ -333,7 +308,7 @@ fn small_workloads() {
 fn emits_llvm_ir_for_the_host() {
     let m = graph("fn f(x: f32[64], y: f32[64]) -> f32[64] { return x * y + 1.0; }");
     let symbols = dlc_runtime::abi::Symbols::for_module("model");
-    let ir = dlc_llvm::emit_llvm_ir(&dlc_lower::lower_module(&m).unwrap(), &symbols).unwrap();
+    let ir = dlc_llvm::emit_llvm_ir(&dlc_driver::lower_for_cpu(&m).unwrap(), &symbols).unwrap();
     assert!(ir.contains(" i32 @dlc_model_f(ptr"), "{ir}");
     assert!(ir.contains(" i32 @dlc_model_f.entry(ptr"), "{ir}");
     assert!(ir.contains("\"target-cpu\""), "{ir}");

@@ -165,13 +165,13 @@ fn tile_buffer(t: &LBufferType) -> BufferType {
 fn loop_bounds(kind: &L) -> Option<(i64, i64, i64)> {
     match *kind {
         L::For { lo, hi, step } => Some((lo, hi, step)),
-        L::Parallel { lo, hi } | L::Threads { lo, hi } => Some((lo, hi, 1)),
+        L::Parallel { lo, hi } => Some((lo, hi, 1)),
         _ => None,
     }
 }
 
 fn is_parallel(kind: &L) -> bool {
-    matches!(kind, L::Parallel { .. } | L::Threads { .. })
+    matches!(kind, L::Parallel { .. })
 }
 
 /// A reduction carried by an innermost loop: the carried argument is read
@@ -603,7 +603,7 @@ impl<'a> Conv<'a> {
                 L::Load { .. } => {
                     loaded.insert(d.operands[0]);
                 }
-                L::For { .. } | L::Parallel { .. } | L::Threads { .. } | L::Matmul(_) => {
+                L::For { .. } | L::Parallel { .. } | L::Matmul(_) => {
                     return None;
                 }
                 _ => {}
@@ -818,7 +818,7 @@ impl<'a> Conv<'a> {
                 let mask = if tiled { self.mask } else { None };
                 self.b.store(v, buf, index, mask);
             }
-            L::For { .. } | L::Parallel { .. } | L::Threads { .. } => self.loop_in_program(id)?,
+            L::For { .. } | L::Parallel { .. } => self.loop_in_program(id)?,
             L::Matmul(_) => self.dot_in_program(id)?,
             L::Yield => {}
             L::Alloc | L::Dealloc | L::View | L::Return => {

@@ -12,8 +12,7 @@ use dlc_core::TargetDesc;
 use dlc_core::Verify;
 use dlc_driver::{
     DEFAULT_PIPELINE, PassOptions, SourceText, compile_source, interpret, interpret_loops,
-    interpret_lowered, interpret_tile_within, lower_for_cpu, lower_for_tile, max_relative_error,
-    prepare_inputs, run_passes,
+    interpret_tile_within, lower_for_tile, max_relative_error, prepare_inputs, run_passes,
 };
 use dlc_loop::{parse_module, print_mlir_generic, print_module};
 use dlc_lower::lower_module;
@@ -42,16 +41,6 @@ fn lowered(m: &dlc_graph::Module) -> dlc_loop::Module {
     let again = parse_module(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
     assert_eq!(print_module(&again), text, "loop IR does not round-trip");
     l
-}
-
-/// The program mapped onto the CPU (tile dialect ops); its text verifies
-/// and round-trips too.
-fn tiled(m: &dlc_graph::Module) -> dlc_loop::Module {
-    let t = lower_for_cpu(m).unwrap_or_else(|e| panic!("{e}"));
-    let text = print_module(&t);
-    let again = parse_module(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
-    assert_eq!(print_module(&again), text, "tile IR does not round-trip");
-    t
 }
 
 /// The targets tile IR is checked for: this CPU and an sm_90 GPU (no GPU
@@ -93,18 +82,14 @@ fn narrow_floats_accumulate_in_f32_on_the_tile_interpreter() {
 #[test]
 fn narrow_floats_accumulate_in_f32_on_the_loop_interpreter() {
     dlc_tests::check_narrow_accumulation(&|m, f, inputs| interpret_loops(m, f, inputs).unwrap());
-    dlc_tests::check_narrow_accumulation(&|m, f, inputs| {
-        interpret_lowered(&lower_for_cpu(m).unwrap(), f, inputs).unwrap()
-    });
 }
 
-/// Runs every entry point five ways on random inputs (graph interpreter,
-/// loop interpreter on loop IR and on the CPU-mapped loop IR, tile
-/// interpreter on the kernels for the host and for sm_90) and compares.
+/// Runs every entry point four ways on random inputs (graph interpreter,
+/// loop interpreter, tile interpreter on the kernels for the host and for
+/// sm_90) and compares.
 fn agree(src: &str) {
     let m = graph(src);
     let l = lowered(&m);
-    let t = tiled(&m);
     let scheduled: Vec<(String, dlc_tile::Module)> = targets()
         .iter()
         .map(|target| (target.name.clone(), kernels(&m, target)))
@@ -126,15 +111,6 @@ fn agree(src: &str) {
         }
         let got =
             interpret_loops(&m, f, &inputs).unwrap_or_else(|e| panic!("{e}\n{}", print_module(&l)));
-        let on_tiles = interpret_lowered(&t, f, &inputs)
-            .unwrap_or_else(|e| panic!("{e}\n{}", print_module(&t)));
-        let tile_err = max_relative_error(&on_tiles, &want).unwrap();
-        assert!(
-            tile_err <= TOLERANCE,
-            "@{}: tile IR relative error {tile_err:.3e}\n{}",
-            f.name,
-            print_module(&t)
-        );
         let err = max_relative_error(&got, &want).unwrap();
         assert!(
             err <= TOLERANCE,
@@ -225,8 +201,7 @@ fn dense(x: f32[40, 30], w: f32[30, 50], b: f32[50]) -> f32[40, 50] { return gel
 fn scores(q: f32[3, 20, 33], k: f32[3, 37, 33]) -> f32[3, 20, 37] { return q @ transpose(k, [0, 2, 1]) / 4.0; }
 fn two(x: f32[24, 40], w1: f32[40, 36], w2: f32[36, 40]) -> f32[24, 40] { return relu(x @ w1) @ w2; }
 ";
-    let t = tiled(&graph(src));
-    let text = print_module(&t);
+    let text = print_module(&lowered(&graph(src)));
     assert_eq!(text.matches("loop.matmul").count(), 4, "{text}");
     agree(src);
 }
@@ -247,7 +222,7 @@ fn convolution_and_pooling() {
 #[test]
 fn convolutions_as_products() {
     let src = "fn f(x: f32[2, 8, 13, 11], w: f32[16, 8, 3, 2], m: f32[16], v: f32[16], g: f32[16], b: f32[16]) -> f32[2, 16, 7, 12] { return relu(batchnorm(conv2d(x, w, stride=[2, 1], padding=[1, 1]), m, v, g, b)); }";
-    let text = print_module(&tiled(&graph(src)));
+    let text = print_module(&lowered(&graph(src)));
     assert!(text.contains("loop.matmul"), "{text}");
     agree(&src.replace(
         "batchnorm(conv2d(x, w, stride=[2, 1], padding=[1, 1]), m, v, g, b)",
@@ -338,10 +313,9 @@ fn every_example_lowers_to_valid_loop_and_tile_ir() {
         let m = graph(&text);
         let l = lowered(&m);
         assert_eq!(l.functions.len(), m.entry_points().count(), "{name}");
-        // Deterministic: lowering again (with fresh hash seeds) and mapping
-        // onto the CPU give the same text.
+        // Deterministic: lowering again (with fresh hash seeds) and
+        // scheduling again give the same text.
         assert_eq!(print_module(&lowered(&m)), print_module(&l), "{name}");
-        assert_eq!(print_module(&tiled(&m)), print_module(&tiled(&m)), "{name}");
         for target in targets() {
             let k = kernels(&m, &target);
             assert_eq!(

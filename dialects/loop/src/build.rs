@@ -268,7 +268,6 @@ impl Builder {
             k,
             a: a_index,
             b: b_index,
-            parallel: false,
         };
         self.push(OpKind::Matmul(Box::new(c)), vec![a, b], &[], vec![block]);
     }

@@ -88,9 +88,7 @@ fn op_work(f: &Function, op: crate::OpId) -> f64 {
     let trips = |lo: i64, hi: i64, step: i64| ((hi - lo).max(0) as f64 / step.max(1) as f64).ceil();
     match &data.kind {
         OpKind::For { lo, hi, step } => 1.0 + trips(*lo, *hi, *step) * body(),
-        OpKind::Parallel { lo, hi } | OpKind::Threads { lo, hi } => {
-            1.0 + trips(*lo, *hi, 1) * body()
-        }
+        OpKind::Parallel { lo, hi } => 1.0 + trips(*lo, *hi, 1) * body(),
         OpKind::Matmul(c) => {
             let (m, n, k) = (c.m.max(0) as f64, c.n.max(0) as f64, c.k.max(0) as f64);
             m * n * (2.0 * k + body())
@@ -362,7 +360,7 @@ impl Machine<'_> {
                         self.set(*r, Slot::Scalar(x));
                     }
                 }
-                OpKind::Parallel { lo, hi } | OpKind::Threads { lo, hi } => {
+                OpKind::Parallel { lo, hi } => {
                     for i in *lo..*hi {
                         self.block(&op.regions[0], &[Slot::Index(i)])?;
                     }

@@ -85,8 +85,6 @@ pub struct Contraction {
     pub a: Vec<IndexExpr>,
     /// Index into the right operand.
     pub b: Vec<IndexExpr>,
-    /// Whether row blocks run over threads.
-    pub parallel: bool,
 }
 
 /// What an op does. Operands, results and regions are in [`OpData`].
@@ -145,17 +143,7 @@ pub enum OpKind {
     },
     /// Ends a `loop.for` body that carries values: the next iteration's values.
     Yield,
-    /// `loop.threads %i = lo to hi { ... }`: a parallel loop whose iterations
-    /// are split in contiguous chunks over the runtime's threads. Made by
-    /// `loop.map-cpu` for the CPU back end, which still compiles loop IR;
-    /// it goes away when that back end reads tile IR.
-    Threads {
-        /// First index.
-        lo: i64,
-        /// One past the last index.
-        hi: i64,
-    },
-    /// `loop.matmul (%i, %j, %k, %acc) = (M, N, K) %a[..] * %b[..] [parallel]
+    /// `loop.matmul (%i, %j, %k, %acc) = (M, N, K) %a[..] * %b[..]
     /// { epilogue }`: for every `i < M`, `j < N`, `%acc` is the sum over
     /// `k < K` of `a[..] * b[..]` in the accumulator type of the operands'
     /// element type (operands 0 and 1 are the buffers, the
@@ -163,9 +151,8 @@ pub enum OpKind {
     /// outside), and the region, run once per `(i, j)` after the sum, does
     /// what follows with it (an epilogue ending in stores): the structured
     /// contraction that `convert-loop-to-tile` turns into `tile.dot`
-    /// programs. The CPU back end packs both operands and runs a
-    /// register-tiled micro-kernel; `parallel` (set by `loop.map-cpu`)
-    /// splits the rows over threads.
+    /// programs (on a CPU, packed operands and a register-tiled
+    /// micro-kernel).
     Matmul(Box<Contraction>),
     /// Ends a function.
     Return,
@@ -190,7 +177,6 @@ impl OpKind {
             OpKind::Parallel { .. } => "parallel",
             OpKind::Yield => "yield",
             OpKind::Return => "return",
-            OpKind::Threads { .. } => "threads",
             OpKind::Matmul(_) => "matmul",
         };
         format!("loop.{s}")

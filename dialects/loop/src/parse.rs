@@ -245,7 +245,7 @@ impl Parser {
         Ok(Block { args, ops })
     }
 
-    /// The rest of `loop.for`, `loop.parallel` and `loop.threads` (kept out
+    /// The rest of `loop.for` and `loop.parallel` (kept out
     /// of `op`, which recurses through nested blocks).
     #[inline(never)]
     fn loop_op(&mut self, suffix: &str) -> PResult<OpParts> {
@@ -305,7 +305,6 @@ impl Parser {
         self.scopes.pop();
         let kind = match suffix {
             "for" => OpKind::For { lo, hi, step },
-            "threads" => OpKind::Threads { lo, hi },
             _ => OpKind::Parallel { lo, hi },
         };
         Ok((kind, inits, types, vec![body?]))
@@ -353,22 +352,14 @@ impl Parser {
             self.expect("*")?;
             let rhs = self.value()?;
             let b = self.index_list()?;
-            let parallel = self.eat_ident("parallel");
             self.expect("{")?;
-            Ok((lhs, a, rhs, b, parallel))
+            Ok((lhs, a, rhs, b))
         })();
         let body = operands.and_then(|o| Ok((o, self.block(args)?)));
         self.scopes.pop();
-        let ((lhs, a, rhs, b, parallel), body) = body?;
+        let ((lhs, a, rhs, b), body) = body?;
         Ok((
-            OpKind::Matmul(Box::new(crate::ir::Contraction {
-                m,
-                n,
-                k,
-                a,
-                b,
-                parallel,
-            })),
+            OpKind::Matmul(Box::new(crate::ir::Contraction { m, n, k, a, b })),
             vec![lhs, rhs],
             vec![],
             vec![body],
@@ -452,7 +443,7 @@ impl Parser {
                 (OpKind::Store { index }, vec![v, b], vec![], vec![])
             }
             "matmul" => self.matmul()?,
-            "for" | "parallel" | "threads" => self.loop_op(suffix)?,
+            "for" | "parallel" => self.loop_op(suffix)?,
             other => {
                 let ops = self.values()?;
                 self.expect(":")?;

@@ -158,7 +158,7 @@ fn print_op(f: &Function, id: OpId, namer: &mut Namer<Value>, depth: usize, out:
             print_block(f, body, namer, depth + 1, out);
             let _ = write!(out, "{pad}}}");
         }
-        OpKind::Parallel { lo, hi } | OpKind::Threads { lo, hi } => {
+        OpKind::Parallel { lo, hi } => {
             let body = &op.regions[0];
             let iv = namer.define(body.args[0]);
             let _ = writeln!(out, "{name} {iv} = {lo} to {hi} {{");
@@ -166,27 +166,19 @@ fn print_op(f: &Function, id: OpId, namer: &mut Namer<Value>, depth: usize, out:
             let _ = write!(out, "{pad}}}");
         }
         OpKind::Matmul(c) => {
-            let crate::ir::Contraction {
-                m,
-                n,
-                k,
-                a,
-                b,
-                parallel,
-            } = &**c;
+            let crate::ir::Contraction { m, n, k, a, b } = &**c;
             let body = &op.regions[0];
             let args: Vec<String> = body.args.iter().map(|v| namer.define(*v)).collect();
             let ai: Vec<String> = a.iter().map(|e| index_text(namer, e)).collect();
             let bi: Vec<String> = b.iter().map(|e| index_text(namer, e)).collect();
             let _ = writeln!(
                 out,
-                "{name} ({}) = ({m}, {n}, {k}) {}[{}] * {}[{}]{} {{",
+                "{name} ({}) = ({m}, {n}, {k}) {}[{}] * {}[{}] {{",
                 args.join(", "),
                 namer.get(ops[0]),
                 ai.join(", "),
                 namer.get(ops[1]),
                 bi.join(", "),
-                if *parallel { " parallel" } else { "" }
             );
             print_block(f, body, namer, depth + 1, out);
             let _ = write!(out, "{pad}}}");
@@ -301,19 +293,12 @@ fn mlir_block(f: &Function, b: &Block, namer: &mut Namer<Value>, depth: usize, o
                 attrs.push(format!("step = {step} : i64"));
                 attrs.push(format!("upper = {hi} : i64"));
             }
-            OpKind::Parallel { lo, hi } | OpKind::Threads { lo, hi } => {
+            OpKind::Parallel { lo, hi } => {
                 attrs.push(format!("lower = {lo} : i64"));
                 attrs.push(format!("upper = {hi} : i64"));
             }
             OpKind::Matmul(c) => {
-                let crate::ir::Contraction {
-                    m,
-                    n,
-                    k,
-                    a,
-                    b,
-                    parallel,
-                } = &**c;
+                let crate::ir::Contraction { m, n, k, a, b } = &**c;
                 // Maps over (i, j, k, indices from outside...); the outside
                 // indices become operands after the two buffers.
                 let mut dims: Vec<Value> = op.regions[0].args[..3].to_vec();
@@ -328,9 +313,6 @@ fn mlir_block(f: &Function, b: &Block, namer: &mut Namer<Value>, depth: usize, o
                 attrs.push(format!("a_map = {}", affine_map_over(&dims, a)));
                 attrs.push(format!("b_map = {}", affine_map_over(&dims, b)));
                 attrs.push(format!("sizes = array<i64: {m}, {n}, {k}>"));
-                if *parallel {
-                    attrs.push("parallel".into());
-                }
             }
             _ => {}
         }

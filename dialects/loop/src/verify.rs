@@ -379,7 +379,7 @@ impl<'a> Checker<'a> {
                     ),
                 }
             }
-            OpKind::Parallel { .. } | OpKind::Threads { .. } => {
+            OpKind::Parallel { .. } => {
                 let ok = shape(0, 0)
                     && op.regions.len() == 1
                     && op.regions[0].args.len() == 1

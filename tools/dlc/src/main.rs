@@ -34,9 +34,6 @@ enum Emit {
     Tile,
     /// Tile dialect in MLIR's generic operation syntax.
     TileMlir,
-    /// Loop IR mapped onto this CPU (`loop.matmul`, `loop.threads`): what
-    /// the CPU back end compiles.
-    LoopCpu,
     /// LLVM IR.
     Llvm,
     /// Assembly.
@@ -58,11 +55,9 @@ enum Backend {
     /// The program scheduled as tile kernels for `--target`, run by the
     /// tile interpreter.
     Tile,
-    /// Compiled native code for this CPU.
+    /// Compiled native code for this CPU (from tile IR scheduled for the
+    /// host).
     Cpu,
-    /// Compiled native code for this CPU, generated from tile IR scheduled
-    /// for the host (the back end that is replacing `cpu`).
-    CpuTile,
     /// Compiled code for an NVIDIA GPU.
     Gpu,
 }
@@ -171,10 +166,6 @@ enum Command {
         /// `graph.saturate` in one run).
         #[arg(long, default_value = DEFAULT_PIPELINE)]
         passes: String,
-        /// Generate code from tile IR scheduled for the host (the back end
-        /// replacing the loop IR one) instead of from loop IR.
-        #[arg(long)]
-        tiles: bool,
     },
     /// Measure this machine with the project's own compiled kernels (one
     /// thread) and write the constants of the cost model `graph.saturate`
@@ -197,8 +188,8 @@ fn lower(module: &dlc_graph::Module) -> Result<dlc_loop::Module, DriverError> {
     dlc_lower::lower_module(module).map_err(|e| DriverError::Usage(e.to_string()))
 }
 
-/// Loop IR mapped onto this CPU: what the CPU back end compiles.
-fn cpu_loops(module: &dlc_graph::Module) -> Result<dlc_loop::Module, DriverError> {
+/// Tile IR scheduled for this CPU: what the CPU back end compiles.
+fn cpu_tiles(module: &dlc_graph::Module) -> Result<dlc_tile::Module, DriverError> {
     dlc_driver::lower_for_cpu(module)
 }
 
@@ -212,26 +203,15 @@ fn codegen(e: dlc_llvm::CodegenError) -> DriverError {
     DriverError::Usage(e.to_string())
 }
 
-/// Compiles the entry point for this CPU through LLVM (from loop IR, or
-/// from tile IR with `tiles`) and runs it in process.
+/// Compiles the entry point for this CPU through LLVM and runs it in
+/// process.
 fn run_cpu(
     module: &dlc_graph::Module,
     f: &dlc_graph::Function,
     inputs: &[HostTensor],
-    tiles: bool,
 ) -> Result<Vec<HostTensor>, DriverError> {
-    if tiles {
-        return run_compiled(&dlc_driver::lower_for_cpu_tiles(module)?, f, inputs);
-    }
-    run_compiled(&cpu_loops(module)?, f, inputs)
-}
-
-fn run_compiled<P: dlc_llvm::Program>(
-    lowered: &P,
-    f: &dlc_graph::Function,
-    inputs: &[HostTensor],
-) -> Result<Vec<HostTensor>, DriverError> {
-    dlc_llvm::jit(lowered, |jit| {
+    let lowered = cpu_tiles(module)?;
+    dlc_llvm::jit(&lowered, |jit| {
         jit.kernel(&f.name)?
             .call(inputs)
             .map_err(|e| dlc_llvm::CodegenError::Arguments(e.to_string()))
@@ -254,7 +234,6 @@ fn bench(
     Timing { runs, warmup }: Timing,
     json: bool,
     passes: &str,
-    tiles: bool,
 ) -> Result<(), DriverError> {
     if runs == 0 {
         return Err(DriverError::Usage("--runs must be at least 1".into()));
@@ -270,13 +249,9 @@ fn bench(
     let mut module = compile_source(&src)?;
     run_passes(&mut module, passes, PassOptions::default())?;
     let f = select_entry(&module, entry)?;
-    let (front, (llvm, ms)) = if tiles {
-        let lowered = dlc_driver::lower_for_cpu_tiles(&module)?;
-        (start.elapsed(), time_calls(&lowered, f, warmup, runs)?)
-    } else {
-        let lowered = cpu_loops(&module)?;
-        (start.elapsed(), time_calls(&lowered, f, warmup, runs)?)
-    };
+    let lowered = cpu_tiles(&module)?;
+    let front = start.elapsed();
+    let (llvm, ms) = time_calls(&lowered, f, warmup, runs)?;
     let (median, min, max) = (median(&ms), ms[0], ms[ms.len() - 1]);
     let compile = front + llvm;
     if json {
@@ -292,7 +267,7 @@ fn bench(
             "max_ms": max,
             "runs": runs,
             "warmup": warmup,
-            "backend": if tiles { "cpu-tile" } else { "cpu" },
+            "backend": "cpu",
         });
         dlc_driver::outln!("{report}");
     } else {
@@ -360,7 +335,7 @@ fn time_source(src: &str, runs: usize) -> Result<f64, DriverError> {
     })?;
     run_passes(&mut module, DEFAULT_PIPELINE, PassOptions::default())?;
     let f = select_entry(&module, None)?;
-    let lowered = cpu_loops(&module)?;
+    let lowered = cpu_tiles(&module)?;
     let (_, ms) = time_calls(&lowered, f, 3, runs)?;
     Ok(median(&ms) * 1e3)
 }
@@ -551,26 +526,16 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                 Emit::LoopMlir => dlc_loop::print_mlir_generic(&lower(&module)?),
                 Emit::Tile => dlc_tile::print_module(&tiled(&module, &target)?),
                 Emit::TileMlir => dlc_tile::print_mlir_generic(&tiled(&module, &target)?),
-                Emit::LoopCpu => dlc_loop::print_module(&cpu_loops(&module)?),
                 Emit::Llvm => {
-                    dlc_llvm::emit_llvm_ir(&cpu_loops(&module)?, &symbols).map_err(codegen)?
+                    dlc_llvm::emit_llvm_ir(&cpu_tiles(&module)?, &symbols).map_err(codegen)?
                 }
                 Emit::Asm => {
-                    let bytes = if std::env::var("DLC_TILES").is_ok() {
-                        dlc_llvm::emit_native(
-                            &dlc_driver::lower_for_cpu_tiles(&module)?,
-                            false,
-                            &symbols,
-                        )
-                        .map_err(codegen)?
-                    } else {
-                        dlc_llvm::emit_native(&cpu_loops(&module)?, false, &symbols)
-                            .map_err(codegen)?
-                    };
+                    let bytes = dlc_llvm::emit_native(&cpu_tiles(&module)?, false, &symbols)
+                        .map_err(codegen)?;
                     String::from_utf8_lossy(&bytes).into_owned()
                 }
                 Emit::Obj => {
-                    let bytes = dlc_llvm::emit_native(&cpu_loops(&module)?, true, &symbols)
+                    let bytes = dlc_llvm::emit_native(&cpu_tiles(&module)?, true, &symbols)
                         .map_err(codegen)?;
                     if output == "-" {
                         use std::io::Write;
@@ -594,7 +559,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                         ));
                     }
                     dlc_llvm::emit_shared_library(
-                        &cpu_loops(&module)?,
+                        &cpu_tiles(&module)?,
                         std::path::Path::new(&output),
                         &symbols,
                     )
@@ -602,7 +567,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                     return Ok(());
                 }
                 Emit::Header => {
-                    let lowered = cpu_loops(&module)?;
+                    let lowered = cpu_tiles(&module)?;
                     let sigs = lowered
                         .functions
                         .iter()
@@ -649,11 +614,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                 )));
             }
             match backend {
-                Backend::Interp
-                | Backend::Loop
-                | Backend::Tile
-                | Backend::Cpu
-                | Backend::CpuTile => {}
+                Backend::Interp | Backend::Loop | Backend::Tile | Backend::Cpu => {}
                 Backend::Gpu => return Err(not_yet("--backend gpu")),
             }
             let mut files = Vec::new();
@@ -677,7 +638,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             }
             // Compiled code has no work limit: with --check, the reference
             // refuses what it cannot finish before the compiled code starts.
-            if check && matches!(backend, Backend::Cpu | Backend::CpuTile) {
+            if check && backend == Backend::Cpu {
                 dlc_graph::interp::check_work(&module, f, max_work)?;
             }
             let outputs = match backend {
@@ -687,8 +648,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                     let tiled = tiled(&module, &target)?;
                     dlc_driver::interpret_tile_within(&tiled, f, &args, max_work)?
                 }
-                Backend::Cpu => run_cpu(&module, f, &args, false)?,
-                Backend::CpuTile => run_cpu(&module, f, &args, true)?,
+                Backend::Cpu => run_cpu(&module, f, &args)?,
                 _ => interpret_within(&module, f, &args, max_work)?,
             };
             if check {
@@ -730,7 +690,6 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             warmup,
             json,
             passes,
-            tiles,
         } => bench(
             &file,
             entry.as_deref(),
@@ -738,7 +697,6 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             Timing { runs, warmup },
             json,
             &passes,
-            tiles,
         ),
         Command::Calibrate { output, runs } => {
             let output = output.unwrap_or_else(|| {

@@ -1,7 +1,7 @@
 //! The element-wise operators of `dlc_core::scalar` (unary, binary,
 //! comparisons, casts, constants), emitted on a scalar or on a vector of
-//! lanes alike: loop IR computes one element at a time, tile IR a native
-//! vector of a tile's row at a time. Every emitter takes and gives
+//! lanes alike (a tile's row is a native vector; scalars are tile IR's
+//! scalar values). Every emitter takes and gives
 //! `BasicValueEnum`s that are all scalars or all vectors of one length.
 
 use dlc_core::DType;

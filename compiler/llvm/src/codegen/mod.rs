@@ -1,14 +1,14 @@
-//! Loop IR to LLVM IR: functions, loops, loads and stores, scalar
-//! arithmetic ([`math`] for the transcendental functions), parallel loops
-//! outlined onto the OpenMP runtime ([`parallel`]) and the packed
-//! register-tiled product ([`matmul`]).
+//! Tile IR to LLVM IR: the generator every function and outlined kernel
+//! is emitted with (values, failure sites, counted loops), [`tile`] for the
+//! tile dialect's ops, [`elementwise`] and [`math`] for the operators on
+//! scalars and vectors, [`parallel`] for kernels outlined onto the OpenMP
+//! runtime.
 
 use std::collections::HashMap;
 
 use crate::{CodegenError, R};
 use dlc_core::DType;
-use dlc_loop::{Block, Function, IndexExpr, OpKind, Type, Value};
-use dlc_runtime::abi::{STATUS_OUT_OF_MEMORY, Site};
+use dlc_runtime::abi::Site;
 use inkwell::basic_block::BasicBlock;
 use inkwell::builder::Builder;
 use inkwell::context::Context;
@@ -22,7 +22,6 @@ use inkwell::{AddressSpace, IntPredicate};
 
 pub(crate) mod elementwise;
 mod math;
-mod matmul;
 mod parallel;
 pub(crate) mod tile;
 
@@ -51,36 +50,7 @@ pub(crate) trait Ir: Sized {
     ) -> R<FunctionValue<'ctx>>;
 }
 
-/// Loop IR (`dlc_loop`).
-pub(crate) struct LoopIr;
-
-impl Ir for LoopIr {
-    type Function = Function;
-    type Value = Value;
-    fn name(f: &Function) -> &str {
-        &f.name
-    }
-    fn signature(f: &Function) -> R<dlc_runtime::abi::Signature> {
-        crate::abi::signature(f)
-    }
-    fn arity(f: &Function) -> usize {
-        f.params.len()
-    }
-    fn emit<'ctx>(
-        ctx: &'ctx Context,
-        module: &Module<'ctx>,
-        f: &Function,
-        symbol: &str,
-        sites: &Sites,
-    ) -> R<FunctionValue<'ctx>> {
-        let params: Vec<Value> = f.params.iter().map(|(_, v)| *v).collect();
-        let mut g = Gen::exported(ctx, module, f, &params, symbol, sites)?;
-        g.block(&f.body)?;
-        Ok(g.func)
-    }
-}
-
-pub(crate) struct Gen<'ctx, 'f, I: Ir = LoopIr> {
+pub(crate) struct Gen<'ctx, 'f, I: Ir = tile::TileIr> {
     ctx: &'ctx Context,
     module: &'f Module<'ctx>,
     b: Builder<'ctx>,
@@ -328,260 +298,5 @@ impl<'ctx, 'f, I: Ir> Gen<'ctx, 'f, I> {
         self.b.build_unconditional_branch(header)?;
         self.b.position_at_end(exit);
         Ok(current)
-    }
-}
-
-impl<'ctx, 'f> Gen<'ctx, 'f> {
-    fn dtype(&self, v: Value) -> DType {
-        match self.f.ty(v) {
-            Type::Scalar(d) => *d,
-            Type::Buffer(b) => b.dtype,
-            Type::Index => DType::I64,
-        }
-    }
-
-    fn index(&self, e: &IndexExpr) -> R<IntValue<'ctx>> {
-        let i64t = self.ctx.i64_type();
-        let mut acc = i64t.const_int(e.constant as u64, true);
-        for (c, v) in &e.terms {
-            let iv = self.get(*v)?.into_int_value();
-            let term = self
-                .b
-                .build_int_mul(iv, i64t.const_int(*c as u64, true), "term")?;
-            acc = self.b.build_int_add(acc, term, "idx")?;
-        }
-        Ok(acc)
-    }
-
-    /// The element pointer of `buf[index]`, and (when `checked`) whether the
-    /// index is in bounds; an out-of-bounds index is replaced by offset 0.
-    fn address(
-        &self,
-        buf: Value,
-        index: &[IndexExpr],
-        checked: bool,
-    ) -> R<(PointerValue<'ctx>, Option<IntValue<'ctx>>)> {
-        let Type::Buffer(t) = self.f.ty(buf) else {
-            return Err(CodegenError::Invalid("load from a non-buffer".into()));
-        };
-        let i64t = self.ctx.i64_type();
-        let mut offset = i64t.const_zero();
-        let mut inside: Option<IntValue<'ctx>> = None;
-        for ((e, &d), &s) in index.iter().zip(&t.shape).zip(&t.strides) {
-            let i = self.index(e)?;
-            if checked {
-                let ok = self.b.build_int_compare(
-                    IntPredicate::ULT,
-                    i,
-                    i64t.const_int(d as u64, false),
-                    "inb",
-                )?;
-                inside = Some(match inside {
-                    None => ok,
-                    Some(prev) => self.b.build_and(prev, ok, "inb")?,
-                });
-            }
-            let scaled = self
-                .b
-                .build_int_mul(i, i64t.const_int(s as u64, false), "off")?;
-            offset = self.b.build_int_add(offset, scaled, "off")?;
-        }
-        if let Some(ok) = inside {
-            offset = self
-                .b
-                .build_select(ok, offset, i64t.const_zero(), "safe")?
-                .into_int_value();
-        }
-        let base = self.get(buf)?.into_pointer_value();
-        // SAFETY (LLVM IR semantics): the offset is within the buffer's storage:
-        // checked above, or guaranteed by the lowering for unpadded accesses.
-        let p = unsafe {
-            self.b
-                .build_in_bounds_gep(storage_type(self.ctx, t.dtype), base, &[offset], "elt")?
-        };
-        Ok((p, inside))
-    }
-
-    fn scalar_result(&mut self, op: &dlc_loop::OpData, v: BasicValueEnum<'ctx>) {
-        if let Some(r) = op.results.first() {
-            self.vals.insert(*r, v);
-        }
-    }
-
-    /// Emits a block; returns the values its `loop.yield` passes on.
-    fn block(&mut self, blk: &Block) -> R<Vec<BasicValueEnum<'ctx>>> {
-        for &id in &blk.ops {
-            let op = self.f.op(id);
-            self.loc.clone_from(&op.loc);
-            let operand = |k: usize| {
-                op.operands.get(k).copied().ok_or_else(|| {
-                    CodegenError::Invalid(format!("{} lacks operand {k}", op.kind.name()))
-                })
-            };
-            match &op.kind {
-                OpKind::Alloc => {
-                    let Type::Buffer(t) = self.f.ty(op.results[0]) else {
-                        return Err(CodegenError::Invalid("alloc of a non-buffer".into()));
-                    };
-                    let bytes = t
-                        .storage_len()
-                        .unwrap_or(usize::MAX)
-                        .saturating_mul(t.dtype.size_bytes())
-                        .max(1);
-                    let i64t = self.ctx.i64_type();
-                    let ptr = self.ctx.ptr_type(AddressSpace::default());
-                    let malloc = self.module.get_function("malloc").unwrap_or_else(|| {
-                        self.module.add_function(
-                            "malloc",
-                            ptr.fn_type(&[i64t.into()], false),
-                            Some(Linkage::External),
-                        )
-                    });
-                    let p = self
-                        .b
-                        .build_call(malloc, &[i64t.const_int(bytes as u64, false).into()], "buf")?
-                        .try_as_basic_value()
-                        .basic()
-                        .ok_or_else(|| CodegenError::Llvm("malloc gives no value".into()))?;
-                    let null = self.b.build_is_null(p.into_pointer_value(), "isnull")?;
-                    let ok = self.ctx.append_basic_block(self.func, "alloc.ok");
-                    let fail = self.fail_block(STATUS_OUT_OF_MEMORY)?;
-                    self.b.build_conditional_branch(null, fail, ok)?;
-                    self.b.position_at_end(ok);
-                    self.scalar_result(op, p);
-                }
-                OpKind::Dealloc => {
-                    let ptr = self.ctx.ptr_type(AddressSpace::default());
-                    let free = self.module.get_function("free").unwrap_or_else(|| {
-                        self.module.add_function(
-                            "free",
-                            self.ctx.void_type().fn_type(&[ptr.into()], false),
-                            Some(Linkage::External),
-                        )
-                    });
-                    let p = self.get(operand(0)?)?;
-                    self.b.build_call(free, &[p.into()], "")?;
-                }
-                OpKind::View => {
-                    let p = self.get(operand(0)?)?;
-                    self.scalar_result(op, p);
-                }
-                OpKind::Const(v) => {
-                    let c = self.constant(*v, self.dtype(op.results[0]));
-                    self.scalar_result(op, c);
-                }
-                OpKind::Unary(u) => {
-                    let x = self.get(operand(0)?)?;
-                    let v = self.unary(*u, x, self.dtype(operand(0)?))?;
-                    self.scalar_result(op, v);
-                }
-                OpKind::Binary(bop) => {
-                    let (x, y) = (self.get(operand(0)?)?, self.get(operand(1)?)?);
-                    let v = self.binary(*bop, x, y, self.dtype(operand(0)?))?;
-                    self.scalar_result(op, v);
-                }
-                OpKind::Compare(c) => {
-                    let (x, y) = (self.get(operand(0)?)?, self.get(operand(1)?)?);
-                    let v = self.compare(*c, x, y, self.dtype(operand(0)?))?;
-                    self.scalar_result(op, v);
-                }
-                OpKind::Select => {
-                    let c = self.get(operand(0)?)?;
-                    let (x, y) = (self.get(operand(1)?)?, self.get(operand(2)?)?);
-                    let v = self.select(c, x, y)?;
-                    self.scalar_result(op, v);
-                }
-                OpKind::Cast => {
-                    let x = self.get(operand(0)?)?;
-                    let v = self.cast(x, self.dtype(operand(0)?), self.dtype(op.results[0]))?;
-                    self.scalar_result(op, v);
-                }
-                OpKind::Load { index, pad } => {
-                    let buf = operand(0)?;
-                    let d = self.dtype(buf);
-                    let (p, inside) = self.address(buf, index, pad.is_some())?;
-                    let raw = self.b.build_load(storage_type(self.ctx, d), p, "ld")?;
-                    let mut v = if d == DType::Bool {
-                        let z = self.ctx.i8_type().const_zero();
-                        self.b
-                            .build_int_compare(IntPredicate::NE, raw.into_int_value(), z, "b")?
-                            .into()
-                    } else {
-                        raw
-                    };
-                    if let (Some(pad), Some(ok)) = (pad, inside) {
-                        v = self
-                            .b
-                            .build_select(ok, v, self.constant(*pad, d), "padded")?;
-                    }
-                    self.scalar_result(op, v);
-                }
-                OpKind::Store { index } => {
-                    let (val, buf) = (operand(0)?, operand(1)?);
-                    let d = self.dtype(buf);
-                    let (p, _) = self.address(buf, index, false)?;
-                    let mut v = self.get(val)?;
-                    if d == DType::Bool {
-                        v = self
-                            .b
-                            .build_int_z_extend(v.into_int_value(), self.ctx.i8_type(), "byte")?
-                            .into();
-                    }
-                    self.b.build_store(p, v)?;
-                }
-                OpKind::For { lo, hi, step } => {
-                    let results = self.emit_loop(op, *lo, *hi, *step)?;
-                    for (r, v) in op.results.iter().zip(results) {
-                        self.vals.insert(*r, v);
-                    }
-                }
-                OpKind::Parallel { lo, hi } => {
-                    // Not mapped onto threads (convert-loop-to-tile does
-                    // that): iterations run in order.
-                    self.emit_loop(op, *lo, *hi, 1)?;
-                }
-                OpKind::Threads { lo, hi } => self.threads(id, *lo, *hi)?,
-                OpKind::Matmul(_) => self.matmul(id)?,
-                OpKind::Yield => {
-                    return op.operands.iter().map(|v| self.get(*v)).collect();
-                }
-                OpKind::Return => {
-                    self.b
-                        .build_return(Some(&self.ctx.i32_type().const_zero()))?;
-                }
-            }
-        }
-        Ok(vec![])
-    }
-
-    /// A loop op's counted loop: the body region gets the index and the
-    /// carried values; returns their final values.
-    fn emit_loop(
-        &mut self,
-        op: &dlc_loop::OpData,
-        lo: i64,
-        hi: i64,
-        step: i64,
-    ) -> R<Vec<BasicValueEnum<'ctx>>> {
-        let i64t = self.ctx.i64_type();
-        let body = &op.regions[0];
-        let inits = op
-            .operands
-            .iter()
-            .map(|v| self.get(*v))
-            .collect::<R<Vec<_>>>()?;
-        self.counted_carrying(
-            i64t.const_int(lo as u64, true),
-            i64t.const_int(hi as u64, true),
-            step,
-            &inits,
-            |g, i, carried| {
-                g.vals.insert(body.args[0], i.into());
-                for (a, v) in body.args[1..].iter().zip(carried) {
-                    g.vals.insert(*a, *v);
-                }
-                g.block(body)
-            },
-        )
     }
 }

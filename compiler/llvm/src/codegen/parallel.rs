@@ -1,10 +1,8 @@
 //! Helpers every outlined or shared function uses (constants, counted
-//! loops, failure statuses, declarations, heap memory) and `loop.threads`:
-//! a body outlined into a function run on the OpenMP runtime's threads.
+//! loops, failure statuses, declarations, heap memory) and outlining: a
+//! kernel's body as a function run here or on the OpenMP runtime's
+//! threads.
 
-use std::collections::BTreeSet;
-
-use dlc_loop::{Function, IndexExpr, OpId, OpKind, Value};
 use inkwell::AtomicOrdering;
 use inkwell::module::Linkage;
 use inkwell::types::BasicTypeEnum;
@@ -13,39 +11,6 @@ use inkwell::{AddressSpace, IntPredicate};
 
 use super::{Gen, Ir};
 use crate::{CodegenError, R};
-
-/// Values used inside the ops (operands, indices, nested bodies) that are
-/// defined outside them.
-pub(super) fn free_values(f: &Function, ops: &[OpId]) -> BTreeSet<Value> {
-    fn walk(f: &Function, ops: &[OpId], used: &mut BTreeSet<Value>, defined: &mut BTreeSet<Value>) {
-        for id in ops {
-            let op = f.op(*id);
-            used.extend(&op.operands);
-            let index_terms = |index: &[IndexExpr], used: &mut BTreeSet<Value>| {
-                for e in index {
-                    used.extend(e.terms.iter().map(|(_, v)| *v));
-                }
-            };
-            match &op.kind {
-                OpKind::Load { index, .. } | OpKind::Store { index } => index_terms(index, used),
-                OpKind::Matmul(c) => {
-                    index_terms(&c.a, used);
-                    index_terms(&c.b, used);
-                }
-                _ => {}
-            }
-            defined.extend(&op.results);
-            for r in &op.regions {
-                defined.extend(&r.args);
-                walk(f, &r.ops, used, defined);
-            }
-        }
-    }
-    let (mut used, mut defined) = (BTreeSet::new(), BTreeSet::new());
-    walk(f, ops, &mut used, &mut defined);
-    used.retain(|v| !defined.contains(v));
-    used
-}
 
 /// Slot `i` (of 8 bytes) of an outlined function's frame.
 fn frame_slot<'ctx, I: Ir>(
@@ -67,20 +32,6 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
     pub(super) fn min(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
         let lt = self.b.build_int_compare(IntPredicate::SLT, a, b, "lt")?;
         Ok(self.b.build_select(lt, a, b, "min")?.into_int_value())
-    }
-
-    /// `p + offset` elements of f32.
-    pub(super) fn f32_at(
-        &self,
-        p: PointerValue<'ctx>,
-        offset: IntValue<'ctx>,
-    ) -> R<PointerValue<'ctx>> {
-        // SAFETY (LLVM IR semantics): callers keep offsets inside the
-        // buffer or the packed block they address.
-        Ok(unsafe {
-            self.b
-                .build_in_bounds_gep(self.ctx.f32_type(), p, &[offset], "at")?
-        })
     }
 
     /// A loop `lo..hi` by 1 around what `body` emits.
@@ -202,44 +153,6 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         let free = self.declare("free", self.ctx.void_type().fn_type(&[ptr.into()], false));
         self.b.build_call(free, &[p.into()], "")?;
         Ok(())
-    }
-
-    /// Runs `body(index)` for `lo..hi` split in contiguous chunks over the
-    /// OpenMP runtime's threads (`GOMP_parallel`). The body is outlined into
-    /// a function that reads `captures` (every value it uses from outside)
-    /// from a frame; a failing status is passed back through the frame.
-    pub(super) fn parallel_for(
-        &mut self,
-        lo: i64,
-        hi: i64,
-        captures: &BTreeSet<I::Value>,
-        extra: &[BasicValueEnum<'ctx>],
-        body: impl FnOnce(&mut Gen<'ctx, '_, I>, IntValue<'ctx>, &[BasicValueEnum<'ctx>]) -> R<()>,
-    ) -> R<()> {
-        self.parallel_range(lo, hi, captures, extra, |g, first, end, extra| {
-            g.counted(first, end, |g, i| body(g, i, extra))
-        })
-    }
-
-    /// As [`Self::parallel_for`], with `body(first, end)` emitting what each
-    /// thread does with its range `first..end` (what it sets up once, the
-    /// loop over the range, what it releases).
-    pub(super) fn parallel_range(
-        &mut self,
-        lo: i64,
-        hi: i64,
-        captures: &BTreeSet<I::Value>,
-        extra: &[BasicValueEnum<'ctx>],
-        body: impl FnOnce(
-            &mut Gen<'ctx, '_, I>,
-            IntValue<'ctx>,
-            IntValue<'ctx>,
-            &[BasicValueEnum<'ctx>],
-        ) -> R<()>,
-    ) -> R<()> {
-        let captures: Vec<I::Value> = captures.iter().copied().collect();
-        let outlined = self.outline(lo, hi, &captures, extra, true, body)?;
-        self.launch(outlined, &captures, extra, true)
     }
 
     /// Outlines `body(first, end)` over `lo..hi` into a function taking a
@@ -434,49 +347,5 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         self.fail_with(status.into_int_value())?;
         self.b.position_at_end(ok);
         Ok(())
-    }
-
-    /// A private function of the module, built once: `build` emits its body
-    /// with a generator placed in its entry block, given its parameters.
-    pub(super) fn helper(
-        &self,
-        name: &str,
-        params: &[inkwell::types::BasicMetadataTypeEnum<'ctx>],
-        build: impl FnOnce(&mut Gen<'ctx, '_, I>, &[BasicValueEnum<'ctx>]) -> R<()>,
-    ) -> R<FunctionValue<'ctx>> {
-        if let Some(f) = self.module.get_function(name) {
-            return Ok(f);
-        }
-        let ctx = self.ctx;
-        let func = self.module.add_function(
-            name,
-            ctx.void_type().fn_type(params, false),
-            Some(Linkage::Private),
-        );
-        let entry = ctx.append_basic_block(func, "entry");
-        // Helpers neither divide integers nor allocate.
-        let trap = ctx.append_basic_block(func, "unreachable");
-        let mut g = Gen::within(ctx, self.module, self.f, func, &self.sites);
-        g.trap = Some(trap);
-        g.b.position_at_end(trap);
-        g.b.build_unreachable()?;
-        g.b.position_at_end(entry);
-        let args: Vec<BasicValueEnum<'ctx>> = func.get_param_iter().collect();
-        build(&mut g, &args)?;
-        g.b.build_return(None)?;
-        Ok(func)
-    }
-}
-
-impl<'ctx> Gen<'ctx, '_> {
-    /// `loop.threads`.
-    pub(super) fn threads(&mut self, id: OpId, lo: i64, hi: i64) -> R<()> {
-        let captures = free_values(self.f, &[id]);
-        let f = self.f;
-        let region = &f.op(id).regions[0];
-        self.parallel_for(lo, hi, &captures, &[], |g, i, _| {
-            g.vals.insert(region.args[0], i.into());
-            g.block(region).map(|_| ())
-        })
     }
 }

@@ -46,7 +46,7 @@ impl Ir for TileIr {
         &f.name
     }
     fn signature(f: &Function) -> R<dlc_runtime::abi::Signature> {
-        crate::abi::tile_signature(f)
+        crate::abi::signature(f)
     }
     fn arity(f: &Function) -> usize {
         f.params.len()
