@@ -4,6 +4,7 @@
 //! written `a,b{key=value},c`, and a manager that verifies after every pass).
 #![deny(missing_docs)]
 
+pub mod attr;
 mod layout;
 pub mod lex;
 pub mod loc;

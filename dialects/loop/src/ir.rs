@@ -6,7 +6,6 @@
 use std::fmt;
 
 use dlc_core::DType;
-use dlc_core::scalar::{BinaryOp, CmpOp, UnaryOp};
 
 /// An SSA value: a function parameter, a block argument or an op result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -71,117 +70,7 @@ impl IndexExpr {
     }
 }
 
-/// The sizes and indices of a `loop.matmul` (boxed in [`OpKind`], which
-/// they would otherwise make larger for every op).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Contraction {
-    /// Rows.
-    pub m: i64,
-    /// Columns.
-    pub n: i64,
-    /// Reduction length.
-    pub k: i64,
-    /// Index into the left operand.
-    pub a: Vec<IndexExpr>,
-    /// Index into the right operand.
-    pub b: Vec<IndexExpr>,
-}
-
-/// What an op does. Operands, results and regions are in [`OpData`].
-#[derive(Debug, Clone, PartialEq)]
-pub enum OpKind {
-    /// `%b = loop.alloc : memref<..>`: a new buffer, contents undefined.
-    Alloc,
-    /// `loop.dealloc %b`: the buffer's storage is released.
-    Dealloc,
-    /// `%v = loop.view %b : buffer<..>`: the same storage seen with another
-    /// shape and strides (a reshape of a contiguous buffer, a transpose). The
-    /// view must stay within the storage; it aliases `%b`.
-    View,
-    /// `%c = loop.const 0.5 : f32`.
-    Const(f64),
-    /// Element-wise function of one scalar.
-    Unary(UnaryOp),
-    /// Element-wise function of two scalars of one type.
-    Binary(BinaryOp),
-    /// Comparison of two scalars of one type, giving bool.
-    Compare(CmpOp),
-    /// `loop.select %c, %a, %b`.
-    Select,
-    /// Scalar type conversion.
-    Cast,
-    /// `%v = loop.load %b[idx, ...] [pad P]`: an element; out of bounds is an
-    /// error, or `pad` when given (how zero padding is written).
-    Load {
-        /// One affine index per dimension.
-        index: Vec<IndexExpr>,
-        /// The value read outside the bounds.
-        pad: Option<f64>,
-    },
-    /// `loop.store %v, %b[idx, ...]`.
-    Store {
-        /// One affine index per dimension.
-        index: Vec<IndexExpr>,
-    },
-    /// A sequential loop `lo..hi` by `step`, carrying values (`iter`) from one
-    /// iteration to the next; its results are the last iteration's values.
-    For {
-        /// First index.
-        lo: i64,
-        /// One past the last index.
-        hi: i64,
-        /// Positive step.
-        step: i64,
-    },
-    /// A loop whose iterations are independent and may run in any order or at
-    /// once (over threads, SIMD lanes or GPU blocks).
-    Parallel {
-        /// First index.
-        lo: i64,
-        /// One past the last index.
-        hi: i64,
-    },
-    /// Ends a `loop.for` body that carries values: the next iteration's values.
-    Yield,
-    /// `loop.matmul (%i, %j, %k, %acc) = (M, N, K) %a[..] * %b[..]
-    /// { epilogue }`: for every `i < M`, `j < N`, `%acc` is the sum over
-    /// `k < K` of `a[..] * b[..]` in the accumulator type of the operands'
-    /// element type (operands 0 and 1 are the buffers, the
-    /// indices affine in `%i`, `%k` and `%k`, `%j`, and in indices defined
-    /// outside), and the region, run once per `(i, j)` after the sum, does
-    /// what follows with it (an epilogue ending in stores): the structured
-    /// contraction that `convert-loop-to-tile` turns into `tile.dot`
-    /// programs (on a CPU, packed operands and a register-tiled
-    /// micro-kernel).
-    Matmul(Box<Contraction>),
-    /// Ends a function.
-    Return,
-}
-
-impl OpKind {
-    /// The op's name (`loop.add`).
-    pub fn name(&self) -> String {
-        let s: &str = match self {
-            OpKind::Alloc => "alloc",
-            OpKind::Dealloc => "dealloc",
-            OpKind::View => "view",
-            OpKind::Const(_) => "const",
-            OpKind::Unary(u) => u.name(),
-            OpKind::Binary(b) => b.name(),
-            OpKind::Compare(c) => c.name(),
-            OpKind::Select => "select",
-            OpKind::Cast => "cast",
-            OpKind::Load { .. } => "load",
-            OpKind::Store { .. } => "store",
-            OpKind::For { .. } => "for",
-            OpKind::Parallel { .. } => "parallel",
-            OpKind::Yield => "yield",
-            OpKind::Return => "return",
-            OpKind::Matmul(_) => "matmul",
-        };
-        format!("loop.{s}")
-    }
-}
+pub use crate::ops::{Contraction, OpKind};
 
 /// An op: its kind, operands, results and nested blocks.
 #[derive(Debug, Clone, PartialEq)]

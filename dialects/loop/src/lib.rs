@@ -5,14 +5,17 @@
 //! reduction's accumulator), `loop.parallel` (independent iterations), loads
 //! and stores with affine indices (a load may name a pad value for reads
 //! outside the buffer, which is how zero padding is written), scalar
-//! arithmetic and math, and buffer allocation. This crate owns the data
-//! model ([`ir`]), the verifier, the text form ([`print`] / [`parse`], which
-//! round-trip), MLIR generic printing, and the interpreter ([`interp`]).
+//! arithmetic and math, buffer allocation, and the structured product
+//! `loop.matmul`. This crate owns the data model ([`ir`]), each op's one
+//! declaration ([`ops`], from which the text form ([`print`] / [`parse`],
+//! which round-trip) and MLIR generic printing derive), the verifier, and
+//! the interpreter ([`interp`]).
 #![deny(missing_docs)]
 
 pub mod build;
 pub mod interp;
 pub mod ir;
+pub mod ops;
 pub mod parse;
 pub mod print;
 pub mod verify;

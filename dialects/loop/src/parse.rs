@@ -1,11 +1,14 @@
-//! Reads the loop dialect's text form. Errors carry line and column; the
-//! verifier then checks what was read.
+//! Reads the loop dialect's text form, the one generic shape
+//! [`crate::print`] writes, driven by each op's declaration in
+//! [`crate::ops`]. Errors carry line and column; the verifier then checks
+//! what was read.
 
+use dlc_core::attr::Attr;
 use dlc_core::lex::{Cursor, PResult, ParseError, Scopes, Tok};
-use dlc_core::scalar::{BinaryOp, CmpOp, UnaryOp};
-use dlc_core::{DType, parse_float};
+use dlc_core::parse_float;
 
 use crate::ir::{Block, BufferType, Function, IndexExpr, Module, OpKind, Type, Value};
+use crate::ops::{MATMUL_COUNTERS, Operands};
 
 struct Parser {
     c: Cursor,
@@ -26,8 +29,16 @@ impl std::ops::DerefMut for Parser {
     }
 }
 
-/// An op before it is created: kind, operands, result types, regions.
-type OpParts = (OpKind, Vec<Value>, Vec<Type>, Vec<Block>);
+/// A term of an index as written: a value, or (in a `loop.matmul`'s
+/// indices) one of the op's counters `#k`, which its region defines.
+#[derive(Clone, Copy)]
+enum Term {
+    Value(Value),
+    Counter(usize),
+}
+
+/// An index before the counters it names are defined.
+type Pending = (Vec<(i64, Term)>, i64);
 
 /// Loops nest at most this deep in text; deeper is an error, not a stack
 /// overflow, even on a 2 MiB thread stack in an unoptimized build. Lowered
@@ -83,10 +94,6 @@ impl Parser {
         Ok(Type::Scalar(self.dtype()?))
     }
 
-    fn scalar(&mut self) -> PResult<DType> {
-        self.dtype()
-    }
-
     fn int_list(&mut self) -> PResult<Vec<usize>> {
         self.expect("[")?;
         let mut v = Vec::new();
@@ -139,31 +146,29 @@ impl Parser {
         Ok(if neg { -v } else { v })
     }
 
-    fn index_expr(&mut self) -> PResult<IndexExpr> {
-        let mut e = IndexExpr::default();
+    /// `%i`, `2*%i`, `-%j + 4`; with `counters`, also `#0`..`#2`.
+    fn index_expr(&mut self, counters: bool) -> PResult<Pending> {
+        let (mut terms, mut constant): Pending = (Vec::new(), 0);
         let mut sign: i64 = if self.eat("-") { -1 } else { 1 };
         loop {
-            let (coeff, var) = match self.peek().clone() {
+            let (coeff, term) = match self.peek().clone() {
                 Tok::Int(i) => {
                     self.bump();
                     if self.eat("*") {
-                        (i, Some(self.value()?))
+                        (i, Some(self.term(counters)?))
                     } else {
                         (i, None)
                     }
                 }
-                Tok::Percent(_) => (1, Some(self.value()?)),
+                Tok::Percent(_) | Tok::Punct("#") => (1, Some(self.term(counters)?)),
                 _ => return self.expected("an index (`%i`, `2*%i`, `%i + 1`)"),
             };
             let Some(c) = coeff.checked_mul(sign) else {
                 return self.error("index coefficient overflows");
             };
-            match var {
-                None => e.constant = e.constant.saturating_add(c),
-                Some(v) => match e.terms.iter_mut().find(|(_, w)| *w == v) {
-                    Some(t) => t.0 = t.0.saturating_add(c),
-                    None => e.terms.push((c, v)),
-                },
+            match term {
+                None => constant = constant.saturating_add(c),
+                Some(t) => terms.push((c, t)),
             }
             sign = if self.eat("+") {
                 1
@@ -173,16 +178,37 @@ impl Parser {
                 break;
             };
         }
-        e.terms.retain(|(c, _)| *c != 0);
-        Ok(e)
+        Ok((terms, constant))
     }
 
-    fn index_list(&mut self) -> PResult<Vec<IndexExpr>> {
+    fn term(&mut self, counters: bool) -> PResult<Term> {
+        let at = self.pos;
+        if !self.eat("#") {
+            return Ok(Term::Value(self.value()?));
+        }
+        match self.bump() {
+            Tok::Int(k) if counters && (0..MATMUL_COUNTERS as i64).contains(&k) => {
+                Ok(Term::Counter(k as usize))
+            }
+            _ => {
+                self.pos = at;
+                if counters {
+                    self.expected("a counter `#0` (row), `#1` (column) or `#2` (depth)")
+                } else {
+                    self.error(
+                        "`#k` names a counter of `loop.matmul`, whose indices alone use them",
+                    )
+                }
+            }
+        }
+    }
+
+    fn index_list(&mut self, counters: bool) -> PResult<Vec<Pending>> {
         self.expect("[")?;
         let mut v = Vec::new();
         if !self.eat("]") {
             loop {
-                v.push(self.index_expr()?);
+                v.push(self.index_expr(counters)?);
                 if self.eat("]") {
                     break;
                 }
@@ -190,6 +216,28 @@ impl Parser {
             }
         }
         Ok(v)
+    }
+
+    fn attr(&mut self) -> PResult<Attr> {
+        match self.peek().clone() {
+            Tok::Punct("[") => {
+                self.expect("[")?;
+                let mut v = Vec::new();
+                if !self.eat("]") {
+                    loop {
+                        v.push(self.int()?);
+                        if self.eat("]") {
+                            break;
+                        }
+                        self.expect(",")?;
+                    }
+                }
+                Ok(Attr::Ints(v))
+            }
+            Tok::Int(_) => Ok(Attr::Int(self.int()?)),
+            Tok::Punct("-") if matches!(self.peek_at(1), Tok::Int(_)) => Ok(Attr::Int(self.int()?)),
+            _ => Ok(Attr::Float(self.number()?)),
+        }
     }
 
     fn function(&mut self) -> PResult<Function> {
@@ -245,240 +293,165 @@ impl Parser {
         Ok(Block { args, ops })
     }
 
-    /// The rest of `loop.for` and `loop.parallel` (kept out
-    /// of `op`, which recurses through nested blocks).
-    #[inline(never)]
-    fn loop_op(&mut self, suffix: &str) -> PResult<OpParts> {
-        let iv_name = self.name("the loop index `%i`")?;
-        self.expect("=")?;
-        let lo = self.int()?;
-        if !self.eat_ident("to") {
-            return self.expected("`to`");
-        }
-        let hi = self.int()?;
-        let step = if suffix == "for" {
-            if !self.eat_ident("step") {
-                return self.expected("`step`");
+    fn op(&mut self) -> PResult<crate::ir::OpId> {
+        // Results: `%r =`, or `%r:n =` for several.
+        let mut result_name = None;
+        let mut group = None;
+        if matches!(self.peek(), Tok::Percent(_)) {
+            let n = self.name("a result name")?;
+            if self.eat(":") {
+                group = Some((n, self.usize()?));
+            } else {
+                result_name = Some(n);
             }
-            self.int()?
-        } else {
-            1
+            self.expect("=")?;
+        }
+        let (name_line, name_col) = (self.toks[self.pos].1, self.toks[self.pos].2);
+        let name = self.ident("an op name")?;
+        let at_name = |message: String| ParseError {
+            line: name_line,
+            column: name_col,
+            message,
         };
-        let mut iter_names = Vec::new();
-        let mut inits = Vec::new();
-        let mut types = Vec::new();
-        if suffix == "for" && self.eat_ident("iter") {
-            self.expect("(")?;
+        if !name.starts_with("loop.") {
+            return Err(at_name(format!("`{name}` is not a loop dialect op")));
+        }
+        let probe =
+            crate::ops::probe(&name).ok_or_else(|| at_name(format!("unknown op `{name}`")))?;
+        let syn = probe.syntax();
+        let mut operands = Vec::new();
+        let mut indices = Vec::new();
+        match syn.operands {
+            Operands::Fixed(0) => {}
+            Operands::Fixed(_) | Operands::Variadic => operands = self.values()?,
+            Operands::Indexed { before } => {
+                for _ in 0..before {
+                    operands.push(self.value()?);
+                    self.expect(",")?;
+                }
+                operands.push(self.value()?);
+                indices.push(self.index_list(false)?);
+            }
+            Operands::Product => {
+                operands.push(self.value()?);
+                indices.push(self.index_list(true)?);
+                self.expect(",")?;
+                operands.push(self.value()?);
+                indices.push(self.index_list(true)?);
+            }
+        }
+        let mut attrs = Vec::new();
+        if matches!(self.peek(), Tok::Punct("{"))
+            && matches!(self.peek_at(1), Tok::Ident(_))
+            && matches!(self.peek_at(2), Tok::Punct("="))
+        {
+            self.bump();
             loop {
-                iter_names.push(self.name("a carried value `%acc`")?);
+                let key = self.ident("an attribute name")?;
                 self.expect("=")?;
-                inits.push(self.value()?);
-                if self.eat(")") {
+                attrs.push((key, self.attr()?));
+                if self.eat("}") {
                     break;
                 }
                 self.expect(",")?;
             }
-            self.expect("->")?;
-            types.push(self.ty()?);
-            while self.eat(",") {
-                types.push(self.ty()?);
-            }
-            if types.len() != inits.len() {
-                return self.error(format!(
-                    "{} carried value(s) but {} type(s)",
-                    inits.len(),
-                    types.len()
-                ));
-            }
         }
-        self.expect("{")?;
-        self.scopes.push();
-        let iv = self.f.new_value(Type::Index);
-        self.define(iv_name, iv)?;
-        let mut args = vec![iv];
-        for (n, t) in iter_names.into_iter().zip(&types) {
-            let a = self.f.new_value(t.clone());
-            self.define(n, a)?;
-            args.push(a);
-        }
-        let body = self.block(args);
-        self.scopes.pop();
-        let kind = match suffix {
-            "for" => OpKind::For { lo, hi, step },
-            _ => OpKind::Parallel { lo, hi },
-        };
-        Ok((kind, inits, types, vec![body?]))
-    }
-
-    /// The rest of `loop.matmul` (a function of its own: `op` recurses
-    /// through nested blocks, and its frame must stay small).
-    #[inline(never)]
-    fn matmul(&mut self) -> PResult<OpParts> {
-        self.expect("(")?;
-        let mut arg_names = vec![self.name("`%i`")?];
-        for what in ["`%j`", "`%k`", "`%acc`"] {
-            self.expect(",")?;
-            arg_names.push(self.name(what)?);
-        }
-        self.expect(")")?;
-        self.expect("=")?;
-        self.expect("(")?;
-        let m = self.int()?;
-        self.expect(",")?;
-        let n = self.int()?;
-        self.expect(",")?;
-        let k = self.int()?;
-        self.expect(")")?;
-        self.scopes.push();
-        let mut args = Vec::new();
-        for (i, name) in arg_names.into_iter().enumerate() {
-            let t = if i < 3 {
-                Type::Index
-            } else {
-                Type::Scalar(DType::F32)
+        // The region: `(%i, ..) { .. }`, its arguments typed by the op.
+        let mut regions = Vec::new();
+        if syn.region {
+            let types = {
+                let operand_types: Vec<&Type> = operands.iter().map(|v| self.f.ty(*v)).collect();
+                probe.region_args(&operand_types)
             };
-            let v = self.f.new_value(t);
-            self.define(name, v)?;
-            args.push(v);
-        }
-        let acc = args[3];
-        let operands = (|| {
-            let lhs = self.value()?;
-            // The accumulator has the operands' accumulator type.
-            if let Type::Buffer(t) = self.f.ty(lhs) {
-                self.f.values[acc.0 as usize] = Type::Scalar(t.dtype.accumulator());
-            }
-            let a = self.index_list()?;
-            self.expect("*")?;
-            let rhs = self.value()?;
-            let b = self.index_list()?;
-            self.expect("{")?;
-            Ok((lhs, a, rhs, b))
-        })();
-        let body = operands.and_then(|o| Ok((o, self.block(args)?)));
-        self.scopes.pop();
-        let ((lhs, a, rhs, b), body) = body?;
-        Ok((
-            OpKind::Matmul(Box::new(crate::ir::Contraction { m, n, k, a, b })),
-            vec![lhs, rhs],
-            vec![],
-            vec![body],
-        ))
-    }
-
-    fn op(&mut self) -> PResult<crate::ir::OpId> {
-        let mut names = Vec::new();
-        if matches!(self.peek(), Tok::Percent(_)) {
-            names.push(self.name("a result name")?);
-            while self.eat(",") {
-                names.push(self.name("a result name")?);
-            }
-            self.expect("=")?;
-        }
-        let op_pos = self.pos;
-        let opname = self.ident("an op name")?;
-        let Some(suffix) = opname.strip_prefix("loop.") else {
-            self.pos = op_pos;
-            return self.error(format!("`{opname}` is not a loop dialect op"));
-        };
-        let (kind, operands, result_types, regions) = match suffix {
-            "alloc" => {
-                self.expect(":")?;
-                let t = self.ty()?;
-                (OpKind::Alloc, vec![], vec![t], vec![])
-            }
-            "dealloc" => (OpKind::Dealloc, vec![self.value()?], vec![], vec![]),
-            "view" => {
-                let b = self.value()?;
-                self.expect(":")?;
-                let t = self.ty()?;
-                (OpKind::View, vec![b], vec![t], vec![])
-            }
-            "yield" => (OpKind::Yield, self.values()?, vec![], vec![]),
-            "return" => (OpKind::Return, vec![], vec![], vec![]),
-            "const" => {
-                let v = self.number()?;
-                self.expect(":")?;
-                let d = self.scalar()?;
-                (OpKind::Const(v), vec![], vec![Type::Scalar(d)], vec![])
-            }
-            "select" => {
-                let ops = self.values()?;
-                self.expect(":")?;
-                let d = self.scalar()?;
-                (OpKind::Select, ops, vec![Type::Scalar(d)], vec![])
-            }
-            "cast" => {
-                let v = self.value()?;
-                self.expect(":")?;
-                self.scalar()?;
-                if !self.eat_ident("to") {
-                    return self.expected("`to`");
+            self.expect("(")?;
+            let mut names = Vec::new();
+            if !self.eat(")") {
+                loop {
+                    names.push(self.name("a region argument `%name`")?);
+                    if self.eat(")") {
+                        break;
+                    }
+                    self.expect(",")?;
                 }
-                let d = self.scalar()?;
-                (OpKind::Cast, vec![v], vec![Type::Scalar(d)], vec![])
             }
-            "load" => {
-                let b = self.value()?;
-                let index = self.index_list()?;
-                let pad = if self.eat_ident("pad") {
-                    Some(self.number()?)
-                } else {
-                    None
-                };
-                self.expect(":")?;
-                let d = self.scalar()?;
-                (
-                    OpKind::Load { index, pad },
-                    vec![b],
-                    vec![Type::Scalar(d)],
-                    vec![],
-                )
+            if names.len() != types.len() {
+                return Err(at_name(format!(
+                    "`{name}` has {} region arguments, got {}",
+                    types.len(),
+                    names.len()
+                )));
             }
-            "store" => {
-                let v = self.value()?;
-                self.expect(",")?;
-                let b = self.value()?;
-                let index = self.index_list()?;
-                (OpKind::Store { index }, vec![v, b], vec![], vec![])
+            self.expect("{")?;
+            self.scopes.push();
+            let mut args = Vec::new();
+            for (n, t) in names.into_iter().zip(types) {
+                let v = self.f.new_value(t);
+                self.define(n, v)?;
+                args.push(v);
             }
-            "matmul" => self.matmul()?,
-            "for" | "parallel" => self.loop_op(suffix)?,
-            other => {
-                let ops = self.values()?;
-                self.expect(":")?;
-                let d = self.scalar()?;
-                let kind = if let Some(u) = UnaryOp::from_name(other) {
-                    OpKind::Unary(u)
-                } else if let Some(b) = BinaryOp::ALL.into_iter().find(|b| b.name() == other) {
-                    OpKind::Binary(b)
-                } else if let Some(c) = CmpOp::ALL.into_iter().find(|c| c.name() == other) {
-                    OpKind::Compare(c)
-                } else {
-                    self.pos = op_pos;
-                    return self.error(format!("unknown op `{opname}`"));
-                };
-                let rt = if matches!(kind, OpKind::Compare(_)) {
-                    DType::Bool
-                } else {
-                    d
-                };
-                (kind, ops, vec![Type::Scalar(rt)], vec![])
+            let body = self.block(args);
+            self.scopes.pop();
+            regions.push(body?);
+        }
+        let counters: &[Value] = regions.first().map_or(&[], |r: &Block| &r.args);
+        let indices: Vec<Vec<IndexExpr>> = indices
+            .into_iter()
+            .map(|list| list.into_iter().map(|e| resolve(e, counters)).collect())
+            .collect();
+        let kind = OpKind::from_parts(&name, &attrs, indices).map_err(at_name)?;
+        let mut result_types = Vec::new();
+        if self.eat(":") {
+            result_types.push(self.ty()?);
+            while self.eat(",") {
+                result_types.push(self.ty()?);
             }
+        }
+        let named = match &group {
+            Some((_, k)) => *k,
+            None => usize::from(result_name.is_some()),
         };
-        if names.len() != result_types.len() {
-            self.pos = op_pos;
-            return self.error(format!(
-                "`{opname}` has {} result(s), {} named",
-                result_types.len(),
-                names.len()
-            ));
+        if named != result_types.len() {
+            return Err(at_name(format!(
+                "`{name}` names {named} result(s), but {} type(s) follow",
+                result_types.len()
+            )));
         }
         let id = self.f.create_op(kind, operands, &result_types, regions);
         let results = self.f.op(id).results.clone();
-        for (n, v) in names.into_iter().zip(results) {
-            self.define(n, v)?;
+        match (group, result_name) {
+            (Some((n, _)), _) => {
+                for (k, v) in results.into_iter().enumerate() {
+                    self.define(format!("{n}#{k}"), v)?;
+                }
+            }
+            (None, Some(n)) => {
+                for v in results {
+                    self.define(n.clone(), v)?;
+                }
+            }
+            (None, None) => {}
         }
         Ok(id)
     }
+}
+
+/// An index with its counters replaced by the values that define them.
+fn resolve((terms, constant): Pending, counters: &[Value]) -> IndexExpr {
+    let mut e = IndexExpr {
+        terms: Vec::new(),
+        constant,
+    };
+    for (c, t) in terms {
+        let v = match t {
+            Term::Value(v) => v,
+            // The parser checks `k` against the counters' number.
+            Term::Counter(k) => counters.get(k).copied().unwrap_or(Value(0)),
+        };
+        match e.terms.iter_mut().find(|(_, w)| *w == v) {
+            Some(t) => t.0 = t.0.saturating_add(c),
+            None => e.terms.push((c, v)),
+        }
+    }
+    e.terms.retain(|(c, _)| *c != 0);
+    e
 }

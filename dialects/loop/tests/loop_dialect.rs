@@ -9,71 +9,76 @@ use dlc_loop::{BufferType, parse_module, print_mlir_generic, print_module};
 
 const KERNELS: &str = "
 // mm = a @ b; rs = relu(rowsum(a) - 1); box = 3x3 box filter of img with zero
-// padding; t = transpose of a into a column-major buffer; mask = (a > 0) as i32
+// padding; t = transpose of a into a column-major buffer; mask = (a > 0) as i32;
+// mm2 = a @ b again, as the structured product
 loop.func @kernels(%a: buffer<f32[4, 8]>, %b: buffer<f32[8, 3]>, %img: buffer<f32[5, 5]>,
                    %mm: buffer<f32[4, 3]>, %rs: buffer<f32[4]>, %box: buffer<f32[5, 5]>,
-                   %t: buffer<f32[8, 4], strides = [1, 8]>, %mask: buffer<i32[4, 8]>) {
-  loop.parallel %i = 0 to 4 {
-    loop.for %j = 0 to 3 step 1 {
-      %zero = loop.const 0.0 : f32
-      %acc = loop.for %k = 0 to 8 step 1 iter(%s = %zero) -> f32 {
+                   %t: buffer<f32[8, 4], strides = [1, 8]>, %mask: buffer<i32[4, 8]>,
+                   %mm2: buffer<f32[4, 3]>) {
+  loop.parallel {lo = 0, hi = 4} (%i) {
+    loop.for {lo = 0, hi = 3, step = 1} (%j) {
+      %zero = loop.const {value = 0.0} : f32
+      %acc = loop.for %zero {lo = 0, hi = 8, step = 1} (%k, %s) {
         %x = loop.load %a[%i, %k] : f32
         %y = loop.load %b[%k, %j] : f32
         %p = loop.mul %x, %y : f32
         %n = loop.add %s, %p : f32
         loop.yield %n
-      }
+      } : f32
       loop.store %acc, %mm[%i, %j]
     }
   }
   %scratch = loop.alloc : buffer<f32[4]>
-  loop.parallel %r = 0 to 4 {
-    %z = loop.const 0.0 : f32
-    %sum = loop.for %c = 0 to 8 step 1 iter(%q = %z) -> f32 {
+  loop.parallel {lo = 0, hi = 4} (%r) {
+    %z = loop.const {value = 0.0} : f32
+    %sum = loop.for %z {lo = 0, hi = 8, step = 1} (%c, %q) {
       %v = loop.load %a[%r, %c] : f32
       %q2 = loop.add %q, %v : f32
       loop.yield %q2
-    }
+    } : f32
     loop.store %sum, %scratch[%r]
   }
-  loop.for %r2 = 0 to 4 step 1 {
+  loop.for {lo = 0, hi = 4, step = 1} (%r2) {
     %v2 = loop.load %scratch[%r2] : f32
-    %one = loop.const 1.0 : f32
+    %one = loop.const {value = 1.0} : f32
     %d = loop.sub %v2, %one : f32
     %e = loop.relu %d : f32
     loop.store %e, %rs[%r2]
   }
   loop.dealloc %scratch
-  loop.parallel %py = 0 to 5 {
-    loop.parallel %px = 0 to 5 {
-      %z0 = loop.const 0.0 : f32
-      %rowsum = loop.for %ky = 0 to 3 step 1 iter(%acc1 = %z0) -> f32 {
-        %colsum = loop.for %kx = 0 to 3 step 1 iter(%acc2 = %acc1) -> f32 {
-          %w = loop.load %img[%py + %ky - 1, %px + %kx - 1] pad 0.0 : f32
+  loop.parallel {lo = 0, hi = 5} (%py) {
+    loop.parallel {lo = 0, hi = 5} (%px) {
+      %z0 = loop.const {value = 0.0} : f32
+      %rowsum = loop.for %z0 {lo = 0, hi = 3, step = 1} (%ky, %acc1) {
+        %colsum = loop.for %acc1 {lo = 0, hi = 3, step = 1} (%kx, %acc2) {
+          %w = loop.load %img[%py + %ky - 1, %px + %kx - 1] {pad = 0.0} : f32
           %acc3 = loop.add %acc2, %w : f32
           loop.yield %acc3
-        }
+        } : f32
         loop.yield %colsum
-      }
+      } : f32
       loop.store %rowsum, %box[%py, %px]
     }
   }
-  loop.for %ti = 0 to 4 step 2 {
-    loop.for %tj = 0 to 8 step 1 {
+  loop.for {lo = 0, hi = 4, step = 2} (%ti) {
+    loop.for {lo = 0, hi = 8, step = 1} (%tj) {
       %tv = loop.load %a[%ti, %tj] : f32
       loop.store %tv, %t[%tj, %ti]
       %tw = loop.load %a[%ti + 1, %tj] : f32
       loop.store %tw, %t[%tj, 1*%ti + 1]
-      %zz = loop.const 0.0 : f32
-      %pos = loop.gt %tv, %zz : f32
-      %one_i = loop.const 1 : i32
-      %zero_i = loop.const 0 : i32
+      %zz = loop.const {value = 0.0} : f32
+      %pos = loop.gt %tv, %zz : bool
+      %one_i = loop.const {value = 1} : i32
+      %zero_i = loop.const {value = 0} : i32
       %m = loop.select %pos, %one_i, %zero_i : i32
       loop.store %m, %mask[%ti, %tj]
-      %pos2 = loop.gt %tw, %zz : f32
-      %m2 = loop.cast %pos2 : bool to i32
+      %pos2 = loop.gt %tw, %zz : bool
+      %m2 = loop.cast %pos2 : i32
       loop.store %m2, %mask[%ti + 1, %tj]
     }
+  }
+  loop.matmul %a[#0, #2], %b[#2, #1] {sizes = [4, 3, 8]} (%mi, %mj, %mk, %macc) {
+    loop.store %macc, %mm2[%mi, %mj]
   }
   loop.return
 }
@@ -103,7 +108,11 @@ fn text_round_trips() {
         printed.contains("%t: buffer<f32[8, 4], strides = [1, 8]>"),
         "{printed}"
     );
-    assert!(printed.contains("pad 0.0 : f32"), "{printed}");
+    assert!(printed.contains("{pad = 0.0} : f32"), "{printed}");
+    assert!(
+        printed.contains("loop.matmul %a[#0, #2], %b[#2, #1] {sizes = [4, 3, 8]} (%"),
+        "{printed}"
+    );
 }
 
 #[test]
@@ -139,6 +148,7 @@ fn interpreter_matches_plain_loops() {
         })
         .unwrap(),
         Buffer::zeros(BufferType::contiguous(DType::I32, vec![4, 8])).unwrap(),
+        Buffer::zeros(f32buf(&[4, 3])).unwrap(),
     ];
     run_function(&m, "kernels", &mut args).unwrap();
     let at = |i: usize, j: usize| a.data[i * 8 + j];
@@ -151,6 +161,10 @@ fn interpreter_matches_plain_loops() {
             assert!(
                 (args[3].data[i * 3 + j] - s as f64).abs() < 1e-6,
                 "mm[{i},{j}]"
+            );
+            assert!(
+                (args[8].data[i * 3 + j] - s as f64).abs() < 1e-6,
+                "mm2[{i},{j}]"
             );
         }
         let row: f32 = (0..8).map(|k| at(i, k) as f32).sum();
@@ -185,7 +199,7 @@ fn interpreter_matches_plain_loops() {
 
 #[test]
 fn run_time_errors() {
-    let oob = "loop.func @f(%o: buffer<f32[4]>) {\n  loop.for %i = 0 to 5 step 1 {\n    %c = loop.const 1.0 : f32\n    loop.store %c, %o[%i]\n  }\n  loop.return\n}\n";
+    let oob = "loop.func @f(%o: buffer<f32[4]>) {\n  loop.for {lo = 0, hi = 5, step = 1} (%i) {\n    %c = loop.const {value = 1.0} : f32\n    loop.store %c, %o[%i]\n  }\n  loop.return\n}\n";
     let m = parse_module(oob).unwrap();
     m.verify().unwrap();
     let mut args = vec![Buffer::zeros(f32buf(&[4])).unwrap()];
@@ -209,17 +223,17 @@ fn run_time_errors() {
 #[test]
 fn verifier_reports_every_problem() {
     let bad = "loop.func @f(%a: buffer<f32[4]>, %o: buffer<i32[4]>) {
-  loop.parallel %i = 0 to 4 {
+  loop.parallel {lo = 0, hi = 4} (%i) {
     %x = loop.load %a[%i, %i] : f32
     %y = loop.exp %x : f32
     loop.store %y, %o[%i]
-    %z = loop.cast %y : f32 to i32
+    %z = loop.cast %y : i32
     %w = loop.exp %z : i32
   }
-  %s = loop.const 0.0 : f32
-  %r = loop.for %k = 0 to 4 step 0 iter(%acc = %s) -> f32 {
+  %s = loop.const {value = 0.0} : f32
+  %r = loop.for %s {lo = 0, hi = 4, step = 0} (%k, %acc) {
     loop.yield %acc
-  }
+  } : f32
 }
 ";
     let m = parse_module(bad).unwrap_or_else(|e| panic!("{e}"));
@@ -249,16 +263,28 @@ fn parse_errors_are_located() {
             "2:8: unknown op `loop.frob`",
         ),
         (
-            "loop.func @f(%a: buffer<f32[4]>) {\n  %x, %y = loop.const 1.0 : f32\n  loop.return\n}\n",
-            "2:12: `loop.const` has 1 result(s), 2 named",
+            "loop.func @f(%a: buffer<f32[4]>) {\n  %x:2 = loop.const {value = 1.0} : f32\n  loop.return\n}\n",
+            "2:10: `loop.const` names 2 result(s), but 1 type(s) follow",
         ),
         (
-            "loop.func @f(%a: buffer<f32[4]>) {\n  loop.parallel %i = 0 to 4 {\n    %c = loop.const 1.0 : f32\n  }\n  loop.store %c, %a[0]\n  loop.return\n}\n",
+            "loop.func @f(%a: buffer<f32[4]>) {\n  loop.parallel {lo = 0, hi = 4} (%i) {\n    %c = loop.const {value = 1.0} : f32\n  }\n  loop.store %c, %a[0]\n  loop.return\n}\n",
             "5:14: `%c` is not defined here",
         ),
         (
             "loop.func @f(out %o: buffer<f32[4]>, %a: buffer<f32[4]>) {\n  loop.return\n}\n",
             "1:38: expected `out`: results follow the inputs, found `%a`",
+        ),
+        (
+            "loop.func @f(%a: buffer<f32[4]>) {\n  %x = loop.load %a[#0] : f32\n  loop.return\n}\n",
+            "2:21: `#k` names a counter of `loop.matmul`, whose indices alone use them",
+        ),
+        (
+            "loop.func @f(%a: buffer<f32[4]>) {\n  loop.parallel {lo = 0, hi = 4} (%i, %j) {\n  }\n  loop.return\n}\n",
+            "2:3: `loop.parallel` has 1 region arguments, got 2",
+        ),
+        (
+            "loop.func @f(%a: buffer<f32[4]>) {\n  loop.parallel {lo = 0, hi = 4, step = 1} (%i) {\n  }\n  loop.return\n}\n",
+            "2:3: `loop.parallel` has no attribute `step`",
         ),
     ];
     for (text, want) in cases {
@@ -268,7 +294,7 @@ fn parse_errors_are_located() {
     let deep = format!(
         "loop.func @f(%a: buffer<f32[1]>) {{\n{}{}  loop.return\n}}\n",
         (0..300)
-            .map(|i| format!("loop.parallel %i{i} = 0 to 1 {{\n"))
+            .map(|i| format!("loop.parallel {{lo = 0, hi = 1}} (%i{i}) {{\n"))
             .collect::<String>(),
         "}\n".repeat(300)
     );

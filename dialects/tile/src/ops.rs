@@ -5,6 +5,8 @@
 //! printer, the text parser, the MLIR generic printer and the verifier all
 //! derive from these four; no op has a printer or parser of its own.
 
+pub use dlc_core::attr::Attr;
+use dlc_core::attr::AttrReader;
 pub use dlc_core::scalar::{BinaryOp, CmpOp, ReduceKind, UnaryOp};
 use dlc_core::{DType, format_float};
 
@@ -122,50 +124,6 @@ pub enum OpKind {
     /// `tile.barrier`: every thread running the program arrives before any
     /// goes on, so shared memory written before is visible after.
     Barrier,
-}
-
-/// A generic attribute value as the text form writes it.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Attr {
-    /// `3`
-    Int(i64),
-    /// `0.5`
-    Float(f64),
-    /// `[1, 0]`
-    Ints(Vec<i64>),
-    /// `sum`, `global`
-    Word(String),
-    /// `"dot"`
-    Str(String),
-}
-
-impl Attr {
-    /// The text form.
-    pub fn text(&self) -> String {
-        match self {
-            Attr::Int(i) => i.to_string(),
-            Attr::Float(v) => format_float(*v),
-            Attr::Ints(v) => {
-                let items: Vec<String> = v.iter().map(|i| i.to_string()).collect();
-                format!("[{}]", items.join(", "))
-            }
-            Attr::Word(w) => w.clone(),
-            Attr::Str(s) => format!("{s:?}"),
-        }
-    }
-
-    /// MLIR's form.
-    pub fn mlir(&self) -> String {
-        match self {
-            Attr::Int(i) => format!("{i} : i64"),
-            Attr::Float(v) => crate::print::mlir_float(*v),
-            Attr::Ints(v) => {
-                let items: Vec<String> = v.iter().map(|i| i.to_string()).collect();
-                format!("array<i64: {}>", items.join(", "))
-            }
-            Attr::Word(w) | Attr::Str(w) => format!("{w:?}"),
-        }
-    }
 }
 
 /// How an op's operands are written.
@@ -360,11 +318,7 @@ impl OpKind {
         let suffix = name
             .strip_prefix("tile.")
             .ok_or_else(|| format!("`{name}` is not a tile dialect op"))?;
-        let mut a = AttrReader {
-            op: name,
-            attrs,
-            used: vec![false; attrs.len()],
-        };
+        let mut a = AttrReader::new(name, attrs);
         let index = |what: &str| {
             index
                 .clone()
@@ -386,7 +340,7 @@ impl OpKind {
                     let strategy = a.string("schedule")?;
                     let mut params = vec![];
                     for (i, (k, v)) in attrs.iter().enumerate() {
-                        if a.used[i] {
+                        if a.is_read(i) {
                             continue;
                         }
                         match v {
@@ -397,7 +351,7 @@ impl OpKind {
                                 ));
                             }
                         }
-                        a.used[i] = true;
+                        a.mark(i);
                     }
                     OpKind::Kernel {
                         grid,
@@ -749,89 +703,4 @@ fn check_index(index: &[Affine], rank: usize, tile_rank: usize) -> Result<(), St
         }
     }
     Ok(())
-}
-
-struct AttrReader<'a> {
-    op: &'a str,
-    attrs: &'a [(String, Attr)],
-    used: Vec<bool>,
-}
-
-impl AttrReader<'_> {
-    fn find(&mut self, key: &str) -> Option<&Attr> {
-        let i = self.attrs.iter().position(|(k, _)| k == key)?;
-        self.used[i] = true;
-        Some(&self.attrs[i].1)
-    }
-
-    fn get(&mut self, key: &str) -> Result<&Attr, String> {
-        let op = self.op;
-        self.find(key)
-            .ok_or_else(|| format!("`{op}` needs attribute `{key}`"))
-    }
-
-    fn int(&mut self, key: &str) -> Result<i64, String> {
-        let op = self.op;
-        match self.get(key)? {
-            Attr::Int(i) => Ok(*i),
-            _ => Err(format!("`{op}`: `{key}` must be an integer")),
-        }
-    }
-
-    fn usize(&mut self, key: &str) -> Result<usize, String> {
-        let op = self.op;
-        usize::try_from(self.int(key)?).map_err(|_| format!("`{op}`: `{key}` must not be negative"))
-    }
-
-    fn usizes(&mut self, key: &str) -> Result<Vec<usize>, String> {
-        let op = self.op;
-        match self.get(key)? {
-            Attr::Ints(v) => v
-                .iter()
-                .map(|&i| usize::try_from(i))
-                .collect::<Result<_, _>>()
-                .map_err(|_| format!("`{op}`: `{key}` must not be negative")),
-            _ => Err(format!("`{op}`: `{key}` must be a list of integers")),
-        }
-    }
-
-    fn float(&mut self, key: &str) -> Result<f64, String> {
-        let op = self.op;
-        match self.get(key)? {
-            Attr::Float(v) => Ok(*v),
-            Attr::Int(i) => Ok(*i as f64),
-            _ => Err(format!("`{op}`: `{key}` must be a number")),
-        }
-    }
-
-    fn optional_float(&mut self, key: &str) -> Result<Option<f64>, String> {
-        if self.attrs.iter().any(|(k, _)| k == key) {
-            self.float(key).map(Some)
-        } else {
-            Ok(None)
-        }
-    }
-
-    fn word(&mut self, key: &str) -> Result<String, String> {
-        let op = self.op;
-        match self.get(key)? {
-            Attr::Word(w) => Ok(w.clone()),
-            _ => Err(format!("`{op}`: `{key}` must be a name")),
-        }
-    }
-
-    fn string(&mut self, key: &str) -> Result<String, String> {
-        let op = self.op;
-        match self.get(key)? {
-            Attr::Str(s) => Ok(s.clone()),
-            _ => Err(format!("`{op}`: `{key}` must be a string")),
-        }
-    }
-
-    fn finish(self) -> Result<(), String> {
-        match self.attrs.iter().zip(&self.used).find(|(_, u)| !**u) {
-            Some(((k, _), _)) => Err(format!("`{}` has no attribute `{k}`", self.op)),
-            None => Ok(()),
-        }
-    }
 }

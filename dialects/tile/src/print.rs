@@ -13,7 +13,7 @@
 use std::collections::HashSet;
 use std::fmt::Write;
 
-use dlc_core::{Namer, format_float};
+use dlc_core::Namer;
 
 use crate::ir::{Affine, Block, Function, Module, OpId, Value};
 use crate::ops::Operands;
@@ -192,16 +192,6 @@ fn print_op(f: &Function, id: OpId, namer: &mut Namer<Value>, depth: usize, out:
         let _ = write!(out, " : {}", types.join(", "));
     }
     out.push('\n');
-}
-
-/// A float as an MLIR attribute (`0.5 : f64`; bit patterns for
-/// infinities and NaN, which MLIR's float literals cannot spell).
-pub fn mlir_float(v: f64) -> String {
-    if v.is_finite() {
-        format!("{} : f64", format_float(v))
-    } else {
-        format!("0x{:016X} : f64", v.to_bits())
-    }
 }
 
 /// Prints a module in MLIR's generic operation syntax: each function is a

@@ -1,0 +1,186 @@
+//! Attributes of ops in the generic text form the tile and loop dialects
+//! share (`%r = dialect.name operands {key = value, ..} : types`): the
+//! values as written, in the text form and in MLIR's, and a reader that
+//! rebuilds an op's fields from them and refuses attributes the op does
+//! not take.
+
+use crate::format_float;
+
+/// A generic attribute value as the text form writes it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Attr {
+    /// `3`
+    Int(i64),
+    /// `0.5`
+    Float(f64),
+    /// `[1, 0]`
+    Ints(Vec<i64>),
+    /// `sum`, `global`
+    Word(String),
+    /// `"dot"`
+    Str(String),
+}
+
+impl Attr {
+    /// The text form.
+    pub fn text(&self) -> String {
+        match self {
+            Attr::Int(i) => i.to_string(),
+            Attr::Float(v) => format_float(*v),
+            Attr::Ints(v) => {
+                let items: Vec<String> = v.iter().map(|i| i.to_string()).collect();
+                format!("[{}]", items.join(", "))
+            }
+            Attr::Word(w) => w.clone(),
+            Attr::Str(s) => format!("{s:?}"),
+        }
+    }
+
+    /// MLIR's form.
+    pub fn mlir(&self) -> String {
+        match self {
+            Attr::Int(i) => format!("{i} : i64"),
+            Attr::Float(v) => mlir_float(*v),
+            Attr::Ints(v) => {
+                let items: Vec<String> = v.iter().map(|i| i.to_string()).collect();
+                format!("array<i64: {}>", items.join(", "))
+            }
+            Attr::Word(w) | Attr::Str(w) => format!("{w:?}"),
+        }
+    }
+}
+
+/// A float as an MLIR attribute (`0.5 : f64`; bit patterns for
+/// infinities and NaN, which MLIR's float literals cannot spell).
+pub fn mlir_float(v: f64) -> String {
+    if v.is_finite() {
+        format!("{} : f64", format_float(v))
+    } else {
+        format!("0x{:016X} : f64", v.to_bits())
+    }
+}
+
+/// Reads an op's attributes by name, each at most once, so that
+/// [`AttrReader::finish`] can refuse the ones no declaration asked for.
+pub struct AttrReader<'a> {
+    op: &'a str,
+    attrs: &'a [(String, Attr)],
+    used: Vec<bool>,
+}
+
+impl<'a> AttrReader<'a> {
+    /// A reader of the attributes `attrs` of op `op` (its full name).
+    pub fn new(op: &'a str, attrs: &'a [(String, Attr)]) -> Self {
+        AttrReader {
+            op,
+            attrs,
+            used: vec![false; attrs.len()],
+        }
+    }
+
+    /// Marks attribute `i` read (a dialect that takes attributes it does
+    /// not know by name, as schedule parameters).
+    pub fn mark(&mut self, i: usize) {
+        self.used[i] = true;
+    }
+
+    /// Whether attribute `i` was read.
+    pub fn is_read(&self, i: usize) -> bool {
+        self.used[i]
+    }
+
+    fn find(&mut self, key: &str) -> Option<&Attr> {
+        let i = self.attrs.iter().position(|(k, _)| k == key)?;
+        self.used[i] = true;
+        Some(&self.attrs[i].1)
+    }
+
+    /// The attribute `key`; an error naming the op when it is missing.
+    pub fn get(&mut self, key: &str) -> Result<&Attr, String> {
+        let op = self.op;
+        self.find(key)
+            .ok_or_else(|| format!("`{op}` needs attribute `{key}`"))
+    }
+
+    /// An integer attribute.
+    pub fn int(&mut self, key: &str) -> Result<i64, String> {
+        let op = self.op;
+        match self.get(key)? {
+            Attr::Int(i) => Ok(*i),
+            _ => Err(format!("`{op}`: `{key}` must be an integer")),
+        }
+    }
+
+    /// A non-negative integer attribute.
+    pub fn usize(&mut self, key: &str) -> Result<usize, String> {
+        let op = self.op;
+        usize::try_from(self.int(key)?).map_err(|_| format!("`{op}`: `{key}` must not be negative"))
+    }
+
+    /// A list of non-negative integers.
+    pub fn usizes(&mut self, key: &str) -> Result<Vec<usize>, String> {
+        let op = self.op;
+        match self.get(key)? {
+            Attr::Ints(v) => v
+                .iter()
+                .map(|&i| usize::try_from(i))
+                .collect::<Result<_, _>>()
+                .map_err(|_| format!("`{op}`: `{key}` must not be negative")),
+            _ => Err(format!("`{op}`: `{key}` must be a list of integers")),
+        }
+    }
+
+    /// A list of integers.
+    pub fn ints(&mut self, key: &str) -> Result<Vec<i64>, String> {
+        let op = self.op;
+        match self.get(key)? {
+            Attr::Ints(v) => Ok(v.clone()),
+            _ => Err(format!("`{op}`: `{key}` must be a list of integers")),
+        }
+    }
+
+    /// A number (an integer reads as a float).
+    pub fn float(&mut self, key: &str) -> Result<f64, String> {
+        let op = self.op;
+        match self.get(key)? {
+            Attr::Float(v) => Ok(*v),
+            Attr::Int(i) => Ok(*i as f64),
+            _ => Err(format!("`{op}`: `{key}` must be a number")),
+        }
+    }
+
+    /// A number, if present.
+    pub fn optional_float(&mut self, key: &str) -> Result<Option<f64>, String> {
+        if self.attrs.iter().any(|(k, _)| k == key) {
+            self.float(key).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// A bare word (`sum`).
+    pub fn word(&mut self, key: &str) -> Result<String, String> {
+        let op = self.op;
+        match self.get(key)? {
+            Attr::Word(w) => Ok(w.clone()),
+            _ => Err(format!("`{op}`: `{key}` must be a name")),
+        }
+    }
+
+    /// A quoted string.
+    pub fn string(&mut self, key: &str) -> Result<String, String> {
+        let op = self.op;
+        match self.get(key)? {
+            Attr::Str(s) => Ok(s.clone()),
+            _ => Err(format!("`{op}`: `{key}` must be a string")),
+        }
+    }
+
+    /// Fails on the first attribute nothing read.
+    pub fn finish(self) -> Result<(), String> {
+        match self.attrs.iter().zip(&self.used).find(|(_, u)| !**u) {
+            Some(((k, _), _)) => Err(format!("`{}` has no attribute `{k}`", self.op)),
+            None => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,355 @@
+//! The loop dialect's operations, each declared once: its name
+//! ([`OpKind::name`]), its attributes ([`OpKind::attrs`], rebuilt by
+//! [`OpKind::from_parts`]), how its operands and region are written
+//! ([`OpKind::syntax`]) and the types of its region's arguments
+//! ([`OpKind::region_args`]). The text printer, the text parser and the
+//! MLIR generic printer derive from these; no op has a printer or parser of
+//! its own. Every op is written in one generic shape,
+//!
+//! ```text
+//! %r = loop.NAME operands {attrs} (%region_args) { region } : result types
+//! ```
+//!
+//! where a load's or store's buffer carries its index (`%b[%i, 2*%j + 1]`)
+//! and a `loop.matmul`'s two operands carry theirs over the op's own
+//! counters, `#0` (row), `#1` (column) and `#2` (depth).
+
+pub use dlc_core::attr::Attr;
+use dlc_core::attr::AttrReader;
+pub use dlc_core::scalar::{BinaryOp, CmpOp, UnaryOp};
+
+use crate::ir::{IndexExpr, Type};
+
+/// The sizes and indices of a `loop.matmul` (boxed in [`OpKind`], which
+/// they would otherwise make larger for every op).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Contraction {
+    /// Rows.
+    pub m: i64,
+    /// Columns.
+    pub n: i64,
+    /// Reduction length.
+    pub k: i64,
+    /// Index into the left operand.
+    pub a: Vec<IndexExpr>,
+    /// Index into the right operand.
+    pub b: Vec<IndexExpr>,
+}
+
+/// What an op does. Operands, results and regions are in
+/// [`crate::OpData`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum OpKind {
+    /// `%b = loop.alloc : buffer<..>`: a new buffer, contents undefined.
+    Alloc,
+    /// `loop.dealloc %b`: the buffer's storage is released.
+    Dealloc,
+    /// `%v = loop.view %b : buffer<..>`: the same storage seen with another
+    /// shape and strides (a reshape of a contiguous buffer, a transpose). The
+    /// view must stay within the storage; it aliases `%b`.
+    View,
+    /// `%c = loop.const {value = 0.5} : f32`.
+    Const(f64),
+    /// Element-wise function of one scalar (`%r = loop.exp %x : f32`).
+    Unary(UnaryOp),
+    /// Element-wise function of two scalars of one type.
+    Binary(BinaryOp),
+    /// Comparison of two scalars of one type, giving bool.
+    Compare(CmpOp),
+    /// `%r = loop.select %c, %a, %b : f32`.
+    Select,
+    /// `%r = loop.cast %x : i32`: scalar type conversion.
+    Cast,
+    /// `%v = loop.load %b[idx, ..] {pad = P} : f32`: an element; out of
+    /// bounds is an error, or `pad` when given (how zero padding is
+    /// written).
+    Load {
+        /// One affine index per dimension.
+        index: Vec<IndexExpr>,
+        /// The value read outside the bounds.
+        pad: Option<f64>,
+    },
+    /// `loop.store %v, %b[idx, ..]`.
+    Store {
+        /// One affine index per dimension.
+        index: Vec<IndexExpr>,
+    },
+    /// `%r = loop.for %init.. {lo = 0, hi = 8, step = 1} (%i, %c..) { .. }
+    /// : types`: a sequential loop carrying values from one iteration to
+    /// the next (its region ends with `loop.yield`); its results are the
+    /// last iteration's values.
+    For {
+        /// First index.
+        lo: i64,
+        /// One past the last index.
+        hi: i64,
+        /// Positive step.
+        step: i64,
+    },
+    /// `loop.parallel {lo = 0, hi = 4} (%i) { .. }`: a loop whose iterations
+    /// are independent and may run in any order or at once (over threads,
+    /// SIMD lanes or GPU blocks).
+    Parallel {
+        /// First index.
+        lo: i64,
+        /// One past the last index.
+        hi: i64,
+    },
+    /// Ends a `loop.for` body: the next iteration's values.
+    Yield,
+    /// `loop.matmul %a[#0, #2], %b[#2, #1] {sizes = [M, N, K]} (%i, %j, %k,
+    /// %acc) { epilogue }`: for every `i < M`, `j < N`, `%acc` is the sum
+    /// over `k < K` of `a[..] * b[..]` in the accumulator type of the
+    /// operands' element type (the indices affine in the counters `#0` = i,
+    /// `#1` = j, `#2` = k and in indices defined outside), and the region,
+    /// run once per `(i, j)` after the sum, does what follows with it (an
+    /// epilogue ending in stores): the structured contraction that
+    /// `convert-loop-to-tile` turns into `tile.dot` programs (on a CPU,
+    /// packed operands and a register-tiled micro-kernel).
+    Matmul(Box<Contraction>),
+    /// Ends a function.
+    Return,
+}
+
+/// How an op's operands are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operands {
+    /// Exactly this many values, comma-separated.
+    Fixed(usize),
+    /// Any number of values (`loop.for`'s initial values, `loop.yield`).
+    Variadic,
+    /// `before` values, then a buffer with its index `%b[..]` (loads and
+    /// stores).
+    Indexed {
+        /// Values before the buffer.
+        before: usize,
+    },
+    /// Two buffers, each with its index over the op's counters:
+    /// `%a[#0, #2], %b[#2, #1]` (`loop.matmul`).
+    Product,
+}
+
+/// An op's syntax, derived from its declaration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Syntax {
+    /// How operands are written.
+    pub operands: Operands,
+    /// Whether results may be many (`loop.for`); otherwise at most one.
+    pub many_results: bool,
+    /// Whether it has one region (its arguments are written `(%i, ..)`).
+    pub region: bool,
+    /// Whether it ends a block (`loop.return`, `loop.yield`).
+    pub terminator: bool,
+}
+
+const fn syntax(operands: Operands) -> Syntax {
+    Syntax {
+        operands,
+        many_results: false,
+        region: false,
+        terminator: false,
+    }
+}
+
+/// The counters of a `loop.matmul`, as its indices write them: `#0`, `#1`,
+/// `#2` are its region's first three arguments.
+pub const MATMUL_COUNTERS: usize = 3;
+
+impl OpKind {
+    /// The op's full name (`loop.add`).
+    pub fn name(&self) -> String {
+        let s: &str = match self {
+            OpKind::Alloc => "alloc",
+            OpKind::Dealloc => "dealloc",
+            OpKind::View => "view",
+            OpKind::Const(_) => "const",
+            OpKind::Unary(u) => u.name(),
+            OpKind::Binary(b) => b.name(),
+            OpKind::Compare(c) => c.name(),
+            OpKind::Select => "select",
+            OpKind::Cast => "cast",
+            OpKind::Load { .. } => "load",
+            OpKind::Store { .. } => "store",
+            OpKind::For { .. } => "for",
+            OpKind::Parallel { .. } => "parallel",
+            OpKind::Yield => "yield",
+            OpKind::Return => "return",
+            OpKind::Matmul(_) => "matmul",
+        };
+        format!("loop.{s}")
+    }
+
+    /// How the op is written.
+    pub fn syntax(&self) -> Syntax {
+        use Operands::*;
+        match self {
+            OpKind::Alloc | OpKind::Const(_) => syntax(Fixed(0)),
+            OpKind::Dealloc | OpKind::View | OpKind::Unary(_) | OpKind::Cast => syntax(Fixed(1)),
+            OpKind::Binary(_) | OpKind::Compare(_) => syntax(Fixed(2)),
+            OpKind::Select => syntax(Fixed(3)),
+            OpKind::Load { .. } => syntax(Indexed { before: 0 }),
+            OpKind::Store { .. } => syntax(Indexed { before: 1 }),
+            OpKind::For { .. } => Syntax {
+                many_results: true,
+                region: true,
+                ..syntax(Variadic)
+            },
+            OpKind::Parallel { .. } => Syntax {
+                region: true,
+                ..syntax(Fixed(0))
+            },
+            OpKind::Matmul(_) => Syntax {
+                region: true,
+                ..syntax(Product)
+            },
+            OpKind::Yield => Syntax {
+                terminator: true,
+                ..syntax(Variadic)
+            },
+            OpKind::Return => Syntax {
+                terminator: true,
+                ..syntax(Fixed(0))
+            },
+        }
+    }
+
+    /// The index lists written with the operands: one for a load or store,
+    /// the two operands' for a `loop.matmul`.
+    pub fn indices(&self) -> Vec<&[IndexExpr]> {
+        match self {
+            OpKind::Load { index, .. } | OpKind::Store { index } => vec![index],
+            OpKind::Matmul(c) => vec![&c.a, &c.b],
+            _ => vec![],
+        }
+    }
+
+    /// The attributes the text forms print, in print order.
+    pub fn attrs(&self) -> Vec<(String, Attr)> {
+        let one = |k: &str, a: Attr| vec![(k.to_string(), a)];
+        match self {
+            OpKind::Const(v) => one("value", Attr::Float(*v)),
+            OpKind::Load { pad: Some(p), .. } => one("pad", Attr::Float(*p)),
+            OpKind::For { lo, hi, step } => vec![
+                ("lo".to_string(), Attr::Int(*lo)),
+                ("hi".to_string(), Attr::Int(*hi)),
+                ("step".to_string(), Attr::Int(*step)),
+            ],
+            OpKind::Parallel { lo, hi } => vec![
+                ("lo".to_string(), Attr::Int(*lo)),
+                ("hi".to_string(), Attr::Int(*hi)),
+            ],
+            OpKind::Matmul(c) => one("sizes", Attr::Ints(vec![c.m, c.n, c.k])),
+            _ => vec![],
+        }
+    }
+
+    /// Rebuilds an op from its name, attributes and index lists (the
+    /// parser's half of the declaration).
+    pub fn from_parts(
+        name: &str,
+        attrs: &[(String, Attr)],
+        mut indices: Vec<Vec<IndexExpr>>,
+    ) -> Result<OpKind, String> {
+        let suffix = name
+            .strip_prefix("loop.")
+            .ok_or_else(|| format!("`{name}` is not a loop dialect op"))?;
+        let mut a = AttrReader::new(name, attrs);
+        let mut index = || {
+            if indices.is_empty() {
+                Err(format!("`{name}` needs an index `%b[..]`"))
+            } else {
+                Ok(indices.remove(0))
+            }
+        };
+        let op = if let Some(u) = UnaryOp::from_name(suffix) {
+            OpKind::Unary(u)
+        } else if let Some(b) = BinaryOp::ALL.into_iter().find(|b| b.name() == suffix) {
+            OpKind::Binary(b)
+        } else if let Some(c) = CmpOp::ALL.into_iter().find(|c| c.name() == suffix) {
+            OpKind::Compare(c)
+        } else {
+            match suffix {
+                "alloc" => OpKind::Alloc,
+                "dealloc" => OpKind::Dealloc,
+                "view" => OpKind::View,
+                "const" => OpKind::Const(a.float("value")?),
+                "select" => OpKind::Select,
+                "cast" => OpKind::Cast,
+                "load" => OpKind::Load {
+                    index: index()?,
+                    pad: a.optional_float("pad")?,
+                },
+                "store" => OpKind::Store { index: index()? },
+                "for" => OpKind::For {
+                    lo: a.int("lo")?,
+                    hi: a.int("hi")?,
+                    step: a.int("step")?,
+                },
+                "parallel" => OpKind::Parallel {
+                    lo: a.int("lo")?,
+                    hi: a.int("hi")?,
+                },
+                "yield" => OpKind::Yield,
+                "return" => OpKind::Return,
+                "matmul" => {
+                    let [m, n, k] = a.ints("sizes")?[..] else {
+                        return Err(format!("`{name}`: `sizes` must be [rows, columns, depth]"));
+                    };
+                    let (lhs, rhs) = (index()?, index()?);
+                    OpKind::Matmul(Box::new(Contraction {
+                        m,
+                        n,
+                        k,
+                        a: lhs,
+                        b: rhs,
+                    }))
+                }
+                _ => return Err(format!("unknown op `{name}`")),
+            }
+        };
+        a.finish()?;
+        Ok(op)
+    }
+
+    /// The types of the region's arguments, given the operands' types: a
+    /// loop's counter (and a `loop.for`'s carried values, typed as its
+    /// initial values); a `loop.matmul`'s three counters and its
+    /// accumulator, in the operands' accumulator type.
+    pub fn region_args(&self, operands: &[&Type]) -> Vec<Type> {
+        match self {
+            OpKind::For { .. } => std::iter::once(Type::Index)
+                .chain(operands.iter().map(|t| (*t).clone()))
+                .collect(),
+            OpKind::Parallel { .. } => vec![Type::Index],
+            OpKind::Matmul(_) => {
+                let acc = match operands.first() {
+                    Some(Type::Buffer(b)) => Type::Scalar(b.dtype.accumulator()),
+                    _ => Type::Scalar(dlc_core::DType::F32),
+                };
+                let mut args = vec![Type::Index; MATMUL_COUNTERS];
+                args.push(acc);
+                args
+            }
+            _ => vec![],
+        }
+    }
+}
+
+/// A kind with the given name and placeholder attributes and indices,
+/// whose syntax is the real kind's (syntax never depends on attribute
+/// values): what the parser reads the operands by.
+pub fn probe(name: &str) -> Option<OpKind> {
+    let suffix = name.strip_prefix("loop.")?;
+    let attrs: Vec<(String, Attr)> = match suffix {
+        "const" => vec![("value".into(), Attr::Float(0.0))],
+        "for" => vec![
+            ("lo".into(), Attr::Int(0)),
+            ("hi".into(), Attr::Int(0)),
+            ("step".into(), Attr::Int(1)),
+        ],
+        "parallel" => vec![("lo".into(), Attr::Int(0)), ("hi".into(), Attr::Int(0))],
+        "matmul" => vec![("sizes".into(), Attr::Ints(vec![0, 0, 0]))],
+        _ => vec![],
+    };
+    OpKind::from_parts(name, &attrs, vec![vec![], vec![]]).ok()
+}
