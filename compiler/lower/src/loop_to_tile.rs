@@ -1088,31 +1088,13 @@ impl<'a> Conv<'a> {
         };
         let bat = batch_id(self);
         let (pk, pn) = (self.b.program_id(bat_axes), self.b.program_id(bat_axes + 1));
-        // Tile axes of the copy: (k, j), or (j, k) when the operand is
-        // contiguous along k and not along j.
-        let b_flip = self.unit_stride(op.operands[1], &c.b, kv)
-            && !self.unit_stride(op.operands[1], &c.b, jv);
-        let (ka, ja) = if b_flip { (1, 0) } else { (0, 1) };
         let (f, _) = self.b.begin_for(0, (kc / kk) as i64, 1, &[]);
         let k0 = Affine::value(pk)
             .scaled(kc as i64)
             .plus_scaled(kk as i64, &Affine::value(f));
         let j0 = Affine::value(pn).scaled(nr as i64);
-        self.index.insert(kv, k0.plus_scaled(1, &Affine::axis(ka)));
-        self.index.insert(jv, j0.plus_scaled(1, &Affine::axis(ja)));
-        let b_index: Vec<Affine> =
-            c.b.iter()
-                .map(|e| self.affine(e))
-                .collect::<Result<_, _>>()?;
-        let mut limits = vec![
-            Affine::constant(c.k).plus_scaled(-1, &k0),
-            Affine::constant(c.n).plus_scaled(-1, &j0),
-        ];
-        let mut shape = vec![kk, nr];
-        if b_flip {
-            limits.swap(0, 1);
-            shape.swap(0, 1);
-        }
+        let (b_index, limits, shape, [ka, ja]) =
+            self.operand_block(op.operands[1], &c.b, [(kv, k0, c.k, kk), (jv, j0, c.n, nr)])?;
         let ragged = !k_.is_multiple_of(kc) || !n_.is_multiple_of(nr) || nb_n > strips_n;
         let mask = ragged.then(|| self.b.mask(limits, &shape));
         let t = self
@@ -1161,11 +1143,6 @@ impl<'a> Conv<'a> {
         self.b.store(zero, block, register_tile(nb, s), None);
         self.b.end_for(vec![]);
         self.b.end_for(vec![]);
-        // Tile axes of the left operand's copy: (i, k), or (k, i) when it
-        // is contiguous along i and not along k.
-        let a_flip = self.unit_stride(op.operands[0], &c.a, iv)
-            && !self.unit_stride(op.operands[0], &c.a, kv);
-        let (ia, ka) = if a_flip { (1, 0) } else { (0, 1) };
         let (kb, _) = self.b.begin_for(0, kb_n as i64, 1, &[]);
         // Pack this slice of the program's rows, strip by strip.
         let (s, _) = self.b.begin_for(0, strips as i64, 1, &[]);
@@ -1174,22 +1151,11 @@ impl<'a> Conv<'a> {
         let k0 = Affine::value(kb)
             .scaled(kc as i64)
             .plus_scaled(kk as i64, &Affine::value(f));
-        self.index
-            .insert(iv, row0.plus_scaled(1, &Affine::axis(ia)));
-        self.index.insert(kv, k0.plus_scaled(1, &Affine::axis(ka)));
-        let a_index: Vec<Affine> =
-            c.a.iter()
-                .map(|e| self.affine(e))
-                .collect::<Result<_, _>>()?;
-        let mut limits = vec![
-            Affine::constant(c.m).plus_scaled(-1, &row0),
-            Affine::constant(c.k).plus_scaled(-1, &k0),
-        ];
-        let mut shape = vec![mr, kk];
-        if a_flip {
-            limits.swap(0, 1);
-            shape.swap(0, 1);
-        }
+        let (a_index, limits, shape, [ia, ka]) = self.operand_block(
+            op.operands[0],
+            &c.a,
+            [(iv, row0, c.m, mr), (kv, k0, c.k, kk)],
+        )?;
         let a_mask = self.b.mask(limits, &shape);
         let ta = self
             .b
@@ -1272,6 +1238,39 @@ impl<'a> Conv<'a> {
         self.b.end_kernel();
         self.b.dealloc(panels);
         Ok(())
+    }
+
+    /// A block of a product's operand `buf` (read at `index`) to copy: for
+    /// each of its two counters, the counter, the block's first value of
+    /// it, the counter's extent and the block's size along it. The copy's
+    /// tile axes follow the counters, or go the other way round when the
+    /// operand is contiguous along the first counter and not the second
+    /// (so that the tile's rows, along its last axis, are contiguous runs). Returns the tile's index
+    /// into `buf`, its mask limits, its shape, and the tile axis each
+    /// counter took.
+    #[allow(clippy::type_complexity)]
+    fn operand_block(
+        &mut self,
+        buf: LValue,
+        index: &[IndexExpr],
+        counters: [(LValue, Affine, i64, usize); 2],
+    ) -> Result<(Vec<Affine>, Vec<Affine>, Vec<usize>, [usize; 2]), TileConvError> {
+        let flip = self.unit_stride(buf, index, counters[0].0)
+            && !self.unit_stride(buf, index, counters[1].0);
+        let axes = if flip { [1, 0] } else { [0, 1] };
+        let mut limits = vec![Affine::default(); 2];
+        let mut shape = vec![0; 2];
+        for ((var, first, extent, size), axis) in counters.into_iter().zip(axes) {
+            self.index
+                .insert(var, first.plus_scaled(1, &Affine::axis(axis)));
+            limits[axis] = Affine::constant(extent).plus_scaled(-1, &first);
+            shape[axis] = size;
+        }
+        let tile_index = index
+            .iter()
+            .map(|e| self.affine(e))
+            .collect::<Result<_, _>>()?;
+        Ok((tile_index, limits, shape, axes))
     }
 
     /// Whether `index` into buffer `buf` moves by one element when `var`
