@@ -1045,8 +1045,15 @@ impl<'a> Conv<'a> {
         let (m_, n_, k_) = (c.m as usize, c.n as usize, c.k as usize);
         let (kb_n, strips_n, strips) = (k_.div_ceil(kc), n_.div_ceil(nr), mc / mr);
         let blocks = m_.div_ceil(mc);
-        let per_chunk =
-            strips_n.div_ceil(units.div_ceil(blocks * batches).clamp(1, strips_n.max(1)));
+        // Panels per chunk: at most enough for the chunks wanted, and of
+        // those sizes the one that pads the last chunk least (every program
+        // runs all of its chunk's panels; 98 panels in 8 chunks would run
+        // 104, in 14 chunks of 7 they run 98).
+        let wanted = units.div_ceil(blocks * batches).clamp(1, strips_n.max(1));
+        let per_chunk = (1..=strips_n.div_ceil(wanted).max(1))
+            .rev()
+            .min_by_key(|p| strips_n.div_ceil(*p) * p - strips_n)
+            .unwrap_or(1);
         let chunks = strips_n.div_ceil(per_chunk);
         // Panels for whole chunks: the last chunk's extra panels are zeros.
         let nb_n = chunks * per_chunk;

@@ -710,6 +710,31 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         let i32t = self.ctx.i32_type();
         for j in 0..cut.per_row {
             let n = cut.lanes(j);
+            if n >= 2 && n.is_power_of_two() && rows.is_multiple_of(n) {
+                // Square blocks of n rows, each transposed in registers:
+                // column c of rows rb.. is the run at (rb, c).
+                for rb in (0..rows).step_by(n) {
+                    let mut block: Vec<VectorValue<'ctx>> = (rb..rb + n)
+                        .map(|r| data[r * cut.per_row + j].into_vector_value())
+                        .collect();
+                    self.transpose_square(&mut block)?;
+                    let (off, _) = self.place(a, cut, &[rb], j)?;
+                    for (c, run) in block.into_iter().enumerate() {
+                        let at = self.b.build_int_add(
+                            off,
+                            self.ctx
+                                .i64_type()
+                                .const_int(a.grad[1].wrapping_mul(c as i64) as u64, true),
+                            "run",
+                        )?;
+                        let p = self.element_pointer(a, at)?;
+                        let st = self.b.build_store(p, run)?;
+                        st.set_alignment(self.alignment(a.dtype))
+                            .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+                    }
+                }
+                continue;
+            }
             let parts: Vec<BV<'ctx>> = (0..rows).map(|r| data[r * cut.per_row + j]).collect();
             let (whole, lanes) = self.concat(&parts)?;
             // Element (r, c) goes to place c * rows + r of the run.
@@ -730,6 +755,33 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                 .map_err(|e| CodegenError::Llvm(e.to_string()))?;
         }
         Ok(true)
+    }
+
+    /// Transposes `n` vectors of `n` lanes (`n` a power of two) in place:
+    /// afterwards lane `c` of vector `r` holds what lane `r` of vector `c`
+    /// held. `log2 n` stages, each swapping the off-diagonal blocks of
+    /// every `2b x 2b` block with two-vector shuffles (`n log2 n` shuffles,
+    /// one permute instruction each), rather than one wide shuffle LLVM
+    /// lowers lane by lane.
+    fn transpose_square(&self, v: &mut [VectorValue<'ctx>]) -> R<()> {
+        let n = v.len();
+        let i32t = self.ctx.i32_type();
+        let mask = |f: &dyn Fn(usize) -> usize| {
+            let lanes: Vec<_> = (0..n).map(|l| i32t.const_int(f(l) as u64, false)).collect();
+            VectorType::const_vector(&lanes)
+        };
+        let mut b = n / 2;
+        while b >= 1 {
+            let lo = mask(&|l| if l & b == 0 { l } else { n + l - b });
+            let hi = mask(&|l| if l & b == 0 { l + b } else { n + l });
+            for i in (0..n).filter(|i| i & b == 0) {
+                let (x, y) = (v[i], v[i + b]);
+                v[i] = self.b.build_shuffle_vector(x, y, lo, "tlo")?;
+                v[i + b] = self.b.build_shuffle_vector(x, y, hi, "thi")?;
+            }
+            b /= 2;
+        }
+        Ok(())
     }
 
     /// The vectors side by side in one vector; returns it and where each
