@@ -339,3 +339,33 @@ proptest! {
         jit_agrees(&dlc_tests::generated_program_sized(&choices, tuple, 80, 96));
     }
 }
+
+/// A call after the thread count grew needs more scratch regions than the
+/// workspace the previous call handed back holds: it takes a larger one and
+/// computes the same result.
+#[test]
+fn the_workspace_grows_with_the_thread_count() {
+    let m = graph(
+        "fn f(x: f32[96, 80], w: f32[80, 200], b: f32[200]) -> f32[96, 200] { return relu(x @ w + b); }",
+    );
+    let f = m.entry_points().next().unwrap();
+    let inputs = prepare_inputs(f, &[], Some(3)).unwrap();
+    let want = interpret(&m, f, &inputs).unwrap();
+    let tiles = dlc_driver::lower_for_cpu(&m).unwrap();
+    let results = dlc_llvm::jit(&tiles, |jit| {
+        let k = jit.kernel("f")?;
+        let mut results = vec![];
+        for threads in [1, 4, 2] {
+            dlc_runtime::set_num_threads(threads).unwrap();
+            results.push(k.call(&inputs).unwrap());
+        }
+        Ok(results)
+    })
+    .unwrap();
+    for got in &results {
+        let err = max_relative_error(got, &want).unwrap();
+        assert!(err <= TOLERANCE, "relative error {err:.3e}");
+    }
+    assert_eq!(results[0][0].data, results[1][0].data);
+    assert_eq!(results[0][0].data, results[2][0].data);
+}

@@ -407,6 +407,17 @@ impl OpKind {
         Ok(op)
     }
 
+    /// Whether the op can fail at run time on operands of these types: an
+    /// integer division by zero (the interpreter's error, compiled code's
+    /// failure status). Buffers are allocated before kernels run.
+    pub fn may_fail(&self, operands: &[&Type]) -> bool {
+        matches!(self, OpKind::Binary(BinaryOp::Div))
+            && operands
+                .first()
+                .and_then(|t| t.dtype())
+                .is_some_and(|d| d.is_int())
+    }
+
     /// The op's typing rule: whether operands of types `operands` and
     /// results of types `results` fit it. Where an op stands, SSA scoping
     /// and region arguments are the verifier's.

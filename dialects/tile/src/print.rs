@@ -67,7 +67,8 @@ fn print_function(f: &Function, out: &mut String) {
 /// the values it uses from outside are named `%in0`, `%in1`, ... in the
 /// order of their first use (and returned in that order) and written with
 /// their types, values defined inside are numbered from zero, and the
-/// source place of every op it holds is written too (failures name them).
+/// source place of every op in it that can fail at run time is written too
+/// (a failure names its place).
 /// Two ops with the same fingerprint compute the same function of their
 /// inputs, so a code generator may emit one and call it for both.
 pub fn fingerprint(f: &Function, id: OpId) -> (String, Vec<Value>) {
@@ -104,7 +105,12 @@ pub fn fingerprint(f: &Function, id: OpId) -> (String, Vec<Value>) {
     fn places(f: &Function, ops: &[OpId], out: &mut String) {
         for &id in ops {
             let op = f.op(id);
-            let _ = writeln!(out, "{:?}", op.loc);
+            if op
+                .kind
+                .may_fail(&op.operands.iter().map(|v| f.ty(*v)).collect::<Vec<_>>())
+            {
+                let _ = writeln!(out, "{:?}", op.loc);
+            }
             for r in &op.regions {
                 places(f, &r.ops, out);
             }

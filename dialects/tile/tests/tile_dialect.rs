@@ -345,3 +345,54 @@ tile.func @f(%x: buffer<f32[4, 8]>, %y: buffer<f32[8, 4], strides = [1, 8]>, out
     assert_ne!(prints[1].0, prints[2].0, "tanh is not exp");
     assert_ne!(prints[0].0, prints[3].0, "another buffer type");
 }
+
+/// The source places of ops that cannot fail do not keep kernels apart (a
+/// model's many identical products share code); those of ops that can (an
+/// integer division by zero names its place) do.
+#[test]
+fn only_the_places_of_failures_are_in_a_fingerprint() {
+    let kernel = |op: &str, ty: &str| {
+        format!(
+            "  tile.kernel {{grid = [4], schedule = \"rows\", vector = [8]}} {{
+    %p = tile.program_id {{axis = 0}} : index
+    %t = tile.load %x[%p, #0] : tile<8x{ty}>
+    %u = tile.{op} %t, %t : tile<8x{ty}>
+    tile.store %u, %o[%p, #0]
+  }}
+"
+        )
+    };
+    for (ty, op, apart) in [
+        ("f32", "add", false),
+        ("i32", "add", false),
+        ("i32", "div", true),
+    ] {
+        let text = format!(
+            "tile.func @f(%x: buffer<{ty}[4, 8]>, out %o: buffer<{ty}[4, 8]>) {{\n{}{}  tile.return\n}}",
+            kernel(op, ty),
+            kernel(op, ty)
+        );
+        let mut m = module(&text);
+        let f = &mut m.functions[0];
+        let kernels: Vec<_> = f.body.ops[..2].to_vec();
+        // The same ops, from two places of a source file.
+        for (line, &k) in kernels.iter().enumerate() {
+            let mut inner = vec![k];
+            while let Some(id) = inner.pop() {
+                f.ops[id.0 as usize].loc = Some(dlc_core::SourceLoc {
+                    file: "m.dl".into(),
+                    line: line as u32 + 1,
+                    column: 5,
+                });
+                inner.extend(
+                    f.ops[id.0 as usize]
+                        .regions
+                        .iter()
+                        .flat_map(|r| r.ops.clone()),
+                );
+            }
+        }
+        let [a, b] = [0, 1].map(|i| dlc_tile::print::fingerprint(f, kernels[i]).0);
+        assert_eq!(a != b, apart, "{ty} {op}");
+    }
+}

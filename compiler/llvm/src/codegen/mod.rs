@@ -80,6 +80,9 @@ pub(crate) struct Gen<'ctx, 'f, I: Ir = tile::TileIr> {
     /// workspace between calls and the workspace this call holds, handed
     /// back on every way out (see `tile::Workspace`).
     workspace: Option<(PointerValue<'ctx>, PointerValue<'ctx>)>,
+    /// Tile IR only, in an exported function: where the workspace's
+    /// per-thread scratch regions start, and the bytes of one.
+    scratch: Option<(PointerValue<'ctx>, u64)>,
 }
 
 /// The places where an exported function can fail, in the order their
@@ -129,6 +132,7 @@ impl<'ctx, 'f, I: Ir> Gen<'ctx, 'f, I> {
             status_slot: None,
             kernels: HashMap::new(),
             workspace: None,
+            scratch: None,
         }
     }
 

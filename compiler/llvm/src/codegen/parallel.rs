@@ -118,28 +118,20 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
             .build_is_not_null(f.as_global_value().as_pointer_value(), "linked")?)
     }
 
-    /// `malloc` (or zeroed `calloc`) of `bytes`, failing with status 2.
-    pub(super) fn heap(&self, bytes: u64, zeroed: bool) -> R<PointerValue<'ctx>> {
+    /// `malloc` of `bytes`, failing with status 2.
+    pub(super) fn heap(&self, bytes: IntValue<'ctx>) -> R<PointerValue<'ctx>> {
         let (i64t, ptr) = (
             self.ctx.i64_type(),
             self.ctx.ptr_type(AddressSpace::default()),
         );
-        let p = if zeroed {
-            let calloc = self.declare("calloc", ptr.fn_type(&[i64t.into(), i64t.into()], false));
-            self.b.build_call(
-                calloc,
-                &[self.i64c(1).into(), self.i64c(bytes).into()],
-                "block",
-            )?
-        } else {
-            let malloc = self.declare("malloc", ptr.fn_type(&[i64t.into()], false));
-            self.b
-                .build_call(malloc, &[self.i64c(bytes).into()], "block")?
-        }
-        .try_as_basic_value()
-        .basic()
-        .ok_or_else(|| CodegenError::Llvm("malloc gives no value".into()))?
-        .into_pointer_value();
+        let malloc = self.declare("malloc", ptr.fn_type(&[i64t.into()], false));
+        let p = self
+            .b
+            .build_call(malloc, &[bytes.into()], "block")?
+            .try_as_basic_value()
+            .basic()
+            .ok_or_else(|| CodegenError::Llvm("malloc gives no value".into()))?
+            .into_pointer_value();
         let null = self.b.build_is_null(p, "isnull")?;
         let ok = self.ctx.append_basic_block(self.func, "alloc.ok");
         let fail = self.fail_block(dlc_runtime::abi::STATUS_OUT_OF_MEMORY)?;
@@ -160,7 +152,9 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
     /// in that order), then `extra`, then a status slot a failure is
     /// recorded in. With `threads`, the function is meant for
     /// `GOMP_parallel`: each thread takes its contiguous chunk of the range;
-    /// otherwise it runs the whole range. [`Self::launch`] calls it.
+    /// otherwise it runs the whole range. `body(first, end, thread, extra)`
+    /// is told the OpenMP thread number (0 without threads).
+    /// [`Self::launch`] calls it.
     pub(super) fn outline(
         &mut self,
         lo: i64,
@@ -172,10 +166,11 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
             &mut Gen<'ctx, '_, I>,
             IntValue<'ctx>,
             IntValue<'ctx>,
+            IntValue<'ctx>,
             &[BasicValueEnum<'ctx>],
         ) -> R<()>,
     ) -> R<FunctionValue<'ctx>> {
-        let (ctx, i64t, i32t) = (self.ctx, self.ctx.i64_type(), self.ctx.i32_type());
+        let (ctx, i64t) = (self.ctx, self.ctx.i64_type());
         let ptr = ctx.ptr_type(AddressSpace::default());
         let mut slots: Vec<(Option<I::Value>, BasicTypeEnum<'ctx>)> = captures
             .iter()
@@ -217,34 +212,15 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
             i64t.const_int(hi as u64, true),
         );
         if !threads {
-            body(&mut g, lo_v, hi_v, &extra_in)?;
+            let zero = g.i64c(0);
+            body(&mut g, lo_v, hi_v, zero, &extra_in)?;
             g.b.build_return(None)?;
             return Ok(outlined);
         }
-        let thread_num = g.declare_weak("omp_get_thread_num", i32t.fn_type(&[], false));
-        let num_threads = g.declare_weak("omp_get_num_threads", i32t.fn_type(&[], false));
-        // Without the OpenMP runtime, this is thread 0 of 1.
-        let int = |g: &Gen<'ctx, '_, I>, f: FunctionValue<'ctx>, alone: u64| -> R<IntValue<'ctx>> {
-            let here =
-                g.b.get_insert_block()
-                    .ok_or_else(|| CodegenError::Llvm("no insertion block".into()))?;
-            let call = g.ctx.append_basic_block(g.func, "omp.call");
-            let join = g.ctx.append_basic_block(g.func, "omp.join");
-            g.b.build_conditional_branch(g.linked(f)?, call, join)?;
-            g.b.position_at_end(call);
-            let r =
-                g.b.build_call(f, &[], "omp")?
-                    .try_as_basic_value()
-                    .basic()
-                    .ok_or_else(|| CodegenError::Llvm("omp call gives no value".into()))?;
-            let r = g.b.build_int_s_extend(r.into_int_value(), i64t, "n")?;
-            g.b.build_unconditional_branch(join)?;
-            g.b.position_at_end(join);
-            let phi = g.b.build_phi(i64t, "n")?;
-            phi.add_incoming(&[(&r, call), (&g.i64c(alone), here)]);
-            Ok(phi.as_basic_value().into_int_value())
-        };
-        let (tid, nt) = (int(&g, thread_num, 0)?, int(&g, num_threads, 1)?);
+        let (tid, nt) = (
+            g.omp("omp_get_thread_num", 0)?,
+            g.omp("omp_get_num_threads", 1)?,
+        );
         let total = (hi - lo).max(0) as u64;
         let chunk = g.b.build_int_unsigned_div(
             g.b.build_int_add(
@@ -259,9 +235,37 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
             g.b.build_int_add(lo_v, g.b.build_int_mul(tid, chunk, "skip")?, "first")?;
         let end = g.b.build_int_add(first, chunk, "end")?;
         let end = g.min(end, hi_v)?;
-        body(&mut g, first, end, &extra_in)?;
+        body(&mut g, first, end, tid, &extra_in)?;
         g.b.build_return(None)?;
         Ok(outlined)
+    }
+
+    /// `name()` of the OpenMP runtime (`omp_get_thread_num`, ...) as an
+    /// i64, or `alone` when the runtime is not linked (thread 0 of 1).
+    pub(super) fn omp(&self, name: &str, alone: u64) -> R<IntValue<'ctx>> {
+        let i64t = self.ctx.i64_type();
+        let f = self.declare_weak(name, self.ctx.i32_type().fn_type(&[], false));
+        let here = self
+            .b
+            .get_insert_block()
+            .ok_or_else(|| CodegenError::Llvm("no insertion block".into()))?;
+        let call = self.ctx.append_basic_block(self.func, "omp.call");
+        let join = self.ctx.append_basic_block(self.func, "omp.join");
+        self.b
+            .build_conditional_branch(self.linked(f)?, call, join)?;
+        self.b.position_at_end(call);
+        let r = self
+            .b
+            .build_call(f, &[], "omp")?
+            .try_as_basic_value()
+            .basic()
+            .ok_or_else(|| CodegenError::Llvm("omp call gives no value".into()))?;
+        let r = self.b.build_int_s_extend(r.into_int_value(), i64t, "n")?;
+        self.b.build_unconditional_branch(join)?;
+        self.b.position_at_end(join);
+        let phi = self.b.build_phi(i64t, "n")?;
+        phi.add_incoming(&[(&r, call), (&self.i64c(alone), here)]);
+        Ok(phi.as_basic_value().into_int_value())
     }
 
     /// Calls a function [`Self::outline`] made: fills its frame with the

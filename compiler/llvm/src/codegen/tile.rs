@@ -79,23 +79,32 @@ impl Ir for TileIr {
     }
 }
 
-/// Where a function's global buffers live: every host-level `tile.alloc`
-/// at an offset of one workspace, first fit among the ranges free at that
-/// point (a buffer's range is free again after its `tile.dealloc`), so the
-/// workspace is about the function's peak of live buffers. A call takes the
-/// workspace the previous call left in a global cache (or allocates one),
-/// and hands it back when it returns: a model run many times allocates and
-/// page-faults its intermediates once, not on every call. Calls running at
-/// once each hold their own.
+/// Where a function's memory lives: every host-level `tile.alloc` at an
+/// offset of one workspace, first fit among the ranges free at that point
+/// (a buffer's range is free again after its `tile.dealloc`), so that part
+/// is about the function's peak of live buffers; after it, one scratch
+/// region per thread (the OpenMP runtime's maximum at the call), as large
+/// as the largest kernel's scratch (its `tile.alloc`s at planned offsets).
+/// A call takes the workspace the previous call left in a global cache if
+/// it is large enough (a header records its size), else allocates one, and
+/// hands it back when it returns: a model run many times allocates and
+/// page-faults its memory once, not on every call, and kernels allocate
+/// nothing (so they cannot fail for memory). Calls running at once each
+/// hold their own.
 pub(crate) struct Workspace {
-    /// Byte offset of each buffer.
+    /// Byte offset of each global buffer.
     offsets: HashMap<Value, u64>,
-    /// Bytes in all.
+    /// Bytes of the global buffers.
     size: u64,
+    /// Bytes of one thread's scratch region.
+    scratch: u64,
     /// The source place of the largest buffer (named when allocating the
     /// workspace fails).
     largest: Option<dlc_core::SourceLoc>,
 }
+
+/// Bytes before the workspace's buffers: its size, for the next call.
+const WORKSPACE_HEADER: u64 = 64;
 
 impl Workspace {
     fn plan(g: &Gen<'_, '_, TileIr>, f: &Function) -> R<Workspace> {
@@ -103,6 +112,7 @@ impl Workspace {
         let mut plan = Workspace {
             offsets: HashMap::new(),
             size: 0,
+            scratch: 0,
             largest: None,
         };
         let mut largest = 0;
@@ -130,6 +140,10 @@ impl Workspace {
                     }
                 }
                 OpKind::Dealloc => live.retain(|l| l.2 != op.operands[0]),
+                OpKind::Kernel { .. } => {
+                    let (_, bytes) = g.kernel_scratch(&op.regions[0])?;
+                    plan.scratch = plan.scratch.max(bytes);
+                }
                 _ => {}
             }
         }
@@ -138,60 +152,109 @@ impl Workspace {
 }
 
 impl<'ctx> Gen<'ctx, '_, TileIr> {
+    /// The scratch buffers of a kernel body at planned 64-byte-aligned
+    /// offsets, and the bytes they take.
+    fn kernel_scratch(&self, body: &Block) -> R<(Vec<(Value, u64)>, u64)> {
+        let mut allocs = Vec::new();
+        collect(self.f, &body.ops, &mut allocs, &mut Vec::new());
+        let mut placed = Vec::with_capacity(allocs.len());
+        let mut bytes: u64 = 0;
+        for v in allocs {
+            placed.push((v, bytes));
+            bytes = bytes
+                .saturating_add(self.buffer_bytes(v)?)
+                .div_ceil(64)
+                .saturating_mul(64);
+        }
+        Ok((placed, bytes))
+    }
+
     /// Takes the exported function `symbol`'s workspace from its cache, or
     /// allocates one, and places every planned buffer in it.
     fn take_workspace(&mut self, symbol: &str, plan: &Workspace) -> R<()> {
-        if plan.size == 0 {
+        if plan.size == 0 && plan.scratch == 0 {
             return Ok(());
         }
         let i64t = self.ctx.i64_type();
+        let ptr = self.ctx.ptr_type(AddressSpace::default());
         let cache = self
             .module
             .add_global(i64t, None, &format!("{symbol}.workspace"));
         cache.set_linkage(inkwell::module::Linkage::Internal);
         cache.set_initializer(&i64t.const_zero());
         let cache = cache.as_pointer_value();
+        // Bytes this call needs: the header, the buffers, and a scratch
+        // region for each thread the runtime may run.
+        let threads = if plan.scratch > 0 {
+            self.omp("omp_get_max_threads", 1)?
+        } else {
+            self.i64c(1)
+        };
+        let needed = self.b.build_int_add(
+            self.i64c(WORKSPACE_HEADER.saturating_add(plan.size)),
+            self.b
+                .build_int_mul(threads, self.i64c(plan.scratch), "scratch")?,
+            "needed",
+        )?;
         let cached = self.b.build_atomicrmw(
             inkwell::AtomicRMWBinOp::Xchg,
             cache,
             i64t.const_zero(),
             inkwell::AtomicOrdering::AcquireRelease,
         )?;
-        let ptr = self.ctx.ptr_type(AddressSpace::default());
         let cached = self.b.build_int_to_ptr(cached, ptr, "cached")?;
-        let empty = self.b.build_is_null(cached, "empty")?;
-        let here = self
-            .b
-            .get_insert_block()
-            .ok_or_else(|| CodegenError::Llvm("no insertion block".into()))?;
+        let check = self.ctx.append_basic_block(self.func, "workspace.check");
         let fresh = self.ctx.append_basic_block(self.func, "workspace.new");
         let ready = self.ctx.append_basic_block(self.func, "workspace.ready");
-        self.b.build_conditional_branch(empty, fresh, ready)?;
+        self.b
+            .build_conditional_branch(self.b.build_is_null(cached, "empty")?, fresh, check)?;
+        self.b.position_at_end(check);
+        let capacity = self
+            .b
+            .build_load(i64t, cached, "capacity")?
+            .into_int_value();
+        let fits = self
+            .b
+            .build_int_compare(IntPredicate::UGE, capacity, needed, "fits")?;
+        self.b.build_conditional_branch(fits, ready, fresh)?;
         self.b.position_at_end(fresh);
+        // Too small (the thread count grew) or none: a new one.
+        self.release(cached)?;
         self.loc.clone_from(&plan.largest);
-        let made = self.heap(plan.size, false)?;
+        let made = self.heap(needed)?;
         self.loc = None;
+        self.b.build_store(made, needed)?;
         let made_in = self
             .b
             .get_insert_block()
             .ok_or_else(|| CodegenError::Llvm("no insertion block".into()))?;
         self.b.build_unconditional_branch(ready)?;
         self.b.position_at_end(ready);
-        let p = self.b.build_phi(ptr, "workspace")?;
-        p.add_incoming(&[(&cached, here), (&made, made_in)]);
-        let p = p.as_basic_value().into_pointer_value();
-        for (&v, &off) in &plan.offsets {
+        let block = self.b.build_phi(ptr, "workspace")?;
+        block.add_incoming(&[(&cached, check), (&made, made_in)]);
+        let block = block.as_basic_value().into_pointer_value();
+        let at = |g: &Self, off: u64| -> R<PointerValue<'ctx>> {
             // SAFETY (LLVM IR semantics): the plan keeps every buffer inside
             // the workspace.
-            let at = unsafe {
-                self.b
-                    .build_in_bounds_gep(self.ctx.i8_type(), p, &[self.i64c(off)], "buffer")?
-            };
-            self.vals.insert(v, at.into());
+            Ok(unsafe {
+                g.b.build_in_bounds_gep(
+                    g.ctx.i8_type(),
+                    block,
+                    &[g.i64c(WORKSPACE_HEADER.saturating_add(off))],
+                    "buffer",
+                )?
+            })
+        };
+        for (&v, &off) in &plan.offsets {
+            let p = at(self, off)?;
+            self.vals.insert(v, p.into());
+        }
+        if plan.scratch > 0 {
+            self.scratch = Some((at(self, plan.size)?, plan.scratch));
         }
         // From here on, every way out hands the workspace back; failure
         // blocks made before (allocating it) must not.
-        self.workspace = Some((cache, p));
+        self.workspace = Some((cache, block));
         self.fail_blocks.borrow_mut().clear();
         Ok(())
     }
@@ -1205,44 +1268,51 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         if total == 0 {
             return Ok(());
         }
-        // Scratch (and, on a CPU, shared) buffers at planned offsets of one
-        // block per thread; program ids read by the body.
-        let mut allocs = Vec::new();
+        // Scratch (and, on a CPU, shared) buffers in the thread's scratch
+        // region of the workspace; program ids read by the body.
+        let (allocs, bytes) = self.kernel_scratch(body)?;
         let mut pids = Vec::new();
-        collect(f, &body.ops, &mut allocs, &mut pids);
-        let mut offsets = Vec::with_capacity(allocs.len());
-        let mut scratch: u64 = 0;
-        for &v in &allocs {
-            offsets.push(scratch);
-            scratch = scratch
-                .saturating_add(self.buffer_bytes(v)?)
-                .div_ceil(64)
-                .saturating_mul(64);
-        }
+        collect(f, &body.ops, &mut Vec::new(), &mut pids);
         let (key, inputs) = dlc_tile::print::fingerprint(f, id);
         let threads = total >= TargetDesc::host().min_thread_iterations();
+        let region = match (bytes, self.scratch) {
+            (0, _) => None,
+            (_, Some(region)) => Some(region),
+            (_, None) => {
+                return Err(CodegenError::Invalid(
+                    "a kernel's scratch memory was not planned".into(),
+                ));
+            }
+        };
+        let extra: Vec<BV<'ctx>> = region.iter().map(|(p, _)| (*p).into()).collect();
         if let Some(&outlined) = self.kernels.get(&key) {
-            return self.launch(outlined, &inputs, &[], threads);
+            return self.launch(outlined, &inputs, &extra, threads);
         }
         let grid = grid.to_vec();
+        let stride = region.map_or(0, |(_, stride)| stride);
         let run = move |g: &mut Gen<'ctx, '_, TileIr>,
                         first: IntValue<'ctx>,
                         end: IntValue<'ctx>,
-                        _: &[BV<'ctx>]|
+                        thread: IntValue<'ctx>,
+                        extra: &[BV<'ctx>]|
               -> R<()> {
-            let block = if scratch > 0 {
-                let p = g.heap(scratch, false)?;
-                for (&v, &off) in allocs.iter().zip(&offsets) {
-                    // SAFETY (LLVM IR semantics): the offset is inside the block.
-                    let at = unsafe {
-                        g.b.build_in_bounds_gep(g.ctx.i8_type(), p, &[g.i64c(off)], "scratch")?
+            if let Some(base) = extra.first() {
+                let at = g.b.build_int_mul(thread, g.i64c(stride), "region")?;
+                for &(v, off) in &allocs {
+                    let at = g.b.build_int_add(at, g.i64c(off), "at")?;
+                    // SAFETY (LLVM IR semantics): the workspace holds a
+                    // region of `stride` bytes for every thread.
+                    let p = unsafe {
+                        g.b.build_in_bounds_gep(
+                            g.ctx.i8_type(),
+                            base.into_pointer_value(),
+                            &[at],
+                            "scratch",
+                        )?
                     };
-                    g.vals.insert(v, at.into());
+                    g.vals.insert(v, p.into());
                 }
-                Some(p)
-            } else {
-                None
-            };
+            }
             g.counted(first, end, |g, i| {
                 let mut rest = i;
                 let mut ids = vec![g.i64c(0); grid.len()];
@@ -1255,15 +1325,11 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                     g.vals.insert(v, ids[axis].into());
                 }
                 g.program_block(body).map(|_| ())
-            })?;
-            if let Some(p) = block {
-                g.release(p)?;
-            }
-            Ok(())
+            })
         };
-        let outlined = self.outline(0, total as i64, &inputs, &[], threads, run)?;
+        let outlined = self.outline(0, total as i64, &inputs, &extra, threads, run)?;
         self.kernels.insert(key, outlined);
-        self.launch(outlined, &inputs, &[], threads)
+        self.launch(outlined, &inputs, &extra, threads)
     }
 
     /// A kernel body or loop body; returns the values its `tile.yield`
