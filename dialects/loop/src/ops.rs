@@ -1,10 +1,10 @@
 //! The loop dialect's operations, each declared once: its name
 //! ([`OpKind::name`]), its attributes ([`OpKind::attrs`], rebuilt by
 //! [`OpKind::from_parts`]), how its operands and region are written
-//! ([`OpKind::syntax`]) and the types of its region's arguments
-//! ([`OpKind::region_args`]). The text printer, the text parser and the
-//! MLIR generic printer derive from these; no op has a printer or parser of
-//! its own. Every op is written in one generic shape,
+//! ([`OpKind::syntax`]), the types of its region's arguments
+//! ([`OpKind::region_args`]) and its typing rule ([`OpKind::check`]). The
+//! text printer, the text parser, the MLIR generic printer and the verifier
+//! derive from these; no op has a printer or parser of its own. Every op is written in one generic shape,
 //!
 //! ```text
 //! %r = loop.NAME operands {attrs} (%region_args) { region } : result types
@@ -14,6 +14,7 @@
 //! and a `loop.matmul`'s two operands carry theirs over the op's own
 //! counters, `#0` (row), `#1` (column) and `#2` (depth).
 
+use dlc_core::DType;
 pub use dlc_core::attr::Attr;
 use dlc_core::attr::AttrReader;
 pub use dlc_core::scalar::{BinaryOp, CmpOp, UnaryOp};
@@ -311,6 +312,139 @@ impl OpKind {
         Ok(op)
     }
 
+    /// The op's typing rule: whether operands, results and region
+    /// arguments of these types (`None`: a value the function does not
+    /// have) fit it. Scoping, indices and what nested blocks hold are the
+    /// verifier's.
+    pub fn check(
+        &self,
+        ops: &[Option<&Type>],
+        res: &[Option<&Type>],
+        args: &[Option<&Type>],
+    ) -> Result<(), String> {
+        let shape = |n_ops: usize, n_res: usize| ops.len() == n_ops && res.len() == n_res;
+        let first = |v: &[Option<&'_ Type>]| v.first().copied().flatten().cloned();
+        let rule = |ok: bool, what: &str| if ok { Ok(()) } else { Err(what.to_string()) };
+        let scalar = |t: Option<&Type>| match t {
+            Some(Type::Scalar(d)) => Some(*d),
+            _ => None,
+        };
+        match self {
+            OpKind::Alloc => rule(
+                shape(0, 1) && matches!(res[0], Some(Type::Buffer(_))),
+                "takes no operand and gives one buffer",
+            ),
+            OpKind::Dealloc => rule(
+                shape(1, 0) && matches!(ops[0], Some(Type::Buffer(_))),
+                "takes one buffer",
+            ),
+            OpKind::View => match (shape(1, 1), first(ops), first(res)) {
+                (true, Some(Type::Buffer(src)), Some(Type::Buffer(view))) => {
+                    if src.dtype != view.dtype {
+                        Err("keeps the element type".into())
+                    } else if view.storage_len() > src.storage_len() {
+                        Err(format!("{view} reaches past the storage of {src}"))
+                    } else {
+                        Ok(())
+                    }
+                }
+                _ => Err("views one buffer as another buffer type".into()),
+            },
+            OpKind::Const(_) => rule(
+                shape(0, 1) && matches!(res[0], Some(Type::Scalar(_))),
+                "gives one scalar",
+            ),
+            OpKind::Unary(u) => match (shape(1, 1), first(ops), first(res)) {
+                (true, Some(Type::Scalar(a)), Some(Type::Scalar(r))) if a == r => rule(
+                    a.is_numeric() && (a.is_float() || u.accepts_int()),
+                    &format!("is not defined on {a}"),
+                ),
+                _ => Err("takes one scalar and gives one of the same type".into()),
+            },
+            OpKind::Binary(b) => match (shape(2, 1), scalar(ops.first().copied().flatten())) {
+                (true, Some(d)) if ops[1] == ops[0] && res[0] == ops[0] => rule(
+                    d.is_numeric() && (d.is_float() || b.accepts_int()),
+                    &format!("is not defined on {d}"),
+                ),
+                _ => Err("takes two scalars of one type and gives one of that type".into()),
+            },
+            OpKind::Compare(_) => rule(
+                shape(2, 1)
+                    && ops[0] == ops[1]
+                    && matches!(ops[0], Some(Type::Scalar(_)))
+                    && res[0] == Some(&Type::Scalar(DType::Bool)),
+                "takes two scalars of one type and gives bool",
+            ),
+            OpKind::Select => rule(
+                shape(3, 1)
+                    && ops[0] == Some(&Type::Scalar(DType::Bool))
+                    && ops[1] == ops[2]
+                    && res[0] == ops[1],
+                "takes bool, then two scalars of one type, and gives that type",
+            ),
+            OpKind::Cast => rule(
+                shape(1, 1)
+                    && matches!(ops[0], Some(Type::Scalar(_)))
+                    && matches!(res[0], Some(Type::Scalar(_))),
+                "converts one scalar",
+            ),
+            OpKind::Load { .. } => match (shape(1, 1), first(ops)) {
+                (true, Some(Type::Buffer(b))) => rule(
+                    res[0] == Some(&Type::Scalar(b.dtype)),
+                    &format!("must give a {} scalar", b.dtype),
+                ),
+                _ => Err("reads one element of one buffer".into()),
+            },
+            OpKind::Store { .. } => match (shape(2, 0), ops.get(1).copied().flatten()) {
+                (true, Some(Type::Buffer(b))) => rule(
+                    ops[0] == Some(&Type::Scalar(b.dtype)),
+                    &format!("must store a {} scalar", b.dtype),
+                ),
+                _ => Err("writes one scalar into one buffer".into()),
+            },
+            OpKind::For { step, .. } => {
+                if *step <= 0 {
+                    Err("needs a positive step".into())
+                } else {
+                    rule(
+                        args.first() == Some(&Some(&Type::Index))
+                            && args[1..] == *ops
+                            && res == ops,
+                        "has one body whose arguments are the index and the carried values, \
+                         whose types are the results'",
+                    )
+                }
+            }
+            OpKind::Parallel { .. } => rule(
+                shape(0, 0) && args.len() == 1 && args[0] == Some(&Type::Index),
+                "has one body whose only argument is the index, and no results",
+            ),
+            OpKind::Matmul(c) => {
+                if c.m <= 0 || c.n <= 0 || c.k <= 0 {
+                    return Err("needs positive sizes".into());
+                }
+                let fits = match (shape(2, 0), first(ops), ops.get(1).copied().flatten()) {
+                    (true, Some(Type::Buffer(ta)), Some(Type::Buffer(tb))) => {
+                        ta.dtype == tb.dtype
+                            && ta.dtype.is_numeric()
+                            && args.len() == MATMUL_COUNTERS + 1
+                            && args[..MATMUL_COUNTERS]
+                                .iter()
+                                .all(|t| *t == Some(&Type::Index))
+                            && args[MATMUL_COUNTERS] == Some(&Type::Scalar(ta.dtype.accumulator()))
+                    }
+                    _ => false,
+                };
+                rule(
+                    fits,
+                    "takes two buffers of one numeric element type and has one body with \
+                     arguments (i, j, k: index, acc: the element type's accumulator type)",
+                )
+            }
+            OpKind::Yield | OpKind::Return => Ok(()),
+        }
+    }
+
     /// The types of the region's arguments, given the operands' types: a
     /// loop's counter (and a `loop.for`'s carried values, typed as its
     /// initial values); a `loop.matmul`'s three counters and its
@@ -324,7 +458,7 @@ impl OpKind {
             OpKind::Matmul(_) => {
                 let acc = match operands.first() {
                     Some(Type::Buffer(b)) => Type::Scalar(b.dtype.accumulator()),
-                    _ => Type::Scalar(dlc_core::DType::F32),
+                    _ => Type::Scalar(DType::F32),
                 };
                 let mut args = vec![Type::Index; MATMUL_COUNTERS];
                 args.push(acc);

@@ -2,9 +2,10 @@
 //! where visible), the type rules of every op, and the terminators of each
 //! kind of block. Every problem is reported, each with where it is.
 
-use dlc_core::{DType, Verify, VerifyError};
+use dlc_core::{Verify, VerifyError};
 
 use crate::ir::{Block, Function, IndexExpr, Module, OpId, OpKind, Type, Value};
+use crate::ops::MATMUL_COUNTERS;
 
 impl Verify for Module {
     fn verify(&self) -> Result<(), Vec<VerifyError>> {
@@ -165,13 +166,6 @@ impl<'a> Checker<'a> {
         self.visible.truncate(depth);
     }
 
-    fn scalar(&self, v: Value) -> Option<DType> {
-        match self.ty(v) {
-            Some(Type::Scalar(d)) => Some(*d),
-            _ => None,
-        }
-    }
-
     fn check_index(&mut self, id: OpId, index: &[IndexExpr], rank: usize) {
         if index.len() != rank {
             self.err(
@@ -194,6 +188,45 @@ impl<'a> Checker<'a> {
                 }
             }
         }
+    }
+
+    /// A `loop.matmul`'s indices (over its counters and visible indices,
+    /// shaped as a matrix product's) and its epilogue.
+    fn matmul(
+        &mut self,
+        id: OpId,
+        c: &crate::ir::Contraction,
+        rank_a: usize,
+        rank_b: usize,
+        loc: &str,
+    ) {
+        let f = self.f;
+        let region = &f.ops[id.0 as usize].regions[0];
+        let depth = self.visible.len();
+        self.visible.extend(&region.args[..MATMUL_COUNTERS]);
+        self.check_index(id, &c.a, rank_a);
+        self.check_index(id, &c.b, rank_b);
+        self.visible.truncate(depth);
+        // A matrix product: rows index the left operand only, columns the
+        // right one only.
+        let in_terms =
+            |e: &[IndexExpr], v: Value| e.iter().any(|x| x.terms.iter().any(|t| t.1 == v));
+        if in_terms(&c.a, region.args[1]) || in_terms(&c.b, region.args[0]) {
+            self.err(
+                loc.to_string(),
+                "indexes its left operand by the column index or its right operand by the row \
+                 index (a matrix product's left operand is indexed by rows and k, its right one \
+                 by k and columns)"
+                    .into(),
+            );
+        }
+        if uses_value(f, region, region.args[2]) {
+            self.err(
+                loc.to_string(),
+                "uses the reduction index outside the operands' indices".into(),
+            );
+        }
+        self.block(region, BlockKind::Parallel, &[], loc);
     }
 
     fn op(&mut self, id: OpId) {
@@ -223,98 +256,31 @@ impl<'a> Checker<'a> {
             .iter()
             .map(|v| f.values.get(v.0 as usize))
             .collect();
-        let shape = |n_ops: usize, n_res: usize| ops.len() == n_ops && res.len() == n_res;
-        let problem: Option<String> = match &op.kind {
-            OpKind::Alloc => (!shape(0, 1) || !matches!(res[0], Some(Type::Buffer(_))))
-                .then(|| "takes no operand and gives one buffer".into()),
-            OpKind::Dealloc => (!shape(1, 0) || !matches!(ops[0], Some(Type::Buffer(_))))
-                .then(|| "takes one buffer".into()),
-            OpKind::View => match (
-                shape(1, 1),
-                ops.first().copied().flatten(),
-                res.first().copied().flatten(),
-            ) {
-                (true, Some(Type::Buffer(src)), Some(Type::Buffer(view))) => {
-                    if src.dtype != view.dtype {
-                        Some("keeps the element type".into())
-                    } else if view.storage_len() > src.storage_len() {
-                        Some(format!("{view} reaches past the storage of {src}"))
-                    } else {
-                        None
-                    }
-                }
-                _ => Some("views one buffer as another buffer type".into()),
-            },
-            OpKind::Const(_) => (!shape(0, 1) || !matches!(res[0], Some(Type::Scalar(_))))
-                .then(|| "gives one scalar".into()),
-            OpKind::Unary(u) => match (
-                shape(1, 1),
-                ops.first().copied().flatten(),
-                res.first().copied().flatten(),
-            ) {
-                (true, Some(Type::Scalar(a)), Some(Type::Scalar(r))) if a == r => (!a.is_numeric()
-                    || (!a.is_float() && !u.accepts_int()))
-                .then(|| format!("is not defined on {a}")),
-                _ => Some("takes one scalar and gives one of the same type".into()),
-            },
-            OpKind::Binary(b) => match (
-                shape(2, 1),
-                op.operands.first().and_then(|v| self.scalar(*v)),
-            ) {
-                (true, Some(d)) if ops[1] == ops[0] && res[0] == ops[0] => (!d.is_numeric()
-                    || (!d.is_float() && !b.accepts_int()))
-                .then(|| format!("is not defined on {d}")),
-                _ => Some("takes two scalars of one type and gives one of that type".into()),
-            },
-            OpKind::Compare(_) => (!shape(2, 1)
-                || ops[0] != ops[1]
-                || !matches!(ops[0], Some(Type::Scalar(_)))
-                || res[0] != Some(&Type::Scalar(DType::Bool)))
-            .then(|| "takes two scalars of one type and gives bool".into()),
-            OpKind::Select => (!shape(3, 1)
-                || ops[0] != Some(&Type::Scalar(DType::Bool))
-                || ops[1] != ops[2]
-                || res[0] != ops[1])
-                .then(|| "takes bool, then two scalars of one type, and gives that type".into()),
-            OpKind::Cast => (!shape(1, 1)
-                || !matches!(ops[0], Some(Type::Scalar(_)))
-                || !matches!(res[0], Some(Type::Scalar(_))))
-            .then(|| "converts one scalar".into()),
-            OpKind::Load { index, .. } => {
-                match (shape(1, 1), ops.first().copied().flatten().cloned()) {
-                    (true, Some(Type::Buffer(b))) => {
+        let regions = usize::from(op.kind.syntax().region);
+        let args: Vec<Option<&'a Type>> = op
+            .regions
+            .first()
+            .map(|b| b.args.iter().map(|v| f.values.get(v.0 as usize)).collect())
+            .unwrap_or_default();
+        let problem = if op.regions.len() != regions {
+            Some(format!(
+                "has {} regions, expected {regions}",
+                op.regions.len()
+            ))
+        } else {
+            op.kind.check(&ops, &res, &args).err()
+        };
+        // What the types alone do not say: indices, and nested blocks.
+        if problem.is_none() {
+            match &op.kind {
+                OpKind::Load { index, .. } | OpKind::Store { index } => {
+                    let buffer = ops[usize::from(matches!(op.kind, OpKind::Store { .. }))];
+                    if let Some(Type::Buffer(b)) = buffer {
                         self.check_index(id, index, b.shape.len());
-                        (res[0] != Some(&Type::Scalar(b.dtype)))
-                            .then(|| format!("must give a {} scalar", b.dtype))
                     }
-                    _ => Some("reads one element of one buffer".into()),
                 }
-            }
-            OpKind::Store { index } => {
-                match (shape(2, 0), ops.get(1).copied().flatten().cloned()) {
-                    (true, Some(Type::Buffer(b))) => {
-                        self.check_index(id, index, b.shape.len());
-                        (ops[0] != Some(&Type::Scalar(b.dtype)))
-                            .then(|| format!("must store a {} scalar", b.dtype))
-                    }
-                    _ => Some("writes one scalar into one buffer".into()),
-                }
-            }
-            OpKind::For { step, .. } => {
-                let body = op.regions.first();
-                let carried: Vec<Type> = ops.iter().filter_map(|t| t.cloned()).collect();
-                let args: Vec<Option<&Type>> = body
-                    .map(|b| b.args.iter().map(|v| self.ty(*v)).collect())
-                    .unwrap_or_default();
-                if *step <= 0 {
-                    Some("needs a positive step".into())
-                } else if op.regions.len() != 1
-                    || args.first() != Some(&Some(&Type::Index))
-                    || args[1..].to_vec() != ops
-                    || res != ops
-                {
-                    Some("has one body whose arguments are the index and the carried values, whose types are the results'".into())
-                } else {
+                OpKind::For { .. } => {
+                    let carried: Vec<Type> = ops.iter().filter_map(|t| t.cloned()).collect();
                     let b = op.regions[0].clone();
                     self.block(
                         &b,
@@ -324,76 +290,20 @@ impl<'a> Checker<'a> {
                         &carried,
                         &loc,
                     );
-                    None
                 }
-            }
-            OpKind::Matmul(c) => {
-                let crate::ir::Contraction { a, b, m, n, k, .. } = &**c;
-                let body = op.regions.first();
-                let args: Vec<Option<&Type>> = body
-                    .map(|b| b.args.iter().map(|v| self.ty(*v)).collect())
-                    .unwrap_or_default();
-                let bufs: Vec<Option<&Type>> = ops.clone();
-                match (shape(2, 0), bufs.first().copied().flatten(), bufs.get(1).copied().flatten()) {
-                    _ if *m <= 0 || *n <= 0 || *k <= 0 => Some("needs positive sizes".into()),
-                    (true, Some(Type::Buffer(ta)), Some(Type::Buffer(tb)))
-                        if ta.dtype == tb.dtype
-                            && ta.dtype.is_numeric()
-                            && op.regions.len() == 1
-                            && args.len() == 4
-                            && args[..3].iter().all(|t| *t == Some(&Type::Index))
-                            && args[3] == Some(&Type::Scalar(ta.dtype.accumulator())) =>
-                    {
-                        let region = op.regions[0].clone();
-                        let depth = self.visible.len();
-                        self.visible.extend(&region.args[..3]);
-                        self.check_index(id, a, ta.shape.len());
-                        self.check_index(id, b, tb.shape.len());
-                        self.visible.truncate(depth);
-                        // A matrix product: rows index the left operand
-                        // only, columns the right one only.
-                        let in_terms =
-                            |e: &[IndexExpr], v: Value| e.iter().any(|x| x.terms.iter().any(|t| t.1 == v));
-                        if in_terms(a, region.args[1]) || in_terms(b, region.args[0]) {
-                            self.err(
-                                loc.clone(),
-                                "indexes its left operand by the column index or its right operand by \
-                                 the row index (a matrix product's left operand is indexed by rows and \
-                                 k, its right one by k and columns)"
-                                    .into(),
-                            );
-                        }
-                        if uses_value(f, &region, region.args[2]) {
-                            self.err(
-                                loc.clone(),
-                                "uses the reduction index outside the operands' indices".into(),
-                            );
-                        }
-                        self.block(&region, BlockKind::Parallel, &[], &loc);
-                        None
-                    }
-                    _ => Some(
-                        "takes two buffers of one numeric element type and has one body with arguments \
-                         (i, j, k: index, acc: the element type's accumulator type)"
-                            .into(),
-                    ),
-                }
-            }
-            OpKind::Parallel { .. } => {
-                let ok = shape(0, 0)
-                    && op.regions.len() == 1
-                    && op.regions[0].args.len() == 1
-                    && self.ty(op.regions[0].args[0]) == Some(&Type::Index);
-                if ok {
+                OpKind::Parallel { .. } => {
                     let b = op.regions[0].clone();
                     self.block(&b, BlockKind::Parallel, &[], &loc);
-                    None
-                } else {
-                    Some("has one body whose only argument is the index, and no results".into())
                 }
+                OpKind::Matmul(c) => {
+                    // `check` saw two buffers and one region.
+                    if let (Some(Type::Buffer(ta)), Some(Type::Buffer(tb))) = (ops[0], ops[1]) {
+                        self.matmul(id, c, ta.shape.len(), tb.shape.len(), &loc);
+                    }
+                }
+                _ => {}
             }
-            OpKind::Yield | OpKind::Return => None,
-        };
+        }
         if let Some(p) = problem {
             self.err(loc.clone(), p);
         }
