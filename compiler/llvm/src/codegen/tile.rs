@@ -190,6 +190,7 @@ impl<'ctx> Gen<'ctx, '_, TileIr> {
         } else {
             self.i64c(1)
         };
+        // Every part is a multiple of 64 bytes (the scratch per thread too).
         let needed = self.b.build_int_add(
             self.i64c(WORKSPACE_HEADER.saturating_add(plan.size)),
             self.b
