@@ -71,10 +71,10 @@ pub struct Packing {
     /// A product is cut into at least this many programs when it has that
     /// many panels (threads are balanced).
     pub units: usize,
+    /// Deepest slice of `k` one copy into packed form moves (a vector's
+    /// lanes: a transposed copy is then square blocks of vectors).
+    pub copy_depth: usize,
 }
-
-/// Deepest slice of `k` one copy into packed form moves: a few vectors.
-const PACK_DEPTH: usize = 16;
 
 impl ScheduleParams {
     /// Checks parameters given by hand: every tile they make must be a tile
@@ -95,9 +95,11 @@ impl ScheduleParams {
         if let Some(Packing {
             blocking: [mr, nr, mc, kc],
             units,
+            copy_depth,
             ..
         }) = self.packed
             && !(units >= 1
+                && copy_depth >= 1
                 && fits(mr, nr)
                 && fits(kc, nr)
                 && fits(mc, nr)
@@ -132,6 +134,7 @@ impl ScheduleParams {
                     blocking: [g.mr, g.nr, g.mc, g.kc],
                     min_macs: target.min_packed_macs(),
                     units: g.min_units,
+                    copy_depth: g.lanes,
                 }),
             },
         }
@@ -1013,6 +1016,7 @@ impl<'a> Conv<'a> {
         let Some(Packing {
             blocking: [mr, nr, mc, kc],
             units,
+            copy_depth,
             ..
         }) = self.params.packed
         else {
@@ -1023,8 +1027,8 @@ impl<'a> Conv<'a> {
         // is not mostly zeros the register tile multiplies.
         let depth = c.k.max(1) as usize;
         let even = depth.div_ceil(depth.div_ceil(kc));
-        let kc = if depth > kc && even > PACK_DEPTH {
-            even.next_multiple_of(PACK_DEPTH).min(kc)
+        let kc = if depth > kc && even > copy_depth {
+            even.next_multiple_of(copy_depth).min(kc)
         } else {
             even
         };
@@ -1059,7 +1063,7 @@ impl<'a> Conv<'a> {
         let nb_n = chunks * per_chunk;
         // Depth of one copied tile: a divisor of `kc`, so that copies never
         // cross from one `kc` slice into the next.
-        let kk = (1..=PACK_DEPTH.min(kc))
+        let kk = (1..=copy_depth.min(kc))
             .rev()
             .find(|d| kc.is_multiple_of(*d))
             .unwrap_or(1);

@@ -376,6 +376,7 @@ fn odd_schedule_parameters_agree() {
             blocking,
             min_macs: 1,
             units,
+            copy_depth: units + 1,
         });
         p.validate().unwrap();
         schedules.push(p);
