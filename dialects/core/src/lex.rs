@@ -148,10 +148,52 @@ pub fn lex(text: &str) -> Result<Vec<(Tok, usize, usize)>, ParseError> {
                         i += 1;
                         break;
                     }
-                    Some('\\') if matches!(chars.get(i + 1), Some('"') | Some('\\')) => {
-                        s.push(chars[i + 1]);
-                        i += 2;
-                    }
+                    // The escapes Rust's `{:?}` writes (printers quote
+                    // strings with it), so printed text reads back the
+                    // same; a backslash before anything else is itself.
+                    Some('\\') => match chars.get(i + 1) {
+                        Some(&e @ ('"' | '\\' | '\'')) => {
+                            s.push(e);
+                            i += 2;
+                        }
+                        Some('0') => {
+                            s.push('\0');
+                            i += 2;
+                        }
+                        Some('n') => {
+                            s.push('\n');
+                            i += 2;
+                        }
+                        Some('r') => {
+                            s.push('\r');
+                            i += 2;
+                        }
+                        Some('t') => {
+                            s.push('\t');
+                            i += 2;
+                        }
+                        Some('u') if chars.get(i + 2) == Some(&'{') => {
+                            let close = chars[i + 3..]
+                                .iter()
+                                .position(|c| *c == '}')
+                                .map(|p| i + 3 + p);
+                            let code = close.and_then(|close| {
+                                let hex: String = chars[i + 3..close].iter().collect();
+                                u32::from_str_radix(&hex, 16).ok().and_then(char::from_u32)
+                            });
+                            match (close, code) {
+                                (Some(close), Some(c)) => {
+                                    s.push(c);
+                                    i = close + 1;
+                                }
+                                _ => return Err(err("invalid `\\u{..}` escape".into())),
+                            }
+                        }
+                        _ => {
+                            s.push('\\');
+                            i += 1;
+                        }
+                    },
                     Some(&ch) => {
                         s.push(ch);
                         i += 1;
@@ -393,5 +435,33 @@ impl Cursor {
             },
             _ => self.expected("an element type"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Cursor, Tok};
+
+    /// Strings printed with `{:?}` (as every dialect's printer quotes them)
+    /// read back as themselves, control characters included.
+    #[test]
+    fn quoted_strings_read_back_what_debug_wrote() {
+        for s in [
+            "plain",
+            "a\0b",
+            "tab\there\nnew\rret",
+            "q\"uote'",
+            "back\\slash",
+            "\u{7f}\u{1b}é",
+        ] {
+            let text = format!("{s:?}");
+            let c = Cursor::new(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!(c.toks[0].0, Tok::Str(s.to_string()), "{text}");
+        }
+        // A backslash before anything else is kept; a broken `\u` is an error.
+        let c = Cursor::new(r#""a\qb""#).unwrap();
+        assert_eq!(c.toks[0].0, Tok::Str(r"a\qb".to_string()));
+        assert!(Cursor::new(r#""\u{zz}""#).is_err());
+        assert!(Cursor::new(r#""\u{"#).is_err());
     }
 }
