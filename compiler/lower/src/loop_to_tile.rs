@@ -995,7 +995,8 @@ impl<'a> Conv<'a> {
     /// column per step of `k`), and for each panel and strip runs the
     /// register tile, `kc` steps of an `mr x 1` by `1 x nr` `tile.dot`
     /// accumulating into a scratch block of the result; finally the
-    /// epilogue runs on the block, `mr x nr` at a time. Every copy moves
+    /// epilogue runs on the block, one `1 x nr` row of a panel at a time.
+    /// Every copy moves
     /// tiles of a few vectors in a `tile.for`, read along the operand's
     /// contiguous axis (and transposed on the way when that is not the
     /// panel's), so no tile is larger than the register tile.
@@ -1218,26 +1219,32 @@ impl<'a> Conv<'a> {
         self.b.end_for(vec![]);
         self.b.end_for(vec![]);
         self.b.end_for(vec![]);
-        // The epilogue, one register tile at a time.
+        // The epilogue, one row of a panel at a time (a `1 x nr` tile: the
+        // epilogue's code is written once for two vectors, not for the
+        // register tile's twelve).
         let (nb, _) = self.b.begin_for(0, per_chunk as i64, 1, &[]);
-        let (s, _) = self.b.begin_for(0, strips as i64, 1, &[]);
-        let sum = self
-            .b
-            .load(block, register_tile(nb, s), None, None, f32t(vec![mr, nr]));
-        let row0 = i0.plus_scaled(mr as i64, &Affine::value(s));
+        let (r, _) = self.b.begin_for(0, mc as i64, 1, &[]);
+        let sum = self.b.load(
+            block,
+            vec![Affine::value(r), Affine::block(nb, nr as i64, 1)],
+            None,
+            None,
+            f32t(vec![1, nr]),
+        );
+        let row0 = i0.plus_scaled(1, &Affine::value(r));
         let col0 = nb0.plus_scaled(1, &Affine::value(nb)).scaled(nr as i64);
         self.index.insert(iv, row0.plus_scaled(1, &Affine::axis(0)));
         self.index.insert(jv, col0.plus_scaled(1, &Affine::axis(1)));
         self.index.insert(kv, Affine::constant(0));
         self.values.insert(accv, sum);
-        self.shape = vec![mr, nr];
+        self.shape = vec![1, nr];
         self.splats.clear();
         self.mask = Some(self.b.mask(
             vec![
                 Affine::constant(c.m).plus_scaled(-1, &row0),
                 Affine::constant(c.n).plus_scaled(-1, &col0),
             ],
-            &[mr, nr],
+            &[1, nr],
         ));
         let result = self.ops(&body.ops);
         self.shape.clear();
@@ -1256,9 +1263,9 @@ impl<'a> Conv<'a> {
     /// it, the counter's extent and the block's size along it. The copy's
     /// tile axes follow the counters, or go the other way round when the
     /// operand is contiguous along the first counter and not the second
-    /// (so that the tile's rows, along its last axis, are contiguous runs). Returns the tile's index
-    /// into `buf`, its mask limits, its shape, and the tile axis each
-    /// counter took.
+    /// (so that the tile's rows, along its last axis, are contiguous runs).
+    /// Returns the tile's index into `buf`, its mask limits, its shape, and
+    /// the tile axis each counter took.
     #[allow(clippy::type_complexity)]
     fn operand_block(
         &mut self,
