@@ -438,6 +438,26 @@ impl Cursor {
     }
 }
 
+/// `[item, item, ..]` (possibly empty) read by `item` from a parser that
+/// is a [`Cursor`] underneath: the list syntax of every IR text form.
+pub fn bracketed<P, T>(p: &mut P, mut item: impl FnMut(&mut P) -> PResult<T>) -> PResult<Vec<T>>
+where
+    P: std::ops::DerefMut<Target = Cursor>,
+{
+    p.expect("[")?;
+    let mut v = Vec::new();
+    if !p.eat("]") {
+        loop {
+            v.push(item(p)?);
+            if p.eat("]") {
+                break;
+            }
+            p.expect(",")?;
+        }
+    }
+    Ok(v)
+}
+
 #[cfg(test)]
 mod tests {
     use super::{Cursor, Tok};

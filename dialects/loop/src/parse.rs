@@ -4,7 +4,7 @@
 //! what was read.
 
 use dlc_core::attr::Attr;
-use dlc_core::lex::{Cursor, PResult, ParseError, Scopes, Tok};
+use dlc_core::lex::{Cursor, PResult, ParseError, Scopes, Tok, bracketed};
 use dlc_core::parse_float;
 
 use crate::ir::{Block, BufferType, Function, IndexExpr, Module, OpKind, Type, Value};
@@ -95,18 +95,7 @@ impl Parser {
     }
 
     fn int_list(&mut self) -> PResult<Vec<usize>> {
-        self.expect("[")?;
-        let mut v = Vec::new();
-        if !self.eat("]") {
-            loop {
-                v.push(self.usize()?);
-                if self.eat("]") {
-                    break;
-                }
-                self.expect(",")?;
-            }
-        }
-        Ok(v)
+        bracketed(self, |p| p.usize())
     }
 
     /// `<f32[4, 8]>` or `<f32[4, 8], strides = [1, 4]>`, after `buffer`.
@@ -204,36 +193,12 @@ impl Parser {
     }
 
     fn index_list(&mut self, counters: bool) -> PResult<Vec<Pending>> {
-        self.expect("[")?;
-        let mut v = Vec::new();
-        if !self.eat("]") {
-            loop {
-                v.push(self.index_expr(counters)?);
-                if self.eat("]") {
-                    break;
-                }
-                self.expect(",")?;
-            }
-        }
-        Ok(v)
+        bracketed(self, |p| p.index_expr(counters))
     }
 
     fn attr(&mut self) -> PResult<Attr> {
         match self.peek().clone() {
-            Tok::Punct("[") => {
-                self.expect("[")?;
-                let mut v = Vec::new();
-                if !self.eat("]") {
-                    loop {
-                        v.push(self.int()?);
-                        if self.eat("]") {
-                            break;
-                        }
-                        self.expect(",")?;
-                    }
-                }
-                Ok(Attr::Ints(v))
-            }
+            Tok::Punct("[") => Ok(Attr::Ints(bracketed(self, |p| p.int())?)),
             Tok::Int(_) => Ok(Attr::Int(self.int()?)),
             Tok::Punct("-") if matches!(self.peek_at(1), Tok::Int(_)) => Ok(Attr::Int(self.int()?)),
             _ => Ok(Attr::Float(self.number()?)),

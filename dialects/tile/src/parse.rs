@@ -2,7 +2,7 @@
 //! [`crate::print`] writes, driven by each op's declared syntax. Errors
 //! carry line and column; the verifier then checks what was read.
 
-use dlc_core::lex::{Cursor, PResult, ParseError, Scopes, Tok};
+use dlc_core::lex::{Cursor, PResult, ParseError, Scopes, Tok, bracketed};
 use dlc_core::{DType, parse_float};
 
 use crate::ir::{Affine, Block, BufferType, Function, Module, Space, TileType, Type, Value};
@@ -60,18 +60,7 @@ impl Parser {
     }
 
     fn int_list(&mut self) -> PResult<Vec<i64>> {
-        self.expect("[")?;
-        let mut v = Vec::new();
-        if !self.eat("]") {
-            loop {
-                v.push(self.int()?);
-                if self.eat("]") {
-                    break;
-                }
-                self.expect(",")?;
-            }
-        }
-        Ok(v)
+        bracketed(self, |p| p.int())
     }
 
     fn dims(&mut self) -> PResult<Vec<usize>> {
@@ -231,18 +220,7 @@ impl Parser {
     }
 
     fn index_list(&mut self) -> PResult<Vec<Affine>> {
-        self.expect("[")?;
-        let mut v = Vec::new();
-        if !self.eat("]") {
-            loop {
-                v.push(self.affine()?);
-                if self.eat("]") {
-                    break;
-                }
-                self.expect(",")?;
-            }
-        }
-        Ok(v)
+        bracketed(self, Self::affine)
     }
 
     fn attr(&mut self) -> PResult<Attr> {
