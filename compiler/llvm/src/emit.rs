@@ -231,6 +231,55 @@ pub fn emit_shared_library<P: Program + ?Sized>(
     path: &std::path::Path,
     symbols: &Symbols,
 ) -> R<()> {
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    with_object(m, symbols, |obj| {
+        run_tool(
+            std::process::Command::new(&cc)
+                .arg("-shared")
+                .arg("-o")
+                .arg(path)
+                .arg(obj)
+                .args(["-lm", "-lgomp"]),
+            &format!("the C compiler `{cc}` (`-shared`)"),
+        )
+    })
+}
+
+/// Writes a module as a static library (an `ar` archive of its object
+/// file, with a symbol index) at `path`, with the system's archiver
+/// (`$AR`, else `ar`, from binutils). A program linking it also links
+/// `-lm`, and `-lgomp` for kernels on threads (without it they run on the
+/// calling thread).
+pub fn emit_static_library<P: Program + ?Sized>(
+    m: &P,
+    path: &std::path::Path,
+    symbols: &Symbols,
+) -> R<()> {
+    let ar = std::env::var("AR").unwrap_or_else(|_| "ar".into());
+    // `ar r` adds to an archive that exists: start from none.
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(CodegenError::Link(format!("{}: {e}", path.display()))),
+    }
+    with_object(m, symbols, |obj| {
+        run_tool(
+            std::process::Command::new(&ar)
+                .arg("rcsD")
+                .arg(path)
+                .arg(obj),
+            &format!("the archiver `{ar}`"),
+        )
+    })
+}
+
+/// Runs `f` on the module's object file, written to a fresh temporary
+/// directory removed afterwards.
+fn with_object<P: Program + ?Sized>(
+    m: &P,
+    symbols: &Symbols,
+    f: impl FnOnce(&std::path::Path) -> R<()>,
+) -> R<()> {
     let object = emit_native(m, true, symbols)?;
     let dir = std::env::temp_dir().join(format!(
         "dlc-link-{}-{}",
@@ -244,29 +293,22 @@ pub fn emit_shared_library<P: Program + ?Sized>(
     let obj = dir.join("module.o");
     let result = std::fs::write(&obj, &object)
         .map_err(|e| CodegenError::Link(format!("{}: {e}", obj.display())))
-        .and_then(|()| {
-            let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-            let out = std::process::Command::new(&cc)
-                .arg("-shared")
-                .arg("-o")
-                .arg(path)
-                .arg(&obj)
-                .args(["-lm", "-lgomp"])
-                .output()
-                .map_err(|e| {
-                    CodegenError::Link(format!(
-                        "cannot run the C compiler `{cc}` to link a shared library: {e}"
-                    ))
-                })?;
-            if out.status.success() {
-                Ok(())
-            } else {
-                Err(CodegenError::Link(format!(
-                    "`{cc} -shared` failed: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                )))
-            }
-        });
+        .and_then(|()| f(&obj));
     let _ = std::fs::remove_dir_all(&dir);
     result
+}
+
+/// Runs a linking tool, its failure (or absence) as a link error naming it.
+fn run_tool(cmd: &mut std::process::Command, what: &str) -> R<()> {
+    let out = cmd
+        .output()
+        .map_err(|e| CodegenError::Link(format!("cannot run {what}: {e}")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(CodegenError::Link(format!(
+            "{what} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
 }

@@ -40,7 +40,9 @@ mod jit;
 mod target;
 
 pub use abi::{exported_signature, signature};
-pub use emit::{Compiled, Program, compile, emit_llvm_ir, emit_native, emit_shared_library};
+pub use emit::{
+    Compiled, Program, compile, emit_llvm_ir, emit_native, emit_shared_library, emit_static_library,
+};
 pub use jit::{Jit, jit};
 
 use inkwell::builder::BuilderError;

@@ -42,6 +42,9 @@ enum Emit {
     Obj,
     /// Shared library.
     So,
+    /// Static library (an `ar` archive of the object file); link it with
+    /// `-lm`, and `-lgomp` for threads.
+    Lib,
     /// C header for the compiled entry points.
     Header,
 }
@@ -79,8 +82,8 @@ enum Command {
         /// What to produce.
         #[arg(long, value_enum, default_value = "graph")]
         emit: Emit,
-        /// Output file (`-` for standard output, which `--emit so` refuses:
-        /// a shared library is linked to a file).
+        /// Output file (`-` for standard output, which `--emit so|lib` refuse:
+        /// libraries are written to a file).
         #[arg(short, long, default_value = "-")]
         output: String,
         /// Graph pipeline to run.
@@ -91,7 +94,7 @@ enum Command {
         /// estimated cost before and after.
         #[arg(long)]
         stats: bool,
-        /// Prefix of the exported symbols (llvm, asm, obj, so, header):
+        /// Prefix of the exported symbols (llvm, asm, obj, so, lib, header):
         /// entry point `f` of `model.dl` is `dlc_model_f` by default.
         #[arg(long, value_name = "PREFIX")]
         prefix: Option<String>,
@@ -552,13 +555,18 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                         source,
                     });
                 }
-                Emit::So => {
+                Emit::So | Emit::Lib => {
+                    let (kind, link): (_, fn(_, _, _) -> _) = if emit == Emit::So {
+                        ("so", dlc_llvm::emit_shared_library::<dlc_tile::Module>)
+                    } else {
+                        ("lib", dlc_llvm::emit_static_library::<dlc_tile::Module>)
+                    };
                     if output == "-" {
-                        return Err(DriverError::Usage(
-                            "--emit so writes a binary file: give -o FILE".into(),
-                        ));
+                        return Err(DriverError::Usage(format!(
+                            "--emit {kind} writes a binary file: give -o FILE"
+                        )));
                     }
-                    dlc_llvm::emit_shared_library(
+                    link(
                         &cpu_tiles(&module)?,
                         std::path::Path::new(&output),
                         &symbols,

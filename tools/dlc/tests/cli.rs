@@ -1046,3 +1046,49 @@ fn run_time_errors_name_the_source_place() {
         &format!("`f`: out of memory allocating a buffer at {oom}:2:13"),
     );
 }
+
+/// `--emit lib` writes a static archive (one object, with a symbol index)
+/// that a C program links like the object file.
+#[test]
+fn static_libraries_link_into_a_c_program() {
+    let d = Dir::new("lib");
+    let model = d.file("m.dl", MODEL);
+    let lib = d.0.join("libm_model.a");
+    let o = dlc(&[
+        "compile",
+        &model,
+        "--emit",
+        "lib",
+        "-o",
+        lib.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    fails_with(&dlc(&["compile", &model, "--emit", "lib"]), "give -o FILE");
+    // Written again over the old archive: still one member.
+    let o = dlc(&[
+        "compile",
+        &model,
+        "--emit",
+        "lib",
+        "-o",
+        lib.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let members = Command::new("ar").arg("t").arg(&lib).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&members.stdout).lines().count(), 1);
+    let (_, h) = emit_object_and_header(&d, &model, "model");
+    assert!(h.contains("dlc_m_affine"), "{h}");
+    let main = d.file("main.c", C_MAIN);
+    let got: Vec<f64> = run_c_program(&d, "main_lib", &main, &lib, &["-lm", "-lgomp"])
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    let want = affine_reference();
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(&want) {
+        assert!(
+            (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+            "got {got:?}, want {want:?}"
+        );
+    }
+}
