@@ -1092,3 +1092,72 @@ fn static_libraries_link_into_a_c_program() {
         );
     }
 }
+
+/// Two models with entry points of the same name, each compiled to a
+/// static library with its header, link into one C program: their symbols
+/// (and their internal workspace caches) carry each model's prefix.
+#[test]
+fn two_models_link_into_one_program() {
+    let d = Dir::new("two");
+    let affine = |op: &str| {
+        format!(
+            "fn affine(x: f32[2, 3], w: f32[3, 2], b: f32[2]) -> f32[2, 2] {{ return x @ w {op} b; }}\n"
+        )
+    };
+    for (stem, op) in [("plus", "+"), ("minus", "-")] {
+        let model = d.file(&format!("{stem}.dl"), &affine(op));
+        for (emit, file) in [
+            ("lib", format!("lib{stem}.a")),
+            ("header", format!("{stem}.h")),
+        ] {
+            let path = d.0.join(file);
+            let o = dlc(&[
+                "compile",
+                &model,
+                "--emit",
+                emit,
+                "-o",
+                path.to_str().unwrap(),
+            ]);
+            assert!(o.status.success(), "{emit}: {}", stderr(&o));
+        }
+    }
+    let main = d.file(
+        "main.c",
+        r#"
+#include <stdio.h>
+#include "plus.h"
+#include "minus.h"
+
+int main(void) {
+    float x[6] = {1, 2, 3, 4, 5, 6}, w[6] = {1, 0, 0, 1, 1, 1}, b[2] = {10, 20};
+    float p[4], m[4];
+    if (dlc_plus_affine(x, w, b, p) != DLC_OK || dlc_minus_affine(x, w, b, m) != DLC_OK) {
+        return 1;
+    }
+    for (int i = 0; i < 4; i++) {
+        printf("%g %g\n", p[i], m[i]);
+    }
+    return 0;
+}
+"#,
+    );
+    let exe = d.0.join("both");
+    let cc = Command::new("cc")
+        .args(["-std=c99", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&main)
+        .arg(d.0.join("libplus.a"))
+        .arg(d.0.join("libminus.a"))
+        .args(["-lm", "-lgomp"])
+        .output()
+        .unwrap();
+    assert!(cc.status.success(), "{}", stderr(&cc));
+    let run = Command::new(&exe).output().unwrap();
+    assert!(run.status.success(), "{}", stderr(&run));
+    // x @ w = [[4, 5], [10, 11]]; plus adds b, minus subtracts it.
+    assert_eq!(
+        String::from_utf8_lossy(&run.stdout),
+        "14 -6\n25 -15\n20 0\n31 -9\n"
+    );
+}
