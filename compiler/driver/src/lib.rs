@@ -455,17 +455,6 @@ pub struct PassOptions<'a> {
     pub print_after_all: Option<&'a mut dyn Write>,
 }
 
-/// Writes each pass's counters as `--stats` prints them
-/// (`   value pass - counter`), to standard error.
-pub fn print_stats(reports: &[PassReport]) {
-    let mut err = std::io::stderr().lock();
-    for r in reports {
-        for (what, n) in &r.stats {
-            let _ = writeln!(err, "{:>8} {} - {what}", n, r.name);
-        }
-    }
-}
-
 /// Runs a textual pipeline over `module`, verifying before and after each pass.
 pub fn run_passes(
     module: &mut Module,
@@ -1046,31 +1035,6 @@ pub fn save_outputs(dir: &Path, outputs: &[HostTensor]) -> Result<Vec<PathBuf>, 
             Ok(path)
         })
         .collect()
-}
-
-/// Writes to standard output; when the reader has gone away (`dlc ... |
-/// head`), exits quietly instead of panicking as `print!` does.
-pub fn write_stdout(args: std::fmt::Arguments<'_>) {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    if let Err(e) = out.write_fmt(args).and_then(|()| out.flush())
-        && e.kind() == std::io::ErrorKind::BrokenPipe
-    {
-        std::process::exit(0);
-    }
-}
-
-/// `print!` through [`write_stdout`].
-#[macro_export]
-macro_rules! out {
-    ($($t:tt)*) => { $crate::write_stdout(format_args!($($t)*)) };
-}
-
-/// `println!` through [`write_stdout`].
-#[macro_export]
-macro_rules! outln {
-    () => { $crate::write_stdout(format_args!("\n")) };
-    ($($t:tt)*) => { $crate::write_stdout(format_args!("{}\n", format_args!($($t)*))) };
 }
 
 #[cfg(test)]

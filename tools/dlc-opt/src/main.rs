@@ -43,7 +43,7 @@ struct Args {
 fn run(args: Args) -> Result<(), DriverError> {
     if args.list_passes {
         for (name, description) in registry().describe() {
-            dlc_driver::outln!("{name:<22} {description}");
+            dlc_cli::outln!("{name:<22} {description}");
         }
         return Ok(());
     }
@@ -60,7 +60,7 @@ fn run(args: Args) -> Result<(), DriverError> {
     };
     let reports = run_pipeline(&mut module, &args.passes, options)?;
     if args.stats {
-        dlc_driver::print_stats(&reports);
+        dlc_cli::print_stats(&reports);
     }
     let mut err = std::io::stderr().lock();
     if args.timing {
@@ -87,7 +87,7 @@ fn run(args: Args) -> Result<(), DriverError> {
             source,
         }),
         _ => {
-            dlc_driver::out!("{text}");
+            dlc_cli::out!("{text}");
             Ok(())
         }
     }

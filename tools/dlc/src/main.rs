@@ -272,20 +272,20 @@ fn bench(
             "warmup": warmup,
             "backend": "cpu",
         });
-        dlc_driver::outln!("{report}");
+        dlc_cli::outln!("{report}");
     } else {
-        dlc_driver::outln!(
+        dlc_cli::outln!(
             "{} ({file}), {threads} thread{}",
             f.name,
             if threads == 1 { "" } else { "s" }
         );
-        dlc_driver::outln!(
+        dlc_cli::outln!(
             "  compile: {:.3} s (front end and lowering {:.3} s, LLVM {:.3} s)",
             compile.as_secs_f64(),
             front.as_secs_f64(),
             llvm.as_secs_f64()
         );
-        dlc_driver::outln!(
+        dlc_cli::outln!(
             "  latency: median {median:.3} ms, min {min:.3} ms, max {max:.3} ms over {runs} runs ({warmup} warm-up)"
         );
     }
@@ -421,7 +421,7 @@ fn calibrate(output: &str, runs: usize) -> Result<(), DriverError> {
     };
     let text = format!("{}\n", model.to_json());
     if output == "-" {
-        dlc_driver::out!("{text}");
+        dlc_cli::out!("{text}");
     } else {
         std::fs::write(output, text).map_err(|source| DriverError::Io {
             path: output.into(),
@@ -488,7 +488,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             let src = read_input(&file)?;
             let module = compile_source(&src)?;
             let entries: Vec<&str> = module.entry_points().map(|f| f.name.as_str()).collect();
-            dlc_driver::outln!(
+            dlc_cli::outln!(
                 "{}: ok ({} entry point(s): {})",
                 src.name,
                 entries.len(),
@@ -514,7 +514,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             let mut module = compile_source(&src)?;
             let reports = run_passes(&mut module, &passes, PassOptions::default())?;
             if stats {
-                dlc_driver::print_stats(&reports);
+                dlc_cli::print_stats(&reports);
             }
             if let Some(name) = entry.as_deref() {
                 select_entry(&module, Some(name))?;
@@ -590,7 +590,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                 }
             };
             if output == "-" {
-                dlc_driver::out!("{text}");
+                dlc_cli::out!("{text}");
                 Ok(())
             } else {
                 std::fs::write(&output, text).map_err(|source| DriverError::Io {
@@ -641,7 +641,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             let args = prepare_inputs(f, &files, random_inputs)?;
             if let Some(dir) = &save_inputs {
                 for path in dlc_driver::save_inputs(dir, f, &args)? {
-                    dlc_driver::outln!("wrote {}", path.display());
+                    dlc_cli::outln!("wrote {}", path.display());
                 }
             }
             // Compiled code has no work limit: with --check, the reference
@@ -677,15 +677,15 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                     if c.all_nan() {
                         eprintln!("warning: --check: {c}");
                     }
-                    dlc_driver::outln!("check: ok: {c}");
+                    dlc_cli::outln!("check: ok: {c}");
                 }
             }
             for (i, t) in outputs.iter().enumerate() {
-                dlc_driver::outln!("out{i}: {}", summary(t));
+                dlc_cli::outln!("out{i}: {}", summary(t));
             }
             if let Some(dir) = save {
                 for path in save_outputs(&dir, &outputs)? {
-                    dlc_driver::outln!("wrote {}", path.display());
+                    dlc_cli::outln!("wrote {}", path.display());
                 }
             }
             Ok(())
