@@ -9,6 +9,7 @@ use crate::codegen::tile::TileIr;
 use crate::codegen::{Ir, Sites};
 use crate::target::x86_64;
 use crate::{CodegenError, R};
+use dlc_core::TargetDesc;
 use dlc_runtime::abi::{Signature, Site, Symbols};
 use dlc_tile::Module as TModule;
 use inkwell::FloatPredicate;
@@ -24,14 +25,15 @@ pub trait Program {
     /// The runtime signature of function `name` (no failure sites).
     fn signature_of(&self, name: &str) -> R<Signature>;
     /// Emits every function, its `SYM.entry` wrapper and its
-    /// `SYM.signature` into `module`; returns each function's failure
-    /// sites by name.
+    /// `SYM.signature` into `module`, with vectors of `target`'s width;
+    /// returns each function's failure sites by name.
     #[doc(hidden)]
     fn emit_functions<'ctx>(
         &self,
         ctx: &'ctx Context,
         module: &Module<'ctx>,
         symbols: &Symbols,
+        target: &TargetDesc,
     ) -> R<HashMap<String, Vec<Site>>>;
 }
 
@@ -72,12 +74,13 @@ fn emit_all<'ctx, I: Ir>(
     ctx: &'ctx Context,
     module: &Module<'ctx>,
     symbols: &Symbols,
+    target: &TargetDesc,
 ) -> R<HashMap<String, Vec<Site>>> {
     let mut all = HashMap::new();
     for f in functions {
         let symbol = symbols.symbol(I::name(f)).map_err(CodegenError::Symbol)?;
         let sites = Sites::default();
-        let func = I::emit(ctx, module, f, &symbol, &sites)?;
+        let func = I::emit(ctx, module, f, &symbol, &sites, target)?;
         let sites = export(
             ctx,
             module,
@@ -102,8 +105,9 @@ impl Program for TModule {
         ctx: &'ctx Context,
         module: &Module<'ctx>,
         symbols: &Symbols,
+        target: &TargetDesc,
     ) -> R<HashMap<String, Vec<Site>>> {
-        emit_all::<TileIr>(&self.functions, ctx, module, symbols)
+        emit_all::<TileIr>(&self.functions, ctx, module, symbols, target)
     }
 }
 
@@ -117,21 +121,28 @@ pub struct Compiled<'ctx> {
     pub(crate) sites: HashMap<String, Vec<Site>>,
 }
 
-/// Compiles tile IR for the host CPU and optimizes it (O3); entry
-/// point `f` is exported as `symbols.symbol(f)`, every other function is
-/// private.
+/// Compiles tile IR for `target`'s CPU (`TargetDesc::host()`: this
+/// machine) and optimizes it (O3); entry point `f` is exported as
+/// `symbols.symbol(f)`, every other function is private.
 pub fn compile<'ctx, P: Program + ?Sized>(
     ctx: &'ctx Context,
     m: &P,
     symbols: &Symbols,
+    target: &TargetDesc,
 ) -> R<Compiled<'ctx>> {
-    let machine = x86_64::host_machine()?;
+    if target.cpu().is_none() {
+        return Err(CodegenError::Unsupported(format!(
+            "`{}` is not a CPU: this back end compiles for x86-64 CPUs",
+            target.name
+        )));
+    }
+    let machine = x86_64::machine(target)?;
     let module = ctx.create_module("dlc");
     module.set_triple(&machine.get_triple());
     module.set_data_layout(&machine.get_target_data().get_data_layout());
-    let all_sites = m.emit_functions(ctx, &module, symbols)?;
+    let all_sites = m.emit_functions(ctx, &module, symbols, target)?;
     define_bf16_truncation(ctx, &module)?;
-    let attributes = x86_64::function_attributes();
+    let attributes = x86_64::function_attributes(target);
     for func in module.get_functions() {
         if func.count_basic_blocks() == 0 {
             continue;
@@ -201,17 +212,26 @@ impl Compiled<'_> {
     }
 }
 
-/// The optimized LLVM IR of a module, as text.
-pub fn emit_llvm_ir<P: Program + ?Sized>(m: &P, symbols: &Symbols) -> R<String> {
+/// The optimized LLVM IR of a module for `target`, as text.
+pub fn emit_llvm_ir<P: Program + ?Sized>(
+    m: &P,
+    symbols: &Symbols,
+    target: &TargetDesc,
+) -> R<String> {
     let ctx = Context::create();
-    let c = compile(&ctx, m, symbols)?;
+    let c = compile(&ctx, m, symbols, target)?;
     Ok(c.module.print_to_string().to_string())
 }
 
-/// Native assembly (`asm`) or an object file for the host.
-pub fn emit_native<P: Program + ?Sized>(m: &P, object: bool, symbols: &Symbols) -> R<Vec<u8>> {
+/// Native assembly (`asm`) or an object file for `target`.
+pub fn emit_native<P: Program + ?Sized>(
+    m: &P,
+    object: bool,
+    symbols: &Symbols,
+    target: &TargetDesc,
+) -> R<Vec<u8>> {
     let ctx = Context::create();
-    let c = compile(&ctx, m, symbols)?;
+    let c = compile(&ctx, m, symbols, target)?;
     let kind = if object {
         inkwell::targets::FileType::Object
     } else {
@@ -230,9 +250,10 @@ pub fn emit_shared_library<P: Program + ?Sized>(
     m: &P,
     path: &std::path::Path,
     symbols: &Symbols,
+    target: &TargetDesc,
 ) -> R<()> {
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    with_object(m, symbols, |obj| {
+    with_object(m, symbols, target, |obj| {
         run_tool(
             std::process::Command::new(&cc)
                 .arg("-shared")
@@ -254,6 +275,7 @@ pub fn emit_static_library<P: Program + ?Sized>(
     m: &P,
     path: &std::path::Path,
     symbols: &Symbols,
+    target: &TargetDesc,
 ) -> R<()> {
     let ar = std::env::var("AR").unwrap_or_else(|_| "ar".into());
     // `ar r` adds to an archive that exists: start from none.
@@ -262,7 +284,7 @@ pub fn emit_static_library<P: Program + ?Sized>(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(CodegenError::Link(format!("{}: {e}", path.display()))),
     }
-    with_object(m, symbols, |obj| {
+    with_object(m, symbols, target, |obj| {
         run_tool(
             std::process::Command::new(&ar)
                 .arg("rcsD")
@@ -278,9 +300,10 @@ pub fn emit_static_library<P: Program + ?Sized>(
 fn with_object<P: Program + ?Sized>(
     m: &P,
     symbols: &Symbols,
+    target: &TargetDesc,
     f: impl FnOnce(&std::path::Path) -> R<()>,
 ) -> R<()> {
-    let object = emit_native(m, true, symbols)?;
+    let object = emit_native(m, true, symbols, target)?;
     let dir = std::env::temp_dir().join(format!(
         "dlc-link-{}-{}",
         std::process::id(),

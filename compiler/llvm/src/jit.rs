@@ -58,7 +58,7 @@ pub fn jit<P: Program + ?Sized, T>(m: &P, use_it: impl FnOnce(&Jit<'_, P>) -> R<
     let start = std::time::Instant::now();
     load_thread_pool()?;
     let ctx = Context::create();
-    let compiled = compile(&ctx, m, &jit_symbols())?;
+    let compiled = compile(&ctx, m, &jit_symbols(), dlc_core::TargetDesc::host())?;
     let sites = compiled.sites.clone();
     let engine = compiled
         .module

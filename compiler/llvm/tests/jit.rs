@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
-use dlc_core::{DType, TensorType};
+use dlc_core::{DType, TargetDesc, TensorType};
 use dlc_driver::{
     DEFAULT_PIPELINE, PassOptions, SourceText, compile_source, interpret, max_relative_error,
     prepare_inputs, run_passes,
@@ -308,7 +308,12 @@ fn small_workloads() {
 fn emits_llvm_ir_for_the_host() {
     let m = graph("fn f(x: f32[64], y: f32[64]) -> f32[64] { return x * y + 1.0; }");
     let symbols = dlc_runtime::abi::Symbols::for_module("model");
-    let ir = dlc_llvm::emit_llvm_ir(&dlc_driver::lower_for_cpu(&m).unwrap(), &symbols).unwrap();
+    let ir = dlc_llvm::emit_llvm_ir(
+        &dlc_driver::lower_for_cpu(&m).unwrap(),
+        &symbols,
+        TargetDesc::host(),
+    )
+    .unwrap();
     assert!(ir.contains(" i32 @dlc_model_f(ptr"), "{ir}");
     assert!(ir.contains(" i32 @dlc_model_f.entry(ptr"), "{ir}");
     assert!(ir.contains("\"target-cpu\""), "{ir}");

@@ -24,6 +24,10 @@ pub struct CpuDesc {
     pub l1_bytes: usize,
     /// Level-2 cache per core, bytes.
     pub l2_bytes: usize,
+    /// The CPU code is generated for, as LLVM names it (`x86-64-v3`), or
+    /// `None` for the machine the compiler runs on (its CPU and features,
+    /// as LLVM detects them).
+    pub llvm_cpu: Option<String>,
 }
 
 /// The register-tiled product kernel's blocking (BLIS's names).
@@ -79,6 +83,9 @@ pub struct TargetDesc {
     pub kind: TargetKind,
 }
 
+/// The levels [`TargetDesc::for_cpu`] knows.
+pub const CPU_LEVELS: [&str; 4] = ["native", "x86-64-v2", "x86-64-v3", "x86-64-v4"];
+
 /// The names [`TargetDesc::named`] knows.
 pub const TARGET_NAMES: [&str; 5] = ["host", "x86-64-avx512", "x86-64-avx2", "sm_80", "sm_90"];
 
@@ -103,6 +110,7 @@ impl TargetDesc {
                 cores,
                 l1_bytes: 48 << 10,
                 l2_bytes: 2 << 20,
+                llvm_cpu: Some("x86-64-v4".into()),
             }),
         }
     }
@@ -119,7 +127,44 @@ impl TargetDesc {
                 cores,
                 l1_bytes: 32 << 10,
                 l2_bytes: 1 << 20,
+                llvm_cpu: Some("x86-64-v3".into()),
             }),
+        }
+    }
+
+    /// An x86-64 CPU with SSE4.2 and no AVX (the `x86-64-v2` level): 16
+    /// registers of 128 bits, no fused multiply-add.
+    pub fn x86_64_sse(cores: usize) -> TargetDesc {
+        TargetDesc {
+            name: "x86-64-sse".into(),
+            kind: TargetKind::Cpu(CpuDesc {
+                vector_bits: 128,
+                vector_registers: 16,
+                fma: false,
+                avx512_bf16: false,
+                cores,
+                l1_bytes: 32 << 10,
+                l2_bytes: 256 << 10,
+                llvm_cpu: Some("x86-64-v2".into()),
+            }),
+        }
+    }
+
+    /// The CPU `--cpu LEVEL` means: `native` (this machine: its CPU and
+    /// every feature it has) or an x86-64 microarchitecture level, whose
+    /// code runs on any CPU of that level: `x86-64-v2` (SSE4.2),
+    /// `x86-64-v3` (AVX2, FMA), `x86-64-v4` (AVX-512).
+    pub fn for_cpu(level: &str) -> Result<TargetDesc, String> {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        match level {
+            "native" => Ok(TargetDesc::host().clone()),
+            "x86-64-v4" => Ok(TargetDesc::x86_64_avx512(cores)),
+            "x86-64-v3" => Ok(TargetDesc::x86_64_avx2(cores)),
+            "x86-64-v2" => Ok(TargetDesc::x86_64_sse(cores)),
+            other => Err(format!(
+                "unknown CPU level `{other}` (known: {})",
+                CPU_LEVELS.join(", ")
+            )),
         }
     }
 
@@ -127,7 +172,13 @@ impl TargetDesc {
     /// its core count (detected once).
     pub fn host() -> &'static TargetDesc {
         static HOST: std::sync::OnceLock<TargetDesc> = std::sync::OnceLock::new();
-        HOST.get_or_init(TargetDesc::detect_host)
+        HOST.get_or_init(|| {
+            let mut t = TargetDesc::detect_host();
+            if let TargetKind::Cpu(c) = &mut t.kind {
+                c.llvm_cpu = None;
+            }
+            t
+        })
     }
 
     fn detect_host() -> TargetDesc {

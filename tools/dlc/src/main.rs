@@ -102,6 +102,12 @@ enum Command {
         /// host, x86-64-avx512, x86-64-avx2, sm_80 or sm_90.
         #[arg(long, default_value = "host")]
         target: String,
+        /// The x86-64 CPU compiled code is for (llvm, asm, obj, so, lib):
+        /// `native` (this machine, every feature it has), or a level whose
+        /// code runs on any CPU of it: `x86-64-v2` (SSE4.2), `x86-64-v3`
+        /// (AVX2, FMA), `x86-64-v4` (AVX-512).
+        #[arg(long, default_value = "native")]
+        cpu: String,
     },
     /// Run an entry point of a model.
     Run {
@@ -505,7 +511,11 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             stats,
             prefix,
             target,
+            cpu,
         } => {
+            let cpu = dlc_core::TargetDesc::for_cpu(&cpu).map_err(DriverError::Usage)?;
+            // Compiled code: tile IR scheduled for that CPU.
+            let compiled = |module: &dlc_graph::Module| dlc_driver::lower_for_tile(module, &cpu);
             let src = read_input(&file)?;
             let symbols = match prefix {
                 Some(p) => Symbols::with_prefix(&p).map_err(DriverError::Usage)?,
@@ -530,15 +540,15 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                 Emit::Tile => dlc_tile::print_module(&tiled(&module, &target)?),
                 Emit::TileMlir => dlc_tile::print_mlir_generic(&tiled(&module, &target)?),
                 Emit::Llvm => {
-                    dlc_llvm::emit_llvm_ir(&cpu_tiles(&module)?, &symbols).map_err(codegen)?
+                    dlc_llvm::emit_llvm_ir(&compiled(&module)?, &symbols, &cpu).map_err(codegen)?
                 }
                 Emit::Asm => {
-                    let bytes = dlc_llvm::emit_native(&cpu_tiles(&module)?, false, &symbols)
+                    let bytes = dlc_llvm::emit_native(&compiled(&module)?, false, &symbols, &cpu)
                         .map_err(codegen)?;
                     String::from_utf8_lossy(&bytes).into_owned()
                 }
                 Emit::Obj => {
-                    let bytes = dlc_llvm::emit_native(&cpu_tiles(&module)?, true, &symbols)
+                    let bytes = dlc_llvm::emit_native(&compiled(&module)?, true, &symbols, &cpu)
                         .map_err(codegen)?;
                     if output == "-" {
                         use std::io::Write;
@@ -556,7 +566,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                     });
                 }
                 Emit::So | Emit::Lib => {
-                    let (kind, link): (_, fn(_, _, _) -> _) = if emit == Emit::So {
+                    let (kind, link): (_, fn(_, _, _, _) -> _) = if emit == Emit::So {
                         ("so", dlc_llvm::emit_shared_library::<dlc_tile::Module>)
                     } else {
                         ("lib", dlc_llvm::emit_static_library::<dlc_tile::Module>)
@@ -567,15 +577,16 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                         )));
                     }
                     link(
-                        &cpu_tiles(&module)?,
+                        &compiled(&module)?,
                         std::path::Path::new(&output),
                         &symbols,
+                        &cpu,
                     )
                     .map_err(codegen)?;
                     return Ok(());
                 }
                 Emit::Header => {
-                    let lowered = cpu_tiles(&module)?;
+                    let lowered = compiled(&module)?;
                     let sigs = lowered
                         .functions
                         .iter()
@@ -586,7 +597,11 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                         std::path::Path::new(if output == "-" { &src.name } else { &output })
                             .file_stem()
                             .map_or("model".into(), |s| s.to_string_lossy().into_owned());
-                    dlc_runtime::abi::c_header(&stem, &sigs)
+                    let runs_on = match cpu.cpu().and_then(|c| c.llvm_cpu.as_deref()) {
+                        Some(level) => format!("{level}: it runs on any x86-64 CPU of that level"),
+                        None => "the CPU of the machine that compiled it (`--cpu native`)".into(),
+                    };
+                    dlc_runtime::abi::c_header(&stem, &sigs, &runs_on)
                 }
             };
             if output == "-" {

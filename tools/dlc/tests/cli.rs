@@ -1161,3 +1161,117 @@ int main(void) {
         "14 -6\n25 -15\n20 0\n31 -9\n"
     );
 }
+
+/// `--cpu LEVEL` compiles for an x86-64 level: the object for `x86-64-v3`
+/// uses no AVX-512 register and the one for `x86-64-v2` no AVX one (checked
+/// in the disassembly); both compute the right results in a C program, and
+/// a packed product compiled for every level agrees with this machine's.
+#[test]
+fn objects_for_a_cpu_level_use_only_its_instructions() {
+    let d = Dir::new("cpu");
+    // A product large enough for the packed kernel, and the C_MAIN model.
+    let model = d.file(
+        "m.dl",
+        &format!(
+            "{MODEL}\nfn big(x: f32[64, 96], w: f32[96, 80]) -> f32[64, 80] {{ return tanh(x @ w); }}\n"
+        ),
+    );
+    let (_, h) = emit_object_and_header(&d, &model, "model");
+    assert!(h.contains("dlc_m_affine"), "{h}");
+    let main = d.file("main.c", C_MAIN);
+    for (level, absent) in [
+        ("x86-64-v3", &["zmm"][..]),
+        ("x86-64-v2", &["zmm", "ymm"][..]),
+    ] {
+        let obj = d.0.join(format!("{level}.o"));
+        let o = dlc(&[
+            "compile",
+            &model,
+            "--emit",
+            "obj",
+            "--cpu",
+            level,
+            "-o",
+            obj.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{level}: {}", stderr(&o));
+        let dis = Command::new("objdump")
+            .arg("-d")
+            .arg(&obj)
+            .output()
+            .expect("objdump (binutils, installed by `make setup`)");
+        let text = String::from_utf8_lossy(&dis.stdout);
+        assert!(text.contains("dlc_m_big"), "{level}: no disassembly");
+        for reg in absent {
+            assert!(!text.contains(&format!("%{reg}")), "{level} uses {reg}");
+        }
+        let got: Vec<f64> = run_c_program(&d, level, &main, &obj, &["-lm", "-lgomp"])
+            .lines()
+            .map(|l| l.parse().unwrap())
+            .collect();
+        let want = affine_reference();
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g - w).abs() <= 1e-5 * w.abs().max(1.0), "{level}: {got:?}");
+        }
+    }
+    // The packed product and tanh in vectors of each level's width agree
+    // with this machine's code.
+    let x: Vec<f64> = (0..64 * 96)
+        .map(|i| ((i * 37 % 101) as f64 - 50.0) / 40.0)
+        .collect();
+    let w: Vec<f64> = (0..96 * 80)
+        .map(|i| ((i * 53 % 89) as f64 - 44.0) / 300.0)
+        .collect();
+    let args = [
+        HostTensor::new(f32ty(&[64, 96]), x).unwrap(),
+        HostTensor::new(f32ty(&[96, 80]), w).unwrap(),
+    ];
+    let big = |level: &str| -> Vec<f64> {
+        let so = d.0.join(format!("lib{level}.so"));
+        let o = dlc(&[
+            "compile",
+            &model,
+            "--emit",
+            "so",
+            "--cpu",
+            level,
+            "-o",
+            so.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{level}: {}", stderr(&o));
+        let lib = dlc_runtime::SharedLibrary::open(&so).unwrap();
+        lib.kernel("dlc_m_big").unwrap().call(&args).unwrap()[0]
+            .data
+            .clone()
+    };
+    let native = big("native");
+    let mut levels = vec!["x86-64-v2", "x86-64-v3"];
+    // AVX-512 code runs only where the CPU has it.
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        levels.push("x86-64-v4");
+    }
+    for level in levels {
+        let got = big(level);
+        for (g, n) in got.iter().zip(&native) {
+            assert!(
+                (g - n).abs() <= 1e-5 * n.abs().max(1.0),
+                "{level}: {g} vs {n}"
+            );
+        }
+    }
+    // The header says which CPUs the code runs on.
+    let h = dlc(&["compile", &model, "--emit", "header", "--cpu", "x86-64-v3"]);
+    assert!(
+        String::from_utf8_lossy(&h.stdout)
+            .contains("Compiled for x86-64-v3: it runs on any x86-64 CPU of that level."),
+        "{}",
+        String::from_utf8_lossy(&h.stdout)
+    );
+    fails_with(
+        &dlc(&[
+            "compile", &model, "--emit", "obj", "--cpu", "pentium9", "-o", "-",
+        ]),
+        "unknown CPU level `pentium9` (known: native, x86-64-v2, x86-64-v3, x86-64-v4)",
+    );
+}

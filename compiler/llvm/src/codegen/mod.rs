@@ -40,13 +40,14 @@ pub(crate) trait Ir: Sized {
     /// How many pointer parameters its C-ABI function takes.
     fn arity(f: &Self::Function) -> usize;
     /// Emits it as the C-ABI function `symbol`, its failures numbered
-    /// among `sites`.
+    /// among `sites`, with vectors of `target`'s width.
     fn emit<'ctx>(
         ctx: &'ctx Context,
         module: &Module<'ctx>,
         f: &Self::Function,
         symbol: &str,
         sites: &Sites,
+        target: &dlc_core::TargetDesc,
     ) -> R<FunctionValue<'ctx>>;
 }
 
@@ -83,6 +84,10 @@ pub(crate) struct Gen<'ctx, 'f, I: Ir = tile::TileIr> {
     /// Tile IR only, in an exported function: where the workspace's
     /// per-thread scratch regions start, and the bytes of one.
     scratch: Option<(PointerValue<'ctx>, u64)>,
+    /// Lanes of one vector (of f32) on the target, and the fewest programs
+    /// a kernel spreads over threads.
+    lanes: usize,
+    min_threads: usize,
 }
 
 /// The places where an exported function can fail, in the order their
@@ -133,6 +138,8 @@ impl<'ctx, 'f, I: Ir> Gen<'ctx, 'f, I> {
             kernels: HashMap::new(),
             workspace: None,
             scratch: None,
+            lanes: dlc_core::TargetDesc::host().lanes(DType::F32),
+            min_threads: dlc_core::TargetDesc::host().min_thread_iterations(),
         }
     }
 

@@ -57,8 +57,10 @@ impl Ir for TileIr {
         f: &Function,
         symbol: &str,
         sites: &Sites,
+        target: &TargetDesc,
     ) -> R<FunctionValue<'ctx>> {
-        let lanes = lanes();
+        // Tiles are cut into vectors of f32 registers' lanes.
+        let lanes = target.lanes(DType::F32);
         if let Some(t) = f.values.iter().find_map(|t| match t {
             Type::Tile(t) if Cut::new(&t.shape, lanes).vectors() > MAX_TILE_VECTORS => Some(t),
             _ => None,
@@ -72,6 +74,7 @@ impl Ir for TileIr {
         }
         let params: Vec<Value> = f.params.iter().map(|(_, v)| *v).collect();
         let mut g = Gen::exported(ctx, module, f, &params, symbol, sites)?;
+        (g.lanes, g.min_threads) = (lanes, target.min_thread_iterations());
         let plan = Workspace::plan(&g, f)?;
         g.take_workspace(symbol, &plan)?;
         g.host_block(&f.body)?;
@@ -265,11 +268,6 @@ impl<'ctx> Gen<'ctx, '_, TileIr> {
 /// program holds in registers (or the stack, when they spill), not tensors.
 pub(crate) const MAX_TILE_VECTORS: usize = 4096;
 
-/// Lanes of one vector of a tile: those of an f32 vector register.
-fn lanes() -> usize {
-    TargetDesc::host().lanes(DType::F32)
-}
-
 /// How a tile of some shape is cut into vectors.
 #[derive(Debug, Clone)]
 struct Cut {
@@ -354,7 +352,7 @@ struct Access<'ctx> {
 
 impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
     fn cut(&self, v: Value) -> Cut {
-        Cut::new(self.f.ty(v).shape().unwrap_or(&[]), lanes())
+        Cut::new(self.f.ty(v).shape().unwrap_or(&[]), self.lanes)
     }
 
     fn tdtype(&self, v: Value) -> R<DType> {
@@ -1275,7 +1273,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         let mut pids = Vec::new();
         collect(f, &body.ops, &mut Vec::new(), &mut pids);
         let (key, inputs) = dlc_tile::print::fingerprint(f, id);
-        let threads = total >= TargetDesc::host().min_thread_iterations();
+        let threads = total >= self.min_threads;
         let region = match (bytes, self.scratch) {
             (0, _) => None,
             (_, Some(region)) => Some(region),
