@@ -400,7 +400,7 @@ pub fn registry() -> PassRegistry<Ir> {
     r.register(
         "convert-loop-to-tile",
         "schedules each loop nest as tile kernels (grid, tiles, tile.dot, tile.reduce) for \
-         `target` (host, x86-64-avx512, x86-64-avx2, sm_80, sm_90; default host); `vector=N` \
+         `target` (host, x86-64-avx512, x86-64-avx2, aarch64-linux-gnu, sm_80, sm_90; default host); `vector=N` \
          (iterations per tile of an innermost loop), `dot=MxNxK` (blocks of a product) and \
          `packed=false` (no packed products) override the target's schedule",
         |o| {

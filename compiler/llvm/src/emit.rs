@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use crate::abi::entry_wrapper;
 use crate::codegen::tile::TileIr;
 use crate::codegen::{Ir, Sites};
-use crate::target::x86_64;
+use crate::target;
 use crate::{CodegenError, R};
 use dlc_core::TargetDesc;
 use dlc_runtime::abi::{Signature, Site, Symbols};
@@ -136,13 +136,13 @@ pub fn compile<'ctx, P: Program + ?Sized>(
             target.name
         )));
     }
-    let machine = x86_64::machine(target)?;
+    let machine = target::machine(target)?;
     let module = ctx.create_module("dlc");
     module.set_triple(&machine.get_triple());
     module.set_data_layout(&machine.get_target_data().get_data_layout());
     let all_sites = m.emit_functions(ctx, &module, symbols, target)?;
     define_bf16_truncation(ctx, &module)?;
-    let attributes = x86_64::function_attributes(target);
+    let attributes = target::function_attributes(target);
     for func in module.get_functions() {
         if func.count_basic_blocks() == 0 {
             continue;

@@ -28,6 +28,8 @@ pub struct CpuDesc {
     /// `None` for the machine the compiler runs on (its CPU and features,
     /// as LLVM detects them).
     pub llvm_cpu: Option<String>,
+    /// The target triple, or `None` for the machine the compiler runs on.
+    pub triple: Option<String>,
 }
 
 /// The register-tiled product kernel's blocking (BLIS's names).
@@ -87,7 +89,14 @@ pub struct TargetDesc {
 pub const CPU_LEVELS: [&str; 4] = ["native", "x86-64-v2", "x86-64-v3", "x86-64-v4"];
 
 /// The names [`TargetDesc::named`] knows.
-pub const TARGET_NAMES: [&str; 5] = ["host", "x86-64-avx512", "x86-64-avx2", "sm_80", "sm_90"];
+pub const TARGET_NAMES: [&str; 6] = [
+    "host",
+    "x86-64-avx512",
+    "x86-64-avx2",
+    "aarch64-linux-gnu",
+    "sm_80",
+    "sm_90",
+];
 
 /// Contractions with fewer multiply-adds than this are not packed: packing
 /// costs more than it saves.
@@ -111,6 +120,7 @@ impl TargetDesc {
                 l1_bytes: 48 << 10,
                 l2_bytes: 2 << 20,
                 llvm_cpu: Some("x86-64-v4".into()),
+                triple: None,
             }),
         }
     }
@@ -128,6 +138,7 @@ impl TargetDesc {
                 l1_bytes: 32 << 10,
                 l2_bytes: 1 << 20,
                 llvm_cpu: Some("x86-64-v3".into()),
+                triple: None,
             }),
         }
     }
@@ -146,6 +157,27 @@ impl TargetDesc {
                 l1_bytes: 32 << 10,
                 l2_bytes: 256 << 10,
                 llvm_cpu: Some("x86-64-v2".into()),
+                triple: None,
+            }),
+        }
+    }
+
+    /// A 64-bit Arm CPU running Linux (`aarch64-linux-gnu`) with Advanced
+    /// SIMD: 32 registers of 128 bits, fused multiply-add (the `generic`
+    /// CPU, which every Armv8-A core runs).
+    pub fn aarch64_linux(cores: usize) -> TargetDesc {
+        TargetDesc {
+            name: "aarch64-linux-gnu".into(),
+            kind: TargetKind::Cpu(CpuDesc {
+                vector_bits: 128,
+                vector_registers: 32,
+                fma: true,
+                avx512_bf16: false,
+                cores,
+                l1_bytes: 64 << 10,
+                l2_bytes: 1 << 20,
+                llvm_cpu: Some("generic".into()),
+                triple: Some("aarch64-unknown-linux-gnu".into()),
             }),
         }
     }
@@ -230,6 +262,9 @@ impl TargetDesc {
             "host" => Ok(TargetDesc::host().clone()),
             "x86-64-avx512" => Ok(TargetDesc::x86_64_avx512(cores)),
             "x86-64-avx2" => Ok(TargetDesc::x86_64_avx2(cores)),
+            "aarch64-linux-gnu" | "aarch64-unknown-linux-gnu" => {
+                Ok(TargetDesc::aarch64_linux(cores))
+            }
             "sm_80" | "cuda:sm_80" => Ok(TargetDesc::sm_80()),
             "sm_90" | "cuda:sm_90" => Ok(TargetDesc::sm_90()),
             other => Err(format!(

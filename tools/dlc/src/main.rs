@@ -99,7 +99,9 @@ enum Command {
         #[arg(long, value_name = "PREFIX")]
         prefix: Option<String>,
         /// The target tile IR is scheduled for (`--emit tile|tile-mlir`):
-        /// host, x86-64-avx512, x86-64-avx2, sm_80 or sm_90.
+        /// host, x86-64-avx512, x86-64-avx2, aarch64-linux-gnu, sm_80 or
+        /// sm_90; `aarch64-linux-gnu` also cross-compiles the artifacts
+        /// (llvm, asm, obj, lib, header) for 64-bit Arm Linux.
         #[arg(long, default_value = "host")]
         target: String,
         /// The x86-64 CPU compiled code is for (llvm, asm, obj, so, lib):
@@ -147,7 +149,7 @@ enum Command {
         #[arg(long, value_name = "OPS", default_value_t = DEFAULT_WORK_LIMIT)]
         max_work: f64,
         /// The target `--backend tile` schedules for: host, x86-64-avx512,
-        /// x86-64-avx2, sm_80 or sm_90.
+        /// x86-64-avx2, aarch64-linux-gnu, sm_80 or sm_90.
         #[arg(long, default_value = "host")]
         target: String,
     },
@@ -513,7 +515,18 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             target,
             cpu,
         } => {
-            let cpu = dlc_core::TargetDesc::for_cpu(&cpu).map_err(DriverError::Usage)?;
+            // The CPU compiled code is for: a cross target's, else the
+            // x86-64 level.
+            let named = dlc_core::TargetDesc::named(&target).map_err(DriverError::Usage)?;
+            let cpu = match named.cpu().and_then(|c| c.triple.as_deref()) {
+                Some(triple) if cpu != "native" => {
+                    return Err(DriverError::Usage(format!(
+                        "--cpu {cpu} is an x86-64 level; --target {triple} compiles for its own CPU"
+                    )));
+                }
+                Some(_) => named,
+                None => dlc_core::TargetDesc::for_cpu(&cpu).map_err(DriverError::Usage)?,
+            };
             // Compiled code: tile IR scheduled for that CPU.
             let compiled = |module: &dlc_graph::Module| dlc_driver::lower_for_tile(module, &cpu);
             let src = read_input(&file)?;
@@ -574,6 +587,14 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                     if output == "-" {
                         return Err(DriverError::Usage(format!(
                             "--emit {kind} writes a binary file: give -o FILE"
+                        )));
+                    }
+                    if let (Emit::So, Some(triple)) =
+                        (emit, cpu.cpu().and_then(|c| c.triple.as_deref()))
+                    {
+                        return Err(DriverError::Usage(format!(
+                            "--emit so links with this machine's C compiler, which cannot link \
+                             for {triple}: use --emit obj or lib and link with a toolchain for it"
                         )));
                     }
                     link(

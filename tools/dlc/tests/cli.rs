@@ -1275,3 +1275,39 @@ fn objects_for_a_cpu_level_use_only_its_instructions() {
         "unknown CPU level `pentium9` (known: native, x86-64-v2, x86-64-v3, x86-64-v4)",
     );
 }
+
+/// `--target aarch64-linux-gnu` cross-compiles: the object is AArch64 ELF
+/// (its machine field) and its code uses Advanced SIMD multiply-adds; a
+/// shared library, which this machine's linker cannot make for it, and an
+/// x86-64 level with it are refused with a reason.
+#[test]
+fn objects_cross_compile_for_aarch64() {
+    let d = Dir::new("arm");
+    let model = d.file(
+        "m.dl",
+        "fn big(x: f32[64, 96], w: f32[96, 80]) -> f32[64, 80] { return tanh(x @ w); }\n",
+    );
+    let obj = d.0.join("m.o");
+    let args = ["compile", &model, "--target", "aarch64-linux-gnu", "--emit"];
+    let o = dlc(&[&args[..], &["obj", "-o", obj.to_str().unwrap()]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let bytes = std::fs::read(&obj).unwrap();
+    assert_eq!(&bytes[..4], b"\x7fELF");
+    // e_machine, little-endian: EM_AARCH64 is 183.
+    assert_eq!(u16::from_le_bytes([bytes[18], bytes[19]]), 183);
+    let asm = dlc(&[&args[..], &["asm"]].concat());
+    assert!(String::from_utf8_lossy(&asm.stdout).contains("fmla"));
+    let so = d.0.join("libm.so");
+    fails_with(
+        &dlc(&[&args[..], &["so", "-o", so.to_str().unwrap()]].concat()),
+        "cannot link for aarch64-unknown-linux-gnu: use --emit obj or lib",
+    );
+    fails_with(
+        &dlc(&[
+            &args[..],
+            &["obj", "--cpu", "x86-64-v3", "-o", obj.to_str().unwrap()],
+        ]
+        .concat()),
+        "--cpu x86-64-v3 is an x86-64 level",
+    );
+}
