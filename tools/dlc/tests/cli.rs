@@ -562,18 +562,20 @@ fn object_files_link_into_a_c_program() {
         ("main", &["-lm", "-lgomp"][..]),
         ("main_alone", &["-lm"][..]),
     ] {
-        let got: Vec<f64> = run_c_program(&d, exe, &main, &obj, libs)
-            .lines()
-            .map(|l| l.parse().unwrap())
-            .collect();
-        let want = affine_reference();
-        assert_eq!(got.len(), want.len());
-        for (g, w) in got.iter().zip(&want) {
-            assert!(
-                (g - w).abs() <= 1e-5 * w.abs().max(1.0),
-                "{libs:?}: got {got:?}, want {want:?}"
-            );
-        }
+        check_affine_output(&run_c_program(&d, exe, &main, &obj, libs), exe);
+    }
+}
+
+/// What `C_MAIN` printed (built as `what`) against [`affine_reference`].
+fn check_affine_output(printed: &str, what: &str) {
+    let got: Vec<f64> = printed.lines().map(|l| l.parse().unwrap()).collect();
+    let want = affine_reference();
+    assert_eq!(got.len(), want.len(), "{what}: {printed}");
+    for (g, w) in got.iter().zip(&want) {
+        assert!(
+            (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+            "{what}: got {got:?}, want {want:?}"
+        );
     }
 }
 
@@ -1079,18 +1081,10 @@ fn static_libraries_link_into_a_c_program() {
     let (_, h) = emit_object_and_header(&d, &model, "model");
     assert!(h.contains("dlc_m_affine"), "{h}");
     let main = d.file("main.c", C_MAIN);
-    let got: Vec<f64> = run_c_program(&d, "main_lib", &main, &lib, &["-lm", "-lgomp"])
-        .lines()
-        .map(|l| l.parse().unwrap())
-        .collect();
-    let want = affine_reference();
-    assert_eq!(got.len(), want.len());
-    for (g, w) in got.iter().zip(&want) {
-        assert!(
-            (g - w).abs() <= 1e-5 * w.abs().max(1.0),
-            "got {got:?}, want {want:?}"
-        );
-    }
+    check_affine_output(
+        &run_c_program(&d, "main_lib", &main, &lib, &["-lm", "-lgomp"]),
+        "main_lib",
+    );
 }
 
 /// Two models with entry points of the same name, each compiled to a
@@ -1205,15 +1199,10 @@ fn objects_for_a_cpu_level_use_only_its_instructions() {
         for reg in absent {
             assert!(!text.contains(&format!("%{reg}")), "{level} uses {reg}");
         }
-        let got: Vec<f64> = run_c_program(&d, level, &main, &obj, &["-lm", "-lgomp"])
-            .lines()
-            .map(|l| l.parse().unwrap())
-            .collect();
-        let want = affine_reference();
-        assert_eq!(got.len(), want.len());
-        for (g, w) in got.iter().zip(&want) {
-            assert!((g - w).abs() <= 1e-5 * w.abs().max(1.0), "{level}: {got:?}");
-        }
+        check_affine_output(
+            &run_c_program(&d, level, &main, &obj, &["-lm", "-lgomp"]),
+            level,
+        );
     }
     // The packed product and tanh in vectors of each level's width agree
     // with this machine's code.
