@@ -21,6 +21,14 @@ use dlc_runtime::{HostTensor, TensorError, seeded_rng};
 
 pub use dlc_graph::transforms::DEFAULT_PIPELINE;
 
+mod artifact;
+pub mod bindings;
+
+pub use artifact::{
+    Artifact, CodeGenerator, Compilation, CompileOptions, NativeArtifact, code_target, compile,
+    module_stem, runs_on, signature,
+};
+
 /// Stack for front-end and IR work: deep (but bounded) nesting in user input
 /// must end in a diagnostic, not a stack overflow.
 const FRONTEND_STACK: usize = 256 << 20;
@@ -75,6 +83,9 @@ pub enum DriverError {
     /// A tensor file could not be read or written.
     #[error("error: {0}")]
     Tensor(#[from] TensorError),
+    /// Machine code could not be made (the code generator's message).
+    #[error("error: {0}")]
+    Codegen(String),
     /// The work thread died (a bug: the front end must not panic).
     #[error("error: internal compiler error: {0}")]
     Internal(String),
@@ -356,6 +367,11 @@ impl Pass<Ir> for ConvertLoopToTile {
     }
 }
 
+/// Lowers a graph module to loop nests over buffers.
+pub fn lower_to_loops(module: &Module) -> Result<dlc_loop::Module, DriverError> {
+    dlc_lower::lower_module(module).map_err(|e| DriverError::Usage(e.to_string()))
+}
+
 /// Lowers a graph module and schedules it as tile kernels for this CPU:
 /// what the CPU back end compiles.
 pub fn lower_for_cpu(module: &Module) -> Result<dlc_tile::Module, DriverError> {
@@ -368,8 +384,7 @@ pub fn lower_for_tile(
     module: &Module,
     target: &dlc_core::TargetDesc,
 ) -> Result<dlc_tile::Module, DriverError> {
-    let lowered = dlc_lower::lower_module(module).map_err(|e| DriverError::Usage(e.to_string()))?;
-    let mut ir = Ir::Loop(lowered);
+    let mut ir = Ir::Loop(lower_to_loops(module)?);
     PassManager::new(vec![
         Box::new(ConvertLoopToTile(dlc_lower::ScheduleParams::for_target(
             target,

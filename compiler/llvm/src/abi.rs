@@ -2,8 +2,6 @@
 //! `SYM.entry(void **)` wrapper.
 
 use crate::{CodegenError, R};
-use dlc_core::TensorType;
-use dlc_runtime::Param;
 use dlc_runtime::abi::{Signature, Symbols};
 use inkwell::AddressSpace;
 use inkwell::context::Context;
@@ -13,39 +11,7 @@ use inkwell::values::{BasicMetadataValueEnum, FunctionValue};
 /// The runtime signature of a tile function: its parameters, inputs then
 /// results, each a contiguous tensor.
 pub fn signature(f: &dlc_tile::Function) -> R<Signature> {
-    let first_output = f.params.len() - f.outputs.min(f.params.len());
-    f.params
-        .iter()
-        .enumerate()
-        .map(|(i, (name, v))| {
-            let dlc_tile::Type::Buffer(t) = f.ty(*v) else {
-                return Err(CodegenError::Invalid(format!(
-                    "parameter %{name} of @{} is not a buffer",
-                    f.name
-                )));
-            };
-            param(&f.name, name, &t.layout, i >= first_output)
-        })
-        .collect::<R<Vec<_>>>()
-        .map(|params| Signature {
-            name: f.name.clone(),
-            params,
-            sites: Vec::new(),
-        })
-}
-
-fn param(func: &str, name: &str, t: &dlc_core::Layout, output: bool) -> R<Param> {
-    if !t.is_contiguous() {
-        return Err(CodegenError::Arguments(format!(
-            "parameter %{name} of @{func} ({t}) is strided; only row-major parameters can be \
-             passed through the C ABI"
-        )));
-    }
-    Ok(Param {
-        name: name.to_string(),
-        ty: TensorType::new(t.dtype, t.shape.clone()),
-        output,
-    })
+    dlc_driver::signature(f).map_err(CodegenError::Arguments)
 }
 
 /// Function `name`'s signature, named by its exported symbol: what a C

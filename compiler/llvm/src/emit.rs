@@ -304,21 +304,29 @@ fn with_object<P: Program + ?Sized>(
     f: impl FnOnce(&std::path::Path) -> R<()>,
 ) -> R<()> {
     let object = emit_native(m, true, symbols, target)?;
-    let dir = std::env::temp_dir().join(format!(
-        "dlc-link-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos())
-    ));
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| CodegenError::Link(format!("{}: {e}", dir.display())))?;
+    let dir = scratch_dir()?;
     let obj = dir.join("module.o");
     let result = std::fs::write(&obj, &object)
         .map_err(|e| CodegenError::Link(format!("{}: {e}", obj.display())))
         .and_then(|()| f(&obj));
     let _ = std::fs::remove_dir_all(&dir);
     result
+}
+
+/// A fresh temporary directory (the caller removes it).
+fn scratch_dir() -> R<std::path::PathBuf> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "dlc-link-{}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| CodegenError::Link(format!("{}: {e}", dir.display())))?;
+    Ok(dir)
 }
 
 /// Runs a linking tool, its failure (or absence) as a link error naming it.
@@ -333,5 +341,40 @@ fn run_tool(cmd: &mut std::process::Command, what: &str) -> R<()> {
             "{what} failed: {}",
             String::from_utf8_lossy(&out.stderr).trim()
         )))
+    }
+}
+
+/// The LLVM back end as the driver's code generator: what
+/// `dlc_driver::compile` calls for machine code.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Llvm;
+
+impl dlc_driver::CodeGenerator for Llvm {
+    fn emit(
+        &self,
+        module: &TModule,
+        what: dlc_driver::NativeArtifact,
+        symbols: &Symbols,
+        target: &TargetDesc,
+    ) -> Result<Vec<u8>, String> {
+        use dlc_driver::NativeArtifact as A;
+        let library = |link: fn(&TModule, &std::path::Path, &Symbols, &TargetDesc) -> R<()>| {
+            let dir = scratch_dir()?;
+            let path = dir.join("library");
+            let result = link(module, &path, symbols, target).and_then(|()| {
+                std::fs::read(&path)
+                    .map_err(|e| CodegenError::Link(format!("{}: {e}", path.display())))
+            });
+            let _ = std::fs::remove_dir_all(&dir);
+            result
+        };
+        match what {
+            A::LlvmIr => emit_llvm_ir(module, symbols, target).map(String::into_bytes),
+            A::Assembly => emit_native(module, false, symbols, target),
+            A::Object => emit_native(module, true, symbols, target),
+            A::SharedLibrary => library(emit_shared_library::<TModule>),
+            A::StaticLibrary => library(emit_static_library::<TModule>),
+        }
+        .map_err(|e| e.to_string())
     }
 }

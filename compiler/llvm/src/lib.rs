@@ -41,7 +41,8 @@ mod target;
 
 pub use abi::{exported_signature, signature};
 pub use emit::{
-    Compiled, Program, compile, emit_llvm_ir, emit_native, emit_shared_library, emit_static_library,
+    Compiled, Llvm, Program, compile, emit_llvm_ir, emit_native, emit_shared_library,
+    emit_static_library,
 };
 pub use jit::{Jit, jit};
 

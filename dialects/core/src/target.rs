@@ -86,7 +86,32 @@ pub struct TargetDesc {
 }
 
 /// The levels [`TargetDesc::for_cpu`] knows.
-pub const CPU_LEVELS: [&str; 4] = ["native", "x86-64-v2", "x86-64-v3", "x86-64-v4"];
+pub const CPU_LEVELS: [&str; 5] = ["native", "x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4"];
+
+/// The LLVM CPU names `--cpu` takes beside the levels: each with the level
+/// whose vector code it gets (its registers and width) and whether it has
+/// AVX-512 BF16.
+pub const LLVM_CPUS: [(&str, &str, bool); 19] = [
+    ("nehalem", "x86-64-v2", false),
+    ("sandybridge", "x86-64-v2", false),
+    ("ivybridge", "x86-64-v2", false),
+    ("haswell", "x86-64-v3", false),
+    ("broadwell", "x86-64-v3", false),
+    ("skylake", "x86-64-v3", false),
+    ("alderlake", "x86-64-v3", false),
+    ("znver1", "x86-64-v3", false),
+    ("znver2", "x86-64-v3", false),
+    ("znver3", "x86-64-v3", false),
+    ("skylake-avx512", "x86-64-v4", false),
+    ("cascadelake", "x86-64-v4", false),
+    ("icelake-client", "x86-64-v4", false),
+    ("icelake-server", "x86-64-v4", false),
+    ("tigerlake", "x86-64-v4", false),
+    ("cooperlake", "x86-64-v4", true),
+    ("sapphirerapids", "x86-64-v4", true),
+    ("znver4", "x86-64-v4", true),
+    ("znver5", "x86-64-v4", true),
+];
 
 /// The names [`TargetDesc::named`] knows.
 pub const TARGET_NAMES: [&str; 6] = [
@@ -143,7 +168,8 @@ impl TargetDesc {
         }
     }
 
-    /// An x86-64 CPU with SSE4.2 and no AVX (the `x86-64-v2` level): 16
+    /// An x86-64 CPU with SSE vectors and no AVX (the `x86-64-v2` level,
+    /// SSE4.2; [`TargetDesc::for_cpu`] also makes the `x86-64` level, SSE2): 16
     /// registers of 128 bits, no fused multiply-add.
     pub fn x86_64_sse(cores: usize) -> TargetDesc {
         TargetDesc {
@@ -182,22 +208,38 @@ impl TargetDesc {
         }
     }
 
-    /// The CPU `--cpu LEVEL` means: `native` (this machine: its CPU and
-    /// every feature it has) or an x86-64 microarchitecture level, whose
-    /// code runs on any CPU of that level: `x86-64-v2` (SSE4.2),
-    /// `x86-64-v3` (AVX2, FMA), `x86-64-v4` (AVX-512).
-    pub fn for_cpu(level: &str) -> Result<TargetDesc, String> {
+    /// The CPU `--cpu CPU` means: `native` (this machine: its CPU and
+    /// every feature it has), an x86-64 microarchitecture level, whose code
+    /// runs on any CPU of that level (`x86-64`: SSE2, every x86-64 CPU;
+    /// `x86-64-v2`: SSE4.2; `x86-64-v3`: AVX2, FMA; `x86-64-v4`: AVX-512),
+    /// or one of the LLVM CPU names of [`LLVM_CPUS`] (code tuned for that
+    /// CPU, needing its instructions).
+    pub fn for_cpu(cpu: &str) -> Result<TargetDesc, String> {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        match level {
-            "native" => Ok(TargetDesc::host().clone()),
-            "x86-64-v4" => Ok(TargetDesc::x86_64_avx512(cores)),
-            "x86-64-v3" => Ok(TargetDesc::x86_64_avx2(cores)),
-            "x86-64-v2" => Ok(TargetDesc::x86_64_sse(cores)),
-            other => Err(format!(
-                "unknown CPU level `{other}` (known: {})",
-                CPU_LEVELS.join(", ")
-            )),
+        let (level, bf16) = match cpu {
+            "native" => return Ok(TargetDesc::host().clone()),
+            "x86-64" | "x86-64-v2" | "x86-64-v3" | "x86-64-v4" => (cpu, false),
+            _ => match LLVM_CPUS.iter().find(|(name, ..)| *name == cpu) {
+                Some(&(_, level, bf16)) => (level, bf16),
+                None => {
+                    return Err(format!(
+                        "unknown CPU `{cpu}` (known: {}, or an LLVM CPU name: {})",
+                        CPU_LEVELS.join(", "),
+                        LLVM_CPUS.map(|(name, ..)| name).join(", ")
+                    ));
+                }
+            },
+        };
+        let mut t = match level {
+            "x86-64-v4" => TargetDesc::x86_64_avx512(cores),
+            "x86-64-v3" => TargetDesc::x86_64_avx2(cores),
+            _ => TargetDesc::x86_64_sse(cores),
+        };
+        if let TargetKind::Cpu(c) = &mut t.kind {
+            c.llvm_cpu = Some(cpu.into());
+            c.avx512_bf16 = bf16;
         }
+        Ok(t)
     }
 
     /// This machine's CPU: AVX-512 when it has AVX512F, else AVX2, with

@@ -19,6 +19,16 @@ pub fn write_stdout(args: std::fmt::Arguments<'_>) {
     }
 }
 
+/// Writes bytes (an object file) to standard output, quietly exiting when
+/// the reader has gone away; other failures are returned.
+pub fn write_stdout_bytes(bytes: &[u8]) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        other => other,
+    }
+}
+
 /// `print!` through [`write_stdout`].
 #[macro_export]
 macro_rules! out {

@@ -6,12 +6,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use dlc_driver::{
-    DEFAULT_PIPELINE, DEFAULT_WORK_LIMIT, DriverError, PassOptions, check_results,
-    check_tolerances, compile_source, interpret_loops_within, interpret_within, prepare_inputs,
-    read_input, run_passes, save_outputs, select_entry,
+    Artifact, CompileOptions, DEFAULT_PIPELINE, DEFAULT_WORK_LIMIT, DriverError, NativeArtifact,
+    PassOptions, check_results, check_tolerances, compile_source, interpret_loops_within,
+    interpret_within, prepare_inputs, read_input, run_passes, save_outputs, select_entry,
 };
 use dlc_runtime::HostTensor;
-use dlc_runtime::abi::Symbols;
 
 #[derive(Parser)]
 #[command(name = "dlc", version, about = "The dlc deep-learning compiler")]
@@ -47,6 +46,30 @@ enum Emit {
     Lib,
     /// C header for the compiled entry points.
     Header,
+    /// Safe Rust bindings for the compiled entry points (`ndarray` tensors,
+    /// `Result` errors), to `include!` in a program linking the static
+    /// library.
+    Rust,
+}
+
+impl Emit {
+    fn artifact(self) -> Artifact {
+        match self {
+            Emit::Graph => Artifact::Graph,
+            Emit::GraphMlir => Artifact::GraphMlir,
+            Emit::Loop => Artifact::Loop,
+            Emit::LoopMlir => Artifact::LoopMlir,
+            Emit::Tile => Artifact::Tile,
+            Emit::TileMlir => Artifact::TileMlir,
+            Emit::Llvm => Artifact::Native(NativeArtifact::LlvmIr),
+            Emit::Asm => Artifact::Native(NativeArtifact::Assembly),
+            Emit::Obj => Artifact::Native(NativeArtifact::Object),
+            Emit::So => Artifact::Native(NativeArtifact::SharedLibrary),
+            Emit::Lib => Artifact::Native(NativeArtifact::StaticLibrary),
+            Emit::Header => Artifact::CHeader,
+            Emit::Rust => Artifact::RustBindings,
+        }
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -104,10 +127,12 @@ enum Command {
         /// (llvm, asm, obj, lib, header) for 64-bit Arm Linux.
         #[arg(long, default_value = "host")]
         target: String,
-        /// The x86-64 CPU compiled code is for (llvm, asm, obj, so, lib):
-        /// `native` (this machine, every feature it has), or a level whose
-        /// code runs on any CPU of it: `x86-64-v2` (SSE4.2), `x86-64-v3`
-        /// (AVX2, FMA), `x86-64-v4` (AVX-512).
+        /// The x86-64 CPU compiled code is for (llvm, asm, obj, so, lib,
+        /// header, rust): `native` (this machine, every feature it has), a
+        /// level whose code runs on any CPU of it: `x86-64` (SSE2),
+        /// `x86-64-v2` (SSE4.2), `x86-64-v3` (AVX2, FMA), `x86-64-v4`
+        /// (AVX-512); or an LLVM CPU name (`haswell`, `skylake-avx512`,
+        /// `znver4`, ...: code tuned for that CPU, needing its instructions).
         #[arg(long, default_value = "native")]
         cpu: String,
     },
@@ -193,10 +218,6 @@ enum Command {
         #[arg(long, default_value_t = 30)]
         runs: usize,
     },
-}
-
-fn lower(module: &dlc_graph::Module) -> Result<dlc_loop::Module, DriverError> {
-    dlc_lower::lower_module(module).map_err(|e| DriverError::Usage(e.to_string()))
 }
 
 /// Tile IR scheduled for this CPU: what the CPU back end compiles.
@@ -439,17 +460,6 @@ fn calibrate(output: &str, runs: usize) -> Result<(), DriverError> {
     Ok(())
 }
 
-/// The stem of an input's name (`model` for `dir/model.dl`, `stdin` for
-/// standard input): what default symbol prefixes are made of.
-fn module_stem(name: &str) -> String {
-    if name == "<stdin>" {
-        return "stdin".into();
-    }
-    std::path::Path::new(name)
-        .file_stem()
-        .map_or("model".into(), |s| s.to_string_lossy().into_owned())
-}
-
 fn not_yet(what: &str) -> DriverError {
     DriverError::Usage(format!(
         "{what} is not available yet: this build compiles for this CPU only (--backend cpu); \
@@ -515,121 +525,35 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             target,
             cpu,
         } => {
-            // The CPU compiled code is for: a cross target's, else the
-            // x86-64 level.
-            let named = dlc_core::TargetDesc::named(&target).map_err(DriverError::Usage)?;
-            let cpu = match named.cpu().and_then(|c| c.triple.as_deref()) {
-                Some(triple) if cpu != "native" => {
-                    return Err(DriverError::Usage(format!(
-                        "--cpu {cpu} is an x86-64 level; --target {triple} compiles for its own CPU"
-                    )));
-                }
-                Some(_) => named,
-                None => dlc_core::TargetDesc::for_cpu(&cpu).map_err(DriverError::Usage)?,
+            let artifact = emit.artifact();
+            if artifact.is_binary() && output == "-" && emit != Emit::Obj {
+                return Err(DriverError::Usage(format!(
+                    "--emit {} writes a binary file: give -o FILE",
+                    emit.to_possible_value()
+                        .map_or("?".into(), |v| v.get_name().to_string())
+                )));
+            }
+            let options = CompileOptions {
+                emit: artifact,
+                entries: entry.into_iter().collect(),
+                passes,
+                prefix,
+                target,
+                cpu,
+                header_name: (output != "-").then(|| dlc_driver::module_stem(&output)),
             };
-            // Compiled code: tile IR scheduled for that CPU.
-            let compiled = |module: &dlc_graph::Module| dlc_driver::lower_for_tile(module, &cpu);
             let src = read_input(&file)?;
-            let symbols = match prefix {
-                Some(p) => Symbols::with_prefix(&p).map_err(DriverError::Usage)?,
-                None => Symbols::for_module(&module_stem(&src.name)),
-            };
-            let mut module = compile_source(&src)?;
-            let reports = run_passes(&mut module, &passes, PassOptions::default())?;
+            let done = dlc_driver::compile(&src, &options, Some(&dlc_llvm::Llvm))?;
             if stats {
-                dlc_cli::print_stats(&reports);
+                dlc_cli::print_stats(&done.reports);
             }
-            if let Some(name) = entry.as_deref() {
-                select_entry(&module, Some(name))?;
-                module
-                    .functions
-                    .retain(|f| f.name == name || f.visibility == dlc_graph::Visibility::Private);
-            }
-            let text = match emit {
-                Emit::Graph => dlc_graph::print_module(&module),
-                Emit::GraphMlir => dlc_graph::print_mlir_generic(&module),
-                Emit::Loop => dlc_loop::print_module(&lower(&module)?),
-                Emit::LoopMlir => dlc_loop::print_mlir_generic(&lower(&module)?),
-                Emit::Tile => dlc_tile::print_module(&tiled(&module, &target)?),
-                Emit::TileMlir => dlc_tile::print_mlir_generic(&tiled(&module, &target)?),
-                Emit::Llvm => {
-                    dlc_llvm::emit_llvm_ir(&compiled(&module)?, &symbols, &cpu).map_err(codegen)?
-                }
-                Emit::Asm => {
-                    let bytes = dlc_llvm::emit_native(&compiled(&module)?, false, &symbols, &cpu)
-                        .map_err(codegen)?;
-                    String::from_utf8_lossy(&bytes).into_owned()
-                }
-                Emit::Obj => {
-                    let bytes = dlc_llvm::emit_native(&compiled(&module)?, true, &symbols, &cpu)
-                        .map_err(codegen)?;
-                    if output == "-" {
-                        use std::io::Write;
-                        let mut out = std::io::stdout().lock();
-                        return out.write_all(&bytes).and_then(|()| out.flush()).map_err(
-                            |source| DriverError::Io {
-                                path: "<stdout>".into(),
-                                source,
-                            },
-                        );
-                    }
-                    return std::fs::write(&output, bytes).map_err(|source| DriverError::Io {
-                        path: output.clone(),
-                        source,
-                    });
-                }
-                Emit::So | Emit::Lib => {
-                    let (kind, link): (_, fn(_, _, _, _) -> _) = if emit == Emit::So {
-                        ("so", dlc_llvm::emit_shared_library::<dlc_tile::Module>)
-                    } else {
-                        ("lib", dlc_llvm::emit_static_library::<dlc_tile::Module>)
-                    };
-                    if output == "-" {
-                        return Err(DriverError::Usage(format!(
-                            "--emit {kind} writes a binary file: give -o FILE"
-                        )));
-                    }
-                    if let (Emit::So, Some(triple)) =
-                        (emit, cpu.cpu().and_then(|c| c.triple.as_deref()))
-                    {
-                        return Err(DriverError::Usage(format!(
-                            "--emit so links with this machine's C compiler, which cannot link \
-                             for {triple}: use --emit obj or lib and link with a toolchain for it"
-                        )));
-                    }
-                    link(
-                        &compiled(&module)?,
-                        std::path::Path::new(&output),
-                        &symbols,
-                        &cpu,
-                    )
-                    .map_err(codegen)?;
-                    return Ok(());
-                }
-                Emit::Header => {
-                    let lowered = compiled(&module)?;
-                    let sigs = lowered
-                        .functions
-                        .iter()
-                        .map(|f| dlc_llvm::exported_signature(&lowered, &f.name, &symbols))
-                        .collect::<Result<Vec<_>, _>>()
-                        .map_err(codegen)?;
-                    let stem =
-                        std::path::Path::new(if output == "-" { &src.name } else { &output })
-                            .file_stem()
-                            .map_or("model".into(), |s| s.to_string_lossy().into_owned());
-                    let runs_on = match cpu.cpu().and_then(|c| c.llvm_cpu.as_deref()) {
-                        Some(level) => format!("{level}: it runs on any x86-64 CPU of that level"),
-                        None => "the CPU of the machine that compiled it (`--cpu native`)".into(),
-                    };
-                    dlc_runtime::abi::c_header(&stem, &sigs, &runs_on)
-                }
-            };
             if output == "-" {
-                dlc_cli::out!("{text}");
-                Ok(())
+                dlc_cli::write_stdout_bytes(&done.bytes).map_err(|source| DriverError::Io {
+                    path: "<stdout>".into(),
+                    source,
+                })
             } else {
-                std::fs::write(&output, text).map_err(|source| DriverError::Io {
+                std::fs::write(&output, &done.bytes).map_err(|source| DriverError::Io {
                     path: output.clone(),
                     source,
                 })

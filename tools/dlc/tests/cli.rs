@@ -1156,10 +1156,12 @@ int main(void) {
     );
 }
 
-/// `--cpu LEVEL` compiles for an x86-64 level: the object for `x86-64-v3`
-/// uses no AVX-512 register and the one for `x86-64-v2` no AVX one (checked
-/// in the disassembly); both compute the right results in a C program, and
-/// a packed product compiled for every level agrees with this machine's.
+/// `--cpu CPU` compiles for an x86-64 level or an LLVM CPU: the object for
+/// `x86-64-v3` (and `haswell`) uses no AVX-512 register, the one for
+/// `x86-64-v2` no AVX one and the one for `x86-64` no SSE4.1 blend either
+/// (checked in the disassembly); each computes the right results in a C
+/// program, and a packed product compiled for every CPU this machine runs
+/// agrees with this machine's.
 #[test]
 fn objects_for_a_cpu_level_use_only_its_instructions() {
     let d = Dir::new("cpu");
@@ -1174,8 +1176,11 @@ fn objects_for_a_cpu_level_use_only_its_instructions() {
     assert!(h.contains("dlc_m_affine"), "{h}");
     let main = d.file("main.c", C_MAIN);
     for (level, absent) in [
-        ("x86-64-v3", &["zmm"][..]),
-        ("x86-64-v2", &["zmm", "ymm"][..]),
+        ("x86-64-v3", &["%zmm"][..]),
+        ("x86-64-v2", &["%zmm", "%ymm"][..]),
+        // SSE2 only: no SSE4.1 blend either.
+        ("x86-64", &["%zmm", "%ymm", "blendv"][..]),
+        ("haswell", &["%zmm"][..]),
     ] {
         let obj = d.0.join(format!("{level}.o"));
         let o = dlc(&[
@@ -1196,8 +1201,8 @@ fn objects_for_a_cpu_level_use_only_its_instructions() {
             .expect("objdump (binutils, installed by `make setup`)");
         let text = String::from_utf8_lossy(&dis.stdout);
         assert!(text.contains("dlc_m_big"), "{level}: no disassembly");
-        for reg in absent {
-            assert!(!text.contains(&format!("%{reg}")), "{level} uses {reg}");
+        for what in absent {
+            assert!(!text.contains(what), "{level} uses {what}");
         }
         check_affine_output(
             &run_c_program(&d, level, &main, &obj, &["-lm", "-lgomp"]),
@@ -1235,10 +1240,10 @@ fn objects_for_a_cpu_level_use_only_its_instructions() {
             .clone()
     };
     let native = big("native");
-    let mut levels = vec!["x86-64-v2", "x86-64-v3"];
+    let mut levels = vec!["x86-64", "x86-64-v2", "x86-64-v3", "haswell"];
     // AVX-512 code runs only where the CPU has it.
     if std::arch::is_x86_feature_detected!("avx512f") {
-        levels.push("x86-64-v4");
+        levels.extend(["x86-64-v4", "skylake-avx512"]);
     }
     for level in levels {
         let got = big(level);
@@ -1261,7 +1266,8 @@ fn objects_for_a_cpu_level_use_only_its_instructions() {
         &dlc(&[
             "compile", &model, "--emit", "obj", "--cpu", "pentium9", "-o", "-",
         ]),
-        "unknown CPU level `pentium9` (known: native, x86-64-v2, x86-64-v3, x86-64-v4)",
+        "unknown CPU `pentium9` (known: native, x86-64, x86-64-v2, x86-64-v3, x86-64-v4, or an \
+         LLVM CPU name: nehalem, sandybridge,",
     );
 }
 
@@ -1289,7 +1295,7 @@ fn objects_cross_compile_for_aarch64() {
     let so = d.0.join("libm.so");
     fails_with(
         &dlc(&[&args[..], &["so", "-o", so.to_str().unwrap()]].concat()),
-        "cannot link for aarch64-unknown-linux-gnu: use --emit obj or lib",
+        "cannot link for aarch64-unknown-linux-gnu: make an object file or a static library",
     );
     fails_with(
         &dlc(&[
@@ -1297,6 +1303,6 @@ fn objects_cross_compile_for_aarch64() {
             &["obj", "--cpu", "x86-64-v3", "-o", obj.to_str().unwrap()],
         ]
         .concat()),
-        "--cpu x86-64-v3 is an x86-64 level",
+        "--cpu x86-64-v3 is an x86-64 CPU",
     );
 }

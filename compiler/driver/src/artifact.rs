@@ -1,0 +1,375 @@
+//! The whole pipeline, from source (or graph IR) to any artifact, as one
+//! call: [`compile`] with [`CompileOptions`].
+//!
+//! Machine code comes from a [`CodeGenerator`], which this crate only
+//! names: the LLVM crate implements it (`dlc_llvm::Llvm`), so the driver,
+//! and every test binary that links it without wanting code, stays free of
+//! LLVM.
+
+use dlc_core::{PassReport, TargetDesc};
+use dlc_graph::{Module, Visibility};
+use dlc_runtime::abi::{Signature, Symbols};
+
+use crate::{DriverError, PassOptions, SourceText};
+
+/// What [`compile`] produces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Artifact {
+    /// Graph dialect text, after the pipeline.
+    Graph,
+    /// Graph dialect in MLIR's generic operation syntax.
+    GraphMlir,
+    /// Loop dialect text.
+    Loop,
+    /// Loop dialect in MLIR's generic operation syntax.
+    LoopMlir,
+    /// Tile dialect text, scheduled for [`CompileOptions::target`].
+    Tile,
+    /// Tile dialect in MLIR's generic operation syntax.
+    TileMlir,
+    /// Machine code: see [`NativeArtifact`].
+    Native(NativeArtifact),
+    /// A C header declaring the compiled entry points.
+    CHeader,
+    /// Safe Rust bindings of the compiled entry points (see
+    /// [`crate::bindings`]); the program links the static library.
+    RustBindings,
+}
+
+/// Artifacts made of machine code, which a [`CodeGenerator`] makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NativeArtifact {
+    /// LLVM IR text, optimized.
+    LlvmIr,
+    /// Assembly text.
+    Assembly,
+    /// A relocatable object file.
+    Object,
+    /// A shared library (linked with the system's C compiler).
+    SharedLibrary,
+    /// A static library: an `ar` archive of the object file.
+    StaticLibrary,
+}
+
+impl Artifact {
+    /// Whether the artifact is bytes rather than text.
+    pub fn is_binary(self) -> bool {
+        matches!(
+            self,
+            Artifact::Native(
+                NativeArtifact::Object
+                    | NativeArtifact::SharedLibrary
+                    | NativeArtifact::StaticLibrary
+            )
+        )
+    }
+}
+
+/// A code generator: tile IR scheduled for a CPU, to machine code.
+pub trait CodeGenerator {
+    /// Emits every function of `module` (entry point `f` exported as
+    /// `symbols.symbol(f)`) as `what`, for `target`'s CPU.
+    fn emit(
+        &self,
+        module: &dlc_tile::Module,
+        what: NativeArtifact,
+        symbols: &Symbols,
+        target: &TargetDesc,
+    ) -> Result<Vec<u8>, String>;
+}
+
+/// Options of [`compile`]: what `dlc compile` takes on its command line.
+#[derive(Debug, Clone)]
+pub struct CompileOptions {
+    /// What to produce.
+    pub emit: Artifact,
+    /// Keep only these entry points (all when empty).
+    pub entries: Vec<String>,
+    /// The graph pipeline to run ([`crate::DEFAULT_PIPELINE`]).
+    pub passes: String,
+    /// Prefix of exported symbols; by default `dlc_STEM_` for a source named
+    /// `STEM.dl` ([`Symbols::for_module`]).
+    pub prefix: Option<String>,
+    /// The target ([`dlc_core::TARGET_NAMES`]): what tile IR is scheduled
+    /// for, and for a cross target (`aarch64-linux-gnu`) what machine code
+    /// is made for.
+    pub target: String,
+    /// The x86-64 CPU machine code is for ([`TargetDesc::for_cpu`]:
+    /// `native`, a level `x86-64`, `x86-64-v2/v3/v4`, or an LLVM CPU name).
+    pub cpu: String,
+    /// Name of the header's include guard (the source's stem by default).
+    pub header_name: Option<String>,
+}
+
+impl Default for CompileOptions {
+    fn default() -> Self {
+        CompileOptions {
+            emit: Artifact::Graph,
+            entries: Vec::new(),
+            passes: crate::DEFAULT_PIPELINE.into(),
+            prefix: None,
+            target: "host".into(),
+            cpu: "native".into(),
+            header_name: None,
+        }
+    }
+}
+
+/// What [`compile`] made.
+#[derive(Debug)]
+pub struct Compilation {
+    /// The artifact: UTF-8 text unless [`Artifact::is_binary`].
+    pub bytes: Vec<u8>,
+    /// Each pass's statistics.
+    pub reports: Vec<PassReport>,
+    /// The target machine code is for (unused for IR artifacts).
+    pub target: TargetDesc,
+}
+
+/// The stem of an input's name (`model` for `dir/model.dl`, `stdin` for
+/// standard input): what default symbol prefixes are made of.
+pub fn module_stem(name: &str) -> String {
+    if name == "<stdin>" {
+        return "stdin".into();
+    }
+    std::path::Path::new(name)
+        .file_stem()
+        .map_or("model".into(), |s| s.to_string_lossy().into_owned())
+}
+
+/// The CPU machine code is for: a cross target's own CPU, else the x86-64
+/// CPU `cpu` names.
+pub fn code_target(target: &str, cpu: &str) -> Result<TargetDesc, DriverError> {
+    let named = TargetDesc::named(target).map_err(DriverError::Usage)?;
+    match named.cpu().and_then(|c| c.triple.as_deref()) {
+        Some(triple) if cpu != "native" => Err(DriverError::Usage(format!(
+            "--cpu {cpu} is an x86-64 CPU; --target {triple} compiles for its own CPU"
+        ))),
+        Some(_) => Ok(named),
+        None => TargetDesc::for_cpu(cpu).map_err(DriverError::Usage),
+    }
+}
+
+/// Which CPUs code compiled for `target` runs on, in words.
+pub fn runs_on(target: &TargetDesc) -> String {
+    let cpu = target.cpu();
+    match (
+        cpu.and_then(|c| c.triple.as_deref()),
+        cpu.and_then(|c| c.llvm_cpu.as_deref()),
+    ) {
+        (Some(triple), Some(level)) => format!("{triple} ({level}): any CPU of that target"),
+        (None, Some(level)) => format!("{level}: it runs on any x86-64 CPU of that level"),
+        _ => "the CPU of the machine that compiled it (`--cpu native`)".into(),
+    }
+}
+
+/// Compiles `src` (dlc source or graph IR) to `options.emit`. Machine code
+/// and what describes it (headers, bindings) need a code generator.
+pub fn compile(
+    src: &SourceText,
+    options: &CompileOptions,
+    codegen: Option<&dyn CodeGenerator>,
+) -> Result<Compilation, DriverError> {
+    // Options are checked before any work.
+    let target = code_target(&options.target, &options.cpu)?;
+    let symbols = match &options.prefix {
+        Some(p) => Symbols::with_prefix(p).map_err(DriverError::Usage)?,
+        None => Symbols::for_module(&module_stem(&src.name)),
+    };
+    let mut module = crate::load(src)?;
+    let reports = crate::run_passes(&mut module, &options.passes, PassOptions::default())?;
+    keep_entries(&mut module, &options.entries)?;
+    let text = |s: String| Ok(s.into_bytes());
+    let bytes: Result<Vec<u8>, DriverError> = match options.emit {
+        Artifact::Graph => text(dlc_graph::print_module(&module)),
+        Artifact::GraphMlir => text(dlc_graph::print_mlir_generic(&module)),
+        Artifact::Loop => text(dlc_loop::print_module(&crate::lower_to_loops(&module)?)),
+        Artifact::LoopMlir => text(dlc_loop::print_mlir_generic(&crate::lower_to_loops(
+            &module,
+        )?)),
+        Artifact::Tile | Artifact::TileMlir => {
+            let named = TargetDesc::named(&options.target).map_err(DriverError::Usage)?;
+            let tiled = crate::lower_for_tile(&module, &named)?;
+            text(if options.emit == Artifact::Tile {
+                dlc_tile::print_module(&tiled)
+            } else {
+                dlc_tile::print_mlir_generic(&tiled)
+            })
+        }
+        Artifact::CHeader => {
+            let sigs = signatures(&crate::lower_for_tile(&module, &target)?, &symbols)?;
+            let sigs: Vec<Signature> = sigs.into_iter().map(|(_, s)| s).collect();
+            let guard = options
+                .header_name
+                .clone()
+                .unwrap_or_else(|| module_stem(&src.name));
+            text(dlc_runtime::abi::c_header(&guard, &sigs, &runs_on(&target)))
+        }
+        Artifact::RustBindings => {
+            let sigs = signatures(&crate::lower_for_tile(&module, &target)?, &symbols)?;
+            text(crate::bindings::rust_bindings(
+                &src.name,
+                &sigs,
+                &runs_on(&target),
+            ))
+        }
+        Artifact::Native(what) => {
+            let Some(codegen) = codegen else {
+                return Err(DriverError::Usage(
+                    "machine code needs a code generator (dlc_llvm::Llvm); none was given".into(),
+                ));
+            };
+            if let (NativeArtifact::SharedLibrary, Some(triple)) =
+                (what, target.cpu().and_then(|c| c.triple.as_deref()))
+            {
+                return Err(DriverError::Usage(format!(
+                    "a shared library is linked with this machine's C compiler, which cannot \
+                     link for {triple}: make an object file or a static library and link it \
+                     with a toolchain for it"
+                )));
+            }
+            let tiled = crate::lower_for_tile(&module, &target)?;
+            codegen
+                .emit(&tiled, what, &symbols, &target)
+                .map_err(DriverError::Codegen)
+        }
+    };
+    Ok(Compilation {
+        bytes: bytes?,
+        reports,
+        target,
+    })
+}
+
+/// Keeps only the entry points named in `entries` (and private functions)
+/// when it is not empty; each must exist.
+fn keep_entries(module: &mut Module, entries: &[String]) -> Result<(), DriverError> {
+    if entries.is_empty() {
+        return Ok(());
+    }
+    for name in entries {
+        crate::select_entry(module, Some(name))?;
+    }
+    module
+        .functions
+        .retain(|f| entries.contains(&f.name) || f.visibility == Visibility::Private);
+    Ok(())
+}
+
+/// Every function's name and C signature, the signature named by its
+/// exported symbol.
+fn signatures(
+    m: &dlc_tile::Module,
+    symbols: &Symbols,
+) -> Result<Vec<(String, Signature)>, DriverError> {
+    m.functions
+        .iter()
+        .map(|f| {
+            let mut sig = signature(f).map_err(DriverError::Usage)?;
+            sig.name = symbols.symbol(&f.name).map_err(DriverError::Usage)?;
+            Ok((f.name.clone(), sig))
+        })
+        .collect()
+}
+
+/// The C signature of a tile function (no failure sites): its parameters,
+/// inputs then results, each a contiguous tensor.
+pub fn signature(f: &dlc_tile::Function) -> Result<Signature, String> {
+    let first_output = f.params.len() - f.outputs.min(f.params.len());
+    let params = f
+        .params
+        .iter()
+        .enumerate()
+        .map(|(i, (name, v))| {
+            let dlc_tile::Type::Buffer(t) = f.ty(*v) else {
+                return Err(format!("parameter %{name} of @{} is not a buffer", f.name));
+            };
+            if !t.layout.is_contiguous() {
+                return Err(format!(
+                    "parameter %{name} of @{} ({}) is strided; only row-major parameters can be \
+                     passed through the C ABI",
+                    f.name, t.layout
+                ));
+            }
+            Ok(dlc_runtime::Param {
+                name: name.to_string(),
+                ty: dlc_core::TensorType::new(t.layout.dtype, t.layout.shape.clone()),
+                output: i >= first_output,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok(Signature {
+        name: f.name.clone(),
+        params,
+        sites: Vec::new(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn src() -> SourceText {
+        SourceText {
+            name: "dir/my model.dl".into(),
+            text: "fn f(x: f32[2, 3]) -> f32[2, 3] { return x * 2.0; }\n\
+                   fn g(n: i32[]) -> i32[] { return n + 1; }\n"
+                .into(),
+        }
+    }
+
+    fn compile_to(emit: Artifact, change: impl FnOnce(&mut CompileOptions)) -> String {
+        let mut options = CompileOptions {
+            emit,
+            ..CompileOptions::default()
+        };
+        change(&mut options);
+        let done = compile(&src(), &options, None).unwrap_or_else(|e| panic!("{e}"));
+        String::from_utf8(done.bytes).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn headers_and_bindings_need_no_code_generator() {
+        let h = compile_to(Artifact::CHeader, |o| o.cpu = "x86-64-v3".into());
+        assert!(
+            h.contains("int32_t dlc_my_model_f(const float *x, float *"),
+            "{h}"
+        );
+        assert!(h.contains("#ifndef DLC_MY_MODEL_H"), "{h}");
+        assert!(h.contains("Compiled for x86-64-v3"), "{h}");
+        let rs = compile_to(Artifact::RustBindings, |o| o.prefix = Some("p_".into()));
+        assert!(rs.contains("#[link_name = \"p_g\"]"), "{rs}");
+        assert!(
+            rs.contains("pub fn g(n: i32) -> Result<i32, Error> {"),
+            "{rs}"
+        );
+    }
+
+    #[test]
+    fn entries_keep_only_the_named_entry_points() {
+        let g = compile_to(Artifact::Graph, |o| o.entries = vec!["g".into()]);
+        assert!(g.contains("@g") && !g.contains("@f("), "{g}");
+        let options = CompileOptions {
+            entries: vec!["h".into()],
+            ..CompileOptions::default()
+        };
+        let e = compile(&src(), &options, None).map(|_| ()).unwrap_err();
+        assert!(e.to_string().contains("`h`"), "{e}");
+    }
+
+    #[test]
+    fn machine_code_without_a_code_generator_is_an_error() {
+        let options = CompileOptions {
+            emit: Artifact::Native(NativeArtifact::Object),
+            ..CompileOptions::default()
+        };
+        let e = compile(&src(), &options, None).map(|_| ()).unwrap_err();
+        assert!(e.to_string().contains("needs a code generator"), "{e}");
+        let options = CompileOptions {
+            cpu: "pentium9".into(),
+            ..CompileOptions::default()
+        };
+        let e = compile(&src(), &options, None).map(|_| ()).unwrap_err();
+        assert!(e.to_string().contains("unknown CPU `pentium9`"), "{e}");
+    }
+}
