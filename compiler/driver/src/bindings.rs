@@ -165,6 +165,9 @@ impl ::core::fmt::Display for Error {
 
 impl ::std::error::Error for Error {}
 
+// The calls into the library are the FFI boundary: each `unsafe` says why
+// it holds.
+#[allow(unsafe_code)]
 mod __dlc {
     use super::Error;
 
@@ -179,7 +182,11 @@ mod __dlc {
         if a.shape() != expected {
             return Err(Error::Shape { entry, input, expected, found: a.shape().to_vec() });
         }
-        Ok(a.as_standard_layout())
+        Ok(if a.is_standard_layout() {
+            a.into()
+        } else {
+            a.as_standard_layout().into_owned().into()
+        })
     }
 
     /// A status as a result; `signature` is the entry point's signature
@@ -281,7 +288,7 @@ fn entry_point(r: &mut String, source: &str, name: &str, sig: &Signature) {
         r,
         "\n/// `{name}` of `{source}` (symbol `{sym}`).\n///\n/// Inputs: {ins}. Results: {outs}.\n\
          ///\n/// # Errors\n///\n/// An input of another shape, or a failure of the compiled code.\n\
-         #[allow(non_snake_case, clippy::too_many_arguments, clippy::type_complexity)]\n\
+         #[allow(unsafe_code, non_snake_case, clippy::too_many_arguments, clippy::type_complexity)]\n\
          pub fn {f}({params}) -> Result<{result}, Error> {{",
         sym = sig.name,
         ins = if inputs.is_empty() {

@@ -1,0 +1,356 @@
+//! Compiling dlc models from a Rust program's `build.rs`, so that the
+//! program links them with no compiler at run time.
+//!
+//! ```text
+//! // build.rs (with `dlc-build` under [build-dependencies], and `ndarray`
+//! // under [dependencies] for the bindings' tensors)
+//! fn main() {
+//!     dlc_build::Model::new("models/mlp.dl").build();
+//! }
+//! ```
+//!
+//! ```text
+//! // src/main.rs
+//! mod mlp {
+//!     include!(concat!(env!("OUT_DIR"), "/mlp.rs"));
+//! }
+//! let y = mlp::mlp(x.view(), w.view())?; // ndarray in, ndarray out
+//! ```
+//!
+//! [`Model::build`] compiles the model for the target Cargo builds for (its
+//! triple, and on x86-64 the CPU level its target features allow: `-C
+//! target-cpu=native` in `RUSTFLAGS` gets this machine's vector width, a
+//! plain build the SSE2 baseline every x86-64 CPU has), writes the static
+//! library `libdlc_STEM.a` and the bindings `STEM.rs` to `OUT_DIR`, and
+//! prints the `cargo:` lines that link the library (with libm, and libgomp
+//! for kernels on threads) and rebuild when the model changes. A model that
+//! does not compile fails the build with its diagnostic (`file:line:col`).
+//! The bindings are described in `dlc_driver::bindings`.
+#![deny(missing_docs)]
+
+use std::path::{Path, PathBuf};
+
+use dlc_driver::{Artifact, CompileOptions, DriverError, NativeArtifact};
+
+/// Why a model could not be built.
+#[derive(Debug)]
+pub enum Error {
+    /// The compiler's error: the model's diagnostic, rendered.
+    Compile(DriverError),
+    /// Cargo's environment does not say what a build script needs, or names
+    /// a target dlc does not compile for.
+    Environment(String),
+    /// An output could not be written.
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The system error.
+        source: std::io::Error,
+    },
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::Compile(e) => write!(f, "{e}"),
+            Error::Environment(m) => write!(f, "error: dlc-build: {m}"),
+            Error::Io { path, source } => write!(f, "error: {}: {source}", path.display()),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<DriverError> for Error {
+    fn from(e: DriverError) -> Self {
+        Error::Compile(e)
+    }
+}
+
+/// What [`Model::compile`] wrote.
+#[derive(Debug, Clone)]
+pub struct Built {
+    /// The static library.
+    pub library: PathBuf,
+    /// The Rust bindings, to `include!`.
+    pub bindings: PathBuf,
+    /// The `cargo:` lines (printed by [`Model::build`]).
+    pub cargo_lines: Vec<String>,
+    /// Which CPUs the code runs on, in words.
+    pub runs_on: String,
+}
+
+/// A model to compile: a `.dl` file and how.
+#[derive(Debug, Clone)]
+pub struct Model {
+    path: PathBuf,
+    entries: Vec<String>,
+    prefix: Option<String>,
+    passes: Option<String>,
+    cpu: Option<String>,
+    threads: bool,
+}
+
+impl Model {
+    /// The model in `path` (relative to the package's root, where build
+    /// scripts run).
+    pub fn new(path: impl Into<PathBuf>) -> Model {
+        Model {
+            path: path.into(),
+            entries: Vec::new(),
+            prefix: None,
+            passes: None,
+            cpu: None,
+            threads: true,
+        }
+    }
+
+    /// Compiles only this entry point (repeat for more; all by default).
+    pub fn entry(mut self, name: &str) -> Model {
+        self.entries.push(name.into());
+        self
+    }
+
+    /// The prefix of the exported symbols (`dlc_STEM_` by default).
+    pub fn prefix(mut self, prefix: &str) -> Model {
+        self.prefix = Some(prefix.into());
+        self
+    }
+
+    /// The graph pipeline (the compiler's default otherwise).
+    pub fn passes(mut self, pipeline: &str) -> Model {
+        self.passes = Some(pipeline.into());
+        self
+    }
+
+    /// The x86-64 CPU to compile for (`x86-64-v3`, `native`, an LLVM CPU
+    /// name), instead of the level Cargo's target features allow.
+    pub fn cpu(mut self, cpu: &str) -> Model {
+        self.cpu = Some(cpu.into());
+        self
+    }
+
+    /// Whether kernels run on OpenMP threads (links libgomp; default yes).
+    /// Without it they run on the calling thread.
+    pub fn threads(mut self, threads: bool) -> Model {
+        self.threads = threads;
+        self
+    }
+
+    /// [`Model::compile`] with Cargo's environment, printing the `cargo:`
+    /// lines; on failure prints the error (the model's diagnostic) and
+    /// ends the build script with status 1, which fails the build.
+    pub fn build(self) -> Built {
+        match self.compile(&Cargo::from_env()) {
+            Ok(built) => {
+                for line in &built.cargo_lines {
+                    println!("{line}");
+                }
+                built
+            }
+            Err(e) => {
+                // The model is named so that Cargo reruns the script once it
+                // is fixed.
+                println!("cargo:rerun-if-changed={}", self.path.display());
+                eprintln!("{e}");
+                std::process::exit(1);
+            }
+        }
+    }
+
+    /// Compiles the model for `cargo`'s target into its output directory:
+    /// `libdlc_STEM.a` and `STEM.rs`.
+    pub fn compile(&self, cargo: &Cargo) -> Result<Built, Error> {
+        let (target, cpu) = cargo.target_and_cpu(self.cpu.as_deref())?;
+        let name = self.path.display().to_string();
+        let bytes = std::fs::read(&self.path).map_err(|source| Error::Io {
+            path: self.path.clone(),
+            source,
+        })?;
+        let src = dlc_driver::decode(&name, bytes)?;
+        let stem: String = dlc_driver::module_stem(&name)
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        let out = cargo.out_dir.clone().ok_or_else(|| {
+            Error::Environment("OUT_DIR is not set: call this from a build script".into())
+        })?;
+        let mut options = CompileOptions {
+            emit: Artifact::Native(NativeArtifact::StaticLibrary),
+            entries: self.entries.clone(),
+            prefix: self.prefix.clone(),
+            target,
+            cpu,
+            ..CompileOptions::default()
+        };
+        if let Some(p) = &self.passes {
+            options.passes.clone_from(p);
+        }
+        let library_name = format!("dlc_{stem}");
+        let library = out.join(format!("lib{library_name}.a"));
+        let lib = dlc_driver::compile(&src, &options, Some(&dlc_llvm::Llvm))?;
+        write(&library, &lib.bytes)?;
+        options.emit = Artifact::RustBindings;
+        let bindings = out.join(format!("{stem}.rs"));
+        write(&bindings, &dlc_driver::compile(&src, &options, None)?.bytes)?;
+        let mut cargo_lines = vec![
+            format!("cargo:rerun-if-changed={}", self.path.display()),
+            format!("cargo:rustc-link-search=native={}", out.display()),
+            format!("cargo:rustc-link-lib=static={library_name}"),
+        ];
+        if self.threads {
+            // Kernels reach the OpenMP runtime through weak symbols, which
+            // `--as-needed` (rustc's default for libraries) does not count
+            // as a use: the library is linked as needed regardless.
+            cargo_lines.push(
+                "cargo:rustc-link-arg=-Wl,--push-state,--no-as-needed,-lgomp,--pop-state".into(),
+            );
+        }
+        cargo_lines.push("cargo:rustc-link-lib=m".into());
+        Ok(Built {
+            library,
+            bindings,
+            cargo_lines,
+            runs_on: dlc_driver::runs_on(&lib.target),
+        })
+    }
+}
+
+fn write(path: &Path, bytes: &[u8]) -> Result<(), Error> {
+    std::fs::write(path, bytes).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// What Cargo tells a build script about the build.
+#[derive(Debug, Clone, Default)]
+pub struct Cargo {
+    /// `OUT_DIR`.
+    pub out_dir: Option<PathBuf>,
+    /// `CARGO_CFG_TARGET_ARCH` (`x86_64`).
+    pub arch: String,
+    /// `CARGO_CFG_TARGET_OS` (`linux`).
+    pub os: String,
+    /// `CARGO_CFG_TARGET_FEATURE`, split (`sse2`, `avx2`, ...).
+    pub features: Vec<String>,
+    /// `TARGET`, the triple.
+    pub triple: String,
+}
+
+impl Cargo {
+    /// Cargo's environment variables.
+    pub fn from_env() -> Cargo {
+        let var = |name: &str| std::env::var(name).unwrap_or_default();
+        Cargo {
+            out_dir: std::env::var_os("OUT_DIR").map(PathBuf::from),
+            arch: var("CARGO_CFG_TARGET_ARCH"),
+            os: var("CARGO_CFG_TARGET_OS"),
+            features: var("CARGO_CFG_TARGET_FEATURE")
+                .split(',')
+                .filter(|f| !f.is_empty())
+                .map(String::from)
+                .collect(),
+            triple: var("TARGET"),
+        }
+    }
+
+    /// The compiler's `--target` and `--cpu` for this build: on x86-64
+    /// Linux the highest x86-64 level every enabled feature of which Cargo
+    /// reports (or `cpu`); on aarch64 Linux the cross target.
+    pub fn target_and_cpu(&self, cpu: Option<&str>) -> Result<(String, String), Error> {
+        let host_arch = std::env::consts::ARCH;
+        match (self.arch.as_str(), self.os.as_str()) {
+            ("x86_64", "linux") if host_arch == "x86_64" => {
+                let cpu = cpu.map_or_else(|| self.x86_64_level().to_string(), String::from);
+                Ok(("host".into(), cpu))
+            }
+            ("aarch64", "linux") if host_arch != "aarch64" => match cpu {
+                Some(cpu) => Err(Error::Environment(format!(
+                    "cpu `{cpu}` is an x86-64 CPU; {} compiles for its own",
+                    self.triple
+                ))),
+                None => Ok(("aarch64-linux-gnu".into(), "native".into())),
+            },
+            _ => Err(Error::Environment(format!(
+                "Cargo builds for `{}` (arch `{}`, os `{}`) on {host_arch}; dlc compiles for \
+                 x86_64 Linux, and cross-compiles for aarch64 Linux",
+                self.triple, self.arch, self.os
+            ))),
+        }
+    }
+
+    /// The x86-64 level Cargo's target features include.
+    fn x86_64_level(&self) -> &'static str {
+        let has = |fs: &[&str]| fs.iter().all(|f| self.features.iter().any(|g| g == f));
+        let v2 = ["cmpxchg16b", "popcnt", "sse3", "sse4.1", "sse4.2", "ssse3"];
+        let v3 = [
+            "avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "lzcnt", "movbe",
+        ];
+        let v4 = ["avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"];
+        match (has(&v2), has(&v3), has(&v4)) {
+            (true, true, true) => "x86-64-v4",
+            (true, true, false) => "x86-64-v3",
+            (true, false, _) => "x86-64-v2",
+            _ => "x86-64",
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn cargo(arch: &str, features: &str) -> Cargo {
+        Cargo {
+            out_dir: None,
+            arch: arch.into(),
+            os: "linux".into(),
+            features: features.split(',').map(String::from).collect(),
+            triple: format!("{arch}-unknown-linux-gnu"),
+        }
+    }
+
+    #[test]
+    fn the_level_is_the_highest_whose_features_cargo_enables() {
+        let level = |f: &str| cargo("x86_64", f).target_and_cpu(None).unwrap().1;
+        assert_eq!(level("fxsr,sse,sse2"), "x86-64");
+        let v2 = "cmpxchg16b,fxsr,popcnt,sse,sse2,sse3,sse4.1,sse4.2,ssse3";
+        assert_eq!(level(v2), "x86-64-v2");
+        let v3 = format!("{v2},avx,avx2,bmi1,bmi2,f16c,fma,lzcnt,movbe");
+        assert_eq!(level(&v3), "x86-64-v3");
+        assert_eq!(
+            level(&format!("{v3},avx512f,avx512bw,avx512cd,avx512dq")),
+            "x86-64-v3"
+        );
+        let v4 = format!("{v3},avx512f,avx512bw,avx512cd,avx512dq,avx512vl");
+        assert_eq!(level(&v4), "x86-64-v4");
+        let chosen = cargo("x86_64", "sse2").target_and_cpu(Some("haswell"));
+        assert_eq!(chosen.unwrap().1, "haswell");
+    }
+
+    #[test]
+    fn other_targets_are_refused_or_cross_compiled() {
+        let arm = cargo("aarch64", "neon").target_and_cpu(None).unwrap();
+        assert_eq!(arm, ("aarch64-linux-gnu".into(), "native".into()));
+        let mut wasm = cargo("wasm32", "");
+        wasm.os = "unknown".into();
+        let e = wasm.target_and_cpu(None).unwrap_err().to_string();
+        assert!(e.contains("dlc compiles for x86_64 Linux"), "{e}");
+    }
+
+    #[test]
+    fn without_out_dir_compile_says_it_needs_a_build_script() {
+        let dir = std::env::temp_dir().join(format!("dlc-build-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let model = dir.join("m.dl");
+        std::fs::write(&model, "fn f(x: f32[4]) -> f32[4] { return x; }\n").unwrap();
+        let e = Model::new(&model)
+            .compile(&cargo("x86_64", "sse2"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("OUT_DIR is not set"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
