@@ -2,7 +2,7 @@
 # Each installs what is missing first and is quick when nothing is.
 
 LLVM_PREFIX ?= /usr/lib/llvm-22
-DEBIAN_PACKAGES := llvm-22-dev libmlir-22-dev mlir-22-tools libpolly-22-dev zlib1g-dev libzstd-dev gcc binutils libgomp1
+DEBIAN_PACKAGES := llvm-22-dev libmlir-22-dev mlir-22-tools libpolly-22-dev libclang-22-dev zlib1g-dev libzstd-dev gcc binutils libgomp1
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CARGO ?= cargo
 EXAMPLE ?= examples/w2_mlp.dl
@@ -11,12 +11,14 @@ EXAMPLE ?= examples/w2_mlp.dl
 
 all: test
 
-# LLVM and MLIR 22 from Debian: mlir-opt checks our --mlir-generic output, and
-# the code generator links LLVM. gcc links shared libraries (--emit so) and the
+# LLVM and MLIR 22 from Debian: mlir-opt checks our --mlir-generic output, the
+# code generator links LLVM, compiler/mlir links MLIR (melior, whose bindings
+# bindgen makes with libclang). gcc links shared libraries (--emit so) and the
 # C test program, binutils' ar writes static ones (--emit lib); libgomp is the
 # thread pool kernels run on.
 setup:
 	@if [ ! -x $(LLVM_PREFIX)/bin/mlir-opt ] || [ ! -x $(LLVM_PREFIX)/bin/llvm-config ] || \
+	   [ ! -e $(LLVM_PREFIX)/lib/libclang.so ] || \
 	   ! command -v cc >/dev/null || ! command -v ar >/dev/null || \
 	   ! /sbin/ldconfig -p | grep -q libgomp.so.1; then \
 		echo "installing $(DEBIAN_PACKAGES)"; \

@@ -150,9 +150,19 @@ pub fn mlir_opt() -> Option<PathBuf> {
 /// Runs `mlir-opt --allow-unregistered-dialect` on `text`; `Err` holds its
 /// complaint.
 pub fn mlir_parses(mlir_opt: &Path, text: &str) -> Result<(), String> {
+    run_mlir_opt(mlir_opt, text, &["--allow-unregistered-dialect"])
+}
+
+/// Runs `mlir-opt` on `text` with only MLIR's registered dialects (upstream MLIR, no dlc dialect); `Err` holds
+/// its complaint.
+pub fn mlir_parses_upstream(mlir_opt: &Path, text: &str) -> Result<(), String> {
+    run_mlir_opt(mlir_opt, text, &[])
+}
+
+fn run_mlir_opt(mlir_opt: &Path, text: &str, flags: &[&str]) -> Result<(), String> {
     use std::io::Write;
     let mut child = std::process::Command::new(mlir_opt)
-        .arg("--allow-unregistered-dialect")
+        .args(flags)
         .arg("-o")
         .arg("/dev/null")
         .stdin(std::process::Stdio::piped())

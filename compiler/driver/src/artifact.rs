@@ -1,10 +1,12 @@
 //! The whole pipeline, from source (or graph IR) to any artifact, as one
 //! call: [`compile`] with [`CompileOptions`].
 //!
-//! Machine code comes from a [`CodeGenerator`], which this crate only
-//! names: the LLVM crate implements it (`dlc_llvm::Llvm`), so the driver,
-//! and every test binary that links it without wanting code, stays free of
-//! LLVM.
+//! Machine code comes from a [`CodeGenerator`] and upstream MLIR from an
+//! [`MlirConverter`], which this crate only names: the LLVM crate
+//! implements the first (`dlc_llvm::Llvm`) and the MLIR crate the second
+//! (`dlc_mlir::Mlir`), so the driver, and every test binary that links it
+//! without wanting code, stays free of LLVM and MLIR. Callers hand them in
+//! as [`Backends`].
 
 use dlc_core::{PassReport, TargetDesc};
 use dlc_graph::{Module, Visibility};
@@ -34,6 +36,9 @@ pub enum Artifact {
     /// Safe Rust bindings of the compiled entry points (see
     /// [`crate::bindings`]); the program links the static library.
     RustBindings,
+    /// The loop level in upstream MLIR dialects (`func`, `memref`, `scf`,
+    /// `arith`, `math`), verified by MLIR: needs an [`MlirConverter`].
+    Mlir,
 }
 
 /// Artifacts made of machine code, which a [`CodeGenerator`] makes.
@@ -76,6 +81,22 @@ pub trait CodeGenerator {
         symbols: &Symbols,
         target: &TargetDesc,
     ) -> Result<Vec<u8>, String>;
+}
+
+/// Converts loop IR to upstream MLIR dialects, verified by MLIR.
+pub trait MlirConverter {
+    /// The module's text in upstream dialects.
+    fn convert(&self, module: &dlc_loop::Module) -> Result<String, String>;
+}
+
+/// The back ends [`compile`] may call (none: IR and C/Rust declarations
+/// only).
+#[derive(Clone, Copy, Default)]
+pub struct Backends<'a> {
+    /// Makes machine code (`dlc_llvm::Llvm`).
+    pub codegen: Option<&'a dyn CodeGenerator>,
+    /// Writes upstream MLIR (`dlc_mlir::Mlir`).
+    pub mlir: Option<&'a dyn MlirConverter>,
 }
 
 /// Options of [`compile`]: what `dlc compile` takes on its command line.
@@ -164,11 +185,11 @@ pub fn runs_on(target: &TargetDesc) -> String {
 }
 
 /// Compiles `src` (dlc source or graph IR) to `options.emit`. Machine code
-/// and what describes it (headers, bindings) need a code generator.
+/// needs `backends.codegen`, upstream MLIR `backends.mlir`.
 pub fn compile(
     src: &SourceText,
     options: &CompileOptions,
-    codegen: Option<&dyn CodeGenerator>,
+    backends: Backends<'_>,
 ) -> Result<Compilation, DriverError> {
     // Options are checked before any work.
     let target = code_target(&options.target, &options.cpu)?;
@@ -213,8 +234,19 @@ pub fn compile(
                 &runs_on(&target),
             ))
         }
+        Artifact::Mlir => {
+            let Some(mlir) = backends.mlir else {
+                return Err(DriverError::Usage(
+                    "upstream MLIR needs an MLIR converter (dlc_mlir::Mlir); none was given".into(),
+                ));
+            };
+            let loops = crate::lower_to_loops(&module)?;
+            mlir.convert(&loops)
+                .map(String::into_bytes)
+                .map_err(DriverError::Codegen)
+        }
         Artifact::Native(what) => {
-            let Some(codegen) = codegen else {
+            let Some(codegen) = backends.codegen else {
                 return Err(DriverError::Usage(
                     "machine code needs a code generator (dlc_llvm::Llvm); none was given".into(),
                 ));
@@ -324,7 +356,7 @@ mod tests {
             ..CompileOptions::default()
         };
         change(&mut options);
-        let done = compile(&src(), &options, None).unwrap_or_else(|e| panic!("{e}"));
+        let done = compile(&src(), &options, Backends::default()).unwrap_or_else(|e| panic!("{e}"));
         String::from_utf8(done.bytes).unwrap_or_else(|e| panic!("{e}"))
     }
 
@@ -353,7 +385,9 @@ mod tests {
             entries: vec!["h".into()],
             ..CompileOptions::default()
         };
-        let e = compile(&src(), &options, None).map(|_| ()).unwrap_err();
+        let e = compile(&src(), &options, Backends::default())
+            .map(|_| ())
+            .unwrap_err();
         assert!(e.to_string().contains("`h`"), "{e}");
     }
 
@@ -363,13 +397,25 @@ mod tests {
             emit: Artifact::Native(NativeArtifact::Object),
             ..CompileOptions::default()
         };
-        let e = compile(&src(), &options, None).map(|_| ()).unwrap_err();
+        let e = compile(&src(), &options, Backends::default())
+            .map(|_| ())
+            .unwrap_err();
         assert!(e.to_string().contains("needs a code generator"), "{e}");
+        let options = CompileOptions {
+            emit: Artifact::Mlir,
+            ..CompileOptions::default()
+        };
+        let e = compile(&src(), &options, Backends::default())
+            .map(|_| ())
+            .unwrap_err();
+        assert!(e.to_string().contains("needs an MLIR converter"), "{e}");
         let options = CompileOptions {
             cpu: "pentium9".into(),
             ..CompileOptions::default()
         };
-        let e = compile(&src(), &options, None).map(|_| ()).unwrap_err();
+        let e = compile(&src(), &options, Backends::default())
+            .map(|_| ())
+            .unwrap_err();
         assert!(e.to_string().contains("unknown CPU `pentium9`"), "{e}");
     }
 }

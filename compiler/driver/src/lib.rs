@@ -25,8 +25,8 @@ mod artifact;
 pub mod bindings;
 
 pub use artifact::{
-    Artifact, CodeGenerator, Compilation, CompileOptions, NativeArtifact, code_target, compile,
-    module_stem, runs_on, signature,
+    Artifact, Backends, CodeGenerator, Compilation, CompileOptions, MlirConverter, NativeArtifact,
+    code_target, compile, module_stem, runs_on, signature,
 };
 
 /// Stack for front-end and IR work: deep (but bounded) nesting in user input

@@ -188,11 +188,21 @@ impl Model {
         }
         let library_name = format!("dlc_{stem}");
         let library = out.join(format!("lib{library_name}.a"));
-        let lib = dlc_driver::compile(&src, &options, Some(&dlc_llvm::Llvm))?;
+        let lib = dlc_driver::compile(
+            &src,
+            &options,
+            dlc_driver::Backends {
+                codegen: Some(&dlc_llvm::Llvm),
+                mlir: None,
+            },
+        )?;
         write(&library, &lib.bytes)?;
         options.emit = Artifact::RustBindings;
         let bindings = out.join(format!("{stem}.rs"));
-        write(&bindings, &dlc_driver::compile(&src, &options, None)?.bytes)?;
+        write(
+            &bindings,
+            &dlc_driver::compile(&src, &options, dlc_driver::Backends::default())?.bytes,
+        )?;
         let mut cargo_lines = vec![
             format!("cargo:rerun-if-changed={}", self.path.display()),
             format!("cargo:rustc-link-search=native={}", out.display()),

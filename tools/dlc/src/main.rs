@@ -29,6 +29,9 @@ enum Emit {
     Loop,
     /// Loop dialect in MLIR's generic operation syntax.
     LoopMlir,
+    /// The loop level in upstream MLIR dialects (func, memref, scf, arith,
+    /// math), verified by MLIR: `mlir-opt` reads it as is.
+    Mlir,
     /// Tile dialect text (kernels scheduled for `--target`).
     Tile,
     /// Tile dialect in MLIR's generic operation syntax.
@@ -59,6 +62,7 @@ impl Emit {
             Emit::GraphMlir => Artifact::GraphMlir,
             Emit::Loop => Artifact::Loop,
             Emit::LoopMlir => Artifact::LoopMlir,
+            Emit::Mlir => Artifact::Mlir,
             Emit::Tile => Artifact::Tile,
             Emit::TileMlir => Artifact::TileMlir,
             Emit::Llvm => Artifact::Native(NativeArtifact::LlvmIr),
@@ -86,6 +90,10 @@ enum Backend {
     Cpu,
     /// Compiled code for an NVIDIA GPU.
     Gpu,
+    /// The loop nests in upstream MLIR, lowered by MLIR's own passes and
+    /// run by its execution engine: a second, independent CPU back end to
+    /// cross-check `cpu` (scalar and sequential, not fast).
+    Mlir,
 }
 
 #[derive(Subcommand)]
@@ -543,7 +551,14 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                 header_name: (output != "-").then(|| dlc_driver::module_stem(&output)),
             };
             let src = read_input(&file)?;
-            let done = dlc_driver::compile(&src, &options, Some(&dlc_llvm::Llvm))?;
+            let done = dlc_driver::compile(
+                &src,
+                &options,
+                dlc_driver::Backends {
+                    codegen: Some(&dlc_llvm::Llvm),
+                    mlir: Some(&dlc_mlir::Mlir),
+                },
+            )?;
             if stats {
                 dlc_cli::print_stats(&done.reports);
             }
@@ -582,7 +597,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                 )));
             }
             match backend {
-                Backend::Interp | Backend::Loop | Backend::Tile | Backend::Cpu => {}
+                Backend::Interp | Backend::Loop | Backend::Tile | Backend::Cpu | Backend::Mlir => {}
                 Backend::Gpu => return Err(not_yet("--backend gpu")),
             }
             let mut files = Vec::new();
@@ -606,7 +621,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             }
             // Compiled code has no work limit: with --check, the reference
             // refuses what it cannot finish before the compiled code starts.
-            if check && backend == Backend::Cpu {
+            if check && matches!(backend, Backend::Cpu | Backend::Mlir) {
                 dlc_graph::interp::check_work(&module, f, max_work)?;
             }
             let outputs = match backend {
@@ -617,6 +632,11 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                     dlc_driver::interpret_tile_within(&tiled, f, &args, max_work)?
                 }
                 Backend::Cpu => run_cpu(&module, f, &args)?,
+                Backend::Mlir => {
+                    let loops = dlc_driver::lower_to_loops(&module)?;
+                    dlc_mlir::run(&loops, &f.name, &args)
+                        .map_err(|e| DriverError::Codegen(e.to_string()))?
+                }
                 _ => interpret_within(&module, f, &args, max_work)?,
             };
             if check {

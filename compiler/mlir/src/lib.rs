@@ -1,0 +1,257 @@
+//! Upstream MLIR through melior, the only crate that links MLIR.
+//!
+//! [`convert_module`] writes loop IR in upstream dialects (`func`, `memref`,
+//! `scf`, `arith`, `math`; see [`convert`] for how each op maps), has MLIR
+//! parse it in process and checks it with MLIR's own verifier: what
+//! `dlc compile --emit mlir` prints, which `mlir-opt` reads with no
+//! unregistered dialect. [`run`] is a second back end: MLIR's own
+//! conversion passes lower the module to the LLVM dialect
+//! ([`LOWERING_PIPELINE`]), MLIR's execution engine translates it to LLVM IR
+//! and compiles it in process, and the entry point runs on the inputs. It
+//! exists to cross-check the native back end (both are tested against the
+//! graph interpreter), not for speed: loops stay scalar and sequential.
+#![deny(missing_docs)]
+// The execution engine's call is an FFI boundary; see `run`.
+#![allow(unsafe_code)]
+
+pub mod convert;
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use dlc_core::{DType, TensorType};
+use dlc_loop::{Module, OpKind, Type};
+use dlc_runtime::HostTensor;
+use melior::ir::operation::OperationLike;
+use melior::{Context, dialect::DialectRegistry, ir::Module as MlirModule, pass::PassManager};
+
+/// Why a module could not be converted or run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MlirError {
+    /// Valid loop IR this conversion does not handle (said why).
+    #[error("the MLIR back end does not handle {0}")]
+    Unsupported(String),
+    /// The loop IR breaks an invariant its verifier checks.
+    #[error("invalid loop IR: {0}")]
+    Invalid(String),
+    /// MLIR refused the module or a pass failed (its diagnostics).
+    #[error("MLIR: {0}")]
+    Mlir(String),
+    /// Arguments do not match the function.
+    #[error("{0}")]
+    Arguments(String),
+    /// The compiled function reported a failure.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// MLIR's passes from the upstream dialects to the LLVM dialect. Memref
+/// parameters become bare pointers (`use-bare-ptr-memref-call-conv`): the
+/// same C ABI as the native back end's functions, without their status.
+pub const LOWERING_PIPELINE: &str = "builtin.module(convert-scf-to-cf,convert-math-to-libm,\
+     convert-math-to-llvm,expand-strided-metadata,finalize-memref-to-llvm,convert-arith-to-llvm,\
+     convert-index-to-llvm,convert-cf-to-llvm,\
+     convert-func-to-llvm{use-bare-ptr-memref-call-conv=1},reconcile-unrealized-casts)";
+
+/// A context with every upstream dialect and translation to LLVM IR, and
+/// the diagnostics MLIR reports in it.
+struct Session {
+    context: Context,
+    diagnostics: Rc<RefCell<Vec<String>>>,
+}
+
+impl Session {
+    fn new() -> Session {
+        let registry = DialectRegistry::new();
+        melior::utility::register_all_dialects(&registry);
+        let context = Context::new();
+        context.append_dialect_registry(&registry);
+        context.load_all_available_dialects();
+        melior::utility::register_all_llvm_translations(&context);
+        melior::utility::register_all_passes();
+        let diagnostics = Rc::new(RefCell::new(Vec::new()));
+        let sink = Rc::clone(&diagnostics);
+        context.attach_diagnostic_handler(move |d| {
+            sink.borrow_mut().push(format!("{}: {d}", d.location()));
+            true
+        });
+        Session {
+            context,
+            diagnostics,
+        }
+    }
+
+    /// `what` failed, with what MLIR said.
+    fn error(&self, what: &str) -> MlirError {
+        let said = self.diagnostics.borrow_mut().drain(..).collect::<Vec<_>>();
+        if said.is_empty() {
+            MlirError::Mlir(what.into())
+        } else {
+            MlirError::Mlir(format!("{what}: {}", said.join("; ")))
+        }
+    }
+
+    /// Parses and verifies the upstream-dialect text of `m`.
+    fn parse<'c>(&'c self, m: &Module, prefix: &str) -> Result<MlirModule<'c>, MlirError> {
+        let text = convert::module_text(m, prefix, !prefix.is_empty())?;
+        let module = MlirModule::parse(&self.context, &text)
+            .ok_or_else(|| self.error("the converted module does not parse"))?;
+        if !module.as_operation().verify() {
+            return Err(self.error("the converted module does not verify"));
+        }
+        Ok(module)
+    }
+}
+
+/// `m` in upstream MLIR dialects, parsed and verified by MLIR, as MLIR
+/// prints it.
+pub fn convert_module(m: &Module) -> Result<String, MlirError> {
+    let session = Session::new();
+    let module = session.parse(m, "")?;
+    Ok(format!("{}\n", module.as_operation()))
+}
+
+/// `m` lowered to MLIR's LLVM dialect by [`LOWERING_PIPELINE`].
+pub fn lower_to_llvm_dialect(m: &Module) -> Result<String, MlirError> {
+    let session = Session::new();
+    let mut module = session.parse(m, "")?;
+    lower(&session, &mut module)?;
+    Ok(format!("{}\n", module.as_operation()))
+}
+
+fn lower(session: &Session, module: &mut MlirModule<'_>) -> Result<(), MlirError> {
+    let pm = PassManager::new(&session.context);
+    melior::utility::parse_pass_pipeline(pm.as_operation_pass_manager(), LOWERING_PIPELINE)
+        .map_err(|e| MlirError::Mlir(format!("the lowering pipeline: {e}")))?;
+    pm.run(module)
+        .map_err(|_| session.error("lowering to the LLVM dialect failed"))
+}
+
+/// The first function with an integer division, whose division by zero
+/// the native back end and [`run`] report as a failure, and the module
+/// [`convert_module`] writes leaves undefined (as `arith.floordivsi` does).
+pub fn has_integer_division(m: &Module) -> Option<&str> {
+    m.functions
+        .iter()
+        .find(|f| {
+            f.ops.iter().any(|op| {
+                matches!(op.kind, OpKind::Binary(dlc_core::scalar::BinaryOp::Div))
+                    && matches!(f.ty(op.operands[0]), Type::Scalar(d) if d.is_int())
+            })
+        })
+        .map(|f| f.name.as_str())
+}
+
+/// Prefix of the functions [`run`] compiles: their symbols meet the
+/// process's (libm's `tanhf`, `malloc`) in the execution engine.
+const RUN_PREFIX: &str = "dlc_mlir_";
+
+/// Runs function `entry` of `m` on `inputs` through MLIR's lowering and
+/// execution engine; returns its results, or an error for an integer
+/// division by zero (the division's source place is not reported here).
+pub fn run(m: &Module, entry: &str, inputs: &[HostTensor]) -> Result<Vec<HostTensor>, MlirError> {
+    let f = m
+        .functions
+        .iter()
+        .find(|f| f.name == entry)
+        .ok_or_else(|| MlirError::Arguments(format!("no function `@{entry}`")))?;
+    let types: Vec<TensorType> = f
+        .params
+        .iter()
+        .map(|(name, v)| match f.ty(*v) {
+            Type::Buffer(l) if l.is_contiguous() => Ok(TensorType::new(l.dtype, l.shape.clone())),
+            other => Err(MlirError::Unsupported(format!(
+                "parameter %{name} of @{entry} of type {other} (only row-major buffers are passed)"
+            ))),
+        })
+        .collect::<Result<_, _>>()?;
+    let n_inputs = f.inputs().len();
+    if inputs.len() != n_inputs {
+        return Err(MlirError::Arguments(format!(
+            "@{entry} takes {n_inputs} inputs, got {}",
+            inputs.len()
+        )));
+    }
+    for ((name, _), (t, want)) in f.inputs().iter().zip(inputs.iter().zip(&types)) {
+        if &t.ty != want {
+            return Err(MlirError::Arguments(format!(
+                "input `{name}` of @{entry} is {want}, got {}",
+                t.ty
+            )));
+        }
+    }
+    let session = Session::new();
+    let mut module = session.parse(m, RUN_PREFIX)?;
+    lower(&session, &mut module)?;
+    let engine = melior::ExecutionEngine::new(&module, 2, &[], false, false);
+    // The packed wrapper MLIR generates for the entry point: one `void *`
+    // per parameter, each pointing to the parameter's value.
+    let wrapper = engine.lookup(&format!("_mlir_{RUN_PREFIX}{entry}"));
+    if wrapper.is_null() {
+        return Err(MlirError::Mlir(format!(
+            "the execution engine has no function `@{entry}` (the module did not compile)"
+        )));
+    }
+    // Every parameter in an aligned buffer of its element type (bool one
+    // byte), inputs filled, results zeroed.
+    let mut buffers: Vec<dlc_runtime::AlignedBuffer> = types
+        .iter()
+        .enumerate()
+        .map(|(i, t)| match inputs.get(i) {
+            Some(x) => dlc_runtime::AlignedBuffer::from_bytes(&x.to_le_bytes()),
+            None => dlc_runtime::AlignedBuffer::zeroed(
+                t.num_elements().unwrap_or(0) * t.dtype.size_bytes(),
+            ),
+        })
+        .collect();
+    // The status, last.
+    buffers.push(dlc_runtime::AlignedBuffer::zeroed(4));
+    let mut pointers: Vec<*mut u8> = buffers.iter_mut().map(|b| b.as_mut_ptr()).collect();
+    let mut packed: Vec<*mut ()> = pointers
+        .iter_mut()
+        .map(|p| std::ptr::from_mut(p).cast())
+        .collect();
+    // SAFETY: `wrapper` is the packed wrapper of `@dlc_mlir_ENTRY`, a
+    // function `void(void **)` that reads one pointer per parameter from
+    // `packed`; each points to a pointer to a live buffer of that
+    // parameter's element type and size (inputs checked above), which the
+    // function reads (inputs) or writes (results) and does not keep. The
+    // engine, which owns the code, outlives the call.
+    unsafe {
+        let call: unsafe extern "C" fn(*mut *mut ()) = std::mem::transmute(wrapper);
+        call(packed.as_mut_ptr());
+    }
+    drop(packed);
+    drop(engine);
+    let status = buffers.last().map_or(0, |b| {
+        i32::from_le_bytes([b.bytes()[0], b.bytes()[1], b.bytes()[2], b.bytes()[3]])
+    });
+    if status != 0 {
+        return Err(MlirError::Failed(format!(
+            "@{entry}: integer division by zero"
+        )));
+    }
+    types[n_inputs..]
+        .iter()
+        .zip(&buffers[n_inputs..])
+        .map(|(t, b)| {
+            HostTensor::from_le_bytes(t.clone(), &b.bytes()[..byte_len(t)])
+                .map_err(|e| MlirError::Arguments(e.to_string()))
+        })
+        .collect()
+}
+
+fn byte_len(t: &TensorType) -> usize {
+    t.num_elements().unwrap_or(0) * DType::size_bytes(t.dtype)
+}
+
+/// The MLIR back end as the driver's [`dlc_driver::MlirConverter`]: what
+/// `dlc compile --emit mlir` calls.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Mlir;
+
+impl dlc_driver::MlirConverter for Mlir {
+    fn convert(&self, module: &Module) -> Result<String, String> {
+        convert_module(module).map_err(|e| e.to_string())
+    }
+}
