@@ -77,6 +77,18 @@ impl Gen<'_> {
         self.out.push('\n');
     }
 
+    /// A line opening a region (ending in `{`), and the region's indent.
+    fn open(&mut self, head: &str) {
+        self.line(head);
+        self.indent += 1;
+    }
+
+    /// The end of the region [`Gen::open`] opened.
+    fn close(&mut self) {
+        self.indent -= 1;
+        self.line("}");
+    }
+
     fn name(&self, v: Value) -> String {
         self.names
             .get(&v)
@@ -174,7 +186,7 @@ impl Gen<'_> {
             params.push(format!("{status}: memref<i32>"));
         }
         let c_interface = self.status.is_some();
-        self.line(&format!(
+        self.open(&format!(
             "func.func @{prefix}{}({}){} {{",
             self.f.name,
             params.join(", "),
@@ -184,11 +196,9 @@ impl Gen<'_> {
                 ""
             }
         ));
-        self.indent += 1;
         let body = self.f.body.clone();
         self.block(&body)?;
-        self.indent -= 1;
-        self.line("}");
+        self.close();
         Ok(())
     }
 
@@ -299,14 +309,12 @@ impl Gen<'_> {
                         self.index_const(1),
                     );
                     let i = self.name(region.args[0]);
-                    self.line(&format!(
+                    self.open(&format!(
                         "scf.parallel ({i}) = ({lo}) to ({hi}) step ({one}) {{"
                     ));
-                    self.indent += 1;
                     self.block(region)?;
                     self.line("scf.reduce");
-                    self.indent -= 1;
-                    self.line("}");
+                    self.close();
                 }
                 OpKind::Matmul(c) => self.matmul(&op, c)?,
             }
@@ -352,8 +360,7 @@ impl Gen<'_> {
                 types.join(", ")
             )
         };
-        self.line(&head);
-        self.indent += 1;
+        self.open(&head);
         let yielded = self.block(region)?;
         if !results.is_empty() {
             let values: Vec<String> = yielded.iter().map(|v| self.name(*v)).collect();
@@ -363,8 +370,7 @@ impl Gen<'_> {
                 types.join(", ")
             ));
         }
-        self.indent -= 1;
-        self.line("}");
+        self.close();
         for r in &op.results {
             self.names.remove(r);
         }
@@ -408,39 +414,33 @@ impl Gen<'_> {
         let region = &op.regions[0];
         let [iv, jv, kv, acc] = [0, 1, 2, 3].map(|i| region.args[i]);
         let d = self.dtype(acc)?;
-        let (zero, one) = (self.index_const(0), self.index_const(1));
-        let (m, n, k) = (
-            self.index_const(c.m),
-            self.index_const(c.n),
-            self.index_const(c.k),
-        );
+        let [zero, one, m, n, k] = self.matmul_bounds(c);
         let (i, j) = (self.name(iv), self.name(jv));
-        self.line(&format!("scf.for {i} = {zero} to {m} step {one} {{"));
-        self.indent += 1;
-        self.line(&format!("scf.for {j} = {zero} to {n} step {one} {{"));
-        self.indent += 1;
+        self.open(&format!("scf.for {i} = {zero} to {m} step {one} {{"));
+        self.open(&format!("scf.for {j} = {zero} to {n} step {one} {{"));
         let init = self.constant(0.0, d);
         let (kk, sum, total) = (self.fresh(), self.fresh(), self.fresh());
         self.names.insert(kv, kk.clone());
-        self.line(&format!(
+        self.open(&format!(
             "{total} = scf.for {kk} = {zero} to {k} step {one} iter_args({sum} = {init}) -> ({}) {{",
             scalar(d)
         ));
-        self.indent += 1;
         let p = self.product(op, c, d)?;
         let s = self.binary(BinaryOp::Add, &sum, &p, d)?;
         self.line(&format!("scf.yield {s} : {}", scalar(d)));
-        self.indent -= 1;
-        self.line("}");
+        self.close();
         // The epilogue sees the sum, and the depth counter at 0.
         self.names.insert(kv, zero);
         self.names.insert(acc, total);
         self.block(region)?;
-        self.indent -= 1;
-        self.line("}");
-        self.indent -= 1;
-        self.line("}");
+        self.close();
+        self.close();
         Ok(())
+    }
+
+    /// The index constants a `loop.matmul`'s loops run over: 0, 1, M, N, K.
+    fn matmul_bounds(&mut self, c: &dlc_loop::Contraction) -> [String; 5] {
+        [0, 1, c.m, c.n, c.k].map(|x| self.index_const(x))
     }
 
     /// One product of a `loop.matmul`'s operands, in the accumulator type.
@@ -471,51 +471,36 @@ impl Gen<'_> {
         let row_ty = format!("memref<{}x{}>", c.n, scalar(d));
         let row = self.fresh();
         self.line(&format!("{row} = memref.alloc() : {row_ty}"));
-        let (zero, one) = (self.index_const(0), self.index_const(1));
-        let (m, n, k) = (
-            self.index_const(c.m),
-            self.index_const(c.n),
-            self.index_const(c.k),
-        );
+        let [zero, one, m, n, k] = self.matmul_bounds(c);
         let i = self.name(iv);
-        self.line(&format!("scf.for {i} = {zero} to {m} step {one} {{"));
-        self.indent += 1;
+        self.open(&format!("scf.for {i} = {zero} to {m} step {one} {{"));
         // The row's sums start at zero.
         let j0 = self.fresh();
-        self.line(&format!("scf.for {j0} = {zero} to {n} step {one} {{"));
-        self.indent += 1;
+        self.open(&format!("scf.for {j0} = {zero} to {n} step {one} {{"));
         let init = self.constant(0.0, d);
         self.line(&format!("memref.store {init}, {row}[{j0}] : {row_ty}"));
-        self.indent -= 1;
-        self.line("}");
+        self.close();
         let (kk, jj) = (self.fresh(), self.fresh());
         self.names.insert(kv, kk.clone());
         self.names.insert(jv, jj.clone());
-        self.line(&format!("scf.for {kk} = {zero} to {k} step {one} {{"));
-        self.indent += 1;
-        self.line(&format!("scf.for {jj} = {zero} to {n} step {one} {{"));
-        self.indent += 1;
+        self.open(&format!("scf.for {kk} = {zero} to {k} step {one} {{"));
+        self.open(&format!("scf.for {jj} = {zero} to {n} step {one} {{"));
         let p = self.product(op, c, d)?;
         let sum = self.emit("memref.load", &format!("{row}[{jj}]"), &row_ty);
         let s = self.binary(BinaryOp::Add, &sum, &p, d)?;
         self.line(&format!("memref.store {s}, {row}[{jj}] : {row_ty}"));
-        self.indent -= 1;
-        self.line("}");
-        self.indent -= 1;
-        self.line("}");
+        self.close();
+        self.close();
         // The epilogue sees each column's sum, and the depth counter at 0.
         let j = self.fresh();
         self.names.insert(jv, j.clone());
-        self.line(&format!("scf.for {j} = {zero} to {n} step {one} {{"));
-        self.indent += 1;
+        self.open(&format!("scf.for {j} = {zero} to {n} step {one} {{"));
         let total = self.emit("memref.load", &format!("{row}[{j}]"), &row_ty);
         self.names.insert(kv, zero);
         self.names.insert(acc, total);
         self.block(region)?;
-        self.indent -= 1;
-        self.line("}");
-        self.indent -= 1;
-        self.line("}");
+        self.close();
+        self.close();
         self.line(&format!("memref.dealloc {row} : {row_ty}"));
         Ok(())
     }
@@ -557,8 +542,7 @@ impl Gen<'_> {
             return Ok(load(self));
         };
         let r = self.fresh();
-        self.line(&format!("{r} = scf.if {inside} -> ({}) {{", scalar(d)));
-        self.indent += 1;
+        self.open(&format!("{r} = scf.if {inside} -> ({}) {{", scalar(d)));
         let v = load(self);
         self.line(&format!("scf.yield {v} : {}", scalar(d)));
         self.indent -= 1;
@@ -566,8 +550,7 @@ impl Gen<'_> {
         self.indent += 1;
         let p = self.constant(pad, d);
         self.line(&format!("scf.yield {p} : {}", scalar(d)));
-        self.indent -= 1;
-        self.line("}");
+        self.close();
         Ok(r)
     }
 
@@ -682,12 +665,10 @@ impl Gen<'_> {
                 let zero = self.constant(0.0, d);
                 let one = self.constant(1.0, d);
                 let is_zero = self.emit("arith.cmpi", &format!("eq, {y}, {zero}"), t);
-                self.line(&format!("scf.if {is_zero} {{"));
-                self.indent += 1;
+                self.open(&format!("scf.if {is_zero} {{"));
                 let failed = self.emit("arith.constant", "1", "i32");
                 self.line(&format!("memref.store {failed}, {status}[] : memref<i32>"));
-                self.indent -= 1;
-                self.line("}");
+                self.close();
                 let safe = self.emit("arith.select", &format!("{is_zero}, {one}, {y}"), t);
                 return Ok(self.emit("arith.floordivsi", &format!("{x}, {safe}"), t));
             }
