@@ -256,7 +256,7 @@ pub fn rust_bindings(source: &str, functions: &[(String, Signature)], runs_on: &
         let _ = writeln!(
             r,
             "            #[link_name = \"{sym}\"]\n            pub fn {f}({params}) -> i32;\n            \
-             #[link_name = \"{sym}.signature\"]\n            pub static {f}_signature: ::core::ffi::c_char;",
+             #[link_name = \"{sym}.signature\"]\n            pub static {name}_signature: ::core::ffi::c_char;",
             sym = sig.name,
             f = ident(name),
             params = params.join(", "),

@@ -1,4 +1,4 @@
-//! Calls three dlc models that `build.rs` compiled (with `dlc-build`) and
+//! Calls four dlc models that `build.rs` compiled (with `dlc-build`) and
 //! this program links statically: no compiler at run time.
 //!
 //! `dlc-embed-example [--save DIR]` prints a summary of each result; with
@@ -18,6 +18,9 @@ mod layernorm_gelu {
 }
 mod ratio {
     include!(concat!(env!("OUT_DIR"), "/ratio.rs"));
+}
+mod kinds {
+    include!(concat!(env!("OUT_DIR"), "/kinds.rs"));
 }
 
 /// Deterministic inputs in `[-scale, scale)`: a multiplicative hash of the
@@ -111,6 +114,15 @@ fn run(save_dir: Option<&Path>) -> Result<(), Box<dyn std::error::Error>> {
         Err(e) => println!("error (expected): {e}"),
         Ok(r) => return Err(format!("a division by zero returned {r}").into()),
     }
+
+    // f16, bf16 and bool tensors, scalars in and out, several results, and
+    // Rust keywords as names (`r#move`, `r#type`).
+    use half::{bf16, f16};
+    let ty = ndarray::arr1(&[1.5, -2.0, -0.25].map(f16::from_f32));
+    let m = ndarray::arr1(&[0.5, 1.0, -1.0].map(bf16::from_f32));
+    let flag = ndarray::arr1(&[true, false, true]);
+    let (a, b, n) = kinds::r#move(ty.view(), m.view(), flag.view(), 21, 2.0)?;
+    println!("move: {:?} {:?} {n}", a.to_vec(), b.to_vec());
     Ok(())
 }
 

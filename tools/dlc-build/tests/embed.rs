@@ -1,4 +1,4 @@
-//! `examples/embed`: a Rust program whose `build.rs` compiles three models
+//! `examples/embed`: a Rust program whose `build.rs` compiles four models
 //! with dlc-build. Built from a clean state of its own, it links no LLVM,
 //! its results match the reference interpreter, and its errors are values;
 //! a model that does not compile fails `cargo build` with the model's
@@ -114,6 +114,7 @@ fn the_example_builds_from_a_clean_state_links_no_llvm_and_matches_the_interpret
         "error (expected): layernorm_gelu: input `x` has shape [2, 2], the model takes [2048, 768]",
         "ratio: [3, -3, 2, 1]",
         "error (expected): ratio: integer division by zero at models/ratio.dl:3:12",
+        "move: [3.5, -3.0, -1.5] [false, false, true] 42",
     ] {
         assert!(
             stdout.lines().any(|l| l == line),
