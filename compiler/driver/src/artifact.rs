@@ -39,6 +39,9 @@ pub enum Artifact {
     /// The loop level in upstream MLIR dialects (`func`, `memref`, `scf`,
     /// `arith`, `math`), verified by MLIR: needs an [`MlirConverter`].
     Mlir,
+    /// The tile level scheduled for [`CompileOptions::target`] in upstream
+    /// MLIR dialects (tiles as `tensor`s), verified by MLIR.
+    MlirTile,
 }
 
 /// Artifacts made of machine code, which a [`CodeGenerator`] makes.
@@ -83,10 +86,12 @@ pub trait CodeGenerator {
     ) -> Result<Vec<u8>, String>;
 }
 
-/// Converts loop IR to upstream MLIR dialects, verified by MLIR.
+/// Converts loop and tile IR to upstream MLIR dialects, verified by MLIR.
 pub trait MlirConverter {
-    /// The module's text in upstream dialects.
+    /// The loop module's text in upstream dialects.
     fn convert(&self, module: &dlc_loop::Module) -> Result<String, String>;
+    /// The tile module's text in upstream dialects.
+    fn convert_tile(&self, module: &dlc_tile::Module) -> Result<String, String>;
 }
 
 /// The back ends [`compile`] may call (none: IR and C/Rust declarations
@@ -234,16 +239,19 @@ pub fn compile(
                 &runs_on(&target),
             ))
         }
-        Artifact::Mlir => {
+        Artifact::Mlir | Artifact::MlirTile => {
             let Some(mlir) = backends.mlir else {
                 return Err(DriverError::Usage(
                     "upstream MLIR needs an MLIR converter (dlc_mlir::Mlir); none was given".into(),
                 ));
             };
-            let loops = crate::lower_to_loops(&module)?;
-            mlir.convert(&loops)
-                .map(String::into_bytes)
-                .map_err(DriverError::Codegen)
+            let text = if options.emit == Artifact::Mlir {
+                mlir.convert(&crate::lower_to_loops(&module)?)
+            } else {
+                let named = TargetDesc::named(&options.target).map_err(DriverError::Usage)?;
+                mlir.convert_tile(&crate::lower_for_tile(&module, &named)?)
+            };
+            text.map(String::into_bytes).map_err(DriverError::Codegen)
         }
         Artifact::Native(what) => {
             let Some(codegen) = backends.codegen else {

@@ -15,6 +15,8 @@
 #![allow(unsafe_code)]
 
 pub mod convert;
+mod scalar;
+pub mod tile;
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -45,13 +47,24 @@ pub enum MlirError {
     Failed(String),
 }
 
-/// MLIR's passes from the upstream dialects to the LLVM dialect. Memref
-/// parameters become bare pointers (`use-bare-ptr-memref-call-conv`): the
-/// same C ABI as the native back end's functions, without their status.
+/// MLIR's passes from the upstream dialects to the LLVM dialect. Functions
+/// keep MLIR's memref calling convention; the ones run carry
+/// `llvm.emit_c_interface`, whose wrapper takes each memref as a pointer to
+/// its descriptor.
 pub const LOWERING_PIPELINE: &str = "builtin.module(convert-scf-to-cf,convert-math-to-libm,\
      convert-math-to-llvm,expand-strided-metadata,finalize-memref-to-llvm,convert-arith-to-llvm,\
      convert-index-to-llvm,convert-cf-to-llvm,\
-     convert-func-to-llvm{use-bare-ptr-memref-call-conv=1},reconcile-unrealized-casts)";
+     convert-func-to-llvm,reconcile-unrealized-casts)";
+
+/// [`LOWERING_PIPELINE`] after MLIR's one-shot bufferization (tiles are
+/// tensors in the tile level's conversion), its deallocation of the
+/// buffers it creates, and `linalg` (what `tensor.generate` bufferizes to)
+/// as loops.
+pub const TILE_PIPELINE: &str = "builtin.module(one-shot-bufferize{allow-return-allocs-from-loops},buffer-deallocation-pipeline,\
+     convert-linalg-to-loops,convert-scf-to-cf,convert-math-to-libm,\
+     convert-math-to-llvm,expand-strided-metadata,finalize-memref-to-llvm,convert-arith-to-llvm,\
+     convert-index-to-llvm,convert-cf-to-llvm,\
+     convert-func-to-llvm,reconcile-unrealized-casts)";
 
 /// A context with every upstream dialect and translation to LLVM IR, and
 /// the diagnostics MLIR reports in it.
@@ -93,8 +106,12 @@ impl Session {
 
     /// Parses and verifies the upstream-dialect text of `m`.
     fn parse<'c>(&'c self, m: &Module, prefix: &str) -> Result<MlirModule<'c>, MlirError> {
-        let text = convert::module_text(m, prefix, !prefix.is_empty())?;
-        let module = MlirModule::parse(&self.context, &text)
+        self.parse_text(&convert::module_text(m, prefix, !prefix.is_empty())?)
+    }
+
+    /// Parses and verifies upstream-dialect text.
+    fn parse_text<'c>(&'c self, text: &str) -> Result<MlirModule<'c>, MlirError> {
+        let module = MlirModule::parse(&self.context, text)
             .ok_or_else(|| self.error("the converted module does not parse"))?;
         if !module.as_operation().verify() {
             return Err(self.error("the converted module does not verify"));
@@ -115,16 +132,55 @@ pub fn convert_module(m: &Module) -> Result<String, MlirError> {
 pub fn lower_to_llvm_dialect(m: &Module) -> Result<String, MlirError> {
     let session = Session::new();
     let mut module = session.parse(m, "")?;
-    lower(&session, &mut module)?;
+    lower(&session, &mut module, LOWERING_PIPELINE)?;
     Ok(format!("{}\n", module.as_operation()))
 }
 
-fn lower(session: &Session, module: &mut MlirModule<'_>) -> Result<(), MlirError> {
+fn lower(session: &Session, module: &mut MlirModule<'_>, pipeline: &str) -> Result<(), MlirError> {
     let pm = PassManager::new(&session.context);
-    melior::utility::parse_pass_pipeline(pm.as_operation_pass_manager(), LOWERING_PIPELINE)
+    melior::utility::parse_pass_pipeline(pm.as_operation_pass_manager(), pipeline)
         .map_err(|e| MlirError::Mlir(format!("the lowering pipeline: {e}")))?;
     pm.run(module)
         .map_err(|_| session.error("lowering to the LLVM dialect failed"))
+}
+
+/// Tile IR scheduled for a CPU in upstream MLIR dialects (tiles as
+/// tensors; see [`tile`]), parsed and verified by MLIR.
+pub fn convert_tile_module(m: &dlc_tile::Module) -> Result<String, MlirError> {
+    let session = Session::new();
+    let module = session.parse_text(&tile::module_text(m, "", false)?)?;
+    Ok(format!("{}\n", module.as_operation()))
+}
+
+/// Runs function `entry` of tile IR scheduled for a CPU through MLIR
+/// (bufferized, lowered, compiled by the execution engine), as [`run`] does
+/// for loop IR. The code is compiled by LLVM at O0: a recurrence's
+/// unrolled steps make large modules (W7's GRU is 28 000 lines of MLIR,
+/// which O2 takes 100 s over), and this path checks results, not speed.
+pub fn run_tile(
+    m: &dlc_tile::Module,
+    entry: &str,
+    inputs: &[HostTensor],
+) -> Result<Vec<HostTensor>, MlirError> {
+    let f = m
+        .functions
+        .iter()
+        .find(|f| f.name == entry)
+        .ok_or_else(|| MlirError::Arguments(format!("no function `@{entry}`")))?;
+    let params: Vec<(&str, Option<&dlc_core::Layout>)> = f
+        .params
+        .iter()
+        .map(|(name, v)| {
+            let layout = match f.ty(*v) {
+                dlc_tile::Type::Buffer(b) => Some(&b.layout),
+                _ => None,
+            };
+            (name.as_str(), layout)
+        })
+        .collect();
+    let text = tile::module_text(m, RUN_PREFIX, true)?;
+    let n_inputs = f.params.len() - f.outputs.min(f.params.len());
+    run_text(&text, TILE_PIPELINE, 0, entry, &params, n_inputs, inputs)
 }
 
 /// The first function with an integer division, whose division by zero
@@ -155,24 +211,58 @@ pub fn run(m: &Module, entry: &str, inputs: &[HostTensor]) -> Result<Vec<HostTen
         .iter()
         .find(|f| f.name == entry)
         .ok_or_else(|| MlirError::Arguments(format!("no function `@{entry}`")))?;
-    let types: Vec<TensorType> = f
+    let params: Vec<(&str, Option<&dlc_core::Layout>)> = f
         .params
         .iter()
-        .map(|(name, v)| match f.ty(*v) {
-            Type::Buffer(l) if l.is_contiguous() => Ok(TensorType::new(l.dtype, l.shape.clone())),
-            other => Err(MlirError::Unsupported(format!(
-                "parameter %{name} of @{entry} of type {other} (only row-major buffers are passed)"
+        .map(|(name, v)| {
+            let layout = match f.ty(*v) {
+                Type::Buffer(l) => Some(l),
+                _ => None,
+            };
+            (name.as_str(), layout)
+        })
+        .collect();
+    let text = convert::module_text(m, RUN_PREFIX, true)?;
+    run_text(
+        &text,
+        LOWERING_PIPELINE,
+        2,
+        entry,
+        &params,
+        f.inputs().len(),
+        inputs,
+    )
+}
+
+/// Runs function `entry` of the module `text` (functions prefixed
+/// [`RUN_PREFIX`], with a status parameter) after lowering it with
+/// `pipeline`; `params` are the entry point's parameters (name and buffer
+/// layout), the first `n_inputs` of them inputs.
+fn run_text(
+    text: &str,
+    pipeline: &str,
+    opt_level: usize,
+    entry: &str,
+    params: &[(&str, Option<&dlc_core::Layout>)],
+    n_inputs: usize,
+    inputs: &[HostTensor],
+) -> Result<Vec<HostTensor>, MlirError> {
+    let types: Vec<TensorType> = params
+        .iter()
+        .map(|&(name, l)| match l {
+            Some(l) if l.is_contiguous() => Ok(TensorType::new(l.dtype, l.shape.clone())),
+            _ => Err(MlirError::Unsupported(format!(
+                "parameter %{name} of @{entry} (only row-major buffers are passed)"
             ))),
         })
         .collect::<Result<_, _>>()?;
-    let n_inputs = f.inputs().len();
     if inputs.len() != n_inputs {
         return Err(MlirError::Arguments(format!(
             "@{entry} takes {n_inputs} inputs, got {}",
             inputs.len()
         )));
     }
-    for ((name, _), (t, want)) in f.inputs().iter().zip(inputs.iter().zip(&types)) {
+    for ((name, _), (t, want)) in params.iter().zip(inputs.iter().zip(&types)) {
         if &t.ty != want {
             return Err(MlirError::Arguments(format!(
                 "input `{name}` of @{entry} is {want}, got {}",
@@ -181,19 +271,20 @@ pub fn run(m: &Module, entry: &str, inputs: &[HostTensor]) -> Result<Vec<HostTen
         }
     }
     let session = Session::new();
-    let mut module = session.parse(m, RUN_PREFIX)?;
-    lower(&session, &mut module)?;
-    let engine = melior::ExecutionEngine::new(&module, 2, &[], false, false);
-    // The packed wrapper MLIR generates for the entry point: one `void *`
-    // per parameter, each pointing to the parameter's value.
-    let wrapper = engine.lookup(&format!("_mlir_{RUN_PREFIX}{entry}"));
+    let mut module = session.parse_text(text)?;
+    lower(&session, &mut module, pipeline)?;
+    let engine = melior::ExecutionEngine::new(&module, opt_level, &[], false, false);
+    // The packed wrapper of the entry point's C interface: one `void *` per
+    // parameter, each pointing to the parameter's value, a pointer to a
+    // memref descriptor.
+    let wrapper = engine.lookup(&format!("_mlir__mlir_ciface_{RUN_PREFIX}{entry}"));
     if wrapper.is_null() {
         return Err(MlirError::Mlir(format!(
             "the execution engine has no function `@{entry}` (the module did not compile)"
         )));
     }
     // Every parameter in an aligned buffer of its element type (bool one
-    // byte), inputs filled, results zeroed.
+    // byte), inputs filled, results zeroed; the status last.
     let mut buffers: Vec<dlc_runtime::AlignedBuffer> = types
         .iter()
         .enumerate()
@@ -204,24 +295,49 @@ pub fn run(m: &Module, entry: &str, inputs: &[HostTensor]) -> Result<Vec<HostTen
             ),
         })
         .collect();
-    // The status, last.
     buffers.push(dlc_runtime::AlignedBuffer::zeroed(4));
-    let mut pointers: Vec<*mut u8> = buffers.iter_mut().map(|b| b.as_mut_ptr()).collect();
+    let shapes: Vec<&[usize]> = types
+        .iter()
+        .map(|t| t.shape.as_slice())
+        .chain([&[][..]])
+        .collect();
+    // Descriptors: allocated and aligned pointer, offset, sizes, strides
+    // (row-major), each 64 bits.
+    let mut descriptors: Vec<Vec<u64>> = buffers
+        .iter_mut()
+        .zip(&shapes)
+        .map(|(b, shape)| {
+            let p = b.as_mut_ptr() as u64;
+            let mut d = vec![p, p, 0];
+            d.extend(shape.iter().map(|&n| n as u64));
+            let mut stride = 1u64;
+            let mut strides = vec![0u64; shape.len()];
+            for (s, &n) in strides.iter_mut().zip(shape.iter()).rev() {
+                *s = stride;
+                stride *= n as u64;
+            }
+            d.extend(strides);
+            d
+        })
+        .collect();
+    let mut pointers: Vec<*mut u64> = descriptors.iter_mut().map(|d| d.as_mut_ptr()).collect();
     let mut packed: Vec<*mut ()> = pointers
         .iter_mut()
         .map(|p| std::ptr::from_mut(p).cast())
         .collect();
-    // SAFETY: `wrapper` is the packed wrapper of `@dlc_mlir_ENTRY`, a
-    // function `void(void **)` that reads one pointer per parameter from
-    // `packed`; each points to a pointer to a live buffer of that
-    // parameter's element type and size (inputs checked above), which the
-    // function reads (inputs) or writes (results) and does not keep. The
-    // engine, which owns the code, outlives the call.
+    // SAFETY: `wrapper` is the packed wrapper of `@_mlir_ciface_dlc_mlir_ENTRY`,
+    // a function `void(void **)` that reads one pointer per parameter from
+    // `packed`; each points to a pointer to the memref descriptor of a live
+    // buffer of that parameter's element type and shape (inputs checked
+    // above), which the function reads (inputs) or writes (results and the
+    // status) and does not keep. The engine, which owns the code, outlives
+    // the call.
     unsafe {
         let call: unsafe extern "C" fn(*mut *mut ()) = std::mem::transmute(wrapper);
         call(packed.as_mut_ptr());
     }
     drop(packed);
+    drop(pointers);
     drop(engine);
     let status = buffers.last().map_or(0, |b| {
         i32::from_le_bytes([b.bytes()[0], b.bytes()[1], b.bytes()[2], b.bytes()[3]])
@@ -253,5 +369,9 @@ pub struct Mlir;
 impl dlc_driver::MlirConverter for Mlir {
     fn convert(&self, module: &Module) -> Result<String, String> {
         convert_module(module).map_err(|e| e.to_string())
+    }
+
+    fn convert_tile(&self, module: &dlc_tile::Module) -> Result<String, String> {
+        convert_tile_module(module).map_err(|e| e.to_string())
     }
 }

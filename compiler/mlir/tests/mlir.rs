@@ -8,8 +8,13 @@
 use dlc_driver::{PassOptions, SourceText};
 
 /// Each example's modules: (file, graph module after the default pipeline,
-/// its loop IR).
-fn examples() -> Vec<(String, dlc_graph::Module, dlc_loop::Module)> {
+/// its loop IR, its tile IR scheduled for this CPU).
+fn examples() -> Vec<(
+    String,
+    dlc_graph::Module,
+    dlc_loop::Module,
+    dlc_tile::Module,
+)> {
     dlc_tests::example_files()
         .into_iter()
         .map(|(path, text)| {
@@ -27,7 +32,9 @@ fn examples() -> Vec<(String, dlc_graph::Module, dlc_loop::Module)> {
             .unwrap_or_else(|e| panic!("{path}: {e}"));
             let loops =
                 dlc_driver::lower_to_loops(&module).unwrap_or_else(|e| panic!("{path}: {e}"));
-            (path, module, loops)
+            let tiles =
+                dlc_driver::lower_for_cpu(&module).unwrap_or_else(|e| panic!("{path}: {e}"));
+            (path, module, loops, tiles)
         })
         .collect()
 }
@@ -35,7 +42,7 @@ fn examples() -> Vec<(String, dlc_graph::Module, dlc_loop::Module)> {
 #[test]
 fn every_example_converts_to_upstream_mlir_that_mlir_opt_reads() {
     let mlir_opt = dlc_tests::mlir_opt();
-    for (path, _, loops) in examples() {
+    for (path, _, loops, tiles) in examples() {
         let text = dlc_mlir::convert_module(&loops).unwrap_or_else(|e| panic!("{path}: {e}"));
         assert!(text.contains("func.func @"), "{path}: {text}");
         assert!(
@@ -46,6 +53,16 @@ fn every_example_converts_to_upstream_mlir_that_mlir_opt_reads() {
             dlc_tests::mlir_parses_upstream(tool, &text)
                 .unwrap_or_else(|e| panic!("{path}: mlir-opt: {e}\n{text}"));
         }
+        let text =
+            dlc_mlir::convert_tile_module(&tiles).unwrap_or_else(|e| panic!("{path} (tile): {e}"));
+        assert!(
+            text.contains("scf.parallel") && !text.contains("tile."),
+            "{path}:\n{text}"
+        );
+        if let Some(tool) = &mlir_opt {
+            dlc_tests::mlir_parses_upstream(tool, &text)
+                .unwrap_or_else(|e| panic!("{path} (tile): mlir-opt: {e}\n{text}"));
+        }
         // MLIR's own lowering takes it to the LLVM dialect.
         let llvm =
             dlc_mlir::lower_to_llvm_dialect(&loops).unwrap_or_else(|e| panic!("{path}: {e}"));
@@ -53,17 +70,42 @@ fn every_example_converts_to_upstream_mlir_that_mlir_opt_reads() {
     }
 }
 
-/// Runs entry point `f` through MLIR and checks it against the graph
-/// interpreter: the same results within `--check`'s tolerance, or an
-/// integer division by zero in both.
+/// Runs entry point `f` through MLIR, from loop IR and from tile IR
+/// scheduled for this CPU, and checks both against the graph interpreter:
+/// the same results within `--check`'s tolerance, or an integer division by
+/// zero in all three.
 fn compare(
     what: &str,
     module: &dlc_graph::Module,
     f: &dlc_graph::Function,
     loops: &dlc_loop::Module,
+    tiles: &dlc_tile::Module,
     inputs: &[dlc_runtime::HostTensor],
 ) {
-    let got = dlc_mlir::run(loops, &f.name, inputs);
+    check_one(
+        &format!("{what} (loop IR)"),
+        module,
+        f,
+        dlc_mlir::run(loops, &f.name, inputs),
+        inputs,
+    );
+    check_one(
+        &format!("{what} (tile IR)"),
+        module,
+        f,
+        dlc_mlir::run_tile(tiles, &f.name, inputs),
+        inputs,
+    );
+}
+
+/// One back end's results for `f` against the graph interpreter's.
+fn check_one(
+    what: &str,
+    module: &dlc_graph::Module,
+    f: &dlc_graph::Function,
+    got: Result<Vec<dlc_runtime::HostTensor>, dlc_mlir::MlirError>,
+    inputs: &[dlc_runtime::HostTensor],
+) {
     match dlc_driver::interpret(module, f, inputs) {
         Ok(want) => {
             let got = got.unwrap_or_else(|e| panic!("{what} @{}: {e}", f.name));
@@ -84,30 +126,59 @@ fn compare(
     }
 }
 
-#[test]
-fn every_example_runs_through_mlir_to_the_interpreters_results() {
+/// Every entry point of every example through MLIR from loop IR (`tiles`
+/// false) or from tile IR scheduled for this CPU, against the interpreter.
+fn every_example_runs(tiles: bool) {
     let mut ran = 0;
-    for (path, module, loops) in examples() {
+    for (path, module, loops, tile_ir) in examples() {
         for f in module.entry_points() {
-            let single = dlc_loop::Module {
-                functions: loops
-                    .functions
-                    .iter()
-                    .filter(|g| g.name == f.name)
-                    .cloned()
-                    .collect(),
-            };
             let inputs = dlc_driver::prepare_inputs(f, &[], Some(1)).unwrap();
-            compare(&path, &module, f, &single, &inputs);
+            let got = if tiles {
+                dlc_mlir::run_tile(&only(&tile_ir, &f.name), &f.name, &inputs)
+            } else {
+                let single = dlc_loop::Module {
+                    functions: loops
+                        .functions
+                        .iter()
+                        .filter(|g| g.name == f.name)
+                        .cloned()
+                        .collect(),
+                };
+                dlc_mlir::run(&single, &f.name, &inputs)
+            };
+            let level = if tiles { "tile IR" } else { "loop IR" };
+            check_one(&format!("{path} ({level})"), &module, f, got, &inputs);
             ran += 1;
         }
     }
     assert!(ran >= 19, "only {ran} entry points ran");
 }
 
+/// Function `name` of a tile module alone.
+fn only(m: &dlc_tile::Module, name: &str) -> dlc_tile::Module {
+    dlc_tile::Module {
+        functions: m
+            .functions
+            .iter()
+            .filter(|g| g.name == name)
+            .cloned()
+            .collect(),
+    }
+}
+
+#[test]
+fn every_example_runs_through_mlir_from_loop_ir_to_the_interpreters_results() {
+    every_example_runs(false);
+}
+
+#[test]
+fn every_example_runs_through_mlir_from_tile_ir_to_the_interpreters_results() {
+    every_example_runs(true);
+}
+
 #[test]
 fn arguments_are_checked() {
-    let (_, module, loops) = examples()
+    let (_, module, loops, _) = examples()
         .into_iter()
         .find(|(p, ..)| p.ends_with("w5_layernorm_gelu.dl"))
         .unwrap();
@@ -144,9 +215,10 @@ fn through_mlir(
 fn agrees(src: &str) {
     let m = graph(src);
     let loops = dlc_driver::lower_to_loops(&m).unwrap();
+    let tiles = dlc_driver::lower_for_cpu(&m).unwrap();
     for (seed, f) in m.entry_points().enumerate() {
         let inputs = dlc_driver::prepare_inputs(f, &[], Some(seed as u64)).unwrap();
-        compare(src, &m, f, &loops, &inputs);
+        compare(src, &m, f, &loops, &tiles, &inputs);
     }
 }
 
@@ -175,6 +247,7 @@ fn element_wise_ops_casts_and_every_element_type() {
 #[test]
 fn narrow_floats_accumulate_in_f32_through_mlir() {
     dlc_tests::check_narrow_accumulation(&through_mlir);
+    dlc_tests::check_narrow_accumulation(&tiles_through_mlir);
 }
 
 #[test]
@@ -210,6 +283,7 @@ fn an_integer_division_by_zero_is_an_error() {
     let m = graph("fn f(a: i32[4], b: i32[4]) -> i32[4] { return a / b; }");
     let f = m.entry_points().next().unwrap();
     let loops = dlc_driver::lower_to_loops(&m).unwrap();
+    let tiles = dlc_driver::lower_for_cpu(&m).unwrap();
     let t = |v: [f64; 4]| {
         dlc_runtime::HostTensor::new(
             dlc_core::TensorType::new(dlc_core::DType::I32, vec![4]),
@@ -228,5 +302,19 @@ fn an_integer_division_by_zero_is_an_error() {
     let e = dlc_mlir::run(&loops, "f", &[t([1.0; 4]), t([1.0, 0.0, 1.0, 1.0])]).unwrap_err();
     assert_eq!(e.to_string(), "@f: integer division by zero");
     assert!(dlc_mlir::has_integer_division(&loops).is_some());
-    compare("a / b", &m, f, &loops, &[t([1.0; 4]), t([0.0; 4])]);
+    compare("a / b", &m, f, &loops, &tiles, &[t([1.0; 4]), t([0.0; 4])]);
+    let e = dlc_mlir::run_tile(&tiles, "f", &[t([1.0; 4]), t([1.0, 0.0, 1.0, 1.0])]).unwrap_err();
+    assert_eq!(e.to_string(), "@f: integer division by zero");
+}
+
+/// Runs entry point `f` of `m`, scheduled as tile kernels for this CPU,
+/// through MLIR.
+fn tiles_through_mlir(
+    m: &dlc_graph::Module,
+    f: &dlc_graph::Function,
+    inputs: &[dlc_runtime::HostTensor],
+) -> Vec<dlc_runtime::HostTensor> {
+    let tiles = dlc_driver::lower_for_cpu(m).unwrap();
+    dlc_mlir::run_tile(&tiles, &f.name, inputs)
+        .unwrap_or_else(|e| panic!("@{}: {e}\n{}", f.name, dlc_tile::print_module(&tiles)))
 }

@@ -32,6 +32,9 @@ enum Emit {
     /// The loop level in upstream MLIR dialects (func, memref, scf, arith,
     /// math), verified by MLIR: `mlir-opt` reads it as is.
     Mlir,
+    /// The tile level scheduled for `--target` in upstream MLIR (tiles as
+    /// tensors; also scf.parallel over the grid, memref, arith, math).
+    MlirTile,
     /// Tile dialect text (kernels scheduled for `--target`).
     Tile,
     /// Tile dialect in MLIR's generic operation syntax.
@@ -63,6 +66,7 @@ impl Emit {
             Emit::Loop => Artifact::Loop,
             Emit::LoopMlir => Artifact::LoopMlir,
             Emit::Mlir => Artifact::Mlir,
+            Emit::MlirTile => Artifact::MlirTile,
             Emit::Tile => Artifact::Tile,
             Emit::TileMlir => Artifact::TileMlir,
             Emit::Llvm => Artifact::Native(NativeArtifact::LlvmIr),
@@ -94,6 +98,10 @@ enum Backend {
     /// run by its execution engine: a second, independent CPU back end to
     /// cross-check `cpu` (scalar and sequential, not fast).
     Mlir,
+    /// The tile kernels scheduled for this CPU in upstream MLIR, bufferized
+    /// and lowered by MLIR and run by its execution engine: a cross-check of
+    /// the schedules `cpu` compiles.
+    MlirTile,
 }
 
 #[derive(Subcommand)]
@@ -597,7 +605,12 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                 )));
             }
             match backend {
-                Backend::Interp | Backend::Loop | Backend::Tile | Backend::Cpu | Backend::Mlir => {}
+                Backend::Interp
+                | Backend::Loop
+                | Backend::Tile
+                | Backend::Cpu
+                | Backend::Mlir
+                | Backend::MlirTile => {}
                 Backend::Gpu => return Err(not_yet("--backend gpu")),
             }
             let mut files = Vec::new();
@@ -621,7 +634,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             }
             // Compiled code has no work limit: with --check, the reference
             // refuses what it cannot finish before the compiled code starts.
-            if check && matches!(backend, Backend::Cpu | Backend::Mlir) {
+            if check && matches!(backend, Backend::Cpu | Backend::Mlir | Backend::MlirTile) {
                 dlc_graph::interp::check_work(&module, f, max_work)?;
             }
             let outputs = match backend {
@@ -635,6 +648,11 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                 Backend::Mlir => {
                     let loops = dlc_driver::lower_to_loops(&module)?;
                     dlc_mlir::run(&loops, &f.name, &args)
+                        .map_err(|e| DriverError::Codegen(e.to_string()))?
+                }
+                Backend::MlirTile => {
+                    let tiles = dlc_driver::lower_for_cpu(&module)?;
+                    dlc_mlir::run_tile(&tiles, &f.name, &args)
                         .map_err(|e| DriverError::Codegen(e.to_string()))?
                 }
                 _ => interpret_within(&module, f, &args, max_work)?,

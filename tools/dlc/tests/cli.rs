@@ -1354,6 +1354,30 @@ fn the_mlir_back_end_emits_upstream_mlir_and_runs_checked() {
     let o = run("f", &[]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("check: ok: out0"));
+    // The tile kernels too: printed in upstream dialects, and run.
+    let o = dlc(&["compile", &model, "--emit", "mlir-tile", "--entry", "f"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        text.contains("scf.parallel") && text.contains("tensor.generate"),
+        "{text}"
+    );
+    if let Some(tool) = dlc_tests::mlir_opt() {
+        dlc_tests::mlir_parses_upstream(&tool, &text).unwrap();
+    }
+    let o = dlc(&[
+        "run",
+        &model,
+        "--backend",
+        "mlir-tile",
+        "--entry",
+        "f",
+        "--check",
+        "--random-inputs",
+        "4",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("check: ok: out0"));
     let ty =
         |v: [f64; 4]| HostTensor::new(TensorType::new(DType::I32, vec![4]), v.to_vec()).unwrap();
     let (a, b) = (d.0.join("a.npy"), d.0.join("b.npy"));

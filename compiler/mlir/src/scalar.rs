@@ -1,0 +1,307 @@
+//! Scalar arithmetic in MLIR text, shared by the loop and tile conversions:
+//! constants, element-wise functions, comparisons and casts with the
+//! meaning `dlc_core::scalar` gives them, and the text writer itself.
+
+use dlc_core::DType;
+use dlc_core::scalar::{BinaryOp, CmpOp, UnaryOp};
+
+use crate::MlirError;
+
+/// The MLIR type of a scalar.
+pub(crate) fn scalar(d: DType) -> &'static str {
+    d.mlir_name()
+}
+
+/// MLIR text being written: lines at an indent, and fresh value names.
+pub(crate) struct Writer {
+    /// The text so far.
+    pub out: String,
+    /// Current depth of regions.
+    pub indent: usize,
+    /// The last fresh name's number.
+    pub next: usize,
+    /// The function written, for messages.
+    pub fname: String,
+    /// The status parameter, when running: integer divisions by zero set it.
+    pub status: Option<String>,
+}
+
+impl Writer {
+    /// A writer at depth `indent` for function `fname`.
+    pub fn new(fname: &str, indent: usize, status: Option<String>) -> Writer {
+        Writer {
+            out: String::new(),
+            indent,
+            next: 0,
+            fname: fname.to_string(),
+            status,
+        }
+    }
+
+    pub fn line(&mut self, text: &str) {
+        for _ in 0..self.indent {
+            self.out.push_str("  ");
+        }
+        self.out.push_str(text);
+        self.out.push('\n');
+    }
+
+    /// A line opening a region (ending in `{`), and the region's indent.
+    pub fn open(&mut self, head: &str) {
+        self.line(head);
+        self.indent += 1;
+    }
+
+    /// The end of the region [`Gen::open`] opened.
+    pub fn close(&mut self) {
+        self.indent -= 1;
+        self.line("}");
+    }
+
+    pub fn fresh(&mut self) -> String {
+        self.next += 1;
+        format!("%t{}", self.next)
+    }
+
+    /// `%t = OP ARGS : TYPE`, returning `%t`.
+    pub fn emit(&mut self, op: &str, args: &str, ty: &str) -> String {
+        let t = self.fresh();
+        self.line(&format!("{t} = {op} {args} : {ty}"));
+        t
+    }
+
+    pub fn index_const(&mut self, c: i64) -> String {
+        self.emit("arith.constant", &c.to_string(), "index")
+    }
+
+    /// A constant of scalar type `d`.
+    pub fn constant(&mut self, v: f64, d: DType) -> String {
+        let text = match d {
+            DType::Bool => u8::from(v != 0.0).to_string(),
+            DType::I32 | DType::I64 => format!("{}", v as i64),
+            _ if v.is_finite() => dlc_core::format_float(v),
+            DType::F32 => format!("0x{:08X}", (v as f32).to_bits()),
+            DType::F16 => format!("0x{:04X}", half::f16::from_f64(v).to_bits()),
+            DType::BF16 => format!("0x{:04X}", half::bf16::from_f64(v).to_bits()),
+        };
+        self.emit("arith.constant", &text, scalar(d))
+    }
+
+    pub fn unary(&mut self, u: UnaryOp, x: &str, d: DType) -> Result<String, MlirError> {
+        let t = scalar(d);
+        if d.is_int() || d == DType::Bool {
+            return Ok(match u {
+                UnaryOp::Neg => {
+                    let zero = self.constant(0.0, d);
+                    self.emit("arith.subi", &format!("{zero}, {x}"), t)
+                }
+                UnaryOp::Relu => {
+                    let zero = self.constant(0.0, d);
+                    self.emit("arith.maxsi", &format!("{x}, {zero}"), t)
+                }
+                UnaryOp::Abs => {
+                    // x < 0 ? 0 - x : x (MLIR's lowering has no math.absi).
+                    let zero = self.constant(0.0, d);
+                    let neg = self.emit("arith.cmpi", &format!("slt, {x}, {zero}"), t);
+                    let minus = self.emit("arith.subi", &format!("{zero}, {x}"), t);
+                    self.emit("arith.select", &format!("{neg}, {minus}, {x}"), t)
+                }
+                other => {
+                    return Err(MlirError::Invalid(format!(
+                        "@{}: {} of an integer",
+                        self.fname,
+                        other.name()
+                    )));
+                }
+            });
+        }
+        match u {
+            UnaryOp::Neg => return Ok(self.emit("arith.negf", x, t)),
+            UnaryOp::Abs => return Ok(self.emit("math.absf", x, t)),
+            UnaryOp::Relu => {
+                let zero = self.constant(0.0, d);
+                let neg = self.emit("arith.cmpf", &format!("olt, {x}, {zero}"), t);
+                return Ok(self.emit("arith.select", &format!("{neg}, {zero}, {x}"), t));
+            }
+            _ => {}
+        }
+        // Transcendental functions in f32 (f16 and bf16 rounded once).
+        let x = self.cast(x, d, DType::F32);
+        let f = "f32";
+        let v = match u {
+            UnaryOp::Exp => self.emit("math.exp", &x, f),
+            UnaryOp::Log => self.emit("math.log", &x, f),
+            UnaryOp::Sqrt => self.emit("math.sqrt", &x, f),
+            UnaryOp::Rsqrt => {
+                // 1 / sqrt(x), as the interpreter computes it (libm has no
+                // rsqrtf for `convert-math-to-libm` to call).
+                let one = self.constant(1.0, DType::F32);
+                let r = self.emit("math.sqrt", &x, f);
+                self.emit("arith.divf", &format!("{one}, {r}"), f)
+            }
+            UnaryOp::Tanh => self.emit("math.tanh", &x, f),
+            UnaryOp::Sigmoid => {
+                let one = self.constant(1.0, DType::F32);
+                let n = self.emit("arith.negf", &x, f);
+                let e = self.emit("math.exp", &n, f);
+                let s = self.emit("arith.addf", &format!("{one}, {e}"), f);
+                self.emit("arith.divf", &format!("{one}, {s}"), f)
+            }
+            UnaryOp::Gelu => {
+                let c = self.constant((2.0 / std::f64::consts::PI).sqrt(), DType::F32);
+                let a = self.constant(0.044715, DType::F32);
+                let half = self.constant(0.5, DType::F32);
+                let one = self.constant(1.0, DType::F32);
+                let x2 = self.emit("arith.mulf", &format!("{x}, {x}"), f);
+                let x3 = self.emit("arith.mulf", &format!("{x2}, {x}"), f);
+                let ax3 = self.emit("arith.mulf", &format!("{a}, {x3}"), f);
+                let inner = self.emit("arith.addf", &format!("{x}, {ax3}"), f);
+                let scaled = self.emit("arith.mulf", &format!("{c}, {inner}"), f);
+                let t = self.emit("math.tanh", &scaled, f);
+                let onep = self.emit("arith.addf", &format!("{one}, {t}"), f);
+                let hx = self.emit("arith.mulf", &format!("{half}, {x}"), f);
+                self.emit("arith.mulf", &format!("{hx}, {onep}"), f)
+            }
+            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu => {
+                return Err(MlirError::Invalid(format!(
+                    "@{}: {} out of place",
+                    self.fname,
+                    u.name()
+                )));
+            }
+        };
+        Ok(self.cast(&v, DType::F32, d))
+    }
+
+    pub fn binary(&mut self, b: BinaryOp, x: &str, y: &str, d: DType) -> Result<String, MlirError> {
+        let t = scalar(d);
+        let args = format!("{x}, {y}");
+        let op = match (b, d.is_int()) {
+            (BinaryOp::Add, false) => "arith.addf",
+            (BinaryOp::Sub, false) => "arith.subf",
+            (BinaryOp::Mul, false) => "arith.mulf",
+            (BinaryOp::Div, false) => "arith.divf",
+            (BinaryOp::Max, false) => "arith.maximumf",
+            (BinaryOp::Min, false) => "arith.minimumf",
+            (BinaryOp::Pow, false) => {
+                let (x, y) = (self.cast(x, d, DType::F32), self.cast(y, d, DType::F32));
+                let v = self.emit("math.powf", &format!("{x}, {y}"), "f32");
+                return Ok(self.cast(&v, DType::F32, d));
+            }
+            (BinaryOp::Add, true) => "arith.addi",
+            (BinaryOp::Sub, true) => "arith.subi",
+            (BinaryOp::Mul, true) => "arith.muli",
+            (BinaryOp::Div, true) => {
+                let Some(status) = self.status.clone() else {
+                    return Ok(self.emit("arith.floordivsi", &args, t));
+                };
+                let zero = self.constant(0.0, d);
+                let one = self.constant(1.0, d);
+                let is_zero = self.emit("arith.cmpi", &format!("eq, {y}, {zero}"), t);
+                self.open(&format!("scf.if {is_zero} {{"));
+                let failed = self.emit("arith.constant", "1", "i32");
+                self.line(&format!("memref.store {failed}, {status}[] : memref<i32>"));
+                self.close();
+                let safe = self.emit("arith.select", &format!("{is_zero}, {one}, {y}"), t);
+                return Ok(self.emit("arith.floordivsi", &format!("{x}, {safe}"), t));
+            }
+            (BinaryOp::Max, true) => "arith.maxsi",
+            (BinaryOp::Min, true) => "arith.minsi",
+            (BinaryOp::Pow, true) => {
+                return Err(MlirError::Invalid(format!(
+                    "@{}: pow of integers",
+                    self.fname
+                )));
+            }
+        };
+        Ok(self.emit(op, &args, t))
+    }
+
+    pub fn compare(&mut self, c: CmpOp, x: &str, y: &str, d: DType) -> String {
+        let (op, pred) = if d.is_float() {
+            let p = match c {
+                CmpOp::Lt => "olt",
+                CmpOp::Le => "ole",
+                CmpOp::Gt => "ogt",
+                CmpOp::Ge => "oge",
+                CmpOp::Eq => "oeq",
+                CmpOp::Ne => "une",
+            };
+            ("arith.cmpf", p)
+        } else {
+            let signed = d != DType::Bool;
+            let p = match (c, signed) {
+                (CmpOp::Lt, true) => "slt",
+                (CmpOp::Le, true) => "sle",
+                (CmpOp::Gt, true) => "sgt",
+                (CmpOp::Ge, true) => "sge",
+                (CmpOp::Lt, false) => "ult",
+                (CmpOp::Le, false) => "ule",
+                (CmpOp::Gt, false) => "ugt",
+                (CmpOp::Ge, false) => "uge",
+                (CmpOp::Eq, _) => "eq",
+                (CmpOp::Ne, _) => "ne",
+            };
+            ("arith.cmpi", p)
+        };
+        self.emit(op, &format!("{pred}, {x}, {y}"), scalar(d))
+    }
+
+    /// `x` of type `from` as type `to`: floats round to nearest, floats to
+    /// integers truncate toward zero (through i64, wrapping as the
+    /// interpreter does), bool is `!= 0`.
+    pub fn cast(&mut self, x: &str, from: DType, to: DType) -> String {
+        use DType::*;
+        if from == to {
+            return x.to_string();
+        }
+        let width = |d: DType| match d {
+            F16 | BF16 => 16,
+            F32 | I32 => 32,
+            I64 => 64,
+            Bool => 1,
+        };
+        let conv = |g: &mut Self, op: &str, x: &str, from: DType, to: DType| {
+            let t = g.fresh();
+            g.line(&format!(
+                "{t} = {op} {x} : {} to {}",
+                scalar(from),
+                scalar(to)
+            ));
+            t
+        };
+        match (from.is_float(), to.is_float()) {
+            (true, true) => {
+                if (from == F16 && to == BF16) || (from == BF16 && to == F16) {
+                    let w = conv(self, "arith.extf", x, from, F32);
+                    conv(self, "arith.truncf", &w, F32, to)
+                } else if width(to) > width(from) {
+                    conv(self, "arith.extf", x, from, to)
+                } else {
+                    conv(self, "arith.truncf", x, from, to)
+                }
+            }
+            (true, false) if to == Bool => {
+                let zero = self.constant(0.0, from);
+                self.emit("arith.cmpf", &format!("une, {x}, {zero}"), scalar(from))
+            }
+            (true, false) => {
+                let wide = conv(self, "arith.fptosi", x, from, I64);
+                if to == I64 {
+                    wide
+                } else {
+                    conv(self, "arith.trunci", &wide, I64, to)
+                }
+            }
+            (false, true) if from == Bool => conv(self, "arith.uitofp", x, from, to),
+            (false, true) => conv(self, "arith.sitofp", x, from, to),
+            (false, false) if to == Bool => {
+                let zero = self.constant(0.0, from);
+                self.emit("arith.cmpi", &format!("ne, {x}, {zero}"), scalar(from))
+            }
+            (false, false) if from == Bool => conv(self, "arith.extui", x, from, to),
+            (false, false) if width(to) > width(from) => conv(self, "arith.extsi", x, from, to),
+            (false, false) => conv(self, "arith.trunci", x, from, to),
+        }
+    }
+}

@@ -1,0 +1,631 @@
+//! Tile IR scheduled for a CPU as upstream MLIR: tiles are `tensor`
+//! values, buffers memrefs.
+//!
+//! A `tile.kernel` is an `scf.parallel` over its grid (program ids are its
+//! induction variables; the program's scratch buffers are allocated in its
+//! body). No buffer is freed here: MLIR's deallocation pipeline frees every
+//! buffer, those of tensors and of `tile.alloc` alike, and refuses frees it
+//! did not place. Every op producing a tile is a
+//! `tensor.generate` whose body computes one element from the element's
+//! coordinates: a load evaluates its affine index (with `#k` the
+//! coordinate along axis `k`) and reads the buffer, or the pad value where
+//! the mask is off or the index is outside the buffer; a mask compares the
+//! coordinates with its limits; broadcasts, reshapes, transposes and
+//! expanded axes read the operand at the corresponding coordinates;
+//! element-wise ops apply the scalar op (the loop conversion's, with the
+//! same meaning) to the operands' elements; a dot sums its products in an
+//! `scf.for` over the depth and adds the accumulator; a reduction combines
+//! along its axis in an `scf.for`. A store is a loop nest over the tile's
+//! coordinates writing each element its mask leaves on. MLIR's one-shot
+//! bufferization then turns the tensors into buffers (see
+//! [`crate::TILE_PIPELINE`]). Barriers have no meaning on one CPU thread.
+
+use std::collections::HashMap;
+
+use dlc_core::DType;
+use dlc_core::scalar::{BinaryOp, ReduceKind};
+use dlc_tile::{Affine, Block, Function, Module, OpData, OpKind, Type, Value};
+
+use crate::MlirError;
+use crate::scalar::{Writer, scalar};
+
+/// The module's text; as [`crate::convert::module_text`] for loop IR.
+pub fn module_text(m: &Module, prefix: &str, run: bool) -> Result<String, MlirError> {
+    let mut out = String::from("module {\n");
+    for f in &m.functions {
+        let mut g = Gen {
+            f,
+            w: Writer::new(&f.name, 1, run.then(|| "%status".to_string())),
+            names: HashMap::new(),
+            program: Vec::new(),
+        };
+        g.function(prefix)?;
+        out.push_str(&g.w.out);
+    }
+    out.push_str("}\n");
+    Ok(out)
+}
+
+struct Gen<'f> {
+    f: &'f Function,
+    w: Writer,
+    /// Values spelled other than `%vN`.
+    names: HashMap<Value, String>,
+    /// The induction variables of the kernel being written.
+    program: Vec<String>,
+}
+
+fn invalid(f: &Function, what: String) -> MlirError {
+    MlirError::Invalid(format!("@{}: {what}", f.name))
+}
+
+/// A tile type's tensor.
+fn tensor(shape: &[usize], d: DType) -> String {
+    let dims: Vec<String> = shape.iter().map(ToString::to_string).collect();
+    format!("tensor<{}x{}>", dims.join("x"), scalar(d))
+}
+
+impl Gen<'_> {
+    fn name(&self, v: Value) -> String {
+        self.names
+            .get(&v)
+            .cloned()
+            .unwrap_or_else(|| format!("%v{}", v.0))
+    }
+
+    /// The MLIR type of a value.
+    fn ty(&self, v: Value) -> String {
+        match self.f.ty(v) {
+            Type::Index => "index".into(),
+            Type::Scalar(d) => scalar(*d).into(),
+            Type::Tile(t) => tensor(&t.shape, t.dtype),
+            Type::Buffer(b) => b.layout.mlir(),
+        }
+    }
+
+    fn dtype(&self, v: Value) -> Result<DType, MlirError> {
+        self.f
+            .ty(v)
+            .dtype()
+            .ok_or_else(|| invalid(self.f, format!("%{} has no element type", v.0)))
+    }
+
+    /// A tile's shape (empty for a scalar).
+    fn shape(&self, v: Value) -> Vec<usize> {
+        self.f
+            .ty(v)
+            .shape()
+            .map(<[usize]>::to_vec)
+            .unwrap_or_default()
+    }
+
+    fn layout(&self, v: Value) -> Result<&dlc_core::Layout, MlirError> {
+        match self.f.ty(v) {
+            Type::Buffer(b) => Ok(&b.layout),
+            other => Err(invalid(
+                self.f,
+                format!("%{} is {other:?}, not a buffer", v.0),
+            )),
+        }
+    }
+
+    /// An affine index, `#k` being `coords[k]`.
+    fn affine(&mut self, e: &Affine, coords: &[String]) -> Result<String, MlirError> {
+        let mut parts: Vec<(i64, String)> =
+            e.terms.iter().map(|&(c, v)| (c, self.name(v))).collect();
+        for &(c, k) in &e.axes {
+            let x = coords
+                .get(k)
+                .cloned()
+                .ok_or_else(|| invalid(self.f, format!("index axis #{k} outside the tile")))?;
+            parts.push((c, x));
+        }
+        let mut acc: Option<String> = None;
+        for (c, x) in parts {
+            let term = if c == 1 {
+                x
+            } else {
+                let k = self.w.index_const(c);
+                self.w.emit("arith.muli", &format!("{x}, {k}"), "index")
+            };
+            acc = Some(match acc {
+                None => term,
+                Some(a) => self.w.emit("arith.addi", &format!("{a}, {term}"), "index"),
+            });
+        }
+        Ok(match acc {
+            None => self.w.index_const(e.constant),
+            Some(a) if e.constant == 0 => a,
+            Some(a) => {
+                let k = self.w.index_const(e.constant);
+                self.w.emit("arith.addi", &format!("{a}, {k}"), "index")
+            }
+        })
+    }
+
+    fn function(&mut self, prefix: &str) -> Result<(), MlirError> {
+        let mut params: Vec<String> = self
+            .f
+            .params
+            .iter()
+            .map(|(_, v)| format!("{}: {}", self.name(*v), self.ty(*v)))
+            .collect();
+        if let Some(status) = &self.w.status {
+            params.push(format!("{status}: memref<i32>"));
+        }
+        let attrs = if self.w.status.is_some() {
+            " attributes {llvm.emit_c_interface}"
+        } else {
+            ""
+        };
+        let head = format!(
+            "func.func @{prefix}{}({}){attrs} {{",
+            self.f.name,
+            params.join(", ")
+        );
+        self.w.open(&head);
+        let body = self.f.body.clone();
+        self.block(&body)?;
+        self.w.close();
+        Ok(())
+    }
+
+    /// The ops of a block; returns its terminator's operands (`tile.yield`).
+    fn block(&mut self, b: &Block) -> Result<Vec<Value>, MlirError> {
+        for &id in &b.ops {
+            let op = self.f.op(id).clone();
+            let r = op.results.first().copied();
+            match &op.kind {
+                OpKind::Return => self.w.line("func.return"),
+                OpKind::Yield => return Ok(op.operands.clone()),
+                OpKind::Barrier => {}
+                OpKind::Alloc => {
+                    let r = r.ok_or_else(|| invalid(self.f, "alloc without a result".into()))?;
+                    let l = self.layout(r)?.clone();
+                    if !l.is_contiguous() {
+                        return Err(MlirError::Unsupported(format!(
+                            "@{}: an allocation with strides ({l})",
+                            self.f.name
+                        )));
+                    }
+                    let line = format!("{} = memref.alloc() : {}", self.name(r), l.mlir());
+                    self.w.line(&line);
+                }
+                // MLIR's deallocation pipeline frees every buffer (it
+                // refuses frees it did not place).
+                OpKind::Dealloc => {}
+                OpKind::View => {
+                    let (src, r) = (op.operands[0], r.unwrap_or(op.operands[0]));
+                    let l = self.layout(r)?.clone();
+                    let dims = |xs: &[usize]| {
+                        xs.iter()
+                            .map(ToString::to_string)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    };
+                    let line = format!(
+                        "{} = memref.reinterpret_cast {} to offset: [0], sizes: [{}], strides: [{}] : {} to {}",
+                        self.name(r),
+                        self.name(src),
+                        dims(&l.shape),
+                        dims(&l.strides),
+                        self.ty(src),
+                        l.mlir()
+                    );
+                    self.w.line(&line);
+                }
+                OpKind::Kernel { grid, .. } => self.kernel(&op, grid)?,
+                OpKind::ProgramId { axis } => {
+                    let p = self.program.get(*axis).cloned().ok_or_else(|| {
+                        invalid(self.f, format!("program id {axis} outside a kernel's grid"))
+                    })?;
+                    if let Some(r) = r {
+                        self.names.insert(r, p);
+                    }
+                }
+                OpKind::Const(v) => {
+                    let r = r.ok_or_else(|| invalid(self.f, "const without a result".into()))?;
+                    let d = self.dtype(r)?;
+                    let shape = self.shape(r);
+                    let c = self.w.constant(*v, d);
+                    let name = if shape.is_empty() {
+                        c
+                    } else {
+                        self.w.emit("tensor.splat", &c, &tensor(&shape, d))
+                    };
+                    self.names.insert(r, name);
+                }
+                OpKind::Splat => {
+                    let r = r.ok_or_else(|| invalid(self.f, "splat without a result".into()))?;
+                    let x = self.name(op.operands[0]);
+                    let ty = self.ty(r);
+                    let v = self.w.emit("tensor.splat", &x, &ty);
+                    self.names.insert(r, v);
+                }
+                OpKind::Unary(_)
+                | OpKind::Binary(_)
+                | OpKind::Compare(_)
+                | OpKind::Select
+                | OpKind::Cast => self.element_wise(&op)?,
+                OpKind::Load { index, pad } => self.load(&op, index, *pad)?,
+                OpKind::Store { index } => self.store(&op, index)?,
+                OpKind::Mask { limits } => {
+                    let r = r.ok_or_else(|| invalid(self.f, "mask without a result".into()))?;
+                    let limits: Vec<String> = limits
+                        .iter()
+                        .map(|l| self.affine(l, &[]))
+                        .collect::<Result<_, _>>()?;
+                    self.generate(r, |g, e| {
+                        let mut on: Option<String> = None;
+                        for (x, l) in e.iter().zip(&limits) {
+                            let lt = g.w.emit("arith.cmpi", &format!("slt, {x}, {l}"), "index");
+                            on = Some(match on {
+                                None => lt,
+                                Some(a) => g.w.emit("arith.andi", &format!("{a}, {lt}"), "i1"),
+                            });
+                        }
+                        Ok(on.unwrap_or_else(|| g.w.constant(1.0, DType::Bool)))
+                    })?;
+                }
+                OpKind::Broadcast => {
+                    let (x, r) = (op.operands[0], op.results[0]);
+                    let from = self.shape(x);
+                    self.generate(r, |g, e| {
+                        let zero = g.w.index_const(0);
+                        let src: Vec<String> = e
+                            .iter()
+                            .zip(&from)
+                            .map(|(c, &n)| if n == 1 { zero.clone() } else { c.clone() })
+                            .collect();
+                        Ok(g.extract(x, &src))
+                    })?;
+                }
+                OpKind::Reshape | OpKind::ExpandDims { .. } => {
+                    let (x, r) = (op.operands[0], op.results[0]);
+                    let (from, to) = (self.shape(x), self.shape(r));
+                    self.generate(r, |g, e| {
+                        // The element's row-major position, then its
+                        // coordinates in the operand's shape.
+                        let mut lin = g.w.index_const(0);
+                        for (c, &n) in e.iter().zip(&to) {
+                            let n = g.w.index_const(n as i64);
+                            let m = g.w.emit("arith.muli", &format!("{lin}, {n}"), "index");
+                            lin = g.w.emit("arith.addi", &format!("{m}, {c}"), "index");
+                        }
+                        let mut src = vec![String::new(); from.len()];
+                        for (k, &n) in from.iter().enumerate().rev() {
+                            let n = g.w.index_const(n as i64);
+                            src[k] = g.w.emit("arith.remui", &format!("{lin}, {n}"), "index");
+                            lin = g.w.emit("arith.divui", &format!("{lin}, {n}"), "index");
+                        }
+                        Ok(g.extract(x, &src))
+                    })?;
+                }
+                OpKind::Trans { perm } => {
+                    let (x, r) = (op.operands[0], op.results[0]);
+                    let perm = perm.clone();
+                    self.generate(r, |g, e| {
+                        let mut src = vec![String::new(); e.len()];
+                        for (i, &p) in perm.iter().enumerate() {
+                            src[p] = e[i].clone();
+                        }
+                        Ok(g.extract(x, &src))
+                    })?;
+                }
+                OpKind::Dot => self.dot(&op)?,
+                OpKind::Reduce { kind, axis } => self.reduce(&op, *kind, *axis)?,
+                OpKind::For { lo, hi, step } => self.for_loop(&op, *lo, *hi, *step)?,
+            }
+        }
+        Ok(Vec::new())
+    }
+
+    /// `%r = tensor.generate` whose element at coordinates `e` is what
+    /// `element` computes (for a scalar `r`, that element itself).
+    fn generate(
+        &mut self,
+        r: Value,
+        element: impl FnOnce(&mut Self, &[String]) -> Result<String, MlirError>,
+    ) -> Result<(), MlirError> {
+        let shape = self.shape(r);
+        if shape.is_empty() {
+            let v = element(self, &[])?;
+            self.names.insert(r, v);
+            return Ok(());
+        }
+        let d = self.dtype(r)?;
+        let coords: Vec<String> = shape.iter().map(|_| self.w.fresh()).collect();
+        let name = self.w.fresh();
+        let args: Vec<String> = coords.iter().map(|c| format!("{c}: index")).collect();
+        self.w.open(&format!("{name} = tensor.generate {{"));
+        self.w.line(&format!("^bb0({}):", args.join(", ")));
+        let v = element(self, &coords)?;
+        self.w.line(&format!("tensor.yield {v} : {}", scalar(d)));
+        self.w.indent -= 1;
+        self.w.line(&format!("}} : {}", tensor(&shape, d)));
+        self.names.insert(r, name);
+        Ok(())
+    }
+
+    /// Element `coords` of a tile, or the scalar itself.
+    fn extract(&mut self, v: Value, coords: &[String]) -> String {
+        if self.shape(v).is_empty() {
+            return self.name(v);
+        }
+        let args = format!("{}[{}]", self.name(v), coords.join(", "));
+        let ty = self.ty(v);
+        self.w.emit("tensor.extract", &args, &ty)
+    }
+
+    fn element_wise(&mut self, op: &OpData) -> Result<(), MlirError> {
+        let r = op.results[0];
+        let operands = op.operands.clone();
+        let kind = op.kind.clone();
+        let one = |g: &mut Self, xs: &[String]| -> Result<String, MlirError> {
+            let d0 = g.dtype(operands[0])?;
+            match &kind {
+                OpKind::Unary(u) => g.w.unary(*u, &xs[0], d0),
+                OpKind::Binary(b) => g.w.binary(*b, &xs[0], &xs[1], d0),
+                OpKind::Compare(c) => Ok(g.w.compare(*c, &xs[0], &xs[1], d0)),
+                OpKind::Select => {
+                    let d = g.dtype(operands[1])?;
+                    Ok(g.w.emit(
+                        "arith.select",
+                        &format!("{}, {}, {}", xs[0], xs[1], xs[2]),
+                        scalar(d),
+                    ))
+                }
+                OpKind::Cast => {
+                    let to = g.dtype(r)?;
+                    Ok(g.w.cast(&xs[0], d0, to))
+                }
+                other => Err(invalid(
+                    g.f,
+                    format!("{} is not element-wise", other.name()),
+                )),
+            }
+        };
+        self.generate(r, |g, e| {
+            let xs: Vec<String> = operands.iter().map(|v| g.extract(*v, e)).collect();
+            one(g, &xs)
+        })
+    }
+
+    /// Whether every index is inside `shape`: `i1`.
+    fn in_bounds(&mut self, idx: &[String], shape: &[usize]) -> Option<String> {
+        let mut inside: Option<String> = None;
+        for (i, &n) in idx.iter().zip(shape) {
+            let zero = self.w.index_const(0);
+            let n = self.w.index_const(n as i64);
+            let lo = self
+                .w
+                .emit("arith.cmpi", &format!("sge, {i}, {zero}"), "index");
+            let hi = self
+                .w
+                .emit("arith.cmpi", &format!("slt, {i}, {n}"), "index");
+            let both = self.w.emit("arith.andi", &format!("{lo}, {hi}"), "i1");
+            inside = Some(match inside {
+                None => both,
+                Some(a) => self.w.emit("arith.andi", &format!("{a}, {both}"), "i1"),
+            });
+        }
+        inside
+    }
+
+    fn load(&mut self, op: &OpData, index: &[Affine], pad: Option<f64>) -> Result<(), MlirError> {
+        let (b, r) = (op.operands[0], op.results[0]);
+        let mask = op.operands.get(1).copied();
+        let shape = self.layout(b)?.shape.clone();
+        let (bty, d) = (self.ty(b), self.dtype(r)?);
+        let index = index.to_vec();
+        self.generate(r, |g, e| {
+            let idx: Vec<String> = index
+                .iter()
+                .map(|a| g.affine(a, e))
+                .collect::<Result<_, _>>()?;
+            let read = |g: &mut Self| {
+                let args = format!("{}[{}]", g.name(b), idx.join(", "));
+                g.w.emit("memref.load", &args, &bty)
+            };
+            let Some(pad) = pad else {
+                return Ok(read(g));
+            };
+            let mut cond = g.in_bounds(&idx, &shape);
+            if let Some(m) = mask {
+                let on = g.extract(m, e);
+                cond = Some(match cond {
+                    None => on,
+                    Some(c) => g.w.emit("arith.andi", &format!("{c}, {on}"), "i1"),
+                });
+            }
+            let Some(cond) = cond else {
+                return Ok(read(g));
+            };
+            let v = g.w.fresh();
+            g.w.open(&format!("{v} = scf.if {cond} -> ({}) {{", scalar(d)));
+            let x = read(g);
+            g.w.line(&format!("scf.yield {x} : {}", scalar(d)));
+            g.w.indent -= 1;
+            g.w.line("} else {");
+            g.w.indent += 1;
+            let p = g.w.constant(pad, d);
+            g.w.line(&format!("scf.yield {p} : {}", scalar(d)));
+            g.w.close();
+            Ok(v)
+        })
+    }
+
+    /// Loops over a tile's coordinates, running `body` at each.
+    fn for_each(
+        &mut self,
+        shape: &[usize],
+        body: impl FnOnce(&mut Self, &[String]) -> Result<(), MlirError>,
+    ) -> Result<(), MlirError> {
+        let (zero, one) = (self.w.index_const(0), self.w.index_const(1));
+        let mut coords = Vec::new();
+        for &n in shape {
+            let n = self.w.index_const(n as i64);
+            let c = self.w.fresh();
+            self.w
+                .open(&format!("scf.for {c} = {zero} to {n} step {one} {{"));
+            coords.push(c);
+        }
+        body(self, &coords)?;
+        for _ in shape {
+            self.w.close();
+        }
+        Ok(())
+    }
+
+    fn store(&mut self, op: &OpData, index: &[Affine]) -> Result<(), MlirError> {
+        let (v, b) = (op.operands[0], op.operands[1]);
+        let mask = op.operands.get(2).copied();
+        let bty = self.ty(b);
+        let shape = self.shape(v);
+        let index = index.to_vec();
+        self.for_each(&shape.clone(), |g, e| {
+            let on = mask.map(|m| g.extract(m, e));
+            if let Some(on) = &on {
+                g.w.open(&format!("scf.if {on} {{"));
+            }
+            let x = g.extract(v, e);
+            let idx: Vec<String> = index
+                .iter()
+                .map(|a| g.affine(a, e))
+                .collect::<Result<_, _>>()?;
+            let line = format!(
+                "memref.store {x}, {}[{}] : {bty}",
+                g.name(b),
+                idx.join(", ")
+            );
+            g.w.line(&line);
+            if on.is_some() {
+                g.w.close();
+            }
+            Ok(())
+        })
+    }
+
+    fn dot(&mut self, op: &OpData) -> Result<(), MlirError> {
+        let [a, b, acc] = [0, 1, 2].map(|i| op.operands[i]);
+        let r = op.results[0];
+        let k = self.shape(a).get(1).copied().unwrap_or(1);
+        let (da, db, d) = (self.dtype(a)?, self.dtype(b)?, self.dtype(r)?);
+        self.generate(r, |g, e| {
+            let (zero, one) = (g.w.index_const(0), g.w.index_const(1));
+            let n = g.w.index_const(k as i64);
+            let init = g.w.constant(0.0, d);
+            let (p, s, total) = (g.w.fresh(), g.w.fresh(), g.w.fresh());
+            g.w.open(&format!(
+                "{total} = scf.for {p} = {zero} to {n} step {one} iter_args({s} = {init}) -> ({}) {{",
+                scalar(d)
+            ));
+            let x = g.extract(a, &[e[0].clone(), p.clone()]);
+            let y = g.extract(b, &[p.clone(), e[1].clone()]);
+            let (x, y) = (g.w.cast(&x, da, d), g.w.cast(&y, db, d));
+            let m = g.w.binary(BinaryOp::Mul, &x, &y, d)?;
+            let sum = g.w.binary(BinaryOp::Add, &s, &m, d)?;
+            g.w.line(&format!("scf.yield {sum} : {}", scalar(d)));
+            g.w.close();
+            let c = g.extract(acc, e);
+            g.w.binary(BinaryOp::Add, &c, &total, d)
+        })
+    }
+
+    fn reduce(&mut self, op: &OpData, kind: ReduceKind, axis: usize) -> Result<(), MlirError> {
+        let (x, r) = (op.operands[0], op.results[0]);
+        let len = self.shape(x).get(axis).copied().unwrap_or(1);
+        let d = self.dtype(x)?;
+        let combine = move |g: &mut Self, e: &[String]| -> Result<String, MlirError> {
+            let (zero, one) = (g.w.index_const(0), g.w.index_const(1));
+            let n = g.w.index_const(len as i64);
+            let init = g.w.constant(kind.identity_in(d), d);
+            let (i, acc, total) = (g.w.fresh(), g.w.fresh(), g.w.fresh());
+            g.w.open(&format!(
+                "{total} = scf.for {i} = {zero} to {n} step {one} iter_args({acc} = {init}) -> ({}) {{",
+                scalar(d)
+            ));
+            let mut src: Vec<String> = e.to_vec();
+            src.insert(axis, i);
+            let v = g.extract(x, &src);
+            let op = match kind {
+                ReduceKind::Sum | ReduceKind::Mean => BinaryOp::Add,
+                ReduceKind::Prod => BinaryOp::Mul,
+                ReduceKind::Max => BinaryOp::Max,
+                ReduceKind::Min => BinaryOp::Min,
+            };
+            let next = g.w.binary(op, &acc, &v, d)?;
+            g.w.line(&format!("scf.yield {next} : {}", scalar(d)));
+            g.w.close();
+            if kind == ReduceKind::Mean {
+                let n = g.w.constant(len as f64, d);
+                return g.w.binary(BinaryOp::Div, &total, &n, d);
+            }
+            Ok(total)
+        };
+        self.generate(r, combine)
+    }
+
+    fn kernel(&mut self, op: &OpData, grid: &[usize]) -> Result<(), MlirError> {
+        let zeros: Vec<String> = grid.iter().map(|_| self.w.index_const(0)).collect();
+        let ones: Vec<String> = grid.iter().map(|_| self.w.index_const(1)).collect();
+        let ends: Vec<String> = grid.iter().map(|&g| self.w.index_const(g as i64)).collect();
+        let ids: Vec<String> = grid.iter().map(|_| self.w.fresh()).collect();
+        self.w.open(&format!(
+            "scf.parallel ({}) = ({}) to ({}) step ({}) {{",
+            ids.join(", "),
+            zeros.join(", "),
+            ends.join(", "),
+            ones.join(", ")
+        ));
+        let outer = std::mem::replace(&mut self.program, ids);
+        let region = &op.regions[0];
+        self.block(region)?;
+        self.program = outer;
+        self.w.line("scf.reduce");
+        self.w.close();
+        Ok(())
+    }
+
+    fn for_loop(&mut self, op: &OpData, lo: i64, hi: i64, step: i64) -> Result<(), MlirError> {
+        let region = &op.regions[0];
+        let (lo, hi, step) = (
+            self.w.index_const(lo),
+            self.w.index_const(hi),
+            self.w.index_const(step),
+        );
+        let i = self.name(region.args[0]);
+        let results: Vec<String> = op.results.iter().map(|r| format!("%v{}", r.0)).collect();
+        let types: Vec<String> = op.results.iter().map(|r| self.ty(*r)).collect();
+        let carried: Vec<String> = region.args[1..]
+            .iter()
+            .zip(&op.operands)
+            .map(|(a, init)| format!("{} = {}", self.name(*a), self.name(*init)))
+            .collect();
+        let head = if results.is_empty() {
+            format!("scf.for {i} = {lo} to {hi} step {step} {{")
+        } else {
+            format!(
+                "{} = scf.for {i} = {lo} to {hi} step {step} iter_args({}) -> ({}) {{",
+                results.join(", "),
+                carried.join(", "),
+                types.join(", ")
+            )
+        };
+        self.w.open(&head);
+        let yielded = self.block(region)?;
+        if !results.is_empty() {
+            let values: Vec<String> = yielded.iter().map(|v| self.name(*v)).collect();
+            self.w.line(&format!(
+                "scf.yield {} : {}",
+                values.join(", "),
+                types.join(", ")
+            ));
+        }
+        self.w.close();
+        for r in &op.results {
+            self.names.remove(r);
+        }
+        Ok(())
+    }
+}
