@@ -4,7 +4,9 @@
 //! `scf`, `arith`, `math`; see [`convert`] for how each op maps), has MLIR
 //! parse it in process and checks it with MLIR's own verifier: what
 //! `dlc compile --emit mlir` prints, which `mlir-opt` reads with no
-//! unregistered dialect. [`run`] is a second back end: MLIR's own
+//! unregistered dialect; [`convert_tile_module`] does the same for tile IR
+//! scheduled for a CPU, tiles being tensors (see [`tile`]). [`run`] (and
+//! [`run_tile`], after MLIR's bufferization) is a second back end: MLIR's own
 //! conversion passes lower the module to the LLVM dialect
 //! ([`LOWERING_PIPELINE`]), MLIR's execution engine translates it to LLVM IR
 //! and compiles it in process, and the entry point runs on the inputs. It
