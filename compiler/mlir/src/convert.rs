@@ -281,40 +281,19 @@ impl Gen<'_> {
         step: i64,
     ) -> Result<(), MlirError> {
         let region = &op.regions[0];
-        let (lo, hi, step) = (
-            self.w.index_const(lo),
-            self.w.index_const(hi),
-            self.w.index_const(step),
-        );
         let i = self.name(region.args[0]);
         let results: Vec<String> = op.results.iter().map(|r| format!("%v{}", r.0)).collect();
         let types: Vec<String> = op.results.iter().map(|r| self.ty(*r)).collect();
-        let carried: Vec<String> = region.args[1..]
+        let carried: Vec<(String, String)> = region.args[1..]
             .iter()
             .zip(&op.operands)
-            .map(|(a, init)| format!("{} = {}", self.name(*a), self.name(*init)))
+            .map(|(a, init)| (self.name(*a), self.name(*init)))
             .collect();
-        let head = if results.is_empty() {
-            format!("scf.for {i} = {lo} to {hi} step {step} {{")
-        } else {
-            format!(
-                "{} = scf.for {i} = {lo} to {hi} step {step} iter_args({}) -> ({}) {{",
-                results.join(", "),
-                carried.join(", "),
-                types.join(", ")
-            )
-        };
-        self.w.open(&head);
+        self.w
+            .open_for(&i, [lo, hi, step], &results, &carried, &types);
         let yielded = self.block(region)?;
-        if !results.is_empty() {
-            let values: Vec<String> = yielded.iter().map(|v| self.name(*v)).collect();
-            self.w.line(&format!(
-                "scf.yield {} : {}",
-                values.join(", "),
-                types.join(", ")
-            ));
-        }
-        self.w.close();
+        let values: Vec<String> = yielded.iter().map(|v| self.name(*v)).collect();
+        self.w.close_for(&values, &types);
         for r in &op.results {
             self.names.remove(r);
         }

@@ -27,6 +27,48 @@ pub(crate) struct Writer {
 }
 
 impl Writer {
+    /// Opens `scf.for i = lo to hi step step`, carrying `carried` (each
+    /// region argument with its initial value) as `results` of `types`.
+    pub fn open_for(
+        &mut self,
+        i: &str,
+        [lo, hi, step]: [i64; 3],
+        results: &[String],
+        carried: &[(String, String)],
+        types: &[String],
+    ) {
+        let (lo, hi, step) = (
+            self.index_const(lo),
+            self.index_const(hi),
+            self.index_const(step),
+        );
+        let head = if results.is_empty() {
+            format!("scf.for {i} = {lo} to {hi} step {step} {{")
+        } else {
+            let carried: Vec<String> = carried.iter().map(|(a, v)| format!("{a} = {v}")).collect();
+            format!(
+                "{} = scf.for {i} = {lo} to {hi} step {step} iter_args({}) -> ({}) {{",
+                results.join(", "),
+                carried.join(", "),
+                types.join(", ")
+            )
+        };
+        self.open(&head);
+    }
+
+    /// Closes what [`Writer::open_for`] opened, yielding `values` of `types`
+    /// (nothing when it carries nothing).
+    pub fn close_for(&mut self, values: &[String], types: &[String]) {
+        if !types.is_empty() {
+            self.line(&format!(
+                "scf.yield {} : {}",
+                values.join(", "),
+                types.join(", ")
+            ));
+        }
+        self.close();
+    }
+
     /// A writer at depth `indent` for function `fname`.
     pub fn new(fname: &str, indent: usize, status: Option<String>) -> Writer {
         Writer {
