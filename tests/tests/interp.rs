@@ -200,6 +200,47 @@ fn elementwise_functions() {
         &[2],
         &[-1.0, 3.0],
     );
+    // Rounding: ties go to even (NumPy's round); floor and ceil below zero.
+    let v = f32t(&[6], &[-2.5, -1.5, -0.5, 0.5, 1.5, 2.7]);
+    expect(
+        "fn f(x: f32[6]) -> f32[6] { return round(x); }",
+        std::slice::from_ref(&v),
+        &[6],
+        &[-2.0, -2.0, -0.0, 0.0, 2.0, 3.0],
+    );
+    expect(
+        "fn f(x: f32[6]) -> f32[6] { return floor(x) * 10.0 + ceil(x); }",
+        std::slice::from_ref(&v),
+        &[6],
+        &[-32.0, -21.0, -10.0, 1.0, 12.0, 23.0],
+    );
+    expect(
+        "fn f(x: f32[6]) -> f32[6] { return sign(x - 0.5) + reciprocal(x); }",
+        std::slice::from_ref(&v),
+        &[6],
+        &[
+            -1.4,
+            -1.0 - 1.0 / 1.5,
+            -3.0,
+            2.0,
+            1.0 + 1.0 / 1.5,
+            1.0 + 1.0 / 2.7,
+        ],
+    );
+    // NumPy float64: sin(1) + cos(1) = 1.3817732906760363; 1 / (1 + e^-1) = 0.7310585786300049.
+    expect(
+        "fn f(x: f32) -> f32[2] { return concat([reshape(sin(x) + cos(x), [1]), reshape(silu(x), [1])]); }",
+        &[one()],
+        &[2],
+        &[1.3817732906760363, 0.7310585786300049],
+    );
+    let i = t(DType::I32, &[3], &[-7.0, 0.0, 5.0]);
+    expect(
+        "fn f(x: i32[3]) -> i32[3] { return sign(x); }",
+        &[i],
+        &[3],
+        &[-1.0, 0.0, 1.0],
+    );
 }
 
 #[test]

@@ -148,6 +148,12 @@ impl Writer {
                     let minus = self.emit("arith.subi", &format!("{zero}, {x}"), t);
                     self.emit("arith.select", &format!("{neg}, {minus}, {x}"), t)
                 }
+                UnaryOp::Sign => {
+                    let one = self.constant(1.0, d);
+                    let minus = self.constant(-1.0, d);
+                    let low = self.emit("arith.minsi", &format!("{x}, {one}"), t);
+                    self.emit("arith.maxsi", &format!("{low}, {minus}"), t)
+                }
                 other => {
                     return Err(MlirError::Invalid(format!(
                         "@{}: {} of an integer",
@@ -203,6 +209,31 @@ impl Writer {
                 let onep = self.emit("arith.addf", &format!("{one}, {t}"), f);
                 let hx = self.emit("arith.mulf", &format!("{half}, {x}"), f);
                 self.emit("arith.mulf", &format!("{hx}, {onep}"), f)
+            }
+            UnaryOp::Floor => self.emit("math.floor", &x, f),
+            UnaryOp::Ceil => self.emit("math.ceil", &x, f),
+            UnaryOp::Round => self.emit("math.roundeven", &x, f),
+            UnaryOp::Sin => self.emit("math.sin", &x, f),
+            UnaryOp::Cos => self.emit("math.cos", &x, f),
+            UnaryOp::Reciprocal => {
+                let one = self.constant(1.0, DType::F32);
+                self.emit("arith.divf", &format!("{one}, {x}"), f)
+            }
+            UnaryOp::Sign => {
+                // 1 above zero, -1 below, x itself at ±0 and NaN.
+                let (zero, one) = (
+                    self.constant(0.0, DType::F32),
+                    self.constant(1.0, DType::F32),
+                );
+                let minus = self.constant(-1.0, DType::F32);
+                let pos = self.emit("arith.cmpf", &format!("ogt, {x}, {zero}"), f);
+                let neg = self.emit("arith.cmpf", &format!("olt, {x}, {zero}"), f);
+                let low = self.emit("arith.select", &format!("{neg}, {minus}, {x}"), f);
+                self.emit("arith.select", &format!("{pos}, {one}, {low}"), f)
+            }
+            UnaryOp::Silu => {
+                let s = self.unary(UnaryOp::Sigmoid, &x, DType::F32)?;
+                self.emit("arith.mulf", &format!("{x}, {s}"), f)
             }
             UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu => {
                 return Err(MlirError::Invalid(format!(

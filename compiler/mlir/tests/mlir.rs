@@ -225,6 +225,12 @@ fn agrees(src: &str) {
 #[test]
 fn element_wise_ops_casts_and_every_element_type() {
     agrees(
+        "fn f(x: f32[5, 16], h: f16[16], b: bf16[16]) -> (f32[5, 16], f16[16], bf16[16]) { return (floor(x * 3.0) + ceil(x * 2.0) - round(x * 5.0) + sign(x) + reciprocal(abs(x) + 0.5) + sin(x * 3.0) * cos(x) + silu(x), round(h * 4.0) + sin(h), silu(b) - floor(b * 2.0)); }",
+    );
+    agrees(
+        "fn f(x: i32[3, 8], y: i64[8]) -> (i32[3, 8], i64[8]) { return (sign(x) * 3, sign(y)); }",
+    );
+    agrees(
         "fn f(x: f32[3, 4], b: f32[4], s: f32) -> f32[3, 4] { return gelu(tanh(x) * b - s) + sigmoid(-x) / (abs(x) + 1.0); }",
     );
     agrees(

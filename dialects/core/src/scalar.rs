@@ -25,11 +25,27 @@ pub enum UnaryOp {
     Gelu,
     /// absolute value
     Abs,
+    /// largest integer not above `x`
+    Floor,
+    /// smallest integer not below `x`
+    Ceil,
+    /// nearest integer, ties to even (ONNX's `Round`, NumPy's `round`)
+    Round,
+    /// -1, 0 or 1 by the sign of `x` (NaN stays NaN)
+    Sign,
+    /// `1 / x`
+    Reciprocal,
+    /// sine
+    Sin,
+    /// cosine
+    Cos,
+    /// `x * sigmoid(x)` (SiLU, swish)
+    Silu,
 }
 
 impl UnaryOp {
     /// Every unary op.
-    pub const ALL: [UnaryOp; 10] = [
+    pub const ALL: [UnaryOp; 18] = [
         UnaryOp::Neg,
         UnaryOp::Relu,
         UnaryOp::Exp,
@@ -40,6 +56,14 @@ impl UnaryOp {
         UnaryOp::Sigmoid,
         UnaryOp::Gelu,
         UnaryOp::Abs,
+        UnaryOp::Floor,
+        UnaryOp::Ceil,
+        UnaryOp::Round,
+        UnaryOp::Sign,
+        UnaryOp::Reciprocal,
+        UnaryOp::Sin,
+        UnaryOp::Cos,
+        UnaryOp::Silu,
     ];
 
     /// Source-level and scalar-expression name (`relu`).
@@ -55,12 +79,23 @@ impl UnaryOp {
             UnaryOp::Sigmoid => "sigmoid",
             UnaryOp::Gelu => "gelu",
             UnaryOp::Abs => "abs",
+            UnaryOp::Floor => "floor",
+            UnaryOp::Ceil => "ceil",
+            UnaryOp::Round => "round",
+            UnaryOp::Sign => "sign",
+            UnaryOp::Reciprocal => "reciprocal",
+            UnaryOp::Sin => "sin",
+            UnaryOp::Cos => "cos",
+            UnaryOp::Silu => "silu",
         }
     }
 
     /// Whether the op is defined on integers too (otherwise floats only).
     pub fn accepts_int(self) -> bool {
-        matches!(self, UnaryOp::Neg | UnaryOp::Relu | UnaryOp::Abs)
+        matches!(
+            self,
+            UnaryOp::Neg | UnaryOp::Relu | UnaryOp::Abs | UnaryOp::Sign
+        )
     }
 
     /// The op from its name.
@@ -315,6 +350,23 @@ pub fn apply_unary(u: UnaryOp, x: f64) -> f64 {
             0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
         }
         UnaryOp::Abs => x.abs(),
+        UnaryOp::Floor => x.floor(),
+        UnaryOp::Ceil => x.ceil(),
+        UnaryOp::Round => x.round_ties_even(),
+        UnaryOp::Sign => {
+            if x > 0.0 {
+                1.0
+            } else if x < 0.0 {
+                -1.0
+            } else {
+                // 0 keeps its sign bit, NaN stays NaN.
+                x
+            }
+        }
+        UnaryOp::Reciprocal => 1.0 / x,
+        UnaryOp::Sin => x.sin(),
+        UnaryOp::Cos => x.cos(),
+        UnaryOp::Silu => x / (1.0 + (-x).exp()),
     }
 }
 

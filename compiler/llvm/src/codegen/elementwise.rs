@@ -116,6 +116,12 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         self.splat_const(like, t.const_float(v).into())
     }
 
+    /// The integer constant `v` of `like`'s element type and lanes.
+    pub(super) fn int_const_like(&self, like: BV<'ctx>, v: i64) -> BV<'ctx> {
+        let t = element_type(like).into_int_type();
+        self.splat_const(like, t.const_int(v as u64, true).into())
+    }
+
     /// The f32 constant `v` with `like`'s lanes.
     pub(super) fn f32_like(&self, like: BV<'ctx>, v: f64) -> BV<'ctx> {
         self.splat_const(like, self.ctx.f32_type().const_float(v).into())
@@ -228,6 +234,23 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
                 float2!(self, build_float_mul, half_x, onep)
             }
             UnaryOp::Abs => intr("llvm.fabs", x)?,
+            UnaryOp::Floor => intr("llvm.floor", x)?,
+            UnaryOp::Ceil => intr("llvm.ceil", x)?,
+            UnaryOp::Round => intr("llvm.roundeven", x)?,
+            UnaryOp::Sin => intr("llvm.sin", x)?,
+            UnaryOp::Cos => intr("llvm.cos", x)?,
+            UnaryOp::Reciprocal => float2!(self, build_float_div, one, x),
+            UnaryOp::Sign => {
+                // 1 above zero, -1 below, x itself at ±0 and NaN.
+                let pos = self.fcmp(FloatPredicate::OGT, x, c(0.0))?;
+                let neg = self.fcmp(FloatPredicate::OLT, x, c(0.0))?;
+                let low = self.select(neg, c(-1.0), x)?;
+                self.select(pos, one, low)?
+            }
+            UnaryOp::Silu => {
+                let s = self.float_unary(UnaryOp::Sigmoid, x)?;
+                float2!(self, build_float_mul, x, s)
+            }
         })
     }
 
@@ -237,6 +260,12 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         Ok(match u {
             UnaryOp::Neg => int2!(self, build_int_sub, zero, x),
             UnaryOp::Relu => self.call("llvm.smax", &[t], &[x, zero])?,
+            UnaryOp::Sign => {
+                let one = self.int_const_like(x, 1);
+                let minus = self.int_const_like(x, -1);
+                let low = self.call("llvm.smin", &[t], &[x, one])?;
+                self.call("llvm.smax", &[t], &[low, minus])?
+            }
             UnaryOp::Abs => self.call(
                 "llvm.abs",
                 &[t],

@@ -112,7 +112,14 @@ impl CostModel {
     fn ew_op_us(&self, op: &Op, n: f64) -> f64 {
         match op {
             Op::Unary(
-                UnaryOp::Exp | UnaryOp::Log | UnaryOp::Tanh | UnaryOp::Sigmoid | UnaryOp::Gelu,
+                UnaryOp::Exp
+                | UnaryOp::Log
+                | UnaryOp::Tanh
+                | UnaryOp::Sigmoid
+                | UnaryOp::Gelu
+                | UnaryOp::Silu
+                | UnaryOp::Sin
+                | UnaryOp::Cos,
             ) => n * self.transcendental_ns * 1e-3,
             // subtract, add, square root, divide, multiply, add
             Op::BatchNorm { .. } => self.ew_us(6.0 * n),
