@@ -166,12 +166,16 @@ pub fn module_stem(name: &str) -> String {
 /// The CPU machine code is for: a cross target's own CPU, else the x86-64
 /// CPU `cpu` names.
 pub fn code_target(target: &str, cpu: &str) -> Result<TargetDesc, DriverError> {
-    let named = TargetDesc::named(target).map_err(DriverError::Usage)?;
+    cpu_of(&TargetDesc::named(target).map_err(DriverError::Usage)?, cpu)
+}
+
+/// [`code_target`] of the target `named` describes.
+fn cpu_of(named: &TargetDesc, cpu: &str) -> Result<TargetDesc, DriverError> {
     match named.cpu().and_then(|c| c.triple.as_deref()) {
         Some(triple) if cpu != "native" => Err(DriverError::Usage(format!(
             "--cpu {cpu} is an x86-64 CPU; --target {triple} compiles for its own CPU"
         ))),
-        Some(_) => Ok(named),
+        Some(_) => Ok(named.clone()),
         None => TargetDesc::for_cpu(cpu).map_err(DriverError::Usage),
     }
 }
@@ -196,8 +200,39 @@ pub fn compile(
     options: &CompileOptions,
     backends: Backends<'_>,
 ) -> Result<Compilation, DriverError> {
-    // Options are checked before any work.
-    let target = code_target(&options.target, &options.cpu)?;
+    let prepared = prepare(src, options)?;
+    let bytes = prepared.emit(options.emit, backends)?;
+    Ok(Compilation {
+        bytes,
+        reports: prepared.reports,
+        target: prepared.target,
+    })
+}
+
+/// A module read, checked and through its passes, ready to be emitted as
+/// any number of artifacts (a static library and its bindings) without
+/// running the front end and the passes again.
+pub struct Prepared {
+    /// The graph module after the pipeline, with only the chosen entries.
+    pub module: Module,
+    /// Each pass's statistics.
+    pub reports: Vec<PassReport>,
+    /// The target machine code is for.
+    pub target: TargetDesc,
+    /// The target `--target` names (what tile artifacts are scheduled for).
+    scheduled: TargetDesc,
+    symbols: Symbols,
+    source_name: String,
+    header_name: Option<String>,
+    /// Tile IR scheduled for `target`, made once on first use.
+    tiles: std::cell::OnceCell<dlc_tile::Module>,
+}
+
+/// Reads `src` and runs `options`' pipeline; the options are checked
+/// before any work.
+pub fn prepare(src: &SourceText, options: &CompileOptions) -> Result<Prepared, DriverError> {
+    let scheduled = TargetDesc::named(&options.target).map_err(DriverError::Usage)?;
+    let target = cpu_of(&scheduled, &options.cpu)?;
     let symbols = match &options.prefix {
         Some(p) => Symbols::with_prefix(p).map_err(DriverError::Usage)?,
         None => Symbols::for_module(&module_stem(&src.name)),
@@ -205,80 +240,104 @@ pub fn compile(
     let mut module = crate::load(src)?;
     let reports = crate::run_passes(&mut module, &options.passes, PassOptions::default())?;
     keep_entries(&mut module, &options.entries)?;
-    let text = |s: String| Ok(s.into_bytes());
-    let bytes: Result<Vec<u8>, DriverError> = match options.emit {
-        Artifact::Graph => text(dlc_graph::print_module(&module)),
-        Artifact::GraphMlir => text(dlc_graph::print_mlir_generic(&module)),
-        Artifact::Loop => text(dlc_loop::print_module(&crate::lower_to_loops(&module)?)),
-        Artifact::LoopMlir => text(dlc_loop::print_mlir_generic(&crate::lower_to_loops(
-            &module,
-        )?)),
-        Artifact::Tile | Artifact::TileMlir => {
-            let named = TargetDesc::named(&options.target).map_err(DriverError::Usage)?;
-            let tiled = crate::lower_for_tile(&module, &named)?;
-            text(if options.emit == Artifact::Tile {
-                dlc_tile::print_module(&tiled)
-            } else {
-                dlc_tile::print_mlir_generic(&tiled)
-            })
-        }
-        Artifact::CHeader => {
-            let sigs = signatures(&crate::lower_for_tile(&module, &target)?, &symbols)?;
-            let sigs: Vec<Signature> = sigs.into_iter().map(|(_, s)| s).collect();
-            let guard = options
-                .header_name
-                .clone()
-                .unwrap_or_else(|| module_stem(&src.name));
-            text(dlc_runtime::abi::c_header(&guard, &sigs, &runs_on(&target)))
-        }
-        Artifact::RustBindings => {
-            let sigs = signatures(&crate::lower_for_tile(&module, &target)?, &symbols)?;
-            text(crate::bindings::rust_bindings(
-                &src.name,
-                &sigs,
-                &runs_on(&target),
-            ))
-        }
-        Artifact::Mlir | Artifact::MlirTile => {
-            let Some(mlir) = backends.mlir else {
-                return Err(DriverError::Usage(
-                    "upstream MLIR needs an MLIR converter (dlc_mlir::Mlir); none was given".into(),
-                ));
-            };
-            let text = if options.emit == Artifact::Mlir {
-                mlir.convert(&crate::lower_to_loops(&module)?)
-            } else {
-                let named = TargetDesc::named(&options.target).map_err(DriverError::Usage)?;
-                mlir.convert_tile(&crate::lower_for_tile(&module, &named)?)
-            };
-            text.map(String::into_bytes).map_err(DriverError::Codegen)
-        }
-        Artifact::Native(what) => {
-            let Some(codegen) = backends.codegen else {
-                return Err(DriverError::Usage(
-                    "machine code needs a code generator (dlc_llvm::Llvm); none was given".into(),
-                ));
-            };
-            if let (NativeArtifact::SharedLibrary, Some(triple)) =
-                (what, target.cpu().and_then(|c| c.triple.as_deref()))
-            {
-                return Err(DriverError::Usage(format!(
-                    "a shared library is linked with this machine's C compiler, which cannot \
-                     link for {triple}: make an object file or a static library and link it \
-                     with a toolchain for it"
-                )));
-            }
-            let tiled = crate::lower_for_tile(&module, &target)?;
-            codegen
-                .emit(&tiled, what, &symbols, &target)
-                .map_err(DriverError::Codegen)
-        }
-    };
-    Ok(Compilation {
-        bytes: bytes?,
+    Ok(Prepared {
+        module,
         reports,
         target,
+        scheduled,
+        symbols,
+        source_name: src.name.clone(),
+        header_name: options.header_name.clone(),
+        tiles: std::cell::OnceCell::new(),
     })
+}
+
+impl Prepared {
+    /// Tile IR scheduled for the machine-code target.
+    fn tiles(&self) -> Result<&dlc_tile::Module, DriverError> {
+        if let Some(t) = self.tiles.get() {
+            return Ok(t);
+        }
+        let t = crate::lower_for_tile(&self.module, &self.target)?;
+        Ok(self.tiles.get_or_init(|| t))
+    }
+
+    /// The module as `what`: UTF-8 text unless [`Artifact::is_binary`].
+    pub fn emit(&self, what: Artifact, backends: Backends<'_>) -> Result<Vec<u8>, DriverError> {
+        let module = &self.module;
+        let text = |s: String| Ok(s.into_bytes());
+        match what {
+            Artifact::Graph => text(dlc_graph::print_module(module)),
+            Artifact::GraphMlir => text(dlc_graph::print_mlir_generic(module)),
+            Artifact::Loop => text(dlc_loop::print_module(&crate::lower_to_loops(module)?)),
+            Artifact::LoopMlir => text(dlc_loop::print_mlir_generic(&crate::lower_to_loops(
+                module,
+            )?)),
+            Artifact::Tile | Artifact::TileMlir => {
+                let tiled = crate::lower_for_tile(module, &self.scheduled)?;
+                text(if what == Artifact::Tile {
+                    dlc_tile::print_module(&tiled)
+                } else {
+                    dlc_tile::print_mlir_generic(&tiled)
+                })
+            }
+            Artifact::CHeader => {
+                let sigs = signatures(self.tiles()?, &self.symbols)?;
+                let sigs: Vec<Signature> = sigs.into_iter().map(|(_, s)| s).collect();
+                let guard = self
+                    .header_name
+                    .clone()
+                    .unwrap_or_else(|| module_stem(&self.source_name));
+                text(dlc_runtime::abi::c_header(
+                    &guard,
+                    &sigs,
+                    &runs_on(&self.target),
+                ))
+            }
+            Artifact::RustBindings => {
+                let sigs = signatures(self.tiles()?, &self.symbols)?;
+                text(crate::bindings::rust_bindings(
+                    &self.source_name,
+                    &sigs,
+                    &runs_on(&self.target),
+                ))
+            }
+            Artifact::Mlir | Artifact::MlirTile => {
+                let Some(mlir) = backends.mlir else {
+                    return Err(DriverError::Usage(
+                        "upstream MLIR needs an MLIR converter (dlc_mlir::Mlir); none was given"
+                            .into(),
+                    ));
+                };
+                let text = if what == Artifact::Mlir {
+                    mlir.convert(&crate::lower_to_loops(module)?)
+                } else {
+                    mlir.convert_tile(&crate::lower_for_tile(module, &self.scheduled)?)
+                };
+                text.map(String::into_bytes).map_err(DriverError::Codegen)
+            }
+            Artifact::Native(native) => {
+                let Some(codegen) = backends.codegen else {
+                    return Err(DriverError::Usage(
+                        "machine code needs a code generator (dlc_llvm::Llvm); none was given"
+                            .into(),
+                    ));
+                };
+                if let (NativeArtifact::SharedLibrary, Some(triple)) =
+                    (native, self.target.cpu().and_then(|c| c.triple.as_deref()))
+                {
+                    return Err(DriverError::Usage(format!(
+                        "a shared library is linked with this machine's C compiler, which cannot \
+                         link for {triple}: make an object file or a static library and link it \
+                         with a toolchain for it"
+                    )));
+                }
+                codegen
+                    .emit(self.tiles()?, native, &self.symbols, &self.target)
+                    .map_err(DriverError::Codegen)
+            }
+        }
+    }
 }
 
 /// Keeps only the entry points named in `entries` (and private functions)

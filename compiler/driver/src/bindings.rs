@@ -77,30 +77,18 @@ fn shape_arg(p: &Param) -> String {
     }
 }
 
-/// The Rust type of an input parameter.
-fn input_type(p: &Param) -> String {
+/// The Rust type of a parameter: its element for a scalar, else an
+/// `ndarray` view (inputs) or owned array (results).
+fn rust_type(p: &Param) -> String {
     if p.ty.shape.is_empty() {
-        element(p.ty.dtype).into()
-    } else {
-        format!(
-            "::ndarray::ArrayView<'_, {}, {}>",
-            element(p.ty.dtype),
-            dim(p.ty.shape.len())
-        )
+        return element(p.ty.dtype).into();
     }
-}
-
-/// The Rust type of a result.
-fn output_type(p: &Param) -> String {
-    if p.ty.shape.is_empty() {
-        element(p.ty.dtype).into()
-    } else {
-        format!(
-            "::ndarray::Array<{}, {}>",
-            element(p.ty.dtype),
-            dim(p.ty.shape.len())
-        )
-    }
+    let array = if p.output { "Array<" } else { "ArrayView<'_, " };
+    format!(
+        "::ndarray::{array}{}, {}>",
+        element(p.ty.dtype),
+        dim(p.ty.shape.len())
+    )
 }
 
 /// The shared part: the error type and the helpers every entry point uses.
@@ -279,7 +267,7 @@ fn entry_point(r: &mut String, source: &str, name: &str, sig: &Signature) {
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let results: Vec<String> = outputs.iter().map(|p| output_type(p)).collect();
+    let results: Vec<String> = outputs.iter().map(|p| rust_type(p)).collect();
     let result = match results.as_slice() {
         [one] => one.clone(),
         many => format!("({})", many.join(", ")),
@@ -300,7 +288,7 @@ fn entry_point(r: &mut String, source: &str, name: &str, sig: &Signature) {
         f = ident(name),
         params = inputs
             .iter()
-            .map(|p| format!("{}: {}", ident(&p.name), input_type(p)))
+            .map(|p| format!("{}: {}", ident(&p.name), rust_type(p)))
             .collect::<Vec<_>>()
             .join(", "),
     );

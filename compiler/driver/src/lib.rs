@@ -26,7 +26,7 @@ pub mod bindings;
 
 pub use artifact::{
     Artifact, Backends, CodeGenerator, Compilation, CompileOptions, MlirConverter, NativeArtifact,
-    code_target, compile, module_stem, runs_on, signature,
+    Prepared, code_target, compile, module_stem, prepare, runs_on, signature,
 };
 
 /// Stack for front-end and IR work: deep (but bounded) nesting in user input

@@ -53,10 +53,6 @@ struct Gen<'f> {
     names: HashMap<Value, String>,
 }
 
-fn unsupported(what: String) -> MlirError {
-    MlirError::Unsupported(what)
-}
-
 impl Gen<'_> {
     fn name(&self, v: Value) -> String {
         self.names
@@ -91,51 +87,19 @@ impl Gen<'_> {
 
     /// An affine index as an `index` value.
     fn index(&mut self, e: &IndexExpr) -> String {
-        let mut acc: Option<String> = None;
-        for &(c, v) in &e.terms {
-            let term = if c == 1 {
-                self.name(v)
-            } else {
-                let k = self.w.index_const(c);
-                let v = self.name(v);
-                self.w.emit("arith.muli", &format!("{v}, {k}"), "index")
-            };
-            acc = Some(match acc {
-                None => term,
-                Some(a) => self.w.emit("arith.addi", &format!("{a}, {term}"), "index"),
-            });
-        }
-        match acc {
-            None => self.w.index_const(e.constant),
-            Some(a) if e.constant == 0 => a,
-            Some(a) => {
-                let k = self.w.index_const(e.constant);
-                self.w.emit("arith.addi", &format!("{a}, {k}"), "index")
-            }
-        }
+        let terms = e.terms.iter().map(|&(c, v)| (c, self.name(v))).collect();
+        self.w.affine(terms, e.constant)
     }
 
     fn function(&mut self, prefix: &str) -> Result<(), MlirError> {
-        let mut params: Vec<String> = self
+        let params: Vec<String> = self
             .f
             .params
             .iter()
             .map(|(_, v)| format!("{}: {}", self.name(*v), self.ty(*v)))
             .collect();
-        if let Some(status) = &self.w.status {
-            params.push(format!("{status}: memref<i32>"));
-        }
-        let c_interface = self.w.status.is_some();
-        self.w.open(&format!(
-            "func.func @{prefix}{}({}){} {{",
-            self.f.name,
-            params.join(", "),
-            if c_interface {
-                " attributes {llvm.emit_c_interface}"
-            } else {
-                ""
-            }
-        ));
+        self.w
+            .open_function(&format!("{prefix}{}", self.f.name), params);
         let body = self.f.body.clone();
         self.block(&body)?;
         self.w.close();
@@ -153,16 +117,8 @@ impl Gen<'_> {
                 OpKind::Yield => return Ok(op.operands.clone()),
                 OpKind::Alloc => {
                     let r = r.ok_or_else(|| MlirError::Invalid("alloc without a result".into()))?;
-                    let l = self.layout(r)?;
-                    if !l.is_contiguous() {
-                        return Err(unsupported(format!(
-                            "@{}: an allocation with strides ({l})",
-                            self.f.name
-                        )));
-                    }
-                    let ty = l.mlir();
-                    self.w
-                        .line(&format!("{} = memref.alloc() : {ty}", self.name(r)));
+                    let l = self.layout(r)?.clone();
+                    self.w.alloc(&self.name(r), &l)?;
                 }
                 OpKind::Dealloc => {
                     let b = op.operands[0];
@@ -171,23 +127,9 @@ impl Gen<'_> {
                 }
                 OpKind::View => {
                     let (src, r) = (op.operands[0], r.unwrap_or(op.operands[0]));
-                    let l = self.layout(r)?;
-                    let dims = |xs: &[usize]| {
-                        xs.iter()
-                            .map(ToString::to_string)
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    };
-                    let line = format!(
-                        "{} = memref.reinterpret_cast {} to offset: [0], sizes: [{}], strides: [{}] : {} to {}",
-                        self.name(r),
-                        self.name(src),
-                        dims(&l.shape),
-                        dims(&l.strides),
-                        self.ty(src),
-                        l.mlir()
-                    );
-                    self.w.line(&line);
+                    let l = self.layout(r)?.clone();
+                    let (name, src_name, src_ty) = (self.name(r), self.name(src), self.ty(src));
+                    self.w.view(&name, &src_name, &src_ty, &l);
                 }
                 OpKind::Const(v) => {
                     let r = r.ok_or_else(|| MlirError::Invalid("const without a result".into()))?;
@@ -448,43 +390,12 @@ impl Gen<'_> {
         let shape = self.layout(b)?.shape.clone();
         let ty = self.ty(b);
         let idx: Vec<String> = index.iter().map(|e| self.index(e)).collect();
-        let load = |g: &mut Self| {
-            let args = format!("{}[{}]", g.name(b), idx.join(", "));
-            g.w.emit("memref.load", &args, &ty)
+        let cond = if pad.is_some() {
+            self.w.in_bounds(&idx, &shape)
+        } else {
+            None
         };
-        let Some(pad) = pad else {
-            return Ok(load(self));
-        };
-        let mut inside: Option<String> = None;
-        for (i, dim) in idx.iter().zip(&shape) {
-            let zero = self.w.index_const(0);
-            let n = self.w.index_const(*dim as i64);
-            let lo = self
-                .w
-                .emit("arith.cmpi", &format!("sge, {i}, {zero}"), "index");
-            let hi = self
-                .w
-                .emit("arith.cmpi", &format!("slt, {i}, {n}"), "index");
-            let both = self.w.emit("arith.andi", &format!("{lo}, {hi}"), "i1");
-            inside = Some(match inside {
-                None => both,
-                Some(a) => self.w.emit("arith.andi", &format!("{a}, {both}"), "i1"),
-            });
-        }
-        let Some(inside) = inside else {
-            return Ok(load(self));
-        };
-        let r = self.w.fresh();
-        self.w
-            .open(&format!("{r} = scf.if {inside} -> ({}) {{", scalar(d)));
-        let v = load(self);
-        self.w.line(&format!("scf.yield {v} : {}", scalar(d)));
-        self.w.indent -= 1;
-        self.w.line("} else {");
-        self.w.indent += 1;
-        let p = self.w.constant(pad, d);
-        self.w.line(&format!("scf.yield {p} : {}", scalar(d)));
-        self.w.close();
-        Ok(r)
+        let access = format!("{}[{}]", self.name(b), idx.join(", "));
+        Ok(self.w.load(&access, &ty, cond, pad, d))
     }
 }

@@ -164,22 +164,11 @@ pub fn run_tile(
     entry: &str,
     inputs: &[HostTensor],
 ) -> Result<Vec<HostTensor>, MlirError> {
-    let f = m
-        .functions
-        .iter()
-        .find(|f| f.name == entry)
-        .ok_or_else(|| MlirError::Arguments(format!("no function `@{entry}`")))?;
-    let params: Vec<(&str, Option<&dlc_core::Layout>)> = f
-        .params
-        .iter()
-        .map(|(name, v)| {
-            let layout = match f.ty(*v) {
-                dlc_tile::Type::Buffer(b) => Some(&b.layout),
-                _ => None,
-            };
-            (name.as_str(), layout)
-        })
-        .collect();
+    let f = find(&m.functions, entry, |f| &f.name)?;
+    let params = entry_params(&f.params, |v| match f.ty(v) {
+        dlc_tile::Type::Buffer(b) => Some(&b.layout),
+        _ => None,
+    });
     let text = tile::module_text(m, RUN_PREFIX, true)?;
     let n_inputs = f.params.len() - f.outputs.min(f.params.len());
     run_text(&text, TILE_PIPELINE, 0, entry, &params, n_inputs, inputs)
@@ -208,22 +197,11 @@ const RUN_PREFIX: &str = "dlc_mlir_";
 /// execution engine; returns its results, or an error for an integer
 /// division by zero (the division's source place is not reported here).
 pub fn run(m: &Module, entry: &str, inputs: &[HostTensor]) -> Result<Vec<HostTensor>, MlirError> {
-    let f = m
-        .functions
-        .iter()
-        .find(|f| f.name == entry)
-        .ok_or_else(|| MlirError::Arguments(format!("no function `@{entry}`")))?;
-    let params: Vec<(&str, Option<&dlc_core::Layout>)> = f
-        .params
-        .iter()
-        .map(|(name, v)| {
-            let layout = match f.ty(*v) {
-                Type::Buffer(l) => Some(l),
-                _ => None,
-            };
-            (name.as_str(), layout)
-        })
-        .collect();
+    let f = find(&m.functions, entry, |f| &f.name)?;
+    let params = entry_params(&f.params, |v| match f.ty(v) {
+        Type::Buffer(l) => Some(l),
+        _ => None,
+    });
     let text = convert::module_text(m, RUN_PREFIX, true)?;
     run_text(
         &text,
@@ -234,6 +212,29 @@ pub fn run(m: &Module, entry: &str, inputs: &[HostTensor]) -> Result<Vec<HostTen
         f.inputs().len(),
         inputs,
     )
+}
+
+/// Function `entry` of `functions`.
+fn find<'m, F>(
+    functions: &'m [F],
+    entry: &str,
+    name: impl Fn(&F) -> &String,
+) -> Result<&'m F, MlirError> {
+    functions
+        .iter()
+        .find(|f| name(f) == entry)
+        .ok_or_else(|| MlirError::Arguments(format!("no function `@{entry}`")))
+}
+
+/// Each parameter's name and buffer layout (`None`: not a buffer).
+fn entry_params<'f, V: Copy>(
+    params: &'f [(String, V)],
+    layout: impl Fn(V) -> Option<&'f dlc_core::Layout>,
+) -> Vec<(&'f str, Option<&'f dlc_core::Layout>)> {
+    params
+        .iter()
+        .map(|(name, v)| (name.as_str(), layout(*v)))
+        .collect()
 }
 
 /// Runs function `entry` of the module `text` (functions prefixed

@@ -27,6 +27,120 @@ pub(crate) struct Writer {
 }
 
 impl Writer {
+    /// Opens `func.func @{name}(params)`, with the status parameter and the
+    /// C interface when running.
+    pub fn open_function(&mut self, name: &str, mut params: Vec<String>) {
+        if let Some(status) = &self.status {
+            params.push(format!("{status}: memref<i32>"));
+        }
+        let attrs = if self.status.is_some() {
+            " attributes {llvm.emit_c_interface}"
+        } else {
+            ""
+        };
+        self.open(&format!(
+            "func.func @{name}({}){attrs} {{",
+            params.join(", ")
+        ));
+    }
+
+    /// `name = memref.alloc()` of a row-major buffer.
+    pub fn alloc(&mut self, name: &str, layout: &dlc_core::Layout) -> Result<(), MlirError> {
+        if !layout.is_contiguous() {
+            return Err(MlirError::Unsupported(format!(
+                "@{}: an allocation with strides ({layout})",
+                self.fname
+            )));
+        }
+        self.line(&format!("{name} = memref.alloc() : {}", layout.mlir()));
+        Ok(())
+    }
+
+    /// `name`, the storage of `src` (of type `src_ty`) seen as `layout`.
+    pub fn view(&mut self, name: &str, src: &str, src_ty: &str, layout: &dlc_core::Layout) {
+        let dims = |xs: &[usize]| {
+            xs.iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        self.line(&format!(
+            "{name} = memref.reinterpret_cast {src} to offset: [0], sizes: [{}], strides: [{}] : \
+             {src_ty} to {}",
+            dims(&layout.shape),
+            dims(&layout.strides),
+            layout.mlir()
+        ));
+    }
+
+    /// `sum(c * x) + constant` over `terms` (index values) as an `index`.
+    pub fn affine(&mut self, terms: Vec<(i64, String)>, constant: i64) -> String {
+        let mut acc: Option<String> = None;
+        for (c, x) in terms {
+            let term = if c == 1 {
+                x
+            } else {
+                let k = self.index_const(c);
+                self.emit("arith.muli", &format!("{x}, {k}"), "index")
+            };
+            acc = Some(match acc {
+                None => term,
+                Some(a) => self.emit("arith.addi", &format!("{a}, {term}"), "index"),
+            });
+        }
+        match acc {
+            None => self.index_const(constant),
+            Some(a) if constant == 0 => a,
+            Some(a) => {
+                let k = self.index_const(constant);
+                self.emit("arith.addi", &format!("{a}, {k}"), "index")
+            }
+        }
+    }
+
+    /// Whether every index is inside `shape` (`i1`; `None` for no index).
+    pub fn in_bounds(&mut self, idx: &[String], shape: &[usize]) -> Option<String> {
+        let mut inside: Option<String> = None;
+        for (i, &n) in idx.iter().zip(shape) {
+            let zero = self.index_const(0);
+            let n = self.index_const(n as i64);
+            let lo = self.emit("arith.cmpi", &format!("sge, {i}, {zero}"), "index");
+            let hi = self.emit("arith.cmpi", &format!("slt, {i}, {n}"), "index");
+            let both = self.emit("arith.andi", &format!("{lo}, {hi}"), "i1");
+            inside = Some(match inside {
+                None => both,
+                Some(a) => self.emit("arith.andi", &format!("{a}, {both}"), "i1"),
+            });
+        }
+        inside
+    }
+
+    /// `memref.load {access}` (`%b[%i, ..]` of type `ty`) where `cond`
+    /// holds, the pad elsewhere; an unconditional load without a pad.
+    pub fn load(
+        &mut self,
+        access: &str,
+        ty: &str,
+        cond: Option<String>,
+        pad: Option<f64>,
+        d: DType,
+    ) -> String {
+        let (Some(cond), Some(pad)) = (cond, pad) else {
+            return self.emit("memref.load", access, ty);
+        };
+        let r = self.fresh();
+        self.open(&format!("{r} = scf.if {cond} -> ({}) {{", scalar(d)));
+        let v = self.emit("memref.load", access, ty);
+        self.line(&format!("scf.yield {v} : {}", scalar(d)));
+        self.indent -= 1;
+        self.line("} else {");
+        self.indent += 1;
+        let p = self.constant(pad, d);
+        self.line(&format!("scf.yield {p} : {}", scalar(d)));
+        self.close();
+        r
+    }
+
     /// Opens `scf.for i = lo to hi step step`, carrying `carried` (each
     /// region argument with its initial value) as `results` of `types`.
     pub fn open_for(

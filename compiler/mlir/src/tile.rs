@@ -120,50 +120,18 @@ impl Gen<'_> {
                 .ok_or_else(|| invalid(self.f, format!("index axis #{k} outside the tile")))?;
             parts.push((c, x));
         }
-        let mut acc: Option<String> = None;
-        for (c, x) in parts {
-            let term = if c == 1 {
-                x
-            } else {
-                let k = self.w.index_const(c);
-                self.w.emit("arith.muli", &format!("{x}, {k}"), "index")
-            };
-            acc = Some(match acc {
-                None => term,
-                Some(a) => self.w.emit("arith.addi", &format!("{a}, {term}"), "index"),
-            });
-        }
-        Ok(match acc {
-            None => self.w.index_const(e.constant),
-            Some(a) if e.constant == 0 => a,
-            Some(a) => {
-                let k = self.w.index_const(e.constant);
-                self.w.emit("arith.addi", &format!("{a}, {k}"), "index")
-            }
-        })
+        Ok(self.w.affine(parts, e.constant))
     }
 
     fn function(&mut self, prefix: &str) -> Result<(), MlirError> {
-        let mut params: Vec<String> = self
+        let params: Vec<String> = self
             .f
             .params
             .iter()
             .map(|(_, v)| format!("{}: {}", self.name(*v), self.ty(*v)))
             .collect();
-        if let Some(status) = &self.w.status {
-            params.push(format!("{status}: memref<i32>"));
-        }
-        let attrs = if self.w.status.is_some() {
-            " attributes {llvm.emit_c_interface}"
-        } else {
-            ""
-        };
-        let head = format!(
-            "func.func @{prefix}{}({}){attrs} {{",
-            self.f.name,
-            params.join(", ")
-        );
-        self.w.open(&head);
+        self.w
+            .open_function(&format!("{prefix}{}", self.f.name), params);
         let body = self.f.body.clone();
         self.block(&body)?;
         self.w.close();
@@ -182,14 +150,7 @@ impl Gen<'_> {
                 OpKind::Alloc => {
                     let r = r.ok_or_else(|| invalid(self.f, "alloc without a result".into()))?;
                     let l = self.layout(r)?.clone();
-                    if !l.is_contiguous() {
-                        return Err(MlirError::Unsupported(format!(
-                            "@{}: an allocation with strides ({l})",
-                            self.f.name
-                        )));
-                    }
-                    let line = format!("{} = memref.alloc() : {}", self.name(r), l.mlir());
-                    self.w.line(&line);
+                    self.w.alloc(&self.name(r), &l)?;
                 }
                 // MLIR's deallocation pipeline frees every buffer (it
                 // refuses frees it did not place).
@@ -197,22 +158,8 @@ impl Gen<'_> {
                 OpKind::View => {
                     let (src, r) = (op.operands[0], r.unwrap_or(op.operands[0]));
                     let l = self.layout(r)?.clone();
-                    let dims = |xs: &[usize]| {
-                        xs.iter()
-                            .map(ToString::to_string)
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    };
-                    let line = format!(
-                        "{} = memref.reinterpret_cast {} to offset: [0], sizes: [{}], strides: [{}] : {} to {}",
-                        self.name(r),
-                        self.name(src),
-                        dims(&l.shape),
-                        dims(&l.strides),
-                        self.ty(src),
-                        l.mlir()
-                    );
-                    self.w.line(&line);
+                    let (name, src_name, src_ty) = (self.name(r), self.name(src), self.ty(src));
+                    self.w.view(&name, &src_name, &src_ty, &l);
                 }
                 OpKind::Kernel { grid, .. } => self.kernel(&op, grid)?,
                 OpKind::ProgramId { axis } => {
@@ -391,27 +338,6 @@ impl Gen<'_> {
         })
     }
 
-    /// Whether every index is inside `shape`: `i1`.
-    fn in_bounds(&mut self, idx: &[String], shape: &[usize]) -> Option<String> {
-        let mut inside: Option<String> = None;
-        for (i, &n) in idx.iter().zip(shape) {
-            let zero = self.w.index_const(0);
-            let n = self.w.index_const(n as i64);
-            let lo = self
-                .w
-                .emit("arith.cmpi", &format!("sge, {i}, {zero}"), "index");
-            let hi = self
-                .w
-                .emit("arith.cmpi", &format!("slt, {i}, {n}"), "index");
-            let both = self.w.emit("arith.andi", &format!("{lo}, {hi}"), "i1");
-            inside = Some(match inside {
-                None => both,
-                Some(a) => self.w.emit("arith.andi", &format!("{a}, {both}"), "i1"),
-            });
-        }
-        inside
-    }
-
     fn load(&mut self, op: &OpData, index: &[Affine], pad: Option<f64>) -> Result<(), MlirError> {
         let (b, r) = (op.operands[0], op.results[0]);
         let mask = op.operands.get(1).copied();
@@ -423,35 +349,21 @@ impl Gen<'_> {
                 .iter()
                 .map(|a| g.affine(a, e))
                 .collect::<Result<_, _>>()?;
-            let read = |g: &mut Self| {
-                let args = format!("{}[{}]", g.name(b), idx.join(", "));
-                g.w.emit("memref.load", &args, &bty)
-            };
-            let Some(pad) = pad else {
-                return Ok(read(g));
-            };
-            let mut cond = g.in_bounds(&idx, &shape);
-            if let Some(m) = mask {
-                let on = g.extract(m, e);
-                cond = Some(match cond {
-                    None => on,
-                    Some(c) => g.w.emit("arith.andi", &format!("{c}, {on}"), "i1"),
-                });
+            // Where the pad is read: outside the buffer, and where the mask
+            // is off.
+            let mut cond = None;
+            if pad.is_some() {
+                cond = g.w.in_bounds(&idx, &shape);
+                if let Some(m) = mask {
+                    let on = g.extract(m, e);
+                    cond = Some(match cond {
+                        None => on,
+                        Some(c) => g.w.emit("arith.andi", &format!("{c}, {on}"), "i1"),
+                    });
+                }
             }
-            let Some(cond) = cond else {
-                return Ok(read(g));
-            };
-            let v = g.w.fresh();
-            g.w.open(&format!("{v} = scf.if {cond} -> ({}) {{", scalar(d)));
-            let x = read(g);
-            g.w.line(&format!("scf.yield {x} : {}", scalar(d)));
-            g.w.indent -= 1;
-            g.w.line("} else {");
-            g.w.indent += 1;
-            let p = g.w.constant(pad, d);
-            g.w.line(&format!("scf.yield {p} : {}", scalar(d)));
-            g.w.close();
-            Ok(v)
+            let access = format!("{}[{}]", g.name(b), idx.join(", "));
+            Ok(g.w.load(&access, &bty, cond, pad, d))
         })
     }
 

@@ -8,7 +8,7 @@
 
 use std::path::Path;
 
-use ndarray::{Array, ArrayD, Dimension, IxDyn};
+use ndarray::{Array, ArrayBase, ArrayD, Data, Dimension, IxDyn};
 
 mod mlp {
     include!(concat!(env!("OUT_DIR"), "/w2_mlp.rs"));
@@ -34,7 +34,13 @@ fn input(shape: &[usize], seed: u64, scale: f32) -> ArrayD<f32> {
     })
 }
 
-fn save<D: Dimension>(dir: &Path, name: &str, a: &Array<f32, D>) -> std::io::Result<()> {
+/// Writes `a` as `DIR/NAME.npy`, its elements in row-major order (a
+/// transposed view is written as it reads, not as it is stored).
+fn save<S: Data<Elem = f32>, D: Dimension>(
+    dir: &Path,
+    name: &str,
+    a: &ArrayBase<S, D>,
+) -> std::io::Result<()> {
     use npyz::WriterBuilder;
     std::fs::create_dir_all(dir)?;
     let file = std::io::BufWriter::new(std::fs::File::create(dir.join(format!("{name}.npy")))?);
@@ -73,9 +79,8 @@ fn run(save_dir: Option<&Path>) -> Result<(), Box<dyn std::error::Error>> {
     summary("mlp", &y);
     if let Some(dir) = save_dir {
         let dir = dir.join("mlp");
-        for (name, a) in [("x", x.view().into_dyn()), ("w1", w1.view().into_dyn())] {
-            save(&dir, name, &a.to_owned())?;
-        }
+        save(&dir, "x", &x)?;
+        save(&dir, "w1", &w1)?;
         save(&dir, "b1", &b1)?;
         save(&dir, "w2", &w2)?;
         save(&dir, "b2", &b2)?;
@@ -92,7 +97,7 @@ fn run(save_dir: Option<&Path>) -> Result<(), Box<dyn std::error::Error>> {
     summary("layernorm_gelu", &z);
     if let Some(dir) = save_dir {
         let dir = dir.join("layernorm_gelu");
-        save(&dir, "x", &x.to_owned())?;
+        save(&dir, "x", &x)?;
         save(&dir, "g", &g)?;
         save(&dir, "b", &b)?;
         save(&dir, "out0", &z)?;

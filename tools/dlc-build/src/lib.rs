@@ -176,7 +176,6 @@ impl Model {
             Error::Environment("OUT_DIR is not set: call this from a build script".into())
         })?;
         let mut options = CompileOptions {
-            emit: Artifact::Native(NativeArtifact::StaticLibrary),
             entries: self.entries.clone(),
             prefix: self.prefix.clone(),
             target,
@@ -186,23 +185,18 @@ impl Model {
         if let Some(p) = &self.passes {
             options.passes.clone_from(p);
         }
+        // One front end and pipeline run for both artifacts.
+        let prepared = dlc_driver::prepare(&src, &options)?;
         let library_name = format!("dlc_{stem}");
         let library = out.join(format!("lib{library_name}.a"));
-        let lib = dlc_driver::compile(
-            &src,
-            &options,
-            dlc_driver::Backends {
-                codegen: Some(&dlc_llvm::Llvm),
-                mlir: None,
-            },
-        )?;
-        write(&library, &lib.bytes)?;
-        options.emit = Artifact::RustBindings;
+        let codegen = dlc_driver::Backends {
+            codegen: Some(&dlc_llvm::Llvm),
+            mlir: None,
+        };
+        let lib = prepared.emit(Artifact::Native(NativeArtifact::StaticLibrary), codegen)?;
+        write(&library, &lib)?;
         let bindings = out.join(format!("{stem}.rs"));
-        write(
-            &bindings,
-            &dlc_driver::compile(&src, &options, dlc_driver::Backends::default())?.bytes,
-        )?;
+        write(&bindings, &prepared.emit(Artifact::RustBindings, codegen)?)?;
         let mut cargo_lines = vec![
             format!("cargo:rerun-if-changed={}", self.path.display()),
             format!("cargo:rustc-link-search=native={}", out.display()),
@@ -221,7 +215,7 @@ impl Model {
             library,
             bindings,
             cargo_lines,
-            runs_on: dlc_driver::runs_on(&lib.target),
+            runs_on: dlc_driver::runs_on(&prepared.target),
         })
     }
 }
