@@ -7,7 +7,8 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CARGO ?= cargo
 EXAMPLE ?= examples/w2_mlp.dl
 
-.PHONY: all setup setup-test-tools run test lint fuzz-smoke bench bench-saturate clean
+.PHONY: all setup setup-test-tools setup-onnx run test lint fuzz-smoke bench bench-saturate \
+	onnx-tests onnx-models clean
 
 all: test
 
@@ -53,11 +54,16 @@ test: setup setup-test-tools lint
 # level, seeded with the examples and the pass test files (source, graph, loop
 # and tile IR).
 FUZZ_SECONDS ?= 60
+ONNX_FUZZ_SECONDS ?= 30
 fuzz-smoke: setup-test-tools
 	mkdir -p fuzz/corpus/frontend
 	cd fuzz && RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run frontend --sanitizer none \
 		corpus/frontend ../examples ../examples/language ../tests/tests/passes -- \
 		-max_total_time=$(FUZZ_SECONDS) -max_len=4096 -rss_limit_mb=4096 -timeout=10
+	mkdir -p fuzz/corpus/onnx
+	cd fuzz && RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run onnx --sanitizer none \
+		corpus/onnx ../tests/onnx -- \
+		-max_total_time=$(ONNX_FUZZ_SECONDS) -max_len=65536 -rss_limit_mb=4096 -timeout=10
 
 # dlc bench on W1..W8: target/bench/results.md and results.json.
 # RUNS=20 timed runs per entry point (slow while matmuls are naive loops).
@@ -69,6 +75,24 @@ bench: setup
 bench-saturate: setup
 	$(CARGO) build --release --locked -p dlc -p dlc-opt
 	./scripts/saturate.sh
+
+# ONNX's own backend node tests (from the onnx Python package) through
+# `dlc run --backend cpu`: target/onnx-tests/results.md (passed, failed,
+# unsupported, crashed; per op). onnx-models rebuilds the real-model tests
+# under tests/onnx/ with onnxruntime's outputs. Both use a virtual
+# environment under target/ with these pinned packages.
+ONNX_VENV := target/onnx-venv
+ONNX_PACKAGES := onnx==1.23.2 onnxruntime==1.32.0 numpy==2.4.6
+setup-onnx:
+	@$(ONNX_VENV)/bin/python -c "import onnx, onnxruntime, numpy" 2>/dev/null || \
+		{ python3 -m venv $(ONNX_VENV) && $(ONNX_VENV)/bin/pip install -q $(ONNX_PACKAGES); }
+
+onnx-tests: setup setup-onnx
+	$(CARGO) build --release --locked -p dlc
+	$(ONNX_VENV)/bin/python scripts/onnx_node_tests.py target/release/dlc target/onnx-tests
+
+onnx-models: setup-onnx
+	$(ONNX_VENV)/bin/python scripts/onnx_models.py
 
 clean:
 	$(CARGO) clean

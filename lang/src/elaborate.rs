@@ -42,6 +42,7 @@ const BUILTINS: &[&str] = &[
     "min",
     "sum",
     "mean",
+    "prod",
     "softmax",
     "layernorm",
     "reshape",
@@ -58,6 +59,7 @@ const BUILTINS: &[&str] = &[
     "zeros",
     "ones",
     "full",
+    "tensor",
 ];
 
 type R<T> = Result<T, Diagnostic>;
@@ -565,6 +567,91 @@ fn bind<'e>(
 /// A required argument, which [`bind`] has checked is present.
 fn req<'e>(a: &[Option<&'e Expr>], i: usize) -> &'e Expr {
     a[i].unwrap_or_else(|| unreachable!("bind checked that required argument {i} is present"))
+}
+
+/// The type of `tensor(values, shape, dtype)`: `dtype` by default follows
+/// the values as a literal does (`f32` if any is written as a float, `bool`
+/// if all are `true`/`false`, else `i64`).
+fn dense_type(a: &[Option<&Expr>], dims: &HashMap<String, usize>, span: Span) -> R<TensorType> {
+    let shape = match &req(a, 1).kind {
+        ExprKind::List(items) if items.is_empty() => Vec::new(),
+        _ => positive_shape(&const_ints(req(a, 1), dims)?)?,
+    };
+    let dtype = match a[2] {
+        Some(e) => dtype_arg(e)?,
+        None => {
+            let items = match &req(a, 0).kind {
+                ExprKind::List(items) => items.as_slice(),
+                _ => &[],
+            };
+            let is = |k: fn(&ExprKind) -> bool| items.iter().any(|e| k(&strip_neg(e).kind));
+            if !items.is_empty() && items.iter().all(|e| matches!(e.kind, ExprKind::Bool(_))) {
+                DType::Bool
+            } else {
+                literal_dtype(is(|k| matches!(k, ExprKind::Float(_) | ExprKind::Var(_))))
+            }
+        }
+    };
+    let ty = TensorType::new(dtype, shape);
+    check_type_size(&ty, span)?;
+    Ok(ty)
+}
+
+fn strip_neg(e: &Expr) -> &Expr {
+    match &e.kind {
+        ExprKind::Neg(x) => strip_neg(x),
+        _ => e,
+    }
+}
+
+/// The elements of `tensor(values, ...)`, rounded to `dtype`: numbers
+/// (`inf` and `nan` for floats), or `true`/`false` for bool.
+fn dense_values(e: &Expr, dtype: DType) -> R<Vec<f64>> {
+    let ExprKind::List(items) = &e.kind else {
+        return Err(Diagnostic::new(
+            "tensor: expected a list of numbers such as `[1.0, 2.0]`",
+            e.span,
+            "not a list",
+        ));
+    };
+    items
+        .iter()
+        .map(|item| {
+            let (v, is_float) = match &item.kind {
+                ExprKind::Bool(b) if dtype == DType::Bool => (f64::from(u8::from(*b)), false),
+                _ => dense_number(item)?,
+            };
+            if is_float && !dtype.is_float() {
+                return Err(Diagnostic::new(
+                    format!("the number `{v}` cannot be a {dtype}"),
+                    item.span,
+                    "type mismatch",
+                ));
+            }
+            let out_of_range = match dtype {
+                DType::I32 => v < f64::from(i32::MIN) || v > f64::from(i32::MAX),
+                DType::Bool => v != 0.0 && v != 1.0,
+                _ => false,
+            };
+            if out_of_range {
+                return Err(Diagnostic::new(
+                    format!("{v} does not fit in {dtype}"),
+                    item.span,
+                    "out of range",
+                ));
+            }
+            Ok(dtype.round(v))
+        })
+        .collect()
+}
+
+fn dense_number(e: &Expr) -> R<(f64, bool)> {
+    match &e.kind {
+        ExprKind::Var(n) if n == "inf" => Ok((f64::INFINITY, true)),
+        ExprKind::Var(n) if n == "nan" => Ok((f64::NAN, true)),
+        ExprKind::Neg(x) => dense_number(x).map(|(v, f)| (-v, f)),
+        _ => const_float(e),
+    }
 }
 
 fn literal_dtype(is_float: bool) -> DType {
@@ -1276,7 +1363,7 @@ impl<'p> Elab<'p> {
             return Ok(t(self.add(cx, Op::Binary(b), &[x, y], span)?));
         }
         match name {
-            "sum" | "mean" | "max" | "min" => {
+            "sum" | "mean" | "max" | "min" | "prod" => {
                 let kind = ReduceKind::from_name(name).unwrap_or(ReduceKind::Sum);
                 let a = bind(f, args, &["x", "axis", "keepdims"], 1, span)?;
                 let x = self.tensor(cx, req(&a, 0))?;
@@ -1529,6 +1616,24 @@ impl<'p> Elab<'p> {
                 check_type_size(&ty, span)?;
                 Ok(t(cx.f.add_op(
                     Op::Constant(ConstValue::Splat(dtype.round(value))),
+                    &[],
+                    ty,
+                )))
+            }
+            "tensor" => {
+                let a = bind(f, args, &["values", "shape", "dtype"], 2, span)?;
+                let ty = dense_type(&a, &cx.dims, span)?;
+                let values = dense_values(req(&a, 0), ty.dtype)?;
+                let n = ty.num_elements().unwrap_or(usize::MAX);
+                if values.len() != n {
+                    return Err(Diagnostic::new(
+                        format!("tensor: {} values for a {ty} of {n} elements", values.len()),
+                        req(&a, 0).span,
+                        format!("expected {n} values"),
+                    ));
+                }
+                Ok(t(cx.f.add_op(
+                    Op::Constant(ConstValue::Dense(values)),
                     &[],
                     ty,
                 )))

@@ -57,6 +57,10 @@ bad_input! {
     unbound_reduction_index: "op rowsum[M, N](a: f32[M, N]) -> f32[M] {\n    out[i] = a[i, k];\n}\nfn f(x: f32[2, 3]) -> f32[2] {\n    return rowsum(x);\n}\n";
     reduction_range_not_inferable: "op total[N](a: f32[N]) -> f32 {\n    out[] = sum[k](a[2 * k]);\n}\nfn f(x: f32[6]) -> f32 {\n    return total(x);\n}\n";
     non_affine_index: "op sq[N](a: f32[N, N]) -> f32[N] {\n    out[i] = a[i, i * i];\n}\nfn f(x: f32[3, 3]) -> f32[3] {\n    return sq(x);\n}\n";
+    tensor_value_count: "fn f(x: f32[2, 2]) -> f32[2, 2] {\n    return x + tensor([1.0, 2.0, 3.0], [2, 2]);\n}\n";
+    tensor_float_for_int: "fn f(x: i32[2]) -> i32[2] {\n    return x + tensor([1, 2.5], [2], dtype=i32);\n}\n";
+    tensor_int_out_of_range: "fn f(x: i32[2]) -> i32[2] {\n    return x + tensor([1, 3000000000], [2], dtype=i32);\n}\n";
+    tensor_not_a_list: "fn f(x: f32[2]) -> f32[2] {\n    return x + tensor(x, [2]);\n}\n";
     index_as_value: "op iota[N](a: f32[N]) -> f32[N] {\n    out[i] = a[i] + i;\n}\nfn f(x: f32[3]) -> f32[3] {\n    return iota(x);\n}\n";
     out_rank_mismatch: "op bad[N](a: f32[N]) -> f32[N, N] {\n    out[i] = a[i];\n}\nfn f(x: f32[3]) -> f32[3, 3] {\n    return bad(x);\n}\n";
     index_notation_in_fn: "fn f(x: f32[3]) -> f32[3] {\n    return x[0];\n}\n";

@@ -479,3 +479,43 @@ fn arguments_of_the_wrong_type_are_errors() {
         "{err}"
     );
 }
+
+#[test]
+fn tensor_literals_hold_every_element() {
+    expect(
+        "fn f(x: f32[2, 3]) -> f32[2, 3] {
+            return x + tensor([1.5, -2, 0.25, 1e-3, -0.0, 3], [2, 3]);
+        }",
+        &[f32t(&[2, 3], &[1.0; 6])],
+        &[2, 3],
+        &[2.5, -1.0, 1.25, 1.001, 1.0, 4.0],
+    );
+    // Integers by default, bool from true/false, scalars with shape [].
+    expect(
+        "fn f(x: i64[3]) -> i64[3] {
+            return where(tensor([true, false, true], [3]), x * tensor([7], []), tensor([1, 2, 3], [3]));
+        }",
+        &[t(DType::I64, &[3], &[1.0, 2.0, 3.0])],
+        &[3],
+        &[7.0, 2.0, 21.0],
+    );
+    // Values are rounded to the type; inf and nan are written by name.
+    let out = eval(
+        "fn f(x: f16[3]) -> f16[3] { return x + tensor([0.1, inf, -nan], [3], dtype=f16); }",
+        &[t(DType::F16, &[3], &[0.0; 3])],
+    )
+    .unwrap();
+    assert_eq!(out[0].data[0], DType::F16.round(0.1));
+    assert_eq!(out[0].data[1], f64::INFINITY);
+    assert!(out[0].data[2].is_nan());
+}
+
+#[test]
+fn prod_reduces_like_sum() {
+    expect(
+        "fn f(x: f32[2, 3]) -> f32[2] { return prod(x, axis=1); }",
+        &[f32t(&[2, 3], &[1.0, 2.0, 3.0, -1.0, 0.5, 4.0])],
+        &[2],
+        &[6.0, -2.0],
+    );
+}

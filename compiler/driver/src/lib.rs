@@ -86,6 +86,14 @@ pub enum DriverError {
     /// Machine code could not be made (the code generator's message).
     #[error("error: {0}")]
     Codegen(String),
+    /// An ONNX model could not be imported.
+    #[error("error: {path}: {source}")]
+    Import {
+        /// The model file.
+        path: String,
+        /// Why.
+        source: dlc_onnx::ImportError,
+    },
     /// The work thread died (a bug: the front end must not panic).
     #[error("error: internal compiler error: {0}")]
     Internal(String),
@@ -141,6 +149,73 @@ pub fn read_input(path: &str) -> Result<SourceText, DriverError> {
     } else {
         decode(path, std::fs::read(path).map_err(io)?)
     }
+}
+
+/// Whether a path names an ONNX model (by its extension).
+pub fn is_onnx(path: &str) -> bool {
+    std::path::Path::new(path)
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("onnx"))
+}
+
+/// Reads a model: dlc source or IR text, or an ONNX model (`.onnx`), which
+/// is imported into a dlc program (named after the file, so symbols and
+/// diagnostics read `model.onnx`; `dlc import` prints the program).
+/// `shapes` gives the shapes of ONNX inputs with symbolic dimensions.
+pub fn read_model(path: &str, shapes: &[(String, Vec<usize>)]) -> Result<SourceText, DriverError> {
+    if !is_onnx(path) {
+        if !shapes.is_empty() {
+            return Err(DriverError::Usage(format!(
+                "--shape applies to ONNX models; {path} is dlc source, whose shapes are written in it"
+            )));
+        }
+        return read_input(path);
+    }
+    Ok(SourceText {
+        name: path.to_string(),
+        text: import_onnx(path, shapes)?.source,
+    })
+}
+
+/// Imports an ONNX model file.
+pub fn import_onnx(
+    path: &str,
+    shapes: &[(String, Vec<usize>)],
+) -> Result<dlc_onnx::Imported, DriverError> {
+    let bytes = std::fs::read(path).map_err(|source| DriverError::Io {
+        path: path.to_string(),
+        source,
+    })?;
+    let options = dlc_onnx::Options {
+        shapes: shapes.to_vec(),
+    };
+    dlc_onnx::import(&bytes, &options).map_err(|source| DriverError::Import {
+        path: path.to_string(),
+        source,
+    })
+}
+
+/// Reads `--shape NAME=[d0,d1,...]` (brackets optional, `x` also separates).
+pub fn parse_shape_arg(spec: &str) -> Result<(String, Vec<usize>), DriverError> {
+    let bad = || {
+        DriverError::Usage(format!(
+            "--shape takes NAME=[d0,d1,...] with positive dimensions, got `{spec}`"
+        ))
+    };
+    let (name, dims) = spec.rsplit_once('=').ok_or_else(bad)?;
+    let dims = dims.trim().trim_start_matches('[').trim_end_matches(']');
+    let shape = if dims.trim().is_empty() {
+        Vec::new()
+    } else {
+        dims.split([',', 'x'])
+            .map(|d| d.trim().parse::<usize>().ok().filter(|&d| d > 0))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(bad)?
+    };
+    if name.is_empty() {
+        return Err(bad());
+    }
+    Ok((name.to_string(), shape))
 }
 
 /// Runs `work` on a thread with a large stack.

@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use dlc_driver::{
     Artifact, CompileOptions, DEFAULT_PIPELINE, DEFAULT_WORK_LIMIT, DriverError, NativeArtifact,
     PassOptions, check_results, check_tolerances, compile_source, interpret_loops_within,
-    interpret_within, prepare_inputs, read_input, run_passes, save_outputs, select_entry,
+    interpret_within, prepare_inputs, read_model, run_passes, save_outputs, select_entry,
 };
 use dlc_runtime::HostTensor;
 
@@ -108,13 +108,34 @@ enum Backend {
 enum Command {
     /// Parse and check a model; report every error found.
     Check {
-        /// The `.dl` file (`-` for standard input).
+        /// The `.dl` file (`-` for standard input) or `.onnx` model.
         file: String,
+        /// The shape of an ONNX input with symbolic dimensions, as
+        /// NAME=[d0,d1,...]; repeat for each such input.
+        #[arg(long = "shape", value_name = "NAME=[..]")]
+        shape: Vec<String>,
+    },
+    /// Import an ONNX model as a dlc program (initializers become constants).
+    Import {
+        /// The `.onnx` model.
+        file: String,
+        /// Output file (`-` for standard output).
+        #[arg(short, long, default_value = "-")]
+        output: String,
+        /// The shape of an ONNX input with symbolic dimensions, as
+        /// NAME=[d0,d1,...]; repeat for each such input.
+        #[arg(long = "shape", value_name = "NAME=[..]")]
+        shape: Vec<String>,
     },
     /// Compile a model to the chosen artifact.
     Compile {
-        /// The `.dl` file (`-` for standard input).
+        /// The `.dl` file (`-` for standard input) or `.onnx` model.
         file: String,
+        /// The shape of an ONNX input with symbolic dimensions, as
+        /// NAME=[d0,d1,...]; repeat for each such input.
+        #[arg(long = "shape", value_name = "NAME=[..]")]
+        shape: Vec<String>,
+
         /// Keep only this entry point.
         #[arg(long)]
         entry: Option<String>,
@@ -154,8 +175,13 @@ enum Command {
     },
     /// Run an entry point of a model.
     Run {
-        /// The `.dl` file (`-` for standard input).
+        /// The `.dl` file (`-` for standard input) or `.onnx` model.
         file: String,
+        /// The shape of an ONNX input with symbolic dimensions, as
+        /// NAME=[d0,d1,...]; repeat for each such input.
+        #[arg(long = "shape", value_name = "NAME=[..]")]
+        shape: Vec<String>,
+
         /// Entry point to run; may be left out when there is only one.
         #[arg(long)]
         entry: Option<String>,
@@ -197,8 +223,13 @@ enum Command {
     /// Measure compile time and steady-state latency of an entry point
     /// compiled for this CPU (random inputs from seed 0).
     Bench {
-        /// The `.dl` file.
+        /// The `.dl` file or `.onnx` model.
         file: String,
+        /// The shape of an ONNX input with symbolic dimensions, as
+        /// NAME=[d0,d1,...]; repeat for each such input.
+        #[arg(long = "shape", value_name = "NAME=[..]")]
+        shape: Vec<String>,
+
         /// Entry point to measure; may be left out when there is only one.
         #[arg(long)]
         entry: Option<String>,
@@ -277,6 +308,7 @@ struct Timing {
 
 fn bench(
     file: &str,
+    shapes: &[(String, Vec<usize>)],
     entry: Option<&str>,
     threads: usize,
     Timing { runs, warmup }: Timing,
@@ -293,7 +325,7 @@ fn bench(
     };
     dlc_runtime::set_num_threads(threads).map_err(|e| DriverError::Usage(e.to_string()))?;
     let start = std::time::Instant::now();
-    let src = read_input(file)?;
+    let src = read_model(file, shapes)?;
     let mut module = compile_source(&src)?;
     run_passes(&mut module, passes, PassOptions::default())?;
     let f = select_entry(&module, entry)?;
@@ -518,8 +550,8 @@ fn summary(t: &HostTensor) -> String {
 
 fn run(cli: Cli) -> Result<(), DriverError> {
     match cli.command {
-        Command::Check { file } => {
-            let src = read_input(&file)?;
+        Command::Check { file, shape } => {
+            let src = read_model(&file, &shapes(&shape)?)?;
             let module = compile_source(&src)?;
             let entries: Vec<&str> = module.entry_points().map(|f| f.name.as_str()).collect();
             dlc_cli::outln!(
@@ -540,6 +572,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             prefix,
             target,
             cpu,
+            shape,
         } => {
             let artifact = emit.artifact();
             if artifact.is_binary() && output == "-" && emit != Emit::Obj {
@@ -558,7 +591,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                 cpu,
                 header_name: (output != "-").then(|| dlc_driver::module_stem(&output)),
             };
-            let src = read_input(&file)?;
+            let src = read_model(&file, &shapes(&shape)?)?;
             let done = dlc_driver::compile(
                 &src,
                 &options,
@@ -594,6 +627,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             check,
             max_work,
             target,
+            shape,
         } => {
             // Where results go is checked before any work is done.
             for dir in [&save, &save_inputs].into_iter().flatten() {
@@ -622,7 +656,22 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                 };
                 files.push((name.to_string(), PathBuf::from(path)));
             }
-            let src = read_input(&file)?;
+            let shapes = shapes(&shape)?;
+            let src = if dlc_driver::is_onnx(&file) {
+                // Inputs may be named as the ONNX model names them.
+                let imported = dlc_driver::import_onnx(&file, &shapes)?;
+                for (name, _) in &mut files {
+                    if let Some((_, var)) = imported.inputs.iter().find(|(o, _)| o == name) {
+                        name.clone_from(var);
+                    }
+                }
+                dlc_driver::SourceText {
+                    name: file.clone(),
+                    text: imported.source,
+                }
+            } else {
+                read_model(&file, &shapes)?
+            };
             let mut module = compile_source(&src)?;
             run_passes(&mut module, &passes, PassOptions::default())?;
             let f = select_entry(&module, entry.as_deref())?;
@@ -696,14 +745,36 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             warmup,
             json,
             passes,
+            shape,
         } => bench(
             &file,
+            &shapes(&shape)?,
             entry.as_deref(),
             threads,
             Timing { runs, warmup },
             json,
             &passes,
         ),
+        Command::Import {
+            file,
+            output,
+            shape,
+        } => {
+            let imported = dlc_driver::import_onnx(&file, &shapes(&shape)?)?;
+            if output == "-" {
+                dlc_cli::write_stdout_bytes(imported.source.as_bytes()).map_err(|source| {
+                    DriverError::Io {
+                        path: "<stdout>".into(),
+                        source,
+                    }
+                })
+            } else {
+                std::fs::write(&output, imported.source).map_err(|source| DriverError::Io {
+                    path: output.clone(),
+                    source,
+                })
+            }
+        }
         Command::Calibrate { output, runs } => {
             let output = output.unwrap_or_else(|| {
                 let tree = "dialects/graph/cost-model.json";
@@ -716,6 +787,13 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             calibrate(&output, runs)
         }
     }
+}
+
+fn shapes(specs: &[String]) -> Result<Vec<(String, Vec<usize>)>, DriverError> {
+    specs
+        .iter()
+        .map(|s| dlc_driver::parse_shape_arg(s))
+        .collect()
 }
 
 fn main() -> ExitCode {

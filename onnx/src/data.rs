@@ -1,0 +1,146 @@
+//! Constant tensors: ONNX `TensorProto`s decoded into values the importer
+//! can fold and print, and the element types dlc has.
+
+use std::rc::Rc;
+
+use dlc_core::DType;
+
+use crate::pb::{TensorProto, tensor_proto::DataType};
+
+/// A tensor whose elements are known at import time (an initializer, a
+/// `Constant`, or an op folded on them). Elements are held as `f64`, which
+/// is exact for every dlc element type except i64 beyond 2^53.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Data {
+    /// Element type.
+    pub dtype: DType,
+    /// Extents.
+    pub shape: Vec<usize>,
+    /// Row-major elements.
+    pub values: Rc<Vec<f64>>,
+}
+
+impl Data {
+    /// A tensor from its parts.
+    pub fn new(dtype: DType, shape: Vec<usize>, values: Vec<f64>) -> Self {
+        Data {
+            dtype,
+            shape,
+            values: Rc::new(values),
+        }
+    }
+
+    /// The elements as integers (shape operands, axes).
+    pub fn ints(&self) -> Vec<i64> {
+        self.values.iter().map(|&v| v as i64).collect()
+    }
+}
+
+/// The name of an ONNX element type, as error messages write it.
+pub fn onnx_type_name(code: i32) -> String {
+    DataType::try_from(code)
+        .map(|d| d.as_str_name().to_ascii_lowercase())
+        .unwrap_or_else(|_| format!("type {code}"))
+}
+
+/// The dlc element type of an ONNX one, if dlc has it.
+pub fn dtype_of(code: i32) -> Option<DType> {
+    Some(match DataType::try_from(code).ok()? {
+        DataType::Float => DType::F32,
+        DataType::Float16 => DType::F16,
+        DataType::Bfloat16 => DType::BF16,
+        DataType::Int32 => DType::I32,
+        DataType::Int64 => DType::I64,
+        DataType::Bool => DType::Bool,
+        _ => return None,
+    })
+}
+
+/// Decodes a tensor's elements from whichever field holds them.
+pub fn decode(t: &TensorProto) -> Result<Data, String> {
+    let name = if t.name().is_empty() {
+        "a constant".to_string()
+    } else {
+        format!("tensor `{}`", t.name())
+    };
+    if t.data_location == Some(1) || !t.external_data.is_empty() {
+        return Err(format!(
+            "{name} keeps its data in an external file, which dlc does not read yet \
+             (save the model with its data inside: onnx.save(model, path, save_as_external_data=False))"
+        ));
+    }
+    let dtype = dtype_of(t.data_type()).ok_or_else(|| {
+        format!(
+            "{name} has element type {}, which dlc does not support (f32, f16, bf16, i32, i64, bool)",
+            onnx_type_name(t.data_type())
+        )
+    })?;
+    let mut shape = Vec::with_capacity(t.dims.len());
+    for &d in &t.dims {
+        if d < 0 {
+            return Err(format!("{name} has a negative dimension {d}"));
+        }
+        shape.push(d as usize);
+    }
+    let count = shape
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .filter(|&n| n <= 1 << 31)
+        .ok_or_else(|| format!("{name} has too many elements"))?;
+    if count == 0 {
+        return Err(format!(
+            "{name} has no elements; dlc tensors have positive extents"
+        ));
+    }
+    let values: Vec<f64> = if let Some(raw) = t.raw_data.as_deref().filter(|r| !r.is_empty()) {
+        let width = dtype.size_bytes();
+        if raw.len() != count * width {
+            return Err(format!(
+                "{name}: raw_data holds {} bytes, {count} {dtype} elements need {}",
+                raw.len(),
+                count * width
+            ));
+        }
+        raw.chunks_exact(width)
+            .map(|b| match dtype {
+                DType::F32 => f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+                DType::F16 => half::f16::from_le_bytes([b[0], b[1]]).to_f64(),
+                DType::BF16 => half::bf16::from_le_bytes([b[0], b[1]]).to_f64(),
+                DType::I32 => f64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+                DType::I64 => {
+                    i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as f64
+                }
+                DType::Bool => f64::from(u8::from(b[0] != 0)),
+            })
+            .collect()
+    } else {
+        match dtype {
+            DType::F32 => t.float_data.iter().map(|&v| f64::from(v)).collect(),
+            // f16 and bf16 are stored as their bits in int32_data.
+            DType::F16 => t
+                .int32_data
+                .iter()
+                .map(|&v| half::f16::from_bits(v as u16).to_f64())
+                .collect(),
+            DType::BF16 => t
+                .int32_data
+                .iter()
+                .map(|&v| half::bf16::from_bits(v as u16).to_f64())
+                .collect(),
+            DType::I32 => t.int32_data.iter().map(|&v| f64::from(v)).collect(),
+            DType::Bool => t
+                .int32_data
+                .iter()
+                .map(|&v| f64::from(u8::from(v != 0)))
+                .collect(),
+            DType::I64 => t.int64_data.iter().map(|&v| v as f64).collect(),
+        }
+    };
+    if values.len() != count {
+        return Err(format!(
+            "{name} holds {} elements, its shape {shape:?} needs {count}",
+            values.len()
+        ));
+    }
+    Ok(Data::new(dtype, shape, values))
+}

@@ -1,0 +1,2150 @@
+//! ONNX operators as dlc expressions: each node becomes one `let` of a
+//! built-in call or a composition of them, a helper operator in index
+//! notation for windows the built-ins do not cover (dilation, asymmetric
+//! padding, 1-D and 3-D), or, when all its inputs are known, a constant
+//! folded here.
+
+use dlc_core::DType;
+
+use crate::data::{Data, dtype_of, onnx_type_name};
+use crate::pb::{AttributeProto, NodeProto, attribute_proto::AttributeType};
+use crate::{ImportError, Importer, Val, literal, shape_text, type_text};
+
+/// The node being translated, for its attributes and its errors.
+struct Cx<'n> {
+    node: &'n NodeProto,
+    opset: i64,
+}
+
+type R<T> = Result<T, ImportError>;
+
+impl Cx<'_> {
+    fn op(&self) -> &str {
+        self.node.op_type()
+    }
+
+    fn err(&self, message: impl Into<String>) -> ImportError {
+        let op = match self.node.domain() {
+            "" | "ai.onnx" => self.op().to_string(),
+            d => format!("{d}.{}", self.op()),
+        };
+        let node = if !self.node.name().is_empty() {
+            self.node.name().to_string()
+        } else {
+            self.node.output.first().cloned().unwrap_or_default()
+        };
+        ImportError::Node {
+            node,
+            op,
+            opset: self.opset,
+            message: message.into(),
+        }
+    }
+
+    fn attr(&self, name: &str) -> Option<&AttributeProto> {
+        self.node.attribute.iter().find(|a| a.name() == name)
+    }
+
+    /// Fails on any attribute outside `known`.
+    fn allow(&self, known: &[&str]) -> R<()> {
+        for a in &self.node.attribute {
+            if !known.contains(&a.name()) {
+                return Err(self.err(format!("attribute `{}` is not supported", a.name())));
+            }
+        }
+        Ok(())
+    }
+
+    fn int(&self, name: &str, default: i64) -> i64 {
+        self.attr(name).map_or(default, |a| a.i())
+    }
+
+    fn float(&self, name: &str, default: f64) -> f64 {
+        self.attr(name).map_or(default, |a| f64::from(a.f()))
+    }
+
+    fn ints(&self, name: &str) -> Option<Vec<i64>> {
+        self.attr(name).map(|a| a.ints.clone())
+    }
+
+    fn string(&self, name: &str, default: &str) -> String {
+        self.attr(name).map_or(default.to_string(), |a| {
+            String::from_utf8_lossy(a.s()).into_owned()
+        })
+    }
+
+    fn axis(&self, axis: i64, rank: usize) -> R<usize> {
+        let r = rank as i64;
+        if axis < -r || axis >= r.max(1) {
+            return Err(self.err(format!("axis {axis} is out of range for rank {rank}")));
+        }
+        Ok(if axis < 0 { axis + r } else { axis } as usize)
+    }
+
+    fn axes(&self, axes: &[i64], rank: usize) -> R<Vec<usize>> {
+        let mut out: Vec<usize> = axes.iter().map(|&a| self.axis(a, rank)).collect::<R<_>>()?;
+        out.sort_unstable();
+        if out.windows(2).any(|w| w[0] == w[1]) {
+            return Err(self.err(format!("axes {axes:?} repeat an axis")));
+        }
+        Ok(out)
+    }
+
+    /// An `epsilon` attribute, which must be a non-negative number.
+    fn epsilon(&self, default: f64) -> R<String> {
+        let e = self.float("epsilon", default);
+        if !(e >= 0.0 && e.is_finite()) {
+            return Err(self.err(format!("epsilon {e} must be a non-negative number")));
+        }
+        Ok(literal(e, DType::F32))
+    }
+
+    fn float_input(&self, v: &Val) -> R<()> {
+        if v.dtype.is_float() {
+            Ok(())
+        } else {
+            Err(self.err(format!("needs a float input, got {}", v.dtype)))
+        }
+    }
+}
+
+/// NumPy broadcasting of two shapes.
+fn broadcast(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    let r = a.len().max(b.len());
+    (0..r)
+        .map(|i| {
+            let x = if i + a.len() >= r {
+                a[i + a.len() - r]
+            } else {
+                1
+            };
+            let y = if i + b.len() >= r {
+                b[i + b.len() - r]
+            } else {
+                1
+            };
+            match (x, y) {
+                _ if x == y => Some(x),
+                (1, _) => Some(y),
+                (_, 1) => Some(x),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// Element count, saturating (shapes of unchecked attributes may overflow).
+fn numel(shape: &[usize]) -> usize {
+    shape.iter().fold(1usize, |a, &d| a.saturating_mul(d))
+}
+
+/// The most elements a value may have (dlc's own bound is lower still).
+const MAX_ELEMENTS: usize = 1 << 40;
+
+/// Attribute values beyond this (pads, strides, kernels) are rejected.
+const MAX_ATTR: i64 = 1 << 31;
+
+/// Elements of `d` read through `index`, which maps a row-major position of
+/// `shape` to a position of `d`.
+fn gather_data(d: &Data, shape: Vec<usize>, index: impl Fn(&[usize]) -> usize) -> Data {
+    let n = numel(&shape);
+    let mut idx = vec![0usize; shape.len()];
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(d.values[index(&idx)]);
+        for ax in (0..shape.len()).rev() {
+            idx[ax] += 1;
+            if idx[ax] < shape[ax] {
+                break;
+            }
+            idx[ax] = 0;
+        }
+    }
+    Data::new(d.dtype, shape, out)
+}
+
+fn strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1];
+    }
+    s
+}
+
+/// `d` broadcast to `shape`.
+fn broadcast_data(d: &Data, shape: &[usize]) -> Data {
+    let st = strides(&d.shape);
+    let off = shape.len() - d.shape.len();
+    gather_data(d, shape.to_vec(), |idx| {
+        (0..d.shape.len())
+            .map(|a| {
+                if d.shape[a] == 1 {
+                    0
+                } else {
+                    idx[a + off] * st[a]
+                }
+            })
+            .sum()
+    })
+}
+
+/// Folds are only done on small tensors (shape arithmetic), not weights.
+const FOLD_LIMIT: usize = 1 << 16;
+
+/// The numeric semantics of a folded element-wise binary op.
+fn fold_binary(op: &str, dtype: DType, a: f64, b: f64) -> Option<f64> {
+    let int = !dtype.is_float();
+    Some(match op {
+        "Add" => a + b,
+        "Sub" => a - b,
+        "Mul" => a * b,
+        "Div" if int => {
+            if b == 0.0 {
+                return None;
+            }
+            (a / b).trunc()
+        }
+        "Div" => a / b,
+        "Max" => a.max(b),
+        "Min" => a.min(b),
+        "Equal" => f64::from(u8::from(a == b)),
+        "Less" => f64::from(u8::from(a < b)),
+        "Greater" => f64::from(u8::from(a > b)),
+        "LessOrEqual" => f64::from(u8::from(a <= b)),
+        "GreaterOrEqual" => f64::from(u8::from(a >= b)),
+        "And" => f64::from(u8::from(a != 0.0 && b != 0.0)),
+        "Or" => f64::from(u8::from(a != 0.0 || b != 0.0)),
+        _ => return None,
+    })
+}
+
+/// Output extent of a window op along one axis.
+fn window_extent(input: usize, k: usize, s: usize, d: usize, pb: i64, pe: i64, ceil: bool) -> i64 {
+    let span = (input as i64) + pb + pe - (d as i64) * (k as i64 - 1) - 1;
+    if span < 0 {
+        return 0;
+    }
+    let s = s as i64;
+    let mut out = if ceil {
+        (span + s - 1) / s + 1
+    } else {
+        span / s + 1
+    };
+    // A window may not start in the end padding (ceil mode).
+    if ceil && (out - 1) * s >= input as i64 + pb {
+        out -= 1;
+    }
+    out
+}
+
+/// The affine index `s * y + d * k - p` as text.
+fn window_index(y: &str, k: &str, s: usize, d: usize, p: i64) -> String {
+    let mut t = if s == 1 {
+        y.to_string()
+    } else {
+        format!("{s} * {y}")
+    };
+    if d == 1 {
+        t.push_str(&format!(" + {k}"));
+    } else {
+        t.push_str(&format!(" + {d} * {k}"));
+    }
+    if p > 0 {
+        t.push_str(&format!(" - {p}"));
+    } else if p < 0 {
+        t.push_str(&format!(" + {}", -p));
+    }
+    t
+}
+
+/// Window geometry of Conv and the pooling ops.
+struct Window {
+    kernel: Vec<usize>,
+    strides: Vec<usize>,
+    dilations: Vec<usize>,
+    begin: Vec<i64>,
+    end: Vec<i64>,
+    out: Vec<usize>,
+}
+
+impl Importer {
+    fn input(&self, cx: &Cx<'_>, i: usize) -> Option<Val> {
+        let name = cx.node.input.get(i).filter(|n| !n.is_empty())?;
+        self.vals.get(name).cloned()
+    }
+
+    fn need(&self, cx: &Cx<'_>, i: usize) -> R<Val> {
+        match cx.node.input.get(i).filter(|n| !n.is_empty()) {
+            None => Err(cx.err(format!("input {i} is required"))),
+            Some(name) => {
+                self.vals.get(name).cloned().ok_or_else(|| {
+                    cx.err(format!("input `{name}` is not defined before this node"))
+                })
+            }
+        }
+    }
+
+    /// The dlc expression of input `i`.
+    fn e(&mut self, cx: &Cx<'_>, i: usize) -> R<String> {
+        self.need(cx, i)?;
+        self.var_of(&cx.node.input[i])
+    }
+
+    /// Input `i`'s elements, which must be known at import time.
+    fn ints_input(&self, cx: &Cx<'_>, i: usize, what: &str) -> R<Option<Vec<i64>>> {
+        match self.input(cx, i) {
+            None => Ok(None),
+            Some(v) => match v.data {
+                Some(d) => Ok(Some(d.ints())),
+                None => Err(cx.err(format!(
+                    "{what} (input {i}) must be a constant; dlc shapes are static"
+                ))),
+            },
+        }
+    }
+
+    fn bind(
+        &mut self,
+        cx: &Cx<'_>,
+        k: usize,
+        expr: String,
+        dtype: DType,
+        shape: Vec<usize>,
+    ) -> R<()> {
+        let Some(out) = cx.node.output.get(k).filter(|o| !o.is_empty()).cloned() else {
+            return Ok(());
+        };
+        if shape.contains(&0) {
+            return Err(cx.err(format!(
+                "its result {} has no elements; dlc tensors have positive extents",
+                shape_text(&shape)
+            )));
+        }
+        if numel(&shape) > MAX_ELEMENTS {
+            return Err(cx.err(format!("its result {} is too large", shape_text(&shape))));
+        }
+        let var = self.fresh(&out);
+        self.lines.push(format!("let {var} = {expr};"));
+        self.vals.insert(
+            out,
+            Val {
+                dtype,
+                shape,
+                var: Some(var),
+                data: None,
+            },
+        );
+        Ok(())
+    }
+
+    fn bind_data(&mut self, cx: &Cx<'_>, k: usize, d: Data) -> R<()> {
+        let Some(out) = cx.node.output.get(k).filter(|o| !o.is_empty()).cloned() else {
+            return Ok(());
+        };
+        self.vals.insert(
+            out,
+            Val {
+                dtype: d.dtype,
+                shape: d.shape.clone(),
+                var: None,
+                data: Some(d),
+            },
+        );
+        Ok(())
+    }
+
+    /// Output `k` is the same value as `v`.
+    fn alias(&mut self, cx: &Cx<'_>, k: usize, v: Val) {
+        if let Some(out) = cx.node.output.get(k).filter(|o| !o.is_empty()) {
+            self.vals.insert(out.clone(), v);
+        }
+    }
+
+    /// Translates one node.
+    pub(crate) fn node(&mut self, node: &NodeProto) -> R<()> {
+        let cx = Cx {
+            node,
+            opset: self.opset,
+        };
+        match node.domain() {
+            "" | "ai.onnx" => {}
+            d => return Err(cx.err(format!("operators of domain `{d}` are not supported"))),
+        }
+        if let Some(g) = node
+            .attribute
+            .iter()
+            .find(|a| a.r#type() == AttributeType::Graph || a.g.is_some())
+        {
+            return Err(cx.err(format!(
+                "attribute `{}` is a subgraph; control flow (If, Loop, Scan) is not supported",
+                g.name()
+            )));
+        }
+        if self.try_fold(&cx)? {
+            return Ok(());
+        }
+        let op = node.op_type().to_string();
+        match op.as_str() {
+            "Identity" | "Dropout" => self.identity(&cx),
+            "Abs" | "Neg" | "Relu" | "Exp" | "Log" | "Sqrt" | "Tanh" | "Sigmoid" | "Floor"
+            | "Ceil" | "Round" | "Sign" | "Reciprocal" | "Sin" | "Cos" => self.unary(&cx),
+            "LeakyRelu" | "Elu" | "Selu" | "Celu" | "Softplus" | "Softsign" | "HardSigmoid"
+            | "HardSwish" | "Mish" | "ThresholdedRelu" | "Gelu" | "IsNaN" | "IsInf" | "Not"
+            | "Swish" => self.activation(&cx),
+            "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Equal" | "Less" | "Greater"
+            | "LessOrEqual" | "GreaterOrEqual" | "And" | "Or" | "Xor" | "PRelu" => self.binary(&cx),
+            "Max" | "Min" | "Sum" | "Mean" => self.variadic(&cx),
+            "Clip" => self.clip(&cx),
+            "Where" => {
+                cx.allow(&[])?;
+                let (c, a, b) = (self.need(&cx, 0)?, self.need(&cx, 1)?, self.need(&cx, 2)?);
+                let shape = broadcast(&c.shape, &a.shape)
+                    .and_then(|s| broadcast(&s, &b.shape))
+                    .ok_or_else(|| cx.err("operands do not broadcast"))?;
+                let (ec, ea, eb) = (self.e(&cx, 0)?, self.e(&cx, 1)?, self.e(&cx, 2)?);
+                self.bind(&cx, 0, format!("where({ec}, {ea}, {eb})"), a.dtype, shape)
+            }
+            "Cast" | "CastLike" => self.cast(&cx),
+            "MatMul" => self.matmul(&cx),
+            "Gemm" => self.gemm(&cx),
+            "Softmax" | "LogSoftmax" => self.softmax(&cx),
+            "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1"
+            | "ReduceL2" | "ReduceSumSquare" | "ReduceLogSum" | "ReduceLogSumExp" => {
+                self.reduce(&cx)
+            }
+            "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" => self.reshape(&cx),
+            "Transpose" => self.transpose(&cx),
+            "Concat" => self.concat(&cx),
+            "Slice" => self.slice(&cx),
+            "Split" => self.split(&cx),
+            "Expand" => self.expand(&cx),
+            "Tile" => self.tile(&cx),
+            "Gather" => self.gather(&cx),
+            "BatchNormalization" => self.batchnorm(&cx),
+            "LayerNormalization" | "InstanceNormalization" | "GroupNormalization" => {
+                self.normalization(&cx)
+            }
+            "Conv" => self.conv(&cx),
+            "MaxPool" | "AveragePool" => self.pool(&cx),
+            "GlobalAveragePool" | "GlobalMaxPool" => {
+                cx.allow(&[])?;
+                let x = self.need(&cx, 0)?;
+                if x.shape.len() < 3 {
+                    return Err(cx.err("needs an input of rank 3 or more (N, C, spatial...)"));
+                }
+                let ex = self.e(&cx, 0)?;
+                let axes: Vec<String> = (2..x.shape.len()).map(|a| a.to_string()).collect();
+                let f = if op == "GlobalMaxPool" { "max" } else { "mean" };
+                if f == "mean" {
+                    cx.float_input(&x)?;
+                }
+                let mut shape = x.shape.clone();
+                shape[2..].iter_mut().for_each(|d| *d = 1);
+                self.bind(
+                    &cx,
+                    0,
+                    format!("{f}({ex}, axis=[{}], keepdims=true)", axes.join(", ")),
+                    x.dtype,
+                    shape,
+                )
+            }
+            "Pad" => self.pad(&cx),
+            _ => Err(cx.err("this operator is not supported yet")),
+        }
+    }
+
+    /// Folds nodes whose inputs are all known and small (shape arithmetic).
+    fn try_fold(&mut self, cx: &Cx<'_>) -> R<bool> {
+        let op = cx.op();
+        match op {
+            "Constant" => {
+                let a = cx
+                    .node
+                    .attribute
+                    .first()
+                    .ok_or_else(|| cx.err("has no value"))?;
+                let d = match a.name() {
+                    "value" => {
+                        let t =
+                            a.t.as_ref()
+                                .ok_or_else(|| cx.err("`value` holds no tensor"))?;
+                        crate::data::decode(t).map_err(|m| cx.err(m))?
+                    }
+                    "value_float" => Data::new(DType::F32, vec![], vec![f64::from(a.f())]),
+                    "value_floats" if !a.floats.is_empty() => Data::new(
+                        DType::F32,
+                        vec![a.floats.len()],
+                        a.floats.iter().map(|&v| f64::from(v)).collect(),
+                    ),
+                    "value_int" => Data::new(DType::I64, vec![], vec![a.i() as f64]),
+                    "value_ints" if !a.ints.is_empty() => Data::new(
+                        DType::I64,
+                        vec![a.ints.len()],
+                        a.ints.iter().map(|&v| v as f64).collect(),
+                    ),
+                    other => return Err(cx.err(format!("attribute `{other}` is not supported"))),
+                };
+                self.bind_data(cx, 0, d)?;
+                return Ok(true);
+            }
+            "Shape" => {
+                cx.allow(&["start", "end"])?;
+                let x = self.need(cx, 0)?;
+                let r = x.shape.len() as i64;
+                let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
+                let (s, e) = (clamp(cx.int("start", 0)), clamp(cx.int("end", r)));
+                let dims: Vec<f64> = x.shape[s..e.max(s)].iter().map(|&d| d as f64).collect();
+                if dims.is_empty() {
+                    return Err(
+                        cx.err("the shape slice is empty; dlc tensors have positive extents")
+                    );
+                }
+                self.bind_data(cx, 0, Data::new(DType::I64, vec![dims.len()], dims))?;
+                return Ok(true);
+            }
+            "Size" => {
+                let x = self.need(cx, 0)?;
+                self.bind_data(
+                    cx,
+                    0,
+                    Data::new(DType::I64, vec![], vec![numel(&x.shape) as f64]),
+                )?;
+                return Ok(true);
+            }
+            "ConstantOfShape" => {
+                let shape = self
+                    .ints_input(cx, 0, "the shape")?
+                    .ok_or_else(|| cx.err("input 0 is required"))?;
+                if shape.iter().any(|&d| d <= 0) {
+                    return Err(cx.err(format!(
+                        "shape {shape:?} has a dimension that is not positive; dlc tensors have positive extents"
+                    )));
+                }
+                let shape: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
+                let fill = match cx.attr("value").and_then(|a| a.t.as_ref()) {
+                    Some(t) => crate::data::decode(t).map_err(|m| cx.err(m))?,
+                    None => Data::new(DType::F32, vec![1], vec![0.0]),
+                };
+                let n = numel(&shape);
+                if n > 1 << 28 {
+                    return Err(cx.err("the result is too large"));
+                }
+                self.bind_data(cx, 0, Data::new(fill.dtype, shape, vec![fill.values[0]; n]))?;
+                return Ok(true);
+            }
+            "Range" => {
+                let vals: Vec<Option<Val>> = (0..3).map(|i| self.input(cx, i)).collect();
+                let ds: Option<Vec<Data>> = vals.iter().map(|v| v.as_ref()?.data.clone()).collect();
+                let Some(ds) = ds else {
+                    return Err(
+                        cx.err("start, limit and delta must be constants; dlc shapes are static")
+                    );
+                };
+                let (start, limit, delta) = (ds[0].values[0], ds[1].values[0], ds[2].values[0]);
+                if delta == 0.0 {
+                    return Err(cx.err("delta is zero"));
+                }
+                let n = ((limit - start) / delta).ceil().max(0.0) as usize;
+                if n == 0 || n > FOLD_LIMIT * 16 {
+                    return Err(cx.err(format!("the range has {n} elements")));
+                }
+                let dtype = ds[0].dtype;
+                let v = (0..n)
+                    .map(|i| dtype.round(start + i as f64 * delta))
+                    .collect();
+                self.bind_data(cx, 0, Data::new(dtype, vec![n], v))?;
+                return Ok(true);
+            }
+            _ => {}
+        }
+        // The rest fold only when every input is known and small.
+        let inputs: Vec<Option<Val>> = (0..cx.node.input.len())
+            .map(|i| self.input(cx, i))
+            .collect();
+        if inputs.is_empty() {
+            return Ok(false);
+        }
+        let mut ds = Vec::new();
+        for v in &inputs {
+            match v {
+                Some(Val { data: Some(d), .. }) if d.values.len() <= FOLD_LIMIT => {
+                    ds.push(Some(d.clone()))
+                }
+                None => ds.push(None),
+                _ => return Ok(false),
+            }
+        }
+        let Some(x) = ds[0].clone() else {
+            return Ok(false);
+        };
+        let folded = match op {
+            "Identity" => Some(x),
+            "Cast" => {
+                let to = dtype_of(cx.int("to", 0) as i32);
+                to.map(|t| {
+                    Data::new(
+                        t,
+                        x.shape.clone(),
+                        x.values
+                            .iter()
+                            .map(|&v| cast_value(v, x.dtype, t))
+                            .collect(),
+                    )
+                })
+            }
+            "Neg" => Some(Data::new(
+                x.dtype,
+                x.shape.clone(),
+                x.values.iter().map(|v| -v).collect(),
+            )),
+            "Not" => Some(Data::new(
+                x.dtype,
+                x.shape.clone(),
+                x.values
+                    .iter()
+                    .map(|&v| f64::from(u8::from(v == 0.0)))
+                    .collect(),
+            )),
+            "Add" | "Sub" | "Mul" | "Div" | "Max" | "Min" | "Equal" | "Less" | "Greater"
+            | "LessOrEqual" | "GreaterOrEqual" | "And" | "Or"
+                if ds.len() == 2 =>
+            {
+                let Some(y) = ds[1].clone() else {
+                    return Ok(false);
+                };
+                if x.dtype != y.dtype {
+                    return Ok(false);
+                }
+                let Some(shape) = broadcast(&x.shape, &y.shape) else {
+                    return Err(cx.err("operands do not broadcast"));
+                };
+                if numel(&shape) > FOLD_LIMIT {
+                    return Ok(false);
+                }
+                let (bx, by) = (broadcast_data(&x, &shape), broadcast_data(&y, &shape));
+                let out_type = if matches!(op, "Add" | "Sub" | "Mul" | "Div" | "Max" | "Min") {
+                    x.dtype
+                } else {
+                    DType::Bool
+                };
+                let mut v = Vec::with_capacity(bx.values.len());
+                for (a, b) in bx.values.iter().zip(by.values.iter()) {
+                    match fold_binary(op, x.dtype, *a, *b) {
+                        Some(r) => v.push(out_type.round(r)),
+                        None => return Ok(false),
+                    }
+                }
+                Some(Data::new(out_type, shape, v))
+            }
+            "Where" if ds.len() == 3 => {
+                let (Some(a), Some(b)) = (ds[1].clone(), ds[2].clone()) else {
+                    return Ok(false);
+                };
+                let Some(shape) =
+                    broadcast(&x.shape, &a.shape).and_then(|s| broadcast(&s, &b.shape))
+                else {
+                    return Err(cx.err("operands do not broadcast"));
+                };
+                if numel(&shape) > FOLD_LIMIT {
+                    return Ok(false);
+                }
+                let (c, a2, b2) = (
+                    broadcast_data(&x, &shape),
+                    broadcast_data(&a, &shape),
+                    broadcast_data(&b, &shape),
+                );
+                let v = (0..c.values.len())
+                    .map(|i| {
+                        if c.values[i] != 0.0 {
+                            a2.values[i]
+                        } else {
+                            b2.values[i]
+                        }
+                    })
+                    .collect();
+                Some(Data::new(a.dtype, shape, v))
+            }
+            "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" => {
+                let shape = self.reshape_target(cx)?;
+                Some(Data { shape, ..x })
+            }
+            "Concat" => {
+                let parts: Option<Vec<Data>> = ds.into_iter().collect();
+                let Some(parts) = parts else { return Ok(false) };
+                let axis = cx.axis(cx.int("axis", 0), x.shape.len())?;
+                let mut shape = x.shape.clone();
+                shape[axis] = parts.iter().fold(0usize, |a, p| {
+                    a.saturating_add(p.shape.get(axis).copied().unwrap_or(0))
+                });
+                if parts
+                    .iter()
+                    .any(|p| p.shape.len() != x.shape.len() || p.dtype != x.dtype)
+                {
+                    return Err(cx.err("inputs differ in rank or element type"));
+                }
+                let outer = numel(&shape[..axis]);
+                let mut v = Vec::new();
+                for o in 0..outer {
+                    for p in &parts {
+                        let chunk = numel(&p.shape[axis..]);
+                        v.extend_from_slice(&p.values[o * chunk..(o + 1) * chunk]);
+                    }
+                }
+                Some(Data::new(x.dtype, shape, v))
+            }
+            "Gather" => {
+                let Some(ind) = ds.get(1).cloned().flatten() else {
+                    return Ok(false);
+                };
+                let axis = cx.axis(cx.int("axis", 0), x.shape.len())?;
+                let n = x.shape[axis] as i64;
+                let mut idx = Vec::new();
+                for &i in &ind.ints() {
+                    let j = if i < 0 { i + n } else { i };
+                    if j < 0 || j >= n {
+                        return Err(cx.err(format!("index {i} is out of range for extent {n}")));
+                    }
+                    idx.push(j as usize);
+                }
+                let mut shape = x.shape[..axis].to_vec();
+                shape.extend(&ind.shape);
+                shape.extend(&x.shape[axis + 1..]);
+                if numel(&shape) > FOLD_LIMIT {
+                    return Ok(false);
+                }
+                let st = strides(&x.shape);
+                let ir = ind.shape.len();
+                let ist = strides(&ind.shape);
+                Some(gather_data(&x, shape, |o| {
+                    let mut flat = 0;
+                    for a in 0..axis {
+                        flat += o[a] * st[a];
+                    }
+                    let k: usize = (0..ir).map(|b| o[axis + b] * ist[b]).sum();
+                    flat += idx[k] * st[axis];
+                    for a in axis + 1..x.shape.len() {
+                        flat += o[a + ir - 1] * st[a];
+                    }
+                    flat
+                }))
+            }
+            "Slice" => {
+                let spec = self.slice_spec(cx, &x.shape)?;
+                let st = strides(&x.shape);
+                let shape: Vec<usize> = spec.iter().map(|s| s.2).collect();
+                Some(gather_data(&x, shape, |o| {
+                    (0..o.len())
+                        .map(|a| ((spec[a].0 + spec[a].1 * o[a] as i64) as usize) * st[a])
+                        .sum()
+                }))
+            }
+            _ => None,
+        };
+        match folded {
+            Some(d) => {
+                self.bind_data(cx, 0, d)?;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    fn identity(&mut self, cx: &Cx<'_>) -> R<()> {
+        let x = self.need(cx, 0)?;
+        if cx.op() == "Dropout" {
+            cx.allow(&["seed"])?;
+            if let Some(t) = self.input(cx, 2)
+                && t.data.as_ref().is_none_or(|d| d.values[0] != 0.0)
+            {
+                return Err(cx.err("training_mode must be a constant false; dlc runs inference"));
+            }
+            if cx.node.output.get(1).is_some_and(|o| !o.is_empty()) {
+                let n = numel(&x.shape);
+                self.bind_data(cx, 1, Data::new(DType::Bool, x.shape.clone(), vec![1.0; n]))?;
+            }
+        }
+        self.alias(cx, 0, x);
+        Ok(())
+    }
+
+    fn unary(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&[])?;
+        let x = self.need(cx, 0)?;
+        let f = cx.op().to_ascii_lowercase();
+        let int_ok = matches!(f.as_str(), "abs" | "neg" | "relu" | "sign");
+        if !int_ok {
+            cx.float_input(&x)?;
+        } else if x.dtype == DType::Bool {
+            return Err(cx.err("is not defined on bool"));
+        }
+        let ex = self.e(cx, 0)?;
+        let expr = if f == "neg" {
+            format!("-{ex}")
+        } else {
+            format!("{f}({ex})")
+        };
+        self.bind(cx, 0, expr, x.dtype, x.shape)
+    }
+
+    /// Activations written as compositions of built-ins.
+    fn activation(&mut self, cx: &Cx<'_>) -> R<()> {
+        let x = self.need(cx, 0)?;
+        let op = cx.op();
+        if op == "Not" {
+            cx.allow(&[])?;
+            if x.dtype != DType::Bool {
+                return Err(cx.err("needs a bool input"));
+            }
+            let ex = self.e(cx, 0)?;
+            return self.bind(cx, 0, format!("{ex} == false"), DType::Bool, x.shape);
+        }
+        cx.float_input(&x)?;
+        let dt = x.dtype;
+        let l = |v: f64| literal(v, dt);
+        let ex = self.e(cx, 0)?;
+        let (expr, out) = match op {
+            "LeakyRelu" => {
+                cx.allow(&["alpha"])?;
+                let a = cx.float("alpha", 0.01);
+                (format!("where({ex} < 0.0, {ex} * {}, {ex})", l(a)), dt)
+            }
+            "Elu" => {
+                cx.allow(&["alpha"])?;
+                let a = cx.float("alpha", 1.0);
+                (
+                    format!("where({ex} < 0.0, (exp({ex}) - 1.0) * {}, {ex})", l(a)),
+                    dt,
+                )
+            }
+            "Celu" => {
+                cx.allow(&["alpha"])?;
+                let a = cx.float("alpha", 1.0);
+                (
+                    format!(
+                        "max({ex}, 0.0) + min((exp({ex} / {a}) - 1.0) * {a}, 0.0)",
+                        a = l(a)
+                    ),
+                    dt,
+                )
+            }
+            "Selu" => {
+                cx.allow(&["alpha", "gamma"])?;
+                let a = cx.float("alpha", 1.673_263_192_176_818_8);
+                let g = cx.float("gamma", 1.050_701_022_148_132_3);
+                (
+                    format!(
+                        "where({ex} <= 0.0, (exp({ex}) * {a} - {a}) * {g}, {ex} * {g})",
+                        a = l(a),
+                        g = l(g)
+                    ),
+                    dt,
+                )
+            }
+            "Softplus" => {
+                cx.allow(&[])?;
+                (format!("log(exp({ex}) + 1.0)"), dt)
+            }
+            "Softsign" => {
+                cx.allow(&[])?;
+                (format!("{ex} / (abs({ex}) + 1.0)"), dt)
+            }
+            "HardSigmoid" => {
+                cx.allow(&["alpha", "beta"])?;
+                let (a, b) = (cx.float("alpha", 0.2), cx.float("beta", 0.5));
+                (
+                    format!("max(min({ex} * {} + {}, 1.0), 0.0)", l(a), l(b)),
+                    dt,
+                )
+            }
+            "HardSwish" => {
+                cx.allow(&[])?;
+                (
+                    format!("{ex} * max(min({ex} * {} + 0.5, 1.0), 0.0)", l(1.0 / 6.0)),
+                    dt,
+                )
+            }
+            "Mish" => {
+                cx.allow(&[])?;
+                (format!("{ex} * tanh(log(exp({ex}) + 1.0))"), dt)
+            }
+            "Swish" => {
+                cx.allow(&["alpha"])?;
+                let a = cx.float("alpha", 1.0);
+                (format!("{ex} * sigmoid({ex} * {})", l(a)), dt)
+            }
+            "ThresholdedRelu" => {
+                cx.allow(&["alpha"])?;
+                let a = cx.float("alpha", 1.0);
+                (format!("where({ex} > {}, {ex}, 0.0)", l(a)), dt)
+            }
+            "Gelu" => {
+                cx.allow(&["approximate"])?;
+                match cx.string("approximate", "none").as_str() {
+                    "tanh" => (format!("gelu({ex})"), dt),
+                    _ => {
+                        return Err(cx.err(
+                            "exact gelu (approximate=\"none\") needs erf, which dlc does not have yet",
+                        ));
+                    }
+                }
+            }
+            "IsNaN" => {
+                cx.allow(&[])?;
+                (format!("{ex} != {ex}"), DType::Bool)
+            }
+            "IsInf" => {
+                cx.allow(&["detect_negative", "detect_positive"])?;
+                let (neg, pos) = (
+                    cx.int("detect_negative", 1) != 0,
+                    cx.int("detect_positive", 1) != 0,
+                );
+                let inf = literal(f64::INFINITY, dt);
+                let e = match (neg, pos) {
+                    (true, true) => format!("abs({ex}) == {inf}"),
+                    (false, true) => format!("{ex} == {inf}"),
+                    (true, false) => format!("{ex} == -{inf}"),
+                    (false, false) => format!("abs({ex}) < -1.0"),
+                };
+                (e, DType::Bool)
+            }
+            _ => return Err(cx.err("this operator is not supported yet")),
+        };
+        self.bind(cx, 0, expr, out, x.shape)
+    }
+
+    fn binary(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&[])?;
+        let (a, b) = (self.need(cx, 0)?, self.need(cx, 1)?);
+        let op = cx.op();
+        let shape = broadcast(&a.shape, &b.shape).ok_or_else(|| {
+            cx.err(format!(
+                "shapes {} and {} do not broadcast",
+                shape_text(&a.shape),
+                shape_text(&b.shape)
+            ))
+        })?;
+        let (ea, mut eb) = (self.e(cx, 0)?, self.e(cx, 1)?);
+        if op == "Pow" {
+            cx.float_input(&a)?;
+            if b.dtype != a.dtype {
+                eb = format!("cast({eb}, {})", a.dtype);
+            }
+            return self.bind(cx, 0, format!("pow({ea}, {eb})"), a.dtype, shape);
+        }
+        if a.dtype != b.dtype {
+            return Err(cx.err(format!(
+                "operands differ in element type: {} and {}",
+                a.dtype, b.dtype
+            )));
+        }
+        let logical = matches!(op, "And" | "Or" | "Xor");
+        if logical != (a.dtype == DType::Bool) {
+            return Err(cx.err(format!("is not defined on {}", a.dtype)));
+        }
+        let (expr, dt) = match op {
+            "Add" => (format!("{ea} + {eb}"), a.dtype),
+            "Sub" => (format!("{ea} - {eb}"), a.dtype),
+            "Mul" => (format!("{ea} * {eb}"), a.dtype),
+            "Div" if a.dtype.is_float() => (format!("{ea} / {eb}"), a.dtype),
+            // ONNX integer division truncates; dlc's floors.
+            "Div" => (
+                format!(
+                    "where({ea} - {ea} / {eb} * {eb} == 0, {ea} / {eb}, where(({ea} < 0) == ({eb} < 0), {ea} / {eb}, {ea} / {eb} + 1))"
+                ),
+                a.dtype,
+            ),
+            "PRelu" => (format!("where({ea} < 0.0, {ea} * {eb}, {ea})"), a.dtype),
+            "Equal" => (format!("{ea} == {eb}"), DType::Bool),
+            "Less" => (format!("{ea} < {eb}"), DType::Bool),
+            "Greater" => (format!("{ea} > {eb}"), DType::Bool),
+            "LessOrEqual" => (format!("{ea} <= {eb}"), DType::Bool),
+            "GreaterOrEqual" => (format!("{ea} >= {eb}"), DType::Bool),
+            "And" => (format!("where({ea}, {eb}, false)"), DType::Bool),
+            "Or" => (format!("where({ea}, true, {eb})"), DType::Bool),
+            "Xor" => (format!("{ea} != {eb}"), DType::Bool),
+            _ => return Err(cx.err("this operator is not supported yet")),
+        };
+        if op == "PRelu" {
+            cx.float_input(&a)?;
+            if shape != a.shape {
+                return Err(cx.err("the slope must broadcast to the input's shape"));
+            }
+        }
+        if a.dtype == DType::Bool && !logical && !matches!(op, "Equal") {
+            return Err(cx.err("is not defined on bool"));
+        }
+        self.bind(cx, 0, expr, dt, shape)
+    }
+
+    fn variadic(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&[])?;
+        let n = cx.node.input.len();
+        if n == 0 {
+            return Err(cx.err("needs at least one input"));
+        }
+        let first = self.need(cx, 0)?;
+        let mut shape = first.shape.clone();
+        let mut expr = self.e(cx, 0)?;
+        for i in 1..n {
+            let v = self.need(cx, i)?;
+            if v.dtype != first.dtype {
+                return Err(cx.err("inputs differ in element type"));
+            }
+            shape = broadcast(&shape, &v.shape).ok_or_else(|| cx.err("inputs do not broadcast"))?;
+            let ev = self.e(cx, i)?;
+            expr = match cx.op() {
+                "Max" => format!("max({expr}, {ev})"),
+                "Min" => format!("min({expr}, {ev})"),
+                _ => format!("{expr} + {ev}"),
+            };
+        }
+        if cx.op() == "Mean" {
+            cx.float_input(&first)?;
+            expr = format!("({expr}) / {}", literal(n as f64, first.dtype));
+        }
+        if first.dtype == DType::Bool {
+            return Err(cx.err("is not defined on bool"));
+        }
+        if n == 1 && shape == first.shape {
+            self.alias(cx, 0, first);
+            return Ok(());
+        }
+        self.bind(cx, 0, expr, first.dtype, shape)
+    }
+
+    fn clip(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&[])?;
+        let x = self.need(cx, 0)?;
+        if x.dtype == DType::Bool {
+            return Err(cx.err("is not defined on bool"));
+        }
+        let mut expr = self.e(cx, 0)?;
+        if let Some(lo) = self.input(cx, 1) {
+            if !lo.shape.is_empty() {
+                return Err(cx.err("min must be a scalar"));
+            }
+            let e = self.e(cx, 1)?;
+            expr = format!("max({expr}, {e})");
+        }
+        if let Some(hi) = self.input(cx, 2) {
+            if !hi.shape.is_empty() {
+                return Err(cx.err("max must be a scalar"));
+            }
+            let e = self.e(cx, 2)?;
+            expr = format!("min({expr}, {e})");
+        }
+        self.bind(cx, 0, expr, x.dtype, x.shape)
+    }
+
+    fn cast(&mut self, cx: &Cx<'_>) -> R<()> {
+        let x = self.need(cx, 0)?;
+        let to = if cx.op() == "CastLike" {
+            cx.allow(&["saturate"])?;
+            self.need(cx, 1)?.dtype
+        } else {
+            cx.allow(&["to", "saturate", "round_mode"])?;
+            let code = cx.int("to", 0) as i32;
+            dtype_of(code).ok_or_else(|| {
+                cx.err(format!(
+                    "element type {} is not supported (f32, f16, bf16, i32, i64, bool)",
+                    onnx_type_name(code)
+                ))
+            })?
+        };
+        if to == x.dtype {
+            self.alias(cx, 0, x);
+            return Ok(());
+        }
+        let ex = self.e(cx, 0)?;
+        self.bind(cx, 0, format!("cast({ex}, {to})"), to, x.shape)
+    }
+
+    fn matmul(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&[])?;
+        let (a, b) = (self.need(cx, 0)?, self.need(cx, 1)?);
+        if a.dtype != b.dtype || a.dtype == DType::Bool {
+            return Err(cx.err(format!("operands are {} and {}", a.dtype, b.dtype)));
+        }
+        let (mut sa, mut sb) = (a.shape.clone(), b.shape.clone());
+        let (va, vb) = (sa.len() == 1, sb.len() == 1);
+        if va {
+            sa.insert(0, 1);
+        }
+        if vb {
+            sb.push(1);
+        }
+        let (ra, rb) = (sa.len(), sb.len());
+        if sa[ra - 1] != sb[rb - 2] {
+            return Err(cx.err(format!(
+                "inner dimensions differ: {} @ {}",
+                shape_text(&a.shape),
+                shape_text(&b.shape)
+            )));
+        }
+        let mut shape = broadcast(&sa[..ra - 2], &sb[..rb - 2])
+            .ok_or_else(|| cx.err("batch dimensions do not broadcast"))?;
+        if !va {
+            shape.push(sa[ra - 2]);
+        }
+        if !vb {
+            shape.push(sb[rb - 1]);
+        }
+        let (ea, eb) = (self.e(cx, 0)?, self.e(cx, 1)?);
+        self.bind(cx, 0, format!("{ea} @ {eb}"), a.dtype, shape)
+    }
+
+    fn gemm(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&["alpha", "beta", "transA", "transB"])?;
+        let (a, b) = (self.need(cx, 0)?, self.need(cx, 1)?);
+        if a.shape.len() != 2 || b.shape.len() != 2 {
+            return Err(cx.err("A and B must be matrices"));
+        }
+        cx.float_input(&a)?;
+        let (ta, tb) = (cx.int("transA", 0) != 0, cx.int("transB", 0) != 0);
+        let (m, k) = if ta {
+            (a.shape[1], a.shape[0])
+        } else {
+            (a.shape[0], a.shape[1])
+        };
+        let (k2, n) = if tb {
+            (b.shape[1], b.shape[0])
+        } else {
+            (b.shape[0], b.shape[1])
+        };
+        if k != k2 {
+            return Err(cx.err(format!("inner dimensions differ: {k} and {k2}")));
+        }
+        let (mut ea, mut eb) = (self.e(cx, 0)?, self.e(cx, 1)?);
+        if ta {
+            ea = format!("transpose({ea})");
+        }
+        if tb {
+            eb = format!("transpose({eb})");
+        }
+        let (alpha, beta) = (cx.float("alpha", 1.0), cx.float("beta", 1.0));
+        let mut expr = format!("{ea} @ {eb}");
+        if alpha != 1.0 {
+            expr = format!("({expr}) * {}", literal(alpha, a.dtype));
+        }
+        if let Some(c) = self.input(cx, 2) {
+            if broadcast(&c.shape, &[m, n]).as_deref() != Some(&[m, n][..]) {
+                return Err(cx.err(format!(
+                    "C {} does not broadcast to [{m}, {n}]",
+                    shape_text(&c.shape)
+                )));
+            }
+            let ec = self.e(cx, 2)?;
+            if beta == 1.0 {
+                expr = format!("{expr} + {ec}");
+            } else if beta != 0.0 {
+                expr = format!("{expr} + {ec} * {}", literal(beta, a.dtype));
+            }
+        }
+        self.bind(cx, 0, expr, a.dtype, vec![m, n])
+    }
+
+    fn softmax(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&["axis"])?;
+        let x = self.need(cx, 0)?;
+        cx.float_input(&x)?;
+        let axis = cx.axis(cx.int("axis", -1), x.shape.len())?;
+        let ex = self.e(cx, 0)?;
+        let expr = if cx.op() == "Softmax" {
+            format!("softmax({ex}, axis={axis})")
+        } else {
+            let m = self.fresh("max");
+            self.lines
+                .push(format!("let {m} = max({ex}, axis={axis}, keepdims=true);"));
+            format!("{ex} - {m} - log(sum(exp({ex} - {m}), axis={axis}, keepdims=true))")
+        };
+        self.bind(cx, 0, expr, x.dtype, x.shape)
+    }
+
+    fn reduce(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&["axes", "keepdims", "noop_with_empty_axes"])?;
+        let x = self.need(cx, 0)?;
+        let op = cx.op();
+        let axes_input = op == "ReduceSum" || cx.opset >= 18;
+        let axes = if axes_input {
+            if cx.attr("axes").is_some() {
+                return Err(cx.err("attribute `axes` is an input from this opset on"));
+            }
+            self.ints_input(cx, 1, "axes")?
+        } else {
+            cx.ints("axes")
+        };
+        let axes = match axes {
+            Some(a) if !a.is_empty() => cx.axes(&a, x.shape.len())?,
+            _ if cx.int("noop_with_empty_axes", 0) != 0 => {
+                self.alias(cx, 0, x);
+                return Ok(());
+            }
+            _ => (0..x.shape.len()).collect(),
+        };
+        let keep = cx.int("keepdims", 1) != 0;
+        let mut shape = Vec::new();
+        for (i, &d) in x.shape.iter().enumerate() {
+            if !axes.contains(&i) {
+                shape.push(d);
+            } else if keep {
+                shape.push(1);
+            }
+        }
+        if !matches!(op, "ReduceMax" | "ReduceMin" | "ReduceSum" | "ReduceProd") {
+            cx.float_input(&x)?;
+        } else if x.dtype == DType::Bool {
+            return Err(cx.err("is not defined on bool"));
+        }
+        let ex = self.e(cx, 0)?;
+        let list: Vec<String> = axes.iter().map(ToString::to_string).collect();
+        let args = format!("axis=[{}], keepdims={keep}", list.join(", "));
+        let expr = match op {
+            "ReduceSum" => format!("sum({ex}, {args})"),
+            "ReduceMean" => format!("mean({ex}, {args})"),
+            "ReduceMax" => format!("max({ex}, {args})"),
+            "ReduceMin" => format!("min({ex}, {args})"),
+            "ReduceProd" => format!("prod({ex}, {args})"),
+            "ReduceL1" => format!("sum(abs({ex}), {args})"),
+            "ReduceL2" => format!("sqrt(sum({ex} * {ex}, {args}))"),
+            "ReduceSumSquare" => format!("sum({ex} * {ex}, {args})"),
+            "ReduceLogSum" => format!("log(sum({ex}, {args}))"),
+            _ => format!("log(sum(exp({ex}), {args}))"),
+        };
+        self.bind(cx, 0, expr, x.dtype, shape)
+    }
+
+    /// The result shape of Reshape, Flatten, Squeeze and Unsqueeze.
+    fn reshape_target(&self, cx: &Cx<'_>) -> R<Vec<usize>> {
+        let x = self.need(cx, 0)?;
+        let r = x.shape.len();
+        match cx.op() {
+            "Reshape" => {
+                cx.allow(&["allowzero"])?;
+                let spec = self
+                    .ints_input(cx, 1, "the shape")?
+                    .ok_or_else(|| cx.err("input 1 (shape) is required"))?;
+                let allowzero = cx.int("allowzero", 0) != 0;
+                let mut out = Vec::with_capacity(spec.len());
+                let mut infer = None;
+                for (i, &d) in spec.iter().enumerate() {
+                    match d {
+                        -1 if infer.is_none() => {
+                            infer = Some(i);
+                            out.push(1);
+                        }
+                        0 if !allowzero => out.push(*x.shape.get(i).ok_or_else(|| {
+                            cx.err(format!(
+                                "shape {spec:?}: 0 at axis {i} has no input extent to copy"
+                            ))
+                        })?),
+                        d if d > 0 => out.push(d as usize),
+                        _ => return Err(cx.err(format!("shape {spec:?} is not a valid target"))),
+                    }
+                }
+                let total = numel(&x.shape);
+                if let Some(i) = infer {
+                    let known = numel(&out);
+                    if known == 0 || !total.is_multiple_of(known) {
+                        return Err(cx.err(format!(
+                            "cannot reshape {} to {spec:?}",
+                            shape_text(&x.shape)
+                        )));
+                    }
+                    out[i] = total / known;
+                }
+                if numel(&out) != total {
+                    return Err(cx.err(format!(
+                        "cannot reshape {} to {spec:?}",
+                        shape_text(&x.shape)
+                    )));
+                }
+                Ok(out)
+            }
+            "Flatten" => {
+                cx.allow(&["axis"])?;
+                let a = cx.int("axis", 1);
+                let a = if a < 0 { a + r as i64 } else { a };
+                if a < 0 || a > r as i64 {
+                    return Err(cx.err(format!("axis {a} is out of range for rank {r}")));
+                }
+                let a = a as usize;
+                Ok(vec![numel(&x.shape[..a]), numel(&x.shape[a..])])
+            }
+            "Squeeze" => {
+                cx.allow(&[])?;
+                let axes = match self.ints_input(cx, 1, "axes")? {
+                    Some(a) => cx.axes(&a, r)?,
+                    None => (0..r).filter(|&i| x.shape[i] == 1).collect(),
+                };
+                if let Some(&a) = axes.iter().find(|&&a| x.shape[a] != 1) {
+                    return Err(cx.err(format!("axis {a} has extent {}, not 1", x.shape[a])));
+                }
+                Ok((0..r)
+                    .filter(|i| !axes.contains(i))
+                    .map(|i| x.shape[i])
+                    .collect())
+            }
+            _ => {
+                cx.allow(&[])?;
+                let spec = self
+                    .ints_input(cx, 1, "axes")?
+                    .ok_or_else(|| cx.err("input 1 (axes) is required"))?;
+                let axes = cx.axes(&spec, r + spec.len())?;
+                let mut rest = x.shape.iter();
+                Ok((0..r + axes.len())
+                    .map(|i| {
+                        if axes.contains(&i) {
+                            1
+                        } else {
+                            *rest.next().unwrap_or(&1)
+                        }
+                    })
+                    .collect())
+            }
+        }
+    }
+
+    fn reshape(&mut self, cx: &Cx<'_>) -> R<()> {
+        let x = self.need(cx, 0)?;
+        let shape = self.reshape_target(cx)?;
+        if shape == x.shape {
+            self.alias(cx, 0, x);
+            return Ok(());
+        }
+        let ex = self.e(cx, 0)?;
+        self.bind(
+            cx,
+            0,
+            format!("reshape({ex}, {})", shape_text(&shape)),
+            x.dtype,
+            shape,
+        )
+    }
+
+    fn transpose(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&["perm"])?;
+        let x = self.need(cx, 0)?;
+        let r = x.shape.len();
+        let perm: Vec<usize> = match cx.ints("perm") {
+            Some(p) => {
+                let p: Vec<usize> = p.iter().map(|&a| cx.axis(a, r)).collect::<R<_>>()?;
+                let mut sorted = p.clone();
+                sorted.sort_unstable();
+                if sorted != (0..r).collect::<Vec<_>>() {
+                    return Err(cx.err(format!("perm {p:?} is not a permutation of 0..{r}")));
+                }
+                p
+            }
+            None => (0..r).rev().collect(),
+        };
+        let shape: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
+        let ex = self.e(cx, 0)?;
+        let list: Vec<String> = perm.iter().map(ToString::to_string).collect();
+        self.bind(
+            cx,
+            0,
+            format!("transpose({ex}, [{}])", list.join(", ")),
+            x.dtype,
+            shape,
+        )
+    }
+
+    fn concat(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&["axis"])?;
+        let first = self.need(cx, 0)?;
+        let axis = cx.axis(cx.int("axis", 0), first.shape.len())?;
+        let mut shape = first.shape.clone();
+        shape[axis] = 0;
+        let mut parts = Vec::new();
+        for i in 0..cx.node.input.len() {
+            let v = self.need(cx, i)?;
+            let same = v.shape.len() == first.shape.len()
+                && (0..v.shape.len()).all(|a| a == axis || v.shape[a] == first.shape[a]);
+            if !same || v.dtype != first.dtype {
+                return Err(cx.err(format!(
+                    "input {i} ({}) does not fit input 0 ({}) along axis {axis}",
+                    type_text(v.dtype, &v.shape),
+                    type_text(first.dtype, &first.shape)
+                )));
+            }
+            shape[axis] = shape[axis].saturating_add(v.shape[axis]);
+            parts.push(self.e(cx, i)?);
+        }
+        if parts.len() == 1 {
+            self.alias(cx, 0, first);
+            return Ok(());
+        }
+        self.bind(
+            cx,
+            0,
+            format!("concat([{}], axis={axis})", parts.join(", ")),
+            first.dtype,
+            shape,
+        )
+    }
+
+    /// Per axis: first index, step, extent.
+    fn slice_spec(&self, cx: &Cx<'_>, shape: &[usize]) -> R<Vec<(i64, i64, usize)>> {
+        cx.allow(&[])?;
+        let starts = self
+            .ints_input(cx, 1, "starts")?
+            .ok_or_else(|| cx.err("starts are required"))?;
+        let ends = self
+            .ints_input(cx, 2, "ends")?
+            .ok_or_else(|| cx.err("ends are required"))?;
+        let r = shape.len();
+        let axes = match self.ints_input(cx, 3, "axes")? {
+            Some(a) => a.iter().map(|&a| cx.axis(a, r)).collect::<R<Vec<_>>>()?,
+            None => (0..starts.len()).collect(),
+        };
+        let steps = self
+            .ints_input(cx, 4, "steps")?
+            .unwrap_or_else(|| vec![1; starts.len()]);
+        if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
+            return Err(cx.err("starts, ends, axes and steps differ in length"));
+        }
+        let mut spec: Vec<(i64, i64, usize)> = shape.iter().map(|&d| (0, 1, d)).collect();
+        for (j, &a) in axes.iter().enumerate() {
+            let d = shape[a] as i64;
+            let step = steps[j];
+            if step == 0 {
+                return Err(cx.err("a step is zero"));
+            }
+            let (d, step) = (i128::from(d), i128::from(step));
+            let norm = |v: i64| {
+                if v < 0 {
+                    i128::from(v) + d
+                } else {
+                    i128::from(v)
+                }
+            };
+            let (s, e) = (norm(starts[j]), norm(ends[j]));
+            let (s, e) = if step > 0 {
+                (s.clamp(0, d), e.clamp(0, d))
+            } else {
+                (s.clamp(-1, d - 1), e.clamp(-1, d - 1))
+            };
+            let n = if step > 0 {
+                (e - s + step - 1).max(0) / step
+            } else {
+                (s - e - step - 1).max(0) / -step
+            };
+            let (s, step) = (
+                s as i64,
+                step.clamp(-i128::from(MAX_ATTR), i128::from(MAX_ATTR)) as i64,
+            );
+            if n == 0 {
+                return Err(cx.err(format!(
+                    "the slice of axis {a} is empty; dlc tensors have positive extents"
+                )));
+            }
+            spec[a] = (s, step, n as usize);
+        }
+        Ok(spec)
+    }
+
+    fn slice(&mut self, cx: &Cx<'_>) -> R<()> {
+        let x = self.need(cx, 0)?;
+        let spec = self.slice_spec(cx, &x.shape)?;
+        let shape: Vec<usize> = spec.iter().map(|s| s.2).collect();
+        let mut expr = self.e(cx, 0)?;
+        if spec.iter().all(|s| s.1 == 1) {
+            for (a, &(s, _, n)) in spec.iter().enumerate() {
+                if n != x.shape[a] {
+                    expr = format!("slice({expr}, axis={a}, start={s}, end={})", s + n as i64);
+                }
+            }
+            if expr == self.var_of(&cx.node.input[0])? {
+                self.alias(cx, 0, x);
+                return Ok(());
+            }
+            return self.bind(cx, 0, expr, x.dtype, shape);
+        }
+        // Strided or reversed: a helper operator reading x[start + step * i].
+        let idx: Vec<String> = (0..shape.len()).map(|a| format!("i{a}")).collect();
+        let reads: Vec<String> = spec
+            .iter()
+            .enumerate()
+            .map(|(a, &(s, st, _))| {
+                let mut t = if st == 1 {
+                    format!("i{a}")
+                } else {
+                    format!("{st} * i{a}")
+                };
+                if s != 0 {
+                    t = format!("{t} + {s}");
+                }
+                t
+            })
+            .collect();
+        let name = self.fresh("strided_slice");
+        self.ops.push(format!(
+            "op {name}(x: {}) -> {} {{\n    out[{}] = x[{}];\n}}",
+            type_text(x.dtype, &x.shape),
+            type_text(x.dtype, &shape),
+            idx.join(", "),
+            reads.join(", ")
+        ));
+        self.bind(cx, 0, format!("{name}({expr})"), x.dtype, shape)
+    }
+
+    fn split(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&["axis", "num_outputs"])?;
+        let x = self.need(cx, 0)?;
+        let axis = cx.axis(cx.int("axis", 0), x.shape.len())?;
+        let d = x.shape[axis];
+        let outs = cx.node.output.len();
+        let sizes: Vec<usize> = match self.ints_input(cx, 1, "split")? {
+            Some(s) => s.iter().map(|&v| v.max(0) as usize).collect(),
+            None => {
+                let n = cx.int("num_outputs", outs as i64);
+                if n != outs as i64 {
+                    return Err(cx.err(format!("num_outputs {n} differs from the {outs} outputs")));
+                }
+                let n = outs.max(1);
+                let chunk = d.div_ceil(n);
+                (0..n)
+                    .map(|i| chunk.min(d.saturating_sub(i * chunk)))
+                    .collect()
+            }
+        };
+        if sizes.iter().sum::<usize>() != d || sizes.len() != outs {
+            return Err(cx.err(format!(
+                "split sizes {sizes:?} do not cover extent {d} in {outs} outputs"
+            )));
+        }
+        let ex = self.e(cx, 0)?;
+        let mut start = 0;
+        for (k, &n) in sizes.iter().enumerate() {
+            let mut shape = x.shape.clone();
+            shape[axis] = n;
+            self.bind(
+                cx,
+                k,
+                format!("slice({ex}, axis={axis}, start={start}, end={})", start + n),
+                x.dtype,
+                shape,
+            )?;
+            start += n;
+        }
+        Ok(())
+    }
+
+    fn expand(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&[])?;
+        let x = self.need(cx, 0)?;
+        let spec = self
+            .ints_input(cx, 1, "the shape")?
+            .ok_or_else(|| cx.err("input 1 (shape) is required"))?;
+        let spec: Vec<usize> = spec.iter().map(|&d| d.max(0) as usize).collect();
+        let shape = broadcast(&x.shape, &spec).ok_or_else(|| {
+            cx.err(format!(
+                "{} does not broadcast to {spec:?}",
+                shape_text(&x.shape)
+            ))
+        })?;
+        if shape == x.shape {
+            self.alias(cx, 0, x);
+            return Ok(());
+        }
+        let ex = self.e(cx, 0)?;
+        self.bind(
+            cx,
+            0,
+            format!("broadcast({ex}, {})", shape_text(&shape)),
+            x.dtype,
+            shape,
+        )
+    }
+
+    fn tile(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&[])?;
+        let x = self.need(cx, 0)?;
+        let reps = self
+            .ints_input(cx, 1, "repeats")?
+            .ok_or_else(|| cx.err("input 1 (repeats) is required"))?;
+        if reps.len() != x.shape.len() || reps.iter().any(|&r| !(1..=1024).contains(&r)) {
+            return Err(cx.err(format!(
+                "repeats {reps:?} must be one per axis, each from 1 to 1024"
+            )));
+        }
+        let mut expr = self.e(cx, 0)?;
+        let mut shape = x.shape.clone();
+        for (a, &r) in reps.iter().enumerate() {
+            if r > 1 {
+                let parts = vec![expr.clone(); r as usize];
+                expr = format!("concat([{}], axis={a})", parts.join(", "));
+                shape[a] = shape[a].saturating_mul(r as usize);
+            }
+        }
+        self.bind(cx, 0, expr, x.dtype, shape)
+    }
+
+    fn gather(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&["axis"])?;
+        let x = self.need(cx, 0)?;
+        let axis = cx.axis(cx.int("axis", 0), x.shape.len())?;
+        let Some(ind) = self.ints_input(cx, 1, "indices").ok().flatten() else {
+            return Err(
+                cx.err("indices computed at run time (an embedding lookup) are not supported yet")
+            );
+        };
+        let ishape = self.need(cx, 1)?.shape;
+        let n = x.shape[axis] as i64;
+        let ex = self.e(cx, 0)?;
+        let mut parts = Vec::new();
+        for &i in &ind {
+            let j = if i < 0 { i + n } else { i };
+            if j < 0 || j >= n {
+                return Err(cx.err(format!("index {i} is out of range for extent {n}")));
+            }
+            parts.push(format!(
+                "slice({ex}, axis={axis}, start={j}, end={})",
+                j + 1
+            ));
+        }
+        let mut shape = x.shape[..axis].to_vec();
+        shape.extend(&ishape);
+        shape.extend(&x.shape[axis + 1..]);
+        let joined = if parts.len() == 1 {
+            parts.remove(0)
+        } else {
+            format!("concat([{}], axis={axis})", parts.join(", "))
+        };
+        self.bind(
+            cx,
+            0,
+            format!("reshape({joined}, {})", shape_text(&shape)),
+            x.dtype,
+            shape,
+        )
+    }
+
+    fn batchnorm(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&["epsilon", "momentum", "training_mode"])?;
+        if cx.int("training_mode", 0) != 0 || cx.node.output.iter().skip(1).any(|o| !o.is_empty()) {
+            return Err(cx.err("training mode (running statistics as outputs) is not supported; dlc runs inference"));
+        }
+        let x = self.need(cx, 0)?;
+        cx.float_input(&x)?;
+        if x.shape.len() < 2 {
+            return Err(cx.err("needs an input of rank 2 or more"));
+        }
+        let e: Vec<String> = (0..5).map(|i| self.e(cx, i)).collect::<R<_>>()?;
+        let eps = cx.epsilon(1e-5)?;
+        self.bind(
+            cx,
+            0,
+            format!(
+                "batchnorm({}, {}, {}, {}, {}, eps={eps})",
+                e[0], e[3], e[4], e[1], e[2]
+            ),
+            x.dtype,
+            x.shape,
+        )
+    }
+
+    fn normalization(&mut self, cx: &Cx<'_>) -> R<()> {
+        let x = self.need(cx, 0)?;
+        cx.float_input(&x)?;
+        let r = x.shape.len();
+        let ex = self.e(cx, 0)?;
+        let es = self.e(cx, 1)?;
+        let eb = match self.input(cx, 2) {
+            Some(_) => Some(self.e(cx, 2)?),
+            None => None,
+        };
+        let channel = |e: &str, c: usize| {
+            let mut s = vec![c];
+            s.extend(std::iter::repeat_n(1, r - 2));
+            format!("reshape({e}, {})", shape_text(&s))
+        };
+        let expr = match cx.op() {
+            "LayerNormalization" => {
+                cx.allow(&["axis", "epsilon", "stash_type"])?;
+                if cx.node.output.iter().skip(1).any(|o| !o.is_empty()) {
+                    return Err(cx.err("the Mean and InvStdDev outputs are not supported"));
+                }
+                let axis = cx.axis(cx.int("axis", -1), r)?;
+                let axes: Vec<String> = (axis..r).map(|a| a.to_string()).collect();
+                let eps = cx.epsilon(1e-5)?;
+                let mut e = format!(
+                    "layernorm({ex}, axis=[{}], eps={eps}) * {es}",
+                    axes.join(", ")
+                );
+                if let Some(b) = eb {
+                    e = format!("{e} + {b}");
+                }
+                e
+            }
+            "InstanceNormalization" => {
+                cx.allow(&["epsilon"])?;
+                if r < 3 {
+                    return Err(cx.err("needs an input of rank 3 or more (N, C, spatial...)"));
+                }
+                let axes: Vec<String> = (2..r).map(|a| a.to_string()).collect();
+                let eps = cx.epsilon(1e-5)?;
+                let b = eb.ok_or_else(|| cx.err("input 2 (B) is required"))?;
+                format!(
+                    "layernorm({ex}, axis=[{}], eps={eps}) * {} + {}",
+                    axes.join(", "),
+                    channel(&es, x.shape[1]),
+                    channel(&b, x.shape[1])
+                )
+            }
+            _ => {
+                cx.allow(&["epsilon", "num_groups", "stash_type"])?;
+                if r < 3 {
+                    return Err(cx.err("needs an input of rank 3 or more (N, C, spatial...)"));
+                }
+                let g = cx.int("num_groups", 0);
+                let c = x.shape[1];
+                if g < 1 || c % g as usize != 0 {
+                    return Err(cx.err(format!("num_groups {g} does not divide {c} channels")));
+                }
+                let g = g as usize;
+                let eps = cx.epsilon(1e-5)?;
+                let b = eb.ok_or_else(|| cx.err("input 2 (bias) is required"))?;
+                let grouped = [x.shape[0], g, numel(&x.shape[1..]) / g];
+                let normed = format!(
+                    "reshape(layernorm(reshape({ex}, {}), axis=2, eps={eps}), {})",
+                    shape_text(&grouped),
+                    shape_text(&x.shape)
+                );
+                if cx.opset >= 21 {
+                    format!("{normed} * {} + {}", channel(&es, c), channel(&b, c))
+                } else {
+                    // Opset 18: scale and bias per group.
+                    let mut per = vec![x.shape[0], g, c / g];
+                    per.extend(&x.shape[2..]);
+                    let mut gs = vec![g, 1];
+                    gs.extend(std::iter::repeat_n(1, r - 2));
+                    format!(
+                        "reshape(reshape({normed}, {}) * reshape({es}, {gs}) + reshape({b}, {gs}), {})",
+                        shape_text(&per),
+                        shape_text(&x.shape),
+                        gs = shape_text(&gs)
+                    )
+                }
+            }
+        };
+        self.bind(cx, 0, expr, x.dtype, x.shape)
+    }
+
+    /// Kernel, strides, dilations and padding of a window op over `x`.
+    fn window(&self, cx: &Cx<'_>, x: &Val, kernel: Vec<usize>) -> R<Window> {
+        let s = kernel.len();
+        if x.shape.len() != s + 2 {
+            return Err(cx.err(format!(
+                "a {s}-D window needs an input of rank {} (N, C, spatial...), got {}",
+                s + 2,
+                shape_text(&x.shape)
+            )));
+        }
+        let list = |name: &str| -> R<Vec<usize>> {
+            match cx.ints(name) {
+                None => Ok(vec![1; s]),
+                Some(v) if v.len() == s && v.iter().all(|&d| (1..=MAX_ATTR).contains(&d)) => {
+                    Ok(v.iter().map(|&d| d as usize).collect())
+                }
+                Some(v) => Err(cx.err(format!("`{name}` {v:?} needs {s} positive values"))),
+            }
+        };
+        let (strides, dilations) = (list("strides")?, list("dilations")?);
+        let ceil = cx.int("ceil_mode", 0) != 0;
+        let spatial = &x.shape[2..];
+        let (mut begin, mut end) = (vec![0i64; s], vec![0i64; s]);
+        match cx.string("auto_pad", "NOTSET").as_str() {
+            "NOTSET" => {
+                if let Some(p) = cx.ints("pads") {
+                    if p.len() != 2 * s || p.iter().any(|v| v.abs() > MAX_ATTR) {
+                        return Err(cx.err(format!("`pads` {p:?} needs {} values", 2 * s)));
+                    }
+                    begin.copy_from_slice(&p[..s]);
+                    end.copy_from_slice(&p[s..]);
+                }
+            }
+            "VALID" => {}
+            mode @ ("SAME_UPPER" | "SAME_LOWER") => {
+                for a in 0..s {
+                    let out = spatial[a].div_ceil(strides[a]);
+                    let need = (out - 1) * strides[a] + dilations[a] * (kernel[a] - 1) + 1;
+                    let total = need.saturating_sub(spatial[a]) as i64;
+                    let small = total / 2;
+                    (begin[a], end[a]) = if mode == "SAME_UPPER" {
+                        (small, total - small)
+                    } else {
+                        (total - small, small)
+                    };
+                }
+            }
+            other => return Err(cx.err(format!("auto_pad `{other}` is not valid"))),
+        }
+        let mut out = Vec::with_capacity(s);
+        for a in 0..s {
+            let e = window_extent(
+                spatial[a],
+                kernel[a],
+                strides[a],
+                dilations[a],
+                begin[a],
+                end[a],
+                ceil,
+            );
+            if e < 1 {
+                return Err(cx.err(format!("the window does not fit spatial axis {a}")));
+            }
+            out.push(e as usize);
+        }
+        Ok(Window {
+            kernel,
+            strides,
+            dilations,
+            begin,
+            end,
+            out,
+        })
+    }
+
+    fn conv(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&[
+            "auto_pad",
+            "dilations",
+            "group",
+            "kernel_shape",
+            "pads",
+            "strides",
+        ])?;
+        let (x, w) = (self.need(cx, 0)?, self.need(cx, 1)?);
+        cx.float_input(&x)?;
+        if w.shape.len() != x.shape.len() || w.dtype != x.dtype {
+            return Err(cx.err(format!(
+                "weights {} do not fit input {}",
+                type_text(w.dtype, &w.shape),
+                type_text(x.dtype, &x.shape)
+            )));
+        }
+        let g = cx.int("group", 1).clamp(1, MAX_ATTR) as usize;
+        let (n, c) = (x.shape[0], x.shape[1]);
+        let (o, cg) = (w.shape[0], w.shape[1]);
+        if c % g != 0 || o % g != 0 || cg.checked_mul(g) != Some(c) {
+            return Err(cx.err(format!(
+                "{c} input channels, {o} filters of {cg} channels and {g} groups do not fit"
+            )));
+        }
+        let win = self.window(cx, &x, w.shape[2..].to_vec())?;
+        let mut out_shape = vec![n, o];
+        out_shape.extend(&win.out);
+        let (ex, ew) = (self.e(cx, 0)?, self.e(cx, 1)?);
+        let symmetric = win.begin == win.end && win.begin.iter().all(|&p| p >= 0);
+        let mut expr = if win.kernel.len() == 2 && symmetric && win.dilations == [1, 1] {
+            format!(
+                "conv2d({ex}, {ew}, stride=[{}, {}], padding=[{}, {}], groups={g})",
+                win.strides[0], win.strides[1], win.begin[0], win.begin[1]
+            )
+        } else {
+            self.conv_op(&x, &w, g, &win, &ex, &ew)
+        };
+        if let Some(b) = self.input(cx, 2) {
+            if b.shape != [o] {
+                return Err(cx.err(format!("bias {} must be [{o}]", shape_text(&b.shape))));
+            }
+            let eb = self.e(cx, 2)?;
+            let mut bs = vec![o];
+            bs.extend(std::iter::repeat_n(1, win.kernel.len()));
+            expr = format!("{expr} + reshape({eb}, {})", shape_text(&bs));
+        }
+        self.bind(cx, 0, expr, x.dtype, out_shape)
+    }
+
+    /// A convolution the built-in does not cover, as an operator in index
+    /// notation over grouped views: `x: [N, G, C/G, spatial]`,
+    /// `w: [G, O/G, C/G, kernel]`.
+    fn conv_op(&mut self, x: &Val, w: &Val, g: usize, win: &Window, ex: &str, ew: &str) -> String {
+        let s = win.kernel.len();
+        let (n, c, o) = (x.shape[0], x.shape[1], w.shape[0]);
+        let mut xs = vec![n, g, c / g];
+        xs.extend(&x.shape[2..]);
+        let mut ws = vec![g, o / g, c / g];
+        ws.extend(&win.kernel);
+        let mut os = vec![n, g, o / g];
+        os.extend(&win.out);
+        let ys: Vec<String> = (0..s).map(|a| format!("y{a}")).collect();
+        let ks: Vec<String> = (0..s).map(|a| format!("k{a}")).collect();
+        let reads: Vec<String> = (0..s)
+            .map(|a| {
+                window_index(
+                    &ys[a],
+                    &ks[a],
+                    win.strides[a],
+                    win.dilations[a],
+                    win.begin[a],
+                )
+            })
+            .collect();
+        let name = self.fresh("conv");
+        self.ops.push(format!(
+            "op {name}(inp: {}, wt: {}) -> {} {{\n    out[n, g, o, {y}] = sum[c, {k}](inp[n, g, c, {r}] * wt[g, o, c, {k}]);\n}}",
+            type_text(x.dtype, &xs),
+            type_text(w.dtype, &ws),
+            type_text(x.dtype, &os),
+            y = ys.join(", "),
+            k = ks.join(", "),
+            r = reads.join(", ")
+        ));
+        let mut out = vec![n, o];
+        out.extend(&win.out);
+        format!(
+            "reshape({name}(reshape({ex}, {}), reshape({ew}, {})), {})",
+            shape_text(&xs),
+            shape_text(&ws),
+            shape_text(&out)
+        )
+    }
+
+    fn pool(&mut self, cx: &Cx<'_>) -> R<()> {
+        let max = cx.op() == "MaxPool";
+        if max {
+            cx.allow(&[
+                "auto_pad",
+                "ceil_mode",
+                "dilations",
+                "kernel_shape",
+                "pads",
+                "storage_order",
+                "strides",
+            ])?;
+            if cx.node.output.get(1).is_some_and(|o| !o.is_empty()) {
+                return Err(cx.err("the Indices output is not supported"));
+            }
+        } else {
+            cx.allow(&[
+                "auto_pad",
+                "ceil_mode",
+                "count_include_pad",
+                "dilations",
+                "kernel_shape",
+                "pads",
+                "strides",
+            ])?;
+        }
+        let x = self.need(cx, 0)?;
+        cx.float_input(&x)?;
+        let kernel: Vec<usize> = cx
+            .ints("kernel_shape")
+            .ok_or_else(|| cx.err("`kernel_shape` is required"))?
+            .iter()
+            .map(|&k| k.clamp(1, MAX_ATTR) as usize)
+            .collect();
+        let win = self.window(cx, &x, kernel)?;
+        let include_pad = cx.int("count_include_pad", 0) != 0;
+        let mut out_shape = x.shape[..2].to_vec();
+        out_shape.extend(&win.out);
+        let ex = self.e(cx, 0)?;
+        let symmetric = win.begin == win.end && win.begin.iter().all(|&p| p >= 0);
+        let plain = win.kernel.len() == 2
+            && symmetric
+            && win.dilations == [1, 1]
+            && cx.int("ceil_mode", 0) == 0
+            && (max || include_pad || win.begin == [0, 0]);
+        if plain {
+            let f = if max { "maxpool2d" } else { "avgpool2d" };
+            let expr = format!(
+                "{f}({ex}, kernel=[{}, {}], stride=[{}, {}], padding=[{}, {}])",
+                win.kernel[0],
+                win.kernel[1],
+                win.strides[0],
+                win.strides[1],
+                win.begin[0],
+                win.begin[1]
+            );
+            return self.bind(cx, 0, expr, x.dtype, out_shape);
+        }
+        // A helper operator with a mask of ones: where the mask reads zero
+        // (outside the input, or outside the padded input for an average
+        // that counts padding) the element is not part of the window.
+        let s = win.kernel.len();
+        let ys: Vec<String> = (0..s).map(|a| format!("y{a}")).collect();
+        let ks: Vec<String> = (0..s).map(|a| format!("k{a}")).collect();
+        let ranges: Vec<String> = (0..s)
+            .map(|a| format!("k{a} in 0..{}", win.kernel[a]))
+            .collect();
+        let reads: Vec<String> = (0..s)
+            .map(|a| {
+                window_index(
+                    &ys[a],
+                    &ks[a],
+                    win.strides[a],
+                    win.dilations[a],
+                    win.begin[a],
+                )
+            })
+            .collect();
+        let (mask_shape, mask_reads): (Vec<usize>, Vec<String>) = if !max && include_pad {
+            (
+                (0..s)
+                    .map(|a| (x.shape[a + 2] as i64 + win.begin[a] + win.end[a]) as usize)
+                    .collect(),
+                (0..s)
+                    .map(|a| window_index(&ys[a], &ks[a], win.strides[a], win.dilations[a], 0))
+                    .collect(),
+            )
+        } else {
+            (x.shape[2..].to_vec(), reads.clone())
+        };
+        let name = self.fresh(if max { "maxpool" } else { "avgpool" });
+        let (dt, y, r, m, k) = (
+            x.dtype,
+            ys.join(", "),
+            reads.join(", "),
+            mask_reads.join(", "),
+            ranges.join(", "),
+        );
+        let body = if max {
+            let lowest = literal(
+                if dt == DType::F32 {
+                    f64::from(f32::MIN)
+                } else {
+                    -65504.0
+                },
+                dt,
+            );
+            format!("max[{k}](where(m[{m}] > 0.5, inp[n, c, {r}], {lowest}))")
+        } else {
+            format!("sum[{k}](inp[n, c, {r}]) / sum[{k}](m[{m}])")
+        };
+        self.ops.push(format!(
+            "op {name}(inp: {}, m: {}) -> {} {{\n    out[n, c, {y}] = {body};\n}}",
+            type_text(dt, &x.shape),
+            type_text(dt, &mask_shape),
+            type_text(dt, &out_shape),
+        ));
+        let ones = format!("full({}, 1.0, dtype={dt})", shape_text(&mask_shape));
+        self.bind(cx, 0, format!("{name}({ex}, {ones})"), dt, out_shape)
+    }
+
+    fn pad(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&["mode"])?;
+        let x = self.need(cx, 0)?;
+        let mode = cx.string("mode", "constant");
+        if mode != "constant" {
+            return Err(cx.err(format!("mode `{mode}` is not supported yet (constant is)")));
+        }
+        let pads = self
+            .ints_input(cx, 1, "pads")?
+            .ok_or_else(|| cx.err("input 1 (pads) is required"))?;
+        let r = x.shape.len();
+        let axes = match self.ints_input(cx, 3, "axes")? {
+            Some(a) => a.iter().map(|&a| cx.axis(a, r)).collect::<R<Vec<_>>>()?,
+            None => (0..r).collect(),
+        };
+        if pads.len() != 2 * axes.len() || pads.iter().any(|p| p.abs() > MAX_ATTR) {
+            return Err(cx.err(format!("pads {pads:?} need {} values", 2 * axes.len())));
+        }
+        let (mut begin, mut end) = (vec![0i64; r], vec![0i64; r]);
+        for (j, &a) in axes.iter().enumerate() {
+            begin[a] = pads[j];
+            end[a] = pads[j + axes.len()];
+        }
+        let mut shape = Vec::with_capacity(r);
+        for a in 0..r {
+            let d = x.shape[a] as i64 + begin[a] + end[a];
+            if d < 1 {
+                return Err(cx.err(format!("axis {a} would have extent {d}")));
+            }
+            shape.push(d as usize);
+        }
+        let dt = x.dtype;
+        let value = match self.input(cx, 2) {
+            None => None,
+            Some(v) => match v.data {
+                Some(d) if !d.values[0].is_finite() => {
+                    return Err(cx.err("a constant_value that is not finite is not supported"));
+                }
+                Some(d) if d.values[0] != 0.0 => Some(d.values[0]),
+                Some(_) => None,
+                None => return Err(cx.err("constant_value must be a constant")),
+            },
+        };
+        let idx: Vec<String> = (0..r).map(|a| format!("i{a}")).collect();
+        let reads: Vec<String> = (0..r)
+            .map(|a| match begin[a] {
+                0 => format!("i{a}"),
+                p if p > 0 => format!("i{a} - {p}"),
+                p => format!("i{a} + {}", -p),
+            })
+            .collect();
+        let name = self.fresh("pad");
+        let ex = self.e(cx, 0)?;
+        let (i, rd) = (idx.join(", "), reads.join(", "));
+        let (params, body, call) = match value {
+            None => (
+                format!("x: {}", type_text(dt, &x.shape)),
+                format!("x[{rd}]"),
+                format!("{name}({ex})"),
+            ),
+            Some(v) => {
+                // Outside the input, the mask of ones reads zero.
+                if dt == DType::Bool {
+                    return Err(cx.err("a non-zero constant on bool is not supported"));
+                }
+                let one = literal(1.0, dt);
+                (
+                    format!(
+                        "x: {}, m: {}",
+                        type_text(dt, &x.shape),
+                        type_text(dt, &x.shape)
+                    ),
+                    format!("where(m[{rd}] == {one}, x[{rd}], {})", literal(v, dt)),
+                    format!(
+                        "{name}({ex}, full({}, {one}, dtype={dt}))",
+                        shape_text(&x.shape)
+                    ),
+                )
+            }
+        };
+        self.ops.push(format!(
+            "op {name}({params}) -> {} {{\n    out[{i}] = {body};\n}}",
+            type_text(dt, &shape)
+        ));
+        self.bind(cx, 0, call, dt, shape)
+    }
+}
+
+/// ONNX Cast of one element.
+fn cast_value(v: f64, from: DType, to: DType) -> f64 {
+    if from.is_float() && !to.is_float() && to != DType::Bool {
+        to.round(v.trunc())
+    } else {
+        to.round(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_broadcast_as_numpy() {
+        assert_eq!(broadcast(&[2, 1, 3], &[4, 1]), Some(vec![2, 4, 3]));
+        assert_eq!(broadcast(&[], &[5]), Some(vec![5]));
+        assert_eq!(broadcast(&[2], &[3]), None);
+    }
+
+    #[test]
+    fn window_extents_follow_onnx() {
+        // 5 wide, kernel 2, stride 2: floor gives 2, ceil 3.
+        assert_eq!(window_extent(5, 2, 2, 1, 0, 0, false), 2);
+        assert_eq!(window_extent(5, 2, 2, 1, 0, 0, true), 3);
+        // A last window starting in the end padding is dropped.
+        assert_eq!(window_extent(4, 3, 2, 1, 1, 1, true), 3);
+        assert_eq!(window_extent(4, 2, 2, 1, 0, 1, true), 2);
+        assert_eq!(window_extent(32, 3, 1, 2, 0, 0, false), 28);
+    }
+
+    #[test]
+    fn window_indices_read_as_written() {
+        assert_eq!(window_index("y0", "k0", 1, 1, 1), "y0 + k0 - 1");
+        assert_eq!(window_index("y0", "k0", 2, 3, -1), "2 * y0 + 3 * k0 + 1");
+    }
+}

@@ -1,0 +1,282 @@
+//! ONNX models through the `dlc` command: real models against onnxruntime's
+//! outputs (made by `scripts/onnx_models.py`, kept under `tests/onnx/`),
+//! `dlc import`, and the errors a model dlc cannot take gets.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use dlc_onnx::pb;
+use dlc_runtime::HostTensor;
+use prost::Message as _;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/onnx")
+}
+
+fn dlc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_dlc"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[track_caller]
+fn succeeds(o: &Output) -> String {
+    assert_eq!(o.status.code(), Some(0), "stderr: {}", stderr(o));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[track_caller]
+fn fails_with(o: &Output, text: &str) {
+    assert_eq!(o.status.code(), Some(1), "stderr: {}", stderr(o));
+    assert!(
+        stderr(o).contains(text),
+        "expected `{text}` in:\n{}",
+        stderr(o)
+    );
+}
+
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(name: &str) -> Dir {
+        let p = std::env::temp_dir().join(format!("dlc-onnx-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        Dir(p)
+    }
+    fn path(&self, name: &str) -> String {
+        self.0.join(name).display().to_string()
+    }
+    fn write(&self, name: &str, bytes: &[u8]) -> String {
+        let p = self.path(name);
+        std::fs::write(&p, bytes).unwrap();
+        p
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The inputs of a stored model, as `--input NAME=PATH` arguments.
+fn input_args(model: &Path) -> Vec<String> {
+    let mut args = Vec::new();
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(model)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    entries.sort();
+    for p in entries {
+        let stem = p.file_stem().unwrap().to_string_lossy().into_owned();
+        if p.extension().is_some_and(|e| e == "npy") && !stem.starts_with("out") {
+            args.push("--input".to_string());
+            args.push(format!("{stem}={}", p.display()));
+        }
+    }
+    args
+}
+
+#[test]
+fn real_models_match_onnxruntime() {
+    let d = Dir::new("real");
+    for name in ["mlp", "cnn", "transformer", "gru"] {
+        let dir = root().join(name);
+        let model = dir.join("model.onnx").display().to_string();
+        let out = d.path(name);
+        let mut args: Vec<String> = [
+            "run",
+            &model,
+            "--backend",
+            "cpu",
+            "--check",
+            "--save-outputs",
+            &out,
+        ]
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+        args.extend(input_args(&dir));
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        let stdout = succeeds(&dlc(&argv));
+        assert!(stdout.contains("check: ok"), "{name}: {stdout}");
+        let got = HostTensor::read_npy(&Path::new(&out).join("out0.npy"), None).unwrap();
+        let want = HostTensor::read_npy(&dir.join("out0.npy"), None).unwrap();
+        assert_eq!(got.ty, want.ty, "{name}");
+        let scale = want.data.iter().fold(0f64, |m, v| m.max(v.abs()));
+        let err = got
+            .data
+            .iter()
+            .zip(&want.data)
+            .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
+        assert!(
+            err <= 1e-4 * scale,
+            "{name}: largest difference from onnxruntime {err:e} (scale {scale})"
+        );
+    }
+}
+
+#[test]
+fn imported_programs_read_back_and_run_with_random_inputs() {
+    let d = Dir::new("import");
+    for name in ["mlp", "cnn"] {
+        let model = root().join(name).join("model.onnx").display().to_string();
+        let out = d.path(&format!("{name}.dl"));
+        succeeds(&dlc(&["import", &model, "-o", &out]));
+        let text = std::fs::read_to_string(&out).unwrap();
+        assert!(
+            text.starts_with("// Imported from ONNX (opset 17)"),
+            "{text}"
+        );
+        assert!(text.contains("tensor(["), "weights are constants: {text}");
+        succeeds(&dlc(&["check", &out]));
+        let stdout = succeeds(&dlc(&["run", &out, "--random-inputs", "0", "--check"]));
+        assert!(stdout.contains("check: ok"), "{stdout}");
+        let stdout = succeeds(&dlc(&["run", &model, "--random-inputs", "0", "--check"]));
+        assert!(stdout.contains("check: ok"), "{stdout}");
+    }
+    // The CNN's strided, dilated, asymmetric convolution and its ceil-mode
+    // pooling are helper operators in index notation.
+    let cnn = std::fs::read_to_string(d.path("cnn.dl")).unwrap();
+    assert!(
+        cnn.contains("op conv(") && cnn.contains("op avgpool("),
+        "{cnn}"
+    );
+    assert!(cnn.contains("2 * y0 + k0 - 1"), "{cnn}");
+}
+
+fn tensor_type(elem: i32, dims: &[pb::tensor_shape_proto::Dimension]) -> pb::TypeProto {
+    pb::TypeProto {
+        value: Some(pb::type_proto::Value::TensorType(pb::type_proto::Tensor {
+            elem_type: Some(elem),
+            shape: Some(pb::TensorShapeProto { dim: dims.to_vec() }),
+        })),
+        ..Default::default()
+    }
+}
+
+fn dim(v: i64) -> pb::tensor_shape_proto::Dimension {
+    pb::tensor_shape_proto::Dimension {
+        value: Some(pb::tensor_shape_proto::dimension::Value::DimValue(v)),
+        ..Default::default()
+    }
+}
+
+fn sym(p: &str) -> pb::tensor_shape_proto::Dimension {
+    pb::tensor_shape_proto::Dimension {
+        value: Some(pb::tensor_shape_proto::dimension::Value::DimParam(p.into())),
+        ..Default::default()
+    }
+}
+
+/// A one-node model `y = op(x)` over an f32 input of the given dimensions.
+fn one_node(op: &str, x: &[pb::tensor_shape_proto::Dimension], opset: i64) -> Vec<u8> {
+    let f32 = pb::tensor_proto::DataType::Float as i32;
+    let model = pb::ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![pb::OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(opset),
+        }],
+        graph: Some(pb::GraphProto {
+            name: Some("g".into()),
+            node: vec![pb::NodeProto {
+                name: Some("the_node".into()),
+                op_type: Some(op.into()),
+                input: vec!["x".into()],
+                output: vec!["y".into()],
+                ..Default::default()
+            }],
+            input: vec![pb::ValueInfoProto {
+                name: Some("x".into()),
+                r#type: Some(tensor_type(f32, x)),
+                ..Default::default()
+            }],
+            output: vec![pb::ValueInfoProto {
+                name: Some("y".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    model.encode_to_vec()
+}
+
+#[test]
+fn symbolic_dimensions_need_a_shape() {
+    let d = Dir::new("sym");
+    let m = d.write("m.onnx", &one_node("Relu", &[sym("batch"), dim(4)], 17));
+    fails_with(
+        &dlc(&["run", &m, "--random-inputs", "0"]),
+        "input `x` has a symbolic dimension `batch`; give its shape with --shape x=[d0,d1,...] (ONNX shape [batch, 4])",
+    );
+    let out = succeeds(&dlc(&[
+        "run",
+        &m,
+        "--shape",
+        "x=[3,4]",
+        "--random-inputs",
+        "0",
+        "--check",
+    ]));
+    assert!(out.contains("out0: f32[3, 4]"), "{out}");
+    fails_with(
+        &dlc(&["run", &m, "--shape", "x=[3,5]", "--random-inputs", "0"]),
+        "--shape x=[3, 5] does not fit the model's shape [batch, 4]",
+    );
+    fails_with(
+        &dlc(&["run", &m, "--shape", "x=[a]"]),
+        "--shape takes NAME=[d0,d1,...]",
+    );
+}
+
+#[test]
+fn unsupported_ops_name_the_node_op_and_opset() {
+    let d = Dir::new("unsupported");
+    let m = d.write("m.onnx", &one_node("NonMaxSuppression", &[dim(2)], 17));
+    fails_with(
+        &dlc(&["check", &m]),
+        "node `the_node` (NonMaxSuppression, opset 17): this operator is not supported yet",
+    );
+    let m = d.write("old.onnx", &one_node("Relu", &[dim(2)], 11));
+    fails_with(
+        &dlc(&["check", &m]),
+        "the model uses opset 11; dlc reads opset 13 and later",
+    );
+}
+
+#[test]
+fn malformed_files_are_errors() {
+    let d = Dir::new("malformed");
+    let good = std::fs::read(root().join("mlp/model.onnx")).unwrap();
+    for (name, bytes) in [
+        ("empty.onnx", Vec::new()),
+        (
+            "text.onnx",
+            b"fn f(x: f32[2]) -> f32[2] { return x; }".to_vec(),
+        ),
+        ("truncated.onnx", good[..good.len() / 2].to_vec()),
+    ] {
+        let m = d.write(name, &bytes);
+        let o = dlc(&["run", &m, "--random-inputs", "0"]);
+        assert_eq!(o.status.code(), Some(1), "{name}: {}", stderr(&o));
+        assert!(
+            stderr(&o).starts_with(&format!("error: {m}: ")),
+            "{name}: {}",
+            stderr(&o)
+        );
+    }
+    fails_with(
+        &dlc(&["import", &d.path("missing.onnx")]),
+        "No such file or directory",
+    );
+}
