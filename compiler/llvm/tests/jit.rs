@@ -380,3 +380,23 @@ fn the_workspace_grows_with_the_thread_count() {
     assert_eq!(results[0][0].data, results[1][0].data);
     assert_eq!(results[0][0].data, results[2][0].data);
 }
+
+#[test]
+fn dense_constants_are_global_data_of_every_type() {
+    // A weight matrix large enough for a packed product read from a global.
+    let w: Vec<String> = (0..64 * 48)
+        .map(|i| format!("{:.4}", ((i * 37 % 101) as f64 - 50.0) / 97.0))
+        .collect();
+    jit_agrees(&format!(
+        "fn f(x: f32[8, 64], h: f16[3], b: bf16[3], i: i32[3], l: i64[2, 3], c: bool[3])
+            -> (f32[8, 48], f16[3], bf16[3], i32[3], i64[2, 3], bool[3]) {{
+            return (x @ tensor([{}], [64, 48]) + tensor([0.5], []),
+                    h * tensor([0.1, -2.5, 3.0], [3], dtype=f16),
+                    b + tensor([1.0, 2.0, -0.0078125], [3], dtype=bf16),
+                    i * tensor([7, -3, 2147483647], [3], dtype=i32),
+                    l + tensor([1, -2, 3, 4000000000, 5, -6], [2, 3]),
+                    where(c, tensor([true, false, true], [3]), tensor([false, true, true], [3])));
+        }}",
+        w.join(", ")
+    ));
+}

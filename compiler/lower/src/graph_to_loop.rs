@@ -145,6 +145,25 @@ fn lower_function(g: &GFunction) -> Result<Function, LowerError> {
         free: Vec::new(),
     };
     l.plan_nodes();
+    // Dense constants are read-only globals holding their data, homed
+    // like parameters (never freed or reused).
+    let mut dense: Vec<NodeIndex> = g
+        .body
+        .node_indices()
+        .filter(|&n| matches!(g.body[n].op, Op::Constant(ConstValue::Dense(_))))
+        .collect();
+    dense.sort();
+    for n in dense {
+        if let Op::Constant(ConstValue::Dense(values)) = &g.body[n].op {
+            let outer = l.b.set_loc(g.body[n].loc.clone());
+            let v = l.b.global(
+                values.iter().copied().collect(),
+                contiguous(&g.body[n].results[0]),
+            );
+            l.b.set_loc(outer);
+            l.home.insert(n, v);
+        }
+    }
     // Results get their output buffer as home, unless already homed (a
     // parameter, or a node returned twice): those are copied at the end. A
     // reshape that is a result is copied through a view where it stands.
@@ -392,6 +411,9 @@ impl Lowering<'_> {
         let Some(n) = self.kernel_at(p) else {
             return Ok(());
         };
+        if matches!(self.op(n), Op::Constant(ConstValue::Dense(_))) {
+            return Ok(()); // a global, made when the function starts
+        }
         if self.plan[&n] == Plan::View {
             let src = self.operand(n, 0);
             let Some(&buf) = self.home.get(&src) else {
@@ -683,20 +705,6 @@ impl Lowering<'_> {
                 let v = self.compute_at(n, &idx);
                 self.sink(n, &idx, v);
                 self.close_nest(ty.rank());
-            }
-            Op::Constant(ConstValue::Dense(values)) => {
-                let buf = self.home[&n];
-                let shape = ty.shape.clone();
-                for (flat, v) in values.iter().enumerate() {
-                    let mut rest = flat;
-                    let mut idx = vec![ix_const(0); shape.len()];
-                    for axis in (0..shape.len()).rev() {
-                        idx[axis] = ix_const((rest % shape[axis]) as i64);
-                        rest /= shape[axis];
-                    }
-                    let c = self.b.constant(*v, dtype);
-                    self.b.store(c, buf, idx);
-                }
             }
             Op::MatMul
                 if self.ty(self.operand(n, 0)).rank() >= 2

@@ -276,7 +276,7 @@ impl<'a> Conv<'a> {
             let op = self.op(id);
             match &op.kind {
                 L::Return => {}
-                L::Alloc | L::View => self.host_op(id)?,
+                L::Alloc | L::Global(_) | L::View => self.host_op(id)?,
                 L::Dealloc => deferred.push(id),
                 L::Const(_) => {}
                 kind if (is_parallel(kind) || matches!(kind, L::Matmul(_)))
@@ -341,6 +341,13 @@ impl<'a> Conv<'a> {
                     return Err(self.invalid("alloc of a non-buffer"));
                 };
                 let v = self.b.alloc(tile_buffer(t));
+                self.buffers.insert(op.results[0], v);
+            }
+            L::Global(values) => {
+                let LType::Buffer(t) = self.src.ty(op.results[0]) else {
+                    return Err(self.invalid("global of a non-buffer"));
+                };
+                let v = self.b.global(values.clone(), tile_buffer(t));
                 self.buffers.insert(op.results[0], v);
             }
             L::View => {
@@ -824,7 +831,7 @@ impl<'a> Conv<'a> {
             L::For { .. } | L::Parallel { .. } => self.loop_in_program(id)?,
             L::Matmul(_) => self.dot_in_program(id)?,
             L::Yield => {}
-            L::Alloc | L::Dealloc | L::View | L::Return => {
+            L::Alloc | L::Global(_) | L::Dealloc | L::View | L::Return => {
                 return Err(self.invalid(format!("{} inside a loop nest", op.kind.name())));
             }
         }

@@ -152,6 +152,10 @@ fn shape_operators() {
         "fn f(a: f32[2, 3], b: f32[2, 2]) -> f32[2, 5] { return concat([relu(a), b * 2.0], axis=1); }",
     );
     agree("fn f(x: f32[3]) -> f32[2, 3] { return broadcast(x, [2, 3]); }");
+    // Dense constants are globals: read in place, viewed, returned.
+    agree(
+        "fn f(x: f32[2, 3]) -> (f32[3, 2], f32[2, 3], i64[2]) { let w = tensor([0.5, -1.0, 2.0, 0.25, 3.0, -0.75], [2, 3]); return (reshape(w, [3, 2]) * 2.0, x @ transpose(w) @ w, tensor([3, -4], [2])); }",
+    );
     agree(
         "fn f(x: f32[2]) -> f32[4] { return concat([x, zeros([1]), ones([1])]) * concat([ones([2]), full([2], 3.0)]); }",
     );

@@ -39,6 +39,7 @@ pub fn module_text(m: &Module, prefix: &str, run: bool) -> Result<String, MlirEr
             names: HashMap::new(),
         };
         g.function(prefix)?;
+        out.push_str(&g.w.globals);
         out.push_str(&g.w.out);
     }
     out.push_str("}\n");
@@ -124,6 +125,12 @@ impl Gen<'_> {
                     let b = op.operands[0];
                     self.w
                         .line(&format!("memref.dealloc {} : {}", self.name(b), self.ty(b)));
+                }
+                OpKind::Global(values) => {
+                    let r =
+                        r.ok_or_else(|| MlirError::Invalid("global without a result".into()))?;
+                    let l = self.layout(r)?.clone();
+                    self.w.global(&self.name(r), &l, values)?;
                 }
                 OpKind::View => {
                     let (src, r) = (op.operands[0], r.unwrap_or(op.operands[0]));

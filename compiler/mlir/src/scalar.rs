@@ -24,6 +24,9 @@ pub(crate) struct Writer {
     pub fname: String,
     /// The status parameter, when running: integer divisions by zero set it.
     pub status: Option<String>,
+    /// Module-level declarations the function needs (its constants'
+    /// `memref.global`s), written before it.
+    pub globals: String,
 }
 
 impl Writer {
@@ -53,6 +56,48 @@ impl Writer {
             )));
         }
         self.line(&format!("{name} = memref.alloc() : {}", layout.mlir()));
+        Ok(())
+    }
+
+    /// `name = ` a constant buffer of `layout` holding `values`: a private
+    /// constant `memref.global` of the elements in one dimension, seen as
+    /// `layout`.
+    pub fn global(
+        &mut self,
+        name: &str,
+        layout: &dlc_core::Layout,
+        values: &[f64],
+    ) -> Result<(), MlirError> {
+        if !layout.is_contiguous() {
+            return Err(MlirError::Invalid(format!(
+                "@{}: a constant buffer with strides ({layout})",
+                self.fname
+            )));
+        }
+        let d = layout.dtype;
+        let sym = format!("__dlc_{}_{}", self.fname, name.trim_start_matches('%'));
+        let flat = format!("memref<{}x{}>", values.len(), scalar(d));
+        let mut elems = String::with_capacity(values.len() * 10);
+        for (i, &v) in values.iter().enumerate() {
+            if i > 0 {
+                elems.push_str(", ");
+            }
+            let text = match d {
+                DType::Bool => (if v != 0.0 { "true" } else { "false" }).to_string(),
+                DType::I32 | DType::I64 => (v as i64).to_string(),
+                _ if v.is_finite() => dlc_core::format_float(v),
+                DType::F16 => format!("0x{:04X}", half::f16::from_f64(v).to_bits()),
+                DType::BF16 => format!("0x{:04X}", half::bf16::from_f64(v).to_bits()),
+                _ => format!("0x{:08X}", (v as f32).to_bits()),
+            };
+            elems.push_str(&text);
+        }
+        self.globals.push_str(&format!(
+            "  memref.global \"private\" constant @{sym} : {flat} = dense<[{elems}]>\n"
+        ));
+        let data = self.fresh();
+        self.line(&format!("{data} = memref.get_global @{sym} : {flat}"));
+        self.view(name, &data, &flat, layout);
         Ok(())
     }
 
@@ -191,6 +236,7 @@ impl Writer {
             next: 0,
             fname: fname.to_string(),
             status,
+            globals: String::new(),
         }
     }
 

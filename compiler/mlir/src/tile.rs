@@ -40,6 +40,7 @@ pub fn module_text(m: &Module, prefix: &str, run: bool) -> Result<String, MlirEr
             program: Vec::new(),
         };
         g.function(prefix)?;
+        out.push_str(&g.w.globals);
         out.push_str(&g.w.out);
     }
     out.push_str("}\n");
@@ -155,6 +156,11 @@ impl Gen<'_> {
                 // MLIR's deallocation pipeline frees every buffer (it
                 // refuses frees it did not place).
                 OpKind::Dealloc => {}
+                OpKind::Global(values) => {
+                    let r = r.ok_or_else(|| invalid(self.f, "global without a result".into()))?;
+                    let l = self.layout(r)?.clone();
+                    self.w.global(&self.name(r), &l, values)?;
+                }
                 OpKind::View => {
                     let (src, r) = (op.operands[0], r.unwrap_or(op.operands[0]));
                     let l = self.layout(r)?.clone();

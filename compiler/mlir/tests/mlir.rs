@@ -324,3 +324,16 @@ fn tiles_through_mlir(
     dlc_mlir::run_tile(&tiles, &f.name, inputs)
         .unwrap_or_else(|e| panic!("@{}: {e}\n{}", f.name, dlc_tile::print_module(&tiles)))
 }
+
+#[test]
+fn dense_constants_are_memref_globals() {
+    agrees(
+        "fn f(x: f32[4, 6], h: f16[3], i: i32[3], c: bool[3]) -> (f32[4, 3], f16[3], i32[3], bool[3]) {
+            return (x @ tensor([0.5, -1.0, 2.0, 0.25, 3.0, -0.75, 1.5, 1.0, -2.0, 0.125, 4.0, 1.0,
+                               -0.5, 0.5, 1.0, 2.0, -3.0, 0.0], [6, 3]),
+                    h * tensor([0.1, -2.5, 3.0], [3], dtype=f16),
+                    i * tensor([7, -3, 5], [3], dtype=i32),
+                    where(c, tensor([true, false, true], [3]), c));
+        }",
+    );
+}

@@ -15,6 +15,9 @@ pub enum Attr {
     Float(f64),
     /// `[1, 0]`
     Ints(Vec<i64>),
+    /// `[1.0, -0.5, nan]`: a list with a number written as a float (the
+    /// elements of a constant buffer).
+    Floats(std::sync::Arc<[f64]>),
     /// `sum`, `global`
     Word(String),
     /// `"dot"`
@@ -31,6 +34,18 @@ impl Attr {
                 let items: Vec<String> = v.iter().map(|i| i.to_string()).collect();
                 format!("[{}]", items.join(", "))
             }
+            Attr::Floats(v) => {
+                let mut out = String::with_capacity(v.len() * 8 + 2);
+                out.push('[');
+                for (i, x) in v.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    out.push_str(&format_float(*x));
+                }
+                out.push(']');
+                out
+            }
             Attr::Word(w) => w.clone(),
             Attr::Str(s) => format!("{s:?}"),
         }
@@ -44,6 +59,19 @@ impl Attr {
             Attr::Ints(v) => {
                 let items: Vec<String> = v.iter().map(|i| i.to_string()).collect();
                 format!("array<i64: {}>", items.join(", "))
+            }
+            Attr::Floats(v) => {
+                let items: Vec<String> = v
+                    .iter()
+                    .map(|&x| {
+                        if x.is_finite() {
+                            format_float(x)
+                        } else {
+                            format!("0x{:016X}", x.to_bits())
+                        }
+                    })
+                    .collect();
+                format!("array<f64: {}>", items.join(", "))
             }
             Attr::Word(w) | Attr::Str(w) => format!("{w:?}"),
         }
@@ -136,6 +164,16 @@ impl<'a> AttrReader<'a> {
         match self.get(key)? {
             Attr::Ints(v) => Ok(v.clone()),
             _ => Err(format!("`{op}`: `{key}` must be a list of integers")),
+        }
+    }
+
+    /// A list of numbers (a list of integers reads as floats).
+    pub fn floats(&mut self, key: &str) -> Result<std::sync::Arc<[f64]>, String> {
+        let op = self.op;
+        match self.get(key)? {
+            Attr::Floats(v) => Ok(v.clone()),
+            Attr::Ints(v) => Ok(v.iter().map(|&i| i as f64).collect()),
+            _ => Err(format!("`{op}`: `{key}` must be a list of numbers")),
         }
     }
 

@@ -99,6 +99,11 @@ impl Builder {
         self.one(OpKind::Alloc, vec![], Type::Buffer(ty))
     }
 
+    /// `loop.global`: a read-only row-major buffer of `ty` holding `values`.
+    pub fn global(&mut self, values: std::sync::Arc<[f64]>, ty: BufferType) -> Value {
+        self.one(OpKind::Global(values), vec![], Type::Buffer(ty))
+    }
+
     /// `loop.dealloc`.
     pub fn dealloc(&mut self, b: Value) {
         self.push(OpKind::Dealloc, vec![b], &[], vec![]);

@@ -278,6 +278,22 @@ impl Machine<'_> {
                     self.heap.push(Some(Buffer::zeros(t)?));
                     self.set(op.results[0], Slot::Buffer(self.heap.len() - 1));
                 }
+                OpKind::Global(values) => {
+                    let Type::Buffer(t) = self.f.ty(op.results[0]).clone() else {
+                        return Err(LoopError::Invalid("global of a non-buffer".into()));
+                    };
+                    let mut b = Buffer::zeros(t)?;
+                    if b.data.len() != values.len() {
+                        return Err(LoopError::Invalid(format!(
+                            "loop.global holds {} values for {} elements",
+                            values.len(),
+                            b.data.len()
+                        )));
+                    }
+                    b.data.copy_from_slice(values);
+                    self.heap.push(Some(b));
+                    self.set(op.results[0], Slot::Buffer(self.heap.len() - 1));
+                }
                 OpKind::View => {
                     let src = self.slots.get(op.operands[0].0 as usize).copied();
                     let Some(Slot::Buffer(id)) = src else {

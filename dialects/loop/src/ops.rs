@@ -43,6 +43,10 @@ pub struct Contraction {
 pub enum OpKind {
     /// `%b = loop.alloc : buffer<..>`: a new buffer, contents undefined.
     Alloc,
+    /// `%b = loop.global {value = [..]} : buffer<..>`: a read-only buffer
+    /// holding these elements (row-major, rounded to the element type): a
+    /// constant tensor's data, kept for the program's whole life.
+    Global(std::sync::Arc<[f64]>),
     /// `loop.dealloc %b`: the buffer's storage is released.
     Dealloc,
     /// `%v = loop.view %b : buffer<..>`: the same storage seen with another
@@ -161,6 +165,7 @@ impl OpKind {
     pub fn name(&self) -> String {
         let s: &str = match self {
             OpKind::Alloc => "alloc",
+            OpKind::Global(_) => "global",
             OpKind::Dealloc => "dealloc",
             OpKind::View => "view",
             OpKind::Const(_) => "const",
@@ -184,7 +189,7 @@ impl OpKind {
     pub fn syntax(&self) -> Syntax {
         use Operands::*;
         match self {
-            OpKind::Alloc | OpKind::Const(_) => syntax(Fixed(0)),
+            OpKind::Alloc | OpKind::Global(_) | OpKind::Const(_) => syntax(Fixed(0)),
             OpKind::Dealloc | OpKind::View | OpKind::Unary(_) | OpKind::Cast => syntax(Fixed(1)),
             OpKind::Binary(_) | OpKind::Compare(_) => syntax(Fixed(2)),
             OpKind::Select => syntax(Fixed(3)),
@@ -229,6 +234,7 @@ impl OpKind {
         let one = |k: &str, a: Attr| vec![(k.to_string(), a)];
         match self {
             OpKind::Const(v) => one("value", Attr::Float(*v)),
+            OpKind::Global(v) => one("value", Attr::Floats(v.clone())),
             OpKind::Load { pad: Some(p), .. } => one("pad", Attr::Float(*p)),
             OpKind::For { lo, hi, step } => vec![
                 ("lo".to_string(), Attr::Int(*lo)),
@@ -271,6 +277,7 @@ impl OpKind {
         } else {
             match suffix {
                 "alloc" => OpKind::Alloc,
+                "global" => OpKind::Global(a.floats("value")?),
                 "dealloc" => OpKind::Dealloc,
                 "view" => OpKind::View,
                 "const" => OpKind::Const(a.float("value")?),
@@ -334,6 +341,18 @@ impl OpKind {
                 shape(0, 1) && matches!(res[0], Some(Type::Buffer(_))),
                 "takes no operand and gives one buffer",
             ),
+            OpKind::Global(v) => match (shape(0, 1), first(res)) {
+                (true, Some(Type::Buffer(b))) => {
+                    if !b.is_contiguous() {
+                        Err(format!("gives a row-major buffer, not {b}"))
+                    } else if b.storage_len() != Some(v.len()) {
+                        Err(format!("holds {} values for a buffer of {b}", v.len()))
+                    } else {
+                        Ok(())
+                    }
+                }
+                _ => Err("takes no operand and gives one buffer".into()),
+            },
             OpKind::Dealloc => rule(
                 shape(1, 0) && matches!(ops[0], Some(Type::Buffer(_))),
                 "takes one buffer",
@@ -476,6 +495,7 @@ pub fn probe(name: &str) -> Option<OpKind> {
     let suffix = name.strip_prefix("loop.")?;
     let attrs: Vec<(String, Attr)> = match suffix {
         "const" => vec![("value".into(), Attr::Float(0.0))],
+        "global" => vec![("value".into(), Attr::Ints(vec![]))],
         "for" => vec![
             ("lo".into(), Attr::Int(0)),
             ("hi".into(), Attr::Int(0)),

@@ -81,6 +81,11 @@ impl Builder {
         self.one(OpKind::Alloc, vec![], Type::Buffer(ty))
     }
 
+    /// `tile.global`: a read-only row-major global buffer holding `values`.
+    pub fn global(&mut self, values: std::sync::Arc<[f64]>, ty: BufferType) -> Value {
+        self.one(OpKind::Global(values), vec![], Type::Buffer(ty))
+    }
+
     /// `tile.dealloc`.
     pub fn dealloc(&mut self, b: Value) {
         self.push(OpKind::Dealloc, vec![b], &[], vec![]);

@@ -506,6 +506,22 @@ impl Machine<'_> {
                     let slot = self.alloc(&t)?;
                     self.set(op.results[0], Slot::Buffer(slot));
                 }
+                OpKind::Global(values) => {
+                    let Some(Type::Buffer(t)) = result.map(|r| self.f.ty(r).clone()) else {
+                        return Err(self.invalid("global of a non-buffer".into()));
+                    };
+                    if t.storage_len() != Some(values.len()) {
+                        return Err(self.invalid(format!(
+                            "tile.global holds {} values for {t}",
+                            values.len()
+                        )));
+                    }
+                    let slot = self.alloc(&t)?;
+                    if let Some(storage) = self.heap[slot].as_mut() {
+                        storage.data.copy_from_slice(values);
+                    }
+                    self.set(op.results[0], Slot::Buffer(slot));
+                }
                 OpKind::View => {
                     let (id, _) = self.buffer(op.operands[0], &name)?;
                     self.set(op.results[0], Slot::Buffer(id));

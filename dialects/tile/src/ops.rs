@@ -21,6 +21,9 @@ pub enum OpKind {
     /// program (scratch) or per program's thread block (shared). Contents
     /// are undefined until stored.
     Alloc,
+    /// `%b = tile.global {value = [..]} : buffer<..>`: a read-only global
+    /// buffer holding these elements (row-major): a constant tensor's data.
+    Global(std::sync::Arc<[f64]>),
     /// `tile.dealloc %b`: a global buffer's storage is released.
     Dealloc,
     /// `%v = tile.view %b : buffer<..>`: the same storage with another shape
@@ -185,6 +188,7 @@ impl OpKind {
     pub fn name(&self) -> String {
         let s: &str = match self {
             OpKind::Alloc => "alloc",
+            OpKind::Global(_) => "global",
             OpKind::Dealloc => "dealloc",
             OpKind::View => "view",
             OpKind::Kernel { .. } => "kernel",
@@ -219,6 +223,7 @@ impl OpKind {
         use Place::*;
         match self {
             OpKind::Alloc => syntax(Fixed(0), Anywhere),
+            OpKind::Global(_) => syntax(Fixed(0), Host),
             OpKind::Dealloc => syntax(Fixed(1), Host),
             OpKind::View => syntax(Fixed(1), Anywhere),
             OpKind::Kernel { .. } => Syntax {
@@ -291,6 +296,7 @@ impl OpKind {
                 one("axis", Attr::Int(*axis as i64))
             }
             OpKind::Const(v) => one("value", Attr::Float(*v)),
+            OpKind::Global(v) => one("value", Attr::Floats(v.clone())),
             OpKind::Load { pad: Some(p), .. } => one("pad", Attr::Float(*p)),
             OpKind::Trans { perm } => {
                 one("perm", Attr::Ints(perm.iter().map(|&p| p as i64).collect()))
@@ -333,6 +339,7 @@ impl OpKind {
         } else {
             match suffix {
                 "alloc" => OpKind::Alloc,
+                "global" => OpKind::Global(a.floats("value")?),
                 "dealloc" => OpKind::Dealloc,
                 "view" => OpKind::View,
                 "kernel" => {
@@ -485,6 +492,15 @@ impl OpKind {
         match self {
             OpKind::Alloc => {
                 buffer(r.ok_or("no result")?)?;
+            }
+            OpKind::Global(v) => {
+                let b = buffer(r.ok_or("no result")?)?;
+                if b.space != crate::ir::Space::Global || !b.is_contiguous() {
+                    return Err(format!("gives a row-major global buffer, not {b}"));
+                }
+                if b.storage_len() != Some(v.len()) {
+                    return Err(format!("holds {} values for a buffer of {b}", v.len()));
+                }
             }
             OpKind::Dealloc => {
                 buffer(operands[0])?;

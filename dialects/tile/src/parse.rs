@@ -225,7 +225,24 @@ impl Parser {
 
     fn attr(&mut self) -> PResult<Attr> {
         match self.peek().clone() {
-            Tok::Punct("[") => Ok(Attr::Ints(self.int_list()?)),
+            Tok::Punct("[") => {
+                // Integers stay exact; a list with any float is a list of numbers.
+                let items = bracketed(self, |p| {
+                    let int = matches!(p.peek(), Tok::Int(_))
+                        || (matches!(p.peek(), Tok::Punct("-"))
+                            && matches!(p.peek_at(1), Tok::Int(_)));
+                    if int {
+                        p.int().map(|i| (Some(i), i as f64))
+                    } else {
+                        p.number().map(|v| (None, v))
+                    }
+                })?;
+                Ok(if items.iter().all(|(i, _)| i.is_some()) {
+                    Attr::Ints(items.iter().filter_map(|(i, _)| *i).collect())
+                } else {
+                    Attr::Floats(items.iter().map(|(_, v)| *v).collect())
+                })
+            }
             Tok::Str(s) => {
                 self.bump();
                 Ok(Attr::Str(s))
@@ -476,6 +493,7 @@ fn probe_kind(name: &str) -> Option<OpKind> {
             let attrs: Vec<(String, Attr)> = match suffix {
                 "program_id" | "expand_dims" => vec![("axis".into(), Attr::Int(0))],
                 "const" => vec![("value".into(), Attr::Float(0.0))],
+                "global" => vec![("value".into(), Attr::Ints(vec![]))],
                 "trans" => vec![("perm".into(), Attr::Ints(vec![]))],
                 "reduce" => vec![
                     ("kind".into(), Attr::Word("sum".into())),

@@ -28,7 +28,7 @@ use dlc_core::scalar::{BinaryOp, ReduceKind};
 use dlc_core::{DType, TargetDesc};
 use dlc_tile::{Affine, Block, Function, OpData, OpId, OpKind, Type, Value};
 use inkwell::context::Context;
-use inkwell::module::Module;
+use inkwell::module::{Linkage, Module};
 use inkwell::types::{BasicTypeEnum, VectorType};
 use inkwell::values::{BasicValueEnum as BV, FunctionValue, IntValue, PointerValue, VectorValue};
 use inkwell::{AddressSpace, IntPredicate};
@@ -1226,6 +1226,10 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
             match &op.kind {
                 // Placed in the workspace when the function starts.
                 OpKind::Alloc | OpKind::Dealloc => {}
+                OpKind::Global(values) => {
+                    let p = self.constant_data(op.results[0], values)?;
+                    self.vals.insert(op.results[0], p.into());
+                }
                 OpKind::View => {
                     let p = self.get(op.operands[0])?;
                     self.vals.insert(op.results[0], p);
@@ -1245,6 +1249,34 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
             }
         }
         Ok(())
+    }
+
+    /// A private constant global holding a `tile.global`'s elements in
+    /// their storage type's little-endian bytes (one LLVM data array,
+    /// however many elements), aligned as every buffer is.
+    fn constant_data(&self, v: Value, values: &[f64]) -> R<PointerValue<'ctx>> {
+        let Type::Buffer(t) = self.f.ty(v) else {
+            return Err(CodegenError::Invalid("tile.global of a non-buffer".into()));
+        };
+        let mut bytes = Vec::with_capacity(values.len() * t.dtype.size_bytes());
+        for &x in values {
+            match t.dtype {
+                DType::F32 => bytes.extend((x as f32).to_le_bytes()),
+                DType::F16 => bytes.extend(half::f16::from_f64(x).to_le_bytes()),
+                DType::BF16 => bytes.extend(half::bf16::from_f64(x).to_le_bytes()),
+                DType::I32 => bytes.extend((x as i64 as i32).to_le_bytes()),
+                DType::I64 => bytes.extend((x as i64).to_le_bytes()),
+                DType::Bool => bytes.push(u8::from(x != 0.0)),
+            }
+        }
+        let data = self.ctx.const_string(&bytes, false);
+        let g = self.module.add_global(data.get_type(), None, "dlc.const");
+        g.set_initializer(&data);
+        g.set_constant(true);
+        g.set_linkage(Linkage::Private);
+        g.set_unnamed_addr(true);
+        g.set_alignment(64);
+        Ok(g.as_pointer_value())
     }
 
     fn buffer_bytes(&self, v: Value) -> R<u64> {
