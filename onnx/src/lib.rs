@@ -414,7 +414,7 @@ pub(crate) fn element(v: f64, dtype: DType) -> String {
 }
 
 /// A constant as a dlc expression.
-fn constant_text(d: &Data) -> String {
+pub(crate) fn constant_text(d: &Data) -> String {
     let first = d.values[0];
     let splat = d
         .values

@@ -387,7 +387,15 @@ impl Importer {
         match op.as_str() {
             "Identity" | "Dropout" => self.identity(&cx),
             "Abs" | "Neg" | "Relu" | "Exp" | "Log" | "Sqrt" | "Tanh" | "Sigmoid" | "Floor"
-            | "Ceil" | "Round" | "Sign" | "Reciprocal" | "Sin" | "Cos" => self.unary(&cx),
+            | "Ceil" | "Round" | "Sign" | "Reciprocal" | "Sin" | "Cos" | "Erf" => self.unary(&cx),
+            "Tan" | "Sinh" | "Cosh" | "Asinh" | "Acosh" | "Atanh" | "Shrink"
+            | "LpNormalization" | "Hardmax" => self.composite(&cx),
+            "ArgMax" | "ArgMin" => self.arg_extreme(&cx),
+            "Trilu" => self.trilu(&cx),
+            "OneHot" => self.one_hot(&cx),
+            "CumSum" => self.cumsum(&cx),
+            "Mod" => self.modulo(&cx),
+            "DepthToSpace" | "SpaceToDepth" => self.depth_space(&cx),
             "LeakyRelu" | "Elu" | "Selu" | "Celu" | "Softplus" | "Softsign" | "HardSigmoid"
             | "HardSwish" | "Mish" | "ThresholdedRelu" | "Gelu" | "IsNaN" | "IsInf" | "Not"
             | "Swish" => self.activation(&cx),
@@ -420,6 +428,8 @@ impl Importer {
             "Expand" => self.expand(&cx),
             "Tile" => self.tile(&cx),
             "Gather" => self.gather(&cx),
+            "GatherElements" => self.gather_elements(&cx),
+            "RMSNormalization" => self.rms_norm(&cx),
             "BatchNormalization" => self.batchnorm(&cx),
             "LayerNormalization" | "InstanceNormalization" | "GroupNormalization" => {
                 self.normalization(&cx)
@@ -881,11 +891,14 @@ impl Importer {
                 cx.allow(&["approximate"])?;
                 match cx.string("approximate", "none").as_str() {
                     "tanh" => (format!("gelu({ex})"), dt),
-                    _ => {
-                        return Err(cx.err(
-                            "exact gelu (approximate=\"none\") needs erf, which dlc does not have yet",
-                        ));
-                    }
+                    "none" => (
+                        format!(
+                            "{ex} * 0.5 * (erf({ex} * {}) + 1.0)",
+                            l(std::f64::consts::FRAC_1_SQRT_2)
+                        ),
+                        dt,
+                    ),
+                    other => return Err(cx.err(format!("approximate `{other}` is not supported"))),
                 }
             }
             "IsNaN" => {
@@ -1585,9 +1598,7 @@ impl Importer {
         let x = self.need(cx, 0)?;
         let axis = cx.axis(cx.int("axis", 0), x.shape.len())?;
         let Some(ind) = self.ints_input(cx, 1, "indices").ok().flatten() else {
-            return Err(
-                cx.err("indices computed at run time (an embedding lookup) are not supported yet")
-            );
+            return self.gather_dynamic(cx, &x, axis);
         };
         let ishape = self.need(cx, 1)?.shape;
         let n = x.shape[axis] as i64;
@@ -1618,6 +1629,139 @@ impl Importer {
             x.dtype,
             shape,
         )
+    }
+
+    /// Indices known only at run time, as i64 counted from the start (a
+    /// negative index counts from the end of an axis of `n`).
+    fn run_time_indices(&mut self, cx: &Cx<'_>, n: usize) -> R<String> {
+        let ind = self.need(cx, 1)?;
+        if !matches!(ind.dtype, DType::I32 | DType::I64) {
+            return Err(cx.err(format!("indices must be i32 or i64, got {}", ind.dtype)));
+        }
+        let ei = self.e(cx, 1)?;
+        let ei = if ind.dtype == DType::I64 {
+            ei
+        } else {
+            format!("cast({ei}, i64)")
+        };
+        let name = self.fresh("indices");
+        self.lines
+            .push(format!("let {name} = where({ei} < 0, {ei} + {n}, {ei});"));
+        Ok(name)
+    }
+
+    /// Gather with run-time indices: each element is a sum over the axis
+    /// in which only the indexed element is selected (exact: the others
+    /// add zeros), in index notation against a constant iota. Its work is
+    /// the axis's extent per element; an out-of-range index reads zero.
+    fn gather_dynamic(&mut self, cx: &Cx<'_>, x: &Val, axis: usize) -> R<()> {
+        if x.dtype == DType::Bool {
+            return Err(cx.err("a gather of bool with run-time indices is not supported"));
+        }
+        let ind = self.need(cx, 1)?;
+        let n = x.shape[axis];
+        let idx = self.run_time_indices(cx, n)?;
+        let iota = self.iota(&[n], 0, DType::I64);
+        let (r, q) = (x.shape.len(), ind.shape.len());
+        let mut shape = x.shape[..axis].to_vec();
+        shape.extend(&ind.shape);
+        shape.extend(&x.shape[axis + 1..]);
+        let outer: Vec<String> = (0..axis).map(|i| format!("a{i}")).collect();
+        let inner: Vec<String> = (0..q).map(|i| format!("b{i}")).collect();
+        let rest: Vec<String> = (axis + 1..r).map(|i| format!("c{i}")).collect();
+        let out_idx: Vec<String> = outer.iter().chain(&inner).chain(&rest).cloned().collect();
+        let x_idx: Vec<String> = outer
+            .iter()
+            .cloned()
+            .chain(std::iter::once("k".to_string()))
+            .chain(rest.iter().cloned())
+            .collect();
+        let zero = literal(0.0, x.dtype);
+        let name = self.fresh("gather");
+        self.ops.push(format!(
+            "op {name}(x: {}, ind: {}, io: {}) -> {} {{\n    out[{}] = sum[k](where(ind[{}] == io[k], x[{}], {zero}));\n}}",
+            type_text(x.dtype, &x.shape),
+            type_text(DType::I64, &ind.shape),
+            type_text(DType::I64, &[n]),
+            type_text(x.dtype, &shape),
+            out_idx.join(", "),
+            inner.join(", "),
+            x_idx.join(", "),
+        ));
+        let ex = self.e(cx, 0)?;
+        self.bind(
+            cx,
+            0,
+            format!("{name}({ex}, {idx}, {iota})"),
+            x.dtype,
+            shape,
+        )
+    }
+
+    fn gather_elements(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&["axis"])?;
+        let (x, ind) = (self.need(cx, 0)?, self.need(cx, 1)?);
+        let r = x.shape.len();
+        let axis = cx.axis(cx.int("axis", 0), r)?;
+        if ind.shape.len() != r || (0..r).any(|a| a != axis && ind.shape[a] > x.shape[a]) {
+            return Err(cx.err(format!(
+                "indices {} do not fit data {}",
+                shape_text(&ind.shape),
+                shape_text(&x.shape)
+            )));
+        }
+        if x.dtype == DType::Bool {
+            return Err(cx.err("a gather of bool with run-time indices is not supported"));
+        }
+        let n = x.shape[axis];
+        let idx = self.run_time_indices(cx, n)?;
+        let iota = self.iota(&[n], 0, DType::I64);
+        // The data cut to the indices' extents on the other axes.
+        let mut ex = self.e(cx, 0)?;
+        let mut xs = x.shape.clone();
+        for (a, (d, &want)) in xs.iter_mut().zip(&ind.shape).enumerate() {
+            if a != axis && want < *d {
+                ex = format!("slice({ex}, axis={a}, start=0, end={want})");
+                *d = want;
+            }
+        }
+        let out_idx: Vec<String> = (0..r).map(|a| format!("i{a}")).collect();
+        let mut x_idx = out_idx.clone();
+        x_idx[axis] = "k".into();
+        let zero = literal(0.0, x.dtype);
+        let name = self.fresh("gather_elements");
+        self.ops.push(format!(
+            "op {name}(x: {}, ind: {}, io: {}) -> {} {{\n    out[{o}] = sum[k](where(ind[{o}] == io[k], x[{}], {zero}));\n}}",
+            type_text(x.dtype, &xs),
+            type_text(DType::I64, &ind.shape),
+            type_text(DType::I64, &[n]),
+            type_text(x.dtype, &ind.shape),
+            x_idx.join(", "),
+            o = out_idx.join(", "),
+        ));
+        self.bind(
+            cx,
+            0,
+            format!("{name}({ex}, {idx}, {iota})"),
+            x.dtype,
+            ind.shape,
+        )
+    }
+
+    fn rms_norm(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&["axis", "epsilon", "stash_type"])?;
+        let x = self.need(cx, 0)?;
+        cx.float_input(&x)?;
+        let r = x.shape.len();
+        let a = cx.axis(cx.int("axis", -1), r)?;
+        let axes: Vec<String> = (a..r).map(|i| i.to_string()).collect();
+        let eps = cx.epsilon(1e-5)?;
+        let (ex, es) = (self.e(cx, 0)?, self.e(cx, 1)?);
+        let expr = format!(
+            "{ex} * rsqrt(mean({ex} * {ex}, axis=[{}], keepdims=true) + {eps}) * {es}",
+            axes.join(", ")
+        );
+        self.bind(cx, 0, expr, x.dtype, x.shape)
     }
 
     fn batchnorm(&mut self, cx: &Cx<'_>) -> R<()> {
@@ -1662,12 +1806,22 @@ impl Importer {
         let expr = match cx.op() {
             "LayerNormalization" => {
                 cx.allow(&["axis", "epsilon", "stash_type"])?;
-                if cx.node.output.iter().skip(1).any(|o| !o.is_empty()) {
-                    return Err(cx.err("the Mean and InvStdDev outputs are not supported"));
-                }
                 let axis = cx.axis(cx.int("axis", -1), r)?;
                 let axes: Vec<String> = (axis..r).map(|a| a.to_string()).collect();
                 let eps = cx.epsilon(1e-5)?;
+                // The optional Mean and InvStdDev outputs, kept dimensions.
+                let mut stat = x.shape.clone();
+                stat[axis..].iter_mut().for_each(|d| *d = 1);
+                let list = axes.join(", ");
+                if cx.node.output.get(1).is_some_and(|o| !o.is_empty())
+                    || cx.node.output.get(2).is_some_and(|o| !o.is_empty())
+                {
+                    let m = format!("mean({ex}, axis=[{list}], keepdims=true)");
+                    self.bind(cx, 1, m.clone(), x.dtype, stat.clone())?;
+                    let var =
+                        format!("mean(({ex} - {m}) * ({ex} - {m}), axis=[{list}], keepdims=true)");
+                    self.bind(cx, 2, format!("rsqrt({var} + {eps})"), x.dtype, stat)?;
+                }
                 let mut e = format!(
                     "layernorm({ex}, axis=[{}], eps={eps}) * {es}",
                     axes.join(", ")
@@ -2021,6 +2175,352 @@ impl Importer {
         ));
         let ones = format!("full({}, 1.0, dtype={dt})", shape_text(&mask_shape));
         self.bind(cx, 0, format!("{name}({ex}, {ones})"), dt, out_shape)
+    }
+
+    /// Element-wise functions written through others.
+    fn composite(&mut self, cx: &Cx<'_>) -> R<()> {
+        let x = self.need(cx, 0)?;
+        cx.float_input(&x)?;
+        let dt = x.dtype;
+        let l = |v: f64| literal(v, dt);
+        let ex = self.e(cx, 0)?;
+        let r = x.shape.len();
+        let expr = match cx.op() {
+            "Tan" => {
+                cx.allow(&[])?;
+                format!("sin({ex}) / cos({ex})")
+            }
+            "Sinh" => {
+                cx.allow(&[])?;
+                format!("(exp({ex}) - exp(-{ex})) * 0.5")
+            }
+            "Cosh" => {
+                cx.allow(&[])?;
+                format!("(exp({ex}) + exp(-{ex})) * 0.5")
+            }
+            "Asinh" => {
+                cx.allow(&[])?;
+                format!("log({ex} + sqrt({ex} * {ex} + 1.0))")
+            }
+            "Acosh" => {
+                cx.allow(&[])?;
+                format!("log({ex} + sqrt({ex} * {ex} - 1.0))")
+            }
+            "Atanh" => {
+                cx.allow(&[])?;
+                format!("log((1.0 + {ex}) / (1.0 - {ex})) * 0.5")
+            }
+            "Shrink" => {
+                cx.allow(&["bias", "lambd"])?;
+                let (b, lam) = (cx.float("bias", 0.0), cx.float("lambd", 0.5));
+                format!(
+                    "where({ex} < -{lam}, {ex} + {b}, where({ex} > {lam}, {ex} - {b}, 0.0))",
+                    lam = l(lam),
+                    b = l(b)
+                )
+            }
+            "LpNormalization" => {
+                cx.allow(&["axis", "p"])?;
+                let a = cx.axis(cx.int("axis", -1), r)?;
+                match cx.int("p", 2) {
+                    // Where the norm is zero the result is zero (ONNX's reference).
+                    p @ (1 | 2) => {
+                        let norm = self.fresh("norm");
+                        let n = if p == 1 {
+                            format!("sum(abs({ex}), axis={a}, keepdims=true)")
+                        } else {
+                            format!("sqrt(sum({ex} * {ex}, axis={a}, keepdims=true))")
+                        };
+                        self.lines.push(format!("let {norm} = {n};"));
+                        format!("where({norm} == 0.0, 0.0, {ex} / {norm})")
+                    }
+                    p => return Err(cx.err(format!("p = {p} is not supported (1 and 2 are)"))),
+                }
+            }
+            _ => {
+                // Hardmax: one at the first maximum along the axis.
+                cx.allow(&["axis"])?;
+                let a = cx.axis(cx.int("axis", -1), r)?;
+                let first = self.first_index(&ex, &x.shape, a, true, false)?;
+                let iota = self.iota(&x.shape, a, DType::I64);
+                format!("cast({iota} == {first}, {dt})")
+            }
+        };
+        self.bind(cx, 0, expr, dt, x.shape)
+    }
+
+    /// A constant holding each position's index along `axis`, shaped to
+    /// broadcast against `shape` (extent 1 on every other axis).
+    fn iota(&mut self, shape: &[usize], axis: usize, dtype: DType) -> String {
+        let n = shape[axis];
+        let mut s = vec![1; shape.len()];
+        s[axis] = n;
+        let d = Data::new(dtype, s, (0..n).map(|i| i as f64).collect());
+        let name = self.fresh("iota");
+        self.lines
+            .push(format!("let {name} = {};", crate::constant_text(&d)));
+        name
+    }
+
+    /// The index (i64, keeping the reduced axis) of the first (or last)
+    /// maximum (or minimum) of `ex` along `axis`.
+    fn first_index(
+        &mut self,
+        ex: &str,
+        shape: &[usize],
+        axis: usize,
+        max: bool,
+        last: bool,
+    ) -> R<String> {
+        let iota = self.iota(shape, axis, DType::I64);
+        let f = if max { "max" } else { "min" };
+        let m = self.fresh(f);
+        self.lines
+            .push(format!("let {m} = {f}({ex}, axis={axis}, keepdims=true);"));
+        let n = shape[axis] as i64;
+        Ok(if last {
+            format!("max(where({ex} == {m}, {iota}, -1), axis={axis}, keepdims=true)")
+        } else {
+            format!("min(where({ex} == {m}, {iota}, {n}), axis={axis}, keepdims=true)")
+        })
+    }
+
+    fn arg_extreme(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&["axis", "keepdims", "select_last_index"])?;
+        let x = self.need(cx, 0)?;
+        if x.dtype == DType::Bool {
+            return Err(cx.err("is not defined on bool"));
+        }
+        let a = cx.axis(cx.int("axis", 0), x.shape.len())?;
+        let keep = cx.int("keepdims", 1) != 0;
+        let last = cx.int("select_last_index", 0) != 0;
+        let ex = self.e(cx, 0)?;
+        let mut expr = self.first_index(&ex, &x.shape, a, cx.op() == "ArgMax", last)?;
+        let mut shape = x.shape.clone();
+        shape[a] = 1;
+        if !keep {
+            shape.remove(a);
+            expr = format!("reshape({expr}, {})", shape_text(&shape));
+        }
+        self.bind(cx, 0, expr, DType::I64, shape)
+    }
+
+    fn trilu(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&["upper"])?;
+        let x = self.need(cx, 0)?;
+        let r = x.shape.len();
+        if r < 2 {
+            return Err(cx.err("needs an input of rank 2 or more"));
+        }
+        let k = match self.ints_input(cx, 1, "k")? {
+            Some(v) => *v.first().ok_or_else(|| cx.err("k is empty"))?,
+            None => 0,
+        };
+        let upper = cx.int("upper", 1) != 0;
+        let (n, m) = (x.shape[r - 2], x.shape[r - 1]);
+        // The kept positions as a constant mask over the last two axes.
+        let keep: Vec<f64> = (0..n * m)
+            .map(|p| {
+                let (i, j) = ((p / m) as i64, (p % m) as i64);
+                f64::from(u8::from(if upper { j - i >= k } else { j - i <= k }))
+            })
+            .collect();
+        let mask = self.fresh("mask");
+        let d = Data::new(DType::Bool, vec![n, m], keep);
+        self.lines
+            .push(format!("let {mask} = {};", crate::constant_text(&d)));
+        let ex = self.e(cx, 0)?;
+        let zero = if x.dtype == DType::Bool {
+            "false".to_string()
+        } else {
+            literal(0.0, x.dtype)
+        };
+        self.bind(
+            cx,
+            0,
+            format!("where({mask}, {ex}, {zero})"),
+            x.dtype,
+            x.shape,
+        )
+    }
+
+    fn one_hot(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&["axis"])?;
+        let ind = self.need(cx, 0)?;
+        let depth = self
+            .input(cx, 1)
+            .and_then(|v| v.data)
+            .ok_or_else(|| cx.err("depth (input 1) must be a constant; dlc shapes are static"))?;
+        let depth = depth.values[0];
+        if !(depth >= 1.0 && depth <= (1u64 << 24) as f64) {
+            return Err(cx.err(format!("depth {depth} must be a positive count")));
+        }
+        let depth = depth as usize;
+        let values = self.need(cx, 2)?;
+        if values.shape != [2] {
+            return Err(cx.err("values must hold [off, on]"));
+        }
+        let r = ind.shape.len() + 1;
+        let a = cx.axis(cx.int("axis", -1), r)?;
+        let mut shape = ind.shape.clone();
+        shape.insert(a, depth);
+        let mut expanded = ind.shape.clone();
+        expanded.insert(a, 1);
+        let (ei, ev) = (self.e(cx, 0)?, self.e(cx, 2)?);
+        // Indices as i64 (floats truncate), negative ones counted from the end.
+        let idx = if ind.dtype == DType::I64 {
+            ei
+        } else {
+            format!("cast({ei}, i64)")
+        };
+        let idx = format!("reshape({idx}, {})", shape_text(&expanded));
+        let norm = self.fresh("index");
+        self.lines.push(format!(
+            "let {norm} = where({idx} < 0, {idx} + {depth}, {idx});"
+        ));
+        let iota = self.iota(&shape, a, DType::I64);
+        let vd = values.dtype;
+        let (off, on) = (
+            format!("slice({ev}, axis=0, start=0, end=1)"),
+            format!("slice({ev}, axis=0, start=1, end=2)"),
+        );
+        self.bind(
+            cx,
+            0,
+            format!("where({norm} == {iota}, {on}, {off})"),
+            vd,
+            shape,
+        )
+    }
+
+    fn cumsum(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&["exclusive", "reverse"])?;
+        let x = self.need(cx, 0)?;
+        if x.dtype == DType::Bool {
+            return Err(cx.err("is not defined on bool"));
+        }
+        let axis = self
+            .ints_input(cx, 1, "axis")?
+            .and_then(|v| v.first().copied())
+            .ok_or_else(|| cx.err("input 1 (axis) is required"))?;
+        let a = cx.axis(axis, x.shape.len())?;
+        let n = x.shape[a];
+        if n > 4096 {
+            return Err(cx.err(format!(
+                "a running sum over {n} elements is not supported (at most 4096)"
+            )));
+        }
+        let (excl, rev) = (cx.int("exclusive", 0) != 0, cx.int("reverse", 0) != 0);
+        // out[.., i, ..] = sum over k of x[.., k, ..] * m[k, i], where m
+        // marks the k that position i sums.
+        let m: Vec<f64> = (0..n * n)
+            .map(|p| {
+                let (k, i) = (p / n, p % n);
+                let inside = match (rev, excl) {
+                    (false, false) => k <= i,
+                    (false, true) => k < i,
+                    (true, false) => k >= i,
+                    (true, true) => k > i,
+                };
+                f64::from(u8::from(inside))
+            })
+            .collect();
+        let dt = x.dtype;
+        let mask = self.fresh("prefix");
+        self.lines.push(format!(
+            "let {mask} = {};",
+            crate::constant_text(&Data::new(dt, vec![n, n], m))
+        ));
+        let idx: Vec<String> = (0..x.shape.len()).map(|i| format!("i{i}")).collect();
+        let mut read = idx.clone();
+        read[a] = "k".into();
+        let name = self.fresh("cumsum");
+        self.ops.push(format!(
+            "op {name}(x: {t}, m: {mt}) -> {t} {{\n    out[{}] = sum[k](x[{}] * m[k, i{a}]);\n}}",
+            idx.join(", "),
+            read.join(", "),
+            t = type_text(dt, &x.shape),
+            mt = type_text(dt, &[n, n]),
+        ));
+        let ex = self.e(cx, 0)?;
+        self.bind(cx, 0, format!("{name}({ex}, {mask})"), dt, x.shape)
+    }
+
+    fn modulo(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&["fmod"])?;
+        let (a, b) = (self.need(cx, 0)?, self.need(cx, 1)?);
+        if a.dtype != b.dtype || a.dtype == DType::Bool {
+            return Err(cx.err(format!("operands are {} and {}", a.dtype, b.dtype)));
+        }
+        let shape =
+            broadcast(&a.shape, &b.shape).ok_or_else(|| cx.err("operands do not broadcast"))?;
+        let (ea, eb) = (self.e(cx, 0)?, self.e(cx, 1)?);
+        let fmod = cx.int("fmod", 0) != 0;
+        let expr = match (a.dtype.is_float(), fmod) {
+            // The sign of the dividend: a - trunc(a / b) * b.
+            (true, true) => format!(
+                "{ea} - where({ea} / {eb} < 0.0, ceil({ea} / {eb}), floor({ea} / {eb})) * {eb}"
+            ),
+            // The sign of the divisor, as Python's % (opset 28 on floats).
+            (true, false) => format!("{ea} - floor({ea} / {eb}) * {eb}"),
+            // The sign of the divisor: dlc's integer division floors.
+            (false, false) => format!("{ea} - {ea} / {eb} * {eb}"),
+            (false, true) => format!(
+                "{ea} - where({ea} - {ea} / {eb} * {eb} == 0, {ea} / {eb}, where(({ea} < 0) == ({eb} < 0), {ea} / {eb}, {ea} / {eb} + 1)) * {eb}"
+            ),
+        };
+        self.bind(cx, 0, expr, a.dtype, shape)
+    }
+
+    fn depth_space(&mut self, cx: &Cx<'_>) -> R<()> {
+        let x = self.need(cx, 0)?;
+        if x.shape.len() != 4 {
+            return Err(cx.err("needs an NCHW input"));
+        }
+        let b = cx.int("blocksize", 0);
+        if !(1..=1024).contains(&b) {
+            return Err(cx.err(format!("blocksize {b} must be from 1 to 1024")));
+        }
+        let b = b as usize;
+        let [n, c, h, w] = [x.shape[0], x.shape[1], x.shape[2], x.shape[3]];
+        let ex = self.e(cx, 0)?;
+        let (expr, shape) = if cx.op() == "DepthToSpace" {
+            cx.allow(&["blocksize", "mode"])?;
+            if c % (b * b) != 0 {
+                return Err(cx.err(format!("{c} channels are not a multiple of {}", b * b)));
+            }
+            let cc = c / (b * b);
+            let (split, perm) = match cx.string("mode", "DCR").as_str() {
+                "DCR" => (vec![n, b, b, cc, h, w], "[0, 3, 4, 1, 5, 2]"),
+                "CRD" => (vec![n, cc, b, b, h, w], "[0, 1, 4, 2, 5, 3]"),
+                other => return Err(cx.err(format!("mode `{other}` is not valid"))),
+            };
+            let out = vec![n, cc, h * b, w * b];
+            (
+                format!(
+                    "reshape(transpose(reshape({ex}, {}), {perm}), {})",
+                    shape_text(&split),
+                    shape_text(&out)
+                ),
+                out,
+            )
+        } else {
+            cx.allow(&["blocksize"])?;
+            if h % b != 0 || w % b != 0 {
+                return Err(cx.err(format!("{h}x{w} is not a multiple of the block {b}")));
+            }
+            let split = vec![n, c, h / b, b, w / b, b];
+            let out = vec![n, c * b * b, h / b, w / b];
+            (
+                format!(
+                    "reshape(transpose(reshape({ex}, {}), [0, 3, 5, 1, 2, 4]), {})",
+                    shape_text(&split),
+                    shape_text(&out)
+                ),
+                out,
+            )
+        };
+        self.bind(cx, 0, expr, x.dtype, shape)
     }
 
     fn pad(&mut self, cx: &Cx<'_>) -> R<()> {

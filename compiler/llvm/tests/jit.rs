@@ -135,7 +135,7 @@ fn call<P: dlc_llvm::Program>(
         .map_err(|e| e.to_string())
 }
 
-/// The inline f32 `exp` and `tanh` (which let loops vectorize) stay within
+/// The inline f32 `exp`, `tanh` and `erf` (which let loops vectorize) stay within
 /// a few ulp of the exact values, element by element, over their whole
 /// range, with the IEEE special values right.
 #[test]
@@ -147,7 +147,7 @@ fn transcendental_functions_are_accurate_everywhere() {
     xs.truncate(n - 5);
     xs.extend([0.0, -0.0, 1e-30, f64::INFINITY, f64::NEG_INFINITY]);
     let src = format!(
-        "fn f(x: f32[{n}]) -> (f32[{n}], f32[{n}], f32[{n}], f32[{n}]) {{ return (exp(x), tanh(x), tanh(x / 64.0), sigmoid(x)); }}"
+        "fn f(x: f32[{n}]) -> (f32[{n}], f32[{n}], f32[{n}], f32[{n}], f32[{n}], f32[{n}]) {{ return (exp(x), tanh(x), tanh(x / 64.0), sigmoid(x), erf(x), erf(x / 16.0)); }}"
     );
     let m = graph(&src);
     let tiles = dlc_driver::lower_for_cpu(&m).unwrap();
@@ -160,11 +160,14 @@ fn transcendental_functions_are_accurate_everywhere() {
 }
 
 fn check_transcendental(xs: &[f64], out: &[HostTensor]) {
-    let refs: [fn(f64) -> f64; 4] = [
-        f64::exp,
-        f64::tanh,
-        |x| (x / 64.0).tanh(),
-        |x| 1.0 / (1.0 + (-x).exp()),
+    let erf = |x: f64| dlc_core::scalar::apply_unary(dlc_core::scalar::UnaryOp::Erf, x);
+    let refs: [&dyn Fn(f64) -> f64; 6] = [
+        &f64::exp,
+        &f64::tanh,
+        &|x| (x / 64.0).tanh(),
+        &|x| 1.0 / (1.0 + (-x).exp()),
+        &erf,
+        &|x| erf(DType::F32.round(x / 16.0)),
     ];
     for (k, (got, want)) in out.iter().zip(refs).enumerate() {
         for (i, &x) in xs.iter().enumerate() {

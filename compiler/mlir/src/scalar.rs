@@ -374,6 +374,7 @@ impl Writer {
             UnaryOp::Ceil => self.emit("math.ceil", &x, f),
             UnaryOp::Round => self.emit("math.roundeven", &x, f),
             UnaryOp::Sin => self.emit("math.sin", &x, f),
+            UnaryOp::Erf => self.emit("math.erf", &x, f),
             UnaryOp::Cos => self.emit("math.cos", &x, f),
             UnaryOp::Reciprocal => {
                 let one = self.constant(1.0, DType::F32);

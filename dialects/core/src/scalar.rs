@@ -41,11 +41,13 @@ pub enum UnaryOp {
     Cos,
     /// `x * sigmoid(x)` (SiLU, swish)
     Silu,
+    /// the error function
+    Erf,
 }
 
 impl UnaryOp {
     /// Every unary op.
-    pub const ALL: [UnaryOp; 18] = [
+    pub const ALL: [UnaryOp; 19] = [
         UnaryOp::Neg,
         UnaryOp::Relu,
         UnaryOp::Exp,
@@ -64,6 +66,7 @@ impl UnaryOp {
         UnaryOp::Sin,
         UnaryOp::Cos,
         UnaryOp::Silu,
+        UnaryOp::Erf,
     ];
 
     /// Source-level and scalar-expression name (`relu`).
@@ -87,6 +90,7 @@ impl UnaryOp {
             UnaryOp::Sin => "sin",
             UnaryOp::Cos => "cos",
             UnaryOp::Silu => "silu",
+            UnaryOp::Erf => "erf",
         }
     }
 
@@ -367,6 +371,7 @@ pub fn apply_unary(u: UnaryOp, x: f64) -> f64 {
         UnaryOp::Sin => x.sin(),
         UnaryOp::Cos => x.cos(),
         UnaryOp::Silu => x / (1.0 + (-x).exp()),
+        UnaryOp::Erf => libm::erf(x),
     }
 }
 

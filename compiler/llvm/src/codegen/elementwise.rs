@@ -251,6 +251,7 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
                 let s = self.float_unary(UnaryOp::Sigmoid, x)?;
                 float2!(self, build_float_mul, x, s)
             }
+            UnaryOp::Erf => self.erf_f32(x)?,
         })
     }
 

@@ -104,6 +104,40 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         self.select(is_small, small, large)
     }
 
+    /// erf(x) for f32 (or f32 lanes): x times an odd rational function of
+    /// x², on x clamped to [-4, 4] (erf is 1 to f32 precision beyond), with
+    /// Eigen's coefficients (`generic_fast_erf_float`); NaN stays NaN.
+    pub(super) fn erf_f32(&self, x: BV<'ctx>) -> R<BV<'ctx>> {
+        let xc = self.clamp(x, -4.0, 4.0)?;
+        let x2 = float2!(self, build_float_mul, xc, xc);
+        let p = self.horner(
+            x2,
+            &[
+                -2.726_142_258_013_06e-10,
+                2.770_681_424_959_02e-8,
+                -2.101_024_020_825_08e-6,
+                -5.692_506_394_623_46e-5,
+                -7.349_906_303_268_55e-4,
+                -2.954_599_808_540_25e-3,
+                -1.609_603_332_624_15e-2,
+            ],
+        )?;
+        let q = self.horner(
+            x2,
+            &[
+                -1.456_607_184_649_96e-5,
+                -2.133_740_552_789_05e-4,
+                -1.682_826_974_382_03e-3,
+                -7.373_329_167_204_68e-3,
+                -1.426_473_905_141_89e-2,
+            ],
+        )?;
+        let px = float2!(self, build_float_mul, xc, p);
+        let v = float2!(self, build_float_div, px, q);
+        let nan = self.fcmp(FloatPredicate::UNO, x, x)?;
+        self.select(nan, x, v)
+    }
+
     /// `x` limited to `[lo, hi]` (NaN passes through as some value; callers
     /// select NaN back in).
     fn clamp(&self, x: BV<'ctx>, lo: f64, hi: f64) -> R<BV<'ctx>> {

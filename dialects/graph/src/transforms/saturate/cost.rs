@@ -118,6 +118,7 @@ impl CostModel {
                 | UnaryOp::Sigmoid
                 | UnaryOp::Gelu
                 | UnaryOp::Silu
+                | UnaryOp::Erf
                 | UnaryOp::Sin
                 | UnaryOp::Cos,
             ) => n * self.transcendental_ns * 1e-3,

@@ -1,0 +1,368 @@
+//! ONNX operators that the importer writes as compositions of built-ins or
+//! as helper operators, each as a one-node model run on the reference
+//! interpreter against values worked out by hand (NumPy float64 where
+//! transcendental). ONNX's own node tests (`make onnx-tests`) cover them
+//! more widely; these are the ones `make test` keeps.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
+
+use dlc_core::{DType, TensorType};
+use dlc_driver::{
+    DEFAULT_PIPELINE, PassOptions, SourceText, compile_source, interpret, run_passes, select_entry,
+};
+use dlc_onnx::pb::{self, tensor_proto::DataType};
+use dlc_runtime::HostTensor;
+use prost::Message as _;
+
+/// An attribute of a node.
+enum A {
+    I(i64),
+    F(f32),
+    Is(Vec<i64>),
+    S(&'static str),
+}
+
+fn attr(name: &str, a: A) -> pb::AttributeProto {
+    use pb::attribute_proto::AttributeType as T;
+    let mut p = pb::AttributeProto {
+        name: Some(name.into()),
+        ..Default::default()
+    };
+    match a {
+        A::I(i) => {
+            p.i = Some(i);
+            p.set_type(T::Int);
+        }
+        A::F(f) => {
+            p.f = Some(f);
+            p.set_type(T::Float);
+        }
+        A::Is(v) => {
+            p.ints = v;
+            p.set_type(T::Ints);
+        }
+        A::S(s) => {
+            p.s = Some(s.as_bytes().to_vec());
+            p.set_type(T::String);
+        }
+    }
+    p
+}
+
+fn onnx_type(d: DType) -> i32 {
+    match d {
+        DType::F32 => DataType::Float as i32,
+        DType::I32 => DataType::Int32 as i32,
+        DType::I64 => DataType::Int64 as i32,
+        DType::Bool => DataType::Bool as i32,
+        DType::F16 => DataType::Float16 as i32,
+        DType::BF16 => DataType::Bfloat16 as i32,
+    }
+}
+
+/// A tensor given to the model: an input (`init: false`) or an initializer.
+struct T {
+    name: &'static str,
+    dtype: DType,
+    shape: Vec<usize>,
+    data: Vec<f64>,
+    init: bool,
+}
+
+fn input(name: &'static str, dtype: DType, shape: &[usize], data: &[f64]) -> T {
+    T {
+        name,
+        dtype,
+        shape: shape.to_vec(),
+        data: data.to_vec(),
+        init: false,
+    }
+}
+
+fn init(name: &'static str, dtype: DType, shape: &[usize], data: &[f64]) -> T {
+    T {
+        init: true,
+        ..input(name, dtype, shape, data)
+    }
+}
+
+/// Runs `y = op(inputs...)` (opset 21) on the interpreter.
+fn run(op: &str, tensors: &[T], attrs: Vec<pb::AttributeProto>) -> HostTensor {
+    let mut graph = pb::GraphProto {
+        name: Some("g".into()),
+        node: vec![pb::NodeProto {
+            op_type: Some(op.into()),
+            input: tensors.iter().map(|t| t.name.to_string()).collect(),
+            output: vec!["y".into()],
+            attribute: attrs,
+            ..Default::default()
+        }],
+        output: vec![pb::ValueInfoProto {
+            name: Some("y".into()),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let mut args = Vec::new();
+    for t in tensors {
+        if t.init {
+            let mut p = pb::TensorProto {
+                name: Some(t.name.into()),
+                dims: t.shape.iter().map(|&d| d as i64).collect(),
+                data_type: Some(onnx_type(t.dtype)),
+                ..Default::default()
+            };
+            match t.dtype {
+                DType::I64 => p.int64_data = t.data.iter().map(|&v| v as i64).collect(),
+                DType::F32 => p.float_data = t.data.iter().map(|&v| v as f32).collect(),
+                _ => p.int32_data = t.data.iter().map(|&v| v as i32).collect(),
+            }
+            graph.initializer.push(p);
+        } else {
+            let dims = t
+                .shape
+                .iter()
+                .map(|&d| pb::tensor_shape_proto::Dimension {
+                    value: Some(pb::tensor_shape_proto::dimension::Value::DimValue(d as i64)),
+                    ..Default::default()
+                })
+                .collect();
+            graph.input.push(pb::ValueInfoProto {
+                name: Some(t.name.into()),
+                r#type: Some(pb::TypeProto {
+                    value: Some(pb::type_proto::Value::TensorType(pb::type_proto::Tensor {
+                        elem_type: Some(onnx_type(t.dtype)),
+                        shape: Some(pb::TensorShapeProto { dim: dims }),
+                    })),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+            args.push(
+                HostTensor::new(TensorType::new(t.dtype, t.shape.clone()), t.data.clone()).unwrap(),
+            );
+        }
+    }
+    let model = pb::ModelProto {
+        ir_version: Some(10),
+        opset_import: vec![pb::OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(21),
+        }],
+        graph: Some(graph),
+        ..Default::default()
+    };
+    let imported = dlc_onnx::import(&model.encode_to_vec(), &dlc_onnx::Options::default()).unwrap();
+    let mut m = compile_source(&SourceText {
+        name: "model.onnx".into(),
+        text: imported.source.clone(),
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", imported.source));
+    run_passes(&mut m, DEFAULT_PIPELINE, PassOptions::default()).unwrap();
+    let f = select_entry(&m, None).unwrap();
+    interpret(&m, f, &args).unwrap().remove(0)
+}
+
+#[track_caller]
+fn expect(got: &HostTensor, shape: &[usize], want: &[f64]) {
+    assert_eq!(got.ty.shape, shape);
+    for (i, (g, w)) in got.data.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-6 * w.abs().max(1.0),
+            "element {i}: got {g}, want {w}: {:?}",
+            got.data
+        );
+    }
+}
+
+const F: DType = DType::F32;
+const L: DType = DType::I64;
+
+#[test]
+fn erf_and_exact_gelu() {
+    let x = || input("x", F, &[3], &[0.0, 0.5, -1.0]);
+    expect(
+        &run("Erf", &[x()], vec![]),
+        &[3],
+        &[0.0, 0.520_499_877_813_046_5, -0.842_700_792_949_714_9],
+    );
+    expect(
+        &run("Gelu", &[x()], vec![]),
+        &[3],
+        &[0.0, 0.345_731_422_320_952_4, -0.158_655_253_931_457_05],
+    );
+}
+
+#[test]
+fn argmax_argmin_and_hardmax_take_the_first_or_last_extreme() {
+    let x = || input("x", F, &[2, 3], &[1.0, 3.0, 3.0, 2.0, 0.0, 1.0]);
+    expect(
+        &run(
+            "ArgMax",
+            &[x()],
+            vec![attr("axis", A::I(1)), attr("keepdims", A::I(0))],
+        ),
+        &[2],
+        &[1.0, 0.0],
+    );
+    expect(
+        &run(
+            "ArgMax",
+            &[x()],
+            vec![attr("axis", A::I(1)), attr("select_last_index", A::I(1))],
+        ),
+        &[2, 1],
+        &[2.0, 0.0],
+    );
+    expect(
+        &run("ArgMin", &[x()], vec![attr("axis", A::I(0))]),
+        &[1, 3],
+        &[0.0, 1.0, 1.0],
+    );
+    expect(
+        &run("Hardmax", &[x()], vec![]),
+        &[2, 3],
+        &[0.0, 1.0, 0.0, 1.0, 0.0, 0.0],
+    );
+}
+
+#[test]
+fn trilu_cumsum_and_one_hot_use_constant_masks() {
+    let x = input(
+        "x",
+        F,
+        &[3, 3],
+        &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0],
+    );
+    let k = init("k", L, &[], &[1.0]);
+    expect(
+        &run("Trilu", &[x, k], vec![]),
+        &[3, 3],
+        &[0.0, 2.0, 3.0, 0.0, 0.0, 6.0, 0.0, 0.0, 0.0],
+    );
+    let x = input("x", F, &[3], &[1.0, 2.0, 3.0]);
+    let axis = init("axis", L, &[], &[0.0]);
+    expect(
+        &run(
+            "CumSum",
+            &[x, axis],
+            vec![attr("exclusive", A::I(1)), attr("reverse", A::I(1))],
+        ),
+        &[3],
+        &[5.0, 3.0, 0.0],
+    );
+    let ind = input("ind", L, &[3], &[0.0, -1.0, 2.0]);
+    let depth = init("depth", L, &[], &[3.0]);
+    let values = init("values", F, &[2], &[0.0, 5.0]);
+    expect(
+        &run("OneHot", &[ind, depth, values], vec![]),
+        &[3, 3],
+        &[5.0, 0.0, 0.0, 0.0, 0.0, 5.0, 0.0, 0.0, 5.0],
+    );
+}
+
+#[test]
+fn integer_mod_and_fmod_follow_the_divisor_and_the_dividend() {
+    let a = || input("a", L, &[2], &[-7.0, 7.0]);
+    let b = || input("b", L, &[2], &[3.0, -3.0]);
+    expect(&run("Mod", &[a(), b()], vec![]), &[2], &[2.0, -2.0]);
+    expect(
+        &run("Mod", &[a(), b()], vec![attr("fmod", A::I(1))]),
+        &[2],
+        &[-1.0, 1.0],
+    );
+    let (a, b) = (
+        input("a", F, &[2], &[-7.5, 7.5]),
+        input("b", F, &[2], &[2.0, 2.0]),
+    );
+    expect(
+        &run("Mod", &[a, b], vec![attr("fmod", A::I(1))]),
+        &[2],
+        &[-1.5, 1.5],
+    );
+}
+
+#[test]
+fn gathers_with_run_time_indices_select_exactly() {
+    let x = || input("x", F, &[3, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    let ind = input("ind", L, &[2], &[2.0, -3.0]);
+    expect(
+        &run("Gather", &[x(), ind], vec![]),
+        &[2, 2],
+        &[5.0, 6.0, 1.0, 2.0],
+    );
+    let ind = input("ind", L, &[2, 1], &[1.0, 0.0]);
+    expect(
+        &run("Gather", &[x(), ind], vec![attr("axis", A::I(1))]),
+        &[3, 2, 1],
+        &[2.0, 1.0, 4.0, 3.0, 6.0, 5.0],
+    );
+    let ind = input("ind", L, &[2, 2], &[0.0, 0.0, 2.0, 1.0]);
+    expect(
+        &run("GatherElements", &[x(), ind], vec![attr("axis", A::I(0))]),
+        &[2, 2],
+        &[1.0, 2.0, 5.0, 4.0],
+    );
+}
+
+#[test]
+fn layouts_pads_and_slices() {
+    let x = input("x", F, &[1, 4, 1, 1], &[0.0, 1.0, 2.0, 3.0]);
+    expect(
+        &run(
+            "DepthToSpace",
+            &[x],
+            vec![attr("blocksize", A::I(2)), attr("mode", A::S("DCR"))],
+        ),
+        &[1, 1, 2, 2],
+        &[0.0, 1.0, 2.0, 3.0],
+    );
+    let x = input("x", F, &[1, 2], &[1.0, 2.0]);
+    let pads = init("pads", L, &[4], &[1.0, 0.0, 0.0, 1.0]);
+    let value = init("value", F, &[], &[9.0]);
+    expect(
+        &run("Pad", &[x, pads, value], vec![]),
+        &[2, 3],
+        &[9.0, 9.0, 9.0, 1.0, 2.0, 9.0],
+    );
+    let x = input("x", F, &[4], &[1.0, 2.0, 3.0, 4.0]);
+    let starts = init("starts", L, &[1], &[-1.0]);
+    let ends = init("ends", L, &[1], &[-9.0]);
+    let axes = init("axes", L, &[1], &[0.0]);
+    let steps = init("steps", L, &[1], &[-1.0]);
+    expect(
+        &run("Slice", &[x, starts, ends, axes, steps], vec![]),
+        &[4],
+        &[4.0, 3.0, 2.0, 1.0],
+    );
+    let x = input("x", F, &[1, 1, 4], &[1.0, 2.0, 3.0, 4.0]);
+    expect(
+        &run(
+            "MaxPool",
+            &[x],
+            vec![
+                attr("kernel_shape", A::Is(vec![2])),
+                attr("strides", A::Is(vec![2])),
+                attr("pads", A::Is(vec![1, 1])),
+            ],
+        ),
+        &[1, 1, 3],
+        &[1.0, 3.0, 4.0],
+    );
+    let x = input("x", F, &[2, 2], &[-1.0, 1.0, 3.0, -4.0]);
+    expect(
+        &run(
+            "LpNormalization",
+            &[x],
+            vec![attr("p", A::I(1)), attr("axis", A::I(1))],
+        ),
+        &[2, 2],
+        &[-0.5, 0.5, 3.0 / 7.0, -4.0 / 7.0],
+    );
+    let x = input("x", F, &[2], &[-2.0, 0.5]);
+    expect(
+        &run("LeakyRelu", &[x], vec![attr("alpha", A::F(0.25))]),
+        &[2],
+        &[-0.5, 0.5],
+    );
+}
