@@ -44,6 +44,10 @@ pub struct Options {
     /// Shapes for inputs whose ONNX shape has symbolic (or unknown)
     /// dimensions, by ONNX input name.
     pub shapes: Vec<(String, Vec<usize>)>,
+    /// Inputs bound to values: each becomes a constant of the program (a
+    /// model specialized to them), so that an input that sets a shape, an
+    /// axis or a bound can be given.
+    pub bound: Vec<(String, Data)>,
 }
 
 /// An imported model.
@@ -208,7 +212,51 @@ impl Importer {
         }
         let mut params = Vec::new();
         let mut inputs = Vec::new();
+        for (name, _) in &options.bound {
+            if !graph.input.iter().any(|i| i.name() == name) {
+                return Err(ImportError::Model(format!(
+                    "--bind {name}: the model has no input `{name}`"
+                )));
+            }
+        }
         for input in &graph.input {
+            if let Some((_, d)) = options.bound.iter().find(|(n, _)| n == input.name()) {
+                let declared = input_type(
+                    input,
+                    &Options {
+                        shapes: vec![(input.name().to_string(), d.shape.clone())],
+                        bound: vec![],
+                    },
+                );
+                let (dtype, shape) = match declared {
+                    Ok((dt, sh)) if dt == d.dtype && sh == d.shape => (dt, sh),
+                    Ok((dt, sh)) => {
+                        return Err(ImportError::Model(format!(
+                            "--bind {}: the input is {}, the value {}",
+                            input.name(),
+                            type_text(dt, &sh),
+                            type_text(d.dtype, &d.shape)
+                        )));
+                    }
+                    Err(e) => {
+                        return Err(ImportError::Model(format!(
+                            "--bind {}: the value {} does not fit the input ({e})",
+                            input.name(),
+                            type_text(d.dtype, &d.shape)
+                        )));
+                    }
+                };
+                self.vals.insert(
+                    input.name().to_string(),
+                    Val {
+                        dtype,
+                        shape,
+                        var: None,
+                        data: Some(d.clone()),
+                    },
+                );
+                continue;
+            }
             // Inputs that are also initializers are constants here (opset
             // >= 9 lets them be overridden; dlc takes the stored value).
             if self.vals.contains_key(input.name()) {

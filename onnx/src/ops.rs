@@ -459,6 +459,7 @@ impl Importer {
                 )
             }
             "Pad" => self.pad(&cx),
+            "Resize" => self.resize(&cx),
             _ => Err(cx.err("this operator is not supported yet")),
         }
     }
@@ -2523,6 +2524,148 @@ impl Importer {
         self.bind(cx, 0, expr, x.dtype, shape)
     }
 
+    /// Resize with static scales or sizes: per resized axis, a product
+    /// with a constant interpolation matrix computed here (separable, as
+    /// ONNX defines it), in index notation.
+    fn resize(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&[
+            "mode",
+            "coordinate_transformation_mode",
+            "nearest_mode",
+            "cubic_coeff_a",
+            "exclude_outside",
+            "extrapolation_value",
+            "antialias",
+            "axes",
+            "keep_aspect_ratio_policy",
+        ])?;
+        if cx.int("antialias", 0) != 0 {
+            return Err(cx.err("antialias is not supported"));
+        }
+        if cx.string("keep_aspect_ratio_policy", "stretch") != "stretch" {
+            return Err(cx.err("keep_aspect_ratio_policy other than stretch is not supported"));
+        }
+        let x = self.need(cx, 0)?;
+        cx.float_input(&x)?;
+        let r = x.shape.len();
+        let axes: Vec<usize> = match cx.ints("axes") {
+            Some(a) => a.iter().map(|&a| cx.axis(a, r)).collect::<R<_>>()?,
+            None => (0..r).collect(),
+        };
+        let floats = |i: usize, what: &str| -> R<Option<Vec<f64>>> {
+            match self.input(cx, i) {
+                None => Ok(None),
+                Some(v) => match v.data {
+                    Some(d) => Ok(Some(d.values.to_vec())),
+                    None => Err(cx.err(format!(
+                        "{what} (input {i}) must be a constant; dlc shapes are static"
+                    ))),
+                },
+            }
+        };
+        let roi = floats(1, "roi")?.unwrap_or_default();
+        let scales = floats(2, "scales")?.filter(|s| !s.is_empty());
+        let sizes = floats(3, "sizes")?.filter(|s| !s.is_empty());
+        let (mut scale, mut out) = (vec![1.0; r], x.shape.clone());
+        match (scales, sizes) {
+            (Some(s), None) if s.len() == axes.len() => {
+                for (&a, &v) in axes.iter().zip(&s) {
+                    if !(v > 0.0 && v.is_finite()) {
+                        return Err(cx.err(format!("scale {v} must be positive")));
+                    }
+                    scale[a] = v;
+                    out[a] = (x.shape[a] as f64 * v).floor() as usize;
+                }
+            }
+            (None, Some(s)) if s.len() == axes.len() => {
+                for (&a, &v) in axes.iter().zip(&s) {
+                    if !(v >= 1.0 && v <= (1u64 << 24) as f64) {
+                        return Err(cx.err(format!("size {v} must be a positive count")));
+                    }
+                    out[a] = v as usize;
+                    scale[a] = v / x.shape[a] as f64;
+                }
+            }
+            _ => return Err(cx.err("needs either scales or sizes, one per resized axis")),
+        }
+        let interp = |a: usize| Interp {
+            mode: "",
+            transform: "",
+            nearest: "",
+            cubic_a: cx.float("cubic_coeff_a", -0.75),
+            exclude_outside: cx.int("exclude_outside", 0) != 0,
+            roi: match axes.iter().position(|&b| b == a) {
+                Some(i) if roi.len() == 2 * axes.len() => (roi[i], roi[i + axes.len()]),
+                _ => (0.0, 1.0),
+            },
+            extrapolation: cx.float("extrapolation_value", 0.0),
+        };
+        let (mode, transform, nearest) = (
+            cx.string("mode", "nearest"),
+            cx.string("coordinate_transformation_mode", "half_pixel"),
+            cx.string("nearest_mode", "round_prefer_floor"),
+        );
+        let dt = x.dtype;
+        let mut expr = self.e(cx, 0)?;
+        let mut shape = x.shape.clone();
+        for a in 0..r {
+            if out[a] == x.shape[a] && scale[a] == 1.0 {
+                continue;
+            }
+            if out[a] == 0 || out[a].saturating_mul(x.shape[a]) > 1 << 24 {
+                return Err(cx.err(format!(
+                    "resizing axis {a} from {} to {} is not supported",
+                    x.shape[a], out[a]
+                )));
+            }
+            let it = Interp {
+                mode: &mode,
+                transform: &transform,
+                nearest: &nearest,
+                ..interp(a)
+            };
+            let (w, b) = it
+                .weights(x.shape[a], out[a], scale[a])
+                .map_err(|m| cx.err(m))?;
+            let wv = self.fresh("resize_w");
+            self.lines.push(format!(
+                "let {wv} = {};",
+                crate::constant_text(&Data::new(dt, vec![out[a], x.shape[a]], w))
+            ));
+            let mut next = shape.clone();
+            next[a] = out[a];
+            let idx: Vec<String> = (0..r).map(|i| format!("i{i}")).collect();
+            let mut read = idx.clone();
+            read[a] = "k".into();
+            let name = self.fresh("resize");
+            self.ops.push(format!(
+                "op {name}(x: {}, w: {}) -> {} {{\n    out[{}] = sum[k](x[{}] * w[i{a}, k]);\n}}",
+                type_text(dt, &shape),
+                type_text(dt, &[out[a], x.shape[a]]),
+                type_text(dt, &next),
+                idx.join(", "),
+                read.join(", "),
+            ));
+            expr = format!("{name}({expr}, {wv})");
+            if b.iter().any(|&v| v != 0.0) {
+                let mut bs = vec![1; r];
+                bs[a] = out[a];
+                let bv = self.fresh("resize_b");
+                self.lines.push(format!(
+                    "let {bv} = {};",
+                    crate::constant_text(&Data::new(dt, bs, b))
+                ));
+                expr = format!("{expr} + {bv}");
+            }
+            shape = next;
+        }
+        if shape == x.shape {
+            self.alias(cx, 0, x);
+            return Ok(());
+        }
+        self.bind(cx, 0, expr, dt, shape)
+    }
+
     fn pad(&mut self, cx: &Cx<'_>) -> R<()> {
         cx.allow(&["mode"])?;
         let x = self.need(cx, 0)?;
@@ -2608,6 +2751,125 @@ impl Importer {
             type_text(dt, &shape)
         ));
         self.bind(cx, 0, call, dt, shape)
+    }
+}
+
+/// How Resize maps and weighs positions along one axis.
+struct Interp<'a> {
+    mode: &'a str,
+    transform: &'a str,
+    nearest: &'a str,
+    cubic_a: f64,
+    exclude_outside: bool,
+    /// The region of interest on this axis (tf_crop_and_resize).
+    roi: (f64, f64),
+    extrapolation: f64,
+}
+
+impl Interp<'_> {
+    /// The resize of one axis as `out = w @ in + b`: `w` is
+    /// `[output, input]` row-major, `b` is non-zero only where
+    /// tf_crop_and_resize extrapolates. Follows ONNX's reference
+    /// (`_interpolate_1d_with_x`): the source coordinate by the
+    /// transformation mode, the tap weights by the mode, edge-clamped
+    /// neighbours, `exclude_outside` renormalizing.
+    fn weights(
+        &self,
+        input: usize,
+        output: usize,
+        scale: f64,
+    ) -> Result<(Vec<f64>, Vec<f64>), String> {
+        let (li, lo) = (input as f64, scale * input as f64);
+        let mut w = vec![0.0; output * input];
+        let mut b = vec![0.0; output];
+        for j in 0..output {
+            let y = j as f64;
+            let x = match self.transform {
+                "align_corners" if lo == 1.0 => 0.0,
+                "align_corners" => y * (li - 1.0) / (lo - 1.0),
+                "asymmetric" => y / scale,
+                "tf_crop_and_resize" => {
+                    let (r0, r1) = self.roi;
+                    let x = if lo == 1.0 {
+                        (r1 - r0) * (li - 1.0) / 2.0
+                    } else {
+                        y * (r1 - r0) * (li - 1.0) / (lo - 1.0)
+                    } + r0 * (li - 1.0);
+                    if x < 0.0 || x > li - 1.0 {
+                        b[j] = self.extrapolation;
+                        continue;
+                    }
+                    x
+                }
+                "pytorch_half_pixel" if lo == 1.0 => -0.5,
+                "pytorch_half_pixel" | "half_pixel" => (y + 0.5) / scale - 0.5,
+                "half_pixel_symmetric" => {
+                    let offset = li / 2.0 * (1.0 - output as f64 / lo);
+                    offset + (y + 0.5) / scale - 0.5
+                }
+                other => {
+                    return Err(format!(
+                        "coordinate_transformation_mode `{other}` is not valid"
+                    ));
+                }
+            };
+            let xi = x.floor();
+            let ratio = if x == xi { 1.0 } else { x - xi };
+            let mut coeffs: Vec<f64> = match self.mode {
+                "nearest" => {
+                    let up = if ratio == 1.0 {
+                        true
+                    } else {
+                        match self.nearest {
+                            "round_prefer_floor" => ratio > 0.5,
+                            "round_prefer_ceil" => ratio >= 0.5,
+                            "floor" => false,
+                            "ceil" => true,
+                            other => return Err(format!("nearest_mode `{other}` is not valid")),
+                        }
+                    };
+                    vec![f64::from(u8::from(!up)), f64::from(u8::from(up))]
+                }
+                "linear" => vec![1.0 - ratio, ratio],
+                "cubic" => {
+                    let a = self.cubic_a;
+                    let (r, q) = (ratio, 1.0 - ratio);
+                    vec![
+                        ((a * (r + 1.0) - 5.0 * a) * (r + 1.0) + 8.0 * a) * (r + 1.0) - 4.0 * a,
+                        ((a + 2.0) * r - (a + 3.0)) * r * r + 1.0,
+                        ((a + 2.0) * q - (a + 3.0)) * q * q + 1.0,
+                        ((a * (q + 1.0) - 5.0 * a) * (q + 1.0) + 8.0 * a) * (q + 1.0) - 4.0 * a,
+                    ]
+                }
+                other => return Err(format!("mode `{other}` is not valid")),
+            };
+            // The n nearest positions to x, the smaller first on a tie,
+            // in ascending order (they may lie outside the input).
+            let n = coeffs.len() as i64;
+            let mut near: Vec<i64> = ((xi as i64 - n)..=(xi as i64 + n + 1)).collect();
+            near.sort_by(|a, c| {
+                let (da, dc) = ((x - *a as f64).abs(), (x - *c as f64).abs());
+                da.total_cmp(&dc).then(a.cmp(c))
+            });
+            near.truncate(coeffs.len());
+            near.sort_unstable();
+            if self.exclude_outside {
+                for (c, &i) in coeffs.iter_mut().zip(&near) {
+                    if i < 0 || i >= input as i64 {
+                        *c = 0.0;
+                    }
+                }
+                let total: f64 = coeffs.iter().sum();
+                if total != 0.0 {
+                    coeffs.iter_mut().for_each(|c| *c /= total);
+                }
+            }
+            for (c, &i) in coeffs.iter().zip(&near) {
+                let k = i.clamp(0, input as i64 - 1) as usize;
+                w[j * input + k] += c;
+            }
+        }
+        Ok((w, b))
     }
 }
 

@@ -104,7 +104,7 @@ fn run(op: &str, tensors: &[T], attrs: Vec<pb::AttributeProto>) -> HostTensor {
         ..Default::default()
     };
     let mut args = Vec::new();
-    for t in tensors {
+    for t in tensors.iter().filter(|t| !t.name.is_empty()) {
         if t.init {
             let mut p = pb::TensorProto {
                 name: Some(t.name.into()),
@@ -365,4 +365,39 @@ fn layouts_pads_and_slices() {
         &[2],
         &[-0.5, 0.5],
     );
+}
+
+#[test]
+fn resize_is_a_product_with_a_constant_interpolation_matrix() {
+    let x = input("x", F, &[1, 1, 1, 2], &[1.0, 2.0]);
+    let roi = init("roi", F, &[0], &[]);
+    let scales = init("scales", F, &[4], &[1.0, 1.0, 1.0, 2.0]);
+    expect(
+        &run(
+            "Resize",
+            &[x, scales_only(roi), scales],
+            vec![attr("mode", A::S("linear"))],
+        ),
+        &[1, 1, 1, 4],
+        &[1.0, 1.25, 1.75, 2.0],
+    );
+    let x = input("x", F, &[1, 3], &[1.0, 2.0, 3.0]);
+    let sizes = init("sizes", L, &[2], &[1.0, 6.0]);
+    expect(
+        &run(
+            "Resize",
+            &[x, init("", F, &[0], &[]), init("", F, &[0], &[]), sizes],
+            vec![
+                attr("coordinate_transformation_mode", A::S("asymmetric")),
+                attr("nearest_mode", A::S("floor")),
+            ],
+        ),
+        &[1, 6],
+        &[1.0, 1.0, 2.0, 2.0, 3.0, 3.0],
+    );
+}
+
+/// An unused optional input (ONNX writes it as an empty name).
+fn scales_only(t: T) -> T {
+    T { name: "", ..t }
 }

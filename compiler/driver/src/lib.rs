@@ -161,35 +161,55 @@ pub fn is_onnx(path: &str) -> bool {
 /// Reads a model: dlc source or IR text, or an ONNX model (`.onnx`), which
 /// is imported into a dlc program (named after the file, so symbols and
 /// diagnostics read `model.onnx`; `dlc import` prints the program).
-/// `shapes` gives the shapes of ONNX inputs with symbolic dimensions.
-pub fn read_model(path: &str, shapes: &[(String, Vec<usize>)]) -> Result<SourceText, DriverError> {
+/// `onnx` gives the shapes of ONNX inputs with symbolic dimensions and the
+/// inputs bound to values.
+pub fn read_model(path: &str, onnx: &dlc_onnx::Options) -> Result<SourceText, DriverError> {
     if !is_onnx(path) {
-        if !shapes.is_empty() {
+        if !onnx.shapes.is_empty() || !onnx.bound.is_empty() {
             return Err(DriverError::Usage(format!(
-                "--shape applies to ONNX models; {path} is dlc source, whose shapes are written in it"
+                "--shape and --bind apply to ONNX models; {path} is dlc source, whose shapes are written in it"
             )));
         }
         return read_input(path);
     }
     Ok(SourceText {
         name: path.to_string(),
-        text: import_onnx(path, shapes)?.source,
+        text: import_onnx(path, onnx)?.source,
     })
+}
+
+/// Import options from `--shape NAME=[..]` and `--bind NAME=PATH.npy`
+/// arguments (a bound input becomes a constant holding the file's tensor).
+pub fn onnx_options(shapes: &[String], binds: &[String]) -> Result<dlc_onnx::Options, DriverError> {
+    let mut options = dlc_onnx::Options::default();
+    for s in shapes {
+        options.shapes.push(parse_shape_arg(s)?);
+    }
+    for b in binds {
+        let Some((name, path)) = b.split_once('=') else {
+            return Err(DriverError::Usage(format!(
+                "--bind takes NAME=PATH.npy, got `{b}`"
+            )));
+        };
+        let t = dlc_runtime::HostTensor::read_npy(Path::new(path), None)?;
+        options.bound.push((
+            name.to_string(),
+            dlc_onnx::Data::new(t.ty.dtype, t.ty.shape.clone(), t.data),
+        ));
+    }
+    Ok(options)
 }
 
 /// Imports an ONNX model file.
 pub fn import_onnx(
     path: &str,
-    shapes: &[(String, Vec<usize>)],
+    options: &dlc_onnx::Options,
 ) -> Result<dlc_onnx::Imported, DriverError> {
     let bytes = std::fs::read(path).map_err(|source| DriverError::Io {
         path: path.to_string(),
         source,
     })?;
-    let options = dlc_onnx::Options {
-        shapes: shapes.to_vec(),
-    };
-    dlc_onnx::import(&bytes, &options).map_err(|source| DriverError::Import {
+    dlc_onnx::import(&bytes, options).map_err(|source| DriverError::Import {
         path: path.to_string(),
         source,
     })

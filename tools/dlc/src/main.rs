@@ -104,16 +104,33 @@ enum Backend {
     MlirTile,
 }
 
+/// How an ONNX model is imported.
+#[derive(clap::Args)]
+struct OnnxArgs {
+    /// The shape of an ONNX input with symbolic dimensions, as
+    /// NAME=[d0,d1,...]; repeat for each such input.
+    #[arg(long = "shape", value_name = "NAME=[..]")]
+    shape: Vec<String>,
+    /// Bind an ONNX input to a tensor (NAME=PATH.npy): it becomes a
+    /// constant of the program, as an input that sets a shape must be.
+    #[arg(long = "bind", value_name = "NAME=PATH")]
+    bind: Vec<String>,
+}
+
+impl OnnxArgs {
+    fn options(&self) -> Result<dlc_onnx::Options, DriverError> {
+        dlc_driver::onnx_options(&self.shape, &self.bind)
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Parse and check a model; report every error found.
     Check {
         /// The `.dl` file (`-` for standard input) or `.onnx` model.
         file: String,
-        /// The shape of an ONNX input with symbolic dimensions, as
-        /// NAME=[d0,d1,...]; repeat for each such input.
-        #[arg(long = "shape", value_name = "NAME=[..]")]
-        shape: Vec<String>,
+        #[command(flatten)]
+        onnx: OnnxArgs,
     },
     /// Import an ONNX model as a dlc program (initializers become constants).
     Import {
@@ -122,19 +139,15 @@ enum Command {
         /// Output file (`-` for standard output).
         #[arg(short, long, default_value = "-")]
         output: String,
-        /// The shape of an ONNX input with symbolic dimensions, as
-        /// NAME=[d0,d1,...]; repeat for each such input.
-        #[arg(long = "shape", value_name = "NAME=[..]")]
-        shape: Vec<String>,
+        #[command(flatten)]
+        onnx: OnnxArgs,
     },
     /// Compile a model to the chosen artifact.
     Compile {
         /// The `.dl` file (`-` for standard input) or `.onnx` model.
         file: String,
-        /// The shape of an ONNX input with symbolic dimensions, as
-        /// NAME=[d0,d1,...]; repeat for each such input.
-        #[arg(long = "shape", value_name = "NAME=[..]")]
-        shape: Vec<String>,
+        #[command(flatten)]
+        onnx: OnnxArgs,
 
         /// Keep only this entry point.
         #[arg(long)]
@@ -177,10 +190,8 @@ enum Command {
     Run {
         /// The `.dl` file (`-` for standard input) or `.onnx` model.
         file: String,
-        /// The shape of an ONNX input with symbolic dimensions, as
-        /// NAME=[d0,d1,...]; repeat for each such input.
-        #[arg(long = "shape", value_name = "NAME=[..]")]
-        shape: Vec<String>,
+        #[command(flatten)]
+        onnx: OnnxArgs,
 
         /// Entry point to run; may be left out when there is only one.
         #[arg(long)]
@@ -225,10 +236,8 @@ enum Command {
     Bench {
         /// The `.dl` file or `.onnx` model.
         file: String,
-        /// The shape of an ONNX input with symbolic dimensions, as
-        /// NAME=[d0,d1,...]; repeat for each such input.
-        #[arg(long = "shape", value_name = "NAME=[..]")]
-        shape: Vec<String>,
+        #[command(flatten)]
+        onnx: OnnxArgs,
 
         /// Entry point to measure; may be left out when there is only one.
         #[arg(long)]
@@ -308,7 +317,7 @@ struct Timing {
 
 fn bench(
     file: &str,
-    shapes: &[(String, Vec<usize>)],
+    onnx: &dlc_onnx::Options,
     entry: Option<&str>,
     threads: usize,
     Timing { runs, warmup }: Timing,
@@ -325,7 +334,7 @@ fn bench(
     };
     dlc_runtime::set_num_threads(threads).map_err(|e| DriverError::Usage(e.to_string()))?;
     let start = std::time::Instant::now();
-    let src = read_model(file, shapes)?;
+    let src = read_model(file, onnx)?;
     let mut module = compile_source(&src)?;
     run_passes(&mut module, passes, PassOptions::default())?;
     let f = select_entry(&module, entry)?;
@@ -550,8 +559,8 @@ fn summary(t: &HostTensor) -> String {
 
 fn run(cli: Cli) -> Result<(), DriverError> {
     match cli.command {
-        Command::Check { file, shape } => {
-            let src = read_model(&file, &shapes(&shape)?)?;
+        Command::Check { file, onnx } => {
+            let src = read_model(&file, &onnx.options()?)?;
             let module = compile_source(&src)?;
             let entries: Vec<&str> = module.entry_points().map(|f| f.name.as_str()).collect();
             dlc_cli::outln!(
@@ -572,7 +581,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             prefix,
             target,
             cpu,
-            shape,
+            onnx,
         } => {
             let artifact = emit.artifact();
             if artifact.is_binary() && output == "-" && emit != Emit::Obj {
@@ -591,7 +600,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                 cpu,
                 header_name: (output != "-").then(|| dlc_driver::module_stem(&output)),
             };
-            let src = read_model(&file, &shapes(&shape)?)?;
+            let src = read_model(&file, &onnx.options()?)?;
             let done = dlc_driver::compile(
                 &src,
                 &options,
@@ -627,7 +636,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             check,
             max_work,
             target,
-            shape,
+            onnx,
         } => {
             // Where results go is checked before any work is done.
             for dir in [&save, &save_inputs].into_iter().flatten() {
@@ -656,10 +665,10 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                 };
                 files.push((name.to_string(), PathBuf::from(path)));
             }
-            let shapes = shapes(&shape)?;
+            let onnx = onnx.options()?;
             let src = if dlc_driver::is_onnx(&file) {
                 // Inputs may be named as the ONNX model names them.
-                let imported = dlc_driver::import_onnx(&file, &shapes)?;
+                let imported = dlc_driver::import_onnx(&file, &onnx)?;
                 for (name, _) in &mut files {
                     if let Some((_, var)) = imported.inputs.iter().find(|(o, _)| o == name) {
                         name.clone_from(var);
@@ -670,7 +679,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                     text: imported.source,
                 }
             } else {
-                read_model(&file, &shapes)?
+                read_model(&file, &onnx)?
             };
             let mut module = compile_source(&src)?;
             run_passes(&mut module, &passes, PassOptions::default())?;
@@ -745,22 +754,18 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             warmup,
             json,
             passes,
-            shape,
+            onnx,
         } => bench(
             &file,
-            &shapes(&shape)?,
+            &onnx.options()?,
             entry.as_deref(),
             threads,
             Timing { runs, warmup },
             json,
             &passes,
         ),
-        Command::Import {
-            file,
-            output,
-            shape,
-        } => {
-            let imported = dlc_driver::import_onnx(&file, &shapes(&shape)?)?;
+        Command::Import { file, output, onnx } => {
+            let imported = dlc_driver::import_onnx(&file, &onnx.options()?)?;
             if output == "-" {
                 dlc_cli::write_stdout_bytes(imported.source.as_bytes()).map_err(|source| {
                     DriverError::Io {
@@ -787,13 +792,6 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             calibrate(&output, runs)
         }
     }
-}
-
-fn shapes(specs: &[String]) -> Result<Vec<(String, Vec<usize>)>, DriverError> {
-    specs
-        .iter()
-        .map(|s| dlc_driver::parse_shape_arg(s))
-        .collect()
 }
 
 fn main() -> ExitCode {

@@ -280,3 +280,55 @@ fn malformed_files_are_errors() {
         "No such file or directory",
     );
 }
+
+#[test]
+fn inputs_that_set_shapes_can_be_bound_to_values() {
+    let d = Dir::new("bind");
+    let mut bytes = one_node("Reshape", &[dim(2), dim(3)], 17);
+    let mut model = pb::ModelProto::decode(bytes.as_slice()).unwrap();
+    let g = model.graph.as_mut().unwrap();
+    g.node[0].input.push("shape".into());
+    g.input.push(pb::ValueInfoProto {
+        name: Some("shape".into()),
+        r#type: Some(tensor_type(
+            pb::tensor_proto::DataType::Int64 as i32,
+            &[dim(2)],
+        )),
+        ..Default::default()
+    });
+    bytes = model.encode_to_vec();
+    let m = d.write("m.onnx", &bytes);
+    fails_with(
+        &dlc(&["run", &m, "--random-inputs", "0"]),
+        "node `the_node` (Reshape, opset 17): the shape (input 1) must be a constant; dlc shapes are static",
+    );
+    let shape = d.path("shape.npy");
+    HostTensor::new(
+        dlc_core::TensorType::new(dlc_core::DType::I64, vec![2]),
+        vec![3.0, 2.0],
+    )
+    .unwrap()
+    .write_npy(Path::new(&shape))
+    .unwrap();
+    let bind = format!("shape={shape}");
+    let out = succeeds(&dlc(&[
+        "run",
+        &m,
+        "--bind",
+        &bind,
+        "--random-inputs",
+        "0",
+        "--check",
+    ]));
+    assert!(out.contains("out0: f32[3, 2]"), "{out}");
+    let text = succeeds(&dlc(&["import", &m, "--bind", &bind]));
+    assert!(text.contains("fn g(x: f32[2, 3]) -> f32[3, 2]"), "{text}");
+    fails_with(
+        &dlc(&["check", &m, "--bind", &format!("nope={shape}")]),
+        "--bind nope: the model has no input `nope`",
+    );
+    fails_with(
+        &dlc(&["check", &m, "--bind", &format!("x={shape}")]),
+        "--bind x: the value i64[2] does not fit the input",
+    );
+}
