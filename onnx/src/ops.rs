@@ -435,6 +435,7 @@ impl Importer {
                 self.normalization(&cx)
             }
             "Conv" => self.conv(&cx),
+            "ConvTranspose" => self.conv_transpose(&cx),
             "MaxPool" | "AveragePool" => self.pool(&cx),
             "GlobalAveragePool" | "GlobalMaxPool" => {
                 cx.allow(&[])?;
@@ -2012,6 +2013,221 @@ impl Importer {
         self.bind(cx, 0, expr, x.dtype, out_shape)
     }
 
+    /// ConvTranspose as a convolution: the input with `stride - 1` zeros
+    /// between its elements (a reshape, a concatenation with zeros and a
+    /// slice per axis), padded by `dilation * (kernel - 1)` less the pads,
+    /// against the weights flipped and with input and output channels
+    /// swapped per group (computed here: the weights must be constants).
+    fn conv_transpose(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&[
+            "auto_pad",
+            "dilations",
+            "group",
+            "kernel_shape",
+            "output_padding",
+            "output_shape",
+            "pads",
+            "strides",
+        ])?;
+        let (x, w) = (self.need(cx, 0)?, self.need(cx, 1)?);
+        cx.float_input(&x)?;
+        let r = x.shape.len();
+        if r < 3 || w.shape.len() != r || w.dtype != x.dtype {
+            return Err(cx.err(format!(
+                "weights {} do not fit input {}",
+                type_text(w.dtype, &w.shape),
+                type_text(x.dtype, &x.shape)
+            )));
+        }
+        let sp = r - 2;
+        let g = cx.int("group", 1).clamp(1, MAX_ATTR) as usize;
+        let (n, c) = (x.shape[0], x.shape[1]);
+        if w.shape[0] != c || c % g != 0 {
+            return Err(cx.err(format!(
+                "{c} input channels do not fit weights {} in {g} groups",
+                shape_text(&w.shape)
+            )));
+        }
+        let (cg, og) = (c / g, w.shape[1]);
+        let o = og * g;
+        let kernel = w.shape[2..].to_vec();
+        let list = |name: &str, default: i64| -> R<Vec<i64>> {
+            match cx.ints(name) {
+                None => Ok(vec![default; sp]),
+                Some(v) if v.len() == sp && v.iter().all(|d| (0..=MAX_ATTR).contains(d)) => Ok(v),
+                Some(v) => Err(cx.err(format!("`{name}` {v:?} needs {sp} values"))),
+            }
+        };
+        let (strides, dil, outpad) = (
+            list("strides", 1)?,
+            list("dilations", 1)?,
+            list("output_padding", 0)?,
+        );
+        if strides.iter().chain(&dil).any(|&v| v < 1) {
+            return Err(cx.err("strides and dilations must be positive"));
+        }
+        let (mut begin, mut end) = (vec![0i64; sp], vec![0i64; sp]);
+        let auto = cx.string("auto_pad", "NOTSET");
+        let natural: Vec<i64> = (0..sp)
+            .map(|a| {
+                strides[a] * (x.shape[a + 2] as i64 - 1)
+                    + outpad[a]
+                    + (kernel[a] as i64 - 1) * dil[a]
+                    + 1
+            })
+            .collect();
+        let target: Option<Vec<i64>> = match cx.ints("output_shape") {
+            Some(v) if v.len() == sp => Some(v),
+            Some(v) if v.len() == r => Some(v[2..].to_vec()),
+            Some(v) => return Err(cx.err(format!("`output_shape` {v:?} needs {sp} values"))),
+            None if auto.starts_with("SAME") => Some(
+                (0..sp)
+                    .map(|a| x.shape[a + 2] as i64 * strides[a])
+                    .collect(),
+            ),
+            None => None,
+        };
+        if let Some(p) = cx.ints("pads") {
+            if p.len() != 2 * sp || p.iter().any(|v| v.abs() > MAX_ATTR) {
+                return Err(cx.err(format!("`pads` {p:?} needs {} values", 2 * sp)));
+            }
+            begin.copy_from_slice(&p[..sp]);
+            end.copy_from_slice(&p[sp..]);
+        }
+        if let Some(t) = target {
+            for a in 0..sp {
+                if t[a] < 1 || t[a] > MAX_ATTR {
+                    return Err(cx.err(format!("output extent {} is not valid", t[a])));
+                }
+                if auto.starts_with("SAME") {
+                    // As ONNX's reference: the padding split, floor halves.
+                    let total = natural[a] - t[a];
+                    let half = total.div_euclid(2);
+                    (begin[a], end[a]) = if auto == "SAME_UPPER" {
+                        (half, total - half)
+                    } else {
+                        (total - half, half)
+                    };
+                } else {
+                    // The result placed at the origin of an output of that
+                    // extent: zeros after it, or cut.
+                    end[a] = natural[a] - begin[a] - t[a];
+                }
+            }
+        }
+        // The input with zeros between its elements.
+        let dt = x.dtype;
+        let mut ex = self.e(cx, 0)?;
+        let mut xs = x.shape.clone();
+        for (a, &st) in strides.iter().enumerate() {
+            let st = st as usize;
+            if st == 1 {
+                continue;
+            }
+            let ax = a + 2;
+            let len = xs[ax];
+            let mut split = xs[..=ax].to_vec();
+            split.push(1);
+            split.extend(&xs[ax + 1..]);
+            let mut zeros = split.clone();
+            zeros[ax + 1] = st - 1;
+            let mut merged = xs.clone();
+            merged[ax] = len * st;
+            ex = format!(
+                "slice(reshape(concat([reshape({ex}, {}), zeros({}, dtype={dt})], axis={}), {}), axis={ax}, start=0, end={})",
+                shape_text(&split),
+                shape_text(&zeros),
+                ax + 1,
+                shape_text(&merged),
+                (len - 1) * st + 1
+            );
+            xs[ax] = (len - 1) * st + 1;
+        }
+        // The weights with input and output channels swapped per group,
+        // [O, C/g, k...], and every spatial axis reversed.
+        let ew = self.e(cx, 1)?;
+        let mut grouped = vec![g, cg, og];
+        grouped.extend(&kernel);
+        let mut perm = vec![0usize, 2, 1];
+        perm.extend(3..3 + sp);
+        let mut ws = vec![o, cg];
+        ws.extend(&kernel);
+        let perm_text: Vec<String> = perm.iter().map(ToString::to_string).collect();
+        let swapped = format!(
+            "reshape(transpose(reshape({ew}, {}), [{}]), {})",
+            shape_text(&grouped),
+            perm_text.join(", "),
+            shape_text(&ws)
+        );
+        let idx: Vec<String> = (0..r).map(|i| format!("i{i}")).collect();
+        let mut read = idx.clone();
+        for a in 0..sp {
+            read[a + 2] = format!("{} - i{}", kernel[a] - 1, a + 2);
+        }
+        let flip = self.fresh("flip");
+        self.ops.push(format!(
+            "op {flip}(w: {t}) -> {t} {{\n    out[{}] = w[{}];\n}}",
+            idx.join(", "),
+            read.join(", "),
+            t = type_text(dt, &ws)
+        ));
+        let wv = self.fresh("flipped");
+        self.lines.push(format!("let {wv} = {flip}({swapped});"));
+        let mut out = Vec::with_capacity(sp);
+        let (mut wb, mut we) = (vec![0i64; sp], vec![0i64; sp]);
+        for a in 0..sp {
+            let full = dil[a] * (kernel[a] as i64 - 1);
+            wb[a] = full - begin[a];
+            we[a] = full - end[a] + outpad[a];
+            let e = window_extent(
+                xs[a + 2],
+                kernel[a],
+                1,
+                dil[a] as usize,
+                wb[a],
+                we[a],
+                false,
+            );
+            if e < 1 {
+                return Err(cx.err(format!("the output of spatial axis {a} would be empty")));
+            }
+            out.push(e as usize);
+        }
+        let win = Window {
+            kernel: kernel.clone(),
+            strides: vec![1; sp],
+            dilations: dil.iter().map(|&d| d as usize).collect(),
+            begin: wb,
+            end: we,
+            out: out.clone(),
+        };
+        let xv = Val {
+            dtype: dt,
+            shape: xs,
+            var: None,
+            data: None,
+        };
+        let wval = Val {
+            dtype: dt,
+            shape: ws,
+            var: None,
+            data: None,
+        };
+        let mut expr = self.conv_op(&xv, &wval, g, &win, &ex, &wv);
+        if let Some(b) = self.input(cx, 2) {
+            if b.shape != [o] {
+                return Err(cx.err(format!("bias {} must be [{o}]", shape_text(&b.shape))));
+            }
+            let eb = self.e(cx, 2)?;
+            let mut bs = vec![o];
+            bs.extend(std::iter::repeat_n(1, sp));
+            expr = format!("{expr} + reshape({eb}, {})", shape_text(&bs));
+        }
+        let mut shape = vec![n, o];
+        shape.extend(out);
+        self.bind(cx, 0, expr, dt, shape)
+    }
+
     /// A convolution the built-in does not cover, as an operator in index
     /// notation over grouped views: `x: [N, G, C/G, spatial]`,
     /// `w: [G, O/G, C/G, kernel]`.
@@ -2666,12 +2882,79 @@ impl Importer {
         self.bind(cx, 0, expr, dt, shape)
     }
 
+    /// Reflect, edge and wrap padding: per axis, a concatenation of
+    /// one-element slices of the input (the positions the mode copies) on
+    /// each side; negative pads cut.
+    fn pad_by_copies(
+        &mut self,
+        cx: &Cx<'_>,
+        x: &Val,
+        mode: &str,
+        begin: &[i64],
+        end: &[i64],
+        shape: Vec<usize>,
+    ) -> R<()> {
+        let mut expr = self.e(cx, 0)?;
+        for a in 0..x.shape.len() {
+            let n = x.shape[a] as i64;
+            let (b, e) = (begin[a], end[a]);
+            if b == 0 && e == 0 {
+                continue;
+            }
+            if mode == "reflect" && (b.max(e) >= n) {
+                return Err(cx.err(format!(
+                    "reflect padding of {} on an axis of {n} is not supported",
+                    b.max(e)
+                )));
+            }
+            if b.max(e) > 4096 {
+                return Err(cx.err("padding by more than 4096 is not supported"));
+            }
+            // The source position of padded position p (p < 0 before, p >= n after).
+            let source = |p: i64| -> i64 {
+                match mode {
+                    "edge" => p.clamp(0, n - 1),
+                    "wrap" => p.rem_euclid(n),
+                    _ => {
+                        if p < 0 {
+                            -p
+                        } else {
+                            2 * (n - 1) - p
+                        }
+                    }
+                }
+            };
+            let one = |p: i64, ex: &str| format!("slice({ex}, axis={a}, start={p}, end={})", p + 1);
+            let mut parts: Vec<String> = (-b.max(0)..0).map(|p| one(source(p), &expr)).collect();
+            let (lo, hi) = ((-b).max(0), n - (-e).max(0));
+            if hi <= lo {
+                return Err(cx.err(format!("axis {a} would have no elements")));
+            }
+            parts.push(if lo == 0 && hi == n {
+                expr.clone()
+            } else {
+                format!("slice({expr}, axis={a}, start={lo}, end={hi})")
+            });
+            parts.extend((n..n + e.max(0)).map(|p| one(source(p), &expr)));
+            expr = if parts.len() == 1 {
+                parts.remove(0)
+            } else {
+                // Named, so the copies share one value.
+                let var = self.fresh("padded");
+                let joined = format!("concat([{}], axis={a})", parts.join(", "));
+                self.lines.push(format!("let {var} = {joined};"));
+                var
+            };
+        }
+        self.bind(cx, 0, expr, x.dtype, shape)
+    }
+
     fn pad(&mut self, cx: &Cx<'_>) -> R<()> {
         cx.allow(&["mode"])?;
         let x = self.need(cx, 0)?;
         let mode = cx.string("mode", "constant");
-        if mode != "constant" {
-            return Err(cx.err(format!("mode `{mode}` is not supported yet (constant is)")));
+        if !matches!(mode.as_str(), "constant" | "reflect" | "edge" | "wrap") {
+            return Err(cx.err(format!("mode `{mode}` is not valid")));
         }
         let pads = self
             .ints_input(cx, 1, "pads")?
@@ -2698,6 +2981,9 @@ impl Importer {
             shape.push(d as usize);
         }
         let dt = x.dtype;
+        if mode != "constant" {
+            return self.pad_by_copies(cx, &x, &mode, &begin, &end, shape);
+        }
         let value = match self.input(cx, 2) {
             None => None,
             Some(v) => match v.data {

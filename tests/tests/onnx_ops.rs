@@ -401,3 +401,49 @@ fn resize_is_a_product_with_a_constant_interpolation_matrix() {
 fn scales_only(t: T) -> T {
     T { name: "", ..t }
 }
+
+#[test]
+fn conv_transpose_is_a_convolution_of_the_spread_input() {
+    let x = || input("x", F, &[1, 1, 3], &[1.0, 2.0, 3.0]);
+    let w = || input("w", F, &[1, 1, 2], &[1.0, 10.0]);
+    expect(
+        &run(
+            "ConvTranspose",
+            &[x(), w()],
+            vec![attr("strides", A::Is(vec![2]))],
+        ),
+        &[1, 1, 6],
+        &[1.0, 10.0, 2.0, 20.0, 3.0, 30.0],
+    );
+    expect(
+        &run("ConvTranspose", &[x(), w()], vec![]),
+        &[1, 1, 4],
+        &[1.0, 12.0, 23.0, 30.0],
+    );
+    expect(
+        &run(
+            "ConvTranspose",
+            &[x(), w()],
+            vec![attr("pads", A::Is(vec![1, 0]))],
+        ),
+        &[1, 1, 3],
+        &[12.0, 23.0, 30.0],
+    );
+}
+
+#[test]
+fn reflect_edge_and_wrap_pads_copy_the_input() {
+    let pads = || init("pads", L, &[2], &[2.0, 1.0]);
+    for (mode, want) in [
+        ("reflect", [3.0, 2.0, 1.0, 2.0, 3.0, 2.0]),
+        ("edge", [1.0, 1.0, 1.0, 2.0, 3.0, 3.0]),
+        ("wrap", [2.0, 3.0, 1.0, 2.0, 3.0, 1.0]),
+    ] {
+        let x = input("x", F, &[3], &[1.0, 2.0, 3.0]);
+        expect(
+            &run("Pad", &[x, pads()], vec![attr("mode", A::S(mode))]),
+            &[6],
+            &want,
+        );
+    }
+}
