@@ -207,6 +207,13 @@ fn fold_binary(op: &str, dtype: DType, a: f64, b: f64) -> Option<f64> {
         "Div" => a / b,
         "Max" => a.max(b),
         "Min" => a.min(b),
+        // fmod = 0: the sign of the divisor (Python's %).
+        "Mod" => {
+            if b == 0.0 {
+                return None;
+            }
+            a - (a / b).floor() * b
+        }
         "Equal" => f64::from(u8::from(a == b)),
         "Less" => f64::from(u8::from(a < b)),
         "Greater" => f64::from(u8::from(a > b)),
@@ -436,6 +443,7 @@ impl Importer {
             }
             "Conv" => self.conv(&cx),
             "ConvTranspose" => self.conv_transpose(&cx),
+            "Attention" => self.attention(&cx),
             "MaxPool" | "AveragePool" => self.pool(&cx),
             "GlobalAveragePool" | "GlobalMaxPool" => {
                 cx.allow(&[])?;
@@ -617,9 +625,9 @@ impl Importer {
                     .map(|&v| f64::from(u8::from(v == 0.0)))
                     .collect(),
             )),
-            "Add" | "Sub" | "Mul" | "Div" | "Max" | "Min" | "Equal" | "Less" | "Greater"
-            | "LessOrEqual" | "GreaterOrEqual" | "And" | "Or"
-                if ds.len() == 2 =>
+            "Add" | "Sub" | "Mul" | "Div" | "Max" | "Min" | "Mod" | "Equal" | "Less"
+            | "Greater" | "LessOrEqual" | "GreaterOrEqual" | "And" | "Or"
+                if ds.len() == 2 && !(op == "Mod" && cx.int("fmod", 0) != 0) =>
             {
                 let Some(y) = ds[1].clone() else {
                     return Ok(false);
@@ -634,11 +642,12 @@ impl Importer {
                     return Ok(false);
                 }
                 let (bx, by) = (broadcast_data(&x, &shape), broadcast_data(&y, &shape));
-                let out_type = if matches!(op, "Add" | "Sub" | "Mul" | "Div" | "Max" | "Min") {
-                    x.dtype
-                } else {
-                    DType::Bool
-                };
+                let out_type =
+                    if matches!(op, "Add" | "Sub" | "Mul" | "Div" | "Max" | "Min" | "Mod") {
+                        x.dtype
+                    } else {
+                        DType::Bool
+                    };
                 let mut v = Vec::with_capacity(bx.values.len());
                 for (a, b) in bx.values.iter().zip(by.values.iter()) {
                     match fold_binary(op, x.dtype, *a, *b) {
@@ -2228,6 +2237,223 @@ impl Importer {
         self.bind(cx, 0, expr, dt, shape)
     }
 
+    /// Attention (opset 23): heads split from 3-D inputs, the past keys and
+    /// values prepended, key and value heads repeated for grouped queries,
+    /// both sides scaled by sqrt(scale), softcap, the mask and the causal
+    /// bias added, softmax (a fully masked row gives zeros), times V.
+    fn attention(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&[
+            "is_causal",
+            "kv_num_heads",
+            "q_num_heads",
+            "qk_matmul_output_mode",
+            "scale",
+            "softcap",
+            "softmax_precision",
+        ])?;
+        if self.input(cx, 6).is_some() {
+            return Err(cx.err("nonpad_kv_seqlen is not supported"));
+        }
+        let (q, k, v) = (self.need(cx, 0)?, self.need(cx, 1)?, self.need(cx, 2)?);
+        cx.float_input(&q)?;
+        let dt = q.dtype;
+        let r = q.shape.len();
+        if !(r == 3 || r == 4)
+            || k.shape.len() != r
+            || v.shape.len() != r
+            || k.dtype != dt
+            || v.dtype != dt
+        {
+            return Err(cx.err("Q, K and V must be 3-D or 4-D tensors of one element type"));
+        }
+        let (mut eq, mut ek, mut ev) = (self.e(cx, 0)?, self.e(cx, 1)?, self.e(cx, 2)?);
+        let b = q.shape[0];
+        // [B, heads, sequence, head size] for each.
+        let (qs, mut ks, mut vs) = if r == 3 {
+            let (hq, hk) = (cx.int("q_num_heads", 0), cx.int("kv_num_heads", 0));
+            if hq < 1 || hk < 1 {
+                return Err(cx.err("3-D inputs need q_num_heads and kv_num_heads"));
+            }
+            let (hq, hk) = (hq as usize, hk as usize);
+            let split = |e: &str, shape: &[usize], h: usize| -> R<(String, Vec<usize>)> {
+                if !shape[2].is_multiple_of(h) {
+                    return Err(cx.err(format!(
+                        "hidden size {} is not a multiple of {h} heads",
+                        shape[2]
+                    )));
+                }
+                let inner = [shape[0], shape[1], h, shape[2] / h];
+                Ok((
+                    format!(
+                        "transpose(reshape({e}, {}), [0, 2, 1, 3])",
+                        shape_text(&inner)
+                    ),
+                    vec![shape[0], h, shape[1], shape[2] / h],
+                ))
+            };
+            let (a, qs) = split(&eq, &q.shape, hq)?;
+            let (bk, ks) = split(&ek, &k.shape, hk)?;
+            let (c, vs) = split(&ev, &v.shape, hk)?;
+            (eq, ek, ev) = (a, bk, c);
+            (qs, ks, vs)
+        } else {
+            (q.shape.clone(), k.shape.clone(), v.shape.clone())
+        };
+        let (hq, s, d) = (qs[1], qs[2], qs[3]);
+        if ks[0] != b || vs[0] != b || ks[1] != vs[1] || ks[3] != d || ks[2] != vs[2] {
+            return Err(cx.err("Q, K and V do not fit one another"));
+        }
+        // The past keys and values go first; the results are the present ones.
+        let mut past = 0;
+        if let (Some(pk), Some(pv)) = (self.input(cx, 4), self.input(cx, 5)) {
+            if pk.shape.len() != 4
+                || pk.shape[..2] != ks[..2]
+                || pk.shape[3] != ks[3]
+                || pv.shape[..2] != vs[..2]
+                || pv.shape[3] != vs[3]
+                || pk.shape[2] != pv.shape[2]
+            {
+                return Err(cx.err("past_key and past_value do not fit K and V"));
+            }
+            past = pk.shape[2];
+            let (epk, epv) = (self.e(cx, 4)?, self.e(cx, 5)?);
+            ek = format!("concat([{epk}, {ek}], axis=2)");
+            ev = format!("concat([{epv}, {ev}], axis=2)");
+            ks[2] += past;
+            vs[2] += past;
+        } else if self.input(cx, 4).is_some() || self.input(cx, 5).is_some() {
+            return Err(cx.err("past_key and past_value come together"));
+        }
+        let kname = self.fresh("keys");
+        self.lines.push(format!("let {kname} = {ek};"));
+        let vname = self.fresh("values");
+        self.lines.push(format!("let {vname} = {ev};"));
+        self.bind(cx, 1, kname.clone(), dt, ks.clone())?;
+        self.bind(cx, 2, vname.clone(), dt, vs.clone())?;
+        let l = ks[2];
+        // Grouped queries: each key and value head serves hq / hk query heads.
+        let hk = ks[1];
+        let (mut ek, mut ev) = (kname, vname);
+        if hq != hk {
+            if !hq.is_multiple_of(hk) {
+                return Err(cx.err(format!(
+                    "{hq} query heads are not a multiple of {hk} key heads"
+                )));
+            }
+            let reps = hq / hk;
+            let rep = |e: &str, sh: &[usize]| {
+                format!(
+                    "reshape(broadcast(reshape({e}, {}), {}), {})",
+                    shape_text(&[b, hk, 1, sh[2], sh[3]]),
+                    shape_text(&[b, hk, reps, sh[2], sh[3]]),
+                    shape_text(&[b, hq, sh[2], sh[3]])
+                )
+            };
+            (ek, ev) = (rep(&ek, &ks), rep(&ev, &vs));
+        }
+        let scale = match cx.attr("scale") {
+            Some(a) => f64::from(a.f()),
+            None => 1.0 / (d as f64).sqrt(),
+        };
+        let sq = literal(scale.sqrt(), dt);
+        let mut scores = format!("({eq} * {sq}) @ transpose({ek} * {sq}, [0, 1, 3, 2])");
+        let softcap = cx.float("softcap", 0.0);
+        if softcap > 0.0 {
+            scores = format!("tanh(({scores}) / {c}) * {c}", c = literal(softcap, dt));
+        }
+        let sname = self.fresh("scores");
+        self.lines.push(format!("let {sname} = {scores};"));
+        // The bias: the mask (padded to the keys' length) and the causal one.
+        let ninf = literal(f64::NEG_INFINITY, dt);
+        let mut bias: Option<String> = None;
+        if let Some(m) = self.input(cx, 3) {
+            let mut em = self.e(cx, 3)?;
+            let ml = *m
+                .shape
+                .last()
+                .ok_or_else(|| cx.err("the mask must have a key axis"))?;
+            if ml > l {
+                return Err(cx.err(format!("the mask covers {ml} keys, there are {l}")));
+            }
+            if ml < l {
+                let mut pad_shape = m.shape.clone();
+                *pad_shape.last_mut().unwrap_or(&mut 0) = l - ml;
+                let fill = if m.dtype == DType::Bool {
+                    crate::constant_text(&Data::new(
+                        DType::Bool,
+                        pad_shape.clone(),
+                        vec![0.0; numel(&pad_shape)],
+                    ))
+                } else {
+                    format!("broadcast({ninf}, {})", shape_text(&pad_shape))
+                };
+                em = format!("concat([{em}, {fill}], axis={})", m.shape.len() - 1);
+            }
+            bias = Some(if m.dtype == DType::Bool {
+                format!("where({em}, 0.0, {ninf})")
+            } else if m.dtype == dt {
+                em
+            } else {
+                return Err(cx.err(format!(
+                    "the mask is {}; bool or {dt} are supported",
+                    m.dtype
+                )));
+            });
+        }
+        if cx.int("is_causal", 0) != 0 {
+            let allowed: Vec<f64> = (0..s * l)
+                .map(|p| f64::from(u8::from((p % l) as i64 <= (p / l) as i64 + past as i64)))
+                .collect();
+            let mask = self.fresh("causal");
+            self.lines.push(format!(
+                "let {mask} = {};",
+                crate::constant_text(&Data::new(DType::Bool, vec![s, l], allowed))
+            ));
+            let causal = format!("where({mask}, 0.0, {ninf})");
+            bias = Some(match bias {
+                Some(b) => format!("{b} + {causal}"),
+                None => causal,
+            });
+        }
+        let with_bias = match &bias {
+            Some(bv) => {
+                let bname = self.fresh("bias");
+                self.lines.push(format!("let {bname} = {bv};"));
+                bias = Some(bname.clone());
+                let w = self.fresh("biased");
+                self.lines.push(format!("let {w} = {sname} + {bname};"));
+                w
+            }
+            None => sname.clone(),
+        };
+        let mut probs = format!("softmax({with_bias}, axis=-1)");
+        if let Some(bname) = &bias {
+            // A row whose every key is masked attends to nothing.
+            probs = format!("where(max({bname}, axis=-1, keepdims=true) == {ninf}, 0.0, {probs})");
+        }
+        let pname = self.fresh("probs");
+        self.lines.push(format!("let {pname} = {probs};"));
+        let sshape = vec![b, hq, s, l];
+        let qk = match cx.int("qk_matmul_output_mode", 0) {
+            0 | 1 => sname,
+            2 => with_bias,
+            3 => pname.clone(),
+            m => return Err(cx.err(format!("qk_matmul_output_mode {m} is not valid"))),
+        };
+        self.bind(cx, 3, qk, dt, sshape)?;
+        let dv = vs[3];
+        let mut y = format!("{pname} @ {ev}");
+        let mut shape = vec![b, hq, s, dv];
+        if r == 3 {
+            shape = vec![b, s, hq * dv];
+            y = format!(
+                "reshape(transpose({y}, [0, 2, 1, 3]), {})",
+                shape_text(&shape)
+            );
+        }
+        self.bind(cx, 0, y, dt, shape)
+    }
+
     /// A convolution the built-in does not cover, as an operator in index
     /// notation over grouped views: `x: [N, G, C/G, spatial]`,
     /// `w: [G, O/G, C/G, kernel]`.
@@ -2987,10 +3213,7 @@ impl Importer {
         let value = match self.input(cx, 2) {
             None => None,
             Some(v) => match v.data {
-                Some(d) if !d.values[0].is_finite() => {
-                    return Err(cx.err("a constant_value that is not finite is not supported"));
-                }
-                Some(d) if d.values[0] != 0.0 => Some(d.values[0]),
+                Some(d) if d.values[0] != 0.0 || !d.values[0].is_finite() => Some(d.values[0]),
                 Some(_) => None,
                 None => return Err(cx.err("constant_value must be a constant")),
             },
@@ -3018,16 +3241,19 @@ impl Importer {
                     return Err(cx.err("a non-zero constant on bool is not supported"));
                 }
                 let one = literal(1.0, dt);
+                // The value is an operand: a literal in the body could not
+                // spell an infinity or NaN.
                 (
                     format!(
-                        "x: {}, m: {}",
+                        "x: {}, m: {}, c: {dt}",
                         type_text(dt, &x.shape),
                         type_text(dt, &x.shape)
                     ),
-                    format!("where(m[{rd}] == {one}, x[{rd}], {})", literal(v, dt)),
+                    format!("where(m[{rd}] == {one}, x[{rd}], c)"),
                     format!(
-                        "{name}({ex}, full({}, {one}, dtype={dt}))",
-                        shape_text(&x.shape)
+                        "{name}({ex}, full({}, {one}, dtype={dt}), {})",
+                        shape_text(&x.shape),
+                        literal(v, dt)
                     ),
                 )
             }

@@ -447,3 +447,26 @@ fn reflect_edge_and_wrap_pads_copy_the_input() {
         );
     }
 }
+
+#[test]
+fn attention_masks_rows_causally_and_zeroes_fully_masked_ones() {
+    let q = || input("q", F, &[1, 1, 2, 2], &[1.0, 2.0, 0.0, 0.0]);
+    let k = || input("k", F, &[1, 1, 2, 2], &[3.0, 1.0, 2.0, 5.0]);
+    let v = || input("v", F, &[1, 1, 2, 2], &[1.0, 2.0, 3.0, 4.0]);
+    // Row 0 sees key 0 only; row 1's scores are equal, so it averages.
+    expect(
+        &run(
+            "Attention",
+            &[q(), k(), v()],
+            vec![attr("is_causal", A::I(1))],
+        ),
+        &[1, 1, 2, 2],
+        &[1.0, 2.0, 2.0, 3.0],
+    );
+    let mask = input("mask", DType::Bool, &[2, 2], &[0.0, 0.0, 1.0, 1.0]);
+    expect(
+        &run("Attention", &[q(), k(), v(), mask], vec![]),
+        &[1, 1, 2, 2],
+        &[0.0, 0.0, 2.0, 3.0],
+    );
+}
