@@ -444,6 +444,7 @@ impl Importer {
             "Conv" => self.conv(&cx),
             "ConvTranspose" => self.conv_transpose(&cx),
             "Attention" => self.attention(&cx),
+            "NegativeLogLikelihoodLoss" | "SoftmaxCrossEntropyLoss" => self.loss(&cx),
             "MaxPool" | "AveragePool" => self.pool(&cx),
             "GlobalAveragePool" | "GlobalMaxPool" => {
                 cx.allow(&[])?;
@@ -2452,6 +2453,101 @@ impl Importer {
             );
         }
         self.bind(cx, 0, y, dt, shape)
+    }
+
+    /// NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss (the NLL of
+    /// log_softmax over axis 1): the target class selected by comparing the
+    /// labels with a constant iota over the classes, weighted, ignored
+    /// labels contributing nothing; `mean` divides by the weights of the
+    /// labels kept.
+    fn loss(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&["reduction", "ignore_index"])?;
+        let (x, t) = (self.need(cx, 0)?, self.need(cx, 1)?);
+        cx.float_input(&x)?;
+        let dt = x.dtype;
+        let r = x.shape.len();
+        if r < 2
+            || t.shape.len() != r - 1
+            || t.shape[0] != x.shape[0]
+            || t.shape[1..] != x.shape[2..]
+        {
+            return Err(cx.err(format!(
+                "labels {} do not fit scores {}",
+                shape_text(&t.shape),
+                shape_text(&x.shape)
+            )));
+        }
+        if !matches!(t.dtype, DType::I32 | DType::I64) {
+            return Err(cx.err(format!("labels must be i32 or i64, got {}", t.dtype)));
+        }
+        let c = x.shape[1];
+        let mut ex = self.e(cx, 0)?;
+        if cx.op() == "SoftmaxCrossEntropyLoss" {
+            let lp = self.fresh("log_prob");
+            let m = self.fresh("max");
+            self.lines
+                .push(format!("let {m} = max({ex}, axis=1, keepdims=true);"));
+            self.lines.push(format!(
+                "let {lp} = {ex} - {m} - log(sum(exp({ex} - {m}), axis=1, keepdims=true));"
+            ));
+            self.bind(cx, 1, lp.clone(), dt, x.shape.clone())?;
+            ex = lp;
+        }
+        let et = self.e(cx, 1)?;
+        let et = if t.dtype == DType::I64 {
+            et
+        } else {
+            format!("cast({et}, i64)")
+        };
+        let mut expanded = t.shape.clone();
+        expanded.insert(1, 1);
+        let labels = self.fresh("labels");
+        self.lines.push(format!(
+            "let {labels} = reshape({et}, {});",
+            shape_text(&expanded)
+        ));
+        let iota = self.iota(&x.shape, 1, DType::I64);
+        let hot = self.fresh("target");
+        self.lines.push(format!("let {hot} = {labels} == {iota};"));
+        let zero = literal(0.0, dt);
+        let picked = format!("sum(where({hot}, {ex}, {zero}), axis=1)");
+        let weight = match self.input(cx, 2) {
+            Some(w) => {
+                if w.shape != [c] {
+                    return Err(cx.err(format!("weights {} must be [{c}]", shape_text(&w.shape))));
+                }
+                let ew = self.e(cx, 2)?;
+                let mut ws = vec![1; r];
+                ws[1] = c;
+                Some(format!(
+                    "sum(where({hot}, reshape({ew}, {}), {zero}), axis=1)",
+                    shape_text(&ws)
+                ))
+            }
+            None => None,
+        };
+        let kept = cx
+            .attr("ignore_index")
+            .map(|a| format!("{et} != {}", a.i()));
+        let wname = self.fresh("weight");
+        let one = literal(1.0, dt);
+        let w = match (&weight, &kept) {
+            (Some(w), Some(k)) => format!("where({k}, {w}, {zero})"),
+            (Some(w), None) => w.clone(),
+            (None, Some(k)) => format!("where({k}, {one}, {zero})"),
+            (None, None) => format!("full({}, 1.0, dtype={dt})", shape_text(&t.shape)),
+        };
+        self.lines.push(format!("let {wname} = {w};"));
+        let lname = self.fresh("loss");
+        self.lines
+            .push(format!("let {lname} = -{picked} * {wname};"));
+        let (expr, shape) = match cx.string("reduction", "mean").as_str() {
+            "none" => (lname, t.shape.clone()),
+            "sum" => (format!("sum({lname})"), vec![]),
+            "mean" => (format!("sum({lname}) / sum({wname})"), vec![]),
+            other => return Err(cx.err(format!("reduction `{other}` is not valid"))),
+        };
+        self.bind(cx, 0, expr, dt, shape)
     }
 
     /// A convolution the built-in does not cover, as an operator in index

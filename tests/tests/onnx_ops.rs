@@ -470,3 +470,38 @@ fn attention_masks_rows_causally_and_zeroes_fully_masked_ones() {
         &[0.0, 0.0, 2.0, 3.0],
     );
 }
+
+#[test]
+fn nll_loss_weighs_and_ignores_labels() {
+    let x = || input("x", F, &[2, 3], &[-1.0, -2.0, -3.0, -0.5, -1.5, -2.5]);
+    let t = || input("t", L, &[2], &[2.0, 0.0]);
+    let w = || init("w", F, &[3], &[1.0, 2.0, 3.0]);
+    let none = || attr("reduction", A::S("none"));
+    expect(
+        &run("NegativeLogLikelihoodLoss", &[x(), t(), w()], vec![none()]),
+        &[2],
+        &[9.0, 0.5],
+    );
+    expect(
+        &run("NegativeLogLikelihoodLoss", &[x(), t(), w()], vec![]),
+        &[],
+        &[9.5 / 4.0],
+    );
+    expect(
+        &run(
+            "NegativeLogLikelihoodLoss",
+            &[x(), t(), w()],
+            vec![attr("ignore_index", A::I(0))],
+        ),
+        &[],
+        &[3.0],
+    );
+    // Cross entropy is the loss of log_softmax: equal scores give log(3).
+    let s = input("s", F, &[1, 3], &[0.5, 0.5, 0.5]);
+    let t = input("t", L, &[1], &[1.0]);
+    expect(
+        &run("SoftmaxCrossEntropyLoss", &[s, t], vec![]),
+        &[],
+        &[3f64.ln()],
+    );
+}
