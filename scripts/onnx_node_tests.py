@@ -90,6 +90,9 @@ def run_case(dlc, case, workdir, bind=False):
             value = as_array(value)
             if value is None:
                 return "unsupported", "an input is not a tensor (sequence, map or optional)"
+            if value.dtype.name == "bfloat16":
+                # NumPy has no bfloat16: dlc reads a bf16 input from float32.
+                value = value.astype(np.float32)
             if value.dtype.type not in NPY_TYPES:
                 return "unsupported", f"input `{name}` has element type {value.dtype}"
             file = os.path.join(workdir, f"in{len(args)}.npy")
@@ -119,6 +122,8 @@ def run_case(dlc, case, workdir, bind=False):
             if not os.path.exists(file):
                 return "failed", f"output {j} was not written"
             got = np.load(file)
+            if want.dtype.name == "bfloat16":
+                want = want.astype(np.float32)  # dlc writes bf16 results as float32
             if got.shape != want.shape:
                 return "failed", f"output {j}: shape {got.shape}, reference {want.shape}"
             try:
