@@ -291,6 +291,35 @@ impl Importer {
         }
     }
 
+    /// Input `i`, if given, must have `dtype` and broadcast to `target`
+    /// without changing it (`exact`: have exactly that shape).
+    fn check_operand(
+        &self,
+        cx: &Cx<'_>,
+        i: usize,
+        dtype: DType,
+        target: &[usize],
+        exact: bool,
+    ) -> R<()> {
+        let Some(v) = self.input(cx, i) else {
+            return Ok(());
+        };
+        let fits = if exact {
+            v.shape == target
+        } else {
+            broadcast(&v.shape, target).as_deref() == Some(target)
+        };
+        if v.dtype != dtype || !fits {
+            return Err(cx.err(format!(
+                "input {i} is {}; it must be {dtype} {} {}",
+                type_text(v.dtype, &v.shape),
+                if exact { "of shape" } else { "broadcasting to" },
+                shape_text(target)
+            )));
+        }
+        Ok(())
+    }
+
     /// The dlc expression of input `i`.
     fn e(&mut self, cx: &Cx<'_>, i: usize) -> R<String> {
         self.need(cx, i)?;
@@ -413,6 +442,12 @@ impl Importer {
             "Where" => {
                 cx.allow(&[])?;
                 let (c, a, b) = (self.need(&cx, 0)?, self.need(&cx, 1)?, self.need(&cx, 2)?);
+                if c.dtype != DType::Bool || a.dtype != b.dtype {
+                    return Err(cx.err(format!(
+                        "needs a bool condition and two operands of one type, got {}, {} and {}",
+                        c.dtype, a.dtype, b.dtype
+                    )));
+                }
                 let shape = broadcast(&c.shape, &a.shape)
                     .and_then(|s| broadcast(&s, &b.shape))
                     .ok_or_else(|| cx.err("operands do not broadcast"))?;
@@ -1043,6 +1078,8 @@ impl Importer {
         if x.dtype == DType::Bool {
             return Err(cx.err("is not defined on bool"));
         }
+        self.check_operand(cx, 1, x.dtype, &[], true)?;
+        self.check_operand(cx, 2, x.dtype, &[], true)?;
         let mut expr = self.e(cx, 0)?;
         if let Some(lo) = self.input(cx, 1) {
             if !lo.shape.is_empty() {
@@ -1152,7 +1189,7 @@ impl Importer {
             expr = format!("({expr}) * {}", literal(alpha, a.dtype));
         }
         if let Some(c) = self.input(cx, 2) {
-            if broadcast(&c.shape, &[m, n]).as_deref() != Some(&[m, n][..]) {
+            if c.dtype != a.dtype || broadcast(&c.shape, &[m, n]).as_deref() != Some(&[m, n][..]) {
                 return Err(cx.err(format!(
                     "C {} does not broadcast to [{m}, {n}]",
                     shape_text(&c.shape)
@@ -1768,6 +1805,8 @@ impl Importer {
         let a = cx.axis(cx.int("axis", -1), r)?;
         let axes: Vec<String> = (a..r).map(|i| i.to_string()).collect();
         let eps = cx.epsilon(1e-5)?;
+        self.need(cx, 1)?;
+        self.check_operand(cx, 1, x.dtype, &x.shape, false)?;
         let (ex, es) = (self.e(cx, 0)?, self.e(cx, 1)?);
         let expr = format!(
             "{ex} * rsqrt(mean({ex} * {ex}, axis=[{}], keepdims=true) + {eps}) * {es}",
@@ -1785,6 +1824,10 @@ impl Importer {
         cx.float_input(&x)?;
         if x.shape.len() < 2 {
             return Err(cx.err("needs an input of rank 2 or more"));
+        }
+        for i in 1..5 {
+            self.need(cx, i)?;
+            self.check_operand(cx, i, x.dtype, &[x.shape[1]], true)?;
         }
         let e: Vec<String> = (0..5).map(|i| self.e(cx, i)).collect::<R<_>>()?;
         let eps = cx.epsilon(1e-5)?;
@@ -1804,6 +1847,21 @@ impl Importer {
         let x = self.need(cx, 0)?;
         cx.float_input(&x)?;
         let r = x.shape.len();
+        if r < 2 {
+            return Err(cx.err("needs an input of rank 2 or more"));
+        }
+        let per: Vec<usize> = match cx.op() {
+            "LayerNormalization" => x.shape.clone(),
+            "GroupNormalization" if cx.opset < 21 => {
+                vec![cx.int("num_groups", 1).clamp(1, MAX_ATTR) as usize]
+            }
+            _ => vec![x.shape[1]],
+        };
+        let exact = cx.op() != "LayerNormalization";
+        self.need(cx, 1)?;
+        for i in 1..3 {
+            self.check_operand(cx, i, x.dtype, &per, exact)?;
+        }
         let ex = self.e(cx, 0)?;
         let es = self.e(cx, 1)?;
         let eb = match self.input(cx, 2) {
@@ -2012,8 +2070,12 @@ impl Importer {
             self.conv_op(&x, &w, g, &win, &ex, &ew)
         };
         if let Some(b) = self.input(cx, 2) {
-            if b.shape != [o] {
-                return Err(cx.err(format!("bias {} must be [{o}]", shape_text(&b.shape))));
+            if b.shape != [o] || b.dtype != x.dtype {
+                return Err(cx.err(format!(
+                    "bias {} must be {}",
+                    type_text(b.dtype, &b.shape),
+                    type_text(x.dtype, &[o])
+                )));
             }
             let eb = self.e(cx, 2)?;
             let mut bs = vec![o];
@@ -2225,8 +2287,12 @@ impl Importer {
         };
         let mut expr = self.conv_op(&xv, &wval, g, &win, &ex, &wv);
         if let Some(b) = self.input(cx, 2) {
-            if b.shape != [o] {
-                return Err(cx.err(format!("bias {} must be [{o}]", shape_text(&b.shape))));
+            if b.shape != [o] || b.dtype != x.dtype {
+                return Err(cx.err(format!(
+                    "bias {} must be {}",
+                    type_text(b.dtype, &b.shape),
+                    type_text(x.dtype, &[o])
+                )));
             }
             let eb = self.e(cx, 2)?;
             let mut bs = vec![o];
@@ -2251,6 +2317,8 @@ impl Importer {
             "scale",
             "softcap",
             "softmax_precision",
+            "left_window_size",
+            "right_window_size",
         ])?;
         if self.input(cx, 6).is_some() {
             return Err(cx.err("nonpad_kv_seqlen is not supported"));
@@ -2390,6 +2458,18 @@ impl Importer {
                 };
                 em = format!("concat([{em}, {fill}], axis={})", m.shape.len() - 1);
             }
+            let mut padded = m.shape.clone();
+            if let Some(last) = padded.last_mut() {
+                *last = l;
+            }
+            let full = [b, hq, s, l];
+            if broadcast(&padded, &full).as_deref() != Some(&full[..]) {
+                return Err(cx.err(format!(
+                    "the mask {} does not broadcast to {}",
+                    shape_text(&m.shape),
+                    shape_text(&full)
+                )));
+            }
             bias = Some(if m.dtype == DType::Bool {
                 format!("where({em}, 0.0, {ninf})")
             } else if m.dtype == dt {
@@ -2414,6 +2494,35 @@ impl Importer {
             bias = Some(match bias {
                 Some(b) => format!("{b} + {causal}"),
                 None => causal,
+            });
+        }
+        // A sliding window: query i (at position past + i) sees keys within
+        // left before and right after it (-1: unbounded).
+        let (left, right) = (
+            cx.int("left_window_size", -1),
+            cx.int("right_window_size", -1),
+        );
+        if left < -1 || right < -1 {
+            return Err(cx.err("window sizes must be -1 or non-negative"));
+        }
+        if left >= 0 || right >= 0 {
+            let allowed: Vec<f64> = (0..s * l)
+                .map(|p| {
+                    let diff = (p / l) as i64 + past as i64 - (p % l) as i64;
+                    f64::from(u8::from(
+                        (left < 0 || diff <= left) && (right < 0 || -diff <= right),
+                    ))
+                })
+                .collect();
+            let mask = self.fresh("window");
+            self.lines.push(format!(
+                "let {mask} = {};",
+                crate::constant_text(&Data::new(DType::Bool, vec![s, l], allowed))
+            ));
+            let window = format!("where({mask}, 0.0, {ninf})");
+            bias = Some(match bias {
+                Some(b) => format!("{b} + {window}"),
+                None => window,
             });
         }
         let with_bias = match &bias {
@@ -2513,8 +2622,12 @@ impl Importer {
         let picked = format!("sum(where({hot}, {ex}, {zero}), axis=1)");
         let weight = match self.input(cx, 2) {
             Some(w) => {
-                if w.shape != [c] {
-                    return Err(cx.err(format!("weights {} must be [{c}]", shape_text(&w.shape))));
+                if w.shape != [c] || w.dtype != dt {
+                    return Err(cx.err(format!(
+                        "weights {} must be {}",
+                        type_text(w.dtype, &w.shape),
+                        type_text(dt, &[c])
+                    )));
                 }
                 let ew = self.e(cx, 2)?;
                 let mut ws = vec![1; r];

@@ -463,6 +463,19 @@ fn attention_masks_rows_causally_and_zeroes_fully_masked_ones() {
         &[1, 1, 2, 2],
         &[1.0, 2.0, 2.0, 3.0],
     );
+    // A window of no keys before or after: each query sees its own key.
+    expect(
+        &run(
+            "Attention",
+            &[q(), k(), v()],
+            vec![
+                attr("left_window_size", A::I(0)),
+                attr("right_window_size", A::I(0)),
+            ],
+        ),
+        &[1, 1, 2, 2],
+        &[1.0, 2.0, 3.0, 4.0],
+    );
     let mask = input("mask", DType::Bool, &[2, 2], &[0.0, 0.0, 1.0, 1.0]);
     expect(
         &run("Attention", &[q(), k(), v(), mask], vec![]),
