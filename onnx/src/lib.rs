@@ -221,6 +221,17 @@ impl Importer {
         }
         for input in &graph.input {
             if let Some((_, d)) = options.bound.iter().find(|(n, _)| n == input.name()) {
+                // NumPy has no bfloat16: a bf16 input is bound from float32.
+                let bf16 = input_type(input, options).is_ok_and(|(t, _)| t == DType::BF16);
+                let d = &if bf16 && d.dtype == DType::F32 {
+                    Data::new(
+                        DType::BF16,
+                        d.shape.clone(),
+                        d.values.iter().map(|&v| DType::BF16.round(v)).collect(),
+                    )
+                } else {
+                    d.clone()
+                };
                 let declared = input_type(
                     input,
                     &Options {

@@ -480,7 +480,7 @@ impl Importer {
             "ConvTranspose" => self.conv_transpose(&cx),
             "Attention" => self.attention(&cx),
             "NegativeLogLikelihoodLoss" | "SoftmaxCrossEntropyLoss" => self.loss(&cx),
-            "MaxPool" | "AveragePool" => self.pool(&cx),
+            "MaxPool" | "AveragePool" | "LpPool" => self.pool(&cx),
             "GlobalAveragePool" | "GlobalMaxPool" => {
                 cx.allow(&[])?;
                 let x = self.need(&cx, 0)?;
@@ -2723,6 +2723,16 @@ impl Importer {
             if cx.node.output.get(1).is_some_and(|o| !o.is_empty()) {
                 return Err(cx.err("the Indices output is not supported"));
             }
+        } else if cx.op() == "LpPool" {
+            cx.allow(&[
+                "auto_pad",
+                "ceil_mode",
+                "dilations",
+                "kernel_shape",
+                "p",
+                "pads",
+                "strides",
+            ])?;
         } else {
             cx.allow(&[
                 "auto_pad",
@@ -2734,6 +2744,7 @@ impl Importer {
                 "strides",
             ])?;
         }
+        let lp = cx.op() == "LpPool";
         let x = self.need(cx, 0)?;
         cx.float_input(&x)?;
         let kernel: Vec<usize> = cx
@@ -2752,6 +2763,7 @@ impl Importer {
             && symmetric
             && win.dilations == [1, 1]
             && cx.int("ceil_mode", 0) == 0
+            && !lp
             && (max || include_pad || win.begin == [0, 0]);
         if plain {
             let f = if max { "maxpool2d" } else { "avgpool2d" };
@@ -2816,6 +2828,17 @@ impl Importer {
                 dt,
             );
             format!("max[{k}](where(m[{m}] > 0.5, inp[n, c, {r}], {lowest}))")
+        } else if lp {
+            // (sum of |x|^p over the window)^(1/p); padding adds zeros.
+            let p = cx.int("p", 2);
+            if !(1..=64).contains(&p) {
+                return Err(cx.err(format!("p = {p} is not supported (1 to 64)")));
+            }
+            format!(
+                "pow(sum[{k}](pow(abs(inp[n, c, {r}]), {})), {})",
+                literal(p as f64, dt),
+                literal(1.0 / p as f64, dt)
+            )
         } else {
             format!("sum[{k}](inp[n, c, {r}]) / sum[{k}](m[{m}])")
         };

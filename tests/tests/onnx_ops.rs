@@ -349,6 +349,19 @@ fn layouts_pads_and_slices() {
         &[1, 1, 3],
         &[1.0, 3.0, 4.0],
     );
+    let x = input("x", F, &[1, 1, 4], &[3.0, -4.0, 1.0, 2.0]);
+    expect(
+        &run(
+            "LpPool",
+            &[x],
+            vec![
+                attr("kernel_shape", A::Is(vec![2])),
+                attr("strides", A::Is(vec![2])),
+            ],
+        ),
+        &[1, 1, 2],
+        &[5.0, 5f64.sqrt()],
+    );
     let x = input("x", F, &[2, 2], &[-1.0, 1.0, 3.0, -4.0]);
     expect(
         &run(
