@@ -8,7 +8,7 @@ CARGO ?= cargo
 EXAMPLE ?= examples/w2_mlp.dl
 
 .PHONY: all setup setup-test-tools setup-onnx run test lint fuzz-smoke bench bench-saturate \
-	onnx-tests onnx-models clean
+	onnx-tests onnx-bench onnx-models clean
 
 all: test
 
@@ -90,6 +90,11 @@ setup-onnx:
 onnx-tests: setup setup-onnx
 	$(CARGO) build --release --locked -p dlc
 	$(ONNX_VENV)/bin/python scripts/onnx_node_tests.py target/release/dlc target/onnx-tests
+
+# The real-model ONNX tests timed by dlc and onnxruntime in one run.
+onnx-bench: setup setup-onnx
+	$(CARGO) build --release --locked -p dlc
+	$(ONNX_VENV)/bin/python scripts/onnx_bench.py target/release/dlc
 
 onnx-models: setup-onnx
 	$(ONNX_VENV)/bin/python scripts/onnx_models.py
