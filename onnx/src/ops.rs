@@ -427,6 +427,7 @@ impl Importer {
             "Tan" | "Sinh" | "Cosh" | "Asinh" | "Acosh" | "Atanh" | "Shrink"
             | "LpNormalization" | "Hardmax" => self.composite(&cx),
             "ArgMax" | "ArgMin" => self.arg_extreme(&cx),
+            "TopK" => self.top_k(&cx),
             "Trilu" => self.trilu(&cx),
             "OneHot" => self.one_hot(&cx),
             "CumSum" => self.cumsum(&cx),
@@ -2978,6 +2979,77 @@ impl Importer {
             expr = format!("reshape({expr}, {})", shape_text(&shape));
         }
         self.bind(cx, 0, expr, DType::I64, shape)
+    }
+
+    /// TopK with a constant k (at most 64): k rounds of taking the
+    /// extreme along the axis and its first index, then masking that
+    /// position out; values and indices are concatenated in order (sorted,
+    /// ties by the smaller index, as ONNX's reference).
+    fn top_k(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&["axis", "largest", "sorted"])?;
+        let x = self.need(cx, 0)?;
+        if x.dtype == DType::Bool {
+            return Err(cx.err("is not defined on bool"));
+        }
+        let k = self
+            .ints_input(cx, 1, "k")?
+            .and_then(|v| v.first().copied())
+            .ok_or_else(|| cx.err("input 1 (k) is required"))?;
+        let a = cx.axis(cx.int("axis", -1), x.shape.len())?;
+        let n = x.shape[a];
+        if k < 1 || k as usize > n || k > 64 {
+            return Err(cx.err(format!("k = {k} is not supported (1 to min(64, {n}))")));
+        }
+        let largest = cx.int("largest", 1) != 0;
+        let dt = x.dtype;
+        // What a taken position becomes, so that it is never taken again.
+        let gone = match (dt.is_float(), largest) {
+            (true, true) => literal(f64::NEG_INFINITY, dt),
+            (true, false) => literal(f64::INFINITY, dt),
+            // i64::MIN has no literal: its magnitude does not fit.
+            (false, true) if dt == DType::I64 => format!("({} - 1)", i64::MIN + 1),
+            (false, true) => i32::MIN.to_string(),
+            (false, false) => format!(
+                "{}",
+                if dt == DType::I32 {
+                    i64::from(i32::MAX)
+                } else {
+                    i64::MAX
+                }
+            ),
+        };
+        let iota = self.iota(&x.shape, a, DType::I64);
+        let f = if largest { "max" } else { "min" };
+        let mut cur = self.e(cx, 0)?;
+        let (mut values, mut indices) = (Vec::new(), Vec::new());
+        for j in 0..k {
+            let m = self.fresh("top");
+            self.lines
+                .push(format!("let {m} = {f}({cur}, axis={a}, keepdims=true);"));
+            let i = self.fresh("top_index");
+            self.lines.push(format!(
+                "let {i} = min(where({cur} == {m}, {iota}, {n}), axis={a}, keepdims=true);"
+            ));
+            values.push(m);
+            indices.push(i.clone());
+            if j + 1 < k {
+                let next = self.fresh("rest");
+                self.lines
+                    .push(format!("let {next} = where({iota} == {i}, {gone}, {cur});"));
+                cur = next;
+            }
+        }
+        let mut shape = x.shape.clone();
+        shape[a] = k as usize;
+        let join = |v: &[String]| {
+            if v.len() == 1 {
+                v[0].clone()
+            } else {
+                format!("concat([{}], axis={a})", v.join(", "))
+            }
+        };
+        self.bind(cx, 0, join(&values), dt, shape.clone())?;
+        self.bind(cx, 1, join(&indices), DType::I64, shape)
     }
 
     fn trilu(&mut self, cx: &Cx<'_>) -> R<()> {

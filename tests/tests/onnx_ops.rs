@@ -531,3 +531,26 @@ fn nll_loss_weighs_and_ignores_labels() {
         &[3f64.ln()],
     );
 }
+
+#[test]
+fn top_k_takes_the_k_extremes_in_order() {
+    let x = || {
+        input(
+            "x",
+            F,
+            &[2, 4],
+            &[1.0, 4.0, 4.0, 2.0, -1.0, -3.0, 0.0, -3.0],
+        )
+    };
+    let k = || init("k", L, &[1], &[2.0]);
+    expect(
+        &run("TopK", &[x(), k()], vec![]),
+        &[2, 2],
+        &[4.0, 4.0, 0.0, -1.0],
+    );
+    expect(
+        &run("TopK", &[x(), k()], vec![attr("largest", A::I(0))]),
+        &[2, 2],
+        &[1.0, 2.0, -3.0, -3.0],
+    );
+}
