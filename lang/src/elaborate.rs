@@ -71,6 +71,12 @@ const BUILTINS: &[&str] = &[
     "tensor",
 ];
 
+/// Whether `name` is a built-in function of the language (a name no
+/// user function or operator may take).
+pub fn is_builtin(name: &str) -> bool {
+    BUILTINS.contains(&name) || UnaryOp::from_name(name).is_some()
+}
+
 type R<T> = Result<T, Diagnostic>;
 
 /// A value during elaboration.

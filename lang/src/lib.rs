@@ -25,7 +25,7 @@ mod grammar {
 }
 
 pub use diag::{Diagnostic, Diagnostics};
-pub use elaborate::{DEFAULT_FLOAT, DEFAULT_INT, elaborate};
+pub use elaborate::{DEFAULT_FLOAT, DEFAULT_INT, elaborate, is_builtin};
 
 use ast::{Program, Span};
 use lalrpop_util::ParseError;

@@ -184,7 +184,7 @@ impl Importer {
         }
         let mut name = base.clone();
         let mut k = 1;
-        while self.taken.contains(&name) || dlc_lang_builtin(&name) {
+        while self.taken.contains(&name) || dlc_lang::is_builtin(&name) {
             name = format!("{base}_{k}");
             k += 1;
         }
@@ -369,53 +369,6 @@ impl Importer {
         }
         Ok(var)
     }
-}
-
-fn dlc_lang_builtin(name: &str) -> bool {
-    const BUILTINS: &[&str] = &[
-        "relu",
-        "exp",
-        "log",
-        "sqrt",
-        "rsqrt",
-        "tanh",
-        "sigmoid",
-        "gelu",
-        "abs",
-        "floor",
-        "ceil",
-        "round",
-        "sign",
-        "reciprocal",
-        "sin",
-        "cos",
-        "silu",
-        "neg",
-        "pow",
-        "max",
-        "min",
-        "sum",
-        "mean",
-        "prod",
-        "softmax",
-        "layernorm",
-        "reshape",
-        "transpose",
-        "concat",
-        "slice",
-        "broadcast",
-        "conv2d",
-        "maxpool2d",
-        "avgpool2d",
-        "batchnorm",
-        "cast",
-        "where",
-        "zeros",
-        "ones",
-        "full",
-        "tensor",
-    ];
-    BUILTINS.contains(&name)
 }
 
 fn escape(s: &str) -> String {

@@ -458,6 +458,33 @@ where
     Ok(v)
 }
 
+/// A list attribute, `[1, 0]` or `[1.5, -inf, 2]`, from a parser that is a
+/// [`Cursor`] underneath, reading non-integers with its own `number`:
+/// integers stay exact ([`crate::attr::Attr::Ints`]); a list with any other
+/// number is a list of numbers ([`crate::attr::Attr::Floats`]).
+pub fn list_attr<P>(
+    p: &mut P,
+    mut number: impl FnMut(&mut P) -> PResult<f64>,
+) -> PResult<crate::attr::Attr>
+where
+    P: std::ops::DerefMut<Target = Cursor>,
+{
+    let items = bracketed(p, |p| {
+        let int = matches!(p.peek(), Tok::Int(_))
+            || (matches!(p.peek(), Tok::Punct("-")) && matches!(p.peek_at(1), Tok::Int(_)));
+        if int {
+            p.int().map(|i| (Some(i), i as f64))
+        } else {
+            number(p).map(|v| (None, v))
+        }
+    })?;
+    Ok(if items.iter().all(|(i, _)| i.is_some()) {
+        crate::attr::Attr::Ints(items.iter().filter_map(|(i, _)| *i).collect())
+    } else {
+        crate::attr::Attr::Floats(items.iter().map(|(_, v)| *v).collect())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::{Cursor, Tok};

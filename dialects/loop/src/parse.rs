@@ -4,7 +4,7 @@
 //! what was read.
 
 use dlc_core::attr::Attr;
-use dlc_core::lex::{Cursor, PResult, ParseError, Scopes, Tok, bracketed};
+use dlc_core::lex::{Cursor, PResult, ParseError, Scopes, Tok, bracketed, list_attr};
 use dlc_core::parse_float;
 
 use crate::ir::{Block, BufferType, Function, IndexExpr, Module, OpKind, Type, Value};
@@ -198,24 +198,7 @@ impl Parser {
 
     fn attr(&mut self) -> PResult<Attr> {
         match self.peek().clone() {
-            Tok::Punct("[") => {
-                // Integers stay exact; a list with any float is a list of numbers.
-                let items = bracketed(self, |p| {
-                    let int = matches!(p.peek(), Tok::Int(_))
-                        || (matches!(p.peek(), Tok::Punct("-"))
-                            && matches!(p.peek_at(1), Tok::Int(_)));
-                    if int {
-                        p.int().map(|i| (Some(i), i as f64))
-                    } else {
-                        p.number().map(|v| (None, v))
-                    }
-                })?;
-                Ok(if items.iter().all(|(i, _)| i.is_some()) {
-                    Attr::Ints(items.iter().filter_map(|(i, _)| *i).collect())
-                } else {
-                    Attr::Floats(items.iter().map(|(_, v)| *v).collect())
-                })
-            }
+            Tok::Punct("[") => list_attr(self, Self::number),
             Tok::Int(_) => Ok(Attr::Int(self.int()?)),
             Tok::Punct("-") if matches!(self.peek_at(1), Tok::Int(_)) => Ok(Attr::Int(self.int()?)),
             _ => Ok(Attr::Float(self.number()?)),

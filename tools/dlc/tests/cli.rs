@@ -3,8 +3,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+
+use common::{Dir, dlc, fails_with, stderr};
 
 use dlc_core::{DType, TensorType};
 use dlc_runtime::HostTensor;
@@ -18,57 +22,6 @@ fn pair(x: f32[2]) -> (f32[2], i32[2]) {
     return (x * 2.0, cast(x, i32));
 }
 ";
-
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(name: &str) -> Dir {
-        let p = std::env::temp_dir().join(format!("dlc-cli-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Dir(p)
-    }
-    fn file(&self, name: &str, text: &str) -> String {
-        let p = self.0.join(name);
-        std::fs::write(&p, text).unwrap();
-        p.display().to_string()
-    }
-    fn npy(&self, name: &str, ty: TensorType, data: &[f64]) -> String {
-        let p = self.0.join(name);
-        HostTensor::new(ty, data.to_vec())
-            .unwrap()
-            .write_npy(&p)
-            .unwrap();
-        p.display().to_string()
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn dlc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_dlc"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-#[track_caller]
-fn fails_with(o: &Output, text: &str) {
-    assert_eq!(o.status.code(), Some(1), "stderr: {}", stderr(o));
-    assert!(
-        stderr(o).contains(text),
-        "expected `{text}` in:\n{}",
-        stderr(o)
-    );
-}
 
 fn f32ty(shape: &[usize]) -> TensorType {
     TensorType::new(DType::F32, shape.to_vec())
@@ -1099,7 +1052,7 @@ fn two_models_link_into_one_program() {
         )
     };
     for (stem, op) in [("plus", "+"), ("minus", "-")] {
-        let model = d.file(&format!("{stem}.dl"), &affine(op));
+        let model = d.file(&format!("{stem}.dl"), affine(op));
         for (emit, file) in [
             ("lib", format!("lib{stem}.a")),
             ("header", format!("{stem}.h")),
@@ -1168,7 +1121,7 @@ fn objects_for_a_cpu_level_use_only_its_instructions() {
     // A product large enough for the packed kernel, and the C_MAIN model.
     let model = d.file(
         "m.dl",
-        &format!(
+        format!(
             "{MODEL}\nfn big(x: f32[64, 96], w: f32[96, 80]) -> f32[64, 80] {{ return tanh(x @ w); }}\n"
         ),
     );

@@ -4,8 +4,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
+
+use common::{Dir, dlc, fails_with, stderr};
 
 use dlc_onnx::pb;
 use dlc_runtime::HostTensor;
@@ -15,56 +19,10 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/onnx")
 }
 
-fn dlc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_dlc"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
 #[track_caller]
 fn succeeds(o: &Output) -> String {
     assert_eq!(o.status.code(), Some(0), "stderr: {}", stderr(o));
     String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-#[track_caller]
-fn fails_with(o: &Output, text: &str) {
-    assert_eq!(o.status.code(), Some(1), "stderr: {}", stderr(o));
-    assert!(
-        stderr(o).contains(text),
-        "expected `{text}` in:\n{}",
-        stderr(o)
-    );
-}
-
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(name: &str) -> Dir {
-        let p = std::env::temp_dir().join(format!("dlc-onnx-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Dir(p)
-    }
-    fn path(&self, name: &str) -> String {
-        self.0.join(name).display().to_string()
-    }
-    fn write(&self, name: &str, bytes: &[u8]) -> String {
-        let p = self.path(name);
-        std::fs::write(&p, bytes).unwrap();
-        p
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// The inputs of a stored model, as `--input NAME=PATH` arguments.
@@ -214,7 +172,7 @@ fn one_node(op: &str, x: &[pb::tensor_shape_proto::Dimension], opset: i64) -> Ve
 #[test]
 fn symbolic_dimensions_need_a_shape() {
     let d = Dir::new("sym");
-    let m = d.write("m.onnx", &one_node("Relu", &[sym("batch"), dim(4)], 17));
+    let m = d.file("m.onnx", one_node("Relu", &[sym("batch"), dim(4)], 17));
     fails_with(
         &dlc(&["run", &m, "--random-inputs", "0"]),
         "input `x` has a symbolic dimension `batch`; give its shape with --shape x=[d0,d1,...] (ONNX shape [batch, 4])",
@@ -242,12 +200,12 @@ fn symbolic_dimensions_need_a_shape() {
 #[test]
 fn unsupported_ops_name_the_node_op_and_opset() {
     let d = Dir::new("unsupported");
-    let m = d.write("m.onnx", &one_node("NonMaxSuppression", &[dim(2)], 17));
+    let m = d.file("m.onnx", one_node("NonMaxSuppression", &[dim(2)], 17));
     fails_with(
         &dlc(&["check", &m]),
         "node `the_node` (NonMaxSuppression, opset 17): this operator is not supported yet",
     );
-    let m = d.write("old.onnx", &one_node("Relu", &[dim(2)], 11));
+    let m = d.file("old.onnx", one_node("Relu", &[dim(2)], 11));
     fails_with(
         &dlc(&["check", &m]),
         "the model uses opset 11; dlc reads opset 13 and later",
@@ -266,7 +224,7 @@ fn malformed_files_are_errors() {
         ),
         ("truncated.onnx", good[..good.len() / 2].to_vec()),
     ] {
-        let m = d.write(name, &bytes);
+        let m = d.file(name, &bytes);
         let o = dlc(&["run", &m, "--random-inputs", "0"]);
         assert_eq!(o.status.code(), Some(1), "{name}: {}", stderr(&o));
         assert!(
@@ -297,7 +255,7 @@ fn inputs_that_set_shapes_can_be_bound_to_values() {
         ..Default::default()
     });
     bytes = model.encode_to_vec();
-    let m = d.write("m.onnx", &bytes);
+    let m = d.file("m.onnx", &bytes);
     fails_with(
         &dlc(&["run", &m, "--random-inputs", "0"]),
         "node `the_node` (Reshape, opset 17): the shape (input 1) must be a constant; dlc shapes are static",
