@@ -43,7 +43,12 @@ from onnx import numpy_helper
 from onnx.backend.test.case import node as node_cases
 
 TIMEOUT_S = 120
-NPY_TYPES = {np.float32, np.float16, np.int32, np.int64, np.bool_}
+NPY_TYPES = {
+    np.float16, np.float32, np.float64,
+    np.int8, np.int16, np.int32, np.int64,
+    np.uint8, np.uint16, np.uint32, np.uint64,
+    np.bool_,
+}
 
 
 def is_unsupported(message):
@@ -126,6 +131,8 @@ def run_case(dlc, case, workdir, bind=False):
                 want = want.astype(np.float32)  # dlc writes bf16 results as float32
             if got.shape != want.shape:
                 return "failed", f"output {j}: shape {got.shape}, reference {want.shape}"
+            if got.dtype != want.dtype:
+                return "failed", f"output {j}: element type {got.dtype}, reference {want.dtype}"
             try:
                 if want.dtype == np.bool_ or np.issubdtype(want.dtype, np.integer):
                     np.testing.assert_array_equal(got, want)

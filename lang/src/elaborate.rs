@@ -276,12 +276,15 @@ fn check_distinct(names: &[Ident], what: &str) -> R<()> {
     Ok(())
 }
 
+const EXPECTED_DTYPE: &str =
+    "expected f16, bf16, f32, f64, i8, i16, i32, i64, u8, u16, u32, u64 or bool";
+
 fn parse_dtype(id: &Ident) -> R<DType> {
     id.name.parse().map_err(|_| {
         Diagnostic::new(
             format!("unknown element type `{}`", id.name),
             id.span,
-            "expected f32, f16, bf16, i32, i64 or bool",
+            EXPECTED_DTYPE,
         )
     })
 }
@@ -422,7 +425,7 @@ fn dtype_arg(e: &Expr) -> R<DType> {
         _ => Err(Diagnostic::new(
             "expected an element type",
             e.span,
-            "expected f32, f16, bf16, i32, i64 or bool",
+            EXPECTED_DTYPE,
         )),
     }
 }
@@ -643,12 +646,7 @@ fn dense_values(e: &Expr, dtype: DType) -> R<Vec<f64>> {
                     "type mismatch",
                 ));
             }
-            let out_of_range = match dtype {
-                DType::I32 => v < f64::from(i32::MIN) || v > f64::from(i32::MAX),
-                DType::Bool => v != 0.0 && v != 1.0,
-                _ => false,
-            };
-            if out_of_range {
+            if out_of_range(v, dtype) {
                 return Err(Diagnostic::new(
                     format!("{v} does not fit in {dtype}"),
                     item.span,
@@ -658,6 +656,15 @@ fn dense_values(e: &Expr, dtype: DType) -> R<Vec<f64>> {
             Ok(dtype.round(v))
         })
         .collect()
+}
+
+/// Whether the number `v` is not a value of `dtype` (an integer outside
+/// its range; a bool other than 0 and 1).
+fn out_of_range(v: f64, dtype: DType) -> bool {
+    match (dtype.int_min(), dtype.int_max()) {
+        (Some(lo), Some(hi)) => v < lo || v > hi,
+        _ => dtype == DType::Bool && v != 0.0 && v != 1.0,
+    }
 }
 
 fn dense_number(e: &Expr) -> R<(f64, bool)> {
@@ -975,6 +982,13 @@ impl<'p> Elab<'p> {
                 format!("the number `{x}` cannot be a {dtype}"),
                 span,
                 format!("{dtype} expected here"),
+            ));
+        }
+        if out_of_range(x, dtype) {
+            return Err(Diagnostic::new(
+                format!("{x} does not fit in {dtype}"),
+                span,
+                "out of range",
             ));
         }
         Ok(cx.f.add_op(

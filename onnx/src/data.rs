@@ -36,6 +36,10 @@ impl Data {
     }
 }
 
+/// The element types dlc has, as error messages list them.
+pub(crate) const SUPPORTED_TYPES: &str =
+    "dlc has float16/32/64, bfloat16, int8..int64, uint8..uint64 and bool";
+
 /// The name of an ONNX element type, as error messages write it.
 pub fn onnx_type_name(code: i32) -> String {
     DataType::try_from(code)
@@ -47,13 +51,41 @@ pub fn onnx_type_name(code: i32) -> String {
 pub fn dtype_of(code: i32) -> Option<DType> {
     Some(match DataType::try_from(code).ok()? {
         DataType::Float => DType::F32,
+        DataType::Double => DType::F64,
         DataType::Float16 => DType::F16,
         DataType::Bfloat16 => DType::BF16,
+        DataType::Int8 => DType::I8,
+        DataType::Int16 => DType::I16,
         DataType::Int32 => DType::I32,
         DataType::Int64 => DType::I64,
+        DataType::Uint8 => DType::U8,
+        DataType::Uint16 => DType::U16,
+        DataType::Uint32 => DType::U32,
+        DataType::Uint64 => DType::U64,
         DataType::Bool => DType::Bool,
         _ => return None,
     })
+}
+
+/// The ONNX element type code of a dlc element type (the inverse of
+/// [`dtype_of`]).
+pub fn onnx_code(d: DType) -> i32 {
+    let t = match d {
+        DType::F32 => DataType::Float,
+        DType::F64 => DataType::Double,
+        DType::F16 => DataType::Float16,
+        DType::BF16 => DataType::Bfloat16,
+        DType::I8 => DataType::Int8,
+        DType::I16 => DataType::Int16,
+        DType::I32 => DataType::Int32,
+        DType::I64 => DataType::Int64,
+        DType::U8 => DataType::Uint8,
+        DType::U16 => DataType::Uint16,
+        DType::U32 => DataType::Uint32,
+        DType::U64 => DataType::Uint64,
+        DType::Bool => DataType::Bool,
+    };
+    t as i32
 }
 
 /// Decodes a tensor's elements from whichever field holds them.
@@ -71,7 +103,7 @@ pub fn decode(t: &TensorProto) -> Result<Data, String> {
     }
     let dtype = dtype_of(t.data_type()).ok_or_else(|| {
         format!(
-            "{name} has element type {}, which dlc does not support (f32, f16, bf16, i32, i64, bool)",
+            "{name} has element type {}, which dlc does not support ({SUPPORTED_TYPES})",
             onnx_type_name(t.data_type())
         )
     })?;
@@ -102,20 +134,12 @@ pub fn decode(t: &TensorProto) -> Result<Data, String> {
             ));
         }
         raw.chunks_exact(width)
-            .map(|b| match dtype {
-                DType::F32 => f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-                DType::F16 => half::f16::from_le_bytes([b[0], b[1]]).to_f64(),
-                DType::BF16 => half::bf16::from_le_bytes([b[0], b[1]]).to_f64(),
-                DType::I32 => f64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-                DType::I64 => {
-                    i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as f64
-                }
-                DType::Bool => f64::from(u8::from(b[0] != 0)),
-            })
+            .map(|b| dtype.from_le_bytes(b))
             .collect()
     } else {
         match dtype {
             DType::F32 => t.float_data.iter().map(|&v| f64::from(v)).collect(),
+            DType::F64 => t.double_data.clone(),
             // f16 and bf16 are stored as their bits in int32_data.
             DType::F16 => t
                 .int32_data
@@ -127,7 +151,13 @@ pub fn decode(t: &TensorProto) -> Result<Data, String> {
                 .iter()
                 .map(|&v| half::bf16::from_bits(v as u16).to_f64())
                 .collect(),
-            DType::I32 => t.int32_data.iter().map(|&v| f64::from(v)).collect(),
+            // The narrow integers are stored widened in int32_data.
+            DType::I8 | DType::I16 | DType::I32 | DType::U8 | DType::U16 => t
+                .int32_data
+                .iter()
+                .map(|&v| dtype.round(f64::from(v)))
+                .collect(),
+            DType::U32 | DType::U64 => t.uint64_data.iter().map(|&v| v as f64).collect(),
             DType::Bool => t
                 .int32_data
                 .iter()
@@ -143,4 +173,16 @@ pub fn decode(t: &TensorProto) -> Result<Data, String> {
         ));
     }
     Ok(Data::new(dtype, shape, values))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn element_type_codes_round_trip() {
+        for d in DType::ALL {
+            assert_eq!(dtype_of(onnx_code(d)), Some(d));
+        }
+    }
 }

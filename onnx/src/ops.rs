@@ -506,6 +506,8 @@ impl Importer {
             }
             "Pad" => self.pad(&cx),
             "Resize" => self.resize(&cx),
+            "QuantizeLinear" => self.quantize(&cx),
+            "DequantizeLinear" => self.dequantize(&cx),
             _ => Err(cx.err("this operator is not supported yet")),
         }
     }
@@ -1099,6 +1101,208 @@ impl Importer {
         self.bind(cx, 0, expr, x.dtype, x.shape)
     }
 
+    /// A scale or zero point (input `i`) of a (de)quantization of `x`, as
+    /// an expression that broadcasts to `x`: per tensor (one element), per
+    /// axis (one per element of `axis`) or per block (`x`'s shape with
+    /// `axis` cut into blocks of `block` elements).
+    fn quant_param(&mut self, cx: &Cx<'_>, i: usize, x: &Val, block: usize) -> R<String> {
+        let p = self.need(cx, i)?;
+        let e = self.e(cx, i)?;
+        let r = x.shape.len();
+        if numel(&p.shape) == 1 && p.shape.len() <= 1 && block == 0 {
+            return Ok(format!("reshape({e}, [])"));
+        }
+        let axis = cx.axis(cx.int("axis", 1), r)?;
+        let n = x.shape[axis];
+        if block == 0 {
+            if p.shape != [n] {
+                return Err(cx.err(format!(
+                    "input {i} has shape {}; per-axis parameters along axis {axis} have shape [{n}]",
+                    shape_text(&p.shape)
+                )));
+            }
+            let mut s = vec![n];
+            s.extend(std::iter::repeat_n(1, r - axis - 1));
+            return Ok(format!("reshape({e}, {})", shape_text(&s)));
+        }
+        let blocks = n.div_ceil(block);
+        let mut want = x.shape.clone();
+        want[axis] = blocks;
+        if p.shape != want {
+            return Err(cx.err(format!(
+                "input {i} has shape {}; blocks of {block} along axis {axis} need {}",
+                shape_text(&p.shape),
+                shape_text(&want)
+            )));
+        }
+        // Each block's parameter repeated over the block, cut to `n`.
+        let mut split = want.clone();
+        split.insert(axis + 1, 1);
+        let mut wide = split.clone();
+        wide[axis + 1] = block;
+        let mut joined = want;
+        joined[axis] = blocks * block;
+        let mut expr = format!(
+            "reshape(broadcast(reshape({e}, {}), {}), {})",
+            shape_text(&split),
+            shape_text(&wide),
+            shape_text(&joined)
+        );
+        if blocks * block != n {
+            expr = format!("slice({expr}, axis={axis}, start=0, end={n})");
+        }
+        Ok(expr)
+    }
+
+    /// The `block_size` attribute (0 for per-tensor and per-axis).
+    fn quant_block(cx: &Cx<'_>) -> R<usize> {
+        let b = cx.int("block_size", 0);
+        if !(0..=MAX_ATTR).contains(&b) {
+            return Err(cx.err(format!("block_size = {b} is not supported")));
+        }
+        Ok(b as usize)
+    }
+
+    /// `DequantizeLinear`: `(x - zero_point) * scale`, in f32 and rounded
+    /// once to the scale's type.
+    fn dequantize(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&["axis", "block_size", "output_dtype"])?;
+        let x = self.need(cx, 0)?;
+        let scale = self.need(cx, 1)?;
+        if !x.dtype.is_int() {
+            return Err(cx.err(format!("input 0 is {}; dlc dequantizes integers", x.dtype)));
+        }
+        cx.float_input(&scale)?;
+        let out = match cx.int("output_dtype", 0) as i32 {
+            0 => scale.dtype,
+            code => dtype_of(code)
+                .filter(|&d| d == scale.dtype)
+                .ok_or_else(|| {
+                    cx.err(format!(
+                        "output_dtype {} differs from the scale's type {}",
+                        onnx_type_name(code),
+                        scale.dtype
+                    ))
+                })?,
+        };
+        let block = Self::quant_block(cx)?;
+        let w = DType::F32;
+        let ex = self.e(cx, 0)?;
+        let es = self.quant_param(cx, 1, &x, block)?;
+        let mut v = format!("cast({ex}, {w})");
+        if let Some(zp) = self.input(cx, 2) {
+            if zp.dtype != x.dtype {
+                return Err(cx.err(format!(
+                    "the zero point is {}, the input {}",
+                    zp.dtype, x.dtype
+                )));
+            }
+            let ez = self.quant_param(cx, 2, &x, block)?;
+            v = format!("({v} - cast({ez}, {w}))");
+        }
+        let scaled = if scale.dtype == w {
+            format!("{v} * {es}")
+        } else {
+            format!("{v} * cast({es}, {w})")
+        };
+        let expr = if out == w {
+            scaled
+        } else {
+            format!("cast({scaled}, {out})")
+        };
+        self.bind(cx, 0, expr, out, x.shape)
+    }
+
+    /// `QuantizeLinear`: `saturate(round(x / scale) + zero_point)`, ties
+    /// to even, to the range of the zero point's type (u8 without one).
+    fn quantize(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&[
+            "axis",
+            "block_size",
+            "output_dtype",
+            "precision",
+            "saturate",
+        ])?;
+        let x = self.need(cx, 0)?;
+        let scale = self.need(cx, 1)?;
+        cx.float_input(&scale)?;
+        if !(x.dtype.is_float() || x.dtype == DType::I32) {
+            return Err(cx.err(format!("input 0 is {}; it must be a float or i32", x.dtype)));
+        }
+        let zp = self.input(cx, 2);
+        let named = match cx.int("output_dtype", 0) as i32 {
+            0 => None,
+            code => Some(dtype_of(code).ok_or_else(|| {
+                cx.err(format!(
+                    "output_dtype {} is not supported ({})",
+                    onnx_type_name(code),
+                    crate::data::SUPPORTED_TYPES
+                ))
+            })?),
+        };
+        let out = match (&zp, named) {
+            (Some(z), Some(d)) if z.dtype != d => {
+                return Err(cx.err(format!(
+                    "output_dtype {d} differs from the zero point's type {}",
+                    z.dtype
+                )));
+            }
+            (Some(z), _) => z.dtype,
+            (None, Some(d)) => d,
+            (None, None) => DType::U8,
+        };
+        let (Some(lo), Some(hi)) = (out.int_min(), out.int_max()) else {
+            return Err(cx.err(format!(
+                "quantizing to {out} is not supported (integers only)"
+            )));
+        };
+        // The division is in the scale's type (or `precision`'s), as ONNX
+        // defines it; the rest in f32, which holds every sum exactly.
+        let div = match cx.int("precision", 0) as i32 {
+            0 => scale.dtype,
+            code => dtype_of(code).filter(|d| d.is_float()).ok_or_else(|| {
+                cx.err(format!(
+                    "precision {} is not supported",
+                    onnx_type_name(code)
+                ))
+            })?,
+        };
+        let block = Self::quant_block(cx)?;
+        let ex = self.e(cx, 0)?;
+        let es = self.quant_param(cx, 1, &x, block)?;
+        let as_div = |e: String, d: DType| {
+            if d == div {
+                e
+            } else {
+                format!("cast({e}, {div})")
+            }
+        };
+        let w = DType::F32;
+        let q = format!(
+            "round({} / {})",
+            as_div(ex, x.dtype),
+            as_div(es, scale.dtype)
+        );
+        let mut v = if div == w {
+            q
+        } else {
+            format!("cast({q}, {w})")
+        };
+        if let Some(z) = &zp {
+            if z.dtype != out {
+                return Err(cx.err("the zero point's type is not the output's"));
+            }
+            let ez = self.quant_param(cx, 2, &x, block)?;
+            v = format!("{v} + cast({ez}, {w})");
+        }
+        let expr = format!(
+            "cast(min(max({v}, {}), {}), {out})",
+            literal(lo, w),
+            literal(hi, w)
+        );
+        self.bind(cx, 0, expr, out, x.shape)
+    }
+
     fn cast(&mut self, cx: &Cx<'_>) -> R<()> {
         let x = self.need(cx, 0)?;
         let to = if cx.op() == "CastLike" {
@@ -1109,8 +1313,9 @@ impl Importer {
             let code = cx.int("to", 0) as i32;
             dtype_of(code).ok_or_else(|| {
                 cx.err(format!(
-                    "element type {} is not supported (f32, f16, bf16, i32, i64, bool)",
-                    onnx_type_name(code)
+                    "element type {} is not supported ({})",
+                    onnx_type_name(code),
+                    crate::data::SUPPORTED_TYPES
                 ))
             })?
         };
@@ -2747,7 +2952,9 @@ impl Importer {
         }
         let lp = cx.op() == "LpPool";
         let x = self.need(cx, 0)?;
-        cx.float_input(&x)?;
+        if !(max && x.dtype.is_int()) {
+            cx.float_input(&x)?;
+        }
         let kernel: Vec<usize> = cx
             .ints("kernel_shape")
             .ok_or_else(|| cx.err("`kernel_shape` is required"))?
@@ -2761,6 +2968,7 @@ impl Importer {
         let ex = self.e(cx, 0)?;
         let symmetric = win.begin == win.end && win.begin.iter().all(|&p| p >= 0);
         let plain = win.kernel.len() == 2
+            && x.dtype.is_float()
             && symmetric
             && win.dilations == [1, 1]
             && cx.int("ceil_mode", 0) == 0
@@ -2820,14 +3028,7 @@ impl Importer {
             ranges.join(", "),
         );
         let body = if max {
-            let lowest = literal(
-                if dt == DType::F32 {
-                    f64::from(f32::MIN)
-                } else {
-                    -65504.0
-                },
-                dt,
-            );
+            let lowest = extreme(dt, false);
             format!("max[{k}](where(m[{m}] > 0.5, inp[n, c, {r}], {lowest}))")
         } else if lp {
             // (sum of |x|^p over the window)^(1/p); padding adds zeros.
@@ -2843,13 +3044,16 @@ impl Importer {
         } else {
             format!("sum[{k}](inp[n, c, {r}]) / sum[{k}](m[{m}])")
         };
+        // The mask is of the input's float type (an average divides by its
+        // sum), f32 for an integer max.
+        let md = if dt.is_float() { dt } else { DType::F32 };
         self.ops.push(format!(
             "op {name}(inp: {}, m: {}) -> {} {{\n    out[n, c, {y}] = {body};\n}}",
             type_text(dt, &x.shape),
-            type_text(dt, &mask_shape),
+            type_text(md, &mask_shape),
             type_text(dt, &out_shape),
         ));
-        let ones = format!("full({}, 1.0, dtype={dt})", shape_text(&mask_shape));
+        let ones = format!("full({}, 1.0, dtype={md})", shape_text(&mask_shape));
         self.bind(cx, 0, format!("{name}({ex}, {ones})"), dt, out_shape)
     }
 
@@ -3006,17 +3210,7 @@ impl Importer {
         let gone = match (dt.is_float(), largest) {
             (true, true) => literal(f64::NEG_INFINITY, dt),
             (true, false) => literal(f64::INFINITY, dt),
-            // i64::MIN has no literal: its magnitude does not fit.
-            (false, true) if dt == DType::I64 => format!("({} - 1)", i64::MIN + 1),
-            (false, true) => i32::MIN.to_string(),
-            (false, false) => format!(
-                "{}",
-                if dt == DType::I32 {
-                    i64::from(i32::MAX)
-                } else {
-                    i64::MAX
-                }
-            ),
+            (false, _) => extreme(dt, !largest),
         };
         let iota = self.iota(&x.shape, a, DType::I64);
         let f = if largest { "max" } else { "min" };
@@ -3687,6 +3881,26 @@ impl Interp<'_> {
         }
         Ok((w, b))
     }
+}
+
+/// The least (or with `high` the greatest) finite value of `dt` as a dlc
+/// expression.
+fn extreme(dt: DType, high: bool) -> String {
+    let v = match (dt, high) {
+        (DType::F64, _) => f64::MAX,
+        (DType::F32, _) => f64::from(f32::MAX),
+        (DType::F16, _) => half::f16::MAX.to_f64(),
+        (DType::BF16, _) => half::bf16::MAX.to_f64(),
+        // i64::MIN has no literal (its magnitude does not fit), nor has
+        // u64::MAX an f64 one.
+        (DType::I64, false) => return format!("({} - 1)", i64::MIN + 1),
+        (DType::I64, true) => return i64::MAX.to_string(),
+        (DType::U64, true) => return u64::MAX.to_string(),
+        (DType::Bool, _) => return (if high { "true" } else { "false" }).into(),
+        (d, false) => return literal(d.int_min().unwrap_or(0.0), d),
+        (d, true) => return literal(d.int_max().unwrap_or(0.0), d),
+    };
+    literal(if high { v } else { -v }, dt)
 }
 
 /// ONNX Cast of one element.

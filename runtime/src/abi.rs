@@ -456,11 +456,17 @@ fn c_param_name(name: &str) -> String {
 fn c_type(d: DType) -> &'static str {
     match d {
         DType::F32 => "float",
+        DType::F64 => "double",
         // No portable C type for the 16-bit floats: their bits.
         DType::F16 | DType::BF16 => "uint16_t",
+        DType::I8 => "int8_t",
+        DType::I16 => "int16_t",
         DType::I32 => "int32_t",
         DType::I64 => "int64_t",
-        DType::Bool => "uint8_t",
+        DType::U8 | DType::Bool => "uint8_t",
+        DType::U16 => "uint16_t",
+        DType::U32 => "uint32_t",
+        DType::U64 => "uint64_t",
     }
 }
 

@@ -71,14 +71,16 @@ impl HostTensor {
         Ok(HostTensor { ty, data })
     }
 
-    /// Random elements: floats uniform in [-1, 1), integers uniform in
-    /// [-10, 10], booleans fair coins; the same seed gives the same tensor.
+    /// Random elements: floats uniform in [-1, 1), signed integers uniform
+    /// in [-10, 10], unsigned ones in [0, 20], booleans fair coins; the
+    /// same seed gives the same tensor.
     pub fn random(ty: &TensorType, rng: &mut StdRng) -> HostTensor {
         let n = ty.num_elements().unwrap_or(0);
         let data = (0..n)
             .map(|_| match ty.dtype {
                 d if d.is_float() => d.round(rng.random_range(-1.0..1.0)),
                 DType::Bool => f64::from(u8::from(rng.random_bool(0.5))),
+                d if d.is_unsigned() => rng.random_range(0i64..=20) as f64,
                 _ => rng.random_range(-10i64..=10) as f64,
             })
             .collect();
@@ -93,14 +95,7 @@ impl HostTensor {
     pub fn to_le_bytes(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.data.len() * self.ty.dtype.size_bytes());
         for &x in &self.data {
-            match self.ty.dtype {
-                DType::F32 => out.extend((x as f32).to_le_bytes()),
-                DType::F16 => out.extend(half::f16::from_f64(x).to_le_bytes()),
-                DType::BF16 => out.extend(half::bf16::from_f64(x).to_le_bytes()),
-                DType::I32 => out.extend((x as i32).to_le_bytes()),
-                DType::I64 => out.extend((x as i64).to_le_bytes()),
-                DType::Bool => out.push(u8::from(x != 0.0)),
-            }
+            self.ty.dtype.push_le_bytes(x, &mut out);
         }
         out
     }
@@ -110,23 +105,15 @@ impl HostTensor {
         let size = ty.dtype.size_bytes();
         let data = bytes
             .chunks_exact(size)
-            .map(|c| match ty.dtype {
-                DType::F32 => f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-                DType::F16 => half::f16::from_le_bytes([c[0], c[1]]).to_f64(),
-                DType::BF16 => half::bf16::from_le_bytes([c[0], c[1]]).to_f64(),
-                DType::I32 => f64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-                DType::I64 => {
-                    i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f64
-                }
-                DType::Bool => f64::from(u8::from(c[0] != 0)),
-            })
+            .map(|c| ty.dtype.from_le_bytes(c))
             .collect();
         HostTensor::new(ty, data)
     }
 
     /// Reads an `.npy` file. Its element type maps to dlc's: `<f4` f32,
-    /// `<f2` f16, `<i4` i32, `<i8` i64, `|b1` bool. NumPy has no bfloat16:
-    /// read a float32 file with `as_dtype = Some(BF16)` to round it.
+    /// `<f8` f64, `<f2` f16, `|i1`..`<i8` i8..i64, `|u1`..`<u8` u8..u64,
+    /// `|b1` bool. NumPy has no bfloat16: read a float32 file with
+    /// `as_dtype = Some(BF16)` to round it.
     pub fn read_npy(path: &Path, as_dtype: Option<DType>) -> Result<HostTensor, TensorError> {
         let file = File::open(path).map_err(io_err(path))?;
         let npy = npyz::NpyFile::new(BufReader::new(file)).map_err(|e| TensorError::Format {
@@ -149,53 +136,46 @@ impl HostTensor {
         let descr = ts.to_string();
         let file_dtype = match (ts.type_char(), ts.size_field()) {
             (npyz::TypeChar::Float, 4) => DType::F32,
+            (npyz::TypeChar::Float, 8) => DType::F64,
             (npyz::TypeChar::Float, 2) => DType::F16,
+            (npyz::TypeChar::Int, 1) => DType::I8,
+            (npyz::TypeChar::Int, 2) => DType::I16,
             (npyz::TypeChar::Int, 4) => DType::I32,
             (npyz::TypeChar::Int, 8) => DType::I64,
+            (npyz::TypeChar::Uint, 1) => DType::U8,
+            (npyz::TypeChar::Uint, 2) => DType::U16,
+            (npyz::TypeChar::Uint, 4) => DType::U32,
+            (npyz::TypeChar::Uint, 8) => DType::U64,
             (npyz::TypeChar::Bool, 1) => DType::Bool,
-            (npyz::TypeChar::Float, 8) => {
-                return Err(format_err(format!(
-                    "float64 arrays (`{descr}`) have no dlc element type; save the array as float32 (`x.astype(numpy.float32)`)"
-                )));
-            }
             _ => {
                 return Err(format_err(format!(
-                    "element type `{descr}` has no dlc equivalent (dlc reads float32, float16, int32, int64 and bool)"
+                    "element type `{descr}` has no dlc equivalent (dlc reads float16/32/64, int8..int64, uint8..uint64 and bool)"
                 )));
             }
         };
         let read = |e: std::io::Error| format_err(format!("reading data: {e}"));
+        macro_rules! read_as {
+            ($t:ty, $conv:expr) => {
+                npy.into_vec::<$t>()
+                    .map_err(read)?
+                    .into_iter()
+                    .map($conv)
+                    .collect()
+            };
+        }
         let data: Vec<f64> = match file_dtype {
-            DType::F32 => npy
-                .into_vec::<f32>()
-                .map_err(read)?
-                .into_iter()
-                .map(f64::from)
-                .collect(),
-            DType::F16 => npy
-                .into_vec::<half::f16>()
-                .map_err(read)?
-                .into_iter()
-                .map(|x| x.to_f64())
-                .collect(),
-            DType::I32 => npy
-                .into_vec::<i32>()
-                .map_err(read)?
-                .into_iter()
-                .map(f64::from)
-                .collect(),
-            DType::I64 => npy
-                .into_vec::<i64>()
-                .map_err(read)?
-                .into_iter()
-                .map(|x| x as f64)
-                .collect(),
-            DType::Bool => npy
-                .into_vec::<bool>()
-                .map_err(read)?
-                .into_iter()
-                .map(|b| f64::from(u8::from(b)))
-                .collect(),
+            DType::F32 => read_as!(f32, f64::from),
+            DType::F64 => read_as!(f64, |x| x),
+            DType::F16 => read_as!(half::f16, |x| x.to_f64()),
+            DType::I8 => read_as!(i8, f64::from),
+            DType::I16 => read_as!(i16, f64::from),
+            DType::I32 => read_as!(i32, f64::from),
+            DType::I64 => read_as!(i64, |x| x as f64),
+            DType::U8 => read_as!(u8, f64::from),
+            DType::U16 => read_as!(u16, f64::from),
+            DType::U32 => read_as!(u32, f64::from),
+            DType::U64 => read_as!(u64, |x| x as f64),
+            DType::Bool => read_as!(bool, |b| f64::from(u8::from(b))),
             DType::BF16 => unreachable!("no .npy element type maps to bf16"),
         };
         let data = if fortran {
@@ -232,8 +212,15 @@ impl HostTensor {
         match self.ty.dtype {
             DType::F32 | DType::BF16 => write_as!(f32, |&x| x as f32),
             DType::F16 => write_as!(half::f16, |&x| half::f16::from_f64(x)),
+            DType::F64 => write_as!(f64, |&x| x),
+            DType::I8 => write_as!(i8, |&x| x as i8),
+            DType::I16 => write_as!(i16, |&x| x as i16),
             DType::I32 => write_as!(i32, |&x| x as i32),
             DType::I64 => write_as!(i64, |&x| x as i64),
+            DType::U8 => write_as!(u8, |&x| x as u8),
+            DType::U16 => write_as!(u16, |&x| x as u16),
+            DType::U32 => write_as!(u32, |&x| x as u32),
+            DType::U64 => write_as!(u64, |&x| x as u64),
             DType::Bool => write_as!(bool, |&x| x != 0.0),
         }
     }

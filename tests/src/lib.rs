@@ -298,6 +298,62 @@ pub fn check_narrow_accumulation(run: &Runner) {
     }
 }
 
+/// Programs over every element type beyond f32: f64 functions and
+/// products, and the signed and unsigned integers of each width where they
+/// differ from one another (wrapping at the width, unsigned comparison,
+/// division, max/min and extension, reductions from each type's extreme
+/// values, casts between them).
+pub const ELEMENT_TYPE_PROGRAMS: [&str; 5] = [
+    "fn f(a: u8[16], b: u8[16]) -> (u8[16], u8[16], bool[16], i32[16], f32[16], u8[16], u8[16]) { let w = a * 13 + b; return (w / (b + 1), max(w, b * 11) - min(w, 7), w > 100, cast(w, i32), cast(w, f32), sign(w) + abs(w) + relu(w), b - 15); }",
+    "fn f(c: i8[16], d: i16[16]) -> (i8[16], i16[16], i32[16], f32[16], bool[16], u8[16]) { let v = c * 15; return (v / 3 - abs(v) + max(v, c), d * 3000 + cast(v, i16), cast(v, i32) + cast(d, i32), cast(v, f32), v < c, cast(v, u8)); }",
+    "fn f(e: u32[8], g: u64[8], h: u16[8]) -> (u32[8], u64[8], u16[8], i64[8], f64[8]) { return (e * 4000000 + 7, g * 3 + 70, h - 5 + cast(e, u16), cast(e - 30, i64), cast(g, f64) / 3.0); }",
+    "fn f(x: f64[4, 8], y: f64[8, 3]) -> (f64[4, 3], f64[4, 8], f32[4, 8], i8[4, 8]) { return (relu(x @ y) + pow(abs(x @ y), 0.5), tanh(x) + exp(x) * erf(x) + sigmoid(x) - gelu(x) + silu(x) + sin(x) * cos(x) + log(abs(x) + 1.0) + max(x, 0.25) + floor(x * 3.0) + sign(x) + rsqrt(abs(x) + 1.0), cast(x, f32), cast(x * 100.0, i8)); }",
+    "fn f(a: u8[4, 8], c: i8[4, 8], x: f64[4, 8], e: u32[4, 8]) -> (u8[8], u8[4], i8[8], i8[4], f64[4], f64[8], u32[8]) { return (max(a * 13, axis=0), min(a * 13, axis=1), min(c * 15, axis=0), max(c * 15, axis=1), sum(x, axis=1), mean(x, axis=0), min(e - 10, axis=0)); }",
+];
+
+/// Runs the [`ELEMENT_TYPE_PROGRAMS`] with `run` on random inputs: every
+/// result must pass `--check` against the graph interpreter at its own
+/// type's tolerance (integers exactly). Panics otherwise.
+pub fn check_element_types(run: &Runner) {
+    for src in ELEMENT_TYPE_PROGRAMS {
+        let mut m = dlc_driver::compile_source(&dlc_driver::SourceText {
+            name: "t.dl".into(),
+            text: src.to_string(),
+        })
+        .unwrap_or_else(|e| panic!("{src}: {e}"));
+        dlc_driver::run_passes(
+            &mut m,
+            dlc_driver::DEFAULT_PIPELINE,
+            dlc_driver::PassOptions::default(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let Some(f) = m.entry_points().next() else {
+            panic!("{src}: no entry point");
+        };
+        for seed in 0..3 {
+            let inputs =
+                dlc_driver::prepare_inputs(f, &[], Some(seed)).unwrap_or_else(|e| panic!("{e}"));
+            let got = run(&m, f, &inputs);
+            let want = dlc_driver::interpret(&m, f, &inputs).unwrap_or_else(|e| panic!("{e}"));
+            let tolerances: Vec<f64> = f
+                .result_types()
+                .into_iter()
+                .map(|t| dlc_driver::check_tolerance(t.dtype))
+                .collect();
+            let checks = dlc_driver::check_results(&got, &want, &tolerances)
+                .unwrap_or_else(|e| panic!("{e}"));
+            for (i, c) in checks.iter().enumerate() {
+                assert!(
+                    c.passed(),
+                    "{src}\nseed {seed}: {c}\ngot  {:?}\nwant {:?}",
+                    got[i].data,
+                    want[i].data
+                );
+            }
+        }
+    }
+}
+
 /// Operators every generated program defines.
 const HEADER: &str = "
 op rowsum[M, N](x: f32[M, N]) -> f32[M] {

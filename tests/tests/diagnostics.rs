@@ -40,7 +40,8 @@ bad_input! {
     integer_too_large: "fn f(x: f32[4]) -> f32[4] {\n    return x * 99999999999999999999;\n}\n";
     unknown_name: "fn f(x: f32[4]) -> f32[4] {\n    return relu(y);\n}\n";
     unknown_function: "fn f(x: f32[4]) -> f32[4] {\n    return frobnicate(x);\n}\n";
-    unknown_dtype: "fn f(x: f64[4]) -> f64[4] {\n    return x;\n}\n";
+    unknown_dtype: "fn f(x: f8[4]) -> f8[4] {\n    return x;\n}\n";
+    int_literal_out_of_range: "fn f(x: u8[4]) -> u8[4] {\n    return x + 256;\n}\n";
     matmul_inner_dimensions: "fn f(x: f32[128, 1024], w: f32[512, 10]) -> f32[128, 10] {\n    let h = x @ w;\n    return h;\n}\n";
     broadcast_mismatch: "fn f(x: f32[4, 3], y: f32[5]) -> f32[4, 3] {\n    return x + y;\n}\n";
     dtype_mismatch: "fn f(x: f32[4], y: i32[4]) -> f32[4] {\n    return x * y;\n}\n";

@@ -10,7 +10,7 @@ use dlc_core::{DType, TensorType};
 use dlc_driver::{
     DEFAULT_PIPELINE, PassOptions, SourceText, compile_source, interpret, run_passes, select_entry,
 };
-use dlc_onnx::pb::{self, tensor_proto::DataType};
+use dlc_onnx::pb;
 use dlc_runtime::HostTensor;
 use prost::Message as _;
 
@@ -50,14 +50,7 @@ fn attr(name: &str, a: A) -> pb::AttributeProto {
 }
 
 fn onnx_type(d: DType) -> i32 {
-    match d {
-        DType::F32 => DataType::Float as i32,
-        DType::I32 => DataType::Int32 as i32,
-        DType::I64 => DataType::Int64 as i32,
-        DType::Bool => DataType::Bool as i32,
-        DType::F16 => DataType::Float16 as i32,
-        DType::BF16 => DataType::Bfloat16 as i32,
-    }
+    dlc_onnx::onnx_code(d)
 }
 
 /// A tensor given to the model: an input (`init: false`) or an initializer.
@@ -553,4 +546,56 @@ fn top_k_takes_the_k_extremes_in_order() {
         &[2, 2],
         &[1.0, 2.0, -3.0, -3.0],
     );
+}
+
+#[test]
+fn quantize_linear_rounds_ties_to_even_and_saturates() {
+    let q = run(
+        "QuantizeLinear",
+        &[
+            input("x", F, &[7], &[0.0, 1.5, 0.25, 0.75, -3.0, 1000.0, -100.0]),
+            init("s", F, &[], &[0.5]),
+            init("z", DType::U8, &[], &[10.0]),
+        ],
+        vec![],
+    );
+    assert_eq!(q.ty.dtype, DType::U8);
+    expect(&q, &[7], &[10.0, 13.0, 10.0, 12.0, 4.0, 255.0, 0.0]);
+    // Per axis, to i8: column j by scale s[j] and zero point z[j].
+    let q = run(
+        "QuantizeLinear",
+        &[
+            input("x", F, &[2, 3], &[1.0, 2.0, 3.0, -200.0, 5.0, 9.0]),
+            init("s", F, &[3], &[1.0, 2.0, 4.0]),
+            init("z", DType::I8, &[3], &[0.0, -1.0, 1.0]),
+        ],
+        vec![attr("axis", A::I(1))],
+    );
+    assert_eq!(q.ty.dtype, DType::I8);
+    expect(&q, &[2, 3], &[1.0, 0.0, 2.0, -128.0, 1.0, 3.0]);
+}
+
+#[test]
+fn dequantize_linear_per_tensor_and_per_block() {
+    let d = run(
+        "DequantizeLinear",
+        &[
+            input("x", DType::U8, &[3], &[0.0, 10.0, 255.0]),
+            init("s", F, &[], &[0.5]),
+            init("z", DType::U8, &[], &[10.0]),
+        ],
+        vec![],
+    );
+    assert_eq!(d.ty.dtype, F);
+    expect(&d, &[3], &[-5.0, 0.0, 122.5]);
+    // Blocks of 2 along axis 1; the last block of a row of 3 is short.
+    let d = run(
+        "DequantizeLinear",
+        &[
+            input("x", DType::I8, &[2, 3], &[1.0, 2.0, 3.0, -5.0, 6.0, 7.0]),
+            init("s", F, &[2, 2], &[1.0, 10.0, 100.0, 0.5]),
+        ],
+        vec![attr("axis", A::I(1)), attr("block_size", A::I(2))],
+    );
+    expect(&d, &[2, 3], &[1.0, 2.0, 30.0, -500.0, 600.0, 3.5]);
 }

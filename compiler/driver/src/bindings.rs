@@ -37,12 +37,9 @@ fn ident(name: &str) -> String {
 /// The Rust element type of a dtype.
 fn element(d: DType) -> &'static str {
     match d {
-        DType::F32 => "f32",
         DType::F16 => "::half::f16",
         DType::BF16 => "::half::bf16",
-        DType::I32 => "i32",
-        DType::I64 => "i64",
-        DType::Bool => "bool",
+        other => other.name(),
     }
 }
 

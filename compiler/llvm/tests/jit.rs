@@ -38,6 +38,11 @@ fn narrow_floats_accumulate_in_f32_in_compiled_code() {
     });
 }
 
+#[test]
+fn every_element_type_in_compiled_code() {
+    dlc_tests::check_element_types(&|m, f, inputs| compiled(m, f, inputs));
+}
+
 /// The compiled results for entry point `f` of `m`.
 fn compiled(
     m: &dlc_graph::Module,

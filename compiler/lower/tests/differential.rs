@@ -84,6 +84,17 @@ fn narrow_floats_accumulate_in_f32_on_the_loop_interpreter() {
     dlc_tests::check_narrow_accumulation(&|m, f, inputs| interpret_loops(m, f, inputs).unwrap());
 }
 
+#[test]
+fn every_element_type_on_the_loop_and_tile_interpreters() {
+    dlc_tests::check_element_types(&|m, f, inputs| interpret_loops(m, f, inputs).unwrap());
+    for target in targets() {
+        dlc_tests::check_element_types(&move |m, f, inputs| {
+            let t = kernels(m, &target);
+            interpret_tile_within(&t, f, inputs, dlc_driver::DEFAULT_WORK_LIMIT).unwrap()
+        });
+    }
+}
+
 /// Runs every entry point four ways on random inputs (graph interpreter,
 /// loop interpreter, tile interpreter on the kernels for the host and for
 /// sm_90) and compares.

@@ -84,11 +84,7 @@ impl Writer {
             }
             let text = match d {
                 DType::Bool => (if v != 0.0 { "true" } else { "false" }).to_string(),
-                DType::I32 | DType::I64 => (v as i64).to_string(),
-                _ if v.is_finite() => dlc_core::format_float(v),
-                DType::F16 => format!("0x{:04X}", half::f16::from_f64(v).to_bits()),
-                DType::BF16 => format!("0x{:04X}", half::bf16::from_f64(v).to_bits()),
-                _ => format!("0x{:08X}", (v as f32).to_bits()),
+                _ => number(v, d),
             };
             elems.push_str(&text);
         }
@@ -280,11 +276,7 @@ impl Writer {
     pub fn constant(&mut self, v: f64, d: DType) -> String {
         let text = match d {
             DType::Bool => u8::from(v != 0.0).to_string(),
-            DType::I32 | DType::I64 => format!("{}", v as i64),
-            _ if v.is_finite() => dlc_core::format_float(v),
-            DType::F32 => format!("0x{:08X}", (v as f32).to_bits()),
-            DType::F16 => format!("0x{:04X}", half::f16::from_f64(v).to_bits()),
-            DType::BF16 => format!("0x{:04X}", half::bf16::from_f64(v).to_bits()),
+            _ => number(v, d),
         };
         self.emit("arith.constant", &text, scalar(d))
     }
@@ -296,6 +288,13 @@ impl Writer {
                 UnaryOp::Neg => {
                     let zero = self.constant(0.0, d);
                     self.emit("arith.subi", &format!("{zero}, {x}"), t)
+                }
+                // Unsigned values are their own magnitude.
+                UnaryOp::Relu | UnaryOp::Abs if d.is_unsigned() => x.to_string(),
+                UnaryOp::Sign if d.is_unsigned() => {
+                    let zero = self.constant(0.0, d);
+                    let nonzero = self.emit("arith.cmpi", &format!("ne, {x}, {zero}"), t);
+                    self.cast(&nonzero, DType::Bool, d)
                 }
                 UnaryOp::Relu => {
                     let zero = self.constant(0.0, d);
@@ -333,9 +332,11 @@ impl Writer {
             }
             _ => {}
         }
-        // Transcendental functions in f32 (f16 and bf16 rounded once).
-        let x = self.cast(x, d, DType::F32);
-        let f = "f32";
+        // Transcendental functions in f32 (f16 and bf16 rounded once), f64
+        // in f64.
+        let w = if d == DType::F64 { d } else { DType::F32 };
+        let x = self.cast(x, d, w);
+        let f = scalar(w);
         let v = match u {
             UnaryOp::Exp => self.emit("math.exp", &x, f),
             UnaryOp::Log => self.emit("math.log", &x, f),
@@ -343,23 +344,23 @@ impl Writer {
             UnaryOp::Rsqrt => {
                 // 1 / sqrt(x), as the interpreter computes it (libm has no
                 // rsqrtf for `convert-math-to-libm` to call).
-                let one = self.constant(1.0, DType::F32);
+                let one = self.constant(1.0, w);
                 let r = self.emit("math.sqrt", &x, f);
                 self.emit("arith.divf", &format!("{one}, {r}"), f)
             }
             UnaryOp::Tanh => self.emit("math.tanh", &x, f),
             UnaryOp::Sigmoid => {
-                let one = self.constant(1.0, DType::F32);
+                let one = self.constant(1.0, w);
                 let n = self.emit("arith.negf", &x, f);
                 let e = self.emit("math.exp", &n, f);
                 let s = self.emit("arith.addf", &format!("{one}, {e}"), f);
                 self.emit("arith.divf", &format!("{one}, {s}"), f)
             }
             UnaryOp::Gelu => {
-                let c = self.constant((2.0 / std::f64::consts::PI).sqrt(), DType::F32);
-                let a = self.constant(0.044715, DType::F32);
-                let half = self.constant(0.5, DType::F32);
-                let one = self.constant(1.0, DType::F32);
+                let c = self.constant((2.0 / std::f64::consts::PI).sqrt(), w);
+                let a = self.constant(0.044715, w);
+                let half = self.constant(0.5, w);
+                let one = self.constant(1.0, w);
                 let x2 = self.emit("arith.mulf", &format!("{x}, {x}"), f);
                 let x3 = self.emit("arith.mulf", &format!("{x2}, {x}"), f);
                 let ax3 = self.emit("arith.mulf", &format!("{a}, {x3}"), f);
@@ -377,23 +378,20 @@ impl Writer {
             UnaryOp::Erf => self.emit("math.erf", &x, f),
             UnaryOp::Cos => self.emit("math.cos", &x, f),
             UnaryOp::Reciprocal => {
-                let one = self.constant(1.0, DType::F32);
+                let one = self.constant(1.0, w);
                 self.emit("arith.divf", &format!("{one}, {x}"), f)
             }
             UnaryOp::Sign => {
                 // 1 above zero, -1 below, x itself at ±0 and NaN.
-                let (zero, one) = (
-                    self.constant(0.0, DType::F32),
-                    self.constant(1.0, DType::F32),
-                );
-                let minus = self.constant(-1.0, DType::F32);
+                let (zero, one) = (self.constant(0.0, w), self.constant(1.0, w));
+                let minus = self.constant(-1.0, w);
                 let pos = self.emit("arith.cmpf", &format!("ogt, {x}, {zero}"), f);
                 let neg = self.emit("arith.cmpf", &format!("olt, {x}, {zero}"), f);
                 let low = self.emit("arith.select", &format!("{neg}, {minus}, {x}"), f);
                 self.emit("arith.select", &format!("{pos}, {one}, {low}"), f)
             }
             UnaryOp::Silu => {
-                let s = self.unary(UnaryOp::Sigmoid, &x, DType::F32)?;
+                let s = self.unary(UnaryOp::Sigmoid, &x, w)?;
                 self.emit("arith.mulf", &format!("{x}, {s}"), f)
             }
             UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu => {
@@ -404,7 +402,7 @@ impl Writer {
                 )));
             }
         };
-        Ok(self.cast(&v, DType::F32, d))
+        Ok(self.cast(&v, w, d))
     }
 
     pub fn binary(&mut self, b: BinaryOp, x: &str, y: &str, d: DType) -> Result<String, MlirError> {
@@ -418,16 +416,23 @@ impl Writer {
             (BinaryOp::Max, false) => "arith.maximumf",
             (BinaryOp::Min, false) => "arith.minimumf",
             (BinaryOp::Pow, false) => {
-                let (x, y) = (self.cast(x, d, DType::F32), self.cast(y, d, DType::F32));
-                let v = self.emit("math.powf", &format!("{x}, {y}"), "f32");
-                return Ok(self.cast(&v, DType::F32, d));
+                let w = if d == DType::F64 { d } else { DType::F32 };
+                let (x, y) = (self.cast(x, d, w), self.cast(y, d, w));
+                let v = self.emit("math.powf", &format!("{x}, {y}"), scalar(w));
+                return Ok(self.cast(&v, w, d));
             }
             (BinaryOp::Add, true) => "arith.addi",
             (BinaryOp::Sub, true) => "arith.subi",
             (BinaryOp::Mul, true) => "arith.muli",
             (BinaryOp::Div, true) => {
+                // Floor division is truncating division on unsigned values.
+                let div = if d.is_unsigned() {
+                    "arith.divui"
+                } else {
+                    "arith.floordivsi"
+                };
                 let Some(status) = self.status.clone() else {
-                    return Ok(self.emit("arith.floordivsi", &args, t));
+                    return Ok(self.emit(div, &args, t));
                 };
                 let zero = self.constant(0.0, d);
                 let one = self.constant(1.0, d);
@@ -437,8 +442,10 @@ impl Writer {
                 self.line(&format!("memref.store {failed}, {status}[] : memref<i32>"));
                 self.close();
                 let safe = self.emit("arith.select", &format!("{is_zero}, {one}, {y}"), t);
-                return Ok(self.emit("arith.floordivsi", &format!("{x}, {safe}"), t));
+                return Ok(self.emit(div, &format!("{x}, {safe}"), t));
             }
+            (BinaryOp::Max, true) if d.is_unsigned() => "arith.maxui",
+            (BinaryOp::Min, true) if d.is_unsigned() => "arith.minui",
             (BinaryOp::Max, true) => "arith.maxsi",
             (BinaryOp::Min, true) => "arith.minsi",
             (BinaryOp::Pow, true) => {
@@ -463,7 +470,7 @@ impl Writer {
             };
             ("arith.cmpf", p)
         } else {
-            let signed = d != DType::Bool;
+            let signed = d != DType::Bool && !d.is_unsigned();
             let p = match (c, signed) {
                 (CmpOp::Lt, true) => "slt",
                 (CmpOp::Le, true) => "sle",
@@ -489,12 +496,9 @@ impl Writer {
         if from == to {
             return x.to_string();
         }
-        let width = |d: DType| match d {
-            F16 | BF16 => 16,
-            F32 | I32 => 32,
-            I64 => 64,
-            Bool => 1,
-        };
+        let width = |d: DType| if d == Bool { 1 } else { 8 * d.size_bytes() };
+        // Bool counts as unsigned: true is 1.
+        let unsigned = |d: DType| d == Bool || d.is_unsigned();
         let conv = |g: &mut Self, op: &str, x: &str, from: DType, to: DType| {
             let t = g.fresh();
             g.line(&format!(
@@ -519,23 +523,49 @@ impl Writer {
                 let zero = self.constant(0.0, from);
                 self.emit("arith.cmpf", &format!("une, {x}, {zero}"), scalar(from))
             }
+            (true, false) if to == U64 => {
+                // Above zero through `fptoui`, so values past `i64::MAX`
+                // keep their magnitude; below, wrapped from i64.
+                let zero = self.constant(0.0, from);
+                let neg = self.emit("arith.cmpf", &format!("olt, {x}, {zero}"), scalar(from));
+                let s = conv(self, "arith.fptosi", x, from, I64);
+                let u = conv(self, "arith.fptoui", x, from, U64);
+                self.emit("arith.select", &format!("{neg}, {s}, {u}"), scalar(U64))
+            }
             (true, false) => {
                 let wide = conv(self, "arith.fptosi", x, from, I64);
-                if to == I64 {
+                if width(to) == 64 {
                     wide
                 } else {
                     conv(self, "arith.trunci", &wide, I64, to)
                 }
             }
-            (false, true) if from == Bool => conv(self, "arith.uitofp", x, from, to),
+            (false, true) if unsigned(from) => conv(self, "arith.uitofp", x, from, to),
             (false, true) => conv(self, "arith.sitofp", x, from, to),
             (false, false) if to == Bool => {
                 let zero = self.constant(0.0, from);
                 self.emit("arith.cmpi", &format!("ne, {x}, {zero}"), scalar(from))
             }
-            (false, false) if from == Bool => conv(self, "arith.extui", x, from, to),
+            // Same width, other signedness: the same bits.
+            (false, false) if width(to) == width(from) => x.to_string(),
+            (false, false) if width(to) > width(from) && unsigned(from) => {
+                conv(self, "arith.extui", x, from, to)
+            }
             (false, false) if width(to) > width(from) => conv(self, "arith.extsi", x, from, to),
             (false, false) => conv(self, "arith.trunci", x, from, to),
         }
+    }
+}
+
+/// A number of element type `d` (not bool) as an MLIR literal: integers as
+/// signless values, finite floats in decimal, the others as their bits.
+fn number(v: f64, d: DType) -> String {
+    match d {
+        d if d.is_int() => d.signless(v).to_string(),
+        _ if v.is_finite() => dlc_core::format_float(v),
+        DType::F64 => format!("0x{:016X}", v.to_bits()),
+        DType::F16 => format!("0x{:04X}", half::f16::from_f64(v).to_bits()),
+        DType::BF16 => format!("0x{:04X}", half::bf16::from_f64(v).to_bits()),
+        _ => format!("0x{:08X}", (v as f32).to_bits()),
     }
 }

@@ -251,6 +251,12 @@ fn element_wise_ops_casts_and_every_element_type() {
 }
 
 #[test]
+fn every_element_type_through_mlir() {
+    dlc_tests::check_element_types(&through_mlir);
+    dlc_tests::check_element_types(&tiles_through_mlir);
+}
+
+#[test]
 fn narrow_floats_accumulate_in_f32_through_mlir() {
     dlc_tests::check_narrow_accumulation(&through_mlir);
     dlc_tests::check_narrow_accumulation(&tiles_through_mlir);

@@ -298,12 +298,11 @@ impl ReduceKind {
     /// The identity in element type `d`: the extreme values of an integer
     /// type stand for the infinities it lacks.
     pub fn identity_in(self, d: crate::DType) -> f64 {
-        use crate::DType;
-        match (self, d) {
-            (ReduceKind::Max, DType::I32) => f64::from(i32::MIN),
-            (ReduceKind::Max, DType::I64) => i64::MIN as f64,
-            (ReduceKind::Min, DType::I32) => f64::from(i32::MAX),
-            (ReduceKind::Min, DType::I64) => i64::MAX as f64,
+        match (self, d.int_min(), d.int_max()) {
+            (ReduceKind::Max, Some(min), _) => min,
+            // `i64::MAX` and `u64::MAX` are not f64 values; the nearest
+            // below them is, and no element of the type exceeds it.
+            (ReduceKind::Min, _, Some(max)) => d.round(max),
             _ => self.identity(),
         }
     }

@@ -6,26 +6,47 @@ use std::str::FromStr;
 pub enum DType {
     /// IEEE binary32.
     F32,
+    /// IEEE binary64.
+    F64,
     /// IEEE binary16.
     F16,
     /// bfloat16.
     BF16,
+    /// 8-bit two's complement integer.
+    I8,
+    /// 16-bit two's complement integer.
+    I16,
     /// 32-bit two's complement integer.
     I32,
     /// 64-bit two's complement integer.
     I64,
+    /// 8-bit unsigned integer.
+    U8,
+    /// 16-bit unsigned integer.
+    U16,
+    /// 32-bit unsigned integer.
+    U32,
+    /// 64-bit unsigned integer.
+    U64,
     /// Boolean.
     Bool,
 }
 
 impl DType {
     /// Every element type, in declaration order.
-    pub const ALL: [DType; 6] = [
+    pub const ALL: [DType; 13] = [
         DType::F32,
+        DType::F64,
         DType::F16,
         DType::BF16,
+        DType::I8,
+        DType::I16,
         DType::I32,
         DType::I64,
+        DType::U8,
+        DType::U16,
+        DType::U32,
+        DType::U64,
         DType::Bool,
     ];
 
@@ -33,30 +54,82 @@ impl DType {
     pub fn name(self) -> &'static str {
         match self {
             DType::F32 => "f32",
+            DType::F64 => "f64",
             DType::F16 => "f16",
             DType::BF16 => "bf16",
+            DType::I8 => "i8",
+            DType::I16 => "i16",
             DType::I32 => "i32",
             DType::I64 => "i64",
+            DType::U8 => "u8",
+            DType::U16 => "u16",
+            DType::U32 => "u32",
+            DType::U64 => "u64",
             DType::Bool => "bool",
         }
     }
 
-    /// The name of the matching MLIR builtin type (`f32`, `i1`).
+    /// The name of the matching MLIR builtin type (`f32`, `i1`). MLIR's
+    /// arithmetic takes signless integers and says signedness in the op
+    /// (`arith.divui`, `arith.cmpi ult`), so `u8` is `i8` there.
     pub fn mlir_name(self) -> &'static str {
         match self {
             DType::Bool => "i1",
+            DType::U8 => "i8",
+            DType::U16 => "i16",
+            DType::U32 => "i32",
+            DType::U64 => "i64",
             other => other.name(),
         }
     }
 
     /// Whether this is a floating-point type.
     pub fn is_float(self) -> bool {
-        matches!(self, DType::F32 | DType::F16 | DType::BF16)
+        matches!(self, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
     }
 
-    /// Whether this is an integer type (bool excluded).
+    /// Whether this is an integer type (bool excluded), signed or not.
     pub fn is_int(self) -> bool {
-        matches!(self, DType::I32 | DType::I64)
+        self.int_bits().is_some()
+    }
+
+    /// Whether this is an unsigned integer type (bool excluded).
+    pub fn is_unsigned(self) -> bool {
+        matches!(self, DType::U8 | DType::U16 | DType::U32 | DType::U64)
+    }
+
+    /// The width of an integer type in bits; `None` for floats and bool.
+    pub fn int_bits(self) -> Option<u32> {
+        match self {
+            DType::I8 | DType::U8 => Some(8),
+            DType::I16 | DType::U16 => Some(16),
+            DType::I32 | DType::U32 => Some(32),
+            DType::I64 | DType::U64 => Some(64),
+            _ => None,
+        }
+    }
+
+    /// The least value of an integer type (as f64; `None` for floats and
+    /// bool).
+    pub fn int_min(self) -> Option<f64> {
+        let bits = self.int_bits()?;
+        Some(if self.is_unsigned() {
+            0.0
+        } else {
+            -(2f64.powi(bits as i32 - 1))
+        })
+    }
+
+    /// The greatest value of an integer type (as f64, so `i64`'s and
+    /// `u64`'s are rounded up to a power of two; `None` for floats and
+    /// bool).
+    pub fn int_max(self) -> Option<f64> {
+        let bits = self.int_bits()?;
+        Some(if self.is_unsigned() {
+            2f64.powi(bits as i32) - 1.0
+        } else {
+            2f64.powi(bits as i32 - 1) - 1.0
+        })
     }
 
     /// The type a reduction over elements of this type accumulates in:
@@ -84,26 +157,92 @@ impl DType {
     }
 
     /// Rounds `x` to the nearest value of this type: floats round to
-    /// nearest-even, integers wrap as two's complement after truncating
-    /// toward zero, and bool is `x != 0`.
+    /// nearest-even, integers truncate toward zero, saturate to the range
+    /// of `i64` (of `u64` for `u64`, above zero) and then wrap as two's
+    /// complement to their width (so -1 is 255 in `u8`), and bool is
+    /// `x != 0`. NaN becomes 0 in every integer type.
     pub fn round(self, x: f64) -> f64 {
         match self {
             DType::F32 => x as f32 as f64,
+            DType::F64 => x,
             DType::F16 => half::f16::from_f64(x).to_f64(),
             DType::BF16 => half::bf16::from_f64(x).to_f64(),
+            DType::I8 => (x as i64) as i8 as f64,
+            DType::I16 => (x as i64) as i16 as f64,
             DType::I32 => (x as i64) as i32 as f64,
             DType::I64 => x as i64 as f64,
+            DType::U8 => (x as i64) as u8 as f64,
+            DType::U16 => (x as i64) as u16 as f64,
+            DType::U32 => (x as i64) as u32 as f64,
+            DType::U64 if x >= 0.0 => x as u64 as f64,
+            DType::U64 => (x as i64) as u64 as f64,
             DType::Bool => f64::from(u8::from(x != 0.0)),
+        }
+    }
+
+    /// An integer value as the signed integer of the same bits, the way
+    /// signless integer IR (MLIR, LLVM) spells a constant: 255 in `u8` is
+    /// -1. For signed types this is the value itself.
+    pub fn signless(self, x: f64) -> i64 {
+        match self {
+            DType::U8 => i64::from(x as u8 as i8),
+            DType::U16 => i64::from(x as u16 as i16),
+            DType::U32 => i64::from(x as u32 as i32),
+            DType::U64 => x as u64 as i64,
+            _ => x as i64,
+        }
+    }
+
+    /// Appends `x` (a value of this type) as little-endian bytes of the
+    /// type, the layout of tensors in memory (bool: one byte, 0 or 1).
+    pub fn push_le_bytes(self, x: f64, out: &mut Vec<u8>) {
+        match self {
+            DType::F32 => out.extend((x as f32).to_le_bytes()),
+            DType::F64 => out.extend(x.to_le_bytes()),
+            DType::F16 => out.extend(half::f16::from_f64(x).to_le_bytes()),
+            DType::BF16 => out.extend(half::bf16::from_f64(x).to_le_bytes()),
+            DType::I8 => out.extend((x as i8).to_le_bytes()),
+            DType::I16 => out.extend((x as i16).to_le_bytes()),
+            DType::I32 => out.extend((x as i32).to_le_bytes()),
+            DType::I64 => out.extend((x as i64).to_le_bytes()),
+            DType::U8 => out.push(x as u8),
+            DType::U16 => out.extend((x as u16).to_le_bytes()),
+            DType::U32 => out.extend((x as u32).to_le_bytes()),
+            DType::U64 => out.extend((x as u64).to_le_bytes()),
+            DType::Bool => out.push(u8::from(x != 0.0)),
+        }
+    }
+
+    /// The value of one element from its little-endian bytes
+    /// (`b.len() == self.size_bytes()`; bool is any non-zero byte).
+    pub fn from_le_bytes(self, b: &[u8]) -> f64 {
+        let b2 = || [b[0], b[1]];
+        let b4 = || [b[0], b[1], b[2], b[3]];
+        let b8 = || [b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]];
+        match self {
+            DType::F32 => f64::from(f32::from_le_bytes(b4())),
+            DType::F64 => f64::from_le_bytes(b8()),
+            DType::F16 => half::f16::from_le_bytes(b2()).to_f64(),
+            DType::BF16 => half::bf16::from_le_bytes(b2()).to_f64(),
+            DType::I8 => f64::from(b[0] as i8),
+            DType::I16 => f64::from(i16::from_le_bytes(b2())),
+            DType::I32 => f64::from(i32::from_le_bytes(b4())),
+            DType::I64 => i64::from_le_bytes(b8()) as f64,
+            DType::U8 => f64::from(b[0]),
+            DType::U16 => f64::from(u16::from_le_bytes(b2())),
+            DType::U32 => f64::from(u32::from_le_bytes(b4())),
+            DType::U64 => u64::from_le_bytes(b8()) as f64,
+            DType::Bool => f64::from(u8::from(b[0] != 0)),
         }
     }
 
     /// Size of one element in bytes.
     pub fn size_bytes(self) -> usize {
         match self {
-            DType::F32 | DType::I32 => 4,
-            DType::F16 | DType::BF16 => 2,
-            DType::I64 => 8,
-            DType::Bool => 1,
+            DType::F64 | DType::I64 | DType::U64 => 8,
+            DType::F32 | DType::I32 | DType::U32 => 4,
+            DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 2,
+            DType::I8 | DType::U8 | DType::Bool => 1,
         }
     }
 }
@@ -194,7 +333,7 @@ mod tests {
         for d in DType::ALL {
             assert_eq!(d.name().parse::<DType>(), Ok(d));
         }
-        assert!("f64".parse::<DType>().is_err());
+        assert!("f128".parse::<DType>().is_err());
     }
 
     #[test]
@@ -206,6 +345,50 @@ mod tests {
         assert_eq!(DType::I32.round(-2.7), -2.0);
         assert_eq!(DType::I64.round(2.7), 2.0);
         assert_eq!(DType::Bool.round(-0.5), 1.0);
+        assert_eq!(DType::F64.round(0.1), 0.1);
+        assert_eq!(DType::I8.round(128.0), -128.0);
+        assert_eq!(DType::I16.round(-32769.5), 32767.0);
+        assert_eq!(DType::U8.round(-1.0), 255.0);
+        assert_eq!(DType::U8.round(256.9), 0.0);
+        assert_eq!(DType::U16.round(65537.0), 1.0);
+        assert_eq!(DType::U32.round(-1.0), 4294967295.0);
+        assert_eq!(DType::U64.round(1e19), 1e19);
+        assert_eq!(DType::U64.round(f64::NAN), 0.0);
+    }
+
+    #[test]
+    fn bytes_round_trip() {
+        for d in DType::ALL {
+            for x in [0.0, 1.0, 3.0, 100.0] {
+                let mut bytes = Vec::new();
+                d.push_le_bytes(x, &mut bytes);
+                assert_eq!(bytes.len(), d.size_bytes(), "{d}");
+                let want = if d == DType::Bool { d.round(x) } else { x };
+                assert_eq!(d.from_le_bytes(&bytes), want, "{d} {x}");
+            }
+        }
+        let mut bytes = Vec::new();
+        DType::U8.push_le_bytes(200.0, &mut bytes);
+        DType::I8.push_le_bytes(-2.0, &mut bytes);
+        assert_eq!(bytes, [200, 254]);
+        assert_eq!(DType::I8.from_le_bytes(&[200]), -56.0);
+    }
+
+    #[test]
+    fn integer_ranges() {
+        assert_eq!(DType::I8.int_min(), Some(-128.0));
+        assert_eq!(DType::I8.int_max(), Some(127.0));
+        assert_eq!(DType::U8.int_min(), Some(0.0));
+        assert_eq!(DType::U16.int_max(), Some(65535.0));
+        assert_eq!(DType::I32.int_min(), Some(f64::from(i32::MIN)));
+        assert_eq!(DType::F64.int_max(), None);
+        assert!(DType::U32.is_unsigned() && DType::U32.is_int());
+        assert!(!DType::I32.is_unsigned() && !DType::Bool.is_int());
+        assert_eq!(DType::U64.size_bytes(), 8);
+        assert_eq!(TensorType::scalar(DType::U8).mlir(), "tensor<i8>");
+        assert_eq!(DType::U8.signless(255.0), -1);
+        assert_eq!(DType::U64.signless(2f64.powi(63)), i64::MIN);
+        assert_eq!(DType::I16.signless(-7.0), -7);
     }
 
     #[test]

@@ -162,11 +162,13 @@ fn print_function(f: &Function, out: &mut String) {
 fn mlir_element(v: f64, dtype: DType) -> String {
     match dtype {
         DType::Bool => (v != 0.0).to_string(),
-        DType::I32 | DType::I64 => (v as i64).to_string(),
+        d if d.is_int() => d.signless(v).to_string(),
         _ if v.is_finite() => format_float(v),
+        DType::F64 => format!("0x{:016X}", v.to_bits()),
         DType::F32 => format!("0x{:08X}", (v as f32).to_bits()),
         DType::F16 => format!("0x{:04X}", half::f16::from_f64(v).to_bits()),
         DType::BF16 => format!("0x{:04X}", half::bf16::from_f64(v).to_bits()),
+        _ => unreachable!("integer types are handled above"),
     }
 }
 

@@ -533,7 +533,9 @@ fn summary(t: &HostTensor) -> String {
     let dtype = t.ty.dtype;
     let show = |v: f64| match dtype {
         DType::Bool => (v != 0.0).to_string(),
-        DType::I32 | DType::I64 => format!("{}", v as i64),
+        // f64 prints integral values without a fraction, u64's whole
+        // range included.
+        d if d.is_int() => format!("{v}"),
         _ => format!("{v:.6}"),
     };
     let shown: Vec<String> = t.data.iter().take(6).map(|&v| show(v)).collect();

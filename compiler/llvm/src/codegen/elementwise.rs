@@ -174,7 +174,7 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
     ) -> R<Option<BV<'ctx>>> {
         let f32t = self.ctx.f32_type();
         let t = element_type(x);
-        if t == f32t.into() {
+        if t != self.ctx.f16_type().into() && t != self.ctx.bf16_type().into() {
             return Ok(None);
         }
         let wide = convert!(self, build_float_ext, x, f32t.into(), FloatType);
@@ -202,18 +202,17 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
                 let neg = self.fcmp(FloatPredicate::OLT, x, c(0.0))?;
                 self.select(neg, c(0.0), x)?
             }
-            UnaryOp::Exp if element_type(x) == self.ctx.f32_type().into() => self.exp_f32(x)?,
-            UnaryOp::Exp => intr("llvm.exp", x)?,
+            UnaryOp::Exp => self.exp(x)?,
             UnaryOp::Log => intr("llvm.log", x)?,
             UnaryOp::Sqrt => intr("llvm.sqrt", x)?,
             UnaryOp::Rsqrt => {
                 let s = intr("llvm.sqrt", x)?;
                 float2!(self, build_float_div, one, s)
             }
-            UnaryOp::Tanh => self.tanh_f32(x)?,
+            UnaryOp::Tanh => self.tanh(x)?,
             UnaryOp::Sigmoid => {
                 let n = self.float_unary(UnaryOp::Neg, x)?;
-                let e = self.exp_f32(n)?;
+                let e = self.exp(n)?;
                 let d = float2!(self, build_float_add, one, e);
                 float2!(self, build_float_div, one, d)
             }
@@ -228,7 +227,7 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
                     c((2.0 / std::f64::consts::PI).sqrt()),
                     inner
                 );
-                let th = self.tanh_f32(arg)?;
+                let th = self.tanh(arg)?;
                 let half_x = float2!(self, build_float_mul, c(0.5), x);
                 let onep = float2!(self, build_float_add, one, th);
                 float2!(self, build_float_mul, half_x, onep)
@@ -251,14 +250,73 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
                 let s = self.float_unary(UnaryOp::Sigmoid, x)?;
                 float2!(self, build_float_mul, x, s)
             }
+            UnaryOp::Erf if self.is_f64(x) => self.libm("erf", x)?,
             UnaryOp::Erf => self.erf_f32(x)?,
         })
     }
 
-    pub(super) fn int_unary(&self, u: UnaryOp, x: BV<'ctx>) -> R<BV<'ctx>> {
+    fn is_f64(&self, x: BV<'ctx>) -> bool {
+        element_type(x) == self.ctx.f64_type().into()
+    }
+
+    /// `e^x`: the vectorizable polynomial in f32, the C library's in f64.
+    fn exp(&self, x: BV<'ctx>) -> R<BV<'ctx>> {
+        if self.is_f64(x) {
+            self.call("llvm.exp", &[x.get_type()], &[x])
+        } else {
+            self.exp_f32(x)
+        }
+    }
+
+    /// `tanh x`: the vectorizable polynomial in f32, the C library's in f64.
+    fn tanh(&self, x: BV<'ctx>) -> R<BV<'ctx>> {
+        if self.is_f64(x) {
+            self.call("llvm.tanh", &[x.get_type()], &[x])
+        } else {
+            self.tanh_f32(x)
+        }
+    }
+
+    /// The C library's double function `name` (`erf`), lane by lane on a
+    /// vector.
+    fn libm(&self, name: &str, x: BV<'ctx>) -> R<BV<'ctx>> {
+        let f64t = self.ctx.f64_type();
+        let f = self.module.get_function(name).unwrap_or_else(|| {
+            self.module
+                .add_function(name, f64t.fn_type(&[f64t.into()], false), None)
+        });
+        let one = |v: BV<'ctx>| -> R<BV<'ctx>> {
+            self.b
+                .build_call(f, &[v.into()], name)?
+                .try_as_basic_value()
+                .basic()
+                .ok_or_else(|| CodegenError::Llvm(format!("{name} gives no value")))
+        };
+        match x {
+            BV::VectorValue(v) => {
+                let mut out = v.get_type().get_poison();
+                for lane in 0..v.get_type().get_size() {
+                    let i = self.ctx.i32_type().const_int(u64::from(lane), false);
+                    let e = self.b.build_extract_element(v, i, "lane")?;
+                    let r = one(e)?;
+                    out = self.b.build_insert_element(out, r, i, "lane")?;
+                }
+                Ok(out.into())
+            }
+            other => one(other),
+        }
+    }
+
+    pub(super) fn int_unary(&self, u: UnaryOp, x: BV<'ctx>, unsigned: bool) -> R<BV<'ctx>> {
         let t = x.get_type();
         let zero = t.const_zero();
         Ok(match u {
+            // Unsigned values are their own magnitude.
+            UnaryOp::Relu | UnaryOp::Abs if unsigned => x,
+            UnaryOp::Sign if unsigned => {
+                let nonzero = self.icmp(IntPredicate::NE, x, zero)?;
+                convert_int!(self, build_int_z_extend, nonzero, element_type(x), IntType)
+            }
             UnaryOp::Neg => int2!(self, build_int_sub, zero, x),
             UnaryOp::Relu => self.call("llvm.smax", &[t], &[x, zero])?,
             UnaryOp::Sign => {
@@ -282,8 +340,9 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
     }
 
     pub(super) fn float_binary(&self, op: BinaryOp, x: BV<'ctx>, y: BV<'ctx>) -> R<BV<'ctx>> {
+        let narrow = [self.ctx.f16_type().into(), self.ctx.bf16_type().into()];
         if matches!(op, BinaryOp::Max | BinaryOp::Min | BinaryOp::Pow)
-            && element_type(x) != self.ctx.f32_type().into()
+            && narrow.contains(&element_type(x))
         {
             let yw = convert!(
                 self,
@@ -311,12 +370,20 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
     /// Integer arithmetic: wrapping, and floor division that fails with
     /// status 1 on a zero divisor (in any lane) and wraps on `MIN / -1`, as
     /// the interpreters do.
-    pub(super) fn int_binary(&self, op: BinaryOp, x: BV<'ctx>, y: BV<'ctx>) -> R<BV<'ctx>> {
+    pub(super) fn int_binary(
+        &self,
+        op: BinaryOp,
+        x: BV<'ctx>,
+        y: BV<'ctx>,
+        unsigned: bool,
+    ) -> R<BV<'ctx>> {
         let t = x.get_type();
         Ok(match op {
             BinaryOp::Add => int2!(self, build_int_add, x, y),
             BinaryOp::Sub => int2!(self, build_int_sub, x, y),
             BinaryOp::Mul => int2!(self, build_int_mul, x, y),
+            BinaryOp::Max if unsigned => self.call("llvm.umax", &[t], &[x, y])?,
+            BinaryOp::Min if unsigned => self.call("llvm.umin", &[t], &[x, y])?,
             BinaryOp::Max => self.call("llvm.smax", &[t], &[x, y])?,
             BinaryOp::Min => self.call("llvm.smin", &[t], &[x, y])?,
             BinaryOp::Div => {
@@ -328,6 +395,10 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
                 self.b
                     .build_conditional_branch(self.any(divzero)?, fail, ok)?;
                 self.b.position_at_end(ok);
+                if unsigned {
+                    // Floor division is truncating division here.
+                    return Ok(int2!(self, build_int_unsigned_div, x, y));
+                }
                 let minus_one = self.icmp(IntPredicate::EQ, y, ones)?;
                 let one = int2!(self, build_int_sub, zero, ones);
                 let safe = self.select(minus_one, one, y)?;
@@ -381,7 +452,7 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
             };
             return self.fcmp(p, x, y);
         }
-        let unsigned = d == DType::Bool;
+        let unsigned = d == DType::Bool || d.is_unsigned();
         let p = match (c, unsigned) {
             (CmpOp::Lt, false) => IntPredicate::SLT,
             (CmpOp::Le, false) => IntPredicate::SLE,
@@ -422,13 +493,23 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
                 (true, false, ..) => {
                     let i64t = self.like(x, self.ctx.i64_type().into());
                     let sat = self.call("llvm.fptosi.sat", &[i64t, x.get_type()], &[x])?;
-                    if to == DType::I64 {
+                    if to == DType::U64 {
+                        // Above zero saturating to u64's range, so values
+                        // past i64::MAX keep their magnitude.
+                        let usat = self.call("llvm.fptoui.sat", &[i64t, x.get_type()], &[x])?;
+                        let z = x.get_type().const_zero();
+                        let neg = self.fcmp(FloatPredicate::OLT, x, z)?;
+                        self.select(neg, sat, usat)?
+                    } else if to.size_bytes() == 8 {
                         sat
                     } else {
                         convert_int!(self, build_int_truncate, sat, target, IntType)
                     }
                 }
                 (false, true, true, _) => {
+                    convert_int!(self, build_unsigned_int_to_float, x, target, FloatType)
+                }
+                (false, true, ..) if from.is_unsigned() => {
                     convert_int!(self, build_unsigned_int_to_float, x, target, FloatType)
                 }
                 (false, true, ..) => {
@@ -442,8 +523,13 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
                     convert_int!(self, build_int_z_extend, x, target, IntType)
                 }
                 (false, false, ..) => {
-                    if from.size_bytes() > to.size_bytes() {
+                    if from.size_bytes() == to.size_bytes() {
+                        // Other signedness, the same bits.
+                        x
+                    } else if from.size_bytes() > to.size_bytes() {
                         convert_int!(self, build_int_truncate, x, target, IntType)
+                    } else if from.is_unsigned() {
+                        convert_int!(self, build_int_z_extend, x, target, IntType)
                     } else {
                         convert_int!(self, build_int_s_extend, x, target, IntType)
                     }
@@ -459,7 +545,7 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
             BasicTypeEnum::IntType(t) if d == DType::Bool => {
                 t.const_int(u64::from(v != 0.0), false).into()
             }
-            BasicTypeEnum::IntType(t) => t.const_int(v as i64 as u64, true).into(),
+            BasicTypeEnum::IntType(t) => t.const_int(d.signless(v) as u64, true).into(),
             other => other.const_zero(),
         }
     }
@@ -469,7 +555,7 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         if d.is_float() {
             self.float_unary(u, x)
         } else {
-            self.int_unary(u, x)
+            self.int_unary(u, x, d.is_unsigned())
         }
     }
 
@@ -478,7 +564,7 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         if d.is_float() {
             self.float_binary(op, x, y)
         } else {
-            self.int_binary(op, x, y)
+            self.int_binary(op, x, y, d.is_unsigned())
         }
     }
 }

@@ -98,11 +98,13 @@ pub(crate) type Sites = std::rc::Rc<std::cell::RefCell<Vec<Site>>>;
 fn storage_type(ctx: &Context, d: DType) -> BasicTypeEnum<'_> {
     match d {
         DType::F32 => ctx.f32_type().into(),
+        DType::F64 => ctx.f64_type().into(),
         DType::F16 => ctx.f16_type().into(),
         DType::BF16 => ctx.bf16_type().into(),
-        DType::I32 => ctx.i32_type().into(),
-        DType::I64 => ctx.i64_type().into(),
-        DType::Bool => ctx.i8_type().into(),
+        DType::I8 | DType::U8 | DType::Bool => ctx.i8_type().into(),
+        DType::I16 | DType::U16 => ctx.i16_type().into(),
+        DType::I32 | DType::U32 => ctx.i32_type().into(),
+        DType::I64 | DType::U64 => ctx.i64_type().into(),
     }
 }
 

@@ -1260,14 +1260,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         };
         let mut bytes = Vec::with_capacity(values.len() * t.dtype.size_bytes());
         for &x in values {
-            match t.dtype {
-                DType::F32 => bytes.extend((x as f32).to_le_bytes()),
-                DType::F16 => bytes.extend(half::f16::from_f64(x).to_le_bytes()),
-                DType::BF16 => bytes.extend(half::bf16::from_f64(x).to_le_bytes()),
-                DType::I32 => bytes.extend((x as i64 as i32).to_le_bytes()),
-                DType::I64 => bytes.extend((x as i64).to_le_bytes()),
-                DType::Bool => bytes.push(u8::from(x != 0.0)),
-            }
+            t.dtype.push_le_bytes(x, &mut bytes);
         }
         let data = self.ctx.const_string(&bytes, false);
         let g = self.module.add_global(data.get_type(), None, "dlc.const");
