@@ -47,6 +47,11 @@ const BUILTINS: &[&str] = &[
     "silu",
     "erf",
     "pow",
+    "bitand",
+    "bitor",
+    "bitxor",
+    "shl",
+    "shr",
     "max",
     "min",
     "sum",
@@ -70,6 +75,13 @@ const BUILTINS: &[&str] = &[
     "full",
     "tensor",
 ];
+
+/// The bitwise operator or shift called `name` (`bitand`, `shl`).
+fn bitwise(name: &str) -> Option<BinaryOp> {
+    BinaryOp::ALL
+        .into_iter()
+        .find(|b| b.is_bitwise() && b.name() == name)
+}
 
 /// Whether `name` is a built-in function of the language (a name no
 /// user function or operator may take).
@@ -1379,7 +1391,7 @@ impl<'p> Elab<'p> {
             "pow" => Some(BinaryOp::Pow),
             "max" if positional && args.len() == 2 => Some(BinaryOp::Max),
             "min" if positional && args.len() == 2 => Some(BinaryOp::Min),
-            _ => None,
+            _ => bitwise(name),
         };
         if let Some(b) = elementwise {
             let a = bind(f, args, &["x", "y"], 2, span)?;
@@ -2098,7 +2110,7 @@ impl OpCx<'_> {
                     "max" => Some(BinaryOp::Max),
                     "min" => Some(BinaryOp::Min),
                     "pow" => Some(BinaryOp::Pow),
-                    _ => None,
+                    _ => bitwise(n),
                 };
                 if let Some(b) = b {
                     arity(2)?;

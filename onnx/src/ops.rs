@@ -506,6 +506,9 @@ impl Importer {
             }
             "Pad" => self.pad(&cx),
             "Resize" => self.resize(&cx),
+            "BitwiseAnd" | "BitwiseOr" | "BitwiseXor" | "BitShift" | "BitwiseNot" => {
+                self.bitwise(&cx)
+            }
             "QuantizeLinear" => self.quantize(&cx),
             "DequantizeLinear" => self.dequantize(&cx),
             _ => Err(cx.err("this operator is not supported yet")),
@@ -1037,6 +1040,61 @@ impl Importer {
             return Err(cx.err("is not defined on bool"));
         }
         self.bind(cx, 0, expr, dt, shape)
+    }
+
+    /// The bitwise operators and shifts of integers.
+    fn bitwise(&mut self, cx: &Cx<'_>) -> R<()> {
+        let op = cx.op();
+        cx.allow(if op == "BitShift" {
+            &["direction"]
+        } else {
+            &[]
+        })?;
+        let a = self.need(cx, 0)?;
+        if !a.dtype.is_int() {
+            return Err(cx.err(format!("is not defined on {}", a.dtype)));
+        }
+        let ea = self.e(cx, 0)?;
+        if op == "BitwiseNot" {
+            // Exclusive or with all ones: -1 in a signed type, the maximum
+            // in an unsigned one (u64's has no literal: -1 cast to it).
+            let ones = match a.dtype {
+                DType::U64 => "cast(-1, u64)".to_string(),
+                d if d.is_unsigned() => literal(d.int_max().unwrap_or(0.0), d),
+                _ => "-1".to_string(),
+            };
+            return self.bind(cx, 0, format!("bitxor({ea}, {ones})"), a.dtype, a.shape);
+        }
+        let b = self.need(cx, 1)?;
+        if b.dtype != a.dtype {
+            return Err(cx.err(format!(
+                "operands differ in element type: {} and {}",
+                a.dtype, b.dtype
+            )));
+        }
+        let shape = broadcast(&a.shape, &b.shape).ok_or_else(|| {
+            cx.err(format!(
+                "shapes {} and {} do not broadcast",
+                shape_text(&a.shape),
+                shape_text(&b.shape)
+            ))
+        })?;
+        let f = match op {
+            "BitwiseAnd" => "bitand",
+            "BitwiseOr" => "bitor",
+            "BitwiseXor" => "bitxor",
+            _ => match cx.string("direction", "").as_str() {
+                "LEFT" => "shl",
+                "RIGHT" => "shr",
+                other => {
+                    return Err(cx.err(format!(
+                        "direction `{other}` is not supported (LEFT or RIGHT)"
+                    )));
+                }
+            },
+        };
+        let eb = self.e(cx, 1)?;
+        self.bind(cx, 0, format!("{f}({ea}, {eb})"), a.dtype, shape)
     }
 
     fn variadic(&mut self, cx: &Cx<'_>) -> R<()> {
@@ -3895,7 +3953,7 @@ fn extreme(dt: DType, high: bool) -> String {
         // u64::MAX an f64 one.
         (DType::I64, false) => return format!("({} - 1)", i64::MIN + 1),
         (DType::I64, true) => return i64::MAX.to_string(),
-        (DType::U64, true) => return u64::MAX.to_string(),
+        (DType::U64, true) => return "cast(-1, u64)".into(),
         (DType::Bool, _) => return (if high { "true" } else { "false" }).into(),
         (d, false) => return literal(d.int_min().unwrap_or(0.0), d),
         (d, true) => return literal(d.int_max().unwrap_or(0.0), d),

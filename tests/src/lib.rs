@@ -302,8 +302,10 @@ pub fn check_narrow_accumulation(run: &Runner) {
 /// products, and the signed and unsigned integers of each width where they
 /// differ from one another (wrapping at the width, unsigned comparison,
 /// division, max/min and extension, reductions from each type's extreme
-/// values, casts between them).
-pub const ELEMENT_TYPE_PROGRAMS: [&str; 5] = [
+/// values, casts between them, bitwise ops, and logical and arithmetic
+/// shifts, by amounts past the width and negative ones too).
+pub const ELEMENT_TYPE_PROGRAMS: [&str; 6] = [
+    "fn f(a: u8[16], b: u8[16], c: i8[16], d: i16[16], g: u64[16]) -> (u8[16], u8[16], i8[16], i8[16], i16[16], u64[16], u8[16]) { let h = b / 2; return (bitand(a * 13, b * 7) + bitor(a, h), bitxor(a, 255) + shl(a * 9, h), shr(c * 15, cast(b, i8) / 2), shl(c, c) + bitxor(c, -1), shr(d * 999, cast(b, i16)), shr(g * 1000000000, cast(h, u64)) + shl(g, 60), shr(a * 13, h)); }",
     "fn f(a: u8[16], b: u8[16]) -> (u8[16], u8[16], bool[16], i32[16], f32[16], u8[16], u8[16]) { let w = a * 13 + b; return (w / (b + 1), max(w, b * 11) - min(w, 7), w > 100, cast(w, i32), cast(w, f32), sign(w) + abs(w) + relu(w), b - 15); }",
     "fn f(c: i8[16], d: i16[16]) -> (i8[16], i16[16], i32[16], f32[16], bool[16], u8[16]) { let v = c * 15; return (v / 3 - abs(v) + max(v, c), d * 3000 + cast(v, i16), cast(v, i32) + cast(d, i32), cast(v, f32), v < c, cast(v, u8)); }",
     "fn f(e: u32[8], g: u64[8], h: u16[8]) -> (u32[8], u64[8], u16[8], i64[8], f64[8]) { return (e * 4000000 + 7, g * 3 + 70, h - 5 + cast(e, u16), cast(e - 30, i64), cast(g, f64) / 3.0); }",

@@ -519,3 +519,94 @@ fn prod_reduces_like_sum() {
         &[6.0, -2.0],
     );
 }
+
+#[test]
+fn integers_wrap_at_their_width_and_unsigned_ones_compare_unsigned() {
+    let a = t(DType::U8, &[4], &[250.0, 3.0, 200.0, 0.0]);
+    let c = t(DType::I8, &[4], &[100.0, -100.0, -128.0, 7.0]);
+    // 250 + 10 = 4, 3 + 10 = 13, 200 + 10 = 210, 0 + 10 = 10; then - 20.
+    expect(
+        "fn f(a: u8[4]) -> u8[4] { return a + 10 - 20; }",
+        std::slice::from_ref(&a),
+        &[4],
+        &[240.0, 249.0, 190.0, 246.0],
+    );
+    expect(
+        "fn f(a: u8[4]) -> bool[4] { return a > 100; }",
+        std::slice::from_ref(&a),
+        &[4],
+        &[1.0, 0.0, 1.0, 0.0],
+    );
+    expect(
+        "fn f(a: u8[4]) -> i32[4] { return cast(a, i32) + cast(cast(a, i8), i32); }",
+        std::slice::from_ref(&a),
+        &[4],
+        // 250 + (-6), 3 + 3, 200 + (-56), 0.
+        &[244.0, 6.0, 144.0, 0.0],
+    );
+    expect(
+        "fn f(c: i8[4]) -> i8[4] { return c * 2; }",
+        std::slice::from_ref(&c),
+        &[4],
+        &[-56.0, 56.0, 0.0, 14.0],
+    );
+    expect(
+        "fn f(c: i8[4]) -> u8[4] { return cast(c, u8) / 3; }",
+        &[c],
+        &[4],
+        // 100 / 3, 156 / 3, 128 / 3, 7 / 3: unsigned division.
+        &[33.0, 52.0, 42.0, 2.0],
+    );
+}
+
+#[test]
+fn bitwise_operators_and_shifts() {
+    let a = t(DType::U8, &[4], &[202.0, 15.0, 255.0, 1.0]);
+    let b = t(DType::U8, &[4], &[170.0, 85.0, 4.0, 8.0]);
+    let src = |e: &str| format!("fn f(a: u8[4], b: u8[4]) -> u8[4] {{ return {e}; }}");
+    let ab = [a.clone(), b.clone()];
+    expect(
+        &src("bitand(a, b)"),
+        &ab,
+        &[4],
+        &[0b1000_1010 as f64, 5.0, 4.0, 0.0],
+    );
+    expect(
+        &src("bitor(a, b)"),
+        &ab,
+        &[4],
+        &[0b1110_1010 as f64, 0b0101_1111 as f64, 255.0, 9.0],
+    );
+    expect(
+        &src("bitxor(a, b)"),
+        &ab,
+        &[4],
+        &[0b0110_0000 as f64, 0b0101_1010 as f64, 251.0, 9.0],
+    );
+    // Shifts by 1 keep the low 8 bits; by 8 or more every bit goes.
+    expect(
+        &src("shl(a, 1)"),
+        &ab,
+        &[4],
+        &[0b1001_0100 as f64, 30.0, 254.0, 2.0],
+    );
+    expect(&src("shl(a, b)"), &ab, &[4], &[0.0, 0.0, 240.0, 0.0]);
+    expect(&src("shr(a, b)"), &ab, &[4], &[0.0, 0.0, 15.0, 0.0]);
+    // Signed: arithmetic right shifts, and negative amounts shift all out.
+    let c = t(DType::I8, &[4], &[-128.0, -7.0, 64.0, 5.0]);
+    let s = t(DType::I8, &[4], &[3.0, 9.0, 1.0, -1.0]);
+    expect(
+        "fn f(c: i8[4], s: i8[4]) -> i8[4] { return shr(c, s); }",
+        &[c.clone(), s.clone()],
+        &[4],
+        &[-16.0, -1.0, 32.0, 0.0],
+    );
+    expect(
+        "fn f(c: i8[4], s: i8[4]) -> i8[4] { return shl(c, s); }",
+        &[c, s],
+        &[4],
+        &[0.0, 0.0, -128.0, 0.0],
+    );
+    let err = eval("fn f(x: f32[4]) -> f32[4] { return bitand(x, x); }", &[]).unwrap_err();
+    assert!(err.to_string().contains("integer"), "{err}");
+}

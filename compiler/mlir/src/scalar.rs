@@ -454,6 +454,34 @@ impl Writer {
                     self.fname
                 )));
             }
+            (BinaryOp::BitAnd, true) => "arith.andi",
+            (BinaryOp::BitOr, true) => "arith.ori",
+            (BinaryOp::BitXor, true) => "arith.xori",
+            (BinaryOp::Shl | BinaryOp::Shr, true) => {
+                // arith's shifts are poison at or past the width; every bit
+                // is shifted out there, as the interpreters say.
+                let bits = 8.0 * d.size_bytes() as f64;
+                let width = self.constant(bits, d);
+                let past = self.emit("arith.cmpi", &format!("uge, {y}, {width}"), t);
+                let zero = self.constant(0.0, d);
+                let v = if b == BinaryOp::Shl {
+                    self.emit("arith.shli", &args, t)
+                } else if d.is_unsigned() {
+                    self.emit("arith.shrui", &args, t)
+                } else {
+                    let last = self.constant(bits - 1.0, d);
+                    let s = self.emit("arith.minui", &format!("{y}, {last}"), t);
+                    return Ok(self.emit("arith.shrsi", &format!("{x}, {s}"), t));
+                };
+                return Ok(self.emit("arith.select", &format!("{past}, {zero}, {v}"), t));
+            }
+            (_, false) => {
+                return Err(MlirError::Invalid(format!(
+                    "@{}: {} of floats",
+                    self.fname,
+                    b.name()
+                )));
+            }
         };
         Ok(self.emit(op, &args, t))
     }

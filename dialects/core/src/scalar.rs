@@ -125,11 +125,23 @@ pub enum BinaryOp {
     Min,
     /// `a ^ b`
     Pow,
+    /// bitwise and (integers)
+    BitAnd,
+    /// bitwise or (integers)
+    BitOr,
+    /// bitwise exclusive or (integers)
+    BitXor,
+    /// `a << b`: the low bits of `a` shifted up by `b` (0 from `b` at
+    /// or past the width, negative `b` included)
+    Shl,
+    /// `a >> b`: logical for unsigned types, arithmetic for signed ones (a
+    /// shift at or past the width gives 0, or -1 for a negative `a`)
+    Shr,
 }
 
 impl BinaryOp {
     /// Every binary op.
-    pub const ALL: [BinaryOp; 7] = [
+    pub const ALL: [BinaryOp; 12] = [
         BinaryOp::Add,
         BinaryOp::Sub,
         BinaryOp::Mul,
@@ -137,6 +149,11 @@ impl BinaryOp {
         BinaryOp::Max,
         BinaryOp::Min,
         BinaryOp::Pow,
+        BinaryOp::BitAnd,
+        BinaryOp::BitOr,
+        BinaryOp::BitXor,
+        BinaryOp::Shl,
+        BinaryOp::Shr,
     ];
 
     /// Graph op suffix (`add`, `maximum`).
@@ -149,6 +166,11 @@ impl BinaryOp {
             BinaryOp::Max => "maximum",
             BinaryOp::Min => "minimum",
             BinaryOp::Pow => "pow",
+            BinaryOp::BitAnd => "bitand",
+            BinaryOp::BitOr => "bitor",
+            BinaryOp::BitXor => "bitxor",
+            BinaryOp::Shl => "shl",
+            BinaryOp::Shr => "shr",
         }
     }
 
@@ -169,13 +191,40 @@ impl BinaryOp {
             BinaryOp::Max => Some("max"),
             BinaryOp::Min => Some("min"),
             BinaryOp::Pow => Some("pow"),
+            BinaryOp::BitAnd
+            | BinaryOp::BitOr
+            | BinaryOp::BitXor
+            | BinaryOp::Shl
+            | BinaryOp::Shr => Some(self.name()),
             _ => None,
         }
     }
 
-    /// Whether the op is defined on integers too.
+    /// Whether the op is defined on integers.
     pub fn accepts_int(self) -> bool {
         self != BinaryOp::Pow
+    }
+
+    /// Whether the op is defined on floats (the bitwise ones are not).
+    pub fn accepts_float(self) -> bool {
+        !self.is_bitwise()
+    }
+
+    /// Whether this is a bitwise op or a shift (integers only).
+    pub fn is_bitwise(self) -> bool {
+        matches!(
+            self,
+            BinaryOp::BitAnd | BinaryOp::BitOr | BinaryOp::BitXor | BinaryOp::Shl | BinaryOp::Shr
+        )
+    }
+
+    /// Whether the op is defined on elements of `d`.
+    pub fn accepts(self, d: crate::DType) -> bool {
+        if d.is_float() {
+            self.accepts_float()
+        } else {
+            d.is_int() && self.accepts_int()
+        }
     }
 }
 
@@ -402,5 +451,36 @@ pub fn apply_binary(b: BinaryOp, x: f64, y: f64, int: bool) -> Option<f64> {
             }
         }
         BinaryOp::Pow => x.powf(y),
+        BinaryOp::BitAnd => (bits(x) & bits(y)) as f64,
+        BinaryOp::BitOr => (bits(x) | bits(y)) as f64,
+        BinaryOp::BitXor => (bits(x) ^ bits(y)) as f64,
+        // The caller rounds to the type, which keeps the low bits.
+        BinaryOp::Shl => match shift_amount(y) {
+            Some(s) => bits(x).wrapping_shl(s) as f64,
+            None => 0.0,
+        },
+        // Only signed types hold negative values: arithmetic for them,
+        // logical for the rest.
+        BinaryOp::Shr if x < 0.0 => (bits(x) >> shift_amount(y).unwrap_or(63)) as f64,
+        BinaryOp::Shr => match shift_amount(y) {
+            Some(s) => ((bits(x) as u64) >> s) as f64,
+            None => 0.0,
+        },
     })
+}
+
+/// An integer element as the 64 bits of its two's complement (u64 values
+/// past `i64::MAX` as the negative `i64` of the same bits).
+fn bits(x: f64) -> i64 {
+    if x >= 9_223_372_036_854_775_808.0 {
+        x as u64 as i64
+    } else {
+        x as i64
+    }
+}
+
+/// A shift amount below 64; `None` for the others (negative included),
+/// which shift every bit out.
+fn shift_amount(y: f64) -> Option<u32> {
+    (0.0..64.0).contains(&y).then_some(y as u32)
 }

@@ -85,6 +85,17 @@ fn need_float(what: &str, t: &TensorType) -> Result<()> {
     }
 }
 
+fn need_int(what: &str, t: &TensorType) -> Result<()> {
+    if t.dtype.is_int() {
+        Ok(())
+    } else {
+        Err(InferError::new(
+            format!("{what} needs an integer operand, got {t}"),
+            format!("{} is not an integer type", t.dtype),
+        ))
+    }
+}
+
 fn need_numeric(what: &str, t: &TensorType) -> Result<()> {
     if t.dtype.is_numeric() {
         Ok(())
@@ -186,7 +197,9 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
         Op::Binary(b) => {
             arity(what, inputs.len(), 2)?;
             let d = same_dtype(what, inputs)?;
-            if b.accepts_int() {
+            if !b.accepts_float() {
+                need_int(what, inputs[0])?;
+            } else if b.accepts_int() {
                 need_numeric(what, inputs[0])?;
             } else {
                 need_float(what, inputs[0])?;

@@ -348,6 +348,9 @@ fn expr_dtype(e: &ScalarExpr, ctx: &mut ComputeCtx<'_>) -> Result<Option<DType>,
                 Some(d) if !d.is_float() && !b.accepts_int() => {
                     Err(format!("{} needs float operands, got {d}", b.name()))
                 }
+                Some(d) if !b.accepts(d) => {
+                    Err(format!("{} needs integer operands, got {d}", b.name()))
+                }
                 _ => Ok(d),
             }
         }

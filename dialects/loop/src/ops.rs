@@ -381,10 +381,9 @@ impl OpKind {
                 _ => Err("takes one scalar and gives one of the same type".into()),
             },
             OpKind::Binary(b) => match (shape(2, 1), scalar(ops.first().copied().flatten())) {
-                (true, Some(d)) if ops[1] == ops[0] && res[0] == ops[0] => rule(
-                    d.is_numeric() && (d.is_float() || b.accepts_int()),
-                    &format!("is not defined on {d}"),
-                ),
+                (true, Some(d)) if ops[1] == ops[0] && res[0] == ops[0] => {
+                    rule(b.accepts(d), &format!("is not defined on {d}"))
+                }
                 _ => Err("takes two scalars of one type and gives one of that type".into()),
             },
             OpKind::Compare(_) => rule(

@@ -551,7 +551,7 @@ impl OpKind {
             OpKind::Binary(b) => {
                 let (d, _) = value(operands[0])?;
                 same(operands[0], operands[1], "the second operand")?;
-                if !d.is_numeric() || (d.is_int() && !b.accepts_int()) {
+                if !b.accepts(d) {
                     return Err(format!("is not defined on {d}"));
                 }
                 same(operands[0], r.ok_or("no result")?, "the result")?;

@@ -364,6 +364,12 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
             BinaryOp::Max => self.call("llvm.maximum", &[ty], &[x, y])?,
             BinaryOp::Min => self.call("llvm.minimum", &[ty], &[x, y])?,
             BinaryOp::Pow => self.call("llvm.pow", &[ty], &[x, y])?,
+            bitwise => {
+                return Err(CodegenError::Invalid(format!(
+                    "{} on floats",
+                    bitwise.name()
+                )));
+            }
         })
     }
 
@@ -415,6 +421,41 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
                 self.select(minus_one, negated, floored)?
             }
             BinaryOp::Pow => return Err(CodegenError::Invalid("pow on integers".into())),
+            BinaryOp::BitAnd => int2!(self, build_and, x, y),
+            BinaryOp::BitOr => int2!(self, build_or, x, y),
+            BinaryOp::BitXor => int2!(self, build_xor, x, y),
+            BinaryOp::Shl | BinaryOp::Shr => {
+                // LLVM's shifts are poison at or past the width; the
+                // interpreters' meaning is every bit shifted out.
+                let width = element_type(x).into_int_type().get_bit_width();
+                let w = self.int_const_like(x, i64::from(width));
+                let past = self.icmp(IntPredicate::UGE, y, w)?;
+                let zero = t.const_zero();
+                if op == BinaryOp::Shl {
+                    let v = int2!(self, build_left_shift, x, y);
+                    self.select(past, zero, v)?
+                } else if unsigned {
+                    let v = self.shift_right(x, y, false)?;
+                    self.select(past, zero, v)?
+                } else {
+                    let last = self.int_const_like(x, i64::from(width) - 1);
+                    let s = self.call("llvm.umin", &[t], &[y, last])?;
+                    self.shift_right(x, s, true)?
+                }
+            }
+        })
+    }
+
+    /// `x >> y`, filling with the sign bit when `arithmetic`.
+    fn shift_right(&self, x: BV<'ctx>, y: BV<'ctx>, arithmetic: bool) -> R<BV<'ctx>> {
+        Ok(match (x, y) {
+            (BV::IntValue(a), BV::IntValue(b)) => {
+                self.b.build_right_shift(a, b, arithmetic, "shr")?.into()
+            }
+            (BV::VectorValue(a), BV::VectorValue(b)) => {
+                self.b.build_right_shift(a, b, arithmetic, "shr")?.into()
+            }
+            _ => return Err(mismatch("shr")),
         })
     }
 
