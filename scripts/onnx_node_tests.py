@@ -54,7 +54,7 @@ NPY_TYPES = {
 def is_unsupported(message):
     return bool(
         re.search(
-            r"not supported|does not support|dlc reads opset|is not defined on|"
+            r"not supported|does not support|is not defined on|"
             r"needs a float input|must be a constant|dlc shapes are static|"
             r"has no elements|positive extents",
             message,

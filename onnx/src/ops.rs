@@ -141,6 +141,41 @@ fn numel(shape: &[usize]) -> usize {
 /// The most elements a value may have (dlc's own bound is lower still).
 const MAX_ELEMENTS: usize = 1 << 40;
 
+/// Operators read from models older than [`crate::MIN_OPSET`], each with
+/// the oldest opset whose definition of it means what the importer
+/// implements (later versions only added element types or attributes the
+/// importer checks): the logical operators from 7 (NumPy broadcasting),
+/// the integer and quantized ops from their introduction, and what
+/// ONNX's own expansion of `DynamicQuantizeLinear` (opset 11) uses.
+const OLD_OPSETS: [(&str, i64); 26] = [
+    ("DynamicQuantizeLinear", 11),
+    ("Not", 1),
+    ("Identity", 1),
+    ("Cast", 6),
+    ("And", 7),
+    ("Or", 7),
+    ("Xor", 7),
+    ("Add", 7),
+    ("Sub", 7),
+    ("Mul", 7),
+    ("Div", 7),
+    ("Max", 8),
+    ("Min", 8),
+    ("MatMul", 9),
+    ("Constant", 9),
+    ("Shrink", 9),
+    ("QuantizeLinear", 10),
+    ("DequantizeLinear", 10),
+    ("MatMulInteger", 10),
+    ("ConvInteger", 10),
+    ("QLinearMatMul", 10),
+    ("QLinearConv", 10),
+    ("Clip", 11),
+    ("Round", 11),
+    ("ReduceMax", 11),
+    ("ReduceMin", 11),
+];
+
 /// Attribute values beyond this (pads, strides, kernels) are rejected.
 const MAX_ATTR: i64 = 1 << 31;
 
@@ -402,6 +437,64 @@ impl Importer {
             node,
             opset: self.opset,
         };
+        if self.opset < crate::MIN_OPSET
+            && !OLD_OPSETS
+                .iter()
+                .any(|&(op, since)| op == node.op_type() && self.opset >= since)
+        {
+            return Err(cx.err(format!(
+                "this operator is not supported at opset {} (dlc reads it, if at all, from \
+                 opset {m} on; convert the model with \
+                 onnx.version_converter.convert_version(model, {m}))",
+                self.opset,
+                m = crate::MIN_OPSET
+            )));
+        }
+        self.translate(&cx)
+    }
+
+    /// A node rewritten as node `op` of `inputs` (ONNX names, the importer's
+    /// own from [`Self::define`] included) with the same outputs and the
+    /// attributes named in `keep`.
+    fn rewrite(&mut self, cx: &Cx<'_>, op: &str, inputs: Vec<String>, keep: &[&str]) -> R<()> {
+        let node = NodeProto {
+            op_type: Some(op.into()),
+            input: inputs,
+            attribute: cx
+                .node
+                .attribute
+                .iter()
+                .filter(|a| keep.contains(&a.name()))
+                .cloned()
+                .collect(),
+            ..cx.node.clone()
+        };
+        self.translate(&Cx {
+            node: &node,
+            opset: crate::MIN_OPSET.max(cx.opset),
+        })
+    }
+
+    /// A value of the importer's own, `let` to `expr`, under a name no ONNX
+    /// value has; returns that name, for [`Self::rewrite`].
+    fn define(&mut self, hint: &str, expr: String, dtype: DType, shape: Vec<usize>) -> String {
+        let var = self.fresh(hint);
+        self.lines.push(format!("let {var} = {expr};"));
+        let name = format!("\u{0}{var}");
+        self.vals.insert(
+            name.clone(),
+            Val {
+                dtype,
+                shape,
+                var: Some(var),
+                data: None,
+            },
+        );
+        name
+    }
+
+    fn translate(&mut self, cx: &Cx<'_>) -> R<()> {
+        let node = cx.node;
         match node.domain() {
             "" | "ai.onnx" => {}
             d => return Err(cx.err(format!("operators of domain `{d}` are not supported"))),
@@ -416,33 +509,33 @@ impl Importer {
                 g.name()
             )));
         }
-        if self.try_fold(&cx)? {
+        if self.try_fold(cx)? {
             return Ok(());
         }
         let op = node.op_type().to_string();
         match op.as_str() {
-            "Identity" | "Dropout" => self.identity(&cx),
+            "Identity" | "Dropout" => self.identity(cx),
             "Abs" | "Neg" | "Relu" | "Exp" | "Log" | "Sqrt" | "Tanh" | "Sigmoid" | "Floor"
-            | "Ceil" | "Round" | "Sign" | "Reciprocal" | "Sin" | "Cos" | "Erf" => self.unary(&cx),
+            | "Ceil" | "Round" | "Sign" | "Reciprocal" | "Sin" | "Cos" | "Erf" => self.unary(cx),
             "Tan" | "Sinh" | "Cosh" | "Asinh" | "Acosh" | "Atanh" | "Shrink"
-            | "LpNormalization" | "Hardmax" => self.composite(&cx),
-            "ArgMax" | "ArgMin" => self.arg_extreme(&cx),
-            "TopK" => self.top_k(&cx),
-            "Trilu" => self.trilu(&cx),
-            "OneHot" => self.one_hot(&cx),
-            "CumSum" => self.cumsum(&cx),
-            "Mod" => self.modulo(&cx),
-            "DepthToSpace" | "SpaceToDepth" => self.depth_space(&cx),
+            | "LpNormalization" | "Hardmax" => self.composite(cx),
+            "ArgMax" | "ArgMin" => self.arg_extreme(cx),
+            "TopK" => self.top_k(cx),
+            "Trilu" => self.trilu(cx),
+            "OneHot" => self.one_hot(cx),
+            "CumSum" => self.cumsum(cx),
+            "Mod" => self.modulo(cx),
+            "DepthToSpace" | "SpaceToDepth" => self.depth_space(cx),
             "LeakyRelu" | "Elu" | "Selu" | "Celu" | "Softplus" | "Softsign" | "HardSigmoid"
             | "HardSwish" | "Mish" | "ThresholdedRelu" | "Gelu" | "IsNaN" | "IsInf" | "Not"
-            | "Swish" => self.activation(&cx),
+            | "Swish" => self.activation(cx),
             "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Equal" | "Less" | "Greater"
-            | "LessOrEqual" | "GreaterOrEqual" | "And" | "Or" | "Xor" | "PRelu" => self.binary(&cx),
-            "Max" | "Min" | "Sum" | "Mean" => self.variadic(&cx),
-            "Clip" => self.clip(&cx),
+            | "LessOrEqual" | "GreaterOrEqual" | "And" | "Or" | "Xor" | "PRelu" => self.binary(cx),
+            "Max" | "Min" | "Sum" | "Mean" => self.variadic(cx),
+            "Clip" => self.clip(cx),
             "Where" => {
                 cx.allow(&[])?;
-                let (c, a, b) = (self.need(&cx, 0)?, self.need(&cx, 1)?, self.need(&cx, 2)?);
+                let (c, a, b) = (self.need(cx, 0)?, self.need(cx, 1)?, self.need(cx, 2)?);
                 if c.dtype != DType::Bool || a.dtype != b.dtype {
                     return Err(cx.err(format!(
                         "needs a bool condition and two operands of one type, got {}, {} and {}",
@@ -452,43 +545,43 @@ impl Importer {
                 let shape = broadcast(&c.shape, &a.shape)
                     .and_then(|s| broadcast(&s, &b.shape))
                     .ok_or_else(|| cx.err("operands do not broadcast"))?;
-                let (ec, ea, eb) = (self.e(&cx, 0)?, self.e(&cx, 1)?, self.e(&cx, 2)?);
-                self.bind(&cx, 0, format!("where({ec}, {ea}, {eb})"), a.dtype, shape)
+                let (ec, ea, eb) = (self.e(cx, 0)?, self.e(cx, 1)?, self.e(cx, 2)?);
+                self.bind(cx, 0, format!("where({ec}, {ea}, {eb})"), a.dtype, shape)
             }
-            "Cast" | "CastLike" => self.cast(&cx),
-            "MatMul" => self.matmul(&cx),
-            "Gemm" => self.gemm(&cx),
-            "Softmax" | "LogSoftmax" => self.softmax(&cx),
+            "Cast" | "CastLike" => self.cast(cx),
+            "MatMul" => self.matmul(cx),
+            "Gemm" => self.gemm(cx),
+            "Softmax" | "LogSoftmax" => self.softmax(cx),
             "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1"
             | "ReduceL2" | "ReduceSumSquare" | "ReduceLogSum" | "ReduceLogSumExp" => {
-                self.reduce(&cx)
+                self.reduce(cx)
             }
-            "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" => self.reshape(&cx),
-            "Transpose" => self.transpose(&cx),
-            "Concat" => self.concat(&cx),
-            "Slice" => self.slice(&cx),
-            "Split" => self.split(&cx),
-            "Expand" => self.expand(&cx),
-            "Tile" => self.tile(&cx),
-            "Gather" => self.gather(&cx),
-            "GatherElements" => self.gather_elements(&cx),
-            "RMSNormalization" => self.rms_norm(&cx),
-            "BatchNormalization" => self.batchnorm(&cx),
+            "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" => self.reshape(cx),
+            "Transpose" => self.transpose(cx),
+            "Concat" => self.concat(cx),
+            "Slice" => self.slice(cx),
+            "Split" => self.split(cx),
+            "Expand" => self.expand(cx),
+            "Tile" => self.tile(cx),
+            "Gather" => self.gather(cx),
+            "GatherElements" => self.gather_elements(cx),
+            "RMSNormalization" => self.rms_norm(cx),
+            "BatchNormalization" => self.batchnorm(cx),
             "LayerNormalization" | "InstanceNormalization" | "GroupNormalization" => {
-                self.normalization(&cx)
+                self.normalization(cx)
             }
-            "Conv" => self.conv(&cx),
-            "ConvTranspose" => self.conv_transpose(&cx),
-            "Attention" => self.attention(&cx),
-            "NegativeLogLikelihoodLoss" | "SoftmaxCrossEntropyLoss" => self.loss(&cx),
-            "MaxPool" | "AveragePool" | "LpPool" => self.pool(&cx),
+            "Conv" => self.conv(cx),
+            "ConvTranspose" => self.conv_transpose(cx),
+            "Attention" => self.attention(cx),
+            "NegativeLogLikelihoodLoss" | "SoftmaxCrossEntropyLoss" => self.loss(cx),
+            "MaxPool" | "AveragePool" | "LpPool" => self.pool(cx),
             "GlobalAveragePool" | "GlobalMaxPool" => {
                 cx.allow(&[])?;
-                let x = self.need(&cx, 0)?;
+                let x = self.need(cx, 0)?;
                 if x.shape.len() < 3 {
                     return Err(cx.err("needs an input of rank 3 or more (N, C, spatial...)"));
                 }
-                let ex = self.e(&cx, 0)?;
+                let ex = self.e(cx, 0)?;
                 let axes: Vec<String> = (2..x.shape.len()).map(|a| a.to_string()).collect();
                 let f = if op == "GlobalMaxPool" { "max" } else { "mean" };
                 if f == "mean" {
@@ -497,20 +590,23 @@ impl Importer {
                 let mut shape = x.shape.clone();
                 shape[2..].iter_mut().for_each(|d| *d = 1);
                 self.bind(
-                    &cx,
+                    cx,
                     0,
                     format!("{f}({ex}, axis=[{}], keepdims=true)", axes.join(", ")),
                     x.dtype,
                     shape,
                 )
             }
-            "Pad" => self.pad(&cx),
-            "Resize" => self.resize(&cx),
+            "Pad" => self.pad(cx),
+            "Resize" => self.resize(cx),
             "BitwiseAnd" | "BitwiseOr" | "BitwiseXor" | "BitShift" | "BitwiseNot" => {
-                self.bitwise(&cx)
+                self.bitwise(cx)
             }
-            "QuantizeLinear" => self.quantize(&cx),
-            "DequantizeLinear" => self.dequantize(&cx),
+            "QuantizeLinear" => self.quantize(cx),
+            "DynamicQuantizeLinear" => self.dynamic_quantize(cx),
+            "MatMulInteger" | "ConvInteger" => self.integer_product(cx),
+            "QLinearMatMul" | "QLinearConv" => self.qlinear_product(cx),
+            "DequantizeLinear" => self.dequantize(cx),
             _ => Err(cx.err("this operator is not supported yet")),
         }
     }
@@ -1219,6 +1315,220 @@ impl Importer {
             return Err(cx.err(format!("block_size = {b} is not supported")));
         }
         Ok(b as usize)
+    }
+
+    /// `DynamicQuantizeLinear`: u8 quantization of `x` with the scale and
+    /// zero point that map its range (widened to hold 0) onto 0..255.
+    fn dynamic_quantize(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&[])?;
+        let x = self.need(cx, 0)?;
+        if x.dtype != DType::F32 {
+            return Err(cx.err(format!("input 0 is {}; it must be f32", x.dtype)));
+        }
+        let ex = self.e(cx, 0)?;
+        let hi = self.fresh("range_max");
+        let lo = self.fresh("range_min");
+        let sc = self.fresh("scale");
+        let zp = self.fresh("zero_point");
+        self.lines.push(format!("let {hi} = max(max({ex}), 0.0);"));
+        self.lines.push(format!("let {lo} = min(min({ex}), 0.0);"));
+        self.lines.push(format!(
+            "let {sc} = where({hi} == {lo}, 1.0, {hi} - {lo}) / 255.0;"
+        ));
+        self.lines.push(format!(
+            "let {zp} = round(min(max(0.0 - {lo} / {sc}, 0.0), 255.0));"
+        ));
+        self.bind(
+            cx,
+            0,
+            format!("cast(min(max(round({ex} / {sc}) + {zp}, 0.0), 255.0), u8)"),
+            DType::U8,
+            x.shape,
+        )?;
+        self.bind(cx, 1, sc, DType::F32, vec![])?;
+        self.bind(cx, 2, format!("cast({zp}, u8)"), DType::U8, vec![])
+    }
+
+    /// An input of an integer product minus its zero point, in i32 (a zero
+    /// point per row of a matrix `[M]` or per filter `[M]` is reshaped to
+    /// `per`, so it broadcasts). Returns the importer's name for it.
+    fn centered(&mut self, cx: &Cx<'_>, i: usize, z: usize, per: &[usize]) -> R<String> {
+        let v = self.need(cx, i)?;
+        if !matches!(v.dtype, DType::I8 | DType::U8) {
+            return Err(cx.err(format!("input {i} is {}; it must be i8 or u8", v.dtype)));
+        }
+        let mut expr = format!("cast({}, i32)", self.e(cx, i)?);
+        if let Some(zp) = self.input(cx, z) {
+            if zp.dtype != v.dtype {
+                return Err(cx.err(format!(
+                    "the zero point (input {z}) is {}, its operand {}",
+                    zp.dtype, v.dtype
+                )));
+            }
+            let ez = self.e(cx, z)?;
+            let ez = if numel(&zp.shape) == 1 {
+                format!("reshape({ez}, [])")
+            } else if per.first().is_some_and(|&m| zp.shape == [m]) {
+                format!("reshape({ez}, {})", shape_text(per))
+            } else if zp.shape.len() == 1 && v.shape.last() == zp.shape.first() {
+                ez
+            } else {
+                return Err(cx.err(format!(
+                    "zero point (input {z}) of shape {} does not fit its operand {}",
+                    shape_text(&zp.shape),
+                    shape_text(&v.shape)
+                )));
+            };
+            expr = format!("{expr} - cast({ez}, i32)");
+        }
+        Ok(self.define("centered", expr, DType::I32, v.shape))
+    }
+
+    /// `MatMulInteger` and `ConvInteger`: the product of the operands
+    /// minus their zero points, exact in i32.
+    fn integer_product(&mut self, cx: &Cx<'_>) -> R<()> {
+        let conv = cx.op() == "ConvInteger";
+        let attrs: &[&str] = if conv {
+            &[
+                "auto_pad",
+                "dilations",
+                "group",
+                "kernel_shape",
+                "pads",
+                "strides",
+            ]
+        } else {
+            &[]
+        };
+        cx.allow(attrs)?;
+        let (a, b) = (self.need(cx, 0)?, self.need(cx, 1)?);
+        // A per-row zero point of A (`[M]`, M its second-to-last extent),
+        // a per-filter one of W (`[M]` over `[M, C, k...]`).
+        let per_a: Vec<usize> = if conv || a.shape.len() < 2 {
+            vec![]
+        } else {
+            vec![a.shape[a.shape.len() - 2], 1]
+        };
+        let per_b: Vec<usize> = if conv {
+            let mut s = vec![b.shape[0]];
+            s.extend(std::iter::repeat_n(1, b.shape.len() - 1));
+            s
+        } else {
+            vec![]
+        };
+        let ea = self.centered(cx, 0, 2, &per_a)?;
+        let eb = self.centered(cx, 1, 3, &per_b)?;
+        self.rewrite(
+            cx,
+            if conv { "Conv" } else { "MatMul" },
+            vec![ea, eb],
+            attrs,
+        )
+    }
+
+    /// `QLinearMatMul` and `QLinearConv`: the integer product of the
+    /// operands minus their zero points, scaled by `a_scale * b_scale /
+    /// y_scale` in f64 (as ONNX's reference promotes it), rounded to even,
+    /// plus the output's zero point, saturated to its type.
+    fn qlinear_product(&mut self, cx: &Cx<'_>) -> R<()> {
+        let conv = cx.op() == "QLinearConv";
+        let attrs: &[&str] = if conv {
+            &[
+                "auto_pad",
+                "dilations",
+                "group",
+                "kernel_shape",
+                "pads",
+                "strides",
+            ]
+        } else {
+            &[]
+        };
+        cx.allow(attrs)?;
+        let (a, b) = (self.need(cx, 0)?, self.need(cx, 3)?);
+        let per_b: Vec<usize> = if conv {
+            let mut s = vec![b.shape[0]];
+            s.extend(std::iter::repeat_n(1, b.shape.len() - 1));
+            s
+        } else {
+            vec![]
+        };
+        let ea = self.centered(cx, 0, 2, &[])?;
+        let eb = self.centered(cx, 3, 5, &per_b)?;
+        let mut inputs = vec![ea, eb];
+        if conv && let Some(bias) = self.input(cx, 8) {
+            if bias.dtype != DType::I32 {
+                return Err(cx.err(format!("the bias is {}; it must be i32", bias.dtype)));
+            }
+            inputs.push(cx.node.input[8].clone());
+        }
+        // The product, as a node of its own whose output is ours.
+        let product = format!("\u{0}product_{}", self.lines.len());
+        let node = NodeProto {
+            output: vec![product.clone()],
+            ..cx.node.clone()
+        };
+        let inner = Cx {
+            node: &node,
+            opset: cx.opset,
+        };
+        self.rewrite(&inner, if conv { "Conv" } else { "MatMul" }, inputs, attrs)?;
+        let p = self
+            .vals
+            .get(&product)
+            .cloned()
+            .ok_or_else(|| cx.err("no product"))?;
+        let ep = self.var_of(&product)?;
+        // Scales: per tensor, or per filter (`[M]`) for the weights of a
+        // convolution.
+        let st = self.need(cx, 1)?.dtype;
+        cx.float_input(&self.need(cx, 1)?)?;
+        let mut scale = |i: usize, per: &[usize]| -> R<String> {
+            let s = self.need(cx, i)?;
+            if s.dtype != st {
+                return Err(cx.err(format!(
+                    "scale (input {i}) is {}, input 1 {st}; they must be of one type",
+                    s.dtype
+                )));
+            }
+            let e = self.e(cx, i)?;
+            if numel(&s.shape) == 1 {
+                Ok(format!("reshape({e}, [])"))
+            } else if per.first().is_some_and(|&m| s.shape == [m]) {
+                Ok(format!("reshape({e}, {})", shape_text(per)))
+            } else {
+                Err(cx.err(format!(
+                    "scale (input {i}) of shape {} is not supported (per tensor{})",
+                    shape_text(&s.shape),
+                    if conv { " or per filter" } else { "" }
+                )))
+            }
+        };
+        let (sa, sb, sy) = (scale(1, &[])?, scale(4, &per_b)?, scale(6, &[])?);
+        let out = match self.input(cx, 7) {
+            Some(z) => z.dtype,
+            None => a.dtype,
+        };
+        let (Some(lo), Some(hi)) = (out.int_min(), out.int_max()) else {
+            return Err(cx.err(format!("output type {out} is not an integer")));
+        };
+        let mut v = format!("cast({ep}, f64) * cast({sa} * {sb} / {sy}, f64)");
+        if self.input(cx, 7).is_some() {
+            let ez = self.e(cx, 7)?;
+            v = format!("{v} + cast(reshape({ez}, []), f64)");
+        }
+        let w = DType::F64;
+        self.bind(
+            cx,
+            0,
+            format!(
+                "cast(round(min(max({v}, {}), {})), {out})",
+                literal(lo, w),
+                literal(hi, w)
+            ),
+            out,
+            p.shape,
+        )
     }
 
     /// `DequantizeLinear`: `(x - zero_point) * scale`, in f32 and rounded
@@ -2304,7 +2614,10 @@ impl Importer {
             "strides",
         ])?;
         let (x, w) = (self.need(cx, 0)?, self.need(cx, 1)?);
-        cx.float_input(&x)?;
+        // i32 for the integer convolutions written as this one.
+        if x.dtype != DType::I32 {
+            cx.float_input(&x)?;
+        }
         if w.shape.len() != x.shape.len() || w.dtype != x.dtype {
             return Err(cx.err(format!(
                 "weights {} do not fit input {}",
@@ -2325,7 +2638,11 @@ impl Importer {
         out_shape.extend(&win.out);
         let (ex, ew) = (self.e(cx, 0)?, self.e(cx, 1)?);
         let symmetric = win.begin == win.end && win.begin.iter().all(|&p| p >= 0);
-        let mut expr = if win.kernel.len() == 2 && symmetric && win.dilations == [1, 1] {
+        let mut expr = if win.kernel.len() == 2
+            && symmetric
+            && win.dilations == [1, 1]
+            && x.dtype.is_float()
+        {
             format!(
                 "conv2d({ex}, {ew}, stride=[{}, {}], padding=[{}, {}], groups={g})",
                 win.strides[0], win.strides[1], win.begin[0], win.begin[1]

@@ -599,3 +599,50 @@ fn dequantize_linear_per_tensor_and_per_block() {
     );
     expect(&d, &[2, 3], &[1.0, 2.0, 30.0, -500.0, 600.0, 3.5]);
 }
+
+#[test]
+fn integer_and_quantized_products() {
+    let u8 = DType::U8;
+    let p = run(
+        "MatMulInteger",
+        &[
+            input("a", u8, &[2, 2], &[1.0, 2.0, 3.0, 4.0]),
+            input("b", u8, &[2, 2], &[5.0, 6.0, 7.0, 8.0]),
+            init("az", u8, &[], &[1.0]),
+            init("bz", u8, &[], &[2.0]),
+        ],
+        vec![],
+    );
+    assert_eq!(p.ty.dtype, DType::I32);
+    // [[0, 1], [2, 3]] @ [[3, 4], [5, 6]]
+    expect(&p, &[2, 2], &[5.0, 6.0, 21.0, 26.0]);
+    let q = |y_scale: f64| {
+        run(
+            "QLinearMatMul",
+            &[
+                input("a", u8, &[1, 2], &[10.0, 20.0]),
+                init("sa", F, &[], &[0.5]),
+                init("za", u8, &[], &[10.0]),
+                input("b", u8, &[2, 1], &[4.0, 8.0]),
+                init("sb", F, &[], &[0.25]),
+                init("zb", u8, &[], &[0.0]),
+                init("sy", F, &[], &[y_scale]),
+                init("zy", u8, &[], &[5.0]),
+            ],
+            vec![],
+        )
+    };
+    // [0, 10] @ [4, 8] = 80, times 0.5 * 0.25 / 0.1, plus 5; saturated at
+    // 255 with a scale ten times finer.
+    let y = q(0.1);
+    assert_eq!(y.ty.dtype, u8);
+    expect(&y, &[1, 1], &[105.0]);
+    expect(&q(0.01), &[1, 1], &[255.0]);
+    // ONNX's example: scale (2 + 3) / 255, zero point 153.
+    let d = run(
+        "DynamicQuantizeLinear",
+        &[input("x", F, &[6], &[0.0, 2.0, -3.0, -2.5, 1.34, 0.5])],
+        vec![],
+    );
+    expect(&d, &[6], &[153.0, 255.0, 0.0, 26.0, 221.0, 179.0]);
+}

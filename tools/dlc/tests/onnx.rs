@@ -208,7 +208,7 @@ fn unsupported_ops_name_the_node_op_and_opset() {
     let m = d.file("old.onnx", one_node("Relu", &[dim(2)], 11));
     fails_with(
         &dlc(&["check", &m]),
-        "the model uses opset 11; dlc reads opset 13 and later",
+        "node `the_node` (Relu, opset 11): this operator is not supported at opset 11 (dlc reads it, if at all, from opset 13 on",
     );
 }
 
