@@ -4,6 +4,8 @@
 //! padding, 1-D and 3-D), or, when all its inputs are known, a constant
 //! folded here.
 
+use std::collections::HashMap;
+
 use dlc_core::DType;
 
 use crate::data::{Data, dtype_of, onnx_type_name};
@@ -523,7 +525,9 @@ impl Importer {
             "TopK" => self.top_k(cx),
             "Trilu" => self.trilu(cx),
             "OneHot" => self.one_hot(cx),
-            "CumSum" => self.cumsum(cx),
+            "CumSum" | "CumProd" => self.cumsum(cx),
+            "Einsum" => self.einsum(cx),
+            "CenterCropPad" => self.center_crop_pad(cx),
             "Mod" => self.modulo(cx),
             "DepthToSpace" | "SpaceToDepth" => self.depth_space(cx),
             "LeakyRelu" | "Elu" | "Selu" | "Celu" | "Softplus" | "Softsign" | "HardSigmoid"
@@ -2901,9 +2905,6 @@ impl Importer {
             "left_window_size",
             "right_window_size",
         ])?;
-        if self.input(cx, 6).is_some() {
-            return Err(cx.err("nonpad_kv_seqlen is not supported"));
-        }
         let (q, k, v) = (self.need(cx, 0)?, self.need(cx, 1)?, self.need(cx, 2)?);
         cx.float_input(&q)?;
         let dt = q.dtype;
@@ -2974,6 +2975,23 @@ impl Importer {
         } else if self.input(cx, 4).is_some() || self.input(cx, 5).is_some() {
             return Err(cx.err("past_key and past_value come together"));
         }
+        // Keys past nonpad_kv_seqlen[b] are padding (a static cache); the
+        // causal and window masks then end at that length, per batch.
+        let nonpad = match self.input(cx, 6) {
+            Some(n) => {
+                if past > 0 {
+                    return Err(cx.err("nonpad_kv_seqlen cannot come with past_key"));
+                }
+                if n.dtype != DType::I64 || n.shape != [b] {
+                    return Err(cx.err(format!(
+                        "nonpad_kv_seqlen is {}; it must be i64[{b}]",
+                        type_text(n.dtype, &n.shape)
+                    )));
+                }
+                Some(format!("reshape({}, [{b}, 1, 1, 1])", self.e(cx, 6)?))
+            }
+            None => None,
+        };
         let kname = self.fresh("keys");
         self.lines.push(format!("let {kname} = {ek};"));
         let vname = self.fresh("values");
@@ -3062,7 +3080,32 @@ impl Importer {
                 )));
             });
         }
-        if cx.int("is_causal", 0) != 0 {
+        // With a per-batch key length the masks are computed from iotas over
+        // the queries and the keys, query i being at position i + offset.
+        let positions = match &nonpad {
+            Some(n) => {
+                let qi = self.iota(&[1, 1, s, 1], 2, DType::I64);
+                let kj = self.iota(&[1, 1, 1, l], 3, DType::I64);
+                let off = self.fresh("offset");
+                self.lines.push(format!("let {off} = {n} - {s};"));
+                Some((qi, kj, off))
+            }
+            None => None,
+        };
+        let add = |bias: &mut Option<String>, term: String| {
+            *bias = Some(match bias.take() {
+                Some(b) => format!("{b} + {term}"),
+                None => term,
+            });
+        };
+        if cx.int("is_causal", 0) != 0
+            && let Some((qi, kj, off)) = &positions
+        {
+            add(
+                &mut bias,
+                format!("where({kj} <= {qi} + {off}, 0.0, {ninf})"),
+            );
+        } else if cx.int("is_causal", 0) != 0 {
             let allowed: Vec<f64> = (0..s * l)
                 .map(|p| f64::from(u8::from((p % l) as i64 <= (p / l) as i64 + past as i64)))
                 .collect();
@@ -3071,11 +3114,7 @@ impl Importer {
                 "let {mask} = {};",
                 crate::constant_text(&Data::new(DType::Bool, vec![s, l], allowed))
             ));
-            let causal = format!("where({mask}, 0.0, {ninf})");
-            bias = Some(match bias {
-                Some(b) => format!("{b} + {causal}"),
-                None => causal,
-            });
+            add(&mut bias, format!("where({mask}, 0.0, {ninf})"));
         }
         // A sliding window: query i (at position past + i) sees keys within
         // left before and right after it (-1: unbounded).
@@ -3086,7 +3125,19 @@ impl Importer {
         if left < -1 || right < -1 {
             return Err(cx.err("window sizes must be -1 or non-negative"));
         }
-        if left >= 0 || right >= 0 {
+        if (left >= 0 || right >= 0)
+            && let Some((qi, kj, off)) = &positions
+        {
+            let diff = format!("({qi} + {off} - {kj})");
+            let mut inside = Vec::new();
+            if left >= 0 {
+                inside.push(format!("where({diff} <= {left}, 0.0, {ninf})"));
+            }
+            if right >= 0 {
+                inside.push(format!("where(0 - {diff} <= {right}, 0.0, {ninf})"));
+            }
+            add(&mut bias, inside.join(" + "));
+        } else if left >= 0 || right >= 0 {
             let allowed: Vec<f64> = (0..s * l)
                 .map(|p| {
                     let diff = (p / l) as i64 + past as i64 - (p % l) as i64;
@@ -3100,11 +3151,10 @@ impl Importer {
                 "let {mask} = {};",
                 crate::constant_text(&Data::new(DType::Bool, vec![s, l], allowed))
             ));
-            let window = format!("where({mask}, 0.0, {ninf})");
-            bias = Some(match bias {
-                Some(b) => format!("{b} + {window}"),
-                None => window,
-            });
+            add(&mut bias, format!("where({mask}, 0.0, {ninf})"));
+        }
+        if let (Some(n), Some((_, kj, _))) = (&nonpad, &positions) {
+            add(&mut bias, format!("where({kj} < {n}, 0.0, {ninf})"));
         }
         let with_bias = match &bias {
             Some(bv) => {
@@ -3721,14 +3771,17 @@ impl Importer {
             .ok_or_else(|| cx.err("input 1 (axis) is required"))?;
         let a = cx.axis(axis, x.shape.len())?;
         let n = x.shape[a];
+        let prod = cx.op() == "CumProd";
         if n > 4096 {
             return Err(cx.err(format!(
-                "a running sum over {n} elements is not supported (at most 4096)"
+                "a running {} over {n} elements is not supported (at most 4096)",
+                if prod { "product" } else { "sum" }
             )));
         }
         let (excl, rev) = (cx.int("exclusive", 0) != 0, cx.int("reverse", 0) != 0);
-        // out[.., i, ..] = sum over k of x[.., k, ..] * m[k, i], where m
-        // marks the k that position i sums.
+        // out[.., i, ..] = sum (product) over k of x[.., k, ..] where m[k,
+        // i] marks the k that position i takes (a where, not a product
+        // with the mask, so an infinity outside the prefix is not a NaN).
         let m: Vec<f64> = (0..n * n)
             .map(|p| {
                 let (k, i) = (p / n, p % n);
@@ -3750,16 +3803,250 @@ impl Importer {
         let idx: Vec<String> = (0..x.shape.len()).map(|i| format!("i{i}")).collect();
         let mut read = idx.clone();
         read[a] = "k".into();
-        let name = self.fresh("cumsum");
+        let name = self.fresh(if prod { "cumprod" } else { "cumsum" });
+        let (f, unit) = if prod { ("prod", 1.0) } else { ("sum", 0.0) };
         self.ops.push(format!(
-            "op {name}(x: {t}, m: {mt}) -> {t} {{\n    out[{}] = sum[k](x[{}] * m[k, i{a}]);\n}}",
+            "op {name}(x: {t}, m: {mt}) -> {t} {{\n    out[{}] = {f}[k](where(m[k, i{a}] > {zero}, x[{}], {unit}));\n}}",
             idx.join(", "),
             read.join(", "),
             t = type_text(dt, &x.shape),
             mt = type_text(dt, &[n, n]),
+            zero = literal(0.0, dt),
+            unit = literal(unit, dt),
         ));
         let ex = self.e(cx, 0)?;
         self.bind(cx, 0, format!("{name}({ex}, {mask})"), dt, x.shape)
+    }
+
+    /// `CenterCropPad`: each listed axis cut to its centre or padded with
+    /// zeros around it (the odd element going to the end), as slices and
+    /// concatenations.
+    fn center_crop_pad(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&["axes"])?;
+        let x = self.need(cx, 0)?;
+        let r = x.shape.len();
+        let target = self
+            .ints_input(cx, 1, "shape")?
+            .ok_or_else(|| cx.err("input 1 (shape) is required"))?;
+        let axes: Vec<usize> = match cx.ints("axes") {
+            Some(a) => a.iter().map(|&a| cx.axis(a, r)).collect::<R<_>>()?,
+            None => (0..r).collect(),
+        };
+        if target.len() != axes.len() {
+            return Err(cx.err(format!(
+                "shape has {} extents for {} axes",
+                target.len(),
+                axes.len()
+            )));
+        }
+        let mut expr = self.e(cx, 0)?;
+        let mut shape = x.shape.clone();
+        for (&a, &t) in axes.iter().zip(&target) {
+            if !(1..=MAX_ATTR).contains(&t) {
+                return Err(cx.err(format!("extent {t} is not supported")));
+            }
+            let (t, d) = (t as usize, shape[a]);
+            if t < d {
+                let start = (d - t) / 2;
+                expr = format!("slice({expr}, axis={a}, start={start}, end={})", start + t);
+            } else if t > d {
+                let before = (t - d) / 2;
+                let after = t - d - before;
+                let zeros = |n: usize| {
+                    let mut z = shape.clone();
+                    z[a] = n;
+                    format!(
+                        "full({}, {}, dtype={})",
+                        shape_text(&z),
+                        literal(0.0, x.dtype),
+                        x.dtype
+                    )
+                };
+                let mut parts = Vec::new();
+                if before > 0 {
+                    parts.push(zeros(before));
+                }
+                parts.push(expr);
+                parts.push(zeros(after));
+                expr = format!("concat([{}], axis={a})", parts.join(", "));
+            }
+            shape[a] = t;
+        }
+        self.bind(cx, 0, expr, x.dtype, shape)
+    }
+
+    /// `Einsum` as an operator in index notation: one index per label, a
+    /// sum over the labels the output lacks. An ellipsis stands for the
+    /// leading axes, aligned right and broadcast across operands (an axis
+    /// of extent 1 reads index 0).
+    fn einsum(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&["equation"])?;
+        let eq: String = cx
+            .string("equation", "")
+            .chars()
+            .filter(|c| !c.is_whitespace())
+            .collect();
+        let (lhs, rhs) = match eq.split_once("->") {
+            Some((l, r)) => (l, Some(r)),
+            None => (eq.as_str(), None),
+        };
+        let terms: Vec<&str> = lhs.split(',').collect();
+        let n = cx.node.input.len();
+        if terms.len() != n {
+            return Err(cx.err(format!(
+                "equation `{eq}` has {} operands, the node {n}",
+                terms.len()
+            )));
+        }
+        let vals: Vec<Val> = (0..n).map(|i| self.need(cx, i)).collect::<R<_>>()?;
+        let dt = vals[0].dtype;
+        if vals.iter().any(|v| v.dtype != dt) || dt == DType::Bool {
+            return Err(cx.err("needs operands of one numeric type"));
+        }
+        // Labels: a letter, or the j-th axis of the ellipsis (from the left
+        // of the widest one).
+        #[derive(Clone, Copy, PartialEq, Eq, Hash)]
+        enum L {
+            Letter(char),
+            Ell(usize),
+        }
+        let letters = |t: &str| -> R<Vec<char>> {
+            let t = t.replace("...", "");
+            if let Some(c) = t.chars().find(|c| !c.is_ascii_alphabetic()) {
+                return Err(cx.err(format!("equation `{eq}`: `{c}` is not a label")));
+            }
+            Ok(t.chars().collect())
+        };
+        let mut ell = 0;
+        for (t, v) in terms.iter().zip(&vals) {
+            let k = letters(t)?.len();
+            if t.contains("...") {
+                if v.shape.len() < k {
+                    return Err(cx.err(format!("equation `{eq}` does not fit the operands' ranks")));
+                }
+                ell = ell.max(v.shape.len() - k);
+            }
+        }
+        let expand = |t: &str, rank: Option<usize>| -> R<Vec<L>> {
+            let mut out = Vec::new();
+            let (before, after) = match t.split_once("...") {
+                Some((b, a)) => (b, Some(a)),
+                None => (t, None),
+            };
+            out.extend(letters(before)?.into_iter().map(L::Letter));
+            if let Some(a) = after {
+                let e = match rank {
+                    Some(r) => r - letters(t)?.len(),
+                    None => ell,
+                };
+                out.extend((ell - e..ell).map(L::Ell));
+                out.extend(letters(a)?.into_iter().map(L::Letter));
+            }
+            Ok(out)
+        };
+        let mut ins = Vec::with_capacity(n);
+        let mut extent: HashMap<L, usize> = HashMap::new();
+        let mut count: HashMap<L, usize> = HashMap::new();
+        for (t, v) in terms.iter().zip(&vals) {
+            let labels = expand(t, Some(v.shape.len()))?;
+            if labels.len() != v.shape.len() {
+                return Err(cx.err(format!(
+                    "equation `{eq}`: term `{t}` does not fit an operand of rank {}",
+                    v.shape.len()
+                )));
+            }
+            for (l, &d) in labels.iter().zip(&v.shape) {
+                *count.entry(*l).or_default() += 1;
+                let e = extent.entry(*l).or_insert(d);
+                if *e == 1 {
+                    *e = d;
+                } else if d != 1 && d != *e {
+                    return Err(cx.err(format!("equation `{eq}`: a label has extents {e} and {d}")));
+                }
+            }
+            ins.push(labels);
+        }
+        let out: Vec<L> = match rhs {
+            Some(r) => expand(r, None)?,
+            None => {
+                let mut once: Vec<char> = count
+                    .iter()
+                    .filter_map(|(l, &c)| match l {
+                        L::Letter(ch) if c == 1 => Some(*ch),
+                        _ => None,
+                    })
+                    .collect();
+                once.sort_unstable();
+                (0..ell)
+                    .map(L::Ell)
+                    .chain(once.into_iter().map(L::Letter))
+                    .collect()
+            }
+        };
+        for (i, l) in out.iter().enumerate() {
+            if !extent.contains_key(l) || out[..i].contains(l) {
+                return Err(cx.err(format!(
+                    "equation `{eq}`: the output's labels must be distinct labels of the operands"
+                )));
+            }
+        }
+        let name_of = |l: &L| match l {
+            L::Letter(c) if c.is_ascii_lowercase() => format!("i{c}"),
+            L::Letter(c) => format!("u{}", c.to_ascii_lowercase()),
+            L::Ell(j) => format!("e{j}"),
+        };
+        let mut summed: Vec<L> = Vec::new();
+        for labels in &ins {
+            for l in labels {
+                if !out.contains(l) && !summed.contains(l) {
+                    summed.push(*l);
+                }
+            }
+        }
+        let reads: Vec<String> = ins
+            .iter()
+            .zip(&vals)
+            .enumerate()
+            .map(|(k, (labels, v))| {
+                let idx: Vec<String> = labels
+                    .iter()
+                    .zip(&v.shape)
+                    .map(|(l, &d)| {
+                        if d == 1 && extent[l] != 1 {
+                            "0".to_string()
+                        } else {
+                            name_of(l)
+                        }
+                    })
+                    .collect();
+                format!("x{k}[{}]", idx.join(", "))
+            })
+            .collect();
+        let product = reads.join(" * ");
+        let body = if summed.is_empty() {
+            product
+        } else {
+            let ranges: Vec<String> = summed
+                .iter()
+                .map(|l| format!("{} in 0..{}", name_of(l), extent[l]))
+                .collect();
+            format!("sum[{}]({product})", ranges.join(", "))
+        };
+        let out_shape: Vec<usize> = out.iter().map(|l| extent[l]).collect();
+        let params: Vec<String> = vals
+            .iter()
+            .enumerate()
+            .map(|(k, v)| format!("x{k}: {}", type_text(dt, &v.shape)))
+            .collect();
+        let name = self.fresh("einsum");
+        self.ops.push(format!(
+            "op {name}({}) -> {} {{\n    out[{}] = {body};\n}}",
+            params.join(", "),
+            type_text(dt, &out_shape),
+            out.iter().map(name_of).collect::<Vec<_>>().join(", ")
+        ));
+        let args: Vec<String> = (0..n).map(|i| self.e(cx, i)).collect::<R<_>>()?;
+        self.bind(cx, 0, format!("{name}({})", args.join(", ")), dt, out_shape)
     }
 
     fn modulo(&mut self, cx: &Cx<'_>) -> R<()> {
@@ -4083,12 +4370,21 @@ impl Importer {
         if mode != "constant" {
             return self.pad_by_copies(cx, &x, &mode, &begin, &end, shape);
         }
+        // The value: a literal when known, else the (scalar) operand.
         let value = match self.input(cx, 2) {
             None => None,
+            Some(v) if v.dtype != dt || numel(&v.shape) != 1 => {
+                return Err(cx.err(format!(
+                    "constant_value is {}; it must be one {dt}",
+                    type_text(v.dtype, &v.shape)
+                )));
+            }
             Some(v) => match v.data {
-                Some(d) if d.values[0] != 0.0 || !d.values[0].is_finite() => Some(d.values[0]),
+                Some(d) if d.values[0] != 0.0 || !d.values[0].is_finite() => {
+                    Some(literal(d.values[0], dt))
+                }
                 Some(_) => None,
-                None => return Err(cx.err("constant_value must be a constant")),
+                None => Some(format!("reshape({}, [])", self.e(cx, 2)?)),
             },
         };
         let idx: Vec<String> = (0..r).map(|a| format!("i{a}")).collect();
@@ -4124,9 +4420,8 @@ impl Importer {
                     ),
                     format!("where(m[{rd}] == {one}, x[{rd}], c)"),
                     format!(
-                        "{name}({ex}, full({}, {one}, dtype={dt}), {})",
+                        "{name}({ex}, full({}, {one}, dtype={dt}), {v})",
                         shape_text(&x.shape),
-                        literal(v, dt)
                     ),
                 )
             }
