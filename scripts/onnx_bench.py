@@ -8,7 +8,7 @@ import numpy as np, onnxruntime as ort
 root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "onnx")
 dlc = sys.argv[1] if len(sys.argv) > 1 else "target/release/dlc"
 rows = []
-for name in ["mlp", "cnn", "transformer", "gru"]:
+for name in ["mlp", "cnn", "transformer", "gru", "recurrent"]:
     d = os.path.join(root, name)
     feeds = {f[:-4]: np.load(os.path.join(d, f)) for f in sorted(os.listdir(d)) if f.endswith(".npy") and not f.startswith("out")}
     o = ort.SessionOptions(); o.intra_op_num_threads = 1; o.inter_op_num_threads = 1

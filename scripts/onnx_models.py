@@ -170,7 +170,34 @@ def gru():
     b.save("gru", ["seq", "h0"], h, [batch, hid], feeds)
 
 
+def recurrent():
+    """A bidirectional LSTM feeding a GRU (the RNN ops PyTorch exports for
+    nn.LSTM / nn.GRU), then a linear layer on the GRU's last state."""
+    b = Builder(15)
+    steps, batch, inp, hid = 12, 2, 8, 16
+    w = b.weight("lstm_w", [2, 4 * hid, inp])
+    r = b.weight("lstm_r", [2, 4 * hid, hid])
+    bias = b.weight("lstm_b", [2, 8 * hid], 0.1)
+    y, _, _ = b.op("LSTM", ["seq", w, r, bias, "", "h0", "c0"], n_out=3,
+                   direction="bidirectional", hidden_size=hid)
+    # [steps, 2, batch, hid] -> [steps, batch, 2 * hid]
+    y = b.op("Reshape", [b.op("Transpose", [y], perm=[0, 2, 1, 3]), b.const("ys", np.array([steps, batch, 2 * hid], np.int64))])
+    gw = b.weight("gru_w", [1, 3 * hid, 2 * hid])
+    gr = b.weight("gru_r", [1, 3 * hid, hid])
+    gb = b.weight("gru_b", [1, 6 * hid], 0.1)
+    _, h = b.op("GRU", [y, gw, gr, gb], n_out=2, hidden_size=hid, linear_before_reset=1)
+    h = b.op("Reshape", [h, b.const("hs", np.array([batch, hid], np.int64))])
+    out = b.op("Gemm", [h, b.weight("fc_w", [4, hid]), b.weight("fc_b", [4], 0.1)], transB=1)
+    rng = np.random.default_rng(16)
+    feeds = {
+        "seq": rng.standard_normal((steps, batch, inp)).astype(np.float32),
+        "h0": rng.standard_normal((2, batch, hid)).astype(np.float32),
+        "c0": rng.standard_normal((2, batch, hid)).astype(np.float32),
+    }
+    b.save("recurrent", ["seq", "h0", "c0"], out, [batch, 4], feeds)
+
+
 if __name__ == "__main__":
-    for f in [mlp, cnn, transformer, gru]:
+    for f in [mlp, cnn, transformer, gru, recurrent]:
         f()
     sys.exit(0)

@@ -143,6 +143,9 @@ fn numel(shape: &[usize]) -> usize {
 /// The most elements a value may have (dlc's own bound is lower still).
 const MAX_ELEMENTS: usize = 1 << 40;
 
+/// An activation of a recurrent op: its expression applied to another.
+type Activation = Box<dyn Fn(&str) -> String>;
+
 /// Operators read from models older than [`crate::MIN_OPSET`], each with
 /// the oldest opset whose definition of it means what the importer
 /// implements (later versions only added element types or attributes the
@@ -528,6 +531,7 @@ impl Importer {
             "CumSum" | "CumProd" => self.cumsum(cx),
             "Einsum" => self.einsum(cx),
             "CenterCropPad" => self.center_crop_pad(cx),
+            "RNN" | "GRU" | "LSTM" => self.recurrent(cx),
             "Mod" => self.modulo(cx),
             "DepthToSpace" | "SpaceToDepth" => self.depth_space(cx),
             "LeakyRelu" | "Elu" | "Selu" | "Celu" | "Softplus" | "Softsign" | "HardSigmoid"
@@ -3816,6 +3820,384 @@ impl Importer {
         ));
         let ex = self.e(cx, 0)?;
         self.bind(cx, 0, format!("{name}({ex}, {mask})"), dt, x.shape)
+    }
+
+    /// `RNN`, `GRU` and `LSTM`, unrolled over the (static) sequence: the
+    /// input projection of every step as one product, then per step the
+    /// recurrent product and the gates, in each direction; the outputs
+    /// stacked. Follows ONNX's definitions (gate orders z, r, h and i, o,
+    /// f, c; `linear_before_reset`; peepholes; `layout`).
+    fn recurrent(&mut self, cx: &Cx<'_>) -> R<()> {
+        let op = cx.op();
+        let lstm = op == "LSTM";
+        let gru = op == "GRU";
+        let mut attrs = vec![
+            "activation_alpha",
+            "activation_beta",
+            "activations",
+            "clip",
+            "direction",
+            "hidden_size",
+            "layout",
+        ];
+        if gru {
+            attrs.push("linear_before_reset");
+        }
+        if lstm {
+            attrs.push("input_forget");
+        }
+        cx.allow(&attrs)?;
+        if cx.attr("clip").is_some() {
+            return Err(cx.err("clip is not supported"));
+        }
+        if cx.int("input_forget", 0) != 0 {
+            return Err(cx.err("input_forget is not supported"));
+        }
+        let gates = if lstm {
+            4
+        } else if gru {
+            3
+        } else {
+            1
+        };
+        let (x, w, r) = (self.need(cx, 0)?, self.need(cx, 1)?, self.need(cx, 2)?);
+        cx.float_input(&x)?;
+        let dt = x.dtype;
+        let batchwise = cx.int("layout", 0) != 0;
+        if x.shape.len() != 3 || w.shape.len() != 3 || r.shape.len() != 3 {
+            return Err(cx.err("X, W and R must be 3-D"));
+        }
+        let (seq, batch, inp) = if batchwise {
+            (x.shape[1], x.shape[0], x.shape[2])
+        } else {
+            (x.shape[0], x.shape[1], x.shape[2])
+        };
+        let dirs = w.shape[0];
+        let h = r.shape[2];
+        let direction = cx.string("direction", "forward");
+        let expected = match direction.as_str() {
+            "forward" | "reverse" => 1,
+            "bidirectional" => 2,
+            other => return Err(cx.err(format!("direction `{other}` is not valid"))),
+        };
+        if dirs != expected
+            || w.shape != [dirs, gates * h, inp]
+            || r.shape != [dirs, gates * h, h]
+            || w.dtype != dt
+            || r.dtype != dt
+            || cx
+                .attr("hidden_size")
+                .is_some_and(|_| cx.int("hidden_size", 0) != h as i64)
+        {
+            return Err(cx.err(format!(
+                "W {} and R {} do not fit X {} ({direction}, {gates} gates of hidden size {h})",
+                type_text(w.dtype, &w.shape),
+                type_text(r.dtype, &r.shape),
+                type_text(x.dtype, &x.shape)
+            )));
+        }
+        self.check_operand(cx, 3, dt, &[dirs, 2 * gates * h], true)?;
+        if let Some(lens) = self.input(cx, 4) {
+            let full = lens
+                .data
+                .as_ref()
+                .is_some_and(|d| d.values.iter().all(|&v| v == seq as f64));
+            if !full {
+                return Err(cx.err(format!(
+                    "sequence_lens must be a constant whose every element is the sequence \
+                     length {seq} (shorter sequences are not supported)"
+                )));
+            }
+        }
+        let state_shape = if batchwise {
+            [batch, dirs, h]
+        } else {
+            [dirs, batch, h]
+        };
+        self.check_operand(cx, 5, dt, &state_shape, true)?;
+        if lstm {
+            self.check_operand(cx, 6, dt, &state_shape, true)?;
+            self.check_operand(cx, 7, dt, &[dirs, 3 * h], true)?;
+        }
+        // The activations, per direction: f (and g, h) by name.
+        let names: Vec<String> = match cx.attr("activations") {
+            Some(a) => a
+                .strings
+                .iter()
+                .map(|s| String::from_utf8_lossy(s).into_owned())
+                .collect(),
+            None => {
+                let one: &[&str] = match op {
+                    "RNN" => &["Tanh"],
+                    "GRU" => &["Sigmoid", "Tanh"],
+                    _ => &["Sigmoid", "Tanh", "Tanh"],
+                };
+                (0..dirs)
+                    .flat_map(|_| one.iter().map(|s| s.to_string()))
+                    .collect()
+            }
+        };
+        let per = if lstm {
+            3
+        } else if gru {
+            2
+        } else {
+            1
+        };
+        if names.len() != per * dirs {
+            return Err(cx.err(format!(
+                "activations lists {} functions; {op} {direction} needs {}",
+                names.len(),
+                per * dirs
+            )));
+        }
+        let alphas: Vec<f32> = cx
+            .attr("activation_alpha")
+            .map(|a| a.floats.clone())
+            .unwrap_or_default();
+        let betas: Vec<f32> = cx
+            .attr("activation_beta")
+            .map(|a| a.floats.clone())
+            .unwrap_or_default();
+        let (mut ai, mut bi) = (0, 0);
+        let mut acts: Vec<Activation> = Vec::new();
+        for n in &names {
+            let lit = |v: f64| literal(v, dt);
+            let take = |v: &[f32], i: &mut usize, default: f64| {
+                let x = v.get(*i).map_or(default, |&a| f64::from(a));
+                *i += 1;
+                lit(x)
+            };
+            let f: Activation = match n.to_ascii_lowercase().as_str() {
+                "sigmoid" => Box::new(|e: &str| format!("sigmoid({e})")),
+                "tanh" => Box::new(|e: &str| format!("tanh({e})")),
+                "relu" => Box::new(|e: &str| format!("relu({e})")),
+                "softsign" => Box::new(|e: &str| format!("({e}) / (abs({e}) + 1.0)")),
+                "softplus" => Box::new(|e: &str| format!("log(exp({e}) + 1.0)")),
+                "leakyrelu" => {
+                    let a = take(&alphas, &mut ai, 0.01);
+                    Box::new(move |e: &str| format!("where({e} < 0.0, {e} * {a}, {e})"))
+                }
+                "thresholdedrelu" => {
+                    let a = take(&alphas, &mut ai, 1.0);
+                    Box::new(move |e: &str| format!("where({e} > {a}, {e}, 0.0)"))
+                }
+                "elu" => {
+                    let a = take(&alphas, &mut ai, 1.0);
+                    Box::new(move |e: &str| {
+                        format!("where({e} < 0.0, (exp({e}) - 1.0) * {a}, {e})")
+                    })
+                }
+                "hardsigmoid" => {
+                    let a = take(&alphas, &mut ai, 0.2);
+                    let b = take(&betas, &mut bi, 0.5);
+                    Box::new(move |e: &str| format!("max(min(({e}) * {a} + {b}, 1.0), 0.0)"))
+                }
+                "affine" => {
+                    let a = take(&alphas, &mut ai, 1.0);
+                    let b = take(&betas, &mut bi, 0.0);
+                    Box::new(move |e: &str| format!("({e}) * {a} + {b}"))
+                }
+                "scaledtanh" => {
+                    let a = take(&alphas, &mut ai, 1.0);
+                    let b = take(&betas, &mut bi, 1.0);
+                    Box::new(move |e: &str| format!("tanh(({e}) * {b}) * {a}"))
+                }
+                other => {
+                    return Err(cx.err(format!("activation `{other}` is not supported")));
+                }
+            };
+            acts.push(f);
+        }
+        let lbr = gru && cx.int("linear_before_reset", 0) != 0;
+        let mut ex = self.e(cx, 0)?;
+        if batchwise {
+            ex = format!("transpose({ex}, [1, 0, 2])");
+        }
+        let (ew, er) = (self.e(cx, 1)?, self.e(cx, 2)?);
+        let eb = match self.input(cx, 3) {
+            Some(_) => Some(self.e(cx, 3)?),
+            None => None,
+        };
+        let state = |me: &mut Self, i: usize| -> R<Option<String>> {
+            Ok(match me.input(cx, i) {
+                Some(_) => {
+                    let e = me.e(cx, i)?;
+                    Some(if batchwise {
+                        format!("transpose({e}, [1, 0, 2])")
+                    } else {
+                        e
+                    })
+                }
+                None => None,
+            })
+        };
+        let (h0, c0) = (state(self, 5)?, if lstm { state(self, 6)? } else { None });
+        let ep = if lstm && self.input(cx, 7).is_some() {
+            Some(self.e(cx, 7)?)
+        } else {
+            None
+        };
+        let gh = gates * h;
+        let zeros = format!("full([{batch}, {h}], {}, dtype={dt})", literal(0.0, dt));
+        let mut ys = Vec::new();
+        let (mut hs, mut cs) = (Vec::new(), Vec::new());
+        for d in 0..dirs {
+            let pick = |e: &str, shape: &str| {
+                format!(
+                    "reshape(slice({e}, axis=0, start={d}, end={}), {shape})",
+                    d + 1
+                )
+            };
+            // The input projection of every step at once, with W's bias.
+            let mut xw = format!(
+                "reshape(reshape({ex}, [{}, {inp}]) @ transpose({}), [{seq}, {batch}, {gh}])",
+                seq * batch,
+                pick(&ew, &format!("[{gh}, {inp}]"))
+            );
+            let rb = eb.as_ref().map(|b| {
+                format!(
+                    "slice({}, axis=0, start={gh}, end={})",
+                    pick(b, &format!("[{}]", 2 * gh)),
+                    2 * gh
+                )
+            });
+            if let Some(b) = &eb {
+                xw = format!(
+                    "{xw} + slice({}, axis=0, start=0, end={gh})",
+                    pick(b, &format!("[{}]", 2 * gh))
+                );
+            }
+            let xw_name = self.fresh("xw");
+            self.lines.push(format!("let {xw_name} = {xw};"));
+            let rt = self.fresh("rt");
+            self.lines.push(format!(
+                "let {rt} = transpose({});",
+                pick(&er, &format!("[{gh}, {h}]"))
+            ));
+            let rb_name = rb.map(|b| {
+                let n = self.fresh("rb");
+                self.lines.push(format!("let {n} = {b};"));
+                n
+            });
+            let peep: Option<[String; 3]> = ep.as_ref().map(|p| {
+                let n = self.fresh("peep");
+                self.lines
+                    .push(format!("let {n} = {};", pick(p, &format!("[{}]", 3 * h))));
+                [0, 1, 2]
+                    .map(|k| format!("slice({n}, axis=0, start={}, end={})", k * h, (k + 1) * h))
+            });
+            let mut hcur = match &h0 {
+                Some(e) => pick(e, &format!("[{batch}, {h}]")),
+                None => zeros.clone(),
+            };
+            let mut ccur = match &c0 {
+                Some(e) => pick(e, &format!("[{batch}, {h}]")),
+                None => zeros.clone(),
+            };
+            let (f, g, hh) = (&acts[d * per], acts.get(d * per + 1), acts.get(d * per + 2));
+            let reverse = direction == "reverse" || d == 1;
+            let mut outs = vec![String::new(); seq];
+            for step in 0..seq {
+                let t = if reverse { seq - 1 - step } else { step };
+                let xt = format!(
+                    "reshape(slice({xw_name}, axis=0, start={t}, end={}), [{batch}, {gh}])",
+                    t + 1
+                );
+                let part = |e: &str, k: usize| {
+                    format!("slice({e}, axis=1, start={}, end={})", k * h, (k + 1) * h)
+                };
+                let with_rb = |e: String, lo: usize, hi: usize| match &rb_name {
+                    Some(b) => format!("{e} + slice({b}, axis=0, start={lo}, end={hi})"),
+                    None => e,
+                };
+                let hn = self.fresh("h");
+                if gru {
+                    let g = g.ok_or_else(|| cx.err("GRU needs two activations"))?;
+                    // z and r from the first 2h columns of R.
+                    let zr = self.fresh("zr");
+                    let rzr = format!("slice({rt}, axis=1, start=0, end={})", 2 * h);
+                    let pre = with_rb(
+                        format!(
+                            "slice({xt}, axis=1, start=0, end={}) + {hcur} @ {rzr}",
+                            2 * h
+                        ),
+                        0,
+                        2 * h,
+                    );
+                    self.lines.push(format!("let {zr} = {};", f(&pre)));
+                    let (z, rg) = (part(&zr, 0), part(&zr, 1));
+                    let rh = format!("slice({rt}, axis=1, start={}, end={gh})", 2 * h);
+                    let xh = part(&xt, 2);
+                    let cand = if lbr {
+                        format!(
+                            "{xh} + {rg} * ({})",
+                            with_rb(format!("{hcur} @ {rh}"), 2 * h, gh)
+                        )
+                    } else {
+                        with_rb(format!("{xh} + ({rg} * {hcur}) @ {rh}"), 2 * h, gh)
+                    };
+                    let hc = self.fresh("cand");
+                    self.lines.push(format!("let {hc} = {};", g(&cand)));
+                    self.lines
+                        .push(format!("let {hn} = (1.0 - {z}) * {hc} + {z} * {hcur};"));
+                } else if lstm {
+                    let (g, hf) = (
+                        g.ok_or_else(|| cx.err("LSTM needs three activations"))?,
+                        hh.ok_or_else(|| cx.err("LSTM needs three activations"))?,
+                    );
+                    let gs = self.fresh("gates");
+                    self.lines.push(format!(
+                        "let {gs} = {};",
+                        with_rb(format!("{xt} + {hcur} @ {rt}"), 0, gh)
+                    ));
+                    let with_peep = |e: String, k: usize, c: &str| match &peep {
+                        Some(p) => format!("{e} + {} * {c}", p[k]),
+                        None => e,
+                    };
+                    let (ig, og, fg, cg) = (part(&gs, 0), part(&gs, 1), part(&gs, 2), part(&gs, 3));
+                    let cn = self.fresh("c");
+                    let i_ = f(&with_peep(ig, 0, &ccur));
+                    let f_ = f(&with_peep(fg, 2, &ccur));
+                    self.lines
+                        .push(format!("let {cn} = {f_} * {ccur} + {i_} * {};", g(&cg)));
+                    let o_ = f(&with_peep(og, 1, &cn));
+                    self.lines.push(format!("let {hn} = {o_} * {};", hf(&cn)));
+                    ccur = cn;
+                } else {
+                    let pre = with_rb(format!("{xt} + {hcur} @ {rt}"), 0, h);
+                    self.lines.push(format!("let {hn} = {};", f(&pre)));
+                }
+                outs[t] = format!("reshape({hn}, [1, 1, {batch}, {h}])");
+                hcur = hn;
+            }
+            ys.push(format!("concat([{}], axis=0)", outs.join(", ")));
+            hs.push(format!("reshape({hcur}, [1, {batch}, {h}])"));
+            cs.push(format!("reshape({ccur}, [1, {batch}, {h}])"));
+        }
+        let join = |v: &[String], axis: usize| {
+            if v.len() == 1 {
+                v[0].clone()
+            } else {
+                format!("concat([{}], axis={axis})", v.join(", "))
+            }
+        };
+        let (mut y, mut yh, mut yc) = (join(&ys, 1), join(&hs, 0), join(&cs, 0));
+        let mut y_shape = vec![seq, dirs, batch, h];
+        let mut s_shape = vec![dirs, batch, h];
+        if batchwise {
+            y = format!("transpose({y}, [2, 0, 1, 3])");
+            yh = format!("transpose({yh}, [1, 0, 2])");
+            yc = format!("transpose({yc}, [1, 0, 2])");
+            y_shape = vec![batch, seq, dirs, h];
+            s_shape = vec![batch, dirs, h];
+        }
+        self.bind(cx, 0, y, dt, y_shape)?;
+        self.bind(cx, 1, yh, dt, s_shape.clone())?;
+        if lstm {
+            self.bind(cx, 2, yc, dt, s_shape)?;
+        }
+        Ok(())
     }
 
     /// `CenterCropPad`: each listed axis cut to its centre or padded with

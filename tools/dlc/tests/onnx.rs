@@ -46,7 +46,7 @@ fn input_args(model: &Path) -> Vec<String> {
 #[test]
 fn real_models_match_onnxruntime() {
     let d = Dir::new("real");
-    for name in ["mlp", "cnn", "transformer", "gru"] {
+    for name in ["mlp", "cnn", "transformer", "gru", "recurrent"] {
         let dir = root().join(name);
         let model = dir.join("model.onnx").display().to_string();
         let out = d.path(name);
