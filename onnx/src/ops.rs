@@ -152,7 +152,7 @@ type Activation = Box<dyn Fn(&str) -> String>;
 /// importer checks): the logical operators from 7 (NumPy broadcasting),
 /// the integer and quantized ops from their introduction, and what
 /// ONNX's own expansion of `DynamicQuantizeLinear` (opset 11) uses.
-const OLD_OPSETS: [(&str, i64); 26] = [
+const OLD_OPSETS: [(&str, i64); 27] = [
     ("DynamicQuantizeLinear", 11),
     ("Not", 1),
     ("Identity", 1),
@@ -169,6 +169,8 @@ const OLD_OPSETS: [(&str, i64); 26] = [
     ("MatMul", 9),
     ("Constant", 9),
     ("Shrink", 9),
+    // Scatter-9 is ScatterElements without negative indices or reduction.
+    ("Scatter", 9),
     ("QuantizeLinear", 10),
     ("DequantizeLinear", 10),
     ("MatMulInteger", 10),
@@ -532,6 +534,10 @@ impl Importer {
             "Einsum" => self.einsum(cx),
             "CenterCropPad" => self.center_crop_pad(cx),
             "RNN" | "GRU" | "LSTM" => self.recurrent(cx),
+            "EyeLike" => self.eye_like(cx),
+            "ScatterElements" | "Scatter" => self.scatter_elements(cx),
+            "ScatterND" => self.scatter_nd(cx),
+            "GatherND" => self.gather_nd(cx),
             "Mod" => self.modulo(cx),
             "DepthToSpace" | "SpaceToDepth" => self.depth_space(cx),
             "LeakyRelu" | "Elu" | "Selu" | "Celu" | "Softplus" | "Softsign" | "HardSigmoid"
@@ -4200,6 +4206,299 @@ impl Importer {
         Ok(())
     }
 
+    /// `EyeLike`: a constant with ones on diagonal `k`.
+    fn eye_like(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&["dtype", "k"])?;
+        let x = self.need(cx, 0)?;
+        if x.shape.len() != 2 {
+            return Err(cx.err("needs a 2-D input"));
+        }
+        let dt = match cx.attr("dtype") {
+            Some(a) => dtype_of(a.i() as i32).ok_or_else(|| {
+                cx.err(format!(
+                    "element type {} is not supported",
+                    onnx_type_name(a.i() as i32)
+                ))
+            })?,
+            None => x.dtype,
+        };
+        let k = cx.int("k", 0);
+        let (n, m) = (x.shape[0], x.shape[1]);
+        let values = (0..n * m)
+            .map(|p| f64::from(u8::from((p % m) as i64 - (p / m) as i64 == k)))
+            .collect();
+        self.bind_data(cx, 0, Data::new(dt, x.shape.clone(), values))
+    }
+
+    /// The indices (input `i`) of a scatter or gather as i64 with negative
+    /// ones counted from the end of an axis of extent `n` (for GatherND and
+    /// ScatterND, whose last axis indexes several axes, per column: `dims`).
+    fn indices_input(&mut self, cx: &Cx<'_>, i: usize, dims: &[usize]) -> R<String> {
+        let ind = self.need(cx, i)?;
+        if !matches!(ind.dtype, DType::I32 | DType::I64) {
+            return Err(cx.err(format!("indices must be i32 or i64, got {}", ind.dtype)));
+        }
+        let mut e = self.e(cx, i)?;
+        if ind.dtype != DType::I64 {
+            e = format!("cast({e}, i64)");
+        }
+        // The extents to add to a negative index, broadcast along the last
+        // axis (one per column) or a scalar.
+        let ext = if dims.len() == 1 {
+            dims[0].to_string()
+        } else {
+            crate::constant_text(&Data::new(
+                DType::I64,
+                vec![dims.len()],
+                dims.iter().map(|&d| d as f64).collect(),
+            ))
+        };
+        let name = self.fresh("indices");
+        self.lines
+            .push(format!("let {name} = where({e} < 0, {e} + {ext}, {e});"));
+        Ok(name)
+    }
+
+    /// `ScatterElements`: each output element is the update whose index
+    /// (along `axis`, the other coordinates equal) names it, or the data
+    /// where none does; with a reduction, the data combined with every
+    /// such update. In index notation against an iota over the axis and a
+    /// mask of ones (an index read past the indices' extents is no index).
+    fn scatter_elements(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&["axis", "reduction"])?;
+        let (x, ind, upd) = (self.need(cx, 0)?, self.need(cx, 1)?, self.need(cx, 2)?);
+        let r = x.shape.len();
+        let axis = cx.axis(cx.int("axis", 0), r)?;
+        if ind.shape != upd.shape
+            || ind.shape.len() != r
+            || (0..r).any(|a| ind.shape[a] > x.shape[a])
+            || upd.dtype != x.dtype
+        {
+            return Err(cx.err(format!(
+                "indices {} and updates {} do not fit data {}",
+                shape_text(&ind.shape),
+                type_text(upd.dtype, &upd.shape),
+                type_text(x.dtype, &x.shape)
+            )));
+        }
+        if x.dtype == DType::Bool {
+            return Err(cx.err("a scatter of bool is not supported"));
+        }
+        let dt = x.dtype;
+        let n = x.shape[axis];
+        let ei = self.indices_input(cx, 1, &[n])?;
+        let iota = self.iota(&[n], 0, DType::I64);
+        let o: Vec<String> = (0..r).map(|a| format!("i{a}")).collect();
+        let mut q = o.clone();
+        q[axis] = "k".into();
+        let (o, q) = (o.join(", "), q.join(", "));
+        let hit = format!("ind[{q}] == io[i{axis}]");
+        let zero = literal(0.0, dt);
+        let reduction = cx.string("reduction", "none");
+        let found = format!("sum[k](where({hit}, m[{q}], {zero}))");
+        let body = match reduction.as_str() {
+            "none" => {
+                format!("where({found} > {zero}, sum[k](where({hit}, u[{q}], {zero})), x[{o}])")
+            }
+            "add" => format!("x[{o}] + sum[k](where({hit}, u[{q}], {zero}))"),
+            "mul" => format!(
+                "x[{o}] * prod[k](where({hit}, u[{q}], {}))",
+                literal(1.0, dt)
+            ),
+            "max" | "min" => format!(
+                "where({found} > {zero}, {reduction}(x[{o}], {reduction}[k](where({hit}, u[{q}], {}))), x[{o}])",
+                extreme(dt, reduction == "min")
+            ),
+            other => return Err(cx.err(format!("reduction `{other}` is not supported"))),
+        };
+        let name = self.fresh("scatter_elements");
+        self.ops.push(format!(
+            "op {name}(x: {xt}, ind: {it}, u: {ut}, m: {ut}, io: {iot}) -> {xt} {{\n    out[{o}] = {body};\n}}",
+            xt = type_text(dt, &x.shape),
+            it = type_text(DType::I64, &ind.shape),
+            ut = type_text(dt, &upd.shape),
+            iot = type_text(DType::I64, &[n]),
+        ));
+        let (ex, eu) = (self.e(cx, 0)?, self.e(cx, 2)?);
+        let ones = format!(
+            "full({}, {}, dtype={dt})",
+            shape_text(&upd.shape),
+            literal(1.0, dt)
+        );
+        self.bind(
+            cx,
+            0,
+            format!("{name}({ex}, {ei}, {eu}, {ones}, {iota})"),
+            dt,
+            x.shape,
+        )
+    }
+
+    /// `ScatterND`: an update slice goes where its index tuple (the last
+    /// axis of the indices) names the leading coordinates of the output.
+    fn scatter_nd(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&["reduction"])?;
+        let (x, ind, upd) = (self.need(cx, 0)?, self.need(cx, 1)?, self.need(cx, 2)?);
+        let (r, qr) = (x.shape.len(), ind.shape.len());
+        let m = *ind.shape.last().unwrap_or(&0);
+        if qr == 0 || m == 0 || m > r {
+            return Err(cx.err("indices must end in an axis of 1 to rank(data) coordinates"));
+        }
+        let mut want = ind.shape[..qr - 1].to_vec();
+        want.extend(&x.shape[m..]);
+        if upd.shape != want || upd.dtype != x.dtype || x.dtype == DType::Bool {
+            return Err(cx.err(format!(
+                "updates {} do not fit data {} and indices {} (they must be {})",
+                type_text(upd.dtype, &upd.shape),
+                type_text(x.dtype, &x.shape),
+                shape_text(&ind.shape),
+                type_text(x.dtype, &want)
+            )));
+        }
+        let dt = x.dtype;
+        let ei = self.indices_input(cx, 1, &x.shape[..m])?;
+        let iotas: Vec<String> = (0..m)
+            .map(|a| self.iota(&[x.shape[a]], 0, DType::I64))
+            .collect();
+        let o: Vec<String> = (0..r).map(|a| format!("i{a}")).collect();
+        let qs: Vec<String> = (0..qr - 1).map(|a| format!("q{a}")).collect();
+        let zero = literal(0.0, dt);
+        // Every coordinate of index tuple q equal to the output's.
+        let wrap = |inner: String, otherwise: &str| {
+            (0..m).rev().fold(inner, |acc, j| {
+                let mut at = qs.clone();
+                at.push(j.to_string());
+                format!(
+                    "where(ind[{}] == io{j}[i{j}], {acc}, {otherwise})",
+                    at.join(", ")
+                )
+            })
+        };
+        let mut u_at = qs.clone();
+        u_at.extend(o[m..].iter().cloned());
+        let (u_at, o_s) = (u_at.join(", "), o.join(", "));
+        let mut m_at = qs.clone();
+        m_at.push("0".into());
+        let q_list = qs.join(", ");
+        let over = |f: &str, body: String| {
+            if qs.is_empty() {
+                body
+            } else {
+                format!("{f}[{q_list}]({body})")
+            }
+        };
+        let found = over("sum", wrap(format!("m[{}]", m_at.join(", ")), &zero));
+        let combined = |f: &str, unit: &str| over(f, wrap(format!("u[{u_at}]"), unit));
+        let reduction = cx.string("reduction", "none");
+        let body = match reduction.as_str() {
+            "none" => format!(
+                "where({found} > {zero}, {}, x[{o_s}])",
+                combined("sum", &zero)
+            ),
+            "add" => format!("x[{o_s}] + {}", combined("sum", &zero)),
+            "mul" => format!("x[{o_s}] * {}", combined("prod", &literal(1.0, dt))),
+            "max" | "min" => format!(
+                "where({found} > {zero}, {reduction}(x[{o_s}], {}), x[{o_s}])",
+                combined(&reduction, &extreme(dt, reduction == "min"))
+            ),
+            other => return Err(cx.err(format!("reduction `{other}` is not supported"))),
+        };
+        let name = self.fresh("scatter_nd");
+        let io_params: Vec<String> = (0..m)
+            .map(|j| format!("io{j}: {}", type_text(DType::I64, &[x.shape[j]])))
+            .collect();
+        self.ops.push(format!(
+            "op {name}(x: {xt}, ind: {it}, u: {ut}, m: {it_f}, {}) -> {xt} {{\n    out[{o_s}] = {body};\n}}",
+            io_params.join(", "),
+            xt = type_text(dt, &x.shape),
+            it = type_text(DType::I64, &ind.shape),
+            ut = type_text(dt, &upd.shape),
+            it_f = type_text(dt, &ind.shape),
+        ));
+        let (ex, eu) = (self.e(cx, 0)?, self.e(cx, 2)?);
+        let ones = format!(
+            "full({}, {}, dtype={dt})",
+            shape_text(&ind.shape),
+            literal(1.0, dt)
+        );
+        self.bind(
+            cx,
+            0,
+            format!("{name}({ex}, {ei}, {eu}, {ones}, {})", iotas.join(", ")),
+            dt,
+            x.shape,
+        )
+    }
+
+    /// `GatherND`: each index tuple (the last axis of the indices) selects
+    /// a slice of the data, after `batch_dims` shared leading axes; a sum
+    /// over the indexed axes in which only the named element is selected.
+    fn gather_nd(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&["batch_dims"])?;
+        let (x, ind) = (self.need(cx, 0)?, self.need(cx, 1)?);
+        let (r, qr) = (x.shape.len(), ind.shape.len());
+        let bd = cx.int("batch_dims", 0);
+        let m = *ind.shape.last().unwrap_or(&0);
+        if bd < 0 || bd as usize >= qr.min(r) {
+            return Err(cx.err(format!("batch_dims = {bd} does not fit")));
+        }
+        let bd = bd as usize;
+        if m == 0 || bd + m > r || ind.shape[..bd] != x.shape[..bd] || x.dtype == DType::Bool {
+            return Err(cx.err(format!(
+                "indices {} do not fit data {}",
+                shape_text(&ind.shape),
+                type_text(x.dtype, &x.shape)
+            )));
+        }
+        let dt = x.dtype;
+        let ei = self.indices_input(cx, 1, &x.shape[bd..bd + m])?;
+        let iotas: Vec<String> = (0..m)
+            .map(|j| self.iota(&[x.shape[bd + j]], 0, DType::I64))
+            .collect();
+        let mut shape = ind.shape[..qr - 1].to_vec();
+        shape.extend(&x.shape[bd + m..]);
+        let qs: Vec<String> = (0..qr - 1).map(|a| format!("q{a}")).collect();
+        let ks: Vec<String> = (0..m).map(|j| format!("k{j}")).collect();
+        let rest: Vec<String> = (bd + m..r).map(|a| format!("c{a}")).collect();
+        let mut x_at: Vec<String> = qs[..bd].to_vec();
+        x_at.extend(ks.iter().cloned());
+        x_at.extend(rest.iter().cloned());
+        let zero = literal(0.0, dt);
+        let body = (0..m)
+            .rev()
+            .fold(format!("x[{}]", x_at.join(", ")), |acc, j| {
+                let mut at = qs.clone();
+                at.push(j.to_string());
+                format!(
+                    "where(ind[{}] == io{j}[k{j}], {acc}, {zero})",
+                    at.join(", ")
+                )
+            });
+        let mut o = qs.clone();
+        o.extend(rest);
+        let name = self.fresh("gather_nd");
+        let io_params: Vec<String> = (0..m)
+            .map(|j| format!("io{j}: {}", type_text(DType::I64, &[x.shape[bd + j]])))
+            .collect();
+        self.ops.push(format!(
+            "op {name}(x: {}, ind: {}, {}) -> {} {{\n    out[{}] = sum[{}]({body});\n}}",
+            type_text(dt, &x.shape),
+            type_text(DType::I64, &ind.shape),
+            io_params.join(", "),
+            type_text(dt, &shape),
+            o.join(", "),
+            ks.join(", "),
+        ));
+        let ex = self.e(cx, 0)?;
+        self.bind(
+            cx,
+            0,
+            format!("{name}({ex}, {ei}, {})", iotas.join(", ")),
+            dt,
+            shape,
+        )
+    }
+
     /// `CenterCropPad`: each listed axis cut to its centre or padded with
     /// zeros around it (the odd element going to the end), as slices and
     /// concatenations.
@@ -4446,8 +4745,15 @@ impl Importer {
             (true, true) => format!(
                 "{ea} - where({ea} / {eb} < 0.0, ceil({ea} / {eb}), floor({ea} / {eb})) * {eb}"
             ),
-            // The sign of the divisor, as Python's % (opset 28 on floats).
-            (true, false) => format!("{ea} - floor({ea} / {eb}) * {eb}"),
+            // The sign of the divisor, as Python's % (opset 28 on floats);
+            // a finite dividend over an infinite divisor is itself, or the
+            // divisor where their signs differ (NumPy's np.mod).
+            (true, false) => {
+                let inf = literal(f64::INFINITY, a.dtype);
+                format!(
+                    "where(abs({eb}) == {inf}, where(abs({ea}) < {inf}, where({ea} * {eb} < 0.0, {eb}, {ea}), {ea} - {ea}), {ea} - floor({ea} / {eb}) * {eb})"
+                )
+            }
             // The sign of the divisor: dlc's integer division floors.
             (false, false) => format!("{ea} - {ea} / {eb} * {eb}"),
             (false, true) => format!(

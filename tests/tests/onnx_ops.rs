@@ -161,7 +161,7 @@ fn expect(got: &HostTensor, shape: &[usize], want: &[f64]) {
     assert_eq!(got.ty.shape, shape);
     for (i, (g, w)) in got.data.iter().zip(want).enumerate() {
         assert!(
-            (g - w).abs() <= 1e-6 * w.abs().max(1.0),
+            g == w || (g - w).abs() <= 1e-6 * w.abs().max(1.0),
             "element {i}: got {g}, want {w}: {:?}",
             got.data
         );
@@ -645,4 +645,177 @@ fn integer_and_quantized_products() {
         vec![],
     );
     expect(&d, &[6], &[153.0, 255.0, 0.0, 26.0, 221.0, 179.0]);
+}
+
+#[test]
+fn einsum_cumprod_and_center_crop_pad() {
+    let x = || input("x", F, &[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    let y = input("y", F, &[3, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    // Implicit output: the labels seen once, in order (`ik`).
+    expect(
+        &run("Einsum", &[x(), y], vec![attr("equation", A::S("ij,jk"))]),
+        &[2, 2],
+        &[22.0, 28.0, 49.0, 64.0],
+    );
+    expect(
+        &run("Einsum", &[x()], vec![attr("equation", A::S("ij->ji"))]),
+        &[3, 2],
+        &[1.0, 4.0, 2.0, 5.0, 3.0, 6.0],
+    );
+    let sq = input("x", F, &[2, 2], &[1.0, 2.0, 3.0, 4.0]);
+    expect(
+        &run("Einsum", &[sq], vec![attr("equation", A::S("ii->i"))]),
+        &[2],
+        &[1.0, 4.0],
+    );
+    let v = || input("x", F, &[4], &[1.0, 2.0, 3.0, 4.0]);
+    let axis = || init("axis", L, &[], &[0.0]);
+    expect(
+        &run("CumProd", &[v(), axis()], vec![]),
+        &[4],
+        &[1.0, 2.0, 6.0, 24.0],
+    );
+    expect(
+        &run(
+            "CumProd",
+            &[v(), axis()],
+            vec![attr("exclusive", A::I(1)), attr("reverse", A::I(1))],
+        ),
+        &[4],
+        &[24.0, 12.0, 4.0, 1.0],
+    );
+    // An infinity outside a prefix does not reach it.
+    let inf = input("x", F, &[3], &[1.0, 2.0, f64::INFINITY]);
+    expect(
+        &run("CumSum", &[inf, axis()], vec![]),
+        &[3],
+        &[1.0, 3.0, f64::INFINITY],
+    );
+    let w = || input("x", F, &[5], &[1.0, 2.0, 3.0, 4.0, 5.0]);
+    expect(
+        &run("CenterCropPad", &[w(), init("s", L, &[1], &[3.0])], vec![]),
+        &[3],
+        &[2.0, 3.0, 4.0],
+    );
+    expect(
+        &run("CenterCropPad", &[w(), init("s", L, &[1], &[8.0])], vec![]),
+        &[8],
+        &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 0.0, 0.0],
+    );
+}
+
+#[test]
+fn scatters_and_gathers_with_run_time_indices() {
+    let data = || input("d", F, &[4], &[1.0, 2.0, 3.0, 4.0]);
+    // ScatterElements: index -1 is the last element.
+    expect(
+        &run(
+            "ScatterElements",
+            &[
+                data(),
+                input("i", L, &[2], &[-1.0, 0.0]),
+                input("u", F, &[2], &[5.0, 7.0]),
+            ],
+            vec![],
+        ),
+        &[4],
+        &[7.0, 2.0, 3.0, 5.0],
+    );
+    let nd = |reduction: &'static str| {
+        run(
+            "ScatterND",
+            &[
+                data(),
+                input("i", L, &[2, 1], &[1.0, 3.0]),
+                input("u", F, &[2], &[10.0, 20.0]),
+            ],
+            vec![attr("reduction", A::S(reduction))],
+        )
+    };
+    expect(&nd("none"), &[4], &[1.0, 10.0, 3.0, 20.0]);
+    expect(&nd("add"), &[4], &[1.0, 12.0, 3.0, 24.0]);
+    expect(&nd("mul"), &[4], &[1.0, 20.0, 3.0, 80.0]);
+    expect(&nd("min"), &[4], &[1.0, 2.0, 3.0, 4.0]);
+    let m = || input("d", F, &[2, 2], &[0.0, 1.0, 2.0, 3.0]);
+    expect(
+        &run(
+            "GatherND",
+            &[m(), input("i", L, &[2, 2], &[0.0, 0.0, 1.0, 1.0])],
+            vec![],
+        ),
+        &[2],
+        &[0.0, 3.0],
+    );
+    expect(
+        &run(
+            "GatherND",
+            &[m(), input("i", L, &[2, 1], &[1.0, 0.0])],
+            vec![],
+        ),
+        &[2, 2],
+        &[2.0, 3.0, 0.0, 1.0],
+    );
+    expect(
+        &run(
+            "EyeLike",
+            &[input("x", F, &[2, 3], &[0.0; 6])],
+            vec![attr("k", A::I(1))],
+        ),
+        &[2, 3],
+        &[0.0, 1.0, 0.0, 0.0, 0.0, 1.0],
+    );
+}
+
+#[test]
+fn recurrent_ops_unroll_onnx_definitions() {
+    // One step of a one-unit RNN, GRU and LSTM with unit weights, worked
+    // by hand: x = 0.5, h0 = 0.25 (c0 = 0.1 for the LSTM), no bias.
+    let x = || input("x", F, &[1, 1, 1], &[0.5]);
+    let h0 = || input("h", F, &[1, 1, 1], &[0.25]);
+    let none = || input("", F, &[], &[]);
+    let rnn = run(
+        "RNN",
+        &[
+            x(),
+            init("w", F, &[1, 1, 1], &[1.0]),
+            init("r", F, &[1, 1, 1], &[1.0]),
+            none(),
+            none(),
+            h0(),
+        ],
+        vec![attr("hidden_size", A::I(1))],
+    );
+    expect(&rnn, &[1, 1, 1, 1], &[0.75f64.tanh()]);
+    let sig = |v: f64| 1.0 / (1.0 + (-v).exp());
+    let gru = run(
+        "GRU",
+        &[
+            x(),
+            init("w", F, &[1, 3, 1], &[1.0; 3]),
+            init("r", F, &[1, 3, 1], &[1.0; 3]),
+            none(),
+            none(),
+            h0(),
+        ],
+        vec![attr("hidden_size", A::I(1))],
+    );
+    let (z, r) = (sig(0.75), sig(0.75));
+    let hh = (0.5 + r * 0.25f64).tanh();
+    expect(&gru, &[1, 1, 1, 1], &[(1.0 - z) * hh + z * 0.25]);
+    let lstm = run(
+        "LSTM",
+        &[
+            x(),
+            init("w", F, &[1, 4, 1], &[1.0; 4]),
+            init("r", F, &[1, 4, 1], &[1.0; 4]),
+            none(),
+            none(),
+            h0(),
+            input("c", F, &[1, 1, 1], &[0.1]),
+        ],
+        vec![attr("hidden_size", A::I(1))],
+    );
+    let g = sig(0.75);
+    let c = g * 0.1 + g * 0.75f64.tanh();
+    expect(&lstm, &[1, 1, 1, 1], &[g * c.tanh()]);
 }
