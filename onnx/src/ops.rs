@@ -482,6 +482,31 @@ impl Importer {
         })
     }
 
+    /// Node `op` of `inputs` with `attrs`, translated on its own into a
+    /// value of the importer's (for a step of a composition that is an
+    /// ONNX op); returns that value's name.
+    fn sub_node(
+        &mut self,
+        cx: &Cx<'_>,
+        op: &str,
+        inputs: Vec<String>,
+        attrs: Vec<AttributeProto>,
+    ) -> R<String> {
+        let out = format!("\u{0}{op}_{}", self.lines.len());
+        let node = NodeProto {
+            op_type: Some(op.into()),
+            input: inputs,
+            output: vec![out.clone()],
+            attribute: attrs,
+            ..cx.node.clone()
+        };
+        self.translate(&Cx {
+            node: &node,
+            opset: crate::MIN_OPSET.max(cx.opset),
+        })?;
+        Ok(out)
+    }
+
     /// A value of the importer's own, `let` to `expr`, under a name no ONNX
     /// value has; returns that name, for [`Self::rewrite`].
     fn define(&mut self, hint: &str, expr: String, dtype: DType, shape: Vec<usize>) -> String {
@@ -535,6 +560,8 @@ impl Importer {
             "CenterCropPad" => self.center_crop_pad(cx),
             "RNN" | "GRU" | "LSTM" => self.recurrent(cx),
             "EyeLike" => self.eye_like(cx),
+            "DFT" => self.dft(cx),
+            "RotaryEmbedding" => self.rotary(cx),
             "ScatterElements" | "Scatter" => self.scatter_elements(cx),
             "ScatterND" => self.scatter_nd(cx),
             "GatherND" => self.gather_nd(cx),
@@ -4204,6 +4231,295 @@ impl Importer {
             self.bind(cx, 2, yc, dt, s_shape)?;
         }
         Ok(())
+    }
+
+    /// `DFT` as products with constant cosine and sine matrices along the
+    /// signal axis (moved last): forward, inverse (divided by the length),
+    /// one-sided (the first `L/2 + 1` bins) and its inverse (a real signal
+    /// from a Hermitian half spectrum, as `numpy.fft.irfft`); `dft_length`
+    /// truncates or zero-pads the signal.
+    fn dft(&mut self, cx: &Cx<'_>) -> R<()> {
+        let attr_axis = cx.opset < 20;
+        cx.allow(if attr_axis {
+            &["axis", "inverse", "onesided"]
+        } else {
+            &["inverse", "onesided"]
+        })?;
+        let x = self.need(cx, 0)?;
+        cx.float_input(&x)?;
+        let r = x.shape.len();
+        let c = *x.shape.last().unwrap_or(&0);
+        if r < 2 || !(c == 1 || c == 2) {
+            return Err(cx.err("the input must end in an axis of 1 (real) or 2 (complex)"));
+        }
+        let axis = if attr_axis {
+            cx.int("axis", 1)
+        } else {
+            match self.ints_input(cx, 2, "axis")? {
+                Some(v) => *v.first().ok_or_else(|| cx.err("axis is empty"))?,
+                None => -2,
+            }
+        };
+        let a = cx.axis(axis, r)?;
+        if a == r - 1 {
+            return Err(cx.err("the signal axis cannot be the last (real, imaginary) axis"));
+        }
+        let (inverse, onesided) = (cx.int("inverse", 0) != 0, cx.int("onesided", 0) != 0);
+        let n = x.shape[a];
+        let len = match self.ints_input(cx, 1, "dft_length")? {
+            Some(v) => *v.first().ok_or_else(|| cx.err("dft_length is empty"))?,
+            None if inverse && onesided => 2 * (n as i64 - 1),
+            None => n as i64,
+        };
+        if !(1..=4096).contains(&len) || n > 4096 {
+            return Err(cx.err(format!("a length of {len} is not supported (1 to 4096)")));
+        }
+        let l = len as usize;
+        let dt = x.dtype;
+        let tau = 2.0 * std::f64::consts::PI;
+        // Matrices [n, m]: row k is input bin k, column j output bin j.
+        let (m, cos, sin): (usize, Vec<f64>, Vec<f64>) = if inverse && onesided {
+            let half = l / 2 + 1;
+            let mut cm = vec![0.0; n * l];
+            let mut sm = vec![0.0; n * l];
+            for k in 0..n.min(half) {
+                // Every bin but 0 (and L/2, L even) stands for its mirror too.
+                let edge = k == 0 || (l.is_multiple_of(2) && k == l / 2);
+                let w = if edge { 1.0 } else { 2.0 } / l as f64;
+                for t in 0..l {
+                    let th = tau * ((k * t) % l) as f64 / l as f64;
+                    cm[k * l + t] = w * th.cos();
+                    sm[k * l + t] = if edge { 0.0 } else { -w * th.sin() };
+                }
+            }
+            (l, cm, sm)
+        } else {
+            let m = if onesided { l / 2 + 1 } else { l };
+            let scale = if inverse { 1.0 / l as f64 } else { 1.0 };
+            let mut cm = vec![0.0; n * m];
+            let mut sm = vec![0.0; n * m];
+            for k in 0..n.min(l) {
+                for j in 0..m {
+                    let th = tau * ((k * j) % l) as f64 / l as f64;
+                    cm[k * m + j] = scale * th.cos();
+                    sm[k * m + j] = scale * th.sin();
+                }
+            }
+            (m, cm, sm)
+        };
+        // In f64, rounded once at the end: the cancellations of an inverse
+        // transform leave f32 round-off otherwise.
+        let w = DType::F64;
+        let cname = self.fresh("dft_cos");
+        self.lines.push(format!(
+            "let {cname} = {};",
+            crate::constant_text(&Data::new(w, vec![n, m], cos))
+        ));
+        let sname = self.fresh("dft_sin");
+        self.lines.push(format!(
+            "let {sname} = {};",
+            crate::constant_text(&Data::new(w, vec![n, m], sin))
+        ));
+        // The real and imaginary parts, the signal axis last.
+        let ex = self.e(cx, 0)?;
+        let mut perm: Vec<usize> = (0..r - 1).filter(|&i| i != a).collect();
+        perm.push(a);
+        let mut inv = vec![0; r - 1];
+        for (i, &p) in perm.iter().enumerate() {
+            inv[p] = i;
+        }
+        let perm_t = |v: &[usize]| {
+            format!(
+                "[{}]",
+                v.iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
+        let mut flat = x.shape[..r - 1].to_vec();
+        let part = |k: usize| {
+            format!(
+                "transpose(reshape(cast(slice({ex}, axis={}, start={k}, end={}), f64), {}), {})",
+                r - 1,
+                k + 1,
+                shape_text(&flat),
+                perm_t(&perm)
+            )
+        };
+        let xr = self.fresh("re");
+        self.lines.push(format!("let {xr} = {};", part(0)));
+        let xi = if c == 2 {
+            let xi = self.fresh("im");
+            self.lines.push(format!("let {xi} = {};", part(1)));
+            Some(xi)
+        } else {
+            None
+        };
+        let prod = |e: &str, mat: &str| format!("{e} @ {mat}");
+        // (re, im) of the result, each [..., m] with the signal axis last.
+        let (re, im) = match (&xi, inverse) {
+            (None, false) => (prod(&xr, &cname), Some(format!("-({})", prod(&xr, &sname)))),
+            (None, true) => (prod(&xr, &cname), Some(prod(&xr, &sname))),
+            (Some(xi), false) => (
+                format!("{} + {}", prod(&xr, &cname), prod(xi, &sname)),
+                Some(format!("{} - {}", prod(xi, &cname), prod(&xr, &sname))),
+            ),
+            (Some(xi), true) if onesided => (
+                format!("{} + {}", prod(&xr, &cname), prod(xi, &sname)),
+                None,
+            ),
+            (Some(xi), true) => (
+                format!("{} - {}", prod(&xr, &cname), prod(xi, &sname)),
+                Some(format!("{} + {}", prod(xi, &cname), prod(&xr, &sname))),
+            ),
+        };
+        let (re, im) = if inverse && onesided && xi.is_none() {
+            (prod(&xr, &cname), None)
+        } else {
+            (re, im)
+        };
+        flat[a] = m;
+        let mut moved: Vec<usize> = perm.iter().map(|&p| flat[p]).collect();
+        moved.push(1);
+        let mut back = inv.clone();
+        back.push(r - 1);
+        let restore = |e: &str| {
+            format!(
+                "transpose(reshape({e}, {}), {})",
+                shape_text(&moved),
+                perm_t(&back)
+            )
+        };
+        let out = match im {
+            Some(im) => format!(
+                "cast(concat([{}, {}], axis={}), {dt})",
+                restore(&re),
+                restore(&im),
+                r - 1
+            ),
+            None => format!("cast({}, {dt})", restore(&re)),
+        };
+        let mut shape = flat;
+        shape.push(if inverse && onesided { 1 } else { 2 });
+        self.bind(cx, 0, out, dt, shape)
+    }
+
+    /// `RotaryEmbedding`: each head's first `rotary_embedding_dim`
+    /// features rotated pairwise (halves, or even/odd when interleaved) by
+    /// the cached cosines and sines of each position (gathered by
+    /// `position_ids` when given); the rest pass through.
+    fn rotary(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&["interleaved", "num_heads", "rotary_embedding_dim"])?;
+        let x = self.need(cx, 0)?;
+        cx.float_input(&x)?;
+        let dt = x.dtype;
+        let (b, s, h, d) = match x.shape[..] {
+            [b, s, hidden] => {
+                let h = cx.int("num_heads", 0);
+                if h < 1 || hidden % h as usize != 0 {
+                    return Err(cx.err("a 3-D input needs num_heads dividing its hidden size"));
+                }
+                (b, s, h as usize, hidden / h as usize)
+            }
+            [b, h, s, d] => (b, s, h, d),
+            _ => return Err(cx.err("the input must be 3-D or 4-D")),
+        };
+        let rot = match cx.int("rotary_embedding_dim", 0) {
+            0 => d,
+            r if r > 0 && r as usize <= d && r % 2 == 0 => r as usize,
+            r => {
+                return Err(cx.err(format!(
+                    "rotary_embedding_dim = {r} does not fit heads of {d}"
+                )));
+            }
+        };
+        let half = rot / 2;
+        let ex = self.e(cx, 0)?;
+        let x4 = if x.shape.len() == 3 {
+            format!("reshape({ex}, [{b}, {s}, {h}, {d}])")
+        } else {
+            format!("transpose({ex}, [0, 2, 1, 3])")
+        };
+        let xn = self.fresh("x");
+        self.lines.push(format!("let {xn} = {x4};"));
+        let mut cache = |i: usize| -> R<String> {
+            let c = self.need(cx, i)?;
+            let name = if self.input(cx, 3).is_some() {
+                let pos = cx.node.input[3].clone();
+                let axis = AttributeProto {
+                    name: Some("axis".into()),
+                    i: Some(0),
+                    r#type: Some(AttributeType::Int as i32),
+                    ..Default::default()
+                };
+                self.sub_node(
+                    cx,
+                    "Gather",
+                    vec![cx.node.input[i].clone(), pos],
+                    vec![axis],
+                )?
+            } else {
+                cx.node.input[i].clone()
+            };
+            let v = self
+                .vals
+                .get(&name)
+                .cloned()
+                .ok_or_else(|| cx.err("no cache"))?;
+            if v.shape != [b, s, half] || c.dtype != dt {
+                return Err(cx.err(format!(
+                    "the cos/sin cache gives {} per position; it must be {}",
+                    type_text(v.dtype, &v.shape),
+                    type_text(dt, &[b, s, half])
+                )));
+            }
+            let e = self.var_of(&name)?;
+            Ok(format!("reshape({e}, [{b}, {s}, 1, {half}])"))
+        };
+        let (cos, sin) = (cache(1)?, cache(2)?);
+        let (cn, sn) = (self.fresh("cos"), self.fresh("sin"));
+        self.lines.push(format!("let {cn} = {cos};"));
+        self.lines.push(format!("let {sn} = {sin};"));
+        let xr = format!("slice({xn}, axis=3, start=0, end={rot})");
+        let interleaved = cx.int("interleaved", 0) != 0;
+        let (x1, x2) = if interleaved {
+            let pairs = format!("reshape({xr}, [{b}, {s}, {h}, {half}, 2])");
+            let pick = |k: usize| {
+                format!(
+                    "reshape(slice({pairs}, axis=4, start={k}, end={}), [{b}, {s}, {h}, {half}])",
+                    k + 1
+                )
+            };
+            (pick(0), pick(1))
+        } else {
+            (
+                format!("slice({xr}, axis=3, start=0, end={half})"),
+                format!("slice({xr}, axis=3, start={half}, end={rot})"),
+            )
+        };
+        let (n1, n2) = (self.fresh("x1"), self.fresh("x2"));
+        self.lines.push(format!("let {n1} = {x1};"));
+        self.lines.push(format!("let {n2} = {x2};"));
+        let real = format!("{cn} * {n1} - {sn} * {n2}");
+        let imag = format!("{sn} * {n1} + {cn} * {n2}");
+        let mut out = if interleaved {
+            let five = format!("[{b}, {s}, {h}, {half}, 1]");
+            format!(
+                "reshape(concat([reshape({real}, {five}), reshape({imag}, {five})], axis=4), [{b}, {s}, {h}, {rot}])"
+            )
+        } else {
+            format!("concat([{real}, {imag}], axis=3)")
+        };
+        if rot < d {
+            out = format!("concat([{out}, slice({xn}, axis=3, start={rot}, end={d})], axis=3)");
+        }
+        let out = if x.shape.len() == 3 {
+            format!("reshape({out}, {})", shape_text(&x.shape))
+        } else {
+            format!("transpose({out}, [0, 2, 1, 3])")
+        };
+        self.bind(cx, 0, out, dt, x.shape)
     }
 
     /// `EyeLike`: a constant with ones on diagonal `k`.

@@ -819,3 +819,52 @@ fn recurrent_ops_unroll_onnx_definitions() {
     let c = g * 0.1 + g * 0.75f64.tanh();
     expect(&lstm, &[1, 1, 1, 1], &[g * c.tanh()]);
 }
+
+#[test]
+fn dft_forward_inverse_and_one_sided() {
+    // numpy.fft.fft([1, 2, 3, 4]) = [10, -2+2j, -2, -2-2j]
+    let x = || input("x", F, &[1, 4, 1], &[1.0, 2.0, 3.0, 4.0]);
+    let spectrum = [10.0, 0.0, -2.0, 2.0, -2.0, 0.0, -2.0, -2.0];
+    expect(&run("DFT", &[x()], vec![]), &[1, 4, 2], &spectrum);
+    expect(
+        &run("DFT", &[x()], vec![attr("onesided", A::I(1))]),
+        &[1, 3, 2],
+        &spectrum[..6],
+    );
+    let inv = |shape: &[usize], data: &[f64], onesided: i64| {
+        run(
+            "DFT",
+            &[input("x", F, shape, data)],
+            vec![attr("inverse", A::I(1)), attr("onesided", A::I(onesided))],
+        )
+    };
+    expect(
+        &inv(&[1, 4, 2], &spectrum, 0),
+        &[1, 4, 2],
+        &[1.0, 0.0, 2.0, 0.0, 3.0, 0.0, 4.0, 0.0],
+    );
+    // numpy.fft.irfft of the half spectrum: the signal again.
+    expect(
+        &inv(&[1, 3, 2], &spectrum[..6], 1),
+        &[1, 4, 1],
+        &[1.0, 2.0, 3.0, 4.0],
+    );
+}
+
+#[test]
+fn rotary_embedding_by_halves_and_interleaved() {
+    // cos = [0, 1], sin = [1, 0]: the first pair turns by a right angle.
+    let rot = |interleaved: i64| {
+        run(
+            "RotaryEmbedding",
+            &[
+                input("x", F, &[1, 1, 1, 4], &[1.0, 2.0, 3.0, 4.0]),
+                init("c", F, &[1, 1, 2], &[0.0, 1.0]),
+                init("s", F, &[1, 1, 2], &[1.0, 0.0]),
+            ],
+            vec![attr("interleaved", A::I(interleaved))],
+        )
+    };
+    expect(&rot(0), &[1, 1, 1, 4], &[-3.0, 2.0, 1.0, 4.0]);
+    expect(&rot(1), &[1, 1, 1, 4], &[-2.0, 1.0, 3.0, 4.0]);
+}
