@@ -152,7 +152,7 @@ type Activation = Box<dyn Fn(&str) -> String>;
 /// importer checks): the logical operators from 7 (NumPy broadcasting),
 /// the integer and quantized ops from their introduction, and what
 /// ONNX's own expansion of `DynamicQuantizeLinear` (opset 11) uses.
-const OLD_OPSETS: [(&str, i64); 27] = [
+const OLD_OPSETS: [(&str, i64); 28] = [
     ("DynamicQuantizeLinear", 11),
     ("Not", 1),
     ("Identity", 1),
@@ -167,6 +167,7 @@ const OLD_OPSETS: [(&str, i64); 27] = [
     ("Max", 8),
     ("Min", 8),
     ("MatMul", 9),
+    ("Dropout", 7),
     ("Constant", 9),
     ("Shrink", 9),
     // Scatter-9 is ScatterElements without negative indices or reduction.
@@ -952,11 +953,25 @@ impl Importer {
     fn identity(&mut self, cx: &Cx<'_>) -> R<()> {
         let x = self.need(cx, 0)?;
         if cx.op() == "Dropout" {
-            cx.allow(&["seed"])?;
-            if let Some(t) = self.input(cx, 2)
-                && t.data.as_ref().is_none_or(|d| d.values[0] != 0.0)
-            {
-                return Err(cx.err("training_mode must be a constant false; dlc runs inference"));
+            // Before opset 12 the ratio is an attribute (and there is no
+            // training mode).
+            cx.allow(if cx.opset < 12 {
+                &["seed", "ratio"]
+            } else {
+                &["seed"]
+            })?;
+            let constant = |v: Option<Val>, default: f64| match v {
+                None => Some(default),
+                Some(v) => v.data.map(|d| d.values[0]),
+            };
+            let training = constant(self.input(cx, 2), 0.0);
+            let ratio = constant(self.input(cx, 1), 0.5);
+            // Training with ratio 0 drops nothing; any other training
+            // drops at random.
+            if training != Some(0.0) && ratio != Some(0.0) {
+                return Err(cx.err(
+                    "training_mode must be a constant false (or the ratio a constant 0); dlc runs inference",
+                ));
             }
             if cx.node.output.get(1).is_some_and(|o| !o.is_empty()) {
                 let n = numel(&x.shape);
@@ -1128,7 +1143,18 @@ impl Importer {
         })?;
         let (ea, mut eb) = (self.e(cx, 0)?, self.e(cx, 1)?);
         if op == "Pow" {
-            cx.float_input(&a)?;
+            if !a.dtype.is_int() {
+                cx.float_input(&a)?;
+            }
+            if b.dtype == DType::Bool {
+                return Err(cx.err("the exponent cannot be bool"));
+            }
+            if a.dtype.is_int() {
+                // Integer powers in f64 (exact for every result an i32
+                // holds), truncated back to the base's type.
+                let expr = format!("cast(pow(cast({ea}, f64), cast({eb}, f64)), {})", a.dtype);
+                return self.bind(cx, 0, expr, a.dtype, shape);
+            }
             if b.dtype != a.dtype {
                 eb = format!("cast({eb}, {})", a.dtype);
             }
@@ -1867,14 +1893,21 @@ impl Importer {
                 shape.push(1);
             }
         }
+        let list: Vec<String> = axes.iter().map(ToString::to_string).collect();
+        let args = format!("axis=[{}], keepdims={keep}", list.join(", "));
+        // Max and min of bools: any and all, through u8.
+        if x.dtype == DType::Bool && matches!(op, "ReduceMax" | "ReduceMin") {
+            let f = if op == "ReduceMax" { "max" } else { "min" };
+            let ex = self.e(cx, 0)?;
+            let expr = format!("cast({f}(cast({ex}, u8), {args}), bool)");
+            return self.bind(cx, 0, expr, DType::Bool, shape);
+        }
         if !matches!(op, "ReduceMax" | "ReduceMin" | "ReduceSum" | "ReduceProd") {
             cx.float_input(&x)?;
         } else if x.dtype == DType::Bool {
             return Err(cx.err("is not defined on bool"));
         }
         let ex = self.e(cx, 0)?;
-        let list: Vec<String> = axes.iter().map(ToString::to_string).collect();
-        let args = format!("axis=[{}], keepdims={keep}", list.join(", "));
         let expr = match op {
             "ReduceSum" => format!("sum({ex}, {args})"),
             "ReduceMean" => format!("mean({ex}, {args})"),
@@ -5148,8 +5181,9 @@ impl Importer {
         if cx.int("antialias", 0) != 0 {
             return Err(cx.err("antialias is not supported"));
         }
-        if cx.string("keep_aspect_ratio_policy", "stretch") != "stretch" {
-            return Err(cx.err("keep_aspect_ratio_policy other than stretch is not supported"));
+        let policy = cx.string("keep_aspect_ratio_policy", "stretch");
+        if !matches!(policy.as_str(), "stretch" | "not_larger" | "not_smaller") {
+            return Err(cx.err(format!("keep_aspect_ratio_policy `{policy}` is not valid")));
         }
         let x = self.need(cx, 0)?;
         cx.float_input(&x)?;
@@ -5190,6 +5224,20 @@ impl Importer {
                     }
                     out[a] = v as usize;
                     scale[a] = v / x.shape[a] as f64;
+                }
+                // One scale for every resized axis, the largest that fits
+                // the sizes (or the smallest that covers them).
+                if policy != "stretch" {
+                    let ratios = axes.iter().map(|&a| scale[a]);
+                    let one = if policy == "not_larger" {
+                        ratios.fold(f64::INFINITY, f64::min)
+                    } else {
+                        ratios.fold(0.0, f64::max)
+                    };
+                    for &a in &axes {
+                        scale[a] = one;
+                        out[a] = ((one * x.shape[a] as f64).round_ties_even() as usize).max(1);
+                    }
                 }
             }
             _ => return Err(cx.err("needs either scales or sizes, one per resized axis")),

@@ -868,3 +868,39 @@ fn rotary_embedding_by_halves_and_interleaved() {
     expect(&rot(0), &[1, 1, 1, 4], &[-3.0, 2.0, 1.0, 4.0]);
     expect(&rot(1), &[1, 1, 1, 4], &[-2.0, 1.0, 3.0, 4.0]);
 }
+
+#[test]
+fn integer_pow_bool_reductions_and_aspect_preserving_resize() {
+    let p = run(
+        "Pow",
+        &[
+            input("x", DType::I32, &[3], &[2.0, -3.0, 5.0]),
+            input("y", F, &[3], &[10.0, 3.0, 0.0]),
+        ],
+        vec![],
+    );
+    assert_eq!(p.ty.dtype, DType::I32);
+    expect(&p, &[3], &[1024.0, -27.0, 1.0]);
+    let b = || input("x", DType::Bool, &[2, 2], &[1.0, 0.0, 0.0, 0.0]);
+    let reduce = |op: &str| {
+        run(
+            op,
+            &[b(), init("axes", L, &[1], &[1.0])],
+            vec![attr("keepdims", A::I(0))],
+        )
+    };
+    expect(&reduce("ReduceMax"), &[2], &[1.0, 0.0]);
+    expect(&reduce("ReduceMin"), &[2], &[0.0, 0.0]);
+    // sizes [4, 4] of a [2, 4] image, not larger: one scale, 1.
+    let r = run(
+        "Resize",
+        &[
+            input("x", F, &[2, 4], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]),
+            input("", F, &[], &[]),
+            input("", F, &[], &[]),
+            init("sizes", L, &[2], &[4.0, 4.0]),
+        ],
+        vec![attr("keep_aspect_ratio_policy", A::S("not_larger"))],
+    );
+    expect(&r, &[2, 4], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]);
+}
