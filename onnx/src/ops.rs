@@ -562,6 +562,46 @@ impl Importer {
             "RNN" | "GRU" | "LSTM" => self.recurrent(cx),
             "EyeLike" => self.eye_like(cx),
             "DFT" => self.dft(cx),
+            "LRN" => self.lrn(cx),
+            "MeanVarianceNormalization" => {
+                cx.allow(&["axes"])?;
+                let x = self.need(cx, 0)?;
+                cx.float_input(&x)?;
+                let r = x.shape.len();
+                let axes: Vec<usize> = match cx.ints("axes") {
+                    Some(a) => a.iter().map(|&a| cx.axis(a, r)).collect::<R<_>>()?,
+                    None if r == 4 => vec![0, 2, 3],
+                    None => return Err(cx.err("axes are required for a input not of rank 4")),
+                };
+                let ex = self.e(cx, 0)?;
+                let list: Vec<String> = axes.iter().map(ToString::to_string).collect();
+                let args = format!("axis=[{}], keepdims=true", list.join(", "));
+                let (m, sd) = (self.fresh("mean"), self.fresh("std"));
+                self.lines.push(format!("let {m} = mean({ex}, {args});"));
+                self.lines.push(format!(
+                    "let {sd} = sqrt(mean({ex} * {ex}, {args}) - {m} * {m});"
+                ));
+                let eps = literal(1e-9, x.dtype);
+                self.bind(
+                    cx,
+                    0,
+                    format!("({ex} - {m}) / ({sd} + {eps})"),
+                    x.dtype,
+                    x.shape,
+                )
+            }
+            "SwiGLU" => {
+                cx.allow(&["alpha"])?;
+                let (a, b) = (self.need(cx, 0)?, self.need(cx, 1)?);
+                cx.float_input(&a)?;
+                if a.shape != b.shape || a.dtype != b.dtype {
+                    return Err(cx.err("A and B must have one shape and type"));
+                }
+                let alpha = literal(cx.float("alpha", 1.0), a.dtype);
+                let (ea, eb) = (self.e(cx, 0)?, self.e(cx, 1)?);
+                let expr = format!("{ea} * sigmoid({ea} * {alpha}) * {eb}");
+                self.bind(cx, 0, expr, a.dtype, a.shape)
+            }
             "RotaryEmbedding" => self.rotary(cx),
             "ScatterElements" | "Scatter" => self.scatter_elements(cx),
             "ScatterND" => self.scatter_nd(cx),
@@ -4553,6 +4593,44 @@ impl Importer {
             format!("transpose({out}, [0, 2, 1, 3])")
         };
         self.bind(cx, 0, out, dt, x.shape)
+    }
+
+    /// `LRN`: each element over `(bias + alpha / size * s)^beta`, `s` the
+    /// sum of squares over `size` channels around it (an operator in index
+    /// notation; channels past the edges read zero).
+    fn lrn(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&["alpha", "beta", "bias", "size"])?;
+        let x = self.need(cx, 0)?;
+        cx.float_input(&x)?;
+        let r = x.shape.len();
+        if r < 3 {
+            return Err(cx.err("needs an input of rank 3 or more (N, C, spatial...)"));
+        }
+        let size = cx.int("size", 0);
+        if !(1..=4096).contains(&size) {
+            return Err(cx.err(format!("size = {size} is not supported")));
+        }
+        let dt = x.dtype;
+        let l = |v: f64| literal(v, dt);
+        let lo = (size - 1) / 2;
+        let scale = l(cx.float("alpha", 1e-4) / size as f64);
+        let (beta, bias) = (l(cx.float("beta", 0.75)), l(cx.float("bias", 1.0)));
+        let idx: Vec<String> = (0..r).map(|a| format!("i{a}")).collect();
+        let mut near = idx.clone();
+        near[1] = if lo == 0 {
+            "i1 + k".into()
+        } else {
+            format!("i1 + k - {lo}")
+        };
+        let name = self.fresh("lrn");
+        self.ops.push(format!(
+            "op {name}(x: {t}) -> {t} {{\n    let sq[{i}] = x[{i}] * x[{i}];\n    out[{i}] = x[{i}] / pow({bias} + {scale} * sum[k in 0..{size}](sq[{n}]), {beta});\n}}",
+            t = type_text(dt, &x.shape),
+            i = idx.join(", "),
+            n = near.join(", "),
+        ));
+        let ex = self.e(cx, 0)?;
+        self.bind(cx, 0, format!("{name}({ex})"), dt, x.shape)
     }
 
     /// `EyeLike`: a constant with ones on diagonal `k`.

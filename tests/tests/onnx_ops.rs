@@ -904,3 +904,38 @@ fn integer_pow_bool_reductions_and_aspect_preserving_resize() {
     );
     expect(&r, &[2, 4], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]);
 }
+
+#[test]
+fn lrn_mean_variance_normalization_and_swiglu() {
+    let x = input("x", F, &[1, 2, 1, 1], &[1.0, 2.0]);
+    // Both channels see squares 1 + 4 = 5: 1 + 3 / 3 * 5 = 6.
+    expect(
+        &run(
+            "LRN",
+            &[x],
+            vec![
+                attr("size", A::I(3)),
+                attr("alpha", A::F(3.0)),
+                attr("beta", A::F(1.0)),
+            ],
+        ),
+        &[1, 2, 1, 1],
+        &[1.0 / 6.0, 2.0 / 6.0],
+    );
+    let m = run(
+        "MeanVarianceNormalization",
+        &[input("x", F, &[1, 1, 1, 2], &[1.0, 3.0])],
+        vec![],
+    );
+    expect(&m, &[1, 1, 1, 2], &[-1.0, 1.0]);
+    let s = run(
+        "SwiGLU",
+        &[
+            input("a", F, &[2], &[0.0, 1.0]),
+            input("b", F, &[2], &[2.0, 3.0]),
+        ],
+        vec![],
+    );
+    // NumPy float64: 3 / (1 + e^-1) = 2.193175735890015
+    expect(&s, &[2], &[0.0, 2.193_175_735_890_015]);
+}
