@@ -568,6 +568,9 @@ impl Importer {
                 let x = self.need(cx, 0)?;
                 cx.float_input(&x)?;
                 let r = x.shape.len();
+                if r == 0 {
+                    return Err(cx.err("needs an input of rank 1 or more"));
+                }
                 let axes: Vec<usize> = match cx.ints("axes") {
                     Some(a) => a.iter().map(|&a| cx.axis(a, r)).collect::<R<_>>()?,
                     None if r == 4 => vec![0, 2, 3],
@@ -1509,6 +1512,9 @@ impl Importer {
         };
         cx.allow(attrs)?;
         let (a, b) = (self.need(cx, 0)?, self.need(cx, 1)?);
+        if a.shape.is_empty() || b.shape.is_empty() {
+            return Err(cx.err("the operands must not be scalars"));
+        }
         // A per-row zero point of A (`[M]`, M its second-to-last extent),
         // a per-filter one of W (`[M]` over `[M, C, k...]`).
         let per_a: Vec<usize> = if conv || a.shape.len() < 2 {
@@ -1553,6 +1559,9 @@ impl Importer {
         };
         cx.allow(attrs)?;
         let (a, b) = (self.need(cx, 0)?, self.need(cx, 3)?);
+        if a.shape.is_empty() || b.shape.is_empty() {
+            return Err(cx.err("the operands must not be scalars"));
+        }
         let per_b: Vec<usize> = if conv {
             let mut s = vec![b.shape[0]];
             s.extend(std::iter::repeat_n(1, b.shape.len() - 1));
@@ -4695,6 +4704,9 @@ impl Importer {
         cx.allow(&["axis", "reduction"])?;
         let (x, ind, upd) = (self.need(cx, 0)?, self.need(cx, 1)?, self.need(cx, 2)?);
         let r = x.shape.len();
+        if r == 0 {
+            return Err(cx.err("needs data of rank 1 or more"));
+        }
         let axis = cx.axis(cx.int("axis", 0), r)?;
         if ind.shape != upd.shape
             || ind.shape.len() != r
