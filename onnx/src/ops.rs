@@ -5268,9 +5268,6 @@ impl Importer {
             "axes",
             "keep_aspect_ratio_policy",
         ])?;
-        if cx.int("antialias", 0) != 0 {
-            return Err(cx.err("antialias is not supported"));
-        }
         let policy = cx.string("keep_aspect_ratio_policy", "stretch");
         if !matches!(policy.as_str(), "stretch" | "not_larger" | "not_smaller") {
             return Err(cx.err(format!("keep_aspect_ratio_policy `{policy}` is not valid")));
@@ -5338,12 +5335,16 @@ impl Importer {
             nearest: "",
             cubic_a: cx.float("cubic_coeff_a", -0.75),
             exclude_outside: cx.int("exclude_outside", 0) != 0,
+            antialias: cx.int("antialias", 0) != 0,
             roi: match axes.iter().position(|&b| b == a) {
                 Some(i) if roi.len() == 2 * axes.len() => (roi[i], roi[i + axes.len()]),
                 _ => (0.0, 1.0),
             },
             extrapolation: cx.float("extrapolation_value", 0.0),
         };
+        if cx.int("antialias", 0) != 0 && cx.string("mode", "nearest") == "nearest" {
+            return Err(cx.err("antialias is defined for the linear and cubic modes only"));
+        }
         let (mode, transform, nearest) = (
             cx.string("mode", "nearest"),
             cx.string("coordinate_transformation_mode", "half_pixel"),
@@ -5583,6 +5584,9 @@ struct Interp<'a> {
     nearest: &'a str,
     cubic_a: f64,
     exclude_outside: bool,
+    /// Whether a downsampling linear or cubic filter is widened by the
+    /// inverse of the scale (antialiasing).
+    antialias: bool,
     /// The region of interest on this axis (tf_crop_and_resize).
     roi: (f64, f64),
     extrapolation: f64,
@@ -5651,6 +5655,35 @@ impl Interp<'_> {
                         }
                     };
                     vec![f64::from(u8::from(!up)), f64::from(u8::from(up))]
+                }
+                "linear" | "cubic" if self.antialias => {
+                    // ONNX's reference: the kernel stretched by 1 / scale
+                    // when downsampling, its taps normalized.
+                    let s = scale.min(1.0);
+                    let taps: Vec<f64> = if self.mode == "linear" {
+                        let start = (-1.0 / s).floor() as i64 + 1;
+                        (start..start + 2 - 2 * start)
+                            .map(|i| (1.0 - ((i as f64 - ratio) * s).abs()).clamp(0.0, 1.0))
+                            .collect()
+                    } else {
+                        let a = self.cubic_a;
+                        let start = (-2.0 / s).floor() as i64 + 1;
+                        (start..2 - start)
+                            .map(|i| {
+                                let x = (s * (i as f64 - ratio)).abs();
+                                let (x2, x3) = (x * x, x * x * x);
+                                if x <= 1.0 {
+                                    (a + 2.0) * x3 - (a + 3.0) * x2 + 1.0
+                                } else if x < 2.0 {
+                                    a * x3 - 5.0 * a * x2 + 8.0 * a * x - 4.0 * a
+                                } else {
+                                    0.0
+                                }
+                            })
+                            .collect()
+                    };
+                    let total: f64 = taps.iter().sum();
+                    taps.into_iter().map(|t| t / total).collect()
                 }
                 "linear" => vec![1.0 - ratio, ratio],
                 "cubic" => {

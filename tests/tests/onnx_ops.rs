@@ -939,3 +939,19 @@ fn lrn_mean_variance_normalization_and_swiglu() {
     // NumPy float64: 3 / (1 + e^-1) = 2.193175735890015
     expect(&s, &[2], &[0.0, 2.193_175_735_890_015]);
 }
+
+#[test]
+fn antialiased_linear_downsampling_widens_the_filter() {
+    // Scale 1/2: four taps (1, 3, 3, 1) / 8 around x = 2y + 1/2, the
+    // edges repeated.
+    let r = run(
+        "Resize",
+        &[
+            input("x", F, &[4], &[1.0, 2.0, 3.0, 4.0]),
+            input("", F, &[], &[]),
+            init("scales", F, &[1], &[0.5]),
+        ],
+        vec![attr("mode", A::S("linear")), attr("antialias", A::I(1))],
+    );
+    expect(&r, &[2], &[1.625, 3.375]);
+}
