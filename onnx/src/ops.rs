@@ -3470,9 +3470,6 @@ impl Importer {
                 "storage_order",
                 "strides",
             ])?;
-            if cx.node.output.get(1).is_some_and(|o| !o.is_empty()) {
-                return Err(cx.err("the Indices output is not supported"));
-            }
         } else if cx.op() == "LpPool" {
             cx.allow(&[
                 "auto_pad",
@@ -3511,7 +3508,9 @@ impl Importer {
         out_shape.extend(&win.out);
         let ex = self.e(cx, 0)?;
         let symmetric = win.begin == win.end && win.begin.iter().all(|&p| p >= 0);
+        let indices = max && cx.node.output.get(1).is_some_and(|o| !o.is_empty());
         let plain = win.kernel.len() == 2
+            && !indices
             && x.dtype.is_float()
             && symmetric
             && win.dilations == [1, 1]
@@ -3598,7 +3597,52 @@ impl Importer {
             type_text(dt, &out_shape),
         ));
         let ones = format!("full({}, 1.0, dtype={md})", shape_text(&mask_shape));
-        self.bind(cx, 0, format!("{name}({ex}, {ones})"), dt, out_shape)
+        let pooled = self.fresh("pooled");
+        self.lines
+            .push(format!("let {pooled} = {name}({ex}, {ones});"));
+        self.bind(cx, 0, pooled.clone(), dt, out_shape.clone())?;
+        if !indices {
+            return Ok(());
+        }
+        // The flat index (row-major) of the first maximum in the window:
+        // the least index whose element equals the maximum.
+        let total = numel(&x.shape);
+        if total > 1 << 22 {
+            return Err(cx.err("the Indices output of an input this large is not supported"));
+        }
+        let flat = self.fresh("flat");
+        self.lines.push(format!(
+            "let {flat} = {};",
+            crate::constant_text(&Data::new(
+                DType::I64,
+                x.shape.clone(),
+                (0..total).map(|i| i as f64).collect()
+            ))
+        ));
+        let none = total.to_string();
+        let argmax = self.fresh("maxpool_indices");
+        self.ops.push(format!(
+            "op {argmax}(inp: {}, m: {}, mx: {}, f: {}) -> {} {{\n    out[n, c, {y}] = min[{k}](where(m[{m}] > 0.5, where(inp[n, c, {r}] == mx[n, c, {y}], f[n, c, {r}], {none}), {none}));\n}}",
+            type_text(dt, &x.shape),
+            type_text(md, &mask_shape),
+            type_text(dt, &out_shape),
+            type_text(DType::I64, &x.shape),
+            type_text(DType::I64, &out_shape),
+        ));
+        let mut idx = format!("{argmax}({ex}, {ones}, {pooled}, {flat})");
+        if cx.int("storage_order", 0) != 0 {
+            // Column-major over the spatial axes (2-D): h + w * H.
+            let [_, _, h, w] = x.shape[..] else {
+                return Err(cx.err("storage_order 1 is supported for 2-D pooling"));
+            };
+            let i = self.fresh("row_major");
+            self.lines.push(format!("let {i} = {idx};"));
+            let (plane, q) = (h * w, self.fresh("plane"));
+            self.lines.push(format!("let {q} = {i} / {plane};"));
+            let rem = format!("({i} - {q} * {plane})");
+            idx = format!("{q} * {plane} + ({rem} - {rem} / {w} * {w}) * {h} + {rem} / {w}");
+        }
+        self.bind(cx, 1, idx, DType::I64, out_shape)
     }
 
     /// Element-wise functions written through others.

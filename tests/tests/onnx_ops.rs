@@ -81,19 +81,30 @@ fn init(name: &'static str, dtype: DType, shape: &[usize], data: &[f64]) -> T {
 
 /// Runs `y = op(inputs...)` (opset 21) on the interpreter.
 fn run(op: &str, tensors: &[T], attrs: Vec<pb::AttributeProto>) -> HostTensor {
+    run_n(op, tensors, attrs, 1).remove(0)
+}
+
+/// Runs `y0, y1, ... = op(inputs...)` with `n` outputs.
+fn run_n(op: &str, tensors: &[T], attrs: Vec<pb::AttributeProto>, n: usize) -> Vec<HostTensor> {
+    let outputs: Vec<String> = (0..n)
+        .map(|i| if i == 0 { "y".into() } else { format!("y{i}") })
+        .collect();
     let mut graph = pb::GraphProto {
         name: Some("g".into()),
         node: vec![pb::NodeProto {
             op_type: Some(op.into()),
             input: tensors.iter().map(|t| t.name.to_string()).collect(),
-            output: vec!["y".into()],
+            output: outputs.clone(),
             attribute: attrs,
             ..Default::default()
         }],
-        output: vec![pb::ValueInfoProto {
-            name: Some("y".into()),
-            ..Default::default()
-        }],
+        output: outputs
+            .iter()
+            .map(|o| pb::ValueInfoProto {
+                name: Some(o.clone()),
+                ..Default::default()
+            })
+            .collect(),
         ..Default::default()
     };
     let mut args = Vec::new();
@@ -153,7 +164,7 @@ fn run(op: &str, tensors: &[T], attrs: Vec<pb::AttributeProto>) -> HostTensor {
     .unwrap_or_else(|e| panic!("{e}\n{}", imported.source));
     run_passes(&mut m, DEFAULT_PIPELINE, PassOptions::default()).unwrap();
     let f = select_entry(&m, None).unwrap();
-    interpret(&m, f, &args).unwrap().remove(0)
+    interpret(&m, f, &args).unwrap()
 }
 
 #[track_caller]
@@ -954,4 +965,36 @@ fn antialiased_linear_downsampling_widens_the_filter() {
         vec![attr("mode", A::S("linear")), attr("antialias", A::I(1))],
     );
     expect(&r, &[2], &[1.625, 3.375]);
+}
+
+#[test]
+fn max_pool_indices_row_and_column_major() {
+    // The maximum 4 is at (h, w) = (0, 1): flat 1 row-major, 2 column-major.
+    let pool = |order: i64| {
+        run_n(
+            "MaxPool",
+            &[input("x", F, &[1, 1, 2, 2], &[1.0, 4.0, 3.0, 2.0])],
+            vec![
+                attr("kernel_shape", A::Is(vec![2, 2])),
+                attr("storage_order", A::I(order)),
+            ],
+            2,
+        )
+    };
+    let r = pool(0);
+    expect(&r[0], &[1, 1, 1, 1], &[4.0]);
+    assert_eq!(r[1].ty.dtype, L);
+    expect(&r[1], &[1, 1, 1, 1], &[1.0]);
+    expect(&pool(1)[1], &[1, 1, 1, 1], &[2.0]);
+    // Ties: the first maximum in the window.
+    let t = run_n(
+        "MaxPool",
+        &[input("x", F, &[1, 1, 1, 4], &[5.0, 5.0, 1.0, 5.0])],
+        vec![
+            attr("kernel_shape", A::Is(vec![1, 2])),
+            attr("strides", A::Is(vec![1, 2])),
+        ],
+        2,
+    );
+    expect(&t[1], &[1, 1, 1, 2], &[0.0, 3.0]);
 }
