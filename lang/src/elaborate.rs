@@ -17,6 +17,8 @@ use dlc_graph::verify::scalar_dtype;
 use dlc_graph::{Function, Module, Op, Value, Visibility};
 
 use crate::ast::*;
+
+mod composite;
 use crate::diag::{Diagnostic, Diagnostics};
 
 /// The element type of a float literal that meets no tensor.
@@ -86,7 +88,9 @@ fn bitwise(name: &str) -> Option<BinaryOp> {
 /// Whether `name` is a built-in function of the language (a name no
 /// user function or operator may take).
 pub fn is_builtin(name: &str) -> bool {
-    BUILTINS.contains(&name) || UnaryOp::from_name(name).is_some()
+    BUILTINS.contains(&name)
+        || composite::COMPOSITES.contains(&name)
+        || UnaryOp::from_name(name).is_some()
 }
 
 type R<T> = Result<T, Diagnostic>;
@@ -1679,6 +1683,9 @@ impl<'p> Elab<'p> {
                     ty,
                 )))
             }
+            _ if composite::COMPOSITES.contains(&name) => self
+                .composite(cx, f, args, span)
+                .unwrap_or_else(|| unreachable!("a composite built-in")),
             _ => Err(
                 Diagnostic::new(format!("unknown function `{name}`"), f.span, "not defined")
                     .with_suggestion(
@@ -1687,7 +1694,8 @@ impl<'p> Elab<'p> {
                             .keys()
                             .chain(self.ops.keys())
                             .copied()
-                            .chain(BUILTINS.iter().copied()),
+                            .chain(BUILTINS.iter().copied())
+                            .chain(composite::COMPOSITES.iter().copied()),
                     ),
             ),
         }

@@ -610,3 +610,194 @@ fn bitwise_operators_and_shifts() {
     let err = eval("fn f(x: f32[4]) -> f32[4] { return bitand(x, x); }", &[]).unwrap_err();
     assert!(err.to_string().contains("integer"), "{err}");
 }
+
+/// NumPy float64: x * tanh(log1p(exp(x))) of [-2, -0.5, 0, 3].
+const MISH: [f64; 4] = [
+    -0.252_501_482_695_708_9,
+    -0.220_743_774_651_73,
+    0.0,
+    2.986_535_004_967_957,
+];
+
+#[test]
+fn composite_activations_and_logical_operators() {
+    let x = || f32t(&[4], &[-2.0, -0.5, 0.0, 3.0]);
+    let run = |e: &str| format!("fn f(x: f32[4]) -> f32[4] {{ return {e}; }}");
+    expect(
+        &run("leaky_relu(x, alpha=0.1)"),
+        &[x()],
+        &[4],
+        &[-0.2, -0.05, 0.0, 3.0],
+    );
+    expect(&run("hardsigmoid(x)"), &[x()], &[4], &[0.1, 0.4, 0.5, 1.0]);
+    // x * relu6(x + 3) / 6
+    expect(
+        &run("hardswish(x)"),
+        &[x()],
+        &[4],
+        &[-1.0 / 3.0, -0.5 * 2.5 / 6.0, 0.0, 3.0],
+    );
+    expect(
+        &run("clamp(x, -1.0, 1.0)"),
+        &[x()],
+        &[4],
+        &[-1.0, -0.5, 0.0, 1.0],
+    );
+    // NumPy float64: elu, softplus, mish of [-2, -0.5, 0, 3].
+    expect(
+        &run("elu(x)"),
+        &[x()],
+        &[4],
+        &[-0.864_664_716_763_387_3, -0.393_469_340_287_366_6, 0.0, 3.0],
+    );
+    expect(
+        &run("softplus(x)"),
+        &[x()],
+        &[4],
+        &[
+            0.126_928_011_042_972_1,
+            0.474_076_984_180_949_4,
+            std::f64::consts::LN_2,
+            3.048_587_351_573_742,
+        ],
+    );
+    expect(&run("mish(x)"), &[x()], &[4], &MISH);
+    // log1p and expm1 keep small arguments exact where log(1 + x) would not.
+    let tiny = f32t(&[2], &[1e-7, 0.5]);
+    let out = eval(
+        "fn f(x: f32[2]) -> (f32[2], f32[2]) { return (log1p(x), expm1(x)); }",
+        &[tiny],
+    )
+    .unwrap();
+    assert!((out[0].data[0] - 1e-7).abs() < 1e-13, "{:?}", out[0].data);
+    assert!((out[0].data[1] - 0.405_465_108_108_164_4).abs() < 1e-7);
+    assert!((out[1].data[0] - 1e-7).abs() < 1e-13, "{:?}", out[1].data);
+    assert!((out[1].data[1] - 0.648_721_270_700_128_2).abs() < 1e-7);
+    let special = f32t(&[3], &[f64::NAN, f64::INFINITY, 1.0]);
+    let b = |e: &str| format!("fn f(x: f32[3]) -> bool[3] {{ return {e}; }}");
+    expect(
+        &b("isnan(x)"),
+        std::slice::from_ref(&special),
+        &[3],
+        &[1.0, 0.0, 0.0],
+    );
+    expect(
+        &b("isinf(x)"),
+        std::slice::from_ref(&special),
+        &[3],
+        &[0.0, 1.0, 0.0],
+    );
+    expect(
+        &b("logical_xor(isnan(x), logical_not(isinf(x)))"),
+        &[special],
+        &[3],
+        &[0.0, 0.0, 1.0],
+    );
+}
+
+#[test]
+fn composite_shapes_reductions_and_indices() {
+    let m = || f32t(&[2, 3], &[1.0, 5.0, 2.0, 7.0, 0.0, 7.0]);
+    let run = |ret: &str, e: &str| format!("fn f(x: f32[2, 3]) -> {ret} {{ return {e}; }}");
+    expect(
+        &run("f32[3, 4]", "reshape(stack([x, x], axis=2), [3, 4])"),
+        &[m()],
+        &[3, 4],
+        &[1.0, 1.0, 5.0, 5.0, 2.0, 2.0, 7.0, 7.0, 0.0, 0.0, 7.0, 7.0],
+    );
+    expect(
+        &run("f32[1, 2, 3]", "unsqueeze(x, axis=0)"),
+        &[m()],
+        &[1, 2, 3],
+        &[1.0, 5.0, 2.0, 7.0, 0.0, 7.0],
+    );
+    expect(
+        &run("f32[2, 6]", "tile(x, [1, 2])"),
+        &[m()],
+        &[2, 6],
+        &[1.0, 5.0, 2.0, 1.0, 5.0, 2.0, 7.0, 0.0, 7.0, 7.0, 0.0, 7.0],
+    );
+    // The first maximum and minimum.
+    expect(
+        &run("i64[2]", "argmax(x, axis=1)"),
+        &[m()],
+        &[2],
+        &[1.0, 0.0],
+    );
+    expect(
+        &run("i64[3]", "argmin(x, axis=0)"),
+        &[m()],
+        &[3],
+        &[0.0, 1.0, 0.0],
+    );
+    expect(
+        &run("f32[2]", "variance(x, axis=1)"),
+        &[m()],
+        &[2],
+        &[26.0 / 9.0, 98.0 / 9.0],
+    );
+    expect(
+        &run("f32[2]", "l1_norm(x, axis=1)"),
+        &[m()],
+        &[2],
+        &[8.0, 14.0],
+    );
+    expect(
+        &run("f32[3]", "l2_norm(x, axis=0)"),
+        &[m()],
+        &[3],
+        &[50f64.sqrt(), 5.0, 53f64.sqrt()],
+    );
+    // log(e^1 + e^5 + e^2) in float64.
+    expect(
+        &run("f32[2, 1]", "logsumexp(x, axis=1, keepdims=true)"),
+        &[m()],
+        &[2, 1],
+        &[5.065_883_903_757_429, 7.693_603_017_633_216],
+    );
+    expect(
+        &run("f32[2, 3]", "tril(x)"),
+        &[m()],
+        &[2, 3],
+        &[1.0, 0.0, 0.0, 7.0, 0.0, 0.0],
+    );
+    expect(
+        &run("f32[2, 3]", "triu(x, k=1)"),
+        &[m()],
+        &[2, 3],
+        &[0.0, 5.0, 2.0, 0.0, 0.0, 7.0],
+    );
+    let i = t(DType::I64, &[3], &[1.0, -2.0, 5.0]);
+    // Index -2 is row 0; index 5 is out of range and reads zeros.
+    expect(
+        "fn f(x: f32[2, 3], i: i64[3]) -> f32[3, 3] { return gather(x, i, axis=0); }",
+        &[m(), i.clone()],
+        &[3, 3],
+        &[7.0, 0.0, 7.0, 1.0, 5.0, 2.0, 0.0, 0.0, 0.0],
+    );
+    expect(
+        "fn f(i: i64[3]) -> f32[3, 2] { return one_hot(i, 2); }",
+        &[i],
+        &[3, 2],
+        &[0.0, 1.0, 0.0, 0.0, 0.0, 0.0],
+    );
+    expect(
+        "fn f() -> f32[4] { return arange(0.5, 2.5, step=0.5); }",
+        &[],
+        &[4],
+        &[0.5, 1.0, 1.5, 2.0],
+    );
+    let out = eval(
+        "fn f(x: f32[2, 3]) -> (f32[2, 1], f32[2, 2]) { return split(x, [1, 2], axis=1); }",
+        &[m()],
+    )
+    .unwrap();
+    assert_eq!(out[0].data, [1.0, 7.0]);
+    assert_eq!(out[1].data, [5.0, 2.0, 0.0, 7.0]);
+    let err = eval(
+        "fn f(x: f32[2, 3]) -> f32[3] { return squeeze(x, axis=0); }",
+        &[m()],
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("has extent 2, not 1"), "{err}");
+}

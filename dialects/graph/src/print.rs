@@ -172,6 +172,21 @@ fn mlir_element(v: f64, dtype: DType) -> String {
     }
 }
 
+/// Elements as MLIR's dense literal writes them: one bracket level per
+/// axis (`[[1, 2], [3, 4]]`), a bare element for a scalar.
+fn nested(elems: &[String], shape: &[usize]) -> String {
+    match shape.split_first() {
+        None => elems.first().cloned().unwrap_or_default(),
+        Some((&n, rest)) => {
+            let step = rest.iter().product::<usize>().max(1);
+            let parts: Vec<String> = (0..n)
+                .map(|i| nested(&elems[(i * step).min(elems.len())..], rest))
+                .collect();
+            format!("[{}]", parts.join(", "))
+        }
+    }
+}
+
 fn mlir_types(types: &[&TensorType]) -> String {
     types
         .iter()
@@ -243,13 +258,11 @@ pub fn print_mlir_generic(m: &Module) -> String {
                     let t = &n.results[0];
                     let body = match value {
                         ConstValue::Splat(v) => mlir_element(*v, t.dtype),
-                        ConstValue::Dense(vs) => format!(
-                            "[{}]",
-                            vs.iter()
-                                .map(|v| mlir_element(*v, t.dtype))
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ),
+                        ConstValue::Dense(vs) => {
+                            let elems: Vec<String> =
+                                vs.iter().map(|v| mlir_element(*v, t.dtype)).collect();
+                            nested(&elems, &t.shape)
+                        }
                     };
                     vec![format!("value = dense<{body}> : {}", t.mlir())]
                 }

@@ -1,0 +1,799 @@
+//! Built-ins that are compositions of graph ops: activations, logical
+//! operators, shape helpers, further reductions, index-valued functions
+//! (`argmax`, `one_hot`, `arange`) and gathers. Each expands, where it is
+//! called, into the ops it is made of, so it needs no interpreter, lowering
+//! or code generator of its own and equality saturation and fusion see
+//! through it (docs/language.md lists their meanings).
+
+use super::*;
+
+/// The built-ins this module defines.
+pub(super) const COMPOSITES: [&str; 38] = [
+    "leaky_relu",
+    "elu",
+    "softplus",
+    "hardsigmoid",
+    "hardswish",
+    "mish",
+    "clamp",
+    "clip",
+    "log1p",
+    "expm1",
+    "isnan",
+    "isinf",
+    "logical_and",
+    "logical_or",
+    "logical_xor",
+    "logical_not",
+    "squeeze",
+    "unsqueeze",
+    "flatten",
+    "expand",
+    "stack",
+    "split",
+    "tile",
+    "log_softmax",
+    "logsumexp",
+    "variance",
+    "l1_norm",
+    "l2_norm",
+    "argmax",
+    "argmin",
+    "one_hot",
+    "arange",
+    "tril",
+    "triu",
+    "global_avgpool",
+    "global_maxpool",
+    "gather",
+    "dropout",
+];
+
+impl Elab<'_> {
+    /// Built-in `f` when it is one of [`COMPOSITES`].
+    pub(super) fn composite(
+        &mut self,
+        cx: &mut FnCx,
+        f: &Ident,
+        args: &[Arg],
+        span: Span,
+    ) -> Option<R<EVal>> {
+        let name = f.name.as_str();
+        if !COMPOSITES.contains(&name) {
+            return None;
+        }
+        Some(self.composite_call(cx, f, args, span))
+    }
+
+    fn composite_call(&mut self, cx: &mut FnCx, f: &Ident, args: &[Arg], span: Span) -> R<EVal> {
+        let name = f.name.as_str();
+        let t = |v: Value| Ok(EVal::Tensor(v));
+        match name {
+            "leaky_relu" | "elu" | "hardsigmoid" => {
+                let (defaults, params): (&[f64], &[&str]) = match name {
+                    "leaky_relu" => (&[0.01], &["x", "alpha"]),
+                    "elu" => (&[1.0], &["x", "alpha"]),
+                    _ => (&[0.2, 0.5], &["x", "alpha", "beta"]),
+                };
+                let a = bind(f, args, params, 1, span)?;
+                let x = self.float_tensor(cx, req(&a, 0), name)?;
+                let d = Self::ty(cx, x).dtype;
+                let mut k = Vec::new();
+                for (i, &def) in defaults.iter().enumerate() {
+                    let v = a[i + 1]
+                        .map(const_float)
+                        .transpose()?
+                        .map_or(def, |(v, _)| v);
+                    k.push(self.k(cx, v, d));
+                }
+                let zero = self.k(cx, 0.0, d);
+                match name {
+                    "leaky_relu" => {
+                        let neg = self.cmp(cx, CmpOp::Lt, x, zero, span)?;
+                        let scaled = self.bin(cx, BinaryOp::Mul, x, k[0], span)?;
+                        t(self.add(cx, Op::Select, &[neg, scaled, x], span)?)
+                    }
+                    "elu" => {
+                        let neg = self.cmp(cx, CmpOp::Lt, x, zero, span)?;
+                        let e = self.add(cx, Op::Unary(UnaryOp::Exp), &[x], span)?;
+                        let one = self.k(cx, 1.0, d);
+                        let em1 = self.bin(cx, BinaryOp::Sub, e, one, span)?;
+                        let scaled = self.bin(cx, BinaryOp::Mul, em1, k[0], span)?;
+                        t(self.add(cx, Op::Select, &[neg, scaled, x], span)?)
+                    }
+                    _ => t(self.hard_sigmoid(cx, x, k[0], k[1], span)?),
+                }
+            }
+            "softplus" | "hardswish" | "mish" | "log1p" | "expm1" | "isnan" | "isinf" => {
+                let a = bind(f, args, &["x"], 1, span)?;
+                let x = self.float_tensor(cx, req(&a, 0), name)?;
+                let d = Self::ty(cx, x).dtype;
+                match name {
+                    "softplus" => t(self.softplus(cx, x, span)?),
+                    "hardswish" => {
+                        let (al, be) = (self.k(cx, 1.0 / 6.0, d), self.k(cx, 0.5, d));
+                        let h = self.hard_sigmoid(cx, x, al, be, span)?;
+                        t(self.bin(cx, BinaryOp::Mul, x, h, span)?)
+                    }
+                    "mish" => {
+                        let sp = self.softplus(cx, x, span)?;
+                        let th = self.add(cx, Op::Unary(UnaryOp::Tanh), &[sp], span)?;
+                        t(self.bin(cx, BinaryOp::Mul, x, th, span)?)
+                    }
+                    "log1p" => {
+                        // Goldberg: log(u) * x / (u - 1) with u = 1 + x
+                        // rounded, exact where u rounds to 1.
+                        let one = self.k(cx, 1.0, d);
+                        let u = self.bin(cx, BinaryOp::Add, x, one, span)?;
+                        let um1 = self.bin(cx, BinaryOp::Sub, u, one, span)?;
+                        let lu = self.add(cx, Op::Unary(UnaryOp::Log), &[u], span)?;
+                        let num = self.bin(cx, BinaryOp::Mul, lu, x, span)?;
+                        let q = self.bin(cx, BinaryOp::Div, num, um1, span)?;
+                        let at1 = self.cmp(cx, CmpOp::Eq, u, one, span)?;
+                        // u - 1 = inf (x = inf) gives log(u) itself.
+                        let inf = self.k(cx, f64::INFINITY, d);
+                        let big = self.cmp(cx, CmpOp::Eq, u, inf, span)?;
+                        let q = self.add(cx, Op::Select, &[big, lu, q], span)?;
+                        t(self.add(cx, Op::Select, &[at1, x, q], span)?)
+                    }
+                    "expm1" => {
+                        // Kahan: (u - 1) * x / log(u) with u = e^x rounded.
+                        let one = self.k(cx, 1.0, d);
+                        let u = self.add(cx, Op::Unary(UnaryOp::Exp), &[x], span)?;
+                        let um1 = self.bin(cx, BinaryOp::Sub, u, one, span)?;
+                        let lu = self.add(cx, Op::Unary(UnaryOp::Log), &[u], span)?;
+                        let num = self.bin(cx, BinaryOp::Mul, um1, x, span)?;
+                        let q = self.bin(cx, BinaryOp::Div, num, lu, span)?;
+                        let at1 = self.cmp(cx, CmpOp::Eq, u, one, span)?;
+                        // Where u - 1 is -1 or inf the quotient is not needed.
+                        let minus = self.k(cx, -1.0, d);
+                        let low = self.cmp(cx, CmpOp::Eq, um1, minus, span)?;
+                        let inf = self.k(cx, f64::INFINITY, d);
+                        let high = self.cmp(cx, CmpOp::Eq, u, inf, span)?;
+                        let q = self.add(cx, Op::Select, &[low, minus, q], span)?;
+                        let q = self.add(cx, Op::Select, &[high, u, q], span)?;
+                        t(self.add(cx, Op::Select, &[at1, x, q], span)?)
+                    }
+                    "isnan" => t(self.cmp(cx, CmpOp::Ne, x, x, span)?),
+                    _ => {
+                        let ax = self.add(cx, Op::Unary(UnaryOp::Abs), &[x], span)?;
+                        let inf = self.k(cx, f64::INFINITY, d);
+                        t(self.cmp(cx, CmpOp::Eq, ax, inf, span)?)
+                    }
+                }
+            }
+            "clamp" | "clip" => {
+                let a = bind(f, args, &["x", "min", "max"], 1, span)?;
+                let x = self.tensor(cx, req(&a, 0))?;
+                let mut v = x;
+                for (i, b) in [(1, BinaryOp::Max), (2, BinaryOp::Min)] {
+                    if let Some(e) = a[i] {
+                        let bound = self.expr(cx, e)?;
+                        let (p, q) = self.pair(cx, EVal::Tensor(v), bound, span, e.span)?;
+                        v = self.bin(cx, b, p, q, span)?;
+                    }
+                }
+                t(v)
+            }
+            "logical_and" | "logical_or" | "logical_xor" => {
+                let a = bind(f, args, &["a", "b"], 2, span)?;
+                let x = self.bool_tensor(cx, req(&a, 0), name)?;
+                let y = self.bool_tensor(cx, req(&a, 1), name)?;
+                let (tr, fa) = (self.k(cx, 1.0, DType::Bool), self.k(cx, 0.0, DType::Bool));
+                t(match name {
+                    "logical_and" => self.add(cx, Op::Select, &[x, y, fa], span)?,
+                    "logical_or" => self.add(cx, Op::Select, &[x, tr, y], span)?,
+                    _ => self.cmp(cx, CmpOp::Ne, x, y, span)?,
+                })
+            }
+            "logical_not" => {
+                let a = bind(f, args, &["x"], 1, span)?;
+                let x = self.bool_tensor(cx, req(&a, 0), name)?;
+                let fa = self.k(cx, 0.0, DType::Bool);
+                t(self.cmp(cx, CmpOp::Eq, x, fa, span)?)
+            }
+            "squeeze" | "unsqueeze" | "flatten" => {
+                let a = bind(
+                    f,
+                    args,
+                    &["x", "axis"],
+                    if name == "unsqueeze" { 2 } else { 1 },
+                    span,
+                )?;
+                let x = self.tensor(cx, req(&a, 0))?;
+                let ty = Self::ty(cx, x);
+                let shape = match name {
+                    "squeeze" => {
+                        let axes = match a[1] {
+                            Some(e) => normalize_axes(&const_int_or_list(e, &cx.dims)?, &ty)?,
+                            None => (0..ty.rank()).filter(|&i| ty.shape[i] == 1).collect(),
+                        };
+                        if let Some(&bad) = axes.iter().find(|&&i| ty.shape[i] != 1) {
+                            return Err(Diagnostic::new(
+                                format!(
+                                    "squeeze: axis {bad} of {ty} has extent {}, not 1",
+                                    ty.shape[bad]
+                                ),
+                                a[1].map_or(span, |e| e.span),
+                                "not of extent 1",
+                            ));
+                        }
+                        (0..ty.rank())
+                            .filter(|i| !axes.contains(i))
+                            .map(|i| ty.shape[i])
+                            .collect()
+                    }
+                    "unsqueeze" => {
+                        let items = const_int_or_list(req(&a, 1), &cx.dims)?;
+                        let out = TensorType::new(ty.dtype, vec![1; ty.rank() + items.len()]);
+                        let axes = normalize_axes(&items, &out)?;
+                        let mut rest = ty.shape.iter();
+                        (0..out.rank())
+                            .map(|i| {
+                                if axes.contains(&i) {
+                                    1
+                                } else {
+                                    rest.next().copied().unwrap_or(1)
+                                }
+                            })
+                            .collect()
+                    }
+                    _ => {
+                        let ax = match a[1] {
+                            Some(e) => {
+                                let v = const_int(e, &cx.dims)?;
+                                let r = ty.rank() as i64;
+                                if v < -r || v > r {
+                                    return Err(Diagnostic::new(
+                                        format!("flatten: axis {v} is out of range for {ty}"),
+                                        e.span,
+                                        "axis out of range",
+                                    ));
+                                }
+                                if v < 0 { (v + r) as usize } else { v as usize }
+                            }
+                            None => 1.min(ty.rank()),
+                        };
+                        vec![
+                            ty.shape[..ax].iter().product(),
+                            ty.shape[ax..].iter().product(),
+                        ]
+                    }
+                };
+                t(self.add(cx, Op::Reshape { shape }, &[x], span)?)
+            }
+            "expand" => {
+                let a = bind(f, args, &["x", "shape"], 2, span)?;
+                let x = self.tensor(cx, req(&a, 0))?;
+                let ty = Self::ty(cx, x);
+                let want = positive_shape(&const_ints(req(&a, 1), &cx.dims)?)?;
+                // NumPy's broadcast of the two shapes (either may be larger).
+                let r = ty.rank().max(want.len());
+                let at = |s: &[usize], i: usize| {
+                    if i + s.len() >= r {
+                        s[i + s.len() - r]
+                    } else {
+                        1
+                    }
+                };
+                let mut shape = Vec::with_capacity(r);
+                for i in 0..r {
+                    let (p, q) = (at(&ty.shape, i), at(&want, i));
+                    if p != q && p != 1 && q != 1 {
+                        return Err(Diagnostic::new(
+                            format!("expand: {ty} does not broadcast with {want:?}"),
+                            span,
+                            "shapes do not broadcast",
+                        ));
+                    }
+                    shape.push(p.max(q));
+                }
+                t(self.add(cx, Op::Broadcast { shape }, &[x], span)?)
+            }
+            "stack" => {
+                let a = bind(f, args, &["tensors", "axis"], 1, span)?;
+                let list = req(&a, 0);
+                let ExprKind::List(items) = &list.kind else {
+                    return Err(Diagnostic::new(
+                        "stack takes a list of tensors: `stack([a, b], axis=0)`",
+                        list.span,
+                        "not a list",
+                    ));
+                };
+                let vals: Vec<Value> =
+                    items.iter().map(|e| self.tensor(cx, e)).collect::<R<_>>()?;
+                let Some(&first) = vals.first() else {
+                    return Err(Diagnostic::new(
+                        "stack needs at least one tensor",
+                        list.span,
+                        "empty list",
+                    ));
+                };
+                let ty = Self::ty(cx, first);
+                let out = TensorType::new(ty.dtype, vec![1; ty.rank() + 1]);
+                let axis = match a[1] {
+                    Some(e) => normalize_axis(const_int(e, &cx.dims)?, &out, e.span)?,
+                    None => 0,
+                };
+                let mut shape = ty.shape.clone();
+                shape.insert(axis, 1);
+                let mut parts = Vec::with_capacity(vals.len());
+                for v in vals {
+                    parts.push(self.add(
+                        cx,
+                        Op::Reshape {
+                            shape: shape.clone(),
+                        },
+                        &[v],
+                        span,
+                    )?);
+                }
+                t(self.add(cx, Op::Concat { axis }, &parts, span)?)
+            }
+            "split" => {
+                let a = bind(f, args, &["x", "sizes", "axis"], 2, span)?;
+                let x = self.tensor(cx, req(&a, 0))?;
+                let ty = Self::ty(cx, x);
+                let axis = match a[2] {
+                    Some(e) => normalize_axis(const_int(e, &cx.dims)?, &ty, e.span)?,
+                    None => 0,
+                };
+                let sizes = const_ints(req(&a, 1), &cx.dims)?;
+                let total: i64 = sizes.iter().map(|(v, _)| *v).sum();
+                if sizes.iter().any(|(v, _)| *v < 1) || total != ty.shape[axis] as i64 {
+                    return Err(Diagnostic::new(
+                        format!(
+                            "split: sizes must be positive and add up to {}",
+                            ty.shape[axis]
+                        ),
+                        req(&a, 1).span,
+                        format!("they add up to {total}"),
+                    ));
+                }
+                let mut start = 0;
+                let mut parts = Vec::new();
+                for (n, _) in sizes {
+                    let end = start + n as usize;
+                    parts.push(self.add(cx, Op::Slice { axis, start, end }, &[x], span)?);
+                    start = end;
+                }
+                Ok(EVal::Tuple(parts))
+            }
+            "tile" => {
+                let a = bind(f, args, &["x", "reps"], 2, span)?;
+                let x = self.tensor(cx, req(&a, 0))?;
+                let ty = Self::ty(cx, x);
+                let reps = const_ints(req(&a, 1), &cx.dims)?;
+                if reps.len() != ty.rank() || reps.iter().any(|(v, _)| !(1..=4096).contains(v)) {
+                    return Err(Diagnostic::new(
+                        format!("tile: one repeat count (1 to 4096) per axis of {ty}"),
+                        req(&a, 1).span,
+                        "repeats do not fit",
+                    ));
+                }
+                let mut v = x;
+                for (axis, (n, _)) in reps.into_iter().enumerate() {
+                    if n > 1 {
+                        v = self.add(cx, Op::Concat { axis }, &vec![v; n as usize], span)?;
+                    }
+                }
+                t(v)
+            }
+            "log_softmax" | "logsumexp" | "variance" | "l1_norm" | "l2_norm" => {
+                let params: &[&str] = if name == "log_softmax" {
+                    &["x", "axis"]
+                } else {
+                    &["x", "axis", "keepdims"]
+                };
+                let a = bind(f, args, params, 1, span)?;
+                let x = self.tensor(cx, req(&a, 0))?;
+                let ty = Self::ty(cx, x);
+                if name != "l1_norm" && !ty.dtype.is_float() {
+                    return Err(Diagnostic::new(
+                        format!("{name} needs a float operand, got {ty}"),
+                        req(&a, 0).span,
+                        format!("{} is not a float type", ty.dtype),
+                    ));
+                }
+                let axes = match a[1] {
+                    Some(e) => normalize_axes(&const_int_or_list(e, &cx.dims)?, &ty)?,
+                    None if name == "log_softmax" => vec![ty.rank().saturating_sub(1)],
+                    None => (0..ty.rank()).collect(),
+                };
+                let keep = a
+                    .get(2)
+                    .copied()
+                    .flatten()
+                    .map(const_bool)
+                    .transpose()?
+                    .unwrap_or(false);
+                let red = |me: &mut Self, cx: &mut FnCx, kind, v, keepdims| {
+                    me.add(
+                        cx,
+                        Op::Reduce {
+                            kind,
+                            axes: axes.clone(),
+                            keepdims,
+                        },
+                        &[v],
+                        span,
+                    )
+                };
+                match name {
+                    "log_softmax" | "logsumexp" => {
+                        // m + log(sum(exp(x - m))), m the maximum (0 where it
+                        // is infinite, so an all -inf row stays -inf).
+                        let m = red(self, cx, ReduceKind::Max, x, true)?;
+                        let am = self.add(cx, Op::Unary(UnaryOp::Abs), &[m], span)?;
+                        let inf = self.k(cx, f64::INFINITY, ty.dtype);
+                        let finite = self.cmp(cx, CmpOp::Lt, am, inf, span)?;
+                        let zero = self.k(cx, 0.0, ty.dtype);
+                        let m = self.add(cx, Op::Select, &[finite, m, zero], span)?;
+                        let c = self.bin(cx, BinaryOp::Sub, x, m, span)?;
+                        let e = self.add(cx, Op::Unary(UnaryOp::Exp), &[c], span)?;
+                        let s = red(self, cx, ReduceKind::Sum, e, true)?;
+                        let l = self.add(cx, Op::Unary(UnaryOp::Log), &[s], span)?;
+                        if name == "log_softmax" {
+                            return t(self.bin(cx, BinaryOp::Sub, c, l, span)?);
+                        }
+                        let r = self.bin(cx, BinaryOp::Add, m, l, span)?;
+                        t(self.keep_or_drop(cx, r, &ty, &axes, keep, span)?)
+                    }
+                    "variance" => {
+                        let mean = red(self, cx, ReduceKind::Mean, x, true)?;
+                        let c = self.bin(cx, BinaryOp::Sub, x, mean, span)?;
+                        let sq = self.bin(cx, BinaryOp::Mul, c, c, span)?;
+                        t(red(self, cx, ReduceKind::Mean, sq, keep)?)
+                    }
+                    "l1_norm" => {
+                        let ab = self.add(cx, Op::Unary(UnaryOp::Abs), &[x], span)?;
+                        t(red(self, cx, ReduceKind::Sum, ab, keep)?)
+                    }
+                    _ => {
+                        let sq = self.bin(cx, BinaryOp::Mul, x, x, span)?;
+                        let s = red(self, cx, ReduceKind::Sum, sq, keep)?;
+                        t(self.add(cx, Op::Unary(UnaryOp::Sqrt), &[s], span)?)
+                    }
+                }
+            }
+            "argmax" | "argmin" => {
+                let a = bind(f, args, &["x", "axis", "keepdims"], 2, span)?;
+                let x = self.tensor(cx, req(&a, 0))?;
+                let ty = Self::ty(cx, x);
+                if !ty.dtype.is_numeric() {
+                    return Err(Diagnostic::new(
+                        format!("{name} of bool"),
+                        span,
+                        "not numeric",
+                    ));
+                }
+                let e = req(&a, 1);
+                let axis = normalize_axis(const_int(e, &cx.dims)?, &ty, e.span)?;
+                let keep = a[2].map(const_bool).transpose()?.unwrap_or(false);
+                let kind = if name == "argmax" {
+                    ReduceKind::Max
+                } else {
+                    ReduceKind::Min
+                };
+                let ext = self.add(
+                    cx,
+                    Op::Reduce {
+                        kind,
+                        axes: vec![axis],
+                        keepdims: true,
+                    },
+                    &[x],
+                    span,
+                )?;
+                // The least index holding the extreme (the first).
+                let hit = self.cmp(cx, CmpOp::Eq, x, ext, span)?;
+                let n = ty.shape[axis];
+                let iota = self.iota(cx, n, axis, ty.rank(), DType::I64);
+                let past = self.k(cx, n as f64, DType::I64);
+                let idx = self.add(cx, Op::Select, &[hit, iota, past], span)?;
+                let r = self.add(
+                    cx,
+                    Op::Reduce {
+                        kind: ReduceKind::Min,
+                        axes: vec![axis],
+                        keepdims: keep,
+                    },
+                    &[idx],
+                    span,
+                )?;
+                t(r)
+            }
+            "one_hot" => {
+                let a = bind(f, args, &["indices", "depth", "dtype"], 2, span)?;
+                let ind = self.tensor(cx, req(&a, 0))?;
+                let ty = Self::ty(cx, ind);
+                if !ty.dtype.is_int() {
+                    return Err(Diagnostic::new(
+                        format!("one_hot needs integer indices, got {ty}"),
+                        req(&a, 0).span,
+                        "not an integer type",
+                    ));
+                }
+                let depth = const_int(req(&a, 1), &cx.dims)?;
+                if !(1..=1 << 20).contains(&depth) {
+                    return Err(Diagnostic::new(
+                        "one_hot: depth must be positive",
+                        req(&a, 1).span,
+                        "depth",
+                    ));
+                }
+                let dtype = a[2].map(dtype_arg).transpose()?.unwrap_or(DEFAULT_FLOAT);
+                let mut s = ty.shape.clone();
+                s.push(1);
+                let col = self.add(cx, Op::Reshape { shape: s }, &[ind], span)?;
+                let iota = self.iota(cx, depth as usize, 0, 1, ty.dtype);
+                let hit = self.cmp(cx, CmpOp::Eq, col, iota, span)?;
+                t(self.add(cx, Op::Cast { to: dtype }, &[hit], span)?)
+            }
+            "arange" => {
+                let a = bind(f, args, &["start", "end", "step", "dtype"], 2, span)?;
+                let (s0, fs) = const_float(req(&a, 0))?;
+                let (s1, fe) = const_float(req(&a, 1))?;
+                let (st, fst) = a[2].map(const_float).transpose()?.unwrap_or((1.0, false));
+                let dtype = match a[3] {
+                    Some(e) => dtype_arg(e)?,
+                    None => literal_dtype(fs || fe || fst),
+                };
+                let n = if st == 0.0 {
+                    0.0
+                } else {
+                    ((s1 - s0) / st).ceil()
+                };
+                if !(1.0..=(1u64 << 24) as f64).contains(&n) {
+                    return Err(Diagnostic::new(
+                        "arange: the range must hold 1 to 2^24 elements",
+                        span,
+                        "empty or too long",
+                    ));
+                }
+                let values = (0..n as usize)
+                    .map(|i| dtype.round(s0 + i as f64 * st))
+                    .collect();
+                Ok(EVal::Tensor(cx.f.add_op(
+                    Op::Constant(ConstValue::Dense(values)),
+                    &[],
+                    TensorType::new(dtype, vec![n as usize]),
+                )))
+            }
+            "tril" | "triu" => {
+                let a = bind(f, args, &["x", "k"], 1, span)?;
+                let x = self.tensor(cx, req(&a, 0))?;
+                let ty = Self::ty(cx, x);
+                if ty.rank() < 2 {
+                    return Err(Diagnostic::new(
+                        format!("{name} needs a matrix, got {ty}"),
+                        span,
+                        "rank < 2",
+                    ));
+                }
+                let k = a[1]
+                    .map(|e| const_int(e, &cx.dims))
+                    .transpose()?
+                    .unwrap_or(0);
+                let (rows, cols) = (ty.shape[ty.rank() - 2], ty.shape[ty.rank() - 1]);
+                let keep: Vec<f64> = (0..rows * cols)
+                    .map(|p| {
+                        let d = (p % cols) as i64 - (p / cols) as i64;
+                        f64::from(u8::from(if name == "tril" { d <= k } else { d >= k }))
+                    })
+                    .collect();
+                let mask = cx.f.add_op(
+                    Op::Constant(ConstValue::Dense(keep)),
+                    &[],
+                    TensorType::new(DType::Bool, vec![rows, cols]),
+                );
+                let zero = self.k(cx, 0.0, ty.dtype);
+                t(self.add(cx, Op::Select, &[mask, x, zero], span)?)
+            }
+            "global_avgpool" | "global_maxpool" => {
+                let a = bind(f, args, &["x"], 1, span)?;
+                let x = self.tensor(cx, req(&a, 0))?;
+                let ty = Self::ty(cx, x);
+                if ty.rank() < 3 {
+                    return Err(Diagnostic::new(
+                        format!("{name} needs N, C and spatial axes, got {ty}"),
+                        span,
+                        "rank < 3",
+                    ));
+                }
+                let kind = if name == "global_avgpool" {
+                    ReduceKind::Mean
+                } else {
+                    ReduceKind::Max
+                };
+                t(self.add(
+                    cx,
+                    Op::Reduce {
+                        kind,
+                        axes: (2..ty.rank()).collect(),
+                        keepdims: true,
+                    },
+                    &[x],
+                    span,
+                )?)
+            }
+            "gather" => {
+                let a = bind(f, args, &["x", "indices", "axis"], 2, span)?;
+                let x = self.tensor(cx, req(&a, 0))?;
+                let ind = self.tensor(cx, req(&a, 1))?;
+                let (ty, it) = (Self::ty(cx, x), Self::ty(cx, ind));
+                if !it.dtype.is_int() || !ty.dtype.is_numeric() {
+                    return Err(Diagnostic::new(
+                        format!("gather takes numbers and integer indices, got {ty} and {it}"),
+                        span,
+                        "types",
+                    ));
+                }
+                let axis = match a[2] {
+                    Some(e) => normalize_axis(const_int(e, &cx.dims)?, &ty, e.span)?,
+                    None => 0,
+                };
+                t(self.gather(cx, x, ind, axis, span)?)
+            }
+            _ => {
+                // dropout at inference: the identity.
+                let a = bind(f, args, &["x", "p"], 1, span)?;
+                if let Some(e) = a[1] {
+                    let (p, _) = const_float(e)?;
+                    if !(0.0..1.0).contains(&p) {
+                        return Err(Diagnostic::new("dropout: p must be in [0, 1)", e.span, "p"));
+                    }
+                }
+                t(self.tensor(cx, req(&a, 0))?)
+            }
+        }
+    }
+
+    /// A scalar constant of type `d`.
+    fn k(&mut self, cx: &mut FnCx, v: f64, d: DType) -> Value {
+        cx.f.add_op(
+            Op::Constant(ConstValue::Splat(d.round(v))),
+            &[],
+            TensorType::scalar(d),
+        )
+    }
+
+    fn bin(&mut self, cx: &mut FnCx, b: BinaryOp, x: Value, y: Value, span: Span) -> R<Value> {
+        self.add(cx, Op::Binary(b), &[x, y], span)
+    }
+
+    fn cmp(&mut self, cx: &mut FnCx, c: CmpOp, x: Value, y: Value, span: Span) -> R<Value> {
+        self.add(cx, Op::Compare(c), &[x, y], span)
+    }
+
+    /// `0, 1, .., n - 1` of type `d` along axis `axis` of a rank-`rank`
+    /// shape of ones.
+    fn iota(&mut self, cx: &mut FnCx, n: usize, axis: usize, rank: usize, d: DType) -> Value {
+        let mut shape = vec![1; rank];
+        shape[axis] = n;
+        cx.f.add_op(
+            Op::Constant(ConstValue::Dense((0..n).map(|i| i as f64).collect())),
+            &[],
+            TensorType::new(d, shape),
+        )
+    }
+
+    fn float_tensor(&mut self, cx: &mut FnCx, e: &Expr, what: &str) -> R<Value> {
+        let v = self.tensor(cx, e)?;
+        let ty = Self::ty(cx, v);
+        if !ty.dtype.is_float() {
+            return Err(Diagnostic::new(
+                format!("{what} needs a floating-point operand, got {ty}"),
+                e.span,
+                format!("{} is not a float type", ty.dtype),
+            ));
+        }
+        Ok(v)
+    }
+
+    fn bool_tensor(&mut self, cx: &mut FnCx, e: &Expr, what: &str) -> R<Value> {
+        let v = self.tensor(cx, e)?;
+        let ty = Self::ty(cx, v);
+        if ty.dtype != DType::Bool {
+            return Err(Diagnostic::new(
+                format!("{what} needs bool operands, got {ty}"),
+                e.span,
+                "not bool",
+            ));
+        }
+        Ok(v)
+    }
+
+    /// `max(min(x * alpha + beta, 1), 0)`.
+    fn hard_sigmoid(
+        &mut self,
+        cx: &mut FnCx,
+        x: Value,
+        alpha: Value,
+        beta: Value,
+        span: Span,
+    ) -> R<Value> {
+        let d = Self::ty(cx, x).dtype;
+        let v = self.bin(cx, BinaryOp::Mul, x, alpha, span)?;
+        let v = self.bin(cx, BinaryOp::Add, v, beta, span)?;
+        let one = self.k(cx, 1.0, d);
+        let v = self.bin(cx, BinaryOp::Min, v, one, span)?;
+        let zero = self.k(cx, 0.0, d);
+        self.bin(cx, BinaryOp::Max, v, zero, span)
+    }
+
+    /// `log(1 + e^x)`, as `max(x, 0) + log(1 + e^-|x|)` so it neither
+    /// overflows nor loses small values.
+    fn softplus(&mut self, cx: &mut FnCx, x: Value, span: Span) -> R<Value> {
+        let d = Self::ty(cx, x).dtype;
+        let pos = self.add(cx, Op::Unary(UnaryOp::Relu), &[x], span)?;
+        let ax = self.add(cx, Op::Unary(UnaryOp::Abs), &[x], span)?;
+        let nx = self.add(cx, Op::Unary(UnaryOp::Neg), &[ax], span)?;
+        let e = self.add(cx, Op::Unary(UnaryOp::Exp), &[nx], span)?;
+        let one = self.k(cx, 1.0, d);
+        let s = self.bin(cx, BinaryOp::Add, e, one, span)?;
+        let l = self.add(cx, Op::Unary(UnaryOp::Log), &[s], span)?;
+        self.bin(cx, BinaryOp::Add, pos, l, span)
+    }
+
+    /// A reduction computed with kept axes, reshaped to drop them unless
+    /// `keep`.
+    fn keep_or_drop(
+        &mut self,
+        cx: &mut FnCx,
+        v: Value,
+        ty: &TensorType,
+        axes: &[usize],
+        keep: bool,
+        span: Span,
+    ) -> R<Value> {
+        if keep {
+            return Ok(v);
+        }
+        let shape = (0..ty.rank())
+            .filter(|i| !axes.contains(i))
+            .map(|i| ty.shape[i])
+            .collect();
+        self.add(cx, Op::Reshape { shape }, &[v], span)
+    }
+
+    /// `x` gathered along `axis` at `indices` (negative ones count from
+    /// the end): a sum over the axis in which only the element whose
+    /// position equals the index is selected (an index out of range reads
+    /// zero).
+    fn gather(&mut self, cx: &mut FnCx, x: Value, ind: Value, axis: usize, span: Span) -> R<Value> {
+        let (ty, it) = (Self::ty(cx, x), Self::ty(cx, ind));
+        let n = ty.shape[axis];
+        let (pre, q, post) = (axis, it.rank(), ty.rank() - axis - 1);
+        // Indices normalized, then laid out as [1 x pre, Q.., 1, 1 x post].
+        let zero = self.k(cx, 0.0, it.dtype);
+        let neg = self.cmp(cx, CmpOp::Lt, ind, zero, span)?;
+        let ext = self.k(cx, n as f64, it.dtype);
+        let wrapped = self.bin(cx, BinaryOp::Add, ind, ext, span)?;
+        let ind = self.add(cx, Op::Select, &[neg, wrapped, ind], span)?;
+        let mut ishape = vec![1; pre];
+        ishape.extend(&it.shape);
+        ishape.push(1);
+        ishape.extend(vec![1; post]);
+        let ind = self.add(cx, Op::Reshape { shape: ishape }, &[ind], span)?;
+        // x as [pre.., 1 x Q, n, post..].
+        let mut xshape = ty.shape[..axis].to_vec();
+        xshape.extend(vec![1; q]);
+        xshape.extend(&ty.shape[axis..]);
+        let xv = self.add(cx, Op::Reshape { shape: xshape }, &[x], span)?;
+        let iota = self.iota(cx, n, pre + q, pre + q + 1 + post, it.dtype);
+        let hit = self.cmp(cx, CmpOp::Eq, ind, iota, span)?;
+        let zero = self.k(cx, 0.0, ty.dtype);
+        let picked = self.add(cx, Op::Select, &[hit, xv, zero], span)?;
+        self.add(
+            cx,
+            Op::Reduce {
+                kind: ReduceKind::Sum,
+                axes: vec![pre + q],
+                keepdims: false,
+            },
+            &[picked],
+            span,
+        )
+    }
+}
