@@ -313,17 +313,21 @@ pub const ELEMENT_TYPE_PROGRAMS: [&str; 6] = [
     "fn f(a: u8[4, 8], c: i8[4, 8], x: f64[4, 8], e: u32[4, 8]) -> (u8[8], u8[4], i8[8], i8[4], f64[4], f64[8], u32[8]) { return (max(a * 13, axis=0), min(a * 13, axis=1), min(c * 15, axis=0), max(c * 15, axis=1), sum(x, axis=1), mean(x, axis=0), min(e - 10, axis=0)); }",
 ];
 
-/// A program of the built-ins that are compositions of graph ops
+/// Programs of the built-ins that are compositions of graph ops
 /// (activations, logical operators, shape helpers, reductions, `argmax`,
-/// `gather` with run-time indices, `one_hot`, `arange`...).
-pub const COMPOSITE_PROGRAM: &str = "fn main(x: f32[3, 4], i: i64[5], b: bool[3, 4]) -> (f32[3, 4], f32[3, 4], bool[3, 4], f32[3, 4], f32[4, 3], i64[3], f32[5, 4], f32[3], f32[3, 4], f32[5, 6]) {  let a = leaky_relu(x, alpha=0.1) + elu(x) + softplus(x) + hardsigmoid(x) + hardswish(x) + mish(x) + clamp(x, -0.5, 0.5) + log1p(abs(x)) + expm1(x);  let c = log_softmax(x, axis=1) + tril(x, k=1) + triu(x) ;  let d = logical_or(logical_and(b, isnan(x)), logical_not(logical_xor(b, isinf(x))));  let (p, q) = split(x, [1, 3], axis=1);  let e = concat([q, p], axis=1) + expand(unsqueeze(l2_norm(x, axis=1), axis=1), [3, 4]);  let g = transpose(stack([x, x], axis=0), [0, 2, 1]);  let h = reshape(slice(g, axis=0, start=0, end=1), [4, 3]);  return (a, c, d, e, h, argmax(x, axis=1), gather(x, i, axis=0), logsumexp(x, axis=1) + variance(x, axis=1) + l1_norm(x, axis=1), dropout(x, p=0.1) * cast(one_hot(argmin(x, axis=1), 4), f32), cast(tile(one_hot(i - 2, 3), [1, 2]), f32) + arange(0.0, 6.0)); }";
+/// `gather` with run-time indices, `one_hot`, `arange`, `topk`, `cumsum`,
+/// `pad`, `conv1d`, pooling in 1-D, group and instance norms, `gemm`...).
+pub const COMPOSITE_PROGRAMS: [&str; 2] = [
+    "fn main(x: f32[3, 4], i: i64[5], b: bool[3, 4]) -> (f32[3, 4], f32[3, 4], bool[3, 4], f32[3, 4], f32[4, 3], i64[3], f32[5, 4], f32[3], f32[3, 4], f32[5, 6]) {  let a = leaky_relu(x, alpha=0.1) + elu(x) + softplus(x) + hardsigmoid(x) + hardswish(x) + mish(x) + clamp(x, -0.5, 0.5) + log1p(abs(x)) + expm1(x);  let c = log_softmax(x, axis=1) + tril(x, k=1) + triu(x) ;  let d = logical_or(logical_and(b, isnan(x)), logical_not(logical_xor(b, isinf(x))));  let (p, q) = split(x, [1, 3], axis=1);  let e = concat([q, p], axis=1) + expand(unsqueeze(l2_norm(x, axis=1), axis=1), [3, 4]);  let g = transpose(stack([x, x], axis=0), [0, 2, 1]);  let h = reshape(slice(g, axis=0, start=0, end=1), [4, 3]);  return (a, c, d, e, h, argmax(x, axis=1), gather(x, i, axis=0), logsumexp(x, axis=1) + variance(x, axis=1) + l1_norm(x, axis=1), dropout(x, p=0.1) * cast(one_hot(argmin(x, axis=1), 4), f32), cast(tile(one_hot(i - 2, 3), [1, 2]), f32) + arange(0.0, 6.0)); }",
+    "fn main(x: f32[2, 4, 6], w: f32[3, 4, 3], g: f32[4], b: f32[4], i: i64[2, 4, 2], m: f32[3, 5], n: f32[5, 3]) -> (f32[2, 3, 3], f32[2, 4, 3], f32[2, 4, 6], f32[2, 4, 6], f32[2, 4, 6], f32[3, 3], f32[2, 4, 2], i64[2, 4, 2], f32[2, 4, 2], f32[4, 7]) {  let (v, k) = topk(x, 2, axis=2);  return (conv1d(x, w, padding=1, stride=2), maxpool1d(x, 2) + avgpool1d(x, 2), cumsum(x, 2, reverse=true) + cumsum(x, 1, exclusive=true), group_norm(x, 2, g, b), instance_norm(x, g, b, eps=0.001), gemm(m, n, m @ n, alpha=0.5, beta=2.0) + gemm(n, m, trans_a=true, trans_b=true), v, k, gather_elements(x, i, axis=2), pad(reshape(slice(x, axis=0, start=0, end=1), [4, 6]), [0, 0, 0, 1], value=-1.0)); }",
+];
 
-/// Runs the [`ELEMENT_TYPE_PROGRAMS`] and the [`COMPOSITE_PROGRAM`] with
+/// Runs the [`ELEMENT_TYPE_PROGRAMS`] and the [`COMPOSITE_PROGRAMS`] with
 /// `run` on random inputs: every result must pass `--check` against the
 /// graph interpreter at its own type's tolerance (integers exactly).
 /// Panics otherwise.
 pub fn check_element_types(run: &Runner) {
-    for src in ELEMENT_TYPE_PROGRAMS.iter().chain([&COMPOSITE_PROGRAM]) {
+    for src in ELEMENT_TYPE_PROGRAMS.iter().chain(&COMPOSITE_PROGRAMS) {
         let mut m = dlc_driver::compile_source(&dlc_driver::SourceText {
             name: "t.dl".into(),
             text: src.to_string(),

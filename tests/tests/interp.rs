@@ -801,3 +801,82 @@ fn composite_shapes_reductions_and_indices() {
     .unwrap_err();
     assert!(err.to_string().contains("has extent 2, not 1"), "{err}");
 }
+
+#[test]
+fn composite_windows_running_sums_and_selections() {
+    let v = || f32t(&[1, 1, 4], &[1.0, 3.0, 2.0, 5.0]);
+    // A 1-D convolution with taps (1, 1), padded by one on each side.
+    let w = f32t(&[1, 1, 2], &[1.0, 1.0]);
+    expect(
+        "fn f(x: f32[1, 1, 4], w: f32[1, 1, 2]) -> f32[1, 1, 5] { return conv1d(x, w, padding=1); }",
+        &[v(), w],
+        &[1, 1, 5],
+        &[1.0, 4.0, 5.0, 7.0, 5.0],
+    );
+    expect(
+        "fn f(x: f32[1, 1, 4]) -> f32[1, 1, 2] { return maxpool1d(x, 2); }",
+        &[v()],
+        &[1, 1, 2],
+        &[3.0, 5.0],
+    );
+    let r = |e: &str| format!("fn f(x: f32[1, 1, 4]) -> f32[1, 1, 4] {{ return {e}; }}");
+    expect(
+        &r("cumsum(x, 2)"),
+        &[v()],
+        &[1, 1, 4],
+        &[1.0, 4.0, 6.0, 11.0],
+    );
+    expect(
+        &r("cumsum(x, 2, exclusive=true, reverse=true)"),
+        &[v()],
+        &[1, 1, 4],
+        &[10.0, 7.0, 5.0, 0.0],
+    );
+    expect(
+        "fn f(x: f32[1, 1, 4]) -> f32[1, 2, 5] { return pad(x, [0, 0, 1, 0, 0, 1], value=9.0); }",
+        &[v()],
+        &[1, 2, 5],
+        &[9.0, 9.0, 9.0, 9.0, 9.0, 1.0, 3.0, 2.0, 5.0, 9.0],
+    );
+    let out = eval(
+        "fn f(x: f32[1, 1, 4]) -> (f32[1, 1, 2], i64[1, 1, 2]) { return topk(x, 2); }",
+        &[v()],
+    )
+    .unwrap();
+    assert_eq!(out[0].data, [5.0, 3.0]);
+    assert_eq!(out[1].data, [3.0, 1.0]);
+    let out = eval(
+        "fn f(x: f32[1, 1, 4]) -> (f32[1, 1, 2], i64[1, 1, 2]) { return topk(x, 2, largest=false); }",
+        &[v()],
+    )
+    .unwrap();
+    assert_eq!(out[0].data, [1.0, 2.0]);
+    assert_eq!(out[1].data, [0.0, 2.0]);
+    let i = t(DType::I64, &[1, 1, 3], &[3.0, -4.0, 1.0]);
+    expect(
+        "fn f(x: f32[1, 1, 4], i: i64[1, 1, 3]) -> f32[1, 1, 3] { return gather_elements(x, i, axis=2); }",
+        &[v(), i],
+        &[1, 1, 3],
+        &[5.0, 1.0, 3.0],
+    );
+    // gemm: 0.5 * a^T b + 2 c
+    let a = f32t(&[2, 1], &[1.0, 2.0]);
+    let b = f32t(&[2, 1], &[3.0, 4.0]);
+    let c = f32t(&[1, 1], &[1.0]);
+    expect(
+        "fn f(a: f32[2, 1], b: f32[2, 1], c: f32[1, 1]) -> f32[1, 1] { return gemm(a, b, c, alpha=0.5, beta=2.0, trans_a=true); }",
+        &[a, b, c],
+        &[1, 1],
+        &[7.5],
+    );
+    // Each group (two channels of two elements) normalized on its own.
+    let x = f32t(&[1, 4, 2], &[1.0, 3.0, 1.0, 3.0, 0.0, 4.0, 0.0, 4.0]);
+    let ones = f32t(&[4], &[1.0; 4]);
+    let zeros = f32t(&[4], &[0.0; 4]);
+    expect(
+        "fn f(x: f32[1, 4, 2], g: f32[4], b: f32[4]) -> f32[1, 4, 2] { return group_norm(x, 2, g, b, eps=0.0); }",
+        &[x, ones, zeros],
+        &[1, 4, 2],
+        &[-1.0, 1.0, -1.0, 1.0, -1.0, 1.0, -1.0, 1.0],
+    );
+}

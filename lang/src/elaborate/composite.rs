@@ -8,7 +8,17 @@
 use super::*;
 
 /// The built-ins this module defines.
-pub(super) const COMPOSITES: [&str; 38] = [
+pub(super) const COMPOSITES: [&str; 48] = [
+    "pad",
+    "cumsum",
+    "group_norm",
+    "instance_norm",
+    "gemm",
+    "conv1d",
+    "maxpool1d",
+    "avgpool1d",
+    "topk",
+    "gather_elements",
     "leaky_relu",
     "elu",
     "softplus",
@@ -614,6 +624,425 @@ impl Elab<'_> {
                         keepdims: true,
                     },
                     &[x],
+                    span,
+                )?)
+            }
+            "pad" => {
+                let a = bind(f, args, &["x", "pads", "value"], 2, span)?;
+                let x = self.tensor(cx, req(&a, 0))?;
+                let ty = Self::ty(cx, x);
+                let pads = const_ints(req(&a, 1), &cx.dims)?;
+                if pads.len() != 2 * ty.rank()
+                    || pads.iter().any(|(v, _)| !(0..=1 << 20).contains(v))
+                {
+                    return Err(Diagnostic::new(
+                        format!(
+                            "pad: one (before, after) pair of non-negative counts per axis of {ty}"
+                        ),
+                        req(&a, 1).span,
+                        format!("expected {} counts", 2 * ty.rank()),
+                    ));
+                }
+                let value = match a[2] {
+                    Some(e) => {
+                        let (v, fl) = const_float(e)?;
+                        if fl && !ty.dtype.is_float() {
+                            return Err(Diagnostic::new(
+                                format!("the number `{v}` cannot be a {}", ty.dtype),
+                                e.span,
+                                "type mismatch",
+                            ));
+                        }
+                        v
+                    }
+                    None => 0.0,
+                };
+                let mut v = x;
+                let mut shape = ty.shape.clone();
+                for axis in 0..ty.rank() {
+                    let (before, after) =
+                        (pads[2 * axis].0 as usize, pads[2 * axis + 1].0 as usize);
+                    let mut parts = Vec::new();
+                    for (n, at_end) in [(before, false), (after, true)] {
+                        if n > 0 {
+                            let mut s = shape.clone();
+                            s[axis] = n;
+                            let c = cx.f.add_op(
+                                Op::Constant(ConstValue::Splat(ty.dtype.round(value))),
+                                &[],
+                                TensorType::new(ty.dtype, s),
+                            );
+                            parts.push((at_end, c));
+                        }
+                    }
+                    if parts.is_empty() {
+                        continue;
+                    }
+                    let mut ins: Vec<Value> = parts.iter().filter(|p| !p.0).map(|p| p.1).collect();
+                    ins.push(v);
+                    ins.extend(parts.iter().filter(|p| p.0).map(|p| p.1));
+                    v = self.add(cx, Op::Concat { axis }, &ins, span)?;
+                    shape[axis] += before + after;
+                }
+                t(v)
+            }
+            "cumsum" => {
+                let a = bind(f, args, &["x", "axis", "exclusive", "reverse"], 2, span)?;
+                let x = self.tensor(cx, req(&a, 0))?;
+                let ty = Self::ty(cx, x);
+                if !ty.dtype.is_numeric() {
+                    return Err(Diagnostic::new("cumsum of bool", span, "not numeric"));
+                }
+                let e = req(&a, 1);
+                let axis = normalize_axis(const_int(e, &cx.dims)?, &ty, e.span)?;
+                let excl = a[2].map(const_bool).transpose()?.unwrap_or(false);
+                let rev = a[3].map(const_bool).transpose()?.unwrap_or(false);
+                let n = ty.shape[axis];
+                if n > 4096 {
+                    return Err(Diagnostic::new(
+                        "cumsum over more than 4096 elements",
+                        span,
+                        "too long",
+                    ));
+                }
+                // x as [.., n (k), 1, ..] against a mask [n (k), n (i)] of the k
+                // each position i sums, a where (so an infinity outside a
+                // prefix stays out), summed over k.
+                let mut xs = ty.shape.clone();
+                xs.insert(axis + 1, 1);
+                let xv = self.add(cx, Op::Reshape { shape: xs }, &[x], span)?;
+                let keep: Vec<f64> = (0..n * n)
+                    .map(|p| {
+                        let (k, i) = (p / n, p % n);
+                        f64::from(u8::from(match (rev, excl) {
+                            (false, false) => k <= i,
+                            (false, true) => k < i,
+                            (true, false) => k >= i,
+                            (true, true) => k > i,
+                        }))
+                    })
+                    .collect();
+                let mut ms = vec![1; ty.rank() + 1];
+                ms[axis] = n;
+                ms[axis + 1] = n;
+                let mask = cx.f.add_op(
+                    Op::Constant(ConstValue::Dense(keep)),
+                    &[],
+                    TensorType::new(DType::Bool, ms),
+                );
+                let zero = self.k(cx, 0.0, ty.dtype);
+                let picked = self.add(cx, Op::Select, &[mask, xv, zero], span)?;
+                t(self.add(
+                    cx,
+                    Op::Reduce {
+                        kind: ReduceKind::Sum,
+                        axes: vec![axis],
+                        keepdims: false,
+                    },
+                    &[picked],
+                    span,
+                )?)
+            }
+            "group_norm" | "instance_norm" => {
+                let params: &[&str] = if name == "group_norm" {
+                    &["x", "groups", "gamma", "beta", "eps"]
+                } else {
+                    &["x", "gamma", "beta", "eps"]
+                };
+                let a = bind(f, args, params, params.len() - 1, span)?;
+                let x = self.float_tensor(cx, req(&a, 0), name)?;
+                let ty = Self::ty(cx, x);
+                if ty.rank() < 3 {
+                    return Err(Diagnostic::new(
+                        format!("{name} needs N, C and spatial axes, got {ty}"),
+                        span,
+                        "rank < 3",
+                    ));
+                }
+                let c = ty.shape[1];
+                let off = usize::from(name == "group_norm");
+                let g = if name == "group_norm" {
+                    const_int(req(&a, 1), &cx.dims)?
+                } else {
+                    c as i64
+                };
+                if g < 1 || c % g as usize != 0 {
+                    return Err(Diagnostic::new(
+                        format!("{name}: {g} groups do not divide {c} channels"),
+                        span,
+                        "groups",
+                    ));
+                }
+                let eps = a[3 + off]
+                    .map(const_float)
+                    .transpose()?
+                    .map_or(1e-5, |(v, _)| v);
+                let per: usize = ty.shape[1..].iter().product::<usize>() / g as usize;
+                let grouped = self.add(
+                    cx,
+                    Op::Reshape {
+                        shape: vec![ty.shape[0], g as usize, per],
+                    },
+                    &[x],
+                    span,
+                )?;
+                let normed =
+                    self.add(cx, Op::LayerNorm { axes: vec![2], eps }, &[grouped], span)?;
+                let v = self.add(
+                    cx,
+                    Op::Reshape {
+                        shape: ty.shape.clone(),
+                    },
+                    &[normed],
+                    span,
+                )?;
+                let mut cs = vec![c];
+                cs.extend(vec![1; ty.rank() - 2]);
+                let gamma = self.tensor(cx, req(&a, 1 + off))?;
+                let beta = self.tensor(cx, req(&a, 2 + off))?;
+                let gamma = self.add(cx, Op::Reshape { shape: cs.clone() }, &[gamma], span)?;
+                let beta = self.add(cx, Op::Reshape { shape: cs }, &[beta], span)?;
+                let v = self.bin(cx, BinaryOp::Mul, v, gamma, span)?;
+                t(self.bin(cx, BinaryOp::Add, v, beta, span)?)
+            }
+            "gemm" => {
+                let a = bind(
+                    f,
+                    args,
+                    &["a", "b", "c", "alpha", "beta", "trans_a", "trans_b"],
+                    2,
+                    span,
+                )?;
+                let mut x = self.tensor(cx, req(&a, 0))?;
+                let mut y = self.tensor(cx, req(&a, 1))?;
+                for (slot, v) in [(5, &mut x), (6, &mut y)] {
+                    if a[slot].map(const_bool).transpose()?.unwrap_or(false) {
+                        *v = self.add(cx, Op::Transpose { perm: vec![1, 0] }, &[*v], span)?;
+                    }
+                }
+                let mut p = self.add(cx, Op::MatMul, &[x, y], span)?;
+                let d = Self::ty(cx, p).dtype;
+                if let Some(e) = a[3] {
+                    let al = self.k(cx, const_float(e)?.0, d);
+                    p = self.bin(cx, BinaryOp::Mul, p, al, span)?;
+                }
+                if let Some(e) = a[2] {
+                    let mut c = self.tensor(cx, e)?;
+                    if let Some(be) = a[4] {
+                        let b = self.k(cx, const_float(be)?.0, d);
+                        c = self.bin(cx, BinaryOp::Mul, c, b, span)?;
+                    }
+                    p = self.bin(cx, BinaryOp::Add, p, c, span)?;
+                }
+                t(p)
+            }
+            "conv1d" | "maxpool1d" | "avgpool1d" => {
+                let conv = name == "conv1d";
+                let params: &[&str] = if conv {
+                    &["x", "w", "stride", "padding", "groups"]
+                } else {
+                    &["x", "kernel", "stride", "padding"]
+                };
+                let a = bind(f, args, params, 2, span)?;
+                let x = self.tensor(cx, req(&a, 0))?;
+                let ty = Self::ty(cx, x);
+                let [n, c, l] = ty.shape[..] else {
+                    return Err(Diagnostic::new(
+                        format!("{name} needs [N, C, L], got {ty}"),
+                        span,
+                        "rank",
+                    ));
+                };
+                let int = |e: Option<&Expr>, def: i64, dims: &HashMap<String, usize>| -> R<usize> {
+                    let v = e.map(|e| const_int(e, dims)).transpose()?.unwrap_or(def);
+                    if v < 0 {
+                        return Err(Diagnostic::new(
+                            format!("{name}: a negative count"),
+                            span,
+                            "negative",
+                        ));
+                    }
+                    Ok(v as usize)
+                };
+                let x2 = self.add(
+                    cx,
+                    Op::Reshape {
+                        shape: vec![n, c, 1, l],
+                    },
+                    &[x],
+                    span,
+                )?;
+                let (stride, padding) = (int(a[2], 1, &cx.dims)?, int(a[3], 0, &cx.dims)?);
+                let out = if conv {
+                    let w = self.tensor(cx, req(&a, 1))?;
+                    let wt = Self::ty(cx, w);
+                    let [o, ci, k] = wt.shape[..] else {
+                        return Err(Diagnostic::new(
+                            format!("conv1d needs weights [O, C, K], got {wt}"),
+                            span,
+                            "rank",
+                        ));
+                    };
+                    let w2 = self.add(
+                        cx,
+                        Op::Reshape {
+                            shape: vec![o, ci, 1, k],
+                        },
+                        &[w],
+                        span,
+                    )?;
+                    let groups = int(a[4], 1, &cx.dims)?;
+                    self.add(
+                        cx,
+                        Op::Conv2d {
+                            stride: [1, stride.max(1)],
+                            padding: [0, padding],
+                            groups,
+                        },
+                        &[x2, w2],
+                        span,
+                    )?
+                } else {
+                    let k = int(Some(req(&a, 1)), 1, &cx.dims)?;
+                    let kind = if name == "maxpool1d" {
+                        PoolKind::Max
+                    } else {
+                        PoolKind::Avg
+                    };
+                    let stride = if a[2].is_some() { stride } else { k };
+                    self.add(
+                        cx,
+                        Op::Pool2d {
+                            kind,
+                            kernel: [1, k],
+                            stride: [1, stride.max(1)],
+                            padding: [0, padding],
+                        },
+                        &[x2],
+                        span,
+                    )?
+                };
+                let ot = Self::ty(cx, out);
+                let shape = vec![ot.shape[0], ot.shape[1], ot.shape[3]];
+                t(self.add(cx, Op::Reshape { shape }, &[out], span)?)
+            }
+            "topk" => {
+                let a = bind(f, args, &["x", "k", "axis", "largest"], 2, span)?;
+                let x = self.tensor(cx, req(&a, 0))?;
+                let ty = Self::ty(cx, x);
+                if !ty.dtype.is_numeric() || ty.rank() == 0 {
+                    return Err(Diagnostic::new(
+                        format!("topk needs numbers, got {ty}"),
+                        span,
+                        "type",
+                    ));
+                }
+                let axis = match a[2] {
+                    Some(e) => normalize_axis(const_int(e, &cx.dims)?, &ty, e.span)?,
+                    None => ty.rank() - 1,
+                };
+                let n = ty.shape[axis];
+                let k = const_int(req(&a, 1), &cx.dims)?;
+                if k < 1 || k as usize > n.min(64) {
+                    return Err(Diagnostic::new(
+                        format!("topk: k must be 1 to {} here", n.min(64)),
+                        req(&a, 1).span,
+                        "k",
+                    ));
+                }
+                let largest = a[3].map(const_bool).transpose()?.unwrap_or(true);
+                let kind = if largest {
+                    ReduceKind::Max
+                } else {
+                    ReduceKind::Min
+                };
+                // What a taken element becomes, so it is never taken again.
+                let gone = match (ty.dtype.is_float(), largest) {
+                    (true, true) => f64::NEG_INFINITY,
+                    (true, false) => f64::INFINITY,
+                    (false, true) => ty.dtype.int_min().unwrap_or(0.0),
+                    (false, false) => ty.dtype.int_max().unwrap_or(0.0),
+                };
+                let gone = self.k(cx, gone, ty.dtype);
+                let iota = self.iota(cx, n, axis, ty.rank(), DType::I64);
+                let past = self.k(cx, n as f64, DType::I64);
+                let (mut vals, mut idxs, mut cur) = (Vec::new(), Vec::new(), x);
+                for _ in 0..k {
+                    let v = self.add(
+                        cx,
+                        Op::Reduce {
+                            kind,
+                            axes: vec![axis],
+                            keepdims: true,
+                        },
+                        &[cur],
+                        span,
+                    )?;
+                    let hit = self.cmp(cx, CmpOp::Eq, cur, v, span)?;
+                    let pos = self.add(cx, Op::Select, &[hit, iota, past], span)?;
+                    let i = self.add(
+                        cx,
+                        Op::Reduce {
+                            kind: ReduceKind::Min,
+                            axes: vec![axis],
+                            keepdims: true,
+                        },
+                        &[pos],
+                        span,
+                    )?;
+                    let taken = self.cmp(cx, CmpOp::Eq, iota, i, span)?;
+                    cur = self.add(cx, Op::Select, &[taken, gone, cur], span)?;
+                    vals.push(v);
+                    idxs.push(i);
+                }
+                let v = self.add(cx, Op::Concat { axis }, &vals, span)?;
+                let i = self.add(cx, Op::Concat { axis }, &idxs, span)?;
+                Ok(EVal::Tuple(vec![v, i]))
+            }
+            "gather_elements" => {
+                let a = bind(f, args, &["x", "indices", "axis"], 2, span)?;
+                let x = self.tensor(cx, req(&a, 0))?;
+                let ind = self.tensor(cx, req(&a, 1))?;
+                let (ty, it) = (Self::ty(cx, x), Self::ty(cx, ind));
+                let axis = match a[2] {
+                    Some(e) => normalize_axis(const_int(e, &cx.dims)?, &ty, e.span)?,
+                    None => 0,
+                };
+                let fits = it.rank() == ty.rank()
+                    && (0..ty.rank()).all(|i| i == axis || it.shape[i] == ty.shape[i]);
+                if !it.dtype.is_int() || !ty.dtype.is_numeric() || !fits {
+                    return Err(Diagnostic::new(
+                        format!("gather_elements: indices {it} do not fit {ty} along axis {axis}"),
+                        span,
+                        "indices",
+                    ));
+                }
+                let n = ty.shape[axis];
+                // x as [.., 1 (m), n, ..] and the indices as [.., m, 1, ..]:
+                // each output element sums the one x whose position matches.
+                let mut xs = ty.shape.clone();
+                xs.insert(axis, 1);
+                let xv = self.add(cx, Op::Reshape { shape: xs }, &[x], span)?;
+                let zero = self.k(cx, 0.0, it.dtype);
+                let neg = self.cmp(cx, CmpOp::Lt, ind, zero, span)?;
+                let ext = self.k(cx, n as f64, it.dtype);
+                let wrapped = self.bin(cx, BinaryOp::Add, ind, ext, span)?;
+                let ind = self.add(cx, Op::Select, &[neg, wrapped, ind], span)?;
+                let mut is = it.shape.clone();
+                is.insert(axis + 1, 1);
+                let iv = self.add(cx, Op::Reshape { shape: is }, &[ind], span)?;
+                let iota = self.iota(cx, n, axis + 1, ty.rank() + 1, it.dtype);
+                let hit = self.cmp(cx, CmpOp::Eq, iv, iota, span)?;
+                let zx = self.k(cx, 0.0, ty.dtype);
+                let picked = self.add(cx, Op::Select, &[hit, xv, zx], span)?;
+                t(self.add(
+                    cx,
+                    Op::Reduce {
+                        kind: ReduceKind::Sum,
+                        axes: vec![axis + 1],
+                        keepdims: false,
+                    },
+                    &[picked],
                     span,
                 )?)
             }
