@@ -143,6 +143,25 @@ fn numel(shape: &[usize]) -> usize {
 /// The most elements a value may have (dlc's own bound is lower still).
 const MAX_ELEMENTS: usize = 1 << 40;
 
+/// The attributes of a convolution (and of the integer convolutions
+/// written as one).
+const CONV_ATTRS: [&str; 6] = [
+    "auto_pad",
+    "dilations",
+    "group",
+    "kernel_shape",
+    "pads",
+    "strides",
+];
+
+/// The shape a per-filter parameter `[M]` of weights `[M, C, k...]` takes
+/// to broadcast over them: `[M, 1, 1, ...]`.
+fn per_filter(weights: &[usize]) -> Vec<usize> {
+    let mut s = vec![weights[0]];
+    s.extend(std::iter::repeat_n(1, weights.len() - 1));
+    s
+}
+
 /// An activation of a recurrent op: its expression applied to another.
 type Activation = Box<dyn Fn(&str) -> String>;
 
@@ -1498,18 +1517,7 @@ impl Importer {
     /// minus their zero points, exact in i32.
     fn integer_product(&mut self, cx: &Cx<'_>) -> R<()> {
         let conv = cx.op() == "ConvInteger";
-        let attrs: &[&str] = if conv {
-            &[
-                "auto_pad",
-                "dilations",
-                "group",
-                "kernel_shape",
-                "pads",
-                "strides",
-            ]
-        } else {
-            &[]
-        };
+        let attrs: &[&str] = if conv { &CONV_ATTRS } else { &[] };
         cx.allow(attrs)?;
         let (a, b) = (self.need(cx, 0)?, self.need(cx, 1)?);
         if a.shape.is_empty() || b.shape.is_empty() {
@@ -1522,13 +1530,7 @@ impl Importer {
         } else {
             vec![a.shape[a.shape.len() - 2], 1]
         };
-        let per_b: Vec<usize> = if conv {
-            let mut s = vec![b.shape[0]];
-            s.extend(std::iter::repeat_n(1, b.shape.len() - 1));
-            s
-        } else {
-            vec![]
-        };
+        let per_b: Vec<usize> = if conv { per_filter(&b.shape) } else { vec![] };
         let ea = self.centered(cx, 0, 2, &per_a)?;
         let eb = self.centered(cx, 1, 3, &per_b)?;
         self.rewrite(
@@ -1545,30 +1547,13 @@ impl Importer {
     /// plus the output's zero point, saturated to its type.
     fn qlinear_product(&mut self, cx: &Cx<'_>) -> R<()> {
         let conv = cx.op() == "QLinearConv";
-        let attrs: &[&str] = if conv {
-            &[
-                "auto_pad",
-                "dilations",
-                "group",
-                "kernel_shape",
-                "pads",
-                "strides",
-            ]
-        } else {
-            &[]
-        };
+        let attrs: &[&str] = if conv { &CONV_ATTRS } else { &[] };
         cx.allow(attrs)?;
         let (a, b) = (self.need(cx, 0)?, self.need(cx, 3)?);
         if a.shape.is_empty() || b.shape.is_empty() {
             return Err(cx.err("the operands must not be scalars"));
         }
-        let per_b: Vec<usize> = if conv {
-            let mut s = vec![b.shape[0]];
-            s.extend(std::iter::repeat_n(1, b.shape.len() - 1));
-            s
-        } else {
-            vec![]
-        };
+        let per_b: Vec<usize> = if conv { per_filter(&b.shape) } else { vec![] };
         let ea = self.centered(cx, 0, 2, &[])?;
         let eb = self.centered(cx, 3, 5, &per_b)?;
         let mut inputs = vec![ea, eb];
@@ -2728,14 +2713,7 @@ impl Importer {
     }
 
     fn conv(&mut self, cx: &Cx<'_>) -> R<()> {
-        cx.allow(&[
-            "auto_pad",
-            "dilations",
-            "group",
-            "kernel_shape",
-            "pads",
-            "strides",
-        ])?;
+        cx.allow(&CONV_ATTRS)?;
         let (x, w) = (self.need(cx, 0)?, self.need(cx, 1)?);
         // i32 for the integer convolutions written as this one.
         if x.dtype != DType::I32 {

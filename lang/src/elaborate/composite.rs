@@ -485,33 +485,9 @@ impl Elab<'_> {
                 } else {
                     ReduceKind::Min
                 };
-                let ext = self.add(
-                    cx,
-                    Op::Reduce {
-                        kind,
-                        axes: vec![axis],
-                        keepdims: true,
-                    },
-                    &[x],
-                    span,
-                )?;
-                // The least index holding the extreme (the first).
-                let hit = self.cmp(cx, CmpOp::Eq, x, ext, span)?;
-                let n = ty.shape[axis];
-                let iota = self.iota(cx, n, axis, ty.rank(), DType::I64);
-                let past = self.k(cx, n as f64, DType::I64);
-                let idx = self.add(cx, Op::Select, &[hit, iota, past], span)?;
-                let r = self.add(
-                    cx,
-                    Op::Reduce {
-                        kind: ReduceKind::Min,
-                        axes: vec![axis],
-                        keepdims: keep,
-                    },
-                    &[idx],
-                    span,
-                )?;
-                t(r)
+                let iota = self.iota(cx, ty.shape[axis], axis, ty.rank(), DType::I64);
+                let (_, idx) = self.first_extreme(cx, x, kind, axis, iota, span)?;
+                t(self.keep_or_drop(cx, idx, &ty, &[axis], keep, span)?)
             }
             "one_hot" => {
                 let a = bind(f, args, &["indices", "depth", "dtype"], 2, span)?;
@@ -965,31 +941,9 @@ impl Elab<'_> {
                 };
                 let gone = self.k(cx, gone, ty.dtype);
                 let iota = self.iota(cx, n, axis, ty.rank(), DType::I64);
-                let past = self.k(cx, n as f64, DType::I64);
                 let (mut vals, mut idxs, mut cur) = (Vec::new(), Vec::new(), x);
                 for _ in 0..k {
-                    let v = self.add(
-                        cx,
-                        Op::Reduce {
-                            kind,
-                            axes: vec![axis],
-                            keepdims: true,
-                        },
-                        &[cur],
-                        span,
-                    )?;
-                    let hit = self.cmp(cx, CmpOp::Eq, cur, v, span)?;
-                    let pos = self.add(cx, Op::Select, &[hit, iota, past], span)?;
-                    let i = self.add(
-                        cx,
-                        Op::Reduce {
-                            kind: ReduceKind::Min,
-                            axes: vec![axis],
-                            keepdims: true,
-                        },
-                        &[pos],
-                        span,
-                    )?;
+                    let (v, i) = self.first_extreme(cx, cur, kind, axis, iota, span)?;
                     let taken = self.cmp(cx, CmpOp::Eq, iota, i, span)?;
                     cur = self.add(cx, Op::Select, &[taken, gone, cur], span)?;
                     vals.push(v);
@@ -1076,6 +1030,32 @@ impl Elab<'_> {
                 t(self.tensor(cx, req(&a, 0))?)
             }
         }
+    }
+
+    /// The extreme (`kind` max or min) of `x` along `axis` and the index of
+    /// its first occurrence (i64; the least `iota` position holding it),
+    /// both with the axis kept.
+    fn first_extreme(
+        &mut self,
+        cx: &mut FnCx,
+        x: Value,
+        kind: ReduceKind,
+        axis: usize,
+        iota: Value,
+        span: Span,
+    ) -> R<(Value, Value)> {
+        let n = Self::ty(cx, x).shape[axis];
+        let reduce = |kind| Op::Reduce {
+            kind,
+            axes: vec![axis],
+            keepdims: true,
+        };
+        let ext = self.add(cx, reduce(kind), &[x], span)?;
+        let hit = self.cmp(cx, CmpOp::Eq, x, ext, span)?;
+        let past = self.k(cx, n as f64, DType::I64);
+        let pos = self.add(cx, Op::Select, &[hit, iota, past], span)?;
+        let idx = self.add(cx, reduce(ReduceKind::Min), &[pos], span)?;
+        Ok((ext, idx))
     }
 
     /// A scalar constant of type `d`.
