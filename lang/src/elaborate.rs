@@ -1032,6 +1032,26 @@ impl<'p> Elab<'p> {
         self.as_tensor(cx, v, e.span)
     }
 
+    /// A non-empty list of tensors, the first argument of `what`
+    /// (`concat([a, b], axis=0)`).
+    fn tensor_list(&mut self, cx: &mut FnCx, list: &Expr, what: &str) -> R<Vec<Value>> {
+        let ExprKind::List(items) = &list.kind else {
+            return Err(Diagnostic::new(
+                format!("{what} takes a list of tensors: `{what}([a, b], axis=0)`"),
+                list.span,
+                "not a list",
+            ));
+        };
+        if items.is_empty() {
+            return Err(Diagnostic::new(
+                format!("{what} needs at least one tensor"),
+                list.span,
+                "empty list",
+            ));
+        }
+        items.iter().map(|e| self.tensor(cx, e)).collect()
+    }
+
     fn ty(cx: &FnCx, v: Value) -> TensorType {
         cx.f.value_type(v).clone()
     }
@@ -1489,24 +1509,8 @@ impl<'p> Elab<'p> {
             }
             "concat" => {
                 let a = bind(f, args, &["tensors", "axis"], 1, span)?;
-                let list = req(&a, 0);
-                let ExprKind::List(items) = &list.kind else {
-                    return Err(Diagnostic::new(
-                        "concat takes a list of tensors: `concat([a, b], axis=0)`",
-                        list.span,
-                        "not a list",
-                    ));
-                };
-                let vals: Vec<Value> =
-                    items.iter().map(|e| self.tensor(cx, e)).collect::<R<_>>()?;
-                let Some(&first) = vals.first() else {
-                    return Err(Diagnostic::new(
-                        "concat needs at least one tensor",
-                        list.span,
-                        "empty list",
-                    ));
-                };
-                let ty = Self::ty(cx, first);
+                let vals = self.tensor_list(cx, req(&a, 0), "concat")?;
+                let ty = Self::ty(cx, vals[0]);
                 let (ax, s) = match a[1] {
                     Some(e) => (const_int(e, &cx.dims)?, e.span),
                     None => (0, span),

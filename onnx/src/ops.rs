@@ -154,6 +154,36 @@ const CONV_ATTRS: [&str; 6] = [
     "strides",
 ];
 
+/// `inner` where every coordinate `j` of index tuple `ind[q.., j]` equals
+/// `io{j}[pos(j)]` (in index notation), else `otherwise`.
+fn tuple_match(
+    qs: &[String],
+    m: usize,
+    pos: impl Fn(usize) -> String,
+    inner: String,
+    otherwise: &str,
+) -> String {
+    (0..m).rev().fold(inner, |acc, j| {
+        let mut at = qs.to_vec();
+        at.push(j.to_string());
+        format!(
+            "where(ind[{}] == io{j}[{}], {acc}, {otherwise})",
+            at.join(", "),
+            pos(j)
+        )
+    })
+}
+
+/// The attributes of `cx`'s node named in `keep`.
+fn kept_attributes(cx: &Cx<'_>, keep: &[&str]) -> Vec<AttributeProto> {
+    cx.node
+        .attribute
+        .iter()
+        .filter(|a| keep.contains(&a.name()))
+        .cloned()
+        .collect()
+}
+
 /// The shape a per-filter parameter `[M]` of weights `[M, C, k...]` takes
 /// to broadcast over them: `[M, 1, 1, ...]`.
 fn per_filter(weights: &[usize]) -> Vec<usize> {
@@ -484,16 +514,25 @@ impl Importer {
     /// own from [`Self::define`] included) with the same outputs and the
     /// attributes named in `keep`.
     fn rewrite(&mut self, cx: &Cx<'_>, op: &str, inputs: Vec<String>, keep: &[&str]) -> R<()> {
+        let attrs = kept_attributes(cx, keep);
+        self.translate_as(cx, op, inputs, cx.node.output.clone(), attrs)
+    }
+
+    /// Translates node `op` of `inputs` and `attrs` giving `outputs`, named
+    /// and placed as `cx`'s node, at the opset the importer implements.
+    fn translate_as(
+        &mut self,
+        cx: &Cx<'_>,
+        op: &str,
+        inputs: Vec<String>,
+        outputs: Vec<String>,
+        attrs: Vec<AttributeProto>,
+    ) -> R<()> {
         let node = NodeProto {
             op_type: Some(op.into()),
             input: inputs,
-            attribute: cx
-                .node
-                .attribute
-                .iter()
-                .filter(|a| keep.contains(&a.name()))
-                .cloned()
-                .collect(),
+            output: outputs,
+            attribute: attrs,
             ..cx.node.clone()
         };
         self.translate(&Cx {
@@ -512,18 +551,10 @@ impl Importer {
         inputs: Vec<String>,
         attrs: Vec<AttributeProto>,
     ) -> R<String> {
-        let out = format!("\u{0}{op}_{}", self.lines.len());
-        let node = NodeProto {
-            op_type: Some(op.into()),
-            input: inputs,
-            output: vec![out.clone()],
-            attribute: attrs,
-            ..cx.node.clone()
-        };
-        self.translate(&Cx {
-            node: &node,
-            opset: crate::MIN_OPSET.max(cx.opset),
-        })?;
+        // A fresh identifier: unique even when the node folds and writes
+        // no line.
+        let out = format!("\u{0}{}", self.fresh(op));
+        self.translate_as(cx, op, inputs, vec![out.clone()], attrs)?;
         Ok(out)
     }
 
@@ -1564,16 +1595,12 @@ impl Importer {
             inputs.push(cx.node.input[8].clone());
         }
         // The product, as a node of its own whose output is ours.
-        let product = format!("\u{0}product_{}", self.lines.len());
-        let node = NodeProto {
-            output: vec![product.clone()],
-            ..cx.node.clone()
-        };
-        let inner = Cx {
-            node: &node,
-            opset: cx.opset,
-        };
-        self.rewrite(&inner, if conv { "Conv" } else { "MatMul" }, inputs, attrs)?;
+        let product = self.sub_node(
+            cx,
+            if conv { "Conv" } else { "MatMul" },
+            inputs,
+            kept_attributes(cx, attrs),
+        )?;
         let p = self
             .vals
             .get(&product)
@@ -2362,25 +2389,6 @@ impl Importer {
         )
     }
 
-    /// Indices known only at run time, as i64 counted from the start (a
-    /// negative index counts from the end of an axis of `n`).
-    fn run_time_indices(&mut self, cx: &Cx<'_>, n: usize) -> R<String> {
-        let ind = self.need(cx, 1)?;
-        if !matches!(ind.dtype, DType::I32 | DType::I64) {
-            return Err(cx.err(format!("indices must be i32 or i64, got {}", ind.dtype)));
-        }
-        let ei = self.e(cx, 1)?;
-        let ei = if ind.dtype == DType::I64 {
-            ei
-        } else {
-            format!("cast({ei}, i64)")
-        };
-        let name = self.fresh("indices");
-        self.lines
-            .push(format!("let {name} = where({ei} < 0, {ei} + {n}, {ei});"));
-        Ok(name)
-    }
-
     /// Gather with run-time indices: each element is a sum over the axis
     /// in which only the indexed element is selected (exact: the others
     /// add zeros), in index notation against a constant iota. Its work is
@@ -2391,7 +2399,7 @@ impl Importer {
         }
         let ind = self.need(cx, 1)?;
         let n = x.shape[axis];
-        let idx = self.run_time_indices(cx, n)?;
+        let idx = self.indices_input(cx, 1, &[n])?;
         let iota = self.iota(&[n], 0, DType::I64);
         let (r, q) = (x.shape.len(), ind.shape.len());
         let mut shape = x.shape[..axis].to_vec();
@@ -2445,7 +2453,7 @@ impl Importer {
             return Err(cx.err("a gather of bool with run-time indices is not supported"));
         }
         let n = x.shape[axis];
-        let idx = self.run_time_indices(cx, n)?;
+        let idx = self.indices_input(cx, 1, &[n])?;
         let iota = self.iota(&[n], 0, DType::I64);
         // The data cut to the indices' extents on the other axes.
         let mut ex = self.e(cx, 0)?;
@@ -4795,6 +4803,19 @@ impl Importer {
         )
     }
 
+    /// Constant iotas over the axes an index tuple names (`extents`), and
+    /// the helper operator's parameters `io0: i64[..], ...` that take them.
+    fn tuple_iotas(&mut self, extents: &[usize]) -> (Vec<String>, Vec<String>) {
+        extents
+            .iter()
+            .enumerate()
+            .map(|(j, &n)| {
+                let iota = self.iota(&[n], 0, DType::I64);
+                (iota, format!("io{j}: {}", type_text(DType::I64, &[n])))
+            })
+            .unzip()
+    }
+
     /// `ScatterND`: an update slice goes where its index tuple (the last
     /// axis of the indices) names the leading coordinates of the output.
     fn scatter_nd(&mut self, cx: &Cx<'_>) -> R<()> {
@@ -4818,22 +4839,13 @@ impl Importer {
         }
         let dt = x.dtype;
         let ei = self.indices_input(cx, 1, &x.shape[..m])?;
-        let iotas: Vec<String> = (0..m)
-            .map(|a| self.iota(&[x.shape[a]], 0, DType::I64))
-            .collect();
+        let (iotas, io_params) = self.tuple_iotas(&x.shape[..m]);
         let o: Vec<String> = (0..r).map(|a| format!("i{a}")).collect();
         let qs: Vec<String> = (0..qr - 1).map(|a| format!("q{a}")).collect();
         let zero = literal(0.0, dt);
         // Every coordinate of index tuple q equal to the output's.
         let wrap = |inner: String, otherwise: &str| {
-            (0..m).rev().fold(inner, |acc, j| {
-                let mut at = qs.clone();
-                at.push(j.to_string());
-                format!(
-                    "where(ind[{}] == io{j}[i{j}], {acc}, {otherwise})",
-                    at.join(", ")
-                )
-            })
+            tuple_match(&qs, m, |j| format!("i{j}"), inner, otherwise)
         };
         let mut u_at = qs.clone();
         u_at.extend(o[m..].iter().cloned());
@@ -4865,9 +4877,6 @@ impl Importer {
             other => return Err(cx.err(format!("reduction `{other}` is not supported"))),
         };
         let name = self.fresh("scatter_nd");
-        let io_params: Vec<String> = (0..m)
-            .map(|j| format!("io{j}: {}", type_text(DType::I64, &[x.shape[j]])))
-            .collect();
         self.ops.push(format!(
             "op {name}(x: {xt}, ind: {it}, u: {ut}, m: {it_f}, {}) -> {xt} {{\n    out[{o_s}] = {body};\n}}",
             io_params.join(", "),
@@ -4913,9 +4922,7 @@ impl Importer {
         }
         let dt = x.dtype;
         let ei = self.indices_input(cx, 1, &x.shape[bd..bd + m])?;
-        let iotas: Vec<String> = (0..m)
-            .map(|j| self.iota(&[x.shape[bd + j]], 0, DType::I64))
-            .collect();
+        let (iotas, io_params) = self.tuple_iotas(&x.shape[bd..bd + m]);
         let mut shape = ind.shape[..qr - 1].to_vec();
         shape.extend(&x.shape[bd + m..]);
         let qs: Vec<String> = (0..qr - 1).map(|a| format!("q{a}")).collect();
@@ -4925,22 +4932,16 @@ impl Importer {
         x_at.extend(ks.iter().cloned());
         x_at.extend(rest.iter().cloned());
         let zero = literal(0.0, dt);
-        let body = (0..m)
-            .rev()
-            .fold(format!("x[{}]", x_at.join(", ")), |acc, j| {
-                let mut at = qs.clone();
-                at.push(j.to_string());
-                format!(
-                    "where(ind[{}] == io{j}[k{j}], {acc}, {zero})",
-                    at.join(", ")
-                )
-            });
+        let body = tuple_match(
+            &qs,
+            m,
+            |j| format!("k{j}"),
+            format!("x[{}]", x_at.join(", ")),
+            &zero,
+        );
         let mut o = qs.clone();
         o.extend(rest);
         let name = self.fresh("gather_nd");
-        let io_params: Vec<String> = (0..m)
-            .map(|j| format!("io{j}: {}", type_text(DType::I64, &[x.shape[bd + j]])))
-            .collect();
         self.ops.push(format!(
             "op {name}(x: {}, ind: {}, {}) -> {} {{\n    out[{}] = sum[{}]({body});\n}}",
             type_text(dt, &x.shape),

@@ -248,6 +248,23 @@ pub fn narrow_accumulation_cases() -> Vec<(String, f64, f64)> {
     cases
 }
 
+/// `src` compiled and run through the default pipeline; panics (naming
+/// the source) where either fails.
+fn optimized(src: &str) -> dlc_graph::Module {
+    let mut m = dlc_driver::compile_source(&dlc_driver::SourceText {
+        name: "t.dl".into(),
+        text: src.to_string(),
+    })
+    .unwrap_or_else(|e| panic!("{src}: {e}"));
+    dlc_driver::run_passes(
+        &mut m,
+        dlc_driver::DEFAULT_PIPELINE,
+        dlc_driver::PassOptions::default(),
+    )
+    .unwrap_or_else(|e| panic!("{src}: {e}"));
+    m
+}
+
 /// A way of running entry point `f` of a module on inputs.
 pub type Runner =
     dyn Fn(&dlc_graph::Module, &dlc_graph::Function, &[HostTensor]) -> Vec<HostTensor>;
@@ -258,17 +275,7 @@ pub type Runner =
 /// against the graph interpreter. Panics otherwise.
 pub fn check_narrow_accumulation(run: &Runner) {
     for (src, fill, exact) in narrow_accumulation_cases() {
-        let mut m = dlc_driver::compile_source(&dlc_driver::SourceText {
-            name: "t.dl".into(),
-            text: src.clone(),
-        })
-        .unwrap_or_else(|e| panic!("{e}"));
-        dlc_driver::run_passes(
-            &mut m,
-            dlc_driver::DEFAULT_PIPELINE,
-            dlc_driver::PassOptions::default(),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+        let m = optimized(&src[..]);
         let Some(f) = m.entry_points().next() else {
             panic!("{src}: no entry point");
         };
@@ -328,17 +335,7 @@ pub const COMPOSITE_PROGRAMS: [&str; 2] = [
 /// Panics otherwise.
 pub fn check_element_types(run: &Runner) {
     for src in ELEMENT_TYPE_PROGRAMS.iter().chain(&COMPOSITE_PROGRAMS) {
-        let mut m = dlc_driver::compile_source(&dlc_driver::SourceText {
-            name: "t.dl".into(),
-            text: src.to_string(),
-        })
-        .unwrap_or_else(|e| panic!("{src}: {e}"));
-        dlc_driver::run_passes(
-            &mut m,
-            dlc_driver::DEFAULT_PIPELINE,
-            dlc_driver::PassOptions::default(),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+        let m = optimized(&src[..]);
         let Some(f) = m.entry_points().next() else {
             panic!("{src}: no entry point");
         };

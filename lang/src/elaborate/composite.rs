@@ -59,6 +59,20 @@ pub(super) const COMPOSITES: [&str; 48] = [
     "dropout",
 ];
 
+/// Axis argument `e` of an operand of type `ty` (negative counts from the
+/// end), `default` when absent.
+fn axis_arg(
+    e: Option<&Expr>,
+    ty: &TensorType,
+    default: usize,
+    dims: &HashMap<String, usize>,
+) -> R<usize> {
+    match e {
+        Some(e) => normalize_axis(const_int(e, dims)?, ty, e.span),
+        None => Ok(default),
+    }
+}
+
 impl Elab<'_> {
     /// Built-in `f` when it is one of [`COMPOSITES`].
     pub(super) fn composite(
@@ -302,24 +316,8 @@ impl Elab<'_> {
             }
             "stack" => {
                 let a = bind(f, args, &["tensors", "axis"], 1, span)?;
-                let list = req(&a, 0);
-                let ExprKind::List(items) = &list.kind else {
-                    return Err(Diagnostic::new(
-                        "stack takes a list of tensors: `stack([a, b], axis=0)`",
-                        list.span,
-                        "not a list",
-                    ));
-                };
-                let vals: Vec<Value> =
-                    items.iter().map(|e| self.tensor(cx, e)).collect::<R<_>>()?;
-                let Some(&first) = vals.first() else {
-                    return Err(Diagnostic::new(
-                        "stack needs at least one tensor",
-                        list.span,
-                        "empty list",
-                    ));
-                };
-                let ty = Self::ty(cx, first);
+                let vals = self.tensor_list(cx, req(&a, 0), "stack")?;
+                let ty = Self::ty(cx, vals[0]);
                 let out = TensorType::new(ty.dtype, vec![1; ty.rank() + 1]);
                 let axis = match a[1] {
                     Some(e) => normalize_axis(const_int(e, &cx.dims)?, &out, e.span)?,
@@ -344,10 +342,7 @@ impl Elab<'_> {
                 let a = bind(f, args, &["x", "sizes", "axis"], 2, span)?;
                 let x = self.tensor(cx, req(&a, 0))?;
                 let ty = Self::ty(cx, x);
-                let axis = match a[2] {
-                    Some(e) => normalize_axis(const_int(e, &cx.dims)?, &ty, e.span)?,
-                    None => 0,
-                };
+                let axis = axis_arg(a[2], &ty, 0, &cx.dims)?;
                 let sizes = const_ints(req(&a, 1), &cx.dims)?;
                 let total: i64 = sizes.iter().map(|(v, _)| *v).sum();
                 if sizes.iter().any(|(v, _)| *v < 1) || total != ty.shape[axis] as i64 {
@@ -706,18 +701,7 @@ impl Elab<'_> {
                     &[],
                     TensorType::new(DType::Bool, ms),
                 );
-                let zero = self.k(cx, 0.0, ty.dtype);
-                let picked = self.add(cx, Op::Select, &[mask, xv, zero], span)?;
-                t(self.add(
-                    cx,
-                    Op::Reduce {
-                        kind: ReduceKind::Sum,
-                        axes: vec![axis],
-                        keepdims: false,
-                    },
-                    &[picked],
-                    span,
-                )?)
+                t(self.masked_sum(cx, mask, xv, axis, span)?)
             }
             "group_norm" | "instance_norm" => {
                 let params: &[&str] = if name == "group_norm" {
@@ -913,10 +897,7 @@ impl Elab<'_> {
                         "type",
                     ));
                 }
-                let axis = match a[2] {
-                    Some(e) => normalize_axis(const_int(e, &cx.dims)?, &ty, e.span)?,
-                    None => ty.rank() - 1,
-                };
+                let axis = axis_arg(a[2], &ty, ty.rank() - 1, &cx.dims)?;
                 let n = ty.shape[axis];
                 let k = const_int(req(&a, 1), &cx.dims)?;
                 if k < 1 || k as usize > n.min(64) {
@@ -958,10 +939,7 @@ impl Elab<'_> {
                 let x = self.tensor(cx, req(&a, 0))?;
                 let ind = self.tensor(cx, req(&a, 1))?;
                 let (ty, it) = (Self::ty(cx, x), Self::ty(cx, ind));
-                let axis = match a[2] {
-                    Some(e) => normalize_axis(const_int(e, &cx.dims)?, &ty, e.span)?,
-                    None => 0,
-                };
+                let axis = axis_arg(a[2], &ty, 0, &cx.dims)?;
                 let fits = it.rank() == ty.rank()
                     && (0..ty.rank()).all(|i| i == axis || it.shape[i] == ty.shape[i]);
                 if !it.dtype.is_int() || !ty.dtype.is_numeric() || !fits {
@@ -977,28 +955,13 @@ impl Elab<'_> {
                 let mut xs = ty.shape.clone();
                 xs.insert(axis, 1);
                 let xv = self.add(cx, Op::Reshape { shape: xs }, &[x], span)?;
-                let zero = self.k(cx, 0.0, it.dtype);
-                let neg = self.cmp(cx, CmpOp::Lt, ind, zero, span)?;
-                let ext = self.k(cx, n as f64, it.dtype);
-                let wrapped = self.bin(cx, BinaryOp::Add, ind, ext, span)?;
-                let ind = self.add(cx, Op::Select, &[neg, wrapped, ind], span)?;
+                let ind = self.counted_from_end(cx, ind, n, span)?;
                 let mut is = it.shape.clone();
                 is.insert(axis + 1, 1);
                 let iv = self.add(cx, Op::Reshape { shape: is }, &[ind], span)?;
                 let iota = self.iota(cx, n, axis + 1, ty.rank() + 1, it.dtype);
                 let hit = self.cmp(cx, CmpOp::Eq, iv, iota, span)?;
-                let zx = self.k(cx, 0.0, ty.dtype);
-                let picked = self.add(cx, Op::Select, &[hit, xv, zx], span)?;
-                t(self.add(
-                    cx,
-                    Op::Reduce {
-                        kind: ReduceKind::Sum,
-                        axes: vec![axis + 1],
-                        keepdims: false,
-                    },
-                    &[picked],
-                    span,
-                )?)
+                t(self.masked_sum(cx, hit, xv, axis + 1, span)?)
             }
             "gather" => {
                 let a = bind(f, args, &["x", "indices", "axis"], 2, span)?;
@@ -1012,10 +975,7 @@ impl Elab<'_> {
                         "types",
                     ));
                 }
-                let axis = match a[2] {
-                    Some(e) => normalize_axis(const_int(e, &cx.dims)?, &ty, e.span)?,
-                    None => 0,
-                };
+                let axis = axis_arg(a[2], &ty, 0, &cx.dims)?;
                 t(self.gather(cx, x, ind, axis, span)?)
             }
             _ => {
@@ -1175,11 +1135,7 @@ impl Elab<'_> {
         let n = ty.shape[axis];
         let (pre, q, post) = (axis, it.rank(), ty.rank() - axis - 1);
         // Indices normalized, then laid out as [1 x pre, Q.., 1, 1 x post].
-        let zero = self.k(cx, 0.0, it.dtype);
-        let neg = self.cmp(cx, CmpOp::Lt, ind, zero, span)?;
-        let ext = self.k(cx, n as f64, it.dtype);
-        let wrapped = self.bin(cx, BinaryOp::Add, ind, ext, span)?;
-        let ind = self.add(cx, Op::Select, &[neg, wrapped, ind], span)?;
+        let ind = self.counted_from_end(cx, ind, n, span)?;
         let mut ishape = vec![1; pre];
         ishape.extend(&it.shape);
         ishape.push(1);
@@ -1192,17 +1148,41 @@ impl Elab<'_> {
         let xv = self.add(cx, Op::Reshape { shape: xshape }, &[x], span)?;
         let iota = self.iota(cx, n, pre + q, pre + q + 1 + post, it.dtype);
         let hit = self.cmp(cx, CmpOp::Eq, ind, iota, span)?;
-        let zero = self.k(cx, 0.0, ty.dtype);
-        let picked = self.add(cx, Op::Select, &[hit, xv, zero], span)?;
+        self.masked_sum(cx, hit, xv, pre + q, span)
+    }
+
+    /// The sum over `axis` of `x` where `keep` holds (a `where`, so an
+    /// infinity or NaN where it does not stays out), the axis dropped.
+    fn masked_sum(
+        &mut self,
+        cx: &mut FnCx,
+        keep: Value,
+        x: Value,
+        axis: usize,
+        span: Span,
+    ) -> R<Value> {
+        let zero = self.k(cx, 0.0, Self::ty(cx, x).dtype);
+        let picked = self.add(cx, Op::Select, &[keep, x, zero], span)?;
         self.add(
             cx,
             Op::Reduce {
                 kind: ReduceKind::Sum,
-                axes: vec![pre + q],
+                axes: vec![axis],
                 keepdims: false,
             },
             &[picked],
             span,
         )
+    }
+
+    /// Indices with the negative ones counted from the end of an axis of
+    /// extent `n`.
+    fn counted_from_end(&mut self, cx: &mut FnCx, ind: Value, n: usize, span: Span) -> R<Value> {
+        let d = Self::ty(cx, ind).dtype;
+        let zero = self.k(cx, 0.0, d);
+        let neg = self.cmp(cx, CmpOp::Lt, ind, zero, span)?;
+        let ext = self.k(cx, n as f64, d);
+        let wrapped = self.bin(cx, BinaryOp::Add, ind, ext, span)?;
+        self.add(cx, Op::Select, &[neg, wrapped, ind], span)
     }
 }
