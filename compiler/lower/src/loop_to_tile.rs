@@ -150,11 +150,18 @@ pub fn convert_module(m: &LModule, target: &TargetDesc) -> Result<Module, TileCo
 /// Converts every function of a verified loop module with the given
 /// schedule parameters (a target's, or a search's).
 pub fn convert_module_with(m: &LModule, params: &ScheduleParams) -> Result<Module, TileConvError> {
-    let functions = m
+    let mut functions: Vec<_> = m
         .functions
         .iter()
         .map(|f| Conv::new(f, params).function())
         .collect::<Result<_, _>>()?;
+    // A GPU runs each program on a block of threads: accesses of one
+    // buffer by different threads are ordered by barriers.
+    if params.stage_shared {
+        for f in &mut functions {
+            dlc_tile::transforms::insert_barriers(f);
+        }
+    }
     Ok(Module { functions })
 }
 

@@ -78,3 +78,6 @@ pub fn dce(f: &mut Function) -> usize {
         }
     }
 }
+
+pub mod barriers;
+pub use barriers::insert_barriers;
