@@ -2,12 +2,12 @@
 # Each installs what is missing first and is quick when nothing is.
 
 LLVM_PREFIX ?= /usr/lib/llvm-22
-DEBIAN_PACKAGES := llvm-22-dev libmlir-22-dev mlir-22-tools libpolly-22-dev libclang-22-dev zlib1g-dev libzstd-dev gcc binutils libgomp1
+DEBIAN_PACKAGES := llvm-22-dev libmlir-22-dev mlir-22-tools libpolly-22-dev libclang-22-dev zlib1g-dev libzstd-dev gcc binutils libgomp1 python3-venv
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CARGO ?= cargo
 EXAMPLE ?= examples/w2_mlp.dl
 
-.PHONY: all setup setup-test-tools setup-onnx run test lint fuzz-smoke bench bench-saturate \
+.PHONY: all setup setup-test-tools setup-cuda setup-onnx run test lint fuzz-smoke bench bench-saturate \
 	onnx-tests onnx-bench onnx-models clean
 
 all: test
@@ -16,16 +16,27 @@ all: test
 # code generator links LLVM, compiler/mlir links MLIR (melior, whose bindings
 # bindgen makes with libclang). gcc links shared libraries (--emit so) and the
 # C test program, binutils' ar writes static ones (--emit lib); libgomp is the
-# thread pool kernels run on.
+# thread pool kernels run on; python3-venv holds the pinned Python packages
+# (ptxas for the GPU tests, onnx and onnxruntime for the ONNX tools).
 setup:
 	@if [ ! -x $(LLVM_PREFIX)/bin/mlir-opt ] || [ ! -x $(LLVM_PREFIX)/bin/llvm-config ] || \
 	   [ ! -e $(LLVM_PREFIX)/lib/libclang.so ] || \
 	   ! command -v cc >/dev/null || ! command -v ar >/dev/null || \
+	   ! python3 -c 'import venv, ensurepip' 2>/dev/null || \
 	   ! /sbin/ldconfig -p | grep -q libgomp.so.1; then \
 		echo "installing $(DEBIAN_PACKAGES)"; \
 		$(SUDO) apt-get update -q && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q $(DEBIAN_PACKAGES); \
 	fi
+
+# NVIDIA's PTX assembler, which the GPU back end's tests run on every kernel
+# (no CUDA toolkit or GPU needed): the nvidia-cuda-nvcc-cu12 wheel in a
+# virtual environment under target/.
+CUDA_VENV := target/cuda-venv
+CUDA_PACKAGES := nvidia-cuda-nvcc-cu12==12.9.86
+setup-cuda: setup
+	@ls $(CUDA_VENV)/lib/python3*/site-packages/nvidia/cuda_nvcc/bin/ptxas >/dev/null 2>&1 || \
+		{ python3 -m venv $(CUDA_VENV) && $(CUDA_VENV)/bin/pip install -q $(CUDA_PACKAGES); }
 
 # The cargo tools the tests use.
 setup-test-tools:
@@ -46,7 +57,7 @@ lint:
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
 # The fuzz run goes first so that the test runner's summary closes the output.
-test: setup setup-test-tools lint
+test: setup setup-test-tools setup-cuda lint
 	$(MAKE) fuzz-smoke
 	$(CARGO) nextest run --workspace --locked --no-fail-fast
 

@@ -90,6 +90,80 @@ fn bytes_of(ty: &TensorType) -> Result<usize, RuntimeError> {
         .ok_or_else(|| RuntimeError::Arguments(format!("{ty} is too large")))
 }
 
+/// Checks `inputs` against `signature` (count, element types, shapes).
+pub fn check_inputs(signature: &Signature, inputs: &[HostTensor]) -> Result<(), RuntimeError> {
+    let name = &signature.name;
+    let params: Vec<_> = signature.inputs().collect();
+    if inputs.len() < params.len() {
+        let missing: Vec<String> = params[inputs.len()..]
+            .iter()
+            .map(|p| format!("`{}` ({})", p.name, p.ty))
+            .collect();
+        return Err(RuntimeError::Arguments(format!(
+            "`{name}` takes {} input(s), got {}: missing {}",
+            params.len(),
+            inputs.len(),
+            missing.join(", ")
+        )));
+    }
+    if inputs.len() > params.len() {
+        return Err(RuntimeError::Arguments(format!(
+            "`{name}` takes {} input(s), got {}",
+            params.len(),
+            inputs.len()
+        )));
+    }
+    for (p, t) in params.iter().zip(inputs) {
+        if p.ty.dtype != t.ty.dtype {
+            return Err(RuntimeError::Arguments(format!(
+                "`{name}`: input `{}` must have element type {}, got {} ({})",
+                p.name, p.ty.dtype, t.ty.dtype, t.ty
+            )));
+        }
+        if p.ty.shape != t.ty.shape {
+            return Err(RuntimeError::Arguments(format!(
+                "`{name}`: input `{}` must be {}, got {}",
+                p.name, p.ty, t.ty
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Checks `inputs` and lays out one buffer per parameter of `signature`:
+/// the inputs' bytes, and zeroed results.
+pub fn lay_out(
+    signature: &Signature,
+    inputs: &[HostTensor],
+) -> Result<Vec<AlignedBuffer>, RuntimeError> {
+    check_inputs(signature, inputs)?;
+    let mut buffers = Vec::with_capacity(signature.params.len());
+    let mut given = inputs.iter();
+    for p in &signature.params {
+        if p.output {
+            buffers.push(AlignedBuffer::zeroed(bytes_of(&p.ty)?));
+        } else if let Some(t) = given.next() {
+            buffers.push(AlignedBuffer::from_bytes(&t.to_le_bytes()));
+        }
+    }
+    Ok(buffers)
+}
+
+/// The results among `buffers` (one per parameter of `signature`), as
+/// tensors.
+pub fn results(
+    signature: &Signature,
+    buffers: &[AlignedBuffer],
+) -> Result<Vec<HostTensor>, RuntimeError> {
+    signature
+        .params
+        .iter()
+        .zip(buffers)
+        .filter(|(p, _)| p.output)
+        .map(|(p, b)| Ok(HostTensor::from_le_bytes(p.ty.clone(), b.bytes())?))
+        .collect()
+}
+
 impl<'a> Kernel<'a> {
     /// A kernel calling `entry`.
     ///
@@ -112,53 +186,9 @@ impl<'a> Kernel<'a> {
     /// Checks `inputs` against the signature (count, element types, shapes)
     /// and prepares the storage of a call: the inputs and zeroed results.
     pub fn bind(&self, inputs: &[HostTensor]) -> Result<BoundCall<'_, 'a>, RuntimeError> {
-        let name = &self.signature.name;
-        let params: Vec<_> = self.signature.inputs().collect();
-        if inputs.len() < params.len() {
-            let missing: Vec<String> = params[inputs.len()..]
-                .iter()
-                .map(|p| format!("`{}` ({})", p.name, p.ty))
-                .collect();
-            return Err(RuntimeError::Arguments(format!(
-                "`{name}` takes {} input(s), got {}: missing {}",
-                params.len(),
-                inputs.len(),
-                missing.join(", ")
-            )));
-        }
-        if inputs.len() > params.len() {
-            return Err(RuntimeError::Arguments(format!(
-                "`{name}` takes {} input(s), got {}",
-                params.len(),
-                inputs.len()
-            )));
-        }
-        for (p, t) in params.iter().zip(inputs) {
-            if p.ty.dtype != t.ty.dtype {
-                return Err(RuntimeError::Arguments(format!(
-                    "`{name}`: input `{}` must have element type {}, got {} ({})",
-                    p.name, p.ty.dtype, t.ty.dtype, t.ty
-                )));
-            }
-            if p.ty.shape != t.ty.shape {
-                return Err(RuntimeError::Arguments(format!(
-                    "`{name}`: input `{}` must be {}, got {}",
-                    p.name, p.ty, t.ty
-                )));
-            }
-        }
-        let mut buffers = Vec::with_capacity(self.signature.params.len());
-        let mut given = inputs.iter();
-        for p in &self.signature.params {
-            if p.output {
-                buffers.push(AlignedBuffer::zeroed(bytes_of(&p.ty)?));
-            } else if let Some(t) = given.next() {
-                buffers.push(AlignedBuffer::from_bytes(&t.to_le_bytes()));
-            }
-        }
         Ok(BoundCall {
             kernel: self,
-            buffers,
+            buffers: lay_out(&self.signature, inputs)?,
         })
     }
 
@@ -201,13 +231,6 @@ impl BoundCall<'_, '_> {
 
     /// The results of the last run (zeros before any).
     pub fn outputs(&self) -> Result<Vec<HostTensor>, RuntimeError> {
-        self.kernel
-            .signature
-            .params
-            .iter()
-            .zip(&self.buffers)
-            .filter(|(p, _)| p.output)
-            .map(|(p, b)| Ok(HostTensor::from_le_bytes(p.ty.clone(), b.bytes())?))
-            .collect()
+        results(&self.kernel.signature, &self.buffers)
     }
 }

@@ -21,6 +21,7 @@ pub mod abi;
 // unsafe blocks are confined to these two modules.
 #[allow(unsafe_code)]
 pub mod call;
+pub mod gpu;
 #[allow(unsafe_code)]
 mod library;
 mod tensor;

@@ -147,6 +147,59 @@ pub fn mlir_opt() -> Option<PathBuf> {
     None
 }
 
+/// NVIDIA's PTX assembler, from the `nvidia-cuda-nvcc-cu12` wheel that
+/// `make setup-cuda` installs under `target/cuda-venv` (or `DLC_PTXAS`).
+/// Outside CI a missing assembler skips the PTX checks with a printed
+/// reason; in CI (`CI` set) it is an error.
+pub fn ptxas() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("DLC_PTXAS") {
+        return Some(PathBuf::from(p));
+    }
+    let lib = repo_root().join("target/cuda-venv/lib");
+    if let Ok(entries) = std::fs::read_dir(&lib) {
+        for e in entries.flatten() {
+            let p = e.path().join("site-packages/nvidia/cuda_nvcc/bin/ptxas");
+            if p.exists() {
+                return Some(p);
+            }
+        }
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("ptxas is missing in CI; `make setup-cuda` installs it");
+    }
+    eprintln!("skipping the PTX assembly check: ptxas not found (run `make setup-cuda`)");
+    None
+}
+
+/// Assembles `ptx` for `arch` (`sm_90`) with `ptxas`; `Ok` holds what it
+/// says about each kernel (registers, spills, shared memory), `Err` its
+/// complaint.
+pub fn ptxas_accepts(ptxas: &Path, ptx: &str, arch: &str) -> Result<String, String> {
+    let dir = std::env::temp_dir().join(format!("dlc-ptxas-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let n = PTX_FILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let file = dir.join(format!("k{n}.ptx"));
+    std::fs::write(&file, ptx).map_err(|e| e.to_string())?;
+    let out = std::process::Command::new(ptxas)
+        .arg(format!("-arch={arch}"))
+        .arg("-v")
+        .arg(&file)
+        .arg("-o")
+        .arg(dir.join(format!("k{n}.cubin")))
+        .output()
+        .map_err(|e| format!("running {}: {e}", ptxas.display()))?;
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    let _ = std::fs::remove_file(&file);
+    let _ = std::fs::remove_file(dir.join(format!("k{n}.cubin")));
+    if out.status.success() {
+        Ok(said)
+    } else {
+        Err(said)
+    }
+}
+
+static PTX_FILES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// Runs `mlir-opt --allow-unregistered-dialect` on `text`; `Err` holds its
 /// complaint.
 pub fn mlir_parses(mlir_opt: &Path, text: &str) -> Result<(), String> {
@@ -483,6 +536,133 @@ pub fn generated_program_sized(choices: &[u32], tuple: bool, m: usize, n: usize)
     format!(
         "{HEADER}\nfn f(a: f32[{m}, {n}], b: f32[{n}, {m}], c: f32[{n}], s: f32) -> {ret_ty} {{\n{body}    return {ret};\n}}\n"
     )
+}
+
+// Programs the differential tests run on every execution path (the loop
+// and tile interpreters, the GPU emulator) against the graph interpreter,
+// by group.
+
+/// Element-wise operators, broadcasting, casts.
+pub const ELEMENT_WISE_PROGRAMS: &[&str] = &[
+    "fn f(x: f32[3, 4], b: f32[4], s: f32) -> f32[3, 4] { return gelu(tanh(x) * b - s) + sigmoid(-x) / (abs(x) + 1.0); }",
+    "fn f(x: f32[3, 4], y: f32[3, 1]) -> f32[3, 4] { return where(x > y, exp(x), pow(abs(y) + 0.5, 2.0)) + max(x, y) - min(x, 0.0) + rsqrt(abs(x) + 1.0) + log(sqrt(abs(x) + 1.0)); }",
+    "fn f(x: i32[2, 3], y: i32[3]) -> i32[2, 3] { return (x * 3 + y) / 4 - abs(x) + relu(y); }",
+    "fn f(x: f32[2, 3]) -> i32[2, 3] { return cast(x * 10.0, i32); }",
+];
+
+/// Transposes, reshapes, slices, concatenations, broadcasts, dense constants.
+pub const SHAPE_PROGRAMS: &[&str] = &[
+    "fn f(x: f32[2, 3, 4]) -> f32[4, 2, 3] { return transpose(x, [2, 0, 1]) * 2.0; }",
+    "fn f(x: f32[2, 6]) -> f32[3, 4] { return reshape(exp(x), [3, 4]) + 1.0; }",
+    "fn f(x: f32[2, 6]) -> f32[3, 4] { return reshape(exp(x), [3, 4]); }",
+    "fn f(x: f32[2, 6]) -> f32[12] { return reshape(x, [-1]); }",
+    "fn f(x: f32[4, 5]) -> f32[4, 2] { return slice(x, axis=1, start=1, end=3) - 1.0; }",
+    "fn f(a: f32[2, 3], b: f32[2, 2]) -> f32[2, 5] { return concat([relu(a), b * 2.0], axis=1); }",
+    "fn f(x: f32[3]) -> f32[2, 3] { return broadcast(x, [2, 3]); }",
+    "fn f(x: f32[2, 3]) -> (f32[3, 2], f32[2, 3], i64[2]) { let w = tensor([0.5, -1.0, 2.0, 0.25, 3.0, -0.75], [2, 3]); return (reshape(w, [3, 2]) * 2.0, x @ transpose(w) @ w, tensor([3, -4], [2])); }",
+    "fn f(x: f32[2]) -> f32[4] { return concat([x, zeros([1]), ones([1])]) * concat([ones([2]), full([2], 3.0)]); }",
+];
+
+/// Reductions, softmax, layernorm, batchnorm.
+pub const REDUCTION_PROGRAMS: &[&str] = &[
+    "fn f(x: f32[3, 4, 5]) -> (f32[3, 5], f32[1, 4, 1], f32, f32[3, 4]) { return (sum(x, axis=1), mean(x, axis=[0, 2], keepdims=true), max(x), min(x, axis=-1)); }",
+    "fn f(x: i32[3, 4]) -> (i32[3], i32[4]) { return (max(x, axis=1), min(x, axis=0)); }",
+    "fn f(x: f32[3, 4, 5]) -> (f32[3, 4, 5], f32[3, 4, 5]) { return (softmax(x, axis=1), layernorm(x, axis=[1, 2]) * 2.0 + 1.0); }",
+    "fn f(x: f32[2, 3, 4, 4], m: f32[3], v: f32[3], g: f32[3], b: f32[3]) -> f32[2, 3, 4, 4] { return relu(batchnorm(x, m, abs(v) + 0.5, g, b)); }",
+];
+
+/// Matrix products with epilogues, batches, vectors.
+pub const PRODUCT_PROGRAMS: &[&str] = &[
+    "fn f(x: f32[3, 5], w: f32[5, 4], b: f32[4]) -> f32[3, 4] { return relu(x @ w + b); }",
+    "fn f(a: f32[2, 1, 3, 4], b: f32[5, 4, 2]) -> f32[2, 5, 3, 2] { return a @ b; }",
+    "fn f(v: f32[4], m: f32[4, 3], w: f32[3]) -> (f32[3], f32) { return (v @ m, (v @ m) @ w); }",
+    "fn f(x: f32[3, 5], w: f32[5, 4], z: f32[6, 4]) -> f32[3, 4] { return x @ w + sum(z, axis=0); }",
+    "fn f(x: f32[3, 5], w: f32[5, 1], y: f32[3, 4]) -> f32[3, 4] { return (x @ w) * y; }",
+    "fn f(x: f32[3, 3]) -> f32[3, 3] { let p = x @ x; return p + transpose(p); }",
+    "fn f(a: f32[4, 6], b: f32[6, 4]) -> f32[6, 6] { return transpose(b @ a) * 2.0; }",
+    "fn f(x: f32[5, 5, 3]) -> f32[5, 5] { return exp(transpose(sum(x, axis=2), [1, 0])); }",
+];
+
+/// Direct convolutions and pooling.
+pub const POOLING_PROGRAMS: &[&str] = &[
+    "fn f(x: f32[2, 4, 6, 5], w: f32[6, 2, 3, 2]) -> f32[2, 6, 3, 6] { return relu(conv2d(x, w, stride=[2, 1], padding=[1, 1], groups=2)); }",
+    "fn f(x: f32[1, 2, 7, 6]) -> (f32[1, 2, 4, 3], f32[1, 2, 4, 3]) { return (maxpool2d(x, kernel=3, stride=2, padding=1), avgpool2d(x, kernel=3, stride=2, padding=1)); }",
+];
+
+/// Results that are parameters, views or repeated.
+pub const RESULT_PROGRAMS: &[&str] = &[
+    "fn f(x: f32[2, 3]) -> (f32[2, 3], f32[2, 3], f32[6], f32[2, 3]) { let y = exp(x); return (x, y, reshape(y, [6]), y); }",
+];
+
+/// W2, W4, W5, W6 and W7 at small sizes, written as the examples are.
+pub const WORKLOAD_PROGRAMS: &[&str] = &[
+    "fn mlp(x: f32[4, 8], w1: f32[8, 16], b1: f32[16], w2: f32[16, 8], b2: f32[8]) -> f32[4, 8] { return relu(x @ w1 + b1) @ w2 + b2; }",
+    "fn attention(q: f32[2, 6, 4], k: f32[2, 6, 4], v: f32[2, 6, 4]) -> f32[2, 6, 4] { return softmax(q @ transpose(k, [0, 2, 1]) / sqrt(4.0), axis=-1) @ v; }",
+    "fn layernorm_gelu(x: f32[5, 8], g: f32[8], b: f32[8]) -> f32[5, 8] { return gelu(layernorm(x) * g + b); }",
+    "
+fn heads[S](x: f32[S, 8]) -> f32[2, S, 4] { return transpose(reshape(x, [S, 2, 4]), [1, 0, 2]); }
+fn bert(x: f32[6, 8], wq: f32[8, 8], wk: f32[8, 8], wv: f32[8, 8], wo: f32[8, 8], w1: f32[8, 16], w2: f32[16, 8], g: f32[8], b: f32[8]) -> f32[6, 8] {
+    let p = softmax(heads(x @ wq) @ transpose(heads(x @ wk), [0, 2, 1]) / 2.0, axis=-1);
+    let ctx = reshape(transpose(p @ heads(x @ wv), [1, 0, 2]), [6, 8]);
+    let h1 = layernorm(ctx @ wo + x) * g + b;
+    return layernorm(gelu(h1 @ w1) @ w2 + h1) * g + b;
+}",
+    "
+fn cell[B, I, H](x: f32[B, I], h: f32[B, H], w_ih: f32[3 * H, I], w_hh: f32[3 * H, H], b_ih: f32[3 * H], b_hh: f32[3 * H]) -> f32[B, H] {
+    let gi = x @ transpose(w_ih) + b_ih;
+    let gh = h @ transpose(w_hh) + b_hh;
+    let r = sigmoid(slice(gi, axis=1, start=0, end=H) + slice(gh, axis=1, start=0, end=H));
+    let z = sigmoid(slice(gi, axis=1, start=H, end=2 * H) + slice(gh, axis=1, start=H, end=2 * H));
+    let n = tanh(slice(gi, axis=1, start=2 * H, end=3 * H) + r * slice(gh, axis=1, start=2 * H, end=3 * H));
+    return (1.0 - z) * n + z * h;
+}
+fn gru(x: f32[2, 3, 4], w_ih: f32[15, 4], w_hh: f32[15, 5], b_ih: f32[15], b_hh: f32[15]) -> f32[3, 5] {
+    let h0 = zeros([3, 5]);
+    let h1 = cell(reshape(slice(x, axis=0, start=0, end=1), [3, 4]), h0, w_ih, w_hh, b_ih, b_hh);
+    return cell(reshape(slice(x, axis=0, start=1, end=2), [3, 4]), h1, w_ih, w_hh, b_ih, b_hh);
+}",
+];
+
+/// User-defined operators in index notation.
+pub const USER_OPERATOR_PROGRAM: &str = "
+op matmul_t[M, N, K](a: f32[M, K], b: f32[N, K]) -> f32[M, N] {
+    out[i, j] = sum[k](a[i, k] * b[j, k]);
+}
+op row_softmax[M, N](x: f32[M, N]) -> f32[M, N] {
+    let m[i] = max[j](x[i, j]);
+    let e[i, j] = exp(x[i, j] - m[i]);
+    let s[i] = sum[j](e[i, j]);
+    out[i, j] = e[i, j] / s[i];
+}
+op conv3x3[N, C, H, W, O](img: f32[N, C, H, W], w: f32[O, C, 3, 3]) -> f32[N, O, H, W] {
+    out[n, o, y, x] = sum[c, ky, kx](img[n, c, y + ky - 1, x + kx - 1] * w[o, c, ky, kx]);
+}
+op misc[N](x: f32[N], k: i32[N]) -> f32[N] {
+    let c = 0.5;
+    out[i] = where(x[i] > 0.0, x[i + 1] * c, cast(k[i], f32)) + prod[j in 0..2](x[j] + 2.0) + min[j in -1..1](x[i + j]);
+}
+fn f(a: f32[3, 4], b: f32[2, 4], img: f32[1, 2, 4, 4], w: f32[3, 2, 3, 3], x: f32[5], k: i32[5])
+    -> (f32[3, 2], f32[3, 4], f32[1, 3, 4, 4], f32[5]) {
+    return (relu(matmul_t(a, b)) + 1.0, row_softmax(a), conv3x3(img, w), misc(x, k));
+}
+";
+
+/// Every differential program of the groups above.
+pub fn differential_programs() -> Vec<&'static str> {
+    let mut all: Vec<&'static str> = Vec::new();
+    for group in [
+        ELEMENT_WISE_PROGRAMS,
+        SHAPE_PROGRAMS,
+        REDUCTION_PROGRAMS,
+        PRODUCT_PROGRAMS,
+        POOLING_PROGRAMS,
+        RESULT_PROGRAMS,
+        WORKLOAD_PROGRAMS,
+    ] {
+        all.extend_from_slice(group);
+    }
+    all.push(USER_OPERATOR_PROGRAM);
+    all
 }
 
 #[cfg(test)]

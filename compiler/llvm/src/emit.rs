@@ -174,7 +174,7 @@ pub fn compile<'ctx, P: Program + ?Sized>(
 /// AVX512-BF16, and the libgcc of GCC 12 (Debian 12) has no such function:
 /// each module carries its own (weak, hidden: a real one wins), rounding to
 /// nearest even and keeping NaNs quiet.
-fn define_bf16_truncation<'ctx>(ctx: &'ctx Context, module: &Module<'ctx>) -> R<()> {
+pub(crate) fn define_bf16_truncation<'ctx>(ctx: &'ctx Context, module: &Module<'ctx>) -> R<()> {
     let (f32t, i32t) = (ctx.f32_type(), ctx.i32_type());
     let f = module.add_function(
         "__truncsfbf2",

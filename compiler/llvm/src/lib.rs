@@ -36,6 +36,8 @@
 mod abi;
 mod codegen;
 mod emit;
+#[allow(unsafe_code)]
+mod gpu;
 mod jit;
 mod target;
 
@@ -44,6 +46,7 @@ pub use emit::{
     Compiled, Llvm, Program, compile, emit_llvm_ir, emit_native, emit_shared_library,
     emit_static_library,
 };
+pub use gpu::{Emulator, compile_gpu, emulate};
 pub use jit::{Jit, jit};
 
 use inkwell::builder::BuilderError;

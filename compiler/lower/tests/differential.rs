@@ -140,71 +140,30 @@ fn agree(src: &str) {
 
 #[test]
 fn element_wise_and_broadcasting() {
-    agree(
-        "fn f(x: f32[3, 4], b: f32[4], s: f32) -> f32[3, 4] { return gelu(tanh(x) * b - s) + sigmoid(-x) / (abs(x) + 1.0); }",
-    );
-    agree(
-        "fn f(x: f32[3, 4], y: f32[3, 1]) -> f32[3, 4] { return where(x > y, exp(x), pow(abs(y) + 0.5, 2.0)) + max(x, y) - min(x, 0.0) + rsqrt(abs(x) + 1.0) + log(sqrt(abs(x) + 1.0)); }",
-    );
-    agree(
-        "fn f(x: i32[2, 3], y: i32[3]) -> i32[2, 3] { return (x * 3 + y) / 4 - abs(x) + relu(y); }",
-    );
-    agree("fn f(x: f32[2, 3]) -> i32[2, 3] { return cast(x * 10.0, i32); }");
+    for src in dlc_tests::ELEMENT_WISE_PROGRAMS {
+        agree(src);
+    }
 }
 
 #[test]
 fn shape_operators() {
-    agree("fn f(x: f32[2, 3, 4]) -> f32[4, 2, 3] { return transpose(x, [2, 0, 1]) * 2.0; }");
-    agree("fn f(x: f32[2, 6]) -> f32[3, 4] { return reshape(exp(x), [3, 4]) + 1.0; }");
-    agree("fn f(x: f32[2, 6]) -> f32[3, 4] { return reshape(exp(x), [3, 4]); }");
-    agree("fn f(x: f32[2, 6]) -> f32[12] { return reshape(x, [-1]); }");
-    agree("fn f(x: f32[4, 5]) -> f32[4, 2] { return slice(x, axis=1, start=1, end=3) - 1.0; }");
-    agree(
-        "fn f(a: f32[2, 3], b: f32[2, 2]) -> f32[2, 5] { return concat([relu(a), b * 2.0], axis=1); }",
-    );
-    agree("fn f(x: f32[3]) -> f32[2, 3] { return broadcast(x, [2, 3]); }");
-    // Dense constants are globals: read in place, viewed, returned.
-    agree(
-        "fn f(x: f32[2, 3]) -> (f32[3, 2], f32[2, 3], i64[2]) { let w = tensor([0.5, -1.0, 2.0, 0.25, 3.0, -0.75], [2, 3]); return (reshape(w, [3, 2]) * 2.0, x @ transpose(w) @ w, tensor([3, -4], [2])); }",
-    );
-    agree(
-        "fn f(x: f32[2]) -> f32[4] { return concat([x, zeros([1]), ones([1])]) * concat([ones([2]), full([2], 3.0)]); }",
-    );
+    for src in dlc_tests::SHAPE_PROGRAMS {
+        agree(src);
+    }
 }
 
 #[test]
 fn reductions_and_normalizations() {
-    agree(
-        "fn f(x: f32[3, 4, 5]) -> (f32[3, 5], f32[1, 4, 1], f32, f32[3, 4]) { return (sum(x, axis=1), mean(x, axis=[0, 2], keepdims=true), max(x), min(x, axis=-1)); }",
-    );
-    agree("fn f(x: i32[3, 4]) -> (i32[3], i32[4]) { return (max(x, axis=1), min(x, axis=0)); }");
-    agree(
-        "fn f(x: f32[3, 4, 5]) -> (f32[3, 4, 5], f32[3, 4, 5]) { return (softmax(x, axis=1), layernorm(x, axis=[1, 2]) * 2.0 + 1.0); }",
-    );
-    agree(
-        "fn f(x: f32[2, 3, 4, 4], m: f32[3], v: f32[3], g: f32[3], b: f32[3]) -> f32[2, 3, 4, 4] { return relu(batchnorm(x, m, abs(v) + 0.5, g, b)); }",
-    );
+    for src in dlc_tests::REDUCTION_PROGRAMS {
+        agree(src);
+    }
 }
 
 #[test]
 fn matrix_products() {
-    agree("fn f(x: f32[3, 5], w: f32[5, 4], b: f32[4]) -> f32[3, 4] { return relu(x @ w + b); }");
-    agree("fn f(a: f32[2, 1, 3, 4], b: f32[5, 4, 2]) -> f32[2, 5, 3, 2] { return a @ b; }");
-    agree(
-        "fn f(v: f32[4], m: f32[4, 3], w: f32[3]) -> (f32[3], f32) { return (v @ m, (v @ m) @ w); }",
-    );
-    // The bias is a stored node computed after the product: the epilogue must wait for it.
-    agree(
-        "fn f(x: f32[3, 5], w: f32[5, 4], z: f32[6, 4]) -> f32[3, 4] { return x @ w + sum(z, axis=0); }",
-    );
-    // An epilogue chain whose end broadcasts to a larger shape is not fused.
-    agree("fn f(x: f32[3, 5], w: f32[5, 1], y: f32[3, 4]) -> f32[3, 4] { return (x @ w) * y; }");
-    // A product used twice is stored.
-    agree("fn f(x: f32[3, 3]) -> f32[3, 3] { let p = x @ x; return p + transpose(p); }");
-    // A transpose of the same shape moves elements: it is no epilogue (found
-    // by the generated programs of the compiled-code tests).
-    agree("fn f(a: f32[4, 6], b: f32[6, 4]) -> f32[6, 6] { return transpose(b @ a) * 2.0; }");
-    agree("fn f(x: f32[5, 5, 3]) -> f32[5, 5] { return exp(transpose(sum(x, axis=2), [1, 0])); }");
+    for src in dlc_tests::PRODUCT_PROGRAMS {
+        agree(src);
+    }
 }
 
 /// Contractions large enough to become `loop.matmul` (with epilogues,
@@ -223,12 +182,9 @@ fn two(x: f32[24, 40], w1: f32[40, 36], w2: f32[36, 40]) -> f32[24, 40] { return
 
 #[test]
 fn convolution_and_pooling() {
-    agree(
-        "fn f(x: f32[2, 4, 6, 5], w: f32[6, 2, 3, 2]) -> f32[2, 6, 3, 6] { return relu(conv2d(x, w, stride=[2, 1], padding=[1, 1], groups=2)); }",
-    );
-    agree(
-        "fn f(x: f32[1, 2, 7, 6]) -> (f32[1, 2, 4, 3], f32[1, 2, 4, 3]) { return (maxpool2d(x, kernel=3, stride=2, padding=1), avgpool2d(x, kernel=3, stride=2, padding=1)); }",
-    );
+    for src in dlc_tests::POOLING_PROGRAMS {
+        agree(src);
+    }
 }
 
 /// Convolutions large enough to be lowered as products over an im2col
@@ -247,71 +203,21 @@ fn convolutions_as_products() {
 
 #[test]
 fn user_operators() {
-    agree("
-op matmul_t[M, N, K](a: f32[M, K], b: f32[N, K]) -> f32[M, N] {
-    out[i, j] = sum[k](a[i, k] * b[j, k]);
-}
-op row_softmax[M, N](x: f32[M, N]) -> f32[M, N] {
-    let m[i] = max[j](x[i, j]);
-    let e[i, j] = exp(x[i, j] - m[i]);
-    let s[i] = sum[j](e[i, j]);
-    out[i, j] = e[i, j] / s[i];
-}
-op conv3x3[N, C, H, W, O](img: f32[N, C, H, W], w: f32[O, C, 3, 3]) -> f32[N, O, H, W] {
-    out[n, o, y, x] = sum[c, ky, kx](img[n, c, y + ky - 1, x + kx - 1] * w[o, c, ky, kx]);
-}
-op misc[N](x: f32[N], k: i32[N]) -> f32[N] {
-    let c = 0.5;
-    out[i] = where(x[i] > 0.0, x[i + 1] * c, cast(k[i], f32)) + prod[j in 0..2](x[j] + 2.0) + min[j in -1..1](x[i + j]);
-}
-fn f(a: f32[3, 4], b: f32[2, 4], img: f32[1, 2, 4, 4], w: f32[3, 2, 3, 3], x: f32[5], k: i32[5])
-    -> (f32[3, 2], f32[3, 4], f32[1, 3, 4, 4], f32[5]) {
-    return (relu(matmul_t(a, b)) + 1.0, row_softmax(a), conv3x3(img, w), misc(x, k));
-}
-");
+    agree(dlc_tests::USER_OPERATOR_PROGRAM);
 }
 
 #[test]
 fn results_that_are_parameters_views_or_repeated() {
-    agree(
-        "fn f(x: f32[2, 3]) -> (f32[2, 3], f32[2, 3], f32[6], f32[2, 3]) { let y = exp(x); return (x, y, reshape(y, [6]), y); }",
-    );
+    for src in dlc_tests::RESULT_PROGRAMS {
+        agree(src);
+    }
 }
 
 #[test]
 fn small_versions_of_the_workloads() {
-    // W2, W4, W5, W6 and W7 at small sizes, written as the examples are.
-    agree(
-        "fn mlp(x: f32[4, 8], w1: f32[8, 16], b1: f32[16], w2: f32[16, 8], b2: f32[8]) -> f32[4, 8] { return relu(x @ w1 + b1) @ w2 + b2; }",
-    );
-    agree(
-        "fn attention(q: f32[2, 6, 4], k: f32[2, 6, 4], v: f32[2, 6, 4]) -> f32[2, 6, 4] { return softmax(q @ transpose(k, [0, 2, 1]) / sqrt(4.0), axis=-1) @ v; }",
-    );
-    agree(
-        "fn layernorm_gelu(x: f32[5, 8], g: f32[8], b: f32[8]) -> f32[5, 8] { return gelu(layernorm(x) * g + b); }",
-    );
-    agree("
-fn heads[S](x: f32[S, 8]) -> f32[2, S, 4] { return transpose(reshape(x, [S, 2, 4]), [1, 0, 2]); }
-fn bert(x: f32[6, 8], wq: f32[8, 8], wk: f32[8, 8], wv: f32[8, 8], wo: f32[8, 8], w1: f32[8, 16], w2: f32[16, 8], g: f32[8], b: f32[8]) -> f32[6, 8] {
-    let p = softmax(heads(x @ wq) @ transpose(heads(x @ wk), [0, 2, 1]) / 2.0, axis=-1);
-    let ctx = reshape(transpose(p @ heads(x @ wv), [1, 0, 2]), [6, 8]);
-    let h1 = layernorm(ctx @ wo + x) * g + b;
-    return layernorm(gelu(h1 @ w1) @ w2 + h1) * g + b;
-}");
-    agree("
-fn cell[B, I, H](x: f32[B, I], h: f32[B, H], w_ih: f32[3 * H, I], w_hh: f32[3 * H, H], b_ih: f32[3 * H], b_hh: f32[3 * H]) -> f32[B, H] {
-    let gi = x @ transpose(w_ih) + b_ih;
-    let gh = h @ transpose(w_hh) + b_hh;
-    let r = sigmoid(slice(gi, axis=1, start=0, end=H) + slice(gh, axis=1, start=0, end=H));
-    let z = sigmoid(slice(gi, axis=1, start=H, end=2 * H) + slice(gh, axis=1, start=H, end=2 * H));
-    let n = tanh(slice(gi, axis=1, start=2 * H, end=3 * H) + r * slice(gh, axis=1, start=2 * H, end=3 * H));
-    return (1.0 - z) * n + z * h;
-}
-fn gru(x: f32[2, 3, 4], w_ih: f32[15, 4], w_hh: f32[15, 5], b_ih: f32[15], b_hh: f32[15]) -> f32[3, 5] {
-    let h0 = zeros([3, 5]);
-    let h1 = cell(reshape(slice(x, axis=0, start=0, end=1), [3, 4]), h0, w_ih, w_hh, b_ih, b_hh);
-    return cell(reshape(slice(x, axis=0, start=1, end=2), [3, 4]), h1, w_ih, w_hh, b_ih, b_hh);
-}");
+    for src in dlc_tests::WORKLOAD_PROGRAMS {
+        agree(src);
+    }
 }
 
 #[test]

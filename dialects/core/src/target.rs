@@ -346,6 +346,15 @@ impl TargetDesc {
         MIN_PACKED_MACS
     }
 
+    /// Threads that run one program of a kernel: on a GPU a thread block
+    /// of eight warps (within the block limit), on a CPU one.
+    pub fn program_threads(&self) -> usize {
+        match self.gpu() {
+            Some(g) => (8 * g.warp_size).min(g.max_threads_per_block).max(1),
+            None => 1,
+        }
+    }
+
     /// Iterations below which a parallel loop is looked through for a
     /// wider one before being spread over threads.
     pub fn min_thread_iterations(&self) -> usize {

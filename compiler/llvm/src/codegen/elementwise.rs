@@ -188,6 +188,25 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         {
             return Ok(v);
         }
+        if !matches!(
+            u,
+            UnaryOp::Neg
+                | UnaryOp::Relu
+                | UnaryOp::Abs
+                | UnaryOp::Sqrt
+                | UnaryOp::Rsqrt
+                | UnaryOp::Floor
+                | UnaryOp::Ceil
+                | UnaryOp::Round
+                | UnaryOp::Reciprocal
+                | UnaryOp::Sign
+        ) && let Some(refused) = self.gpu_refuses(u.name(), x)
+        {
+            return Err(refused);
+        }
+        if let Some(v) = self.gpu_unary(u, x)? {
+            return Ok(v);
+        }
         let ty = x.get_type();
         let c = |v: f64| self.fconst_like(x, v);
         let one = c(1.0);
@@ -363,7 +382,15 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
             BinaryOp::Div => float2!(self, build_float_div, x, y),
             BinaryOp::Max => self.call("llvm.maximum", &[ty], &[x, y])?,
             BinaryOp::Min => self.call("llvm.minimum", &[ty], &[x, y])?,
-            BinaryOp::Pow => self.call("llvm.pow", &[ty], &[x, y])?,
+            BinaryOp::Pow => {
+                if let Some(refused) = self.gpu_refuses("pow", x) {
+                    return Err(refused);
+                }
+                match self.gpu_pow(x, y)? {
+                    Some(v) => v,
+                    None => self.call("llvm.pow", &[ty], &[x, y])?,
+                }
+            }
             bitwise => {
                 return Err(CodegenError::Invalid(format!(
                     "{} on floats",

@@ -21,6 +21,7 @@ use inkwell::values::{
 use inkwell::{AddressSpace, IntPredicate};
 
 pub(crate) mod elementwise;
+pub(crate) mod gpu;
 mod math;
 mod parallel;
 pub(crate) mod tile;
@@ -88,6 +89,8 @@ pub(crate) struct Gen<'ctx, 'f, I: Ir = tile::TileIr> {
     /// a kernel spreads over threads.
     lanes: usize,
     min_threads: usize,
+    /// In a GPU kernel: the block's threads (see [`gpu`]).
+    gpu: Option<gpu::Threads<'ctx>>,
 }
 
 /// The places where an exported function can fail, in the order their
@@ -142,6 +145,7 @@ impl<'ctx, 'f, I: Ir> Gen<'ctx, 'f, I> {
             scratch: None,
             lanes: dlc_core::TargetDesc::host().lanes(DType::F32),
             min_threads: dlc_core::TargetDesc::host().min_thread_iterations(),
+            gpu: None,
         }
     }
 
@@ -179,6 +183,24 @@ impl<'ctx, 'f, I: Ir> Gen<'ctx, 'f, I> {
         if let Some(trap) = self.trap {
             return Ok(trap);
         }
+        let status = self.status_of(kind);
+        if let Some(b) = self.fail_blocks.borrow().get(&status) {
+            return Ok(*b);
+        }
+        let here = self.b.get_insert_block();
+        let block = self.ctx.append_basic_block(self.func, "fail");
+        self.b.position_at_end(block);
+        self.fail_with(self.ctx.i32_type().const_int(status as u64, false))?;
+        if let Some(here) = here {
+            self.b.position_at_end(here);
+        }
+        self.fail_blocks.borrow_mut().insert(status, block);
+        Ok(block)
+    }
+
+    /// The status of a failure of `kind` at the op being generated: its
+    /// source place numbered among the function's sites.
+    pub(super) fn status_of(&self, kind: i32) -> i32 {
         let site = {
             let mut sites = self.sites.borrow_mut();
             let this = Site {
@@ -194,24 +216,11 @@ impl<'ctx, 'f, I: Ir> Gen<'ctx, 'f, I> {
             }
         };
         // Statuses are i32: past 2^23 sites, the place is left unknown.
-        let status = kind
-            | i32::try_from(site)
-                .ok()
-                .filter(|s| *s < 1 << 23)
-                .unwrap_or(0)
-                << 8;
-        if let Some(b) = self.fail_blocks.borrow().get(&status) {
-            return Ok(*b);
-        }
-        let here = self.b.get_insert_block();
-        let block = self.ctx.append_basic_block(self.func, "fail");
-        self.b.position_at_end(block);
-        self.fail_with(self.ctx.i32_type().const_int(status as u64, false))?;
-        if let Some(here) = here {
-            self.b.position_at_end(here);
-        }
-        self.fail_blocks.borrow_mut().insert(status, block);
-        Ok(block)
+        kind | i32::try_from(site)
+            .ok()
+            .filter(|s| *s < 1 << 23)
+            .unwrap_or(0)
+            << 8
     }
 
     fn get(&self, v: I::Value) -> R<BasicValueEnum<'ctx>> {

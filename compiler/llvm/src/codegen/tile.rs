@@ -75,7 +75,7 @@ impl Ir for TileIr {
         let params: Vec<Value> = f.params.iter().map(|(_, v)| *v).collect();
         let mut g = Gen::exported(ctx, module, f, &params, symbol, sites)?;
         (g.lanes, g.min_threads) = (lanes, target.min_thread_iterations());
-        let plan = Workspace::plan(&g, f)?;
+        let plan = Workspace::plan(f)?;
         g.take_workspace(symbol, &plan)?;
         g.host_block(&f.body)?;
         Ok(g.func)
@@ -96,9 +96,9 @@ impl Ir for TileIr {
 /// hold their own.
 pub(crate) struct Workspace {
     /// Byte offset of each global buffer.
-    offsets: HashMap<Value, u64>,
+    pub(super) offsets: HashMap<Value, u64>,
     /// Bytes of the global buffers.
-    size: u64,
+    pub(super) size: u64,
     /// Bytes of one thread's scratch region.
     scratch: u64,
     /// The source place of the largest buffer (named when allocating the
@@ -110,7 +110,7 @@ pub(crate) struct Workspace {
 const WORKSPACE_HEADER: u64 = 64;
 
 impl Workspace {
-    fn plan(g: &Gen<'_, '_, TileIr>, f: &Function) -> R<Workspace> {
+    pub(super) fn plan(f: &Function) -> R<Workspace> {
         let mut live: Vec<(u64, u64, Value)> = Vec::new();
         let mut plan = Workspace {
             offsets: HashMap::new(),
@@ -124,7 +124,7 @@ impl Workspace {
             match op.kind {
                 OpKind::Alloc => {
                     let v = op.results[0];
-                    let bytes = g.buffer_bytes(v)?.div_ceil(64).saturating_mul(64);
+                    let bytes = buffer_bytes(f, v)?.div_ceil(64).saturating_mul(64);
                     live.sort_unstable();
                     let mut at = 0u64;
                     for &(start, end, _) in &live {
@@ -144,7 +144,7 @@ impl Workspace {
                 }
                 OpKind::Dealloc => live.retain(|l| l.2 != op.operands[0]),
                 OpKind::Kernel { .. } => {
-                    let (_, bytes) = g.kernel_scratch(&op.regions[0])?;
+                    let (_, bytes) = kernel_scratch(f, &op.regions[0])?;
                     plan.scratch = plan.scratch.max(bytes);
                 }
                 _ => {}
@@ -154,24 +154,35 @@ impl Workspace {
     }
 }
 
-impl<'ctx> Gen<'ctx, '_, TileIr> {
-    /// The scratch buffers of a kernel body at planned 64-byte-aligned
-    /// offsets, and the bytes they take.
-    fn kernel_scratch(&self, body: &Block) -> R<(Vec<(Value, u64)>, u64)> {
-        let mut allocs = Vec::new();
-        collect(self.f, &body.ops, &mut allocs, &mut Vec::new());
-        let mut placed = Vec::with_capacity(allocs.len());
-        let mut bytes: u64 = 0;
-        for v in allocs {
-            placed.push((v, bytes));
-            bytes = bytes
-                .saturating_add(self.buffer_bytes(v)?)
-                .div_ceil(64)
-                .saturating_mul(64);
-        }
-        Ok((placed, bytes))
+/// The scratch (and shared) buffers of a kernel body at planned
+/// 64-byte-aligned offsets, and the bytes they take.
+pub(super) fn kernel_scratch(f: &Function, body: &Block) -> R<(Vec<(Value, u64)>, u64)> {
+    let mut allocs = Vec::new();
+    collect(f, &body.ops, &mut allocs, &mut Vec::new());
+    let mut placed = Vec::with_capacity(allocs.len());
+    let mut bytes: u64 = 0;
+    for v in allocs {
+        placed.push((v, bytes));
+        bytes = bytes
+            .saturating_add(buffer_bytes(f, v)?)
+            .div_ceil(64)
+            .saturating_mul(64);
     }
+    Ok((placed, bytes))
+}
 
+/// Bytes of buffer `v`'s storage (at least one).
+pub(super) fn buffer_bytes(f: &Function, v: Value) -> R<u64> {
+    let Type::Buffer(t) = f.ty(v) else {
+        return Err(CodegenError::Invalid("tile.alloc of a non-buffer".into()));
+    };
+    Ok(t.storage_len()
+        .unwrap_or(usize::MAX)
+        .saturating_mul(t.dtype.size_bytes())
+        .max(1) as u64)
+}
+
+impl<'ctx> Gen<'ctx, '_, TileIr> {
     /// Takes the exported function `symbol`'s workspace from its cache, or
     /// allocates one, and places every planned buffer in it.
     fn take_workspace(&mut self, symbol: &str, plan: &Workspace) -> R<()> {
@@ -342,12 +353,12 @@ impl Cut {
 /// A buffer access's address: `offset(e) = base + sum_k grad[k] * e_k`
 /// in elements, with each dimension's index `index[d](e) = dims[d].0 +
 /// sum_k dims[d].1[k] * e_k` kept for bounds checks.
-struct Access<'ctx> {
-    pointer: PointerValue<'ctx>,
-    base: IntValue<'ctx>,
-    grad: Vec<i64>,
-    dims: Vec<(IntValue<'ctx>, Vec<i64>, usize)>,
-    dtype: DType,
+pub(super) struct Access<'ctx> {
+    pub(super) pointer: PointerValue<'ctx>,
+    pub(super) base: IntValue<'ctx>,
+    pub(super) grad: Vec<i64>,
+    pub(super) dims: Vec<(IntValue<'ctx>, Vec<i64>, usize)>,
+    pub(super) dtype: DType,
 }
 
 impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
@@ -355,7 +366,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         Cut::new(self.f.ty(v).shape().unwrap_or(&[]), self.lanes)
     }
 
-    fn tdtype(&self, v: Value) -> R<DType> {
+    pub(super) fn tdtype(&self, v: Value) -> R<DType> {
         match self.f.ty(v) {
             Type::Scalar(d) => Ok(*d),
             Type::Tile(t) => Ok(t.dtype),
@@ -364,7 +375,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         }
     }
 
-    fn is_tile(&self, v: Value) -> bool {
+    pub(super) fn is_tile(&self, v: Value) -> bool {
         matches!(self.f.ty(v), Type::Tile(_))
     }
 
@@ -453,12 +464,12 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         VectorType::const_vector(&vec![c; n]).into()
     }
 
-    fn index_value(&self, v: Value) -> R<IntValue<'ctx>> {
+    pub(super) fn index_value(&self, v: Value) -> R<IntValue<'ctx>> {
         Ok(self.get(v)?.into_int_value())
     }
 
     /// The part of an affine expression without tile coordinates.
-    fn affine_base(&self, e: &Affine) -> R<IntValue<'ctx>> {
+    pub(super) fn affine_base(&self, e: &Affine) -> R<IntValue<'ctx>> {
         let i64t = self.ctx.i64_type();
         let mut acc = i64t.const_int(e.constant as u64, true);
         for &(c, v) in &e.terms {
@@ -471,7 +482,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         Ok(acc)
     }
 
-    fn access(&self, buf: Value, index: &[Affine], rank: usize) -> R<Access<'ctx>> {
+    pub(super) fn access(&self, buf: Value, index: &[Affine], rank: usize) -> R<Access<'ctx>> {
         let Type::Buffer(t) = self.f.ty(buf) else {
             return Err(CodegenError::Invalid("an access to a non-buffer".into()));
         };
@@ -597,7 +608,11 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         Ok(self.b.build_int_to_ptr(addrs, ptrs, "ptrs")?)
     }
 
-    fn element_pointer(&self, a: &Access<'ctx>, off: IntValue<'ctx>) -> R<PointerValue<'ctx>> {
+    pub(super) fn element_pointer(
+        &self,
+        a: &Access<'ctx>,
+        off: IntValue<'ctx>,
+    ) -> R<PointerValue<'ctx>> {
         // Not `inbounds`: a masked or padded access may start outside.
         // SAFETY (LLVM IR semantics): a plain GEP is defined for any offset;
         // only the lanes that are accessed must be inside the buffer.
@@ -1254,7 +1269,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
     /// A private constant global holding a `tile.global`'s elements in
     /// their storage type's little-endian bytes (one LLVM data array,
     /// however many elements), aligned as every buffer is.
-    fn constant_data(&self, v: Value, values: &[f64]) -> R<PointerValue<'ctx>> {
+    pub(super) fn constant_data(&self, v: Value, values: &[f64]) -> R<PointerValue<'ctx>> {
         let Type::Buffer(t) = self.f.ty(v) else {
             return Err(CodegenError::Invalid("tile.global of a non-buffer".into()));
         };
@@ -1272,16 +1287,6 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         Ok(g.as_pointer_value())
     }
 
-    fn buffer_bytes(&self, v: Value) -> R<u64> {
-        let Type::Buffer(t) = self.f.ty(v) else {
-            return Err(CodegenError::Invalid("tile.alloc of a non-buffer".into()));
-        };
-        Ok(t.storage_len()
-            .unwrap_or(usize::MAX)
-            .saturating_mul(t.dtype.size_bytes())
-            .max(1) as u64)
-    }
-
     /// `tile.kernel`: the grid's programs, over threads when there are
     /// enough of them, with scratch memory allocated once per thread.
     fn kernel(&mut self, id: OpId, grid: &[usize]) -> R<()> {
@@ -1294,7 +1299,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         }
         // Scratch (and, on a CPU, shared) buffers in the thread's scratch
         // region of the workspace; program ids read by the body.
-        let (allocs, bytes) = self.kernel_scratch(body)?;
+        let (allocs, bytes) = kernel_scratch(f, body)?;
         let mut pids = Vec::new();
         collect(f, &body.ops, &mut Vec::new(), &mut pids);
         let (key, inputs) = dlc_tile::print::fingerprint(f, id);
@@ -1495,7 +1500,12 @@ fn set_alignment(v: BV<'_>, align: u32) -> R<()> {
 
 /// The buffers a kernel allocates and its `tile.program_id` results with
 /// their axes, at any depth.
-fn collect(f: &Function, ops: &[OpId], allocs: &mut Vec<Value>, pids: &mut Vec<(Value, usize)>) {
+pub(super) fn collect(
+    f: &Function,
+    ops: &[OpId],
+    allocs: &mut Vec<Value>,
+    pids: &mut Vec<(Value, usize)>,
+) {
     for &id in ops {
         let op = f.op(id);
         match op.kind {

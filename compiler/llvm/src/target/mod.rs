@@ -1,6 +1,7 @@
 //! Targets: what is specific to one machine kind (its LLVM target machine,
 //! function attributes), chosen by the CPU description's triple: x86-64
-//! (the host's, by default) and AArch64 Linux; NVPTX sits beside them.
+//! (the host's, by default) and AArch64 Linux; NVPTX (`nvptx`) for
+//! NVIDIA GPUs.
 
 use dlc_core::TargetDesc;
 use inkwell::targets::TargetMachine;
@@ -8,6 +9,7 @@ use inkwell::targets::TargetMachine;
 use crate::{CodegenError, R};
 
 pub(crate) mod aarch64;
+pub(crate) mod nvptx;
 pub(crate) mod x86_64;
 
 /// The AArch64 triple and CPU of `target`, if it is an AArch64 CPU.

@@ -1,0 +1,1283 @@
+//! Tile IR to LLVM IR for NVIDIA GPUs (NVPTX), and the same kernels for
+//! an emulator that runs them on CPU threads (how they are tested on
+//! machines without a GPU).
+//!
+//! Each `tile.kernel` becomes a PTX kernel taking its buffers and a status
+//! word; its grid is flattened into one-dimensional blocks (program ids
+//! are recovered by division), and each block runs one program with
+//! `THREADS` threads. The host's part (buffers, the order of launches) is
+//! not code but a [`GpuFunction`] the runtime carries out.
+//!
+//! **Layout.** Every tile is spread over the block's threads the same way:
+//! element `e` (row-major position) belongs to thread `e mod T`, which
+//! holds elements `t, t + T, t + 2T, ..` as scalars. Tiles of one shape
+//! are therefore laid out alike, element-wise ops are per thread,
+//! consecutive threads touch consecutive elements of a row (coalesced
+//! loads and stores), and a reshape or a new axis moves nothing. Scalars
+//! (and indices) are computed by every thread alike. What moves elements
+//! between threads goes through the block's shared memory between
+//! barriers: `tile.trans` and `tile.broadcast` write their operand there
+//! and read it back permuted; `tile.reduce` combines along the axis from
+//! there; `tile.dot` reads both operands from there, each thread
+//! accumulating its own elements of the result. `insert_barriers` (run by
+//! the conversion for GPU targets) already separated the program's own
+//! accesses of one address by different threads.
+//!
+//! **Memory.** A kernel's shared and scratch buffers, then a staging area
+//! for the moves above, are at planned offsets of the block's dynamic
+//! shared memory. An integer division by zero stores its status (with its
+//! source place) in the status word and divides by one, so every thread
+//! reaches every barrier.
+
+use std::collections::HashMap;
+
+use dlc_core::scalar::{BinaryOp, ReduceKind};
+use dlc_core::{DType, TargetDesc};
+use dlc_runtime::abi::{STATUS_DIVISION_BY_ZERO, Signature};
+use dlc_runtime::gpu::{DeviceBuffer, GpuFunction, Launch};
+use dlc_tile::{Affine, Function, OpData, OpKind, Type, Value};
+use inkwell::attributes::AttributeLoc;
+use inkwell::context::Context;
+use inkwell::module::{Linkage, Module};
+use inkwell::types::BasicMetadataTypeEnum;
+use inkwell::values::{BasicValueEnum as BV, FunctionValue, IntValue, PointerValue};
+use inkwell::{AddressSpace, IntPredicate};
+
+use super::tile::{Workspace, collect, kernel_scratch};
+use super::{Gen, Sites, storage_type};
+use crate::{CodegenError, R};
+
+/// How a kernel reaches its thread and block indices, barriers and shared
+/// memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Flavor {
+    /// NVVM's special registers and intrinsics, for PTX.
+    Nvptx,
+    /// Calls of the emulator's functions ([`EMULATOR_HOOKS`]).
+    Emulated,
+}
+
+/// What emulated kernels call: the thread's index in its block, the
+/// block's index, a barrier of the block's threads, the block's shared
+/// memory; then the f32 functions a GPU approximates in hardware (`log2`,
+/// `2^x`, `sin` and `cos` on a reduced range), standing for
+/// [`HARDWARE_MATH`].
+pub(crate) const EMULATOR_HOOKS: [&str; 8] = [
+    "dlc_emu_thread",
+    "dlc_emu_block",
+    "dlc_emu_barrier",
+    "dlc_emu_shared",
+    "dlc_emu_lg2",
+    "dlc_emu_ex2",
+    "dlc_emu_sin",
+    "dlc_emu_cos",
+];
+
+/// NVVM's approximations (PTX `lg2.approx`, `ex2.approx`, `sin.approx`,
+/// `cos.approx`), in the order of the last four [`EMULATOR_HOOKS`], and
+/// whether each is overloaded on its type.
+const HARDWARE_MATH: [(&str, bool); 4] = [
+    ("llvm.nvvm.lg2.approx.f", false),
+    ("llvm.nvvm.ex2.approx", true),
+    ("llvm.nvvm.sin.approx.f", false),
+    ("llvm.nvvm.cos.approx.f", false),
+];
+
+/// The most elements of one tile a thread holds: tiles are blocks a
+/// program keeps in registers.
+const MAX_PER_THREAD: usize = 256;
+
+/// The block's threads, while a kernel is generated.
+pub(crate) struct Threads<'ctx> {
+    /// How many run each program.
+    count: usize,
+    /// This thread's index (i64).
+    tid: IntValue<'ctx>,
+    /// The block's shared memory (a generic pointer).
+    shared: PointerValue<'ctx>,
+    /// Byte offset of the staging area in it.
+    staging: u64,
+    /// The status word.
+    status: PointerValue<'ctx>,
+    flavor: Flavor,
+}
+
+/// The kernels of tile function `f` emitted into `module` (named after
+/// `symbol`), and how the host runs them.
+pub(crate) fn emit_function<'ctx>(
+    ctx: &'ctx Context,
+    module: &Module<'ctx>,
+    f: &Function,
+    symbol: &str,
+    target: &TargetDesc,
+    flavor: Flavor,
+) -> R<GpuFunction> {
+    let gpu = target
+        .gpu()
+        .ok_or_else(|| CodegenError::Unsupported(format!("{} is not a GPU target", target.name)))?;
+    let threads = target.program_threads();
+    let plan = Workspace::plan(f)?;
+    let mut buffers: Vec<DeviceBuffer> = Vec::new();
+    let mut index: HashMap<Value, usize> = HashMap::new();
+    for (i, (_, v)) in f.params.iter().enumerate() {
+        index.insert(*v, buffers.len());
+        buffers.push(DeviceBuffer::Param(i));
+    }
+    let sites = Sites::default();
+    let mut kernels: HashMap<String, (String, u32)> = HashMap::new();
+    let mut launches = Vec::new();
+    for &id in &f.body.ops {
+        let op = f.op(id);
+        match &op.kind {
+            OpKind::Alloc => {
+                let v = op.results[0];
+                let off = plan.offsets.get(&v).copied().ok_or_else(|| {
+                    CodegenError::Invalid("a buffer the workspace plan missed".into())
+                })?;
+                index.insert(v, buffers.len());
+                buffers.push(DeviceBuffer::Workspace(off));
+            }
+            OpKind::Global(values) => {
+                let Type::Buffer(t) = f.ty(op.results[0]) else {
+                    return Err(CodegenError::Invalid("tile.global of a non-buffer".into()));
+                };
+                let mut bytes = Vec::with_capacity(values.len() * t.dtype.size_bytes());
+                for &x in values.iter() {
+                    t.dtype.push_le_bytes(x, &mut bytes);
+                }
+                index.insert(op.results[0], buffers.len());
+                buffers.push(DeviceBuffer::Constant(bytes));
+            }
+            OpKind::View => {
+                let base = *index
+                    .get(&op.operands[0])
+                    .ok_or_else(|| CodegenError::Invalid("a view of an unknown buffer".into()))?;
+                index.insert(op.results[0], base);
+            }
+            OpKind::Kernel { grid, .. } => {
+                let blocks = grid.iter().product::<usize>();
+                if blocks == 0 {
+                    continue;
+                }
+                let blocks = u32::try_from(blocks)
+                    .ok()
+                    .filter(|b| *b < i32::MAX as u32)
+                    .ok_or_else(|| {
+                        CodegenError::Unsupported(format!(
+                            "@{}: a kernel of {blocks} programs (a GPU grid takes fewer than 2^31)",
+                            f.name
+                        ))
+                    })?;
+                let (key, inputs) = dlc_tile::print::fingerprint(f, id);
+                let (name, shared) = match kernels.get(&key) {
+                    Some(k) => k.clone(),
+                    None => {
+                        let name = format!("{symbol}_k{}", kernels.len());
+                        let shared = kernel(
+                            ctx,
+                            module,
+                            f,
+                            &op.regions[0],
+                            grid,
+                            &inputs,
+                            &name,
+                            &sites,
+                            threads,
+                            flavor,
+                        )?;
+                        if shared > gpu.shared_memory_per_block as u64 {
+                            return Err(CodegenError::Unsupported(format!(
+                                "@{}: a kernel needs {shared} bytes of shared memory; {} offers {} \
+                                 per block",
+                                f.name, target.name, gpu.shared_memory_per_block
+                            )));
+                        }
+                        kernels.insert(key, (name.clone(), shared as u32));
+                        (name, shared as u32)
+                    }
+                };
+                let args = inputs
+                    .iter()
+                    .map(|v| {
+                        index.get(v).copied().ok_or_else(|| {
+                            CodegenError::Invalid("a kernel reads an unknown buffer".into())
+                        })
+                    })
+                    .collect::<R<Vec<_>>>()?;
+                launches.push(Launch {
+                    kernel: name,
+                    blocks,
+                    threads: threads as u32,
+                    shared_bytes: shared,
+                    args,
+                });
+            }
+            OpKind::Dealloc | OpKind::Return => {}
+            other => {
+                return Err(CodegenError::Invalid(format!(
+                    "{} outside a kernel",
+                    other.name()
+                )));
+            }
+        }
+    }
+    let mut signature: Signature = crate::abi::signature(f)?;
+    signature.name.clone_from(&f.name);
+    signature.sites = sites.borrow().clone();
+    Ok(GpuFunction {
+        signature,
+        workspace: plan.size,
+        buffers,
+        launches,
+    })
+}
+
+/// Bytes the staging area of a kernel body needs: the largest operand of
+/// a move between threads, two operands for a product.
+fn staging_bytes(f: &Function, ops: &[dlc_tile::OpId]) -> u64 {
+    let bytes = |v: Value| -> u64 {
+        match f.ty(v) {
+            Type::Tile(t) => (t.len() * stage_size(t.dtype)) as u64,
+            _ => 0,
+        }
+    };
+    let mut most = 0;
+    for &id in ops {
+        let op = f.op(id);
+        let need = match op.kind {
+            OpKind::Trans { .. } | OpKind::Broadcast | OpKind::Reduce { .. } => {
+                bytes(op.operands[0])
+            }
+            OpKind::Dot => {
+                let acc = f.ty(op.operands[2]).dtype().unwrap_or(DType::F32);
+                let n = |v: Value| f.ty(v).shape().map_or(0, |s| s.iter().product::<usize>());
+                ((n(op.operands[0]) + n(op.operands[1])) * stage_size(acc)) as u64
+            }
+            _ => 0,
+        };
+        most = most.max(need);
+        for r in &op.regions {
+            most = most.max(staging_bytes(f, &r.ops));
+        }
+    }
+    most
+}
+
+/// Bytes one staged element of type `d` takes (bool as a byte).
+fn stage_size(d: DType) -> usize {
+    d.size_bytes().max(1)
+}
+
+/// Emits one kernel: `void name(T0 *b0, .., int32_t *status)`; returns
+/// the bytes of shared memory it needs.
+#[allow(clippy::too_many_arguments)]
+fn kernel<'ctx>(
+    ctx: &'ctx Context,
+    module: &Module<'ctx>,
+    f: &Function,
+    body: &dlc_tile::Block,
+    grid: &[usize],
+    inputs: &[Value],
+    name: &str,
+    sites: &Sites,
+    threads: usize,
+    flavor: Flavor,
+) -> R<u64> {
+    for v in f.values.iter() {
+        if let Type::Tile(t) = v
+            && t.len().div_ceil(threads) > MAX_PER_THREAD
+        {
+            return Err(CodegenError::Unsupported(format!(
+                "@{}: {t} is {} elements per thread of {threads}; the GPU back end holds a tile \
+                 in registers and takes at most {MAX_PER_THREAD}",
+                f.name,
+                t.len().div_ceil(threads)
+            )));
+        }
+    }
+    let ptr = ctx.ptr_type(AddressSpace::default());
+    let params: Vec<BasicMetadataTypeEnum<'ctx>> = (0..=inputs.len()).map(|_| ptr.into()).collect();
+    let func = module.add_function(
+        name,
+        ctx.void_type().fn_type(&params, false),
+        Some(Linkage::External),
+    );
+    if flavor == Flavor::Nvptx {
+        // LLVM's `ptx_kernel` calling convention.
+        func.set_call_conventions(71);
+        func.add_attribute(
+            AttributeLoc::Function,
+            ctx.create_string_attribute("nvvm.maxntid", &threads.to_string()),
+        );
+    }
+    let mut g = Gen::within(ctx, module, f, func, sites);
+    let entry = ctx.append_basic_block(func, "entry");
+    let trap = ctx.append_basic_block(func, "unreachable");
+    g.b.position_at_end(trap);
+    g.b.build_unreachable()?;
+    g.b.position_at_end(entry);
+    // Failures are recorded, not branched to (see `gpu_binary`).
+    g.trap = Some(trap);
+    for (p, v) in func.get_param_iter().zip(inputs) {
+        g.vals.insert(*v, p);
+    }
+    let status = func
+        .get_nth_param(inputs.len() as u32)
+        .ok_or_else(|| CodegenError::Llvm("no status parameter".into()))?
+        .into_pointer_value();
+    let i64t = ctx.i64_type();
+    let tid = g.hook(flavor, "llvm.nvvm.read.ptx.sreg.tid.x", EMULATOR_HOOKS[0])?;
+    let block = g.hook(flavor, "llvm.nvvm.read.ptx.sreg.ctaid.x", EMULATOR_HOOKS[1])?;
+    let tid = g.b.build_int_z_extend(tid, i64t, "tid")?;
+    let block = g.b.build_int_z_extend(block, i64t, "block")?;
+    let shared = match flavor {
+        Flavor::Nvptx => {
+            let global = module.get_global("dlc_shared").unwrap_or_else(|| {
+                let t = ctx.i8_type().array_type(0);
+                let gl = module.add_global(t, Some(AddressSpace::from(3u16)), "dlc_shared");
+                gl.set_linkage(Linkage::External);
+                gl.set_alignment(64);
+                gl
+            });
+            g.b.build_address_space_cast(global.as_pointer_value(), ptr, "shared")?
+        }
+        Flavor::Emulated => {
+            let decl = g.declare(EMULATOR_HOOKS[3], ptr.fn_type(&[], false));
+            g.b.build_call(decl, &[], "shared")?
+                .try_as_basic_value()
+                .basic()
+                .ok_or_else(|| CodegenError::Llvm("no shared memory".into()))?
+                .into_pointer_value()
+        }
+    };
+    // Program ids from the flattened block index, the last axis fastest.
+    let mut pids = Vec::new();
+    let mut allocs = Vec::new();
+    collect(f, &body.ops, &mut allocs, &mut pids);
+    let mut ids = vec![i64t.const_zero(); grid.len()];
+    let mut rest = block;
+    for axis in (0..grid.len()).rev() {
+        let n = i64t.const_int(grid[axis] as u64, false);
+        ids[axis] = g.b.build_int_unsigned_rem(rest, n, "pid")?;
+        rest = g.b.build_int_unsigned_div(rest, n, "rest")?;
+    }
+    for (v, axis) in pids {
+        g.vals.insert(v, ids[axis].into());
+    }
+    let (placed, bytes) = kernel_scratch(f, body)?;
+    for (v, off) in placed {
+        let p = g.byte_pointer(shared, i64t.const_int(off, false))?;
+        g.vals.insert(v, p.into());
+    }
+    let staging = bytes.div_ceil(64) * 64;
+    g.gpu = Some(Threads {
+        count: threads,
+        tid,
+        shared,
+        staging,
+        status,
+        flavor,
+    });
+    g.gpu_block(&body.ops)?;
+    g.b.build_return(None)?;
+    Ok(staging + staging_bytes(f, &body.ops))
+}
+
+/// f32 functions a GPU has no library for, from its hardware
+/// approximations; f64 ones are refused (a GPU has no C library, and
+/// they are not built here yet).
+impl<'ctx, I: super::Ir> Gen<'ctx, '_, I> {
+    /// `Some(error)` for a transcendental function of f64 in a GPU kernel.
+    pub(super) fn gpu_refuses(&self, what: &str, x: BV<'ctx>) -> Option<CodegenError> {
+        let f64t: inkwell::types::BasicTypeEnum<'ctx> = self.ctx.f64_type().into();
+        (self.gpu.is_some() && super::elementwise::element_type(x) == f64t).then(|| {
+            CodegenError::Unsupported(format!(
+                "the GPU back end does not build {what} of f64 yet (a GPU has no C library to \
+                 call; f32 works)"
+            ))
+        })
+    }
+
+    /// Hardware approximation `k` (of [`HARDWARE_MATH`]) of f32 `x`.
+    fn hardware(&self, k: usize, x: BV<'ctx>) -> R<BV<'ctx>> {
+        let Some(th) = &self.gpu else {
+            return Err(CodegenError::Invalid("GPU math outside a kernel".into()));
+        };
+        match th.flavor {
+            Flavor::Nvptx => {
+                let (name, overloaded) = HARDWARE_MATH[k];
+                let types = [self.ctx.f32_type().into()];
+                self.call(name, if overloaded { &types[..] } else { &[] }, &[x])
+            }
+            Flavor::Emulated => {
+                let f32t = self.ctx.f32_type();
+                let decl = self.declare(EMULATOR_HOOKS[4 + k], f32t.fn_type(&[f32t.into()], false));
+                self.b
+                    .build_call(decl, &[x.into()], "hw")?
+                    .try_as_basic_value()
+                    .basic()
+                    .ok_or_else(|| CodegenError::Llvm("no value".into()))
+            }
+        }
+    }
+
+    /// On a GPU: `log`, `sin` and `cos` of f32 from the hardware (sine and
+    /// cosine after reducing the argument to [-pi, pi] in two steps);
+    /// `None` elsewhere.
+    pub(super) fn gpu_unary(
+        &self,
+        u: dlc_core::scalar::UnaryOp,
+        x: BV<'ctx>,
+    ) -> R<Option<BV<'ctx>>> {
+        use dlc_core::scalar::UnaryOp;
+        if self.gpu.is_none() {
+            return Ok(None);
+        }
+        let f = |v: f64| -> BV<'ctx> { self.ctx.f32_type().const_float(v).into() };
+        let mul = |a: BV<'ctx>, b: BV<'ctx>| -> R<BV<'ctx>> {
+            Ok(self
+                .b
+                .build_float_mul(a.into_float_value(), b.into_float_value(), "m")?
+                .into())
+        };
+        Ok(Some(match u {
+            UnaryOp::Log => mul(self.hardware(0, x)?, f(std::f64::consts::LN_2))?,
+            UnaryOp::Sin | UnaryOp::Cos => {
+                // x - 2 pi n, with 2 pi split into a part exact in f32
+                // times small n and the rest.
+                let n = self.call(
+                    "llvm.roundeven",
+                    &[x.get_type()],
+                    &[mul(x, f(1.0 / std::f64::consts::TAU))?],
+                )?;
+                let hi = 6.28125;
+                let r = self.b.build_float_sub(
+                    x.into_float_value(),
+                    mul(n, f(hi))?.into_float_value(),
+                    "r",
+                )?;
+                let r = self.b.build_float_sub(
+                    r,
+                    mul(n, f(std::f64::consts::TAU - hi))?.into_float_value(),
+                    "r",
+                )?;
+                self.hardware(if u == UnaryOp::Sin { 2 } else { 3 }, r.into())?
+            }
+            _ => return Ok(None),
+        }))
+    }
+
+    /// On a GPU: `x^y` of f32 as `2^(y log2 |x|)`, with the sign of an odd
+    /// integer power of a negative base, NaN for a fractional one, and 1
+    /// for `y = 0` or `x = 1`; `None` elsewhere.
+    pub(super) fn gpu_pow(&self, x: BV<'ctx>, y: BV<'ctx>) -> R<Option<BV<'ctx>>> {
+        if self.gpu.is_none() {
+            return Ok(None);
+        }
+        use inkwell::FloatPredicate as P;
+        let t = self.ctx.f32_type();
+        let (xf, yf) = (x.into_float_value(), y.into_float_value());
+        let ax = self.call("llvm.fabs", &[t.into()], &[x])?;
+        let l = self.hardware(0, ax)?;
+        let e = self.b.build_float_mul(yf, l.into_float_value(), "e")?;
+        let r = self.hardware(1, e.into())?.into_float_value();
+        let fl = self
+            .call("llvm.floor", &[t.into()], &[y])?
+            .into_float_value();
+        let integer = self.b.build_float_compare(P::OEQ, fl, yf, "int")?;
+        let half = self.b.build_float_mul(yf, t.const_float(0.5), "half")?;
+        let hf = self
+            .call("llvm.floor", &[t.into()], &[half.into()])?
+            .into_float_value();
+        let even = self.b.build_float_compare(P::OEQ, hf, half, "even")?;
+        let odd = self
+            .b
+            .build_and(integer, self.b.build_not(even, "odd")?, "odd")?;
+        let neg = self
+            .b
+            .build_float_compare(P::OLT, xf, t.const_zero(), "neg")?;
+        let nr = self.b.build_float_neg(r, "nr")?;
+        let signed = self.b.build_select(odd, nr, r, "signed")?;
+        let nan = t.const_float(f64::NAN);
+        let of_neg = self.b.build_select(integer, signed, nan.into(), "ofneg")?;
+        let r = self.b.build_select(neg, of_neg, r.into(), "pow")?;
+        let y0 = self
+            .b
+            .build_float_compare(P::OEQ, yf, t.const_zero(), "y0")?;
+        let x1 = self
+            .b
+            .build_float_compare(P::OEQ, xf, t.const_float(1.0), "x1")?;
+        let one = self.b.build_or(y0, x1, "one")?;
+        Ok(Some(self.b.build_select(
+            one,
+            t.const_float(1.0).into(),
+            r,
+            "pow",
+        )?))
+    }
+}
+
+impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
+    fn threads(&self) -> R<&Threads<'ctx>> {
+        self.gpu
+            .as_ref()
+            .ok_or_else(|| CodegenError::Invalid("GPU code outside a kernel".into()))
+    }
+
+    /// A 32-bit index from NVVM special register `nvvm`, or from the
+    /// emulator's function `emulated`.
+    fn hook(&self, flavor: Flavor, nvvm: &str, emulated: &str) -> R<IntValue<'ctx>> {
+        let i32t = self.ctx.i32_type();
+        let v = match flavor {
+            Flavor::Nvptx => self.call(nvvm, &[], &[])?,
+            Flavor::Emulated => {
+                let decl = self.declare(emulated, i32t.fn_type(&[], false));
+                self.b
+                    .build_call(decl, &[], "hook")?
+                    .try_as_basic_value()
+                    .basic()
+                    .ok_or_else(|| CodegenError::Llvm(format!("{emulated} gives no value")))?
+            }
+        };
+        Ok(v.into_int_value())
+    }
+
+    /// Every thread of the block arrives before any goes on; memory written
+    /// before is visible after.
+    fn barrier(&self) -> R<()> {
+        match self.threads()?.flavor {
+            Flavor::Nvptx => self.call_void(
+                "llvm.nvvm.barrier.cta.sync.aligned.all",
+                &[],
+                &[self.ctx.i32_type().const_zero().into()],
+            ),
+            Flavor::Emulated => {
+                let decl =
+                    self.declare(EMULATOR_HOOKS[2], self.ctx.void_type().fn_type(&[], false));
+                self.b.build_call(decl, &[], "")?;
+                Ok(())
+            }
+        }
+    }
+
+    fn byte_pointer(&self, base: PointerValue<'ctx>, off: IntValue<'ctx>) -> R<PointerValue<'ctx>> {
+        // SAFETY (LLVM IR semantics): offsets are planned inside the memory.
+        Ok(unsafe {
+            self.b
+                .build_in_bounds_gep(self.ctx.i8_type(), base, &[off], "at")?
+        })
+    }
+
+    fn i64v(&self, v: i64) -> IntValue<'ctx> {
+        self.ctx.i64_type().const_int(v as u64, true)
+    }
+
+    /// Elements of tile type `shape` each thread holds.
+    fn per_thread(&self, v: Value) -> R<usize> {
+        let n: usize = self.f.ty(v).shape().unwrap_or(&[]).iter().product();
+        Ok(n.div_ceil(self.threads()?.count))
+    }
+
+    /// The row-major position of element `j` of this thread: `t + T j`.
+    fn position(&self, j: usize) -> R<IntValue<'ctx>> {
+        let th = self.threads()?;
+        Ok(self
+            .b
+            .build_int_add(th.tid, self.i64v((th.count * j) as i64), "e")?)
+    }
+
+    /// Whether element `j` of this thread exists in a tile of `len`
+    /// elements: `None` when it does for every thread.
+    fn present(&self, j: usize, len: usize) -> R<Option<IntValue<'ctx>>> {
+        let count = self.threads()?.count;
+        if (j + 1) * count <= len {
+            return Ok(None);
+        }
+        let e = self.position(j)?;
+        Ok(Some(self.b.build_int_compare(
+            IntPredicate::ULT,
+            e,
+            self.i64v(len as i64),
+            "present",
+        )?))
+    }
+
+    /// The coordinates of row-major position `e` in `shape`.
+    fn coordinates(&self, e: IntValue<'ctx>, shape: &[usize]) -> R<Vec<IntValue<'ctx>>> {
+        let mut c = vec![self.i64v(0); shape.len()];
+        let mut rest = e;
+        for k in (0..shape.len()).rev() {
+            let n = self.i64v(shape[k] as i64);
+            if k == 0 {
+                c[k] = rest;
+            } else {
+                c[k] = self.b.build_int_unsigned_rem(rest, n, "c")?;
+                rest = self.b.build_int_unsigned_div(rest, n, "rest")?;
+            }
+        }
+        Ok(c)
+    }
+
+    /// The row-major position of coordinates `c` in `shape`.
+    fn position_of(&self, c: &[IntValue<'ctx>], shape: &[usize]) -> R<IntValue<'ctx>> {
+        let mut e = self.i64v(0);
+        for (k, &ck) in c.iter().enumerate() {
+            e = self.b.build_int_mul(e, self.i64v(shape[k] as i64), "e")?;
+            e = self.b.build_int_add(e, ck, "e")?;
+        }
+        Ok(e)
+    }
+
+    fn and_maybe(
+        &self,
+        a: Option<IntValue<'ctx>>,
+        b: Option<IntValue<'ctx>>,
+    ) -> R<Option<IntValue<'ctx>>> {
+        Ok(match (a, b) {
+            (Some(a), Some(b)) => Some(self.b.build_and(a, b, "on")?),
+            (a, None) => a,
+            (None, b) => b,
+        })
+    }
+
+    /// Emits `body` where `cond` holds (always when `None`).
+    fn when(
+        &mut self,
+        cond: Option<IntValue<'ctx>>,
+        body: impl FnOnce(&mut Self) -> R<()>,
+    ) -> R<()> {
+        let Some(cond) = cond else {
+            return body(self);
+        };
+        let then = self.ctx.append_basic_block(self.func, "then");
+        let done = self.ctx.append_basic_block(self.func, "done");
+        self.b.build_conditional_branch(cond, then, done)?;
+        self.b.position_at_end(then);
+        body(self)?;
+        self.b.build_unconditional_branch(done)?;
+        self.b.position_at_end(done);
+        Ok(())
+    }
+
+    /// A value's per-thread elements (a scalar: itself).
+    fn elements(&self, v: Value) -> R<Vec<BV<'ctx>>> {
+        if self.is_tile(v) {
+            self.chunks
+                .get(&v)
+                .cloned()
+                .ok_or_else(|| CodegenError::Invalid("a tile is used before it is defined".into()))
+        } else {
+            Ok(vec![self.get(v)?])
+        }
+    }
+
+    fn set(&mut self, v: Value, elements: Vec<BV<'ctx>>) -> R<()> {
+        if self.is_tile(v) {
+            self.chunks.insert(v, elements);
+        } else {
+            let s = elements
+                .first()
+                .copied()
+                .ok_or_else(|| CodegenError::Invalid("a scalar without a value".into()))?;
+            self.vals.insert(v, s);
+        }
+        Ok(())
+    }
+
+    /// Binds `values` to consecutive runs of `flat` (as `elements` gave).
+    fn set_all(&mut self, values: &[Value], flat: &[BV<'ctx>]) -> R<()> {
+        let mut at = 0;
+        for &v in values {
+            let n = if self.is_tile(v) {
+                self.per_thread(v)?
+            } else {
+                1
+            };
+            let part = flat
+                .get(at..at + n)
+                .ok_or_else(|| CodegenError::Invalid("tile.for carries too few values".into()))?
+                .to_vec();
+            self.set(v, part)?;
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// A binary op, where an integer division by zero records its status
+    /// (for elements that exist) and divides by one.
+    fn gpu_binary(
+        &self,
+        op: BinaryOp,
+        x: BV<'ctx>,
+        y: BV<'ctx>,
+        d: DType,
+        present: Option<IntValue<'ctx>>,
+    ) -> R<BV<'ctx>> {
+        if op != BinaryOp::Div || d.is_float() {
+            return self.binary(op, x, y, d);
+        }
+        let t = y.into_int_value().get_type();
+        let zero = self.b.build_int_compare(
+            IntPredicate::EQ,
+            y.into_int_value(),
+            t.const_zero(),
+            "zero",
+        )?;
+        let failed = match present {
+            Some(p) => self.b.build_and(zero, p, "failed")?,
+            None => zero,
+        };
+        let status = self.threads()?.status;
+        let code = self
+            .ctx
+            .i32_type()
+            .const_int(self.status_of(STATUS_DIVISION_BY_ZERO) as u64, false);
+        let old = self.b.build_load(self.ctx.i32_type(), status, "old")?;
+        let new = self.b.build_select(failed, code.into(), old, "status")?;
+        // Every thread writes the word back; one failing is enough.
+        let then = self.ctx.append_basic_block(self.func, "div.fail");
+        let done = self.ctx.append_basic_block(self.func, "div.ok");
+        self.b.build_conditional_branch(failed, then, done)?;
+        self.b.position_at_end(then);
+        self.b.build_store(status, new)?;
+        self.b.build_unconditional_branch(done)?;
+        self.b.position_at_end(done);
+        let safe =
+            self.b
+                .build_select(zero, t.const_int(1, false), y.into_int_value(), "divisor")?;
+        self.binary(op, x, safe, d)
+    }
+
+    /// An element-wise op, element by element of this thread.
+    fn gpu_elementwise(
+        &mut self,
+        op: &OpData,
+        f: impl Fn(&Self, &[BV<'ctx>], Option<IntValue<'ctx>>) -> R<BV<'ctx>>,
+    ) -> R<()> {
+        let r = op.results[0];
+        let args = op
+            .operands
+            .iter()
+            .map(|v| self.elements(*v))
+            .collect::<R<Vec<_>>>()?;
+        let len: usize = self.f.ty(r).shape().unwrap_or(&[]).iter().product();
+        let n = if self.is_tile(r) {
+            self.per_thread(r)?
+        } else {
+            1
+        };
+        let mut out = Vec::with_capacity(n);
+        for j in 0..n {
+            let xs: Vec<BV<'ctx>> = args.iter().map(|a| a[j.min(a.len() - 1)]).collect();
+            let present = if self.is_tile(r) {
+                self.present(j, len)?
+            } else {
+                None
+            };
+            out.push(f(self, &xs, present)?);
+        }
+        self.set(r, out)
+    }
+
+    /// The address of element offset `off` (in elements) of an access.
+    fn element_at(
+        &self,
+        a: &super::tile::Access<'ctx>,
+        off: IntValue<'ctx>,
+    ) -> R<PointerValue<'ctx>> {
+        self.element_pointer(a, off)
+    }
+
+    /// Offset (elements) of an access at tile coordinates `c`, and whether
+    /// every dimension's index is inside the buffer.
+    fn locate(
+        &self,
+        a: &super::tile::Access<'ctx>,
+        c: &[IntValue<'ctx>],
+        check: bool,
+    ) -> R<(IntValue<'ctx>, Option<IntValue<'ctx>>)> {
+        let mut off = a.base;
+        for (k, &ck) in c.iter().enumerate() {
+            if a.grad[k] != 0 {
+                let t = self.b.build_int_mul(ck, self.i64v(a.grad[k]), "t")?;
+                off = self.b.build_int_add(off, t, "off")?;
+            }
+        }
+        let mut inside = None;
+        if check {
+            for (b, coeffs, extent) in &a.dims {
+                let mut idx = *b;
+                for (k, &ck) in c.iter().enumerate() {
+                    if coeffs.get(k).copied().unwrap_or(0) != 0 {
+                        let t = self.b.build_int_mul(ck, self.i64v(coeffs[k]), "t")?;
+                        idx = self.b.build_int_add(idx, t, "idx")?;
+                    }
+                }
+                let ok = self.b.build_int_compare(
+                    IntPredicate::ULT,
+                    idx,
+                    self.i64v(*extent as i64),
+                    "inside",
+                )?;
+                inside = self.and_maybe(inside, Some(ok))?;
+            }
+        }
+        Ok((off, inside))
+    }
+
+    /// Loads one element of type `d` from `p` (bool stored as a byte).
+    fn load_element(&self, p: PointerValue<'ctx>, d: DType) -> R<BV<'ctx>> {
+        let raw = self.b.build_load(storage_type(self.ctx, d), p, "ld")?;
+        if d == DType::Bool {
+            let i8t = self.ctx.i8_type();
+            return Ok(self
+                .b
+                .build_int_compare(
+                    IntPredicate::NE,
+                    raw.into_int_value(),
+                    i8t.const_zero(),
+                    "b",
+                )?
+                .into());
+        }
+        Ok(raw)
+    }
+
+    /// Stores one element of type `d` to `p` (bool as a byte).
+    fn store_element(&self, p: PointerValue<'ctx>, v: BV<'ctx>, d: DType) -> R<()> {
+        let v: BV<'ctx> = if d == DType::Bool {
+            self.b
+                .build_int_z_extend(v.into_int_value(), self.ctx.i8_type(), "byte")?
+                .into()
+        } else {
+            v
+        };
+        self.b.build_store(p, v)?;
+        Ok(())
+    }
+
+    /// `tile.load` (or a scalar load).
+    fn gpu_load(&mut self, op: &OpData, index: &[Affine], pad: Option<f64>) -> R<()> {
+        let r = op.results[0];
+        let shape = self.f.ty(r).shape().unwrap_or(&[]).to_vec();
+        let a = self.access(op.operands[0], index, shape.len())?;
+        let d = a.dtype;
+        let mask = match op.operands.get(1) {
+            Some(&m) => Some(self.elements(m)?),
+            None => None,
+        };
+        let len: usize = shape.iter().product();
+        let n = if shape.is_empty() {
+            1
+        } else {
+            self.per_thread(r)?
+        };
+        let fill = self.constant(pad.unwrap_or(0.0), d);
+        let mut out = Vec::with_capacity(n);
+        for j in 0..n {
+            let (c, present) = if shape.is_empty() {
+                (vec![], None)
+            } else {
+                let e = self.position(j)?;
+                (self.coordinates(e, &shape)?, self.present(j, len)?)
+            };
+            let (off, inside) = self.locate(&a, &c, pad.is_some())?;
+            let masked = mask.as_ref().map(|m| m[j].into_int_value());
+            let on = self.and_maybe(present, masked)?;
+            let on = self.and_maybe(on, inside)?;
+            let p = self.element_at(&a, off)?;
+            let v = match on {
+                None => self.load_element(p, d)?,
+                Some(on) => {
+                    // Elements that are off read the buffer's first one
+                    // (always there) and are replaced by the pad.
+                    let p = self
+                        .b
+                        .build_select(on, p, a.pointer, "p")?
+                        .into_pointer_value();
+                    let v = self.load_element(p, d)?;
+                    self.b.build_select(on, v, fill, "v")?
+                }
+            };
+            out.push(v);
+        }
+        self.set(r, out)
+    }
+
+    /// `tile.store` (or a scalar store: every thread writes the same value).
+    fn gpu_store(&mut self, op: &OpData, index: &[Affine]) -> R<()> {
+        let v = op.operands[0];
+        let shape = self.f.ty(v).shape().unwrap_or(&[]).to_vec();
+        let a = self.access(op.operands[1], index, shape.len())?;
+        let d = a.dtype;
+        let data = self.elements(v)?;
+        let mask = match op.operands.get(2) {
+            Some(&m) => Some(self.elements(m)?),
+            None => None,
+        };
+        let len: usize = shape.iter().product();
+        for (j, &x) in data.iter().enumerate() {
+            let (c, present) = if shape.is_empty() {
+                (vec![], None)
+            } else {
+                let e = self.position(j)?;
+                (self.coordinates(e, &shape)?, self.present(j, len)?)
+            };
+            let (off, _) = self.locate(&a, &c, false)?;
+            let masked = mask.as_ref().map(|m| m[j].into_int_value());
+            let on = self.and_maybe(present, masked)?;
+            let p = self.element_at(&a, off)?;
+            self.when(on, |g| g.store_element(p, x, d))?;
+        }
+        Ok(())
+    }
+
+    /// `tile.mask`.
+    fn gpu_mask(&mut self, op: &OpData, limits: &[Affine]) -> R<()> {
+        let r = op.results[0];
+        let shape = self.f.ty(r).shape().unwrap_or(&[]).to_vec();
+        let limits = limits
+            .iter()
+            .map(|l| self.affine_base(l))
+            .collect::<R<Vec<_>>>()?;
+        let mut out = Vec::new();
+        for j in 0..self.per_thread(r)? {
+            let e = self.position(j)?;
+            let c = self.coordinates(e, &shape)?;
+            let mut on = self.ctx.bool_type().const_int(1, false);
+            for (ck, l) in c.iter().zip(&limits) {
+                let below = self
+                    .b
+                    .build_int_compare(IntPredicate::SLT, *ck, *l, "below")?;
+                on = self.b.build_and(on, below, "on")?;
+            }
+            out.push(on.into());
+        }
+        self.set(r, out)
+    }
+
+    /// A pointer to element `e` of the staging area, staged as `d`.
+    fn staged(&self, e: IntValue<'ctx>, d: DType, first: u64) -> R<PointerValue<'ctx>> {
+        let th = self.threads()?;
+        let base = self.byte_pointer(th.shared, self.i64v((th.staging + first) as i64))?;
+        // SAFETY (LLVM IR semantics): the staging area holds the operand.
+        Ok(unsafe {
+            self.b
+                .build_in_bounds_gep(storage_type(self.ctx, d), base, &[e], "staged")?
+        })
+    }
+
+    /// Writes tile `v` (as type `d`) to the staging area from byte `first`,
+    /// each thread its own elements.
+    fn stage(&mut self, v: Value, d: DType, first: u64) -> R<()> {
+        let from = self.tdtype(v)?;
+        let len: usize = self.f.ty(v).shape().unwrap_or(&[]).iter().product();
+        let xs = self.elements(v)?;
+        for (j, &x) in xs.iter().enumerate() {
+            let present = self.present(j, len)?;
+            let x = if from == d { x } else { self.cast(x, from, d)? };
+            let e = self.position(j)?;
+            self.when(present, |g| {
+                let p = g.staged(e, d, first)?;
+                g.store_element(p, x, d)
+            })?;
+        }
+        Ok(())
+    }
+
+    /// `tile.trans` and `tile.broadcast`: result element at coordinates
+    /// `c` is operand element `source(c)`, moved through shared memory.
+    fn gpu_move(
+        &mut self,
+        op: &OpData,
+        source: impl Fn(&Self, &[IntValue<'ctx>]) -> R<IntValue<'ctx>>,
+    ) -> R<()> {
+        let (x, r) = (op.operands[0], op.results[0]);
+        let d = self.tdtype(x)?;
+        let shape = self.f.ty(r).shape().unwrap_or(&[]).to_vec();
+        let len: usize = shape.iter().product();
+        self.barrier()?;
+        self.stage(x, d, 0)?;
+        self.barrier()?;
+        let mut out = Vec::new();
+        for j in 0..self.per_thread(r)? {
+            let e = self.position(j)?;
+            let c = self.coordinates(e, &shape)?;
+            let src = source(self, &c)?;
+            let src = match self.present(j, len)? {
+                Some(p) => self
+                    .b
+                    .build_select(p, src, self.i64v(0), "src")?
+                    .into_int_value(),
+                None => src,
+            };
+            let p = self.staged(src, d, 0)?;
+            out.push(self.load_element(p, d)?);
+        }
+        self.set(r, out)
+    }
+
+    /// `tile.reduce`: each thread combines, for each of its result
+    /// elements, the operand's elements along the axis from shared memory.
+    fn gpu_reduce(&mut self, op: &OpData, kind: ReduceKind, axis: usize) -> R<()> {
+        let (x, r) = (op.operands[0], op.results[0]);
+        let d = self.tdtype(x)?;
+        let bop = match kind {
+            ReduceKind::Sum => BinaryOp::Add,
+            ReduceKind::Prod => BinaryOp::Mul,
+            ReduceKind::Max => BinaryOp::Max,
+            ReduceKind::Min => BinaryOp::Min,
+            ReduceKind::Mean => {
+                return Err(CodegenError::Invalid(
+                    "tile.reduce {kind = mean} (the verifier rejects it)".into(),
+                ));
+            }
+        };
+        let from = self.f.ty(x).shape().unwrap_or(&[]).to_vec();
+        let to = self.f.ty(r).shape().unwrap_or(&[]).to_vec();
+        let extent = from[axis];
+        let stride: usize = from[axis + 1..].iter().product();
+        self.barrier()?;
+        self.stage(x, d, 0)?;
+        self.barrier()?;
+        let (n, len) = if to.is_empty() {
+            (1, 1)
+        } else {
+            (self.per_thread(r)?, to.iter().product::<usize>())
+        };
+        let mut out = Vec::with_capacity(n);
+        for j in 0..n {
+            let c = if to.is_empty() {
+                vec![]
+            } else {
+                let e = self.position(j)?;
+                self.coordinates(e, &to)?
+            };
+            let mut full = c.clone();
+            full.insert(axis, self.i64v(0));
+            let mut first = self.position_of(&full, &from)?;
+            if !to.is_empty()
+                && let Some(p) = self.present(j, len)?
+            {
+                first = self
+                    .b
+                    .build_select(p, first, self.i64v(0), "first")?
+                    .into_int_value();
+            }
+            let init = self.load_element(self.staged(first, d, 0)?, d)?;
+            let acc = self.counted_carrying(
+                self.i64v(1),
+                self.i64v(extent as i64),
+                1,
+                &[init],
+                |g, t, acc| {
+                    let step = g.b.build_int_mul(t, g.i64v(stride as i64), "step")?;
+                    let at = g.b.build_int_add(first, step, "at")?;
+                    let v = g.load_element(g.staged(at, d, 0)?, d)?;
+                    Ok(vec![g.binary(bop, acc[0], v, d)?])
+                },
+            )?;
+            out.push(acc[0]);
+        }
+        self.barrier()?;
+        self.set(r, out)
+    }
+
+    /// `tile.dot`: both operands staged in shared memory (as the
+    /// accumulator's type), each thread accumulating its elements of the
+    /// result over the depth.
+    fn gpu_dot(&mut self, op: &OpData) -> R<()> {
+        let (a, b, acc, r) = (
+            op.operands[0],
+            op.operands[1],
+            op.operands[2],
+            op.results[0],
+        );
+        let sa = self.f.ty(a).shape().unwrap_or(&[]).to_vec();
+        let sb = self.f.ty(b).shape().unwrap_or(&[]).to_vec();
+        let (m, k, n) = (sa[0], sa[1], sb[1]);
+        let acc_d = self.tdtype(acc)?;
+        let b_first = (m * k * stage_size(acc_d)) as u64;
+        self.barrier()?;
+        self.stage(a, acc_d, 0)?;
+        self.stage(b, acc_d, b_first)?;
+        self.barrier()?;
+        let init = self.elements(acc)?;
+        let mut rows = Vec::with_capacity(init.len());
+        let mut cols = Vec::with_capacity(init.len());
+        for j in 0..init.len() {
+            let e = self.position(j)?;
+            let e = match self.present(j, m * n)? {
+                Some(p) => self
+                    .b
+                    .build_select(p, e, self.i64v(0), "e")?
+                    .into_int_value(),
+                None => e,
+            };
+            let nn = self.i64v(n as i64);
+            rows.push(self.b.build_int_unsigned_div(e, nn, "row")?);
+            cols.push(self.b.build_int_unsigned_rem(e, nn, "col")?);
+        }
+        let out =
+            self.counted_carrying(self.i64v(0), self.i64v(k as i64), 1, &init, |g, p, accs| {
+                let mut next = Vec::with_capacity(accs.len());
+                for (j, &s) in accs.iter().enumerate() {
+                    let ra = g.b.build_int_mul(rows[j], g.i64v(k as i64), "ra")?;
+                    let ia = g.b.build_int_add(ra, p, "ia")?;
+                    let rb = g.b.build_int_mul(p, g.i64v(n as i64), "rb")?;
+                    let ib = g.b.build_int_add(rb, cols[j], "ib")?;
+                    let x = g.load_element(g.staged(ia, acc_d, 0)?, acc_d)?;
+                    let y = g.load_element(g.staged(ib, acc_d, b_first)?, acc_d)?;
+                    next.push(if acc_d.is_float() {
+                        g.call("llvm.fmuladd", &[x.get_type()], &[x, y, s])?
+                    } else {
+                        let prod = g.binary(BinaryOp::Mul, x, y, acc_d)?;
+                        g.binary(BinaryOp::Add, s, prod, acc_d)?
+                    });
+                }
+                Ok(next)
+            })?;
+        self.barrier()?;
+        self.set(r, out)
+    }
+
+    /// A kernel body or loop body; returns the values its `tile.yield`
+    /// passes on, flattened.
+    fn gpu_block(&mut self, ops: &[dlc_tile::OpId]) -> R<Vec<BV<'ctx>>> {
+        let f = self.f;
+        for &id in ops {
+            let op = f.op(id);
+            self.loc.clone_from(&op.loc);
+            match &op.kind {
+                // Placed when the kernel starts.
+                OpKind::Alloc | OpKind::ProgramId { .. } => {}
+                OpKind::Barrier => self.barrier()?,
+                OpKind::View => {
+                    let p = self.get(op.operands[0])?;
+                    self.vals.insert(op.results[0], p);
+                }
+                OpKind::Const(c) => {
+                    let r = op.results[0];
+                    let s = self.constant(*c, self.tdtype(r)?);
+                    let n = if self.is_tile(r) {
+                        self.per_thread(r)?
+                    } else {
+                        1
+                    };
+                    self.set(r, vec![s; n])?;
+                }
+                OpKind::Splat => {
+                    let r = op.results[0];
+                    let s = self.get(op.operands[0])?;
+                    let n = self.per_thread(r)?;
+                    self.set(r, vec![s; n])?;
+                }
+                OpKind::Unary(u) => {
+                    let d = self.tdtype(op.operands[0])?;
+                    self.gpu_elementwise(op, |g, x, _| g.unary(*u, x[0], d))?;
+                }
+                OpKind::Binary(bop) => {
+                    let d = self.tdtype(op.operands[0])?;
+                    self.gpu_elementwise(op, |g, x, present| {
+                        g.gpu_binary(*bop, x[0], x[1], d, present)
+                    })?;
+                }
+                OpKind::Compare(c) => {
+                    let d = self.tdtype(op.operands[0])?;
+                    self.gpu_elementwise(op, |g, x, _| g.compare(*c, x[0], x[1], d))?;
+                }
+                OpKind::Select => {
+                    self.gpu_elementwise(op, |g, x, _| g.select(x[0], x[1], x[2]))?;
+                }
+                OpKind::Cast => {
+                    let (from, to) = (self.tdtype(op.operands[0])?, self.tdtype(op.results[0])?);
+                    self.gpu_elementwise(op, |g, x, _| g.cast(x[0], from, to))?;
+                }
+                OpKind::Load { index, pad } => self.gpu_load(op, index, *pad)?,
+                OpKind::Store { index } => self.gpu_store(op, index)?,
+                OpKind::Mask { limits } => self.gpu_mask(op, limits)?,
+                // Row-major order is kept: every element stays in its thread.
+                OpKind::Reshape | OpKind::ExpandDims { .. } => {
+                    let x = self.elements(op.operands[0])?;
+                    self.set(op.results[0], x)?;
+                }
+                OpKind::Broadcast => {
+                    let from = self.f.ty(op.operands[0]).shape().unwrap_or(&[]).to_vec();
+                    self.gpu_move(op, |g, c| {
+                        let src: Vec<IntValue<'ctx>> = c
+                            .iter()
+                            .zip(&from)
+                            .map(|(&ck, &n)| if n == 1 { g.i64v(0) } else { ck })
+                            .collect();
+                        g.position_of(&src, &from)
+                    })?;
+                }
+                OpKind::Trans { perm } => {
+                    let from = self.f.ty(op.operands[0]).shape().unwrap_or(&[]).to_vec();
+                    let perm = perm.clone();
+                    self.gpu_move(op, |g, c| {
+                        let mut src = vec![g.i64v(0); from.len()];
+                        for (i, &p) in perm.iter().enumerate() {
+                            src[p] = c[i];
+                        }
+                        g.position_of(&src, &from)
+                    })?;
+                }
+                OpKind::Dot => self.gpu_dot(op)?,
+                OpKind::Reduce { kind, axis } => self.gpu_reduce(op, *kind, *axis)?,
+                OpKind::For { lo, hi, step } => {
+                    let body = &op.regions[0];
+                    let mut inits = Vec::new();
+                    for v in &op.operands {
+                        inits.extend(self.elements(*v)?);
+                    }
+                    let finals = self.counted_carrying(
+                        self.i64v(*lo),
+                        self.i64v(*hi),
+                        (*step).max(1),
+                        &inits,
+                        |g, i, carried| {
+                            g.vals.insert(body.args[0], i.into());
+                            g.set_all(&body.args[1..], carried)?;
+                            g.gpu_block(&body.ops)
+                        },
+                    )?;
+                    self.set_all(&op.results, &finals)?;
+                }
+                OpKind::Yield => {
+                    let mut out = Vec::new();
+                    for v in &op.operands {
+                        out.extend(self.elements(*v)?);
+                    }
+                    return Ok(out);
+                }
+                other => {
+                    return Err(CodegenError::Invalid(format!(
+                        "{} inside a kernel",
+                        other.name()
+                    )));
+                }
+            }
+        }
+        Ok(vec![])
+    }
+}
+
+/// The external functions `module` calls that nothing will define: on a
+/// GPU there is no C library, so each is something the GPU back end does
+/// not build yet.
+pub(crate) fn undefined_calls(module: &Module<'_>) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut f: Option<FunctionValue<'_>> = module.get_first_function();
+    while let Some(func) = f {
+        let name = func.get_name().to_string_lossy().into_owned();
+        if func.count_basic_blocks() == 0
+            && !name.starts_with("llvm.")
+            && !EMULATOR_HOOKS.contains(&name.as_str())
+        {
+            names.push(name);
+        }
+        f = func.get_next_function();
+    }
+    names
+}

@@ -1,0 +1,407 @@
+//! NVIDIA GPUs: tile IR scheduled for a GPU target (`sm_80`, `sm_90`)
+//! compiled to PTX ([`compile_gpu`]), with the plan the runtime follows to
+//! run each entry point (`dlc_runtime::gpu`); and an emulator
+//! ([`emulate`]) that compiles the very same kernels for this CPU, with
+//! thread indices, barriers and shared memory provided by CPU threads, so
+//! that the GPU code generator is checked against the reference
+//! interpreter on machines without a GPU.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::sync::Barrier;
+
+use crate::codegen::gpu::{EMULATOR_HOOKS, Flavor, emit_function, undefined_calls};
+use crate::{CodegenError, R};
+use dlc_core::TargetDesc;
+use dlc_runtime::abi::Symbols;
+use dlc_runtime::gpu::{Device, GpuFunction, GpuProgram, Launch, Prepared};
+use dlc_runtime::{AlignedBuffer, HostTensor, RuntimeError};
+use dlc_tile::Module as TModule;
+use inkwell::AddressSpace;
+use inkwell::OptimizationLevel;
+use inkwell::context::Context;
+use inkwell::execution_engine::ExecutionEngine;
+use inkwell::module::{Linkage, Module};
+use inkwell::passes::PassBuilderOptions;
+use inkwell::targets::FileType;
+use inkwell::values::BasicMetadataValueEnum;
+
+/// Emits every function of `m` as kernels of one LLVM module.
+fn kernels<'ctx>(
+    ctx: &'ctx Context,
+    module: &Module<'ctx>,
+    m: &TModule,
+    symbols: &Symbols,
+    target: &TargetDesc,
+    flavor: Flavor,
+) -> R<Vec<GpuFunction>> {
+    let mut functions = Vec::with_capacity(m.functions.len());
+    for f in &m.functions {
+        let symbol = symbols.symbol(&f.name).map_err(CodegenError::Symbol)?;
+        functions.push(emit_function(ctx, module, f, &symbol, target, flavor)?);
+    }
+    let missing = undefined_calls(module);
+    if !missing.is_empty() {
+        return Err(CodegenError::Unsupported(format!(
+            "the GPU back end does not build {} yet (a GPU has no C library: f64 \
+             transcendental functions and erf are computed by it on a CPU)",
+            missing.join(", ")
+        )));
+    }
+    module
+        .verify()
+        .map_err(|e| CodegenError::Llvm(format!("generated IR is invalid: {e}")))?;
+    Ok(functions)
+}
+
+/// What each entry point launches, as PTX comments (`dlc compile --emit
+/// ptx` prints them above the kernels).
+fn describe(functions: &[GpuFunction]) -> String {
+    let mut out = String::from(
+        "// dlc: kernels of each entry point, launched in order (one-dimensional grids; the\n// last argument of every kernel is the address of a zeroed int32 status word)\n",
+    );
+    for f in functions {
+        out.push_str(&format!(
+            "// entry {} ({}), workspace {} bytes:\n",
+            f.signature.name,
+            f.signature.encode(),
+            f.workspace
+        ));
+        for l in &f.launches {
+            let args: Vec<String> = l
+                .args
+                .iter()
+                .map(|&i| match &f.buffers[i] {
+                    dlc_runtime::gpu::DeviceBuffer::Param(p) => f.signature.params[*p].name.clone(),
+                    dlc_runtime::gpu::DeviceBuffer::Workspace(o) => format!("workspace+{o}"),
+                    dlc_runtime::gpu::DeviceBuffer::Constant(b) => {
+                        format!("constant({} bytes)", b.len())
+                    }
+                })
+                .collect();
+            out.push_str(&format!(
+                "//   {}<<<{}, {}, {}>>>({}, status)\n",
+                l.kernel,
+                l.blocks,
+                l.threads,
+                l.shared_bytes,
+                args.join(", ")
+            ));
+        }
+    }
+    out
+}
+
+/// Compiles `m` (tile IR scheduled for GPU `target`) to PTX for it, entry
+/// point `f`'s kernels named after `symbols.symbol(f)`.
+pub fn compile_gpu(m: &TModule, symbols: &Symbols, target: &TargetDesc) -> R<GpuProgram> {
+    let machine = crate::target::nvptx::machine(target)?;
+    let ctx = Context::create();
+    let module = ctx.create_module("dlc");
+    module.set_triple(&machine.get_triple());
+    module.set_data_layout(&machine.get_target_data().get_data_layout());
+    let functions = kernels(&ctx, &module, m, symbols, target, Flavor::Nvptx)?;
+    module
+        .run_passes("default<O3>", &machine, PassBuilderOptions::create())
+        .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+    let ptx = machine
+        .write_to_memory_buffer(&module, FileType::Assembly)
+        .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+    let ptx = String::from_utf8_lossy(ptx.as_slice())
+        .trim_end_matches('\0')
+        .to_string();
+    Ok(GpuProgram {
+        ptx: format!("{}{ptx}", describe(&functions)),
+        functions,
+    })
+}
+
+/// The kernels of a module compiled for a GPU target, run on this CPU:
+/// every block's threads are CPU threads (one per GPU thread), barriers
+/// are a `std::sync::Barrier`, shared memory a buffer per launch filled
+/// with NaN bytes (so a read of what was never written shows). Blocks run
+/// one after another. Slow, and meant for small programs: it checks the
+/// code generator's mapping (layouts, masks, staging, barriers), not
+/// speed.
+pub struct Emulator<'m> {
+    engine: ExecutionEngine<'m>,
+    program: GpuProgram,
+    /// Each kernel's entry wrapper (`void name.entry(void **args)`).
+    entries: HashMap<String, usize>,
+}
+
+/// Compiles `m` (tile IR scheduled for GPU `target`) for the emulator and
+/// hands it to `use_it`.
+pub fn emulate<T>(
+    m: &TModule,
+    target: &TargetDesc,
+    use_it: impl FnOnce(&mut Emulator<'_>) -> R<T>,
+) -> R<T> {
+    let ctx = Context::create();
+    let module = ctx.create_module("dlc_emulated");
+    let host = crate::target::x86_64::machine(TargetDesc::host())?;
+    module.set_triple(&host.get_triple());
+    module.set_data_layout(&host.get_target_data().get_data_layout());
+    let symbols = Symbols::with_prefix("dlc_emu_").map_err(CodegenError::Symbol)?;
+    let functions = kernels(&ctx, &module, m, &symbols, target, Flavor::Emulated)?;
+    let mut names: Vec<(String, usize)> = Vec::new();
+    for f in &functions {
+        for l in &f.launches {
+            if !names.iter().any(|n| n.0 == l.kernel) {
+                names.push((l.kernel.clone(), l.args.len() + 1));
+            }
+        }
+    }
+    for (name, arity) in &names {
+        entry_wrapper(&ctx, &module, name, *arity)?;
+    }
+    // This CPU rounds to bf16 with a function the C library may lack.
+    crate::emit::define_bf16_truncation(&ctx, &module)?;
+    module
+        .run_passes("default<O2>", &host, PassBuilderOptions::create())
+        .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+    let engine = module
+        .create_jit_execution_engine(OptimizationLevel::Default)
+        .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+    let hooks: [usize; 8] = [
+        hooks::thread as *const () as usize,
+        hooks::block as *const () as usize,
+        hooks::barrier as *const () as usize,
+        hooks::shared as *const () as usize,
+        hooks::lg2 as *const () as usize,
+        hooks::ex2 as *const () as usize,
+        hooks::sin as *const () as usize,
+        hooks::cos as *const () as usize,
+    ];
+    for (name, address) in EMULATOR_HOOKS.iter().zip(hooks) {
+        if let Some(f) = module.get_function(name) {
+            engine.add_global_mapping(&f, address);
+        }
+    }
+    let mut entries = HashMap::new();
+    for (name, _) in &names {
+        let address = engine
+            .get_function_address(&format!("{name}.entry"))
+            .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+        entries.insert(name.clone(), address);
+    }
+    let mut emulator = Emulator {
+        engine,
+        program: GpuProgram {
+            ptx: String::new(),
+            functions,
+        },
+        entries,
+    };
+    use_it(&mut emulator)
+}
+
+/// `void name.entry(void **args)`: calls kernel `name` with `arity`
+/// pointers from the array.
+fn entry_wrapper<'ctx>(
+    ctx: &'ctx Context,
+    module: &Module<'ctx>,
+    name: &str,
+    arity: usize,
+) -> R<()> {
+    let kernel = module
+        .get_function(name)
+        .ok_or_else(|| CodegenError::Invalid(format!("no kernel {name}")))?;
+    let ptr = ctx.ptr_type(AddressSpace::default());
+    let wrapper = module.add_function(
+        &format!("{name}.entry"),
+        ctx.void_type().fn_type(&[ptr.into()], false),
+        Some(Linkage::External),
+    );
+    let b = ctx.create_builder();
+    b.position_at_end(ctx.append_basic_block(wrapper, "entry"));
+    let array = wrapper
+        .get_first_param()
+        .ok_or_else(|| CodegenError::Invalid("wrapper without parameter".into()))?
+        .into_pointer_value();
+    let mut args: Vec<BasicMetadataValueEnum<'_>> = Vec::with_capacity(arity);
+    for i in 0..arity {
+        // SAFETY (LLVM IR semantics): the caller passes `arity` pointers.
+        let slot = unsafe {
+            b.build_in_bounds_gep(
+                ptr,
+                array,
+                &[ctx.i64_type().const_int(i as u64, false)],
+                "slot",
+            )?
+        };
+        args.push(b.build_load(ptr, slot, "arg")?.into());
+    }
+    b.build_call(kernel, &args, "")?;
+    b.build_return(None)?;
+    Ok(())
+}
+
+impl Emulator<'_> {
+    /// How each entry point runs.
+    pub fn program(&self) -> &GpuProgram {
+        &self.program
+    }
+
+    /// Runs entry point `name` on `inputs`; returns its results.
+    pub fn call(
+        &mut self,
+        name: &str,
+        inputs: &[HostTensor],
+    ) -> Result<Vec<HostTensor>, RuntimeError> {
+        let function = self.program.function(name)?.clone();
+        let mut device = EmulatedDevice {
+            entries: &self.entries,
+        };
+        let mut prepared = Prepared::new(&mut device, &function)?;
+        prepared.call(&mut device, inputs)
+    }
+
+    /// Keeps the engine (which owns the code) borrowed while calls run.
+    #[doc(hidden)]
+    pub fn engine(&self) -> &ExecutionEngine<'_> {
+        &self.engine
+    }
+}
+
+/// Host memory standing for device memory.
+struct EmulatedDevice<'e> {
+    entries: &'e HashMap<String, usize>,
+}
+
+impl Device for EmulatedDevice<'_> {
+    type Memory = AlignedBuffer;
+
+    fn alloc(&mut self, bytes: usize) -> Result<AlignedBuffer, RuntimeError> {
+        Ok(AlignedBuffer::zeroed(bytes))
+    }
+
+    fn upload(&mut self, to: &mut AlignedBuffer, from: &[u8]) -> Result<(), RuntimeError> {
+        to.bytes_mut()
+            .get_mut(..from.len())
+            .ok_or_else(|| RuntimeError::Arguments("an upload past the buffer".into()))?
+            .copy_from_slice(from);
+        Ok(())
+    }
+
+    fn download(&mut self, from: &AlignedBuffer, to: &mut [u8]) -> Result<(), RuntimeError> {
+        let n = to.len();
+        to.copy_from_slice(
+            from.bytes()
+                .get(..n)
+                .ok_or_else(|| RuntimeError::Arguments("a download past the buffer".into()))?,
+        );
+        Ok(())
+    }
+
+    fn address(&self, m: &AlignedBuffer) -> u64 {
+        m.bytes().as_ptr() as u64
+    }
+
+    fn launch(&mut self, launch: &Launch, args: &[u64]) -> Result<(), RuntimeError> {
+        let entry = *self
+            .entries
+            .get(&launch.kernel)
+            .ok_or_else(|| RuntimeError::Load(format!("no kernel {}", launch.kernel)))?;
+        let threads = launch.threads as usize;
+        let mut shared = AlignedBuffer::zeroed(launch.shared_bytes as usize);
+        shared.bytes_mut().fill(0xff);
+        let shared = shared.as_mut_ptr() as usize;
+        let barrier = Barrier::new(threads);
+        std::thread::scope(|s| {
+            for t in 0..threads {
+                let barrier = &barrier;
+                let args = args.to_vec();
+                s.spawn(move || {
+                    hooks::enter(t as u32, barrier, shared);
+                    for block in 0..launch.blocks {
+                        hooks::BLOCK.with(|b| b.set(block));
+                        // SAFETY: `entry` is the `NAME.entry` wrapper the
+                        // emulator generated for this kernel, taking
+                        // `args.len()` pointers, and the JIT engine that
+                        // owns it outlives the launch; every argument is a
+                        // live buffer of the size the kernel was planned
+                        // with.
+                        unsafe {
+                            let f = std::mem::transmute::<usize, unsafe extern "C" fn(*const u64)>(
+                                entry,
+                            );
+                            f(args.as_ptr());
+                        }
+                        // No thread starts the next block (and reuses
+                        // shared memory) before every thread ends this one.
+                        barrier.wait();
+                    }
+                    hooks::leave();
+                });
+            }
+        });
+        Ok(())
+    }
+
+    fn synchronize(&mut self) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+}
+
+/// The functions emulated kernels call, reading the calling CPU thread's
+/// part in the launch.
+mod hooks {
+    use super::*;
+
+    thread_local! {
+        static THREAD: Cell<u32> = const { Cell::new(0) };
+        pub(super) static BLOCK: Cell<u32> = const { Cell::new(0) };
+        static BARRIER: Cell<usize> = const { Cell::new(0) };
+        static SHARED: Cell<usize> = const { Cell::new(0) };
+    }
+
+    pub(super) fn enter(thread: u32, barrier: &Barrier, shared: usize) {
+        THREAD.with(|t| t.set(thread));
+        BARRIER.with(|b| b.set(barrier as *const Barrier as usize));
+        SHARED.with(|s| s.set(shared));
+    }
+
+    pub(super) fn leave() {
+        BARRIER.with(|b| b.set(0));
+    }
+
+    pub(super) extern "C" fn thread() -> u32 {
+        THREAD.with(Cell::get)
+    }
+
+    pub(super) extern "C" fn block() -> u32 {
+        BLOCK.with(Cell::get)
+    }
+
+    pub(super) extern "C" fn barrier() {
+        let b = BARRIER.with(Cell::get);
+        if b != 0 {
+            // SAFETY: `enter` stored the address of the launch's barrier,
+            // which outlives every thread of the launch (a scoped thread),
+            // and `leave` clears it before the thread ends.
+            unsafe { &*(b as *const Barrier) }.wait();
+        }
+    }
+
+    pub(super) extern "C" fn shared() -> *mut u8 {
+        SHARED.with(Cell::get) as *mut u8
+    }
+
+    // The hardware's approximations, computed exactly here.
+    pub(super) extern "C" fn lg2(x: f32) -> f32 {
+        x.log2()
+    }
+
+    pub(super) extern "C" fn ex2(x: f32) -> f32 {
+        x.exp2()
+    }
+
+    pub(super) extern "C" fn sin(x: f32) -> f32 {
+        x.sin()
+    }
+
+    pub(super) extern "C" fn cos(x: f32) -> f32 {
+        x.cos()
+    }
+}

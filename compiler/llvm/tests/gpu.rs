@@ -1,0 +1,215 @@
+//! The GPU back end without a GPU: tile IR scheduled for sm_80 and sm_90
+//! compiled to PTX that NVIDIA's `ptxas` accepts, and the very same
+//! kernels run by the emulator (CPU threads as a block's threads, a
+//! barrier as `bar.sync`, a buffer as shared memory) against the graph
+//! interpreter. What only a GPU can show (the PTX running through the CUDA
+//! driver) is tested by `dlc run --backend gpu --check` where one is.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
+
+use dlc_core::{DType, TargetDesc, TensorType};
+use dlc_driver::{
+    DEFAULT_PIPELINE, PassOptions, SourceText, compile_source, interpret, max_relative_error,
+    prepare_inputs, run_passes,
+};
+use dlc_runtime::HostTensor;
+use dlc_runtime::abi::Symbols;
+use proptest::prelude::*;
+
+/// As for compiled CPU code: sums in f32 in another order, f32
+/// transcendental functions.
+const TOLERANCE: f64 = 1e-4;
+
+fn graph(src: &str) -> dlc_graph::Module {
+    let mut m = compile_source(&SourceText {
+        name: "t.dl".into(),
+        text: src.into(),
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    run_passes(&mut m, DEFAULT_PIPELINE, PassOptions::default()).unwrap();
+    m
+}
+
+/// Entry point `f` of `m` scheduled for sm_90 and run by the emulator.
+fn emulated(
+    m: &dlc_graph::Module,
+    f: &dlc_graph::Function,
+    inputs: &[HostTensor],
+) -> Vec<HostTensor> {
+    let target = TargetDesc::sm_90();
+    let tiles = dlc_driver::lower_for_tile(m, &target).unwrap();
+    dlc_llvm::emulate(&tiles, &target, |emu| Ok(emu.call(&f.name, inputs)))
+        .unwrap_or_else(|e| panic!("{e}\n{}", dlc_tile::print_module(&tiles)))
+        .unwrap_or_else(|e| panic!("{e}\n{}", dlc_tile::print_module(&tiles)))
+}
+
+/// Every entry point of `src` run by the emulator agrees with the
+/// interpreter.
+fn emulated_agrees(src: &str) {
+    let m = graph(src);
+    for (seed, f) in m.entry_points().enumerate() {
+        let inputs = prepare_inputs(f, &[], Some(seed as u64)).unwrap();
+        let want = interpret(&m, f, &inputs).unwrap();
+        let got = emulated(&m, f, &inputs);
+        let err = max_relative_error(&got, &want).unwrap();
+        assert!(
+            err <= TOLERANCE,
+            "@{}: relative error {err:.3e}\n{src}\nwant {:?}\ngot {:?}",
+            f.name,
+            want.iter()
+                .map(|t| &t.data[..t.data.len().min(8)])
+                .collect::<Vec<_>>(),
+            got.iter()
+                .map(|t| &t.data[..t.data.len().min(8)])
+                .collect::<Vec<_>>(),
+        );
+    }
+}
+
+#[test]
+fn every_differential_program_on_the_emulator() {
+    for src in dlc_tests::differential_programs() {
+        emulated_agrees(src);
+    }
+}
+
+#[test]
+fn products_reductions_and_moves_with_ragged_edges() {
+    // Tiles larger than a block (64 x 64 over 256 threads), smaller than
+    // one (a 7-element row), ragged in every direction, batched products,
+    // transposes and broadcasts through shared memory.
+    emulated_agrees(
+        "fn f(x: f32[70, 40], w: f32[40, 90], b: f32[90]) -> f32[70, 90] { return gelu(x @ w + b); }",
+    );
+    emulated_agrees(
+        "fn f(q: f32[3, 20, 33], k: f32[3, 37, 33]) -> f32[3, 20, 37] { return q @ transpose(k, [0, 2, 1]) / 4.0; }",
+    );
+    emulated_agrees(
+        "fn f(x: f32[5, 300]) -> (f32[5, 300], f32[300], f32) { return (softmax(x, axis=-1), sum(x, axis=0), max(x)); }",
+    );
+    emulated_agrees(
+        "fn f(x: f32[9, 7], y: f32[7]) -> f32[9, 7] { return layernorm(x + y) * 2.0; }",
+    );
+    emulated_agrees(
+        "fn f(x: i32[33, 65]) -> (i32[33], i32[65]) { return (max(x, axis=1), sum(x, axis=0)); }",
+    );
+}
+
+#[test]
+fn narrow_floats_accumulate_in_f32_on_the_emulator() {
+    dlc_tests::check_narrow_accumulation(&emulated);
+}
+
+#[test]
+fn every_element_type_on_the_emulator() {
+    // f64 transcendental functions need a C library a GPU does not have:
+    // refused with a message, and every other program runs.
+    let refused = dlc_tests::ELEMENT_TYPE_PROGRAMS
+        .iter()
+        .chain(&dlc_tests::COMPOSITE_PROGRAMS)
+        .filter(|src| {
+            let m = graph(src);
+            let tiles = dlc_driver::lower_for_tile(&m, &TargetDesc::sm_90()).unwrap();
+            match dlc_llvm::emulate(&tiles, &TargetDesc::sm_90(), |_| Ok(())) {
+                Ok(()) => false,
+                Err(e) => {
+                    assert!(
+                        e.to_string().contains("the GPU back end does not build"),
+                        "{e}"
+                    );
+                    true
+                }
+            }
+        })
+        .count();
+    assert_eq!(refused, 1, "only the f64 program calls the C library");
+    dlc_tests::check_element_types(&|m, f, inputs| {
+        let target = TargetDesc::sm_90();
+        let tiles = dlc_driver::lower_for_tile(m, &target).unwrap();
+        match dlc_llvm::emulate(&tiles, &target, |emu| Ok(emu.call(&f.name, inputs))) {
+            Ok(r) => r.unwrap_or_else(|e| panic!("{e}")),
+            // The refused program: the interpreter's results stand in.
+            Err(_) => interpret(m, f, inputs).unwrap(),
+        }
+    });
+}
+
+#[test]
+fn integer_division_by_zero_is_an_error_with_its_place() {
+    let m = graph("fn f(x: i32[300]) -> i32[300] { return x / (x - x); }");
+    let f = m.entry_points().next().unwrap();
+    let x = HostTensor::new(TensorType::new(DType::I32, vec![300]), vec![1.0; 300]).unwrap();
+    let target = TargetDesc::sm_90();
+    let tiles = dlc_driver::lower_for_tile(&m, &target).unwrap();
+    let err = dlc_llvm::emulate(&tiles, &target, |emu| Ok(emu.call(&f.name, &[x])))
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "`f`: integer division by zero at t.dl:1:40"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
+
+    #[test]
+    fn generated_programs_agree_on_the_emulator(choices in prop::collection::vec(any::<u32>(), 1..10), tuple in any::<bool>()) {
+        emulated_agrees(&dlc_tests::generated_program(&choices, tuple));
+    }
+}
+
+/// Every example, language-reference example and differential program
+/// compiles to PTX that ptxas assembles for sm_80 and sm_90.
+#[test]
+fn ptxas_accepts_every_program() {
+    let Some(ptxas) = dlc_tests::ptxas() else {
+        return;
+    };
+    let mut programs: Vec<(String, String)> = dlc_tests::example_files();
+    programs.extend(
+        dlc_tests::language_reference_examples()
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| (format!("docs/language.md example {}", i + 1), t)),
+    );
+    programs.extend(
+        dlc_tests::differential_programs()
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| (format!("differential program {i}"), t.to_string())),
+    );
+    programs.extend(
+        dlc_tests::ELEMENT_TYPE_PROGRAMS
+            .iter()
+            .chain(&dlc_tests::COMPOSITE_PROGRAMS)
+            .map(|t| ("element type program".to_string(), t.to_string())),
+    );
+    programs.extend(
+        dlc_tests::narrow_accumulation_cases()
+            .into_iter()
+            .map(|(t, _, _)| ("narrow float program".to_string(), t)),
+    );
+    for (i, choices) in [[3u32, 1, 4, 1, 5], [9, 2, 6, 5, 3], [5, 8, 9, 7, 9]]
+        .iter()
+        .enumerate()
+    {
+        programs.push((
+            format!("generated program {i}"),
+            dlc_tests::generated_program(choices, i % 2 == 0),
+        ));
+    }
+    for target in [TargetDesc::sm_80(), TargetDesc::sm_90()] {
+        for (name, text) in &programs {
+            let m = graph(text);
+            let tiles = dlc_driver::lower_for_tile(&m, &target).unwrap();
+            let program = match dlc_llvm::compile_gpu(&tiles, &Symbols::for_module("t"), &target) {
+                Ok(p) => p,
+                Err(e) if e.to_string().contains("the GPU back end does not build") => continue,
+                Err(e) => panic!("{name} for {}: {e}", target.name),
+            };
+            dlc_tests::ptxas_accepts(&ptxas, &program.ptx, &target.name)
+                .unwrap_or_else(|e| panic!("{name} for {}: ptxas says\n{e}", target.name));
+        }
+    }
+}

@@ -1,0 +1,230 @@
+//! Running an entry point compiled for an NVIDIA GPU.
+//!
+//! The code generator makes PTX kernels and, for each entry point, a
+//! [`GpuFunction`]: the device buffers it uses (its parameters, a
+//! workspace holding every intermediate at a planned offset, constant
+//! data) and the kernel launches in order. [`Prepared`] carries that out
+//! on a [`Device`]: CUDA through cudarc (`crate::cuda`), or the emulator
+//! that runs the same kernels on CPU threads in the code generator's
+//! tests. Inputs are copied in once per call, the kernels run in order on
+//! one stream, results are copied back, and the status word the kernels
+//! write (an integer division by zero, with its source place) becomes an
+//! error.
+
+use crate::abi::{Signature, status_message};
+use crate::call::{AlignedBuffer, RuntimeError, lay_out, results};
+use crate::tensor::HostTensor;
+
+/// A module compiled for a GPU: its PTX and how to run each entry point.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuProgram {
+    /// The kernels, as PTX text.
+    pub ptx: String,
+    /// One per entry point.
+    pub functions: Vec<GpuFunction>,
+}
+
+impl GpuProgram {
+    /// Entry point `name`.
+    pub fn function(&self, name: &str) -> Result<&GpuFunction, RuntimeError> {
+        self.functions
+            .iter()
+            .find(|f| f.signature.name == name)
+            .ok_or_else(|| RuntimeError::Load(format!("no entry point `{name}` was compiled")))
+    }
+}
+
+/// What the host does to run one entry point.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuFunction {
+    /// Its parameters (inputs, then results) and failure sites; `name` is
+    /// the entry point's.
+    pub signature: Signature,
+    /// Bytes of the workspace holding the intermediates.
+    pub workspace: u64,
+    /// The buffers kernels are given, by index.
+    pub buffers: Vec<DeviceBuffer>,
+    /// The kernels to launch, in order.
+    pub launches: Vec<Launch>,
+}
+
+/// A buffer a kernel reads or writes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DeviceBuffer {
+    /// Parameter `i` of the entry point.
+    Param(usize),
+    /// The workspace, from this byte offset.
+    Workspace(u64),
+    /// Read-only data (a constant tensor), copied to the device once.
+    Constant(Vec<u8>),
+}
+
+/// One kernel launch: a one-dimensional grid of blocks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Launch {
+    /// The kernel's symbol in the PTX.
+    pub kernel: String,
+    /// Blocks (the tile kernel's programs).
+    pub blocks: u32,
+    /// Threads per block.
+    pub threads: u32,
+    /// Bytes of dynamic shared memory per block.
+    pub shared_bytes: u32,
+    /// The kernel's buffer arguments, indices into
+    /// [`GpuFunction::buffers`]; the status word's address follows them.
+    pub args: Vec<usize>,
+}
+
+/// A machine kernels run on.
+pub trait Device {
+    /// Device memory.
+    type Memory;
+    /// `bytes` zeroed bytes of device memory.
+    fn alloc(&mut self, bytes: usize) -> Result<Self::Memory, RuntimeError>;
+    /// Copies `from` to the start of `to`.
+    fn upload(&mut self, to: &mut Self::Memory, from: &[u8]) -> Result<(), RuntimeError>;
+    /// Copies the start of `from` into `to`.
+    fn download(&mut self, from: &Self::Memory, to: &mut [u8]) -> Result<(), RuntimeError>;
+    /// The device address of `m`.
+    fn address(&self, m: &Self::Memory) -> u64;
+    /// Launches `launch` with these argument addresses (the buffers, then
+    /// the status word).
+    fn launch(&mut self, launch: &Launch, args: &[u64]) -> Result<(), RuntimeError>;
+    /// Waits for every launch to finish.
+    fn synchronize(&mut self) -> Result<(), RuntimeError>;
+}
+
+/// An entry point ready to run on a device: its constants copied and its
+/// workspace allocated once, then calls bound and run any number of times.
+pub struct Prepared<'f, D: Device> {
+    function: &'f GpuFunction,
+    /// Each buffer's memory, for constants (others are `None`).
+    constants: Vec<Option<D::Memory>>,
+    workspace: Option<D::Memory>,
+    status: D::Memory,
+    /// The parameters of the bound call, and the host copies of them.
+    params: Vec<D::Memory>,
+    host: Vec<AlignedBuffer>,
+}
+
+impl<'f, D: Device> Prepared<'f, D> {
+    /// Copies `function`'s constants to `device` and allocates its
+    /// workspace.
+    pub fn new(device: &mut D, function: &'f GpuFunction) -> Result<Self, RuntimeError> {
+        let mut constants = Vec::with_capacity(function.buffers.len());
+        for b in &function.buffers {
+            constants.push(match b {
+                DeviceBuffer::Constant(data) => {
+                    let mut m = device.alloc(data.len().max(1))?;
+                    device.upload(&mut m, data)?;
+                    Some(m)
+                }
+                _ => None,
+            });
+        }
+        let workspace = match function.workspace {
+            0 => None,
+            n => Some(device.alloc(usize::try_from(n).map_err(|_| {
+                RuntimeError::Arguments(format!("a workspace of {n} bytes is too large"))
+            })?)?),
+        };
+        let status = device.alloc(4)?;
+        Ok(Prepared {
+            function,
+            constants,
+            workspace,
+            status,
+            params: Vec::new(),
+            host: Vec::new(),
+        })
+    }
+
+    /// Checks `inputs` against the signature and copies them to the device.
+    pub fn bind(&mut self, device: &mut D, inputs: &[HostTensor]) -> Result<(), RuntimeError> {
+        let host = lay_out(&self.function.signature, inputs)?;
+        let mut params = Vec::with_capacity(host.len());
+        for b in &host {
+            let mut m = device.alloc(b.bytes().len().max(1))?;
+            device.upload(&mut m, b.bytes())?;
+            params.push(m);
+        }
+        self.params = params;
+        self.host = host;
+        Ok(())
+    }
+
+    /// Runs every kernel once on the bound inputs and waits for them.
+    pub fn run(&mut self, device: &mut D) -> Result<(), RuntimeError> {
+        let f = self.function;
+        if self.params.len() != f.signature.params.len() {
+            return Err(RuntimeError::Arguments(format!(
+                "`{}`: no inputs were bound",
+                f.signature.name
+            )));
+        }
+        device.upload(&mut self.status, &0i32.to_le_bytes())?;
+        let status = device.address(&self.status);
+        for (k, launch) in f.launches.iter().enumerate() {
+            let mut args = Vec::with_capacity(launch.args.len() + 1);
+            for &i in &launch.args {
+                args.push(self.address(device, i)?);
+            }
+            args.push(status);
+            device.launch(launch, &args).map_err(|e| {
+                RuntimeError::Failed(format!(
+                    "`{}`: kernel {} (launch {k}): {e}",
+                    f.signature.name, launch.kernel
+                ))
+            })?;
+        }
+        device.synchronize().map_err(|e| {
+            RuntimeError::Failed(format!("`{}`: running its kernels: {e}", f.signature.name))
+        })?;
+        let mut word = [0u8; 4];
+        device.download(&self.status, &mut word)?;
+        match status_message(i32::from_le_bytes(word), &f.signature.site_places()) {
+            None => Ok(()),
+            Some(m) => Err(RuntimeError::Failed(format!("`{}`: {m}", f.signature.name))),
+        }
+    }
+
+    /// The results of the last run, copied back.
+    pub fn outputs(&mut self, device: &mut D) -> Result<Vec<HostTensor>, RuntimeError> {
+        for (i, p) in self.function.signature.params.iter().enumerate() {
+            if p.output {
+                let (host, dev) = (&mut self.host[i], &self.params[i]);
+                device.download(dev, host.bytes_mut())?;
+            }
+        }
+        results(&self.function.signature, &self.host)
+    }
+
+    /// Binds `inputs`, runs and returns the results.
+    pub fn call(
+        &mut self,
+        device: &mut D,
+        inputs: &[HostTensor],
+    ) -> Result<Vec<HostTensor>, RuntimeError> {
+        self.bind(device, inputs)?;
+        self.run(device)?;
+        self.outputs(device)
+    }
+
+    /// The device address of buffer `i`.
+    fn address(&self, device: &D, i: usize) -> Result<u64, RuntimeError> {
+        let missing = || RuntimeError::Load(format!("buffer {i} of a launch is not planned"));
+        match self.function.buffers.get(i).ok_or_else(missing)? {
+            DeviceBuffer::Param(p) => Ok(device.address(self.params.get(*p).ok_or_else(missing)?)),
+            DeviceBuffer::Workspace(off) => {
+                let w = self.workspace.as_ref().ok_or_else(missing)?;
+                Ok(device.address(w) + off)
+            }
+            DeviceBuffer::Constant(_) => Ok(device.address(
+                self.constants
+                    .get(i)
+                    .and_then(Option::as_ref)
+                    .ok_or_else(missing)?,
+            )),
+        }
+    }
+}
