@@ -12,11 +12,14 @@
 //!
 //! Parallel loops of compiled code run on the OpenMP runtime's thread pool
 //! (libgomp), which the generated code calls itself; [`set_num_threads`]
-//! sizes it. CUDA (through cudarc, behind a feature) comes with the GPU back
-//! end.
+//! sizes it. [`gpu`] runs programs compiled for an NVIDIA GPU: CUDA through
+//! cudarc ([`cuda`]), whose driver library is loaded at run time.
 #![deny(missing_docs)]
 
 pub mod abi;
+// CUDA's driver API is an FFI boundary.
+#[allow(unsafe_code)]
+pub mod cuda;
 // Calling compiled code and loading libraries is an FFI boundary; the
 // unsafe blocks are confined to these two modules.
 #[allow(unsafe_code)]

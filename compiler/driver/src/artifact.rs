@@ -57,6 +57,9 @@ pub enum NativeArtifact {
     SharedLibrary,
     /// A static library: an `ar` archive of the object file.
     StaticLibrary,
+    /// PTX for an NVIDIA GPU target: the kernels, with comments saying
+    /// what each entry point launches.
+    Ptx,
 }
 
 impl Artifact {
@@ -169,8 +172,18 @@ pub fn code_target(target: &str, cpu: &str) -> Result<TargetDesc, DriverError> {
     cpu_of(&TargetDesc::named(target).map_err(DriverError::Usage)?, cpu)
 }
 
-/// [`code_target`] of the target `named` describes.
+/// [`code_target`] of the target `named` describes (a GPU target is its
+/// own).
 fn cpu_of(named: &TargetDesc, cpu: &str) -> Result<TargetDesc, DriverError> {
+    if named.gpu().is_some() {
+        if cpu != "native" {
+            return Err(DriverError::Usage(format!(
+                "--cpu {cpu} is an x86-64 CPU; --target {} compiles for a GPU",
+                named.name
+            )));
+        }
+        return Ok(named.clone());
+    }
     match named.cpu().and_then(|c| c.triple.as_deref()) {
         Some(triple) if cpu != "native" => Err(DriverError::Usage(format!(
             "--cpu {cpu} is an x86-64 CPU; --target {triple} compiles for its own CPU"

@@ -368,7 +368,21 @@ impl dlc_driver::CodeGenerator for Llvm {
             let _ = std::fs::remove_dir_all(&dir);
             result
         };
+        if target.gpu().is_some() != (what == A::Ptx) {
+            return Err(if what == A::Ptx {
+                format!(
+                    "PTX is made for a GPU target (--target sm_80 or sm_90), not {}",
+                    target.name
+                )
+            } else {
+                format!(
+                    "{} compiles to PTX (--emit ptx); --emit llvm, asm, obj, so and lib are for CPUs",
+                    target.name
+                )
+            });
+        }
         match what {
+            A::Ptx => crate::gpu::compile_gpu(module, symbols, target).map(|p| p.ptx.into_bytes()),
             A::LlvmIr => emit_llvm_ir(module, symbols, target).map(String::into_bytes),
             A::Assembly => emit_native(module, false, symbols, target),
             A::Object => emit_native(module, true, symbols, target),

@@ -213,3 +213,34 @@ fn ptxas_accepts_every_program() {
         }
     }
 }
+
+/// The PTX of three kernels as a GPU engineer reads them: a 64 x 64 x 32
+/// product block (operands staged in shared memory, 16 accumulators per
+/// thread, one FMA per element and depth step), a row softmax (the row's
+/// max and sum combined from shared memory between barriers, `ex2`-free
+/// exp polynomial), and a fused element-wise chain (one coalesced load of
+/// each operand per thread, GELU, one store). LLVM's output is pinned by
+/// the Debian package; an update means reviewing these.
+#[test]
+fn ptx_of_key_kernels() {
+    let target = TargetDesc::sm_90();
+    for (name, src) in [
+        (
+            "product",
+            "fn f(x: f32[64, 32], w: f32[32, 64]) -> f32[64, 64] { return x @ w; }",
+        ),
+        (
+            "row_softmax",
+            "fn f(x: f32[8, 256]) -> f32[8, 256] { return softmax(x, axis=-1); }",
+        ),
+        (
+            "elementwise_chain",
+            "fn f(x: f32[4096], b: f32[4096]) -> f32[4096] { return gelu(x * 2.0 + b); }",
+        ),
+    ] {
+        let m = graph(src);
+        let tiles = dlc_driver::lower_for_tile(&m, &target).unwrap();
+        let program = dlc_llvm::compile_gpu(&tiles, &Symbols::for_module(name), &target).unwrap();
+        insta::assert_snapshot!(name, format!("{src}\n\n{}", program.ptx));
+    }
+}

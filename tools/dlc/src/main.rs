@@ -56,6 +56,9 @@ enum Emit {
     /// `Result` errors), to `include!` in a program linking the static
     /// library.
     Rust,
+    /// PTX for an NVIDIA GPU (`--target sm_80` or `sm_90`), with comments
+    /// saying which kernels each entry point launches, with what grid.
+    Ptx,
 }
 
 impl Emit {
@@ -76,6 +79,7 @@ impl Emit {
             Emit::Lib => Artifact::Native(NativeArtifact::StaticLibrary),
             Emit::Header => Artifact::CHeader,
             Emit::Rust => Artifact::RustBindings,
+            Emit::Ptx => Artifact::Native(NativeArtifact::Ptx),
         }
     }
 }
@@ -92,8 +96,13 @@ enum Backend {
     /// Compiled native code for this CPU (from tile IR scheduled for the
     /// host).
     Cpu,
-    /// Compiled code for an NVIDIA GPU.
+    /// Compiled code for an NVIDIA GPU (GPU 0, through the CUDA driver):
+    /// PTX for the device's compute capability (sm_80 or sm_90 class).
     Gpu,
+    /// The GPU's kernels (scheduled for `--target`, sm_90 unless another GPU
+    /// is named) run on this CPU by an emulator, one CPU thread per GPU
+    /// thread: slow, for checking GPU code on machines without one.
+    GpuEmulator,
     /// The loop nests in upstream MLIR, lowered by MLIR's own passes and
     /// run by its execution engine: a second, independent CPU back end to
     /// cross-check `cpu` (scalar and sequential, not fast).
@@ -258,6 +267,9 @@ enum Command {
         /// `graph.saturate` in one run).
         #[arg(long, default_value = DEFAULT_PIPELINE)]
         passes: String,
+        /// Where to run it: `cpu` (this CPU) or `gpu` (GPU 0).
+        #[arg(long, value_enum, default_value = "cpu")]
+        backend: Backend,
     },
     /// Measure this machine with the project's own compiled kernels (one
     /// thread) and write the constants of the cost model `graph.saturate`
@@ -307,6 +319,113 @@ fn run_cpu(
     .map_err(codegen)
 }
 
+fn runtime(e: dlc_runtime::RuntimeError) -> DriverError {
+    DriverError::Usage(e.to_string())
+}
+
+/// The GPU target for a device of compute capability `cc`: sm_80 for
+/// Ampere and Ada (8.x), sm_90 for Hopper and newer (the driver compiles
+/// sm_90 PTX for later devices).
+fn gpu_target((major, minor): (i32, i32)) -> Result<dlc_core::TargetDesc, DriverError> {
+    match major {
+        8 => Ok(dlc_core::TargetDesc::sm_80()),
+        m if m >= 9 => Ok(dlc_core::TargetDesc::sm_90()),
+        _ => Err(DriverError::Usage(format!(
+            "the GPU has compute capability {major}.{minor}; dlc compiles for 8.0 (sm_80) and newer"
+        ))),
+    }
+}
+
+/// GPU 0 with entry point `f` of `module` compiled and loaded for it: the
+/// device, the program, and how long compiling and loading took.
+fn gpu_program(
+    module: &dlc_graph::Module,
+) -> Result<
+    (
+        dlc_runtime::cuda::Cuda,
+        dlc_runtime::gpu::GpuProgram,
+        String,
+    ),
+    DriverError,
+> {
+    let mut cuda = dlc_runtime::cuda::Cuda::open().map_err(runtime)?;
+    let (name, cc) = cuda.describe().map_err(runtime)?;
+    let target = gpu_target(cc)?;
+    let tiles = dlc_driver::lower_for_tile(module, &target)?;
+    let symbols = dlc_runtime::abi::Symbols::with_prefix("dlc_").map_err(DriverError::Usage)?;
+    let program = dlc_llvm::compile_gpu(&tiles, &symbols, &target).map_err(codegen)?;
+    cuda.load(&program).map_err(runtime)?;
+    Ok((cuda, program, format!("{name}, {}", target.name)))
+}
+
+/// Compiles the entry point for GPU 0 and runs it there.
+fn run_gpu(
+    module: &dlc_graph::Module,
+    f: &dlc_graph::Function,
+    inputs: &[HostTensor],
+) -> Result<Vec<HostTensor>, DriverError> {
+    let (mut cuda, program, _) = gpu_program(module)?;
+    let function = program.function(&f.name).map_err(runtime)?;
+    let mut prepared = dlc_runtime::gpu::Prepared::new(&mut cuda, function).map_err(runtime)?;
+    prepared.call(&mut cuda, inputs).map_err(runtime)
+}
+
+/// Runs the entry point's GPU kernels (for the GPU `target` names, sm_90
+/// for `host`) on the emulator.
+fn run_emulated(
+    module: &dlc_graph::Module,
+    f: &dlc_graph::Function,
+    inputs: &[HostTensor],
+    target: &str,
+) -> Result<Vec<HostTensor>, DriverError> {
+    let target = match target {
+        "host" => dlc_core::TargetDesc::sm_90(),
+        other => dlc_core::TargetDesc::named(other).map_err(DriverError::Usage)?,
+    };
+    if target.gpu().is_none() {
+        return Err(DriverError::Usage(format!(
+            "--backend gpu-emulator runs GPU code: --target sm_80 or sm_90, not {}",
+            target.name
+        )));
+    }
+    let tiles = dlc_driver::lower_for_tile(module, &target)?;
+    dlc_llvm::emulate(&tiles, &target, |emu| {
+        emu.call(&f.name, inputs)
+            .map_err(|e| dlc_llvm::CodegenError::Arguments(e.to_string()))
+    })
+    .map_err(codegen)
+}
+
+/// `dlc bench --backend gpu`: compile (lowering, PTX, loading it) and the
+/// latency of repeated calls on GPU 0, inputs copied in once; a call is
+/// every kernel launch and the wait for the last (and the status word's
+/// round trip).
+fn time_gpu_calls(
+    module: &dlc_graph::Module,
+    f: &dlc_graph::Function,
+    warmup: usize,
+    runs: usize,
+) -> Result<(std::time::Duration, Vec<f64>, String), DriverError> {
+    let start = std::time::Instant::now();
+    let (mut cuda, program, device) = gpu_program(module)?;
+    let compile = start.elapsed();
+    let inputs = prepare_inputs(f, &[], Some(0))?;
+    let function = program.function(&f.name).map_err(runtime)?;
+    let mut call = dlc_runtime::gpu::Prepared::new(&mut cuda, function).map_err(runtime)?;
+    call.bind(&mut cuda, &inputs).map_err(runtime)?;
+    for _ in 0..warmup {
+        call.run(&mut cuda).map_err(runtime)?;
+    }
+    let mut ms = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let t = std::time::Instant::now();
+        call.run(&mut cuda).map_err(runtime)?;
+        ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    ms.sort_by(f64::total_cmp);
+    Ok((compile, ms, device))
+}
+
 /// `dlc bench`: cold compile time (source to callable code) and the
 /// latency of repeated calls.
 /// How `dlc bench` times calls: timed runs after untimed warm-up ones.
@@ -315,6 +434,7 @@ struct Timing {
     warmup: usize,
 }
 
+#[allow(clippy::too_many_arguments)]
 fn bench(
     file: &str,
     onnx: &dlc_onnx::Options,
@@ -323,7 +443,13 @@ fn bench(
     Timing { runs, warmup }: Timing,
     json: bool,
     passes: &str,
+    backend: Backend,
 ) -> Result<(), DriverError> {
+    if !matches!(backend, Backend::Cpu | Backend::Gpu) {
+        return Err(DriverError::Usage(
+            "dlc bench measures compiled code: --backend cpu or gpu".into(),
+        ));
+    }
     if runs == 0 {
         return Err(DriverError::Usage("--runs must be at least 1".into()));
     }
@@ -338,9 +464,16 @@ fn bench(
     let mut module = compile_source(&src)?;
     run_passes(&mut module, passes, PassOptions::default())?;
     let f = select_entry(&module, entry)?;
-    let lowered = cpu_tiles(&module)?;
-    let front = start.elapsed();
-    let (llvm, ms) = time_calls(&lowered, f, warmup, runs)?;
+    let (front, llvm, ms, device) = if backend == Backend::Gpu {
+        let front = start.elapsed();
+        let (codegen, ms, device) = time_gpu_calls(&module, f, warmup, runs)?;
+        (front, codegen, ms, Some(device))
+    } else {
+        let lowered = cpu_tiles(&module)?;
+        let front = start.elapsed();
+        let (llvm, ms) = time_calls(&lowered, f, warmup, runs)?;
+        (front, llvm, ms, None)
+    };
     let (median, min, max) = (median(&ms), ms[0], ms[ms.len() - 1]);
     let compile = front + llvm;
     if json {
@@ -356,19 +489,33 @@ fn bench(
             "max_ms": max,
             "runs": runs,
             "warmup": warmup,
-            "backend": "cpu",
+            "backend": if device.is_some() { "gpu" } else { "cpu" },
+            "device": device,
         });
         dlc_cli::outln!("{report}");
     } else {
+        match &device {
+            Some(d) => dlc_cli::outln!("{} ({file}), GPU: {d}", f.name),
+            None => dlc_cli::outln!(
+                "{} ({file}), {threads} thread{}",
+                f.name,
+                if threads == 1 { "" } else { "s" }
+            ),
+        }
         dlc_cli::outln!(
-            "{} ({file}), {threads} thread{}",
-            f.name,
-            if threads == 1 { "" } else { "s" }
-        );
-        dlc_cli::outln!(
-            "  compile: {:.3} s (front end and lowering {:.3} s, LLVM {:.3} s)",
+            "  compile: {:.3} s ({} {:.3} s, {} {:.3} s)",
             compile.as_secs_f64(),
+            if device.is_some() {
+                "front end"
+            } else {
+                "front end and lowering"
+            },
             front.as_secs_f64(),
+            if device.is_some() {
+                "lowering, LLVM and loading"
+            } else {
+                "LLVM"
+            },
             llvm.as_secs_f64()
         );
         dlc_cli::outln!(
@@ -517,13 +664,6 @@ fn calibrate(output: &str, runs: usize) -> Result<(), DriverError> {
     Ok(())
 }
 
-fn not_yet(what: &str) -> DriverError {
-    DriverError::Usage(format!(
-        "{what} is not available yet: this build compiles for this CPU only (--backend cpu); \
-         the GPU back end (NVPTX) comes next"
-    ))
-}
-
 /// One line about a result: its type, its first elements, and its range
 /// (floats with six decimals, integers as integers, booleans as `true` and
 /// `false` with a count of each).
@@ -649,15 +789,6 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                     "--max-work must be a positive number of operations, got {max_work}"
                 )));
             }
-            match backend {
-                Backend::Interp
-                | Backend::Loop
-                | Backend::Tile
-                | Backend::Cpu
-                | Backend::Mlir
-                | Backend::MlirTile => {}
-                Backend::Gpu => return Err(not_yet("--backend gpu")),
-            }
             let mut files = Vec::new();
             for spec in &inputs {
                 let Some((name, path)) = spec.split_once('=') else {
@@ -694,7 +825,16 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             }
             // Compiled code has no work limit: with --check, the reference
             // refuses what it cannot finish before the compiled code starts.
-            if check && matches!(backend, Backend::Cpu | Backend::Mlir | Backend::MlirTile) {
+            if check
+                && matches!(
+                    backend,
+                    Backend::Cpu
+                        | Backend::Mlir
+                        | Backend::MlirTile
+                        | Backend::Gpu
+                        | Backend::GpuEmulator
+                )
+            {
                 dlc_graph::interp::check_work(&module, f, max_work)?;
             }
             let outputs = match backend {
@@ -705,6 +845,8 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                     dlc_driver::interpret_tile_within(&tiled, f, &args, max_work)?
                 }
                 Backend::Cpu => run_cpu(&module, f, &args)?,
+                Backend::Gpu => run_gpu(&module, f, &args)?,
+                Backend::GpuEmulator => run_emulated(&module, f, &args, &target)?,
                 Backend::Mlir => {
                     let loops = dlc_driver::lower_to_loops(&module)?;
                     dlc_mlir::run(&loops, &f.name, &args)
@@ -757,6 +899,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             json,
             passes,
             onnx,
+            backend,
         } => bench(
             &file,
             &onnx.options()?,
@@ -765,6 +908,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             Timing { runs, warmup },
             json,
             &passes,
+            backend,
         ),
         Command::Import { file, output, onnx } => {
             let imported = dlc_driver::import_onnx(&file, &onnx.options()?)?;

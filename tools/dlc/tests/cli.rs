@@ -285,6 +285,76 @@ fn compile_emits_graph_ir_and_refuses_what_does_not_exist_yet() {
     );
     assert_eq!(&std::fs::read(&obj).unwrap()[..4], b"\x7fELF");
     fails_with(&dlc(&["compile", &model, "--emit", "so"]), "give -o FILE");
+}
+
+/// `--backend gpu` runs on GPU 0 where there is one and says in one line
+/// why not where there is none; `--emit ptx` needs a GPU target and the
+/// GPU emulator runs the kernels here.
+#[test]
+fn the_gpu_backend_runs_or_says_why_not() {
+    let d = Dir::new("gpu");
+    let model = d.file("m.dl", MODEL);
+    for entry in ["affine", "pair"] {
+        let args = [
+            "run",
+            &model,
+            "--entry",
+            entry,
+            "--random-inputs",
+            "3",
+            "--check",
+            "--backend",
+        ];
+        let emulated = dlc(&[&args[..], &["gpu-emulator"]].concat());
+        assert!(emulated.status.success(), "{}", stderr(&emulated));
+        assert!(String::from_utf8_lossy(&emulated.stdout).contains("check: ok"));
+        let o = dlc(&[&args[..], &["gpu"]].concat());
+        let err = stderr(&o);
+        if err.contains("no CUDA driver found") || err.contains("no CUDA device") {
+            println!("no GPU here: {}", err.trim());
+            assert_eq!(o.status.code(), Some(1));
+            assert_eq!(err.trim().lines().count(), 1, "{err}");
+        } else {
+            assert!(o.status.success(), "{err}");
+            assert!(String::from_utf8_lossy(&o.stdout).contains("check: ok"));
+        }
+    }
+    let o = dlc(&[
+        "bench",
+        &model,
+        "--entry",
+        "affine",
+        "--backend",
+        "gpu",
+        "--runs",
+        "3",
+    ]);
+    let err = stderr(&o);
+    if err.contains("no CUDA driver found") || err.contains("no CUDA device") {
+        assert_eq!(o.status.code(), Some(1));
+    } else {
+        assert!(o.status.success(), "{err}");
+        assert!(String::from_utf8_lossy(&o.stdout).contains("GPU: "));
+    }
+    let ptx = dlc(&[
+        "compile", &model, "--emit", "ptx", "--target", "sm_80", "-o", "-",
+    ]);
+    assert!(ptx.status.success(), "{}", stderr(&ptx));
+    let text = String::from_utf8_lossy(&ptx.stdout);
+    assert!(
+        text.contains(".target sm_80") && text.contains(".entry dlc_m_affine_k0"),
+        "{text}"
+    );
+    fails_with(
+        &dlc(&["compile", &model, "--emit", "ptx", "-o", "-"]),
+        "PTX is made for a GPU target (--target sm_80 or sm_90)",
+    );
+    fails_with(
+        &dlc(&[
+            "compile", &model, "--emit", "asm", "--target", "sm_90", "-o", "-",
+        ]),
+        "sm_90 compiles to PTX (--emit ptx)",
+    );
     fails_with(
         &dlc(&[
             "run",
@@ -292,11 +362,13 @@ fn compile_emits_graph_ir_and_refuses_what_does_not_exist_yet() {
             "--entry",
             "pair",
             "--backend",
-            "gpu",
+            "gpu-emulator",
+            "--target",
+            "x86-64-avx2",
             "--random-inputs",
             "0",
         ]),
-        "--backend gpu is not available yet",
+        "--backend gpu-emulator runs GPU code",
     );
 }
 
