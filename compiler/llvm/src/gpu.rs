@@ -163,7 +163,7 @@ pub fn emulate<T>(
     let engine = module
         .create_jit_execution_engine(OptimizationLevel::Default)
         .map_err(|e| CodegenError::Llvm(e.to_string()))?;
-    let hooks: [usize; 8] = [
+    let hooks: [usize; 9] = [
         hooks::thread as *const () as usize,
         hooks::block as *const () as usize,
         hooks::barrier as *const () as usize,
@@ -172,6 +172,7 @@ pub fn emulate<T>(
         hooks::ex2 as *const () as usize,
         hooks::sin as *const () as usize,
         hooks::cos as *const () as usize,
+        hooks::shfl_bfly as *const () as usize,
     ];
     for (name, address) in EMULATOR_HOOKS.iter().zip(hooks) {
         if let Some(f) = module.get_function(name) {
@@ -308,12 +309,17 @@ impl Device for EmulatedDevice<'_> {
         shared.bytes_mut().fill(0xff);
         let shared = shared.as_mut_ptr() as usize;
         let barrier = Barrier::new(threads);
+        let exchange = hooks::Exchange(
+            (0..threads)
+                .map(|_| std::sync::atomic::AtomicU32::new(0))
+                .collect(),
+        );
         std::thread::scope(|s| {
             for t in 0..threads {
-                let barrier = &barrier;
+                let (barrier, exchange) = (&barrier, &exchange);
                 let args = args.to_vec();
                 s.spawn(move || {
-                    hooks::enter(t as u32, barrier, shared);
+                    hooks::enter(t as u32, barrier, shared, exchange);
                     for block in 0..launch.blocks {
                         hooks::BLOCK.with(|b| b.set(block));
                         // SAFETY: `entry` is the `NAME.entry` wrapper the
@@ -354,16 +360,43 @@ mod hooks {
         pub(super) static BLOCK: Cell<u32> = const { Cell::new(0) };
         static BARRIER: Cell<usize> = const { Cell::new(0) };
         static SHARED: Cell<usize> = const { Cell::new(0) };
+        static EXCHANGE: Cell<usize> = const { Cell::new(0) };
     }
 
-    pub(super) fn enter(thread: u32, barrier: &Barrier, shared: usize) {
+    /// Where the threads of a launch exchange shuffled registers: one
+    /// slot per thread.
+    pub(super) struct Exchange(pub(super) Vec<std::sync::atomic::AtomicU32>);
+
+    pub(super) fn enter(thread: u32, barrier: &Barrier, shared: usize, exchange: &Exchange) {
         THREAD.with(|t| t.set(thread));
         BARRIER.with(|b| b.set(barrier as *const Barrier as usize));
         SHARED.with(|s| s.set(shared));
+        EXCHANGE.with(|e| e.set(exchange as *const Exchange as usize));
     }
 
     pub(super) fn leave() {
         BARRIER.with(|b| b.set(0));
+        EXCHANGE.with(|e| e.set(0));
+    }
+
+    /// `shfl.sync.bfly`: every thread of the block calls it together (the
+    /// generated code shuffles only where all do), so a block barrier
+    /// stands for the warp's synchronization.
+    pub(super) extern "C" fn shfl_bfly(x: u32, mask: u32) -> u32 {
+        use std::sync::atomic::Ordering;
+        let e = EXCHANGE.with(Cell::get);
+        if e == 0 {
+            return x;
+        }
+        // SAFETY: `enter` stored the address of the launch's exchange,
+        // which outlives every thread of the launch; `leave` clears it.
+        let slots = &unsafe { &*(e as *const Exchange) }.0;
+        let me = thread() as usize;
+        slots[me].store(x, Ordering::SeqCst);
+        barrier();
+        let got = slots[me ^ mask as usize].load(Ordering::SeqCst);
+        barrier();
+        got
     }
 
     pub(super) extern "C" fn thread() -> u32 {

@@ -18,8 +18,11 @@
 //! between threads goes through the block's shared memory between
 //! barriers: `tile.trans` and `tile.broadcast` write their operand there
 //! and read it back permuted; `tile.reduce` combines along the axis from
-//! there; `tile.dot` reads both operands from there, each thread
-//! accumulating its own elements of the result. `insert_barriers` (run by
+//! there (a reduction of a whole f32 or i32 tile to a scalar instead
+//! combines each thread's elements, then each warp's with butterfly
+//! shuffles, then the warps' through shared memory); `tile.dot` reads
+//! both operands from there, each thread accumulating its own elements of
+//! the result. `insert_barriers` (run by
 //! the conversion for GPU targets) already separated the program's own
 //! accesses of one address by different threads.
 //!
@@ -62,7 +65,7 @@ pub(crate) enum Flavor {
 /// memory; then the f32 functions a GPU approximates in hardware (`log2`,
 /// `2^x`, `sin` and `cos` on a reduced range), standing for
 /// [`HARDWARE_MATH`].
-pub(crate) const EMULATOR_HOOKS: [&str; 8] = [
+pub(crate) const EMULATOR_HOOKS: [&str; 9] = [
     "dlc_emu_thread",
     "dlc_emu_block",
     "dlc_emu_barrier",
@@ -71,7 +74,11 @@ pub(crate) const EMULATOR_HOOKS: [&str; 8] = [
     "dlc_emu_ex2",
     "dlc_emu_sin",
     "dlc_emu_cos",
+    "dlc_emu_shfl_bfly",
 ];
+
+/// Threads of a warp, which exchange registers with shuffles.
+const WARP: usize = 32;
 
 /// NVVM's approximations (PTX `lg2.approx`, `ex2.approx`, `sin.approx`,
 /// `cos.approx`), in the order of the last four [`EMULATOR_HOOKS`], and
@@ -232,9 +239,10 @@ pub(crate) fn emit_function<'ctx>(
     })
 }
 
-/// Bytes the staging area of a kernel body needs: the largest operand of
-/// a move between threads, two operands for a product.
-fn staging_bytes(f: &Function, ops: &[dlc_tile::OpId]) -> u64 {
+/// Bytes the staging area of a kernel body run by `threads` threads
+/// needs: the largest operand of a move between threads, two operands for
+/// a product, a slot per warp for a reduction.
+fn staging_bytes(f: &Function, ops: &[dlc_tile::OpId], threads: usize) -> u64 {
     let bytes = |v: Value| -> u64 {
         match f.ty(v) {
             Type::Tile(t) => (t.len() * stage_size(t.dtype)) as u64,
@@ -245,9 +253,8 @@ fn staging_bytes(f: &Function, ops: &[dlc_tile::OpId]) -> u64 {
     for &id in ops {
         let op = f.op(id);
         let need = match op.kind {
-            OpKind::Trans { .. } | OpKind::Broadcast | OpKind::Reduce { .. } => {
-                bytes(op.operands[0])
-            }
+            OpKind::Trans { .. } | OpKind::Broadcast => bytes(op.operands[0]),
+            OpKind::Reduce { .. } => bytes(op.operands[0]).max((threads.div_ceil(WARP) * 8) as u64),
             OpKind::Dot => {
                 let acc = f.ty(op.operands[2]).dtype().unwrap_or(DType::F32);
                 let n = |v: Value| f.ty(v).shape().map_or(0, |s| s.iter().product::<usize>());
@@ -257,7 +264,7 @@ fn staging_bytes(f: &Function, ops: &[dlc_tile::OpId]) -> u64 {
         };
         most = most.max(need);
         for r in &op.regions {
-            most = most.max(staging_bytes(f, &r.ops));
+            most = most.max(staging_bytes(f, &r.ops, threads));
         }
     }
     most
@@ -380,7 +387,7 @@ fn kernel<'ctx>(
     });
     g.gpu_block(&body.ops)?;
     g.b.build_return(None)?;
-    Ok(staging + staging_bytes(f, &body.ops))
+    Ok(staging + staging_bytes(f, &body.ops, threads))
 }
 
 /// f32 functions a GPU has no library for, from its hardware
@@ -1017,6 +1024,97 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
         self.set(r, out)
     }
 
+    /// Every lane of the warp gets `x` (an i32) of lane `lane ^ mask`.
+    fn shuffle_xor(&self, x: IntValue<'ctx>, mask: u32) -> R<IntValue<'ctx>> {
+        let i32t = self.ctx.i32_type();
+        let m = i32t.const_int(u64::from(mask), false);
+        let v = match self.threads()?.flavor {
+            Flavor::Nvptx => self.call(
+                "llvm.nvvm.shfl.sync.bfly.i32",
+                &[],
+                &[
+                    i32t.const_all_ones().into(),
+                    x.into(),
+                    m.into(),
+                    i32t.const_int(31, false).into(),
+                ],
+            )?,
+            Flavor::Emulated => {
+                let decl = self.declare(
+                    EMULATOR_HOOKS[8],
+                    i32t.fn_type(&[i32t.into(), i32t.into()], false),
+                );
+                self.b
+                    .build_call(decl, &[x.into(), m.into()], "shfl")?
+                    .try_as_basic_value()
+                    .basic()
+                    .ok_or_else(|| CodegenError::Llvm("no value".into()))?
+            }
+        };
+        Ok(v.into_int_value())
+    }
+
+    /// A whole f32 or i32 tile `x` combined with `bop` into a scalar every
+    /// thread holds: each thread folds its elements (the identity where it
+    /// has none), each warp folds its threads' with butterfly shuffles, and
+    /// the warps' results meet in shared memory.
+    fn warp_reduce(&mut self, x: Value, bop: BinaryOp, identity: f64, d: DType) -> R<BV<'ctx>> {
+        let len: usize = self.f.ty(x).shape().unwrap_or(&[]).iter().product();
+        let xs = self.elements(x)?;
+        let none = self.constant(identity, d);
+        let mut acc: Option<BV<'ctx>> = None;
+        for (j, &v) in xs.iter().enumerate() {
+            let v = match self.present(j, len)? {
+                Some(p) => self.b.build_select(p, v, none, "v")?,
+                None => v,
+            };
+            acc = Some(match acc {
+                None => v,
+                Some(a) => self.binary(bop, a, v, d)?,
+            });
+        }
+        let mut acc = acc.unwrap_or(none);
+        let i32t = self.ctx.i32_type();
+        let mut mask = WARP as u32 / 2;
+        while mask > 0 {
+            let bits = if d == DType::F32 {
+                self.b.build_bit_cast(acc, i32t, "bits")?.into_int_value()
+            } else {
+                acc.into_int_value()
+            };
+            let other = self.shuffle_xor(bits, mask)?;
+            let other: BV<'ctx> = if d == DType::F32 {
+                self.b.build_bit_cast(other, self.ctx.f32_type(), "other")?
+            } else {
+                other.into()
+            };
+            acc = self.binary(bop, acc, other, d)?;
+            mask /= 2;
+        }
+        let (tid, warps) = {
+            let th = self.threads()?;
+            (th.tid, th.count / WARP)
+        };
+        let lane = self.b.build_and(tid, self.i64v(WARP as i64 - 1), "lane")?;
+        let warp = self
+            .b
+            .build_int_unsigned_div(tid, self.i64v(WARP as i64), "warp")?;
+        let first = self
+            .b
+            .build_int_compare(IntPredicate::EQ, lane, self.i64v(0), "first")?;
+        self.barrier()?;
+        let slot = self.staged(warp, d, 0)?;
+        self.when(Some(first), |g| g.store_element(slot, acc, d))?;
+        self.barrier()?;
+        let mut total = self.load_element(self.staged(self.i64v(0), d, 0)?, d)?;
+        for w in 1..warps {
+            let v = self.load_element(self.staged(self.i64v(w as i64), d, 0)?, d)?;
+            total = self.binary(bop, total, v, d)?;
+        }
+        self.barrier()?;
+        Ok(total)
+    }
+
     /// `tile.reduce`: each thread combines, for each of its result
     /// elements, the operand's elements along the axis from shared memory.
     fn gpu_reduce(&mut self, op: &OpData, kind: ReduceKind, axis: usize) -> R<()> {
@@ -1035,6 +1133,23 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
         };
         let from = self.f.ty(x).shape().unwrap_or(&[]).to_vec();
         let to = self.f.ty(r).shape().unwrap_or(&[]).to_vec();
+        let identity = match (kind, d) {
+            (ReduceKind::Sum, _) => Some(0.0),
+            (ReduceKind::Prod, _) => Some(1.0),
+            (ReduceKind::Max, DType::F32) => Some(f64::NEG_INFINITY),
+            (ReduceKind::Min, DType::F32) => Some(f64::INFINITY),
+            (ReduceKind::Max, _) => d.int_min(),
+            (ReduceKind::Min, _) => d.int_max(),
+            (ReduceKind::Mean, _) => None,
+        };
+        if let Some(identity) = identity
+            && to.is_empty()
+            && matches!(d, DType::F32 | DType::I32)
+            && self.threads()?.count.is_multiple_of(WARP)
+        {
+            let v = self.warp_reduce(x, bop, identity, d)?;
+            return self.set(r, vec![v]);
+        }
         let extent = from[axis];
         let stride: usize = from[axis + 1..].iter().product();
         self.barrier()?;
