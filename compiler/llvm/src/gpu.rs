@@ -163,7 +163,7 @@ pub fn emulate<T>(
     let engine = module
         .create_jit_execution_engine(OptimizationLevel::Default)
         .map_err(|e| CodegenError::Llvm(e.to_string()))?;
-    let hooks: [usize; 9] = [
+    let hooks: [usize; 10] = [
         hooks::thread as *const () as usize,
         hooks::block as *const () as usize,
         hooks::barrier as *const () as usize,
@@ -173,6 +173,7 @@ pub fn emulate<T>(
         hooks::sin as *const () as usize,
         hooks::cos as *const () as usize,
         hooks::shfl_bfly as *const () as usize,
+        hooks::mma as *const () as usize,
     ];
     for (name, address) in EMULATOR_HOOKS.iter().zip(hooks) {
         if let Some(f) = module.get_function(name) {
@@ -310,7 +311,7 @@ impl Device for EmulatedDevice<'_> {
         let shared = shared.as_mut_ptr() as usize;
         let barrier = Barrier::new(threads);
         let exchange = hooks::Exchange(
-            (0..threads)
+            (0..threads * hooks::SLOTS)
                 .map(|_| std::sync::atomic::AtomicU32::new(0))
                 .collect(),
         );
@@ -363,9 +364,21 @@ mod hooks {
         static EXCHANGE: Cell<usize> = const { Cell::new(0) };
     }
 
-    /// Where the threads of a launch exchange shuffled registers: one
-    /// slot per thread.
+    /// Where the threads of a launch exchange registers (shuffles, matrix
+    /// fragments): [`SLOTS`] words per thread.
     pub(super) struct Exchange(pub(super) Vec<std::sync::atomic::AtomicU32>);
+
+    /// Words of the exchange per thread.
+    pub(super) const SLOTS: usize = 8;
+
+    fn slots() -> Option<&'static [std::sync::atomic::AtomicU32]> {
+        let e = EXCHANGE.with(Cell::get);
+        // SAFETY: `enter` stored the address of the launch's exchange,
+        // which outlives every thread of the launch (scoped threads);
+        // `leave` clears it before the thread ends, and the reference is
+        // used only while the hook runs.
+        (e != 0).then(|| unsafe { &*(e as *const Exchange) }.0.as_slice())
+    }
 
     pub(super) fn enter(thread: u32, barrier: &Barrier, shared: usize, exchange: &Exchange) {
         THREAD.with(|t| t.set(thread));
@@ -384,19 +397,81 @@ mod hooks {
     /// stands for the warp's synchronization.
     pub(super) extern "C" fn shfl_bfly(x: u32, mask: u32) -> u32 {
         use std::sync::atomic::Ordering;
-        let e = EXCHANGE.with(Cell::get);
-        if e == 0 {
+        let Some(slots) = slots() else {
             return x;
-        }
-        // SAFETY: `enter` stored the address of the launch's exchange,
-        // which outlives every thread of the launch; `leave` clears it.
-        let slots = &unsafe { &*(e as *const Exchange) }.0;
+        };
         let me = thread() as usize;
-        slots[me].store(x, Ordering::SeqCst);
+        slots[me * SLOTS].store(x, Ordering::SeqCst);
         barrier();
-        let got = slots[me ^ mask as usize].load(Ordering::SeqCst);
+        let got = slots[(me ^ mask as usize) * SLOTS].load(Ordering::SeqCst);
         barrier();
         got
+    }
+
+    /// `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.f32` for the
+    /// calling thread's warp: every lane's fragment registers are
+    /// exchanged, and each lane computes its four results from the matrix
+    /// elements the PTX ISA's fragment layouts put in them (groupID =
+    /// lane / 4, threadID_in_group = lane % 4; A element i of a lane at
+    /// row groupID (+8 for i in 2, 3, 6, 7), column 2 threadID_in_group +
+    /// i % 2 (+8 for i >= 4); B element i at row 2 threadID_in_group +
+    /// i % 2 (+8 for i >= 2), column groupID; C/D element i at row groupID
+    /// (+8 for i >= 2), column 2 threadID_in_group + i % 2; two 16-bit
+    /// elements per register, the first in the low half). Every thread of
+    /// the block calls it together.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) extern "C" fn mma(
+        kind: u32,
+        a0: u32,
+        a1: u32,
+        a2: u32,
+        a3: u32,
+        b0: u32,
+        b1: u32,
+        c0: f32,
+        c1: f32,
+        c2: f32,
+        c3: f32,
+        out: *mut f32,
+    ) {
+        use std::sync::atomic::Ordering;
+        let Some(slots) = slots() else {
+            return;
+        };
+        let me = thread() as usize;
+        for (i, r) in [a0, a1, a2, a3, b0, b1].into_iter().enumerate() {
+            slots[me * SLOTS + i].store(r, Ordering::SeqCst);
+        }
+        barrier();
+        let warp = me & !31;
+        let element = |lane: usize, reg: usize, high: bool| -> f32 {
+            let word = slots[(warp + lane) * SLOTS + reg].load(Ordering::SeqCst);
+            let bits = if high { word >> 16 } else { word & 0xffff } as u16;
+            if kind == 1 {
+                half::bf16::from_bits(bits).to_f32()
+            } else {
+                half::f16::from_bits(bits).to_f32()
+            }
+        };
+        let a = |row: usize, k: usize| {
+            let i = usize::from(k >= 8) * 4 + usize::from(row >= 8) * 2 + (k & 1);
+            element((row % 8) * 4 + (k % 8) / 2, i / 2, i % 2 == 1)
+        };
+        let b = |k: usize, col: usize| {
+            let i = usize::from(k >= 8) * 2 + (k & 1);
+            element(col * 4 + (k % 8) / 2, 4 + i / 2, i % 2 == 1)
+        };
+        let (group, member) = ((me & 31) / 4, me & 3);
+        let mut d = [c0, c1, c2, c3];
+        for (i, v) in d.iter_mut().enumerate() {
+            let (row, col) = (group + usize::from(i >= 2) * 8, member * 2 + (i & 1));
+            for k in 0..16 {
+                *v += a(row, k) * b(k, col);
+            }
+        }
+        barrier();
+        // SAFETY: the generated code passes four floats of its own stack.
+        unsafe { std::ptr::copy_nonoverlapping(d.as_ptr(), out, 4) };
     }
 
     pub(super) extern "C" fn thread() -> u32 {

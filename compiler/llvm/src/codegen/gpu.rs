@@ -65,7 +65,7 @@ pub(crate) enum Flavor {
 /// memory; then the f32 functions a GPU approximates in hardware (`log2`,
 /// `2^x`, `sin` and `cos` on a reduced range), standing for
 /// [`HARDWARE_MATH`].
-pub(crate) const EMULATOR_HOOKS: [&str; 9] = [
+pub(crate) const EMULATOR_HOOKS: [&str; 10] = [
     "dlc_emu_thread",
     "dlc_emu_block",
     "dlc_emu_barrier",
@@ -75,6 +75,7 @@ pub(crate) const EMULATOR_HOOKS: [&str; 9] = [
     "dlc_emu_sin",
     "dlc_emu_cos",
     "dlc_emu_shfl_bfly",
+    "dlc_emu_mma",
 ];
 
 /// Threads of a warp, which exchange registers with shuffles.
@@ -255,11 +256,14 @@ fn staging_bytes(f: &Function, ops: &[dlc_tile::OpId], threads: usize) -> u64 {
         let need = match op.kind {
             OpKind::Trans { .. } | OpKind::Broadcast => bytes(op.operands[0]),
             OpKind::Reduce { .. } => bytes(op.operands[0]).max((threads.div_ceil(WARP) * 8) as u64),
-            OpKind::Dot => {
-                let acc = f.ty(op.operands[2]).dtype().unwrap_or(DType::F32);
-                let n = |v: Value| f.ty(v).shape().map_or(0, |s| s.iter().product::<usize>());
-                ((n(op.operands[0]) + n(op.operands[1])) * stage_size(acc)) as u64
-            }
+            OpKind::Dot => match mma_shape(f, op, threads) {
+                Some([m, n, k]) => mma_regions(m, n, k).2 + (m * n * 4) as u64,
+                None => {
+                    let acc = f.ty(op.operands[2]).dtype().unwrap_or(DType::F32);
+                    let n = |v: Value| f.ty(v).shape().map_or(0, |s| s.iter().product::<usize>());
+                    ((n(op.operands[0]) + n(op.operands[1])) * stage_size(acc)) as u64
+                }
+            },
             _ => 0,
         };
         most = most.max(need);
@@ -268,6 +272,33 @@ fn staging_bytes(f: &Function, ops: &[dlc_tile::OpId], threads: usize) -> u64 {
         }
     }
     most
+}
+
+/// The `[m, n, k]` of a `tile.dot` that runs on tensor cores: f16 or
+/// bf16 operands accumulated in f32, in whole 16 x 8 x 16 steps
+/// (`mma.sync.m16n8k16`), by whole warps.
+fn mma_shape(f: &Function, op: &OpData, threads: usize) -> Option<[usize; 3]> {
+    let (a, b) = (f.ty(op.operands[0]), f.ty(op.operands[1]));
+    let d = a.dtype()?;
+    let (sa, sb) = (a.shape()?, b.shape()?);
+    let (m, k, n) = (sa[0], sa[1], *sb.get(1)?);
+    (matches!(d, DType::F16 | DType::BF16)
+        && f.ty(op.operands[2]).dtype() == Some(DType::F32)
+        && m % 16 == 0
+        && n % 8 == 0
+        && k % 16 == 0
+        && threads.is_multiple_of(WARP))
+    .then_some([m, n, k])
+}
+
+/// Byte offsets of a tensor-core product's staged operands: the left one
+/// (row-major, 16-bit) at 0, the right one transposed (so a thread's two
+/// elements of a fragment register are adjacent) at the first, the f32
+/// accumulator at the second.
+fn mma_regions(m: usize, n: usize, k: usize) -> (u64, u64, u64) {
+    let b = ((m * k * 2) as u64).div_ceil(16) * 16;
+    let c = (b + (k * n * 2) as u64).div_ceil(16) * 16;
+    (0, b, c)
 }
 
 /// Bytes one staged element of type `d` takes (bool as a byte).
@@ -977,13 +1008,23 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
     /// Writes tile `v` (as type `d`) to the staging area from byte `first`,
     /// each thread its own elements.
     fn stage(&mut self, v: Value, d: DType, first: u64) -> R<()> {
+        self.stage_as(v, d, first, false)
+    }
+
+    /// [`Self::stage`], of a matrix transposed when `transposed`.
+    fn stage_as(&mut self, v: Value, d: DType, first: u64, transposed: bool) -> R<()> {
         let from = self.tdtype(v)?;
-        let len: usize = self.f.ty(v).shape().unwrap_or(&[]).iter().product();
+        let shape = self.f.ty(v).shape().unwrap_or(&[]).to_vec();
+        let len: usize = shape.iter().product();
         let xs = self.elements(v)?;
         for (j, &x) in xs.iter().enumerate() {
             let present = self.present(j, len)?;
             let x = if from == d { x } else { self.cast(x, from, d)? };
-            let e = self.position(j)?;
+            let mut e = self.position(j)?;
+            if transposed {
+                let c = self.coordinates(e, &shape)?;
+                e = self.position_of(&[c[1], c[0]], &[shape[1], shape[0]])?;
+            }
             self.when(present, |g| {
                 let p = g.staged(e, d, first)?;
                 g.store_element(p, x, d)
@@ -1208,6 +1249,9 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
             op.operands[2],
             op.results[0],
         );
+        if let Some(shape) = mma_shape(self.f, op, self.threads()?.count) {
+            return self.mma_dot(op, shape);
+        }
         let sa = self.f.ty(a).shape().unwrap_or(&[]).to_vec();
         let sb = self.f.ty(b).shape().unwrap_or(&[]).to_vec();
         let (m, k, n) = (sa[0], sa[1], sb[1]);
@@ -1252,6 +1296,213 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
                 }
                 Ok(next)
             })?;
+        self.barrier()?;
+        self.set(r, out)
+    }
+
+    /// A 32-bit word of the staging area at byte `off`.
+    fn staged_word(&self, off: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        let th = self.threads()?;
+        let at = self
+            .b
+            .build_int_add(off, self.i64v(th.staging as i64), "at")?;
+        let p = self.byte_pointer(th.shared, at)?;
+        Ok(self
+            .b
+            .build_load(self.ctx.i32_type(), p, "word")?
+            .into_int_value())
+    }
+
+    /// `d = a b + c` for one 16 x 8 x 16 step of a warp: `mma.sync` on
+    /// tensor cores (f16 or bf16 fragments in 32-bit registers, f32
+    /// accumulators), or the emulator's warp-wide equivalent.
+    fn mma(
+        &self,
+        d: DType,
+        a: &[IntValue<'ctx>],
+        b: &[IntValue<'ctx>],
+        c: &[BV<'ctx>],
+    ) -> R<Vec<BV<'ctx>>> {
+        let f32t = self.ctx.f32_type();
+        let i32t = self.ctx.i32_type();
+        match self.threads()?.flavor {
+            Flavor::Nvptx => {
+                let half2 = self.ctx.f16_type().vec_type(2);
+                let mut args: Vec<BV<'ctx>> = Vec::with_capacity(10);
+                for &r in a.iter().chain(b) {
+                    args.push(if d == DType::F16 {
+                        self.b.build_bit_cast(r, half2, "h2")?
+                    } else {
+                        r.into()
+                    });
+                }
+                args.extend_from_slice(c);
+                let name = if d == DType::F16 {
+                    "llvm.nvvm.mma.m16n8k16.row.col.f32.f32"
+                } else {
+                    "llvm.nvvm.mma.m16n8k16.row.col.bf16"
+                };
+                let r = self.call(name, &[], &args)?.into_struct_value();
+                (0..4)
+                    .map(|i| Ok(self.b.build_extract_value(r, i, "d")?))
+                    .collect()
+            }
+            Flavor::Emulated => {
+                let ptr = self.ctx.ptr_type(AddressSpace::default());
+                let mut params: Vec<BasicMetadataTypeEnum<'ctx>> = vec![i32t.into(); 7];
+                params.extend([BasicMetadataTypeEnum::from(f32t); 4]);
+                params.push(ptr.into());
+                let decl = self.declare(
+                    EMULATOR_HOOKS[9],
+                    self.ctx.void_type().fn_type(&params, false),
+                );
+                let out = self
+                    .b
+                    .build_array_alloca(f32t, i32t.const_int(4, false), "d")?;
+                let kind = i32t.const_int(u64::from(d == DType::BF16), false);
+                let mut args: Vec<inkwell::values::BasicMetadataValueEnum<'ctx>> =
+                    vec![kind.into()];
+                args.extend(
+                    a.iter()
+                        .chain(b)
+                        .map(|&r| inkwell::values::BasicMetadataValueEnum::from(r)),
+                );
+                args.extend(
+                    c.iter()
+                        .map(|&v| inkwell::values::BasicMetadataValueEnum::from(v)),
+                );
+                args.push(out.into());
+                self.b.build_call(decl, &args, "")?;
+                (0..4)
+                    .map(|i| {
+                        // SAFETY (LLVM IR semantics): `out` holds four floats.
+                        let p = unsafe {
+                            self.b
+                                .build_in_bounds_gep(f32t, out, &[self.i64v(i)], "di")?
+                        };
+                        Ok(self.b.build_load(f32t, p, "d")?)
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// `tile.dot` on tensor cores: the operands staged in shared memory
+    /// (the right one transposed) and the accumulator too; each warp takes
+    /// 16 x 8 tiles of the result in turn (all warps step together, a warp
+    /// past the last tile computing one it does not keep, so every
+    /// `mma.sync` is run by whole warps), loads its accumulator fragment,
+    /// runs one `mma.sync.m16n8k16` per 16-deep step with fragments read
+    /// as 32-bit words, and stores it back; then each thread reads its
+    /// elements of the result.
+    fn mma_dot(&mut self, op: &OpData, [m, n, k]: [usize; 3]) -> R<()> {
+        let (a, b, acc, r) = (
+            op.operands[0],
+            op.operands[1],
+            op.operands[2],
+            op.results[0],
+        );
+        let d = self.tdtype(a)?;
+        let (a_at, b_at, c_at) = mma_regions(m, n, k);
+        self.barrier()?;
+        self.stage_as(a, d, a_at, false)?;
+        self.stage_as(b, d, b_at, true)?;
+        self.stage(acc, DType::F32, c_at)?;
+        self.barrier()?;
+        let (tid, threads) = {
+            let th = self.threads()?;
+            (th.tid, th.count)
+        };
+        let warps = threads / WARP;
+        let tiles = (m / 16) * (n / 8);
+        let rounds = tiles.div_ceil(warps);
+        let warp = self
+            .b
+            .build_int_unsigned_div(tid, self.i64v(WARP as i64), "warp")?;
+        let lane = self.b.build_and(tid, self.i64v(WARP as i64 - 1), "lane")?;
+        let group = self
+            .b
+            .build_right_shift(lane, self.i64v(2), false, "group")?;
+        let member = self.b.build_and(lane, self.i64v(3), "member")?;
+        let member2 = self.b.build_int_mul(member, self.i64v(2), "member2")?;
+        let f32t = self.ctx.f32_type();
+        self.counted(self.i64v(0), self.i64v(rounds as i64), |g, round| {
+            let q = g.b.build_int_mul(round, g.i64v(warps as i64), "q")?;
+            let q = g.b.build_int_add(q, warp, "q")?;
+            let active =
+                g.b.build_int_compare(IntPredicate::ULT, q, g.i64v(tiles as i64), "active")?;
+            let q =
+                g.b.build_select(active, q, g.i64v(tiles as i64 - 1), "q")?
+                    .into_int_value();
+            let per_row = g.i64v((n / 8) as i64);
+            let tm = g.b.build_int_unsigned_div(q, per_row, "tm")?;
+            let tn = g.b.build_int_unsigned_rem(q, per_row, "tn")?;
+            let row0 = g.b.build_int_mul(tm, g.i64v(16), "row0")?;
+            let col0 = g.b.build_int_mul(tn, g.i64v(8), "col0")?;
+            // Accumulator element i: row g (+8 for i >= 2), column 2t + i % 2.
+            let mut c_ptrs = Vec::with_capacity(4);
+            for i in 0..4i64 {
+                let row = g.b.build_int_add(row0, group, "row")?;
+                let row =
+                    g.b.build_int_add(row, g.i64v(if i >= 2 { 8 } else { 0 }), "row")?;
+                let col = g.b.build_int_add(col0, member2, "col")?;
+                let col = g.b.build_int_add(col, g.i64v(i & 1), "col")?;
+                let e = g.position_of(&[row, col], &[m, n])?;
+                c_ptrs.push(g.staged(e, DType::F32, c_at)?);
+            }
+            let c = c_ptrs
+                .iter()
+                .map(|&p| Ok(g.b.build_load(f32t, p, "c")?))
+                .collect::<R<Vec<_>>>()?;
+            let done =
+                g.counted_carrying(g.i64v(0), g.i64v((k / 16) as i64), 1, &c, |g, kk, c| {
+                    let k0 = g.b.build_int_mul(kk, g.i64v(16), "k0")?;
+                    let k0 = g.b.build_int_add(k0, member2, "k0")?;
+                    // A register r: row g (+8 when r is odd), columns 2t, 2t + 1
+                    // (+8 when r >= 2); B register r: column g, rows 2t, 2t + 1
+                    // (+8 for r = 1), adjacent in the transposed copy.
+                    let mut ra = Vec::with_capacity(4);
+                    for reg in 0..4i64 {
+                        let row = g.b.build_int_add(row0, group, "ar")?;
+                        let row = g.b.build_int_add(row, g.i64v((reg & 1) * 8), "ar")?;
+                        let col = g.b.build_int_add(k0, g.i64v((reg >> 1) * 8), "ac")?;
+                        let e = g.position_of(&[row, col], &[m, k])?;
+                        let off = g.b.build_int_mul(e, g.i64v(2), "off")?;
+                        let off = g.b.build_int_add(off, g.i64v(a_at as i64), "off")?;
+                        ra.push(g.staged_word(off)?);
+                    }
+                    let mut rb = Vec::with_capacity(2);
+                    for reg in 0..2i64 {
+                        let col = g.b.build_int_add(col0, group, "bn")?;
+                        let row = g.b.build_int_add(k0, g.i64v(reg * 8), "bk")?;
+                        let e = g.position_of(&[col, row], &[n, k])?;
+                        let off = g.b.build_int_mul(e, g.i64v(2), "off")?;
+                        let off = g.b.build_int_add(off, g.i64v(b_at as i64), "off")?;
+                        rb.push(g.staged_word(off)?);
+                    }
+                    g.mma(d, &ra, &rb, c)
+                })?;
+            g.when(Some(active), |g| {
+                for (p, v) in c_ptrs.iter().zip(&done) {
+                    g.b.build_store(*p, *v)?;
+                }
+                Ok(())
+            })
+        })?;
+        self.barrier()?;
+        let len = m * n;
+        let mut out = Vec::new();
+        for j in 0..self.per_thread(r)? {
+            let e = self.position(j)?;
+            let e = match self.present(j, len)? {
+                Some(p) => self
+                    .b
+                    .build_select(p, e, self.i64v(0), "e")?
+                    .into_int_value(),
+                None => e,
+            };
+            out.push(self.load_element(self.staged(e, DType::F32, c_at)?, DType::F32)?);
+        }
         self.barrier()?;
         self.set(r, out)
     }
