@@ -128,6 +128,9 @@ pub struct CompileOptions {
     pub cpu: String,
     /// Name of the header's include guard (the source's stem by default).
     pub header_name: Option<String>,
+    /// On a GPU target, f32 products on tensor cores as TF32 (operands
+    /// rounded to 10 mantissa bits): faster, less exact.
+    pub tf32: bool,
 }
 
 impl Default for CompileOptions {
@@ -140,6 +143,7 @@ impl Default for CompileOptions {
             target: "host".into(),
             cpu: "native".into(),
             header_name: None,
+            tf32: false,
         }
     }
 }
@@ -244,7 +248,16 @@ pub struct Prepared {
 /// Reads `src` and runs `options`' pipeline; the options are checked
 /// before any work.
 pub fn prepare(src: &SourceText, options: &CompileOptions) -> Result<Prepared, DriverError> {
-    let scheduled = TargetDesc::named(&options.target).map_err(DriverError::Usage)?;
+    let mut scheduled = TargetDesc::named(&options.target).map_err(DriverError::Usage)?;
+    if options.tf32 {
+        if scheduled.gpu().is_none() {
+            return Err(DriverError::Usage(format!(
+                "--tf32 is for GPU targets (sm_80, sm_90), not {}",
+                scheduled.name
+            )));
+        }
+        scheduled = scheduled.with_tf32();
+    }
     let target = cpu_of(&scheduled, &options.cpu)?;
     let symbols = match &options.prefix {
         Some(p) => Symbols::with_prefix(p).map_err(DriverError::Usage)?,

@@ -1005,6 +1005,24 @@ pub fn check_tolerance(d: dlc_core::DType) -> f64 {
     }
 }
 
+/// The tolerance of an f32 result computed with TF32 products (`--tf32`:
+/// operands rounded to 10 mantissa bits, as f16's): f16's.
+pub const TF32_TOLERANCE: f64 = 4.0 * 1.0 / 1024.0;
+
+/// [`check_tolerances`] of `f`, with f32 results at TF32's precision when
+/// `tf32` (products on tensor cores as TF32).
+pub fn check_tolerances_with(f: &Function, tf32: bool) -> Vec<f64> {
+    let mut t = check_tolerances(f);
+    if tf32 {
+        for (tol, ty) in t.iter_mut().zip(f.result_types()) {
+            if ty.dtype == dlc_core::DType::F32 {
+                *tol = tol.max(TF32_TOLERANCE);
+            }
+        }
+    }
+    t
+}
+
 /// The tolerance of each result of `f` (see [`check_tolerance`]): its own
 /// type's, or the loosest of the float types the function computes in,
 /// since a result computed from f16 values is only as exact as f16 (an

@@ -408,8 +408,9 @@ mod hooks {
         got
     }
 
-    /// `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.f32` for the
-    /// calling thread's warp: every lane's fragment registers are
+    /// `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.f32` (kind 0, 1)
+    /// and `mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32` (kind 2) for
+    /// the calling thread's warp: every lane's fragment registers are
     /// exchanged, and each lane computes its four results from the matrix
     /// elements the PTX ISA's fragment layouts put in them (groupID =
     /// lane / 4, threadID_in_group = lane % 4; A element i of a lane at
@@ -444,29 +445,59 @@ mod hooks {
         }
         barrier();
         let warp = me & !31;
-        let element = |lane: usize, reg: usize, high: bool| -> f32 {
-            let word = slots[(warp + lane) * SLOTS + reg].load(Ordering::SeqCst);
-            let bits = if high { word >> 16 } else { word & 0xffff } as u16;
-            if kind == 1 {
-                half::bf16::from_bits(bits).to_f32()
-            } else {
-                half::f16::from_bits(bits).to_f32()
-            }
-        };
-        let a = |row: usize, k: usize| {
-            let i = usize::from(k >= 8) * 4 + usize::from(row >= 8) * 2 + (k & 1);
-            element((row % 8) * 4 + (k % 8) / 2, i / 2, i % 2 == 1)
-        };
-        let b = |k: usize, col: usize| {
-            let i = usize::from(k >= 8) * 2 + (k & 1);
-            element(col * 4 + (k % 8) / 2, 4 + i / 2, i % 2 == 1)
-        };
+        let word =
+            |lane: usize, reg: usize| slots[(warp + lane) * SLOTS + reg].load(Ordering::SeqCst);
         let (group, member) = ((me & 31) / 4, me & 3);
         let mut d = [c0, c1, c2, c3];
-        for (i, v) in d.iter_mut().enumerate() {
-            let (row, col) = (group + usize::from(i >= 2) * 8, member * 2 + (i & 1));
-            for k in 0..16 {
-                *v += a(row, k) * b(k, col);
+        if kind == 2 {
+            // m16n8k8 on TF32 (f32 rounded to 10 mantissa bits, ties away):
+            // A register r at row groupID (+8 for odd r), column
+            // threadID_in_group (+4 for r >= 2); B register r at row
+            // threadID_in_group (+4 for r = 1), column groupID.
+            let tf32 = |w: u32| {
+                let x = f32::from_bits(w);
+                if x.is_finite() {
+                    f32::from_bits(w.wrapping_add(0x1000) & !0x1fff)
+                } else {
+                    x
+                }
+            };
+            let a = |row: usize, k: usize| {
+                tf32(word(
+                    (row % 8) * 4 + k % 4,
+                    usize::from(row >= 8) + usize::from(k >= 4) * 2,
+                ))
+            };
+            let b = |k: usize, col: usize| tf32(word(col * 4 + k % 4, 4 + usize::from(k >= 4)));
+            for (i, v) in d.iter_mut().enumerate() {
+                let (row, col) = (group + usize::from(i >= 2) * 8, member * 2 + (i & 1));
+                for k in 0..8 {
+                    *v += a(row, k) * b(k, col);
+                }
+            }
+        } else {
+            let element = |lane: usize, reg: usize, high: bool| -> f32 {
+                let w = word(lane, reg);
+                let bits = if high { w >> 16 } else { w & 0xffff } as u16;
+                if kind == 1 {
+                    half::bf16::from_bits(bits).to_f32()
+                } else {
+                    half::f16::from_bits(bits).to_f32()
+                }
+            };
+            let a = |row: usize, k: usize| {
+                let i = usize::from(k >= 8) * 4 + usize::from(row >= 8) * 2 + (k & 1);
+                element((row % 8) * 4 + (k % 8) / 2, i / 2, i % 2 == 1)
+            };
+            let b = |k: usize, col: usize| {
+                let i = usize::from(k >= 8) * 2 + (k & 1);
+                element(col * 4 + (k % 8) / 2, 4 + i / 2, i % 2 == 1)
+            };
+            for (i, v) in d.iter_mut().enumerate() {
+                let (row, col) = (group + usize::from(i >= 2) * 8, member * 2 + (i & 1));
+                for k in 0..16 {
+                    *v += a(row, k) * b(k, col);
+                }
             }
         }
         barrier();

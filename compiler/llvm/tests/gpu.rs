@@ -283,3 +283,48 @@ fn tensor_core_products_on_the_emulator() {
         );
     }
 }
+
+/// f32 products stay on the FMA path unless TF32 is asked for; then they
+/// run on tensor cores (`mma.sync.m16n8k8` on TF32) and agree with the
+/// reference at TF32's precision (`--check --tf32`'s tolerance), which the
+/// f32 tolerance is too tight for.
+#[test]
+fn tf32_products_only_when_asked_for() {
+    let src = "fn f(x: f32[70, 48], w: f32[48, 90], b: f32[90]) -> f32[70, 90] { return gelu(x @ w + b); }";
+    let m = graph(src);
+    let f = m.entry_points().next().unwrap();
+    let inputs = prepare_inputs(f, &[], Some(1)).unwrap();
+    let want = interpret(&m, f, &inputs).unwrap();
+    let plain = TargetDesc::sm_90();
+    let tf32 = TargetDesc::sm_90().with_tf32();
+    for (target, tensor_cores) in [(&plain, false), (&tf32, true)] {
+        let tiles = dlc_driver::lower_for_tile(&m, target).unwrap();
+        let ptx = dlc_llvm::compile_gpu(&tiles, &Symbols::for_module("t"), target)
+            .unwrap()
+            .ptx;
+        assert_eq!(
+            ptx.contains("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"),
+            tensor_cores
+        );
+        let got = dlc_llvm::emulate(&tiles, target, |emu| Ok(emu.call(&f.name, &inputs)))
+            .unwrap()
+            .unwrap();
+        let err = max_relative_error(&got, &want).unwrap();
+        let tolerance = if tensor_cores {
+            dlc_driver::TF32_TOLERANCE
+        } else {
+            TOLERANCE
+        };
+        assert!(
+            err <= tolerance,
+            "tf32 {tensor_cores}: relative error {err:.3e}"
+        );
+        if tensor_cores {
+            // Rounded operands show: TF32 is not f32.
+            assert!(
+                err > TOLERANCE / 100.0,
+                "TF32 products as exact as f32: {err:.3e}"
+            );
+        }
+    }
+}

@@ -297,6 +297,19 @@ impl TargetDesc {
         }
     }
 
+    /// This GPU target with f32 products on tensor cores as TF32 (f32
+    /// operands rounded to 10 mantissa bits, products accumulated in f32):
+    /// faster, and less exact, so only when asked for (`--tf32`). A CPU
+    /// target is returned unchanged.
+    pub fn with_tf32(mut self) -> TargetDesc {
+        if let TargetKind::Gpu(g) = &mut self.kind
+            && !g.mma.iter().any(|(d, _)| *d == DType::F32)
+        {
+            g.mma.push((DType::F32, [16, 8, 8]));
+        }
+        self
+    }
+
     /// The description `--target NAME` means; `host` is this machine.
     pub fn named(name: &str) -> Result<TargetDesc, String> {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());

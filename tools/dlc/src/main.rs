@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 use dlc_driver::{
     Artifact, CompileOptions, DEFAULT_PIPELINE, DEFAULT_WORK_LIMIT, DriverError, NativeArtifact,
-    PassOptions, check_results, check_tolerances, compile_source, interpret_loops_within,
-    interpret_within, prepare_inputs, read_model, run_passes, save_outputs, select_entry,
+    PassOptions, check_results, compile_source, interpret_loops_within, interpret_within,
+    prepare_inputs, read_model, run_passes, save_outputs, select_entry,
 };
 use dlc_runtime::HostTensor;
 
@@ -194,6 +194,10 @@ enum Command {
         /// `znver4`, ...: code tuned for that CPU, needing its instructions).
         #[arg(long, default_value = "native")]
         cpu: String,
+        /// For a GPU target: f32 products on tensor cores as TF32 (operands
+        /// rounded to 10 mantissa bits; faster, less exact).
+        #[arg(long)]
+        tf32: bool,
     },
     /// Run an entry point of a model.
     Run {
@@ -239,6 +243,11 @@ enum Command {
         /// x86-64-avx2, aarch64-linux-gnu, sm_80 or sm_90.
         #[arg(long, default_value = "host")]
         target: String,
+        /// With `--backend gpu` or `gpu-emulator`: f32 products on tensor
+        /// cores as TF32 (operands rounded to 10 mantissa bits); `--check`
+        /// then compares f32 results at TF32's precision.
+        #[arg(long)]
+        tf32: bool,
     },
     /// Measure compile time and steady-state latency of an entry point
     /// compiled for this CPU (random inputs from seed 0).
@@ -270,6 +279,9 @@ enum Command {
         /// Where to run it: `cpu` (this CPU) or `gpu` (GPU 0).
         #[arg(long, value_enum, default_value = "cpu")]
         backend: Backend,
+        /// With `--backend gpu`: f32 products on tensor cores as TF32.
+        #[arg(long)]
+        tf32: bool,
     },
     /// Measure this machine with the project's own compiled kernels (one
     /// thread) and write the constants of the cost model `graph.saturate`
@@ -336,10 +348,11 @@ fn gpu_target((major, minor): (i32, i32)) -> Result<dlc_core::TargetDesc, Driver
     }
 }
 
-/// GPU 0 with entry point `f` of `module` compiled and loaded for it: the
-/// device, the program, and how long compiling and loading took.
+/// GPU 0 with `module` compiled (f32 products as TF32 when `tf32`) and
+/// loaded for it: the device, the program, and the device in words.
 fn gpu_program(
     module: &dlc_graph::Module,
+    tf32: bool,
 ) -> Result<
     (
         dlc_runtime::cuda::Cuda,
@@ -350,12 +363,16 @@ fn gpu_program(
 > {
     let mut cuda = dlc_runtime::cuda::Cuda::open().map_err(runtime)?;
     let (name, cc) = cuda.describe().map_err(runtime)?;
-    let target = gpu_target(cc)?;
+    let mut target = gpu_target(cc)?;
+    if tf32 {
+        target = target.with_tf32();
+    }
     let tiles = dlc_driver::lower_for_tile(module, &target)?;
     let symbols = dlc_runtime::abi::Symbols::with_prefix("dlc_").map_err(DriverError::Usage)?;
     let program = dlc_llvm::compile_gpu(&tiles, &symbols, &target).map_err(codegen)?;
     cuda.load(&program).map_err(runtime)?;
-    Ok((cuda, program, format!("{name}, {}", target.name)))
+    let tf32 = if tf32 { ", TF32" } else { "" };
+    Ok((cuda, program, format!("{name}, {}{tf32}", target.name)))
 }
 
 /// Compiles the entry point for GPU 0 and runs it there.
@@ -363,8 +380,9 @@ fn run_gpu(
     module: &dlc_graph::Module,
     f: &dlc_graph::Function,
     inputs: &[HostTensor],
+    tf32: bool,
 ) -> Result<Vec<HostTensor>, DriverError> {
-    let (mut cuda, program, _) = gpu_program(module)?;
+    let (mut cuda, program, _) = gpu_program(module, tf32)?;
     let function = program.function(&f.name).map_err(runtime)?;
     let mut prepared = dlc_runtime::gpu::Prepared::new(&mut cuda, function).map_err(runtime)?;
     prepared.call(&mut cuda, inputs).map_err(runtime)
@@ -377,11 +395,15 @@ fn run_emulated(
     f: &dlc_graph::Function,
     inputs: &[HostTensor],
     target: &str,
+    tf32: bool,
 ) -> Result<Vec<HostTensor>, DriverError> {
-    let target = match target {
+    let mut target = match target {
         "host" => dlc_core::TargetDesc::sm_90(),
         other => dlc_core::TargetDesc::named(other).map_err(DriverError::Usage)?,
     };
+    if tf32 {
+        target = target.with_tf32();
+    }
     if target.gpu().is_none() {
         return Err(DriverError::Usage(format!(
             "--backend gpu-emulator runs GPU code: --target sm_80 or sm_90, not {}",
@@ -403,11 +425,11 @@ fn run_emulated(
 fn time_gpu_calls(
     module: &dlc_graph::Module,
     f: &dlc_graph::Function,
-    warmup: usize,
-    runs: usize,
+    Timing { runs, warmup }: Timing,
+    tf32: bool,
 ) -> Result<(std::time::Duration, Vec<f64>, String), DriverError> {
     let start = std::time::Instant::now();
-    let (mut cuda, program, device) = gpu_program(module)?;
+    let (mut cuda, program, device) = gpu_program(module, tf32)?;
     let compile = start.elapsed();
     let inputs = prepare_inputs(f, &[], Some(0))?;
     let function = program.function(&f.name).map_err(runtime)?;
@@ -444,7 +466,11 @@ fn bench(
     json: bool,
     passes: &str,
     backend: Backend,
+    tf32: bool,
 ) -> Result<(), DriverError> {
+    if tf32 && backend != Backend::Gpu {
+        return Err(DriverError::Usage("--tf32 is for --backend gpu".into()));
+    }
     if !matches!(backend, Backend::Cpu | Backend::Gpu) {
         return Err(DriverError::Usage(
             "dlc bench measures compiled code: --backend cpu or gpu".into(),
@@ -466,7 +492,7 @@ fn bench(
     let f = select_entry(&module, entry)?;
     let (front, llvm, ms, device) = if backend == Backend::Gpu {
         let front = start.elapsed();
-        let (codegen, ms, device) = time_gpu_calls(&module, f, warmup, runs)?;
+        let (codegen, ms, device) = time_gpu_calls(&module, f, Timing { runs, warmup }, tf32)?;
         (front, codegen, ms, Some(device))
     } else {
         let lowered = cpu_tiles(&module)?;
@@ -724,6 +750,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             target,
             cpu,
             onnx,
+            tf32,
         } => {
             let artifact = emit.artifact();
             if artifact.is_binary() && output == "-" && emit != Emit::Obj {
@@ -741,6 +768,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                 target,
                 cpu,
                 header_name: (output != "-").then(|| dlc_driver::module_stem(&output)),
+                tf32,
             };
             let src = read_model(&file, &onnx.options()?)?;
             let done = dlc_driver::compile(
@@ -779,7 +807,13 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             max_work,
             target,
             onnx,
+            tf32,
         } => {
+            if tf32 && !matches!(backend, Backend::Gpu | Backend::GpuEmulator) {
+                return Err(DriverError::Usage(
+                    "--tf32 is for --backend gpu and gpu-emulator".into(),
+                ));
+            }
             // Where results go is checked before any work is done.
             for dir in [&save, &save_inputs].into_iter().flatten() {
                 dlc_driver::ensure_writable_dir(dir)?;
@@ -845,8 +879,8 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                     dlc_driver::interpret_tile_within(&tiled, f, &args, max_work)?
                 }
                 Backend::Cpu => run_cpu(&module, f, &args)?,
-                Backend::Gpu => run_gpu(&module, f, &args)?,
-                Backend::GpuEmulator => run_emulated(&module, f, &args, &target)?,
+                Backend::Gpu => run_gpu(&module, f, &args, tf32)?,
+                Backend::GpuEmulator => run_emulated(&module, f, &args, &target, tf32)?,
                 Backend::Mlir => {
                     let loops = dlc_driver::lower_to_loops(&module)?;
                     dlc_mlir::run(&loops, &f.name, &args)
@@ -861,7 +895,8 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             };
             if check {
                 let reference = interpret_within(&module, f, &args, max_work)?;
-                let checks = check_results(&outputs, &reference, &check_tolerances(f))?;
+                let tolerances = dlc_driver::check_tolerances_with(f, tf32);
+                let checks = check_results(&outputs, &reference, &tolerances)?;
                 let failed: Vec<String> = checks
                     .iter()
                     .filter(|c| !c.passed())
@@ -900,6 +935,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             passes,
             onnx,
             backend,
+            tf32,
         } => bench(
             &file,
             &onnx.options()?,
@@ -909,6 +945,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             json,
             &passes,
             backend,
+            tf32,
         ),
         Command::Import { file, output, onnx } => {
             let imported = dlc_driver::import_onnx(&file, &onnx.options()?)?;

@@ -349,6 +349,45 @@ fn the_gpu_backend_runs_or_says_why_not() {
         &dlc(&["compile", &model, "--emit", "ptx", "-o", "-"]),
         "PTX is made for a GPU target (--target sm_80 or sm_90)",
     );
+    // TF32 tensor cores for f32 products only when asked for, and only
+    // on a GPU.
+    let product = d.file(
+        "p.dl",
+        "fn p(x: f32[64, 32], w: f32[32, 64]) -> f32[64, 64] { return x @ w; }",
+    );
+    for (extra, tf32) in [(&[][..], false), (&["--tf32"][..], true)] {
+        let o = dlc(&[
+            &[
+                "compile", &product, "--emit", "ptx", "--target", "sm_90", "-o", "-",
+            ][..],
+            extra,
+        ]
+        .concat());
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout).contains(".tf32.tf32"),
+            tf32
+        );
+    }
+    let o = dlc(&[
+        "run",
+        &product,
+        "--backend",
+        "gpu-emulator",
+        "--tf32",
+        "--random-inputs",
+        "0",
+        "--check",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    fails_with(
+        &dlc(&["run", &product, "--tf32", "--random-inputs", "0"]),
+        "--tf32 is for --backend gpu and gpu-emulator",
+    );
+    fails_with(
+        &dlc(&["compile", &product, "--emit", "ptx", "--tf32", "-o", "-"]),
+        "--tf32 is for GPU targets",
+    );
     fails_with(
         &dlc(&[
             "compile", &model, "--emit", "asm", "--target", "sm_90", "-o", "-",

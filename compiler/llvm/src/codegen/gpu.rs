@@ -108,6 +108,8 @@ pub(crate) struct Threads<'ctx> {
     /// The status word.
     status: PointerValue<'ctx>,
     flavor: Flavor,
+    /// The target's tensor-core shapes per operand type.
+    mma: Vec<(DType, [usize; 3])>,
 }
 
 /// The kernels of tile function `f` emitted into `module` (named after
@@ -192,6 +194,7 @@ pub(crate) fn emit_function<'ctx>(
                             &sites,
                             threads,
                             flavor,
+                            &gpu.mma,
                         )?;
                         if shared > gpu.shared_memory_per_block as u64 {
                             return Err(CodegenError::Unsupported(format!(
@@ -243,7 +246,12 @@ pub(crate) fn emit_function<'ctx>(
 /// Bytes the staging area of a kernel body run by `threads` threads
 /// needs: the largest operand of a move between threads, two operands for
 /// a product, a slot per warp for a reduction.
-fn staging_bytes(f: &Function, ops: &[dlc_tile::OpId], threads: usize) -> u64 {
+fn staging_bytes(
+    f: &Function,
+    ops: &[dlc_tile::OpId],
+    threads: usize,
+    mma: &[(DType, [usize; 3])],
+) -> u64 {
     let bytes = |v: Value| -> u64 {
         match f.ty(v) {
             Type::Tile(t) => (t.len() * stage_size(t.dtype)) as u64,
@@ -256,8 +264,8 @@ fn staging_bytes(f: &Function, ops: &[dlc_tile::OpId], threads: usize) -> u64 {
         let need = match op.kind {
             OpKind::Trans { .. } | OpKind::Broadcast => bytes(op.operands[0]),
             OpKind::Reduce { .. } => bytes(op.operands[0]).max((threads.div_ceil(WARP) * 8) as u64),
-            OpKind::Dot => match mma_shape(f, op, threads) {
-                Some([m, n, k]) => mma_regions(m, n, k).2 + (m * n * 4) as u64,
+            OpKind::Dot => match mma_shape(f, op, threads, mma) {
+                Some(t) => t.regions().2 + (t.m * t.n * 4) as u64,
                 None => {
                     let acc = f.ty(op.operands[2]).dtype().unwrap_or(DType::F32);
                     let n = |v: Value| f.ty(v).shape().map_or(0, |s| s.iter().product::<usize>());
@@ -268,37 +276,74 @@ fn staging_bytes(f: &Function, ops: &[dlc_tile::OpId], threads: usize) -> u64 {
         };
         most = most.max(need);
         for r in &op.regions {
-            most = most.max(staging_bytes(f, &r.ops, threads));
+            most = most.max(staging_bytes(f, &r.ops, threads, mma));
         }
     }
     most
 }
 
-/// The `[m, n, k]` of a `tile.dot` that runs on tensor cores: f16 or
-/// bf16 operands accumulated in f32, in whole 16 x 8 x 16 steps
-/// (`mma.sync.m16n8k16`), by whole warps.
-fn mma_shape(f: &Function, op: &OpData, threads: usize) -> Option<[usize; 3]> {
+/// A `tile.dot` on tensor cores: its sizes, operand type and the
+/// instruction's depth.
+#[derive(Debug, Clone, Copy)]
+struct TensorCoreDot {
+    m: usize,
+    n: usize,
+    k: usize,
+    /// The operands' type: f16, bf16, or f32 (as TF32).
+    d: DType,
+    /// Depth of one `mma.sync` (16, or 8 for TF32).
+    step: usize,
+}
+
+impl TensorCoreDot {
+    /// Bytes of one staged operand element.
+    fn size(self) -> usize {
+        if self.d == DType::F32 { 4 } else { 2 }
+    }
+
+    /// Byte offsets of the staged operands: the left one (row-major) at
+    /// 0, the right one transposed (a fragment register's two 16-bit
+    /// elements are then adjacent) at the first, the f32 accumulator at
+    /// the second.
+    fn regions(self) -> (u64, u64, u64) {
+        let b = ((self.m * self.k * self.size()) as u64).div_ceil(16) * 16;
+        let c = (b + (self.k * self.n * self.size()) as u64).div_ceil(16) * 16;
+        (0, b, c)
+    }
+}
+
+/// The tensor-core form of a `tile.dot`, when the target has one for its
+/// operand type (`GpuDesc::mma`: m16n8k16 for f16 and bf16, m16n8k8 for
+/// f32 as TF32 when asked for) and it is in whole steps of it, accumulated
+/// in f32, by whole warps.
+fn mma_shape(
+    f: &Function,
+    op: &OpData,
+    threads: usize,
+    mma: &[(DType, [usize; 3])],
+) -> Option<TensorCoreDot> {
     let (a, b) = (f.ty(op.operands[0]), f.ty(op.operands[1]));
     let d = a.dtype()?;
     let (sa, sb) = (a.shape()?, b.shape()?);
     let (m, k, n) = (sa[0], sa[1], *sb.get(1)?);
-    (matches!(d, DType::F16 | DType::BF16)
+    let &(_, [mm, mn, mk]) = mma.iter().find(|(t, _)| *t == d)?;
+    let known = matches!(
+        (d, [mm, mn, mk]),
+        (DType::F16 | DType::BF16, [16, 8, 16]) | (DType::F32, [16, 8, 8])
+    );
+    (known
         && f.ty(op.operands[2]).dtype() == Some(DType::F32)
-        && m % 16 == 0
-        && n % 8 == 0
-        && k % 16 == 0
+        && m % mm == 0
+        && n % mn == 0
+        && k % mk == 0
         && threads.is_multiple_of(WARP))
-    .then_some([m, n, k])
-}
-
-/// Byte offsets of a tensor-core product's staged operands: the left one
-/// (row-major, 16-bit) at 0, the right one transposed (so a thread's two
-/// elements of a fragment register are adjacent) at the first, the f32
-/// accumulator at the second.
-fn mma_regions(m: usize, n: usize, k: usize) -> (u64, u64, u64) {
-    let b = ((m * k * 2) as u64).div_ceil(16) * 16;
-    let c = (b + (k * n * 2) as u64).div_ceil(16) * 16;
-    (0, b, c)
+    .then_some(TensorCoreDot {
+        m,
+        n,
+        k,
+        d,
+        step: mk,
+    })
 }
 
 /// Bytes one staged element of type `d` takes (bool as a byte).
@@ -320,6 +365,7 @@ fn kernel<'ctx>(
     sites: &Sites,
     threads: usize,
     flavor: Flavor,
+    mma: &[(DType, [usize; 3])],
 ) -> R<u64> {
     for v in f.values.iter() {
         if let Type::Tile(t) = v
@@ -408,6 +454,7 @@ fn kernel<'ctx>(
         g.vals.insert(v, p.into());
     }
     let staging = bytes.div_ceil(64) * 64;
+    let mma = mma.to_vec();
     g.gpu = Some(Threads {
         count: threads,
         tid,
@@ -415,10 +462,11 @@ fn kernel<'ctx>(
         staging,
         status,
         flavor,
+        mma: mma.clone(),
     });
     g.gpu_block(&body.ops)?;
     g.b.build_return(None)?;
-    Ok(staging + staging_bytes(f, &body.ops, threads))
+    Ok(staging + staging_bytes(f, &body.ops, threads, &mma))
 }
 
 /// f32 functions a GPU has no library for, from its hardware
@@ -1249,8 +1297,9 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
             op.operands[2],
             op.results[0],
         );
-        if let Some(shape) = mma_shape(self.f, op, self.threads()?.count) {
-            return self.mma_dot(op, shape);
+        let th = self.threads()?;
+        if let Some(t) = mma_shape(self.f, op, th.count, &th.mma) {
+            return self.mma_dot(op, t);
         }
         let sa = self.f.ty(a).shape().unwrap_or(&[]).to_vec();
         let sb = self.f.ty(b).shape().unwrap_or(&[]).to_vec();
@@ -1330,17 +1379,21 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
                 let half2 = self.ctx.f16_type().vec_type(2);
                 let mut args: Vec<BV<'ctx>> = Vec::with_capacity(10);
                 for &r in a.iter().chain(b) {
-                    args.push(if d == DType::F16 {
-                        self.b.build_bit_cast(r, half2, "h2")?
-                    } else {
-                        r.into()
+                    args.push(match d {
+                        DType::F16 => self.b.build_bit_cast(r, half2, "h2")?,
+                        // f32 to TF32, rounding to nearest (ties away).
+                        DType::F32 => {
+                            let x = self.b.build_bit_cast(r, f32t, "x")?;
+                            self.call("llvm.nvvm.f2tf32.rna", &[], &[x])?
+                        }
+                        _ => r.into(),
                     });
                 }
                 args.extend_from_slice(c);
-                let name = if d == DType::F16 {
-                    "llvm.nvvm.mma.m16n8k16.row.col.f32.f32"
-                } else {
-                    "llvm.nvvm.mma.m16n8k16.row.col.bf16"
+                let name = match d {
+                    DType::F16 => "llvm.nvvm.mma.m16n8k16.row.col.f32.f32",
+                    DType::F32 => "llvm.nvvm.mma.m16n8k8.row.col.tf32",
+                    _ => "llvm.nvvm.mma.m16n8k16.row.col.bf16",
                 };
                 let r = self.call(name, &[], &args)?.into_struct_value();
                 (0..4)
@@ -1359,7 +1412,14 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
                 let out = self
                     .b
                     .build_array_alloca(f32t, i32t.const_int(4, false), "d")?;
-                let kind = i32t.const_int(u64::from(d == DType::BF16), false);
+                let kind = i32t.const_int(
+                    match d {
+                        DType::F16 => 0,
+                        DType::BF16 => 1,
+                        _ => 2,
+                    },
+                    false,
+                );
                 let mut args: Vec<inkwell::values::BasicMetadataValueEnum<'ctx>> =
                     vec![kind.into()];
                 args.extend(
@@ -1395,15 +1455,19 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
     /// runs one `mma.sync.m16n8k16` per 16-deep step with fragments read
     /// as 32-bit words, and stores it back; then each thread reads its
     /// elements of the result.
-    fn mma_dot(&mut self, op: &OpData, [m, n, k]: [usize; 3]) -> R<()> {
+    fn mma_dot(&mut self, op: &OpData, t: TensorCoreDot) -> R<()> {
         let (a, b, acc, r) = (
             op.operands[0],
             op.operands[1],
             op.operands[2],
             op.results[0],
         );
-        let d = self.tdtype(a)?;
-        let (a_at, b_at, c_at) = mma_regions(m, n, k);
+        let (m, n, k, d) = (t.m, t.n, t.k, t.d);
+        let (a_at, b_at, c_at) = t.regions();
+        // A 32-bit fragment register holds two 16-bit elements, adjacent
+        // along the depth, or one TF32: the steps below are in elements.
+        let pair = if d == DType::F32 { 1 } else { 2 };
+        let size = t.size() as i64;
         self.barrier()?;
         self.stage_as(a, d, a_at, false)?;
         self.stage_as(b, d, b_at, true)?;
@@ -1425,6 +1489,7 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
             .build_right_shift(lane, self.i64v(2), false, "group")?;
         let member = self.b.build_and(lane, self.i64v(3), "member")?;
         let member2 = self.b.build_int_mul(member, self.i64v(2), "member2")?;
+        let member_k = self.b.build_int_mul(member, self.i64v(pair), "member_k")?;
         let f32t = self.ctx.f32_type();
         self.counted(self.i64v(0), self.i64v(rounds as i64), |g, round| {
             let q = g.b.build_int_mul(round, g.i64v(warps as i64), "q")?;
@@ -1454,34 +1519,35 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
                 .iter()
                 .map(|&p| Ok(g.b.build_load(f32t, p, "c")?))
                 .collect::<R<Vec<_>>>()?;
-            let done =
-                g.counted_carrying(g.i64v(0), g.i64v((k / 16) as i64), 1, &c, |g, kk, c| {
-                    let k0 = g.b.build_int_mul(kk, g.i64v(16), "k0")?;
-                    let k0 = g.b.build_int_add(k0, member2, "k0")?;
-                    // A register r: row g (+8 when r is odd), columns 2t, 2t + 1
-                    // (+8 when r >= 2); B register r: column g, rows 2t, 2t + 1
-                    // (+8 for r = 1), adjacent in the transposed copy.
-                    let mut ra = Vec::with_capacity(4);
-                    for reg in 0..4i64 {
-                        let row = g.b.build_int_add(row0, group, "ar")?;
-                        let row = g.b.build_int_add(row, g.i64v((reg & 1) * 8), "ar")?;
-                        let col = g.b.build_int_add(k0, g.i64v((reg >> 1) * 8), "ac")?;
-                        let e = g.position_of(&[row, col], &[m, k])?;
-                        let off = g.b.build_int_mul(e, g.i64v(2), "off")?;
-                        let off = g.b.build_int_add(off, g.i64v(a_at as i64), "off")?;
-                        ra.push(g.staged_word(off)?);
-                    }
-                    let mut rb = Vec::with_capacity(2);
-                    for reg in 0..2i64 {
-                        let col = g.b.build_int_add(col0, group, "bn")?;
-                        let row = g.b.build_int_add(k0, g.i64v(reg * 8), "bk")?;
-                        let e = g.position_of(&[col, row], &[n, k])?;
-                        let off = g.b.build_int_mul(e, g.i64v(2), "off")?;
-                        let off = g.b.build_int_add(off, g.i64v(b_at as i64), "off")?;
-                        rb.push(g.staged_word(off)?);
-                    }
-                    g.mma(d, &ra, &rb, c)
-                })?;
+            let (steps, half) = ((k / t.step) as i64, (t.step / 2) as i64);
+            let done = g.counted_carrying(g.i64v(0), g.i64v(steps), 1, &c, |g, kk, c| {
+                let k0 = g.b.build_int_mul(kk, g.i64v(t.step as i64), "k0")?;
+                let k0 = g.b.build_int_add(k0, member_k, "k0")?;
+                // A register r: row g (+8 when r is odd), depth 2t and
+                // 2t + 1 (t for TF32), + half a step when r >= 2; B
+                // register r: column g, depth likewise, + half a step
+                // for r = 1: adjacent in the transposed copy.
+                let mut ra = Vec::with_capacity(4);
+                for reg in 0..4i64 {
+                    let row = g.b.build_int_add(row0, group, "ar")?;
+                    let row = g.b.build_int_add(row, g.i64v((reg & 1) * 8), "ar")?;
+                    let col = g.b.build_int_add(k0, g.i64v((reg >> 1) * half), "ac")?;
+                    let e = g.position_of(&[row, col], &[m, k])?;
+                    let off = g.b.build_int_mul(e, g.i64v(size), "off")?;
+                    let off = g.b.build_int_add(off, g.i64v(a_at as i64), "off")?;
+                    ra.push(g.staged_word(off)?);
+                }
+                let mut rb = Vec::with_capacity(2);
+                for reg in 0..2i64 {
+                    let col = g.b.build_int_add(col0, group, "bn")?;
+                    let row = g.b.build_int_add(k0, g.i64v(reg * half), "bk")?;
+                    let e = g.position_of(&[col, row], &[n, k])?;
+                    let off = g.b.build_int_mul(e, g.i64v(size), "off")?;
+                    let off = g.b.build_int_add(off, g.i64v(b_at as i64), "off")?;
+                    rb.push(g.staged_word(off)?);
+                }
+                g.mma(d, &ra, &rb, c)
+            })?;
             g.when(Some(active), |g| {
                 for (p, v) in c_ptrs.iter().zip(&done) {
                     g.b.build_store(*p, *v)?;
