@@ -301,9 +301,22 @@ pub fn narrow_accumulation_cases() -> Vec<(String, f64, f64)> {
     cases
 }
 
+/// Every model in `examples/` and every example of the language
+/// reference, named.
+pub fn every_example() -> Vec<(String, String)> {
+    let mut programs = example_files();
+    programs.extend(
+        language_reference_examples()
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| (format!("docs/language.md example {}", i + 1), t)),
+    );
+    programs
+}
+
 /// `src` compiled and run through the default pipeline; panics (naming
 /// the source) where either fails.
-fn optimized(src: &str) -> dlc_graph::Module {
+pub fn optimized(src: &str) -> dlc_graph::Module {
     let mut m = dlc_driver::compile_source(&dlc_driver::SourceText {
         name: "t.dl".into(),
         text: src.to_string(),

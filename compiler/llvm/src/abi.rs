@@ -34,12 +34,13 @@ pub(crate) fn entry_wrapper<'ctx>(
     symbol: &str,
 ) -> R<()> {
     let ptr = ctx.ptr_type(AddressSpace::default());
-    let i32t = ctx.i32_type();
-    let wrapper = module.add_function(
-        &format!("{symbol}.entry"),
-        i32t.fn_type(&[ptr.into()], false),
-        Some(Linkage::External),
-    );
+    // The wrapper returns what the function returns: a status, or nothing
+    // (a GPU kernel run by the emulator).
+    let ty = match func.get_type().get_return_type() {
+        Some(t) => inkwell::types::BasicType::fn_type(&t, &[ptr.into()], false),
+        None => ctx.void_type().fn_type(&[ptr.into()], false),
+    };
+    let wrapper = module.add_function(&format!("{symbol}.entry"), ty, Some(Linkage::External));
     let b = ctx.create_builder();
     b.position_at_end(ctx.append_basic_block(wrapper, "entry"));
     let array = wrapper
@@ -59,11 +60,10 @@ pub(crate) fn entry_wrapper<'ctx>(
         };
         args.push(b.build_load(ptr, slot, "buffer")?.into());
     }
-    let status = b
-        .build_call(func, &args, "status")?
-        .try_as_basic_value()
-        .basic()
-        .ok_or_else(|| CodegenError::Invalid("call without value".into()))?;
-    b.build_return(Some(&status))?;
+    let call = b.build_call(func, &args, "status")?;
+    match call.try_as_basic_value().basic() {
+        Some(status) => b.build_return(Some(&status))?,
+        None => b.build_return(None)?,
+    };
     Ok(())
 }

@@ -17,14 +17,12 @@ use dlc_runtime::abi::Symbols;
 use dlc_runtime::gpu::{Device, GpuFunction, GpuProgram, Launch, Prepared};
 use dlc_runtime::{AlignedBuffer, HostTensor, RuntimeError};
 use dlc_tile::Module as TModule;
-use inkwell::AddressSpace;
 use inkwell::OptimizationLevel;
 use inkwell::context::Context;
 use inkwell::execution_engine::ExecutionEngine;
-use inkwell::module::{Linkage, Module};
+use inkwell::module::Module;
 use inkwell::passes::PassBuilderOptions;
 use inkwell::targets::FileType;
-use inkwell::values::BasicMetadataValueEnum;
 
 /// Emits every function of `m` as kernels of one LLVM module.
 fn kernels<'ctx>(
@@ -153,7 +151,10 @@ pub fn emulate<T>(
         }
     }
     for (name, arity) in &names {
-        entry_wrapper(&ctx, &module, name, *arity)?;
+        let kernel = module
+            .get_function(name)
+            .ok_or_else(|| CodegenError::Invalid(format!("no kernel {name}")))?;
+        crate::abi::entry_wrapper(&ctx, &module, *arity, kernel, name)?;
     }
     // This CPU rounds to bf16 with a function the C library may lack.
     crate::emit::define_bf16_truncation(&ctx, &module)?;
@@ -196,47 +197,6 @@ pub fn emulate<T>(
         entries,
     };
     use_it(&mut emulator)
-}
-
-/// `void name.entry(void **args)`: calls kernel `name` with `arity`
-/// pointers from the array.
-fn entry_wrapper<'ctx>(
-    ctx: &'ctx Context,
-    module: &Module<'ctx>,
-    name: &str,
-    arity: usize,
-) -> R<()> {
-    let kernel = module
-        .get_function(name)
-        .ok_or_else(|| CodegenError::Invalid(format!("no kernel {name}")))?;
-    let ptr = ctx.ptr_type(AddressSpace::default());
-    let wrapper = module.add_function(
-        &format!("{name}.entry"),
-        ctx.void_type().fn_type(&[ptr.into()], false),
-        Some(Linkage::External),
-    );
-    let b = ctx.create_builder();
-    b.position_at_end(ctx.append_basic_block(wrapper, "entry"));
-    let array = wrapper
-        .get_first_param()
-        .ok_or_else(|| CodegenError::Invalid("wrapper without parameter".into()))?
-        .into_pointer_value();
-    let mut args: Vec<BasicMetadataValueEnum<'_>> = Vec::with_capacity(arity);
-    for i in 0..arity {
-        // SAFETY (LLVM IR semantics): the caller passes `arity` pointers.
-        let slot = unsafe {
-            b.build_in_bounds_gep(
-                ptr,
-                array,
-                &[ctx.i64_type().const_int(i as u64, false)],
-                "slot",
-            )?
-        };
-        args.push(b.build_load(ptr, slot, "arg")?.into());
-    }
-    b.build_call(kernel, &args, "")?;
-    b.build_return(None)?;
-    Ok(())
 }
 
 impl Emulator<'_> {

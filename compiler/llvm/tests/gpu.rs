@@ -8,10 +8,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
 use dlc_core::{DType, TargetDesc, TensorType};
-use dlc_driver::{
-    DEFAULT_PIPELINE, PassOptions, SourceText, compile_source, interpret, max_relative_error,
-    prepare_inputs, run_passes,
-};
+use dlc_driver::{interpret, max_relative_error, prepare_inputs};
 use dlc_runtime::HostTensor;
 use dlc_runtime::abi::Symbols;
 use proptest::prelude::*;
@@ -21,13 +18,7 @@ use proptest::prelude::*;
 const TOLERANCE: f64 = 1e-4;
 
 fn graph(src: &str) -> dlc_graph::Module {
-    let mut m = compile_source(&SourceText {
-        name: "t.dl".into(),
-        text: src.into(),
-    })
-    .unwrap_or_else(|e| panic!("{e}"));
-    run_passes(&mut m, DEFAULT_PIPELINE, PassOptions::default()).unwrap();
-    m
+    dlc_tests::optimized(src)
 }
 
 /// Entry point `f` of `m` scheduled for sm_90 and run by the emulator.
@@ -169,13 +160,7 @@ fn ptxas_accepts_every_program() {
     let Some(ptxas) = dlc_tests::ptxas() else {
         return;
     };
-    let mut programs: Vec<(String, String)> = dlc_tests::example_files();
-    programs.extend(
-        dlc_tests::language_reference_examples()
-            .into_iter()
-            .enumerate()
-            .map(|(i, t)| (format!("docs/language.md example {}", i + 1), t)),
-    );
+    let mut programs: Vec<(String, String)> = dlc_tests::every_example();
     programs.extend(
         dlc_tests::differential_programs()
             .into_iter()

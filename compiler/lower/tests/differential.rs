@@ -223,13 +223,7 @@ fn small_versions_of_the_workloads() {
 #[test]
 fn every_example_lowers_to_valid_loop_and_tile_ir() {
     let tool = dlc_tests::mlir_opt();
-    let mut programs: Vec<(String, String)> = dlc_tests::example_files();
-    programs.extend(
-        dlc_tests::language_reference_examples()
-            .into_iter()
-            .enumerate()
-            .map(|(i, t)| (format!("docs/language.md example {}", i + 1), t)),
-    );
+    let programs: Vec<(String, String)> = dlc_tests::every_example();
     for (name, text) in programs {
         let m = graph(&text);
         let l = lowered(&m);

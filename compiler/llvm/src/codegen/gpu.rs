@@ -464,7 +464,7 @@ fn kernel<'ctx>(
         flavor,
         mma: mma.clone(),
     });
-    g.gpu_block(&body.ops)?;
+    g.program_block(body)?;
     g.b.build_return(None)?;
     Ok(staging + staging_bytes(f, &body.ops, threads, &mma))
 }
@@ -630,7 +630,7 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
 
     /// Every thread of the block arrives before any goes on; memory written
     /// before is visible after.
-    fn barrier(&self) -> R<()> {
+    pub(super) fn barrier(&self) -> R<()> {
         match self.threads()?.flavor {
             Flavor::Nvptx => self.call_void(
                 "llvm.nvvm.barrier.cta.sync.aligned.all",
@@ -654,12 +654,12 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
         })
     }
 
-    fn i64v(&self, v: i64) -> IntValue<'ctx> {
+    pub(super) fn i64v(&self, v: i64) -> IntValue<'ctx> {
         self.ctx.i64_type().const_int(v as u64, true)
     }
 
     /// Elements of tile type `shape` each thread holds.
-    fn per_thread(&self, v: Value) -> R<usize> {
+    pub(super) fn per_thread(&self, v: Value) -> R<usize> {
         let n: usize = self.f.ty(v).shape().unwrap_or(&[]).iter().product();
         Ok(n.div_ceil(self.threads()?.count))
     }
@@ -705,7 +705,7 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
     }
 
     /// The row-major position of coordinates `c` in `shape`.
-    fn position_of(&self, c: &[IntValue<'ctx>], shape: &[usize]) -> R<IntValue<'ctx>> {
+    pub(super) fn position_of(&self, c: &[IntValue<'ctx>], shape: &[usize]) -> R<IntValue<'ctx>> {
         let mut e = self.i64v(0);
         for (k, &ck) in c.iter().enumerate() {
             e = self.b.build_int_mul(e, self.i64v(shape[k] as i64), "e")?;
@@ -745,19 +745,7 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
         Ok(())
     }
 
-    /// A value's per-thread elements (a scalar: itself).
-    fn elements(&self, v: Value) -> R<Vec<BV<'ctx>>> {
-        if self.is_tile(v) {
-            self.chunks
-                .get(&v)
-                .cloned()
-                .ok_or_else(|| CodegenError::Invalid("a tile is used before it is defined".into()))
-        } else {
-            Ok(vec![self.get(v)?])
-        }
-    }
-
-    fn set(&mut self, v: Value, elements: Vec<BV<'ctx>>) -> R<()> {
+    pub(super) fn set(&mut self, v: Value, elements: Vec<BV<'ctx>>) -> R<()> {
         if self.is_tile(v) {
             self.chunks.insert(v, elements);
         } else {
@@ -771,7 +759,7 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
     }
 
     /// Binds `values` to consecutive runs of `flat` (as `elements` gave).
-    fn set_all(&mut self, values: &[Value], flat: &[BV<'ctx>]) -> R<()> {
+    pub(super) fn set_all(&mut self, values: &[Value], flat: &[BV<'ctx>]) -> R<()> {
         let mut at = 0;
         for &v in values {
             let n = if self.is_tile(v) {
@@ -791,7 +779,7 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
 
     /// A binary op, where an integer division by zero records its status
     /// (for elements that exist) and divides by one.
-    fn gpu_binary(
+    pub(super) fn gpu_binary(
         &self,
         op: BinaryOp,
         x: BV<'ctx>,
@@ -799,7 +787,7 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
         d: DType,
         present: Option<IntValue<'ctx>>,
     ) -> R<BV<'ctx>> {
-        if op != BinaryOp::Div || d.is_float() {
+        if self.gpu.is_none() || op != BinaryOp::Div || d.is_float() {
             return self.binary(op, x, y, d);
         }
         let t = y.into_int_value().get_type();
@@ -835,7 +823,7 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
     }
 
     /// An element-wise op, element by element of this thread.
-    fn gpu_elementwise(
+    pub(super) fn gpu_elementwise(
         &mut self,
         op: &OpData,
         f: impl Fn(&Self, &[BV<'ctx>], Option<IntValue<'ctx>>) -> R<BV<'ctx>>,
@@ -844,7 +832,7 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
         let args = op
             .operands
             .iter()
-            .map(|v| self.elements(*v))
+            .map(|v| self.flatten(*v))
             .collect::<R<Vec<_>>>()?;
         let len: usize = self.f.ty(r).shape().unwrap_or(&[]).iter().product();
         let n = if self.is_tile(r) {
@@ -943,13 +931,13 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
     }
 
     /// `tile.load` (or a scalar load).
-    fn gpu_load(&mut self, op: &OpData, index: &[Affine], pad: Option<f64>) -> R<()> {
+    pub(super) fn gpu_load(&mut self, op: &OpData, index: &[Affine], pad: Option<f64>) -> R<()> {
         let r = op.results[0];
         let shape = self.f.ty(r).shape().unwrap_or(&[]).to_vec();
         let a = self.access(op.operands[0], index, shape.len())?;
         let d = a.dtype;
         let mask = match op.operands.get(1) {
-            Some(&m) => Some(self.elements(m)?),
+            Some(&m) => Some(self.flatten(m)?),
             None => None,
         };
         let len: usize = shape.iter().product();
@@ -991,14 +979,14 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
     }
 
     /// `tile.store` (or a scalar store: every thread writes the same value).
-    fn gpu_store(&mut self, op: &OpData, index: &[Affine]) -> R<()> {
+    pub(super) fn gpu_store(&mut self, op: &OpData, index: &[Affine]) -> R<()> {
         let v = op.operands[0];
         let shape = self.f.ty(v).shape().unwrap_or(&[]).to_vec();
         let a = self.access(op.operands[1], index, shape.len())?;
         let d = a.dtype;
-        let data = self.elements(v)?;
+        let data = self.flatten(v)?;
         let mask = match op.operands.get(2) {
-            Some(&m) => Some(self.elements(m)?),
+            Some(&m) => Some(self.flatten(m)?),
             None => None,
         };
         let len: usize = shape.iter().product();
@@ -1019,7 +1007,7 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
     }
 
     /// `tile.mask`.
-    fn gpu_mask(&mut self, op: &OpData, limits: &[Affine]) -> R<()> {
+    pub(super) fn gpu_mask(&mut self, op: &OpData, limits: &[Affine]) -> R<()> {
         let r = op.results[0];
         let shape = self.f.ty(r).shape().unwrap_or(&[]).to_vec();
         let limits = limits
@@ -1064,7 +1052,7 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
         let from = self.tdtype(v)?;
         let shape = self.f.ty(v).shape().unwrap_or(&[]).to_vec();
         let len: usize = shape.iter().product();
-        let xs = self.elements(v)?;
+        let xs = self.flatten(v)?;
         for (j, &x) in xs.iter().enumerate() {
             let present = self.present(j, len)?;
             let x = if from == d { x } else { self.cast(x, from, d)? };
@@ -1083,7 +1071,7 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
 
     /// `tile.trans` and `tile.broadcast`: result element at coordinates
     /// `c` is operand element `source(c)`, moved through shared memory.
-    fn gpu_move(
+    pub(super) fn gpu_move(
         &mut self,
         op: &OpData,
         source: impl Fn(&Self, &[IntValue<'ctx>]) -> R<IntValue<'ctx>>,
@@ -1149,7 +1137,7 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
     /// the warps' results meet in shared memory.
     fn warp_reduce(&mut self, x: Value, bop: BinaryOp, identity: f64, d: DType) -> R<BV<'ctx>> {
         let len: usize = self.f.ty(x).shape().unwrap_or(&[]).iter().product();
-        let xs = self.elements(x)?;
+        let xs = self.flatten(x)?;
         let none = self.constant(identity, d);
         let mut acc: Option<BV<'ctx>> = None;
         for (j, &v) in xs.iter().enumerate() {
@@ -1206,20 +1194,10 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
 
     /// `tile.reduce`: each thread combines, for each of its result
     /// elements, the operand's elements along the axis from shared memory.
-    fn gpu_reduce(&mut self, op: &OpData, kind: ReduceKind, axis: usize) -> R<()> {
+    pub(super) fn gpu_reduce(&mut self, op: &OpData, kind: ReduceKind, axis: usize) -> R<()> {
         let (x, r) = (op.operands[0], op.results[0]);
         let d = self.tdtype(x)?;
-        let bop = match kind {
-            ReduceKind::Sum => BinaryOp::Add,
-            ReduceKind::Prod => BinaryOp::Mul,
-            ReduceKind::Max => BinaryOp::Max,
-            ReduceKind::Min => BinaryOp::Min,
-            ReduceKind::Mean => {
-                return Err(CodegenError::Invalid(
-                    "tile.reduce {kind = mean} (the verifier rejects it)".into(),
-                ));
-            }
-        };
+        let bop = super::tile::combining(kind)?;
         let from = self.f.ty(x).shape().unwrap_or(&[]).to_vec();
         let to = self.f.ty(r).shape().unwrap_or(&[]).to_vec();
         let identity = match (kind, d) {
@@ -1290,7 +1268,7 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
     /// `tile.dot`: both operands staged in shared memory (as the
     /// accumulator's type), each thread accumulating its elements of the
     /// result over the depth.
-    fn gpu_dot(&mut self, op: &OpData) -> R<()> {
+    pub(super) fn gpu_dot(&mut self, op: &OpData) -> R<()> {
         let (a, b, acc, r) = (
             op.operands[0],
             op.operands[1],
@@ -1310,7 +1288,7 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
         self.stage(a, acc_d, 0)?;
         self.stage(b, acc_d, b_first)?;
         self.barrier()?;
-        let init = self.elements(acc)?;
+        let init = self.flatten(acc)?;
         let mut rows = Vec::with_capacity(init.len());
         let mut cols = Vec::with_capacity(init.len());
         for j in 0..init.len() {
@@ -1571,127 +1549,6 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
         }
         self.barrier()?;
         self.set(r, out)
-    }
-
-    /// A kernel body or loop body; returns the values its `tile.yield`
-    /// passes on, flattened.
-    fn gpu_block(&mut self, ops: &[dlc_tile::OpId]) -> R<Vec<BV<'ctx>>> {
-        let f = self.f;
-        for &id in ops {
-            let op = f.op(id);
-            self.loc.clone_from(&op.loc);
-            match &op.kind {
-                // Placed when the kernel starts.
-                OpKind::Alloc | OpKind::ProgramId { .. } => {}
-                OpKind::Barrier => self.barrier()?,
-                OpKind::View => {
-                    let p = self.get(op.operands[0])?;
-                    self.vals.insert(op.results[0], p);
-                }
-                OpKind::Const(c) => {
-                    let r = op.results[0];
-                    let s = self.constant(*c, self.tdtype(r)?);
-                    let n = if self.is_tile(r) {
-                        self.per_thread(r)?
-                    } else {
-                        1
-                    };
-                    self.set(r, vec![s; n])?;
-                }
-                OpKind::Splat => {
-                    let r = op.results[0];
-                    let s = self.get(op.operands[0])?;
-                    let n = self.per_thread(r)?;
-                    self.set(r, vec![s; n])?;
-                }
-                OpKind::Unary(u) => {
-                    let d = self.tdtype(op.operands[0])?;
-                    self.gpu_elementwise(op, |g, x, _| g.unary(*u, x[0], d))?;
-                }
-                OpKind::Binary(bop) => {
-                    let d = self.tdtype(op.operands[0])?;
-                    self.gpu_elementwise(op, |g, x, present| {
-                        g.gpu_binary(*bop, x[0], x[1], d, present)
-                    })?;
-                }
-                OpKind::Compare(c) => {
-                    let d = self.tdtype(op.operands[0])?;
-                    self.gpu_elementwise(op, |g, x, _| g.compare(*c, x[0], x[1], d))?;
-                }
-                OpKind::Select => {
-                    self.gpu_elementwise(op, |g, x, _| g.select(x[0], x[1], x[2]))?;
-                }
-                OpKind::Cast => {
-                    let (from, to) = (self.tdtype(op.operands[0])?, self.tdtype(op.results[0])?);
-                    self.gpu_elementwise(op, |g, x, _| g.cast(x[0], from, to))?;
-                }
-                OpKind::Load { index, pad } => self.gpu_load(op, index, *pad)?,
-                OpKind::Store { index } => self.gpu_store(op, index)?,
-                OpKind::Mask { limits } => self.gpu_mask(op, limits)?,
-                // Row-major order is kept: every element stays in its thread.
-                OpKind::Reshape | OpKind::ExpandDims { .. } => {
-                    let x = self.elements(op.operands[0])?;
-                    self.set(op.results[0], x)?;
-                }
-                OpKind::Broadcast => {
-                    let from = self.f.ty(op.operands[0]).shape().unwrap_or(&[]).to_vec();
-                    self.gpu_move(op, |g, c| {
-                        let src: Vec<IntValue<'ctx>> = c
-                            .iter()
-                            .zip(&from)
-                            .map(|(&ck, &n)| if n == 1 { g.i64v(0) } else { ck })
-                            .collect();
-                        g.position_of(&src, &from)
-                    })?;
-                }
-                OpKind::Trans { perm } => {
-                    let from = self.f.ty(op.operands[0]).shape().unwrap_or(&[]).to_vec();
-                    let perm = perm.clone();
-                    self.gpu_move(op, |g, c| {
-                        let mut src = vec![g.i64v(0); from.len()];
-                        for (i, &p) in perm.iter().enumerate() {
-                            src[p] = c[i];
-                        }
-                        g.position_of(&src, &from)
-                    })?;
-                }
-                OpKind::Dot => self.gpu_dot(op)?,
-                OpKind::Reduce { kind, axis } => self.gpu_reduce(op, *kind, *axis)?,
-                OpKind::For { lo, hi, step } => {
-                    let body = &op.regions[0];
-                    let mut inits = Vec::new();
-                    for v in &op.operands {
-                        inits.extend(self.elements(*v)?);
-                    }
-                    let finals = self.counted_carrying(
-                        self.i64v(*lo),
-                        self.i64v(*hi),
-                        (*step).max(1),
-                        &inits,
-                        |g, i, carried| {
-                            g.vals.insert(body.args[0], i.into());
-                            g.set_all(&body.args[1..], carried)?;
-                            g.gpu_block(&body.ops)
-                        },
-                    )?;
-                    self.set_all(&op.results, &finals)?;
-                }
-                OpKind::Yield => {
-                    let mut out = Vec::new();
-                    for v in &op.operands {
-                        out.extend(self.elements(*v)?);
-                    }
-                    return Ok(out);
-                }
-                other => {
-                    return Err(CodegenError::Invalid(format!(
-                        "{} inside a kernel",
-                        other.name()
-                    )));
-                }
-            }
-        }
-        Ok(vec![])
     }
 }
 

@@ -154,6 +154,21 @@ impl Workspace {
     }
 }
 
+/// The operator `tile.reduce` of `kind` combines elements with.
+pub(super) fn combining(kind: ReduceKind) -> R<BinaryOp> {
+    Ok(match kind {
+        ReduceKind::Sum => BinaryOp::Add,
+        ReduceKind::Prod => BinaryOp::Mul,
+        ReduceKind::Max => BinaryOp::Max,
+        ReduceKind::Min => BinaryOp::Min,
+        ReduceKind::Mean => {
+            return Err(CodegenError::Invalid(
+                "tile.reduce {kind = mean} (the verifier rejects it)".into(),
+            ));
+        }
+    })
+}
+
 /// The scratch (and shared) buffers of a kernel body at planned
 /// 64-byte-aligned offsets, and the bytes they take.
 pub(super) fn kernel_scratch(f: &Function, body: &Block) -> R<(Vec<(Value, u64)>, u64)> {
@@ -1097,17 +1112,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
     fn reduce(&mut self, op: &OpData, kind: ReduceKind, axis: usize) -> R<()> {
         let (x, r) = (op.operands[0], op.results[0]);
         let d = self.tdtype(x)?;
-        let bop = match kind {
-            ReduceKind::Sum => BinaryOp::Add,
-            ReduceKind::Prod => BinaryOp::Mul,
-            ReduceKind::Max => BinaryOp::Max,
-            ReduceKind::Min => BinaryOp::Min,
-            ReduceKind::Mean => {
-                return Err(CodegenError::Invalid(
-                    "tile.reduce {kind = mean} (the verifier rejects it)".into(),
-                ));
-            }
-        };
+        let bop = combining(kind)?;
         let from = self.cut(x);
         let src = self.vectors(x)?;
         let last = from.shape.len() - 1;
@@ -1170,8 +1175,17 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         self.define(r, out)
     }
 
-    /// An element-wise op on scalars or on tiles vector by vector.
-    fn elementwise(&mut self, op: &OpData, f: impl Fn(&Self, &[BV<'ctx>]) -> R<BV<'ctx>>) -> R<()> {
+    /// An element-wise op on scalars or on tiles vector by vector (on a
+    /// GPU, element by element of each thread; `f` is told which elements
+    /// exist where a thread holds fewer, and never on a CPU).
+    fn elementwise(
+        &mut self,
+        op: &OpData,
+        f: impl Fn(&Self, &[BV<'ctx>], Option<IntValue<'ctx>>) -> R<BV<'ctx>>,
+    ) -> R<()> {
+        if self.gpu.is_some() {
+            return self.gpu_elementwise(op, f);
+        }
         let r = op.results[0];
         if !self.is_tile(r) {
             let args = op
@@ -1179,7 +1193,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                 .iter()
                 .map(|v| self.get(*v))
                 .collect::<R<Vec<_>>>()?;
-            let v = f(self, &args)?;
+            let v = f(self, &args, None)?;
             self.vals.insert(r, v);
             return Ok(());
         }
@@ -1192,14 +1206,15 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         let mut out = Vec::with_capacity(n);
         for j in 0..n {
             let xs: Vec<BV<'ctx>> = args.iter().map(|a| a[j]).collect();
-            out.push(f(self, &xs)?);
+            out.push(f(self, &xs, None)?);
         }
         self.chunks.insert(r, out);
         Ok(())
     }
 
-    /// A value's registers as a flat list (a tile's vectors, else itself).
-    fn flatten(&self, v: Value) -> R<Vec<BV<'ctx>>> {
+    /// A value's registers as a flat list (a tile's vectors, or on a GPU
+    /// this thread's elements; else itself).
+    pub(super) fn flatten(&self, v: Value) -> R<Vec<BV<'ctx>>> {
         if self.is_tile(v) {
             self.chunks
                 .get(&v)
@@ -1212,6 +1227,9 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
 
     /// Binds `values` to what [`Self::flatten`] gave.
     fn unflatten(&mut self, values: &[Value], flat: &[BV<'ctx>]) -> R<()> {
+        if self.gpu.is_some() {
+            return self.set_all(values, flat);
+        }
         let mut at = 0;
         for &v in values {
             if self.is_tile(v) {
@@ -1363,17 +1381,36 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
 
     /// A kernel body or loop body; returns the values its `tile.yield`
     /// passes on, flattened.
-    fn program_block(&mut self, blk: &Block) -> R<Vec<BV<'ctx>>> {
+    pub(super) fn program_block(&mut self, blk: &Block) -> R<Vec<BV<'ctx>>> {
         let f = self.f;
         for &id in &blk.ops {
             let op = f.op(id);
             self.loc.clone_from(&op.loc);
             match &op.kind {
-                // Planned when the kernel starts.
-                OpKind::Alloc | OpKind::ProgramId { .. } | OpKind::Barrier => {}
+                // Planned when the kernel starts; on a CPU a program is one
+                // thread.
+                OpKind::Alloc | OpKind::ProgramId { .. } => {}
+                OpKind::Barrier if self.gpu.is_some() => self.barrier()?,
+                OpKind::Barrier => {}
                 OpKind::View => {
                     let p = self.get(op.operands[0])?;
                     self.vals.insert(op.results[0], p);
+                }
+                OpKind::Const(c) if self.gpu.is_some() => {
+                    let r = op.results[0];
+                    let s = self.constant(*c, self.tdtype(r)?);
+                    let n = if self.is_tile(r) {
+                        self.per_thread(r)?
+                    } else {
+                        1
+                    };
+                    self.set(r, vec![s; n])?;
+                }
+                OpKind::Splat if self.gpu.is_some() => {
+                    let r = op.results[0];
+                    let s = self.get(op.operands[0])?;
+                    let n = self.per_thread(r)?;
+                    self.set(r, vec![s; n])?;
                 }
                 OpKind::Const(c) => {
                     let r = op.results[0];
@@ -1411,24 +1448,63 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                 }
                 OpKind::Unary(u) => {
                     let d = self.tdtype(op.operands[0])?;
-                    self.elementwise(op, |g, x| g.unary(*u, x[0], d))?;
+                    self.elementwise(op, |g, x, _| g.unary(*u, x[0], d))?;
                 }
                 OpKind::Binary(bop) => {
                     let d = self.tdtype(op.operands[0])?;
-                    self.elementwise(op, |g, x| g.binary(*bop, x[0], x[1], d))?;
+                    self.elementwise(op, |g, x, present| {
+                        g.gpu_binary(*bop, x[0], x[1], d, present)
+                    })?;
                 }
                 OpKind::Compare(c) => {
                     let d = self.tdtype(op.operands[0])?;
-                    self.elementwise(op, |g, x| g.compare(*c, x[0], x[1], d))?;
+                    self.elementwise(op, |g, x, _| g.compare(*c, x[0], x[1], d))?;
                 }
-                OpKind::Select => self.elementwise(op, |g, x| g.select(x[0], x[1], x[2]))?,
+                OpKind::Select => self.elementwise(op, |g, x, _| g.select(x[0], x[1], x[2]))?,
                 OpKind::Cast => {
                     let (from, to) = (self.tdtype(op.operands[0])?, self.tdtype(op.results[0])?);
-                    self.elementwise(op, |g, x| g.cast(x[0], from, to))?;
+                    self.elementwise(op, |g, x, _| g.cast(x[0], from, to))?;
                 }
+                OpKind::Load { index, pad } if self.gpu.is_some() => {
+                    self.gpu_load(op, index, *pad)?;
+                }
+                OpKind::Store { index } if self.gpu.is_some() => self.gpu_store(op, index)?,
+                OpKind::Mask { limits } if self.gpu.is_some() => self.gpu_mask(op, limits)?,
                 OpKind::Load { index, pad } => self.load(op, index, *pad)?,
                 OpKind::Store { index } => self.store(op, index)?,
                 OpKind::Mask { limits } => self.mask(op, limits)?,
+                // On a GPU every element stays in its thread (row-major order
+                // is kept); moves go through shared memory.
+                OpKind::Reshape | OpKind::ExpandDims { .. } if self.gpu.is_some() => {
+                    let x = self.flatten(op.operands[0])?;
+                    self.set(op.results[0], x)?;
+                }
+                OpKind::Broadcast if self.gpu.is_some() => {
+                    let from = self.f.ty(op.operands[0]).shape().unwrap_or(&[]).to_vec();
+                    self.gpu_move(op, |g, c| {
+                        let src: Vec<IntValue<'ctx>> = c
+                            .iter()
+                            .zip(&from)
+                            .map(|(&ck, &n)| if n == 1 { g.i64v(0) } else { ck })
+                            .collect();
+                        g.position_of(&src, &from)
+                    })?;
+                }
+                OpKind::Trans { perm } if self.gpu.is_some() => {
+                    let from = self.f.ty(op.operands[0]).shape().unwrap_or(&[]).to_vec();
+                    let perm = perm.clone();
+                    self.gpu_move(op, |g, c| {
+                        let mut src = vec![g.i64v(0); from.len()];
+                        for (i, &p) in perm.iter().enumerate() {
+                            src[p] = c[i];
+                        }
+                        g.position_of(&src, &from)
+                    })?;
+                }
+                OpKind::Dot if self.gpu.is_some() => self.gpu_dot(op)?,
+                OpKind::Reduce { kind, axis } if self.gpu.is_some() => {
+                    self.gpu_reduce(op, *kind, *axis)?;
+                }
                 OpKind::Broadcast => self.broadcast(op)?,
                 OpKind::Reshape | OpKind::ExpandDims { .. } => self.rearrange(op, |e| e)?,
                 OpKind::Trans { perm } => {
