@@ -313,3 +313,49 @@ fn tf32_products_only_when_asked_for() {
         }
     }
 }
+
+/// A product reads an operand in place from the shared buffer it was
+/// loaded from only when nothing overwrote the buffer in between: here the
+/// buffer is zeroed after the load, so the product must use the loaded
+/// values (as the tile interpreter does).
+#[test]
+fn products_read_shared_operands_in_place_only_when_unchanged() {
+    let text = "tile.func @f(%x: buffer<f32[16, 16]>, %w: buffer<f32[16, 16]>, out %y: buffer<f32[16, 16]>) {
+  tile.kernel {grid = [1], schedule = \"dot\"} {
+    %s = tile.alloc : buffer<f32[16, 16], shared>
+    %a = tile.load %x[#0, #1] : tile<16x16xf32>
+    tile.store %a, %s[#0, #1]
+    tile.barrier
+    %b = tile.load %s[#0, #1] : tile<16x16xf32>
+    tile.barrier
+    %z = tile.const {value = 0.0} : tile<16x16xf32>
+    tile.store %z, %s[#0, #1]
+    tile.barrier
+    %v = tile.load %w[#0, #1] : tile<16x16xf32>
+    %c = tile.const {value = 0.0} : tile<16x16xf32>
+    %r = tile.dot %b, %v, %c : tile<16x16xf32>
+    tile.store %r, %y[#0, #1]
+  }
+  tile.return
+}";
+    let m = dlc_tile::parse_module(text).unwrap();
+    let ty = dlc_core::TensorType::new(DType::F32, vec![16, 16]);
+    let x = HostTensor::new(
+        ty.clone(),
+        (0..256).map(|i| f64::from(i % 7) - 3.0).collect(),
+    )
+    .unwrap();
+    let w = HostTensor::new(ty, (0..256).map(|i| f64::from(i % 5) * 0.5).collect()).unwrap();
+    let mut want = vec![0.0; 256];
+    for i in 0..16 {
+        for j in 0..16 {
+            want[i * 16 + j] = (0..16)
+                .map(|k| x.data[i * 16 + k] * w.data[k * 16 + j])
+                .sum();
+        }
+    }
+    let got = dlc_llvm::emulate(&m, &TargetDesc::sm_90(), |emu| Ok(emu.call("f", &[x, w])))
+        .unwrap()
+        .unwrap();
+    assert_eq!(got[0].data, want);
+}

@@ -1283,11 +1283,19 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
         let sb = self.f.ty(b).shape().unwrap_or(&[]).to_vec();
         let (m, k, n) = (sa[0], sa[1], sb[1]);
         let acc_d = self.tdtype(acc)?;
+        let d = self.tdtype(a)?;
         let b_first = (m * k * stage_size(acc_d)) as u64;
-        self.barrier()?;
-        self.stage(a, acc_d, 0)?;
-        self.stage(b, acc_d, b_first)?;
-        self.barrier()?;
+        let (src_a, src_b) = (self.loaded_from_shared(a, r), self.loaded_from_shared(b, r));
+        if src_a.is_none() || src_b.is_none() {
+            self.barrier()?;
+            if src_a.is_none() {
+                self.stage(a, acc_d, 0)?;
+            }
+            if src_b.is_none() {
+                self.stage(b, acc_d, b_first)?;
+            }
+            self.barrier()?;
+        }
         let init = self.flatten(acc)?;
         let mut rows = Vec::with_capacity(init.len());
         let mut cols = Vec::with_capacity(init.len());
@@ -1312,8 +1320,8 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
                     let ia = g.b.build_int_add(ra, p, "ia")?;
                     let rb = g.b.build_int_mul(p, g.i64v(n as i64), "rb")?;
                     let ib = g.b.build_int_add(rb, cols[j], "ib")?;
-                    let x = g.load_element(g.staged(ia, acc_d, 0)?, acc_d)?;
-                    let y = g.load_element(g.staged(ib, acc_d, b_first)?, acc_d)?;
+                    let x = g.operand_element(src_a, d, ia, acc_d, 0)?;
+                    let y = g.operand_element(src_b, d, ib, acc_d, b_first)?;
                     next.push(if acc_d.is_float() {
                         g.call("llvm.fmuladd", &[x.get_type()], &[x, y, s])?
                     } else {
@@ -1323,8 +1331,87 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
                 }
                 Ok(next)
             })?;
-        self.barrier()?;
+        if src_a.is_none() || src_b.is_none() {
+            self.barrier()?;
+        }
         self.set(r, out)
+    }
+
+    /// The shared buffer tile `v` was loaded from whole (row-major, as
+    /// its own shape, unmasked) just before `user` in the same block, with
+    /// nothing stored or looped over in between: a product can read `v`'s
+    /// elements there instead of staging them again (the GPU schedule's
+    /// operand blocks are such loads).
+    fn loaded_from_shared(&self, v: Value, user: Value) -> Option<PointerValue<'ctx>> {
+        let f = self.f;
+        let defining = |x: Value| f.ops.iter().position(|o| o.results.contains(&x));
+        let (load, used) = (defining(v)?, defining(user)?);
+        let op = &f.ops[load];
+        let OpKind::Load { index, pad: None } = &op.kind else {
+            return None;
+        };
+        let Type::Buffer(buf) = f.ty(op.operands[0]) else {
+            return None;
+        };
+        let shape = f.ty(v).shape()?;
+        let whole = op.operands.len() == 1
+            && buf.space == dlc_tile::Space::Shared
+            && buf.shape == shape
+            && *buf
+                == dlc_tile::BufferType::contiguous(
+                    buf.dtype,
+                    shape.to_vec(),
+                    dlc_tile::Space::Shared,
+                )
+            && index
+                .iter()
+                .enumerate()
+                .all(|(k, e)| e.terms.is_empty() && e.constant == 0 && e.axes == [(1, k)]);
+        if !whole {
+            return None;
+        }
+        let mut blocks = vec![&f.body];
+        blocks.extend(f.ops.iter().flat_map(|o| o.regions.iter()));
+        let block = blocks
+            .into_iter()
+            .find(|b| b.ops.contains(&dlc_tile::OpId(used as u32)))?;
+        let at = |i: usize| block.ops.iter().position(|o| o.0 as usize == i);
+        let (from, to) = (at(load)?, at(used)?);
+        let quiet = from < to
+            && block.ops[from + 1..to]
+                .iter()
+                .all(|o| !matches!(f.op(*o).kind, OpKind::Store { .. } | OpKind::For { .. }));
+        quiet.then(|| {
+            self.get(op.operands[0])
+                .ok()
+                .map(|p| p.into_pointer_value())
+        })?
+    }
+
+    /// Element `e` (row-major) of a product's operand of type `d`, read as
+    /// `to`: from the shared buffer it is in, else from the staging area
+    /// at byte `first` (staged as `to`).
+    fn operand_element(
+        &self,
+        src: Option<PointerValue<'ctx>>,
+        d: DType,
+        e: IntValue<'ctx>,
+        to: DType,
+        first: u64,
+    ) -> R<BV<'ctx>> {
+        match src {
+            Some(base) => {
+                // SAFETY (LLVM IR semantics): `e` is inside the tile the
+                // buffer holds.
+                let p = unsafe {
+                    self.b
+                        .build_in_bounds_gep(storage_type(self.ctx, d), base, &[e], "opnd")?
+                };
+                let x = self.load_element(p, d)?;
+                if d == to { Ok(x) } else { self.cast(x, d, to) }
+            }
+            None => self.load_element(self.staged(e, to, first)?, to),
+        }
     }
 
     /// A 32-bit word of the staging area at byte `off`.
@@ -1333,7 +1420,12 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
         let at = self
             .b
             .build_int_add(off, self.i64v(th.staging as i64), "at")?;
-        let p = self.byte_pointer(th.shared, at)?;
+        self.word_at(th.shared, at)
+    }
+
+    /// The 32-bit word at byte `off` of `base`.
+    fn word_at(&self, base: PointerValue<'ctx>, off: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        let p = self.byte_pointer(base, off)?;
         Ok(self
             .b
             .build_load(self.ctx.i32_type(), p, "word")?
@@ -1446,9 +1538,14 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
         // along the depth, or one TF32: the steps below are in elements.
         let pair = if d == DType::F32 { 1 } else { 2 };
         let size = t.size() as i64;
+        let (src_a, src_b) = (self.loaded_from_shared(a, r), self.loaded_from_shared(b, r));
         self.barrier()?;
-        self.stage_as(a, d, a_at, false)?;
-        self.stage_as(b, d, b_at, true)?;
+        if src_a.is_none() {
+            self.stage_as(a, d, a_at, false)?;
+        }
+        if src_b.is_none() {
+            self.stage_as(b, d, b_at, true)?;
+        }
         self.stage(acc, DType::F32, c_at)?;
         self.barrier()?;
         let (tid, threads) = {
@@ -1512,17 +1609,54 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
                     let col = g.b.build_int_add(k0, g.i64v((reg >> 1) * half), "ac")?;
                     let e = g.position_of(&[row, col], &[m, k])?;
                     let off = g.b.build_int_mul(e, g.i64v(size), "off")?;
-                    let off = g.b.build_int_add(off, g.i64v(a_at as i64), "off")?;
-                    ra.push(g.staged_word(off)?);
+                    ra.push(match src_a {
+                        // Row-major in place: the pair is adjacent too.
+                        Some(base) => g.word_at(base, off)?,
+                        None => {
+                            let off = g.b.build_int_add(off, g.i64v(a_at as i64), "off")?;
+                            g.staged_word(off)?
+                        }
+                    });
                 }
                 let mut rb = Vec::with_capacity(2);
                 for reg in 0..2i64 {
                     let col = g.b.build_int_add(col0, group, "bn")?;
                     let row = g.b.build_int_add(k0, g.i64v(reg * half), "bk")?;
-                    let e = g.position_of(&[col, row], &[n, k])?;
-                    let off = g.b.build_int_mul(e, g.i64v(size), "off")?;
-                    let off = g.b.build_int_add(off, g.i64v(b_at as i64), "off")?;
-                    rb.push(g.staged_word(off)?);
+                    rb.push(match src_b {
+                        // Row-major in place: a pair's two elements are
+                        // in consecutive rows, packed low then high.
+                        Some(base) => {
+                            let word = |g: &Self, depth: IntValue<'ctx>| -> R<IntValue<'ctx>> {
+                                let e = g.position_of(&[depth, col], &[k, n])?;
+                                let off = g.b.build_int_mul(e, g.i64v(size), "off")?;
+                                if pair == 1 {
+                                    return g.word_at(base, off);
+                                }
+                                let p = g.byte_pointer(base, off)?;
+                                let h = g.b.build_load(g.ctx.i16_type(), p, "h")?.into_int_value();
+                                Ok(g.b.build_int_z_extend(h, g.ctx.i32_type(), "h")?)
+                            };
+                            if pair == 1 {
+                                word(g, row)?
+                            } else {
+                                let lo = word(g, row)?;
+                                let next = g.b.build_int_add(row, g.i64v(1), "bk")?;
+                                let hi = word(g, next)?;
+                                let hi = g.b.build_left_shift(
+                                    hi,
+                                    g.ctx.i32_type().const_int(16, false),
+                                    "hi",
+                                )?;
+                                g.b.build_or(lo, hi, "pair")?
+                            }
+                        }
+                        None => {
+                            let e = g.position_of(&[col, row], &[n, k])?;
+                            let off = g.b.build_int_mul(e, g.i64v(size), "off")?;
+                            let off = g.b.build_int_add(off, g.i64v(b_at as i64), "off")?;
+                            g.staged_word(off)?
+                        }
+                    });
                 }
                 g.mma(d, &ra, &rb, c)
             })?;
