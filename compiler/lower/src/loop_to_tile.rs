@@ -1355,7 +1355,7 @@ impl<'a> Conv<'a> {
         grid.push((c.n.max(0) as usize).div_ceil(bn).max(1));
         let mut schedule = Schedule::new("dot").with("tile", vec![bm as i64, bn as i64, bk as i64]);
         if self.params.stage_shared {
-            schedule = schedule.with("stages", vec![1]);
+            schedule = schedule.with("stages", vec![2]);
         }
         self.b.begin_kernel(grid, schedule);
         for (axis, l) in band.iter().enumerate() {
@@ -1416,75 +1416,96 @@ impl<'a> Conv<'a> {
         };
         let acc_dtype = self.result_dtype(accv);
         let stage = shared && self.params.stage_shared;
-        let (sa, sb) = if stage {
-            (
-                Some(
-                    self.b
-                        .alloc(BufferType::contiguous(dtype, vec![bm, bk], Space::Shared)),
-                ),
-                Some(
-                    self.b
-                        .alloc(BufferType::contiguous(dtype, vec![bk, bn], Space::Shared)),
-                ),
-            )
-        } else {
-            (None, None)
-        };
         let zero = self
             .b
             .constant(0.0, Type::Tile(TileType::new(acc_dtype, vec![bm, bn])));
-        let (kb, accs) = self.b.begin_for(0, c.k, bk as i64, &[zero]);
         let ragged_m = !(c.m as usize).is_multiple_of(bm);
         let ragged_n = !(c.n as usize).is_multiple_of(bn);
         let ragged_k = !(c.k as usize).is_multiple_of(bk);
         let rows_left = Affine::constant(c.m).plus_scaled(-1, &i0);
         let cols_left = Affine::constant(c.n).plus_scaled(-1, &j0);
-        let depth_left = Affine::constant(c.k).plus_scaled(-1, &Affine::value(kb));
-        // Operand blocks: i -> i0 + #0, k -> kb + #1 for the left operand;
-        // k -> kb + #0, j -> j0 + #1 for the right one.
-        self.index.insert(iv, i0.plus_scaled(1, &Affine::axis(0)));
-        self.index
-            .insert(kv, Affine::value(kb).plus_scaled(1, &Affine::axis(1)));
-        let a_index: Vec<Affine> =
-            c.a.iter()
-                .map(|e| self.affine(e))
-                .collect::<Result<_, _>>()?;
-        let a_mask = (ragged_m || ragged_k).then(|| {
-            self.b
-                .mask(vec![rows_left.clone(), depth_left.clone()], &[bm, bk])
-        });
         let ta = Type::Tile(TileType::new(dtype, vec![bm, bk]));
-        let mut at = self
-            .b
-            .load(a, a_index, a_mask, a_mask.map(|_| 0.0), ta.clone());
-        self.index
-            .insert(kv, Affine::value(kb).plus_scaled(1, &Affine::axis(0)));
-        self.index.insert(jv, j0.plus_scaled(1, &Affine::axis(1)));
-        let b_index: Vec<Affine> =
-            c.b.iter()
-                .map(|e| self.affine(e))
-                .collect::<Result<_, _>>()?;
-        let b_mask = (ragged_k || ragged_n)
-            .then(|| self.b.mask(vec![depth_left, cols_left.clone()], &[bk, bn]));
         let tb = Type::Tile(TileType::new(dtype, vec![bk, bn]));
-        let mut bt = self
-            .b
-            .load(bbuf, b_index, b_mask, b_mask.map(|_| 0.0), tb.clone());
-        if let (Some(sa), Some(sb)) = (sa, sb) {
-            let (a2, b2) = (
-                vec![Affine::axis(0), Affine::axis(1)],
-                vec![Affine::axis(0), Affine::axis(1)],
-            );
-            self.b.store(at, sa, a2.clone(), None);
-            self.b.store(bt, sb, b2.clone(), None);
+        // The operand blocks at depth `k0` (i -> i0 + #0, k -> k0 + #1 for
+        // the left operand; k -> k0 + #0, j -> j0 + #1 for the right one),
+        // masked on ragged edges (and always along the depth when
+        // `past_end`: a prefetch may go beyond it, reading zeros).
+        let blocks = |this: &mut Self,
+                      k0: Affine,
+                      past_end: bool|
+         -> Result<(Value, Value), TileConvError> {
+            let depth_left = Affine::constant(c.k).plus_scaled(-1, &k0);
+            let mask_k = ragged_k || past_end;
+            this.index.insert(iv, i0.plus_scaled(1, &Affine::axis(0)));
+            this.index.insert(kv, k0.plus_scaled(1, &Affine::axis(1)));
+            let a_index: Vec<Affine> =
+                c.a.iter()
+                    .map(|e| this.affine(e))
+                    .collect::<Result<_, _>>()?;
+            let a_mask = (ragged_m || mask_k).then(|| {
+                this.b
+                    .mask(vec![rows_left.clone(), depth_left.clone()], &[bm, bk])
+            });
+            let at = this
+                .b
+                .load(a, a_index, a_mask, a_mask.map(|_| 0.0), ta.clone());
+            this.index.insert(kv, k0.plus_scaled(1, &Affine::axis(0)));
+            this.index.insert(jv, j0.plus_scaled(1, &Affine::axis(1)));
+            let b_index: Vec<Affine> =
+                c.b.iter()
+                    .map(|e| this.affine(e))
+                    .collect::<Result<_, _>>()?;
+            let b_mask = (mask_k || ragged_n)
+                .then(|| this.b.mask(vec![depth_left, cols_left.clone()], &[bk, bn]));
+            let bt = this
+                .b
+                .load(bbuf, b_index, b_mask, b_mask.map(|_| 0.0), tb.clone());
+            Ok((at, bt))
+        };
+        let next = if stage {
+            // Two stages: while one slot of each shared buffer feeds the
+            // product, the next depth slice is copied into the other, so
+            // one barrier per slice orders both. The loop takes two slices
+            // per iteration (slots 0 and 1 alternate without an index
+            // computed at run time), rounded up: slices past the depth
+            // are masked to zeros.
+            let sa = self.b.alloc(BufferType::contiguous(
+                dtype,
+                vec![2, bm, bk],
+                Space::Shared,
+            ));
+            let sb = self.b.alloc(BufferType::contiguous(
+                dtype,
+                vec![2, bk, bn],
+                Space::Shared,
+            ));
+            let slot = |s: i64| vec![Affine::constant(s), Affine::axis(0), Affine::axis(1)];
+            let (at, bt) = blocks(self, Affine::constant(0), false)?;
+            self.b.store(at, sa, slot(0), None);
+            self.b.store(bt, sb, slot(0), None);
             self.b.barrier();
-            at = self.b.load(sa, a2, None, None, ta);
-            bt = self.b.load(sb, b2, None, None, tb);
-        }
-        let next = self.b.dot(at, bt, accs[0]);
-        if stage {
-            self.b.barrier();
-        }
+            let pairs = (c.k.max(1) as usize).div_ceil(2 * bk);
+            let (kb, accs) = self
+                .b
+                .begin_for(0, (pairs * 2 * bk) as i64, 2 * bk as i64, &[zero]);
+            let mut acc = accs[0];
+            for s in 0..2i64 {
+                let ahead =
+                    Affine::value(kb).plus_scaled(1, &Affine::constant((s + 1) * bk as i64));
+                let (at, bt) = blocks(self, ahead, true)?;
+                self.b.store(at, sa, slot(1 - s), None);
+                self.b.store(bt, sb, slot(1 - s), None);
+                let x = self.b.load(sa, slot(s), None, None, ta.clone());
+                let y = self.b.load(sb, slot(s), None, None, tb.clone());
+                acc = self.b.dot(x, y, acc);
+                self.b.barrier();
+            }
+            acc
+        } else {
+            let (kb, accs) = self.b.begin_for(0, c.k, bk as i64, &[zero]);
+            let (at, bt) = blocks(self, Affine::value(kb), false)?;
+            self.b.dot(at, bt, accs[0])
+        };
         let acc = self.b.end_for(vec![next])[0];
         // The epilogue on the accumulator: i -> i0 + #0, j -> j0 + #1.
         self.index.insert(iv, i0.plus_scaled(1, &Affine::axis(0)));

@@ -146,3 +146,15 @@ fn an_explicit_barrier_already_orders_the_accesses() {
         ("load store barrier load barrier store", 0)
     );
 }
+
+#[test]
+fn two_slots_of_one_buffer_do_not_meet() {
+    // Slot 1 is filled while slot 0 is read: no barrier between them.
+    let (ops, n) = barriers(
+        "%t = tile.load %x[%p, #0] : tile<512xf32>\n\
+         tile.store %t, %y[0, #0]\n\
+         %u = tile.load %y[1, -#0 + 511] : tile<512xf32>\n\
+         tile.store %u, %y[2, #0]",
+    );
+    assert_eq!((ops.as_str(), n), ("load store load store", 0));
+}

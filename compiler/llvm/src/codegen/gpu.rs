@@ -1337,11 +1337,12 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
         self.set(r, out)
     }
 
-    /// The shared buffer tile `v` was loaded from whole (row-major, as
-    /// its own shape, unmasked) just before `user` in the same block, with
-    /// nothing stored or looped over in between: a product can read `v`'s
-    /// elements there instead of staging them again (the GPU schedule's
-    /// operand blocks are such loads).
+    /// Where in shared memory tile `v` was loaded from whole (row-major,
+    /// as its own shape: all of a contiguous buffer, or one slot of it at
+    /// constant leading indices; unmasked) just before `user` in the same
+    /// block, with nothing stored or looped over in between: a product can
+    /// read `v`'s elements there instead of staging them again (the GPU
+    /// schedule's operand blocks are such loads).
     fn loaded_from_shared(&self, v: Value, user: Value) -> Option<PointerValue<'ctx>> {
         let f = self.f;
         let defining = |x: Value| f.ops.iter().position(|o| o.results.contains(&x));
@@ -1354,16 +1355,15 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
             return None;
         };
         let shape = f.ty(v).shape()?;
+        let lead = buf.shape.len().checked_sub(shape.len())?;
+        let contiguous =
+            dlc_tile::BufferType::contiguous(buf.dtype, buf.shape.clone(), dlc_tile::Space::Shared);
+        let fixed = |e: &Affine| e.terms.is_empty() && e.axes.is_empty();
         let whole = op.operands.len() == 1
-            && buf.space == dlc_tile::Space::Shared
-            && buf.shape == shape
-            && *buf
-                == dlc_tile::BufferType::contiguous(
-                    buf.dtype,
-                    shape.to_vec(),
-                    dlc_tile::Space::Shared,
-                )
-            && index
+            && *buf == contiguous
+            && buf.shape[lead..] == *shape
+            && index[..lead].iter().all(fixed)
+            && index[lead..]
                 .iter()
                 .enumerate()
                 .all(|(k, e)| e.terms.is_empty() && e.constant == 0 && e.axes == [(1, k)]);
@@ -1378,14 +1378,32 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
         let at = |i: usize| block.ops.iter().position(|o| o.0 as usize == i);
         let (from, to) = (at(load)?, at(used)?);
         let quiet = from < to
-            && block.ops[from + 1..to]
-                .iter()
-                .all(|o| !matches!(f.op(*o).kind, OpKind::Store { .. } | OpKind::For { .. }));
-        quiet.then(|| {
-            self.get(op.operands[0])
+            && block.ops[from + 1..to].iter().all(|o| {
+                !matches!(
+                    f.op(*o).kind,
+                    OpKind::Store { .. } | OpKind::For { .. } | OpKind::Barrier
+                )
+            });
+        if !quiet {
+            return None;
+        }
+        let first: i64 = index[..lead]
+            .iter()
+            .zip(&buf.strides)
+            .map(|(e, &s)| e.constant * s as i64)
+            .sum();
+        let base = self.get(op.operands[0]).ok()?.into_pointer_value();
+        // SAFETY (LLVM IR semantics): the slot is inside the buffer.
+        unsafe {
+            self.b
+                .build_in_bounds_gep(
+                    storage_type(self.ctx, buf.dtype),
+                    base,
+                    &[self.i64v(first)],
+                    "slot",
+                )
                 .ok()
-                .map(|p| p.into_pointer_value())
-        })?
+        }
     }
 
     /// Element `e` (row-major) of a product's operand of type `d`, read as

@@ -11,7 +11,9 @@
 //! another thread since the last barrier:
 //!
 //! - accesses of different buffers never conflict (a view is its base
-//!   buffer), nor do two reads;
+//!   buffer), nor do two reads, nor accesses of one buffer at different
+//!   constant places along a dimension (the two slots of a staging
+//!   buffer);
 //! - two accesses by the same pattern (the same buffer layout, tile shape
 //!   and index expressions) in one iteration of every enclosing loop touch
 //!   each address from the thread that owns the element there, so a
@@ -146,6 +148,9 @@ impl Analysis<'_> {
     /// `earlier` touched, with one of them a write.
     fn conflict(&self, earlier: &Access, later: &Access) -> bool {
         if earlier.root != later.root || !(earlier.write || later.write) {
+            return false;
+        }
+        if separate(earlier, later) {
             return false;
         }
         if !earlier.same_pattern(later) {
@@ -295,6 +300,28 @@ impl Analysis<'_> {
             }
         }
     }
+}
+
+/// Whether two accesses through one layout can never meet: along some
+/// dimension each indexes one constant place, and the places differ (two
+/// slots of a staging buffer). Every access is inside its buffer, so with
+/// a one-to-one layout different index tuples are different elements.
+fn separate(a: &Access, b: &Access) -> bool {
+    let Type::Buffer(t) = &a.buffer else {
+        return false;
+    };
+    let layout = t
+        .strides
+        .iter()
+        .zip(&t.shape)
+        .map(|(&s, &n)| (s as i64, n as i64))
+        .collect();
+    a.buffer == b.buffer
+        && mixed_radix(layout)
+        && a.index.iter().zip(&b.index).any(|(x, y)| {
+            let fixed = |e: &Affine| e.terms.is_empty() && e.axes.is_empty();
+            fixed(x) && fixed(y) && x.constant != y.constant
+        })
 }
 
 /// Whether `sum c * x` over coordinates `x` in `0..n` is one-to-one:
