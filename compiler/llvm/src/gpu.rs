@@ -164,7 +164,7 @@ pub fn emulate<T>(
     let engine = module
         .create_jit_execution_engine(OptimizationLevel::Default)
         .map_err(|e| CodegenError::Llvm(e.to_string()))?;
-    let hooks: [usize; 10] = [
+    let hooks: [usize; 11] = [
         hooks::thread as *const () as usize,
         hooks::block as *const () as usize,
         hooks::barrier as *const () as usize,
@@ -175,6 +175,7 @@ pub fn emulate<T>(
         hooks::cos as *const () as usize,
         hooks::shfl_bfly as *const () as usize,
         hooks::mma as *const () as usize,
+        hooks::cp_async as *const () as usize,
     ];
     for (name, address) in EMULATOR_HOOKS.iter().zip(hooks) {
         if let Some(f) = module.get_function(name) {
@@ -366,6 +367,20 @@ mod hooks {
         let got = slots[(me ^ mask as usize) * SLOTS].load(Ordering::SeqCst);
         barrier();
         got
+    }
+
+    /// `cp.async.ca.shared.global` with a source size: `src_bytes` of the
+    /// `bytes` copied from `src`, the rest zeros; here the copy is done
+    /// when issued (a wait has nothing to wait for).
+    pub(super) extern "C" fn cp_async(dst: *mut u8, src: *const u8, bytes: u32, src_bytes: u32) {
+        let (n, from) = (bytes as usize, (src_bytes as usize).min(bytes as usize));
+        // SAFETY: the generated code passes `bytes` of the block's shared
+        // memory at `dst` and, when `src_bytes` is not zero, that many
+        // bytes of a live buffer at `src` (an element inside it).
+        unsafe {
+            std::ptr::copy_nonoverlapping(src, dst, from);
+            std::ptr::write_bytes(dst.add(from), 0, n - from);
+        }
     }
 
     /// `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.f32` (kind 0, 1)

@@ -65,7 +65,7 @@ pub(crate) enum Flavor {
 /// memory; then the f32 functions a GPU approximates in hardware (`log2`,
 /// `2^x`, `sin` and `cos` on a reduced range), standing for
 /// [`HARDWARE_MATH`].
-pub(crate) const EMULATOR_HOOKS: [&str; 10] = [
+pub(crate) const EMULATOR_HOOKS: [&str; 11] = [
     "dlc_emu_thread",
     "dlc_emu_block",
     "dlc_emu_barrier",
@@ -76,6 +76,7 @@ pub(crate) const EMULATOR_HOOKS: [&str; 10] = [
     "dlc_emu_cos",
     "dlc_emu_shfl_bfly",
     "dlc_emu_mma",
+    "dlc_emu_cp_async",
 ];
 
 /// Threads of a warp, which exchange registers with shuffles.
@@ -110,6 +111,9 @@ pub(crate) struct Threads<'ctx> {
     flavor: Flavor,
     /// The target's tensor-core shapes per operand type.
     mma: Vec<(DType, [usize; 3])>,
+    /// The shared buffers (and indices) asynchronous copies were issued
+    /// into since the last wait.
+    copying: std::cell::RefCell<Vec<(Value, Vec<Affine>)>>,
 }
 
 /// The kernels of tile function `f` emitted into `module` (named after
@@ -463,8 +467,10 @@ fn kernel<'ctx>(
         status,
         flavor,
         mma: mma.clone(),
+        copying: std::cell::RefCell::new(Vec::new()),
     });
     g.program_block(body)?;
+    g.wait_copies()?;
     g.b.build_return(None)?;
     Ok(staging + staging_bytes(f, &body.ops, threads, &mma))
 }
@@ -631,6 +637,7 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
     /// Every thread of the block arrives before any goes on; memory written
     /// before is visible after.
     pub(super) fn barrier(&self) -> R<()> {
+        self.wait_copies()?;
         match self.threads()?.flavor {
             Flavor::Nvptx => self.call_void(
                 "llvm.nvvm.barrier.cta.sync.aligned.all",
@@ -644,6 +651,126 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
                 Ok(())
             }
         }
+    }
+
+    /// Waits for this thread's asynchronous copies, if any are in flight
+    /// (before a barrier, a read of shared memory, the end of a loop
+    /// iteration or of the kernel).
+    pub(super) fn wait_copies(&self) -> R<()> {
+        let th = self.threads()?;
+        if std::mem::take(&mut *th.copying.borrow_mut()).is_empty() {
+            return Ok(());
+        }
+        match th.flavor {
+            Flavor::Nvptx => self.call_void("llvm.nvvm.cp.async.wait.all", &[], &[]),
+            // The emulator's copies are done when issued.
+            Flavor::Emulated => Ok(()),
+        }
+    }
+
+    /// `tile.store` of a tile just loaded from global memory into shared
+    /// memory, the loaded tile used nowhere else, of 4- or 8-byte elements,
+    /// padded with zeros if at all: each thread's elements are copied by
+    /// `cp.async` without passing through registers (elements the load's
+    /// mask or bounds turn off are filled with zeros). Returns whether it
+    /// was.
+    fn async_copy(&mut self, op: &OpData, index: &[Affine]) -> R<bool> {
+        let f = self.f;
+        let (v, dst) = (op.operands[0], op.operands[1]);
+        let Some(load) = f.ops.iter().find(|o| o.results.first() == Some(&v)) else {
+            return Ok(false);
+        };
+        let OpKind::Load { index: from, pad } = &load.kind else {
+            return Ok(false);
+        };
+        let space = |b: Value| match f.ty(b) {
+            Type::Buffer(t) => Some((t.space, t.dtype)),
+            _ => None,
+        };
+        let (Some((dlc_tile::Space::Global, d)), Some((dlc_tile::Space::Shared, _))) =
+            (space(load.operands[0]), space(dst))
+        else {
+            return Ok(false);
+        };
+        let uses = f.ops.iter().filter(|o| o.operands.contains(&v)).count();
+        if op.operands.len() != 2
+            || uses != 1
+            || !matches!(d.size_bytes(), 4 | 8)
+            || pad.is_some_and(|p| p != 0.0)
+        {
+            return Ok(false);
+        }
+        let shape = f.ty(v).shape().unwrap_or(&[]).to_vec();
+        let len: usize = shape.iter().product();
+        let src = self.access(load.operands[0], from, shape.len())?;
+        let to = self.access(dst, index, shape.len())?;
+        let mask = match load.operands.get(1) {
+            Some(&m) => Some(self.flatten(m)?),
+            None => None,
+        };
+        let (i32t, size) = (self.ctx.i32_type(), d.size_bytes() as u64);
+        let flavor = self.threads()?.flavor;
+        for j in 0..self.per_thread(v)? {
+            let e = self.position(j)?;
+            let c = self.coordinates(e, &shape)?;
+            let (off, inside) = self.locate(&src, &c, pad.is_some())?;
+            let on = self.and_maybe(mask.as_ref().map(|m| m[j].into_int_value()), inside)?;
+            let (doff, _) = self.locate(&to, &c, false)?;
+            let from_p = self.element_at(&src, off)?;
+            let to_p = self.element_at(&to, doff)?;
+            let (from_p, bytes) = match on {
+                None => (from_p, i32t.const_int(size, false)),
+                Some(on) => (
+                    // An element turned off reads nothing (zero bytes from
+                    // the buffer's start) and is filled with zeros.
+                    self.b
+                        .build_select(on, from_p, src.pointer, "src")?
+                        .into_pointer_value(),
+                    self.b
+                        .build_select(on, i32t.const_int(size, false), i32t.const_zero(), "bytes")?
+                        .into_int_value(),
+                ),
+            };
+            let present = self.present(j, len)?;
+            self.when(present, |g| match flavor {
+                Flavor::Nvptx => {
+                    let shared = g.ctx.ptr_type(AddressSpace::from(3u16));
+                    let global = g.ctx.ptr_type(AddressSpace::from(1u16));
+                    let to_s = g.b.build_address_space_cast(to_p, shared, "dst")?;
+                    let from_g = g.b.build_address_space_cast(from_p, global, "src")?;
+                    g.call_void(
+                        &format!("llvm.nvvm.cp.async.ca.shared.global.{size}.s"),
+                        &[],
+                        &[to_s.into(), from_g.into(), bytes.into()],
+                    )
+                }
+                Flavor::Emulated => {
+                    let ptr = g.ctx.ptr_type(AddressSpace::default());
+                    let decl = g.declare(
+                        EMULATOR_HOOKS[10],
+                        g.ctx
+                            .void_type()
+                            .fn_type(&[ptr.into(), ptr.into(), i32t.into(), i32t.into()], false),
+                    );
+                    g.b.build_call(
+                        decl,
+                        &[
+                            to_p.into(),
+                            from_p.into(),
+                            i32t.const_int(size, false).into(),
+                            bytes.into(),
+                        ],
+                        "",
+                    )?;
+                    Ok(())
+                }
+            })?;
+        }
+        self.threads()?
+            .copying
+            .borrow_mut()
+            .push((dst, index.to_vec()));
+        Ok(true)
     }
 
     fn byte_pointer(&self, base: PointerValue<'ctx>, off: IntValue<'ctx>) -> R<PointerValue<'ctx>> {
@@ -932,6 +1059,20 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
 
     /// `tile.load` (or a scalar load).
     pub(super) fn gpu_load(&mut self, op: &OpData, index: &[Affine], pad: Option<f64>) -> R<()> {
+        // A read of shared memory waits for this thread's copies into it,
+        // unless they all went to another slot (a constant index that
+        // differs along some dimension).
+        let buf = op.operands[0];
+        let pending = self.threads()?.copying.borrow().iter().any(|(b, at)| {
+            *b == buf
+                && !at.iter().zip(index).any(|(x, y)| {
+                    let fixed = |e: &Affine| e.terms.is_empty() && e.axes.is_empty();
+                    fixed(x) && fixed(y) && x.constant != y.constant
+                })
+        });
+        if pending {
+            self.wait_copies()?;
+        }
         let r = op.results[0];
         let shape = self.f.ty(r).shape().unwrap_or(&[]).to_vec();
         let a = self.access(op.operands[0], index, shape.len())?;
@@ -980,6 +1121,9 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
 
     /// `tile.store` (or a scalar store: every thread writes the same value).
     pub(super) fn gpu_store(&mut self, op: &OpData, index: &[Affine]) -> R<()> {
+        if self.async_copy(op, index)? {
+            return Ok(());
+        }
         let v = op.operands[0];
         let shape = self.f.ty(v).shape().unwrap_or(&[]).to_vec();
         let a = self.access(op.operands[1], index, shape.len())?;

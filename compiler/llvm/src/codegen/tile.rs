@@ -1534,6 +1534,11 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                         inits.extend(self.flatten(*v)?);
                     }
                     let i64t = self.ctx.i64_type();
+                    // A GPU thread's copies in flight finish before the
+                    // loop and by the end of each iteration.
+                    if self.gpu.is_some() {
+                        self.wait_copies()?;
+                    }
                     let finals = self.counted_carrying(
                         i64t.const_int(*lo as u64, true),
                         i64t.const_int(*hi as u64, true),
@@ -1542,7 +1547,11 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                         |g, i, carried| {
                             g.vals.insert(body.args[0], i.into());
                             g.unflatten(&body.args[1..], carried)?;
-                            g.program_block(body)
+                            let next = g.program_block(body)?;
+                            if g.gpu.is_some() {
+                                g.wait_copies()?;
+                            }
+                            Ok(next)
                         },
                     )?;
                     self.unflatten(&op.results, &finals)?;
