@@ -271,8 +271,12 @@ fn staging_bytes(
             OpKind::Dot => match mma_shape(f, op, threads, mma) {
                 Some(t) => t.regions().2 + (t.m * t.n * 4) as u64,
                 None => {
+                    // Operands read in place take no staging.
                     let acc = f.ty(op.operands[2]).dtype().unwrap_or(DType::F32);
-                    let n = |v: Value| f.ty(v).shape().map_or(0, |s| s.iter().product::<usize>());
+                    let n = |v: Value| match in_shared(f, v, op.results[0]) {
+                        Some(_) => 0,
+                        None => f.ty(v).shape().map_or(0, |s| s.iter().product::<usize>()),
+                    };
                     ((n(op.operands[0]) + n(op.operands[1])) * stage_size(acc)) as u64
                 }
             },
@@ -348,6 +352,64 @@ fn mma_shape(
         d,
         step: mk,
     })
+}
+
+/// Where in shared memory tile `v` was loaded from whole (row-major, as
+/// its own shape: all of a contiguous buffer, or one slot of it at
+/// constant leading indices; unmasked) just before `user` in the same
+/// block, with nothing stored, looped over or waited at in between: the
+/// buffer and the element offset of the slot. A product can read `v`'s
+/// elements there instead of staging them again (the GPU schedule's
+/// operand blocks are such loads).
+fn in_shared(f: &Function, v: Value, user: Value) -> Option<(Value, i64)> {
+    let defining = |x: Value| f.ops.iter().position(|o| o.results.contains(&x));
+    let (load, used) = (defining(v)?, defining(user)?);
+    let op = &f.ops[load];
+    let OpKind::Load { index, pad: None } = &op.kind else {
+        return None;
+    };
+    let Type::Buffer(buf) = f.ty(op.operands[0]) else {
+        return None;
+    };
+    let shape = f.ty(v).shape()?;
+    let lead = buf.shape.len().checked_sub(shape.len())?;
+    let contiguous =
+        dlc_tile::BufferType::contiguous(buf.dtype, buf.shape.clone(), dlc_tile::Space::Shared);
+    let fixed = |e: &Affine| e.terms.is_empty() && e.axes.is_empty();
+    let whole = op.operands.len() == 1
+        && *buf == contiguous
+        && buf.shape[lead..] == *shape
+        && index[..lead].iter().all(fixed)
+        && index[lead..]
+            .iter()
+            .enumerate()
+            .all(|(k, e)| e.terms.is_empty() && e.constant == 0 && e.axes == [(1, k)]);
+    if !whole {
+        return None;
+    }
+    let mut blocks = vec![&f.body];
+    blocks.extend(f.ops.iter().flat_map(|o| o.regions.iter()));
+    let block = blocks
+        .into_iter()
+        .find(|b| b.ops.contains(&dlc_tile::OpId(used as u32)))?;
+    let at = |i: usize| block.ops.iter().position(|o| o.0 as usize == i);
+    let (from, to) = (at(load)?, at(used)?);
+    let quiet = from < to
+        && block.ops[from + 1..to].iter().all(|o| {
+            !matches!(
+                f.op(*o).kind,
+                OpKind::Store { .. } | OpKind::For { .. } | OpKind::Barrier
+            )
+        });
+    if !quiet {
+        return None;
+    }
+    let first = index[..lead]
+        .iter()
+        .zip(&buf.strides)
+        .map(|(e, &s)| e.constant * s as i64)
+        .sum();
+    Some((op.operands[0], first))
 }
 
 /// Bytes one staged element of type `d` takes (bool as a byte).
@@ -1428,8 +1490,13 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
         let (m, k, n) = (sa[0], sa[1], sb[1]);
         let acc_d = self.tdtype(acc)?;
         let d = self.tdtype(a)?;
-        let b_first = (m * k * stage_size(acc_d)) as u64;
         let (src_a, src_b) = (self.loaded_from_shared(a, r), self.loaded_from_shared(b, r));
+        // A staged right operand follows a staged left one.
+        let b_first = if src_a.is_some() {
+            0
+        } else {
+            (m * k * stage_size(acc_d)) as u64
+        };
         if src_a.is_none() || src_b.is_none() {
             self.barrier()?;
             if src_a.is_none() {
@@ -1481,67 +1548,18 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
         self.set(r, out)
     }
 
-    /// Where in shared memory tile `v` was loaded from whole (row-major,
-    /// as its own shape: all of a contiguous buffer, or one slot of it at
-    /// constant leading indices; unmasked) just before `user` in the same
-    /// block, with nothing stored or looped over in between: a product can
-    /// read `v`'s elements there instead of staging them again (the GPU
-    /// schedule's operand blocks are such loads).
+    /// [`in_shared`]'s place as a pointer.
     fn loaded_from_shared(&self, v: Value, user: Value) -> Option<PointerValue<'ctx>> {
-        let f = self.f;
-        let defining = |x: Value| f.ops.iter().position(|o| o.results.contains(&x));
-        let (load, used) = (defining(v)?, defining(user)?);
-        let op = &f.ops[load];
-        let OpKind::Load { index, pad: None } = &op.kind else {
+        let (buf, first) = in_shared(self.f, v, user)?;
+        let Type::Buffer(t) = self.f.ty(buf) else {
             return None;
         };
-        let Type::Buffer(buf) = f.ty(op.operands[0]) else {
-            return None;
-        };
-        let shape = f.ty(v).shape()?;
-        let lead = buf.shape.len().checked_sub(shape.len())?;
-        let contiguous =
-            dlc_tile::BufferType::contiguous(buf.dtype, buf.shape.clone(), dlc_tile::Space::Shared);
-        let fixed = |e: &Affine| e.terms.is_empty() && e.axes.is_empty();
-        let whole = op.operands.len() == 1
-            && *buf == contiguous
-            && buf.shape[lead..] == *shape
-            && index[..lead].iter().all(fixed)
-            && index[lead..]
-                .iter()
-                .enumerate()
-                .all(|(k, e)| e.terms.is_empty() && e.constant == 0 && e.axes == [(1, k)]);
-        if !whole {
-            return None;
-        }
-        let mut blocks = vec![&f.body];
-        blocks.extend(f.ops.iter().flat_map(|o| o.regions.iter()));
-        let block = blocks
-            .into_iter()
-            .find(|b| b.ops.contains(&dlc_tile::OpId(used as u32)))?;
-        let at = |i: usize| block.ops.iter().position(|o| o.0 as usize == i);
-        let (from, to) = (at(load)?, at(used)?);
-        let quiet = from < to
-            && block.ops[from + 1..to].iter().all(|o| {
-                !matches!(
-                    f.op(*o).kind,
-                    OpKind::Store { .. } | OpKind::For { .. } | OpKind::Barrier
-                )
-            });
-        if !quiet {
-            return None;
-        }
-        let first: i64 = index[..lead]
-            .iter()
-            .zip(&buf.strides)
-            .map(|(e, &s)| e.constant * s as i64)
-            .sum();
-        let base = self.get(op.operands[0]).ok()?.into_pointer_value();
+        let base = self.get(buf).ok()?.into_pointer_value();
         // SAFETY (LLVM IR semantics): the slot is inside the buffer.
         unsafe {
             self.b
                 .build_in_bounds_gep(
-                    storage_type(self.ctx, buf.dtype),
+                    storage_type(self.ctx, t.dtype),
                     base,
                     &[self.i64v(first)],
                     "slot",
