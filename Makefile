@@ -7,7 +7,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CARGO ?= cargo
 EXAMPLE ?= examples/w2_mlp.dl
 
-.PHONY: all setup setup-test-tools setup-cuda setup-onnx run test lint fuzz-smoke bench bench-saturate \
+.PHONY: all setup setup-test-tools setup-cuda setup-onnx run test lint fuzz-smoke bench bench-gpu bench-saturate \
 	onnx-tests onnx-bench onnx-models clean
 
 all: test
@@ -81,6 +81,12 @@ fuzz-smoke: setup-test-tools
 bench: setup
 	$(CARGO) build --release --locked -p dlc
 	RUNS=$(or $(RUNS),20) ./scripts/bench.sh
+
+# The same on GPU 0 (`dlc bench --backend gpu`): needs an NVIDIA GPU and its
+# driver; without one the first `dlc bench` says so and this stops.
+bench-gpu: setup
+	$(CARGO) build --release --locked -p dlc
+	BACKEND=gpu RUNS=$(or $(RUNS),20) ./scripts/bench.sh
 
 # graph.saturate on W2, W6, W8 and Tensat-style graphs: target/bench/saturate.md.
 bench-saturate: setup
