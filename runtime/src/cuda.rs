@@ -8,8 +8,7 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
-    PushKernelArg,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 
@@ -23,7 +22,7 @@ const DEFAULT_SHARED: u32 = 48 << 10;
 pub struct Cuda {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    module: Option<Arc<CudaModule>>,
+    /// The loaded kernels (each keeps its module loaded).
     functions: HashMap<String, CudaFunction>,
 }
 
@@ -48,7 +47,6 @@ impl Cuda {
         Ok(Cuda {
             ctx,
             stream,
-            module: None,
             functions: HashMap::new(),
         })
     }
@@ -94,7 +92,6 @@ impl Cuda {
                 functions.insert(l.kernel.clone(), k);
             }
         }
-        self.module = Some(module);
         self.functions = functions;
         Ok(())
     }

@@ -122,7 +122,8 @@ pub fn compile_gpu(m: &TModule, symbols: &Symbols, target: &TargetDesc) -> R<Gpu
 /// code generator's mapping (layouts, masks, staging, barriers), not
 /// speed.
 pub struct Emulator<'m> {
-    engine: ExecutionEngine<'m>,
+    /// Owns the compiled kernels the entries point into.
+    _engine: ExecutionEngine<'m>,
     program: GpuProgram,
     /// Each kernel's entry wrapper (`void name.entry(void **args)`).
     entries: HashMap<String, usize>,
@@ -133,7 +134,7 @@ pub struct Emulator<'m> {
 pub fn emulate<T>(
     m: &TModule,
     target: &TargetDesc,
-    use_it: impl FnOnce(&mut Emulator<'_>) -> R<T>,
+    use_it: impl FnOnce(&Emulator<'_>) -> R<T>,
 ) -> R<T> {
     let ctx = Context::create();
     let module = ctx.create_module("dlc_emulated");
@@ -189,15 +190,15 @@ pub fn emulate<T>(
             .map_err(|e| CodegenError::Llvm(e.to_string()))?;
         entries.insert(name.clone(), address);
     }
-    let mut emulator = Emulator {
-        engine,
+    let emulator = Emulator {
+        _engine: engine,
         program: GpuProgram {
             ptx: String::new(),
             functions,
         },
         entries,
     };
-    use_it(&mut emulator)
+    use_it(&emulator)
 }
 
 impl Emulator<'_> {
@@ -207,23 +208,13 @@ impl Emulator<'_> {
     }
 
     /// Runs entry point `name` on `inputs`; returns its results.
-    pub fn call(
-        &mut self,
-        name: &str,
-        inputs: &[HostTensor],
-    ) -> Result<Vec<HostTensor>, RuntimeError> {
-        let function = self.program.function(name)?.clone();
+    pub fn call(&self, name: &str, inputs: &[HostTensor]) -> Result<Vec<HostTensor>, RuntimeError> {
+        let function = self.program.function(name)?;
         let mut device = EmulatedDevice {
             entries: &self.entries,
         };
-        let mut prepared = Prepared::new(&mut device, &function)?;
+        let mut prepared = Prepared::new(&mut device, function)?;
         prepared.call(&mut device, inputs)
-    }
-
-    /// Keeps the engine (which owns the code) borrowed while calls run.
-    #[doc(hidden)]
-    pub fn engine(&self) -> &ExecutionEngine<'_> {
-        &self.engine
     }
 }
 

@@ -359,3 +359,45 @@ fn products_read_shared_operands_in_place_only_when_unchanged() {
         .unwrap();
     assert_eq!(got[0].data, want);
 }
+
+/// A tile copied from global into shared memory goes by `cp.async`, which
+/// reads its source later, only when nothing in the function writes that
+/// source; the results are the tile interpreter's either way.
+#[test]
+fn async_copies_only_from_buffers_nothing_writes() {
+    let program = |write_back: bool| {
+        format!(
+            "tile.func @f(%x: buffer<f32[256]>, out %y: buffer<f32[256]>) {{
+  tile.kernel {{grid = [1], schedule = \"rows\"}} {{
+    %s = tile.alloc : buffer<f32[256], shared>
+    %a = tile.load %x[#0] : tile<256xf32>
+    tile.store %a, %s[#0]
+    tile.barrier
+    %b = tile.load %s[-#0 + 255] : tile<256xf32>
+    tile.store %b, %y[#0]{}
+  }}
+  tile.return
+}}",
+            if write_back {
+                "\n    tile.barrier\n    tile.store %b, %x[#0]"
+            } else {
+                ""
+            }
+        )
+    };
+    for write_back in [false, true] {
+        let m = dlc_tile::parse_module(&program(write_back)).unwrap();
+        let p = dlc_llvm::compile_gpu(&m, &Symbols::for_module("t"), &TargetDesc::sm_90()).unwrap();
+        assert_eq!(p.ptx.contains("cp.async"), !write_back, "{}", p.ptx);
+        let x = HostTensor::new(
+            dlc_core::TensorType::new(DType::F32, vec![256]),
+            (0..256).map(f64::from).collect(),
+        )
+        .unwrap();
+        let got = dlc_llvm::emulate(&m, &TargetDesc::sm_90(), |emu| Ok(emu.call("f", &[x])))
+            .unwrap()
+            .unwrap();
+        let want: Vec<f64> = (0..256).rev().map(f64::from).collect();
+        assert_eq!(got[0].data, want);
+    }
+}

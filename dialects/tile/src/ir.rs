@@ -290,6 +290,20 @@ impl Affine {
     pub fn scaled(&self, k: i64) -> Affine {
         Affine::default().plus_scaled(k, self)
     }
+
+    /// Whether the expression is a constant (no index value, no tile
+    /// coordinate).
+    pub fn is_constant(&self) -> bool {
+        self.terms.is_empty() && self.axes.is_empty()
+    }
+
+    /// Whether two accesses indexed `a` and `b` name different places along
+    /// some dimension where both are constants (two slots of a buffer).
+    pub fn constants_differ(a: &[Affine], b: &[Affine]) -> bool {
+        a.iter()
+            .zip(b)
+            .any(|(x, y)| x.is_constant() && y.is_constant() && x.constant != y.constant)
+    }
 }
 
 /// How a kernel was scheduled: the strategy the conversion picked for the
@@ -435,6 +449,17 @@ impl Function {
     /// If `op` is not an op of this function; the verifier rules this out.
     pub fn op(&self, op: OpId) -> &OpData {
         &self.ops[op.0 as usize]
+    }
+
+    /// The buffer `v` is a view of (through any number of `tile.view`s), or
+    /// `v` itself.
+    pub fn root_buffer(&self, mut v: Value) -> Value {
+        while let Some(view) = self.ops.iter().find(|op| {
+            matches!(op.kind, crate::ops::OpKind::View) && op.results.first() == Some(&v)
+        }) {
+            v = view.operands[0];
+        }
+        v
     }
 }
 

@@ -545,13 +545,7 @@ impl Elab<'_> {
                 let a = bind(f, args, &["x", "k"], 1, span)?;
                 let x = self.tensor(cx, req(&a, 0))?;
                 let ty = Self::ty(cx, x);
-                if ty.rank() < 2 {
-                    return Err(Diagnostic::new(
-                        format!("{name} needs a matrix, got {ty}"),
-                        span,
-                        "rank < 2",
-                    ));
-                }
+                at_least_rank(name, &ty, 2, "a matrix", span)?;
                 let k = a[1]
                     .map(|e| const_int(e, &cx.dims))
                     .transpose()?
@@ -575,13 +569,7 @@ impl Elab<'_> {
                 let a = bind(f, args, &["x"], 1, span)?;
                 let x = self.tensor(cx, req(&a, 0))?;
                 let ty = Self::ty(cx, x);
-                if ty.rank() < 3 {
-                    return Err(Diagnostic::new(
-                        format!("{name} needs N, C and spatial axes, got {ty}"),
-                        span,
-                        "rank < 3",
-                    ));
-                }
+                at_least_rank(name, &ty, 3, "N, C and spatial axes", span)?;
                 let kind = if name == "global_avgpool" {
                     ReduceKind::Mean
                 } else {
@@ -712,13 +700,7 @@ impl Elab<'_> {
                 let a = bind(f, args, params, params.len() - 1, span)?;
                 let x = self.float_tensor(cx, req(&a, 0), name)?;
                 let ty = Self::ty(cx, x);
-                if ty.rank() < 3 {
-                    return Err(Diagnostic::new(
-                        format!("{name} needs N, C and spatial axes, got {ty}"),
-                        span,
-                        "rank < 3",
-                    ));
-                }
+                at_least_rank(name, &ty, 3, "N, C and spatial axes", span)?;
                 let c = ty.shape[1];
                 let off = usize::from(name == "group_norm");
                 let g = if name == "group_norm" {
@@ -1185,4 +1167,17 @@ impl Elab<'_> {
         let wrapped = self.bin(cx, BinaryOp::Add, ind, ext, span)?;
         self.add(cx, Op::Select, &[neg, wrapped, ind], span)
     }
+}
+
+/// An error unless `ty` has at least `rank` axes: `{name} needs {what}, got
+/// {ty}`.
+fn at_least_rank(name: &str, ty: &TensorType, rank: usize, what: &str, span: Span) -> R<()> {
+    if ty.rank() < rank {
+        return Err(Diagnostic::new(
+            format!("{name} needs {what}, got {ty}"),
+            span,
+            format!("rank < {rank}"),
+        ));
+    }
+    Ok(())
 }

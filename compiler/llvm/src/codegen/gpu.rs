@@ -130,6 +130,18 @@ pub(crate) fn emit_function<'ctx>(
         .gpu()
         .ok_or_else(|| CodegenError::Unsupported(format!("{} is not a GPU target", target.name)))?;
     let threads = target.program_threads();
+    for v in f.values.iter() {
+        if let Type::Tile(t) = v
+            && t.len().div_ceil(threads) > MAX_PER_THREAD
+        {
+            return Err(CodegenError::Unsupported(format!(
+                "@{}: {t} is {} elements per thread of {threads}; the GPU back end holds a tile \
+                 in registers and takes at most {MAX_PER_THREAD}",
+                f.name,
+                t.len().div_ceil(threads)
+            )));
+        }
+    }
     let plan = Workspace::plan(f)?;
     let mut buffers: Vec<DeviceBuffer> = Vec::new();
     let mut index: HashMap<Value, usize> = HashMap::new();
@@ -375,11 +387,10 @@ fn in_shared(f: &Function, v: Value, user: Value) -> Option<(Value, i64)> {
     let lead = buf.shape.len().checked_sub(shape.len())?;
     let contiguous =
         dlc_tile::BufferType::contiguous(buf.dtype, buf.shape.clone(), dlc_tile::Space::Shared);
-    let fixed = |e: &Affine| e.terms.is_empty() && e.axes.is_empty();
     let whole = op.operands.len() == 1
         && *buf == contiguous
         && buf.shape[lead..] == *shape
-        && index[..lead].iter().all(fixed)
+        && index[..lead].iter().all(Affine::is_constant)
         && index[lead..]
             .iter()
             .enumerate()
@@ -433,18 +444,6 @@ fn kernel<'ctx>(
     flavor: Flavor,
     mma: &[(DType, [usize; 3])],
 ) -> R<u64> {
-    for v in f.values.iter() {
-        if let Type::Tile(t) = v
-            && t.len().div_ceil(threads) > MAX_PER_THREAD
-        {
-            return Err(CodegenError::Unsupported(format!(
-                "@{}: {t} is {} elements per thread of {threads}; the GPU back end holds a tile \
-                 in registers and takes at most {MAX_PER_THREAD}",
-                f.name,
-                t.len().div_ceil(threads)
-            )));
-        }
-    }
     let ptr = ctx.ptr_type(AddressSpace::default());
     let params: Vec<BasicMetadataTypeEnum<'ctx>> = (0..=inputs.len()).map(|_| ptr.into()).collect();
     let func = module.add_function(
@@ -755,7 +754,14 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
             return Ok(false);
         };
         let uses = f.ops.iter().filter(|o| o.operands.contains(&v)).count();
-        if op.operands.len() != 2
+        // The copy reads its source later: nothing in the function may
+        // write the source buffer (or a view of it).
+        let source = f.root_buffer(load.operands[0]);
+        let written = f.ops.iter().any(|o| {
+            matches!(o.kind, OpKind::Store { .. }) && f.root_buffer(o.operands[1]) == source
+        });
+        if written
+            || op.operands.len() != 2
             || uses != 1
             || !matches!(d.size_bytes(), 4 | 8)
             || pad.is_some_and(|p| p != 0.0)
@@ -947,25 +953,6 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
         Ok(())
     }
 
-    /// Binds `values` to consecutive runs of `flat` (as `elements` gave).
-    pub(super) fn set_all(&mut self, values: &[Value], flat: &[BV<'ctx>]) -> R<()> {
-        let mut at = 0;
-        for &v in values {
-            let n = if self.is_tile(v) {
-                self.per_thread(v)?
-            } else {
-                1
-            };
-            let part = flat
-                .get(at..at + n)
-                .ok_or_else(|| CodegenError::Invalid("tile.for carries too few values".into()))?
-                .to_vec();
-            self.set(v, part)?;
-            at += n;
-        }
-        Ok(())
-    }
-
     /// A binary op, where an integer division by zero records its status
     /// (for elements that exist) and divides by one.
     pub(super) fn gpu_binary(
@@ -1125,13 +1112,12 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
         // unless they all went to another slot (a constant index that
         // differs along some dimension).
         let buf = op.operands[0];
-        let pending = self.threads()?.copying.borrow().iter().any(|(b, at)| {
-            *b == buf
-                && !at.iter().zip(index).any(|(x, y)| {
-                    let fixed = |e: &Affine| e.terms.is_empty() && e.axes.is_empty();
-                    fixed(x) && fixed(y) && x.constant != y.constant
-                })
-        });
+        let pending = self
+            .threads()?
+            .copying
+            .borrow()
+            .iter()
+            .any(|(b, at)| *b == buf && !Affine::constants_differ(at, index));
         if pending {
             self.wait_copies()?;
         }

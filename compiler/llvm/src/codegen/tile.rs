@@ -1227,25 +1227,22 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
 
     /// Binds `values` to what [`Self::flatten`] gave.
     fn unflatten(&mut self, values: &[Value], flat: &[BV<'ctx>]) -> R<()> {
-        if self.gpu.is_some() {
-            return self.set_all(values, flat);
-        }
         let mut at = 0;
         for &v in values {
+            let n = match (self.is_tile(v), self.gpu.is_some()) {
+                (false, _) => 1,
+                (true, true) => self.per_thread(v)?,
+                (true, false) => self.cut(v).vectors(),
+            };
+            let part = flat
+                .get(at..at + n)
+                .ok_or_else(|| CodegenError::Invalid("tile.for carries too few values".into()))?;
             if self.is_tile(v) {
-                let n = self.cut(v).vectors();
-                let part = flat.get(at..at + n).ok_or_else(|| {
-                    CodegenError::Invalid("tile.for carries too few values".into())
-                })?;
                 self.chunks.insert(v, part.to_vec());
-                at += n;
             } else {
-                let x = *flat.get(at).ok_or_else(|| {
-                    CodegenError::Invalid("tile.for carries too few values".into())
-                })?;
-                self.vals.insert(v, x);
-                at += 1;
+                self.vals.insert(v, part[0]);
             }
+            at += n;
         }
         Ok(())
     }

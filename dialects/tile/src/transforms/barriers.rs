@@ -108,19 +108,6 @@ pub fn insert_barriers(f: &mut Function) -> usize {
 }
 
 impl Analysis<'_> {
-    /// The buffer a (view of a) buffer is.
-    fn root(&self, mut v: Value) -> Value {
-        'up: loop {
-            for op in &self.f.ops {
-                if matches!(op.kind, OpKind::View) && op.results.first() == Some(&v) {
-                    v = op.operands[0];
-                    continue 'up;
-                }
-            }
-            return v;
-        }
-    }
-
     fn access(&self, id: OpId) -> Option<Access> {
         let op = self.f.op(id);
         let (buf, value, write, index) = match &op.kind {
@@ -135,7 +122,7 @@ impl Analysis<'_> {
         }
         Some(Access {
             op: id,
-            root: self.root(buf),
+            root: self.f.root_buffer(buf),
             write,
             buffer: self.f.ty(buf).clone(),
             shape: self.f.ty(value).shape().unwrap_or(&[]).to_vec(),
@@ -316,12 +303,7 @@ fn separate(a: &Access, b: &Access) -> bool {
         .zip(&t.shape)
         .map(|(&s, &n)| (s as i64, n as i64))
         .collect();
-    a.buffer == b.buffer
-        && mixed_radix(layout)
-        && a.index.iter().zip(&b.index).any(|(x, y)| {
-            let fixed = |e: &Affine| e.terms.is_empty() && e.axes.is_empty();
-            fixed(x) && fixed(y) && x.constant != y.constant
-        })
+    a.buffer == b.buffer && mixed_radix(layout) && Affine::constants_differ(&a.index, &b.index)
 }
 
 /// Whether `sum c * x` over coordinates `x` in `0..n` is one-to-one:
