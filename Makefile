@@ -7,7 +7,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CARGO ?= cargo
 EXAMPLE ?= examples/w2_mlp.dl
 
-.PHONY: all setup setup-test-tools setup-cuda setup-onnx run test lint fuzz-smoke bench bench-gpu bench-saturate \
+.PHONY: all setup setup-test-tools setup-cuda setup-onnx run test lint fuzz-smoke bench bench-gpu bench-peers bench-saturate \
 	onnx-tests onnx-bench onnx-models clean
 
 all: test
@@ -87,6 +87,20 @@ bench: setup
 bench-gpu: setup
 	$(CARGO) build --release --locked -p dlc
 	BACKEND=gpu RUNS=$(or $(RUNS),20) ./scripts/bench.sh
+
+# W1..W8 on dlc, onnxruntime and JAX (XLA CPU) in one run, at 1 and 2
+# threads, each checked against a float64 reference before its time counts,
+# with the machine's FMA peak (scripts/fma_peak.c) and each process's peak
+# memory: target/bench/peers.md (medians and dlc / best-peer ratios) and
+# peers.json. The peers live in a virtual environment under target/.
+PEERS_VENV := target/peers-venv
+PEERS_PACKAGES := jax[cpu]==0.10.2 onnx==1.23.2 onnxruntime==1.32.0 numpy==2.4.6
+bench-peers: setup
+	@$(PEERS_VENV)/bin/python -c "import jax, onnx, onnxruntime, numpy" 2>/dev/null || \
+		{ python3 -m venv $(PEERS_VENV) && $(PEERS_VENV)/bin/pip install -q $(PEERS_PACKAGES); }
+	$(CARGO) build --release --locked -p dlc
+	$(PEERS_VENV)/bin/python scripts/bench_peers.py target/release/dlc target/bench \
+		--runs $(or $(RUNS),20) $(if $(ONLY),--only $(ONLY))
 
 # graph.saturate on W2, W6, W8 and Tensat-style graphs: target/bench/saturate.md.
 bench-saturate: setup
