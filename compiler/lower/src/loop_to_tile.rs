@@ -74,6 +74,11 @@ pub struct Packing {
     /// Deepest slice of `k` one copy into packed form moves (a vector's
     /// lanes: a transposed copy is then square blocks of vectors).
     pub copy_depth: usize,
+    /// `[rows, columns]`: the register tile of a product of at most
+    /// `columns` columns, which `blocking`'s wider tile would pad (the
+    /// target's `narrow_mr x lanes`); `None`: every product takes
+    /// `blocking`'s.
+    pub narrow: Option<[usize; 2]>,
 }
 
 impl ScheduleParams {
@@ -96,10 +101,12 @@ impl ScheduleParams {
             blocking: [mr, nr, mc, kc],
             units,
             copy_depth,
+            narrow,
             ..
         }) = self.packed
             && !(units >= 1
                 && copy_depth >= 1
+                && narrow.is_none_or(|[r, c]| fits(r, c) && fits(kc, c) && fits(r, kc))
                 && fits(mr, nr)
                 && fits(kc, nr)
                 && fits(mc, nr)
@@ -135,6 +142,7 @@ impl ScheduleParams {
                     min_macs: target.min_packed_macs(),
                     units: g.min_units,
                     copy_depth: g.lanes,
+                    narrow: (g.nr > g.lanes).then_some([g.narrow_mr, g.lanes]),
                 }),
             },
         }
@@ -1008,6 +1016,7 @@ impl<'a> Conv<'a> {
     /// operand into `mr`-row strips of scratch memory (transposed: one `mr`
     /// column per step of `k`), and for each panel and strip runs the
     /// register tile, `kc` steps of an `mr x 1` by `1 x nr` `tile.dot`
+    /// (the narrow tile for a product of at most its columns)
     /// accumulating into a scratch block of the result; finally the
     /// epilogue runs on the block, one `1 x nr` row of a panel at a time.
     /// Every copy moves
@@ -1032,10 +1041,18 @@ impl<'a> Conv<'a> {
             blocking: [mr, nr, mc, kc],
             units,
             copy_depth,
+            narrow,
             ..
         }) = self.params.packed
         else {
             return Err(self.invalid("no packed blocking for this target"));
+        };
+        // A narrow product (W8's 16 and 7 columns) takes the narrow register
+        // tile: every column of the wide one past its first vector would be
+        // padding multiplied for nothing.
+        let (mr, nr) = match narrow {
+            Some([rows, cols]) if c.n.max(1) as usize <= cols && cols < nr => (rows, cols),
+            _ => (mr, nr),
         };
         // Blocks no larger than the product needs, and slices of the depth
         // of even size (a whole number of copies deep), so that the last one

@@ -292,6 +292,7 @@ fn odd_schedule_parameters_agree() {
             min_macs: 1,
             units,
             copy_depth: units + 1,
+            narrow: Some([units + 2, 2]),
         });
         p.validate().unwrap();
         schedules.push(p);

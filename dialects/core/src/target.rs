@@ -47,6 +47,22 @@ pub struct GemmBlocking {
     pub lanes: usize,
     /// A parallel product is cut into at least this many units of work.
     pub min_units: usize,
+    /// Rows of the register tile of a narrow product, one of at most one
+    /// vector of columns (W8's 16 and 7): its tile is `narrow_mr x lanes`
+    /// rather than `mr x nr`, whose second vector would be all padding.
+    pub narrow_mr: usize,
+}
+
+impl GemmBlocking {
+    /// The register tile (`rows x columns`) of a product of `n` columns:
+    /// `narrow_mr x lanes` for a narrow one, else `mr x nr`.
+    pub fn register_tile(&self, n: usize) -> (usize, usize) {
+        if n <= self.lanes && self.nr > self.lanes {
+            (self.narrow_mr, self.lanes)
+        } else {
+            (self.mr, self.nr)
+        }
+    }
 }
 
 /// An NVIDIA GPU.
@@ -383,7 +399,7 @@ impl TargetDesc {
     pub fn gemm_blocking(&self, d: DType) -> GemmBlocking {
         let lanes = self.lanes(d.accumulator());
         match &self.kind {
-            TargetKind::Cpu(_) => {
+            TargetKind::Cpu(c) => {
                 let mr = 6;
                 GemmBlocking {
                     mr,
@@ -392,6 +408,10 @@ impl TargetDesc {
                     kc: 256,
                     lanes,
                     min_units: 8,
+                    // Half the registers as accumulators of one vector each
+                    // (16 with AVX-512, 8 with AVX2): the operand vector and
+                    // the broadcast fit beside them.
+                    narrow_mr: (c.vector_registers / 2).max(1),
                 }
             }
             TargetKind::Gpu(_) => GemmBlocking {
@@ -401,6 +421,7 @@ impl TargetDesc {
                 kc: 32,
                 lanes,
                 min_units: 1,
+                narrow_mr: 64,
             },
         }
     }
@@ -424,8 +445,14 @@ mod tests {
         assert_eq!(avx512.lanes(DType::F16), 32);
         let g = avx512.gemm_blocking(DType::F32);
         assert_eq!((g.mr, g.nr, g.mc, g.kc), (6, 32, 72, 256));
+        // Narrow products (at most one vector of columns) take a tile of one
+        // vector by half the registers' rows.
+        assert_eq!(g.register_tile(16), (16, 16));
+        assert_eq!(g.register_tile(7), (16, 16));
+        assert_eq!(g.register_tile(17), (6, 32));
         let avx2 = TargetDesc::x86_64_avx2(2);
         assert_eq!(avx2.gemm_blocking(DType::F32).nr, 16);
+        assert_eq!(avx2.gemm_blocking(DType::F32).register_tile(8), (8, 8));
         // f16 products accumulate in f32, so their tile is f32's.
         assert_eq!(avx512.gemm_blocking(DType::F16).nr, 32);
         let sm90 = TargetDesc::named("sm_90").expect("known");

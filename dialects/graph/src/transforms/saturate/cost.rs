@@ -165,7 +165,7 @@ impl CostModel {
                 };
                 let host = dlc_core::TargetDesc::host();
                 let tiled = matrix && host.packs_product(out.ty.dtype, (n_out * k) as usize);
-                let nr = host.gemm_blocking(out.ty.dtype).nr as f64;
+                let nr = host.gemm_blocking(out.ty.dtype).register_tile(n as usize).1 as f64;
                 let n_paid = if tiled { (n / nr).ceil() * nr } else { n };
                 product(2.0 * n_out / n * n_paid * k)
             }
