@@ -331,6 +331,24 @@ fn emits_llvm_ir_for_the_host() {
     assert!(ir.contains(" i32 @dlc_model_f(ptr"), "{ir}");
     assert!(ir.contains(" i32 @dlc_model_f.entry(ptr"), "{ir}");
     assert!(ir.contains("\"target-cpu\""), "{ir}");
+    // The host function, which only orchestrates, is compiled as written;
+    // its kernels are optimized.
+    let attributes_of = |define: &str| -> String {
+        let line = ir
+            .lines()
+            .find(|l| l.starts_with("define ") && l.contains(define))
+            .unwrap_or_else(|| panic!("no {define} in {ir}"));
+        let group = line
+            .split_whitespace()
+            .find(|w| w.starts_with('#'))
+            .unwrap_or_else(|| panic!("no attributes on {line}"));
+        ir.lines()
+            .find(|l| l.starts_with(&format!("attributes {group} ")))
+            .unwrap_or_else(|| panic!("no attributes {group}"))
+            .to_string()
+    };
+    assert!(attributes_of(" i32 @dlc_model_f(ptr").contains("optnone"));
+    assert!(!attributes_of(" void @f.").contains("optnone"));
     // Nothing but the entry points, their wrappers and signatures is
     // exported: helpers are private, the bf16 fallback weak and hidden.
     for line in ir.lines().filter(|l| l.starts_with("define ")) {

@@ -27,6 +27,7 @@ use std::collections::HashMap;
 use dlc_core::scalar::{BinaryOp, ReduceKind};
 use dlc_core::{DType, TargetDesc};
 use dlc_tile::{Affine, Block, Function, OpData, OpId, OpKind, Type, Value};
+use inkwell::attributes::{Attribute, AttributeLoc};
 use inkwell::context::Context;
 use inkwell::module::{Linkage, Module};
 use inkwell::types::{BasicTypeEnum, VectorType};
@@ -78,6 +79,17 @@ impl Ir for TileIr {
         let plan = Workspace::plan(f)?;
         g.take_workspace(symbol, &plan)?;
         g.host_block(&f.body)?;
+        // The host function only orchestrates (the workspace, frames,
+        // kernel calls, the status): LLVM's optimizer and instruction
+        // selector spent most of W7's compile on its 32 unrolled steps for
+        // no gain at run time, so it is compiled as written (`optnone`,
+        // which needs `noinline`); the kernels it calls get the full
+        // pipeline.
+        for name in ["noinline", "optnone"] {
+            let kind = Attribute::get_named_enum_kind_id(name);
+            g.func
+                .add_attribute(AttributeLoc::Function, ctx.create_enum_attribute(kind, 0));
+        }
         Ok(g.func)
     }
 }
