@@ -163,6 +163,12 @@ pub fn convert_module_with(m: &LModule, params: &ScheduleParams) -> Result<Modul
         .iter()
         .map(|f| Conv::new(f, params).function())
         .collect::<Result<_, _>>()?;
+    // An operand packed once per call, however many products use it.
+    for f in &mut functions {
+        if dlc_tile::transforms::reuse_packs(f) > 0 {
+            dlc_tile::transforms::dce(f);
+        }
+    }
     // A GPU runs each program on a block of threads: accesses of one
     // buffer by different threads are ordered by barriers.
     if params.stage_shared {

@@ -80,4 +80,6 @@ pub fn dce(f: &mut Function) -> usize {
 }
 
 pub mod barriers;
+mod reuse;
 pub use barriers::insert_barriers;
+pub use reuse::reuse_packs;
