@@ -823,19 +823,41 @@ impl Lowering<'_> {
                 let m = self.reduce_loops(ReduceKind::Max, dtype, &[(0, extent)], &mut |l, j| {
                     l.b.load(xbuf, full(&j[0]), None)
                 });
+                // With a result buffer of its own in f32, the exponentials
+                // are stored there as they are summed and scaled in place
+                // (one exponential per element, not two); otherwise they
+                // are computed again where the result is written.
+                let own = match self.plan[&n] {
+                    Plan::WithEpilogue(_) => None,
+                    _ if dtype == dtype.accumulator() => self.home.get(&n).copied(),
+                    _ => None,
+                };
                 let s = self.reduce_loops(ReduceKind::Sum, dtype, &[(0, extent)], &mut |l, j| {
                     let xv = l.b.load(xbuf, full(&j[0]), None);
                     let xv = l.widen(xv);
                     let d = l.b.binary(BinaryOp::Sub, xv, m);
-                    l.b.unary(UnaryOp::Exp, d)
+                    let e = l.b.unary(UnaryOp::Exp, d);
+                    if let Some(buf) = own {
+                        l.b.store(e, buf, full(&j[0]));
+                    }
+                    e
                 });
+                // One division per row, a multiplication per element (a
+                // vector division costs as much as the exponential).
+                let one = self.b.constant(1.0, dtype.accumulator());
+                let inv = self.b.binary(BinaryOp::Div, one, s);
                 let (j, _) = self.b.begin_for(0, extent, 1, &[]);
                 let at = full(&ix(j));
-                let xv = self.b.load(xbuf, at.clone(), None);
-                let xv = self.widen(xv);
-                let d = self.b.binary(BinaryOp::Sub, xv, m);
-                let e = self.b.unary(UnaryOp::Exp, d);
-                let v = self.b.binary(BinaryOp::Div, e, s);
+                let e = match own {
+                    Some(buf) => self.b.load(buf, at.clone(), None),
+                    None => {
+                        let xv = self.b.load(xbuf, at.clone(), None);
+                        let xv = self.widen(xv);
+                        let d = self.b.binary(BinaryOp::Sub, xv, m);
+                        self.b.unary(UnaryOp::Exp, d)
+                    }
+                };
+                let v = self.b.binary(BinaryOp::Mul, e, inv);
                 let v = self.narrow(v, dtype);
                 self.sink(n, &at, v);
                 self.b.end_for(vec![]);

@@ -618,7 +618,8 @@ impl<'a> Conv<'a> {
         let body = &op.regions[0];
         let counter = body.args[0];
         let mut stored: HashSet<LValue> = HashSet::new();
-        let mut loaded: HashSet<LValue> = HashSet::new();
+        // Every access: the buffer value and its index.
+        let mut accesses: Vec<(LValue, &[IndexExpr])> = Vec::new();
         for &o in &body.ops {
             let d = self.op(o);
             match &d.kind {
@@ -630,9 +631,16 @@ impl<'a> Conv<'a> {
                         return None;
                     }
                     stored.insert(d.operands[1]);
+                    accesses.push((d.operands[1], index));
                 }
-                L::Load { .. } => {
-                    loaded.insert(d.operands[0]);
+                L::Load { index, pad } => {
+                    // A padded load reads past the edges, where no store
+                    // writes: never an in-place access.
+                    if pad.is_none() {
+                        accesses.push((d.operands[0], index));
+                    } else {
+                        accesses.push((d.operands[0], &[]));
+                    }
                 }
                 L::For { .. } | L::Parallel { .. } | L::Matmul(_) => {
                     return None;
@@ -640,11 +648,26 @@ impl<'a> Conv<'a> {
                 _ => {}
             }
         }
-        // Views alias: compare storage roots.
+        // Views alias: compare storage roots. A buffer both read and
+        // written is updated in place only when every access of it is
+        // through one value at one index (each iteration reads and writes
+        // its own elements, which a vector of iterations keeps).
         let root = |v: LValue| self.root_buffer(v);
         let stored: HashSet<LValue> = stored.into_iter().map(root).collect();
-        if loaded.into_iter().any(|v| stored.contains(&root(v))) {
-            return None;
+        let loaded: HashSet<LValue> = body
+            .ops
+            .iter()
+            .filter_map(|&o| match self.op(o).kind {
+                L::Load { .. } => Some(root(self.op(o).operands[0])),
+                _ => None,
+            })
+            .collect();
+        for r in stored.intersection(&loaded) {
+            let mut of_r = accesses.iter().filter(|(v, _)| root(*v) == *r);
+            let first = of_r.next();
+            if of_r.any(|a| Some(a) != first) {
+                return None;
+            }
         }
         let carried = &body.args[1..];
         let yield_op = body.ops.last().map(|o| self.op(*o));
