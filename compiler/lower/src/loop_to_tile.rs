@@ -79,6 +79,13 @@ pub struct Packing {
     /// target's `narrow_mr x lanes`); `None`: every product takes
     /// `blocking`'s.
     pub narrow: Option<[usize; 2]>,
+    /// A product's programs are made a multiple of this where that takes
+    /// at most twice the column chunks (2 for a CPU: 9 row blocks become 18
+    /// programs, not 9 of which one of two threads runs 5). The threads are
+    /// only known when the code runs, so this is fixed rather than the
+    /// compiling machine's cores: schedules do not depend on where they
+    /// were made.
+    pub balance: usize,
 }
 
 impl ScheduleParams {
@@ -102,9 +109,11 @@ impl ScheduleParams {
             units,
             copy_depth,
             narrow,
+            balance,
             ..
         }) = self.packed
             && !(units >= 1
+                && balance >= 1
                 && copy_depth >= 1
                 && narrow.is_none_or(|[r, c]| fits(r, c) && fits(kc, c) && fits(r, kc))
                 && fits(mr, nr)
@@ -143,6 +152,7 @@ impl ScheduleParams {
                     units: g.min_units,
                     copy_depth: g.lanes,
                     narrow: (g.nr > g.lanes).then_some([g.narrow_mr, g.lanes]),
+                    balance: 2,
                 }),
             },
         }
@@ -1071,6 +1081,7 @@ impl<'a> Conv<'a> {
             units,
             copy_depth,
             narrow,
+            balance,
             ..
         }) = self.params.packed
         else {
@@ -1115,6 +1126,11 @@ impl<'a> Conv<'a> {
         // runs all of its chunk's panels; 98 panels in 8 chunks would run
         // 104, in 14 chunks of 7 they run 98).
         let wanted = units.div_ceil(blocks * batches).clamp(1, strips_n.max(1));
+        // Programs a multiple of `balance`, where at most twice the chunks
+        // make it, so that no thread is left waiting on the last one.
+        let wanted = (wanted..=(2 * wanted).min(strips_n.max(1)))
+            .find(|c| (blocks * batches * c).is_multiple_of(balance))
+            .unwrap_or(wanted);
         let per_chunk = (1..=strips_n.div_ceil(wanted).max(1))
             .rev()
             .min_by_key(|p| strips_n.div_ceil(*p) * p - strips_n)

@@ -293,6 +293,7 @@ fn odd_schedule_parameters_agree() {
             units,
             copy_depth: units + 1,
             narrow: Some([units + 2, 2]),
+            balance: units + 1,
         });
         p.validate().unwrap();
         schedules.push(p);
