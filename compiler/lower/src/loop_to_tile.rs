@@ -1225,12 +1225,17 @@ impl<'a> Conv<'a> {
                 Affine::block(nb, nr as i64, 1),
             ]
         };
+        // With one slice of the depth, each register tile starts from zero
+        // in registers: the block is written once, never zeroed or read
+        // back (W4's products are 64 deep).
         let zero = self.b.constant(0.0, f32t(vec![mr, nr]));
-        let (nb, _) = self.b.begin_for(0, per_chunk as i64, 1, &[]);
-        let (s, _) = self.b.begin_for(0, strips as i64, 1, &[]);
-        self.b.store(zero, block, register_tile(nb, s), None);
-        self.b.end_for(vec![]);
-        self.b.end_for(vec![]);
+        if kb_n > 1 {
+            let (nb, _) = self.b.begin_for(0, per_chunk as i64, 1, &[]);
+            let (s, _) = self.b.begin_for(0, strips as i64, 1, &[]);
+            self.b.store(zero, block, register_tile(nb, s), None);
+            self.b.end_for(vec![]);
+            self.b.end_for(vec![]);
+        }
         let (kb, _) = self.b.begin_for(0, kb_n as i64, 1, &[]);
         // Pack this slice of the program's rows, strip by strip.
         let (s, _) = self.b.begin_for(0, strips as i64, 1, &[]);
@@ -1266,9 +1271,12 @@ impl<'a> Conv<'a> {
         let (nb, _) = self.b.begin_for(0, per_chunk as i64, 1, &[]);
         let (s, _) = self.b.begin_for(0, strips as i64, 1, &[]);
         let at = register_tile(nb, s);
-        let c0 = self
-            .b
-            .load(block, at.clone(), None, None, f32t(vec![mr, nr]));
+        let c0 = if kb_n > 1 {
+            self.b
+                .load(block, at.clone(), None, None, f32t(vec![mr, nr]))
+        } else {
+            zero
+        };
         let (k, acc) = self.b.begin_for(0, kc as i64, 1, &[c0]);
         let ak = self.b.load(
             strip_buf,
