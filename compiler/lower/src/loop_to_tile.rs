@@ -472,6 +472,9 @@ impl<'a> Conv<'a> {
         };
         if let Some(m) = inner_matmul {
             if band.len() <= 1 && self.packs(m) {
+                if let Some(tile) = self.narrow(m) {
+                    return self.narrow_kernels(&band, m, tile);
+                }
                 return self.packed_dot(band.first().copied(), m);
             }
             return self.dot_kernel(&band, m);
@@ -1413,7 +1416,66 @@ impl<'a> Conv<'a> {
         let L::Matmul(c) = &self.op(m).kind else {
             return Err(self.invalid("not a contraction"));
         };
-        let [bm, bn, bk] = self.dot_blocks(c);
+        let blocks = self.dot_blocks(c);
+        let row_blocks = (c.m.max(0) as usize).div_ceil(blocks[0]).max(1);
+        self.dot_grid(band, m, blocks, (0, row_blocks), false)
+    }
+
+    /// The register tile of a narrow product on a CPU (`rows x n` for a
+    /// product of `n` columns, at most the target's narrow tile's), or
+    /// `None`.
+    fn narrow(&self, m: LOpId) -> Option<[usize; 2]> {
+        let L::Matmul(c) = &self.op(m).kind else {
+            return None;
+        };
+        let [rows, cols] = self.params.packed?.narrow?;
+        let n = c.n.max(1) as usize;
+        (n <= cols && c.m.max(0) as usize >= rows).then_some([rows, n])
+    }
+
+    /// A narrow product (at most one vector of columns: W8's 16 and 7) on a
+    /// CPU, without packing: each program takes `rows` rows and every
+    /// column, and each step of the depth broadcasts one element of each of
+    /// its rows of the left operand straight from memory against one row of
+    /// the right one (`rows x 1` by `1 x n`), so the left operand (W8's
+    /// 29 MB adjacency) is read once and never copied. The blocks that end
+    /// within the rows are one kernel with no masks on the rows; the last,
+    /// ragged block is a second kernel of one program.
+    fn narrow_kernels(
+        &mut self,
+        band: &[LOpId],
+        m: LOpId,
+        [rows, n]: [usize; 2],
+    ) -> Result<(), TileConvError> {
+        let L::Matmul(c) = &self.op(m).kind else {
+            return Err(self.invalid("not a contraction"));
+        };
+        let total = c.m.max(0) as usize;
+        let full = total / rows;
+        if full > 0 {
+            self.dot_grid(band, m, [rows, n, 1], (0, full), true)?;
+        }
+        if !total.is_multiple_of(rows) {
+            self.dot_grid(band, m, [rows, n, 1], (full, 1), false)?;
+        }
+        Ok(())
+    }
+
+    /// The kernel of blocks `bm x bn x bk` of contraction `m` over the
+    /// batch (`band`), row blocks `first..first + count` and every column
+    /// block. `exact_rows`: every row block ends within the rows (no masks
+    /// on them).
+    fn dot_grid(
+        &mut self,
+        band: &[LOpId],
+        m: LOpId,
+        [bm, bn, bk]: [usize; 3],
+        (first, count): (usize, usize),
+        exact_rows: bool,
+    ) -> Result<(), TileConvError> {
+        let L::Matmul(c) = &self.op(m).kind else {
+            return Err(self.invalid("not a contraction"));
+        };
         let mut grid: Vec<usize> = band
             .iter()
             .map(|l| {
@@ -1421,7 +1483,7 @@ impl<'a> Conv<'a> {
                 (hi - lo).max(1) as usize
             })
             .collect();
-        grid.push((c.m.max(0) as usize).div_ceil(bm).max(1));
+        grid.push(count);
         grid.push((c.n.max(0) as usize).div_ceil(bn).max(1));
         let mut schedule = Schedule::new("dot").with("tile", vec![bm as i64, bn as i64, bk as i64]);
         if self.params.stage_shared {
@@ -1439,9 +1501,11 @@ impl<'a> Conv<'a> {
         }
         let pi = self.b.program_id(band.len());
         let pj = self.b.program_id(band.len() + 1);
-        let i0 = Affine::value(pi).scaled(bm as i64);
+        let i0 = Affine::value(pi)
+            .scaled(bm as i64)
+            .plus_scaled(1, &Affine::constant((first * bm) as i64));
         let j0 = Affine::value(pj).scaled(bn as i64);
-        self.dot_block(m, i0, j0, [bm, bn, bk], true)?;
+        self.dot_block(m, i0, j0, [bm, bn, bk], true, exact_rows)?;
         self.b.end_kernel();
         Ok(())
     }
@@ -1454,7 +1518,14 @@ impl<'a> Conv<'a> {
         let [bm, bn, bk] = self.dot_blocks(c);
         let (ci, _) = self.b.begin_for(0, c.m, bm as i64, &[]);
         let (cj, _) = self.b.begin_for(0, c.n, bn as i64, &[]);
-        self.dot_block(m, Affine::value(ci), Affine::value(cj), [bm, bn, bk], false)?;
+        self.dot_block(
+            m,
+            Affine::value(ci),
+            Affine::value(cj),
+            [bm, bn, bk],
+            false,
+            false,
+        )?;
         self.b.end_for(vec![]);
         self.b.end_for(vec![]);
         Ok(())
@@ -1464,7 +1535,7 @@ impl<'a> Conv<'a> {
     /// the K loop of `tile.dot`s, then the epilogue on the accumulator.
     /// `shared`: whether operands may be staged through shared memory
     /// (only at a kernel's top level, where every program reaches the
-    /// barriers).
+    /// barriers). `exact_rows`: the block ends within the rows.
     fn dot_block(
         &mut self,
         m: LOpId,
@@ -1472,6 +1543,7 @@ impl<'a> Conv<'a> {
         j0: Affine,
         [bm, bn, bk]: [usize; 3],
         shared: bool,
+        exact_rows: bool,
     ) -> Result<(), TileConvError> {
         let op = self.op(m);
         let L::Matmul(c) = &op.kind else {
@@ -1489,7 +1561,7 @@ impl<'a> Conv<'a> {
         let zero = self
             .b
             .constant(0.0, Type::Tile(TileType::new(acc_dtype, vec![bm, bn])));
-        let ragged_m = !(c.m as usize).is_multiple_of(bm);
+        let ragged_m = !exact_rows && !(c.m as usize).is_multiple_of(bm);
         let ragged_n = !(c.n as usize).is_multiple_of(bn);
         let ragged_k = !(c.k as usize).is_multiple_of(bk);
         let rows_left = Affine::constant(c.m).plus_scaled(-1, &i0);
