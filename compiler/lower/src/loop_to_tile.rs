@@ -74,10 +74,10 @@ pub struct Packing {
     /// Deepest slice of `k` one copy into packed form moves (a vector's
     /// lanes: a transposed copy is then square blocks of vectors).
     pub copy_depth: usize,
-    /// `[rows, columns]`: the register tile of a product of at most
-    /// `columns` columns, which `blocking`'s wider tile would pad (the
-    /// target's `narrow_mr x lanes`); `None`: every product takes
-    /// `blocking`'s.
+    /// `[rows, columns]`: a product of at most `columns` columns, which
+    /// `blocking`'s wider tile would pad, is not packed but runs in
+    /// programs of `rows` rows (the target's `narrow_mr x lanes`); `None`:
+    /// every product is packed.
     pub narrow: Option<[usize; 2]>,
     /// A product's programs are made a multiple of this where that takes
     /// at most twice the column chunks (2 for a CPU: 9 row blocks become 18
@@ -115,7 +115,7 @@ impl ScheduleParams {
             && !(units >= 1
                 && balance >= 1
                 && copy_depth >= 1
-                && narrow.is_none_or(|[r, c]| fits(r, c) && fits(kc, c) && fits(r, kc))
+                && narrow.is_none_or(|[r, c]| fits(r, c))
                 && fits(mr, nr)
                 && fits(kc, nr)
                 && fits(mc, nr)
@@ -631,6 +631,7 @@ impl<'a> Conv<'a> {
         let body = &op.regions[0];
         let counter = body.args[0];
         let mut stored: HashSet<LValue> = HashSet::new();
+        let mut loaded: HashSet<LValue> = HashSet::new();
         // Every access: the buffer value and its index.
         let mut accesses: Vec<(LValue, &[IndexExpr])> = Vec::new();
         for &o in &body.ops {
@@ -647,6 +648,7 @@ impl<'a> Conv<'a> {
                     accesses.push((d.operands[1], index));
                 }
                 L::Load { index, pad } => {
+                    loaded.insert(d.operands[0]);
                     // A padded load reads past the edges, where no store
                     // writes: never an in-place access.
                     if pad.is_none() {
@@ -667,14 +669,7 @@ impl<'a> Conv<'a> {
         // its own elements, which a vector of iterations keeps).
         let root = |v: LValue| self.root_buffer(v);
         let stored: HashSet<LValue> = stored.into_iter().map(root).collect();
-        let loaded: HashSet<LValue> = body
-            .ops
-            .iter()
-            .filter_map(|&o| match self.op(o).kind {
-                L::Load { .. } => Some(root(self.op(o).operands[0])),
-                _ => None,
-            })
-            .collect();
+        let loaded: HashSet<LValue> = loaded.into_iter().map(root).collect();
         for r in stored.intersection(&loaded) {
             let mut of_r = accesses.iter().filter(|(v, _)| root(*v) == *r);
             let first = of_r.next();
@@ -1058,7 +1053,6 @@ impl<'a> Conv<'a> {
     /// operand into `mr`-row strips of scratch memory (transposed: one `mr`
     /// column per step of `k`), and for each panel and strip runs the
     /// register tile, `kc` steps of an `mr x 1` by `1 x nr` `tile.dot`
-    /// (the narrow tile for a product of at most its columns)
     /// accumulating into a scratch block of the result; finally the
     /// epilogue runs on the block, one `1 x nr` row of a panel at a time.
     /// Every copy moves
@@ -1083,19 +1077,11 @@ impl<'a> Conv<'a> {
             blocking: [mr, nr, mc, kc],
             units,
             copy_depth,
-            narrow,
             balance,
             ..
         }) = self.params.packed
         else {
             return Err(self.invalid("no packed blocking for this target"));
-        };
-        // A narrow product (W8's 16 and 7 columns) takes the narrow register
-        // tile: every column of the wide one past its first vector would be
-        // padding multiplied for nothing.
-        let (mr, nr) = match narrow {
-            Some([rows, cols]) if c.n.max(1) as usize <= cols && cols < nr => (rows, cols),
-            _ => (mr, nr),
         };
         // Blocks no larger than the product needs, and slices of the depth
         // of even size (a whole number of copies deep), so that the last one
@@ -1422,15 +1408,15 @@ impl<'a> Conv<'a> {
     }
 
     /// The register tile of a narrow product on a CPU (`rows x n` for a
-    /// product of `n` columns, at most the target's narrow tile's), or
-    /// `None`.
+    /// product of `n` columns, at most the target's narrow tile's; fewer
+    /// rows for a product of fewer), or `None`.
     fn narrow(&self, m: LOpId) -> Option<[usize; 2]> {
         let L::Matmul(c) = &self.op(m).kind else {
             return None;
         };
         let [rows, cols] = self.params.packed?.narrow?;
         let n = c.n.max(1) as usize;
-        (n <= cols && c.m.max(0) as usize >= rows).then_some([rows, n])
+        (n <= cols).then_some([rows.min(c.m.max(1) as usize), n])
     }
 
     /// A narrow product (at most one vector of columns: W8's 16 and 7) on a

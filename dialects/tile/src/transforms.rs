@@ -2,7 +2,7 @@
 
 use std::collections::HashSet;
 
-use crate::ir::{Block, Function, Value};
+use crate::ir::{Block, Function, OpId, Value};
 use crate::ops::OpKind;
 
 /// Whether an op only computes its results (no memory effect, no
@@ -19,6 +19,23 @@ fn is_pure(kind: &OpKind) -> bool {
             | OpKind::Yield
             | OpKind::Barrier
     )
+}
+
+/// Makes op `id`, taken out of its block, and the ops nested in it use
+/// nothing (they stay in the arena, where a use would still count).
+pub(crate) fn detach(f: &mut Function, id: OpId) {
+    let mut pending = vec![id];
+    while let Some(id) = pending.pop() {
+        let op = &mut f.ops[id.0 as usize];
+        op.operands.clear();
+        if let OpKind::Load { index, .. } | OpKind::Store { index } = &mut op.kind {
+            index.iter_mut().for_each(|e| e.terms.clear());
+        }
+        if let OpKind::Mask { limits } = &mut op.kind {
+            limits.iter_mut().for_each(|e| e.terms.clear());
+        }
+        pending.extend(op.regions.iter().flat_map(|r| r.ops.iter().copied()));
+    }
 }
 
 /// Removes pure ops whose results nothing uses (repeatedly, so chains
@@ -65,13 +82,7 @@ pub fn dce(f: &mut Function) -> usize {
         }
         // Operands of removed ops no longer count as uses.
         for &i in &dead {
-            f.ops[i as usize].operands.clear();
-            if let OpKind::Load { index, .. } = &mut f.ops[i as usize].kind {
-                index.iter_mut().for_each(|e| e.terms.clear());
-            }
-            if let OpKind::Mask { limits } = &mut f.ops[i as usize].kind {
-                limits.iter_mut().for_each(|e| e.terms.clear());
-            }
+            detach(f, OpId(i));
         }
         if removed == before {
             return removed;

@@ -194,19 +194,8 @@ pub fn reuse_packs(f: &mut Function) -> usize {
     for (&later, &first) in &merged {
         rename(f, later, first);
     }
-    // The dropped kernels' ops stay in the arena, outside every block:
-    // they use nothing any more.
-    let mut orphans: Vec<OpId> = dropped.iter().copied().collect();
-    while let Some(id) = orphans.pop() {
-        let op = &mut f.ops[id.0 as usize];
-        op.operands.clear();
-        if let OpKind::Load { index, .. } | OpKind::Store { index } = &mut op.kind {
-            index.iter_mut().for_each(|e| e.terms.clear());
-        }
-        if let OpKind::Mask { limits } = &mut op.kind {
-            limits.iter_mut().for_each(|e| e.terms.clear());
-        }
-        orphans.extend(op.regions.iter().flat_map(|r| r.ops.iter().copied()));
+    for &id in &dropped {
+        super::detach(f, id);
     }
     dropped.len()
 }
