@@ -376,28 +376,15 @@ def main():
 
 
 def parameters(entry, files):
-    """The entry's parameter names in source order, checked against the
-    inputs `dlc run --save-inputs` wrote."""
+    """The entry's parameter names in source order (the reference function
+    names them as the .dl file does), checked against the inputs
+    `dlc run --save-inputs` wrote."""
+    import inspect
     saved = {f[:-4] for f in files if f.endswith(".npy")}
-    source_order = ENTRY_PARAMETERS.get(entry)
-    if source_order is None or set(source_order) != saved:
+    source_order = list(inspect.signature(numpy_models()[entry]).parameters)
+    if set(source_order) != saved:
         raise SystemExit(f"bench_peers: {entry}'s parameters {sorted(saved)} are not the ones this script knows")
     return source_order
-
-
-ENTRY_PARAMETERS = {
-    "gemm_1024": ["a", "b"],
-    "gemm_2048": ["a", "b"],
-    "mlp": ["x", "w1", "b1", "w2", "b2"],
-    "conv_block_b1": ["x", "w1", "m1", "v1", "g1", "b1", "w2", "m2", "v2", "g2", "b2"],
-    "conv_block_b8": ["x", "w1", "m1", "v1", "g1", "b1", "w2", "m2", "v2", "g2", "b2"],
-    "attention": ["q", "k", "v"],
-    "layernorm_gelu": ["x", "g", "b"],
-    "bert_layer": ["x", "wq", "bq", "wk", "bk", "wv", "bv", "wo", "bo", "g1", "be1", "w1", "b1", "w2", "b2",
-                   "g2", "be2"],
-    "gru": ["x", "w_ih", "w_hh", "b_ih", "b_hh"],
-    "gcn": ["a", "x", "w1", "w2"],
-}
 
 
 def report(rows, threads, peak):
