@@ -86,6 +86,13 @@ pub struct Packing {
     /// compiling machine's cores: schedules do not depend on where they
     /// were made.
     pub balance: usize,
+    /// Sets of the L1 data cache (of 64-byte lines). A product of one block
+    /// of rows reads its right operand in place, unpacked, when that
+    /// operand's rows are a whole number of lines apart and that number is
+    /// coprime with the sets (so the rows of a panel fall in every set
+    /// rather than a few): the operand is then read once, where packing
+    /// reads it, writes the panels and reads those again. 0: never.
+    pub l1_sets: usize,
 }
 
 impl ScheduleParams {
@@ -153,6 +160,7 @@ impl ScheduleParams {
                     copy_depth: g.lanes,
                     narrow: (g.nr > g.lanes).then_some([g.narrow_mr, g.lanes]),
                     balance: 2,
+                    l1_sets: target.cpu().map_or(0, |c| c.l1_sets),
                 }),
             },
         }
@@ -1078,6 +1086,7 @@ impl<'a> Conv<'a> {
             units,
             copy_depth,
             balance,
+            l1_sets,
             ..
         }) = self.params.packed
         else {
@@ -1138,17 +1147,6 @@ impl<'a> Conv<'a> {
             Schedule::new("packed")
                 .with("blocking", vec![mr as i64, nr as i64, mc as i64, kc as i64])
         };
-        // The right operand, packed once: panels[batch.., kb, nb, k, j].
-        let mut panel_shape: Vec<usize> = batch.iter().map(|b| b.2).collect();
-        panel_shape.extend([kb_n, nb_n, kc, nr]);
-        let panels = self.b.alloc(BufferType::contiguous(
-            DType::F32,
-            panel_shape,
-            Space::Global,
-        ));
-        let mut grid: Vec<usize> = batch.iter().map(|b| b.2).collect();
-        grid.extend([kb_n, nb_n]);
-        self.b.begin_kernel(grid, schedule().with("pack", vec![1]));
         // The batch's program id, mapped to the batch loop's counter.
         let batch_id = |c: &mut Self| -> Vec<Affine> {
             batch
@@ -1163,32 +1161,50 @@ impl<'a> Conv<'a> {
                 .into_iter()
                 .collect()
         };
-        let bat = batch_id(self);
-        let (pk, pn) = (self.b.program_id(bat_axes), self.b.program_id(bat_axes + 1));
-        let (f, _) = self.b.begin_for(0, (kc / kk) as i64, 1, &[]);
-        let k0 = Affine::value(pk)
-            .scaled(kc as i64)
-            .plus_scaled(kk as i64, &Affine::value(f));
-        let j0 = Affine::value(pn).scaled(nr as i64);
-        let (b_index, limits, shape, [ka, ja]) =
-            self.operand_block(op.operands[1], &c.b, [(kv, k0, c.k, kk), (jv, j0, c.n, nr)])?;
+        // Masks where a slice or a panel reaches past the operand.
         let ragged = !k_.is_multiple_of(kc) || !n_.is_multiple_of(nr) || nb_n > strips_n;
-        let mask = ragged.then(|| self.b.mask(limits, &shape));
-        let t = self
-            .b
-            .load(b, b_index, mask, mask.map(|_| 0.0), f32t(shape));
-        let mut panel = bat.clone();
-        panel.extend([
-            Affine::value(pk),
-            Affine::value(pn),
-            Affine::value(f)
-                .scaled(kk as i64)
-                .plus_scaled(1, &Affine::axis(ka)),
-            Affine::axis(ja),
-        ]);
-        self.b.store(t, panels, panel, None);
-        self.b.end_for(vec![]);
-        self.b.end_kernel();
+        // The right operand, packed once (panels[batch.., kb, nb, k, j]),
+        // unless it is read in place.
+        let panels = if self.reads_in_place(m, blocks, l1_sets) {
+            None
+        } else {
+            let mut panel_shape: Vec<usize> = batch.iter().map(|b| b.2).collect();
+            panel_shape.extend([kb_n, nb_n, kc, nr]);
+            let panels = self.b.alloc(BufferType::contiguous(
+                DType::F32,
+                panel_shape,
+                Space::Global,
+            ));
+            let mut grid: Vec<usize> = batch.iter().map(|b| b.2).collect();
+            grid.extend([kb_n, nb_n]);
+            self.b.begin_kernel(grid, schedule().with("pack", vec![1]));
+            let bat = batch_id(self);
+            let (pk, pn) = (self.b.program_id(bat_axes), self.b.program_id(bat_axes + 1));
+            let (f, _) = self.b.begin_for(0, (kc / kk) as i64, 1, &[]);
+            let k0 = Affine::value(pk)
+                .scaled(kc as i64)
+                .plus_scaled(kk as i64, &Affine::value(f));
+            let j0 = Affine::value(pn).scaled(nr as i64);
+            let (b_index, limits, shape, [ka, ja]) =
+                self.operand_block(op.operands[1], &c.b, [(kv, k0, c.k, kk), (jv, j0, c.n, nr)])?;
+            let mask = ragged.then(|| self.b.mask(limits, &shape));
+            let t = self
+                .b
+                .load(b, b_index, mask, mask.map(|_| 0.0), f32t(shape));
+            let mut panel = bat.clone();
+            panel.extend([
+                Affine::value(pk),
+                Affine::value(pn),
+                Affine::value(f)
+                    .scaled(kk as i64)
+                    .plus_scaled(1, &Affine::axis(ka)),
+                Affine::axis(ja),
+            ]);
+            self.b.store(t, panels, panel, None);
+            self.b.end_for(vec![]);
+            self.b.end_kernel();
+            Some(panels)
+        };
 
         let mut grid: Vec<usize> = batch.iter().map(|b| b.2).collect();
         grid.extend([blocks, chunks]);
@@ -1278,14 +1294,43 @@ impl<'a> Conv<'a> {
             None,
             f32t(vec![mr, 1]),
         );
-        let mut panel = bat.clone();
-        panel.extend([
-            Affine::value(kb),
-            nb0.plus_scaled(1, &Affine::value(nb)),
-            Affine::value(k).plus_scaled(1, &Affine::axis(0)),
-            Affine::axis(1),
-        ]);
-        let bk = self.b.load(panels, panel, None, None, f32t(vec![1, nr]));
+        let bk = match panels {
+            Some(panels) => {
+                let mut panel = bat.clone();
+                panel.extend([
+                    Affine::value(kb),
+                    nb0.plus_scaled(1, &Affine::value(nb)),
+                    Affine::value(k).plus_scaled(1, &Affine::axis(0)),
+                    Affine::axis(1),
+                ]);
+                self.b.load(panels, panel, None, None, f32t(vec![1, nr]))
+            }
+            None => {
+                // Row `k` of the slice, this panel's columns, straight from
+                // the operand (zeros past its edges, as in a panel).
+                let k0 = Affine::value(kb)
+                    .scaled(kc as i64)
+                    .plus_scaled(1, &Affine::value(k));
+                let j0 = nb0.plus_scaled(1, &Affine::value(nb)).scaled(nr as i64);
+                self.index.insert(kv, k0.plus_scaled(1, &Affine::axis(0)));
+                self.index.insert(jv, j0.plus_scaled(1, &Affine::axis(1)));
+                let index =
+                    c.b.iter()
+                        .map(|e| self.affine(e))
+                        .collect::<Result<_, _>>()?;
+                let mask = ragged.then(|| {
+                    self.b.mask(
+                        vec![
+                            Affine::constant(c.k).plus_scaled(-1, &k0),
+                            Affine::constant(c.n).plus_scaled(-1, &j0),
+                        ],
+                        &[1, nr],
+                    )
+                });
+                self.b
+                    .load(b, index, mask, mask.map(|_| 0.0), f32t(vec![1, nr]))
+            }
+        };
         let next = self.b.dot(ak, bk, acc[0]);
         let sum = self.b.end_for(vec![next])[0];
         self.b.store(sum, block, at, None);
@@ -1327,7 +1372,9 @@ impl<'a> Conv<'a> {
         self.b.end_for(vec![]);
         self.b.end_for(vec![]);
         self.b.end_kernel();
-        self.b.dealloc(panels);
+        if let Some(panels) = panels {
+            self.b.dealloc(panels);
+        }
         Ok(())
     }
 
@@ -1367,22 +1414,48 @@ impl<'a> Conv<'a> {
     /// Whether `index` into buffer `buf` moves by one element when `var`
     /// steps by one (the operand is contiguous along `var`).
     fn unit_stride(&self, buf: LValue, index: &[IndexExpr], var: LValue) -> bool {
+        self.step(buf, index, var) == Some(1)
+    }
+
+    /// How many elements `index` into buffer `buf` moves when `var` steps
+    /// by one.
+    fn step(&self, buf: LValue, index: &[IndexExpr], var: LValue) -> Option<i64> {
         let LType::Buffer(view) = self.src.ty(buf) else {
+            return None;
+        };
+        Some(
+            index
+                .iter()
+                .zip(&view.strides)
+                .map(|(e, &s)| {
+                    s as i64
+                        * e.terms
+                            .iter()
+                            .filter(|(_, v)| *v == var)
+                            .map(|(c, _)| c)
+                            .sum::<i64>()
+                })
+                .sum(),
+        )
+    }
+
+    /// Whether packed product `m` (of `blocks` blocks of rows) reads its
+    /// right operand in place: one block of rows, the operand contiguous
+    /// along the columns, and its rows a number of 64-byte lines apart
+    /// coprime with the L1's sets (see [`Packing::l1_sets`]).
+    fn reads_in_place(&self, m: LOpId, blocks: usize, sets: usize) -> bool {
+        let op = self.op(m);
+        let L::Matmul(c) = &op.kind else {
             return false;
         };
-        let step: i64 = index
-            .iter()
-            .zip(&view.strides)
-            .map(|(e, &s)| {
-                s as i64
-                    * e.terms
-                        .iter()
-                        .filter(|(_, v)| *v == var)
-                        .map(|(c, _)| c)
-                        .sum::<i64>()
-            })
-            .sum();
-        step == 1
+        let body = &op.regions[0];
+        let (jv, kv) = (body.args[1], body.args[2]);
+        let b = op.operands[1];
+        let row_bytes = self.step(b, &c.b, kv).map(|s| s.unsigned_abs() * 4);
+        blocks == 1
+            && sets > 0
+            && self.unit_stride(b, &c.b, jv)
+            && row_bytes.is_some_and(|r| r > 0 && r % 64 == 0 && gcd(r / 64, sets as u64) == 1)
     }
 
     /// The `dot` schedule's blocks for contraction `c`: the parameters,
@@ -1652,6 +1725,11 @@ impl<'a> Conv<'a> {
         (self.shape, self.mask, self.splats) = saved;
         result
     }
+}
+
+/// The greatest common divisor.
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 /// Every value op `id` and its nested ops read (operands and index values).

@@ -278,6 +278,11 @@ fn odd_schedule_parameters_agree() {
         "fn f(x: f32[3, 4, 5]) -> (f32[3, 5], f32, f32[3, 4, 5]) { return (sum(x, axis=1), max(x), softmax(x, axis=2)); }",
         "fn f(a: f32[2, 7, 40], b: f32[2, 40, 33]) -> f32[2, 7, 33] { return a @ b * 0.5; }",
         "fn f(x: i32[9]) -> i32 { return sum(x * x) / 3; }",
+        // Right operands whose rows are 3 and 4 lines apart (read in place
+        // and packed), an im2col buffer (rows padded to an odd number of
+        // lines, read in place).
+        "fn f(x: f32[5, 37], w: f32[37, 48], v: f32[37, 64]) -> (f32[5, 48], f32[5, 64]) { return (x @ w, x @ v); }",
+        "fn f(x: f32[2, 8, 12, 12], w: f32[16, 8, 3, 3]) -> f32[2, 16, 12, 12] { return relu(conv2d(x, w, padding=1)); }",
     ];
     let mut schedules = vec![];
     for (vector, dot, packed) in [
@@ -294,10 +299,18 @@ fn odd_schedule_parameters_agree() {
             copy_depth: units + 1,
             narrow: Some([units + 2, 2]),
             balance: units + 1,
+            // One set: every operand whose rows are whole lines apart is
+            // read in place where the product has one block of rows.
+            l1_sets: if units == 1 { 1 } else { 64 },
         });
         p.validate().unwrap();
         schedules.push(p);
     }
+    // The AVX-512 CPU's own schedule: the convolution's im2col buffer and
+    // the 48-column operand are read in place, the 64-column one packed.
+    schedules.push(dlc_lower::ScheduleParams::for_target(
+        &TargetDesc::x86_64_avx512(2),
+    ));
     let mut staged = dlc_lower::ScheduleParams::for_target(&TargetDesc::sm_90());
     staged.dot = [3, 5, 7];
     schedules.push(staged);

@@ -22,6 +22,9 @@ pub struct CpuDesc {
     pub cores: usize,
     /// Level-1 data cache per core, bytes.
     pub l1_bytes: usize,
+    /// Sets of the level-1 data cache (of 64-byte lines): lines a multiple
+    /// of `64 * l1_sets` bytes apart compete for one set's ways.
+    pub l1_sets: usize,
     /// Level-2 cache per core, bytes.
     pub l2_bytes: usize,
     /// The CPU code is generated for, as LLVM names it (`x86-64-v3`), or
@@ -159,6 +162,7 @@ impl TargetDesc {
                 avx512_bf16: false,
                 cores,
                 l1_bytes: 48 << 10,
+                l1_sets: 64,
                 l2_bytes: 2 << 20,
                 llvm_cpu: Some("x86-64-v4".into()),
                 triple: None,
@@ -177,6 +181,7 @@ impl TargetDesc {
                 avx512_bf16: false,
                 cores,
                 l1_bytes: 32 << 10,
+                l1_sets: 64,
                 l2_bytes: 1 << 20,
                 llvm_cpu: Some("x86-64-v3".into()),
                 triple: None,
@@ -197,6 +202,7 @@ impl TargetDesc {
                 avx512_bf16: false,
                 cores,
                 l1_bytes: 32 << 10,
+                l1_sets: 64,
                 l2_bytes: 256 << 10,
                 llvm_cpu: Some("x86-64-v2".into()),
                 triple: None,
@@ -217,6 +223,7 @@ impl TargetDesc {
                 avx512_bf16: false,
                 cores,
                 l1_bytes: 64 << 10,
+                l1_sets: 256,
                 l2_bytes: 1 << 20,
                 llvm_cpu: Some("generic".into()),
                 triple: Some("aarch64-unknown-linux-gnu".into()),
