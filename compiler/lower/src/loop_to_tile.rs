@@ -1163,9 +1163,12 @@ impl<'a> Conv<'a> {
         };
         // Masks where a slice or a panel reaches past the operand.
         let ragged = !k_.is_multiple_of(kc) || !n_.is_multiple_of(nr) || nb_n > strips_n;
-        // The right operand, packed once (panels[batch.., kb, nb, k, j]),
-        // unless it is read in place.
-        let panels = if self.reads_in_place(m, blocks, l1_sets) {
+        // The right operand read in place, or packed by each program into
+        // one panel of scratch memory at a time, or packed once by a kernel
+        // of its own (panels[batch.., kb, nb, k, j]).
+        let in_place = self.reads_in_place(m, blocks, l1_sets);
+        let own_panels = !in_place && self.packs_own_panels(m, blocks);
+        let panels = if in_place || own_panels {
             None
         } else {
             let mut panel_shape: Vec<usize> = batch.iter().map(|b| b.2).collect();
@@ -1224,6 +1227,13 @@ impl<'a> Conv<'a> {
             vec![mc, per_chunk * nr],
             Space::Scratch,
         ));
+        let panel_buf = own_panels.then(|| {
+            self.b.alloc(BufferType::contiguous(
+                DType::F32,
+                vec![kc, nr],
+                Space::Scratch,
+            ))
+        });
         let register_tile = |nb: Value, s: Value| {
             vec![
                 Affine::block(s, mr as i64, 0),
@@ -1274,6 +1284,32 @@ impl<'a> Conv<'a> {
         self.b.end_for(vec![]);
         // The register tile over every panel and strip.
         let (nb, _) = self.b.begin_for(0, per_chunk as i64, 1, &[]);
+        if let Some(panel_buf) = panel_buf {
+            // This slice of the panel, copied as the pack kernel would.
+            let (f, _) = self.b.begin_for(0, (kc / kk) as i64, 1, &[]);
+            let k0 = Affine::value(kb)
+                .scaled(kc as i64)
+                .plus_scaled(kk as i64, &Affine::value(f));
+            let j0 = nb0.plus_scaled(1, &Affine::value(nb)).scaled(nr as i64);
+            let (b_index, limits, shape, [ka, ja]) =
+                self.operand_block(op.operands[1], &c.b, [(kv, k0, c.k, kk), (jv, j0, c.n, nr)])?;
+            let mask = ragged.then(|| self.b.mask(limits, &shape));
+            let t = self
+                .b
+                .load(b, b_index, mask, mask.map(|_| 0.0), f32t(shape));
+            self.b.store(
+                t,
+                panel_buf,
+                vec![
+                    Affine::value(f)
+                        .scaled(kk as i64)
+                        .plus_scaled(1, &Affine::axis(ka)),
+                    Affine::axis(ja),
+                ],
+                None,
+            );
+            self.b.end_for(vec![]);
+        }
         let (s, _) = self.b.begin_for(0, strips as i64, 1, &[]);
         let at = register_tile(nb, s);
         let c0 = if kb_n > 1 {
@@ -1294,8 +1330,18 @@ impl<'a> Conv<'a> {
             None,
             f32t(vec![mr, 1]),
         );
-        let bk = match panels {
-            Some(panels) => {
+        let bk = match (panels, panel_buf) {
+            (_, Some(panel_buf)) => self.b.load(
+                panel_buf,
+                vec![
+                    Affine::value(k).plus_scaled(1, &Affine::axis(0)),
+                    Affine::axis(1),
+                ],
+                None,
+                None,
+                f32t(vec![1, nr]),
+            ),
+            (Some(panels), None) => {
                 let mut panel = bat.clone();
                 panel.extend([
                     Affine::value(kb),
@@ -1305,7 +1351,7 @@ impl<'a> Conv<'a> {
                 ]);
                 self.b.load(panels, panel, None, None, f32t(vec![1, nr]))
             }
-            None => {
+            (None, None) => {
                 // Row `k` of the slice, this panel's columns, straight from
                 // the operand (zeros past its edges, as in a panel).
                 let k0 = Affine::value(kb)
@@ -1437,6 +1483,30 @@ impl<'a> Conv<'a> {
                 })
                 .sum(),
         )
+    }
+
+    /// Whether each program of packed product `m` (of `blocks` blocks of
+    /// rows) packs the panels it multiplies by itself, one at a time into
+    /// scratch memory, rather than a kernel packing every panel into a
+    /// global buffer first: with one block of rows each panel serves one
+    /// program, so the global panels would be written and read back for
+    /// nothing (W2's two 16 MB weights, W6's 28 MB). Not when another
+    /// product reads the same operand: their pack kernels become one
+    /// (`reuse_packs`: W7's 32 steps pack each weight once).
+    fn packs_own_panels(&self, m: LOpId, blocks: usize) -> bool {
+        let root = self.root_buffer(self.op(m).operands[1]);
+        let readers = self
+            .src
+            .ops
+            .iter()
+            .filter(|o| matches!(o.kind, L::Matmul(_)))
+            .filter(|o| {
+                o.operands
+                    .get(1)
+                    .is_some_and(|&b| self.root_buffer(b) == root)
+            })
+            .count();
+        blocks == 1 && readers == 1
     }
 
     /// Whether packed product `m` (of `blocks` blocks of rows) reads its
