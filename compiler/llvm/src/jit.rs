@@ -29,7 +29,7 @@ pub struct Jit<'m, P: Program + ?Sized> {
 }
 
 impl<P: Program + ?Sized> Jit<'_, P> {
-    /// How long code generation, O3 and JIT finalization took.
+    /// How long code generation, O3 and machine code generation took.
     pub fn compile_time(&self) -> std::time::Duration {
         self.compile_time
     }
@@ -60,10 +60,23 @@ pub fn jit<P: Program + ?Sized, T>(m: &P, use_it: impl FnOnce(&Jit<'_, P>) -> R<
     let ctx = Context::create();
     let compiled = compile(&ctx, m, &jit_symbols(), dlc_core::TargetDesc::host())?;
     let sites = compiled.sites.clone();
+    let entry = compiled
+        .module
+        .get_functions()
+        .map(|f| f.get_name().to_string_lossy().into_owned())
+        .find(|n| n.ends_with(".entry"));
     let engine = compiled
         .module
         .create_jit_execution_engine(OptimizationLevel::Aggressive)
         .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+    // MCJIT generates machine code on the first address asked for, for the
+    // whole module: ask now, so that the compile time counts it (about half
+    // of LLVM's time: W6 0.11 of 0.21 s) and the first call does not pay it.
+    if let Some(entry) = entry {
+        engine
+            .get_function_address(&entry)
+            .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+    }
     // The engine takes the module; the context outlives both here.
     let jit = Jit {
         engine,
