@@ -302,6 +302,7 @@ fn odd_schedule_parameters_agree() {
             // One set: every operand whose rows are whole lines apart is
             // read in place where the product has one block of rows.
             l1_sets: if units == 1 { 1 } else { 64 },
+            unroll: units,
         });
         p.validate().unwrap();
         schedules.push(p);
