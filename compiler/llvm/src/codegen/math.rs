@@ -10,10 +10,10 @@ use super::elementwise::{convert, float2};
 use super::{CodegenError, Gen, Ir, R};
 use inkwell::types::BasicTypeEnum;
 
-/// Largest x with exp(x) finite in f32.
-const EXP_HI: f64 = 88.722_831_726_074_22;
-/// Below this, exp(x) is subnormal or zero in f32: computed as 0.
-const EXP_LO: f64 = -87.336_544_750_553_1;
+/// exp(x) is infinite in f32 above this (it is finite up to 88.72).
+const EXP_HI: f64 = 89.0;
+/// exp(x) is zero in f32 below this (subnormal from -87.34).
+const EXP_LO: f64 = -104.0;
 
 impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
     /// `a * b + c`, contractible to an FMA.
@@ -33,7 +33,13 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
     }
 
     /// exp(x) for f32 (or f32 lanes): x = n ln2 + r with |r| <= ln2 / 2,
-    /// exp(r) by a degree-7 polynomial, times 2^n built in the exponent bits.
+    /// exp(r) by a degree-7 polynomial, times 2^n. x is first clamped to
+    /// [-104, 89], beyond which exp is 0 or inf in f32, and 2^n is applied
+    /// so that the product rounds to a subnormal, zero or infinity as the
+    /// exact one would: on a vector of AVX-512's 16 lanes by `vscalefps`,
+    /// elsewhere as two factors 2^(n/2) and 2^(n - n/2) built in the
+    /// exponent bits (one factor would not reach 2^128: exp(88.5), finite,
+    /// came out infinite that way). NaN stays NaN.
     pub(super) fn exp_f32(&self, x: BV<'ctx>) -> R<BV<'ctx>> {
         let c = |v: f64| self.f32_like(x, v);
         let xc = self.clamp(x, EXP_LO, EXP_HI)?;
@@ -56,22 +62,41 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         let r2 = float2!(self, build_float_mul, r, r);
         let y = self.mul_add(p, r2, r)?;
         let y = float2!(self, build_float_add, y, c(1.0));
-        let i32t: BasicTypeEnum<'ctx> = self.ctx.i32_type().into();
-        let ni = convert!(self, build_float_to_signed_int, n, i32t, IntType);
-        let i32c = |v: u64| self.splat_const(x, self.ctx.i32_type().const_int(v, false).into());
-        let biased = super::elementwise::int2!(self, build_int_add, ni, i32c(127));
-        let bits = super::elementwise::int2!(self, build_left_shift, biased, i32c(23));
-        let scale = self
-            .b
-            .build_bit_cast(bits, x.get_type(), "scale")?
-            .as_basic_value_enum();
-        let v = float2!(self, build_float_mul, y, scale);
-        // Above the range: inf; below: 0; NaN stays NaN.
-        let over = self.fcmp(FloatPredicate::OGT, x, c(EXP_HI))?;
-        let under = self.fcmp(FloatPredicate::OLT, x, c(EXP_LO))?;
+        // 16 f32 lanes: a CPU of 512-bit vectors, which among the targets
+        // only x86-64 with AVX-512 is.
+        let v = if self.gpu.is_none()
+            && self.lanes == 16
+            && x.is_vector_value()
+            && x.into_vector_value().get_type().get_size() == 16
+        {
+            let all = self.ctx.i16_type().const_all_ones();
+            // _MM_FROUND_CUR_DIRECTION: the current rounding mode.
+            let rounding = self.ctx.i32_type().const_int(4, false);
+            self.call(
+                "llvm.x86.avx512.mask.scalef.ps.512",
+                &[],
+                &[y, n, y, all.into(), rounding.into()],
+            )?
+        } else {
+            let i32t: BasicTypeEnum<'ctx> = self.ctx.i32_type().into();
+            let ni = convert!(self, build_float_to_signed_int, n, i32t, IntType);
+            let i32c = |v: u64| self.splat_const(x, self.ctx.i32_type().const_int(v, false).into());
+            let half = super::elementwise::int2!(self, build_int_signed_div, ni, i32c(2));
+            let rest = super::elementwise::int2!(self, build_int_sub, ni, half);
+            let mut v = y;
+            for e in [half, rest] {
+                let biased = super::elementwise::int2!(self, build_int_add, e, i32c(127));
+                let bits = super::elementwise::int2!(self, build_left_shift, biased, i32c(23));
+                let scale = self
+                    .b
+                    .build_bit_cast(bits, x.get_type(), "scale")?
+                    .as_basic_value_enum();
+                v = float2!(self, build_float_mul, v, scale);
+            }
+            v
+        };
+        // The clamp turned NaN into a number.
         let nan = self.fcmp(FloatPredicate::UNO, x, x)?;
-        let v = self.select(over, c(f64::INFINITY), v)?;
-        let v = self.select(under, c(0.0), v)?;
         self.select(nan, x, v)
     }
 
