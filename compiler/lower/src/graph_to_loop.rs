@@ -110,6 +110,25 @@ struct Lowering<'g> {
     /// Allocations whose node's lifetime has ended, free for a later node of
     /// the same element type that fits: (alloc, element type, elements).
     free: Vec<(Value, DType, usize)>,
+    /// How many outer loops of each open nest are parallel.
+    parallel: Vec<usize>,
+}
+
+/// How many outer loops of a nest over `shape` (every point of which
+/// writes its own elements) are `loop.parallel`: the first, and the next
+/// while those before have fewer iterations than a CPU thread pool is worth
+/// (`TargetDesc::min_thread_iterations`), up to three and never the
+/// innermost (which the tile conversion vectorizes). W3's batchnorm at
+/// batch 1, `[1, 64, 56, 56]`, runs as 64 programs rather than one.
+fn parallel_loops(shape: &[usize]) -> usize {
+    let few = dlc_core::TargetDesc::host().min_thread_iterations();
+    let mut n = 1;
+    let mut iterations = shape.first().copied().unwrap_or(1);
+    while n < 3 && n + 1 < shape.len() && iterations < few {
+        iterations = iterations.saturating_mul(shape[n]);
+        n += 1;
+    }
+    n
 }
 
 fn lower_function(g: &GFunction) -> Result<Function, LowerError> {
@@ -143,6 +162,7 @@ fn lower_function(g: &GFunction) -> Result<Function, LowerError> {
         subst: HashMap::new(),
         allocated: HashMap::new(),
         free: Vec::new(),
+        parallel: Vec::new(),
     };
     l.plan_nodes();
     // Dense constants are read-only globals holding their data, homed
@@ -318,11 +338,13 @@ impl Lowering<'_> {
     /// Opens a loop nest over `shape` (the outermost axis parallel) and
     /// returns its indices.
     fn open_nest(&mut self, shape: &[usize]) -> Vec<IndexExpr> {
+        let parallel = parallel_loops(shape);
+        self.parallel.push(parallel);
         shape
             .iter()
             .enumerate()
             .map(|(i, &d)| {
-                let iv = if i == 0 {
+                let iv = if i < parallel {
                     self.b.begin_parallel(0, d as i64)
                 } else {
                     self.b.begin_for(0, d as i64, 1, &[]).0
@@ -333,8 +355,9 @@ impl Lowering<'_> {
     }
 
     fn close_nest(&mut self, rank: usize) {
+        let parallel = self.parallel.pop().unwrap_or(1);
         for i in (0..rank).rev() {
-            if i == 0 {
+            if i < parallel {
                 self.b.end_parallel();
             } else {
                 self.b.end_for(vec![]);
