@@ -1188,30 +1188,11 @@ impl<'a> Conv<'a> {
             let mut grid: Vec<usize> = batch.iter().map(|b| b.2).collect();
             grid.extend([kb_n, nb_n]);
             self.b.begin_kernel(grid, schedule().with("pack", vec![1]));
-            let bat = batch_id(self);
+            let mut at = batch_id(self);
             let (pk, pn) = (self.b.program_id(bat_axes), self.b.program_id(bat_axes + 1));
-            let (f, _) = self.b.begin_for(0, (kc / kk) as i64, 1, &[]);
-            let k0 = Affine::value(pk)
-                .scaled(kc as i64)
-                .plus_scaled(kk as i64, &Affine::value(f));
+            at.extend([Affine::value(pk), Affine::value(pn)]);
             let j0 = Affine::value(pn).scaled(nr as i64);
-            let (b_index, limits, shape, [ka, ja]) =
-                self.operand_block(op.operands[1], &c.b, [(kv, k0, c.k, kk), (jv, j0, c.n, nr)])?;
-            let mask = ragged.then(|| self.b.mask(limits, &shape));
-            let t = self
-                .b
-                .load(b, b_index, mask, mask.map(|_| 0.0), f32t(shape));
-            let mut panel = bat.clone();
-            panel.extend([
-                Affine::value(pk),
-                Affine::value(pn),
-                Affine::value(f)
-                    .scaled(kk as i64)
-                    .plus_scaled(1, &Affine::axis(ka)),
-                Affine::axis(ja),
-            ]);
-            self.b.store(t, panels, panel, None);
-            self.b.end_for(vec![]);
+            self.copy_panel_slice(m, pk, j0, [kc, kk, nr], ragged, panels, &at)?;
             self.b.end_kernel();
             Some(panels)
         };
@@ -1293,29 +1274,8 @@ impl<'a> Conv<'a> {
         let (nb, _) = self.b.begin_for(0, per_chunk as i64, 1, &[]);
         if let Some(panel_buf) = panel_buf {
             // This slice of the panel, copied as the pack kernel would.
-            let (f, _) = self.b.begin_for(0, (kc / kk) as i64, 1, &[]);
-            let k0 = Affine::value(kb)
-                .scaled(kc as i64)
-                .plus_scaled(kk as i64, &Affine::value(f));
             let j0 = nb0.plus_scaled(1, &Affine::value(nb)).scaled(nr as i64);
-            let (b_index, limits, shape, [ka, ja]) =
-                self.operand_block(op.operands[1], &c.b, [(kv, k0, c.k, kk), (jv, j0, c.n, nr)])?;
-            let mask = ragged.then(|| self.b.mask(limits, &shape));
-            let t = self
-                .b
-                .load(b, b_index, mask, mask.map(|_| 0.0), f32t(shape));
-            self.b.store(
-                t,
-                panel_buf,
-                vec![
-                    Affine::value(f)
-                        .scaled(kk as i64)
-                        .plus_scaled(1, &Affine::axis(ka)),
-                    Affine::axis(ja),
-                ],
-                None,
-            );
-            self.b.end_for(vec![]);
+            self.copy_panel_slice(m, kb, j0, [kc, kk, nr], ragged, panel_buf, &[])?;
         }
         let (s, _) = self.b.begin_for(0, strips as i64, 1, &[]);
         let at = register_tile(nb, s);
@@ -1433,6 +1393,53 @@ impl<'a> Conv<'a> {
         if let Some(panels) = panels {
             self.b.dealloc(panels);
         }
+        Ok(())
+    }
+
+    /// Copies slice `kb` (`kc` deep) of the `nr` columns from `j0` of
+    /// product `m`'s right operand to `dst[prefix.., k, j]`, `kk` steps of
+    /// the depth per copy, zeros past the operand's edges where `ragged`.
+    #[allow(clippy::too_many_arguments)]
+    fn copy_panel_slice(
+        &mut self,
+        m: LOpId,
+        kb: Value,
+        j0: Affine,
+        [kc, kk, nr]: [usize; 3],
+        ragged: bool,
+        dst: Value,
+        prefix: &[Affine],
+    ) -> Result<(), TileConvError> {
+        let op = self.op(m);
+        let L::Matmul(c) = &op.kind else {
+            return Err(self.invalid("not a contraction"));
+        };
+        let body: &'a LBlock = &op.regions[0];
+        let (jv, kv) = (body.args[1], body.args[2]);
+        let b = self.buffer(op.operands[1])?;
+        let (f, _) = self.b.begin_for(0, (kc / kk) as i64, 1, &[]);
+        let k0 = Affine::value(kb)
+            .scaled(kc as i64)
+            .plus_scaled(kk as i64, &Affine::value(f));
+        let (b_index, limits, shape, [ka, ja]) =
+            self.operand_block(op.operands[1], &c.b, [(kv, k0, c.k, kk), (jv, j0, c.n, nr)])?;
+        let mask = ragged.then(|| self.b.mask(limits, &shape));
+        let t = self.b.load(
+            b,
+            b_index,
+            mask,
+            mask.map(|_| 0.0),
+            Type::Tile(TileType::new(DType::F32, shape)),
+        );
+        let mut at = prefix.to_vec();
+        at.extend([
+            Affine::value(f)
+                .scaled(kk as i64)
+                .plus_scaled(1, &Affine::axis(ka)),
+            Affine::axis(ja),
+        ]);
+        self.b.store(t, dst, at, None);
+        self.b.end_for(vec![]);
         Ok(())
     }
 
