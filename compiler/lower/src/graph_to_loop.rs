@@ -332,6 +332,51 @@ impl Lowering<'_> {
                 last.insert(self.storage_of(r), k);
             }
         }
+        // A product of a softmax of a product (attention) may run as one
+        // kernel over blocks of rows (`convert-loop-to-tile`'s row fusion),
+        // whose programs write rows of the second product's result while
+        // others still read the first product's operands: what the first
+        // product's nest reads, and the scores, stay allocated until the
+        // second product, so that their storage is not reused for that
+        // result.
+        let kernel_of = |n: NodeIndex| match self.plan[&n] {
+            Plan::EpilogueOf(anchor) => anchor,
+            _ => n,
+        };
+        let mut at: HashMap<NodeIndex, usize> = HashMap::new();
+        for (k, &p) in order.iter().enumerate() {
+            if let Some(kernel) = self.kernel_at(p) {
+                at.insert(kernel, k);
+            }
+        }
+        for (k2, &p) in order.iter().enumerate() {
+            let Some(m2) = self.kernel_at(p) else {
+                continue;
+            };
+            if !matches!(self.g.body[m2].op, Op::MatMul) {
+                continue;
+            }
+            let soft = kernel_of(self.storage_of(self.operand(m2, 0)));
+            if !matches!(self.g.body[soft].op, Op::Softmax { .. }) {
+                continue;
+            }
+            for s in self.reads(soft) {
+                let m1 = kernel_of(self.storage_of(s));
+                let Some(&k1) = at.get(&m1) else {
+                    continue;
+                };
+                if !matches!(self.g.body[m1].op, Op::MatMul) {
+                    continue;
+                }
+                for r in self.reads(m1).into_iter().chain([s]) {
+                    if let Some(l) = last.get_mut(&self.storage_of(r))
+                        && (k1..k2).contains(l)
+                    {
+                        *l = k2;
+                    }
+                }
+            }
+        }
         last
     }
 

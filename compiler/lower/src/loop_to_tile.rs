@@ -280,6 +280,22 @@ struct Redirect {
     axes: Vec<(usize, Affine)>,
 }
 
+/// Three top-level nests run as one kernel over blocks of rows (see
+/// [`Conv::row_fusion`]).
+#[derive(Clone, Debug)]
+struct RowFusion {
+    /// The batch loop of each nest (none without a batch).
+    batches: [Option<LOpId>; 3],
+    /// The two products.
+    products: [LOpId; 2],
+    /// The row nest's loop over rows.
+    rows: LOpId,
+    /// S and P: held in scratch memory, never in their own buffers.
+    held: [LValue; 2],
+    /// Those of S and P whose allocation nothing else uses: not made.
+    elided: Vec<LValue>,
+}
+
 /// A reduction carried by an innermost loop: the carried argument is read
 /// once, by `combine`, whose result is yielded in its place.
 #[derive(Clone, Copy)]
@@ -376,10 +392,65 @@ impl<'a> Conv<'a> {
             }
         }
         let cuts = self.cut_points(&top);
+        // Nests fused into one kernel over blocks of rows: at the first
+        // nest's index, with the indices of the others (and of the
+        // allocations and views among them, made before the kernel), and
+        // the buffers the programs hold in scratch memory instead, never
+        // allocated.
+        let mut fusions: HashMap<usize, RowFusion> = HashMap::new();
+        let mut fused_away: HashMap<usize, usize> = HashMap::new();
+        let mut elided: HashSet<LValue> = HashSet::new();
+        if self.params.packed.is_some() {
+            let mut i = 0;
+            while i < top.len() {
+                match self.row_fusion(&top, i, &cuts) {
+                    Some((f, last)) => {
+                        for k in i + 1..=last {
+                            fused_away.insert(k, i);
+                        }
+                        elided.extend(f.elided.iter().copied());
+                        fusions.insert(i, f);
+                        i = last + 1;
+                    }
+                    None => i += 1,
+                }
+            }
+        }
         let mut serial: Vec<LOpId> = vec![];
         let mut deferred: Vec<LOpId> = vec![];
         for (i, &id) in top.iter().enumerate() {
             let op = self.op(id);
+            let elided_buffer = match op.kind {
+                L::Alloc => op.results.first().is_some_and(|r| elided.contains(r)),
+                L::Dealloc => op.operands.first().is_some_and(|v| elided.contains(v)),
+                _ => false,
+            };
+            if elided_buffer || fused_away.contains_key(&i) {
+                continue;
+            }
+            if let Some(f) = fusions.get(&i) {
+                self.flush(&mut serial, &mut deferred)?;
+                let mut inside: Vec<usize> = fused_away
+                    .iter()
+                    .filter(|(_, first)| **first == i)
+                    .map(|(&k, _)| k)
+                    .collect();
+                inside.sort_unstable();
+                for k in inside {
+                    let a = self.op(top[k]);
+                    if matches!(a.kind, L::Alloc | L::View)
+                        && !a.results.iter().any(|r| elided.contains(r))
+                    {
+                        self.host_op(top[k])?;
+                    }
+                }
+                self.b.set_loc(op.loc.clone());
+                self.fused_rows_kernel(f)?;
+                for d in std::mem::take(&mut deferred) {
+                    self.host_op(d)?;
+                }
+                continue;
+            }
             match &op.kind {
                 L::Return => {}
                 L::Alloc | L::Global(_) | L::View => self.host_op(id)?,
@@ -1185,6 +1256,331 @@ impl<'a> Conv<'a> {
         Ok(())
     }
 
+    /// Three top-level nests from `top[i]` that run as one kernel over
+    /// blocks of rows (attention's `softmax(q @ k^T) @ v`): a packed product
+    /// (in a batch loop or not) whose epilogue writes buffer `S` at
+    /// `[batch, i, j]`, a nest over the same batch and the rows of `S` whose
+    /// body reads and writes only row `i` of `S` and of a buffer `P`, and a
+    /// packed product of `P` (at `[batch, i, k]`) by another operand.
+    /// Nothing else touches `S` or `P`, so each program keeps its rows of
+    /// them in scratch memory: the score matrix never goes to memory.
+    /// Returns the fusion and the index of its last nest.
+    fn row_fusion(&self, top: &[LOpId], i: usize, cuts: &[bool]) -> Option<(RowFusion, usize)> {
+        let exact = |e: &IndexExpr, v: LValue| e.constant == 0 && e.terms == [(1, v)];
+        let mentions = |e: &IndexExpr, v: LValue| e.terms.iter().any(|t| t.1 == v && t.0 != 0);
+        // A packed product, in one batch loop or none.
+        let product = |id: LOpId| -> Option<(Option<LOpId>, LOpId)> {
+            let op = self.op(id);
+            let (b, m) = match &op.kind {
+                L::Matmul(_) => (None, id),
+                L::Parallel { .. } => match op.regions[0].ops.as_slice() {
+                    [m] if matches!(self.op(*m).kind, L::Matmul(_)) => (Some(id), *m),
+                    _ => return None,
+                },
+                _ => return None,
+            };
+            (self.packs(m) && self.narrow(m).is_none()).then_some((b, m))
+        };
+        // The next nest after `at`, past allocations, views and constants.
+        let next = |at: usize| -> Option<usize> {
+            (at + 1..top.len())
+                .find(|&k| !matches!(self.op(top[k]).kind, L::Alloc | L::View | L::Const(_)))
+        };
+        let bounds = |b: Option<LOpId>| b.and_then(|b| loop_bounds(&self.op(b).kind));
+        let counter = |b: Option<LOpId>| b.map(|b| self.op(b).regions[0].args[0]);
+        let (b1, m1) = product(top[i])?;
+        let L::Matmul(c1) = &self.op(m1).kind else {
+            return None;
+        };
+        // The first product's epilogue stores only into S, at [b, i, j].
+        let e1 = &self.op(m1).regions[0];
+        let (iv1, jv1) = (e1.args[0], e1.args[1]);
+        let mut s = None;
+        let mut stores1 = vec![];
+        for &o in &e1.ops {
+            let d = self.op(o);
+            match &d.kind {
+                L::Store { index } => {
+                    let mut want: Vec<LValue> = counter(b1).into_iter().collect();
+                    want.extend([iv1, jv1]);
+                    let at_ij = index.len() == want.len()
+                        && index.iter().zip(&want).all(|(e, v)| exact(e, *v));
+                    if !at_ij || s.is_some_and(|s| s != d.operands[1]) {
+                        return None;
+                    }
+                    s = Some(d.operands[1]);
+                    stores1.push(o);
+                }
+                L::For { .. } | L::Parallel { .. } | L::Matmul(_) => return None,
+                _ => {}
+            }
+        }
+        let s = s?;
+        // The row nest: a loop over the batch (when there is one) around a
+        // loop over the rows, without carried values.
+        let j = next(i)?;
+        let (b2, rows) = {
+            let op = self.op(top[j]);
+            if b1.is_some() {
+                match op.regions.first()?.ops.as_slice() {
+                    [r] if is_parallel(&op.kind) => (Some(top[j]), *r),
+                    _ => return None,
+                }
+            } else {
+                (None, top[j])
+            }
+        };
+        let row_op = self.op(rows);
+        if (b2.is_some() && bounds(b2) != bounds(b1))
+            || loop_bounds(&row_op.kind) != Some((0, c1.m, 1))
+            || !row_op.operands.is_empty()
+            || !row_op.results.is_empty()
+        {
+            return None;
+        }
+        let iv2 = row_op.regions[0].args[0];
+        let mut row_ops = HashSet::new();
+        self.nested_ops(rows, &mut row_ops);
+        // Every access of the row nest is to row i of S or of one other
+        // buffer P, and nothing in it is a product.
+        let mut p = None;
+        for &o in &row_ops {
+            let d = self.op(o);
+            let (buf, index) = match &d.kind {
+                L::Matmul(_) => return None,
+                L::Load { index, .. } => (d.operands[0], index),
+                L::Store { index } => (d.operands[1], index),
+                _ => continue,
+            };
+            if buf != s {
+                if p.is_some_and(|p| p != buf) {
+                    return None;
+                }
+                p = Some(buf);
+            }
+            let mut want: Vec<LValue> = counter(b2).into_iter().collect();
+            want.push(iv2);
+            let row_i = index.len() == want.len() + 1
+                && index.iter().zip(&want).all(|(e, v)| exact(e, *v))
+                && index
+                    .last()
+                    .is_some_and(|e| want.iter().all(|v| !mentions(e, *v)));
+            if !row_i {
+                return None;
+            }
+        }
+        let p = p?;
+        // The second product reads P at [b, i, k], as deep as S is wide.
+        let k = next(j)?;
+        let (b3, m2) = product(top[k])?;
+        let m2op = self.op(m2);
+        let L::Matmul(c2) = &m2op.kind else {
+            return None;
+        };
+        let (iv3, kv3) = (m2op.regions[0].args[0], m2op.regions[0].args[2]);
+        let mut want: Vec<LValue> = counter(b3).into_iter().collect();
+        want.extend([iv3, kv3]);
+        let width = c1.n;
+        let shape_ok = |v: LValue| match self.src.ty(v) {
+            LType::Buffer(t) => {
+                t.dtype == DType::F32
+                    && t.shape.len() == want.len()
+                    && t.shape[t.shape.len() - 2..] == [c1.m as usize, width as usize]
+            }
+            _ => false,
+        };
+        if bounds(b3) != bounds(b1)
+            || m2op.operands[0] != p
+            || m2op.operands[1] == s
+            || m2op.operands[1] == p
+            || c2.m != c1.m
+            || c2.k != width
+            || c2.a.len() != want.len()
+            || !c2.a.iter().zip(&want).all(|(e, v)| exact(e, *v))
+            || !shape_ok(s)
+            || !shape_ok(p)
+            || !cuts[i]
+            || !cuts[k + 1]
+        {
+            return None;
+        }
+        // S and P are the function's own storage (a result or a parameter
+        // must be written where the caller sees it).
+        let allocated = |v: LValue| {
+            let root = self.root_buffer(v);
+            top.iter()
+                .any(|&o| matches!(self.op(o).kind, L::Alloc) && self.op(o).results == [root])
+        };
+        if !allocated(s) || !allocated(p) {
+            return None;
+        }
+        // Nothing else uses S or P but views made after the fused nests
+        // (their storage reused for later values).
+        let mut allowed: HashSet<LOpId> = row_ops;
+        allowed.extend(stores1);
+        let later: HashSet<LOpId> = top[k + 1..].iter().copied().collect();
+        let m2_id = m2;
+        let mut viewed = vec![];
+        for (id, op) in self.src.ops.iter().enumerate() {
+            let id = LOpId(id as u32);
+            let uses = op.operands.iter().any(|&v| v == s || v == p);
+            let later_view = matches!(op.kind, L::View) && later.contains(&id);
+            let ok = !uses
+                || allowed.contains(&id)
+                || (id == m2_id && op.operands[1..].iter().all(|&v| v != s && v != p))
+                || matches!(op.kind, L::Dealloc)
+                || later_view;
+            if !ok {
+                return None;
+            }
+            if uses && later_view {
+                viewed.extend(op.operands.first().copied());
+            }
+        }
+        // Storage nothing else takes is not allocated at all.
+        let elided = [s, p]
+            .into_iter()
+            .filter(|&v| self.root_buffer(v) == v && !viewed.contains(&v))
+            .collect();
+        let mut m2_body = HashSet::new();
+        self.nested_ops(m2, &mut m2_body);
+        if m2_body
+            .iter()
+            .any(|&o| self.op(o).operands.iter().any(|&v| v == s || v == p))
+        {
+            return None;
+        }
+        // What the second product writes, no program may read: a program
+        // writes its rows of the result while others still read the
+        // first product's operands (a buffer reused for the result, as
+        // BERT's output of attention takes the storage of its queries).
+        let mut m1_body = HashSet::new();
+        self.nested_ops(m1, &mut m1_body);
+        let mut read: HashSet<LValue> = HashSet::new();
+        read.extend(self.op(m1).operands.iter().map(|&v| self.root_buffer(v)));
+        read.insert(self.root_buffer(m2op.operands[1]));
+        for &o in m1_body.iter().chain(&m2_body) {
+            if let L::Load { .. } = self.op(o).kind {
+                read.insert(self.root_buffer(self.op(o).operands[0]));
+            }
+        }
+        let writes_read = m2_body.iter().any(|&o| {
+            let d = self.op(o);
+            matches!(d.kind, L::Store { .. }) && read.contains(&self.root_buffer(d.operands[1]))
+        });
+        if writes_read {
+            return None;
+        }
+        Some((
+            RowFusion {
+                batches: [b1, b2, b3],
+                products: [m1, m2],
+                rows,
+                held: [s, p],
+                elided,
+            },
+            k,
+        ))
+    }
+
+    /// Every op nested in `id`'s regions.
+    fn nested_ops(&self, id: LOpId, out: &mut HashSet<LOpId>) {
+        for r in &self.op(id).regions {
+            for &o in &r.ops {
+                out.insert(o);
+                self.nested_ops(o, out);
+            }
+        }
+    }
+
+    /// The kernel of a [`RowFusion`]: a grid over the batch and blocks of
+    /// `mc` rows; each program runs the first product on its rows into its
+    /// scratch copy of S's rows, the row nest on them (S and P in scratch),
+    /// then the second product of its rows of P, whose epilogue writes the
+    /// result. The products' right operands are packed by kernels of their
+    /// own when several blocks of rows read them, as a product's are.
+    fn fused_rows_kernel(&mut self, f: &RowFusion) -> Result<(), TileConvError> {
+        let [b1, b2, b3] = f.batches.map(|b| self.batch_loop(b));
+        let [m1, m2] = f.products;
+        let batches = b1.map_or(1, |b| b.2);
+        let plans = [
+            self.pack_plan(m1, batches, false)?,
+            self.pack_plan(m2, batches, false)?,
+        ];
+        if plans[0].mc != plans[1].mc || plans[0].mr != plans[1].mr {
+            return Err(self.invalid("fused products with different blocks of rows"));
+        }
+        let mut panels = [Panels::InPlace; 2];
+        for (k, (&m, plan)) in f.products.iter().zip(&plans).enumerate() {
+            panels[k] = if self.reads_in_place(m, plan.blocks, plan.l1_sets) {
+                Panels::InPlace
+            } else if self.packs_own_panels(m, plan.blocks) {
+                Panels::Own
+            } else {
+                Panels::Global(self.pack_kernel(m, [b1, b3][k], plan)?)
+            };
+        }
+        let (mr, nr, mc) = (plans[0].mr, plans[0].nr, plans[0].mc);
+        let mut grid: Vec<usize> = b1.iter().map(|b| b.2).collect();
+        grid.push(plans[0].blocks);
+        let schedule = Schedule::new("fused").with(
+            "blocking",
+            vec![
+                mr as i64,
+                nr as i64,
+                mc as i64,
+                plans[0].kc as i64,
+                plans[1].kc as i64,
+            ],
+        );
+        self.b.begin_kernel(grid, schedule);
+        self.values.clear();
+        let bat = self.batch_ids(&[b1, b2, b3]);
+        let p = self.b.program_id(bat.len());
+        let i0 = Affine::value(p).scaled(mc as i64);
+        // This program's rows of S and P.
+        for v in f.held {
+            let LType::Buffer(t) = self.src.ty(v) else {
+                return Err(self.invalid("a fused value is not a buffer"));
+            };
+            let width = t.shape[t.shape.len() - 1];
+            let scratch = self.b.alloc(BufferType::contiguous(
+                DType::F32,
+                vec![mc, width],
+                Space::Scratch,
+            ));
+            let axes = vec![
+                (bat.len(), i0.clone()),
+                (bat.len() + 1, Affine::constant(0)),
+            ];
+            self.redirects.insert(v, Redirect { scratch, axes });
+        }
+        let zero = Affine::constant(0);
+        let result = (|| -> Result<(), TileConvError> {
+            self.program_product(m1, &plans[0], panels[0], &bat, &i0, &zero)?;
+            // The row nest on each of the block's rows (rows past the
+            // product's are computed on scratch memory and never stored).
+            let rows = self.op(f.rows);
+            let (r, _) = self.b.begin_for(0, mc as i64, 1, &[]);
+            self.index.insert(
+                rows.regions[0].args[0],
+                i0.plus_scaled(1, &Affine::value(r)),
+            );
+            self.ops(&rows.regions[0].ops)?;
+            self.b.end_for(vec![]);
+            self.program_product(m2, &plans[1], panels[1], &bat, &i0, &zero)
+        })();
+        self.redirects.clear();
+        result?;
+        self.b.end_kernel();
+        for p in panels {
+            if let Panels::Global(p) = p {
+                self.b.dealloc(p);
+            }
+        }
+        Ok(())
+    }
+
     /// A batch loop's counter, first value and trip count.
     fn batch_loop(&self, l: Option<LOpId>) -> Option<(LValue, i64, usize)> {
         l.map(|l| {
@@ -1198,16 +1594,15 @@ impl<'a> Conv<'a> {
     /// batch), mapped to the counter of each batch loop given (loops over
     /// the same batch in nests fused into one kernel).
     fn batch_ids(&mut self, loops: &[Option<(LValue, i64, usize)>]) -> Vec<Affine> {
-        let mut ids = vec![];
+        let mut id = None;
         for &(counter, lo, _) in loops.iter().flatten() {
-            let p = self.b.program_id(0);
+            let p = *id.get_or_insert_with(|| self.b.program_id(0));
             self.index.insert(
                 counter,
                 Affine::value(p).plus_scaled(1, &Affine::constant(lo)),
             );
-            ids = vec![Affine::value(p)];
         }
-        ids
+        id.map(Affine::value).into_iter().collect()
     }
 
     /// The blocks of packed product `m` over `batches` batches: with

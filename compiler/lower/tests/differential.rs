@@ -268,6 +268,39 @@ proptest! {
     }
 }
 
+/// Attention, `softmax(q @ k^T) @ v`, runs as one kernel over blocks of
+/// rows on the CPU (the scores never leave a program's scratch memory),
+/// with a batch of heads or without, ragged blocks, queries computed by a
+/// product whose storage the lowering would otherwise reuse for the result
+/// (as in BERT), and not when the softmax is also a result; the tile
+/// interpreter agrees with the graph interpreter on every schedule.
+#[test]
+fn attention_runs_as_one_kernel_over_blocks_of_rows() {
+    let fused = [
+        // Three blocks of 102 rows on AVX-512 (300 rows: ragged).
+        "fn f(q: f32[2, 300, 32], k: f32[2, 50, 32], v: f32[2, 50, 24]) -> f32[2, 300, 24] { return softmax(q @ transpose(k, [0, 2, 1]) / 2.0, axis=-1) @ v; }",
+        // Two blocks of 78 rows, no batch.
+        "fn f(q: f32[150, 40], k: f32[45, 40], v: f32[45, 33]) -> f32[150, 33] { return softmax(q @ transpose(k, [1, 0]), axis=-1) @ v; }",
+        "fn f(x: f32[40, 96], wq: f32[96, 96], wk: f32[96, 96], wv: f32[96, 96]) -> f32[40, 96] {
+            let q = transpose(reshape(x @ wq, [40, 4, 24]), [1, 0, 2]);
+            let k = transpose(reshape(x @ wk, [40, 4, 24]), [1, 0, 2]);
+            let v = transpose(reshape(x @ wv, [40, 4, 24]), [1, 0, 2]);
+            return reshape(transpose(softmax(q @ transpose(k, [0, 2, 1]) / 5.0, axis=-1) @ v, [1, 0, 2]), [40, 96]);
+        }",
+    ];
+    let unfused = "fn f(q: f32[2, 130, 32], k: f32[2, 50, 32], v: f32[2, 50, 24]) -> (f32[2, 130, 24], f32[2, 130, 50]) { let p = softmax(q @ transpose(k, [0, 2, 1]) / 2.0, axis=-1); return (p @ v, p); }";
+    let avx512 = dlc_lower::ScheduleParams::for_target(&TargetDesc::x86_64_avx512(2));
+    for src in fused.iter().chain([&unfused]) {
+        let m = graph(src);
+        let l = lowered(&m);
+        let t = dlc_lower::convert_module_with(&l, &avx512).unwrap();
+        let text = dlc_tile::print_module(&t);
+        let kernels = text.matches("schedule = \"fused\"").count();
+        assert_eq!(kernels, usize::from(*src != unfused), "{src}\n{text}");
+        agree(src);
+    }
+}
+
 /// The schedule is a parameter: odd vector widths and block sizes (ragged
 /// masks everywhere, blocks of one element, packing blockings that do not
 /// divide anything) give the same results on the tile interpreter.
@@ -283,6 +316,9 @@ fn odd_schedule_parameters_agree() {
         // lines, read in place).
         "fn f(x: f32[5, 37], w: f32[37, 48], v: f32[37, 64]) -> (f32[5, 48], f32[5, 64]) { return (x @ w, x @ v); }",
         "fn f(x: f32[2, 8, 12, 12], w: f32[16, 8, 3, 3]) -> f32[2, 16, 12, 12] { return relu(conv2d(x, w, padding=1)); }",
+        // Attention: with every product packed, one kernel over blocks of
+        // rows (blocks of 4, 6 or 9 rows: ragged at 20).
+        "fn f(q: f32[2, 20, 12], k: f32[2, 23, 12], v: f32[2, 23, 9]) -> f32[2, 20, 9] { return softmax(q @ transpose(k, [0, 2, 1]) / 2.0, axis=-1) @ v; }",
     ];
     let mut schedules = vec![];
     for (vector, dot, packed) in [
