@@ -542,18 +542,9 @@ impl Lowering<'_> {
         let (o, c, kh, kw) = (wsh[0], wsh[1], wsh[2], wsh[3]);
         let (batch, oy, ox) = (ty.shape[0], ty.shape[2], ty.shape[3]);
         let (q, p) = (c * kh * kw, oy * ox);
-        // Rows of `col` an odd number of 64-byte lines apart (16 f32s
-        // each): the rows a step of the product reads fall in every set of
-        // a cache rather than a few, so a CPU reads them in place instead
-        // of packing them (`Packing::l1_sets` in the tile conversion). The
-        // columns past `p` are never read.
-        let line = 64 / ty.dtype.size_bytes().max(1);
-        let lines = p.div_ceil(line);
-        let padded = (lines + 1 - lines % 2) * line;
-        let col = self.b.alloc(contiguous(&TensorType::new(
-            ty.dtype,
-            vec![batch, q, padded],
-        )));
+        let col = self
+            .b
+            .alloc(contiguous(&TensorType::new(ty.dtype, vec![batch, q, p])));
         // Channels outermost: the parallel loop has work even at batch 1.
         let ivs = self.open_nest(&[c, batch, kh, kw, oy, ox]);
         let (ci, nb, ky, kx, y, xx) = (&ivs[0], &ivs[1], &ivs[2], &ivs[3], &ivs[4], &ivs[5]);

@@ -1230,16 +1230,7 @@ impl<'a> Conv<'a> {
     fn packed_dot(&mut self, batch: Option<LOpId>, m: LOpId) -> Result<(), TileConvError> {
         let batch = self.batch_loop(batch);
         let plan = self.pack_plan(m, batch.map_or(1, |b| b.2), true)?;
-        // The right operand read in place, or packed by each program into
-        // one panel of scratch memory at a time, or packed once by a kernel
-        // of its own (panels[batch.., kb, nb, k, j]).
-        let panels = if self.reads_in_place(m, plan.blocks, plan.l1_sets) {
-            Panels::InPlace
-        } else if self.packs_own_panels(m, plan.blocks) {
-            Panels::Own
-        } else {
-            Panels::Global(self.pack_kernel(m, batch, &plan)?)
-        };
+        let panels = self.panels(m, batch, &plan)?;
         let mut grid: Vec<usize> = batch.iter().map(|b| b.2).collect();
         grid.extend([plan.blocks, plan.chunks]);
         self.b.begin_kernel(grid, plan.schedule());
@@ -1510,16 +1501,10 @@ impl<'a> Conv<'a> {
         if plans[0].mc != plans[1].mc || plans[0].mr != plans[1].mr {
             return Err(self.invalid("fused products with different blocks of rows"));
         }
-        let mut panels = [Panels::InPlace; 2];
-        for (k, (&m, plan)) in f.products.iter().zip(&plans).enumerate() {
-            panels[k] = if self.reads_in_place(m, plan.blocks, plan.l1_sets) {
-                Panels::InPlace
-            } else if self.packs_own_panels(m, plan.blocks) {
-                Panels::Own
-            } else {
-                Panels::Global(self.pack_kernel(m, [b1, b3][k], plan)?)
-            };
-        }
+        let panels = [
+            self.panels(m1, b1, &plans[0])?,
+            self.panels(m2, b3, &plans[1])?,
+        ];
         let (mr, nr, mc) = (plans[0].mr, plans[0].nr, plans[0].mc);
         let mut grid: Vec<usize> = b1.iter().map(|b| b.2).collect();
         grid.push(plans[0].blocks);
@@ -1579,6 +1564,26 @@ impl<'a> Conv<'a> {
             }
         }
         Ok(())
+    }
+
+    /// Where the programs of packed product `m` read the right operand's
+    /// panels: packed by each program into scratch memory, one slice of a
+    /// panel at a time, when each panel serves one program; else read in
+    /// place where the operand allows it; else packed once by a kernel of
+    /// its own (`panels[batch.., kb, nb, k, j]`), emitted here.
+    fn panels(
+        &mut self,
+        m: LOpId,
+        batch: Option<(LValue, i64, usize)>,
+        plan: &PackPlan,
+    ) -> Result<Panels, TileConvError> {
+        Ok(if self.packs_own_panels(m, plan.blocks) {
+            Panels::Own
+        } else if self.reads_in_place(m, plan.blocks, plan.l1_sets) {
+            Panels::InPlace
+        } else {
+            Panels::Global(self.pack_kernel(m, batch, plan)?)
+        })
     }
 
     /// A batch loop's counter, first value and trip count.

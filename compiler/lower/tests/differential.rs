@@ -311,10 +311,12 @@ fn odd_schedule_parameters_agree() {
         "fn f(x: f32[3, 4, 5]) -> (f32[3, 5], f32, f32[3, 4, 5]) { return (sum(x, axis=1), max(x), softmax(x, axis=2)); }",
         "fn f(a: f32[2, 7, 40], b: f32[2, 40, 33]) -> f32[2, 7, 33] { return a @ b * 0.5; }",
         "fn f(x: i32[9]) -> i32 { return sum(x * x) / 3; }",
-        // Right operands whose rows are 3 and 4 lines apart (read in place
-        // and packed), an im2col buffer (rows padded to an odd number of
-        // lines, read in place).
+        // Right operands each program packs panel by panel (one reader),
+        // and operands two products read whose rows are 3 and 4 lines apart
+        // (read in place, and packed once by a pack kernel), an im2col
+        // buffer.
         "fn f(x: f32[5, 37], w: f32[37, 48], v: f32[37, 64]) -> (f32[5, 48], f32[5, 64]) { return (x @ w, x @ v); }",
+        "fn f(x: f32[5, 37], y: f32[5, 37], w: f32[37, 48], v: f32[37, 64]) -> (f32[5, 48], f32[5, 48], f32[5, 64], f32[5, 64]) { return (x @ w, relu(y) @ w, x @ v, relu(y) @ v); }",
         "fn f(x: f32[2, 8, 12, 12], w: f32[16, 8, 3, 3]) -> f32[2, 16, 12, 12] { return relu(conv2d(x, w, padding=1)); }",
         // Attention: with every product packed, one kernel over blocks of
         // rows (blocks of 4, 6 or 9 rows: ragged at 20).
@@ -336,15 +338,16 @@ fn odd_schedule_parameters_agree() {
             narrow: Some([units + 2, 2]),
             balance: units + 1,
             // One set: every operand whose rows are whole lines apart is
-            // read in place where the product has one block of rows.
+            // read in place where the product has one block of rows and
+            // shares the operand with another product.
             l1_sets: if units == 1 { 1 } else { 64 },
             unroll: units,
         });
         p.validate().unwrap();
         schedules.push(p);
     }
-    // The AVX-512 CPU's own schedule: the convolution's im2col buffer and
-    // the 48-column operand are read in place, the 64-column one packed.
+    // The AVX-512 CPU's own schedule (products this small are `dot`
+    // kernels; the convolution and attention are packed).
     schedules.push(dlc_lower::ScheduleParams::for_target(
         &TargetDesc::x86_64_avx512(2),
     ));
