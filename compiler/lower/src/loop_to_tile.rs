@@ -296,6 +296,24 @@ struct RowFusion {
     elided: Vec<LValue>,
 }
 
+/// An im2col buffer that a packed product's programs read from the
+/// convolution's input instead (see [`Conv::implicit_im2col`]).
+#[derive(Clone, Debug)]
+struct Im2col {
+    input: LValue,
+    col: LValue,
+    channels: usize,
+    /// `[KH, KW]`.
+    kernel: [usize; 2],
+    stride: [i64; 2],
+    padding: [i64; 2],
+    /// Output columns.
+    ox: usize,
+    /// Panels per group of whole output rows, and the rows of a group.
+    group: usize,
+    rows: i64,
+}
+
 /// A reduction carried by an innermost loop: the carried argument is read
 /// once, by `combine`, whose result is yielded in its place.
 #[derive(Clone, Copy)]
@@ -328,6 +346,9 @@ struct Conv<'a> {
     view_of: HashMap<LValue, LValue>,
     /// Buffers held by a program's scratch memory in a fused kernel.
     redirects: HashMap<LValue, Redirect>,
+    /// Products whose right operand, an im2col buffer, their programs copy
+    /// from the convolution's input.
+    convs: HashMap<LOpId, Im2col>,
 }
 
 impl<'a> Conv<'a> {
@@ -350,6 +371,7 @@ impl<'a> Conv<'a> {
                 .filter_map(|o| Some((*o.results.first()?, *o.operands.first()?)))
                 .collect(),
             redirects: HashMap::new(),
+            convs: HashMap::new(),
         }
     }
 
@@ -413,6 +435,24 @@ impl<'a> Conv<'a> {
                         i = last + 1;
                     }
                     None => i += 1,
+                }
+            }
+            // im2col nests whose product copies its panels from the input:
+            // no kernel, no buffer.
+            for i in 0..top.len() {
+                if fusions.contains_key(&i) || fused_away.contains_key(&i) {
+                    continue;
+                }
+                if let Some((conv, k)) = self.implicit_im2col(&top, i, &cuts)
+                    && !fused_away.contains_key(&k)
+                    && !fusions.contains_key(&k)
+                {
+                    let [m] = self.op(top[k]).regions[0].ops[..] else {
+                        continue;
+                    };
+                    fused_away.insert(i, i);
+                    elided.insert(conv.col);
+                    self.convs.insert(m, conv);
                 }
             }
         }
@@ -1238,8 +1278,7 @@ impl<'a> Conv<'a> {
         let bat_axes = bat.len();
         let (p, chunk) = (self.b.program_id(bat_axes), self.b.program_id(bat_axes + 1));
         let i0 = Affine::value(p).scaled(plan.mc as i64);
-        let nb0 = Affine::value(chunk).scaled(plan.per_chunk as i64);
-        self.program_product(m, &plan, panels, &bat, &i0, &nb0)?;
+        self.program_product(m, &plan, panels, &bat, &i0, &Affine::value(chunk))?;
         self.b.end_kernel();
         if let Panels::Global(panels) = panels {
             self.b.dealloc(panels);
@@ -1474,6 +1513,260 @@ impl<'a> Conv<'a> {
         ))
     }
 
+    /// An im2col nest at `top[i]` whose buffer one packed product (over the
+    /// same batch, one block of rows) reads as its right operand and
+    /// nothing else touches: `col[n, (c*KH + ky)*KW + kx, y*OX + x] =
+    /// input[n, c, s0*y + ky - p0, s1*x + kx - p1]` (zero outside), as
+    /// graph-to-loop lowers a convolution. The product's programs can copy
+    /// their panels from the input instead, so the buffer is never made.
+    /// Returns the convolution and the index of the product's nest.
+    fn implicit_im2col(&self, top: &[LOpId], i: usize, cuts: &[bool]) -> Option<(Im2col, usize)> {
+        let nr = self.params.packed?.blocking[1];
+        // Six perfectly nested loops from 0 (channel, batch, kernel row and
+        // column, output row and column), without carried values.
+        let mut loops: Vec<(LValue, i64)> = vec![];
+        let mut at = top[i];
+        loop {
+            let op = self.op(at);
+            let (lo, hi, step) = loop_bounds(&op.kind)?;
+            if lo != 0 || step != 1 || !op.operands.is_empty() || !op.results.is_empty() {
+                return None;
+            }
+            loops.push((op.regions[0].args[0], hi));
+            match op.regions[0].ops.as_slice() {
+                [inner] if loops.len() < 6 => at = *inner,
+                _ if loops.len() == 6 => break,
+                _ => return None,
+            }
+        }
+        let [
+            (c, channels),
+            (n, batch),
+            (ky, kh),
+            (kx, kw),
+            (y, oy),
+            (x, ox),
+        ] = loops[..]
+        else {
+            return None;
+        };
+        let [ld, st] = self.op(at).regions[0].ops[..] else {
+            return None;
+        };
+        let (ld_op, st_op) = (self.op(ld), self.op(st));
+        let (
+            L::Load {
+                index: li,
+                pad: Some(pad),
+            },
+            L::Store { index: si },
+        ) = (&ld_op.kind, &st_op.kind)
+        else {
+            return None;
+        };
+        if *pad != 0.0 || st_op.operands[0] != ld_op.results[0] {
+            return None;
+        }
+        let (input, col) = (ld_op.operands[0], st_op.operands[1]);
+        let coef = |e: &IndexExpr, v: LValue| -> i64 {
+            e.terms.iter().filter(|t| t.1 == v).map(|t| t.0).sum()
+        };
+        // `e` is exactly the sum of `vars` times their coefficients, plus `k`.
+        let is = |e: &IndexExpr, vars: &[(LValue, i64)], k: i64| {
+            e.constant == k
+                && e.terms.iter().all(|t| vars.iter().any(|(v, _)| *v == t.1))
+                && vars.iter().all(|&(v, w)| coef(e, v) == w)
+        };
+        let [li0, li1, li2, li3] = &li[..] else {
+            return None;
+        };
+        let [si0, si1, si2] = &si[..] else {
+            return None;
+        };
+        let stride = [coef(li2, y), coef(li3, x)];
+        let padding = [-li2.constant, -li3.constant];
+        let fits = is(li0, &[(n, 1)], 0)
+            && is(li1, &[(c, 1)], 0)
+            && stride.iter().all(|&s| s >= 1)
+            && padding.iter().all(|&p| p >= 0)
+            && is(li2, &[(y, stride[0]), (ky, 1)], -padding[0])
+            && is(li3, &[(x, stride[1]), (kx, 1)], -padding[1])
+            && is(si0, &[(n, 1)], 0)
+            && is(si1, &[(c, kh * kw), (ky, kw), (kx, 1)], 0)
+            && is(si2, &[(y, ox), (x, 1)], 0);
+        let f32_buffer = |v: LValue, rank: usize| matches!(self.src.ty(v), LType::Buffer(t) if t.dtype == DType::F32 && t.shape.len() == rank);
+        if !fits || !f32_buffer(input, 4) || !f32_buffer(col, 3) || self.root_buffer(col) != col {
+            return None;
+        }
+        // The product: a loop over the batch around a packed product of
+        // `col[n, k, j]` as the right operand.
+        let k = (i + 1..top.len())
+            .find(|&k| !matches!(self.op(top[k]).kind, L::Alloc | L::View | L::Const(_)))?;
+        let nest = self.op(top[k]);
+        let [m] = nest.regions.first()?.ops[..] else {
+            return None;
+        };
+        let mop = self.op(m);
+        let L::Matmul(cm) = &mop.kind else {
+            return None;
+        };
+        let (jv, kv) = (mop.regions[0].args[1], mop.regions[0].args[2]);
+        let b = nest.regions[0].args[0];
+        let exact = |e: &IndexExpr, v: LValue| e.constant == 0 && e.terms == [(1, v)];
+        if !is_parallel(&nest.kind)
+            || loop_bounds(&nest.kind) != Some((0, batch, 1))
+            || mop.operands[1] != col
+            || mop.operands[0] == col
+            || cm.k != channels * kh * kw
+            || cm.n != oy * ox
+            || cm.b.len() != 3
+            || !(exact(&cm.b[0], b) && exact(&cm.b[1], kv) && exact(&cm.b[2], jv))
+            || !self.packs(m)
+            || self.narrow(m).is_some()
+            || !cuts[i]
+            || !cuts[k + 1]
+        {
+            return None;
+        }
+        let plan = self.pack_plan(m, batch as usize, true).ok()?;
+        if !self.packs_own_panels(m, plan.blocks) {
+            return None;
+        }
+        // Nothing else touches `col`.
+        for (id, op) in self.src.ops.iter().enumerate() {
+            let id = LOpId(id as u32);
+            if op.operands.contains(&col) && id != st && id != m && !matches!(op.kind, L::Dealloc) {
+                return None;
+            }
+        }
+        if mop.regions[0]
+            .ops
+            .iter()
+            .any(|&o| self.op(o).operands.contains(&col))
+        {
+            return None;
+        }
+        // Panels come in groups of whole output rows (`lcm(nr, OX)`
+        // columns), so that each panel's place in the image is a constant
+        // of its place in the group.
+        let ox_u = ox as usize;
+        let group = ox_u / gcd(nr as u64, ox_u as u64) as usize;
+        if group > 8 || group == 0 {
+            return None;
+        }
+        let conv = Im2col {
+            input,
+            col,
+            channels: channels as usize,
+            kernel: [kh as usize, kw as usize],
+            stride,
+            padding,
+            ox: ox_u,
+            group,
+            rows: (group * nr / ox_u) as i64,
+        };
+        Some((conv, k))
+    }
+
+    /// Copies slice `kb` of the `group` panels of group `g` (past the
+    /// program's first, `g0`) of the im2col buffer `conv` stands for into `dst[u, k,
+    /// j]`, from the convolution's input, batch `bat`: for each channel and
+    /// kernel tap of the slice, each panel's `nr` output positions, one
+    /// load per output row they span (zero outside the input).
+    #[allow(clippy::too_many_arguments)]
+    fn copy_im2col_group(
+        &mut self,
+        conv: &Im2col,
+        plan: &PackPlan,
+        kb: Value,
+        g: Value,
+        g0: &Affine,
+        bat: &[Affine],
+        dst: Value,
+    ) -> Result<(), TileConvError> {
+        let (nr, kc) = (plan.nr, plan.kc);
+        let [kh, kw] = conv.kernel;
+        let cs = kc / (kh * kw);
+        let input = self.buffer(conv.input)?;
+        let f32t = |shape: Vec<usize>| Type::Tile(TileType::new(DType::F32, shape));
+        // The group: `g` groups of `rows` output rows past the program's
+        // first (`g0`).
+        let group0 = g0.plus_scaled(1, &Affine::value(g));
+        let n = bat.first().cloned().unwrap_or_default();
+        let (cc, _) = self.b.begin_for(0, cs as i64, 1, &[]);
+        let (a, _) = self.b.begin_for(0, kh as i64, 1, &[]);
+        let (bx, _) = self.b.begin_for(0, kw as i64, 1, &[]);
+        let channel = Affine::value(kb)
+            .scaled(cs as i64)
+            .plus_scaled(1, &Affine::value(cc));
+        let row = Affine::value(cc)
+            .scaled((kh * kw) as i64)
+            .plus_scaled(kw as i64, &Affine::value(a))
+            .plus_scaled(1, &Affine::value(bx));
+        for u in 0..conv.group {
+            let (yu, xu) = ((u * nr / conv.ox) as i64, (u * nr % conv.ox) as i64);
+            // Output row `oy` from lane 0 at output column `ox0`.
+            let at = |oy: Affine, ox0: i64| -> Vec<Affine> {
+                vec![
+                    n.clone(),
+                    channel.clone(),
+                    oy.scaled(conv.stride[0])
+                        .plus_scaled(1, &Affine::value(a))
+                        .plus_scaled(1, &Affine::constant(-conv.padding[0])),
+                    Affine::axis(1)
+                        .scaled(conv.stride[1])
+                        .plus_scaled(1, &Affine::value(bx))
+                        .plus_scaled(1, &Affine::constant(conv.stride[1] * ox0 - conv.padding[1])),
+                ]
+            };
+            let oy = group0
+                .scaled(conv.rows)
+                .plus_scaled(1, &Affine::constant(yu));
+            // The panel's lanes run over consecutive output rows: segment
+            // `r` is row `yu + r`, lanes up to `(r + 1) * OX - xu`, each
+            // read as a whole tile and the earlier rows' lanes selected
+            // over the later ones.
+            let ox = conv.ox as i64;
+            let segments = (xu as usize + nr).div_ceil(conv.ox) as i64;
+            let mut t = None;
+            for r in (0..segments).rev() {
+                let row_r = oy.plus_scaled(1, &Affine::constant(r));
+                let seg = self.b.load(
+                    input,
+                    at(row_r, xu - r * ox),
+                    None,
+                    Some(0.0),
+                    f32t(vec![1, nr]),
+                );
+                t = Some(match t {
+                    None => seg,
+                    Some(later) => {
+                        let end = (r + 1) * ox - xu;
+                        let here = self
+                            .b
+                            .mask(vec![Affine::constant(1), Affine::constant(end)], &[1, nr]);
+                        self.b.select(here, seg, later)
+                    }
+                });
+            }
+            let t = t.ok_or_else(|| self.invalid("an empty panel"))?;
+            self.b.store(
+                t,
+                dst,
+                vec![
+                    Affine::constant(u as i64),
+                    row.plus_scaled(1, &Affine::axis(0)),
+                    Affine::axis(1),
+                ],
+                None,
+            );
+        }
+        self.b.end_for(vec![]);
+        self.b.end_for(vec![]);
+        self.b.end_for(vec![]);
+        Ok(())
+    }
+
     /// Every op nested in `id`'s regions.
     fn nested_ops(&self, id: LOpId, out: &mut HashSet<LOpId>) {
         for r in &self.op(id).regions {
@@ -1646,6 +1939,20 @@ impl<'a> Conv<'a> {
         } else {
             even
         };
+        // Slices of whole channels when the right operand is an im2col
+        // buffer read from the input: as many channels as fit the depth.
+        let conv = self.convs.get(&m);
+        let kc = match conv {
+            Some(cv) => {
+                let taps = cv.kernel[0] * cv.kernel[1];
+                let cs = (1..=cv.channels)
+                    .rev()
+                    .find(|d| cv.channels.is_multiple_of(*d) && d * taps <= kc.max(taps))
+                    .unwrap_or(1);
+                cs * taps
+            }
+            None => kc,
+        };
         // Row blocks of `mr`-row strips, as many strips as the blocking
         // takes or down to half of it, whichever pads the rows least (every
         // program runs all of its strips, so a last block mostly past the
@@ -1682,6 +1989,8 @@ impl<'a> Conv<'a> {
             .rev()
             .min_by_key(|p| strips_n.div_ceil(*p) * p - strips_n)
             .unwrap_or(1);
+        // Whole groups of panels for an im2col buffer read from the input.
+        let per_chunk = conv.map_or(per_chunk, |cv| per_chunk.next_multiple_of(cv.group));
         let chunks = strips_n.div_ceil(per_chunk);
         // Panels for whole chunks: the last chunk's extra panels are zeros.
         let nb_n = chunks * per_chunk;
@@ -1754,7 +2063,8 @@ impl<'a> Conv<'a> {
     }
 
     /// The body of a program of packed product `m`: rows from `i0` (`mc`
-    /// of them), `per_chunk` panels from `nb0`, the batch at `bat`.
+    /// of them), the `per_chunk` panels of column chunk `chunk`, the batch
+    /// at `bat`.
     fn program_product(
         &mut self,
         m: LOpId,
@@ -1762,12 +2072,21 @@ impl<'a> Conv<'a> {
         panels: Panels,
         bat: &[Affine],
         i0: &Affine,
-        nb0: &Affine,
+        chunk: &Affine,
     ) -> Result<(), TileConvError> {
         let op = self.op(m);
         let L::Matmul(c) = &op.kind else {
             return Err(self.invalid("not a contraction"));
         };
+        // The program's first panel.
+        let nb0 = &chunk.scaled(plan.per_chunk as i64);
+        // An im2col right operand read from the convolution's input, in
+        // groups of panels (the program's first group).
+        let conv = self.convs.get(&m).cloned();
+        if conv.is_some() && !matches!(panels, Panels::Own) {
+            return Err(self
+                .invalid("an im2col operand read from the input must be copied by its programs"));
+        }
         let PackPlan {
             mr,
             nr,
@@ -1783,7 +2102,6 @@ impl<'a> Conv<'a> {
         } = *plan;
         let body: &'a LBlock = &op.regions[0];
         let (iv, jv, kv, accv) = (body.args[0], body.args[1], body.args[2], body.args[3]);
-        let b = self.buffer(op.operands[1])?;
         let f32t = |shape: Vec<usize>| Type::Tile(TileType::new(DType::F32, shape));
         let strip_buf = self.b.alloc(BufferType::contiguous(
             DType::F32,
@@ -1796,16 +2114,15 @@ impl<'a> Conv<'a> {
             Space::Scratch,
         ));
         let panel_buf = matches!(panels, Panels::Own).then(|| {
-            self.b.alloc(BufferType::contiguous(
-                DType::F32,
-                vec![kc, nr],
-                Space::Scratch,
-            ))
+            let mut shape: Vec<usize> = conv.iter().map(|cv| cv.group).collect();
+            shape.extend([kc, nr]);
+            self.b
+                .alloc(BufferType::contiguous(DType::F32, shape, Space::Scratch))
         });
-        let register_tile = |nb: Value, s: Value| {
+        let register_tile = |nb: &Affine, s: Value| {
             vec![
                 Affine::block(s, mr as i64, 0),
-                Affine::block(nb, nr as i64, 1),
+                nb.scaled(nr as i64).plus_scaled(1, &Affine::axis(1)),
             ]
         };
         // With one slice of the depth, each register tile starts from zero
@@ -1815,7 +2132,8 @@ impl<'a> Conv<'a> {
         if kb_n > 1 {
             let (nb, _) = self.b.begin_for(0, per_chunk as i64, 1, &[]);
             let (s, _) = self.b.begin_for(0, strips as i64, 1, &[]);
-            self.b.store(zero, block, register_tile(nb, s), None);
+            self.b
+                .store(zero, block, register_tile(&Affine::value(nb), s), None);
             self.b.end_for(vec![]);
             self.b.end_for(vec![]);
         }
@@ -1852,14 +2170,34 @@ impl<'a> Conv<'a> {
         self.b.end_for(vec![]);
         self.b.end_for(vec![]);
         // The register tile over every panel and strip.
-        let (nb, _) = self.b.begin_for(0, per_chunk as i64, 1, &[]);
-        if let Some(panel_buf) = panel_buf {
-            // This slice of the panel, copied as the pack kernel would.
-            let j0 = nb0.plus_scaled(1, &Affine::value(nb)).scaled(nr as i64);
-            self.copy_panel_slice(m, kb, j0, [kc, kk, nr], ragged, panel_buf, &[])?;
-        }
+        let (nb, group_at) = match &conv {
+            Some(cv) => {
+                // A group of panels copied from the input, then each panel.
+                let (g, _) = self.b.begin_for(0, (per_chunk / cv.group) as i64, 1, &[]);
+                if let Some(panel_buf) = panel_buf {
+                    let g0 = chunk.scaled((per_chunk / cv.group) as i64);
+                    self.copy_im2col_group(cv, plan, kb, g, &g0, bat, panel_buf)?;
+                }
+                let (u, _) = self.b.begin_for(0, cv.group as i64, 1, &[]);
+                (
+                    Affine::value(g)
+                        .scaled(cv.group as i64)
+                        .plus_scaled(1, &Affine::value(u)),
+                    Some(u),
+                )
+            }
+            None => {
+                let (nb, _) = self.b.begin_for(0, per_chunk as i64, 1, &[]);
+                if let Some(panel_buf) = panel_buf {
+                    // This slice of the panel, copied as the pack kernel would.
+                    let j0 = nb0.plus_scaled(1, &Affine::value(nb)).scaled(nr as i64);
+                    self.copy_panel_slice(m, kb, j0, [kc, kk, nr], ragged, panel_buf, &[])?;
+                }
+                (Affine::value(nb), None)
+            }
+        };
         let (s, _) = self.b.begin_for(0, strips as i64, 1, &[]);
-        let at = register_tile(nb, s);
+        let at = register_tile(&nb, s);
         let c0 = if kb_n > 1 {
             self.b
                 .load(block, at.clone(), None, None, f32t(vec![mr, nr]))
@@ -1882,18 +2220,16 @@ impl<'a> Conv<'a> {
                 f32t(vec![mr, 1]),
             );
             let bk = match (panels, panel_buf) {
-                (_, Some(panel_buf)) => self.b.load(
-                    panel_buf,
-                    vec![ku.plus_scaled(1, &Affine::axis(0)), Affine::axis(1)],
-                    None,
-                    None,
-                    f32t(vec![1, nr]),
-                ),
+                (_, Some(panel_buf)) => {
+                    let mut at: Vec<Affine> = group_at.map(Affine::value).into_iter().collect();
+                    at.extend([ku.plus_scaled(1, &Affine::axis(0)), Affine::axis(1)]);
+                    self.b.load(panel_buf, at, None, None, f32t(vec![1, nr]))
+                }
                 (Panels::Global(panels), None) => {
                     let mut panel = bat.to_vec();
                     panel.extend([
                         Affine::value(kb),
-                        nb0.plus_scaled(1, &Affine::value(nb)),
+                        nb0.plus_scaled(1, &nb),
                         ku.plus_scaled(1, &Affine::axis(0)),
                         Affine::axis(1),
                     ]);
@@ -1903,7 +2239,7 @@ impl<'a> Conv<'a> {
                     // Row `k` of the slice, this panel's columns, straight from
                     // the operand (zeros past its edges, as in a panel).
                     let k0 = Affine::value(kb).scaled(kc as i64).plus_scaled(1, &ku);
-                    let j0 = nb0.plus_scaled(1, &Affine::value(nb)).scaled(nr as i64);
+                    let j0 = nb0.plus_scaled(1, &nb).scaled(nr as i64);
                     self.index.insert(kv, k0.plus_scaled(1, &Affine::axis(0)));
                     self.index.insert(jv, j0.plus_scaled(1, &Affine::axis(1)));
                     let index =
@@ -1919,6 +2255,7 @@ impl<'a> Conv<'a> {
                             &[1, nr],
                         )
                     });
+                    let b = self.buffer(op.operands[1])?;
                     self.b
                         .load(b, index, mask, mask.map(|_| 0.0), f32t(vec![1, nr]))
                 }
@@ -1928,6 +2265,9 @@ impl<'a> Conv<'a> {
         let sum = self.b.end_for(vec![next])[0];
         self.b.store(sum, block, at, None);
         self.b.end_for(vec![]);
+        if group_at.is_some() {
+            self.b.end_for(vec![]);
+        }
         self.b.end_for(vec![]);
         self.b.end_for(vec![]);
         // The epilogue, one row of a panel at a time (a `1 x nr` tile: the

@@ -201,6 +201,50 @@ fn convolutions_as_products() {
     ));
 }
 
+/// Convolutions whose product's programs copy their panels straight from
+/// the input (no im2col buffer) on the AVX-512 schedule: panels spanning up
+/// to four output rows (12 columns per row), strides, padding, a
+/// non-square kernel, a batchnorm and relu after; one whose rows (15
+/// columns) would need groups of 15 panels keeps its im2col buffer. Both
+/// agree with the graph interpreter.
+#[test]
+fn convolutions_read_from_their_input() {
+    let cases = [
+        (
+            "fn f(x: f32[2, 8, 13, 11], w: f32[16, 8, 3, 2]) -> f32[2, 16, 7, 12] { return conv2d(x, w, stride=[2, 1], padding=[1, 1]); }",
+            "f32[2, 48, 84]",
+            false,
+        ),
+        (
+            "fn f(x: f32[1, 16, 20, 20], w: f32[24, 16, 3, 3], m: f32[24], v: f32[24], g: f32[24], b: f32[24]) -> f32[1, 24, 20, 20] { return relu(batchnorm(conv2d(x, w, padding=1), m, abs(v) + 0.5, g, b)); }",
+            "f32[1, 144, 400]",
+            false,
+        ),
+        (
+            "fn f(x: f32[3, 4, 30, 30], w: f32[8, 4, 5, 5]) -> f32[3, 8, 15, 15] { return conv2d(x, w, stride=2, padding=2); }",
+            "f32[3, 100, 225]",
+            true,
+        ),
+    ];
+    let avx512 = dlc_lower::ScheduleParams::for_target(&TargetDesc::x86_64_avx512(2));
+    for (src, col, materialized) in cases {
+        let m = graph(src);
+        let l = lowered(&m);
+        assert!(
+            print_module(&l).contains(&format!("loop.alloc : buffer<{col}>")),
+            "{src}"
+        );
+        let t = dlc_lower::convert_module_with(&l, &avx512).unwrap();
+        let text = dlc_tile::print_module(&t);
+        assert_eq!(
+            text.contains(&format!("tile.alloc : buffer<{col}>")),
+            materialized,
+            "{src}\n{text}"
+        );
+        agree(src);
+    }
+}
+
 #[test]
 fn user_operators() {
     agree(dlc_tests::USER_OPERATOR_PROGRAM);
