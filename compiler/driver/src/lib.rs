@@ -613,6 +613,19 @@ pub fn select_entry<'m>(
     }
 }
 
+/// The module with one entry point, `entry` (or the only one), and the
+/// private functions: what `dlc run` and `dlc bench` lower and compile, so
+/// that running one entry point of a file does not compile the others (W1's
+/// and W3's files hold two sizes each: compiling both doubled their compile
+/// time).
+pub fn only_entry(module: &Module, entry: Option<&str>) -> Result<Module, DriverError> {
+    let name = select_entry(module, entry)?.name.clone();
+    let mut only = module.clone();
+    only.functions
+        .retain(|f| f.name == name || f.visibility == dlc_graph::Visibility::Private);
+    Ok(only)
+}
+
 /// Builds the arguments of `f` from `.npy` files named by parameter, and
 /// random tensors (from `seed`) for parameters not named, if a seed is given.
 pub fn prepare_inputs(
@@ -1180,6 +1193,32 @@ mod tests {
     fn check(got: &[f64], want: &[f64]) -> ResultCheck {
         let mut c = check_results(&[t(got)], &[t(want)], &[1e-4]).unwrap_or_else(|e| panic!("{e}"));
         c.remove(0)
+    }
+
+    /// `dlc run` and `dlc bench` lower and compile the entry point they run
+    /// and nothing else of the file.
+    #[test]
+    fn only_the_chosen_entry_point_is_lowered() {
+        let mut m = compile_source(&SourceText {
+            name: "t.dl".into(),
+            text: "fn small(x: f32[4]) -> f32[4] { return x * 2.0; }
+                   fn big(x: f32[512, 512], y: f32[512, 512]) -> f32[512, 512] { return x @ y; }"
+                .into(),
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+        run_passes(&mut m, DEFAULT_PIPELINE, PassOptions::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let only = only_entry(&m, Some("small")).unwrap_or_else(|e| panic!("{e}"));
+        let entries: Vec<&str> = only.entry_points().map(|f| f.name.as_str()).collect();
+        assert_eq!(entries, ["small"]);
+        let tiles = lower_for_cpu(&only).unwrap_or_else(|e| panic!("{e}"));
+        let text = dlc_tile::print_module(&tiles);
+        assert!(text.contains("@small") && !text.contains("@big"), "{text}");
+        assert!(
+            only_entry(&m, None).is_err(),
+            "two entry points need one chosen"
+        );
+        assert!(only_entry(&m, Some("nope")).is_err());
     }
 
     #[test]

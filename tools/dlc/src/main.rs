@@ -489,7 +489,8 @@ fn bench(
     let src = read_model(file, onnx)?;
     let mut module = compile_source(&src)?;
     run_passes(&mut module, passes, PassOptions::default())?;
-    let f = select_entry(&module, entry)?;
+    let module = dlc_driver::only_entry(&module, entry)?;
+    let f = select_entry(&module, None)?;
     let (front, llvm, ms, device) = if backend == Backend::Gpu {
         let front = start.elapsed();
         let (codegen, ms, device) = time_gpu_calls(&module, f, Timing { runs, warmup }, tf32)?;
@@ -850,7 +851,8 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             };
             let mut module = compile_source(&src)?;
             run_passes(&mut module, &passes, PassOptions::default())?;
-            let f = select_entry(&module, entry.as_deref())?;
+            let module = dlc_driver::only_entry(&module, entry.as_deref())?;
+            let f = select_entry(&module, None)?;
             let args = prepare_inputs(f, &files, random_inputs)?;
             if let Some(dir) = &save_inputs {
                 for path in dlc_driver::save_inputs(dir, f, &args)? {
