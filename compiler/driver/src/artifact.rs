@@ -368,7 +368,7 @@ impl Prepared {
 
 /// Keeps only the entry points named in `entries` (and private functions)
 /// when it is not empty; each must exist.
-fn keep_entries(module: &mut Module, entries: &[String]) -> Result<(), DriverError> {
+pub(crate) fn keep_entries(module: &mut Module, entries: &[String]) -> Result<(), DriverError> {
     if entries.is_empty() {
         return Ok(());
     }

@@ -621,8 +621,7 @@ pub fn select_entry<'m>(
 pub fn only_entry(module: &Module, entry: Option<&str>) -> Result<Module, DriverError> {
     let name = select_entry(module, entry)?.name.clone();
     let mut only = module.clone();
-    only.functions
-        .retain(|f| f.name == name || f.visibility == dlc_graph::Visibility::Private);
+    artifact::keep_entries(&mut only, &[name])?;
     Ok(only)
 }
 

@@ -414,24 +414,21 @@ impl<'a> Conv<'a> {
             }
         }
         let cuts = self.cut_points(&top);
-        // Nests fused into one kernel over blocks of rows: at the first
-        // nest's index, with the indices of the others (and of the
-        // allocations and views among them, made before the kernel), and
-        // the buffers the programs hold in scratch memory instead, never
-        // allocated.
-        let mut fusions: HashMap<usize, RowFusion> = HashMap::new();
-        let mut fused_away: HashMap<usize, usize> = HashMap::new();
+        // Nests fused into one kernel over blocks of rows, at the first
+        // nest's index with the last one's; the top-level ops the fused
+        // kernels and implicit im2col buffers replace; and the buffers no
+        // kernel needs any more, never allocated.
+        let mut fusions: HashMap<usize, (RowFusion, usize)> = HashMap::new();
+        let mut skipped: HashSet<usize> = HashSet::new();
         let mut elided: HashSet<LValue> = HashSet::new();
         if self.params.packed.is_some() {
             let mut i = 0;
             while i < top.len() {
                 match self.row_fusion(&top, i, &cuts) {
                     Some((f, last)) => {
-                        for k in i + 1..=last {
-                            fused_away.insert(k, i);
-                        }
+                        skipped.extend(i + 1..=last);
                         elided.extend(f.elided.iter().copied());
-                        fusions.insert(i, f);
+                        fusions.insert(i, (f, last));
                         i = last + 1;
                     }
                     None => i += 1,
@@ -440,17 +437,17 @@ impl<'a> Conv<'a> {
             // im2col nests whose product copies its panels from the input:
             // no kernel, no buffer.
             for i in 0..top.len() {
-                if fusions.contains_key(&i) || fused_away.contains_key(&i) {
+                if fusions.contains_key(&i) || skipped.contains(&i) {
                     continue;
                 }
                 if let Some((conv, k)) = self.implicit_im2col(&top, i, &cuts)
-                    && !fused_away.contains_key(&k)
+                    && !skipped.contains(&k)
                     && !fusions.contains_key(&k)
                 {
                     let [m] = self.op(top[k]).regions[0].ops[..] else {
                         continue;
                     };
-                    fused_away.insert(i, i);
+                    skipped.insert(i);
                     elided.insert(conv.col);
                     self.convs.insert(m, conv);
                 }
@@ -465,23 +462,17 @@ impl<'a> Conv<'a> {
                 L::Dealloc => op.operands.first().is_some_and(|v| elided.contains(v)),
                 _ => false,
             };
-            if elided_buffer || fused_away.contains_key(&i) {
+            if elided_buffer || skipped.contains(&i) {
                 continue;
             }
-            if let Some(f) = fusions.get(&i) {
+            if let Some((f, last)) = fusions.get(&i) {
                 self.flush(&mut serial, &mut deferred)?;
-                let mut inside: Vec<usize> = fused_away
-                    .iter()
-                    .filter(|(_, first)| **first == i)
-                    .map(|(&k, _)| k)
-                    .collect();
-                inside.sort_unstable();
-                for k in inside {
-                    let a = self.op(top[k]);
+                for &inside in &top[i + 1..=*last] {
+                    let a = self.op(inside);
                     if matches!(a.kind, L::Alloc | L::View)
                         && !a.results.iter().any(|r| elided.contains(r))
                     {
-                        self.host_op(top[k])?;
+                        self.host_op(inside)?;
                     }
                 }
                 self.b.set_loc(op.loc.clone());
@@ -1296,7 +1287,6 @@ impl<'a> Conv<'a> {
     /// them in scratch memory: the score matrix never goes to memory.
     /// Returns the fusion and the index of its last nest.
     fn row_fusion(&self, top: &[LOpId], i: usize, cuts: &[bool]) -> Option<(RowFusion, usize)> {
-        let exact = |e: &IndexExpr, v: LValue| e.constant == 0 && e.terms == [(1, v)];
         let mentions = |e: &IndexExpr, v: LValue| e.terms.iter().any(|t| t.1 == v && t.0 != 0);
         // A packed product, in one batch loop or none.
         let product = |id: LOpId| -> Option<(Option<LOpId>, LOpId)> {
@@ -1309,12 +1299,7 @@ impl<'a> Conv<'a> {
                 },
                 _ => return None,
             };
-            (self.packs(m) && self.narrow(m).is_none()).then_some((b, m))
-        };
-        // The next nest after `at`, past allocations, views and constants.
-        let next = |at: usize| -> Option<usize> {
-            (at + 1..top.len())
-                .find(|&k| !matches!(self.op(top[k]).kind, L::Alloc | L::View | L::Const(_)))
+            self.packs_wide(m).then_some((b, m))
         };
         let bounds = |b: Option<LOpId>| b.and_then(|b| loop_bounds(&self.op(b).kind));
         let counter = |b: Option<LOpId>| b.map(|b| self.op(b).regions[0].args[0]);
@@ -1334,7 +1319,7 @@ impl<'a> Conv<'a> {
                     let mut want: Vec<LValue> = counter(b1).into_iter().collect();
                     want.extend([iv1, jv1]);
                     let at_ij = index.len() == want.len()
-                        && index.iter().zip(&want).all(|(e, v)| exact(e, *v));
+                        && index.iter().zip(&want).all(|(e, v)| is_counter(e, *v));
                     if !at_ij || s.is_some_and(|s| s != d.operands[1]) {
                         return None;
                     }
@@ -1348,7 +1333,7 @@ impl<'a> Conv<'a> {
         let s = s?;
         // The row nest: a loop over the batch (when there is one) around a
         // loop over the rows, without carried values.
-        let j = next(i)?;
+        let j = self.next_nest(top, i)?;
         let (b2, rows) = {
             let op = self.op(top[j]);
             if b1.is_some() {
@@ -1369,6 +1354,8 @@ impl<'a> Conv<'a> {
             return None;
         }
         let iv2 = row_op.regions[0].args[0];
+        let mut row_at: Vec<LValue> = counter(b2).into_iter().collect();
+        row_at.push(iv2);
         let mut row_ops = HashSet::new();
         self.nested_ops(rows, &mut row_ops);
         // Every access of the row nest is to row i of S or of one other
@@ -1388,20 +1375,18 @@ impl<'a> Conv<'a> {
                 }
                 p = Some(buf);
             }
-            let mut want: Vec<LValue> = counter(b2).into_iter().collect();
-            want.push(iv2);
-            let row_i = index.len() == want.len() + 1
-                && index.iter().zip(&want).all(|(e, v)| exact(e, *v))
+            let row_i = index.len() == row_at.len() + 1
+                && index.iter().zip(&row_at).all(|(e, v)| is_counter(e, *v))
                 && index
                     .last()
-                    .is_some_and(|e| want.iter().all(|v| !mentions(e, *v)));
+                    .is_some_and(|e| row_at.iter().all(|v| !mentions(e, *v)));
             if !row_i {
                 return None;
             }
         }
         let p = p?;
         // The second product reads P at [b, i, k], as deep as S is wide.
-        let k = next(j)?;
+        let k = self.next_nest(top, j)?;
         let (b3, m2) = product(top[k])?;
         let m2op = self.op(m2);
         let L::Matmul(c2) = &m2op.kind else {
@@ -1426,7 +1411,7 @@ impl<'a> Conv<'a> {
             || c2.m != c1.m
             || c2.k != width
             || c2.a.len() != want.len()
-            || !c2.a.iter().zip(&want).all(|(e, v)| exact(e, *v))
+            || !c2.a.iter().zip(&want).all(|(e, v)| is_counter(e, *v))
             || !shape_ok(s)
             || !shape_ok(p)
             || !cuts[i]
@@ -1474,12 +1459,6 @@ impl<'a> Conv<'a> {
             .collect();
         let mut m2_body = HashSet::new();
         self.nested_ops(m2, &mut m2_body);
-        if m2_body
-            .iter()
-            .any(|&o| self.op(o).operands.iter().any(|&v| v == s || v == p))
-        {
-            return None;
-        }
         // What the second product writes, no program may read: a program
         // writes its rows of the result while others still read the
         // first product's operands (a buffer reused for the result, as
@@ -1600,8 +1579,7 @@ impl<'a> Conv<'a> {
         }
         // The product: a loop over the batch around a packed product of
         // `col[n, k, j]` as the right operand.
-        let k = (i + 1..top.len())
-            .find(|&k| !matches!(self.op(top[k]).kind, L::Alloc | L::View | L::Const(_)))?;
+        let k = self.next_nest(top, i)?;
         let nest = self.op(top[k]);
         let [m] = nest.regions.first()?.ops[..] else {
             return None;
@@ -1612,7 +1590,6 @@ impl<'a> Conv<'a> {
         };
         let (jv, kv) = (mop.regions[0].args[1], mop.regions[0].args[2]);
         let b = nest.regions[0].args[0];
-        let exact = |e: &IndexExpr, v: LValue| e.constant == 0 && e.terms == [(1, v)];
         if !is_parallel(&nest.kind)
             || loop_bounds(&nest.kind) != Some((0, batch, 1))
             || mop.operands[1] != col
@@ -1620,9 +1597,8 @@ impl<'a> Conv<'a> {
             || cm.k != channels * kh * kw
             || cm.n != oy * ox
             || cm.b.len() != 3
-            || !(exact(&cm.b[0], b) && exact(&cm.b[1], kv) && exact(&cm.b[2], jv))
-            || !self.packs(m)
-            || self.narrow(m).is_some()
+            || !(is_counter(&cm.b[0], b) && is_counter(&cm.b[1], kv) && is_counter(&cm.b[2], jv))
+            || !self.packs_wide(m)
             || !cuts[i]
             || !cuts[k + 1]
         {
@@ -1632,19 +1608,12 @@ impl<'a> Conv<'a> {
         if !self.packs_own_panels(m, plan.blocks) {
             return None;
         }
-        // Nothing else touches `col`.
+        // Nothing else touches `col` (the product's epilogue included).
         for (id, op) in self.src.ops.iter().enumerate() {
             let id = LOpId(id as u32);
             if op.operands.contains(&col) && id != st && id != m && !matches!(op.kind, L::Dealloc) {
                 return None;
             }
-        }
-        if mop.regions[0]
-            .ops
-            .iter()
-            .any(|&o| self.op(o).operands.contains(&col))
-        {
-            return None;
         }
         // Panels come in groups of whole output rows (`lcm(nr, OX)`
         // columns), so that each panel's place in the image is a constant
@@ -1765,6 +1734,20 @@ impl<'a> Conv<'a> {
         self.b.end_for(vec![]);
         self.b.end_for(vec![]);
         Ok(())
+    }
+
+    /// Whether contraction `m` runs as a packed product of more than one
+    /// vector of columns (not the narrow kernel): what fusing into its
+    /// programs takes.
+    fn packs_wide(&self, m: LOpId) -> bool {
+        self.packs(m) && self.narrow(m).is_none()
+    }
+
+    /// The next top-level nest after `top[at]`, past allocations, views and
+    /// constants.
+    fn next_nest(&self, top: &[LOpId], at: usize) -> Option<usize> {
+        (at + 1..top.len())
+            .find(|&k| !matches!(self.op(top[k]).kind, L::Alloc | L::View | L::Const(_)))
     }
 
     /// Every op nested in `id`'s regions.
@@ -2731,6 +2714,11 @@ impl<'a> Conv<'a> {
 }
 
 /// The greatest common divisor.
+/// Whether `e` is exactly the counter `v`.
+fn is_counter(e: &IndexExpr, v: LValue) -> bool {
+    e.constant == 0 && e.terms == [(1, v)]
+}
+
 fn gcd(a: u64, b: u64) -> u64 {
     if b == 0 { a } else { gcd(b, a % b) }
 }
