@@ -95,6 +95,9 @@ pub struct TypeExpr {
 /// `name: type`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Param {
+    /// A word before the name (`weight`: the parameter is a weight, bound
+    /// once and read by many calls); the elaborator checks it.
+    pub modifier: Option<Ident>,
     /// The parameter's name.
     pub name: Ident,
     /// Its type.

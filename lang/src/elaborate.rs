@@ -190,6 +190,10 @@ pub fn elaborate(
             continue;
         }
         seen.insert(&name.name, name.span);
+        if let Err(d) = check_modifiers(item) {
+            errors.push(d);
+            continue;
+        }
         if let Err(d) = check_distinct(dims, "dimension parameter").and_then(|_| {
             check_distinct(
                 &params.iter().map(|p| p.name.clone()).collect::<Vec<_>>(),
@@ -275,6 +279,39 @@ pub fn elaborate(
         )]));
     }
     Ok(module)
+}
+
+/// Checks the words before parameter names: `weight` on a `fn`'s
+/// parameters, nothing on an `op`'s.
+fn check_modifiers(item: &Item) -> R<()> {
+    let (params, is_op) = match item {
+        Item::Fn(f) => (&f.params, false),
+        Item::Op(o) => (&o.params, true),
+    };
+    for p in params {
+        let Some(m) = &p.modifier else { continue };
+        if m.name != "weight" {
+            return Err(Diagnostic::new(
+                format!("unknown parameter modifier `{}`", m.name),
+                m.span,
+                "expected `weight` or a parameter name",
+            )
+            .with_note(
+                "`weight x: f32[..]` declares `x` a weight: bound once, read by every call",
+            ));
+        }
+        if is_op {
+            return Err(Diagnostic::new(
+                format!("`weight` on parameter `{}` of an `op`", p.name.name),
+                m.span,
+                "only a `fn`'s parameters can be weights",
+            )
+            .with_note(
+                "an `op` is expanded where it is used; mark the weights of the `fn` that uses it",
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn check_distinct(names: &[Ident], what: &str) -> R<()> {
@@ -901,6 +938,9 @@ impl<'p> Elab<'p> {
         };
         for p in &def.params {
             let ty = resolve_type(&p.ty, &cx.dims)?;
+            if p.modifier.is_some() {
+                cx.f.weights.insert(cx.f.params.len());
+            }
             let v = cx.f.add_param(p.name.name.clone(), ty);
             cx.env
                 .insert(p.name.name.clone(), (EVal::Tensor(v), p.name.span));

@@ -82,6 +82,10 @@ pub struct Signature {
     /// Where it can fail: site `k` (from 1) of a failure status is
     /// `sites[k - 1]`.
     pub sites: Vec<Site>,
+    /// The function (its symbol) that computes this one's last inputs from
+    /// its weights, once per binding of them: its results are, by name and
+    /// in order, those inputs (see [`crate::call::Kernel::with_prepare`]).
+    pub prepare: Option<String>,
 }
 
 /// `%`, `;` and spaces escaped, so a file name is one word of a signature
@@ -119,7 +123,8 @@ impl Signature {
     }
 
     /// The text stored in `NAME.signature`: one `in|out NAME DTYPE DIMS...`
-    /// entry per parameter, then one `site KIND FILE LINE COLUMN` (or
+    /// entry per parameter, `prepare SYMBOL` when a preparer computes its
+    /// last inputs, then one `site KIND FILE LINE COLUMN` (or
     /// `site KIND -`) per failure site, separated by `;`
     /// (`in x f32 128 784;out out0 f32 128 10;site 1 m.dl 3 12`); `%`, `;`
     /// and spaces in file names are escaped as `%25`, `%3B` and `%20`.
@@ -140,6 +145,9 @@ impl Signature {
                 e
             })
             .collect();
+        if let Some(p) = &self.prepare {
+            entries.push(format!("prepare {p}"));
+        }
         for site in &self.sites {
             entries.push(match &site.loc {
                 Some(l) => format!(
@@ -159,12 +167,17 @@ impl Signature {
     pub fn decode(name: &str, text: &str) -> Result<Signature, String> {
         let mut params = Vec::new();
         let mut sites = Vec::new();
+        let mut prepare = None;
         for entry in text.split(';').filter(|e| !e.is_empty()) {
             let bad = || format!("`{name}`: malformed signature entry `{entry}`");
             let mut words = entry.split(' ');
             let output = match words.next() {
                 Some("in") => false,
                 Some("out") => true,
+                Some("prepare") => {
+                    prepare = Some(words.next().ok_or_else(bad)?.to_string());
+                    continue;
+                }
                 Some("site") => {
                     let kind = words.next().and_then(|w| w.parse().ok()).ok_or_else(bad)?;
                     let loc = match words.next().ok_or_else(bad)? {
@@ -201,6 +214,7 @@ impl Signature {
             name: name.to_string(),
             params,
             sites,
+            prepare,
         })
     }
 }
@@ -594,6 +608,7 @@ mod tests {
                 },
             ],
             sites: vec![],
+            prepare: None,
         }
     }
 
@@ -605,7 +620,14 @@ mod tests {
         assert!(Signature::decode("f", "sideways x f32 2").is_err());
         assert!(Signature::decode("f", "in x f99 2").is_err());
         assert!(Signature::decode("f", "in x f32 two").is_err());
+        assert!(Signature::decode("f", "in x f32 2;prepare").is_err());
         let mut s = sig();
+        s.prepare = Some("dlc_m_mlp_prepare".into());
+        assert_eq!(
+            s.encode(),
+            "in x f32 2 3;in n i64;out out0 bool 4;prepare dlc_m_mlp_prepare"
+        );
+        assert_eq!(Signature::decode("mlp", &s.encode()), Ok(s.clone()));
         s.sites = vec![
             Site {
                 kind: STATUS_DIVISION_BY_ZERO,

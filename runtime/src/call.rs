@@ -4,7 +4,7 @@ use std::marker::PhantomData;
 
 use dlc_core::TensorType;
 
-use crate::abi::{Signature, status_message};
+use crate::abi::{Param, Signature, status_message};
 use crate::tensor::{HostTensor, TensorError};
 
 /// Why a compiled function could not be loaded or called, or failed.
@@ -73,7 +73,91 @@ pub type EntryFn = unsafe extern "C" fn(*const *mut u8) -> i32;
 pub struct Kernel<'a> {
     signature: Signature,
     entry: EntryFn,
+    /// The kernel computing the last inputs from the weights, run once per
+    /// [`Kernel::bind`].
+    prepare: Option<Box<Kernel<'a>>>,
     _code: PhantomData<&'a ()>,
+}
+
+/// How a function with a preparer is called: the caller's inputs are the
+/// function's inputs but the prepared ones (its last), and the preparer's
+/// inputs are some of them, by name.
+#[derive(Debug, Clone)]
+pub struct PrepareBinding {
+    /// The inputs a caller passes: the function's signature without the
+    /// prepared inputs.
+    pub given: Signature,
+    /// For each input of the preparer, its index among `given`'s inputs.
+    pub prepare_inputs: Vec<usize>,
+}
+
+impl PrepareBinding {
+    /// Checks that `prepare`'s results are `main`'s last inputs (names,
+    /// types, order) and that each of its inputs is one of `main`'s others.
+    pub fn new(main: &Signature, prepare: &Signature) -> Result<PrepareBinding, RuntimeError> {
+        let bad = |why: String| {
+            RuntimeError::Load(format!(
+                "`{}` is not prepared by `{}`: {why}",
+                main.name, prepare.name
+            ))
+        };
+        let inputs: Vec<&Param> = main.inputs().collect();
+        let results: Vec<&Param> = prepare.outputs().collect();
+        if results.len() > inputs.len() {
+            return Err(bad(format!(
+                "{} results for {} inputs",
+                results.len(),
+                inputs.len()
+            )));
+        }
+        let first = inputs.len() - results.len();
+        for (r, i) in results.iter().zip(&inputs[first..]) {
+            if r.name != i.name || r.ty != i.ty {
+                return Err(bad(format!(
+                    "result `{}` ({}) is not input `{}` ({})",
+                    r.name, r.ty, i.name, i.ty
+                )));
+            }
+        }
+        let prepare_inputs = prepare
+            .inputs()
+            .map(|p| {
+                inputs[..first]
+                    .iter()
+                    .position(|i| i.name == p.name && i.ty == p.ty)
+                    .ok_or_else(|| bad(format!("it reads `{}` ({}), not an input", p.name, p.ty)))
+            })
+            .collect::<Result<_, _>>()?;
+        let prepared: Vec<&str> = results.iter().map(|r| r.name.as_str()).collect();
+        let mut given = main.clone();
+        given
+            .params
+            .retain(|p| p.output || !prepared.contains(&p.name.as_str()));
+        given.prepare = None;
+        Ok(PrepareBinding {
+            given,
+            prepare_inputs,
+        })
+    }
+
+    /// The full inputs of the function: the caller's `inputs` (checked
+    /// against [`PrepareBinding::given`]) and the results of
+    /// `run_prepare`, called on the preparer's inputs.
+    pub fn inputs<E: From<RuntimeError>>(
+        &self,
+        inputs: &[HostTensor],
+        run_prepare: impl FnOnce(&[HostTensor]) -> Result<Vec<HostTensor>, E>,
+    ) -> Result<Vec<HostTensor>, E> {
+        check_inputs(&self.given, inputs)?;
+        let weights: Vec<HostTensor> = self
+            .prepare_inputs
+            .iter()
+            .map(|&i| inputs[i].clone())
+            .collect();
+        let mut all = inputs.to_vec();
+        all.extend(run_prepare(&weights)?);
+        Ok(all)
+    }
 }
 
 impl std::fmt::Debug for Kernel<'_> {
@@ -174,21 +258,77 @@ impl<'a> Kernel<'a> {
         Kernel {
             signature,
             entry,
+            prepare: None,
             _code: PhantomData,
         }
     }
 
-    /// The parameters it takes.
+    /// This kernel with its preparer (the kernel its signature's `prepare`
+    /// names): [`Kernel::bind`] then takes the inputs but the prepared
+    /// ones, runs `prepare` on the weights among them once, and passes its
+    /// results to every run.
+    pub fn with_prepare(mut self, prepare: Kernel<'a>) -> Result<Kernel<'a>, RuntimeError> {
+        PrepareBinding::new(&self.signature, &prepare.signature)?;
+        self.prepare = Some(Box::new(prepare));
+        Ok(self)
+    }
+
+    /// The parameters it takes (with a preparer: the prepared inputs too).
     pub fn signature(&self) -> &Signature {
         &self.signature
     }
 
     /// Checks `inputs` against the signature (count, element types, shapes)
     /// and prepares the storage of a call: the inputs and zeroed results.
+    /// With a preparer, `inputs` leave out the prepared inputs, which the
+    /// preparer computes here, once.
     pub fn bind(&self, inputs: &[HostTensor]) -> Result<BoundCall<'_, 'a>, RuntimeError> {
+        let Some(prepare) = &self.prepare else {
+            return Ok(BoundCall {
+                kernel: self,
+                buffers: lay_out(&self.signature, inputs)?,
+            });
+        };
+        let binding = PrepareBinding::new(&self.signature, &prepare.signature)?;
+        check_inputs(&binding.given, inputs)?;
+        let weights: Vec<HostTensor> = binding
+            .prepare_inputs
+            .iter()
+            .map(|&i| inputs[i].clone())
+            .collect();
+        let mut prepared = prepare.bind(&weights)?;
+        prepared.run()?;
+        // The preparer's results, as they are: the function's last inputs.
+        let mut results = prepare
+            .signature
+            .params
+            .iter()
+            .zip(std::mem::take(&mut prepared.buffers))
+            .filter(|(p, _)| p.output)
+            .map(|(_, b)| b);
+        let mut given = inputs.iter();
+        let mut buffers = Vec::with_capacity(self.signature.params.len());
+        let n_given = binding.given.inputs().count();
+        for (i, p) in self.signature.params.iter().enumerate() {
+            if p.output {
+                buffers.push(AlignedBuffer::zeroed(bytes_of(&p.ty)?));
+            } else if i < n_given {
+                let t = given.next().ok_or_else(|| {
+                    RuntimeError::Arguments(format!("`{}`: too few inputs", self.signature.name))
+                })?;
+                buffers.push(AlignedBuffer::from_bytes(&t.to_le_bytes()));
+            } else {
+                buffers.push(results.next().ok_or_else(|| {
+                    RuntimeError::Arguments(format!(
+                        "`{}`: too few prepared inputs",
+                        self.signature.name
+                    ))
+                })?);
+            }
+        }
         Ok(BoundCall {
             kernel: self,
-            buffers: lay_out(&self.signature, inputs)?,
+            buffers,
         })
     }
 

@@ -51,15 +51,20 @@ impl SharedLibrary {
     pub fn kernel(&self, name: &str) -> Result<Kernel<'_>, RuntimeError> {
         let signature = self.signature(name)?;
         let symbol = format!("{name}.entry\0");
+        let prepare = signature.prepare.clone();
         // SAFETY: `NAME.entry` has type `EntryFn` in every dlc library, and
         // `signature` is the one emitted with it; the kernel borrows `self`,
         // so the code stays loaded while it exists.
-        unsafe {
+        let kernel = unsafe {
             let entry = *self
                 .lib
                 .get::<EntryFn>(symbol.as_bytes())
                 .map_err(|_| self.no_function(name))?;
-            Ok(Kernel::from_raw(signature, entry))
+            Kernel::from_raw(signature, entry)
+        };
+        match prepare {
+            Some(p) => kernel.with_prepare(self.kernel(&p)?),
+            None => Ok(kernel),
         }
     }
 

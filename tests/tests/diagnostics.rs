@@ -102,6 +102,8 @@ fn f(x: f32[4]) -> f32[4] {
     did_you_mean_a_function: "fn f(x: f32[4, 4]) -> f32[4, 4] {\n    return sofmax(x);\n}\n";
     did_you_mean_an_operand: "op rows[M, N](xs: f32[M, N]) -> f32[M] {\n    out[i] = sum[j](x[i, j]);\n}\nfn f(x: f32[2, 3]) -> f32[2] {\n    return rows(x);\n}\n";
     only_generic_functions: "fn id[N](x: f32[N]) -> f32[N] {\n    return x;\n}\n";
+    unknown_parameter_modifier: "fn f(x: f32[4], wieght w: f32[4]) -> f32[4] {\n    return x + w;\n}\n";
+    weight_on_op_parameter: "op scale[N](weight w: f32[N], x: f32[N]) -> f32[N] {\n    out[i] = w[i] * x[i];\n}\nfn f(x: f32[4], weight w: f32[4]) -> f32[4] {\n    return scale(w, x);\n}\n";
 }
 
 #[test]

@@ -392,6 +392,9 @@ fn signatures(
         .map(|f| {
             let mut sig = signature(f).map_err(DriverError::Usage)?;
             sig.name = symbols.symbol(&f.name).map_err(DriverError::Usage)?;
+            if let Some(p) = &sig.prepare {
+                sig.prepare = Some(symbols.symbol(p).map_err(DriverError::Usage)?);
+            }
             Ok((f.name.clone(), sig))
         })
         .collect()
@@ -427,6 +430,7 @@ pub fn signature(f: &dlc_tile::Function) -> Result<Signature, String> {
         name: f.name.clone(),
         params,
         sites: Vec::new(),
+        prepare: f.prepare.clone(),
     })
 }
 

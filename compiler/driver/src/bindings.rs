@@ -249,13 +249,27 @@ pub fn rust_bindings(source: &str, functions: &[(String, Signature)], runs_on: &
     }
     let _ = writeln!(r, "        }}\n    }}\n}}");
     for (name, sig) in functions {
-        entry_point(&mut r, source, name, sig);
+        // The preparer's entry point name (the signature names its symbol).
+        let prepare = sig.prepare.as_ref().and_then(|sym| {
+            functions
+                .iter()
+                .find(|(_, s)| &s.name == sym)
+                .map(|(n, s)| (n.as_str(), s.outputs().count()))
+        });
+        entry_point(&mut r, source, name, sig, prepare);
     }
     r
 }
 
-/// One entry point's safe wrapper.
-fn entry_point(r: &mut String, source: &str, name: &str, sig: &Signature) {
+/// One entry point's safe wrapper; `prepare`: the entry point that
+/// computes its last inputs from its weights, and how many.
+fn entry_point(
+    r: &mut String,
+    source: &str,
+    name: &str,
+    sig: &Signature,
+    prepare: Option<(&str, usize)>,
+) {
     let inputs: Vec<&Param> = sig.inputs().collect();
     let outputs: Vec<&Param> = sig.outputs().collect();
     let describe = |ps: &[&Param]| {
@@ -269,9 +283,17 @@ fn entry_point(r: &mut String, source: &str, name: &str, sig: &Signature) {
         [one] => one.clone(),
         many => format!("({})", many.join(", ")),
     };
+    let prepared = match prepare {
+        Some((p, n)) => format!(
+            "\n///\n/// The last {n} input(s) are the results of `{p}`, which prepares the weights \
+             once:\n/// call it when they are bound and pass its results to every call.",
+            p = ident(p)
+        ),
+        None => String::new(),
+    };
     let _ = writeln!(
         r,
-        "\n/// `{name}` of `{source}` (symbol `{sym}`).\n///\n/// Inputs: {ins}. Results: {outs}.\n\
+        "\n/// `{name}` of `{source}` (symbol `{sym}`).\n///\n/// Inputs: {ins}. Results: {outs}.{prepared}\n\
          ///\n/// # Errors\n///\n/// An input of another shape, or a failure of the compiled code.\n\
          #[allow(unsafe_code, non_snake_case, clippy::too_many_arguments, clippy::type_complexity)]\n\
          pub fn {f}({params}) -> Result<{result}, Error> {{",
@@ -375,6 +397,7 @@ mod tests {
                 p("out1", DType::I64, vec![], true),
             ],
             sites: vec![],
+            prepare: None,
         };
         let text = rust_bindings("m.dl", &[("f".into(), sig)], "x86-64-v3");
         assert!(text.contains(

@@ -97,6 +97,9 @@ pub enum DriverError {
     /// The work thread died (a bug: the front end must not panic).
     #[error("error: internal compiler error: {0}")]
     Internal(String),
+    /// Compiled code could not be called.
+    #[error("error: {0}")]
+    Runtime(#[from] dlc_runtime::RuntimeError),
 }
 
 /// A loaded input text.
@@ -920,6 +923,8 @@ pub fn interpret_tile_within(
     limit: f64,
 ) -> Result<Vec<HostTensor>, DriverError> {
     use dlc_tile::interp::{Buffer, run_function_within};
+    let prepared = prepare_tile_inputs(tiled, f, inputs, limit)?;
+    let (at, n) = (inputs.len(), prepared.len());
     interpret_buffers(f, inputs, "tile interpreter", |buffers| {
         let mut args: Vec<Buffer> = buffers
             .into_iter()
@@ -928,9 +933,91 @@ pub fn interpret_tile_within(
                 data,
             })
             .collect();
+        args.splice(at..at, prepared);
         run_function_within(tiled, &f.name, &mut args, limit).map_err(|e| e.to_string())?;
+        args.drain(at..at + n);
         Ok(args.into_iter().map(|b| b.data).collect())
     })
+}
+
+/// Calls function `name` of `tiled` on `inputs` through `run` (which runs
+/// one function on all of its inputs); when `name` has a preparer, `inputs`
+/// leave out the prepared inputs and `run` runs the preparer first.
+pub fn call_prepared(
+    tiled: &dlc_tile::Module,
+    name: &str,
+    inputs: &[HostTensor],
+    run: impl Fn(&str, &[HostTensor]) -> Result<Vec<HostTensor>, DriverError>,
+) -> Result<Vec<HostTensor>, DriverError> {
+    let find = |n: &str| {
+        tiled
+            .functions
+            .iter()
+            .find(|f| f.name == n)
+            .ok_or_else(|| DriverError::Usage(format!("no function @{n}")))
+    };
+    let main = find(name)?;
+    let Some(p) = &main.prepare else {
+        return run(name, inputs);
+    };
+    let sig = |f: &dlc_tile::Function| signature(f).map_err(DriverError::Usage);
+    let binding = dlc_runtime::PrepareBinding::new(&sig(main)?, &sig(find(p)?)?)?;
+    let all = binding.inputs(inputs, |weights| run(p, weights))?;
+    run(name, &all)
+}
+
+/// The prepared inputs of entry point `f` of `tiled` (none without a
+/// preparer): its preparer run by the tile interpreter on the weights
+/// among `inputs` (`f`'s inputs, by name).
+fn prepare_tile_inputs(
+    tiled: &dlc_tile::Module,
+    f: &Function,
+    inputs: &[HostTensor],
+    limit: f64,
+) -> Result<Vec<dlc_tile::interp::Buffer>, DriverError> {
+    use dlc_tile::interp::{Buffer, run_function_within};
+    let fail = |m: String| DriverError::Usage(format!("tile interpreter: {m}"));
+    let Some(p) = tiled
+        .functions
+        .iter()
+        .find(|t| t.name == f.name)
+        .and_then(|t| t.prepare.as_ref())
+    else {
+        return Ok(Vec::new());
+    };
+    let prep = tiled
+        .functions
+        .iter()
+        .find(|t| &t.name == p)
+        .ok_or_else(|| fail(format!("no preparer @{p}")))?;
+    let buffer_type = |name: &str, v| match prep.ty(v) {
+        dlc_tile::Type::Buffer(t) => Ok(t.clone()),
+        _ => Err(fail(format!("%{name} of @{p} is not a buffer"))),
+    };
+    let mut args = Vec::new();
+    for (name, v) in prep.inputs() {
+        let t = f
+            .params
+            .iter()
+            .position(|(n, _)| n == name)
+            .and_then(|i| inputs.get(i))
+            .ok_or_else(|| fail(format!("@{p} reads %{name}, which is not an input")))?;
+        args.push(Buffer {
+            ty: buffer_type(name, *v)?,
+            data: t.data.clone(),
+        });
+    }
+    let n_in = args.len();
+    for (name, v) in prep.results() {
+        let ty = buffer_type(name, *v)?;
+        let len = ty.layout.shape.iter().product();
+        args.push(Buffer {
+            ty,
+            data: vec![0.0; len],
+        });
+    }
+    run_function_within(tiled, p, &mut args, limit).map_err(|e| fail(e.to_string()))?;
+    Ok(args.split_off(n_in))
 }
 
 /// Runs an interpreter of a lowered level over contiguous buffers: `run`

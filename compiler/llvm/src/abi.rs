@@ -23,6 +23,9 @@ pub fn exported_signature<P: crate::Program + ?Sized>(
 ) -> R<Signature> {
     let mut sig = m.signature_of(name)?;
     sig.name = symbols.symbol(name).map_err(CodegenError::Symbol)?;
+    if let Some(p) = &sig.prepare {
+        sig.prepare = Some(symbols.symbol(p).map_err(CodegenError::Symbol)?);
+    }
     Ok(sig)
 }
 

@@ -81,15 +81,14 @@ fn emit_all<'ctx, I: Ir>(
         let symbol = symbols.symbol(I::name(f)).map_err(CodegenError::Symbol)?;
         let sites = Sites::default();
         let func = I::emit(ctx, module, f, &symbol, &sites, target)?;
-        let sites = export(
-            ctx,
-            module,
-            func,
-            &symbol,
-            I::arity(f),
-            I::signature(f),
-            &sites,
-        )?;
+        // The preparer named by its symbol, as a loaded library finds it.
+        let sig = I::signature(f).and_then(|mut sig| {
+            if let Some(p) = &sig.prepare {
+                sig.prepare = Some(symbols.symbol(p).map_err(CodegenError::Symbol)?);
+            }
+            Ok(sig)
+        });
+        let sites = export(ctx, module, func, &symbol, I::arity(f), sig, &sites)?;
         all.insert(I::name(f).to_string(), sites);
     }
     Ok(all)

@@ -280,6 +280,41 @@ fn calls_with_wrong_arguments_are_rejected() {
     assert_eq!(missing.to_string(), "no function `@g`");
 }
 
+/// Declared weights: the panels of every product by a weight (plain,
+/// transposed, batched, shared by two products, computed from weights) are
+/// packed by the preparer once per binding, and calls read them; results
+/// agree with the interpreter, a second call agrees with the first, and a
+/// call checks the inputs it takes (the prepared ones are not among them).
+#[test]
+fn weights_are_prepared_once_per_binding() {
+    let programs = [
+        "fn f(x: f32[50, 70], weight w: f32[70, 90], weight b: f32[90]) -> f32[50, 90] { return relu(x @ w + b); }",
+        "fn f(x: f32[50, 70], weight w: f32[90, 70]) -> f32[50, 90] { return x @ transpose(w); }",
+        "fn f(x: f32[3, 20, 40], weight w: f32[3, 40, 50]) -> f32[3, 20, 50] { return x @ w; }",
+        "fn f(x: f32[30, 64], y: f32[30, 64], weight w: f32[64, 64]) -> f32[30, 64] { return x @ w + y @ w; }",
+        "fn f(x: f32[30, 64], weight w: f32[64, 64], weight s: f32[64]) -> f32[30, 64] { return x @ (w * s); }",
+    ];
+    for src in programs {
+        let m = graph(src);
+        let tiles = dlc_driver::lower_for_cpu(&m).unwrap();
+        let text = dlc_tile::print_module(&tiles);
+        assert!(text.contains("prepare @f_prepare"), "{src}\n{text}");
+        jit_agrees(src);
+    }
+    // The preparer's results are not inputs of a call.
+    let m = graph(programs[0]);
+    let tiles = dlc_driver::lower_for_cpu(&m).unwrap();
+    let f = m.entry_points().next().unwrap();
+    let mut inputs = prepare_inputs(f, &[], Some(0)).unwrap();
+    let err = dlc_llvm::jit(&tiles, |jit| {
+        let k = jit.kernel("f")?;
+        inputs.pop();
+        Ok(k.call(&inputs).unwrap_err().to_string())
+    })
+    .unwrap();
+    assert_eq!(err, "`f` takes 3 input(s), got 2: missing `b` (f32[90])");
+}
+
 /// Contractions compiled as packed, register-tiled `loop.matmul`s: row
 /// counts that are not multiples of the register tile (6) or the row block
 /// (72, so several blocks run on threads), columns that are not multiples of

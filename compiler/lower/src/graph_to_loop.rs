@@ -140,7 +140,10 @@ fn lower_function(g: &GFunction) -> Result<Function, LowerError> {
     let mut b = Builder::new(g.name.clone());
     let mut home = HashMap::new();
     let mut taken: HashSet<String> = HashSet::new();
-    for (name, node) in &g.params {
+    for (i, (name, node)) in g.params.iter().enumerate() {
+        if g.is_weight(i) {
+            b.weight(i);
+        }
         let v = b.param(name.clone(), contiguous(&g.body[*node].results[0]));
         home.insert(*node, v);
         taken.insert(name.clone());

@@ -200,7 +200,14 @@ pub fn convert_module_with(m: &LModule, params: &ScheduleParams) -> Result<Modul
             dlc_tile::transforms::insert_barriers(f);
         }
     }
-    Ok(Module { functions })
+    let mut m = Module { functions };
+    // On a CPU, work on weights alone runs once, when they are bound (the
+    // GPU runtime does not call preparers yet: there weights are inputs
+    // like any other).
+    if !params.stage_shared {
+        dlc_tile::transforms::split_prepare(&mut m);
+    }
+    Ok(m)
 }
 
 fn tile_buffer(t: &LBufferType) -> BufferType {
@@ -403,6 +410,7 @@ impl<'a> Conv<'a> {
                 .param(name.clone(), tile_buffer(t), i + self.src.outputs >= n);
             self.buffers.insert(*v, tv);
         }
+        self.b.set_weights(self.src.weights.clone());
         let top: Vec<LOpId> = self.src.body.ops.clone();
         for &id in &top {
             if let L::Const(c) = self.op(id).kind {
@@ -1843,7 +1851,8 @@ impl<'a> Conv<'a> {
     }
 
     /// Where the programs of packed product `m` read the right operand's
-    /// panels: packed by each program into scratch memory, one slice of a
+    /// panels: packed once by a kernel of their own when the operand is a
+    /// weight; else packed by each program into scratch memory, one slice of a
     /// panel at a time, when each panel serves one program; else read in
     /// place where the operand allows it; else packed once by a kernel of
     /// its own (`panels[batch.., kb, nb, k, j]`), emitted here.
@@ -1853,7 +1862,9 @@ impl<'a> Conv<'a> {
         batch: Option<(LValue, i64, usize)>,
         plan: &PackPlan,
     ) -> Result<Panels, TileConvError> {
-        Ok(if self.packs_own_panels(m, plan.blocks) {
+        Ok(if self.weight_operand(m) {
+            Panels::Global(self.pack_kernel(m, batch, plan)?)
+        } else if self.packs_own_panels(m, plan.blocks) {
             Panels::Own
         } else if self.reads_in_place(m, plan.blocks, plan.l1_sets) {
             Panels::InPlace
@@ -2423,6 +2434,19 @@ impl<'a> Conv<'a> {
             })
             .count();
         blocks == 1 && readers == 1
+    }
+
+    /// Whether the right operand of product `m` is a view of a weight
+    /// parameter: its panels are packed by a kernel of their own, which
+    /// reads nothing else and so can run once, when the weights are bound
+    /// (see `dlc_tile::transforms::split_prepare`).
+    fn weight_operand(&self, m: LOpId) -> bool {
+        let root = self.root_buffer(self.op(m).operands[1]);
+        self.src
+            .params
+            .iter()
+            .enumerate()
+            .any(|(i, (_, v))| *v == root && self.src.weights.contains(&i))
     }
 
     /// Whether packed product `m` (of `blocks` blocks of rows) reads its

@@ -345,6 +345,54 @@ fn attention_runs_as_one_kernel_over_blocks_of_rows() {
     }
 }
 
+/// Declared weights: on the CPU, kernels that read nothing but weights (the
+/// packing of a product's right operand, an element-wise op on weights)
+/// move to a preparer the tile interpreter runs first; on a GPU nothing
+/// moves. Both agree with the graph interpreter.
+#[test]
+fn work_on_weights_alone_moves_to_a_preparer() {
+    let programs = [
+        // Packing by a weight, plain and through a transposed view.
+        (
+            "fn f(x: f32[50, 70], weight w: f32[70, 90], weight b: f32[90]) -> f32[50, 90] { return relu(x @ w + b); }",
+            1,
+        ),
+        (
+            "fn f(x: f32[50, 70], weight w: f32[90, 70]) -> f32[50, 90] { return x @ transpose(w); }",
+            1,
+        ),
+        // A weight computed from weights: the product and its packing move.
+        (
+            "fn f(x: f32[30, 64], weight w: f32[64, 64], weight s: f32[64]) -> f32[30, 64] { return x @ (w * s); }",
+            1,
+        ),
+        // Nothing reads only weights: no preparer.
+        (
+            "fn f(x: f32[30, 64], weight b: f32[64]) -> f32[30, 64] { return x + b; }",
+            0,
+        ),
+        (
+            "fn f(x: f32[30, 64], w: f32[64, 64]) -> f32[30, 64] { return x @ w; }",
+            0,
+        ),
+    ];
+    for (src, preparers) in programs {
+        let m = graph(src);
+        let cpu = kernels(&m, TargetDesc::host());
+        let gpu = kernels(&m, &TargetDesc::sm_90());
+        let count =
+            |t: &dlc_tile::Module| t.functions.iter().filter(|f| f.prepare.is_some()).count();
+        assert_eq!(
+            count(&cpu),
+            preparers,
+            "{src}\n{}",
+            dlc_tile::print_module(&cpu)
+        );
+        assert_eq!(count(&gpu), 0, "{src}");
+        agree(src);
+    }
+}
+
 /// The schedule is a parameter: odd vector widths and block sizes (ragged
 /// masks everywhere, blocks of one element, packing blockings that do not
 /// divide anything) give the same results on the tile interpreter.

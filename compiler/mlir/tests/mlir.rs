@@ -86,14 +86,19 @@ fn compare(
         &format!("{what} (loop IR)"),
         module,
         f,
-        dlc_mlir::run(loops, &f.name, inputs),
+        dlc_mlir::run(loops, &f.name, inputs).map_err(|e| e.to_string()),
         inputs,
     );
+    // A function with declared weights runs its preparer first.
+    let tiled = dlc_driver::call_prepared(tiles, &f.name, inputs, |name, inputs| {
+        dlc_mlir::run_tile(tiles, name, inputs)
+            .map_err(|e| dlc_driver::DriverError::Codegen(e.to_string()))
+    });
     check_one(
         &format!("{what} (tile IR)"),
         module,
         f,
-        dlc_mlir::run_tile(tiles, &f.name, inputs),
+        tiled.map_err(|e| e.to_string()),
         inputs,
     );
 }
@@ -103,7 +108,7 @@ fn check_one(
     what: &str,
     module: &dlc_graph::Module,
     f: &dlc_graph::Function,
-    got: Result<Vec<dlc_runtime::HostTensor>, dlc_mlir::MlirError>,
+    got: Result<Vec<dlc_runtime::HostTensor>, String>,
     inputs: &[dlc_runtime::HostTensor],
 ) {
     match dlc_driver::interpret(module, f, inputs) {
@@ -134,7 +139,14 @@ fn every_example_runs(tiles: bool) {
         for f in module.entry_points() {
             let inputs = dlc_driver::prepare_inputs(f, &[], Some(1)).unwrap();
             let got = if tiles {
-                dlc_mlir::run_tile(&only(&tile_ir, &f.name), &f.name, &inputs)
+                // The entry point and its preparer, when its weights have work
+                // of their own (the preparer runs first).
+                let one = only(&tile_ir, &f.name);
+                dlc_driver::call_prepared(&one, &f.name, &inputs, |name, inputs| {
+                    dlc_mlir::run_tile(&one, name, inputs)
+                        .map_err(|e| dlc_driver::DriverError::Codegen(e.to_string()))
+                })
+                .map_err(|e| e.to_string())
             } else {
                 let single = dlc_loop::Module {
                     functions: loops
@@ -144,7 +156,7 @@ fn every_example_runs(tiles: bool) {
                         .cloned()
                         .collect(),
                 };
-                dlc_mlir::run(&single, &f.name, &inputs)
+                dlc_mlir::run(&single, &f.name, &inputs).map_err(|e| e.to_string())
             };
             let level = if tiles { "tile IR" } else { "loop IR" };
             check_one(&format!("{path} ({level})"), &module, f, got, &inputs);
@@ -154,13 +166,18 @@ fn every_example_runs(tiles: bool) {
     assert!(ran >= 19, "only {ran} entry points ran");
 }
 
-/// Function `name` of a tile module alone.
+/// Function `name` of a tile module, with its preparer if it has one.
 fn only(m: &dlc_tile::Module, name: &str) -> dlc_tile::Module {
+    let prepare = m
+        .functions
+        .iter()
+        .find(|g| g.name == name)
+        .and_then(|g| g.prepare.clone());
     dlc_tile::Module {
         functions: m
             .functions
             .iter()
-            .filter(|g| g.name == name)
+            .filter(|g| g.name == name || Some(&g.name) == prepare.as_ref())
             .cloned()
             .collect(),
     }

@@ -73,6 +73,10 @@ pub struct Function {
     pub body: StableDiGraph<Node, Use>,
     /// Returned values, in order.
     pub results: Vec<Value>,
+    /// The parameters (indices into `params`) declared weights: bound once
+    /// and read by many calls, so work on them alone may run once, when
+    /// they are bound (printed `weight %name`).
+    pub weights: std::collections::BTreeSet<usize>,
 }
 
 impl Function {
@@ -84,6 +88,7 @@ impl Function {
             params: Vec::new(),
             body: StableDiGraph::new(),
             results: Vec::new(),
+            weights: Default::default(),
         }
     }
 
@@ -97,6 +102,11 @@ impl Function {
         });
         self.params.push((name.into(), node));
         Value::of(node)
+    }
+
+    /// Whether parameter `i` is a weight.
+    pub fn is_weight(&self, i: usize) -> bool {
+        self.weights.contains(&i)
     }
 
     /// Adds an op with the given operands and result types.

@@ -86,9 +86,10 @@ impl Parser {
         self.expect("(")?;
         if !self.eat(")") {
             loop {
+                let weight = self.eat_ident("weight");
                 let pname = match self.peek().clone() {
                     Tok::Percent(n) => n,
-                    _ => return self.expected("a parameter `%name`"),
+                    _ => return self.expected("a parameter `%name` (or `weight %name`)"),
                 };
                 if scope.contains_key(&pname) {
                     return self.error(format!("`%{pname}` is defined twice"));
@@ -96,6 +97,9 @@ impl Parser {
                 self.bump();
                 self.expect(":")?;
                 let ty = self.tensor_type()?;
+                if weight {
+                    f.weights.insert(f.params.len());
+                }
                 let v = f.add_param(pname.clone(), ty);
                 scope.insert(pname, v.node);
                 if self.eat(")") {

@@ -95,7 +95,8 @@ fn print_function(f: &Function, out: &mut String) {
         if i > 0 {
             out.push_str(", ");
         }
-        let _ = write!(out, "%{name}: {}", f.body[*node].results[0]);
+        let weight = if f.is_weight(i) { "weight " } else { "" };
+        let _ = write!(out, "{weight}%{name}: {}", f.body[*node].results[0]);
     }
     let rtypes = f.result_types();
     if rtypes.len() == 1 {

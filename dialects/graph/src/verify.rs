@@ -75,6 +75,9 @@ fn verify_function(module: &Module, f: &Function, errors: &mut Vec<VerifyError>)
             ),
         }
     }
+    if let Some(w) = f.weights.iter().find(|&&w| w >= f.params.len()) {
+        err(fname.clone(), format!("weight {w} is not a parameter"));
+    }
     for node in f.body.node_indices() {
         let n = &f.body[node];
         let loc = name_of(node);

@@ -57,6 +57,11 @@ impl Builder {
         self.f.add_param(name, ty)
     }
 
+    /// Marks input parameter `i` a weight.
+    pub fn weight(&mut self, i: usize) {
+        self.f.weights.insert(i);
+    }
+
     /// Appends an output buffer parameter: a result the function writes.
     pub fn output(&mut self, name: impl Into<String>, ty: BufferType) -> Value {
         self.f.outputs += 1;

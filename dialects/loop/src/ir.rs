@@ -109,6 +109,9 @@ pub struct Function {
     /// How many of the parameters, at the end, are results the function
     /// writes (printed with `out`); the others are inputs it only reads.
     pub outputs: usize,
+    /// The inputs (indices into `params`) that are weights: bound once and
+    /// read by many calls (printed `weight %name`).
+    pub weights: std::collections::BTreeSet<usize>,
     /// The body.
     pub body: Block,
     /// Type of each value, indexed by [`Value`].

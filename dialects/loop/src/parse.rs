@@ -226,6 +226,9 @@ impl Parser {
                     return self.expected("`out`: results follow the inputs");
                 }
                 self.f.outputs += usize::from(output);
+                if !output && self.eat_ident("weight") {
+                    self.f.weights.insert(self.f.params.len());
+                }
                 let pname = self.name("a parameter `%name`")?;
                 self.expect(":")?;
                 if !self.eat_ident("buffer") {

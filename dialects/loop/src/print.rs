@@ -46,7 +46,13 @@ fn print_function(f: &Function, out: &mut String) {
         .iter()
         .enumerate()
         .map(|(i, (n, v))| {
-            let out = if i >= first_output { "out " } else { "" };
+            let out = if i >= first_output {
+                "out "
+            } else if f.weights.contains(&i) {
+                "weight "
+            } else {
+                ""
+            };
             format!("{out}%{n}: {}", f.ty(*v))
         })
         .collect();

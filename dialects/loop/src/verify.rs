@@ -99,6 +99,10 @@ impl<'a> Checker<'a> {
                 self.err(loc.clone(), format!("parameter %{name} is not a buffer"));
             }
         }
+        let inputs = self.f.params.len().saturating_sub(self.f.outputs);
+        if let Some(w) = self.f.weights.iter().find(|&&w| w >= inputs) {
+            self.err(loc.clone(), format!("weight {w} is not an input parameter"));
+        }
         let body = self.f.body.clone();
         self.block(&body, BlockKind::Function, &[], &loc);
     }

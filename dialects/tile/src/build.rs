@@ -51,6 +51,11 @@ impl Builder {
         self.f.add_param(name, ty)
     }
 
+    /// Marks the inputs (indices into the parameters) that are weights.
+    pub fn set_weights(&mut self, weights: std::collections::BTreeSet<usize>) {
+        self.f.weights = weights;
+    }
+
     /// The type of a value built so far.
     pub fn ty(&self, v: Value) -> &Type {
         self.f.ty(v)

@@ -376,6 +376,14 @@ pub struct Function {
     pub params: Vec<(String, Value)>,
     /// How many of the parameters, at the end, are results.
     pub outputs: usize,
+    /// The inputs (indices into `params`) that are weights: bound once and
+    /// read by many calls (printed `weight %name`).
+    pub weights: std::collections::BTreeSet<usize>,
+    /// The function that computes this one's prepared inputs from its
+    /// weights, once, when they are bound (printed `prepare @name`): its
+    /// results are, by name and in order, the last inputs of this function
+    /// (see `transforms::split_prepare`).
+    pub prepare: Option<String>,
     /// The body.
     pub body: Block,
     /// Type of each value, indexed by [`Value`].

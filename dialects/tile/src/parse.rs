@@ -261,6 +261,9 @@ impl Parser {
                     return self.expected("`out`: results follow the inputs");
                 }
                 self.f.outputs += usize::from(output);
+                if !output && self.eat_ident("weight") {
+                    self.f.weights.insert(self.f.params.len());
+                }
                 let pname = self.name("a parameter `%name`")?;
                 self.expect(":")?;
                 if !self.eat_ident("buffer") {
@@ -273,6 +276,15 @@ impl Parser {
                     break;
                 }
                 self.expect(",")?;
+            }
+        }
+        if self.eat_ident("prepare") {
+            match self.bump() {
+                Tok::At(n) => self.f.prepare = Some(n),
+                _ => {
+                    self.pos -= 1;
+                    return self.expected("the preparing function's name `@name`");
+                }
             }
         }
         self.expect("{")?;

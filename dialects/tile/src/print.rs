@@ -52,13 +52,24 @@ fn print_function(f: &Function, out: &mut String) {
         .map(|(i, (n, v))| {
             let out = if i + f.outputs >= f.params.len() {
                 "out "
+            } else if f.weights.contains(&i) {
+                "weight "
             } else {
                 ""
             };
             format!("{out}%{n}: {}", f.ty(*v))
         })
         .collect();
-    let _ = writeln!(out, "tile.func @{}({}) {{", f.name, params.join(", "));
+    let prepare = f
+        .prepare
+        .as_ref()
+        .map_or(String::new(), |p| format!(" prepare @{p}"));
+    let _ = writeln!(
+        out,
+        "tile.func @{}({}){prepare} {{",
+        f.name,
+        params.join(", ")
+    );
     print_block(f, &f.body, &mut namer, 1, out);
     out.push_str("}\n");
 }

@@ -91,6 +91,8 @@ pub fn dce(f: &mut Function) -> usize {
 }
 
 pub mod barriers;
+mod prepare;
 mod reuse;
 pub use barriers::insert_barriers;
+pub use prepare::split_prepare;
 pub use reuse::reuse_packs;

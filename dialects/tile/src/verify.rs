@@ -35,7 +35,68 @@ pub fn verify_module(m: &Module) -> Vec<VerifyError> {
         }
         Checker::new(f, &mut errors).function();
     }
+    for f in &m.functions {
+        if let Some(p) = &f.prepare
+            && let Err(message) = check_prepare(m, f, p)
+        {
+            errors.push(VerifyError {
+                location: format!("@{}", f.name),
+                message,
+            });
+        }
+    }
     errors
+}
+
+/// Checks that function `p` of `m` prepares `f`'s last inputs: its results
+/// are those inputs, by name, type and order, and its inputs are weights of
+/// `f` (by name and type).
+fn check_prepare(m: &Module, f: &Function, p: &str) -> Result<(), String> {
+    let prep = m
+        .functions
+        .iter()
+        .find(|g| g.name == p)
+        .ok_or_else(|| format!("is prepared by @{p}, which is not defined"))?;
+    if prep.prepare.is_some() {
+        return Err(format!("is prepared by @{p}, which is itself prepared"));
+    }
+    let inputs = f.inputs();
+    let results = prep.results();
+    if results.is_empty() || results.len() > inputs.len() {
+        return Err(format!(
+            "is prepared by @{p}, whose {} results are not among its {} inputs",
+            results.len(),
+            inputs.len()
+        ));
+    }
+    let first = inputs.len() - results.len();
+    for (k, ((pn, pv), (n, v))) in results.iter().zip(&inputs[first..]).enumerate() {
+        if pn != n || prep.ty(*pv) != f.ty(*v) {
+            return Err(format!(
+                "input %{n} ({}) is not result %{pn} ({}) of @{p}",
+                f.ty(*v),
+                prep.ty(*pv)
+            ));
+        }
+        if !f.weights.contains(&(first + k)) {
+            return Err(format!("prepared input %{n} is not a weight"));
+        }
+    }
+    for (pn, pv) in prep.inputs() {
+        let found = inputs[..first]
+            .iter()
+            .enumerate()
+            .find(|(_, (n, _))| n == pn);
+        match found {
+            Some((i, (_, v))) if f.ty(*v) == prep.ty(*pv) && f.weights.contains(&i) => {}
+            _ => {
+                return Err(format!(
+                    "@{p} reads %{pn}, which is not a weight of this function of that type"
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The printed name of every op, as the text printer numbers values:
@@ -165,6 +226,10 @@ impl<'a> Checker<'a> {
         }
         if self.f.outputs > self.f.params.len() {
             self.err(loc.clone(), "has more outputs than parameters".into());
+        }
+        let inputs = self.f.params.len().saturating_sub(self.f.outputs);
+        if let Some(w) = self.f.weights.iter().find(|&&w| w >= inputs) {
+            self.err(loc.clone(), format!("weight {w} is not an input parameter"));
         }
         self.block(&self.f.body, Context::Host, None, &loc);
     }

@@ -75,7 +75,19 @@ fn run(save_dir: Option<&Path>) -> Result<(), Box<dyn std::error::Error>> {
     let b1 = input(&[4096], 3, 0.1).into_dimensionality()?;
     let w2 = input(&[4096, 1024], 4, 0.02).into_dimensionality()?;
     let b2 = input(&[1024], 5, 0.1).into_dimensionality()?;
-    let y = mlp::mlp(x.view(), w1.view(), b1.view(), w2.view(), b2.view())?;
+    // Its weights are declared (`weight w1: ..`): `mlp_prepare` packs the
+    // two weight matrices once, and each call of `mlp` reads the packed
+    // panels.
+    let (w1_packed, w2_packed) = mlp::mlp_prepare(w1.view(), w2.view())?;
+    let y = mlp::mlp(
+        x.view(),
+        w1.view(),
+        b1.view(),
+        w2.view(),
+        b2.view(),
+        w1_packed.view(),
+        w2_packed.view(),
+    )?;
     summary("mlp", &y);
     if let Some(dir) = save_dir {
         let dir = dir.join("mlp");

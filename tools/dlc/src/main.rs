@@ -890,8 +890,10 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                 }
                 Backend::MlirTile => {
                     let tiles = dlc_driver::lower_for_cpu(&module)?;
-                    dlc_mlir::run_tile(&tiles, &f.name, &args)
-                        .map_err(|e| DriverError::Codegen(e.to_string()))?
+                    dlc_driver::call_prepared(&tiles, &f.name, &args, |name, inputs| {
+                        dlc_mlir::run_tile(&tiles, name, inputs)
+                            .map_err(|e| DriverError::Codegen(e.to_string()))
+                    })?
                 }
                 _ => interpret_within(&module, f, &args, max_work)?,
             };

@@ -28,7 +28,7 @@ use crate::ops::OpKind;
 type CopyKey = (String, Vec<Option<(Value, Type)>>);
 
 /// Each view's base buffer.
-fn view_bases(f: &Function) -> HashMap<Value, Value> {
+pub(super) fn view_bases(f: &Function) -> HashMap<Value, Value> {
     f.ops
         .iter()
         .filter(|op| matches!(op.kind, OpKind::View))
@@ -37,7 +37,7 @@ fn view_bases(f: &Function) -> HashMap<Value, Value> {
 }
 
 /// The buffer `v` is a view of, through any number of views.
-fn root(views: &HashMap<Value, Value>, mut v: Value) -> Value {
+pub(super) fn root(views: &HashMap<Value, Value>, mut v: Value) -> Value {
     while let Some(&base) = views.get(&v) {
         v = base;
     }
@@ -45,7 +45,7 @@ fn root(views: &HashMap<Value, Value>, mut v: Value) -> Value {
 }
 
 /// Roots of every buffer that `ops` (and ops nested in them) store to.
-fn stored_roots(
+pub(super) fn stored_roots(
     f: &Function,
     views: &HashMap<Value, Value>,
     ops: &[OpId],

@@ -239,6 +239,7 @@ pub fn rebuild(
         .collect();
 
     let mut f = Function::new(original.name.clone(), original.visibility);
+    f.weights = original.weights.clone();
     let mut value: HashMap<Id, Value> = HashMap::new();
     let mut params: Vec<Option<Value>> = vec![None; original.params.len()];
     for (i, (name, node)) in original.params.iter().enumerate() {

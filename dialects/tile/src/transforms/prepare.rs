@@ -1,0 +1,267 @@
+//! Work on weights alone, done once when they are bound.
+//!
+//! A function's inputs declared weights (`weight %w`) take the same values
+//! call after call, so a kernel that reads nothing but weights (a `pack`
+//! kernel copying a weight matrix into the panels the micro-kernel reads,
+//! say) computes the same buffer on every call. [`split_prepare`] moves
+//! such kernels out of function `@f` into a function of their own,
+//! `@f_prepare`, whose inputs are the weights they read and whose results
+//! are the buffers the rest of `@f` reads; those buffers become inputs of
+//! `@f` (weights themselves, after its other inputs, in the order
+//! `@f_prepare` returns them), and `@f` names its preparer
+//! (`tile.func @f(..) prepare @f_prepare`). A caller runs `@f_prepare` once
+//! per binding of the weights and `@f` per call.
+//!
+//! A kernel moves when every buffer it loads is a weight, a constant or a
+//! buffer written by a kernel that moved, and every buffer it stores to is
+//! a buffer of the function body (`tile.alloc`) that nothing else writes.
+//! The weights stay inputs of `@f` (a caller passes the same inputs as
+//! before), whether or not `@f` still reads them.
+
+use std::collections::{HashMap, HashSet};
+
+use super::reuse::{root, stored_roots, view_bases};
+use crate::ir::{Function, Module, OpId, Value};
+use crate::ops::OpKind;
+
+/// Roots of every buffer that `ops` (and ops nested in them) load from.
+fn loaded_roots(
+    f: &Function,
+    views: &HashMap<Value, Value>,
+    ops: &[OpId],
+    out: &mut HashSet<Value>,
+) {
+    for &id in ops {
+        let op = f.op(id);
+        if matches!(op.kind, OpKind::Load { .. })
+            && let Some(&b) = op.operands.first()
+        {
+            out.insert(root(views, b));
+        }
+        for r in &op.regions {
+            loaded_roots(f, views, &r.ops, out);
+        }
+    }
+}
+
+/// Ops reachable from `f`'s body.
+fn reachable(f: &Function) -> HashSet<OpId> {
+    let mut seen = HashSet::new();
+    let mut pending: Vec<OpId> = f.body.ops.clone();
+    while let Some(id) = pending.pop() {
+        if seen.insert(id) {
+            pending.extend(f.op(id).regions.iter().flat_map(|r| r.ops.iter().copied()));
+        }
+    }
+    seen
+}
+
+/// A name like `base` that is not in `taken`.
+fn fresh(base: String, taken: &mut HashSet<String>) -> String {
+    let mut name = base;
+    while taken.contains(&name) {
+        name.push('_');
+    }
+    taken.insert(name.clone());
+    name
+}
+
+/// What moves out of one function: the kernels, the buffers they write
+/// that the rest reads (in allocation order, with their names) and those
+/// only they use.
+struct Split {
+    moved: Vec<OpId>,
+    prepared: Vec<(String, Value)>,
+    written: HashSet<Value>,
+    weights_read: Vec<(String, Value)>,
+}
+
+fn plan(f: &Function) -> Option<Split> {
+    let views = view_bases(f);
+    let body = &f.body.ops;
+    let mut loads: Vec<HashSet<Value>> = Vec::with_capacity(body.len());
+    let mut stores: Vec<HashSet<Value>> = Vec::with_capacity(body.len());
+    for &id in body {
+        let (mut l, mut s) = (HashSet::new(), HashSet::new());
+        loaded_roots(f, &views, &[id], &mut l);
+        stored_roots(f, &views, &[id], &mut s);
+        loads.push(l);
+        stores.push(s);
+    }
+    let mut writers: HashMap<Value, usize> = HashMap::new();
+    for s in &stores {
+        for &v in s {
+            *writers.entry(v).or_default() += 1;
+        }
+    }
+    let allocated: HashSet<Value> = body
+        .iter()
+        .filter(|&&id| matches!(f.op(id).kind, OpKind::Alloc))
+        .filter_map(|&id| f.op(id).results.first().copied())
+        .collect();
+    // Weights nothing writes, and constants: what a moved kernel may read.
+    let mut known: HashSet<Value> = f
+        .params
+        .iter()
+        .enumerate()
+        .filter(|(i, (_, v))| f.weights.contains(i) && !writers.contains_key(v))
+        .map(|(_, (_, v))| *v)
+        .collect();
+    known.extend(
+        body.iter()
+            .filter(|&&id| matches!(f.op(id).kind, OpKind::Global(_)))
+            .filter_map(|&id| f.op(id).results.first().copied()),
+    );
+    let mut moved = Vec::new();
+    let mut moved_pos = HashSet::new();
+    let mut written: HashSet<Value> = HashSet::new();
+    for (pos, &id) in body.iter().enumerate() {
+        if !matches!(f.op(id).kind, OpKind::Kernel { .. }) {
+            continue;
+        }
+        let (l, s) = (&loads[pos], &stores[pos]);
+        let movable = !s.is_empty()
+            && l.iter().all(|v| known.contains(v))
+            && s.iter()
+                .all(|v| allocated.contains(v) && writers.get(v) == Some(&1) && !l.contains(v));
+        if movable {
+            moved.push(id);
+            moved_pos.insert(pos);
+            written.extend(s);
+            known.extend(s);
+        }
+    }
+    // The buffers the kernels that stay read.
+    let read_by_rest: HashSet<Value> = (0..body.len())
+        .filter(|p| !moved_pos.contains(p))
+        .flat_map(|p| loads[p].iter().copied())
+        .collect();
+    let mut taken: HashSet<String> = f.params.iter().map(|(n, _)| n.clone()).collect();
+    let param_name: HashMap<Value, &str> = f.params.iter().map(|(n, v)| (*v, n.as_str())).collect();
+    let mut prepared = Vec::new();
+    for &id in body {
+        let op = f.op(id);
+        let Some(&b) = op.results.first() else {
+            continue;
+        };
+        if !matches!(op.kind, OpKind::Alloc) || !written.contains(&b) || !read_by_rest.contains(&b)
+        {
+            continue;
+        }
+        // Named after the first weight its writer reads.
+        let writer = (0..body.len()).find(|p| moved_pos.contains(p) && stores[*p].contains(&b));
+        let source = writer
+            .and_then(|p| {
+                let mut names: Vec<&str> = loads[p]
+                    .iter()
+                    .filter_map(|v| param_name.get(v).copied())
+                    .collect();
+                names.sort_unstable();
+                names.first().map(|n| n.to_string())
+            })
+            .unwrap_or_else(|| "weight".into());
+        prepared.push((fresh(format!("{source}_packed"), &mut taken), b));
+    }
+    if prepared.is_empty() {
+        return None;
+    }
+    let mut read: HashSet<Value> = HashSet::new();
+    for (pos, _) in body
+        .iter()
+        .enumerate()
+        .filter(|(p, _)| moved_pos.contains(p))
+    {
+        read.extend(&loads[pos]);
+    }
+    let weights_read = f
+        .inputs()
+        .iter()
+        .filter(|(_, v)| read.contains(v))
+        .cloned()
+        .collect();
+    Some(Split {
+        moved,
+        prepared,
+        written,
+        weights_read,
+    })
+}
+
+/// Splits every function of `m` with weights whose kernels read only
+/// weights (see the module's documentation); returns how many kernels
+/// moved.
+pub fn split_prepare(m: &mut Module) -> usize {
+    let mut names: HashSet<String> = m.functions.iter().map(|f| f.name.clone()).collect();
+    let mut added = Vec::new();
+    let mut count = 0;
+    for f in &mut m.functions {
+        if f.weights.is_empty() || f.prepare.is_some() {
+            continue;
+        }
+        let Some(split) = plan(f) else {
+            continue;
+        };
+        let name = fresh(format!("{}_prepare", f.name), &mut names);
+        let moved: HashSet<OpId> = split.moved.iter().copied().collect();
+        let prepared: HashSet<Value> = split.prepared.iter().map(|p| p.1).collect();
+        let is_buffer_op_of = |f: &Function, id: OpId, set: &HashSet<Value>| {
+            let op = f.op(id);
+            match op.kind {
+                OpKind::Alloc => op.results.first().is_some_and(|r| set.contains(r)),
+                OpKind::Dealloc => op.operands.first().is_some_and(|b| set.contains(b)),
+                _ => false,
+            }
+        };
+        // The preparer: the moved kernels, the buffers only they use, and
+        // every pure op of the body (what they do not use goes).
+        let mut p = f.clone();
+        p.name = name.clone();
+        p.prepare = None;
+        p.weights.clear();
+        let intermediates: HashSet<Value> = split.written.difference(&prepared).copied().collect();
+        p.body.ops.retain(|&id| {
+            let op = f.op(id);
+            moved.contains(&id)
+                || is_buffer_op_of(f, id, &intermediates)
+                || matches!(op.kind, OpKind::Return)
+                || (op.regions.is_empty()
+                    && !matches!(
+                        op.kind,
+                        OpKind::Alloc | OpKind::Dealloc | OpKind::Kernel { .. }
+                    ))
+        });
+        p.params = split.weights_read.clone();
+        p.params.extend(split.prepared.iter().cloned());
+        p.outputs = split.prepared.len();
+        let live = reachable(&p);
+        for i in 0..p.ops.len() {
+            if !live.contains(&OpId(i as u32)) {
+                super::detach(&mut p, OpId(i as u32));
+            }
+        }
+        super::dce(&mut p);
+        // The function itself: the prepared buffers are inputs now.
+        let kept: Vec<OpId> = f
+            .body
+            .ops
+            .iter()
+            .copied()
+            .filter(|&id| !moved.contains(&id) && !is_buffer_op_of(f, id, &split.written))
+            .collect();
+        f.body.ops = kept;
+        for &id in &split.moved {
+            super::detach(f, id);
+        }
+        let at = f.params.len() - f.outputs.min(f.params.len());
+        for (k, param) in split.prepared.iter().enumerate() {
+            f.params.insert(at + k, param.clone());
+            f.weights.insert(at + k);
+        }
+        f.prepare = Some(name);
+        super::dce(f);
+        count += split.moved.len();
+        added.push(p);
+    }
+    m.functions.extend(added);
+    count
+}
