@@ -733,7 +733,8 @@ pub enum RandomRange {
 
 /// For each parameter of `f`, how its random values are drawn, from the ops
 /// that read it (directly or through reshapes, transposes, broadcasts,
-/// slices and concatenations): [`RandomRange::Positive`] for a batchnorm
+/// slices, concatenations, products by anything and sums with a constant,
+/// as a batchnorm folded into convolution weights leaves them): [`RandomRange::Positive`] for a batchnorm
 /// variance, the operand of `sqrt`, `rsqrt` or `log` and the base of
 /// `pow`; [`RandomRange::Weight`] for the right operand of a matrix product
 /// (fan-in: the contraction length) and the weights of a convolution
@@ -776,6 +777,17 @@ pub fn random_ranges(f: &Function) -> Vec<RandomRange> {
                     | Op::Broadcast { .. }
                     | Op::Slice { .. }
                     | Op::Concat { .. } => stack.push(u),
+                    // What optimization makes of a batchnorm folded into a
+                    // convolution's weights: `sqrt(v + eps)`, and the
+                    // weights scaled per channel (`w * (g / sqrt(..))`).
+                    Op::Binary(BinaryOp::Add)
+                        if operands
+                            .iter()
+                            .any(|v| matches!(f.body[v.node].op, Op::Constant(_))) =>
+                    {
+                        stack.push(u)
+                    }
+                    Op::Binary(BinaryOp::Mul) => stack.push(u),
                     _ => {}
                 }
             }
@@ -1305,6 +1317,36 @@ mod tests {
             "two entry points need one chosen"
         );
         assert!(only_entry(&m, Some("nope")).is_err());
+    }
+
+    /// A batchnorm folded into a convolution's declared weights leaves
+    /// `sqrt(v + eps)` and `w * scale`: the variance is still drawn
+    /// positive and the weights still scaled by their fan-in.
+    #[test]
+    fn random_ranges_survive_batchnorm_folding() {
+        let mut m = compile_source(&SourceText {
+            name: "t.dl".into(),
+            text: "fn f(x: f32[1, 2, 6, 6], weight w: f32[4, 2, 3, 3], weight m: f32[4],
+                        weight v: f32[4], weight g: f32[4], weight b: f32[4]) -> f32[1, 4, 6, 6] {
+                       return batchnorm(conv2d(x, w, padding=1), m, v, g, b, eps=1e-5);
+                   }"
+            .into(),
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+        run_passes(&mut m, DEFAULT_PIPELINE, PassOptions::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let f = select_entry(&m, None).unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            !m.functions
+                .iter()
+                .flat_map(|f| f.body.node_weights())
+                .any(|n| matches!(n.op, dlc_graph::Op::BatchNorm { .. })),
+            "the batchnorm should be folded"
+        );
+        let ranges = random_ranges(f);
+        assert_eq!(ranges[1], RandomRange::Weight(1.0 / 18f64.sqrt()));
+        assert_eq!(ranges[3], RandomRange::Positive);
+        assert_eq!(ranges[0], RandomRange::Unit);
     }
 
     #[test]

@@ -281,7 +281,8 @@ fn calls_with_wrong_arguments_are_rejected() {
 }
 
 /// Declared weights: the panels of every product by a weight (plain,
-/// transposed, batched, shared by two products, computed from weights) are
+/// transposed, batched, shared by two products, computed from weights,
+/// concatenated weights) and a batchnorm folded into convolution weights are
 /// packed by the preparer once per binding, and calls read them; results
 /// agree with the interpreter, a second call agrees with the first, and a
 /// call checks the inputs it takes (the prepared ones are not among them).
@@ -293,6 +294,8 @@ fn weights_are_prepared_once_per_binding() {
         "fn f(x: f32[3, 20, 40], weight w: f32[3, 40, 50]) -> f32[3, 20, 50] { return x @ w; }",
         "fn f(x: f32[30, 64], y: f32[30, 64], weight w: f32[64, 64]) -> f32[30, 64] { return x @ w + y @ w; }",
         "fn f(x: f32[30, 64], weight w: f32[64, 64], weight s: f32[64]) -> f32[30, 64] { return x @ (w * s); }",
+        "fn f(x: f32[30, 64], weight a: f32[64, 40], weight b: f32[64, 40]) -> f32[30, 80] { return x @ concat([a, b], axis=1); }",
+        "fn f(x: f32[2, 3, 10, 10], weight w: f32[8, 3, 3, 3], weight m: f32[8], weight v: f32[8], weight g: f32[8], weight b: f32[8]) -> f32[2, 8, 10, 10] { return relu(batchnorm(conv2d(x, w, padding=1), m, v, g, b, eps=1e-5)); }",
     ];
     for src in programs {
         let m = graph(src);

@@ -112,6 +112,11 @@ struct Lowering<'g> {
     free: Vec<(Value, DType, usize)>,
     /// How many outer loops of each open nest are parallel.
     parallel: Vec<usize>,
+    /// Nodes that depend on weights and constants alone: their buffers
+    /// are computed once by the preparer (see `dlc_tile::transforms::
+    /// split_prepare`), so they neither take a freed buffer nor give theirs
+    /// to a later node.
+    bound: HashSet<NodeIndex>,
 }
 
 /// How many outer loops of a nest over `shape` (every point of which
@@ -166,6 +171,7 @@ fn lower_function(g: &GFunction) -> Result<Function, LowerError> {
         allocated: HashMap::new(),
         free: Vec::new(),
         parallel: Vec::new(),
+        bound: dlc_graph::fusion::bound_nodes(g),
     };
     l.plan_nodes();
     // Dense constants are read-only globals holding their data, homed
@@ -201,6 +207,8 @@ fn lower_function(g: &GFunction) -> Result<Function, LowerError> {
     }
     let order = g.topo_order();
     let last_reader = l.last_readers(&order);
+    // Buffers of bound nodes, released at the end (see `Lowering::bound`).
+    let mut held = Vec::new();
     for (k, &n) in order.iter().enumerate() {
         l.emit_at_position(n)?;
         // Sorted: the output must not depend on hash order.
@@ -212,6 +220,10 @@ fn lower_function(g: &GFunction) -> Result<Function, LowerError> {
         done.sort();
         for node in done {
             if let Some(buf) = l.allocated.get(&node).copied() {
+                if l.bound.contains(&node) {
+                    held.push(buf);
+                    continue;
+                }
                 let t = l.ty(node);
                 let elements = t.num_elements().unwrap_or(usize::MAX);
                 l.free.push((buf, t.dtype, elements));
@@ -237,6 +249,9 @@ fn lower_function(g: &GFunction) -> Result<Function, LowerError> {
         l.b.dealloc(buf);
     }
     for (buf, _, _) in std::mem::take(&mut l.free) {
+        l.b.dealloc(buf);
+    }
+    for buf in held {
         l.b.dealloc(buf);
     }
     Ok(l.b.finish())
@@ -456,11 +471,12 @@ impl Lowering<'_> {
         let ty = contiguous(self.ty(n));
         let need = self.ty(n).num_elements().unwrap_or(usize::MAX);
         // Reuse the smallest free allocation that fits, through a view.
+        let bound = self.bound.contains(&n);
         let fit = self
             .free
             .iter()
             .enumerate()
-            .filter(|(_, (_, d, cap))| *d == ty.dtype && *cap >= need)
+            .filter(|(_, (_, d, cap))| !bound && *d == ty.dtype && *cap >= need)
             .min_by_key(|(_, (_, _, cap))| *cap)
             .map(|(i, _)| i);
         let (root, home) = match fit {

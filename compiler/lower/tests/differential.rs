@@ -366,6 +366,16 @@ fn work_on_weights_alone_moves_to_a_preparer() {
             "fn f(x: f32[30, 64], weight w: f32[64, 64], weight s: f32[64]) -> f32[30, 64] { return x @ (w * s); }",
             1,
         ),
+        // Weights concatenated (three kernels write one buffer) and packed.
+        (
+            "fn f(x: f32[30, 64], weight a: f32[64, 40], weight b: f32[64, 40]) -> f32[30, 80] { return x @ concat([a, b], axis=1); }",
+            1,
+        ),
+        // Batchnorm folded into the convolution's weights by saturation.
+        (
+            "fn f(x: f32[1, 3, 10, 10], weight w: f32[8, 3, 3, 3], weight m: f32[8], weight v: f32[8], weight g: f32[8], weight b: f32[8]) -> f32[1, 8, 10, 10] { return relu(batchnorm(conv2d(x, w, padding=1), m, v, g, b, eps=1e-5)); }",
+            1,
+        ),
         // Nothing reads only weights: no preparer.
         (
             "fn f(x: f32[30, 64], weight b: f32[64]) -> f32[30, 64] { return x + b; }",

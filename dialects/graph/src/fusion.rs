@@ -4,7 +4,7 @@
 //! function-level estimate (which prices what it says), so the two cannot
 //! drift apart.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use petgraph::Direction;
 use petgraph::stable_graph::NodeIndex;
@@ -60,6 +60,44 @@ pub fn conv_as_matmul(f: &Function, n: NodeIndex) -> bool {
     conv_is_im2col_product(groups, &f.body[n].results[0], w)
 }
 
+/// The nodes of `f` computed from its declared weights (and constants)
+/// alone, with at least one weight among what they depend on: the CPU back
+/// end computes them once, when the weights are bound (the preparer), so
+/// they are stored rather than recomputed inside a per-call consumer, and
+/// cost a call nothing.
+pub fn bound_nodes(f: &Function) -> HashSet<NodeIndex> {
+    let mut bound = HashSet::new();
+    if f.weights.is_empty() {
+        return bound;
+    }
+    let mut constant = HashSet::new();
+    for n in f.topo_order() {
+        match &f.body[n].op {
+            Op::Param { index } => {
+                if f.is_weight(*index as usize) {
+                    bound.insert(n);
+                }
+            }
+            Op::Constant(_) => {
+                constant.insert(n);
+            }
+            _ => {
+                let operands = f.operands(n);
+                let from_weights = operands.iter().any(|v| bound.contains(&v.node));
+                let only = operands
+                    .iter()
+                    .all(|v| constant.contains(&v.node) || bound.contains(&v.node));
+                if from_weights && only {
+                    bound.insert(n);
+                }
+            }
+        }
+    }
+    // The parameters themselves are not computed.
+    bound.retain(|&n| !matches!(f.body[n].op, Op::Param { .. }));
+    bound
+}
+
 /// The plan of every node of `f`.
 pub fn plan(f: &Function) -> HashMap<NodeIndex, Plan> {
     // Uses count every edge and every appearance among the results.
@@ -69,6 +107,7 @@ pub fn plan(f: &Function) -> HashMap<NodeIndex, Plan> {
     let op = |n: NodeIndex| &f.body[n].op;
     let ty = |n: NodeIndex| &f.body[n].results[0];
     let order = f.topo_order();
+    let bound = bound_nodes(f);
     let mut plan: HashMap<NodeIndex, Plan> = HashMap::new();
     for &n in &order {
         let users = f.users(n);
@@ -86,7 +125,13 @@ pub fn plan(f: &Function) -> HashMap<NodeIndex, Plan> {
                 Plan::View
             }
             o if o.is_elementwise() => {
-                if uses(n) == 1 && users.len() == 1 && op(users[0]).is_elementwise() {
+                // Work on weights alone is stored by the preparer, not
+                // redone in every call's consumer.
+                if uses(n) == 1
+                    && users.len() == 1
+                    && op(users[0]).is_elementwise()
+                    && (!bound.contains(&n) || bound.contains(&users[0]))
+                {
                     Plan::Inline
                 } else {
                     Plan::Stored
@@ -112,7 +157,9 @@ pub fn plan(f: &Function) -> HashMap<NodeIndex, Plan> {
             end = f.users(end)[0];
             ok = ty(end).shape == *shape && op(end).is_pointwise();
         }
-        if ok && plan[&end] == Plan::Stored {
+        // A product of weights takes no epilogue that reads activations
+        // (it would run on every call).
+        if ok && plan[&end] == Plan::Stored && (!bound.contains(&n) || bound.contains(&end)) {
             plan.insert(n, Plan::WithEpilogue(end));
             plan.insert(end, Plan::EpilogueOf(n));
         }

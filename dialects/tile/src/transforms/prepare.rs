@@ -112,25 +112,48 @@ fn plan(f: &Function) -> Option<Split> {
             .filter(|&&id| matches!(f.op(id).kind, OpKind::Global(_)))
             .filter_map(|&id| f.op(id).results.first().copied()),
     );
-    let mut moved = Vec::new();
-    let mut moved_pos = HashSet::new();
-    let mut written: HashSet<Value> = HashSet::new();
-    for (pos, &id) in body.iter().enumerate() {
-        if !matches!(f.op(id).kind, OpKind::Kernel { .. }) {
-            continue;
-        }
-        let (l, s) = (&loads[pos], &stores[pos]);
-        let movable = !s.is_empty()
-            && l.iter().all(|v| known.contains(v))
-            && s.iter()
-                .all(|v| allocated.contains(v) && writers.get(v) == Some(&1) && !l.contains(v));
-        if movable {
-            moved.push(id);
-            moved_pos.insert(pos);
-            written.extend(s);
-            known.extend(s);
+    // Kernels that may move: they write only buffers of the body, every
+    // writer of which may move too, and read only weights, constants and
+    // buffers written by such kernels alone (to a fixed point).
+    let kernels: Vec<usize> = (0..body.len())
+        .filter(|&p| matches!(f.op(body[p]).kind, OpKind::Kernel { .. }))
+        .collect();
+    let mut moved_pos: HashSet<usize> = kernels
+        .iter()
+        .copied()
+        .filter(|&p| !stores[p].is_empty() && stores[p].iter().all(|v| allocated.contains(v)))
+        .collect();
+    loop {
+        // Buffers every writer of which is still a candidate.
+        let ready: HashSet<Value> = allocated
+            .iter()
+            .copied()
+            .filter(|v| {
+                let mut writers = (0..body.len())
+                    .filter(|p| stores[*p].contains(v))
+                    .peekable();
+                writers.peek().is_some() && writers.all(|p| moved_pos.contains(&p))
+            })
+            .collect();
+        let before = moved_pos.len();
+        moved_pos.retain(|&p| {
+            stores[p].iter().all(|v| ready.contains(v))
+                && loads[p]
+                    .iter()
+                    .all(|v| known.contains(v) || ready.contains(v))
+        });
+        if moved_pos.len() == before {
+            break;
         }
     }
+    let moved: Vec<OpId> = (0..body.len())
+        .filter(|p| moved_pos.contains(p))
+        .map(|p| body[p])
+        .collect();
+    let written: HashSet<Value> = moved_pos
+        .iter()
+        .flat_map(|&p| stores[p].iter().copied())
+        .collect();
     // The buffers the kernels that stay read.
     let read_by_rest: HashSet<Value> = (0..body.len())
         .filter(|p| !moved_pos.contains(p))

@@ -129,9 +129,10 @@ impl CostModel {
     }
 
     /// The cost in µs of `op` producing `out` from `inputs` (a constant
-    /// or parameter costs nothing).
+    /// or parameter costs nothing, and so does work on declared weights
+    /// alone, which runs once per binding, not per call).
     pub fn op_cost(&self, op: &Op, out: &Info, inputs: &[Info]) -> f64 {
-        if out.leaf || (out.weights && elements(&out.ty) <= WEIGHT_FOLD_LIMIT as f64) {
+        if out.leaf || out.bound || (out.weights && elements(&out.ty) <= WEIGHT_FOLD_LIMIT as f64) {
             return 0.0;
         }
         let out_bytes = bytes(&out.ty);
@@ -216,6 +217,7 @@ impl CostModel {
     pub fn function_cost(&self, f: &Function) -> f64 {
         // What the lowering will do with each node: one analysis for both.
         let plan = crate::fusion::plan(f);
+        let bound = crate::fusion::bound_nodes(f);
         let order = f.topo_order();
         // The arithmetic of an element-wise tree and the bytes of what it
         // reads from memory (operands that are not inlined into it).
@@ -253,6 +255,8 @@ impl CostModel {
                 // Views and parameters cost nothing; nor do constants, which
                 // are folded or filled once.
                 Plan::Param | Plan::View | Plan::Inline => 0.0,
+                // Computed by the preparer, once per binding of the weights.
+                _ if bound.contains(&n) => 0.0,
                 _ if matches!(node.op, Op::Constant(_)) => 0.0,
                 Plan::Stored if node.op.is_elementwise() => {
                     let (compute, read) = tree(self, f, &plan, n, None);
@@ -272,12 +276,14 @@ impl CostModel {
                             ty: f.value_type(*v).clone(),
                             weights: false,
                             leaf: false,
+                            bound: false,
                         })
                         .collect();
                     let own = Info {
                         ty: out.clone(),
                         weights: false,
                         leaf: false,
+                        bound: false,
                     };
                     self.op_cost(&node.op, &own, &inputs)
                 }

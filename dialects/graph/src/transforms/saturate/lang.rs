@@ -60,6 +60,8 @@ pub use term::TLang;
 pub struct Tables {
     /// `(param i)` has type `params[i]`.
     pub params: Vec<TensorType>,
+    /// Whether `(param i)` is a declared weight.
+    pub weight_params: Vec<bool>,
     /// `(const k)` is `consts[k]`.
     pub consts: Vec<(ConstValue, TensorType)>,
     /// `(opaque k ..)` applies `ops[k]`.
@@ -123,6 +125,10 @@ pub struct Info {
     pub weights: bool,
     /// Whether it is a parameter or a constant.
     pub leaf: bool,
+    /// Whether it is computed from declared weights (and constants) alone,
+    /// with at least one weight: once per binding of the weights, by the
+    /// preparer, so a call pays nothing for it.
+    pub bound: bool,
 }
 
 impl Data {
@@ -171,10 +177,15 @@ impl Analysis<TLang> for TensorAnalysis {
                 // the class.
                 let weights = a.weights || b.weights;
                 let leaf = a.leaf || b.leaf;
-                let changed = weights != a.weights || leaf != a.leaf;
+                let bound = a.bound || b.bound;
+                let changed = weights != a.weights || leaf != a.leaf || bound != a.bound;
                 a.weights = weights;
                 a.leaf = leaf;
-                DidMerge(changed, weights != b.weights || leaf != b.leaf)
+                a.bound = bound;
+                DidMerge(
+                    changed,
+                    weights != b.weights || leaf != b.leaf || bound != b.bound,
+                )
             }
             (Data::Invalid, b @ Data::Tensor(_)) => {
                 *to = b;
@@ -329,11 +340,17 @@ pub fn typed(
             ty: tables.consts[*k].1.clone(),
             weights: true,
             leaf: true,
+            bound: false,
         },
         Head::Op(Op::Param { index }) => Info {
             ty: tables.params[*index as usize].clone(),
             weights: false,
             leaf: true,
+            bound: tables
+                .weight_params
+                .get(*index as usize)
+                .copied()
+                .unwrap_or(false),
         },
         Head::Op(op) => {
             let types: Vec<&TensorType> = infos.iter().map(|i| &i.ty).collect();
@@ -348,6 +365,7 @@ pub fn typed(
                 ty: tys.remove(0),
                 weights: infos.iter().all(|i| i.weights),
                 leaf: false,
+                bound: infos.iter().any(|i| i.bound) && infos.iter().all(|i| i.bound || i.weights),
             }
         }
     };
@@ -389,6 +407,7 @@ pub fn encode(f: &Function) -> Result<Encoded, Unsupported> {
     let mut egraph = TEGraph::new(TensorAnalysis {
         tables: Tables {
             params: f.param_types(),
+            weight_params: (0..f.params.len()).map(|i| f.is_weight(i)).collect(),
             ..Tables::default()
         },
         conflicts: 0,
