@@ -542,6 +542,19 @@ extern \"C\" {{
             "/* {}: inputs, then results it writes; row-major elements. */",
             f.name
         );
+        if let Some(prep) = &f.prepare {
+            let prepared: Vec<&str> = functions
+                .iter()
+                .find(|g| &g.name == prep)
+                .map(|g| g.outputs().map(|p| p.name.as_str()).collect())
+                .unwrap_or_default();
+            let _ = writeln!(
+                h,
+                "/* Its last inputs ({}) come from {prep}:\n * call that once when the \
+                 weights are bound and pass its results to every call. */",
+                prepared.join(", ")
+            );
+        }
         for p in &f.params {
             let _ = writeln!(
                 h,
@@ -671,6 +684,43 @@ mod tests {
             "{h}"
         );
         assert!(!h.contains("dense$"), "{h}");
+        // A function with a preparer says which inputs come from it.
+        let mut main = sig();
+        main.params.insert(
+            2,
+            Param {
+                name: "w_packed".into(),
+                ty: TensorType::new(DType::F32, vec![4]),
+                output: false,
+            },
+        );
+        main.prepare = Some("mlp_prepare".into());
+        let prepare = Signature {
+            name: "mlp_prepare".into(),
+            params: vec![
+                Param {
+                    name: "x".into(),
+                    ty: TensorType::new(DType::F32, vec![2, 3]),
+                    output: false,
+                },
+                Param {
+                    name: "w_packed".into(),
+                    ty: TensorType::new(DType::F32, vec![4]),
+                    output: true,
+                },
+            ],
+            sites: vec![],
+            prepare: None,
+        };
+        let h = c_header("m", &[main, prepare], "x86-64-v3");
+        assert!(
+            h.contains("/* Its last inputs (w_packed) come from mlp_prepare:"),
+            "{h}"
+        );
+        assert!(
+            h.contains("int32_t mlp_prepare(const float *x, float *w_packed);"),
+            "{h}"
+        );
     }
 
     #[test]

@@ -643,6 +643,61 @@ fn check_affine_output(printed: &str, what: &str) {
     }
 }
 
+/// A model with declared weights compiled to a shared library: its header
+/// declares the preparer and says which inputs come from it, and a kernel
+/// loaded from the library runs the preparer once per binding and takes
+/// the source's inputs only, giving the interpreter's results.
+#[test]
+fn shared_libraries_prepare_declared_weights() {
+    let d = Dir::new("so_weights");
+    let model = d.file(
+        "w.dl",
+        "fn dense(x: f32[40, 70], weight w: f32[70, 90], weight b: f32[90]) -> f32[40, 90] {\n    \
+         return relu(x @ w + b);\n}\n",
+    );
+    let so = d.0.join("libw.so");
+    let o = dlc(&[
+        "compile",
+        &model,
+        "--emit",
+        "so",
+        "-o",
+        so.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let h = dlc(&["compile", &model, "--emit", "header", "-o", "-"]);
+    let h = String::from_utf8_lossy(&h.stdout);
+    assert!(
+        h.contains("/* Its last inputs (w_packed) come from dlc_w_dense_prepare:"),
+        "{h}"
+    );
+    assert!(
+        h.contains("int32_t dlc_w_dense_prepare(const float *w, float *w_packed);"),
+        "{h}"
+    );
+    let lib = dlc_runtime::SharedLibrary::open(&so).unwrap();
+    assert_eq!(
+        lib.signature("dlc_w_dense").unwrap().prepare.as_deref(),
+        Some("dlc_w_dense_prepare")
+    );
+    let dense = lib.kernel("dlc_w_dense").unwrap();
+    let src = dlc_driver::SourceText {
+        name: "w.dl".into(),
+        text: std::fs::read_to_string(&model).unwrap(),
+    };
+    let m = dlc_driver::compile_source(&src).unwrap();
+    let f = dlc_driver::select_entry(&m, None).unwrap();
+    let inputs = dlc_driver::prepare_inputs(f, &[], Some(3)).unwrap();
+    let want = dlc_driver::interpret(&m, f, &inputs).unwrap();
+    let mut call = dense.bind(&inputs).unwrap();
+    for _ in 0..2 {
+        call.run().unwrap();
+        let got = call.outputs().unwrap();
+        let err = dlc_driver::max_relative_error(&got, &want).unwrap();
+        assert!(err <= 1e-5, "relative error {err}");
+    }
+}
+
 #[test]
 fn shared_libraries_load_and_check_their_arguments() {
     let d = Dir::new("so");
