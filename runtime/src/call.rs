@@ -174,6 +174,14 @@ fn bytes_of(ty: &TensorType) -> Result<usize, RuntimeError> {
         .ok_or_else(|| RuntimeError::Arguments(format!("{ty} is too large")))
 }
 
+/// A function's status as a result: a failure names its source place.
+fn check_status(signature: &Signature, status: i32) -> Result<(), RuntimeError> {
+    match status_message(status, &signature.site_places()) {
+        None => Ok(()),
+        Some(m) => Err(RuntimeError::Failed(format!("`{}`: {m}", signature.name))),
+    }
+}
+
 /// Checks `inputs` against `signature` (count, element types, shapes).
 pub fn check_inputs(signature: &Signature, inputs: &[HostTensor]) -> Result<(), RuntimeError> {
     let name = &signature.name;
@@ -291,40 +299,39 @@ impl<'a> Kernel<'a> {
         };
         let binding = PrepareBinding::new(&self.signature, &prepare.signature)?;
         check_inputs(&binding.given, inputs)?;
-        let weights: Vec<HostTensor> = binding
-            .prepare_inputs
+        // The inputs laid out once: the preparer reads its weights from the
+        // same buffers the calls will.
+        let mut buffers: Vec<AlignedBuffer> = inputs
             .iter()
-            .map(|&i| inputs[i].clone())
+            .map(|t| AlignedBuffer::from_bytes(&t.to_le_bytes()))
             .collect();
-        let mut prepared = prepare.bind(&weights)?;
-        prepared.run()?;
-        // The preparer's results, as they are: the function's last inputs.
         let mut results = prepare
             .signature
-            .params
-            .iter()
-            .zip(std::mem::take(&mut prepared.buffers))
-            .filter(|(p, _)| p.output)
-            .map(|(_, b)| b);
-        let mut given = inputs.iter();
-        let mut buffers = Vec::with_capacity(self.signature.params.len());
-        let n_given = binding.given.inputs().count();
-        for (i, p) in self.signature.params.iter().enumerate() {
-            if p.output {
-                buffers.push(AlignedBuffer::zeroed(bytes_of(&p.ty)?));
-            } else if i < n_given {
-                let t = given.next().ok_or_else(|| {
-                    RuntimeError::Arguments(format!("`{}`: too few inputs", self.signature.name))
-                })?;
-                buffers.push(AlignedBuffer::from_bytes(&t.to_le_bytes()));
+            .outputs()
+            .map(|p| Ok(AlignedBuffer::zeroed(bytes_of(&p.ty)?)))
+            .collect::<Result<Vec<_>, RuntimeError>>()?;
+        let mut pointers = Vec::with_capacity(prepare.signature.params.len());
+        let (mut ins, mut outs) = (binding.prepare_inputs.iter(), results.iter_mut());
+        for p in &prepare.signature.params {
+            let b = if p.output {
+                outs.next()
             } else {
-                buffers.push(results.next().ok_or_else(|| {
-                    RuntimeError::Arguments(format!(
-                        "`{}`: too few prepared inputs",
-                        self.signature.name
-                    ))
-                })?);
-            }
+                ins.next().and_then(|&i| buffers.get_mut(i))
+            };
+            let b = b.ok_or_else(|| {
+                RuntimeError::Arguments(format!("`{}`: malformed preparer", prepare.signature.name))
+            })?;
+            pointers.push(b.as_mut_ptr());
+        }
+        // SAFETY: as in `BoundCall::run`, for the preparer: one buffer per
+        // parameter, in order, each of its type's size (its inputs are the
+        // caller's buffers, which it only reads), alive during the call.
+        let status = unsafe { (prepare.entry)(pointers.as_ptr()) };
+        check_status(&prepare.signature, status)?;
+        // The preparer's results are the function's last inputs.
+        buffers.extend(results);
+        for p in self.signature.outputs() {
+            buffers.push(AlignedBuffer::zeroed(bytes_of(&p.ty)?));
         }
         Ok(BoundCall {
             kernel: self,
@@ -360,13 +367,7 @@ impl BoundCall<'_, '_> {
         // per parameter, in order, each of the size its type needs, and they
         // outlive the call.
         let status = unsafe { (self.kernel.entry)(pointers.as_ptr()) };
-        match status_message(status, &self.kernel.signature.site_places()) {
-            None => Ok(()),
-            Some(m) => Err(RuntimeError::Failed(format!(
-                "`{}`: {m}",
-                self.kernel.signature.name
-            ))),
-        }
+        check_status(&self.kernel.signature, status)
     }
 
     /// The results of the last run (zeros before any).
