@@ -75,7 +75,7 @@ pub struct Kernel<'a> {
     entry: EntryFn,
     /// The kernel computing the last inputs from the weights, run once per
     /// [`Kernel::bind`].
-    prepare: Option<Box<Kernel<'a>>>,
+    prepare: Option<(Box<Kernel<'a>>, PrepareBinding)>,
     _code: PhantomData<&'a ()>,
 }
 
@@ -276,8 +276,8 @@ impl<'a> Kernel<'a> {
     /// ones, runs `prepare` on the weights among them once, and passes its
     /// results to every run.
     pub fn with_prepare(mut self, prepare: Kernel<'a>) -> Result<Kernel<'a>, RuntimeError> {
-        PrepareBinding::new(&self.signature, &prepare.signature)?;
-        self.prepare = Some(Box::new(prepare));
+        let binding = PrepareBinding::new(&self.signature, &prepare.signature)?;
+        self.prepare = Some((Box::new(prepare), binding));
         Ok(self)
     }
 
@@ -291,13 +291,12 @@ impl<'a> Kernel<'a> {
     /// With a preparer, `inputs` leave out the prepared inputs, which the
     /// preparer computes here, once.
     pub fn bind(&self, inputs: &[HostTensor]) -> Result<BoundCall<'_, 'a>, RuntimeError> {
-        let Some(prepare) = &self.prepare else {
+        let Some((prepare, binding)) = &self.prepare else {
             return Ok(BoundCall {
                 kernel: self,
                 buffers: lay_out(&self.signature, inputs)?,
             });
         };
-        let binding = PrepareBinding::new(&self.signature, &prepare.signature)?;
         check_inputs(&binding.given, inputs)?;
         // The inputs laid out once: the preparer reads its weights from the
         // same buffers the calls will.

@@ -913,7 +913,7 @@ pub fn interpret_lowered_within(
     limit: f64,
 ) -> Result<Vec<HostTensor>, DriverError> {
     use dlc_loop::interp::{Buffer, run_function_within};
-    interpret_buffers(f, inputs, "loop interpreter", |buffers| {
+    interpret_buffers(&f.result_types(), inputs, "loop interpreter", |buffers| {
         let mut args: Vec<Buffer> = buffers
             .into_iter()
             .map(|(t, data)| Buffer {
@@ -935,20 +935,34 @@ pub fn interpret_tile_within(
     limit: f64,
 ) -> Result<Vec<HostTensor>, DriverError> {
     use dlc_tile::interp::{Buffer, run_function_within};
-    let prepared = prepare_tile_inputs(tiled, f, inputs, limit)?;
-    let (at, n) = (inputs.len(), prepared.len());
-    interpret_buffers(f, inputs, "tile interpreter", |buffers| {
-        let mut args: Vec<Buffer> = buffers
-            .into_iter()
-            .map(|(t, data)| Buffer {
-                ty: dlc_tile::BufferType::contiguous(t.dtype, t.shape, dlc_tile::Space::Global),
-                data,
+    // A function with a preparer: the preparer runs first, on the weights.
+    call_prepared(tiled, &f.name, inputs, |name, inputs| {
+        let g = tiled
+            .functions
+            .iter()
+            .find(|g| g.name == name)
+            .ok_or_else(|| DriverError::Usage(format!("no function @{name}")))?;
+        let results = g
+            .results()
+            .iter()
+            .map(|(n, v)| match g.ty(*v) {
+                dlc_tile::Type::Buffer(b) => Ok(TensorType::new(b.dtype, b.shape.clone())),
+                _ => Err(DriverError::Usage(format!(
+                    "%{n} of @{name} is not a buffer"
+                ))),
             })
-            .collect();
-        args.splice(at..at, prepared);
-        run_function_within(tiled, &f.name, &mut args, limit).map_err(|e| e.to_string())?;
-        args.drain(at..at + n);
-        Ok(args.into_iter().map(|b| b.data).collect())
+            .collect::<Result<Vec<_>, _>>()?;
+        interpret_buffers(&results, inputs, "tile interpreter", |buffers| {
+            let mut args: Vec<Buffer> = buffers
+                .into_iter()
+                .map(|(t, data)| Buffer {
+                    ty: dlc_tile::BufferType::contiguous(t.dtype, t.shape, dlc_tile::Space::Global),
+                    data,
+                })
+                .collect();
+            run_function_within(tiled, name, &mut args, limit).map_err(|e| e.to_string())?;
+            Ok(args.into_iter().map(|b| b.data).collect())
+        })
     })
 }
 
@@ -978,76 +992,21 @@ pub fn call_prepared(
     run(name, &all)
 }
 
-/// The prepared inputs of entry point `f` of `tiled` (none without a
-/// preparer): its preparer run by the tile interpreter on the weights
-/// among `inputs` (`f`'s inputs, by name).
-fn prepare_tile_inputs(
-    tiled: &dlc_tile::Module,
-    f: &Function,
-    inputs: &[HostTensor],
-    limit: f64,
-) -> Result<Vec<dlc_tile::interp::Buffer>, DriverError> {
-    use dlc_tile::interp::{Buffer, run_function_within};
-    let fail = |m: String| DriverError::Usage(format!("tile interpreter: {m}"));
-    let Some(p) = tiled
-        .functions
-        .iter()
-        .find(|t| t.name == f.name)
-        .and_then(|t| t.prepare.as_ref())
-    else {
-        return Ok(Vec::new());
-    };
-    let prep = tiled
-        .functions
-        .iter()
-        .find(|t| &t.name == p)
-        .ok_or_else(|| fail(format!("no preparer @{p}")))?;
-    let buffer_type = |name: &str, v| match prep.ty(v) {
-        dlc_tile::Type::Buffer(t) => Ok(t.clone()),
-        _ => Err(fail(format!("%{name} of @{p} is not a buffer"))),
-    };
-    let mut args = Vec::new();
-    for (name, v) in prep.inputs() {
-        let t = f
-            .params
-            .iter()
-            .position(|(n, _)| n == name)
-            .and_then(|i| inputs.get(i))
-            .ok_or_else(|| fail(format!("@{p} reads %{name}, which is not an input")))?;
-        args.push(Buffer {
-            ty: buffer_type(name, *v)?,
-            data: t.data.clone(),
-        });
-    }
-    let n_in = args.len();
-    for (name, v) in prep.results() {
-        let ty = buffer_type(name, *v)?;
-        let len = ty.layout.shape.iter().product();
-        args.push(Buffer {
-            ty,
-            data: vec![0.0; len],
-        });
-    }
-    run_function_within(tiled, p, &mut args, limit).map_err(|e| fail(e.to_string()))?;
-    Ok(args.split_off(n_in))
-}
-
 /// Runs an interpreter of a lowered level over contiguous buffers: `run`
-/// gets one `(type, elements)` per parameter of `f` (the inputs, then the
-/// results filled with zeros) and gives back every buffer's elements after
+/// gets one `(type, elements)` per parameter (the inputs, then results of
+/// types `result_types` filled with zeros) and gives back every buffer's elements after
 /// the run; the results are read from the trailing ones.
 fn interpret_buffers(
-    f: &Function,
+    result_types: &[TensorType],
     inputs: &[HostTensor],
     interpreter: &str,
     run: impl FnOnce(Vec<(TensorType, Vec<f64>)>) -> Result<Vec<Vec<f64>>, String>,
 ) -> Result<Vec<HostTensor>, DriverError> {
-    let result_types = f.result_types();
     let mut buffers: Vec<(TensorType, Vec<f64>)> = inputs
         .iter()
         .map(|t| (t.ty.clone(), t.data.clone()))
         .collect();
-    for t in &result_types {
+    for t in result_types {
         match t.num_elements() {
             Some(n) if n <= dlc_tile::interp::MAX_ELEMENTS => {
                 buffers.push((t.clone(), vec![0.0; n]));
@@ -1063,7 +1022,7 @@ fn interpret_buffers(
     out.drain(..inputs.len());
     out.into_iter()
         .zip(result_types)
-        .map(|(data, ty)| Ok(HostTensor::new(ty, data)?))
+        .map(|(data, ty)| Ok(HostTensor::new(ty.clone(), data)?))
         .collect()
 }
 

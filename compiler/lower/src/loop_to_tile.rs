@@ -358,91 +358,13 @@ struct Conv<'a> {
     convs: HashMap<LOpId, Im2col>,
     /// Buffers (roots) whose elements depend on weights alone: weight
     /// parameters, and buffers written only by top-level nests that read
-    /// only such buffers (see [`weight_derived`]).
+    /// only such buffers (see [`Conv::find_weight_derived`]).
     weight_derived: HashSet<LValue>,
-}
-
-/// Roots of the buffers the ops `ops` (and ops nested in them) load from
-/// (`reads`) and store to (`writes`); a product reads its two operands.
-fn accessed_roots(
-    f: &LFunction,
-    view_of: &HashMap<LValue, LValue>,
-    ops: &[LOpId],
-    reads: &mut HashSet<LValue>,
-    writes: &mut HashSet<LValue>,
-) {
-    let root = |mut v: LValue| {
-        while let Some(&s) = view_of.get(&v) {
-            v = s;
-        }
-        v
-    };
-    for &id in ops {
-        let op = f.op(id);
-        match &op.kind {
-            L::Load { .. } => reads.extend(op.operands.first().map(|&b| root(b))),
-            L::Store { .. } => writes.extend(op.operands.get(1).map(|&b| root(b))),
-            L::Matmul(_) => reads.extend(op.operands.iter().take(2).map(|&b| root(b))),
-            _ => {}
-        }
-        for r in &op.regions {
-            accessed_roots(f, view_of, &r.ops, reads, writes);
-        }
-    }
-}
-
-/// The buffers of `f` (roots) whose elements depend on weights alone: its
-/// weight parameters nothing writes, and every allocation all of whose
-/// writers are top-level nests that read only such buffers (found to a
-/// fixed point, so chains of them count). Products by them pack their
-/// panels with a kernel of their own, which the preparer runs once.
-fn weight_derived(f: &LFunction, view_of: &HashMap<LValue, LValue>) -> HashSet<LValue> {
-    let top = &f.body.ops;
-    let access: Vec<(HashSet<LValue>, HashSet<LValue>)> = top
-        .iter()
-        .map(|&id| {
-            let (mut r, mut w) = (HashSet::new(), HashSet::new());
-            accessed_roots(f, view_of, &[id], &mut r, &mut w);
-            (r, w)
-        })
-        .collect();
-    let written: HashSet<LValue> = access.iter().flat_map(|a| a.1.iter().copied()).collect();
-    let mut derived: HashSet<LValue> = f
-        .params
-        .iter()
-        .enumerate()
-        .filter(|(i, (_, v))| f.weights.contains(i) && !written.contains(v))
-        .map(|(_, (_, v))| *v)
-        .collect();
-    let allocated: HashSet<LValue> = top
-        .iter()
-        .filter(|&&id| matches!(f.op(id).kind, L::Alloc))
-        .filter_map(|&id| f.op(id).results.first().copied())
-        .collect();
-    loop {
-        let grown: Vec<LValue> = allocated
-            .iter()
-            .filter(|b| !derived.contains(b))
-            .filter(|b| {
-                let writers: Vec<&(HashSet<LValue>, HashSet<LValue>)> =
-                    access.iter().filter(|a| a.1.contains(b)).collect();
-                !writers.is_empty()
-                    && writers
-                        .iter()
-                        .all(|(r, _)| r.iter().all(|v| derived.contains(v) || v == *b))
-            })
-            .copied()
-            .collect();
-        if grown.is_empty() {
-            return derived;
-        }
-        derived.extend(grown);
-    }
 }
 
 impl<'a> Conv<'a> {
     fn new(src: &'a LFunction, params: &'a ScheduleParams) -> Self {
-        Conv {
+        let mut c = Conv {
             src,
             params,
             b: Builder::new(src.name.clone()),
@@ -462,13 +384,84 @@ impl<'a> Conv<'a> {
             redirects: HashMap::new(),
             convs: HashMap::new(),
             weight_derived: HashSet::new(),
-        }
-        .with_weights()
+        };
+        c.weight_derived = c.find_weight_derived();
+        c
     }
 
-    fn with_weights(mut self) -> Self {
-        self.weight_derived = weight_derived(self.src, &self.view_of);
-        self
+    /// Roots of the buffers the ops `ops` (and ops nested in them) load
+    /// from (`reads`) and store to (`writes`); a product reads its two
+    /// operands.
+    fn accessed_roots(
+        &self,
+        ops: &[LOpId],
+        reads: &mut HashSet<LValue>,
+        writes: &mut HashSet<LValue>,
+    ) {
+        for &id in ops {
+            let op = self.op(id);
+            match &op.kind {
+                L::Load { .. } => reads.extend(op.operands.first().map(|&b| self.root_buffer(b))),
+                L::Store { .. } => writes.extend(op.operands.get(1).map(|&b| self.root_buffer(b))),
+                L::Matmul(_) => {
+                    reads.extend(op.operands.iter().take(2).map(|&b| self.root_buffer(b)))
+                }
+                _ => {}
+            }
+            for r in &op.regions {
+                self.accessed_roots(&r.ops, reads, writes);
+            }
+        }
+    }
+
+    /// The buffers (roots) whose elements depend on weights alone: the
+    /// weight parameters nothing writes, and every allocation all of whose
+    /// writers are top-level nests that read only such buffers (found to a
+    /// fixed point, so chains of them count). Products by them pack their
+    /// panels with a kernel of their own, which the preparer runs once.
+    fn find_weight_derived(&self) -> HashSet<LValue> {
+        let f = self.src;
+        if f.weights.is_empty() {
+            return HashSet::new();
+        }
+        let top = &f.body.ops;
+        let access: Vec<(HashSet<LValue>, HashSet<LValue>)> = top
+            .iter()
+            .map(|&id| {
+                let (mut r, mut w) = (HashSet::new(), HashSet::new());
+                self.accessed_roots(&[id], &mut r, &mut w);
+                (r, w)
+            })
+            .collect();
+        let written: HashSet<LValue> = access.iter().flat_map(|a| a.1.iter().copied()).collect();
+        let mut derived: HashSet<LValue> = f
+            .params
+            .iter()
+            .enumerate()
+            .filter(|(i, (_, v))| f.weights.contains(i) && !written.contains(v))
+            .map(|(_, (_, v))| *v)
+            .collect();
+        let allocated: HashSet<LValue> = top
+            .iter()
+            .filter(|&&id| matches!(f.op(id).kind, L::Alloc))
+            .filter_map(|&id| f.op(id).results.first().copied())
+            .collect();
+        loop {
+            let grown: Vec<LValue> = allocated
+                .iter()
+                .filter(|b| !derived.contains(b))
+                .filter(|b| {
+                    let mut writers = access.iter().filter(|a| a.1.contains(b)).peekable();
+                    writers.peek().is_some()
+                        && writers.all(|(r, _)| r.iter().all(|v| derived.contains(v) || v == *b))
+                })
+                .copied()
+                .collect();
+            if grown.is_empty() {
+                return derived;
+            }
+            derived.extend(grown);
+        }
     }
 
     /// The buffer a view ultimately aliases.

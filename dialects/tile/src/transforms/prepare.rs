@@ -20,29 +20,9 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::reuse::{root, stored_roots, view_bases};
+use super::reuse::{accessed_roots, view_bases};
 use crate::ir::{Function, Module, OpId, Value};
 use crate::ops::OpKind;
-
-/// Roots of every buffer that `ops` (and ops nested in them) load from.
-fn loaded_roots(
-    f: &Function,
-    views: &HashMap<Value, Value>,
-    ops: &[OpId],
-    out: &mut HashSet<Value>,
-) {
-    for &id in ops {
-        let op = f.op(id);
-        if matches!(op.kind, OpKind::Load { .. })
-            && let Some(&b) = op.operands.first()
-        {
-            out.insert(root(views, b));
-        }
-        for r in &op.regions {
-            loaded_roots(f, views, &r.ops, out);
-        }
-    }
-}
 
 /// Ops reachable from `f`'s body.
 fn reachable(f: &Function) -> HashSet<OpId> {
@@ -83,17 +63,12 @@ fn plan(f: &Function) -> Option<Split> {
     let mut stores: Vec<HashSet<Value>> = Vec::with_capacity(body.len());
     for &id in body {
         let (mut l, mut s) = (HashSet::new(), HashSet::new());
-        loaded_roots(f, &views, &[id], &mut l);
-        stored_roots(f, &views, &[id], &mut s);
+        accessed_roots(f, &views, &[id], true, &mut l);
+        accessed_roots(f, &views, &[id], false, &mut s);
         loads.push(l);
         stores.push(s);
     }
-    let mut writers: HashMap<Value, usize> = HashMap::new();
-    for s in &stores {
-        for &v in s {
-            *writers.entry(v).or_default() += 1;
-        }
-    }
+    let written_anywhere: HashSet<Value> = stores.iter().flatten().copied().collect();
     let allocated: HashSet<Value> = body
         .iter()
         .filter(|&&id| matches!(f.op(id).kind, OpKind::Alloc))
@@ -104,7 +79,7 @@ fn plan(f: &Function) -> Option<Split> {
         .params
         .iter()
         .enumerate()
-        .filter(|(i, (_, v))| f.weights.contains(i) && !writers.contains_key(v))
+        .filter(|(i, (_, v))| f.weights.contains(i) && !written_anywhere.contains(v))
         .map(|(_, (_, v))| *v)
         .collect();
     known.extend(
@@ -115,13 +90,12 @@ fn plan(f: &Function) -> Option<Split> {
     // Kernels that may move: they write only buffers of the body, every
     // writer of which may move too, and read only weights, constants and
     // buffers written by such kernels alone (to a fixed point).
-    let kernels: Vec<usize> = (0..body.len())
-        .filter(|&p| matches!(f.op(body[p]).kind, OpKind::Kernel { .. }))
-        .collect();
-    let mut moved_pos: HashSet<usize> = kernels
-        .iter()
-        .copied()
-        .filter(|&p| !stores[p].is_empty() && stores[p].iter().all(|v| allocated.contains(v)))
+    let mut moved_pos: HashSet<usize> = (0..body.len())
+        .filter(|&p| {
+            matches!(f.op(body[p]).kind, OpKind::Kernel { .. })
+                && !stores[p].is_empty()
+                && stores[p].iter().all(|v| allocated.contains(v))
+        })
         .collect();
     loop {
         // Buffers every writer of which is still a candidate.
@@ -171,31 +145,20 @@ fn plan(f: &Function) -> Option<Split> {
         {
             continue;
         }
-        // Named after the first weight its writer reads.
+        // Named after the weight its writer reads (the first by name).
         let writer = (0..body.len()).find(|p| moved_pos.contains(p) && stores[*p].contains(&b));
         let source = writer
-            .and_then(|p| {
-                let mut names: Vec<&str> = loads[p]
-                    .iter()
-                    .filter_map(|v| param_name.get(v).copied())
-                    .collect();
-                names.sort_unstable();
-                names.first().map(|n| n.to_string())
-            })
-            .unwrap_or_else(|| "weight".into());
+            .and_then(|p| loads[p].iter().filter_map(|v| param_name.get(v)).min())
+            .map_or_else(|| "weight".to_string(), |n| n.to_string());
         prepared.push((fresh(format!("{source}_packed"), &mut taken), b));
     }
     if prepared.is_empty() {
         return None;
     }
-    let mut read: HashSet<Value> = HashSet::new();
-    for (pos, _) in body
+    let read: HashSet<Value> = moved_pos
         .iter()
-        .enumerate()
-        .filter(|(p, _)| moved_pos.contains(p))
-    {
-        read.extend(&loads[pos]);
-    }
+        .flat_map(|&p| loads[p].iter().copied())
+        .collect();
     let weights_read = f
         .inputs()
         .iter()

@@ -44,22 +44,27 @@ pub(super) fn root(views: &HashMap<Value, Value>, mut v: Value) -> Value {
     v
 }
 
-/// Roots of every buffer that `ops` (and ops nested in them) store to.
-pub(super) fn stored_roots(
+/// Roots of every buffer that `ops` (and ops nested in them) store to, or
+/// with `loads`, load from.
+pub(super) fn accessed_roots(
     f: &Function,
     views: &HashMap<Value, Value>,
     ops: &[OpId],
+    loads: bool,
     out: &mut HashSet<Value>,
 ) {
     for &id in ops {
         let op = f.op(id);
-        if matches!(op.kind, OpKind::Store { .. })
-            && let Some(&b) = op.operands.get(1)
-        {
+        let buffer = match op.kind {
+            OpKind::Load { .. } if loads => op.operands.first(),
+            OpKind::Store { .. } if !loads => op.operands.get(1),
+            _ => None,
+        };
+        if let Some(&b) = buffer {
             out.insert(root(views, b));
         }
         for r in &op.regions {
-            stored_roots(f, views, &r.ops, out);
+            accessed_roots(f, views, &r.ops, loads, out);
         }
     }
 }
@@ -94,7 +99,7 @@ pub fn reuse_packs(f: &mut Function) -> usize {
         .iter()
         .map(|&id| {
             let mut s = HashSet::new();
-            stored_roots(f, &views, &[id], &mut s);
+            accessed_roots(f, &views, &[id], false, &mut s);
             s
         })
         .collect();
