@@ -21,7 +21,7 @@ use inkwell::targets::TargetMachine;
 
 /// IR that code generation reads: tile IR (`dlc_tile::Module`) scheduled
 /// for the host. Every function of it becomes a C-ABI function.
-pub trait Program {
+pub trait Program: Sync {
     /// The runtime signature of function `name` (no failure sites).
     fn signature_of(&self, name: &str) -> R<Signature>;
     /// Emits every function, its `SYM.entry` wrapper and its
@@ -116,8 +116,6 @@ pub struct Compiled<'ctx> {
     /// The optimized module.
     pub module: Module<'ctx>,
     machine: TargetMachine,
-    /// Each function's failure sites, by function name.
-    pub(crate) sites: HashMap<String, Vec<Site>>,
 }
 
 /// Compiles tile IR for `target`'s CPU (`TargetDesc::host()`: this
@@ -129,6 +127,19 @@ pub fn compile<'ctx, P: Program + ?Sized>(
     symbols: &Symbols,
     target: &TargetDesc,
 ) -> R<Compiled<'ctx>> {
+    let (module, machine, _) = build(ctx, m, symbols, target)?;
+    optimize(&module, &machine)?;
+    Ok(Compiled { module, machine })
+}
+
+/// The unoptimized, verified LLVM module of `m` for `target`'s CPU, the
+/// target machine it is for, and each function's failure sites.
+pub(crate) fn build<'ctx, P: Program + ?Sized>(
+    ctx: &'ctx Context,
+    m: &P,
+    symbols: &Symbols,
+    target: &TargetDesc,
+) -> R<(Module<'ctx>, TargetMachine, HashMap<String, Vec<Site>>)> {
     if target.cpu().is_none() {
         return Err(CodegenError::Unsupported(format!(
             "`{}` is not a CPU: this back end compiles for x86-64 CPUs",
@@ -153,6 +164,11 @@ pub fn compile<'ctx, P: Program + ?Sized>(
     module
         .verify()
         .map_err(|e| CodegenError::Llvm(format!("generated IR is invalid: {e}")))?;
+    Ok((module, machine, all_sites))
+}
+
+/// Runs LLVM's O3 pipeline over `module`.
+pub(crate) fn optimize(module: &Module<'_>, machine: &TargetMachine) -> R<()> {
     // Tile IR says what is unrolled: a tile is already unrolled into its
     // vectors, and its loops are the schedule's. LLVM's unroller would copy
     // packing and epilogue loops for no measurable speed (within noise on
@@ -160,13 +176,8 @@ pub fn compile<'ctx, P: Program + ?Sized>(
     let options = PassBuilderOptions::create();
     options.set_loop_unrolling(false);
     module
-        .run_passes("default<O3>", &machine, options)
-        .map_err(|e| CodegenError::Llvm(e.to_string()))?;
-    Ok(Compiled {
-        module,
-        machine,
-        sites: all_sites,
-    })
+        .run_passes("default<O3>", machine, options)
+        .map_err(|e| CodegenError::Llvm(e.to_string()))
 }
 
 /// LLVM rounds f32 to bfloat with a call to `__truncsfbf2` on CPUs without

@@ -24,7 +24,8 @@
 //! `x86_64` builds the host's target machine and the attributes every
 //! function carries; NVPTX goes beside it), `emit` (a loop module to an
 //! optimized LLVM module, and its artifacts), `abi` (signatures and the
-//! `SYM.entry` wrapper), `jit` (in-process kernels), `codegen` (tile IR to
+//! `SYM.entry` wrapper), `jit` (in-process kernels, compiled in parts on
+//! every core: `split`, and linked by ORC's JIT: `orc`), `codegen` (tile IR to
 //! LLVM IR: the generator and counted loops in `mod.rs`, `tile` for
 //! kernels, tiles and the workspace, `elementwise` and `math` for the
 //! operators on scalars and vectors, `parallel` for outlining onto the
@@ -39,6 +40,8 @@ mod emit;
 #[allow(unsafe_code)]
 mod gpu;
 mod jit;
+mod orc;
+mod split;
 mod target;
 
 pub use abi::{exported_signature, signature};

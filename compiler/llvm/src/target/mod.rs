@@ -12,6 +12,8 @@ pub(crate) mod aarch64;
 pub(crate) mod nvptx;
 pub(crate) mod x86_64;
 
+pub(crate) use x86_64::initialize_native;
+
 /// The AArch64 triple and CPU of `target`, if it is an AArch64 CPU.
 fn arm(target: &TargetDesc) -> Option<(&str, &str)> {
     let cpu = target.cpu()?;

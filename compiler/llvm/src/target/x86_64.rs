@@ -24,9 +24,18 @@ fn cpu_and_features(target: &TargetDesc) -> (String, String) {
     }
 }
 
+/// Registers the host's target with LLVM, once per process (registration
+/// is not safe to race with threads compiling).
+pub(crate) fn initialize_native() -> R<()> {
+    static DONE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    DONE.get_or_init(|| Target::initialize_native(&InitializationConfig::default()))
+        .clone()
+        .map_err(CodegenError::Llvm)
+}
+
 /// A target machine for x86-64 Linux and `target`'s CPU.
 pub(crate) fn machine(target: &TargetDesc) -> R<TargetMachine> {
-    Target::initialize_native(&InitializationConfig::default()).map_err(CodegenError::Llvm)?;
+    initialize_native()?;
     let triple = TargetMachine::get_default_triple();
     let llvm_target =
         Target::from_triple(&triple).map_err(|e| CodegenError::Llvm(e.to_string()))?;

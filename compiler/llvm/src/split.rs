@@ -1,0 +1,267 @@
+//! An LLVM module cut into parts that are optimized and compiled to
+//! machine code on threads of their own (LLVM's time is most of a cold
+//! compile, and the kernels of a model are independent functions).
+//!
+//! Every worker builds the whole module in a context of its own (emission
+//! is a small share of the time) and keeps the definitions of its part:
+//! every other function, and every global that must exist once, becomes a
+//! declaration its part's object file refers to, and the JIT links the
+//! parts. The partition is computed from the module alone, the largest
+//! function first onto the part with the fewest instructions so far, so
+//! that every worker computes the same one.
+
+use std::collections::HashMap;
+
+use crate::{CodegenError, R};
+use inkwell::GlobalVisibility;
+use inkwell::module::{Linkage, Module};
+use inkwell::types::BasicTypeEnum;
+use inkwell::values::{FunctionValue, GlobalValue, InstructionValue};
+
+/// Which part defines each function (by name), and how many parts there
+/// are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Partition {
+    owner: HashMap<String, usize>,
+    parts: usize,
+}
+
+impl Partition {
+    /// Up to `parts` parts of `module`'s defined functions, balanced by
+    /// instruction count: never more parts than functions, at least one.
+    pub(crate) fn of(module: &Module<'_>, parts: usize) -> Partition {
+        let mut sized: Vec<(usize, String)> = defined(module)
+            .map(|f| {
+                let size = f
+                    .get_basic_block_iter()
+                    .flat_map(|b| b.get_instructions())
+                    .map(weight)
+                    .sum();
+                (size, name(f.as_global_value()))
+            })
+            .collect();
+        let parts = parts.clamp(1, sized.len().max(1));
+        // Largest first; ties by name, so that the order is the module's
+        // content and not its iteration order.
+        sized.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        let mut load = vec![0usize; parts];
+        let mut owner = HashMap::new();
+        for (size, name) in sized {
+            let lightest = (0..parts).min_by_key(|&p| (load[p], p)).unwrap_or(0);
+            load[lightest] += size.max(1);
+            owner.insert(name, lightest);
+        }
+        Partition { owner, parts }
+    }
+
+    /// How many parts there are.
+    pub(crate) fn parts(&self) -> usize {
+        self.parts
+    }
+
+    /// The part that defines function `name`, if it is defined.
+    #[cfg(test)]
+    pub(crate) fn owner(&self, name: &str) -> Option<usize> {
+        self.owner.get(name).copied()
+    }
+
+    /// Reduces `module` (built as the partition was computed from) to part
+    /// `part`: the functions of other parts become declarations, and so do
+    /// the globals that must exist once (variables, and constants other
+    /// parts may name), which part 0 defines. What stays is visible to the
+    /// other parts (hidden from anything outside the link).
+    pub(crate) fn keep(&self, module: &Module<'_>, part: usize) -> R<()> {
+        if self.parts == 1 {
+            return Ok(());
+        }
+        let functions: Vec<FunctionValue<'_>> = defined(module).collect();
+        for f in functions {
+            let n = name(f.as_global_value());
+            let owner = self.owner.get(&n).copied().ok_or_else(|| {
+                CodegenError::Invalid(format!("function `{n}` is not in the partition"))
+            })?;
+            if owner == part {
+                share(f.as_global_value(), f.get_linkage());
+            } else {
+                declare_function(module, f, &n);
+            }
+        }
+        let once: Vec<GlobalValue<'_>> = module
+            .get_globals()
+            .filter(|g| {
+                g.get_initializer().is_some()
+                    && !(g.is_constant()
+                        && matches!(g.get_linkage(), Linkage::Private | Linkage::Internal))
+            })
+            .collect();
+        for g in once {
+            if part == 0 {
+                share(g, g.get_linkage());
+            } else {
+                declare_global(module, g)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What an instruction costs LLVM, relative to a scalar one: vector
+/// instructions take about 5 times as long through instruction combining,
+/// selection and register allocation (W7: 4,154 scalar instructions of its
+/// host function took 0.10 s, 4,000 of its kernels, 1,800 of them on
+/// vectors, 0.27 s).
+fn weight(i: InstructionValue<'_>) -> usize {
+    let vector = i.get_type().is_vector_type()
+        || (0..i.get_num_operands()).any(|k| {
+            i.get_operand(k)
+                .and_then(|o| o.value())
+                .is_some_and(|v| v.get_type().is_vector_type())
+        });
+    if vector { 5 } else { 1 }
+}
+
+/// The functions `module` defines.
+fn defined<'ctx>(module: &Module<'ctx>) -> impl Iterator<Item = FunctionValue<'ctx>> {
+    module
+        .get_functions()
+        .filter(|f| f.count_basic_blocks() > 0)
+}
+
+fn name(g: GlobalValue<'_>) -> String {
+    g.get_name().to_string_lossy().into_owned()
+}
+
+/// A private definition made nameable from the other parts of the link.
+fn share(g: GlobalValue<'_>, linkage: Linkage) {
+    if matches!(linkage, Linkage::Private | Linkage::Internal) {
+        g.set_linkage(Linkage::External);
+        g.set_visibility(GlobalVisibility::Hidden);
+    }
+}
+
+/// Replaces definition `f` by a declaration of the same name and type.
+fn declare_function<'ctx>(module: &Module<'ctx>, f: FunctionValue<'ctx>, name: &str) {
+    f.as_global_value().set_name(&format!("{name}.elsewhere"));
+    let decl = module.add_function(name, f.get_type(), Some(Linkage::External));
+    f.replace_all_uses_with(decl);
+    // SAFETY: every use now refers to `decl`; nothing refers to `f`.
+    unsafe { f.delete() };
+}
+
+/// Replaces global definition `g` by a declaration of the same name and
+/// type.
+fn declare_global<'ctx>(module: &Module<'ctx>, g: GlobalValue<'ctx>) -> R<()> {
+    let n = name(g);
+    let ty = BasicTypeEnum::try_from(g.get_value_type())
+        .map_err(|()| CodegenError::Invalid(format!("global `{n}` of a non-basic type")))?;
+    g.set_name(&format!("{n}.elsewhere"));
+    let decl = module.add_global(ty, None, &n);
+    decl.set_linkage(Linkage::External);
+    decl.set_constant(g.is_constant());
+    g.as_pointer_value()
+        .replace_all_uses_with(decl.as_pointer_value());
+    // SAFETY: every use now refers to `decl`; nothing refers to `g`.
+    unsafe { g.delete() };
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use inkwell::context::Context;
+
+    /// A module of `sizes.len()` functions, function `f{i}` of
+    /// `sizes[i]` additions, each calling the next, and a global variable
+    /// the first one writes.
+    fn module<'ctx>(ctx: &'ctx Context, sizes: &[usize]) -> Module<'ctx> {
+        let m = ctx.create_module("split");
+        let i64t = ctx.i64_type();
+        let counter = m.add_global(i64t, None, "counter");
+        counter.set_linkage(Linkage::Internal);
+        counter.set_initializer(&i64t.const_zero());
+        let fns: Vec<FunctionValue<'_>> = (0..sizes.len())
+            .map(|i| {
+                m.add_function(
+                    &format!("f{i}"),
+                    i64t.fn_type(&[i64t.into()], false),
+                    Some(Linkage::Private),
+                )
+            })
+            .collect();
+        let b = ctx.create_builder();
+        for (i, (&f, &n)) in fns.iter().zip(sizes).enumerate() {
+            b.position_at_end(ctx.append_basic_block(f, "entry"));
+            let mut x = f.get_first_param().unwrap().into_int_value();
+            for k in 0..n {
+                x = b
+                    .build_int_add(x, i64t.const_int(k as u64 + 1, false), "x")
+                    .unwrap();
+            }
+            if i == 0 {
+                b.build_store(counter.as_pointer_value(), x).unwrap();
+            }
+            if let Some(&next) = fns.get(i + 1) {
+                x = b
+                    .build_call(next, &[x.into()], "next")
+                    .unwrap()
+                    .try_as_basic_value()
+                    .basic()
+                    .unwrap()
+                    .into_int_value();
+            }
+            b.build_return(Some(&x)).unwrap();
+        }
+        m.verify().unwrap();
+        m
+    }
+
+    #[test]
+    fn parts_are_balanced_and_never_more_than_the_functions() {
+        let ctx = Context::create();
+        let m = module(&ctx, &[100, 45, 40, 10]);
+        let p = Partition::of(&m, 2);
+        assert_eq!(p.parts(), 2);
+        // 100 alone against 45 + 40 + 10 (sizes count calls, stores and
+        // returns too: 103 against 100).
+        assert_eq!(p.owner("f0"), Some(0));
+        assert_eq!([p.owner("f1"), p.owner("f2"), p.owner("f3")], [Some(1); 3]);
+        assert_eq!(Partition::of(&m, 16).parts(), 4);
+        assert_eq!(Partition::of(&m, 0).parts(), 1);
+    }
+
+    #[test]
+    fn each_function_and_variable_is_defined_by_exactly_one_part() {
+        let sizes = [30, 20, 20, 5, 1];
+        let mut defined_by = HashMap::<String, Vec<usize>>::new();
+        for part in 0..3 {
+            let ctx = Context::create();
+            let m = module(&ctx, &sizes);
+            let p = Partition::of(&m, 3);
+            p.keep(&m, part).unwrap();
+            m.verify().unwrap();
+            for f in m.get_functions() {
+                let n = name(f.as_global_value());
+                assert!(!n.ends_with(".elsewhere"), "{n} left behind");
+                if f.count_basic_blocks() > 0 {
+                    assert_eq!(f.get_linkage(), Linkage::External);
+                    defined_by.entry(n).or_default().push(part);
+                }
+            }
+            for g in m.get_globals() {
+                if g.get_initializer().is_some() {
+                    defined_by.entry(name(g)).or_default().push(part);
+                }
+            }
+            // Calls into other parts go to declarations of the same name.
+            for i in 0..sizes.len() {
+                assert!(m.get_function(&format!("f{i}")).is_some());
+            }
+        }
+        let mut names: Vec<_> = defined_by.keys().cloned().collect();
+        names.sort();
+        assert_eq!(names, ["counter", "f0", "f1", "f2", "f3", "f4"]);
+        for (n, parts) in defined_by {
+            assert_eq!(parts.len(), 1, "{n} defined by parts {parts:?}");
+        }
+    }
+}
