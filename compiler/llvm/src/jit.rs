@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use crate::cache::ObjectCache;
 use crate::emit::{Program, build, optimize};
 use crate::orc::Linker;
 use crate::split::Partition;
@@ -27,6 +28,16 @@ pub struct Jit<'m, P: Program + ?Sized> {
     module: &'m P,
     compile_time: std::time::Duration,
     sites: HashMap<String, Vec<Site>>,
+    parts: usize,
+    cached: usize,
+}
+
+/// How [`jit_with`] compiles.
+#[derive(Debug, Clone, Default)]
+pub struct JitOptions {
+    /// Where compiled object files are looked up before compiling and
+    /// stored after (`None`: compile everything, store nothing).
+    pub cache: Option<ObjectCache>,
 }
 
 impl<P: Program + ?Sized> Jit<'_, P> {
@@ -34,6 +45,12 @@ impl<P: Program + ?Sized> Jit<'_, P> {
     /// took.
     pub fn compile_time(&self) -> std::time::Duration {
         self.compile_time
+    }
+
+    /// How many parts the module was compiled in, and how many of them
+    /// came from the object cache.
+    pub fn parts(&self) -> (usize, usize) {
+        (self.parts, self.cached)
     }
 
     /// Function `name`, callable with checked arguments.
@@ -65,19 +82,27 @@ const MAX_COMPILE_THREADS: usize = 8;
 /// One part of a module, compiled.
 struct Part {
     object: Vec<u8>,
+    /// Whether the object came from the cache.
+    cached: bool,
     /// Each function's failure sites (every part knows all of them).
     sites: HashMap<String, Vec<Site>>,
     /// The `SYM.entry` wrappers of the module.
     entries: Vec<String>,
+    /// The functions the module defines, sorted, and those this part
+    /// defines.
+    functions: Vec<String>,
+    owned: Vec<String>,
 }
 
 /// Builds the whole of `m`, keeps part `part` of `parts` and compiles it
-/// to an object file; `None` when the module has fewer parts.
+/// to an object file (or takes it from `cache`); `None` when the module
+/// has fewer parts.
 fn compile_part<P: Program + ?Sized>(
     m: &P,
     part: usize,
     parts: usize,
     target: &dlc_core::TargetDesc,
+    cache: Option<&ObjectCache>,
 ) -> R<Option<Part>> {
     let ctx = Context::create();
     let (module, machine, sites) = build(&ctx, m, &jit_symbols(), target)?;
@@ -90,24 +115,94 @@ fn compile_part<P: Program + ?Sized>(
         .map(|f| f.get_name().to_string_lossy().into_owned())
         .filter(|n| n.ends_with(".entry"))
         .collect();
+    let defined = |module: &inkwell::module::Module<'_>| -> Vec<String> {
+        let mut names: Vec<String> = module
+            .get_functions()
+            .filter(|f| f.count_basic_blocks() > 0)
+            .map(|f| f.get_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let functions = defined(&module);
     partition.keep(&module, part)?;
+    let owned = defined(&module);
+    let key = cache.map(|_| {
+        let (major, minor, patch) = inkwell::support::get_llvm_version();
+        let what = format!(
+            "{} {} {}",
+            machine.get_triple(),
+            machine.get_cpu(),
+            machine.get_feature_string().to_string_lossy()
+        );
+        ObjectCache::key(
+            module.write_bitcode_to_memory().as_slice(),
+            &what,
+            &format!("{major}.{minor}.{patch}"),
+        )
+    });
+    if let (Some(cache), Some(key)) = (cache, &key)
+        && let Some(object) = cache.get(key)
+    {
+        return Ok(Some(Part {
+            object,
+            cached: true,
+            sites,
+            entries,
+            functions,
+            owned,
+        }));
+    }
     optimize(&module, &machine)?;
     let object = machine
         .write_to_memory_buffer(&module, FileType::Object)
-        .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+        .map_err(|e| CodegenError::Llvm(e.to_string()))?
+        .as_slice()
+        .to_vec();
+    if let (Some(cache), Some(key)) = (cache, &key) {
+        // A cache that cannot be written only makes the next compile slower.
+        let _ = cache.put(key, &object);
+    }
     Ok(Some(Part {
-        object: object.as_slice().to_vec(),
+        object,
+        cached: false,
         sites,
         entries,
+        functions,
+        owned,
     }))
 }
 
-/// Compiles `m` for this CPU, JIT-links it and hands it to `use_it`.
+/// Whether every part saw the same module and each of its functions is
+/// defined by exactly one part.
+fn partitioned(parts: &[Part]) -> bool {
+    let Some(first) = parts.first() else {
+        return false;
+    };
+    let mut owned: Vec<&String> = parts.iter().flat_map(|p| &p.owned).collect();
+    owned.sort();
+    parts.iter().all(|p| p.functions == first.functions)
+        && owned.len() == first.functions.len()
+        && owned.iter().zip(&first.functions).all(|(a, b)| *a == b)
+}
+
+/// Compiles `m` for this CPU, JIT-links it and hands it to `use_it`
+/// (no object cache: [`jit_with`] takes one).
+pub fn jit<P: Program + ?Sized, T>(m: &P, use_it: impl FnOnce(&Jit<'_, P>) -> R<T>) -> R<T> {
+    jit_with(m, &JitOptions::default(), use_it)
+}
+
+/// Compiles `m` for this CPU as `options` say, JIT-links it and hands it
+/// to `use_it`.
 ///
 /// The module's functions are optimized and compiled in parts, one per
 /// core (at most [`MAX_COMPILE_THREADS`]), on threads of their own; the JIT
 /// links the parts' object files (see `split`).
-pub fn jit<P: Program + ?Sized, T>(m: &P, use_it: impl FnOnce(&Jit<'_, P>) -> R<T>) -> R<T> {
+pub fn jit_with<P: Program + ?Sized, T>(
+    m: &P,
+    options: &JitOptions,
+    use_it: impl FnOnce(&Jit<'_, P>) -> R<T>,
+) -> R<T> {
     let start = std::time::Instant::now();
     load_thread_pool()?;
     let target = dlc_core::TargetDesc::host();
@@ -117,7 +212,10 @@ pub fn jit<P: Program + ?Sized, T>(m: &P, use_it: impl FnOnce(&Jit<'_, P>) -> R<
         .min(MAX_COMPILE_THREADS);
     let parts: Vec<R<Option<Part>>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..workers)
-            .map(|part| s.spawn(move || compile_part(m, part, workers, target)))
+            .map(|part| {
+                let cache = options.cache.as_ref();
+                s.spawn(move || compile_part(m, part, workers, target, cache))
+            })
             .collect();
         handles
             .into_iter()
@@ -133,6 +231,14 @@ pub fn jit<P: Program + ?Sized, T>(m: &P, use_it: impl FnOnce(&Jit<'_, P>) -> R<
             compiled.push(p);
         }
     }
+    if !partitioned(&compiled) {
+        // The workers built different modules (code generation that is
+        // not deterministic): compile the whole module as one part.
+        compiled = compile_part(m, 0, 1, target, options.cache.as_ref())?
+            .into_iter()
+            .collect();
+    }
+    let (parts, cached) = (compiled.len(), compiled.iter().filter(|p| p.cached).count());
     let linker = Linker::new()?;
     for (i, p) in compiled.iter().enumerate() {
         linker.add_object(&format!("part{i}"), &p.object)?;
@@ -151,6 +257,8 @@ pub fn jit<P: Program + ?Sized, T>(m: &P, use_it: impl FnOnce(&Jit<'_, P>) -> R<
         module: m,
         compile_time: start.elapsed(),
         sites: first.sites,
+        parts,
+        cached,
     };
     use_it(&jit)
 }

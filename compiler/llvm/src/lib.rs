@@ -35,6 +35,7 @@
 #![allow(unsafe_code)]
 
 mod abi;
+mod cache;
 mod codegen;
 mod emit;
 #[allow(unsafe_code)]
@@ -45,12 +46,13 @@ mod split;
 mod target;
 
 pub use abi::{exported_signature, signature};
+pub use cache::{DEFAULT_MAX_BYTES, ObjectCache};
 pub use emit::{
     Compiled, Llvm, Program, compile, emit_llvm_ir, emit_native, emit_shared_library,
     emit_static_library,
 };
 pub use gpu::{Emulator, compile_gpu, emulate};
-pub use jit::{Jit, jit};
+pub use jit::{Jit, JitOptions, jit, jit_with};
 
 use inkwell::builder::BuilderError;
 

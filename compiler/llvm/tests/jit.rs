@@ -510,3 +510,60 @@ fn dense_constants_are_global_data_of_every_type() {
         w.join(", ")
     ));
 }
+
+/// A second compile of an unchanged module takes every part's object from
+/// the cache and computes the same results; a damaged entry is compiled
+/// again; a different module shares nothing it does not have in common.
+#[test]
+fn compiled_objects_come_from_the_cache_the_second_time() {
+    let dir = std::env::temp_dir().join(format!("dlc-jit-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let options = dlc_llvm::JitOptions {
+        cache: Some(dlc_llvm::ObjectCache::new(
+            &dir,
+            dlc_llvm::DEFAULT_MAX_BYTES,
+        )),
+    };
+    let src = "fn f(x: f32[64, 96], weight w: f32[96, 96], b: f32[96]) -> f32[64, 96] { return softmax(tanh(x @ w + b), axis=-1) * 2.0; }";
+    let m = graph(src);
+    let tiles = dlc_driver::lower_for_cpu(&m).unwrap();
+    let f = m.entry_points().next().unwrap();
+    let inputs = prepare_inputs(f, &[], Some(0)).unwrap();
+    let want = interpret(&m, f, &inputs).unwrap();
+    let run = || {
+        dlc_llvm::jit_with(&tiles, &options, |jit| {
+            Ok((jit.parts(), jit.kernel("f")?.call(&inputs).unwrap()))
+        })
+        .unwrap()
+    };
+    let ((parts, cached), first) = run();
+    assert!(parts >= 1);
+    assert_eq!(cached, 0, "an empty cache has nothing");
+    let entries = || std::fs::read_dir(&dir).unwrap().count();
+    assert_eq!(entries(), parts, "one entry per part");
+    let ((again, cached), second) = run();
+    assert_eq!((again, cached), (parts, parts));
+    for got in [&first, &second] {
+        let err = max_relative_error(got, &want).unwrap();
+        assert!(err <= TOLERANCE, "relative error {err:.3e}");
+    }
+    // Damage every entry: each is compiled again (and stored again).
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let path = e.unwrap().path();
+        let mut bytes = std::fs::read(&path).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0xff;
+        std::fs::write(&path, bytes).unwrap();
+    }
+    let ((_, cached), third) = run();
+    assert_eq!(cached, 0, "damaged entries are not used");
+    assert!(max_relative_error(&third, &want).unwrap() <= TOLERANCE);
+    assert_eq!(run().0, (parts, parts));
+    // Another program: none of its parts is an entry of this one's.
+    let other =
+        graph("fn f(x: f32[64, 96], w: f32[96, 96]) -> f32[64, 96] { return relu(x @ w); }");
+    let other = dlc_driver::lower_for_cpu(&other).unwrap();
+    let (_, cached) = dlc_llvm::jit_with(&other, &options, |jit| Ok(jit.parts())).unwrap();
+    assert_eq!(cached, 0);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

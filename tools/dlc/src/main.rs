@@ -248,6 +248,11 @@ enum Command {
         /// then compares f32 results at TF32's precision.
         #[arg(long)]
         tf32: bool,
+        /// With `--backend cpu`: compile every kernel, neither reading nor
+        /// writing the object cache (`$DLC_CACHE_DIR`, else
+        /// `$XDG_CACHE_HOME/dlc` or `~/.cache/dlc`; safe to delete).
+        #[arg(long)]
+        no_cache: bool,
     },
     /// Measure compile time and steady-state latency of an entry point
     /// compiled for this CPU (random inputs from seed 0).
@@ -282,6 +287,11 @@ enum Command {
         /// With `--backend gpu`: f32 products on tensor cores as TF32.
         #[arg(long)]
         tf32: bool,
+        /// With `--backend cpu`: take compiled kernels from the object cache
+        /// and store them there, as `dlc run` does (by default the compile
+        /// is a cold one, and nothing is read or written).
+        #[arg(long)]
+        cache: bool,
     },
     /// Measure this machine with the project's own compiled kernels (one
     /// thread) and write the constants of the cost model `graph.saturate`
@@ -321,9 +331,10 @@ fn run_cpu(
     module: &dlc_graph::Module,
     f: &dlc_graph::Function,
     inputs: &[HostTensor],
+    options: &dlc_llvm::JitOptions,
 ) -> Result<Vec<HostTensor>, DriverError> {
     let lowered = cpu_tiles(module)?;
-    dlc_llvm::jit(&lowered, |jit| {
+    dlc_llvm::jit_with(&lowered, options, |jit| {
         jit.kernel(&f.name)?
             .call(inputs)
             .map_err(|e| dlc_llvm::CodegenError::Arguments(e.to_string()))
@@ -467,9 +478,15 @@ fn bench(
     passes: &str,
     backend: Backend,
     tf32: bool,
+    cache: bool,
 ) -> Result<(), DriverError> {
     if tf32 && backend != Backend::Gpu {
         return Err(DriverError::Usage("--tf32 is for --backend gpu".into()));
+    }
+    if cache && backend != Backend::Cpu {
+        return Err(DriverError::Usage(
+            "--cache is for --backend cpu (the object cache holds CPU code)".into(),
+        ));
     }
     if !matches!(backend, Backend::Cpu | Backend::Gpu) {
         return Err(DriverError::Usage(
@@ -491,15 +508,27 @@ fn bench(
     run_passes(&mut module, passes, PassOptions::default())?;
     let module = dlc_driver::only_entry(&module, entry)?;
     let f = select_entry(&module, None)?;
-    let (front, llvm, ms, bind, device) = if backend == Backend::Gpu {
+    let (front, llvm, ms, bind, device, parts) = if backend == Backend::Gpu {
         let front = start.elapsed();
         let (codegen, ms, device) = time_gpu_calls(&module, f, Timing { runs, warmup }, tf32)?;
-        (front, codegen, ms, None, Some(device))
+        (front, codegen, ms, None, Some(device), None)
     } else {
         let lowered = cpu_tiles(&module)?;
         let front = start.elapsed();
-        let (llvm, bind, ms) = time_calls(&lowered, f, warmup, runs)?;
-        (front, llvm, ms, Some(bind), None)
+        let options = dlc_llvm::JitOptions {
+            cache: if cache {
+                Some(dlc_llvm::ObjectCache::for_user().ok_or_else(|| {
+                    DriverError::Usage(
+                        "--cache: no cache directory (set DLC_CACHE_DIR, XDG_CACHE_HOME or HOME)"
+                            .into(),
+                    )
+                })?)
+            } else {
+                None
+            },
+        };
+        let t = time_calls(&lowered, f, Timing { runs, warmup }, &options)?;
+        (front, t.llvm, t.ms, Some(t.bind), None, Some(t.parts))
     };
     let (median, min, max) = (median(&ms), ms[0], ms[ms.len() - 1]);
     let compile = front + llvm;
@@ -512,6 +541,8 @@ fn bench(
             "frontend_s": front.as_secs_f64(),
             "llvm_s": llvm.as_secs_f64(),
             "bind_ms": bind.map(|b| b.as_secs_f64() * 1e3),
+            "llvm_parts": parts.map(|p| p.0),
+            "cached_parts": parts.map(|p| p.1),
             "median_ms": median,
             "min_ms": min,
             "max_ms": max,
@@ -530,8 +561,12 @@ fn bench(
                 if threads == 1 { "" } else { "s" }
             ),
         }
+        let cached = match parts {
+            Some((n, c)) if cache => format!(", {c} of {n} parts from the cache"),
+            _ => String::new(),
+        };
         dlc_cli::outln!(
-            "  compile: {:.3} s ({} {:.3} s, {} {:.3} s)",
+            "  compile: {:.3} s ({} {:.3} s, {} {:.3} s{cached})",
             compile.as_secs_f64(),
             if device.is_some() {
                 "front end"
@@ -559,18 +594,30 @@ fn bench(
     Ok(())
 }
 
+/// What [`time_calls`] measured.
+struct Timed {
+    /// LLVM's time, linking included.
+    llvm: std::time::Duration,
+    /// Binding the inputs, the preparer's run included.
+    bind: std::time::Duration,
+    /// The calls' times in ms, sorted.
+    ms: Vec<f64>,
+    /// The parts the module was compiled in, and how many came from the
+    /// object cache.
+    parts: (usize, usize),
+}
+
 /// Compiles `lowered` and times `runs` calls of `f` on random inputs (seed
-/// 0) after `warmup` untimed ones: LLVM time, the time of binding the
-/// inputs (the preparer's run included) and the sorted times in ms.
+/// 0) after `warmup` untimed ones.
 fn time_calls<P: dlc_llvm::Program>(
     lowered: &P,
     f: &dlc_graph::Function,
-    warmup: usize,
-    runs: usize,
-) -> Result<(std::time::Duration, std::time::Duration, Vec<f64>), DriverError> {
+    Timing { runs, warmup }: Timing,
+    options: &dlc_llvm::JitOptions,
+) -> Result<Timed, DriverError> {
     let inputs = prepare_inputs(f, &[], Some(0))?;
     let call_err = |e: dlc_runtime::RuntimeError| dlc_llvm::CodegenError::Arguments(e.to_string());
-    let (llvm, bind, mut ms) = dlc_llvm::jit(lowered, |jit| {
+    let (llvm, bind, mut ms, parts) = dlc_llvm::jit_with(lowered, options, |jit| {
         let kernel = jit.kernel(&f.name)?;
         let t = std::time::Instant::now();
         let mut call = kernel.bind(&inputs).map_err(call_err)?;
@@ -584,11 +631,16 @@ fn time_calls<P: dlc_llvm::Program>(
             call.run().map_err(call_err)?;
             ms.push(t.elapsed().as_secs_f64() * 1e3);
         }
-        Ok((jit.compile_time(), bind, ms))
+        Ok((jit.compile_time(), bind, ms, jit.parts()))
     })
     .map_err(codegen)?;
     ms.sort_by(f64::total_cmp);
-    Ok((llvm, bind, ms))
+    Ok(Timed {
+        llvm,
+        bind,
+        ms,
+        parts,
+    })
 }
 
 fn median(sorted: &[f64]) -> f64 {
@@ -609,8 +661,13 @@ fn time_source(src: &str, runs: usize) -> Result<f64, DriverError> {
     run_passes(&mut module, DEFAULT_PIPELINE, PassOptions::default())?;
     let f = select_entry(&module, None)?;
     let lowered = cpu_tiles(&module)?;
-    let (_, _, ms) = time_calls(&lowered, f, 3, runs)?;
-    Ok(median(&ms) * 1e3)
+    let timed = time_calls(
+        &lowered,
+        f,
+        Timing { runs, warmup: 3 },
+        &dlc_llvm::JitOptions::default(),
+    )?;
+    Ok(median(&timed.ms) * 1e3)
 }
 
 /// `dlc calibrate`: the cost model's constants from timings of compiled
@@ -819,6 +876,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             target,
             onnx,
             tf32,
+            no_cache,
         } => {
             if tf32 && !matches!(backend, Backend::Gpu | Backend::GpuEmulator) {
                 return Err(DriverError::Usage(
@@ -890,7 +948,12 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                     let tiled = tiled(&module, &target)?;
                     dlc_driver::interpret_tile_within(&tiled, f, &args, max_work)?
                 }
-                Backend::Cpu => run_cpu(&module, f, &args)?,
+                Backend::Cpu => {
+                    let options = dlc_llvm::JitOptions {
+                        cache: (!no_cache).then(dlc_llvm::ObjectCache::for_user).flatten(),
+                    };
+                    run_cpu(&module, f, &args, &options)?
+                }
                 Backend::Gpu => run_gpu(&module, f, &args, tf32)?,
                 Backend::GpuEmulator => run_emulated(&module, f, &args, &target, tf32)?,
                 Backend::Mlir => {
@@ -950,6 +1013,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             onnx,
             backend,
             tf32,
+            cache,
         } => bench(
             &file,
             &onnx.options()?,
@@ -960,6 +1024,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             &passes,
             backend,
             tf32,
+            cache,
         ),
         Command::Import { file, output, onnx } => {
             let imported = dlc_driver::import_onnx(&file, &onnx.options()?)?;

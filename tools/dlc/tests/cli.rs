@@ -490,6 +490,88 @@ fn bench_reports_compile_time_and_latency() {
     );
 }
 
+/// `dlc run` keeps compiled kernels in the object cache (`DLC_CACHE_DIR`)
+/// unless told not to; `dlc bench` compiles cold unless given `--cache`,
+/// and says how many parts came from it.
+#[test]
+fn the_object_cache_is_used_by_run_and_on_request_by_bench() {
+    let d = Dir::new("object-cache");
+    let model = d.file("m.dl", MODEL);
+    let cache = d.0.join("cache");
+    let with_cache = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_dlc"))
+            .env("DLC_CACHE_DIR", &cache)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let entries = || std::fs::read_dir(&cache).map_or(0, |d| d.count());
+    let run = [
+        "run",
+        &model,
+        "--entry",
+        "affine",
+        "--random-inputs",
+        "1",
+        "--check",
+    ];
+    let o = with_cache(&[&run[..], &["--no-cache"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(entries(), 0, "--no-cache writes nothing");
+    let bench = [
+        "bench", &model, "--entry", "affine", "--runs", "1", "--json",
+    ];
+    let o = with_cache(&bench);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(entries(), 0, "bench is cold by default");
+    let o = with_cache(&run);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("check: ok"));
+    let stored = entries();
+    assert!(stored >= 1, "dlc run stores its parts");
+    // The same kernels again: every part from the cache, nothing added.
+    let o = with_cache(&[&bench[..], &["--cache"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["cached_parts"], report["llvm_parts"], "{report}");
+    assert_eq!(
+        report["llvm_parts"].as_u64(),
+        Some(stored as u64),
+        "{report}"
+    );
+    assert_eq!(entries(), stored);
+    // A cached compile runs correctly.
+    let o = with_cache(&run);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("check: ok"));
+    fails_with(
+        &with_cache(&[&bench[..], &["--cache", "--backend", "gpu"]].concat()),
+        "--cache is for --backend cpu",
+    );
+}
+
+/// Code generation is deterministic: two processes (different hash seeds)
+/// write the same LLVM IR and the same object file, so that the object
+/// cache finds what it stored (W7's workspace was once placed in hash
+/// order).
+#[test]
+fn compiling_twice_gives_the_same_bytes() {
+    let d = Dir::new("deterministic");
+    let gru = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/w7_gru.dl");
+    for emit in ["llvm", "obj"] {
+        let out: Vec<Vec<u8>> = ["a", "b"]
+            .iter()
+            .map(|n| {
+                let path = d.path(&format!("{n}.{emit}"));
+                let o = dlc(&["compile", gru, "--emit", emit, "-o", &path]);
+                assert!(o.status.success(), "{}", stderr(&o));
+                std::fs::read(&path).unwrap()
+            })
+            .collect();
+        assert!(out[0] == out[1], "--emit {emit} differs between two runs");
+    }
+}
+
 #[test]
 fn bad_files_fail_with_a_location() {
     let d = Dir::new("bad");

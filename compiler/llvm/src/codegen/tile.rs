@@ -22,7 +22,7 @@
 //! Tiles are therefore meant to be register-sized; the conversion keeps
 //! them within its schedule's blocking.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use dlc_core::scalar::{BinaryOp, ReduceKind};
 use dlc_core::{DType, TargetDesc};
@@ -107,8 +107,9 @@ impl Ir for TileIr {
 /// nothing (so they cannot fail for memory). Calls running at once each
 /// hold their own.
 pub(crate) struct Workspace {
-    /// Byte offset of each global buffer.
-    pub(super) offsets: HashMap<Value, u64>,
+    /// Byte offset of each global buffer (ordered, so that the code placing
+    /// them is the same from one compile to the next).
+    pub(super) offsets: BTreeMap<Value, u64>,
     /// Bytes of the global buffers.
     pub(super) size: u64,
     /// Bytes of one thread's scratch region.
@@ -125,7 +126,7 @@ impl Workspace {
     pub(super) fn plan(f: &Function) -> R<Workspace> {
         let mut live: Vec<(u64, u64, Value)> = Vec::new();
         let mut plan = Workspace {
-            offsets: HashMap::new(),
+            offsets: BTreeMap::new(),
             size: 0,
             scratch: 0,
             largest: None,

@@ -50,9 +50,11 @@ impl Drop for Dir {
     }
 }
 
-/// Runs `dlc` with `args`.
+/// Runs `dlc` with `args`, its object cache in the build's temporary
+/// directory (not the user's).
 pub fn dlc(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_dlc"))
+        .env("DLC_CACHE_DIR", cache_dir())
         .args(args)
         .output()
         .unwrap()
@@ -71,4 +73,9 @@ pub fn fails_with(o: &Output, text: &str) {
         "expected `{text}` in:\n{}",
         stderr(o)
     );
+}
+
+/// The object cache of `dlc` as the tests run it.
+pub fn cache_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dlc-object-cache")
 }
