@@ -2,7 +2,7 @@
 
 use std::marker::PhantomData;
 
-use dlc_core::TensorType;
+use dlc_core::{DType, TensorType};
 
 use crate::abi::{Param, Signature, status_message};
 use crate::tensor::{HostTensor, TensorError};
@@ -28,17 +28,48 @@ pub enum RuntimeError {
 /// vector), as compiled code is given.
 #[derive(Debug, Clone)]
 pub struct AlignedBuffer {
-    words: Vec<[u64; 8]>,
+    lines: Vec<Line>,
     len: usize,
 }
+
+/// One cache line of storage. (`[u64; 8]` alone is aligned to 8 bytes
+/// only: buffers were, until a test looked.)
+#[derive(Debug, Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u64; 8]);
+
+// SAFETY: 64 bytes of integers, aligned to 64, without padding: every bit
+// pattern is a valid `Line`, all zeros included.
+unsafe impl bytemuck::Zeroable for Line {}
+// SAFETY: as above; `Line` is `Copy` and `repr(C)`.
+unsafe impl bytemuck::Pod for Line {}
 
 impl AlignedBuffer {
     /// `len` zero bytes.
     pub fn zeroed(len: usize) -> AlignedBuffer {
         AlignedBuffer {
-            words: vec![[0u64; 8]; len.div_ceil(64).max(1)],
+            lines: vec![Line([0; 8]); len.div_ceil(64).max(1)],
             len,
         }
+    }
+
+    /// The elements of `t` as little-endian bytes of its element type,
+    /// written in place (no intermediate copy).
+    pub fn from_tensor(t: &HostTensor) -> AlignedBuffer {
+        let dtype = t.ty.dtype;
+        let size = dtype.size_bytes();
+        let mut b = AlignedBuffer::zeroed(t.data.len() * size);
+        let out = b.bytes_mut().chunks_exact_mut(size).zip(&t.data);
+        if dtype == DType::F32 {
+            for (o, &x) in out {
+                o.copy_from_slice(&(x as f32).to_le_bytes());
+            }
+        } else {
+            for (o, &x) in out {
+                dtype.write_le_bytes(x, o);
+            }
+        }
+        b
     }
 
     /// A copy of `bytes`.
@@ -50,17 +81,17 @@ impl AlignedBuffer {
 
     /// The contents.
     pub fn bytes(&self) -> &[u8] {
-        &bytemuck::cast_slice::<[u64; 8], u8>(&self.words)[..self.len]
+        &bytemuck::cast_slice::<Line, u8>(&self.lines)[..self.len]
     }
 
     /// The contents, writable.
     pub fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut bytemuck::cast_slice_mut::<[u64; 8], u8>(&mut self.words)[..self.len]
+        &mut bytemuck::cast_slice_mut::<Line, u8>(&mut self.lines)[..self.len]
     }
 
     /// The address of the first byte.
     pub fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.words.as_mut_ptr().cast()
+        self.lines.as_mut_ptr().cast()
     }
 }
 
@@ -184,40 +215,50 @@ fn check_status(signature: &Signature, status: i32) -> Result<(), RuntimeError> 
 
 /// Checks `inputs` against `signature` (count, element types, shapes).
 pub fn check_inputs(signature: &Signature, inputs: &[HostTensor]) -> Result<(), RuntimeError> {
+    check_count(signature, inputs.len())?;
+    for (p, t) in signature.inputs().zip(inputs) {
+        check_input(&signature.name, p, t)?;
+    }
+    Ok(())
+}
+
+/// Checks that `signature` takes `given` inputs.
+fn check_count(signature: &Signature, given: usize) -> Result<(), RuntimeError> {
     let name = &signature.name;
     let params: Vec<_> = signature.inputs().collect();
-    if inputs.len() < params.len() {
-        let missing: Vec<String> = params[inputs.len()..]
+    if given < params.len() {
+        let missing: Vec<String> = params[given..]
             .iter()
             .map(|p| format!("`{}` ({})", p.name, p.ty))
             .collect();
         return Err(RuntimeError::Arguments(format!(
-            "`{name}` takes {} input(s), got {}: missing {}",
+            "`{name}` takes {} input(s), got {given}: missing {}",
             params.len(),
-            inputs.len(),
             missing.join(", ")
         )));
     }
-    if inputs.len() > params.len() {
+    if given > params.len() {
         return Err(RuntimeError::Arguments(format!(
-            "`{name}` takes {} input(s), got {}",
+            "`{name}` takes {} input(s), got {given}",
             params.len(),
-            inputs.len()
         )));
     }
-    for (p, t) in params.iter().zip(inputs) {
-        if p.ty.dtype != t.ty.dtype {
-            return Err(RuntimeError::Arguments(format!(
-                "`{name}`: input `{}` must have element type {}, got {} ({})",
-                p.name, p.ty.dtype, t.ty.dtype, t.ty
-            )));
-        }
-        if p.ty.shape != t.ty.shape {
-            return Err(RuntimeError::Arguments(format!(
-                "`{name}`: input `{}` must be {}, got {}",
-                p.name, p.ty, t.ty
-            )));
-        }
+    Ok(())
+}
+
+/// Checks input `t` against parameter `p` of function `name`.
+fn check_input(name: &str, p: &Param, t: &HostTensor) -> Result<(), RuntimeError> {
+    if p.ty.dtype != t.ty.dtype {
+        return Err(RuntimeError::Arguments(format!(
+            "`{name}`: input `{}` must have element type {}, got {} ({})",
+            p.name, p.ty.dtype, t.ty.dtype, t.ty
+        )));
+    }
+    if p.ty.shape != t.ty.shape {
+        return Err(RuntimeError::Arguments(format!(
+            "`{name}`: input `{}` must be {}, got {}",
+            p.name, p.ty, t.ty
+        )));
     }
     Ok(())
 }
@@ -235,7 +276,7 @@ pub fn lay_out(
         if p.output {
             buffers.push(AlignedBuffer::zeroed(bytes_of(&p.ty)?));
         } else if let Some(t) = given.next() {
-            buffers.push(AlignedBuffer::from_bytes(&t.to_le_bytes()));
+            buffers.push(AlignedBuffer::from_tensor(t));
         }
     }
     Ok(buffers)
@@ -286,24 +327,80 @@ impl<'a> Kernel<'a> {
         &self.signature
     }
 
+    /// The signature of what a caller passes: the inputs but the prepared
+    /// ones.
+    fn given(&self) -> &Signature {
+        match &self.prepare {
+            Some((_, binding)) => &binding.given,
+            None => &self.signature,
+        }
+    }
+
     /// Checks `inputs` against the signature (count, element types, shapes)
     /// and prepares the storage of a call: the inputs and zeroed results.
     /// With a preparer, `inputs` leave out the prepared inputs, which the
     /// preparer computes here, once.
     pub fn bind(&self, inputs: &[HostTensor]) -> Result<BoundCall<'_, 'a>, RuntimeError> {
-        let Some((prepare, binding)) = &self.prepare else {
-            return Ok(BoundCall {
-                kernel: self,
-                buffers: lay_out(&self.signature, inputs)?,
-            });
+        check_inputs(self.given(), inputs)?;
+        let mut binder = self.binder();
+        for t in inputs {
+            binder.push(t)?;
+        }
+        binder.finish()
+    }
+
+    /// A call whose inputs are given one at a time ([`Binder::push`]): a
+    /// caller that makes or reads its inputs one by one needs only the one
+    /// in hand beside the call's storage, not all of them twice.
+    pub fn binder(&self) -> Binder<'_, 'a> {
+        Binder {
+            kernel: self,
+            buffers: Vec::with_capacity(self.signature.params.len()),
+        }
+    }
+
+    /// Calls the function on `inputs`; returns its results.
+    pub fn call(&self, inputs: &[HostTensor]) -> Result<Vec<HostTensor>, RuntimeError> {
+        let mut call = self.bind(inputs)?;
+        call.run()?;
+        call.outputs()
+    }
+}
+
+/// A call being bound input by input ([`Kernel::binder`]).
+pub struct Binder<'k, 'a> {
+    kernel: &'k Kernel<'a>,
+    buffers: Vec<AlignedBuffer>,
+}
+
+impl<'k, 'a> Binder<'k, 'a> {
+    /// Checks `t` against the next input the caller passes and lays it out
+    /// (`t` may be dropped then).
+    pub fn push(&mut self, t: &HostTensor) -> Result<(), RuntimeError> {
+        let given = self.kernel.given();
+        let k = self.buffers.len();
+        let p = given.inputs().nth(k).ok_or_else(|| {
+            RuntimeError::Arguments(format!("`{}` takes {k} input(s), got more", given.name))
+        })?;
+        check_input(&given.name, p, t)?;
+        self.buffers.push(AlignedBuffer::from_tensor(t));
+        Ok(())
+    }
+
+    /// The bound call, once every input is pushed; with a preparer, the
+    /// preparer runs here, once, on the buffers the calls will read.
+    pub fn finish(self) -> Result<BoundCall<'k, 'a>, RuntimeError> {
+        let Binder {
+            kernel,
+            mut buffers,
+        } = self;
+        check_count(kernel.given(), buffers.len())?;
+        let Some((prepare, binding)) = &kernel.prepare else {
+            for p in kernel.signature.outputs() {
+                buffers.push(AlignedBuffer::zeroed(bytes_of(&p.ty)?));
+            }
+            return Ok(BoundCall { kernel, buffers });
         };
-        check_inputs(&binding.given, inputs)?;
-        // The inputs laid out once: the preparer reads its weights from the
-        // same buffers the calls will.
-        let mut buffers: Vec<AlignedBuffer> = inputs
-            .iter()
-            .map(|t| AlignedBuffer::from_bytes(&t.to_le_bytes()))
-            .collect();
         let mut results = prepare
             .signature
             .outputs()
@@ -329,20 +426,10 @@ impl<'a> Kernel<'a> {
         check_status(&prepare.signature, status)?;
         // The preparer's results are the function's last inputs.
         buffers.extend(results);
-        for p in self.signature.outputs() {
+        for p in kernel.signature.outputs() {
             buffers.push(AlignedBuffer::zeroed(bytes_of(&p.ty)?));
         }
-        Ok(BoundCall {
-            kernel: self,
-            buffers,
-        })
-    }
-
-    /// Calls the function on `inputs`; returns its results.
-    pub fn call(&self, inputs: &[HostTensor]) -> Result<Vec<HostTensor>, RuntimeError> {
-        let mut call = self.bind(inputs)?;
-        call.run()?;
-        call.outputs()
+        Ok(BoundCall { kernel, buffers })
     }
 }
 
@@ -372,5 +459,36 @@ impl BoundCall<'_, '_> {
     /// The results of the last run (zeros before any).
     pub fn outputs(&self) -> Result<Vec<HostTensor>, RuntimeError> {
         results(&self.kernel.signature, &self.buffers)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tensors_are_laid_out_as_their_little_endian_bytes() {
+        let values = [0.0, 1.5, -2.0, 3.0, 255.0, -0.25, 7.0];
+        for dtype in [
+            DType::F32,
+            DType::F64,
+            DType::F16,
+            DType::BF16,
+            DType::I8,
+            DType::I16,
+            DType::I32,
+            DType::I64,
+            DType::U8,
+            DType::U16,
+            DType::U32,
+            DType::U64,
+            DType::Bool,
+        ] {
+            let data: Vec<f64> = values.iter().map(|&v| dtype.round(v)).collect();
+            let t = HostTensor::new(TensorType::new(dtype, vec![data.len()]), data).unwrap();
+            let b = AlignedBuffer::from_tensor(&t);
+            assert_eq!(b.bytes(), t.to_le_bytes(), "{dtype}");
+            assert_eq!(b.bytes().as_ptr() as usize % 64, 0, "{dtype}");
+        }
     }
 }

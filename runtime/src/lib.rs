@@ -30,6 +30,6 @@ mod library;
 mod tensor;
 
 pub use abi::{Param, Signature, Site};
-pub use call::{AlignedBuffer, Kernel, PrepareBinding, RuntimeError};
+pub use call::{AlignedBuffer, Binder, Kernel, PrepareBinding, RuntimeError};
 pub use library::{SharedLibrary, load_thread_pool, set_num_threads};
 pub use tensor::{HostTensor, TensorError, seeded_rng};

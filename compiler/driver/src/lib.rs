@@ -635,6 +635,23 @@ pub fn prepare_inputs(
     files: &[(String, PathBuf)],
     seed: Option<u64>,
 ) -> Result<Vec<HostTensor>, DriverError> {
+    let mut inputs = Vec::with_capacity(f.params.len());
+    each_input(f, files, seed, |t| {
+        inputs.push(t);
+        Ok(())
+    })?;
+    Ok(inputs)
+}
+
+/// [`prepare_inputs`] one argument at a time, in order: `each` takes each
+/// one (and may drop it before the next is made), so that a caller laying
+/// them out for compiled code never holds all of them twice.
+pub fn each_input(
+    f: &Function,
+    files: &[(String, PathBuf)],
+    seed: Option<u64>,
+    mut each: impl FnMut(HostTensor) -> Result<(), DriverError>,
+) -> Result<(), DriverError> {
     let params: Vec<(&str, TensorType)> = f
         .params
         .iter()
@@ -679,7 +696,6 @@ pub fn prepare_inputs(
         }
     }
     let mut rng = seeded_rng(seed.unwrap_or(0));
-    let mut inputs = Vec::new();
     let ranges = random_ranges(f);
     for (k, (name, ty)) in params.iter().enumerate() {
         // Draw for every parameter so a parameter's random value does not
@@ -711,9 +727,9 @@ pub fn prepare_inputs(
             }
             None => random,
         };
-        inputs.push(t);
+        each(t)?;
     }
-    Ok(inputs)
+    Ok(())
 }
 
 pub use dlc_graph::interp::DEFAULT_WORK_LIMIT;

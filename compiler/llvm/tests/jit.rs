@@ -278,6 +278,31 @@ fn calls_with_wrong_arguments_are_rejected() {
     );
     let missing = dlc_llvm::jit(&lowered, |jit| jit.kernel("g").map(|_| ())).unwrap_err();
     assert_eq!(missing.to_string(), "no function `@g`");
+    // Inputs pushed one at a time are checked as they come, and the count
+    // when the binding is finished.
+    let errors = dlc_llvm::jit(&lowered, |jit| {
+        let k = jit.kernel("f")?;
+        let mut b = k.binder();
+        let wrong = b.push(&t(DType::F32, vec![3])).unwrap_err().to_string();
+        b.push(&t(DType::F32, vec![2, 3])).unwrap();
+        let early = k.binder();
+        let few = early.finish().err().unwrap().to_string();
+        b.push(&t(DType::F32, vec![3])).unwrap();
+        let more = b.push(&t(DType::F32, vec![3])).unwrap_err().to_string();
+        let mut call = b.finish().unwrap();
+        call.run().unwrap();
+        assert_eq!(call.outputs().unwrap()[0].data, vec![1.0; 6]);
+        Ok([wrong, few, more])
+    })
+    .unwrap();
+    assert_eq!(
+        errors,
+        [
+            "`f`: input `x` must be f32[2, 3], got f32[3]",
+            "`f` takes 2 input(s), got 0: missing `x` (f32[2, 3]), `y` (f32[3])",
+            "`f` takes 2 input(s), got more",
+        ]
+    );
 }
 
 /// Declared weights: the panels of every product by a weight (plain,
@@ -303,6 +328,27 @@ fn weights_are_prepared_once_per_binding() {
         let text = dlc_tile::print_module(&tiles);
         assert!(text.contains("prepare @f_prepare"), "{src}\n{text}");
         jit_agrees(src);
+    }
+    // Inputs pushed one at a time give what a call on all of them gives,
+    // the preparer running when the binding is finished.
+    for src in programs {
+        let m = graph(src);
+        let tiles = dlc_driver::lower_for_cpu(&m).unwrap();
+        let f = m.entry_points().next().unwrap();
+        let inputs = prepare_inputs(f, &[], Some(3)).unwrap();
+        let (whole, pushed) = dlc_llvm::jit(&tiles, |jit| {
+            let k = jit.kernel("f")?;
+            let whole = k.call(&inputs).unwrap();
+            let mut b = k.binder();
+            for t in &inputs {
+                b.push(t).unwrap();
+            }
+            let mut call = b.finish().unwrap();
+            call.run().unwrap();
+            Ok((whole, call.outputs().unwrap()))
+        })
+        .unwrap();
+        assert_eq!(whole, pushed, "{src}");
     }
     // The preparer's results are not inputs of a call.
     let m = graph(programs[0]);

@@ -196,20 +196,29 @@ impl DType {
     /// Appends `x` (a value of this type) as little-endian bytes of the
     /// type, the layout of tensors in memory (bool: one byte, 0 or 1).
     pub fn push_le_bytes(self, x: f64, out: &mut Vec<u8>) {
+        let at = out.len();
+        out.resize(at + self.size_bytes(), 0);
+        self.write_le_bytes(x, &mut out[at..]);
+    }
+
+    /// Writes `x` as this type's little-endian bytes into `out`
+    /// (`out.len() == self.size_bytes()`), converting as
+    /// [`DType::push_le_bytes`] does.
+    pub fn write_le_bytes(self, x: f64, out: &mut [u8]) {
         match self {
-            DType::F32 => out.extend((x as f32).to_le_bytes()),
-            DType::F64 => out.extend(x.to_le_bytes()),
-            DType::F16 => out.extend(half::f16::from_f64(x).to_le_bytes()),
-            DType::BF16 => out.extend(half::bf16::from_f64(x).to_le_bytes()),
-            DType::I8 => out.extend((x as i8).to_le_bytes()),
-            DType::I16 => out.extend((x as i16).to_le_bytes()),
-            DType::I32 => out.extend((x as i32).to_le_bytes()),
-            DType::I64 => out.extend((x as i64).to_le_bytes()),
-            DType::U8 => out.push(x as u8),
-            DType::U16 => out.extend((x as u16).to_le_bytes()),
-            DType::U32 => out.extend((x as u32).to_le_bytes()),
-            DType::U64 => out.extend((x as u64).to_le_bytes()),
-            DType::Bool => out.push(u8::from(x != 0.0)),
+            DType::F32 => out.copy_from_slice(&(x as f32).to_le_bytes()),
+            DType::F64 => out.copy_from_slice(&x.to_le_bytes()),
+            DType::F16 => out.copy_from_slice(&half::f16::from_f64(x).to_le_bytes()),
+            DType::BF16 => out.copy_from_slice(&half::bf16::from_f64(x).to_le_bytes()),
+            DType::I8 => out.copy_from_slice(&(x as i8).to_le_bytes()),
+            DType::I16 => out.copy_from_slice(&(x as i16).to_le_bytes()),
+            DType::I32 => out.copy_from_slice(&(x as i32).to_le_bytes()),
+            DType::I64 => out.copy_from_slice(&(x as i64).to_le_bytes()),
+            DType::U8 => out[0] = x as u8,
+            DType::U16 => out.copy_from_slice(&(x as u16).to_le_bytes()),
+            DType::U32 => out.copy_from_slice(&(x as u32).to_le_bytes()),
+            DType::U64 => out.copy_from_slice(&(x as u64).to_le_bytes()),
+            DType::Bool => out[0] = u8::from(x != 0.0),
         }
     }
 
