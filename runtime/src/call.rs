@@ -56,16 +56,21 @@ impl AlignedBuffer {
     /// The elements of `t` as little-endian bytes of its element type,
     /// written in place (no intermediate copy).
     pub fn from_tensor(t: &HostTensor) -> AlignedBuffer {
-        let dtype = t.ty.dtype;
+        AlignedBuffer::from_values(t.ty.dtype, t.data.len(), t.data.iter().copied())
+    }
+
+    /// `n` elements of type `dtype` taken from `values` (zeros where it
+    /// runs out), as little-endian bytes.
+    pub fn from_values(dtype: DType, n: usize, values: impl Iterator<Item = f64>) -> AlignedBuffer {
         let size = dtype.size_bytes();
-        let mut b = AlignedBuffer::zeroed(t.data.len() * size);
-        let out = b.bytes_mut().chunks_exact_mut(size).zip(&t.data);
+        let mut b = AlignedBuffer::zeroed(n * size);
+        let out = b.bytes_mut().chunks_exact_mut(size).zip(values);
         if dtype == DType::F32 {
-            for (o, &x) in out {
+            for (o, x) in out {
                 o.copy_from_slice(&(x as f32).to_le_bytes());
             }
         } else {
-            for (o, &x) in out {
+            for (o, x) in out {
                 dtype.write_le_bytes(x, o);
             }
         }
@@ -217,7 +222,7 @@ fn check_status(signature: &Signature, status: i32) -> Result<(), RuntimeError> 
 pub fn check_inputs(signature: &Signature, inputs: &[HostTensor]) -> Result<(), RuntimeError> {
     check_count(signature, inputs.len())?;
     for (p, t) in signature.inputs().zip(inputs) {
-        check_input(&signature.name, p, t)?;
+        check_input(&signature.name, p, &t.ty)?;
     }
     Ok(())
 }
@@ -246,18 +251,18 @@ fn check_count(signature: &Signature, given: usize) -> Result<(), RuntimeError> 
     Ok(())
 }
 
-/// Checks input `t` against parameter `p` of function `name`.
-fn check_input(name: &str, p: &Param, t: &HostTensor) -> Result<(), RuntimeError> {
-    if p.ty.dtype != t.ty.dtype {
+/// Checks an input of type `ty` against parameter `p` of function `name`.
+fn check_input(name: &str, p: &Param, ty: &TensorType) -> Result<(), RuntimeError> {
+    if p.ty.dtype != ty.dtype {
         return Err(RuntimeError::Arguments(format!(
-            "`{name}`: input `{}` must have element type {}, got {} ({})",
-            p.name, p.ty.dtype, t.ty.dtype, t.ty
+            "`{name}`: input `{}` must have element type {}, got {} ({ty})",
+            p.name, p.ty.dtype, ty.dtype
         )));
     }
-    if p.ty.shape != t.ty.shape {
+    if p.ty.shape != ty.shape {
         return Err(RuntimeError::Arguments(format!(
-            "`{name}`: input `{}` must be {}, got {}",
-            p.name, p.ty, t.ty
+            "`{name}`: input `{}` must be {}, got {ty}",
+            p.name, p.ty
         )));
     }
     Ok(())
@@ -377,13 +382,36 @@ impl<'k, 'a> Binder<'k, 'a> {
     /// Checks `t` against the next input the caller passes and lays it out
     /// (`t` may be dropped then).
     pub fn push(&mut self, t: &HostTensor) -> Result<(), RuntimeError> {
+        self.push_values(&t.ty, t.data.iter().copied())
+    }
+
+    /// The next input as its type and its elements in row-major order,
+    /// written into its buffer as they come (a caller drawing or decoding
+    /// values never holds the tensor as `f64`s); elements past the type's
+    /// count are not read, missing ones are an error.
+    pub fn push_values(
+        &mut self,
+        ty: &TensorType,
+        values: impl Iterator<Item = f64>,
+    ) -> Result<(), RuntimeError> {
         let given = self.kernel.given();
         let k = self.buffers.len();
         let p = given.inputs().nth(k).ok_or_else(|| {
             RuntimeError::Arguments(format!("`{}` takes {k} input(s), got more", given.name))
         })?;
-        check_input(&given.name, p, t)?;
-        self.buffers.push(AlignedBuffer::from_tensor(t));
+        check_input(&given.name, p, ty)?;
+        let n = ty
+            .num_elements()
+            .ok_or_else(|| RuntimeError::Arguments(format!("{ty} is too large")))?;
+        let mut count = 0;
+        let buffer = AlignedBuffer::from_values(ty.dtype, n, values.inspect(|_| count += 1));
+        if count < n {
+            return Err(RuntimeError::Arguments(format!(
+                "`{}`: input `{}` ({ty}) has {count} of its {n} elements",
+                given.name, p.name
+            )));
+        }
+        self.buffers.push(buffer);
         Ok(())
     }
 

@@ -75,19 +75,25 @@ impl HostTensor {
     /// in [-10, 10], unsigned ones in [0, 20], booleans fair coins; the
     /// same seed gives the same tensor.
     pub fn random(ty: &TensorType, rng: &mut StdRng) -> HostTensor {
-        let n = ty.num_elements().unwrap_or(0);
-        let data = (0..n)
-            .map(|_| match ty.dtype {
-                d if d.is_float() => d.round(rng.random_range(-1.0..1.0)),
-                DType::Bool => f64::from(u8::from(rng.random_bool(0.5))),
-                d if d.is_unsigned() => rng.random_range(0i64..=20) as f64,
-                _ => rng.random_range(-10i64..=10) as f64,
-            })
-            .collect();
         HostTensor {
             ty: ty.clone(),
-            data,
+            data: HostTensor::random_values(ty, rng).collect(),
         }
+    }
+
+    /// The elements [`HostTensor::random`] draws, one at a time.
+    pub fn random_values<'r>(
+        ty: &TensorType,
+        rng: &'r mut StdRng,
+    ) -> impl Iterator<Item = f64> + use<'r> {
+        let n = ty.num_elements().unwrap_or(0);
+        let dtype = ty.dtype;
+        (0..n).map(move |_| match dtype {
+            d if d.is_float() => d.round(rng.random_range(-1.0..1.0)),
+            DType::Bool => f64::from(u8::from(rng.random_bool(0.5))),
+            d if d.is_unsigned() => rng.random_range(0i64..=20) as f64,
+            _ => rng.random_range(-10i64..=10) as f64,
+        })
     }
 
     /// The elements as little-endian bytes of the element type (bool: one

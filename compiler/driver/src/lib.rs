@@ -636,21 +636,24 @@ pub fn prepare_inputs(
     seed: Option<u64>,
 ) -> Result<Vec<HostTensor>, DriverError> {
     let mut inputs = Vec::with_capacity(f.params.len());
-    each_input(f, files, seed, |t| {
+    each_input(f, files, seed, |ty, values| {
+        let t = HostTensor::new(ty.clone(), values.collect())
+            .map_err(|e| DriverError::Usage(e.to_string()))?;
         inputs.push(t);
         Ok(())
     })?;
     Ok(inputs)
 }
 
-/// [`prepare_inputs`] one argument at a time, in order: `each` takes each
-/// one (and may drop it before the next is made), so that a caller laying
-/// them out for compiled code never holds all of them twice.
+/// [`prepare_inputs`] one argument at a time, in order, as its type and its
+/// elements: `each` takes the elements as they are drawn (or read), so that
+/// a caller laying them out for compiled code never holds a tensor as
+/// `f64`s, nor all of them twice.
 pub fn each_input(
     f: &Function,
     files: &[(String, PathBuf)],
     seed: Option<u64>,
-    mut each: impl FnMut(HostTensor) -> Result<(), DriverError>,
+    mut each: impl FnMut(&TensorType, &mut dyn Iterator<Item = f64>) -> Result<(), DriverError>,
 ) -> Result<(), DriverError> {
     let params: Vec<(&str, TensorType)> = f
         .params
@@ -700,21 +703,19 @@ pub fn each_input(
     for (k, (name, ty)) in params.iter().enumerate() {
         // Draw for every parameter so a parameter's random value does not
         // depend on which others were given as files.
-        let mut random = HostTensor::random(ty, &mut rng);
-        if ty.dtype.is_float() {
-            let map: Option<Box<dyn Fn(f64) -> f64>> = match ranges[k] {
-                RandomRange::Unit => None,
-                RandomRange::Positive => Some(Box::new(|v: f64| v.abs() + 0.25)),
-                RandomRange::Weight(s) => Some(Box::new(move |v: f64| v * s)),
-            };
-            if let Some(map) = map {
-                for v in &mut random.data {
-                    *v = ty.dtype.round(map(*v));
-                }
-            }
-        }
-        let t = match given.get(name) {
+        let map: Option<Box<dyn Fn(f64) -> f64>> = match ranges[k] {
+            _ if !ty.dtype.is_float() => None,
+            RandomRange::Unit => None,
+            RandomRange::Positive => Some(Box::new(|v: f64| v.abs() + 0.25)),
+            RandomRange::Weight(s) => Some(Box::new(move |v: f64| v * s)),
+        };
+        let random = HostTensor::random_values(ty, &mut rng).map(|v| match &map {
+            Some(map) => ty.dtype.round(map(v)),
+            None => v,
+        });
+        match given.get(name) {
             Some(path) => {
+                random.for_each(drop);
                 let t = HostTensor::read_npy(path, Some(ty.dtype))?;
                 if &t.ty != ty {
                     return Err(DriverError::Usage(format!(
@@ -723,11 +724,10 @@ pub fn each_input(
                         path.display()
                     )));
                 }
-                t
+                each(&t.ty, &mut t.data.iter().copied())?;
             }
-            None => random,
-        };
-        each(t)?;
+            None => each(ty, &mut { random })?,
+        }
     }
     Ok(())
 }

@@ -284,6 +284,13 @@ fn calls_with_wrong_arguments_are_rejected() {
         let k = jit.kernel("f")?;
         let mut b = k.binder();
         let wrong = b.push(&t(DType::F32, vec![3])).unwrap_err().to_string();
+        let short = b
+            .push_values(
+                &TensorType::new(DType::F32, vec![2, 3]),
+                [1.0, 2.0].into_iter(),
+            )
+            .unwrap_err()
+            .to_string();
         b.push(&t(DType::F32, vec![2, 3])).unwrap();
         let early = k.binder();
         let few = early.finish().err().unwrap().to_string();
@@ -292,13 +299,14 @@ fn calls_with_wrong_arguments_are_rejected() {
         let mut call = b.finish().unwrap();
         call.run().unwrap();
         assert_eq!(call.outputs().unwrap()[0].data, vec![1.0; 6]);
-        Ok([wrong, few, more])
+        Ok([wrong, short, few, more])
     })
     .unwrap();
     assert_eq!(
         errors,
         [
             "`f`: input `x` must be f32[2, 3], got f32[3]",
+            "`f`: input `x` (f32[2, 3]) has 2 of its 6 elements",
             "`f` takes 2 input(s), got 0: missing `x` (f32[2, 3]), `y` (f32[3])",
             "`f` takes 2 input(s), got more",
         ]

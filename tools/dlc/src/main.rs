@@ -618,14 +618,14 @@ fn time_calls<P: dlc_llvm::Program>(
     let call_err = |e: dlc_runtime::RuntimeError| dlc_llvm::CodegenError::Arguments(e.to_string());
     let (llvm, bind, mut ms, parts) = dlc_llvm::jit_with(lowered, options, |jit| {
         let kernel = jit.kernel(&f.name)?;
-        // The inputs are made one at a time and laid out as they come, so
-        // that the process never holds them twice (they are f64 in
-        // `HostTensor`s): its peak memory is what a run needs.
+        // The inputs are drawn one element at a time and written into
+        // their buffers as they come, so that the process never holds them
+        // twice (nor as f64s): its peak memory is what a run needs.
         let t = std::time::Instant::now();
         let mut binder = kernel.binder();
-        dlc_driver::each_input(f, &[], Some(0), |input| {
+        dlc_driver::each_input(f, &[], Some(0), |ty, values| {
             binder
-                .push(&input)
+                .push_values(ty, values)
                 .map_err(|e| DriverError::Usage(e.to_string()))
         })
         .map_err(|e| dlc_llvm::CodegenError::Arguments(e.to_string()))?;
