@@ -497,21 +497,7 @@ mod tests {
     #[test]
     fn tensors_are_laid_out_as_their_little_endian_bytes() {
         let values = [0.0, 1.5, -2.0, 3.0, 255.0, -0.25, 7.0];
-        for dtype in [
-            DType::F32,
-            DType::F64,
-            DType::F16,
-            DType::BF16,
-            DType::I8,
-            DType::I16,
-            DType::I32,
-            DType::I64,
-            DType::U8,
-            DType::U16,
-            DType::U32,
-            DType::U64,
-            DType::Bool,
-        ] {
+        for dtype in DType::ALL {
             let data: Vec<f64> = values.iter().map(|&v| dtype.round(v)).collect();
             let t = HostTensor::new(TensorType::new(dtype, vec![data.len()]), data).unwrap();
             let b = AlignedBuffer::from_tensor(&t);
