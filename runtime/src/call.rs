@@ -346,7 +346,9 @@ impl<'a> Kernel<'a> {
     /// With a preparer, `inputs` leave out the prepared inputs, which the
     /// preparer computes here, once.
     pub fn bind(&self, inputs: &[HostTensor]) -> Result<BoundCall<'_, 'a>, RuntimeError> {
-        check_inputs(self.given(), inputs)?;
+        // The count first, so that a call missing inputs says which; each
+        // input is checked as it is pushed.
+        check_count(self.given(), inputs.len())?;
         let mut binder = self.binder();
         for t in inputs {
             binder.push(t)?;
@@ -423,42 +425,49 @@ impl<'k, 'a> Binder<'k, 'a> {
             mut buffers,
         } = self;
         check_count(kernel.given(), buffers.len())?;
-        let Some((prepare, binding)) = &kernel.prepare else {
-            for p in kernel.signature.outputs() {
-                buffers.push(AlignedBuffer::zeroed(bytes_of(&p.ty)?));
-            }
-            return Ok(BoundCall { kernel, buffers });
-        };
-        let mut results = prepare
-            .signature
-            .outputs()
-            .map(|p| Ok(AlignedBuffer::zeroed(bytes_of(&p.ty)?)))
-            .collect::<Result<Vec<_>, RuntimeError>>()?;
-        let mut pointers = Vec::with_capacity(prepare.signature.params.len());
-        let (mut ins, mut outs) = (binding.prepare_inputs.iter(), results.iter_mut());
-        for p in &prepare.signature.params {
-            let b = if p.output {
-                outs.next()
-            } else {
-                ins.next().and_then(|&i| buffers.get_mut(i))
-            };
-            let b = b.ok_or_else(|| {
-                RuntimeError::Arguments(format!("`{}`: malformed preparer", prepare.signature.name))
-            })?;
-            pointers.push(b.as_mut_ptr());
+        if let Some((prepare, binding)) = &kernel.prepare {
+            // The preparer's results are the function's last inputs.
+            let prepared = run_preparer(prepare, binding, &mut buffers)?;
+            buffers.extend(prepared);
         }
-        // SAFETY: as in `BoundCall::run`, for the preparer: one buffer per
-        // parameter, in order, each of its type's size (its inputs are the
-        // caller's buffers, which it only reads), alive during the call.
-        let status = unsafe { (prepare.entry)(pointers.as_ptr()) };
-        check_status(&prepare.signature, status)?;
-        // The preparer's results are the function's last inputs.
-        buffers.extend(results);
         for p in kernel.signature.outputs() {
             buffers.push(AlignedBuffer::zeroed(bytes_of(&p.ty)?));
         }
         Ok(BoundCall { kernel, buffers })
     }
+}
+
+/// Runs `prepare` once on the weights among the caller's laid-out `inputs`
+/// (as `binding` maps them); returns its results.
+fn run_preparer(
+    prepare: &Kernel<'_>,
+    binding: &PrepareBinding,
+    inputs: &mut [AlignedBuffer],
+) -> Result<Vec<AlignedBuffer>, RuntimeError> {
+    let mut results = prepare
+        .signature
+        .outputs()
+        .map(|p| Ok(AlignedBuffer::zeroed(bytes_of(&p.ty)?)))
+        .collect::<Result<Vec<_>, RuntimeError>>()?;
+    let mut pointers = Vec::with_capacity(prepare.signature.params.len());
+    let (mut ins, mut outs) = (binding.prepare_inputs.iter(), results.iter_mut());
+    for p in &prepare.signature.params {
+        let b = if p.output {
+            outs.next()
+        } else {
+            ins.next().and_then(|&i| inputs.get_mut(i))
+        };
+        let b = b.ok_or_else(|| {
+            RuntimeError::Arguments(format!("`{}`: malformed preparer", prepare.signature.name))
+        })?;
+        pointers.push(b.as_mut_ptr());
+    }
+    // SAFETY: as in `BoundCall::run`, for the preparer: one buffer per
+    // parameter, in order, each of its type's size (its inputs are the
+    // caller's buffers, which it only reads), alive during the call.
+    let status = unsafe { (prepare.entry)(pointers.as_ptr()) };
+    check_status(&prepare.signature, status)?;
+    Ok(results)
 }
 
 /// A call whose arguments are checked and laid out; it can be run again

@@ -88,10 +88,8 @@ struct Part {
     sites: HashMap<String, Vec<Site>>,
     /// The `SYM.entry` wrappers of the module.
     entries: Vec<String>,
-    /// The functions the module defines, sorted, and those this part
-    /// defines.
-    functions: Vec<String>,
-    owned: Vec<String>,
+    /// The partition this part's worker computed from its module.
+    partition: Partition,
 }
 
 /// Builds the whole of `m`, keeps part `part` of `parts` and compiles it
@@ -115,18 +113,7 @@ fn compile_part<P: Program + ?Sized>(
         .map(|f| f.get_name().to_string_lossy().into_owned())
         .filter(|n| n.ends_with(".entry"))
         .collect();
-    let defined = |module: &inkwell::module::Module<'_>| -> Vec<String> {
-        let mut names: Vec<String> = module
-            .get_functions()
-            .filter(|f| f.count_basic_blocks() > 0)
-            .map(|f| f.get_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        names
-    };
-    let functions = defined(&module);
     partition.keep(&module, part)?;
-    let owned = defined(&module);
     let key = cache.map(|_| {
         let (major, minor, patch) = inkwell::support::get_llvm_version();
         let what = format!(
@@ -149,8 +136,7 @@ fn compile_part<P: Program + ?Sized>(
             cached: true,
             sites,
             entries,
-            functions,
-            owned,
+            partition,
         }));
     }
     optimize(&module, &machine)?;
@@ -168,22 +154,17 @@ fn compile_part<P: Program + ?Sized>(
         cached: false,
         sites,
         entries,
-        functions,
-        owned,
+        partition,
     }))
 }
 
-/// Whether every part saw the same module and each of its functions is
-/// defined by exactly one part.
+/// Whether every worker computed the same partition and every part of it
+/// was compiled: then each function is defined by exactly one part.
 fn partitioned(parts: &[Part]) -> bool {
-    let Some(first) = parts.first() else {
-        return false;
-    };
-    let mut owned: Vec<&String> = parts.iter().flat_map(|p| &p.owned).collect();
-    owned.sort();
-    parts.iter().all(|p| p.functions == first.functions)
-        && owned.len() == first.functions.len()
-        && owned.iter().zip(&first.functions).all(|(a, b)| *a == b)
+    parts.first().is_some_and(|first| {
+        parts.len() == first.partition.parts()
+            && parts.iter().all(|p| p.partition == first.partition)
+    })
 }
 
 /// Compiles `m` for this CPU, JIT-links it and hands it to `use_it`
