@@ -660,6 +660,18 @@ fn f(a: f32[3, 4], b: f32[2, 4], img: f32[1, 2, 4, 4], w: f32[3, 2, 3, 3], x: f3
 }
 ";
 
+/// Convolutions that run as Winograd's F(4x4, 3x3) on a CPU (3 x 3, stride
+/// 1, whole 4 x 4 output tiles, at least 16 channels in and out): zero, one
+/// and two of padding, a channel count that is not a multiple of the
+/// vector (24), a batch of two, an epilogue (bias, batchnorm, residual, relu) and
+/// declared weights (a ResNet basic block).
+pub const WINOGRAD_PROGRAMS: &[&str] = &[
+    "fn f(x: f32[1, 16, 32, 32], w: f32[16, 16, 3, 3]) -> f32[1, 16, 32, 32] { return conv2d(x, w, padding=1); }",
+    "fn f(x: f32[1, 16, 34, 30], w: f32[24, 16, 3, 3], b: f32[24, 1, 1]) -> f32[1, 24, 32, 28] { return relu(conv2d(x, w) + b); }",
+    "fn f(x: f32[1, 16, 30, 30], w: f32[16, 16, 3, 3]) -> f32[1, 16, 32, 32] { return conv2d(x, w, padding=2); }",
+    "fn f(x: f32[2, 32, 8, 16], weight w1: f32[32, 32, 3, 3], weight m1: f32[32], weight v1: f32[32], weight g1: f32[32], weight b1: f32[32], weight w2: f32[32, 32, 3, 3]) -> f32[2, 32, 8, 16] { let h = relu(batchnorm(conv2d(x, w1, padding=1), m1, v1, g1, b1, eps=1e-5)); return relu(conv2d(h, w2, padding=1) + x); }",
+];
+
 /// Every differential program of the groups above.
 pub fn differential_programs() -> Vec<&'static str> {
     let mut all: Vec<&'static str> = Vec::new();

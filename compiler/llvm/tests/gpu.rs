@@ -153,8 +153,8 @@ proptest! {
     }
 }
 
-/// Every example, language-reference example and differential program
-/// compiles to PTX that ptxas assembles for sm_80 and sm_90.
+/// Every example, language-reference example, differential and Winograd
+/// program compiles to PTX that ptxas assembles for sm_80 and sm_90.
 #[test]
 fn ptxas_accepts_every_program() {
     let Some(ptxas) = dlc_tests::ptxas() else {
@@ -172,6 +172,11 @@ fn ptxas_accepts_every_program() {
             .iter()
             .chain(&dlc_tests::COMPOSITE_PROGRAMS)
             .map(|t| ("element type program".to_string(), t.to_string())),
+    );
+    programs.extend(
+        dlc_tests::WINOGRAD_PROGRAMS
+            .iter()
+            .map(|t| ("Winograd program".to_string(), t.to_string())),
     );
     programs.extend(
         dlc_tests::narrow_accumulation_cases()

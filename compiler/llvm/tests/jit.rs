@@ -399,6 +399,15 @@ fn tiled_contractions() {
     );
 }
 
+/// Convolutions as Winograd's F(4x4, 3x3) (see `WINOGRAD_PROGRAMS`),
+/// compiled, with and without declared weights.
+#[test]
+fn winograd_convolutions() {
+    for src in dlc_tests::WINOGRAD_PROGRAMS {
+        jit_agrees(src);
+    }
+}
+
 #[test]
 fn tensor_operators() {
     jit_agrees(

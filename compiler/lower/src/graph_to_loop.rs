@@ -31,6 +31,8 @@ use dlc_loop::{BufferType, Builder, Function, IndexExpr, Module, Value};
 use petgraph::Direction;
 use petgraph::stable_graph::NodeIndex;
 
+mod winograd;
+
 /// Why a graph module could not be lowered.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LowerError {
@@ -117,6 +119,9 @@ struct Lowering<'g> {
     /// split_prepare`), so they neither take a freed buffer nor give theirs
     /// to a later node.
     bound: HashSet<NodeIndex>,
+    /// Buffers derived from weights alone (bound nodes', and what a
+    /// convolution derives from its kernel), released at the end.
+    held: Vec<Value>,
 }
 
 /// How many outer loops of a nest over `shape` (every point of which
@@ -172,6 +177,7 @@ fn lower_function(g: &GFunction) -> Result<Function, LowerError> {
         free: Vec::new(),
         parallel: Vec::new(),
         bound: dlc_graph::fusion::bound_nodes(g),
+        held: Vec::new(),
     };
     l.plan_nodes();
     // Dense constants are read-only globals holding their data, homed
@@ -207,8 +213,6 @@ fn lower_function(g: &GFunction) -> Result<Function, LowerError> {
     }
     let order = g.topo_order();
     let last_reader = l.last_readers(&order);
-    // Buffers of bound nodes, released at the end (see `Lowering::bound`).
-    let mut held = Vec::new();
     for (k, &n) in order.iter().enumerate() {
         l.emit_at_position(n)?;
         // Sorted: the output must not depend on hash order.
@@ -221,7 +225,7 @@ fn lower_function(g: &GFunction) -> Result<Function, LowerError> {
         for node in done {
             if let Some(buf) = l.allocated.get(&node).copied() {
                 if l.bound.contains(&node) {
-                    held.push(buf);
+                    l.held.push(buf);
                     continue;
                 }
                 let t = l.ty(node);
@@ -251,7 +255,7 @@ fn lower_function(g: &GFunction) -> Result<Function, LowerError> {
     for (buf, _, _) in std::mem::take(&mut l.free) {
         l.b.dealloc(buf);
     }
-    for buf in held {
+    for buf in std::mem::take(&mut l.held) {
         l.b.dealloc(buf);
     }
     Ok(l.b.finish())
@@ -1002,6 +1006,9 @@ impl Lowering<'_> {
                     self.b.end_for(vec![]);
                 }
                 self.close_nest(outer.len());
+            }
+            Op::Conv2d { padding, .. } if dlc_graph::fusion::conv_as_winograd(self.g, n) => {
+                self.conv_winograd(n, padding);
             }
             Op::Conv2d {
                 stride,

@@ -245,6 +245,50 @@ fn convolutions_read_from_their_input() {
     }
 }
 
+/// The convolutions of `WINOGRAD_PROGRAMS` run as Winograd's F(4x4, 3x3)
+/// (36 transformed products, the epilogue on the output transform, a
+/// declared kernel's transform in the preparer); those that do not qualify
+/// keep their product or loop nest. The first agree with the graph
+/// interpreter.
+#[test]
+fn convolutions_as_winograd() {
+    let winograd = dlc_tests::WINOGRAD_PROGRAMS;
+    let direct = [
+        // Stride 2, a 5 x 5 kernel, ragged tiles (30 columns), two groups.
+        "fn f(x: f32[1, 32, 64, 64], w: f32[32, 32, 3, 3]) -> f32[1, 32, 32, 32] { return conv2d(x, w, stride=2, padding=1); }",
+        "fn f(x: f32[1, 32, 36, 36], w: f32[32, 32, 5, 5]) -> f32[1, 32, 32, 32] { return conv2d(x, w); }",
+        "fn f(x: f32[1, 32, 32, 30], w: f32[32, 32, 3, 3]) -> f32[1, 32, 32, 30] { return conv2d(x, w, padding=1); }",
+        "fn f(x: f32[1, 32, 32, 32], w: f32[32, 16, 3, 3]) -> f32[1, 32, 32, 32] { return conv2d(x, w, padding=1, groups=2); }",
+    ];
+    for (src, expected) in winograd
+        .iter()
+        .map(|s| (s, true))
+        .chain(direct.iter().map(|s| (s, false)))
+    {
+        let m = graph(src);
+        let text = print_module(&lowered(&m));
+        assert_eq!(
+            text.contains("loop.alloc : buffer<f32[36, "),
+            expected,
+            "{src}\n{text}"
+        );
+        // The others' lowerings have tests of their own.
+        if expected {
+            agree(src);
+        }
+    }
+    // With declared weights, the kernel's transform and its packing are
+    // the preparer's: the call's kernels are the two transforms and the
+    // product per convolution.
+    let m = graph(winograd[3]);
+    let cpu = kernels(&m, TargetDesc::host());
+    let text = dlc_tile::print_module(&cpu);
+    let f = cpu.functions.iter().find(|f| f.name == "f").unwrap();
+    assert!(f.prepare.is_some(), "{text}");
+    let body = text.split("tile.func @f_prepare").next().unwrap();
+    assert_eq!(body.matches("tile.kernel").count(), 6, "{text}");
+}
+
 #[test]
 fn user_operators() {
     agree(dlc_tests::USER_OPERATOR_PROGRAM);

@@ -10,7 +10,7 @@ use petgraph::Direction;
 use petgraph::stable_graph::NodeIndex;
 
 use crate::module::Function;
-use crate::ops::{Op, conv_is_im2col_product};
+use crate::ops::{Op, conv_is_im2col_product, conv_is_winograd};
 
 /// How a node is computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,7 +57,18 @@ pub fn conv_as_matmul(f: &Function, n: NodeIndex) -> bool {
         return false;
     };
     let w = f.value_type(f.operands(n)[1]);
-    conv_is_im2col_product(groups, &f.body[n].results[0], w)
+    !conv_as_winograd(f, n) && conv_is_im2col_product(groups, &f.body[n].results[0], w)
+}
+
+/// Whether convolution `n` runs as Winograd's `F(4x4, 3x3)`
+/// (`conv_is_winograd`): 36 products between an input and an output
+/// transform, which applies the epilogue.
+pub fn conv_as_winograd(f: &Function, n: NodeIndex) -> bool {
+    let Op::Conv2d { stride, groups, .. } = f.body[n].op else {
+        return false;
+    };
+    let w = f.value_type(f.operands(n)[1]);
+    conv_is_winograd(stride, groups, &f.body[n].results[0], w)
 }
 
 /// The nodes of `f` computed from its declared weights (and constants)

@@ -391,6 +391,41 @@ impl Op {
     }
 }
 
+/// The output tile of the Winograd convolution `F(4x4, 3x3)`: each 6 x 6
+/// patch of the input gives a 4 x 4 block of the output.
+pub const WINOGRAD_TILE: usize = 4;
+
+/// The CPU back end's rule for computing a convolution as Winograd's
+/// `F(4x4, 3x3)` (see `compiler/lower`'s `winograd` module): f32, one
+/// group, 3 x 3 kernels at stride 1, output extents that are whole 4 x 4
+/// tiles, at least 16 input and 16 output channels (each of the 36
+/// products is `tiles x O`, `C` deep), and products the host packs. It
+/// takes a quarter of the direct product's multiply-adds (36 per input
+/// channel for 16 outputs, against 9 for each), plus the transforms.
+pub fn conv_is_winograd(
+    stride: [usize; 2],
+    groups: usize,
+    out: &TensorType,
+    w: &TensorType,
+) -> bool {
+    if out.rank() != 4 || w.rank() != 4 {
+        return false;
+    }
+    let (n, oy, ox) = (out.shape[0], out.shape[2], out.shape[3]);
+    let (o, c) = (w.shape[0], w.shape[1]);
+    let t = WINOGRAD_TILE;
+    let tiles = n * (oy / t) * (ox / t);
+    groups == 1
+        && stride == [1, 1]
+        && w.shape[2..] == [3, 3]
+        && out.dtype == DType::F32
+        && oy % t == 0
+        && ox % t == 0
+        && c >= 16
+        && o >= 16
+        && dlc_core::TargetDesc::host().packs_product(DType::F32, tiles * o * c)
+}
+
 /// The CPU back end's rule for a convolution with result type `out` and
 /// weights `w`: one group and a product per image that the host CPU runs
 /// on its packed kernel (`TargetDesc::packs_product`) make it a product

@@ -567,12 +567,16 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         Ok((off, step))
     }
 
-    /// Which lanes of vector `j` of row `row` index inside the buffer.
+    /// Which lanes of vector `j` of row `row` index inside the buffer. An
+    /// index that is the same in every lane is compared once, as a scalar
+    /// (a convolution's padded rows and columns, with channels in the
+    /// lanes), and only the indices that move with the lanes as vectors.
     fn in_bounds(&self, a: &Access<'ctx>, cut: &Cut, row: &[usize], j: usize) -> R<BV<'ctx>> {
         let i64t = self.ctx.i64_type();
         let last = cut.shape.len() - 1;
         let n = cut.lanes(j);
-        let mut ok: Option<BV<'ctx>> = None;
+        let mut lanes: Option<BV<'ctx>> = None;
+        let mut uniform: Option<IntValue<'ctx>> = None;
         for (b, coeffs, extent) in &a.dims {
             let mut fixed: i64 = 0;
             for (k, &c) in row.iter().enumerate() {
@@ -582,6 +586,17 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
             let first = self
                 .b
                 .build_int_add(*b, i64t.const_int(fixed as u64, true), "i")?;
+            let limit = i64t.const_int(*extent as u64, false);
+            if coeffs[last] == 0 {
+                let inside = self
+                    .b
+                    .build_int_compare(IntPredicate::ULT, first, limit, "in")?;
+                uniform = Some(match uniform {
+                    None => inside,
+                    Some(prev) => self.b.build_and(prev, inside, "in")?,
+                });
+                continue;
+            }
             let steps: Vec<_> = (0..n)
                 .map(|k| i64t.const_int(coeffs[last].wrapping_mul(k as i64) as u64, true))
                 .collect();
@@ -591,20 +606,30 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                 self.splat(first.into(), n as u32)?,
                 BV::from(VectorType::const_vector(&steps))
             );
-            let limit = self.const_vector(i64t.const_int(*extent as u64, false).into(), n);
-            let inside = self.icmp(IntPredicate::ULT, idx, limit)?;
-            ok = Some(match ok {
+            let inside = self.icmp(IntPredicate::ULT, idx, self.const_vector(limit.into(), n))?;
+            lanes = Some(match lanes {
                 None => inside,
                 Some(prev) => self.and(prev, inside)?,
             });
         }
-        Ok(match ok {
-            Some(ok) => ok,
-            None => self.all_on(n),
+        let uniform = match uniform {
+            Some(u) => Some(self.splat(u.into(), n as u32)?),
+            None => None,
+        };
+        Ok(match (lanes, uniform) {
+            (Some(l), Some(u)) => self.and(l, u)?,
+            (Some(m), None) | (None, Some(m)) => m,
+            (None, None) => self.all_on(n),
         })
     }
 
-    /// Pointers to `n` elements `step` apart from element `off`.
+    /// Pointers to `n` elements `step` apart from element `off`: the
+    /// pointer to element `off`, offset by a constant vector of lane steps
+    /// (32-bit where they fit, which x86 gathers and scatters take with a
+    /// scalar base). Computed as integers and cast back, W3's 36 gathers
+    /// per Winograd input tile took LLVM's `IndVarSimplify` and
+    /// `InstCombine` 53 ms against 16, and 64-bit lane offsets halve
+    /// the lanes of each gather instruction.
     fn lane_pointers(
         &self,
         a: &Access<'ctx>,
@@ -612,28 +637,35 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         step: i64,
         n: usize,
     ) -> R<VectorValue<'ctx>> {
-        let i64t = self.ctx.i64_type();
-        let size = a.dtype.size_bytes() as i64;
-        let addr = self.b.build_ptr_to_int(a.pointer, i64t, "addr")?;
-        let first = self.b.build_int_add(
-            addr,
-            self.b
-                .build_int_mul(off, i64t.const_int(size as u64, true), "bytes")?,
-            "first",
-        )?;
+        use inkwell::types::AsTypeRef;
+        use inkwell::values::AsValueRef;
+        let first = self.element_pointer(a, off)?;
+        let reach = step.unsigned_abs().saturating_mul(n as u64);
+        let it = if reach < 1 << 31 {
+            self.ctx.i32_type()
+        } else {
+            self.ctx.i64_type()
+        };
         let steps: Vec<_> = (0..n)
-            .map(|k| i64t.const_int((step * size).wrapping_mul(k as i64) as u64, true))
+            .map(|k| it.const_int(step.wrapping_mul(k as i64) as u64, true))
             .collect();
-        let addrs = self.b.build_int_add(
-            self.splat(first.into(), n as u32)?.into_vector_value(),
-            VectorType::const_vector(&steps),
-            "addrs",
-        )?;
-        let ptrs = self
-            .ctx
-            .ptr_type(AddressSpace::default())
-            .vec_type(n as u32);
-        Ok(self.b.build_int_to_ptr(addrs, ptrs, "ptrs")?)
+        let mut indices = [VectorType::const_vector(&steps).as_value_ref()];
+        // SAFETY: the builder is positioned (it emitted `first` above), the
+        // element type, base pointer and index are values of this context,
+        // and a GEP of a pointer by one vector of integer indices is valid
+        // IR (a vector of pointers). inkwell's `build_gep` takes scalar
+        // indices only. Not `inbounds`, as in `element_pointer`.
+        let ptrs = unsafe {
+            VectorValue::new(llvm_sys::core::LLVMBuildGEP2(
+                self.b.as_mut_ptr(),
+                storage_type(self.ctx, a.dtype).as_type_ref(),
+                first.as_value_ref(),
+                indices.as_mut_ptr(),
+                1,
+                c"ptrs".as_ptr(),
+            ))
+        };
+        Ok(ptrs)
     }
 
     pub(super) fn element_pointer(

@@ -1,0 +1,356 @@
+//! Convolutions as Winograd's `F(4x4, 3x3)` (Lavin and Gray, "Fast
+//! Algorithms for Convolutional Neural Networks", 2016).
+//!
+//! A 3 x 3 convolution at stride 1 computes each 4 x 4 block of an output
+//! channel from a 6 x 6 patch of every input channel. In the transformed
+//! domain that is one multiplication per point: with `U = G g G^T` (the
+//! kernel `g`, 3 x 3 -> 6 x 6) and `V = B^T d B` (the patch `d`), the block
+//! is `A^T (sum over channels of U . V) A`. Summed over the channels, each
+//! of the 36 points is a matrix product: `M[p] (tiles x O) = V[p] (tiles x
+//! C) @ U[p] (C x O)`. So a convolution becomes three loop nests and one
+//! batched `loop.matmul`:
+//!
+//! - the kernel transform, `U[p, c, o]`, which reads the weights alone
+//!   (with declared weights, the preparer runs it, and packs `U` once);
+//! - the input transform, `V[p, t, c]` for every tile `t = (n, ty, tx)`;
+//! - 36 products `M[p] = V[p] @ U[p]`, on the packed kernel;
+//! - the output transform, `A^T M A` per tile and output channel, whose
+//!   16 values go through the convolution's epilogue (bias, residual, relu)
+//!   to the result.
+//!
+//! 36 multiply-adds per input channel give 16 outputs, where the direct
+//! product takes 9 for each: a quarter of the arithmetic, for the
+//! transforms' passes over memory. The transforms are straight-line code
+//! in the lanes of one vector of channels (the innermost loop), with the
+//! matrices' zeros skipped and their ones not multiplied.
+//!
+//! Exactness: the transforms scale by at most 8 (`A`) and 1/24 (`G`);
+//! on f32 the results differ from the direct sum by a few units in the
+//! last place of the largest terms (checked by the differential tests
+//! against the graph interpreter).
+
+use std::collections::HashMap;
+
+use dlc_core::scalar::BinaryOp;
+use dlc_core::{DType, TensorType};
+use dlc_graph::ops::WINOGRAD_TILE;
+use dlc_loop::{IndexExpr, Value};
+use petgraph::stable_graph::NodeIndex;
+
+use super::{Lowering, contiguous, ix_axpy, ix_const};
+
+/// Points of the transformed tile along each axis (`4 + 3 - 1`).
+const P: usize = 6;
+
+/// `B^T`: a 6 x 6 input patch to the transformed domain, by rows.
+const BT: [[f64; 6]; 6] = [
+    [4.0, 0.0, -5.0, 0.0, 1.0, 0.0],
+    [0.0, -4.0, -4.0, 1.0, 1.0, 0.0],
+    [0.0, 4.0, -4.0, -1.0, 1.0, 0.0],
+    [0.0, -2.0, -1.0, 2.0, 1.0, 0.0],
+    [0.0, 2.0, -1.0, -2.0, 1.0, 0.0],
+    [0.0, 4.0, 0.0, -5.0, 0.0, 1.0],
+];
+
+/// `G`: a 3 x 3 kernel to the transformed domain.
+const G: [[f64; 3]; 6] = [
+    [1.0 / 4.0, 0.0, 0.0],
+    [-1.0 / 6.0, -1.0 / 6.0, -1.0 / 6.0],
+    [-1.0 / 6.0, 1.0 / 6.0, -1.0 / 6.0],
+    [1.0 / 24.0, 1.0 / 12.0, 1.0 / 6.0],
+    [1.0 / 24.0, -1.0 / 12.0, 1.0 / 6.0],
+    [0.0, 0.0, 1.0],
+];
+
+/// `A^T`: the transformed product back to a 4 x 4 output block.
+const AT: [[f64; 6]; 4] = [
+    [1.0, 1.0, 1.0, 1.0, 1.0, 0.0],
+    [0.0, 1.0, -1.0, 2.0, -2.0, 0.0],
+    [0.0, 1.0, 1.0, 4.0, 4.0, 0.0],
+    [0.0, 1.0, -1.0, 8.0, -8.0, 1.0],
+];
+
+/// Straight-line linear combinations in one loop body: the constants it
+/// multiplies by are made once.
+struct Combiner {
+    dtype: DType,
+    constants: HashMap<u64, Value>,
+}
+
+impl Combiner {
+    fn new(dtype: DType) -> Self {
+        Combiner {
+            dtype,
+            constants: HashMap::new(),
+        }
+    }
+
+    fn constant(&mut self, l: &mut Lowering<'_>, k: f64) -> Value {
+        *self
+            .constants
+            .entry(k.to_bits())
+            .or_insert_with(|| l.b.constant(k, self.dtype))
+    }
+
+    /// `sum of k[i] * x[i]`: zero coefficients skipped, ones not
+    /// multiplied, the positive terms first so that a negative one is a
+    /// subtraction.
+    fn combine(&mut self, l: &mut Lowering<'_>, k: &[f64], x: &[Value]) -> Value {
+        let mut terms: Vec<(f64, Value)> = k
+            .iter()
+            .zip(x)
+            .filter(|(k, _)| **k != 0.0)
+            .map(|(k, x)| (*k, *x))
+            .collect();
+        terms.sort_by_key(|(k, _)| *k < 0.0);
+        let mut acc: Option<Value> = None;
+        for (k, x) in terms {
+            acc = Some(match acc {
+                None if k == 1.0 => x,
+                None => {
+                    let c = self.constant(l, k);
+                    l.b.binary(BinaryOp::Mul, x, c)
+                }
+                Some(a) => {
+                    let term = if k.abs() == 1.0 {
+                        x
+                    } else {
+                        let c = self.constant(l, k.abs());
+                        l.b.binary(BinaryOp::Mul, x, c)
+                    };
+                    let op = if k < 0.0 {
+                        BinaryOp::Sub
+                    } else {
+                        BinaryOp::Add
+                    };
+                    l.b.binary(op, a, term)
+                }
+            });
+        }
+        acc.unwrap_or_else(|| self.constant(l, 0.0))
+    }
+
+    /// `L X R^T` for the square `X` given by rows: `left` and `right` have
+    /// `X`'s size as their width.
+    fn sandwich<const W: usize>(
+        &mut self,
+        l: &mut Lowering<'_>,
+        left: &[[f64; W]],
+        right: &[[f64; W]],
+        x: &[[Value; W]; W],
+    ) -> Vec<Vec<Value>> {
+        // (L X)[a][j], column by column of X.
+        let lx: Vec<Vec<Value>> = left
+            .iter()
+            .map(|row| {
+                (0..W)
+                    .map(|j| {
+                        let col: Vec<Value> = (0..W).map(|i| x[i][j]).collect();
+                        self.combine(l, row, &col)
+                    })
+                    .collect()
+            })
+            .collect();
+        lx.iter()
+            .map(|r| right.iter().map(|k| self.combine(l, k, r)).collect())
+            .collect()
+    }
+}
+
+impl Lowering<'_> {
+    /// Opens a nest over `outer` and then `last`, cut into `lanes`-wide
+    /// groups when `lanes` divides it (so the innermost loop, which the
+    /// tile conversion vectorizes, is one vector); returns the indices of
+    /// `outer` and the index into `last`, and how many loops to close.
+    fn open_lanes(
+        &mut self,
+        outer: &[usize],
+        last: usize,
+        lanes: usize,
+    ) -> (Vec<IndexExpr>, IndexExpr, usize) {
+        let mut shape = outer.to_vec();
+        let split = lanes > 1 && last > lanes && last.is_multiple_of(lanes);
+        if split {
+            shape.extend([last / lanes, lanes]);
+        } else {
+            shape.push(last);
+        }
+        let mut ivs = self.open_nest(&shape);
+        // `group * lanes + lane`, or the one index.
+        let inner = ivs
+            .split_off(outer.len())
+            .iter()
+            .fold(ix_const(0), |acc, i| ix_axpy(lanes as i64, &acc, i));
+        (ivs, inner, shape.len())
+    }
+
+    /// Convolution `n` (see `dlc_graph::ops::conv_is_winograd`) as
+    /// Winograd's `F(4x4, 3x3)`; its epilogue runs on the output
+    /// transform's values.
+    pub(super) fn conv_winograd(&mut self, n: NodeIndex, padding: [usize; 2]) {
+        let ty = self.ty(n).clone();
+        let dtype = ty.dtype;
+        let (x, w) = (self.operand(n, 0), self.operand(n, 1));
+        let (xbuf, wbuf) = (self.home[&x], self.home[&w]);
+        let wsh = self.ty(w).shape.clone();
+        let (o, c) = (wsh[0], wsh[1]);
+        let t = WINOGRAD_TILE;
+        let (batch, ty_n, tx_n) = (ty.shape[0], ty.shape[2] / t, ty.shape[3] / t);
+        let tiles = batch * ty_n * tx_n;
+        let lanes = dlc_core::TargetDesc::host().lanes(dtype);
+        let buffer = |shape: Vec<usize>| contiguous(&TensorType::new(dtype, shape));
+
+        // U[p, c, o] = (G w[o, c] G^T)[p].
+        let u = self.b.alloc(buffer(vec![P * P, c, o]));
+        let (ivs, oi, depth) = self.open_lanes(&[c], o, lanes);
+        let ci = &ivs[0];
+        let mut k = Combiner::new(dtype);
+        let g: [[Value; 3]; 3] = std::array::from_fn(|i| {
+            std::array::from_fn(|j| {
+                let at = vec![
+                    oi.clone(),
+                    ci.clone(),
+                    ix_const(i as i64),
+                    ix_const(j as i64),
+                ];
+                self.b.load(wbuf, at, None)
+            })
+        });
+        let tu = k.sandwich(self, &G, &G, &g);
+        for (a, row) in tu.iter().enumerate() {
+            for (b, &v) in row.iter().enumerate() {
+                let p = ix_const((a * P + b) as i64);
+                self.b.store(v, u, vec![p, ci.clone(), oi.clone()]);
+            }
+        }
+        self.close_nest(depth);
+
+        // V[p, t, c] = (B^T d B)[p] for the patch d of tile t in channel c.
+        let v = self.b.alloc(buffer(vec![P * P, tiles, c]));
+        let (ivs, ci, depth) = self.open_lanes(&[batch, ty_n, tx_n], c, lanes);
+        let (nb, tyi, txi) = (&ivs[0], &ivs[1], &ivs[2]);
+        let tile = ix_axpy(tx_n as i64, &ix_axpy(ty_n as i64, nb, tyi), txi);
+        let mut k = Combiner::new(dtype);
+        let d: [[Value; P]; P] = std::array::from_fn(|i| {
+            std::array::from_fn(|j| {
+                let y = ix_axpy(t as i64, tyi, &ix_const(i as i64 - padding[0] as i64));
+                let xx = ix_axpy(t as i64, txi, &ix_const(j as i64 - padding[1] as i64));
+                self.b
+                    .load(xbuf, vec![nb.clone(), ci.clone(), y, xx], Some(0.0))
+            })
+        });
+        let tv = k.sandwich(self, &BT, &BT, &d);
+        for (a, row) in tv.iter().enumerate() {
+            for (b, &val) in row.iter().enumerate() {
+                let p = ix_const((a * P + b) as i64);
+                self.b.store(val, v, vec![p, tile.clone(), ci.clone()]);
+            }
+        }
+        self.close_nest(depth);
+
+        // M[p] = V[p] @ U[p], summed over the input channels.
+        let m = self.b.alloc(buffer(vec![P * P, tiles, o]));
+        self.product(
+            &[P * P],
+            [tiles, o, c],
+            dtype,
+            (v, &|b, i, kk| vec![b[0].clone(), i.clone(), kk.clone()]),
+            (u, &|b, kk, j| vec![b[0].clone(), kk.clone(), j.clone()]),
+            &mut |l, idx, acc| l.b.store(acc, m, idx.to_vec()),
+        );
+        self.b.dealloc(v);
+        if self.holds_weights(w) {
+            self.held.push(u);
+        } else {
+            self.b.dealloc(u);
+        }
+
+        // out[n, o, 4 ty + a, 4 tx + b] = (A^T M[., t, o] A)[a, b].
+        let (ivs, oi, depth) = self.open_lanes(&[batch, ty_n, tx_n], o, lanes);
+        let (nb, tyi, txi) = (&ivs[0], &ivs[1], &ivs[2]);
+        let tile = ix_axpy(tx_n as i64, &ix_axpy(ty_n as i64, nb, tyi), txi);
+        let mut k = Combiner::new(dtype);
+        let mp: [[Value; P]; P] = std::array::from_fn(|i| {
+            std::array::from_fn(|j| {
+                let p = ix_const((i * P + j) as i64);
+                self.b.load(m, vec![p, tile.clone(), oi.clone()], None)
+            })
+        });
+        let out = k.sandwich(self, &AT, &AT, &mp);
+        for (a, row) in out.iter().enumerate() {
+            for (b, &val) in row.iter().enumerate() {
+                let y = ix_axpy(t as i64, tyi, &ix_const(a as i64));
+                let xx = ix_axpy(t as i64, txi, &ix_const(b as i64));
+                self.sink(n, &[nb.clone(), oi.clone(), y, xx], val);
+            }
+        }
+        self.close_nest(depth);
+        self.b.dealloc(m);
+    }
+
+    /// Whether `w` (a convolution's kernel) is a declared weight or
+    /// computed from weights alone, so that what the lowering derives from
+    /// it belongs to the preparer and lives to the end of the function.
+    fn holds_weights(&self, w: NodeIndex) -> bool {
+        self.bound.contains(&w)
+            || matches!(self.op(w), dlc_graph::ops::Op::Param { index } if self.g.is_weight(*index as usize))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `F(4x4, 3x3)` in f64 on one patch equals the direct correlation.
+    #[test]
+    fn the_transforms_compute_a_correlation() {
+        let d: [[f64; P]; P] = std::array::from_fn(|i| {
+            std::array::from_fn(|j| ((i * 7 + j * 3) % 11) as f64 - 5.0 + 0.25 * j as f64)
+        });
+        let g: [[f64; 3]; 3] =
+            std::array::from_fn(|i| std::array::from_fn(|j| (i * 3 + j) as f64 * 0.5 - 2.0));
+        let mul = |a: &[Vec<f64>], b: &[Vec<f64>]| -> Vec<Vec<f64>> {
+            (0..a.len())
+                .map(|i| {
+                    (0..b[0].len())
+                        .map(|j| (0..b.len()).map(|k| a[i][k] * b[k][j]).sum())
+                        .collect()
+                })
+                .collect()
+        };
+        let rows = |m: &[[f64; 6]]| m.iter().map(|r| r.to_vec()).collect::<Vec<_>>();
+        let tr = |m: &[Vec<f64>]| -> Vec<Vec<f64>> {
+            (0..m[0].len())
+                .map(|j| m.iter().map(|r| r[j]).collect())
+                .collect()
+        };
+        let gm: Vec<Vec<f64>> = G.iter().map(|r| r.to_vec()).collect();
+        let u = mul(
+            &mul(&gm, &g.iter().map(|r| r.to_vec()).collect::<Vec<_>>()),
+            &tr(&gm),
+        );
+        let bt = rows(&BT);
+        let v = mul(
+            &mul(&bt, &d.iter().map(|r| r.to_vec()).collect::<Vec<_>>()),
+            &tr(&bt),
+        );
+        let uv: Vec<Vec<f64>> = (0..P)
+            .map(|i| (0..P).map(|j| u[i][j] * v[i][j]).collect())
+            .collect();
+        let at = rows(&AT);
+        let y = mul(&mul(&at, &uv), &tr(&at));
+        for a in 0..4 {
+            for b in 0..4 {
+                let direct: f64 = (0..3)
+                    .flat_map(|i| (0..3).map(move |j| (i, j)))
+                    .map(|(i, j)| g[i][j] * d[a + i][b + j])
+                    .sum();
+                assert!(
+                    (y[a][b] - direct).abs() < 1e-9,
+                    "({a}, {b}): {} against {direct}",
+                    y[a][b]
+                );
+            }
+        }
+    }
+}
