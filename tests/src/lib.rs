@@ -662,8 +662,9 @@ fn f(a: f32[3, 4], b: f32[2, 4], img: f32[1, 2, 4, 4], w: f32[3, 2, 3, 3], x: f3
 
 /// Convolutions that run as Winograd's F(4x4, 3x3) on a CPU (3 x 3, stride
 /// 1, whole 4 x 4 output tiles, at least 16 channels in and out): zero, one
-/// and two of padding, a channel count that is not a multiple of the
-/// vector (24), a batch of two, an epilogue (bias, batchnorm, residual, relu) and
+/// and two of padding, 16 output channels (narrow products, three kernels)
+/// and 24 and 32 (packed, one kernel on a CPU), a channel count that is not
+/// a multiple of the vector (24), a batch of two, an epilogue (bias, batchnorm, residual, relu) and
 /// declared weights (a ResNet basic block).
 pub const WINOGRAD_PROGRAMS: &[&str] = &[
     "fn f(x: f32[1, 16, 32, 32], w: f32[16, 16, 3, 3]) -> f32[1, 16, 32, 32] { return conv2d(x, w, padding=1); }",

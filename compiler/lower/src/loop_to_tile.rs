@@ -40,6 +40,9 @@ use dlc_loop::{
 };
 use dlc_tile::{Affine, BufferType, Builder, Module, Schedule, Space, TileType, Type, Value};
 
+mod winograd;
+use winograd::WinogradFusion;
+
 /// Why loop IR could not be converted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TileConvError {
@@ -93,6 +96,9 @@ pub struct Packing {
     /// rather than a few): the operand is then read once, where packing
     /// reads it, writes the panels and reads those again. 0: never.
     pub l1_sets: usize,
+    /// Bytes of a core's L2 cache: a fused Winograd convolution's program
+    /// keeps its rows of the transformed input and product within half.
+    pub l2_bytes: usize,
     /// Steps of the depth the register tile's loop takes per iteration
     /// (at most: the largest number up to this that divides `kc`). Two
     /// gave W1 1024 4.5% on one and two threads (the loop's counter and
@@ -166,6 +172,7 @@ impl ScheduleParams {
                     narrow: (g.nr > g.lanes).then_some([g.narrow_mr, g.lanes]),
                     balance: 2,
                     l1_sets: target.cpu().map_or(0, |c| c.l1_sets),
+                    l2_bytes: target.cpu().map_or(0, |c| c.l2_bytes),
                     unroll: 2,
                 }),
             },
@@ -285,6 +292,16 @@ enum Panels {
 struct Redirect {
     scratch: Value,
     axes: Vec<(usize, Affine)>,
+}
+
+/// Top-level nests run as one kernel.
+#[derive(Clone, Debug)]
+enum Fusion {
+    /// Attention's products and softmax, over blocks of rows.
+    Rows(RowFusion),
+    /// A Winograd convolution's transforms and products, over blocks of
+    /// tile rows.
+    Winograd(WinogradFusion),
 }
 
 /// Three top-level nests run as one kernel over blocks of rows (see
@@ -508,20 +525,24 @@ impl<'a> Conv<'a> {
         // nest's index with the last one's; the top-level ops the fused
         // kernels and implicit im2col buffers replace; and the buffers no
         // kernel needs any more, never allocated.
-        let mut fusions: HashMap<usize, (RowFusion, usize)> = HashMap::new();
+        let mut fusions: HashMap<usize, (Fusion, usize)> = HashMap::new();
         let mut skipped: HashSet<usize> = HashSet::new();
         let mut elided: HashSet<LValue> = HashSet::new();
         if self.params.packed.is_some() {
             let mut i = 0;
             while i < top.len() {
-                match self.row_fusion(&top, i, &cuts) {
-                    Some((f, last)) => {
-                        skipped.extend(i + 1..=last);
-                        elided.extend(f.elided.iter().copied());
-                        fusions.insert(i, (f, last));
-                        i = last + 1;
-                    }
-                    None => i += 1,
+                if let Some((f, last)) = self.row_fusion(&top, i, &cuts) {
+                    skipped.extend(i + 1..=last);
+                    elided.extend(f.elided.iter().copied());
+                    fusions.insert(i, (Fusion::Rows(f), last));
+                    i = last + 1;
+                } else if let Some((f, last)) = self.winograd_fusion(&top, i, &cuts) {
+                    skipped.extend(i + 1..=last);
+                    elided.extend(f.elided());
+                    fusions.insert(i, (Fusion::Winograd(f), last));
+                    i = last + 1;
+                } else {
+                    i += 1;
                 }
             }
             // im2col nests whose product copies its panels from the input:
@@ -566,7 +587,10 @@ impl<'a> Conv<'a> {
                     }
                 }
                 self.b.set_loc(op.loc.clone());
-                self.fused_rows_kernel(f)?;
+                match f {
+                    Fusion::Rows(f) => self.fused_rows_kernel(f)?,
+                    Fusion::Winograd(f) => self.fused_winograd_kernel(f)?,
+                }
                 for d in std::mem::take(&mut deferred) {
                     self.host_op(d)?;
                 }

@@ -246,7 +246,7 @@ fn convolutions_read_from_their_input() {
 }
 
 /// The convolutions of `WINOGRAD_PROGRAMS` run as Winograd's F(4x4, 3x3)
-/// (36 transformed products, the epilogue on the output transform, a
+/// (36 transformed products, one kernel over rows of tiles on a CPU, a
 /// declared kernel's transform in the preparer); those that do not qualify
 /// keep their product or loop nest. The first agree with the graph
 /// interpreter.
@@ -277,16 +277,37 @@ fn convolutions_as_winograd() {
             agree(src);
         }
     }
-    // With declared weights, the kernel's transform and its packing are
-    // the preparer's: the call's kernels are the two transforms and the
-    // product per convolution.
+    // On a CPU, each convolution's transforms and packed products are one
+    // kernel over rows of tiles, and the transformed input and products
+    // (the `[36, tiles, C]` buffers) are never allocated; 16 output
+    // channels make narrow products (not packed), which stay three
+    // kernels. With declared weights, the kernel's transform and its
+    // packing are the preparer's: a call runs, per convolution, the fused
+    // kernel and the pass after it (batchnorm and relu; residual and relu).
+    for (src, fused) in winograd.iter().zip([false, true, false, true]) {
+        let cpu = kernels(&graph(src), TargetDesc::host());
+        let text = dlc_tile::print_module(&cpu);
+        let body = text.split("tile.func @f_prepare").next().unwrap();
+        assert_eq!(
+            body.contains("schedule = \"winograd\""),
+            fused,
+            "{src}\n{text}"
+        );
+        // V and M; U too, when the kernel is not a declared weight.
+        let transformed = body
+            .lines()
+            .filter(|l| l.contains("tile.alloc : buffer<f32[36, ") && !l.contains("scratch"))
+            .count();
+        assert_eq!(transformed <= 1, fused, "{src}\n{text}");
+    }
     let m = graph(winograd[3]);
     let cpu = kernels(&m, TargetDesc::host());
     let text = dlc_tile::print_module(&cpu);
     let f = cpu.functions.iter().find(|f| f.name == "f").unwrap();
     assert!(f.prepare.is_some(), "{text}");
     let body = text.split("tile.func @f_prepare").next().unwrap();
-    assert_eq!(body.matches("tile.kernel").count(), 6, "{text}");
+    assert_eq!(body.matches("tile.kernel").count(), 4, "{text}");
+    assert_eq!(body.matches("schedule = \"winograd\"").count(), 2, "{text}");
 }
 
 #[test]
@@ -467,6 +488,9 @@ fn odd_schedule_parameters_agree() {
         // Attention: with every product packed, one kernel over blocks of
         // rows (blocks of 4, 6 or 9 rows: ragged at 20).
         "fn f(q: f32[2, 20, 12], k: f32[2, 23, 12], v: f32[2, 23, 9]) -> f32[2, 20, 9] { return softmax(q @ transpose(k, [0, 2, 1]) / 2.0, axis=-1) @ v; }",
+        // A Winograd convolution: one kernel over rows of tiles (one row
+        // per program, with no L2 to fit; 7 tiles in strips of 2 or 3).
+        dlc_tests::WINOGRAD_PROGRAMS[1],
     ];
     let mut schedules = vec![];
     for (vector, dot, packed) in [
@@ -487,6 +511,8 @@ fn odd_schedule_parameters_agree() {
             // read in place where the product has one block of rows and
             // shares the operand with another product.
             l1_sets: if units == 1 { 1 } else { 64 },
+            // A Winograd convolution's programs take one row of tiles.
+            l2_bytes: 0,
             unroll: units,
         });
         p.validate().unwrap();

@@ -62,7 +62,11 @@ pub fn conv_as_matmul(f: &Function, n: NodeIndex) -> bool {
 
 /// Whether convolution `n` runs as Winograd's `F(4x4, 3x3)`
 /// (`conv_is_winograd`): 36 products between an input and an output
-/// transform, which applies the epilogue.
+/// transform. It takes no epilogue: the two convolutions of a ResNet block
+/// then compile to one shared kernel (W3: 0.29 -> 0.17 s of LLVM on one
+/// core), and a separate pass adds the bias, residual and relu along
+/// contiguous rows where the output transform would scatter them (W3 b1
+/// 2.26 -> 2.07 ms, b8 21.0 -> 21.6).
 pub fn conv_as_winograd(f: &Function, n: NodeIndex) -> bool {
     let Op::Conv2d { stride, groups, .. } = f.body[n].op else {
         return false;
@@ -155,7 +159,11 @@ pub fn plan(f: &Function) -> HashMap<NodeIndex, Plan> {
     // Epilogues: an op with a value per index whose only user begins an
     // element-wise chain of the same shape stores the chain's end instead.
     for &n in &order {
-        if !has_value_at_index(op(n)) || uses(n) != 1 || conv_as_matmul(f, n) {
+        if !has_value_at_index(op(n))
+            || uses(n) != 1
+            || conv_as_matmul(f, n)
+            || conv_as_winograd(f, n)
+        {
             continue;
         }
         let Some(&first) = f.users(n).first() else {

@@ -37,7 +37,7 @@ use dlc_graph::ops::WINOGRAD_TILE;
 use dlc_loop::{IndexExpr, Value};
 use petgraph::stable_graph::NodeIndex;
 
-use super::{Lowering, contiguous, ix_axpy, ix_const};
+use super::{Lowering, contiguous, ix, ix_axpy, ix_const};
 
 /// Points of the transformed tile along each axis (`4 + 3 - 1`).
 const P: usize = 6;
@@ -184,6 +184,35 @@ impl Lowering<'_> {
         (ivs, inner, shape.len())
     }
 
+    /// Opens a transform's nest over the tiles and the channels `c`: the
+    /// image and the row of tiles parallel, then the tile's column, then
+    /// the channels in groups of `lanes` (see [`Self::open_lanes`]);
+    /// `convert-loop-to-tile` recognises this shape to run the two
+    /// transforms and the products as one kernel over blocks of tile rows.
+    /// Returns the image, tile row and tile column indices, the channel
+    /// index, and how many loops to close.
+    fn open_tiles(
+        &mut self,
+        [batch, rows, cols]: [usize; 3],
+        c: usize,
+        lanes: usize,
+    ) -> ([IndexExpr; 3], IndexExpr, usize) {
+        let nb = ix(self.b.begin_parallel(0, batch as i64));
+        let ty = ix(self.b.begin_parallel(0, rows as i64));
+        let tx = ix(self.b.begin_for(0, cols as i64, 1, &[]).0);
+        let mut inner = vec![c];
+        if lanes > 1 && c > lanes && c.is_multiple_of(lanes) {
+            inner = vec![c / lanes, lanes];
+        }
+        // `group * lanes + lane`, or the one index.
+        let ci = inner.iter().fold(ix_const(0), |acc, &extent| {
+            let i = ix(self.b.begin_for(0, extent as i64, 1, &[]).0);
+            ix_axpy(lanes as i64, &acc, &i)
+        });
+        self.parallel.push(2);
+        ([nb, ty, tx], ci, 3 + inner.len())
+    }
+
     /// Convolution `n` (see `dlc_graph::ops::conv_is_winograd`) as
     /// Winograd's `F(4x4, 3x3)`; its epilogue runs on the output
     /// transform's values.
@@ -227,8 +256,8 @@ impl Lowering<'_> {
 
         // V[p, t, c] = (B^T d B)[p] for the patch d of tile t in channel c.
         let v = self.b.alloc(buffer(vec![P * P, tiles, c]));
-        let (ivs, ci, depth) = self.open_lanes(&[batch, ty_n, tx_n], c, lanes);
-        let (nb, tyi, txi) = (&ivs[0], &ivs[1], &ivs[2]);
+        let ([nb, tyi, txi], ci, depth) = self.open_tiles([batch, ty_n, tx_n], c, lanes);
+        let (nb, tyi, txi) = (&nb, &tyi, &txi);
         let tile = ix_axpy(tx_n as i64, &ix_axpy(ty_n as i64, nb, tyi), txi);
         let mut k = Combiner::new(dtype);
         let d: [[Value; P]; P] = std::array::from_fn(|i| {
@@ -259,15 +288,10 @@ impl Lowering<'_> {
             &mut |l, idx, acc| l.b.store(acc, m, idx.to_vec()),
         );
         self.b.dealloc(v);
-        if self.holds_weights(w) {
-            self.held.push(u);
-        } else {
-            self.b.dealloc(u);
-        }
 
         // out[n, o, 4 ty + a, 4 tx + b] = (A^T M[., t, o] A)[a, b].
-        let (ivs, oi, depth) = self.open_lanes(&[batch, ty_n, tx_n], o, lanes);
-        let (nb, tyi, txi) = (&ivs[0], &ivs[1], &ivs[2]);
+        let ([nb, tyi, txi], oi, depth) = self.open_tiles([batch, ty_n, tx_n], o, lanes);
+        let (nb, tyi, txi) = (&nb, &tyi, &txi);
         let tile = ix_axpy(tx_n as i64, &ix_axpy(ty_n as i64, nb, tyi), txi);
         let mut k = Combiner::new(dtype);
         let mp: [[Value; P]; P] = std::array::from_fn(|i| {
@@ -286,6 +310,14 @@ impl Lowering<'_> {
         }
         self.close_nest(depth);
         self.b.dealloc(m);
+        // Released after the output transform, so that nothing separates
+        // the three nests but V's release (see `convert-loop-to-tile`'s
+        // Winograd fusion).
+        if self.holds_weights(w) {
+            self.held.push(u);
+        } else {
+            self.b.dealloc(u);
+        }
     }
 
     /// Whether `w` (a convolution's kernel) is a declared weight or

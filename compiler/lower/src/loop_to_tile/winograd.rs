@@ -1,0 +1,385 @@
+//! A Winograd convolution as one kernel over blocks of tile rows.
+//!
+//! Graph-to-loop lowers a Winograd convolution (see `graph_to_loop`'s
+//! `winograd` module) to an input transform writing `V[36, tiles, C]`, 36
+//! packed products `M[p] = V[p] @ U[p]`, and an output transform reading
+//! `M[36, tiles, O]`; the transforms are nests over the images and rows of
+//! tiles around a loop over the tiles of a row. Run as three kernels, `V`
+//! and `M` go to memory and back (29 MB at W3's batch 8). Here each
+//! program takes a block of whole tile rows of one image, and runs the
+//! input transform on them into a scratch copy of its rows of `V`, the 36
+//! products of those rows into a scratch copy of its rows of `M`, and the
+//! output transform on them: `V` and `M` are never allocated, and a
+//! program's rows of them stay in its core's L2.
+
+use std::collections::HashSet;
+
+use dlc_core::DType;
+use dlc_loop::{IndexExpr, OpId as LOpId, OpKind as L, Type as LType, Value as LValue};
+use dlc_tile::{Affine, BufferType, Schedule, Space};
+
+use super::{Conv, Panels, Redirect, TileConvError, is_counter, is_parallel, loop_bounds};
+
+/// A Winograd convolution's three nests, fused (see the module).
+#[derive(Clone, Debug)]
+pub(super) struct WinogradFusion {
+    /// Each transform's loops over the images and over the rows of tiles
+    /// (the row loop's body, the loop over a row's tiles, is converted as
+    /// it stands).
+    input: [LOpId; 2],
+    output: [LOpId; 2],
+    /// The products' loop over the 36 points, and the product.
+    batch: LOpId,
+    product: LOpId,
+    /// Images, rows of tiles, tiles per row.
+    tiles: [usize; 3],
+    /// Rows of tiles per program.
+    rows: usize,
+    /// `V` and `M`, held in scratch memory.
+    held: [LValue; 2],
+}
+
+impl WinogradFusion {
+    /// The buffers no kernel needs any more.
+    pub(super) fn elided(&self) -> [LValue; 2] {
+        self.held
+    }
+}
+
+/// Whether `e` is `n * rows * cols + ty * cols + tx`: the flat index of
+/// tile `(n, ty, tx)`.
+fn tile_index(e: &IndexExpr, [n, ty, tx]: [LValue; 3], [_, rows, cols]: [usize; 3]) -> bool {
+    let mut want = vec![((rows * cols) as i64, n), (cols as i64, ty), (1, tx)];
+    let mut got = e.terms.clone();
+    want.sort_by_key(|t| (t.1.0, t.0));
+    got.sort_by_key(|t| (t.1.0, t.0));
+    e.constant == 0 && got == want
+}
+
+impl<'a> Conv<'a> {
+    /// A nest over images and rows of tiles (two parallel loops from 0)
+    /// around a sequential loop over a row's tiles with no carried
+    /// values: its image, row and tile loops and their extents.
+    fn tile_nest(&self, id: LOpId) -> Option<([LOpId; 3], [usize; 3])> {
+        let extent = |o: LOpId| match loop_bounds(&self.op(o).kind) {
+            Some((0, hi, 1)) if hi > 0 => Some(hi as usize),
+            _ => None,
+        };
+        let n = self.op(id);
+        let [ty] = n.regions.first()?.ops[..] else {
+            return None;
+        };
+        let [tx] = self.op(ty).regions.first()?.ops[..] else {
+            return None;
+        };
+        let txo = self.op(tx);
+        let shaped = is_parallel(&n.kind)
+            && is_parallel(&self.op(ty).kind)
+            && matches!(txo.kind, L::For { .. })
+            && txo.operands.is_empty()
+            && txo.results.is_empty();
+        shaped.then_some(())?;
+        Some(([id, ty, tx], [extent(id)?, extent(ty)?, extent(tx)?]))
+    }
+
+    fn counters(&self, loops: [LOpId; 3]) -> [LValue; 3] {
+        loops.map(|l| self.op(l).regions[0].args[0])
+    }
+
+    /// The nests at `top[i]` and after as graph-to-loop lowers a Winograd
+    /// convolution, fused when: the input transform stores only into `V`,
+    /// at `[point, tile, ..]` for its own tile; a packed product in a loop
+    /// over the points reads `V[p, i, k]` and stores only into `M[p, i,
+    /// j]`; the output transform, over the same tiles, reads `M` at its own
+    /// tile and neither `V` nor what the others read is written by it (its
+    /// programs run while others still read); `V` and `M` are the
+    /// function's own allocations, used nowhere else. Returns the fusion
+    /// and the index of the output transform's nest.
+    pub(super) fn winograd_fusion(
+        &self,
+        top: &[LOpId],
+        i: usize,
+        cuts: &[bool],
+    ) -> Option<(WinogradFusion, usize)> {
+        let packing = self.params.packed?;
+        let (input, tiles) = self.tile_nest(top[i])?;
+        let at_in = self.counters(input);
+        let mentions_tile =
+            |e: &IndexExpr, c: &[LValue; 3]| e.terms.iter().any(|t| c.contains(&t.1));
+        let mut in_ops = HashSet::new();
+        self.nested_ops(top[i], &mut in_ops);
+        let mut v = None;
+        let mut read_in: HashSet<LValue> = HashSet::new();
+        for &o in &in_ops {
+            let d = self.op(o);
+            match &d.kind {
+                L::Matmul(_) => return None,
+                L::Store { index } => {
+                    let ok = index.len() == 3
+                        && !mentions_tile(&index[0], &at_in)
+                        && tile_index(&index[1], at_in, tiles)
+                        && v.is_none_or(|v| v == d.operands[1]);
+                    ok.then_some(())?;
+                    v = Some(d.operands[1]);
+                }
+                L::Load { .. } => {
+                    read_in.insert(self.root_buffer(d.operands[0]));
+                }
+                _ => {}
+            }
+        }
+        let v = v?;
+        // The products.
+        let k = self.next_nest(top, i)?;
+        let batch = top[k];
+        let bop = self.op(batch);
+        let [m] = bop.regions.first()?.ops[..] else {
+            return None;
+        };
+        let L::Matmul(c) = &self.op(m).kind else {
+            return None;
+        };
+        let points = match (is_parallel(&bop.kind), loop_bounds(&bop.kind)) {
+            (true, Some((0, hi, 1))) if hi > 0 => hi as usize,
+            _ => return None,
+        };
+        let p = bop.regions[0].args[0];
+        let mop = self.op(m);
+        let e = &mop.regions[0];
+        let (iv, jv, kv) = (e.args[0], e.args[1], e.args[2]);
+        let total = tiles.iter().product::<usize>();
+        if !self.packs_wide(m)
+            || mop.operands[0] != v
+            || mop.operands[1] == v
+            || c.m as usize != total
+            || c.a.len() != 3
+            || ![p, iv, kv]
+                .iter()
+                .zip(&c.a)
+                .all(|(var, e)| is_counter(e, *var))
+        {
+            return None;
+        }
+        let mut mm = None;
+        let mut read_product: HashSet<LValue> = HashSet::new();
+        read_product.insert(self.root_buffer(mop.operands[1]));
+        let mut product_ops = HashSet::new();
+        self.nested_ops(m, &mut product_ops);
+        for &o in &product_ops {
+            let d = self.op(o);
+            match &d.kind {
+                L::Store { index } => {
+                    let ok = index.len() == 3
+                        && [p, iv, jv]
+                            .iter()
+                            .zip(index)
+                            .all(|(var, e)| is_counter(e, *var))
+                        && mm.is_none_or(|mm| mm == d.operands[1]);
+                    ok.then_some(())?;
+                    mm = Some(d.operands[1]);
+                }
+                L::Load { .. } => {
+                    read_product.insert(self.root_buffer(d.operands[0]));
+                }
+                L::For { .. } | L::Parallel { .. } | L::Matmul(_) => return None,
+                _ => {}
+            }
+        }
+        let mm = mm?;
+        if mm == v || mop.operands[1] == mm {
+            return None;
+        }
+        // The output transform, over the same tiles (past V's release).
+        let k2 = (k + 1..top.len()).find(|&j| {
+            let d = self.op(top[j]);
+            match d.kind {
+                L::Alloc | L::View | L::Const(_) => false,
+                L::Dealloc => d.operands != [v],
+                _ => true,
+            }
+        })?;
+        let (output, out_tiles) = self.tile_nest(top[k2])?;
+        if out_tiles != tiles {
+            return None;
+        }
+        let at_out = self.counters(output);
+        let mut out_ops = HashSet::new();
+        self.nested_ops(top[k2], &mut out_ops);
+        let mut written_out: HashSet<LValue> = HashSet::new();
+        for &o in &out_ops {
+            let d = self.op(o);
+            match &d.kind {
+                L::Matmul(_) => return None,
+                L::Load { index, .. } if d.operands[0] == mm => {
+                    let ok = index.len() == 3
+                        && !mentions_tile(&index[0], &at_out)
+                        && tile_index(&index[1], at_out, tiles);
+                    ok.then_some(())?;
+                }
+                L::Load { .. } if d.operands[0] == v => return None,
+                L::Store { .. } => {
+                    let root = self.root_buffer(d.operands[1]);
+                    if d.operands[1] == v || d.operands[1] == mm {
+                        return None;
+                    }
+                    written_out.insert(root);
+                }
+                _ => {}
+            }
+        }
+        if written_out
+            .iter()
+            .any(|w| read_in.contains(w) || read_product.contains(w))
+            || !cuts[i]
+            || !cuts[k2 + 1]
+        {
+            return None;
+        }
+        // V and M: f32, [points, tiles, ..], allocated here and used by the
+        // three nests (and their deallocations) alone.
+        let shaped = |b: LValue| match self.src.ty(b) {
+            LType::Buffer(t) => {
+                t.dtype == DType::F32
+                    && t.shape.len() == 3
+                    && t.shape[..2] == [points, total]
+                    && t.is_contiguous()
+            }
+            _ => false,
+        };
+        let allocated = |b: LValue| {
+            top.iter()
+                .any(|&o| matches!(self.op(o).kind, L::Alloc) && self.op(o).results == [b])
+        };
+        if !shaped(v) || !shaped(mm) || !allocated(v) || !allocated(mm) {
+            return None;
+        }
+        let mut allowed: HashSet<LOpId> = in_ops;
+        allowed.extend(product_ops);
+        allowed.extend(out_ops);
+        allowed.insert(m);
+        for (id, op) in self.src.ops.iter().enumerate() {
+            let id = LOpId(id as u32);
+            let uses = op.operands.iter().any(|&b| b == v || b == mm);
+            if uses && !allowed.contains(&id) && !matches!(op.kind, L::Dealloc) {
+                return None;
+            }
+        }
+        // Whole rows of tiles per program, as many as keep a program's rows
+        // of V and M within half the L2 and its rows within the blocking's.
+        let [mr, _, mc, _] = packing.blocking;
+        let width = |b: LValue| match self.src.ty(b) {
+            LType::Buffer(t) => t.shape[2],
+            _ => 0,
+        };
+        let bytes = |rows: usize| {
+            4 * points * (rows * tiles[2]).next_multiple_of(mr) * (width(v) + width(mm))
+        };
+        let rows = (1..=tiles[1])
+            .rev()
+            .find(|r| {
+                tiles[1].is_multiple_of(*r)
+                    && r * tiles[2] <= mc
+                    && bytes(*r) <= packing.l2_bytes / 2
+            })
+            .unwrap_or(1);
+        Some((
+            WinogradFusion {
+                input: [input[0], input[1]],
+                output: [output[0], output[1]],
+                batch,
+                product: m,
+                tiles,
+                rows,
+                held: [v, mm],
+            },
+            k2,
+        ))
+    }
+
+    /// The kernel of a [`WinogradFusion`]: a grid over the images and
+    /// blocks of tile rows; each program runs the input transform on its
+    /// tiles into scratch rows of `V`, the 36 products of those rows into
+    /// scratch rows of `M`, and the output transform, whose epilogue
+    /// writes the result. The products' kernels (`U`) are packed by a
+    /// kernel of their own (the preparer's, for declared weights).
+    pub(super) fn fused_winograd_kernel(
+        &mut self,
+        f: &WinogradFusion,
+    ) -> Result<(), TileConvError> {
+        let [images, rows, cols] = f.tiles;
+        let batch = self.batch_loop(Some(f.batch));
+        let points = batch.map_or(1, |b| b.2);
+        let mut plan = self.pack_plan(f.product, points, false)?;
+        // The program's rows: its block of tiles, in whole strips.
+        let tiles = f.rows * cols;
+        plan.strips = tiles.div_ceil(plan.mr);
+        plan.mc = plan.strips * plan.mr;
+        plan.blocks = images * rows / f.rows;
+        let panels = self.panels(f.product, batch, &plan)?;
+        let schedule = Schedule::new("winograd").with(
+            "blocking",
+            vec![plan.mr as i64, plan.nr as i64, tiles as i64, plan.kc as i64],
+        );
+        self.b.begin_kernel(vec![images, rows / f.rows], schedule);
+        self.values.clear();
+        let image = Affine::value(self.b.program_id(0));
+        let block = Affine::value(self.b.program_id(1));
+        // The program's first tile.
+        let i0 = image
+            .scaled((rows * cols) as i64)
+            .plus_scaled(tiles as i64, &block);
+        for held in f.held {
+            let LType::Buffer(t) = self.src.ty(held) else {
+                return Err(self.invalid("a fused value is not a buffer"));
+            };
+            let scratch = self.b.alloc(BufferType::contiguous(
+                DType::F32,
+                vec![t.shape[0], plan.mc, t.shape[2]],
+                Space::Scratch,
+            ));
+            let axes = vec![
+                (0, Affine::constant(0)),
+                (1, i0.clone()),
+                (2, Affine::constant(0)),
+            ];
+            self.redirects.insert(held, Redirect { scratch, axes });
+        }
+        let result = (|| -> Result<(), TileConvError> {
+            // A transform on each row of the program's tiles.
+            let transform = |c: &mut Self, [n, ty]: [LOpId; 2]| -> Result<(), TileConvError> {
+                let (r, _) = c.b.begin_for(0, f.rows as i64, 1, &[]);
+                let (nv, tyv) = (c.op(n).regions[0].args[0], c.op(ty).regions[0].args[0]);
+                c.index.insert(nv, image.clone());
+                c.index.insert(
+                    tyv,
+                    block
+                        .scaled(f.rows as i64)
+                        .plus_scaled(1, &Affine::value(r)),
+                );
+                c.ops(&c.op(ty).regions[0].ops)?;
+                c.b.end_for(vec![]);
+                Ok(())
+            };
+            transform(self, f.input)?;
+            let (p, _) = self.b.begin_for(0, points as i64, 1, &[]);
+            let lo = batch.map_or(0, |b| b.1);
+            if let Some((counter, _, _)) = batch {
+                self.index.insert(
+                    counter,
+                    Affine::value(p).plus_scaled(1, &Affine::constant(lo)),
+                );
+            }
+            let zero = Affine::constant(0);
+            self.program_product(f.product, &plan, panels, &[Affine::value(p)], &i0, &zero)?;
+            self.b.end_for(vec![]);
+            transform(self, f.output)
+        })();
+        self.redirects.clear();
+        result?;
+        self.b.end_kernel();
+        if let Panels::Global(p) = panels {
+            self.b.dealloc(p);
+        }
+        Ok(())
+    }
+}
