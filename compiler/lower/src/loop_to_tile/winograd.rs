@@ -265,7 +265,9 @@ impl<'a> Conv<'a> {
             }
         }
         // Whole rows of tiles per program, as many as keep a program's rows
-        // of V and M within half the L2 and its rows within the blocking's.
+        // of V and M within half the L2 and its rows within the blocking's,
+        // and enough programs for the threads where the rows allow (a
+        // kernel of fewer programs than `units` runs on one thread).
         let [mr, _, mc, _] = packing.blocking;
         let width = |b: LValue| match self.src.ty(b) {
             LType::Buffer(t) => t.shape[2],
@@ -274,12 +276,14 @@ impl<'a> Conv<'a> {
         let bytes = |rows: usize| {
             4 * points * (rows * tiles[2]).next_multiple_of(mr) * (width(v) + width(mm))
         };
+        let programs = |r: usize| tiles[0] * tiles[1] / r;
         let rows = (1..=tiles[1])
             .rev()
             .find(|r| {
                 tiles[1].is_multiple_of(*r)
                     && r * tiles[2] <= mc
                     && bytes(*r) <= packing.l2_bytes / 2
+                    && (programs(*r) >= packing.units || *r == 1)
             })
             .unwrap_or(1);
         Some((

@@ -176,9 +176,11 @@ impl CostModel {
                 }) =>
             {
                 // Winograd's F(4x4, 3x3): 36 products of `tiles x O`, `C`
-                // deep, in one kernel with the input and output transforms,
-                // whose transformed values stay in the program's L2 (the
-                // kernel's transform is the preparer's, or small).
+                // deep, and the transforms: 36 values per tile and channel
+                // in and out, gathered and scattered, priced as a write and
+                // a read of each (the fused kernel keeps them in cache, but
+                // cheaper prices make saturation widen convolutions to reach
+                // this kernel).
                 let t = crate::ops::WINOGRAD_TILE as f64;
                 let (n, o, oy, ox) = (
                     out.ty.shape[0] as f64,
@@ -188,11 +190,10 @@ impl CostModel {
                 );
                 let c = inputs[1].ty.shape[1] as f64;
                 let tiles = n * (oy / t) * (ox / t);
-                self.kernel_us
-                    + self
-                        .flops_us(2.0 * 36.0 * tiles * o * c)
-                        .max(self.bytes_us(in_bytes))
-                    + self.bytes_us(out_bytes)
+                let transformed = 36.0 * tiles * (c + o) * 4.0;
+                3.0 * self.kernel_us
+                    + self.flops_us(2.0 * 36.0 * tiles * o * c)
+                    + self.bytes_us(in_bytes + 2.0 * transformed + out_bytes)
             }
             Op::Conv2d { groups, .. } => {
                 // Each output element is a dot product over C/groups * KH * KW;
