@@ -189,14 +189,15 @@ impl Lowering<'_> {
     /// the channels in groups of `lanes` (see [`Self::open_lanes`]);
     /// `convert-loop-to-tile` recognises this shape to run the two
     /// transforms and the products as one kernel over blocks of tile rows.
-    /// Returns the image, tile row and tile column indices, the channel
-    /// index, and how many loops to close.
+    /// Returns the image, tile row and tile column indices, the tile's flat
+    /// index `(n * rows + ty) * cols + tx`, the channel index, and how many
+    /// loops to close.
     fn open_tiles(
         &mut self,
         [batch, rows, cols]: [usize; 3],
         c: usize,
         lanes: usize,
-    ) -> ([IndexExpr; 3], IndexExpr, usize) {
+    ) -> ([IndexExpr; 3], IndexExpr, IndexExpr, usize) {
         let nb = ix(self.b.begin_parallel(0, batch as i64));
         let ty = ix(self.b.begin_parallel(0, rows as i64));
         let tx = ix(self.b.begin_for(0, cols as i64, 1, &[]).0);
@@ -210,7 +211,8 @@ impl Lowering<'_> {
             ix_axpy(lanes as i64, &acc, &i)
         });
         self.parallel.push(2);
-        ([nb, ty, tx], ci, 3 + inner.len())
+        let tile = ix_axpy(cols as i64, &ix_axpy(rows as i64, &nb, &ty), &tx);
+        ([nb, ty, tx], tile, ci, 3 + inner.len())
     }
 
     /// Convolution `n` (see `dlc_graph::ops::conv_is_winograd`) as
@@ -246,19 +248,13 @@ impl Lowering<'_> {
             })
         });
         let tu = k.sandwich(self, &G, &G, &g);
-        for (a, row) in tu.iter().enumerate() {
-            for (b, &v) in row.iter().enumerate() {
-                let p = ix_const((a * P + b) as i64);
-                self.b.store(v, u, vec![p, ci.clone(), oi.clone()]);
-            }
-        }
+        self.store_points(&tu, u, |p| vec![p, ci.clone(), oi.clone()]);
         self.close_nest(depth);
 
         // V[p, t, c] = (B^T d B)[p] for the patch d of tile t in channel c.
         let v = self.b.alloc(buffer(vec![P * P, tiles, c]));
-        let ([nb, tyi, txi], ci, depth) = self.open_tiles([batch, ty_n, tx_n], c, lanes);
+        let ([nb, tyi, txi], tile, ci, depth) = self.open_tiles([batch, ty_n, tx_n], c, lanes);
         let (nb, tyi, txi) = (&nb, &tyi, &txi);
-        let tile = ix_axpy(tx_n as i64, &ix_axpy(ty_n as i64, nb, tyi), txi);
         let mut k = Combiner::new(dtype);
         let d: [[Value; P]; P] = std::array::from_fn(|i| {
             std::array::from_fn(|j| {
@@ -269,12 +265,7 @@ impl Lowering<'_> {
             })
         });
         let tv = k.sandwich(self, &BT, &BT, &d);
-        for (a, row) in tv.iter().enumerate() {
-            for (b, &val) in row.iter().enumerate() {
-                let p = ix_const((a * P + b) as i64);
-                self.b.store(val, v, vec![p, tile.clone(), ci.clone()]);
-            }
-        }
+        self.store_points(&tv, v, |p| vec![p, tile.clone(), ci.clone()]);
         self.close_nest(depth);
 
         // M[p] = V[p] @ U[p], summed over the input channels.
@@ -290,9 +281,8 @@ impl Lowering<'_> {
         self.b.dealloc(v);
 
         // out[n, o, 4 ty + a, 4 tx + b] = (A^T M[., t, o] A)[a, b].
-        let ([nb, tyi, txi], oi, depth) = self.open_tiles([batch, ty_n, tx_n], o, lanes);
+        let ([nb, tyi, txi], tile, oi, depth) = self.open_tiles([batch, ty_n, tx_n], o, lanes);
         let (nb, tyi, txi) = (&nb, &tyi, &txi);
-        let tile = ix_axpy(tx_n as i64, &ix_axpy(ty_n as i64, nb, tyi), txi);
         let mut k = Combiner::new(dtype);
         let mp: [[Value; P]; P] = std::array::from_fn(|i| {
             std::array::from_fn(|j| {
@@ -317,6 +307,21 @@ impl Lowering<'_> {
             self.held.push(u);
         } else {
             self.b.dealloc(u);
+        }
+    }
+
+    /// Stores a transformed 6 x 6 tile, given by rows, into `buf` at
+    /// `index(p)` for each of its points `p = 6 a + b`.
+    fn store_points(
+        &mut self,
+        values: &[Vec<Value>],
+        buf: Value,
+        index: impl Fn(IndexExpr) -> Vec<IndexExpr>,
+    ) {
+        for (a, row) in values.iter().enumerate() {
+            for (b, &v) in row.iter().enumerate() {
+                self.b.store(v, buf, index(ix_const((a * P + b) as i64)));
+            }
         }
     }
 
