@@ -538,7 +538,7 @@ impl<'a> Conv<'a> {
                     i = last + 1;
                 } else if let Some((f, last)) = self.winograd_fusion(&top, i, &cuts) {
                     skipped.extend(i + 1..=last);
-                    elided.extend(f.elided());
+                    elided.extend(f.held);
                     fusions.insert(i, (Fusion::Winograd(f), last));
                     i = last + 1;
                 } else {

@@ -411,19 +411,25 @@ pub fn conv_is_winograd(
     if out.rank() != 4 || w.rank() != 4 {
         return false;
     }
-    let (n, oy, ox) = (out.shape[0], out.shape[2], out.shape[3]);
     let (o, c) = (w.shape[0], w.shape[1]);
     let t = WINOGRAD_TILE;
-    let tiles = n * (oy / t) * (ox / t);
     groups == 1
         && stride == [1, 1]
         && w.shape[2..] == [3, 3]
         && out.dtype == DType::F32
-        && oy % t == 0
-        && ox % t == 0
+        && out.shape[2].is_multiple_of(t)
+        && out.shape[3].is_multiple_of(t)
         && c >= 16
         && o >= 16
-        && dlc_core::TargetDesc::host().packs_product(DType::F32, tiles * o * c)
+        && dlc_core::TargetDesc::host().packs_product(DType::F32, winograd_tiles(out) * o * c)
+}
+
+/// The 4 x 4 output tiles of an NCHW result `out` (whole tiles: see
+/// [`conv_is_winograd`]): the rows of each of a Winograd convolution's 36
+/// products.
+pub fn winograd_tiles(out: &TensorType) -> usize {
+    let t = WINOGRAD_TILE;
+    out.shape[0] * (out.shape[2] / t) * (out.shape[3] / t)
 }
 
 /// The CPU back end's rule for a convolution with result type `out` and

@@ -612,10 +612,9 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                 Some(prev) => self.and(prev, inside)?,
             });
         }
-        let uniform = match uniform {
-            Some(u) => Some(self.splat(u.into(), n as u32)?),
-            None => None,
-        };
+        let uniform = uniform
+            .map(|u| self.splat(u.into(), n as u32))
+            .transpose()?;
         Ok(match (lanes, uniform) {
             (Some(l), Some(u)) => self.and(l, u)?,
             (Some(m), None) | (None, Some(m)) => m,

@@ -14,13 +14,15 @@
 //!   (with declared weights, the preparer runs it, and packs `U` once);
 //! - the input transform, `V[p, t, c]` for every tile `t = (n, ty, tx)`;
 //! - 36 products `M[p] = V[p] @ U[p]`, on the packed kernel;
-//! - the output transform, `A^T M A` per tile and output channel, whose
-//!   16 values go through the convolution's epilogue (bias, residual, relu)
-//!   to the result.
+//! - the output transform, `A^T M A` per tile and output channel, into the
+//!   result (the convolution takes no epilogue: see
+//!   `dlc_graph::fusion::conv_as_winograd`).
 //!
 //! 36 multiply-adds per input channel give 16 outputs, where the direct
 //! product takes 9 for each: a quarter of the arithmetic, for the
-//! transforms' passes over memory. The transforms are straight-line code
+//! transforms' work (on a CPU the three nests run as one kernel, so `V` and
+//! `M` stay in cache: `convert-loop-to-tile`'s `winograd` schedule). The
+//! transforms are straight-line code
 //! in the lanes of one vector of channels (the innermost loop), with the
 //! matrices' zeros skipped and their ones not multiplied.
 //!
@@ -33,7 +35,7 @@ use std::collections::HashMap;
 
 use dlc_core::scalar::BinaryOp;
 use dlc_core::{DType, TensorType};
-use dlc_graph::ops::WINOGRAD_TILE;
+use dlc_graph::ops::{WINOGRAD_TILE, winograd_tiles};
 use dlc_loop::{IndexExpr, Value};
 use petgraph::stable_graph::NodeIndex;
 
@@ -157,6 +159,23 @@ impl Combiner {
     }
 }
 
+/// The loops over `extent` channels: groups of `lanes` and the lanes, when
+/// `lanes` divides it, else one loop.
+fn lane_loops(extent: usize, lanes: usize) -> Vec<usize> {
+    if lanes > 1 && extent > lanes && extent.is_multiple_of(lanes) {
+        vec![extent / lanes, lanes]
+    } else {
+        vec![extent]
+    }
+}
+
+/// The channel index of [`lane_loops`]' indices: `group * lanes + lane`, or
+/// the one index.
+fn lane_index(ivs: &[IndexExpr], lanes: usize) -> IndexExpr {
+    ivs.iter()
+        .fold(ix_const(0), |acc, i| ix_axpy(lanes as i64, &acc, i))
+}
+
 impl Lowering<'_> {
     /// Opens a nest over `outer` and then `last`, cut into `lanes`-wide
     /// groups when `lanes` divides it (so the innermost loop, which the
@@ -169,18 +188,9 @@ impl Lowering<'_> {
         lanes: usize,
     ) -> (Vec<IndexExpr>, IndexExpr, usize) {
         let mut shape = outer.to_vec();
-        let split = lanes > 1 && last > lanes && last.is_multiple_of(lanes);
-        if split {
-            shape.extend([last / lanes, lanes]);
-        } else {
-            shape.push(last);
-        }
+        shape.extend(lane_loops(last, lanes));
         let mut ivs = self.open_nest(&shape);
-        // `group * lanes + lane`, or the one index.
-        let inner = ivs
-            .split_off(outer.len())
-            .iter()
-            .fold(ix_const(0), |acc, i| ix_axpy(lanes as i64, &acc, i));
+        let inner = lane_index(&ivs.split_off(outer.len()), lanes);
         (ivs, inner, shape.len())
     }
 
@@ -201,23 +211,19 @@ impl Lowering<'_> {
         let nb = ix(self.b.begin_parallel(0, batch as i64));
         let ty = ix(self.b.begin_parallel(0, rows as i64));
         let tx = ix(self.b.begin_for(0, cols as i64, 1, &[]).0);
-        let mut inner = vec![c];
-        if lanes > 1 && c > lanes && c.is_multiple_of(lanes) {
-            inner = vec![c / lanes, lanes];
-        }
-        // `group * lanes + lane`, or the one index.
-        let ci = inner.iter().fold(ix_const(0), |acc, &extent| {
-            let i = ix(self.b.begin_for(0, extent as i64, 1, &[]).0);
-            ix_axpy(lanes as i64, &acc, &i)
-        });
+        let inner = lane_loops(c, lanes);
+        let ivs: Vec<IndexExpr> = inner
+            .iter()
+            .map(|&extent| ix(self.b.begin_for(0, extent as i64, 1, &[]).0))
+            .collect();
+        let ci = lane_index(&ivs, lanes);
         self.parallel.push(2);
         let tile = ix_axpy(cols as i64, &ix_axpy(rows as i64, &nb, &ty), &tx);
         ([nb, ty, tx], tile, ci, 3 + inner.len())
     }
 
     /// Convolution `n` (see `dlc_graph::ops::conv_is_winograd`) as
-    /// Winograd's `F(4x4, 3x3)`; its epilogue runs on the output
-    /// transform's values.
+    /// Winograd's `F(4x4, 3x3)`, its output transform storing the result.
     pub(super) fn conv_winograd(&mut self, n: NodeIndex, padding: [usize; 2]) {
         let ty = self.ty(n).clone();
         let dtype = ty.dtype;
@@ -227,7 +233,7 @@ impl Lowering<'_> {
         let (o, c) = (wsh[0], wsh[1]);
         let t = WINOGRAD_TILE;
         let (batch, ty_n, tx_n) = (ty.shape[0], ty.shape[2] / t, ty.shape[3] / t);
-        let tiles = batch * ty_n * tx_n;
+        let tiles = winograd_tiles(&ty);
         let lanes = dlc_core::TargetDesc::host().lanes(dtype);
         let buffer = |shape: Vec<usize>| contiguous(&TensorType::new(dtype, shape));
 

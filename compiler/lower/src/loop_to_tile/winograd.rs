@@ -35,15 +35,8 @@ pub(super) struct WinogradFusion {
     tiles: [usize; 3],
     /// Rows of tiles per program.
     rows: usize,
-    /// `V` and `M`, held in scratch memory.
-    held: [LValue; 2],
-}
-
-impl WinogradFusion {
-    /// The buffers no kernel needs any more.
-    pub(super) fn elided(&self) -> [LValue; 2] {
-        self.held
-    }
+    /// `V` and `M`, held in scratch memory (never allocated).
+    pub(super) held: [LValue; 2],
 }
 
 /// Whether `e` is `n * rows * cols + ty * cols + tx`: the flat index of
@@ -303,8 +296,8 @@ impl<'a> Conv<'a> {
     /// The kernel of a [`WinogradFusion`]: a grid over the images and
     /// blocks of tile rows; each program runs the input transform on its
     /// tiles into scratch rows of `V`, the 36 products of those rows into
-    /// scratch rows of `M`, and the output transform, whose epilogue
-    /// writes the result. The products' kernels (`U`) are packed by a
+    /// scratch rows of `M`, and the output transform, which writes the
+    /// result. The products' kernels (`U`) are packed by a
     /// kernel of their own (the preparer's, for declared weights).
     pub(super) fn fused_winograd_kernel(
         &mut self,
@@ -312,7 +305,9 @@ impl<'a> Conv<'a> {
     ) -> Result<(), TileConvError> {
         let [images, rows, cols] = f.tiles;
         let batch = self.batch_loop(Some(f.batch));
-        let points = batch.map_or(1, |b| b.2);
+        let Some((counter, lo, points)) = batch else {
+            return Err(self.invalid("a Winograd product without its loop over the points"));
+        };
         let mut plan = self.pack_plan(f.product, points, false)?;
         // The program's rows: its block of tiles, in whole strips.
         let tiles = f.rows * cols;
@@ -375,13 +370,10 @@ impl<'a> Conv<'a> {
             };
             transform(self, f.input)?;
             let (p, _) = self.b.begin_for(0, points as i64, 1, &[]);
-            let lo = batch.map_or(0, |b| b.1);
-            if let Some((counter, _, _)) = batch {
-                self.index.insert(
-                    counter,
-                    Affine::value(p).plus_scaled(1, &Affine::constant(lo)),
-                );
-            }
+            self.index.insert(
+                counter,
+                Affine::value(p).plus_scaled(1, &Affine::constant(lo)),
+            );
             let zero = Affine::constant(0);
             self.program_product(f.product, &plan, panels, &[Affine::value(p)], &i0, &zero)?;
             self.b.end_for(vec![]);

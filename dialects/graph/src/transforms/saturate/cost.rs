@@ -181,15 +181,8 @@ impl CostModel {
                 // a read of each (the fused kernel keeps them in cache, but
                 // cheaper prices make saturation widen convolutions to reach
                 // this kernel).
-                let t = crate::ops::WINOGRAD_TILE as f64;
-                let (n, o, oy, ox) = (
-                    out.ty.shape[0] as f64,
-                    out.ty.shape[1] as f64,
-                    out.ty.shape[2] as f64,
-                    out.ty.shape[3] as f64,
-                );
-                let c = inputs[1].ty.shape[1] as f64;
-                let tiles = n * (oy / t) * (ox / t);
+                let tiles = crate::ops::winograd_tiles(&out.ty) as f64;
+                let (o, c) = (out.ty.shape[1] as f64, inputs[1].ty.shape[1] as f64);
                 let transformed = 36.0 * tiles * (c + o) * 4.0;
                 3.0 * self.kernel_us
                     + self.flops_us(2.0 * 36.0 * tiles * o * c)
