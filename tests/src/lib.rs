@@ -563,13 +563,16 @@ pub const ELEMENT_WISE_PROGRAMS: &[&str] = &[
     "fn f(x: f32[2, 3]) -> i32[2, 3] { return cast(x * 10.0, i32); }",
 ];
 
-/// Transposes, reshapes, slices, concatenations, broadcasts, dense constants.
+/// Transposes, reshapes, slices (those along the outer axis are views with
+/// offsets: read by a product, element-wise ops, a result, a slice of a
+/// slice), concatenations, broadcasts, dense constants.
 pub const SHAPE_PROGRAMS: &[&str] = &[
     "fn f(x: f32[2, 3, 4]) -> f32[4, 2, 3] { return transpose(x, [2, 0, 1]) * 2.0; }",
     "fn f(x: f32[2, 6]) -> f32[3, 4] { return reshape(exp(x), [3, 4]) + 1.0; }",
     "fn f(x: f32[2, 6]) -> f32[3, 4] { return reshape(exp(x), [3, 4]); }",
     "fn f(x: f32[2, 6]) -> f32[12] { return reshape(x, [-1]); }",
     "fn f(x: f32[4, 5]) -> f32[4, 2] { return slice(x, axis=1, start=1, end=3) - 1.0; }",
+    "fn f(x: f32[4, 6, 8], w: f32[8, 5], y: f32[3, 2, 8]) -> (f32[6, 5], f32[2, 6, 8], f32[6, 8], f32[1, 2, 8]) { let a = reshape(slice(x, axis=0, start=2, end=3), [6, 8]); let c = exp(reshape(slice(x, axis=0, start=3, end=4), [6, 8])) + 1.0; return (a @ w, slice(x, axis=0, start=1, end=3) * 2.0, c, slice(slice(y, axis=0, start=1, end=3), axis=0, start=1, end=2)); }",
     "fn f(a: f32[2, 3], b: f32[2, 2]) -> f32[2, 5] { return concat([relu(a), b * 2.0], axis=1); }",
     "fn f(x: f32[3]) -> f32[2, 3] { return broadcast(x, [2, 3]); }",
     "fn f(x: f32[2, 3]) -> (f32[3, 2], f32[2, 3], i64[2]) { let w = tensor([0.5, -1.0, 2.0, 0.25, 3.0, -0.75], [2, 3]); return (reshape(w, [3, 2]) * 2.0, x @ transpose(w) @ w, tensor([3, -4], [2])); }",

@@ -465,6 +465,49 @@ fn small_workloads() {
     );
 }
 
+/// Steps that each read their slice of one input (W7's `x[t]`) read it in
+/// place, through a view with an offset, and share their kernels as if
+/// each step had an input of its own: the module has as many functions as
+/// the same steps over separate inputs, and none copies a slice.
+#[test]
+fn slices_along_the_outer_axis_are_read_in_place() {
+    let step = "fn step(x: f32[40, 128], h: f32[40, 96], w: f32[96, 128]) -> f32[40, 96] { return tanh(x @ transpose(w) + h); }";
+    let sliced = format!(
+        "{step}
+         fn f(x: f32[3, 40, 128], w: f32[96, 128]) -> f32[40, 96] {{
+             let h = zeros([40, 96]);
+             let h1 = step(reshape(slice(x, axis=0, start=0, end=1), [40, 128]), h, w);
+             let h2 = step(reshape(slice(x, axis=0, start=1, end=2), [40, 128]), h1, w);
+             return step(reshape(slice(x, axis=0, start=2, end=3), [40, 128]), h2, w);
+         }}"
+    );
+    let separate = format!(
+        "{step}
+         fn f(x0: f32[40, 128], x1: f32[40, 128], x2: f32[40, 128], w: f32[96, 128]) -> f32[40, 96] {{
+             return step(x2, step(x1, step(x0, zeros([40, 96]), w), w), w);
+         }}"
+    );
+    jit_agrees(&sliced);
+    let functions = |src: &str| {
+        let m = graph(src);
+        let tiles = dlc_driver::lower_for_cpu(&m).unwrap();
+        let text = dlc_tile::print_module(&tiles);
+        let ir = dlc_llvm::emit_llvm_ir(
+            &tiles,
+            &dlc_runtime::abi::Symbols::for_module("t"),
+            TargetDesc::host(),
+        )
+        .unwrap();
+        (
+            ir.lines().filter(|l| l.starts_with("define ")).count(),
+            text,
+        )
+    };
+    let (n_sliced, text) = functions(&sliced);
+    assert!(text.contains("offset = 10240>"), "{text}");
+    assert_eq!(n_sliced, functions(&separate).0, "{text}");
+}
+
 #[test]
 fn emits_llvm_ir_for_the_host() {
     let m = graph("fn f(x: f32[64], y: f32[64]) -> f32[64] { return x * y + 1.0; }");

@@ -509,16 +509,37 @@ impl Lowering<'_> {
             let src = self.operand(n, 0);
             let Some(&buf) = self.home.get(&src) else {
                 return Err(LowerError::Invalid(
-                    "reshape or transpose of a value with no buffer".into(),
+                    "reshape, transpose or slice of a value with no buffer".into(),
                 ));
             };
-            let ty = match (self.op(n), self.b.ty(buf)) {
-                (Op::Transpose { perm }, dlc_loop::Type::Buffer(from)) => BufferType {
+            let dlc_loop::Type::Buffer(from) = self.b.ty(buf).clone() else {
+                return Err(LowerError::Invalid("a view of a non-buffer".into()));
+            };
+            let ty = match self.op(n) {
+                Op::Transpose { perm } => BufferType {
                     dtype: from.dtype,
                     shape: perm.iter().map(|&p| from.shape[p]).collect(),
                     strides: perm.iter().map(|&p| from.strides[p]).collect(),
+                    offset: from.offset,
                 },
-                _ => contiguous(self.ty(n)),
+                Op::Slice { axis, start, .. } if from.has_row_major_strides() => {
+                    // One run of the storage (`fusion::slice_is_contiguous`):
+                    // the axes before `axis` have extent 1, so the slice is
+                    // row-major from its first element.
+                    let mut t = contiguous(self.ty(n));
+                    t.offset = from.offset + start * from.strides[*axis];
+                    t
+                }
+                _ if from.has_row_major_strides() => {
+                    let mut t = contiguous(self.ty(n));
+                    t.offset = from.offset;
+                    t
+                }
+                _ => {
+                    return Err(LowerError::Invalid(format!(
+                        "a reshape or slice viewing the strided buffer {from}"
+                    )));
+                }
             };
             let view = self.b.view(buf, ty);
             if let Some(&out) = self.home.get(&n) {

@@ -97,7 +97,8 @@ impl Writer {
         Ok(())
     }
 
-    /// `name`, the storage of `src` (of type `src_ty`) seen as `layout`.
+    /// `name`, the storage of `src` (of type `src_ty`) seen as `layout`
+    /// (its offset counted from the start of the storage).
     pub fn view(&mut self, name: &str, src: &str, src_ty: &str, layout: &dlc_core::Layout) {
         let dims = |xs: &[usize]| {
             xs.iter()
@@ -105,9 +106,11 @@ impl Writer {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
+        // The offset is from the start of the storage, as the cast's is.
         self.line(&format!(
-            "{name} = memref.reinterpret_cast {src} to offset: [0], sizes: [{}], strides: [{}] : \
+            "{name} = memref.reinterpret_cast {src} to offset: [{}], sizes: [{}], strides: [{}] : \
              {src_ty} to {}",
+            layout.offset,
             dims(&layout.shape),
             dims(&layout.strides),
             layout.mlir()

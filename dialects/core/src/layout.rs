@@ -1,11 +1,17 @@
-//! Buffer layouts: element type, shape and strides, as the loop and tile
-//! dialects' buffer types hold them.
+//! Buffer layouts: element type, shape, strides and offset, as the loop
+//! and tile dialects' buffer types hold them.
 
 use std::fmt;
 
 use crate::DType;
 
-/// A strided buffer: element type, shape, and strides in elements.
+/// A strided buffer: element type, shape, strides and offset in elements.
+///
+/// Element `[i0, i1, ..]` lives at `offset + i0 * strides[0] + i1 *
+/// strides[1] + ..` of the storage the buffer belongs to (its allocation or
+/// parameter): a view of part of a buffer (a slice along its outer axis)
+/// keeps its storage and has an offset. Allocations and parameters have
+/// none.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Layout {
     /// Element type.
@@ -14,6 +20,8 @@ pub struct Layout {
     pub shape: Vec<usize>,
     /// Distance in elements between neighbours along each dimension.
     pub strides: Vec<usize>,
+    /// Where element `[0, 0, ..]` is in the storage, in elements.
+    pub offset: usize,
 }
 
 impl Layout {
@@ -27,23 +35,31 @@ impl Layout {
             dtype,
             shape,
             strides,
+            offset: 0,
         }
     }
 
-    /// Whether the strides are the row-major ones.
+    /// Whether the buffer is its storage from the start, row-major: the
+    /// strides are the row-major ones and there is no offset.
     pub fn is_contiguous(&self) -> bool {
+        self.offset == 0 && self.has_row_major_strides()
+    }
+
+    /// Whether the strides are the row-major ones (whatever the offset).
+    pub fn has_row_major_strides(&self) -> bool {
         Layout::contiguous(self.dtype, self.shape.clone()).strides == self.strides
     }
 
-    /// Elements of storage the buffer spans, or `None` on overflow.
+    /// Elements of storage the buffer reaches (its offset and its span),
+    /// or `None` on overflow.
     pub fn storage_len(&self) -> Option<usize> {
         if self.shape.contains(&0) {
-            return Some(0);
+            return Some(self.offset);
         }
         self.shape
             .iter()
             .zip(&self.strides)
-            .try_fold(1usize, |acc, (d, s)| {
+            .try_fold(self.offset.checked_add(1)?, |acc, (d, s)| {
                 acc.checked_add((d - 1).checked_mul(*s)?)
             })
     }
@@ -58,7 +74,11 @@ impl Layout {
         s.push_str(self.dtype.mlir_name());
         if !self.is_contiguous() {
             let strides: Vec<String> = self.strides.iter().map(|s| s.to_string()).collect();
-            s.push_str(&format!(", strided<[{}]>", strides.join(", ")));
+            s.push_str(&format!(", strided<[{}]", strides.join(", ")));
+            if self.offset != 0 {
+                s.push_str(&format!(", offset: {}", self.offset));
+            }
+            s.push('>');
         }
         if let Some(space) = space {
             s.push_str(&format!(", {space}"));
@@ -72,14 +92,18 @@ impl Layout {
         self.mlir_in(None)
     }
 
-    /// The text form, `buffer<f32[4, 8], strides = [1, 4]>`, with `extra`
-    /// (a memory space) before the closing `>` when given.
+    /// The text form, `buffer<f32[4, 8], strides = [1, 4]>` (and `, offset
+    /// = N` when it has one), with `extra` (a memory space) before the
+    /// closing `>` when given.
     pub fn text_with(&self, f: &mut fmt::Formatter<'_>, extra: Option<&str>) -> fmt::Result {
         let dims: Vec<String> = self.shape.iter().map(|d| d.to_string()).collect();
         write!(f, "buffer<{}[{}]", self.dtype, dims.join(", "))?;
-        if !self.is_contiguous() {
+        if !self.has_row_major_strides() {
             let strides: Vec<String> = self.strides.iter().map(|s| s.to_string()).collect();
             write!(f, ", strides = [{}]", strides.join(", "))?;
+        }
+        if self.offset != 0 {
+            write!(f, ", offset = {}", self.offset)?;
         }
         if let Some(extra) = extra {
             write!(f, ", {extra}")?;

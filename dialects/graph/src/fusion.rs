@@ -28,8 +28,9 @@ pub enum Plan {
     /// An op with a value per index whose loop nest applies the chain
     /// ending at the given node before storing (its epilogue).
     WithEpilogue(NodeIndex),
-    /// A view of its operand's buffer: a reshape, or a transpose read only
-    /// by matrix products (which read through any strides).
+    /// A view of its operand's buffer: a reshape, a transpose read only
+    /// by matrix products (which read through any strides), or a slice
+    /// that is one run of its operand's storage (a view with an offset).
     View,
 }
 
@@ -113,6 +114,14 @@ pub fn bound_nodes(f: &Function) -> HashSet<NodeIndex> {
     bound
 }
 
+/// Whether a slice along `axis` of a row-major buffer of `shape` is one run
+/// of its storage (every axis before `axis` has extent 1), which a view
+/// with an offset reads in place: W7's 32 steps each take one step of
+/// the input this way instead of copying it.
+pub fn slice_is_contiguous(shape: &[usize], axis: usize) -> bool {
+    axis < shape.len() && shape[..axis].iter().all(|&d| d == 1)
+}
+
 /// The plan of every node of `f`.
 pub fn plan(f: &Function) -> HashMap<NodeIndex, Plan> {
     // Uses count every edge and every appearance among the results.
@@ -132,6 +141,15 @@ pub fn plan(f: &Function) -> HashMap<NodeIndex, Plan> {
             Op::Transpose { .. }
                 if !is_result(n)
                     && users.iter().all(|u| matches!(op(*u), Op::MatMul))
+                    && matches!(
+                        f.operands(n).first().and_then(|v| plan.get(&v.node)),
+                        Some(Plan::Param | Plan::Stored | Plan::View)
+                    ) =>
+            {
+                Plan::View
+            }
+            Op::Slice { axis, .. }
+                if slice_is_contiguous(&f.body[f.operands(n)[0].node].results[0].shape, *axis)
                     && matches!(
                         f.operands(n).first().and_then(|v| plan.get(&v.node)),
                         Some(Plan::Param | Plan::Stored | Plan::View)

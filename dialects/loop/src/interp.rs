@@ -222,7 +222,7 @@ impl Machine<'_> {
             return Err(LoopError::UseAfterFree(op.into()));
         }
         // The layout is the value's own type: a view shares storage with
-        // another shape and strides.
+        // another shape, strides and offset.
         let Type::Buffer(layout) = self.f.ty(b) else {
             return Err(LoopError::Invalid(format!("value {} is not a buffer", b.0)));
         };
@@ -230,7 +230,7 @@ impl Machine<'_> {
             .iter()
             .map(|e| self.index(e))
             .collect::<Result<_, _>>()?;
-        let mut off = 0usize;
+        let mut off = layout.offset;
         for ((&i, &d), &s) in idx.iter().zip(&layout.shape).zip(&layout.strides) {
             if i < 0 || i as u64 >= d as u64 {
                 return Ok((id, None));

@@ -337,10 +337,13 @@ impl OpKind {
             _ => None,
         };
         match self {
-            OpKind::Alloc => rule(
-                shape(0, 1) && matches!(res[0], Some(Type::Buffer(_))),
-                "takes no operand and gives one buffer",
-            ),
+            OpKind::Alloc => match (shape(0, 1), first(res)) {
+                (true, Some(Type::Buffer(b))) if b.offset != 0 => Err(format!(
+                    "gives a buffer of its own, with no offset, not {b}"
+                )),
+                (true, Some(Type::Buffer(_))) => Ok(()),
+                _ => Err("takes no operand and gives one buffer".into()),
+            },
             OpKind::Global(v) => match (shape(0, 1), first(res)) {
                 (true, Some(Type::Buffer(b))) => {
                     if !b.is_contiguous() {
@@ -361,8 +364,8 @@ impl OpKind {
                 (true, Some(Type::Buffer(src)), Some(Type::Buffer(view))) => {
                     if src.dtype != view.dtype {
                         Err("keeps the element type".into())
-                    } else if view.storage_len() > src.storage_len() {
-                        Err(format!("{view} reaches past the storage of {src}"))
+                    } else if view.offset < src.offset || view.storage_len() > src.storage_len() {
+                        Err(format!("{view} reaches outside {src}"))
                     } else {
                         Ok(())
                     }

@@ -98,22 +98,33 @@ impl Parser {
         bracketed(self, |p| p.usize())
     }
 
-    /// `<f32[4, 8]>` or `<f32[4, 8], strides = [1, 4]>`, after `buffer`.
+    /// `<f32[4, 8]>`, `<f32[4, 8], strides = [1, 4]>`, `<f32[4], offset =
+    /// 8>` (strides before the offset), after `buffer`.
     fn buffer_rest(&mut self) -> PResult<BufferType> {
         self.expect("<")?;
         let dtype = self.dtype()?;
         let shape = self.int_list()?;
         let mut ty = BufferType::contiguous(dtype, shape);
-        if self.eat(",") {
-            if !self.eat_ident("strides") {
-                return self.expected("`strides`");
+        let mut offset = false;
+        while self.eat(",") {
+            if !offset && self.eat_ident("strides") {
+                self.expect("=")?;
+                let strides = self.int_list()?;
+                if strides.len() != ty.shape.len() {
+                    return self.error("one stride per dimension");
+                }
+                ty.strides = strides;
+            } else if !offset && self.eat_ident("offset") {
+                self.expect("=")?;
+                ty.offset = self.usize()?;
+                offset = true;
+            } else {
+                return self.expected(if offset {
+                    "`>`"
+                } else {
+                    "`strides` or `offset`"
+                });
             }
-            self.expect("=")?;
-            let strides = self.int_list()?;
-            if strides.len() != ty.shape.len() {
-                return self.error("one stride per dimension");
-            }
-            ty.strides = strides;
         }
         self.expect(">")?;
         Ok(ty)

@@ -95,8 +95,13 @@ impl<'a> Checker<'a> {
         let loc = format!("@{}", self.f.name);
         for (name, v) in &self.f.params {
             self.define(*v, &loc);
-            if !matches!(self.ty(*v), Some(Type::Buffer(_))) {
-                self.err(loc.clone(), format!("parameter %{name} is not a buffer"));
+            match self.ty(*v) {
+                Some(Type::Buffer(b)) if b.offset != 0 => self.err(
+                    loc.clone(),
+                    format!("parameter %{name} has an offset: a parameter is its own storage"),
+                ),
+                Some(Type::Buffer(_)) => {}
+                _ => self.err(loc.clone(), format!("parameter %{name} is not a buffer")),
             }
         }
         let inputs = self.f.params.len().saturating_sub(self.f.outputs);

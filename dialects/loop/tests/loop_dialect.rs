@@ -145,6 +145,7 @@ fn interpreter_matches_plain_loops() {
             dtype: DType::F32,
             shape: vec![8, 4],
             strides: vec![1, 8],
+            offset: 0,
         })
         .unwrap(),
         Buffer::zeros(BufferType::contiguous(DType::I32, vec![4, 8])).unwrap(),
@@ -343,10 +344,54 @@ fn builder_and_views() {
     assert_eq!(args[1].data, vec![0.0, 2.0, 4.0, 6.0, 8.0, 10.0]);
     let too_big = "loop.func @f(%a: buffer<f32[4]>) {\n  %v = loop.view %a : buffer<f32[5]>\n  loop.return\n}\n";
     let errors = parse_module(too_big).unwrap().verify().unwrap_err();
-    assert!(
-        errors[0].message.contains("reaches past the storage"),
-        "{errors:?}"
+    assert!(errors[0].message.contains("reaches outside"), "{errors:?}");
+}
+
+/// A view with an offset reads its part of the storage, round-trips as
+/// text, and may not start before its source or reach past it; parameters
+/// and allocations have no offset.
+#[test]
+fn views_with_offsets() {
+    let text = "loop.func @f(%x: buffer<f32[3, 4]>, out %y: buffer<f32[2, 4]>) {
+  %0 = loop.view %x : buffer<f32[2, 4], offset = 4>
+  %1 = loop.view %0 : buffer<f32[4], strides = [2], offset = 5>
+  loop.parallel {lo = 0, hi = 4} (%2) {
+    %3 = loop.load %0[1, %2] : f32
+    %4 = loop.load %1[%2] : f32
+    %5 = loop.add %3, %4 : f32
+    loop.store %5, %y[0, %2]
+    loop.store %4, %y[1, %2]
+  }
+  loop.return
+}
+";
+    let m = parse_module(text).unwrap();
+    m.verify().unwrap();
+    assert_eq!(print_module(&m), text);
+    let mut args = vec![
+        filled(f32buf(&[3, 4]), |i| i as f64),
+        Buffer::zeros(f32buf(&[2, 4])).unwrap(),
+    ];
+    run_function(&m, "f", &mut args).unwrap();
+    // x[2, j] + x.flat[5 + 2 j]; then x.flat[5 + 2 j].
+    assert_eq!(
+        args[1].data,
+        vec![13.0, 16.0, 19.0, 22.0, 5.0, 7.0, 9.0, 11.0]
     );
+    for bad in [
+        "loop.func @f(%x: buffer<f32[8], offset = 8>) {\n  loop.return\n}\n",
+        "loop.func @f(%x: buffer<f32[8]>) {\n  %0 = loop.alloc : buffer<f32[4], offset = 4>\n  loop.return\n}\n",
+        "loop.func @f(%x: buffer<f32[8]>) {\n  %0 = loop.view %x : buffer<f32[4], offset = 5>\n  loop.return\n}\n",
+        "loop.func @f(%x: buffer<f32[8]>) {\n  %0 = loop.view %x : buffer<f32[4], offset = 4>\n  %1 = loop.view %0 : buffer<f32[2], offset = 2>\n  loop.return\n}\n",
+    ] {
+        let errors = parse_module(bad).unwrap().verify().unwrap_err();
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.message.contains("offset") || e.message.contains("reaches outside")),
+            "{bad}: {errors:?}"
+        );
+    }
 }
 
 #[test]

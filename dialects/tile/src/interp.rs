@@ -356,7 +356,7 @@ impl Machine<'_> {
     }
 
     fn offset(layout: &BufferType, idx: &[i64]) -> Option<usize> {
-        let mut off = 0usize;
+        let mut off = layout.offset;
         for ((&i, &d), &s) in idx.iter().zip(&layout.shape).zip(&layout.strides) {
             if i < 0 || i as u64 >= d as u64 {
                 return None;

@@ -491,7 +491,12 @@ impl OpKind {
         let r = results.first().copied();
         match self {
             OpKind::Alloc => {
-                buffer(r.ok_or("no result")?)?;
+                let b = buffer(r.ok_or("no result")?)?;
+                if b.offset != 0 {
+                    return Err(format!(
+                        "gives a buffer of its own, with no offset, not {b}"
+                    ));
+                }
             }
             OpKind::Global(v) => {
                 let b = buffer(r.ok_or("no result")?)?;
@@ -512,10 +517,11 @@ impl OpKind {
                         "views {src} as {dst}: element type and space must stay"
                     ));
                 }
-                if dst.storage_len() > src.storage_len() || dst.shape.len() != dst.strides.len() {
-                    return Err(format!(
-                        "views {src} as {dst}, which reaches past its storage"
-                    ));
+                if dst.offset < src.offset
+                    || dst.storage_len() > src.storage_len()
+                    || dst.shape.len() != dst.strides.len()
+                {
+                    return Err(format!("views {src} as {dst}, which reaches outside it"));
                 }
             }
             OpKind::Kernel { grid, .. } => {

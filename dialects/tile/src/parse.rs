@@ -135,7 +135,8 @@ impl Parser {
         Ok(TileType::new(dtype, shape))
     }
 
-    /// `<f32[4, 8]>`, `<f32[4, 8], strides = [1, 4]>`, `<f32[4], shared>`.
+    /// `<f32[4, 8]>`, `<f32[4, 8], strides = [1, 4]>`, `<f32[4], offset =
+    /// 8>`, `<f32[4], shared>`.
     fn buffer_rest(&mut self) -> PResult<BufferType> {
         self.expect("<")?;
         let dtype = self.dtype()?;
@@ -149,10 +150,17 @@ impl Parser {
                     return self.error("one stride per dimension");
                 }
                 ty.strides = strides;
+            } else if self.eat_ident("offset") {
+                self.expect("=")?;
+                ty.offset = match usize::try_from(self.int()?) {
+                    Ok(o) => o,
+                    Err(_) => return self.error("an offset must not be negative"),
+                };
             } else if let Some(space) = Space::ALL.into_iter().find(|s| self.eat_ident(s.name())) {
                 ty.space = space;
             } else {
-                return self.expected("`strides` or a memory space (`scratch`, `shared`)");
+                return self
+                    .expected("`strides`, `offset` or a memory space (`scratch`, `shared`)");
             }
         }
         self.expect(">")?;

@@ -15,7 +15,8 @@ use std::fmt::Write;
 
 use dlc_core::Namer;
 
-use crate::ir::{Affine, Block, Function, Module, OpId, Value};
+use crate::ir::{Affine, Block, Function, Module, OpId, Type, Value};
+use crate::ops::OpKind;
 use crate::ops::Operands;
 
 /// `%a + 2*%b - #1 + 3`; in MLIR's syntax (`var` naming symbols and
@@ -128,6 +129,40 @@ pub fn fingerprint(f: &Function, id: OpId) -> (String, Vec<Value>) {
         }
     }
     places(f, &[id], &mut out);
+    (out, inputs)
+}
+
+/// [`fingerprint`] for a code generator that hands a kernel each input
+/// buffer as a pointer to its element `[0, 0, ..]` (its offset applied):
+/// where no view inside op `id` moves from its source (every such view
+/// keeps its source's offset), the code depends on no offset, so the
+/// offsets are left out and kernels that differ only in where their
+/// buffers start share one key (W7's 32 steps, each reading its slice of
+/// the input).
+pub fn relocatable_fingerprint(f: &Function, id: OpId) -> (String, Vec<Value>) {
+    fn moves(f: &Function, ops: &[OpId]) -> bool {
+        ops.iter().any(|&id| {
+            let op = f.op(id);
+            let offset = |v: Value| match f.ty(v) {
+                Type::Buffer(t) => t.offset,
+                _ => 0,
+            };
+            (matches!(op.kind, OpKind::View) && offset(op.operands[0]) != offset(op.results[0]))
+                || op.regions.iter().any(|r| moves(f, &r.ops))
+        })
+    }
+    let (text, inputs) = fingerprint(f, id);
+    if moves(f, &[id]) {
+        return (text, inputs);
+    }
+    // Buffer types are the only text with `, offset = N`.
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text.as_str();
+    while let Some(at) = rest.find(", offset = ") {
+        out.push_str(&rest[..at]);
+        rest = rest[at + ", offset = ".len()..].trim_start_matches(|c: char| c.is_ascii_digit());
+    }
+    out.push_str(rest);
     (out, inputs)
 }
 

@@ -217,6 +217,10 @@ impl<'a> Checker<'a> {
         for (name, v) in &self.f.params {
             self.define(*v, &loc);
             match self.f.values.get(v.0 as usize) {
+                Some(Type::Buffer(b)) if b.space == Space::Global && b.offset != 0 => self.err(
+                    loc.clone(),
+                    format!("parameter %{name} has an offset: a parameter is its own storage"),
+                ),
                 Some(Type::Buffer(b)) if b.space == Space::Global => {}
                 _ => self.err(
                     loc.clone(),

@@ -346,6 +346,120 @@ tile.func @f(%x: buffer<f32[4, 8]>, %y: buffer<f32[8, 4], strides = [1, 8]>, out
     assert_ne!(prints[0].0, prints[3].0, "another buffer type");
 }
 
+/// A view with an offset reads its part of the storage (the interpreter
+/// adds the offset to every access), and kernels that differ only in the
+/// offsets of their input buffers share a relocatable fingerprint (code
+/// generation passes each input as a pointer to its first element) but
+/// not an exact one; a kernel whose own views move from their source keeps
+/// its offsets in the key, as do views that start before their source or
+/// reach past it, which the verifier refuses.
+#[test]
+fn views_with_offsets() {
+    let kernel = |src: &str, dst: &str, op: &str| {
+        format!(
+            "  tile.kernel {{grid = [2], schedule = \"rows\", vector = [4]}} {{
+    %p = tile.program_id {{axis = 0}} : index
+    %t = tile.load {src}[%p, #0] : tile<4xf32>
+    %u = tile.{op} %t : tile<4xf32>
+    tile.store %u, {dst}[%p, #0]
+  }}
+"
+        )
+    };
+    let text = format!(
+        "tile.func @f(%x: buffer<f32[3, 2, 4]>, out %o: buffer<f32[3, 2, 4]>) {{
+  %a = tile.view %x : buffer<f32[2, 4]>
+  %b = tile.view %x : buffer<f32[2, 4], offset = 8>
+  %c = tile.view %x : buffer<f32[2, 4], offset = 16>
+  %oa = tile.view %o : buffer<f32[2, 4]>
+  %ob = tile.view %o : buffer<f32[2, 4], offset = 8>
+  %oc = tile.view %o : buffer<f32[2, 4], offset = 16>
+{}{}{}  tile.kernel {{grid = [1], schedule = \"rows\", vector = [4]}} {{
+    %v = tile.view %x : buffer<f32[4], offset = 4>
+    %t = tile.load %v[#0] : tile<4xf32>
+    tile.store %t, %oa[0, #0]
+  }}
+  tile.kernel {{grid = [1], schedule = \"rows\", vector = [4]}} {{
+    %v = tile.view %b : buffer<f32[4], offset = 12>
+    %t = tile.load %v[#0] : tile<4xf32>
+    tile.store %t, %oa[0, #0]
+  }}
+  tile.return
+}}",
+        kernel("%a", "%oa", "exp"),
+        kernel("%b", "%ob", "exp"),
+        kernel("%c", "%oc", "neg"),
+    );
+    let m = module(&text);
+    assert!(print_module(&m).contains("buffer<f32[2, 4], offset = 16>"));
+    let mut args = vec![
+        buffer(
+            DType::F32,
+            &[3, 2, 4],
+            (0..24).map(|i| i as f64 / 8.0).collect(),
+        ),
+        buffer(DType::F32, &[3, 2, 4], vec![0.0; 24]),
+    ];
+    run(&m, &mut args).unwrap();
+    let want: Vec<f64> = (0..24)
+        .map(|i| {
+            let x = i as f64 / 8.0;
+            match i {
+                // The last two kernels copy x[0, 1, ..] and x[1, 1, ..].
+                0..4 => ((i + 12) as f64) / 8.0,
+                4..8 => x.exp(),
+                8..16 => x.exp(),
+                _ => -x,
+            }
+        })
+        .collect();
+    for (g, w) in args[1].data.iter().zip(&want) {
+        assert!(
+            (g - w).abs() <= 1e-6 * w.abs().max(1.0),
+            "{:?}",
+            args[1].data
+        );
+    }
+    let f = &m.functions[0];
+    let kernels: Vec<_> = f
+        .body
+        .ops
+        .iter()
+        .copied()
+        .filter(|&id| f.op(id).kind.name() == "tile.kernel")
+        .collect();
+    let exact: Vec<_> = kernels
+        .iter()
+        .map(|&k| dlc_tile::print::fingerprint(f, k).0)
+        .collect();
+    let relocatable: Vec<_> = kernels
+        .iter()
+        .map(|&k| dlc_tile::print::relocatable_fingerprint(f, k).0)
+        .collect();
+    assert_ne!(exact[0], exact[1], "the offsets differ");
+    assert_eq!(relocatable[0], relocatable[1], "only the offsets differ");
+    assert_ne!(relocatable[1], relocatable[2], "neg is not exp");
+    // Views inside the kernels move 4 elements from %x and from %b: the
+    // code depends on their offsets, which stay in the key.
+    assert!(relocatable[3].contains("offset = 4"), "{}", relocatable[3]);
+    assert_ne!(relocatable[3], relocatable[4]);
+    for bad in [
+        "tile.func @f(%x: buffer<f32[8], offset = 8>) {\n  tile.return\n}",
+        "tile.func @f(%x: buffer<f32[8]>) {\n  %a = tile.alloc : buffer<f32[4], offset = 4>\n  tile.return\n}",
+        "tile.func @f(%x: buffer<f32[8]>) {\n  %a = tile.view %x : buffer<f32[4], offset = 5>\n  tile.return\n}",
+        "tile.func @f(%x: buffer<f32[8]>) {\n  %a = tile.view %x : buffer<f32[4], offset = 4>\n  %b = tile.view %a : buffer<f32[4], offset = 2>\n  tile.return\n}",
+    ] {
+        let m = parse_module(bad).unwrap_or_else(|e| panic!("{e}\n{bad}"));
+        let errors = m.verify().unwrap_err();
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.message.contains("offset") || e.message.contains("reaches outside")),
+            "{bad}: {errors:?}"
+        );
+    }
+}
+
 /// The source places of ops that cannot fail do not keep kernels apart (a
 /// model's many identical products share code); those of ops that can (an
 /// integer division by zero names its place) do.

@@ -1304,10 +1304,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                     let p = self.constant_data(op.results[0], values)?;
                     self.vals.insert(op.results[0], p.into());
                 }
-                OpKind::View => {
-                    let p = self.get(op.operands[0])?;
-                    self.vals.insert(op.results[0], p);
-                }
+                OpKind::View => self.view(op)?,
                 OpKind::Kernel { grid, .. } => self.kernel(id, grid)?,
                 OpKind::Return => {
                     self.hand_back_workspace()?;
@@ -1322,6 +1319,40 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// `tile.view`: the view's pointer is its source's, moved by the
+    /// difference of their offsets (a slice along an outer axis); accesses
+    /// through either add only index times stride to their pointer.
+    pub(super) fn view(&mut self, op: &OpData) -> R<()> {
+        let (src, view) = (op.operands[0], op.results[0]);
+        let p = self.get(src)?;
+        let (Type::Buffer(s), Type::Buffer(v)) = (self.f.ty(src), self.f.ty(view)) else {
+            return Err(CodegenError::Invalid("a view of a non-buffer".into()));
+        };
+        let p = match v.offset.checked_sub(s.offset) {
+            Some(0) => p,
+            Some(d) => {
+                // SAFETY (LLVM IR semantics): the verifier keeps a view
+                // inside its source's storage.
+                let q = unsafe {
+                    self.b.build_in_bounds_gep(
+                        storage_type(self.ctx, v.dtype),
+                        p.into_pointer_value(),
+                        &[self.i64c(d as u64)],
+                        "view",
+                    )?
+                };
+                q.into()
+            }
+            None => {
+                return Err(CodegenError::Invalid(format!(
+                    "a view {v} of {s} starts before it"
+                )));
+            }
+        };
+        self.vals.insert(view, p);
         Ok(())
     }
 
@@ -1361,7 +1392,9 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         let (allocs, bytes) = kernel_scratch(f, body)?;
         let mut pids = Vec::new();
         collect(f, &body.ops, &mut Vec::new(), &mut pids);
-        let (key, inputs) = dlc_tile::print::fingerprint(f, id);
+        // Inputs are passed as pointers with their offsets applied (see
+        // `view`), so kernels that differ only in those share one function.
+        let (key, inputs) = dlc_tile::print::relocatable_fingerprint(f, id);
         let threads = total >= self.min_threads;
         let region = match (bytes, self.scratch) {
             (0, _) => None,
@@ -1433,10 +1466,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                 OpKind::Alloc | OpKind::ProgramId { .. } => {}
                 OpKind::Barrier if self.gpu.is_some() => self.barrier()?,
                 OpKind::Barrier => {}
-                OpKind::View => {
-                    let p = self.get(op.operands[0])?;
-                    self.vals.insert(op.results[0], p);
-                }
+                OpKind::View => self.view(op)?,
                 OpKind::Const(c) if self.gpu.is_some() => {
                     let r = op.results[0];
                     let s = self.constant(*c, self.tdtype(r)?);
