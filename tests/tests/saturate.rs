@@ -116,3 +116,119 @@ fn saturation_changes_no_example_result() {
         }
     }
 }
+
+/// A helper called many times is saturated once, before inlining: its
+/// inlined copies are settled, so the caller's saturation does not explore
+/// them again (a GRU's steps: the e-graph of the inlined caller stays as
+/// large as the caller, where unsettled copies regrow every step's
+/// rewrites).
+#[test]
+fn helpers_are_saturated_once_before_inlining() {
+    let src = "
+fn step[B](x: f32[B, 16], h: f32[B, 16], w: f32[16, 16], u: f32[16, 16], b: f32[16]) -> f32[B, 16] {
+    return tanh(x @ w + h @ u + b) * (h + b) + (x + h) * (x - b);
+}
+fn f(x: f32[4, 8, 16], weight w: f32[16, 16], weight u: f32[16, 16], weight b: f32[16]) -> f32[8, 16] {
+    let h1 = step(reshape(slice(x, axis=0, start=0, end=1), [8, 16]), zeros([8, 16]), w, u, b);
+    let h2 = step(reshape(slice(x, axis=0, start=1, end=2), [8, 16]), h1, w, u, b);
+    let h3 = step(reshape(slice(x, axis=0, start=2, end=3), [8, 16]), h2, w, u, b);
+    return step(reshape(slice(x, axis=0, start=3, end=4), [8, 16]), h3, w, u, b);
+}";
+    let m = compiled(
+        "t.dl",
+        src,
+        "graph.canonicalize,graph.saturate,graph.inline,graph.canonicalize",
+    );
+    let f = m.function("f").unwrap();
+    assert!(f.body.node_weights().any(|n| n.settled));
+    let model = CostModel::calibrated();
+    let options = dlc_graph::transforms::saturate::SaturateOptions::default();
+    let settled =
+        dlc_graph::transforms::saturate::saturate_function(&mut f.clone(), &options, model)
+            .unwrap();
+    let mut fresh = f.clone();
+    for n in fresh.body.node_weights_mut() {
+        n.settled = false;
+    }
+    let unsettled =
+        dlc_graph::transforms::saturate::saturate_function(&mut fresh, &options, model).unwrap();
+    assert!(
+        settled.nodes * 2 < unsettled.nodes,
+        "settled copies grew the e-graph to {} nodes, unsettled ones to {}",
+        settled.nodes,
+        unsettled.nodes
+    );
+    // The whole pipeline gives the same results as without saturation.
+    let plain = compiled("t.dl", src, EXACT_PIPELINE);
+    let saturated = compiled("t.dl", src, DEFAULT_PIPELINE);
+    let f = plain.function("f").unwrap();
+    let inputs = prepare_inputs(f, &[], Some(3)).unwrap();
+    assert_close(
+        "steps",
+        &interpret(&plain, f, &inputs).unwrap(),
+        &interpret(&saturated, saturated.function("f").unwrap(), &inputs).unwrap(),
+    );
+}
+
+/// A helper saturated before inlining takes as weights the parameters every
+/// call site passes declared weights for, so it folds its batchnorm into
+/// them as the inlined caller would (once, for two calls with the same
+/// weights); a helper whose call sites differ is saturated again where it
+/// is inlined, so the call with weights still folds and the other keeps its
+/// batchnorm.
+#[test]
+fn helpers_take_their_weights_from_their_call_sites() {
+    let block = "
+fn block[N](x: f32[N, 32, 8, 16], w: f32[32, 32, 3, 3], m: f32[32], v: f32[32], g: f32[32], b: f32[32]) -> f32[N, 32, 8, 16] {
+    return relu(batchnorm(conv2d(x, w, padding=1), m, v, g, b, eps=1e-5));
+}";
+    let count = |m: &dlc_graph::Module, what: &str| {
+        dlc_graph::print_module(m)
+            .lines()
+            .filter(|l| l.contains(what))
+            .count()
+    };
+    let agreeing = format!(
+        "{block}
+fn f(x: f32[2, 32, 8, 16], weight w: f32[32, 32, 3, 3], weight m: f32[32], weight v: f32[32], weight g: f32[32], weight b: f32[32]) -> f32[2, 32, 8, 16] {{
+    return block(block(x, w, m, v, g, b), w, m, v, g, b);
+}}"
+    );
+    let m = compiled("t.dl", &agreeing, DEFAULT_PIPELINE);
+    assert_eq!(
+        count(&m, "graph.batchnorm"),
+        0,
+        "{}",
+        dlc_graph::print_module(&m)
+    );
+    assert_eq!(
+        count(&m, "graph.mul %w"),
+        1,
+        "{}",
+        dlc_graph::print_module(&m)
+    );
+    let differing = format!(
+        "{block}
+fn f(x: f32[2, 32, 8, 16], weight w: f32[32, 32, 3, 3], weight m: f32[32], weight v: f32[32], weight g: f32[32], weight b: f32[32], s: f32[32]) -> f32[2, 32, 8, 16] {{
+    return block(block(x, w, m, v, g, b), w, m, v, g * s, b);
+}}"
+    );
+    let m = compiled("t.dl", &differing, DEFAULT_PIPELINE);
+    assert_eq!(
+        count(&m, "graph.batchnorm"),
+        1,
+        "{}",
+        dlc_graph::print_module(&m)
+    );
+    for src in [agreeing, differing] {
+        let plain = compiled("t.dl", &src, EXACT_PIPELINE);
+        let saturated = compiled("t.dl", &src, DEFAULT_PIPELINE);
+        let f = plain.function("f").unwrap();
+        let inputs = prepare_inputs(f, &[], Some(4)).unwrap();
+        assert_close(
+            "block",
+            &interpret(&plain, f, &inputs).unwrap(),
+            &interpret(&saturated, saturated.function("f").unwrap(), &inputs).unwrap(),
+        );
+    }
+}

@@ -49,6 +49,11 @@ pub struct Node {
     /// Where the op comes from in the source, when it was compiled from
     /// source: run-time errors name it. Not part of the text form.
     pub loc: Option<dlc_core::SourceLoc>,
+    /// Whether `graph.saturate` has already rewritten the op in the
+    /// function it was in (a callee saturated before it was inlined):
+    /// single-pattern rules rooted at it are not tried again. Not part of
+    /// the text form.
+    pub settled: bool,
 }
 
 /// Whether a function is an entry point.
@@ -99,6 +104,7 @@ impl Function {
             op: Op::Param { index },
             results: vec![ty],
             loc: None,
+            settled: false,
         });
         self.params.push((name.into(), node));
         Value::of(node)
@@ -115,6 +121,7 @@ impl Function {
             op,
             results,
             loc: None,
+            settled: false,
         });
         for (i, v) in operands.iter().enumerate() {
             self.body.add_edge(

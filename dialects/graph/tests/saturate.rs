@@ -309,7 +309,7 @@ fn egraph_of(term: &str, specs: &[Spec]) -> (TEGraph, Id) {
     };
     let mut eg = TEGraph::new(TensorAnalysis {
         tables,
-        conflicts: 0,
+        ..TensorAnalysis::default()
     });
     let expr: RecExpr<TLang> = term.parse().unwrap();
     let root = eg.add_expr(&expr);

@@ -42,6 +42,7 @@ fn inline_call(f: &mut Function, call: NodeIndex, callee: &Function) {
             .collect();
         let new = f.add_node(n.op.clone(), &operands, n.results.clone());
         f.body[new].loc = n.loc.clone();
+        f.body[new].settled = n.settled;
         map.insert(node, new);
     }
     for (r, v) in callee.results.iter().enumerate() {

@@ -13,9 +13,12 @@ use dlc_core::PassRegistry;
 
 use crate::Module;
 
-/// The pipeline `dlc compile` and `dlc run` apply by default.
-pub const DEFAULT_PIPELINE: &str =
-    "graph.inline,graph.canonicalize,graph.saturate,graph.canonicalize,graph.dce";
+/// The pipeline `dlc compile` and `dlc run` apply by default. Saturation
+/// runs first on the functions without calls, so that a helper called many
+/// times (W7's 32 steps) is saturated once; after inlining it runs again on
+/// what is new (the callers' own ops, and merges across the inlined
+/// bodies), leaving the settled bodies to the multi-pattern rules.
+pub const DEFAULT_PIPELINE: &str = "graph.canonicalize,graph.saturate,graph.inline,graph.canonicalize,graph.saturate,graph.canonicalize,graph.dce";
 
 /// Every graph pass, by name.
 pub fn registry() -> PassRegistry<Module> {

@@ -218,9 +218,65 @@ pub fn ilp(
         }
         cands.extend(kept);
     }
-    if cands.len() > ILP_MAX_NODES {
+    // Presolve: a class the roots reach through classes of one candidate
+    // each is used in every solution, and if it has one candidate itself,
+    // that node is chosen: neither needs a variable (W7's inlined steps,
+    // where a few classes have a choice among hundreds: a program over all
+    // of them took microlp 35-60 ms to solve).
+    let mut by_class: HashMap<Id, Vec<usize>> = HashMap::new();
+    for (i, k) in cands.iter().enumerate() {
+        by_class.entry(k.class).or_default().push(i);
+    }
+    let mut forced: BTreeSet<Id> = roots.iter().map(|&r| eg.find(r)).collect();
+    let mut queue: Vec<Id> = forced.iter().copied().collect();
+    while let Some(c) = queue.pop() {
+        if let Some([only]) = by_class.get(&c).map(Vec::as_slice) {
+            for &kid in &cands[*only].kids {
+                if forced.insert(kid) {
+                    queue.push(kid);
+                }
+            }
+        }
+    }
+    let single = |c: Id| by_class.get(&c).is_some_and(|v| v.len() == 1);
+    let fixed: Vec<usize> = (0..cands.len())
+        .filter(|&i| forced.contains(&cands[i].class) && single(cands[i].class))
+        .collect();
+    let free: Vec<usize> = (0..cands.len())
+        .filter(|&i| !(forced.contains(&cands[i].class) && single(cands[i].class)))
+        .collect();
+    // Classes with a "used" variable: those not used in every solution.
+    let classes: Vec<Id> = classes
+        .into_iter()
+        .filter(|c| !forced.contains(c))
+        .collect();
+    if free.len() > ILP_MAX_NODES {
         return (start.clone(), IlpOutcome::TooLarge);
     }
+    let mut base = Choice::new();
+    for &i in &fixed {
+        base.insert(cands[i].class, cands[i].node.clone());
+    }
+    for (c, leaf) in &leaves {
+        base.entry(*c).or_insert_with(|| leaf.clone());
+    }
+    if free.is_empty() {
+        // Nothing to choose.
+        return match walk(eg, &base, roots) {
+            Ok(_) => (base, IlpOutcome::Optimal),
+            Err(_) => (start.clone(), IlpOutcome::Failed),
+        };
+    }
+    let cands: Vec<Candidate> = {
+        let mut all: Vec<Option<Candidate>> = cands.into_iter().map(Some).collect();
+        free.iter().filter_map(|&i| all[i].take()).collect()
+    };
+    // Forced classes that still choose among their candidates.
+    let chosen_once: BTreeSet<Id> = cands
+        .iter()
+        .map(|k| k.class)
+        .filter(|c| forced.contains(c))
+        .collect();
     let start_used: BTreeSet<Id> = used_classes(eg, start, roots)
         .unwrap_or_default()
         .into_iter()
@@ -257,18 +313,18 @@ pub fn ilp(
         let mut per_class: HashMap<Id, Expression> = HashMap::new();
         for (k, v) in cands.iter().zip(&x) {
             *per_class.entry(k.class).or_default() += *v;
-            for kid in &k.kids {
-                problem.add_constraint(constraint!(*v <= r[kid]));
+            // A forced child is used whatever is chosen.
+            for kid in k.kids.iter().filter_map(|kid| r.get(kid)) {
+                problem.add_constraint(constraint!(*v <= *kid));
             }
         }
         for &c in &classes {
             let sum = per_class.remove(&c).unwrap_or_default();
             problem.add_constraint(constraint!(sum == r[&c]));
         }
-        for root in roots.iter().map(|&r| eg.find(r)).collect::<BTreeSet<_>>() {
-            if let Some(v) = r.get(&root) {
-                problem.add_constraint(constraint!(*v == 1.0));
-            }
+        for c in &chosen_once {
+            let sum = per_class.remove(c).unwrap_or_default();
+            problem.add_constraint(constraint!(sum == 1.0));
         }
         for cut in &cuts {
             let sum: Expression = cut.iter().map(|&i| x[i]).sum();
@@ -284,16 +340,13 @@ pub fn ilp(
             return (start.clone(), outcome);
         };
         let optimal = matches!(solution.status(), good_lp::SolutionStatus::Optimal);
-        let mut choice = Choice::new();
+        let mut choice = base.clone();
         let mut picked: HashMap<Id, usize> = HashMap::new();
         for (i, (k, v)) in cands.iter().zip(&x).enumerate() {
             if solution.value(*v) > 0.5 {
                 choice.insert(k.class, k.node.clone());
                 picked.insert(k.class, i);
             }
-        }
-        for (c, leaf) in &leaves {
-            choice.entry(*c).or_insert_with(|| leaf.clone());
         }
         match walk(eg, &choice, roots) {
             Ok(_) => {
@@ -306,12 +359,16 @@ pub fn ilp(
             }
             Err(Broken::Missing) => return (start.clone(), IlpOutcome::Failed),
             Err(Broken::Cycle(cycle)) => {
-                let cut: Option<Vec<usize>> =
-                    cycle.iter().map(|c| picked.get(c).copied()).collect();
-                match cut {
-                    Some(cut) => cuts.push(cut),
-                    None => return (start.clone(), IlpOutcome::Failed),
+                // Not all of the cycle's chosen nodes again; the fixed
+                // ones are chosen in every solution.
+                let cut: Vec<usize> = cycle
+                    .iter()
+                    .filter_map(|c| picked.get(c).copied())
+                    .collect();
+                if cut.is_empty() {
+                    return (start.clone(), IlpOutcome::Failed);
                 }
+                cuts.push(cut);
             }
         }
     }

@@ -154,6 +154,9 @@ pub struct TensorAnalysis {
     pub tables: Tables,
     /// Merges of classes whose types differed.
     pub conflicts: usize,
+    /// The classes of settled graph nodes (`Node::settled`), as encoded:
+    /// single-pattern rules do not rewrite them again.
+    pub settled: std::collections::HashSet<Id>,
 }
 
 /// The e-graph.
@@ -411,6 +414,7 @@ pub fn encode(f: &Function) -> Result<Encoded, Unsupported> {
             ..Tables::default()
         },
         conflicts: 0,
+        settled: Default::default(),
     });
     let mut class: HashMap<NodeIndex, Id> = HashMap::new();
     let mut origin = HashMap::new();
@@ -429,6 +433,18 @@ pub fn encode(f: &Function) -> Result<Encoded, Unsupported> {
         origin.entry(id).or_insert(n);
     }
     egraph.rebuild();
+    // A class is settled only if every graph node in it is (a settled and
+    // an unsettled node of one form share a class).
+    let mut unsettled = std::collections::HashSet::new();
+    for (&n, &id) in &class {
+        let c = egraph.find(id);
+        if f.body[n].settled {
+            egraph.analysis.settled.insert(c);
+        } else {
+            unsettled.insert(c);
+        }
+    }
+    egraph.analysis.settled.retain(|c| !unsettled.contains(c));
     let roots = f
         .results
         .iter()

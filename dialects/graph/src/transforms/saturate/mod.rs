@@ -173,8 +173,12 @@ pub fn saturate_function(
     }
     let mut changed = false;
     let mut cost_after = cost_before;
+    // Cheaper, or as cheap with fewer ops: the e-graph shares what the
+    // function repeats (two inlined copies of a helper fold the same
+    // weights, which costs a call nothing but is prepared twice).
     if let Some((cost, new)) = best
-        && cost < cost_before * (1.0 - 1e-9)
+        && (cost < cost_before * (1.0 - 1e-9)
+            || (cost <= cost_before * (1.0 + 1e-9) && new.body.node_count() < f.body.node_count()))
     {
         *f = new;
         changed = true;
@@ -314,6 +318,69 @@ pub fn rebuild(
     Some(f)
 }
 
+/// The functions whose saturated nodes may be settled (`Node::settled`)
+/// once inlined: those nobody calls, and those whose every call site passes
+/// declared weights (or work on them alone) for the same parameters, which
+/// a helper then declares as its own weights, so that it is saturated in the
+/// context it is inlined into (W3's `block` folds its batchnorms into the
+/// weights its callers declare). A helper whose call sites differ, or an
+/// entry point called with other weights than its own, is saturated again
+/// wherever it is inlined.
+fn weights_from_call_sites(module: &mut Module) -> std::collections::HashSet<String> {
+    let mut settleable: std::collections::HashSet<String> =
+        module.functions.iter().map(|f| f.name.clone()).collect();
+    // Helpers take their weights from their callers: repeat until nothing
+    // changes (a helper's weights make its own calls' arguments weights).
+    for _ in 0..=module.functions.len() {
+        let mut sites: HashMap<String, Vec<BTreeSet<usize>>> = HashMap::new();
+        for f in &module.functions {
+            let bound = crate::fusion::bound_nodes(f);
+            for n in f.body.node_indices() {
+                let Op::Call { callee } = &f.body[n].op else {
+                    continue;
+                };
+                let weights = f
+                    .operands(n)
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, v)| {
+                        bound.contains(&v.node)
+                            || matches!(f.body[v.node].op, Op::Param { index } if f.is_weight(index as usize))
+                    })
+                    .map(|(i, _)| i)
+                    .collect();
+                sites.entry(callee.clone()).or_default().push(weights);
+            }
+        }
+        let mut changed = false;
+        for g in &mut module.functions {
+            let Some(calls) = sites.get(&g.name) else {
+                continue;
+            };
+            let agreed = calls.iter().all(|w| *w == calls[0]);
+            match g.visibility {
+                crate::module::Visibility::Private if agreed => {
+                    if g.weights != calls[0] {
+                        g.weights = calls[0].clone();
+                        changed = true;
+                    }
+                    settleable.insert(g.name.clone());
+                }
+                crate::module::Visibility::Public if agreed && g.weights == calls[0] => {
+                    settleable.insert(g.name.clone());
+                }
+                _ => {
+                    settleable.remove(&g.name);
+                }
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    settleable
+}
+
 /// The pass.
 pub struct Saturate {
     /// Limits and choices.
@@ -333,11 +400,17 @@ impl Pass<Module> for Saturate {
             Some((_, m)) => *m += n,
             None => stats.push((what, n)),
         };
+        let settleable = weights_from_call_sites(module);
         for f in &mut module.functions {
             let Some(r) = saturate_function(f, &self.options, model) else {
                 add("functions skipped (calls or multi-result ops)", 1);
                 continue;
             };
+            if settleable.contains(&f.name) {
+                for n in f.body.node_weights_mut() {
+                    n.settled = true;
+                }
+            }
             add("functions saturated", 1);
             add("functions changed", u64::from(r.changed));
             add(

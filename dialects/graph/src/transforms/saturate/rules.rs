@@ -98,6 +98,12 @@ impl Applier<TLang, TensorAnalysis> for Typed {
         {
             return vec![];
         }
+        // A settled class was rewritten by these rules where it came from
+        // (its callee, saturated before inlining); merges across classes
+        // (multi-pattern rules) may still find something new.
+        if !matches!(self.rhs, Rhs::Multi(_)) && eg.analysis.settled.contains(&eg.find(eclass)) {
+            return vec![];
+        }
         match &self.rhs {
             Rhs::Pattern(ast) => instantiate(eg, ast, subst, eclass).into_iter().collect(),
             Rhs::Computed(f) => match f(eg, subst) {
