@@ -31,5 +31,5 @@ mod tensor;
 
 pub use abi::{Param, Signature, Site};
 pub use call::{AlignedBuffer, Binder, Kernel, PrepareBinding, RuntimeError};
-pub use library::{SharedLibrary, load_thread_pool, set_num_threads};
+pub use library::{SharedLibrary, load_thread_pool, release_code_pages, set_num_threads};
 pub use tensor::{HostTensor, TensorError, seeded_rng};

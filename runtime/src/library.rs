@@ -120,3 +120,97 @@ pub fn set_num_threads(n: usize) -> Result<(), RuntimeError> {
     }
     Ok(())
 }
+
+/// Drops from the process's resident set the pages of this executable's
+/// code and read-only data (`madvise(MADV_DONTNEED)`): for the `dlc`
+/// command, once it has started (static initializers map tens of megabytes
+/// of LLVM and MLIR that nothing reads again) and once it is done compiling
+/// (the compiler runs no more), while what does run is mapped again from the
+/// page cache as it is used (a minor fault per page; the pages stay cached
+/// for the next process). A library embedding dlc decides for itself: the
+/// library's `jit` does not call this. Only
+/// mappings that are read-only and hold no page of their own (`Anonymous:
+/// 0 kB` in `/proc/self/smaps`: not the relocated read-only data, whose
+/// pages were written before they were protected) are dropped, so what a
+/// read of them gives cannot change. Returns the bytes dropped; best effort
+/// (a system without `/proc` drops nothing).
+pub fn release_code_pages() -> usize {
+    let (Ok(exe), Ok(smaps)) = (
+        std::fs::read_link("/proc/self/exe"),
+        std::fs::read_to_string("/proc/self/smaps"),
+    ) else {
+        return 0;
+    };
+    let exe = exe.to_string_lossy();
+    // (start, end, droppable) for every mapping: droppable if it maps the
+    // executable, is not writable and holds no anonymous page.
+    let mut ranges: Vec<(usize, usize, bool)> = Vec::new();
+    for line in smaps.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let bounds = fields.first().and_then(|r| {
+            let (a, b) = r.split_once('-')?;
+            Some((
+                usize::from_str_radix(a, 16).ok()?,
+                usize::from_str_radix(b, 16).ok()?,
+            ))
+        });
+        match (bounds, &fields[..]) {
+            // `start-end perms offset dev inode [path]`
+            (Some((a, b)), [_, perms, _, _, _, rest @ ..]) => {
+                let ours = rest.first() == Some(&exe.as_ref()) && !perms.contains('w');
+                ranges.push((a, b, ours));
+            }
+            (None, ["Anonymous:", kb, "kB"]) if *kb != "0" => {
+                if let Some(last) = ranges.last_mut() {
+                    last.2 = false;
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut dropped = 0;
+    for (start, end, clean) in ranges {
+        if !clean || end <= start {
+            continue;
+        }
+        // SAFETY: the range is a read-only mapping of this process's own
+        // executable with no page of its own: dropping its pages makes the
+        // next read map the file's (unchanged) contents again.
+        let r =
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
+        if r == 0 {
+            dropped += end - start;
+        }
+    }
+    dropped
+}
+
+#[cfg(test)]
+mod tests {
+    /// Resident pages mapped from files (`/proc/self/statm`'s third field).
+    fn file_pages() -> usize {
+        let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+        statm
+            .split_whitespace()
+            .nth(2)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0)
+    }
+
+    #[test]
+    fn code_pages_are_dropped_and_come_back() {
+        let before = file_pages();
+        let dropped = super::release_code_pages();
+        let after = file_pages();
+        assert!(dropped > 0, "no mapping of the test executable was dropped");
+        assert!(
+            after < before,
+            "resident file pages {before} -> {after} after dropping {dropped} bytes"
+        );
+        // The code runs on, read back as it is used, and the relocated
+        // read-only data (vtables, string tables) is intact.
+        let text = format!("{:?}", vec![Some(1.5f64), None]);
+        assert_eq!(text, "[Some(1.5), None]");
+        assert!(super::set_num_threads(1).is_ok());
+    }
+}
