@@ -377,6 +377,10 @@ struct Conv<'a> {
     /// parameters, and buffers written only by top-level nests that read
     /// only such buffers (see [`Conv::find_weight_derived`]).
     weight_derived: HashSet<LValue>,
+    /// While a packed product's programs are emitted: the global buffer of
+    /// strips a kernel packed its left operand into, and the program's
+    /// block of rows in it.
+    global_strips: Option<(Value, Affine)>,
 }
 
 impl<'a> Conv<'a> {
@@ -401,6 +405,7 @@ impl<'a> Conv<'a> {
             redirects: HashMap::new(),
             convs: HashMap::new(),
             weight_derived: HashSet::new(),
+            global_strips: None,
         };
         c.weight_derived = c.find_weight_derived();
         c
@@ -1376,6 +1381,13 @@ impl<'a> Conv<'a> {
         let batch = self.batch_loop(batch);
         let plan = self.pack_plan(m, batch.map_or(1, |b| b.2), true)?;
         let panels = self.panels(m, batch, &plan)?;
+        // With several column chunks per block of rows, every chunk's
+        // program would pack the same strips of the left operand: a kernel
+        // packs them once (W6's feed-forward products: 8 programs each
+        // packed all 128 rows of a 3072-deep operand).
+        let strips = (plan.chunks > 2 && batch.is_none() && !self.convs.contains_key(&m))
+            .then(|| self.strips_kernel(m, &plan))
+            .transpose()?;
         let mut grid: Vec<usize> = batch.iter().map(|b| b.2).collect();
         grid.extend([plan.blocks, plan.chunks]);
         self.b.begin_kernel(grid, plan.schedule());
@@ -1383,11 +1395,96 @@ impl<'a> Conv<'a> {
         let bat_axes = bat.len();
         let (p, chunk) = (self.b.program_id(bat_axes), self.b.program_id(bat_axes + 1));
         let i0 = Affine::value(p).scaled(plan.mc as i64);
-        self.program_product(m, &plan, panels, &bat, &i0, &Affine::value(chunk))?;
+        self.global_strips = strips.map(|buf| (buf, Affine::value(p)));
+        let result = self.program_product(m, &plan, panels, &bat, &i0, &Affine::value(chunk));
+        self.global_strips = None;
+        result?;
         self.b.end_kernel();
         if let Panels::Global(panels) = panels {
             self.b.dealloc(panels);
         }
+        if let Some(strips) = strips {
+            self.b.dealloc(strips);
+        }
+        Ok(())
+    }
+
+    /// The kernel packing product `m`'s left operand into a global
+    /// `[block, kb, strip, kc, mr]` buffer of strips (as each program of the
+    /// product would into scratch), which it returns.
+    fn strips_kernel(&mut self, m: LOpId, plan: &PackPlan) -> Result<Value, TileConvError> {
+        let strips = self.b.alloc(BufferType::contiguous(
+            DType::F32,
+            vec![plan.blocks, plan.kb_n, plan.strips, plan.kc, plan.mr],
+            Space::Global,
+        ));
+        self.b.begin_kernel(
+            vec![plan.blocks, plan.kb_n],
+            plan.schedule().with("pack", vec![0]),
+        );
+        let (p, kb) = (self.b.program_id(0), self.b.program_id(1));
+        let i0 = Affine::value(p).scaled(plan.mc as i64);
+        self.pack_strips(
+            m,
+            plan,
+            kb,
+            &i0,
+            strips,
+            &[Affine::value(p), Affine::value(kb)],
+        )?;
+        self.b.end_kernel();
+        Ok(strips)
+    }
+
+    /// Packs slice `kb` of the rows from `i0` of product `m`'s left operand
+    /// into `dst[prefix.., strip, k, row]`, strip by strip.
+    fn pack_strips(
+        &mut self,
+        m: LOpId,
+        plan: &PackPlan,
+        kb: Value,
+        i0: &Affine,
+        dst: Value,
+        prefix: &[Affine],
+    ) -> Result<(), TileConvError> {
+        let op = self.op(m);
+        let L::Matmul(c) = &op.kind else {
+            return Err(self.invalid("not a contraction"));
+        };
+        let body: &'a LBlock = &op.regions[0];
+        let (iv, kv) = (body.args[0], body.args[2]);
+        let (mr, kc, kk) = (plan.mr, plan.kc, plan.kk);
+        let (s, _) = self.b.begin_for(0, plan.strips as i64, 1, &[]);
+        let (f, _) = self.b.begin_for(0, (kc / kk) as i64, 1, &[]);
+        let row0 = i0.plus_scaled(mr as i64, &Affine::value(s));
+        let k0 = Affine::value(kb)
+            .scaled(kc as i64)
+            .plus_scaled(kk as i64, &Affine::value(f));
+        let (a_index, limits, shape, [ia, ka]) = self.operand_block(
+            op.operands[0],
+            &c.a,
+            [(iv, row0, c.m, mr), (kv, k0, c.k, kk)],
+        )?;
+        let (a, a_index) = self.place(op.operands[0], a_index)?;
+        let a_mask = self.b.mask(limits, &shape);
+        let ta = self.b.load(
+            a,
+            a_index,
+            Some(a_mask),
+            Some(0.0),
+            Type::Tile(TileType::new(DType::F32, shape)),
+        );
+        let mut at = prefix.to_vec();
+        at.extend([
+            Affine::value(s),
+            Affine::value(f)
+                .scaled(kk as i64)
+                .plus_scaled(1, &Affine::axis(ka)),
+            Affine::axis(ia),
+        ]);
+        self.b.store(ta, dst, at, None);
+        self.b.end_for(vec![]);
+        self.b.end_for(vec![]);
         Ok(())
     }
 
@@ -2203,11 +2300,17 @@ impl<'a> Conv<'a> {
         let body: &'a LBlock = &op.regions[0];
         let (iv, jv, kv, accv) = (body.args[0], body.args[1], body.args[2], body.args[3]);
         let f32t = |shape: Vec<usize>| Type::Tile(TileType::new(DType::F32, shape));
-        let strip_buf = self.b.alloc(BufferType::contiguous(
-            DType::F32,
-            vec![strips, kc, mr],
-            Space::Scratch,
-        ));
+        // The program's strips of the left operand, unless a kernel packed
+        // them all before.
+        let global_strips = self.global_strips.clone();
+        let strip_buf = match &global_strips {
+            Some((buf, _)) => *buf,
+            None => self.b.alloc(BufferType::contiguous(
+                DType::F32,
+                vec![strips, kc, mr],
+                Space::Scratch,
+            )),
+        };
         let block = self.b.alloc(BufferType::contiguous(
             DType::F32,
             vec![mc, per_chunk * nr],
@@ -2238,37 +2341,15 @@ impl<'a> Conv<'a> {
             self.b.end_for(vec![]);
         }
         let (kb, _) = self.b.begin_for(0, kb_n as i64, 1, &[]);
-        // Pack this slice of the program's rows, strip by strip.
-        let (s, _) = self.b.begin_for(0, strips as i64, 1, &[]);
-        let (f, _) = self.b.begin_for(0, (kc / kk) as i64, 1, &[]);
-        let row0 = i0.plus_scaled(mr as i64, &Affine::value(s));
-        let k0 = Affine::value(kb)
-            .scaled(kc as i64)
-            .plus_scaled(kk as i64, &Affine::value(f));
-        let (a_index, limits, shape, [ia, ka]) = self.operand_block(
-            op.operands[0],
-            &c.a,
-            [(iv, row0, c.m, mr), (kv, k0, c.k, kk)],
-        )?;
-        let (a, a_index) = self.place(op.operands[0], a_index)?;
-        let a_mask = self.b.mask(limits, &shape);
-        let ta = self
-            .b
-            .load(a, a_index, Some(a_mask), Some(0.0), f32t(shape));
-        self.b.store(
-            ta,
-            strip_buf,
-            vec![
-                Affine::value(s),
-                Affine::value(f)
-                    .scaled(kk as i64)
-                    .plus_scaled(1, &Affine::axis(ka)),
-                Affine::axis(ia),
-            ],
-            None,
-        );
-        self.b.end_for(vec![]);
-        self.b.end_for(vec![]);
+        // This slice of the program's rows in strips: packed by a kernel
+        // before, or here, strip by strip.
+        let strips_at: Vec<Affine> = match &global_strips {
+            Some((_, block)) => vec![block.clone(), Affine::value(kb)],
+            None => {
+                self.pack_strips(m, plan, kb, i0, strip_buf, &[])?;
+                vec![]
+            }
+        };
         // The register tile over every panel and strip.
         let (nb, group_at) = match &conv {
             Some(cv) => {
@@ -2308,17 +2389,13 @@ impl<'a> Conv<'a> {
         let mut next = acc[0];
         for u in 0..unroll {
             let ku = Affine::value(k).plus_scaled(1, &Affine::constant(u as i64));
-            let ak = self.b.load(
-                strip_buf,
-                vec![
-                    Affine::value(s),
-                    ku.plus_scaled(1, &Affine::axis(1)),
-                    Affine::axis(0),
-                ],
-                None,
-                None,
-                f32t(vec![mr, 1]),
-            );
+            let mut a_at = strips_at.clone();
+            a_at.extend([
+                Affine::value(s),
+                ku.plus_scaled(1, &Affine::axis(1)),
+                Affine::axis(0),
+            ]);
+            let ak = self.b.load(strip_buf, a_at, None, None, f32t(vec![mr, 1]));
             let bk = match (panels, panel_buf) {
                 (_, Some(panel_buf)) => {
                     let mut at: Vec<Affine> = group_at.map(Affine::value).into_iter().collect();

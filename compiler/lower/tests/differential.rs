@@ -245,6 +245,43 @@ fn convolutions_read_from_their_input() {
     }
 }
 
+/// A product of few rows over many columns splits its columns into chunks
+/// (one program each); the strips of its left operand are then packed once,
+/// by a kernel of their own, not once per chunk; a product with as many
+/// blocks of rows as threads packs its own. Both agree with the graph
+/// interpreter, ragged edges included.
+#[test]
+fn few_rows_pack_their_left_operand_once() {
+    let avx512 = dlc_lower::ScheduleParams::for_target(&TargetDesc::x86_64_avx512(8));
+    for (src, once) in [
+        (
+            "fn f(x: f32[20, 70], w: f32[70, 400], b: f32[400]) -> f32[20, 400] { return relu(x @ w + b); }",
+            true,
+        ),
+        (
+            "fn f(x: f32[400, 40], w: f32[40, 64]) -> f32[400, 64] { return x @ w; }",
+            false,
+        ),
+    ] {
+        let m = graph(src);
+        let t = dlc_lower::convert_module_with(&lowered(&m), &avx512).unwrap();
+        let text = dlc_tile::print_module(&t);
+        assert_eq!(
+            text.matches("pack = [0]").count(),
+            usize::from(once),
+            "{src}\n{text}"
+        );
+        let f = m.entry_points().next().unwrap();
+        let inputs = prepare_inputs(f, &[], Some(2)).unwrap();
+        let want = interpret(&m, f, &inputs).unwrap();
+        let got = interpret_tile_within(&t, f, &inputs, dlc_driver::DEFAULT_WORK_LIMIT)
+            .unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let err = max_relative_error(&got, &want).unwrap();
+        assert!(err <= TOLERANCE, "{src}: relative error {err:.3e}\n{text}");
+        agree(src);
+    }
+}
+
 /// The convolutions of `WINOGRAD_PROGRAMS` run as Winograd's F(4x4, 3x3)
 /// (36 transformed products, one kernel over rows of tiles on a CPU, a
 /// declared kernel's transform in the preparer); those that do not qualify
