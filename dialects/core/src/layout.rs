@@ -64,6 +64,12 @@ impl Layout {
             })
     }
 
+    /// Whether a view with this layout stays inside `src`'s part of their
+    /// storage: it starts no earlier and reaches no further.
+    pub fn lies_within(&self, src: &Layout) -> bool {
+        self.offset >= src.offset && self.storage_len() <= src.storage_len()
+    }
+
     /// The MLIR type (`memref<4x8xf32>`, `memref<4x8xf32, strided<[1, 4]>>`),
     /// in memory space `space` when given (`memref<4xf32, 3>`).
     pub fn mlir_in(&self, space: Option<u32>) -> String {

@@ -149,7 +149,7 @@ pub fn plan(f: &Function) -> HashMap<NodeIndex, Plan> {
                 Plan::View
             }
             Op::Slice { axis, .. }
-                if slice_is_contiguous(&f.body[f.operands(n)[0].node].results[0].shape, *axis)
+                if slice_is_contiguous(&f.value_type(f.operands(n)[0]).shape, *axis)
                     && matches!(
                         f.operands(n).first().and_then(|v| plan.get(&v.node)),
                         Some(Plan::Param | Plan::Stored | Plan::View)

@@ -364,7 +364,7 @@ impl OpKind {
                 (true, Some(Type::Buffer(src)), Some(Type::Buffer(view))) => {
                     if src.dtype != view.dtype {
                         Err("keeps the element type".into())
-                    } else if view.offset < src.offset || view.storage_len() > src.storage_len() {
+                    } else if !view.lies_within(&src) {
                         Err(format!("{view} reaches outside {src}"))
                     } else {
                         Ok(())

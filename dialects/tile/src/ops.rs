@@ -517,10 +517,7 @@ impl OpKind {
                         "views {src} as {dst}: element type and space must stay"
                     ));
                 }
-                if dst.offset < src.offset
-                    || dst.storage_len() > src.storage_len()
-                    || dst.shape.len() != dst.strides.len()
-                {
+                if !dst.lies_within(&src) || dst.shape.len() != dst.strides.len() {
                     return Err(format!("views {src} as {dst}, which reaches outside it"));
                 }
             }

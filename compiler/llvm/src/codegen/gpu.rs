@@ -471,19 +471,7 @@ fn kernel<'ctx>(
         // A buffer parameter points at its storage (views of a buffer are
         // passed as the buffer itself): a view with an offset starts there.
         let p = match f.ty(*v) {
-            Type::Buffer(t) if t.offset != 0 => {
-                // SAFETY (LLVM IR semantics): the verifier keeps a view
-                // inside its storage.
-                let q = unsafe {
-                    g.b.build_in_bounds_gep(
-                        storage_type(ctx, t.dtype),
-                        p.into_pointer_value(),
-                        &[ctx.i64_type().const_int(t.offset as u64, false)],
-                        "view",
-                    )?
-                };
-                q.into()
-            }
+            Type::Buffer(t) => g.elements_on(p, t.dtype, t.offset)?,
             _ => p,
         };
         g.vals.insert(*v, p);

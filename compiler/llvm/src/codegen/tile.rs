@@ -1332,20 +1332,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
             return Err(CodegenError::Invalid("a view of a non-buffer".into()));
         };
         let p = match v.offset.checked_sub(s.offset) {
-            Some(0) => p,
-            Some(d) => {
-                // SAFETY (LLVM IR semantics): the verifier keeps a view
-                // inside its source's storage.
-                let q = unsafe {
-                    self.b.build_in_bounds_gep(
-                        storage_type(self.ctx, v.dtype),
-                        p.into_pointer_value(),
-                        &[self.i64c(d as u64)],
-                        "view",
-                    )?
-                };
-                q.into()
-            }
+            Some(d) => self.elements_on(p, v.dtype, d)?,
             None => {
                 return Err(CodegenError::Invalid(format!(
                     "a view {v} of {s} starts before it"
@@ -1354,6 +1341,25 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         };
         self.vals.insert(view, p);
         Ok(())
+    }
+
+    /// Pointer `p` moved `n` elements of type `d` on (where a view with an
+    /// offset starts); `p` itself when `n` is 0.
+    pub(super) fn elements_on(&self, p: BV<'ctx>, d: DType, n: usize) -> R<BV<'ctx>> {
+        if n == 0 {
+            return Ok(p);
+        }
+        // SAFETY (LLVM IR semantics): the verifiers keep a view inside its
+        // storage.
+        let q = unsafe {
+            self.b.build_in_bounds_gep(
+                storage_type(self.ctx, d),
+                p.into_pointer_value(),
+                &[self.i64c(n as u64)],
+                "view",
+            )?
+        };
+        Ok(q.into())
     }
 
     /// A private constant global holding a `tile.global`'s elements in

@@ -239,12 +239,8 @@ pub fn ilp(
         }
     }
     let single = |c: Id| by_class.get(&c).is_some_and(|v| v.len() == 1);
-    let fixed: Vec<usize> = (0..cands.len())
-        .filter(|&i| forced.contains(&cands[i].class) && single(cands[i].class))
-        .collect();
-    let free: Vec<usize> = (0..cands.len())
-        .filter(|&i| !(forced.contains(&cands[i].class) && single(cands[i].class)))
-        .collect();
+    let (fixed, free): (Vec<usize>, Vec<usize>) =
+        (0..cands.len()).partition(|&i| forced.contains(&cands[i].class) && single(cands[i].class));
     // Classes with a "used" variable: those not used in every solution.
     let classes: Vec<Id> = classes
         .into_iter()
