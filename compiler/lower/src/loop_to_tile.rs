@@ -377,10 +377,42 @@ struct Conv<'a> {
     /// parameters, and buffers written only by top-level nests that read
     /// only such buffers (see [`Conv::find_weight_derived`]).
     weight_derived: HashSet<LValue>,
-    /// While a packed product's programs are emitted: the global buffer of
-    /// strips a kernel packed its left operand into, and the program's
-    /// block of rows in it.
-    global_strips: Option<(Value, Affine)>,
+    /// While a packed product's programs are emitted: where they read the
+    /// left operand's strips.
+    strips: Strips,
+    /// While a fused kernel's second product is emitted: the scratch
+    /// `[mc]` buffer of factors its result rows are scaled by (the rows
+    /// of P it read were left unscaled).
+    row_scale: Option<Value>,
+}
+
+/// What a packed product's epilogue needs once its block is computed (see
+/// [`Conv::epilogue`]).
+#[derive(Clone, Debug)]
+struct Epilogue {
+    m: LOpId,
+    /// The program's `[rows, panels * nr]` block of sums.
+    block: Value,
+    /// The block's first row and first panel.
+    i0: Affine,
+    nb0: Affine,
+    rows: usize,
+    panels: usize,
+    nr: usize,
+}
+
+/// Where a packed product's programs read strips of the left operand.
+#[derive(Clone, Debug)]
+enum Strips {
+    /// Packed by each program into scratch memory, slice by slice.
+    Own,
+    /// From the global buffer a kernel packed them all into, at the
+    /// program's block of rows.
+    Global(Value, Affine),
+    /// From a fused kernel's scratch rows (`[mc, k]`, row-major), which
+    /// are in cache already: a column of `mr` rows is `mr` loads at one
+    /// address register, as cheap as from a packed strip.
+    Scratch(Value),
 }
 
 impl<'a> Conv<'a> {
@@ -405,7 +437,8 @@ impl<'a> Conv<'a> {
             redirects: HashMap::new(),
             convs: HashMap::new(),
             weight_derived: HashSet::new(),
-            global_strips: None,
+            strips: Strips::Own,
+            row_scale: None,
         };
         c.weight_derived = c.find_weight_derived();
         c
@@ -1395,9 +1428,14 @@ impl<'a> Conv<'a> {
         let bat_axes = bat.len();
         let (p, chunk) = (self.b.program_id(bat_axes), self.b.program_id(bat_axes + 1));
         let i0 = Affine::value(p).scaled(plan.mc as i64);
-        self.global_strips = strips.map(|buf| (buf, Affine::value(p)));
-        let result = self.program_product(m, &plan, panels, &bat, &i0, &Affine::value(chunk));
-        self.global_strips = None;
+        self.strips = match strips {
+            Some(buf) => Strips::Global(buf, Affine::value(p)),
+            None => Strips::Own,
+        };
+        let result = self
+            .program_product(m, &plan, panels, &bat, &i0, &Affine::value(chunk))
+            .and_then(|e| self.epilogue(&e));
+        self.strips = Strips::Own;
         result?;
         self.b.end_kernel();
         if let Panels::Global(panels) = panels {
@@ -2029,18 +2067,53 @@ impl<'a> Conv<'a> {
         }
         let zero = Affine::constant(0);
         let result = (|| -> Result<(), TileConvError> {
-            self.program_product(m1, &plans[0], panels[0], &bat, &i0, &zero)?;
+            let first = self.program_product(m1, &plans[0], panels[0], &bat, &i0, &zero)?;
             // The row nest on each of the block's rows (rows past the
             // product's are computed on scratch memory and never stored).
             let rows = self.op(f.rows);
+            // A last loop scaling the row of P by one factor (softmax's
+            // normalization) is left to the second product, which scales
+            // its result's row instead: `(c * p) @ v = c * (p @ v)`, a
+            // pass over 64 columns instead of 384 in attention.
+            let body = &rows.regions[0].ops;
+            let scale = self.row_scale(body, f.held[1]);
+            let row_scale = scale.map(|_| {
+                self.b
+                    .alloc(BufferType::contiguous(DType::F32, vec![mc], Space::Scratch))
+            });
             let (r, _) = self.b.begin_for(0, mc as i64, 1, &[]);
+            // The first product's epilogue on the row, then the row nest
+            // reads it from the first level of cache.
+            self.epilogue_row(&first, r)?;
             self.index.insert(
                 rows.regions[0].args[0],
                 i0.plus_scaled(1, &Affine::value(r)),
             );
-            self.ops(&rows.regions[0].ops)?;
+            match (scale, row_scale) {
+                (Some((at, c)), Some(buf)) => {
+                    self.ops(&body[..at])?;
+                    let c = self.scalar(c)?;
+                    self.b.store(c, buf, vec![Affine::value(r)], None);
+                }
+                _ => self.ops(body)?,
+            }
             self.b.end_for(vec![]);
-            self.program_product(m2, &plans[1], panels[1], &bat, &i0, &zero)
+            // The second product reads its rows of P where the row nest
+            // left them, unless a slice of its depth reaches past them.
+            let whole_slices = matches!(&self.op(m2).kind,
+                L::Matmul(c) if (c.k as usize).is_multiple_of(plans[1].kc));
+            if let Some(held) = self.redirects.get(&f.held[1])
+                && whole_slices
+            {
+                self.strips = Strips::Scratch(held.scratch);
+            }
+            self.row_scale = row_scale;
+            let result = self
+                .program_product(m2, &plans[1], panels[1], &bat, &i0, &zero)
+                .and_then(|e| self.epilogue(&e));
+            self.strips = Strips::Own;
+            self.row_scale = None;
+            result
         })();
         self.redirects.clear();
         result?;
@@ -2051,6 +2124,64 @@ impl<'a> Conv<'a> {
             }
         }
         Ok(())
+    }
+
+    /// In a row nest's body, a last loop that only scales the row of `p`
+    /// by a factor computed before it, `p[.., i, k] = p[.., i, k] * c` for
+    /// every `k` (softmax's normalization): its position and `c`.
+    fn row_scale(&self, body: &[LOpId], p: LValue) -> Option<(usize, LValue)> {
+        let (&last, _) = body.split_last()?;
+        let op = self.op(last);
+        let L::For { lo: 0, hi, step: 1 } = op.kind else {
+            return None;
+        };
+        let LType::Buffer(t) = self.src.ty(p) else {
+            return None;
+        };
+        if t.shape.last() != Some(&(hi as usize)) || !op.operands.is_empty() {
+            return None;
+        }
+        let k = op.regions[0].args[0];
+        let ops: Vec<&dlc_loop::OpData> = op.regions[0]
+            .ops
+            .iter()
+            .map(|&o| self.op(o))
+            .filter(|d| !matches!(d.kind, L::Yield) || !d.operands.is_empty())
+            .collect();
+        let [load, mul, store] = ops.as_slice() else {
+            return None;
+        };
+        let (
+            L::Load {
+                index: from,
+                pad: None,
+            },
+            L::Binary(BinaryOp::Mul),
+            L::Store { index: to },
+        ) = (&load.kind, &mul.kind, &store.kind)
+        else {
+            return None;
+        };
+        let x = load.results[0];
+        let c = match mul.operands.as_slice() {
+            [a, c] | [c, a] if *a == x && *c != x => *c,
+            _ => return None,
+        };
+        // The factor is not computed in the loop, and the row is read and
+        // written at the same place, the loop's counter last.
+        let inside: HashSet<LValue> = [x, mul.results[0]].into();
+        let at_k = from.last().is_some_and(|e| is_counter(e, k))
+            && from[..from.len() - 1]
+                .iter()
+                .all(|e| e.terms.iter().all(|t| t.1 != k || t.0 == 0));
+        (load.operands[0] == p
+            && store.operands[1] == p
+            && store.operands[0] == mul.results[0]
+            && from == to
+            && at_k
+            && !inside.contains(&c)
+            && c != k)
+            .then_some((body.len() - 1, c))
     }
 
     /// Where the programs of packed product `m` read the right operand's
@@ -2270,7 +2401,7 @@ impl<'a> Conv<'a> {
         bat: &[Affine],
         i0: &Affine,
         chunk: &Affine,
-    ) -> Result<(), TileConvError> {
+    ) -> Result<Epilogue, TileConvError> {
         let op = self.op(m);
         let L::Matmul(c) = &op.kind else {
             return Err(self.invalid("not a contraction"));
@@ -2298,14 +2429,14 @@ impl<'a> Conv<'a> {
             ..
         } = *plan;
         let body: &'a LBlock = &op.regions[0];
-        let (iv, jv, kv, accv) = (body.args[0], body.args[1], body.args[2], body.args[3]);
+        let (jv, kv) = (body.args[1], body.args[2]);
         let f32t = |shape: Vec<usize>| Type::Tile(TileType::new(DType::F32, shape));
         // The program's strips of the left operand, unless a kernel packed
-        // them all before.
-        let global_strips = self.global_strips.clone();
-        let strip_buf = match &global_strips {
-            Some((buf, _)) => *buf,
-            None => self.b.alloc(BufferType::contiguous(
+        // them all before or they are read in place.
+        let strips_from = self.strips.clone();
+        let strip_buf = match &strips_from {
+            Strips::Global(buf, _) | Strips::Scratch(buf) => *buf,
+            Strips::Own => self.b.alloc(BufferType::contiguous(
                 DType::F32,
                 vec![strips, kc, mr],
                 Space::Scratch,
@@ -2343,9 +2474,10 @@ impl<'a> Conv<'a> {
         let (kb, _) = self.b.begin_for(0, kb_n as i64, 1, &[]);
         // This slice of the program's rows in strips: packed by a kernel
         // before, or here, strip by strip.
-        let strips_at: Vec<Affine> = match &global_strips {
-            Some((_, block)) => vec![block.clone(), Affine::value(kb)],
-            None => {
+        let strips_at: Vec<Affine> = match &strips_from {
+            Strips::Global(_, block) => vec![block.clone(), Affine::value(kb)],
+            Strips::Scratch(_) => vec![],
+            Strips::Own => {
                 self.pack_strips(m, plan, kb, i0, strip_buf, &[])?;
                 vec![]
             }
@@ -2389,12 +2521,24 @@ impl<'a> Conv<'a> {
         let mut next = acc[0];
         for u in 0..unroll {
             let ku = Affine::value(k).plus_scaled(1, &Affine::constant(u as i64));
-            let mut a_at = strips_at.clone();
-            a_at.extend([
-                Affine::value(s),
-                ku.plus_scaled(1, &Affine::axis(1)),
-                Affine::axis(0),
-            ]);
+            let a_at = match &strips_from {
+                Strips::Scratch(_) => vec![
+                    Affine::block(s, mr as i64, 0),
+                    Affine::value(kb)
+                        .scaled(kc as i64)
+                        .plus_scaled(1, &ku)
+                        .plus_scaled(1, &Affine::axis(1)),
+                ],
+                _ => {
+                    let mut at = strips_at.clone();
+                    at.extend([
+                        Affine::value(s),
+                        ku.plus_scaled(1, &Affine::axis(1)),
+                        Affine::axis(0),
+                    ]);
+                    at
+                }
+            };
             let ak = self.b.load(strip_buf, a_at, None, None, f32t(vec![mr, 1]));
             let bk = match (panels, panel_buf) {
                 (_, Some(panel_buf)) => {
@@ -2447,26 +2591,66 @@ impl<'a> Conv<'a> {
         }
         self.b.end_for(vec![]);
         self.b.end_for(vec![]);
-        // The epilogue, one row of a panel at a time (a `1 x nr` tile: the
-        // epilogue's code is written once for two vectors, not for the
-        // register tile's twelve), row by row: the block is read and the
-        // result written along their rows (panel by panel, each row of a
-        // panel was a different page of the result: W1 1024 spent 5.6% of
-        // its time here, 2.7% row by row).
-        let (r, _) = self.b.begin_for(0, mc as i64, 1, &[]);
-        let (nb, _) = self.b.begin_for(0, per_chunk as i64, 1, &[]);
-        let sum = self.b.load(
+        Ok(Epilogue {
+            m,
             block,
+            i0: i0.clone(),
+            nb0: nb0.clone(),
+            rows: mc,
+            panels: per_chunk,
+            nr,
+        })
+    }
+
+    /// A packed product's epilogue over all of its block's rows, one row
+    /// of a panel at a time (a `1 x nr` tile: the epilogue's code is
+    /// written once for two vectors, not for the register tile's twelve),
+    /// row by row: the block is read and the result written along their
+    /// rows (panel by panel, each row of a panel was a different page of
+    /// the result: W1 1024 spent 5.6% of its time here, 2.7% row by row).
+    fn epilogue(&mut self, e: &Epilogue) -> Result<(), TileConvError> {
+        let (r, _) = self.b.begin_for(0, e.rows as i64, 1, &[]);
+        self.epilogue_row(e, r)?;
+        self.b.end_for(vec![]);
+        Ok(())
+    }
+
+    /// A packed product's epilogue on row `r` of its block.
+    fn epilogue_row(&mut self, e: &Epilogue, r: Value) -> Result<(), TileConvError> {
+        let op = self.op(e.m);
+        let L::Matmul(c) = &op.kind else {
+            return Err(self.invalid("not a contraction"));
+        };
+        let body: &'a LBlock = &op.regions[0];
+        let (iv, jv, kv, accv) = (body.args[0], body.args[1], body.args[2], body.args[3]);
+        let nr = e.nr;
+        let (nb, _) = self.b.begin_for(0, e.panels as i64, 1, &[]);
+        let sum = self.b.load(
+            e.block,
             vec![Affine::value(r), Affine::block(nb, nr as i64, 1)],
             None,
             None,
-            f32t(vec![1, nr]),
+            Type::Tile(TileType::new(DType::F32, vec![1, nr])),
         );
-        let row0 = i0.plus_scaled(1, &Affine::value(r));
-        let col0 = nb0.plus_scaled(1, &Affine::value(nb)).scaled(nr as i64);
+        let row0 = e.i0.plus_scaled(1, &Affine::value(r));
+        let col0 = e.nb0.plus_scaled(1, &Affine::value(nb)).scaled(nr as i64);
         self.index.insert(iv, row0.plus_scaled(1, &Affine::axis(0)));
         self.index.insert(jv, col0.plus_scaled(1, &Affine::axis(1)));
         self.index.insert(kv, Affine::constant(0));
+        let sum = match self.row_scale {
+            Some(buf) => {
+                let c = self.b.load(
+                    buf,
+                    vec![Affine::value(r)],
+                    None,
+                    None,
+                    Type::Scalar(DType::F32),
+                );
+                let c = self.b.splat(c, &[1, nr]);
+                self.b.binary(BinaryOp::Mul, sum, c)
+            }
+            None => sum,
+        };
         self.values.insert(accv, sum);
         self.shape = vec![1, nr];
         self.splats.clear();
@@ -2482,7 +2666,6 @@ impl<'a> Conv<'a> {
         self.mask = None;
         self.splats.clear();
         result?;
-        self.b.end_for(vec![]);
         self.b.end_for(vec![]);
         Ok(())
     }
