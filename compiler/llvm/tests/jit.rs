@@ -385,6 +385,10 @@ fn tiled_contractions() {
     jit_agrees(
         "fn f(q: f32[3, 41, 64], k: f32[3, 53, 64], v: f32[3, 53, 17]) -> f32[3, 41, 17] { return softmax(q @ transpose(k, [0, 2, 1]) / 8.0, axis=-1) @ v; }",
     );
+    // Whole blocks of rows: both products read their rows in place.
+    jit_agrees(
+        "fn f(q: f32[2, 192, 64], k: f32[2, 100, 64], v: f32[2, 100, 40]) -> f32[2, 192, 40] { return softmax(q @ transpose(k, [0, 2, 1]) / 8.0, axis=-1) @ v; }",
+    );
     jit_agrees(
         "fn f(x: f32[7, 513], w: f32[33, 513]) -> f32[7, 33] { return x @ transpose(w, [1, 0]); }",
     );

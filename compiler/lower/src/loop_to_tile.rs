@@ -409,10 +409,11 @@ enum Strips {
     /// From the global buffer a kernel packed them all into, at the
     /// program's block of rows.
     Global(Value, Affine),
-    /// From a fused kernel's scratch rows (`[mc, k]`, row-major), which
-    /// are in cache already: a column of `mr` rows is `mr` loads at one
-    /// address register, as cheap as from a packed strip.
-    Scratch(Value),
+    /// From the operand itself, contiguous along the depth (in a fused
+    /// kernel, rows that are in cache already: a column of `mr` rows is
+    /// `mr` loads off one address register, as cheap as from a packed
+    /// strip).
+    InPlace,
 }
 
 impl<'a> Conv<'a> {
@@ -2067,7 +2068,13 @@ impl<'a> Conv<'a> {
         }
         let zero = Affine::constant(0);
         let result = (|| -> Result<(), TileConvError> {
-            let first = self.program_product(m1, &plans[0], panels[0], &bat, &i0, &zero)?;
+            // Each product reads its block of rows where it lies when that
+            // needs no mask: the queries (a block a program reads once per
+            // panel), the probabilities (in scratch memory already).
+            self.strips = self.rows_in_place(m1, &plans[0]);
+            let first = self.program_product(m1, &plans[0], panels[0], &bat, &i0, &zero);
+            self.strips = Strips::Own;
+            let first = first?;
             // The row nest on each of the block's rows (rows past the
             // product's are computed on scratch memory and never stored).
             let rows = self.op(f.rows);
@@ -2098,15 +2105,7 @@ impl<'a> Conv<'a> {
                 _ => self.ops(body)?,
             }
             self.b.end_for(vec![]);
-            // The second product reads its rows of P where the row nest
-            // left them, unless a slice of its depth reaches past them.
-            let whole_slices = matches!(&self.op(m2).kind,
-                L::Matmul(c) if (c.k as usize).is_multiple_of(plans[1].kc));
-            if let Some(held) = self.redirects.get(&f.held[1])
-                && whole_slices
-            {
-                self.strips = Strips::Scratch(held.scratch);
-            }
+            self.strips = self.rows_in_place(m2, &plans[1]);
             self.row_scale = row_scale;
             let result = self
                 .program_product(m2, &plans[1], panels[1], &bat, &i0, &zero)
@@ -2124,6 +2123,27 @@ impl<'a> Conv<'a> {
             }
         }
         Ok(())
+    }
+
+    /// In a fused kernel, whether product `m`'s programs may read their
+    /// rows of the left operand where they lie: contiguous along the depth,
+    /// every slice of the depth whole and every block of rows inside the
+    /// operand (a fused buffer's scratch holds whole blocks).
+    fn rows_in_place(&self, m: LOpId, plan: &PackPlan) -> Strips {
+        let op = self.op(m);
+        let L::Matmul(c) = &op.kind else {
+            return Strips::Own;
+        };
+        let a = op.operands[0];
+        let inside = (c.m as usize).is_multiple_of(plan.mc) || self.redirects.contains_key(&a);
+        if inside
+            && (c.k as usize).is_multiple_of(plan.kc)
+            && self.unit_stride(a, &c.a, op.regions[0].args[2])
+        {
+            Strips::InPlace
+        } else {
+            Strips::Own
+        }
     }
 
     /// In a row nest's body, a last loop that only scales the row of `p`
@@ -2429,18 +2449,19 @@ impl<'a> Conv<'a> {
             ..
         } = *plan;
         let body: &'a LBlock = &op.regions[0];
-        let (jv, kv) = (body.args[1], body.args[2]);
+        let (iv, jv, kv) = (body.args[0], body.args[1], body.args[2]);
         let f32t = |shape: Vec<usize>| Type::Tile(TileType::new(DType::F32, shape));
         // The program's strips of the left operand, unless a kernel packed
         // them all before or they are read in place.
         let strips_from = self.strips.clone();
         let strip_buf = match &strips_from {
-            Strips::Global(buf, _) | Strips::Scratch(buf) => *buf,
-            Strips::Own => self.b.alloc(BufferType::contiguous(
+            Strips::Global(buf, _) => Some(*buf),
+            Strips::InPlace => None,
+            Strips::Own => Some(self.b.alloc(BufferType::contiguous(
                 DType::F32,
                 vec![strips, kc, mr],
                 Space::Scratch,
-            )),
+            ))),
         };
         let block = self.b.alloc(BufferType::contiguous(
             DType::F32,
@@ -2476,9 +2497,10 @@ impl<'a> Conv<'a> {
         // before, or here, strip by strip.
         let strips_at: Vec<Affine> = match &strips_from {
             Strips::Global(_, block) => vec![block.clone(), Affine::value(kb)],
-            Strips::Scratch(_) => vec![],
+            Strips::InPlace => vec![],
             Strips::Own => {
-                self.pack_strips(m, plan, kb, i0, strip_buf, &[])?;
+                let dst = strip_buf.ok_or_else(|| self.invalid("no buffer of strips"))?;
+                self.pack_strips(m, plan, kb, i0, dst, &[])?;
                 vec![]
             }
         };
@@ -2521,25 +2543,30 @@ impl<'a> Conv<'a> {
         let mut next = acc[0];
         for u in 0..unroll {
             let ku = Affine::value(k).plus_scaled(1, &Affine::constant(u as i64));
-            let a_at = match &strips_from {
-                Strips::Scratch(_) => vec![
-                    Affine::block(s, mr as i64, 0),
-                    Affine::value(kb)
-                        .scaled(kc as i64)
-                        .plus_scaled(1, &ku)
-                        .plus_scaled(1, &Affine::axis(1)),
-                ],
-                _ => {
+            let ak = match strip_buf {
+                Some(strip_buf) => {
                     let mut at = strips_at.clone();
                     at.extend([
                         Affine::value(s),
                         ku.plus_scaled(1, &Affine::axis(1)),
                         Affine::axis(0),
                     ]);
-                    at
+                    self.b.load(strip_buf, at, None, None, f32t(vec![mr, 1]))
+                }
+                None => {
+                    // Rows `mr * s..` of the block, this step of the depth.
+                    let row0 = i0.plus_scaled(mr as i64, &Affine::value(s));
+                    let k0 = Affine::value(kb).scaled(kc as i64).plus_scaled(1, &ku);
+                    self.index.insert(iv, row0.plus_scaled(1, &Affine::axis(0)));
+                    self.index.insert(kv, k0.plus_scaled(1, &Affine::axis(1)));
+                    let index =
+                        c.a.iter()
+                            .map(|e| self.affine(e))
+                            .collect::<Result<_, _>>()?;
+                    let (a, index) = self.place(op.operands[0], index)?;
+                    self.b.load(a, index, None, None, f32t(vec![mr, 1]))
                 }
             };
-            let ak = self.b.load(strip_buf, a_at, None, None, f32t(vec![mr, 1]));
             let bk = match (panels, panel_buf) {
                 (_, Some(panel_buf)) => {
                     let mut at: Vec<Affine> = group_at.map(Affine::value).into_iter().collect();

@@ -449,35 +449,41 @@ fn attention_runs_as_one_kernel_over_blocks_of_rows() {
     }
 }
 
-/// In a fused attention kernel the second product reads its rows of the
-/// probabilities where the softmax left them in scratch memory (packing them
-/// only when a slice of its depth would reach past them), and the softmax's
-/// normalization scales the result's rows instead of the probabilities'
-/// (`(c * p) @ v = c * (p @ v)`); a row nest whose last loop does more than
-/// scale keeps it. All agree with the graph interpreter.
+/// In a fused attention kernel each product reads its block of rows of the
+/// left operand where it lies when no row or slice of the depth reaches past
+/// the operand (the queries from their buffer, the probabilities from the
+/// program's scratch memory) and packs them into strips otherwise; the
+/// softmax's normalization scales the result's rows instead of the
+/// probabilities (`(c * p) @ v = c * (p @ v)`), unless the row nest's last
+/// loop does more than scale. All agree with the graph interpreter.
 #[test]
-fn attention_reads_its_probabilities_in_place_and_scales_its_result() {
+fn attention_reads_its_rows_in_place_and_scales_its_result() {
     let avx512 = dlc_lower::ScheduleParams::for_target(&TargetDesc::x86_64_avx512(2));
-    // (program, the probabilities packed, the result scaled)
+    // (program, the queries packed, the probabilities packed, the result
+    // scaled)
     let cases = [
+        // Two blocks of 78 rows of 150: the second reaches past the queries.
         (
             "fn f(q: f32[150, 40], k: f32[45, 40], v: f32[45, 33]) -> f32[150, 33] { return softmax(q @ transpose(k, [1, 0]) / 2.0, axis=-1) @ v; }",
+            true,
             false,
             true,
         ),
         // 500 deep: two slices of 256, the second past the rows' end.
         (
             "fn f(q: f32[2, 30, 16], k: f32[2, 500, 16], v: f32[2, 500, 20]) -> f32[2, 30, 20] { return softmax(q @ transpose(k, [0, 2, 1]), axis=-1) @ v; }",
+            false,
             true,
             true,
         ),
         (
             "fn f(q: f32[150, 40], k: f32[45, 40], v: f32[45, 33]) -> f32[150, 33] { return (softmax(q @ transpose(k, [1, 0]), axis=-1) + 1.0) @ v; }",
+            true,
             false,
             false,
         ),
     ];
-    for (src, packed, scaled) in cases {
+    for (src, q_packed, p_packed, scaled) in cases {
         let m = graph(src);
         let t = dlc_lower::convert_module_with(&lowered(&m), &avx512).unwrap();
         let text = dlc_tile::print_module(&t);
@@ -485,10 +491,18 @@ fn attention_reads_its_probabilities_in_place_and_scales_its_result() {
             .split("tile.kernel")
             .find(|k| k.contains("schedule = \"fused\""))
             .unwrap_or_else(|| panic!("no fused kernel: {src}\n{text}"));
-        // Strips of 6 rows: the queries' always, the probabilities' when
-        // packed.
+        // Scratch strips of 6 rows; the first product's register tile
+        // reading columns of 6 rows of the queries themselves.
         let strips = fused.matches(", 6], scratch>").count();
-        assert_eq!(strips, 1 + usize::from(packed), "{src}\n{text}");
+        assert_eq!(
+            strips,
+            usize::from(q_packed) + usize::from(p_packed),
+            "{src}\n{text}"
+        );
+        let columns_of_q = fused
+            .lines()
+            .any(|l| l.contains("tile.load %q[") && l.ends_with(": tile<6x1xf32>"));
+        assert_eq!(columns_of_q, !q_packed, "{src}\n{text}");
         let factors = fused
             .lines()
             .filter_map(|l| l.split_once("tile.alloc : buffer<f32[")?.1.split_once(']'))
