@@ -64,7 +64,7 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         let y = float2!(self, build_float_add, y, c(1.0));
         // 16 f32 lanes: a CPU of 512-bit vectors, which among the targets
         // only x86-64 with AVX-512 is.
-        let v = if self.gpu.is_none()
+        if self.gpu.is_none()
             && self.lanes == 16
             && x.is_vector_value()
             && x.into_vector_value().get_type().get_size() == 16
@@ -72,11 +72,13 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
             let all = self.ctx.i16_type().const_all_ones();
             // _MM_FROUND_CUR_DIRECTION: the current rounding mode.
             let rounding = self.ctx.i32_type().const_int(4, false);
+            // NaN went through the clamp (x86's keeps it) and the
+            // polynomial, and `vscalefps` keeps it.
             self.call(
                 "llvm.x86.avx512.mask.scalef.ps.512",
                 &[],
                 &[y, n, y, all.into(), rounding.into()],
-            )?
+            )
         } else {
             let i32t: BasicTypeEnum<'ctx> = self.ctx.i32_type().into();
             let ni = convert!(self, build_float_to_signed_int, n, i32t, IntType);
@@ -93,11 +95,10 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
                     .as_basic_value_enum();
                 v = float2!(self, build_float_mul, v, scale);
             }
-            v
-        };
-        // The clamp turned NaN into a number.
-        let nan = self.fcmp(FloatPredicate::UNO, x, x)?;
-        self.select(nan, x, v)
+            // NaN's n converted to an integer is poison: select it back.
+            let nan = self.fcmp(FloatPredicate::UNO, x, x)?;
+            self.select(nan, x, v)
+        }
     }
 
     /// tanh(x) for f32 (or f32 lanes): an odd polynomial below |x| = 0.625,
@@ -159,15 +160,39 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         )?;
         let px = float2!(self, build_float_mul, xc, p);
         let v = float2!(self, build_float_div, px, q);
+        if self.clamp_keeps_nan() {
+            return Ok(v);
+        }
         let nan = self.fcmp(FloatPredicate::UNO, x, x)?;
         self.select(nan, x, v)
     }
 
-    /// `x` limited to `[lo, hi]` (NaN passes through as some value; callers
-    /// select NaN back in).
+    /// Whether [`Gen::clamp`] keeps NaN (else callers select it back in).
+    fn clamp_keeps_nan(&self) -> bool {
+        self.gpu.is_none()
+            && self
+                .module
+                .get_triple()
+                .as_str()
+                .to_bytes()
+                .starts_with(b"x86_64")
+    }
+
+    /// `x` limited to `[lo, hi]`. On x86 each bound is a compare and a
+    /// select that NaN fails, one `vmaxps` or `vminps` (whose operand order
+    /// keeps NaN), where `maxnum`/`minnum` (which must turn NaN into the
+    /// bound) take three instructions each; elsewhere (one instruction on
+    /// a GPU or an Arm CPU) `maxnum`/`minnum`, and NaN comes out a number.
     fn clamp(&self, x: BV<'ctx>, lo: f64, hi: f64) -> R<BV<'ctx>> {
-        let v = self.call("llvm.maxnum", &[x.get_type()], &[x, self.f32_like(x, lo)])?;
-        self.call("llvm.minnum", &[x.get_type()], &[v, self.f32_like(x, hi)])
+        let (lo, hi) = (self.f32_like(x, lo), self.f32_like(x, hi));
+        if !self.clamp_keeps_nan() {
+            let v = self.call("llvm.maxnum", &[x.get_type()], &[x, lo])?;
+            return self.call("llvm.minnum", &[x.get_type()], &[v, hi]);
+        }
+        let below = self.fcmp(FloatPredicate::OLT, x, lo)?;
+        let v = self.select(below, lo, x)?;
+        let above = self.fcmp(FloatPredicate::OGT, v, hi)?;
+        self.select(above, hi, v)
     }
 
     /// Marks a float add, subtract or multiply as reassociable and
