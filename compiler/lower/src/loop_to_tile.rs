@@ -2543,6 +2543,8 @@ impl<'a> Conv<'a> {
         let mut next = acc[0];
         for u in 0..unroll {
             let ku = Affine::value(k).plus_scaled(1, &Affine::constant(u as i64));
+            // This step of the depth.
+            let k0 = Affine::value(kb).scaled(kc as i64).plus_scaled(1, &ku);
             let ak = match strip_buf {
                 Some(strip_buf) => {
                     let mut at = strips_at.clone();
@@ -2556,13 +2558,13 @@ impl<'a> Conv<'a> {
                 None => {
                     // Rows `mr * s..` of the block, this step of the depth.
                     let row0 = i0.plus_scaled(mr as i64, &Affine::value(s));
-                    let k0 = Affine::value(kb).scaled(kc as i64).plus_scaled(1, &ku);
-                    self.index.insert(iv, row0.plus_scaled(1, &Affine::axis(0)));
-                    self.index.insert(kv, k0.plus_scaled(1, &Affine::axis(1)));
-                    let index =
-                        c.a.iter()
-                            .map(|e| self.affine(e))
-                            .collect::<Result<_, _>>()?;
+                    let index = self.index_at(
+                        &c.a,
+                        [
+                            (iv, row0.plus_scaled(1, &Affine::axis(0))),
+                            (kv, k0.plus_scaled(1, &Affine::axis(1))),
+                        ],
+                    )?;
                     let (a, index) = self.place(op.operands[0], index)?;
                     self.b.load(a, index, None, None, f32t(vec![mr, 1]))
                 }
@@ -2586,14 +2588,14 @@ impl<'a> Conv<'a> {
                 (_, None) => {
                     // Row `k` of the slice, this panel's columns, straight from
                     // the operand (zeros past its edges, as in a panel).
-                    let k0 = Affine::value(kb).scaled(kc as i64).plus_scaled(1, &ku);
                     let j0 = nb0.plus_scaled(1, &nb).scaled(nr as i64);
-                    self.index.insert(kv, k0.plus_scaled(1, &Affine::axis(0)));
-                    self.index.insert(jv, j0.plus_scaled(1, &Affine::axis(1)));
-                    let index =
-                        c.b.iter()
-                            .map(|e| self.affine(e))
-                            .collect::<Result<_, _>>()?;
+                    let index = self.index_at(
+                        &c.b,
+                        [
+                            (kv, k0.plus_scaled(1, &Affine::axis(0))),
+                            (jv, j0.plus_scaled(1, &Affine::axis(1))),
+                        ],
+                    )?;
                     let mask = ragged.then(|| {
                         self.b.mask(
                             vec![
@@ -2775,6 +2777,19 @@ impl<'a> Conv<'a> {
             .map(|e| self.affine(e))
             .collect::<Result<_, _>>()?;
         Ok((tile_index, limits, shape, axes))
+    }
+
+    /// `index` (into a product's operand) with two of the product's
+    /// counters at the given places.
+    fn index_at(
+        &mut self,
+        index: &[IndexExpr],
+        at: [(LValue, Affine); 2],
+    ) -> Result<Vec<Affine>, TileConvError> {
+        for (v, e) in at {
+            self.index.insert(v, e);
+        }
+        index.iter().map(|e| self.affine(e)).collect()
     }
 
     /// Whether `index` into buffer `buf` moves by one element when `var`
