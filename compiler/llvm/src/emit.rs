@@ -270,7 +270,18 @@ pub fn emit_shared_library<P: Program + ?Sized>(
                 .arg("-o")
                 .arg(path)
                 .arg(obj)
-                .args(["-lm", "-lgomp"]),
+                // The library needs the OpenMP runtime even though it only
+                // refers to it weakly (a program that links it itself may
+                // run without it): `--as-needed`, the default of Debian's
+                // and Ubuntu's linkers, would drop it, and a process that
+                // loads the library without OpenMP of its own (Python's
+                // ctypes) would run every kernel on one thread.
+                .args([
+                    "-lm",
+                    "-Wl,--push-state,--no-as-needed",
+                    "-lgomp",
+                    "-Wl,--pop-state",
+                ]),
             &format!("the C compiler `{cc}` (`-shared`)"),
         )
     })

@@ -725,6 +725,88 @@ fn check_affine_output(printed: &str, what: &str) {
     }
 }
 
+/// A C program that links no OpenMP runtime loads a shared library with
+/// `dlopen` (as Python's ctypes does), calls `dlc_mm_mm` on zeros and
+/// prints how many threads the process has.
+const C_DLOPEN: &str = r#"#define _GNU_SOURCE
+#include <dirent.h>
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+typedef int32_t (*mm_fn)(const float *, const float *, float *);
+
+static int threads(void) {
+    DIR *d = opendir("/proc/self/task");
+    int n = 0;
+    struct dirent *e;
+    if (!d) return -1;
+    while ((e = readdir(d)) != NULL)
+        if (e->d_name[0] != '.') n++;
+    closedir(d);
+    return n;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) return 2;
+    void *lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        fprintf(stderr, "%s\n", dlerror());
+        return 1;
+    }
+    mm_fn mm = (mm_fn)dlsym(lib, "dlc_mm_mm");
+    float *a = calloc(512 * 512, sizeof(float));
+    float *b = calloc(512 * 512, sizeof(float));
+    float *c = calloc(512 * 512, sizeof(float));
+    if (!mm || !a || !b || !c || mm(a, b, c) != 0) return 1;
+    printf("%d\n", threads());
+    return 0;
+}
+"#;
+
+/// A shared library brings the OpenMP runtime it was linked against: a
+/// process without one of its own (a C program that only `dlopen`s the
+/// library, as Python's ctypes does) runs its kernels on the runtime's
+/// threads. Linked `--as-needed`, the library lost the runtime and ran
+/// every kernel on the calling thread there.
+#[test]
+fn shared_libraries_run_their_kernels_on_threads_in_any_process() {
+    let d = Dir::new("so_threads");
+    let model = d.file(
+        "mm.dl",
+        "fn mm(a: f32[512, 512], b: f32[512, 512]) -> f32[512, 512] {\n    return a @ b;\n}\n",
+    );
+    let so = d.0.join("libmm.so");
+    let o = dlc(&[
+        "compile",
+        &model,
+        "--emit",
+        "so",
+        "-o",
+        so.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let main = d.file("load.c", C_DLOPEN);
+    let exe = d.0.join("load");
+    let cc = Command::new("cc")
+        .args(["-std=c99", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&main)
+        .arg("-ldl")
+        .output()
+        .expect("the C compiler `cc` (installed by `make setup`)");
+    assert!(cc.status.success(), "{}", stderr(&cc));
+    let run = Command::new(&exe)
+        .arg(&so)
+        .env("OMP_NUM_THREADS", "2")
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", stderr(&run));
+    let threads: usize = String::from_utf8_lossy(&run.stdout).trim().parse().unwrap();
+    assert!(threads >= 2, "the process ran on {threads} thread(s)");
+}
+
 /// A model with declared weights compiled to a shared library: its header
 /// declares the preparer and says which inputs come from it, and a kernel
 /// loaded from the library runs the preparer once per binding and takes
