@@ -383,7 +383,7 @@ struct Conv<'a> {
     /// While a fused kernel's second product is emitted: the scratch
     /// `[mc]` buffer of factors its result rows are scaled by (the rows
     /// of P it read were left unscaled).
-    row_scale: Option<Value>,
+    row_factors: Option<Value>,
 }
 
 /// What a packed product's epilogue needs once its block is computed (see
@@ -439,7 +439,7 @@ impl<'a> Conv<'a> {
             convs: HashMap::new(),
             weight_derived: HashSet::new(),
             strips: Strips::Own,
-            row_scale: None,
+            row_factors: None,
         };
         c.weight_derived = c.find_weight_derived();
         c
@@ -535,6 +535,18 @@ impl<'a> Conv<'a> {
     fn op(&self, id: LOpId) -> &'a dlc_loop::OpData {
         let src: &'a LFunction = self.src;
         src.op(id)
+    }
+
+    /// Product `m` and its sizes and indices.
+    fn contraction(
+        &self,
+        m: LOpId,
+    ) -> Result<(&'a dlc_loop::OpData, &'a dlc_loop::Contraction), TileConvError> {
+        let op = self.op(m);
+        match &op.kind {
+            L::Matmul(c) => Ok((op, c)),
+            _ => Err(self.invalid("not a contraction")),
+        }
     }
 
     fn function(mut self) -> Result<dlc_tile::Function, TileConvError> {
@@ -1486,10 +1498,7 @@ impl<'a> Conv<'a> {
         dst: Value,
         prefix: &[Affine],
     ) -> Result<(), TileConvError> {
-        let op = self.op(m);
-        let L::Matmul(c) = &op.kind else {
-            return Err(self.invalid("not a contraction"));
-        };
+        let (op, c) = self.contraction(m)?;
         let body: &'a LBlock = &op.regions[0];
         let (iv, kv) = (body.args[0], body.args[2]);
         let (mr, kc, kk) = (plan.mr, plan.kc, plan.kk);
@@ -2083,10 +2092,9 @@ impl<'a> Conv<'a> {
             // its result's row instead: `(c * p) @ v = c * (p @ v)`, a
             // pass over 64 columns instead of 384 in attention.
             let body = &rows.regions[0].ops;
-            let scale = self.row_scale(body, f.held[1]);
-            let row_scale = scale.map(|_| {
-                self.b
-                    .alloc(BufferType::contiguous(DType::F32, vec![mc], Space::Scratch))
+            let scale = self.row_scale(body, f.held[1]).map(|c| {
+                let factors = BufferType::contiguous(DType::F32, vec![mc], Space::Scratch);
+                (c, self.b.alloc(factors))
             });
             let (r, _) = self.b.begin_for(0, mc as i64, 1, &[]);
             // The first product's epilogue on the row, then the row nest
@@ -2096,22 +2104,22 @@ impl<'a> Conv<'a> {
                 rows.regions[0].args[0],
                 i0.plus_scaled(1, &Affine::value(r)),
             );
-            match (scale, row_scale) {
-                (Some((at, c)), Some(buf)) => {
-                    self.ops(&body[..at])?;
+            match scale {
+                Some((c, factors)) => {
+                    self.ops(&body[..body.len() - 1])?;
                     let c = self.scalar(c)?;
-                    self.b.store(c, buf, vec![Affine::value(r)], None);
+                    self.b.store(c, factors, vec![Affine::value(r)], None);
                 }
-                _ => self.ops(body)?,
+                None => self.ops(body)?,
             }
             self.b.end_for(vec![]);
             self.strips = self.rows_in_place(m2, &plans[1]);
-            self.row_scale = row_scale;
+            self.row_factors = scale.map(|(_, factors)| factors);
             let result = self
                 .program_product(m2, &plans[1], panels[1], &bat, &i0, &zero)
                 .and_then(|e| self.epilogue(&e));
             self.strips = Strips::Own;
-            self.row_scale = None;
+            self.row_factors = None;
             result
         })();
         self.redirects.clear();
@@ -2146,10 +2154,10 @@ impl<'a> Conv<'a> {
         }
     }
 
-    /// In a row nest's body, a last loop that only scales the row of `p`
-    /// by a factor computed before it, `p[.., i, k] = p[.., i, k] * c` for
-    /// every `k` (softmax's normalization): its position and `c`.
-    fn row_scale(&self, body: &[LOpId], p: LValue) -> Option<(usize, LValue)> {
+    /// Whether a row nest's body ends with a loop that only scales the row
+    /// of `p` by a factor computed before it, `p[.., i, k] = p[.., i, k] *
+    /// c` for every `k` (softmax's normalization): `c` if so.
+    fn row_scale(&self, body: &[LOpId], p: LValue) -> Option<LValue> {
         let (&last, _) = body.split_last()?;
         let op = self.op(last);
         let L::For { lo: 0, hi, step: 1 } = op.kind else {
@@ -2201,7 +2209,7 @@ impl<'a> Conv<'a> {
             && at_k
             && !inside.contains(&c)
             && c != k)
-            .then_some((body.len() - 1, c))
+            .then_some(c)
     }
 
     /// Where the programs of packed product `m` read the right operand's
@@ -2261,10 +2269,7 @@ impl<'a> Conv<'a> {
         batches: usize,
         chunked: bool,
     ) -> Result<PackPlan, TileConvError> {
-        let op = self.op(m);
-        let L::Matmul(c) = &op.kind else {
-            return Err(self.invalid("not a contraction"));
-        };
+        let (_, c) = self.contraction(m)?;
         let Some(Packing {
             blocking: [mr, nr, mc, kc],
             units,
@@ -2422,10 +2427,7 @@ impl<'a> Conv<'a> {
         i0: &Affine,
         chunk: &Affine,
     ) -> Result<Epilogue, TileConvError> {
-        let op = self.op(m);
-        let L::Matmul(c) = &op.kind else {
-            return Err(self.invalid("not a contraction"));
-        };
+        let (op, c) = self.contraction(m)?;
         // The program's first panel.
         let nb0 = &chunk.scaled(plan.per_chunk as i64);
         // An im2col right operand read from the convolution's input, in
@@ -2646,10 +2648,7 @@ impl<'a> Conv<'a> {
 
     /// A packed product's epilogue on row `r` of its block.
     fn epilogue_row(&mut self, e: &Epilogue, r: Value) -> Result<(), TileConvError> {
-        let op = self.op(e.m);
-        let L::Matmul(c) = &op.kind else {
-            return Err(self.invalid("not a contraction"));
-        };
+        let (op, c) = self.contraction(e.m)?;
         let body: &'a LBlock = &op.regions[0];
         let (iv, jv, kv, accv) = (body.args[0], body.args[1], body.args[2], body.args[3]);
         let nr = e.nr;
@@ -2666,7 +2665,7 @@ impl<'a> Conv<'a> {
         self.index.insert(iv, row0.plus_scaled(1, &Affine::axis(0)));
         self.index.insert(jv, col0.plus_scaled(1, &Affine::axis(1)));
         self.index.insert(kv, Affine::constant(0));
-        let sum = match self.row_scale {
+        let sum = match self.row_factors {
             Some(buf) => {
                 let c = self.b.load(
                     buf,
@@ -2713,10 +2712,7 @@ impl<'a> Conv<'a> {
         dst: Value,
         prefix: &[Affine],
     ) -> Result<(), TileConvError> {
-        let op = self.op(m);
-        let L::Matmul(c) = &op.kind else {
-            return Err(self.invalid("not a contraction"));
-        };
+        let (op, c) = self.contraction(m)?;
         let body: &'a LBlock = &op.regions[0];
         let (jv, kv) = (body.args[1], body.args[2]);
         let b = self.buffer(op.operands[1])?;
@@ -2887,9 +2883,7 @@ impl<'a> Conv<'a> {
     /// A contraction (and the parallel loops around it, `band`) as its own
     /// kernel: a grid over the batch and the result's blocks.
     fn dot_kernel(&mut self, band: &[LOpId], m: LOpId) -> Result<(), TileConvError> {
-        let L::Matmul(c) = &self.op(m).kind else {
-            return Err(self.invalid("not a contraction"));
-        };
+        let (_, c) = self.contraction(m)?;
         let blocks = self.dot_blocks(c);
         let row_blocks = (c.m.max(0) as usize).div_ceil(blocks[0]).max(1);
         self.dot_grid(band, m, blocks, (0, row_blocks), false)
@@ -2921,9 +2915,7 @@ impl<'a> Conv<'a> {
         m: LOpId,
         [rows, n]: [usize; 2],
     ) -> Result<(), TileConvError> {
-        let L::Matmul(c) = &self.op(m).kind else {
-            return Err(self.invalid("not a contraction"));
-        };
+        let (_, c) = self.contraction(m)?;
         let total = c.m.max(0) as usize;
         let full = total / rows;
         if full > 0 {
@@ -2947,9 +2939,7 @@ impl<'a> Conv<'a> {
         (first, count): (usize, usize),
         exact_rows: bool,
     ) -> Result<(), TileConvError> {
-        let L::Matmul(c) = &self.op(m).kind else {
-            return Err(self.invalid("not a contraction"));
-        };
+        let (_, c) = self.contraction(m)?;
         let mut grid: Vec<usize> = band
             .iter()
             .map(|l| {
@@ -2986,9 +2976,7 @@ impl<'a> Conv<'a> {
 
     /// A contraction inside a program: counted loops over its blocks.
     fn dot_in_program(&mut self, m: LOpId) -> Result<(), TileConvError> {
-        let L::Matmul(c) = &self.op(m).kind else {
-            return Err(self.invalid("not a contraction"));
-        };
+        let (_, c) = self.contraction(m)?;
         let [bm, bn, bk] = self.dot_blocks(c);
         let (ci, _) = self.b.begin_for(0, c.m, bm as i64, &[]);
         let (cj, _) = self.b.begin_for(0, c.n, bn as i64, &[]);
@@ -3019,10 +3007,7 @@ impl<'a> Conv<'a> {
         shared: bool,
         exact_rows: bool,
     ) -> Result<(), TileConvError> {
-        let op = self.op(m);
-        let L::Matmul(c) = &op.kind else {
-            return Err(self.invalid("not a contraction"));
-        };
+        let (op, c) = self.contraction(m)?;
         let body: &'a LBlock = &op.regions[0];
         let (iv, jv, kv, accv) = (body.args[0], body.args[1], body.args[2], body.args[3]);
         let (a, bbuf) = (self.buffer(op.operands[0])?, self.buffer(op.operands[1])?);

@@ -218,15 +218,7 @@ fn compile_emits_graph_ir_and_refuses_what_does_not_exist_yet() {
     let d = Dir::new("compile");
     let model = d.file("m.dl", MODEL);
     let out = d.0.join("m.graph");
-    let o = dlc(&[
-        "compile",
-        &model,
-        "--emit",
-        "graph",
-        "-o",
-        out.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    emit_to(&model, "graph", &out);
     let text = std::fs::read_to_string(&out).unwrap();
     assert!(text.starts_with("graph.func @affine("), "{text}");
     let o = dlc(&["compile", &model, "--entry", "pair", "--emit", "graph"]);
@@ -654,17 +646,22 @@ fn affine_reference() -> Vec<f64> {
 fn emit_object_and_header(d: &Dir, model: &str, stem: &str) -> (PathBuf, String) {
     let (obj, header) = (d.0.join(format!("{stem}.o")), d.0.join(format!("{stem}.h")));
     for (emit, path) in [("obj", &obj), ("header", &header)] {
-        let o = dlc(&[
-            "compile",
-            model,
-            "--emit",
-            emit,
-            "-o",
-            path.to_str().unwrap(),
-        ]);
-        assert!(o.status.success(), "{emit}: {}", stderr(&o));
+        emit_to(model, emit, path);
     }
     (obj, std::fs::read_to_string(&header).unwrap())
+}
+
+/// `dlc compile MODEL --emit EMIT -o PATH`, which must succeed.
+fn emit_to(model: &str, emit: &str, path: &Path) {
+    let o = dlc(&[
+        "compile",
+        model,
+        "--emit",
+        emit,
+        "-o",
+        path.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{emit}: {}", stderr(&o));
 }
 
 /// Builds `main` with `obj` into `DIR/EXE` (`cc -std=c99 -Wall -Werror`)
@@ -778,15 +775,7 @@ fn shared_libraries_run_their_kernels_on_threads_in_any_process() {
         "fn mm(a: f32[512, 512], b: f32[512, 512]) -> f32[512, 512] {\n    return a @ b;\n}\n",
     );
     let so = d.0.join("libmm.so");
-    let o = dlc(&[
-        "compile",
-        &model,
-        "--emit",
-        "so",
-        "-o",
-        so.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    emit_to(&model, "so", &so);
     let main = d.file("load.c", C_DLOPEN);
     let exe = d.0.join("load");
     let cc = Command::new("cc")
@@ -820,15 +809,7 @@ fn shared_libraries_prepare_declared_weights() {
          return relu(x @ w + b);\n}\n",
     );
     let so = d.0.join("libw.so");
-    let o = dlc(&[
-        "compile",
-        &model,
-        "--emit",
-        "so",
-        "-o",
-        so.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    emit_to(&model, "so", &so);
     let h = dlc(&["compile", &model, "--emit", "header", "-o", "-"]);
     let h = String::from_utf8_lossy(&h.stdout);
     assert!(
@@ -867,15 +848,7 @@ fn shared_libraries_load_and_check_their_arguments() {
     let d = Dir::new("so");
     let model = d.file("m.dl", MODEL);
     let so = d.0.join("libmodel.so");
-    let o = dlc(&[
-        "compile",
-        &model,
-        "--emit",
-        "so",
-        "-o",
-        so.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    emit_to(&model, "so", &so);
     fails_with(&dlc(&["compile", &model, "--emit", "so"]), "give -o FILE");
     let lib = dlc_runtime::SharedLibrary::open(&so).unwrap();
     let affine = lib.kernel("dlc_m_affine").unwrap();
@@ -1339,26 +1312,10 @@ fn static_libraries_link_into_a_c_program() {
     let d = Dir::new("lib");
     let model = d.file("m.dl", MODEL);
     let lib = d.0.join("libm_model.a");
-    let o = dlc(&[
-        "compile",
-        &model,
-        "--emit",
-        "lib",
-        "-o",
-        lib.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    emit_to(&model, "lib", &lib);
     fails_with(&dlc(&["compile", &model, "--emit", "lib"]), "give -o FILE");
     // Written again over the old archive: still one member.
-    let o = dlc(&[
-        "compile",
-        &model,
-        "--emit",
-        "lib",
-        "-o",
-        lib.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    emit_to(&model, "lib", &lib);
     let members = Command::new("ar").arg("t").arg(&lib).output().unwrap();
     assert_eq!(String::from_utf8_lossy(&members.stdout).lines().count(), 1);
     let (_, h) = emit_object_and_header(&d, &model, "model");
@@ -1388,15 +1345,7 @@ fn two_models_link_into_one_program() {
             ("header", format!("{stem}.h")),
         ] {
             let path = d.0.join(file);
-            let o = dlc(&[
-                "compile",
-                &model,
-                "--emit",
-                emit,
-                "-o",
-                path.to_str().unwrap(),
-            ]);
-            assert!(o.status.success(), "{emit}: {}", stderr(&o));
+            emit_to(&model, emit, &path);
         }
     }
     let main = d.file(
