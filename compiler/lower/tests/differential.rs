@@ -316,37 +316,41 @@ fn convolutions_as_winograd() {
     }
     // On a CPU, each convolution's transforms and packed products are one
     // kernel over rows of tiles, and the transformed input and products
-    // (the `[36, tiles, C]` buffers) are never allocated; 16 output
-    // channels make narrow products (not packed), which stay three
-    // kernels. With declared weights, the kernel's transform and its
-    // packing are the preparer's: a call runs, per convolution, the fused
-    // kernel and the pass after it (batchnorm and relu; residual and relu).
-    for (src, fused) in winograd.iter().zip([false, true, false, true]) {
-        let cpu = kernels(&graph(src), TargetDesc::host());
-        let text = dlc_tile::print_module(&cpu);
+    // (the `[36, tiles, C]` buffers) are never allocated; output channels
+    // within one vector make narrow products (not packed), which stay
+    // three kernels: 16 channels on AVX-512, none of these on AVX2. With
+    // declared weights, the kernel's transform and its packing are the
+    // preparer's: a call runs, per convolution, the fused kernel and the
+    // pass after it (batchnorm and relu; residual and relu).
+    for cpu in [TargetDesc::x86_64_avx512(2), TargetDesc::x86_64_avx2(2)] {
+        for (src, channels) in winograd.iter().zip([16, 24, 16, 32]) {
+            let fused = channels > cpu.lanes(dlc_core::DType::F32);
+            let tiles = kernels(&graph(src), &cpu);
+            let text = dlc_tile::print_module(&tiles);
+            let body = text.split("tile.func @f_prepare").next().unwrap();
+            assert_eq!(
+                body.contains("schedule = \"winograd\""),
+                fused,
+                "{}: {src}\n{text}",
+                cpu.name
+            );
+            // V and M; U too, when the kernel is not a declared weight (its
+            // packed panels are 5-D).
+            let transformed = body
+                .lines()
+                .filter_map(|l| l.split("tile.alloc : buffer<f32[36, ").nth(1))
+                .filter(|rest| rest.ends_with("]>") && rest.matches(", ").count() == 1)
+                .count();
+            assert_eq!(transformed <= 1, fused, "{}: {src}\n{text}", cpu.name);
+        }
+        let cpu_tiles = kernels(&graph(winograd[3]), &cpu);
+        let text = dlc_tile::print_module(&cpu_tiles);
+        let f = cpu_tiles.functions.iter().find(|f| f.name == "f").unwrap();
+        assert!(f.prepare.is_some(), "{text}");
         let body = text.split("tile.func @f_prepare").next().unwrap();
-        assert_eq!(
-            body.contains("schedule = \"winograd\""),
-            fused,
-            "{src}\n{text}"
-        );
-        // V and M; U too, when the kernel is not a declared weight (its
-        // packed panels are 5-D).
-        let transformed = body
-            .lines()
-            .filter_map(|l| l.split("tile.alloc : buffer<f32[36, ").nth(1))
-            .filter(|rest| rest.ends_with("]>") && rest.matches(", ").count() == 1)
-            .count();
-        assert_eq!(transformed <= 1, fused, "{src}\n{text}");
+        assert_eq!(body.matches("tile.kernel").count(), 4, "{text}");
+        assert_eq!(body.matches("schedule = \"winograd\"").count(), 2, "{text}");
     }
-    let m = graph(winograd[3]);
-    let cpu = kernels(&m, TargetDesc::host());
-    let text = dlc_tile::print_module(&cpu);
-    let f = cpu.functions.iter().find(|f| f.name == "f").unwrap();
-    assert!(f.prepare.is_some(), "{text}");
-    let body = text.split("tile.func @f_prepare").next().unwrap();
-    assert_eq!(body.matches("tile.kernel").count(), 4, "{text}");
-    assert_eq!(body.matches("schedule = \"winograd\"").count(), 2, "{text}");
 }
 
 #[test]

@@ -214,6 +214,36 @@ pub fn run(m: &Module, entry: &str, inputs: &[HostTensor]) -> Result<Vec<HostTen
     )
 }
 
+/// compiler-rt's conversions between f32 and the 16-bit floats that LLVM
+/// calls where the CPU has no instruction for them (f32 -> bf16 on every
+/// CPU without AVX-512 BF16, also for a bf16 value carried through a `phi`,
+/// which LLVM widens to f32 and narrows again; f16 both ways below
+/// x86-64-v3's F16C; bf16 -> f32 is always a shift) and that nothing in this
+/// process provides (Debian's libgcc has no `__truncsfbf2`). They are handed
+/// to the execution engine, so MLIR's code runs on every CPU.
+/// A 16-bit float travels in the low 16 bits of the first vector register,
+/// as the low bits of an f32 (x86-64 and AArch64 C ABIs).
+const CONVERSION_ROUTINES: [(&str, extern "C" fn(f32) -> f32); 3] = [
+    ("__truncsfbf2", truncsfbf2),
+    ("__truncsfhf2", truncsfhf2),
+    ("__extendhfsf2", extendhfsf2),
+];
+
+/// f32 -> bf16, rounded to nearest even (NaN stays NaN).
+extern "C" fn truncsfbf2(x: f32) -> f32 {
+    f32::from_bits(u32::from(half::bf16::from_f32(x).to_bits()))
+}
+
+/// f32 -> f16, rounded to nearest even.
+extern "C" fn truncsfhf2(x: f32) -> f32 {
+    f32::from_bits(u32::from(half::f16::from_f32(x).to_bits()))
+}
+
+/// f16 (the low 16 bits) -> f32, exactly.
+extern "C" fn extendhfsf2(x: f32) -> f32 {
+    half::f16::from_bits(x.to_bits() as u16).to_f32()
+}
+
 /// Function `entry` of `functions`.
 fn find<'m, F>(
     functions: &'m [F],
@@ -277,6 +307,12 @@ fn run_text(
     let mut module = session.parse_text(text)?;
     lower(&session, &mut module, pipeline)?;
     let engine = melior::ExecutionEngine::new(&module, opt_level, &[], false, false);
+    for (name, routine) in CONVERSION_ROUTINES {
+        // SAFETY: each routine is an `extern "C"` function of this process,
+        // alive as long as the engine, with the C type LLVM calls it by
+        // (see `CONVERSION_ROUTINES`).
+        unsafe { engine.register_symbol(name, routine as *mut ()) };
+    }
     // The packed wrapper of the entry point's C interface: one `void *` per
     // parameter, each pointing to the parameter's value, a pointer to a
     // memref descriptor.

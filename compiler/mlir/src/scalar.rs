@@ -31,15 +31,25 @@ pub(crate) struct Writer {
 
 impl Writer {
     /// Opens `func.func @{name}(params)`, with the status parameter and the
-    /// C interface when running.
+    /// C interface when running, and then, where `native` names a CPU
+    /// (`DLC_CPU`), that CPU: the execution engine compiles for this
+    /// machine's CPU and features unless a function says otherwise.
     pub fn open_function(&mut self, name: &str, mut params: Vec<String>) {
         if let Some(status) = &self.status {
             params.push(format!("{status}: memref<i32>"));
         }
-        let attrs = if self.status.is_some() {
-            " attributes {llvm.emit_c_interface}"
-        } else {
-            ""
+        let cpu = dlc_core::TargetDesc::host()
+            .cpu()
+            .and_then(|c| c.llvm_cpu.as_deref());
+        let attrs = match (&self.status, cpu) {
+            (None, _) => String::new(),
+            (Some(_), None) => " attributes {llvm.emit_c_interface}".into(),
+            // The CPU's own features only: an empty feature list replaces
+            // the engine's (this machine's).
+            (Some(_), Some(cpu)) => format!(
+                " attributes {{llvm.emit_c_interface, target_cpu = \"{cpu}\", \
+                 target_features = #llvm.target_features<[]>}}"
+            ),
         };
         self.open(&format!(
             "func.func @{name}({}){attrs} {{",

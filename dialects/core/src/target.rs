@@ -132,6 +132,12 @@ pub const LLVM_CPUS: [(&str, &str, bool); 19] = [
     ("znver5", "x86-64-v4", true),
 ];
 
+/// The environment variable that makes `native` (the `host` target, `--cpu
+/// native`, the JIT, the schedules and the cost model) mean another CPU for
+/// the whole process: any name `--cpu` takes (`DLC_CPU=x86-64-v3`), so that
+/// a machine with AVX-512 compiles and runs as an AVX2 one would.
+pub const CPU_ENV: &str = "DLC_CPU";
+
 /// The names [`TargetDesc::named`] knows.
 pub const TARGET_NAMES: [&str; 6] = [
     "host",
@@ -149,6 +155,59 @@ const MIN_PACKED_MACS: usize = 16 * 1024;
 /// A parallel loop with fewer iterations than this is looked through for a
 /// wider one inside before being spread over threads.
 const MIN_THREAD_ITERATIONS: usize = 8;
+
+/// The instructions code for the x86-64 `level` (and AVX-512 BF16 when
+/// `bf16`) uses that this machine lacks, by the names `/proc/cpuinfo` gives.
+#[cfg(target_arch = "x86_64")]
+fn host_lacks(level: &str, bf16: bool) -> Vec<&'static str> {
+    use std::arch::is_x86_feature_detected as has;
+    let rank = CPU_LEVELS[1..]
+        .iter()
+        .position(|&l| l == level)
+        .unwrap_or(0);
+    let mut wanted = Vec::new();
+    if rank >= 1 {
+        wanted.extend([
+            ("ssse3", has!("ssse3")),
+            ("sse4_2", has!("sse4.2")),
+            ("popcnt", has!("popcnt")),
+            ("cx16", has!("cmpxchg16b")),
+        ]);
+    }
+    if rank >= 2 {
+        wanted.extend([
+            ("avx2", has!("avx2")),
+            ("fma", has!("fma")),
+            ("bmi2", has!("bmi2")),
+            ("f16c", has!("f16c")),
+            ("movbe", has!("movbe")),
+            ("lzcnt", has!("lzcnt")),
+        ]);
+    }
+    if rank >= 3 {
+        wanted.extend([
+            ("avx512f", has!("avx512f")),
+            ("avx512bw", has!("avx512bw")),
+            ("avx512cd", has!("avx512cd")),
+            ("avx512dq", has!("avx512dq")),
+            ("avx512vl", has!("avx512vl")),
+        ]);
+    }
+    if bf16 {
+        wanted.push(("avx512_bf16", has!("avx512bf16")));
+    }
+    wanted
+        .into_iter()
+        .filter(|&(_, present)| !present)
+        .map(|(name, _)| name)
+        .collect()
+}
+
+/// Off x86-64, every x86-64 CPU's code is foreign.
+#[cfg(not(target_arch = "x86_64"))]
+fn host_lacks(_level: &str, _bf16: bool) -> Vec<&'static str> {
+    vec!["the x86-64 instruction set"]
+}
 
 impl TargetDesc {
     /// An x86-64 CPU with AVX-512 (F, FMA): 32 registers of 512 bits.
@@ -232,17 +291,26 @@ impl TargetDesc {
     }
 
     /// The CPU `--cpu CPU` means: `native` (this machine: its CPU and
-    /// every feature it has), an x86-64 microarchitecture level, whose code
-    /// runs on any CPU of that level (`x86-64`: SSE2, every x86-64 CPU;
-    /// `x86-64-v2`: SSE4.2; `x86-64-v3`: AVX2, FMA; `x86-64-v4`: AVX-512),
-    /// or one of the LLVM CPU names of [`LLVM_CPUS`] (code tuned for that
-    /// CPU, needing its instructions).
+    /// every feature it has, or the CPU [`CPU_ENV`] names), an x86-64
+    /// microarchitecture level, whose code runs on any CPU of that level
+    /// (`x86-64`: SSE2, every x86-64 CPU; `x86-64-v2`: SSE4.2; `x86-64-v3`:
+    /// AVX2, FMA; `x86-64-v4`: AVX-512), or one of the LLVM CPU names of
+    /// [`LLVM_CPUS`] (code tuned for that CPU, needing its instructions).
     pub fn for_cpu(cpu: &str) -> Result<TargetDesc, String> {
+        if cpu == "native" {
+            TargetDesc::cpu_from_env()?;
+            return Ok(TargetDesc::host().clone());
+        }
+        TargetDesc::named_cpu(cpu).map(|(t, ..)| t)
+    }
+
+    /// The description of a CPU other than `native`, with the level whose
+    /// vector code it gets and whether it has AVX-512 BF16.
+    fn named_cpu(cpu: &str) -> Result<(TargetDesc, &'static str, bool), String> {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let (level, bf16) = match cpu {
-            "native" => return Ok(TargetDesc::host().clone()),
-            "x86-64" | "x86-64-v2" | "x86-64-v3" | "x86-64-v4" => (cpu, false),
-            _ => match LLVM_CPUS.iter().find(|(name, ..)| *name == cpu) {
+        let (level, bf16) = match CPU_LEVELS[1..].iter().find(|&&level| level == cpu) {
+            Some(&level) => (level, false),
+            None => match LLVM_CPUS.iter().find(|(name, ..)| *name == cpu) {
                 Some(&(_, level, bf16)) => (level, bf16),
                 None => {
                     return Err(format!(
@@ -262,19 +330,53 @@ impl TargetDesc {
             c.llvm_cpu = Some(cpu.into());
             c.avx512_bf16 = bf16;
         }
-        Ok(t)
+        Ok((t, level, bf16))
     }
 
-    /// This machine's CPU: AVX-512 when it has AVX512F, else AVX2, with
-    /// its core count (detected once).
+    /// The CPU [`CPU_ENV`] names in place of this machine's, when it is set
+    /// (and is not `native`), or why it cannot stand for this machine: a
+    /// name `--cpu` does not take, or a CPU whose instructions (those of its
+    /// x86-64 level, and AVX-512 BF16 where it has them) this machine lacks,
+    /// so that code compiled for it would not run here.
+    pub fn cpu_from_env() -> Result<Option<TargetDesc>, String> {
+        let Some(value) = std::env::var_os(CPU_ENV) else {
+            return Ok(None);
+        };
+        let Some(cpu) = value.to_str().map(str::trim) else {
+            return Err(format!("{CPU_ENV} is not UTF-8: {value:?}"));
+        };
+        if cpu.is_empty() || cpu == "native" {
+            return Ok(None);
+        }
+        let (t, level, bf16) =
+            TargetDesc::named_cpu(cpu).map_err(|e| format!("{CPU_ENV}={cpu}: {e}"))?;
+        let lacking = host_lacks(level, bf16);
+        if !lacking.is_empty() {
+            return Err(format!(
+                "{CPU_ENV}={cpu}: this machine's CPU lacks {}, which code for `{cpu}` uses",
+                lacking.join(", ")
+            ));
+        }
+        Ok(Some(t))
+    }
+
+    /// What `native` means for this process: the CPU [`CPU_ENV`] names, or
+    /// else this machine's (AVX-512 when it has AVX512F, else AVX2), with
+    /// its core count; decided once. A [`CPU_ENV`] that cannot stand for
+    /// this machine is not used here: [`TargetDesc::for_cpu`] and
+    /// [`TargetDesc::named`] report it, and the tools do before anything
+    /// else.
     pub fn host() -> &'static TargetDesc {
         static HOST: std::sync::OnceLock<TargetDesc> = std::sync::OnceLock::new();
-        HOST.get_or_init(|| {
-            let mut t = TargetDesc::detect_host();
-            if let TargetKind::Cpu(c) = &mut t.kind {
-                c.llvm_cpu = None;
+        HOST.get_or_init(|| match TargetDesc::cpu_from_env() {
+            Ok(Some(t)) => t,
+            Ok(None) | Err(_) => {
+                let mut t = TargetDesc::detect_host();
+                if let TargetKind::Cpu(c) = &mut t.kind {
+                    c.llvm_cpu = None;
+                }
+                t
             }
-            t
         })
     }
 
@@ -337,7 +439,7 @@ impl TargetDesc {
     pub fn named(name: &str) -> Result<TargetDesc, String> {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         match name {
-            "host" => Ok(TargetDesc::host().clone()),
+            "host" => TargetDesc::for_cpu("native"),
             "x86-64-avx512" => Ok(TargetDesc::x86_64_avx512(cores)),
             "x86-64-avx2" => Ok(TargetDesc::x86_64_avx2(cores)),
             "aarch64-linux-gnu" | "aarch64-unknown-linux-gnu" => {

@@ -8,7 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::{Dir, dlc, fails_with, stderr};
+use common::{Dir, dlc, dlc_with_env, fails_with, stderr};
 
 use dlc_core::{DType, TensorType};
 use dlc_runtime::HostTensor;
@@ -1501,6 +1501,102 @@ fn objects_for_a_cpu_level_use_only_its_instructions() {
         "unknown CPU `pentium9` (known: native, x86-64, x86-64-v2, x86-64-v3, x86-64-v4, or an \
          LLVM CPU name: nehalem, sandybridge,",
     );
+}
+
+/// `DLC_CPU` makes `native` mean another CPU for the whole process: code
+/// for `native` is that CPU's (AVX2 vectors under `x86-64-v3`, whatever this
+/// machine has), its schedules are that CPU's, and every back end runs on it
+/// (bf16 through MLIR's lowering too, which has no conversion routine to call
+/// on a CPU without bf16 instructions). A CPU this machine cannot run, or
+/// one `--cpu` does not know, is an error before anything else.
+#[test]
+fn dlc_cpu_makes_native_another_cpu() {
+    let d = Dir::new("dlc-cpu");
+    let model = d.file(
+        "m.dl",
+        "fn big(x: f32[64, 96], w: f32[96, 80]) -> f32[64, 80] { return tanh(x @ w); }\n\
+         fn narrow(x: f32[5, 16], b: bf16[16]) -> (bf16[5, 16], bf16[16]) { \
+         return (cast(x, bf16) * b + 1.0, silu(b) - floor(b * 2.0)); }\n",
+    );
+    let v3 = [("DLC_CPU", "x86-64-v3")];
+    let out = |o: Output| -> String {
+        assert!(o.status.success(), "{}", stderr(&o));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let asm = out(dlc_with_env(&v3, &["compile", &model, "--emit", "asm"]));
+    assert!(asm.contains("%ymm") && !asm.contains("%zmm"), "{asm}");
+    let header = out(dlc_with_env(&v3, &["compile", &model, "--emit", "header"]));
+    assert!(
+        header.contains("Compiled for x86-64-v3: it runs on any x86-64 CPU of that level."),
+        "{header}"
+    );
+    // The schedules are the CPU's: AVX2's register tile is 6 x 16 f32.
+    let tiles = out(dlc_with_env(
+        &v3,
+        &["compile", &model, "--emit", "tile", "--entry", "big"],
+    ));
+    assert_eq!(
+        tiles,
+        out(dlc(&[
+            "compile",
+            &model,
+            "--emit",
+            "tile",
+            "--entry",
+            "big",
+            "--target",
+            "x86-64-avx2"
+        ])),
+    );
+    for backend in ["cpu", "mlir", "mlir-tile", "tile", "loop"] {
+        for entry in ["big", "narrow"] {
+            let o = dlc_with_env(
+                &v3,
+                &[
+                    "run",
+                    &model,
+                    "--backend",
+                    backend,
+                    "--entry",
+                    entry,
+                    "--random-inputs",
+                    "1",
+                    "--check",
+                ],
+            );
+            assert!(
+                out(o).contains("check: ok: out0"),
+                "{backend} {entry} under DLC_CPU=x86-64-v3"
+            );
+        }
+    }
+    // `native` (or nothing) is this machine.
+    let native = |value: &str| {
+        out(dlc_with_env(
+            &[("DLC_CPU", value)],
+            &["compile", &model, "--emit", "header"],
+        ))
+    };
+    assert!(
+        native("native").contains("Compiled for the CPU of the machine that compiled it"),
+        "{}",
+        native("native")
+    );
+    assert_eq!(native("native"), native(""));
+    fails_with(
+        &dlc_with_env(&[("DLC_CPU", "pentium9")], &["check", &model]),
+        "DLC_CPU=pentium9: unknown CPU `pentium9`",
+    );
+    // AVX-512 stands for this machine only where it has AVX-512.
+    let v4 = dlc_with_env(
+        &[("DLC_CPU", "x86-64-v4")],
+        &["compile", &model, "--emit", "asm", "--entry", "big"],
+    );
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        assert!(out(v4).contains("%zmm"));
+    } else {
+        fails_with(&v4, "DLC_CPU=x86-64-v4: this machine's CPU lacks avx512f");
+    }
 }
 
 /// `--target aarch64-linux-gnu` cross-compiles: the object is AArch64 ELF

@@ -53,8 +53,14 @@ impl Drop for Dir {
 /// Runs `dlc` with `args`, its object cache in the build's temporary
 /// directory (not the user's).
 pub fn dlc(args: &[&str]) -> Output {
+    dlc_with_env(&[], args)
+}
+
+/// [`dlc`] with `env` added to its environment.
+pub fn dlc_with_env(env: &[(&str, &str)], args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_dlc"))
         .env("DLC_CACHE_DIR", cache_dir())
+        .envs(env.iter().copied())
         .args(args)
         .output()
         .unwrap()
