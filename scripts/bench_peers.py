@@ -16,7 +16,12 @@ For every entry point of examples/w*.dl:
   process's peak resident memory, and the cold compile (dlc: source to first
   result; onnxruntime: session creation; JAX: first call less a steady one).
 The machine's FP32 FMA peak is measured by scripts/fma_peak.c at each thread
-count. Writes OUT/peers.json (one object per line) and OUT/peers.md.
+count. Under DLC_CPU (`DLC_CPU=x86-64-v3 make bench-peers`: dlc compiles as
+for that CPU), the peak is measured with that CPU's vectors (`-march`), JAX is
+held to the same vector width where the CPU is an x86-64 level
+(`--xla_cpu_max_isa`), and the report says so; onnxruntime picks its kernels by
+what the machine has. Writes OUT/peers.json (one object per line) and
+OUT/peers.md.
 """
 import json
 import math
@@ -28,6 +33,11 @@ import time
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 TOLERANCE = 1e-3
 PEERS = ["onnxruntime", "jax"]
+
+# The CPU dlc compiles for: DLC_CPU (any name `dlc --cpu` takes), else this
+# machine's. XLA's name for the instructions of each x86-64 level.
+CPU = os.environ.get("DLC_CPU", "").strip() or "native"
+XLA_MAX_ISA = {"x86-64-v2": "SSE4_2", "x86-64-v3": "AVX2", "x86-64-v4": "AVX512"}
 
 # (entry, file, parameters that are activations; the rest are weights, which
 # onnxruntime gets as initializers, as an exported model has them)
@@ -319,7 +329,7 @@ def main():
     rows = []
 
     peak_bin = os.path.join(out, "fma_peak")
-    subprocess.run(["cc", "-O2", "-march=native", "-ffp-contract=fast", "-pthread",
+    subprocess.run(["cc", "-O2", f"-march={CPU}", "-ffp-contract=fast", "-pthread",
                     os.path.join(ROOT, "scripts", "fma_peak.c"), "-o", peak_bin], check=True)
     peak = {}
     for t in threads:
@@ -355,7 +365,8 @@ def main():
             for peer in PEERS:
                 env = dict(os.environ, OMP_NUM_THREADS=str(t),
                            XLA_FLAGS=f"--xla_cpu_multi_thread_eigen={'true' if t > 1 else 'false'} "
-                                     f"intra_op_parallelism_threads={t}")
+                                     f"intra_op_parallelism_threads={t}"
+                                     + (f" --xla_cpu_max_isa={XLA_MAX_ISA[CPU]}" if CPU in XLA_MAX_ISA else ""))
                 try:
                     o, rss = run_measured([sys.executable, os.path.abspath(__file__), "--worker", peer, entry,
                                            data, str(t), str(args.runs)], t, env)
@@ -393,8 +404,11 @@ def report(rows, threads, peak):
         if r["kind"] == "time" and "median_ms" in r and r.get("error", 1) <= TOLERANCE:
             times[(r["entry"], r["who"], r["threads"])] = r
     entries = [w[0] for w in WORKLOADS if any(k[0] == w[0] for k in times)]
-    lines = ["FMA peak (scripts/fma_peak.c): " +
+    lines = [f"FMA peak (scripts/fma_peak.c, -march={CPU}): " +
              ", ".join(f"{peak[t]:.1f} GFLOP/s on {t} thread(s)" for t in threads), ""]
+    if CPU != "native":
+        lines[-1:-1] = [f"dlc compiled for DLC_CPU={CPU}; JAX held to "
+                        f"{XLA_MAX_ISA.get(CPU, 'this machine')}'s instructions; onnxruntime used this machine's.", ""]
     header = "| workload |"
     rule = "|---|"
     for t in threads:
