@@ -165,41 +165,31 @@ fn host_lacks(level: &str, bf16: bool) -> Vec<&'static str> {
         .iter()
         .position(|&l| l == level)
         .unwrap_or(0);
-    let mut wanted = Vec::new();
-    if rank >= 1 {
-        wanted.extend([
-            ("ssse3", has!("ssse3")),
-            ("sse4_2", has!("sse4.2")),
-            ("popcnt", has!("popcnt")),
-            ("cx16", has!("cmpxchg16b")),
-        ]);
-    }
-    if rank >= 2 {
-        wanted.extend([
-            ("avx2", has!("avx2")),
-            ("fma", has!("fma")),
-            ("bmi2", has!("bmi2")),
-            ("f16c", has!("f16c")),
-            ("movbe", has!("movbe")),
-            ("lzcnt", has!("lzcnt")),
-        ]);
-    }
-    if rank >= 3 {
-        wanted.extend([
-            ("avx512f", has!("avx512f")),
-            ("avx512bw", has!("avx512bw")),
-            ("avx512cd", has!("avx512cd")),
-            ("avx512dq", has!("avx512dq")),
-            ("avx512vl", has!("avx512vl")),
-        ]);
-    }
-    if bf16 {
-        wanted.push(("avx512_bf16", has!("avx512bf16")));
-    }
+    // Each level's instructions (LLVM's definitions), by the first level
+    // (1: v2, 2: v3, 3: v4) that has them.
+    let wanted = [
+        (1, "ssse3", has!("ssse3")),
+        (1, "sse4_2", has!("sse4.2")),
+        (1, "popcnt", has!("popcnt")),
+        (1, "cx16", has!("cmpxchg16b")),
+        (2, "avx2", has!("avx2")),
+        (2, "fma", has!("fma")),
+        (2, "bmi2", has!("bmi2")),
+        (2, "f16c", has!("f16c")),
+        (2, "movbe", has!("movbe")),
+        (2, "lzcnt", has!("lzcnt")),
+        (3, "avx512f", has!("avx512f")),
+        (3, "avx512bw", has!("avx512bw")),
+        (3, "avx512cd", has!("avx512cd")),
+        (3, "avx512dq", has!("avx512dq")),
+        (3, "avx512vl", has!("avx512vl")),
+    ];
+    let bf16_lacking = (bf16 && !has!("avx512bf16")).then_some("avx512_bf16");
     wanted
         .into_iter()
-        .filter(|&(_, present)| !present)
-        .map(|(name, _)| name)
+        .filter(|&(from, _, present)| from <= rank && !present)
+        .map(|(_, name, _)| name)
+        .chain(bf16_lacking)
         .collect()
 }
 
@@ -570,5 +560,32 @@ mod tests {
         assert_eq!(sm90.gpu().map(|g| g.compute_capability), Some((9, 0)));
         assert!(TargetDesc::named("sm_75").is_err());
         assert!(TargetDesc::host().cpu().is_some());
+    }
+
+    #[test]
+    fn cpus_are_named_with_their_level_and_what_this_machine_lacks() {
+        let (t, level, bf16) = TargetDesc::named_cpu("znver4").expect("known");
+        assert_eq!((level, bf16), ("x86-64-v4", true));
+        assert_eq!(t.cpu().and_then(|c| c.llvm_cpu.as_deref()), Some("znver4"));
+        assert_eq!(t.lanes(DType::F32), 16);
+        let (t, level, _) = TargetDesc::named_cpu("x86-64-v3").expect("known");
+        assert_eq!((level, t.lanes(DType::F32)), ("x86-64-v3", 8));
+        let unknown = TargetDesc::named_cpu("pentium9").map(|_| ());
+        assert!(unknown.is_err_and(|e| e.starts_with("unknown CPU `pentium9`")));
+        // `native` is not a name of a CPU but this machine.
+        assert!(TargetDesc::named_cpu("native").is_err());
+        #[cfg(target_arch = "x86_64")]
+        {
+            assert!(host_lacks("x86-64", false).is_empty());
+            let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+            assert_eq!(host_lacks("x86-64-v4", false).contains(&"avx512f"), !avx512);
+            // The levels below need none of AVX-512.
+            assert!(!host_lacks("x86-64-v3", false).contains(&"avx512f"));
+            let bf16 = std::arch::is_x86_feature_detected!("avx512bf16");
+            assert_eq!(
+                host_lacks("x86-64", true),
+                if bf16 { vec![] } else { vec!["avx512_bf16"] }
+            );
+        }
     }
 }
