@@ -79,7 +79,7 @@ pub struct Packing {
     pub copy_depth: usize,
     /// `[rows, columns]`: a product of at most `columns` columns, which
     /// `blocking`'s wider tile would pad, is not packed but runs in
-    /// programs of `rows` rows (the target's `narrow_mr x lanes`); `None`:
+    /// programs of `rows` rows (the target's `narrow_mr x narrow_n`); `None`:
     /// every product is packed.
     pub narrow: Option<[usize; 2]>,
     /// A product's programs are made a multiple of this where that takes
@@ -169,7 +169,7 @@ impl ScheduleParams {
                     min_macs: target.min_packed_macs(),
                     units: g.min_units,
                     copy_depth: g.lanes,
-                    narrow: (g.nr > g.lanes).then_some([g.narrow_mr, g.lanes]),
+                    narrow: (g.nr > g.lanes).then_some([g.narrow_mr, g.narrow_n]),
                     balance: 2,
                     l1_sets: target.cpu().map_or(0, |c| c.l1_sets),
                     l2_bytes: target.cpu().map_or(0, |c| c.l2_bytes),
@@ -1995,9 +1995,9 @@ impl<'a> Conv<'a> {
         Ok(())
     }
 
-    /// Whether contraction `m` runs as a packed product of more than one
-    /// vector of columns (not the narrow kernel): what fusing into its
-    /// programs takes.
+    /// Whether contraction `m` runs as a packed product wider than the
+    /// target's narrow products (not the narrow kernel): what fusing into
+    /// its programs takes.
     fn packs_wide(&self, m: LOpId) -> bool {
         self.packs(m) && self.narrow(m).is_none()
     }
@@ -2901,8 +2901,8 @@ impl<'a> Conv<'a> {
         (n <= cols).then_some([rows.min(c.m.max(1) as usize), n])
     }
 
-    /// A narrow product (at most one vector of columns: W8's 16 and 7) on a
-    /// CPU, without packing: each program takes `rows` rows and every
+    /// A narrow product (at most the target's `narrow_n` columns: W8's 16
+    /// and 7) on a CPU, without packing: each program takes `rows` rows and every
     /// column, and each step of the depth broadcasts one element of each of
     /// its rows of the left operand straight from memory against one row of
     /// the right one (`rows x 1` by `1 x n`), so the left operand (W8's

@@ -317,14 +317,14 @@ fn convolutions_as_winograd() {
     // On a CPU, each convolution's transforms and packed products are one
     // kernel over rows of tiles, and the transformed input and products
     // (the `[36, tiles, C]` buffers) are never allocated; output channels
-    // within one vector make narrow products (not packed), which stay
-    // three kernels: 16 channels on AVX-512, none of these on AVX2. With
+    // within the target's narrow width (16 on AVX-512 and AVX2) make narrow
+    // products (not packed), which stay three kernels. With
     // declared weights, the kernel's transform and its packing are the
     // preparer's: a call runs, per convolution, the fused kernel and the
     // pass after it (batchnorm and relu; residual and relu).
     for cpu in [TargetDesc::x86_64_avx512(2), TargetDesc::x86_64_avx2(2)] {
         for (src, channels) in winograd.iter().zip([16, 24, 16, 32]) {
-            let fused = channels > cpu.lanes(dlc_core::DType::F32);
+            let fused = channels > cpu.gemm_blocking(dlc_core::DType::F32).narrow_n;
             let tiles = kernels(&graph(src), &cpu);
             let text = dlc_tile::print_module(&tiles);
             let body = text.split("tile.func @f_prepare").next().unwrap();

@@ -50,17 +50,28 @@ pub struct GemmBlocking {
     pub lanes: usize,
     /// A parallel product is cut into at least this many units of work.
     pub min_units: usize,
-    /// Rows of the register tile of a narrow product, one of at most one
-    /// vector of columns (W8's 16 and 7): its tile is `narrow_mr x lanes`
-    /// rather than `mr x nr`, whose second vector would be all padding.
+    /// Columns of the widest narrow product (W8's 16 and 7), which runs
+    /// unpacked in tiles of `narrow_mr` rows by its own columns: one
+    /// register tile's (`nr`) on a CPU of 16 vector registers, where such a
+    /// product has one panel and packing would copy its left operand for a
+    /// single use (W8 on AVX2: 18.1 -> 6.7 ms); one vector on AVX-512, where
+    /// `mr x nr`'s second vector would be all padding (whether two-vector
+    /// narrow tiles, and losing the fused schedules that need packed
+    /// products, pay there is not measured).
+    pub narrow_n: usize,
+    /// Rows of a narrow product's tile: its accumulators (one per vector of
+    /// `narrow_n` per row), the right operand's vectors and a broadcast fit
+    /// the registers, at most half of them accumulators (16 x 16 with
+    /// AVX-512, 6 x 16 with AVX2).
     pub narrow_mr: usize,
 }
 
 impl GemmBlocking {
-    /// The register tile (`rows x columns`) of a product of `n` columns:
-    /// `narrow_mr x lanes` for a narrow one, else `mr x nr`.
+    /// The register tile of a product of `n` columns, as rows and the
+    /// columns its width is rounded up to: `narrow_mr x lanes` for a narrow
+    /// one (its tile is as many vectors as `n` needs), else `mr x nr`.
     pub fn register_tile(&self, n: usize) -> (usize, usize) {
-        if n <= self.lanes && self.nr > self.lanes {
+        if n <= self.narrow_n && self.nr > self.lanes {
             (self.narrow_mr, self.lanes)
         } else {
             (self.mr, self.nr)
@@ -502,6 +513,9 @@ impl TargetDesc {
         match &self.kind {
             TargetKind::Cpu(c) => {
                 let mr = 6;
+                let regs = c.vector_registers;
+                let narrow_n = if regs <= 16 { 2 * lanes } else { lanes };
+                let vectors = narrow_n / lanes;
                 GemmBlocking {
                     mr,
                     nr: 2 * lanes,
@@ -509,10 +523,10 @@ impl TargetDesc {
                     kc: 256,
                     lanes,
                     min_units: 8,
-                    // Half the registers as accumulators of one vector each
-                    // (16 with AVX-512, 8 with AVX2): the operand vector and
-                    // the broadcast fit beside them.
-                    narrow_mr: (c.vector_registers / 2).max(1),
+                    narrow_n,
+                    narrow_mr: (regs / 2)
+                        .min(regs.saturating_sub(vectors + 1) / vectors)
+                        .max(1),
                 }
             }
             TargetKind::Gpu(_) => GemmBlocking {
@@ -522,6 +536,7 @@ impl TargetDesc {
                 kc: 32,
                 lanes,
                 min_units: 1,
+                narrow_n: lanes,
                 narrow_mr: 64,
             },
         }
@@ -553,7 +568,14 @@ mod tests {
         assert_eq!(g.register_tile(17), (6, 32));
         let avx2 = TargetDesc::x86_64_avx2(2);
         assert_eq!(avx2.gemm_blocking(DType::F32).nr, 16);
-        assert_eq!(avx2.gemm_blocking(DType::F32).register_tile(8), (8, 8));
+        // AVX2's narrow products are up to one register tile wide, 6 rows
+        // (12 accumulators, two operand vectors, a broadcast: 15 of 16).
+        let g2 = avx2.gemm_blocking(DType::F32);
+        assert_eq!((g2.narrow_mr, g2.narrow_n), (6, 16));
+        assert_eq!(g2.register_tile(8), (6, 8));
+        assert_eq!(g2.register_tile(16), (6, 8));
+        assert_eq!(g2.register_tile(17), (6, 16));
+        assert_eq!((g.narrow_mr, g.narrow_n), (16, 16));
         // f16 products accumulate in f32, so their tile is f32's.
         assert_eq!(avx512.gemm_blocking(DType::F16).nr, 32);
         let sm90 = TargetDesc::named("sm_90").expect("known");
