@@ -299,15 +299,15 @@ impl TargetDesc {
     /// [`LLVM_CPUS`] (code tuned for that CPU, needing its instructions).
     pub fn for_cpu(cpu: &str) -> Result<TargetDesc, String> {
         if cpu == "native" {
-            TargetDesc::cpu_from_env()?;
+            TargetDesc::check_cpu_env()?;
             return Ok(TargetDesc::host().clone());
         }
         TargetDesc::named_cpu(cpu).map(|(t, ..)| t)
     }
 
     /// The description of a CPU other than `native`, with the level whose
-    /// vector code it gets and whether it has AVX-512 BF16.
-    fn named_cpu(cpu: &str) -> Result<(TargetDesc, &'static str, bool), String> {
+    /// vector code it gets.
+    fn named_cpu(cpu: &str) -> Result<(TargetDesc, &'static str), String> {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let (level, bf16) = match CPU_LEVELS[1..].iter().find(|&&level| level == cpu) {
             Some(&level) => (level, false),
@@ -331,15 +331,16 @@ impl TargetDesc {
             c.llvm_cpu = Some(cpu.into());
             c.avx512_bf16 = bf16;
         }
-        Ok((t, level, bf16))
+        Ok((t, level))
     }
 
     /// The CPU [`CPU_ENV`] names in place of this machine's, when it is set
     /// (and is not `native`), or why it cannot stand for this machine: a
     /// name `--cpu` does not take, or a CPU whose instructions (those of its
     /// x86-64 level, and AVX-512 BF16 where it has them) this machine lacks,
-    /// so that code compiled for it would not run here.
-    pub fn cpu_from_env() -> Result<Option<TargetDesc>, String> {
+    /// so that code compiled for it would not run here. Read once, by
+    /// [`TargetDesc::host`].
+    fn cpu_from_env() -> Result<Option<TargetDesc>, String> {
         let Some(value) = std::env::var_os(CPU_ENV) else {
             return Ok(None);
         };
@@ -349,9 +350,8 @@ impl TargetDesc {
         if cpu.is_empty() || cpu == "native" {
             return Ok(None);
         }
-        let (t, level, bf16) =
-            TargetDesc::named_cpu(cpu).map_err(|e| format!("{CPU_ENV}={cpu}: {e}"))?;
-        let lacking = host_lacks(level, bf16);
+        let (t, level) = TargetDesc::named_cpu(cpu).map_err(|e| format!("{CPU_ENV}={cpu}: {e}"))?;
+        let lacking = host_lacks(level, t.cpu().is_some_and(|c| c.avx512_bf16));
         if !lacking.is_empty() {
             return Err(format!(
                 "{CPU_ENV}={cpu}: this machine's CPU lacks {}, which code for `{cpu}` uses",
@@ -361,23 +361,43 @@ impl TargetDesc {
         Ok(Some(t))
     }
 
-    /// What `native` means for this process: the CPU [`CPU_ENV`] names, or
-    /// else this machine's (AVX-512 when it has AVX512F, else AVX2), with
-    /// its core count; decided once. A [`CPU_ENV`] that cannot stand for
-    /// this machine is not used here: [`TargetDesc::for_cpu`] and
-    /// [`TargetDesc::named`] report it, and the tools do before anything
-    /// else.
+    /// What `native` means for this process, decided once: the CPU
+    /// [`CPU_ENV`] names, or else this machine's (AVX-512 when it has
+    /// AVX512F, else AVX2), with its core count. A [`CPU_ENV`] that cannot
+    /// stand for this machine is not used here:
+    /// [`TargetDesc::check_cpu_env`] says why ([`TargetDesc::for_cpu`] and
+    /// [`TargetDesc::named`] return it, and the tools report it before
+    /// anything else).
     pub fn host() -> &'static TargetDesc {
-        static HOST: std::sync::OnceLock<TargetDesc> = std::sync::OnceLock::new();
-        HOST.get_or_init(|| match TargetDesc::cpu_from_env() {
-            Ok(Some(t)) => t,
-            Ok(None) | Err(_) => {
+        &TargetDesc::host_and_env_error().0
+    }
+
+    /// Why [`CPU_ENV`] cannot stand for this machine, if it cannot (its
+    /// value as read when [`TargetDesc::host`] was decided).
+    pub fn check_cpu_env() -> Result<(), String> {
+        match &TargetDesc::host_and_env_error().1 {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    /// `native`'s description and the error [`CPU_ENV`] gave, from one
+    /// reading of it.
+    fn host_and_env_error() -> &'static (TargetDesc, Option<String>) {
+        static HOST: std::sync::OnceLock<(TargetDesc, Option<String>)> = std::sync::OnceLock::new();
+        HOST.get_or_init(|| {
+            let (named, error) = match TargetDesc::cpu_from_env() {
+                Ok(named) => (named, None),
+                Err(e) => (None, Some(e)),
+            };
+            let host = named.unwrap_or_else(|| {
                 let mut t = TargetDesc::detect_host();
                 if let TargetKind::Cpu(c) = &mut t.kind {
                     c.llvm_cpu = None;
                 }
                 t
-            }
+            });
+            (host, error)
         })
     }
 
@@ -586,11 +606,12 @@ mod tests {
 
     #[test]
     fn cpus_are_named_with_their_level_and_what_this_machine_lacks() {
-        let (t, level, bf16) = TargetDesc::named_cpu("znver4").expect("known");
-        assert_eq!((level, bf16), ("x86-64-v4", true));
+        let (t, level) = TargetDesc::named_cpu("znver4").expect("known");
+        assert_eq!(level, "x86-64-v4");
+        assert!(t.cpu().is_some_and(|c| c.avx512_bf16));
         assert_eq!(t.cpu().and_then(|c| c.llvm_cpu.as_deref()), Some("znver4"));
         assert_eq!(t.lanes(DType::F32), 16);
-        let (t, level, _) = TargetDesc::named_cpu("x86-64-v3").expect("known");
+        let (t, level) = TargetDesc::named_cpu("x86-64-v3").expect("known");
         assert_eq!((level, t.lanes(DType::F32)), ("x86-64-v3", 8));
         let unknown = TargetDesc::named_cpu("pentium9").map(|_| ());
         assert!(unknown.is_err_and(|e| e.starts_with("unknown CPU `pentium9`")));

@@ -43,7 +43,7 @@ struct Args {
 fn run(args: Args) -> Result<(), DriverError> {
     // A `DLC_CPU` that cannot stand for this machine is reported before
     // any pass reads `native`.
-    dlc_core::TargetDesc::cpu_from_env().map_err(DriverError::Usage)?;
+    dlc_core::TargetDesc::check_cpu_env().map_err(DriverError::Usage)?;
     if args.list_passes {
         for (name, description) in registry().describe() {
             dlc_cli::outln!("{name:<22} {description}");

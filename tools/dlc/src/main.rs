@@ -811,7 +811,7 @@ fn summary(t: &HostTensor) -> String {
 fn run(cli: Cli) -> Result<(), DriverError> {
     // A `DLC_CPU` that cannot stand for this machine is reported before
     // anything reads `native`.
-    dlc_core::TargetDesc::cpu_from_env().map_err(DriverError::Usage)?;
+    dlc_core::TargetDesc::check_cpu_env().map_err(DriverError::Usage)?;
     match cli.command {
         Command::Check { file, onnx } => {
             let src = read_model(&file, &onnx.options()?)?;
