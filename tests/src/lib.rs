@@ -663,6 +663,48 @@ fn f(a: f32[3, 4], b: f32[2, 4], img: f32[1, 2, 4, 4], w: f32[3, 2, 3, 3], x: f3
 }
 ";
 
+/// User operators that are contractions (`E(sum[k](a[..] * b[..]))`), which
+/// lower to the structured `loop.matmul` whatever their operands' layout:
+/// transposed operands (a weight gradient's `Aᵀ·G`, an input gradient's
+/// `G·Bᵀ`), two batch indices and a broadcast one, an epilogue reading
+/// another operand, a local computed in its reader's epilogue (`h` read
+/// twice at its own index) and one stored (read at another index), a
+/// transposed result, a strided read over an offset range, f16 and i32; and
+/// two that are not (a read past an operand's edge, a reduction over two
+/// indices), which keep their scalar loops.
+pub const CONTRACTION_PROGRAMS: &[&str] = &[
+    "op at_g[K, M, N](a: f32[K, M], g: f32[K, N]) -> f32[M, N] { out[i, j] = sum[k](a[k, i] * g[k, j]); }
+fn f(a: f32[37, 40], g: f32[37, 45]) -> f32[40, 45] { return at_g(a, g); }",
+    "op g_bt[M, N, K](g: f32[M, K], b: f32[N, K], c: f32[N]) -> f32[M, N] { out[i, j] = tanh(sum[k](g[i, k] * b[j, k]) * 0.5 + c[j]); }
+fn f(g: f32[33, 70], b: f32[41, 70], c: f32[41]) -> f32[33, 41] { return relu(g_bt(g, b, c)) + 1.0; }",
+    "op scores[B, H, I, J, D](q: f32[B, H, I, D], k: f32[B, H, J, D]) -> f32[B, H, I, J] { out[b, h, i, j] = sum[d](q[b, h, i, d] * k[b, h, j, d]) / 4.0; }
+fn f(q: f32[2, 3, 20, 16], k: f32[2, 3, 24, 16]) -> f32[2, 3, 20, 24] { return scores(q, k); }",
+    "op shared[B, M, K, N](x: f32[B, M, K], w: f32[K, N]) -> f32[B, M, N] { out[b, i, j] = sum[k](x[b, i, k] * w[k, j]); }
+fn f(x: f32[3, 20, 30], w: f32[30, 28]) -> f32[3, 20, 28] { return shared(x, w); }",
+    "op dense_gate[M, K, N](x: f32[M, K], w: f32[K, N], b: f32[N]) -> f32[M, N] {
+    let h[i, j] = sum[k](x[i, k] * w[k, j]) + b[j];
+    out[i, j] = h[i, j] * sigmoid(h[i, j]);
+}
+fn f(x: f32[30, 40], w: f32[40, 50], b: f32[50]) -> f32[30, 50] { return dense_gate(x, w, b); }",
+    "op sym[N, K](a: f32[N, K], b: f32[K, N]) -> f32[N, N] {
+    let h[i, j] = sum[k](a[i, k] * b[k, j]);
+    out[i, j] = h[i, j] + h[j, i];
+}
+fn f(a: f32[24, 30], b: f32[30, 24]) -> f32[24, 24] { return sym(a, b); }",
+    "op mm_t[M, K, N](a: f32[M, K], b: f32[K, N]) -> f32[N, M] { out[j, i] = sum[k](a[i, k] * b[k, j]); }
+fn f(a: f32[20, 30], b: f32[30, 36]) -> f32[36, 20] { return mm_t(a, b); }",
+    "op strided[M, N](a: f32[M, 18], b: f32[8, N]) -> f32[M, N] { out[i, j] = sum[k in 1..9](a[i, 2 * k] * b[k - 1, j]); }
+fn f(a: f32[20, 18], b: f32[8, 24]) -> f32[20, 24] { return strided(a, b); }",
+    "op hgemm[M, K, N](a: f16[M, K], b: f16[K, N]) -> f16[M, N] { out[i, j] = sum[k](a[i, k] * b[k, j]); }
+fn f(a: f16[20, 30], b: f16[30, 24]) -> f16[20, 24] { return hgemm(a, b); }",
+    "op imm[M, K, N](a: i32[M, K], b: i32[K, N]) -> i32[M, N] { out[i, j] = sum[k](a[i, k] * b[k, j]); }
+fn f(a: i32[6, 7], b: i32[7, 5]) -> i32[6, 5] { return imm(a, b); }",
+    "op shifted[M, K, N](a: f32[M, K], b: f32[K, N]) -> f32[M, N] { out[i, j] = sum[k](a[i, k + 1] * b[k, j]); }
+fn f(a: f32[20, 30], b: f32[30, 24]) -> f32[20, 24] { return shifted(a, b); }",
+    "op two[M, K, L, N](a: f32[M, K, L], b: f32[K, L, N]) -> f32[M, N] { out[i, j] = sum[k, l](a[i, k, l] * b[k, l, j]); }
+fn f(a: f32[6, 5, 4], b: f32[5, 4, 7]) -> f32[6, 7] { return two(a, b); }",
+];
+
 /// Convolutions that run as Winograd's F(4x4, 3x3) on a CPU (3 x 3, stride
 /// 1, whole 4 x 4 output tiles, at least 16 channels in and out): zero, one
 /// and two of padding, 16 output channels (narrow products, three kernels)
@@ -691,6 +733,7 @@ pub fn differential_programs() -> Vec<&'static str> {
         all.extend_from_slice(group);
     }
     all.push(USER_OPERATOR_PROGRAM);
+    all.extend_from_slice(CONTRACTION_PROGRAMS);
     all
 }
 

@@ -677,3 +677,22 @@ fn compiled_objects_come_from_the_cache_the_second_time() {
     assert_eq!(cached, 0);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// User operators that are contractions (structured products, any
+/// operand layout) in compiled code, each result within `--check`'s
+/// tolerance for its type.
+#[test]
+fn user_contractions_in_compiled_code() {
+    for src in dlc_tests::CONTRACTION_PROGRAMS {
+        let m = graph(src);
+        for (seed, f) in m.entry_points().enumerate() {
+            let inputs = prepare_inputs(f, &[], Some(seed as u64)).unwrap();
+            let want = interpret(&m, f, &inputs).unwrap();
+            let got = compiled(&m, f, &inputs);
+            let tolerances = dlc_driver::check_tolerances(f);
+            for c in dlc_driver::check_results(&got, &want, &tolerances).unwrap() {
+                assert!(c.passed(), "@{}: {c}\n{src}", f.name);
+            }
+        }
+    }
+}

@@ -23,7 +23,9 @@ use std::collections::{HashMap, HashSet};
 
 use dlc_core::scalar::{BinaryOp, ReduceKind, UnaryOp};
 use dlc_core::{DType, TensorType};
-use dlc_graph::compute::{Affine, ComputeBody, IndexVar, ScalarExpr, Source};
+use dlc_graph::compute::{
+    Affine, ComputeBody, ContractionForm, ElemDef, IndexVar, ScalarExpr, Source,
+};
 use dlc_graph::fusion::Plan;
 use dlc_graph::ops::{ConstValue, Op, PoolKind};
 use dlc_graph::{Function as GFunction, Module as GModule};
@@ -1145,40 +1147,152 @@ impl Lowering<'_> {
         Ok(())
     }
 
+    /// A user operator: each local, then the output, as a loop nest over its
+    /// index space. A definition that is a contraction
+    /// ([`ElemDef::contraction`]) is a structured `loop.matmul` with its
+    /// epilogue; a local whose only reader is element-wise at its own index
+    /// ([`ComputeBody::sole_elementwise_reader`]) is computed inside that
+    /// reader's epilogue instead of being stored.
     fn emit_compute(&mut self, n: NodeIndex, body: &ComputeBody) -> Result<(), LowerError> {
         let inputs: Vec<NodeIndex> = self.g.operands(n).iter().map(|v| v.node).collect();
         let input_types: Vec<TensorType> = inputs.iter().map(|i| self.ty(*i).clone()).collect();
         let input_bufs: Vec<Value> = inputs.iter().map(|i| self.home[i]).collect();
-        let mut local_bufs: Vec<Value> = Vec::new();
-        for (k, def) in body.locals.iter().chain([&body.out]).enumerate() {
+        let defs: Vec<&ElemDef> = body.locals.iter().chain([&body.out]).collect();
+        let type_of = |s: Source| match s {
+            Source::Input(i) => input_types.get(i as usize),
+            Source::Local(i) => body.locals.get(i as usize).map(|d| &d.ty),
+        };
+        let forms: Vec<Option<ContractionForm<'_>>> =
+            defs.iter().map(|d| d.contraction(&type_of)).collect();
+        // Contraction locals computed in their reader's epilogue.
+        let mut fused_into: HashMap<usize, usize> = HashMap::new();
+        for (t, form) in forms.iter().enumerate().take(body.locals.len()) {
+            if form.is_some()
+                && let Some(d) = body.sole_elementwise_reader(t)
+            {
+                fused_into.insert(d, t);
+            }
+        }
+        let mut local_bufs: Vec<Option<Value>> = Vec::new();
+        for (k, def) in defs.iter().enumerate() {
             let is_out = k == body.locals.len();
+            if !is_out && fused_into.values().any(|&t| t == k) {
+                local_bufs.push(None);
+                continue;
+            }
             let buf = if is_out {
                 None
             } else {
                 Some(self.b.alloc(contiguous(&def.ty)))
             };
-            let idx = self.open_nest(&def.ty.shape);
-            let env: HashMap<IndexVar, IndexExpr> =
-                def.vars.iter().copied().zip(idx.iter().cloned()).collect();
             let cx = ScalarCx {
                 inputs: &input_bufs,
                 input_types: &input_types,
                 locals: &local_bufs,
                 defs: &body.locals[..k.min(body.locals.len())],
+                hole: None,
+                fused: None,
             };
-            let v = self.scalar(&cx, &def.expr, def.ty.dtype, &env)?;
-            match buf {
-                Some(buf) => self.b.store(v, buf, idx),
-                None => self.sink(n, &idx, v),
+            let store = |l: &mut Self, idx: &[IndexExpr], v: Value| match buf {
+                Some(buf) => l.b.store(v, buf, idx.to_vec()),
+                None => l.sink(n, idx, v),
+            };
+            let fused = fused_into
+                .get(&k)
+                .and_then(|&t| Some((t, forms[t].as_ref()?)));
+            if let Some((t, form)) = fused {
+                self.emit_contraction(&cx, form, defs[t], Some((t, def)), &store)?;
+            } else if let Some(form) = &forms[k] {
+                self.emit_contraction(&cx, form, def, None, &store)?;
+            } else {
+                let idx = self.open_nest(&def.ty.shape);
+                let env: HashMap<IndexVar, IndexExpr> =
+                    def.vars.iter().copied().zip(idx.iter().cloned()).collect();
+                let v = self.scalar(&cx, &def.expr, def.ty.dtype, &env)?;
+                store(self, &idx, v);
+                self.close_nest(def.ty.rank());
             }
-            self.close_nest(def.ty.rank());
-            if let Some(buf) = buf {
-                local_bufs.push(buf);
-            }
+            local_bufs.push(buf);
         }
-        for buf in local_bufs {
+        for buf in local_bufs.into_iter().flatten() {
             self.b.dealloc(buf);
         }
+        Ok(())
+    }
+
+    /// Definition `def`, a contraction of the form `form`, as a
+    /// `loop.matmul` inside loops over its batch variables; its epilogue
+    /// computes `def` from each sum and, when `reader` is `(t, d)` (`def` is
+    /// local `t`, read element-wise by `d` alone), `d` from that, and
+    /// `store`s the result at its index.
+    fn emit_contraction(
+        &mut self,
+        cx: &ScalarCx<'_>,
+        form: &ContractionForm<'_>,
+        def: &ElemDef,
+        reader: Option<(usize, &ElemDef)>,
+        store: &dyn Fn(&mut Self, &[IndexExpr], Value),
+    ) -> Result<(), LowerError> {
+        let shape = &def.ty.shape;
+        let batch_shape: Vec<usize> = form.batch.iter().map(|&p| shape[p]).collect();
+        let bidx = self.open_nest(&batch_shape);
+        // `def`'s typing context: a local fused into its reader sees the
+        // locals before it, not the reader's.
+        let own_defs = match reader {
+            Some((t, _)) => &cx.defs[..t],
+            None => cx.defs,
+        };
+        let inputs: Vec<&TensorType> = cx.input_types.iter().collect();
+        let dtype = dlc_graph::verify::scalar_dtype(form.sum, &inputs, own_defs)
+            .map_err(LowerError::Invalid)?
+            .unwrap_or(def.ty.dtype);
+        let [i, j, kk, acc] = self.b.begin_matmul(
+            shape[form.m] as i64,
+            shape[form.n] as i64,
+            form.k.hi - form.k.lo,
+            dtype.accumulator(),
+        );
+        let mut idx = vec![ix_const(0); shape.len()];
+        for (&p, e) in form.batch.iter().zip(&bidx) {
+            idx[p] = e.clone();
+        }
+        idx[form.m] = ix(i);
+        idx[form.n] = ix(j);
+        let at = |vars: &[IndexVar]| -> HashMap<IndexVar, IndexExpr> {
+            vars.iter().copied().zip(idx.iter().cloned()).collect()
+        };
+        let mut env = at(&def.vars);
+        // The epilogue: `def` (and its reader) from the sum.
+        let sum = self.narrow(acc, dtype);
+        let own = ScalarCx {
+            defs: own_defs,
+            hole: Some((form.sum, sum)),
+            ..*cx
+        };
+        let mut v = self.scalar(&own, &def.expr, def.ty.dtype, &env)?;
+        if let Some((t, d)) = reader {
+            let after = ScalarCx {
+                fused: Some((t as u32, v)),
+                ..*cx
+            };
+            v = self.scalar(&after, &d.expr, d.ty.dtype, &at(&d.vars))?;
+        }
+        store(self, &idx, v);
+        // The operands' indices, over the batch loops and the counters.
+        env.insert(form.k.var, ix_axpy(1, &ix(kk), &ix_const(form.k.lo)));
+        let buffer = |s: Source| match s {
+            Source::Input(i) => Some(cx.inputs[i as usize]),
+            Source::Local(i) => cx.locals[i as usize],
+        };
+        let (Some(abuf), Some(bbuf)) = (buffer(form.a.0), buffer(form.b.0)) else {
+            return Err(LowerError::Invalid(
+                "a contraction reads a local that is not stored".into(),
+            ));
+        };
+        let ai = form.a.1.iter().map(|e| affine_to_index(e, &env)).collect();
+        let bi = form.b.1.iter().map(|e| affine_to_index(e, &env)).collect();
+        self.b.end_matmul(abuf, ai, bbuf, bi);
+        self.close_nest(batch_shape.len());
         Ok(())
     }
 
@@ -1195,12 +1309,24 @@ impl Lowering<'_> {
             let refs: Vec<&TensorType> = cx.input_types.iter().collect();
             dlc_graph::verify::scalar_dtype(x, &refs, cx.defs).map_err(LowerError::Invalid)
         };
+        if let Some((node, v)) = cx.hole
+            && std::ptr::eq(node, e)
+        {
+            return Ok(v);
+        }
+        if let (Some((f, v)), ScalarExpr::Read { src, .. }) = (cx.fused, e)
+            && *src == Source::Local(f)
+        {
+            return Ok(v);
+        }
         Ok(match e {
             ScalarExpr::Const(v) => self.b.constant(*v, ctx),
             ScalarExpr::Read { src, index } => {
                 let buf = match src {
                     Source::Input(i) => cx.inputs[*i as usize],
-                    Source::Local(i) => cx.locals[*i as usize],
+                    Source::Local(i) => cx.locals[*i as usize].ok_or_else(|| {
+                        LowerError::Invalid(format!("{src} is read but not stored"))
+                    })?,
                 };
                 let idx = index.iter().map(|a| affine_to_index(a, env)).collect();
                 self.b.load(buf, idx, Some(0.0))
@@ -1257,11 +1383,20 @@ impl Lowering<'_> {
     }
 }
 
+#[derive(Clone, Copy)]
 struct ScalarCx<'a> {
     inputs: &'a [Value],
     input_types: &'a [TensorType],
-    locals: &'a [Value],
-    defs: &'a [dlc_graph::compute::ElemDef],
+    /// Each local's buffer; `None` for one computed in its reader's epilogue.
+    locals: &'a [Option<Value>],
+    /// The definitions the expression may read (typing).
+    defs: &'a [ElemDef],
+    /// A node of the expression whose value is already computed (the sum of
+    /// a contraction, in its epilogue).
+    hole: Option<(&'a ScalarExpr, Value)>,
+    /// A local's value at the expression's own index (a local computed in
+    /// its reader's epilogue).
+    fused: Option<(u32, Value)>,
 }
 
 fn affine_to_index(a: &Affine, env: &HashMap<IndexVar, IndexExpr>) -> IndexExpr {

@@ -95,6 +95,24 @@ fn every_element_type_on_the_loop_and_tile_interpreters() {
     }
 }
 
+/// Whether `got` agrees with the graph interpreter's `want` within
+/// `--check`'s tolerance for each result's type (f32 within 1e-4 of its
+/// magnitude, a narrow float within 4 of its ulps, integers exactly), and
+/// an all-f32 function within 1e-4 overall; the first disagreement if not.
+fn disagreement(
+    f: &dlc_graph::Function,
+    got: &[dlc_runtime::HostTensor],
+    want: &[dlc_runtime::HostTensor],
+) -> Option<String> {
+    let checks = dlc_driver::check_results(got, want, &dlc_driver::check_tolerances(f)).unwrap();
+    if let Some(c) = checks.iter().find(|c| !c.passed()) {
+        return Some(c.to_string());
+    }
+    let err = max_relative_error(got, want).unwrap();
+    let all_f32 = got.iter().all(|t| t.ty.dtype == dlc_core::DType::F32);
+    (all_f32 && err > TOLERANCE).then(|| format!("relative error {err:.3e}"))
+}
+
 /// Runs every entry point four ways on random inputs (graph interpreter,
 /// loop interpreter, tile interpreter on the kernels for the host and for
 /// sm_90) and compares.
@@ -112,29 +130,25 @@ fn agree(src: &str) {
             let text = || dlc_tile::print_module(k);
             let got = interpret_tile_within(k, f, &inputs, dlc_driver::DEFAULT_WORK_LIMIT)
                 .unwrap_or_else(|e| panic!("{name}: {e}\n{}", text()));
-            let err = max_relative_error(&got, &want).unwrap();
-            assert!(
-                err <= TOLERANCE,
-                "@{} on {name}: tile interpreter relative error {err:.3e}\n{}",
-                f.name,
-                text()
-            );
+            if let Some(d) = disagreement(f, &got, &want) {
+                panic!("@{} on {name}: tile interpreter: {d}\n{}", f.name, text());
+            }
         }
         let got =
             interpret_loops(&m, f, &inputs).unwrap_or_else(|e| panic!("{e}\n{}", print_module(&l)));
-        let err = max_relative_error(&got, &want).unwrap();
-        assert!(
-            err <= TOLERANCE,
-            "@{}: relative error {err:.3e}\nwant {:?}\ngot  {:?}\n{}",
-            f.name,
-            want.iter()
-                .map(|t| &t.data[..t.data.len().min(8)])
-                .collect::<Vec<_>>(),
-            got.iter()
-                .map(|t| &t.data[..t.data.len().min(8)])
-                .collect::<Vec<_>>(),
-            print_module(&l)
-        );
+        if let Some(d) = disagreement(f, &got, &want) {
+            panic!(
+                "@{}: loop interpreter: {d}\nwant {:?}\ngot  {:?}\n{}",
+                f.name,
+                want.iter()
+                    .map(|t| &t.data[..t.data.len().min(8)])
+                    .collect::<Vec<_>>(),
+                got.iter()
+                    .map(|t| &t.data[..t.data.len().min(8)])
+                    .collect::<Vec<_>>(),
+                print_module(&l)
+            );
+        }
     }
 }
 
@@ -356,6 +370,40 @@ fn convolutions_as_winograd() {
 #[test]
 fn user_operators() {
     agree(dlc_tests::USER_OPERATOR_PROGRAM);
+}
+
+/// User operators that are contractions lower to one `loop.matmul` each,
+/// reading their operands through their own indices (no copy, no scalar
+/// reduction loop), with their epilogue in its region; the others keep
+/// their scalar loops. All agree with the graph interpreter.
+#[test]
+fn user_contractions_are_structured_products() {
+    let matmuls: Vec<usize> = dlc_tests::CONTRACTION_PROGRAMS
+        .iter()
+        .map(|src| {
+            let text = print_module(&lowered(&graph(src)));
+            text.matches("loop.matmul").count()
+        })
+        .collect();
+    assert_eq!(matmuls, [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0]);
+    let text = print_module(&lowered(&graph(dlc_tests::CONTRACTION_PROGRAMS[0])));
+    assert!(
+        text.contains("loop.matmul %a[#2, #0], %g[#2, #1]") && !text.contains("loop.for"),
+        "{text}"
+    );
+    // `h` is computed in the epilogue, once per element: no buffer.
+    let text = print_module(&lowered(&graph(dlc_tests::CONTRACTION_PROGRAMS[4])));
+    assert!(!text.contains("loop.alloc"), "{text}");
+    assert_eq!(text.matches("loop.sigmoid").count(), 1, "{text}");
+    // The transposed result: columns are its last index, read from `a`.
+    let text = print_module(&lowered(&graph(dlc_tests::CONTRACTION_PROGRAMS[6])));
+    assert!(
+        text.contains("loop.matmul %b[#2, #0], %a[#1, #2]"),
+        "{text}"
+    );
+    for src in dlc_tests::CONTRACTION_PROGRAMS {
+        agree(src);
+    }
 }
 
 #[test]

@@ -267,6 +267,15 @@ fn element_wise_ops_casts_and_every_element_type() {
     );
 }
 
+/// User operators that are contractions, through MLIR from the loop and
+/// from the tile level.
+#[test]
+fn user_contractions_through_mlir() {
+    for src in dlc_tests::CONTRACTION_PROGRAMS {
+        agrees(src);
+    }
+}
+
 #[test]
 fn every_element_type_through_mlir() {
     dlc_tests::check_element_types(&through_mlir);

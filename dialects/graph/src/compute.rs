@@ -301,3 +301,165 @@ impl ScalarExpr {
         }
     }
 }
+
+/// A definition that is a contraction: `E(sum[k in lo..hi](a[..] * b[..]))`,
+/// where `a` and `b` are reads of operands or locals of one element type
+/// whose indices are affine in the definition's variables and `k` and stay
+/// within their bounds, `k` indexes both, and `E`, the epilogue, is the rest
+/// of the definition, element-wise (it holds no other reduction). The
+/// lowering computes it as one structured product (`loop.matmul`): for
+/// every value of the `batch` variables, an `M x N` product over `k`, whose
+/// rows are the variable `m` and whose columns are `n`, then `E` of each
+/// sum. A contraction written in index notation is then the same product
+/// as the built-in `@` that computes it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContractionForm<'a> {
+    /// The `sum[..](..)` node, which `E` is written around.
+    pub sum: &'a ScalarExpr,
+    /// The reduction variable and its range.
+    pub k: RangeVar,
+    /// The read giving the product's rows (it reads `m`, not `n`).
+    pub a: (Source, &'a [Affine]),
+    /// The read giving the product's columns (it reads `n`, not `m`).
+    pub b: (Source, &'a [Affine]),
+    /// Position among the definition's variables of the rows.
+    pub m: usize,
+    /// Position of the columns: the last variable, so that a row of
+    /// results is a row of the stored array.
+    pub n: usize,
+    /// Positions of the other variables, in order: loops around the product.
+    pub batch: Vec<usize>,
+}
+
+impl ElemDef {
+    /// The definition as a contraction, if it is one; `ty` gives the type
+    /// of each operand and local it may read.
+    pub fn contraction<'a>(
+        &'a self,
+        ty: &dyn Fn(Source) -> Option<&'a TensorType>,
+    ) -> Option<ContractionForm<'a>> {
+        let mut reductions = Vec::new();
+        self.expr.visit(&mut |e| {
+            if let ScalarExpr::Reduce { .. } = e {
+                reductions.push(e);
+            }
+        });
+        let [sum] = reductions[..] else {
+            return None;
+        };
+        let ScalarExpr::Reduce {
+            kind: ReduceKind::Sum,
+            vars,
+            body,
+        } = sum
+        else {
+            return None;
+        };
+        let ([k], ScalarExpr::Binary(BinaryOp::Mul, x, y)) = (&vars[..], &**body) else {
+            return None;
+        };
+        let read = |e: &'a ScalarExpr| match e {
+            ScalarExpr::Read { src, index } => Some((*src, index.as_slice())),
+            _ => None,
+        };
+        let (mut a, mut b) = (read(x)?, read(y)?);
+        let (ta, tb) = (ty(a.0)?, ty(b.0)?);
+        if ta.dtype != tb.dtype || !ta.dtype.is_numeric() {
+            return None;
+        }
+        // Every index stays within its operand: the product reads no padding.
+        let range = |v: IndexVar| -> Option<(i64, i64)> {
+            if v == k.var {
+                return Some((k.lo, k.hi - 1));
+            }
+            let p = self.vars.iter().position(|w| *w == v)?;
+            Some((0, self.ty.shape[p] as i64 - 1))
+        };
+        for ((_, index), t) in [(a, ta), (b, tb)] {
+            for (e, &dim) in index.iter().zip(&t.shape) {
+                let (mut lo, mut hi) = (e.constant, e.constant);
+                for &(c, v) in &e.terms {
+                    let (vlo, vhi) = range(v)?;
+                    let (p, q) = (c.checked_mul(vlo)?, c.checked_mul(vhi)?);
+                    lo = lo.checked_add(p.min(q))?;
+                    hi = hi.checked_add(p.max(q))?;
+                }
+                if lo < 0 || hi >= dim as i64 {
+                    return None;
+                }
+            }
+        }
+        if k.hi <= k.lo {
+            return None;
+        }
+        let reads = |r: (Source, &[Affine]), v: IndexVar| {
+            r.1.iter().any(|e| e.terms.iter().any(|t| t.1 == v))
+        };
+        if !reads(a, k.var) || !reads(b, k.var) {
+            return None;
+        }
+        // Columns: the last variable, read by exactly one of the two.
+        let n = self.vars.len().checked_sub(1)?;
+        let last = self.vars[n];
+        match (reads(a, last), reads(b, last)) {
+            (true, false) => std::mem::swap(&mut a, &mut b),
+            (false, true) => {}
+            _ => return None,
+        }
+        // Rows: the last other variable read by `a` alone.
+        let m = (0..n)
+            .rev()
+            .find(|&p| reads(a, self.vars[p]) && !reads(b, self.vars[p]))?;
+        let batch = (0..n).filter(|&p| p != m).collect();
+        Some(ContractionForm {
+            sum,
+            k: *k,
+            a,
+            b,
+            m,
+            n,
+            batch,
+        })
+    }
+}
+
+impl ComputeBody {
+    /// The definition (a later local's index, or `locals.len()` for the
+    /// output) that local `t` can be computed inside of, as the epilogue of
+    /// `t`'s own loop nest: the only definition reading `t`, reading it
+    /// only at its own index (`t[i, j]` in `out[i, j] = ..`), of `t`'s
+    /// shape, and with no reduction. `h` in `let h[i, j] = ..; out[i, j] =
+    /// h[i, j] * sigmoid(h[i, j])` is then computed once per element and
+    /// never stored.
+    pub fn sole_elementwise_reader(&self, t: usize) -> Option<usize> {
+        let local = self.locals.get(t)?;
+        let defs: Vec<&ElemDef> = self.locals.iter().chain([&self.out]).collect();
+        let mut reader = None;
+        for (d, def) in defs.iter().enumerate().skip(t + 1) {
+            let (mut reads, mut identity, mut reduces) = (false, true, false);
+            def.expr.visit(&mut |e| match e {
+                ScalarExpr::Read {
+                    src: Source::Local(i),
+                    index,
+                } if *i as usize == t => {
+                    reads = true;
+                    identity &= index.len() == def.vars.len()
+                        && index
+                            .iter()
+                            .zip(&def.vars)
+                            .all(|(e, v)| e.as_var() == Some(*v));
+                }
+                ScalarExpr::Reduce { .. } => reduces = true,
+                _ => {}
+            });
+            if !reads {
+                continue;
+            }
+            if reader.is_some() || !identity || reduces || def.ty.shape != local.ty.shape {
+                return None;
+            }
+            reader = Some(d);
+        }
+        reader
+    }
+}
