@@ -669,9 +669,10 @@ fn f(a: f32[3, 4], b: f32[2, 4], img: f32[1, 2, 4, 4], w: f32[3, 2, 3, 3], x: f3
 /// `G·Bᵀ`), two batch indices and a broadcast one, an epilogue reading
 /// another operand, a local computed in its reader's epilogue (`h` read
 /// twice at its own index) and one stored (read at another index), a
-/// transposed result, a strided read over an offset range, f16 and i32; and
-/// two that are not (a read past an operand's edge, a reduction over two
-/// indices), which keep their scalar loops.
+/// transposed result, a strided read over an offset range, f16 and i32, a
+/// sum over two indices spanning whole consecutive axes (read as one); and
+/// two that are not (a read past an operand's edge, two reduction indices
+/// in different orders in the two operands), which keep their scalar loops.
 pub const CONTRACTION_PROGRAMS: &[&str] = &[
     "op at_g[K, M, N](a: f32[K, M], g: f32[K, N]) -> f32[M, N] { out[i, j] = sum[k](a[k, i] * g[k, j]); }
 fn f(a: f32[37, 40], g: f32[37, 45]) -> f32[40, 45] { return at_g(a, g); }",
@@ -703,6 +704,8 @@ fn f(a: i32[6, 7], b: i32[7, 5]) -> i32[6, 5] { return imm(a, b); }",
 fn f(a: f32[20, 30], b: f32[30, 24]) -> f32[20, 24] { return shifted(a, b); }",
     "op two[M, K, L, N](a: f32[M, K, L], b: f32[K, L, N]) -> f32[M, N] { out[i, j] = sum[k, l](a[i, k, l] * b[k, l, j]); }
 fn f(a: f32[6, 5, 4], b: f32[5, 4, 7]) -> f32[6, 7] { return two(a, b); }",
+    "op crossed[M, K, L, N](a: f32[M, L, K], b: f32[K, L, N]) -> f32[M, N] { out[i, j] = sum[k, l](a[i, l, k] * b[k, l, j]); }
+fn f(a: f32[6, 4, 5], b: f32[5, 4, 7]) -> f32[6, 7] { return crossed(a, b); }",
 ];
 
 /// Convolutions that run as Winograd's F(4x4, 3x3) on a CPU (3 x 3, stride

@@ -1234,6 +1234,22 @@ impl Lowering<'_> {
         store: &dyn Fn(&mut Self, &[IndexExpr], Value),
     ) -> Result<(), LowerError> {
         let shape = &def.ty.shape;
+        // The operands' buffers; with several reduction variables, views of
+        // them whose reduced axes are one.
+        let buffer = |s: Source| match s {
+            Source::Input(i) => Some(cx.inputs[i as usize]),
+            Source::Local(i) => cx.locals[i as usize],
+        };
+        let (Some(mut abuf), Some(mut bbuf)) = (buffer(form.a.0), buffer(form.b.0)) else {
+            return Err(LowerError::Invalid(
+                "a contraction reads a local that is not stored".into(),
+            ));
+        };
+        if let Some((da, db)) = form.merged {
+            abuf = self.merged_view(abuf, da, form.k.len())?;
+            bbuf = self.merged_view(bbuf, db, form.k.len())?;
+        }
+        let depth: i64 = form.k.iter().map(|k| k.hi - k.lo).product();
         let batch_shape: Vec<usize> = form.batch.iter().map(|&p| shape[p]).collect();
         let bidx = self.open_nest(&batch_shape);
         // `def`'s typing context: a local fused into its reader sees the
@@ -1249,7 +1265,7 @@ impl Lowering<'_> {
         let [i, j, kk, acc] = self.b.begin_matmul(
             shape[form.m] as i64,
             shape[form.n] as i64,
-            form.k.hi - form.k.lo,
+            depth,
             dtype.accumulator(),
         );
         let mut idx = vec![ix_const(0); shape.len()];
@@ -1278,22 +1294,55 @@ impl Lowering<'_> {
             v = self.scalar(&after, &d.expr, d.ty.dtype, &at(&d.vars))?;
         }
         store(self, &idx, v);
-        // The operands' indices, over the batch loops and the counters.
-        env.insert(form.k.var, ix_axpy(1, &ix(kk), &ix_const(form.k.lo)));
-        let buffer = |s: Source| match s {
-            Source::Input(i) => Some(cx.inputs[i as usize]),
-            Source::Local(i) => cx.locals[i as usize],
+        // The operands' indices, over the batch loops and the counters: the
+        // reduction variable's is the depth counter's (from its first
+        // value), or the merged axes' is that counter.
+        let (ai, bi) = match form.merged {
+            None => {
+                let k = &form.k[0];
+                env.insert(k.var, ix_axpy(1, &ix(kk), &ix_const(k.lo)));
+                let map = |r: &[Affine]| r.iter().map(|e| affine_to_index(e, &env)).collect();
+                (map(form.a.1), map(form.b.1))
+            }
+            Some((da, db)) => {
+                let r = form.k.len();
+                let map = |index: &[Affine], d: usize| {
+                    let mut out: Vec<IndexExpr> = index[..d]
+                        .iter()
+                        .map(|e| affine_to_index(e, &env))
+                        .collect();
+                    out.push(ix(kk));
+                    out.extend(index[d + r..].iter().map(|e| affine_to_index(e, &env)));
+                    out
+                };
+                (map(form.a.1, da), map(form.b.1, db))
+            }
         };
-        let (Some(abuf), Some(bbuf)) = (buffer(form.a.0), buffer(form.b.0)) else {
-            return Err(LowerError::Invalid(
-                "a contraction reads a local that is not stored".into(),
-            ));
-        };
-        let ai = form.a.1.iter().map(|e| affine_to_index(e, &env)).collect();
-        let bi = form.b.1.iter().map(|e| affine_to_index(e, &env)).collect();
         self.b.end_matmul(abuf, ai, bbuf, bi);
         self.close_nest(batch_shape.len());
         Ok(())
+    }
+
+    /// `buf` seen with its axes `d..d + r` as one (their extents' product):
+    /// a view, since the axes are consecutive in row-major order (a user
+    /// operator's operands and locals are row-major buffers).
+    fn merged_view(&mut self, buf: Value, d: usize, r: usize) -> Result<Value, LowerError> {
+        let dlc_loop::Type::Buffer(t) = self.b.ty(buf).clone() else {
+            return Err(LowerError::Invalid("a contraction of a non-buffer".into()));
+        };
+        let rows = d + r <= t.shape.len()
+            && (d..d + r - 1).all(|a| t.strides[a] == t.strides[a + 1] * t.shape[a + 1]);
+        if !rows {
+            return Err(LowerError::Invalid(format!(
+                "axes {d}..{} of {t} are not one run of its storage",
+                d + r
+            )));
+        }
+        let mut view = t.clone();
+        let extent = t.shape[d..d + r].iter().product();
+        view.shape.splice(d..d + r, [extent]);
+        view.strides.splice(d..d + r, [t.strides[d + r - 1]]);
+        Ok(self.b.view(buf, view))
     }
 
     /// Lowers a scalar expression of a compute body. A bare number takes the

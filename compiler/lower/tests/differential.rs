@@ -385,7 +385,14 @@ fn user_contractions_are_structured_products() {
             text.matches("loop.matmul").count()
         })
         .collect();
-    assert_eq!(matmuls, [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0]);
+    assert_eq!(matmuls, [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 0]);
+    // Two reduction indices over whole consecutive axes: one depth counter
+    // over views of the operands.
+    let text = print_module(&lowered(&graph(dlc_tests::CONTRACTION_PROGRAMS[11])));
+    assert!(
+        text.contains("buffer<f32[6, 20]>") && text.contains("buffer<f32[20, 7]>"),
+        "{text}"
+    );
     let text = print_module(&lowered(&graph(dlc_tests::CONTRACTION_PROGRAMS[0])));
     assert!(
         text.contains("loop.matmul %a[#2, #0], %g[#2, #1]") && !text.contains("loop.for"),

@@ -306,7 +306,11 @@ impl ScalarExpr {
 /// where `a` and `b` are reads of operands or locals of one element type
 /// whose indices are affine in the definition's variables and `k` and stay
 /// within their bounds, `k` indexes both, and `E`, the epilogue, is the rest
-/// of the definition, element-wise (it holds no other reduction). The
+/// of the definition, element-wise (it holds no other reduction). A sum
+/// over several variables is one too when each spans a whole axis of both
+/// operands, the axes consecutive and in the variables' order in each
+/// (`sum[k, l](a[i, k, l] * b[k, l, j])`): the product then reads those
+/// axes as one, of their extents' product. The
 /// lowering computes it as one structured product (`loop.matmul`): for
 /// every value of the `batch` variables, an `M x N` product over `k`, whose
 /// rows are the variable `m` and whose columns are `n`, then `E` of each
@@ -316,8 +320,11 @@ impl ScalarExpr {
 pub struct ContractionForm<'a> {
     /// The `sum[..](..)` node, which `E` is written around.
     pub sum: &'a ScalarExpr,
-    /// The reduction variable and its range.
-    pub k: RangeVar,
+    /// The reduction variables and their ranges, outermost first.
+    pub k: Vec<RangeVar>,
+    /// With several reduction variables, the first of the consecutive axes
+    /// they index in `a` and in `b`.
+    pub merged: Option<(usize, usize)>,
     /// The read giving the product's rows (it reads `m`, not `n`).
     pub a: (Source, &'a [Affine]),
     /// The read giving the product's columns (it reads `n`, not `m`).
@@ -355,9 +362,12 @@ impl ElemDef {
         else {
             return None;
         };
-        let ([k], ScalarExpr::Binary(BinaryOp::Mul, x, y)) = (&vars[..], &**body) else {
+        let ScalarExpr::Binary(BinaryOp::Mul, x, y) = &**body else {
             return None;
         };
+        if vars.is_empty() || vars.iter().any(|k| k.hi <= k.lo) {
+            return None;
+        }
         let read = |e: &'a ScalarExpr| match e {
             ScalarExpr::Read { src, index } => Some((*src, index.as_slice())),
             _ => None,
@@ -369,7 +379,7 @@ impl ElemDef {
         }
         // Every index stays within its operand: the product reads no padding.
         let range = |v: IndexVar| -> Option<(i64, i64)> {
-            if v == k.var {
+            if let Some(k) = vars.iter().find(|k| k.var == v) {
                 return Some((k.lo, k.hi - 1));
             }
             let p = self.vars.iter().position(|w| *w == v)?;
@@ -389,15 +399,26 @@ impl ElemDef {
                 }
             }
         }
-        if k.hi <= k.lo {
-            return None;
-        }
         let reads = |r: (Source, &[Affine]), v: IndexVar| {
             r.1.iter().any(|e| e.terms.iter().any(|t| t.1 == v))
         };
-        if !reads(a, k.var) || !reads(b, k.var) {
+        if vars.iter().any(|k| !reads(a, k.var) || !reads(b, k.var)) {
             return None;
         }
+        // Several reduction variables: whole consecutive axes, in order.
+        let axes = |r: (Source, &[Affine]), t: &TensorType| -> Option<usize> {
+            let d = r.1.iter().position(|e| e.as_var() == Some(vars[0].var))?;
+            let whole = vars.iter().enumerate().all(|(o, k)| {
+                r.1.get(d + o).and_then(Affine::as_var) == Some(k.var)
+                    && k.lo == 0
+                    && t.shape.get(d + o).is_some_and(|&n| n as i64 == k.hi)
+            });
+            let elsewhere = r.1.iter().enumerate().any(|(p, e)| {
+                !(d..d + vars.len()).contains(&p)
+                    && e.terms.iter().any(|t| vars.iter().any(|k| k.var == t.1))
+            });
+            (whole && !elsewhere).then_some(d)
+        };
         // Columns: the last variable, read by exactly one of the two.
         let n = self.vars.len().checked_sub(1)?;
         let last = self.vars[n];
@@ -411,9 +432,16 @@ impl ElemDef {
             .rev()
             .find(|&p| reads(a, self.vars[p]) && !reads(b, self.vars[p]))?;
         let batch = (0..n).filter(|&p| p != m).collect();
+        let merged = if vars.len() > 1 {
+            let (ta, tb) = (ty(a.0)?, ty(b.0)?);
+            Some((axes(a, ta)?, axes(b, tb)?))
+        } else {
+            None
+        };
         Some(ContractionForm {
             sum,
-            k: *k,
+            k: vars.clone(),
+            merged,
             a,
             b,
             m,
