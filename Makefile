@@ -7,7 +7,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CARGO ?= cargo
 EXAMPLE ?= examples/w2_mlp.dl
 
-.PHONY: all setup setup-test-tools setup-cuda setup-onnx run test lint fuzz-smoke bench bench-gpu bench-peers bench-saturate \
+.PHONY: all setup setup-test-tools setup-cuda setup-onnx run test lint fuzz-smoke bench bench-gpu bench-peers bench-contract bench-saturate \
 	onnx-tests onnx-bench onnx-models clean
 
 all: test
@@ -112,6 +112,21 @@ bench-peers: setup
 		{ python3 -m venv $(PEERS_VENV) && $(PEERS_VENV)/bin/pip install -q $(PEERS_PACKAGES); }
 	$(CARGO) build --release --locked -p dlc
 	$(PEERS_VENV)/bin/python scripts/bench_peers.py target/release/dlc target/bench \
+		--runs $(or $(RUNS),20) $(if $(ONLY),--only $(ONLY))
+
+# Contractions written in index notation (bench/contract/*.dl) on dlc, PyTorch
+# (eager) and JAX in one run, at 1 and 2 threads, each checked against a
+# float64 reference before its time counts: target/bench/contract.md (medians,
+# spreads, dlc / best-peer ratios and their geometric mean). PyTorch from PyPI
+# brings CUDA's libraries (about 5 GiB), so its environment lives outside the
+# clone, keyed by the pinned versions, and is made once per machine.
+CONTRACT_PACKAGES := torch==2.15.0 jax[cpu]==0.10.2 numpy==2.4.6
+CONTRACT_VENV := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/dlc/venvs/contract-$(subst ==,-,$(subst $() ,_,$(subst [cpu],,$(CONTRACT_PACKAGES))))
+bench-contract: setup
+	@$(CONTRACT_VENV)/bin/python -c "import torch, jax, numpy" 2>/dev/null || \
+		{ python3 -m venv $(CONTRACT_VENV) && $(CONTRACT_VENV)/bin/pip install -q $(CONTRACT_PACKAGES); }
+	$(CARGO) build --release --locked -p dlc
+	$(CONTRACT_VENV)/bin/python scripts/bench_contract.py target/release/dlc target/bench \
 		--runs $(or $(RUNS),20) $(if $(ONLY),--only $(ONLY))
 
 # graph.saturate on W2, W6, W8 and Tensat-style graphs: target/bench/saturate.md.
