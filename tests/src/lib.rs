@@ -679,9 +679,9 @@ fn f(a: f32[37, 40], g: f32[37, 45]) -> f32[40, 45] { return at_g(a, g); }",
     "op g_bt[M, N, K](g: f32[M, K], b: f32[N, K], c: f32[N]) -> f32[M, N] { out[i, j] = tanh(sum[k](g[i, k] * b[j, k]) * 0.5 + c[j]); }
 fn f(g: f32[33, 70], b: f32[41, 70], c: f32[41]) -> f32[33, 41] { return relu(g_bt(g, b, c)) + 1.0; }",
     "op scores[B, H, I, J, D](q: f32[B, H, I, D], k: f32[B, H, J, D]) -> f32[B, H, I, J] { out[b, h, i, j] = sum[d](q[b, h, i, d] * k[b, h, j, d]) / 4.0; }
-fn f(q: f32[2, 3, 20, 16], k: f32[2, 3, 24, 16]) -> f32[2, 3, 20, 24] { return scores(q, k); }",
+fn f(q: f32[2, 3, 40, 32], k: f32[2, 3, 44, 32]) -> f32[2, 3, 40, 44] { return scores(q, k); }",
     "op shared[B, M, K, N](x: f32[B, M, K], w: f32[K, N]) -> f32[B, M, N] { out[b, i, j] = sum[k](x[b, i, k] * w[k, j]); }
-fn f(x: f32[3, 20, 30], w: f32[30, 28]) -> f32[3, 20, 28] { return shared(x, w); }",
+fn f(x: f32[3, 150, 40], w: f32[40, 36]) -> f32[3, 150, 36] { return shared(x, w); }",
     "op dense_gate[M, K, N](x: f32[M, K], w: f32[K, N], b: f32[N]) -> f32[M, N] {
     let h[i, j] = sum[k](x[i, k] * w[k, j]) + b[j];
     out[i, j] = h[i, j] * sigmoid(h[i, j]);

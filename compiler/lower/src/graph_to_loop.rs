@@ -423,6 +423,21 @@ impl Lowering<'_> {
             .collect()
     }
 
+    /// Opens the loops around a product over its batch dimensions (see
+    /// [`Self::open_nest`]): with two, both are parallel, so that the tile
+    /// conversion makes each a grid axis of the packed product's kernel
+    /// (`[B, H, M, N]` attention scores).
+    fn open_batch(&mut self, batch: &[usize]) -> Vec<IndexExpr> {
+        if batch.len() != 2 {
+            return self.open_nest(batch);
+        }
+        self.parallel.push(2);
+        batch
+            .iter()
+            .map(|&d| ix(self.b.begin_parallel(0, d as i64)))
+            .collect()
+    }
+
     fn close_nest(&mut self, rank: usize) {
         let parallel = self.parallel.pop().unwrap_or(1);
         for i in (0..rank).rev() {
@@ -455,7 +470,7 @@ impl Lowering<'_> {
         ),
         epilogue: &mut dyn FnMut(&mut Self, &[IndexExpr], Value),
     ) {
-        let bidx = self.open_nest(batch);
+        let bidx = self.open_batch(batch);
         let [i, j, kk, acc] =
             self.b
                 .begin_matmul(m as i64, n as i64, k as i64, dtype.accumulator());
@@ -1251,7 +1266,7 @@ impl Lowering<'_> {
         }
         let depth: i64 = form.k.iter().map(|k| k.hi - k.lo).product();
         let batch_shape: Vec<usize> = form.batch.iter().map(|&p| shape[p]).collect();
-        let bidx = self.open_nest(&batch_shape);
+        let bidx = self.open_batch(&batch_shape);
         // `def`'s typing context: a local fused into its reader sees the
         // locals before it, not the reader's.
         let own_defs = match reader {

@@ -830,16 +830,21 @@ impl<'a> Conv<'a> {
         } else {
             let last = self.op(*band.last().unwrap_or(&root));
             match last.regions[0].ops.as_slice() {
-                [m] if matches!(self.op(*m).kind, L::Matmul(_)) && band.len() < 2 => Some(*m),
+                [m] if matches!(self.op(*m).kind, L::Matmul(_))
+                    && (band.len() < 2
+                        || band.len() == 2 && self.packs(*m) && self.narrow(*m).is_none()) =>
+                {
+                    Some(*m)
+                }
                 _ => None,
             }
         };
         if let Some(m) = inner_matmul {
-            if band.len() <= 1 && self.packs(m) {
+            if band.len() <= 2 && self.packs(m) {
                 if let Some(tile) = self.narrow(m) {
                     return self.narrow_kernels(&band, m, tile);
                 }
-                return self.packed_dot(band.first().copied(), m);
+                return self.packed_dot(&band, m);
             }
             return self.dot_kernel(&band, m);
         }
@@ -1423,30 +1428,64 @@ impl<'a> Conv<'a> {
     /// tiles of a few vectors in a `tile.for`, read along the operand's
     /// contiguous axis (and transposed on the way when that is not the
     /// panel's), so no tile is larger than the register tile.
-    fn packed_dot(&mut self, batch: Option<LOpId>, m: LOpId) -> Result<(), TileConvError> {
-        let batch = self.batch_loop(batch);
-        let plan = self.pack_plan(m, batch.map_or(1, |b| b.2), true)?;
-        let panels = self.panels(m, batch, &plan)?;
+    ///
+    /// With two batch loops (`[B, H, M, N]` attention scores), each is a
+    /// grid axis of its own and the rows the third: a program takes every
+    /// panel of its block of rows (there are `B * H` batches to share
+    /// among threads).
+    fn packed_dot(&mut self, band: &[LOpId], m: LOpId) -> Result<(), TileConvError> {
+        let batch: Vec<(LValue, i64, usize)> = band
+            .iter()
+            .filter_map(|l| self.batch_loop(Some(*l)))
+            .collect();
+        let batches = batch.iter().map(|b| b.2).product();
+        let plan = self.pack_plan(m, batches, batch.len() < 2)?;
+        // The right operand's panels differ only along the batch loops its
+        // index reads: a weight shared by every batch is packed once.
+        let (_, c) = self.contraction(m)?;
+        let reads = |counter: LValue| c.b.iter().any(|e| e.terms.iter().any(|t| t.1 == counter));
+        let shared: Vec<bool> = batch.iter().map(|b| !reads(b.0)).collect();
+        let panel_batch: Vec<(LValue, i64, usize)> = batch
+            .iter()
+            .zip(&shared)
+            .filter(|(_, s)| !**s)
+            .map(|(b, _)| *b)
+            .collect();
+        let panels = self.panels(m, &panel_batch, &plan)?;
         // With several column chunks per block of rows, every chunk's
         // program would pack the same strips of the left operand: a kernel
         // packs them once (W6's feed-forward products: 8 programs each
         // packed all 128 rows of a 3072-deep operand).
-        let strips = (plan.chunks > 2 && batch.is_none() && !self.convs.contains_key(&m))
+        let strips = (plan.chunks > 2 && batch.is_empty() && !self.convs.contains_key(&m))
             .then(|| self.strips_kernel(m, &plan))
             .transpose()?;
         let mut grid: Vec<usize> = batch.iter().map(|b| b.2).collect();
-        grid.extend([plan.blocks, plan.chunks]);
+        grid.push(plan.blocks);
+        if batch.len() < 2 {
+            grid.push(plan.chunks);
+        }
         self.b.begin_kernel(grid, plan.schedule());
-        let bat = self.batch_ids(&[batch]);
+        let bat = self.batch_axes(&batch);
         let bat_axes = bat.len();
-        let (p, chunk) = (self.b.program_id(bat_axes), self.b.program_id(bat_axes + 1));
+        let p = self.b.program_id(bat_axes);
+        let chunk = if batch.len() < 2 {
+            Affine::value(self.b.program_id(bat_axes + 1))
+        } else {
+            Affine::constant(0)
+        };
         let i0 = Affine::value(p).scaled(plan.mc as i64);
         self.strips = match strips {
             Some(buf) => Strips::Global(buf, Affine::value(p)),
             None => Strips::Own,
         };
+        let panel_bat: Vec<Affine> = bat
+            .iter()
+            .zip(&shared)
+            .filter(|(_, s)| !**s)
+            .map(|(a, _)| a.clone())
+            .collect();
         let result = self
-            .program_product(m, &plan, panels, &bat, &i0, &Affine::value(chunk))
+            .program_product(m, &plan, panels, &panel_bat, &i0, &chunk)
             .and_then(|e| self.epilogue(&e));
         self.strips = Strips::Own;
         result?;
@@ -2037,8 +2076,8 @@ impl<'a> Conv<'a> {
             return Err(self.invalid("fused products with different blocks of rows"));
         }
         let panels = [
-            self.panels(m1, b1, &plans[0])?,
-            self.panels(m2, b3, &plans[1])?,
+            self.panels(m1, b1.as_slice(), &plans[0])?,
+            self.panels(m2, b3.as_slice(), &plans[1])?,
         ];
         let (mr, nr, mc) = (plans[0].mr, plans[0].nr, plans[0].mc);
         let mut grid: Vec<usize> = b1.iter().map(|b| b.2).collect();
@@ -2221,7 +2260,7 @@ impl<'a> Conv<'a> {
     fn panels(
         &mut self,
         m: LOpId,
-        batch: Option<(LValue, i64, usize)>,
+        batch: &[(LValue, i64, usize)],
         plan: &PackPlan,
     ) -> Result<Panels, TileConvError> {
         Ok(if self.weight_operand(m) {
@@ -2242,6 +2281,23 @@ impl<'a> Conv<'a> {
             let (lo, hi, _) = loop_bounds(&op.kind).unwrap_or((0, 1, 1));
             (op.regions[0].args[0], lo, (hi - lo).max(1) as usize)
         })
+    }
+
+    /// The program ids of a kernel whose first axes are the batch loops
+    /// `loops`, one axis each, mapped to their counters.
+    fn batch_axes(&mut self, loops: &[(LValue, i64, usize)]) -> Vec<Affine> {
+        loops
+            .iter()
+            .enumerate()
+            .map(|(axis, &(counter, lo, _))| {
+                let p = self.b.program_id(axis);
+                self.index.insert(
+                    counter,
+                    Affine::value(p).plus_scaled(1, &Affine::constant(lo)),
+                );
+                Affine::value(p)
+            })
+            .collect()
     }
 
     /// The batch's program id (the kernel's first axis, when there is a
@@ -2379,11 +2435,14 @@ impl<'a> Conv<'a> {
     }
 
     /// The kernel packing product `m`'s right operand into a global
-    /// `[batch.., kb, nb, kc, nr]` buffer of panels, which it returns.
+    /// `[batch.., kb, nb, kc, nr]` buffer of panels, which it returns: one
+    /// program per batch, slice of the depth and panel, or, with two batch
+    /// loops (a grid has three axes), per batch and slice, looping over
+    /// the panels.
     fn pack_kernel(
         &mut self,
         m: LOpId,
-        batch: Option<(LValue, i64, usize)>,
+        batch: &[(LValue, i64, usize)],
         plan: &PackPlan,
     ) -> Result<Value, TileConvError> {
         let mut panel_shape: Vec<usize> = batch.iter().map(|b| b.2).collect();
@@ -2394,12 +2453,21 @@ impl<'a> Conv<'a> {
             Space::Global,
         ));
         let mut grid: Vec<usize> = batch.iter().map(|b| b.2).collect();
-        grid.extend([plan.kb_n, plan.nb_n]);
+        grid.push(plan.kb_n);
+        let looped = batch.len() >= 2;
+        if !looped {
+            grid.push(plan.nb_n);
+        }
         self.b
             .begin_kernel(grid, plan.schedule().with("pack", vec![1]));
-        let mut at = self.batch_ids(&[batch]);
+        let mut at = self.batch_axes(batch);
         let bat_axes = at.len();
-        let (pk, pn) = (self.b.program_id(bat_axes), self.b.program_id(bat_axes + 1));
+        let pk = self.b.program_id(bat_axes);
+        let pn = if looped {
+            self.b.begin_for(0, plan.nb_n as i64, 1, &[]).0
+        } else {
+            self.b.program_id(bat_axes + 1)
+        };
         at.extend([Affine::value(pk), Affine::value(pn)]);
         let j0 = Affine::value(pn).scaled(plan.nr as i64);
         self.copy_panel_slice(
@@ -2411,12 +2479,16 @@ impl<'a> Conv<'a> {
             panels,
             &at,
         )?;
+        if looped {
+            self.b.end_for(vec![]);
+        }
         self.b.end_kernel();
         Ok(panels)
     }
 
     /// The body of a program of packed product `m`: rows from `i0` (`mc`
     /// of them), the `per_chunk` panels of column chunk `chunk`, the batch
+    /// of its right operand (the program ids of the batch loops it reads)
     /// at `bat`.
     fn program_product(
         &mut self,

@@ -402,6 +402,28 @@ fn user_contractions_are_structured_products() {
     let text = print_module(&lowered(&graph(dlc_tests::CONTRACTION_PROGRAMS[4])));
     assert!(!text.contains("loop.alloc"), "{text}");
     assert_eq!(text.matches("loop.sigmoid").count(), 1, "{text}");
+    // Two batch indices: each a grid axis of the packed product, on either
+    // x86-64 vector width.
+    let m = graph(dlc_tests::CONTRACTION_PROGRAMS[2]);
+    for target in [TargetDesc::x86_64_avx512(2), TargetDesc::x86_64_avx2(2)] {
+        let text = dlc_tile::print_module(&kernels(&m, &target));
+        let packed = text
+            .lines()
+            .filter(|l| l.contains("grid = [2, 3, ") && l.contains("schedule = \"packed\""))
+            .count();
+        assert_eq!(packed, 1, "{}: {text}", target.name);
+    }
+    // A right operand shared by every batch is packed once, not per batch.
+    let m = graph(dlc_tests::CONTRACTION_PROGRAMS[3]);
+    for target in [TargetDesc::x86_64_avx512(2), TargetDesc::x86_64_avx2(2)] {
+        let text = dlc_tile::print_module(&kernels(&m, &target));
+        let packs: Vec<&str> = text.lines().filter(|l| l.contains("pack = [1]")).collect();
+        assert!(
+            packs.len() == 1 && !packs[0].contains("grid = [3, "),
+            "{}: {text}",
+            target.name
+        );
+    }
     // The transposed result: columns are its last index, read from `a`.
     let text = print_module(&lowered(&graph(dlc_tests::CONTRACTION_PROGRAMS[6])));
     assert!(

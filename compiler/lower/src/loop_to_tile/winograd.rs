@@ -323,7 +323,7 @@ impl<'a> Conv<'a> {
         plan.strips = tiles.div_ceil(plan.mr);
         plan.mc = plan.strips * plan.mr;
         plan.blocks = images * rows / f.rows;
-        let panels = self.panels(f.product, batch, &plan)?;
+        let panels = self.panels(f.product, batch.as_slice(), &plan)?;
         let schedule = Schedule::new("winograd").with(
             "blocking",
             vec![plan.mr as i64, plan.nr as i64, tiles as i64, plan.kc as i64],
