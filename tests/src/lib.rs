@@ -670,9 +670,12 @@ fn f(a: f32[3, 4], b: f32[2, 4], img: f32[1, 2, 4, 4], w: f32[3, 2, 3, 3], x: f3
 /// another operand, a local computed in its reader's epilogue (`h` read
 /// twice at its own index) and one stored (read at another index), a
 /// transposed result, a strided read over an offset range, f16 and i32, a
-/// sum over two indices spanning whole consecutive axes (read as one); and
-/// two that are not (a read past an operand's edge, two reduction indices
-/// in different orders in the two operands), which keep their scalar loops.
+/// sum over two indices spanning whole consecutive axes (read as one);
+/// operands gathered into copies (a read past an operand's edge, two
+/// reduction indices in different orders in the two operands, a 3x3
+/// convolution's input and weight gradients with padding, a strided and
+/// dilated window); and a sum of a sum, not a product, which keeps its scalar
+/// loops.
 pub const CONTRACTION_PROGRAMS: &[&str] = &[
     "op at_g[K, M, N](a: f32[K, M], g: f32[K, N]) -> f32[M, N] { out[i, j] = sum[k](a[k, i] * g[k, j]); }
 fn f(a: f32[37, 40], g: f32[37, 45]) -> f32[40, 45] { return at_g(a, g); }",
@@ -706,6 +709,14 @@ fn f(a: f32[20, 30], b: f32[30, 24]) -> f32[20, 24] { return shifted(a, b); }",
 fn f(a: f32[6, 5, 4], b: f32[5, 4, 7]) -> f32[6, 7] { return two(a, b); }",
     "op crossed[M, K, L, N](a: f32[M, L, K], b: f32[K, L, N]) -> f32[M, N] { out[i, j] = sum[k, l](a[i, l, k] * b[k, l, j]); }
 fn f(a: f32[6, 4, 5], b: f32[5, 4, 7]) -> f32[6, 7] { return crossed(a, b); }",
+    "op conv_dx[N, O, H, W, C](g: f32[N, O, H, W], w: f32[O, C, 3, 3]) -> f32[N, C, H, W] { out[n, c, y, x] = sum[o, ky, kx](g[n, o, y - ky + 1, x - kx + 1] * w[o, c, ky, kx]); }
+fn f(g: f32[2, 8, 6, 7], w: f32[8, 5, 3, 3]) -> f32[2, 5, 6, 7] { return conv_dx(g, w); }",
+    "op conv_dw[N, C, H, W, O](x: f32[N, C, H, W], g: f32[N, O, H, W]) -> f32[O, C, 3, 3] { out[o, c, ky, kx] = sum[n, y, xx](g[n, o, y, xx] * x[n, c, y + ky - 1, xx + kx - 1]); }
+fn f(x: f32[2, 5, 6, 7], g: f32[2, 8, 6, 7]) -> f32[8, 5, 3, 3] { return conv_dw(x, g); }",
+    "op window[N, C, O](x: f32[N, C, 20, 20], w: f32[O, C, 3, 3]) -> f32[N, O, 8, 8] { out[n, o, y, xx] = relu(sum[c, ky, kx](x[n, c, 2 * y + 2 * ky, 2 * xx + 2 * kx - 1] * w[o, c, ky, kx])); }
+fn f(x: f32[2, 3, 20, 20], w: f32[4, 3, 3, 3]) -> f32[2, 4, 8, 8] { return window(x, w); }",
+    "op sumsum[M, K, N](a: f32[M, K], b: f32[K, N]) -> f32[M, N] { out[i, j] = sum[k](a[i, k] + b[k, j]); }
+fn f(a: f32[6, 5], b: f32[5, 7]) -> f32[6, 7] { return sumsum(a, b); }",
 ];
 
 /// Convolutions that run as Winograd's F(4x4, 3x3) on a CPU (3 x 3, stride

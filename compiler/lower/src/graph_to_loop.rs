@@ -24,7 +24,7 @@ use std::collections::{HashMap, HashSet};
 use dlc_core::scalar::{BinaryOp, ReduceKind, UnaryOp};
 use dlc_core::{DType, TensorType};
 use dlc_graph::compute::{
-    Affine, ComputeBody, ContractionForm, ElemDef, IndexVar, ScalarExpr, Source,
+    Affine, ComputeBody, ContractionForm, ElemDef, IndexVar, OperandRead, ScalarExpr, Source,
 };
 use dlc_graph::fusion::Plan;
 use dlc_graph::ops::{ConstValue, Op, PoolKind};
@@ -1249,21 +1249,31 @@ impl Lowering<'_> {
         store: &dyn Fn(&mut Self, &[IndexExpr], Value),
     ) -> Result<(), LowerError> {
         let shape = &def.ty.shape;
-        // The operands' buffers; with several reduction variables, views of
-        // them whose reduced axes are one.
+        // The operands as the product reads them: in place, through a view
+        // whose reduced axes are one, or gathered into a copy.
         let buffer = |s: Source| match s {
             Source::Input(i) => Some(cx.inputs[i as usize]),
             Source::Local(i) => cx.locals[i as usize],
         };
-        let (Some(mut abuf), Some(mut bbuf)) = (buffer(form.a.0), buffer(form.b.0)) else {
-            return Err(LowerError::Invalid(
-                "a contraction reads a local that is not stored".into(),
-            ));
-        };
-        if let Some((da, db)) = form.merged {
-            abuf = self.merged_view(abuf, da, form.k.len())?;
-            bbuf = self.merged_view(bbuf, db, form.k.len())?;
+        let mut operands = Vec::new();
+        let mut gathered = Vec::new();
+        for (side, (read, mode)) in [form.a, form.b].into_iter().zip(form.reads).enumerate() {
+            let Some(buf) = buffer(read.0) else {
+                return Err(LowerError::Invalid(
+                    "a contraction reads a local that is not stored".into(),
+                ));
+            };
+            operands.push(match mode {
+                OperandRead::InPlace => buf,
+                OperandRead::Merged(d) => self.merged_view(buf, d, form.k.len())?,
+                OperandRead::Gathered => {
+                    let (copy, view) = self.gather(form, def, side, buf)?;
+                    gathered.push(copy);
+                    view
+                }
+            });
         }
+        let (abuf, bbuf) = (operands[0], operands[1]);
         let depth: i64 = form.k.iter().map(|k| k.hi - k.lo).product();
         let batch_shape: Vec<usize> = form.batch.iter().map(|&p| shape[p]).collect();
         let bidx = self.open_batch(&batch_shape);
@@ -1309,33 +1319,101 @@ impl Lowering<'_> {
             v = self.scalar(&after, &d.expr, d.ty.dtype, &at(&d.vars))?;
         }
         store(self, &idx, v);
-        // The operands' indices, over the batch loops and the counters: the
-        // reduction variable's is the depth counter's (from its first
-        // value), or the merged axes' is that counter.
-        let (ai, bi) = match form.merged {
-            None => {
-                let k = &form.k[0];
-                env.insert(k.var, ix_axpy(1, &ix(kk), &ix_const(k.lo)));
-                let map = |r: &[Affine]| r.iter().map(|e| affine_to_index(e, &env)).collect();
-                (map(form.a.1), map(form.b.1))
-            }
-            Some((da, db)) => {
-                let r = form.k.len();
-                let map = |index: &[Affine], d: usize| {
-                    let mut out: Vec<IndexExpr> = index[..d]
+        // The operands' indices, over the batch loops and the counters.
+        let r = form.k.len();
+        let mut index = |side: usize| -> Vec<IndexExpr> {
+            let read = if side == 0 { form.a } else { form.b };
+            match form.reads[side] {
+                OperandRead::InPlace => {
+                    let k = &form.k[0];
+                    env.insert(k.var, ix_axpy(1, &ix(kk), &ix_const(k.lo)));
+                    read.1.iter().map(|e| affine_to_index(e, &env)).collect()
+                }
+                OperandRead::Merged(d) => {
+                    let mut out: Vec<IndexExpr> = read.1[..d]
                         .iter()
                         .map(|e| affine_to_index(e, &env))
                         .collect();
                     out.push(ix(kk));
-                    out.extend(index[d + r..].iter().map(|e| affine_to_index(e, &env)));
+                    out.extend(read.1[d + r..].iter().map(|e| affine_to_index(e, &env)));
                     out
-                };
-                (map(form.a.1, da), map(form.b.1, db))
+                }
+                OperandRead::Gathered => {
+                    let mut out: Vec<IndexExpr> = gathered_batch(form, def, side)
+                        .map(|p| idx[p].clone())
+                        .collect();
+                    out.extend(if side == 0 {
+                        [ix(i), ix(kk)]
+                    } else {
+                        [ix(kk), ix(j)]
+                    });
+                    out
+                }
             }
         };
+        let (ai, bi) = (index(0), index(1));
         self.b.end_matmul(abuf, ai, bbuf, bi);
         self.close_nest(batch_shape.len());
+        for copy in gathered {
+            self.b.dealloc(copy);
+        }
         Ok(())
+    }
+
+    /// Operand `side` (0: `a`, 1: `b`) of contraction `form` of `def`,
+    /// read from `buf`, gathered into a new buffer laid out as the product
+    /// reads it: the batch variables it reads, then its rows and the
+    /// reduction variables (`a`) or the reduction variables and its columns
+    /// (`b`), zero where the read falls outside `buf` (an im2col copy, for
+    /// any window). Returns the copy and a view of it whose reduction axes
+    /// are one.
+    fn gather(
+        &mut self,
+        form: &ContractionForm<'_>,
+        def: &ElemDef,
+        side: usize,
+        buf: Value,
+    ) -> Result<(Value, Value), LowerError> {
+        let dlc_loop::Type::Buffer(t) = self.b.ty(buf).clone() else {
+            return Err(LowerError::Invalid("a contraction of a non-buffer".into()));
+        };
+        let (read, own) = if side == 0 {
+            (form.a, form.m)
+        } else {
+            (form.b, form.n)
+        };
+        let batch: Vec<usize> = gathered_batch(form, def, side).collect();
+        let mut vars: Vec<(IndexVar, usize, i64)> = batch
+            .iter()
+            .map(|&p| (def.vars[p], def.ty.shape[p], 0))
+            .collect();
+        let reduced = form.k.iter().map(|k| (k.var, (k.hi - k.lo) as usize, k.lo));
+        let own = (def.vars[own], def.ty.shape[own], 0);
+        let first_k = if side == 0 {
+            vars.push(own);
+            vars.extend(reduced);
+            batch.len() + 1
+        } else {
+            vars.extend(reduced);
+            vars.push(own);
+            batch.len()
+        };
+        let dims: Vec<usize> = vars.iter().map(|v| v.1).collect();
+        let copy = self
+            .b
+            .alloc(contiguous(&TensorType::new(t.dtype, dims.clone())));
+        let idx = self.open_nest(&dims);
+        let env: HashMap<IndexVar, IndexExpr> = vars
+            .iter()
+            .zip(&idx)
+            .map(|(&(v, _, lo), e)| (v, ix_axpy(1, e, &ix_const(lo))))
+            .collect();
+        let at = read.1.iter().map(|e| affine_to_index(e, &env)).collect();
+        let v = self.b.load(buf, at, Some(0.0));
+        self.b.store(v, copy, idx);
+        self.close_nest(dims.len());
+        let view = self.merged_view(copy, first_k, form.k.len())?;
+        Ok((copy, view))
     }
 
     /// `buf` seen with its axes `d..d + r` as one (their extents' product):
@@ -1445,6 +1523,21 @@ impl Lowering<'_> {
             }
         })
     }
+}
+
+/// The positions (in `def`'s variables) of the batch variables operand
+/// `side` of `form` reads, in order: the leading axes of its gathered copy.
+fn gathered_batch<'f>(
+    form: &'f ContractionForm<'_>,
+    def: &'f ElemDef,
+    side: usize,
+) -> impl Iterator<Item = usize> + 'f {
+    let read = if side == 0 { form.a } else { form.b };
+    form.batch.iter().copied().filter(move |&p| {
+        read.1
+            .iter()
+            .any(|e| e.terms.iter().any(|t| t.1 == def.vars[p]))
+    })
 }
 
 #[derive(Clone, Copy)]

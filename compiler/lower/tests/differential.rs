@@ -385,7 +385,22 @@ fn user_contractions_are_structured_products() {
             text.matches("loop.matmul").count()
         })
         .collect();
-    assert_eq!(matmuls, [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 0]);
+    assert_eq!(matmuls, [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0]);
+    // A gathered operand is an im2col copy: the convolution's input gradient
+    // copies its output gradient's windows (zero past the edges) and its
+    // kernel, transposed, then runs one product per image row.
+    let text = print_module(&lowered(&graph(dlc_tests::CONTRACTION_PROGRAMS[13])));
+    assert!(
+        text.contains("buffer<f32[5, 72]>")
+            && text.contains("buffer<f32[2, 6, 72, 7]>")
+            && text.contains("{pad = 0.0}"),
+        "{text}"
+    );
+    // One whose copy would pass `MAX_GATHERED` elements keeps its loops.
+    let big = "op conv_dx[N, O, H, W, C](g: f32[N, O, H, W], w: f32[O, C, 3, 3]) -> f32[N, C, H, W] { out[n, c, y, x] = sum[o, ky, kx](g[n, o, y - ky + 1, x - kx + 1] * w[o, c, ky, kx]); }
+fn f(g: f32[64, 64, 128, 128], w: f32[64, 64, 3, 3]) -> f32[64, 64, 128, 128] { return conv_dx(g, w); }";
+    let text = print_module(&lowered(&graph(big)));
+    assert!(!text.contains("loop.matmul"), "{text}");
     // Two reduction indices over whole consecutive axes: one depth counter
     // over views of the operands.
     let text = print_module(&lowered(&graph(dlc_tests::CONTRACTION_PROGRAMS[11])));

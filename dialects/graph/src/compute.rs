@@ -302,33 +302,34 @@ impl ScalarExpr {
     }
 }
 
-/// A definition that is a contraction: `E(sum[k in lo..hi](a[..] * b[..]))`,
-/// where `a` and `b` are reads of operands or locals of one element type
-/// whose indices are affine in the definition's variables and `k` and stay
-/// within their bounds, `k` indexes both, and `E`, the epilogue, is the rest
-/// of the definition, element-wise (it holds no other reduction). A sum
-/// over several variables is one too when each spans a whole axis of both
-/// operands, the axes consecutive and in the variables' order in each
-/// (`sum[k, l](a[i, k, l] * b[k, l, j])`): the product then reads those
-/// axes as one, of their extents' product. The
-/// lowering computes it as one structured product (`loop.matmul`): for
-/// every value of the `batch` variables, an `M x N` product over `k`, whose
-/// rows are the variable `m` and whose columns are `n`, then `E` of each
-/// sum. A contraction written in index notation is then the same product
-/// as the built-in `@` that computes it.
+/// A definition that is a contraction: `E(sum[k..](a[..] * b[..]))`, where
+/// `a` and `b` are reads of operands or locals of one element type whose
+/// indices are affine in the definition's variables and the reduction
+/// variables `k..`, each of which both read, and `E`, the epilogue, is the
+/// rest of the definition, element-wise (it holds no other reduction). The
+/// lowering computes it as one structured product (`loop.matmul`): for every
+/// value of the `batch` variables, an `M x N` product over the reduction
+/// variables (one depth counter), whose rows are the variable `m` and whose
+/// columns are `n`, then `E` of each sum. Each operand is read
+/// ([`OperandRead`]) in place through its own index when one reduction
+/// variable indexes it within its bounds, through a view when several span
+/// whole consecutive axes of it, and otherwise (a convolution's window, a
+/// read past its edges, which gives zero) from a gathered copy laid out as
+/// the product reads it (im2col). A contraction written in index notation
+/// is then the same product as the built-in `@` or convolution computing
+/// it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ContractionForm<'a> {
     /// The `sum[..](..)` node, which `E` is written around.
     pub sum: &'a ScalarExpr,
     /// The reduction variables and their ranges, outermost first.
     pub k: Vec<RangeVar>,
-    /// With several reduction variables, the first of the consecutive axes
-    /// they index in `a` and in `b`.
-    pub merged: Option<(usize, usize)>,
     /// The read giving the product's rows (it reads `m`, not `n`).
     pub a: (Source, &'a [Affine]),
     /// The read giving the product's columns (it reads `n`, not `m`).
     pub b: (Source, &'a [Affine]),
+    /// How `a` and `b` are read.
+    pub reads: [OperandRead; 2],
     /// Position among the definition's variables of the rows.
     pub m: usize,
     /// Position of the columns: the last variable, so that a row of
@@ -337,6 +338,27 @@ pub struct ContractionForm<'a> {
     /// Positions of the other variables, in order: loops around the product.
     pub batch: Vec<usize>,
 }
+
+/// How a contraction reads one of its operands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OperandRead {
+    /// Through its own index, the one reduction variable's value being
+    /// the depth counter's (plus the range's start): every read is
+    /// within the operand.
+    InPlace,
+    /// Through a view whose axes from this one on, one per reduction
+    /// variable (whole, in order), are one axis.
+    Merged(usize),
+    /// From a copy, zero where the read falls outside the operand, whose
+    /// axes are the batch variables it reads, then (`a`) the rows and the
+    /// reduction variables or (`b`) the reduction variables and the
+    /// columns.
+    Gathered,
+}
+
+/// The most elements a gathered operand may have (2^26: 256 MiB of f32);
+/// a contraction needing more keeps its scalar loops.
+pub const MAX_GATHERED: usize = 1 << 26;
 
 impl ElemDef {
     /// The definition as a contraction, if it is one; `ty` gives the type
@@ -377,7 +399,26 @@ impl ElemDef {
         if ta.dtype != tb.dtype || !ta.dtype.is_numeric() {
             return None;
         }
-        // Every index stays within its operand: the product reads no padding.
+        let reads = |r: (Source, &[Affine]), v: IndexVar| {
+            r.1.iter().any(|e| e.terms.iter().any(|t| t.1 == v))
+        };
+        if vars.iter().any(|k| !reads(a, k.var) || !reads(b, k.var)) {
+            return None;
+        }
+        // Columns: the last variable, read by exactly one of the two.
+        let n = self.vars.len().checked_sub(1)?;
+        let last = self.vars[n];
+        match (reads(a, last), reads(b, last)) {
+            (true, false) => std::mem::swap(&mut a, &mut b),
+            (false, true) => {}
+            _ => return None,
+        }
+        // Rows: the last other variable read by `a` alone.
+        let m = (0..n)
+            .rev()
+            .find(|&p| reads(a, self.vars[p]) && !reads(b, self.vars[p]))?;
+        let batch: Vec<usize> = (0..n).filter(|&p| p != m).collect();
+        // How each operand is read.
         let range = |v: IndexVar| -> Option<(i64, i64)> {
             if let Some(k) = vars.iter().find(|k| k.var == v) {
                 return Some((k.lo, k.hi - 1));
@@ -385,8 +426,8 @@ impl ElemDef {
             let p = self.vars.iter().position(|w| *w == v)?;
             Some((0, self.ty.shape[p] as i64 - 1))
         };
-        for ((_, index), t) in [(a, ta), (b, tb)] {
-            for (e, &dim) in index.iter().zip(&t.shape) {
+        let within = |r: (Source, &[Affine]), t: &TensorType| -> Option<bool> {
+            for (e, &dim) in r.1.iter().zip(&t.shape) {
                 let (mut lo, mut hi) = (e.constant, e.constant);
                 for &(c, v) in &e.terms {
                     let (vlo, vhi) = range(v)?;
@@ -395,17 +436,11 @@ impl ElemDef {
                     hi = hi.checked_add(p.max(q))?;
                 }
                 if lo < 0 || hi >= dim as i64 {
-                    return None;
+                    return Some(false);
                 }
             }
-        }
-        let reads = |r: (Source, &[Affine]), v: IndexVar| {
-            r.1.iter().any(|e| e.terms.iter().any(|t| t.1 == v))
+            Some(true)
         };
-        if vars.iter().any(|k| !reads(a, k.var) || !reads(b, k.var)) {
-            return None;
-        }
-        // Several reduction variables: whole consecutive axes, in order.
         let axes = |r: (Source, &[Affine]), t: &TensorType| -> Option<usize> {
             let d = r.1.iter().position(|e| e.as_var() == Some(vars[0].var))?;
             let whole = vars.iter().enumerate().all(|(o, k)| {
@@ -419,31 +454,33 @@ impl ElemDef {
             });
             (whole && !elsewhere).then_some(d)
         };
-        // Columns: the last variable, read by exactly one of the two.
-        let n = self.vars.len().checked_sub(1)?;
-        let last = self.vars[n];
-        match (reads(a, last), reads(b, last)) {
-            (true, false) => std::mem::swap(&mut a, &mut b),
-            (false, true) => {}
-            _ => return None,
-        }
-        // Rows: the last other variable read by `a` alone.
-        let m = (0..n)
-            .rev()
-            .find(|&p| reads(a, self.vars[p]) && !reads(b, self.vars[p]))?;
-        let batch = (0..n).filter(|&p| p != m).collect();
-        let merged = if vars.len() > 1 {
-            let (ta, tb) = (ty(a.0)?, ty(b.0)?);
-            Some((axes(a, ta)?, axes(b, tb)?))
-        } else {
-            None
+        let depth: usize = vars.iter().map(|k| (k.hi - k.lo) as usize).product();
+        let mode = |r: (Source, &[Affine]), own: usize| -> Option<OperandRead> {
+            let t = ty(r.0)?;
+            if within(r, t)? {
+                if vars.len() == 1 {
+                    return Some(OperandRead::InPlace);
+                }
+                if let Some(d) = axes(r, t) {
+                    return Some(OperandRead::Merged(d));
+                }
+            }
+            // The copy: the batch variables it reads, its own, the depth.
+            let mut elements = depth.checked_mul(self.ty.shape[own])?;
+            for &p in &batch {
+                if reads(r, self.vars[p]) {
+                    elements = elements.checked_mul(self.ty.shape[p])?;
+                }
+            }
+            (elements <= MAX_GATHERED).then_some(OperandRead::Gathered)
         };
+        let modes = [mode(a, m)?, mode(b, n)?];
         Some(ContractionForm {
             sum,
             k: vars.clone(),
-            merged,
             a,
             b,
+            reads: modes,
             m,
             n,
             batch,
