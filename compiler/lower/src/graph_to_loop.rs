@@ -1177,8 +1177,25 @@ impl Lowering<'_> {
             Source::Input(i) => input_types.get(i as usize),
             Source::Local(i) => body.locals.get(i as usize).map(|d| &d.ty),
         };
-        let forms: Vec<Option<ContractionForm<'_>>> =
-            defs.iter().map(|d| d.contraction(&type_of)).collect();
+        // Columns over several variables where the result is a row-major
+        // array of its own: a local no reader computes in its epilogue, or
+        // an output stored as it is.
+        let out_merges = !matches!(self.plan[&n], Plan::WithEpilogue(_))
+            && self.home.get(&n).is_some_and(
+                |h| matches!(self.b.ty(*h), dlc_loop::Type::Buffer(t) if t.has_row_major_strides()),
+            );
+        let forms: Vec<Option<ContractionForm<'_>>> = defs
+            .iter()
+            .enumerate()
+            .map(|(k, d)| {
+                let merge = if k == body.locals.len() {
+                    out_merges
+                } else {
+                    body.sole_elementwise_reader(k).is_none()
+                };
+                d.contraction(&type_of, merge)
+            })
+            .collect();
         // Contraction locals computed in their reader's epilogue.
         let mut fused_into: HashMap<usize, usize> = HashMap::new();
         for (t, form) in forms.iter().enumerate().take(body.locals.len()) {
@@ -1208,6 +1225,9 @@ impl Lowering<'_> {
                 hole: None,
                 fused: None,
             };
+            // Where the result goes: its own buffer, or the node's value
+            // (through its epilogue chain, if any).
+            let dest = buf.or_else(|| self.home.get(&n).copied());
             let store = |l: &mut Self, idx: &[IndexExpr], v: Value| match buf {
                 Some(buf) => l.b.store(v, buf, idx.to_vec()),
                 None => l.sink(n, idx, v),
@@ -1216,9 +1236,9 @@ impl Lowering<'_> {
                 .get(&k)
                 .and_then(|&t| Some((t, forms[t].as_ref()?)));
             if let Some((t, form)) = fused {
-                self.emit_contraction(&cx, form, defs[t], Some((t, def)), &store)?;
+                self.emit_contraction(&cx, form, defs[t], Some((t, def)), &store, dest)?;
             } else if let Some(form) = &forms[k] {
-                self.emit_contraction(&cx, form, def, None, &store)?;
+                self.emit_contraction(&cx, form, def, None, &store, dest)?;
             } else {
                 let idx = self.open_nest(&def.ty.shape);
                 let env: HashMap<IndexVar, IndexExpr> =
@@ -1239,7 +1259,9 @@ impl Lowering<'_> {
     /// `loop.matmul` inside loops over its batch variables; its epilogue
     /// computes `def` from each sum and, when `reader` is `(t, d)` (`def` is
     /// local `t`, read element-wise by `d` alone), `d` from that, and
-    /// `store`s the result at its index.
+    /// `store`s the result at its index; with columns over several
+    /// variables, stores it into a view of `dest` (a row-major buffer)
+    /// whose column axes are one.
     fn emit_contraction(
         &mut self,
         cx: &ScalarCx<'_>,
@@ -1247,6 +1269,7 @@ impl Lowering<'_> {
         def: &ElemDef,
         reader: Option<(usize, &ElemDef)>,
         store: &dyn Fn(&mut Self, &[IndexExpr], Value),
+        dest: Option<Value>,
     ) -> Result<(), LowerError> {
         let shape = &def.ty.shape;
         // The operands as the product reads them: in place, through a view
@@ -1275,6 +1298,16 @@ impl Lowering<'_> {
         }
         let (abuf, bbuf) = (operands[0], operands[1]);
         let depth: i64 = form.k.iter().map(|k| k.hi - k.lo).product();
+        let columns: usize = shape[form.n..].iter().product();
+        let merged_dest = match (form.columns, dest) {
+            (1, _) => None,
+            (_, Some(dest)) => Some(self.merged_view(dest, form.n, form.columns)?),
+            (_, None) => {
+                return Err(LowerError::Invalid(
+                    "a contraction over several column variables with no buffer to store".into(),
+                ));
+            }
+        };
         let batch_shape: Vec<usize> = form.batch.iter().map(|&p| shape[p]).collect();
         let bidx = self.open_batch(&batch_shape);
         // `def`'s typing context: a local fused into its reader sees the
@@ -1289,7 +1322,7 @@ impl Lowering<'_> {
             .unwrap_or(def.ty.dtype);
         let [i, j, kk, acc] = self.b.begin_matmul(
             shape[form.m] as i64,
-            shape[form.n] as i64,
+            columns as i64,
             depth,
             dtype.accumulator(),
         );
@@ -1318,7 +1351,14 @@ impl Lowering<'_> {
             };
             v = self.scalar(&after, &d.expr, d.ty.dtype, &at(&d.vars))?;
         }
-        store(self, &idx, v);
+        match merged_dest {
+            Some(view) => {
+                let mut at = idx[..form.n].to_vec();
+                at.push(ix(j));
+                self.b.store(v, view, at);
+            }
+            None => store(self, &idx, v),
+        }
         // The operands' indices, over the batch loops and the counters.
         let r = form.k.len();
         let mut index = |side: usize| -> Vec<IndexExpr> {
@@ -1388,14 +1428,20 @@ impl Lowering<'_> {
             .map(|&p| (def.vars[p], def.ty.shape[p], 0))
             .collect();
         let reduced = form.k.iter().map(|k| (k.var, (k.hi - k.lo) as usize, k.lo));
-        let own = (def.vars[own], def.ty.shape[own], 0);
+        let own: Vec<(IndexVar, usize, i64)> = if side == 0 {
+            vec![(def.vars[own], def.ty.shape[own], 0)]
+        } else {
+            (own..def.vars.len())
+                .map(|p| (def.vars[p], def.ty.shape[p], 0))
+                .collect()
+        };
         let first_k = if side == 0 {
-            vars.push(own);
+            vars.extend(own);
             vars.extend(reduced);
             batch.len() + 1
         } else {
             vars.extend(reduced);
-            vars.push(own);
+            vars.extend(own);
             batch.len()
         };
         let dims: Vec<usize> = vars.iter().map(|v| v.1).collect();
@@ -1412,7 +1458,10 @@ impl Lowering<'_> {
         let v = self.b.load(buf, at, Some(0.0));
         self.b.store(v, copy, idx);
         self.close_nest(dims.len());
-        let view = self.merged_view(copy, first_k, form.k.len())?;
+        let mut view = self.merged_view(copy, first_k, form.k.len())?;
+        if side == 1 && form.columns > 1 {
+            view = self.merged_view(view, first_k + 1, form.columns)?;
+        }
         Ok((copy, view))
     }
 

@@ -388,12 +388,22 @@ fn user_contractions_are_structured_products() {
     assert_eq!(matmuls, [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0]);
     // A gathered operand is an im2col copy: the convolution's input gradient
     // copies its output gradient's windows (zero past the edges) and its
-    // kernel, transposed, then runs one product per image row.
+    // kernel, transposed, then runs one product per image whose columns are
+    // the image's pixels (`y, x`: 42).
     let text = print_module(&lowered(&graph(dlc_tests::CONTRACTION_PROGRAMS[13])));
     assert!(
         text.contains("buffer<f32[5, 72]>")
-            && text.contains("buffer<f32[2, 6, 72, 7]>")
+            && text.contains("buffer<f32[2, 72, 42]>")
+            && text.contains("{sizes = [5, 42, 72]}")
             && text.contains("{pad = 0.0}"),
+        "{text}"
+    );
+    // The weight gradient's columns are every trailing index its gathered
+    // input reads (`c, ky, kx`: 45, not 3), stored through a view of the
+    // result.
+    let text = print_module(&lowered(&graph(dlc_tests::CONTRACTION_PROGRAMS[14])));
+    assert!(
+        text.contains("{sizes = [8, 45, 84]}") && text.contains("loop.view %out0"),
         "{text}"
     );
     // One whose copy would pass `MAX_GATHERED` elements keeps its loops.

@@ -333,8 +333,15 @@ pub struct ContractionForm<'a> {
     /// Position among the definition's variables of the rows.
     pub m: usize,
     /// Position of the columns: the last variable, so that a row of
-    /// results is a row of the stored array.
+    /// results is a row of the stored array; or the first of the last
+    /// `columns` variables, which the columns then run over together, in
+    /// row-major order.
     pub n: usize,
+    /// How many variables the columns are: 1, or, when `b` is gathered
+    /// anyway and `E` reads nothing but the sum, every trailing variable
+    /// that `b` alone reads (a convolution's weight gradient,
+    /// `out[o, c, ky, kx]`, has `c * 3 * 3` columns, not 3).
+    pub columns: usize,
     /// Positions of the other variables, in order: loops around the product.
     pub batch: Vec<usize>,
 }
@@ -363,9 +370,14 @@ pub const MAX_GATHERED: usize = 1 << 26;
 impl ElemDef {
     /// The definition as a contraction, if it is one; `ty` gives the type
     /// of each operand and local it may read.
+    ///
+    /// `merge_columns`: whether the columns may be several variables (the
+    /// result is stored in a row-major array of its own, with no epilogue
+    /// after it that reads it by index).
     pub fn contraction<'a>(
         &'a self,
         ty: &dyn Fn(Source) -> Option<&'a TensorType>,
+        merge_columns: bool,
     ) -> Option<ContractionForm<'a>> {
         let mut reductions = Vec::new();
         self.expr.visit(&mut |e| {
@@ -417,7 +429,22 @@ impl ElemDef {
         let m = (0..n)
             .rev()
             .find(|&p| reads(a, self.vars[p]) && !reads(b, self.vars[p]))?;
-        let batch: Vec<usize> = (0..n).filter(|&p| p != m).collect();
+        // Columns over several variables: the trailing ones `b` alone reads,
+        // when `E` reads nothing (its only reads are the sum's two).
+        let mut all_reads = 0;
+        self.expr.visit(&mut |e| {
+            if let ScalarExpr::Read { .. } = e {
+                all_reads += 1;
+            }
+        });
+        let first = (m + 1..=n)
+            .find(|&q| (q..=n).all(|p| reads(b, self.vars[p]) && !reads(a, self.vars[p])))
+            .unwrap_or(n);
+        let n = if merge_columns && all_reads == 2 {
+            first
+        } else {
+            n
+        };
         // How each operand is read.
         let range = |v: IndexVar| -> Option<(i64, i64)> {
             if let Some(k) = vars.iter().find(|k| k.var == v) {
@@ -454,7 +481,9 @@ impl ElemDef {
             });
             (whole && !elsewhere).then_some(d)
         };
+        let batch: Vec<usize> = (0..n).filter(|&p| p != m).collect();
         let depth: usize = vars.iter().map(|k| (k.hi - k.lo) as usize).product();
+        let columns: usize = self.ty.shape[n..].iter().product();
         let mode = |r: (Source, &[Affine]), own: usize| -> Option<OperandRead> {
             let t = ty(r.0)?;
             if within(r, t)? {
@@ -466,7 +495,7 @@ impl ElemDef {
                 }
             }
             // The copy: the batch variables it reads, its own, the depth.
-            let mut elements = depth.checked_mul(self.ty.shape[own])?;
+            let mut elements = depth.checked_mul(own)?;
             for &p in &batch {
                 if reads(r, self.vars[p]) {
                     elements = elements.checked_mul(self.ty.shape[p])?;
@@ -474,7 +503,11 @@ impl ElemDef {
             }
             (elements <= MAX_GATHERED).then_some(OperandRead::Gathered)
         };
-        let modes = [mode(a, m)?, mode(b, n)?];
+        let modes = [mode(a, self.ty.shape[m])?, mode(b, columns)?];
+        if self.vars.len() - n > 1 && modes[1] != OperandRead::Gathered {
+            // Several column variables only where `b` is gathered anyway.
+            return self.contraction(ty, false);
+        }
         Some(ContractionForm {
             sum,
             k: vars.clone(),
@@ -483,6 +516,7 @@ impl ElemDef {
             reads: modes,
             m,
             n,
+            columns: self.vars.len() - n,
             batch,
         })
     }
