@@ -26,7 +26,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_peers import CPU, XLA_MAX_ISA, pinned, relative_error, run_measured  # noqa: E402
+from bench_peers import CPU, arguments, peer_env, relative_error, run_measured  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 PEERS = ["pytorch", "jax"]
@@ -185,19 +185,8 @@ def cpu_name():
 
 
 def main():
-    import argparse
     import numpy as np
-    p = argparse.ArgumentParser()
-    p.add_argument("dlc")
-    p.add_argument("out")
-    p.add_argument("--runs", type=int, default=20)
-    p.add_argument("--threads", default="1 2")
-    p.add_argument("--only", default="")
-    args = p.parse_args()
-    out = os.path.abspath(args.out)
-    os.makedirs(out, exist_ok=True)
-    threads = [int(t) for t in args.threads.split()]
-    only = set(filter(None, args.only.split(",")))
+    args, out, threads, only = arguments()
     known = cases("torch")
     files = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "bench", "contract")) if f.endswith(".dl"))
     unknown = [f for f in files if f not in known]
@@ -227,10 +216,7 @@ def main():
                              max_ms=r["max_ms"], error=dlc_err, ok=dlc_err <= bound))
             print(f"{name} {t}t dlc {r['median_ms']:.3f} ms (error {dlc_err:.1e})", file=sys.stderr)
             for peer in PEERS:
-                env = dict(os.environ, OMP_NUM_THREADS=str(t),
-                           XLA_FLAGS=f"--xla_cpu_multi_thread_eigen={'true' if t > 1 else 'false'} "
-                                     f"intra_op_parallelism_threads={t}"
-                                     + (f" --xla_cpu_max_isa={XLA_MAX_ISA[CPU]}" if CPU in XLA_MAX_ISA else ""))
+                env = peer_env(t)
                 try:
                     o, _ = run_measured([sys.executable, os.path.abspath(__file__), "--worker", peer, name,
                                          data, str(t), str(args.runs)], t, env)

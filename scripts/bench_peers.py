@@ -312,9 +312,10 @@ def relative_error(got, ref):
     return float(np.abs(got.astype(np.float64) - ref).max() / max(np.abs(ref).max(), 1e-30))
 
 
-def main():
+def arguments():
+    """The command line both benchmark scripts take: DLC OUT [--runs N]
+    [--threads "1 2"] [--only NAME,...]; OUT is made."""
     import argparse
-    import numpy as np
     p = argparse.ArgumentParser()
     p.add_argument("dlc")
     p.add_argument("out")
@@ -326,6 +327,21 @@ def main():
     os.makedirs(out, exist_ok=True)
     threads = [int(t) for t in args.threads.split()]
     only = set(filter(None, args.only.split(",")))
+    return args, out, threads, only
+
+
+def peer_env(threads):
+    """A peer's environment at this many threads: OpenMP's and XLA's thread
+    counts, and under DLC_CPU, XLA held to that CPU's vectors."""
+    return dict(os.environ, OMP_NUM_THREADS=str(threads),
+                XLA_FLAGS=f"--xla_cpu_multi_thread_eigen={'true' if threads > 1 else 'false'} "
+                          f"intra_op_parallelism_threads={threads}"
+                          + (f" --xla_cpu_max_isa={XLA_MAX_ISA[CPU]}" if CPU in XLA_MAX_ISA else ""))
+
+
+def main():
+    import numpy as np
+    args, out, threads, only = arguments()
     rows = []
 
     peak_bin = os.path.join(out, "fma_peak")
@@ -363,10 +379,7 @@ def main():
                              peak_mib=rss, error=errors["dlc"]))
             print(f"{entry} {t}t dlc {r['median_ms']:.3f} ms (error {errors['dlc']:.1e})", file=sys.stderr)
             for peer in PEERS:
-                env = dict(os.environ, OMP_NUM_THREADS=str(t),
-                           XLA_FLAGS=f"--xla_cpu_multi_thread_eigen={'true' if t > 1 else 'false'} "
-                                     f"intra_op_parallelism_threads={t}"
-                                     + (f" --xla_cpu_max_isa={XLA_MAX_ISA[CPU]}" if CPU in XLA_MAX_ISA else ""))
+                env = peer_env(t)
                 try:
                     o, rss = run_measured([sys.executable, os.path.abspath(__file__), "--worker", peer, entry,
                                            data, str(t), str(args.runs)], t, env)
