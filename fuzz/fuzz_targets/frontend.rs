@@ -58,7 +58,7 @@ fn exercise(mut module: Module) {
         // panics are not.
         let _ = interp::run_function_within(&module, &f.name, &args, WORK_LIMIT);
     }
-    if let Ok(lowered) = dlc_lower::lower_module(&module) {
+    if let Ok(lowered) = dlc_lower::lower_module(&module, dlc_core::TargetDesc::host()) {
         for target in [
             dlc_core::TargetDesc::host().clone(),
             dlc_core::TargetDesc::sm_90(),

@@ -40,11 +40,12 @@ fn compiled(name: &str, text: &str, pipeline: &str) -> dlc_graph::Module {
 #[test]
 fn conversion_is_the_identity_when_no_rule_fires() {
     let model = CostModel::calibrated();
+    let target = dlc_core::TargetDesc::x86_64_avx512(2);
     for (name, text) in programs() {
         let m = compiled(&name, &text, EXACT_PIPELINE);
         for f in &m.functions {
             let enc = encode(f).unwrap_or_else(|e| panic!("{name} @{}: {e:?}", f.name));
-            let choice = greedy(model, &enc.egraph, &enc.roots);
+            let choice = greedy(model, &target, &enc.egraph, &enc.roots);
             let back = rebuild(&enc.egraph, &choice, &enc.roots, f, &enc.origin)
                 .unwrap_or_else(|| panic!("{name} @{}: rebuild failed", f.name));
             let one = |g: &dlc_graph::Function| {
@@ -64,7 +65,7 @@ fn conversion_is_the_identity_when_no_rule_fires() {
                 // and converting again changes nothing.
                 assert_eq!(back.body.node_count(), tensor_classes, "{name} @{}", f.name);
                 let again = encode(&back).unwrap();
-                let choice = greedy(model, &again.egraph, &again.roots);
+                let choice = greedy(model, &target, &again.egraph, &again.roots);
                 let twice =
                     rebuild(&again.egraph, &choice, &again.roots, &back, &again.origin).unwrap();
                 assert_eq!(one(&twice), one(&back), "{name} @{}", f.name);

@@ -264,7 +264,11 @@ pub fn prepare(src: &SourceText, options: &CompileOptions) -> Result<Prepared, D
         None => Symbols::for_module(&module_stem(&src.name)),
     };
     let mut module = crate::load(src)?;
-    let reports = crate::run_passes(&mut module, &options.passes, PassOptions::default())?;
+    let passes = PassOptions {
+        target: Some(&scheduled),
+        ..PassOptions::default()
+    };
+    let reports = crate::run_passes(&mut module, &options.passes, passes)?;
     keep_entries(&mut module, &options.entries)?;
     Ok(Prepared {
         module,
@@ -295,9 +299,13 @@ impl Prepared {
         match what {
             Artifact::Graph => text(dlc_graph::print_module(module)),
             Artifact::GraphMlir => text(dlc_graph::print_mlir_generic(module)),
-            Artifact::Loop => text(dlc_loop::print_module(&crate::lower_to_loops(module)?)),
+            Artifact::Loop => text(dlc_loop::print_module(&crate::lower_to_loops(
+                module,
+                &self.scheduled,
+            )?)),
             Artifact::LoopMlir => text(dlc_loop::print_mlir_generic(&crate::lower_to_loops(
                 module,
+                &self.scheduled,
             )?)),
             Artifact::Tile | Artifact::TileMlir => {
                 let tiled = crate::lower_for_tile(module, &self.scheduled)?;
@@ -336,7 +344,7 @@ impl Prepared {
                     ));
                 };
                 let text = if what == Artifact::Mlir {
-                    mlir.convert(&crate::lower_to_loops(module)?)
+                    mlir.convert(&crate::lower_to_loops(module, &self.scheduled)?)
                 } else {
                     mlir.convert_tile(&crate::lower_for_tile(module, &self.scheduled)?)
                 };

@@ -414,7 +414,7 @@ impl Pass<Ir> for OnGraph {
 }
 
 /// `convert-graph-to-loop`: lowers every entry point to the loop dialect.
-struct ConvertGraphToLoop;
+struct ConvertGraphToLoop(dlc_core::TargetDesc);
 
 impl Pass<Ir> for ConvertGraphToLoop {
     fn name(&self) -> &'static str {
@@ -429,7 +429,7 @@ impl Pass<Ir> for ConvertGraphToLoop {
         let Ir::Graph(m) = ir else {
             return Err(fail(format!("expects graph IR, got {} IR", ir.level())));
         };
-        let lowered = dlc_lower::lower_module(m).map_err(|e| fail(e.to_string()))?;
+        let lowered = dlc_lower::lower_module(m, &self.0).map_err(|e| fail(e.to_string()))?;
         let ops: usize = lowered.functions.iter().map(|f| f.ops.len()).sum();
         *ir = Ir::Loop(lowered);
         Ok(vec![("loop ops created", ops as u64)])
@@ -465,9 +465,12 @@ impl Pass<Ir> for ConvertLoopToTile {
     }
 }
 
-/// Lowers a graph module to loop nests over buffers.
-pub fn lower_to_loops(module: &Module) -> Result<dlc_loop::Module, DriverError> {
-    dlc_lower::lower_module(module).map_err(|e| DriverError::Usage(e.to_string()))
+/// Lowers a graph module to loop nests over buffers, for `target`.
+pub fn lower_to_loops(
+    module: &Module,
+    target: &dlc_core::TargetDesc,
+) -> Result<dlc_loop::Module, DriverError> {
+    dlc_lower::lower_module(module, target).map_err(|e| DriverError::Usage(e.to_string()))
 }
 
 /// Lowers a graph module and schedules it as tile kernels for this CPU:
@@ -482,7 +485,7 @@ pub fn lower_for_tile(
     module: &Module,
     target: &dlc_core::TargetDesc,
 ) -> Result<dlc_tile::Module, DriverError> {
-    let mut ir = Ir::Loop(lower_to_loops(module)?);
+    let mut ir = Ir::Loop(lower_to_loops(module, target)?);
     PassManager::new(vec![
         Box::new(ConvertLoopToTile(dlc_lower::ScheduleParams::for_target(
             target,
@@ -500,14 +503,28 @@ pub fn lower_for_tile(
 
 /// Every pass of every level, and the conversions between levels.
 pub fn registry() -> PassRegistry<Ir> {
-    let mut r =
-        dlc_graph::transforms::registry().lift(|p| Box::new(OnGraph(p)) as Box<dyn Pass<Ir>>);
+    registry_for(dlc_core::TargetDesc::host())
+}
+
+/// [`registry`], the graph passes that price compiled code pricing it for
+/// `target` unless their options name another.
+fn registry_for(target: &dlc_core::TargetDesc) -> PassRegistry<Ir> {
+    let mut r = dlc_graph::transforms::registry_for(target)
+        .lift(|p| Box::new(OnGraph(p)) as Box<dyn Pass<Ir>>);
     r.register(
         "convert-graph-to-loop",
-        "lowers the graph dialect to loop nests over buffers (with fusion and buffer lifetimes)",
+        "lowers the graph dialect to loop nests over buffers (with fusion and buffer lifetimes) \
+         for `target` (host, x86-64-avx512, x86-64-avx2, aarch64-linux-gnu, sm_80, sm_90; default \
+         host)",
         |o| {
-            o.expect_only(&[])?;
-            Ok(Box::new(ConvertGraphToLoop))
+            o.expect_only(&["target"])?;
+            let name: String = o.get("target", "host".to_string())?;
+            let target =
+                dlc_core::TargetDesc::named(&name).map_err(|message| PassError::BadOption {
+                    pass: "convert-graph-to-loop".into(),
+                    message,
+                })?;
+            Ok(Box::new(ConvertGraphToLoop(target)))
         },
     );
     r.register(
@@ -551,7 +568,8 @@ pub fn run_pipeline(
     options: PassOptions<'_>,
 ) -> Result<Vec<PassReport>, DriverError> {
     let pipeline = Pipeline::parse(pipeline)?;
-    let passes = registry().build(&pipeline)?;
+    let target = options.target.unwrap_or(dlc_core::TargetDesc::host());
+    let passes = registry_for(target).build(&pipeline)?;
     let mut manager = PassManager::new(passes);
     if let Some(out) = options.print_after_all {
         manager = manager.after_each_pass(move |name, ir: &Ir| {
@@ -566,6 +584,10 @@ pub fn run_pipeline(
 pub struct PassOptions<'a> {
     /// Where to print the IR after each pass (`--print-after-all`).
     pub print_after_all: Option<&'a mut dyn Write>,
+    /// What the passes that price compiled code (`graph.saturate`) price
+    /// it for, unless a pass's options name a target; `None`: this
+    /// machine (the driver's default).
+    pub target: Option<&'a dlc_core::TargetDesc>,
 }
 
 /// Runs a textual pipeline over `module`, verifying before and after each pass.
@@ -575,7 +597,8 @@ pub fn run_passes(
     options: PassOptions<'_>,
 ) -> Result<Vec<PassReport>, DriverError> {
     let pipeline = Pipeline::parse(pipeline)?;
-    let passes = dlc_graph::transforms::registry().build(&pipeline)?;
+    let target = options.target.unwrap_or(dlc_core::TargetDesc::host());
+    let passes = dlc_graph::transforms::registry_for(target).build(&pipeline)?;
     let mut manager = PassManager::new(passes);
     if let Some(out) = options.print_after_all {
         manager = manager.after_each_pass(move |name, ir: &Module| {
@@ -907,7 +930,8 @@ pub fn interpret_loops_within(
     limit: f64,
 ) -> Result<Vec<HostTensor>, DriverError> {
     dlc_graph::interp::check_work(module, f, limit)?;
-    let lowered = dlc_lower::lower_module(module).map_err(|e| DriverError::Usage(e.to_string()))?;
+    let lowered = dlc_lower::lower_module(module, dlc_core::TargetDesc::host())
+        .map_err(|e| DriverError::Usage(e.to_string()))?;
     interpret_lowered_within(&lowered, f, inputs, limit)
 }
 

@@ -22,7 +22,7 @@
 use std::collections::{HashMap, HashSet};
 
 use dlc_core::scalar::{BinaryOp, ReduceKind, UnaryOp};
-use dlc_core::{DType, TensorType};
+use dlc_core::{DType, TargetDesc, TensorType};
 use dlc_graph::compute::{
     Affine, ComputeBody, ContractionForm, ElemDef, IndexVar, OperandRead, ScalarExpr, Source,
 };
@@ -46,11 +46,14 @@ pub enum LowerError {
     Invalid(String),
 }
 
-/// Lowers every entry point of a verified, inlined graph module.
-pub fn lower_module(m: &GModule) -> Result<Module, LowerError> {
+/// Lowers every entry point of a verified, inlined graph module for
+/// `target`: its fusion plan (which convolutions are products, and of what
+/// kind), how many outer loops are parallel and the Winograd transforms'
+/// vector width follow the target, never the machine compiling.
+pub fn lower_module(m: &GModule, target: &TargetDesc) -> Result<Module, LowerError> {
     let functions = m
         .entry_points()
-        .map(lower_function)
+        .map(|f| lower_function(f, target))
         .collect::<Result<_, _>>()?;
     Ok(Module { functions })
 }
@@ -102,6 +105,8 @@ fn broadcast_index(idx: &[IndexExpr], src: &[usize], dst: &[usize]) -> Vec<Index
 
 struct Lowering<'g> {
     g: &'g GFunction,
+    /// What the code is for.
+    target: &'g TargetDesc,
     b: Builder,
     plan: HashMap<NodeIndex, Plan>,
     /// The buffer holding each stored node (params, stored nodes, views).
@@ -132,8 +137,8 @@ struct Lowering<'g> {
 /// (`TargetDesc::min_thread_iterations`), up to three and never the
 /// innermost (which the tile conversion vectorizes). W3's batchnorm at
 /// batch 1, `[1, 64, 56, 56]`, runs as 64 programs rather than one.
-fn parallel_loops(shape: &[usize]) -> usize {
-    let few = dlc_core::TargetDesc::host().min_thread_iterations();
+fn parallel_loops(shape: &[usize], target: &TargetDesc) -> usize {
+    let few = target.min_thread_iterations();
     let mut n = 1;
     let mut iterations = shape.first().copied().unwrap_or(1);
     while n < 3 && n + 1 < shape.len() && iterations < few {
@@ -143,7 +148,7 @@ fn parallel_loops(shape: &[usize]) -> usize {
     n
 }
 
-fn lower_function(g: &GFunction) -> Result<Function, LowerError> {
+fn lower_function<'g>(g: &'g GFunction, target: &'g TargetDesc) -> Result<Function, LowerError> {
     for n in g.body.node_indices() {
         if let Op::Call { callee } = &g.body[n].op {
             return Err(LowerError::Call(g.name.clone(), callee.clone()));
@@ -171,6 +176,7 @@ fn lower_function(g: &GFunction) -> Result<Function, LowerError> {
     }
     let mut l = Lowering {
         g,
+        target,
         b,
         plan: HashMap::new(),
         home,
@@ -284,7 +290,7 @@ impl Lowering<'_> {
     }
 
     fn plan_nodes(&mut self) {
-        self.plan = dlc_graph::fusion::plan(self.g);
+        self.plan = dlc_graph::fusion::plan(self.g, self.target);
     }
 
     /// The element-wise chain an op's epilogue applies, from its user to
@@ -407,7 +413,7 @@ impl Lowering<'_> {
     /// Opens a loop nest over `shape` (the outermost axis parallel) and
     /// returns its indices.
     fn open_nest(&mut self, shape: &[usize]) -> Vec<IndexExpr> {
-        let parallel = parallel_loops(shape);
+        let parallel = parallel_loops(shape, self.target);
         self.parallel.push(parallel);
         shape
             .iter()
@@ -588,7 +594,7 @@ impl Lowering<'_> {
     /// f32, one group, and at least 16K multiply-adds per image, the size at
     /// which `convert-loop-to-tile` maps a product.
     fn conv_as_matmul(&self, n: NodeIndex) -> bool {
-        dlc_graph::fusion::conv_as_matmul(self.g, n)
+        dlc_graph::fusion::conv_as_matmul(self.g, n, self.target)
     }
 
     /// Convolution `n` as `out[b] (viewed [O, Y*X]) = w (viewed [O, C*KH*KW])
@@ -1045,7 +1051,9 @@ impl Lowering<'_> {
                 }
                 self.close_nest(outer.len());
             }
-            Op::Conv2d { padding, .. } if dlc_graph::fusion::conv_as_winograd(self.g, n) => {
+            Op::Conv2d { padding, .. }
+                if dlc_graph::fusion::conv_as_winograd(self.g, n, self.target) =>
+            {
                 self.conv_winograd(n, padding);
             }
             Op::Conv2d {

@@ -33,7 +33,7 @@ fn graph(src: &str) -> dlc_graph::Module {
 }
 
 fn lowered(m: &dlc_graph::Module) -> dlc_loop::Module {
-    let l = lower_module(m).unwrap_or_else(|e| panic!("{e}"));
+    let l = lower_module(m, TargetDesc::host()).unwrap_or_else(|e| panic!("{e}"));
     let text = print_module(&l);
     if let Err(errors) = l.verify() {
         panic!("lowered IR does not verify: {errors:?}\n{text}");

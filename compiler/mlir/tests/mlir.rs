@@ -30,8 +30,8 @@ fn examples() -> Vec<(
                 PassOptions::default(),
             )
             .unwrap_or_else(|e| panic!("{path}: {e}"));
-            let loops =
-                dlc_driver::lower_to_loops(&module).unwrap_or_else(|e| panic!("{path}: {e}"));
+            let loops = dlc_driver::lower_to_loops(&module, dlc_core::TargetDesc::host())
+                .unwrap_or_else(|e| panic!("{path}: {e}"));
             let tiles =
                 dlc_driver::lower_for_cpu(&module).unwrap_or_else(|e| panic!("{path}: {e}"));
             (path, module, loops, tiles)
@@ -224,14 +224,14 @@ fn through_mlir(
     f: &dlc_graph::Function,
     inputs: &[dlc_runtime::HostTensor],
 ) -> Vec<dlc_runtime::HostTensor> {
-    let loops = dlc_driver::lower_to_loops(m).unwrap();
+    let loops = dlc_driver::lower_to_loops(m, dlc_core::TargetDesc::host()).unwrap();
     dlc_mlir::run(&loops, &f.name, inputs).unwrap_or_else(|e| panic!("@{}: {e}", f.name))
 }
 
 /// Every entry point of `src` through MLIR agrees with the interpreter.
 fn agrees(src: &str) {
     let m = graph(src);
-    let loops = dlc_driver::lower_to_loops(&m).unwrap();
+    let loops = dlc_driver::lower_to_loops(&m, dlc_core::TargetDesc::host()).unwrap();
     let tiles = dlc_driver::lower_for_cpu(&m).unwrap();
     for (seed, f) in m.entry_points().enumerate() {
         let inputs = dlc_driver::prepare_inputs(f, &[], Some(seed as u64)).unwrap();
@@ -320,7 +320,7 @@ fn generated_programs_agree() {
 fn an_integer_division_by_zero_is_an_error() {
     let m = graph("fn f(a: i32[4], b: i32[4]) -> i32[4] { return a / b; }");
     let f = m.entry_points().next().unwrap();
-    let loops = dlc_driver::lower_to_loops(&m).unwrap();
+    let loops = dlc_driver::lower_to_loops(&m, dlc_core::TargetDesc::host()).unwrap();
     let tiles = dlc_driver::lower_for_cpu(&m).unwrap();
     let t = |v: [f64; 4]| {
         dlc_runtime::HostTensor::new(

@@ -1,13 +1,15 @@
 //! The fusion plan: how each node of a function is computed by the CPU
-//! back end's loop nests. It is one analysis, read by the lowering to loops
-//! (which emits what it says) and by the equality-saturation cost model's
-//! function-level estimate (which prices what it says), so the two cannot
-//! drift apart.
+//! back end's loop nests, for a target. It is one analysis, read by the
+//! lowering to loops (which emits what it says) and by the
+//! equality-saturation cost model's function-level estimate (which prices
+//! what it says), so the two cannot drift apart.
 
 use std::collections::{HashMap, HashSet};
 
 use petgraph::Direction;
 use petgraph::stable_graph::NodeIndex;
+
+use dlc_core::TargetDesc;
 
 use crate::module::Function;
 use crate::ops::{Op, conv_is_im2col_product, conv_is_winograd};
@@ -53,12 +55,13 @@ pub fn has_value_at_index(op: &Op) -> bool {
 
 /// Whether convolution `n` runs as a product over an im2col buffer (which
 /// takes no epilogue).
-pub fn conv_as_matmul(f: &Function, n: NodeIndex) -> bool {
+pub fn conv_as_matmul(f: &Function, n: NodeIndex, target: &TargetDesc) -> bool {
     let Op::Conv2d { groups, .. } = f.body[n].op else {
         return false;
     };
     let w = f.value_type(f.operands(n)[1]);
-    !conv_as_winograd(f, n) && conv_is_im2col_product(groups, &f.body[n].results[0], w)
+    !conv_as_winograd(f, n, target)
+        && conv_is_im2col_product(groups, &f.body[n].results[0], w, target)
 }
 
 /// Whether convolution `n` runs as Winograd's `F(4x4, 3x3)`
@@ -68,12 +71,12 @@ pub fn conv_as_matmul(f: &Function, n: NodeIndex) -> bool {
 /// core), and a separate pass adds the bias, residual and relu along
 /// contiguous rows where the output transform would scatter them (W3 b1
 /// 2.26 -> 2.07 ms, b8 21.0 -> 21.6).
-pub fn conv_as_winograd(f: &Function, n: NodeIndex) -> bool {
+pub fn conv_as_winograd(f: &Function, n: NodeIndex, target: &TargetDesc) -> bool {
     let Op::Conv2d { stride, groups, .. } = f.body[n].op else {
         return false;
     };
     let w = f.value_type(f.operands(n)[1]);
-    conv_is_winograd(stride, groups, &f.body[n].results[0], w)
+    conv_is_winograd(stride, groups, &f.body[n].results[0], w, target)
 }
 
 /// The nodes of `f` computed from its declared weights (and constants)
@@ -122,8 +125,8 @@ pub fn slice_is_contiguous(shape: &[usize], axis: usize) -> bool {
     axis < shape.len() && shape[..axis].iter().all(|&d| d == 1)
 }
 
-/// The plan of every node of `f`.
-pub fn plan(f: &Function) -> HashMap<NodeIndex, Plan> {
+/// The plan of every node of `f`, compiled for `target`.
+pub fn plan(f: &Function, target: &TargetDesc) -> HashMap<NodeIndex, Plan> {
     // Uses count every edge and every appearance among the results.
     let edges = |n: NodeIndex| f.body.edges_directed(n, Direction::Outgoing).count();
     let is_result = |n: NodeIndex| f.results.iter().any(|r| r.node == n);
@@ -179,8 +182,8 @@ pub fn plan(f: &Function) -> HashMap<NodeIndex, Plan> {
     for &n in &order {
         if !has_value_at_index(op(n))
             || uses(n) != 1
-            || conv_as_matmul(f, n)
-            || conv_as_winograd(f, n)
+            || conv_as_matmul(f, n, target)
+            || conv_as_winograd(f, n, target)
         {
             continue;
         }

@@ -399,7 +399,7 @@ pub const WINOGRAD_TILE: usize = 4;
 /// `F(4x4, 3x3)` (see `compiler/lower`'s `winograd` module): f32, one
 /// group, 3 x 3 kernels at stride 1, output extents that are whole 4 x 4
 /// tiles, at least 16 input and 16 output channels (each of the 36
-/// products is `tiles x O`, `C` deep), and products the host packs. It
+/// products is `tiles x O`, `C` deep), and products `target` packs. It
 /// takes a quarter of the direct product's multiply-adds (36 per input
 /// channel for 16 outputs, against 9 for each), plus the transforms.
 pub fn conv_is_winograd(
@@ -407,6 +407,7 @@ pub fn conv_is_winograd(
     groups: usize,
     out: &TensorType,
     w: &TensorType,
+    target: &dlc_core::TargetDesc,
 ) -> bool {
     if out.rank() != 4 || w.rank() != 4 {
         return false;
@@ -421,7 +422,7 @@ pub fn conv_is_winograd(
         && out.shape[3].is_multiple_of(t)
         && c >= 16
         && o >= 16
-        && dlc_core::TargetDesc::host().packs_product(DType::F32, winograd_tiles(out) * o * c)
+        && target.packs_product(DType::F32, winograd_tiles(out) * o * c)
 }
 
 /// The 4 x 4 output tiles of an NCHW result `out` (whole tiles: see
@@ -433,17 +434,22 @@ pub fn winograd_tiles(out: &TensorType) -> usize {
 }
 
 /// The CPU back end's rule for a convolution with result type `out` and
-/// weights `w`: one group and a product per image that the host CPU runs
-/// on its packed kernel (`TargetDesc::packs_product`) make it a product
-/// over an im2col buffer (which has no epilogue).
-pub fn conv_is_im2col_product(groups: usize, out: &TensorType, w: &TensorType) -> bool {
+/// weights `w`: one group and a product per image that `target` runs on its
+/// packed kernel (`TargetDesc::packs_product`) make it a product over an
+/// im2col buffer (which has no epilogue).
+pub fn conv_is_im2col_product(
+    groups: usize,
+    out: &TensorType,
+    w: &TensorType,
+    target: &dlc_core::TargetDesc,
+) -> bool {
     let macs = out
         .shape
         .iter()
         .skip(1)
         .chain(w.shape.iter().skip(1))
         .product::<usize>();
-    groups == 1 && dlc_core::TargetDesc::host().packs_product(out.dtype, macs)
+    groups == 1 && target.packs_product(out.dtype, macs)
 }
 
 struct AttrReader<'a> {

@@ -654,10 +654,11 @@ fn extraction_never_chooses_a_cycle() {
     }
     assert!(used_classes(&eg, &cyclic, &[x]).is_none());
     let model = CostModel::calibrated();
-    let start = greedy(model, &eg, &[x]);
+    let target = dlc_core::TargetDesc::x86_64_avx512(2);
+    let start = greedy(model, &target, &eg, &[x]);
     let used = used_classes(&eg, &start, &[x]).unwrap();
     assert_eq!(used, vec![x], "the parameter alone");
-    let (choice, outcome) = ilp(model, &eg, &[x], &start, Duration::from_secs(5));
+    let (choice, outcome) = ilp(model, &target, &eg, &[x], &start, Duration::from_secs(5));
     assert_eq!(outcome, IlpOutcome::Optimal);
     assert!(used_classes(&eg, &choice, &[x]).is_some());
 }
@@ -684,11 +685,15 @@ graph.func @g(%x: f32[8, 64, 56, 56]) -> f32[8, 64, 28, 28] {
     )
     .unwrap();
     let (f, g) = (&m.functions[0], &m.functions[1]);
-    let p = plan(f);
+    let target = dlc_core::TargetDesc::x86_64_avx512(2);
+    let p = plan(f, &target);
     let pool = f.topo_order()[1];
     assert!(matches!(p[&pool], Plan::WithEpilogue(_)), "{p:?}");
     let model = CostModel::calibrated();
-    let (with_relu, alone) = (model.function_cost(f), model.function_cost(g));
+    let (with_relu, alone) = (
+        model.function_cost(f, &target),
+        model.function_cost(g, &target),
+    );
     // The relu adds its arithmetic only: far less than a kernel launch
     // plus a read and a write of 1.6 MB.
     let separate =

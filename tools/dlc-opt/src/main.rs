@@ -60,6 +60,7 @@ fn run(args: Args) -> Result<(), DriverError> {
         } else {
             None
         },
+        target: None,
     };
     let reports = run_pipeline(&mut module, &args.passes, options)?;
     if args.stats {

@@ -936,7 +936,13 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                 read_model(&file, &onnx)?
             };
             let mut module = compile_source(&src)?;
-            run_passes(&mut module, &passes, PassOptions::default())?;
+            // The graph is priced for what it runs on: `--target`'s kernels.
+            let priced = dlc_core::TargetDesc::named(&target).map_err(DriverError::Usage)?;
+            let options = PassOptions {
+                target: Some(&priced),
+                ..PassOptions::default()
+            };
+            run_passes(&mut module, &passes, options)?;
             let module = dlc_driver::only_entry(&module, entry.as_deref())?;
             let f = select_entry(&module, None)?;
             let args = prepare_inputs(f, &files, random_inputs)?;
@@ -975,7 +981,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                 Backend::Gpu => run_gpu(&module, f, &args, tf32)?,
                 Backend::GpuEmulator => run_emulated(&module, f, &args, &target, tf32)?,
                 Backend::Mlir => {
-                    let loops = dlc_driver::lower_to_loops(&module)?;
+                    let loops = dlc_driver::lower_to_loops(&module, dlc_core::TargetDesc::host())?;
                     dlc_mlir::run(&loops, &f.name, &args)
                         .map_err(|e| DriverError::Codegen(e.to_string()))?
                 }

@@ -1503,6 +1503,63 @@ fn objects_for_a_cpu_level_use_only_its_instructions() {
     );
 }
 
+/// The target is an argument: the same source and `--target` give the same
+/// graph and loop IR whatever machine compiles it (here, this machine taken
+/// as three x86-64 levels through `DLC_CPU`), for both x86-64 vector widths
+/// and a GPU; and the targets' IR differ where their rules do (the Winograd
+/// kernel transform runs over a vector of the target's: 16 output channels
+/// at a time on AVX-512, 8 on AVX2).
+#[test]
+fn the_loop_ir_depends_on_the_target_not_the_host() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/");
+    let out = |o: Output| -> String {
+        assert!(o.status.success(), "{}", stderr(&o));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let mut per_target = Vec::new();
+    for target in ["x86-64-avx512", "x86-64-avx2", "sm_90"] {
+        let mut texts = Vec::new();
+        for (file, entry) in [
+            ("w3_conv_block.dl", "conv_block_b1"),
+            ("w4_attention.dl", "attention"),
+            ("w5_layernorm_gelu.dl", "layernorm_gelu"),
+        ] {
+            let path = format!("{root}{file}");
+            let args = |emit: &'static str| {
+                [
+                    "compile", &path, "--entry", entry, "--emit", emit, "--target", target,
+                ]
+                .map(str::to_string)
+            };
+            let mut seen = Vec::new();
+            for cpu in ["native", "x86-64-v3", "x86-64-v2"] {
+                let env = [("DLC_CPU", cpu)];
+                let run = |emit| {
+                    let a = args(emit);
+                    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+                    out(dlc_with_env(&env, &a))
+                };
+                seen.push(run("graph") + &run("loop"));
+            }
+            assert!(
+                seen.iter().all(|t| *t == seen[0]),
+                "{file} for {target}: the IR depends on the compiling machine"
+            );
+            texts.push(seen.swap_remove(0));
+        }
+        per_target.push(texts);
+    }
+    let (avx512, avx2) = (&per_target[0][0], &per_target[1][0]);
+    assert!(
+        avx512.contains("loop.for {lo = 0, hi = 16, step = 1}"),
+        "{avx512}"
+    );
+    assert!(
+        avx2.contains("loop.for {lo = 0, hi = 8, step = 1}") && avx512 != avx2,
+        "{avx2}"
+    );
+}
+
 /// `DLC_CPU` makes `native` mean another CPU for the whole process: code
 /// for `native` is that CPU's (AVX2 vectors under `x86-64-v3`, whatever this
 /// machine has), its schedules are that CPU's, and every back end runs on it

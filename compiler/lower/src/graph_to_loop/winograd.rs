@@ -234,7 +234,7 @@ impl Lowering<'_> {
         let t = WINOGRAD_TILE;
         let (batch, ty_n, tx_n) = (ty.shape[0], ty.shape[2] / t, ty.shape[3] / t);
         let tiles = winograd_tiles(&ty);
-        let lanes = dlc_core::TargetDesc::host().lanes(dtype);
+        let lanes = self.target.lanes(dtype);
         let buffer = |shape: Vec<usize>| contiguous(&TensorType::new(dtype, shape));
 
         // U[p, c, o] = (G w[o, c] G^T)[p].

@@ -22,7 +22,14 @@ pub const DEFAULT_PIPELINE: &str = "graph.canonicalize,graph.saturate,graph.inli
 
 /// Every graph pass, by name.
 pub fn registry() -> PassRegistry<Module> {
+    registry_for(dlc_core::TargetDesc::host())
+}
+
+/// The graph passes, those that price what is compiled (`graph.saturate`)
+/// doing so for `target` unless told another (`target=NAME`).
+pub fn registry_for(target: &dlc_core::TargetDesc) -> PassRegistry<Module> {
     let mut r = PassRegistry::default();
+    let target = target.clone();
     r.register(
         "graph.canonicalize",
         "constant folding and algebraic identities (transpose of transpose, x*1, x+0, reshape of reshape, ...)",
@@ -33,8 +40,8 @@ pub fn registry() -> PassRegistry<Module> {
     );
     r.register(
         "graph.saturate",
-        "equality saturation (egg): rewrites by the rule tables, extracts the cheapest equivalent graph under the calibrated cost model",
-        |o| Ok(Box::new(saturate::from_options(o)?)),
+        "equality saturation (egg): rewrites by the rule tables, extracts the cheapest equivalent graph under the calibrated cost model, pricing the kernels compiled for `target` (host, x86-64-avx512, x86-64-avx2, aarch64-linux-gnu, sm_80, sm_90; default host)",
+        move |o| Ok(Box::new(saturate::from_options(o, &target)?)),
     );
     r.register(
         "graph.dce",

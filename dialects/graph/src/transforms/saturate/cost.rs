@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use crate::fusion::Plan;
 use std::sync::OnceLock;
 
-use dlc_core::TensorType;
+use dlc_core::{TargetDesc, TensorType};
 use petgraph::stable_graph::NodeIndex;
 
 use super::lang::Info;
@@ -130,8 +130,9 @@ impl CostModel {
 
     /// The cost in µs of `op` producing `out` from `inputs` (a constant
     /// or parameter costs nothing, and so does work on declared weights
-    /// alone, which runs once per binding, not per call).
-    pub fn op_cost(&self, op: &Op, out: &Info, inputs: &[Info]) -> f64 {
+    /// alone, which runs once per binding, not per call), compiled for
+    /// `target`.
+    pub fn op_cost(&self, op: &Op, out: &Info, inputs: &[Info], target: &TargetDesc) -> f64 {
         if out.leaf || out.bound || (out.weights && elements(&out.ty) <= WEIGHT_FOLD_LIMIT as f64) {
             return 0.0;
         }
@@ -155,7 +156,7 @@ impl CostModel {
                     .and_then(|a| a.ty.shape.last())
                     .copied()
                     .unwrap_or(1) as f64;
-                // A product the host CPU packs (TargetDesc::packs_product)
+                // A product the target packs (TargetDesc::packs_product)
                 // runs on its register tile, `nr` columns wide: narrower
                 // products pay for `nr`.
                 let matrix = inputs.get(1).is_some_and(|b| b.ty.rank() >= 2);
@@ -164,15 +165,17 @@ impl CostModel {
                 } else {
                     1.0
                 };
-                let host = dlc_core::TargetDesc::host();
-                let tiled = matrix && host.packs_product(out.ty.dtype, (n_out * k) as usize);
-                let nr = host.gemm_blocking(out.ty.dtype).register_tile(n as usize).1 as f64;
+                let tiled = matrix && target.packs_product(out.ty.dtype, (n_out * k) as usize);
+                let nr = target
+                    .gemm_blocking(out.ty.dtype)
+                    .register_tile(n as usize)
+                    .1 as f64;
                 let n_paid = if tiled { (n / nr).ceil() * nr } else { n };
                 product(2.0 * n_out / n * n_paid * k)
             }
             Op::Conv2d { stride, groups, .. }
                 if inputs.get(1).is_some_and(|w| {
-                    crate::ops::conv_is_winograd(*stride, *groups, &out.ty, &w.ty)
+                    crate::ops::conv_is_winograd(*stride, *groups, &out.ty, &w.ty, target)
                 }) =>
             {
                 // Winograd's F(4x4, 3x3): 36 products of `tiles x O`, `C`
@@ -232,9 +235,9 @@ impl CostModel {
     /// the back end). Extraction minimizes the local per-op model; this one
     /// decides whether the result replaces the function and is what
     /// `--stats` reports.
-    pub fn function_cost(&self, f: &Function) -> f64 {
+    pub fn function_cost(&self, f: &Function, target: &TargetDesc) -> f64 {
         // What the lowering will do with each node: one analysis for both.
-        let plan = crate::fusion::plan(f);
+        let plan = crate::fusion::plan(f, target);
         let bound = crate::fusion::bound_nodes(f);
         let order = f.topo_order();
         // The arithmetic of an element-wise tree and the bytes of what it
@@ -303,7 +306,7 @@ impl CostModel {
                         leaf: false,
                         bound: false,
                     };
-                    self.op_cost(&node.op, &own, &inputs)
+                    self.op_cost(&node.op, &own, &inputs, target)
                 }
             };
         }

@@ -14,6 +14,8 @@ use good_lp::{
     microlp, variable, variables,
 };
 
+use dlc_core::TargetDesc;
+
 use super::cost::CostModel;
 use super::lang::{Data, Head, TEGraph, TLang, reachable, typed};
 
@@ -22,14 +24,14 @@ pub type Choice = BTreeMap<Id, TLang>;
 
 /// The cost of `node` alone (its children not included), in µs; infinite
 /// for a node that does not type-check.
-pub fn node_cost(model: &CostModel, eg: &TEGraph, node: &TLang) -> f64 {
+pub fn node_cost(model: &CostModel, target: &TargetDesc, eg: &TEGraph, node: &TLang) -> f64 {
     if node.is_leaf() {
         return 0.0;
     }
     let get = |c: Id| eg[c].data.clone();
     match typed(&eg.analysis.tables, node, &get) {
         Some((Head::Const(_), _, _)) => 0.0,
-        Some((Head::Op(op), inputs, out)) => model.op_cost(&op, &out, &inputs),
+        Some((Head::Op(op), inputs, out)) => model.op_cost(&op, &out, &inputs, target),
         None => f64::INFINITY,
     }
 }
@@ -45,6 +47,7 @@ pub fn tensor_children(eg: &TEGraph, node: &TLang) -> Vec<Id> {
 
 struct TreeCost<'a> {
     model: &'a CostModel,
+    target: &'a TargetDesc,
     eg: &'a TEGraph,
 }
 
@@ -55,15 +58,15 @@ impl CostFunction<TLang> for TreeCost<'_> {
     where
         C: FnMut(Id) -> f64,
     {
-        let own = node_cost(self.model, self.eg, enode);
+        let own = node_cost(self.model, self.target, self.eg, enode);
         enode.children().iter().fold(own, |acc, &c| acc + costs(c))
     }
 }
 
 /// Greedy extraction: for each class reachable from `roots`, its cheapest
 /// node by tree cost.
-pub fn greedy(model: &CostModel, eg: &TEGraph, roots: &[Id]) -> Choice {
-    let ex = Extractor::new(eg, TreeCost { model, eg });
+pub fn greedy(model: &CostModel, target: &TargetDesc, eg: &TEGraph, roots: &[Id]) -> Choice {
+    let ex = Extractor::new(eg, TreeCost { model, target, eg });
     let mut choice = Choice::new();
     let mut stack: Vec<Id> = roots.iter().map(|&r| eg.find(r)).collect();
     while let Some(c) = stack.pop() {
@@ -167,6 +170,7 @@ struct Candidate {
 /// formulation makes it slow.
 pub fn ilp(
     model: &CostModel,
+    target: &TargetDesc,
     eg: &TEGraph,
     roots: &[Id],
     start: &Choice,
@@ -194,7 +198,7 @@ pub fn ilp(
     for &c in &classes {
         let mut here: Vec<Candidate> = Vec::new();
         for node in &eg[c].nodes {
-            let cost = node_cost(model, eg, node);
+            let cost = node_cost(model, target, eg, node);
             let kids = tensor_children(eg, node);
             if cost.is_finite() && !kids.contains(&c) && kids.iter().all(|k| known.contains(k)) {
                 here.push(Candidate {

@@ -54,6 +54,9 @@ pub struct SaturateOptions {
     pub ilp_time_limit: Duration,
     /// The rule tables to use, by name ([`rules::TABLES`]).
     pub tables: Vec<String>,
+    /// What the cost model prices: the kernels compiled for this target
+    /// (its packed products and fusion plan).
+    pub target: dlc_core::TargetDesc,
 }
 
 impl Default for SaturateOptions {
@@ -73,6 +76,8 @@ impl Default for SaturateOptions {
             // stands, as it did for the Tensat NASRNN graph at 250 ms.
             ilp_time_limit: Duration::from_millis(30),
             tables: rules::TABLES.iter().map(|s| s.to_string()).collect(),
+            // The driver's default: what `dlc run` compiles for.
+            target: dlc_core::TargetDesc::host().clone(),
         }
     }
 }
@@ -114,7 +119,8 @@ pub fn saturate_function(
         roots,
         origin,
     } = encode(f).ok()?;
-    let cost_before = model.function_cost(f);
+    let target = &options.target;
+    let cost_before = model.function_cost(f, target);
     let (single, multi): (Vec<_>, Vec<_>) = rules::tables()
         .into_iter()
         .filter(|(name, _, _)| options.tables.iter().any(|t| t == name))
@@ -149,12 +155,12 @@ pub fn saturate_function(
     eg.rebuild();
     let roots: Vec<Id> = roots.iter().map(|&r| eg.find(r)).collect();
     let origin: HashMap<Id, NodeIndex> = origin.into_iter().map(|(c, n)| (eg.find(c), n)).collect();
-    let g = greedy(model, &eg, &roots);
+    let g = greedy(model, target, &eg, &roots);
     let mut candidates = vec![g.clone()];
     let outcome = match options.extraction {
         Extraction::Greedy => None,
         Extraction::Ilp => {
-            let (c, o) = ilp(model, &eg, &roots, &g, options.ilp_time_limit);
+            let (c, o) = ilp(model, target, &eg, &roots, &g, options.ilp_time_limit);
             candidates.push(c);
             Some(o)
         }
@@ -165,7 +171,7 @@ pub fn saturate_function(
     let mut best: Option<(f64, Function)> = None;
     for choice in &candidates {
         if let Some(new) = rebuild(&eg, choice, &roots, f, &origin) {
-            let cost = model.function_cost(&new);
+            let cost = model.function_cost(&new, target);
             if best.as_ref().is_none_or(|(b, _)| cost < *b) {
                 best = Some((cost, new));
             }
@@ -447,8 +453,12 @@ impl Pass<Module> for Saturate {
     }
 }
 
-/// Builds the pass from `graph.saturate{...}` options.
-pub fn from_options(o: &dlc_core::PassOptions) -> Result<Saturate, PassError> {
+/// Builds the pass from `graph.saturate{...}` options, pricing for
+/// `target` unless `target=NAME` names another.
+pub fn from_options(
+    o: &dlc_core::PassOptions,
+    target: &dlc_core::TargetDesc,
+) -> Result<Saturate, PassError> {
     o.expect_only(&[
         "node-limit",
         "iter-limit",
@@ -457,6 +467,7 @@ pub fn from_options(o: &dlc_core::PassOptions) -> Result<Saturate, PassError> {
         "extract",
         "ilp-time-limit-ms",
         "rules",
+        "target",
     ])?;
     let d = SaturateOptions::default();
     let bad = |message: String| PassError::BadOption {
@@ -483,6 +494,10 @@ pub fn from_options(o: &dlc_core::PassOptions) -> Result<Saturate, PassError> {
             rules::TABLES.join(" ")
         )));
     }
+    let target = match o.get("target", String::new())?.as_str() {
+        "" => target.clone(),
+        name => dlc_core::TargetDesc::named(name).map_err(bad)?,
+    };
     Ok(Saturate {
         options: SaturateOptions {
             node_limit: o.get("node-limit", d.node_limit)?,
@@ -496,6 +511,7 @@ pub fn from_options(o: &dlc_core::PassOptions) -> Result<Saturate, PassError> {
                 o.get("ilp-time-limit-ms", d.ilp_time_limit.as_millis() as u64)?,
             ),
             tables,
+            target,
         },
     })
 }
