@@ -43,6 +43,8 @@ def cases(lib):
         conv_dx = lambda g, w: F.conv_transpose2d(g, w, padding=1)
         conv_dw = lambda x, g: torch.nn.grad.conv2d_weight(x, (g.shape[1], x.shape[1], 3, 3), g, padding=1)
         conv1x1 = lambda x, w: F.conv2d(x, w[:, :, None, None])
+        depthwise = lambda x, w: F.conv2d(x, w[:, None], padding=1, groups=x.shape[1])
+        strided = lambda x, w: F.conv2d(x, w, stride=2, padding=1)
         einsum = torch.einsum
     else:
         import jax
@@ -56,6 +58,9 @@ def cases(lib):
         conv_dx = lambda g, w: jax.vjp(lambda x: conv(x, w), jnp.zeros((g.shape[0], w.shape[1]) + g.shape[2:], g.dtype))[1](g)[0]
         conv_dw = lambda x, g: jax.vjp(lambda w: conv(x, w), jnp.zeros((g.shape[1], x.shape[1], 3, 3), x.dtype))[1](g)[0]
         conv1x1 = lambda x, w: jax.lax.conv_general_dilated(x, w[:, :, None, None], (1, 1), "VALID", dimension_numbers=dn)
+        depthwise = lambda x, w: jax.lax.conv_general_dilated(x, w[:, None], (1, 1), [(1, 1), (1, 1)],
+                                                              dimension_numbers=dn, feature_group_count=x.shape[1])
+        strided = lambda x, w: jax.lax.conv_general_dilated(x, w, (2, 2), [(1, 1), (1, 1)], dimension_numbers=dn)
         einsum = jnp.einsum
     return {
         "at_g": lambda a, g: T(a) @ g,
@@ -68,6 +73,9 @@ def cases(lib):
         "conv_dw": conv_dw,
         "two_reductions": lambda a, b: einsum("ikl,klj->ij", a, b),
         "bf16_gemm": lambda a, b: a @ b,
+        "f16_gemm": lambda a, b: a @ b,
+        "depthwise": depthwise,
+        "strided_conv": strided,
     }
 
 
