@@ -674,8 +674,9 @@ fn f(a: f32[3, 4], b: f32[2, 4], img: f32[1, 2, 4, 4], w: f32[3, 2, 3, 3], x: f3
 /// operands gathered into copies (a read past an operand's edge, two
 /// reduction indices in different orders in the two operands, a 3x3
 /// convolution's input and weight gradients with padding, a strided and
-/// dilated window); and a sum of a sum, not a product, which keeps its scalar
-/// loops.
+/// dilated window); prologues on operands (`relu(a[i, k] - mu[i])`,
+/// `exp(..)`, an f16 operand cast to f32), computed in the copy; and a sum of
+/// a sum, not a product, which keeps its scalar loops.
 pub const CONTRACTION_PROGRAMS: &[&str] = &[
     "op at_g[K, M, N](a: f32[K, M], g: f32[K, N]) -> f32[M, N] { out[i, j] = sum[k](a[k, i] * g[k, j]); }
 fn f(a: f32[37, 40], g: f32[37, 45]) -> f32[40, 45] { return at_g(a, g); }",
@@ -717,6 +718,10 @@ fn f(x: f32[2, 5, 6, 7], g: f32[2, 8, 6, 7]) -> f32[8, 5, 3, 3] { return conv_dw
 fn f(x: f32[2, 3, 20, 20], w: f32[4, 3, 3, 3]) -> f32[2, 4, 8, 8] { return window(x, w); }",
     "op sumsum[M, K, N](a: f32[M, K], b: f32[K, N]) -> f32[M, N] { out[i, j] = sum[k](a[i, k] + b[k, j]); }
 fn f(a: f32[6, 5], b: f32[5, 7]) -> f32[6, 7] { return sumsum(a, b); }",
+    "op pro[M, K, N](a: f32[M, K], mu: f32[M], b: f32[K, N]) -> f32[M, N] { out[i, j] = sum[k](relu(a[i, k] - mu[i]) * exp(b[k, j] * 0.1)); }
+fn f(a: f32[30, 40], mu: f32[30], b: f32[40, 36]) -> f32[30, 36] { return pro(a, mu, b); }",
+    "op mixed[M, K, N](a: f16[M, K], b: f32[K, N]) -> f32[M, N] { out[i, j] = sum[k](cast(a[i, k], f32) * b[k, j]); }
+fn f(a: f16[20, 24], b: f32[24, 18]) -> f32[20, 18] { return mixed(a, b); }",
 ];
 
 /// Convolutions that run as Winograd's F(4x4, 3x3) on a CPU (3 x 3, stride

@@ -25,6 +25,7 @@ use dlc_core::scalar::{BinaryOp, ReduceKind, UnaryOp};
 use dlc_core::{DType, TargetDesc, TensorType};
 use dlc_graph::compute::{
     Affine, ComputeBody, ContractionForm, ElemDef, IndexVar, OperandRead, ScalarExpr, Source,
+    as_read,
 };
 use dlc_graph::fusion::Plan;
 use dlc_graph::ops::{ConstValue, Op, PoolKind};
@@ -1280,25 +1281,42 @@ impl Lowering<'_> {
         dest: Option<Value>,
     ) -> Result<(), LowerError> {
         let shape = &def.ty.shape;
+        // `def`'s typing context: a local fused into its reader sees the
+        // locals before it, not the reader's.
+        let own_defs = match reader {
+            Some((t, _)) => &cx.defs[..t],
+            None => cx.defs,
+        };
+        let inputs: Vec<&TensorType> = cx.input_types.iter().collect();
+        let dtype = dlc_graph::verify::scalar_dtype(form.sum, &inputs, own_defs)
+            .map_err(LowerError::Invalid)?
+            .unwrap_or(def.ty.dtype);
         // The operands as the product reads them: in place, through a view
-        // whose reduced axes are one, or gathered into a copy.
+        // whose reduced axes are one, or gathered into a copy (computing a
+        // prologue, if any, once per element copied).
         let buffer = |s: Source| match s {
-            Source::Input(i) => Some(cx.inputs[i as usize]),
-            Source::Local(i) => cx.locals[i as usize],
+            Source::Input(i) => cx.inputs.get(i as usize).copied(),
+            Source::Local(i) => cx.locals.get(i as usize).copied().flatten(),
+        };
+        let own_cx = ScalarCx {
+            defs: own_defs,
+            ..*cx
         };
         let mut operands = Vec::new();
         let mut gathered = Vec::new();
-        for (side, (read, mode)) in [form.a, form.b].into_iter().zip(form.reads).enumerate() {
-            let Some(buf) = buffer(read.0) else {
-                return Err(LowerError::Invalid(
-                    "a contraction reads a local that is not stored".into(),
-                ));
+        for (side, (operand, mode)) in [form.a, form.b].into_iter().zip(form.reads).enumerate() {
+            let read = || {
+                as_read(operand)
+                    .and_then(|(src, _)| buffer(src))
+                    .ok_or_else(|| {
+                        LowerError::Invalid("a contraction reads a local that is not stored".into())
+                    })
             };
             operands.push(match mode {
-                OperandRead::InPlace => buf,
-                OperandRead::Merged(d) => self.merged_view(buf, d, form.k.len())?,
+                OperandRead::InPlace => read()?,
+                OperandRead::Merged(d) => self.merged_view(read()?, d, form.k.len())?,
                 OperandRead::Gathered => {
-                    let (copy, view) = self.gather(form, def, side, buf)?;
+                    let (copy, view) = self.gather(&own_cx, form, def, side, dtype)?;
                     gathered.push(copy);
                     view
                 }
@@ -1318,16 +1336,6 @@ impl Lowering<'_> {
         };
         let batch_shape: Vec<usize> = form.batch.iter().map(|&p| shape[p]).collect();
         let bidx = self.open_batch(&batch_shape);
-        // `def`'s typing context: a local fused into its reader sees the
-        // locals before it, not the reader's.
-        let own_defs = match reader {
-            Some((t, _)) => &cx.defs[..t],
-            None => cx.defs,
-        };
-        let inputs: Vec<&TensorType> = cx.input_types.iter().collect();
-        let dtype = dlc_graph::verify::scalar_dtype(form.sum, &inputs, own_defs)
-            .map_err(LowerError::Invalid)?
-            .unwrap_or(def.ty.dtype);
         let [i, j, kk, acc] = self.b.begin_matmul(
             shape[form.m] as i64,
             columns as i64,
@@ -1370,20 +1378,19 @@ impl Lowering<'_> {
         // The operands' indices, over the batch loops and the counters.
         let r = form.k.len();
         let mut index = |side: usize| -> Vec<IndexExpr> {
-            let read = if side == 0 { form.a } else { form.b };
+            let operand = if side == 0 { form.a } else { form.b };
+            let read = as_read(operand).map_or(&[][..], |r| r.1);
             match form.reads[side] {
                 OperandRead::InPlace => {
                     let k = &form.k[0];
                     env.insert(k.var, ix_axpy(1, &ix(kk), &ix_const(k.lo)));
-                    read.1.iter().map(|e| affine_to_index(e, &env)).collect()
+                    read.iter().map(|e| affine_to_index(e, &env)).collect()
                 }
                 OperandRead::Merged(d) => {
-                    let mut out: Vec<IndexExpr> = read.1[..d]
-                        .iter()
-                        .map(|e| affine_to_index(e, &env))
-                        .collect();
+                    let mut out: Vec<IndexExpr> =
+                        read[..d].iter().map(|e| affine_to_index(e, &env)).collect();
                     out.push(ix(kk));
-                    out.extend(read.1[d + r..].iter().map(|e| affine_to_index(e, &env)));
+                    out.extend(read[d + r..].iter().map(|e| affine_to_index(e, &env)));
                     out
                 }
                 OperandRead::Gathered => {
@@ -1408,24 +1415,22 @@ impl Lowering<'_> {
         Ok(())
     }
 
-    /// Operand `side` (0: `a`, 1: `b`) of contraction `form` of `def`,
-    /// read from `buf`, gathered into a new buffer laid out as the product
-    /// reads it: the batch variables it reads, then its rows and the
-    /// reduction variables (`a`) or the reduction variables and its columns
-    /// (`b`), zero where the read falls outside `buf` (an im2col copy, for
-    /// any window). Returns the copy and a view of it whose reduction axes
-    /// are one.
+    /// Operand `side` (0: `a`, 1: `b`) of contraction `form` of `def`, of
+    /// element type `dtype`, computed (its prologue evaluated in `cx`) into
+    /// a new buffer laid out as the product reads it: the batch variables it
+    /// reads, then its rows and the reduction variables (`a`) or the
+    /// reduction variables and its columns (`b`), zero where a read falls
+    /// outside its operand (an im2col copy, for any window). Returns the
+    /// copy and a view of it whose reduction axes are one.
     fn gather(
         &mut self,
+        cx: &ScalarCx<'_>,
         form: &ContractionForm<'_>,
         def: &ElemDef,
         side: usize,
-        buf: Value,
+        dtype: DType,
     ) -> Result<(Value, Value), LowerError> {
-        let dlc_loop::Type::Buffer(t) = self.b.ty(buf).clone() else {
-            return Err(LowerError::Invalid("a contraction of a non-buffer".into()));
-        };
-        let (read, own) = if side == 0 {
+        let (operand, own) = if side == 0 {
             (form.a, form.m)
         } else {
             (form.b, form.n)
@@ -1455,15 +1460,14 @@ impl Lowering<'_> {
         let dims: Vec<usize> = vars.iter().map(|v| v.1).collect();
         let copy = self
             .b
-            .alloc(contiguous(&TensorType::new(t.dtype, dims.clone())));
+            .alloc(contiguous(&TensorType::new(dtype, dims.clone())));
         let idx = self.open_nest(&dims);
         let env: HashMap<IndexVar, IndexExpr> = vars
             .iter()
             .zip(&idx)
             .map(|(&(v, _, lo), e)| (v, ix_axpy(1, e, &ix_const(lo))))
             .collect();
-        let at = read.1.iter().map(|e| affine_to_index(e, &env)).collect();
-        let v = self.b.load(buf, at, Some(0.0));
+        let v = self.scalar(cx, operand, dtype, &env)?;
         self.b.store(v, copy, idx);
         self.close_nest(dims.len());
         let mut view = self.merged_view(copy, first_k, form.k.len())?;
@@ -1589,12 +1593,11 @@ fn gathered_batch<'f>(
     def: &'f ElemDef,
     side: usize,
 ) -> impl Iterator<Item = usize> + 'f {
-    let read = if side == 0 { form.a } else { form.b };
-    form.batch.iter().copied().filter(move |&p| {
-        read.1
-            .iter()
-            .any(|e| e.terms.iter().any(|t| t.1 == def.vars[p]))
-    })
+    let operand = if side == 0 { form.a } else { form.b };
+    form.batch
+        .iter()
+        .copied()
+        .filter(move |&p| dlc_graph::compute::reads(operand, def.vars[p]))
 }
 
 #[derive(Clone, Copy)]

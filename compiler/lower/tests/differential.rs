@@ -385,7 +385,16 @@ fn user_contractions_are_structured_products() {
             text.matches("loop.matmul").count()
         })
         .collect();
-    assert_eq!(matmuls, [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0]);
+    assert_eq!(
+        matmuls,
+        [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1]
+    );
+    // Prologues are computed once per element, in the copies.
+    let text = print_module(&lowered(&graph(dlc_tests::CONTRACTION_PROGRAMS[17])));
+    assert!(
+        text.matches("loop.relu").count() == 1 && text.matches("loop.exp").count() == 1,
+        "{text}"
+    );
     // A gathered operand is an im2col copy: the convolution's input gradient
     // copies its output gradient's windows (zero past the edges) and its
     // kernel, transposed, then runs one product per image whose columns are

@@ -302,10 +302,11 @@ impl ScalarExpr {
     }
 }
 
-/// A definition that is a contraction: `E(sum[k..](a[..] * b[..]))`, where
-/// `a` and `b` are reads of operands or locals of one element type whose
-/// indices are affine in the definition's variables and the reduction
-/// variables `k..`, each of which both read, and `E`, the epilogue, is the
+/// A definition that is a contraction: `E(sum[k..](a * b))`, where `a` and
+/// `b` are reads of operands or locals (or element-wise expressions of such
+/// reads: prologues) of one element type whose indices are affine in the
+/// definition's variables and the reduction variables `k..`, each of which
+/// both read, and `E`, the epilogue, is the
 /// rest of the definition, element-wise (it holds no other reduction). The
 /// lowering computes it as one structured product (`loop.matmul`): for every
 /// value of the `batch` variables, an `M x N` product over the reduction
@@ -324,10 +325,12 @@ pub struct ContractionForm<'a> {
     pub sum: &'a ScalarExpr,
     /// The reduction variables and their ranges, outermost first.
     pub k: Vec<RangeVar>,
-    /// The read giving the product's rows (it reads `m`, not `n`).
-    pub a: (Source, &'a [Affine]),
-    /// The read giving the product's columns (it reads `n`, not `m`).
-    pub b: (Source, &'a [Affine]),
+    /// The operand giving the product's rows (it reads `m`, not `n`): a
+    /// read, or an element-wise expression of reads (a prologue,
+    /// `relu(a[i, k])`), which is always gathered.
+    pub a: &'a ScalarExpr,
+    /// The operand giving the product's columns (it reads `n`, not `m`).
+    pub b: &'a ScalarExpr,
     /// How `a` and `b` are read.
     pub reads: [OperandRead; 2],
     /// Position among the definition's variables of the rows.
@@ -361,6 +364,25 @@ pub enum OperandRead {
     /// reduction variables or (`b`) the reduction variables and the
     /// columns.
     Gathered,
+}
+
+/// The operand `e` as a plain read: what it reads and at which index.
+pub fn as_read(e: &ScalarExpr) -> Option<(Source, &[Affine])> {
+    match e {
+        ScalarExpr::Read { src, index } => Some((*src, index.as_slice())),
+        _ => None,
+    }
+}
+
+/// Whether expression `e` reads anything at an index that uses `v`.
+pub fn reads(e: &ScalarExpr, v: IndexVar) -> bool {
+    let mut found = false;
+    e.visit(&mut |x| {
+        if let ScalarExpr::Read { index, .. } = x {
+            found |= index.iter().any(|a| a.terms.iter().any(|t| t.1 == v));
+        }
+    });
+    found
 }
 
 /// The most elements a gathered operand may have (2^26: 256 MiB of f32);
@@ -402,18 +424,24 @@ impl ElemDef {
         if vars.is_empty() || vars.iter().any(|k| k.hi <= k.lo) {
             return None;
         }
-        let read = |e: &'a ScalarExpr| match e {
-            ScalarExpr::Read { src, index } => Some((*src, index.as_slice())),
-            _ => None,
-        };
-        let (mut a, mut b) = (read(x)?, read(y)?);
-        let (ta, tb) = (ty(a.0)?, ty(b.0)?);
-        if ta.dtype != tb.dtype || !ta.dtype.is_numeric() {
+        // Each operand reads only what the body may read; the two are of one
+        // numeric type (the verifier's rule for `*`).
+        let (mut a, mut b): (&'a ScalarExpr, &'a ScalarExpr) = (x, y);
+        let mut known = true;
+        body.visit(&mut |e| {
+            if let ScalarExpr::Read { src, .. } = e {
+                known &= ty(*src).is_some();
+            }
+        });
+        if !known {
             return None;
         }
-        let reads = |r: (Source, &[Affine]), v: IndexVar| {
-            r.1.iter().any(|e| e.terms.iter().any(|t| t.1 == v))
-        };
+        if let (Some(ra), Some(rb)) = (as_read(a), as_read(b)) {
+            let (ta, tb) = (ty(ra.0)?, ty(rb.0)?);
+            if ta.dtype != tb.dtype || !ta.dtype.is_numeric() {
+                return None;
+            }
+        }
         if vars.iter().any(|k| !reads(a, k.var) || !reads(b, k.var)) {
             return None;
         }
@@ -484,20 +512,22 @@ impl ElemDef {
         let batch: Vec<usize> = (0..n).filter(|&p| p != m).collect();
         let depth: usize = vars.iter().map(|k| (k.hi - k.lo) as usize).product();
         let columns: usize = self.ty.shape[n..].iter().product();
-        let mode = |r: (Source, &[Affine]), own: usize| -> Option<OperandRead> {
-            let t = ty(r.0)?;
-            if within(r, t)? {
-                if vars.len() == 1 {
-                    return Some(OperandRead::InPlace);
-                }
-                if let Some(d) = axes(r, t) {
-                    return Some(OperandRead::Merged(d));
+        let mode = |e: &'a ScalarExpr, own: usize| -> Option<OperandRead> {
+            if let Some(r) = as_read(e) {
+                let t = ty(r.0)?;
+                if within(r, t)? {
+                    if vars.len() == 1 {
+                        return Some(OperandRead::InPlace);
+                    }
+                    if let Some(d) = axes(r, t) {
+                        return Some(OperandRead::Merged(d));
+                    }
                 }
             }
             // The copy: the batch variables it reads, its own, the depth.
             let mut elements = depth.checked_mul(own)?;
             for &p in &batch {
-                if reads(r, self.vars[p]) {
+                if reads(e, self.vars[p]) {
                     elements = elements.checked_mul(self.ty.shape[p])?;
                 }
             }
