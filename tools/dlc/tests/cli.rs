@@ -1508,7 +1508,14 @@ fn objects_for_a_cpu_level_use_only_its_instructions() {
 /// as three x86-64 levels through `DLC_CPU`), for both x86-64 vector widths
 /// and a GPU; and the targets' IR differ where their rules do (the Winograd
 /// kernel transform runs over a vector of the target's: 16 output channels
-/// at a time on AVX-512, 8 on AVX2).
+/// at a time on AVX-512, 8 on AVX2). Saturation runs with time limits no
+/// run reaches (its node and iteration limits bind), so that a loaded
+/// machine stopping it early cannot change the graph.
+/// The default pipeline with time limits no example reaches.
+const UNTIMED_PIPELINE: &str = "graph.canonicalize,\
+    graph.saturate{time-limit-ms=600000,ilp-time-limit-ms=600000},graph.inline,graph.canonicalize,\
+    graph.saturate{time-limit-ms=600000,ilp-time-limit-ms=600000},graph.canonicalize,graph.dce";
+
 #[test]
 fn the_loop_ir_depends_on_the_target_not_the_host() {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/");
@@ -1527,7 +1534,16 @@ fn the_loop_ir_depends_on_the_target_not_the_host() {
             let path = format!("{root}{file}");
             let args = |emit: &'static str| {
                 [
-                    "compile", &path, "--entry", entry, "--emit", emit, "--target", target,
+                    "compile",
+                    &path,
+                    "--entry",
+                    entry,
+                    "--emit",
+                    emit,
+                    "--target",
+                    target,
+                    "--passes",
+                    UNTIMED_PIPELINE,
                 ]
                 .map(str::to_string)
             };
