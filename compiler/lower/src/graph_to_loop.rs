@@ -1193,15 +1193,14 @@ impl Lowering<'_> {
             && self.home.get(&n).is_some_and(
                 |h| matches!(self.b.ty(*h), dlc_loop::Type::Buffer(t) if t.has_row_major_strides()),
             );
+        let readers: Vec<Option<usize>> = (0..body.locals.len())
+            .map(|t| body.sole_elementwise_reader(t))
+            .collect();
         let forms: Vec<Option<ContractionForm<'_>>> = defs
             .iter()
             .enumerate()
             .map(|(k, d)| {
-                let merge = if k == body.locals.len() {
-                    out_merges
-                } else {
-                    body.sole_elementwise_reader(k).is_none()
-                };
+                let merge = readers.get(k).map_or(out_merges, Option::is_none);
                 d.contraction(&type_of, merge)
             })
             .collect();
@@ -1209,7 +1208,7 @@ impl Lowering<'_> {
         let mut fused_into: HashMap<usize, usize> = HashMap::new();
         for (t, form) in forms.iter().enumerate().take(body.locals.len()) {
             if form.is_some()
-                && let Some(d) = body.sole_elementwise_reader(t)
+                && let Some(d) = readers[t]
             {
                 fused_into.insert(d, t);
             }
