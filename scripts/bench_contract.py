@@ -26,7 +26,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_peers import CPU, arguments, peer_env, relative_error, run_measured  # noqa: E402
+from bench_peers import CPU, arguments, relative_error, run_measured, run_peer  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 PEERS = ["pytorch", "jax"]
@@ -224,17 +224,12 @@ def main():
                              max_ms=r["max_ms"], error=dlc_err, ok=dlc_err <= bound))
             print(f"{name} {t}t dlc {r['median_ms']:.3f} ms (error {dlc_err:.1e})", file=sys.stderr)
             for peer in PEERS:
-                env = peer_env(t)
-                try:
-                    o, _ = run_measured([sys.executable, os.path.abspath(__file__), "--worker", peer, name,
-                                         data, str(t), str(args.runs)], t, env)
-                except RuntimeError as e:
-                    print(f"{name} {t}t {peer}: {e}", file=sys.stderr)
-                    rows.append(dict(case=name, who=peer, threads=t, failed=str(e)[-300:]))
+                r = run_peer(os.path.abspath(__file__), peer, name, data, t, args.runs, ref)
+                rows.append(dict(case=name, who=peer, threads=t, **r))
+                if "failed" in r:
                     continue
-                r = json.loads(o.strip().splitlines()[-1])
-                err = relative_error(np.load(os.path.join(data, f"{peer}.npy")), ref)
-                rows.append(dict(case=name, who=peer, threads=t, error=err, ok=err <= bound, **r))
+                err = r["error"]
+                rows[-1]["ok"] = err <= bound
                 print(f"{name} {t}t {peer} {r['median_ms']:.3f} ms (error {err:.1e})", file=sys.stderr)
     with open(os.path.join(out, "contract.json"), "w") as f:
         for r in rows:

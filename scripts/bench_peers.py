@@ -339,6 +339,22 @@ def peer_env(threads):
                           + (f" --xla_cpu_max_isa={XLA_MAX_ISA[CPU]}" if CPU in XLA_MAX_ISA else ""))
 
 
+def run_peer(script, peer, name, data, threads, runs, ref):
+    """`script --worker peer name data threads runs` in a pinned process:
+    its timing JSON with `peak_mib` and `error` (against `ref`) added, or
+    `{"failed": ...}`."""
+    import numpy as np
+    try:
+        o, rss = run_measured([sys.executable, script, "--worker", peer, name, data, str(threads), str(runs)],
+                              threads, peer_env(threads))
+    except RuntimeError as e:
+        print(f"{name} {threads}t {peer}: {e}", file=sys.stderr)
+        return {"failed": str(e)[-300:]}
+    r = json.loads(o.strip().splitlines()[-1])
+    r.update(peak_mib=rss, error=relative_error(np.load(os.path.join(data, f"{peer}.npy")), ref))
+    return r
+
+
 def main():
     import numpy as np
     args, out, threads, only = arguments()
@@ -379,17 +395,11 @@ def main():
                              peak_mib=rss, error=errors["dlc"]))
             print(f"{entry} {t}t dlc {r['median_ms']:.3f} ms (error {errors['dlc']:.1e})", file=sys.stderr)
             for peer in PEERS:
-                env = peer_env(t)
-                try:
-                    o, rss = run_measured([sys.executable, os.path.abspath(__file__), "--worker", peer, entry,
-                                           data, str(t), str(args.runs)], t, env)
-                except RuntimeError as e:
-                    print(f"{entry} {t}t {peer}: {e}", file=sys.stderr)
-                    rows.append(dict(kind="time", entry=entry, who=peer, threads=t, failed=str(e)[-300:]))
+                r = run_peer(os.path.abspath(__file__), peer, entry, data, t, args.runs, ref)
+                rows.append(dict(kind="time", entry=entry, who=peer, threads=t, **r))
+                if "failed" in r:
                     continue
-                r = json.loads(o.strip().splitlines()[-1])
-                err = relative_error(np.load(os.path.join(data, f"{peer}.npy")), ref)
-                rows.append(dict(kind="time", entry=entry, who=peer, threads=t, peak_mib=rss, error=err, **r))
+                err = r["error"]
                 print(f"{entry} {t}t {peer} {r['median_ms']:.3f} ms (error {err:.1e})", file=sys.stderr)
     with open(os.path.join(out, "peers.json"), "w") as f:
         for r in rows:
