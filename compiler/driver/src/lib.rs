@@ -405,11 +405,32 @@ impl Pass<Ir> for OnGraph {
     fn run(&mut self, ir: &mut Ir) -> Result<Vec<(&'static str, u64)>, PassError> {
         match ir {
             Ir::Graph(m) => self.0.run(m),
-            other => Err(PassError::Failed {
-                pass: self.0.name().into(),
-                message: format!("expects graph IR, got {} IR", other.level()),
-            }),
+            other => Err(wrong_level(self.0.name(), "graph", other)),
         }
+    }
+}
+
+/// A tile pass run on [`Ir`]: it refuses other levels.
+struct OnTile(Box<dyn Pass<dlc_tile::Module>>);
+
+impl Pass<Ir> for OnTile {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+
+    fn run(&mut self, ir: &mut Ir) -> Result<Vec<(&'static str, u64)>, PassError> {
+        match ir {
+            Ir::Tile(m) => self.0.run(m),
+            other => Err(wrong_level(self.0.name(), "tile", other)),
+        }
+    }
+}
+
+/// A pass given IR of another level than the one it transforms.
+fn wrong_level(pass: &str, expected: &str, got: &Ir) -> PassError {
+    PassError::Failed {
+        pass: pass.into(),
+        message: format!("expects {expected} IR, got {} IR", got.level()),
     }
 }
 
@@ -427,7 +448,7 @@ impl Pass<Ir> for ConvertGraphToLoop {
             message,
         };
         let Ir::Graph(m) = ir else {
-            return Err(fail(format!("expects graph IR, got {} IR", ir.level())));
+            return Err(wrong_level(self.name(), "graph", ir));
         };
         let lowered = dlc_lower::lower_module(m, &self.0).map_err(|e| fail(e.to_string()))?;
         let ops: usize = lowered.functions.iter().map(|f| f.ops.len()).sum();
@@ -451,9 +472,9 @@ impl Pass<Ir> for ConvertLoopToTile {
             message,
         };
         let Ir::Loop(m) = ir else {
-            return Err(fail(format!("expects loop IR, got {} IR", ir.level())));
+            return Err(wrong_level(self.name(), "loop", ir));
         };
-        let tiled = dlc_lower::convert_module_with(m, &self.0).map_err(|e| fail(e.to_string()))?;
+        let tiled = dlc_lower::schedule_module(m, &self.0).map_err(|e| fail(e.to_string()))?;
         let kernels = tiled
             .functions
             .iter()
@@ -486,12 +507,11 @@ pub fn lower_for_tile(
     target: &dlc_core::TargetDesc,
 ) -> Result<dlc_tile::Module, DriverError> {
     let mut ir = Ir::Loop(lower_to_loops(module, target)?);
-    PassManager::new(vec![
-        Box::new(ConvertLoopToTile(dlc_lower::ScheduleParams::for_target(
-            target,
-        ))) as Box<dyn Pass<Ir>>,
-    ])
-    .run(&mut ir)?;
+    let params = dlc_lower::ScheduleParams::for_target(target);
+    let tile_pipeline = Pipeline::parse(params.tile_pipeline())?;
+    let mut passes: Vec<Box<dyn Pass<Ir>>> = vec![Box::new(ConvertLoopToTile(params))];
+    passes.extend(registry_for(target).build(&tile_pipeline)?);
+    PassManager::new(passes).run(&mut ir)?;
     match ir {
         Ir::Tile(m) => Ok(m),
         other => Err(DriverError::Usage(format!(
@@ -511,6 +531,7 @@ pub fn registry() -> PassRegistry<Ir> {
 fn registry_for(target: &dlc_core::TargetDesc) -> PassRegistry<Ir> {
     let mut r = dlc_graph::transforms::registry_for(target)
         .lift(|p| Box::new(OnGraph(p)) as Box<dyn Pass<Ir>>);
+    r.extend(dlc_tile::transforms::registry().lift(|p| Box::new(OnTile(p)) as Box<dyn Pass<Ir>>));
     r.register(
         "convert-graph-to-loop",
         "lowers the graph dialect to loop nests over buffers (with fusion and buffer lifetimes) \

@@ -8,5 +8,5 @@ pub mod loop_to_tile;
 
 pub use graph_to_loop::{LowerError, lower_module};
 pub use loop_to_tile::{
-    Packing, ScheduleParams, TileConvError, convert_module, convert_module_with,
+    Packing, ScheduleParams, TileConvError, convert_module, convert_module_with, schedule_module,
 };

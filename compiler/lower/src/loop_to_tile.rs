@@ -49,6 +49,9 @@ pub enum TileConvError {
     /// IR the loop verifier should have rejected.
     #[error("invalid loop IR in @{0}: {1}")]
     Invalid(String, String),
+    /// A tile pass after the conversion failed.
+    #[error("{0}")]
+    Pass(String),
 }
 
 /// The schedule parameters a target gives each kind of nest.
@@ -147,6 +150,17 @@ impl ScheduleParams {
         Ok(())
     }
 
+    /// The tile passes run after the conversion, in order: staged
+    /// products (a GPU's) need barriers; on a CPU, work on weights alone
+    /// moves into the preparer.
+    pub fn tile_pipeline(&self) -> &'static str {
+        if self.stage_shared {
+            dlc_tile::transforms::GPU_PIPELINE
+        } else {
+            dlc_tile::transforms::CPU_PIPELINE
+        }
+    }
+
     /// What `target` takes: on a CPU, four vectors of f32 per tile and the
     /// packed kernel's register tile and depth (`mr x nr`, `kc`); on a GPU,
     /// a tile of one element per thread of a 256-thread block and
@@ -187,34 +201,32 @@ pub fn convert_module(m: &LModule, target: &TargetDesc) -> Result<Module, TileCo
 }
 
 /// Converts every function of a verified loop module with the given
-/// schedule parameters (a target's, or a search's).
+/// schedule parameters (a target's, or a search's), then runs the tile
+/// passes the target runs after the conversion
+/// ([`ScheduleParams::tile_pipeline`]).
 pub fn convert_module_with(m: &LModule, params: &ScheduleParams) -> Result<Module, TileConvError> {
-    let mut functions: Vec<_> = m
+    let mut tiled = schedule_module(m, params)?;
+    let pipeline = dlc_core::Pipeline::parse(params.tile_pipeline())
+        .map_err(|e| TileConvError::Pass(e.to_string()))?;
+    let passes = dlc_tile::transforms::registry()
+        .build(&pipeline)
+        .map_err(|e| TileConvError::Pass(e.to_string()))?;
+    for mut pass in passes {
+        pass.run(&mut tiled)
+            .map_err(|e| TileConvError::Pass(e.to_string()))?;
+    }
+    Ok(tiled)
+}
+
+/// The conversion alone (`convert-loop-to-tile`): each nest of each
+/// function scheduled as kernels, no tile pass run after.
+pub fn schedule_module(m: &LModule, params: &ScheduleParams) -> Result<Module, TileConvError> {
+    let functions = m
         .functions
         .iter()
         .map(|f| Conv::new(f, params).function())
         .collect::<Result<_, _>>()?;
-    // An operand packed once per call, however many products use it.
-    for f in &mut functions {
-        if dlc_tile::transforms::reuse_packs(f) > 0 {
-            dlc_tile::transforms::dce(f);
-        }
-    }
-    // A GPU runs each program on a block of threads: accesses of one
-    // buffer by different threads are ordered by barriers.
-    if params.stage_shared {
-        for f in &mut functions {
-            dlc_tile::transforms::insert_barriers(f);
-        }
-    }
-    let mut m = Module { functions };
-    // On a CPU, work on weights alone runs once, when they are bound (the
-    // GPU runtime does not call preparers yet: there weights are inputs
-    // like any other).
-    if !params.stage_shared {
-        dlc_tile::transforms::split_prepare(&mut m);
-    }
-    Ok(m)
+    Ok(Module { functions })
 }
 
 fn tile_buffer(t: &LBufferType) -> BufferType {

@@ -1,9 +1,100 @@
-//! Transforms of tile IR.
+//! Transforms of tile IR, and the registry that names them as passes
+//! (`dlc-opt --pipeline tile.reuse-packs,tile.dce`).
+//!
+//! The conversion from loops (`convert-loop-to-tile`) only schedules nests
+//! as kernels; what a target runs after it is a pipeline of these passes
+//! ([`CPU_PIPELINE`], [`GPU_PIPELINE`]), so each can be run, and tested,
+//! on its own.
 
 use std::collections::HashSet;
 
-use crate::ir::{Block, Function, OpId, Value};
+use dlc_core::{Pass, PassError, PassRegistry};
+
+use crate::ir::{Block, Function, Module, OpId, Value};
 use crate::ops::OpKind;
+
+/// What runs after the conversion for a CPU: each operand packed once
+/// per call however many products read it, the copies that made
+/// redundant removed, and work on weights alone moved into the
+/// function's preparer (run once per binding of the weights).
+pub const CPU_PIPELINE: &str = "tile.reuse-packs,tile.dce,tile.split-prepare";
+
+/// What runs after the conversion for a GPU: packs reused as on a CPU,
+/// then the barriers a block of threads needs between accesses of one
+/// buffer (the GPU runtime does not call preparers: weights are inputs
+/// like any other there).
+pub const GPU_PIPELINE: &str = "tile.reuse-packs,tile.dce,tile.insert-barriers";
+
+/// A transform of each function, run as a pass; the counter it reports
+/// is what the transform returns.
+struct PerFunction {
+    name: &'static str,
+    counter: &'static str,
+    run: fn(&mut Function) -> usize,
+}
+
+impl Pass<Module> for PerFunction {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn run(&mut self, m: &mut Module) -> Result<Vec<(&'static str, u64)>, PassError> {
+        let n: usize = m.functions.iter_mut().map(|f| (self.run)(f)).sum();
+        Ok(vec![(self.counter, n as u64)])
+    }
+}
+
+/// `tile.split-prepare`: a transform of the whole module (it adds
+/// functions).
+struct SplitPrepare;
+
+impl Pass<Module> for SplitPrepare {
+    fn name(&self) -> &'static str {
+        "tile.split-prepare"
+    }
+
+    fn run(&mut self, m: &mut Module) -> Result<Vec<(&'static str, u64)>, PassError> {
+        Ok(vec![("kernels moved", split_prepare(m) as u64)])
+    }
+}
+
+/// Every tile pass, by name.
+pub fn registry() -> PassRegistry<Module> {
+    let mut r = PassRegistry::default();
+    let per_function = |name, counter, run| {
+        move |o: &dlc_core::PassOptions| {
+            o.expect_only(&[])?;
+            Ok(Box::new(PerFunction { name, counter, run }) as Box<dyn Pass<Module>>)
+        }
+    };
+    r.register(
+        "tile.dce",
+        "removes pure ops whose results nothing uses",
+        per_function("tile.dce", "ops removed", dce),
+    );
+    r.register(
+        "tile.reuse-packs",
+        "drops each `pack` kernel that copies what an earlier one of the same call already \
+         packed (same operand, same panels), reading the first one's panels instead",
+        per_function("tile.reuse-packs", "packs reused", reuse_packs),
+    );
+    r.register(
+        "tile.insert-barriers",
+        "inserts the barriers a block of threads needs between accesses of one buffer by \
+         different threads (a GPU program)",
+        per_function("tile.insert-barriers", "barriers inserted", insert_barriers),
+    );
+    r.register(
+        "tile.split-prepare",
+        "moves kernels that read only weights into the function's preparer `@f_prepare`, run \
+         once per binding of the weights",
+        |o| {
+            o.expect_only(&[])?;
+            Ok(Box::new(SplitPrepare))
+        },
+    );
+    r
+}
 
 /// Whether an op only computes its results (no memory effect, no
 /// synchronization, no region), so it may go when they are unused.

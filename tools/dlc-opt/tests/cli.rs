@@ -160,6 +160,11 @@ fn lists_passes() {
         "graph.dce",
         "graph.inline",
         "convert-graph-to-loop",
+        "convert-loop-to-tile",
+        "tile.reuse-packs",
+        "tile.insert-barriers",
+        "tile.split-prepare",
+        "tile.dce",
     ] {
         assert!(out.contains(p), "{out}");
     }
