@@ -326,7 +326,7 @@ fn tf32_products_only_when_asked_for() {
 #[test]
 fn products_read_shared_operands_in_place_only_when_unchanged() {
     let text = "tile.func @f(%x: buffer<f32[16, 16]>, %w: buffer<f32[16, 16]>, out %y: buffer<f32[16, 16]>) {
-  tile.kernel {grid = [1], schedule = \"dot\"} {
+  tile.kernel {grid = [1], schedule = \"dot\", tile = [4, 4, 4]} {
     %s = tile.alloc : buffer<f32[16, 16], shared>
     %a = tile.load %x[#0, #1] : tile<16x16xf32>
     tile.store %a, %s[#0, #1]
@@ -373,7 +373,7 @@ fn async_copies_only_from_buffers_nothing_writes() {
     let program = |write_back: bool| {
         format!(
             "tile.func @f(%x: buffer<f32[256]>, out %y: buffer<f32[256]>) {{
-  tile.kernel {{grid = [1], schedule = \"rows\"}} {{
+  tile.kernel {{grid = [1], schedule = \"rows\", vector = [64]}} {{
     %s = tile.alloc : buffer<f32[256], shared>
     %a = tile.load %x[#0] : tile<256xf32>
     tile.store %a, %s[#0]

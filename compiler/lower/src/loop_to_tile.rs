@@ -38,7 +38,9 @@ use dlc_loop::{
     Block as LBlock, BufferType as LBufferType, Function as LFunction, IndexExpr,
     Module as LModule, OpId as LOpId, OpKind as L, Type as LType, Value as LValue,
 };
-use dlc_tile::{Affine, BufferType, Builder, Module, Schedule, Space, TileType, Type, Value};
+use dlc_tile::{
+    Affine, BufferType, Builder, Module, PackedOperand, Schedule, Space, TileType, Type, Value,
+};
 
 mod winograd;
 use winograd::WinogradFusion;
@@ -273,15 +275,16 @@ struct PackPlan {
 
 impl PackPlan {
     fn schedule(&self) -> Schedule {
-        Schedule::new("packed").with(
-            "blocking",
-            vec![
-                self.mr as i64,
-                self.nr as i64,
-                self.mc as i64,
-                self.kc as i64,
-            ],
-        )
+        self.pack_schedule(None)
+    }
+
+    /// The schedule of a kernel packing `operand` for this product
+    /// (`None`: the product itself).
+    fn pack_schedule(&self, operand: Option<PackedOperand>) -> Schedule {
+        Schedule::Packed {
+            blocking: [self.mr, self.nr, self.mc, self.kc],
+            pack: operand,
+        }
     }
 }
 
@@ -762,7 +765,9 @@ impl<'a> Conv<'a> {
         if !serial.is_empty() {
             let ops = std::mem::take(serial);
             self.b.set_loc(self.op(ops[0]).loc.clone());
-            let schedule = Schedule::new("serial").with("vector", vec![self.params.vector as i64]);
+            let schedule = Schedule::Serial {
+                vector: self.params.vector,
+            };
             self.b.begin_kernel(vec![1], schedule);
             self.values.clear();
             self.ops(&ops)?;
@@ -882,8 +887,12 @@ impl<'a> Conv<'a> {
                 grid.push(n.max(1));
             }
         }
-        let strategy = if blocked { "blocked" } else { "rows" };
-        let schedule = Schedule::new(strategy).with("vector", vec![self.params.vector as i64]);
+        let vector = self.params.vector;
+        let schedule = if blocked {
+            Schedule::Blocked { vector, tile: None }
+        } else {
+            Schedule::Rows { vector }
+        };
         self.b.begin_kernel(grid.clone(), schedule);
         for (axis, &l) in band.iter().enumerate() {
             let op = self.op(l);
@@ -972,9 +981,10 @@ impl<'a> Conv<'a> {
         let (jlo, jhi, _) = loop_bounds(&n.kind).unwrap_or((0, 1, 1));
         let (rows, c) = ((ihi - ilo).max(1) as usize, (jhi - jlo).max(1) as usize);
         let r = (self.params.vector / c).clamp(1, rows);
-        let schedule = Schedule::new("blocked")
-            .with("vector", vec![self.params.vector as i64])
-            .with("tile", vec![r as i64, c as i64]);
+        let schedule = Schedule::Blocked {
+            vector: self.params.vector,
+            tile: Some([r, c]),
+        };
         self.b.begin_kernel(vec![rows.div_ceil(r)], schedule);
         let pid = self.b.program_id(0);
         let row0 = Affine::value(pid)
@@ -1522,7 +1532,7 @@ impl<'a> Conv<'a> {
         ));
         self.b.begin_kernel(
             vec![plan.blocks, plan.kb_n],
-            plan.schedule().with("pack", vec![0]),
+            plan.pack_schedule(Some(PackedOperand::Left)),
         );
         let (p, kb) = (self.b.program_id(0), self.b.program_id(1));
         let i0 = Affine::value(p).scaled(plan.mc as i64);
@@ -2094,16 +2104,9 @@ impl<'a> Conv<'a> {
         let (mr, nr, mc) = (plans[0].mr, plans[0].nr, plans[0].mc);
         let mut grid: Vec<usize> = b1.iter().map(|b| b.2).collect();
         grid.push(plans[0].blocks);
-        let schedule = Schedule::new("fused").with(
-            "blocking",
-            vec![
-                mr as i64,
-                nr as i64,
-                mc as i64,
-                plans[0].kc as i64,
-                plans[1].kc as i64,
-            ],
-        );
+        let schedule = Schedule::Fused {
+            blocking: [mr, nr, mc, plans[0].kc, plans[1].kc],
+        };
         self.b.begin_kernel(grid, schedule);
         self.values.clear();
         let bat = self.batch_ids(&[b1, b2, b3]);
@@ -2471,7 +2474,7 @@ impl<'a> Conv<'a> {
             grid.push(plan.nb_n);
         }
         self.b
-            .begin_kernel(grid, plan.schedule().with("pack", vec![1]));
+            .begin_kernel(grid, plan.pack_schedule(Some(PackedOperand::Right)));
         let mut at = self.batch_axes(batch);
         let bat_axes = at.len();
         let pk = self.b.program_id(bat_axes);
@@ -3033,10 +3036,10 @@ impl<'a> Conv<'a> {
             .collect();
         grid.push(count);
         grid.push((c.n.max(0) as usize).div_ceil(bn).max(1));
-        let mut schedule = Schedule::new("dot").with("tile", vec![bm as i64, bn as i64, bk as i64]);
-        if self.params.stage_shared {
-            schedule = schedule.with("stages", vec![2]);
-        }
+        let schedule = Schedule::Dot {
+            tile: [bm, bn, bk],
+            staged: self.params.stage_shared,
+        };
         self.b.begin_kernel(grid, schedule);
         for (axis, l) in band.iter().enumerate() {
             let op = self.op(*l);

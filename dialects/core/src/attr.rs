@@ -106,15 +106,9 @@ impl<'a> AttrReader<'a> {
         }
     }
 
-    /// Marks attribute `i` read (a dialect that takes attributes it does
-    /// not know by name, as schedule parameters).
-    pub fn mark(&mut self, i: usize) {
-        self.used[i] = true;
-    }
-
-    /// Whether attribute `i` was read.
-    pub fn is_read(&self, i: usize) -> bool {
-        self.used[i]
+    /// Whether the op has attribute `key` (an optional one).
+    pub fn has(&self, key: &str) -> bool {
+        self.attrs.iter().any(|(k, _)| k == key)
     }
 
     fn find(&mut self, key: &str) -> Option<&Attr> {
@@ -189,7 +183,7 @@ impl<'a> AttrReader<'a> {
 
     /// A number, if present.
     pub fn optional_float(&mut self, key: &str) -> Result<Option<f64>, String> {
-        if self.attrs.iter().any(|(k, _)| k == key) {
+        if self.has(key) {
             self.float(key).map(Some)
         } else {
             Ok(None)

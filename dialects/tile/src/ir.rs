@@ -307,38 +307,181 @@ impl Affine {
 }
 
 /// How a kernel was scheduled: the strategy the conversion picked for the
-/// loop nest and its parameters (tile sizes, vector width, staging). It is
-/// printed with the kernel so that a cost model or a search can read it and
-/// ask the conversion for another; code generation reads the IR, never this.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Schedule {
-    /// The strategy (`"elementwise"`, `"rows"`, `"dot"`, `"serial"`).
-    pub strategy: String,
-    /// Named integer parameters, in print order (`tile = [64, 64, 32]`).
-    pub params: Vec<(String, Vec<i64>)>,
+/// loop nest, with its typed parameters (tile sizes, vector width,
+/// blocking, staging). It is printed with the kernel (`schedule =
+/// "packed", blocking = [6, 32, 42, 160]`) so that a cost model or a
+/// search can read it and ask the conversion for another; code generation
+/// reads the IR, never this (only `tile.reuse-packs` reads it, to find
+/// pack kernels).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Schedule {
+    /// Ops outside nests (a full reduction and its store) and the nests
+    /// that share scalars with them, in one program.
+    Serial {
+        /// Iterations of an innermost loop one tile holds.
+        vector: usize,
+    },
+    /// The parallel band is the grid; each program runs the band's body,
+    /// its innermost loops vectorized.
+    Rows {
+        /// Iterations of an innermost loop one tile holds.
+        vector: usize,
+    },
+    /// The band's innermost loop blocked: each program takes `vector`
+    /// consecutive iterations as one tile axis.
+    Blocked {
+        /// Iterations per program.
+        vector: usize,
+        /// Short rows: `[rows, columns]` of the program's tile (a whole
+        /// row of columns, rows enough for about `vector` elements).
+        tile: Option<[usize; 2]>,
+    },
+    /// A block product: `tile.dot` over `[bm, bn, bk]` blocks.
+    Dot {
+        /// `[rows, columns, depth]` of a block.
+        tile: [usize; 3],
+        /// Operand blocks staged through shared memory (a GPU's).
+        staged: bool,
+    },
+    /// A packed product (BLIS's loops around a register tile), or a kernel
+    /// copying one of its operands into the packed form.
+    Packed {
+        /// `[mr, nr, mc, kc]`.
+        blocking: [usize; 4],
+        /// For a pack kernel, the operand it packs.
+        pack: Option<PackedOperand>,
+    },
+    /// Two products fused by rows (attention: scores, online softmax and
+    /// the product by the values in one program).
+    Fused {
+        /// `[mr, nr, mc, kc of the first product, kc of the second]`.
+        blocking: [usize; 5],
+    },
+    /// A Winograd convolution: input transform, product and output
+    /// transform in one program per block of rows.
+    Winograd {
+        /// `[mr, nr, tiles per program, kc]`.
+        blocking: [usize; 4],
+    },
+}
+
+/// The operand a pack kernel copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PackedOperand {
+    /// The left operand, into strips of `mr` rows (`pack = [0]`).
+    Left,
+    /// The right operand, into panels of `nr` columns (`pack = [1]`).
+    Right,
 }
 
 impl Schedule {
-    /// A schedule with no parameters.
-    pub fn new(strategy: impl Into<String>) -> Self {
-        Schedule {
-            strategy: strategy.into(),
-            params: vec![],
+    /// Every strategy's name, as printed.
+    pub const NAMES: [&'static str; 7] = [
+        "serial", "rows", "blocked", "dot", "packed", "fused", "winograd",
+    ];
+
+    /// The strategy's name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Schedule::Serial { .. } => "serial",
+            Schedule::Rows { .. } => "rows",
+            Schedule::Blocked { .. } => "blocked",
+            Schedule::Dot { .. } => "dot",
+            Schedule::Packed { .. } => "packed",
+            Schedule::Fused { .. } => "fused",
+            Schedule::Winograd { .. } => "winograd",
         }
     }
 
-    /// Adds a parameter.
-    pub fn with(mut self, name: impl Into<String>, values: Vec<i64>) -> Self {
-        self.params.push((name.into(), values));
-        self
+    /// The parameters as printed, in order.
+    pub fn params(&self) -> Vec<(&'static str, Vec<i64>)> {
+        let ints = |v: &[usize]| v.iter().map(|&x| x as i64).collect::<Vec<_>>();
+        match self {
+            Schedule::Serial { vector } | Schedule::Rows { vector } => {
+                vec![("vector", ints(&[*vector]))]
+            }
+            Schedule::Blocked { vector, tile } => {
+                let mut p = vec![("vector", ints(&[*vector]))];
+                p.extend(tile.map(|t| ("tile", ints(&t))));
+                p
+            }
+            Schedule::Dot { tile, staged } => {
+                let mut p = vec![("tile", ints(tile))];
+                if *staged {
+                    p.push(("stages", vec![2]));
+                }
+                p
+            }
+            Schedule::Packed { blocking, pack } => {
+                let mut p = vec![("blocking", ints(blocking))];
+                p.extend(pack.map(|o| ("pack", vec![(o == PackedOperand::Right) as i64])));
+                p
+            }
+            Schedule::Fused { blocking } => vec![("blocking", ints(blocking))],
+            Schedule::Winograd { blocking } => vec![("blocking", ints(blocking))],
+        }
     }
 
-    /// A parameter's values.
-    pub fn get(&self, name: &str) -> Option<&[i64]> {
-        self.params
-            .iter()
-            .find(|p| p.0 == name)
-            .map(|p| p.1.as_slice())
+    /// Reads a kernel's schedule from its attributes (`schedule` and the
+    /// strategy's parameters); an error names what is missing or wrong.
+    pub fn read(a: &mut dlc_core::attr::AttrReader<'_>) -> Result<Schedule, String> {
+        fn fixed<const N: usize>(
+            a: &mut dlc_core::attr::AttrReader<'_>,
+            key: &str,
+        ) -> Result<[usize; N], String> {
+            let v = a.usizes(key)?;
+            <[usize; N]>::try_from(v.as_slice()).map_err(|_| {
+                format!(
+                    "schedule parameter `{key}` takes {N} sizes, got {}",
+                    v.len()
+                )
+            })
+        }
+        let vector = |a: &mut dlc_core::attr::AttrReader<'_>| fixed::<1>(a, "vector").map(|[v]| v);
+        let strategy = a.string("schedule")?;
+        Ok(match strategy.as_str() {
+            "serial" => Schedule::Serial { vector: vector(a)? },
+            "rows" => Schedule::Rows { vector: vector(a)? },
+            "blocked" => Schedule::Blocked {
+                vector: vector(a)?,
+                tile: a.has("tile").then(|| fixed::<2>(a, "tile")).transpose()?,
+            },
+            "dot" => Schedule::Dot {
+                tile: fixed::<3>(a, "tile")?,
+                staged: match a
+                    .has("stages")
+                    .then(|| fixed::<1>(a, "stages"))
+                    .transpose()?
+                {
+                    None | Some([1]) => false,
+                    Some([2]) => true,
+                    Some([n]) => return Err(format!("a dot schedule has 1 or 2 stages, got {n}")),
+                },
+            },
+            "packed" => Schedule::Packed {
+                blocking: fixed::<4>(a, "blocking")?,
+                pack: match a.has("pack").then(|| fixed::<1>(a, "pack")).transpose()? {
+                    None => None,
+                    Some([0]) => Some(PackedOperand::Left),
+                    Some([1]) => Some(PackedOperand::Right),
+                    Some([n]) => {
+                        return Err(format!("`pack` names operand 0 or 1, got {n}"));
+                    }
+                },
+            },
+            "fused" => Schedule::Fused {
+                blocking: fixed::<5>(a, "blocking")?,
+            },
+            "winograd" => Schedule::Winograd {
+                blocking: fixed::<4>(a, "blocking")?,
+            },
+            other => {
+                return Err(format!(
+                    "unknown schedule `{other}`; schedules: {}",
+                    Schedule::NAMES.join(", ")
+                ));
+            }
+        })
     }
 }
 

@@ -32,8 +32,8 @@ pub mod verify;
 
 pub use build::Builder;
 pub use ir::{
-    Affine, Block, BufferType, Function, Module, OpData, OpId, Schedule, Space, TileType, Type,
-    Value,
+    Affine, Block, BufferType, Function, Module, OpData, OpId, PackedOperand, Schedule, Space,
+    TileType, Type, Value,
 };
 pub use ops::OpKind;
 pub use parse::parse_module;

@@ -282,13 +282,16 @@ impl OpKind {
                         "grid".to_string(),
                         Attr::Ints(grid.iter().map(|&g| g as i64).collect()),
                     ),
-                    ("schedule".to_string(), Attr::Str(schedule.strategy.clone())),
+                    (
+                        "schedule".to_string(),
+                        Attr::Str(schedule.name().to_string()),
+                    ),
                 ];
                 v.extend(
                     schedule
-                        .params
-                        .iter()
-                        .map(|(k, p)| (k.clone(), Attr::Ints(p.clone()))),
+                        .params()
+                        .into_iter()
+                        .map(|(k, p)| (k.to_string(), Attr::Ints(p))),
                 );
                 v
             }
@@ -344,26 +347,8 @@ impl OpKind {
                 "view" => OpKind::View,
                 "kernel" => {
                     let grid = a.usizes("grid")?;
-                    let strategy = a.string("schedule")?;
-                    let mut params = vec![];
-                    for (i, (k, v)) in attrs.iter().enumerate() {
-                        if a.is_read(i) {
-                            continue;
-                        }
-                        match v {
-                            Attr::Ints(p) => params.push((k.clone(), p.clone())),
-                            _ => {
-                                return Err(format!(
-                                    "`{name}`: schedule parameter `{k}` must be a list of integers"
-                                ));
-                            }
-                        }
-                        a.mark(i);
-                    }
-                    OpKind::Kernel {
-                        grid,
-                        schedule: Schedule { strategy, params },
-                    }
+                    let schedule = Schedule::read(&mut a).map_err(|e| format!("`{name}`: {e}"))?;
+                    OpKind::Kernel { grid, schedule }
                 }
                 "return" => OpKind::Return,
                 "program_id" => OpKind::ProgramId {

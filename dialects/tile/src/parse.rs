@@ -485,7 +485,7 @@ fn probe_kind(name: &str) -> Option<OpKind> {
         "mask" => OpKind::Mask { limits: vec![] },
         "kernel" => OpKind::Kernel {
             grid: vec![],
-            schedule: Default::default(),
+            schedule: crate::ir::Schedule::Serial { vector: 1 },
         },
         "for" => OpKind::For {
             lo: 0,

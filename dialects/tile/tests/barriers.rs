@@ -12,7 +12,7 @@ use dlc_tile::{parse_module, print_module};
 fn barriers(body: &str) -> (String, usize) {
     let text = format!(
         "tile.func @f(%x: buffer<f32[8, 512]>, out %y: buffer<f32[8, 512]>) {{\n\
-         tile.kernel {{grid = [8], schedule = \"rows\"}} {{\n\
+         tile.kernel {{grid = [8], schedule = \"rows\", vector = [64]}} {{\n\
          %p = tile.program_id {{axis = 0}} : index\n{body}\n}}\ntile.return\n}}\n"
     );
     let mut m = parse_module(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));

@@ -13,11 +13,11 @@ use dlc_tile::{BufferType, Space, parse_module, print_module};
 fn step(n: usize, src: &str, x: &str, out: &str) -> String {
     format!(
         "%p{n} = tile.alloc : buffer<f32[8, 4]>
-  tile.kernel {{grid = [1], schedule = \"packed\", pack = [1]}} {{
+  tile.kernel {{grid = [1], schedule = \"packed\", blocking = [4, 4, 4, 8], pack = [1]}} {{
     %t{n} = tile.load {src}[#0, #1] : tile<8x4xf32>
     tile.store %t{n}, %p{n}[#0, #1]
   }}
-  tile.kernel {{grid = [1], schedule = \"packed\"}} {{
+  tile.kernel {{grid = [1], schedule = \"packed\", blocking = [4, 4, 4, 8]}} {{
     %a{n} = tile.load {x}[#0, #1] : tile<4x8xf32>
     %b{n} = tile.load %p{n}[#0, #1] : tile<8x4xf32>
     %z{n} = tile.const {{value = 0.0}} : tile<4x4xf32>
@@ -97,7 +97,7 @@ fn an_operand_written_in_the_function_is_packed_each_time() {
     // %s is written between the two packs: the second copy differs.
     let fill = |k: usize, v: f64| {
         format!(
-            "tile.kernel {{grid = [1], schedule = \"rows\"}} {{
+            "tile.kernel {{grid = [1], schedule = \"rows\", vector = [64]}} {{
     %c{k} = tile.const {{value = {v:?}}} : tile<8x4xf32>
     tile.store %c{k}, %s[#0, #1]
   }}

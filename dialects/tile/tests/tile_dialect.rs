@@ -235,7 +235,7 @@ fn narrow_floats_dot_and_reduce_round_once() {
     // and a dot of f16 tiles accumulates in f32.
     let text = "
 tile.func @f(%x: buffer<f16[1, 4096]>, out %o: buffer<f32[2]>) {
-  tile.kernel {grid = [1], schedule = \"serial\"} {
+  tile.kernel {grid = [1], schedule = \"serial\", vector = [64]} {
     %t = tile.load %x[0, #0] : tile<4096xf16>
     %w = tile.cast %t : tile<4096xf32>
     %s = tile.reduce %w {kind = sum, axis = 0} : f32
@@ -268,7 +268,7 @@ fn work_is_estimated_before_running() {
     // A huge grid or loop counts even with nothing in it.
     let empty = module(
         "tile.func @f() {
-  tile.kernel {grid = [1000000, 1000000], schedule = \"serial\"} {
+  tile.kernel {grid = [1000000, 1000000], schedule = \"serial\", vector = [64]} {
     tile.for {lo = 0, hi = 1000000, step = 1} (%i) {
     }
   }
@@ -508,5 +508,119 @@ fn only_the_places_of_failures_are_in_a_fingerprint() {
         }
         let [a, b] = [0, 1].map(|i| dlc_tile::print::fingerprint(f, kernels[i]).0);
         assert_eq!(a != b, apart, "{ty} {op}");
+    }
+}
+
+/// A kernel of one store under the schedule attributes `attrs`.
+fn scheduled(attrs: &str) -> String {
+    format!(
+        "tile.func @f(%x: buffer<f32[8]>, out %y: buffer<f32[8]>) {{\n  \
+         tile.kernel {{grid = [1], {attrs}}} {{\n    \
+         %t = tile.load %x[#0] : tile<8xf32>\n    tile.store %t, %y[#0]\n  }}\n  \
+         tile.return\n}}\n"
+    )
+}
+
+#[test]
+fn every_schedule_reads_back_as_the_same_typed_value() {
+    use dlc_tile::{OpKind, PackedOperand, Schedule};
+    let cases = [
+        (
+            "schedule = \"serial\", vector = [16]",
+            Schedule::Serial { vector: 16 },
+        ),
+        (
+            "schedule = \"rows\", vector = [64]",
+            Schedule::Rows { vector: 64 },
+        ),
+        (
+            "schedule = \"blocked\", vector = [64]",
+            Schedule::Blocked {
+                vector: 64,
+                tile: None,
+            },
+        ),
+        (
+            "schedule = \"blocked\", vector = [64], tile = [8, 8]",
+            Schedule::Blocked {
+                vector: 64,
+                tile: Some([8, 8]),
+            },
+        ),
+        (
+            "schedule = \"dot\", tile = [64, 64, 32], stages = [2]",
+            Schedule::Dot {
+                tile: [64, 64, 32],
+                staged: true,
+            },
+        ),
+        (
+            "schedule = \"packed\", blocking = [6, 32, 42, 160], pack = [0]",
+            Schedule::Packed {
+                blocking: [6, 32, 42, 160],
+                pack: Some(PackedOperand::Left),
+            },
+        ),
+        (
+            "schedule = \"fused\", blocking = [6, 32, 42, 64, 256]",
+            Schedule::Fused {
+                blocking: [6, 32, 42, 64, 256],
+            },
+        ),
+        (
+            "schedule = \"winograd\", blocking = [6, 32, 36, 64]",
+            Schedule::Winograd {
+                blocking: [6, 32, 36, 64],
+            },
+        ),
+    ];
+    for (attrs, expected) in cases {
+        let text = scheduled(attrs);
+        let m = module(&text);
+        let f = &m.functions[0];
+        let kernel = f.op(f.body.ops[0]);
+        let OpKind::Kernel { schedule, .. } = &kernel.kind else {
+            panic!("not a kernel: {text}");
+        };
+        assert_eq!(*schedule, expected, "{text}");
+        assert!(print_module(&m).contains(attrs), "{}", print_module(&m));
+    }
+}
+
+#[test]
+fn malformed_schedules_are_errors_that_say_what_is_wrong() {
+    for (attrs, message) in [
+        (
+            "schedule = \"elementwise\"",
+            "unknown schedule `elementwise`; schedules: serial, rows",
+        ),
+        (
+            "schedule = \"rows\"",
+            "`tile.kernel` needs attribute `vector`",
+        ),
+        (
+            "schedule = \"packed\", blocking = [6, 32]",
+            "`blocking` takes 4 sizes, got 2",
+        ),
+        (
+            "schedule = \"packed\", blocking = [6, 32, 42, 160], pack = [2]",
+            "`pack` names operand 0 or 1, got 2",
+        ),
+        (
+            "schedule = \"dot\", tile = [4, 4, 4], stages = [3]",
+            "1 or 2 stages, got 3",
+        ),
+        (
+            "schedule = \"rows\", vector = [64], tiles = [4]",
+            "`tile.kernel` has no attribute `tiles`",
+        ),
+        (
+            "schedule = \"rows\", vector = [-1]",
+            "`vector` must not be negative",
+        ),
+    ] {
+        let text = scheduled(attrs);
+        let e = parse_module(&text).expect_err(&text).to_string();
+        assert!(e.contains(message), "{attrs}: {e}");
     }
 }

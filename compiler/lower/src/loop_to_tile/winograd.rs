@@ -324,10 +324,9 @@ impl<'a> Conv<'a> {
         plan.mc = plan.strips * plan.mr;
         plan.blocks = images * rows / f.rows;
         let panels = self.panels(f.product, batch.as_slice(), &plan)?;
-        let schedule = Schedule::new("winograd").with(
-            "blocking",
-            vec![plan.mr as i64, plan.nr as i64, tiles as i64, plan.kc as i64],
-        );
+        let schedule = Schedule::Winograd {
+            blocking: [plan.mr, plan.nr, tiles, plan.kc],
+        };
         self.b.begin_kernel(vec![images, rows / f.rows], schedule);
         self.values.clear();
         let image = Affine::value(self.b.program_id(0));

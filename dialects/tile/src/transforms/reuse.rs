@@ -19,7 +19,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::ir::{Function, OpId, Type, Value};
+use crate::ir::{Function, OpId, Schedule, Type, Value};
 use crate::ops::OpKind;
 
 /// What makes two `pack` kernels one copy: the kernel's text with inputs
@@ -119,7 +119,7 @@ pub fn reuse_packs(f: &mut Function) -> usize {
         let OpKind::Kernel { schedule, .. } = &op.kind else {
             continue;
         };
-        if schedule.get("pack").is_none() {
+        if !matches!(schedule, Schedule::Packed { pack: Some(_), .. }) {
             continue;
         }
         let [panel] = stores[pos].iter().copied().collect::<Vec<_>>()[..] else {
