@@ -669,7 +669,9 @@ fn f(a: f32[3, 4], b: f32[2, 4], img: f32[1, 2, 4, 4], w: f32[3, 2, 3, 3], x: f3
 /// `G·Bᵀ`), two batch indices and a broadcast one, an epilogue reading
 /// another operand, a local computed in its reader's epilogue (`h` read
 /// twice at its own index) and one stored (read at another index), a
-/// transposed result, a strided read over an offset range, f16 and i32, a
+/// transposed result, a strided read over an offset range, f16 and i32
+/// (and f16 and bf16 products large enough to be packed, one with both
+/// operands transposed), a
 /// sum over two indices spanning whole consecutive axes (read as one);
 /// operands gathered into copies (a read past an operand's edge, two
 /// reduction indices in different orders in the two operands, a 3x3
@@ -701,7 +703,7 @@ fn f(a: f32[20, 30], b: f32[30, 36]) -> f32[36, 20] { return mm_t(a, b); }",
     "op strided[M, N](a: f32[M, 18], b: f32[8, N]) -> f32[M, N] { out[i, j] = sum[k in 1..9](a[i, 2 * k] * b[k - 1, j]); }
 fn f(a: f32[20, 18], b: f32[8, 24]) -> f32[20, 24] { return strided(a, b); }",
     "op hgemm[M, K, N](a: f16[M, K], b: f16[K, N]) -> f16[M, N] { out[i, j] = sum[k](a[i, k] * b[k, j]); }
-fn f(a: f16[20, 30], b: f16[30, 24]) -> f16[20, 24] { return hgemm(a, b); }",
+fn f(a: f16[30, 40], b: f16[40, 24]) -> f16[30, 24] { return hgemm(a, b); }",
     "op imm[M, K, N](a: i32[M, K], b: i32[K, N]) -> i32[M, N] { out[i, j] = sum[k](a[i, k] * b[k, j]); }
 fn f(a: i32[6, 7], b: i32[7, 5]) -> i32[6, 5] { return imm(a, b); }",
     "op shifted[M, K, N](a: f32[M, K], b: f32[K, N]) -> f32[M, N] { out[i, j] = sum[k](a[i, k + 1] * b[k, j]); }
@@ -722,6 +724,8 @@ fn f(a: f32[6, 5], b: f32[5, 7]) -> f32[6, 7] { return sumsum(a, b); }",
 fn f(a: f32[30, 40], mu: f32[30], b: f32[40, 36]) -> f32[30, 36] { return pro(a, mu, b); }",
     "op mixed[M, K, N](a: f16[M, K], b: f32[K, N]) -> f32[M, N] { out[i, j] = sum[k](cast(a[i, k], f32) * b[k, j]); }
 fn f(a: f16[20, 24], b: f32[24, 18]) -> f32[20, 18] { return mixed(a, b); }",
+    "op bgemm_t[K, M, N](a: bf16[K, M], b: bf16[N, K], c: bf16[N]) -> bf16[M, N] { out[i, j] = relu(sum[k](a[k, i] * b[j, k]) + c[j]); }
+fn f(a: bf16[40, 30], b: bf16[36, 40], c: bf16[36]) -> bf16[30, 36] { return bgemm_t(a, b, c); }",
 ];
 
 /// Convolutions that run as Winograd's F(4x4, 3x3) on a CPU (3 x 3, stride

@@ -65,7 +65,8 @@ pub struct ScheduleParams {
     pub dot: [usize; 3],
     /// Whether contraction operands are staged through shared memory.
     pub stage_shared: bool,
-    /// On a CPU, the packed product's parameters (f32 products only).
+    /// On a CPU, the packed product's parameters (products of f32, f16 or
+    /// bf16 operands accumulated in f32).
     pub packed: Option<Packing>,
 }
 
@@ -1420,18 +1421,66 @@ impl<'a> Conv<'a> {
         Ok(())
     }
 
-    /// Whether contraction `m` runs on the CPU's packed kernel.
+    /// Whether contraction `m` runs on the CPU's packed kernel: operands
+    /// of f32, or of f16/bf16 accumulated in f32 (copied into f32 panels
+    /// and strips, widened on the way, so the register tile is f32's).
     fn packs(&self, m: LOpId) -> bool {
         let op = self.op(m);
         let (L::Matmul(c), Some(Packing { min_macs, .. })) = (&op.kind, self.params.packed) else {
             return false;
         };
-        let f32s = op
+        let floats = op.operands.iter().all(|v| {
+            matches!(
+                self.operand_dtype(*v),
+                Some(DType::F32 | DType::F16 | DType::BF16)
+            )
+        });
+        let macs = c.m.saturating_mul(c.n).saturating_mul(c.k);
+        floats
+            && self.result_dtype(op.regions[0].args[3]) == DType::F32
+            && usize::try_from(macs).is_ok_and(|macs| macs >= min_macs)
+    }
+
+    /// The element type of a product's operand buffer.
+    fn operand_dtype(&self, v: LValue) -> Option<DType> {
+        match self.src.ty(v) {
+            LType::Buffer(t) => Some(t.dtype),
+            _ => None,
+        }
+    }
+
+    /// Whether both operands of product `m` are f32 (what reading them in
+    /// place, and the fused schedules, take).
+    fn f32_operands(&self, m: LOpId) -> bool {
+        self.op(m)
             .operands
             .iter()
-            .all(|v| matches!(self.src.ty(*v), LType::Buffer(t) if t.dtype == DType::F32));
-        let macs = c.m.saturating_mul(c.n).saturating_mul(c.k);
-        f32s && usize::try_from(macs).is_ok_and(|macs| macs >= min_macs)
+            .all(|v| self.operand_dtype(*v) == Some(DType::F32))
+    }
+
+    /// A `shape` tile of product operand `operand` (buffer `buf` at
+    /// `index`) as f32: an f16/bf16 operand is loaded as is and widened.
+    fn load_f32(
+        &mut self,
+        operand: LValue,
+        (buf, index): (Value, Vec<Affine>),
+        mask: Option<Value>,
+        shape: Vec<usize>,
+    ) -> Value {
+        let dtype = self.operand_dtype(operand).unwrap_or(DType::F32);
+        let pad = mask.map(|_| 0.0);
+        let t = self.b.load(
+            buf,
+            index,
+            mask,
+            pad,
+            Type::Tile(TileType::new(dtype, shape)),
+        );
+        if dtype == DType::F32 {
+            t
+        } else {
+            self.b.cast(t, DType::F32)
+        }
     }
 
     /// A top-level f32 contraction as BLIS computes it on a CPU, with the
@@ -1574,15 +1623,9 @@ impl<'a> Conv<'a> {
             &c.a,
             [(iv, row0, c.m, mr), (kv, k0, c.k, kk)],
         )?;
-        let (a, a_index) = self.place(op.operands[0], a_index)?;
+        let placed = self.place(op.operands[0], a_index)?;
         let a_mask = self.b.mask(limits, &shape);
-        let ta = self.b.load(
-            a,
-            a_index,
-            Some(a_mask),
-            Some(0.0),
-            Type::Tile(TileType::new(DType::F32, shape)),
-        );
+        let ta = self.load_f32(op.operands[0], placed, Some(a_mask), shape);
         let mut at = prefix.to_vec();
         at.extend([
             Affine::value(s),
@@ -2060,7 +2103,7 @@ impl<'a> Conv<'a> {
     /// target's narrow products (not the narrow kernel): what fusing into
     /// its programs takes.
     fn packs_wide(&self, m: LOpId) -> bool {
-        self.packs(m) && self.narrow(m).is_none()
+        self.packs(m) && self.f32_operands(m) && self.narrow(m).is_none()
     }
 
     /// The next top-level nest after `top[at]`, past allocations, views and
@@ -2199,6 +2242,7 @@ impl<'a> Conv<'a> {
         let a = op.operands[0];
         let inside = (c.m as usize).is_multiple_of(plan.mc) || self.redirects.contains_key(&a);
         if inside
+            && self.operand_dtype(a) == Some(DType::F32)
             && (c.k as usize).is_multiple_of(plan.kc)
             && self.unit_stride(a, &c.a, op.regions[0].args[2])
         {
@@ -2810,13 +2854,7 @@ impl<'a> Conv<'a> {
         let (b_index, limits, shape, [ka, ja]) =
             self.operand_block(op.operands[1], &c.b, [(kv, k0, c.k, kk), (jv, j0, c.n, nr)])?;
         let mask = ragged.then(|| self.b.mask(limits, &shape));
-        let t = self.b.load(
-            b,
-            b_index,
-            mask,
-            mask.map(|_| 0.0),
-            Type::Tile(TileType::new(DType::F32, shape)),
-        );
+        let t = self.load_f32(op.operands[1], (b, b_index), mask, shape);
         let mut at = prefix.to_vec();
         at.extend([
             Affine::value(f)
@@ -2952,6 +2990,7 @@ impl<'a> Conv<'a> {
         let row_bytes = self.step(b, &c.b, kv).map(|s| s.unsigned_abs() * 4);
         blocks == 1
             && sets > 0
+            && self.operand_dtype(b) == Some(DType::F32)
             && self.unit_stride(b, &c.b, jv)
             && row_bytes.is_some_and(|r| r > 0 && r % 64 == 0 && gcd(r / 64, sets as u64) == 1)
     }
