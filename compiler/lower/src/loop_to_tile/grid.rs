@@ -1,0 +1,218 @@
+//! Kernels of parallel bands: the grid (a band of parallel loops, one
+//! program per iteration), blocked innermost loops, short rows taken
+//! several at a time; and the choice, per top-level nest, of the schedule
+//! a nest runs under (blocked, rows, a product's dot, packed or narrow).
+
+use dlc_loop::{IndexExpr, OpId as LOpId, OpKind as L, Value as LValue};
+use dlc_tile::{Affine, Schedule};
+
+use super::{Conv, TileConvError, is_parallel, loop_bounds};
+
+impl<'a> Conv<'a> {
+    /// A top-level parallel nest or contraction as its own kernel.
+    pub(super) fn parallel_kernel(&mut self, root: LOpId) -> Result<(), TileConvError> {
+        self.values.clear();
+        // A nest with an empty loop in its band does nothing: no kernel (a
+        // grid has at least one program).
+        let mut at = root;
+        while let Some((lo, hi, _)) = loop_bounds(&self.op(at).kind) {
+            if hi <= lo {
+                return Ok(());
+            }
+            match self.op(at).regions[0].ops.as_slice() {
+                [inner] if is_parallel(&self.op(*inner).kind) => at = *inner,
+                _ => break,
+            }
+        }
+        // The band of perfectly nested parallel loops.
+        let mut band: Vec<LOpId> = vec![];
+        let mut at = root;
+        loop {
+            let op = self.op(at);
+            if !is_parallel(&op.kind) || band.len() == 3 {
+                break;
+            }
+            band.push(at);
+            match op.regions[0].ops.as_slice() {
+                [inner]
+                    if is_parallel(&self.op(*inner).kind)
+                        || matches!(self.op(*inner).kind, L::Matmul(_)) =>
+                {
+                    at = *inner
+                }
+                _ => break,
+            }
+        }
+        let inner_matmul = if band.is_empty() {
+            Some(root)
+        } else {
+            let last = self.op(*band.last().unwrap_or(&root));
+            match last.regions[0].ops.as_slice() {
+                [m] if matches!(self.op(*m).kind, L::Matmul(_))
+                    && (band.len() < 2
+                        || band.len() == 2 && self.packs(*m) && self.narrow(*m).is_none()) =>
+                {
+                    Some(*m)
+                }
+                _ => None,
+            }
+        };
+        if let Some(m) = inner_matmul {
+            if band.len() <= 2 && self.packs(m) {
+                if let Some(tile) = self.narrow(m) {
+                    return self.narrow_kernels(&band, m, tile);
+                }
+                return self.packed_dot(&band, m);
+            }
+            return self.dot_kernel(&band, m);
+        }
+        let last = *band.last().ok_or_else(|| self.invalid("empty band"))?;
+        if band.len() == 1
+            && let Some(inner) = self.short_rows(last)
+        {
+            return self.short_rows_kernel(last, inner);
+        }
+        let last_op = self.op(last);
+        let straight = last_op.regions[0].ops.iter().all(|o| {
+            loop_bounds(&self.op(*o).kind).is_none() && !matches!(self.op(*o).kind, L::Matmul(_))
+        });
+        let blocked = straight && self.vectorizable(last).is_some();
+        let mut grid = vec![];
+        for &l in &band {
+            let (lo, hi, _) = loop_bounds(&self.op(l).kind).unwrap_or((0, 1, 1));
+            let n = (hi - lo).max(0) as usize;
+            if l == last && blocked {
+                let w = self.params.vector.min(n.max(1));
+                grid.push(n.div_ceil(w).max(1));
+            } else {
+                grid.push(n.max(1));
+            }
+        }
+        let vector = self.params.vector;
+        let schedule = if blocked {
+            Schedule::Blocked { vector, tile: None }
+        } else {
+            Schedule::Rows { vector }
+        };
+        self.b.begin_kernel(grid.clone(), schedule);
+        for (axis, &l) in band.iter().enumerate() {
+            let op = self.op(l);
+            let (lo, hi, _) = loop_bounds(&op.kind).unwrap_or((0, 1, 1));
+            let pid = self.b.program_id(axis);
+            let counter = op.regions[0].args[0];
+            if l == last && blocked {
+                let n = (hi - lo).max(0) as usize;
+                let w = self.params.vector.min(n.max(1));
+                let base = Affine::value(pid)
+                    .scaled(w as i64)
+                    .plus_scaled(1, &Affine::constant(lo));
+                self.index
+                    .insert(counter, base.plus_scaled(1, &Affine::axis(0)));
+                self.shape = vec![w];
+                self.mask = (!n.is_multiple_of(w)).then(|| {
+                    let limit =
+                        Affine::constant(n as i64).plus_scaled(-(w as i64), &Affine::value(pid));
+                    self.b.mask(vec![limit], &[w])
+                });
+                self.splats.clear();
+            } else {
+                self.index.insert(
+                    counter,
+                    Affine::value(pid).plus_scaled(1, &Affine::constant(lo)),
+                );
+            }
+        }
+        let body = &self.op(last).regions[0];
+        let result = self.ops(&body.ops);
+        self.shape.clear();
+        self.mask = None;
+        self.splats.clear();
+        result?;
+        self.b.end_kernel();
+        Ok(())
+    }
+
+    /// For a parallel loop `outer` whose body is one loop over rows shorter
+    /// than a tile (`vector` iterations) with a straight-line body, that
+    /// loop: such rows are better taken several at a time, as 2-D tiles.
+    /// Every store must write distinct places for distinct `(i, j)`: each
+    /// index dimension uses at most one of the two counters, and both
+    /// appear.
+    pub(super) fn short_rows(&self, outer: LOpId) -> Option<LOpId> {
+        let op = self.op(outer);
+        let [inner] = op.regions[0].ops.as_slice() else {
+            return None;
+        };
+        let inner_op = self.op(*inner);
+        let (lo, hi, step) = loop_bounds(&inner_op.kind)?;
+        let (i, j) = (op.regions[0].args[0], inner_op.regions[0].args[0]);
+        let straight = inner_op.regions[0].ops.iter().all(|o| {
+            loop_bounds(&self.op(*o).kind).is_none() && !matches!(self.op(*o).kind, L::Matmul(_))
+        });
+        if step != 1
+            || !inner_op.operands.is_empty()
+            || (hi - lo) as usize >= self.params.vector
+            || !straight
+            || self.vectorizable(*inner).is_none_or(|c| !c.is_empty())
+        {
+            return None;
+        }
+        let separable = inner_op.regions[0]
+            .ops
+            .iter()
+            .all(|o| match &self.op(*o).kind {
+                L::Store { index } => {
+                    let uses =
+                        |e: &IndexExpr, v: LValue| e.terms.iter().any(|t| t.1 == v && t.0 != 0);
+                    index.iter().all(|e| !(uses(e, i) && uses(e, j)))
+                        && index.iter().any(|e| uses(e, i))
+                        && index.iter().any(|e| uses(e, j))
+                }
+                _ => true,
+            });
+        separable.then_some(*inner)
+    }
+
+    /// Rows `outer` x `inner` as `r x c` tiles: `c` the whole (short) row,
+    /// `r` rows so that a tile holds about `vector` elements; one program
+    /// per block of rows.
+    pub(super) fn short_rows_kernel(
+        &mut self,
+        outer: LOpId,
+        inner: LOpId,
+    ) -> Result<(), TileConvError> {
+        let (o, n) = (self.op(outer), self.op(inner));
+        let (ilo, ihi, _) = loop_bounds(&o.kind).unwrap_or((0, 1, 1));
+        let (jlo, jhi, _) = loop_bounds(&n.kind).unwrap_or((0, 1, 1));
+        let (rows, c) = ((ihi - ilo).max(1) as usize, (jhi - jlo).max(1) as usize);
+        let r = (self.params.vector / c).clamp(1, rows);
+        let schedule = Schedule::Blocked {
+            vector: self.params.vector,
+            tile: Some([r, c]),
+        };
+        self.b.begin_kernel(vec![rows.div_ceil(r)], schedule);
+        let pid = self.b.program_id(0);
+        let row0 = Affine::value(pid)
+            .scaled(r as i64)
+            .plus_scaled(1, &Affine::constant(ilo));
+        self.index
+            .insert(o.regions[0].args[0], row0.plus_scaled(1, &Affine::axis(0)));
+        self.index.insert(
+            n.regions[0].args[0],
+            Affine::constant(jlo).plus_scaled(1, &Affine::axis(1)),
+        );
+        self.shape = vec![r, c];
+        self.splats.clear();
+        self.mask = (!rows.is_multiple_of(r)).then(|| {
+            let left = Affine::constant(rows as i64).plus_scaled(-(r as i64), &Affine::value(pid));
+            self.b.mask(vec![left, Affine::constant(c as i64)], &[r, c])
+        });
+        let result = self.ops(&n.regions[0].ops);
+        self.shape.clear();
+        self.mask = None;
+        self.splats.clear();
+        result?;
+        self.b.end_kernel();
+        Ok(())
+    }
+}

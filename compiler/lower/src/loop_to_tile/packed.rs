@@ -1,0 +1,941 @@
+//! The packed product (BLIS in tile IR): the plan of blocks, the kernels
+//! packing either operand into panels or strips, the register tile over
+//! them, and the epilogue on each program's block of sums.
+
+use dlc_core::DType;
+use dlc_core::scalar::BinaryOp;
+use dlc_loop::{
+    Block as LBlock, IndexExpr, OpId as LOpId, OpKind as L, Type as LType, Value as LValue,
+};
+use dlc_tile::{Affine, BufferType, PackedOperand, Schedule, Space, TileType, Type, Value};
+
+use super::{Conv, Packing, TileConvError, gcd};
+
+/// The blocks of a packed product (see [`Conv::pack_plan`]).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct PackPlan {
+    pub(super) mr: usize,
+    pub(super) nr: usize,
+    pub(super) mc: usize,
+    pub(super) kc: usize,
+    /// Depth of one copied tile.
+    pub(super) kk: usize,
+    /// Slices of the depth, and panels of the columns.
+    pub(super) kb_n: usize,
+    /// `mr`-row strips of a block of rows.
+    pub(super) strips: usize,
+    pub(super) blocks: usize,
+    pub(super) chunks: usize,
+    pub(super) per_chunk: usize,
+    /// Panels of the packed operand (whole chunks).
+    pub(super) nb_n: usize,
+    pub(super) ragged: bool,
+    pub(super) unroll: usize,
+    pub(super) l1_sets: usize,
+}
+
+impl PackPlan {
+    pub(super) fn schedule(&self) -> Schedule {
+        self.pack_schedule(None)
+    }
+
+    /// The schedule of a kernel packing `operand` for this product
+    /// (`None`: the product itself).
+    pub(super) fn pack_schedule(&self, operand: Option<PackedOperand>) -> Schedule {
+        Schedule::Packed {
+            blocking: [self.mr, self.nr, self.mc, self.kc],
+            pack: operand,
+        }
+    }
+}
+
+/// Where a packed product's programs read the right operand's panels.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Panels {
+    /// From the operand itself.
+    InPlace,
+    /// Each program copies the slice of a panel it multiplies into scratch.
+    Own,
+    /// From a global buffer a pack kernel filled.
+    Global(Value),
+}
+
+/// What a packed product's epilogue needs once its block is computed (see
+/// [`Conv::epilogue`]).
+#[derive(Clone, Debug)]
+pub(super) struct Epilogue {
+    pub(super) m: LOpId,
+    /// The program's `[rows, panels * nr]` block of sums.
+    pub(super) block: Value,
+    /// The block's first row and first panel.
+    pub(super) i0: Affine,
+    pub(super) nb0: Affine,
+    pub(super) rows: usize,
+    pub(super) panels: usize,
+    pub(super) nr: usize,
+}
+
+/// Where a packed product's programs read strips of the left operand.
+#[derive(Clone, Debug)]
+pub(super) enum Strips {
+    /// Packed by each program into scratch memory, slice by slice.
+    Own,
+    /// From the global buffer a kernel packed them all into, at the
+    /// program's block of rows.
+    Global(Value, Affine),
+    /// From the operand itself, contiguous along the depth (in a fused
+    /// kernel, rows that are in cache already: a column of `mr` rows is
+    /// `mr` loads off one address register, as cheap as from a packed
+    /// strip).
+    InPlace,
+}
+
+impl<'a> Conv<'a> {
+    /// Whether contraction `m` runs on the CPU's packed kernel: operands
+    /// of f32, or of f16/bf16 accumulated in f32 (copied into f32 panels
+    /// and strips, widened on the way, so the register tile is f32's).
+    pub(super) fn packs(&self, m: LOpId) -> bool {
+        let op = self.op(m);
+        let (L::Matmul(c), Some(Packing { min_macs, .. })) = (&op.kind, self.params.packed) else {
+            return false;
+        };
+        let floats = op.operands.iter().all(|v| {
+            matches!(
+                self.operand_dtype(*v),
+                Some(DType::F32 | DType::F16 | DType::BF16)
+            )
+        });
+        let macs = c.m.saturating_mul(c.n).saturating_mul(c.k);
+        floats
+            && self.result_dtype(op.regions[0].args[3]) == DType::F32
+            && usize::try_from(macs).is_ok_and(|macs| macs >= min_macs)
+    }
+
+    /// The element type of a product's operand buffer.
+    pub(super) fn operand_dtype(&self, v: LValue) -> Option<DType> {
+        match self.src.ty(v) {
+            LType::Buffer(t) => Some(t.dtype),
+            _ => None,
+        }
+    }
+
+    /// Whether both operands of product `m` are f32 (what reading them in
+    /// place, and the fused schedules, take).
+    pub(super) fn f32_operands(&self, m: LOpId) -> bool {
+        self.op(m)
+            .operands
+            .iter()
+            .all(|v| self.operand_dtype(*v) == Some(DType::F32))
+    }
+
+    /// A `shape` tile of product operand `operand` (buffer `buf` at
+    /// `index`) as f32: an f16/bf16 operand is loaded as is and widened.
+    pub(super) fn load_f32(
+        &mut self,
+        operand: LValue,
+        (buf, index): (Value, Vec<Affine>),
+        mask: Option<Value>,
+        shape: Vec<usize>,
+    ) -> Value {
+        let dtype = self.operand_dtype(operand).unwrap_or(DType::F32);
+        let pad = mask.map(|_| 0.0);
+        let t = self.b.load(
+            buf,
+            index,
+            mask,
+            pad,
+            Type::Tile(TileType::new(dtype, shape)),
+        );
+        if dtype == DType::F32 {
+            t
+        } else {
+            self.b.cast(t, DType::F32)
+        }
+    }
+
+    /// A top-level f32 contraction as BLIS computes it on a CPU, with the
+    /// packing as IR. A `pack` kernel copies the right operand once into
+    /// `kc x nr` panels (zero-padded past its edges). Each program of the
+    /// `packed` kernel then takes `mc` rows and a chunk of panels (the
+    /// columns are split when there are fewer row blocks than the target's
+    /// units of work, so a product of few rows still keeps every thread
+    /// busy): for each `kc`-deep slice it packs its rows of the left
+    /// operand into `mr`-row strips of scratch memory (transposed: one `mr`
+    /// column per step of `k`), and for each panel and strip runs the
+    /// register tile, `kc` steps of an `mr x 1` by `1 x nr` `tile.dot`
+    /// accumulating into a scratch block of the result; finally the
+    /// epilogue runs on the block, one `1 x nr` row of a panel at a time.
+    /// Every copy moves
+    /// tiles of a few vectors in a `tile.for`, read along the operand's
+    /// contiguous axis (and transposed on the way when that is not the
+    /// panel's), so no tile is larger than the register tile.
+    ///
+    /// With two batch loops (`[B, H, M, N]` attention scores), each is a
+    /// grid axis of its own and the rows the third: a program takes every
+    /// panel of its block of rows (there are `B * H` batches to share
+    /// among threads).
+    pub(super) fn packed_dot(&mut self, band: &[LOpId], m: LOpId) -> Result<(), TileConvError> {
+        let batch: Vec<(LValue, i64, usize)> = band
+            .iter()
+            .filter_map(|l| self.batch_loop(Some(*l)))
+            .collect();
+        let batches = batch.iter().map(|b| b.2).product();
+        let plan = self.pack_plan(m, batches, batch.len() < 2)?;
+        // The right operand's panels differ only along the batch loops its
+        // index reads: a weight shared by every batch is packed once.
+        let (_, c) = self.contraction(m)?;
+        let reads = |counter: LValue| c.b.iter().any(|e| e.terms.iter().any(|t| t.1 == counter));
+        let shared: Vec<bool> = batch.iter().map(|b| !reads(b.0)).collect();
+        let panel_batch: Vec<(LValue, i64, usize)> = batch
+            .iter()
+            .zip(&shared)
+            .filter(|(_, s)| !**s)
+            .map(|(b, _)| *b)
+            .collect();
+        let panels = self.panels(m, &panel_batch, &plan)?;
+        // With several column chunks per block of rows, every chunk's
+        // program would pack the same strips of the left operand: a kernel
+        // packs them once (W6's feed-forward products: 8 programs each
+        // packed all 128 rows of a 3072-deep operand).
+        let strips = (plan.chunks > 2 && batch.is_empty() && !self.convs.contains_key(&m))
+            .then(|| self.strips_kernel(m, &plan))
+            .transpose()?;
+        let mut grid: Vec<usize> = batch.iter().map(|b| b.2).collect();
+        grid.push(plan.blocks);
+        if batch.len() < 2 {
+            grid.push(plan.chunks);
+        }
+        self.b.begin_kernel(grid, plan.schedule());
+        let bat = self.batch_axes(&batch);
+        let bat_axes = bat.len();
+        let p = self.b.program_id(bat_axes);
+        let chunk = if batch.len() < 2 {
+            Affine::value(self.b.program_id(bat_axes + 1))
+        } else {
+            Affine::constant(0)
+        };
+        let i0 = Affine::value(p).scaled(plan.mc as i64);
+        self.strips = match strips {
+            Some(buf) => Strips::Global(buf, Affine::value(p)),
+            None => Strips::Own,
+        };
+        let panel_bat: Vec<Affine> = bat
+            .iter()
+            .zip(&shared)
+            .filter(|(_, s)| !**s)
+            .map(|(a, _)| a.clone())
+            .collect();
+        let result = self
+            .program_product(m, &plan, panels, &panel_bat, &i0, &chunk)
+            .and_then(|e| self.epilogue(&e));
+        self.strips = Strips::Own;
+        result?;
+        self.b.end_kernel();
+        if let Panels::Global(panels) = panels {
+            self.b.dealloc(panels);
+        }
+        if let Some(strips) = strips {
+            self.b.dealloc(strips);
+        }
+        Ok(())
+    }
+
+    /// The kernel packing product `m`'s left operand into a global
+    /// `[block, kb, strip, kc, mr]` buffer of strips (as each program of the
+    /// product would into scratch), which it returns.
+    pub(super) fn strips_kernel(
+        &mut self,
+        m: LOpId,
+        plan: &PackPlan,
+    ) -> Result<Value, TileConvError> {
+        let strips = self.b.alloc(BufferType::contiguous(
+            DType::F32,
+            vec![plan.blocks, plan.kb_n, plan.strips, plan.kc, plan.mr],
+            Space::Global,
+        ));
+        self.b.begin_kernel(
+            vec![plan.blocks, plan.kb_n],
+            plan.pack_schedule(Some(PackedOperand::Left)),
+        );
+        let (p, kb) = (self.b.program_id(0), self.b.program_id(1));
+        let i0 = Affine::value(p).scaled(plan.mc as i64);
+        self.pack_strips(
+            m,
+            plan,
+            kb,
+            &i0,
+            strips,
+            &[Affine::value(p), Affine::value(kb)],
+        )?;
+        self.b.end_kernel();
+        Ok(strips)
+    }
+
+    /// Packs slice `kb` of the rows from `i0` of product `m`'s left operand
+    /// into `dst[prefix.., strip, k, row]`, strip by strip.
+    pub(super) fn pack_strips(
+        &mut self,
+        m: LOpId,
+        plan: &PackPlan,
+        kb: Value,
+        i0: &Affine,
+        dst: Value,
+        prefix: &[Affine],
+    ) -> Result<(), TileConvError> {
+        let (op, c) = self.contraction(m)?;
+        let body: &'a LBlock = &op.regions[0];
+        let (iv, kv) = (body.args[0], body.args[2]);
+        let (mr, kc, kk) = (plan.mr, plan.kc, plan.kk);
+        let (s, _) = self.b.begin_for(0, plan.strips as i64, 1, &[]);
+        let (f, _) = self.b.begin_for(0, (kc / kk) as i64, 1, &[]);
+        let row0 = i0.plus_scaled(mr as i64, &Affine::value(s));
+        let k0 = Affine::value(kb)
+            .scaled(kc as i64)
+            .plus_scaled(kk as i64, &Affine::value(f));
+        let (a_index, limits, shape, [ia, ka]) = self.operand_block(
+            op.operands[0],
+            &c.a,
+            [(iv, row0, c.m, mr), (kv, k0, c.k, kk)],
+        )?;
+        let placed = self.place(op.operands[0], a_index)?;
+        let a_mask = self.b.mask(limits, &shape);
+        let ta = self.load_f32(op.operands[0], placed, Some(a_mask), shape);
+        let mut at = prefix.to_vec();
+        at.extend([
+            Affine::value(s),
+            Affine::value(f)
+                .scaled(kk as i64)
+                .plus_scaled(1, &Affine::axis(ka)),
+            Affine::axis(ia),
+        ]);
+        self.b.store(ta, dst, at, None);
+        self.b.end_for(vec![]);
+        self.b.end_for(vec![]);
+        Ok(())
+    }
+
+    /// In a fused kernel, whether product `m`'s programs may read their
+    /// rows of the left operand where they lie: contiguous along the depth,
+    /// every slice of the depth whole and every block of rows inside the
+    /// operand (a fused buffer's scratch holds whole blocks).
+    pub(super) fn rows_in_place(&self, m: LOpId, plan: &PackPlan) -> Strips {
+        let op = self.op(m);
+        let L::Matmul(c) = &op.kind else {
+            return Strips::Own;
+        };
+        let a = op.operands[0];
+        let inside = (c.m as usize).is_multiple_of(plan.mc) || self.redirects.contains_key(&a);
+        if inside
+            && self.operand_dtype(a) == Some(DType::F32)
+            && (c.k as usize).is_multiple_of(plan.kc)
+            && self.unit_stride(a, &c.a, op.regions[0].args[2])
+        {
+            Strips::InPlace
+        } else {
+            Strips::Own
+        }
+    }
+
+    /// Where the programs of packed product `m` read the right operand's
+    /// panels: packed once by a kernel of their own when the operand is a
+    /// weight; else packed by each program into scratch memory, one slice of a
+    /// panel at a time, when each panel serves one program; else read in
+    /// place where the operand allows it; else packed once by a kernel of
+    /// its own (`panels[batch.., kb, nb, k, j]`), emitted here.
+    pub(super) fn panels(
+        &mut self,
+        m: LOpId,
+        batch: &[(LValue, i64, usize)],
+        plan: &PackPlan,
+    ) -> Result<Panels, TileConvError> {
+        Ok(if self.weight_operand(m) {
+            Panels::Global(self.pack_kernel(m, batch, plan)?)
+        } else if self.packs_own_panels(m, plan.blocks) {
+            Panels::Own
+        } else if self.reads_in_place(m, plan.blocks, plan.l1_sets) {
+            Panels::InPlace
+        } else {
+            Panels::Global(self.pack_kernel(m, batch, plan)?)
+        })
+    }
+
+    /// The blocks of packed product `m` over `batches` batches: with
+    /// `chunked`, the columns are split into chunks when there are fewer
+    /// row blocks than the target's units of work; without, each program
+    /// takes every panel.
+    pub(super) fn pack_plan(
+        &self,
+        m: LOpId,
+        batches: usize,
+        chunked: bool,
+    ) -> Result<PackPlan, TileConvError> {
+        let (_, c) = self.contraction(m)?;
+        let Some(Packing {
+            blocking: [mr, nr, mc, kc],
+            units,
+            copy_depth,
+            balance,
+            l1_sets,
+            unroll,
+            ..
+        }) = self.params.packed
+        else {
+            return Err(self.invalid("no packed blocking for this target"));
+        };
+        // Blocks no larger than the product needs, and slices of the depth
+        // of even size (a whole number of copies deep), so that the last one
+        // is not mostly zeros the register tile multiplies.
+        let depth = c.k.max(1) as usize;
+        let even = depth.div_ceil(depth.div_ceil(kc));
+        let kc = if depth > kc && even > copy_depth {
+            even.next_multiple_of(copy_depth).min(kc)
+        } else {
+            even
+        };
+        // Slices of whole channels when the right operand is an im2col
+        // buffer read from the input: as many channels as fit the depth.
+        let conv = self.convs.get(&m);
+        let kc = match conv {
+            Some(cv) => {
+                let taps = cv.kernel[0] * cv.kernel[1];
+                let cs = (1..=cv.channels)
+                    .rev()
+                    .find(|d| cv.channels.is_multiple_of(*d) && d * taps <= kc.max(taps))
+                    .unwrap_or(1);
+                cs * taps
+            }
+            None => kc,
+        };
+        // Row blocks of `mr`-row strips, as many strips as the blocking
+        // takes or down to half of it, whichever pads the rows least (every
+        // program runs all of its strips, so a last block mostly past the
+        // rows would be multiplied for nothing).
+        let rows = c.m.max(1) as usize;
+        let most = (mc / mr).max(1);
+        let mc = (most.div_ceil(2)..=most)
+            .rev()
+            .min_by_key(|s| rows.div_ceil(s * mr) * s * mr)
+            .map_or(mr, |s| s * mr)
+            .min(rows.div_ceil(mr) * mr);
+        let (m_, n_, k_) = (c.m as usize, c.n as usize, c.k as usize);
+        let (kb_n, strips_n) = (k_.div_ceil(kc), n_.div_ceil(nr));
+        let blocks = m_.div_ceil(mc);
+        // Panels per chunk: at most enough for the chunks wanted, and of
+        // those sizes the one that pads the last chunk least (every program
+        // runs all of its chunk's panels; 98 panels in 8 chunks would run
+        // 104, in 14 chunks of 7 they run 98).
+        let wanted = if chunked {
+            units.div_ceil(blocks * batches).clamp(1, strips_n.max(1))
+        } else {
+            1
+        };
+        // Programs a multiple of `balance`, where at most twice the chunks
+        // make it, so that no thread is left waiting on the last one.
+        let wanted = if chunked {
+            (wanted..=(2 * wanted).min(strips_n.max(1)))
+                .find(|c| (blocks * batches * c).is_multiple_of(balance))
+                .unwrap_or(wanted)
+        } else {
+            wanted
+        };
+        let per_chunk = (1..=strips_n.div_ceil(wanted).max(1))
+            .rev()
+            .min_by_key(|p| strips_n.div_ceil(*p) * p - strips_n)
+            .unwrap_or(1);
+        // Whole groups of panels for an im2col buffer read from the input.
+        let per_chunk = conv.map_or(per_chunk, |cv| per_chunk.next_multiple_of(cv.group));
+        let chunks = strips_n.div_ceil(per_chunk);
+        // Panels for whole chunks: the last chunk's extra panels are zeros.
+        let nb_n = chunks * per_chunk;
+        // Depth of one copied tile: a divisor of `kc`, so that copies never
+        // cross from one `kc` slice into the next.
+        let kk = (1..=copy_depth.min(kc))
+            .rev()
+            .find(|d| kc.is_multiple_of(*d))
+            .unwrap_or(1);
+        // The depth loop, `unroll` steps per iteration (the largest that
+        // divides `kc`, up to the target's).
+        let unroll = (1..=unroll.max(1))
+            .rev()
+            .find(|u| kc.is_multiple_of(*u))
+            .unwrap_or(1);
+        Ok(PackPlan {
+            mr,
+            nr,
+            mc,
+            kc,
+            kk,
+            kb_n,
+            strips: mc / mr,
+            blocks,
+            chunks,
+            per_chunk,
+            nb_n,
+            // Masks where a slice or a panel reaches past the operand.
+            ragged: !k_.is_multiple_of(kc) || !n_.is_multiple_of(nr) || nb_n > strips_n,
+            unroll,
+            l1_sets,
+        })
+    }
+
+    /// The kernel packing product `m`'s right operand into a global
+    /// `[batch.., kb, nb, kc, nr]` buffer of panels, which it returns: one
+    /// program per batch, slice of the depth and panel, or, with two batch
+    /// loops (a grid has three axes), per batch and slice, looping over
+    /// the panels.
+    pub(super) fn pack_kernel(
+        &mut self,
+        m: LOpId,
+        batch: &[(LValue, i64, usize)],
+        plan: &PackPlan,
+    ) -> Result<Value, TileConvError> {
+        let mut panel_shape: Vec<usize> = batch.iter().map(|b| b.2).collect();
+        panel_shape.extend([plan.kb_n, plan.nb_n, plan.kc, plan.nr]);
+        let panels = self.b.alloc(BufferType::contiguous(
+            DType::F32,
+            panel_shape,
+            Space::Global,
+        ));
+        let mut grid: Vec<usize> = batch.iter().map(|b| b.2).collect();
+        grid.push(plan.kb_n);
+        let looped = batch.len() >= 2;
+        if !looped {
+            grid.push(plan.nb_n);
+        }
+        self.b
+            .begin_kernel(grid, plan.pack_schedule(Some(PackedOperand::Right)));
+        let mut at = self.batch_axes(batch);
+        let bat_axes = at.len();
+        let pk = self.b.program_id(bat_axes);
+        let pn = if looped {
+            self.b.begin_for(0, plan.nb_n as i64, 1, &[]).0
+        } else {
+            self.b.program_id(bat_axes + 1)
+        };
+        at.extend([Affine::value(pk), Affine::value(pn)]);
+        let j0 = Affine::value(pn).scaled(plan.nr as i64);
+        self.copy_panel_slice(
+            m,
+            pk,
+            j0,
+            [plan.kc, plan.kk, plan.nr],
+            plan.ragged,
+            panels,
+            &at,
+        )?;
+        if looped {
+            self.b.end_for(vec![]);
+        }
+        self.b.end_kernel();
+        Ok(panels)
+    }
+
+    /// The body of a program of packed product `m`: rows from `i0` (`mc`
+    /// of them), the `per_chunk` panels of column chunk `chunk`, the batch
+    /// of its right operand (the program ids of the batch loops it reads)
+    /// at `bat`.
+    pub(super) fn program_product(
+        &mut self,
+        m: LOpId,
+        plan: &PackPlan,
+        panels: Panels,
+        bat: &[Affine],
+        i0: &Affine,
+        chunk: &Affine,
+    ) -> Result<Epilogue, TileConvError> {
+        let (op, c) = self.contraction(m)?;
+        // The program's first panel.
+        let nb0 = &chunk.scaled(plan.per_chunk as i64);
+        // An im2col right operand read from the convolution's input, in
+        // groups of panels (the program's first group).
+        let conv = self.convs.get(&m).cloned();
+        if conv.is_some() && !matches!(panels, Panels::Own) {
+            return Err(self
+                .invalid("an im2col operand read from the input must be copied by its programs"));
+        }
+        let PackPlan {
+            mr,
+            nr,
+            mc,
+            kc,
+            kk,
+            kb_n,
+            strips,
+            per_chunk,
+            ragged,
+            unroll,
+            ..
+        } = *plan;
+        let body: &'a LBlock = &op.regions[0];
+        let (iv, jv, kv) = (body.args[0], body.args[1], body.args[2]);
+        let f32t = |shape: Vec<usize>| Type::Tile(TileType::new(DType::F32, shape));
+        // The program's strips of the left operand, unless a kernel packed
+        // them all before or they are read in place.
+        let strips_from = self.strips.clone();
+        let strip_buf = match &strips_from {
+            Strips::Global(buf, _) => Some(*buf),
+            Strips::InPlace => None,
+            Strips::Own => Some(self.b.alloc(BufferType::contiguous(
+                DType::F32,
+                vec![strips, kc, mr],
+                Space::Scratch,
+            ))),
+        };
+        let block = self.b.alloc(BufferType::contiguous(
+            DType::F32,
+            vec![mc, per_chunk * nr],
+            Space::Scratch,
+        ));
+        let panel_buf = matches!(panels, Panels::Own).then(|| {
+            let mut shape: Vec<usize> = conv.iter().map(|cv| cv.group).collect();
+            shape.extend([kc, nr]);
+            self.b
+                .alloc(BufferType::contiguous(DType::F32, shape, Space::Scratch))
+        });
+        let register_tile = |nb: &Affine, s: Value| {
+            vec![
+                Affine::block(s, mr as i64, 0),
+                nb.scaled(nr as i64).plus_scaled(1, &Affine::axis(1)),
+            ]
+        };
+        // With one slice of the depth, each register tile starts from zero
+        // in registers: the block is written once, never zeroed or read
+        // back (W4's products are 64 deep).
+        let zero = self.b.constant(0.0, f32t(vec![mr, nr]));
+        if kb_n > 1 {
+            let (nb, _) = self.b.begin_for(0, per_chunk as i64, 1, &[]);
+            let (s, _) = self.b.begin_for(0, strips as i64, 1, &[]);
+            self.b
+                .store(zero, block, register_tile(&Affine::value(nb), s), None);
+            self.b.end_for(vec![]);
+            self.b.end_for(vec![]);
+        }
+        let (kb, _) = self.b.begin_for(0, kb_n as i64, 1, &[]);
+        // This slice of the program's rows in strips: packed by a kernel
+        // before, or here, strip by strip.
+        let strips_at: Vec<Affine> = match &strips_from {
+            Strips::Global(_, block) => vec![block.clone(), Affine::value(kb)],
+            Strips::InPlace => vec![],
+            Strips::Own => {
+                let dst = strip_buf.ok_or_else(|| self.invalid("no buffer of strips"))?;
+                self.pack_strips(m, plan, kb, i0, dst, &[])?;
+                vec![]
+            }
+        };
+        // The register tile over every panel and strip.
+        let (nb, group_at) = match &conv {
+            Some(cv) => {
+                // A group of panels copied from the input, then each panel.
+                let (g, _) = self.b.begin_for(0, (per_chunk / cv.group) as i64, 1, &[]);
+                if let Some(panel_buf) = panel_buf {
+                    let g0 = chunk.scaled((per_chunk / cv.group) as i64);
+                    self.copy_im2col_group(cv, plan, kb, g, &g0, bat, panel_buf)?;
+                }
+                let (u, _) = self.b.begin_for(0, cv.group as i64, 1, &[]);
+                (
+                    Affine::value(g)
+                        .scaled(cv.group as i64)
+                        .plus_scaled(1, &Affine::value(u)),
+                    Some(u),
+                )
+            }
+            None => {
+                let (nb, _) = self.b.begin_for(0, per_chunk as i64, 1, &[]);
+                if let Some(panel_buf) = panel_buf {
+                    // This slice of the panel, copied as the pack kernel would.
+                    let j0 = nb0.plus_scaled(1, &Affine::value(nb)).scaled(nr as i64);
+                    self.copy_panel_slice(m, kb, j0, [kc, kk, nr], ragged, panel_buf, &[])?;
+                }
+                (Affine::value(nb), None)
+            }
+        };
+        let (s, _) = self.b.begin_for(0, strips as i64, 1, &[]);
+        let at = register_tile(&nb, s);
+        let c0 = if kb_n > 1 {
+            self.b
+                .load(block, at.clone(), None, None, f32t(vec![mr, nr]))
+        } else {
+            zero
+        };
+        let (k, acc) = self.b.begin_for(0, kc as i64, unroll as i64, &[c0]);
+        let mut next = acc[0];
+        for u in 0..unroll {
+            let ku = Affine::value(k).plus_scaled(1, &Affine::constant(u as i64));
+            // This step of the depth.
+            let k0 = Affine::value(kb).scaled(kc as i64).plus_scaled(1, &ku);
+            let ak = match strip_buf {
+                Some(strip_buf) => {
+                    let mut at = strips_at.clone();
+                    at.extend([
+                        Affine::value(s),
+                        ku.plus_scaled(1, &Affine::axis(1)),
+                        Affine::axis(0),
+                    ]);
+                    self.b.load(strip_buf, at, None, None, f32t(vec![mr, 1]))
+                }
+                None => {
+                    // Rows `mr * s..` of the block, this step of the depth.
+                    let row0 = i0.plus_scaled(mr as i64, &Affine::value(s));
+                    let index = self.index_at(
+                        &c.a,
+                        [
+                            (iv, row0.plus_scaled(1, &Affine::axis(0))),
+                            (kv, k0.plus_scaled(1, &Affine::axis(1))),
+                        ],
+                    )?;
+                    let (a, index) = self.place(op.operands[0], index)?;
+                    self.b.load(a, index, None, None, f32t(vec![mr, 1]))
+                }
+            };
+            let bk = match (panels, panel_buf) {
+                (_, Some(panel_buf)) => {
+                    let mut at: Vec<Affine> = group_at.map(Affine::value).into_iter().collect();
+                    at.extend([ku.plus_scaled(1, &Affine::axis(0)), Affine::axis(1)]);
+                    self.b.load(panel_buf, at, None, None, f32t(vec![1, nr]))
+                }
+                (Panels::Global(panels), None) => {
+                    let mut panel = bat.to_vec();
+                    panel.extend([
+                        Affine::value(kb),
+                        nb0.plus_scaled(1, &nb),
+                        ku.plus_scaled(1, &Affine::axis(0)),
+                        Affine::axis(1),
+                    ]);
+                    self.b.load(panels, panel, None, None, f32t(vec![1, nr]))
+                }
+                (_, None) => {
+                    // Row `k` of the slice, this panel's columns, straight from
+                    // the operand (zeros past its edges, as in a panel).
+                    let j0 = nb0.plus_scaled(1, &nb).scaled(nr as i64);
+                    let index = self.index_at(
+                        &c.b,
+                        [
+                            (kv, k0.plus_scaled(1, &Affine::axis(0))),
+                            (jv, j0.plus_scaled(1, &Affine::axis(1))),
+                        ],
+                    )?;
+                    let mask = ragged.then(|| {
+                        self.b.mask(
+                            vec![
+                                Affine::constant(c.k).plus_scaled(-1, &k0),
+                                Affine::constant(c.n).plus_scaled(-1, &j0),
+                            ],
+                            &[1, nr],
+                        )
+                    });
+                    let b = self.buffer(op.operands[1])?;
+                    self.b
+                        .load(b, index, mask, mask.map(|_| 0.0), f32t(vec![1, nr]))
+                }
+            };
+            next = self.b.dot(ak, bk, next);
+        }
+        let sum = self.b.end_for(vec![next])[0];
+        self.b.store(sum, block, at, None);
+        self.b.end_for(vec![]);
+        if group_at.is_some() {
+            self.b.end_for(vec![]);
+        }
+        self.b.end_for(vec![]);
+        self.b.end_for(vec![]);
+        Ok(Epilogue {
+            m,
+            block,
+            i0: i0.clone(),
+            nb0: nb0.clone(),
+            rows: mc,
+            panels: per_chunk,
+            nr,
+        })
+    }
+
+    /// A packed product's epilogue over all of its block's rows, one row
+    /// of a panel at a time (a `1 x nr` tile: the epilogue's code is
+    /// written once for two vectors, not for the register tile's twelve),
+    /// row by row: the block is read and the result written along their
+    /// rows (panel by panel, each row of a panel was a different page of
+    /// the result: W1 1024 spent 5.6% of its time here, 2.7% row by row).
+    pub(super) fn epilogue(&mut self, e: &Epilogue) -> Result<(), TileConvError> {
+        let (r, _) = self.b.begin_for(0, e.rows as i64, 1, &[]);
+        self.epilogue_row(e, r)?;
+        self.b.end_for(vec![]);
+        Ok(())
+    }
+
+    /// A packed product's epilogue on row `r` of its block.
+    pub(super) fn epilogue_row(&mut self, e: &Epilogue, r: Value) -> Result<(), TileConvError> {
+        let (op, c) = self.contraction(e.m)?;
+        let body: &'a LBlock = &op.regions[0];
+        let (iv, jv, kv, accv) = (body.args[0], body.args[1], body.args[2], body.args[3]);
+        let nr = e.nr;
+        let (nb, _) = self.b.begin_for(0, e.panels as i64, 1, &[]);
+        let sum = self.b.load(
+            e.block,
+            vec![Affine::value(r), Affine::block(nb, nr as i64, 1)],
+            None,
+            None,
+            Type::Tile(TileType::new(DType::F32, vec![1, nr])),
+        );
+        let row0 = e.i0.plus_scaled(1, &Affine::value(r));
+        let col0 = e.nb0.plus_scaled(1, &Affine::value(nb)).scaled(nr as i64);
+        self.index.insert(iv, row0.plus_scaled(1, &Affine::axis(0)));
+        self.index.insert(jv, col0.plus_scaled(1, &Affine::axis(1)));
+        self.index.insert(kv, Affine::constant(0));
+        let sum = match self.row_factors {
+            Some(buf) => {
+                let c = self.b.load(
+                    buf,
+                    vec![Affine::value(r)],
+                    None,
+                    None,
+                    Type::Scalar(DType::F32),
+                );
+                let c = self.b.splat(c, &[1, nr]);
+                self.b.binary(BinaryOp::Mul, sum, c)
+            }
+            None => sum,
+        };
+        self.values.insert(accv, sum);
+        self.shape = vec![1, nr];
+        self.splats.clear();
+        self.mask = Some(self.b.mask(
+            vec![
+                Affine::constant(c.m).plus_scaled(-1, &row0),
+                Affine::constant(c.n).plus_scaled(-1, &col0),
+            ],
+            &[1, nr],
+        ));
+        let result = self.ops(&body.ops);
+        self.shape.clear();
+        self.mask = None;
+        self.splats.clear();
+        result?;
+        self.b.end_for(vec![]);
+        Ok(())
+    }
+
+    /// Copies slice `kb` (`kc` deep) of the `nr` columns from `j0` of
+    /// product `m`'s right operand to `dst[prefix.., k, j]`, `kk` steps of
+    /// the depth per copy, zeros past the operand's edges where `ragged`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn copy_panel_slice(
+        &mut self,
+        m: LOpId,
+        kb: Value,
+        j0: Affine,
+        [kc, kk, nr]: [usize; 3],
+        ragged: bool,
+        dst: Value,
+        prefix: &[Affine],
+    ) -> Result<(), TileConvError> {
+        let (op, c) = self.contraction(m)?;
+        let body: &'a LBlock = &op.regions[0];
+        let (jv, kv) = (body.args[1], body.args[2]);
+        let b = self.buffer(op.operands[1])?;
+        let (f, _) = self.b.begin_for(0, (kc / kk) as i64, 1, &[]);
+        let k0 = Affine::value(kb)
+            .scaled(kc as i64)
+            .plus_scaled(kk as i64, &Affine::value(f));
+        let (b_index, limits, shape, [ka, ja]) =
+            self.operand_block(op.operands[1], &c.b, [(kv, k0, c.k, kk), (jv, j0, c.n, nr)])?;
+        let mask = ragged.then(|| self.b.mask(limits, &shape));
+        let t = self.load_f32(op.operands[1], (b, b_index), mask, shape);
+        let mut at = prefix.to_vec();
+        at.extend([
+            Affine::value(f)
+                .scaled(kk as i64)
+                .plus_scaled(1, &Affine::axis(ka)),
+            Affine::axis(ja),
+        ]);
+        self.b.store(t, dst, at, None);
+        self.b.end_for(vec![]);
+        Ok(())
+    }
+
+    /// A block of a product's operand `buf` (read at `index`) to copy: for
+    /// each of its two counters, the counter, the block's first value of
+    /// it, the counter's extent and the block's size along it. The copy's
+    /// tile axes follow the counters, or go the other way round when the
+    /// operand is contiguous along the first counter and not the second
+    /// (so that the tile's rows, along its last axis, are contiguous runs).
+    /// Returns the tile's index into `buf`, its mask limits, its shape, and
+    /// the tile axis each counter took.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn operand_block(
+        &mut self,
+        buf: LValue,
+        index: &[IndexExpr],
+        counters: [(LValue, Affine, i64, usize); 2],
+    ) -> Result<(Vec<Affine>, Vec<Affine>, Vec<usize>, [usize; 2]), TileConvError> {
+        let flip = self.unit_stride(buf, index, counters[0].0)
+            && !self.unit_stride(buf, index, counters[1].0);
+        let axes = if flip { [1, 0] } else { [0, 1] };
+        let mut limits = vec![Affine::default(); 2];
+        let mut shape = vec![0; 2];
+        for ((var, first, extent, size), axis) in counters.into_iter().zip(axes) {
+            self.index
+                .insert(var, first.plus_scaled(1, &Affine::axis(axis)));
+            limits[axis] = Affine::constant(extent).plus_scaled(-1, &first);
+            shape[axis] = size;
+        }
+        let tile_index = index
+            .iter()
+            .map(|e| self.affine(e))
+            .collect::<Result<_, _>>()?;
+        Ok((tile_index, limits, shape, axes))
+    }
+
+    /// Whether each program of packed product `m` (of `blocks` blocks of
+    /// rows) packs the panels it multiplies by itself, one at a time into
+    /// scratch memory, rather than a kernel packing every panel into a
+    /// global buffer first: with one block of rows each panel serves one
+    /// program, so the global panels would be written and read back for
+    /// nothing (W2's two 16 MB weights, W6's 28 MB). Not when another
+    /// product reads the same operand: their pack kernels become one
+    /// (`reuse_packs`: W7's 32 steps pack each weight once).
+    pub(super) fn packs_own_panels(&self, m: LOpId, blocks: usize) -> bool {
+        let root = self.root_buffer(self.op(m).operands[1]);
+        let readers = self
+            .src
+            .ops
+            .iter()
+            .filter(|o| matches!(o.kind, L::Matmul(_)))
+            .filter(|o| {
+                o.operands
+                    .get(1)
+                    .is_some_and(|&b| self.root_buffer(b) == root)
+            })
+            .count();
+        blocks == 1 && readers == 1
+    }
+
+    /// Whether the right operand of product `m` depends on weights alone
+    /// (a weight parameter, or a buffer computed from weights, through
+    /// views): its panels are packed by a kernel of their own, which reads
+    /// nothing else and so can run once, when the weights are bound (see
+    /// `dlc_tile::transforms::split_prepare`).
+    pub(super) fn weight_operand(&self, m: LOpId) -> bool {
+        let root = self.root_buffer(self.op(m).operands[1]);
+        self.weight_derived.contains(&root)
+    }
+
+    /// Whether packed product `m` (of `blocks` blocks of rows) reads its
+    /// right operand in place: one block of rows, the operand contiguous
+    /// along the columns, and its rows a number of 64-byte lines apart
+    /// coprime with the L1's sets (see [`Packing::l1_sets`]).
+    pub(super) fn reads_in_place(&self, m: LOpId, blocks: usize, sets: usize) -> bool {
+        let op = self.op(m);
+        let L::Matmul(c) = &op.kind else {
+            return false;
+        };
+        let body = &op.regions[0];
+        let (jv, kv) = (body.args[1], body.args[2]);
+        let b = op.operands[1];
+        let row_bytes = self.step(b, &c.b, kv).map(|s| s.unsigned_abs() * 4);
+        blocks == 1
+            && sets > 0
+            && self.operand_dtype(b) == Some(DType::F32)
+            && self.unit_stride(b, &c.b, jv)
+            && row_bytes.is_some_and(|r| r > 0 && r % 64 == 0 && gcd(r / 64, sets as u64) == 1)
+    }
+}

@@ -1,0 +1,438 @@
+//! A program's body: loop ops converted in the program, every innermost
+//! loop a `tile.for` over `vector`-wide tiles, reductions carried as tiles
+//! of partial results.
+
+use std::collections::{HashMap, HashSet};
+
+use dlc_core::DType;
+use dlc_core::scalar::{BinaryOp, ReduceKind};
+use dlc_loop::{
+    Block as LBlock, IndexExpr, OpId as LOpId, OpKind as L, Type as LType, Value as LValue,
+};
+use dlc_tile::{Affine, TileType, Type, Value};
+
+use super::{Conv, TileConvError, loop_bounds};
+
+/// A reduction carried by an innermost loop: the carried argument is read
+/// once, by `combine`, whose result is yielded in its place.
+#[derive(Clone, Copy)]
+pub(super) struct Carry {
+    pub(super) kind: ReduceKind,
+    pub(super) op: BinaryOp,
+    /// The combining op in the body.
+    pub(super) combine: LOpId,
+}
+
+impl<'a> Conv<'a> {
+    /// Whether the innermost loop `id` can run as tiles: its reductions,
+    /// or `None`.
+    pub(super) fn vectorizable(&self, id: LOpId) -> Option<Vec<Carry>> {
+        let op = self.op(id);
+        let (_, _, step) = loop_bounds(&op.kind)?;
+        if step != 1 {
+            return None;
+        }
+        let body = &op.regions[0];
+        let counter = body.args[0];
+        let mut stored: HashSet<LValue> = HashSet::new();
+        let mut loaded: HashSet<LValue> = HashSet::new();
+        // Every access: the buffer value and its index.
+        let mut accesses: Vec<(LValue, &[IndexExpr])> = Vec::new();
+        for &o in &body.ops {
+            let d = self.op(o);
+            match &d.kind {
+                L::Store { index } => {
+                    let distinct = index
+                        .iter()
+                        .any(|e| e.terms.iter().any(|t| t.1 == counter && t.0 != 0));
+                    if !distinct {
+                        return None;
+                    }
+                    stored.insert(d.operands[1]);
+                    accesses.push((d.operands[1], index));
+                }
+                L::Load { index, pad } => {
+                    loaded.insert(d.operands[0]);
+                    // A padded load reads past the edges, where no store
+                    // writes: never an in-place access.
+                    if pad.is_none() {
+                        accesses.push((d.operands[0], index));
+                    } else {
+                        accesses.push((d.operands[0], &[]));
+                    }
+                }
+                L::For { .. } | L::Parallel { .. } | L::Matmul(_) => {
+                    return None;
+                }
+                _ => {}
+            }
+        }
+        // Views alias: compare storage roots. A buffer both read and
+        // written is updated in place only when every access of it is
+        // through one value at one index (each iteration reads and writes
+        // its own elements, which a vector of iterations keeps).
+        let root = |v: LValue| self.root_buffer(v);
+        let stored: HashSet<LValue> = stored.into_iter().map(root).collect();
+        let loaded: HashSet<LValue> = loaded.into_iter().map(root).collect();
+        for r in stored.intersection(&loaded) {
+            let mut of_r = accesses.iter().filter(|(v, _)| root(*v) == *r);
+            let first = of_r.next();
+            if of_r.any(|a| Some(a) != first) {
+                return None;
+            }
+        }
+        let carried = &body.args[1..];
+        let yield_op = body.ops.last().map(|o| self.op(*o));
+        let mut carries = vec![];
+        for (k, &c) in carried.iter().enumerate() {
+            let users: Vec<LOpId> = body
+                .ops
+                .iter()
+                .copied()
+                .filter(|o| self.op(*o).operands.contains(&c))
+                .collect();
+            let [user] = users.as_slice() else {
+                return None;
+            };
+            let u = self.op(*user);
+            let (kind, bop) = match u.kind {
+                L::Binary(b @ BinaryOp::Add) => (ReduceKind::Sum, b),
+                L::Binary(b @ BinaryOp::Mul) => (ReduceKind::Prod, b),
+                L::Binary(b @ BinaryOp::Max) => (ReduceKind::Max, b),
+                L::Binary(b @ BinaryOp::Min) => (ReduceKind::Min, b),
+                _ => return None,
+            };
+            if u.operands[0] == u.operands[1]
+                || yield_op.is_none_or(|y| {
+                    !matches!(y.kind, L::Yield) || y.operands.get(k) != Some(&u.results[0])
+                })
+            {
+                return None;
+            }
+            // The partial result is only yielded.
+            let used_elsewhere = body
+                .ops
+                .iter()
+                .filter(|o| self.op(**o).operands.contains(&u.results[0]))
+                .count()
+                != 1;
+            if used_elsewhere {
+                return None;
+            }
+            carries.push(Carry {
+                kind,
+                op: bop,
+                combine: *user,
+            });
+        }
+        Some(carries)
+    }
+
+    /// Converts a list of ops in the current region.
+    pub(super) fn ops(&mut self, ops: &[LOpId]) -> Result<(), TileConvError> {
+        for &id in ops {
+            self.b.set_loc(self.op(id).loc.clone());
+            self.op_in_program(id)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn affine(&self, e: &IndexExpr) -> Result<Affine, TileConvError> {
+        let mut out = Affine::constant(e.constant);
+        for &(c, v) in &e.terms {
+            let a = self.index.get(&v).ok_or_else(|| {
+                self.invalid(format!("index value {} has no tile counterpart", v.0))
+            })?;
+            out = out.plus_scaled(c, a);
+        }
+        Ok(out)
+    }
+
+    /// The tile counterpart of a scalar: computed in this program, or a
+    /// constant re-created here.
+    pub(super) fn scalar(&mut self, v: LValue) -> Result<Value, TileConvError> {
+        if let Some(&t) = self.values.get(&v) {
+            return Ok(t);
+        }
+        if let Some(&(c, d)) = self.consts.get(&v) {
+            let t = self.b.constant(c, Type::Scalar(d));
+            self.values.insert(v, t);
+            return Ok(t);
+        }
+        Err(self.invalid(format!("value {} is used before it is computed", v.0)))
+    }
+
+    pub(super) fn is_tile(&self, t: Value) -> bool {
+        matches!(self.b.ty(t), Type::Tile(_))
+    }
+
+    /// The counterpart of `v` as a tile of the region's shape.
+    pub(super) fn as_tile(&mut self, v: LValue) -> Result<Value, TileConvError> {
+        let t = self.scalar(v)?;
+        if self.is_tile(t) || self.shape.is_empty() {
+            return Ok(t);
+        }
+        if let Some(&s) = self.splats.get(&v) {
+            return Ok(s);
+        }
+        let shape = self.shape.clone();
+        let s = self.b.splat(t, &shape);
+        self.splats.insert(v, s);
+        Ok(s)
+    }
+
+    /// Operands of an element-wise op: all tiles when any is, else scalars.
+    pub(super) fn elementwise_operands(
+        &mut self,
+        vs: &[LValue],
+    ) -> Result<Vec<Value>, TileConvError> {
+        let direct: Vec<Value> = vs
+            .iter()
+            .map(|v| self.scalar(*v))
+            .collect::<Result<_, _>>()?;
+        if direct.iter().any(|t| self.is_tile(*t)) {
+            vs.iter().map(|v| self.as_tile(*v)).collect()
+        } else {
+            Ok(direct)
+        }
+    }
+
+    pub(super) fn result_dtype(&self, v: LValue) -> DType {
+        match self.src.ty(v) {
+            LType::Scalar(d) => *d,
+            _ => DType::F32,
+        }
+    }
+
+    pub(super) fn op_in_program(&mut self, id: LOpId) -> Result<(), TileConvError> {
+        let op = self.op(id);
+        let r = op.results.first().copied();
+        let set = |c: &mut Self, t: Value| {
+            if let Some(r) = r {
+                c.values.insert(r, t);
+            }
+        };
+        match &op.kind {
+            L::Const(v) => {
+                let t = self
+                    .b
+                    .constant(*v, Type::Scalar(self.result_dtype(op.results[0])));
+                set(self, t);
+            }
+            L::Unary(u) => {
+                let x = self.elementwise_operands(&op.operands)?;
+                let t = self.b.unary(*u, x[0]);
+                set(self, t);
+            }
+            L::Binary(bop) => {
+                let mut x = self.elementwise_operands(&op.operands)?;
+                // A masked-off lane must not divide by zero.
+                if *bop == BinaryOp::Div
+                    && self.result_dtype(op.operands[0]).is_int()
+                    && let Some(m) = self.mask
+                    && self.is_tile(x[1])
+                {
+                    let one = self.b.constant(1.0, self.b.ty(x[1]).clone());
+                    x[1] = self.b.select(m, x[1], one);
+                }
+                let t = self.b.binary(*bop, x[0], x[1]);
+                set(self, t);
+            }
+            L::Compare(c) => {
+                let x = self.elementwise_operands(&op.operands)?;
+                let t = self.b.compare(*c, x[0], x[1]);
+                set(self, t);
+            }
+            L::Select => {
+                let x = self.elementwise_operands(&op.operands)?;
+                let t = self.b.select(x[0], x[1], x[2]);
+                set(self, t);
+            }
+            L::Cast => {
+                let x = self.elementwise_operands(&op.operands)?;
+                let t = self.b.cast(x[0], self.result_dtype(op.results[0]));
+                set(self, t);
+            }
+            L::Load { index, pad } => {
+                let index: Vec<Affine> = index
+                    .iter()
+                    .map(|e| self.affine(e))
+                    .collect::<Result<_, _>>()?;
+                let (buf, index) = self.place(op.operands[0], index)?;
+                let d = self.result_dtype(op.results[0]);
+                let t = if index.iter().any(|e| !e.axes.is_empty()) {
+                    let pad = pad.or(self.mask.map(|_| 0.0));
+                    let ty = Type::Tile(TileType::new(d, self.shape.clone()));
+                    self.b.load(buf, index, self.mask, pad, ty)
+                } else {
+                    self.b.load(buf, index, None, *pad, Type::Scalar(d))
+                };
+                set(self, t);
+            }
+            L::Store { index } => {
+                let index: Vec<Affine> = index
+                    .iter()
+                    .map(|e| self.affine(e))
+                    .collect::<Result<_, _>>()?;
+                let (buf, index) = self.place(op.operands[1], index)?;
+                let tiled = index.iter().any(|e| !e.axes.is_empty());
+                let v = if tiled {
+                    self.as_tile(op.operands[0])?
+                } else {
+                    self.scalar(op.operands[0])?
+                };
+                if self.is_tile(v) && !tiled {
+                    return Err(self.invalid("a tile stored at one place"));
+                }
+                let mask = if tiled { self.mask } else { None };
+                self.b.store(v, buf, index, mask);
+            }
+            L::For { .. } | L::Parallel { .. } => self.loop_in_program(id)?,
+            L::Matmul(_) => self.dot_in_program(id)?,
+            L::Yield => {}
+            L::Alloc | L::Global(_) | L::Dealloc | L::View | L::Return => {
+                return Err(self.invalid(format!("{} inside a loop nest", op.kind.name())));
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn loop_in_program(&mut self, id: LOpId) -> Result<(), TileConvError> {
+        let op = self.op(id);
+        let (lo, hi, step) = loop_bounds(&op.kind).unwrap_or((0, 0, 1));
+        let body: &'a LBlock = &op.regions[0];
+        let innermost = body.ops.iter().all(|o| {
+            loop_bounds(&self.op(*o).kind).is_none() && !matches!(self.op(*o).kind, L::Matmul(_))
+        });
+        if innermost
+            && self.shape.is_empty()
+            && let Some(carries) = self.vectorizable(id)
+        {
+            return self.vector_loop(id, lo, hi, carries);
+        }
+        // A counted loop carrying scalars.
+        let inits: Vec<Value> = op
+            .operands
+            .iter()
+            .map(|v| self.scalar(*v))
+            .collect::<Result<_, _>>()?;
+        let (counter, carried) = self.b.begin_for(lo, hi, step, &inits);
+        self.index.insert(body.args[0], Affine::value(counter));
+        for (a, c) in body.args[1..].iter().zip(&carried) {
+            self.values.insert(*a, *c);
+        }
+        self.ops(&body.ops)?;
+        let next: Vec<Value> = match body.ops.last().map(|o| self.op(*o)) {
+            Some(y) if matches!(y.kind, L::Yield) => y
+                .operands
+                .iter()
+                .map(|v| self.scalar(*v))
+                .collect::<Result<_, _>>()?,
+            _ => vec![],
+        };
+        let results = self.b.end_for(next);
+        for (r, t) in op.results.iter().zip(results) {
+            self.values.insert(*r, t);
+        }
+        Ok(())
+    }
+
+    /// An innermost loop as a `tile.for` over blocks of `vector` iterations.
+    pub(super) fn vector_loop(
+        &mut self,
+        id: LOpId,
+        lo: i64,
+        hi: i64,
+        carries: Vec<Carry>,
+    ) -> Result<(), TileConvError> {
+        let op = self.op(id);
+        let body: &'a LBlock = &op.regions[0];
+        let n = (hi - lo).max(0) as usize;
+        if n == 0 {
+            for (r, init) in op.results.iter().zip(&op.operands) {
+                let t = self.scalar(*init)?;
+                self.values.insert(*r, t);
+            }
+            return Ok(());
+        }
+        let w = self.params.vector.min(n);
+        let shape = vec![w];
+        let mut inits = vec![];
+        for (c, init) in carries.iter().zip(&op.operands) {
+            let d = self.result_dtype(*init);
+            inits.push(self.b.constant(
+                c.kind.identity_in(d),
+                Type::Tile(TileType::new(d, shape.clone())),
+            ));
+        }
+        // What a masked-off lane contributes to each reduction.
+        let ragged = !n.is_multiple_of(w);
+        let idents: Vec<Option<Value>> = carries
+            .iter()
+            .zip(&inits)
+            .map(|(c, init)| {
+                let ty = self.b.ty(*init).clone();
+                let d = ty.dtype().unwrap_or(DType::F32);
+                ragged.then(|| self.b.constant(c.kind.identity_in(d), ty))
+            })
+            .collect();
+        let (counter, carried) = self.b.begin_for(lo, hi, w as i64, &inits);
+        self.index.insert(
+            body.args[0],
+            Affine::value(counter).plus_scaled(1, &Affine::axis(0)),
+        );
+        self.shape = shape.clone();
+        self.splats.clear();
+        self.mask = (!n.is_multiple_of(w)).then(|| {
+            let limit = Affine::constant(hi).plus_scaled(-1, &Affine::value(counter));
+            self.b.mask(vec![limit], &[w])
+        });
+        let combines: HashMap<LOpId, usize> = carries
+            .iter()
+            .enumerate()
+            .map(|(k, c)| (c.combine, k))
+            .collect();
+        let mut next = vec![Value(0); carries.len()];
+        let result = (|| -> Result<(), TileConvError> {
+            for &o in &body.ops {
+                self.b.set_loc(self.op(o).loc.clone());
+                if let Some(&k) = combines.get(&o) {
+                    let d = self.op(o);
+                    let x = if d.operands[0] == body.args[1 + k] {
+                        d.operands[1]
+                    } else {
+                        d.operands[0]
+                    };
+                    let mut x = self.as_tile(x)?;
+                    if let (Some(m), Some(ident)) = (self.mask, idents[k]) {
+                        x = self.b.select(m, x, ident);
+                    }
+                    next[k] = self.b.binary(carries[k].op, carried[k], x);
+                    continue;
+                }
+                if matches!(self.op(o).kind, L::Yield) {
+                    continue;
+                }
+                self.op_in_program(o)?;
+            }
+            Ok(())
+        })();
+        self.shape.clear();
+        self.mask = None;
+        self.splats.clear();
+        result?;
+        let accs = self.b.end_for(next);
+        for ((r, init), (c, acc)) in op
+            .results
+            .iter()
+            .zip(&op.operands)
+            .zip(carries.iter().zip(accs))
+        {
+            let part = self.b.reduce(c.kind, 0, acc);
+            let init = self.scalar(*init)?;
+            let t = self.b.binary(c.op, init, part);
+            self.values.insert(*r, t);
+        }
+        Ok(())
+    }
+}
