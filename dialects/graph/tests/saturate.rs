@@ -704,3 +704,63 @@ graph.func @g(%x: f32[8, 64, 56, 56]) -> f32[8, 64, 28, 28] {
         with_relu - alone
     );
 }
+
+/// A user operator is priced as graph -> loop lowers it: a contraction
+/// in index notation (`a[k, i] * b[k, j]`, Aᵀ·B) as the product it
+/// becomes, within a quarter of the built-in `transpose(a) @ b`; a
+/// gathered operand adds its copy; a sum that is not a product as scalar
+/// loops, one op per element and step. (All three were priced as one pass
+/// over their operands, less than a tenth of the product's arithmetic.)
+#[test]
+fn user_operators_are_priced_as_what_they_lower_to() {
+    let m = parse_module(
+        "graph.func @f(%a: f32[512, 256], %b: f32[512, 128]) -> f32[256, 128] {
+  %0 = graph.compute \"mm\" %a, %b {
+    out[d0, d1] = sum[d2 in 0..512](in0[d2, d0] * in1[d2, d1])
+  } : f32[256, 128]
+  graph.return %0
+}
+graph.func @g(%a: f32[512, 256], %b: f32[512, 128]) -> f32[256, 128] {
+  %0 = graph.compute \"ss\" %a, %b {
+    out[d0, d1] = sum[d2 in 0..512](in0[d2, d0] + in1[d2, d1])
+  } : f32[256, 128]
+  graph.return %0
+}
+graph.func @h(%a: f32[512, 256], %b: f32[512, 128]) -> f32[256, 128] {
+  %0 = graph.transpose %a {perm = [1, 0]} : f32[256, 512]
+  %1 = graph.matmul %0, %b : f32[256, 128]
+  graph.return %1
+}
+graph.func @w(%a: f32[512, 256], %b: f32[512, 128]) -> f32[256, 128] {
+  %0 = graph.compute \"padded\" %a, %b {
+    out[d0, d1] = sum[d2 in 0..512](in0[d2, d0] * in1[d2 - 1, d1])
+  } : f32[256, 128]
+  graph.return %0
+}
+",
+    )
+    .unwrap();
+    let target = dlc_core::TargetDesc::x86_64_avx512(2);
+    let model = CostModel::calibrated();
+    let cost = |i: usize| model.function_cost(&m.functions[i], &target);
+    let (user, sum_of_sums, builtin) = (cost(0), cost(1), cost(2));
+    let flops_us = 2.0 * 256.0 * 128.0 * 512.0 / (model.gemm_gflops * 1e3);
+    assert!(user >= flops_us, "{user} us < the product's {flops_us} us");
+    assert!(
+        (user / builtin - 1.0).abs() < 0.25,
+        "user operator {user} us, built-in product {builtin} us"
+    );
+    let scalar_us = 256.0 * 128.0 * 512.0 * model.elementwise_ns * 1e-3;
+    assert!(
+        sum_of_sums >= scalar_us,
+        "{sum_of_sums} us < {scalar_us} us of scalar loops"
+    );
+    // `in1[d2 - 1, d1]` reads a row past the edge (zero there): `b` is
+    // gathered into a copy, written and read once (512 x 128 f32s).
+    let padded = cost(3);
+    let copy_us = 2.0 * 512.0 * 128.0 * 4.0 / (model.bandwidth_gbs * 1e3);
+    assert!(
+        (padded - user - copy_us).abs() < 0.05 * copy_us,
+        "gathered {padded} us, in place {user} us, the copy {copy_us} us"
+    );
+}

@@ -22,6 +22,7 @@ use dlc_core::{TargetDesc, TensorType};
 use petgraph::stable_graph::NodeIndex;
 
 use super::lang::Info;
+use crate::compute::{ComputeBody, ElemDef, OperandRead, ScalarExpr, Source};
 use crate::module::Function;
 use crate::ops::{ConstValue, Op, UnaryOp};
 
@@ -211,7 +212,8 @@ impl CostModel {
                     + self.ew_us(4.0 * n_in)
                     + n_in * self.transcendental_ns * 1e-3
             }
-            Op::Reduce { .. } | Op::Pool2d { .. } | Op::Concat { .. } | Op::Compute(_) => {
+            Op::Compute(body) => self.compute_cost(body, in_bytes + out_bytes, inputs),
+            Op::Reduce { .. } | Op::Pool2d { .. } | Op::Concat { .. } => {
                 self.kernel_us + self.bytes_us(in_bytes + out_bytes) + self.ew_us(n_in)
             }
             Op::Call { .. } => f64::INFINITY,
@@ -225,6 +227,70 @@ impl CostModel {
 }
 
 impl CostModel {
+    /// A user operator as graph -> loop lowers it: each definition (locals,
+    /// then the result) is a loop nest, except a contraction local that its
+    /// one element-wise reader computes in its epilogue. A contraction
+    /// (`ElemDef::contraction`) is the structured product: priced as one,
+    /// `2 * elements * depth` flops at the product rate (or the bytes it
+    /// reads, when that takes longer), plus a write and a read of each
+    /// gathered operand's copy; any other definition runs as scalar loops,
+    /// one fused op per element and step of its reductions. `io_bytes`: the
+    /// operator's operands and result; each stored local adds a write and a
+    /// read of its buffer.
+    fn compute_cost(&self, body: &ComputeBody, io_bytes: f64, inputs: &[Info]) -> f64 {
+        let type_of = |s: Source| match s {
+            Source::Input(i) => inputs.get(i as usize).map(|x| &x.ty),
+            Source::Local(i) => body.locals.get(i as usize).map(|d| &d.ty),
+        };
+        let defs: Vec<&ElemDef> = body.locals.iter().chain([&body.out]).collect();
+        let mut total = self.bytes_us(io_bytes);
+        for (k, def) in defs.iter().enumerate() {
+            let is_local = k < body.locals.len();
+            let form = def.contraction(&type_of, false);
+            let fused = is_local && form.is_some() && body.sole_elementwise_reader(k).is_some();
+            if is_local && !fused {
+                total += self.bytes_us(2.0 * bytes(&def.ty));
+            }
+            if !fused {
+                total += self.kernel_us;
+            }
+            let n = elements(&def.ty);
+            // Steps of every reduction in the definition, per element.
+            let mut steps = 0.0;
+            def.expr.visit(&mut |x| {
+                if let ScalarExpr::Reduce { vars, .. } = x {
+                    steps += vars
+                        .iter()
+                        .map(|v| (v.hi - v.lo).max(0) as f64)
+                        .product::<f64>();
+                }
+            });
+            total += match form {
+                Some(c) => {
+                    let depth: f64 = c.k.iter().map(|v| (v.hi - v.lo).max(0) as f64).product();
+                    let extent =
+                        |at: usize| def.ty.shape.get(at).copied().unwrap_or(1).max(1) as f64;
+                    let columns: f64 = (c.n..c.n + c.columns).map(extent).product();
+                    let size = def.ty.dtype.size_bytes() as f64;
+                    let gathered: f64 = [
+                        (c.reads[0], n / columns * depth),
+                        (c.reads[1], n / extent(c.m) * depth),
+                    ]
+                    .iter()
+                    .filter(|(r, _)| *r == OperandRead::Gathered)
+                    .map(|(_, e)| 2.0 * e * size)
+                    .sum();
+                    // The epilogue: one fused op per element.
+                    self.flops_us(2.0 * n * depth).max(self.bytes_us(io_bytes))
+                        + self.bytes_us(gathered)
+                        + self.ew_us(n)
+                }
+                None => self.ew_us(n * steps.max(1.0)),
+            };
+        }
+        total
+    }
+
     /// The cost in µs of a whole function as the CPU back end compiles it:
     /// the lowering's own fusion plan is followed, so an element-wise op
     /// costs a pass over memory exactly when it is stored (several users, or
