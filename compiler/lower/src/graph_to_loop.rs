@@ -27,11 +27,10 @@ use dlc_graph::compute::{
     Affine, ComputeBody, ContractionForm, ElemDef, IndexVar, OperandRead, ScalarExpr, Source,
     as_read,
 };
-use dlc_graph::fusion::Plan;
+use dlc_graph::fusion::{KernelGroup, Plan};
 use dlc_graph::ops::{ConstValue, Op, PoolKind};
 use dlc_graph::{Function as GFunction, Module as GModule};
 use dlc_loop::{BufferType, Builder, Function, IndexExpr, Module, Value};
-use petgraph::Direction;
 use petgraph::stable_graph::NodeIndex;
 
 mod winograd;
@@ -271,13 +270,6 @@ fn lower_function<'g>(g: &'g GFunction, target: &'g TargetDesc) -> Result<Functi
 }
 
 impl Lowering<'_> {
-    fn users(&self, n: NodeIndex) -> Vec<NodeIndex> {
-        self.g
-            .body
-            .neighbors_directed(n, Direction::Outgoing)
-            .collect()
-    }
-
     fn op(&self, n: NodeIndex) -> &Op {
         &self.g.body[n].op
     }
@@ -294,61 +286,21 @@ impl Lowering<'_> {
         self.plan = dlc_graph::fusion::plan(self.g, self.target);
     }
 
-    /// The element-wise chain an op's epilogue applies, from its user to
-    /// `end` inclusive.
-    fn chain(&self, n: NodeIndex, end: NodeIndex) -> Vec<NodeIndex> {
-        let mut chain = Vec::new();
-        let mut cur = n;
-        while cur != end {
-            cur = self.users(cur)[0];
-            chain.push(cur);
-        }
-        chain
-    }
-
     /// The kernel whose loop nest is emitted at `p`'s place in topological
-    /// order: `p`'s own, or, for the end of an epilogue chain, its anchor's
-    /// (placed there so every operand of the chain is computed before it).
+    /// order (see [`dlc_graph::fusion::kernel_at`]).
     fn kernel_at(&self, p: NodeIndex) -> Option<NodeIndex> {
-        match self.plan[&p] {
-            Plan::Stored | Plan::View => Some(p),
-            Plan::EpilogueOf(anchor) => Some(anchor),
-            Plan::Param | Plan::Inline | Plan::WithEpilogue(_) => None,
-        }
+        dlc_graph::fusion::kernel_at(&self.plan, p)
     }
 
     /// The stored nodes a kernel's loop nest reads: its operands and those of
     /// its epilogue chain, looking through inlined nodes.
     fn reads(&self, n: NodeIndex) -> Vec<NodeIndex> {
-        let mut skip: HashSet<NodeIndex> = HashSet::from([n]);
-        let mut stack: Vec<NodeIndex> = self.g.operands(n).iter().map(|v| v.node).collect();
-        if let Plan::WithEpilogue(end) = self.plan[&n] {
-            for c in self.chain(n, end) {
-                skip.insert(c);
-                stack.extend(self.g.operands(c).iter().map(|v| v.node));
-            }
-        }
-        let mut out = Vec::new();
-        let mut seen = HashSet::new();
-        while let Some(o) = stack.pop() {
-            if skip.contains(&o) || !seen.insert(o) {
-                continue;
-            }
-            match self.plan[&o] {
-                Plan::Inline => stack.extend(self.g.operands(o).iter().map(|v| v.node)),
-                _ => out.push(o),
-            }
-        }
-        out
+        dlc_graph::fusion::kernel_reads(self.g, &self.plan, n)
     }
 
     /// The storage a node's buffer lives in (a view's is its operand's).
     fn storage_of(&self, n: NodeIndex) -> NodeIndex {
-        let mut cur = n;
-        while self.plan[&cur] == Plan::View {
-            cur = self.operand(cur, 0);
-        }
-        cur
+        dlc_graph::fusion::storage_of(self.g, &self.plan, n)
     }
 
     /// For each storage, the position (in `order`) of the last kernel that
@@ -363,48 +315,40 @@ impl Lowering<'_> {
                 last.insert(self.storage_of(r), k);
             }
         }
-        // A product of a softmax of a product (attention) may run as one
-        // kernel over blocks of rows (`convert-loop-to-tile`'s row fusion),
-        // whose programs write rows of the second product's result while
-        // others still read the first product's operands: what the first
+        // A kernel group (the plan's, `dlc_graph::fusion::kernel_groups`)
+        // may run as one kernel: attention over blocks of rows, whose
+        // programs write rows of the second product's result while others
+        // still read the first product's operands. What the first
         // product's nest reads, and the scores, stay allocated until the
         // second product, so that their storage is not reused for that
         // result.
-        let kernel_of = |n: NodeIndex| match self.plan[&n] {
-            Plan::EpilogueOf(anchor) => anchor,
-            _ => n,
-        };
         let mut at: HashMap<NodeIndex, usize> = HashMap::new();
         for (k, &p) in order.iter().enumerate() {
             if let Some(kernel) = self.kernel_at(p) {
                 at.insert(kernel, k);
             }
         }
-        for (k2, &p) in order.iter().enumerate() {
-            let Some(m2) = self.kernel_at(p) else {
-                continue;
-            };
-            if !matches!(self.g.body[m2].op, Op::MatMul) {
-                continue;
-            }
-            let soft = kernel_of(self.storage_of(self.operand(m2, 0)));
-            if !matches!(self.g.body[soft].op, Op::Softmax { .. }) {
-                continue;
-            }
-            for s in self.reads(soft) {
-                let m1 = kernel_of(self.storage_of(s));
-                let Some(&k1) = at.get(&m1) else {
-                    continue;
-                };
-                if !matches!(self.g.body[m1].op, Op::MatMul) {
-                    continue;
-                }
-                for r in self.reads(m1).into_iter().chain([s]) {
-                    if let Some(l) = last.get_mut(&self.storage_of(r))
-                        && (k1..k2).contains(l)
-                    {
-                        *l = k2;
-                    }
+        let mut groups: Vec<(usize, usize, NodeIndex, NodeIndex)> =
+            dlc_graph::fusion::kernel_groups(self.g, &self.plan)
+                .into_iter()
+                .filter_map(|g| match g {
+                    KernelGroup::Attention {
+                        scores,
+                        read,
+                        output,
+                        ..
+                    } => Some((*at.get(&output)?, *at.get(&scores)?, scores, read)),
+                })
+                .collect();
+        // In the order their last kernels are emitted (each extends what
+        // the ones before left).
+        groups.sort_by_key(|g| g.0);
+        for (k2, k1, scores, read) in groups {
+            for r in self.reads(scores).into_iter().chain([read]) {
+                if let Some(l) = last.get_mut(&self.storage_of(r))
+                    && (k1..k2).contains(l)
+                {
+                    *l = k2;
                 }
             }
         }

@@ -206,3 +206,119 @@ pub fn plan(f: &Function, target: &TargetDesc) -> HashMap<NodeIndex, Plan> {
     }
     plan
 }
+
+/// The kernel whose loop nest is emitted at `p`'s place in topological
+/// order: `p`'s own, or, for the end of an epilogue chain, its anchor's
+/// (placed there so every operand of the chain is computed before it).
+pub fn kernel_at(plan: &HashMap<NodeIndex, Plan>, p: NodeIndex) -> Option<NodeIndex> {
+    match plan[&p] {
+        Plan::Stored | Plan::View => Some(p),
+        Plan::EpilogueOf(anchor) => Some(anchor),
+        Plan::Param | Plan::Inline | Plan::WithEpilogue(_) => None,
+    }
+}
+
+/// The element-wise chain an op's epilogue applies, from its user to
+/// `end` inclusive.
+pub fn epilogue_chain(f: &Function, n: NodeIndex, end: NodeIndex) -> Vec<NodeIndex> {
+    let mut chain = Vec::new();
+    let mut cur = n;
+    while cur != end {
+        cur = f.users(cur)[0];
+        chain.push(cur);
+    }
+    chain
+}
+
+/// The stored nodes kernel `n`'s loop nest reads: its operands and those
+/// of its epilogue chain, looking through inlined nodes.
+pub fn kernel_reads(f: &Function, plan: &HashMap<NodeIndex, Plan>, n: NodeIndex) -> Vec<NodeIndex> {
+    let mut skip: HashSet<NodeIndex> = HashSet::from([n]);
+    let mut stack: Vec<NodeIndex> = f.operands(n).iter().map(|v| v.node).collect();
+    if let Plan::WithEpilogue(end) = plan[&n] {
+        for c in epilogue_chain(f, n, end) {
+            skip.insert(c);
+            stack.extend(f.operands(c).iter().map(|v| v.node));
+        }
+    }
+    let mut out = Vec::new();
+    let mut seen = HashSet::new();
+    while let Some(o) = stack.pop() {
+        if skip.contains(&o) || !seen.insert(o) {
+            continue;
+        }
+        match plan[&o] {
+            Plan::Inline => stack.extend(f.operands(o).iter().map(|v| v.node)),
+            _ => out.push(o),
+        }
+    }
+    out
+}
+
+/// The storage a node's buffer lives in (a view's is its operand's).
+pub fn storage_of(f: &Function, plan: &HashMap<NodeIndex, Plan>, n: NodeIndex) -> NodeIndex {
+    let mut cur = n;
+    while plan[&cur] == Plan::View {
+        cur = f.operands(cur)[0].node;
+    }
+    cur
+}
+
+/// Kernels that may run as one: decided here, once, from the graph and
+/// its plan, and read by graph -> loop (which keeps the group's buffers
+/// alive across it) and by loop -> tile (which fuses it where the target
+/// packs products).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelGroup {
+    /// A product of a softmax of a product (attention): `scores`'s kernel
+    /// computes the stored `read` (the scores, or the end of their
+    /// epilogue), `softmax` reads it, and `output`, a product, reads the
+    /// softmax. Run over blocks of rows, one program computes its rows of
+    /// the scores, their softmax and their product, so a program writes
+    /// rows of `output`'s result while others still read `scores`'s
+    /// operands.
+    Attention {
+        /// The first product.
+        scores: NodeIndex,
+        /// What the softmax reads of it.
+        read: NodeIndex,
+        /// The softmax.
+        softmax: NodeIndex,
+        /// The second product.
+        output: NodeIndex,
+    },
+}
+
+/// Every kernel group of `f` under `plan` (see [`KernelGroup`]), in
+/// topological order of the place their last kernel is emitted at.
+pub fn kernel_groups(f: &Function, plan: &HashMap<NodeIndex, Plan>) -> Vec<KernelGroup> {
+    let kernel_of = |n: NodeIndex| match plan[&n] {
+        Plan::EpilogueOf(anchor) => anchor,
+        _ => n,
+    };
+    let mut groups = Vec::new();
+    for p in f.topo_order() {
+        let Some(output) = kernel_at(plan, p) else {
+            continue;
+        };
+        if !matches!(f.body[output].op, Op::MatMul) {
+            continue;
+        }
+        let softmax = kernel_of(storage_of(f, plan, f.operands(output)[0].node));
+        if !matches!(f.body[softmax].op, Op::Softmax { .. }) {
+            continue;
+        }
+        for read in kernel_reads(f, plan, softmax) {
+            let scores = kernel_of(storage_of(f, plan, read));
+            if matches!(f.body[scores].op, Op::MatMul) {
+                groups.push(KernelGroup::Attention {
+                    scores,
+                    read,
+                    softmax,
+                    output,
+                });
+            }
+        }
+    }
+    groups
+}

@@ -764,3 +764,65 @@ graph.func @w(%a: f32[512, 256], %b: f32[512, 128]) -> f32[256, 128] {
         "gathered {padded} us, in place {user} us, the copy {copy_us} us"
     );
 }
+
+/// The kernel plan's groups: attention (a product of a softmax of a
+/// product, the scores scaled in the first product's epilogue) is one
+/// group, named by its nodes; a softmax of a parameter, or of a sum, is
+/// not.
+#[test]
+fn attention_is_a_kernel_group_of_the_plan() {
+    use dlc_graph::fusion::{KernelGroup, kernel_groups, plan};
+    let m = parse_module(
+        "graph.func @a(%q: f32[12, 384, 64], %k: f32[12, 384, 64], %v: f32[12, 384, 64]) -> f32[12, 384, 64] {
+  %0 = graph.transpose %k {perm = [0, 2, 1]} : f32[12, 64, 384]
+  %1 = graph.matmul %q, %0 : f32[12, 384, 384]
+  %2 = graph.constant {value = 8.0} : f32[]
+  %3 = graph.div %1, %2 : f32[12, 384, 384]
+  %4 = graph.softmax %3 {axis = 2} : f32[12, 384, 384]
+  %5 = graph.matmul %4, %v : f32[12, 384, 64]
+  graph.return %5
+}
+graph.func @b(%s: f32[12, 384, 384], %v: f32[12, 384, 64]) -> f32[12, 384, 64] {
+  %0 = graph.softmax %s {axis = 2} : f32[12, 384, 384]
+  %1 = graph.matmul %0, %v : f32[12, 384, 64]
+  graph.return %1
+}
+graph.func @c(%s: f32[12, 384, 384], %t: f32[12, 384, 384], %v: f32[12, 384, 64]) -> f32[12, 384, 64] {
+  %0 = graph.add %s, %t : f32[12, 384, 384]
+  %1 = graph.softmax %0 {axis = 2} : f32[12, 384, 384]
+  %2 = graph.matmul %1, %v : f32[12, 384, 64]
+  graph.return %2
+}
+",
+    )
+    .unwrap();
+    let target = dlc_core::TargetDesc::x86_64_avx512(2);
+    let groups = |i: usize| {
+        let f = &m.functions[i];
+        kernel_groups(f, &plan(f, &target))
+    };
+    let f = &m.functions[0];
+    let order = f.topo_order();
+    let node = |name: &str| {
+        *order
+            .iter()
+            .find(|&&n| f.body[n].op.name() == format!("graph.{name}"))
+            .unwrap()
+    };
+    let products: Vec<_> = order
+        .iter()
+        .copied()
+        .filter(|&n| f.body[n].op.name() == "graph.matmul")
+        .collect();
+    assert_eq!(
+        groups(0),
+        vec![KernelGroup::Attention {
+            scores: products[0],
+            read: node("div"),
+            softmax: node("softmax"),
+            output: products[1],
+        }]
+    );
+    assert_eq!(groups(1), vec![]);
+    assert_eq!(groups(2), vec![]);
+}
