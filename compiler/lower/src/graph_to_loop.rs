@@ -221,8 +221,30 @@ fn lower_function<'g>(g: &'g GFunction, target: &'g TargetDesc) -> Result<Functi
     }
     let order = g.topo_order();
     let last_reader = l.last_readers(&order);
+    // Each kernel group's nests between `loop.kernel_begin` and
+    // `loop.kernel_end` (groups that would overlap an earlier one are left
+    // out: groups do not nest).
+    let mut bounds: HashMap<usize, usize> = HashMap::new();
+    let mut spans = l.group_spans(&order);
+    spans.sort_by_key(|g| g.first);
+    let mut end = None;
+    for g in spans {
+        if end.is_none_or(|e| g.first > e) && g.first < g.last {
+            bounds.insert(g.first, g.last);
+            end = Some(g.last);
+        }
+    }
+    let mut closing = None;
     for (k, &n) in order.iter().enumerate() {
+        if let Some(&last) = bounds.get(&k) {
+            l.b.kernel_begin(dlc_loop::KernelGroup::Attention);
+            closing = Some(last);
+        }
         l.emit_at_position(n)?;
+        if closing == Some(k) {
+            l.b.kernel_end();
+            closing = None;
+        }
         // Sorted: the output must not depend on hash order.
         let mut done: Vec<NodeIndex> = last_reader
             .iter()
@@ -267,6 +289,16 @@ fn lower_function<'g>(g: &'g GFunction, target: &'g TargetDesc) -> Result<Functi
         l.b.dealloc(buf);
     }
     Ok(l.b.finish())
+}
+
+/// A kernel group of the plan placed in the emission order.
+struct GroupSpan {
+    /// Positions of its first and last kernels.
+    first: usize,
+    last: usize,
+    /// The first product, and what of it the softmax reads.
+    scores: NodeIndex,
+    read: NodeIndex,
 }
 
 impl Lowering<'_> {
@@ -315,44 +347,53 @@ impl Lowering<'_> {
                 last.insert(self.storage_of(r), k);
             }
         }
-        // A kernel group (the plan's, `dlc_graph::fusion::kernel_groups`)
-        // may run as one kernel: attention over blocks of rows, whose
-        // programs write rows of the second product's result while others
-        // still read the first product's operands. What the first
-        // product's nest reads, and the scores, stay allocated until the
-        // second product, so that their storage is not reused for that
+        // A kernel group may run as one kernel: attention over blocks of
+        // rows, whose programs write rows of the second product's result
+        // while others still read the first product's operands. What the
+        // first product's nest reads, and the scores, stay allocated until
+        // the second product, so that their storage is not reused for that
         // result.
+        for g in self.group_spans(order) {
+            for r in self.reads(g.scores).into_iter().chain([g.read]) {
+                if let Some(l) = last.get_mut(&self.storage_of(r))
+                    && (g.first..g.last).contains(l)
+                {
+                    *l = g.last;
+                }
+            }
+        }
+        last
+    }
+
+    /// The plan's kernel groups (`dlc_graph::fusion::kernel_groups`) with
+    /// the positions in `order` of their first and last kernels, in the
+    /// order their last kernels are emitted.
+    fn group_spans(&self, order: &[NodeIndex]) -> Vec<GroupSpan> {
         let mut at: HashMap<NodeIndex, usize> = HashMap::new();
         for (k, &p) in order.iter().enumerate() {
             if let Some(kernel) = self.kernel_at(p) {
                 at.insert(kernel, k);
             }
         }
-        let mut groups: Vec<(usize, usize, NodeIndex, NodeIndex)> =
-            dlc_graph::fusion::kernel_groups(self.g, &self.plan)
-                .into_iter()
-                .filter_map(|g| match g {
-                    KernelGroup::Attention {
-                        scores,
-                        read,
-                        output,
-                        ..
-                    } => Some((*at.get(&output)?, *at.get(&scores)?, scores, read)),
-                })
-                .collect();
-        // In the order their last kernels are emitted (each extends what
-        // the ones before left).
-        groups.sort_by_key(|g| g.0);
-        for (k2, k1, scores, read) in groups {
-            for r in self.reads(scores).into_iter().chain([read]) {
-                if let Some(l) = last.get_mut(&self.storage_of(r))
-                    && (k1..k2).contains(l)
-                {
-                    *l = k2;
-                }
-            }
-        }
-        last
+        let mut spans: Vec<GroupSpan> = dlc_graph::fusion::kernel_groups(self.g, &self.plan)
+            .into_iter()
+            .filter_map(|g| match g {
+                KernelGroup::Attention {
+                    scores,
+                    read,
+                    output,
+                    ..
+                } => Some(GroupSpan {
+                    first: *at.get(&scores)?,
+                    last: *at.get(&output)?,
+                    scores,
+                    read,
+                }),
+            })
+            .collect();
+        // Stable: groups ending together keep the plan's order.
+        spans.sort_by_key(|g| g.last);
+        spans
     }
 
     /// Opens a loop nest over `shape` (the outermost axis parallel) and

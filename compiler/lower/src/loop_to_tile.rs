@@ -44,8 +44,8 @@ use std::collections::{HashMap, HashSet};
 
 use dlc_core::{DType, TargetDesc};
 use dlc_loop::{
-    BufferType as LBufferType, Function as LFunction, IndexExpr, Module as LModule, OpId as LOpId,
-    OpKind as L, Type as LType, Value as LValue,
+    BufferType as LBufferType, Function as LFunction, IndexExpr, KernelGroup, Module as LModule,
+    OpId as LOpId, OpKind as L, Type as LType, Value as LValue,
 };
 use dlc_tile::{Affine, BufferType, Builder, Module, Schedule, Space, Value};
 
@@ -477,12 +477,35 @@ impl<'a> Conv<'a> {
         let mut skipped: HashSet<usize> = HashSet::new();
         let mut elided: HashSet<LValue> = HashSet::new();
         if self.params.packed.is_some() {
+            // The kernel groups the lowering delimits: attention runs as
+            // one kernel over blocks of rows when its nests fit the fused
+            // schedule (`row_fusion` reads them), and as its nests
+            // otherwise.
+            let mut open = None;
+            for (at, &id) in top.iter().enumerate() {
+                match self.op(id).kind {
+                    L::KernelBegin(KernelGroup::Attention) => open = Some(at),
+                    L::KernelEnd => {
+                        let Some(begin) = open.take() else {
+                            continue;
+                        };
+                        let Some(i) = self.next_nest(&top, begin) else {
+                            continue;
+                        };
+                        if let Some((f, last)) = self.row_fusion(&top, i, &cuts)
+                            && last < at
+                        {
+                            skipped.extend(i + 1..=last);
+                            elided.extend(f.elided.iter().copied());
+                            fusions.insert(i, (Fusion::Rows(f), last));
+                        }
+                    }
+                    _ => {}
+                }
+            }
             let mut i = 0;
             while i < top.len() {
-                if let Some((f, last)) = self.row_fusion(&top, i, &cuts) {
-                    skipped.extend(i + 1..=last);
-                    elided.extend(f.elided.iter().copied());
-                    fusions.insert(i, (Fusion::Rows(f), last));
+                if let Some(&(_, last)) = fusions.get(&i) {
                     i = last + 1;
                 } else if let Some((f, last)) = self.winograd_fusion(&top, i, &cuts) {
                     skipped.extend(i + 1..=last);
@@ -545,7 +568,7 @@ impl<'a> Conv<'a> {
                 continue;
             }
             match &op.kind {
-                L::Return => {}
+                L::Return | L::KernelBegin(_) | L::KernelEnd => {}
                 L::Alloc | L::Global(_) | L::View => self.host_op(id)?,
                 L::Dealloc => deferred.push(id),
                 L::Const(_) => {}

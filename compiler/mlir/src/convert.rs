@@ -116,6 +116,9 @@ impl Gen<'_> {
             match &op.kind {
                 OpKind::Return => self.w.line("func.return"),
                 OpKind::Yield => return Ok(op.operands.clone()),
+                // A kernel group bounds top-level ops for the tile
+                // conversion; upstream MLIR runs them as they are.
+                OpKind::KernelBegin(_) | OpKind::KernelEnd => {}
                 OpKind::Alloc => {
                     let r = r.ok_or_else(|| MlirError::Invalid("alloc without a result".into()))?;
                     let l = self.layout(r)?.clone();

@@ -114,6 +114,17 @@ impl Builder {
         self.push(OpKind::Dealloc, vec![b], &[], vec![]);
     }
 
+    /// `loop.kernel_begin {group = ..}`: opens a kernel group of the
+    /// function's top-level ops.
+    pub fn kernel_begin(&mut self, group: crate::KernelGroup) {
+        self.push(OpKind::KernelBegin(group), vec![], &[], vec![]);
+    }
+
+    /// `loop.kernel_end`: closes the open kernel group.
+    pub fn kernel_end(&mut self) {
+        self.push(OpKind::KernelEnd, vec![], &[], vec![]);
+    }
+
     /// `loop.view`.
     pub fn view(&mut self, b: Value, ty: BufferType) -> Value {
         self.one(OpKind::View, vec![b], Type::Buffer(ty))

@@ -422,6 +422,8 @@ impl Machine<'_> {
                 OpKind::Yield => {
                     return op.operands.iter().map(|v| self.scalar(*v)).collect();
                 }
+                // A kernel group's bounds compute nothing.
+                OpKind::KernelBegin(_) | OpKind::KernelEnd => {}
                 OpKind::Return => return Ok(vec![]),
             }
         }

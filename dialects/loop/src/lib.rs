@@ -24,6 +24,7 @@ pub use build::Builder;
 pub use ir::{
     Block, BufferType, Contraction, Function, IndexExpr, Module, OpData, OpId, OpKind, Type, Value,
 };
+pub use ops::KernelGroup;
 pub use parse::parse_module;
 pub use print::{print_mlir_generic, print_module};
 

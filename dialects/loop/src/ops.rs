@@ -112,8 +112,39 @@ pub enum OpKind {
     /// `convert-loop-to-tile` turns into `tile.dot` programs (on a CPU,
     /// packed operands and a register-tiled micro-kernel).
     Matmul(Box<Contraction>),
+    /// `loop.kernel_begin {group = "attention"}`: the top-level ops up to
+    /// the next `loop.kernel_end` are one kernel group of the lowering's
+    /// kernel plan (`dlc_graph::fusion::kernel_groups`), which
+    /// `convert-loop-to-tile` runs as one kernel where the target's
+    /// schedules allow (and as its nests, one by one, otherwise). The pair
+    /// computes nothing; it delimits rather than encloses, so the values
+    /// the group defines stay visible after it (buffers outlive kernels).
+    KernelBegin(KernelGroup),
+    /// `loop.kernel_end`: closes the group its `loop.kernel_begin` opened.
+    KernelEnd,
     /// Ends a function.
     Return,
+}
+
+/// What a kernel group of the loop IR runs as (see
+/// [`OpKind::KernelBegin`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelGroup {
+    /// A product, a row softmax of its result, and a product of that:
+    /// one kernel over blocks of rows, the scores never stored.
+    Attention,
+}
+
+impl KernelGroup {
+    /// Every group, as written.
+    pub const ALL: [KernelGroup; 1] = [KernelGroup::Attention];
+
+    /// The name the text form writes.
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelGroup::Attention => "attention",
+        }
+    }
 }
 
 /// How an op's operands are written.
@@ -181,6 +212,8 @@ impl OpKind {
             OpKind::Yield => "yield",
             OpKind::Return => "return",
             OpKind::Matmul(_) => "matmul",
+            OpKind::KernelBegin(_) => "kernel_begin",
+            OpKind::KernelEnd => "kernel_end",
         };
         format!("loop.{s}")
     }
@@ -189,7 +222,11 @@ impl OpKind {
     pub fn syntax(&self) -> Syntax {
         use Operands::*;
         match self {
-            OpKind::Alloc | OpKind::Global(_) | OpKind::Const(_) => syntax(Fixed(0)),
+            OpKind::Alloc
+            | OpKind::Global(_)
+            | OpKind::Const(_)
+            | OpKind::KernelBegin(_)
+            | OpKind::KernelEnd => syntax(Fixed(0)),
             OpKind::Dealloc | OpKind::View | OpKind::Unary(_) | OpKind::Cast => syntax(Fixed(1)),
             OpKind::Binary(_) | OpKind::Compare(_) => syntax(Fixed(2)),
             OpKind::Select => syntax(Fixed(3)),
@@ -246,6 +283,7 @@ impl OpKind {
                 ("hi".to_string(), Attr::Int(*hi)),
             ],
             OpKind::Matmul(c) => one("sizes", Attr::Ints(vec![c.m, c.n, c.k])),
+            OpKind::KernelBegin(g) => one("group", Attr::Str(g.name().to_string())),
             _ => vec![],
         }
     }
@@ -299,6 +337,23 @@ impl OpKind {
                 },
                 "yield" => OpKind::Yield,
                 "return" => OpKind::Return,
+                "kernel_begin" => {
+                    let group = a.string("group")?;
+                    OpKind::KernelBegin(
+                        KernelGroup::ALL
+                            .into_iter()
+                            .find(|g| g.name() == group)
+                            .ok_or_else(|| {
+                                let known: Vec<&str> =
+                                    KernelGroup::ALL.iter().map(|g| g.name()).collect();
+                                format!(
+                                    "`{name}`: unknown group `{group}`; groups: {}",
+                                    known.join(", ")
+                                )
+                            })?,
+                    )
+                }
+                "kernel_end" => OpKind::KernelEnd,
                 "matmul" => {
                     let [m, n, k] = a.ints("sizes")?[..] else {
                         return Err(format!("`{name}`: `sizes` must be [rows, columns, depth]"));
@@ -462,6 +517,9 @@ impl OpKind {
                      arguments (i, j, k: index, acc: the element type's accumulator type)",
                 )
             }
+            OpKind::KernelBegin(_) | OpKind::KernelEnd => {
+                rule(shape(0, 0), "takes no operand and gives no result")
+            }
             OpKind::Yield | OpKind::Return => Ok(()),
         }
     }
@@ -505,6 +563,7 @@ pub fn probe(name: &str) -> Option<OpKind> {
         ],
         "parallel" => vec![("lo".into(), Attr::Int(0)), ("hi".into(), Attr::Int(0))],
         "matmul" => vec![("sizes".into(), Attr::Ints(vec![0, 0, 0]))],
+        "kernel_begin" => vec![("group".into(), Attr::Str("attention".into()))],
         _ => vec![],
     };
     OpKind::from_parts(name, &attrs, vec![vec![], vec![]]).ok()

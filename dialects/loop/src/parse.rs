@@ -210,6 +210,10 @@ impl Parser {
     fn attr(&mut self) -> PResult<Attr> {
         match self.peek().clone() {
             Tok::Punct("[") => list_attr(self, Self::number),
+            Tok::Str(s) => {
+                self.bump();
+                Ok(Attr::Str(s))
+            }
             Tok::Int(_) => Ok(Attr::Int(self.int()?)),
             Tok::Punct("-") if matches!(self.peek_at(1), Tok::Int(_)) => Ok(Attr::Int(self.int()?)),
             _ => Ok(Attr::Float(self.number()?)),

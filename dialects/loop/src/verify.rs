@@ -117,6 +117,8 @@ impl<'a> Checker<'a> {
         for a in &b.args {
             self.define(*a, loc);
         }
+        // The `loop.kernel_begin` of the group open at this point.
+        let mut group: Option<OpId> = None;
         for (i, &id) in b.ops.iter().enumerate() {
             let Some(op) = self.f.ops.get(id.0 as usize) else {
                 self.err(loc.into(), format!("lists op {} that does not exist", id.0));
@@ -150,6 +152,27 @@ impl<'a> Checker<'a> {
                     self.loc(id),
                     "must be the last op of a loop.for body that carries values".into(),
                 ),
+                (OpKind::KernelBegin(_), BlockKind::Function) => {
+                    if group.is_some() {
+                        self.err(
+                            self.loc(id),
+                            "opens a kernel group inside another (groups do not nest)".into(),
+                        );
+                    } else {
+                        group = Some(id);
+                    }
+                }
+                // The guard closes the open group, if any.
+                (OpKind::KernelEnd, BlockKind::Function) if group.take().is_none() => {
+                    self.err(self.loc(id), "closes no open kernel group".into());
+                }
+                (OpKind::KernelEnd, BlockKind::Function) => {}
+                (OpKind::KernelBegin(_) | OpKind::KernelEnd, _) => self.err(
+                    self.loc(id),
+                    "must be in a function body, not in a loop (a kernel group bounds top-level \
+                     ops)"
+                        .into(),
+                ),
                 _ => {}
             }
             self.op(id);
@@ -160,6 +183,12 @@ impl<'a> Checker<'a> {
                 .and_then(|o| self.f.ops.get(o.0 as usize))
                 .is_some_and(|o| k(&o.kind))
         };
+        if let Some(open) = group {
+            self.err(
+                self.loc(open),
+                "opens a kernel group that no loop.kernel_end closes".into(),
+            );
+        }
         match kind {
             BlockKind::Function if !ends_with(|k| matches!(k, OpKind::Return)) => self.err(
                 loc.into(),

@@ -290,7 +290,13 @@ impl<'a> Conv<'a> {
             L::For { .. } | L::Parallel { .. } => self.loop_in_program(id)?,
             L::Matmul(_) => self.dot_in_program(id)?,
             L::Yield => {}
-            L::Alloc | L::Global(_) | L::Dealloc | L::View | L::Return => {
+            L::Alloc
+            | L::Global(_)
+            | L::Dealloc
+            | L::View
+            | L::Return
+            | L::KernelBegin(_)
+            | L::KernelEnd => {
                 return Err(self.invalid(format!("{} inside a loop nest", op.kind.name())));
             }
         }
