@@ -30,6 +30,7 @@ use dlc_graph::compute::{
 use dlc_graph::fusion::{KernelGroup, Plan};
 use dlc_graph::ops::{ConstValue, Op, PoolKind};
 use dlc_graph::{Function as GFunction, Module as GModule};
+use dlc_loop::KernelGroup as KernelGroupKind;
 use dlc_loop::{BufferType, Builder, Function, IndexExpr, Module, Value};
 use petgraph::stable_graph::NodeIndex;
 
@@ -129,6 +130,9 @@ struct Lowering<'g> {
     /// Buffers derived from weights alone (bound nodes', and what a
     /// convolution derives from its kernel), released at the end.
     held: Vec<Value>,
+    /// Whether a kernel group is open (groups do not nest: a group inside
+    /// another's span is emitted without its bounds).
+    in_group: bool,
 }
 
 /// How many outer loops of a nest over `shape` (every point of which
@@ -186,6 +190,7 @@ fn lower_function<'g>(g: &'g GFunction, target: &'g TargetDesc) -> Result<Functi
         parallel: Vec::new(),
         bound: dlc_graph::fusion::bound_nodes(g),
         held: Vec::new(),
+        in_group: false,
     };
     l.plan_nodes();
     // Dense constants are read-only globals holding their data, homed
@@ -237,12 +242,14 @@ fn lower_function<'g>(g: &'g GFunction, target: &'g TargetDesc) -> Result<Functi
     let mut closing = None;
     for (k, &n) in order.iter().enumerate() {
         if let Some(&last) = bounds.get(&k) {
-            l.b.kernel_begin(dlc_loop::KernelGroup::Attention);
+            l.b.kernel_begin(KernelGroupKind::Attention);
+            l.in_group = true;
             closing = Some(last);
         }
         l.emit_at_position(n)?;
         if closing == Some(k) {
             l.b.kernel_end();
+            l.in_group = false;
             closing = None;
         }
         // Sorted: the output must not depend on hash order.
@@ -573,6 +580,19 @@ impl Lowering<'_> {
         let r = self.emit_kernel(n);
         self.b.set_loc(outer);
         r
+    }
+
+    /// Runs `emit` between the bounds of a kernel group (unless one is
+    /// open already: groups do not nest).
+    fn grouped(&mut self, group: KernelGroupKind, emit: impl FnOnce(&mut Self)) {
+        if self.in_group {
+            return emit(self);
+        }
+        self.b.kernel_begin(group);
+        self.in_group = true;
+        emit(self);
+        self.in_group = false;
+        self.b.kernel_end();
     }
 
     /// Whether convolution `n` is lowered as a matrix product over an im2col
@@ -1040,7 +1060,7 @@ impl Lowering<'_> {
             Op::Conv2d { padding, .. }
                 if dlc_graph::fusion::conv_as_winograd(self.g, n, self.target) =>
             {
-                self.conv_winograd(n, padding);
+                self.grouped(KernelGroupKind::Winograd, |l| l.conv_winograd(n, padding));
             }
             Op::Conv2d {
                 stride,
@@ -1049,7 +1069,9 @@ impl Lowering<'_> {
             } if self.conv_as_matmul(n)
                 && matches!(self.b.ty(self.home[&self.operand(n, 1)]), dlc_loop::Type::Buffer(t) if t.is_contiguous()) =>
             {
-                self.conv_im2col(n, &stride, &padding);
+                self.grouped(KernelGroupKind::Im2col, |l| {
+                    l.conv_im2col(n, &stride, &padding);
+                });
             }
             Op::Conv2d {
                 stride,

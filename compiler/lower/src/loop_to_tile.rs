@@ -477,61 +477,69 @@ impl<'a> Conv<'a> {
         let mut skipped: HashSet<usize> = HashSet::new();
         let mut elided: HashSet<LValue> = HashSet::new();
         if self.params.packed.is_some() {
-            // The kernel groups the lowering delimits: attention runs as
-            // one kernel over blocks of rows when its nests fit the fused
-            // schedule (`row_fusion` reads them), and as its nests
-            // otherwise.
+            // The kernel groups the lowering delimits, each `(group, begin,
+            // end)` at its bounds' positions: attention runs as one kernel
+            // over blocks of rows when its nests fit the fused schedule
+            // (`row_fusion` reads them), a Winograd convolution's transforms
+            // and products likewise (`winograd_fusion`), and an im2col
+            // convolution's product copies its panels from the input when
+            // it can (`implicit_im2col`); each runs as its nests otherwise.
+            // Nothing outside a group is fused.
+            let mut groups: Vec<(KernelGroup, usize, usize)> = Vec::new();
             let mut open = None;
             for (at, &id) in top.iter().enumerate() {
                 match self.op(id).kind {
-                    L::KernelBegin(KernelGroup::Attention) => open = Some(at),
+                    L::KernelBegin(g) => open = Some((g, at)),
                     L::KernelEnd => {
-                        let Some(begin) = open.take() else {
-                            continue;
-                        };
+                        if let Some((g, begin)) = open.take() {
+                            groups.push((g, begin, at));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            for &(group, begin, end) in &groups {
+                match group {
+                    KernelGroup::Attention => {
                         let Some(i) = self.next_nest(&top, begin) else {
                             continue;
                         };
                         if let Some((f, last)) = self.row_fusion(&top, i, &cuts)
-                            && last < at
+                            && last < end
                         {
                             skipped.extend(i + 1..=last);
                             elided.extend(f.elided.iter().copied());
                             fusions.insert(i, (Fusion::Rows(f), last));
                         }
                     }
-                    _ => {}
-                }
-            }
-            let mut i = 0;
-            while i < top.len() {
-                if let Some(&(_, last)) = fusions.get(&i) {
-                    i = last + 1;
-                } else if let Some((f, last)) = self.winograd_fusion(&top, i, &cuts) {
-                    skipped.extend(i + 1..=last);
-                    elided.extend(f.held);
-                    fusions.insert(i, (Fusion::Winograd(f), last));
-                    i = last + 1;
-                } else {
-                    i += 1;
-                }
-            }
-            // im2col nests whose product copies its panels from the input:
-            // no kernel, no buffer.
-            for i in 0..top.len() {
-                if fusions.contains_key(&i) || skipped.contains(&i) {
-                    continue;
-                }
-                if let Some((conv, k)) = self.implicit_im2col(&top, i, &cuts)
-                    && !skipped.contains(&k)
-                    && !fusions.contains_key(&k)
-                {
-                    let [m] = self.op(top[k]).regions[0].ops[..] else {
-                        continue;
-                    };
-                    skipped.insert(i);
-                    elided.insert(conv.col);
-                    self.convs.insert(m, conv);
+                    KernelGroup::Winograd => {
+                        for i in begin + 1..end {
+                            if let Some((f, last)) = self.winograd_fusion(&top, i, &cuts)
+                                && last < end
+                            {
+                                skipped.extend(i + 1..=last);
+                                elided.extend(f.held);
+                                fusions.insert(i, (Fusion::Winograd(f), last));
+                                break;
+                            }
+                        }
+                    }
+                    KernelGroup::Im2col => {
+                        // The copy nest, then the product's.
+                        for i in begin + 1..end {
+                            if let Some((conv, k)) = self.implicit_im2col(&top, i, &cuts)
+                                && k < end
+                            {
+                                let [m] = self.op(top[k]).regions[0].ops[..] else {
+                                    continue;
+                                };
+                                skipped.insert(i);
+                                elided.insert(conv.col);
+                                self.convs.insert(m, conv);
+                                break;
+                            }
+                        }
+                    }
                 }
             }
         }

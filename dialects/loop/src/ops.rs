@@ -133,16 +133,30 @@ pub enum KernelGroup {
     /// A product, a row softmax of its result, and a product of that:
     /// one kernel over blocks of rows, the scores never stored.
     Attention,
+    /// A convolution as an im2col copy and a product: the product's
+    /// programs may copy their panels from the convolution's input
+    /// instead, the copy never made.
+    Im2col,
+    /// A convolution as Winograd's F(4x4, 3x3): the input transform, the
+    /// products and the output transform in one kernel over blocks of
+    /// tile rows, the transformed values never stored.
+    Winograd,
 }
 
 impl KernelGroup {
     /// Every group, as written.
-    pub const ALL: [KernelGroup; 1] = [KernelGroup::Attention];
+    pub const ALL: [KernelGroup; 3] = [
+        KernelGroup::Attention,
+        KernelGroup::Im2col,
+        KernelGroup::Winograd,
+    ];
 
     /// The name the text form writes.
     pub fn name(self) -> &'static str {
         match self {
             KernelGroup::Attention => "attention",
+            KernelGroup::Im2col => "im2col",
+            KernelGroup::Winograd => "winograd",
         }
     }
 }
