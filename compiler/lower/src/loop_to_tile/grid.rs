@@ -124,9 +124,7 @@ impl<'a> Conv<'a> {
         }
         let body = &self.op(last).regions[0];
         let result = self.ops(&body.ops);
-        self.shape.clear();
-        self.mask = None;
-        self.splats.clear();
+        self.leave_tiles();
         result?;
         self.b.end_kernel();
         Ok(())
@@ -208,9 +206,7 @@ impl<'a> Conv<'a> {
             self.b.mask(vec![left, Affine::constant(c as i64)], &[r, c])
         });
         let result = self.ops(&n.regions[0].ops);
-        self.shape.clear();
-        self.mask = None;
-        self.splats.clear();
+        self.leave_tiles();
         result?;
         self.b.end_kernel();
         Ok(())

@@ -806,9 +806,7 @@ impl<'a> Conv<'a> {
             &[1, nr],
         ));
         let result = self.ops(&body.ops);
-        self.shape.clear();
-        self.mask = None;
-        self.splats.clear();
+        self.leave_tiles();
         result?;
         self.b.end_for(vec![]);
         Ok(())

@@ -204,6 +204,14 @@ impl<'a> Conv<'a> {
         }
     }
 
+    /// Back to scalar code after a region of tiles: no tile shape, no
+    /// mask, no splatted scalars.
+    pub(super) fn leave_tiles(&mut self) {
+        self.shape.clear();
+        self.mask = None;
+        self.splats.clear();
+    }
+
     pub(super) fn op_in_program(&mut self, id: LOpId) -> Result<(), TileConvError> {
         let op = self.op(id);
         let r = op.results.first().copied();
@@ -423,9 +431,7 @@ impl<'a> Conv<'a> {
             }
             Ok(())
         })();
-        self.shape.clear();
-        self.mask = None;
-        self.splats.clear();
+        self.leave_tiles();
         result?;
         let accs = self.b.end_for(next);
         for ((r, init), (c, acc)) in op
