@@ -783,3 +783,34 @@ fn odd_schedule_parameters_agree() {
         }
     }
 }
+
+/// A product of one block of rows (a convolution's weight gradient, 64 x
+/// 576 x 6272) is cut by columns into at least the target's units of work,
+/// so that its kernel is spread over threads: 18 panels wanted in 8 chunks
+/// are 9 chunks of 2 (they were 6 of 3, and a kernel of fewer programs
+/// than the units runs on one thread). Structure only: the chunking's
+/// arithmetic is checked by every packed product of the differential
+/// programs.
+#[test]
+fn a_product_of_one_row_block_is_cut_into_the_targets_units() {
+    let m = graph("fn f(a: f32[64, 6272], b: f32[6272, 576]) -> f32[64, 576] { return a @ b; }");
+    for target in [TargetDesc::x86_64_avx512(2), TargetDesc::x86_64_avx2(2)] {
+        let units = target.gemm_blocking(dlc_core::DType::F32).min_units;
+        let text = dlc_tile::print_module(&kernels(&m, &target));
+        let product = text
+            .lines()
+            .find(|l| l.contains("schedule = \"packed\"") && !l.contains("pack = ["))
+            .unwrap_or_else(|| panic!("{}: no packed product\n{text}", target.name));
+        let grid: usize = product
+            .split("grid = [")
+            .nth(1)
+            .and_then(|g| g.split(']').next())
+            .map(|g| g.split(", ").map(|d| d.parse::<usize>().unwrap()).product())
+            .unwrap();
+        assert!(
+            grid >= units && grid >= target.min_thread_iterations(),
+            "{}: {grid} programs: {product}",
+            target.name
+        );
+    }
+}

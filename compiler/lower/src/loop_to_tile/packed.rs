@@ -438,7 +438,11 @@ impl<'a> Conv<'a> {
         } else {
             wanted
         };
-        let per_chunk = (1..=strips_n.div_ceil(wanted).max(1))
+        // At most `strips_n / wanted` panels per chunk, so that there are at
+        // least the chunks wanted (18 panels wanted in 8 chunks are 9 of 2,
+        // not 6 of 3: a kernel of fewer programs than the target's units
+        // is not spread over threads).
+        let per_chunk = (1..=(strips_n / wanted).max(1))
             .rev()
             .min_by_key(|p| strips_n.div_ceil(*p) * p - strips_n)
             .unwrap_or(1);
