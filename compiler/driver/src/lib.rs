@@ -394,35 +394,47 @@ pub fn load_ir(src: &SourceText) -> Result<Ir, DriverError> {
     }
 }
 
-/// A graph pass run on [`Ir`]: it refuses other levels.
-struct OnGraph(Box<dyn Pass<Module>>);
+/// A level's module as [`Ir`] holds it.
+trait Level {
+    /// The level's name in messages.
+    const NAME: &'static str;
+    /// The module, when `ir` is of this level.
+    fn within(ir: &mut Ir) -> Option<&mut Self>;
+}
 
-impl Pass<Ir> for OnGraph {
-    fn name(&self) -> &'static str {
-        self.0.name()
-    }
-
-    fn run(&mut self, ir: &mut Ir) -> Result<Vec<(&'static str, u64)>, PassError> {
+impl Level for Module {
+    const NAME: &'static str = "graph";
+    fn within(ir: &mut Ir) -> Option<&mut Self> {
         match ir {
-            Ir::Graph(m) => self.0.run(m),
-            other => Err(wrong_level(self.0.name(), "graph", other)),
+            Ir::Graph(m) => Some(m),
+            _ => None,
         }
     }
 }
 
-/// A tile pass run on [`Ir`]: it refuses other levels.
-struct OnTile(Box<dyn Pass<dlc_tile::Module>>);
+impl Level for dlc_tile::Module {
+    const NAME: &'static str = "tile";
+    fn within(ir: &mut Ir) -> Option<&mut Self> {
+        match ir {
+            Ir::Tile(m) => Some(m),
+            _ => None,
+        }
+    }
+}
 
-impl Pass<Ir> for OnTile {
+/// A pass of one level run on [`Ir`]: it refuses other levels.
+struct OnLevel<M>(Box<dyn Pass<M>>);
+
+impl<M: Level> Pass<Ir> for OnLevel<M> {
     fn name(&self) -> &'static str {
         self.0.name()
     }
 
     fn run(&mut self, ir: &mut Ir) -> Result<Vec<(&'static str, u64)>, PassError> {
-        match ir {
-            Ir::Tile(m) => self.0.run(m),
-            other => Err(wrong_level(self.0.name(), "tile", other)),
+        if let Some(m) = M::within(ir) {
+            return self.0.run(m);
         }
+        Err(wrong_level(self.0.name(), M::NAME, ir))
     }
 }
 
@@ -530,8 +542,8 @@ pub fn registry() -> PassRegistry<Ir> {
 /// `target` unless their options name another.
 fn registry_for(target: &dlc_core::TargetDesc) -> PassRegistry<Ir> {
     let mut r = dlc_graph::transforms::registry_for(target)
-        .lift(|p| Box::new(OnGraph(p)) as Box<dyn Pass<Ir>>);
-    r.extend(dlc_tile::transforms::registry().lift(|p| Box::new(OnTile(p)) as Box<dyn Pass<Ir>>));
+        .lift(|p| Box::new(OnLevel(p)) as Box<dyn Pass<Ir>>);
+    r.extend(dlc_tile::transforms::registry().lift(|p| Box::new(OnLevel(p)) as Box<dyn Pass<Ir>>));
     r.register(
         "convert-graph-to-loop",
         "lowers the graph dialect to loop nests over buffers (with fusion and buffer lifetimes) \

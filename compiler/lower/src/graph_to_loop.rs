@@ -225,12 +225,12 @@ fn lower_function<'g>(g: &'g GFunction, target: &'g TargetDesc) -> Result<Functi
         }
     }
     let order = g.topo_order();
-    let last_reader = l.last_readers(&order);
+    let mut spans = l.group_spans(&order);
+    let last_reader = l.last_readers(&order, &spans);
     // Each kernel group's nests between `loop.kernel_begin` and
     // `loop.kernel_end` (groups that would overlap an earlier one are left
     // out: groups do not nest).
     let mut bounds: HashMap<usize, usize> = HashMap::new();
-    let mut spans = l.group_spans(&order);
     spans.sort_by_key(|g| g.first);
     let mut end = None;
     for g in spans {
@@ -344,7 +344,9 @@ impl Lowering<'_> {
 
     /// For each storage, the position (in `order`) of the last kernel that
     /// reads it.
-    fn last_readers(&self, order: &[NodeIndex]) -> HashMap<NodeIndex, usize> {
+    /// `spans`: the plan's kernel groups placed in `order`
+    /// ([`Self::group_spans`]), in the order their last kernels are emitted.
+    fn last_readers(&self, order: &[NodeIndex], spans: &[GroupSpan]) -> HashMap<NodeIndex, usize> {
         let mut last = HashMap::new();
         for (k, &p) in order.iter().enumerate() {
             let Some(kernel) = self.kernel_at(p) else {
@@ -360,7 +362,7 @@ impl Lowering<'_> {
         // first product's nest reads, and the scores, stay allocated until
         // the second product, so that their storage is not reused for that
         // result.
-        for g in self.group_spans(order) {
+        for g in spans {
             for r in self.reads(g.scores).into_iter().chain([g.read]) {
                 if let Some(l) = last.get_mut(&self.storage_of(r))
                     && (g.first..g.last).contains(l)
