@@ -676,7 +676,8 @@ fn f(a: f32[3, 4], b: f32[2, 4], img: f32[1, 2, 4, 4], w: f32[3, 2, 3, 3], x: f3
 /// operands gathered into copies (a read past an operand's edge, two
 /// reduction indices in different orders in the two operands, a 3x3
 /// convolution's input and weight gradients with padding, a strided and
-/// dilated window); prologues on operands (`relu(a[i, k] - mu[i])`,
+/// dilated window, small and large enough to be packed: a window the
+/// product's programs read their panels through); prologues on operands (`relu(a[i, k] - mu[i])`,
 /// `exp(..)`, an f16 operand cast to f32), computed in the copy; and a sum of
 /// a sum, not a product, which keeps its scalar loops.
 pub const CONTRACTION_PROGRAMS: &[&str] = &[
@@ -726,6 +727,8 @@ fn f(a: f32[30, 40], mu: f32[30], b: f32[40, 36]) -> f32[30, 36] { return pro(a,
 fn f(a: f16[20, 24], b: f32[24, 18]) -> f32[20, 18] { return mixed(a, b); }",
     "op bgemm_t[K, M, N](a: bf16[K, M], b: bf16[N, K], c: bf16[N]) -> bf16[M, N] { out[i, j] = relu(sum[k](a[k, i] * b[j, k]) + c[j]); }
 fn f(a: bf16[40, 30], b: bf16[36, 40], c: bf16[36]) -> bf16[30, 36] { return bgemm_t(a, b, c); }",
+    "op dilated[N, C, O](x: f32[N, C, 40, 40], w: f32[O, C, 3, 3]) -> f32[N, O, 19, 40] { out[n, o, y, xx] = sum[c, ky, kx](x[n, c, 2 * y + 2 * ky - 1, xx + 2 * kx - 2] * w[o, c, ky, kx]); }
+fn f(x: f32[2, 8, 40, 40], w: f32[16, 8, 3, 3]) -> f32[2, 16, 19, 40] { return dilated(x, w); }",
 ];
 
 /// Convolutions that run as Winograd's F(4x4, 3x3) on a CPU (3 x 3, stride

@@ -22,7 +22,7 @@
 use std::collections::{HashMap, HashSet};
 
 use dlc_core::scalar::{BinaryOp, ReduceKind, UnaryOp};
-use dlc_core::{DType, TargetDesc, TensorType};
+use dlc_core::{DType, TargetDesc, TensorType, Window};
 use dlc_graph::compute::{
     Affine, ComputeBody, ContractionForm, ElemDef, IndexVar, OperandRead, ScalarExpr, Source,
     as_read,
@@ -586,15 +586,16 @@ impl Lowering<'_> {
 
     /// Runs `emit` between the bounds of a kernel group (unless one is
     /// open already: groups do not nest).
-    fn grouped(&mut self, group: KernelGroupKind, emit: impl FnOnce(&mut Self)) {
+    fn grouped<T>(&mut self, group: KernelGroupKind, emit: impl FnOnce(&mut Self) -> T) -> T {
         if self.in_group {
             return emit(self);
         }
         self.b.kernel_begin(group);
         self.in_group = true;
-        emit(self);
+        let r = emit(self);
         self.in_group = false;
         self.b.kernel_end();
+        r
     }
 
     /// Whether convolution `n` is lowered as a matrix product over an im2col
@@ -609,7 +610,7 @@ impl Lowering<'_> {
     /// @ col[b]`, where `col[b, (c, ky, kx), (y, x)]` holds the input element
     /// each kernel tap reads (zero in the padding). No epilogue: what follows
     /// reads the stored result.
-    fn conv_im2col(&mut self, n: NodeIndex, stride: &[usize], padding: &[usize]) {
+    fn conv_im2col(&mut self, n: NodeIndex, window: &Window) {
         let ty = self.ty(n).clone();
         let (x, w) = (self.operand(n, 0), self.operand(n, 1));
         let (xbuf, wbuf, out) = (self.home[&x], self.home[&w], self.home[&n]);
@@ -617,29 +618,7 @@ impl Lowering<'_> {
         let (o, c, kh, kw) = (wsh[0], wsh[1], wsh[2], wsh[3]);
         let (batch, oy, ox) = (ty.shape[0], ty.shape[2], ty.shape[3]);
         let (q, p) = (c * kh * kw, oy * ox);
-        let col = self
-            .b
-            .alloc(contiguous(&TensorType::new(ty.dtype, vec![batch, q, p])));
-        // Channels outermost: the parallel loop has work even at batch 1.
-        let ivs = self.open_nest(&[c, batch, kh, kw, oy, ox]);
-        let (ci, nb, ky, kx, y, xx) = (&ivs[0], &ivs[1], &ivs[2], &ivs[3], &ivs[4], &ivs[5]);
-        let iy = ix_axpy(
-            stride[0] as i64,
-            y,
-            &ix_axpy(1, ky, &ix_const(-(padding[0] as i64))),
-        );
-        let ix = ix_axpy(
-            stride[1] as i64,
-            xx,
-            &ix_axpy(1, kx, &ix_const(-(padding[1] as i64))),
-        );
-        let v = self
-            .b
-            .load(xbuf, vec![nb.clone(), ci.clone(), iy, ix], Some(0.0));
-        let row = ix_axpy((kh * kw) as i64, ci, &ix_axpy(kw as i64, ky, kx));
-        let colx = ix_axpy(ox as i64, y, xx);
-        self.b.store(v, col, vec![nb.clone(), row, colx]);
-        self.close_nest(6);
+        let col = self.im2col_copy(xbuf, window, [batch, c], [oy, ox], ty.dtype);
         let wv = self
             .b
             .view(wbuf, contiguous(&TensorType::new(ty.dtype, vec![o, q])));
@@ -656,6 +635,43 @@ impl Lowering<'_> {
             &mut |l, idx, acc| l.b.store(acc, ov, idx.to_vec()),
         );
         self.b.dealloc(col);
+    }
+
+    /// The im2col buffer of `input` through `window` (the layout of a
+    /// [`KernelGroupKind::Im2col`] group): `col[n, (c * KH + ky) * KW + kx,
+    /// y * OX + x]` = `input[n, c, iy, ix]` where output `(y, x)` and tap
+    /// `(ky, kx)` read, zero outside, for `[n, c] < sizes` and `[y, x] <
+    /// out`. Channels are the outermost loop: the parallel loop has work
+    /// even at batch 1.
+    fn im2col_copy(
+        &mut self,
+        input: Value,
+        window: &Window,
+        [batch, c]: [usize; 2],
+        [oy, ox]: [usize; 2],
+        dtype: DType,
+    ) -> Value {
+        let [kh, kw] = window.kernel.map(|k| k as usize);
+        let col = self.b.alloc(contiguous(&TensorType::new(
+            dtype,
+            vec![batch, c * kh * kw, oy * ox],
+        )));
+        let ivs = self.open_nest(&[c, batch, kh, kw, oy, ox]);
+        let (ci, nb, ky, kx, y, xx) = (&ivs[0], &ivs[1], &ivs[2], &ivs[3], &ivs[4], &ivs[5]);
+        let at = |a: usize, out: &IndexExpr, tap: &IndexExpr| {
+            let tap = ix_axpy(window.dilation[a], tap, &ix_const(-window.padding[a]));
+            ix_axpy(window.stride[a], out, &tap)
+        };
+        let v = self.b.load(
+            input,
+            vec![nb.clone(), ci.clone(), at(0, y, ky), at(1, xx, kx)],
+            Some(0.0),
+        );
+        let row = ix_axpy((kh * kw) as i64, ci, &ix_axpy(kw as i64, ky, kx));
+        let colx = ix_axpy(ox as i64, y, xx);
+        self.b.store(v, col, vec![nb.clone(), row, colx]);
+        self.close_nest(6);
+        col
     }
 
     /// Stores the value `v` of node `n` at `idx`, applying its epilogue.
@@ -1071,8 +1087,10 @@ impl Lowering<'_> {
             } if self.conv_as_matmul(n)
                 && matches!(self.b.ty(self.home[&self.operand(n, 1)]), dlc_loop::Type::Buffer(t) if t.is_contiguous()) =>
             {
-                self.grouped(KernelGroupKind::Im2col, |l| {
-                    l.conv_im2col(n, &stride, &padding);
+                let kernel = self.ty(self.operand(n, 1)).shape[2..].to_vec();
+                let window = conv_window([kernel[0], kernel[1]], &stride, &padding);
+                self.grouped(KernelGroupKind::Im2col(window), |l| {
+                    l.conv_im2col(n, &window);
                 });
             }
             Op::Conv2d {
@@ -1299,6 +1317,19 @@ impl Lowering<'_> {
         let dtype = dlc_graph::verify::scalar_dtype(form.sum, &inputs, own_defs)
             .map_err(LowerError::Invalid)?
             .unwrap_or(def.ty.dtype);
+        // A convolution's window: its gathered copy is an im2col buffer,
+        // and the copy and the product one kernel group.
+        let window = form.window(def, &|s| match s {
+            Source::Input(i) => cx.input_types.get(i as usize),
+            Source::Local(i) => own_defs.get(i as usize).map(|d| &d.ty),
+        });
+        if let Some(w) = window
+            && !self.in_group
+        {
+            return self.grouped(KernelGroupKind::Im2col(w), |l| {
+                l.emit_contraction(cx, form, def, reader, store, dest)
+            });
+        }
         // The operands as the product reads them: in place, through a view
         // whose reduced axes are one, or gathered into a copy (computing a
         // prologue, if any, once per element copied).
@@ -1324,7 +1355,22 @@ impl Lowering<'_> {
                 OperandRead::InPlace => read()?,
                 OperandRead::Merged(d) => self.merged_view(read()?, d, form.k.len())?,
                 OperandRead::Gathered => {
-                    let (copy, view) = self.gather(&own_cx, form, def, side, dtype)?;
+                    let (copy, view) = match window {
+                        Some(w) if side == 1 => {
+                            let batch = gathered_batch(form, def, 1).next().ok_or_else(|| {
+                                LowerError::Invalid("a window with no batch".into())
+                            })?;
+                            let col = self.im2col_copy(
+                                read()?,
+                                &w,
+                                [def.ty.shape[batch], form.k[0].hi as usize],
+                                [def.ty.shape[form.n], def.ty.shape[form.n + 1]],
+                                dtype,
+                            );
+                            (col, col)
+                        }
+                        _ => self.gather(&own_cx, form, def, side, dtype)?,
+                    };
                     gathered.push(copy);
                     view
                 }
@@ -1591,6 +1637,17 @@ impl Lowering<'_> {
                 self.narrow(v, d)
             }
         })
+    }
+}
+
+/// The window of a convolution with kernel `[KH, KW]`, `stride` and
+/// `padding` (one per spatial axis, dilation one).
+fn conv_window(kernel: [usize; 2], stride: &[usize], padding: &[usize]) -> Window {
+    Window {
+        kernel: kernel.map(|k| k as i64),
+        stride: [stride[0] as i64, stride[1] as i64],
+        padding: [padding[0] as i64, padding[1] as i64],
+        dilation: [1, 1],
     }
 }
 

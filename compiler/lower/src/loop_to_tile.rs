@@ -524,10 +524,10 @@ impl<'a> Conv<'a> {
                             }
                         }
                     }
-                    KernelGroup::Im2col => {
+                    KernelGroup::Im2col(window) => {
                         // The copy nest, then the product's.
                         for i in begin + 1..end {
-                            if let Some((conv, k)) = self.implicit_im2col(&top, i, &cuts)
+                            if let Some((conv, k)) = self.implicit_im2col(&top, i, &cuts, &window)
                                 && k < end
                             {
                                 let [m] = self.op(top[k]).regions[0].ops[..] else {

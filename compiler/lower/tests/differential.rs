@@ -259,6 +259,60 @@ fn convolutions_read_from_their_input() {
     }
 }
 
+/// A convolution written in index notation is the built-in's kernel: its
+/// window is read from its indices, its gathered operand is an im2col group
+/// carrying that window, and the product's programs copy their panels from
+/// the input through it. A strided user convolution's tile IR is the
+/// built-in `conv2d`'s, byte for byte, on both x86-64 widths; a strided and
+/// dilated one (no built-in has dilation) never makes its copy either, and
+/// agrees with the graph interpreter.
+#[test]
+fn convolutions_in_index_notation_are_the_builtin_kernel() {
+    let user = "op conv[N, C, O](x: f32[N, C, 28, 28], w: f32[O, C, 3, 3]) -> f32[N, O, 14, 14] { out[n, o, y, xx] = sum[c, ky, kx](x[n, c, 2 * y + ky - 1, 2 * xx + kx - 1] * w[o, c, ky, kx]); }
+fn f(x: f32[2, 16, 28, 28], w: f32[32, 16, 3, 3]) -> f32[2, 32, 14, 14] { return conv(x, w); }";
+    let builtin = "fn f(x: f32[2, 16, 28, 28], w: f32[32, 16, 3, 3]) -> f32[2, 32, 14, 14] { return conv2d(x, w, stride=2, padding=1); }";
+    let dilated = dlc_tests::CONTRACTION_PROGRAMS
+        .iter()
+        .find(|p| p.starts_with("op dilated"))
+        .unwrap();
+    let (lu, lb, ld) = (
+        lowered(&graph(user)),
+        lowered(&graph(builtin)),
+        lowered(&graph(dilated)),
+    );
+    let window = "loop.kernel_begin {group = \"im2col\", kernel = [3, 3], stride = [2, 2], padding = [1, 1], dilation = [1, 1]}";
+    assert!(print_module(&lu).contains(window), "{}", print_module(&lu));
+    assert!(print_module(&lb).contains(window), "{}", print_module(&lb));
+    assert!(print_module(&ld).contains(
+        "loop.kernel_begin {group = \"im2col\", kernel = [3, 3], stride = [2, 1], padding = [1, 2], dilation = [2, 2]}"
+    ));
+    for target in [TargetDesc::x86_64_avx512(2), TargetDesc::x86_64_avx2(2)] {
+        let params = dlc_lower::ScheduleParams::for_target(&target);
+        let tile = |l: &dlc_loop::Module| {
+            dlc_tile::print_module(&dlc_lower::convert_module_with(l, &params).unwrap())
+        };
+        let (tu, tb, td) = (tile(&lu), tile(&lb), tile(&ld));
+        assert!(
+            !tb.contains("buffer<f32[2, 144, 196]>"),
+            "{}\n{tb}",
+            target.name
+        );
+        assert_eq!(tu, tb, "{}", target.name);
+        assert!(
+            td.contains("schedule = \"packed\""),
+            "{}\n{td}",
+            target.name
+        );
+        assert!(
+            !td.contains("buffer<f32[2, 72, 760]>"),
+            "{}\n{td}",
+            target.name
+        );
+    }
+    agree(user);
+    agree(dilated);
+}
+
 /// A product of few rows over many columns splits its columns into chunks
 /// (one program each); the strips of its left operand are then packed once,
 /// by a kernel of their own, not once per chunk; a product with as many
@@ -387,7 +441,9 @@ fn user_contractions_are_structured_products() {
         .collect();
     assert_eq!(
         matmuls,
-        [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1]
+        [
+            1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1
+        ]
     );
     // Prologues are computed once per element, in the copies.
     let text = print_module(&lowered(&graph(dlc_tests::CONTRACTION_PROGRAMS[17])));

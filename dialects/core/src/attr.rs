@@ -106,6 +106,11 @@ impl<'a> AttrReader<'a> {
         }
     }
 
+    /// The op's full name, for errors about its attributes.
+    pub fn op(&self) -> &str {
+        self.op
+    }
+
     /// Whether the op has attribute `key` (an optional one).
     pub fn has(&self, key: &str) -> bool {
         self.attrs.iter().any(|(k, _)| k == key)

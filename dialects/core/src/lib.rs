@@ -13,6 +13,7 @@ pub mod scalar;
 pub mod target;
 mod text;
 mod types;
+pub mod window;
 pub mod work;
 
 pub use layout::Layout;
@@ -24,6 +25,7 @@ pub use pass::{
 pub use target::TargetDesc;
 pub use text::{Namer, affine_text, format_float, parse_float};
 pub use types::{DType, TensorType};
+pub use window::Window;
 
 /// A problem the verifier found: where it is (an op's text name such as `%3`,
 /// or a function `@mlp`) and why it is wrong.

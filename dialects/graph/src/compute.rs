@@ -8,7 +8,7 @@
 
 use std::fmt::{self, Write};
 
-use dlc_core::{DType, TensorType, format_float};
+use dlc_core::{DType, TensorType, Window, format_float};
 
 use crate::ops::{BinaryOp, CmpOp, ReduceKind, UnaryOp};
 
@@ -364,6 +364,68 @@ pub enum OperandRead {
     /// reduction variables or (`b`) the reduction variables and the
     /// columns.
     Gathered,
+}
+
+impl ContractionForm<'_> {
+    /// The window through which the gathered column operand reads, when
+    /// the contraction is a convolution written in index notation:
+    /// `sum[c, ky, kx](a[.., c, ky, kx] * x[n, c, s0 * y + d0 * ky - p0,
+    /// s1 * xx + d1 * kx - p1])` over columns `y, xx` (the last two
+    /// variables), with `n` the one batch variable `x` reads and `c`, `n`
+    /// within `x`'s first two axes. Its gathered copy is then an im2col
+    /// buffer, `[n, (c, ky, kx), (y, xx)]`, that the lowering marks as such
+    /// (a kernel group whose product may read the input through the
+    /// window instead). `def` is the definition the form is of; `ty` gives
+    /// the operands' types.
+    pub fn window<'a>(
+        &self,
+        def: &ElemDef,
+        ty: &dyn Fn(Source) -> Option<&'a TensorType>,
+    ) -> Option<Window> {
+        let (src, index) = as_read(self.b)?;
+        let [c, ky, kx] = &self.k[..] else {
+            return None;
+        };
+        if self.reads[1] != OperandRead::Gathered
+            || self.columns != 2
+            || self.k.iter().any(|k| k.lo != 0)
+        {
+            return None;
+        }
+        let (y, xx) = (def.vars[self.n], def.vars[self.n + 1]);
+        let batch: Vec<usize> = self
+            .batch
+            .iter()
+            .copied()
+            .filter(|&p| reads(self.b, def.vars[p]))
+            .collect();
+        let [nb] = batch[..] else {
+            return None;
+        };
+        let [i0, i1, i2, i3] = index else {
+            return None;
+        };
+        let t = ty(src)?;
+        // `e` is `s * out + d * tap - p`, with `s`, `d` positive.
+        let axis = |e: &Affine, out: IndexVar, tap: IndexVar| -> Option<(i64, i64, i64)> {
+            let coef = |v: IndexVar| e.terms.iter().find(|t| t.1 == v).map(|t| t.0);
+            let (s, d) = (coef(out)?, coef(tap)?);
+            (e.terms.len() == 2 && s >= 1 && d >= 1).then_some((s, d, -e.constant))
+        };
+        let (s0, d0, p0) = axis(i2, y, ky.var)?;
+        let (s1, d1, p1) = axis(i3, xx, kx.var)?;
+        let fits = i0.as_var() == Some(def.vars[nb])
+            && i1.as_var() == Some(c.var)
+            && t.shape.len() == 4
+            && def.ty.shape[nb] <= t.shape[0]
+            && c.hi as usize <= t.shape[1];
+        fits.then_some(Window {
+            kernel: [ky.hi, kx.hi],
+            stride: [s0, s1],
+            padding: [p0, p1],
+            dilation: [d0, d1],
+        })
+    }
 }
 
 /// The operand `e` as a plain read: what it reads and at which index.

@@ -14,10 +14,10 @@
 //! and a `loop.matmul`'s two operands carry theirs over the op's own
 //! counters, `#0` (row), `#1` (column) and `#2` (depth).
 
-use dlc_core::DType;
 pub use dlc_core::attr::Attr;
 use dlc_core::attr::AttrReader;
 pub use dlc_core::scalar::{BinaryOp, CmpOp, UnaryOp};
+use dlc_core::{DType, Window};
 
 use crate::ir::{IndexExpr, Type};
 
@@ -133,10 +133,14 @@ pub enum KernelGroup {
     /// A product, a row softmax of its result, and a product of that:
     /// one kernel over blocks of rows, the scores never stored.
     Attention,
-    /// A convolution as an im2col copy and a product: the product's
-    /// programs may copy their panels from the convolution's input
-    /// instead, the copy never made.
-    Im2col,
+    /// A convolution as an im2col copy and a product: the copy nest
+    /// `col[n, (c * KH + ky) * KW + kx, y * OX + x] = input[n, c, iy, ix]`
+    /// (loops `c, n, ky, kx, y, x`; `iy`, `ix` where the window reads, zero
+    /// outside the input), then, in a loop over `n`, a product whose right
+    /// operand is `col[n, #2, #1]`. The product's programs may copy their
+    /// panels from the input through the window instead, the copy never
+    /// made.
+    Im2col(Window),
     /// A convolution as Winograd's F(4x4, 3x3): the input transform, the
     /// products and the output transform in one kernel over blocks of
     /// tile rows, the transformed values never stored.
@@ -144,20 +148,42 @@ pub enum KernelGroup {
 }
 
 impl KernelGroup {
-    /// Every group, as written.
-    pub const ALL: [KernelGroup; 3] = [
-        KernelGroup::Attention,
-        KernelGroup::Im2col,
-        KernelGroup::Winograd,
-    ];
+    /// Every group's name.
+    pub const NAMES: [&'static str; 3] = ["attention", "im2col", "winograd"];
 
     /// The name the text form writes.
     pub fn name(self) -> &'static str {
         match self {
             KernelGroup::Attention => "attention",
-            KernelGroup::Im2col => "im2col",
+            KernelGroup::Im2col(_) => "im2col",
             KernelGroup::Winograd => "winograd",
         }
+    }
+
+    /// The attributes the text form writes: the name, then the group's
+    /// parameters.
+    pub fn attrs(self) -> Vec<(String, Attr)> {
+        let mut attrs = vec![("group".to_string(), Attr::Str(self.name().to_string()))];
+        if let KernelGroup::Im2col(w) = self {
+            attrs.extend(w.attrs());
+        }
+        attrs
+    }
+
+    /// Reads a group from its attributes (`op`: the op's name, for errors).
+    pub fn read(op: &str, a: &mut AttrReader<'_>) -> Result<KernelGroup, String> {
+        let group = a.string("group")?;
+        Ok(match group.as_str() {
+            "attention" => KernelGroup::Attention,
+            "im2col" => KernelGroup::Im2col(Window::read(a)?),
+            "winograd" => KernelGroup::Winograd,
+            _ => {
+                return Err(format!(
+                    "`{op}`: unknown group `{group}`; groups: {}",
+                    Self::NAMES.join(", ")
+                ));
+            }
+        })
     }
 }
 
@@ -297,7 +323,7 @@ impl OpKind {
                 ("hi".to_string(), Attr::Int(*hi)),
             ],
             OpKind::Matmul(c) => one("sizes", Attr::Ints(vec![c.m, c.n, c.k])),
-            OpKind::KernelBegin(g) => one("group", Attr::Str(g.name().to_string())),
+            OpKind::KernelBegin(g) => g.attrs(),
             _ => vec![],
         }
     }
@@ -351,22 +377,7 @@ impl OpKind {
                 },
                 "yield" => OpKind::Yield,
                 "return" => OpKind::Return,
-                "kernel_begin" => {
-                    let group = a.string("group")?;
-                    OpKind::KernelBegin(
-                        KernelGroup::ALL
-                            .into_iter()
-                            .find(|g| g.name() == group)
-                            .ok_or_else(|| {
-                                let known: Vec<&str> =
-                                    KernelGroup::ALL.iter().map(|g| g.name()).collect();
-                                format!(
-                                    "`{name}`: unknown group `{group}`; groups: {}",
-                                    known.join(", ")
-                                )
-                            })?,
-                    )
-                }
+                "kernel_begin" => OpKind::KernelBegin(KernelGroup::read(name, &mut a)?),
                 "kernel_end" => OpKind::KernelEnd,
                 "matmul" => {
                     let [m, n, k] = a.ints("sizes")?[..] else {

@@ -5,6 +5,7 @@
 use std::collections::HashSet;
 
 use dlc_core::DType;
+use dlc_core::Window;
 use dlc_core::scalar::BinaryOp;
 use dlc_loop::{IndexExpr, OpId as LOpId, OpKind as L, Type as LType, Value as LValue};
 use dlc_tile::{Affine, BufferType, Schedule, Space, TileType, Type, Value};
@@ -49,8 +50,8 @@ pub(super) struct Im2col {
     pub(super) channels: usize,
     /// `[KH, KW]`.
     pub(super) kernel: [usize; 2],
-    pub(super) stride: [i64; 2],
-    pub(super) padding: [i64; 2],
+    /// The group's window.
+    pub(super) window: Window,
     /// Output columns.
     pub(super) ox: usize,
     /// Panels per group of whole output rows, and the rows of a group.
@@ -279,18 +280,23 @@ impl<'a> Conv<'a> {
         ))
     }
 
-    /// An im2col nest at `top[i]` whose buffer one packed product (over the
-    /// same batch, one block of rows) reads as its right operand and
-    /// nothing else touches: `col[n, (c*KH + ky)*KW + kx, y*OX + x] =
-    /// input[n, c, s0*y + ky - p0, s1*x + kx - p1]` (zero outside), as
-    /// graph-to-loop lowers a convolution. The product's programs can copy
-    /// their panels from the input instead, so the buffer is never made.
-    /// Returns the convolution and the index of the product's nest.
+    /// The im2col nest at `top[i]` of a group through `window`, whose
+    /// buffer one packed product (over the same batch, one block of rows)
+    /// reads as its right operand and nothing else touches:
+    /// `col[n, (c*KH + ky)*KW + kx, y*OX + x] = input[n, c, iy, ix]` (zero
+    /// outside) where the window reads, as graph -> loop writes an
+    /// [`KernelGroup::Im2col`](dlc_loop::KernelGroup) group. The window's
+    /// parameters are the group's; the nest is checked against them (one
+    /// that does not compute what the group says runs as written). The
+    /// product's programs can copy their panels from the input instead, so
+    /// the buffer is never made. Returns the convolution and the index of
+    /// the product's nest.
     pub(super) fn implicit_im2col(
         &self,
         top: &[LOpId],
         i: usize,
         cuts: &[bool],
+        window: &Window,
     ) -> Option<(Im2col, usize)> {
         let nr = self.params.packed?.blocking[1];
         // Six perfectly nested loops from 0 (channel, batch, kernel row and
@@ -354,14 +360,12 @@ impl<'a> Conv<'a> {
         let [si0, si1, si2] = &si[..] else {
             return None;
         };
-        let stride = [coef(li2, y), coef(li3, x)];
-        let padding = [-li2.constant, -li3.constant];
-        let fits = is(li0, &[(n, 1)], 0)
+        let w = window;
+        let fits = [kh, kw] == w.kernel
+            && is(li0, &[(n, 1)], 0)
             && is(li1, &[(c, 1)], 0)
-            && stride.iter().all(|&s| s >= 1)
-            && padding.iter().all(|&p| p >= 0)
-            && is(li2, &[(y, stride[0]), (ky, 1)], -padding[0])
-            && is(li3, &[(x, stride[1]), (kx, 1)], -padding[1])
+            && is(li2, &[(y, w.stride[0]), (ky, w.dilation[0])], -w.padding[0])
+            && is(li3, &[(x, w.stride[1]), (kx, w.dilation[1])], -w.padding[1])
             && is(si0, &[(n, 1)], 0)
             && is(si1, &[(c, kh * kw), (ky, kw), (kx, 1)], 0)
             && is(si2, &[(y, ox), (x, 1)], 0);
@@ -420,8 +424,7 @@ impl<'a> Conv<'a> {
             col,
             channels: channels as usize,
             kernel: [kh as usize, kw as usize],
-            stride,
-            padding,
+            window: *window,
             ox: ox_u,
             group,
             rows: (group * nr / ox_u) as i64,
@@ -449,6 +452,7 @@ impl<'a> Conv<'a> {
         let [kh, kw] = conv.kernel;
         let cs = kc / (kh * kw);
         let input = self.buffer(conv.input)?;
+        let w = &conv.window;
         let f32t = |shape: Vec<usize>| Type::Tile(TileType::new(DType::F32, shape));
         // The group: `g` groups of `rows` output rows past the program's
         // first (`g0`).
@@ -471,13 +475,13 @@ impl<'a> Conv<'a> {
                 vec![
                     n.clone(),
                     channel.clone(),
-                    oy.scaled(conv.stride[0])
-                        .plus_scaled(1, &Affine::value(a))
-                        .plus_scaled(1, &Affine::constant(-conv.padding[0])),
+                    oy.scaled(w.stride[0])
+                        .plus_scaled(w.dilation[0], &Affine::value(a))
+                        .plus_scaled(1, &Affine::constant(-w.padding[0])),
                     Affine::axis(1)
-                        .scaled(conv.stride[1])
-                        .plus_scaled(1, &Affine::value(bx))
-                        .plus_scaled(1, &Affine::constant(conv.stride[1] * ox0 - conv.padding[1])),
+                        .scaled(w.stride[1])
+                        .plus_scaled(w.dilation[1], &Affine::value(bx))
+                        .plus_scaled(1, &Affine::constant(w.stride[1] * ox0 - w.padding[1])),
                 ]
             };
             let oy = group0
