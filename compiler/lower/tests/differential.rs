@@ -259,13 +259,15 @@ fn convolutions_read_from_their_input() {
     }
 }
 
-/// A convolution written in index notation is the built-in's kernel: its
-/// window is read from its indices, its gathered operand is an im2col group
-/// carrying that window, and the product's programs copy their panels from
-/// the input through it. A strided user convolution's tile IR is the
-/// built-in `conv2d`'s, byte for byte, on both x86-64 widths; a strided and
-/// dilated one (no built-in has dilation) never makes its copy either, and
-/// agrees with the graph interpreter.
+/// A convolution written in index notation is the built-in's kernel: one
+/// that computes exactly a `conv2d` becomes it (`graph.canonicalize`), so a
+/// strided one's tile IR is the built-in's im2col product and a stride-1
+/// 3x3 one's the built-in's Winograd kernel, byte for byte, on both x86-64
+/// widths; any other window (dilated: no built-in has dilation) is read from
+/// its indices, its gathered operand is an im2col group carrying that
+/// window, and the product's programs copy their panels from the input
+/// through it, never making the copy. All agree with the graph
+/// interpreter.
 #[test]
 fn convolutions_in_index_notation_are_the_builtin_kernel() {
     let user = "op conv[N, C, O](x: f32[N, C, 28, 28], w: f32[O, C, 3, 3]) -> f32[N, O, 14, 14] { out[n, o, y, xx] = sum[c, ky, kx](x[n, c, 2 * y + ky - 1, 2 * xx + kx - 1] * w[o, c, ky, kx]); }
@@ -311,6 +313,20 @@ fn f(x: f32[2, 16, 28, 28], w: f32[32, 16, 3, 3]) -> f32[2, 32, 14, 14] { return
     }
     agree(user);
     agree(dilated);
+    // A stride-1 3x3 one is the built-in's Winograd kernel.
+    let user = "op conv[N, C, O](x: f32[N, C, 32, 32], w: f32[O, C, 3, 3]) -> f32[N, O, 32, 32] { out[n, o, y, xx] = sum[c, ky, kx](w[o, c, ky, kx] * x[n, c, y + ky - 1, xx + kx - 1]); }
+fn f(x: f32[1, 16, 32, 32], w: f32[24, 16, 3, 3]) -> f32[1, 24, 32, 32] { return relu(conv(x, w)); }";
+    let builtin = "fn f(x: f32[1, 16, 32, 32], w: f32[24, 16, 3, 3]) -> f32[1, 24, 32, 32] { return relu(conv2d(x, w, padding=1)); }";
+    let (lu, lb) = (lowered(&graph(user)), lowered(&graph(builtin)));
+    assert!(print_module(&lu).contains("loop.kernel_begin {group = \"winograd\"}"));
+    for target in [TargetDesc::x86_64_avx512(2), TargetDesc::x86_64_avx2(2)] {
+        let params = dlc_lower::ScheduleParams::for_target(&target);
+        let tile = |l: &dlc_loop::Module| {
+            dlc_tile::print_module(&dlc_lower::convert_module_with(l, &params).unwrap())
+        };
+        assert_eq!(tile(&lu), tile(&lb), "{}", target.name);
+    }
+    agree(user);
 }
 
 /// A product of few rows over many columns splits its columns into chunks

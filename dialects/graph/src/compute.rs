@@ -179,6 +179,61 @@ fn write_vars(out: &mut String, vars: &[IndexVar]) {
 }
 
 impl ComputeBody {
+    /// The operator as the built-in convolution it computes, if it is one:
+    /// no locals, and an output `out[n, o, y, xx] = sum[c, ky, kx](x[n, c,
+    /// s0 * y + ky - p0, s1 * xx + kx - p1] * w[o, c, ky, kx])` (the product
+    /// in either order) of operands `x` and `w`, summed over all of their
+    /// channels and taps, whose type is the one `conv2d(x, w, stride=[s0,
+    /// s1], padding=[p0, p1])` has. Returns the op and which of `inputs` (the
+    /// operands' types) are `x` and `w`. A convolution written so is then
+    /// the built-in op: its kernels (Winograd's, the im2col product), its
+    /// fusions and its rewrites.
+    pub fn as_conv2d(&self, inputs: &[&TensorType]) -> Option<(crate::ops::Op, [usize; 2])> {
+        if !self.locals.is_empty() {
+            return None;
+        }
+        let def = &self.out;
+        let ty = |s: Source| match s {
+            Source::Input(i) => inputs.get(i as usize).copied(),
+            Source::Local(_) => None,
+        };
+        let form = def.contraction(&ty, true)?;
+        // The output is the sum itself: no epilogue.
+        if !std::ptr::eq(form.sum, &def.expr) || form.m != 1 {
+            return None;
+        }
+        let window = form.window(def, &ty)?;
+        if window.dilation != [1, 1] || window.padding.iter().any(|&p| p < 0) {
+            return None;
+        }
+        let (Source::Input(xi), Source::Input(wi)) = (as_read(form.b)?.0, as_read(form.a)?.0)
+        else {
+            return None;
+        };
+        let (x, w) = (*inputs.get(xi as usize)?, *inputs.get(wi as usize)?);
+        let [c, ky, kx] = &form.k[..] else {
+            return None;
+        };
+        let weight = as_read(form.a)?.1;
+        let reads_weight = weight.len() == 4
+            && [def.vars[1], c.var, ky.var, kx.var]
+                .iter()
+                .zip(weight)
+                .all(|(v, e)| e.as_var() == Some(*v));
+        let whole = x.shape.get(1) == Some(&(c.hi as usize))
+            && w.shape.get(2..) == Some(&[ky.hi as usize, kx.hi as usize][..]);
+        if !reads_weight || !whole {
+            return None;
+        }
+        let op = crate::ops::Op::Conv2d {
+            stride: window.stride.map(|s| s as usize),
+            padding: window.padding.map(|p| p as usize),
+            groups: 1,
+        };
+        let out = crate::infer::infer(&op, &[x, w]).ok()?;
+        (out == [def.ty.clone()]).then_some((op, [xi as usize, wi as usize]))
+    }
+
     /// The body lines as printed between braces, without indentation.
     pub fn lines(&self) -> Vec<String> {
         let mut lines = Vec::new();

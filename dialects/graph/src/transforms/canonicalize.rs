@@ -6,8 +6,9 @@ use crate::interp::{FOLD_WORK_LIMIT, Tensor, eval_op, op_work};
 use crate::module::{Function, Module, Value};
 use crate::ops::{BinaryOp, ConstValue, Op, UnaryOp};
 
-/// `graph.canonicalize`: folds constants and applies algebraic identities
-/// until nothing changes (or `max_iterations` sweeps), then removes what
+/// `graph.canonicalize`: folds constants, applies algebraic identities and
+/// makes a user operator that computes a built-in op that op
+/// ([`crate::compute::ComputeBody::as_conv2d`]) until nothing changes (or `max_iterations` sweeps), then removes what
 /// became dead. Identities treat `-0.0` and `0.0` as equal (`x + 0 -> x`).
 pub struct Canonicalize {
     /// Upper bound on sweeps over each function.
@@ -156,6 +157,13 @@ fn simplify(f: &Function, node: NodeIndex) -> Option<Rewrite> {
         }
         Op::Reduce { axes, .. } if axes.is_empty() && same_type(ops[0]) => {
             Some(Rewrite::Use(ops[0]))
+        }
+        // A user operator that is a built-in one (a convolution written in
+        // index notation) becomes it.
+        Op::Compute(body) => {
+            let types: Vec<&TensorType> = ops.iter().map(|v| f.value_type(*v)).collect();
+            let (op, [x, w]) = body.as_conv2d(&types)?;
+            Some(Rewrite::New(op, vec![ops[x], ops[w]]))
         }
         _ => None,
     }
