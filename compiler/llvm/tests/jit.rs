@@ -539,6 +539,26 @@ fn f(x: f32[2, 3, 9, 70]) -> f32[2, 3, 3, 9, 35] { return window(x); }";
     jit_agrees(window);
 }
 
+/// A bf16 product scheduled for a CPU with AVX-512 BF16 (`znver4`) runs
+/// its register tile as `vdpbf16ps` dot products of pairs; for one without
+/// (`x86-64-v4`), as f32 multiply-adds of widened operands. Compiled and
+/// run here, it agrees with the graph interpreter either way (in pairs on a
+/// CPU that has them, as this machine's `native`).
+#[test]
+fn bf16_products_run_as_dot_products_of_pairs() {
+    let src = "fn f(a: bf16[64, 96], b: bf16[96, 80], c: bf16[80]) -> bf16[64, 80] { return relu(a @ b + c); }";
+    let ir = |cpu: &str| {
+        let target = TargetDesc::for_cpu(cpu).unwrap();
+        let tiles = dlc_driver::lower_for_tile(&graph(src), &target).unwrap();
+        dlc_llvm::emit_llvm_ir(&tiles, &dlc_runtime::abi::Symbols::for_module("t"), &target)
+            .unwrap()
+    };
+    let dot = "@llvm.x86.avx512bf16.dpbf16ps.512";
+    assert!(ir("znver4").contains(dot));
+    assert!(!ir("x86-64-v4").contains(dot));
+    jit_passes_check(src);
+}
+
 #[test]
 fn emits_llvm_ir_for_the_host() {
     let m = graph("fn f(x: f32[64], y: f32[64]) -> f32[64] { return x * y + 1.0; }");
@@ -711,15 +731,21 @@ fn compiled_objects_come_from_the_cache_the_second_time() {
 #[test]
 fn user_contractions_in_compiled_code() {
     for src in dlc_tests::CONTRACTION_PROGRAMS {
-        let m = graph(src);
-        for (seed, f) in m.entry_points().enumerate() {
-            let inputs = prepare_inputs(f, &[], Some(seed as u64)).unwrap();
-            let want = interpret(&m, f, &inputs).unwrap();
-            let got = compiled(&m, f, &inputs);
-            let tolerances = dlc_driver::check_tolerances(f);
-            for c in dlc_driver::check_results(&got, &want, &tolerances).unwrap() {
-                assert!(c.passed(), "@{}: {c}\n{src}", f.name);
-            }
+        jit_passes_check(src);
+    }
+}
+
+/// Compiled code agrees with the graph interpreter at `--check`'s
+/// tolerance for each result's type.
+fn jit_passes_check(src: &str) {
+    let m = graph(src);
+    for (seed, f) in m.entry_points().enumerate() {
+        let inputs = prepare_inputs(f, &[], Some(seed as u64)).unwrap();
+        let want = interpret(&m, f, &inputs).unwrap();
+        let got = compiled(&m, f, &inputs);
+        let tolerances = dlc_driver::check_tolerances(f);
+        for c in dlc_driver::check_results(&got, &want, &tolerances).unwrap() {
+            assert!(c.passed(), "@{}: {c}\n{src}", f.name);
         }
     }
 }

@@ -124,6 +124,12 @@ pub struct Packing {
     /// gave W1 1024 4.5% on one and two threads (the loop's counter and
     /// branch once per 24 multiply-adds instead of 12); four no more.
     pub unroll: usize,
+    /// Whether a product of two bf16 operands keeps them bf16 in its
+    /// strips and panels and steps the depth by pairs (an `mr x 2` by
+    /// `2 x nr` `tile.dot`, which the CPU runs as dot products of bf16 pairs
+    /// into f32, `vdpbf16ps`) rather than widening them to f32: the
+    /// target's `CpuDesc::avx512_bf16`.
+    pub bf16_pairs: bool,
 }
 
 impl ScheduleParams {
@@ -205,6 +211,7 @@ impl ScheduleParams {
                     l1_sets: target.cpu().map_or(0, |c| c.l1_sets),
                     l2_bytes: target.cpu().map_or(0, |c| c.l2_bytes),
                     unroll: 2,
+                    bf16_pairs: target.cpu().is_some_and(|c| c.avx512_bf16),
                 }),
             },
         }

@@ -89,6 +89,9 @@ pub(crate) struct Gen<'ctx, 'f, I: Ir = tile::TileIr> {
     /// a kernel spreads over threads.
     lanes: usize,
     min_threads: usize,
+    /// Whether the target has AVX-512 BF16's dot products of bf16 pairs
+    /// (`CpuDesc::avx512_bf16`), which a `tile.dot` of bf16 two deep runs as.
+    bf16_dot: bool,
     /// In a GPU kernel: the block's threads (see [`gpu`]).
     gpu: Option<gpu::Threads<'ctx>>,
 }
@@ -145,6 +148,7 @@ impl<'ctx, 'f, I: Ir> Gen<'ctx, 'f, I> {
             scratch: None,
             lanes: dlc_core::TargetDesc::host().lanes(DType::F32),
             min_threads: dlc_core::TargetDesc::host().min_thread_iterations(),
+            bf16_dot: false,
             gpu: None,
         }
     }

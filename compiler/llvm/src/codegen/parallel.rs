@@ -195,7 +195,7 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         let start = ctx.append_basic_block(outlined, "entry");
         let mut g = Gen::within(ctx, self.module, self.f, outlined, &self.sites);
         g.loc.clone_from(&self.loc);
-        (g.lanes, g.min_threads) = (self.lanes, self.min_threads);
+        (g.lanes, g.min_threads, g.bf16_dot) = (self.lanes, self.min_threads, self.bf16_dot);
         g.b.position_at_end(start);
         let frame_in = outlined
             .get_first_param()

@@ -43,6 +43,10 @@ pub(crate) struct TileIr;
 /// The largest lane stride a load reads as one wide masked load and a
 /// shuffle rather than a gather (`deinterleaved_load`): a stride of `s`
 /// loads `s` times the lanes it keeps.
+/// f32 lanes of one AVX-512 BF16 dot-product instruction (`vdpbf16ps` on
+/// 512 bits: 16 sums of 16 pairs).
+const BF16_DOT_LANES: usize = 16;
+
 const MAX_DEINTERLEAVED_STEP: i64 = 4;
 
 impl Ir for TileIr {
@@ -81,6 +85,7 @@ impl Ir for TileIr {
         let params: Vec<Value> = f.params.iter().map(|(_, v)| *v).collect();
         let mut g = Gen::exported(ctx, module, f, &params, symbol, sites)?;
         (g.lanes, g.min_threads) = (lanes, target.min_thread_iterations());
+        g.bf16_dot = target.cpu().is_some_and(|c| c.avx512_bf16);
         let plan = Workspace::plan(f)?;
         g.take_workspace(symbol, &plan)?;
         g.host_block(&f.body)?;
@@ -1165,6 +1170,14 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         let acc_d = self.tdtype(acc)?;
         let (va, vb) = (self.vectors(a)?, self.vectors(b)?);
         let mut out = self.vectors(acc)?;
+        if self.bf16_dot
+            && d == DType::BF16
+            && acc_d == DType::F32
+            && k == 2
+            && (0..cb.per_row).all(|j| cb.lanes(j) % BF16_DOT_LANES == 0)
+        {
+            return self.bf16_pair_dot(op, &ca, &cb, &va, &vb, out);
+        }
         let widen = |g: &Self, v: BV<'ctx>| -> R<BV<'ctx>> {
             if d == acc_d {
                 Ok(v)
@@ -1205,6 +1218,128 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
             }
         }
         self.define(r, out)
+    }
+
+    /// `tile.dot` of an `m x 2` by a `2 x n` tile of bf16 into f32 (`n` a
+    /// multiple of 16) as AVX-512 BF16 dot products of pairs: for each row,
+    /// its pair is one 32-bit word broadcast to every lane, and each 16
+    /// columns of the right operand's two rows are interleaved into 16
+    /// pairs (`vdpbf16ps` adds `a0 * b0 + a1 * b1` to each f32 lane, the
+    /// products exact, with round-to-nearest-even sums and denormals read
+    /// and written as zero).
+    fn bf16_pair_dot(
+        &mut self,
+        op: &OpData,
+        ca: &Cut,
+        cb: &Cut,
+        va: &[BV<'ctx>],
+        vb: &[BV<'ctx>],
+        mut out: Vec<BV<'ctx>>,
+    ) -> R<()> {
+        let i32t = self.ctx.i32_type();
+        let half = BF16_DOT_LANES as u32;
+        let pair_t = self.ctx.bf16_type().vec_type(2 * half);
+        let lanes = |range: std::ops::Range<u32>| -> Vec<_> {
+            range.map(|k| i32t.const_int(u64::from(k), false)).collect()
+        };
+        let m = ca.shape[0];
+        // Each row's pair as a word in every lane.
+        let mut rows = Vec::with_capacity(m);
+        for i in 0..m {
+            let (v0, l0) = ca.locate(2 * i);
+            let (v1, l1) = ca.locate(2 * i + 1);
+            let mut pair = self.ctx.bf16_type().vec_type(2).get_poison();
+            for (slot, (v, l)) in [(v0, l0), (v1, l1)].into_iter().enumerate() {
+                let x = self.b.build_extract_element(
+                    va[v].into_vector_value(),
+                    i32t.const_int(u64::from(l), false),
+                    "a",
+                )?;
+                pair = self.b.build_insert_element(
+                    pair,
+                    x,
+                    i32t.const_int(slot as u64, false),
+                    "pair",
+                )?;
+            }
+            let word = self.b.build_bit_cast(pair, i32t, "word")?;
+            let words = self.splat(word, half)?;
+            rows.push(self.b.build_bit_cast(words, pair_t, "pairs")?);
+        }
+        for j in 0..cb.per_row {
+            let n = cb.lanes(j) as u32;
+            let (b0, b1) = (
+                vb[j].into_vector_value(),
+                vb[cb.per_row + j].into_vector_value(),
+            );
+            for h in 0..n / half {
+                // Columns `h * 16..` of both rows, as 16 pairs.
+                let mask: Vec<_> = (h * half..(h + 1) * half)
+                    .flat_map(|c| [c, n + c])
+                    .map(|k| i32t.const_int(u64::from(k), false))
+                    .collect();
+                let pairs = self.b.build_shuffle_vector(
+                    b0,
+                    b1,
+                    VectorType::const_vector(&mask),
+                    "bpairs",
+                )?;
+                for (i, &row) in rows.iter().enumerate() {
+                    let slot = i * cb.per_row + j;
+                    let acc = out[slot].into_vector_value();
+                    let part = self.b.build_shuffle_vector(
+                        acc,
+                        acc.get_type().get_poison(),
+                        VectorType::const_vector(&lanes(h * half..(h + 1) * half)),
+                        "accpart",
+                    )?;
+                    let sum = self.call(
+                        "llvm.x86.avx512bf16.dpbf16ps.512",
+                        &[],
+                        &[part.into(), row, pairs.into()],
+                    )?;
+                    out[slot] = if n == half {
+                        sum
+                    } else {
+                        // Put the 16 sums back in place.
+                        let sum = sum.into_vector_value();
+                        let widened = self.b.build_shuffle_vector(
+                            sum,
+                            sum.get_type().get_poison(),
+                            VectorType::const_vector(
+                                &(0..n)
+                                    .map(|k| {
+                                        if k / half == h {
+                                            i32t.const_int(u64::from(k % half), false)
+                                        } else {
+                                            i32t.get_poison()
+                                        }
+                                    })
+                                    .collect::<Vec<_>>(),
+                            ),
+                            "widen",
+                        )?;
+                        let keep: Vec<_> = (0..n)
+                            .map(|k| {
+                                i32t.const_int(
+                                    u64::from(if k / half == h { n + k } else { k }),
+                                    false,
+                                )
+                            })
+                            .collect();
+                        self.b
+                            .build_shuffle_vector(
+                                acc,
+                                widened,
+                                VectorType::const_vector(&keep),
+                                "merge",
+                            )?
+                            .into()
+                    };
+                }
+            }
+        }
+        self.define(op.results[0], out)
     }
 
     /// A vector folded to one element with `op`.

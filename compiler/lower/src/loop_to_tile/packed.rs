@@ -32,6 +32,29 @@ pub(super) struct PackPlan {
     pub(super) ragged: bool,
     pub(super) unroll: usize,
     pub(super) l1_sets: usize,
+    /// bf16 operands kept bf16 and multiplied in pairs along the depth
+    /// (`Packing::bf16_pairs`): strips `[.., mr, kc]` (rows, not
+    /// transposed: a row's pair is one word) and panels of bf16, an
+    /// `mr x 2` by `2 x nr` dot per step. `kc`, `kk` and the product's depth
+    /// are even; `unroll` counts pairs.
+    pub(super) pairs: bool,
+}
+
+impl PackPlan {
+    /// The element type of the strips and panels: the operands' own for a
+    /// product in pairs, else f32 (narrow operands widened on the way).
+    pub(super) fn packed_dtype(&self) -> DType {
+        if self.pairs { DType::BF16 } else { DType::F32 }
+    }
+
+    /// The shape of `n` strips of one slice of the depth.
+    pub(super) fn strips_shape(&self, n: usize) -> Vec<usize> {
+        if self.pairs {
+            vec![n, self.mr, self.kc]
+        } else {
+            vec![n, self.kc, self.mr]
+        }
+    }
 }
 
 impl PackPlan {
@@ -93,7 +116,9 @@ pub(super) enum Strips {
 impl<'a> Conv<'a> {
     /// Whether contraction `m` runs on the CPU's packed kernel: operands
     /// of f32, or of f16/bf16 accumulated in f32 (copied into f32 panels
-    /// and strips, widened on the way, so the register tile is f32's).
+    /// and strips, widened on the way, so the register tile is f32's; or,
+    /// two bf16 operands where the target multiplies bf16 pairs, kept bf16:
+    /// [`PackPlan::pairs`]).
     pub(super) fn packs(&self, m: LOpId) -> bool {
         let op = self.op(m);
         let (L::Matmul(c), Some(Packing { min_macs, .. })) = (&op.kind, self.params.packed) else {
@@ -129,13 +154,15 @@ impl<'a> Conv<'a> {
     }
 
     /// A `shape` tile of product operand `operand` (buffer `buf` at
-    /// `index`) as f32: an f16/bf16 operand is loaded as is and widened.
-    pub(super) fn load_f32(
+    /// `index`) as `to`: an f16/bf16 operand is loaded as is and widened
+    /// to f32 where `to` is f32.
+    pub(super) fn load_as(
         &mut self,
         operand: LValue,
         (buf, index): (Value, Vec<Affine>),
         mask: Option<Value>,
         shape: Vec<usize>,
+        to: DType,
     ) -> Value {
         let dtype = self.operand_dtype(operand).unwrap_or(DType::F32);
         let pad = mask.map(|_| 0.0);
@@ -146,11 +173,7 @@ impl<'a> Conv<'a> {
             pad,
             Type::Tile(TileType::new(dtype, shape)),
         );
-        if dtype == DType::F32 {
-            t
-        } else {
-            self.b.cast(t, DType::F32)
-        }
+        if dtype == to { t } else { self.b.cast(t, to) }
     }
 
     /// A top-level f32 contraction as BLIS computes it on a CPU, with the
@@ -248,9 +271,11 @@ impl<'a> Conv<'a> {
         m: LOpId,
         plan: &PackPlan,
     ) -> Result<Value, TileConvError> {
+        let mut shape = vec![plan.blocks, plan.kb_n];
+        shape.extend(plan.strips_shape(plan.strips));
         let strips = self.b.alloc(BufferType::contiguous(
-            DType::F32,
-            vec![plan.blocks, plan.kb_n, plan.strips, plan.kc, plan.mr],
+            plan.packed_dtype(),
+            shape,
             Space::Global,
         ));
         self.b.begin_kernel(
@@ -299,15 +324,25 @@ impl<'a> Conv<'a> {
         )?;
         let placed = self.place(op.operands[0], a_index)?;
         let a_mask = self.b.mask(limits, &shape);
-        let ta = self.load_f32(op.operands[0], placed, Some(a_mask), shape);
+        let ta = self.load_as(
+            op.operands[0],
+            placed,
+            Some(a_mask),
+            shape,
+            plan.packed_dtype(),
+        );
+        let k_at = Affine::value(f)
+            .scaled(kk as i64)
+            .plus_scaled(1, &Affine::axis(ka));
         let mut at = prefix.to_vec();
-        at.extend([
-            Affine::value(s),
-            Affine::value(f)
-                .scaled(kk as i64)
-                .plus_scaled(1, &Affine::axis(ka)),
-            Affine::axis(ia),
-        ]);
+        at.push(Affine::value(s));
+        // Transposed (a column of `mr` rows per step of the depth), or, in
+        // pairs, row by row (each row's pair one word).
+        if plan.pairs {
+            at.extend([Affine::axis(ia), k_at]);
+        } else {
+            at.extend([k_at, Affine::axis(ia)]);
+        }
         self.b.store(ta, dst, at, None);
         self.b.end_for(vec![]);
         self.b.end_for(vec![]);
@@ -377,11 +412,23 @@ impl<'a> Conv<'a> {
             balance,
             l1_sets,
             unroll,
+            bf16_pairs,
             ..
         }) = self.params.packed
         else {
             return Err(self.invalid("no packed blocking for this target"));
         };
+        // bf16 in pairs along an even depth (an im2col window's slices are
+        // whole channels, read as f32).
+        let conv = self.convs.get(&m);
+        let pairs = bf16_pairs
+            && conv.is_none()
+            && c.k % 2 == 0
+            && self
+                .op(m)
+                .operands
+                .iter()
+                .all(|v| self.operand_dtype(*v) == Some(DType::BF16));
         // Blocks no larger than the product needs, and slices of the depth
         // of even size (a whole number of copies deep), so that the last one
         // is not mostly zeros the register tile multiplies.
@@ -392,9 +439,9 @@ impl<'a> Conv<'a> {
         } else {
             even
         };
+        let kc = if pairs { kc.next_multiple_of(2) } else { kc };
         // Slices of whole channels when the right operand is an im2col
         // buffer read from the input: as many channels as fit the depth.
-        let conv = self.convs.get(&m);
         let kc = match conv {
             Some(cv) => {
                 let taps = cv.kernel[0] * cv.kernel[1];
@@ -453,15 +500,17 @@ impl<'a> Conv<'a> {
         let nb_n = chunks * per_chunk;
         // Depth of one copied tile: a divisor of `kc`, so that copies never
         // cross from one `kc` slice into the next.
-        let kk = (1..=copy_depth.min(kc))
+        // In pairs, an even one (two at least).
+        let step = if pairs { 2 } else { 1 };
+        let kk = (1..=copy_depth.max(step).min(kc))
             .rev()
-            .find(|d| kc.is_multiple_of(*d))
-            .unwrap_or(1);
-        // The depth loop, `unroll` steps per iteration (the largest that
-        // divides `kc`, up to the target's).
+            .find(|d| kc.is_multiple_of(*d) && d.is_multiple_of(step))
+            .unwrap_or(step);
+        // The depth loop, `unroll` steps (pairs) per iteration (the largest
+        // that divides `kc` (`kc / 2`), up to the target's).
         let unroll = (1..=unroll.max(1))
             .rev()
-            .find(|u| kc.is_multiple_of(*u))
+            .find(|u| (kc / step).is_multiple_of(*u))
             .unwrap_or(1);
         Ok(PackPlan {
             mr,
@@ -479,6 +528,7 @@ impl<'a> Conv<'a> {
             ragged: !k_.is_multiple_of(kc) || !n_.is_multiple_of(nr) || nb_n > strips_n,
             unroll,
             l1_sets,
+            pairs,
         })
     }
 
@@ -496,7 +546,7 @@ impl<'a> Conv<'a> {
         let mut panel_shape: Vec<usize> = batch.iter().map(|b| b.2).collect();
         panel_shape.extend([plan.kb_n, plan.nb_n, plan.kc, plan.nr]);
         let panels = self.b.alloc(BufferType::contiguous(
-            DType::F32,
+            plan.packed_dtype(),
             panel_shape,
             Space::Global,
         ));
@@ -518,15 +568,7 @@ impl<'a> Conv<'a> {
         };
         at.extend([Affine::value(pk), Affine::value(pn)]);
         let j0 = Affine::value(pn).scaled(plan.nr as i64);
-        self.copy_panel_slice(
-            m,
-            pk,
-            j0,
-            [plan.kc, plan.kk, plan.nr],
-            plan.ragged,
-            panels,
-            &at,
-        )?;
+        self.copy_panel_slice(m, pk, j0, plan, panels, &at)?;
         if looped {
             self.b.end_for(vec![]);
         }
@@ -562,7 +604,6 @@ impl<'a> Conv<'a> {
             nr,
             mc,
             kc,
-            kk,
             kb_n,
             strips,
             per_chunk,
@@ -580,8 +621,8 @@ impl<'a> Conv<'a> {
             Strips::Global(buf, _) => Some(*buf),
             Strips::InPlace => None,
             Strips::Own => Some(self.b.alloc(BufferType::contiguous(
-                DType::F32,
-                vec![strips, kc, mr],
+                plan.packed_dtype(),
+                plan.strips_shape(strips),
                 Space::Scratch,
             ))),
         };
@@ -593,8 +634,11 @@ impl<'a> Conv<'a> {
         let panel_buf = matches!(panels, Panels::Own).then(|| {
             let mut shape: Vec<usize> = conv.iter().map(|cv| cv.group).collect();
             shape.extend([kc, nr]);
-            self.b
-                .alloc(BufferType::contiguous(DType::F32, shape, Space::Scratch))
+            self.b.alloc(BufferType::contiguous(
+                plan.packed_dtype(),
+                shape,
+                Space::Scratch,
+            ))
         });
         let register_tile = |nb: &Affine, s: Value| {
             vec![
@@ -648,7 +692,7 @@ impl<'a> Conv<'a> {
                 if let Some(panel_buf) = panel_buf {
                     // This slice of the panel, copied as the pack kernel would.
                     let j0 = nb0.plus_scaled(1, &Affine::value(nb)).scaled(nr as i64);
-                    self.copy_panel_slice(m, kb, j0, [kc, kk, nr], ragged, panel_buf, &[])?;
+                    self.copy_panel_slice(m, kb, j0, plan, panel_buf, &[])?;
                 }
                 (Affine::value(nb), None)
             }
@@ -661,13 +705,29 @@ impl<'a> Conv<'a> {
         } else {
             zero
         };
-        let (k, acc) = self.b.begin_for(0, kc as i64, unroll as i64, &[c0]);
+        // The depth a step takes: one, or a pair of bf16.
+        let step = if plan.pairs { 2 } else { 1 };
+        let packed_t = |shape: Vec<usize>| Type::Tile(TileType::new(plan.packed_dtype(), shape));
+        let (k, acc) = self
+            .b
+            .begin_for(0, (kc / step) as i64, unroll as i64, &[c0]);
         let mut next = acc[0];
         for u in 0..unroll {
             let ku = Affine::value(k).plus_scaled(1, &Affine::constant(u as i64));
-            // This step of the depth.
-            let k0 = Affine::value(kb).scaled(kc as i64).plus_scaled(1, &ku);
+            // This step of the depth (its first row, within the slice).
+            let kr = ku.scaled(step as i64);
+            let k0 = Affine::value(kb).scaled(kc as i64).plus_scaled(1, &kr);
             let ak = match strip_buf {
+                Some(strip_buf) if plan.pairs => {
+                    let mut at = strips_at.clone();
+                    at.extend([
+                        Affine::value(s),
+                        Affine::axis(0),
+                        kr.plus_scaled(1, &Affine::axis(1)),
+                    ]);
+                    self.b
+                        .load(strip_buf, at, None, None, packed_t(vec![mr, 2]))
+                }
                 Some(strip_buf) => {
                     let mut at = strips_at.clone();
                     at.extend([
@@ -676,6 +736,9 @@ impl<'a> Conv<'a> {
                         Affine::axis(0),
                     ]);
                     self.b.load(strip_buf, at, None, None, f32t(vec![mr, 1]))
+                }
+                None if plan.pairs => {
+                    return Err(self.invalid("bf16 pairs read from their own strips"));
                 }
                 None => {
                     // Rows `mr * s..` of the block, this step of the depth.
@@ -694,18 +757,23 @@ impl<'a> Conv<'a> {
             let bk = match (panels, panel_buf) {
                 (_, Some(panel_buf)) => {
                     let mut at: Vec<Affine> = group_at.map(Affine::value).into_iter().collect();
-                    at.extend([ku.plus_scaled(1, &Affine::axis(0)), Affine::axis(1)]);
-                    self.b.load(panel_buf, at, None, None, f32t(vec![1, nr]))
+                    at.extend([kr.plus_scaled(1, &Affine::axis(0)), Affine::axis(1)]);
+                    self.b
+                        .load(panel_buf, at, None, None, packed_t(vec![step, nr]))
                 }
                 (Panels::Global(panels), None) => {
                     let mut panel = bat.to_vec();
                     panel.extend([
                         Affine::value(kb),
                         nb0.plus_scaled(1, &nb),
-                        ku.plus_scaled(1, &Affine::axis(0)),
+                        kr.plus_scaled(1, &Affine::axis(0)),
                         Affine::axis(1),
                     ]);
-                    self.b.load(panels, panel, None, None, f32t(vec![1, nr]))
+                    self.b
+                        .load(panels, panel, None, None, packed_t(vec![step, nr]))
+                }
+                (_, None) if plan.pairs => {
+                    return Err(self.invalid("bf16 pairs read from their own panels"));
                 }
                 (_, None) => {
                     // Row `k` of the slice, this panel's columns, straight from
@@ -818,18 +886,18 @@ impl<'a> Conv<'a> {
 
     /// Copies slice `kb` (`kc` deep) of the `nr` columns from `j0` of
     /// product `m`'s right operand to `dst[prefix.., k, j]`, `kk` steps of
-    /// the depth per copy, zeros past the operand's edges where `ragged`.
-    #[allow(clippy::too_many_arguments)]
+    /// the depth per copy, zeros past the operand's edges where the plan is
+    /// ragged, as the plan's panels hold them (f32, or bf16 in pairs).
     pub(super) fn copy_panel_slice(
         &mut self,
         m: LOpId,
         kb: Value,
         j0: Affine,
-        [kc, kk, nr]: [usize; 3],
-        ragged: bool,
+        plan: &PackPlan,
         dst: Value,
         prefix: &[Affine],
     ) -> Result<(), TileConvError> {
+        let (kc, kk, nr, ragged) = (plan.kc, plan.kk, plan.nr, plan.ragged);
         let (op, c) = self.contraction(m)?;
         let body: &'a LBlock = &op.regions[0];
         let (jv, kv) = (body.args[1], body.args[2]);
@@ -841,7 +909,13 @@ impl<'a> Conv<'a> {
         let (b_index, limits, shape, [ka, ja]) =
             self.operand_block(op.operands[1], &c.b, [(kv, k0, c.k, kk), (jv, j0, c.n, nr)])?;
         let mask = ragged.then(|| self.b.mask(limits, &shape));
-        let t = self.load_f32(op.operands[1], (b, b_index), mask, shape);
+        let t = self.load_as(
+            op.operands[1],
+            (b, b_index),
+            mask,
+            shape,
+            plan.packed_dtype(),
+        );
         let mut at = prefix.to_vec();
         at.extend([
             Affine::value(f)
