@@ -705,6 +705,45 @@ graph.func @g(%x: f32[8, 64, 56, 56]) -> f32[8, 64, 28, 28] {
     );
 }
 
+/// The function-level cost reads the plan's kernel groups: attention whose
+/// scores and softmax nothing else reads runs as one kernel on a CPU, so it
+/// costs two kernel launches, the scores' write and the softmax's read and
+/// write less than the same nodes with the scores also returned (no longer
+/// one kernel); for a GPU, whose schedules do not fuse it, the two cost the
+/// same.
+#[test]
+fn function_cost_prices_attention_as_one_kernel() {
+    let body = "  %0 = graph.transpose %k {perm = [0, 2, 1]} : f32[12, 384, 64]
+  %1 = graph.matmul %q, %0 : f32[12, 384, 384]
+  %2 = graph.softmax %1 {axis = 2} : f32[12, 384, 384]
+  %3 = graph.matmul %2, %v : f32[12, 384, 64]";
+    let m = parse_module(&format!(
+        "graph.func @fused(%q: f32[12, 384, 64], %k: f32[12, 384, 64], %v: f32[12, 384, 64]) -> f32[12, 384, 64] {{
+{body}
+  graph.return %3
+}}
+graph.func @apart(%q: f32[12, 384, 64], %k: f32[12, 384, 64], %v: f32[12, 384, 64]) -> (f32[12, 384, 64], f32[12, 384, 384]) {{
+{body}
+  graph.return %3, %1
+}}
+"
+    ))
+    .unwrap();
+    let model = CostModel::calibrated();
+    let cpu = dlc_core::TargetDesc::x86_64_avx512(2);
+    let cost = |i: usize, t: &dlc_core::TargetDesc| model.function_cost(&m.functions[i], t);
+    let scores = 12.0 * 384.0 * 384.0 * 4.0;
+    let saved = 2.0 * model.kernel_us + 3.0 * scores / (model.bandwidth_gbs * 1e3);
+    let (fused, apart) = (cost(0, &cpu), cost(1, &cpu));
+    assert!(
+        ((apart - fused) / saved - 1.0).abs() < 1e-9,
+        "one kernel saves {} us, expected {saved} us",
+        apart - fused
+    );
+    let gpu = dlc_core::TargetDesc::sm_90();
+    assert_eq!(cost(0, &gpu), cost(1, &gpu));
+}
+
 /// A user operator is priced as graph -> loop lowers it: a contraction
 /// in index notation (`a[k, i] * b[k, j]`, Aᵀ·B) as the product it
 /// becomes, within a quarter of the built-in `transpose(a) @ b`; a

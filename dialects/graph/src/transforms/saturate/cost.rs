@@ -376,7 +376,55 @@ impl CostModel {
                 }
             };
         }
-        total
+        total - self.fused_groups_saving(f, &plan, target)
+    }
+
+    /// What the plan's kernel groups save over their kernels priced one by
+    /// one: an attention group whose products the CPU packs, and whose
+    /// scores and softmax nothing else reads, runs as one kernel over
+    /// blocks of rows (`convert-loop-to-tile`'s fused schedule), the scores
+    /// and their softmax held in each program's scratch: two kernel
+    /// launches, the scores' write, and the softmax's read and write are
+    /// not paid. (The second product's read of the softmax is left in its
+    /// price, where it is under the maximum with its arithmetic.)
+    fn fused_groups_saving(
+        &self,
+        f: &Function,
+        plan: &HashMap<NodeIndex, Plan>,
+        target: &TargetDesc,
+    ) -> f64 {
+        if target.cpu().is_none() {
+            return 0.0;
+        }
+        let alone = |n: NodeIndex| f.users(n).len() == 1 && !f.results.iter().any(|r| r.node == n);
+        let packed = |n: NodeIndex| {
+            let out = &f.body[n].results[0];
+            let k = f
+                .operands(n)
+                .first()
+                .and_then(|a| f.value_type(*a).shape.last().copied())
+                .unwrap_or(1);
+            target.packs_product(out.dtype, (elements(out) as usize).saturating_mul(k))
+        };
+        crate::fusion::kernel_groups(f, plan)
+            .into_iter()
+            .map(|g| {
+                let crate::fusion::KernelGroup::Attention {
+                    scores,
+                    read,
+                    softmax,
+                    output,
+                } = g;
+                if !(alone(read) && alone(softmax) && packed(scores) && packed(output)) {
+                    return 0.0;
+                }
+                let (s, p) = (
+                    bytes(&f.body[read].results[0]),
+                    bytes(&f.body[softmax].results[0]),
+                );
+                2.0 * self.kernel_us + self.bytes_us(2.0 * s + p)
+            })
+            .sum()
     }
 }
 
