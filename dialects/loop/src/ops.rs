@@ -170,9 +170,10 @@ impl KernelGroup {
         attrs
     }
 
-    /// Reads a group from its attributes (`op`: the op's name, for errors).
-    pub fn read(op: &str, a: &mut AttrReader<'_>) -> Result<KernelGroup, String> {
+    /// Reads a group from its op's attributes.
+    pub fn read(a: &mut AttrReader<'_>) -> Result<KernelGroup, String> {
         let group = a.string("group")?;
+        let op = a.op();
         Ok(match group.as_str() {
             "attention" => KernelGroup::Attention,
             "im2col" => KernelGroup::Im2col(Window::read(a)?),
@@ -377,7 +378,7 @@ impl OpKind {
                 },
                 "yield" => OpKind::Yield,
                 "return" => OpKind::Return,
-                "kernel_begin" => OpKind::KernelBegin(KernelGroup::read(name, &mut a)?),
+                "kernel_begin" => OpKind::KernelBegin(KernelGroup::read(&mut a)?),
                 "kernel_end" => OpKind::KernelEnd,
                 "matmul" => {
                     let [m, n, k] = a.ints("sizes")?[..] else {
