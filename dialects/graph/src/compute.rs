@@ -206,15 +206,14 @@ impl ComputeBody {
         if window.dilation != [1, 1] || window.padding.iter().any(|&p| p < 0) {
             return None;
         }
-        let (Source::Input(xi), Source::Input(wi)) = (as_read(form.b)?.0, as_read(form.a)?.0)
-        else {
+        let ((xs, _), (ws, weight)) = (as_read(form.b)?, as_read(form.a)?);
+        let (Source::Input(xi), Source::Input(wi)) = (xs, ws) else {
             return None;
         };
         let (x, w) = (*inputs.get(xi as usize)?, *inputs.get(wi as usize)?);
         let [c, ky, kx] = &form.k[..] else {
             return None;
         };
-        let weight = as_read(form.a)?.1;
         let reads_weight = weight.len() == 4
             && [def.vars[1], c.var, ky.var, kx.var]
                 .iter()

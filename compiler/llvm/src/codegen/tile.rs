@@ -450,29 +450,36 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         )?)
     }
 
-    /// Lane `k` of vector `v` repeated `n` times.
-    fn broadcast_lane(&self, v: BV<'ctx>, k: u32, n: usize) -> R<BV<'ctx>> {
-        let v = v.into_vector_value();
-        let idx = self.ctx.i32_type().const_int(u64::from(k), false);
-        let mask = VectorType::const_vector(&vec![idx; n]);
-        Ok(self
-            .b
-            .build_shuffle_vector(v, v.get_type().get_poison(), mask, "bcast")?
-            .into())
-    }
-
-    /// Lanes `from..from + n` of `v`.
-    fn sub_vector(&self, v: VectorValue<'ctx>, from: u32, n: u32) -> R<VectorValue<'ctx>> {
+    /// The vector whose lane `i` is lane `lanes[i]` of `v`.
+    fn permute(
+        &self,
+        v: VectorValue<'ctx>,
+        lanes: impl IntoIterator<Item = u32>,
+        name: &str,
+    ) -> R<VectorValue<'ctx>> {
         let i32t = self.ctx.i32_type();
-        let mask: Vec<_> = (from..from + n)
+        let mask: Vec<_> = lanes
+            .into_iter()
             .map(|k| i32t.const_int(u64::from(k), false))
             .collect();
         Ok(self.b.build_shuffle_vector(
             v,
             v.get_type().get_poison(),
             VectorType::const_vector(&mask),
-            "part",
+            name,
         )?)
+    }
+
+    /// Lane `k` of vector `v` repeated `n` times.
+    fn broadcast_lane(&self, v: BV<'ctx>, k: u32, n: usize) -> R<BV<'ctx>> {
+        Ok(self
+            .permute(v.into_vector_value(), std::iter::repeat_n(k, n), "bcast")?
+            .into())
+    }
+
+    /// Lanes `from..from + n` of `v`.
+    fn sub_vector(&self, v: VectorValue<'ctx>, from: u32, n: u32) -> R<VectorValue<'ctx>> {
+        self.permute(v, from..from + n, "part")
     }
 
     /// Vectors cut as `cut` from scalars in row-major order.
@@ -803,41 +810,25 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         mask: Option<BV<'ctx>>,
         passthru: BV<'ctx>,
     ) -> R<BV<'ctx>> {
-        let i32t = self.ctx.i32_type();
         let store_t = storage_type(self.ctx, a.dtype);
-        let wide = n * step;
-        let wvt = self.vector_of(store_t, wide as u32);
+        let (step32, wide) = (step as u32, (n * step) as u32);
+        let wvt = self.vector_of(store_t, wide);
+        // Wide lane `w` stands for lane `w / step`, and is read where it is
+        // lane `w / step`'s own element.
+        let spread = || (0..wide).map(|w| w / step32);
         let bool_t = self.ctx.bool_type();
-        let every: Vec<_> = (0..wide)
-            .map(|w| bool_t.const_int(u64::from(w % step == 0), false))
+        let own: Vec<_> = (0..wide)
+            .map(|w| bool_t.const_int(u64::from(w % step32 == 0), false))
             .collect();
-        let every: BV<'ctx> = VectorType::const_vector(&every).into();
+        let own: BV<'ctx> = VectorType::const_vector(&own).into();
         let wide_mask = match mask {
-            None => every,
+            None => own,
             Some(m) => {
-                let m = m.into_vector_value();
-                let spread: Vec<_> = (0..wide)
-                    .map(|w| i32t.const_int((w / step) as u64, false))
-                    .collect();
-                let spread = self.b.build_shuffle_vector(
-                    m,
-                    m.get_type().get_poison(),
-                    VectorType::const_vector(&spread),
-                    "spread",
-                )?;
-                self.and(spread.into(), every)?
+                let m = self.permute(m.into_vector_value(), spread(), "spread")?;
+                self.and(m.into(), own)?
             }
         };
-        let pt = passthru.into_vector_value();
-        let spread_pt: Vec<_> = (0..wide)
-            .map(|w| i32t.const_int((w / step) as u64, false))
-            .collect();
-        let wide_pt = self.b.build_shuffle_vector(
-            pt,
-            pt.get_type().get_poison(),
-            VectorType::const_vector(&spread_pt),
-            "widepad",
-        )?;
+        let wide_pt = self.permute(passthru.into_vector_value(), spread(), "widepad")?;
         let p = self.element_pointer(a, off)?;
         let loaded = self
             .call(
@@ -846,17 +837,8 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                 &[p.into(), wide_mask, wide_pt.into()],
             )?
             .into_vector_value();
-        let pick: Vec<_> = (0..n)
-            .map(|k| i32t.const_int((k * step) as u64, false))
-            .collect();
         Ok(self
-            .b
-            .build_shuffle_vector(
-                loaded,
-                loaded.get_type().get_poison(),
-                VectorType::const_vector(&pick),
-                "deinterleave",
-            )?
+            .permute(loaded, (0..n as u32).map(|k| k * step32), "deinterleave")?
             .into())
     }
 
@@ -1239,22 +1221,13 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         let i32t = self.ctx.i32_type();
         let half = BF16_DOT_LANES as u32;
         let pair_t = self.ctx.bf16_type().vec_type(2 * half);
-        let lanes = |range: std::ops::Range<u32>| -> Vec<_> {
-            range.map(|k| i32t.const_int(u64::from(k), false)).collect()
-        };
-        let m = ca.shape[0];
         // Each row's pair as a word in every lane.
-        let mut rows = Vec::with_capacity(m);
-        for i in 0..m {
-            let (v0, l0) = ca.locate(2 * i);
-            let (v1, l1) = ca.locate(2 * i + 1);
+        let mut rows = Vec::with_capacity(ca.shape[0]);
+        for i in 0..ca.shape[0] {
             let mut pair = self.ctx.bf16_type().vec_type(2).get_poison();
-            for (slot, (v, l)) in [(v0, l0), (v1, l1)].into_iter().enumerate() {
-                let x = self.b.build_extract_element(
-                    va[v].into_vector_value(),
-                    i32t.const_int(u64::from(l), false),
-                    "a",
-                )?;
+            for slot in 0..2 {
+                let (v, l) = ca.locate(2 * i + slot);
+                let x = self.lane(va[v], l)?;
                 pair = self.b.build_insert_element(
                     pair,
                     x,
@@ -1272,71 +1245,33 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                 vb[j].into_vector_value(),
                 vb[cb.per_row + j].into_vector_value(),
             );
-            for h in 0..n / half {
-                // Columns `h * 16..` of both rows, as 16 pairs.
-                let mask: Vec<_> = (h * half..(h + 1) * half)
-                    .flat_map(|c| [c, n + c])
-                    .map(|k| i32t.const_int(u64::from(k), false))
-                    .collect();
-                let pairs = self.b.build_shuffle_vector(
-                    b0,
-                    b1,
-                    VectorType::const_vector(&mask),
-                    "bpairs",
-                )?;
-                for (i, &row) in rows.iter().enumerate() {
-                    let slot = i * cb.per_row + j;
-                    let acc = out[slot].into_vector_value();
-                    let part = self.b.build_shuffle_vector(
-                        acc,
-                        acc.get_type().get_poison(),
-                        VectorType::const_vector(&lanes(h * half..(h + 1) * half)),
-                        "accpart",
-                    )?;
-                    let sum = self.call(
-                        "llvm.x86.avx512bf16.dpbf16ps.512",
-                        &[],
-                        &[part.into(), row, pairs.into()],
-                    )?;
-                    out[slot] = if n == half {
-                        sum
-                    } else {
-                        // Put the 16 sums back in place.
-                        let sum = sum.into_vector_value();
-                        let widened = self.b.build_shuffle_vector(
-                            sum,
-                            sum.get_type().get_poison(),
-                            VectorType::const_vector(
-                                &(0..n)
-                                    .map(|k| {
-                                        if k / half == h {
-                                            i32t.const_int(u64::from(k % half), false)
-                                        } else {
-                                            i32t.get_poison()
-                                        }
-                                    })
-                                    .collect::<Vec<_>>(),
-                            ),
-                            "widen",
-                        )?;
-                        let keep: Vec<_> = (0..n)
-                            .map(|k| {
-                                i32t.const_int(
-                                    u64::from(if k / half == h { n + k } else { k }),
-                                    false,
-                                )
-                            })
-                            .collect();
-                        self.b
-                            .build_shuffle_vector(
-                                acc,
-                                widened,
-                                VectorType::const_vector(&keep),
-                                "merge",
-                            )?
-                            .into()
-                    };
-                }
+            // Each 16 columns of both rows of `b`, as 16 pairs.
+            let pairs = (0..n / half)
+                .map(|h| {
+                    let mask: Vec<_> = (h * half..(h + 1) * half)
+                        .flat_map(|c| [c, n + c])
+                        .map(|k| i32t.const_int(u64::from(k), false))
+                        .collect();
+                    self.b
+                        .build_shuffle_vector(b0, b1, VectorType::const_vector(&mask), "bpairs")
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            for (i, &row) in rows.iter().enumerate() {
+                let slot = i * cb.per_row + j;
+                let acc = out[slot].into_vector_value();
+                let sums = pairs
+                    .iter()
+                    .enumerate()
+                    .map(|(h, &p)| {
+                        let part = self.sub_vector(acc, h as u32 * half, half)?;
+                        self.call(
+                            "llvm.x86.avx512bf16.dpbf16ps.512",
+                            &[],
+                            &[part.into(), row, p.into()],
+                        )
+                    })
+                    .collect::<R<Vec<_>>>()?;
+                out[slot] = self.concat(&sums)?.0.into();
             }
         }
         self.define(op.results[0], out)

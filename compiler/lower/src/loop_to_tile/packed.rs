@@ -47,6 +47,11 @@ impl PackPlan {
         if self.pairs { DType::BF16 } else { DType::F32 }
     }
 
+    /// The depth one step of the register tile takes: a pair in pairs.
+    pub(super) fn depth_step(&self) -> usize {
+        if self.pairs { 2 } else { 1 }
+    }
+
     /// The shape of `n` strips of one slice of the depth.
     pub(super) fn strips_shape(&self, n: usize) -> Vec<usize> {
         if self.pairs {
@@ -705,8 +710,7 @@ impl<'a> Conv<'a> {
         } else {
             zero
         };
-        // The depth a step takes: one, or a pair of bf16.
-        let step = if plan.pairs { 2 } else { 1 };
+        let step = plan.depth_step();
         let packed_t = |shape: Vec<usize>| Type::Tile(TileType::new(plan.packed_dtype(), shape));
         let (k, acc) = self
             .b
