@@ -540,22 +540,41 @@ fn f(x: f32[2, 3, 9, 70]) -> f32[2, 3, 3, 9, 35] { return window(x); }";
 }
 
 /// A bf16 product scheduled for a CPU with AVX-512 BF16 (`znver4`) runs
-/// its register tile as `vdpbf16ps` dot products of pairs; for one without
-/// (`x86-64-v4`), as f32 multiply-adds of widened operands. Compiled and
-/// run here, it agrees with the graph interpreter either way (in pairs on a
-/// CPU that has them, as this machine's `native`).
+/// its register tile as `vdpbf16ps` dot products of pairs, reading its
+/// panels' pairs as they lie (interleaved when packed: no shuffle in the
+/// loop); for one without (`x86-64-v4`), as f32 multiply-adds of widened
+/// operands. Compiled and run here, it agrees with the graph interpreter
+/// either way (in pairs on a CPU that has them, as this machine's
+/// `native`).
 #[test]
 fn bf16_products_run_as_dot_products_of_pairs() {
     let src = "fn f(a: bf16[64, 96], b: bf16[96, 80], c: bf16[80]) -> bf16[64, 80] { return relu(a @ b + c); }";
-    let ir = |cpu: &str| {
+    let symbols = dlc_runtime::abi::Symbols::for_module("t");
+    let tiles = |cpu: &str| {
         let target = TargetDesc::for_cpu(cpu).unwrap();
-        let tiles = dlc_driver::lower_for_tile(&graph(src), &target).unwrap();
-        dlc_llvm::emit_llvm_ir(&tiles, &dlc_runtime::abi::Symbols::for_module("t"), &target)
-            .unwrap()
+        (
+            dlc_driver::lower_for_tile(&graph(src), &target).unwrap(),
+            target,
+        )
+    };
+    let ir = |cpu: &str| {
+        let (tiles, target) = tiles(cpu);
+        dlc_llvm::emit_llvm_ir(&tiles, &symbols, &target).unwrap()
     };
     let dot = "@llvm.x86.avx512bf16.dpbf16ps.512";
     assert!(ir("znver4").contains(dot));
     assert!(!ir("x86-64-v4").contains(dot));
+    let (t, target) = tiles("znver4");
+    let asm = dlc_llvm::emit_native(&t, false, &symbols, &target).unwrap();
+    let asm = String::from_utf8(asm).unwrap();
+    // The basic blocks of the register tile: between labels, with the dot.
+    let blocks: Vec<&str> = asm.split(':').filter(|b| b.contains("vdpbf16ps")).collect();
+    assert!(!blocks.is_empty(), "{asm}");
+    for b in blocks {
+        for shuffle in ["vperm", "vpunpck", "vpshuf", "vshuf", "vpalignr"] {
+            assert!(!b.contains(shuffle), "{shuffle} in the register tile:\n{b}");
+        }
+    }
     jit_passes_check(src);
 }
 

@@ -124,12 +124,13 @@ pub struct Packing {
     /// gave W1 1024 4.5% on one and two threads (the loop's counter and
     /// branch once per 24 multiply-adds instead of 12); four no more.
     pub unroll: usize,
-    /// Whether a product of two bf16 operands keeps them bf16 in its
-    /// strips and panels and steps the depth by pairs (an `mr x 2` by
-    /// `2 x nr` `tile.dot`, which the CPU runs as dot products of bf16 pairs
-    /// into f32, `vdpbf16ps`) rather than widening them to f32: the
-    /// target's `CpuDesc::avx512_bf16`.
-    pub bf16_pairs: bool,
+    /// `[mr, nr, mc, kc]` of a product of two bf16 operands that keeps them
+    /// bf16 in its strips and panels and steps the depth by pairs (an
+    /// `mr x 2` by `2 x nr` `tile.dot`, which the CPU runs as dot products
+    /// of bf16 pairs into f32, `vdpbf16ps`); `None`: bf16 is widened to f32
+    /// and takes `blocking`. The target's `gemm_blocking(BF16)` where it
+    /// multiplies pairs (`CpuDesc::avx512_bf16`).
+    pub bf16_pairs: Option<[usize; 4]>,
 }
 
 impl ScheduleParams {
@@ -148,27 +149,38 @@ impl ScheduleParams {
                 "dot blocks {m}x{n}x{k} make tiles of more than {max} elements"
             ));
         }
+        let blocks = |[mr, nr, mc, kc]: [usize; 4]| {
+            fits(mr, nr) && fits(kc, nr) && fits(mc, nr) && fits(mr, kc) && mc.is_multiple_of(mr)
+        };
         if let Some(Packing {
-            blocking: [mr, nr, mc, kc],
+            blocking,
             units,
             copy_depth,
             narrow,
             balance,
+            bf16_pairs,
             ..
         }) = self.packed
-            && !(units >= 1
+        {
+            if !(units >= 1
                 && balance >= 1
                 && copy_depth >= 1
                 && narrow.is_none_or(|[r, c]| fits(r, c))
-                && fits(mr, nr)
-                && fits(kc, nr)
-                && fits(mc, nr)
-                && fits(mr, kc)
-                && mc.is_multiple_of(mr))
-        {
-            return Err(format!(
-                "packed blocking {mr}x{nr}x{mc}x{kc} is not a valid blocking"
-            ));
+                && blocks(blocking))
+            {
+                let [mr, nr, mc, kc] = blocking;
+                return Err(format!(
+                    "packed blocking {mr}x{nr}x{mc}x{kc} is not a valid blocking"
+                ));
+            }
+            if let Some(p @ [mr, nr, mc, kc]) = bf16_pairs
+                && !(blocks(p) && kc.is_multiple_of(2))
+            {
+                return Err(format!(
+                    "bf16 pair blocking {mr}x{nr}x{mc}x{kc} is not a valid blocking \
+                     (and an even depth)"
+                ));
+            }
         }
         Ok(())
     }
@@ -190,6 +202,7 @@ impl ScheduleParams {
     /// 64 x 64 x 32 blocks staged through shared memory.
     pub fn for_target(target: &TargetDesc) -> ScheduleParams {
         let g = target.gemm_blocking(DType::F32);
+        let pairs = target.gemm_blocking(DType::BF16);
         match target.gpu() {
             Some(gpu) => ScheduleParams {
                 vector: 256.min(gpu.max_threads_per_block),
@@ -211,7 +224,9 @@ impl ScheduleParams {
                     l1_sets: target.cpu().map_or(0, |c| c.l1_sets),
                     l2_bytes: target.cpu().map_or(0, |c| c.l2_bytes),
                     unroll: 2,
-                    bf16_pairs: target.cpu().is_some_and(|c| c.avx512_bf16),
+                    bf16_pairs: pairs
+                        .pairs
+                        .then_some([pairs.mr, pairs.nr, pairs.mc, pairs.kc]),
                 }),
             },
         }

@@ -870,9 +870,9 @@ fn odd_schedule_parameters_agree() {
             // A Winograd convolution's programs take one row of tiles.
             l2_bytes: 0,
             unroll: units,
-            // bf16 products in pairs with one blocking, widened with the
-            // other.
-            bf16_pairs: units == 3,
+            // bf16 products in pairs with one blocking (a register tile
+            // of its own), widened with the other.
+            bf16_pairs: (units == 3).then_some([3, 4, 6, 6]),
         });
         p.validate().unwrap();
         schedules.push(p);

@@ -719,6 +719,12 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         let a = self.access(op.operands[0], index, cut.shape.len())?;
         let store_t = storage_type(self.ctx, a.dtype);
         let mask = self.mask_of(op, 1)?;
+        if mask.is_none()
+            && pad.is_none()
+            && let Some(out) = self.transposing_load(&a, &cut)?
+        {
+            return self.define(r, out);
+        }
         let mut out = Vec::with_capacity(cut.vectors());
         for row in 0..cut.rows() {
             let rc = cut.row_coords(row);
@@ -896,6 +902,51 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
             }
         }
         Ok(())
+    }
+
+    /// A load of a 2-axis tile of a few rows (at most
+    /// `MAX_DEINTERLEAVED_STEP`) and vectors of two lanes or more from
+    /// column-major place (`offset = r + c *
+    /// rows`, as bf16 panels hold pairs of the depth): each vector of
+    /// columns is one contiguous run of `rows * lanes` elements, each row
+    /// every `rows`-th of it, rather than a wide load per row. A shuffle
+    /// that interleaves the rows again (the bf16 pair dot's) then cancels
+    /// out. `None` where the load is not of that form.
+    fn transposing_load(&self, a: &Access<'ctx>, cut: &Cut) -> R<Option<Vec<BV<'ctx>>>> {
+        let rows = cut.shape.first().copied().unwrap_or(0);
+        if cut.shape.len() != 2
+            || !(2..=MAX_DEINTERLEAVED_STEP as usize).contains(&rows)
+            || a.dtype == DType::Bool
+            || a.grad[0] != 1
+            || a.grad[1] != rows as i64
+            || cut.last() < 2
+        {
+            return Ok(None);
+        }
+        let store_t = storage_type(self.ctx, a.dtype);
+        let runs = (0..cut.per_row)
+            .map(|j| {
+                let n = cut.lanes(j);
+                let (off, _) = self.place(a, cut, &[0], j)?;
+                let p = self.element_pointer(a, off)?;
+                let run =
+                    self.b
+                        .build_load(self.vector_of(store_t, (rows * n) as u32), p, "run")?;
+                set_alignment(run, self.alignment(a.dtype))?;
+                Ok((run.into_vector_value(), n as u32))
+            })
+            .collect::<R<Vec<_>>>()?;
+        let rows32 = rows as u32;
+        let mut out = Vec::with_capacity(cut.vectors());
+        for r in 0..rows32 {
+            for &(run, n) in &runs {
+                out.push(
+                    self.permute(run, (0..n).map(|c| c * rows32 + r), "row")?
+                        .into(),
+                );
+            }
+        }
+        Ok(Some(out))
     }
 
     /// A store of a 2-axis tile into column-major place (`offset = r + c *

@@ -34,7 +34,9 @@ pub(super) struct PackPlan {
     pub(super) l1_sets: usize,
     /// bf16 operands kept bf16 and multiplied in pairs along the depth
     /// (`Packing::bf16_pairs`): strips `[.., mr, kc]` (rows, not
-    /// transposed: a row's pair is one word) and panels of bf16, an
+    /// transposed: a row's pair is one word) and panels `[.., kc / 2, nr,
+    /// 2]` (each pair of the depth interleaved, column by column, as the
+    /// pair instruction reads it: no shuffle in the register tile), an
     /// `mr x 2` by `2 x nr` dot per step. `kc`, `kk` and the product's depth
     /// are even; `unroll` counts pairs.
     pub(super) pairs: bool,
@@ -50,6 +52,26 @@ impl PackPlan {
     /// The depth one step of the register tile takes: a pair in pairs.
     pub(super) fn depth_step(&self) -> usize {
         if self.pairs { 2 } else { 1 }
+    }
+
+    /// The shape of one slice of a panel.
+    pub(super) fn panel_shape(&self) -> Vec<usize> {
+        if self.pairs {
+            vec![self.kc / 2, self.nr, 2]
+        } else {
+            vec![self.kc, self.nr]
+        }
+    }
+
+    /// Where in a slice of a panel the `depth_step() x nr` tile of step
+    /// `step` of the depth lies (in pairs, interleaved: pair `step`, every
+    /// column, both of the pair's rows).
+    pub(super) fn panel_at(&self, step: &Affine) -> Vec<Affine> {
+        if self.pairs {
+            vec![step.clone(), Affine::axis(1), Affine::axis(0)]
+        } else {
+            vec![step.plus_scaled(1, &Affine::axis(0)), Affine::axis(1)]
+        }
     }
 
     /// The shape of `n` strips of one slice of the depth.
@@ -411,7 +433,7 @@ impl<'a> Conv<'a> {
     ) -> Result<PackPlan, TileConvError> {
         let (_, c) = self.contraction(m)?;
         let Some(Packing {
-            blocking: [mr, nr, mc, kc],
+            blocking,
             units,
             copy_depth,
             balance,
@@ -426,14 +448,17 @@ impl<'a> Conv<'a> {
         // bf16 in pairs along an even depth (an im2col window's slices are
         // whole channels, read as f32).
         let conv = self.convs.get(&m);
-        let pairs = bf16_pairs
-            && conv.is_none()
-            && c.k % 2 == 0
-            && self
-                .op(m)
-                .operands
-                .iter()
-                .all(|v| self.operand_dtype(*v) == Some(DType::BF16));
+        let pairs_blocking = bf16_pairs.filter(|_| {
+            conv.is_none()
+                && c.k % 2 == 0
+                && self
+                    .op(m)
+                    .operands
+                    .iter()
+                    .all(|v| self.operand_dtype(*v) == Some(DType::BF16))
+        });
+        let pairs = pairs_blocking.is_some();
+        let [mr, nr, mc, kc] = pairs_blocking.unwrap_or(blocking);
         // Blocks no larger than the product needs, and slices of the depth
         // of even size (a whole number of copies deep), so that the last one
         // is not mostly zeros the register tile multiplies.
@@ -538,7 +563,8 @@ impl<'a> Conv<'a> {
     }
 
     /// The kernel packing product `m`'s right operand into a global
-    /// `[batch.., kb, nb, kc, nr]` buffer of panels, which it returns: one
+    /// `[batch.., kb, nb, kc, nr]` buffer of panels (`[.., kc / 2, nr, 2]`
+    /// in pairs), which it returns: one
     /// program per batch, slice of the depth and panel, or, with two batch
     /// loops (a grid has three axes), per batch and slice, looping over
     /// the panels.
@@ -549,7 +575,8 @@ impl<'a> Conv<'a> {
         plan: &PackPlan,
     ) -> Result<Value, TileConvError> {
         let mut panel_shape: Vec<usize> = batch.iter().map(|b| b.2).collect();
-        panel_shape.extend([plan.kb_n, plan.nb_n, plan.kc, plan.nr]);
+        panel_shape.extend([plan.kb_n, plan.nb_n]);
+        panel_shape.extend(plan.panel_shape());
         let panels = self.b.alloc(BufferType::contiguous(
             plan.packed_dtype(),
             panel_shape,
@@ -638,7 +665,7 @@ impl<'a> Conv<'a> {
         ));
         let panel_buf = matches!(panels, Panels::Own).then(|| {
             let mut shape: Vec<usize> = conv.iter().map(|cv| cv.group).collect();
-            shape.extend([kc, nr]);
+            shape.extend(plan.panel_shape());
             self.b.alloc(BufferType::contiguous(
                 plan.packed_dtype(),
                 shape,
@@ -761,18 +788,14 @@ impl<'a> Conv<'a> {
             let bk = match (panels, panel_buf) {
                 (_, Some(panel_buf)) => {
                     let mut at: Vec<Affine> = group_at.map(Affine::value).into_iter().collect();
-                    at.extend([kr.plus_scaled(1, &Affine::axis(0)), Affine::axis(1)]);
+                    at.extend(plan.panel_at(&ku));
                     self.b
                         .load(panel_buf, at, None, None, packed_t(vec![step, nr]))
                 }
                 (Panels::Global(panels), None) => {
                     let mut panel = bat.to_vec();
-                    panel.extend([
-                        Affine::value(kb),
-                        nb0.plus_scaled(1, &nb),
-                        kr.plus_scaled(1, &Affine::axis(0)),
-                        Affine::axis(1),
-                    ]);
+                    panel.extend([Affine::value(kb), nb0.plus_scaled(1, &nb)]);
+                    panel.extend(plan.panel_at(&ku));
                     self.b
                         .load(panels, panel, None, None, packed_t(vec![step, nr]))
                 }
@@ -891,7 +914,8 @@ impl<'a> Conv<'a> {
     /// Copies slice `kb` (`kc` deep) of the `nr` columns from `j0` of
     /// product `m`'s right operand to `dst[prefix.., k, j]`, `kk` steps of
     /// the depth per copy, zeros past the operand's edges where the plan is
-    /// ragged, as the plan's panels hold them (f32, or bf16 in pairs).
+    /// ragged, as the plan's panels hold them (f32; or bf16 in pairs,
+    /// `dst[prefix.., k / 2, j, k % 2]`, a pair per copy).
     pub(super) fn copy_panel_slice(
         &mut self,
         m: LOpId,
@@ -901,7 +925,8 @@ impl<'a> Conv<'a> {
         dst: Value,
         prefix: &[Affine],
     ) -> Result<(), TileConvError> {
-        let (kc, kk, nr, ragged) = (plan.kc, plan.kk, plan.nr, plan.ragged);
+        let (kc, nr, ragged) = (plan.kc, plan.nr, plan.ragged);
+        let kk = if plan.pairs { 2 } else { plan.kk };
         let (op, c) = self.contraction(m)?;
         let body: &'a LBlock = &op.regions[0];
         let (jv, kv) = (body.args[1], body.args[2]);
@@ -921,12 +946,16 @@ impl<'a> Conv<'a> {
             plan.packed_dtype(),
         );
         let mut at = prefix.to_vec();
-        at.extend([
-            Affine::value(f)
-                .scaled(kk as i64)
-                .plus_scaled(1, &Affine::axis(ka)),
-            Affine::axis(ja),
-        ]);
+        if plan.pairs {
+            at.extend([Affine::value(f), Affine::axis(ja), Affine::axis(ka)]);
+        } else {
+            at.extend([
+                Affine::value(f)
+                    .scaled(kk as i64)
+                    .plus_scaled(1, &Affine::axis(ka)),
+                Affine::axis(ja),
+            ]);
+        }
         self.b.store(t, dst, at, None);
         self.b.end_for(vec![]);
         Ok(())
