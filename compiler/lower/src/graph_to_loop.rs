@@ -1343,6 +1343,9 @@ impl Lowering<'_> {
         };
         let mut operands = Vec::new();
         let mut gathered = Vec::new();
+        // Per side, whether its gathered copy holds the depth last (see
+        // `gather`).
+        let mut depth_last = [false; 2];
         for (side, (operand, mode)) in [form.a, form.b].into_iter().zip(form.reads).enumerate() {
             let read = || {
                 as_read(operand)
@@ -1369,7 +1372,12 @@ impl Lowering<'_> {
                             );
                             (col, col)
                         }
-                        _ => self.gather(&own_cx, form, def, side, dtype)?,
+                        _ => {
+                            let (copy, view, last) =
+                                self.gather(&own_cx, form, def, side, dtype)?;
+                            depth_last[side] = last;
+                            (copy, view)
+                        }
                     };
                     gathered.push(copy);
                     view
@@ -1451,10 +1459,11 @@ impl Lowering<'_> {
                     let mut out: Vec<IndexExpr> = gathered_batch(form, def, side)
                         .map(|p| idx[p].clone())
                         .collect();
-                    out.extend(if side == 0 {
-                        [ix(i), ix(kk)]
+                    let own = ix(if side == 0 { i } else { j });
+                    out.extend(if depth_last[side] {
+                        [own, ix(kk)]
                     } else {
-                        [ix(kk), ix(j)]
+                        [ix(kk), own]
                     });
                     out
                 }
@@ -1471,11 +1480,18 @@ impl Lowering<'_> {
 
     /// Operand `side` (0: `a`, 1: `b`) of contraction `form` of `def`, of
     /// element type `dtype`, computed (its prologue evaluated in `cx`) into
-    /// a new buffer laid out as the product reads it: the batch variables it
-    /// reads, then its rows and the reduction variables (`a`) or the
-    /// reduction variables and its columns (`b`), zero where a read falls
-    /// outside its operand (an im2col copy, for any window). Returns the
-    /// copy and a view of it whose reduction axes are one.
+    /// a new buffer: the batch variables it reads, then its own variables
+    /// (`a`'s row, `b`'s columns) and the reduction variables, zero where a
+    /// read falls outside its operand (an im2col copy, for any window).
+    /// Whichever of the two groups holds the variable along which a plain
+    /// read moves through its source's rows (the widest such, in its last
+    /// index) goes last, so that the copy moves whole runs of the source
+    /// rather than a few elements at a time (a convolution's weight
+    /// gradient reads `x[n, c, y + ky - 1, xx + kx - 1]` over the depth
+    /// `(n, y, xx)`: runs of 28 along `xx`, not 3 along `kx`); otherwise `a`
+    /// is `[rows, depth]` and `b` `[depth, columns]`, as the product reads
+    /// them best. Returns the copy, a view of it whose reduction axes are
+    /// one (and columns, for several), and whether the depth is last.
     fn gather(
         &mut self,
         cx: &ScalarCx<'_>,
@@ -1483,7 +1499,7 @@ impl Lowering<'_> {
         def: &ElemDef,
         side: usize,
         dtype: DType,
-    ) -> Result<(Value, Value), LowerError> {
+    ) -> Result<(Value, Value, bool), LowerError> {
         let (operand, own) = if side == 0 {
             (form.a, form.m)
         } else {
@@ -1502,14 +1518,41 @@ impl Lowering<'_> {
                 .map(|p| (def.vars[p], def.ty.shape[p], 0))
                 .collect()
         };
-        let first_k = if side == 0 {
+        let reduced: Vec<(IndexVar, usize, i64)> = reduced.collect();
+        // The variable a plain read's innermost index moves along by one
+        // element: the widest, if any.
+        let innermost = as_read(operand)
+            .and_then(|(_, index)| index.last())
+            .and_then(|e| {
+                e.terms
+                    .iter()
+                    .filter(|t| t.0.abs() == 1)
+                    .filter_map(|t| vars_extent(&own, &reduced, t.1).map(|x| (x, t.1)))
+                    .max_by_key(|(x, _)| *x)
+                    .map(|(_, v)| v)
+            });
+        let holds = |group: &[(IndexVar, usize, i64)]| {
+            innermost.is_some_and(|v| group.iter().any(|g| g.0 == v))
+        };
+        let depth_last = if side == 0 {
+            !holds(&own)
+        } else {
+            holds(&reduced)
+        };
+        let (own_len, k_len) = (own.len(), reduced.len());
+        let first_k = if depth_last {
             vars.extend(own);
             vars.extend(reduced);
-            batch.len() + 1
+            batch.len() + own_len
         } else {
             vars.extend(reduced);
             vars.extend(own);
             batch.len()
+        };
+        let first_own = if depth_last {
+            batch.len()
+        } else {
+            batch.len() + k_len
         };
         let dims: Vec<usize> = vars.iter().map(|v| v.1).collect();
         let copy = self
@@ -1524,11 +1567,14 @@ impl Lowering<'_> {
         let v = self.scalar(cx, operand, dtype, &env)?;
         self.b.store(v, copy, idx);
         self.close_nest(dims.len());
-        let mut view = self.merged_view(copy, first_k, form.k.len())?;
-        if side == 1 && form.columns > 1 {
-            view = self.merged_view(view, first_k + 1, form.columns)?;
+        // Columns merged first: they may come before the depth.
+        let mut view = copy;
+        if own_len > 1 {
+            view = self.merged_view(view, first_own, own_len)?;
         }
-        Ok((copy, view))
+        let first_k = if depth_last { batch.len() + 1 } else { first_k };
+        view = self.merged_view(view, first_k, k_len)?;
+        Ok((copy, view, depth_last))
     }
 
     /// `buf` seen with its axes `d..d + r` as one (their extents' product):
@@ -1652,6 +1698,16 @@ fn conv_window(kernel: [usize; 2], stride: &[usize], padding: &[usize]) -> Windo
 }
 
 /// The positions (in `def`'s variables) of the batch variables operand
+/// The extent of variable `v` among `own` and `reduced` (variable, extent,
+/// first value), if it is one of them.
+fn vars_extent(
+    own: &[(IndexVar, usize, i64)],
+    reduced: &[(IndexVar, usize, i64)],
+    v: IndexVar,
+) -> Option<usize> {
+    own.iter().chain(reduced).find(|g| g.0 == v).map(|g| g.1)
+}
+
 /// `side` of `form` reads, in order: the leading axes of its gathered copy.
 fn gathered_batch<'f>(
     form: &'f ContractionForm<'_>,

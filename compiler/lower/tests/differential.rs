@@ -481,10 +481,15 @@ fn user_contractions_are_structured_products() {
     );
     // The weight gradient's columns are every trailing index its gathered
     // input reads (`c, ky, kx`: 45, not 3), stored through a view of the
-    // result.
+    // result. Its copy of the input holds the depth (`n, y, xx`) last, so
+    // that it copies the input's rows (runs of 7 along `xx`, not 3 along
+    // `kx`), and the product reads it transposed.
     let text = print_module(&lowered(&graph(dlc_tests::CONTRACTION_PROGRAMS[14])));
     assert!(
-        text.contains("{sizes = [8, 45, 84]}") && text.contains("loop.view %out0"),
+        text.contains("{sizes = [8, 45, 84]}")
+            && text.contains("loop.view %out0")
+            && text.contains("loop.alloc : buffer<f32[5, 3, 3, 2, 6, 7]>")
+            && text.contains("[#1, #2] {sizes = [8, 45, 84]}"),
         "{text}"
     );
     // One whose copy would pass `MAX_GATHERED` elements keeps its loops.
