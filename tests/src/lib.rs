@@ -729,6 +729,12 @@ fn f(a: f16[20, 24], b: f32[24, 18]) -> f32[20, 18] { return mixed(a, b); }",
 fn f(a: bf16[40, 30], b: bf16[36, 40], c: bf16[36]) -> bf16[30, 36] { return bgemm_t(a, b, c); }",
     "op dilated[N, C, O](x: f32[N, C, 40, 40], w: f32[O, C, 3, 3]) -> f32[N, O, 19, 40] { out[n, o, y, xx] = sum[c, ky, kx](x[n, c, 2 * y + 2 * ky - 1, xx + 2 * kx - 2] * w[o, c, ky, kx]); }
 fn f(x: f32[2, 8, 40, 40], w: f32[16, 8, 3, 3]) -> f32[2, 16, 19, 40] { return dilated(x, w); }",
+    // Short reductions for each output column (not contractions: no
+    // product of two operands reads every index): a depthwise convolution
+    // and a max pool, 70 columns (ragged in tiles of 32 and 64).
+    "op depthwise[N, C, H, W](x: f32[N, C, H, W], w: f32[C, 3, 3]) -> f32[N, C, H, W] { out[n, c, y, xx] = sum[ky, kx](x[n, c, y + ky - 1, xx + kx - 1] * w[c, ky, kx]); }
+op pool[N, C, H, W](x: f32[N, C, H, W]) -> f32[N, C, H, W] { out[n, c, y, xx] = max[ky in 0..3, kx in 0..3](x[n, c, y + ky - 1, xx + kx - 1]); }
+fn f(x: f32[2, 3, 9, 70], w: f32[3, 3, 3]) -> (f32[2, 3, 9, 70], f32[2, 3, 9, 70]) { return (depthwise(x, w), pool(x)); }",
 ];
 
 /// Convolutions that run as Winograd's F(4x4, 3x3) on a CPU (3 x 3, stride

@@ -27,6 +27,78 @@ impl<'a> Conv<'a> {
     /// Whether the innermost loop `id` can run as tiles: its reductions,
     /// or `None`.
     pub(super) fn vectorizable(&self, id: LOpId) -> Option<Vec<Carry>> {
+        self.vectorizable_over(id, &[])
+    }
+
+    /// Whether loop `id`, whose body holds loops, is better run as tiles of
+    /// its own iterations, each lane running the inner loops for its
+    /// iteration: its reductions, or `None`. So when the inner loops are
+    /// short reductions (at most half the tile this loop's iterations
+    /// make), store nothing, and read along this loop's counter
+    /// contiguously: a depthwise convolution's `sum[ky, kx]` for each
+    /// output column is then a tile of columns per tap, not a tile of 3
+    /// taps reduced for every column.
+    pub(super) fn vectorizable_outside(&self, id: LOpId) -> Option<Vec<Carry>> {
+        let op = self.op(id);
+        let (lo, hi, _) = loop_bounds(&op.kind)?;
+        let body = &op.regions[0];
+        let limit = self.params.vector.min((hi - lo).max(0) as usize) / 2;
+        let mut inner = vec![];
+        for &o in &body.ops {
+            if loop_bounds(&self.op(o).kind).is_some()
+                && !self.short_reduction(o, limit, &mut inner)
+            {
+                return None;
+            }
+        }
+        if inner.is_empty() {
+            return None;
+        }
+        let counter = body.args[0];
+        let contiguous = inner.iter().all(|&o| {
+            let d = self.op(o);
+            match &d.kind {
+                L::Load { index, .. } => {
+                    let uses = index.iter().any(|e| e.terms.iter().any(|t| t.1 == counter));
+                    !uses || self.unit_stride(d.operands[0], index, counter)
+                }
+                _ => true,
+            }
+        });
+        if !contiguous {
+            return None;
+        }
+        self.vectorizable_over(id, &inner)
+    }
+
+    /// Whether loop `id` is a short reduction nest: every loop in it of
+    /// step one and at most `limit` iterations, nothing stored, no product.
+    /// Collects the ops of its bodies into `ops`.
+    fn short_reduction(&self, id: LOpId, limit: usize, ops: &mut Vec<LOpId>) -> bool {
+        let op = self.op(id);
+        let Some((lo, hi, step)) = loop_bounds(&op.kind) else {
+            return false;
+        };
+        if step != 1 || (hi - lo).max(0) as usize > limit || !matches!(op.kind, L::For { .. }) {
+            return false;
+        }
+        for &o in &op.regions[0].ops {
+            match &self.op(o).kind {
+                L::For { .. } | L::Parallel { .. } => {
+                    if !self.short_reduction(o, limit, ops) {
+                        return false;
+                    }
+                }
+                L::Store { .. } | L::Matmul(_) => return false,
+                _ => ops.push(o),
+            }
+        }
+        true
+    }
+
+    /// [`Conv::vectorizable`] for a loop whose body may hold loops, whose
+    /// ops are `inner` (loads only checked: they store nothing).
+    fn vectorizable_over(&self, id: LOpId, inner: &[LOpId]) -> Option<Vec<Carry>> {
         let op = self.op(id);
         let (_, _, step) = loop_bounds(&op.kind)?;
         if step != 1 {
@@ -61,10 +133,18 @@ impl<'a> Conv<'a> {
                         accesses.push((d.operands[0], &[]));
                     }
                 }
+                L::For { .. } | L::Parallel { .. } if !inner.is_empty() => {}
                 L::For { .. } | L::Parallel { .. } | L::Matmul(_) => {
                     return None;
                 }
                 _ => {}
+            }
+        }
+        for &o in inner {
+            let d = self.op(o);
+            if let L::Load { index, pad } = &d.kind {
+                loaded.insert(d.operands[0]);
+                accesses.push((d.operands[0], if pad.is_none() { index } else { &[] }));
             }
         }
         // Views alias: compare storage roots. A buffer both read and
@@ -318,32 +398,43 @@ impl<'a> Conv<'a> {
         let innermost = body.ops.iter().all(|o| {
             loop_bounds(&self.op(*o).kind).is_none() && !matches!(self.op(*o).kind, L::Matmul(_))
         });
-        if innermost
-            && self.shape.is_empty()
-            && let Some(carries) = self.vectorizable(id)
-        {
-            return self.vector_loop(id, lo, hi, carries);
+        if self.shape.is_empty() {
+            let carries = if innermost {
+                self.vectorizable(id)
+            } else {
+                self.vectorizable_outside(id)
+            };
+            if let Some(carries) = carries {
+                return self.vector_loop(id, lo, hi, carries);
+            }
         }
-        // A counted loop carrying scalars.
+        // A counted loop carrying scalars; inside a loop of tiles
+        // (`vectorizable_outside`), carrying tiles, one lane per iteration
+        // of that loop.
+        let tiles = !self.shape.is_empty();
+        let carry = |c: &mut Self, v: LValue| if tiles { c.as_tile(v) } else { c.scalar(v) };
         let inits: Vec<Value> = op
             .operands
             .iter()
-            .map(|v| self.scalar(*v))
+            .map(|v| carry(self, *v))
             .collect::<Result<_, _>>()?;
         let (counter, carried) = self.b.begin_for(lo, hi, step, &inits);
         self.index.insert(body.args[0], Affine::value(counter));
         for (a, c) in body.args[1..].iter().zip(&carried) {
             self.values.insert(*a, *c);
         }
+        // Scalars splatted in the body are not defined after it.
+        let splats = self.splats.clone();
         self.ops(&body.ops)?;
         let next: Vec<Value> = match body.ops.last().map(|o| self.op(*o)) {
             Some(y) if matches!(y.kind, L::Yield) => y
                 .operands
                 .iter()
-                .map(|v| self.scalar(*v))
+                .map(|v| carry(self, *v))
                 .collect::<Result<_, _>>()?,
             _ => vec![],
         };
+        self.splats = splats;
         let results = self.b.end_for(next);
         for (r, t) in op.results.iter().zip(results) {
             self.values.insert(*r, t);
