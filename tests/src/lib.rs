@@ -735,6 +735,12 @@ fn f(x: f32[2, 8, 40, 40], w: f32[16, 8, 3, 3]) -> f32[2, 16, 19, 40] { return d
     "op depthwise[N, C, H, W](x: f32[N, C, H, W], w: f32[C, 3, 3]) -> f32[N, C, H, W] { out[n, c, y, xx] = sum[ky, kx](x[n, c, y + ky - 1, xx + kx - 1] * w[c, ky, kx]); }
 op pool[N, C, H, W](x: f32[N, C, H, W]) -> f32[N, C, H, W] { out[n, c, y, xx] = max[ky in 0..3, kx in 0..3](x[n, c, y + ky - 1, xx + kx - 1]); }
 fn f(x: f32[2, 3, 9, 70], w: f32[3, 3, 3]) -> (f32[2, 3, 9, 70], f32[2, 3, 9, 70]) { return (depthwise(x, w), pool(x)); }",
+    // A 1x1 convolution, whose columns are an image's pixels read in place
+    // (`y, xx`: whole consecutive axes of `x`), and one whose result
+    // transposes them (so its columns are `y` alone).
+    "op conv1x1[N, C, H, W, O](x: f32[N, C, H, W], w: f32[O, C]) -> f32[N, O, H, W] { out[n, o, y, xx] = sum[c](w[o, c] * x[n, c, y, xx]); }
+op pix_t[N, C, H, W, O](x: f32[N, C, H, W], w: f32[O, C]) -> f32[N, O, W, H] { out[n, o, xx, y] = sum[c](w[o, c] * x[n, c, y, xx]); }
+fn f(x: f32[2, 6, 5, 7], w: f32[9, 6]) -> (f32[2, 9, 5, 7], f32[2, 9, 7, 5]) { return (conv1x1(x, w), pix_t(x, w)); }",
 ];
 
 /// Convolutions that run as Winograd's F(4x4, 3x3) on a CPU (3 x 3, stride

@@ -1357,6 +1357,7 @@ impl Lowering<'_> {
             operands.push(match mode {
                 OperandRead::InPlace => read()?,
                 OperandRead::Merged(d) => self.merged_view(read()?, d, form.k.len())?,
+                OperandRead::MergedColumns(d) => self.merged_view(read()?, d, form.columns)?,
                 OperandRead::Gathered => {
                     let (copy, view) = match window {
                         Some(w) if side == 1 => {
@@ -1453,6 +1454,19 @@ impl Lowering<'_> {
                         read[..d].iter().map(|e| affine_to_index(e, &env)).collect();
                     out.push(ix(kk));
                     out.extend(read[d + r..].iter().map(|e| affine_to_index(e, &env)));
+                    out
+                }
+                OperandRead::MergedColumns(d) => {
+                    let k = &form.k[0];
+                    env.insert(k.var, ix_axpy(1, &ix(kk), &ix_const(k.lo)));
+                    let mut out: Vec<IndexExpr> =
+                        read[..d].iter().map(|e| affine_to_index(e, &env)).collect();
+                    out.push(ix(j));
+                    out.extend(
+                        read[d + form.columns..]
+                            .iter()
+                            .map(|e| affine_to_index(e, &env)),
+                    );
                     out
                 }
                 OperandRead::Gathered => {

@@ -394,10 +394,12 @@ pub struct ContractionForm<'a> {
     /// `columns` variables, which the columns then run over together, in
     /// row-major order.
     pub n: usize,
-    /// How many variables the columns are: 1, or, when `b` is gathered
-    /// anyway and `E` reads nothing but the sum, every trailing variable
-    /// that `b` alone reads (a convolution's weight gradient,
-    /// `out[o, c, ky, kx]`, has `c * 3 * 3` columns, not 3).
+    /// How many variables the columns are: 1, or, when `E` reads nothing
+    /// but the sum and `b` is gathered anyway or reads them as whole
+    /// consecutive axes of its own, every trailing variable that `b` alone
+    /// reads (a convolution's weight gradient, `out[o, c, ky, kx]`, has
+    /// `c * 3 * 3` columns, not 3; a 1x1 convolution's columns are the
+    /// image's pixels).
     pub columns: usize,
     /// Positions of the other variables, in order: loops around the product.
     pub batch: Vec<usize>,
@@ -413,6 +415,11 @@ pub enum OperandRead {
     /// Through a view whose axes from this one on, one per reduction
     /// variable (whole, in order), are one axis.
     Merged(usize),
+    /// The column operand, through a view whose axes from this one on,
+    /// one per column variable (whole, in order), are one axis, the one
+    /// reduction variable read as for `InPlace` (a 1x1 convolution's
+    /// `x[n, c, y, xx]`: its columns are the image's pixels, `y, xx`).
+    MergedColumns(usize),
     /// From a copy, zero where the read falls outside the operand, whose
     /// axes are the batch variables it reads, then (`a`) the rows and the
     /// reduction variables or (`b`) the reduction variables and the
@@ -649,9 +656,38 @@ impl ElemDef {
             }
             (elements <= MAX_GATHERED).then_some(OperandRead::Gathered)
         };
-        let modes = [mode(a, self.ty.shape[m])?, mode(b, columns)?];
-        if self.vars.len() - n > 1 && modes[1] != OperandRead::Gathered {
-            // Several column variables only where `b` is gathered anyway.
+        let mut modes = [mode(a, self.ty.shape[m])?, mode(b, columns)?];
+        let cols = self.vars.len() - n;
+        if cols > 1 && modes[1] == OperandRead::InPlace {
+            // Several column variables read in place where they are whole
+            // consecutive axes of `b`, in order, read nowhere else.
+            let r = as_read(b)?;
+            let t = ty(r.0)?;
+            let own = &self.vars[n..];
+            let merged = r
+                .1
+                .iter()
+                .position(|e| e.as_var() == Some(own[0]))
+                .filter(|&d| {
+                    own.iter().enumerate().all(|(o, &v)| {
+                        r.1.get(d + o).and_then(Affine::as_var) == Some(v)
+                            && t.shape.get(d + o) == self.ty.shape.get(n + o)
+                    }) && r.1.iter().enumerate().all(|(p, e)| {
+                        (d..d + cols).contains(&p) || e.terms.iter().all(|t| !own.contains(&t.1))
+                    })
+                });
+            if let Some(d) = merged {
+                modes[1] = OperandRead::MergedColumns(d);
+            }
+        }
+        if cols > 1
+            && !matches!(
+                modes[1],
+                OperandRead::Gathered | OperandRead::MergedColumns(_)
+            )
+        {
+            // Several column variables only where `b` is gathered anyway
+            // or reads them as one axis.
             return self.contraction(ty, false);
         }
         Some(ContractionForm {
