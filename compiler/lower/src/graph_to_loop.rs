@@ -1541,7 +1541,10 @@ impl Lowering<'_> {
                 e.terms
                     .iter()
                     .filter(|t| t.0.abs() == 1)
-                    .filter_map(|t| vars_extent(&own, &reduced, t.1).map(|x| (x, t.1)))
+                    .filter_map(|t| {
+                        let extent = own.iter().chain(&reduced).find(|g| g.0 == t.1)?.1;
+                        Some((extent, t.1))
+                    })
                     .max_by_key(|(x, _)| *x)
                     .map(|(_, v)| v)
             });
@@ -1554,19 +1557,16 @@ impl Lowering<'_> {
             holds(&reduced)
         };
         let (own_len, k_len) = (own.len(), reduced.len());
-        let first_k = if depth_last {
+        // Where the copy's own and reduction axes start, after its own are
+        // merged into one.
+        let (first_own, first_k) = if depth_last {
             vars.extend(own);
             vars.extend(reduced);
-            batch.len() + own_len
+            (batch.len(), batch.len() + 1)
         } else {
             vars.extend(reduced);
             vars.extend(own);
-            batch.len()
-        };
-        let first_own = if depth_last {
-            batch.len()
-        } else {
-            batch.len() + k_len
+            (batch.len() + k_len, batch.len())
         };
         let dims: Vec<usize> = vars.iter().map(|v| v.1).collect();
         let copy = self
@@ -1586,7 +1586,6 @@ impl Lowering<'_> {
         if own_len > 1 {
             view = self.merged_view(view, first_own, own_len)?;
         }
-        let first_k = if depth_last { batch.len() + 1 } else { first_k };
         view = self.merged_view(view, first_k, k_len)?;
         Ok((copy, view, depth_last))
     }
@@ -1712,16 +1711,6 @@ fn conv_window(kernel: [usize; 2], stride: &[usize], padding: &[usize]) -> Windo
 }
 
 /// The positions (in `def`'s variables) of the batch variables operand
-/// The extent of variable `v` among `own` and `reduced` (variable, extent,
-/// first value), if it is one of them.
-fn vars_extent(
-    own: &[(IndexVar, usize, i64)],
-    reduced: &[(IndexVar, usize, i64)],
-    v: IndexVar,
-) -> Option<usize> {
-    own.iter().chain(reduced).find(|g| g.0 == v).map(|g| g.1)
-}
-
 /// `side` of `form` reads, in order: the leading axes of its gathered copy.
 fn gathered_batch<'f>(
     form: &'f ContractionForm<'_>,

@@ -619,18 +619,12 @@ impl ElemDef {
             }
             Some(true)
         };
+        let depth_vars: Option<Vec<(IndexVar, usize)>> = vars
+            .iter()
+            .map(|k| (k.lo == 0).then_some((k.var, k.hi as usize)))
+            .collect();
         let axes = |r: (Source, &[Affine]), t: &TensorType| -> Option<usize> {
-            let d = r.1.iter().position(|e| e.as_var() == Some(vars[0].var))?;
-            let whole = vars.iter().enumerate().all(|(o, k)| {
-                r.1.get(d + o).and_then(Affine::as_var) == Some(k.var)
-                    && k.lo == 0
-                    && t.shape.get(d + o).is_some_and(|&n| n as i64 == k.hi)
-            });
-            let elsewhere = r.1.iter().enumerate().any(|(p, e)| {
-                !(d..d + vars.len()).contains(&p)
-                    && e.terms.iter().any(|t| vars.iter().any(|k| k.var == t.1))
-            });
-            (whole && !elsewhere).then_some(d)
+            whole_axes(r.1, &t.shape, depth_vars.as_deref()?)
         };
         let batch: Vec<usize> = (0..n).filter(|&p| p != m).collect();
         let depth: usize = vars.iter().map(|k| (k.hi - k.lo) as usize).product();
@@ -662,21 +656,12 @@ impl ElemDef {
             // Several column variables read in place where they are whole
             // consecutive axes of `b`, in order, read nowhere else.
             let r = as_read(b)?;
-            let t = ty(r.0)?;
-            let own = &self.vars[n..];
-            let merged = r
-                .1
+            let own: Vec<(IndexVar, usize)> = self.vars[n..]
                 .iter()
-                .position(|e| e.as_var() == Some(own[0]))
-                .filter(|&d| {
-                    own.iter().enumerate().all(|(o, &v)| {
-                        r.1.get(d + o).and_then(Affine::as_var) == Some(v)
-                            && t.shape.get(d + o) == self.ty.shape.get(n + o)
-                    }) && r.1.iter().enumerate().all(|(p, e)| {
-                        (d..d + cols).contains(&p) || e.terms.iter().all(|t| !own.contains(&t.1))
-                    })
-                });
-            if let Some(d) = merged {
+                .copied()
+                .zip(self.ty.shape[n..].iter().copied())
+                .collect();
+            if let Some(d) = whole_axes(r.1, &ty(r.0)?.shape, &own) {
                 modes[1] = OperandRead::MergedColumns(d);
             }
         }
@@ -702,6 +687,21 @@ impl ElemDef {
             batch,
         })
     }
+}
+
+/// Where `vars` (each with its extent, from 0) are whole consecutive axes
+/// of an operand of `shape` read at `index`, in order, and read by no other
+/// axis: the first of those axes.
+fn whole_axes(index: &[Affine], shape: &[usize], vars: &[(IndexVar, usize)]) -> Option<usize> {
+    let first = vars.first()?.0;
+    let d = index.iter().position(|e| e.as_var() == Some(first))?;
+    let whole = vars.iter().enumerate().all(|(o, &(v, extent))| {
+        index.get(d + o).and_then(Affine::as_var) == Some(v) && shape.get(d + o) == Some(&extent)
+    });
+    let elsewhere = index.iter().enumerate().any(|(p, e)| {
+        !(d..d + vars.len()).contains(&p) && e.terms.iter().any(|t| vars.iter().any(|k| k.0 == t.1))
+    });
+    (whole && !elsewhere).then_some(d)
 }
 
 impl ComputeBody {

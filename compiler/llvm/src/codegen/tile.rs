@@ -40,13 +40,13 @@ use crate::{CodegenError, R};
 /// Tile IR (`dlc_tile`).
 pub(crate) struct TileIr;
 
-/// The largest lane stride a load reads as one wide masked load and a
-/// shuffle rather than a gather (`deinterleaved_load`): a stride of `s`
-/// loads `s` times the lanes it keeps.
 /// f32 lanes of one AVX-512 BF16 dot-product instruction (`vdpbf16ps` on
 /// 512 bits: 16 sums of 16 pairs).
 const BF16_DOT_LANES: usize = 16;
 
+/// The largest lane stride a load reads as one wide masked load and a
+/// shuffle rather than a gather (`deinterleaved_load`): a stride of `s`
+/// loads `s` times the lanes it keeps.
 const MAX_DEINTERLEAVED_STEP: i64 = 4;
 
 impl Ir for TileIr {

@@ -63,15 +63,23 @@ impl PackPlan {
         }
     }
 
-    /// Where in a slice of a panel the `depth_step() x nr` tile of step
-    /// `step` of the depth lies (in pairs, interleaved: pair `step`, every
-    /// column, both of the pair's rows).
-    pub(super) fn panel_at(&self, step: &Affine) -> Vec<Affine> {
+    /// Where in a slice of a panel a tile of the depth from step `step`
+    /// (a pair in pairs) lies, the tile's axis `depth` running along the
+    /// depth and `col` along the columns (in pairs, interleaved: pair
+    /// `step`, every column, both of the pair's rows).
+    pub(super) fn panel_at(&self, step: &Affine, [depth, col]: [usize; 2]) -> Vec<Affine> {
         if self.pairs {
-            vec![step.clone(), Affine::axis(1), Affine::axis(0)]
+            vec![step.clone(), Affine::axis(col), Affine::axis(depth)]
         } else {
-            vec![step.plus_scaled(1, &Affine::axis(0)), Affine::axis(1)]
+            vec![step.plus_scaled(1, &Affine::axis(depth)), Affine::axis(col)]
         }
+    }
+
+    /// Depth of one copy into a panel: `kk`, or one pair in pairs (a
+    /// panel's pairs are interleaved, which a copy of more rows could not
+    /// store through an affine index).
+    pub(super) fn panel_copy_depth(&self) -> usize {
+        if self.pairs { 2 } else { self.kk }
     }
 
     /// The shape of `n` strips of one slice of the depth.
@@ -788,14 +796,14 @@ impl<'a> Conv<'a> {
             let bk = match (panels, panel_buf) {
                 (_, Some(panel_buf)) => {
                     let mut at: Vec<Affine> = group_at.map(Affine::value).into_iter().collect();
-                    at.extend(plan.panel_at(&ku));
+                    at.extend(plan.panel_at(&ku, [0, 1]));
                     self.b
                         .load(panel_buf, at, None, None, packed_t(vec![step, nr]))
                 }
                 (Panels::Global(panels), None) => {
                     let mut panel = bat.to_vec();
                     panel.extend([Affine::value(kb), nb0.plus_scaled(1, &nb)]);
-                    panel.extend(plan.panel_at(&ku));
+                    panel.extend(plan.panel_at(&ku, [0, 1]));
                     self.b
                         .load(panels, panel, None, None, packed_t(vec![step, nr]))
                 }
@@ -926,7 +934,7 @@ impl<'a> Conv<'a> {
         prefix: &[Affine],
     ) -> Result<(), TileConvError> {
         let (kc, nr, ragged) = (plan.kc, plan.nr, plan.ragged);
-        let kk = if plan.pairs { 2 } else { plan.kk };
+        let kk = plan.panel_copy_depth();
         let (op, c) = self.contraction(m)?;
         let body: &'a LBlock = &op.regions[0];
         let (jv, kv) = (body.args[1], body.args[2]);
@@ -946,16 +954,8 @@ impl<'a> Conv<'a> {
             plan.packed_dtype(),
         );
         let mut at = prefix.to_vec();
-        if plan.pairs {
-            at.extend([Affine::value(f), Affine::axis(ja), Affine::axis(ka)]);
-        } else {
-            at.extend([
-                Affine::value(f)
-                    .scaled(kk as i64)
-                    .plus_scaled(1, &Affine::axis(ka)),
-                Affine::axis(ja),
-            ]);
-        }
+        let step = Affine::value(f).scaled((kk / plan.depth_step()) as i64);
+        at.extend(plan.panel_at(&step, [ka, ja]));
         self.b.store(t, dst, at, None);
         self.b.end_for(vec![]);
         Ok(())

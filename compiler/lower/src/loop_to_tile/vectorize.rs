@@ -423,8 +423,8 @@ impl<'a> Conv<'a> {
         for (a, c) in body.args[1..].iter().zip(&carried) {
             self.values.insert(*a, *c);
         }
-        // Scalars splatted in the body are not defined after it.
-        let splats = self.splats.clone();
+        // Scalars splatted in a body of tiles are not defined after it.
+        let splats = tiles.then(|| self.splats.clone());
         self.ops(&body.ops)?;
         let next: Vec<Value> = match body.ops.last().map(|o| self.op(*o)) {
             Some(y) if matches!(y.kind, L::Yield) => y
@@ -434,7 +434,9 @@ impl<'a> Conv<'a> {
                 .collect::<Result<_, _>>()?,
             _ => vec![],
         };
-        self.splats = splats;
+        if let Some(splats) = splats {
+            self.splats = splats;
+        }
         let results = self.b.end_for(next);
         for (r, t) in op.results.iter().zip(results) {
             self.values.insert(*r, t);
