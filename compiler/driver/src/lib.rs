@@ -74,6 +74,9 @@ pub enum DriverError {
     /// A pipeline that could not be built or run.
     #[error("error: {0}")]
     Pass(#[from] PassError),
+    /// A gradient that could not be built.
+    #[error("error: {0}")]
+    Grad(#[from] dlc_graph::autodiff::GradError),
     /// A problem with entry points, inputs or outputs.
     #[error("error: {0}")]
     Usage(String),
@@ -1298,12 +1301,24 @@ pub fn check_results(
 
 /// Writes outputs as `DIR/out0.npy`, `DIR/out1.npy`, ... in return order.
 pub fn save_outputs(dir: &Path, outputs: &[HostTensor]) -> Result<Vec<PathBuf>, DriverError> {
+    let named: Vec<(String, &HostTensor)> = outputs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (format!("out{i}"), t))
+        .collect();
+    save_named_outputs(dir, &named)
+}
+
+/// Writes each tensor as `DIR/NAME.npy`.
+pub fn save_named_outputs(
+    dir: &Path,
+    outputs: &[(String, &HostTensor)],
+) -> Result<Vec<PathBuf>, DriverError> {
     create_dir(dir)?;
     outputs
         .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let path = dir.join(format!("out{i}.npy"));
+        .map(|(name, t)| {
+            let path = dir.join(format!("{name}.npy"));
             t.write_npy(&path)?;
             Ok(path)
         })

@@ -484,3 +484,299 @@ fn bits(x: f64) -> i64 {
 fn shift_amount(y: f64) -> Option<u32> {
     (0.0..64.0).contains(&y).then_some(y as u32)
 }
+
+/// A derivative rule: an expression over an element-wise function's
+/// operands (`X`, and `Y` for the second of a binary function) and its
+/// result (`R`). [`UnaryOp::derivative`] and [`BinaryOp::partials`] give
+/// each function's rule once; the graph dialect's reverse mode builds it
+/// from tensors, and the derivation of a user operator from scalar
+/// expressions ([`Deriv::build`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Deriv {
+    /// The (first) operand.
+    X,
+    /// The second operand of a binary function.
+    Y,
+    /// The function's result.
+    R,
+    /// A number.
+    Const(f64),
+    /// An element-wise function of one operand.
+    Unary(UnaryOp, Box<Deriv>),
+    /// An element-wise function of two operands.
+    Binary(BinaryOp, Box<Deriv>, Box<Deriv>),
+    /// `where(a cmp b, then, else)`.
+    Select(CmpOp, Box<[Deriv; 4]>),
+}
+
+/// What a [`Deriv`] is built from: values standing for its leaves and the
+/// functions that combine them.
+pub trait DerivBuilder {
+    /// A built value.
+    type Value: Clone;
+    /// The error building may fail with.
+    type Error;
+    /// A number of the operands' element type.
+    fn constant(&mut self, c: f64) -> Result<Self::Value, Self::Error>;
+    /// `u(a)`.
+    fn unary(&mut self, u: UnaryOp, a: Self::Value) -> Result<Self::Value, Self::Error>;
+    /// `b(x, y)`.
+    fn binary(
+        &mut self,
+        b: BinaryOp,
+        x: Self::Value,
+        y: Self::Value,
+    ) -> Result<Self::Value, Self::Error>;
+    /// `where(a cmp b, t, e)`.
+    fn select(
+        &mut self,
+        cmp: CmpOp,
+        a: Self::Value,
+        b: Self::Value,
+        t: Self::Value,
+        e: Self::Value,
+    ) -> Result<Self::Value, Self::Error>;
+}
+
+impl Deriv {
+    /// The expression built by `b`, with `leaves` the values of `X`, `Y`
+    /// and `R` (`Y` may be anything for a unary rule, which never reads it).
+    pub fn build<B: DerivBuilder>(
+        &self,
+        b: &mut B,
+        leaves: &[B::Value; 3],
+    ) -> Result<B::Value, B::Error> {
+        Ok(match self {
+            Deriv::X => leaves[0].clone(),
+            Deriv::Y => leaves[1].clone(),
+            Deriv::R => leaves[2].clone(),
+            Deriv::Const(c) => b.constant(*c)?,
+            Deriv::Unary(u, a) => {
+                let a = a.build(b, leaves)?;
+                b.unary(*u, a)?
+            }
+            Deriv::Binary(op, x, y) => {
+                let x = x.build(b, leaves)?;
+                let y = y.build(b, leaves)?;
+                b.binary(*op, x, y)?
+            }
+            Deriv::Select(cmp, parts) => {
+                let [p, q, t, e] = &**parts;
+                let (p, q) = (p.build(b, leaves)?, q.build(b, leaves)?);
+                let (t, e) = (t.build(b, leaves)?, e.build(b, leaves)?);
+                b.select(*cmp, p, q, t, e)?
+            }
+        })
+    }
+
+    /// Whether this is the number `c`.
+    pub fn is_const(&self, c: f64) -> bool {
+        matches!(self, Deriv::Const(v) if *v == c)
+    }
+}
+
+fn d_un(u: UnaryOp, a: Deriv) -> Deriv {
+    Deriv::Unary(u, Box::new(a))
+}
+
+fn d_bin(op: BinaryOp, a: Deriv, b: Deriv) -> Deriv {
+    Deriv::Binary(op, Box::new(a), Box::new(b))
+}
+
+fn d_mul(a: Deriv, b: Deriv) -> Deriv {
+    d_bin(BinaryOp::Mul, a, b)
+}
+
+fn d_sub(a: Deriv, b: Deriv) -> Deriv {
+    d_bin(BinaryOp::Sub, a, b)
+}
+
+fn d_add(a: Deriv, b: Deriv) -> Deriv {
+    d_bin(BinaryOp::Add, a, b)
+}
+
+fn d_sel(cmp: CmpOp, a: Deriv, b: Deriv, t: Deriv, e: Deriv) -> Deriv {
+    Deriv::Select(cmp, Box::new([a, b, t, e]))
+}
+
+/// The share of the gradient each operand of `max` / `min` gets: all of it
+/// to the chosen one, half each on a tie (as JAX splits it).
+fn chooser(first: CmpOp, x: Deriv, y: Deriv) -> Deriv {
+    d_sel(
+        first,
+        x.clone(),
+        y.clone(),
+        Deriv::Const(1.0),
+        d_sel(CmpOp::Eq, x, y, Deriv::Const(0.5), Deriv::Const(0.0)),
+    )
+}
+
+impl UnaryOp {
+    /// `d r / d x` for `r = self(x)` on floats. Piecewise-constant functions
+    /// (`floor`, `ceil`, `round`, `sign`) have derivative 0, as in JAX and
+    /// PyTorch; `relu` and `abs` take 0 at 0.
+    pub fn derivative(self) -> Deriv {
+        use Deriv::{Const, R, X};
+        match self {
+            UnaryOp::Neg => Const(-1.0),
+            UnaryOp::Relu => d_sel(CmpOp::Gt, X, Const(0.0), Const(1.0), Const(0.0)),
+            UnaryOp::Exp => R,
+            UnaryOp::Log => d_un(UnaryOp::Reciprocal, X),
+            UnaryOp::Sqrt => d_bin(BinaryOp::Div, Const(0.5), R),
+            // d x^-1/2 = -1/2 x^-3/2 = -1/2 r / x
+            UnaryOp::Rsqrt => d_mul(Const(-0.5), d_bin(BinaryOp::Div, R, X)),
+            UnaryOp::Tanh => d_sub(Const(1.0), d_mul(R, R)),
+            UnaryOp::Sigmoid => d_mul(R, d_sub(Const(1.0), R)),
+            UnaryOp::Gelu => {
+                // r = x/2 (1 + t), t = tanh(c (x + a x^3)):
+                // r' = (1 + t)/2 + x/2 (1 - t^2) c (1 + 3 a x^2)
+                let c = (2.0 / std::f64::consts::PI).sqrt();
+                let a = 0.044715;
+                let x2 = d_mul(X, X);
+                let inner = d_mul(Const(c), d_add(X, d_mul(Const(a), d_mul(x2.clone(), X))));
+                let t = d_un(UnaryOp::Tanh, inner);
+                let left = d_mul(Const(0.5), d_add(Const(1.0), t.clone()));
+                let slope = d_mul(Const(c), d_add(Const(1.0), d_mul(Const(3.0 * a), x2)));
+                let right = d_mul(
+                    d_mul(Const(0.5), X),
+                    d_mul(d_sub(Const(1.0), d_mul(t.clone(), t)), slope),
+                );
+                d_add(left, right)
+            }
+            UnaryOp::Abs => d_un(UnaryOp::Sign, X),
+            UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round | UnaryOp::Sign => Const(0.0),
+            UnaryOp::Reciprocal => d_un(UnaryOp::Neg, d_mul(R, R)),
+            UnaryOp::Sin => d_un(UnaryOp::Cos, X),
+            UnaryOp::Cos => d_un(UnaryOp::Neg, d_un(UnaryOp::Sin, X)),
+            UnaryOp::Silu => {
+                // s (1 + x (1 - s)), s = sigmoid(x)
+                let s = d_un(UnaryOp::Sigmoid, X);
+                d_mul(s.clone(), d_add(Const(1.0), d_mul(X, d_sub(Const(1.0), s))))
+            }
+            UnaryOp::Erf => d_mul(
+                Const(2.0 / std::f64::consts::PI.sqrt()),
+                d_un(UnaryOp::Exp, d_un(UnaryOp::Neg, d_mul(X, X))),
+            ),
+        }
+    }
+}
+
+impl BinaryOp {
+    /// `[d r / d x, d r / d y]` for `r = self(x, y)` on floats; `None` for
+    /// the bitwise operators and shifts, which are integer-only. `max` and
+    /// `min` split a tie evenly; `pow`'s exponent derivative takes
+    /// `log(x)` as 0 where `x` is 0 (as JAX does).
+    pub fn partials(self) -> Option<[Deriv; 2]> {
+        use Deriv::{Const, R, X, Y};
+        Some(match self {
+            BinaryOp::Add => [Const(1.0), Const(1.0)],
+            BinaryOp::Sub => [Const(1.0), Const(-1.0)],
+            BinaryOp::Mul => [Y, X],
+            BinaryOp::Div => [
+                d_un(UnaryOp::Reciprocal, Y),
+                d_un(UnaryOp::Neg, d_bin(BinaryOp::Div, R, Y)),
+            ],
+            BinaryOp::Max => [chooser(CmpOp::Gt, X, Y), chooser(CmpOp::Gt, Y, X)],
+            BinaryOp::Min => [chooser(CmpOp::Lt, X, Y), chooser(CmpOp::Lt, Y, X)],
+            BinaryOp::Pow => [
+                d_mul(Y, d_bin(BinaryOp::Pow, X, d_sub(Y, Const(1.0)))),
+                d_mul(
+                    R,
+                    d_un(UnaryOp::Log, d_sel(CmpOp::Eq, X, Const(0.0), Const(1.0), X)),
+                ),
+            ],
+            BinaryOp::BitAnd
+            | BinaryOp::BitOr
+            | BinaryOp::BitXor
+            | BinaryOp::Shl
+            | BinaryOp::Shr => return None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod deriv_tests {
+    use super::*;
+
+    /// Builds a rule on plain numbers.
+    struct Numbers;
+
+    impl DerivBuilder for Numbers {
+        type Value = f64;
+        type Error = ();
+        fn constant(&mut self, c: f64) -> Result<f64, ()> {
+            Ok(c)
+        }
+        fn unary(&mut self, u: UnaryOp, a: f64) -> Result<f64, ()> {
+            Ok(apply_unary(u, a))
+        }
+        fn binary(&mut self, b: BinaryOp, x: f64, y: f64) -> Result<f64, ()> {
+            apply_binary(b, x, y, false).ok_or(())
+        }
+        fn select(&mut self, c: CmpOp, a: f64, b: f64, t: f64, e: f64) -> Result<f64, ()> {
+            Ok(if c.apply(a, b) { t } else { e })
+        }
+    }
+
+    fn central(f: impl Fn(f64) -> f64, x: f64) -> f64 {
+        let h = 1e-6 * x.abs().max(1.0);
+        (f(x + h) - f(x - h)) / (2.0 * h)
+    }
+
+    #[test]
+    fn unary_derivatives_match_central_differences() {
+        for u in UnaryOp::ALL {
+            for x in [-1.7f64, -0.4, 0.3, 0.9, 2.2] {
+                let x = match u {
+                    UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Rsqrt => x.abs(),
+                    _ => x,
+                };
+                let r = apply_unary(u, x);
+                let got = u.derivative().build(&mut Numbers, &[x, 0.0, r]).unwrap();
+                let want = central(|x| apply_unary(u, x), x);
+                assert!(
+                    (got - want).abs() <= 1e-6 * want.abs().max(1.0),
+                    "{}'({x}) = {got}, central differences give {want}",
+                    u.name()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn binary_partials_match_central_differences() {
+        for b in BinaryOp::ALL {
+            let Some(partials) = b.partials() else {
+                assert!(b.is_bitwise(), "{} has no derivative", b.name());
+                continue;
+            };
+            for (x, y) in [(0.7f64, 1.3), (1.9, -0.6), (2.5, 0.5), (-0.8, -1.1)] {
+                let x = if b == BinaryOp::Pow { x.abs() } else { x };
+                let r = apply_binary(b, x, y, false).unwrap();
+                for (i, p) in partials.iter().enumerate() {
+                    let got = p.build(&mut Numbers, &[x, y, r]).unwrap();
+                    let want = if i == 0 {
+                        central(|x| apply_binary(b, x, y, false).unwrap(), x)
+                    } else {
+                        central(|y| apply_binary(b, x, y, false).unwrap(), y)
+                    };
+                    assert!(
+                        (got - want).abs() <= 1e-6 * want.abs().max(1.0),
+                        "d {}(x, y) / d operand {i} at ({x}, {y}) = {got}, central differences give {want}",
+                        b.name()
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn ties_split_the_gradient() {
+        for b in [BinaryOp::Max, BinaryOp::Min] {
+            let [dx, dy] = b.partials().unwrap();
+            let at = [1.5, 1.5, 1.5];
+            assert_eq!(dx.build(&mut Numbers, &at), Ok(0.5));
+            assert_eq!(dy.build(&mut Numbers, &at), Ok(0.5));
+        }
+    }
+}

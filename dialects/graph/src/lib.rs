@@ -8,6 +8,7 @@
 //! ([`interp`]) that defines what every dlc program means.
 #![deny(missing_docs)]
 
+pub mod autodiff;
 pub mod compute;
 pub mod fusion;
 pub mod infer;

@@ -254,6 +254,50 @@ enum Command {
         #[arg(long)]
         no_cache: bool,
     },
+    /// Differentiate an entry point whose first result is a float scalar:
+    /// run it and the gradient of that result with respect to parameters.
+    Grad {
+        /// The `.dl` file (`-` for standard input).
+        file: String,
+        /// Entry point to differentiate; may be left out when there is only one.
+        #[arg(long)]
+        entry: Option<String>,
+        /// Parameters to differentiate with respect to, comma separated
+        /// (default: the entry point's weights, or every float parameter
+        /// when it declares none).
+        #[arg(long, value_delimiter = ',', value_name = "NAMES")]
+        wrt: Vec<String>,
+        /// Where to run it.
+        #[arg(long, value_enum, default_value = "cpu")]
+        backend: Backend,
+        /// An input as NAME=PATH.npy; repeat for each parameter.
+        #[arg(long = "input", value_name = "NAME=PATH")]
+        inputs: Vec<String>,
+        /// Fill the inputs not given with random values from this seed.
+        #[arg(long, value_name = "SEED")]
+        random_inputs: Option<u64>,
+        /// Write the results as DIR/out0.npy (the value; out1.npy, ... for
+        /// further results of the entry point) and DIR/grad_NAME.npy, one
+        /// per differentiated parameter.
+        #[arg(long, value_name = "DIR")]
+        save_outputs: Option<PathBuf>,
+        /// Graph pipeline to run on the differentiated program.
+        #[arg(long, default_value = DEFAULT_PIPELINE)]
+        passes: String,
+        /// Also run the reference interpreter and fail unless the value and
+        /// every gradient match it (the tolerances of `dlc run --check`).
+        #[arg(long)]
+        check: bool,
+        /// The most work the interpreters take on (see `dlc run`).
+        #[arg(long, value_name = "OPS", default_value_t = DEFAULT_WORK_LIMIT)]
+        max_work: f64,
+        /// The target `--backend tile` schedules for (see `dlc run`).
+        #[arg(long, default_value = "host")]
+        target: String,
+        /// With `--backend cpu`: neither read nor write the object cache.
+        #[arg(long)]
+        no_cache: bool,
+    },
     /// Measure compile time and steady-state latency of an entry point
     /// compiled for this CPU (random inputs from seed 0).
     Bench {
@@ -910,15 +954,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                     "--max-work must be a positive number of operations, got {max_work}"
                 )));
             }
-            let mut files = Vec::new();
-            for spec in &inputs {
-                let Some((name, path)) = spec.split_once('=') else {
-                    return Err(DriverError::Usage(format!(
-                        "--input takes NAME=PATH.npy, got `{spec}`"
-                    )));
-                };
-                files.push((name.to_string(), PathBuf::from(path)));
-            }
+            let mut files = input_files(&inputs)?;
             let onnx = onnx.options()?;
             let src = if dlc_driver::is_onnx(&file) {
                 // Inputs may be named as the ONNX model names them.
@@ -951,76 +987,83 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                     dlc_cli::outln!("wrote {}", path.display());
                 }
             }
-            // Compiled code has no work limit: with --check, the reference
-            // refuses what it cannot finish before the compiled code starts.
-            if check
-                && matches!(
-                    backend,
-                    Backend::Cpu
-                        | Backend::Mlir
-                        | Backend::MlirTile
-                        | Backend::Gpu
-                        | Backend::GpuEmulator
-                )
-            {
-                dlc_graph::interp::check_work(&module, f, max_work)?;
-            }
-            let outputs = match backend {
-                Backend::Loop => interpret_loops_within(&module, f, &args, max_work)?,
-                Backend::Tile => {
-                    dlc_graph::interp::check_work(&module, f, max_work)?;
-                    let tiled = tiled(&module, &target)?;
-                    dlc_driver::interpret_tile_within(&tiled, f, &args, max_work)?
-                }
-                Backend::Cpu => {
-                    let options = dlc_llvm::JitOptions {
-                        cache: (!no_cache).then(dlc_llvm::ObjectCache::for_user).flatten(),
-                    };
-                    run_cpu(&module, f, &args, &options)?
-                }
-                Backend::Gpu => run_gpu(&module, f, &args, tf32)?,
-                Backend::GpuEmulator => run_emulated(&module, f, &args, &target, tf32)?,
-                Backend::Mlir => {
-                    let loops = dlc_driver::lower_to_loops(&module, dlc_core::TargetDesc::host())?;
-                    dlc_mlir::run(&loops, &f.name, &args)
-                        .map_err(|e| DriverError::Codegen(e.to_string()))?
-                }
-                Backend::MlirTile => {
-                    let tiles = dlc_driver::lower_for_cpu(&module)?;
-                    dlc_driver::call_prepared(&tiles, &f.name, &args, |name, inputs| {
-                        dlc_mlir::run_tile(&tiles, name, inputs)
-                            .map_err(|e| DriverError::Codegen(e.to_string()))
-                    })?
-                }
-                _ => interpret_within(&module, f, &args, max_work)?,
+            let exec = Exec {
+                backend,
+                check,
+                max_work,
+                target,
+                tf32,
+                no_cache,
             };
-            if check {
-                let reference = interpret_within(&module, f, &args, max_work)?;
-                let tolerances = dlc_driver::check_tolerances_with(f, tf32);
-                let checks = check_results(&outputs, &reference, &tolerances)?;
-                let failed: Vec<String> = checks
-                    .iter()
-                    .filter(|c| !c.passed())
-                    .map(ToString::to_string)
-                    .collect();
-                if !failed.is_empty() {
-                    return Err(DriverError::Usage(format!(
-                        "--check: results differ from the reference interpreter: {}",
-                        failed.join("; ")
-                    )));
-                }
-                for c in &checks {
-                    if c.all_nan() {
-                        eprintln!("warning: --check: {c}");
-                    }
-                    dlc_cli::outln!("check: ok: {c}");
-                }
-            }
+            let outputs = execute(&module, f, &args, &exec)?;
             for (i, t) in outputs.iter().enumerate() {
                 dlc_cli::outln!("out{i}: {}", summary(t));
             }
             if let Some(dir) = save {
                 for path in save_outputs(&dir, &outputs)? {
+                    dlc_cli::outln!("wrote {}", path.display());
+                }
+            }
+            Ok(())
+        }
+        Command::Grad {
+            file,
+            entry,
+            wrt,
+            backend,
+            inputs,
+            random_inputs,
+            save_outputs: save,
+            passes,
+            check,
+            max_work,
+            target,
+            no_cache,
+        } => {
+            if let Some(dir) = &save {
+                dlc_driver::ensure_writable_dir(dir)?;
+            }
+            if max_work.is_nan() || max_work <= 0.0 {
+                return Err(DriverError::Usage(format!(
+                    "--max-work must be a positive number of operations, got {max_work}"
+                )));
+            }
+            let files = input_files(&inputs)?;
+            let src = read_model(&file, &dlc_onnx::Options::default())?;
+            let mut module = compile_source(&src)?;
+            let entry = select_entry(&module, entry.as_deref())?.name.clone();
+            let name = format!("{entry}_grad");
+            let positions =
+                dlc_graph::autodiff::add_grad_function(&mut module, &entry, &wrt, &name)?;
+            let priced = dlc_core::TargetDesc::named(&target).map_err(DriverError::Usage)?;
+            let options = PassOptions {
+                target: Some(&priced),
+                ..PassOptions::default()
+            };
+            run_passes(&mut module, &passes, options)?;
+            let module = dlc_driver::only_entry(&module, Some(&name))?;
+            let f = select_entry(&module, None)?;
+            let args = prepare_inputs(f, &files, random_inputs)?;
+            let exec = Exec {
+                backend,
+                check,
+                max_work,
+                target,
+                tf32: false,
+                no_cache,
+            };
+            let outputs = execute(&module, f, &args, &exec)?;
+            let values = outputs.len() - positions.len();
+            let names: Vec<String> = (0..values)
+                .map(|i| format!("out{i}"))
+                .chain(positions.iter().map(|&p| format!("grad_{}", f.params[p].0)))
+                .collect();
+            for (n, t) in names.iter().zip(&outputs) {
+                dlc_cli::outln!("{n}: {}", summary(t));
+            }
+            if let Some(dir) = save {
+                let named: Vec<(String, &HostTensor)> = names.into_iter().zip(&outputs).collect();
+                for path in dlc_driver::save_named_outputs(&dir, &named)? {
                     dlc_cli::outln!("wrote {}", path.display());
                 }
             }
@@ -1078,6 +1121,109 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             calibrate(&output, runs)
         }
     }
+}
+
+/// `--input NAME=PATH` arguments, split.
+fn input_files(inputs: &[String]) -> Result<Vec<(String, PathBuf)>, DriverError> {
+    inputs
+        .iter()
+        .map(|spec| match spec.split_once('=') {
+            Some((name, path)) => Ok((name.to_string(), PathBuf::from(path))),
+            None => Err(DriverError::Usage(format!(
+                "--input takes NAME=PATH.npy, got `{spec}`"
+            ))),
+        })
+        .collect()
+}
+
+/// How `dlc run` and `dlc grad` run what they compiled.
+struct Exec {
+    backend: Backend,
+    check: bool,
+    max_work: f64,
+    target: String,
+    tf32: bool,
+    no_cache: bool,
+}
+
+/// Runs entry point `f` of `module` on `args` as `exec` says; with
+/// `--check`, compares every result with the reference interpreter's and
+/// fails unless they agree.
+fn execute(
+    module: &dlc_graph::Module,
+    f: &dlc_graph::Function,
+    args: &[HostTensor],
+    exec: &Exec,
+) -> Result<Vec<HostTensor>, DriverError> {
+    let Exec {
+        backend,
+        check,
+        max_work,
+        ref target,
+        tf32,
+        no_cache,
+    } = *exec;
+    // Compiled code has no work limit: with --check, the reference
+    // refuses what it cannot finish before the compiled code starts.
+    if check
+        && matches!(
+            backend,
+            Backend::Cpu | Backend::Mlir | Backend::MlirTile | Backend::Gpu | Backend::GpuEmulator
+        )
+    {
+        dlc_graph::interp::check_work(module, f, max_work)?;
+    }
+    let outputs = match backend {
+        Backend::Loop => interpret_loops_within(module, f, args, max_work)?,
+        Backend::Tile => {
+            dlc_graph::interp::check_work(module, f, max_work)?;
+            let tiled = tiled(module, target)?;
+            dlc_driver::interpret_tile_within(&tiled, f, args, max_work)?
+        }
+        Backend::Cpu => {
+            let options = dlc_llvm::JitOptions {
+                cache: (!no_cache).then(dlc_llvm::ObjectCache::for_user).flatten(),
+            };
+            run_cpu(module, f, args, &options)?
+        }
+        Backend::Gpu => run_gpu(module, f, args, tf32)?,
+        Backend::GpuEmulator => run_emulated(module, f, args, target, tf32)?,
+        Backend::Mlir => {
+            let loops = dlc_driver::lower_to_loops(module, dlc_core::TargetDesc::host())?;
+            dlc_mlir::run(&loops, &f.name, args).map_err(|e| DriverError::Codegen(e.to_string()))?
+        }
+        Backend::MlirTile => {
+            let tiles = dlc_driver::lower_for_cpu(module)?;
+            dlc_driver::call_prepared(&tiles, &f.name, args, |name, inputs| {
+                dlc_mlir::run_tile(&tiles, name, inputs)
+                    .map_err(|e| DriverError::Codegen(e.to_string()))
+            })?
+        }
+        _ => interpret_within(module, f, args, max_work)?,
+    };
+    if check {
+        let reference = interpret_within(module, f, args, max_work)?;
+        let tolerances = dlc_driver::check_tolerances_with(f, tf32);
+        let checks = check_results(&outputs, &reference, &tolerances)?;
+        let failed: Vec<String> = checks
+            .iter()
+            .filter(|c| !c.passed())
+            .map(ToString::to_string)
+            .collect();
+        if !failed.is_empty() {
+            return Err(DriverError::Usage(format!(
+                "--check: results differ from the reference interpreter: {}",
+                failed.join("; ")
+            )));
+        }
+        for c in &checks {
+            if c.all_nan() {
+                eprintln!("warning: --check: {c}");
+            }
+            dlc_cli::outln!("check: ok: {c}");
+        }
+    }
+    Ok(outputs)
 }
 
 fn main() -> ExitCode {

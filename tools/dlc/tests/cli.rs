@@ -1787,3 +1787,88 @@ fn the_mlir_back_end_emits_upstream_mlir_and_runs_checked() {
     let (a, b) = (format!("a={}", a.display()), format!("b={}", b.display()));
     fails_with(&run("g", &[&a, &b]), "@g: integer division by zero");
 }
+
+const TRAINABLE: &str = "
+op mm_t[M, N, K](a: f32[K, M], b: f32[K, N]) -> f32[M, N] {
+    out[i, j] = sum[k](a[k, i] * b[k, j]);
+}
+
+fn loss(x: f32[2, 3, 12, 12], weight w1: f32[4, 3, 3, 3], weight w2: f32[36, 5],
+        weight b2: f32[5]) -> f32 {
+    let h = maxpool2d(relu(conv2d(x, w1, stride=2, padding=1)), kernel=2, stride=2);
+    let z = tanh(mm_t(transpose(reshape(h, [2, 36]), [1, 0]), w2) + b2);
+    return mean(z * z);
+}
+";
+
+/// `dlc grad`: the value and the gradients of an entry point, compiled
+/// for this CPU and checked against the reference interpreter, saved as
+/// `out0.npy` and `grad_NAME.npy`; by default with respect to the
+/// weights.
+#[test]
+fn grad_runs_the_gradient_and_saves_it_by_parameter_name() {
+    let d = Dir::new("grad");
+    let model = d.file("m.dl", TRAINABLE);
+    let out = d.0.join("out");
+    let o = dlc(&[
+        "grad",
+        &model,
+        "--random-inputs",
+        "7",
+        "--check",
+        "--save-outputs",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    for name in ["out0", "grad_w1", "grad_w2", "grad_b2"] {
+        assert!(text.contains(&format!("{name}: f32")), "{text}");
+    }
+    assert_eq!(text.matches("check: ok").count(), 4, "{text}");
+    let value = HostTensor::read_npy(&out.join("out0.npy"), None).unwrap();
+    assert_eq!(value.ty, f32ty(&[]));
+    let w1 = HostTensor::read_npy(&out.join("grad_w1.npy"), None).unwrap();
+    assert_eq!(w1.ty, f32ty(&[4, 3, 3, 3]));
+    assert!(w1.data.iter().any(|&g| g != 0.0));
+    assert!(!out.join("grad_x.npy").exists());
+
+    // The same gradient with respect to the input, on the interpreter.
+    let o = dlc(&[
+        "grad",
+        &model,
+        "--random-inputs",
+        "7",
+        "--wrt",
+        "x,b2",
+        "--backend",
+        "interp",
+        "--save-outputs",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let x = HostTensor::read_npy(&out.join("grad_x.npy"), None).unwrap();
+    assert_eq!(x.ty, f32ty(&[2, 3, 12, 12]));
+}
+
+#[test]
+fn grad_errors_name_what_is_wrong() {
+    let d = Dir::new("grad-errors");
+    let model = d.file("m.dl", TRAINABLE);
+    fails_with(
+        &dlc(&["grad", &model, "--random-inputs", "1", "--wrt", "q"]),
+        "@loss has no parameter `q`; its parameters: x, w1, w2, b2",
+    );
+    let vector = d.file("v.dl", "fn f(x: f32[4]) -> f32[4] { return x * 2.0; }");
+    fails_with(
+        &dlc(&["grad", &vector, "--random-inputs", "1"]),
+        "the differentiated result must be a float scalar, got f32[4]",
+    );
+    let ints = d.file(
+        "i.dl",
+        "fn f(x: f32[4], n: i32[4]) -> f32 { return sum(x * cast(n, f32)); }",
+    );
+    fails_with(
+        &dlc(&["grad", &ints, "--random-inputs", "1", "--wrt", "n"]),
+        "parameter `n` is i32[4]; only float values have gradients",
+    );
+}

@@ -52,6 +52,11 @@ pub fn registry_for(target: &dlc_core::TargetDesc) -> PassRegistry<Module> {
         },
     );
     r.register(
+        "graph.grad",
+        "reverse-mode differentiation: adds NAME (default ENTRY_grad) returning ENTRY's results and the gradient of its first, a float scalar, with respect to the parameters `wrt` (names joined by `+`; default: ENTRY's weights, or every float parameter); options entry=ENTRY,wrt=a+b,name=NAME",
+        |o| Ok(Box::new(crate::autodiff::Grad::from_options(o)?)),
+    );
+    r.register(
         "graph.inline",
         "inlines every call and removes private functions left uncalled",
         |o| {

@@ -1,0 +1,499 @@
+//! Reverse-mode automatic differentiation of the graph dialect.
+//!
+//! [`value_and_grad`] turns a function whose first result is a float scalar
+//! into one that also returns that scalar's gradient with respect to chosen
+//! parameters. The gradient is ordinary graph ops added after the forward
+//! ones (a reverse sweep over the function in topological order, each op's
+//! adjoints given by its rule in [`rules`], adjoints of a value used twice
+//! summed), so saturation, fusion and every back end apply to it as they
+//! do to the forward program. A user operator's adjoints are user operators
+//! derived from its expression ([`compute`]).
+
+mod compute;
+mod rules;
+
+use std::collections::{HashMap, HashSet};
+
+use dlc_core::scalar::{BinaryOp, CmpOp, DerivBuilder, ReduceKind, UnaryOp};
+use dlc_core::{DType, Pass, PassError, SourceLoc, TensorType};
+use petgraph::stable_graph::NodeIndex;
+
+use crate::module::{Function, Module, Value, Visibility};
+use crate::ops::{ConstValue, Op};
+
+/// Why a gradient could not be built: what, and where in the source.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GradError {
+    /// What is wrong.
+    pub message: String,
+    /// The op it is about, when it came from source.
+    pub loc: Option<SourceLoc>,
+}
+
+impl std::fmt::Display for GradError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.loc {
+            Some(loc) => write!(f, "{loc}: {}", self.message),
+            None => f.write_str(&self.message),
+        }
+    }
+}
+
+impl std::error::Error for GradError {}
+
+fn fail(message: impl Into<String>) -> GradError {
+    GradError {
+        message: message.into(),
+        loc: None,
+    }
+}
+
+/// The function `name` computing what `f` computes (all of its results,
+/// in order) followed by the gradient of `f`'s first result, a float
+/// scalar, with respect to each parameter in `wrt` (positions in `f`'s
+/// signature, each a float tensor), in that order. `f` must have no calls
+/// (run `graph.inline` first). A parameter the result does not depend on
+/// gets a zero gradient; an op on the way from a parameter to the result
+/// that has no derivative is an error naming it and its source place.
+pub fn value_and_grad(f: &Function, wrt: &[usize], name: &str) -> Result<Function, GradError> {
+    let Some(&loss) = f.results.first() else {
+        return Err(fail(format!(
+            "@{} returns nothing to differentiate",
+            f.name
+        )));
+    };
+    let loss_ty = f.value_type(loss).clone();
+    if loss_ty.rank() != 0 || !loss_ty.dtype.is_float() {
+        return Err(fail(format!(
+            "@{}: the differentiated result must be a float scalar, got {loss_ty}",
+            f.name
+        )));
+    }
+    for &p in wrt {
+        let Some((pname, node)) = f.params.get(p) else {
+            return Err(fail(format!("@{} has no parameter {p}", f.name)));
+        };
+        let ty = &f.body[*node].results[0];
+        if !ty.dtype.is_float() {
+            return Err(fail(format!(
+                "@{}: parameter `{pname}` is {ty}; only float values have gradients",
+                f.name
+            )));
+        }
+    }
+    if let Some(n) = f
+        .body
+        .node_indices()
+        .find(|&n| matches!(f.body[n].op, Op::Call { .. }))
+    {
+        return Err(GradError {
+            message: format!(
+                "@{} calls another function; inline it first (graph.inline)",
+                f.name
+            ),
+            loc: f.body[n].loc.clone(),
+        });
+    }
+    let mut g = f.clone();
+    g.name = name.to_string();
+    g.visibility = Visibility::Public;
+    let order = g.topo_order();
+    // Values that depend on a differentiated parameter and can carry a
+    // gradient.
+    let mut active: HashSet<NodeIndex> = wrt.iter().map(|&p| g.params[p].1).collect();
+    for &n in &order {
+        if matches!(g.body[n].op, Op::Param { .. }) {
+            continue;
+        }
+        let float = g.body[n].results.iter().all(|t| t.dtype.is_float());
+        if float && g.operands(n).iter().any(|v| active.contains(&v.node)) {
+            active.insert(n);
+        }
+    }
+    let mut adj: HashMap<Value, Value> = HashMap::new();
+    if active.contains(&loss.node) {
+        let one = add_constant(&mut g, 1.0, loss_ty);
+        adj.insert(loss, one);
+    }
+    for &n in order.iter().rev() {
+        if !active.contains(&n) || matches!(g.body[n].op, Op::Param { .. }) {
+            continue;
+        }
+        let out = Value::of(n);
+        let Some(&seed) = adj.get(&out) else { continue };
+        let operands = g.operands(n);
+        let needs: Vec<bool> = operands.iter().map(|v| active.contains(&v.node)).collect();
+        let op = g.body[n].op.clone();
+        let loc = g.body[n].loc.clone();
+        let mut b = Builder {
+            f: &mut g,
+            loc: loc.clone(),
+        };
+        let grads =
+            rules::vjp(&mut b, &op, &operands, out, seed, &needs).map_err(|message| GradError {
+                message: format!("the gradient of {}: {message}", op.name()),
+                loc: loc.clone(),
+            })?;
+        for (i, grad) in grads.into_iter().enumerate() {
+            if let (true, Some(grad)) = (needs[i], grad) {
+                accumulate(&mut b, &mut adj, operands[i], grad).map_err(|message| GradError {
+                    message,
+                    loc: loc.clone(),
+                })?;
+            }
+        }
+    }
+    for &p in wrt {
+        let v = Value::of(g.params[p].1);
+        let grad = match adj.get(&v) {
+            Some(&a) => a,
+            None => {
+                let ty = g.value_type(v).clone();
+                add_constant(&mut g, 0.0, ty)
+            }
+        };
+        g.results.push(grad);
+    }
+    Ok(g)
+}
+
+fn add_constant(f: &mut Function, c: f64, ty: TensorType) -> Value {
+    f.add_op(Op::Constant(ConstValue::Splat(c)), &[], ty)
+}
+
+fn accumulate(
+    b: &mut Builder<'_>,
+    adj: &mut HashMap<Value, Value>,
+    of: Value,
+    grad: Value,
+) -> Result<(), String> {
+    let sum = match adj.get(&of) {
+        Some(&prev) => b.binary(BinaryOp::Add, prev, grad)?,
+        None => grad,
+    };
+    adj.insert(of, sum);
+    Ok(())
+}
+
+/// Adds ops to the function being differentiated, each typed by
+/// [`crate::infer::infer`] and marked with the source place of the op whose
+/// rule builds it.
+pub(crate) struct Builder<'f> {
+    pub(crate) f: &'f mut Function,
+    loc: Option<SourceLoc>,
+}
+
+impl Builder<'_> {
+    pub(crate) fn ty(&self, v: Value) -> TensorType {
+        self.f.value_type(v).clone()
+    }
+
+    pub(crate) fn op(&mut self, op: Op, xs: &[Value]) -> Result<Value, String> {
+        let types: Vec<TensorType> = xs.iter().map(|&v| self.ty(v)).collect();
+        let refs: Vec<&TensorType> = types.iter().collect();
+        let result = match &op {
+            Op::Compute(body) => {
+                crate::verify::check_compute(body, &refs)
+                    .map_err(|m| format!("derived operator `{}`: {m}", body.name))?;
+                body.out.ty.clone()
+            }
+            _ => {
+                let mut r = crate::infer::infer(&op, &refs).map_err(|e| e.message)?;
+                r.remove(0)
+            }
+        };
+        let v = self.f.add_op(op, xs, result);
+        self.f.body[v.node].loc = self.loc.clone();
+        Ok(v)
+    }
+
+    pub(crate) fn constant(&mut self, c: f64, ty: TensorType) -> Value {
+        let v = add_constant(self.f, c, ty);
+        self.f.body[v.node].loc = self.loc.clone();
+        v
+    }
+
+    pub(crate) fn scalar(&mut self, c: f64, dtype: DType) -> Value {
+        self.constant(c, TensorType::new(dtype, vec![]))
+    }
+
+    pub(crate) fn binary(&mut self, b: BinaryOp, x: Value, y: Value) -> Result<Value, String> {
+        self.op(Op::Binary(b), &[x, y])
+    }
+
+    pub(crate) fn unary(&mut self, u: UnaryOp, x: Value) -> Result<Value, String> {
+        self.op(Op::Unary(u), &[x])
+    }
+
+    pub(crate) fn reshape(&mut self, x: Value, shape: &[usize]) -> Result<Value, String> {
+        if self.ty(x).shape == shape {
+            return Ok(x);
+        }
+        self.op(
+            Op::Reshape {
+                shape: shape.to_vec(),
+            },
+            &[x],
+        )
+    }
+
+    pub(crate) fn reduce(
+        &mut self,
+        kind: ReduceKind,
+        x: Value,
+        axes: &[usize],
+        keepdims: bool,
+    ) -> Result<Value, String> {
+        if axes.is_empty() {
+            return Ok(x);
+        }
+        self.op(
+            Op::Reduce {
+                kind,
+                axes: axes.to_vec(),
+                keepdims,
+            },
+            &[x],
+        )
+    }
+
+    pub(crate) fn select(&mut self, c: Value, t: Value, e: Value) -> Result<Value, String> {
+        self.op(Op::Select, &[c, t, e])
+    }
+
+    pub(crate) fn compare(&mut self, c: CmpOp, x: Value, y: Value) -> Result<Value, String> {
+        self.op(Op::Compare(c), &[x, y])
+    }
+
+    pub(crate) fn broadcast(&mut self, x: Value, shape: &[usize]) -> Result<Value, String> {
+        if self.ty(x).shape == shape {
+            return Ok(x);
+        }
+        self.op(
+            Op::Broadcast {
+                shape: shape.to_vec(),
+            },
+            &[x],
+        )
+    }
+
+    /// `x` summed down to `shape`, which it was broadcast from: the adjoint
+    /// of a broadcast.
+    pub(crate) fn sum_to(&mut self, x: Value, shape: &[usize]) -> Result<Value, String> {
+        let have = self.ty(x).shape;
+        if have == shape {
+            return Ok(x);
+        }
+        let lead = have.len() - shape.len();
+        let axes: Vec<usize> = (0..have.len())
+            .filter(|&a| a < lead || (shape[a - lead] == 1 && have[a] != 1))
+            .collect();
+        let summed = self.reduce(ReduceKind::Sum, x, &axes, true)?;
+        self.reshape(summed, shape)
+    }
+}
+
+/// A value built by a derivative rule on tensors: a number not yet
+/// materialized (so `g * 1` is `g` and `g * 0` is nothing), or a tensor.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Elem {
+    Const(f64),
+    Tensor(Value),
+}
+
+/// Builds [`dlc_core::scalar::Deriv`] rules from tensors of one element
+/// type, broadcasting as the graph's element-wise ops do.
+pub(crate) struct ElemBuilder<'a, 'f> {
+    pub(crate) b: &'a mut Builder<'f>,
+    pub(crate) dtype: DType,
+}
+
+impl ElemBuilder<'_, '_> {
+    pub(crate) fn tensor(&mut self, e: Elem) -> Value {
+        match e {
+            Elem::Tensor(v) => v,
+            Elem::Const(c) => self.b.scalar(c, self.dtype),
+        }
+    }
+}
+
+impl DerivBuilder for ElemBuilder<'_, '_> {
+    type Value = Elem;
+    type Error = String;
+
+    fn constant(&mut self, c: f64) -> Result<Elem, String> {
+        Ok(Elem::Const(c))
+    }
+
+    fn unary(&mut self, u: UnaryOp, a: Elem) -> Result<Elem, String> {
+        Ok(match a {
+            Elem::Const(c) => Elem::Const(dlc_core::scalar::apply_unary(u, c)),
+            Elem::Tensor(v) => Elem::Tensor(self.b.unary(u, v)?),
+        })
+    }
+
+    fn binary(&mut self, op: BinaryOp, x: Elem, y: Elem) -> Result<Elem, String> {
+        use Elem::{Const, Tensor};
+        Ok(match (op, x, y) {
+            (_, Const(p), Const(q)) => {
+                Const(dlc_core::scalar::apply_binary(op, p, q, false).ok_or("bad constant")?)
+            }
+            (BinaryOp::Mul, Const(1.0), t) | (BinaryOp::Mul, t, Const(1.0)) => t,
+            (BinaryOp::Mul, Const(0.0), _) | (BinaryOp::Mul, _, Const(0.0)) => Const(0.0),
+            (BinaryOp::Add, Const(0.0), t) | (BinaryOp::Add | BinaryOp::Sub, t, Const(0.0)) => t,
+            (BinaryOp::Div, t, Const(1.0)) => t,
+            (BinaryOp::Mul, Const(-1.0), Tensor(v)) | (BinaryOp::Mul, Tensor(v), Const(-1.0)) => {
+                Tensor(self.b.unary(UnaryOp::Neg, v)?)
+            }
+            _ => {
+                let (x, y) = (self.tensor(x), self.tensor(y));
+                Tensor(self.b.binary(op, x, y)?)
+            }
+        })
+    }
+
+    fn select(&mut self, cmp: CmpOp, a: Elem, b: Elem, t: Elem, e: Elem) -> Result<Elem, String> {
+        if let (Elem::Const(p), Elem::Const(q)) = (a, b) {
+            return Ok(if cmp.apply(p, q) { t } else { e });
+        }
+        let (a, b) = (self.tensor(a), self.tensor(b));
+        let c = self.b.compare(cmp, a, b)?;
+        let (t, e) = (self.tensor(t), self.tensor(e));
+        Ok(Elem::Tensor(self.b.select(c, t, e)?))
+    }
+}
+
+/// `graph.grad`: adds to the module the function `name` (default
+/// `ENTRY_grad`) returning what `entry` returns and the gradient of its
+/// first result with respect to the parameters `wrt` (names joined by `+`;
+/// default: the entry's weights, or every float parameter if it has none).
+/// Calls in the entry are inlined first.
+pub struct Grad {
+    /// The function differentiated.
+    pub entry: String,
+    /// Parameter names; empty for the default.
+    pub wrt: Vec<String>,
+    /// The new function's name; empty for `ENTRY_grad`.
+    pub name: String,
+}
+
+impl Grad {
+    /// Builds the pass from `entry=F,wrt=a+b,name=G`.
+    pub fn from_options(o: &dlc_core::PassOptions) -> Result<Grad, PassError> {
+        o.expect_only(&["entry", "wrt", "name"])?;
+        let entry: String = o.get("entry", String::new())?;
+        if entry.is_empty() {
+            return Err(PassError::BadOption {
+                pass: "graph.grad".into(),
+                message: "option `entry` (the function to differentiate) is required".into(),
+            });
+        }
+        let wrt: String = o.get("wrt", String::new())?;
+        Ok(Grad {
+            entry,
+            wrt: wrt
+                .split('+')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+                .collect(),
+            name: o.get("name", String::new())?,
+        })
+    }
+}
+
+/// The parameters differentiated by default: `f`'s weights, or every float
+/// parameter when it declares none.
+pub fn default_wrt(f: &Function) -> Vec<usize> {
+    if !f.weights.is_empty() {
+        return f.weights.iter().copied().collect();
+    }
+    f.param_types()
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| t.dtype.is_float())
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// Adds `value_and_grad` of `entry` to `m` under `name`, inlining `entry`'s
+/// calls first; `wrt` names parameters (empty: [`default_wrt`]). Returns
+/// the positions differentiated.
+pub fn add_grad_function(
+    m: &mut Module,
+    entry: &str,
+    wrt: &[String],
+    name: &str,
+) -> Result<Vec<usize>, GradError> {
+    if m.function(name).is_some() {
+        return Err(fail(format!("the module already has a function @{name}")));
+    }
+    let Some(f) = m.function(entry) else {
+        return Err(fail(format!("no function @{entry} in the module")));
+    };
+    let mut f = f.clone();
+    if f.body
+        .node_weights()
+        .any(|n| matches!(n.op, Op::Call { .. }))
+    {
+        let mut scratch = Module {
+            functions: m.functions.clone(),
+        };
+        for g in &mut scratch.functions {
+            if g.name == entry {
+                g.visibility = Visibility::Public;
+            }
+        }
+        crate::transforms::Inline
+            .run(&mut scratch)
+            .map_err(|e| fail(e.to_string()))?;
+        f = scratch
+            .function(entry)
+            .ok_or_else(|| fail(format!("@{entry} disappeared while inlining")))?
+            .clone();
+    }
+    let positions = if wrt.is_empty() {
+        default_wrt(&f)
+    } else {
+        wrt.iter()
+            .map(|w| {
+                f.params.iter().position(|(n, _)| n == w).ok_or_else(|| {
+                    let names: Vec<&str> = f.params.iter().map(|(n, _)| n.as_str()).collect();
+                    fail(format!(
+                        "@{entry} has no parameter `{w}`; its parameters: {}",
+                        names.join(", ")
+                    ))
+                })
+            })
+            .collect::<Result<_, _>>()?
+    };
+    if positions.is_empty() {
+        return Err(fail(format!(
+            "@{entry} has no float parameter to differentiate"
+        )));
+    }
+    let g = value_and_grad(&f, &positions, name)?;
+    m.functions.push(g);
+    Ok(positions)
+}
+
+impl Pass<Module> for Grad {
+    fn name(&self) -> &'static str {
+        "graph.grad"
+    }
+
+    fn run(&mut self, m: &mut Module) -> Result<Vec<(&'static str, u64)>, PassError> {
+        let name = if self.name.is_empty() {
+            format!("{}_grad", self.entry)
+        } else {
+            self.name.clone()
+        };
+        let before = m.function(&self.entry).map_or(0, |f| f.num_ops());
+        add_grad_function(m, &self.entry, &self.wrt, &name).map_err(|e| PassError::Failed {
+            pass: "graph.grad".into(),
+            message: e.to_string(),
+        })?;
+        let after = m.function(&name).map_or(0, |f| f.num_ops());
+        Ok(vec![("backward-ops", (after - before.min(after)) as u64)])
+    }
+}
