@@ -19,6 +19,7 @@ use dlc_graph::{Function, Module, Op, Value, Visibility};
 use crate::ast::*;
 
 mod composite;
+mod training;
 use crate::diag::{Diagnostic, Diagnostics};
 
 /// The element type of a float literal that meets no tensor.
@@ -76,6 +77,7 @@ const BUILTINS: &[&str] = &[
     "ones",
     "full",
     "tensor",
+    "value_and_grad",
 ];
 
 /// The bitwise operator or shift called `name` (`bitand`, `shl`).
@@ -90,6 +92,7 @@ fn bitwise(name: &str) -> Option<BinaryOp> {
 pub fn is_builtin(name: &str) -> bool {
     BUILTINS.contains(&name)
         || composite::COMPOSITES.contains(&name)
+        || training::TRAINING.contains(&name)
         || UnaryOp::from_name(name).is_some()
 }
 
@@ -1239,7 +1242,171 @@ impl<'p> Elab<'p> {
         if let Some(def) = self.ops.get(f.name.as_str()).copied() {
             return self.call_op(cx, def, f, args, span);
         }
+        if f.name == "value_and_grad" {
+            return self.value_and_grad(cx, f, args, span);
+        }
         self.builtin(cx, f, args, span)
+    }
+
+    /// `value_and_grad(loss(a, b, ..), wrt=[a, b])`: what the call returns,
+    /// then the gradient of its first result (a float scalar) with respect
+    /// to the arguments named by `wrt` (names passed to the call), in that
+    /// order; by default with respect to the callee's weights (every float
+    /// parameter when it declares none). The gradient is the function
+    /// `graph.grad` derives from the callee, called here.
+    fn value_and_grad(&mut self, cx: &mut FnCx, f: &Ident, args: &[Arg], span: Span) -> R<EVal> {
+        let a = bind(f, args, &["call", "wrt"], 1, span)?;
+        let call = req(&a, 0);
+        let usage = "write `value_and_grad(loss(x, w), wrt=[w])`";
+        let ExprKind::Call(callee, cargs) = &call.kind else {
+            return Err(Diagnostic::new(
+                "the first argument of `value_and_grad` must be a call of a `fn`",
+                call.span,
+                "not a call",
+            )
+            .with_note(usage));
+        };
+        let Some(def) = self.fns.get(callee.name.as_str()).copied() else {
+            let what = if self.ops.contains_key(callee.name.as_str()) {
+                "an `op`; call it from a `fn` and differentiate that"
+            } else {
+                "not a function defined with `fn`"
+            };
+            return Err(Diagnostic::new(
+                format!(
+                    "`value_and_grad` differentiates a `fn`: `{}` is {what}",
+                    callee.name
+                ),
+                callee.span,
+                "not a `fn`",
+            )
+            .with_note(usage));
+        };
+        self.used.insert(def.name.name.clone());
+        let (values, env) = self.bind_user(
+            cx,
+            Signature {
+                what: "function",
+                name: &def.name,
+                dims: &def.dims,
+                params: &def.params,
+            },
+            cargs,
+            call.span,
+        )?;
+        let dims: Vec<usize> = def.dims.iter().map(|d| env[&d.name]).collect();
+        let what = format!("in this call of `{}`", callee.name);
+        let name = self.ensure_fn(def, &dims, Some((call.span, what)))?;
+        let positions: Vec<usize> = match a[1] {
+            None => match self.module.function(&name) {
+                Some(g) => dlc_graph::autodiff::default_wrt(g),
+                None => vec![],
+            },
+            Some(list) => {
+                let ExprKind::List(items) = &list.kind else {
+                    return Err(Diagnostic::new(
+                        "`wrt` lists the arguments to differentiate with respect to, by name",
+                        list.span,
+                        "not a list",
+                    )
+                    .with_note(usage));
+                };
+                let mut positions = Vec::new();
+                for item in items {
+                    let ExprKind::Var(n) = &item.kind else {
+                        return Err(Diagnostic::new(
+                            "`wrt` names arguments of the call",
+                            item.span,
+                            "not a name",
+                        )
+                        .with_note(usage));
+                    };
+                    let at: Vec<usize> = cargs
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, c)| matches!(&c.value.kind, ExprKind::Var(m) if m == n))
+                        .map(|(i, _)| i)
+                        .collect();
+                    match at[..] {
+                        [i] if !positions.contains(&i) => positions.push(i),
+                        [_] => {
+                            return Err(Diagnostic::new(
+                                format!("`{n}` is listed twice in `wrt`"),
+                                item.span,
+                                "listed again",
+                            ));
+                        }
+                        [] => {
+                            return Err(Diagnostic::new(
+                                format!(
+                                    "`{n}` is not an argument of this call of `{}`",
+                                    callee.name
+                                ),
+                                item.span,
+                                "not passed to the call",
+                            )
+                            .with_secondary(call.span, "the call"));
+                        }
+                        _ => {
+                            return Err(Diagnostic::new(
+                                format!(
+                                    "`{n}` is passed to `{}` more than once: differentiate a function that takes it once",
+                                    callee.name
+                                ),
+                                item.span,
+                                "ambiguous",
+                            ));
+                        }
+                    }
+                }
+                positions
+            }
+        };
+        let Some(callee_fn) = self.module.function(&name) else {
+            return Err(Diagnostic::new(
+                format!("`{}` could not be built", callee.name),
+                call.span,
+                "here",
+            ));
+        };
+        let wrt: Vec<String> = positions
+            .iter()
+            .map(|&p| callee_fn.params[p].0.clone())
+            .collect();
+        let mut gname = format!("{name}$grad");
+        for p in &positions {
+            gname.push('$');
+            gname.push_str(&p.to_string());
+        }
+        if self.module.function(&gname).is_none() {
+            dlc_graph::autodiff::add_grad_function(&mut self.module, &name, &wrt, &gname).map_err(
+                |e| {
+                    let d = Diagnostic::new(
+                        format!("cannot differentiate `{}`: {}", callee.name, e.message),
+                        call.span,
+                        "differentiated here",
+                    );
+                    match e.loc {
+                        Some(loc) => d.with_note(format!("the op is at {loc}")),
+                        None => d,
+                    }
+                },
+            )?;
+            if let Some(g) = self.module.functions.iter_mut().find(|g| g.name == gname) {
+                g.visibility = Visibility::Private;
+            }
+        }
+        let results = self
+            .module
+            .function(&gname)
+            .map(Function::result_types)
+            .unwrap_or_default();
+        let n = results.len() as u32;
+        let node = cx.f.add_node(Op::Call { callee: gname }, &values, results);
+        cx.f.body[node].loc = self.lines.as_ref().map(|l| l.loc(span.start));
+        Ok(EVal::Tuple(
+            (0..n).map(|r| Value { node, result: r }).collect(),
+        ))
     }
 
     /// Evaluates the arguments of a user `fn` or `op` and infers its dimension parameters.
@@ -1730,6 +1897,9 @@ impl<'p> Elab<'p> {
             _ if composite::COMPOSITES.contains(&name) => self
                 .composite(cx, f, args, span)
                 .unwrap_or_else(|| unreachable!("a composite built-in")),
+            _ if training::TRAINING.contains(&name) => self
+                .training(cx, f, args, span)
+                .unwrap_or_else(|| unreachable!("a training built-in")),
             _ => Err(
                 Diagnostic::new(format!("unknown function `{name}`"), f.span, "not defined")
                     .with_suggestion(

@@ -278,3 +278,98 @@ fn user_operators_differentiate_from_their_expression() {
         ));
     }
 }
+
+#[test]
+fn losses() {
+    check("fn f(x: f64[4, 5], y: i64[4]) -> f64 { return cross_entropy(x * 3.0, y); }");
+    check("fn f(x: f64[4, 5], p: f64[4, 5]) -> f64 { return cross_entropy(x, softmax(p)); }");
+    check("fn f(x: f64[3, 4, 2]) -> f64 { return cross_entropy(x, abs(x), axis=1); }");
+    check("fn f(x: f64[3, 4], y: f64[3, 4]) -> f64 { return mse_loss(x, y) + l1_loss(x, y); }");
+    check("fn f(x: f64[3, 4], y: f64[3, 4]) -> f64 { return huber_loss(x * 2.0, y, delta=0.5); }");
+    check("fn f(x: f64[3, 4], y: f64[3, 4]) -> f64 { return bce_with_logits(x * 4.0, abs(y)); }");
+}
+
+/// The losses' values, against their formulas written out here.
+#[test]
+fn loss_values() {
+    let src = "fn f(x: f64[2, 3], y: i64[2], z: f64[2, 3], t: f64[2, 3]) -> (f64, f64, f64, f64, f64) {
+        return (cross_entropy(x, y), bce_with_logits(z, t), huber_loss(z, t, delta=0.5), mse_loss(z, t), l1_loss(z, t));
+    }";
+    let m = compile(src);
+    let f64t = |shape: &[usize], v: Vec<f64>| {
+        Tensor::from_vec(&TensorType::new(dlc_core::DType::F64, shape.to_vec()), v).unwrap()
+    };
+    let x = [0.5, -1.0, 2.0, 0.0, 0.25, -0.5];
+    let z = [0.0, 3.0, -2.0, 0.7, -0.1, 1.5];
+    let t = [1.0, 0.0, 0.5, 0.2, 1.0, 0.0];
+    let y = Tensor::from_vec(
+        &TensorType::new(dlc_core::DType::I64, vec![2]),
+        vec![2.0, 1.0],
+    )
+    .unwrap();
+    let out = run_function(
+        &m,
+        "f",
+        &[
+            f64t(&[2, 3], x.to_vec()),
+            y,
+            f64t(&[2, 3], z.to_vec()),
+            f64t(&[2, 3], t.to_vec()),
+        ],
+    )
+    .unwrap();
+    let get = |i: usize| out[i].data.iter().copied().next().unwrap();
+    let nll = |row: &[f64], label: usize| {
+        let lse = row.iter().map(|v| v.exp()).sum::<f64>().ln();
+        lse - row[label]
+    };
+    let ce = (nll(&x[0..3], 2) + nll(&x[3..6], 1)) / 2.0;
+    let pairs = z.iter().zip(&t);
+    let bce = pairs
+        .clone()
+        .map(|(&z, &t)| {
+            -(t * (1.0 / (1.0 + (-z).exp())).ln()
+                + (1.0 - t) * (1.0 - 1.0 / (1.0 + (-z).exp())).ln())
+        })
+        .sum::<f64>()
+        / 6.0;
+    let huber = pairs
+        .clone()
+        .map(|(&z, &t)| {
+            let d = (z - t).abs();
+            if d < 0.5 {
+                0.5 * d * d
+            } else {
+                0.5 * (d - 0.25)
+            }
+        })
+        .sum::<f64>()
+        / 6.0;
+    let mse = pairs.clone().map(|(&z, &t)| (z - t) * (z - t)).sum::<f64>() / 6.0;
+    let l1 = pairs.map(|(&z, &t)| (z - t).abs()).sum::<f64>() / 6.0;
+    for (i, want) in [ce, bce, huber, mse, l1].into_iter().enumerate() {
+        assert!(
+            (get(i) - want).abs() < 1e-12,
+            "loss {i}: {} vs {want}",
+            get(i)
+        );
+    }
+}
+
+/// At a logit of exactly 0 (a zero-initialized last layer) the binary
+/// cross-entropy's gradient is sigmoid(0) - y, not the one-sided value an
+/// `abs` or `relu` in its formula would give.
+#[test]
+fn bce_gradient_at_zero_logits() {
+    let mut m = compile(
+        "fn f(x: f64[2]) -> f64 { return bce_with_logits(x, cast(tensor([1.0, 0.0], [2]), f64)); }",
+    );
+    dlc_graph::autodiff::add_grad_function(&mut m, "f", &[], "f_grad").unwrap();
+    let x = Tensor::from_vec(
+        &TensorType::new(dlc_core::DType::F64, vec![2]),
+        vec![0.0, 0.0],
+    )
+    .unwrap();
+    let out = run_function(&m, "f_grad", &[x]).unwrap();
+    assert_eq!(out[1].data.as_slice().unwrap(), &[-0.25, 0.25]);
+}

@@ -687,6 +687,44 @@ pub fn only_entry(module: &Module, entry: Option<&str>) -> Result<Module, Driver
     Ok(only)
 }
 
+/// The files binding `f`'s weights from `dir` (`DIR/NAME.npy`), for each
+/// weight not already in `given`; an error names a weight without one.
+pub fn weight_files(
+    f: &Function,
+    dir: &Path,
+    given: &[(String, PathBuf)],
+) -> Result<Vec<(String, PathBuf)>, DriverError> {
+    if !dir.is_dir() {
+        return Err(DriverError::Usage(format!(
+            "--weights {}: not a directory",
+            dir.display()
+        )));
+    }
+    if f.weights.is_empty() {
+        return Err(DriverError::Usage(format!(
+            "--weights: `{}` declares no `weight` parameters",
+            f.name
+        )));
+    }
+    let mut files = Vec::new();
+    for &w in &f.weights {
+        let name = &f.params[w].0;
+        if given.iter().any(|(n, _)| n == name) {
+            continue;
+        }
+        let path = dir.join(format!("{name}.npy"));
+        if !path.is_file() {
+            return Err(DriverError::Usage(format!(
+                "--weights {}: no file for weight `{name}` ({})",
+                dir.display(),
+                path.display()
+            )));
+        }
+        files.push((name.clone(), path));
+    }
+    Ok(files)
+}
+
 /// Builds the arguments of `f` from `.npy` files named by parameter, and
 /// random tensors (from `seed`) for parameters not named, if a seed is given.
 pub fn prepare_inputs(
@@ -808,8 +846,10 @@ pub enum RandomRange {
 
 /// For each parameter of `f`, how its random values are drawn, from the ops
 /// that read it (directly or through reshapes, transposes, broadcasts,
-/// slices, concatenations, products by anything and sums with a constant,
-/// as a batchnorm folded into convolution weights leaves them): [`RandomRange::Positive`] for a batchnorm
+/// slices, concatenations, products by anything, quotients by anything,
+/// and sums with a constant, as a batchnorm folded into convolution weights
+/// leaves them, or with a value never negative, as Adam's second moment is
+/// updated): [`RandomRange::Positive`] for a batchnorm
 /// variance, the operand of `sqrt`, `rsqrt` or `log` and the base of
 /// `pow`; [`RandomRange::Weight`] for the right operand of a matrix product
 /// (fan-in: the contraction length) and the weights of a convolution
@@ -855,14 +895,15 @@ pub fn random_ranges(f: &Function) -> Vec<RandomRange> {
                     // What optimization makes of a batchnorm folded into a
                     // convolution's weights: `sqrt(v + eps)`, and the
                     // weights scaled per channel (`w * (g / sqrt(..))`).
+                    // And Adam's second moment: `b2 v + (1 - b2) g^2`, then
+                    // divided by its bias correction, then `sqrt`.
                     Op::Binary(BinaryOp::Add)
-                        if operands
-                            .iter()
-                            .any(|v| matches!(f.body[v.node].op, Op::Constant(_))) =>
+                        if operands.iter().any(|v| v.node != n && nonnegative(f, *v)) =>
                     {
                         stack.push(u)
                     }
                     Op::Binary(BinaryOp::Mul) => stack.push(u),
+                    Op::Binary(BinaryOp::Div) if at(0) => stack.push(u),
                     _ => {}
                 }
             }
@@ -870,6 +911,30 @@ pub fn random_ranges(f: &Function) -> Vec<RandomRange> {
         found
     };
     f.params.iter().map(|(_, n)| range(*n)).collect()
+}
+
+/// Whether `v` is a constant or never negative by its form (`x * x`, an
+/// `exp`, an `abs`, products and sums of such, looked for 8 ops deep):
+/// adding it keeps a value that must be positive so.
+fn nonnegative(f: &Function, v: dlc_graph::Value) -> bool {
+    nonnegative_within(f, v, 8)
+}
+
+fn nonnegative_within(f: &Function, v: dlc_graph::Value, depth: u32) -> bool {
+    use dlc_core::scalar::{BinaryOp, UnaryOp};
+    use dlc_graph::Op;
+    let operands = f.operands(v.node);
+    match &f.body[v.node].op {
+        Op::Constant(_) => true,
+        Op::Unary(
+            UnaryOp::Abs | UnaryOp::Exp | UnaryOp::Sqrt | UnaryOp::Relu | UnaryOp::Sigmoid,
+        ) => true,
+        Op::Binary(BinaryOp::Mul) if operands.len() == 2 && operands[0] == operands[1] => true,
+        Op::Binary(BinaryOp::Mul | BinaryOp::Add) if depth > 0 => operands
+            .iter()
+            .all(|o| nonnegative_within(f, *o, depth - 1)),
+        _ => false,
+    }
 }
 
 /// Writes inputs as `DIR/NAME.npy`, one file per parameter of `f`.

@@ -426,18 +426,7 @@ impl Elab<'_> {
                 };
                 match name {
                     "log_softmax" | "logsumexp" => {
-                        // m + log(sum(exp(x - m))), m the maximum (0 where it
-                        // is infinite, so an all -inf row stays -inf).
-                        let m = red(self, cx, ReduceKind::Max, x, true)?;
-                        let am = self.add(cx, Op::Unary(UnaryOp::Abs), &[m], span)?;
-                        let inf = self.k(cx, f64::INFINITY, ty.dtype);
-                        let finite = self.cmp(cx, CmpOp::Lt, am, inf, span)?;
-                        let zero = self.k(cx, 0.0, ty.dtype);
-                        let m = self.add(cx, Op::Select, &[finite, m, zero], span)?;
-                        let c = self.bin(cx, BinaryOp::Sub, x, m, span)?;
-                        let e = self.add(cx, Op::Unary(UnaryOp::Exp), &[c], span)?;
-                        let s = red(self, cx, ReduceKind::Sum, e, true)?;
-                        let l = self.add(cx, Op::Unary(UnaryOp::Log), &[s], span)?;
+                        let (m, c, l) = self.shifted_logsumexp(cx, x, &axes, span)?;
                         if name == "log_softmax" {
                             return t(self.bin(cx, BinaryOp::Sub, c, l, span)?);
                         }
@@ -1000,8 +989,44 @@ impl Elab<'_> {
         Ok((ext, idx))
     }
 
+    /// `logsumexp(x)` over `axes` (kept) as `m + l`: the maximum `m` (0
+    /// where it is infinite, so an all -inf row stays -inf), `c = x - m` and
+    /// `l = log(sum(exp(c)))`; `log_softmax(x)` is `c - l`.
+    pub(super) fn shifted_logsumexp(
+        &mut self,
+        cx: &mut FnCx,
+        x: Value,
+        axes: &[usize],
+        span: Span,
+    ) -> R<(Value, Value, Value)> {
+        let d = Self::ty(cx, x).dtype;
+        let red = |me: &mut Self, cx: &mut FnCx, kind, v| {
+            me.add(
+                cx,
+                Op::Reduce {
+                    kind,
+                    axes: axes.to_vec(),
+                    keepdims: true,
+                },
+                &[v],
+                span,
+            )
+        };
+        let m = red(self, cx, ReduceKind::Max, x)?;
+        let am = self.add(cx, Op::Unary(UnaryOp::Abs), &[m], span)?;
+        let inf = self.k(cx, f64::INFINITY, d);
+        let finite = self.cmp(cx, CmpOp::Lt, am, inf, span)?;
+        let zero = self.k(cx, 0.0, d);
+        let m = self.add(cx, Op::Select, &[finite, m, zero], span)?;
+        let c = self.bin(cx, BinaryOp::Sub, x, m, span)?;
+        let e = self.add(cx, Op::Unary(UnaryOp::Exp), &[c], span)?;
+        let s = red(self, cx, ReduceKind::Sum, e)?;
+        let l = self.add(cx, Op::Unary(UnaryOp::Log), &[s], span)?;
+        Ok((m, c, l))
+    }
+
     /// A scalar constant of type `d`.
-    fn k(&mut self, cx: &mut FnCx, v: f64, d: DType) -> Value {
+    pub(super) fn k(&mut self, cx: &mut FnCx, v: f64, d: DType) -> Value {
         cx.f.add_op(
             Op::Constant(ConstValue::Splat(d.round(v))),
             &[],
@@ -1009,17 +1034,38 @@ impl Elab<'_> {
         )
     }
 
-    fn bin(&mut self, cx: &mut FnCx, b: BinaryOp, x: Value, y: Value, span: Span) -> R<Value> {
+    pub(super) fn bin(
+        &mut self,
+        cx: &mut FnCx,
+        b: BinaryOp,
+        x: Value,
+        y: Value,
+        span: Span,
+    ) -> R<Value> {
         self.add(cx, Op::Binary(b), &[x, y], span)
     }
 
-    fn cmp(&mut self, cx: &mut FnCx, c: CmpOp, x: Value, y: Value, span: Span) -> R<Value> {
+    pub(super) fn cmp(
+        &mut self,
+        cx: &mut FnCx,
+        c: CmpOp,
+        x: Value,
+        y: Value,
+        span: Span,
+    ) -> R<Value> {
         self.add(cx, Op::Compare(c), &[x, y], span)
     }
 
     /// `0, 1, .., n - 1` of type `d` along axis `axis` of a rank-`rank`
     /// shape of ones.
-    fn iota(&mut self, cx: &mut FnCx, n: usize, axis: usize, rank: usize, d: DType) -> Value {
+    pub(super) fn iota(
+        &mut self,
+        cx: &mut FnCx,
+        n: usize,
+        axis: usize,
+        rank: usize,
+        d: DType,
+    ) -> Value {
         let mut shape = vec![1; rank];
         shape[axis] = n;
         cx.f.add_op(
@@ -1029,7 +1075,7 @@ impl Elab<'_> {
         )
     }
 
-    fn float_tensor(&mut self, cx: &mut FnCx, e: &Expr, what: &str) -> R<Value> {
+    pub(super) fn float_tensor(&mut self, cx: &mut FnCx, e: &Expr, what: &str) -> R<Value> {
         let v = self.tensor(cx, e)?;
         let ty = Self::ty(cx, v);
         if !ty.dtype.is_float() {

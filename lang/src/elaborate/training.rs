@@ -1,0 +1,556 @@
+//! Built-ins for training: losses, optimizer updates and learning-rate
+//! schedules. Each expands into the graph ops it is made of, as the
+//! composites do, so its gradient comes from those ops' rules and it
+//! compiles like any expression (docs/language.md gives each formula).
+
+use super::*;
+
+/// The built-ins this module defines.
+pub(super) const TRAINING: [&str; 12] = [
+    "cross_entropy",
+    "mse_loss",
+    "l1_loss",
+    "huber_loss",
+    "bce_with_logits",
+    "sgd",
+    "sgd_momentum",
+    "adam",
+    "adamw",
+    "step_lr",
+    "cosine_lr",
+    "warmup_lr",
+];
+
+impl Elab<'_> {
+    /// Built-in `f` when it is one of [`TRAINING`].
+    pub(super) fn training(
+        &mut self,
+        cx: &mut FnCx,
+        f: &Ident,
+        args: &[Arg],
+        span: Span,
+    ) -> Option<R<EVal>> {
+        TRAINING
+            .contains(&f.name.as_str())
+            .then(|| self.training_call(cx, f, args, span))
+    }
+
+    fn training_call(&mut self, cx: &mut FnCx, f: &Ident, args: &[Arg], span: Span) -> R<EVal> {
+        let name = f.name.as_str();
+        let one = |v: Value| Ok(EVal::Tensor(v));
+        match name {
+            "mse_loss" | "l1_loss" | "huber_loss" | "bce_with_logits" => {
+                let params: &[&str] = if name == "huber_loss" {
+                    &["x", "y", "delta"]
+                } else {
+                    &["x", "y"]
+                };
+                let a = bind(f, args, params, 2, span)?;
+                let x = self.float_tensor(cx, req(&a, 0), name)?;
+                let d = Self::ty(cx, x).dtype;
+                let y = self.operand_like(cx, req(&a, 1), d)?;
+                let per = match name {
+                    "mse_loss" => {
+                        let e = self.bin(cx, BinaryOp::Sub, x, y, span)?;
+                        self.bin(cx, BinaryOp::Mul, e, e, span)?
+                    }
+                    "l1_loss" => {
+                        let e = self.bin(cx, BinaryOp::Sub, x, y, span)?;
+                        self.add(cx, Op::Unary(UnaryOp::Abs), &[e], span)?
+                    }
+                    "huber_loss" => {
+                        let delta = match a[2] {
+                            Some(e) => positive_float(e, "delta")?,
+                            None => 1.0,
+                        };
+                        // 0.5 e^2 where |e| < delta, delta (|e| - delta / 2) elsewhere
+                        let e = self.bin(cx, BinaryOp::Sub, x, y, span)?;
+                        let ae = self.add(cx, Op::Unary(UnaryOp::Abs), &[e], span)?;
+                        let kd = self.k(cx, delta, d);
+                        let small = self.cmp(cx, CmpOp::Lt, ae, kd, span)?;
+                        let sq = self.bin(cx, BinaryOp::Mul, e, e, span)?;
+                        let half = self.k(cx, 0.5, d);
+                        let quad = self.bin(cx, BinaryOp::Mul, sq, half, span)?;
+                        let hd = self.k(cx, delta / 2.0, d);
+                        let lin = self.bin(cx, BinaryOp::Sub, ae, hd, span)?;
+                        let lin = self.bin(cx, BinaryOp::Mul, lin, kd, span)?;
+                        self.add(cx, Op::Select, &[small, quad, lin], span)?
+                    }
+                    _ => {
+                        // x - x y + log(1 + e^-x) for x >= 0, -x y + log(1 + e^x)
+                        // below: each branch smooth, neither overflows.
+                        let zero = self.k(cx, 0.0, d);
+                        let pos = self.cmp(cx, CmpOp::Ge, x, zero, span)?;
+                        let xy = self.bin(cx, BinaryOp::Mul, x, y, span)?;
+                        let nx = self.add(cx, Op::Unary(UnaryOp::Neg), &[x], span)?;
+                        let lp = self.log1p_exp(cx, nx, span)?;
+                        let ln = self.log1p_exp(cx, x, span)?;
+                        let p = self.bin(cx, BinaryOp::Sub, x, xy, span)?;
+                        let p = self.bin(cx, BinaryOp::Add, p, lp, span)?;
+                        let n = self.bin(cx, BinaryOp::Sub, ln, xy, span)?;
+                        self.add(cx, Op::Select, &[pos, p, n], span)?
+                    }
+                };
+                one(self.mean_all(cx, per, span)?)
+            }
+            "cross_entropy" => {
+                let a = bind(f, args, &["logits", "target", "axis"], 2, span)?;
+                let x = self.float_tensor(cx, req(&a, 0), name)?;
+                let ty = Self::ty(cx, x);
+                if ty.rank() == 0 {
+                    return Err(Diagnostic::new(
+                        "cross_entropy needs logits with a class axis, got a scalar",
+                        req(&a, 0).span,
+                        "scalar",
+                    ));
+                }
+                let axis = match a[2] {
+                    Some(e) => normalize_axis(const_int(e, &cx.dims)?, &ty, e.span)?,
+                    None => ty.rank() - 1,
+                };
+                let target = self.tensor(cx, req(&a, 1))?;
+                let tt = Self::ty(cx, target);
+                let (_, c, l) = self.shifted_logsumexp(cx, x, &[axis], span)?;
+                let logp = self.bin(cx, BinaryOp::Sub, c, l, span)?;
+                let classes = ty.shape[axis];
+                let mut rest = ty.shape.clone();
+                rest.remove(axis);
+                let probs = if tt.dtype.is_int() && tt.shape == rest {
+                    // Class indices: the one-hot rows of the labels.
+                    let mut col = rest.clone();
+                    col.insert(axis, 1);
+                    let lab = self.add(cx, Op::Reshape { shape: col }, &[target], span)?;
+                    let iota = self.iota(cx, classes, axis, ty.rank(), tt.dtype);
+                    let hit = self.cmp(cx, CmpOp::Eq, lab, iota, span)?;
+                    self.add(cx, Op::Cast { to: ty.dtype }, &[hit], span)?
+                } else if tt == ty {
+                    target
+                } else {
+                    return Err(Diagnostic::new(
+                        format!(
+                            "cross_entropy takes class indices (an integer tensor of shape {rest:?}) or probabilities (a tensor of type {ty}), got {tt}"
+                        ),
+                        req(&a, 1).span,
+                        "wrong target",
+                    ));
+                };
+                let picked = self.bin(cx, BinaryOp::Mul, probs, logp, span)?;
+                let per = self.add(
+                    cx,
+                    Op::Reduce {
+                        kind: ReduceKind::Sum,
+                        axes: vec![axis],
+                        keepdims: false,
+                    },
+                    &[picked],
+                    span,
+                )?;
+                let m = self.mean_all(cx, per, span)?;
+                one(self.add(cx, Op::Unary(UnaryOp::Neg), &[m], span)?)
+            }
+            "sgd" => {
+                let a = bind(f, args, &["w", "g", "lr", "weight_decay"], 3, span)?;
+                let (w, g, d) = self.weight_and_grad(cx, req(&a, 0), req(&a, 1), name)?;
+                let lr = self.rate(cx, req(&a, 2), d)?;
+                let g = self.decayed(cx, g, w, a[3], d, span)?;
+                let step = self.bin(cx, BinaryOp::Mul, g, lr, span)?;
+                one(self.bin(cx, BinaryOp::Sub, w, step, span)?)
+            }
+            "sgd_momentum" => {
+                let params = [
+                    "w",
+                    "g",
+                    "buf",
+                    "lr",
+                    "momentum",
+                    "nesterov",
+                    "weight_decay",
+                ];
+                let a = bind(f, args, &params, 4, span)?;
+                let (w, g, d) = self.weight_and_grad(cx, req(&a, 0), req(&a, 1), name)?;
+                let buf = self.state_like(cx, req(&a, 2), w, "buf")?;
+                let lr = self.rate(cx, req(&a, 3), d)?;
+                let mu = a[4]
+                    .map(|e| unit_float(e, "momentum"))
+                    .transpose()?
+                    .unwrap_or(0.9);
+                let nesterov = a[5].map(const_bool).transpose()?.unwrap_or(false);
+                // PyTorch's SGD: buf = mu buf + g; step = g + mu buf (Nesterov) or buf.
+                let g = self.decayed(cx, g, w, a[6], d, span)?;
+                let kmu = self.k(cx, mu, d);
+                let b = self.bin(cx, BinaryOp::Mul, buf, kmu, span)?;
+                let b = self.bin(cx, BinaryOp::Add, b, g, span)?;
+                let dir = if nesterov {
+                    let mb = self.bin(cx, BinaryOp::Mul, b, kmu, span)?;
+                    self.bin(cx, BinaryOp::Add, g, mb, span)?
+                } else {
+                    b
+                };
+                let step = self.bin(cx, BinaryOp::Mul, dir, lr, span)?;
+                let w = self.bin(cx, BinaryOp::Sub, w, step, span)?;
+                Ok(EVal::Tuple(vec![w, b]))
+            }
+            "adam" | "adamw" => {
+                let params = [
+                    "w",
+                    "g",
+                    "m",
+                    "v",
+                    "step",
+                    "lr",
+                    "beta1",
+                    "beta2",
+                    "eps",
+                    "weight_decay",
+                ];
+                let a = bind(f, args, &params, 5, span)?;
+                let (w, g, d) = self.weight_and_grad(cx, req(&a, 0), req(&a, 1), name)?;
+                let m = self.state_like(cx, req(&a, 2), w, "m")?;
+                let v = self.state_like(cx, req(&a, 3), w, "v")?;
+                let t = self.step_count(cx, req(&a, 4), d)?;
+                let lr = match a[5] {
+                    Some(e) => self.rate(cx, e, d)?,
+                    None => self.k(cx, 1e-3, d),
+                };
+                let b1 = a[6]
+                    .map(|e| unit_float(e, "beta1"))
+                    .transpose()?
+                    .unwrap_or(0.9);
+                let b2 = a[7]
+                    .map(|e| unit_float(e, "beta2"))
+                    .transpose()?
+                    .unwrap_or(0.999);
+                let eps = a[8]
+                    .map(|e| positive_float(e, "eps"))
+                    .transpose()?
+                    .unwrap_or(1e-8);
+                let wd_default = if name == "adamw" { 0.01 } else { 0.0 };
+                let wd = a[9]
+                    .map(|e| non_negative_float(e, "weight_decay"))
+                    .transpose()?
+                    .unwrap_or(wd_default);
+                // Adam: g += wd w (L2); AdamW: w -= lr wd w first (decoupled).
+                let (w, g) = if name == "adam" {
+                    (w, self.with_decay(cx, g, w, wd, d, span)?)
+                } else if wd > 0.0 {
+                    let kwd = self.k(cx, wd, d);
+                    let s = self.bin(cx, BinaryOp::Mul, lr, kwd, span)?;
+                    let s = self.bin(cx, BinaryOp::Mul, w, s, span)?;
+                    (self.bin(cx, BinaryOp::Sub, w, s, span)?, g)
+                } else {
+                    (w, g)
+                };
+                let ema = |me: &mut Self, cx: &mut FnCx, old: Value, new: Value, beta: f64| {
+                    let kb = me.k(cx, beta, d);
+                    let kc = me.k(cx, 1.0 - beta, d);
+                    let o = me.bin(cx, BinaryOp::Mul, old, kb, span)?;
+                    let n = me.bin(cx, BinaryOp::Mul, new, kc, span)?;
+                    me.bin(cx, BinaryOp::Add, o, n, span)
+                };
+                let m = ema(self, cx, m, g, b1)?;
+                let gg = self.bin(cx, BinaryOp::Mul, g, g, span)?;
+                let v = ema(self, cx, v, gg, b2)?;
+                // w - lr m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps)
+                let corr = |me: &mut Self, cx: &mut FnCx, beta: f64| {
+                    let kb = me.k(cx, beta, d);
+                    let p = me.bin(cx, BinaryOp::Pow, kb, t, span)?;
+                    let k1 = me.k(cx, 1.0, d);
+                    me.bin(cx, BinaryOp::Sub, k1, p, span)
+                };
+                let c1 = corr(self, cx, b1)?;
+                let c2 = corr(self, cx, b2)?;
+                let mh = self.bin(cx, BinaryOp::Div, m, c1, span)?;
+                let vh = self.bin(cx, BinaryOp::Div, v, c2, span)?;
+                let den = self.add(cx, Op::Unary(UnaryOp::Sqrt), &[vh], span)?;
+                let keps = self.k(cx, eps, d);
+                let den = self.bin(cx, BinaryOp::Add, den, keps, span)?;
+                let upd = self.bin(cx, BinaryOp::Div, mh, den, span)?;
+                let upd = self.bin(cx, BinaryOp::Mul, upd, lr, span)?;
+                let w = self.bin(cx, BinaryOp::Sub, w, upd, span)?;
+                Ok(EVal::Tuple(vec![w, m, v]))
+            }
+            "step_lr" | "cosine_lr" | "warmup_lr" => {
+                let params: &[&str] = match name {
+                    "step_lr" => &["step", "lr", "every", "gamma"],
+                    "cosine_lr" => &["step", "lr", "total", "warmup", "min_lr"],
+                    _ => &["step", "lr", "warmup"],
+                };
+                let required = 3;
+                let a = bind(f, args, params, required, span)?;
+                let d = DEFAULT_FLOAT;
+                let t = self.step_count(cx, req(&a, 0), d)?;
+                let (lr, _) = const_float(req(&a, 1))?;
+                let count = |e: &Expr, what: &str| -> R<f64> {
+                    let n = const_int(e, &cx.dims)?;
+                    if n < 1 {
+                        return Err(Diagnostic::new(
+                            format!("`{what}` must be a positive number of steps"),
+                            e.span,
+                            format!("{n}"),
+                        ));
+                    }
+                    Ok(n as f64)
+                };
+                match name {
+                    "step_lr" => {
+                        // lr gamma^floor((t - 1) / every)
+                        let every = count(req(&a, 2), "every")?;
+                        let gamma = a[3]
+                            .map(|e| positive_float(e, "gamma"))
+                            .transpose()?
+                            .unwrap_or(0.1);
+                        let k1 = self.k(cx, 1.0, d);
+                        let t0 = self.bin(cx, BinaryOp::Sub, t, k1, span)?;
+                        let ke = self.k(cx, every, d);
+                        let q = self.bin(cx, BinaryOp::Div, t0, ke, span)?;
+                        let q = self.add(cx, Op::Unary(UnaryOp::Floor), &[q], span)?;
+                        let kg = self.k(cx, gamma, d);
+                        let p = self.bin(cx, BinaryOp::Pow, kg, q, span)?;
+                        let klr = self.k(cx, lr, d);
+                        one(self.bin(cx, BinaryOp::Mul, p, klr, span)?)
+                    }
+                    "warmup_lr" => {
+                        // lr min(1, t / warmup)
+                        let warm = count(req(&a, 2), "warmup")?;
+                        let kw = self.k(cx, warm, d);
+                        let r = self.bin(cx, BinaryOp::Div, t, kw, span)?;
+                        let k1 = self.k(cx, 1.0, d);
+                        let r = self.bin(cx, BinaryOp::Min, r, k1, span)?;
+                        let klr = self.k(cx, lr, d);
+                        one(self.bin(cx, BinaryOp::Mul, r, klr, span)?)
+                    }
+                    _ => {
+                        // Linear warm-up over `warmup` steps, then
+                        // min_lr + (lr - min_lr) (1 + cos(pi p)) / 2, p the
+                        // fraction of the remaining steps done (at most 1).
+                        let total = count(req(&a, 2), "total")?;
+                        let warm = match a[3] {
+                            Some(e) => const_int(e, &cx.dims)? as f64,
+                            None => 0.0,
+                        };
+                        if !(0.0..total).contains(&warm) {
+                            return Err(Diagnostic::new(
+                                "`warmup` must be at least 0 and fewer than `total` steps",
+                                a[3].map_or(span, |e| e.span),
+                                "warmup",
+                            ));
+                        }
+                        let min_lr = a[4]
+                            .map(|e| non_negative_float(e, "min_lr"))
+                            .transpose()?
+                            .unwrap_or(0.0);
+                        let kw = self.k(cx, warm, d);
+                        let done = self.bin(cx, BinaryOp::Sub, t, kw, span)?;
+                        let kspan = self.k(cx, total - warm, d);
+                        let p = self.bin(cx, BinaryOp::Div, done, kspan, span)?;
+                        let k0 = self.k(cx, 0.0, d);
+                        let k1 = self.k(cx, 1.0, d);
+                        let p = self.bin(cx, BinaryOp::Max, p, k0, span)?;
+                        let p = self.bin(cx, BinaryOp::Min, p, k1, span)?;
+                        let kpi = self.k(cx, std::f64::consts::PI, d);
+                        let c = self.bin(cx, BinaryOp::Mul, p, kpi, span)?;
+                        let c = self.add(cx, Op::Unary(UnaryOp::Cos), &[c], span)?;
+                        let c = self.bin(cx, BinaryOp::Add, c, k1, span)?;
+                        let kh = self.k(cx, (lr - min_lr) / 2.0, d);
+                        let c = self.bin(cx, BinaryOp::Mul, c, kh, span)?;
+                        let kmin = self.k(cx, min_lr, d);
+                        let cosine = self.bin(cx, BinaryOp::Add, c, kmin, span)?;
+                        if warm == 0.0 {
+                            return one(cosine);
+                        }
+                        let r = self.bin(cx, BinaryOp::Div, t, kw, span)?;
+                        let klr = self.k(cx, lr, d);
+                        let ramp = self.bin(cx, BinaryOp::Mul, r, klr, span)?;
+                        let warming = self.cmp(cx, CmpOp::Le, t, kw, span)?;
+                        one(self.add(cx, Op::Select, &[warming, ramp, cosine], span)?)
+                    }
+                }
+            }
+            _ => unreachable!("training_call is called for TRAINING names"),
+        }
+    }
+
+    /// `log(1 + e^x)`.
+    fn log1p_exp(&mut self, cx: &mut FnCx, x: Value, span: Span) -> R<Value> {
+        let d = Self::ty(cx, x).dtype;
+        let e = self.add(cx, Op::Unary(UnaryOp::Exp), &[x], span)?;
+        let k1 = self.k(cx, 1.0, d);
+        let s = self.bin(cx, BinaryOp::Add, e, k1, span)?;
+        self.add(cx, Op::Unary(UnaryOp::Log), &[s], span)
+    }
+
+    /// The mean of every element.
+    fn mean_all(&mut self, cx: &mut FnCx, x: Value, span: Span) -> R<Value> {
+        let rank = Self::ty(cx, x).rank();
+        if rank == 0 {
+            return Ok(x);
+        }
+        self.add(
+            cx,
+            Op::Reduce {
+                kind: ReduceKind::Mean,
+                axes: (0..rank).collect(),
+                keepdims: false,
+            },
+            &[x],
+            span,
+        )
+    }
+
+    /// A second operand of element type `d`: a literal takes the type.
+    fn operand_like(&mut self, cx: &mut FnCx, e: &Expr, d: DType) -> R<Value> {
+        match self.expr(cx, e)? {
+            EVal::Lit(x, f) => self.materialize(cx, x, f, d, e.span),
+            v => {
+                let v = self.as_tensor(cx, v, e.span)?;
+                let got = Self::ty(cx, v);
+                if got.dtype != d {
+                    return Err(Diagnostic::new(
+                        format!("the operands' element types differ: {d} vs {}", got.dtype),
+                        e.span,
+                        format!("{} vs {d}", got.dtype),
+                    ));
+                }
+                Ok(v)
+            }
+        }
+    }
+
+    /// A weight and its gradient: float tensors of one type.
+    fn weight_and_grad(
+        &mut self,
+        cx: &mut FnCx,
+        we: &Expr,
+        ge: &Expr,
+        what: &str,
+    ) -> R<(Value, Value, DType)> {
+        let w = self.float_tensor(cx, we, what)?;
+        let g = self.state_like(cx, ge, w, "g")?;
+        Ok((w, g, Self::ty(cx, w).dtype))
+    }
+
+    /// An optimizer operand of the weight's type exactly.
+    fn state_like(&mut self, cx: &mut FnCx, e: &Expr, w: Value, name: &str) -> R<Value> {
+        let v = self.tensor(cx, e)?;
+        let (want, got) = (Self::ty(cx, w), Self::ty(cx, v));
+        if got != want {
+            return Err(Diagnostic::new(
+                format!("`{name}` must have the weight's type {want}, got {got}"),
+                e.span,
+                format!("{got}"),
+            ));
+        }
+        Ok(v)
+    }
+
+    /// A learning rate: a positive literal, or a float scalar of type `d`
+    /// (a schedule's value).
+    fn rate(&mut self, cx: &mut FnCx, e: &Expr, d: DType) -> R<Value> {
+        match self.expr(cx, e)? {
+            EVal::Lit(x, f) => {
+                if !(x > 0.0 && x.is_finite()) {
+                    return Err(Diagnostic::new(
+                        "a learning rate must be positive",
+                        e.span,
+                        format!("{x}"),
+                    ));
+                }
+                self.materialize(cx, x, f, d, e.span)
+            }
+            v => {
+                let v = self.as_tensor(cx, v, e.span)?;
+                let got = Self::ty(cx, v);
+                if got != TensorType::scalar(d) {
+                    return Err(Diagnostic::new(
+                        format!("a learning rate is a number or a {d} scalar, got {got}"),
+                        e.span,
+                        format!("{got}"),
+                    ));
+                }
+                Ok(v)
+            }
+        }
+    }
+
+    /// The step number (1 for the first update): a numeric scalar, as `d`.
+    fn step_count(&mut self, cx: &mut FnCx, e: &Expr, d: DType) -> R<Value> {
+        match self.expr(cx, e)? {
+            EVal::Lit(x, f) => self.materialize(cx, x, f, d, e.span),
+            v => {
+                let v = self.as_tensor(cx, v, e.span)?;
+                let got = Self::ty(cx, v);
+                if got.rank() != 0 || !got.dtype.is_numeric() {
+                    return Err(Diagnostic::new(
+                        format!("`step` is a number scalar (1 for the first update), got {got}"),
+                        e.span,
+                        format!("{got}"),
+                    ));
+                }
+                if got.dtype == d {
+                    Ok(v)
+                } else {
+                    self.add(cx, Op::Cast { to: d }, &[v], e.span)
+                }
+            }
+        }
+    }
+
+    /// `g + wd w` for the optional `weight_decay` argument.
+    fn decayed(
+        &mut self,
+        cx: &mut FnCx,
+        g: Value,
+        w: Value,
+        wd: Option<&Expr>,
+        d: DType,
+        span: Span,
+    ) -> R<Value> {
+        let wd = wd
+            .map(|e| non_negative_float(e, "weight_decay"))
+            .transpose()?
+            .unwrap_or(0.0);
+        self.with_decay(cx, g, w, wd, d, span)
+    }
+
+    fn with_decay(
+        &mut self,
+        cx: &mut FnCx,
+        g: Value,
+        w: Value,
+        wd: f64,
+        d: DType,
+        span: Span,
+    ) -> R<Value> {
+        if wd == 0.0 {
+            return Ok(g);
+        }
+        let k = self.k(cx, wd, d);
+        let s = self.bin(cx, BinaryOp::Mul, w, k, span)?;
+        self.bin(cx, BinaryOp::Add, g, s, span)
+    }
+}
+
+fn float_in(e: &Expr, what: &str, ok: impl Fn(f64) -> bool, range: &str) -> R<f64> {
+    let (v, _) = const_float(e)?;
+    if ok(v) {
+        Ok(v)
+    } else {
+        Err(Diagnostic::new(
+            format!("`{what}` must be {range}, got {v}"),
+            e.span,
+            format!("{v}"),
+        ))
+    }
+}
+
+fn positive_float(e: &Expr, what: &str) -> R<f64> {
+    float_in(e, what, |v| v > 0.0 && v.is_finite(), "positive")
+}
+
+fn non_negative_float(e: &Expr, what: &str) -> R<f64> {
+    float_in(e, what, |v| v >= 0.0 && v.is_finite(), "at least 0")
+}
+
+fn unit_float(e: &Expr, what: &str) -> R<f64> {
+    float_in(e, what, |v| (0.0..1.0).contains(&v), "in [0, 1)")
+}

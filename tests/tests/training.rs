@@ -1,0 +1,279 @@
+//! Training in the language: `value_and_grad`, the optimizer updates and
+//! the learning-rate schedules, on the graph interpreter, against their
+//! definitions (PyTorch's algorithms for SGD, Adam and AdamW) written out
+//! here.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
+
+use dlc_core::{DType, TensorType};
+use dlc_graph::interp::{Tensor, run_function};
+
+fn compile(src: &str) -> dlc_graph::Module {
+    dlc_driver::compile_source(&dlc_driver::SourceText {
+        name: "t.dl".into(),
+        text: src.to_string(),
+    })
+    .unwrap_or_else(|e| panic!("{src}: {e}"))
+}
+
+fn t64(v: &[f64]) -> Tensor {
+    Tensor::from_vec(&TensorType::new(DType::F64, vec![v.len()]), v.to_vec()).unwrap()
+}
+
+fn scalar(v: f64) -> Tensor {
+    Tensor::from_vec(&TensorType::new(DType::F64, vec![]), vec![v]).unwrap()
+}
+
+fn values(t: &Tensor) -> Vec<f64> {
+    t.data.iter().copied().collect()
+}
+
+fn close(got: &[f64], want: &[f64], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (g, w) in got.iter().zip(want) {
+        assert!(
+            (g - w).abs() <= 1e-12 * w.abs().max(1.0),
+            "{what}: {got:?} vs {want:?}"
+        );
+    }
+}
+
+const W: [f64; 3] = [0.5, -1.25, 2.0];
+const G: [f64; 3] = [0.1, -0.3, 0.25];
+
+#[test]
+fn sgd_with_and_without_momentum() {
+    let m = compile(
+        "fn f(w: f64[3], g: f64[3], b: f64[3]) -> (f64[3], f64[3], f64[3], f64[3], f64[3]) {
+            let (w1, b1) = sgd_momentum(w, g, b, 0.1, momentum=0.9, weight_decay=0.01);
+            let (w2, b2) = sgd_momentum(w, g, b, 0.1, momentum=0.5, nesterov=true);
+            return (sgd(w, g, 0.1, weight_decay=0.5), w1, b1, w2, b2);
+        }",
+    );
+    let buf = [0.2, 0.0, -0.1];
+    let out = run_function(&m, "f", &[t64(&W), t64(&G), t64(&buf)]).unwrap();
+    let plain: Vec<f64> = (0..3).map(|i| W[i] - 0.1 * (G[i] + 0.5 * W[i])).collect();
+    close(&values(&out[0]), &plain, "sgd with weight decay");
+    // PyTorch: d = g + wd w; b = mu b + d; w -= lr (d + mu b if nesterov else b)
+    let b1: Vec<f64> = (0..3).map(|i| 0.9 * buf[i] + G[i] + 0.01 * W[i]).collect();
+    let w1: Vec<f64> = (0..3).map(|i| W[i] - 0.1 * b1[i]).collect();
+    close(&values(&out[1]), &w1, "momentum weights");
+    close(&values(&out[2]), &b1, "momentum buffer");
+    let b2: Vec<f64> = (0..3).map(|i| 0.5 * buf[i] + G[i]).collect();
+    let w2: Vec<f64> = (0..3).map(|i| W[i] - 0.1 * (G[i] + 0.5 * b2[i])).collect();
+    close(&values(&out[3]), &w2, "nesterov weights");
+    close(&values(&out[4]), &b2, "nesterov buffer");
+}
+
+/// Three steps of Adam and of AdamW from zero moments, each step's bias
+/// correction by its step number.
+#[test]
+fn adam_and_adamw_over_three_steps() {
+    let m = compile(
+        "fn adam3(w: f64[3], g: f64[3], m: f64[3], v: f64[3], t: f64, lr: f64) -> (f64[3], f64[3], f64[3]) {
+            return adam(w, g, m, v, t, lr=lr, weight_decay=0.1);
+        }
+        fn adamw3(w: f64[3], g: f64[3], m: f64[3], v: f64[3], t: i32) -> (f64[3], f64[3], f64[3]) {
+            return adamw(w, g, m, v, t, lr=0.01, beta1=0.8, eps=0.001);
+        }",
+    );
+    for decoupled in [false, true] {
+        let (mut w, mut mm, mut vv) = (W.to_vec(), vec![0.0; 3], vec![0.0; 3]);
+        let (b1, b2, eps, lr, wd) = if decoupled {
+            (0.8, 0.999, 1e-3, 0.01, 0.01)
+        } else {
+            (0.9, 0.999, 1e-8, 0.05, 0.1)
+        };
+        for step in 1..=3 {
+            // The gradient changes with the weights, as in training.
+            let g: Vec<f64> = (0..3).map(|i| G[i] * (1.0 + w[i])).collect();
+            let args = vec![t64(&w), t64(&g), t64(&mm), t64(&vv)];
+            let out = if decoupled {
+                let t = Tensor::from_vec(&TensorType::new(DType::I32, vec![]), vec![step as f64])
+                    .unwrap();
+                run_function(&m, "adamw3", &[args, vec![t]].concat()).unwrap()
+            } else {
+                run_function(
+                    &m,
+                    "adam3",
+                    &[args, vec![scalar(step as f64), scalar(lr)]].concat(),
+                )
+                .unwrap()
+            };
+            let t = step as f64;
+            for i in 0..3 {
+                let gi = if decoupled { g[i] } else { g[i] + wd * w[i] };
+                if decoupled {
+                    w[i] -= lr * wd * w[i];
+                }
+                mm[i] = b1 * mm[i] + (1.0 - b1) * gi;
+                vv[i] = b2 * vv[i] + (1.0 - b2) * gi * gi;
+                let mh = mm[i] / (1.0 - b1.powf(t));
+                let vh = vv[i] / (1.0 - b2.powf(t));
+                w[i] -= lr * mh / (vh.sqrt() + eps);
+            }
+            let what = if decoupled { "adamw" } else { "adam" };
+            close(
+                &values(&out[0]),
+                &w,
+                &format!("{what} weights, step {step}"),
+            );
+            close(
+                &values(&out[1]),
+                &mm,
+                &format!("{what} first moment, step {step}"),
+            );
+            close(
+                &values(&out[2]),
+                &vv,
+                &format!("{what} second moment, step {step}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn learning_rate_schedules() {
+    let m = compile(
+        "fn f(t: i64) -> (f32, f32, f32, f32) {
+            return (step_lr(t, 0.1, 10, gamma=0.5), warmup_lr(t, 0.1, 4),
+                    cosine_lr(t, 0.1, 100), cosine_lr(t, 0.1, 100, warmup=10, min_lr=0.01));
+        }",
+    );
+    for step in [1u32, 4, 10, 11, 21, 55, 100, 150] {
+        let t =
+            Tensor::from_vec(&TensorType::new(DType::I64, vec![]), vec![f64::from(step)]).unwrap();
+        let out = run_function(&m, "f", &[t]).unwrap();
+        let got: Vec<f64> = out.iter().map(|o| values(o)[0]).collect();
+        let s = f64::from(step);
+        let cosine = |warm: f64, min: f64| {
+            if s <= warm && warm > 0.0 {
+                0.1 * s / warm
+            } else {
+                let p = ((s - warm) / (100.0 - warm)).clamp(0.0, 1.0);
+                min + (0.1 - min) * (1.0 + (std::f64::consts::PI * p).cos()) / 2.0
+            }
+        };
+        let want = [
+            0.1 * 0.5f64.powf(((s - 1.0) / 10.0).floor()),
+            0.1 * (s / 4.0).min(1.0),
+            cosine(0.0, 0.0),
+            cosine(10.0, 0.01),
+        ];
+        for (k, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (g - w).abs() <= 2e-7 * w.abs().max(1e-3),
+                "schedule {k} at step {step}: {g} vs {w}"
+            );
+        }
+    }
+}
+
+/// A training step as an entry point: the loss, and the weights moved
+/// against the gradient `dlc grad` computes for the same loss.
+#[test]
+fn value_and_grad_makes_a_training_step() {
+    let src = "
+        fn loss(x: f64[4, 3], y: i64[4], weight w: f64[3, 5], weight b: f64[5]) -> f64 {
+            return cross_entropy(tanh(x @ w) + b, y);
+        }
+        fn step(x: f64[4, 3], y: i64[4], weight w: f64[3, 5], weight b: f64[5]) -> (f64, f64[3, 5], f64[5]) {
+            let (l, gw, gb) = value_and_grad(loss(x, y, w, b), wrt=[w, b]);
+            return (l, sgd(w, gw, 0.5), sgd(b, gb, 0.5));
+        }
+        fn grad_b_only(x: f64[4, 3], y: i64[4], weight w: f64[3, 5], weight b: f64[5]) -> (f64, f64[5]) {
+            return value_and_grad(loss(x, y, w, b), wrt=[b]);
+        }";
+    let mut m = compile(src);
+    dlc_graph::autodiff::add_grad_function(&mut m, "loss", &[], "loss_grad").unwrap();
+    let x = Tensor::from_vec(
+        &TensorType::new(DType::F64, vec![4, 3]),
+        (0..12).map(|i| (f64::from(i) * 0.37).sin()).collect(),
+    )
+    .unwrap();
+    let y = Tensor::from_vec(
+        &TensorType::new(DType::I64, vec![4]),
+        vec![0.0, 4.0, 2.0, 2.0],
+    )
+    .unwrap();
+    let w = Tensor::from_vec(
+        &TensorType::new(DType::F64, vec![3, 5]),
+        (0..15).map(|i| (f64::from(i) * 0.91).cos() * 0.5).collect(),
+    )
+    .unwrap();
+    let b = t64(&[0.1, -0.2, 0.0, 0.3, 0.05]);
+    let args = [x, y, w.clone(), b.clone()];
+    let reference = run_function(&m, "loss_grad", &args).unwrap();
+    let stepped = run_function(&m, "step", &args).unwrap();
+    assert_eq!(values(&stepped[0]), values(&reference[0]), "the loss");
+    let moved: Vec<f64> = values(&w)
+        .iter()
+        .zip(values(&reference[1]))
+        .map(|(w, g)| w - 0.5 * g)
+        .collect();
+    close(&values(&stepped[1]), &moved, "the weights after one step");
+    let moved: Vec<f64> = values(&b)
+        .iter()
+        .zip(values(&reference[2]))
+        .map(|(b, g)| b - 0.5 * g)
+        .collect();
+    close(&values(&stepped[2]), &moved, "the biases after one step");
+    let only_b = run_function(&m, "grad_b_only", &args).unwrap();
+    assert_eq!(values(&only_b[1]), values(&reference[2]));
+}
+
+#[test]
+fn value_and_grad_errors_point_at_the_mistake() {
+    let cases = [
+        (
+            "fn f(x: f32[4]) -> (f32, f32[4]) { return value_and_grad(sum(x), wrt=[x]); }",
+            "`value_and_grad` differentiates a `fn`: `sum` is not a function defined with `fn`",
+        ),
+        (
+            "fn l(x: f32[4]) -> f32 { return sum(x * x); }
+             fn f(x: f32[4]) -> (f32, f32[4]) { return value_and_grad(x, wrt=[x]); }",
+            "the first argument of `value_and_grad` must be a call of a `fn`",
+        ),
+        (
+            "fn l(x: f32[4], y: f32[4]) -> f32 { return sum(x * y); }
+             fn f(x: f32[4], z: f32[4]) -> (f32, f32[4]) { return value_and_grad(l(x, z), wrt=[y]); }",
+            "`y` is not an argument of this call of `l`",
+        ),
+        (
+            "fn l(x: f32[4], y: f32[4]) -> f32 { return sum(x * y); }
+             fn f(x: f32[4]) -> (f32, f32[4]) { return value_and_grad(l(x, x), wrt=[x]); }",
+            "`x` is passed to `l` more than once",
+        ),
+        (
+            "fn l(x: f32[4]) -> f32[4] { return x * 2.0; }
+             fn f(x: f32[4]) -> (f32[4], f32[4]) { return value_and_grad(l(x), wrt=[x]); }",
+            "cannot differentiate `l`: @l: the differentiated result must be a float scalar, got f32[4]",
+        ),
+        (
+            "fn f(w: f32[4], g: f32[3]) -> f32[4] { return sgd(w, g, 0.1); }",
+            "`g` must have the weight's type f32[4], got f32[3]",
+        ),
+        (
+            "fn f(w: f32[4], g: f32[4]) -> f32[4] { return sgd(w, g, -0.1); }",
+            "a learning rate must be positive",
+        ),
+        (
+            "fn f(w: f32[4], g: f32[4], m: f32[4], v: f32[4]) -> (f32[4], f32[4], f32[4]) { return adam(w, g, m, v, 1, beta1=1.5); }",
+            "`beta1` must be in [0, 1), got 1.5",
+        ),
+        (
+            "fn f(x: f32[4, 3], y: f32[4]) -> f32 { return cross_entropy(x, y); }",
+            "cross_entropy takes class indices (an integer tensor of shape [4]) or probabilities (a tensor of type f32[4, 3]), got f32[4]",
+        ),
+    ];
+    for (src, want) in cases {
+        let err = dlc_driver::compile_source(&dlc_driver::SourceText {
+            name: "t.dl".into(),
+            text: src.to_string(),
+        })
+        .map(|_| ())
+        .expect_err(src)
+        .to_string();
+        assert!(err.contains(want), "{src}\nexpected `{want}` in:\n{err}");
+    }
+}
