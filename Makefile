@@ -7,7 +7,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CARGO ?= cargo
 EXAMPLE ?= examples/w2_mlp.dl
 
-.PHONY: all setup setup-test-tools setup-cuda setup-onnx run test lint fuzz-smoke bench bench-gpu bench-peers bench-contract bench-saturate \
+.PHONY: all setup setup-test-tools setup-cuda setup-onnx run test lint fuzz-smoke bench bench-gpu bench-peers bench-contract bench-saturate train-peers \
 	onnx-tests onnx-bench onnx-models clean
 
 all: test
@@ -128,6 +128,17 @@ bench-contract: setup
 	$(CARGO) build --release --locked -p dlc
 	$(CONTRACT_VENV)/bin/python scripts/bench_contract.py target/release/dlc target/bench \
 		--runs $(or $(RUNS),20) $(if $(ONLY),--only $(ONLY))
+
+# The digits classifiers of examples/train trained by dlc and by PyTorch from
+# the same initial weights and hyperparameters: test accuracies, final losses
+# and steps per second at one thread, target/bench/train-peers.md. PyTorch
+# from the environment bench-contract makes.
+train-peers: setup
+	@$(CONTRACT_VENV)/bin/python -c "import torch, numpy" 2>/dev/null || \
+		{ python3 -m venv $(CONTRACT_VENV) && $(CONTRACT_VENV)/bin/pip install -q $(CONTRACT_PACKAGES); }
+	$(CARGO) build --release --locked -p dlc
+	$(CONTRACT_VENV)/bin/python scripts/train_peers.py target/release/dlc target/bench \
+		--epochs $(or $(EPOCHS),20)
 
 # graph.saturate on W2, W6, W8 and Tensat-style graphs: target/bench/saturate.md.
 bench-saturate: setup

@@ -500,6 +500,72 @@ impl BoundCall<'_, '_> {
     pub fn outputs(&self) -> Result<Vec<HostTensor>, RuntimeError> {
         results(&self.kernel.signature, &self.buffers)
     }
+
+    /// Parameter `k` (inputs first, then results) and its buffer.
+    fn param(&self, k: usize) -> Result<(&crate::abi::Param, &AlignedBuffer), RuntimeError> {
+        match (self.kernel.signature.params.get(k), self.buffers.get(k)) {
+            (Some(p), Some(b)) => Ok((p, b)),
+            _ => Err(RuntimeError::Arguments(format!(
+                "`{}` has no parameter {k}",
+                self.kernel.signature.name
+            ))),
+        }
+    }
+
+    /// Input `i` as it stands (after [`BoundCall::swap_result_into_input`],
+    /// a result of an earlier run).
+    pub fn input(&self, i: usize) -> Result<HostTensor, RuntimeError> {
+        let (p, b) = self.param(i)?;
+        Ok(HostTensor::from_le_bytes(
+            p.ty.clone(),
+            &b.bytes()[..bytes_of(&p.ty)?],
+        )?)
+    }
+
+    /// Result `r` of the last run.
+    pub fn output(&self, r: usize) -> Result<HostTensor, RuntimeError> {
+        self.input(self.kernel.signature.inputs().count() + r)
+    }
+
+    /// Overwrites input `i` with `values` (its type's count of elements,
+    /// row-major), for the next run.
+    pub fn write_input(
+        &mut self,
+        i: usize,
+        values: impl Iterator<Item = f64>,
+    ) -> Result<(), RuntimeError> {
+        let (p, _) = self.param(i)?;
+        let ty = p.ty.clone();
+        let n = ty.num_elements().unwrap_or(0);
+        let mut count = 0;
+        let fresh = AlignedBuffer::from_values(ty.dtype, n, values.inspect(|_| count += 1));
+        if count < n {
+            return Err(RuntimeError::Arguments(format!(
+                "input {i} ({ty}) given {count} of its {n} elements"
+            )));
+        }
+        self.buffers[i] = fresh;
+        Ok(())
+    }
+
+    /// Makes result `r` of the last run input `i` of the next, without a
+    /// copy: the two buffers trade places (the input's old buffer takes
+    /// the next run's result, which overwrites all of it). A training step
+    /// whose results are the next step's weights and state runs so, in
+    /// place. They must have one type.
+    pub fn swap_result_into_input(&mut self, r: usize, i: usize) -> Result<(), RuntimeError> {
+        let k = self.kernel.signature.inputs().count() + r;
+        let (pi, _) = self.param(i)?;
+        let (pr, _) = self.param(k)?;
+        if pi.output || pi.ty != pr.ty {
+            return Err(RuntimeError::Arguments(format!(
+                "`{}`: result {r} ({}) cannot become input {i} ({})",
+                self.kernel.signature.name, pr.ty, pi.ty
+            )));
+        }
+        self.buffers.swap(i, k);
+        Ok(())
+    }
 }
 
 #[cfg(test)]

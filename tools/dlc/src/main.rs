@@ -12,6 +12,8 @@ use dlc_driver::{
 };
 use dlc_runtime::HostTensor;
 
+mod train;
+
 #[derive(Parser)]
 #[command(name = "dlc", version, about = "The dlc deep-learning compiler")]
 struct Cli {
@@ -225,6 +227,10 @@ enum Command {
         /// (to reproduce a run made with --random-inputs).
         #[arg(long, value_name = "DIR")]
         save_inputs: Option<PathBuf>,
+        /// Bind the entry point's `weight` parameters from DIR/NAME.npy (what
+        /// `dlc train --save-weights DIR` writes); --input still overrides one.
+        #[arg(long, value_name = "DIR")]
+        weights: Option<PathBuf>,
         /// Graph pipeline to run before executing.
         #[arg(long, default_value = DEFAULT_PIPELINE)]
         passes: String,
@@ -297,6 +303,68 @@ enum Command {
         /// With `--backend cpu`: neither read nor write the object cache.
         #[arg(long)]
         no_cache: bool,
+    },
+    /// Train the weights of a loss function on a data set: its `weight`
+    /// parameters, each epoch over the data shuffled and cut into batches.
+    Train {
+        /// The `.dl` file.
+        file: String,
+        /// The loss: an entry point returning an f32 scalar first; may be
+        /// left out when there is only one.
+        #[arg(long)]
+        entry: Option<String>,
+        /// A data set as NAME=PATH.npy, one per parameter that is not a
+        /// weight: its rows (leading axis) are shuffled and cut into batches
+        /// of the parameter's leading extent.
+        #[arg(long = "data", value_name = "NAME=PATH")]
+        data: Vec<String>,
+        /// Passes over the data.
+        #[arg(long, default_value_t = 1)]
+        epochs: usize,
+        /// The update rule.
+        #[arg(long, value_enum, default_value = "sgd")]
+        optimizer: train::Optimizer,
+        /// Learning rate (the peak of a schedule).
+        #[arg(long, default_value_t = 0.01)]
+        lr: f64,
+        /// SGD with this momentum (PyTorch's SGD; buffer from zero).
+        #[arg(long)]
+        momentum: Option<f64>,
+        /// SGD with Nesterov momentum (default momentum 0.9).
+        #[arg(long)]
+        nesterov: bool,
+        /// Weight decay: an L2 term of the gradient for sgd and adam,
+        /// decoupled for adamw (whose default is 0.01).
+        #[arg(long)]
+        weight_decay: Option<f64>,
+        /// Learning-rate schedule over the steps: constant (default),
+        /// step:every=N[,gamma=G], warmup:warmup=N,
+        /// cosine[:warmup=N,min_lr=X] (over every step of the run).
+        #[arg(long, value_name = "SCHEDULE")]
+        schedule: Option<String>,
+        /// Seed of the initial weights and of each epoch's shuffle.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Initial weights: DIR/NAME.npy for each weight (otherwise drawn
+        /// as PyTorch initializes layers, from --seed).
+        #[arg(long, value_name = "DIR")]
+        weights: Option<PathBuf>,
+        /// Write the trained weights as DIR/NAME.npy.
+        #[arg(long, value_name = "DIR")]
+        save_weights: Option<PathBuf>,
+        /// One JSON object per epoch on standard output instead of text.
+        #[arg(long)]
+        json: bool,
+        /// After each epoch, write the weights, the optimizer state and the
+        /// progress to DIR/checkpoint.safetensors (atomically: a killed run
+        /// leaves the previous checkpoint whole).
+        #[arg(long, value_name = "DIR")]
+        checkpoint: Option<PathBuf>,
+        /// Continue from DIR/checkpoint.safetensors with the settings it was
+        /// written with: the run ends as the uninterrupted one does, bit for
+        /// bit.
+        #[arg(long, value_name = "DIR")]
+        resume: Option<PathBuf>,
     },
     /// Measure compile time and steady-state latency of an entry point
     /// compiled for this CPU (random inputs from seed 0).
@@ -932,6 +1000,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             random_inputs,
             save_outputs: save,
             save_inputs,
+            weights,
             passes,
             check,
             max_work,
@@ -981,6 +1050,9 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             run_passes(&mut module, &passes, options)?;
             let module = dlc_driver::only_entry(&module, entry.as_deref())?;
             let f = select_entry(&module, None)?;
+            if let Some(dir) = &weights {
+                files.extend(dlc_driver::weight_files(f, dir, &files)?);
+            }
             let args = prepare_inputs(f, &files, random_inputs)?;
             if let Some(dir) = &save_inputs {
                 for path in dlc_driver::save_inputs(dir, f, &args)? {
@@ -1069,6 +1141,41 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             }
             Ok(())
         }
+        Command::Train {
+            file,
+            entry,
+            data,
+            epochs,
+            optimizer,
+            lr,
+            momentum,
+            nesterov,
+            weight_decay,
+            schedule,
+            seed,
+            weights,
+            save_weights,
+            json,
+            checkpoint,
+            resume,
+        } => train::train(&train::TrainArgs {
+            file,
+            entry,
+            data,
+            epochs,
+            optimizer,
+            lr,
+            momentum,
+            nesterov,
+            weight_decay,
+            schedule,
+            seed,
+            weights,
+            save_weights,
+            json,
+            checkpoint,
+            resume,
+        }),
         Command::Bench {
             file,
             entry,

@@ -1872,3 +1872,379 @@ fn grad_errors_name_what_is_wrong() {
         "parameter `n` is i32[4]; only float values have gradients",
     );
 }
+
+/// `dlc train` runs the compiled step batch after batch, each step's
+/// weights the previous step's results: three full-batch steps of SGD on a
+/// linear regression end where the update rule, applied here in f64, ends.
+#[test]
+fn train_steps_follow_the_update_rule() {
+    let d = Dir::new("train-rule");
+    let model = d.file(
+        "m.dl",
+        "fn loss(x: f32[8, 3], y: f32[8], weight w: f32[3], weight b: f32) -> f32 {
+            return mse_loss(x @ w + b, y);
+        }",
+    );
+    let xs: Vec<f64> = (0..24).map(|i| f64::from(i * 7 % 11 - 5) / 4.0).collect();
+    let ys: Vec<f64> = (0..8).map(|i| f64::from(i) / 3.0 - 1.0).collect();
+    let x = d.npy("x.npy", f32ty(&[8, 3]), &xs);
+    let y = d.npy("y.npy", f32ty(&[8]), &ys);
+    let init = d.0.join("init");
+    std::fs::create_dir_all(&init).unwrap();
+    let w0 = [0.5, -0.25, 0.125];
+    d.npy("init/w.npy", f32ty(&[3]), &w0);
+    d.npy("init/b.npy", f32ty(&[]), &[0.25]);
+    let out = d.0.join("trained");
+    let o = dlc(&[
+        "train",
+        &model,
+        "--data",
+        &format!("x={x}"),
+        "--data",
+        &format!("y={y}"),
+        "--epochs",
+        "3",
+        "--lr",
+        "0.1",
+        "--weights",
+        init.to_str().unwrap(),
+        "--save-weights",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("epoch 3/3: loss"), "{text}");
+    // The update, in f64: w -= lr * 2/N * xᵀ(xw + b - y), b likewise.
+    let (mut w, mut b) = (w0.to_vec(), 0.25);
+    for _ in 0..3 {
+        let r: Vec<f64> = (0..8)
+            .map(|i| (0..3).map(|j| xs[i * 3 + j] * w[j]).sum::<f64>() + b - ys[i])
+            .collect();
+        let gw: Vec<f64> = (0..3)
+            .map(|j| (0..8).map(|i| 2.0 / 8.0 * r[i] * xs[i * 3 + j]).sum())
+            .collect();
+        let gb: f64 = r.iter().map(|v| 2.0 / 8.0 * v).sum();
+        for j in 0..3 {
+            w[j] -= 0.1 * gw[j];
+        }
+        b -= 0.1 * gb;
+    }
+    let got_w = HostTensor::read_npy(&out.join("w.npy"), None).unwrap();
+    let got_b = HostTensor::read_npy(&out.join("b.npy"), None).unwrap();
+    for (g, e) in got_w
+        .data
+        .iter()
+        .chain(&got_b.data)
+        .zip(w.iter().chain([&b]))
+    {
+        assert!(
+            (g - e).abs() < 1e-5,
+            "trained {:?} {:?}, the rule gives {w:?} {b}",
+            got_w.data,
+            got_b.data
+        );
+    }
+}
+
+/// The digits classifier of examples/train learns: after a few epochs of
+/// Adam its test accuracy, measured by `dlc run --weights`, is above 0.9
+/// (0.96 after 20 epochs: docs/performance.md); `--json` logs each epoch.
+#[test]
+fn train_learns_the_digits_and_run_evaluates_the_weights() {
+    let d = Dir::new("train-digits");
+    let root = dlc_tests::repo_root();
+    let data = |f: &str| {
+        root.join("examples/train/data")
+            .join(f)
+            .display()
+            .to_string()
+    };
+    let model = root
+        .join("examples/train/digits_mlp.dl")
+        .display()
+        .to_string();
+    let out = d.0.join("trained");
+    let o = dlc(&[
+        "train",
+        &model,
+        "--entry",
+        "loss",
+        "--data",
+        &format!("x={}", data("digits_train_x.npy")),
+        "--data",
+        &format!("y={}", data("digits_train_y.npy")),
+        "--epochs",
+        "6",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.003",
+        "--seed",
+        "1",
+        "--json",
+        "--save-weights",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    let epochs: Vec<serde_json::Value> = text
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(epochs.len(), 6, "{text}");
+    assert_eq!(epochs[5]["steps"], 6 * (1437 / 32));
+    let first = epochs[0]["loss"].as_f64().unwrap();
+    let last = epochs[5]["loss"].as_f64().unwrap();
+    assert!(last < first / 4.0, "the loss went from {first} to {last}");
+    let o = dlc(&[
+        "run",
+        &model,
+        "--entry",
+        "accuracy",
+        "--weights",
+        out.to_str().unwrap(),
+        "--input",
+        &format!("x={}", data("digits_test_x.npy")),
+        "--input",
+        &format!("y={}", data("digits_test_y.npy")),
+        "--save-outputs",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let acc = HostTensor::read_npy(&out.join("out0.npy"), None)
+        .unwrap()
+        .data[0];
+    assert!(acc > 0.9, "test accuracy {acc}");
+
+    // The convolutional one, with SGD and momentum (0.975 after 20 epochs).
+    let model = root
+        .join("examples/train/digits_cnn.dl")
+        .display()
+        .to_string();
+    let o = dlc(&[
+        "train",
+        &model,
+        "--entry",
+        "loss",
+        "--data",
+        &format!("x={}", data("digits_train_x.npy")),
+        "--data",
+        &format!("y={}", data("digits_train_y.npy")),
+        "--epochs",
+        "3",
+        "--optimizer",
+        "sgd",
+        "--momentum",
+        "0.9",
+        "--lr",
+        "0.05",
+        "--seed",
+        "1",
+        "--save-weights",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = dlc(&[
+        "run",
+        &model,
+        "--entry",
+        "accuracy",
+        "--weights",
+        out.to_str().unwrap(),
+        "--input",
+        &format!("x={}", data("digits_test_x.npy")),
+        "--input",
+        &format!("y={}", data("digits_test_y.npy")),
+        "--save-outputs",
+        out.to_str().unwrap(),
+        "--check",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let acc = HostTensor::read_npy(&out.join("out0.npy"), None)
+        .unwrap()
+        .data[0];
+    assert!(acc > 0.85, "test accuracy of the CNN {acc}");
+}
+
+#[test]
+fn train_errors_name_what_is_wrong() {
+    let d = Dir::new("train-errors");
+    let model = d.file(
+        "m.dl",
+        "fn loss(x: f32[4, 3], y: f32[4], weight w: f32[3]) -> f32 { return mse_loss(x @ w, y); }
+         fn plain(x: f32[4, 3]) -> f32 { return sum(x); }",
+    );
+    let x = d.npy("x.npy", f32ty(&[6, 3]), &[0.5; 18]);
+    let y = d.npy("y.npy", f32ty(&[6]), &[1.0; 6]);
+    let y5 = d.npy("y5.npy", f32ty(&[5]), &[1.0; 5]);
+    let x2 = d.npy("x2.npy", f32ty(&[2, 3]), &[0.5; 6]);
+    let y2 = d.npy("y2.npy", f32ty(&[2]), &[0.5; 2]);
+    let xw = d.npy("xw.npy", f32ty(&[6, 4]), &[0.5; 24]);
+    let dx = format!("x={x}");
+    let dy = format!("y={y}");
+    let (dy5, dxw, dx2, dy2) = (
+        format!("y={y5}"),
+        format!("x={xw}"),
+        format!("x={x2}"),
+        format!("y={y2}"),
+    );
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["--entry", "loss", "--data", &dx],
+            "parameter `y` of `loss` is not a weight and has no --data y=FILE.npy",
+        ),
+        (
+            vec![
+                "--entry", "loss", "--data", &dx, "--data", &dy, "--data", "q=z.npy",
+            ],
+            "--data `q`: `loss` has no such parameter",
+        ),
+        (
+            vec!["--entry", "plain", "--data", &dx],
+            "`plain` declares no `weight` parameters",
+        ),
+        (
+            vec!["--entry", "loss", "--data", &dx, "--data", &dy5],
+            "--data y has 5 rows, --data x has 6",
+        ),
+        (
+            vec!["--entry", "loss", "--data", &dxw, "--data", &dy],
+            "a data set for f32[4, 3] is f32[N, 3]",
+        ),
+        (
+            vec!["--entry", "loss", "--data", &dx2, "--data", &dy2],
+            "the data set has 2 rows, fewer than one batch of 4",
+        ),
+        (
+            vec![
+                "--entry",
+                "loss",
+                "--data",
+                &dx,
+                "--data",
+                &dy,
+                "--optimizer",
+                "adam",
+                "--momentum",
+                "0.9",
+            ],
+            "--momentum and --nesterov are for --optimizer sgd",
+        ),
+        (
+            vec![
+                "--entry",
+                "loss",
+                "--data",
+                &dx,
+                "--data",
+                &dy,
+                "--schedule",
+                "cosine:warmup=x",
+            ],
+            "--schedule: `x` is not a number",
+        ),
+        (
+            vec![
+                "--entry",
+                "loss",
+                "--data",
+                &dx,
+                "--data",
+                &dy,
+                "--weights",
+                d.0.to_str().unwrap(),
+            ],
+            "no file for weight `w`",
+        ),
+    ];
+    for (args, want) in cases {
+        let mut all = vec!["train", model.as_str()];
+        all.extend(args);
+        fails_with(&dlc(&all), want);
+    }
+}
+
+/// A run stopped after two epochs and resumed from its checkpoint ends
+/// with the weights, bit for bit, of the run never stopped; a resume with
+/// other settings is refused.
+#[test]
+fn train_resumes_from_a_checkpoint_bit_identically() {
+    let d = Dir::new("train-resume");
+    let root = dlc_tests::repo_root();
+    let data = |f: &str| {
+        root.join("examples/train/data")
+            .join(f)
+            .display()
+            .to_string()
+    };
+    let model = root
+        .join("examples/train/digits_mlp.dl")
+        .display()
+        .to_string();
+    let (dx, dy) = (
+        format!("x={}", data("digits_train_x.npy")),
+        format!("y={}", data("digits_train_y.npy")),
+    );
+    let path = |n: &str| d.0.join(n).display().to_string();
+    let (full, ck, resumed) = (path("full"), path("ck"), path("resumed"));
+    let base = [
+        "train",
+        model.as_str(),
+        "--entry",
+        "loss",
+        "--data",
+        dx.as_str(),
+        "--data",
+        dy.as_str(),
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.003",
+        "--seed",
+        "3",
+    ];
+    let run = |extra: &[&str]| {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        dlc(&args)
+    };
+    let o = run(&["--epochs", "4", "--save-weights", &full]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run(&["--epochs", "2", "--checkpoint", &ck]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        std::path::Path::new(&ck)
+            .join("checkpoint.safetensors")
+            .is_file()
+    );
+    let o = run(&["--epochs", "4", "--resume", &ck, "--save-weights", &resumed]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("epoch 3/4") && !text.contains("epoch 2/4"),
+        "{text}"
+    );
+    for w in ["w1", "b1", "w2", "b2"] {
+        let a = std::fs::read(d.0.join("full").join(format!("{w}.npy"))).unwrap();
+        let b = std::fs::read(d.0.join("resumed").join(format!("{w}.npy"))).unwrap();
+        assert!(a == b, "weight {w} differs after resuming");
+    }
+    let mut args = base.to_vec();
+    args[13] = "4";
+    args.extend_from_slice(&["--epochs", "4", "--resume", &ck]);
+    fails_with(
+        &dlc(&args),
+        "the checkpoint was written with --seed 3, this run has 4",
+    );
+    fails_with(
+        &run(&["--epochs", "4", "--resume", &ck, "--weights", &full]),
+        "--resume continues from a checkpoint's weights: leave out --weights",
+    );
+    std::fs::create_dir_all(d.0.join("junk")).unwrap();
+    d.file("junk/checkpoint.safetensors", "not a checkpoint");
+    fails_with(
+        &run(&["--epochs", "4", "--resume", &path("junk")]),
+        "not a safetensors file",
+    );
+}
