@@ -7,7 +7,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CARGO ?= cargo
 EXAMPLE ?= examples/w2_mlp.dl
 
-.PHONY: all setup setup-test-tools setup-cuda setup-onnx run test lint fuzz-smoke bench bench-gpu bench-peers bench-contract bench-saturate train-peers \
+.PHONY: all setup setup-test-tools setup-cuda setup-onnx run test lint fuzz-smoke bench bench-gpu bench-peers bench-contract bench-saturate train-peers bench-train \
 	onnx-tests onnx-bench onnx-models clean
 
 all: test
@@ -127,6 +127,17 @@ bench-contract: setup
 		{ python3 -m venv $(CONTRACT_VENV) && $(CONTRACT_VENV)/bin/pip install -q $(CONTRACT_PACKAGES); }
 	$(CARGO) build --release --locked -p dlc
 	$(CONTRACT_VENV)/bin/python scripts/bench_contract.py target/release/dlc target/bench \
+		--runs $(or $(RUNS),20) $(if $(ONLY),--only $(ONLY))
+
+# One training step (forward, backward, SGD update) of W2, W3 b8 (batch
+# statistics), W6 and W7 on dlc, PyTorch (eager and torch.compile) and JAX, at 1
+# and 2 threads, with each dlc gradient checked against JAX's:
+# target/bench/train.md. PyTorch and JAX from bench-contract's environment.
+bench-train: setup
+	@$(CONTRACT_VENV)/bin/python -c "import torch, jax, numpy" 2>/dev/null || \
+		{ python3 -m venv $(CONTRACT_VENV) && $(CONTRACT_VENV)/bin/pip install -q $(CONTRACT_PACKAGES); }
+	$(CARGO) build --release --locked -p dlc
+	$(CONTRACT_VENV)/bin/python scripts/bench_train.py target/release/dlc target/bench \
 		--runs $(or $(RUNS),20) $(if $(ONLY),--only $(ONLY))
 
 # The digits classifiers of examples/train trained by dlc and by PyTorch from

@@ -280,6 +280,18 @@ fn user_operators_differentiate_from_their_expression() {
 }
 
 #[test]
+fn batch_statistics_and_dropout() {
+    // Through the batch's mean and variance, not around them.
+    check(
+        "fn f(x: f64[4, 3, 2, 2], g: f64[3], b: f64[3], rm: f64[3], rv: f64[3]) -> f64 {
+        let (y, m, v) = batchnorm_train(x, g, b, rm, rv);
+        return sum(sin(y)) + sum(m * v);
+    }",
+    );
+    check("fn f(x: f64[6, 7]) -> f64 { return sum(sin(dropout(x, p=0.4, step=3, seed=1)) * x); }");
+}
+
+#[test]
 fn losses() {
     check("fn f(x: f64[4, 5], y: i64[4]) -> f64 { return cross_entropy(x * 3.0, y); }");
     check("fn f(x: f64[4, 5], p: f64[4, 5]) -> f64 { return cross_entropy(x, softmax(p)); }");

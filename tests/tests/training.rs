@@ -277,3 +277,81 @@ fn value_and_grad_errors_point_at_the_mistake() {
         assert!(err.contains(want), "{src}\nexpected `{want}` in:\n{err}");
     }
 }
+
+/// MurmurHash3's 32-bit finalizer.
+fn fmix32(mut h: u32) -> u32 {
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x85EB_CA6B);
+    h ^= h >> 13;
+    h = h.wrapping_mul(0xC2B2_AE35);
+    h ^ (h >> 16)
+}
+
+/// Training dropout keeps each element by the documented hash of its
+/// position, seed and step: the same mask for the same seed and step, a
+/// new one for the next step, about `1 - p` of the elements kept, scaled by
+/// `1 / (1 - p)`.
+#[test]
+fn dropout_masks_follow_the_documented_hash() {
+    let m = compile(
+        "fn f(x: f64[40, 50], t: i64) -> (f64[40, 50], f64[40, 50], f64[40, 50]) {
+            return (dropout(x, p=0.25, step=t, seed=9), dropout(x, p=0.25, step=t, seed=9),
+                    dropout(x, p=0.25, step=t + 1, seed=9));
+        }",
+    );
+    let x = Tensor::from_vec(&TensorType::new(DType::F64, vec![40, 50]), vec![2.0; 2000]).unwrap();
+    let t = Tensor::from_vec(&TensorType::new(DType::I64, vec![]), vec![5.0]).unwrap();
+    let out = run_function(&m, "f", &[x, t]).unwrap();
+    let (a, b, c) = (values(&out[0]), values(&out[1]), values(&out[2]));
+    assert_eq!(a, b, "one seed and step, one mask");
+    assert_ne!(a, c, "the next step draws another mask");
+    for (step, got) in [(5u32, &a), (6, &c)] {
+        for (i, &v) in got.iter().enumerate() {
+            let h = fmix32(
+                (i as u32)
+                    .wrapping_mul(0x9E37_79B1)
+                    .wrapping_add(step.wrapping_mul(0xC2B2_AE35))
+                    .wrapping_add(9u32.wrapping_mul(0x85EB_CA6B)),
+            );
+            let keep = f64::from(h >> 8) / 16_777_216.0 >= 0.25;
+            assert_eq!(
+                v,
+                if keep { 2.0 / 0.75 } else { 0.0 },
+                "element {i} at step {step}"
+            );
+        }
+    }
+    let kept = a.iter().filter(|&&v| v != 0.0).count() as f64 / 2000.0;
+    assert!((kept - 0.75).abs() < 0.03, "kept {kept}");
+}
+
+/// Batch normalization in training mode: the batch's statistics normalize
+/// it, and the running averages move toward them (the variance unbiased).
+#[test]
+fn batchnorm_train_uses_and_keeps_batch_statistics() {
+    let m = compile(
+        "fn f(x: f64[4, 2, 3], g: f64[2], b: f64[2], rm: f64[2], rv: f64[2]) -> (f64[4, 2, 3], f64[2], f64[2]) {
+            return batchnorm_train(x, g, b, rm, rv, momentum=0.2, eps=0.001);
+        }",
+    );
+    let xs: Vec<f64> = (0..24).map(|i| (f64::from(i) * 0.7).sin() * 3.0).collect();
+    let x = Tensor::from_vec(&TensorType::new(DType::F64, vec![4, 2, 3]), xs.clone()).unwrap();
+    let (g, b, rm, rv) = ([1.5, -0.5], [0.1, 0.2], [0.3, -0.3], [2.0, 0.5]);
+    let out = run_function(&m, "f", &[x, t64(&g), t64(&b), t64(&rm), t64(&rv)]).unwrap();
+    let y = values(&out[0]);
+    for c in 0..2 {
+        let at: Vec<usize> = (0..4)
+            .flat_map(|n| (0..3).map(move |k| n * 6 + c * 3 + k))
+            .collect();
+        let mean = at.iter().map(|&i| xs[i]).sum::<f64>() / 12.0;
+        let var = at.iter().map(|&i| (xs[i] - mean).powi(2)).sum::<f64>() / 12.0;
+        for &i in &at {
+            let want = (xs[i] - mean) / (var + 0.001).sqrt() * g[c] + b[c];
+            assert!((y[i] - want).abs() < 1e-12, "y[{i}] {} vs {want}", y[i]);
+        }
+        let run_mean = 0.8 * rm[c] + 0.2 * mean;
+        let run_var = 0.8 * rv[c] + 0.2 * var * 12.0 / 11.0;
+        assert!((values(&out[1])[c] - run_mean).abs() < 1e-12);
+        assert!((values(&out[2])[c] - run_var).abs() < 1e-12);
+    }
+}

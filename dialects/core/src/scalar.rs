@@ -469,6 +469,28 @@ pub fn apply_binary(b: BinaryOp, x: f64, y: f64, int: bool) -> Option<f64> {
     })
 }
 
+/// Applies a binary function to elements of type `d`. Integer `+`, `-`,
+/// `*` and `<<` are computed exactly on 64 bits and wrapped to the type's
+/// width before they become an `f64` (a `u32` product reaches 2^64, past
+/// what an `f64` holds exactly, and the low bits are what the type keeps).
+pub fn apply_binary_in(b: BinaryOp, x: f64, y: f64, d: crate::DType) -> Option<f64> {
+    if !d.is_int() {
+        return apply_binary(b, x, y, false);
+    }
+    let (p, q) = (bits(x), bits(y));
+    let exact = match b {
+        BinaryOp::Add => p.wrapping_add(q),
+        BinaryOp::Sub => p.wrapping_sub(q),
+        BinaryOp::Mul => p.wrapping_mul(q),
+        BinaryOp::Shl => match shift_amount(y) {
+            Some(s) => p.wrapping_shl(s),
+            None => 0,
+        },
+        _ => return apply_binary(b, x, y, true),
+    };
+    Some(d.wrap_bits(exact))
+}
+
 /// An integer element as the 64 bits of its two's complement (u64 values
 /// past `i64::MAX` as the negative `i64` of the same bits).
 fn bits(x: f64) -> i64 {
@@ -778,5 +800,46 @@ mod deriv_tests {
             assert_eq!(dx.build(&mut Numbers, &at), Ok(0.5));
             assert_eq!(dy.build(&mut Numbers, &at), Ok(0.5));
         }
+    }
+}
+
+#[cfg(test)]
+mod wrap_tests {
+    use super::*;
+    use crate::DType;
+
+    /// Products past 2^53 keep their low bits: what an f64 product would
+    /// round away.
+    #[test]
+    fn integer_arithmetic_wraps_exactly() {
+        let big = 4_294_967_295.0; // u32::MAX
+        assert_eq!(
+            apply_binary_in(BinaryOp::Mul, big, big, DType::U32),
+            Some(1.0)
+        );
+        assert_eq!(
+            apply_binary_in(BinaryOp::Mul, 2_654_435_761.0, 3_266_489_909.0, DType::U32),
+            Some(f64::from(2_654_435_761u32.wrapping_mul(3_266_489_909)))
+        );
+        assert_eq!(
+            apply_binary_in(BinaryOp::Add, big, 2.0, DType::U32),
+            Some(1.0)
+        );
+        assert_eq!(
+            apply_binary_in(BinaryOp::Sub, 0.0, 1.0, DType::U32),
+            Some(big)
+        );
+        assert_eq!(
+            apply_binary_in(BinaryOp::Shl, big, 31.0, DType::U32),
+            Some(2_147_483_648.0)
+        );
+        assert_eq!(
+            apply_binary_in(BinaryOp::Mul, -3.0, 1e9, DType::I32),
+            Some(f64::from((-3i32).wrapping_mul(1_000_000_000)))
+        );
+        assert_eq!(
+            apply_binary_in(BinaryOp::Mul, 1.5, 2.0, DType::F32),
+            Some(3.0)
+        );
     }
 }

@@ -180,6 +180,21 @@ impl DType {
         }
     }
 
+    /// The value of type `self` (an integer type) whose bits are the low
+    /// bits of `v`: two's complement wrapping to the type's width.
+    pub fn wrap_bits(self, v: i64) -> f64 {
+        match self {
+            DType::I8 => f64::from(v as i8),
+            DType::I16 => f64::from(v as i16),
+            DType::I32 => f64::from(v as i32),
+            DType::U8 => f64::from(v as u8),
+            DType::U16 => f64::from(v as u16),
+            DType::U32 => f64::from(v as u32),
+            DType::U64 => v as u64 as f64,
+            _ => v as f64,
+        }
+    }
+
     /// An integer value as the signed integer of the same bits, the way
     /// signless integer IR (MLIR, LLVM) spells a constant: 255 in `u8` is
     /// -1. For signed types this is the value itself.

@@ -391,11 +391,11 @@ pub fn eval_op(op: &Op, inputs: &[&Tensor], results: &[TensorType]) -> Result<Ve
         }
         Op::Unary(u) => x()?.data.mapv(|v| apply_unary(*u, v)),
         Op::Binary(b) => {
-            let int = inputs[0].dtype.is_int();
+            let d = inputs[0].dtype;
             let (a, c) = broadcast2(&inputs[0].data, &inputs[1].data, &ty.shape)?;
             let mut failed = false;
             let out = Zip::from(&a).and(&c).map_collect(|&p, &q| {
-                apply_binary(*b, p, q, int).unwrap_or_else(|| {
+                dlc_core::scalar::apply_binary_in(*b, p, q, d).unwrap_or_else(|| {
                     failed = true;
                     0.0
                 })
@@ -830,7 +830,12 @@ fn eval_scalar(e: &Eval, env: &mut [i64], scope: &Scope<'_>, ix: &mut Vec<usize>
                 eval_scalar(x, env, scope, ix)?,
                 eval_scalar(y, env, scope, ix)?,
             );
-            d.round(apply_binary(*b, d.round(p), d.round(q), d.is_int())?)
+            d.round(dlc_core::scalar::apply_binary_in(
+                *b,
+                d.round(p),
+                d.round(q),
+                *d,
+            )?)
         }
         Eval::Compare(c, x, y) => {
             let (p, q) = (

@@ -5,7 +5,7 @@
 //! accumulates in f64: results agree within tolerance, not exactly).
 
 use dlc_core::DType;
-use dlc_core::scalar::{apply_binary, apply_unary};
+use dlc_core::scalar::{apply_binary_in, apply_unary};
 
 use crate::ir::{Block, BufferType, Function, IndexExpr, Module, OpKind, Type, Value};
 
@@ -317,8 +317,8 @@ impl Machine<'_> {
                 }
                 OpKind::Binary(b) => {
                     let (x, y) = (self.scalar(op.operands[0])?, self.scalar(op.operands[1])?);
-                    let int = self.dtype(op.operands[0]).is_int();
-                    let v = apply_binary(*b, x, y, int)
+                    let d = self.dtype(op.operands[0]);
+                    let v = apply_binary_in(*b, x, y, d)
                         .ok_or_else(|| LoopError::DivisionByZero(op.loc.clone()))?;
                     scalar_result(self, v);
                 }

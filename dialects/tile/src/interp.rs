@@ -572,15 +572,14 @@ impl Machine<'_> {
                         self.elements(op.operands[0])?,
                         self.elements(op.operands[1])?,
                     );
-                    let int = self
-                        .f
-                        .ty(op.operands[0])
-                        .dtype()
-                        .is_some_and(|d| d.is_int());
+                    let d = self.f.ty(op.operands[0]).dtype();
                     let out: Option<Vec<f64>> = x
                         .iter()
                         .zip(y.iter())
-                        .map(|(&a, &c)| apply_binary(*b, a, c, int))
+                        .map(|(&a, &c)| match d {
+                            Some(d) => dlc_core::scalar::apply_binary_in(*b, a, c, d),
+                            None => apply_binary(*b, a, c, false),
+                        })
                         .collect();
                     let out = out.ok_or_else(|| TileError::DivisionByZero(op.loc.clone()))?;
                     self.put(op.results[0], out);

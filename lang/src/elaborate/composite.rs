@@ -950,15 +950,32 @@ impl Elab<'_> {
                 t(self.gather(cx, x, ind, axis, span)?)
             }
             _ => {
-                // dropout at inference: the identity.
-                let a = bind(f, args, &["x", "p"], 1, span)?;
+                // At inference the identity; with `step`, training
+                // dropout (training.rs).
+                let a = bind(f, args, &["x", "p", "step", "seed"], 1, span)?;
+                let mut p = 0.5;
                 if let Some(e) = a[1] {
-                    let (p, _) = const_float(e)?;
+                    p = const_float(e)?.0;
                     if !(0.0..1.0).contains(&p) {
                         return Err(Diagnostic::new("dropout: p must be in [0, 1)", e.span, "p"));
                     }
                 }
-                t(self.tensor(cx, req(&a, 0))?)
+                let x = self.tensor(cx, req(&a, 0))?;
+                match a[2] {
+                    None if a[3].is_some() => Err(Diagnostic::new(
+                        "dropout: `seed` draws the mask of a training step: give `step` too",
+                        span,
+                        "no step",
+                    )),
+                    None => t(x),
+                    Some(step) => {
+                        let seed = a[3]
+                            .map(|e| const_int(e, &cx.dims))
+                            .transpose()?
+                            .unwrap_or(0);
+                        t(self.train_dropout(cx, x, p, step, seed, span)?)
+                    }
+                }
             }
         }
     }

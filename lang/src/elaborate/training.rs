@@ -6,7 +6,8 @@
 use super::*;
 
 /// The built-ins this module defines.
-pub(super) const TRAINING: [&str; 12] = [
+pub(super) const TRAINING: [&str; 13] = [
+    "batchnorm_train",
     "cross_entropy",
     "mse_loss",
     "l1_loss",
@@ -366,8 +367,179 @@ impl Elab<'_> {
                     }
                 }
             }
+            "batchnorm_train" => {
+                let params = [
+                    "x",
+                    "gamma",
+                    "beta",
+                    "running_mean",
+                    "running_var",
+                    "momentum",
+                    "eps",
+                ];
+                let a = bind(f, args, &params, 5, span)?;
+                let x = self.float_tensor(cx, req(&a, 0), name)?;
+                let ty = Self::ty(cx, x);
+                if ty.rank() < 2 {
+                    return Err(Diagnostic::new(
+                        format!(
+                            "batchnorm_train needs an input of rank >= 2 (N, C, ...), got {ty}"
+                        ),
+                        req(&a, 0).span,
+                        format!("rank {}", ty.rank()),
+                    ));
+                }
+                let c = ty.shape[1];
+                let chan = TensorType::new(ty.dtype, vec![c]);
+                let mut stats = Vec::new();
+                for (i, what) in [
+                    (1, "gamma"),
+                    (2, "beta"),
+                    (3, "running_mean"),
+                    (4, "running_var"),
+                ] {
+                    let e = req(&a, i);
+                    let v = self.tensor(cx, e)?;
+                    if Self::ty(cx, v) != chan {
+                        return Err(Diagnostic::new(
+                            format!(
+                                "batchnorm_train: `{what}` must be {chan} (the channels of {ty}), got {}",
+                                Self::ty(cx, v)
+                            ),
+                            e.span,
+                            format!("{}", Self::ty(cx, v)),
+                        ));
+                    }
+                    stats.push(v);
+                }
+                let m = a[5]
+                    .map(|e| unit_float(e, "momentum"))
+                    .transpose()?
+                    .unwrap_or(0.1);
+                let eps = a[6]
+                    .map(|e| positive_float(e, "eps"))
+                    .transpose()?
+                    .unwrap_or(1e-5);
+                let d = ty.dtype;
+                let axes: Vec<usize> = (0..ty.rank()).filter(|&i| i != 1).collect();
+                let count: usize = axes.iter().map(|&i| ty.shape[i]).product();
+                let red = |me: &mut Self, cx: &mut FnCx, v: Value| {
+                    me.add(
+                        cx,
+                        Op::Reduce {
+                            kind: ReduceKind::Mean,
+                            axes: axes.clone(),
+                            keepdims: true,
+                        },
+                        &[v],
+                        span,
+                    )
+                };
+                // The batch's mean and (biased) variance normalize it.
+                let mean = red(self, cx, x)?;
+                let dev = self.bin(cx, BinaryOp::Sub, x, mean, span)?;
+                let sq = self.bin(cx, BinaryOp::Mul, dev, dev, span)?;
+                let var = red(self, cx, sq)?;
+                let keps = self.k(cx, eps, d);
+                let ve = self.bin(cx, BinaryOp::Add, var, keps, span)?;
+                let r = self.add(cx, Op::Unary(UnaryOp::Rsqrt), &[ve], span)?;
+                let mut col = vec![1; ty.rank()];
+                col[1] = c;
+                let g = self.add(cx, Op::Reshape { shape: col.clone() }, &[stats[0]], span)?;
+                let b = self.add(cx, Op::Reshape { shape: col }, &[stats[1]], span)?;
+                let y = self.bin(cx, BinaryOp::Mul, dev, r, span)?;
+                let y = self.bin(cx, BinaryOp::Mul, y, g, span)?;
+                let y = self.bin(cx, BinaryOp::Add, y, b, span)?;
+                // Running averages: the unbiased variance, as PyTorch keeps.
+                let flat = |me: &mut Self, cx: &mut FnCx, v: Value| {
+                    me.add(cx, Op::Reshape { shape: vec![c] }, &[v], span)
+                };
+                let mean_c = flat(self, cx, mean)?;
+                let var_c = flat(self, cx, var)?;
+                let unbias = self.k(cx, count as f64 / (count.max(2) - 1) as f64, d);
+                let var_c = self.bin(cx, BinaryOp::Mul, var_c, unbias, span)?;
+                let keep = self.k(cx, 1.0 - m, d);
+                let km = self.k(cx, m, d);
+                let mut run = Vec::new();
+                for (old, new) in [(stats[2], mean_c), (stats[3], var_c)] {
+                    let o = self.bin(cx, BinaryOp::Mul, old, keep, span)?;
+                    let n = self.bin(cx, BinaryOp::Mul, new, km, span)?;
+                    run.push(self.bin(cx, BinaryOp::Add, o, n, span)?);
+                }
+                Ok(EVal::Tuple(vec![y, run[0], run[1]]))
+            }
             _ => unreachable!("training_call is called for TRAINING names"),
         }
+    }
+
+    /// Training dropout: each element kept with probability `1 - p` (and
+    /// scaled by `1 / (1 - p)`) or zeroed, by a counter-based hash of its
+    /// row-major position `i`, the seed and the step, in u32 arithmetic:
+    /// `h = fmix32(i * 0x9E3779B1 + seed * 0x85EBCA6B + step * 0xC2B2AE35)`
+    /// (MurmurHash3's finalizer), kept where `(h >> 8) / 2^24 >= p`. Integer
+    /// ops wrap alike on every back end, so every back end draws the same
+    /// mask for a seed and a step.
+    pub(super) fn train_dropout(
+        &mut self,
+        cx: &mut FnCx,
+        x: Value,
+        p: f64,
+        step: &Expr,
+        seed: i64,
+        span: Span,
+    ) -> R<Value> {
+        let ty = Self::ty(cx, x);
+        if !ty.dtype.is_float() {
+            return Err(Diagnostic::new(
+                format!("dropout needs a floating-point operand, got {ty}"),
+                span,
+                "not a float type",
+            ));
+        }
+        let u = DType::U32;
+        let k = |me: &mut Self, cx: &mut FnCx, v: u64| me.k(cx, (v & 0xffff_ffff) as f64, u);
+        // t * 0xC2B2AE35 + seed * 0x85EBCA6B, then + i * 0x9E3779B1 one axis
+        // at a time (the position's multiple of each axis's iota: no
+        // constant as large as `x` is ever formed, so none is folded into
+        // the program).
+        let t = self.step_count(cx, step, DType::I64)?;
+        let t = self.add(cx, Op::Cast { to: u }, &[t], span)?;
+        let c2 = k(self, cx, 0xC2B2_AE35);
+        let mut h = self.bin(cx, BinaryOp::Mul, t, c2, span)?;
+        let sk = k(self, cx, (seed as u64).wrapping_mul(0x85EB_CA6B));
+        h = self.bin(cx, BinaryOp::Add, h, sk, span)?;
+        let mut stride = 1u64;
+        for axis in (0..ty.rank()).rev() {
+            let iota = self.iota(cx, ty.shape[axis], axis, ty.rank(), u);
+            let ks = k(self, cx, stride.wrapping_mul(0x9E37_79B1));
+            let term = self.bin(cx, BinaryOp::Mul, iota, ks, span)?;
+            h = self.bin(cx, BinaryOp::Add, h, term, span)?;
+            stride = stride.wrapping_mul(ty.shape[axis] as u64);
+        }
+        // fmix32
+        for (shift, mul) in [
+            (16, Some(0x85EB_CA6Bu64)),
+            (13, Some(0xC2B2_AE35)),
+            (16, None),
+        ] {
+            let ks = k(self, cx, shift);
+            let sh = self.bin(cx, BinaryOp::Shr, h, ks, span)?;
+            h = self.bin(cx, BinaryOp::BitXor, h, sh, span)?;
+            if let Some(m) = mul {
+                let km = k(self, cx, m);
+                h = self.bin(cx, BinaryOp::Mul, h, km, span)?;
+            }
+        }
+        let k8 = k(self, cx, 8);
+        let top = self.bin(cx, BinaryOp::Shr, h, k8, span)?;
+        // (h >> 8) >= p 2^24, compared exactly in f32 (24 bits).
+        let top = self.add(cx, Op::Cast { to: DType::F32 }, &[top], span)?;
+        let kp = self.k(cx, (p * 16_777_216.0).ceil(), DType::F32);
+        let keep = self.cmp(cx, CmpOp::Ge, top, kp, span)?;
+        let scale = self.k(cx, 1.0 / (1.0 - p), ty.dtype);
+        let kept = self.bin(cx, BinaryOp::Mul, x, scale, span)?;
+        let zero = self.k(cx, 0.0, ty.dtype);
+        self.add(cx, Op::Select, &[keep, kept, zero], span)
     }
 
     /// `log(1 + e^x)`.

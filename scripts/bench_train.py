@@ -1,0 +1,337 @@
+#!/usr/bin/env python3
+"""One training step (forward, backward, SGD update) of the W2, W3 b8, W6 and
+W7 models on dlc, PyTorch (eager and torch.compile) and JAX (jit of
+value_and_grad and the update), same batch, same loss, same optimizer, at 1
+and 2 threads, in one run; and the gradients of those losses and of W4's and
+W8's, computed by dlc, against JAX's.
+
+Usage: bench_train.py DLC OUT [--runs N] [--threads "1 2"] [--only NAME,...]
+
+Each model's loss is the mean squared error of its output against a target of
+the output's shape; W3 normalizes by batch statistics (`batchnorm_train`; the
+running averages are not part of the loss). The step is plain SGD at 0.01:
+`w -= 0.01 * grad`, what every framework computes alike. The dlc program is
+the workload's file with a loss and a step appended (OUT/train/NAME.dl);
+`dlc bench --entry NAME_step` times it on random inputs. The gradient check
+runs `dlc grad --backend cpu` and `jax.grad` on the same inputs (written by
+`dlc run --save-inputs`) and reports the largest error relative to each
+gradient's largest magnitude. Peers run in fresh processes pinned to as many
+cores as they have threads (bench_peers.py's rules). Writes OUT/train.json
+and OUT/train.md (medians, min-max, dlc / best peer, peak memory).
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_peers import CPU, arguments, peer_env, run_measured  # noqa: E402
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+PEERS = ["pytorch", "torch.compile", "jax"]
+LR = 0.01
+
+# name: (workload file, its entry, its parameters in order, the output's
+# shape, the parameters trained, whether the step is timed; W4 and W8 have
+# their gradients checked only)
+MODELS = {
+    "w2_mlp": ("w2_mlp.dl", "mlp", ["x", "w1", "b1", "w2", "b2"], [128, 1024], None, True),
+    "w3_conv_block_b8": (None, "block_train", ["x", "w1", "g1", "b1", "w2", "g2", "b2"], [8, 64, 56, 56],
+                         None, True),
+    "w4_attention": ("w4_attention.dl", "attention", ["q", "k", "v"], [12, 384, 64], ["q", "k", "v"], False),
+    "w6_bert_layer": ("w6_bert_layer.dl", "bert_layer",
+                      ["x", "wq", "bq", "wk", "bk", "wv", "bv", "wo", "bo", "g1", "be1",
+                       "w1", "b1", "w2", "b2", "g2", "be2"], [128, 768], None, True),
+    "w7_gru": ("w7_gru.dl", "gru", ["x", "w_ih", "w_hh", "b_ih", "b_hh"], [64, 512], None, True),
+    "w8_gcn": ("w8_gcn.dl", "gcn", ["a", "x", "w1", "w2"], [2708, 7], ["w1", "w2"], False),
+}
+
+
+def trained(name):
+    """The parameters a model's step trains: all but the first (the input)
+    unless listed."""
+    _, _, params, _, wrt, _ = MODELS[name]
+    return wrt or params[1:]
+
+
+W3_TRAIN = """
+// W3 b8's block in training mode: batch statistics instead of fixed ones.
+fn block_train(x: f32[8, 64, 56, 56], w1: f32[64, 64, 3, 3], g1: f32[64], b1: f32[64],
+               w2: f32[64, 64, 3, 3], g2: f32[64], b2: f32[64]) -> f32[8, 64, 56, 56] {
+    let stat = zeros([64]);
+    let (h0, m1, v1) = batchnorm_train(conv2d(x, w1, padding=1), g1, b1, stat, stat);
+    let (y, m2, v2) = batchnorm_train(conv2d(relu(h0), w2, padding=1), g2, b2, stat, stat);
+    return relu(y + x);
+}
+"""
+
+
+def source(name):
+    """The model's dlc program with `NAME_loss` and `NAME_step` appended."""
+    file, entry, params, out, _, _ = MODELS[name]
+    text = open(os.path.join(ROOT, "examples", file)).read() if file else W3_TRAIN
+    start = text.index(f"fn {entry}(") + len(f"fn {entry}(")
+    depth, i = 1, start
+    while depth:
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        i += 1
+    decl = text[start:i - 1]
+    types = {}
+    # Parameter declarations, without `weight` (the step's weights change
+    # every call: nothing may be prepared once).
+    items, level, cur = [], 0, ""
+    for ch in decl:
+        if ch == "," and level == 0:
+            items.append(cur)
+            cur = ""
+            continue
+        level += {"[": 1, "]": -1}.get(ch, 0)
+        cur += ch
+    items.append(cur)
+    for it in items:
+        n, t = it.strip().replace("weight ", "").split(":")
+        types[n.strip()] = t.strip()
+    out_ty = "f32[" + ", ".join(map(str, out)) + "]"
+    plist = ", ".join(f"{p}: {types[p]}" for p in params)
+    weights = trained(name)
+    call = f"{entry}({', '.join(params)})"
+    grads = ", ".join(f"g_{w}" for w in weights)
+    new = ", ".join(f"sgd({w}, g_{w}, {LR})" for w in weights)
+    rets = ", ".join(["f32"] + [types[w] for w in weights])
+    return text + f"""
+fn {name}_loss({plist}, y: {out_ty}) -> f32 {{
+    return mse_loss({call}, y);
+}}
+
+fn {name}_step({plist}, y: {out_ty}) -> ({rets}) {{
+    let (l, {grads}) = value_and_grad({name}_loss({', '.join(params)}, y), wrt=[{', '.join(weights)}]);
+    return (l, {new});
+}}
+"""
+
+
+def torch_models(torch):
+    F = torch.nn.functional
+
+    def mlp(x, w1, b1, w2, b2):
+        return torch.relu(x @ w1 + b1) @ w2 + b2
+
+    def bn_train(z, g, b):
+        m = z.mean(dim=(0, 2, 3), keepdim=True)
+        v = ((z - m) ** 2).mean(dim=(0, 2, 3), keepdim=True)
+        c = lambda t: t[None, :, None, None]
+        return (z - m) / torch.sqrt(v + 1e-5) * c(g) + c(b)
+
+    def block_train(x, w1, g1, b1, w2, g2, b2):
+        h = torch.relu(bn_train(F.conv2d(x, w1, padding=1), g1, b1))
+        return torch.relu(bn_train(F.conv2d(h, w2, padding=1), g2, b2) + x)
+
+    def layernorm(z):
+        m = z.mean(-1, keepdim=True)
+        v = ((z - m) ** 2).mean(-1, keepdim=True)
+        return (z - m) / torch.sqrt(v + 1e-5)
+
+    def gelu(z):
+        return 0.5 * z * (1 + torch.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z ** 3)))
+
+    def heads(z):
+        return z.reshape(z.shape[0], 12, 64).transpose(0, 1)
+
+    def bert_layer(x, wq, bq, wk, bk, wv, bv, wo, bo, g1, be1, w1, b1, w2, b2, g2, be2):
+        q, k, v = heads(x @ wq + bq), heads(x @ wk + bk), heads(x @ wv + bv)
+        p = torch.softmax(q @ k.transpose(1, 2) / 8.0, dim=-1)
+        ctx = (p @ v).transpose(0, 1).reshape(x.shape[0], 768)
+        h1 = layernorm(ctx @ wo + bo + x) * g1 + be1
+        ff = gelu(h1 @ w1 + b1) @ w2 + b2
+        return layernorm(ff + h1) * g2 + be2
+
+    def gru(x, w_ih, w_hh, b_ih, b_hh):
+        H = w_hh.shape[1]
+        h = torch.zeros(x.shape[1], H, dtype=x.dtype)
+        for t in range(x.shape[0]):
+            gi = x[t] @ w_ih.T + b_ih
+            gh = h @ w_hh.T + b_hh
+            r = torch.sigmoid(gi[:, :H] + gh[:, :H])
+            z = torch.sigmoid(gi[:, H:2 * H] + gh[:, H:2 * H])
+            n = torch.tanh(gi[:, 2 * H:] + r * gh[:, 2 * H:])
+            h = (1 - z) * n + z * h
+        return h
+
+    return {"w2_mlp": mlp, "w3_conv_block_b8": block_train, "w6_bert_layer": bert_layer, "w7_gru": gru}
+
+
+def jax_model(name):
+    import jax
+    import jax.numpy as jnp
+    from bench_peers import jax_models
+    if name != "w3_conv_block_b8":
+        return jax_models()[MODELS[name][1]]
+
+    def conv(x, w):
+        return jax.lax.conv_general_dilated(x, w, (1, 1), [(1, 1), (1, 1)],
+                                            dimension_numbers=("NCHW", "OIHW", "NCHW"))
+
+    def bn_train(z, g, b):
+        m = z.mean(axis=(0, 2, 3), keepdims=True)
+        v = ((z - m) ** 2).mean(axis=(0, 2, 3), keepdims=True)
+        c = lambda t: t[None, :, None, None]
+        return (z - m) / jnp.sqrt(v + 1e-5) * c(g) + c(b)
+
+    def block_train(x, w1, g1, b1, w2, g2, b2):
+        h = jax.nn.relu(bn_train(conv(x, w1), g1, b1))
+        return jax.nn.relu(bn_train(conv(h, w2), g2, b2) + x)
+    return block_train
+
+
+def worker(peer, name, data, threads, runs):
+    import numpy as np
+    params = MODELS[name][2]
+    inputs = [np.load(os.path.join(data, "inputs", p + ".npy")) for p in params + ["y"]]
+    if trained(name) != params[1:]:
+        raise SystemExit(f"bench_train: {name} is not timed")
+    if peer in ("pytorch", "torch.compile"):
+        import torch
+        torch.set_num_threads(threads)
+        model = torch_models(torch)[name]
+        if peer == "torch.compile":
+            model = torch.compile(model)
+        x, *ws, y = [torch.from_numpy(a) for a in inputs]
+        ws = [w.clone().requires_grad_(True) for w in ws]
+
+        def call():
+            loss = ((model(x, *ws) - y) ** 2).mean()
+            grads = torch.autograd.grad(loss, ws)
+            with torch.no_grad():
+                for w, g in zip(ws, grads):
+                    w -= LR * g
+            return loss
+    else:
+        import jax
+        jax.config.update("jax_platforms", "cpu")
+        model = jax_model(name)
+
+        def loss_fn(ws, x, y):
+            return ((model(x, *ws) - y) ** 2).mean()
+
+        @jax.jit
+        def step(ws, x, y):
+            loss, grads = jax.value_and_grad(loss_fn)(ws, x, y)
+            return loss, [w - LR * g for w, g in zip(ws, grads)]
+        x, *ws, y = [jax.device_put(a) for a in inputs]
+        state = {"ws": ws}
+
+        def call():
+            loss, state["ws"] = step(state["ws"], x, y)
+            return loss.block_until_ready()
+    start = time.perf_counter()
+    call()
+    compile_s = time.perf_counter() - start
+    for _ in range(3):
+        call()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    times = np.array(times) * 1e3
+    print(json.dumps({"median_ms": float(np.median(times)), "min_ms": float(times.min()),
+                      "max_ms": float(times.max()), "compile_s": compile_s}))
+
+
+def grad_check(dlc, name, path, data):
+    """dlc's gradients (compiled for this CPU) against jax.grad's in f64, on
+    the inputs `dlc run --save-inputs` wrote: the largest error of each
+    trained parameter's gradient relative to that gradient's largest
+    magnitude."""
+    import numpy as np
+    import jax
+    jax.config.update("jax_platforms", "cpu")
+    jax.config.update("jax_enable_x64", True)
+    params = MODELS[name][2]
+    wrt = trained(name)
+    out = os.path.join(data, "grads")
+    files = sum((["--input", f"{p}={os.path.join(data, 'inputs', p + '.npy')}"] for p in params + ["y"]), [])
+    subprocess.run([dlc, "grad", path, "--entry", f"{name}_loss", "--wrt", ",".join(wrt),
+                    "--save-outputs", out] + files, check=True, capture_output=True)
+    inputs = {p: np.load(os.path.join(data, "inputs", p + ".npy")).astype(np.float64) for p in params + ["y"]}
+    model = jax_model(name)
+
+    def loss(ws):
+        args = [ws[p] if p in ws else inputs[p] for p in params]
+        return ((model(*args) - inputs["y"]) ** 2).mean()
+    grads = jax.grad(loss)({p: inputs[p] for p in wrt})
+    worst = 0.0
+    for p in wrt:
+        got = np.load(os.path.join(out, f"grad_{p}.npy")).astype(np.float64)
+        g = np.asarray(grads[p])
+        worst = max(worst, float(np.abs(got - g).max() / max(np.abs(g).max(), 1e-30)))
+    return worst
+
+
+def main():
+    import numpy as np
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        worker(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))
+        return
+    args, out, threads, only = arguments()
+    rows = []
+    for name in MODELS:
+        if only and name not in only:
+            continue
+        data = os.path.join(out, "train", name)
+        os.makedirs(data, exist_ok=True)
+        path = os.path.join(data, f"{name}.dl")
+        open(path, "w").write(source(name))
+        subprocess.run([args.dlc, "run", path, "--entry", f"{name}_step", "--random-inputs", "0",
+                        "--save-inputs", os.path.join(data, "inputs")], check=True, capture_output=True)
+        error = grad_check(args.dlc, name, path, data)
+        if not MODELS[name][5]:
+            rows.append({"model": name, "grad_error_vs_jax": error})
+            print(json.dumps(rows[-1]), flush=True)
+            continue
+        for t in threads:
+            row = {"model": name, "threads": t, "grad_error_vs_jax": error}
+            o, rss = run_measured([args.dlc, "bench", path, "--entry", f"{name}_step", "--threads", str(t),
+                                   "--runs", str(args.runs), "--json"], t, dict(os.environ, OMP_NUM_THREADS=str(t)))
+            d = json.loads(o)
+            row["dlc"] = {"median_ms": d["median_ms"], "min_ms": d["min_ms"], "max_ms": d["max_ms"],
+                          "compile_s": d.get("compile_s", d.get("compile_ms", 0) / 1e3), "peak_mib": rss}
+            for peer in PEERS:
+                try:
+                    o, rss = run_measured([sys.executable, __file__, "--worker", peer, name, data, str(t), str(args.runs)],
+                                          t, peer_env(t))
+                    r = json.loads(o.strip().splitlines()[-1])
+                    r["peak_mib"] = rss
+                except RuntimeError as e:
+                    print(f"{name} {t}t {peer}: {e}", file=sys.stderr)
+                    r = {"failed": str(e)[-300:]}
+                row[peer] = r
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    with open(os.path.join(out, "train.json"), "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    lines = [f"# One training step (forward, backward, SGD update), {cpu}" + (f", DLC_CPU={CPU}" if CPU != "native" else ""), "",
+             "median ms (min-max), peak memory; dlc / best = dlc's median over the best peer's", "",
+             "| model | threads | dlc | PyTorch | torch.compile | JAX | dlc / best | grad error vs JAX |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "threads" not in r:
+            continue
+        cell = lambda p: "failed" if "failed" in r[p] else f"{r[p]['median_ms']:.2f} ({r[p]['min_ms']:.2f}-{r[p]['max_ms']:.2f}), {r[p]['peak_mib']:.0f} MiB"
+        best = min((r[p]["median_ms"] for p in PEERS if "failed" not in r[p]), default=float("nan"))
+        lines.append(f"| {r['model']} | {r['threads']} | {cell('dlc')} | {cell('pytorch')} | {cell('torch.compile')} | {cell('jax')} | "
+                     f"{r['dlc']['median_ms'] / best:.2f} | {r['grad_error_vs_jax']:.1e} |")
+    lines += ["", "Gradients of the losses only (not timed):", "",
+              "| model | grad error vs JAX |", "|---|---|"]
+    lines += [f"| {r['model']} | {r['grad_error_vs_jax']:.1e} |" for r in rows if "threads" not in r]
+    text = "\n".join(lines) + "\n"
+    open(os.path.join(out, "train.md"), "w").write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
