@@ -270,6 +270,15 @@ def worker(peer, entry, data, threads, runs):
         result = np.asarray(result)
     else:
         raise SystemExit(f"bench_peers: unknown peer {peer}")
+    timing = time_calls(call, runs)
+    np.save(os.path.join(data, f"{peer}.npy"), np.asarray(result))
+    print(json.dumps(dict(timing, compile_s=compile_s)))
+
+
+def time_calls(call, runs):
+    """`call` timed `runs` times after 3 untimed warm-ups: median, min and
+    max in ms."""
+    import numpy as np
     for _ in range(3):
         call()
     times = []
@@ -277,10 +286,8 @@ def worker(peer, entry, data, threads, runs):
         start = time.perf_counter()
         call()
         times.append(time.perf_counter() - start)
-    np.save(os.path.join(data, f"{peer}.npy"), np.asarray(result))
     times = np.array(times) * 1e3
-    print(json.dumps({"median_ms": float(np.median(times)), "min_ms": float(times.min()),
-                      "max_ms": float(times.max()), "compile_s": compile_s}))
+    return {"median_ms": float(np.median(times)), "min_ms": float(times.min()), "max_ms": float(times.max())}
 
 
 def load_inputs(data):

@@ -27,7 +27,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_peers import CPU, arguments, peer_env, run_measured  # noqa: E402
+from bench_peers import CPU, arguments, peer_env, run_measured, time_calls  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 PEERS = ["pytorch", "torch.compile", "jax"]
@@ -228,16 +228,7 @@ def worker(peer, name, data, threads, runs):
     start = time.perf_counter()
     call()
     compile_s = time.perf_counter() - start
-    for _ in range(3):
-        call()
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    times = np.array(times) * 1e3
-    print(json.dumps({"median_ms": float(np.median(times)), "min_ms": float(times.min()),
-                      "max_ms": float(times.max()), "compile_s": compile_s}))
+    print(json.dumps(dict(time_calls(call, runs), compile_s=compile_s)))
 
 
 def grad_check(dlc, name, path, data):

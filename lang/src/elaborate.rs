@@ -1282,21 +1282,7 @@ impl<'p> Elab<'p> {
             )
             .with_note(usage));
         };
-        self.used.insert(def.name.name.clone());
-        let (values, env) = self.bind_user(
-            cx,
-            Signature {
-                what: "function",
-                name: &def.name,
-                dims: &def.dims,
-                params: &def.params,
-            },
-            cargs,
-            call.span,
-        )?;
-        let dims: Vec<usize> = def.dims.iter().map(|d| env[&d.name]).collect();
-        let what = format!("in this call of `{}`", callee.name);
-        let name = self.ensure_fn(def, &dims, Some((call.span, what)))?;
+        let (values, name) = self.instantiate(cx, def, callee, cargs, call.span)?;
         let positions: Vec<usize> = match a[1] {
             None => match self.module.function(&name) {
                 Some(g) => dlc_graph::autodiff::default_wrt(g),
@@ -1519,14 +1505,16 @@ impl<'p> Elab<'p> {
         Ok((values, env))
     }
 
-    fn call_fn(
+    /// Binds a call of the user `fn` `def` and instantiates it: the
+    /// arguments' values and the name of the instance called.
+    fn instantiate(
         &mut self,
         cx: &mut FnCx,
         def: &'p FnDef,
         callee: &Ident,
         args: &[Arg],
         span: Span,
-    ) -> R<EVal> {
+    ) -> R<(Vec<Value>, String)> {
         self.used.insert(def.name.name.clone());
         let (values, env) = self.bind_user(
             cx,
@@ -1556,6 +1544,18 @@ impl<'p> Elab<'p> {
             )
         };
         let name = self.ensure_fn(def, &dims, Some((span, what)))?;
+        Ok((values, name))
+    }
+
+    fn call_fn(
+        &mut self,
+        cx: &mut FnCx,
+        def: &'p FnDef,
+        callee: &Ident,
+        args: &[Arg],
+        span: Span,
+    ) -> R<EVal> {
+        let (values, name) = self.instantiate(cx, def, callee, args, span)?;
         let results = self
             .module
             .function(&name)

@@ -558,6 +558,44 @@ pub trait DerivBuilder {
         t: Self::Value,
         e: Self::Value,
     ) -> Result<Self::Value, Self::Error>;
+    /// The number `v` is, if it is a number.
+    fn as_const(&self, v: &Self::Value) -> Option<f64>;
+
+    /// `u(a)`, computed when `a` is a number.
+    fn fold_unary(&mut self, u: UnaryOp, a: Self::Value) -> Result<Self::Value, Self::Error> {
+        match self.as_const(&a) {
+            Some(c) => self.constant(apply_unary(u, c)),
+            None => self.unary(u, a),
+        }
+    }
+
+    /// `op(x, y)` with what is known of it folded: two numbers computed,
+    /// `x * 1`, `1 * x`, `x + 0`, `0 + x`, `x - 0` and `x / 1` are `x`, a
+    /// product by 0 is 0 and one by -1 a negation. A derivative built so
+    /// stays the expression it means (`g * b`, not `(g * 1) * b`), which
+    /// the lowering then recognizes.
+    fn fold(
+        &mut self,
+        op: BinaryOp,
+        x: Self::Value,
+        y: Self::Value,
+    ) -> Result<Self::Value, Self::Error> {
+        let (p, q) = (self.as_const(&x), self.as_const(&y));
+        if let (Some(p), Some(q)) = (p, q)
+            && let Some(v) = apply_binary(op, p, q, false)
+        {
+            return self.constant(v);
+        }
+        match (op, p, q) {
+            (BinaryOp::Mul, Some(1.0), _) | (BinaryOp::Add, Some(0.0), _) => Ok(y),
+            (BinaryOp::Mul | BinaryOp::Div, _, Some(1.0)) => Ok(x),
+            (BinaryOp::Add | BinaryOp::Sub, _, Some(0.0)) => Ok(x),
+            (BinaryOp::Mul, Some(0.0), _) | (BinaryOp::Mul, _, Some(0.0)) => self.constant(0.0),
+            (BinaryOp::Mul, Some(-1.0), _) => self.unary(UnaryOp::Neg, y),
+            (BinaryOp::Mul, _, Some(-1.0)) => self.unary(UnaryOp::Neg, x),
+            _ => self.binary(op, x, y),
+        }
+    }
 }
 
 impl Deriv {
@@ -575,18 +613,27 @@ impl Deriv {
             Deriv::Const(c) => b.constant(*c)?,
             Deriv::Unary(u, a) => {
                 let a = a.build(b, leaves)?;
-                b.unary(*u, a)?
+                b.fold_unary(*u, a)?
             }
             Deriv::Binary(op, x, y) => {
                 let x = x.build(b, leaves)?;
                 let y = y.build(b, leaves)?;
-                b.binary(*op, x, y)?
+                b.fold(*op, x, y)?
             }
             Deriv::Select(cmp, parts) => {
                 let [p, q, t, e] = &**parts;
                 let (p, q) = (p.build(b, leaves)?, q.build(b, leaves)?);
                 let (t, e) = (t.build(b, leaves)?, e.build(b, leaves)?);
-                b.select(*cmp, p, q, t, e)?
+                match (b.as_const(&p), b.as_const(&q)) {
+                    (Some(p), Some(q)) => {
+                        if cmp.apply(p, q) {
+                            t
+                        } else {
+                            e
+                        }
+                    }
+                    _ => b.select(*cmp, p, q, t, e)?,
+                }
             }
         })
     }
@@ -737,6 +784,9 @@ mod deriv_tests {
         }
         fn select(&mut self, c: CmpOp, a: f64, b: f64, t: f64, e: f64) -> Result<f64, ()> {
             Ok(if c.apply(a, b) { t } else { e })
+        }
+        fn as_const(&self, v: &f64) -> Option<f64> {
+            Some(*v)
         }
     }
 

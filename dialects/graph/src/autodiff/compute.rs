@@ -376,27 +376,18 @@ impl DerivBuilder for Scalar {
     }
 
     fn unary(&mut self, u: UnaryOp, a: ScalarExpr) -> Result<ScalarExpr, String> {
-        Ok(match a {
-            ScalarExpr::Const(c) => ScalarExpr::Const(dlc_core::scalar::apply_unary(u, c)),
-            a => ScalarExpr::Unary(u, Box::new(a)),
-        })
+        Ok(ScalarExpr::Unary(u, Box::new(a)))
     }
 
     fn binary(&mut self, op: BinaryOp, x: ScalarExpr, y: ScalarExpr) -> Result<ScalarExpr, String> {
-        use ScalarExpr::Const;
-        Ok(match (op, x, y) {
-            (_, Const(p), Const(q)) => {
-                Const(dlc_core::scalar::apply_binary(op, p, q, false).ok_or("bad constant")?)
-            }
-            (BinaryOp::Mul, Const(1.0), t) | (BinaryOp::Mul, t, Const(1.0)) => t,
-            (BinaryOp::Mul, Const(0.0), _) | (BinaryOp::Mul, _, Const(0.0)) => Const(0.0),
-            (BinaryOp::Add, Const(0.0), t) | (BinaryOp::Add | BinaryOp::Sub, t, Const(0.0)) => t,
-            (BinaryOp::Div, t, Const(1.0)) => t,
-            (BinaryOp::Mul, Const(-1.0), t) | (BinaryOp::Mul, t, Const(-1.0)) => {
-                ScalarExpr::Unary(UnaryOp::Neg, Box::new(t))
-            }
-            (op, x, y) => ScalarExpr::Binary(op, Box::new(x), Box::new(y)),
-        })
+        Ok(ScalarExpr::Binary(op, Box::new(x), Box::new(y)))
+    }
+
+    fn as_const(&self, v: &ScalarExpr) -> Option<f64> {
+        match v {
+            ScalarExpr::Const(c) => Some(*c),
+            _ => None,
+        }
     }
 
     fn select(
@@ -407,9 +398,6 @@ impl DerivBuilder for Scalar {
         t: ScalarExpr,
         e: ScalarExpr,
     ) -> Result<ScalarExpr, String> {
-        if let (ScalarExpr::Const(p), ScalarExpr::Const(q)) = (&a, &b) {
-            return Ok(if cmp.apply(*p, *q) { t } else { e });
-        }
         Ok(ScalarExpr::Select(
             Box::new(ScalarExpr::Compare(cmp, Box::new(a), Box::new(b))),
             Box::new(t),
@@ -419,7 +407,7 @@ impl DerivBuilder for Scalar {
 }
 
 fn mul(x: ScalarExpr, y: ScalarExpr) -> Result<ScalarExpr, String> {
-    Scalar.binary(BinaryOp::Mul, x, y)
+    Scalar.fold(BinaryOp::Mul, x, y)
 }
 
 fn zero_unless(cond: &ScalarExpr, t: ScalarExpr, keep_then: bool) -> ScalarExpr {
@@ -563,7 +551,7 @@ impl Derivation<'_, '_> {
                     ReduceKind::Sum => seed,
                     ReduceKind::Mean => {
                         let count: i64 = vars.iter().map(|rv| rv.hi - rv.lo).product();
-                        Scalar.binary(BinaryOp::Div, seed, ScalarExpr::Const(count as f64))?
+                        Scalar.fold(BinaryOp::Div, seed, ScalarExpr::Const(count as f64))?
                     }
                     ReduceKind::Max | ReduceKind::Min => {
                         let result = self.value(j)?;

@@ -326,36 +326,23 @@ impl DerivBuilder for ElemBuilder<'_, '_> {
     }
 
     fn unary(&mut self, u: UnaryOp, a: Elem) -> Result<Elem, String> {
-        Ok(match a {
-            Elem::Const(c) => Elem::Const(dlc_core::scalar::apply_unary(u, c)),
-            Elem::Tensor(v) => Elem::Tensor(self.b.unary(u, v)?),
-        })
+        let a = self.tensor(a);
+        Ok(Elem::Tensor(self.b.unary(u, a)?))
     }
 
     fn binary(&mut self, op: BinaryOp, x: Elem, y: Elem) -> Result<Elem, String> {
-        use Elem::{Const, Tensor};
-        Ok(match (op, x, y) {
-            (_, Const(p), Const(q)) => {
-                Const(dlc_core::scalar::apply_binary(op, p, q, false).ok_or("bad constant")?)
-            }
-            (BinaryOp::Mul, Const(1.0), t) | (BinaryOp::Mul, t, Const(1.0)) => t,
-            (BinaryOp::Mul, Const(0.0), _) | (BinaryOp::Mul, _, Const(0.0)) => Const(0.0),
-            (BinaryOp::Add, Const(0.0), t) | (BinaryOp::Add | BinaryOp::Sub, t, Const(0.0)) => t,
-            (BinaryOp::Div, t, Const(1.0)) => t,
-            (BinaryOp::Mul, Const(-1.0), Tensor(v)) | (BinaryOp::Mul, Tensor(v), Const(-1.0)) => {
-                Tensor(self.b.unary(UnaryOp::Neg, v)?)
-            }
-            _ => {
-                let (x, y) = (self.tensor(x), self.tensor(y));
-                Tensor(self.b.binary(op, x, y)?)
-            }
-        })
+        let (x, y) = (self.tensor(x), self.tensor(y));
+        Ok(Elem::Tensor(self.b.binary(op, x, y)?))
+    }
+
+    fn as_const(&self, v: &Elem) -> Option<f64> {
+        match v {
+            Elem::Const(c) => Some(*c),
+            Elem::Tensor(_) => None,
+        }
     }
 
     fn select(&mut self, cmp: CmpOp, a: Elem, b: Elem, t: Elem, e: Elem) -> Result<Elem, String> {
-        if let (Elem::Const(p), Elem::Const(q)) = (a, b) {
-            return Ok(if cmp.apply(p, q) { t } else { e });
-        }
         let (a, b) = (self.tensor(a), self.tensor(b));
         let c = self.b.compare(cmp, a, b)?;
         let (t, e) = (self.tensor(t), self.tensor(e));

@@ -39,7 +39,7 @@ pub(super) fn vjp(
                 &[Elem::Tensor(xs[0]), Elem::Const(0.0), Elem::Tensor(out)],
             )?;
             let adj =
-                dlc_core::scalar::DerivBuilder::binary(&mut e, BinaryOp::Mul, Elem::Tensor(g), d)?;
+                dlc_core::scalar::DerivBuilder::fold(&mut e, BinaryOp::Mul, Elem::Tensor(g), d)?;
             if let Elem::Tensor(v) = adj {
                 grads[0] = Some(v);
             }
@@ -55,7 +55,7 @@ pub(super) fn vjp(
                 let mut e = ElemBuilder { b, dtype };
                 let leaves = [Elem::Tensor(xs[0]), Elem::Tensor(xs[1]), Elem::Tensor(out)];
                 let d = p.build(&mut e, &leaves)?;
-                let adj = dlc_core::scalar::DerivBuilder::binary(
+                let adj = dlc_core::scalar::DerivBuilder::fold(
                     &mut e,
                     BinaryOp::Mul,
                     Elem::Tensor(g),
