@@ -345,8 +345,10 @@ enum Command {
         /// Seed of the initial weights and of each epoch's shuffle.
         #[arg(long, default_value_t = 0)]
         seed: u64,
-        /// Initial weights: DIR/NAME.npy for each weight (otherwise drawn
-        /// as PyTorch initializes layers, from --seed).
+        /// Initial weights (and buffers): DIR/NAME.npy where DIR holds one;
+        /// the others are drawn as PyTorch initializes layers, from --seed
+        /// (rank-1 weights start at zero: give a scale that starts at one, a
+        /// batch norm's gamma, as a file).
         #[arg(long, value_name = "DIR")]
         weights: Option<PathBuf>,
         /// Write the trained weights as DIR/NAME.npy.

@@ -128,6 +128,10 @@ struct Plan {
     data: Vec<(usize, PathBuf)>,
     /// Optimizer state per weight: the names of its tensors.
     state: Vec<&'static str>,
+    /// Buffers: the parameters that are neither weights nor data, whose new
+    /// values the loss returns after the loss itself, in order (a
+    /// `batchnorm_train`'s running averages).
+    buffers: Vec<usize>,
 }
 
 /// The training step's source: the user's program and `__train_step`.
@@ -145,18 +149,29 @@ fn step_source(plan: &Plan, args: &TrainArgs, total_steps: usize) -> Result<Stri
         }
     }
     params.push("t: i64".into());
-    // The loss (an f32 scalar: `train` checks), the weights, the state.
+    // The loss (an f32 scalar: `train` checks), the weights, the state,
+    // the buffers.
     let mut results = vec!["f32".to_string()];
     results.extend(plan.weights.iter().map(|&w| ty(w)));
     for &w in &plan.weights {
         results.extend(plan.state.iter().map(|_| ty(w)));
     }
+    results.extend(plan.buffers.iter().map(|&b| ty(b)));
+    let aux: Vec<String> = plan
+        .buffers
+        .iter()
+        .map(|&b| format!("__new_{}", name(b)))
+        .collect();
     let call_args: Vec<String> = plan.params.iter().map(|(n, _)| n.clone()).collect();
     let wrt: Vec<String> = plan.weights.iter().map(|&w| name(w)).collect();
     let grads: Vec<String> = wrt.iter().map(|w| format!("__g_{w}")).collect();
     let mut body = vec![format!(
         "    let (__loss, {}) = value_and_grad({}({}), wrt=[{}]);",
-        grads.join(", "),
+        aux.iter()
+            .chain(&grads)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(", "),
         plan.loss,
         call_args.join(", "),
         wrt.join(", ")
@@ -202,6 +217,7 @@ fn step_source(plan: &Plan, args: &TrainArgs, total_steps: usize) -> Result<Stri
     let mut ret = vec!["__loss".to_string()];
     ret.extend(new_w);
     ret.extend(new_s);
+    ret.extend(aux);
     Ok(format!(
         "\n\nfn __train_step({}) -> ({}) {{\n{}\n    return ({});\n}}\n",
         params.join(", "),
@@ -224,29 +240,29 @@ fn initial_weights(
 ) -> Result<Vec<HostTensor>, DriverError> {
     let ranges = dlc_driver::random_ranges(f);
     let mut rng = dlc_runtime::seeded_rng(seed);
+    let file = |name: &str| {
+        dir.map(|d| d.join(format!("{name}.npy")))
+            .filter(|p| p.is_file())
+    };
+    if let Some(d) = dir
+        && plan
+            .weights
+            .iter()
+            .all(|&w| file(&plan.params[w].0).is_none())
+    {
+        let (name, _) = &plan.params[plan.weights[0]];
+        return Err(usage(format!(
+            "--weights {}: no file for weight `{name}` ({}) nor for any other weight",
+            d.display(),
+            d.join(format!("{name}.npy")).display()
+        )));
+    }
     plan.weights
         .iter()
         .map(|&w| {
             let (name, ty) = &plan.params[w];
-            if let Some(dir) = dir {
-                let path = dir.join(format!("{name}.npy"));
-                if !path.is_file() {
-                    return Err(usage(format!(
-                        "--weights {}: no file for weight `{name}` ({})",
-                        dir.display(),
-                        path.display()
-                    )));
-                }
-                let t = HostTensor::read_npy(&path, Some(ty.dtype))?;
-                if &t.ty != ty {
-                    return Err(usage(format!(
-                        "weight `{name}` must be {ty}, got {} from {}",
-                        t.ty,
-                        path.display()
-                    )));
-                }
-                return Ok(t);
-            }
+            // Every weight is drawn, so that a weight's initial value does
+            // not depend on which others come from files.
             let bound = match (ranges[w], ty.rank()) {
                 (_, 0 | 1) => 0.0,
                 (dlc_driver::RandomRange::Weight(s), _) => s,
@@ -256,7 +272,48 @@ fn initial_weights(
             let values = HostTensor::random_values(ty, &mut rng)
                 .map(|v| ty.dtype.round(v * bound))
                 .collect::<Vec<f64>>();
-            HostTensor::new(ty.clone(), values).map_err(|e| usage(e.to_string()))
+            let Some(path) = file(name) else {
+                return HostTensor::new(ty.clone(), values).map_err(|e| usage(e.to_string()));
+            };
+            let t = HostTensor::read_npy(&path, Some(ty.dtype))?;
+            if &t.ty != ty {
+                return Err(usage(format!(
+                    "weight `{name}` must be {ty}, got {} from {}",
+                    t.ty,
+                    path.display()
+                )));
+            }
+            Ok(t)
+        })
+        .collect()
+}
+
+/// Initial buffers: `DIR/NAME.npy` when `--weights DIR` holds one, zeros
+/// otherwise (PyTorch starts a running variance at one: give it a file of
+/// ones).
+fn initial_buffers(plan: &Plan, dir: Option<&Path>) -> Result<Vec<HostTensor>, DriverError> {
+    plan.buffers
+        .iter()
+        .map(|&b| {
+            let (name, ty) = &plan.params[b];
+            match dir
+                .map(|d| d.join(format!("{name}.npy")))
+                .filter(|p| p.is_file())
+            {
+                Some(path) => {
+                    let t = HostTensor::read_npy(&path, Some(ty.dtype))?;
+                    if &t.ty != ty {
+                        return Err(usage(format!(
+                            "buffer `{name}` must be {ty}, got {} from {}",
+                            t.ty,
+                            path.display()
+                        )));
+                    }
+                    Ok(t)
+                }
+                None => HostTensor::new(ty.clone(), vec![0.0; ty.num_elements().unwrap_or(0)])
+                    .map_err(|e| usage(e.to_string())),
+            }
         })
         .collect()
 }
@@ -327,6 +384,7 @@ pub fn train(args: &TrainArgs) -> Result<(), DriverError> {
         files.push((name.to_string(), PathBuf::from(path)));
     }
     let mut data = Vec::new();
+    let mut buffers = Vec::new();
     for (i, (name, _)) in params.iter().enumerate() {
         if weights.contains(&i) {
             if files.iter().any(|(n, _)| n == name) {
@@ -339,13 +397,35 @@ pub fn train(args: &TrainArgs) -> Result<(), DriverError> {
         }
         match files.iter().position(|(n, _)| n == name) {
             Some(k) => data.push((i, files.remove(k).1)),
-            None => {
-                return Err(usage(format!(
-                    "parameter `{name}` of `{}` is not a weight and has no --data {name}=FILE.npy",
-                    f.name
-                )));
-            }
+            None => buffers.push(i),
         }
+    }
+    // The loss's further results are its buffers' new values.
+    let aux = &loss_ty[1..];
+    let fits =
+        buffers.len() == aux.len() && buffers.iter().zip(aux).all(|(&b, t)| &params[b].1 == t);
+    if !fits {
+        let (name, _) = &params[buffers.first().copied().unwrap_or(0)];
+        return Err(usage(match buffers.first() {
+            Some(_) if aux.is_empty() => format!(
+                "parameter `{name}` of `{}` is not a weight and has no --data {name}=FILE.npy (a buffer, such as a running average, is returned by the loss after it)",
+                f.name
+            ),
+            _ => format!(
+                "`{}` returns {} value(s) after the loss, the new values of its buffers (the parameters neither weights nor data: {}), which must match them in number and type",
+                f.name,
+                aux.len(),
+                if buffers.is_empty() {
+                    "none".to_string()
+                } else {
+                    buffers
+                        .iter()
+                        .map(|&b| format!("{}: {}", params[b].0, params[b].1))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
+            ),
+        }));
     }
     if let Some((name, _)) = files.first() {
         let names: Vec<&str> = params.iter().map(|(n, _)| n.as_str()).collect();
@@ -420,6 +500,7 @@ pub fn train(args: &TrainArgs) -> Result<(), DriverError> {
         weights,
         data,
         state,
+        buffers,
     };
     // The step, compiled.
     let total = steps * args.epochs;
@@ -444,10 +525,11 @@ pub fn train(args: &TrainArgs) -> Result<(), DriverError> {
         epochs: args.epochs,
         lr: format!("{:?}", args.lr),
     };
-    let (init, state0, start) = match &args.resume {
+    let (init, state0, buffers0, start) = match &args.resume {
         None => (
             initial_weights(&f, &plan, args.weights.as_deref(), args.seed)?,
             None,
+            initial_buffers(&plan, args.weights.as_deref())?,
             setting.clone(),
         ),
         Some(dir) => {
@@ -511,7 +593,12 @@ pub fn train(args: &TrainArgs) -> Result<(), DriverError> {
                     state.push(take(format!("state.{s}.{name}"), ty)?);
                 }
             }
-            (weights, Some(state), progress)
+            let buffers = plan
+                .buffers
+                .iter()
+                .map(|&b| take(format!("buffer.{}", plan.params[b].0), &plan.params[b].1))
+                .collect::<Result<Vec<_>, _>>()?;
+            (weights, Some(state), buffers, progress)
         }
     };
     let result = dlc_llvm::jit_with(&lowered, &dlc_llvm::JitOptions::default(), |jit| {
@@ -522,9 +609,12 @@ pub fn train(args: &TrainArgs) -> Result<(), DriverError> {
             // Inputs in the step's order: the loss's parameters (data as
             // zeros until the first batch), the state, the step number.
             let mut w_iter = init.iter();
+            let mut b_iter = buffers0.iter();
             for (i, (_, ty)) in plan.params.iter().enumerate() {
                 if plan.weights.contains(&i) {
                     binder.push(w_iter.next().ok_or_else(|| usage("weights"))?).map_err(err)?;
+                } else if plan.buffers.contains(&i) {
+                    binder.push(b_iter.next().ok_or_else(|| usage("buffers"))?).map_err(err)?;
                 } else {
                     binder.push_values(ty, std::iter::repeat(0.0)).map_err(err)?;
                 }
@@ -579,6 +669,9 @@ pub fn train(args: &TrainArgs) -> Result<(), DriverError> {
                             call.swap_result_into_input(1 + nw + k * ns + s, state_input(k, s)).map_err(err)?;
                         }
                     }
+                    for (j, &b) in plan.buffers.iter().enumerate() {
+                        call.swap_result_into_input(1 + nw + nw * ns + j, b).map_err(err)?;
+                    }
                     if let Some(bar) = &bar {
                         bar.set_position(t);
                         bar.set_message(format!("epoch {epoch}/{} loss {loss:.4}", args.epochs));
@@ -593,6 +686,9 @@ pub fn train(args: &TrainArgs) -> Result<(), DriverError> {
                         for (si, s) in plan.state.iter().enumerate() {
                             tensors.push((format!("state.{s}.{name}"), call.input(state_input(k, si)).map_err(err)?));
                         }
+                    }
+                    for &b in &plan.buffers {
+                        tensors.push((format!("buffer.{}", plan.params[b].0), call.input(b).map_err(err)?));
                     }
                     let progress = Progress {
                         epoch,
@@ -624,7 +720,12 @@ pub fn train(args: &TrainArgs) -> Result<(), DriverError> {
                     started.elapsed().as_secs_f64()
                 );
             }
-            plan.weights.iter().map(|&w| call.input(w).map_err(err)).collect()
+            // The weights, then the buffers: what a model is evaluated with.
+            plan.weights
+                .iter()
+                .chain(&plan.buffers)
+                .map(|&w| call.input(w).map_err(err))
+                .collect()
         };
         Ok(run())
     })
@@ -634,6 +735,7 @@ pub fn train(args: &TrainArgs) -> Result<(), DriverError> {
         let named: Vec<(String, &HostTensor)> = plan
             .weights
             .iter()
+            .chain(&plan.buffers)
             .map(|&w| plan.params[w].0.clone())
             .zip(&trained)
             .collect();

@@ -2248,3 +2248,107 @@ fn train_resumes_from_a_checkpoint_bit_identically() {
         "not a safetensors file",
     );
 }
+
+/// Running averages train as buffers: the loss returns their new values
+/// after itself, `dlc train` feeds them to the next step and saves them with
+/// the weights, and the inference form evaluates with them.
+#[test]
+fn train_keeps_batch_norm_running_averages() {
+    let d = Dir::new("train-bn");
+    let root = dlc_tests::repo_root();
+    let data = |f: &str| {
+        root.join("examples/train/data")
+            .join(f)
+            .display()
+            .to_string()
+    };
+    let model = d.file(
+        "bn.dl",
+        "fn features[B](x: u8[B, 64], w1: f32[8, 1, 3, 3]) -> f32[B, 8, 8, 8] {
+            return conv2d(reshape(cast(x, f32) / 16.0, [B, 1, 8, 8]), w1, padding=1);
+        }
+        fn head[B](h: f32[B, 8, 8, 8], w2: f32[128, 10]) -> f32[B, 10] {
+            return reshape(maxpool2d(relu(h), kernel=2, stride=2), [B, 128]) @ w2;
+        }
+        fn loss(x: u8[32, 64], y: i64[32], weight w1: f32[8, 1, 3, 3], weight g: f32[8],
+                weight b: f32[8], rm: f32[8], rv: f32[8], weight w2: f32[128, 10]) -> (f32, f32[8], f32[8]) {
+            let (h, rm2, rv2) = batchnorm_train(features(x, w1), g, b, rm, rv);
+            return (cross_entropy(head(h, w2), y), rm2, rv2);
+        }
+        fn accuracy(x: u8[360, 64], y: i64[360], weight w1: f32[8, 1, 3, 3], weight g: f32[8],
+                    weight b: f32[8], weight rm: f32[8], weight rv: f32[8], weight w2: f32[128, 10]) -> f32 {
+            let h = batchnorm(features(x, w1), rm, rv, g, b);
+            return mean(cast(argmax(head(h, w2), axis=1) == y, f32));
+        }",
+    );
+    let out = d.0.join("trained");
+    // gamma starts at one (a file); the other weights are drawn.
+    let init = d.0.join("init");
+    std::fs::create_dir_all(&init).unwrap();
+    d.npy("init/g.npy", f32ty(&[8]), &[1.0; 8]);
+    let o = dlc(&[
+        "train",
+        &model,
+        "--entry",
+        "loss",
+        "--data",
+        &format!("x={}", data("digits_train_x.npy")),
+        "--data",
+        &format!("y={}", data("digits_train_y.npy")),
+        "--epochs",
+        "3",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.01",
+        "--weights",
+        init.to_str().unwrap(),
+        "--save-weights",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rv = HostTensor::read_npy(&out.join("rv.npy"), None).unwrap();
+    assert_eq!(rv.ty, f32ty(&[8]));
+    // From zeros, 132 updates at momentum 0.1 bring each running variance
+    // to within 1e-6 of the batches' (positive) variances.
+    assert!(rv.data.iter().all(|&v| v > 0.0), "{:?}", rv.data);
+    let o = dlc(&[
+        "run",
+        &model,
+        "--entry",
+        "accuracy",
+        "--weights",
+        out.to_str().unwrap(),
+        "--input",
+        &format!("x={}", data("digits_test_x.npy")),
+        "--input",
+        &format!("y={}", data("digits_test_y.npy")),
+        "--save-outputs",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let acc = HostTensor::read_npy(&out.join("out0.npy"), None)
+        .unwrap()
+        .data[0];
+    assert!(acc > 0.85, "test accuracy with the running averages {acc}");
+    // A loss whose extra results do not match its buffers is refused.
+    let bad = d.file(
+        "bad.dl",
+        "fn loss(x: f32[4, 3], y: f32[4], weight w: f32[3], s: f32[2]) -> (f32, f32[3]) {
+            return (mse_loss(x @ w, y), w);
+        }",
+    );
+    let x = d.npy("x.npy", f32ty(&[4, 3]), &[0.5; 12]);
+    let y = d.npy("y.npy", f32ty(&[4]), &[1.0; 4]);
+    fails_with(
+        &dlc(&[
+            "train",
+            &bad,
+            "--data",
+            &format!("x={x}"),
+            "--data",
+            &format!("y={y}"),
+        ]),
+        "returns 1 value(s) after the loss, the new values of its buffers (the parameters neither weights nor data: s: f32[2])",
+    );
+}
