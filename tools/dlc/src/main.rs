@@ -307,66 +307,8 @@ enum Command {
     /// Train the weights of a loss function on a data set: its `weight`
     /// parameters, each epoch over the data shuffled and cut into batches.
     Train {
-        /// The `.dl` file.
-        file: String,
-        /// The loss: an entry point returning an f32 scalar first; may be
-        /// left out when there is only one.
-        #[arg(long)]
-        entry: Option<String>,
-        /// A data set as NAME=PATH.npy, one per parameter that is not a
-        /// weight: its rows (leading axis) are shuffled and cut into batches
-        /// of the parameter's leading extent.
-        #[arg(long = "data", value_name = "NAME=PATH")]
-        data: Vec<String>,
-        /// Passes over the data.
-        #[arg(long, default_value_t = 1)]
-        epochs: usize,
-        /// The update rule.
-        #[arg(long, value_enum, default_value = "sgd")]
-        optimizer: train::Optimizer,
-        /// Learning rate (the peak of a schedule).
-        #[arg(long, default_value_t = 0.01)]
-        lr: f64,
-        /// SGD with this momentum (PyTorch's SGD; buffer from zero).
-        #[arg(long)]
-        momentum: Option<f64>,
-        /// SGD with Nesterov momentum (default momentum 0.9).
-        #[arg(long)]
-        nesterov: bool,
-        /// Weight decay: an L2 term of the gradient for sgd and adam,
-        /// decoupled for adamw (whose default is 0.01).
-        #[arg(long)]
-        weight_decay: Option<f64>,
-        /// Learning-rate schedule over the steps: constant (default),
-        /// step:every=N[,gamma=G], warmup:warmup=N,
-        /// cosine[:warmup=N,min_lr=X] (over every step of the run).
-        #[arg(long, value_name = "SCHEDULE")]
-        schedule: Option<String>,
-        /// Seed of the initial weights and of each epoch's shuffle.
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-        /// Initial weights (and buffers): DIR/NAME.npy where DIR holds one;
-        /// the others are drawn as PyTorch initializes layers, from --seed
-        /// (rank-1 weights start at zero: give a scale that starts at one, a
-        /// batch norm's gamma, as a file).
-        #[arg(long, value_name = "DIR")]
-        weights: Option<PathBuf>,
-        /// Write the trained weights as DIR/NAME.npy.
-        #[arg(long, value_name = "DIR")]
-        save_weights: Option<PathBuf>,
-        /// One JSON object per epoch on standard output instead of text.
-        #[arg(long)]
-        json: bool,
-        /// After each epoch, write the weights, the optimizer state and the
-        /// progress to DIR/checkpoint.safetensors (atomically: a killed run
-        /// leaves the previous checkpoint whole).
-        #[arg(long, value_name = "DIR")]
-        checkpoint: Option<PathBuf>,
-        /// Continue from DIR/checkpoint.safetensors with the settings it was
-        /// written with: the run ends as the uninterrupted one does, bit for
-        /// bit.
-        #[arg(long, value_name = "DIR")]
-        resume: Option<PathBuf>,
+        #[command(flatten)]
+        args: train::TrainArgs,
     },
     /// Measure compile time and steady-state latency of an entry point
     /// compiled for this CPU (random inputs from seed 0).
@@ -1143,41 +1085,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             }
             Ok(())
         }
-        Command::Train {
-            file,
-            entry,
-            data,
-            epochs,
-            optimizer,
-            lr,
-            momentum,
-            nesterov,
-            weight_decay,
-            schedule,
-            seed,
-            weights,
-            save_weights,
-            json,
-            checkpoint,
-            resume,
-        } => train::train(&train::TrainArgs {
-            file,
-            entry,
-            data,
-            epochs,
-            optimizer,
-            lr,
-            momentum,
-            nesterov,
-            weight_decay,
-            schedule,
-            seed,
-            weights,
-            save_weights,
-            json,
-            checkpoint,
-            resume,
-        }),
+        Command::Train { args } => train::train(&args),
         Command::Bench {
             file,
             entry,

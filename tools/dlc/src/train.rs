@@ -31,22 +31,67 @@ pub enum Optimizer {
 }
 
 /// What `dlc train` was asked for.
+#[derive(clap::Args)]
 pub struct TrainArgs {
+    /// The `.dl` file.
     pub file: String,
+    /// The loss: an entry point returning an f32 scalar first; may be
+    /// left out when there is only one.
+    #[arg(long)]
     pub entry: Option<String>,
+    /// A data set as NAME=PATH.npy, one per parameter that is not a
+    /// weight: its rows (leading axis) are shuffled and cut into batches
+    /// of the parameter's leading extent.
+    #[arg(long = "data", value_name = "NAME=PATH")]
     pub data: Vec<String>,
+    /// Passes over the data.
+    #[arg(long, default_value_t = 1)]
     pub epochs: usize,
+    /// The update rule.
+    #[arg(long, value_enum, default_value = "sgd")]
     pub optimizer: Optimizer,
+    /// Learning rate (the peak of a schedule).
+    #[arg(long, default_value_t = 0.01)]
     pub lr: f64,
+    /// SGD with this momentum (PyTorch's SGD; buffer from zero).
+    #[arg(long)]
     pub momentum: Option<f64>,
+    /// SGD with Nesterov momentum (default momentum 0.9).
+    #[arg(long)]
     pub nesterov: bool,
+    /// Weight decay: an L2 term of the gradient for sgd and adam,
+    /// decoupled for adamw (whose default is 0.01).
+    #[arg(long)]
     pub weight_decay: Option<f64>,
+    /// Learning-rate schedule over the steps: constant (default),
+    /// step:every=N[,gamma=G], warmup:warmup=N,
+    /// cosine[:warmup=N,min_lr=X] (over every step of the run).
+    #[arg(long, value_name = "SCHEDULE")]
     pub schedule: Option<String>,
+    /// Seed of the initial weights and of each epoch's shuffle.
+    #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Initial weights (and buffers): DIR/NAME.npy where DIR holds one;
+    /// the others are drawn as PyTorch initializes layers, from --seed
+    /// (rank-1 weights start at zero: give a scale that starts at one, a
+    /// batch norm's gamma, as a file).
+    #[arg(long, value_name = "DIR")]
     pub weights: Option<PathBuf>,
+    /// Write the trained weights as DIR/NAME.npy.
+    #[arg(long, value_name = "DIR")]
     pub save_weights: Option<PathBuf>,
+    /// One JSON object per epoch on standard output instead of text.
+    #[arg(long)]
     pub json: bool,
+    /// After each epoch, write the weights, the optimizer state and the
+    /// progress to DIR/checkpoint.safetensors (atomically: a killed run
+    /// leaves the previous checkpoint whole).
+    #[arg(long, value_name = "DIR")]
     pub checkpoint: Option<PathBuf>,
+    /// Continue from DIR/checkpoint.safetensors with the settings it was
+    /// written with: the run ends as the uninterrupted one does, bit for
+    /// bit.
+    #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,
 }
 
@@ -275,17 +320,27 @@ fn initial_weights(
             let Some(path) = file(name) else {
                 return HostTensor::new(ty.clone(), values).map_err(|e| usage(e.to_string()));
             };
-            let t = HostTensor::read_npy(&path, Some(ty.dtype))?;
-            if &t.ty != ty {
-                return Err(usage(format!(
-                    "weight `{name}` must be {ty}, got {} from {}",
-                    t.ty,
-                    path.display()
-                )));
-            }
-            Ok(t)
+            read_exactly(&path, "weight", name, ty)
         })
         .collect()
+}
+
+/// The tensor in `path`, which must be of type `ty` (`what` `name`'s).
+fn read_exactly(
+    path: &Path,
+    what: &str,
+    name: &str,
+    ty: &dlc_core::TensorType,
+) -> Result<HostTensor, DriverError> {
+    let t = HostTensor::read_npy(path, Some(ty.dtype))?;
+    if &t.ty != ty {
+        return Err(usage(format!(
+            "{what} `{name}` must be {ty}, got {} from {}",
+            t.ty,
+            path.display()
+        )));
+    }
+    Ok(t)
 }
 
 /// Initial buffers: `DIR/NAME.npy` when `--weights DIR` holds one, zeros
@@ -300,17 +355,7 @@ fn initial_buffers(plan: &Plan, dir: Option<&Path>) -> Result<Vec<HostTensor>, D
                 .map(|d| d.join(format!("{name}.npy")))
                 .filter(|p| p.is_file())
             {
-                Some(path) => {
-                    let t = HostTensor::read_npy(&path, Some(ty.dtype))?;
-                    if &t.ty != ty {
-                        return Err(usage(format!(
-                            "buffer `{name}` must be {ty}, got {} from {}",
-                            t.ty,
-                            path.display()
-                        )));
-                    }
-                    Ok(t)
-                }
+                Some(path) => read_exactly(&path, "buffer", name, ty),
                 None => HostTensor::new(ty.clone(), vec![0.0; ty.num_elements().unwrap_or(0)])
                     .map_err(|e| usage(e.to_string())),
             }

@@ -475,12 +475,11 @@ impl Pass<Module> for Grad {
         } else {
             self.name.clone()
         };
-        let before = m.function(&self.entry).map_or(0, |f| f.num_ops());
         add_grad_function(m, &self.entry, &self.wrt, &name).map_err(|e| PassError::Failed {
             pass: "graph.grad".into(),
             message: e.to_string(),
         })?;
-        let after = m.function(&name).map_or(0, |f| f.num_ops());
-        Ok(vec![("backward-ops", (after - before.min(after)) as u64)])
+        let ops = m.function(&name).map_or(0, Function::num_ops);
+        Ok(vec![("ops", ops as u64)])
     }
 }

@@ -25,8 +25,7 @@ pub(super) fn vjp(
     g: Value,
     needs: &[bool],
 ) -> Grads {
-    let ty = |b: &Builder<'_>, v: Value| b.ty(v);
-    let dtype = ty(b, out).dtype;
+    let dtype = b.ty(out).dtype;
     let mut grads: Vec<Option<Value>> = vec![None; xs.len()];
     match op {
         Op::Param { .. } | Op::Constant(_) | Op::Compare(_) => {}
@@ -62,8 +61,8 @@ pub(super) fn vjp(
                     d,
                 )?;
                 if let Elem::Tensor(v) = adj {
-                    let shape = ty(b, xs[i]).shape;
-                    let v = b.broadcast(v, &ty(b, g).shape)?;
+                    let shape = b.ty(xs[i]).shape;
+                    let v = b.broadcast(v, &b.ty(g).shape)?;
                     grads[i] = Some(b.sum_to(v, &shape)?);
                 }
             }
@@ -77,13 +76,13 @@ pub(super) fn vjp(
                     } else {
                         b.select(xs[0], zero, g)?
                     };
-                    let shape = ty(b, xs[i]).shape;
+                    let shape = b.ty(xs[i]).shape;
                     grads[i] = Some(b.sum_to(v, &shape)?);
                 }
             }
         }
         Op::Cast { .. } => {
-            let from = ty(b, xs[0]).dtype;
+            let from = b.ty(xs[0]).dtype;
             if from.is_float() {
                 grads[0] = Some(b.op(Op::Cast { to: from }, &[g])?);
             }
@@ -120,7 +119,7 @@ pub(super) fn vjp(
             grads[0] = Some(b.binary(BinaryOp::Mul, r, t)?);
         }
         Op::Reshape { .. } => {
-            let shape = ty(b, xs[0]).shape;
+            let shape = b.ty(xs[0]).shape;
             grads[0] = Some(b.reshape(g, &shape)?);
         }
         Op::Transpose { perm } => {
@@ -133,7 +132,7 @@ pub(super) fn vjp(
         Op::Concat { axis } => {
             let mut start = 0;
             for (i, &x) in xs.iter().enumerate() {
-                let len = ty(b, x).shape[*axis];
+                let len = b.ty(x).shape[*axis];
                 if needs[i] {
                     grads[i] = Some(slice(b, g, *axis, start, start + len)?);
                 }
@@ -142,7 +141,7 @@ pub(super) fn vjp(
         }
         Op::Slice { axis, start, end } => {
             // The adjoint, with zeros where the slice cut.
-            let t = ty(b, xs[0]);
+            let t = b.ty(xs[0]);
             let mut parts = Vec::new();
             for (lo, hi) in [(0, *start), (*start, *end), (*end, t.shape[*axis])] {
                 if lo == *start && hi == *end {
@@ -156,7 +155,7 @@ pub(super) fn vjp(
             grads[0] = Some(b.op(Op::Concat { axis: *axis }, &parts)?);
         }
         Op::Broadcast { .. } => {
-            let shape = ty(b, xs[0]).shape;
+            let shape = b.ty(xs[0]).shape;
             grads[0] = Some(b.sum_to(g, &shape)?);
         }
         Op::Conv2d {
