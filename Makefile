@@ -7,7 +7,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CARGO ?= cargo
 EXAMPLE ?= examples/w2_mlp.dl
 
-.PHONY: all setup setup-test-tools setup-cuda setup-onnx run test lint fuzz-smoke bench bench-gpu bench-peers bench-contract bench-saturate train-peers bench-train \
+.PHONY: all setup setup-test-tools setup-cuda setup-onnx run test lint fuzz-smoke bench bench-gpu gpu-check-prepare bench-peers bench-contract bench-saturate train-peers bench-train \
 	onnx-tests onnx-bench onnx-models clean
 
 all: test
@@ -93,6 +93,15 @@ fuzz-smoke: setup-test-tools
 bench: setup
 	$(CARGO) build --release --locked -p dlc
 	RUNS=$(or $(RUNS),20) ./scripts/bench.sh
+
+# The GPU check's folder, made here with no GPU (docs/testing.md): the runner
+# dlc-rt, every workload, differential program, narrow-float and tensor-core
+# case compiled to GPU modules for sm_90 with the reference interpreter's
+# results, and the PyTorch comparison, in target/gpu-check/ (under 56 MiB).
+# On a machine with an NVIDIA GPU: bash target/gpu-check/gpu-check.sh DIR.
+gpu-check-prepare: setup
+	$(CARGO) build --release --locked -p dlc -p dlc-rt
+	./scripts/gpu_check_prepare.sh
 
 # The same on GPU 0 (`dlc bench --backend gpu`): needs an NVIDIA GPU and its
 # driver; without one the first `dlc bench` says so and this stops.

@@ -37,8 +37,8 @@ impl Cuda {
         // SAFETY: this only tries to load the driver library by name.
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
             return Err(RuntimeError::Load(
-                "no CUDA driver found (libcuda.so could not be loaded): --backend gpu needs an \
-                 NVIDIA GPU and its driver"
+                "no CUDA driver found (libcuda.so could not be loaded): running GPU code needs \
+                 an NVIDIA GPU and its driver"
                     .into(),
             ));
         }
@@ -59,6 +59,21 @@ impl Cuda {
                 .compute_capability()
                 .map_err(failed("the device's compute capability"))?,
         ))
+    }
+
+    /// Loads a compiled module's kernels, after checking that this device
+    /// has the compute capability its PTX needs.
+    pub fn load_module(&mut self, module: &crate::module::GpuModule) -> Result<(), RuntimeError> {
+        let (name, (major, minor)) = self.describe()?;
+        let (need_major, need_minor) = module.capability;
+        if (major as i64, minor as i64) < (need_major as i64, need_minor as i64) {
+            return Err(RuntimeError::Load(format!(
+                "the module is compiled for {} (compute capability {need_major}.{need_minor}); \
+                 GPU 0 ({name}) has {major}.{minor}: compile it for that GPU's target",
+                module.target
+            )));
+        }
+        self.load(&module.program)
     }
 
     /// Loads `program`'s PTX (the driver compiles it for this device) and

@@ -13,10 +13,12 @@
 //! Parallel loops of compiled code run on the OpenMP runtime's thread pool
 //! (libgomp), which the generated code calls itself; [`set_num_threads`]
 //! sizes it. [`gpu`] runs programs compiled for an NVIDIA GPU: CUDA through
-//! cudarc ([`cuda`]), whose driver library is loaded at run time.
+//! cudarc ([`cuda`]), whose driver library is loaded at run time; [`module`]
+//! is such a program as a file, which `dlc-rt` runs.
 #![deny(missing_docs)]
 
 pub mod abi;
+pub mod check;
 // CUDA's driver API is an FFI boundary.
 #[allow(unsafe_code)]
 pub mod cuda;
@@ -27,9 +29,10 @@ pub mod call;
 pub mod gpu;
 #[allow(unsafe_code)]
 mod library;
+pub mod module;
 mod tensor;
 
 pub use abi::{Param, Signature, Site};
 pub use call::{AlignedBuffer, Binder, Kernel, PrepareBinding, RuntimeError};
 pub use library::{SharedLibrary, load_thread_pool, release_code_pages, set_num_threads};
-pub use tensor::{HostTensor, TensorError, seeded_rng};
+pub use tensor::{HostTensor, RandomRange, TensorError, seeded_rng};

@@ -18,6 +18,22 @@ pub struct HostTensor {
     pub data: Vec<f64>,
 }
 
+/// How random values for a float parameter are drawn (`--random-inputs`):
+/// the compiler picks one per parameter from the ops that read it
+/// (`dlc_driver::random_ranges`), and a compiled GPU module records it, so
+/// that a runner with no compiler draws the same inputs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RandomRange {
+    /// Uniform in [-1, 1).
+    Unit,
+    /// Uniform in [0.25, 1.25): an op needs the value positive.
+    Positive,
+    /// Uniform in [-s, s): the weights of a product or convolution, scaled
+    /// by `s = 1 / sqrt(fan-in)` as common initializations are, so that
+    /// activations stay near 1 however deep the model.
+    Weight(f64),
+}
+
 /// Why a tensor could not be read, written or made.
 #[derive(Debug, thiserror::Error)]
 pub enum TensorError {
@@ -93,6 +109,23 @@ impl HostTensor {
             DType::Bool => f64::from(u8::from(rng.random_bool(0.5))),
             d if d.is_unsigned() => rng.random_range(0i64..=20) as f64,
             _ => rng.random_range(-10i64..=10) as f64,
+        })
+    }
+
+    /// The elements [`HostTensor::random_values`] draws, mapped into
+    /// `range` for a float type (others are drawn as they are): what
+    /// `--random-inputs` gives a parameter, the same on every machine.
+    pub fn random_values_in<'r>(
+        ty: &TensorType,
+        range: RandomRange,
+        rng: &'r mut StdRng,
+    ) -> impl Iterator<Item = f64> + use<'r> {
+        let dtype = ty.dtype;
+        HostTensor::random_values(ty, rng).map(move |v| match range {
+            _ if !dtype.is_float() => v,
+            RandomRange::Unit => v,
+            RandomRange::Positive => dtype.round(v.abs() + 0.25),
+            RandomRange::Weight(s) => dtype.round(v * s),
         })
     }
 

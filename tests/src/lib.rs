@@ -756,6 +756,15 @@ pub const WINOGRAD_PROGRAMS: &[&str] = &[
     "fn f(x: f32[2, 32, 8, 16], weight w1: f32[32, 32, 3, 3], weight m1: f32[32], weight v1: f32[32], weight g1: f32[32], weight b1: f32[32], weight w2: f32[32, 32, 3, 3]) -> f32[2, 32, 8, 16] { let h = relu(batchnorm(conv2d(x, w1, padding=1), m1, v1, g1, b1, eps=1e-5)); return relu(conv2d(h, w2, padding=1) + x); }",
 ];
 
+/// f16 and bf16 products that run on a GPU's tensor cores (`mma.sync` in
+/// whole 16 x 8 x 16 steps): ragged blocks, a batch with an epilogue, and
+/// attention scores under a softmax.
+pub const TENSOR_CORE_PROGRAMS: &[&str] = &[
+    "fn f(x: f16[70, 48], w: f16[48, 90]) -> f16[70, 90] { return x @ w; }",
+    "fn f(x: bf16[2, 40, 64], w: bf16[2, 64, 72], b: bf16[72]) -> bf16[2, 40, 72] { return relu(x @ w + b); }",
+    "fn f(q: f16[3, 20, 32], k: f16[3, 37, 32]) -> f16[3, 20, 37] { return softmax(q @ transpose(k, [0, 2, 1]), axis=-1); }",
+];
+
 /// Every differential program of the groups above.
 pub fn differential_programs() -> Vec<&'static str> {
     let mut all: Vec<&'static str> = Vec::new();

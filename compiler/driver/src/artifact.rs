@@ -42,6 +42,10 @@ pub enum Artifact {
     /// The tile level scheduled for [`CompileOptions::target`] in upstream
     /// MLIR dialects (tiles as `tensor`s), verified by MLIR.
     MlirTile,
+    /// A GPU module file ([`dlc_runtime::module::GpuModule`]): the PTX,
+    /// each entry point's launch plan and signature, and how `dlc-rt`
+    /// draws its random inputs; for a GPU target, needs a code generator.
+    GpuModule,
 }
 
 /// Artifacts made of machine code, which a [`CodeGenerator`] makes.
@@ -67,11 +71,12 @@ impl Artifact {
     pub fn is_binary(self) -> bool {
         matches!(
             self,
-            Artifact::Native(
-                NativeArtifact::Object
-                    | NativeArtifact::SharedLibrary
-                    | NativeArtifact::StaticLibrary
-            )
+            Artifact::GpuModule
+                | Artifact::Native(
+                    NativeArtifact::Object
+                        | NativeArtifact::SharedLibrary
+                        | NativeArtifact::StaticLibrary
+                )
         )
     }
 }
@@ -87,6 +92,16 @@ pub trait CodeGenerator {
         symbols: &Symbols,
         target: &TargetDesc,
     ) -> Result<Vec<u8>, String>;
+
+    /// Compiles every function of `module`, scheduled for GPU `target`, to
+    /// PTX and each entry point's launch plan (kernels named after
+    /// `symbols`).
+    fn gpu_program(
+        &self,
+        module: &dlc_tile::Module,
+        symbols: &Symbols,
+        target: &TargetDesc,
+    ) -> Result<dlc_runtime::gpu::GpuProgram, String>;
 }
 
 /// Converts loop and tile IR to upstream MLIR dialects, verified by MLIR.
@@ -349,6 +364,53 @@ impl Prepared {
                     mlir.convert_tile(&crate::lower_for_tile(module, &self.scheduled)?)
                 };
                 text.map(String::into_bytes).map_err(DriverError::Codegen)
+            }
+            Artifact::GpuModule => {
+                let Some(gpu) = self.target.gpu() else {
+                    return Err(DriverError::Usage(format!(
+                        "a GPU module is compiled for a GPU target (--target sm_80 or sm_90), \
+                         not {}",
+                        self.target.name
+                    )));
+                };
+                let Some(codegen) = backends.codegen else {
+                    return Err(DriverError::Usage(
+                        "a GPU module needs a code generator (dlc_llvm::Llvm); none was given"
+                            .into(),
+                    ));
+                };
+                let program = codegen
+                    .gpu_program(self.tiles()?, &self.symbols, &self.target)
+                    .map_err(DriverError::Codegen)?;
+                let tf32 = gpu.mma.iter().any(|(d, _)| *d == dlc_core::DType::F32);
+                let entries = program
+                    .functions
+                    .iter()
+                    .map(|f| {
+                        let g = module
+                            .functions
+                            .iter()
+                            .find(|g| g.name == f.signature.name)
+                            .ok_or_else(|| {
+                                DriverError::Codegen(format!(
+                                    "entry point `{}` has no graph function",
+                                    f.signature.name
+                                ))
+                            })?;
+                        Ok(dlc_runtime::module::EntryInfo {
+                            random: crate::random_ranges(g),
+                            tolerances: crate::check_tolerances_with(g, tf32),
+                        })
+                    })
+                    .collect::<Result<Vec<_>, DriverError>>()?;
+                Ok(dlc_runtime::module::GpuModule {
+                    target: self.target.name.clone(),
+                    capability: gpu.compute_capability,
+                    tf32,
+                    program,
+                    entries,
+                }
+                .to_bytes())
             }
             Artifact::Native(native) => {
                 let Some(codegen) = backends.codegen else {

@@ -800,16 +800,7 @@ pub fn each_input(
     for (k, (name, ty)) in params.iter().enumerate() {
         // Draw for every parameter so a parameter's random value does not
         // depend on which others were given as files.
-        let map: Option<Box<dyn Fn(f64) -> f64>> = match ranges[k] {
-            _ if !ty.dtype.is_float() => None,
-            RandomRange::Unit => None,
-            RandomRange::Positive => Some(Box::new(|v: f64| v.abs() + 0.25)),
-            RandomRange::Weight(s) => Some(Box::new(move |v: f64| v * s)),
-        };
-        let random = HostTensor::random_values(ty, &mut rng).map(|v| match &map {
-            Some(map) => ty.dtype.round(map(v)),
-            None => v,
-        });
+        let random = HostTensor::random_values_in(ty, ranges[k], &mut rng);
         match given.get(name) {
             Some(path) => {
                 random.for_each(drop);
@@ -831,18 +822,8 @@ pub fn each_input(
 
 pub use dlc_graph::interp::DEFAULT_WORK_LIMIT;
 
-/// How random values for a float parameter are drawn (`--random-inputs`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum RandomRange {
-    /// Uniform in [-1, 1).
-    Unit,
-    /// Uniform in [0.25, 1.25): an op needs the value positive.
-    Positive,
-    /// Uniform in [-s, s): the weights of a product or convolution, scaled
-    /// by `s = 1 / sqrt(fan-in)` as common initializations are, so that
-    /// activations stay near 1 however deep the model.
-    Weight(f64),
-}
+pub use dlc_runtime::RandomRange;
+pub use dlc_runtime::check::{ResultCheck, TF32_TOLERANCE, check_results, check_tolerance};
 
 /// For each parameter of `f`, how its random values are drawn, from the ops
 /// that read it (directly or through reshapes, transposes, broadcasts,
@@ -1198,28 +1179,6 @@ pub fn max_relative_error(
     Ok(worst)
 }
 
-/// How closely `--check` requires a result of element type `d` to match the
-/// reference interpreter, relative to the result's largest finite reference
-/// magnitude: `1e-4` for f32 (room for reassociated sums and the 4-ulp
-/// vector `exp`/`tanh`), `1e-10` for f64 (reassociated sums; its functions
-/// are the C library's), four units in the last place of the narrow type
-/// for f16 (`2^-8`) and bf16 (`2^-5`), and exact equality for integers and
-/// booleans.
-pub fn check_tolerance(d: dlc_core::DType) -> f64 {
-    use dlc_core::DType;
-    match d {
-        DType::F32 => 1e-4,
-        DType::F16 => 4.0 * f64::powi(2.0, -10),
-        DType::BF16 => 4.0 * f64::powi(2.0, -7),
-        DType::F64 => 1e-10,
-        _ => 0.0,
-    }
-}
-
-/// The tolerance of an f32 result computed with TF32 products (`--tf32`:
-/// operands rounded to 10 mantissa bits, as f16's): f16's.
-pub const TF32_TOLERANCE: f64 = 4.0 * 1.0 / 1024.0;
-
 /// [`check_tolerances`] of `f`, with f32 results at TF32's precision when
 /// `tf32` (products on tensor cores as TF32).
 pub fn check_tolerances_with(f: &Function, tf32: bool) -> Vec<f64> {
@@ -1247,120 +1206,6 @@ pub fn check_tolerances(f: &Function) -> Vec<f64> {
     f.result_types()
         .iter()
         .map(|t| check_tolerance(t.dtype).max(loosest))
-        .collect()
-}
-
-/// How one result compares with the reference interpreter's.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ResultCheck {
-    /// Which result (`out0` is 0).
-    pub index: usize,
-    /// Its type.
-    pub ty: TensorType,
-    /// The largest difference over the finite elements, relative to the
-    /// largest finite reference magnitude (absolute when that is 0).
-    pub relative_error: f64,
-    /// What [`ResultCheck::relative_error`] may be.
-    pub tolerance: f64,
-    /// The first element where one side is NaN or infinite and the other is
-    /// not (or infinities of different signs): flat index, got, reference.
-    pub nonfinite_mismatch: Option<(usize, f64, f64)>,
-    /// How many elements are NaN in both.
-    pub nan_in_both: usize,
-}
-
-impl ResultCheck {
-    /// Whether the result matches within its tolerance, with NaN and
-    /// infinity in the same places.
-    pub fn passed(&self) -> bool {
-        self.nonfinite_mismatch.is_none() && self.relative_error <= self.tolerance
-    }
-
-    /// Whether every element is NaN on both sides, so nothing was compared.
-    pub fn all_nan(&self) -> bool {
-        self.ty
-            .num_elements()
-            .is_some_and(|n| n > 0 && self.nan_in_both == n)
-    }
-}
-
-impl std::fmt::Display for ResultCheck {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let i = self.index;
-        if let Some((at, got, want)) = self.nonfinite_mismatch {
-            return write!(
-                f,
-                "out{i} ({}): element {at} is {got} but the reference is {want}",
-                self.ty
-            );
-        }
-        if self.all_nan() {
-            return write!(
-                f,
-                "out{i} ({}): every element is NaN in both results, so nothing was compared",
-                self.ty
-            );
-        }
-        write!(
-            f,
-            "out{i} ({}): largest relative error {:.3e} (tolerance {:.1e})",
-            self.ty, self.relative_error, self.tolerance
-        )?;
-        if self.nan_in_both > 0 {
-            write!(f, "; {} element(s) are NaN in both", self.nan_in_both)?;
-        }
-        Ok(())
-    }
-}
-
-/// Compares results with the reference interpreter's, each with its
-/// tolerance (from [`check_tolerances`]); an error when their types differ.
-pub fn check_results(
-    got: &[HostTensor],
-    reference: &[HostTensor],
-    tolerances: &[f64],
-) -> Result<Vec<ResultCheck>, DriverError> {
-    if got.len() != reference.len() {
-        return Err(DriverError::Usage(format!(
-            "{} result(s) but the reference has {}",
-            got.len(),
-            reference.len()
-        )));
-    }
-    got.iter()
-        .zip(reference)
-        .enumerate()
-        .map(|(index, (g, r))| {
-            if g.ty != r.ty {
-                return Err(DriverError::Usage(format!(
-                    "result {index} is {} but the reference is {}",
-                    g.ty, r.ty
-                )));
-            }
-            let scale = r
-                .data
-                .iter()
-                .filter(|x| x.is_finite())
-                .fold(0f64, |a, x| a.max(x.abs()));
-            let (mut diff, mut nonfinite_mismatch, mut nan_in_both) = (0f64, None, 0);
-            for (at, (&x, &y)) in g.data.iter().zip(&r.data).enumerate() {
-                if x.is_finite() && y.is_finite() {
-                    diff = diff.max((x - y).abs());
-                } else if x.is_nan() && y.is_nan() {
-                    nan_in_both += 1;
-                } else if x != y && nonfinite_mismatch.is_none() {
-                    nonfinite_mismatch = Some((at, x, y));
-                }
-            }
-            Ok(ResultCheck {
-                index,
-                ty: r.ty.clone(),
-                relative_error: if scale > 0.0 { diff / scale } else { diff },
-                tolerance: tolerances.get(index).copied().unwrap_or(0.0),
-                nonfinite_mismatch,
-                nan_in_both,
-            })
-        })
         .collect()
 }
 

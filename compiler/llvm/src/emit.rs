@@ -371,6 +371,15 @@ fn run_tool(cmd: &mut std::process::Command, what: &str) -> R<()> {
 pub struct Llvm;
 
 impl dlc_driver::CodeGenerator for Llvm {
+    fn gpu_program(
+        &self,
+        module: &TModule,
+        symbols: &Symbols,
+        target: &TargetDesc,
+    ) -> Result<dlc_runtime::gpu::GpuProgram, String> {
+        crate::gpu::compile_gpu(module, symbols, target).map_err(|e| e.to_string())
+    }
+
     fn emit(
         &self,
         module: &TModule,

@@ -250,13 +250,9 @@ fn ptx_of_key_kernels() {
 /// the PTX ISA.
 #[test]
 fn tensor_core_products_on_the_emulator() {
-    emulated_agrees("fn f(x: f16[70, 48], w: f16[48, 90]) -> f16[70, 90] { return x @ w; }");
-    emulated_agrees(
-        "fn f(x: bf16[2, 40, 64], w: bf16[2, 64, 72], b: bf16[72]) -> bf16[2, 40, 72] { return relu(x @ w + b); }",
-    );
-    emulated_agrees(
-        "fn f(q: f16[3, 20, 32], k: f16[3, 37, 32]) -> f16[3, 20, 37] { return softmax(q @ transpose(k, [0, 2, 1]), axis=-1); }",
-    );
+    for src in dlc_tests::TENSOR_CORE_PROGRAMS {
+        emulated_agrees(src);
+    }
     // The PTX holds the instruction for both types.
     for (t, name) in [("f16", "f16.f16"), ("bf16", "bf16.bf16")] {
         let m = graph(&format!(

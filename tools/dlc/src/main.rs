@@ -61,6 +61,10 @@ enum Emit {
     /// PTX for an NVIDIA GPU (`--target sm_80` or `sm_90`), with comments
     /// saying which kernels each entry point launches, with what grid.
     Ptx,
+    /// A GPU module file (`--target sm_80` or `sm_90`, `-o model.dlcm`):
+    /// the PTX, each entry point's launch plan and signature, in one
+    /// checksummed file that `dlc-rt` runs with no compiler present.
+    GpuModule,
 }
 
 impl Emit {
@@ -82,6 +86,7 @@ impl Emit {
             Emit::Header => Artifact::CHeader,
             Emit::Rust => Artifact::RustBindings,
             Emit::Ptx => Artifact::Native(NativeArtifact::Ptx),
+            Emit::GpuModule => Artifact::GpuModule,
         }
     }
 }

@@ -403,6 +403,83 @@ fn the_gpu_backend_runs_or_says_why_not() {
     );
 }
 
+/// `--emit gpu-module` writes a module `dlc-rt` loads with no compiler:
+/// each entry point's plan, its inputs drawn as `dlc run --random-inputs`
+/// draws them, and its results' `--check` tolerances.
+#[test]
+fn a_gpu_module_carries_what_a_runner_needs() {
+    let d = Dir::new("gpu_module");
+    let model = d.file("m.dl", MODEL);
+    let path = d.path("m.dlcm");
+    let o = dlc(&[
+        "compile",
+        &model,
+        "--target",
+        "sm_90",
+        "--emit",
+        "gpu-module",
+        "-o",
+        &path,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let m = dlc_runtime::module::GpuModule::read(Path::new(&path)).unwrap();
+    assert_eq!(
+        (m.target.as_str(), m.capability, m.tf32),
+        ("sm_90", (9, 0), false)
+    );
+    assert_eq!(m.entry_names().collect::<Vec<_>>(), ["affine", "pair"]);
+    assert!(m.program.ptx.contains(".target sm_90"));
+    let (f, info) = m.entry("affine").unwrap();
+    assert_eq!(
+        info.random,
+        [
+            dlc_runtime::RandomRange::Unit,
+            dlc_runtime::RandomRange::Weight(1.0 / 3f64.sqrt()),
+            dlc_runtime::RandomRange::Unit
+        ]
+    );
+    assert_eq!(info.tolerances, [1e-4]);
+    let saved = d.path("inputs");
+    let o = dlc(&[
+        "run",
+        &model,
+        "--entry",
+        "affine",
+        "--random-inputs",
+        "7",
+        "--save-inputs",
+        &saved,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let drawn = info.inputs(f, &[], Some(7)).unwrap();
+    for (p, t) in f.signature.inputs().zip(&drawn) {
+        let file = Path::new(&saved).join(format!("{}.npy", p.name));
+        assert_eq!(&HostTensor::read_npy(&file, None).unwrap(), t, "{}", p.name);
+    }
+    let o = dlc(&[
+        "compile",
+        &model,
+        "--target",
+        "sm_90",
+        "--tf32",
+        "--emit",
+        "gpu-module",
+        "-o",
+        &path,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let m = dlc_runtime::module::GpuModule::read(Path::new(&path)).unwrap();
+    assert!(m.tf32);
+    assert_eq!(
+        m.entry("affine").unwrap().1.tolerances,
+        [dlc_runtime::check::TF32_TOLERANCE]
+    );
+    fails_with(
+        &dlc(&["compile", &model, "--emit", "gpu-module", "-o", &path]),
+        "a GPU module is compiled for a GPU target (--target sm_80 or sm_90), not",
+    );
+}
+
 #[test]
 fn the_loop_and_tile_backends_agree_with_the_reference() {
     let d = Dir::new("loop");

@@ -1,0 +1,39 @@
+//! Writes the programs the GPU check runs besides the workloads, one
+//! source file each, into the folder named by its argument: every
+//! differential program (`diff_NNN.dl`), the narrow-float accumulation
+//! cases (`narrow_NNN.dl`) and the tensor-core products (`mma_NNN.dl`).
+//! `make gpu-check-prepare` compiles each to a GPU module with its
+//! reference results (`scripts/gpu_check_prepare.sh`).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let Some(dir) = std::env::args_os().nth(1).map(PathBuf::from) else {
+        eprintln!("usage: gpu_check_programs DIR");
+        return ExitCode::FAILURE;
+    };
+    let narrow: Vec<String> = dlc_tests::narrow_accumulation_cases()
+        .into_iter()
+        .map(|(src, _, _)| src)
+        .collect();
+    let groups: [(&str, Vec<&str>); 3] = [
+        ("diff", dlc_tests::differential_programs()),
+        ("narrow", narrow.iter().map(String::as_str).collect()),
+        ("mma", dlc_tests::TENSOR_CORE_PROGRAMS.to_vec()),
+    ];
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        eprintln!("{}: {e}", dir.display());
+        return ExitCode::FAILURE;
+    }
+    for (prefix, programs) in groups {
+        for (k, src) in programs.iter().enumerate() {
+            let path = dir.join(format!("{prefix}_{k:03}.dl"));
+            if let Err(e) = std::fs::write(&path, format!("{src}\n")) {
+                eprintln!("{}: {e}", path.display());
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    ExitCode::SUCCESS
+}
