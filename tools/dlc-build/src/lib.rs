@@ -26,6 +26,21 @@
 //! for kernels on threads) and rebuild when the model changes. A model that
 //! does not compile fails the build with its diagnostic (`file:line:col`).
 //! The bindings are described in `dlc_driver::bindings`.
+//!
+//! For an NVIDIA GPU, [`Model::build_gpu`] writes the GPU module `STEM.dlcm`
+//! (`dlc compile --emit gpu-module`) to `OUT_DIR` instead; the program embeds
+//! its bytes and runs it through the runtime, with no compiler:
+//!
+//! ```text
+//! // build.rs
+//! dlc_build::Model::new("models/mlp.dl").build_gpu("sm_90");
+//! // src/main.rs (dlc-runtime under [dependencies])
+//! let module = GpuModule::from_bytes("mlp", include_bytes!(concat!(env!("OUT_DIR"), "/mlp.dlcm")))?;
+//! let mut cuda = dlc_runtime::cuda::Cuda::open()?;
+//! cuda.load_module(&module)?;
+//! let (f, _) = module.entry("mlp")?;
+//! let y = dlc_runtime::gpu::Prepared::new(&mut cuda, f)?.call(&mut cuda, &inputs)?;
+//! ```
 #![deny(missing_docs)]
 
 use std::path::{Path, PathBuf};
@@ -158,10 +173,46 @@ impl Model {
         }
     }
 
-    /// Compiles the model for `cargo`'s target into its output directory:
-    /// `libdlc_STEM.a` and `STEM.rs`.
-    pub fn compile(&self, cargo: &Cargo) -> Result<Built, Error> {
-        let (target, cpu) = cargo.target_and_cpu(self.cpu.as_deref())?;
+    /// [`Model::compile_gpu`] with Cargo's environment, printing the
+    /// `cargo:` line that reruns it when the model changes; on failure as
+    /// [`Model::build`]. Returns the module's path.
+    pub fn build_gpu(self, target: &str) -> PathBuf {
+        println!("cargo:rerun-if-changed={}", self.path.display());
+        match self.compile_gpu(&Cargo::from_env(), target) {
+            Ok(path) => path,
+            Err(e) => {
+                eprintln!("{e}");
+                std::process::exit(1);
+            }
+        }
+    }
+
+    /// Compiles the model for the GPU `target` (`sm_80`, `sm_90`) into
+    /// `cargo`'s output directory as the GPU module `STEM.dlcm`, which the
+    /// program embeds (`include_bytes!`) and loads with
+    /// `dlc_runtime::module::GpuModule::from_bytes`.
+    pub fn compile_gpu(&self, cargo: &Cargo, target: &str) -> Result<PathBuf, Error> {
+        if self.cpu.is_some() {
+            return Err(Error::Environment(format!(
+                "a CPU (`cpu`) was chosen for a model compiled for the GPU target {target}"
+            )));
+        }
+        let (src, stem, out) = self.source(cargo)?;
+        let mut options = self.options(target.into(), "native".into());
+        options.emit = Artifact::GpuModule;
+        let codegen = dlc_driver::Backends {
+            codegen: Some(&dlc_llvm::Llvm),
+            mlir: None,
+        };
+        let module = dlc_driver::compile(&src, &options, codegen)?;
+        let path = out.join(format!("{stem}.dlcm"));
+        write(&path, &module.bytes)?;
+        Ok(path)
+    }
+
+    /// The model's source, its file stem as an identifier, and the output
+    /// directory.
+    fn source(&self, cargo: &Cargo) -> Result<(dlc_driver::SourceText, String, PathBuf), Error> {
         let name = self.path.display().to_string();
         let bytes = std::fs::read(&self.path).map_err(|source| Error::Io {
             path: self.path.clone(),
@@ -175,6 +226,11 @@ impl Model {
         let out = cargo.out_dir.clone().ok_or_else(|| {
             Error::Environment("OUT_DIR is not set: call this from a build script".into())
         })?;
+        Ok((src, stem, out))
+    }
+
+    /// The compile options this model's settings make, for `target`.
+    fn options(&self, target: String, cpu: String) -> CompileOptions {
         let mut options = CompileOptions {
             entries: self.entries.clone(),
             prefix: self.prefix.clone(),
@@ -185,6 +241,15 @@ impl Model {
         if let Some(p) = &self.passes {
             options.passes.clone_from(p);
         }
+        options
+    }
+
+    /// Compiles the model for `cargo`'s target into its output directory:
+    /// `libdlc_STEM.a` and `STEM.rs`.
+    pub fn compile(&self, cargo: &Cargo) -> Result<Built, Error> {
+        let (target, cpu) = cargo.target_and_cpu(self.cpu.as_deref())?;
+        let (src, stem, out) = self.source(cargo)?;
+        let options = self.options(target, cpu);
         // One front end and pipeline run for both artifacts.
         let prepared = dlc_driver::prepare(&src, &options)?;
         let library_name = format!("dlc_{stem}");
@@ -355,6 +420,39 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("OUT_DIR is not set"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A GPU build writes a module the runtime loads, with the entry points
+    /// asked for; a CPU target is refused.
+    #[test]
+    fn a_gpu_build_writes_a_module_the_runtime_loads() {
+        let dir = std::env::temp_dir().join(format!("dlc-build-gpu-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let model = dir.join("two.dl");
+        std::fs::write(
+            &model,
+            "fn f(x: f32[4]) -> f32[4] { return x * 2.0; }\nfn g(x: f32[4]) -> f32[4] { return x + 1.0; }\n",
+        )
+        .unwrap();
+        let mut c = cargo("x86_64", "sse2");
+        c.out_dir = Some(dir.clone());
+        let path = Model::new(&model)
+            .entry("g")
+            .compile_gpu(&c, "sm_80")
+            .unwrap();
+        assert_eq!(path, dir.join("two.dlcm"));
+        let m = dlc_runtime::module::GpuModule::read(&path).unwrap();
+        assert_eq!(m.target, "sm_80");
+        assert_eq!(m.entry_names().collect::<Vec<_>>(), ["g"]);
+        let e = Model::new(&model)
+            .compile_gpu(&c, "x86-64-avx2")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("a GPU module is compiled for a GPU target"),
+            "{e}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -76,6 +76,10 @@ enum Command {
         /// One JSON object instead of text.
         #[arg(long)]
         json: bool,
+        /// Also times each kernel launch (median over the runs, each
+        /// kernel waited for before the next, launch overhead included).
+        #[arg(long)]
+        per_kernel: bool,
     },
 }
 
@@ -142,6 +146,7 @@ fn run(cli: Cli) -> Result<(), String> {
             runs,
             warmup,
             json,
+            per_kernel,
         } => {
             let m = GpuModule::read(&module).map_err(str)?;
             let name = entry_name(&m, inputs.entry.as_deref())?;
@@ -167,6 +172,26 @@ fn run(cli: Cli) -> Result<(), String> {
                 ms.push(t.elapsed().as_secs_f64() * 1e3);
             }
             ms.sort_by(f64::total_cmp);
+            let kernels = if per_kernel {
+                let mut each = vec![Vec::with_capacity(runs); f.launches.len()];
+                for _ in 0..runs.max(1) {
+                    call.run_timed(&mut cuda, |k, s| each[k].push(s * 1e3))
+                        .map_err(str)?;
+                }
+                each.iter_mut()
+                    .zip(&f.launches)
+                    .map(|(t, l)| {
+                        t.sort_by(f64::total_cmp);
+                        serde_json::json!({
+                            "kernel": l.kernel,
+                            "grid": [l.blocks, l.threads, l.shared_bytes],
+                            "median_ms": t[t.len() / 2],
+                        })
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
             let median = ms[ms.len() / 2];
             let (min, max) = (ms[0], ms[ms.len() - 1]);
             if json {
@@ -182,6 +207,7 @@ fn run(cli: Cli) -> Result<(), String> {
                         "median_ms": median,
                         "min_ms": min,
                         "max_ms": max,
+                        "kernels": kernels,
                     })
                 );
             } else {
@@ -191,6 +217,9 @@ fn run(cli: Cli) -> Result<(), String> {
                     load.as_secs_f64(),
                     ms.len()
                 );
+                for k in &kernels {
+                    outln!("  {} {} {:.4} ms", k["kernel"], k["grid"], k["median_ms"]);
+                }
             }
             Ok(())
         }
