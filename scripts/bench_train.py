@@ -20,7 +20,6 @@ cores as they have threads (bench_peers.py's rules). Writes OUT/train.json
 and OUT/train.md (medians, min-max, dlc / best peer, peak memory).
 """
 import json
-import math
 import os
 import subprocess
 import sys
@@ -28,6 +27,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_peers import CPU, arguments, peer_env, run_measured, time_calls  # noqa: E402
+import torch_workloads  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 PEERS = ["pytorch", "torch.compile", "jax"]
@@ -114,9 +114,7 @@ fn {name}_step({plist}, y: {out_ty}) -> ({rets}) {{
 
 def torch_models(torch):
     F = torch.nn.functional
-
-    def mlp(x, w1, b1, w2, b2):
-        return torch.relu(x @ w1 + b1) @ w2 + b2
+    w = torch_workloads.models(torch)
 
     def bn_train(z, g, b):
         m = z.mean(dim=(0, 2, 3), keepdim=True)
@@ -128,38 +126,8 @@ def torch_models(torch):
         h = torch.relu(bn_train(F.conv2d(x, w1, padding=1), g1, b1))
         return torch.relu(bn_train(F.conv2d(h, w2, padding=1), g2, b2) + x)
 
-    def layernorm(z):
-        m = z.mean(-1, keepdim=True)
-        v = ((z - m) ** 2).mean(-1, keepdim=True)
-        return (z - m) / torch.sqrt(v + 1e-5)
-
-    def gelu(z):
-        return 0.5 * z * (1 + torch.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z ** 3)))
-
-    def heads(z):
-        return z.reshape(z.shape[0], 12, 64).transpose(0, 1)
-
-    def bert_layer(x, wq, bq, wk, bk, wv, bv, wo, bo, g1, be1, w1, b1, w2, b2, g2, be2):
-        q, k, v = heads(x @ wq + bq), heads(x @ wk + bk), heads(x @ wv + bv)
-        p = torch.softmax(q @ k.transpose(1, 2) / 8.0, dim=-1)
-        ctx = (p @ v).transpose(0, 1).reshape(x.shape[0], 768)
-        h1 = layernorm(ctx @ wo + bo + x) * g1 + be1
-        ff = gelu(h1 @ w1 + b1) @ w2 + b2
-        return layernorm(ff + h1) * g2 + be2
-
-    def gru(x, w_ih, w_hh, b_ih, b_hh):
-        H = w_hh.shape[1]
-        h = torch.zeros(x.shape[1], H, dtype=x.dtype)
-        for t in range(x.shape[0]):
-            gi = x[t] @ w_ih.T + b_ih
-            gh = h @ w_hh.T + b_hh
-            r = torch.sigmoid(gi[:, :H] + gh[:, :H])
-            z = torch.sigmoid(gi[:, H:2 * H] + gh[:, H:2 * H])
-            n = torch.tanh(gi[:, 2 * H:] + r * gh[:, 2 * H:])
-            h = (1 - z) * n + z * h
-        return h
-
-    return {"w2_mlp": mlp, "w3_conv_block_b8": block_train, "w6_bert_layer": bert_layer, "w7_gru": gru}
+    return {"w2_mlp": w["mlp"], "w3_conv_block_b8": block_train, "w6_bert_layer": w["bert_layer"],
+            "w7_gru": w["gru"]}
 
 
 def jax_model(name):
@@ -267,7 +235,6 @@ def grad_check(dlc, name, path, data):
 
 
 def main():
-    import numpy as np
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         worker(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))
         return

@@ -86,12 +86,13 @@ for r in dlc:
     if name == "gemm_bf16" and entry == "gemm_bf16_1024":
         continue
     d = r.get("median_ms")
-    e = t(peers, entry=entry, peer="torch-eager") if not name.endswith("_tf32") else None
-    c = t(peers, entry=entry, peer="torch-compile") if not name.endswith("_tf32") else None
+    # W1 with TF32 or in bf16 against cuBLAS in that format (eager's column)
     if name.endswith("_tf32"):
-        e = t(peers, entry=entry, peer="cublas-tf32")
-    if name == "gemm_bf16":
-        e = t(peers, entry=entry.replace("bf16_", ""), peer="cublas-bf16")
+        e, c = t(peers, entry=entry, peer="cublas-tf32"), None
+    elif name == "gemm_bf16":
+        e, c = t(peers, entry=entry.replace("bf16_", ""), peer="cublas-bf16"), None
+    else:
+        e, c = t(peers, entry=entry, peer="torch-eager"), t(peers, entry=entry, peer="torch-compile")
     best = min([x for x in (e, c) if x is not None], default=None)
     ratio = f"{d / best:.2f}" if d and best else r.get("error", "-")
     lines.append(f"| {name} | {entry} | {fmt(d)} | {fmt(e)} | {fmt(c)} | {ratio} |")

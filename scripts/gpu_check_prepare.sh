@@ -5,7 +5,7 @@
 #   dlc-rt                 the runner (the runtime crate alone, no LLVM)
 #   gpu-check.sh           the check itself (scripts/gpu-check.sh)
 #   gpu-profile.sh         where the time goes (scripts/gpu-profile.sh)
-#   gpu_peers.py           W1..W8 in PyTorch (scripts/gpu_peers.py)
+#   gpu_peers.py           W1..W8 in PyTorch (scripts/gpu_peers.py, torch_workloads.py)
 #   modules/NAME.dlcm      every workload (W1..W8 at full size; W1 also with
 #                          TF32 products and in bf16), every differential
 #                          program, the narrow-float and tensor-core cases,
@@ -23,7 +23,7 @@ out=target/gpu-check
 limit=$((56 << 20))
 rm -rf "$out"
 mkdir -p "$out/modules" "$out/ref" "$out/src"
-cp target/release/dlc-rt scripts/gpu-check.sh scripts/gpu-profile.sh scripts/gpu_peers.py "$out/"
+cp target/release/dlc-rt scripts/gpu-check.sh scripts/gpu-profile.sh scripts/gpu_peers.py scripts/torch_workloads.py "$out/"
 strip "$out/dlc-rt" 2>/dev/null || true
 
 # The programs besides the workloads, one file each.

@@ -4,8 +4,8 @@
 Usage: gpu_peers.py OUT.json [--runs N] [--compile-budget SECONDS]
 
 Runs in the GPU check (scripts/gpu-check.sh), on the machine with the GPU.
-Each workload of examples/w*.dl is written here in PyTorch with the same
-shapes and computation; it runs eagerly and under torch.compile (the
+Each workload of examples/w*.dl, in PyTorch (torch_workloads.py, layernorm
+as torch's fused one), it runs eagerly and under torch.compile (the
 default mode), and the median of RUNS calls after warm-up is taken, each
 call waited for (torch.cuda.synchronize), as dlc-rt waits for each of its
 calls. Also: W1 on cuBLAS in f32 (no TF32), in TF32 and in bf16, and W4 as
@@ -16,15 +16,19 @@ skipped rows say so. Writes one JSON object per line to OUT.json.
 """
 import json
 import math
+import os
 import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_workloads  # noqa: E402
+
 # GPU_PEERS_DEVICE=cpu runs the script on a machine without a GPU (a
 # check of the script itself; its times mean nothing for the GPU bar).
-DEVICE = __import__("os").environ.get("GPU_PEERS_DEVICE", "cuda")
+DEVICE = os.environ.get("GPU_PEERS_DEVICE", "cuda")
 
 
 def sync():
@@ -40,70 +44,33 @@ def rand(*shape, positive=False, scale=1.0):
 
 
 def workloads():
-    def gelu(z):
-        return 0.5 * z * (1 + torch.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3)))
-
-    def layernorm(z, eps=1e-5):
-        return F.layer_norm(z, z.shape[-1:], eps=eps)
-
-    def bn(z, m, v, g, b):
-        return F.batch_norm(z, m, v, g, b, training=False, eps=1e-5)
-
-    def conv_block(x, w1, m1, v1, g1, b1, w2, m2, v2, g2, b2):
-        h = torch.relu(bn(F.conv2d(x, w1, padding=1), m1, v1, g1, b1))
-        return torch.relu(bn(F.conv2d(h, w2, padding=1), m2, v2, g2, b2) + x)
+    """(entry, function, maker of its inputs) for W1..W8."""
+    w = torch_workloads.models(torch, layernorm=lambda z: F.layer_norm(z, z.shape[-1:], eps=1e-5))
 
     def conv_args(n):
         per = lambda: [rand(64), rand(64, positive=True), rand(64), rand(64)]
         return [rand(n, 64, 56, 56), rand(64, 64, 3, 3, scale=1 / 24), *per(),
                 rand(64, 64, 3, 3, scale=1 / 24), *per()]
 
-    def heads(z):
-        return z.reshape(z.shape[0], 12, 64).transpose(0, 1)
-
-    def bert_layer(x, wq, bq, wk, bk, wv, bv, wo, bo, g1, be1, w1, b1, w2, b2, g2, be2):
-        q, k, v = heads(x @ wq + bq), heads(x @ wk + bk), heads(x @ wv + bv)
-        p = torch.softmax(q @ k.transpose(1, 2) / 8.0, dim=-1)
-        ctx = (p @ v).transpose(0, 1).reshape(x.shape[0], 768)
-        h1 = layernorm(ctx @ wo + bo + x) * g1 + be1
-        ff = gelu(h1 @ w1 + b1) @ w2 + b2
-        return layernorm(ff + h1) * g2 + be2
-
     def bert_args():
         lin = lambda i, o: [rand(i, o, scale=1 / math.sqrt(i)), rand(o)]
         return [rand(128, 768), *lin(768, 768), *lin(768, 768), *lin(768, 768), *lin(768, 768),
                 rand(768), rand(768), *lin(768, 3072), *lin(3072, 768), rand(768), rand(768)]
 
-    def gru(x, w_ih, w_hh, b_ih, b_hh):
-        H = w_hh.shape[1]
-        h = torch.zeros(x.shape[1], H, device=DEVICE)
-        for t in range(x.shape[0]):
-            gi = x[t] @ w_ih.T + b_ih
-            gh = h @ w_hh.T + b_hh
-            r = torch.sigmoid(gi[:, :H] + gh[:, :H])
-            z = torch.sigmoid(gi[:, H:2 * H] + gh[:, H:2 * H])
-            n = torch.tanh(gi[:, 2 * H:] + r * gh[:, 2 * H:])
-            h = (1 - z) * n + z * h
-        return h
-
     return [
-        ("gemm_1024", lambda a, b: a @ b, lambda: [rand(1024, 1024), rand(1024, 1024)]),
-        ("gemm_2048", lambda a, b: a @ b, lambda: [rand(2048, 2048), rand(2048, 2048)]),
-        ("mlp", lambda x, w1, b1, w2, b2: torch.relu(x @ w1 + b1) @ w2 + b2,
-         lambda: [rand(128, 1024), rand(1024, 4096, scale=1 / 32), rand(4096),
-                  rand(4096, 1024, scale=1 / 64), rand(1024)]),
-        ("conv_block_b1", conv_block, lambda: conv_args(1)),
-        ("conv_block_b8", conv_block, lambda: conv_args(8)),
-        ("attention", lambda q, k, v: torch.softmax(q @ k.transpose(1, 2) / 8.0, dim=-1) @ v,
-         lambda: [rand(12, 384, 64), rand(12, 384, 64), rand(12, 384, 64)]),
-        ("layernorm_gelu", lambda x, g, b: gelu(layernorm(x) * g + b),
-         lambda: [rand(2048, 768), rand(768), rand(768)]),
-        ("bert_layer", bert_layer, bert_args),
-        ("gru", gru, lambda: [rand(32, 64, 256), rand(1536, 256, scale=1 / 16),
-                              rand(1536, 512, scale=1 / math.sqrt(512)), rand(1536), rand(1536)]),
-        ("gcn", lambda a, x, w1, w2: a @ (torch.relu(a @ (x @ w1)) @ w2),
-         lambda: [rand(2708, 2708, scale=1 / 52), rand(2708, 1433),
-                  rand(1433, 16, scale=1 / math.sqrt(1433)), rand(16, 7, scale=0.25)]),
+        ("gemm_1024", w["gemm"], lambda: [rand(1024, 1024), rand(1024, 1024)]),
+        ("gemm_2048", w["gemm"], lambda: [rand(2048, 2048), rand(2048, 2048)]),
+        ("mlp", w["mlp"], lambda: [rand(128, 1024), rand(1024, 4096, scale=1 / 32), rand(4096),
+                                   rand(4096, 1024, scale=1 / 64), rand(1024)]),
+        ("conv_block_b1", w["conv_block"], lambda: conv_args(1)),
+        ("conv_block_b8", w["conv_block"], lambda: conv_args(8)),
+        ("attention", w["attention"], lambda: [rand(12, 384, 64), rand(12, 384, 64), rand(12, 384, 64)]),
+        ("layernorm_gelu", w["layernorm_gelu"], lambda: [rand(2048, 768), rand(768), rand(768)]),
+        ("bert_layer", w["bert_layer"], bert_args),
+        ("gru", w["gru"], lambda: [rand(32, 64, 256), rand(1536, 256, scale=1 / 16),
+                                   rand(1536, 512, scale=1 / math.sqrt(512)), rand(1536), rand(1536)]),
+        ("gcn", w["gcn"], lambda: [rand(2708, 2708, scale=1 / 52), rand(2708, 1433),
+                                   rand(1433, 16, scale=1 / math.sqrt(1433)), rand(16, 7, scale=0.25)]),
     ]
 
 

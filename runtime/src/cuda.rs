@@ -66,7 +66,7 @@ impl Cuda {
     pub fn load_module(&mut self, module: &crate::module::GpuModule) -> Result<(), RuntimeError> {
         let (name, (major, minor)) = self.describe()?;
         let (need_major, need_minor) = module.capability;
-        if (major as i64, minor as i64) < (need_major as i64, need_minor as i64) {
+        if (i64::from(major), i64::from(minor)) < (i64::from(need_major), i64::from(need_minor)) {
             return Err(RuntimeError::Load(format!(
                 "the module is compiled for {} (compute capability {need_major}.{need_minor}); \
                  GPU 0 ({name}) has {major}.{minor}: compile it for that GPU's target",

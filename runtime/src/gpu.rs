@@ -158,6 +158,28 @@ impl<'f, D: Device> Prepared<'f, D> {
         self.run_with(device, false, |_, _| {})
     }
 
+    /// Milliseconds of `runs` calls on the bound inputs, each waited for,
+    /// after `warmup` untimed ones, sorted (what `dlc bench --backend gpu`
+    /// and `dlc-rt bench` report).
+    pub fn time_runs(
+        &mut self,
+        device: &mut D,
+        warmup: usize,
+        runs: usize,
+    ) -> Result<Vec<f64>, RuntimeError> {
+        for _ in 0..warmup {
+            self.run(device)?;
+        }
+        let mut ms = Vec::with_capacity(runs);
+        for _ in 0..runs {
+            let t = std::time::Instant::now();
+            self.run(device)?;
+            ms.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        ms.sort_by(f64::total_cmp);
+        Ok(ms)
+    }
+
     /// Runs like [`Prepared::run`], waiting for each kernel before the next
     /// and telling `each` the launch's index and the seconds from its
     /// launch to its end (launch overhead included): where a call's time

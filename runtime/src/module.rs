@@ -78,6 +78,7 @@ pub struct EntryInfo {
 impl GpuModule {
     /// The file's bytes.
     pub fn to_bytes(&self) -> Vec<u8> {
+        let no_record = EntryInfo::default();
         let mut w = Writer::default();
         w.str(&self.target);
         w.u32(self.capability.0);
@@ -117,7 +118,9 @@ impl GpuModule {
                     w.u64(a as u64);
                 }
             }
-            let info = self.entries.get(k).cloned().unwrap_or_default();
+            // A module whose records are missing writes empty ones, which
+            // reading refuses (`check`).
+            let info = self.entries.get(k).unwrap_or(&no_record);
             w.u64(info.random.len() as u64);
             for r in &info.random {
                 match r {

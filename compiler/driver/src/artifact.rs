@@ -382,7 +382,7 @@ impl Prepared {
                 let program = codegen
                     .gpu_program(self.tiles()?, &self.symbols, &self.target)
                     .map_err(DriverError::Codegen)?;
-                let tf32 = gpu.mma.iter().any(|(d, _)| *d == dlc_core::DType::F32);
+                let tf32 = self.target.tf32();
                 let entries = program
                     .functions
                     .iter()

@@ -453,12 +453,19 @@ impl TargetDesc {
     /// faster, and less exact, so only when asked for (`--tf32`). A CPU
     /// target is returned unchanged.
     pub fn with_tf32(mut self) -> TargetDesc {
-        if let TargetKind::Gpu(g) = &mut self.kind
-            && !g.mma.iter().any(|(d, _)| *d == DType::F32)
+        if !self.tf32()
+            && let TargetKind::Gpu(g) = &mut self.kind
         {
             g.mma.push((DType::F32, [16, 8, 8]));
         }
         self
+    }
+
+    /// Whether f32 products run on tensor cores as TF32
+    /// ([`TargetDesc::with_tf32`]).
+    pub fn tf32(&self) -> bool {
+        self.gpu()
+            .is_some_and(|g| g.mma.iter().any(|(d, _)| *d == DType::F32))
     }
 
     /// The description `--target NAME` means; `host` is this machine.

@@ -162,16 +162,9 @@ fn run(cli: Cli) -> Result<(), String> {
             let (device, _) = cuda.describe().map_err(str)?;
             let mut call = Prepared::new(&mut cuda, f).map_err(str)?;
             call.bind(&mut cuda, &args).map_err(str)?;
-            for _ in 0..warmup {
-                call.run(&mut cuda).map_err(str)?;
-            }
-            let mut ms = Vec::with_capacity(runs);
-            for _ in 0..runs.max(1) {
-                let t = Instant::now();
-                call.run(&mut cuda).map_err(str)?;
-                ms.push(t.elapsed().as_secs_f64() * 1e3);
-            }
-            ms.sort_by(f64::total_cmp);
+            let ms = call
+                .time_runs(&mut cuda, warmup, runs.max(1))
+                .map_err(str)?;
             let kernels = if per_kernel {
                 let mut each = vec![Vec::with_capacity(runs); f.launches.len()];
                 for _ in 0..runs.max(1) {

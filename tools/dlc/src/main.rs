@@ -216,15 +216,8 @@ enum Command {
         /// Entry point to run; may be left out when there is only one.
         #[arg(long)]
         entry: Option<String>,
-        /// Where to run it.
-        #[arg(long, value_enum, default_value = "cpu")]
-        backend: Backend,
-        /// An input as NAME=PATH.npy; repeat for each parameter.
-        #[arg(long = "input", value_name = "NAME=PATH")]
-        inputs: Vec<String>,
-        /// Fill the inputs not given with random values from this seed.
-        #[arg(long, value_name = "SEED")]
-        random_inputs: Option<u64>,
+        #[command(flatten)]
+        exec: ExecArgs,
         /// Write the results as DIR/out0.npy, DIR/out1.npy, ... in return order.
         #[arg(long, value_name = "DIR")]
         save_outputs: Option<PathBuf>,
@@ -236,34 +229,11 @@ enum Command {
         /// `dlc train --save-weights DIR` writes); --input still overrides one.
         #[arg(long, value_name = "DIR")]
         weights: Option<PathBuf>,
-        /// Graph pipeline to run before executing.
-        #[arg(long, default_value = DEFAULT_PIPELINE)]
-        passes: String,
-        /// Also run the reference interpreter and fail unless every result
-        /// matches it: relative to the result's largest magnitude within
-        /// 1e-4 for f32, 4 ulps for f16 (2^-8) and bf16 (2^-5), exactly for
-        /// integers and bool; NaN and infinity in the same places.
-        #[arg(long)]
-        check: bool,
-        /// The most work the interpreters (`--backend interp|loop`, and the
-        /// reference of `--check`) take on, in estimated element operations;
-        /// a program above it is refused before it runs.
-        #[arg(long, value_name = "OPS", default_value_t = DEFAULT_WORK_LIMIT)]
-        max_work: f64,
-        /// The target `--backend tile` schedules for: host, x86-64-avx512,
-        /// x86-64-avx2, aarch64-linux-gnu, sm_80 or sm_90.
-        #[arg(long, default_value = "host")]
-        target: String,
         /// With `--backend gpu` or `gpu-emulator`: f32 products on tensor
         /// cores as TF32 (operands rounded to 10 mantissa bits); `--check`
         /// then compares f32 results at TF32's precision.
         #[arg(long)]
         tf32: bool,
-        /// With `--backend cpu`: compile every kernel, neither reading nor
-        /// writing the object cache (`$DLC_CACHE_DIR`, else
-        /// `$XDG_CACHE_HOME/dlc` or `~/.cache/dlc`; safe to delete).
-        #[arg(long)]
-        no_cache: bool,
     },
     /// Differentiate an entry point whose first result is a float scalar:
     /// run it and the gradient of that result with respect to parameters.
@@ -278,36 +248,13 @@ enum Command {
         /// when it declares none).
         #[arg(long, value_delimiter = ',', value_name = "NAMES")]
         wrt: Vec<String>,
-        /// Where to run it.
-        #[arg(long, value_enum, default_value = "cpu")]
-        backend: Backend,
-        /// An input as NAME=PATH.npy; repeat for each parameter.
-        #[arg(long = "input", value_name = "NAME=PATH")]
-        inputs: Vec<String>,
-        /// Fill the inputs not given with random values from this seed.
-        #[arg(long, value_name = "SEED")]
-        random_inputs: Option<u64>,
+        #[command(flatten)]
+        exec: ExecArgs,
         /// Write the results as DIR/out0.npy (the value; out1.npy, ... for
         /// further results of the entry point) and DIR/grad_NAME.npy, one
         /// per differentiated parameter.
         #[arg(long, value_name = "DIR")]
         save_outputs: Option<PathBuf>,
-        /// Graph pipeline to run on the differentiated program.
-        #[arg(long, default_value = DEFAULT_PIPELINE)]
-        passes: String,
-        /// Also run the reference interpreter and fail unless the value and
-        /// every gradient match it (the tolerances of `dlc run --check`).
-        #[arg(long)]
-        check: bool,
-        /// The most work the interpreters take on (see `dlc run`).
-        #[arg(long, value_name = "OPS", default_value_t = DEFAULT_WORK_LIMIT)]
-        max_work: f64,
-        /// The target `--backend tile` schedules for (see `dlc run`).
-        #[arg(long, default_value = "host")]
-        target: String,
-        /// With `--backend cpu`: neither read nor write the object cache.
-        #[arg(long)]
-        no_cache: bool,
     },
     /// Train the weights of a loss function on a data set: its `weight`
     /// parameters, each epoch over the data shuffled and cut into batches.
@@ -510,16 +457,7 @@ fn time_gpu_calls(
     let function = program.function(&f.name).map_err(runtime)?;
     let mut call = dlc_runtime::gpu::Prepared::new(&mut cuda, function).map_err(runtime)?;
     call.bind(&mut cuda, &inputs).map_err(runtime)?;
-    for _ in 0..warmup {
-        call.run(&mut cuda).map_err(runtime)?;
-    }
-    let mut ms = Vec::with_capacity(runs);
-    for _ in 0..runs {
-        let t = std::time::Instant::now();
-        call.run(&mut cuda).map_err(runtime)?;
-        ms.push(t.elapsed().as_secs_f64() * 1e3);
-    }
-    ms.sort_by(f64::total_cmp);
+    let ms = call.time_runs(&mut cuda, warmup, runs).map_err(runtime)?;
     Ok((compile, ms, device))
 }
 
@@ -944,21 +882,14 @@ fn run(cli: Cli) -> Result<(), DriverError> {
         Command::Run {
             file,
             entry,
-            backend,
-            inputs,
-            random_inputs,
+            exec,
             save_outputs: save,
             save_inputs,
             weights,
-            passes,
-            check,
-            max_work,
-            target,
             onnx,
             tf32,
-            no_cache,
         } => {
-            if tf32 && !matches!(backend, Backend::Gpu | Backend::GpuEmulator) {
+            if tf32 && !matches!(exec.backend, Backend::Gpu | Backend::GpuEmulator) {
                 return Err(DriverError::Usage(
                     "--tf32 is for --backend gpu and gpu-emulator".into(),
                 ));
@@ -967,12 +898,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             for dir in [&save, &save_inputs].into_iter().flatten() {
                 dlc_driver::ensure_writable_dir(dir)?;
             }
-            if max_work.is_nan() || max_work <= 0.0 {
-                return Err(DriverError::Usage(format!(
-                    "--max-work must be a positive number of operations, got {max_work}"
-                )));
-            }
-            let mut files = input_files(&inputs)?;
+            let mut files = exec.input_files()?;
             let onnx = onnx.options()?;
             let src = if dlc_driver::is_onnx(&file) {
                 // Inputs may be named as the ONNX model names them.
@@ -990,33 +916,19 @@ fn run(cli: Cli) -> Result<(), DriverError> {
                 read_model(&file, &onnx)?
             };
             let mut module = compile_source(&src)?;
-            // The graph is priced for what it runs on: `--target`'s kernels.
-            let priced = dlc_core::TargetDesc::named(&target).map_err(DriverError::Usage)?;
-            let options = PassOptions {
-                target: Some(&priced),
-                ..PassOptions::default()
-            };
-            run_passes(&mut module, &passes, options)?;
+            exec.run_passes(&mut module)?;
             let module = dlc_driver::only_entry(&module, entry.as_deref())?;
             let f = select_entry(&module, None)?;
             if let Some(dir) = &weights {
                 files.extend(dlc_driver::weight_files(f, dir, &files)?);
             }
-            let args = prepare_inputs(f, &files, random_inputs)?;
+            let args = prepare_inputs(f, &files, exec.random_inputs)?;
             if let Some(dir) = &save_inputs {
                 for path in dlc_driver::save_inputs(dir, f, &args)? {
                     dlc_cli::outln!("wrote {}", path.display());
                 }
             }
-            let exec = Exec {
-                backend,
-                check,
-                max_work,
-                target,
-                tf32,
-                no_cache,
-            };
-            let outputs = execute(&module, f, &args, &exec)?;
+            let outputs = execute(&module, f, &args, &exec, tf32)?;
             for (i, t) in outputs.iter().enumerate() {
                 dlc_cli::outln!("out{i}: {}", summary(t));
             }
@@ -1031,49 +943,24 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             file,
             entry,
             wrt,
-            backend,
-            inputs,
-            random_inputs,
+            exec,
             save_outputs: save,
-            passes,
-            check,
-            max_work,
-            target,
-            no_cache,
         } => {
             if let Some(dir) = &save {
                 dlc_driver::ensure_writable_dir(dir)?;
             }
-            if max_work.is_nan() || max_work <= 0.0 {
-                return Err(DriverError::Usage(format!(
-                    "--max-work must be a positive number of operations, got {max_work}"
-                )));
-            }
-            let files = input_files(&inputs)?;
+            let files = exec.input_files()?;
             let src = read_model(&file, &dlc_onnx::Options::default())?;
             let mut module = compile_source(&src)?;
             let entry = select_entry(&module, entry.as_deref())?.name.clone();
             let name = format!("{entry}_grad");
             let positions =
                 dlc_graph::autodiff::add_grad_function(&mut module, &entry, &wrt, &name)?;
-            let priced = dlc_core::TargetDesc::named(&target).map_err(DriverError::Usage)?;
-            let options = PassOptions {
-                target: Some(&priced),
-                ..PassOptions::default()
-            };
-            run_passes(&mut module, &passes, options)?;
+            exec.run_passes(&mut module)?;
             let module = dlc_driver::only_entry(&module, Some(&name))?;
             let f = select_entry(&module, None)?;
-            let args = prepare_inputs(f, &files, random_inputs)?;
-            let exec = Exec {
-                backend,
-                check,
-                max_work,
-                target,
-                tf32: false,
-                no_cache,
-            };
-            let outputs = execute(&module, f, &args, &exec)?;
+            let args = prepare_inputs(f, &files, exec.random_inputs)?;
+            let outputs = execute(&module, f, &args, &exec, false)?;
             let values = outputs.len() - positions.len();
             let names: Vec<String> = (0..values)
                 .map(|i| format!("out{i}"))
@@ -1158,32 +1045,90 @@ fn input_files(inputs: &[String]) -> Result<Vec<(String, PathBuf)>, DriverError>
         .collect()
 }
 
-/// How `dlc run` and `dlc grad` run what they compiled.
-struct Exec {
+/// What `dlc run` and `dlc grad` share: the inputs, the pipeline, and how
+/// the compiled entry point runs and is checked.
+#[derive(clap::Args)]
+struct ExecArgs {
+    /// Where to run it.
+    #[arg(long, value_enum, default_value = "cpu")]
     backend: Backend,
+    /// An input as NAME=PATH.npy; repeat for each parameter.
+    #[arg(long = "input", value_name = "NAME=PATH")]
+    inputs: Vec<String>,
+    /// Fill the inputs not given with random values from this seed.
+    #[arg(long, value_name = "SEED")]
+    random_inputs: Option<u64>,
+    /// Graph pipeline to run before executing (`dlc grad`: on the
+    /// differentiated program).
+    #[arg(long, default_value = DEFAULT_PIPELINE)]
+    passes: String,
+    /// Also run the reference interpreter and fail unless every result
+    /// (`dlc grad`: the value and every gradient) matches it: relative to
+    /// the result's largest magnitude within 1e-4 for f32, 4 ulps for f16
+    /// (2^-8) and bf16 (2^-5), exactly for integers and bool; NaN and
+    /// infinity in the same places.
+    #[arg(long)]
     check: bool,
+    /// The most work the interpreters (`--backend interp|loop`, and the
+    /// reference of `--check`) take on, in estimated element operations;
+    /// a program above it is refused before it runs.
+    #[arg(long, value_name = "OPS", default_value_t = DEFAULT_WORK_LIMIT)]
     max_work: f64,
+    /// The target `--backend tile` schedules for: host, x86-64-avx512,
+    /// x86-64-avx2, aarch64-linux-gnu, sm_80 or sm_90.
+    #[arg(long, default_value = "host")]
     target: String,
-    tf32: bool,
+    /// With `--backend cpu`: compile every kernel, neither reading nor
+    /// writing the object cache (`$DLC_CACHE_DIR`, else
+    /// `$XDG_CACHE_HOME/dlc` or `~/.cache/dlc`; safe to delete).
+    #[arg(long)]
     no_cache: bool,
 }
 
-/// Runs entry point `f` of `module` on `args` as `exec` says; with
+impl ExecArgs {
+    /// The `--input` files, after checking `--max-work`: what is checked
+    /// before any work.
+    fn input_files(&self) -> Result<Vec<(String, PathBuf)>, DriverError> {
+        if self.max_work.is_nan() || self.max_work <= 0.0 {
+            return Err(DriverError::Usage(format!(
+                "--max-work must be a positive number of operations, got {}",
+                self.max_work
+            )));
+        }
+        input_files(&self.inputs)
+    }
+
+    /// Runs `--passes` on `module`, the graph priced for what it runs on:
+    /// `--target`'s kernels.
+    fn run_passes(&self, module: &mut dlc_graph::Module) -> Result<(), DriverError> {
+        let priced = dlc_core::TargetDesc::named(&self.target).map_err(DriverError::Usage)?;
+        let options = PassOptions {
+            target: Some(&priced),
+            ..PassOptions::default()
+        };
+        run_passes(module, &self.passes, options)?;
+        Ok(())
+    }
+}
+
+/// Runs entry point `f` of `module` on `args` as `exec` says (f32
+/// products as TF32 when `tf32`); with
 /// `--check`, compares every result with the reference interpreter's and
 /// fails unless they agree.
 fn execute(
     module: &dlc_graph::Module,
     f: &dlc_graph::Function,
     args: &[HostTensor],
-    exec: &Exec,
+    exec: &ExecArgs,
+    tf32: bool,
 ) -> Result<Vec<HostTensor>, DriverError> {
-    let Exec {
+    let ExecArgs {
         backend,
         check,
         max_work,
         ref target,
-        tf32,
         no_cache,
+        ..
     } = *exec;
     // Compiled code has no work limit: with --check, the reference
     // refuses what it cannot finish before the compiled code starts.
