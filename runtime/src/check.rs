@@ -101,6 +101,49 @@ pub fn check_results(
     reference: &[HostTensor],
     tolerances: &[f64],
 ) -> Result<Vec<ResultCheck>, RuntimeError> {
+    check_results_with_floors(got, reference, tolerances, &[])
+}
+
+/// A gradient is compared relative to at least this fraction of the largest
+/// reference magnitude among the gradients of the same value: a gradient
+/// that is zero in real arithmetic (a bias before a normalization, say) is
+/// rounding noise on both sides, and its own largest magnitude is no scale.
+/// That noise is a few units of f32's last place of the terms summed, which
+/// are of the largest gradients' size (3e-7 of it for a bias before a
+/// batch normalization of 576 elements per channel); f32's tolerance of a
+/// hundredth of the largest is 1e-6 of it.
+pub const GRADIENT_SCALE_FLOOR: f64 = 1e-2;
+
+/// The scale floors of [`check_results_with_floors`] for results of which
+/// those from `first` on are gradients of one value: each gradient's is
+/// [`GRADIENT_SCALE_FLOOR`] times the largest finite reference magnitude
+/// among them; the results before `first` have none.
+pub fn gradient_floors(reference: &[HostTensor], first: usize) -> Vec<f64> {
+    let top = reference
+        .iter()
+        .skip(first)
+        .flat_map(|t| t.data.iter())
+        .filter(|x| x.is_finite())
+        .fold(0f64, |a, x| a.max(x.abs()));
+    (0..reference.len())
+        .map(|i| {
+            if i < first {
+                0.0
+            } else {
+                GRADIENT_SCALE_FLOOR * top
+            }
+        })
+        .collect()
+}
+
+/// [`check_results`], each result's scale (its largest finite reference
+/// magnitude) raised to at least `floors[i]` where given.
+pub fn check_results_with_floors(
+    got: &[HostTensor],
+    reference: &[HostTensor],
+    tolerances: &[f64],
+    floors: &[f64],
+) -> Result<Vec<ResultCheck>, RuntimeError> {
     if got.len() != reference.len() {
         return Err(RuntimeError::Arguments(format!(
             "{} result(s) but the reference has {}",
@@ -122,7 +165,8 @@ pub fn check_results(
                 .data
                 .iter()
                 .filter(|x| x.is_finite())
-                .fold(0f64, |a, x| a.max(x.abs()));
+                .fold(0f64, |a, x| a.max(x.abs()))
+                .max(floors.get(index).copied().unwrap_or(0.0));
             let (mut diff, mut nonfinite_mismatch, mut nan_in_both) = (0f64, None, 0);
             for (at, (&x, &y)) in g.data.iter().zip(&r.data).enumerate() {
                 if x.is_finite() && y.is_finite() {

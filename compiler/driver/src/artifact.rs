@@ -146,6 +146,10 @@ pub struct CompileOptions {
     /// On a GPU target, f32 products on tensor cores as TF32 (operands
     /// rounded to 10 mantissa bits): faster, less exact.
     pub tf32: bool,
+    /// Build the entry points' `weight` parameters into the artifact as
+    /// constants, from a directory of `NAME.npy` or a `.safetensors` file
+    /// ([`crate::bind_weights`]): they leave the signatures.
+    pub weights: Option<std::path::PathBuf>,
 }
 
 impl Default for CompileOptions {
@@ -159,6 +163,7 @@ impl Default for CompileOptions {
             cpu: "native".into(),
             header_name: None,
             tf32: false,
+            weights: None,
         }
     }
 }
@@ -279,6 +284,9 @@ pub fn prepare(src: &SourceText, options: &CompileOptions) -> Result<Prepared, D
         None => Symbols::for_module(&module_stem(&src.name)),
     };
     let mut module = crate::load(src)?;
+    if let Some(path) = &options.weights {
+        crate::bind_weights(&mut module, &options.entries, path)?;
+    }
     let passes = PassOptions {
         target: Some(&scheduled),
         ..PassOptions::default()

@@ -23,6 +23,7 @@ pub use dlc_graph::transforms::DEFAULT_PIPELINE;
 
 mod artifact;
 pub mod bindings;
+mod weights;
 
 pub use artifact::{
     Artifact, Backends, CodeGenerator, Compilation, CompileOptions, MlirConverter, NativeArtifact,
@@ -687,44 +688,6 @@ pub fn only_entry(module: &Module, entry: Option<&str>) -> Result<Module, Driver
     Ok(only)
 }
 
-/// The files binding `f`'s weights from `dir` (`DIR/NAME.npy`), for each
-/// weight not already in `given`; an error names a weight without one.
-pub fn weight_files(
-    f: &Function,
-    dir: &Path,
-    given: &[(String, PathBuf)],
-) -> Result<Vec<(String, PathBuf)>, DriverError> {
-    if !dir.is_dir() {
-        return Err(DriverError::Usage(format!(
-            "--weights {}: not a directory",
-            dir.display()
-        )));
-    }
-    if f.weights.is_empty() {
-        return Err(DriverError::Usage(format!(
-            "--weights: `{}` declares no `weight` parameters",
-            f.name
-        )));
-    }
-    let mut files = Vec::new();
-    for &w in &f.weights {
-        let name = &f.params[w].0;
-        if given.iter().any(|(n, _)| n == name) {
-            continue;
-        }
-        let path = dir.join(format!("{name}.npy"));
-        if !path.is_file() {
-            return Err(DriverError::Usage(format!(
-                "--weights {}: no file for weight `{name}` ({})",
-                dir.display(),
-                path.display()
-            )));
-        }
-        files.push((name.clone(), path));
-    }
-    Ok(files)
-}
-
 /// Builds the arguments of `f` from `.npy` files named by parameter, and
 /// random tensors (from `seed`) for parameters not named, if a seed is given.
 pub fn prepare_inputs(
@@ -732,8 +695,18 @@ pub fn prepare_inputs(
     files: &[(String, PathBuf)],
     seed: Option<u64>,
 ) -> Result<Vec<HostTensor>, DriverError> {
+    prepare_inputs_with(f, files, &[], seed)
+}
+
+/// [`prepare_inputs`] with some arguments given as tensors (`--weights`).
+pub fn prepare_inputs_with(
+    f: &Function,
+    files: &[(String, PathBuf)],
+    tensors: &[(String, HostTensor)],
+    seed: Option<u64>,
+) -> Result<Vec<HostTensor>, DriverError> {
     let mut inputs = Vec::with_capacity(f.params.len());
-    each_input(f, files, seed, |ty, values| {
+    each_input(f, files, tensors, seed, |ty, values| {
         let t = HostTensor::new(ty.clone(), values.collect())
             .map_err(|e| DriverError::Usage(e.to_string()))?;
         inputs.push(t);
@@ -749,6 +722,7 @@ pub fn prepare_inputs(
 pub fn each_input(
     f: &Function,
     files: &[(String, PathBuf)],
+    tensors: &[(String, HostTensor)],
     seed: Option<u64>,
     mut each: impl FnMut(&TensorType, &mut dyn Iterator<Item = f64>) -> Result<(), DriverError>,
 ) -> Result<(), DriverError> {
@@ -758,8 +732,14 @@ pub fn each_input(
         .zip(f.param_types())
         .map(|((n, _), t)| (n.as_str(), t))
         .collect();
-    let mut given: HashMap<&str, &Path> = HashMap::new();
-    for (name, path) in files {
+    enum Given<'a> {
+        File(&'a Path),
+        Tensor(&'a HostTensor),
+    }
+    let given_files = files.iter().map(|(n, p)| (n, Given::File(p)));
+    let given_tensors = tensors.iter().map(|(n, t)| (n, Given::Tensor(t)));
+    let mut given: HashMap<&str, Given<'_>> = HashMap::new();
+    for (name, what) in given_files.chain(given_tensors) {
         if !params.iter().any(|(p, _)| p == name) {
             let all: Vec<&str> = params.iter().map(|(p, _)| *p).collect();
             return Err(DriverError::Usage(format!(
@@ -768,7 +748,7 @@ pub fn each_input(
                 all.join(", ")
             )));
         }
-        if given.insert(name.as_str(), path.as_path()).is_some() {
+        if given.insert(name.as_str(), what).is_some() {
             return Err(DriverError::Usage(format!("input `{name}` is given twice")));
         }
     }
@@ -801,29 +781,40 @@ pub fn each_input(
         // Draw for every parameter so a parameter's random value does not
         // depend on which others were given as files.
         let random = HostTensor::random_values_in(ty, ranges[k], &mut rng);
-        match given.get(name) {
-            Some(path) => {
-                random.for_each(drop);
-                let t = HostTensor::read_npy(path, Some(ty.dtype))?;
-                if &t.ty != ty {
-                    return Err(DriverError::Usage(format!(
-                        "input `{name}` must be {ty}, got {} from {}",
-                        t.ty,
-                        path.display()
-                    )));
-                }
-                each(&t.ty, &mut t.data.iter().copied())?;
+        let read;
+        let (t, from) = match given.get(name) {
+            Some(Given::File(path)) => {
+                read = HostTensor::read_npy(path, Some(ty.dtype))?;
+                (&read, format!(" from {}", path.display()))
             }
-            None => each(ty, &mut { random })?,
+            Some(Given::Tensor(t)) => (*t, String::new()),
+            None => {
+                each(ty, &mut { random })?;
+                continue;
+            }
+        };
+        random.for_each(drop);
+        if &t.ty != ty {
+            return Err(DriverError::Usage(format!(
+                "input `{name}` must be {ty}, got {}{from}",
+                t.ty
+            )));
         }
+        each(&t.ty, &mut t.data.iter().copied())?;
     }
     Ok(())
 }
 
 pub use dlc_graph::interp::DEFAULT_WORK_LIMIT;
+pub use weights::{
+    SafeTensorsFile, bind_weights, read_safetensors, read_weights, safetensors_dtype,
+};
 
 pub use dlc_runtime::RandomRange;
-pub use dlc_runtime::check::{ResultCheck, TF32_TOLERANCE, check_results, check_tolerance};
+pub use dlc_runtime::check::{
+    GRADIENT_SCALE_FLOOR, ResultCheck, TF32_TOLERANCE, check_results, check_results_with_floors,
+    check_tolerance, gradient_floors,
+};
 
 /// For each parameter of `f`, how its random values are drawn, from the ops
 /// that read it (directly or through reshapes, transposes, broadcasts,
@@ -1248,6 +1239,74 @@ mod tests {
     fn check(got: &[f64], want: &[f64]) -> ResultCheck {
         let mut c = check_results(&[t(got)], &[t(want)], &[1e-4]).unwrap_or_else(|e| panic!("{e}"));
         c.remove(0)
+    }
+
+    /// A gradient that is zero in real arithmetic is rounding noise on both
+    /// sides: compared on a hundredth of the largest gradient's scale it
+    /// passes, while a real error in a small gradient still fails; the
+    /// value before the gradients keeps its own scale.
+    #[test]
+    fn gradients_are_compared_on_the_scale_of_the_largest() {
+        let reference = [t(&[2.0]), t(&[0.5, -0.5]), t(&[3e-9, -1e-9])];
+        let got = [t(&[2.0]), t(&[0.5, -0.5]), t(&[-2e-9, 2e-9])];
+        let tolerances = [1e-4; 3];
+        assert!(!check_results(&got, &reference, &tolerances).unwrap()[2].passed());
+        let floors = gradient_floors(&reference, 1);
+        assert_eq!(
+            floors,
+            [0.0, GRADIENT_SCALE_FLOOR * 0.5, GRADIENT_SCALE_FLOOR * 0.5]
+        );
+        let checks = check_results_with_floors(&got, &reference, &tolerances, &floors).unwrap();
+        assert!(checks.iter().all(ResultCheck::passed), "{checks:?}");
+        // Off by 1e-6: 2e-4 of the scale 5e-3, beyond f32's tolerance.
+        let got = [t(&[2.0]), t(&[0.5, -0.5]), t(&[3e-9 + 1e-6, -1e-9])];
+        let checks = check_results_with_floors(&got, &reference, &tolerances, &floors).unwrap();
+        assert!(!checks[2].passed(), "{:?}", checks[2]);
+    }
+
+    /// Weights built in as constants compute what the same weights bound
+    /// as arguments compute, and leave the signature (the others move up);
+    /// a weight read through a callee is found by the entry's name for it.
+    #[test]
+    fn weights_built_in_compute_what_weights_bound_compute() {
+        let src = SourceText {
+            name: "t.dl".into(),
+            text: "fn layer(h: f32[4, 3], w: f32[3, 3]) -> f32[4, 3] { return tanh(h @ w); }
+                   fn f(weight w1: f32[3, 3], x: f32[4, 3], weight b: f32[3], s: f32) -> f32[4, 3] {
+                       return layer(x, w1) * s + b;
+                   }"
+            .into(),
+        };
+        let m = compile_source(&src).unwrap_or_else(|e| panic!("{e}"));
+        let dir = std::env::temp_dir().join(format!("dlc-bind-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = m.function("f").unwrap();
+        let args = prepare_inputs(f, &[], Some(4)).unwrap_or_else(|e| panic!("{e}"));
+        args[0].write_npy(&dir.join("w1.npy")).unwrap();
+        args[2].write_npy(&dir.join("b.npy")).unwrap();
+        let want = interpret(&m, f, &args).unwrap_or_else(|e| panic!("{e}"));
+
+        let mut bound = m.clone();
+        assert_eq!(bind_weights(&mut bound, &[], &dir).unwrap(), 2);
+        let g = bound.function("f").unwrap();
+        let names: Vec<&str> = g.params.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["x", "s"]);
+        assert!(g.weights.is_empty());
+        assert_eq!(dlc_graph::verify::verify_module(&bound), []);
+        let got = interpret(&bound, g, &[args[1].clone(), args[3].clone()])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(got, want);
+
+        // A weight of the wrong type is refused by name.
+        HostTensor::new(TensorType::new(DType::F32, vec![3]), vec![0.0; 3])
+            .unwrap()
+            .write_npy(&dir.join("w1.npy"))
+            .unwrap();
+        let e = bind_weights(&mut m.clone(), &[], &dir)
+            .unwrap_err()
+            .to_string();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(e.contains("weight `w1` is f32[3, 3], but"), "{e}");
     }
 
     /// `dlc run` and `dlc bench` lower and compile the entry point they run

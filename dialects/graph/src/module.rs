@@ -110,6 +110,26 @@ impl Function {
         Value::of(node)
     }
 
+    /// Makes parameter `i` a constant of `values` (row-major, of its type):
+    /// its node becomes a `graph.constant`, the parameters after it move
+    /// up one place, and it is no longer a weight. What `--weights` does to
+    /// a compiled artifact: the weights are in it, not arguments of it.
+    ///
+    /// # Panics
+    /// If `i` is out of range.
+    pub fn bind_param(&mut self, i: usize, values: Vec<f64>) {
+        let (_, node) = self.params.remove(i);
+        self.body[node].op = Op::Constant(crate::ops::ConstValue::Dense(values));
+        for (k, (_, n)) in self.params.iter().enumerate().skip(i) {
+            self.body[*n].op = Op::Param { index: k as u32 };
+        }
+        self.weights = std::mem::take(&mut self.weights)
+            .into_iter()
+            .filter(|&w| w != i)
+            .map(|w| if w > i { w - 1 } else { w })
+            .collect();
+    }
+
     /// Whether parameter `i` is a weight.
     pub fn is_weight(&self, i: usize) -> bool {
         self.weights.contains(&i)

@@ -104,6 +104,7 @@ pub struct Model {
     passes: Option<String>,
     cpu: Option<String>,
     threads: bool,
+    weights: Option<PathBuf>,
 }
 
 impl Model {
@@ -117,6 +118,7 @@ impl Model {
             passes: None,
             cpu: None,
             threads: true,
+            weights: None,
         }
     }
 
@@ -142,6 +144,15 @@ impl Model {
     /// name), instead of the level Cargo's target features allow.
     pub fn cpu(mut self, cpu: &str) -> Model {
         self.cpu = Some(cpu.into());
+        self
+    }
+
+    /// Builds the entry points' `weight` parameters into the library as
+    /// constants, from a directory of `NAME.npy` (what `dlc train
+    /// --save-weights` writes) or a `.safetensors` file: the bindings then
+    /// take only the other inputs (`dlc compile --weights`).
+    pub fn weights(mut self, path: impl Into<PathBuf>) -> Model {
+        self.weights = Some(path.into());
         self
     }
 
@@ -241,6 +252,7 @@ impl Model {
         if let Some(p) = &self.passes {
             options.passes.clone_from(p);
         }
+        options.weights.clone_from(&self.weights);
         options
     }
 
@@ -262,11 +274,14 @@ impl Model {
         write(&library, &lib)?;
         let bindings = out.join(format!("{stem}.rs"));
         write(&bindings, &prepared.emit(Artifact::RustBindings, codegen)?)?;
-        let mut cargo_lines = vec![
-            format!("cargo:rerun-if-changed={}", self.path.display()),
+        let mut cargo_lines = vec![format!("cargo:rerun-if-changed={}", self.path.display())];
+        if let Some(w) = &self.weights {
+            cargo_lines.push(format!("cargo:rerun-if-changed={}", w.display()));
+        }
+        cargo_lines.extend([
             format!("cargo:rustc-link-search=native={}", out.display()),
             format!("cargo:rustc-link-lib=static={library_name}"),
-        ];
+        ]);
         if self.threads {
             // Kernels reach the OpenMP runtime through weak symbols, which
             // `--as-needed` (rustc's default for libraries) does not count
@@ -407,6 +422,35 @@ mod tests {
         wasm.os = "unknown".into();
         let e = wasm.target_and_cpu(None).unwrap_err().to_string();
         assert!(e.contains("dlc compiles for x86_64 Linux"), "{e}");
+    }
+
+    /// A model built with its weights: the bindings take only the other
+    /// inputs, and Cargo reruns the script when the weights change.
+    #[test]
+    fn weights_are_built_into_the_library() {
+        let dir = std::env::temp_dir().join(format!("dlc-build-weights-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("w")).unwrap();
+        let model = dir.join("m.dl");
+        std::fs::write(
+            &model,
+            "fn f(x: f32[4], weight w: f32[4]) -> f32[4] { return x * w; }",
+        )
+        .unwrap();
+        let ty = dlc_core::TensorType::new(dlc_core::DType::F32, vec![4]);
+        dlc_runtime::HostTensor::new(ty, vec![1.0, 2.0, 3.0, 4.0])
+            .unwrap()
+            .write_npy(&dir.join("w/w.npy"))
+            .unwrap();
+        let mut c = cargo("x86_64", "sse2");
+        c.out_dir = Some(dir.clone());
+        let built = Model::new(&model).weights(dir.join("w")).compile(&c);
+        let bindings = built.map(|b| (std::fs::read_to_string(&b.bindings), b.cargo_lines));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (text, lines) = bindings.unwrap();
+        let text = text.unwrap();
+        assert!(text.contains("Inputs: `x: f32[4]`. Results"), "{text}");
+        let watched = format!("cargo:rerun-if-changed={}", dir.join("w").display());
+        assert!(lines.contains(&watched), "{lines:?}");
     }
 
     #[test]

@@ -819,17 +819,6 @@ struct Progress {
 
 const CHECKPOINT: &str = "checkpoint.safetensors";
 
-fn safetensors_dtype(d: dlc_core::DType) -> Result<safetensors::Dtype, DriverError> {
-    use dlc_core::DType;
-    Ok(match d {
-        DType::F32 => safetensors::Dtype::F32,
-        DType::F64 => safetensors::Dtype::F64,
-        DType::F16 => safetensors::Dtype::F16,
-        DType::BF16 => safetensors::Dtype::BF16,
-        _ => return Err(usage(format!("a checkpoint holds float tensors, not {d}"))),
-    })
-}
-
 /// Writes `DIR/checkpoint.safetensors` atomically: a temporary file in the
 /// directory, flushed, then renamed over the old checkpoint, so a run
 /// killed while writing leaves the previous one whole.
@@ -849,7 +838,7 @@ fn write_checkpoint(
     let mut views = Vec::new();
     for ((name, t), (_, b)) in tensors.iter().zip(&bytes) {
         let view = safetensors::tensor::TensorView::new(
-            safetensors_dtype(t.ty.dtype)?,
+            dlc_driver::safetensors_dtype(t.ty.dtype),
             t.ty.shape.clone(),
             b,
         )
@@ -885,15 +874,8 @@ fn write_checkpoint(
 fn read_checkpoint(dir: &Path) -> Result<(Vec<(String, HostTensor)>, Progress), DriverError> {
     let path = dir.join(CHECKPOINT);
     let bad = |m: String| usage(format!("--resume {}: {m}", path.display()));
-    let data = std::fs::read(&path).map_err(|source| DriverError::Io {
-        path: path.display().to_string(),
-        source,
-    })?;
-    let st = safetensors::SafeTensors::deserialize(&data)
-        .map_err(|e| bad(format!("not a safetensors file ({e})")))?;
-    let (_, header) =
-        safetensors::SafeTensors::read_metadata(&data).map_err(|e| bad(e.to_string()))?;
-    let meta = header.metadata().clone().unwrap_or_default();
+    let file = dlc_driver::read_safetensors(&path).map_err(|e| usage(format!("--resume: {e}")))?;
+    let meta = file.metadata;
     let get = |k: &str| {
         meta.get(k).cloned().ok_or_else(|| {
             bad(format!(
@@ -917,20 +899,5 @@ fn read_checkpoint(dir: &Path) -> Result<(Vec<(String, HostTensor)>, Progress), 
         epochs: num("epochs")? as usize,
         lr: get("lr")?,
     };
-    let mut tensors = Vec::new();
-    for (name, view) in st.tensors() {
-        use dlc_core::DType;
-        let dtype = match view.dtype() {
-            safetensors::Dtype::F32 => DType::F32,
-            safetensors::Dtype::F64 => DType::F64,
-            safetensors::Dtype::F16 => DType::F16,
-            safetensors::Dtype::BF16 => DType::BF16,
-            d => return Err(bad(format!("tensor `{name}` is {d:?}, not a float type"))),
-        };
-        let ty = dlc_core::TensorType::new(dtype, view.shape().to_vec());
-        let t = HostTensor::from_le_bytes(ty, view.data())
-            .map_err(|e| bad(format!("tensor `{name}`: {e}")))?;
-        tensors.push((name, t));
-    }
-    Ok((tensors, progress))
+    Ok((file.tensors, progress))
 }

@@ -1927,6 +1927,27 @@ fn grad_runs_the_gradient_and_saves_it_by_parameter_name() {
     assert_eq!(x.ty, f32ty(&[2, 3, 12, 12]));
 }
 
+/// A bias before a batch normalization has a gradient that is zero in
+/// real arithmetic: rounding noise on both sides, which `--check` compares
+/// on the other gradients' scale rather than failing on its own.
+#[test]
+fn grad_check_takes_a_zero_gradient_for_what_it_is() {
+    let d = Dir::new("grad-zero");
+    let model = d.file(
+        "m.dl",
+        "fn loss(x: f32[16, 8, 6, 6], weight w: f32[8, 8, 3, 3], weight c: f32[8], weight g: f32[8],
+                 weight b: f32[8], rm: f32[8], rv: f32[8]) -> f32 {
+            let h = conv2d(x, w, padding=1) + reshape(c, [1, 8, 1, 1]);
+            let (y, rm2, rv2) = batchnorm_train(h, g, b, rm, rv);
+            return mean(y * y * y);
+        }",
+    );
+    let o = dlc(&["grad", &model, "--random-inputs", "0", "--check"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(text.matches("check: ok").count(), 5, "{text}");
+}
+
 #[test]
 fn grad_errors_name_what_is_wrong() {
     let d = Dir::new("grad-errors");
@@ -1947,6 +1968,147 @@ fn grad_errors_name_what_is_wrong() {
     fails_with(
         &dlc(&["grad", &ints, "--random-inputs", "1", "--wrt", "n"]),
         "parameter `n` is i32[4]; only float values have gradients",
+    );
+}
+
+/// `--weights PATH` binds a model's weights from a directory of NAME.npy
+/// or a .safetensors file for `dlc run` and `dlc bench`, and builds them
+/// into what `dlc compile` makes; a missing, mistyped or unreadable weight
+/// is an error that names it.
+#[test]
+fn weights_from_files_are_run_benched_and_built_in() {
+    let d = Dir::new("weights");
+    let model = d.file(
+        "m.dl",
+        "fn predict(x: f32[2, 3], weight w: f32[3, 2], weight b: f32[2]) -> f32[2, 2] {
+            return x @ w + b;
+        }",
+    );
+    let x = d.npy("x.npy", f32ty(&[2, 3]), &[1.0, 2.0, 3.0, -1.0, 0.5, 0.0]);
+    let w: Vec<f64> = (0..6).map(|i| f64::from(i) / 4.0 - 0.5).collect();
+    let b = [0.25, -2.0];
+    let rows = [[1.0, 2.0, 3.0], [-1.0, 0.5, 0.0]];
+    let mut want = Vec::new();
+    for r in &rows {
+        for j in 0..2 {
+            want.push((0..3).map(|k| r[k] * w[k * 2 + j]).sum::<f64>() + b[j]);
+        }
+    }
+    std::fs::create_dir_all(d.0.join("dir")).unwrap();
+    d.npy("dir/w.npy", f32ty(&[3, 2]), &w);
+    d.npy("dir/b.npy", f32ty(&[2]), &b);
+    // A safetensors file as `dlc train`'s checkpoint names a weight
+    // (`weight.w`) and as other tools do (`b`).
+    let tensors = [
+        ("weight.w", f32ty(&[3, 2]), w.clone()),
+        ("b", f32ty(&[2]), b.to_vec()),
+    ];
+    let write = |name: &str, tensors: &[(&str, TensorType, Vec<f64>)]| {
+        let bytes: Vec<Vec<u8>> = tensors
+            .iter()
+            .map(|(_, ty, v)| {
+                HostTensor::new(ty.clone(), v.clone())
+                    .unwrap()
+                    .to_le_bytes()
+            })
+            .collect();
+        let views = tensors.iter().zip(&bytes).map(|((n, ty, _), b)| {
+            let dtype = dlc_driver::safetensors_dtype(ty.dtype);
+            let view = safetensors::tensor::TensorView::new(dtype, ty.shape.clone(), b);
+            (n.to_string(), view.unwrap())
+        });
+        let path = d.0.join(name);
+        std::fs::write(&path, safetensors::serialize(views, None).unwrap()).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let st = write("m.safetensors", &tensors);
+    for source in [d.path("dir"), st.clone()] {
+        let out = d.0.join("out");
+        let o = dlc(&[
+            "run",
+            &model,
+            "--input",
+            &format!("x={x}"),
+            "--weights",
+            &source,
+            "--check",
+            "--save-outputs",
+            out.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{source}: {}", stderr(&o));
+        let got = HostTensor::read_npy(&out.join("out0.npy"), None).unwrap();
+        for (g, w) in got.data.iter().zip(&want) {
+            assert!(
+                (g - w).abs() < 1e-6,
+                "{source}: {:?} against {want:?}",
+                got.data
+            );
+        }
+    }
+    let o = dlc(&["bench", &model, "--weights", &st, "--runs", "2"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("weights from --weights"));
+
+    // Built in: the weights are constants, not parameters.
+    let o = dlc(&["compile", &model, "--weights", &d.path("dir")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("@predict(%x: f32[2, 3]) -> f32[2, 2]"),
+        "{text}"
+    );
+    assert!(text.contains("value = [0.25, -2.0]"), "{text}");
+    let lib = d.path("m.so");
+    let o = dlc(&[
+        "compile",
+        &model,
+        "--weights",
+        &st,
+        "--emit",
+        "so",
+        "-o",
+        &lib,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    std::fs::remove_file(d.0.join("dir/b.npy")).unwrap();
+    fails_with(
+        &dlc(&[
+            "run",
+            &model,
+            "--random-inputs",
+            "0",
+            "--weights",
+            &d.path("dir"),
+        ]),
+        "no file for weight `b`",
+    );
+    let f64s = write(
+        "f64.safetensors",
+        &[("w", TensorType::new(DType::F64, vec![3, 2]), w.clone())],
+    );
+    fails_with(
+        &dlc(&["bench", &model, "--weights", &f64s]),
+        "weight `w` is f32[3, 2], but tensor `w` is f64[3, 2]",
+    );
+    let only_w = write("w.safetensors", &tensors[..1]);
+    fails_with(
+        &dlc(&["compile", &model, "--weights", &only_w]),
+        "no tensor `b` (nor `weight.b`) for weight `b`",
+    );
+    fails_with(
+        &dlc(&["run", &model, "--random-inputs", "0", "--weights", &x]),
+        "neither a directory of NAME.npy nor a .safetensors file",
+    );
+    let junk = d.file("junk.safetensors", "not safetensors");
+    fails_with(
+        &dlc(&["run", &model, "--random-inputs", "0", "--weights", &junk]),
+        "not a safetensors file",
+    );
+    let plain = d.file("p.dl", "fn f(x: f32[2]) -> f32[2] { return x; }");
+    fails_with(
+        &dlc(&["compile", &plain, "--weights", &st]),
+        "no entry point declares `weight` parameters",
     );
 }
 

@@ -1,0 +1,200 @@
+//! `--weights PATH`: the values of an entry point's `weight` parameters,
+//! from a directory of `NAME.npy` files (what `dlc train --save-weights`
+//! writes) or one `.safetensors` file (tensors named as the weights, or
+//! `weight.NAME` as `dlc train`'s checkpoint names them), for `dlc run` and
+//! `dlc bench` to bind and `dlc compile` to build into the artifact.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use dlc_core::{DType, TensorType};
+use dlc_graph::{Function, Module};
+use dlc_runtime::HostTensor;
+
+use crate::DriverError;
+
+/// A `.safetensors` file: its tensors in file order, and its metadata.
+pub struct SafeTensorsFile {
+    /// Each tensor by name.
+    pub tensors: Vec<(String, HostTensor)>,
+    /// The header's `__metadata__` (empty when it has none).
+    pub metadata: HashMap<String, String>,
+}
+
+/// The element type safetensors calls `d`, where dlc has it.
+fn dtype_of(d: safetensors::Dtype) -> Option<DType> {
+    use safetensors::Dtype as S;
+    Some(match d {
+        S::F32 => DType::F32,
+        S::F64 => DType::F64,
+        S::F16 => DType::F16,
+        S::BF16 => DType::BF16,
+        S::I8 => DType::I8,
+        S::I16 => DType::I16,
+        S::I32 => DType::I32,
+        S::I64 => DType::I64,
+        S::U8 => DType::U8,
+        S::U16 => DType::U16,
+        S::U32 => DType::U32,
+        S::U64 => DType::U64,
+        S::BOOL => DType::Bool,
+        _ => return None,
+    })
+}
+
+/// How safetensors calls dlc's element type `d` (every one has a name).
+pub fn safetensors_dtype(d: DType) -> safetensors::Dtype {
+    use safetensors::Dtype as S;
+    match d {
+        DType::F32 => S::F32,
+        DType::F64 => S::F64,
+        DType::F16 => S::F16,
+        DType::BF16 => S::BF16,
+        DType::I8 => S::I8,
+        DType::I16 => S::I16,
+        DType::I32 => S::I32,
+        DType::I64 => S::I64,
+        DType::U8 => S::U8,
+        DType::U16 => S::U16,
+        DType::U32 => S::U32,
+        DType::U64 => S::U64,
+        DType::Bool => S::BOOL,
+    }
+}
+
+/// Reads a `.safetensors` file; a file that is not one, or holds a tensor
+/// of an element type dlc lacks, is an error naming it.
+pub fn read_safetensors(path: &Path) -> Result<SafeTensorsFile, DriverError> {
+    let bad = |m: String| DriverError::Usage(format!("{}: {m}", path.display()));
+    let data = std::fs::read(path).map_err(|source| DriverError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let st = safetensors::SafeTensors::deserialize(&data)
+        .map_err(|e| bad(format!("not a safetensors file ({e})")))?;
+    let (_, header) =
+        safetensors::SafeTensors::read_metadata(&data).map_err(|e| bad(e.to_string()))?;
+    let metadata = header.metadata().clone().unwrap_or_default();
+    let mut tensors = Vec::new();
+    for (name, view) in st.iter() {
+        let dtype = dtype_of(view.dtype()).ok_or_else(|| {
+            bad(format!(
+                "tensor `{name}` is {:?}, an element type dlc lacks",
+                view.dtype()
+            ))
+        })?;
+        let ty = TensorType::new(dtype, view.shape().to_vec());
+        let t = HostTensor::from_le_bytes(ty, view.data())
+            .map_err(|e| bad(format!("tensor `{name}`: {e}")))?;
+        tensors.push((name.to_string(), t));
+    }
+    Ok(SafeTensorsFile { tensors, metadata })
+}
+
+/// The values `--weights path` gives `f`'s weights, by parameter name in
+/// the order of `f.weights`, for each weight not named in `given` (bound
+/// otherwise: `--input`). `path` is
+/// a directory of `NAME.npy` or a `.safetensors` file holding `NAME` or
+/// `weight.NAME`; each must be of the weight's type, and a weight without
+/// one is an error naming it.
+pub fn read_weights(
+    f: &Function,
+    path: &Path,
+    given: &[String],
+) -> Result<Vec<(String, HostTensor)>, DriverError> {
+    let shown = path.display();
+    if f.weights.is_empty() {
+        return Err(DriverError::Usage(format!(
+            "--weights: `{}` declares no `weight` parameters",
+            f.name
+        )));
+    }
+    let types = f.param_types();
+    let wanted = f
+        .weights
+        .iter()
+        .map(|&w| (f.params[w].0.as_str(), &types[w]))
+        .filter(|(name, _)| !given.iter().any(|g| g == name));
+    let check = |name: &str, ty: &TensorType, t: HostTensor, from: &str| {
+        if &t.ty == ty {
+            Ok((name.to_string(), t))
+        } else {
+            Err(DriverError::Usage(format!(
+                "--weights {shown}: weight `{name}` is {ty}, but {from} is {}",
+                t.ty
+            )))
+        }
+    };
+    if path.is_dir() {
+        return wanted
+            .map(|(name, ty)| {
+                let file = path.join(format!("{name}.npy"));
+                if !file.is_file() {
+                    return Err(DriverError::Usage(format!(
+                        "--weights {shown}: no file for weight `{name}` ({})",
+                        file.display()
+                    )));
+                }
+                let t = HostTensor::read_npy(&file, Some(ty.dtype))?;
+                check(name, ty, t, &file.display().to_string())
+            })
+            .collect();
+    }
+    if path.extension().is_some_and(|e| e == "safetensors") {
+        let mut file = read_safetensors(path)?;
+        return wanted
+            .map(|(name, ty)| {
+                let key = [name.to_string(), format!("weight.{name}")];
+                let at = file
+                    .tensors
+                    .iter()
+                    .position(|(n, _)| key.contains(n))
+                    .ok_or_else(|| {
+                        DriverError::Usage(format!(
+                            "--weights {shown}: no tensor `{name}` (nor `weight.{name}`) for weight `{name}`"
+                        ))
+                    })?;
+                let (found, t) = file.tensors.swap_remove(at);
+                check(name, ty, t, &format!("tensor `{found}`"))
+            })
+            .collect();
+    }
+    Err(DriverError::Usage(format!(
+        "--weights {shown}: neither a directory of NAME.npy nor a .safetensors file"
+    )))
+}
+
+/// Builds the weights `--weights path` gives into every entry point of
+/// `module` named in `entries` (every one when empty) that declares
+/// weights: each becomes a constant and leaves the signature (`dlc compile
+/// --weights`: an artifact that carries its weights). Returns how many
+/// were bound; an error when no such entry point declares any.
+pub fn bind_weights(
+    module: &mut Module,
+    entries: &[String],
+    path: &Path,
+) -> Result<usize, DriverError> {
+    let mut bound = 0;
+    for f in module.functions.iter_mut() {
+        if f.weights.is_empty()
+            || f.visibility != dlc_graph::Visibility::Public
+            || !(entries.is_empty() || entries.contains(&f.name))
+        {
+            continue;
+        }
+        let values = read_weights(f, path, &[])?;
+        // In the order of `f.weights` (none given otherwise); bound from
+        // the last so that the earlier ones keep their places.
+        let indices: Vec<usize> = f.weights.iter().copied().collect();
+        for (i, (_, t)) in indices.into_iter().zip(values).rev() {
+            f.bind_param(i, t.data);
+            bound += 1;
+        }
+    }
+    if bound == 0 {
+        return Err(DriverError::Usage(
+            "--weights: no entry point declares `weight` parameters".into(),
+        ));
+    }
+    Ok(bound)
+}
