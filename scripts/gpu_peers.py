@@ -8,9 +8,11 @@ Each workload of examples/w*.dl, in PyTorch (torch_workloads.py, layernorm
 as torch's fused one), it runs eagerly and under torch.compile (the
 default mode), and the median of RUNS calls after warm-up is taken, each
 call waited for (torch.cuda.synchronize), as dlc-rt waits for each of its
-calls. Also: W1 on cuBLAS in f32 (no TF32), in TF32 and in bf16, and W4 as
+calls. Also: W1 on cuBLAS in f32 (no TF32), in TF32 and in bf16, W4 as
 torch's fused attention (scaled_dot_product_attention), the rows the GPU
-bar names. torch.compile stops being tried once its compiles have taken
+bar names, and W2's training step (mean squared error, backward, SGD at
+0.01 returning new weights, as dlc's `w2_step` does) in f32 and under
+torch.autocast to bf16 (`w2_step_bf16`). torch.compile stops being tried once its compiles have taken
 --compile-budget seconds in all, so that the check ends in time; the
 skipped rows say so. Writes one JSON object per line to OUT.json.
 """
@@ -74,9 +76,31 @@ def workloads():
     ]
 
 
-def time_calls(call, runs, warmup=3):
-    """Median, min and max milliseconds of `runs` calls, each waited for."""
-    with torch.no_grad():
+def w2_steps(mlp):
+    """(entry, step, maker of its inputs): W2's training step in f32 and
+    with bf16 autocast, taking (x, y, w1, b1, w2, b2)."""
+    def step(narrow):
+        def run(x, y, w1, b1, w2, b2):
+            ws = [w1, b1, w2, b2]
+            with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=narrow):
+                out = mlp(x, *ws)
+            loss = F.mse_loss(out.float(), y)
+            grads = torch.autograd.grad(loss, ws)
+            with torch.no_grad():
+                return loss, [w - 0.01 * g for w, g in zip(ws, grads)]
+        return run
+
+    def args():
+        ws = [rand(1024, 4096, scale=1 / 32), rand(4096), rand(4096, 1024, scale=1 / 64), rand(1024)]
+        return [rand(128, 1024), rand(128, 1024)] + [w.requires_grad_() for w in ws]
+
+    return [("w2_step", step(False), args), ("w2_step_bf16", step(True), args)]
+
+
+def time_calls(call, runs, warmup=3, grad=False):
+    """Median, min and max milliseconds of `runs` calls, each waited for
+    (with autograd enabled when `grad`)."""
+    with torch.set_grad_enabled(grad):
         for _ in range(warmup):
             call()
         sync()
@@ -109,20 +133,22 @@ def main():
         print(json.dumps(r), flush=True)
 
     spent = 0.0
-    for entry, f, make in workloads():
+    mlp = torch_workloads.models(torch)["mlp"]
+    cases = [(e, f, m, False) for e, f, m in workloads()] + [(e, f, m, True) for e, f, m in w2_steps(mlp)]
+    for entry, f, make, grad in cases:
         args = make()
-        row(entry, "torch-eager", time_calls(lambda: f(*args), runs))
+        row(entry, "torch-eager", time_calls(lambda: f(*args), runs, grad=grad))
         if spent > budget:
             row(entry, "torch-compile", None, skipped=f"torch.compile budget of {budget:.0f} s spent")
             continue
         t = time.perf_counter()
         try:
             g = torch.compile(f)
-            with torch.no_grad():
+            with torch.set_grad_enabled(grad):
                 g(*args)
             sync()
             compile_s = time.perf_counter() - t
-            row(entry, "torch-compile", time_calls(lambda: g(*args), runs), compile_s=compile_s)
+            row(entry, "torch-compile", time_calls(lambda: g(*args), runs, grad=grad), compile_s=compile_s)
         except Exception as e:  # a compile failure is a row, not the end of the check
             row(entry, "torch-compile", None, error=str(e).splitlines()[0][:200])
         spent += time.perf_counter() - t

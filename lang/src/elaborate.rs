@@ -1255,9 +1255,22 @@ impl<'p> Elab<'p> {
     /// parameter when it declares none). The gradient is the function
     /// `graph.grad` derives from the callee, called here.
     fn value_and_grad(&mut self, cx: &mut FnCx, f: &Ident, args: &[Arg], span: Span) -> R<EVal> {
-        let a = bind(f, args, &["call", "wrt"], 1, span)?;
+        let a = bind(f, args, &["call", "wrt", "autocast", "scale"], 1, span)?;
         let call = req(&a, 0);
         let usage = "write `value_and_grad(loss(x, w), wrt=[w])`";
+        let autocast = match a[2] {
+            Some(e) => match dtype_arg(e)? {
+                d @ (DType::BF16 | DType::F16) => Some(d),
+                d => {
+                    return Err(Diagnostic::new(
+                        format!("`autocast` computes products in bf16 or f16, not {d}"),
+                        e.span,
+                        "not a narrow float type",
+                    ));
+                }
+            },
+            None => None,
+        };
         let ExprKind::Call(callee, cargs) = &call.kind else {
             return Err(Diagnostic::new(
                 "the first argument of `value_and_grad` must be a call of a `fn`",
@@ -1359,25 +1372,53 @@ impl<'p> Elab<'p> {
             .iter()
             .map(|&p| callee_fn.params[p].0.clone())
             .collect();
+        // The loss scale, of the differentiated result's type (checked to
+        // be a float scalar by the derivation).
+        let loss_dtype = callee_fn
+            .result_types()
+            .first()
+            .map(|t| t.dtype)
+            .filter(|d| d.is_float())
+            .unwrap_or(DEFAULT_FLOAT);
+        let mut values = values;
+        if let Some(e) = a[3] {
+            let s = self.positive_scalar(cx, e, loss_dtype, "a loss scale")?;
+            values.push(s);
+        }
+        let options = dlc_graph::autodiff::GradOptions {
+            autocast,
+            scaled: a[3].is_some(),
+        };
         let mut gname = format!("{name}$grad");
         for p in &positions {
             gname.push('$');
             gname.push_str(&p.to_string());
         }
+        if let Some(d) = autocast {
+            gname.push_str(&format!("${d}"));
+        }
+        if options.scaled {
+            gname.push_str("$scaled");
+        }
         if self.module.function(&gname).is_none() {
-            dlc_graph::autodiff::add_grad_function(&mut self.module, &name, &wrt, &gname).map_err(
-                |e| {
-                    let d = Diagnostic::new(
-                        format!("cannot differentiate `{}`: {}", callee.name, e.message),
-                        call.span,
-                        "differentiated here",
-                    );
-                    match e.loc {
-                        Some(loc) => d.with_note(format!("the op is at {loc}")),
-                        None => d,
-                    }
-                },
-            )?;
+            dlc_graph::autodiff::add_grad_function_with(
+                &mut self.module,
+                &name,
+                &wrt,
+                &gname,
+                &options,
+            )
+            .map_err(|e| {
+                let d = Diagnostic::new(
+                    format!("cannot differentiate `{}`: {}", callee.name, e.message),
+                    call.span,
+                    "differentiated here",
+                );
+                match e.loc {
+                    Some(loc) => d.with_note(format!("the op is at {loc}")),
+                    None => d,
+                }
+            })?;
             if let Some(g) = self.module.functions.iter_mut().find(|g| g.name == gname) {
                 g.visibility = Visibility::Private;
             }

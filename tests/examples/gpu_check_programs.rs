@@ -1,7 +1,10 @@
 //! Writes the programs the GPU check runs besides the workloads, one
 //! source file each, into the folder named by its argument: every
 //! differential program (`diff_NNN.dl`), the narrow-float accumulation
-//! cases (`narrow_NNN.dl`) and the tensor-core products (`mma_NNN.dl`).
+//! cases (`narrow_NNN.dl`), the tensor-core products (`mma_NNN.dl`) and
+//! W2's training step, in f32 and with bf16 products, at a quarter of its
+//! width (`train_w2_small.dl`, checked) and at its size (`train_w2.dl`,
+//! timed).
 //! `make gpu-check-prepare` compiles each to a GPU module with its
 //! reference results (`scripts/gpu_check_prepare.sh`).
 
@@ -25,6 +28,23 @@ fn main() -> ExitCode {
     if let Err(e) = std::fs::create_dir_all(&dir) {
         eprintln!("{}: {e}", dir.display());
         return ExitCode::FAILURE;
+    }
+    let steps = [
+        (
+            "train_w2_small",
+            dlc_tests::w2_training_step(64, 256, 1024, 256),
+        ),
+        (
+            "train_w2",
+            dlc_tests::w2_training_step(128, 1024, 4096, 1024),
+        ),
+    ];
+    for (name, src) in steps {
+        let path = dir.join(format!("{name}.dl"));
+        if let Err(e) = std::fs::write(&path, src) {
+            eprintln!("{}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
     }
     for (prefix, programs) in groups {
         for (k, src) in programs.iter().enumerate() {

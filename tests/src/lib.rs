@@ -756,6 +756,39 @@ pub const WINOGRAD_PROGRAMS: &[&str] = &[
     "fn f(x: f32[2, 32, 8, 16], weight w1: f32[32, 32, 3, 3], weight m1: f32[32], weight v1: f32[32], weight g1: f32[32], weight b1: f32[32], weight w2: f32[32, 32, 3, 3]) -> f32[2, 32, 8, 16] { let h = relu(batchnorm(conv2d(x, w1, padding=1), m1, v1, g1, b1, eps=1e-5)); return relu(conv2d(h, w2, padding=1) + x); }",
 ];
 
+/// W2's MLP (`relu(x @ w1 + b1) @ w2 + b2`) made a training step: the mean
+/// squared error against a target `y` and one plain SGD update at 0.01 of
+/// each weight, returning the loss and the new weights. `w2_step` computes
+/// in f32, `w2_step_bf16` its products in bf16 from the f32 weights
+/// (`autocast=bf16`). W2's own sizes are 128, 1024, 4096, 1024.
+pub fn w2_training_step(batch: usize, d_in: usize, hidden: usize, d_out: usize) -> String {
+    let params = format!(
+        "x: f32[{batch}, {d_in}], y: f32[{batch}, {d_out}], w1: f32[{d_in}, {hidden}], b1: f32[{hidden}], w2: f32[{hidden}, {d_out}], b2: f32[{d_out}]"
+    );
+    let results = format!(
+        "(f32, f32[{d_in}, {hidden}], f32[{hidden}], f32[{hidden}, {d_out}], f32[{d_out}])"
+    );
+    let step = |name: &str, options: &str| {
+        format!(
+            "fn {name}({params}) -> {results} {{
+    let (l, g1, gb1, g2, gb2) = value_and_grad(w2_loss(x, y, w1, b1, w2, b2), wrt=[w1, b1, w2, b2]{options});
+    return (l, sgd(w1, g1, 0.01), sgd(b1, gb1, 0.01), sgd(w2, g2, 0.01), sgd(b2, gb2, 0.01));
+}}
+"
+        )
+    };
+    format!(
+        "fn w2_loss({params}) -> f32 {{
+    return mse_loss(relu(x @ w1 + b1) @ w2 + b2, y);
+}}
+
+{}
+{}",
+        step("w2_step", ""),
+        step("w2_step_bf16", ", autocast=bf16")
+    )
+}
+
 /// f16 and bf16 products that run on a GPU's tensor cores (`mma.sync` in
 /// whole 16 x 8 x 16 steps): ragged blocks, a batch with an epilogue, and
 /// attention scores under a softmax.

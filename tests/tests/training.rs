@@ -355,3 +355,244 @@ fn batchnorm_train_uses_and_keeps_batch_statistics() {
         assert!((values(&out[2])[c] - run_var).abs() < 1e-12);
     }
 }
+
+fn f32s(shape: &[usize], f: impl Fn(usize) -> f64) -> Tensor {
+    let n = shape.iter().product();
+    let ty = TensorType::new(DType::F32, shape.to_vec());
+    Tensor::from_vec(&ty, (0..n).map(|i| f64::from(f(i) as f32)).collect()).unwrap()
+}
+
+/// `autocast=bf16` differentiates the loss computed as the autocast policy
+/// says (docs/language.md): products on bf16 copies of their f32 operands,
+/// a bias add and relu in f32 once a product's result meets an f32 weight,
+/// a softmax-based loss in f32. The same loss written with those casts by
+/// hand has bit-identical value and gradients; the gradients are those of
+/// the f32 loss within bf16's precision, and `scale=s` multiplies them (not
+/// the value) by `s`.
+#[test]
+fn autocast_and_loss_scaling_differentiate_the_narrow_program() {
+    let src = "
+        fn loss(x: f32[6, 5], y: i64[6], weight w1: f32[5, 8], weight b1: f32[8], weight w2: f32[8, 3]) -> f32 {
+            let h = relu(x @ w1 + b1) * 0.5;
+            return cross_entropy(h @ w2, y);
+        }
+        fn by_hand(x: f32[6, 5], y: i64[6], weight w1: f32[5, 8], weight b1: f32[8], weight w2: f32[8, 3]) -> f32 {
+            let p = cast(cast(x, bf16) @ cast(w1, bf16), f32);
+            let h = relu(p + b1) * 0.5;
+            return cross_entropy(cast(cast(h, bf16) @ cast(w2, bf16), f32), y);
+        }
+        fn narrow(x: f32[6, 5], y: i64[6], weight w1: f32[5, 8], weight b1: f32[8], weight w2: f32[8, 3])
+                -> (f32, f32[5, 8], f32[8], f32[8, 3]) {
+            return value_and_grad(loss(x, y, w1, b1, w2), autocast=bf16);
+        }
+        fn hand(x: f32[6, 5], y: i64[6], weight w1: f32[5, 8], weight b1: f32[8], weight w2: f32[8, 3])
+                -> (f32, f32[5, 8], f32[8], f32[8, 3]) {
+            return value_and_grad(by_hand(x, y, w1, b1, w2));
+        }
+        fn wide(x: f32[6, 5], y: i64[6], weight w1: f32[5, 8], weight b1: f32[8], weight w2: f32[8, 3])
+                -> (f32, f32[5, 8], f32[8], f32[8, 3]) {
+            return value_and_grad(loss(x, y, w1, b1, w2));
+        }
+        fn scaled(x: f32[6, 5], y: i64[6], weight w1: f32[5, 8], weight b1: f32[8], weight w2: f32[8, 3], s: f32)
+                -> (f32, f32[5, 8], f32[8], f32[8, 3]) {
+            return value_and_grad(loss(x, y, w1, b1, w2), autocast=f16, scale=s);
+        }
+        fn unscaled(x: f32[6, 5], y: i64[6], weight w1: f32[5, 8], weight b1: f32[8], weight w2: f32[8, 3])
+                -> (f32, f32[5, 8], f32[8], f32[8, 3]) {
+            return value_and_grad(loss(x, y, w1, b1, w2), autocast=f16);
+        }";
+    let m = compile(src);
+    let x = f32s(&[6, 5], |i| (i as f64 * 0.37).sin());
+    let y = Tensor::from_vec(
+        &TensorType::new(DType::I64, vec![6]),
+        vec![0.0, 2.0, 1.0, 1.0, 0.0, 2.0],
+    )
+    .unwrap();
+    let w1 = f32s(&[5, 8], |i| (i as f64 * 0.91).cos() * 0.6);
+    let b1 = f32s(&[8], |i| i as f64 * 0.05 - 0.2);
+    let w2 = f32s(&[8, 3], |i| (i as f64 * 1.3).sin() * 0.7);
+    let args = [x, y, w1, b1, w2];
+    let narrow = run_function(&m, "narrow", &args).unwrap();
+    let hand = run_function(&m, "hand", &args).unwrap();
+    for (k, (a, b)) in narrow.iter().zip(&hand).enumerate() {
+        assert_eq!(a.ty().dtype, DType::F32, "result {k} keeps its type");
+        assert_eq!(
+            values(a),
+            values(b),
+            "result {k}: autocast against the casts by hand"
+        );
+    }
+    let wide = run_function(&m, "wide", &args).unwrap();
+    for (k, (a, b)) in narrow.iter().zip(&wide).enumerate() {
+        let (a, b) = (values(a), values(b));
+        let top = b.iter().fold(0f64, |m, v| m.max(v.abs()));
+        let err = a
+            .iter()
+            .zip(&b)
+            .fold(0f64, |m, (x, y)| m.max((x - y).abs()));
+        // bf16 keeps 8 bits: a few of its ulps, not more.
+        assert!(err <= 0.03 * top, "result {k}: {err} of {top}");
+        assert!(
+            err > 0.0,
+            "result {k} is computed in bf16, so not exactly f32's"
+        );
+    }
+    let unscaled = run_function(&m, "unscaled", &args).unwrap();
+    let mut with_scale = args.to_vec();
+    with_scale.push(Tensor::from_vec(&TensorType::new(DType::F32, vec![]), vec![1024.0]).unwrap());
+    let scaled = run_function(&m, "scaled", &with_scale).unwrap();
+    assert_eq!(
+        values(&scaled[0]),
+        values(&unscaled[0]),
+        "the value is not scaled"
+    );
+    for k in 1..4 {
+        let want: Vec<f64> = values(&unscaled[k]).iter().map(|g| g * 1024.0).collect();
+        // A power of two scales f16's rounding exactly (nothing here
+        // overflows or leaves f16's normal range).
+        assert_eq!(values(&scaled[k]), want, "gradient {k} scaled by 1024");
+    }
+}
+
+/// `all_finite` is false when any element of any argument is NaN or
+/// infinite; `loss_scale_update` is PyTorch's GradScaler rule.
+#[test]
+fn dynamic_loss_scaling_follows_grad_scaler() {
+    let m = compile(
+        "fn fin(a: f32[3], b: f32[2, 2], c: bf16) -> bool { return all_finite(a, b, c); }
+         fn upd(s: f32, n: i64, ok: bool) -> (f32, i64) {
+             return loss_scale_update(s, n, ok, interval=3);
+         }
+         fn upd_default(s: f32, n: i32, ok: bool) -> (f32, i32) {
+             return loss_scale_update(s, n, ok, growth=4.0, backoff=0.25);
+         }",
+    );
+    let f32t = |shape: &[usize], v: Vec<f64>| {
+        Tensor::from_vec(&TensorType::new(DType::F32, shape.to_vec()), v).unwrap()
+    };
+    let bf = |v: f64| Tensor::from_vec(&TensorType::new(DType::BF16, vec![]), vec![v]).unwrap();
+    let fin = |a: Vec<f64>, b: Vec<f64>, c: f64| {
+        let out = run_function(&m, "fin", &[f32t(&[3], a), f32t(&[2, 2], b), bf(c)]).unwrap();
+        values(&out[0])[0] != 0.0
+    };
+    let big = f64::from(f32::MAX);
+    assert!(fin(vec![1.0, -2.0, big], vec![0.0, -0.0, 1e-40, -big], 3.0));
+    assert!(!fin(vec![1.0, f64::INFINITY, 0.0], vec![0.0; 4], 1.0));
+    assert!(!fin(vec![1.0; 3], vec![0.0, f64::NAN, 0.0, 0.0], 1.0));
+    assert!(!fin(vec![1.0; 3], vec![0.0; 4], f64::NEG_INFINITY));
+    let scalar_of =
+        |d: DType, v: f64| Tensor::from_vec(&TensorType::new(d, vec![]), vec![v]).unwrap();
+    let upd = |f: &str, d: DType, s: f64, n: f64, ok: bool| {
+        let out = run_function(
+            &m,
+            f,
+            &[
+                scalar_of(DType::F32, s),
+                scalar_of(d, n),
+                scalar_of(DType::Bool, f64::from(u8::from(ok))),
+            ],
+        )
+        .unwrap();
+        (values(&out[0])[0], values(&out[1])[0])
+    };
+    // found_inf: scale * backoff, tracker 0. Otherwise tracker + 1, and at
+    // the interval the scale grows and the tracker restarts.
+    assert_eq!(upd("upd", DType::I64, 1024.0, 1.0, false), (512.0, 0.0));
+    assert_eq!(upd("upd", DType::I64, 1024.0, 0.0, true), (1024.0, 1.0));
+    assert_eq!(upd("upd", DType::I64, 1024.0, 1.0, true), (1024.0, 2.0));
+    assert_eq!(upd("upd", DType::I64, 1024.0, 2.0, true), (2048.0, 0.0));
+    // A scale that would overflow stays; the tracker still restarts.
+    assert_eq!(upd("upd", DType::I64, big, 2.0, true), (big, 0.0));
+    assert_eq!(
+        upd("upd_default", DType::I32, 8.0, 1998.0, true),
+        (8.0, 1999.0)
+    );
+    assert_eq!(
+        upd("upd_default", DType::I32, 8.0, 1999.0, true),
+        (32.0, 0.0)
+    );
+    assert_eq!(upd("upd_default", DType::I32, 8.0, 5.0, false), (2.0, 0.0));
+}
+
+#[test]
+fn mixed_precision_errors_point_at_the_mistake() {
+    let l = "fn l(x: f32[4], weight w: f32[4]) -> f32 { return sum(x * w); }\n";
+    let cases = [
+        (
+            "fn f(x: f32[4], weight w: f32[4]) -> (f32, f32[4]) { return value_and_grad(l(x, w), autocast=f32); }",
+            "`autocast` computes products in bf16 or f16, not f32",
+        ),
+        (
+            "fn f(x: f32[4], weight w: f32[4]) -> (f32, f32[4]) { return value_and_grad(l(x, w), scale=-2.0); }",
+            "a loss scale must be positive",
+        ),
+        (
+            "fn f(x: f32[4], weight w: f32[4], s: f32[1]) -> (f32, f32[4]) { return value_and_grad(l(x, w), scale=s); }",
+            "a loss scale is a number or a f32 scalar, got f32[1]",
+        ),
+        (
+            "fn f(x: i32[4]) -> bool { return all_finite(x); }",
+            "all_finite needs a floating-point operand, got i32[4]",
+        ),
+        (
+            "fn f(x: f32[4]) -> bool { return all_finite(); }",
+            "all_finite takes one or more float tensors",
+        ),
+        (
+            "fn f(s: f32, n: f32, ok: bool) -> (f32, f32) { return loss_scale_update(s, n, ok); }",
+            "`good` (updates since the scale last changed) is an integer scalar, got f32",
+        ),
+        (
+            "fn f(s: f32, n: i64, ok: bool) -> (f32, i64) { return loss_scale_update(s, n, ok, interval=0); }",
+            "`interval` must be a positive number of steps",
+        ),
+    ];
+    for (src, want) in cases {
+        let src = format!("{l}{src}");
+        let err = dlc_driver::compile_source(&dlc_driver::SourceText {
+            name: "t.dl".into(),
+            text: src.clone(),
+        })
+        .map(|_| ())
+        .expect_err(&src)
+        .to_string();
+        assert!(err.contains(want), "{src}\nexpected `{want}` in:\n{err}");
+    }
+}
+
+/// The autocast policy op by op: products narrow, an element-wise op on a
+/// narrow value stays narrow (a constant follows it), an f32 operand that
+/// is not a constant makes it f32, softmax and reductions run in f32, f64
+/// is left alone, and the results keep their types.
+#[test]
+fn autocast_narrows_products_and_what_only_reads_them() {
+    let m = compile(
+        "fn f(x: f32[4, 4], w: f32[4, 4], b: f32[4], d: f64[4]) -> (f32[4, 4], f32, f64[4]) {
+            let h = relu(x @ w) * 2.0;
+            return (softmax(h + b, axis=1), sum(h), d * 2.0);
+        }",
+    );
+    let f = m.function("f").unwrap();
+    let g = dlc_graph::transforms::autocast(f, DType::BF16, "g").unwrap();
+    let text = dlc_graph::print_module(&dlc_graph::Module {
+        functions: vec![g.clone()],
+    });
+    let line = |op: &str| {
+        text.lines()
+            .find(|l| l.contains(&format!("= graph.{op} ")))
+            .unwrap_or_else(|| panic!("no graph.{op} in\n{text}"))
+            .to_string()
+    };
+    assert!(line("matmul").ends_with(": bf16[4, 4]"), "{text}");
+    assert!(line("relu").ends_with(": bf16[4, 4]"), "{text}");
+    assert!(line("mul").ends_with(": bf16[4, 4]"), "{text}");
+    assert!(line("add").ends_with(": f32[4, 4]"), "{text}");
+    assert!(line("softmax").ends_with(": f32[4, 4]"), "{text}");
+    assert!(line("sum").ends_with(": f32[]"), "{text}");
+    let f64_mul = text.lines().find(|l| l.contains("graph.mul %d,"));
+    assert!(f64_mul.is_some_and(|l| l.ends_with(": f64[4]")), "{text}");
+    assert!(!text.contains("graph.cast %d"), "{text}");
+    assert_eq!(g.result_types(), f.result_types());
+    assert_eq!(g.param_types(), f.param_types());
+    assert!(dlc_graph::transforms::autocast(f, DType::F32, "g").is_err());
+}

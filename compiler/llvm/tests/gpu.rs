@@ -89,6 +89,14 @@ fn products_reductions_and_moves_with_ragged_edges() {
     );
 }
 
+/// W2's training step (forward, backward, SGD), at a sixteenth of its
+/// width so that the emulator's one CPU thread per GPU thread gets through
+/// it, in f32 and with bf16 products on tensor cores (`autocast=bf16`).
+#[test]
+fn the_w2_training_step_on_the_emulator() {
+    emulated_agrees(&dlc_tests::w2_training_step(32, 64, 256, 64));
+}
+
 #[test]
 fn narrow_floats_accumulate_in_f32_on_the_emulator() {
     dlc_tests::check_narrow_accumulation(&emulated);

@@ -1105,7 +1105,7 @@ impl Elab<'_> {
         Ok(v)
     }
 
-    fn bool_tensor(&mut self, cx: &mut FnCx, e: &Expr, what: &str) -> R<Value> {
+    pub(super) fn bool_tensor(&mut self, cx: &mut FnCx, e: &Expr, what: &str) -> R<Value> {
         let v = self.tensor(cx, e)?;
         let ty = Self::ty(cx, v);
         if ty.dtype != DType::Bool {

@@ -6,7 +6,7 @@
 use super::*;
 
 /// The built-ins this module defines.
-pub(super) const TRAINING: [&str; 13] = [
+pub(super) const TRAINING: [&str; 15] = [
     "batchnorm_train",
     "cross_entropy",
     "mse_loss",
@@ -20,6 +20,8 @@ pub(super) const TRAINING: [&str; 13] = [
     "step_lr",
     "cosine_lr",
     "warmup_lr",
+    "all_finite",
+    "loss_scale_update",
 ];
 
 impl Elab<'_> {
@@ -269,6 +271,127 @@ impl Elab<'_> {
                 let upd = self.bin(cx, BinaryOp::Mul, upd, lr, span)?;
                 let w = self.bin(cx, BinaryOp::Sub, w, upd, span)?;
                 Ok(EVal::Tuple(vec![w, m, v]))
+            }
+            "all_finite" => {
+                // Per tensor: the least of `|x| < inf` as 0 or 1 (NaN and
+                // infinities compare false), then the least over tensors.
+                if args.is_empty() {
+                    return Err(Diagnostic::new(
+                        "all_finite takes one or more float tensors",
+                        span,
+                        "no arguments",
+                    ));
+                }
+                let mut all: Option<Value> = None;
+                for arg in args {
+                    if let Some(k) = &arg.name {
+                        return Err(Diagnostic::new(
+                            "all_finite takes tensors by position only",
+                            k.span,
+                            "a keyword",
+                        ));
+                    }
+                    let x = self.float_tensor(cx, &arg.value, name)?;
+                    let ty = Self::ty(cx, x);
+                    let ax = self.add(cx, Op::Unary(UnaryOp::Abs), &[x], span)?;
+                    let inf = self.k(cx, f64::INFINITY, ty.dtype);
+                    let fin = self.cmp(cx, CmpOp::Lt, ax, inf, span)?;
+                    let fin = self.add(cx, Op::Cast { to: DType::F32 }, &[fin], span)?;
+                    let fin = if ty.rank() == 0 {
+                        fin
+                    } else {
+                        let reduce = Op::Reduce {
+                            kind: ReduceKind::Min,
+                            axes: (0..ty.rank()).collect(),
+                            keepdims: false,
+                        };
+                        self.add(cx, reduce, &[fin], span)?
+                    };
+                    all = Some(match all {
+                        Some(a) => self.bin(cx, BinaryOp::Min, a, fin, span)?,
+                        None => fin,
+                    });
+                }
+                let all = all.unwrap_or_else(|| self.k(cx, 1.0, DType::F32));
+                one(self.add(cx, Op::Cast { to: DType::Bool }, &[all], span)?)
+            }
+            "loss_scale_update" => {
+                let params = ["scale", "good", "finite", "growth", "backoff", "interval"];
+                let a = bind(f, args, &params, 3, span)?;
+                let scale = self.float_tensor(cx, req(&a, 0), name)?;
+                let st = Self::ty(cx, scale);
+                let good = self.tensor(cx, req(&a, 1))?;
+                let gt = Self::ty(cx, good);
+                let finite = self.bool_tensor(cx, req(&a, 2), name)?;
+                let ft = Self::ty(cx, finite);
+                let need = |ok: bool, e: &Expr, what: &str, t: &TensorType| {
+                    if ok {
+                        Ok(())
+                    } else {
+                        Err(Diagnostic::new(
+                            format!("{what}, got {t}"),
+                            e.span,
+                            format!("{t}"),
+                        ))
+                    }
+                };
+                need(st.rank() == 0, req(&a, 0), "`scale` is a float scalar", &st)?;
+                need(
+                    gt.rank() == 0 && gt.dtype.is_int(),
+                    req(&a, 1),
+                    "`good` (updates since the scale last changed) is an integer scalar",
+                    &gt,
+                )?;
+                need(
+                    ft.rank() == 0,
+                    req(&a, 2),
+                    "`finite` is a bool scalar (all_finite of the gradients)",
+                    &ft,
+                )?;
+                let growth = a[3]
+                    .map(|e| positive_float(e, "growth"))
+                    .transpose()?
+                    .unwrap_or(2.0);
+                let backoff = a[4]
+                    .map(|e| unit_float(e, "backoff"))
+                    .transpose()?
+                    .unwrap_or(0.5);
+                let interval = match a[5] {
+                    Some(e) => {
+                        let n = const_int(e, &cx.dims)?;
+                        if n < 1 {
+                            return Err(Diagnostic::new(
+                                "`interval` must be a positive number of steps",
+                                e.span,
+                                format!("{n}"),
+                            ));
+                        }
+                        n as f64
+                    }
+                    None => 2000.0,
+                };
+                // PyTorch's GradScaler: on overflow, scale * backoff and
+                // the count restarts; otherwise the count grows, and at
+                // `interval` the scale grows (if it stays finite) and the
+                // count restarts.
+                let (d, gd) = (st.dtype, gt.dtype);
+                let k1 = self.k(cx, 1.0, gd);
+                let next = self.bin(cx, BinaryOp::Add, good, k1, span)?;
+                let kint = self.k(cx, interval, gd);
+                let due = self.cmp(cx, CmpOp::Ge, next, kint, span)?;
+                let kg = self.k(cx, growth, d);
+                let grown = self.bin(cx, BinaryOp::Mul, scale, kg, span)?;
+                let inf = self.k(cx, f64::INFINITY, d);
+                let fits = self.cmp(cx, CmpOp::Lt, grown, inf, span)?;
+                let grown = self.add(cx, Op::Select, &[fits, grown, scale], span)?;
+                let kept = self.add(cx, Op::Select, &[due, grown, scale], span)?;
+                let kb = self.k(cx, backoff, d);
+                let backed = self.bin(cx, BinaryOp::Mul, scale, kb, span)?;
+                let new_scale = self.add(cx, Op::Select, &[finite, kept, backed], span)?;
+                let k0 = self.k(cx, 0.0, gd);
+                let count = self.add(cx, Op::Select, &[due, k0, next], span)?;
+                let new_good = self.add(cx, Op::Select, &[finite, count, k0], span)?;
+                Ok(EVal::Tuple(vec![new_scale, new_good]))
             }
             "step_lr" | "cosine_lr" | "warmup_lr" => {
                 let params: &[&str] = match name {
@@ -618,11 +741,23 @@ impl Elab<'_> {
     /// A learning rate: a positive literal, or a float scalar of type `d`
     /// (a schedule's value).
     fn rate(&mut self, cx: &mut FnCx, e: &Expr, d: DType) -> R<Value> {
+        self.positive_scalar(cx, e, d, "a learning rate")
+    }
+
+    /// `what` (a learning rate, a loss scale): a positive number or a
+    /// scalar of type `d`, as a value of type `d`.
+    pub(super) fn positive_scalar(
+        &mut self,
+        cx: &mut FnCx,
+        e: &Expr,
+        d: DType,
+        what: &str,
+    ) -> R<Value> {
         match self.expr(cx, e)? {
             EVal::Lit(x, f) => {
                 if !(x > 0.0 && x.is_finite()) {
                     return Err(Diagnostic::new(
-                        "a learning rate must be positive",
+                        format!("{what} must be positive"),
                         e.span,
                         format!("{x}"),
                     ));
@@ -634,7 +769,7 @@ impl Elab<'_> {
                 let got = Self::ty(cx, v);
                 if got != TensorType::scalar(d) {
                     return Err(Diagnostic::new(
-                        format!("a learning rate is a number or a {d} scalar, got {got}"),
+                        format!("{what} is a number or a {d} scalar, got {got}"),
                         e.span,
                         format!("{got}"),
                     ));

@@ -30,6 +30,22 @@ pub enum Optimizer {
     Adamw,
 }
 
+/// The precision `dlc train --precision` computes the loss's products in.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+pub enum Precision {
+    /// Everything in the loss's own types.
+    F32,
+    /// Products in bf16 (`value_and_grad(.., autocast=bf16)`), f32 master
+    /// weights, dynamic loss scaling.
+    Bf16,
+    /// Products in f16, f32 master weights, dynamic loss scaling.
+    F16,
+}
+
+/// PyTorch's `GradScaler` defaults: the first loss scale, and how many
+/// updates without an overflow double it.
+const INITIAL_LOSS_SCALE: f64 = 65536.0;
+
 /// What `dlc train` was asked for.
 #[derive(clap::Args)]
 pub struct TrainArgs {
@@ -71,6 +87,12 @@ pub struct TrainArgs {
     /// Seed of the initial weights and of each epoch's shuffle.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Mixed precision: bf16 or f16 computes the loss's products in that
+    /// type from f32 master weights, with dynamic loss scaling (PyTorch's
+    /// GradScaler: scale 2^16 at first, halved and the update skipped when
+    /// a gradient overflows, doubled after 2000 updates without one).
+    #[arg(long, value_enum, default_value = "f32")]
+    pub precision: Precision,
     /// Initial weights (and buffers): DIR/NAME.npy where DIR holds one;
     /// the others are drawn as PyTorch initializes layers, from --seed
     /// (rank-1 weights start at zero: give a scale that starts at one, a
@@ -194,14 +216,27 @@ fn step_source(plan: &Plan, args: &TrainArgs, total_steps: usize) -> Result<Stri
         }
     }
     params.push("t: i64".into());
+    let mixed = match args.precision {
+        Precision::F32 => None,
+        Precision::Bf16 => Some("bf16"),
+        Precision::F16 => Some("f16"),
+    };
+    if mixed.is_some() {
+        params.push("__scale: f32".into());
+        params.push("__good: i64".into());
+    }
     // The loss (an f32 scalar: `train` checks), the weights, the state,
-    // the buffers.
+    // the buffers; with mixed precision the new loss scale, the updates
+    // since it changed and whether this update was made.
     let mut results = vec!["f32".to_string()];
     results.extend(plan.weights.iter().map(|&w| ty(w)));
     for &w in &plan.weights {
         results.extend(plan.state.iter().map(|_| ty(w)));
     }
     results.extend(plan.buffers.iter().map(|&b| ty(b)));
+    if mixed.is_some() {
+        results.extend(["f32".into(), "i64".into(), "bool".into()]);
+    }
     let aux: Vec<String> = plan
         .buffers
         .iter()
@@ -211,7 +246,7 @@ fn step_source(plan: &Plan, args: &TrainArgs, total_steps: usize) -> Result<Stri
     let wrt: Vec<String> = plan.weights.iter().map(|&w| name(w)).collect();
     let grads: Vec<String> = wrt.iter().map(|w| format!("__g_{w}")).collect();
     let mut body = vec![format!(
-        "    let (__loss, {}) = value_and_grad({}({}), wrt=[{}]);",
+        "    let (__loss, {}) = value_and_grad({}({}), wrt=[{}]{});",
         aux.iter()
             .chain(&grads)
             .cloned()
@@ -219,8 +254,21 @@ fn step_source(plan: &Plan, args: &TrainArgs, total_steps: usize) -> Result<Stri
             .join(", "),
         plan.loss,
         call_args.join(", "),
-        wrt.join(", ")
+        wrt.join(", "),
+        mixed
+            .map(|d| format!(", autocast={d}, scale=__scale"))
+            .unwrap_or_default()
     )];
+    if mixed.is_some() {
+        // The scaled gradients: all finite, or this update is skipped.
+        body.push(format!(
+            "    let __finite = all_finite({});",
+            grads.join(", ")
+        ));
+        for g in &grads {
+            body.push(format!("    let {g} = {g} / __scale;"));
+        }
+    }
     body.push(format!(
         "    let __lr = {};",
         schedule_expr(args.schedule.as_deref(), args.lr, total_steps)?
@@ -260,9 +308,26 @@ fn step_source(plan: &Plan, args: &TrainArgs, total_steps: usize) -> Result<Stri
         new_s.extend(plan.state.iter().map(|s| format!("__new_{s}_{w}")));
     }
     let mut ret = vec!["__loss".to_string()];
-    ret.extend(new_w);
-    ret.extend(new_s);
-    ret.extend(aux);
+    if mixed.is_some() {
+        // A skipped update leaves the weights and the state as they were.
+        let kept = |new: &str, old: String| format!("where(__finite, {new}, {old})");
+        ret.extend(new_w.iter().zip(&wrt).map(|(n, w)| kept(n, w.clone())));
+        for w in &wrt {
+            for st in &plan.state {
+                ret.push(kept(&format!("__new_{st}_{w}"), format!("__{st}_{w}")));
+            }
+        }
+        body.push(
+            "    let (__new_scale, __new_good) = loss_scale_update(__scale, __good, __finite);"
+                .into(),
+        );
+        ret.extend(aux);
+        ret.extend(["__new_scale".into(), "__new_good".into(), "__finite".into()]);
+    } else {
+        ret.extend(new_w);
+        ret.extend(new_s);
+        ret.extend(aux);
+    }
     Ok(format!(
         "\n\nfn __train_step({}) -> ({}) {{\n{}\n    return ({});\n}}\n",
         params.join(", "),
@@ -559,13 +624,26 @@ pub fn train(args: &TrainArgs) -> Result<(), DriverError> {
     let lowered = dlc_driver::lower_for_cpu(&step_module)?;
     let nw = plan.weights.len();
     let ns = plan.state.len();
+    let mixed = args.precision != Precision::F32;
     let setting = Progress {
         epoch: 0,
         step: 1,
+        update: 1,
+        loss_scale: INITIAL_LOSS_SCALE,
+        good: 0,
         seed: args.seed,
         optimizer: format!(
-            "{:?} momentum={:?} nesterov={} weight_decay={:?} schedule={:?}",
-            args.optimizer, args.momentum, args.nesterov, args.weight_decay, args.schedule
+            "{:?} momentum={:?} nesterov={} weight_decay={:?} schedule={:?}{}",
+            args.optimizer,
+            args.momentum,
+            args.nesterov,
+            args.weight_decay,
+            args.schedule,
+            if mixed {
+                format!(" precision={:?}", args.precision)
+            } else {
+                String::new()
+            }
         ),
         epochs: args.epochs,
         lr: format!("{:?}", args.lr),
@@ -677,12 +755,24 @@ pub fn train(args: &TrainArgs) -> Result<(), DriverError> {
             }
             let t_ty = dlc_core::TensorType::scalar(dlc_core::DType::I64);
             binder.push_values(&t_ty, std::iter::once(1.0)).map_err(err)?;
+            if mixed {
+                let f32_ty = dlc_core::TensorType::scalar(dlc_core::DType::F32);
+                binder.push_values(&f32_ty, std::iter::once(start.loss_scale)).map_err(err)?;
+                binder.push_values(&t_ty, std::iter::once(start.good as f64)).map_err(err)?;
+            }
             let mut call = binder.finish().map_err(err)?;
             let t_input = plan.params.len() + nw * ns;
+            // With mixed precision: the loss scale, the updates since it
+            // changed (inputs after `t`), their new values and whether the
+            // update was made (results after the buffers).
+            let (scale_input, good_input) = (t_input + 1, t_input + 2);
+            let scale_result = 1 + nw + nw * ns + plan.buffers.len();
             // State input of weight k, tensor s.
             let state_input = |k: usize, s: usize| plan.params.len() + k * ns + s;
             let bar = progress(args, total);
             let mut t = start.step;
+            let mut update = start.update;
+            let mut skipped_total = 0u64;
             if let Some(bar) = &bar {
                 bar.set_position(t - 1);
             }
@@ -692,6 +782,7 @@ pub fn train(args: &TrainArgs) -> Result<(), DriverError> {
                 order.shuffle(&mut dlc_runtime::seeded_rng(args.seed.wrapping_add(epoch as u64)));
                 let epoch_start = Instant::now();
                 let mut total_loss = 0.0;
+                let mut skipped = 0usize;
                 for b in 0..steps {
                     let picked = &order[b * batch..(b + 1) * batch];
                     for ((i, _), tensor) in plan.data.iter().zip(&tensors) {
@@ -701,13 +792,27 @@ pub fn train(args: &TrainArgs) -> Result<(), DriverError> {
                             .flat_map(|&r| tensor.data[r * row..(r + 1) * row].iter().copied());
                         call.write_input(*i, values).map_err(err)?;
                     }
-                    call.write_input(t_input, std::iter::once(t as f64)).map_err(err)?;
+                    call.write_input(t_input, std::iter::once(update as f64)).map_err(err)?;
                     call.run().map_err(err)?;
                     let loss = call.output(0).map_err(err)?.data[0];
-                    if !loss.is_finite() {
+                    let made = !mixed || call.output(scale_result + 2).map_err(err)?.data[0] != 0.0;
+                    if mixed {
+                        call.swap_result_into_input(scale_result, scale_input).map_err(err)?;
+                        call.swap_result_into_input(scale_result + 1, good_input).map_err(err)?;
+                    }
+                    if made {
+                        update += 1;
+                    } else {
+                        skipped += 1;
+                    }
+                    // A skipped update's loss may have overflowed the narrow
+                    // type; a made one's must be finite.
+                    if made && !loss.is_finite() {
                         return Err(usage(format!("the loss is {loss} at epoch {epoch}, step {t}: training diverged (a smaller --lr may help)")));
                     }
-                    total_loss += loss;
+                    if loss.is_finite() {
+                        total_loss += loss;
+                    }
                     for (k, &w) in plan.weights.iter().enumerate() {
                         call.swap_result_into_input(1 + k, w).map_err(err)?;
                         for s in 0..ns {
@@ -738,21 +843,33 @@ pub fn train(args: &TrainArgs) -> Result<(), DriverError> {
                     let progress = Progress {
                         epoch,
                         step: t,
+                        update,
+                        loss_scale: if mixed { call.input(scale_input).map_err(err)?.data[0] } else { INITIAL_LOSS_SCALE },
+                        good: if mixed { call.input(good_input).map_err(err)?.data[0] as u64 } else { 0 },
                         ..setting.clone()
                     };
                     write_checkpoint(dir, &tensors, &progress)?;
                 }
-                let mean = total_loss / steps as f64;
+                // The mean over the steps whose loss is finite.
+                let mean = total_loss / (steps - skipped).max(1) as f64;
                 let rate = steps as f64 / epoch_start.elapsed().as_secs_f64().max(1e-9);
+                skipped_total += skipped as u64;
+                let scale = if mixed { Some(call.input(scale_input).map_err(err)?.data[0]) } else { None };
                 if args.json {
-                    dlc_cli::outln!(
-                        "{}",
-                        serde_json::json!({"epoch": epoch, "steps": t - 1, "loss": mean, "steps_per_s": rate})
-                    );
-                } else if let Some(bar) = &bar {
-                    bar.println(format!("epoch {epoch}/{}: loss {mean:.6} ({steps} steps, {rate:.1} steps/s)", args.epochs));
+                    let mut line = serde_json::json!({"epoch": epoch, "steps": t - 1, "loss": mean, "steps_per_s": rate});
+                    if let Some(scale) = scale {
+                        line["updates"] = serde_json::json!(update - 1);
+                        line["skipped"] = serde_json::json!(skipped);
+                        line["loss_scale"] = serde_json::json!(scale);
+                    }
+                    dlc_cli::outln!("{line}");
                 } else {
-                    dlc_cli::outln!("epoch {epoch}/{}: loss {mean:.6} ({steps} steps, {rate:.1} steps/s)", args.epochs);
+                    let extra = scale.map(|s| format!(", {skipped} skipped, loss scale {s}")).unwrap_or_default();
+                    let text = format!("epoch {epoch}/{}: loss {mean:.6} ({steps} steps, {rate:.1} steps/s{extra})", args.epochs);
+                    match &bar {
+                        Some(bar) => bar.println(text),
+                        None => dlc_cli::outln!("{text}"),
+                    }
                 }
             }
             if let Some(bar) = bar {
@@ -760,9 +877,14 @@ pub fn train(args: &TrainArgs) -> Result<(), DriverError> {
             }
             if !args.json {
                 dlc_cli::outln!(
-                    "trained {} step(s) of {batch} in {:.2} s",
+                    "trained {} step(s) of {batch} in {:.2} s{}",
                     t - start.step,
-                    started.elapsed().as_secs_f64()
+                    started.elapsed().as_secs_f64(),
+                    if mixed {
+                        format!(" ({skipped_total} update(s) skipped on overflow)")
+                    } else {
+                        String::new()
+                    }
                 );
             }
             // The weights, then the buffers: what a model is evaluated with.
@@ -811,6 +933,13 @@ struct Progress {
     epoch: usize,
     /// The number of the next step (1 for the first).
     step: u64,
+    /// The number of the next optimizer update: the step's unless mixed
+    /// precision skipped some.
+    update: u64,
+    /// The loss scale and the updates since it last changed (mixed
+    /// precision).
+    loss_scale: f64,
+    good: u64,
     seed: u64,
     optimizer: String,
     epochs: usize,
@@ -849,6 +978,9 @@ fn write_checkpoint(
         ("format", "dlc-train-1".to_string()),
         ("epoch", progress.epoch.to_string()),
         ("step", progress.step.to_string()),
+        ("update", progress.update.to_string()),
+        ("loss_scale", format!("{:?}", progress.loss_scale)),
+        ("good_steps", progress.good.to_string()),
         ("seed", progress.seed.to_string()),
         ("optimizer", progress.optimizer.clone()),
         ("epochs", progress.epochs.to_string()),
@@ -891,9 +1023,22 @@ fn read_checkpoint(dir: &Path) -> Result<(Vec<(String, HostTensor)>, Progress), 
             .parse()
             .map_err(|_| bad(format!("`{k}` is not a number")))
     };
+    let step = num("step")?;
+    // Checkpoints of runs before mixed precision have no updates of their
+    // own: each step was one.
+    let or = |k: &str, default: String| meta.get(k).cloned().unwrap_or(default);
     let progress = Progress {
         epoch: num("epoch")? as usize,
-        step: num("step")?,
+        step,
+        update: or("update", step.to_string())
+            .parse()
+            .map_err(|_| bad("`update` is not a number".into()))?,
+        loss_scale: or("loss_scale", format!("{INITIAL_LOSS_SCALE:?}"))
+            .parse()
+            .map_err(|_| bad("`loss_scale` is not a number".into()))?,
+        good: or("good_steps", "0".into())
+            .parse()
+            .map_err(|_| bad("`good_steps` is not a number".into()))?,
         seed: num("seed")?,
         optimizer: get("optimizer")?,
         epochs: num("epochs")? as usize,

@@ -2404,6 +2404,146 @@ fn train_errors_name_what_is_wrong() {
     }
 }
 
+/// `dlc train --precision bf16|f16`: products in the narrow type from f32
+/// master weights. The digits MLP learns in both. A loss whose gradient
+/// overflows f16 at the first loss scale (2^16) skips those updates and
+/// halves the scale until it fits, then trains; resumed from a checkpoint
+/// (which keeps the scale and the count of updates), it ends bit for bit
+/// where the uninterrupted run does.
+#[test]
+fn train_in_mixed_precision_with_dynamic_loss_scaling() {
+    let d = Dir::new("train-mixed");
+    let root = dlc_tests::repo_root();
+    let data = |f: &str| {
+        root.join("examples/train/data")
+            .join(f)
+            .display()
+            .to_string()
+    };
+    let digits = root
+        .join("examples/train/digits_mlp.dl")
+        .display()
+        .to_string();
+    for precision in ["bf16", "f16"] {
+        let out = d.0.join(precision);
+        let o = dlc(&[
+            "train",
+            &digits,
+            "--entry",
+            "loss",
+            "--data",
+            &format!("x={}", data("digits_train_x.npy")),
+            "--data",
+            &format!("y={}", data("digits_train_y.npy")),
+            "--epochs",
+            "10",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "0.002",
+            "--precision",
+            precision,
+            "--save-weights",
+            out.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let o = dlc(&[
+            "run",
+            &digits,
+            "--entry",
+            "accuracy",
+            "--weights",
+            out.to_str().unwrap(),
+            "--input",
+            &format!("x={}", data("digits_test_x.npy")),
+            "--input",
+            &format!("y={}", data("digits_test_y.npy")),
+            "--save-outputs",
+            out.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let acc = HostTensor::read_npy(&out.join("out0.npy"), None)
+            .unwrap()
+            .data[0];
+        assert!(acc > 0.9, "{precision}: test accuracy {acc}");
+    }
+
+    // 1000 (x w - y)^2: its gradient, times 2^16, is far beyond f16's 65504.
+    let model = d.file(
+        "m.dl",
+        "fn loss(x: f32[8, 4], y: f32[8, 2], weight w: f32[4, 2]) -> f32 {
+            return mse_loss(x @ w, y) * 1000.0;
+        }",
+    );
+    let xs: Vec<f64> = (0..320).map(|i| f64::from(i * 7 % 11 - 5) / 4.0).collect();
+    let ys: Vec<f64> = (0..160).map(|i| f64::from(i % 5 - 2)).collect();
+    let x = d.npy("x.npy", f32ty(&[80, 4]), &xs);
+    let y = d.npy("y.npy", f32ty(&[80, 2]), &ys);
+    let path = |n: &str| d.0.join(n).display().to_string();
+    let (dx, dy) = (format!("x={x}"), format!("y={y}"));
+    let base = [
+        "train",
+        model.as_str(),
+        "--data",
+        dx.as_str(),
+        "--data",
+        dy.as_str(),
+        "--lr",
+        "0.00001",
+        "--precision",
+        "f16",
+        "--json",
+    ];
+    let run = |extra: &[&str]| {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        dlc(&args)
+    };
+    let (full, ck, resumed) = (path("full"), path("ck"), path("resumed"));
+    let o = run(&["--epochs", "3", "--save-weights", &full]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3);
+    let first = &lines[0];
+    let skipped = first["skipped"].as_u64().unwrap();
+    let scale = first["loss_scale"].as_f64().unwrap();
+    assert!(skipped >= 1, "{first}");
+    assert_eq!(first["updates"].as_u64().unwrap() + skipped, 10, "{first}");
+    assert!(
+        scale < 65536.0 && scale.log2().fract() == 0.0,
+        "halved from 2^16: {first}"
+    );
+    let last = &lines[2];
+    assert!(
+        last["updates"].as_u64().unwrap() > 10,
+        "it trains once the scale fits: {last}"
+    );
+    assert!(
+        last["loss"].as_f64().unwrap() < first["loss"].as_f64().unwrap(),
+        "{first} then {last}"
+    );
+
+    let o = run(&["--epochs", "1", "--checkpoint", &ck]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run(&["--epochs", "3", "--resume", &ck, "--save-weights", &resumed]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let a = HostTensor::read_npy(&d.0.join("full/w.npy"), None).unwrap();
+    let b = HostTensor::read_npy(&d.0.join("resumed/w.npy"), None).unwrap();
+    assert_eq!(a, b, "resumed in mixed precision");
+    let mut other = base.to_vec();
+    let at = other.len() - 2;
+    other[at] = "bf16";
+    other.extend_from_slice(&["--epochs", "3", "--resume", &ck]);
+    fails_with(
+        &dlc(&other),
+        "the checkpoint was written with the optimizer",
+    );
+}
+
 /// A run stopped after two epochs and resumed from its checkpoint ends
 /// with the weights, bit for bit, of the run never stopped; a resume with
 /// other settings is refused.

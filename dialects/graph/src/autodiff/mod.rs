@@ -56,6 +56,33 @@ fn fail(message: impl Into<String>) -> GradError {
 /// gets a zero gradient; an op on the way from a parameter to the result
 /// that has no derivative is an error naming it and its source place.
 pub fn value_and_grad(f: &Function, wrt: &[usize], name: &str) -> Result<Function, GradError> {
+    value_and_grad_with(f, wrt, name, false)
+}
+
+/// How [`add_grad_function_with`] derives a gradient.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GradOptions {
+    /// Compute the function's products in this narrow float type (bf16 or
+    /// f16) first ([`crate::transforms::autocast`]): mixed precision.
+    pub autocast: Option<DType>,
+    /// Seed the reverse sweep with one more parameter, [`LOSS_SCALE`] (a
+    /// scalar of the differentiated result's type, after the function's
+    /// own), instead of 1: the gradients are those of the scaled result,
+    /// as loss scaling wants, and the result itself is not scaled.
+    pub scaled: bool,
+}
+
+/// The name of the parameter [`GradOptions::scaled`] adds.
+pub const LOSS_SCALE: &str = "__loss_scale";
+
+/// [`value_and_grad`], seeded by a last parameter [`LOSS_SCALE`] when
+/// `scaled`.
+pub fn value_and_grad_with(
+    f: &Function,
+    wrt: &[usize],
+    name: &str,
+    scaled: bool,
+) -> Result<Function, GradError> {
     let Some(&loss) = f.results.first() else {
         return Err(fail(format!(
             "@{} returns nothing to differentiate",
@@ -111,9 +138,15 @@ pub fn value_and_grad(f: &Function, wrt: &[usize], name: &str) -> Result<Functio
         }
     }
     let mut adj: HashMap<Value, Value> = HashMap::new();
-    if active.contains(&loss.node) {
-        let one = add_constant(&mut g, 1.0, loss_ty);
-        adj.insert(loss, one);
+    let seed = if scaled {
+        Some(g.add_param(LOSS_SCALE, loss_ty))
+    } else if active.contains(&loss.node) {
+        Some(add_constant(&mut g, 1.0, loss_ty))
+    } else {
+        None
+    };
+    if let (true, Some(seed)) = (active.contains(&loss.node), seed) {
+        adj.insert(loss, seed);
     }
     for &n in order.iter().rev() {
         if !active.contains(&n) || matches!(g.body[n].op, Op::Param { .. }) {
@@ -362,12 +395,14 @@ pub struct Grad {
     pub wrt: Vec<String>,
     /// The new function's name; empty for `ENTRY_grad`.
     pub name: String,
+    /// Mixed precision and loss scaling (`autocast=bf16`, `scaled=true`).
+    pub options: GradOptions,
 }
 
 impl Grad {
-    /// Builds the pass from `entry=F,wrt=a+b,name=G`.
+    /// Builds the pass from `entry=F,wrt=a+b,name=G,autocast=bf16,scaled=true`.
     pub fn from_options(o: &dlc_core::PassOptions) -> Result<Grad, PassError> {
-        o.expect_only(&["entry", "wrt", "name"])?;
+        o.expect_only(&["entry", "wrt", "name", "autocast", "scaled"])?;
         let entry: String = o.get("entry", String::new())?;
         if entry.is_empty() {
             return Err(PassError::BadOption {
@@ -385,6 +420,20 @@ impl Grad {
                 .map(String::from)
                 .collect(),
             name: o.get("name", String::new())?,
+            options: GradOptions {
+                autocast: match o.get("autocast", String::new())?.as_str() {
+                    "" => None,
+                    "bf16" => Some(DType::BF16),
+                    "f16" => Some(DType::F16),
+                    other => {
+                        return Err(PassError::BadOption {
+                            pass: "graph.grad".into(),
+                            message: format!("`autocast` is bf16 or f16, not `{other}`"),
+                        });
+                    }
+                },
+                scaled: o.get("scaled", false)?,
+            },
         })
     }
 }
@@ -411,6 +460,17 @@ pub fn add_grad_function(
     entry: &str,
     wrt: &[String],
     name: &str,
+) -> Result<Vec<usize>, GradError> {
+    add_grad_function_with(m, entry, wrt, name, &GradOptions::default())
+}
+
+/// [`add_grad_function`] as `options` say.
+pub fn add_grad_function_with(
+    m: &mut Module,
+    entry: &str,
+    wrt: &[String],
+    name: &str,
+    options: &GradOptions,
 ) -> Result<Vec<usize>, GradError> {
     if m.function(name).is_some() {
         return Err(fail(format!("the module already has a function @{name}")));
@@ -459,7 +519,10 @@ pub fn add_grad_function(
             "@{entry} has no float parameter to differentiate"
         )));
     }
-    let g = value_and_grad(&f, &positions, name)?;
+    if let Some(narrow) = options.autocast {
+        f = crate::transforms::autocast(&f, narrow, &f.name).map_err(fail)?;
+    }
+    let g = value_and_grad_with(&f, &positions, name, options.scaled)?;
     m.functions.push(g);
     Ok(positions)
 }
@@ -475,9 +538,11 @@ impl Pass<Module> for Grad {
         } else {
             self.name.clone()
         };
-        add_grad_function(m, &self.entry, &self.wrt, &name).map_err(|e| PassError::Failed {
-            pass: "graph.grad".into(),
-            message: e.to_string(),
+        add_grad_function_with(m, &self.entry, &self.wrt, &name, &self.options).map_err(|e| {
+            PassError::Failed {
+                pass: "graph.grad".into(),
+                message: e.to_string(),
+            }
         })?;
         let ops = m.function(&name).map_or(0, Function::num_ops);
         Ok(vec![("ops", ops as u64)])

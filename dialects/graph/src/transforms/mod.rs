@@ -1,10 +1,12 @@
 //! Graph-dialect transforms and the registry that names them.
 
+mod autocast;
 mod canonicalize;
 mod dce;
 mod inline;
 pub mod saturate;
 
+pub use autocast::autocast;
 pub use canonicalize::{Canonicalize, FOLD_LIMIT};
 pub use dce::{Dce, remove_dead_nodes};
 pub use inline::Inline;
@@ -53,7 +55,7 @@ pub fn registry_for(target: &dlc_core::TargetDesc) -> PassRegistry<Module> {
     );
     r.register(
         "graph.grad",
-        "reverse-mode differentiation: adds NAME (default ENTRY_grad) returning ENTRY's results and the gradient of its first, a float scalar, with respect to the parameters `wrt` (names joined by `+`; default: ENTRY's weights, or every float parameter); options entry=ENTRY,wrt=a+b,name=NAME",
+        "reverse-mode differentiation: adds NAME (default ENTRY_grad) returning ENTRY's results and the gradient of its first, a float scalar, with respect to the parameters `wrt` (names joined by `+`; default: ENTRY's weights, or every float parameter); options entry=ENTRY,wrt=a+b,name=NAME, autocast=bf16|f16 (products in that type, f32 elsewhere: mixed precision), scaled=true (the reverse sweep seeded by a last parameter __loss_scale: loss scaling)",
         |o| Ok(Box::new(crate::autodiff::Grad::from_options(o)?)),
     );
     r.register(
