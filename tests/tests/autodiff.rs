@@ -179,6 +179,23 @@ fn ties_and_zeros_take_the_documented_gradient() {
     let out = run_function(&m, "f_grad", &[x]).unwrap();
     // max picks 4.0; prod(x - 1) = 0 * 3 gives the zero element 3.
     assert_eq!(out[1].data.as_slice().unwrap(), &[3.0, 1.0]);
+
+    // The same in a user operator: with one zero, the zero gets the
+    // product of the others and the rest nothing; with two, nothing at all.
+    let src = "op rowprod(x: f64[2, 3]) -> f64[2] { out[i] = prod[j](x[i, j]); }
+               fn f(x: f64[2, 3]) -> f64 { return sum(rowprod(x)); }";
+    let mut m = compile(src);
+    dlc_graph::autodiff::add_grad_function(&mut m, "f", &[], "f_grad").unwrap();
+    let x = Tensor::from_vec(
+        &TensorType::new(dlc_core::DType::F64, vec![2, 3]),
+        vec![2.0, 0.0, 5.0, 0.0, 3.0, 0.0],
+    )
+    .unwrap();
+    let out = run_function(&m, "f_grad", &[x]).unwrap();
+    assert_eq!(
+        out[1].data.as_slice().unwrap(),
+        &[0.0, 10.0, 0.0, 0.0, 0.0, 0.0]
+    );
 }
 
 #[test]
@@ -270,6 +287,17 @@ fn user_operators_differentiate_from_their_expression() {
             "op k(x: f64[3, 4], y: f64[4]) -> f64[3] { out[i] = mean[j](where(x[i, j] > 0.0, x[i, j] * y[j], y[j] * y[j])); }",
             "k(x, y)",
             "x: f64[3, 4], y: f64[4]",
+        ),
+        // Products over one and over two variables, of a local, shifted.
+        (
+            "op k(x: f64[3, 5], y: f64[5]) -> f64[3] { let t[i, j] = x[i, j] + y[j]; out[i] = prod[j](t[i, j] * 0.5) + prod[j in 1..4](x[i, j]); }",
+            "k(x, y)",
+            "x: f64[3, 5], y: f64[5]",
+        ),
+        (
+            "op k(x: f64[2, 3, 4]) -> f64[2] { out[i] = prod[j, l](x[i, j, l] + 1.0); }",
+            "k(x)",
+            "x: f64[2, 3, 4]",
         ),
     ];
     for (op, call, params) in ops {

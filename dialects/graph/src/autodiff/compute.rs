@@ -30,7 +30,9 @@
 //! Intermediate definitions the adjoints read are recomputed, each as an
 //! operator of its own. Reductions: `sum` and `mean` spread the adjoint;
 //! `max` and `min` give it to the elements equal to the result, split evenly
-//! among ties; `prod` has no rule yet (an error).
+//! among ties; `prod` gives each element the product of the others (an
+//! operator of its own over the reduced variables too, so quadratic in the
+//! reduced extent; exact with zeros).
 
 use std::collections::HashMap;
 
@@ -583,10 +585,19 @@ impl Derivation<'_, '_> {
                         zero_unless(&hit, share, true)
                     }
                     ReduceKind::Prod => {
-                        return Err(format!(
-                            "operator `{}`: the gradient of a `prod` reduction is not implemented",
-                            self.name
-                        ));
+                        // Each element gets the product of the others
+                        // (exact with zeros, as JAX's rule): an operator over
+                        // the definition's space and the reduced variables,
+                        // `others[v, k] = prod[k'](k' == k ? 1 : body(v, k'))`,
+                        // work quadratic in the reduced extent.
+                        let others = self.others_product(j, vars, body)?;
+                        let osrc = self.extra(others);
+                        let mut index = here.clone();
+                        index.extend(vars.iter().map(|rv| Affine {
+                            terms: vec![(1, rv.var)],
+                            constant: -rv.lo,
+                        }));
+                        mul(seed, ScalarExpr::Read { src: osrc, index })?
                     }
                 };
                 self.walk(body, seed, live, &mut out)?;
@@ -594,6 +605,68 @@ impl Derivation<'_, '_> {
             e => self.walk(e, seed, live, &mut out)?,
         }
         Ok(out)
+    }
+
+    /// For definition `j`, `out[v] = prod[vars](body)`: the operator
+    /// `others[v, k - lo] = prod[k'](where(k' == k, 1, body(v, k')))` over
+    /// the definition's space and the reduced variables `k`, each
+    /// equality a read of a one-element array of ones at `k' - k`.
+    fn others_product(
+        &mut self,
+        j: usize,
+        vars: &[RangeVar],
+        body: &ScalarExpr,
+    ) -> Result<Value, String> {
+        let def = self.defs[j].clone();
+        let dtype = def.ty.dtype;
+        let fresh = |this: &mut Self| {
+            let v = IndexVar(*this.fresh);
+            *this.fresh += 1;
+            v
+        };
+        let mut out_vars = def.vars.clone();
+        let mut shape = def.ty.shape.clone();
+        let mut inner = Vec::new();
+        let mut rename: HashMap<IndexVar, Affine> = HashMap::new();
+        let mut same: Option<ScalarExpr> = None;
+        for rv in vars {
+            // k - lo is the output's index; k' the inner reduction's variable.
+            let k = fresh(self);
+            let k2 = fresh(self);
+            out_vars.push(k);
+            shape.push((rv.hi - rv.lo) as usize);
+            inner.push(RangeVar { var: k2, ..*rv });
+            rename.insert(rv.var, Affine::var(k2));
+            let ones = self.b.constant(1.0, TensorType::new(dtype, vec![1]));
+            // k' - (k + lo): zero exactly where k' is this k.
+            let at = Affine {
+                terms: vec![(1, k2), (-1, k)],
+                constant: -rv.lo,
+            };
+            let eq = ScalarExpr::Read {
+                src: self.extra(ones),
+                index: vec![at],
+            };
+            same = Some(match same {
+                Some(s) => mul(s, eq)?,
+                None => eq,
+            });
+        }
+        let same = same.ok_or("internal: a `prod` over no variables")?;
+        let is_same =
+            ScalarExpr::Compare(CmpOp::Ne, Box::new(same), Box::new(ScalarExpr::Const(0.0)));
+        let factor = ScalarExpr::Select(
+            Box::new(is_same),
+            Box::new(ScalarExpr::Const(1.0)),
+            Box::new(substitute(body, &rename)),
+        );
+        let expr = ScalarExpr::Reduce {
+            kind: ReduceKind::Prod,
+            vars: inner,
+            body: Box::new(factor),
+        };
+        let name = format!("{}.others{j}", self.name);
+        self.emit(&name, out_vars, TensorType::new(dtype, shape), &expr)
     }
 
     fn dtype(&self, e: &ScalarExpr) -> Result<Option<DType>, String> {
