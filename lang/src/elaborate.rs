@@ -78,6 +78,7 @@ const BUILTINS: &[&str] = &[
     "full",
     "tensor",
     "value_and_grad",
+    "checkpoint",
 ];
 
 /// The bitwise operator or shift called `name` (`bitand`, `shl`).
@@ -1245,6 +1246,9 @@ impl<'p> Elab<'p> {
         if f.name == "value_and_grad" {
             return self.value_and_grad(cx, f, args, span);
         }
+        if f.name == "checkpoint" {
+            return self.checkpoint(cx, f, args, span);
+        }
         self.builtin(cx, f, args, span)
     }
 
@@ -1434,6 +1438,61 @@ impl<'p> Elab<'p> {
         Ok(EVal::Tuple(
             (0..n).map(|r| Value { node, result: r }).collect(),
         ))
+    }
+
+    /// `checkpoint(f(args))`: what the call returns; a gradient through it
+    /// recomputes `f`'s intermediate values from `args` instead of keeping
+    /// them (the call is of `f$checkpoint`, a copy of `f` marked
+    /// [`Function::recompute`]).
+    fn checkpoint(&mut self, cx: &mut FnCx, f: &Ident, args: &[Arg], span: Span) -> R<EVal> {
+        let a = bind(f, args, &["call"], 1, span)?;
+        let call = req(&a, 0);
+        let usage = "write `checkpoint(block(x, w))` inside the function you differentiate";
+        let ExprKind::Call(callee, cargs) = &call.kind else {
+            return Err(Diagnostic::new(
+                "the argument of `checkpoint` must be a call of a `fn`",
+                call.span,
+                "not a call",
+            )
+            .with_note(usage));
+        };
+        let Some(def) = self.fns.get(callee.name.as_str()).copied() else {
+            return Err(Diagnostic::new(
+                format!(
+                    "`checkpoint` recomputes a `fn`: `{}` is not a function defined with `fn`",
+                    callee.name
+                ),
+                callee.span,
+                "not a `fn`",
+            )
+            .with_note(usage));
+        };
+        let (values, name) = self.instantiate(cx, def, callee, cargs, call.span)?;
+        let marked = format!("{name}$checkpoint");
+        if self.module.function(&marked).is_none()
+            && let Some(g) = self.module.function(&name)
+        {
+            let mut g = g.clone();
+            g.name.clone_from(&marked);
+            g.visibility = Visibility::Private;
+            g.recompute = true;
+            self.module.functions.push(g);
+        }
+        let results = self
+            .module
+            .function(&marked)
+            .map(Function::result_types)
+            .unwrap_or_default();
+        let n = results.len();
+        let node = cx.f.add_node(Op::Call { callee: marked }, &values, results);
+        cx.f.body[node].loc = self.lines.as_ref().map(|l| l.loc(span.start));
+        if n == 1 && !def.ret_tuple {
+            Ok(EVal::Tensor(Value::of(node)))
+        } else {
+            Ok(EVal::Tuple(
+                (0..n as u32).map(|r| Value { node, result: r }).collect(),
+            ))
+        }
     }
 
     /// Evaluates the arguments of a user `fn` or `op` and infers its dimension parameters.

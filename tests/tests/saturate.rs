@@ -1,6 +1,7 @@
 //! Equality saturation over the project's programs: the graph -> e-graph ->
 //! graph conversion is the identity when no rule fires (up to the sharing of
-//! repeated subexpressions, which the e-graph merges), and the default
+//! repeated subexpressions, which the e-graph merges, and constants its
+//! analysis folds), and the default
 //! pipeline (which saturates) changes no example's results beyond rounding.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
@@ -61,9 +62,17 @@ fn conversion_is_the_identity_when_no_rule_fires() {
             if tensor_classes == f.body.node_count() {
                 assert_eq!(one(&back), one(f), "{name} @{}", f.name);
             } else {
-                // Repeated subexpressions are shared: one node per class,
-                // and converting again changes nothing.
-                assert_eq!(back.body.node_count(), tensor_classes, "{name} @{}", f.name);
+                // Repeated subexpressions are shared: at most one node per
+                // class (fewer where the analysis folded a chain to a
+                // constant: a gradient's seed reshaped and sliced to the
+                // scalar a checkpoint's barriers wait for), and converting
+                // again changes nothing.
+                assert!(
+                    back.body.node_count() <= tensor_classes,
+                    "{name} @{}: {} nodes, {tensor_classes} classes",
+                    f.name,
+                    back.body.node_count()
+                );
                 let again = encode(&back).unwrap();
                 let choice = greedy(model, &target, &again.egraph, &again.roots);
                 let twice =

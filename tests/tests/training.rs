@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
-use dlc_core::{DType, TensorType};
+use dlc_core::{DType, Pass, TensorType};
 use dlc_graph::interp::{Tensor, run_function};
 
 fn compile(src: &str) -> dlc_graph::Module {
@@ -35,6 +35,20 @@ fn close(got: &[f64], want: &[f64], what: &str) {
             (g - w).abs() <= 1e-12 * w.abs().max(1.0),
             "{what}: {got:?} vs {want:?}"
         );
+    }
+}
+
+/// Each source fails to compile with a message containing its text.
+fn fails_to_compile(cases: &[(&str, &str)]) {
+    for &(src, want) in cases {
+        let err = dlc_driver::compile_source(&dlc_driver::SourceText {
+            name: "t.dl".into(),
+            text: src.to_string(),
+        })
+        .map(|_| ())
+        .expect_err(src)
+        .to_string();
+        assert!(err.contains(want), "{src}\nexpected `{want}` in:\n{err}");
     }
 }
 
@@ -266,16 +280,7 @@ fn value_and_grad_errors_point_at_the_mistake() {
             "cross_entropy takes class indices (an integer tensor of shape [4]) or probabilities (a tensor of type f32[4, 3]), got f32[4]",
         ),
     ];
-    for (src, want) in cases {
-        let err = dlc_driver::compile_source(&dlc_driver::SourceText {
-            name: "t.dl".into(),
-            text: src.to_string(),
-        })
-        .map(|_| ())
-        .expect_err(src)
-        .to_string();
-        assert!(err.contains(want), "{src}\nexpected `{want}` in:\n{err}");
-    }
+    fails_to_compile(&cases);
 }
 
 /// MurmurHash3's 32-bit finalizer.
@@ -547,17 +552,12 @@ fn mixed_precision_errors_point_at_the_mistake() {
             "`interval` must be a positive number of steps",
         ),
     ];
-    for (src, want) in cases {
-        let src = format!("{l}{src}");
-        let err = dlc_driver::compile_source(&dlc_driver::SourceText {
-            name: "t.dl".into(),
-            text: src.clone(),
-        })
-        .map(|_| ())
-        .expect_err(&src)
-        .to_string();
-        assert!(err.contains(want), "{src}\nexpected `{want}` in:\n{err}");
-    }
+    let cases: Vec<(String, &str)> = cases
+        .iter()
+        .map(|(src, want)| (format!("{l}{src}"), *want))
+        .collect();
+    let cases: Vec<(&str, &str)> = cases.iter().map(|(s, w)| (s.as_str(), *w)).collect();
+    fails_to_compile(&cases);
 }
 
 /// The autocast policy op by op: products narrow, an element-wise op on a
@@ -595,4 +595,86 @@ fn autocast_narrows_products_and_what_only_reads_them() {
     assert_eq!(g.result_types(), f.result_types());
     assert_eq!(g.param_types(), f.param_types());
     assert!(dlc_graph::transforms::autocast(f, DType::F32, "g").is_err());
+}
+
+/// `checkpoint(f(..))` changes no value and no gradient (bit for bit, on
+/// the interpreter), but the gradient computes `f`'s body again after
+/// barriers that wait for its adjoint, instead of reading the forward
+/// pass's values: twice as many `tanh`s, one barrier per argument. Under
+/// autocast the checkpointed body is narrow too.
+#[test]
+fn checkpoint_recomputes_a_call_and_changes_no_gradient() {
+    let src = "
+        fn block(h: f32[6, 8], w: f32[8, 8], b: f32[8]) -> f32[6, 8] {
+            return tanh(h @ w + b) + h;
+        }
+        fn kept(x: f32[6, 8], weight w1: f32[8, 8], weight b1: f32[8], weight w2: f32[8, 8]) -> f32 {
+            let h = block(block(x, w1, b1), w2, b1);
+            return mean(h * h);
+        }
+        fn again(x: f32[6, 8], weight w1: f32[8, 8], weight b1: f32[8], weight w2: f32[8, 8]) -> f32 {
+            let h = checkpoint(block(checkpoint(block(x, w1, b1)), w2, b1));
+            return mean(h * h);
+        }
+        fn g_kept(x: f32[6, 8], weight w1: f32[8, 8], weight b1: f32[8], weight w2: f32[8, 8])
+                -> (f32, f32[8, 8], f32[8], f32[8, 8]) {
+            return value_and_grad(kept(x, w1, b1, w2));
+        }
+        fn g_again(x: f32[6, 8], weight w1: f32[8, 8], weight b1: f32[8], weight w2: f32[8, 8])
+                -> (f32, f32[8, 8], f32[8], f32[8, 8]) {
+            return value_and_grad(again(x, w1, b1, w2));
+        }
+        fn n_kept(x: f32[6, 8], weight w1: f32[8, 8], weight b1: f32[8], weight w2: f32[8, 8])
+                -> (f32, f32[8, 8], f32[8], f32[8, 8]) {
+            return value_and_grad(kept(x, w1, b1, w2), autocast=bf16);
+        }
+        fn n_again(x: f32[6, 8], weight w1: f32[8, 8], weight b1: f32[8], weight w2: f32[8, 8])
+                -> (f32, f32[8, 8], f32[8], f32[8, 8]) {
+            return value_and_grad(again(x, w1, b1, w2), autocast=bf16);
+        }";
+    let mut m = compile(src);
+    let args = [
+        f32s(&[6, 8], |i| (i as f64 * 0.37).sin()),
+        f32s(&[8, 8], |i| (i as f64 * 0.91).cos() * 0.5),
+        f32s(&[8], |i| i as f64 * 0.05 - 0.2),
+        f32s(&[8, 8], |i| (i as f64 * 1.3).sin() * 0.4),
+    ];
+    for (a, b) in [("g_kept", "g_again"), ("n_kept", "n_again")] {
+        let want = run_function(&m, a, &args).unwrap();
+        let got = run_function(&m, b, &args).unwrap();
+        for (k, (x, y)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(values(x), values(y), "{b} result {k}");
+        }
+    }
+    dlc_graph::transforms::Inline.run(&mut m).unwrap();
+    let count = |f: &str, what: &str| {
+        let text = dlc_graph::print_module(&dlc_graph::Module {
+            functions: vec![m.function(f).unwrap().clone()],
+        });
+        text.matches(what).count()
+    };
+    assert_eq!(count("g_kept", "graph.tanh"), 2);
+    assert_eq!(count("g_again", "graph.tanh"), 4, "each block once more");
+    assert_eq!(count("g_kept", "graph.barrier"), 0);
+    assert_eq!(
+        count("g_again", "graph.barrier"),
+        6,
+        "three arguments, two calls"
+    );
+    assert!(count("n_again", "graph.matmul %") >= 4);
+}
+
+#[test]
+fn checkpoint_errors_point_at_the_mistake() {
+    let cases = [
+        (
+            "fn f(x: f32[4]) -> f32[4] { return checkpoint(x); }",
+            "the argument of `checkpoint` must be a call of a `fn`",
+        ),
+        (
+            "fn f(x: f32[4]) -> f32 { return checkpoint(sum(x)); }",
+            "`checkpoint` recomputes a `fn`: `sum` is not a function defined with `fn`",
+        ),
+    ];
+    fails_to_compile(&cases);
 }

@@ -747,7 +747,9 @@ impl Lowering<'_> {
                 let x = self.operand_at(n, 0, idx);
                 self.b.cast(x, to)
             }
-            Op::Broadcast { .. } => self.operand_at(n, 0, idx),
+            // What it waits for is ordered before it by the graph's order;
+            // its value is the operand's.
+            Op::Broadcast { .. } | Op::Barrier => self.operand_at(n, 0, idx),
             Op::Transpose { perm } => {
                 let mut src = vec![ix_const(0); perm.len()];
                 for (i, &p) in perm.iter().enumerate() {

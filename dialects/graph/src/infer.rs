@@ -211,6 +211,16 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
             same_dtype(what, inputs)?;
             one(TensorType::new(DType::Bool, broadcast(what, inputs)?))
         }
+        Op::Barrier => {
+            arity(what, inputs.len(), 2)?;
+            if inputs[1].rank() != 0 {
+                return Err(InferError::new(
+                    format!("barrier: what it waits for is a scalar, got {}", inputs[1]),
+                    "not a scalar",
+                ));
+            }
+            one(inputs[0].clone())
+        }
         Op::Select => {
             arity(what, inputs.len(), 3)?;
             if inputs[0].dtype != DType::Bool {

@@ -390,6 +390,7 @@ pub fn eval_op(op: &Op, inputs: &[&Tensor], results: &[TensorType]) -> Result<Ve
             ArrayD::from_shape_vec(IxDyn(&ty.shape), vs.clone()).map_err(shape_err)?
         }
         Op::Unary(u) => x()?.data.mapv(|v| apply_unary(*u, v)),
+        Op::Barrier => x()?.data.clone(),
         Op::Binary(b) => {
             let d = inputs[0].dtype;
             let (a, c) = broadcast2(&inputs[0].data, &inputs[1].data, &ty.shape)?;

@@ -82,6 +82,11 @@ pub struct Function {
     /// and read by many calls, so work on them alone may run once, when
     /// they are bound (printed `weight %name`).
     pub weights: std::collections::BTreeSet<usize>,
+    /// Whether a gradient through a call of this function recomputes its
+    /// body from the call's arguments instead of keeping its intermediate
+    /// values (`checkpoint(f(..))`: gradient checkpointing). Inlining for
+    /// anything else ignores it. Not part of the text form.
+    pub recompute: bool,
 }
 
 impl Function {
@@ -94,6 +99,7 @@ impl Function {
             body: StableDiGraph::new(),
             results: Vec::new(),
             weights: Default::default(),
+            recompute: false,
         }
     }
 

@@ -130,6 +130,11 @@ pub enum Op {
     },
     /// A user-defined operator in index notation.
     Compute(Box<ComputeBody>),
+    /// `barrier(x, after)`: the value of `x`, not computed before the
+    /// scalar `after` is. Nothing folds or merges through it, so work that
+    /// reads it is done again after `after` (a gradient's recomputation
+    /// of a checkpointed call), not shared with the same work before.
+    Barrier,
     /// A call of another function of the module.
     Call {
         /// The callee's name.
@@ -189,6 +194,7 @@ impl Op {
             Op::Binary(b) => b.name(),
             Op::Compare(c) => c.name(),
             Op::Select => "select",
+            Op::Barrier => "barrier",
             Op::Cast { .. } => "cast",
             Op::MatMul => "matmul",
             Op::Reduce { kind, .. } => kind.name(),
@@ -265,6 +271,7 @@ impl Op {
             | Op::Binary(_)
             | Op::Compare(_)
             | Op::Select
+            | Op::Barrier
             | Op::MatMul
             | Op::Compute(_)
             | Op::Call { .. } => vec![],
@@ -303,6 +310,7 @@ impl Op {
                     _ => return Err(format!("{name}: `value` must be a number or a list")),
                 }),
                 "select" => Op::Select,
+                "barrier" => Op::Barrier,
                 "cast" => match a.get("to")? {
                     Attr::Type(t) => Op::Cast { to: *t },
                     _ => return Err(format!("{name}: `to` must be an element type")),
@@ -362,7 +370,7 @@ impl Op {
     /// Whether the op computes each result element from operand elements
     /// alone (so the CPU back end inlines it into an element-wise user or a
     /// product's epilogue): arithmetic, comparisons, selects, casts, splat
-    /// constants, broadcasts, transposes, slices and batchnorm.
+    /// constants, broadcasts, transposes, slices, batchnorm and barriers.
     pub fn is_elementwise(&self) -> bool {
         matches!(
             self,
@@ -376,6 +384,7 @@ impl Op {
                 | Op::Transpose { .. }
                 | Op::Slice { .. }
                 | Op::BatchNorm { .. }
+                | Op::Barrier
         )
     }
 

@@ -2185,6 +2185,36 @@ fn train_steps_follow_the_update_rule() {
     }
 }
 
+/// The fraction of the digits test set the `accuracy` entry of `model`
+/// classifies right with the weights in `dir` (`dlc run --weights`, the
+/// result saved in `dir`), `extra` flags added.
+fn digits_accuracy(model: &str, dir: &Path, extra: &[&str]) -> f64 {
+    let data = dlc_tests::repo_root().join("examples/train/data");
+    let x = format!("x={}", data.join("digits_test_x.npy").display());
+    let y = format!("y={}", data.join("digits_test_y.npy").display());
+    let dir = dir.to_str().unwrap();
+    let mut args = vec![
+        "run",
+        model,
+        "--entry",
+        "accuracy",
+        "--weights",
+        dir,
+        "--input",
+        &x,
+        "--input",
+        &y,
+        "--save-outputs",
+        dir,
+    ];
+    args.extend_from_slice(extra);
+    let o = dlc(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    HostTensor::read_npy(&Path::new(dir).join("out0.npy"), None)
+        .unwrap()
+        .data[0]
+}
+
 /// The digits classifier of examples/train learns: after a few epochs of
 /// Adam its test accuracy, measured by `dlc run --weights`, is above 0.9
 /// (0.96 after 20 epochs: docs/performance.md); `--json` logs each epoch.
@@ -2236,24 +2266,7 @@ fn train_learns_the_digits_and_run_evaluates_the_weights() {
     let first = epochs[0]["loss"].as_f64().unwrap();
     let last = epochs[5]["loss"].as_f64().unwrap();
     assert!(last < first / 4.0, "the loss went from {first} to {last}");
-    let o = dlc(&[
-        "run",
-        &model,
-        "--entry",
-        "accuracy",
-        "--weights",
-        out.to_str().unwrap(),
-        "--input",
-        &format!("x={}", data("digits_test_x.npy")),
-        "--input",
-        &format!("y={}", data("digits_test_y.npy")),
-        "--save-outputs",
-        out.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let acc = HostTensor::read_npy(&out.join("out0.npy"), None)
-        .unwrap()
-        .data[0];
+    let acc = digits_accuracy(&model, &out, &[]);
     assert!(acc > 0.9, "test accuracy {acc}");
 
     // The convolutional one, with SGD and momentum (0.975 after 20 epochs).
@@ -2284,25 +2297,7 @@ fn train_learns_the_digits_and_run_evaluates_the_weights() {
         out.to_str().unwrap(),
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let o = dlc(&[
-        "run",
-        &model,
-        "--entry",
-        "accuracy",
-        "--weights",
-        out.to_str().unwrap(),
-        "--input",
-        &format!("x={}", data("digits_test_x.npy")),
-        "--input",
-        &format!("y={}", data("digits_test_y.npy")),
-        "--save-outputs",
-        out.to_str().unwrap(),
-        "--check",
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let acc = HostTensor::read_npy(&out.join("out0.npy"), None)
-        .unwrap()
-        .data[0];
+    let acc = digits_accuracy(&model, &out, &["--check"]);
     assert!(acc > 0.85, "test accuracy of the CNN {acc}");
 }
 
@@ -2447,24 +2442,7 @@ fn train_in_mixed_precision_with_dynamic_loss_scaling() {
             out.to_str().unwrap(),
         ]);
         assert!(o.status.success(), "{}", stderr(&o));
-        let o = dlc(&[
-            "run",
-            &digits,
-            "--entry",
-            "accuracy",
-            "--weights",
-            out.to_str().unwrap(),
-            "--input",
-            &format!("x={}", data("digits_test_x.npy")),
-            "--input",
-            &format!("y={}", data("digits_test_y.npy")),
-            "--save-outputs",
-            out.to_str().unwrap(),
-        ]);
-        assert!(o.status.success(), "{}", stderr(&o));
-        let acc = HostTensor::read_npy(&out.join("out0.npy"), None)
-            .unwrap()
-            .data[0];
+        let acc = digits_accuracy(&digits, &out, &[]);
         assert!(acc > 0.9, "{precision}: test accuracy {acc}");
     }
 
@@ -2691,24 +2669,7 @@ fn train_keeps_batch_norm_running_averages() {
     // From zeros, 132 updates at momentum 0.1 bring each running variance
     // to within 1e-6 of the batches' (positive) variances.
     assert!(rv.data.iter().all(|&v| v > 0.0), "{:?}", rv.data);
-    let o = dlc(&[
-        "run",
-        &model,
-        "--entry",
-        "accuracy",
-        "--weights",
-        out.to_str().unwrap(),
-        "--input",
-        &format!("x={}", data("digits_test_x.npy")),
-        "--input",
-        &format!("y={}", data("digits_test_y.npy")),
-        "--save-outputs",
-        out.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let acc = HostTensor::read_npy(&out.join("out0.npy"), None)
-        .unwrap()
-        .data[0];
+    let acc = digits_accuracy(&model, &out, &[]);
     assert!(acc > 0.85, "test accuracy with the running averages {acc}");
     // A loss whose extra results do not match its buffers is refused.
     let bad = d.file(

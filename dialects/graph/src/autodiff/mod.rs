@@ -83,6 +83,39 @@ pub fn value_and_grad_with(
     name: &str,
     scaled: bool,
 ) -> Result<Function, GradError> {
+    derive(f, wrt, name, scaled, &mut Recompute::default())
+}
+
+/// The functions a gradient may call without inlining them
+/// ([`Function::recompute`]), and the functions it adds: for each, the
+/// vector-Jacobian product `NAME$vjp` that recomputes its body.
+#[derive(Default)]
+struct Recompute {
+    /// The module's functions, where calls are looked up.
+    callees: Vec<Function>,
+    /// The `$vjp` functions made so far.
+    made: Vec<Function>,
+}
+
+impl Recompute {
+    fn callee(&self, n: &crate::module::Node) -> Option<&Function> {
+        match &n.op {
+            Op::Call { callee } => self
+                .callees
+                .iter()
+                .find(|g| g.name == *callee && g.recompute),
+            _ => None,
+        }
+    }
+}
+
+fn derive(
+    f: &Function,
+    wrt: &[usize],
+    name: &str,
+    scaled: bool,
+    recompute: &mut Recompute,
+) -> Result<Function, GradError> {
     let Some(&loss) = f.results.first() else {
         return Err(fail(format!(
             "@{} returns nothing to differentiate",
@@ -108,58 +141,113 @@ pub fn value_and_grad_with(
             )));
         }
     }
-    if let Some(n) = f
-        .body
-        .node_indices()
-        .find(|&n| matches!(f.body[n].op, Op::Call { .. }))
-    {
-        return Err(GradError {
-            message: format!(
-                "@{} calls another function; inline it first (graph.inline)",
-                f.name
-            ),
-            loc: f.body[n].loc.clone(),
-        });
-    }
     let mut g = f.clone();
     g.name = name.to_string();
     g.visibility = Visibility::Public;
+    g.recompute = false;
+    let roots: Vec<NodeIndex> = wrt.iter().map(|&p| g.params[p].1).collect();
+    let seed = if scaled {
+        g.add_param(LOSS_SCALE, loss_ty)
+    } else {
+        add_constant(&mut g, 1.0, loss_ty)
+    };
+    let adj = sweep(&mut g, &roots, &[(loss, seed)], recompute)?;
+    for &p in wrt {
+        let grad = param_adjoint(&mut g, &adj, p);
+        g.results.push(grad);
+    }
+    Ok(g)
+}
+
+/// The adjoint of parameter `p` of `g`: zeros where nothing reached it.
+fn param_adjoint(g: &mut Function, adj: &HashMap<Value, Value>, p: usize) -> Value {
+    let v = Value::of(g.params[p].1);
+    match adj.get(&v) {
+        Some(&a) => a,
+        None => {
+            let ty = g.value_type(v).clone();
+            add_constant(g, 0.0, ty)
+        }
+    }
+}
+
+/// The reverse sweep over `g`: from the adjoints `seeds` (a value, its
+/// adjoint) back to every value that depends on one of `roots` and can
+/// carry a gradient. A call of a [`Function::recompute`] function is
+/// differentiated by a call of its `$vjp` (made once, into `recompute`) on
+/// the arguments passed through barriers that wait for the call's adjoint,
+/// so that its body is computed again then rather than kept.
+fn sweep(
+    g: &mut Function,
+    roots: &[NodeIndex],
+    seeds: &[(Value, Value)],
+    recompute: &mut Recompute,
+) -> Result<HashMap<Value, Value>, GradError> {
+    if let Some(n) = g.body.node_indices().find(|&n| {
+        matches!(g.body[n].op, Op::Call { .. }) && recompute.callee(&g.body[n]).is_none()
+    }) {
+        return Err(GradError {
+            message: format!(
+                "@{} calls another function; inline it first (graph.inline)",
+                g.name
+            ),
+            loc: g.body[n].loc.clone(),
+        });
+    }
     let order = g.topo_order();
     // Values that depend on a differentiated parameter and can carry a
     // gradient.
-    let mut active: HashSet<NodeIndex> = wrt.iter().map(|&p| g.params[p].1).collect();
+    let mut active: HashSet<NodeIndex> = roots.iter().copied().collect();
     for &n in &order {
         if matches!(g.body[n].op, Op::Param { .. }) {
             continue;
         }
-        let float = g.body[n].results.iter().all(|t| t.dtype.is_float());
+        let results = &g.body[n].results;
+        let float = if recompute.callee(&g.body[n]).is_some() {
+            results.iter().any(|t| t.dtype.is_float())
+        } else {
+            results.iter().all(|t| t.dtype.is_float())
+        };
         if float && g.operands(n).iter().any(|v| active.contains(&v.node)) {
             active.insert(n);
         }
     }
     let mut adj: HashMap<Value, Value> = HashMap::new();
-    let seed = if scaled {
-        Some(g.add_param(LOSS_SCALE, loss_ty))
-    } else if active.contains(&loss.node) {
-        Some(add_constant(&mut g, 1.0, loss_ty))
-    } else {
-        None
-    };
-    if let (true, Some(seed)) = (active.contains(&loss.node), seed) {
-        adj.insert(loss, seed);
+    for &(v, seed) in seeds {
+        if active.contains(&v.node) {
+            adj.insert(v, seed);
+        }
     }
     for &n in order.iter().rev() {
         if !active.contains(&n) || matches!(g.body[n].op, Op::Param { .. }) {
             continue;
         }
-        let out = Value::of(n);
-        let Some(&seed) = adj.get(&out) else { continue };
         let operands = g.operands(n);
         let needs: Vec<bool> = operands.iter().map(|v| active.contains(&v.node)).collect();
-        let op = g.body[n].op.clone();
         let loc = g.body[n].loc.clone();
+        if let Some(callee) = recompute.callee(&g.body[n]).cloned() {
+            let grads = recompute_call(g, n, &callee, &adj, recompute)?;
+            let mut b = Builder {
+                f: g,
+                loc: loc.clone(),
+            };
+            for (i, grad) in grads.into_iter().enumerate() {
+                if let (true, Some(grad)) = (needs[i], grad) {
+                    accumulate(&mut b, &mut adj, operands[i], grad).map_err(|message| {
+                        GradError {
+                            message,
+                            loc: loc.clone(),
+                        }
+                    })?;
+                }
+            }
+            continue;
+        }
+        let out = Value::of(n);
+        let Some(&seed) = adj.get(&out) else { continue };
+        let op = g.body[n].op.clone();
         let mut b = Builder {
-            f: &mut g,
+            f: g,
             loc: loc.clone(),
         };
         let grads =
@@ -176,18 +264,129 @@ pub fn value_and_grad_with(
             }
         }
     }
-    for &p in wrt {
-        let v = Value::of(g.params[p].1);
-        let grad = match adj.get(&v) {
-            Some(&a) => a,
-            None => {
-                let ty = g.value_type(v).clone();
-                add_constant(&mut g, 0.0, ty)
-            }
+    Ok(adj)
+}
+
+/// The adjoints of the arguments of call `n` of the recompute function
+/// `callee` (one per argument, `None` for those without one), given the
+/// adjoints of its results in `adj`: a call of `callee$vjp` on the
+/// arguments, each through a barrier waiting for an element of one of
+/// those adjoints, and the adjoints (zeros where a result has none).
+fn recompute_call(
+    g: &mut Function,
+    n: NodeIndex,
+    callee: &Function,
+    adj: &HashMap<Value, Value>,
+    recompute: &mut Recompute,
+) -> Result<Vec<Option<Value>>, GradError> {
+    let loc = g.body[n].loc.clone();
+    let results = g.body[n].results.clone();
+    let seeds: Vec<Option<Value>> = (0..results.len() as u32)
+        .map(|r| adj.get(&Value { node: n, result: r }).copied())
+        .collect();
+    let Some(&first) = seeds.iter().flatten().next() else {
+        return Ok(vec![None; g.operands(n).len()]);
+    };
+    let err = |message: String| GradError {
+        message,
+        loc: loc.clone(),
+    };
+    // One element of the adjoint, as a scalar: what the barriers wait for.
+    let mut b = Builder {
+        f: g,
+        loc: loc.clone(),
+    };
+    let mut token = first;
+    let ty = b.ty(token);
+    if ty.rank() > 0 {
+        let n_el: usize = ty.shape.iter().product();
+        token = b
+            .op(Op::Reshape { shape: vec![n_el] }, &[token])
+            .map_err(err)?;
+        let one = Op::Slice {
+            axis: 0,
+            start: 0,
+            end: 1,
         };
-        g.results.push(grad);
+        token = b.op(one, &[token]).map_err(err)?;
+        token = b.op(Op::Reshape { shape: vec![] }, &[token]).map_err(err)?;
     }
-    Ok(g)
+    let mut operands = Vec::new();
+    for a in b.f.operands(n) {
+        operands.push(b.op(Op::Barrier, &[a, token]).map_err(err)?);
+    }
+    for (r, seed) in seeds.iter().enumerate() {
+        if !results[r].dtype.is_float() {
+            continue;
+        }
+        operands.push(match seed {
+            Some(s) => *s,
+            None => add_constant(b.f, 0.0, results[r].clone()),
+        });
+    }
+    let vjp = vjp_function(callee, recompute)?;
+    let types = vjp.result_types();
+    let positions = float_params(callee);
+    let call = b.f.add_node(
+        Op::Call {
+            callee: vjp.name.clone(),
+        },
+        &operands,
+        types,
+    );
+    b.f.body[call].loc = loc;
+    let mut grads = vec![None; callee.params.len()];
+    for (k, &p) in positions.iter().enumerate() {
+        grads[p] = Some(Value {
+            node: call,
+            result: k as u32,
+        });
+    }
+    Ok(grads)
+}
+
+fn float_params(f: &Function) -> Vec<usize> {
+    f.param_types()
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| t.dtype.is_float())
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// `NAME$vjp` of the recompute function `callee` (made on first use): its
+/// parameters, then an adjoint for each float result; it computes the body
+/// again (calls inlined) and returns the adjoint of each float parameter.
+fn vjp_function(callee: &Function, recompute: &mut Recompute) -> Result<Function, GradError> {
+    let name = format!("{}$vjp", callee.name);
+    if let Some(made) = recompute.made.iter().find(|f| f.name == name) {
+        return Ok(made.clone());
+    }
+    let mut h = callee.clone();
+    let everything = |_: &Function| false;
+    crate::transforms::inline_into(&mut h, &recompute.callees, &everything).map_err(fail)?;
+    h.name.clone_from(&name);
+    h.visibility = Visibility::Private;
+    h.recompute = false;
+    h.weights.clear();
+    let mut seeds = Vec::new();
+    for (r, v) in h.results.clone().into_iter().enumerate() {
+        let ty = h.value_type(v).clone();
+        if ty.dtype.is_float() {
+            let cot = h.add_param(format!("__adjoint{r}"), ty);
+            seeds.push((v, cot));
+        }
+    }
+    let positions = float_params(callee);
+    let roots: Vec<NodeIndex> = positions.iter().map(|&p| h.params[p].1).collect();
+    let adj = sweep(&mut h, &roots, &seeds, recompute)?;
+    h.results = positions
+        .iter()
+        .map(|&p| param_adjoint(&mut h, &adj, p))
+        .collect();
+    crate::transforms::remove_dead_nodes(&mut h);
+    recompute.made.push(h.clone());
+    Ok(h)
 }
 
 fn add_constant(f: &mut Function, c: f64, ty: TensorType) -> Value {
@@ -479,26 +678,10 @@ pub fn add_grad_function_with(
         return Err(fail(format!("no function @{entry} in the module")));
     };
     let mut f = f.clone();
-    if f.body
-        .node_weights()
-        .any(|n| matches!(n.op, Op::Call { .. }))
-    {
-        let mut scratch = Module {
-            functions: m.functions.clone(),
-        };
-        for g in &mut scratch.functions {
-            if g.name == entry {
-                g.visibility = Visibility::Public;
-            }
-        }
-        crate::transforms::Inline
-            .run(&mut scratch)
-            .map_err(|e| fail(e.to_string()))?;
-        f = scratch
-            .function(entry)
-            .ok_or_else(|| fail(format!("@{entry} disappeared while inlining")))?
-            .clone();
-    }
+    // Calls of recompute functions stay calls: their gradient computes
+    // them again.
+    let keep = |c: &Function| c.recompute;
+    crate::transforms::inline_into(&mut f, &m.functions, &keep).map_err(fail)?;
     let positions = if wrt.is_empty() {
         default_wrt(&f)
     } else {
@@ -519,11 +702,46 @@ pub fn add_grad_function_with(
             "@{entry} has no float parameter to differentiate"
         )));
     }
+    let mut callees = m.functions.clone();
+    let mut added = Vec::new();
     if let Some(narrow) = options.autocast {
         f = crate::transforms::autocast(&f, narrow, &f.name).map_err(fail)?;
+        // A checkpointed call computes in the narrow type too: its callee,
+        // calls inlined and autocast, under a name of its own.
+        let calls: Vec<NodeIndex> = f.body.node_indices().collect();
+        for n in calls {
+            let Op::Call { callee } = &f.body[n].op else {
+                continue;
+            };
+            let narrowed = format!("{callee}${narrow}");
+            if !callees.iter().any(|g| g.name == narrowed) {
+                let mut h = callees
+                    .iter()
+                    .find(|g| g.name == *callee)
+                    .ok_or_else(|| fail(format!("call of unknown function @{callee}")))?
+                    .clone();
+                crate::transforms::inline_into(&mut h, &callees, &|_| false).map_err(fail)?;
+                let mut h = crate::transforms::autocast(&h, narrow, &narrowed).map_err(fail)?;
+                h.recompute = true;
+                h.visibility = Visibility::Private;
+                callees.push(h.clone());
+                added.push(h);
+            }
+            f.body[n].op = Op::Call { callee: narrowed };
+        }
     }
-    let g = value_and_grad_with(&f, &positions, name, options.scaled)?;
+    let mut recompute = Recompute {
+        callees,
+        made: Vec::new(),
+    };
+    let g = derive(&f, &positions, name, options.scaled, &mut recompute)?;
     m.functions.push(g);
+    m.functions.extend(added);
+    for h in recompute.made {
+        if m.function(&h.name).is_none() {
+            m.functions.push(h);
+        }
+    }
     Ok(positions)
 }
 

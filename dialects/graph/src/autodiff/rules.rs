@@ -30,6 +30,8 @@ pub(super) fn vjp(
     match op {
         Op::Param { .. } | Op::Constant(_) | Op::Compare(_) => {}
         Op::Call { .. } => return Err("calls are inlined before differentiation".into()),
+        // The value passes; what it waited for gets nothing.
+        Op::Barrier => grads[0] = Some(g),
         Op::Unary(u) => {
             let d = u.derivative();
             let mut e = ElemBuilder { b, dtype };

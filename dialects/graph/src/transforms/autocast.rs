@@ -48,6 +48,7 @@ fn policy(op: &Op) -> Policy {
         | Op::BatchNorm { .. }
         | Op::Compute(_)
         | Op::Call { .. }
+        | Op::Barrier
         | Op::Param { .. }
         | Op::Constant(_)
         | Op::Cast { .. }

@@ -58,6 +58,42 @@ fn inline_call(f: &mut Function, call: NodeIndex, callee: &Function) {
     f.body.remove_node(call);
 }
 
+/// Inlines into `f` every call of a function of `functions` but those
+/// `keep` says to keep (and the calls their bodies bring in, likewise).
+pub fn inline_into(
+    f: &mut Function,
+    functions: &[Function],
+    keep: &dyn Fn(&Function) -> bool,
+) -> Result<(), String> {
+    let mut count = 0;
+    loop {
+        let mut next = None;
+        for n in f.body.node_indices() {
+            if let Op::Call { callee } = &f.body[n].op {
+                let g = functions
+                    .iter()
+                    .find(|g| g.name == *callee)
+                    .ok_or_else(|| format!("call of unknown function @{callee}"))?;
+                if !keep(g) {
+                    next = Some((n, g));
+                    break;
+                }
+            }
+        }
+        let Some((node, callee)) = next else {
+            return Ok(());
+        };
+        inline_call(f, node, callee);
+        count += 1;
+        if count > MAX_INLINES {
+            return Err(format!(
+                "more than {MAX_INLINES} calls inlined into @{}",
+                f.name
+            ));
+        }
+    }
+}
+
 impl Pass<Module> for Inline {
     fn name(&self) -> &'static str {
         "graph.inline"

@@ -9,7 +9,7 @@ pub mod saturate;
 pub use autocast::autocast;
 pub use canonicalize::{Canonicalize, FOLD_LIMIT};
 pub use dce::{Dce, remove_dead_nodes};
-pub use inline::Inline;
+pub use inline::{Inline, inline_into};
 
 use dlc_core::PassRegistry;
 
