@@ -807,7 +807,8 @@ pub fn each_input(
 
 pub use dlc_graph::interp::DEFAULT_WORK_LIMIT;
 pub use weights::{
-    SafeTensorsFile, bind_weights, read_safetensors, read_weights, safetensors_dtype,
+    SafeTensorsFile, WeightSource, bind_weights, read_safetensors, read_weights, safetensors_dtype,
+    write_safetensors,
 };
 
 pub use dlc_runtime::RandomRange;
@@ -1306,7 +1307,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         std::fs::remove_dir_all(&dir).unwrap();
-        assert!(e.contains("weight `w1` is f32[3, 3], but"), "{e}");
+        assert!(e.contains("`w1` is f32[3, 3], but"), "{e}");
     }
 
     /// `dlc run` and `dlc bench` lower and compile the entry point they run

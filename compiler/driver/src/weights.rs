@@ -5,7 +5,7 @@
 //! `dlc bench` to bind and `dlc compile` to build into the artifact.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use dlc_core::{DType, TensorType};
 use dlc_graph::{Function, Module};
@@ -91,77 +91,147 @@ pub fn read_safetensors(path: &Path) -> Result<SafeTensorsFile, DriverError> {
     Ok(SafeTensorsFile { tensors, metadata })
 }
 
+/// Where `--weights PATH` takes tensors from: a directory of `NAME.npy`,
+/// or a `.safetensors` file read whole.
+pub enum WeightSource {
+    /// `DIR/NAME.npy`.
+    Dir(PathBuf),
+    /// The file's tensors by name, and its path.
+    SafeTensors(Vec<(String, HostTensor)>, PathBuf),
+}
+
+impl WeightSource {
+    /// Opens `path`: a directory, or a file named `*.safetensors`.
+    pub fn open(path: &Path) -> Result<WeightSource, DriverError> {
+        if path.is_dir() {
+            return Ok(WeightSource::Dir(path.to_path_buf()));
+        }
+        if path.extension().is_some_and(|e| e == "safetensors") {
+            let file = read_safetensors(path)?;
+            return Ok(WeightSource::SafeTensors(file.tensors, path.to_path_buf()));
+        }
+        Err(DriverError::Usage(format!(
+            "--weights {}: neither a directory of NAME.npy nor a .safetensors file",
+            path.display()
+        )))
+    }
+
+    /// The tensor for parameter `name` of type `ty`, if the source has one:
+    /// `NAME.npy`, or the tensor `NAME`, `weight.NAME` or `buffer.NAME` (as
+    /// `dlc train`'s checkpoint names weights and buffers). One of another
+    /// type is an error naming it.
+    pub fn get(&self, name: &str, ty: &TensorType) -> Result<Option<HostTensor>, DriverError> {
+        let (t, from) = match self {
+            WeightSource::Dir(dir) => {
+                let file = dir.join(format!("{name}.npy"));
+                if !file.is_file() {
+                    return Ok(None);
+                }
+                let t = HostTensor::read_npy(&file, Some(ty.dtype))?;
+                (t, file.display().to_string())
+            }
+            WeightSource::SafeTensors(tensors, path) => {
+                let keys = [
+                    name.to_string(),
+                    format!("weight.{name}"),
+                    format!("buffer.{name}"),
+                ];
+                let Some((key, t)) = tensors.iter().find(|(n, _)| keys.contains(n)) else {
+                    return Ok(None);
+                };
+                (t.clone(), format!("tensor `{key}` of {}", path.display()))
+            }
+        };
+        if &t.ty != ty {
+            return Err(DriverError::Usage(format!(
+                "--weights: `{name}` is {ty}, but {from} is {}",
+                t.ty
+            )));
+        }
+        Ok(Some(t))
+    }
+
+    /// Where a parameter named `name` would be found, for messages.
+    pub fn place(&self, name: &str) -> String {
+        match self {
+            WeightSource::Dir(dir) => dir.join(format!("{name}.npy")).display().to_string(),
+            WeightSource::SafeTensors(_, path) => {
+                format!("tensor `{name}` or `weight.{name}` of {}", path.display())
+            }
+        }
+    }
+}
+
+/// Writes `tensors` (and `metadata`) as the safetensors file `path`,
+/// atomically: a temporary file beside it, flushed, then renamed over it,
+/// so a process killed while writing leaves the old file whole.
+pub fn write_safetensors(
+    path: &Path,
+    tensors: &[(String, HostTensor)],
+    metadata: HashMap<String, String>,
+) -> Result<(), DriverError> {
+    let io = |e: std::io::Error| DriverError::Io {
+        path: path.display().to_string(),
+        source: e,
+    };
+    let bytes: Vec<Vec<u8>> = tensors.iter().map(|(_, t)| t.to_le_bytes()).collect();
+    let mut views = Vec::new();
+    for ((name, t), b) in tensors.iter().zip(&bytes) {
+        let view = safetensors::tensor::TensorView::new(
+            safetensors_dtype(t.ty.dtype),
+            t.ty.shape.clone(),
+            b,
+        )
+        .map_err(|e| DriverError::Usage(format!("{}: tensor `{name}`: {e}", path.display())))?;
+        views.push((name.clone(), view));
+    }
+    let meta = (!metadata.is_empty()).then_some(metadata);
+    let data = safetensors::serialize(views, meta)
+        .map_err(|e| DriverError::Usage(format!("{}: {e}", path.display())))?;
+    let name = path
+        .file_name()
+        .map_or("out".into(), |n| n.to_string_lossy().to_string());
+    let tmp = path.with_file_name(format!(".{name}.tmp"));
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&tmp).map_err(io)?;
+        f.write_all(&data).map_err(io)?;
+        f.sync_all().map_err(io)?;
+    }
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
 /// The values `--weights path` gives `f`'s weights, by parameter name in
 /// the order of `f.weights`, for each weight not named in `given` (bound
-/// otherwise: `--input`). `path` is
-/// a directory of `NAME.npy` or a `.safetensors` file holding `NAME` or
-/// `weight.NAME`; each must be of the weight's type, and a weight without
-/// one is an error naming it.
+/// otherwise: `--input`). `path` is a directory of `NAME.npy` or a
+/// `.safetensors` file ([`WeightSource`]); each must be of the weight's
+/// type, and a weight without one is an error naming it.
 pub fn read_weights(
     f: &Function,
     path: &Path,
     given: &[String],
 ) -> Result<Vec<(String, HostTensor)>, DriverError> {
-    let shown = path.display();
     if f.weights.is_empty() {
         return Err(DriverError::Usage(format!(
             "--weights: `{}` declares no `weight` parameters",
             f.name
         )));
     }
+    let source = WeightSource::open(path)?;
     let types = f.param_types();
-    let wanted = f
-        .weights
+    f.weights
         .iter()
         .map(|&w| (f.params[w].0.as_str(), &types[w]))
-        .filter(|(name, _)| !given.iter().any(|g| g == name));
-    let check = |name: &str, ty: &TensorType, t: HostTensor, from: &str| {
-        if &t.ty == ty {
-            Ok((name.to_string(), t))
-        } else {
-            Err(DriverError::Usage(format!(
-                "--weights {shown}: weight `{name}` is {ty}, but {from} is {}",
-                t.ty
-            )))
-        }
-    };
-    if path.is_dir() {
-        return wanted
-            .map(|(name, ty)| {
-                let file = path.join(format!("{name}.npy"));
-                if !file.is_file() {
-                    return Err(DriverError::Usage(format!(
-                        "--weights {shown}: no file for weight `{name}` ({})",
-                        file.display()
-                    )));
-                }
-                let t = HostTensor::read_npy(&file, Some(ty.dtype))?;
-                check(name, ty, t, &file.display().to_string())
-            })
-            .collect();
-    }
-    if path.extension().is_some_and(|e| e == "safetensors") {
-        let mut file = read_safetensors(path)?;
-        return wanted
-            .map(|(name, ty)| {
-                let key = [name.to_string(), format!("weight.{name}")];
-                let at = file
-                    .tensors
-                    .iter()
-                    .position(|(n, _)| key.contains(n))
-                    .ok_or_else(|| {
-                        DriverError::Usage(format!(
-                            "--weights {shown}: no tensor `{name}` (nor `weight.{name}`) for weight `{name}`"
-                        ))
-                    })?;
-                let (found, t) = file.tensors.swap_remove(at);
-                check(name, ty, t, &format!("tensor `{found}`"))
-            })
-            .collect();
-    }
-    Err(DriverError::Usage(format!(
-        "--weights {shown}: neither a directory of NAME.npy nor a .safetensors file"
-    )))
+        .filter(|(name, _)| !given.iter().any(|g| g == name))
+        .map(|(name, ty)| match source.get(name, ty)? {
+            Some(t) => Ok((name.to_string(), t)),
+            None => Err(DriverError::Usage(format!(
+                "--weights {}: no value for weight `{name}` ({})",
+                path.display(),
+                source.place(name)
+            ))),
+        })
+        .collect()
 }
 
 /// Builds the weights `--weights path` gives into every entry point of

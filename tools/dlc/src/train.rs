@@ -93,14 +93,17 @@ pub struct TrainArgs {
     /// a gradient overflows, doubled after 2000 updates without one).
     #[arg(long, value_enum, default_value = "f32")]
     pub precision: Precision,
-    /// Initial weights (and buffers): DIR/NAME.npy where DIR holds one;
+    /// Initial weights (and buffers): DIR/NAME.npy where DIR holds one, or
+    /// the tensors of a .safetensors file (NAME, weight.NAME, buffer.NAME);
     /// the others are drawn as PyTorch initializes layers, from --seed
     /// (rank-1 weights start at zero: give a scale that starts at one, a
     /// batch norm's gamma, as a file).
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "PATH")]
     pub weights: Option<PathBuf>,
-    /// Write the trained weights as DIR/NAME.npy.
-    #[arg(long, value_name = "DIR")]
+    /// Write the trained weights (and buffers) as DIR/NAME.npy, or as one
+    /// file when PATH ends in .safetensors (tensors named as the
+    /// parameters; written atomically).
+    #[arg(long, value_name = "PATH")]
     pub save_weights: Option<PathBuf>,
     /// One JSON object per epoch on standard output instead of text.
     #[arg(long)]
@@ -345,32 +348,32 @@ fn step_source(plan: &Plan, args: &TrainArgs, total_steps: usize) -> Result<Stri
 fn initial_weights(
     f: &dlc_graph::Function,
     plan: &Plan,
-    dir: Option<&Path>,
+    source: Option<&dlc_driver::WeightSource>,
     seed: u64,
 ) -> Result<Vec<HostTensor>, DriverError> {
     let ranges = dlc_driver::random_ranges(f);
     let mut rng = dlc_runtime::seeded_rng(seed);
-    let file = |name: &str| {
-        dir.map(|d| d.join(format!("{name}.npy")))
-            .filter(|p| p.is_file())
+    let given = |w: usize| -> Result<Option<HostTensor>, DriverError> {
+        let (name, ty) = &plan.params[w];
+        source.map_or(Ok(None), |s| s.get(name, ty))
     };
-    if let Some(d) = dir
-        && plan
-            .weights
-            .iter()
-            .all(|&w| file(&plan.params[w].0).is_none())
-    {
-        let (name, _) = &plan.params[plan.weights[0]];
-        return Err(usage(format!(
-            "--weights {}: no file for weight `{name}` ({}) nor for any other weight",
-            d.display(),
-            d.join(format!("{name}.npy")).display()
-        )));
+    if let Some(s) = source {
+        let mut any = false;
+        for &w in &plan.weights {
+            any |= given(w)?.is_some();
+        }
+        if !any {
+            let (name, _) = &plan.params[plan.weights[0]];
+            return Err(usage(format!(
+                "--weights: no value for weight `{name}` ({}) nor for any other weight",
+                s.place(name)
+            )));
+        }
     }
     plan.weights
         .iter()
         .map(|&w| {
-            let (name, ty) = &plan.params[w];
+            let (_, ty) = &plan.params[w];
             // Every weight is drawn, so that a weight's initial value does
             // not depend on which others come from files.
             let bound = match (ranges[w], ty.rank()) {
@@ -382,45 +385,27 @@ fn initial_weights(
             let values = HostTensor::random_values(ty, &mut rng)
                 .map(|v| ty.dtype.round(v * bound))
                 .collect::<Vec<f64>>();
-            let Some(path) = file(name) else {
-                return HostTensor::new(ty.clone(), values).map_err(|e| usage(e.to_string()));
-            };
-            read_exactly(&path, "weight", name, ty)
+            match given(w)? {
+                Some(t) => Ok(t),
+                None => HostTensor::new(ty.clone(), values).map_err(|e| usage(e.to_string())),
+            }
         })
         .collect()
 }
 
-/// The tensor in `path`, which must be of type `ty` (`what` `name`'s).
-fn read_exactly(
-    path: &Path,
-    what: &str,
-    name: &str,
-    ty: &dlc_core::TensorType,
-) -> Result<HostTensor, DriverError> {
-    let t = HostTensor::read_npy(path, Some(ty.dtype))?;
-    if &t.ty != ty {
-        return Err(usage(format!(
-            "{what} `{name}` must be {ty}, got {} from {}",
-            t.ty,
-            path.display()
-        )));
-    }
-    Ok(t)
-}
-
-/// Initial buffers: `DIR/NAME.npy` when `--weights DIR` holds one, zeros
-/// otherwise (PyTorch starts a running variance at one: give it a file of
-/// ones).
-fn initial_buffers(plan: &Plan, dir: Option<&Path>) -> Result<Vec<HostTensor>, DriverError> {
+/// Initial buffers: from `--weights` where it holds one (`NAME.npy`, or
+/// `NAME` or `buffer.NAME` in a .safetensors file), zeros otherwise
+/// (PyTorch starts a running variance at one: give it a file of ones).
+fn initial_buffers(
+    plan: &Plan,
+    source: Option<&dlc_driver::WeightSource>,
+) -> Result<Vec<HostTensor>, DriverError> {
     plan.buffers
         .iter()
         .map(|&b| {
             let (name, ty) = &plan.params[b];
-            match dir
-                .map(|d| d.join(format!("{name}.npy")))
-                .filter(|p| p.is_file())
-            {
-                Some(path) => read_exactly(&path, "buffer", name, ty),
+            match source.map_or(Ok(None), |s| s.get(name, ty))? {
+                Some(t) => Ok(t),
                 None => HostTensor::new(ty.clone(), vec![0.0; ty.num_elements().unwrap_or(0)])
                     .map_err(|e| usage(e.to_string())),
             }
@@ -444,8 +429,21 @@ pub fn train(args: &TrainArgs) -> Result<(), DriverError> {
             "--resume continues from a checkpoint's weights: leave out --weights",
         ));
     }
-    for dir in [&args.save_weights, &args.checkpoint].into_iter().flatten() {
-        dlc_driver::ensure_writable_dir(dir)?;
+    let as_file = |p: &Path| p.extension().is_some_and(|e| e == "safetensors");
+    let save_file = args.save_weights.as_deref().filter(|p| as_file(p));
+    for path in [&args.save_weights, &args.checkpoint].into_iter().flatten() {
+        match path.parent() {
+            // A .safetensors file of weights goes into its folder.
+            Some(parent) if Some(path.as_path()) == save_file => {
+                let parent = if parent.as_os_str().is_empty() {
+                    Path::new(".")
+                } else {
+                    parent
+                };
+                dlc_driver::ensure_writable_dir(parent)?;
+            }
+            _ => dlc_driver::ensure_writable_dir(path)?,
+        }
     }
     let src = read_model(&args.file, &dlc_onnx::Options::default())?;
     let module = compile_source(&src)?;
@@ -648,11 +646,16 @@ pub fn train(args: &TrainArgs) -> Result<(), DriverError> {
         epochs: args.epochs,
         lr: format!("{:?}", args.lr),
     };
+    let source = args
+        .weights
+        .as_deref()
+        .map(dlc_driver::WeightSource::open)
+        .transpose()?;
     let (init, state0, buffers0, start) = match &args.resume {
         None => (
-            initial_weights(&f, &plan, args.weights.as_deref(), args.seed)?,
+            initial_weights(&f, &plan, source.as_ref(), args.seed)?,
             None,
-            initial_buffers(&plan, args.weights.as_deref())?,
+            initial_buffers(&plan, source.as_ref())?,
             setting.clone(),
         ),
         Some(dir) => {
@@ -898,16 +901,21 @@ pub fn train(args: &TrainArgs) -> Result<(), DriverError> {
     })
     .map_err(|e| usage(e.to_string()))?;
     let trained = result?;
-    if let Some(dir) = &args.save_weights {
-        let named: Vec<(String, &HostTensor)> = plan
+    if let Some(path) = &args.save_weights {
+        let names = plan
             .weights
             .iter()
             .chain(&plan.buffers)
-            .map(|&w| plan.params[w].0.clone())
-            .zip(&trained)
-            .collect();
-        for path in dlc_driver::save_named_outputs(dir, &named)? {
+            .map(|&w| plan.params[w].0.clone());
+        if save_file.is_some() {
+            let named: Vec<(String, HostTensor)> = names.zip(trained).collect();
+            dlc_driver::write_safetensors(path, &named, Default::default())?;
             dlc_cli::outln!("wrote {}", path.display());
+        } else {
+            let named: Vec<(String, &HostTensor)> = names.zip(&trained).collect();
+            for path in dlc_driver::save_named_outputs(path, &named)? {
+                dlc_cli::outln!("wrote {}", path.display());
+            }
         }
     }
     Ok(())
@@ -956,24 +964,6 @@ fn write_checkpoint(
     tensors: &[(String, HostTensor)],
     progress: &Progress,
 ) -> Result<(), DriverError> {
-    let io = |e: std::io::Error| DriverError::Io {
-        path: dir.display().to_string(),
-        source: e,
-    };
-    let bytes: Vec<(String, Vec<u8>)> = tensors
-        .iter()
-        .map(|(n, t)| (n.clone(), t.to_le_bytes()))
-        .collect();
-    let mut views = Vec::new();
-    for ((name, t), (_, b)) in tensors.iter().zip(&bytes) {
-        let view = safetensors::tensor::TensorView::new(
-            dlc_driver::safetensors_dtype(t.ty.dtype),
-            t.ty.shape.clone(),
-            b,
-        )
-        .map_err(|e| usage(format!("checkpoint tensor `{name}`: {e}")))?;
-        views.push((name.clone(), view));
-    }
     let meta: std::collections::HashMap<String, String> = [
         ("format", "dlc-train-1".to_string()),
         ("epoch", progress.epoch.to_string()),
@@ -989,17 +979,11 @@ fn write_checkpoint(
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect();
-    let data =
-        safetensors::serialize(views, Some(meta)).map_err(|e| usage(format!("checkpoint: {e}")))?;
-    std::fs::create_dir_all(dir).map_err(io)?;
-    let tmp = dir.join(format!(".{CHECKPOINT}.tmp"));
-    {
-        use std::io::Write;
-        let mut f = std::fs::File::create(&tmp).map_err(io)?;
-        f.write_all(&data).map_err(io)?;
-        f.sync_all().map_err(io)?;
-    }
-    std::fs::rename(&tmp, dir.join(CHECKPOINT)).map_err(io)
+    std::fs::create_dir_all(dir).map_err(|source| DriverError::Io {
+        path: dir.display().to_string(),
+        source,
+    })?;
+    dlc_driver::write_safetensors(&dir.join(CHECKPOINT), tensors, meta)
 }
 
 /// Reads `DIR/checkpoint.safetensors`: its tensors by name, and its progress.

@@ -1971,6 +1971,61 @@ fn grad_errors_name_what_is_wrong() {
     );
 }
 
+/// `dlc train --save-weights FILE.safetensors` writes one file whose tensors
+/// are the .npy files `--save-weights DIR` writes, bit for bit; `dlc run`
+/// evaluates it and `dlc train --weights FILE.safetensors` starts from it.
+#[test]
+fn train_saves_and_starts_from_a_safetensors_file() {
+    let d = Dir::new("train-safetensors");
+    let root = dlc_tests::repo_root();
+    let data = root.join("examples/train/data");
+    let model = root.join("examples/train/digits_mlp.dl");
+    let (model, dx, dy) = (
+        model.to_str().unwrap().to_string(),
+        format!("x={}", data.join("digits_train_x.npy").display()),
+        format!("y={}", data.join("digits_train_y.npy").display()),
+    );
+    let train = |extra: &[&str]| {
+        let mut args = vec![
+            "train",
+            &model,
+            "--entry",
+            "loss",
+            "--data",
+            &dx,
+            "--data",
+            &dy,
+            "--optimizer",
+            "adam",
+            "--lr",
+            "0.003",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let o = dlc(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let text = String::from_utf8_lossy(&o.stdout).to_string();
+        let first: serde_json::Value =
+            serde_json::from_str(text.lines().find(|l| l.starts_with('{')).unwrap()).unwrap();
+        first["loss"].as_f64().unwrap()
+    };
+    let (file, dir) = (d.path("w.safetensors"), d.0.join("w"));
+    let scratch = train(&["--epochs", "2", "--save-weights", &file]);
+    train(&["--epochs", "2", "--save-weights", dir.to_str().unwrap()]);
+    let saved = dlc_driver::read_safetensors(Path::new(&file)).unwrap();
+    assert_eq!(saved.tensors.len(), 4);
+    for (name, t) in &saved.tensors {
+        let npy = HostTensor::read_npy(&dir.join(format!("{name}.npy")), None).unwrap();
+        assert_eq!(t, &npy, "{name}");
+    }
+    assert!(digits_accuracy(&model, Path::new(&file), &[]) > 0.8);
+    let resumed = train(&["--epochs", "1", "--weights", &file]);
+    assert!(
+        resumed < scratch / 2.0,
+        "from the trained weights {resumed}, from scratch {scratch}"
+    );
+}
+
 /// `--weights PATH` binds a model's weights from a directory of NAME.npy
 /// or a .safetensors file for `dlc run` and `dlc bench`, and builds them
 /// into what `dlc compile` makes; a missing, mistyped or unreadable weight
@@ -2081,7 +2136,7 @@ fn weights_from_files_are_run_benched_and_built_in() {
             "--weights",
             &d.path("dir"),
         ]),
-        "no file for weight `b`",
+        "no value for weight `b`",
     );
     let f64s = write(
         "f64.safetensors",
@@ -2089,12 +2144,12 @@ fn weights_from_files_are_run_benched_and_built_in() {
     );
     fails_with(
         &dlc(&["bench", &model, "--weights", &f64s]),
-        "weight `w` is f32[3, 2], but tensor `w` is f64[3, 2]",
+        "`w` is f32[3, 2], but tensor `w` of",
     );
     let only_w = write("w.safetensors", &tensors[..1]);
     fails_with(
         &dlc(&["compile", &model, "--weights", &only_w]),
-        "no tensor `b` (nor `weight.b`) for weight `b`",
+        "no value for weight `b` (tensor `b` or `weight.b` of",
     );
     fails_with(
         &dlc(&["run", &model, "--random-inputs", "0", "--weights", &x]),
@@ -2186,31 +2241,32 @@ fn train_steps_follow_the_update_rule() {
 }
 
 /// The fraction of the digits test set the `accuracy` entry of `model`
-/// classifies right with the weights in `dir` (`dlc run --weights`, the
-/// result saved in `dir`), `extra` flags added.
-fn digits_accuracy(model: &str, dir: &Path, extra: &[&str]) -> f64 {
+/// classifies right with the weights `weights` (`dlc run --weights`; the
+/// result saved in WEIGHTS.accuracy/), `extra` flags added.
+fn digits_accuracy(model: &str, weights: &Path, extra: &[&str]) -> f64 {
     let data = dlc_tests::repo_root().join("examples/train/data");
     let x = format!("x={}", data.join("digits_test_x.npy").display());
     let y = format!("y={}", data.join("digits_test_y.npy").display());
-    let dir = dir.to_str().unwrap();
+    let out = format!("{}.accuracy", weights.display());
+    let weights = weights.to_str().unwrap();
     let mut args = vec![
         "run",
         model,
         "--entry",
         "accuracy",
         "--weights",
-        dir,
+        weights,
         "--input",
         &x,
         "--input",
         &y,
         "--save-outputs",
-        dir,
+        &out,
     ];
     args.extend_from_slice(extra);
     let o = dlc(&args);
     assert!(o.status.success(), "{}", stderr(&o));
-    HostTensor::read_npy(&Path::new(dir).join("out0.npy"), None)
+    HostTensor::read_npy(&Path::new(&out).join("out0.npy"), None)
         .unwrap()
         .data[0]
 }
@@ -2389,7 +2445,7 @@ fn train_errors_name_what_is_wrong() {
                 "--weights",
                 d.0.to_str().unwrap(),
             ],
-            "no file for weight `w`",
+            "no value for weight `w`",
         ),
     ];
     for (args, want) in cases {
