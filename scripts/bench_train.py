@@ -18,6 +18,13 @@ runs `dlc grad --backend cpu` and `jax.grad` on the same inputs (written by
 gradient's largest magnitude. Peers run in fresh processes pinned to as many
 cores as they have threads (bench_peers.py's rules). Writes OUT/train.json
 and OUT/train.md (medians, min-max, dlc / best peer, peak memory).
+
+Mixed precision: NAME_bf16 (W2 and W6) is NAME's step with bf16 products
+from f32 weights, `value_and_grad(.., autocast=bf16)` in dlc (what `dlc
+train --precision bf16` runs), `torch.autocast("cpu", bfloat16)` in PyTorch,
+and in JAX the model computed on bf16 copies of its inputs and weights (JAX
+has no autocast: a compute-dtype policy as jmp sets one), the loss in f32.
+Their gradients are not checked (NAME's are).
 """
 import json
 import os
@@ -49,10 +56,19 @@ MODELS = {
 }
 
 
+# NAME_bf16: NAME's step with bf16 products (see the docstring).
+NARROW = {"w2_mlp_bf16": "w2_mlp", "w6_bert_layer_bf16": "w6_bert_layer"}
+
+
+def base(name):
+    """The model a variant is of (itself for the models of MODELS)."""
+    return NARROW.get(name, name)
+
+
 def trained(name):
     """The parameters a model's step trains: all but the first (the input)
     unless listed."""
-    _, _, params, _, wrt, _ = MODELS[name]
+    _, _, params, _, wrt, _ = MODELS[base(name)]
     return wrt or params[1:]
 
 
@@ -70,7 +86,7 @@ fn block_train(x: f32[8, 64, 56, 56], w1: f32[64, 64, 3, 3], g1: f32[64], b1: f3
 
 def source(name):
     """The model's dlc program with `NAME_loss` and `NAME_step` appended."""
-    file, entry, params, out, _, _ = MODELS[name]
+    file, entry, params, out, _, _ = MODELS[base(name)]
     text = open(os.path.join(ROOT, "examples", file)).read() if file else W3_TRAIN
     start = text.index(f"fn {entry}(") + len(f"fn {entry}(")
     depth, i = 1, start
@@ -106,7 +122,7 @@ fn {name}_loss({plist}, y: {out_ty}) -> f32 {{
 }}
 
 fn {name}_step({plist}, y: {out_ty}) -> ({rets}) {{
-    let (l, {grads}) = value_and_grad({name}_loss({', '.join(params)}, y), wrt=[{', '.join(weights)}]);
+    let (l, {grads}) = value_and_grad({name}_loss({', '.join(params)}, y), wrt=[{', '.join(weights)}]{', autocast=bf16' if name in NARROW else ''});
     return (l, {new});
 }}
 """
@@ -155,21 +171,24 @@ def jax_model(name):
 
 def worker(peer, name, data, threads, runs):
     import numpy as np
-    params = MODELS[name][2]
+    params = MODELS[base(name)][2]
     inputs = [np.load(os.path.join(data, "inputs", p + ".npy")) for p in params + ["y"]]
     if trained(name) != params[1:]:
         raise SystemExit(f"bench_train: {name} is not timed")
+    narrow = name in NARROW
     if peer in ("pytorch", "torch.compile"):
         import torch
         torch.set_num_threads(threads)
-        model = torch_models(torch)[name]
+        model = torch_models(torch)[base(name)]
         if peer == "torch.compile":
             model = torch.compile(model)
         x, *ws, y = [torch.from_numpy(a) for a in inputs]
         ws = [w.clone().requires_grad_(True) for w in ws]
 
         def call():
-            loss = ((model(x, *ws) - y) ** 2).mean()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=narrow):
+                out = model(x, *ws)
+            loss = ((out.float() - y) ** 2).mean()
             grads = torch.autograd.grad(loss, ws)
             with torch.no_grad():
                 for w, g in zip(ws, grads):
@@ -178,10 +197,13 @@ def worker(peer, name, data, threads, runs):
     else:
         import jax
         jax.config.update("jax_platforms", "cpu")
-        model = jax_model(name)
+        import jax.numpy as jnp
+        model = jax_model(base(name))
+        cast = (lambda a: a.astype(jnp.bfloat16)) if narrow else (lambda a: a)
 
         def loss_fn(ws, x, y):
-            return ((model(x, *ws) - y) ** 2).mean()
+            out = model(cast(x), *[cast(w) for w in ws])
+            return ((out.astype(jnp.float32) - y) ** 2).mean()
 
         @jax.jit
         def step(ws, x, y):
@@ -234,6 +256,11 @@ def grad_check(dlc, name, path, data):
     print(json.dumps({"grad_error_vs_jax": worst}))
 
 
+def grad_cell(row):
+    e = row["grad_error_vs_jax"]
+    return "-" if e is None else f"{e:.1e}"
+
+
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         worker(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))
@@ -243,7 +270,8 @@ def main():
         return
     args, out, threads, only = arguments()
     rows = []
-    for name in MODELS:
+    names = [n for m in MODELS for n in [m] + [v for v, b in NARROW.items() if b == m]]
+    for name in names:
         if only and name not in only:
             continue
         data = os.path.join(out, "train", name)
@@ -254,10 +282,12 @@ def main():
                         "--save-inputs", os.path.join(data, "inputs")], check=True, capture_output=True)
         # In a process of its own: JAX's threads and memory stay out of the
         # peers' forked processes and their peak memory.
-        o = subprocess.run([sys.executable, __file__, "--grads", args.dlc, name, path, data],
-                           check=True, capture_output=True, text=True).stdout
-        error = json.loads(o.strip().splitlines()[-1])["grad_error_vs_jax"]
-        if not MODELS[name][5]:
+        error = None
+        if name not in NARROW:
+            o = subprocess.run([sys.executable, __file__, "--grads", args.dlc, name, path, data],
+                               check=True, capture_output=True, text=True).stdout
+            error = json.loads(o.strip().splitlines()[-1])["grad_error_vs_jax"]
+        if not MODELS[base(name)][5]:
             rows.append({"model": name, "grad_error_vs_jax": error})
             print(json.dumps(rows[-1]), flush=True)
             continue
@@ -294,10 +324,10 @@ def main():
         cell = lambda p: "failed" if "failed" in r[p] else f"{r[p]['median_ms']:.2f} ({r[p]['min_ms']:.2f}-{r[p]['max_ms']:.2f}), {r[p]['peak_mib']:.0f} MiB"
         best = min((r[p]["median_ms"] for p in PEERS if "failed" not in r[p]), default=float("nan"))
         lines.append(f"| {r['model']} | {r['threads']} | {cell('dlc')} | {cell('pytorch')} | {cell('torch.compile')} | {cell('jax')} | "
-                     f"{r['dlc']['median_ms'] / best:.2f} | {r['grad_error_vs_jax']:.1e} |")
+                     f"{r['dlc']['median_ms'] / best:.2f} | {grad_cell(r)} |")
     lines += ["", "Gradients of the losses only (not timed):", "",
               "| model | grad error vs JAX |", "|---|---|"]
-    lines += [f"| {r['model']} | {r['grad_error_vs_jax']:.1e} |" for r in rows if "threads" not in r]
+    lines += [f"| {r['model']} | {grad_cell(r)} |" for r in rows if "threads" not in r]
     text = "\n".join(lines) + "\n"
     open(os.path.join(out, "train.md"), "w").write(text)
     print(text)
