@@ -345,6 +345,7 @@ fn recompute_call(
     Ok(grads)
 }
 
+/// The positions of `f`'s float parameters.
 fn float_params(f: &Function) -> Vec<usize> {
     f.param_types()
         .iter()
@@ -643,12 +644,7 @@ pub fn default_wrt(f: &Function) -> Vec<usize> {
     if !f.weights.is_empty() {
         return f.weights.iter().copied().collect();
     }
-    f.param_types()
-        .iter()
-        .enumerate()
-        .filter(|(_, t)| t.dtype.is_float())
-        .map(|(i, _)| i)
-        .collect()
+    float_params(f)
 }
 
 /// Adds `value_and_grad` of `entry` to `m` under `name`, inlining `entry`'s
