@@ -65,32 +65,39 @@ impl ResultCheck {
     }
 }
 
-impl std::fmt::Display for ResultCheck {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let i = self.index;
+impl ResultCheck {
+    /// The comparison in words, the result called `label` (`out0`, or a
+    /// name such as `grad_w`).
+    pub fn describe(&self, label: &str) -> String {
         if let Some((at, got, want)) = self.nonfinite_mismatch {
-            return write!(
-                f,
-                "out{i} ({}): element {at} is {got} but the reference is {want}",
+            return format!(
+                "{label} ({}): element {at} is {got} but the reference is {want}",
                 self.ty
             );
         }
         if self.all_nan() {
-            return write!(
-                f,
-                "out{i} ({}): every element is NaN in both results, so nothing was compared",
+            return format!(
+                "{label} ({}): every element is NaN in both results, so nothing was compared",
                 self.ty
             );
         }
-        write!(
-            f,
-            "out{i} ({}): largest relative error {:.3e} (tolerance {:.1e})",
+        let mut text = format!(
+            "{label} ({}): largest relative error {:.3e} (tolerance {:.1e})",
             self.ty, self.relative_error, self.tolerance
-        )?;
+        );
         if self.nan_in_both > 0 {
-            write!(f, "; {} element(s) are NaN in both", self.nan_in_both)?;
+            text.push_str(&format!(
+                "; {} element(s) are NaN in both",
+                self.nan_in_both
+            ));
         }
-        Ok(())
+        text
+    }
+}
+
+impl std::fmt::Display for ResultCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe(&format!("out{}", self.index)))
     }
 }
 

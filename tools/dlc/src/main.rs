@@ -998,11 +998,11 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             let f = select_entry(&module, None)?;
             let args = prepare_inputs(f, &files, exec.random_inputs)?;
             let values = f.results.len() - positions.len();
-            let outputs = execute(&module, f, &args, &exec, false, Some(values))?;
             let names: Vec<String> = (0..values)
                 .map(|i| format!("out{i}"))
                 .chain(positions.iter().map(|&p| format!("grad_{}", f.params[p].0)))
                 .collect();
+            let outputs = execute(&module, f, &args, &exec, false, Some((values, &names)))?;
             for (n, t) in names.iter().zip(&outputs) {
                 dlc_cli::outln!("{n}: {}", summary(t));
             }
@@ -1153,16 +1153,17 @@ impl ExecArgs {
 /// Runs entry point `f` of `module` on `args` as `exec` says (f32
 /// products as TF32 when `tf32`); with
 /// `--check`, compares every result with the reference interpreter's and
-/// fails unless they agree. The results from `gradients_from` on are
-/// gradients of one value, each compared on the scale of the largest of
-/// them at least (`gradient_floors`).
+/// fails unless they agree. With `gradients`, the results from its first
+/// on are gradients of one value, each compared on the scale of the
+/// largest of them at least (`gradient_floors`), and every result is
+/// called by its name there (`out0`, `grad_w`, ...).
 fn execute(
     module: &dlc_graph::Module,
     f: &dlc_graph::Function,
     args: &[HostTensor],
     exec: &ExecArgs,
     tf32: bool,
-    gradients_from: Option<usize>,
+    gradients: Option<(usize, &[String])>,
 ) -> Result<Vec<HostTensor>, DriverError> {
     let ExecArgs {
         backend,
@@ -1213,16 +1214,17 @@ fn execute(
     if check {
         let reference = interpret_within(module, f, args, max_work)?;
         let tolerances = dlc_driver::check_tolerances_with(f, tf32);
-        let floors = gradients_from
-            .map(|first| dlc_driver::gradient_floors(&reference, first))
+        let floors = gradients
+            .map(|(first, _)| dlc_driver::gradient_floors(&reference, first))
             .unwrap_or_default();
         let checks =
             dlc_driver::check_results_with_floors(&outputs, &reference, &tolerances, &floors)?;
-        let failed: Vec<String> = checks
-            .iter()
-            .filter(|c| !c.passed())
-            .map(ToString::to_string)
-            .collect();
+        let label = |c: &dlc_driver::ResultCheck| match gradients.and_then(|(_, n)| n.get(c.index))
+        {
+            Some(name) => c.describe(name),
+            None => c.to_string(),
+        };
+        let failed: Vec<String> = checks.iter().filter(|c| !c.passed()).map(label).collect();
         if !failed.is_empty() {
             return Err(DriverError::Usage(format!(
                 "--check: results differ from the reference interpreter: {}",
@@ -1231,9 +1233,9 @@ fn execute(
         }
         for c in &checks {
             if c.all_nan() {
-                eprintln!("warning: --check: {c}");
+                eprintln!("warning: --check: {}", label(c));
             }
-            dlc_cli::outln!("check: ok: {c}");
+            dlc_cli::outln!("check: ok: {}", label(c));
         }
     }
     Ok(outputs)

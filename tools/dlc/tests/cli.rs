@@ -1946,6 +1946,8 @@ fn grad_check_takes_a_zero_gradient_for_what_it_is() {
     assert!(o.status.success(), "{}", stderr(&o));
     let text = String::from_utf8_lossy(&o.stdout);
     assert_eq!(text.matches("check: ok").count(), 5, "{text}");
+    // Each gradient named as its file would be.
+    assert!(text.contains("check: ok: grad_c (f32[8])"), "{text}");
 }
 
 #[test]
