@@ -1478,21 +1478,7 @@ impl<'p> Elab<'p> {
             g.recompute = true;
             self.module.functions.push(g);
         }
-        let results = self
-            .module
-            .function(&marked)
-            .map(Function::result_types)
-            .unwrap_or_default();
-        let n = results.len();
-        let node = cx.f.add_node(Op::Call { callee: marked }, &values, results);
-        cx.f.body[node].loc = self.lines.as_ref().map(|l| l.loc(span.start));
-        if n == 1 && !def.ret_tuple {
-            Ok(EVal::Tensor(Value::of(node)))
-        } else {
-            Ok(EVal::Tuple(
-                (0..n as u32).map(|r| Value { node, result: r }).collect(),
-            ))
-        }
+        Ok(self.emit_call(cx, marked, &values, def.ret_tuple, Some(span)))
     }
 
     /// Evaluates the arguments of a user `fn` or `op` and infers its dimension parameters.
@@ -1656,19 +1642,34 @@ impl<'p> Elab<'p> {
         span: Span,
     ) -> R<EVal> {
         let (values, name) = self.instantiate(cx, def, callee, args, span)?;
+        Ok(self.emit_call(cx, name, &values, def.ret_tuple, None))
+    }
+
+    /// A `graph.call` of the module's function `name` on `values`, marked
+    /// with the source place `at` when given: its one result, or a tuple of
+    /// them (always a tuple when the `fn` declares a tuple result).
+    fn emit_call(
+        &self,
+        cx: &mut FnCx,
+        name: String,
+        values: &[Value],
+        ret_tuple: bool,
+        at: Option<Span>,
+    ) -> EVal {
         let results = self
             .module
             .function(&name)
             .map(Function::result_types)
             .unwrap_or_default();
         let n = results.len();
-        let node = cx.f.add_node(Op::Call { callee: name }, &values, results);
-        if n == 1 && !def.ret_tuple {
-            Ok(EVal::Tensor(Value::of(node)))
+        let node = cx.f.add_node(Op::Call { callee: name }, values, results);
+        if let Some(span) = at {
+            cx.f.body[node].loc = self.lines.as_ref().map(|l| l.loc(span.start));
+        }
+        if n == 1 && !ret_tuple {
+            EVal::Tensor(Value::of(node))
         } else {
-            Ok(EVal::Tuple(
-                (0..n as u32).map(|r| Value { node, result: r }).collect(),
-            ))
+            EVal::Tuple((0..n as u32).map(|r| Value { node, result: r }).collect())
         }
     }
 

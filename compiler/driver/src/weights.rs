@@ -217,7 +217,16 @@ pub fn read_weights(
             f.name
         )));
     }
-    let source = WeightSource::open(path)?;
+    weights_from(f, &WeightSource::open(path)?, path, given)
+}
+
+/// [`read_weights`] from a source already open.
+fn weights_from(
+    f: &Function,
+    source: &WeightSource,
+    path: &Path,
+    given: &[String],
+) -> Result<Vec<(String, HostTensor)>, DriverError> {
     let types = f.param_types();
     f.weights
         .iter()
@@ -244,6 +253,7 @@ pub fn bind_weights(
     entries: &[String],
     path: &Path,
 ) -> Result<usize, DriverError> {
+    let source = WeightSource::open(path)?;
     let mut bound = 0;
     for f in module.functions.iter_mut() {
         if f.weights.is_empty()
@@ -252,7 +262,7 @@ pub fn bind_weights(
         {
             continue;
         }
-        let values = read_weights(f, path, &[])?;
+        let values = weights_from(f, &source, path, &[])?;
         // In the order of `f.weights` (none given otherwise); bound from
         // the last so that the earlier ones keep their places.
         let indices: Vec<usize> = f.weights.iter().copied().collect();

@@ -24,6 +24,20 @@ pub(super) const TRAINING: [&str; 15] = [
     "loss_scale_update",
 ];
 
+/// A positive whole number of steps given as a constant (`every`,
+/// `warmup`, `interval`, ...).
+fn step_count_const(e: &Expr, dims: &HashMap<String, usize>, what: &str) -> R<f64> {
+    let n = const_int(e, dims)?;
+    if n < 1 {
+        return Err(Diagnostic::new(
+            format!("`{what}` must be a positive number of steps"),
+            e.span,
+            format!("{n}"),
+        ));
+    }
+    Ok(n as f64)
+}
+
 impl Elab<'_> {
     /// Built-in `f` when it is one of [`TRAINING`].
     pub(super) fn training(
@@ -357,17 +371,7 @@ impl Elab<'_> {
                     .transpose()?
                     .unwrap_or(0.5);
                 let interval = match a[5] {
-                    Some(e) => {
-                        let n = const_int(e, &cx.dims)?;
-                        if n < 1 {
-                            return Err(Diagnostic::new(
-                                "`interval` must be a positive number of steps",
-                                e.span,
-                                format!("{n}"),
-                            ));
-                        }
-                        n as f64
-                    }
+                    Some(e) => step_count_const(e, &cx.dims, "interval")?,
                     None => 2000.0,
                 };
                 // PyTorch's GradScaler: on overflow, scale * backoff and
@@ -404,17 +408,7 @@ impl Elab<'_> {
                 let d = DEFAULT_FLOAT;
                 let t = self.step_count(cx, req(&a, 0), d)?;
                 let (lr, _) = const_float(req(&a, 1))?;
-                let count = |e: &Expr, what: &str| -> R<f64> {
-                    let n = const_int(e, &cx.dims)?;
-                    if n < 1 {
-                        return Err(Diagnostic::new(
-                            format!("`{what}` must be a positive number of steps"),
-                            e.span,
-                            format!("{n}"),
-                        ));
-                    }
-                    Ok(n as f64)
-                };
+                let count = |e: &Expr, what: &str| step_count_const(e, &cx.dims, what);
                 match name {
                     "step_lr" => {
                         // lr gamma^floor((t - 1) / every)

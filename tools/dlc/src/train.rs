@@ -353,26 +353,28 @@ fn initial_weights(
 ) -> Result<Vec<HostTensor>, DriverError> {
     let ranges = dlc_driver::random_ranges(f);
     let mut rng = dlc_runtime::seeded_rng(seed);
-    let given = |w: usize| -> Result<Option<HostTensor>, DriverError> {
-        let (name, ty) = &plan.params[w];
-        source.map_or(Ok(None), |s| s.get(name, ty))
-    };
-    if let Some(s) = source {
-        let mut any = false;
-        for &w in &plan.weights {
-            any |= given(w)?.is_some();
-        }
-        if !any {
-            let (name, _) = &plan.params[plan.weights[0]];
-            return Err(usage(format!(
-                "--weights: no value for weight `{name}` ({}) nor for any other weight",
-                s.place(name)
-            )));
-        }
+    // Each weight's value from `--weights`, read once.
+    let given: Vec<Option<HostTensor>> = plan
+        .weights
+        .iter()
+        .map(|&w| {
+            let (name, ty) = &plan.params[w];
+            source.map_or(Ok(None), |s| s.get(name, ty))
+        })
+        .collect::<Result<_, _>>()?;
+    if let Some(s) = source
+        && given.iter().all(Option::is_none)
+    {
+        let (name, _) = &plan.params[plan.weights[0]];
+        return Err(usage(format!(
+            "--weights: no value for weight `{name}` ({}) nor for any other weight",
+            s.place(name)
+        )));
     }
     plan.weights
         .iter()
-        .map(|&w| {
+        .zip(given)
+        .map(|(&w, given)| {
             let (_, ty) = &plan.params[w];
             // Every weight is drawn, so that a weight's initial value does
             // not depend on which others come from files.
@@ -385,7 +387,7 @@ fn initial_weights(
             let values = HostTensor::random_values(ty, &mut rng)
                 .map(|v| ty.dtype.round(v * bound))
                 .collect::<Vec<f64>>();
-            match given(w)? {
+            match given {
                 Some(t) => Ok(t),
                 None => HostTensor::new(ty.clone(), values).map_err(|e| usage(e.to_string())),
             }
