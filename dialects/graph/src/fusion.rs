@@ -264,6 +264,94 @@ pub fn storage_of(f: &Function, plan: &HashMap<NodeIndex, Plan>, n: NodeIndex) -
     cur
 }
 
+/// The memory the stored values of a plan take ([`memory`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Memory {
+    /// The most bytes live at once.
+    pub peak: u64,
+    /// The values whose buffers are live at every moment the peak is
+    /// reached: only making one of them die sooner can lower it.
+    pub at_peak: HashSet<NodeIndex>,
+}
+
+/// The buffers `plan` stores, live at once at most, kernels run in
+/// topological order: each stored value from its kernel to the last kernel
+/// reading it, views in their storage (a value a result views, to the end);
+/// parameters, constants, results (the caller's buffers) and work on
+/// weights (computed once, when they are bound) not counted. A model of the back end's workspace, which places these buffers
+/// first fit (and so may need more, for fragmentation) beside what the
+/// kernels add (packed operands, im2col and Winograd buffers).
+pub fn memory(f: &Function, plan: &HashMap<NodeIndex, Plan>) -> Memory {
+    let bound = bound_nodes(f);
+    let order = f.topo_order();
+    let size = |n: NodeIndex| -> u64 {
+        f.body[n]
+            .results
+            .iter()
+            .map(|t| (t.num_elements().unwrap_or(0) * t.dtype.size_bytes()) as u64)
+            .sum()
+    };
+    // Results are written into the caller's output buffers.
+    let counted = |n: NodeIndex| {
+        !bound.contains(&n)
+            && !matches!(f.body[n].op, Op::Param { .. } | Op::Constant(_))
+            && !f.results.iter().any(|r| r.node == n)
+    };
+    // The buffer each kernel writes, in order, and the last kernel reading
+    // each buffer.
+    let mut written: Vec<NodeIndex> = Vec::new();
+    let mut last: HashMap<NodeIndex, usize> = HashMap::new();
+    for &p in &order {
+        let Some(k) = kernel_at(plan, p) else {
+            continue;
+        };
+        if plan[&p] == Plan::View || !counted(p) {
+            continue;
+        }
+        for r in kernel_reads(f, plan, k) {
+            let r = storage_of(f, plan, r);
+            if counted(r) {
+                last.insert(r, written.len());
+            }
+        }
+        written.push(p);
+    }
+    for r in &f.results {
+        last.insert(storage_of(f, plan, r.node), usize::MAX);
+    }
+    let mut ends: HashMap<usize, Vec<NodeIndex>> = HashMap::new();
+    let mut live: HashSet<NodeIndex> = HashSet::new();
+    let mut bytes: u64 = 0;
+    let mut m = Memory {
+        peak: 0,
+        at_peak: HashSet::new(),
+    };
+    for (i, &p) in written.iter().enumerate() {
+        live.insert(p);
+        bytes += size(p);
+        if bytes > m.peak {
+            m.peak = bytes;
+            m.at_peak.clone_from(&live);
+        } else if bytes == m.peak {
+            m.at_peak.retain(|n| live.contains(n));
+        }
+        match last.get(&p) {
+            Some(&end) if end != usize::MAX => ends.entry(end.max(i)).or_default().push(p),
+            Some(_) => {}
+            // Read by nothing: freed at once.
+            None => {
+                live.remove(&p);
+                bytes -= size(p);
+            }
+        }
+        for n in ends.remove(&i).unwrap_or_default() {
+            live.remove(&n);
+            bytes -= size(n);
+        }
+    }
+    m
+}
+
 /// Kernels that may run as one: decided here, once, from the graph and
 /// its plan, and read by graph -> loop (which keeps the group's buffers
 /// alive across it) and by loop -> tile (which fuses it where the target

@@ -4,7 +4,6 @@
 //! `i`-th operand is `a`'s `r`-th result. The edges are the only record of
 //! operands, so a rewrite that re-points a use changes one edge.
 
-use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 
 use dlc_core::TensorType;
@@ -212,11 +211,13 @@ impl Function {
 
     /// The nodes that use any result of `node` (with repetitions removed).
     pub fn users(&self, node: NodeIndex) -> Vec<NodeIndex> {
-        let set: BTreeSet<NodeIndex> = self
+        let mut users: Vec<NodeIndex> = self
             .body
             .neighbors_directed(node, Direction::Outgoing)
             .collect();
-        set.into_iter().collect()
+        users.sort_unstable();
+        users.dedup();
+        users
     }
 
     /// Makes every use of `from` (operands and function results) use `to`.
@@ -252,34 +253,40 @@ impl Function {
     /// signature order, then ops, always taking the ready node with the
     /// smallest index. For a freshly parsed function this is print order.
     pub fn topo_order(&self) -> Vec<NodeIndex> {
-        let mut indegree: HashMap<NodeIndex, usize> = HashMap::new();
-        let mut ready = BTreeSet::new();
+        // Indexed by node index (a vector, not a map: this runs for every
+        // analysis of every candidate a pass prices).
+        let bound = petgraph::visit::NodeIndexable::node_bound(&self.body);
+        let mut indegree: Vec<usize> = vec![0; bound];
+        let mut ready = std::collections::BinaryHeap::new();
         for n in self.body.node_indices() {
             let d = self.body.edges_directed(n, Direction::Incoming).count();
-            indegree.insert(n, d);
+            indegree[n.index()] = d;
             if d == 0 && !matches!(self.body[n].op, Op::Param { .. }) {
-                ready.insert(n);
+                ready.push(std::cmp::Reverse(n));
             }
         }
-        let mut order: Vec<NodeIndex> = self.params.iter().map(|(_, n)| *n).collect();
-        let mut release = |n: NodeIndex, ready: &mut BTreeSet<NodeIndex>| {
-            for succ in self.body.neighbors_directed(n, Direction::Outgoing) {
-                if let Some(d) = indegree.get_mut(&succ) {
+        let mut order: Vec<NodeIndex> = Vec::with_capacity(self.body.node_count());
+        order.extend(self.params.iter().map(|(_, n)| *n));
+        let release =
+            |n: NodeIndex,
+             indegree: &mut Vec<usize>,
+             ready: &mut std::collections::BinaryHeap<std::cmp::Reverse<NodeIndex>>| {
+                for succ in self.body.neighbors_directed(n, Direction::Outgoing) {
                     // One decrement per edge: neighbors_directed repeats a
                     // neighbor once for each edge to it.
+                    let d = &mut indegree[succ.index()];
                     *d -= 1;
                     if *d == 0 {
-                        ready.insert(succ);
+                        ready.push(std::cmp::Reverse(succ));
                     }
                 }
-            }
-        };
-        for p in order.clone() {
-            release(p, &mut ready);
+            };
+        for &p in &order {
+            release(p, &mut indegree, &mut ready);
         }
-        while let Some(n) = ready.pop_first() {
+        while let Some(std::cmp::Reverse(n)) = ready.pop() {
             order.push(n);
-            release(n, &mut ready);
+            release(n, &mut indegree, &mut ready);
         }
         order
     }

@@ -296,21 +296,7 @@ fn recompute_call(
         f: g,
         loc: loc.clone(),
     };
-    let mut token = first;
-    let ty = b.ty(token);
-    if ty.rank() > 0 {
-        let n_el: usize = ty.shape.iter().product();
-        token = b
-            .op(Op::Reshape { shape: vec![n_el] }, &[token])
-            .map_err(err)?;
-        let one = Op::Slice {
-            axis: 0,
-            start: 0,
-            end: 1,
-        };
-        token = b.op(one, &[token]).map_err(err)?;
-        token = b.op(Op::Reshape { shape: vec![] }, &[token]).map_err(err)?;
-    }
+    let token = crate::transforms::scalar_token(b.f, first);
     let mut operands = Vec::new();
     for a in b.f.operands(n) {
         operands.push(b.op(Op::Barrier, &[a, token]).map_err(err)?);

@@ -4,12 +4,15 @@ mod autocast;
 mod canonicalize;
 mod dce;
 mod inline;
+mod remat;
 pub mod saturate;
 
 pub use autocast::autocast;
 pub use canonicalize::{Canonicalize, FOLD_LIMIT};
 pub use dce::{Dce, remove_dead_nodes};
 pub use inline::{Inline, inline_into};
+pub(crate) use remat::scalar_token;
+pub use remat::{Remat, rematerialize};
 
 use dlc_core::PassRegistry;
 
@@ -19,8 +22,10 @@ use crate::Module;
 /// runs first on the functions without calls, so that a helper called many
 /// times (W7's 32 steps) is saturated once; after inlining it runs again on
 /// what is new (the callers' own ops, and merges across the inlined
-/// bodies), leaving the settled bodies to the multi-pattern rules.
-pub const DEFAULT_PIPELINE: &str = "graph.canonicalize,graph.saturate,graph.inline,graph.canonicalize,graph.saturate,graph.canonicalize,graph.dce";
+/// bodies), leaving the settled bodies to the multi-pattern rules. What to
+/// keep and what to compute again (`graph.remat`) is chosen last, on what
+/// will be compiled.
+pub const DEFAULT_PIPELINE: &str = "graph.canonicalize,graph.saturate,graph.inline,graph.canonicalize,graph.saturate,graph.canonicalize,graph.remat,graph.dce";
 
 /// Every graph pass, by name.
 pub fn registry() -> PassRegistry<Module> {
@@ -31,6 +36,7 @@ pub fn registry() -> PassRegistry<Module> {
 /// doing so for `target` unless told another (`target=NAME`).
 pub fn registry_for(target: &dlc_core::TargetDesc) -> PassRegistry<Module> {
     let mut r = PassRegistry::default();
+    let remat_target = target.clone();
     let target = target.clone();
     r.register(
         "graph.canonicalize",
@@ -44,6 +50,23 @@ pub fn registry_for(target: &dlc_core::TargetDesc) -> PassRegistry<Module> {
         "graph.saturate",
         "equality saturation (egg): rewrites by the rule tables, extracts the cheapest equivalent graph under the calibrated cost model, pricing the kernels compiled for `target` (host, x86-64-avx512, x86-64-avx2, aarch64-linux-gnu, sm_80, sm_90; default host)",
         move |o| Ok(Box::new(saturate::from_options(o, &target)?)),
+    );
+    r.register(
+        "graph.remat",
+        "rematerialization: each element-wise value read by several kernels is computed again for its later readers (from what it reads, after barriers) where the calibrated cost model prices that no slower and the fusion plan's peak of live buffers lower, or faster and no higher, for `target` (default host); last in the pipeline, after saturation",
+        move |o| {
+            o.expect_only(&["target"])?;
+            let target = match o.get("target", String::new())?.as_str() {
+                "" => remat_target.clone(),
+                name => dlc_core::TargetDesc::named(name).map_err(|message| {
+                    dlc_core::PassError::BadOption {
+                        pass: "graph.remat".into(),
+                        message,
+                    }
+                })?,
+            };
+            Ok(Box::new(Remat { target }))
+        },
     );
     r.register(
         "graph.dce",

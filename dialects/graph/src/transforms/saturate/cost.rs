@@ -125,6 +125,8 @@ impl CostModel {
             ) => n * self.transcendental_ns * 1e-3,
             // subtract, add, square root, divide, multiply, add
             Op::BatchNorm { .. } => self.ew_us(6.0 * n),
+            // Lowered as the identity.
+            Op::Barrier => 0.0,
             _ => self.ew_us(n),
         }
     }
@@ -303,7 +305,17 @@ impl CostModel {
     /// `--stats` reports.
     pub fn function_cost(&self, f: &Function, target: &TargetDesc) -> f64 {
         // What the lowering will do with each node: one analysis for both.
-        let plan = crate::fusion::plan(f, target);
+        self.planned_cost(f, &crate::fusion::plan(f, target), target)
+    }
+
+    /// [`CostModel::function_cost`] of `f` under its fusion plan `plan`
+    /// (`fusion::plan(f, target)`), for a caller that reads the plan too.
+    pub fn planned_cost(
+        &self,
+        f: &Function,
+        plan: &HashMap<NodeIndex, Plan>,
+        target: &TargetDesc,
+    ) -> f64 {
         let bound = crate::fusion::bound_nodes(f);
         let order = f.topo_order();
         // The arithmetic of an element-wise tree and the bytes of what it
@@ -346,12 +358,12 @@ impl CostModel {
                 _ if bound.contains(&n) => 0.0,
                 _ if matches!(node.op, Op::Constant(_)) => 0.0,
                 Plan::Stored if node.op.is_elementwise() => {
-                    let (compute, read) = tree(self, f, &plan, n, None);
+                    let (compute, read) = tree(self, f, plan, n, None);
                     self.kernel_us + compute.max(self.bytes_us(read + bytes(out)))
                 }
                 Plan::EpilogueOf(_) => {
                     // The anchor's result arrives in registers.
-                    let (compute, read) = tree(self, f, &plan, n, None);
+                    let (compute, read) = tree(self, f, plan, n, None);
                     let anchor_bytes = bytes(out);
                     compute.max(self.bytes_us((read - anchor_bytes).max(0.0)))
                 }
@@ -376,7 +388,7 @@ impl CostModel {
                 }
             };
         }
-        total - self.fused_groups_saving(f, &plan, target)
+        total - self.fused_groups_saving(f, plan, target)
     }
 
     /// What the plan's kernel groups save over their kernels priced one by
