@@ -4,7 +4,8 @@
 //! cases (`narrow_NNN.dl`), the tensor-core products (`mma_NNN.dl`) and
 //! W2's training step, in f32 and with bf16 products, at a quarter of its
 //! width (`train_w2_small.dl`, checked) and at its size (`train_w2.dl`,
-//! timed).
+//! timed), and a small batch-normalization training step (`train_bn.dl`,
+//! checked: batch statistics, and values `graph.remat` computes again).
 //! `make gpu-check-prepare` compiles each to a GPU module with its
 //! reference results (`scripts/gpu_check_prepare.sh`).
 
@@ -38,6 +39,7 @@ fn main() -> ExitCode {
             "train_w2",
             dlc_tests::w2_training_step(128, 1024, 4096, 1024),
         ),
+        ("train_bn", dlc_tests::BATCHNORM_TRAINING_STEP.to_string()),
     ];
     for (name, src) in steps {
         let path = dir.join(format!("{name}.dl"));

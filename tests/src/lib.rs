@@ -789,6 +789,28 @@ pub fn w2_training_step(batch: usize, d_in: usize, hidden: usize, d_out: usize) 
     )
 }
 
+/// W3's block in training mode, small: a convolution, batch statistics and
+/// a relu, twice, with a residual; the mean square as the loss, and `step`,
+/// one SGD step of every weight. Its batch normalizations' normalized
+/// inputs are what `graph.remat` computes again in the backward pass.
+pub const BATCHNORM_TRAINING_STEP: &str = "
+fn block(x: f32[4, 16, 12, 12], w1: f32[16, 16, 3, 3], g1: f32[16], b1: f32[16],
+         w2: f32[16, 16, 3, 3], g2: f32[16], b2: f32[16]) -> f32 {
+    let stat = zeros([16]);
+    let (h0, m1, v1) = batchnorm_train(conv2d(x, w1, padding=1), g1, b1, stat, stat);
+    let (y, m2, v2) = batchnorm_train(conv2d(relu(h0), w2, padding=1), g2, b2, stat, stat);
+    return mean(relu(y + x) * relu(y + x));
+}
+fn step(x: f32[4, 16, 12, 12], w1: f32[16, 16, 3, 3], g1: f32[16], b1: f32[16],
+        w2: f32[16, 16, 3, 3], g2: f32[16], b2: f32[16])
+        -> (f32, f32[16, 16, 3, 3], f32[16], f32[16], f32[16, 16, 3, 3], f32[16], f32[16]) {
+    let (l, d1, dg1, db1, d2, dg2, db2) =
+        value_and_grad(block(x, w1, g1, b1, w2, g2, b2), wrt=[w1, g1, b1, w2, g2, b2]);
+    return (l, sgd(w1, d1, 0.1), sgd(g1, dg1, 0.1), sgd(b1, db1, 0.1),
+            sgd(w2, d2, 0.1), sgd(g2, dg2, 0.1), sgd(b2, db2, 0.1));
+}
+";
+
 /// f16 and bf16 products that run on a GPU's tensor cores (`mma.sync` in
 /// whole 16 x 8 x 16 steps): ragged blocks, a batch with an epilogue, and
 /// attention scores under a softmax.

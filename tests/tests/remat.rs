@@ -11,7 +11,7 @@ use dlc_graph::fusion;
 use dlc_graph::transforms::rematerialize;
 use dlc_graph::transforms::saturate::cost::CostModel;
 use dlc_graph::{Function, Op};
-use dlc_tests::{example_files, language_reference_examples};
+use dlc_tests::{BATCHNORM_TRAINING_STEP, example_files, language_reference_examples};
 
 /// The default pipeline without `graph.remat`, priced for one target
 /// whatever the machine, and extracting greedily (the same program
@@ -82,25 +82,6 @@ fn rematerialization_changes_no_result() {
     );
 }
 
-/// W3's block in training mode, small: a convolution, batch statistics and
-/// a relu, twice, with a residual; one SGD step.
-const BATCHNORM_STEP: &str = "
-fn block(x: f32[4, 16, 12, 12], w1: f32[16, 16, 3, 3], g1: f32[16], b1: f32[16],
-         w2: f32[16, 16, 3, 3], g2: f32[16], b2: f32[16]) -> f32 {
-    let stat = zeros([16]);
-    let (h0, m1, v1) = batchnorm_train(conv2d(x, w1, padding=1), g1, b1, stat, stat);
-    let (y, m2, v2) = batchnorm_train(conv2d(relu(h0), w2, padding=1), g2, b2, stat, stat);
-    return mean(relu(y + x) * relu(y + x));
-}
-fn step(x: f32[4, 16, 12, 12], w1: f32[16, 16, 3, 3], g1: f32[16], b1: f32[16],
-        w2: f32[16, 16, 3, 3], g2: f32[16], b2: f32[16])
-        -> (f32, f32[16, 16, 3, 3], f32[16], f32[16], f32[16, 16, 3, 3], f32[16], f32[16]) {
-    let (l, d1, dg1, db1, d2, dg2, db2) =
-        value_and_grad(block(x, w1, g1, b1, w2, g2, b2), wrt=[w1, g1, b1, w2, g2, b2]);
-    return (l, sgd(w1, d1, 0.1), sgd(g1, dg1, 0.1), sgd(b1, db1, 0.1),
-            sgd(w2, d2, 0.1), sgd(g2, dg2, 0.1), sgd(b2, db2, 0.1));
-}";
-
 /// The normalized input of each batch normalization, read by its forward
 /// pass and by its gradient, is computed again in the backward pass from
 /// the centred input (kept anyway): the estimated peak of live memory
@@ -110,7 +91,7 @@ fn step(x: f32[4, 16, 12, 12], w1: f32[16, 16, 3, 3], g1: f32[16], b1: f32[16],
 fn a_batch_normalization_step_keeps_less() {
     let target = TargetDesc::x86_64_avx2(2);
     let model = CostModel::calibrated();
-    let kept = compiled("step.dl", BATCHNORM_STEP);
+    let kept = compiled("step.dl", BATCHNORM_TRAINING_STEP);
     let before = kept.function("step").unwrap().clone();
     let mut after = before.clone();
     let n = rematerialize(&mut after, &target);
