@@ -163,3 +163,25 @@ fn the_memory_model_counts_what_is_live_at_once() {
     let want: std::collections::HashSet<_> = products[..2].iter().copied().collect();
     assert_eq!(memory.at_peak, want);
 }
+
+/// `relu`'s gradient reads its result (`r > 0`, the mask `x > 0` gives):
+/// in W2's training step the first product's epilogue adds the bias and
+/// applies the relu, and only the relu's result is stored for the backward
+/// pass, not the pre-activation too.
+#[test]
+fn a_relu_step_stores_only_the_activation() {
+    let m = compiled("w2.dl", &dlc_tests::w2_training_step(8, 16, 32, 4));
+    let f = m.function("w2_step").unwrap();
+    let plan = fusion::plan(f, &TargetDesc::x86_64_avx2(2));
+    let relu = f
+        .body
+        .node_indices()
+        .find(|&n| matches!(f.body[n].op, Op::Unary(dlc_core::scalar::UnaryOp::Relu)))
+        .unwrap();
+    assert!(
+        matches!(plan[&relu], fusion::Plan::EpilogueOf(p) if matches!(f.body[p].op, Op::MatMul)),
+        "{:?}\n{}",
+        plan[&relu],
+        printed(f)
+    );
+}

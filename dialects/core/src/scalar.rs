@@ -688,7 +688,10 @@ impl UnaryOp {
         use Deriv::{Const, R, X};
         match self {
             UnaryOp::Neg => Const(-1.0),
-            UnaryOp::Relu => d_sel(CmpOp::Gt, X, Const(0.0), Const(1.0), Const(0.0)),
+            // From the result, as PyTorch's `threshold_backward` does (the
+            // same mask: r > 0 exactly where x > 0): a backward pass reading
+            // `relu(x)` leaves `x` to its producer's epilogue, unstored.
+            UnaryOp::Relu => d_sel(CmpOp::Gt, R, Const(0.0), Const(1.0), Const(0.0)),
             UnaryOp::Exp => R,
             UnaryOp::Log => d_un(UnaryOp::Reciprocal, X),
             UnaryOp::Sqrt => d_bin(BinaryOp::Div, Const(0.5), R),
