@@ -185,3 +185,52 @@ fn a_relu_step_stores_only_the_activation() {
         printed(f)
     );
 }
+
+/// A user operator's local that its gradient reads is computed once and
+/// kept where that is priced cheaper: a row-wise softmax written in index
+/// notation reads its row sums (`rowsoft.t0`, an operator of their own that
+/// the gradient reads too) instead of summing them again inside its
+/// kernel; the loss it computes is the plain loss's.
+#[test]
+fn a_user_operators_row_sums_are_kept_for_its_gradient() {
+    let src = "
+op rowsoft[B, N](x: f32[B, N]) -> f32[B, N] {
+    let s[b] = sum[k](exp(x[b, k]));
+    out[b, n] = exp(x[b, n]) / s[b];
+}
+fn loss(x: f32[64, 256], weight w: f32[256, 256]) -> f32 {
+    let p = rowsoft(x @ w);
+    return mean(p * p);
+}
+fn step(x: f32[64, 256], weight w: f32[256, 256]) -> (f32, f32[256, 256]) {
+    return value_and_grad(loss(x, w));
+}";
+    let m = compiled("rowsoft.dl", src);
+    let f = m.function("step").unwrap();
+    let named = |n: &dlc_graph::Node, name: &str| matches!(&n.op, Op::Compute(b) if b.name == name);
+    let forward = f
+        .body
+        .node_indices()
+        .find(|&n| named(&f.body[n], "rowsoft"))
+        .unwrap_or_else(|| panic!("{}", printed(f)));
+    let sums = f.operands(forward);
+    assert!(
+        sums.iter().any(|v| named(&f.body[v.node], "rowsoft.t0")),
+        "{}",
+        printed(f)
+    );
+    let sums = sums
+        .into_iter()
+        .find(|v| named(&f.body[v.node], "rowsoft.t0"))
+        .unwrap();
+    assert!(
+        f.users(sums.node).len() >= 2,
+        "read by the gradient too\n{}",
+        printed(f)
+    );
+    let loss = m.function("loss").unwrap();
+    let inputs = prepare_inputs(loss, &[], Some(2)).unwrap();
+    let want = interpret(&m, loss, &inputs).unwrap();
+    let got = interpret(&m, f, &inputs).unwrap();
+    assert_eq!(want[0].data, got[0].data);
+}

@@ -27,8 +27,12 @@
 //! operator is an ordinary `graph.compute`: a product's adjoints are the
 //! products `g bᵀ` and `aᵀ g` in index notation, and compile as such.
 //!
-//! Intermediate definitions the adjoints read are recomputed, each as an
-//! operator of its own. Reductions: `sum` and `mean` spread the adjoint;
+//! Intermediate definitions the adjoints read are computed by operators of
+//! their own; once the gradient is built, [`keep_by_cost`] makes the forward
+//! operator read such an operator's result instead of computing the local
+//! inside its kernel wherever the cost model prices keeping it cheaper (a
+//! softmax's row sums), so the local is computed once and held until the
+//! backward pass; elsewhere it is computed in both. Reductions: `sum` and `mean` spread the adjoint;
 //! `max` and `min` give it to the elements equal to the result, split evenly
 //! among ties; `prod` gives each element the product of the others (an
 //! operator of its own over the reduced variables too, so quadratic in the
@@ -43,6 +47,7 @@ use super::Builder;
 use crate::compute::{Affine, ComputeBody, ElemDef, IndexVar, RangeVar, ScalarExpr, Source};
 use crate::module::Value;
 use crate::ops::Op;
+use petgraph::stable_graph::NodeIndex;
 
 type Grads = Result<Vec<Option<Value>>, String>;
 
@@ -95,6 +100,7 @@ pub(super) fn vjp(
     };
     let mut adj: Vec<Option<Value>> = vec![None; n];
     adj[n - 1] = Some(g);
+    let emitted_before: Vec<bool> = d.values.iter().map(Option::is_some).collect();
     let mut grads: Vec<Option<Value>> = vec![None; xs.len()];
     for j in (0..n).rev() {
         let Some(gj) = adj[j] else { continue };
@@ -113,7 +119,150 @@ pub(super) fn vjp(
             });
         }
     }
+    // Each local computed again here may instead be what the forward
+    // operator reads (`keep_by_cost` chooses).
+    if let Some(forward) = out {
+        let made = d.values[..n - 1].iter().zip(&emitted_before).enumerate();
+        for (k, (value, &before)) in made {
+            if let (false, Some(local)) = (before, *value) {
+                let copy = LocalCopy {
+                    forward: forward.node,
+                    defs: d.defs.clone(),
+                    name: body.name.clone(),
+                    k,
+                    local,
+                };
+                d.b.locals.push(copy);
+            }
+        }
+    }
     Ok(grads)
+}
+
+/// A local of a user operator that its adjoints compute by an operator of
+/// their own (`NAME.tK`): the forward operator may read that operator's
+/// result instead of computing the local inside its kernel, so that it is
+/// computed once and kept until the backward pass.
+pub(crate) struct LocalCopy {
+    /// The forward operator.
+    forward: NodeIndex,
+    /// Its body, normalized (reductions split out as locals).
+    defs: Vec<ElemDef>,
+    /// Its name.
+    name: String,
+    /// The local's place among `defs`.
+    k: usize,
+    /// The operator computing it.
+    local: Value,
+}
+
+/// The operator `defs` (normalized definitions, the last the output) with
+/// local `k` read from operand `operand` instead of computed, and the
+/// locals only it read left out.
+fn reading_local(defs: &[ElemDef], name: &str, k: usize, operand: u32) -> ComputeBody {
+    let n = defs.len();
+    let mut live = vec![false; n];
+    live[n - 1] = true;
+    for j in (0..n).rev() {
+        if !live[j] || j == k {
+            continue;
+        }
+        defs[j].expr.visit(&mut |e| {
+            if let ScalarExpr::Read {
+                src: Source::Local(i),
+                ..
+            } = e
+            {
+                live[*i as usize] = true;
+            }
+        });
+    }
+    live[k] = false;
+    let mut place: Vec<Option<u32>> = vec![None; n];
+    let mut kept = 0;
+    for j in 0..n - 1 {
+        if live[j] {
+            place[j] = Some(kept);
+            kept += 1;
+        }
+    }
+    let rewrite = |def: &ElemDef| ElemDef {
+        vars: def.vars.clone(),
+        ty: def.ty.clone(),
+        expr: map_sources(&def.expr, &mut |s| match s {
+            Source::Local(i) if i as usize == k => Source::Input(operand),
+            Source::Local(i) => Source::Local(place[i as usize].unwrap_or(i)),
+            s => s,
+        }),
+    };
+    ComputeBody {
+        name: name.to_string(),
+        locals: (0..n - 1)
+            .filter(|&j| live[j])
+            .map(|j| rewrite(&defs[j]))
+            .collect(),
+        out: rewrite(&defs[n - 1]),
+    }
+}
+
+/// For each local in `copies`, in turn: makes its forward operator read the
+/// local's operator (one more operand) where the cost model prices that
+/// faster and no larger at the peak of live memory, or no slower and a page
+/// smaller, than computing it in both (the same prices `graph.remat` takes,
+/// for the x86-64 AVX2 baseline, so the gradient is the same program on
+/// every machine). Returns how many are kept.
+pub(super) fn keep_by_cost(g: &mut crate::module::Function, copies: Vec<LocalCopy>) -> usize {
+    use crate::fusion;
+    use crate::transforms::saturate::cost::CostModel;
+    if copies.is_empty() {
+        return 0;
+    }
+    let target = dlc_core::TargetDesc::x86_64_avx2(2);
+    let model = CostModel::calibrated();
+    let price = |g: &crate::module::Function| {
+        let plan = fusion::plan(g, &target);
+        (
+            model.planned_cost(g, &plan, &target),
+            fusion::memory(g, &plan).peak,
+        )
+    };
+    let (mut cost, mut peak) = price(g);
+    let mut kept = 0;
+    for c in copies {
+        if !g.body.contains_node(c.forward) || !g.body.contains_node(c.local.node) {
+            continue;
+        }
+        let operands = g.operands(c.forward);
+        let before = g.body[c.forward].op.clone();
+        let slot = operands.len() as u32;
+        let body = reading_local(&c.defs, &c.name, c.k, slot);
+        let mut types: Vec<TensorType> =
+            operands.iter().map(|&v| g.value_type(v).clone()).collect();
+        types.push(g.value_type(c.local).clone());
+        let refs: Vec<&TensorType> = types.iter().collect();
+        if crate::verify::check_compute(&body, &refs).is_err() {
+            continue;
+        }
+        g.body[c.forward].op = Op::Compute(Box::new(body));
+        let edge = g.body.add_edge(
+            c.local.node,
+            c.forward,
+            crate::module::Use {
+                operand: slot,
+                result: c.local.result,
+            },
+        );
+        let (c1, p1) = price(g);
+        let tol = 1e-9 * cost.abs().max(1e-9);
+        if (c1 < cost - tol && p1 <= peak) || (c1 <= cost + tol && p1 + 4096 <= peak) {
+            (cost, peak) = (c1, p1);
+            kept += 1;
+        } else {
+            g.body.remove_edge(edge);
+            g.body[c.forward].op = before;
+        }
+    }
+    kept
 }
 
 fn max_var(body: &ComputeBody) -> u32 {

@@ -151,11 +151,13 @@ fn derive(
     } else {
         add_constant(&mut g, 1.0, loss_ty)
     };
-    let adj = sweep(&mut g, &roots, &[(loss, seed)], recompute)?;
+    let mut locals = Vec::new();
+    let adj = sweep(&mut g, &roots, &[(loss, seed)], recompute, &mut locals)?;
     for &p in wrt {
         let grad = param_adjoint(&mut g, &adj, p);
         g.results.push(grad);
     }
+    compute::keep_by_cost(&mut g, locals);
     Ok(g)
 }
 
@@ -182,6 +184,7 @@ fn sweep(
     roots: &[NodeIndex],
     seeds: &[(Value, Value)],
     recompute: &mut Recompute,
+    locals: &mut Vec<compute::LocalCopy>,
 ) -> Result<HashMap<Value, Value>, GradError> {
     if let Some(n) = g.body.node_indices().find(|&n| {
         matches!(g.body[n].op, Op::Call { .. }) && recompute.callee(&g.body[n]).is_none()
@@ -230,6 +233,7 @@ fn sweep(
             let mut b = Builder {
                 f: g,
                 loc: loc.clone(),
+                locals: Vec::new(),
             };
             for (i, grad) in grads.into_iter().enumerate() {
                 if let (true, Some(grad)) = (needs[i], grad) {
@@ -249,12 +253,14 @@ fn sweep(
         let mut b = Builder {
             f: g,
             loc: loc.clone(),
+            locals: Vec::new(),
         };
         let grads =
             rules::vjp(&mut b, &op, &operands, out, seed, &needs).map_err(|message| GradError {
                 message: format!("the gradient of {}: {message}", op.name()),
                 loc: loc.clone(),
             })?;
+        locals.append(&mut b.locals);
         for (i, grad) in grads.into_iter().enumerate() {
             if let (true, Some(grad)) = (needs[i], grad) {
                 accumulate(&mut b, &mut adj, operands[i], grad).map_err(|message| GradError {
@@ -295,6 +301,7 @@ fn recompute_call(
     let mut b = Builder {
         f: g,
         loc: loc.clone(),
+        locals: Vec::new(),
     };
     let token = crate::transforms::scalar_token(b.f, first);
     let mut operands = Vec::new();
@@ -366,7 +373,8 @@ fn vjp_function(callee: &Function, recompute: &mut Recompute) -> Result<Function
     }
     let positions = float_params(callee);
     let roots: Vec<NodeIndex> = positions.iter().map(|&p| h.params[p].1).collect();
-    let adj = sweep(&mut h, &roots, &seeds, recompute)?;
+    // A recomputed body recomputes its operators' locals too.
+    let adj = sweep(&mut h, &roots, &seeds, recompute, &mut Vec::new())?;
     h.results = positions
         .iter()
         .map(|&p| param_adjoint(&mut h, &adj, p))
@@ -400,6 +408,9 @@ fn accumulate(
 pub(crate) struct Builder<'f> {
     pub(crate) f: &'f mut Function,
     loc: Option<SourceLoc>,
+    /// Locals of user operators the rules computed again by operators of
+    /// their own ([`compute::LocalCopy`]).
+    locals: Vec<compute::LocalCopy>,
 }
 
 impl Builder<'_> {

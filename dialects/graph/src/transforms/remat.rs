@@ -10,17 +10,17 @@
 //! prices both with the cost model saturation extracts by
 //! ([`CostModel::planned_cost`], which follows the CPU back end's fusion
 //! plan) and by the most bytes of stored values live at once
-//! ([`fusion::memory`]): the copy is taken when it is no slower and
-//! needs less memory (a page at least), or needs no more and is faster. Typically a value
-//! whose other readers are element-wise is then computed inside their
-//! kernels instead of stored (a batch normalization's normalized input, a
-//! gate's `1 - z`), and a value read by a product (which reads memory)
+//! ([`fusion::memory`]): the copy is taken when it is no slower and needs
+//! less memory (a page at least), or needs no more and is faster.
+//! Typically a value whose other readers are element-wise is then computed
+//! inside their kernels instead of stored (a batch normalization's
+//! normalized input), and a value read by a product (which reads memory)
 //! stays kept.
 //!
 //! The copy reads what its definition reads through barriers that wait for
-//! the latest value its first late reader reads anyway, so the schedule
-//! (which computes a node as soon as its operands allow) computes it where
-//! it is read, not beside the original. The pass runs last, after
+//! the latest stored value its first late reader reads anyway, so the
+//! schedule (which computes a node as soon as its operands allow) computes
+//! it where it is read, not beside the original. The pass runs last, after
 //! saturation, which would merge the copy with the original. Recomputing
 //! whole functions, whatever it costs, is `checkpoint` in the language
 //! ([`crate::Function::recompute`]).
