@@ -207,26 +207,16 @@ fn reading_local(defs: &[ElemDef], name: &str, k: usize, operand: u32) -> Comput
 
 /// For each local in `copies`, in turn: makes its forward operator read the
 /// local's operator (one more operand) where the cost model prices that
-/// faster and no larger at the peak of live memory, or no slower and a page
-/// smaller, than computing it in both (the same prices `graph.remat` takes,
-/// for the x86-64 AVX2 baseline, so the gradient is the same program on
-/// every machine). Returns how many are kept.
+/// better than computing it in both (`transforms::remat::Price`, as
+/// `graph.remat` prices, for the x86-64 AVX2 baseline, so the gradient is
+/// the same program on every machine). Returns how many are kept.
 pub(super) fn keep_by_cost(g: &mut crate::module::Function, copies: Vec<LocalCopy>) -> usize {
-    use crate::fusion;
-    use crate::transforms::saturate::cost::CostModel;
+    use crate::transforms::remat::Price;
     if copies.is_empty() {
         return 0;
     }
     let target = dlc_core::TargetDesc::x86_64_avx2(2);
-    let model = CostModel::calibrated();
-    let price = |g: &crate::module::Function| {
-        let plan = fusion::plan(g, &target);
-        (
-            model.planned_cost(g, &plan, &target),
-            fusion::memory(g, &plan).peak,
-        )
-    };
-    let (mut cost, mut peak) = price(g);
+    let mut price = Price::of(g, &target);
     let mut kept = 0;
     for c in copies {
         if !g.body.contains_node(c.forward) || !g.body.contains_node(c.local.node) {
@@ -252,10 +242,9 @@ pub(super) fn keep_by_cost(g: &mut crate::module::Function, copies: Vec<LocalCop
                 result: c.local.result,
             },
         );
-        let (c1, p1) = price(g);
-        let tol = 1e-9 * cost.abs().max(1e-9);
-        if (c1 < cost - tol && p1 <= peak) || (c1 <= cost + tol && p1 + 4096 <= peak) {
-            (cost, peak) = (c1, p1);
+        let after = Price::of(g, &target);
+        if after.better_than(&price) {
+            price = after;
             kept += 1;
         } else {
             g.body.remove_edge(edge);

@@ -4,7 +4,7 @@ mod autocast;
 mod canonicalize;
 mod dce;
 mod inline;
-mod remat;
+pub(crate) mod remat;
 pub mod saturate;
 
 pub use autocast::autocast;

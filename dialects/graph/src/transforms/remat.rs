@@ -119,26 +119,50 @@ impl Change {
     }
 }
 
+/// What a version of a function costs: the cost model's estimate of its
+/// time and its fusion plan's peak of live memory (the plan kept for the
+/// caller).
+pub(crate) struct Price {
+    /// `CostModel::planned_cost`, µs.
+    pub(crate) time: f64,
+    /// `fusion::memory`.
+    pub(crate) memory: fusion::Memory,
+    /// The plan both read.
+    pub(crate) plan: HashMap<NodeIndex, Plan>,
+}
+
+impl Price {
+    /// Prices `f` compiled for `target`.
+    pub(crate) fn of(f: &Function, target: &TargetDesc) -> Price {
+        let plan = fusion::plan(f, target);
+        Price {
+            time: CostModel::calibrated().planned_cost(f, &plan, target),
+            memory: fusion::memory(f, &plan),
+            plan,
+        }
+    }
+
+    /// Whether this version is worth taking over `before`: no slower and at
+    /// least a page smaller at the peak, or faster and no larger.
+    pub(crate) fn better_than(&self, before: &Price) -> bool {
+        let tol = 1e-9 * before.time.abs().max(1e-9);
+        let (peak, was) = (self.memory.peak, before.memory.peak);
+        (self.time <= before.time + tol && peak + PAGE <= was)
+            || (self.time < before.time - tol && peak <= was)
+    }
+}
+
 /// Chooses by cost which element-wise values of `f` its later readers
 /// compute again (the module doc), for `target`. Returns how many.
 pub fn rematerialize(f: &mut Function, target: &TargetDesc) -> usize {
-    let model = CostModel::calibrated();
-    let price = |f: &Function| {
-        let plan = fusion::plan(f, target);
-        (
-            model.planned_cost(f, &plan, target),
-            fusion::memory(f, &plan),
-            plan,
-        )
-    };
-    let (mut cost, mut memory, mut plan) = price(f);
+    let mut price = Price::of(f, target);
     let order = f.topo_order();
     let position: HashMap<NodeIndex, usize> =
         order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
     let mut count = 0;
     for &v in &order {
         if !recomputable(&f.body[v].op)
-            || !matches!(plan[&v], Plan::Stored | Plan::EpilogueOf(_))
+            || !matches!(price.plan[&v], Plan::Stored | Plan::EpilogueOf(_))
             || f.results.iter().any(|r| r.node == v)
         {
             continue;
@@ -151,23 +175,19 @@ pub fn rematerialize(f: &mut Function, target: &TargetDesc) -> usize {
         // Only a value held at the peak can lower it by dying sooner, and
         // only one whose first reader is element-wise can stop being
         // stored (be computed inside it): the others are not priced.
-        if !memory.at_peak.contains(&v) && !f.body[readers[0]].op.is_elementwise() {
+        if !price.memory.at_peak.contains(&v) && !f.body[readers[0]].op.is_elementwise() {
             continue;
         }
         let late = &readers[1..];
         let mut change = Change::default();
-        if recompute(f, &plan, &position, v, late, &mut change).is_none() {
+        if recompute(f, &price.plan, &position, v, late, &mut change).is_none() {
             change.undo(f, v);
             continue;
         }
         debug_assert_eq!(f.topo_order().len(), f.body.node_count(), "a cycle");
-        let (c, m, new_plan) = price(f);
-        let tol = 1e-9 * cost.abs().max(1e-9);
-        let no_slower = c <= cost + tol;
-        let faster = c < cost - tol;
-        let smaller = m.peak + PAGE <= memory.peak;
-        if (no_slower && smaller) || (faster && m.peak <= memory.peak) {
-            (cost, memory, plan) = (c, m, new_plan);
+        let after = Price::of(f, target);
+        if after.better_than(&price) {
+            price = after;
             count += 1;
         } else {
             change.undo(f, v);
