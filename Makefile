@@ -7,7 +7,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CARGO ?= cargo
 EXAMPLE ?= examples/w2_mlp.dl
 
-.PHONY: all setup setup-test-tools setup-cuda setup-onnx run test lint fuzz-smoke bench bench-gpu gpu-check-prepare bench-peers bench-contract bench-saturate train-peers bench-train \
+.PHONY: all setup setup-test-tools setup-cuda setup-onnx setup-python python-test run test lint fuzz-smoke bench bench-gpu gpu-check-prepare bench-peers bench-contract bench-saturate train-peers bench-train \
 	onnx-tests onnx-bench onnx-models clean
 
 all: test
@@ -66,12 +66,29 @@ CPU_DEPENDENT_TESTS := binary_id(dlc-llvm::jit) | binary_id(dlc::cli) | binary_i
 	| binary_id(dlc-mlir::mlir) | package(dlc-tests)
 test: setup setup-test-tools setup-cuda lint
 	$(MAKE) fuzz-smoke
+	$(MAKE) python-test
 	$(CARGO) nextest run --workspace --locked --no-fail-fast
 	@if [ -z "$$DLC_CPU" ] && grep -qw avx512f /proc/cpuinfo; then \
 		echo "The tests that depend on the CPU, again as an AVX2 machine (DLC_CPU=x86-64-v3):"; \
 		DLC_CPU=x86-64-v3 $(CARGO) nextest run --workspace --locked --no-fail-fast \
 			-E '$(CPU_DEPENDENT_TESTS)'; \
 	fi
+
+# The Python package (python/, pyo3 + maturin): `pip install ./python`
+# builds it, as a user does, into a virtual environment under target/ with
+# the pinned build and test packages; in the dev profile, so that it shares
+# the test build's compiled crates (a user's `pip install ./python` builds
+# the release profile). Then its pytest suite.
+PYTHON_VENV := target/python-venv
+PYTHON_PACKAGES := maturin==1.16.0 numpy==2.4.6 pytest==9.2.0
+setup-python: setup
+	@$(PYTHON_VENV)/bin/python -c "import maturin, numpy, pytest" 2>/dev/null || \
+		{ python3 -m venv $(PYTHON_VENV) && $(PYTHON_VENV)/bin/pip install -q $(PYTHON_PACKAGES); }
+
+python-test: setup-python
+	PATH="$(CURDIR)/$(PYTHON_VENV)/bin:$$PATH" MATURIN_PEP517_ARGS="--profile dev --locked" \
+		$(PYTHON_VENV)/bin/pip install -q --no-build-isolation --no-deps --force-reinstall ./python
+	$(PYTHON_VENV)/bin/python -m pytest -q -p no:cacheprovider python/tests
 
 # A short, bounded fuzzing run of the front end, the graph pipeline and the tile
 # level, seeded with the examples and the pass test files (source, graph, loop

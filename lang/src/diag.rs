@@ -82,6 +82,21 @@ impl Diagnostic {
 pub struct Diagnostics(pub Vec<Diagnostic>);
 
 impl Diagnostics {
+    /// The 1-based line and column (in characters) of the first shown
+    /// diagnostic's primary span in `source`: where an editor or a Python
+    /// exception points.
+    pub fn first_place(&self, source: &str) -> Option<(usize, usize)> {
+        let d = self.0.iter().find(|d| !d.follow_on).or(self.0.first())?;
+        let mut at = d.primary.0.start.min(source.len());
+        while !source.is_char_boundary(at) {
+            at -= 1;
+        }
+        let before = &source[..at];
+        let line_start = before.rfind('\n').map_or(0, |p| p + 1);
+        let line = before.matches('\n').count() + 1;
+        Some((line, before[line_start..].chars().count() + 1))
+    }
+
     /// Renders every diagnostic against the source text, without colour.
     pub fn render(&self, file_name: &str, source: &str) -> String {
         let file = SimpleFile::new(file_name, source);

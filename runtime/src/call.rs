@@ -337,11 +337,44 @@ impl<'a> Kernel<'a> {
 
     /// The signature of what a caller passes: the inputs but the prepared
     /// ones.
-    fn given(&self) -> &Signature {
+    pub fn given(&self) -> &Signature {
         match &self.prepare {
             Some((_, binding)) => &binding.given,
             None => &self.signature,
         }
+    }
+
+    /// The kernel computing this one's last inputs from its weights, and
+    /// which of the caller's inputs it reads.
+    pub fn preparer(&self) -> Option<(&Kernel<'a>, &PrepareBinding)> {
+        self.prepare.as_ref().map(|(k, b)| (&**k, b))
+    }
+
+    /// Calls the function on storage the caller owns, without copies: one
+    /// pointer per parameter of [`Kernel::signature`] (its prepared inputs
+    /// included), inputs first, then results; a failure status is an error
+    /// naming the failing op's source place.
+    ///
+    /// # Safety
+    /// Each pointer addresses storage of its parameter's type (row-major,
+    /// [`TensorType::num_elements`] elements of its element type's size),
+    /// aligned to its element size, that stays alive for the call; inputs
+    /// are only read, and nothing else writes them during the call;
+    /// results are writable and overlap nothing else.
+    pub unsafe fn call_raw(&self, pointers: &[*mut u8]) -> Result<(), RuntimeError> {
+        if pointers.len() != self.signature.params.len() {
+            return Err(RuntimeError::Arguments(format!(
+                "`{}` takes {} buffers (inputs and results), got {}",
+                self.signature.name,
+                self.signature.params.len(),
+                pointers.len()
+            )));
+        }
+        // SAFETY: `from_raw`'s contract makes `entry` a dlc entry function
+        // for this signature, still loaded; the caller vouches for the
+        // storage, one buffer per parameter, in order.
+        let status = unsafe { (self.entry)(pointers.as_ptr()) };
+        check_status(&self.signature, status)
     }
 
     /// Checks `inputs` against the signature (count, element types, shapes)
@@ -465,11 +498,10 @@ fn run_preparer(
         })?;
         pointers.push(b.as_mut_ptr());
     }
-    // SAFETY: as in `BoundCall::run`, for the preparer: one buffer per
-    // parameter, in order, each of its type's size (its inputs are the
-    // caller's buffers, which it only reads), alive during the call.
-    let status = unsafe { (prepare.entry)(pointers.as_ptr()) };
-    check_status(&prepare.signature, status)?;
+    // SAFETY: one buffer per parameter of the preparer, in order, each of
+    // its type's size (its inputs are the caller's buffers, which it only
+    // reads), alive during the call.
+    unsafe { prepare.call_raw(&pointers)? };
     Ok(results)
 }
 
@@ -488,12 +520,10 @@ impl BoundCall<'_, '_> {
             .iter_mut()
             .map(AlignedBuffer::as_mut_ptr)
             .collect();
-        // SAFETY: `Kernel::from_raw`'s contract makes `entry` a dlc entry
-        // function for this signature, still loaded; `bind` made one buffer
-        // per parameter, in order, each of the size its type needs, and they
-        // outlive the call.
-        let status = unsafe { (self.kernel.entry)(pointers.as_ptr()) };
-        check_status(&self.kernel.signature, status)
+        // SAFETY: `bind` made one buffer per parameter, in order, each of
+        // the size its type needs (64-byte aligned), and they outlive the
+        // call.
+        unsafe { self.kernel.call_raw(&pointers) }
     }
 
     /// The results of the last run (zeros before any).

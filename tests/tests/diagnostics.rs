@@ -13,7 +13,7 @@ fn diagnose(source: &str) -> String {
     };
     match compile_source(&src) {
         Ok(_) => panic!("expected an error for:\n{source}"),
-        Err(DriverError::Source(rendered)) => rendered,
+        Err(DriverError::Source(e)) => e.rendered,
         Err(other) => panic!("expected a source diagnostic, got {other:?}"),
     }
 }
@@ -150,5 +150,35 @@ fn every_error_in_a_file_is_reported() {
     assert!(
         rendered.contains("unknown name `y`") && rendered.contains("unknown name `z`"),
         "{rendered}"
+    );
+}
+
+/// A source error carries the place of its first shown diagnostic (1-based,
+/// columns in characters), which tools point at without parsing the text.
+#[test]
+fn source_errors_carry_the_first_place() {
+    let place = |source: &str| match compile_source(&SourceText {
+        name: "model.dl".into(),
+        text: source.into(),
+    }) {
+        Err(DriverError::Source(e)) => {
+            assert_eq!(e.file, "model.dl");
+            assert!(e.rendered.contains(&format!(
+                "--> model.dl:{}:{}",
+                e.place.unwrap().0,
+                e.place.unwrap().1
+            )));
+            e.place
+        }
+        other => panic!("expected a source diagnostic, got {other:?}"),
+    };
+    assert_eq!(
+        place("fn f(x: f32[2]) -> f32[2] {\n    return x + zz;\n}"),
+        Some((2, 16))
+    );
+    // Past a character of two bytes, the place is the renderer's.
+    assert_eq!(
+        place("// é\nfn f(x: f32[2]) -> f32[2] {\n  let é = 1; return x + zz; }"),
+        Some((3, 7))
     );
 }

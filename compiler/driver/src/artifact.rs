@@ -307,7 +307,7 @@ pub fn prepare(src: &SourceText, options: &CompileOptions) -> Result<Prepared, D
 
 impl Prepared {
     /// Tile IR scheduled for the machine-code target.
-    fn tiles(&self) -> Result<&dlc_tile::Module, DriverError> {
+    pub fn tiles(&self) -> Result<&dlc_tile::Module, DriverError> {
         if let Some(t) = self.tiles.get() {
             return Ok(t);
         }

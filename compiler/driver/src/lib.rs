@@ -39,7 +39,7 @@ const FRONTEND_STACK: usize = 256 << 20;
 pub enum DriverError {
     /// Source diagnostics, rendered.
     #[error("{0}")]
-    Source(String),
+    Source(SourceError),
     /// A file could not be read or written.
     #[error("error: {path}: {source}")]
     Io {
@@ -104,6 +104,26 @@ pub enum DriverError {
     /// Compiled code could not be called.
     #[error("error: {0}")]
     Runtime(#[from] dlc_runtime::RuntimeError),
+}
+
+/// Diagnostics of a source text: rendered as the user reads them, and the
+/// place of the first (for tools that point at it: an editor, a Python
+/// exception).
+#[derive(Debug, Clone)]
+pub struct SourceError {
+    /// Every diagnostic, rendered with file, line, column and the
+    /// underlined span.
+    pub rendered: String,
+    /// The source's name.
+    pub file: String,
+    /// 1-based line and column of the first diagnostic.
+    pub place: Option<(usize, usize)>,
+}
+
+impl std::fmt::Display for SourceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.rendered)
+    }
 }
 
 /// A loaded input text.
@@ -262,8 +282,13 @@ fn with_stack<T: Send + 'static>(
 pub fn compile_source(src: &SourceText) -> Result<Module, DriverError> {
     let src = src.clone();
     with_stack(move || {
-        dlc_lang::compile_file(&src.name, &src.text)
-            .map_err(|d| DriverError::Source(d.render(&src.name, &src.text)))
+        dlc_lang::compile_file(&src.name, &src.text).map_err(|d| {
+            DriverError::Source(SourceError {
+                rendered: d.render(&src.name, &src.text),
+                file: src.name.clone(),
+                place: d.first_place(&src.text),
+            })
+        })
     })?
 }
 

@@ -8,7 +8,7 @@ use crate::emit::{Program, build, optimize};
 use crate::orc::Linker;
 use crate::split::Partition;
 use crate::{CodegenError, R};
-use dlc_runtime::abi::{Site, Symbols};
+use dlc_runtime::abi::{Signature, Site, Symbols};
 use dlc_runtime::{Kernel, call::EntryFn};
 use inkwell::context::Context;
 use inkwell::targets::FileType;
@@ -22,15 +22,27 @@ fn jit_symbols() -> Symbols {
 }
 
 /// A module compiled in process: its functions can be called as
-/// [`Kernel`]s while it lives.
-pub struct Jit<'m, P: Program + ?Sized> {
+/// [`Kernel`]s while it lives. It owns its code and the signatures of its
+/// functions, not the module it was compiled from, so it can outlive it
+/// (the Python package keeps one per compiled module).
+pub struct Jit {
     linker: Linker,
-    module: &'m P,
     compile_time: std::time::Duration,
-    sites: HashMap<String, Vec<Site>>,
+    /// Each function's signature with its failure sites, or why it has
+    /// none.
+    signatures: HashMap<String, R<Signature>>,
     parts: usize,
     cached: usize,
 }
+
+// SAFETY: the LLJIT behind `linker` is thread-safe (its lookups take its
+// own locks) and is only disposed of by `Drop`; the rest is plain data.
+// Generated code keeps no state between calls but a cached workspace, which
+// a call takes by an atomic exchange (a concurrent call allocates its own),
+// so kernels of one JIT may run on several threads at once.
+unsafe impl Send for Jit {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Jit {}
 
 /// How [`jit_with`] compiles.
 #[derive(Debug, Clone, Default)]
@@ -40,7 +52,7 @@ pub struct JitOptions {
     pub cache: Option<ObjectCache>,
 }
 
-impl<P: Program + ?Sized> Jit<'_, P> {
+impl Jit {
     /// How long code generation, O3, machine code generation and linking
     /// took.
     pub fn compile_time(&self) -> std::time::Duration {
@@ -53,10 +65,17 @@ impl<P: Program + ?Sized> Jit<'_, P> {
         (self.parts, self.cached)
     }
 
+    /// The signature of function `name`, with its failure sites.
+    pub fn signature(&self, name: &str) -> R<Signature> {
+        self.signatures
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| Err(CodegenError::Arguments(format!("no function `@{name}`"))))
+    }
+
     /// Function `name`, callable with checked arguments.
     pub fn kernel(&self, name: &str) -> R<Kernel<'_>> {
-        let mut sig = self.module.signature_of(name)?;
-        sig.sites = self.sites.get(name).cloned().unwrap_or_default();
+        let sig = self.signature(name)?;
         let symbol = jit_symbols().symbol(name).map_err(CodegenError::Symbol)?;
         let address = self.linker.address(&format!("{symbol}.entry"))?;
         let prepare = sig.prepare.clone();
@@ -169,21 +188,26 @@ fn partitioned(parts: &[Part]) -> bool {
 
 /// Compiles `m` for this CPU, JIT-links it and hands it to `use_it`
 /// (no object cache: [`jit_with`] takes one).
-pub fn jit<P: Program + ?Sized, T>(m: &P, use_it: impl FnOnce(&Jit<'_, P>) -> R<T>) -> R<T> {
+pub fn jit<P: Program + ?Sized, T>(m: &P, use_it: impl FnOnce(&Jit) -> R<T>) -> R<T> {
     jit_with(m, &JitOptions::default(), use_it)
 }
 
 /// Compiles `m` for this CPU as `options` say, JIT-links it and hands it
 /// to `use_it`.
+pub fn jit_with<P: Program + ?Sized, T>(
+    m: &P,
+    options: &JitOptions,
+    use_it: impl FnOnce(&Jit) -> R<T>,
+) -> R<T> {
+    use_it(&compile_in_process(m, options)?)
+}
+
+/// Compiles `m` for this CPU as `options` say and JIT-links it.
 ///
 /// The module's functions are optimized and compiled in parts, one per
 /// core (at most [`MAX_COMPILE_THREADS`]), on threads of their own; the JIT
 /// links the parts' object files (see `split`).
-pub fn jit_with<P: Program + ?Sized, T>(
-    m: &P,
-    options: &JitOptions,
-    use_it: impl FnOnce(&Jit<'_, P>) -> R<T>,
-) -> R<T> {
+pub fn compile_in_process<P: Program + ?Sized>(m: &P, options: &JitOptions) -> R<Jit> {
     let start = std::time::Instant::now();
     load_thread_pool()?;
     let target = dlc_core::TargetDesc::host();
@@ -233,15 +257,24 @@ pub fn jit_with<P: Program + ?Sized, T>(
     for entry in &first.entries {
         linker.address(entry)?;
     }
-    let jit = Jit {
+    let signatures = first
+        .sites
+        .into_iter()
+        .map(|(name, sites)| {
+            let sig = m.signature_of(&name).map(|mut sig| {
+                sig.sites = sites;
+                sig
+            });
+            (name, sig)
+        })
+        .collect();
+    Ok(Jit {
         linker,
-        module: m,
         compile_time: start.elapsed(),
-        sites: first.sites,
+        signatures,
         parts,
         cached,
-    };
-    use_it(&jit)
+    })
 }
 
 /// Makes the OpenMP runtime's symbols visible to JIT-compiled code.

@@ -1,0 +1,1007 @@
+//! `dlc._dlc`: the native half of the `dlc` Python package (python/dlc
+//! holds the other half). It compiles a model with the same driver as the
+//! `dlc` command, keeps the machine code in process (the JIT's object cache
+//! shared with `dlc run`), and calls it on the caller's memory.
+//!
+//! What it guarantees:
+//! - Inputs are read where they are: a [`View`] is the address, element type
+//!   and shape of a tensor the caller owns (NumPy's array interface or a
+//!   DLPack capsule from PyTorch, JAX, ...); a call checks each against its
+//!   parameter (type, shape, C order, alignment) and raises `TypeError`
+//!   naming the parameter otherwise. Nothing is copied but weights given to
+//!   [`Function::bind`], which the bound function owns.
+//! - Results are [`Tensor`]s: buffers the compiled code wrote, handed out by
+//!   DLPack (`numpy.from_dlpack`, `torch.from_dlpack`) without a copy.
+//! - Compiled code runs with the GIL released.
+//! - Every failure is a Python exception: `dlc.CompileError` (the rendered
+//!   diagnostics, with `file`, `line`, `column` of the first),
+//!   `dlc.RuntimeError` (a failing op's source place), `TypeError` or
+//!   `ValueError` for arguments.
+#![allow(unsafe_code)] // DLPack is a C ABI: raw tensors in and out.
+
+use std::collections::BTreeSet;
+use std::ffi::{CStr, c_void};
+use std::sync::{Arc, Mutex};
+
+use dlc_core::{DType, TensorType};
+use dlc_driver::{Artifact, Backends, CompileOptions, DriverError, NativeArtifact, SourceText};
+use dlc_runtime::{AlignedBuffer, Kernel, Signature};
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+create_exception!(
+    _dlc,
+    CompileError,
+    PyException,
+    "A model that could not be compiled: the message is the full diagnostic text; `file`, \
+     `line` and `column` locate the first diagnostic where the source has one (else None)."
+);
+create_exception!(
+    _dlc,
+    RuntimeError,
+    PyRuntimeError,
+    "Compiled code that failed while it ran (integer division by zero, out of memory): the \
+     message names the failing op's source place."
+);
+
+/// A driver error as the Python exception a user expects.
+fn compile_error(py: Python<'_>, e: DriverError) -> PyErr {
+    let err = CompileError::new_err(e.to_string());
+    let (file, place) = match &e {
+        DriverError::Source(s) => (Some(s.file.clone()), s.place),
+        DriverError::IrSyntax {
+            path, line, column, ..
+        }
+        | DriverError::NotUtf8 {
+            path, line, column, ..
+        } => (Some(path.clone()), Some((*line, *column))),
+        DriverError::Io { path, .. } | DriverError::Import { path, .. } => {
+            (Some(path.clone()), None)
+        }
+        _ => (None, None),
+    };
+    let value = err.value(py);
+    let set = || -> PyResult<()> {
+        value.setattr("file", file)?;
+        value.setattr("line", place.map(|p| p.0))?;
+        value.setattr("column", place.map(|p| p.1))
+    };
+    match set() {
+        Ok(()) => err,
+        Err(e) => e,
+    }
+}
+
+fn runtime_error(e: dlc_runtime::RuntimeError) -> PyErr {
+    match e {
+        dlc_runtime::RuntimeError::Arguments(m) => PyTypeError::new_err(m),
+        other => RuntimeError::new_err(other.to_string()),
+    }
+}
+
+// ---------------------------------------------------------------- DLPack
+
+/// DLPack's C structures (dlpack.h, version 0.8; the unversioned
+/// `dltensor` capsule every framework exports and takes).
+mod dlpack {
+    use std::ffi::c_void;
+
+    pub const CPU: i32 = 1;
+    pub const INT: u8 = 0;
+    pub const UINT: u8 = 1;
+    pub const FLOAT: u8 = 2;
+    pub const BFLOAT: u8 = 4;
+    pub const BOOL: u8 = 6;
+
+    #[repr(C)]
+    pub struct Device {
+        pub device_type: i32,
+        pub device_id: i32,
+    }
+
+    #[repr(C)]
+    pub struct DataType {
+        pub code: u8,
+        pub bits: u8,
+        pub lanes: u16,
+    }
+
+    #[repr(C)]
+    pub struct Tensor {
+        pub data: *mut c_void,
+        pub device: Device,
+        pub ndim: i32,
+        pub dtype: DataType,
+        pub shape: *mut i64,
+        pub strides: *mut i64,
+        pub byte_offset: u64,
+    }
+
+    #[repr(C)]
+    pub struct ManagedTensor {
+        pub dl_tensor: Tensor,
+        pub manager_ctx: *mut c_void,
+        pub deleter: Option<unsafe extern "C" fn(*mut ManagedTensor)>,
+    }
+}
+
+const DLTENSOR: &CStr = c"dltensor";
+const USED_DLTENSOR: &CStr = c"used_dltensor";
+
+/// DLPack's code of an element type.
+fn dl_dtype(d: DType) -> dlpack::DataType {
+    let code = match d {
+        DType::F32 | DType::F64 | DType::F16 => dlpack::FLOAT,
+        DType::BF16 => dlpack::BFLOAT,
+        DType::I8 | DType::I16 | DType::I32 | DType::I64 => dlpack::INT,
+        DType::U8 | DType::U16 | DType::U32 | DType::U64 => dlpack::UINT,
+        DType::Bool => dlpack::BOOL,
+    };
+    dlpack::DataType {
+        code,
+        bits: (d.size_bytes() * 8) as u8,
+        lanes: 1,
+    }
+}
+
+/// The element type DLPack's code names, if dlc has it.
+fn from_dl_dtype(t: &dlpack::DataType) -> Option<DType> {
+    if t.lanes != 1 {
+        return None;
+    }
+    DType::ALL
+        .into_iter()
+        .find(|&d| {
+            let ours = dl_dtype(d);
+            ours.code == t.code && ours.bits == t.bits
+        })
+        // Some exporters call a byte-wide boolean an unsigned integer of
+        // one bit; none of ours is.
+        .or((t.code == dlpack::BOOL && t.bits == 1).then_some(DType::Bool))
+}
+
+/// The element type NumPy's array-interface type string names
+/// (`<f4`, `|b1`, `<V2` is not one).
+fn from_typestr(s: &str) -> Option<DType> {
+    let (order, kind) = (s.get(..1)?, s.get(1..)?);
+    if order == ">" {
+        return None;
+    }
+    Some(match kind {
+        "f4" => DType::F32,
+        "f8" => DType::F64,
+        "f2" => DType::F16,
+        "i1" => DType::I8,
+        "i2" => DType::I16,
+        "i4" => DType::I32,
+        "i8" => DType::I64,
+        "u1" => DType::U8,
+        "u2" => DType::U16,
+        "u4" => DType::U32,
+        "u8" => DType::U64,
+        "b1" => DType::Bool,
+        _ => return None,
+    })
+}
+
+/// Whether `strides` (in elements, `None` for C order) walk `shape` in C
+/// order: extents of one may have any stride.
+fn c_contiguous(shape: &[usize], strides: Option<&[i64]>) -> bool {
+    let Some(strides) = strides else {
+        return true;
+    };
+    let mut expected: i64 = 1;
+    for (&n, &s) in shape.iter().zip(strides).rev() {
+        if n != 1 && s != expected {
+            return false;
+        }
+        expected = expected.saturating_mul(n as i64);
+    }
+    true
+}
+
+/// A tensor the caller owns, described for a call: where its elements are,
+/// their type and shape, and what keeps them alive.
+#[pyclass(module = "dlc._dlc", frozen)]
+struct View {
+    address: usize,
+    /// `None`: a type dlc has no name for (`what` says which).
+    dtype: Option<DType>,
+    what: String,
+    shape: Vec<usize>,
+    contiguous: bool,
+    /// The object whose memory this is.
+    _owner: Py<PyAny>,
+    /// A consumed DLPack tensor, whose deleter runs when the view goes.
+    _managed: Option<ManagedPtr>,
+}
+
+struct ManagedPtr(*mut dlpack::ManagedTensor);
+
+// SAFETY: DLPack lets a consumer call the deleter from any thread.
+unsafe impl Send for ManagedPtr {}
+// SAFETY: the pointer is only used by `Drop`.
+unsafe impl Sync for ManagedPtr {}
+
+impl Drop for ManagedPtr {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from a `dltensor` capsule this view
+        // consumed (renamed `used_dltensor`): its deleter is ours to call,
+        // once.
+        unsafe {
+            if let Some(deleter) = (*self.0).deleter {
+                deleter(self.0);
+            }
+        }
+    }
+}
+
+#[pymethods]
+impl View {
+    /// A view of NumPy's array interface (`__array_interface__`): `data`
+    /// as (address, read-only), `typestr`, `shape` and `strides` (bytes,
+    /// None for C order); `owner` is kept alive while the view lives.
+    #[staticmethod]
+    #[pyo3(signature = (address, typestr, shape, strides, owner))]
+    fn from_interface(
+        address: usize,
+        typestr: &str,
+        shape: Vec<usize>,
+        strides: Option<Vec<i64>>,
+        owner: Py<PyAny>,
+    ) -> View {
+        let dtype = from_typestr(typestr);
+        let item = dtype.map_or(1, |d| d.size_bytes() as i64);
+        let strides: Option<Vec<i64>> = strides.map(|s| {
+            s.iter()
+                .map(|&b| if b % item == 0 { b / item } else { i64::MIN })
+                .collect()
+        });
+        View {
+            address,
+            dtype,
+            what: format!("NumPy type {typestr}"),
+            contiguous: c_contiguous(&shape, strides.as_deref()),
+            shape,
+            _owner: owner,
+            _managed: None,
+        }
+    }
+
+    /// A view of a DLPack capsule (what `x.__dlpack__()` returns), which it
+    /// consumes; `owner` is kept alive while the view lives.
+    #[staticmethod]
+    fn from_dlpack(capsule: &Bound<'_, PyAny>, owner: Py<PyAny>) -> PyResult<View> {
+        let raw = capsule.as_ptr();
+        // SAFETY: `raw` is a live object; a capsule of another name (or no
+        // capsule) is refused before its pointer is read.
+        let managed = unsafe {
+            if ffi::PyCapsule_IsValid(raw, DLTENSOR.as_ptr()) != 1 {
+                return Err(PyTypeError::new_err(
+                    "__dlpack__() did not return an unconsumed `dltensor` capsule",
+                ));
+            }
+            let p =
+                ffi::PyCapsule_GetPointer(raw, DLTENSOR.as_ptr()).cast::<dlpack::ManagedTensor>();
+            if p.is_null() || ffi::PyCapsule_SetName(raw, USED_DLTENSOR.as_ptr()) != 0 {
+                return Err(PyErr::fetch(capsule.py()));
+            }
+            ManagedPtr(p)
+        };
+        // SAFETY: a valid `dltensor` capsule points to a managed tensor
+        // whose shape (and strides, when not null) hold `ndim` entries;
+        // it stays valid until its deleter runs (when `managed` drops).
+        let t = unsafe { &(*managed.0).dl_tensor };
+        let ndim = usize::try_from(t.ndim).unwrap_or(0);
+        let (shape, strides) = unsafe {
+            let shape: Vec<i64> = if ndim == 0 {
+                Vec::new()
+            } else {
+                std::slice::from_raw_parts(t.shape, ndim).to_vec()
+            };
+            let strides = (!t.strides.is_null() && ndim > 0)
+                .then(|| std::slice::from_raw_parts(t.strides, ndim).to_vec());
+            (shape, strides)
+        };
+        if t.device.device_type != dlpack::CPU {
+            return Err(PyTypeError::new_err(format!(
+                "the tensor is on DLPack device {} ({}): dlc runs compiled code on the CPU; \
+                 move it there first (`.cpu()`)",
+                t.device.device_type, t.device.device_id
+            )));
+        }
+        let shape: Vec<usize> = shape.iter().map(|&n| n.max(0) as usize).collect();
+        let dtype = from_dl_dtype(&t.dtype);
+        Ok(View {
+            address: (t.data as usize).wrapping_add(t.byte_offset as usize),
+            dtype,
+            what: format!(
+                "DLPack type code {} of {} bits x{}",
+                t.dtype.code, t.dtype.bits, t.dtype.lanes
+            ),
+            contiguous: c_contiguous(&shape, strides.as_deref()),
+            shape,
+            _owner: owner,
+            _managed: Some(managed),
+        })
+    }
+
+    /// The address of the first element.
+    #[getter]
+    fn address(&self) -> usize {
+        self.address
+    }
+
+    /// The element type's dlc name (`f32`), None when dlc has none.
+    #[getter]
+    fn dtype(&self) -> Option<&'static str> {
+        self.dtype.map(DType::name)
+    }
+
+    /// The extents.
+    #[getter]
+    fn shape(&self) -> Vec<usize> {
+        self.shape.clone()
+    }
+}
+
+impl View {
+    /// What the view holds, in the words of an error message.
+    fn describe(&self) -> String {
+        let dims: Vec<String> = self.shape.iter().map(ToString::to_string).collect();
+        let ty = self
+            .dtype
+            .map_or(self.what.clone(), |d| d.name().to_string());
+        format!("{ty}[{}]", dims.join(", "))
+    }
+
+    /// Checks the view against parameter `name` of type `ty` of `function`:
+    /// its address, readable in place.
+    fn check(&self, function: &str, name: &str, ty: &TensorType) -> PyResult<*mut u8> {
+        let given = self.describe();
+        let bad = |why: &str| {
+            PyTypeError::new_err(format!(
+                "`{function}`: input `{name}` must be a C-contiguous {ty} tensor on the CPU; \
+                 got {given}{why}"
+            ))
+        };
+        if self.dtype != Some(ty.dtype) || self.shape != ty.shape {
+            return Err(bad(""));
+        }
+        if !self.contiguous {
+            return Err(bad(
+                " that is not C-contiguous (numpy.ascontiguousarray or \
+                             .contiguous() makes a copy that is)",
+            ));
+        }
+        let n = ty.num_elements().unwrap_or(0);
+        if n > 0 && (self.address == 0 || !self.address.is_multiple_of(ty.dtype.size_bytes())) {
+            return Err(bad(" whose address is not aligned to its element size"));
+        }
+        Ok(self.address as *mut u8)
+    }
+}
+
+/// A result of a call: a buffer the compiled code wrote, owned here and
+/// shared without copies through DLPack.
+#[pyclass(module = "dlc._dlc", frozen)]
+struct Tensor {
+    ty: TensorType,
+    buffer: Arc<OwnedBuffer>,
+}
+
+/// A buffer and the shape DLPack describes it with, alive while a Tensor
+/// or a DLPack consumer holds it.
+struct OwnedBuffer {
+    bytes: AlignedBuffer,
+    shape: Vec<i64>,
+    strides: Vec<i64>,
+}
+
+// SAFETY: the buffer is written once, by the call that made it, before it
+// is shared; afterwards it is only read (or written by the one consumer
+// that numpy or torch hands it to, as DLPack allows).
+unsafe impl Send for OwnedBuffer {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for OwnedBuffer {}
+
+impl OwnedBuffer {
+    fn address(&self) -> *mut u8 {
+        self.bytes.bytes().as_ptr().cast_mut()
+    }
+}
+
+/// What a DLPack consumer owns: the managed tensor and a reference to the
+/// buffer it points into.
+#[repr(C)]
+struct Export {
+    /// First, so that a pointer to it is a pointer to the export: the
+    /// consumer reads it through the pointer the capsule holds.
+    #[allow(dead_code)]
+    managed: dlpack::ManagedTensor,
+    _buffer: Arc<OwnedBuffer>,
+}
+
+unsafe extern "C" fn delete_export(m: *mut dlpack::ManagedTensor) {
+    if !m.is_null() {
+        // SAFETY: `m` is the first field of an `Export` boxed by
+        // `__dlpack__` (repr(C)), and DLPack calls the deleter once.
+        drop(unsafe { Box::from_raw(m.cast::<Export>()) });
+    }
+}
+
+unsafe extern "C" fn capsule_destructor(capsule: *mut ffi::PyObject) {
+    // SAFETY: a capsule still named `dltensor` was never consumed: its
+    // managed tensor is deleted here, as DLPack asks of the producer.
+    unsafe {
+        if ffi::PyCapsule_IsValid(capsule, DLTENSOR.as_ptr()) == 1 {
+            let m = ffi::PyCapsule_GetPointer(capsule, DLTENSOR.as_ptr());
+            delete_export(m.cast());
+        } else {
+            ffi::PyErr_Clear();
+        }
+    }
+}
+
+#[pymethods]
+impl Tensor {
+    /// The tensor as a DLPack capsule (NumPy, PyTorch and JAX take it
+    /// without a copy). `max_version` and the other keywords of the
+    /// protocol are accepted; the capsule is the unversioned one.
+    #[pyo3(signature = (*, stream = None, max_version = None, dl_device = None, copy = None))]
+    fn __dlpack__<'py>(
+        &self,
+        py: Python<'py>,
+        stream: Option<Bound<'py, PyAny>>,
+        max_version: Option<Bound<'py, PyAny>>,
+        dl_device: Option<Bound<'py, PyAny>>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let _ = (stream, max_version, dl_device);
+        if copy == Some(true) {
+            return Err(PyValueError::new_err(
+                "a dlc tensor is shared, not copied: copy it in the consumer",
+            ));
+        }
+        let b = &self.buffer;
+        let export = Box::new(Export {
+            managed: dlpack::ManagedTensor {
+                dl_tensor: dlpack::Tensor {
+                    data: b.address().cast(),
+                    device: dlpack::Device {
+                        device_type: dlpack::CPU,
+                        device_id: 0,
+                    },
+                    ndim: b.shape.len() as i32,
+                    dtype: dl_dtype(self.ty.dtype),
+                    shape: b.shape.as_ptr().cast_mut(),
+                    strides: b.strides.as_ptr().cast_mut(),
+                    byte_offset: 0,
+                },
+                manager_ctx: std::ptr::null_mut(),
+                deleter: Some(delete_export),
+            },
+            _buffer: Arc::clone(b),
+        });
+        let raw = Box::into_raw(export).cast::<c_void>();
+        // SAFETY: the capsule owns `raw` until a consumer renames it; the
+        // destructor frees it if none does.
+        unsafe {
+            let capsule = ffi::PyCapsule_New(raw, DLTENSOR.as_ptr(), Some(capsule_destructor));
+            if capsule.is_null() {
+                delete_export(raw.cast());
+            }
+            Bound::from_owned_ptr_or_err(py, capsule)
+        }
+    }
+
+    /// Where the tensor is: the CPU (DLPack device 1, number 0).
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        (dlpack::CPU, 0)
+    }
+
+    /// The element type's dlc name (`f32`).
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        self.ty.dtype.name()
+    }
+
+    /// The extents.
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, &self.ty.shape)
+    }
+
+    /// The address of the first element (what a consumer's array points
+    /// at).
+    fn data_ptr(&self) -> usize {
+        self.buffer.address() as usize
+    }
+
+    fn __repr__(&self) -> String {
+        format!("dlc.Tensor({})", self.ty)
+    }
+}
+
+impl Tensor {
+    fn zeroed(ty: &TensorType) -> PyResult<Tensor> {
+        let n = ty.num_elements().unwrap_or(usize::MAX);
+        let bytes = n
+            .checked_mul(ty.dtype.size_bytes())
+            .ok_or_else(|| PyValueError::new_err(format!("{ty} is too large")))?;
+        let shape: Vec<i64> = ty.shape.iter().map(|&d| d as i64).collect();
+        let mut strides = vec![1i64; shape.len()];
+        for k in (0..shape.len().saturating_sub(1)).rev() {
+            strides[k] = strides[k + 1] * shape[k + 1];
+        }
+        Ok(Tensor {
+            ty: ty.clone(),
+            buffer: Arc::new(OwnedBuffer {
+                bytes: AlignedBuffer::zeroed(bytes),
+                shape,
+                strides,
+            }),
+        })
+    }
+}
+
+// ---------------------------------------------------------------- modules
+
+/// A model compiled into this process: its code and what it came from.
+struct Compiled {
+    /// Kernels borrow `jit`'s code: declared first, dropped first.
+    kernel: Kernel<'static>,
+    jit: dlc_llvm::Jit,
+    /// The graph module after the pipeline and its levels, for `ir`.
+    prepared: Mutex<dlc_driver::Prepared>,
+    /// Which parameters of the entry point are weights.
+    weights: BTreeSet<usize>,
+}
+
+/// A compiled entry point, callable; `bind` makes one with its weights
+/// given once.
+#[pyclass(module = "dlc._dlc", frozen)]
+struct Function {
+    compiled: Arc<Compiled>,
+    /// Inputs given by `bind`, by their index among the caller's inputs,
+    /// owned.
+    bound: Vec<(usize, AlignedBuffer)>,
+    /// The preparer's results, when it ran at `bind`.
+    prepared: Option<Vec<AlignedBuffer>>,
+}
+
+/// What a model is read from.
+enum Input {
+    /// Source or IR text.
+    Text(String),
+    /// A file of source or IR text.
+    Path(String),
+    /// An ONNX model's bytes.
+    Onnx(Vec<u8>),
+}
+
+/// Reads, checks and compiles a model for this CPU: one of `text` (dlc
+/// source or graph IR), `path` (a file of either) or `onnx` (an ONNX
+/// model's bytes), called `name` in diagnostics.
+#[pyfunction]
+#[pyo3(signature = (name, text = None, path = None, onnx = None, entry = None, passes = None, weights = None, cache = true))]
+#[allow(clippy::too_many_arguments)] // Python's keywords
+fn compile(
+    py: Python<'_>,
+    name: String,
+    text: Option<String>,
+    path: Option<String>,
+    onnx: Option<Vec<u8>>,
+    entry: Option<String>,
+    passes: Option<String>,
+    weights: Option<String>,
+    cache: bool,
+) -> PyResult<Function> {
+    let input = match (text, path, onnx) {
+        (Some(t), None, None) => Input::Text(t),
+        (None, Some(p), None) => Input::Path(p),
+        (None, None, Some(b)) => Input::Onnx(b),
+        _ => {
+            return Err(PyValueError::new_err(
+                "give exactly one of text, path and onnx",
+            ));
+        }
+    };
+    let options = CompileOptions {
+        passes: passes.unwrap_or_else(|| dlc_driver::DEFAULT_PIPELINE.into()),
+        weights: weights.map(Into::into),
+        ..CompileOptions::default()
+    };
+    let compiled = py
+        .detach(move || compile_entry(name, input, entry, options, cache))
+        .map_err(|e| compile_error(py, e))?;
+    Ok(Function {
+        compiled: Arc::new(compiled),
+        bound: Vec::new(),
+        prepared: None,
+    })
+}
+
+/// Compiles entry point `entry` (or the only one) of `input` as `options`
+/// say (their entries aside).
+fn compile_entry(
+    name: String,
+    input: Input,
+    entry: Option<String>,
+    options: CompileOptions,
+    cache: bool,
+) -> Result<Compiled, DriverError> {
+    let mut entry = entry;
+    let src = match input {
+        Input::Text(text) => SourceText { name, text },
+        Input::Path(path) => dlc_driver::read_input(&path)?,
+        Input::Onnx(bytes) => {
+            let imported =
+                dlc_onnx::import(&bytes, &dlc_onnx::Options::default()).map_err(|source| {
+                    DriverError::Import {
+                        path: name.clone(),
+                        source,
+                    }
+                })?;
+            entry.get_or_insert(imported.entry);
+            SourceText {
+                name,
+                text: imported.source,
+            }
+        }
+    };
+    let entry = match entry {
+        Some(e) => e,
+        None => {
+            // The front end alone, to name the one entry point.
+            let module = dlc_driver::load(&src)?;
+            let names: Vec<&str> = module.entry_points().map(|f| f.name.as_str()).collect();
+            match names.as_slice() {
+                [one] => one.to_string(),
+                [] => return Err(DriverError::Usage(format!("{}: no entry point", src.name))),
+                _ => {
+                    return Err(DriverError::Usage(format!(
+                        "{} has {} entry points; choose one with entry=: {}",
+                        src.name,
+                        names.len(),
+                        names.join(", ")
+                    )));
+                }
+            }
+        }
+    };
+    let options = CompileOptions {
+        entries: vec![entry.clone()],
+        ..options
+    };
+    let prepared = dlc_driver::prepare(&src, &options)?;
+    let f = dlc_driver::select_entry(&prepared.module, Some(&entry))?;
+    let weights = f.weights.clone();
+    let options = dlc_llvm::JitOptions {
+        cache: cache.then(dlc_llvm::ObjectCache::for_user).flatten(),
+    };
+    let codegen = |e: dlc_llvm::CodegenError| DriverError::Codegen(e.to_string());
+    let jit = dlc_llvm::compile_in_process(prepared.tiles()?, &options).map_err(codegen)?;
+    let kernel = jit.kernel(&entry).map_err(codegen)?;
+    // SAFETY: the kernel borrows the JIT's code, which `Compiled` owns
+    // beside it and drops after it (field order).
+    let kernel = unsafe { std::mem::transmute::<Kernel<'_>, Kernel<'static>>(kernel) };
+    Ok(Compiled {
+        kernel,
+        jit,
+        prepared: Mutex::new(prepared),
+        weights,
+    })
+}
+
+/// A parameter as Python sees it: (name, dtype, shape, role), the role
+/// `input`, `weight` or `output`.
+type ParamInfo = (String, &'static str, Vec<usize>, &'static str);
+
+impl Function {
+    fn name(&self) -> &str {
+        &self.compiled.kernel.signature().name
+    }
+
+    /// The inputs a caller passes, with their index among
+    /// [`Kernel::given`]'s inputs: the function's, less the prepared and
+    /// the bound ones.
+    fn open_inputs(&self) -> Vec<(usize, &dlc_runtime::Param)> {
+        self.compiled
+            .kernel
+            .given()
+            .inputs()
+            .enumerate()
+            .filter(|(i, _)| !self.bound.iter().any(|(b, _)| b == i))
+            .collect()
+    }
+
+    /// Pointers to the caller's inputs (every input of [`Kernel::given`]),
+    /// from `args` in order and `named` by name, the bound ones from
+    /// `bound`.
+    fn input_pointers(
+        &self,
+        args: &[PyRef<'_, View>],
+        named: &[(String, PyRef<'_, View>)],
+    ) -> PyResult<Vec<*mut u8>> {
+        let given: &Signature = self.compiled.kernel.given();
+        let name = self.name();
+        let open = self.open_inputs();
+        if args.len() > open.len() {
+            return Err(PyTypeError::new_err(format!(
+                "`{name}` takes {} input(s), got {}",
+                open.len(),
+                args.len() + named.len()
+            )));
+        }
+        let mut pointers: Vec<Option<*mut u8>> = vec![None; given.inputs().count()];
+        for (&(i, p), v) in open.iter().zip(args) {
+            pointers[i] = Some(v.check(name, &p.name, &p.ty)?);
+        }
+        for (key, v) in named {
+            let Some(&(i, p)) = open.iter().find(|(_, p)| &p.name == key) else {
+                let known: Vec<&str> = open.iter().map(|(_, p)| p.name.as_str()).collect();
+                return Err(PyTypeError::new_err(format!(
+                    "`{name}` has no input `{key}`; its inputs: {}",
+                    known.join(", ")
+                )));
+            };
+            if pointers[i].is_some() {
+                return Err(PyTypeError::new_err(format!(
+                    "`{name}`: input `{key}` given twice"
+                )));
+            }
+            pointers[i] = Some(v.check(name, &p.name, &p.ty)?);
+        }
+        for (i, b) in &self.bound {
+            pointers[*i] = Some(b.bytes().as_ptr().cast_mut());
+        }
+        let missing: Vec<String> = open
+            .iter()
+            .filter(|(i, _)| pointers[*i].is_none())
+            .map(|(_, p)| format!("`{}` ({})", p.name, p.ty))
+            .collect();
+        if !missing.is_empty() {
+            return Err(PyTypeError::new_err(format!(
+                "`{name}` takes {} input(s); missing {}",
+                open.len(),
+                missing.join(", ")
+            )));
+        }
+        Ok(pointers.into_iter().flatten().collect())
+    }
+}
+
+/// Runs `kernel`'s preparer on the caller's inputs `given`: its results,
+/// the kernel's last inputs.
+fn run_preparer(
+    prepare: &Kernel<'_>,
+    binding: &dlc_runtime::PrepareBinding,
+    given: &[*mut u8],
+) -> Result<Vec<AlignedBuffer>, dlc_runtime::RuntimeError> {
+    let mut results: Vec<AlignedBuffer> = prepare
+        .signature()
+        .outputs()
+        .map(|p| {
+            let n = p.ty.num_elements().unwrap_or(0) * p.ty.dtype.size_bytes();
+            AlignedBuffer::zeroed(n)
+        })
+        .collect();
+    let mut pointers: Vec<*mut u8> = binding.prepare_inputs.iter().map(|&i| given[i]).collect();
+    pointers.extend(results.iter_mut().map(AlignedBuffer::as_mut_ptr));
+    // SAFETY: the caller's inputs were checked against their parameters
+    // (type, shape, C order, alignment) and are alive; the results are
+    // fresh buffers of their types' sizes.
+    unsafe { prepare.call_raw(&pointers)? };
+    Ok(results)
+}
+
+/// A raw pointer that may cross into the GIL-free closure: the storage it
+/// points to is kept alive by the caller's frame.
+#[derive(Clone, Copy)]
+struct SendPtr(*mut u8);
+// SAFETY: see the type's doc.
+unsafe impl Send for SendPtr {}
+
+#[pymethods]
+impl Function {
+    /// Calls the entry point: inputs in order, then by name; returns its
+    /// results as tensors. The inputs are read in place; the GIL is
+    /// released while compiled code runs.
+    #[pyo3(signature = (args, named))]
+    fn call(
+        &self,
+        py: Python<'_>,
+        args: Vec<PyRef<'_, View>>,
+        named: Vec<(String, PyRef<'_, View>)>,
+    ) -> PyResult<Vec<Tensor>> {
+        let given = self.input_pointers(&args, &named)?;
+        let kernel = &self.compiled.kernel;
+        let outputs: Vec<Tensor> = kernel
+            .signature()
+            .outputs()
+            .map(|p| Tensor::zeroed(&p.ty))
+            .collect::<PyResult<_>>()?;
+        let given: Vec<SendPtr> = given.into_iter().map(SendPtr).collect();
+        let results: Vec<SendPtr> = outputs
+            .iter()
+            .map(|t| SendPtr(t.buffer.address()))
+            .collect();
+        let prepared = self.prepared.as_deref();
+        py.detach(move || {
+            let given: Vec<*mut u8> = given.iter().map(|p| p.0).collect();
+            let mut pointers = given.clone();
+            let fresh;
+            match (kernel.preparer(), prepared) {
+                (Some(_), Some(done)) => {
+                    pointers.extend(done.iter().map(|b| b.bytes().as_ptr().cast_mut()));
+                }
+                (Some((prepare, binding)), None) => {
+                    fresh = run_preparer(prepare, binding, &given)?;
+                    pointers.extend(fresh.iter().map(|b| b.bytes().as_ptr().cast_mut()));
+                }
+                (None, _) => {}
+            }
+            pointers.extend(results.iter().map(|p| p.0));
+            // SAFETY: every input was checked against its parameter and is
+            // kept alive by this call's arguments (or by `self`); results
+            // and prepared inputs are buffers of their types' sizes, owned
+            // here, the results fresh and written by nothing else.
+            unsafe { kernel.call_raw(&pointers) }
+        })
+        .map_err(runtime_error)?;
+        Ok(outputs)
+    }
+
+    /// The entry point with inputs `named` given once, copied into buffers
+    /// it owns; when they are every input its preparer reads, the preparer
+    /// runs now, once.
+    fn bind(&self, py: Python<'_>, named: Vec<(String, PyRef<'_, View>)>) -> PyResult<Function> {
+        let name = self.name().to_string();
+        let open = self.open_inputs();
+        let mut bound = self.bound.clone_buffers();
+        for (key, v) in &named {
+            let Some(&(i, p)) = open.iter().find(|(_, p)| &p.name == key) else {
+                let known: Vec<&str> = open.iter().map(|(_, p)| p.name.as_str()).collect();
+                return Err(PyTypeError::new_err(format!(
+                    "`{name}` has no input `{key}` left to bind; its inputs: {}",
+                    known.join(", ")
+                )));
+            };
+            let at = v.check(&name, &p.name, &p.ty)?;
+            let n = p.ty.num_elements().unwrap_or(0) * p.ty.dtype.size_bytes();
+            // SAFETY: `check` made `at` the address of `n` readable bytes,
+            // kept alive by `v`.
+            let bytes = unsafe { std::slice::from_raw_parts(at.cast_const(), n) };
+            bound.push((i, AlignedBuffer::from_bytes(bytes)));
+        }
+        let mut f = Function {
+            compiled: Arc::clone(&self.compiled),
+            bound,
+            prepared: None,
+        };
+        if let Some((prepare, binding)) = self.compiled.kernel.preparer() {
+            let all_bound = binding
+                .prepare_inputs
+                .iter()
+                .all(|i| f.bound.iter().any(|(b, _)| b == i));
+            if all_bound {
+                let mut given =
+                    vec![std::ptr::null_mut(); self.compiled.kernel.given().inputs().count()];
+                for (i, b) in &f.bound {
+                    given[*i] = b.bytes().as_ptr().cast_mut();
+                }
+                let given: Vec<SendPtr> = given.into_iter().map(SendPtr).collect();
+                let prepared = py
+                    .detach(move || {
+                        let given: Vec<*mut u8> = given.iter().map(|p| p.0).collect();
+                        run_preparer(prepare, binding, &given)
+                    })
+                    .map_err(runtime_error)?;
+                f.prepared = Some(prepared);
+            }
+        }
+        Ok(f)
+    }
+
+    /// The entry point's name.
+    #[getter(name)]
+    fn entry_name(&self) -> String {
+        self.name().to_string()
+    }
+
+    /// Every parameter a call takes and returns: (name, dtype, shape,
+    /// role), role `input`, `weight` or `output`; bound inputs left out.
+    fn signature(&self) -> Vec<ParamInfo> {
+        let open = self.open_inputs();
+        let inputs = open.iter().map(|&(i, p)| {
+            let role = if self.compiled.weights.contains(&i) {
+                "weight"
+            } else {
+                "input"
+            };
+            (p.name.clone(), p.ty.dtype.name(), p.ty.shape.clone(), role)
+        });
+        let outputs = self.compiled.kernel.signature().outputs().map(|p| {
+            (
+                p.name.clone(),
+                p.ty.dtype.name(),
+                p.ty.shape.clone(),
+                "output",
+            )
+        });
+        inputs.chain(outputs).collect()
+    }
+
+    /// The program at one level, as text: `graph` (after the passes),
+    /// `loop`, `tile` (scheduled for this CPU) or `llvm` (optimized LLVM
+    /// IR).
+    fn ir(&self, py: Python<'_>, level: &str) -> PyResult<String> {
+        let what = match level {
+            "graph" => Artifact::Graph,
+            "loop" => Artifact::Loop,
+            "tile" => Artifact::Tile,
+            "llvm" => Artifact::Native(NativeArtifact::LlvmIr),
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "no level `{other}`: graph, loop, tile or llvm"
+                )));
+            }
+        };
+        let compiled = Arc::clone(&self.compiled);
+        let bytes = py
+            .detach(move || {
+                let prepared = compiled
+                    .prepared
+                    .lock()
+                    .map_err(|_| DriverError::Internal("a compile thread panicked".into()))?;
+                let backends = Backends {
+                    codegen: Some(&dlc_llvm::Llvm),
+                    mlir: None,
+                };
+                prepared.emit(what, backends)
+            })
+            .map_err(|e| compile_error(py, e))?;
+        String::from_utf8(bytes).map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    /// How long code generation took, in seconds, and how many of the
+    /// parts it was compiled in came from the object cache.
+    fn compile_stats(&self) -> (f64, usize, usize) {
+        let (parts, cached) = self.compiled.jit.parts();
+        (
+            self.compiled.jit.compile_time().as_secs_f64(),
+            parts,
+            cached,
+        )
+    }
+}
+
+/// Copies of bound buffers, for a function bound further.
+trait CloneBuffers {
+    fn clone_buffers(&self) -> Vec<(usize, AlignedBuffer)>;
+}
+
+impl CloneBuffers for Vec<(usize, AlignedBuffer)> {
+    fn clone_buffers(&self) -> Vec<(usize, AlignedBuffer)> {
+        self.iter()
+            .map(|(i, b)| (*i, AlignedBuffer::from_bytes(b.bytes())))
+            .collect()
+    }
+}
+
+/// The native module.
+#[pymodule]
+fn _dlc(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("CompileError", m.py().get_type::<CompileError>())?;
+    m.add("RuntimeError", m.py().get_type::<RuntimeError>())?;
+    m.add_class::<View>()?;
+    m.add_class::<Tensor>()?;
+    m.add_class::<Function>()?;
+    m.add_function(wrap_pyfunction!(compile, m)?)?;
+    m.add("DEFAULT_PIPELINE", dlc_driver::DEFAULT_PIPELINE)?;
+    Ok(())
+}
