@@ -75,18 +75,21 @@ test: setup setup-test-tools setup-cuda lint
 	fi
 
 # The Python package (python/, pyo3 + maturin): `pip install ./python`
-# builds it, as a user does, into a virtual environment under target/ with
-# the pinned build and test packages; in the dev profile, so that it shares
-# the test build's compiled crates (a user's `pip install ./python` builds
-# the release profile). Then its pytest suite.
-PYTHON_VENV := target/python-venv
-PYTHON_PACKAGES := maturin==1.16.0 numpy==2.4.6 pytest==9.2.0
+# builds it, as a user does, into a virtual environment with the pinned
+# build and test packages; in the dev profile, so that it shares the test
+# build's compiled crates (a user's `pip install ./python` builds the
+# release profile). Then its pytest suite. PyTorch (for the torch.compile
+# backend's tests) and torchvision (its models, random weights) come from
+# PyPI with CUDA's libraries, about 5 GiB: the environment lives outside
+# the clone, keyed by the pinned versions, so a machine makes it once.
+PYTHON_PACKAGES := maturin==1.16.0 numpy==2.4.6 pytest==9.2.0 torch==2.14.1 torchvision==0.29.2
+PYTHON_VENV := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/dlc/venvs/python-$(subst ==,-,$(subst $() ,_,$(PYTHON_PACKAGES)))
 setup-python: setup
-	@$(PYTHON_VENV)/bin/python -c "import maturin, numpy, pytest" 2>/dev/null || \
+	@$(PYTHON_VENV)/bin/python -c "import maturin, numpy, pytest, torch, torchvision" 2>/dev/null || \
 		{ python3 -m venv $(PYTHON_VENV) && $(PYTHON_VENV)/bin/pip install -q $(PYTHON_PACKAGES); }
 
 python-test: setup-python
-	PATH="$(CURDIR)/$(PYTHON_VENV)/bin:$$PATH" MATURIN_PEP517_ARGS="--profile dev --locked" \
+	PATH="$(PYTHON_VENV)/bin:$$PATH" MATURIN_PEP517_ARGS="--profile dev --locked" \
 		$(PYTHON_VENV)/bin/pip install -q --no-build-isolation --no-deps --force-reinstall ./python
 	$(PYTHON_VENV)/bin/python -m pytest -q -p no:cacheprovider python/tests
 

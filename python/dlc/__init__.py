@@ -31,6 +31,7 @@ __all__ = [
     "RuntimeError",
     "Tensor",
     "compile",
+    "load",
 ]
 
 # The NumPy type of each dlc element type (bf16 has none in NumPy itself).
@@ -128,6 +129,14 @@ def compile(
             f"{type(source_or_path).__name__}"
         )
     return Module(fn)
+
+
+def load(path: PathLike) -> "Module":
+    """Loads a module ``Module.save`` wrote (its shared library: nothing is
+    compiled). Raises ``OSError`` where ``path`` holds no saved module and
+    ``ValueError`` for one this machine cannot run (compiled for a CPU with
+    wider vectors or AVX-512 BF16) or a damaged one."""
+    return Module(_dlc.load(os.fspath(path)))
 
 
 def _view(x: Any, param: Param) -> "_dlc.View":
@@ -240,6 +249,17 @@ class Module:
                 )
             named.append((k, _view(x, p)))
         return Module(self._fn.bind(named))
+
+    def save(self, path: PathLike) -> None:
+        """Writes the compiled entry point to the directory ``path``: the
+        shared library ``module-HASH.so`` (linked by the system's C compiler) and
+        ``module.json``; ``dlc.load(path)`` runs it without compiling. The
+        directory appears whole or not at all; an existing one is replaced
+        only when it holds a saved module. A bound module's weights are not
+        saved: save before ``bind``. The code runs on CPUs with the vector
+        width (and AVX-512 BF16) of this one; save under
+        ``DLC_CPU=x86-64-v3`` for any AVX2 machine."""
+        self._fn.save(os.fspath(path))
 
     def ir(self, level: str = "graph") -> str:
         """The program as text at ``level``: ``graph`` (after the passes),

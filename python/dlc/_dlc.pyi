@@ -86,6 +86,11 @@ class Function:
         """The program at ``graph``, ``loop``, ``tile`` or ``llvm`` level, as text."""
     def compile_stats(self) -> Tuple[float, int, int]:
         """(code generation seconds, parts, parts from the object cache)."""
+    def save(self, path: str) -> None:
+        """Writes ``path/module-HASH.so`` and ``path/module.json`` (atomically)."""
+
+def load(path: str) -> Function:
+    """Loads a saved module's library; raises OSError or ValueError."""
 
 def compile(
     name: str,

@@ -23,7 +23,7 @@ use std::collections::BTreeSet;
 use std::ffi::{CStr, c_void};
 use std::sync::{Arc, Mutex};
 
-use dlc_core::{DType, TensorType};
+use dlc_core::{DType, TargetDesc, TensorType};
 use dlc_driver::{Artifact, Backends, CompileOptions, DriverError, NativeArtifact, SourceText};
 use dlc_runtime::{AlignedBuffer, Kernel, Signature};
 use pyo3::create_exception;
@@ -550,15 +550,29 @@ impl Tensor {
 
 // ---------------------------------------------------------------- modules
 
-/// A model compiled into this process: its code and what it came from.
+/// A model's code in this process: its entry point, what keeps its code
+/// alive, and (when compiled here) what it came from.
 struct Compiled {
-    /// Kernels borrow `jit`'s code: declared first, dropped first.
+    /// Borrows `code`: declared first, dropped first.
     kernel: Kernel<'static>,
-    jit: dlc_llvm::Jit,
-    /// The graph module after the pipeline and its levels, for `ir`.
-    prepared: Mutex<dlc_driver::Prepared>,
+    code: Code,
+    /// The graph module after the pipeline and its levels, for `ir` and
+    /// `save` (`None` for a module loaded from a file).
+    prepared: Option<Mutex<dlc_driver::Prepared>>,
     /// Which parameters of the entry point are weights.
     weights: BTreeSet<usize>,
+    /// The entry point's name in the source.
+    entry: String,
+}
+
+/// Where a module's machine code lives.
+enum Code {
+    /// Compiled in this process.
+    Jit(dlc_llvm::Jit),
+    /// A shared library `Module.save` wrote, loaded.
+    Library {
+        _library: dlc_runtime::SharedLibrary,
+    },
 }
 
 /// A compiled entry point, callable; `bind` makes one with its weights
@@ -675,6 +689,7 @@ fn compile_entry(
     };
     let options = CompileOptions {
         entries: vec![entry.clone()],
+        prefix: Some(SAVED_PREFIX.into()),
         ..options
     };
     let prepared = dlc_driver::prepare(&src, &options)?;
@@ -691,9 +706,10 @@ fn compile_entry(
     let kernel = unsafe { std::mem::transmute::<Kernel<'_>, Kernel<'static>>(kernel) };
     Ok(Compiled {
         kernel,
-        jit,
-        prepared: Mutex::new(prepared),
+        code: Code::Jit(jit),
+        prepared: Some(Mutex::new(prepared)),
         weights,
+        entry,
     })
 }
 
@@ -703,7 +719,7 @@ type ParamInfo = (String, &'static str, Vec<usize>, &'static str);
 
 impl Function {
     fn name(&self) -> &str {
-        &self.compiled.kernel.signature().name
+        &self.compiled.entry
     }
 
     /// The inputs a caller passes, with their index among
@@ -951,33 +967,263 @@ impl Function {
                 )));
             }
         };
-        let compiled = Arc::clone(&self.compiled);
-        let bytes = py
-            .detach(move || {
-                let prepared = compiled
-                    .prepared
-                    .lock()
-                    .map_err(|_| DriverError::Internal("a compile thread panicked".into()))?;
-                let backends = Backends {
-                    codegen: Some(&dlc_llvm::Llvm),
-                    mlir: None,
-                };
-                prepared.emit(what, backends)
-            })
-            .map_err(|e| compile_error(py, e))?;
+        let bytes = self.emit(py, what, "ir")?;
         String::from_utf8(bytes).map_err(|e| PyValueError::new_err(e.to_string()))
     }
 
     /// How long code generation took, in seconds, and how many of the
-    /// parts it was compiled in came from the object cache.
+    /// parts it was compiled in came from the object cache ((0, 0, 0) for
+    /// a loaded module).
     fn compile_stats(&self) -> (f64, usize, usize) {
-        let (parts, cached) = self.compiled.jit.parts();
-        (
-            self.compiled.jit.compile_time().as_secs_f64(),
-            parts,
-            cached,
-        )
+        match &self.compiled.code {
+            Code::Jit(jit) => {
+                let (parts, cached) = jit.parts();
+                (jit.compile_time().as_secs_f64(), parts, cached)
+            }
+            Code::Library { .. } => (0.0, 0, 0),
+        }
     }
+
+    /// Writes the compiled entry point to the directory `path` (made, or
+    /// replaced when it holds a saved module): `module-HASH.so`, the shared
+    /// library (linked by the system's C compiler, as `dlc compile --emit
+    /// so`), and `module.json`, what `load` needs besides. Written beside
+    /// `path` first and renamed into place: never half a module.
+    fn save(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
+        if !self.bound.is_empty() {
+            return Err(PyValueError::new_err(
+                "a bound module keeps its weights in memory only: save the module before bind",
+            ));
+        }
+        let library = self.emit(py, Artifact::Native(NativeArtifact::SharedLibrary), "save")?;
+        let target = TargetDesc::host();
+        let cpu = target.cpu();
+        use sha2::Digest as _;
+        let digest = sha2::Sha256::digest(&library);
+        let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+        let meta = Saved {
+            entry: self.name().to_string(),
+            library: format!("module-{hex}.so"),
+            weights: self.compiled.weights.iter().copied().collect(),
+            target: target.name.clone(),
+            vector_bits: cpu.map_or(0, |c| c.vector_bits),
+            avx512_bf16: cpu.is_some_and(|c| c.avx512_bf16),
+        };
+        write_saved(&path, &meta.library, &library, &meta.encode())
+            .map_err(|e| pyo3::exceptions::PyOSError::new_err(format!("{}: {e}", path.display())))
+    }
+}
+
+impl Function {
+    /// The compiled module as `what` (`doing` names the method for a
+    /// loaded module's error).
+    fn emit(&self, py: Python<'_>, what: Artifact, doing: &str) -> PyResult<Vec<u8>> {
+        if self.compiled.prepared.is_none() {
+            return Err(PyValueError::new_err(format!(
+                "`{}` was loaded from a saved module, which keeps machine code only: {doing} \
+                 needs the module compiled (dlc.compile)",
+                self.name()
+            )));
+        }
+        let compiled = Arc::clone(&self.compiled);
+        py.detach(move || {
+            let prepared = compiled
+                .prepared
+                .as_ref()
+                .ok_or_else(|| DriverError::Internal("no compiled module".into()))?
+                .lock()
+                .map_err(|_| DriverError::Internal("a compile thread panicked".into()))?;
+            let backends = Backends {
+                codegen: Some(&dlc_llvm::Llvm),
+                mlir: None,
+            };
+            prepared.emit(what, backends)
+        })
+        .map_err(|e| compile_error(py, e))
+    }
+}
+
+// ---------------------------------------------------------------- saved modules
+
+/// The symbol prefix of the Python package's entry points (`dlc_NAME`).
+const SAVED_PREFIX: &str = "dlc_";
+/// What `module.json` starts with, and its version.
+const SAVED_FORMAT: &str = "dlc-python-module";
+const SAVED_VERSION: u64 = 1;
+
+/// What a saved module records beside its library.
+#[derive(Debug, PartialEq)]
+struct Saved {
+    entry: String,
+    /// The library's file in the directory: named by its contents, since
+    /// the dynamic loader takes a path it has loaded for the library
+    /// already loaded (a module saved again in place would load the old
+    /// code).
+    library: String,
+    /// The entry point's inputs declared `weight`, by index.
+    weights: Vec<usize>,
+    /// The CPU target the code was compiled for, and what it needs.
+    target: String,
+    vector_bits: usize,
+    avx512_bf16: bool,
+}
+
+impl Saved {
+    fn encode(&self) -> String {
+        serde_json::json!({
+            "format": SAVED_FORMAT,
+            "version": SAVED_VERSION,
+            "entry": self.entry,
+            "library": self.library,
+            "weights": self.weights,
+            "target": self.target,
+            "vector_bits": self.vector_bits,
+            "avx512_bf16": self.avx512_bf16,
+        })
+        .to_string()
+    }
+
+    fn decode(text: &str) -> Result<Saved, String> {
+        let v: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+        if v["format"] != SAVED_FORMAT {
+            return Err("not a saved dlc module".into());
+        }
+        if v["version"] != SAVED_VERSION {
+            return Err(format!(
+                "version {} of the format; this dlc reads version {SAVED_VERSION}",
+                v["version"]
+            ));
+        }
+        let field = |k: &str| v.get(k).ok_or_else(|| format!("no `{k}`"));
+        let text = |k: &str| {
+            field(k)?
+                .as_str()
+                .map(str::to_string)
+                .ok_or_else(|| format!("`{k}` is not a string"))
+        };
+        let weights = field("weights")?
+            .as_array()
+            .and_then(|a| a.iter().map(|w| w.as_u64().map(|w| w as usize)).collect())
+            .ok_or("`weights` is not a list of indices")?;
+        let library = text("library")?;
+        if library.contains('/') || !library.ends_with(".so") {
+            return Err(format!("`library` {library:?} is not a file name"));
+        }
+        Ok(Saved {
+            entry: text("entry")?,
+            library,
+            weights,
+            target: text("target")?,
+            vector_bits: field("vector_bits")?
+                .as_u64()
+                .ok_or("`vector_bits` is not a number")? as usize,
+            avx512_bf16: field("avx512_bf16")?
+                .as_bool()
+                .ok_or("`avx512_bf16` is not true or false")?,
+        })
+    }
+}
+
+/// Writes `library` and `meta` as the saved module `path`: into a fresh
+/// directory beside it, renamed into place (replacing a saved module
+/// there, and nothing else).
+fn write_saved(
+    path: &std::path::Path,
+    file: &str,
+    library: &[u8],
+    meta: &str,
+) -> std::io::Result<()> {
+    use std::io::{Error, ErrorKind};
+    if path.exists() && !path.join("module.json").is_file() {
+        return Err(Error::new(
+            ErrorKind::AlreadyExists,
+            "exists and is not a saved dlc module; not replaced",
+        ));
+    }
+    let name = path
+        .file_name()
+        .ok_or_else(|| Error::new(ErrorKind::InvalidInput, "names no directory"))?;
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    };
+    let staging = parent.join(format!(
+        ".{}.{}.partial",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&staging);
+    let written = (|| {
+        std::fs::create_dir(&staging)?;
+        std::fs::write(staging.join(file), library)?;
+        std::fs::write(staging.join("module.json"), meta)?;
+        if path.exists() {
+            std::fs::remove_dir_all(path)?;
+        }
+        std::fs::rename(&staging, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_dir_all(&staging);
+    }
+    written
+}
+
+/// Loads a module `Module.save` wrote: its library, with no compiler.
+#[pyfunction]
+fn load(py: Python<'_>, path: std::path::PathBuf) -> PyResult<Function> {
+    let bad = |why: String| PyValueError::new_err(format!("{}: {why}", path.display()));
+    let meta = std::fs::read_to_string(path.join("module.json")).map_err(|e| {
+        pyo3::exceptions::PyOSError::new_err(format!(
+            "{}: not a saved dlc module ({}: {e})",
+            path.display(),
+            path.join("module.json").display()
+        ))
+    })?;
+    let saved = Saved::decode(&meta).map_err(|e| bad(format!("module.json: {e}")))?;
+    let host = TargetDesc::host();
+    let fits = host.cpu().is_some_and(|c| {
+        c.vector_bits >= saved.vector_bits && (c.avx512_bf16 || !saved.avx512_bf16)
+    });
+    if !fits {
+        return Err(bad(format!(
+            "compiled for {} ({}-bit vectors{}); this machine is {}",
+            saved.target,
+            saved.vector_bits,
+            if saved.avx512_bf16 {
+                ", AVX-512 BF16"
+            } else {
+                ""
+            },
+            host.name
+        )));
+    }
+    let library = path.join(&saved.library);
+    let entry = saved.entry.clone();
+    let (kernel, library) = py
+        .detach(move || {
+            let library = dlc_runtime::SharedLibrary::open(&library)?;
+            let symbol = dlc_runtime::abi::Symbols::with_prefix(SAVED_PREFIX)
+                .and_then(|s| s.symbol(&entry))
+                .map_err(dlc_runtime::RuntimeError::Load)?;
+            let kernel = library.kernel(&symbol)?;
+            // SAFETY: the kernel borrows the library's code, which
+            // `Compiled` owns beside it and drops after it.
+            let kernel = unsafe { std::mem::transmute::<Kernel<'_>, Kernel<'static>>(kernel) };
+            Ok((kernel, library))
+        })
+        .map_err(|e: dlc_runtime::RuntimeError| bad(e.to_string()))?;
+    Ok(Function {
+        compiled: Arc::new(Compiled {
+            kernel,
+            code: Code::Library { _library: library },
+            prepared: None,
+            weights: saved.weights.into_iter().collect(),
+            entry: saved.entry,
+        }),
+        bound: Vec::new(),
+        prepared: None,
+    })
 }
 
 /// Copies of bound buffers, for a function bound further.
@@ -1002,6 +1248,7 @@ fn _dlc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Tensor>()?;
     m.add_class::<Function>()?;
     m.add_function(wrap_pyfunction!(compile, m)?)?;
+    m.add_function(wrap_pyfunction!(load, m)?)?;
     m.add("DEFAULT_PIPELINE", dlc_driver::DEFAULT_PIPELINE)?;
     Ok(())
 }

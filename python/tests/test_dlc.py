@@ -269,3 +269,54 @@ class DLPackOnly:
 def _interface(x):
     ai = x.__array_interface__
     return ai["data"][0], ai["typestr"], list(ai["shape"]), ai.get("strides")
+
+
+def test_save_and_load_run_without_compiling(tmp_path, dense):
+    x, w, b = rand(4, 8), rand(8, 3), rand(3)
+    expected = dense(x, w, b)
+    dense.save(tmp_path / "dense")
+    files = sorted(os.listdir(tmp_path / "dense"))
+    assert len(files) == 2 and files[0].startswith("module-") and files[0].endswith(".so")
+    assert files[1] == "module.json"
+    assert [p for p in os.listdir(tmp_path) if p.startswith(".")] == []
+    loaded = dlc.load(tmp_path / "dense")
+    assert loaded.signature == dense.signature and loaded.compile_stats == (0.0, 0, 0)
+    np.testing.assert_array_equal(loaded(x, w, b), expected)
+    np.testing.assert_array_equal(loaded.bind({"w": w, "b": b})(x), expected)
+    with pytest.raises(ValueError, match="loaded from a saved module"):
+        loaded.ir("graph")
+    # Saving again replaces the saved module; a preparer travels with it.
+    packed = dlc.compile(ROOT / "examples" / "language" / "weights.dl")
+    packed.save(tmp_path / "dense")
+    again = dlc.load(tmp_path / "dense")
+    xs, ws, bs = rand(32, 256), rand(256, 128), rand(128)
+    np.testing.assert_allclose(again.bind({"w": ws, "b": bs})(xs), packed(xs, ws, bs), rtol=1e-6)
+
+
+def test_save_and_load_errors(tmp_path, dense):
+    with pytest.raises(OSError, match="not a saved dlc module"):
+        dlc.load(tmp_path / "nothing")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "keep.txt").write_text("mine")
+    with pytest.raises(OSError, match="is not a saved dlc module; not replaced"):
+        dense.save(other)
+    assert os.listdir(other) == ["keep.txt"]
+    with pytest.raises(ValueError, match="save the module before bind"):
+        dense.bind({"b": rand(3)}).save(tmp_path / "bound")
+    dense.save(tmp_path / "m")
+    meta = (tmp_path / "m" / "module.json").read_text()
+    (tmp_path / "m" / "module.json").write_text(meta.replace('"version":1', '"version":99'))
+    with pytest.raises(ValueError, match="version 99 of the format"):
+        dlc.load(tmp_path / "m")
+    (tmp_path / "m" / "module.json").write_text("{")
+    with pytest.raises(ValueError, match="module.json: not JSON"):
+        dlc.load(tmp_path / "m")
+    (tmp_path / "m" / "module.json").write_text(meta.replace('"vector_bits":', '"vector_bits":4096,"x":'))
+    with pytest.raises(ValueError, match="4096-bit vectors"):
+        dlc.load(tmp_path / "m")
+    (tmp_path / "m" / "module.json").write_text(meta)
+    (library,) = [f for f in os.listdir(tmp_path / "m") if f.endswith(".so")]
+    (tmp_path / "m" / library).write_bytes(b"not a library")
+    with pytest.raises(ValueError, match=library):
+        dlc.load(tmp_path / "m")
