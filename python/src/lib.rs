@@ -271,6 +271,28 @@ impl View {
         }
     }
 
+    /// A view of a tensor described by its parts, for callers that read
+    /// them cheaply (a PyTorch tensor's `data_ptr()`, `is_contiguous()`):
+    /// `dtype` is dlc's name of its element type.
+    #[staticmethod]
+    fn from_parts(
+        address: usize,
+        dtype: &str,
+        shape: Vec<usize>,
+        contiguous: bool,
+        owner: Py<PyAny>,
+    ) -> View {
+        View {
+            address,
+            dtype: DType::ALL.into_iter().find(|d| d.name() == dtype),
+            what: dtype.to_string(),
+            shape,
+            contiguous,
+            _owner: owner,
+            _managed: None,
+        }
+    }
+
     /// A view of a DLPack capsule (what `x.__dlpack__()` returns), which it
     /// consumes; `owner` is kept alive while the view lives.
     #[staticmethod]

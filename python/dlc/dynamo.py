@@ -1,0 +1,935 @@
+"""dlc as a ``torch.compile`` backend: ``torch.compile(model, backend="dlc")``.
+
+The package registers :func:`backend` under the ``torch_dynamo_backends`` entry
+point, so the name works after ``pip install``. Dynamo captures an FX graph;
+AOTAutograd lowers it to PyTorch's core ATen operators (with
+``core_aten_decompositions``), lifting parameters to inputs, and hands the forward
+graph (and, when gradients are needed, the backward graph) to :func:`compile_graph`.
+That splits the graph around the operators dlc does not translate, writes each
+supported part as a dlc function (one ``let`` per ATen node), compiles it with
+``dlc.compile`` and calls it on the tensors' own memory. What it cannot take runs in
+PyTorch, with one warning naming the operators; nothing it cannot compile stops the
+user's program.
+
+Shapes: graphs with symbolic shapes are handed back to PyTorch whole (with a
+warning). ``torch.compile(model, backend="dlc", dynamic=False)`` makes Dynamo
+specialize every new input shape instead, and each specialization is compiled and
+cached by Dynamo.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import warnings
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch._decomp import core_aten_decompositions
+from torch._dynamo.backends.common import aot_autograd
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupportBase
+
+from . import _dlc
+from . import compile as dlc_compile
+
+__all__ = ["backend", "compile_graph", "stats"]
+
+aten = torch.ops.aten
+
+_DTYPES = {
+    torch.float32: "f32",
+    torch.float64: "f64",
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.int8: "i8",
+    torch.int16: "i16",
+    torch.int32: "i32",
+    torch.int64: "i64",
+    torch.uint8: "u8",
+    torch.bool: "bool",
+}
+_FLOATS = ("f32", "f64", "f16", "bf16")
+
+stats: Dict[str, Any] = {"graphs": 0, "compiled": 0, "ops": 0, "left_to_pytorch": {}}
+"""What the backend did since the process started: graphs it was handed, parts it
+compiled with dlc, ATen nodes in them, and the operators (with counts) it left to
+PyTorch."""
+
+
+class Unsupported(Exception):
+    """A node dlc does not translate (the reason is the message)."""
+
+
+class Val:
+    """A tensor value of the dlc function being written: its name, dlc type and shape."""
+
+    __slots__ = ("name", "dtype", "shape")
+
+    def __init__(self, name: str, dtype: str, shape: Tuple[int, ...]):
+        self.name, self.dtype, self.shape = name, dtype, tuple(shape)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _type(t: Any) -> Tuple[str, Tuple[int, ...]]:
+    """The dlc element type and static shape of a (fake) tensor, or Unsupported."""
+    if isinstance(t, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        raise Unsupported("a symbolic shape")
+    if not isinstance(t, torch.Tensor):
+        raise Unsupported(f"a {type(t).__name__} value")
+    if t.dtype not in _DTYPES:
+        raise Unsupported(f"element type {t.dtype}")
+    if t.device.type != "cpu":
+        raise Unsupported(f"a tensor on {t.device}")
+    shape = []
+    for d in t.shape:
+        if not isinstance(d, int):
+            raise Unsupported("a symbolic shape")
+        if d == 0:
+            raise Unsupported("an empty tensor")
+        shape.append(d)
+    return _DTYPES[t.dtype], tuple(shape)
+
+
+def _tensor_type(dtype: str, shape: Sequence[int]) -> str:
+    return f"{dtype}[{', '.join(map(str, shape))}]"
+
+
+def _lit(v: Any, dtype: str) -> str:
+    """A Python number as a dlc literal of `dtype` (bool: true/false)."""
+    if dtype == "bool":
+        return "true" if v else "false"
+    if dtype in _FLOATS:
+        v = float(v)
+        if math.isnan(v) or math.isinf(v):
+            word = "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+            return f"tensor([{word}], [], dtype={dtype})"
+        text = repr(v)
+        if "e" not in text and "." not in text:
+            text += ".0"
+        return f"({text})" if v < 0 else text
+    if isinstance(v, float) and not v.is_integer():
+        raise Unsupported(f"the float {v} with integers")
+    v = int(v)
+    return f"({v})" if v < 0 else str(v)
+
+
+def _list(xs: Sequence[Any]) -> str:
+    return "[" + ", ".join(str(x) for x in xs) + "]"
+
+
+class _Writer:
+    """Writes one dlc function from an FX graph of ATen nodes."""
+
+    def __init__(self) -> None:
+        self.lines: List[str] = []
+        self.count = 0
+
+    def let(self, expr: str, dtype: str, shape: Sequence[int]) -> Val:
+        name = f"v{self.count}"
+        self.count += 1
+        self.lines.append(f"    let {name} = {expr};")
+        return Val(name, dtype, shape)
+
+    def cast(self, x: Any, dtype: str) -> str:
+        """`x` (a Val or a Python number) as an expression of `dtype`."""
+        if isinstance(x, Val):
+            return x.name if x.dtype == dtype else f"cast({x.name}, {dtype})"
+        return _lit(x, dtype)
+
+
+# ---------------------------------------------------------------- translations
+
+_Handler = Callable[..., Any]
+_HANDLERS: Dict[Any, _Handler] = {}
+# Operators that only move or view data: a part made of these alone is left to
+# PyTorch, whose views cost nothing.
+_LAYOUT_ONLY = set()
+
+
+def _handles(*ops: Any, layout: bool = False) -> Callable[[_Handler], _Handler]:
+    def register(f: _Handler) -> _Handler:
+        for op in ops:
+            _HANDLERS[op] = f
+            if layout:
+                _LAYOUT_ONLY.add(op)
+        return f
+
+    return register
+
+
+def _out(node: Any) -> Tuple[str, Tuple[int, ...]]:
+    return _type(node.meta["val"])
+
+
+def _binary(symbol: str) -> _Handler:
+    def h(w: _Writer, node: Any, a: Any, b: Any, **kw: Any) -> Val:
+        dtype, shape = _out(node)
+        return w.let(f"{w.cast(a, dtype)} {symbol} {w.cast(b, dtype)}", dtype, shape)
+
+    return h
+
+
+for _op, _sym in [
+    (aten.mul.Tensor, "*"),
+    (aten.mul.Scalar, "*"),
+    (aten.div.Tensor, "/"),
+    (aten.div.Scalar, "/"),
+]:
+    _handles(_op)(_binary(_sym))
+
+
+@_handles(aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar)
+def _add(w: _Writer, node: Any, a: Any, b: Any, alpha: Any = 1) -> Val:
+    dtype, shape = _out(node)
+    rhs = w.cast(b, dtype)
+    if alpha != 1:
+        rhs = f"{rhs} * {_lit(alpha, dtype)}"
+    sign = "-" if node.target in (aten.sub.Tensor, aten.sub.Scalar) else "+"
+    return w.let(f"{w.cast(a, dtype)} {sign} {rhs}", dtype, shape)
+
+
+@_handles(aten.rsub.Scalar)
+def _rsub(w: _Writer, node: Any, a: Any, b: Any, alpha: Any = 1) -> Val:
+    dtype, shape = _out(node)
+    return w.let(f"{_lit(b, dtype)} - {w.cast(a, dtype)} * {_lit(alpha, dtype)}", dtype, shape)
+
+
+def _common(a: Any, b: Any) -> str:
+    """The type both operands of a comparison are brought to (PyTorch's promotion)."""
+    ta = a.dtype if isinstance(a, Val) else None
+    tb = b.dtype if isinstance(b, Val) else None
+    if ta and tb:
+        inv = {v: k for k, v in _DTYPES.items()}
+        return _DTYPES[torch.promote_types(inv[ta], inv[tb])]
+    t = ta or tb
+    other = b if ta else a
+    if t not in _FLOATS and isinstance(other, float):
+        return "f32"
+    return t
+
+
+def _compare(symbol: str) -> _Handler:
+    def h(w: _Writer, node: Any, a: Any, b: Any) -> Val:
+        dtype, shape = _out(node)
+        t = _common(a, b)
+        return w.let(f"{w.cast(a, t)} {symbol} {w.cast(b, t)}", dtype, shape)
+
+    return h
+
+
+for _name, _sym in [("eq", "=="), ("ne", "!="), ("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">=")]:
+    _op = getattr(aten, _name)
+    _handles(_op.Tensor, _op.Scalar)(_compare(_sym))
+
+
+def _call(fn: str, *, floats: bool = False) -> _Handler:
+    def h(w: _Writer, node: Any, *args: Any) -> Val:
+        dtype, shape = _out(node)
+        if floats and dtype not in _FLOATS:
+            raise Unsupported(f"{fn} of {dtype}")
+        return w.let(f"{fn}({', '.join(w.cast(a, dtype) for a in args)})", dtype, shape)
+
+    return h
+
+
+for _fn, _ops, _floats in [
+    ("relu", [aten.relu.default], False),
+    ("exp", [aten.exp.default], True),
+    ("log", [aten.log.default], True),
+    ("sqrt", [aten.sqrt.default], True),
+    ("rsqrt", [aten.rsqrt.default], True),
+    ("tanh", [aten.tanh.default], True),
+    ("sigmoid", [aten.sigmoid.default], True),
+    ("abs", [aten.abs.default], False),
+    ("floor", [aten.floor.default], True),
+    ("ceil", [aten.ceil.default], True),
+    ("round", [aten.round.default], True),
+    ("sign", [aten.sign.default], False),
+    ("reciprocal", [aten.reciprocal.default], True),
+    ("sin", [aten.sin.default], True),
+    ("cos", [aten.cos.default], True),
+    ("erf", [aten.erf.default], True),
+    ("log1p", [aten.log1p.default], True),
+    ("expm1", [aten.expm1.default], True),
+    ("max", [aten.maximum.default], False),
+    ("min", [aten.minimum.default], False),
+    ("pow", [aten.pow.Tensor_Tensor], True),
+    ("logical_and", [aten.logical_and.default], False),
+    ("logical_or", [aten.logical_or.default], False),
+    ("logical_xor", [aten.logical_xor.default], False),
+]:
+    _handles(*_ops)(_call(_fn, floats=_floats))
+
+
+@_handles(aten.logical_not.default)
+def _logical_not(w: _Writer, node: Any, x: Val) -> Val:
+    dtype, shape = _out(node)
+    return w.let(f"logical_not({w.cast(x, 'bool')})", dtype, shape)
+
+
+@_handles(aten.bitwise_not.default)
+def _bitwise_not(w: _Writer, node: Any, x: Val) -> Val:
+    dtype, shape = _out(node)
+    if dtype == "bool":
+        return w.let(f"logical_not({x})", dtype, shape)
+    if dtype.startswith("u"):
+        raise Unsupported(f"bitwise not of {dtype}")
+    return w.let(f"bitxor({x}, {_lit(-1, dtype)})", dtype, shape)
+
+
+def _bitwise(logical: str, bitwise: str) -> _Handler:
+    def h(w: _Writer, node: Any, a: Any, b: Any) -> Val:
+        dtype, shape = _out(node)
+        fn = logical if dtype == "bool" else bitwise
+        return w.let(f"{fn}({w.cast(a, dtype)}, {w.cast(b, dtype)})", dtype, shape)
+
+    return h
+
+
+for _name, _logical, _bit in [("and", "logical_and", "bitand"), ("or", "logical_or", "bitor"), ("xor", "logical_xor", "bitxor")]:
+    _op = getattr(aten, f"bitwise_{_name}")
+    _handles(_op.Tensor, _op.Scalar)(_bitwise(_logical, _bit))
+
+
+@_handles(aten.neg.default)
+def _neg(w: _Writer, node: Any, x: Val) -> Val:
+    dtype, shape = _out(node)
+    return w.let(f"-{x.name}", dtype, shape)
+
+
+@_handles(aten.pow.Tensor_Scalar)
+def _pow(w: _Writer, node: Any, x: Val, e: Any) -> Val:
+    dtype, shape = _out(node)
+    if dtype not in _FLOATS:
+        raise Unsupported(f"pow of {dtype}")
+    x = w.cast(x, dtype)
+    if e == 2:
+        return w.let(f"{x} * {x}", dtype, shape)
+    if e == 0.5:
+        return w.let(f"sqrt({x})", dtype, shape)
+    return w.let(f"pow({x}, {_lit(e, dtype)})", dtype, shape)
+
+
+@_handles(aten.gelu.default)
+def _gelu(w: _Writer, node: Any, x: Val, approximate: str = "none") -> Val:
+    dtype, shape = _out(node)
+    if approximate == "tanh":
+        return w.let(f"gelu({x})", dtype, shape)
+    return w.let(f"{x} * 0.5 * (erf({x} * 0.7071067811865476) + 1.0)", dtype, shape)
+
+
+@_handles(aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default, aten.hardtanh.default)
+def _clamp(w: _Writer, node: Any, x: Val, lo: Any = None, hi: Any = None) -> Val:
+    dtype, shape = _out(node)
+    if node.target == aten.clamp_max.default:
+        lo, hi = None, lo
+    if node.target == aten.hardtanh.default:
+        lo = -1.0 if lo is None else lo
+        hi = 1.0 if hi is None else hi
+    bounds = []
+    if lo is not None:
+        bounds.append(f"min={_lit(lo, dtype)}")
+    if hi is not None:
+        bounds.append(f"max={_lit(hi, dtype)}")
+    if not bounds:
+        return x
+    return w.let(f"clamp({w.cast(x, dtype)}, {', '.join(bounds)})", dtype, shape)
+
+
+@_handles(aten.where.self)
+def _where(w: _Writer, node: Any, c: Val, a: Any, b: Any) -> Val:
+    dtype, shape = _out(node)
+    return w.let(f"where({w.cast(c, 'bool')}, {w.cast(a, dtype)}, {w.cast(b, dtype)})", dtype, shape)
+
+
+@_handles(aten.threshold_backward.default)
+def _threshold_backward(w: _Writer, node: Any, grad: Val, x: Val, threshold: Any) -> Val:
+    dtype, shape = _out(node)
+    return w.let(
+        f"where({x.name} <= {_lit(threshold, x.dtype)}, {_lit(0, dtype)}, {w.cast(grad, dtype)})",
+        dtype,
+        shape,
+    )
+
+
+def _axes(dims: Any, rank: int) -> List[int]:
+    if dims is None:
+        return list(range(rank))
+    if isinstance(dims, int):
+        dims = [dims]
+    return [d % rank if rank else 0 for d in dims] or list(range(rank))
+
+
+def _reduce(fn: str) -> _Handler:
+    def h(w: _Writer, node: Any, x: Val, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> Val:
+        out, shape = _out(node)
+        if not x.shape:
+            return w.let(w.cast(x, out), out, shape)
+        axes = _axes(dim, len(x.shape))
+        keep = "true" if keepdim else "false"
+        return w.let(f"{fn}({w.cast(x, out)}, axis={_list(axes)}, keepdims={keep})", out, shape)
+
+    return h
+
+
+_handles(aten.sum.dim_IntList, aten.sum.default)(_reduce("sum"))
+_handles(aten.mean.dim, aten.mean.default)(_reduce("mean"))
+_handles(aten.amax.default)(_reduce("max"))
+_handles(aten.amin.default)(_reduce("min"))
+_handles(aten.prod.dim_int, aten.prod.default)(_reduce("prod"))
+
+
+@_handles(aten.any.dim, aten.any.dims, aten.any.default)
+def _any(w: _Writer, node: Any, x: Val, dim: Any = None, keepdim: bool = False) -> Val:
+    dtype, shape = _out(node)
+    axes = _axes(dim, len(x.shape))
+    keep = "true" if keepdim else "false"
+    return w.let(f"sum(cast({w.cast(x, 'bool')}, i32), axis={_list(axes)}, keepdims={keep}) > 0", dtype, shape)
+
+
+@_handles(aten.var.correction)
+def _var(w: _Writer, node: Any, x: Val, dim: Any = None, *, correction: Any = 1, keepdim: bool = False) -> Val:
+    dtype, shape = _out(node)
+    axes = _axes(dim, len(x.shape))
+    n = math.prod(x.shape[a] for a in axes)
+    c = 1 if correction is None else correction
+    if n - c <= 0:
+        raise Unsupported("a variance of too few elements")
+    keep = "true" if keepdim else "false"
+    scale = _lit(n / (n - c), dtype)
+    return w.let(f"variance({x}, axis={_list(axes)}, keepdims={keep}) * {scale}", dtype, shape)
+
+
+@_handles(aten._softmax.default, aten._log_softmax.default)
+def _softmax(w: _Writer, node: Any, x: Val, dim: int, half_to_float: bool = False) -> Val:
+    dtype, shape = _out(node)
+    fn = "softmax" if node.target == aten._softmax.default else "log_softmax"
+    return w.let(f"{fn}({w.cast(x, dtype)}, axis={dim % len(x.shape)})", dtype, shape)
+
+
+def _used_results(node: Any) -> set:
+    return {u.args[1] for u in node.users if u.target is operator.getitem}
+
+
+@_handles(aten.native_layer_norm.default)
+def _layer_norm(w: _Writer, node: Any, x: Val, normalized: Sequence[int], weight: Any, bias: Any, eps: float) -> list:
+    if _used_results(node) - {0}:
+        raise Unsupported("layer norm's statistics as results")
+    dtype, shape = _type(node.meta["val"][0])
+    axes = list(range(len(x.shape) - len(normalized), len(x.shape)))
+    expr = f"layernorm({x}, axis={_list(axes)}, eps={_lit(eps, 'f32')})"
+    if weight is not None:
+        expr = f"{expr} * {weight}"
+    if bias is not None:
+        expr = f"{expr} + {bias}"
+    return [w.let(expr, dtype, shape), None, None]
+
+
+@_handles(aten._native_batch_norm_legit_no_training.default)
+def _batch_norm(w: _Writer, node: Any, x: Val, weight: Any, bias: Any, mean: Val, var: Val, momentum: float, eps: float) -> list:
+    if _used_results(node) - {0}:
+        raise Unsupported("batch norm's statistics as results")
+    dtype, shape = _type(node.meta["val"][0])
+    c = x.shape[1]
+    gamma = weight.name if weight is not None else f"ones([{c}], dtype={dtype})"
+    beta = bias.name if bias is not None else f"zeros([{c}], dtype={dtype})"
+    expr = f"batchnorm({x}, {mean}, {var}, {gamma}, {beta}, eps={_lit(eps, 'f32')})"
+    return [w.let(expr, dtype, shape), None, None]
+
+
+@_handles(aten.convolution.default)
+def _convolution(w: _Writer, node: Any, x: Val, weight: Val, bias: Any, stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int], groups: int) -> Val:
+    dtype, shape = _out(node)
+    if transposed:
+        raise Unsupported("a transposed convolution")
+    if any(d != 1 for d in dilation):
+        raise Unsupported("a dilated convolution")
+    if len(x.shape) == 4:
+        fn = "conv2d"
+    elif len(x.shape) == 3:
+        fn = "conv1d"
+    else:
+        raise Unsupported(f"a convolution of rank {len(x.shape)}")
+    s = stride[0] if fn == "conv1d" else _list(stride)
+    p = padding[0] if fn == "conv1d" else _list(padding)
+    expr = f"{fn}({x}, {weight}, stride={s}, padding={p}, groups={groups})"
+    if bias is not None:
+        expr = f"{expr} + reshape({bias}, {_list([1, shape[1]] + [1] * (len(shape) - 2))})"
+    return w.let(expr, dtype, shape)
+
+
+@_handles(aten.max_pool2d_with_indices.default)
+def _max_pool(w: _Writer, node: Any, x: Val, kernel: Sequence[int], stride: Sequence[int] = (), padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False) -> list:
+    if _used_results(node) - {0}:
+        raise Unsupported("max pooling's indices")
+    if ceil_mode or any(d != 1 for d in _pair(dilation)):
+        raise Unsupported("max pooling with ceil mode or dilation")
+    dtype, shape = _type(node.meta["val"][0])
+    stride = list(stride) or list(kernel)
+    expr = f"maxpool2d({x}, kernel={_list(_pair(kernel))}, stride={_list(_pair(stride))}, padding={_list(_pair(padding))})"
+    return [w.let(expr, dtype, shape), None]
+
+
+@_handles(aten.avg_pool2d.default)
+def _avg_pool(w: _Writer, node: Any, x: Val, kernel: Sequence[int], stride: Sequence[int] = (), padding: Any = 0, ceil_mode: bool = False, count_include_pad: bool = True, divisor_override: Any = None) -> Val:
+    if ceil_mode or divisor_override is not None or (not count_include_pad and any(_pair(padding))):
+        raise Unsupported("average pooling with ceil mode, a divisor or padding left out of the average")
+    dtype, shape = _out(node)
+    stride = list(stride) or list(kernel)
+    expr = f"avgpool2d({x}, kernel={_list(_pair(kernel))}, stride={_list(_pair(stride))}, padding={_list(_pair(padding))})"
+    return w.let(expr, dtype, shape)
+
+
+@_handles(aten._adaptive_avg_pool2d.default)
+def _adaptive_avg_pool(w: _Writer, node: Any, x: Val, size: Sequence[int]) -> Val:
+    dtype, shape = _out(node)
+    h, wd = x.shape[-2:]
+    oh, ow = _pair(size)
+    if h % oh or wd % ow:
+        raise Unsupported("adaptive pooling to a size that does not divide the input")
+    k = [h // oh, wd // ow]
+    return w.let(f"avgpool2d({x}, kernel={_list(k)}, stride={_list(k)})", dtype, shape)
+
+
+def _pair(v: Any) -> List[int]:
+    if isinstance(v, int):
+        return [v, v]
+    v = list(v)
+    return v * 2 if len(v) == 1 else v
+
+
+@_handles(
+    aten.view.default,
+    aten._unsafe_view.default,
+    aten.reshape.default,
+    aten.unsqueeze.default,
+    aten.squeeze.dim,
+    aten.squeeze.dims,
+    aten.squeeze.default,
+    aten.flatten.using_ints,
+    layout=True,
+)
+def _reshape(w: _Writer, node: Any, x: Val, *args: Any) -> Val:
+    dtype, shape = _out(node)
+    if tuple(shape) == x.shape:
+        return x
+    return w.let(f"reshape({x}, {_list(shape)})", dtype, shape)
+
+
+@_handles(aten.clone.default, aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default, layout=True)
+def _identity(w: _Writer, node: Any, x: Val, **kw: Any) -> Val:
+    return x
+
+
+@_handles(aten._to_copy.default, aten.to.dtype)
+def _to_copy(w: _Writer, node: Any, x: Val, *args: Any, **kw: Any) -> Val:
+    dtype, shape = _out(node)
+    if dtype == x.dtype:
+        return x
+    return w.let(f"cast({x}, {dtype})", dtype, shape)
+
+
+@_handles(aten.permute.default, layout=True)
+def _permute(w: _Writer, node: Any, x: Val, dims: Sequence[int]) -> Val:
+    dtype, shape = _out(node)
+    dims = [d % len(x.shape) for d in dims]
+    if dims == sorted(dims):
+        return x
+    return w.let(f"transpose({x}, {_list(dims)})", dtype, shape)
+
+
+@_handles(aten.t.default, layout=True)
+def _t(w: _Writer, node: Any, x: Val) -> Val:
+    dtype, shape = _out(node)
+    if len(x.shape) < 2:
+        return x
+    return w.let(f"transpose({x}, [1, 0])", dtype, shape)
+
+
+@_handles(aten.transpose.int, layout=True)
+def _transpose(w: _Writer, node: Any, x: Val, d0: int, d1: int) -> Val:
+    dtype, shape = _out(node)
+    perm = list(range(len(x.shape)))
+    d0, d1 = d0 % len(perm), d1 % len(perm)
+    if d0 == d1:
+        return x
+    perm[d0], perm[d1] = perm[d1], perm[d0]
+    return w.let(f"transpose({x}, {_list(perm)})", dtype, shape)
+
+
+@_handles(aten.expand.default, layout=True)
+def _expand(w: _Writer, node: Any, x: Val, size: Sequence[int], **kw: Any) -> Val:
+    dtype, shape = _out(node)
+    if tuple(shape) == x.shape:
+        return x
+    return w.let(f"broadcast({x}, {_list(shape)})", dtype, shape)
+
+
+@_handles(aten.cat.default)
+def _cat(w: _Writer, node: Any, xs: Sequence[Val], dim: int = 0) -> Val:
+    dtype, shape = _out(node)
+    parts = [w.cast(x, dtype) for x in xs]
+    if len(parts) == 1:
+        return w.let(parts[0], dtype, shape)
+    return w.let(f"concat({_list(parts)}, axis={dim % len(shape)})", dtype, shape)
+
+
+def _slice_expr(x: Val, dim: int, start: int, end: int) -> str:
+    return f"slice({x}, axis={dim}, start={start}, end={end})"
+
+
+@_handles(aten.slice.Tensor, layout=True)
+def _slice(w: _Writer, node: Any, x: Val, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Val:
+    dtype, shape = _out(node)
+    dim %= len(x.shape)
+    n = x.shape[dim]
+    if step != 1:
+        raise Unsupported("a slice with a step")
+    start, end, _ = slice(start, end).indices(n)
+    if end <= start:
+        raise Unsupported("an empty slice")
+    if start == 0 and end == n:
+        return x
+    return w.let(_slice_expr(x, dim, start, end), dtype, shape)
+
+
+@_handles(aten.select.int, layout=True)
+def _select(w: _Writer, node: Any, x: Val, dim: int, index: int) -> Val:
+    dtype, shape = _out(node)
+    dim %= len(x.shape)
+    index %= x.shape[dim]
+    return w.let(f"reshape({_slice_expr(x, dim, index, index + 1)}, {_list(shape)})", dtype, shape)
+
+
+@_handles(aten.split_with_sizes.default, aten.split.Tensor, aten.unbind.int)
+def _split(w: _Writer, node: Any, x: Val, sizes: Any = 0, dim: int = 0) -> list:
+    dim %= len(x.shape)
+    if node.target == aten.unbind.int:
+        dim, sizes = sizes % len(x.shape), [1] * x.shape[sizes % len(x.shape)]
+    elif isinstance(sizes, int):
+        n = x.shape[dim]
+        sizes = [min(sizes, n - k) for k in range(0, n, sizes)]
+    used = _used_results(node)
+    results: List[Optional[Val]] = []
+    start = 0
+    for i, (size, val) in enumerate(zip(sizes, node.meta["val"])):
+        if i in used:
+            dtype, shape = _type(val)
+            expr = _slice_expr(x, dim, start, start + size)
+            if tuple(shape) != tuple(x.shape[:dim]) + (size,) + tuple(x.shape[dim + 1 :]):
+                expr = f"reshape({expr}, {_list(shape)})"
+            results.append(w.let(expr, dtype, shape))
+        else:
+            results.append(None)
+        start += size
+    return results
+
+
+@_handles(aten.mm.default, aten.bmm.default, aten.matmul.default)
+def _mm(w: _Writer, node: Any, a: Val, b: Val) -> Val:
+    dtype, shape = _out(node)
+    return w.let(f"{w.cast(a, dtype)} @ {w.cast(b, dtype)}", dtype, shape)
+
+
+@_handles(aten.addmm.default, aten.baddbmm.default)
+def _addmm(w: _Writer, node: Any, c: Val, a: Val, b: Val, *, beta: Any = 1, alpha: Any = 1) -> Val:
+    dtype, shape = _out(node)
+    prod = f"{a} @ {b}"
+    if alpha != 1:
+        prod = f"({prod}) * {_lit(alpha, dtype)}"
+    if beta == 0:
+        return w.let(prod, dtype, shape)
+    bias = c.name if beta == 1 else f"{c} * {_lit(beta, dtype)}"
+    return w.let(f"{prod} + {bias}", dtype, shape)
+
+
+def _fill(w: _Writer, node: Any, value: Any) -> Val:
+    """A tensor of the node's type holding `value` everywhere."""
+    dtype, shape = _out(node)
+    if dtype == "bool" or (isinstance(value, float) and not math.isfinite(value)):
+        # `full` takes numbers; booleans, infinities and NaN are `tensor` constants.
+        one = _lit(value, dtype)
+        if dtype == "bool":
+            one = f"tensor([{one}], [], dtype=bool)"
+        return w.let(f"broadcast({one}, {_list(shape)})" if shape else one, dtype, shape)
+    return w.let(f"full({_list(shape)}, {_lit(value, dtype)}, dtype={dtype})", dtype, shape)
+
+
+@_handles(aten.full.default)
+def _full(w: _Writer, node: Any, size: Sequence[int], value: Any, **kw: Any) -> Val:
+    return _fill(w, node, value)
+
+
+@_handles(aten.full_like.default)
+def _full_like(w: _Writer, node: Any, x: Val, value: Any, **kw: Any) -> Val:
+    return _fill(w, node, value)
+
+
+@_handles(aten.scalar_tensor.default)
+def _scalar_tensor(w: _Writer, node: Any, value: Any, **kw: Any) -> Val:
+    return _fill(w, node, value)
+
+
+@_handles(aten.arange.start_step, aten.arange.default, aten.arange.start)
+def _arange(w: _Writer, node: Any, *args: Any, **kw: Any) -> Val:
+    dtype, shape = _out(node)
+    if node.target == aten.arange.default:
+        start, end, step = 0, args[0], 1
+    else:
+        start, end = args[0], args[1]
+        step = args[2] if len(args) > 2 else 1
+    if dtype in _FLOATS:
+        raise Unsupported("a float range")
+    return w.let(f"arange({start}, {end}, {step}, dtype={dtype})", dtype, shape)
+
+
+@_handles(aten.embedding.default)
+def _embedding(w: _Writer, node: Any, weight: Val, indices: Val, *args: Any) -> Val:
+    dtype, shape = _out(node)
+    return w.let(f"gather({weight}, {indices}, axis=0)", dtype, shape)
+
+
+@_handles(aten.index_select.default)
+def _index_select(w: _Writer, node: Any, x: Val, dim: int, index: Val) -> Val:
+    dtype, shape = _out(node)
+    return w.let(f"gather({x}, {index}, axis={dim % len(x.shape)})", dtype, shape)
+
+
+@_handles(aten.constant_pad_nd.default)
+def _pad(w: _Writer, node: Any, x: Val, pad: Sequence[int], value: Any = 0) -> Val:
+    dtype, shape = _out(node)
+    if any(p < 0 for p in pad):
+        raise Unsupported("negative padding")
+    per_axis = [0, 0] * len(x.shape)
+    for k in range(len(pad) // 2):
+        axis = len(x.shape) - 1 - k
+        per_axis[2 * axis], per_axis[2 * axis + 1] = pad[2 * k], pad[2 * k + 1]
+    return w.let(f"pad({x}, {_list(per_axis)}, value={_lit(value, dtype)})", dtype, shape)
+
+
+def _getitem(w: _Writer, node: Any, results: Sequence[Any], i: int) -> Any:
+    r = results[i]
+    if r is None:
+        raise Unsupported("a result dlc does not compute")
+    return r
+
+
+_handles(operator.getitem, layout=True)(_getitem)
+
+
+# ---------------------------------------------------------------- support
+
+def _node_support(node: Any) -> Optional[str]:
+    """None when `node` translates; otherwise why not."""
+    if node.op != "call_function":
+        return "not an operator"
+    if node.target not in _HANDLERS:
+        return "not translated"
+    if node.target is operator.getitem:
+        producer = node.args[0]
+        return _node_support(producer) if isinstance(producer, torch.fx.Node) else "not a result"
+    try:
+        vals = node.meta.get("val")
+        if isinstance(vals, (list, tuple)):
+            # Of several results, those read (an unused statistic may be empty).
+            used = _used_results(node)
+            vals = [v for i, v in enumerate(vals) if i in used]
+        for v in vals if isinstance(vals, list) else [vals]:
+            if v is not None:
+                _type(v)
+        for a in node.all_input_nodes:
+            v = a.meta.get("val")
+            if isinstance(v, torch.Tensor):
+                _type(v)
+        # Translate the node alone, on stand-ins for its operands, to find what
+        # it refuses for its arguments (a dilated convolution, a step).
+        _translate_alone(node)
+    except Unsupported as e:
+        return str(e)
+    return None
+
+
+def _translate_alone(node: Any) -> None:
+    w = _Writer()
+    env = {}
+    for a in node.all_input_nodes:
+        v = a.meta.get("val")
+        if isinstance(v, torch.Tensor):
+            env[a] = Val(a.name, *_type(v))
+        elif isinstance(v, (list, tuple)):
+            env[a] = [Val(a.name, *_type(t)) if isinstance(t, torch.Tensor) else None for t in v]
+        else:
+            raise Unsupported("an operand that is not a tensor")
+    _apply(w, node, env)
+
+
+def _apply(w: _Writer, node: Any, env: Dict[Any, Any]) -> Any:
+    args = torch.fx.node.map_arg(node.args, lambda n: env[n])
+    kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("device", "layout", "pin_memory", "memory_format", "non_blocking")}
+    return _HANDLERS[node.target](w, node, *args, **kwargs)
+
+
+class _Support(OperatorSupportBase):
+    def __init__(self) -> None:
+        super().__init__()
+        self.why: Dict[Any, str] = {}
+
+    def is_node_supported(self, submodules: Any, node: Any) -> bool:
+        if node not in self.why:
+            self.why[node] = _node_support(node) or ""
+        return not self.why[node]
+
+
+# ---------------------------------------------------------------- compiling
+
+def _source(gm: torch.fx.GraphModule) -> Tuple[str, List[Any]]:
+    """The dlc function computing `gm` (every node supported), and how its
+    outputs map to the graph's: ("value", index) of the function's results,
+    ("input", index) for an input returned as it is, or ("none", None)."""
+    w = _Writer()
+    env: Dict[Any, Any] = {}
+    params = []
+    inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, n in enumerate(inputs):
+        dtype, shape = _type(n.meta["val"])
+        env[n] = Val(f"p{i}", dtype, shape)
+        params.append(f"p{i}: {_tensor_type(dtype, shape)}")
+    output = None
+    for n in gm.graph.nodes:
+        if n.op == "call_function":
+            env[n] = _apply(w, n, env)
+        elif n.op == "output":
+            output = n
+    outs = output.args[0]
+    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    results: List[Val] = []
+    spec: List[Any] = []
+    input_names = {env[n].name: i for i, n in enumerate(inputs)}
+    for o in outs:
+        if o is None:
+            spec.append(("none", None))
+            continue
+        v = env[o]
+        if v.name in input_names:
+            spec.append(("input", input_names[v.name]))
+            continue
+        names = [r.name for r in results]
+        if v.name in names:
+            spec.append(("value", names.index(v.name)))
+        else:
+            spec.append(("value", len(results)))
+            results.append(v)
+    types = [_tensor_type(v.dtype, v.shape) for v in results]
+    ret = types[0] if len(types) == 1 else f"({', '.join(types)})"
+    value = results[0].name if len(results) == 1 else f"({', '.join(r.name for r in results)})"
+    body = "\n".join(w.lines)
+    text = f"fn graph({', '.join(params)}) -> {ret} {{\n{body}\n    return {value};\n}}\n"
+    return text, spec
+
+
+class _DlcKernel(torch.nn.Module):
+    """A part of a graph compiled by dlc, called on the tensors' own memory."""
+
+    def __init__(self, module: Any, spec: List[Any], source: str) -> None:
+        super().__init__()
+        self.module = module
+        self.spec = spec
+        self.source = source
+        self.types = [(p.dtype, p.shape) for p in module.inputs]
+
+    def forward(self, *args: torch.Tensor) -> Any:
+        views = []
+        for t, (dtype, shape) in zip(args, self.types):
+            if not t.is_contiguous():
+                t = t.contiguous()
+            views.append(_dlc.View.from_parts(t.data_ptr(), _DTYPES.get(t.dtype, str(t.dtype)), list(t.shape), True, t))
+        results = self.module._fn.call(views, [])
+        values = [torch.from_dlpack(r) for r in results]
+        out = []
+        for kind, i in self.spec:
+            if kind == "value":
+                out.append(values[i])
+            elif kind == "input":
+                out.append(args[i])
+            else:
+                out.append(None)
+        return out[0] if len(out) == 1 else tuple(out)
+
+
+def _compile_part(gm: torch.fx.GraphModule) -> _DlcKernel:
+    text, spec = _source(gm)
+    return _DlcKernel(dlc_compile(text), spec, text)
+
+
+def _boxed(f: Callable[..., Any]) -> Callable[..., Any]:
+    def call(args: List[Any]) -> Any:
+        return f(*args)
+
+    call._boxed_call = True  # type: ignore[attr-defined]
+    return call
+
+
+def _warn(message: str) -> None:
+    warnings.warn(f"dlc: {message}", RuntimeWarning, stacklevel=3)
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+    """Compiles an FX graph of core ATen operators: the parts dlc translates
+    run as dlc code, the rest in PyTorch. Returns a boxed callable (AOTAutograd's
+    convention: it takes the list of inputs)."""
+    stats["graphs"] += 1
+    try:
+        for n in gm.graph.nodes:
+            if n.op == "placeholder":
+                _type(n.meta["val"])
+    except (Unsupported, KeyError) as e:
+        _warn(f"a graph with {e} runs in PyTorch (use torch.compile(..., dynamic=False) to compile each shape)")
+        return _boxed(gm.forward)
+    support = _Support()
+    partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
+    partitions = [
+        p
+        for p in partitioner.propose_partitions()
+        if any(n.target not in _LAYOUT_ONLY for n in p.nodes)
+    ]
+    left = {}
+    for n in gm.graph.nodes:
+        # A result of an operator left to PyTorch is not reported again.
+        if n.op == "call_function" and n.target is not operator.getitem and not support.is_node_supported(None, n):
+            key = str(n.target)
+            left[key] = left.get(key, 0) + 1
+            stats["left_to_pytorch"][key] = stats["left_to_pytorch"].get(key, 0) + 1
+    if left:
+        reasons = {}
+        for node, why in support.why.items():
+            if why:
+                reasons.setdefault(str(node.target), why)
+        _warn(
+            "left to PyTorch: "
+            + ", ".join(f"{k} x{v} ({reasons.get(k, 'not translated')})" for k, v in sorted(left.items()))
+        )
+    if not partitions:
+        return _boxed(gm.forward)
+    fused = partitioner.fuse_partitions(partitions)
+    for n in list(fused.graph.nodes):
+        if n.op != "call_module" or not str(n.target).startswith("fused_"):
+            continue
+        part = getattr(fused, n.target)
+        try:
+            kernel = _compile_part(part)
+        except Exception as e:  # never stop the user's program: run the part in PyTorch
+            _warn(f"a part of {sum(1 for m in part.graph.nodes if m.op == 'call_function')} operators runs in PyTorch: {str(e).splitlines()[0]}")
+            continue
+        setattr(fused, n.target, kernel)
+        stats["compiled"] += 1
+        stats["ops"] += sum(1 for m in part.graph.nodes if m.op == "call_function")
+    fused.recompile()
+    return _boxed(fused.forward)
+
+
+backend = aot_autograd(fw_compiler=compile_graph, decompositions=core_aten_decompositions)
+"""The ``torch.compile`` backend (``backend="dlc"``, or pass this object)."""
