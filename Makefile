@@ -7,7 +7,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CARGO ?= cargo
 EXAMPLE ?= examples/w2_mlp.dl
 
-.PHONY: all setup setup-test-tools setup-cuda setup-onnx setup-python python-test run test lint fuzz-smoke bench bench-gpu gpu-check-prepare bench-peers bench-contract bench-saturate train-peers bench-train \
+.PHONY: all setup setup-test-tools setup-cuda setup-onnx setup-python python-test bench-python run test lint fuzz-smoke bench bench-gpu gpu-check-prepare bench-peers bench-contract bench-saturate train-peers bench-train \
 	onnx-tests onnx-bench onnx-models clean
 
 all: test
@@ -92,6 +92,15 @@ python-test: setup-python
 	PATH="$(PYTHON_VENV)/bin:$$PATH" MATURIN_PEP517_ARGS="--profile dev --locked" \
 		$(PYTHON_VENV)/bin/pip install -q --no-build-isolation --no-deps --force-reinstall ./python
 	$(PYTHON_VENV)/bin/python -m pytest -q -p no:cacheprovider python/tests
+
+# The Python package's per-call overhead against a direct C ABI call, and
+# torch.compile(backend="dlc") against eager PyTorch and Inductor at 1 and 2
+# threads, each checked against eager first (scripts/bench_python.py):
+# target/bench/python.md and python.json. The package is built as a user's
+# `pip install ./python` builds it, in the release profile.
+bench-python: setup-python
+	PATH="$(PYTHON_VENV)/bin:$$PATH" $(PYTHON_VENV)/bin/pip install -q --no-build-isolation --no-deps --force-reinstall ./python
+	$(PYTHON_VENV)/bin/python scripts/bench_python.py target/bench --runs $(or $(RUNS),20) $(if $(ONLY),--only $(ONLY))
 
 # A short, bounded fuzzing run of the front end, the graph pipeline and the tile
 # level, seeded with the examples and the pass test files (source, graph, loop

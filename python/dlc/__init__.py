@@ -21,7 +21,7 @@ from typing import Any, Mapping, NamedTuple, Optional, Tuple, Union
 import numpy as np
 
 from . import _dlc
-from ._dlc import DEFAULT_PIPELINE, CompileError, RuntimeError, Tensor
+from ._dlc import DEFAULT_PIPELINE, CompileError, RuntimeError, Tensor, set_num_threads
 
 __all__ = [
     "DEFAULT_PIPELINE",
@@ -32,6 +32,7 @@ __all__ = [
     "Tensor",
     "compile",
     "load",
+    "set_num_threads",
 ]
 
 # The NumPy type of each dlc element type (bf16 has none in NumPy itself).

@@ -92,6 +92,9 @@ class Function:
     def save(self, path: str) -> None:
         """Writes ``path/module-HASH.so`` and ``path/module.json`` (atomically)."""
 
+def set_num_threads(n: int) -> None:
+    """How many threads compiled code runs on (0: one per core)."""
+
 def load(path: str) -> Function:
     """Loads a saved module's library; raises OSError or ValueError."""
 

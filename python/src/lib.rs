@@ -1261,6 +1261,13 @@ impl CloneBuffers for Vec<(usize, AlignedBuffer)> {
     }
 }
 
+/// Sets how many threads compiled code runs on (the OpenMP runtime's
+/// count; 0: one per core).
+#[pyfunction]
+fn set_num_threads(n: usize) -> PyResult<()> {
+    dlc_runtime::set_num_threads(n).map_err(runtime_error)
+}
+
 /// The native module.
 #[pymodule]
 fn _dlc(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -1271,6 +1278,7 @@ fn _dlc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Function>()?;
     m.add_function(wrap_pyfunction!(compile, m)?)?;
     m.add_function(wrap_pyfunction!(load, m)?)?;
+    m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add("DEFAULT_PIPELINE", dlc_driver::DEFAULT_PIPELINE)?;
     Ok(())
 }
