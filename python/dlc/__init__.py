@@ -16,7 +16,7 @@ out as DLPack tensors instead, for ``torch.from_dlpack``)::
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, NamedTuple, Optional, Tuple, Union
+from typing import Any, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -250,6 +250,16 @@ class Module:
                 )
             named.append((k, _view(x, p)))
         return Module(self._fn.bind(named))
+
+    def grad(self, wrt: Optional[Sequence[str]] = None) -> "Module":
+        """The entry point's value and gradient, compiled from the same
+        source (as ``dlc grad`` does): the results are the entry point's
+        (``out0``...), then ``grad_NAME`` for each parameter of ``wrt``, by
+        default its ``weight`` parameters (every float one when it declares
+        none). A whole training step (forward, backward, optimizer update) is
+        an ordinary entry point written with ``value_and_grad`` and an
+        optimizer built-in, compiled and called like any other."""
+        return Module(self._fn.grad(list(wrt) if wrt is not None else None))
 
     def save(self, path: PathLike) -> None:
         """Writes the compiled entry point to the directory ``path``: the

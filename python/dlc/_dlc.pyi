@@ -89,6 +89,8 @@ class Function:
         """The program at ``graph``, ``loop``, ``tile`` or ``llvm`` level, as text."""
     def compile_stats(self) -> Tuple[float, int, int]:
         """(code generation seconds, parts, parts from the object cache)."""
+    def grad(self, wrt: Optional[Sequence[str]] = None) -> "Function":
+        """The value and the gradient with respect to ``wrt`` (default: the weights), compiled."""
     def save(self, path: str) -> None:
         """Writes ``path/module-HASH.so`` and ``path/module.json`` (atomically)."""
 

@@ -585,6 +585,11 @@ struct Compiled {
     weights: BTreeSet<usize>,
     /// The entry point's name in the source.
     entry: String,
+    /// The results' names where they are not the signature's (a
+    /// gradient's: `out0`, `grad_w`).
+    output_names: Vec<String>,
+    /// What it was compiled from (`None` when loaded from a file).
+    origin: Option<Origin>,
 }
 
 /// Where a module's machine code lives.
@@ -652,7 +657,16 @@ fn compile(
         ..CompileOptions::default()
     };
     let compiled = py
-        .detach(move || compile_entry(name, input, entry, options, cache))
+        .detach(move || {
+            let (src, entry) = read_source(name, input, entry)?;
+            let origin = Origin {
+                src,
+                entry,
+                options,
+                cache,
+            };
+            compile_entry(origin, None)
+        })
         .map_err(|e| compile_error(py, e))?;
     Ok(Function {
         compiled: Arc::new(compiled),
@@ -661,15 +675,24 @@ fn compile(
     })
 }
 
-/// Compiles entry point `entry` (or the only one) of `input` as `options`
-/// say (their entries aside).
-fn compile_entry(
+/// What a compiled module came from, to compile more from it (its
+/// gradient).
+#[derive(Clone)]
+struct Origin {
+    src: SourceText,
+    /// The entry point compiled.
+    entry: String,
+    options: CompileOptions,
+    cache: bool,
+}
+
+/// The source `input` holds, called `name` in diagnostics, and its entry
+/// point: `entry`, an ONNX model's own, or the only one.
+fn read_source(
     name: String,
     input: Input,
     entry: Option<String>,
-    options: CompileOptions,
-    cache: bool,
-) -> Result<Compiled, DriverError> {
+) -> Result<(SourceText, String), DriverError> {
     let mut entry = entry;
     let src = match input {
         Input::Text(text) => SourceText { name, text },
@@ -709,20 +732,48 @@ fn compile_entry(
             }
         }
     };
-    let options = CompileOptions {
-        entries: vec![entry.clone()],
-        prefix: Some(SAVED_PREFIX.into()),
-        ..options
+    Ok((src, entry))
+}
+
+/// Compiles `origin`'s entry point as its options say (their entries
+/// aside); with `grad`, the function returning its value and its gradient
+/// with respect to the parameters `grad` names (its `weight` parameters,
+/// or every float one, when empty), as `dlc grad` does.
+fn compile_entry(origin: Origin, grad: Option<Vec<String>>) -> Result<Compiled, DriverError> {
+    let compiled = match &grad {
+        Some(_) => format!("{}_grad", origin.entry),
+        None => origin.entry.clone(),
     };
-    let prepared = dlc_driver::prepare(&src, &options)?;
-    let f = dlc_driver::select_entry(&prepared.module, Some(&entry))?;
+    let options = CompileOptions {
+        entries: vec![compiled.clone()],
+        prefix: Some(SAVED_PREFIX.into()),
+        ..origin.options.clone()
+    };
+    let mut gradients = Vec::new();
+    let prepared = dlc_driver::prepare_with(&origin.src, &options, |module| {
+        if let Some(wrt) = &grad {
+            gradients =
+                dlc_graph::autodiff::add_grad_function(module, &origin.entry, wrt, &compiled)?;
+        }
+        Ok(())
+    })?;
+    let f = dlc_driver::select_entry(&prepared.module, Some(&compiled))?;
     let weights = f.weights.clone();
-    let options = dlc_llvm::JitOptions {
-        cache: cache.then(dlc_llvm::ObjectCache::for_user).flatten(),
+    // A gradient's results are called as `dlc grad` calls them.
+    let values = f.results.len() - gradients.len();
+    let output_names = match grad {
+        Some(_) => (0..values)
+            .map(|i| format!("out{i}"))
+            .chain(gradients.iter().map(|&p| format!("grad_{}", f.params[p].0)))
+            .collect(),
+        None => Vec::new(),
+    };
+    let jit_options = dlc_llvm::JitOptions {
+        cache: origin.cache.then(dlc_llvm::ObjectCache::for_user).flatten(),
     };
     let codegen = |e: dlc_llvm::CodegenError| DriverError::Codegen(e.to_string());
-    let jit = dlc_llvm::compile_in_process(prepared.tiles()?, &options).map_err(codegen)?;
-    let kernel = jit.kernel(&entry).map_err(codegen)?;
+    let jit = dlc_llvm::compile_in_process(prepared.tiles()?, &jit_options).map_err(codegen)?;
+    let kernel = jit.kernel(&compiled).map_err(codegen)?;
     // SAFETY: the kernel borrows the JIT's code, which `Compiled` owns
     // beside it and drops after it (field order).
     let kernel = unsafe { std::mem::transmute::<Kernel<'_>, Kernel<'static>>(kernel) };
@@ -731,7 +782,9 @@ fn compile_entry(
         code: Code::Jit(jit),
         prepared: Some(Mutex::new(prepared)),
         weights,
-        entry,
+        entry: compiled,
+        output_names,
+        origin: Some(origin),
     })
 }
 
@@ -900,7 +953,7 @@ impl Function {
     fn bind(&self, py: Python<'_>, named: Vec<(String, PyRef<'_, View>)>) -> PyResult<Function> {
         let name = self.name().to_string();
         let open = self.open_inputs();
-        let mut bound = self.bound.clone_buffers();
+        let mut bound = self.bound.clone();
         for (key, v) in &named {
             let Some(&(i, p)) = open.iter().find(|(_, p)| &p.name == key) else {
                 let known: Vec<&str> = open.iter().map(|(_, p)| p.name.as_str()).collect();
@@ -945,6 +998,40 @@ impl Function {
         Ok(f)
     }
 
+    /// The entry point's value and its gradient with respect to the
+    /// parameters `wrt` names (by default its `weight` parameters, or every
+    /// float one when it declares none), compiled from the same source:
+    /// results `out0`.. then `grad_NAME` in `wrt`'s order.
+    #[pyo3(signature = (wrt = None))]
+    fn grad(&self, py: Python<'_>, wrt: Option<Vec<String>>) -> PyResult<Function> {
+        let Some(origin) = self.compiled.origin.clone() else {
+            return Err(PyValueError::new_err(format!(
+                "`{}` was loaded from a saved module, which keeps machine code only: its \
+                 gradient needs the module compiled (dlc.compile)",
+                self.name()
+            )));
+        };
+        if self
+            .compiled
+            .output_names
+            .iter()
+            .any(|n| n.starts_with("grad_"))
+        {
+            return Err(PyValueError::new_err(format!(
+                "`{}` is a gradient already; take the gradient of what its source computes",
+                self.name()
+            )));
+        }
+        let compiled = py
+            .detach(move || compile_entry(origin, Some(wrt.unwrap_or_default())))
+            .map_err(|e| compile_error(py, e))?;
+        Ok(Function {
+            compiled: Arc::new(compiled),
+            bound: Vec::new(),
+            prepared: None,
+        })
+    }
+
     /// The entry point's name.
     #[getter(name)]
     fn entry_name(&self) -> String {
@@ -963,14 +1050,17 @@ impl Function {
             };
             (p.name.clone(), p.ty.dtype.name(), p.ty.shape.clone(), role)
         });
-        let outputs = self.compiled.kernel.signature().outputs().map(|p| {
-            (
-                p.name.clone(),
-                p.ty.dtype.name(),
-                p.ty.shape.clone(),
-                "output",
-            )
-        });
+        let names = &self.compiled.output_names;
+        let outputs = self
+            .compiled
+            .kernel
+            .signature()
+            .outputs()
+            .enumerate()
+            .map(|(i, p)| {
+                let name = names.get(i).unwrap_or(&p.name).clone();
+                (name, p.ty.dtype.name(), p.ty.shape.clone(), "output")
+            });
         inputs.chain(outputs).collect()
     }
 
@@ -1027,6 +1117,7 @@ impl Function {
             entry: self.name().to_string(),
             library: format!("module-{hex}.so"),
             weights: self.compiled.weights.iter().copied().collect(),
+            outputs: self.compiled.output_names.clone(),
             target: target.name.clone(),
             vector_bits: cpu.map_or(0, |c| c.vector_bits),
             avx512_bf16: cpu.is_some_and(|c| c.avx512_bf16),
@@ -1084,6 +1175,9 @@ struct Saved {
     library: String,
     /// The entry point's inputs declared `weight`, by index.
     weights: Vec<usize>,
+    /// The results' names, where the library's signature does not have
+    /// them (a gradient's).
+    outputs: Vec<String>,
     /// The CPU target the code was compiled for, and what it needs.
     target: String,
     vector_bits: usize,
@@ -1098,6 +1192,7 @@ impl Saved {
             "entry": self.entry,
             "library": self.library,
             "weights": self.weights,
+            "outputs": self.outputs,
             "target": self.target,
             "vector_bits": self.vector_bits,
             "avx512_bf16": self.avx512_bf16,
@@ -1132,9 +1227,14 @@ impl Saved {
         if library.contains('/') || !library.ends_with(".so") {
             return Err(format!("`library` {library:?} is not a file name"));
         }
+        let outputs = field("outputs")?
+            .as_array()
+            .and_then(|a| a.iter().map(|o| o.as_str().map(str::to_string)).collect())
+            .ok_or("`outputs` is not a list of names")?;
         Ok(Saved {
             entry: text("entry")?,
             library,
+            outputs,
             weights,
             target: text("target")?,
             vector_bits: field("vector_bits")?
@@ -1242,23 +1342,12 @@ fn load(py: Python<'_>, path: std::path::PathBuf) -> PyResult<Function> {
             prepared: None,
             weights: saved.weights.into_iter().collect(),
             entry: saved.entry,
+            output_names: saved.outputs,
+            origin: None,
         }),
         bound: Vec::new(),
         prepared: None,
     })
-}
-
-/// Copies of bound buffers, for a function bound further.
-trait CloneBuffers {
-    fn clone_buffers(&self) -> Vec<(usize, AlignedBuffer)>;
-}
-
-impl CloneBuffers for Vec<(usize, AlignedBuffer)> {
-    fn clone_buffers(&self) -> Vec<(usize, AlignedBuffer)> {
-        self.iter()
-            .map(|(i, b)| (*i, AlignedBuffer::from_bytes(b.bytes())))
-            .collect()
-    }
 }
 
 /// Sets how many threads compiled code runs on (the OpenMP runtime's

@@ -320,3 +320,47 @@ def test_save_and_load_errors(tmp_path, dense):
     (tmp_path / "m" / library).write_bytes(b"not a library")
     with pytest.raises(ValueError, match=library):
         dlc.load(tmp_path / "m")
+
+
+LOSS = """fn loss(x: f32[4, 3], y: f32[4, 2], weight w: f32[3, 2], weight b: f32[2]) -> f32 {
+    return mse_loss(x @ w + b, y);
+}"""
+
+
+def test_gradients_of_an_entry_point():
+    m = dlc.compile(LOSS)
+    g = m.grad()
+    assert [(p.name, p.shape) for p in g.outputs] == [("out0", ()), ("grad_w", (3, 2)), ("grad_b", (2,))]
+    x, y, w, b = rand(4, 3), rand(4, 2), rand(3, 2), rand(2)
+    value, gw, gb = g(x, y, w, b)
+    x64, y64, w64, b64 = (a.astype(np.float64) for a in (x, y, w, b))
+    d = x64 @ w64 + b64 - y64
+    np.testing.assert_allclose(value, (d * d).mean(), rtol=1e-5)
+    np.testing.assert_allclose(value, m(x, y, w, b), rtol=1e-6)
+    np.testing.assert_allclose(gw, x64.T @ d * 2 / d.size, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(gb, d.sum(axis=0) * 2 / d.size, rtol=1e-4, atol=1e-6)
+    only_b = m.grad(wrt=["b"])
+    np.testing.assert_allclose(only_b(x, y, w, b)[1], gb, rtol=1e-6)
+    with pytest.raises(dlc.CompileError, match="nope"):
+        m.grad(wrt=["nope"])
+    with pytest.raises(ValueError, match="a gradient already"):
+        g.grad()
+
+
+def test_a_training_step_is_an_entry_point(tmp_path):
+    step = dlc.compile(ROOT / "examples" / "language" / "training.dl", entry="train_step")
+    names = [p.name for p in step.inputs]
+    assert names[:4] == ["x", "y", "w", "b"]
+    args = {p.name: (rand(*p.shape) if p.dtype == "f32" else np.zeros(p.shape, np.int64)) for p in step.inputs}
+    args["y"] = RNG.integers(0, 10, size=args["y"].shape)
+    for state in ("mw", "vw", "mb", "vb"):
+        args[state] = np.zeros_like(args[state])
+    args["t"] = np.array(1, np.int64)
+    loss, w2, b2, *_ = step(**args)
+    plain = dlc.compile(ROOT / "examples" / "language" / "training.dl", entry="loss")
+    np.testing.assert_allclose(loss, plain(args["x"], args["y"], args["w"], args["b"]), rtol=1e-6)
+    assert w2.shape == args["w"].shape and not np.allclose(w2, args["w"])
+    # A saved gradient keeps its results' names.
+    g = plain.grad()
+    g.save(tmp_path / "g")
+    assert [p.name for p in dlc.load(tmp_path / "g").outputs] == ["out0", "grad_w", "grad_b"]

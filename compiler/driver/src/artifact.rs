@@ -268,6 +268,17 @@ pub struct Prepared {
 /// Reads `src` and runs `options`' pipeline; the options are checked
 /// before any work.
 pub fn prepare(src: &SourceText, options: &CompileOptions) -> Result<Prepared, DriverError> {
+    prepare_with(src, options, |_| Ok(()))
+}
+
+/// [`prepare`], with `edit` run on the module as read, before its weights
+/// are bound and its passes run: how a caller adds a function made from
+/// the source's (a gradient, `dlc_graph::autodiff::add_grad_function`).
+pub fn prepare_with(
+    src: &SourceText,
+    options: &CompileOptions,
+    edit: impl FnOnce(&mut Module) -> Result<(), DriverError>,
+) -> Result<Prepared, DriverError> {
     let mut scheduled = TargetDesc::named(&options.target).map_err(DriverError::Usage)?;
     if options.tf32 {
         if scheduled.gpu().is_none() {
@@ -284,6 +295,7 @@ pub fn prepare(src: &SourceText, options: &CompileOptions) -> Result<Prepared, D
         None => Symbols::for_module(&module_stem(&src.name)),
     };
     let mut module = crate::load(src)?;
+    edit(&mut module)?;
     if let Some(path) = &options.weights {
         crate::bind_weights(&mut module, &options.entries, path)?;
     }

@@ -27,7 +27,7 @@ mod weights;
 
 pub use artifact::{
     Artifact, Backends, CodeGenerator, Compilation, CompileOptions, MlirConverter, NativeArtifact,
-    Prepared, code_target, compile, module_stem, prepare, runs_on, signature,
+    Prepared, code_target, compile, module_stem, prepare, prepare_with, runs_on, signature,
 };
 
 /// Stack for front-end and IR work: deep (but bounded) nesting in user input
