@@ -3,6 +3,7 @@ reading IR, and every error a user can cause. `make test` runs these against
 the package `pip install ./python` built."""
 
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -364,3 +365,30 @@ def test_a_training_step_is_an_entry_point(tmp_path):
     g = plain.grad()
     g.save(tmp_path / "g")
     assert [p.name for p in dlc.load(tmp_path / "g").outputs] == ["out0", "grad_w", "grad_b"]
+
+
+def test_calls_release_the_gil():
+    # With forced switches turned off, the main thread can run while the
+    # other thread is inside a call only if the call let go of the GIL.
+    m = dlc.compile(ROOT / "examples" / "w1_gemm.dl", entry="gemm_1024")
+    a, b = rand(1024, 1024), rand(1024, 1024)
+    m(a, b)
+    started, state = threading.Event(), {"done": False}
+
+    def work():
+        started.set()  # wakes the main thread, which then needs the GIL
+        for _ in range(3):
+            m(a, b)
+        state["done"] = True
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)
+    try:
+        t = threading.Thread(target=work)
+        t.start()
+        started.wait()
+        ran_during_call = not state["done"]
+        t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert ran_during_call and state["done"]

@@ -114,3 +114,18 @@ def test_the_translation_is_dlc_source(tmp_path):
     compiled = dlc.compile(path)
     args = [np.random.rand(*p.shape).astype(np.float32) for p in compiled.inputs]
     assert compiled(*args).shape == (1, 4, 8, 8)
+
+
+def test_torch_tensors_cross_without_copies():
+    m = dlc.compile("fn f(x: f32[4, 8]) -> f32[4, 8] { return x * 2.0; }")
+    x = torch.randn(4, 8)
+    assert dlc._view(x, m.inputs[0]).address == x.data_ptr()
+    (t,) = m.tensors(x)
+    y = torch.from_dlpack(t)
+    assert y.data_ptr() == t.data_ptr()
+    torch.testing.assert_close(y, x * 2)
+    torch.testing.assert_close(torch.from_numpy(m(x.numpy())), x * 2)
+    with pytest.raises(TypeError, match=r"input `x`.*not C-contiguous"):
+        m(torch.randn(8, 4).T)
+    with pytest.raises(TypeError, match=r"input `x`: Tensor.__dlpack__\(\) failed"):
+        m(torch.randn(4, 8, requires_grad=True))
