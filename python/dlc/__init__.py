@@ -204,20 +204,23 @@ class Module:
         """The results, in order."""
         return [p for p in self._signature if p.role == "output"]
 
-    def _views(self, args: tuple, named: Mapping[str, Any]):
-        if len(args) > len(self._inputs):
-            raise TypeError(f"`{self.name}` takes {len(self._inputs)} input(s), got {len(args) + len(named)}")
+    def _named_views(self, named: Mapping[str, Any], what: str = "") -> list:
+        """(name, view) of each input given by name; `what` says what the names are for."""
         by_name = {p.name: p for p in self._inputs}
-        views = [_view(x, p) for x, p in zip(args, self._inputs)]
-        kw = []
+        views = []
         for k, x in named.items():
             p = by_name.get(k)
             if p is None:
                 raise TypeError(
-                    f"`{self.name}` has no input `{k}`; its inputs: {', '.join(by_name) or 'none'}"
+                    f"`{self.name}` has no input `{k}`{what}; its inputs: {', '.join(by_name) or 'none'}"
                 )
-            kw.append((k, _view(x, p)))
-        return views, kw
+            views.append((k, _view(x, p)))
+        return views
+
+    def _views(self, args: tuple, named: Mapping[str, Any]):
+        if len(args) > len(self._inputs):
+            raise TypeError(f"`{self.name}` takes {len(self._inputs)} input(s), got {len(args) + len(named)}")
+        return [_view(x, p) for x, p in zip(args, self._inputs)], self._named_views(named)
 
     def tensors(self, *args: Any, **named: Any) -> Tuple[Tensor, ...]:
         """Calls the entry point; returns every result as a ``dlc.Tensor``
@@ -240,16 +243,7 @@ class Module:
         call. The returned module takes the other inputs."""
         if not isinstance(weights, Mapping):
             raise TypeError(f"bind takes a mapping of input names to tensors, got {type(weights).__name__}")
-        by_name = {p.name: p for p in self._inputs}
-        named = []
-        for k, x in weights.items():
-            p = by_name.get(k)
-            if p is None:
-                raise TypeError(
-                    f"`{self.name}` has no input `{k}` to bind; its inputs: {', '.join(by_name) or 'none'}"
-                )
-            named.append((k, _view(x, p)))
-        return Module(self._fn.bind(named))
+        return Module(self._fn.bind(self._named_views(weights, " to bind")))
 
     def grad(self, wrt: Optional[Sequence[str]] = None) -> "Module":
         """The entry point's value and gradient, compiled from the same
