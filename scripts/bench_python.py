@@ -100,9 +100,14 @@ def models(names, runs, warmup, threads):
                 torch._dynamo.reset()
                 c = torch.compile(model, dynamic=False) if kind == "inductor" else torch.compile(model, backend="dlc", dynamic=False)
                 t = time.perf_counter()
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    got = c(*inputs)
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        got = c(*inputs)
+                except Exception as e:  # Inductor needs a C++ compiler; say why a row is missing
+                    entry[f"{kind} failed"] = str(e).splitlines()[0][:200]
+                    print(f"{name} on {kind}: {entry[f'{kind} failed']}", flush=True)
+                    continue
                 first = time.perf_counter() - t
                 err = ((got - want).abs().max() / want.abs().max().clamp_min(1e-6)).item()
                 if err > 1e-4:
@@ -166,12 +171,20 @@ def main():
         "| model | threads | eager | inductor | dlc | dlc / best | compile inductor | compile dlc |",
         "|---|---|---|---|---|---|---|---|",
     ]
+    def cell(e, key):
+        return fmt(e[key]) if key in e else "failed"
+
+    def seconds(e, kind):
+        key = f"{kind} compile s"
+        return f"{e[key]:.2f}" if key in e else e.get(f"{kind} failed", "-")
+
     for name, e in res.items():
         for n in threads:
-            best = min(e[f"eager {n}t"][0], e[f"inductor {n}t"][0])
+            peers = [e[k][0] for k in (f"eager {n}t", f"inductor {n}t") if k in e]
+            ratio = f"{e[f'dlc {n}t'][0] / min(peers):.2f}" if f"dlc {n}t" in e else "-"
             lines.append(
-                f"| {name} | {n} | {fmt(e[f'eager {n}t'])} | {fmt(e[f'inductor {n}t'])} | {fmt(e[f'dlc {n}t'])} | "
-                f"{e[f'dlc {n}t'][0] / best:.2f} | {e['inductor compile s']:.2f} | {e['dlc compile s']:.2f} |"
+                f"| {name} | {n} | {cell(e, f'eager {n}t')} | {cell(e, f'inductor {n}t')} | {cell(e, f'dlc {n}t')} | "
+                f"{ratio} | {seconds(e, 'inductor')} | {seconds(e, 'dlc')} |"
             )
     text = "\n".join(lines) + "\n"
     (args.out / "python.md").write_text(text)
