@@ -126,10 +126,24 @@ mod dlpack {
         pub manager_ctx: *mut c_void,
         pub deleter: Option<unsafe extern "C" fn(*mut ManagedTensor)>,
     }
+
+    /// DLPack 1.x's managed tensor (capsule `dltensor_versioned`), which
+    /// can say that a tensor is writable: NumPy marks arrays from the
+    /// unversioned capsule read-only.
+    #[repr(C)]
+    pub struct ManagedTensorVersioned {
+        pub version: [u32; 2],
+        pub manager_ctx: *mut c_void,
+        pub deleter: Option<unsafe extern "C" fn(*mut ManagedTensorVersioned)>,
+        /// Bit 0: read-only; bit 1: a copy. Neither, here.
+        pub flags: u64,
+        pub dl_tensor: Tensor,
+    }
 }
 
 const DLTENSOR: &CStr = c"dltensor";
 const USED_DLTENSOR: &CStr = c"used_dltensor";
+const DLTENSOR_VERSIONED: &CStr = c"dltensor_versioned";
 
 /// DLPack's code of an element type.
 fn dl_dtype(d: DType) -> dlpack::DataType {
@@ -436,14 +450,14 @@ impl OwnedBuffer {
     }
 }
 
-/// What a DLPack consumer owns: the managed tensor and a reference to the
-/// buffer it points into.
+/// What a DLPack consumer owns: the managed tensor `M` and a reference to
+/// the buffer it points into.
 #[repr(C)]
-struct Export {
+struct Export<M> {
     /// First, so that a pointer to it is a pointer to the export: the
     /// consumer reads it through the pointer the capsule holds.
     #[allow(dead_code)]
-    managed: dlpack::ManagedTensor,
+    managed: M,
     _buffer: Arc<OwnedBuffer>,
 }
 
@@ -451,73 +465,119 @@ unsafe extern "C" fn delete_export(m: *mut dlpack::ManagedTensor) {
     if !m.is_null() {
         // SAFETY: `m` is the first field of an `Export` boxed by
         // `__dlpack__` (repr(C)), and DLPack calls the deleter once.
-        drop(unsafe { Box::from_raw(m.cast::<Export>()) });
+        drop(unsafe { Box::from_raw(m.cast::<Export<dlpack::ManagedTensor>>()) });
+    }
+}
+
+unsafe extern "C" fn delete_export_versioned(m: *mut dlpack::ManagedTensorVersioned) {
+    if !m.is_null() {
+        // SAFETY: as for `delete_export`, for the versioned form.
+        drop(unsafe { Box::from_raw(m.cast::<Export<dlpack::ManagedTensorVersioned>>()) });
     }
 }
 
 unsafe extern "C" fn capsule_destructor(capsule: *mut ffi::PyObject) {
-    // SAFETY: a capsule still named `dltensor` was never consumed: its
-    // managed tensor is deleted here, as DLPack asks of the producer.
+    // SAFETY: a capsule still named `dltensor` (or `dltensor_versioned`)
+    // was never consumed: its managed tensor is deleted here, as DLPack
+    // asks of the producer.
     unsafe {
         if ffi::PyCapsule_IsValid(capsule, DLTENSOR.as_ptr()) == 1 {
             let m = ffi::PyCapsule_GetPointer(capsule, DLTENSOR.as_ptr());
             delete_export(m.cast());
+        } else if ffi::PyCapsule_IsValid(capsule, DLTENSOR_VERSIONED.as_ptr()) == 1 {
+            let m = ffi::PyCapsule_GetPointer(capsule, DLTENSOR_VERSIONED.as_ptr());
+            delete_export_versioned(m.cast());
         } else {
             ffi::PyErr_Clear();
         }
     }
 }
 
+/// A capsule named `name` owning `raw`, which `delete` frees if the
+/// capsule cannot be made.
+///
+/// # Safety
+/// `raw` is a boxed export of the kind `name` says, handed over.
+unsafe fn export_capsule<'py>(
+    py: Python<'py>,
+    raw: *mut c_void,
+    name: &'static CStr,
+    delete: impl FnOnce(*mut c_void),
+) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: the capsule owns `raw` until a consumer renames it; the
+    // destructor frees it if none does.
+    unsafe {
+        let capsule = ffi::PyCapsule_New(raw, name.as_ptr(), Some(capsule_destructor));
+        if capsule.is_null() {
+            delete(raw);
+        }
+        Bound::from_owned_ptr_or_err(py, capsule)
+    }
+}
+
 #[pymethods]
 impl Tensor {
     /// The tensor as a DLPack capsule (NumPy, PyTorch and JAX take it
-    /// without a copy). `max_version` and the other keywords of the
-    /// protocol are accepted; the capsule is the unversioned one.
+    /// without a copy): DLPack 1.0's (writable) when `max_version` allows
+    /// it, else the unversioned one.
     #[pyo3(signature = (*, stream = None, max_version = None, dl_device = None, copy = None))]
     fn __dlpack__<'py>(
         &self,
         py: Python<'py>,
         stream: Option<Bound<'py, PyAny>>,
-        max_version: Option<Bound<'py, PyAny>>,
+        max_version: Option<(u32, u32)>,
         dl_device: Option<Bound<'py, PyAny>>,
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let _ = (stream, max_version, dl_device);
+        let _ = (stream, dl_device);
         if copy == Some(true) {
             return Err(PyValueError::new_err(
                 "a dlc tensor is shared, not copied: copy it in the consumer",
             ));
         }
         let b = &self.buffer;
+        let dl_tensor = dlpack::Tensor {
+            data: b.address().cast(),
+            device: dlpack::Device {
+                device_type: dlpack::CPU,
+                device_id: 0,
+            },
+            ndim: b.shape.len() as i32,
+            dtype: dl_dtype(self.ty.dtype),
+            shape: b.shape.as_ptr().cast_mut(),
+            strides: b.strides.as_ptr().cast_mut(),
+            byte_offset: 0,
+        };
+        if max_version.is_some_and(|(major, _)| major >= 1) {
+            let export = Box::new(Export {
+                managed: dlpack::ManagedTensorVersioned {
+                    version: [1, 0],
+                    manager_ctx: std::ptr::null_mut(),
+                    deleter: Some(delete_export_versioned),
+                    flags: 0,
+                    dl_tensor,
+                },
+                _buffer: Arc::clone(b),
+            });
+            let raw = Box::into_raw(export).cast::<c_void>();
+            // SAFETY: `raw` is a boxed versioned export, handed over.
+            return unsafe {
+                export_capsule(py, raw, DLTENSOR_VERSIONED, |r| {
+                    delete_export_versioned(r.cast())
+                })
+            };
+        }
         let export = Box::new(Export {
             managed: dlpack::ManagedTensor {
-                dl_tensor: dlpack::Tensor {
-                    data: b.address().cast(),
-                    device: dlpack::Device {
-                        device_type: dlpack::CPU,
-                        device_id: 0,
-                    },
-                    ndim: b.shape.len() as i32,
-                    dtype: dl_dtype(self.ty.dtype),
-                    shape: b.shape.as_ptr().cast_mut(),
-                    strides: b.strides.as_ptr().cast_mut(),
-                    byte_offset: 0,
-                },
+                dl_tensor,
                 manager_ctx: std::ptr::null_mut(),
                 deleter: Some(delete_export),
             },
             _buffer: Arc::clone(b),
         });
         let raw = Box::into_raw(export).cast::<c_void>();
-        // SAFETY: the capsule owns `raw` until a consumer renames it; the
-        // destructor frees it if none does.
-        unsafe {
-            let capsule = ffi::PyCapsule_New(raw, DLTENSOR.as_ptr(), Some(capsule_destructor));
-            if capsule.is_null() {
-                delete_export(raw.cast());
-            }
-            Bound::from_owned_ptr_or_err(py, capsule)
-        }
+        // SAFETY: `raw` is a boxed unversioned export, handed over.
+        unsafe { export_capsule(py, raw, DLTENSOR, |r| delete_export(r.cast())) }
     }
 
     /// Where the tensor is: the CPU (DLPack device 1, number 0).

@@ -107,10 +107,16 @@ def test_results_are_shared_not_copied():
     a = np.from_dlpack(t)
     assert a.ctypes.data == t.data_ptr()
     np.testing.assert_array_equal(a, np.ones((2, 3)))
+    # DLPack 1.0 says the memory is writable; the unversioned capsule, which
+    # consumers asking for no version get, cannot, and NumPy reads it as read-only.
+    assert a.flags.writeable
+    legacy = np.from_dlpack(DLPackOnly(t, versions=False))
+    assert legacy.ctypes.data == t.data_ptr() and not legacy.flags.writeable
     del t  # the array keeps the buffer alive
     np.testing.assert_array_equal(a, np.ones((2, 3)))
     # Each call writes fresh results: earlier ones are not overwritten.
     first = m(np.zeros((2, 3), np.float32))
+    first[1, 1] = 7  # results are the caller's to write
     second = m(np.full((2, 3), 5, np.float32))
     assert first[0, 0] == 1 and second[0, 0] == 6
 
@@ -257,11 +263,12 @@ def test_bf16_results_stay_dlpack_tensors():
 class DLPackOnly:
     """A tensor that offers nothing but DLPack (as PyTorch and JAX do)."""
 
-    def __init__(self, array):
+    def __init__(self, array, versions=True):
         self.array = array
+        self.versions = versions
 
     def __dlpack__(self, **kw):
-        return self.array.__dlpack__(**kw)
+        return self.array.__dlpack__(**kw) if self.versions else self.array.__dlpack__()
 
     def __dlpack_device__(self):
         return self.array.__dlpack_device__()
