@@ -147,6 +147,8 @@ def _view(x: Any, param: Param) -> "_dlc.View":
     parameter become one."""
     if isinstance(x, (bool, int, float)) and not isinstance(x, np.ndarray):
         x = np.asarray(x, dtype=_NUMPY_TYPES.get(param.dtype))
+    if type(x) is np.ndarray:
+        return _dlc.View.from_array_struct(x.__array_struct__, x)
     if isinstance(x, np.ndarray):
         ai = x.__array_interface__
         return _dlc.View.from_interface(

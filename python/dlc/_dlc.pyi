@@ -33,6 +33,9 @@ class View:
     ) -> "View":
         """A view of NumPy's ``__array_interface__`` (strides in bytes, None for C order)."""
     @staticmethod
+    def from_array_struct(capsule: Any, owner: Any) -> "View":
+        """A view of a NumPy array's ``__array_struct__`` capsule."""
+    @staticmethod
     def from_parts(address: int, dtype: str, shape: Sequence[int], contiguous: bool, owner: Any) -> "View":
         """A view of a tensor given by its parts (dtype by its dlc name: ``f32``)."""
     @staticmethod

@@ -285,6 +285,66 @@ impl View {
         }
     }
 
+    /// A view of a NumPy array's `__array_struct__` capsule (its C-level
+    /// array interface: no dictionary to build, the fast path of a call);
+    /// `owner` is kept alive while the view lives.
+    #[staticmethod]
+    fn from_array_struct(capsule: &Bound<'_, PyAny>, owner: Py<PyAny>) -> PyResult<View> {
+        /// NumPy's `PyArrayInterface` (numpy/ndarraytypes.h).
+        #[repr(C)]
+        struct ArrayInterface {
+            two: i32,
+            nd: i32,
+            typekind: u8,
+            itemsize: i32,
+            flags: i32,
+            shape: *const isize,
+            strides: *const isize,
+            data: *mut c_void,
+        }
+        const C_CONTIGUOUS: i32 = 0x1;
+        const NOT_SWAPPED: i32 = 0x200;
+        // SAFETY: a capsule's pointer is read only after the capsule is
+        // checked; NumPy's holds an `ArrayInterface` (checked by its `two`)
+        // whose shape has `nd` entries, alive while `capsule` is.
+        unsafe {
+            let raw = capsule.as_ptr();
+            let p = ffi::PyCapsule_GetPointer(raw, std::ptr::null())
+                .cast::<ArrayInterface>()
+                .cast_const();
+            if p.is_null() || (*p).two != 2 {
+                ffi::PyErr_Clear();
+                return Err(PyTypeError::new_err("not a NumPy array interface capsule"));
+            }
+            let a = &*p;
+            let nd = usize::try_from(a.nd).unwrap_or(0);
+            let shape: Vec<usize> = if nd == 0 {
+                Vec::new()
+            } else {
+                std::slice::from_raw_parts(a.shape, nd)
+                    .iter()
+                    .map(|&n| n.max(0) as usize)
+                    .collect()
+            };
+            let kind = a.typekind as char;
+            let typestr = format!(
+                "{}{kind}{}",
+                if a.flags & NOT_SWAPPED != 0 { '<' } else { '>' },
+                a.itemsize
+            );
+            let dtype = from_typestr(&typestr);
+            Ok(View {
+                address: a.data as usize,
+                dtype,
+                what: format!("NumPy type {typestr}"),
+                contiguous: a.flags & C_CONTIGUOUS != 0 || shape.iter().product::<usize>() <= 1,
+                shape,
+                _owner: owner,
+                _managed: None,
+            })
+        }
+    }
+
     /// A view of a tensor described by its parts, for callers that read
     /// them cheaply (a PyTorch tensor's `data_ptr()`, `is_contiguous()`):
     /// `dtype` is dlc's name of its element type.

@@ -90,6 +90,11 @@ def test_inputs_are_read_in_place():
     for x in (base, rand(3, 4, 8)[1]):
         v = dlc._dlc.View.from_interface(*_interface(x), x)
         assert v.address == x.ctypes.data
+    # NumPy's C-level interface (the fast path) reads what the dictionary says.
+    for x in (base, np.arange(6, dtype=np.int64).reshape(2, 3), np.array([True, False]), np.float16(1.5) * np.ones(3), base.T, base[:, ::2], np.float64(2.0) * np.ones(())):
+        fast = dlc._dlc.View.from_array_struct(x.__array_struct__, x)
+        slow = dlc._dlc.View.from_interface(*_interface(x), x)
+        assert (fast.address, fast.dtype, fast.shape) == (slow.address, slow.dtype, slow.shape)
     m = dlc.compile("fn f(x: f32[4, 8]) -> f32[4, 8] { return x * 2.0; }")
     buf = bytearray(base.tobytes())
     view = memoryview(buf).cast("B").cast("f", (4, 8))
