@@ -37,7 +37,10 @@ class View:
         """A view of a NumPy array's ``__array_struct__`` capsule."""
     @staticmethod
     def from_parts(address: int, dtype: str, shape: Sequence[int], contiguous: bool, owner: Any) -> "View":
-        """A view of a tensor given by its parts (dtype by its dlc name: ``f32``)."""
+        """A view of a tensor given by its parts (dtype by its dlc name: ``f32``). The
+        address is trusted: ``owner`` keeps the memory alive, or is None where the
+        caller keeps it alive for every call the view is passed to (the
+        torch.compile backend, whose views are of the call's own arguments)."""
     @staticmethod
     def from_dlpack(capsule: Any, owner: Any) -> "View":
         """A view of a ``dltensor`` capsule, which it consumes (its deleter runs when the view goes)."""

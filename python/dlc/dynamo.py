@@ -839,15 +839,30 @@ class _DlcKernel(torch.nn.Module):
         self.module = module
         self.spec = spec
         self.source = source
-        self.types = [(p.dtype, p.shape) for p in module.inputs]
+        inv = {v: k for k, v in _DTYPES.items()}
+        self.types = [(p.dtype, list(p.shape), inv[p.dtype], torch.Size(p.shape)) for p in module.inputs]
+        # The view each input had at the last call. Parameters come back at
+        # the same address call after call, and their views are reused; a
+        # view holds no tensor (the call's arguments keep the memory alive
+        # while it runs), so nothing is kept between calls.
+        self.cache: List[Any] = [None] * len(self.types)
 
     def forward(self, *args: torch.Tensor) -> Any:
-        views = []
-        for t, (dtype, shape) in zip(args, self.types):
+        views, kept = [], []
+        for i, t in enumerate(args):
+            dtype, shape, torch_dtype, size = self.types[i]
+            if t.dtype != torch_dtype or t.shape != size:
+                raise TypeError(f"dlc: input {i} is {t.dtype}{list(t.shape)}, compiled for {dtype}{shape}")
             if not t.is_contiguous():
                 t = t.contiguous()
-            views.append(_dlc.View.from_parts(t.data_ptr(), _DTYPES.get(t.dtype, str(t.dtype)), list(t.shape), True, t))
+                kept.append(t)  # the copy lives until the call is done
+            address = t.data_ptr()
+            v = self.cache[i]
+            if v is None or v.address != address:
+                v = self.cache[i] = _dlc.View.from_parts(address, dtype, shape, True, None)
+            views.append(v)
         results = self.module._fn.call(views, [])
+        del kept
         values = [torch.from_dlpack(r) for r in results]
         out = []
         for kind, i in self.spec:

@@ -129,3 +129,16 @@ def test_torch_tensors_cross_without_copies():
         m(torch.randn(8, 4).T)
     with pytest.raises(TypeError, match=r"input `x`: Tensor.__dlpack__\(\) failed"):
         m(torch.randn(4, 8, requires_grad=True))
+
+
+def test_parameters_changed_in_place_are_read_at_each_call():
+    m = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Tanh()).eval()
+    x = torch.randn(3, 8)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        c = torch.compile(m, backend="dlc", dynamic=False)
+        torch.testing.assert_close(c(x), m(x))
+        m[0].weight.mul_(-2.0)  # an optimizer's step: same memory, new values
+        torch.testing.assert_close(c(x), m(x))
+        m[0].bias = torch.nn.Parameter(torch.randn(4))  # new memory
+        torch.testing.assert_close(c(x), m(x))
