@@ -416,16 +416,26 @@ def _used_results(node: Any) -> set:
 
 @_handles(aten.native_layer_norm.default)
 def _layer_norm(w: _Writer, node: Any, x: Val, normalized: Sequence[int], weight: Any, bias: Any, eps: float) -> list:
-    if _used_results(node) - {0}:
-        raise Unsupported("layer norm's statistics as results")
+    used = _used_results(node)
     dtype, shape = _type(node.meta["val"][0])
-    axes = list(range(len(x.shape) - len(normalized), len(x.shape)))
-    expr = f"layernorm({x}, axis={_list(axes)}, eps={_lit(eps, 'f32')})"
+    rank = len(x.shape)
+    axes = _list(range(rank - len(normalized), rank))
+    e = _lit(eps, "f32")
+    expr = f"layernorm({x}, axis={axes}, eps={e})"
     if weight is not None:
         expr = f"{expr} * {weight}"
     if bias is not None:
         expr = f"{expr} + {bias}"
-    return [w.let(expr, dtype, shape), None, None]
+    results: List[Optional[Val]] = [w.let(expr, dtype, shape) if 0 in used or not used else None]
+    # The statistics a backward pass reads: the mean and 1/sqrt(var + eps),
+    # kept as dimensions of extent 1.
+    for i, stat in ((1, f"mean({x}, axis={axes}, keepdims=true)"), (2, f"rsqrt(variance({x}, axis={axes}, keepdims=true) + {e})")):
+        if i in used:
+            sdtype, sshape = _type(node.meta["val"][i])
+            results.append(w.let(f"reshape({stat}, {_list(sshape)})", sdtype, sshape))
+        else:
+            results.append(None)
+    return results
 
 
 @_handles(aten._native_batch_norm_legit_no_training.default)
@@ -438,6 +448,39 @@ def _batch_norm(w: _Writer, node: Any, x: Val, weight: Any, bias: Any, mean: Val
     beta = bias.name if bias is not None else f"zeros([{c}], dtype={dtype})"
     expr = f"batchnorm({x}, {mean}, {var}, {gamma}, {beta}, eps={_lit(eps, 'f32')})"
     return [w.let(expr, dtype, shape), None, None]
+
+
+@_handles(aten._native_batch_norm_legit_functional.default)
+def _batch_norm_training(w: _Writer, node: Any, x: Val, weight: Any, bias: Any, running_mean: Val, running_var: Val, training: bool, momentum: float, eps: float) -> list:
+    """Batch statistics: (result, mean, 1/sqrt(var + eps), new running mean,
+    new running variance), as PyTorch's training mode computes them (the
+    running variance takes the unbiased variance)."""
+    if not training:
+        raise Unsupported("a functional batch norm outside training")
+    dtype, shape = _type(node.meta["val"][0])
+    if dtype not in ("f32", "f64") or any(_type(v)[0] != dtype for v in node.meta["val"]):
+        raise Unsupported(f"batch statistics of {dtype} with statistics of other types")
+    c = x.shape[1]
+    axes = [a for a in range(len(x.shape)) if a != 1]
+    n = math.prod(x.shape[a] for a in axes)
+    stat_shape = [1, c] + [1] * (len(x.shape) - 2)
+    mean = w.let(f"mean({x}, axis={_list(axes)}, keepdims=true)", dtype, stat_shape)
+    var = w.let(f"variance({x}, axis={_list(axes)}, keepdims=true)", dtype, stat_shape)
+    invstd = w.let(f"rsqrt({var} + {_lit(eps, dtype)})", dtype, stat_shape)
+    expr = f"({x} - {mean}) * {invstd}"
+    if weight is not None:
+        expr = f"{expr} * reshape({weight}, {_list(stat_shape)})"
+    if bias is not None:
+        expr = f"{expr} + reshape({bias}, {_list(stat_shape)})"
+    out = w.let(expr, dtype, shape)
+    flat_mean = w.let(f"reshape({mean}, [{c}])", dtype, [c])
+    flat_invstd = w.let(f"reshape({invstd}, [{c}])", dtype, [c])
+    m = _lit(momentum, dtype)
+    keep = _lit(1.0 - momentum, dtype)
+    unbiased = _lit(n / max(n - 1, 1), dtype)
+    new_mean = w.let(f"{running_mean} * {keep} + {flat_mean} * {m}", dtype, [c])
+    new_var = w.let(f"{running_var} * {keep} + reshape({var}, [{c}]) * {unbiased} * {m}", dtype, [c])
+    return [out, flat_mean, flat_invstd, new_mean, new_var]
 
 
 @_handles(aten.convolution.default)

@@ -142,3 +142,35 @@ def test_parameters_changed_in_place_are_read_at_each_call():
         torch.testing.assert_close(c(x), m(x))
         m[0].bias = torch.nn.Parameter(torch.randn(4))  # new memory
         torch.testing.assert_close(c(x), m(x))
+
+
+def test_training_mode_layers_take_their_statistics_from_the_batch():
+    """Batch norm in training mode (batch statistics, running averages
+    updated) and layer norm's saved statistics run as dlc code; the gradients
+    and the running averages are eager's."""
+
+    def make():
+        torch.manual_seed(3)
+        return torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1),
+            torch.nn.BatchNorm2d(8),
+            torch.nn.ReLU(),
+            torch.nn.Flatten(),
+            torch.nn.LayerNorm(8 * 6 * 6),
+            torch.nn.Linear(8 * 6 * 6, 5),
+        ).train()
+
+    x, y = torch.randn(4, 3, 6, 6), torch.randint(0, 5, (4,))
+    eager, model = make(), make()
+    torch.nn.functional.cross_entropy(eager(x), y).backward()
+    torch._dynamo.reset()
+    dlc.dynamo.stats["left_to_pytorch"].clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the convolution's backward stays in PyTorch
+        torch.nn.functional.cross_entropy(torch.compile(model, backend="dlc", dynamic=False)(x), y).backward()
+    left = dlc.dynamo.stats["left_to_pytorch"]
+    assert not any("batch_norm" in k or "layer_norm" in k for k in left), left
+    for (name, p), e in zip(model.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, e.grad, rtol=1e-4, atol=1e-5, msg=name)
+    torch.testing.assert_close(model[1].running_mean, eager[1].running_mean)
+    torch.testing.assert_close(model[1].running_var, eager[1].running_var)
