@@ -629,14 +629,36 @@ def _slice(w: _Writer, node: Any, x: Val, dim: int = 0, start: Any = None, end: 
     dtype, shape = _out(node)
     dim %= len(x.shape)
     n = x.shape[dim]
-    if step != 1:
-        raise Unsupported("a slice with a step")
     start, end, _ = slice(start, end).indices(n)
     if end <= start:
         raise Unsupported("an empty slice")
-    if start == 0 and end == n:
-        return x
-    return w.let(_slice_expr(x, dim, start, end), dtype, shape)
+    if step == 1:
+        if start == 0 and end == n:
+            return x
+        return w.let(_slice_expr(x, dim, start, end), dtype, shape)
+    # Every step-th element: the run from `start` cut into rows of `step`
+    # (the last row may reach past the end when it is still inside the
+    # axis), of which the first column is kept.
+    count = shape[dim]
+    stop = start + count * step
+    if stop > n:
+        if start + (count - 1) * step + 1 > n:
+            raise Unsupported("a strided slice")
+        stop = start + (count - 1) * step
+        head = _slice_expr(x, dim, start, stop) if stop > start else None
+        # The last element alone, after the whole rows.
+        last = _slice_expr(x, dim, stop, stop + 1)
+        rows = list(x.shape[:dim]) + [count - 1, step] + list(x.shape[dim + 1 :])
+        parts = []
+        if head is not None:
+            parts.append(f"reshape(slice(reshape({head}, {_list(rows)}), axis={dim + 1}, start=0, end=1), {_list(list(shape[:dim]) + [count - 1] + list(shape[dim + 1:]))})")
+        parts.append(last)
+        expr = parts[0] if len(parts) == 1 else f"concat({_list(parts)}, axis={dim})"
+        return w.let(expr, dtype, shape)
+    rows = list(x.shape[:dim]) + [count, step] + list(x.shape[dim + 1 :])
+    run = x.name if (start, stop) == (0, n) else _slice_expr(x, dim, start, stop)
+    expr = f"reshape(slice(reshape({run}, {_list(rows)}), axis={dim + 1}, start=0, end=1), {_list(shape)})"
+    return w.let(expr, dtype, shape)
 
 
 @_handles(aten.select.int, layout=True)

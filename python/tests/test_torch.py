@@ -174,3 +174,16 @@ def test_training_mode_layers_take_their_statistics_from_the_batch():
         torch.testing.assert_close(p.grad, e.grad, rtol=1e-4, atol=1e-5, msg=name)
     torch.testing.assert_close(model[1].running_mean, eager[1].running_mean)
     torch.testing.assert_close(model[1].running_var, eager[1].running_var)
+
+
+@pytest.mark.parametrize("index", [(slice(None), slice(None, None, 2)), (slice(1, None, 3),), (slice(None), slice(1, 7, 2)), (slice(None), slice(3, None, 4))])
+def test_strided_slices(index):
+    def f(x):
+        return x[index] * 2.0
+
+    x = torch.randn(10, 9)
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # compiled by dlc, nothing left
+        got = torch.compile(f, backend="dlc", dynamic=False)(x)
+    torch.testing.assert_close(got, f(x))
