@@ -126,6 +126,14 @@ class _Writer:
     def __init__(self) -> None:
         self.lines: List[str] = []
         self.count = 0
+        # User operators (index notation) the function calls, written before it.
+        self.ops: List[str] = []
+
+    def op(self, params: str, result: str, body: str) -> str:
+        """Defines an operator in index notation; returns its name."""
+        name = f"op{len(self.ops)}"
+        self.ops.append(f"op {name}({params}) -> {result} {{\n    {body}\n}}\n")
+        return name
 
     def let(self, expr: str, dtype: str, shape: Sequence[int]) -> Val:
         name = f"v{self.count}"
@@ -489,7 +497,7 @@ def _convolution(w: _Writer, node: Any, x: Val, weight: Val, bias: Any, stride: 
     if transposed:
         raise Unsupported("a transposed convolution")
     if any(d != 1 for d in dilation):
-        raise Unsupported("a dilated convolution")
+        return _dilated_convolution(w, node, x, weight, bias, stride, padding, dilation, groups)
     if len(x.shape) == 4:
         fn = "conv2d"
     elif len(x.shape) == 3:
@@ -499,6 +507,31 @@ def _convolution(w: _Writer, node: Any, x: Val, weight: Val, bias: Any, stride: 
     s = stride[0] if fn == "conv1d" else _list(stride)
     p = padding[0] if fn == "conv1d" else _list(padding)
     expr = f"{fn}({x}, {weight}, stride={s}, padding={p}, groups={groups})"
+    if bias is not None:
+        expr = f"{expr} + reshape({bias}, {_list([1, shape[1]] + [1] * (len(shape) - 2))})"
+    return w.let(expr, dtype, shape)
+
+
+def _dilated_convolution(w: _Writer, node: Any, x: Val, weight: Val, bias: Any, stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], groups: int) -> Val:
+    """A dilated convolution, which no built-in is, as an operator in index
+    notation (dlc compiles it as the convolution's own window)."""
+    dtype, shape = _out(node)
+    rank = len(x.shape)
+    if groups != 1 or rank not in (3, 4):
+        raise Unsupported("a dilated convolution with groups or of rank other than 1-D and 2-D")
+    out_idx = ["y", "z"][: rank - 2]
+    taps = ["ky", "kz"][: rank - 2]
+    reads = [f"{s} * {o} + {d} * {k} - {p}" for s, o, d, k, p in zip(stride, out_idx, dilation, taps, padding)]
+    body = (
+        f"out[n, o, {', '.join(out_idx)}] = sum[c, {', '.join(taps)}]"
+        f"(x[n, c, {', '.join(reads)}] * w[o, c, {', '.join(taps)}]);"
+    )
+    name = w.op(
+        f"x: {_tensor_type(x.dtype, x.shape)}, w: {_tensor_type(weight.dtype, weight.shape)}",
+        _tensor_type(dtype, shape),
+        body,
+    )
+    expr = f"{name}({x}, {weight})"
     if bias is not None:
         expr = f"{expr} + reshape({bias}, {_list([1, shape[1]] + [1] * (len(shape) - 2))})"
     return w.let(expr, dtype, shape)
@@ -892,7 +925,7 @@ def _source(gm: torch.fx.GraphModule) -> Tuple[str, List[Any]]:
     ret = types[0] if len(types) == 1 else f"({', '.join(types)})"
     value = results[0].name if len(results) == 1 else f"({', '.join(r.name for r in results)})"
     body = "\n".join(w.lines)
-    text = f"fn graph({', '.join(params)}) -> {ret} {{\n{body}\n    return {value};\n}}\n"
+    text = "".join(w.ops) + f"fn graph({', '.join(params)}) -> {ret} {{\n{body}\n    return {value};\n}}\n"
     return text, spec
 
 

@@ -2,6 +2,7 @@
 eager PyTorch's results, compiled by dlc where dlc translates their operators
 and by PyTorch where it does not."""
 
+import contextlib
 import warnings
 
 import numpy as np
@@ -12,6 +13,24 @@ import dlc.dynamo
 from models import MODELS, randomize_batchnorm
 
 torch.manual_seed(0)
+
+
+@contextlib.contextmanager
+def sources():
+    """The dlc source of every part the backend compiles meanwhile."""
+    seen = []
+    original = dlc.dynamo._compile_part
+
+    def keep(gm):
+        kernel = original(gm)
+        seen.append(kernel.source)
+        return kernel
+
+    dlc.dynamo._compile_part = keep
+    try:
+        yield seen
+    finally:
+        dlc.dynamo._compile_part = original
 
 
 def _close(got, want, rtol=1e-4):
@@ -91,22 +110,10 @@ def test_training_through_the_backend_gives_eager_gradients():
 
 def test_the_translation_is_dlc_source(tmp_path):
     """What the backend writes for a graph is a dlc program dlc checks."""
-    seen = []
-    original = dlc.dynamo._compile_part
-
-    def keep(gm):
-        kernel = original(gm)
-        seen.append(kernel.source)
-        return kernel
-
-    dlc.dynamo._compile_part = keep
-    try:
-        torch._dynamo.reset()
-        m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU()).eval()
-        with torch.no_grad():
-            torch.compile(m, backend="dlc", dynamic=False)(torch.randn(1, 3, 8, 8))
-    finally:
-        dlc.dynamo._compile_part = original
+    torch._dynamo.reset()
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU()).eval()
+    with torch.no_grad(), sources() as seen:
+        torch.compile(m, backend="dlc", dynamic=False)(torch.randn(1, 3, 8, 8))
     (source,) = seen
     assert source.startswith("fn graph(") and "conv2d(" in source and "relu(" in source
     path = tmp_path / "graph.dl"
@@ -187,3 +194,30 @@ def test_strided_slices(index):
         warnings.simplefilter("error", RuntimeWarning)  # compiled by dlc, nothing left
         got = torch.compile(f, backend="dlc", dynamic=False)(x)
     torch.testing.assert_close(got, f(x))
+
+
+def test_dilated_convolutions_are_operators_in_index_notation():
+    class WaveNetish(torch.nn.Module):
+        """Causal dilated 1-D convolutions (WaveNet's stack) and a dilated 2-D one."""
+
+        def __init__(self):
+            super().__init__()
+            self.convs = torch.nn.ModuleList(torch.nn.Conv1d(8, 8, 2, dilation=d) for d in (1, 2, 4))
+            self.conv2d = torch.nn.Conv2d(3, 4, 3, padding=2, dilation=2, stride=(1, 2))
+
+        def forward(self, x, img):
+            for conv in self.convs:
+                x = x[:, :, -conv(x).shape[-1]:] + torch.tanh(conv(x))
+            return x, self.conv2d(img)
+
+    m = WaveNetish().eval()
+    inputs = (torch.randn(2, 8, 20), torch.randn(1, 3, 9, 11))
+    torch._dynamo.reset()
+    with torch.no_grad(), warnings.catch_warnings(), sources() as seen:
+        warnings.simplefilter("error", RuntimeWarning)
+        got = torch.compile(m, backend="dlc", dynamic=False)(*inputs)
+        want = m(*inputs)
+    for g, e in zip(got, want):
+        _close(g, e)
+    # Three dilated convolutions (two 1-D, one 2-D) became operators.
+    assert sum(src.count("\nop op") + src.startswith("op op") for src in seen) == 3
