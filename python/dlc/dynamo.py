@@ -126,8 +126,10 @@ class _Writer:
     def __init__(self) -> None:
         self.lines: List[str] = []
         self.count = 0
-        # User operators (index notation) the function calls, written before it.
+        # User operators (index notation) and helper functions the function
+        # calls, written before it.
         self.ops: List[str] = []
+        self.fns: List[str] = []
 
     def op(self, params: str, result: str, body: str) -> str:
         """Defines an operator in index notation; returns its name."""
@@ -491,34 +493,23 @@ def _batch_norm_training(w: _Writer, node: Any, x: Val, weight: Any, bias: Any, 
     return [out, flat_mean, flat_invstd, new_mean, new_var]
 
 
-@_handles(aten.convolution.default)
-def _convolution(w: _Writer, node: Any, x: Val, weight: Val, bias: Any, stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int], groups: int) -> Val:
-    dtype, shape = _out(node)
+def _conv_expr(w: _Writer, x: Val, weight: Val, out: Sequence[int], stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], transposed: bool, groups: int) -> str:
+    """The convolution of `x` by `weight` (result shape `out`), as the
+    built-in `conv1d`/`conv2d`, or for a dilated one, which no built-in is, an
+    operator in index notation defined before the function (dlc compiles it
+    as the convolution's own window)."""
+    rank = len(x.shape)
     if transposed:
         raise Unsupported("a transposed convolution")
-    if any(d != 1 for d in dilation):
-        return _dilated_convolution(w, node, x, weight, bias, stride, padding, dilation, groups)
-    if len(x.shape) == 4:
-        fn = "conv2d"
-    elif len(x.shape) == 3:
-        fn = "conv1d"
-    else:
-        raise Unsupported(f"a convolution of rank {len(x.shape)}")
-    s = stride[0] if fn == "conv1d" else _list(stride)
-    p = padding[0] if fn == "conv1d" else _list(padding)
-    expr = f"{fn}({x}, {weight}, stride={s}, padding={p}, groups={groups})"
-    if bias is not None:
-        expr = f"{expr} + reshape({bias}, {_list([1, shape[1]] + [1] * (len(shape) - 2))})"
-    return w.let(expr, dtype, shape)
-
-
-def _dilated_convolution(w: _Writer, node: Any, x: Val, weight: Val, bias: Any, stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], groups: int) -> Val:
-    """A dilated convolution, which no built-in is, as an operator in index
-    notation (dlc compiles it as the convolution's own window)."""
-    dtype, shape = _out(node)
-    rank = len(x.shape)
-    if groups != 1 or rank not in (3, 4):
-        raise Unsupported("a dilated convolution with groups or of rank other than 1-D and 2-D")
+    if rank not in (3, 4):
+        raise Unsupported(f"a convolution of rank {rank}")
+    if all(d == 1 for d in dilation):
+        fn = "conv2d" if rank == 4 else "conv1d"
+        s = _list(stride) if rank == 4 else stride[0]
+        p = _list(padding) if rank == 4 else padding[0]
+        return f"{fn}({x}, {weight}, stride={s}, padding={p}, groups={groups})"
+    if groups != 1:
+        raise Unsupported("a dilated convolution with groups")
     out_idx = ["y", "z"][: rank - 2]
     taps = ["ky", "kz"][: rank - 2]
     reads = [f"{s} * {o} + {d} * {k} - {p}" for s, o, d, k, p in zip(stride, out_idx, dilation, taps, padding)]
@@ -528,13 +519,67 @@ def _dilated_convolution(w: _Writer, node: Any, x: Val, weight: Val, bias: Any, 
     )
     name = w.op(
         f"x: {_tensor_type(x.dtype, x.shape)}, w: {_tensor_type(weight.dtype, weight.shape)}",
-        _tensor_type(dtype, shape),
+        _tensor_type(x.dtype, out),
         body,
     )
-    expr = f"{name}({x}, {weight})"
+    return f"{name}({x}, {weight})"
+
+
+def _bias_shape(out: Sequence[int]) -> str:
+    return _list([1, out[1]] + [1] * (len(out) - 2))
+
+
+@_handles(aten.convolution.default)
+def _convolution(w: _Writer, node: Any, x: Val, weight: Val, bias: Any, stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int], groups: int) -> Val:
+    dtype, shape = _out(node)
+    expr = _conv_expr(w, x, weight, shape, stride, padding, dilation, transposed, groups)
     if bias is not None:
-        expr = f"{expr} + reshape({bias}, {_list([1, shape[1]] + [1] * (len(shape) - 2))})"
+        expr = f"{expr} + reshape({bias}, {_bias_shape(shape)})"
     return w.let(expr, dtype, shape)
+
+
+@_handles(aten.convolution_backward.default)
+def _convolution_backward(w: _Writer, node: Any, grad: Val, x: Val, weight: Val, bias_sizes: Any, stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int], groups: int, output_mask: Sequence[bool]) -> list:
+    """The input's and the weight's gradients from dlc's own reverse mode:
+    they are the gradient of `sum(conv(x, w) * grad)` with respect to `x`
+    and `w`, a `value_and_grad` of a helper function; the bias's is the
+    sum of `grad` over every axis but the channels'."""
+    used = _used_results(node)
+    wrt = [name for i, name in ((0, "x"), (1, "w")) if output_mask[i] and i in used]
+    results: List[Optional[Val]] = [None, None, None]
+    if wrt:
+        # A dimension parameter (the batch) makes the helper generic, so it
+        # is no entry point of its own.
+        xt = "f32[N, " + ", ".join(map(str, x.shape[1:])) + "]" if x.dtype == "f32" else None
+        if xt is None:
+            raise Unsupported(f"a convolution's gradient in {x.dtype}")
+        gt = "f32[N, " + ", ".join(map(str, grad.shape[1:])) + "]"
+        inner = _Writer()
+        inner.ops = w.ops  # operators it defines go before every function
+        xv = Val("x", x.dtype, x.shape)
+        wv = Val("w", weight.dtype, weight.shape)
+        conv = _conv_expr(inner, xv, wv, grad.shape, stride, padding, dilation, transposed, groups)
+        helper = f"vjp{len(w.fns)}"
+        w.fns.append(
+            f"fn {helper}[N](x: {xt}, w: {_tensor_type(weight.dtype, weight.shape)}, g: {gt}) -> f32 {{\n"
+            f"    return sum({conv} * g);\n}}\n"
+        )
+        names = [f"v{w.count}_{k}" for k in ("value", *wrt)]
+        w.count += 1
+        args = {"x": x.name, "w": weight.name}
+        if len({x.name, weight.name, grad.name}) < 3:
+            raise Unsupported("a convolution's gradient of one tensor by itself")
+        w.lines.append(
+            f"    let ({', '.join(names)}) = "
+            f"value_and_grad({helper}({x}, {weight}, {grad}), wrt=[{', '.join(args[k] for k in wrt)}]);"
+        )
+        for k, name in zip(wrt, names[1:]):
+            i = 0 if k == "x" else 1
+            results[i] = Val(name, *_type(node.meta["val"][i]))
+    if output_mask[2] and 2 in used:
+        axes = [a for a in range(len(grad.shape)) if a != 1]
+        results[2] = w.let(f"sum({grad}, axis={_list(axes)})", *_type(node.meta["val"][2]))
+    return results
 
 
 @_handles(aten.max_pool2d_with_indices.default)
@@ -925,7 +970,7 @@ def _source(gm: torch.fx.GraphModule) -> Tuple[str, List[Any]]:
     ret = types[0] if len(types) == 1 else f"({', '.join(types)})"
     value = results[0].name if len(results) == 1 else f"({', '.join(r.name for r in results)})"
     body = "\n".join(w.lines)
-    text = "".join(w.ops) + f"fn graph({', '.join(params)}) -> {ret} {{\n{body}\n    return {value};\n}}\n"
+    text = "".join(w.ops) + "".join(w.fns) + f"fn graph({', '.join(params)}) -> {ret} {{\n{body}\n    return {value};\n}}\n"
     return text, spec
 
 

@@ -221,3 +221,26 @@ def test_dilated_convolutions_are_operators_in_index_notation():
         _close(g, e)
     # Three dilated convolutions (two 1-D, one 2-D) became operators.
     assert sum(src.count("\nop op") + src.startswith("op op") for src in seen) == 3
+
+
+@pytest.mark.parametrize("stride, dilation, groups", [(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 1, 4)])
+def test_convolution_gradients_come_from_dlcs_reverse_mode(stride, dilation, groups):
+    """`convolution_backward` is written as dlc's `value_and_grad` of the
+    convolution; the input's, weight's and bias's gradients are eager's."""
+
+    def make():
+        torch.manual_seed(0)
+        conv = torch.nn.Conv2d(4, 8, 3, stride=stride, padding=1, dilation=dilation, groups=groups)
+        return torch.nn.Sequential(conv, torch.nn.Tanh(), torch.nn.Flatten())
+
+    model, eager = make(), make()
+    x = torch.randn(2, 4, 9, 9, requires_grad=True)
+    xe = x.detach().clone().requires_grad_()
+    torch._dynamo.reset()
+    with warnings.catch_warnings(), sources() as seen:
+        warnings.simplefilter("error", RuntimeWarning)  # nothing left to PyTorch
+        torch.compile(model, backend="dlc", dynamic=False)(x).pow(2).sum().backward()
+    eager(xe).pow(2).sum().backward()
+    assert any("value_and_grad(vjp0(" in src for src in seen)
+    for got, want in [(x.grad, xe.grad)] + [(p.grad, q.grad) for p, q in zip(model.parameters(), eager.parameters())]:
+        _close(got, want)
