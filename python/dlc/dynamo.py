@@ -586,11 +586,26 @@ def _convolution_backward(w: _Writer, node: Any, grad: Val, x: Val, weight: Val,
 def _max_pool(w: _Writer, node: Any, x: Val, kernel: Sequence[int], stride: Sequence[int] = (), padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False) -> list:
     if _used_results(node) - {0}:
         raise Unsupported("max pooling's indices")
-    if ceil_mode or any(d != 1 for d in _pair(dilation)):
-        raise Unsupported("max pooling with ceil mode or dilation")
+    if any(d != 1 for d in _pair(dilation)):
+        raise Unsupported("max pooling with dilation")
     dtype, shape = _type(node.meta["val"][0])
-    stride = list(stride) or list(kernel)
-    expr = f"maxpool2d({x}, kernel={_list(_pair(kernel))}, stride={_list(_pair(stride))}, padding={_list(_pair(padding))})"
+    kernel, stride, padding = _pair(kernel), _pair(list(stride) or list(kernel)), _pair(padding)
+    source = x.name
+    if ceil_mode:
+        # The last windows reach past the input: it is extended below and to
+        # the right by values no element is smaller than (windows start
+        # inside the input, so none is made of them alone).
+        if dtype not in ("f32", "f64"):
+            raise Unsupported(f"max pooling with ceil mode on {dtype}")
+        extra = [
+            max(0, (o - 1) * s + k - (n + 2 * p))
+            for o, s, k, n, p in zip(shape[-2:], stride, kernel, x.shape[-2:], padding)
+        ]
+        if any(extra):
+            lowest = _lit(float(torch.finfo(torch.float32 if dtype == "f32" else torch.float64).min), dtype)
+            pads = [0, 0] * (len(x.shape) - 2) + [0, extra[0], 0, extra[1]]
+            source = f"pad({x}, {_list(pads)}, value={lowest})"
+    expr = f"maxpool2d({source}, kernel={_list(kernel)}, stride={_list(stride)}, padding={_list(padding)})"
     return [w.let(expr, dtype, shape), None]
 
 

@@ -244,3 +244,14 @@ def test_convolution_gradients_come_from_dlcs_reverse_mode(stride, dilation, gro
     assert any("value_and_grad(vjp0(" in src for src in seen)
     for got, want in [(x.grad, xe.grad)] + [(p.grad, q.grad) for p, q in zip(model.parameters(), eager.parameters())]:
         _close(got, want)
+
+
+@pytest.mark.parametrize("size, kernel, stride, padding", [(13, 3, 2, 0), (14, 3, 2, 1), (10, 2, 2, 0), (9, 3, 3, 1)])
+def test_max_pooling_in_ceil_mode(size, kernel, stride, padding):
+    pool = torch.nn.MaxPool2d(kernel, stride, padding=padding, ceil_mode=True)
+    x = torch.randn(2, 3, size, size)
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        got = torch.compile(lambda t: pool(t) * 1.0, backend="dlc", dynamic=False)(x)
+    torch.testing.assert_close(got, pool(x))
