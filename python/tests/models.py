@@ -97,10 +97,25 @@ def randomize_batchnorm(model):
     return model
 
 
+def small_vit():
+    """A two-layer vision transformer (torchvision's), its classifier drawn at
+    random (torchvision starts it at zero)."""
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    m = VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=4, hidden_dim=64, mlp_dim=128, num_classes=10)
+    torch.nn.init.normal_(m.heads.head.weight, std=0.1)
+    return m
+
+
 # name -> a function making the model and its example inputs.
 MODELS = {
     "resnet18": lambda: (torchvision.models.resnet18(), (torch.randn(2, 3, 64, 64),)),
     "mobilenet_v3_small": lambda: (torchvision.models.mobilenet_v3_small(), (torch.randn(2, 3, 64, 64),)),
+    "mobilenet_v2": lambda: (torchvision.models.mobilenet_v2(), (torch.randn(1, 3, 64, 64),)),
+    "efficientnet_b0": lambda: (torchvision.models.efficientnet_b0(), (torch.randn(1, 3, 64, 64),)),
+    "squeezenet1_1": lambda: (torchvision.models.squeezenet1_1(), (torch.randn(1, 3, 64, 64),)),
+    "shufflenet_v2_x0_5": lambda: (torchvision.models.shufflenet_v2_x0_5(), (torch.randn(1, 3, 64, 64),)),
+    "vit": lambda: (small_vit(), (torch.randn(2, 3, 32, 32),)),
     "gpt2_block": lambda: (GPT2Block(), (torch.randn(2, 16, 64),)),
     "bert_layer": lambda: (
         BertLayer(),
