@@ -655,6 +655,25 @@ def _reshape(w: _Writer, node: Any, x: Val, *args: Any) -> Val:
     return w.let(f"reshape({x}, {_list(shape)})", dtype, shape)
 
 
+@_handles(aten.as_strided.default, layout=True)
+def _as_strided(w: _Writer, node: Any, x: Val, size: Sequence[int], stride: Sequence[int], storage_offset: Any = 0) -> Val:
+    """A view of `x`'s elements in row-major order (every dlc value is) as
+    `size`: translated where that is a reshape, that is, where the strides are
+    `size`'s row-major ones (those of extents of one aside) and every element
+    is seen once."""
+    dtype, shape = _out(node)
+    expected = 1
+    for n, s in reversed(list(zip(size, stride))):
+        if n != 1 and s != expected:
+            raise Unsupported("a strided view that is not a reshape")
+        expected *= n
+    if (storage_offset or 0) != 0 or math.prod(size) != math.prod(x.shape):
+        raise Unsupported("a strided view of part of a tensor")
+    if tuple(shape) == x.shape:
+        return x
+    return w.let(f"reshape({x}, {_list(shape)})", dtype, shape)
+
+
 @_handles(aten.clone.default, aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default, layout=True)
 def _identity(w: _Writer, node: Any, x: Val, **kw: Any) -> Val:
     return x

@@ -116,6 +116,7 @@ MODELS = {
     "squeezenet1_1": lambda: (torchvision.models.squeezenet1_1(), (torch.randn(1, 3, 64, 64),)),
     "shufflenet_v2_x0_5": lambda: (torchvision.models.shufflenet_v2_x0_5(), (torch.randn(1, 3, 64, 64),)),
     "vit": lambda: (small_vit(), (torch.randn(2, 3, 32, 32),)),
+    "convnext_tiny": lambda: (torchvision.models.convnext_tiny(), (torch.randn(1, 3, 64, 64),)),
     "gpt2_block": lambda: (GPT2Block(), (torch.randn(2, 16, 64),)),
     "bert_layer": lambda: (
         BertLayer(),

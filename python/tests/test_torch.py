@@ -255,3 +255,20 @@ def test_max_pooling_in_ceil_mode(size, kernel, stride, padding):
         warnings.simplefilter("error", RuntimeWarning)
         got = torch.compile(lambda t: pool(t) * 1.0, backend="dlc", dynamic=False)(x)
     torch.testing.assert_close(got, pool(x))
+
+
+def test_strided_views_that_are_reshapes_compile_and_others_are_left():
+    def reshape_view(x):
+        return x.exp().as_strided((4, 6), (6, 1)) * 2.0
+
+    def windows(x):
+        return x.exp().as_strided((3, 4), (2, 1)) * 2.0  # overlapping windows
+
+    x = torch.randn(2, 12)
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        torch.testing.assert_close(torch.compile(reshape_view, backend="dlc", dynamic=False)(x), reshape_view(x))
+    torch._dynamo.reset()
+    with pytest.warns(RuntimeWarning, match="as_strided.default x1 \\(a strided view that is not a reshape\\)"):
+        torch.testing.assert_close(torch.compile(windows, backend="dlc", dynamic=False)(x), windows(x))
