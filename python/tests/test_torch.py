@@ -272,3 +272,16 @@ def test_strided_views_that_are_reshapes_compile_and_others_are_left():
     torch._dynamo.reset()
     with pytest.warns(RuntimeWarning, match="as_strided.default x1 \\(a strided view that is not a reshape\\)"):
         torch.testing.assert_close(torch.compile(windows, backend="dlc", dynamic=False)(x), windows(x))
+
+
+def test_a_part_dlc_fails_to_compile_runs_in_pytorch(monkeypatch):
+    def refuse(gm):
+        raise dlc.CompileError("error: this part does not compile\nmore lines")
+
+    monkeypatch.setattr(dlc.dynamo, "_compile_part", refuse)
+    f = lambda x: torch.tanh(x) * 3.0  # noqa: E731
+    x = torch.randn(5)
+    torch._dynamo.reset()
+    with pytest.warns(RuntimeWarning, match="a part of 2 operators runs in PyTorch: error: this part does not compile$"):
+        got = torch.compile(f, backend="dlc", dynamic=False)(x)
+    torch.testing.assert_close(got, f(x))
