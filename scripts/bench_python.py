@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch._inductor.config
 
 import dlc
 import dlc.dynamo
@@ -88,6 +89,11 @@ def steady(f, runs, warmup):
 
 
 def models(names, runs, warmup, threads):
+    """Each model on eager, Inductor and dlc. Compiles are cold: Inductor's
+    caches are off and dlc's object cache is a fresh directory."""
+    torch._inductor.config.force_disable_caches = True
+    cache = tempfile.TemporaryDirectory()
+    os.environ["DLC_CACHE_DIR"] = cache.name
     results = {}
     for name in names:
         model, inputs = MODELS[name]()
@@ -166,7 +172,7 @@ def main():
     base = over["C ABI (ctypes, direct)"][0]
     lines += ["", f"Overhead of `Module.__call__` over the direct call: {over['Module.__call__ (NumPy in and out)'][0] - base:.2f} us.", ""]
     lines += [
-        "## torch.compile (milliseconds per call, median (min-max); compile: seconds of the first call beyond a steady one)",
+        "## torch.compile (milliseconds per call, median (min-max); compile: seconds of the first call beyond a steady one, caches off)",
         "",
         "| model | threads | eager | inductor | dlc | dlc / best | compile inductor | compile dlc |",
         "|---|---|---|---|---|---|---|---|",
