@@ -387,21 +387,9 @@ fn run_preparer(
     binding: &dlc_runtime::PrepareBinding,
     given: &[*mut u8],
 ) -> Result<Vec<AlignedBuffer>, dlc_runtime::RuntimeError> {
-    let mut results: Vec<AlignedBuffer> = prepare
-        .signature()
-        .outputs()
-        .map(|p| {
-            let n = p.ty.num_elements().unwrap_or(0) * p.ty.dtype.size_bytes();
-            AlignedBuffer::zeroed(n)
-        })
-        .collect();
-    let mut pointers: Vec<*mut u8> = binding.prepare_inputs.iter().map(|&i| given[i]).collect();
-    pointers.extend(results.iter_mut().map(AlignedBuffer::as_mut_ptr));
     // SAFETY: the caller's inputs were checked against their parameters
-    // (type, shape, C order, alignment) and are alive; the results are
-    // fresh buffers of their types' sizes.
-    unsafe { prepare.call_raw(&pointers)? };
-    Ok(results)
+    // (type, shape, C order, alignment) and are alive during the call.
+    unsafe { dlc_runtime::call::prepare_raw(prepare, binding, given) }
 }
 
 /// A raw pointer that may cross into the GIL-free closure: the storage it

@@ -480,6 +480,25 @@ fn run_preparer(
     binding: &PrepareBinding,
     inputs: &mut [AlignedBuffer],
 ) -> Result<Vec<AlignedBuffer>, RuntimeError> {
+    let given: Vec<*mut u8> = inputs.iter_mut().map(AlignedBuffer::as_mut_ptr).collect();
+    // SAFETY: the caller's inputs are laid out, one checked buffer per
+    // input, alive during the call.
+    unsafe { prepare_raw(prepare, binding, &given) }
+}
+
+/// Runs `prepare` once on the weights among the caller's inputs `given`
+/// (one pointer per input the caller passes, as `binding` maps them);
+/// returns its results, fresh buffers.
+///
+/// # Safety
+/// As [`Kernel::call_raw`] for each pointer of `given` that `binding`
+/// hands the preparer: the storage of its parameter's type, alive and
+/// unwritten during the call.
+pub unsafe fn prepare_raw(
+    prepare: &Kernel<'_>,
+    binding: &PrepareBinding,
+    given: &[*mut u8],
+) -> Result<Vec<AlignedBuffer>, RuntimeError> {
     let mut results = prepare
         .signature
         .outputs()
@@ -489,18 +508,18 @@ fn run_preparer(
     let (mut ins, mut outs) = (binding.prepare_inputs.iter(), results.iter_mut());
     for p in &prepare.signature.params {
         let b = if p.output {
-            outs.next()
+            outs.next().map(AlignedBuffer::as_mut_ptr)
         } else {
-            ins.next().and_then(|&i| inputs.get_mut(i))
+            ins.next().and_then(|&i| given.get(i).copied())
         };
         let b = b.ok_or_else(|| {
             RuntimeError::Arguments(format!("`{}`: malformed preparer", prepare.signature.name))
         })?;
-        pointers.push(b.as_mut_ptr());
+        pointers.push(b);
     }
-    // SAFETY: one buffer per parameter of the preparer, in order, each of
-    // its type's size (its inputs are the caller's buffers, which it only
-    // reads), alive during the call.
+    // SAFETY: one pointer per parameter of the preparer, in order: the
+    // caller vouches for its inputs' storage, its results are fresh buffers
+    // of their types' sizes.
     unsafe { prepare.call_raw(&pointers)? };
     Ok(results)
 }
