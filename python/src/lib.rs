@@ -102,7 +102,8 @@ struct Compiled {
     /// The results' names where they are not the signature's (a
     /// gradient's: `out0`, `grad_w`).
     output_names: Vec<String>,
-    /// What it was compiled from (`None` when loaded from a file).
+    /// What it was compiled from (`None` when loaded from a file or
+    /// imported from ONNX, whose program text holds the weights).
     origin: Option<Origin>,
 }
 
@@ -170,6 +171,7 @@ fn compile(
         weights: weights.map(Into::into),
         ..CompileOptions::default()
     };
+    let imported = matches!(input, Input::Onnx(_));
     let compiled = py
         .detach(move || {
             let (src, entry) = read_source(name, input, entry)?;
@@ -179,7 +181,13 @@ fn compile(
                 options,
                 cache,
             };
-            compile_entry(origin, None)
+            let mut compiled = compile_entry(origin, None)?;
+            if imported {
+                // An imported model's program holds its weights as text:
+                // not kept for the module's life.
+                compiled.origin = None;
+            }
+            Ok(compiled)
         })
         .map_err(|e| compile_error(py, e))?;
     Ok(Function {
@@ -324,6 +332,27 @@ impl Function {
             .collect()
     }
 
+    /// The open input called `key` (of `open`), or a `TypeError` listing
+    /// them; `what` says what the name was for.
+    fn find_open<'s>(
+        &self,
+        open: &[(usize, &'s dlc_runtime::Param)],
+        key: &str,
+        what: &str,
+    ) -> PyResult<(usize, &'s dlc_runtime::Param)> {
+        open.iter()
+            .find(|(_, p)| p.name == key)
+            .copied()
+            .ok_or_else(|| {
+                let known: Vec<&str> = open.iter().map(|(_, p)| p.name.as_str()).collect();
+                PyTypeError::new_err(format!(
+                    "`{}` has no input `{key}`{what}; its inputs: {}",
+                    self.name(),
+                    known.join(", ")
+                ))
+            })
+    }
+
     /// Pointers to the caller's inputs (every input of [`Kernel::given`]),
     /// from `args` in order and `named` by name, the bound ones from
     /// `bound`.
@@ -347,13 +376,7 @@ impl Function {
             pointers[i] = Some(v.check(name, &p.name, &p.ty)?);
         }
         for (key, v) in named {
-            let Some(&(i, p)) = open.iter().find(|(_, p)| &p.name == key) else {
-                let known: Vec<&str> = open.iter().map(|(_, p)| p.name.as_str()).collect();
-                return Err(PyTypeError::new_err(format!(
-                    "`{name}` has no input `{key}`; its inputs: {}",
-                    known.join(", ")
-                )));
-            };
+            let (i, p) = self.find_open(&open, key, "")?;
             if pointers[i].is_some() {
                 return Err(PyTypeError::new_err(format!(
                     "`{name}`: input `{key}` given twice"
@@ -454,13 +477,7 @@ impl Function {
         let open = self.open_inputs();
         let mut bound = self.bound.clone();
         for (key, v) in &named {
-            let Some(&(i, p)) = open.iter().find(|(_, p)| &p.name == key) else {
-                let known: Vec<&str> = open.iter().map(|(_, p)| p.name.as_str()).collect();
-                return Err(PyTypeError::new_err(format!(
-                    "`{name}` has no input `{key}` left to bind; its inputs: {}",
-                    known.join(", ")
-                )));
-            };
+            let (i, p) = self.find_open(&open, key, " left to bind")?;
             let at = v.check(&name, &p.name, &p.ty)?;
             let n = p.ty.num_elements().unwrap_or(0) * p.ty.dtype.size_bytes();
             // SAFETY: `check` made `at` the address of `n` readable bytes,
@@ -504,11 +521,17 @@ impl Function {
     #[pyo3(signature = (wrt = None))]
     fn grad(&self, py: Python<'_>, wrt: Option<Vec<String>>) -> PyResult<Function> {
         let Some(origin) = self.compiled.origin.clone() else {
-            return Err(PyValueError::new_err(format!(
-                "`{}` was loaded from a saved module, which keeps machine code only: its \
-                 gradient needs the module compiled (dlc.compile)",
-                self.name()
-            )));
+            let why = match self.compiled.code {
+                Code::Library { .. } => {
+                    "was loaded from a saved module, which keeps machine code only: its \
+                     gradient needs the module compiled (dlc.compile)"
+                }
+                Code::Jit(_) => {
+                    "is an imported ONNX model, whose program is not kept: compile the \
+                     program `dlc import` writes and take its gradient"
+                }
+            };
+            return Err(PyValueError::new_err(format!("`{}` {why}", self.name())));
         };
         if self
             .compiled

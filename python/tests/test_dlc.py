@@ -358,6 +358,9 @@ def test_gradients_of_an_entry_point():
         m.grad(wrt=["nope"])
     with pytest.raises(ValueError, match="a gradient already"):
         g.grad()
+    onnx = dlc.compile(ROOT / "tests" / "onnx" / "mlp" / "model.onnx")
+    with pytest.raises(ValueError, match="imported ONNX model, whose program is not kept"):
+        onnx.grad()
 
 
 def test_a_training_step_is_an_entry_point(tmp_path):
