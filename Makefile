@@ -2,7 +2,8 @@
 # Each installs what is missing first and is quick when nothing is.
 
 LLVM_PREFIX ?= /usr/lib/llvm-22
-DEBIAN_PACKAGES := llvm-22-dev libmlir-22-dev mlir-22-tools libpolly-22-dev libclang-22-dev zlib1g-dev libzstd-dev gcc binutils libgomp1 python3-venv
+DEBIAN_PACKAGES := llvm-22-dev libmlir-22-dev mlir-22-tools libpolly-22-dev libclang-22-dev zlib1g-dev libzstd-dev gcc binutils libgomp1 python3-venv \
+	libopenmpi-dev openmpi-bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CARGO ?= cargo
 EXAMPLE ?= examples/w2_mlp.dl
@@ -17,11 +18,14 @@ all: test
 # bindgen makes with libclang). gcc links shared libraries (--emit so) and the
 # C test program, binutils' ar writes static ones (--emit lib); libgomp is the
 # thread pool kernels run on; python3-venv holds the pinned Python packages
-# (ptxas for the GPU tests, onnx and onnxruntime for the ONNX tools).
+# (ptxas for the GPU tests, onnx and onnxruntime for the ONNX tools). Open MPI
+# (its library, headers and mpirun) carries `dlc train --data-parallel`'s
+# gradients between processes; the `mpi` crate finds it with `mpicc -show`.
 setup:
 	@if [ ! -x $(LLVM_PREFIX)/bin/mlir-opt ] || [ ! -x $(LLVM_PREFIX)/bin/llvm-config ] || \
 	   [ ! -e $(LLVM_PREFIX)/lib/libclang.so ] || \
 	   ! command -v cc >/dev/null || ! command -v ar >/dev/null || \
+	   ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null || \
 	   ! python3 -c 'import venv, ensurepip' 2>/dev/null || \
 	   ! /sbin/ldconfig -p | grep -q libgomp.so.1; then \
 		echo "installing $(DEBIAN_PACKAGES)"; \

@@ -576,6 +576,32 @@ impl BoundCall<'_, '_> {
         self.input(self.kernel.signature.inputs().count() + r)
     }
 
+    /// Input `i`'s storage as it stands: its type's little-endian bytes,
+    /// row-major (for a caller moving tensors without a conversion, such
+    /// as an all-reduce of gradients).
+    pub fn input_bytes(&self, i: usize) -> Result<&[u8], RuntimeError> {
+        let (p, b) = self.param(i)?;
+        Ok(&b.bytes()[..bytes_of(&p.ty)?])
+    }
+
+    /// Result `r`'s storage after the last run, as [`BoundCall::input_bytes`].
+    pub fn output_bytes(&self, r: usize) -> Result<&[u8], RuntimeError> {
+        self.input_bytes(self.kernel.signature.inputs().count() + r)
+    }
+
+    /// Input `i`'s storage, to overwrite in place for the next run.
+    pub fn input_bytes_mut(&mut self, i: usize) -> Result<&mut [u8], RuntimeError> {
+        let (p, _) = self.param(i)?;
+        if p.output {
+            return Err(RuntimeError::Arguments(format!(
+                "`{}`: parameter {i} is a result, not an input",
+                self.kernel.signature.name
+            )));
+        }
+        let n = bytes_of(&p.ty)?;
+        Ok(&mut self.buffers[i].bytes_mut()[..n])
+    }
+
     /// Overwrites input `i` with `values` (its type's count of elements,
     /// row-major), for the next run.
     pub fn write_input(

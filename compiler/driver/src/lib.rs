@@ -708,8 +708,14 @@ pub fn select_entry<'m>(
 /// time).
 pub fn only_entry(module: &Module, entry: Option<&str>) -> Result<Module, DriverError> {
     let name = select_entry(module, entry)?.name.clone();
+    only_entries(module, &[name])
+}
+
+/// `module` with only the entry points `names` (each must be one) and the
+/// private functions.
+pub fn only_entries(module: &Module, names: &[String]) -> Result<Module, DriverError> {
     let mut only = module.clone();
-    artifact::keep_entries(&mut only, &[name])?;
+    artifact::keep_entries(&mut only, names)?;
     Ok(only)
 }
 

@@ -12,6 +12,7 @@ use dlc_driver::{
 };
 use dlc_runtime::HostTensor;
 
+mod distributed;
 mod train;
 
 #[derive(Parser)]

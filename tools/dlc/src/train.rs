@@ -19,6 +19,8 @@ use dlc_driver::{
 use dlc_runtime::HostTensor;
 use rand::seq::SliceRandom;
 
+use crate::distributed::{self, BUCKET_BYTES, Buckets, Slot, World};
+
 /// The optimizer `dlc train --optimizer` names.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
 pub enum Optimizer {
@@ -118,6 +120,16 @@ pub struct TrainArgs {
     /// bit.
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,
+    /// Run as one rank of a data-parallel run started by `mpirun -np N`:
+    /// each global batch (N times the loss's batch) is shared among the
+    /// ranks, their gradients are summed by MPI all-reduces, and every
+    /// rank makes the same update; rank 0 alone writes files and logs.
+    #[arg(long)]
+    pub data_parallel: bool,
+    /// Train data-parallel on N processes of this machine: starts this
+    /// command under `mpirun -np N --oversubscribe` with --data-parallel.
+    #[arg(long, value_name = "N")]
+    pub ranks: Option<usize>,
 }
 
 fn usage(message: impl Into<String>) -> DriverError {
@@ -204,42 +216,54 @@ struct Plan {
     buffers: Vec<usize>,
 }
 
-/// The training step's source: the user's program and `__train_step`.
-fn step_source(plan: &Plan, args: &TrainArgs, total_steps: usize) -> Result<String, DriverError> {
+/// The training step's source, to follow the user's program: one function
+/// `__train_step` (forward, backward and update), or, for `ranks` ranks of
+/// a data-parallel run, `__train_grads` (the loss and the gradients of this
+/// rank's share of the batch, and the buffers' new values) and
+/// `__train_update` (the update from the gradients summed over the ranks,
+/// which it divides by their number), between which the ranks all-reduce.
+fn step_source(
+    plan: &Plan,
+    args: &TrainArgs,
+    total_steps: usize,
+    ranks: Option<usize>,
+) -> Result<String, DriverError> {
     let ty = |i: usize| plan.params[i].1.to_string();
     let name = |i: usize| plan.params[i].0.clone();
-    let mut params: Vec<String> = plan
+    let loss_params: Vec<String> = plan
         .params
         .iter()
         .map(|(n, t)| format!("{n}: {t}"))
         .collect();
+    let mut state_params = Vec::new();
     for &w in &plan.weights {
         for s in &plan.state {
-            params.push(format!("__{s}_{}: {}", name(w), ty(w)));
+            state_params.push(format!("__{s}_{}: {}", name(w), ty(w)));
         }
     }
-    params.push("t: i64".into());
     let mixed = match args.precision {
         Precision::F32 => None,
         Precision::Bf16 => Some("bf16"),
         Precision::F16 => Some("f16"),
     };
+    let mut tail_params = vec!["t: i64".to_string()];
     if mixed.is_some() {
-        params.push("__scale: f32".into());
-        params.push("__good: i64".into());
+        tail_params.push("__scale: f32".into());
+        tail_params.push("__good: i64".into());
     }
-    // The loss (an f32 scalar: `train` checks), the weights, the state,
-    // the buffers; with mixed precision the new loss scale, the updates
-    // since it changed and whether this update was made.
-    let mut results = vec!["f32".to_string()];
-    results.extend(plan.weights.iter().map(|&w| ty(w)));
+    let weight_types: Vec<String> = plan.weights.iter().map(|&w| ty(w)).collect();
+    let mut state_types = Vec::new();
     for &w in &plan.weights {
-        results.extend(plan.state.iter().map(|_| ty(w)));
+        state_types.extend(plan.state.iter().map(|_| ty(w)));
     }
-    results.extend(plan.buffers.iter().map(|&b| ty(b)));
-    if mixed.is_some() {
-        results.extend(["f32".into(), "i64".into(), "bool".into()]);
-    }
+    let buffer_types: Vec<String> = plan.buffers.iter().map(|&b| ty(b)).collect();
+    // With mixed precision the update also returns the new loss scale, the
+    // updates since it changed and whether this update was made.
+    let scale_types: Vec<String> = if mixed.is_some() {
+        vec!["f32".into(), "i64".into(), "bool".into()]
+    } else {
+        vec![]
+    };
     let aux: Vec<String> = plan
         .buffers
         .iter()
@@ -248,7 +272,7 @@ fn step_source(plan: &Plan, args: &TrainArgs, total_steps: usize) -> Result<Stri
     let call_args: Vec<String> = plan.params.iter().map(|(n, _)| n.clone()).collect();
     let wrt: Vec<String> = plan.weights.iter().map(|&w| name(w)).collect();
     let grads: Vec<String> = wrt.iter().map(|w| format!("__g_{w}")).collect();
-    let mut body = vec![format!(
+    let gradient = format!(
         "    let (__loss, {}) = value_and_grad({}({}), wrt=[{}]{});",
         aux.iter()
             .chain(&grads)
@@ -261,18 +285,26 @@ fn step_source(plan: &Plan, args: &TrainArgs, total_steps: usize) -> Result<Stri
         mixed
             .map(|d| format!(", autocast={d}, scale=__scale"))
             .unwrap_or_default()
-    )];
+    );
+    let mut update = Vec::new();
+    if let Some(n) = ranks {
+        // The all-reduce summed the ranks' means: their mean is the mean
+        // over the global batch.
+        for g in &grads {
+            update.push(format!("    let {g} = {g} / {n}.0;"));
+        }
+    }
     if mixed.is_some() {
         // The scaled gradients: all finite, or this update is skipped.
-        body.push(format!(
+        update.push(format!(
             "    let __finite = all_finite({});",
             grads.join(", ")
         ));
         for g in &grads {
-            body.push(format!("    let {g} = {g} / __scale;"));
+            update.push(format!("    let {g} = {g} / __scale;"));
         }
     }
-    body.push(format!(
+    update.push(format!(
         "    let __lr = {};",
         schedule_expr(args.schedule.as_deref(), args.lr, total_steps)?
     ));
@@ -306,37 +338,98 @@ fn step_source(plan: &Plan, args: &TrainArgs, total_steps: usize) -> Result<Stri
                 ),
             ),
         };
-        body.push(format!("    let {lhs} = {call};"));
+        update.push(format!("    let {lhs} = {call};"));
         new_w.push(format!("__new_{w}"));
         new_s.extend(plan.state.iter().map(|s| format!("__new_{s}_{w}")));
     }
-    let mut ret = vec!["__loss".to_string()];
+    // The update's results: the weights, the state, and with mixed
+    // precision the loss scale's.
+    let mut updated = Vec::new();
     if mixed.is_some() {
         // A skipped update leaves the weights and the state as they were.
         let kept = |new: &str, old: String| format!("where(__finite, {new}, {old})");
-        ret.extend(new_w.iter().zip(&wrt).map(|(n, w)| kept(n, w.clone())));
+        updated.extend(new_w.iter().zip(&wrt).map(|(n, w)| kept(n, w.clone())));
         for w in &wrt {
             for st in &plan.state {
-                ret.push(kept(&format!("__new_{st}_{w}"), format!("__{st}_{w}")));
+                updated.push(kept(&format!("__new_{st}_{w}"), format!("__{st}_{w}")));
             }
         }
-        body.push(
+        update.push(
             "    let (__new_scale, __new_good) = loss_scale_update(__scale, __good, __finite);"
                 .into(),
         );
-        ret.extend(aux);
-        ret.extend(["__new_scale".into(), "__new_good".into(), "__finite".into()]);
     } else {
-        ret.extend(new_w);
-        ret.extend(new_s);
-        ret.extend(aux);
+        updated.extend(new_w);
+        updated.extend(new_s);
     }
+    let scale_results: Vec<String> = if mixed.is_some() {
+        vec!["__new_scale".into(), "__new_good".into(), "__finite".into()]
+    } else {
+        vec![]
+    };
+    let function =
+        |name: &str, params: &[String], results: &[String], body: &[String], ret: &[String]| {
+            format!(
+                "\n\nfn {name}({}) -> ({}) {{\n{}\n    return ({});\n}}\n",
+                params.join(", "),
+                results.join(", "),
+                body.join("\n"),
+                ret.join(", ")
+            )
+        };
+    let cat = |parts: &[&[String]]| parts.concat();
+    let loss = ["f32".to_string()];
+    let loss_name = ["__loss".to_string()];
+    if ranks.is_none() {
+        // The loss (an f32 scalar: `train` checks), the weights, the state,
+        // the buffers, the loss scale's.
+        return Ok(function(
+            "__train_step",
+            &cat(&[&loss_params, &state_params, &tail_params]),
+            &cat(&[
+                &loss,
+                &weight_types,
+                &state_types,
+                &buffer_types,
+                &scale_types,
+            ]),
+            &cat(&[std::slice::from_ref(&gradient), &update]),
+            &cat(&[&loss_name, &updated, &aux, &scale_results]),
+        ));
+    }
+    let mut grads_params = loss_params;
+    if mixed.is_some() {
+        grads_params.push("__scale: f32".into());
+    }
+    let update_params: Vec<String> = wrt
+        .iter()
+        .zip(&weight_types)
+        .map(|(w, t)| format!("{w}: {t}"))
+        .chain(
+            grads
+                .iter()
+                .zip(&weight_types)
+                .map(|(g, t)| format!("{g}: {t}")),
+        )
+        .chain(state_params)
+        .chain(tail_params)
+        .collect();
     Ok(format!(
-        "\n\nfn __train_step({}) -> ({}) {{\n{}\n    return ({});\n}}\n",
-        params.join(", "),
-        results.join(", "),
-        body.join("\n"),
-        ret.join(", ")
+        "{}{}",
+        function(
+            "__train_grads",
+            &grads_params,
+            &cat(&[&loss, &weight_types, &buffer_types]),
+            std::slice::from_ref(&gradient),
+            &cat(&[&loss_name, &grads, &aux]),
+        ),
+        function(
+            "__train_update",
+            &update_params,
+            &cat(&[&weight_types, &state_types, &scale_types]),
+            &update,
+            &cat(&[&updated, &scale_results]),
+        )
     ))
 }
 
@@ -417,6 +510,29 @@ fn initial_buffers(
 
 /// Runs `dlc train`.
 pub fn train(args: &TrainArgs) -> Result<(), DriverError> {
+    if let Some(ranks) = args.ranks {
+        if args.data_parallel {
+            return Err(usage(
+                "--ranks starts mpirun with --data-parallel itself: give one of the two",
+            ));
+        }
+        return distributed::launch(ranks);
+    }
+    if !args.data_parallel {
+        return train_on(args, None);
+    }
+    let world = World::join()?;
+    world.share_cores()?;
+    // An error on one rank ends them all: the others would wait for it in
+    // the next all-reduce.
+    match train_on(args, Some(&world)) {
+        Ok(()) => Ok(()),
+        Err(e) => world.fail(&e.to_string()),
+    }
+}
+
+/// Trains, alone or as one rank of `world`.
+fn train_on(args: &TrainArgs, world: Option<&World>) -> Result<(), DriverError> {
     if args.epochs == 0 {
         return Err(usage("--epochs must be at least 1"));
     }
@@ -593,11 +709,18 @@ pub fn train(args: &TrainArgs) -> Result<(), DriverError> {
             params[i].0, params[i].1.shape[0], params[data[0].0].0
         )));
     }
-    let steps = n / batch;
+    // A data-parallel run's global batch: every rank's share.
+    let ranks = world.map_or(1, World::size);
+    let global = batch * ranks;
+    let steps = n / global;
     if steps == 0 {
-        return Err(usage(format!(
-            "the data set has {n} rows, fewer than one batch of {batch}"
-        )));
+        return Err(usage(if world.is_some() {
+            format!(
+                "the data set has {n} rows, fewer than one global batch of {global} ({ranks} rank(s) of {batch})"
+            )
+        } else {
+            format!("the data set has {n} rows, fewer than one batch of {batch}")
+        }));
     }
     let state: Vec<&'static str> = match args.optimizer {
         Optimizer::Sgd if args.momentum.is_some() || args.nesterov => vec!["buf"],
@@ -612,17 +735,39 @@ pub fn train(args: &TrainArgs) -> Result<(), DriverError> {
         state,
         buffers,
     };
-    // The step, compiled.
+    if world.is_some() {
+        // The ranks sum f32 tensors.
+        let not_f32 = plan
+            .weights
+            .iter()
+            .chain(&plan.buffers)
+            .find(|&&i| plan.params[i].1.dtype != dlc_core::DType::F32);
+        if let Some(&i) = not_f32 {
+            let (name, ty) = &plan.params[i];
+            return Err(usage(format!(
+                "--data-parallel sums f32 gradients and buffers over the ranks; `{name}` is {ty} (train it in f32; --precision bf16 or f16 keeps f32 weights)"
+            )));
+        }
+    }
+    // The step, compiled: one function, or a data-parallel run's gradient
+    // and update.
     let total = steps * args.epochs;
-    let text = format!("{}{}", src.text, step_source(&plan, args, total)?);
+    let text = format!(
+        "{}{}",
+        src.text,
+        step_source(&plan, args, total, world.map(World::size))?
+    );
     let mut step_module = compile_source(&SourceText {
         name: src.name.clone(),
         text,
     })?;
     run_passes(&mut step_module, DEFAULT_PIPELINE, PassOptions::default())?;
-    let step_module = dlc_driver::only_entry(&step_module, Some("__train_step"))?;
+    let entries = match world {
+        None => vec!["__train_step".to_string()],
+        Some(_) => vec!["__train_grads".to_string(), "__train_update".to_string()],
+    };
+    let step_module = dlc_driver::only_entries(&step_module, &entries)?;
     let lowered = dlc_driver::lower_for_cpu(&step_module)?;
-    let nw = plan.weights.len();
     let ns = plan.state.len();
     let mixed = args.precision != Precision::F32;
     let setting = Progress {
@@ -729,181 +874,53 @@ pub fn train(args: &TrainArgs) -> Result<(), DriverError> {
             (weights, Some(state), buffers, progress)
         }
     };
+    let layout = Layout {
+        params: plan.params.len(),
+        weights: plan.weights.clone(),
+        buffers: plan.buffers.clone(),
+        ns,
+        mixed,
+    };
+    let initial = Initial {
+        weights: &init,
+        state: state0.as_deref(),
+        buffers: &buffers0,
+        scale: start.loss_scale,
+        good: start.good,
+    };
+    let driven = Loop {
+        args,
+        plan: &plan,
+        data: &tensors,
+        rows: n,
+        batch,
+        steps,
+        total,
+        start: &start,
+        setting: &setting,
+        world,
+    };
     let result = dlc_llvm::jit_with(&lowered, &dlc_llvm::JitOptions::default(), |jit| {
-        let kernel = jit.kernel("__train_step")?;
-        let run = || -> Result<Vec<HostTensor>, DriverError> {
-            let mut binder = kernel.binder();
-            let err = |e: dlc_runtime::RuntimeError| usage(e.to_string());
-            // Inputs in the step's order: the loss's parameters (data as
-            // zeros until the first batch), the state, the step number.
-            let mut w_iter = init.iter();
-            let mut b_iter = buffers0.iter();
-            for (i, (_, ty)) in plan.params.iter().enumerate() {
-                if plan.weights.contains(&i) {
-                    binder.push(w_iter.next().ok_or_else(|| usage("weights"))?).map_err(err)?;
-                } else if plan.buffers.contains(&i) {
-                    binder.push(b_iter.next().ok_or_else(|| usage("buffers"))?).map_err(err)?;
-                } else {
-                    binder.push_values(ty, std::iter::repeat(0.0)).map_err(err)?;
-                }
+        Ok(match world {
+            None => {
+                let kernel = jit.kernel("__train_step")?;
+                Fused::bind(&kernel, &layout, &initial).and_then(|mut s| driven.run(&mut s))
             }
-            let mut resumed = state0.iter().flatten();
-            for &w in &plan.weights {
-                for _ in 0..ns {
-                    match resumed.next() {
-                        Some(t) => binder.push(t).map_err(err)?,
-                        None => binder
-                            .push_values(&plan.params[w].1, std::iter::repeat(0.0))
-                            .map_err(err)?,
-                    }
-                }
+            Some(world) => {
+                let grads = jit.kernel("__train_grads")?;
+                let update = jit.kernel("__train_update")?;
+                Split::bind(&grads, &update, &layout, &initial, world)
+                    .and_then(|mut s| driven.run(&mut s))
             }
-            let t_ty = dlc_core::TensorType::scalar(dlc_core::DType::I64);
-            binder.push_values(&t_ty, std::iter::once(1.0)).map_err(err)?;
-            if mixed {
-                let f32_ty = dlc_core::TensorType::scalar(dlc_core::DType::F32);
-                binder.push_values(&f32_ty, std::iter::once(start.loss_scale)).map_err(err)?;
-                binder.push_values(&t_ty, std::iter::once(start.good as f64)).map_err(err)?;
-            }
-            let mut call = binder.finish().map_err(err)?;
-            let t_input = plan.params.len() + nw * ns;
-            // With mixed precision: the loss scale, the updates since it
-            // changed (inputs after `t`), their new values and whether the
-            // update was made (results after the buffers).
-            let (scale_input, good_input) = (t_input + 1, t_input + 2);
-            let scale_result = 1 + nw + nw * ns + plan.buffers.len();
-            // State input of weight k, tensor s.
-            let state_input = |k: usize, s: usize| plan.params.len() + k * ns + s;
-            let bar = progress(args, total);
-            let mut t = start.step;
-            let mut update = start.update;
-            let mut skipped_total = 0u64;
-            if let Some(bar) = &bar {
-                bar.set_position(t - 1);
-            }
-            let started = Instant::now();
-            for epoch in start.epoch + 1..=args.epochs {
-                let mut order: Vec<usize> = (0..n).collect();
-                order.shuffle(&mut dlc_runtime::seeded_rng(args.seed.wrapping_add(epoch as u64)));
-                let epoch_start = Instant::now();
-                let mut total_loss = 0.0;
-                let mut skipped = 0usize;
-                for b in 0..steps {
-                    let picked = &order[b * batch..(b + 1) * batch];
-                    for ((i, _), tensor) in plan.data.iter().zip(&tensors) {
-                        let row: usize = tensor.ty.shape[1..].iter().product();
-                        let values = picked
-                            .iter()
-                            .flat_map(|&r| tensor.data[r * row..(r + 1) * row].iter().copied());
-                        call.write_input(*i, values).map_err(err)?;
-                    }
-                    call.write_input(t_input, std::iter::once(update as f64)).map_err(err)?;
-                    call.run().map_err(err)?;
-                    let loss = call.output(0).map_err(err)?.data[0];
-                    let made = !mixed || call.output(scale_result + 2).map_err(err)?.data[0] != 0.0;
-                    if mixed {
-                        call.swap_result_into_input(scale_result, scale_input).map_err(err)?;
-                        call.swap_result_into_input(scale_result + 1, good_input).map_err(err)?;
-                    }
-                    if made {
-                        update += 1;
-                    } else {
-                        skipped += 1;
-                    }
-                    // A skipped update's loss may have overflowed the narrow
-                    // type; a made one's must be finite.
-                    if made && !loss.is_finite() {
-                        return Err(usage(format!("the loss is {loss} at epoch {epoch}, step {t}: training diverged (a smaller --lr may help)")));
-                    }
-                    if loss.is_finite() {
-                        total_loss += loss;
-                    }
-                    for (k, &w) in plan.weights.iter().enumerate() {
-                        call.swap_result_into_input(1 + k, w).map_err(err)?;
-                        for s in 0..ns {
-                            call.swap_result_into_input(1 + nw + k * ns + s, state_input(k, s)).map_err(err)?;
-                        }
-                    }
-                    for (j, &b) in plan.buffers.iter().enumerate() {
-                        call.swap_result_into_input(1 + nw + nw * ns + j, b).map_err(err)?;
-                    }
-                    if let Some(bar) = &bar {
-                        bar.set_position(t);
-                        bar.set_message(format!("epoch {epoch}/{} loss {loss:.4}", args.epochs));
-                    }
-                    t += 1;
-                }
-                if let Some(dir) = &args.checkpoint {
-                    let mut tensors = Vec::new();
-                    for (k, &w) in plan.weights.iter().enumerate() {
-                        let name = &plan.params[w].0;
-                        tensors.push((format!("weight.{name}"), call.input(w).map_err(err)?));
-                        for (si, s) in plan.state.iter().enumerate() {
-                            tensors.push((format!("state.{s}.{name}"), call.input(state_input(k, si)).map_err(err)?));
-                        }
-                    }
-                    for &b in &plan.buffers {
-                        tensors.push((format!("buffer.{}", plan.params[b].0), call.input(b).map_err(err)?));
-                    }
-                    let progress = Progress {
-                        epoch,
-                        step: t,
-                        update,
-                        loss_scale: if mixed { call.input(scale_input).map_err(err)?.data[0] } else { INITIAL_LOSS_SCALE },
-                        good: if mixed { call.input(good_input).map_err(err)?.data[0] as u64 } else { 0 },
-                        ..setting.clone()
-                    };
-                    write_checkpoint(dir, &tensors, &progress)?;
-                }
-                // The mean over the steps whose loss is finite.
-                let mean = total_loss / (steps - skipped).max(1) as f64;
-                let rate = steps as f64 / epoch_start.elapsed().as_secs_f64().max(1e-9);
-                skipped_total += skipped as u64;
-                let scale = if mixed { Some(call.input(scale_input).map_err(err)?.data[0]) } else { None };
-                if args.json {
-                    let mut line = serde_json::json!({"epoch": epoch, "steps": t - 1, "loss": mean, "steps_per_s": rate});
-                    if let Some(scale) = scale {
-                        line["updates"] = serde_json::json!(update - 1);
-                        line["skipped"] = serde_json::json!(skipped);
-                        line["loss_scale"] = serde_json::json!(scale);
-                    }
-                    dlc_cli::outln!("{line}");
-                } else {
-                    let extra = scale.map(|s| format!(", {skipped} skipped, loss scale {s}")).unwrap_or_default();
-                    let text = format!("epoch {epoch}/{}: loss {mean:.6} ({steps} steps, {rate:.1} steps/s{extra})", args.epochs);
-                    match &bar {
-                        Some(bar) => bar.println(text),
-                        None => dlc_cli::outln!("{text}"),
-                    }
-                }
-            }
-            if let Some(bar) = bar {
-                bar.finish_and_clear();
-            }
-            if !args.json {
-                dlc_cli::outln!(
-                    "trained {} step(s) of {batch} in {:.2} s{}",
-                    t - start.step,
-                    started.elapsed().as_secs_f64(),
-                    if mixed {
-                        format!(" ({skipped_total} update(s) skipped on overflow)")
-                    } else {
-                        String::new()
-                    }
-                );
-            }
-            // The weights, then the buffers: what a model is evaluated with.
-            plan.weights
-                .iter()
-                .chain(&plan.buffers)
-                .map(|&w| call.input(w).map_err(err))
-                .collect()
-        };
-        Ok(run())
+        })
     })
     .map_err(|e| usage(e.to_string()))?;
     let trained = result?;
-    if let Some(path) = &args.save_weights {
+    if let Some(path) = args
+        .save_weights
+        .as_ref()
+        .filter(|_| world.is_none_or(World::leads))
+    {
         let names = plan
             .weights
             .iter()
@@ -921,6 +938,653 @@ pub fn train(args: &TrainArgs) -> Result<(), DriverError> {
         }
     }
     Ok(())
+}
+
+fn runtime(e: dlc_runtime::RuntimeError) -> DriverError {
+    usage(e.to_string())
+}
+
+/// Where the step's tensors are among its parameters.
+struct Layout {
+    /// The loss's parameters.
+    params: usize,
+    /// The weights' and the buffers' places among them.
+    weights: Vec<usize>,
+    buffers: Vec<usize>,
+    /// Optimizer state tensors per weight.
+    ns: usize,
+    /// Mixed precision: a loss scale and its count of good updates.
+    mixed: bool,
+}
+
+/// What a run starts from: fresh or a checkpoint's.
+struct Initial<'a> {
+    weights: &'a [HostTensor],
+    /// None: zeros.
+    state: Option<&'a [HostTensor]>,
+    buffers: &'a [HostTensor],
+    scale: f64,
+    good: u64,
+}
+
+impl Layout {
+    /// Pushes the loss's parameters: the weights, the buffers, the data
+    /// (zeros until the first batch).
+    fn push_params(
+        &self,
+        binder: &mut dlc_runtime::Binder<'_, '_>,
+        types: &[dlc_core::TensorType],
+        initial: &Initial<'_>,
+    ) -> Result<(), DriverError> {
+        let (mut w, mut b) = (initial.weights.iter(), initial.buffers.iter());
+        for (i, ty) in types.iter().enumerate().take(self.params) {
+            let given = if self.weights.contains(&i) {
+                Some(w.next().ok_or_else(|| usage("weights"))?)
+            } else if self.buffers.contains(&i) {
+                Some(b.next().ok_or_else(|| usage("buffers"))?)
+            } else {
+                None
+            };
+            match given {
+                Some(t) => binder.push(t),
+                None => binder.push_values(ty, std::iter::repeat(0.0)),
+            }
+            .map_err(runtime)?;
+        }
+        Ok(())
+    }
+
+    /// Pushes the optimizer state (zeros, or the checkpoint's).
+    fn push_state(
+        &self,
+        binder: &mut dlc_runtime::Binder<'_, '_>,
+        initial: &Initial<'_>,
+    ) -> Result<(), DriverError> {
+        let mut resumed = initial.state.into_iter().flatten();
+        for w in initial.weights {
+            for _ in 0..self.ns {
+                match resumed.next() {
+                    Some(t) => binder.push(t),
+                    None => binder.push_values(&w.ty, std::iter::repeat(0.0)),
+                }
+                .map_err(runtime)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Pushes the step number, and with mixed precision the loss scale and
+    /// its good updates.
+    fn push_tail(
+        &self,
+        binder: &mut dlc_runtime::Binder<'_, '_>,
+        initial: &Initial<'_>,
+    ) -> Result<(), DriverError> {
+        let i64_ty = dlc_core::TensorType::scalar(dlc_core::DType::I64);
+        binder
+            .push_values(&i64_ty, std::iter::once(1.0))
+            .map_err(runtime)?;
+        if self.mixed {
+            let f32_ty = dlc_core::TensorType::scalar(dlc_core::DType::F32);
+            binder
+                .push_values(&f32_ty, std::iter::once(initial.scale))
+                .map_err(runtime)?;
+            binder
+                .push_values(&i64_ty, std::iter::once(initial.good as f64))
+                .map_err(runtime)?;
+        }
+        Ok(())
+    }
+}
+
+/// Time a data-parallel step spent, since it was last asked.
+#[derive(Default)]
+struct Timing {
+    /// In the compiled gradient and update.
+    compute: std::time::Duration,
+    /// Moving and all-reducing gradients, buffers and the loss.
+    reduce: std::time::Duration,
+    buckets: usize,
+    bytes: usize,
+}
+
+/// One optimizer step as the training loop drives it.
+trait Stepper {
+    /// Overwrites data parameter `i` with this rank's rows of the batch.
+    fn write_data(
+        &mut self,
+        i: usize,
+        values: impl Iterator<Item = f64>,
+    ) -> Result<(), DriverError>;
+    /// Runs update number `update`: the loss (over the global batch), and
+    /// whether the update was made (mixed precision skips one whose
+    /// gradients overflowed).
+    fn step(&mut self, update: u64) -> Result<(f64, bool), DriverError>;
+    fn weight(&self, k: usize) -> Result<HostTensor, DriverError>;
+    fn state(&self, k: usize, s: usize) -> Result<HostTensor, DriverError>;
+    fn buffer(&self, j: usize) -> Result<HostTensor, DriverError>;
+    /// The loss scale and its good updates (mixed precision).
+    fn scale(&self) -> Result<(f64, u64), DriverError>;
+    /// A data-parallel step's time since the last call.
+    fn timing(&mut self) -> Option<Timing> {
+        None
+    }
+}
+
+/// The step as one compiled call whose weights and state trade buffers
+/// with its results.
+struct Fused<'k, 'a> {
+    call: dlc_runtime::call::BoundCall<'k, 'a>,
+    layout: &'k Layout,
+}
+
+impl<'k, 'a> Fused<'k, 'a> {
+    fn bind(
+        kernel: &'k dlc_runtime::Kernel<'a>,
+        layout: &'k Layout,
+        initial: &Initial<'_>,
+    ) -> Result<Fused<'k, 'a>, DriverError> {
+        let types: Vec<_> = kernel.signature().inputs().map(|p| p.ty.clone()).collect();
+        let mut binder = kernel.binder();
+        layout.push_params(&mut binder, &types, initial)?;
+        layout.push_state(&mut binder, initial)?;
+        layout.push_tail(&mut binder, initial)?;
+        let call = binder.finish().map_err(runtime)?;
+        Ok(Fused { call, layout })
+    }
+
+    fn t_input(&self) -> usize {
+        self.layout.params + self.layout.weights.len() * self.layout.ns
+    }
+
+    fn state_input(&self, k: usize, s: usize) -> usize {
+        self.layout.params + k * self.layout.ns + s
+    }
+}
+
+impl Stepper for Fused<'_, '_> {
+    fn write_data(
+        &mut self,
+        i: usize,
+        values: impl Iterator<Item = f64>,
+    ) -> Result<(), DriverError> {
+        self.call.write_input(i, values).map_err(runtime)
+    }
+
+    fn step(&mut self, update: u64) -> Result<(f64, bool), DriverError> {
+        let l = self.layout;
+        let (nw, ns) = (l.weights.len(), l.ns);
+        let t = self.t_input();
+        // Results: the loss, the weights, the state, the buffers, then with
+        // mixed precision the loss scale, its good updates and whether the
+        // update was made.
+        let scale_result = 1 + nw + nw * ns + l.buffers.len();
+        let call = &mut self.call;
+        call.write_input(t, std::iter::once(update as f64))
+            .map_err(runtime)?;
+        call.run().map_err(runtime)?;
+        let loss = call.output(0).map_err(runtime)?.data[0];
+        let made = !l.mixed || call.output(scale_result + 2).map_err(runtime)?.data[0] != 0.0;
+        if l.mixed {
+            call.swap_result_into_input(scale_result, t + 1)
+                .map_err(runtime)?;
+            call.swap_result_into_input(scale_result + 1, t + 2)
+                .map_err(runtime)?;
+        }
+        for (k, &w) in l.weights.iter().enumerate() {
+            call.swap_result_into_input(1 + k, w).map_err(runtime)?;
+            for s in 0..ns {
+                let input = l.params + k * ns + s;
+                call.swap_result_into_input(1 + nw + k * ns + s, input)
+                    .map_err(runtime)?;
+            }
+        }
+        for (j, &b) in l.buffers.iter().enumerate() {
+            call.swap_result_into_input(1 + nw + nw * ns + j, b)
+                .map_err(runtime)?;
+        }
+        Ok((loss, made))
+    }
+
+    fn weight(&self, k: usize) -> Result<HostTensor, DriverError> {
+        self.call.input(self.layout.weights[k]).map_err(runtime)
+    }
+
+    fn state(&self, k: usize, s: usize) -> Result<HostTensor, DriverError> {
+        self.call.input(self.state_input(k, s)).map_err(runtime)
+    }
+
+    fn buffer(&self, j: usize) -> Result<HostTensor, DriverError> {
+        self.call.input(self.layout.buffers[j]).map_err(runtime)
+    }
+
+    fn scale(&self) -> Result<(f64, u64), DriverError> {
+        let t = self.t_input();
+        let scale = self.call.input(t + 1).map_err(runtime)?.data[0];
+        let good = self.call.input(t + 2).map_err(runtime)?.data[0];
+        Ok((scale, good as u64))
+    }
+}
+
+/// A data-parallel step: the compiled gradient of this rank's share, the
+/// gradients (with the buffers' new values and the loss) summed over the
+/// ranks in buckets, then the compiled update, the same on every rank.
+///
+/// `grads` takes the loss's parameters (and the loss scale) and returns the
+/// loss, the gradients and the buffers' new values; `update` takes the
+/// weights, the summed gradients, the state, the step number (and the loss
+/// scale and its good updates) and returns the weights and the state (and
+/// the loss scale's three). The weights live in `update`'s inputs and are
+/// copied into `grads`' after each update.
+struct Split<'k, 'a> {
+    grads: dlc_runtime::call::BoundCall<'k, 'a>,
+    update: dlc_runtime::call::BoundCall<'k, 'a>,
+    layout: &'k Layout,
+    world: &'k World,
+    buckets: Buckets,
+    /// Each gradient's, each buffer's and the loss's place in the buckets.
+    grad_slots: Vec<Slot>,
+    buffer_slots: Vec<Slot>,
+    loss_slot: Slot,
+    timing: Timing,
+}
+
+impl<'k, 'a> Split<'k, 'a> {
+    fn bind(
+        grads: &'k dlc_runtime::Kernel<'a>,
+        update: &'k dlc_runtime::Kernel<'a>,
+        layout: &'k Layout,
+        initial: &Initial<'_>,
+        world: &'k World,
+    ) -> Result<Split<'k, 'a>, DriverError> {
+        let types: Vec<_> = grads.signature().inputs().map(|p| p.ty.clone()).collect();
+        let mut binder = grads.binder();
+        layout.push_params(&mut binder, &types, initial)?;
+        if layout.mixed {
+            let f32_ty = dlc_core::TensorType::scalar(dlc_core::DType::F32);
+            binder
+                .push_values(&f32_ty, std::iter::once(initial.scale))
+                .map_err(runtime)?;
+        }
+        let grads = binder.finish().map_err(runtime)?;
+        let mut binder = update.binder();
+        for w in initial.weights {
+            binder.push(w).map_err(runtime)?;
+        }
+        for w in initial.weights {
+            binder
+                .push_values(&w.ty, std::iter::repeat(0.0))
+                .map_err(runtime)?;
+        }
+        layout.push_state(&mut binder, initial)?;
+        layout.push_tail(&mut binder, initial)?;
+        let update = binder.finish().map_err(runtime)?;
+        // Buckets in the order the backward pass finishes the gradients:
+        // the last weights' first; then the buffers and the loss.
+        let count = |t: &HostTensor| t.ty.num_elements().unwrap_or(0);
+        let nw = initial.weights.len();
+        let mut lens: Vec<usize> = initial.weights.iter().rev().map(count).collect();
+        lens.extend(initial.buffers.iter().map(count));
+        lens.push(1);
+        let (buckets, slots) = Buckets::new(&lens, BUCKET_BYTES);
+        let mut grad_slots = slots[..nw].to_vec();
+        grad_slots.reverse();
+        let mut split = Split {
+            grads,
+            update,
+            layout,
+            world,
+            buffer_slots: slots[nw..slots.len() - 1].to_vec(),
+            loss_slot: slots[slots.len() - 1],
+            grad_slots,
+            buckets,
+            timing: Timing::default(),
+        };
+        // Every rank starts from rank 0's weights, state and buffers.
+        for k in 0..nw {
+            world.broadcast(split.update.input_bytes_mut(k).map_err(runtime)?);
+            for s in 0..layout.ns {
+                let i = split.state_input(k, s);
+                world.broadcast(split.update.input_bytes_mut(i).map_err(runtime)?);
+            }
+            split.copy_weight(k)?;
+        }
+        for &b in &layout.buffers {
+            world.broadcast(split.grads.input_bytes_mut(b).map_err(runtime)?);
+        }
+        Ok(split)
+    }
+
+    fn state_input(&self, k: usize, s: usize) -> usize {
+        2 * self.layout.weights.len() + k * self.layout.ns + s
+    }
+
+    fn t_input(&self) -> usize {
+        let nw = self.layout.weights.len();
+        2 * nw + nw * self.layout.ns
+    }
+
+    /// Weight `k` as the update left it, into the gradient's inputs.
+    fn copy_weight(&mut self, k: usize) -> Result<(), DriverError> {
+        let from = self.update.input_bytes(k).map_err(runtime)?;
+        self.grads
+            .input_bytes_mut(self.layout.weights[k])
+            .map_err(runtime)?
+            .copy_from_slice(from);
+        Ok(())
+    }
+}
+
+impl Stepper for Split<'_, '_> {
+    fn write_data(
+        &mut self,
+        i: usize,
+        values: impl Iterator<Item = f64>,
+    ) -> Result<(), DriverError> {
+        self.grads.write_input(i, values).map_err(runtime)
+    }
+
+    fn step(&mut self, update: u64) -> Result<(f64, bool), DriverError> {
+        let l = self.layout;
+        let (nw, ns) = (l.weights.len(), l.ns);
+        let ranks = self.world.size() as f32;
+        let started = Instant::now();
+        self.grads.run().map_err(runtime)?;
+        let computed = Instant::now();
+        let f32s = |b: &[u8]| bytemuck::cast_slice::<u8, f32>(b).to_owned();
+        for (k, &slot) in self.grad_slots.iter().enumerate() {
+            let g = self.grads.output_bytes(1 + k).map_err(runtime)?;
+            self.buckets
+                .input(slot)
+                .copy_from_slice(bytemuck::cast_slice(g));
+        }
+        for (j, &slot) in self.buffer_slots.iter().enumerate() {
+            let b = self.grads.output_bytes(1 + nw + j).map_err(runtime)?;
+            self.buckets
+                .input(slot)
+                .copy_from_slice(bytemuck::cast_slice(b));
+        }
+        let loss = f32s(self.grads.output_bytes(0).map_err(runtime)?);
+        self.buckets.input(self.loss_slot).copy_from_slice(&loss);
+        self.buckets.reduce(self.world);
+        for (k, &slot) in self.grad_slots.iter().enumerate() {
+            let to = self.update.input_bytes_mut(nw + k).map_err(runtime)?;
+            bytemuck::cast_slice_mut::<u8, f32>(to).copy_from_slice(self.buckets.sum(slot));
+        }
+        // The buffers' new values (running averages): their mean.
+        for (j, &slot) in self.buffer_slots.iter().enumerate() {
+            let to = self.grads.input_bytes_mut(l.buffers[j]).map_err(runtime)?;
+            let to = bytemuck::cast_slice_mut::<u8, f32>(to);
+            for (t, &s) in to.iter_mut().zip(self.buckets.sum(slot)) {
+                *t = s / ranks;
+            }
+        }
+        let loss = self.buckets.sum(self.loss_slot)[0] as f64 / ranks as f64;
+        let reduced = Instant::now();
+        let t = self.t_input();
+        let u = &mut self.update;
+        u.write_input(t, std::iter::once(update as f64))
+            .map_err(runtime)?;
+        u.run().map_err(runtime)?;
+        // Results: the weights, the state, then with mixed precision the
+        // loss scale, its good updates and whether the update was made.
+        let scale_result = nw + nw * ns;
+        let made = !l.mixed || u.output(scale_result + 2).map_err(runtime)?.data[0] != 0.0;
+        for k in 0..nw {
+            u.swap_result_into_input(k, k).map_err(runtime)?;
+            for s in 0..ns {
+                u.swap_result_into_input(nw + k * ns + s, 2 * nw + k * ns + s)
+                    .map_err(runtime)?;
+            }
+        }
+        if l.mixed {
+            u.swap_result_into_input(scale_result, t + 1)
+                .map_err(runtime)?;
+            u.swap_result_into_input(scale_result + 1, t + 2)
+                .map_err(runtime)?;
+            let scale = self.update.input_bytes(t + 1).map_err(runtime)?;
+            self.grads
+                .input_bytes_mut(l.params)
+                .map_err(runtime)?
+                .copy_from_slice(scale);
+        }
+        for k in 0..nw {
+            self.copy_weight(k)?;
+        }
+        let timing = &mut self.timing;
+        timing.compute += computed - started + reduced.elapsed();
+        timing.reduce += reduced - computed;
+        Ok((loss, made))
+    }
+
+    fn weight(&self, k: usize) -> Result<HostTensor, DriverError> {
+        self.update.input(k).map_err(runtime)
+    }
+
+    fn state(&self, k: usize, s: usize) -> Result<HostTensor, DriverError> {
+        self.update.input(self.state_input(k, s)).map_err(runtime)
+    }
+
+    fn buffer(&self, j: usize) -> Result<HostTensor, DriverError> {
+        self.grads.input(self.layout.buffers[j]).map_err(runtime)
+    }
+
+    fn scale(&self) -> Result<(f64, u64), DriverError> {
+        let t = self.t_input();
+        let scale = self.update.input(t + 1).map_err(runtime)?.data[0];
+        let good = self.update.input(t + 2).map_err(runtime)?.data[0];
+        Ok((scale, good as u64))
+    }
+
+    fn timing(&mut self) -> Option<Timing> {
+        Some(Timing {
+            buckets: self.buckets.count(),
+            bytes: self.buckets.bytes(),
+            ..std::mem::take(&mut self.timing)
+        })
+    }
+}
+
+/// The training loop: epochs of shuffled batches, checkpoints, logs.
+struct Loop<'a> {
+    args: &'a TrainArgs,
+    plan: &'a Plan,
+    /// The data sets, one per data parameter, and their rows.
+    data: &'a [HostTensor],
+    rows: usize,
+    /// This rank's rows per step; the global batch is that times the ranks.
+    batch: usize,
+    steps: usize,
+    total: usize,
+    start: &'a Progress,
+    setting: &'a Progress,
+    world: Option<&'a World>,
+}
+
+impl Loop<'_> {
+    /// Trains; the weights, then the buffers: what a model is evaluated
+    /// with.
+    fn run<S: Stepper>(&self, step: &mut S) -> Result<Vec<HostTensor>, DriverError> {
+        let (args, plan) = (self.args, self.plan);
+        let (rank, ranks) = self.world.map_or((0, 1), |w| (w.rank(), w.size()));
+        let leads = rank == 0;
+        let mixed = args.precision != Precision::F32;
+        let (batch, global, steps) = (self.batch, self.batch * ranks, self.steps);
+        let bar = progress(args, self.total).filter(|_| leads);
+        let mut t = self.start.step;
+        let mut update = self.start.update;
+        let mut skipped_total = 0u64;
+        let mut run_timing = Timing::default();
+        if let Some(bar) = &bar {
+            bar.set_position(t - 1);
+        }
+        let started = Instant::now();
+        for epoch in self.start.epoch + 1..=args.epochs {
+            let mut order: Vec<usize> = (0..self.rows).collect();
+            order.shuffle(&mut dlc_runtime::seeded_rng(
+                args.seed.wrapping_add(epoch as u64),
+            ));
+            let epoch_start = Instant::now();
+            let mut total_loss = 0.0;
+            let mut skipped = 0usize;
+            for b in 0..steps {
+                // This rank's share of the global batch.
+                let picked = &order[b * global + rank * batch..b * global + (rank + 1) * batch];
+                for ((i, _), tensor) in plan.data.iter().zip(self.data) {
+                    let row: usize = tensor.ty.shape[1..].iter().product();
+                    let values = picked
+                        .iter()
+                        .flat_map(|&r| tensor.data[r * row..(r + 1) * row].iter().copied());
+                    step.write_data(*i, values)?;
+                }
+                let (loss, made) = step.step(update)?;
+                if made {
+                    update += 1;
+                } else {
+                    skipped += 1;
+                }
+                // A skipped update's loss may have overflowed the narrow
+                // type; a made one's must be finite.
+                if made && !loss.is_finite() {
+                    return Err(usage(format!(
+                        "the loss is {loss} at epoch {epoch}, step {t}: training diverged (a smaller --lr may help)"
+                    )));
+                }
+                if loss.is_finite() {
+                    total_loss += loss;
+                }
+                if let Some(bar) = &bar {
+                    bar.set_position(t);
+                    bar.set_message(format!("epoch {epoch}/{} loss {loss:.4}", args.epochs));
+                }
+                t += 1;
+            }
+            if let Some(dir) = args.checkpoint.as_ref().filter(|_| leads) {
+                let mut tensors = Vec::new();
+                for (k, &w) in plan.weights.iter().enumerate() {
+                    let name = &plan.params[w].0;
+                    tensors.push((format!("weight.{name}"), step.weight(k)?));
+                    for (si, s) in plan.state.iter().enumerate() {
+                        tensors.push((format!("state.{s}.{name}"), step.state(k, si)?));
+                    }
+                }
+                for (j, &b) in plan.buffers.iter().enumerate() {
+                    tensors.push((format!("buffer.{}", plan.params[b].0), step.buffer(j)?));
+                }
+                let (loss_scale, good) = if mixed {
+                    step.scale()?
+                } else {
+                    (INITIAL_LOSS_SCALE, 0)
+                };
+                let progress = Progress {
+                    epoch,
+                    step: t,
+                    update,
+                    loss_scale,
+                    good,
+                    ..self.setting.clone()
+                };
+                write_checkpoint(dir, &tensors, &progress)?;
+            }
+            // The mean over the steps whose loss is finite.
+            let mean = total_loss / (steps - skipped).max(1) as f64;
+            let rate = steps as f64 / epoch_start.elapsed().as_secs_f64().max(1e-9);
+            skipped_total += skipped as u64;
+            let scale = if mixed { Some(step.scale()?.0) } else { None };
+            let timing = step.timing();
+            if let Some(tm) = &timing {
+                run_timing.compute += tm.compute;
+                run_timing.reduce += tm.reduce;
+                (run_timing.buckets, run_timing.bytes) = (tm.buckets, tm.bytes);
+            }
+            if !leads {
+                continue;
+            }
+            if args.json {
+                let mut line = serde_json::json!({"epoch": epoch, "steps": t - 1, "loss": mean, "steps_per_s": rate});
+                if let Some(scale) = scale {
+                    line["updates"] = serde_json::json!(update - 1);
+                    line["skipped"] = serde_json::json!(skipped);
+                    line["loss_scale"] = serde_json::json!(scale);
+                }
+                if let Some(tm) = &timing {
+                    line["ranks"] = serde_json::json!(ranks);
+                    line["compute_s"] = serde_json::json!(tm.compute.as_secs_f64());
+                    line["allreduce_s"] = serde_json::json!(tm.reduce.as_secs_f64());
+                    line["allreduce_bytes"] = serde_json::json!(tm.bytes);
+                    line["buckets"] = serde_json::json!(tm.buckets);
+                }
+                dlc_cli::outln!("{line}");
+            } else {
+                let extra = scale
+                    .map(|s| format!(", {skipped} skipped, loss scale {s}"))
+                    .unwrap_or_default();
+                let text = format!(
+                    "epoch {epoch}/{}: loss {mean:.6} ({steps} steps, {rate:.1} steps/s{extra})",
+                    args.epochs
+                );
+                match &bar {
+                    Some(bar) => bar.println(text),
+                    None => dlc_cli::outln!("{text}"),
+                }
+            }
+        }
+        if let Some(bar) = bar {
+            bar.finish_and_clear();
+        }
+        if let Some(world) = self.world {
+            // The ranks applied the same updates to the same sums: their
+            // weights, state and buffers must agree bit for bit.
+            let mut held = Vec::new();
+            for k in 0..plan.weights.len() {
+                held.push(step.weight(k)?);
+                for s in 0..plan.state.len() {
+                    held.push(step.state(k, s)?);
+                }
+            }
+            for j in 0..plan.buffers.len() {
+                held.push(step.buffer(j)?);
+            }
+            let bytes: Vec<Vec<u8>> = held.iter().map(HostTensor::to_le_bytes).collect();
+            let parts: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
+            let differing = world.differing(distributed::digest(&parts));
+            if !differing.is_empty() {
+                return Err(usage(format!(
+                    "after training, the weights of rank(s) {differing:?} differ from rank 0's"
+                )));
+            }
+        }
+        if leads && !args.json {
+            dlc_cli::outln!(
+                "trained {} step(s) of {global} in {:.2} s{}",
+                t - self.start.step,
+                started.elapsed().as_secs_f64(),
+                if mixed {
+                    format!(" ({skipped_total} update(s) skipped on overflow)")
+                } else {
+                    String::new()
+                }
+            );
+            if self.world.is_some() {
+                let (c, r) = (
+                    run_timing.compute.as_secs_f64(),
+                    run_timing.reduce.as_secs_f64(),
+                );
+                dlc_cli::outln!(
+                    "data-parallel on {ranks} rank(s) of {batch}: all-reduce {r:.3} s ({:.1}% of the steps; {} bucket(s), {} KiB a step, after the backward pass, none of it hidden behind it), compute {c:.3} s; the weights are identical on every rank",
+                    100.0 * r / (r + c).max(1e-12),
+                    run_timing.buckets,
+                    run_timing.bytes / 1024
+                );
+            }
+        }
+        plan.weights
+            .iter()
+            .enumerate()
+            .map(|(k, _)| step.weight(k))
+            .chain((0..plan.buffers.len()).map(|j| step.buffer(j)))
+            .collect()
+    }
 }
 
 fn progress(args: &TrainArgs, total: usize) -> Option<indicatif::ProgressBar> {
