@@ -372,7 +372,7 @@ fn rank_process(marker: &str, rank: usize) -> Option<u32> {
             continue;
         };
         let vars: Vec<&[u8]> = env.split(|&b| b == 0).collect();
-        let has = |s: &str| vars.iter().any(|v| *v == s.as_bytes());
+        let has = |s: &str| vars.contains(&s.as_bytes());
         if has(&want) && has(&format!("DLC_CACHE_DIR={marker}")) {
             return Some(pid);
         }
