@@ -8,7 +8,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CARGO ?= cargo
 EXAMPLE ?= examples/w2_mlp.dl
 
-.PHONY: all setup setup-test-tools setup-cuda setup-onnx setup-python python-test bench-python run test lint fuzz-smoke bench bench-gpu gpu-check-prepare bench-peers bench-contract bench-saturate train-peers bench-train \
+.PHONY: all setup setup-test-tools setup-cuda setup-onnx setup-python python-test bench-python run test lint fuzz-smoke bench bench-gpu gpu-check-prepare bench-peers bench-contract bench-saturate train-peers bench-train bench-distributed \
 	onnx-tests onnx-bench onnx-models clean
 
 all: test
@@ -181,6 +181,16 @@ bench-train: setup
 	$(CARGO) build --release --locked -p dlc
 	$(CONTRACT_VENV)/bin/python scripts/bench_train.py target/release/dlc target/bench \
 		--runs $(or $(RUNS),20) $(if $(ONLY),--only $(ONLY))
+
+# Data-parallel training steps of W2 and W6 on 1 and 2 ranks here (one core
+# each): `dlc train --ranks N` (Open MPI) against PyTorch DDP on gloo, with
+# the share of each step spent summing gradients (docs/performance.md).
+bench-distributed: setup
+	@$(CONTRACT_VENV)/bin/python -c "import torch, numpy" 2>/dev/null || \
+		{ python3 -m venv $(CONTRACT_VENV) && $(CONTRACT_VENV)/bin/pip install -q $(CONTRACT_PACKAGES); }
+	$(CARGO) build --release --locked -p dlc
+	$(CONTRACT_VENV)/bin/python scripts/bench_distributed.py target/release/dlc target/bench \
+		$(if $(STEPS),--steps $(STEPS)) $(if $(ONLY),--only $(ONLY))
 
 # The digits classifiers of examples/train trained by dlc and by PyTorch from
 # the same initial weights and hyperparameters: test accuracies, final losses

@@ -84,9 +84,9 @@ fn block_train(x: f32[8, 64, 56, 56], w1: f32[64, 64, 3, 3], g1: f32[64], b1: f3
 """
 
 
-def source(name):
-    """The model's dlc program with `NAME_loss` and `NAME_step` appended."""
-    file, entry, params, out, _, _ = MODELS[base(name)]
+def program(name):
+    """The model's dlc program and its entry's parameter types by name."""
+    file, entry, _, _, _, _ = MODELS[base(name)]
     text = open(os.path.join(ROOT, "examples", file)).read() if file else W3_TRAIN
     start = text.index(f"fn {entry}(") + len(f"fn {entry}(")
     depth, i = 1, start
@@ -109,6 +109,13 @@ def source(name):
     for it in items:
         n, t = it.strip().replace("weight ", "").split(":")
         types[n.strip()] = t.strip()
+    return text, types
+
+
+def source(name):
+    """The model's dlc program with `NAME_loss` and `NAME_step` appended."""
+    _, entry, params, out, _, _ = MODELS[base(name)]
+    text, types = program(name)
     out_ty = "f32[" + ", ".join(map(str, out)) + "]"
     plist = ", ".join(f"{p}: {types[p]}" for p in params)
     weights = trained(name)
