@@ -14,13 +14,10 @@
 use std::time::{Duration, Instant};
 
 use dlc_driver::DriverError;
+use dlc_runtime::AlignedBuffer;
 use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
-
-/// The bytes a bucket gathers before its all-reduce starts: PyTorch DDP's
-/// default (`bucket_cap_mb=25`).
-pub const BUCKET_BYTES: usize = 25 << 20;
 
 /// This process's place among the ranks, for the whole run.
 pub struct World {
@@ -103,17 +100,26 @@ impl World {
 #[derive(Clone, Copy, Debug)]
 pub struct Slot {
     pub bucket: usize,
+    /// In f32 elements, a multiple of 16 (64 bytes: compiled code is handed
+    /// its tensors so aligned).
     pub offset: usize,
     pub len: usize,
 }
 
-/// f32 tensors summed over the ranks in buckets of about
-/// [`BUCKET_BYTES`], each one all-reduce.
+/// f32 tensors summed over the ranks in buckets of about a given size, each
+/// one all-reduce; compiled code writes its results into their regions and
+/// reads the sums from them in place.
 pub struct Buckets {
-    send: Vec<Vec<f32>>,
-    recv: Vec<Vec<f32>>,
-    /// Time spent in the last [`Buckets::reduce`].
-    pub last: Duration,
+    send: Vec<AlignedBuffer>,
+    recv: Vec<AlignedBuffer>,
+}
+
+/// One bucket's storage as addresses: sent, summed, and its f32 count.
+#[derive(Clone, Copy)]
+pub struct Region {
+    send: usize,
+    recv: usize,
+    len: usize,
 }
 
 impl Buckets {
@@ -126,13 +132,14 @@ impl Buckets {
         for &len in lens {
             let last = sizes.len().wrapping_sub(1);
             match sizes.last_mut() {
-                Some(size) if *size + len <= cap => {
+                Some(size) if size.next_multiple_of(16) + len <= cap => {
+                    let offset = size.next_multiple_of(16);
                     slots.push(Slot {
                         bucket: last,
-                        offset: *size,
+                        offset,
                         len,
                     });
-                    *size += len;
+                    *size = offset + len;
                 }
                 _ => {
                     slots.push(Slot {
@@ -145,9 +152,14 @@ impl Buckets {
             }
         }
         let buckets = Buckets {
-            send: sizes.iter().map(|&n| vec![0.0; n]).collect(),
-            recv: sizes.iter().map(|&n| vec![0.0; n]).collect(),
-            last: Duration::ZERO,
+            send: sizes
+                .iter()
+                .map(|&n| AlignedBuffer::zeroed(n * 4))
+                .collect(),
+            recv: sizes
+                .iter()
+                .map(|&n| AlignedBuffer::zeroed(n * 4))
+                .collect(),
         };
         (buckets, slots)
     }
@@ -158,46 +170,102 @@ impl Buckets {
 
     /// The bytes every step all-reduces.
     pub fn bytes(&self) -> usize {
-        self.send.iter().map(|b| b.len() * 4).sum()
+        self.send.iter().map(|b| b.bytes().len()).sum()
     }
 
-    /// The elements of `slot` to be summed: write them here before
-    /// [`Buckets::reduce`].
-    pub fn input(&mut self, slot: Slot) -> &mut [f32] {
-        &mut self.send[slot.bucket][slot.offset..slot.offset + slot.len]
+    /// Where `slot`'s elements are written, to be summed.
+    pub fn send_ptr(&mut self, slot: Slot) -> *mut u8 {
+        self.send[slot.bucket].bytes_mut()[slot.offset * 4..].as_mut_ptr()
     }
 
-    /// The sums over the ranks of `slot`'s elements, after
-    /// [`Buckets::reduce`].
+    /// Where `slot`'s sums over the ranks are.
+    pub fn recv_ptr(&mut self, slot: Slot) -> *mut u8 {
+        self.recv[slot.bucket].bytes_mut()[slot.offset * 4..].as_mut_ptr()
+    }
+
+    /// The sums over the ranks of `slot`'s elements, after a reduction.
     pub fn sum(&self, slot: Slot) -> &[f32] {
-        &self.recv[slot.bucket][slot.offset..slot.offset + slot.len]
+        let f: &[f32] = bytemuck::cast_slice(self.recv[slot.bucket].bytes());
+        &f[slot.offset..slot.offset + slot.len]
     }
 
-    /// Sums every bucket over the ranks: each bucket's all-reduce is
-    /// started (non-blocking) in order, then all are waited for.
-    pub fn reduce(&mut self, world: &World) {
-        let start = Instant::now();
-        let comm = &world.world;
-        let (send, recv) = (&self.send, &mut self.recv);
-        mpi::request::scope(|scope| {
-            let pending: Vec<_> = send
-                .iter()
-                .zip(recv.iter_mut())
-                .map(|(s, r)| {
-                    comm.immediate_all_reduce_into(
-                        scope,
-                        &s[..],
-                        &mut r[..],
-                        SystemOperation::sum(),
-                    )
-                })
-                .collect();
-            for request in pending {
-                request.wait();
-            }
-        });
-        self.last = start.elapsed();
+    /// Each bucket's storage, for [`reduce_as_ready`]: the addresses stay valid
+    /// as long as the buckets do.
+    pub fn regions(&mut self) -> Vec<Region> {
+        self.send
+            .iter_mut()
+            .zip(&mut self.recv)
+            .map(|(s, r)| Region {
+                len: s.bytes().len() / 4,
+                send: s.as_mut_ptr() as usize,
+                recv: r.as_mut_ptr() as usize,
+            })
+            .collect()
     }
+}
+
+/// Runs `compute`, which calls its `ready` with each bucket's index as soon
+/// as the bucket's send storage is complete (and is not written again
+/// until this returns): the bucket's all-reduce starts then, non-blocking,
+/// and the ones under way are progressed; once `compute` returns, the rest
+/// are waited for. Returns `compute`'s result and the time spent in MPI
+/// (starting, progressing and waiting; the part within `compute`, and the
+/// wait after it): what summing added to the step.
+#[allow(unsafe_code)] // The buckets' storage, handed to MPI by address.
+pub fn reduce_as_ready<R>(
+    regions: &[Region],
+    compute: impl FnOnce(&mut dyn FnMut(usize)) -> R,
+) -> Result<(R, Duration, Duration), DriverError> {
+    let world = SimpleCommunicator::world();
+    let mut in_mpi = Duration::ZERO;
+    let mut waited = Duration::ZERO;
+    let mut started = 0;
+    let result = mpi::request::scope(|sc| {
+        let mut pending = Vec::new();
+        let result = {
+            let mut ready = |b: usize| {
+                let Some(r) = regions.get(b) else { return };
+                let start = Instant::now();
+                // SAFETY: the caller hands over bucket `b` whole: its send
+                // storage written and left alone, its sums read by no one
+                // until this returns; `Buckets` keeps both alive.
+                let (send, recv) = unsafe {
+                    (
+                        std::slice::from_raw_parts(r.send as *const f32, r.len),
+                        std::slice::from_raw_parts_mut(r.recv as *mut f32, r.len),
+                    )
+                };
+                pending.push(world.immediate_all_reduce_into(
+                    sc,
+                    send,
+                    recv,
+                    SystemOperation::sum(),
+                ));
+                started += 1;
+                // Progress the reductions under way (MPI moves data only
+                // within its calls).
+                pending = std::mem::take(&mut pending)
+                    .into_iter()
+                    .filter_map(|request| request.test().err())
+                    .collect();
+                in_mpi += start.elapsed();
+            };
+            compute(&mut ready)
+        };
+        let start = Instant::now();
+        for request in pending {
+            request.wait();
+        }
+        waited = start.elapsed();
+        result
+    });
+    if started != regions.len() {
+        return Err(DriverError::Usage(format!(
+            "{started} of {} gradient buckets were summed",
+            regions.len()
+        )));
+    }
+    Ok((result, in_mpi, waited))
 }
 
 /// A digest of bytes (FNV-1a, 64 bits): equal tensors, equal digests.
@@ -262,12 +330,17 @@ mod tests {
 
     #[test]
     fn buckets_fill_in_order_up_to_their_size() {
-        // 4-byte elements, 40-byte buckets: 10 elements each.
-        let (b, slots) = Buckets::new(&[4, 5, 3, 12, 1], 40);
+        // 4-byte elements, 160-byte buckets: 40 elements each, each tensor
+        // at a multiple of 16 elements (64 bytes).
+        let (mut b, slots) = Buckets::new(&[4, 5, 30, 50, 1, 2], 160);
         let at: Vec<(usize, usize)> = slots.iter().map(|s| (s.bucket, s.offset)).collect();
-        assert_eq!(at, [(0, 0), (0, 4), (1, 0), (2, 0), (3, 0)]);
+        assert_eq!(at, [(0, 0), (0, 16), (1, 0), (2, 0), (3, 0), (3, 16)]);
         assert_eq!(b.count(), 4);
-        assert_eq!(b.bytes(), 25 * 4);
+        assert_eq!(b.bytes(), (21 + 30 + 50 + 18) * 4);
+        for s in &slots {
+            assert_eq!(b.send_ptr(*s) as usize % 64, 0);
+            assert_eq!(b.recv_ptr(*s) as usize % 64, 0);
+        }
     }
 
     #[test]

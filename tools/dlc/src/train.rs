@@ -19,7 +19,8 @@ use dlc_driver::{
 use dlc_runtime::HostTensor;
 use rand::seq::SliceRandom;
 
-use crate::distributed::{self, BUCKET_BYTES, Buckets, Slot, World};
+use crate::distributed::{self, Buckets, Slot, World};
+use dlc_runtime::AlignedBuffer;
 
 /// The optimizer `dlc train --optimizer` names.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
@@ -130,6 +131,12 @@ pub struct TrainArgs {
     /// command under `mpirun -np N --oversubscribe` with --data-parallel.
     #[arg(long, value_name = "N")]
     pub ranks: Option<usize>,
+    /// Data-parallel: the MiB of gradients summed by one all-reduce (PyTorch
+    /// DDP's `bucket_cap_mb`). The gradient is computed in one stage per
+    /// bucket, the last weights' first, and each bucket is summed while the
+    /// next stage computes.
+    #[arg(long, value_name = "MIB", default_value_t = 25.0)]
+    pub bucket_mb: f64,
 }
 
 fn usage(message: impl Into<String>) -> DriverError {
@@ -518,6 +525,12 @@ pub fn train(args: &TrainArgs) -> Result<(), DriverError> {
         }
         return distributed::launch(ranks);
     }
+    if !(args.bucket_mb > 0.0 && args.bucket_mb.is_finite()) {
+        return Err(usage(format!(
+            "--bucket-mb must be positive, got {}",
+            args.bucket_mb
+        )));
+    }
     if !args.data_parallel {
         return train_on(args, None);
     }
@@ -766,7 +779,16 @@ fn train_on(args: &TrainArgs, world: Option<&World>) -> Result<(), DriverError> 
         None => vec!["__train_step".to_string()],
         Some(_) => vec!["__train_grads".to_string(), "__train_update".to_string()],
     };
-    let step_module = dlc_driver::only_entries(&step_module, &entries)?;
+    let mut step_module = dlc_driver::only_entries(&step_module, &entries)?;
+    // A data-parallel gradient runs in stages, one per bucket of results,
+    // so that a bucket is summed while the next stage computes.
+    let split = match world {
+        None => None,
+        Some(_) => {
+            let bytes = (args.bucket_mb * (1 << 20) as f64) as usize;
+            Some(split_gradient(&mut step_module, plan.weights.len(), bytes)?)
+        }
+    };
     let lowered = dlc_driver::lower_for_cpu(&step_module)?;
     let ns = plan.state.len();
     let mixed = args.precision != Precision::F32;
@@ -901,16 +923,22 @@ fn train_on(args: &TrainArgs, world: Option<&World>) -> Result<(), DriverError> 
         world,
     };
     let result = dlc_llvm::jit_with(&lowered, &dlc_llvm::JitOptions::default(), |jit| {
-        Ok(match world {
-            None => {
+        Ok(match (world, split) {
+            (None, _) => {
                 let kernel = jit.kernel("__train_step")?;
                 Fused::bind(&kernel, &layout, &initial).and_then(|mut s| driven.run(&mut s))
             }
-            Some(world) => {
-                let grads = jit.kernel("__train_grads")?;
+            (Some(_), None) => Err(usage("the data-parallel gradient was not split")),
+            (Some(world), Some((buckets, slots, plans))) => {
+                let kernels = plans
+                    .iter()
+                    .map(|p| jit.kernel(&p.name))
+                    .collect::<Result<Vec<_>, _>>()?;
                 let update = jit.kernel("__train_update")?;
-                Split::bind(&grads, &update, &layout, &initial, world)
-                    .and_then(|mut s| driven.run(&mut s))
+                Staged::bind(
+                    &kernels, &plans, &update, buckets, slots, &layout, &initial, world,
+                )
+                .and_then(|mut s| driven.run(&mut s))
             }
         })
     })
@@ -968,6 +996,17 @@ struct Initial<'a> {
 }
 
 impl Layout {
+    /// The loss's parameter `i` at the start: a weight's or a buffer's
+    /// tensor, or none for data.
+    fn initial_param<'t>(&self, i: usize, initial: &Initial<'t>) -> Option<&'t HostTensor> {
+        if let Some(k) = self.weights.iter().position(|&w| w == i) {
+            initial.weights.get(k)
+        } else {
+            let j = self.buffers.iter().position(|&b| b == i)?;
+            initial.buffers.get(j)
+        }
+    }
+
     /// Pushes the loss's parameters: the weights, the buffers, the data
     /// (zeros until the first batch).
     fn push_params(
@@ -976,16 +1015,8 @@ impl Layout {
         types: &[dlc_core::TensorType],
         initial: &Initial<'_>,
     ) -> Result<(), DriverError> {
-        let (mut w, mut b) = (initial.weights.iter(), initial.buffers.iter());
         for (i, ty) in types.iter().enumerate().take(self.params) {
-            let given = if self.weights.contains(&i) {
-                Some(w.next().ok_or_else(|| usage("weights"))?)
-            } else if self.buffers.contains(&i) {
-                Some(b.next().ok_or_else(|| usage("buffers"))?)
-            } else {
-                None
-            };
-            match given {
+            match self.initial_param(i, initial) {
                 Some(t) => binder.push(t),
                 None => binder.push_values(ty, std::iter::repeat(0.0)),
             }
@@ -1042,7 +1073,9 @@ impl Layout {
 struct Timing {
     /// In the compiled gradient and update.
     compute: std::time::Duration,
-    /// Moving and all-reducing gradients, buffers and the loss.
+    /// In MPI, summing gradients, buffers and the loss over the ranks
+    /// (starting each bucket's all-reduce, progressing those under way,
+    /// waiting for the last).
     reduce: std::time::Duration,
     buckets: usize,
     bytes: usize,
@@ -1166,213 +1199,349 @@ impl Stepper for Fused<'_, '_> {
     }
 }
 
-/// A data-parallel step: the compiled gradient of this rank's share, the
-/// gradients (with the buffers' new values and the loss) summed over the
-/// ranks in buckets, then the compiled update, the same on every rank.
+/// The gradient's stages, as the data-parallel step runs them: stage `k`
+/// computes bucket `k`'s results (written into the bucket), reading the
+/// values of earlier stages it is handed.
+pub struct StagePlan {
+    /// Its entry point.
+    name: String,
+    /// Per parameter after the gradient's own: the stage and the carried
+    /// result of that stage (counted after its bucket's results).
+    carried: Vec<(usize, usize)>,
+    /// Its bucket's results, in its results' order.
+    own: Vec<Slot>,
+}
+
+/// Splits `__train_grads` of `module` into one stage per bucket of its
+/// results (the loss, the buffers, the gradients in the order the backward
+/// pass finishes them: the last weights' first), each an entry point; the
+/// buckets, each result's slot, and the stages.
+fn split_gradient(
+    module: &mut dlc_graph::Module,
+    nw: usize,
+    bucket_bytes: usize,
+) -> Result<(Buckets, Vec<Slot>, Vec<StagePlan>), DriverError> {
+    let at = module
+        .functions
+        .iter()
+        .position(|f| f.name == "__train_grads")
+        .ok_or_else(|| usage("no __train_grads"))?;
+    let grads = module.functions.remove(at);
+    let count = |v: &dlc_graph::Value| grads.value_type(*v).num_elements().unwrap_or(0);
+    // Results: the loss, the gradients, the buffers; bucketed as the loss,
+    // the buffers, then the gradients last to first.
+    let n = grads.results.len();
+    let order: Vec<usize> = std::iter::once(0)
+        .chain(1 + nw..n)
+        .chain((1..=nw).rev())
+        .collect();
+    let lens: Vec<usize> = order.iter().map(|&r| count(&grads.results[r])).collect();
+    let (buckets, bucketed) = Buckets::new(&lens, bucket_bytes);
+    let mut slots = vec![bucketed[0]; n];
+    for (&r, &slot) in order.iter().zip(&bucketed) {
+        slots[r] = slot;
+    }
+    let groups: Vec<Vec<usize>> = (0..buckets.count())
+        .map(|b| {
+            order
+                .iter()
+                .copied()
+                .filter(|&r| slots[r].bucket == b)
+                .collect()
+        })
+        .collect();
+    let mut stages = dlc_graph::transforms::split_by_results(&grads, &groups).map_err(usage)?;
+    // Entry points are C symbols.
+    for (k, s) in stages.iter_mut().enumerate() {
+        s.function.name = format!("__train_grads_stage{k}");
+    }
+    let plans = stages
+        .iter()
+        .zip(&groups)
+        .map(|(s, group)| StagePlan {
+            name: s.function.name.clone(),
+            carried: s
+                .carried
+                .iter()
+                .map(|&(j, r)| (j, r - stages[j].own))
+                .collect(),
+            own: group.iter().map(|&r| slots[r]).collect(),
+        })
+        .collect();
+    module
+        .functions
+        .extend(stages.into_iter().map(|s| s.function));
+    Ok((buckets, slots, plans))
+}
+
+fn zeroed(ty: &dlc_core::TensorType) -> AlignedBuffer {
+    AlignedBuffer::zeroed(ty.num_elements().unwrap_or(0) * ty.dtype.size_bytes())
+}
+
+/// A data-parallel step: the gradient of this rank's share in stages, each
+/// stage's bucket summed over the ranks on a thread of its own while the
+/// next stage computes, then the update, the same on every rank. Every
+/// tensor lives here once and each compiled call is handed pointers to
+/// them: stages write into the buckets and read each other's values, the
+/// update reads the sums, nothing is copied between calls.
 ///
-/// `grads` takes the loss's parameters (and the loss scale) and returns the
-/// loss, the gradients and the buffers' new values; `update` takes the
-/// weights, the summed gradients, the state, the step number (and the loss
-/// scale and its good updates) and returns the weights and the state (and
-/// the loss scale's three). The weights live in `update`'s inputs and are
-/// copied into `grads`' after each update.
-struct Split<'k, 'a> {
-    grads: dlc_runtime::call::BoundCall<'k, 'a>,
-    update: dlc_runtime::call::BoundCall<'k, 'a>,
+/// The update takes the weights, the summed gradients, the state, the step
+/// number (and the loss scale and its good updates) and returns the
+/// weights and the state (and the loss scale's three), into buffers that
+/// trade places with its inputs after the call.
+struct Staged<'k, 'a> {
+    stages: Vec<(&'k dlc_runtime::Kernel<'a>, &'k StagePlan)>,
+    update: &'k dlc_runtime::Kernel<'a>,
     layout: &'k Layout,
     world: &'k World,
     buckets: Buckets,
-    /// Each gradient's, each buffer's and the loss's place in the buckets.
-    grad_slots: Vec<Slot>,
-    buffer_slots: Vec<Slot>,
-    loss_slot: Slot,
+    /// The gradient's parameters: the loss's (weights, buffers, data) and,
+    /// with mixed precision, the loss scale.
+    params: Vec<AlignedBuffer>,
+    types: Vec<dlc_core::TensorType>,
+    /// Each stage's carried results.
+    carries: Vec<Vec<AlignedBuffer>>,
+    /// The update's: the state, the step number, the good updates; the
+    /// buffers it writes (the new weights, state, scale, good updates and
+    /// whether the update was made).
+    state: Vec<AlignedBuffer>,
+    t: AlignedBuffer,
+    good: AlignedBuffer,
+    out: Vec<AlignedBuffer>,
+    /// The slots of the loss, the gradients and the buffers.
+    slots: Vec<Slot>,
     timing: Timing,
 }
 
-impl<'k, 'a> Split<'k, 'a> {
+impl<'k, 'a> Staged<'k, 'a> {
+    #[allow(clippy::too_many_arguments)]
     fn bind(
-        grads: &'k dlc_runtime::Kernel<'a>,
+        kernels: &'k [dlc_runtime::Kernel<'a>],
+        plans: &'k [StagePlan],
         update: &'k dlc_runtime::Kernel<'a>,
+        buckets: Buckets,
+        slots: Vec<Slot>,
         layout: &'k Layout,
         initial: &Initial<'_>,
         world: &'k World,
-    ) -> Result<Split<'k, 'a>, DriverError> {
-        let types: Vec<_> = grads.signature().inputs().map(|p| p.ty.clone()).collect();
-        let mut binder = grads.binder();
-        layout.push_params(&mut binder, &types, initial)?;
+    ) -> Result<Staged<'k, 'a>, DriverError> {
+        let first = kernels.first().ok_or_else(|| usage("no gradient stage"))?;
+        // Every stage takes the gradient's parameters first.
+        let given = first.signature().inputs().count() - plans[0].carried.len();
+        let types: Vec<_> = first
+            .signature()
+            .inputs()
+            .take(given)
+            .map(|p| p.ty.clone())
+            .collect();
+        let mut params: Vec<AlignedBuffer> = types
+            .iter()
+            .enumerate()
+            .map(|(i, ty)| match layout.initial_param(i, initial) {
+                Some(t) => AlignedBuffer::from_tensor(t),
+                None => zeroed(ty),
+            })
+            .collect();
         if layout.mixed {
-            let f32_ty = dlc_core::TensorType::scalar(dlc_core::DType::F32);
-            binder
-                .push_values(&f32_ty, std::iter::once(initial.scale))
-                .map_err(runtime)?;
+            params[layout.params] =
+                AlignedBuffer::from_values(dlc_core::DType::F32, 1, std::iter::once(initial.scale));
         }
-        let grads = binder.finish().map_err(runtime)?;
-        let mut binder = update.binder();
-        for w in initial.weights {
-            binder.push(w).map_err(runtime)?;
-        }
-        for w in initial.weights {
-            binder
-                .push_values(&w.ty, std::iter::repeat(0.0))
-                .map_err(runtime)?;
-        }
-        layout.push_state(&mut binder, initial)?;
-        layout.push_tail(&mut binder, initial)?;
-        let update = binder.finish().map_err(runtime)?;
-        // Buckets in the order the backward pass finishes the gradients:
-        // the last weights' first; then the buffers and the loss.
-        let count = |t: &HostTensor| t.ty.num_elements().unwrap_or(0);
-        let nw = initial.weights.len();
-        let mut lens: Vec<usize> = initial.weights.iter().rev().map(count).collect();
-        lens.extend(initial.buffers.iter().map(count));
-        lens.push(1);
-        let (buckets, slots) = Buckets::new(&lens, BUCKET_BYTES);
-        let mut grad_slots = slots[..nw].to_vec();
-        grad_slots.reverse();
-        let mut split = Split {
-            grads,
+        let carries = kernels
+            .iter()
+            .zip(plans)
+            .map(|(k, p)| {
+                k.signature()
+                    .outputs()
+                    .skip(p.own.len())
+                    .map(|o| zeroed(&o.ty))
+                    .collect()
+            })
+            .collect();
+        let nw = layout.weights.len();
+        let state: Vec<AlignedBuffer> = update
+            .signature()
+            .inputs()
+            .skip(2 * nw)
+            .take(nw * layout.ns)
+            .enumerate()
+            .map(|(i, p)| match initial.state.and_then(|s| s.get(i)) {
+                Some(t) => AlignedBuffer::from_tensor(t),
+                None => zeroed(&p.ty),
+            })
+            .collect();
+        let out = update
+            .signature()
+            .outputs()
+            .map(|o| zeroed(&o.ty))
+            .collect();
+        let i64_ty = dlc_core::DType::I64;
+        let mut staged = Staged {
+            stages: kernels.iter().zip(plans).collect(),
             update,
             layout,
             world,
-            buffer_slots: slots[nw..slots.len() - 1].to_vec(),
-            loss_slot: slots[slots.len() - 1],
-            grad_slots,
             buckets,
+            params,
+            types,
+            carries,
+            state,
+            t: AlignedBuffer::from_values(i64_ty, 1, std::iter::once(1.0)),
+            good: AlignedBuffer::from_values(i64_ty, 1, std::iter::once(initial.good as f64)),
+            out,
+            slots,
             timing: Timing::default(),
         };
         // Every rank starts from rank 0's weights, state and buffers.
+        for &i in layout.weights.iter().chain(&layout.buffers) {
+            world.broadcast(staged.params[i].bytes_mut());
+        }
+        for s in &mut staged.state {
+            world.broadcast(s.bytes_mut());
+        }
+        Ok(staged)
+    }
+
+    /// Runs stage `k`.
+    #[allow(unsafe_code)] // Compiled code called on storage laid out here.
+    fn run_stage(&mut self, k: usize) -> Result<(), DriverError> {
+        let (kernel, plan) = self.stages[k];
+        let mut pointers: Vec<*mut u8> = self.params.iter_mut().map(|b| b.as_mut_ptr()).collect();
+        for &(j, c) in &plan.carried {
+            pointers.push(self.carries[j][c].as_mut_ptr());
+        }
+        for &slot in &plan.own {
+            pointers.push(self.buckets.send_ptr(slot));
+        }
+        pointers.extend(self.carries[k].iter_mut().map(AlignedBuffer::as_mut_ptr));
+        // SAFETY: one buffer per parameter of the stage, each of its type's
+        // size and 64-byte aligned (bucket slots too); its results (its
+        // bucket's slots, its carried values) overlap nothing it reads.
+        unsafe { kernel.call_raw(&pointers) }.map_err(runtime)
+    }
+
+    /// Runs the update on the summed gradients; its results trade places
+    /// with its inputs.
+    #[allow(unsafe_code)] // As `run_stage`.
+    fn run_update(&mut self) -> Result<(), DriverError> {
+        let l = self.layout;
+        let nw = l.weights.len();
+        let mut pointers: Vec<*mut u8> = Vec::new();
+        for &w in &l.weights {
+            pointers.push(self.params[w].as_mut_ptr());
+        }
         for k in 0..nw {
-            world.broadcast(split.update.input_bytes_mut(k).map_err(runtime)?);
-            for s in 0..layout.ns {
-                let i = split.state_input(k, s);
-                world.broadcast(split.update.input_bytes_mut(i).map_err(runtime)?);
-            }
-            split.copy_weight(k)?;
+            pointers.push(self.buckets.recv_ptr(self.slots[1 + k]));
         }
-        for &b in &layout.buffers {
-            world.broadcast(split.grads.input_bytes_mut(b).map_err(runtime)?);
+        pointers.extend(self.state.iter_mut().map(AlignedBuffer::as_mut_ptr));
+        pointers.push(self.t.as_mut_ptr());
+        if l.mixed {
+            pointers.push(self.params[l.params].as_mut_ptr());
+            pointers.push(self.good.as_mut_ptr());
         }
-        Ok(split)
-    }
-
-    fn state_input(&self, k: usize, s: usize) -> usize {
-        2 * self.layout.weights.len() + k * self.layout.ns + s
-    }
-
-    fn t_input(&self) -> usize {
-        let nw = self.layout.weights.len();
-        2 * nw + nw * self.layout.ns
-    }
-
-    /// Weight `k` as the update left it, into the gradient's inputs.
-    fn copy_weight(&mut self, k: usize) -> Result<(), DriverError> {
-        let from = self.update.input_bytes(k).map_err(runtime)?;
-        self.grads
-            .input_bytes_mut(self.layout.weights[k])
-            .map_err(runtime)?
-            .copy_from_slice(from);
+        pointers.extend(self.out.iter_mut().map(AlignedBuffer::as_mut_ptr));
+        // SAFETY: as in `run_stage`: the update's inputs (weights, sums,
+        // state, step) and its fresh results, one buffer each.
+        unsafe { self.update.call_raw(&pointers) }.map_err(runtime)?;
+        let mut out = self.out.iter_mut();
+        for &w in &l.weights {
+            std::mem::swap(
+                &mut self.params[w],
+                out.next().ok_or_else(|| usage("update"))?,
+            );
+        }
+        for s in &mut self.state {
+            std::mem::swap(s, out.next().ok_or_else(|| usage("update"))?);
+        }
+        if l.mixed {
+            std::mem::swap(
+                &mut self.params[l.params],
+                out.next().ok_or_else(|| usage("update"))?,
+            );
+            std::mem::swap(&mut self.good, out.next().ok_or_else(|| usage("update"))?);
+        }
         Ok(())
+    }
+
+    fn tensor(ty: &dlc_core::TensorType, b: &AlignedBuffer) -> Result<HostTensor, DriverError> {
+        HostTensor::from_le_bytes(ty.clone(), b.bytes()).map_err(|e| usage(e.to_string()))
     }
 }
 
-impl Stepper for Split<'_, '_> {
+impl Stepper for Staged<'_, '_> {
     fn write_data(
         &mut self,
         i: usize,
         values: impl Iterator<Item = f64>,
     ) -> Result<(), DriverError> {
-        self.grads.write_input(i, values).map_err(runtime)
+        let ty = &self.types[i];
+        let n = ty.num_elements().unwrap_or(0);
+        let mut count = 0;
+        self.params[i] = AlignedBuffer::from_values(ty.dtype, n, values.inspect(|_| count += 1));
+        if count < n {
+            return Err(usage(format!(
+                "data parameter {i} ({ty}) given {count} of its {n} elements"
+            )));
+        }
+        Ok(())
     }
 
     fn step(&mut self, update: u64) -> Result<(f64, bool), DriverError> {
         let l = self.layout;
-        let (nw, ns) = (l.weights.len(), l.ns);
+        let nw = l.weights.len();
         let ranks = self.world.size() as f32;
+        self.t =
+            AlignedBuffer::from_values(dlc_core::DType::I64, 1, std::iter::once(update as f64));
+        let regions = self.buckets.regions();
         let started = Instant::now();
-        self.grads.run().map_err(runtime)?;
-        let computed = Instant::now();
-        let f32s = |b: &[u8]| bytemuck::cast_slice::<u8, f32>(b).to_owned();
-        for (k, &slot) in self.grad_slots.iter().enumerate() {
-            let g = self.grads.output_bytes(1 + k).map_err(runtime)?;
-            self.buckets
-                .input(slot)
-                .copy_from_slice(bytemuck::cast_slice(g));
-        }
-        for (j, &slot) in self.buffer_slots.iter().enumerate() {
-            let b = self.grads.output_bytes(1 + nw + j).map_err(runtime)?;
-            self.buckets
-                .input(slot)
-                .copy_from_slice(bytemuck::cast_slice(b));
-        }
-        let loss = f32s(self.grads.output_bytes(0).map_err(runtime)?);
-        self.buckets.input(self.loss_slot).copy_from_slice(&loss);
-        self.buckets.reduce(self.world);
-        for (k, &slot) in self.grad_slots.iter().enumerate() {
-            let to = self.update.input_bytes_mut(nw + k).map_err(runtime)?;
-            bytemuck::cast_slice_mut::<u8, f32>(to).copy_from_slice(self.buckets.sum(slot));
-        }
+        let (computed, in_mpi, waited) = distributed::reduce_as_ready(&regions, |ready| {
+            for k in 0..self.stages.len() {
+                self.run_stage(k)?;
+                ready(k);
+            }
+            Ok::<_, DriverError>(started.elapsed())
+        })?;
+        // The stages' time, without what the all-reduces took within it.
+        let computed = computed?.saturating_sub(in_mpi);
         // The buffers' new values (running averages): their mean.
-        for (j, &slot) in self.buffer_slots.iter().enumerate() {
-            let to = self.grads.input_bytes_mut(l.buffers[j]).map_err(runtime)?;
-            let to = bytemuck::cast_slice_mut::<u8, f32>(to);
-            for (t, &s) in to.iter_mut().zip(self.buckets.sum(slot)) {
+        for (j, &b) in l.buffers.iter().enumerate() {
+            let sums = self.buckets.sum(self.slots[1 + nw + j]);
+            let to = bytemuck::cast_slice_mut::<u8, f32>(self.params[b].bytes_mut());
+            for (t, &s) in to.iter_mut().zip(sums) {
                 *t = s / ranks;
             }
         }
-        let loss = self.buckets.sum(self.loss_slot)[0] as f64 / ranks as f64;
-        let reduced = Instant::now();
-        let t = self.t_input();
-        let u = &mut self.update;
-        u.write_input(t, std::iter::once(update as f64))
-            .map_err(runtime)?;
-        u.run().map_err(runtime)?;
-        // Results: the weights, the state, then with mixed precision the
-        // loss scale, its good updates and whether the update was made.
-        let scale_result = nw + nw * ns;
-        let made = !l.mixed || u.output(scale_result + 2).map_err(runtime)?.data[0] != 0.0;
-        for k in 0..nw {
-            u.swap_result_into_input(k, k).map_err(runtime)?;
-            for s in 0..ns {
-                u.swap_result_into_input(nw + k * ns + s, 2 * nw + k * ns + s)
-                    .map_err(runtime)?;
-            }
-        }
-        if l.mixed {
-            u.swap_result_into_input(scale_result, t + 1)
-                .map_err(runtime)?;
-            u.swap_result_into_input(scale_result + 1, t + 2)
-                .map_err(runtime)?;
-            let scale = self.update.input_bytes(t + 1).map_err(runtime)?;
-            self.grads
-                .input_bytes_mut(l.params)
-                .map_err(runtime)?
-                .copy_from_slice(scale);
-        }
-        for k in 0..nw {
-            self.copy_weight(k)?;
-        }
+        let loss = self.buckets.sum(self.slots[0])[0] as f64 / ranks as f64;
+        let updating = Instant::now();
+        self.run_update()?;
+        // With mixed precision the last result is whether the update was
+        // made.
+        let made = !l.mixed || self.out.last().is_some_and(|b| b.bytes()[0] != 0);
         let timing = &mut self.timing;
-        timing.compute += computed - started + reduced.elapsed();
-        timing.reduce += reduced - computed;
+        timing.compute += computed + updating.elapsed();
+        timing.reduce += in_mpi + waited;
         Ok((loss, made))
     }
 
     fn weight(&self, k: usize) -> Result<HostTensor, DriverError> {
-        self.update.input(k).map_err(runtime)
+        let w = self.layout.weights[k];
+        Self::tensor(&self.types[w], &self.params[w])
     }
 
     fn state(&self, k: usize, s: usize) -> Result<HostTensor, DriverError> {
-        self.update.input(self.state_input(k, s)).map_err(runtime)
+        let w = self.layout.weights[k];
+        Self::tensor(&self.types[w], &self.state[k * self.layout.ns + s])
     }
 
     fn buffer(&self, j: usize) -> Result<HostTensor, DriverError> {
-        self.grads.input(self.layout.buffers[j]).map_err(runtime)
+        let b = self.layout.buffers[j];
+        Self::tensor(&self.types[b], &self.params[b])
     }
 
     fn scale(&self) -> Result<(f64, u64), DriverError> {
-        let t = self.t_input();
-        let scale = self.update.input(t + 1).map_err(runtime)?.data[0];
-        let good = self.update.input(t + 2).map_err(runtime)?.data[0];
+        let f32_ty = dlc_core::TensorType::scalar(dlc_core::DType::F32);
+        let i64_ty = dlc_core::TensorType::scalar(dlc_core::DType::I64);
+        let scale = Self::tensor(&f32_ty, &self.params[self.layout.params])?.data[0];
+        let good = Self::tensor(&i64_ty, &self.good)?.data[0];
         Ok((scale, good as u64))
     }
 
@@ -1571,10 +1740,10 @@ impl Loop<'_> {
                     run_timing.reduce.as_secs_f64(),
                 );
                 dlc_cli::outln!(
-                    "data-parallel on {ranks} rank(s) of {batch}: all-reduce {r:.3} s ({:.1}% of the steps; {} bucket(s), {} KiB a step, after the backward pass, none of it hidden behind it), compute {c:.3} s; the weights are identical on every rank",
-                    100.0 * r / (r + c).max(1e-12),
+                    "data-parallel on {ranks} rank(s) of {batch}: {} bucket(s) of gradients, {} KiB a step, each summed as the stage computing it ends; {r:.3} s in MPI ({:.1}% of the steps), {c:.3} s computing; the weights are identical on every rank",
                     run_timing.buckets,
-                    run_timing.bytes / 1024
+                    run_timing.bytes / 1024,
+                    100.0 * r / (r + c).max(1e-12),
                 );
             }
         }

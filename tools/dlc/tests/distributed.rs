@@ -161,8 +161,10 @@ fn ranks_sharing_a_batch_step_as_one_process_with_all_of_it() {
     for (ranks, how) in [(1, "--data-parallel"), (2, "--ranks"), (3, "--ranks")] {
         let ck = d.path(&format!("ranks{ranks}"));
         let n = ranks.to_string();
+        // Two and three ranks with buckets of 104 bytes: the gradient runs
+        // in three stages, each bucket summed as its stage ends.
         let extra: Vec<&str> = match how {
-            "--ranks" => vec!["--ranks", &n],
+            "--ranks" => vec!["--ranks", &n, "--bucket-mb", "0.0001"],
             _ => vec![how],
         };
         for (epoch, expected) in (1..=3).zip(&reference) {
@@ -174,9 +176,12 @@ fn ranks_sharing_a_batch_step_as_one_process_with_all_of_it() {
                 1,
                 "{out}"
             );
+            // One bucket with the default size; with 104-byte buckets, the
+            // loss, w2's and b1's gradients, w1's.
+            let buckets = if ranks == 1 { 1 } else { 3 };
             assert!(
                 out.contains(&format!(
-                    "data-parallel on {ranks} rank(s) of {}",
+                    "data-parallel on {ranks} rank(s) of {}: {buckets} bucket(s)",
                     global / ranks
                 )) && out.contains("the weights are identical on every rank"),
                 "{out}"
@@ -200,7 +205,7 @@ fn ranks_sharing_a_batch_step_as_one_process_with_all_of_it() {
 
 /// Mixed precision (the loss scale's overflow check on the summed
 /// gradients, the same on every rank) and buffers (running averages, the
-/// ranks' mean) train data-parallel.
+/// ranks' mean, in the first of several buckets) train data-parallel.
 #[test]
 fn ranks_train_in_mixed_precision_and_with_buffers() {
     if !have_mpirun() {
@@ -252,6 +257,8 @@ fn ranks_train_in_mixed_precision_and_with_buffers() {
         "1",
         "--ranks",
         "2",
+        "--bucket-mb",
+        "0.0001",
         "--save-weights",
         &saved,
     ]);
@@ -338,6 +345,19 @@ fn a_failing_or_dying_rank_ends_the_run() {
     fails_with(
         &dlc(&["train", &m, "--data", &x, "--ranks", "0"]),
         "--ranks must be at least 1",
+    );
+    fails_with(
+        &dlc(&[
+            "train",
+            &m,
+            "--data",
+            &x,
+            "--ranks",
+            "2",
+            "--bucket-mb",
+            "0",
+        ]),
+        "--bucket-mb must be positive, got 0",
     );
     fails_with(
         &dlc(&[

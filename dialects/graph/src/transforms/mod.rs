@@ -6,6 +6,7 @@ mod dce;
 mod inline;
 pub(crate) mod remat;
 pub mod saturate;
+mod split;
 
 pub use autocast::autocast;
 pub use canonicalize::{Canonicalize, FOLD_LIMIT};
@@ -13,6 +14,7 @@ pub use dce::{Dce, remove_dead_nodes};
 pub use inline::{Inline, inline_into};
 pub(crate) use remat::scalar_token;
 pub use remat::{Remat, rematerialize};
+pub use split::{Stage, split_by_results};
 
 use dlc_core::PassRegistry;
 
