@@ -8,12 +8,14 @@ a rank, so the global batch grows with the ranks).
 Usage: bench_distributed.py DLC OUT [--ranks "1 2"] [--steps N] [--only NAME,...]
 
 For each model and number of ranks: dlc's steps per second (median of the
-epochs after the first, N steps each), the share of the step spent summing
-gradients (dlc measures its all-reduce: it runs after the backward pass,
-none of it hidden), the same alone (`dlc train` without ranks: the step as
-one compiled call); PyTorch DDP's steps per second, and the part of its step
-that communication adds (its step against the same step under `no_sync()`,
-which skips the all-reduce DDP overlaps with the backward pass). Writes
+epochs after the first, N steps each) with its gradient in stages (25 MiB
+buckets, each summed as its stage ends) and with one bucket summed after
+the whole gradient (`--bucket-mb 100000`), the share of the step spent in
+MPI calls, and how much of the one-bucket step's communication the stages
+hide; the step alone (`dlc train` without ranks: one compiled call);
+PyTorch DDP's steps per second, and the part of its step that communication
+adds (its step against the same step under `no_sync()`, which skips the
+all-reduce DDP overlaps with the backward pass). Writes
 OUT/distributed.json and OUT/distributed.md.
 """
 import argparse
@@ -67,9 +69,9 @@ def prepare(name, out, ranks, steps):
     return path, files, wdir
 
 
-def run_dlc(dlc, path, files, wdir, ranks):
+def run_dlc(dlc, path, files, wdir, ranks, extra=()):
     cmd = [dlc, "train", path, "--entry", "loss", "--epochs", str(EPOCHS), "--lr", str(LR), "--json",
-           "--weights", wdir] + sum((["--data", f"{n}={p}"] for n, p in files.items()), [])
+           "--weights", wdir] + sum((["--data", f"{n}={p}"] for n, p in files.items()), []) + list(extra)
     if ranks:
         cmd += ["--ranks", str(ranks)]
     env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
@@ -83,7 +85,7 @@ def run_dlc(dlc, path, files, wdir, ranks):
         c = sum(l["compute_s"] for l in lines)
         a = sum(l["allreduce_s"] for l in lines)
         r.update(allreduce_share=a / (a + c), allreduce_bytes=lines[-1]["allreduce_bytes"],
-                 buckets=lines[-1]["buckets"], hidden=0.0)
+                 buckets=lines[-1]["buckets"])
     return r
 
 
@@ -177,6 +179,7 @@ def main():
         for ranks in [int(r) for r in args.ranks.split()]:
             path, files, wdir = prepare(name, out, ranks, args.steps)
             row = {"model": name, "ranks": ranks, "dlc": run_dlc(args.dlc, path, files, wdir, ranks),
+                   "dlc_one_bucket": run_dlc(args.dlc, path, files, wdir, ranks, ["--bucket-mb", "100000"]),
                    "ddp": run_ddp(name, out, ranks, args.steps)}
             if ranks == 1:
                 row["dlc_alone"] = run_dlc(args.dlc, path, files, wdir, None)
@@ -186,17 +189,27 @@ def main():
         f.writelines(json.dumps(r) + "\n" for r in rows)
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     lines = [f"# Data-parallel training steps, {cpu}, one core a rank", "",
-             "steps/s, median (min-max) of epochs 2-4; all-reduce: the share of dlc's step (after the backward pass, "
-             "none hidden) and the share communication adds to DDP's (its step against `no_sync()`'s)", "",
-             "| model | ranks | dlc | dlc all-reduce | PyTorch DDP (gloo) | DDP communication | dlc / DDP |",
-             "|---|---|---|---|---|---|---|"]
+             "steps/s, median (min-max) of epochs 2-4. dlc: its gradient in stages, a bucket's all-reduce started "
+             "as its stage ends (25 MiB buckets), and in one stage with one bucket summed after it; in MPI: the share "
+             "of dlc's step spent in MPI calls; hidden: the part of the one-bucket step's communication (its step "
+             "over one rank's) that the stages remove. DDP communication: what its step costs over the same step "
+             "under `no_sync()` (DDP overlaps its all-reduce with the backward pass)", "",
+             "| model | ranks | dlc | in MPI | dlc, one bucket | hidden | PyTorch DDP (gloo) | DDP communication "
+             "| dlc / DDP |",
+             "|---|---|---|---|---|---|---|---|---|"]
     def cell(v):
         return f"{v['steps_per_s']:.1f} ({v['min']:.1f}-{v['max']:.1f})"
+    base = {r["model"]: r["dlc"]["steps_per_s"] for r in rows if r["ranks"] == 1}
     for r in rows:
-        d, t = r["dlc"], r["ddp"]
+        d, o, t = r["dlc"], r["dlc_one_bucket"], r["ddp"]
+        one = base.get(r["model"])
+        hidden = "-"
+        if one and r["ranks"] > 1:
+            cost = 1 / o["steps_per_s"] - 1 / one
+            hidden = f"{100 * (1 / o['steps_per_s'] - 1 / d['steps_per_s']) / cost:.0f}%" if cost > 0 else "-"
         lines.append(f"| {r['model']} | {r['ranks']} | {cell(d)} | {100 * d['allreduce_share']:.1f}% of "
-                     f"{d['allreduce_bytes'] / 2**20:.1f} MiB, {d['buckets']} bucket(s) | {cell(t)} | "
-                     f"{100 * t['comm_share']:.1f}% | {d['steps_per_s'] / t['steps_per_s']:.2f}x |")
+                     f"{d['allreduce_bytes'] / 2**20:.1f} MiB, {d['buckets']} bucket(s) | {cell(o)} | {hidden} | "
+                     f"{cell(t)} | {100 * t['comm_share']:.1f}% | {d['steps_per_s'] / t['steps_per_s']:.2f}x |")
     lines += ["", "One rank without MPI (`dlc train`, the step as one compiled call): " + ", ".join(
         f"{r['model']} {cell(r['dlc_alone'])}" for r in rows if "dlc_alone" in r)]
     open(os.path.join(args.out, "distributed.md"), "w").write("\n".join(lines) + "\n")
