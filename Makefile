@@ -59,6 +59,7 @@ run: setup
 lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+	$(CARGO) clippy -p dlc --all-targets --locked --no-default-features -- -D warnings
 
 # The fuzz run goes first so that the test runner's summary closes the output.
 # On a machine with AVX-512 the tests whose results depend on the CPU (compiled

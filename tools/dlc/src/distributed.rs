@@ -11,42 +11,193 @@
 //! every rank (`MPI_Abort`), and a rank that dies ends the others through
 //! `mpirun`.
 
-use std::time::{Duration, Instant};
-
 use dlc_driver::DriverError;
 use dlc_runtime::AlignedBuffer;
-use mpi::collective::SystemOperation;
-use mpi::topology::SimpleCommunicator;
-use mpi::traits::*;
 
-/// This process's place among the ranks, for the whole run.
-pub struct World {
-    // Finalizes MPI when dropped; the communicator is only valid until then.
-    _universe: mpi::environment::Universe,
-    world: SimpleCommunicator,
+/// The ranks through MPI (the `mpi` feature, on by default).
+#[cfg(feature = "mpi")]
+mod world {
+    use std::time::{Duration, Instant};
+
+    use dlc_driver::DriverError;
+    use mpi::collective::SystemOperation;
+    use mpi::topology::SimpleCommunicator;
+    use mpi::traits::*;
+
+    use super::Region;
+
+    /// This process's place among the ranks, for the whole run.
+    pub struct World {
+        // Finalizes MPI when dropped; the communicator is only valid until then.
+        _universe: mpi::environment::Universe,
+        world: SimpleCommunicator,
+    }
+
+    impl World {
+        /// Joins the ranks `mpirun` started (a process started without it is a
+        /// world of one).
+        pub fn join() -> Result<World, DriverError> {
+            let universe = mpi::initialize().ok_or_else(|| {
+                DriverError::Usage("MPI was initialized twice in one process".into())
+            })?;
+            let world = universe.world();
+            Ok(World {
+                _universe: universe,
+                world,
+            })
+        }
+
+        pub fn rank(&self) -> usize {
+            self.world.rank() as usize
+        }
+
+        pub fn size(&self) -> usize {
+            self.world.size() as usize
+        }
+
+        /// Ends every rank: this one's error on its standard error, then
+        /// `MPI_Abort`, which `mpirun` turns into the end of all of them with a
+        /// non-zero status.
+        pub fn fail(&self, message: &str) -> ! {
+            let message = message.trim_end();
+            let message = message.strip_prefix("error: ").unwrap_or(message);
+            eprintln!("error: rank {} of {}: {message}", self.rank(), self.size());
+            self.world.abort(1)
+        }
+
+        /// Overwrites `bytes` with rank 0's.
+        pub fn broadcast(&self, bytes: &mut [u8]) {
+            self.world.process_at_rank(0).broadcast_into(bytes);
+        }
+
+        /// Whether every rank holds the same `digest`; the ranks that differ
+        /// from rank 0's otherwise.
+        pub fn differing(&self, digest: u64) -> Vec<usize> {
+            let mut all = vec![0u64; self.size()];
+            self.world.all_gather_into(&digest, &mut all[..]);
+            (0..all.len()).filter(|&r| all[r] != all[0]).collect()
+        }
+    }
+
+    /// Runs `compute`, which calls its `ready` with each bucket's index as soon
+    /// as the bucket's send storage is complete (and is not written again
+    /// until this returns): the bucket's all-reduce starts then, non-blocking,
+    /// and the ones under way are progressed; once `compute` returns, the rest
+    /// are waited for. Returns `compute`'s result and the time spent in MPI
+    /// (starting, progressing and waiting; the part within `compute`, and the
+    /// wait after it): what summing added to the step.
+    #[allow(unsafe_code)] // The buckets' storage, handed to MPI by address.
+    pub fn reduce_as_ready<R>(
+        world: &World,
+        regions: &[Region],
+        compute: impl FnOnce(&mut dyn FnMut(usize)) -> R,
+    ) -> Result<(R, Duration, Duration), DriverError> {
+        let world = &world.world;
+        let mut in_mpi = Duration::ZERO;
+        let mut waited = Duration::ZERO;
+        let mut started = 0;
+        let result = mpi::request::scope(|sc| {
+            let mut pending = Vec::new();
+            let result = {
+                let mut ready = |b: usize| {
+                    let Some(r) = regions.get(b) else { return };
+                    let start = Instant::now();
+                    // SAFETY: the caller hands over bucket `b` whole: its send
+                    // storage written and left alone, its sums read by no one
+                    // until this returns; `Buckets` keeps both alive.
+                    let (send, recv) = unsafe {
+                        (
+                            std::slice::from_raw_parts(r.send as *const f32, r.len),
+                            std::slice::from_raw_parts_mut(r.recv as *mut f32, r.len),
+                        )
+                    };
+                    pending.push(world.immediate_all_reduce_into(
+                        sc,
+                        send,
+                        recv,
+                        SystemOperation::sum(),
+                    ));
+                    started += 1;
+                    // Progress the reductions under way (MPI moves data only
+                    // within its calls).
+                    pending = std::mem::take(&mut pending)
+                        .into_iter()
+                        .filter_map(|request| request.test().err())
+                        .collect();
+                    in_mpi += start.elapsed();
+                };
+                compute(&mut ready)
+            };
+            let start = Instant::now();
+            for request in pending {
+                request.wait();
+            }
+            waited = start.elapsed();
+            result
+        });
+        if started != regions.len() {
+            return Err(DriverError::Usage(format!(
+                "{started} of {} gradient buckets were summed",
+                regions.len()
+            )));
+        }
+        Ok((result, in_mpi, waited))
+    }
 }
 
+/// Without MPI (a build without the `mpi` feature, which then needs no MPI
+/// library): no world can be joined, so nothing else here runs.
+#[cfg(not(feature = "mpi"))]
+mod world {
+    use std::time::Duration;
+
+    use dlc_driver::DriverError;
+
+    use super::Region;
+
+    /// No ranks: this build has no MPI.
+    pub enum World {}
+
+    impl World {
+        pub fn join() -> Result<World, DriverError> {
+            Err(DriverError::Usage(
+                "this dlc was built without MPI (its `mpi` feature): data-parallel training needs it; build dlc with its default features and Open MPI installed (`make setup` installs it)".into(),
+            ))
+        }
+
+        pub fn rank(&self) -> usize {
+            match *self {}
+        }
+
+        pub fn size(&self) -> usize {
+            match *self {}
+        }
+
+        pub fn fail(&self, _message: &str) -> ! {
+            match *self {}
+        }
+
+        pub fn broadcast(&self, _bytes: &mut [u8]) {
+            match *self {}
+        }
+
+        pub fn differing(&self, _digest: u64) -> Vec<usize> {
+            match *self {}
+        }
+    }
+
+    pub fn reduce_as_ready<R>(
+        world: &World,
+        _regions: &[Region],
+        _compute: impl FnOnce(&mut dyn FnMut(usize)) -> R,
+    ) -> Result<(R, Duration, Duration), DriverError> {
+        match *world {}
+    }
+}
+
+pub use world::{World, reduce_as_ready};
+
 impl World {
-    /// Joins the ranks `mpirun` started (a process started without it is a
-    /// world of one).
-    pub fn join() -> Result<World, DriverError> {
-        let universe = mpi::initialize()
-            .ok_or_else(|| DriverError::Usage("MPI was initialized twice in one process".into()))?;
-        let world = universe.world();
-        Ok(World {
-            _universe: universe,
-            world,
-        })
-    }
-
-    pub fn rank(&self) -> usize {
-        self.world.rank() as usize
-    }
-
-    pub fn size(&self) -> usize {
-        self.world.size() as usize
-    }
-
     /// Gives each rank on this machine its share of the cores for its
     /// compiled code's threads, unless `OMP_NUM_THREADS` says otherwise (as
     /// torchrun does): ranks whose threads outnumber the cores wait for
@@ -71,29 +222,6 @@ impl World {
     pub fn leads(&self) -> bool {
         self.rank() == 0
     }
-
-    /// Ends every rank: this one's error on its standard error, then
-    /// `MPI_Abort`, which `mpirun` turns into the end of all of them with a
-    /// non-zero status.
-    pub fn fail(&self, message: &str) -> ! {
-        let message = message.trim_end();
-        let message = message.strip_prefix("error: ").unwrap_or(message);
-        eprintln!("error: rank {} of {}: {message}", self.rank(), self.size());
-        self.world.abort(1)
-    }
-
-    /// Overwrites `bytes` with rank 0's.
-    pub fn broadcast(&self, bytes: &mut [u8]) {
-        self.world.process_at_rank(0).broadcast_into(bytes);
-    }
-
-    /// Whether every rank holds the same `digest`; the ranks that differ
-    /// from rank 0's otherwise.
-    pub fn differing(&self, digest: u64) -> Vec<usize> {
-        let mut all = vec![0u64; self.size()];
-        self.world.all_gather_into(&digest, &mut all[..]);
-        (0..all.len()).filter(|&r| all[r] != all[0]).collect()
-    }
 }
 
 /// Where a reduced tensor's elements sit in a bucket.
@@ -116,6 +244,7 @@ pub struct Buckets {
 
 /// One bucket's storage as addresses: sent, summed, and its f32 count.
 #[derive(Clone, Copy)]
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 pub struct Region {
     send: usize,
     recv: usize,
@@ -202,70 +331,6 @@ impl Buckets {
             })
             .collect()
     }
-}
-
-/// Runs `compute`, which calls its `ready` with each bucket's index as soon
-/// as the bucket's send storage is complete (and is not written again
-/// until this returns): the bucket's all-reduce starts then, non-blocking,
-/// and the ones under way are progressed; once `compute` returns, the rest
-/// are waited for. Returns `compute`'s result and the time spent in MPI
-/// (starting, progressing and waiting; the part within `compute`, and the
-/// wait after it): what summing added to the step.
-#[allow(unsafe_code)] // The buckets' storage, handed to MPI by address.
-pub fn reduce_as_ready<R>(
-    regions: &[Region],
-    compute: impl FnOnce(&mut dyn FnMut(usize)) -> R,
-) -> Result<(R, Duration, Duration), DriverError> {
-    let world = SimpleCommunicator::world();
-    let mut in_mpi = Duration::ZERO;
-    let mut waited = Duration::ZERO;
-    let mut started = 0;
-    let result = mpi::request::scope(|sc| {
-        let mut pending = Vec::new();
-        let result = {
-            let mut ready = |b: usize| {
-                let Some(r) = regions.get(b) else { return };
-                let start = Instant::now();
-                // SAFETY: the caller hands over bucket `b` whole: its send
-                // storage written and left alone, its sums read by no one
-                // until this returns; `Buckets` keeps both alive.
-                let (send, recv) = unsafe {
-                    (
-                        std::slice::from_raw_parts(r.send as *const f32, r.len),
-                        std::slice::from_raw_parts_mut(r.recv as *mut f32, r.len),
-                    )
-                };
-                pending.push(world.immediate_all_reduce_into(
-                    sc,
-                    send,
-                    recv,
-                    SystemOperation::sum(),
-                ));
-                started += 1;
-                // Progress the reductions under way (MPI moves data only
-                // within its calls).
-                pending = std::mem::take(&mut pending)
-                    .into_iter()
-                    .filter_map(|request| request.test().err())
-                    .collect();
-                in_mpi += start.elapsed();
-            };
-            compute(&mut ready)
-        };
-        let start = Instant::now();
-        for request in pending {
-            request.wait();
-        }
-        waited = start.elapsed();
-        result
-    });
-    if started != regions.len() {
-        return Err(DriverError::Usage(format!(
-            "{started} of {} gradient buckets were summed",
-            regions.len()
-        )));
-    }
-    Ok((result, in_mpi, waited))
 }
 
 /// A digest of bytes (FNV-1a, 64 bits): equal tensors, equal digests.

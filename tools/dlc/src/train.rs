@@ -1493,7 +1493,8 @@ impl Stepper for Staged<'_, '_> {
             AlignedBuffer::from_values(dlc_core::DType::I64, 1, std::iter::once(update as f64));
         let regions = self.buckets.regions();
         let started = Instant::now();
-        let (computed, in_mpi, waited) = distributed::reduce_as_ready(&regions, |ready| {
+        let world = self.world;
+        let (computed, in_mpi, waited) = distributed::reduce_as_ready(world, &regions, |ready| {
             for k in 0..self.stages.len() {
                 self.run_stage(k)?;
                 ready(k);
