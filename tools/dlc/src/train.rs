@@ -133,8 +133,8 @@ pub struct TrainArgs {
     pub ranks: Option<usize>,
     /// Data-parallel: the MiB of gradients summed by one all-reduce (PyTorch
     /// DDP's `bucket_cap_mb`). The gradient is computed in one stage per
-    /// bucket, the last weights' first, and each bucket is summed while the
-    /// next stage computes.
+    /// bucket, the last weights' first, and each bucket's all-reduce starts
+    /// as the stage computing it ends.
     #[arg(long, value_name = "MIB", default_value_t = 25.0)]
     pub bucket_mb: f64,
 }
