@@ -814,6 +814,7 @@ fn train_on(args: &TrainArgs, world: Option<&World>) -> Result<(), DriverError> 
         ),
         epochs: args.epochs,
         lr: format!("{:?}", args.lr),
+        batch: global,
     };
     let source = args
         .weights
@@ -849,6 +850,14 @@ fn train_on(args: &TrainArgs, world: Option<&World>) -> Result<(), DriverError> 
                     "--epochs (which the cosine schedule spans)",
                     &progress.epochs,
                     &setting.epochs,
+                ));
+            }
+            // 0: a checkpoint from before the batch was recorded.
+            if progress.batch != 0 && progress.batch != setting.batch {
+                return Err(differs(
+                    "a global batch of",
+                    &progress.batch,
+                    &setting.batch,
                 ));
             }
             if progress.lr != setting.lr {
@@ -1788,6 +1797,8 @@ struct Progress {
     optimizer: String,
     epochs: usize,
     lr: String,
+    /// Rows a step: the loss's batch times the ranks.
+    batch: usize,
 }
 
 const CHECKPOINT: &str = "checkpoint.safetensors";
@@ -1811,6 +1822,7 @@ fn write_checkpoint(
         ("optimizer", progress.optimizer.clone()),
         ("epochs", progress.epochs.to_string()),
         ("lr", progress.lr.clone()),
+        ("batch", progress.batch.to_string()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
@@ -1863,6 +1875,9 @@ fn read_checkpoint(dir: &Path) -> Result<(Vec<(String, HostTensor)>, Progress), 
         optimizer: get("optimizer")?,
         epochs: num("epochs")? as usize,
         lr: get("lr")?,
+        batch: or("batch", "0".into())
+            .parse()
+            .map_err(|_| bad("`batch` is not a number".into()))?,
     };
     Ok((file.tensors, progress))
 }

@@ -201,6 +201,37 @@ fn ranks_sharing_a_batch_step_as_one_process_with_all_of_it() {
             }
         }
     }
+    // A checkpoint of 2 ranks of 3 rows goes on only with 6 rows a step.
+    let m = model(&d, 3);
+    let ck = d.path("ranks2");
+    let (x, y) = data(&d, 18);
+    fails_with(
+        &dlc(&[
+            "train",
+            &m,
+            "--entry",
+            "loss",
+            "--data",
+            &x,
+            "--data",
+            &y,
+            "--optimizer",
+            "sgd",
+            "--momentum",
+            "0.9",
+            "--lr",
+            "0.05",
+            "--weight-decay",
+            "0.01",
+            "--epochs",
+            "4",
+            "--resume",
+            &ck,
+            "--ranks",
+            "3",
+        ]),
+        "the checkpoint was written with a global batch of 6, this run has 9",
+    );
 }
 
 /// Mixed precision (the loss scale's overflow check on the summed
