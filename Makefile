@@ -56,10 +56,14 @@ run: setup
 	./target/release/dlc compile $(EXAMPLE) --emit graph -o -
 	./target/release/dlc run $(EXAMPLE) --backend cpu --random-inputs 0 --check
 
+# The second clippy is dlc without MPI (its one feature), for the whole
+# workspace, so that every other crate keeps the features of the first and
+# is not checked again (`-p dlc` alone resolves other features: about 100
+# crates again, a minute or two).
 lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
-	$(CARGO) clippy -p dlc --all-targets --locked --no-default-features -- -D warnings
+	$(CARGO) clippy --workspace --all-targets --locked --no-default-features -- -D warnings
 
 # The fuzz run goes first so that the test runner's summary closes the output.
 # On a machine with AVX-512 the tests whose results depend on the CPU (compiled
