@@ -119,7 +119,7 @@ fn ranks_sharing_a_batch_step_as_one_process_with_all_of_it() {
     let (x, y) = data(&d, global);
     // SGD with momentum and weight decay: state as well as weights, and an
     // update linear in the gradient (Adam's would hide a wrong scale).
-    let train = |batch: usize, extra: &[&str], epochs: usize, ck: &str| {
+    let run = |batch: usize, (x, y): (&str, &str), extra: &[&str], epochs: usize, ck: &str| {
         let m = model(&d, batch);
         let e = epochs.to_string();
         let mut args = vec![
@@ -128,9 +128,9 @@ fn ranks_sharing_a_batch_step_as_one_process_with_all_of_it() {
             "--entry",
             "loss",
             "--data",
-            x.as_str(),
+            x,
             "--data",
-            y.as_str(),
+            y,
             "--optimizer",
             "sgd",
             "--momentum",
@@ -148,8 +148,11 @@ fn ranks_sharing_a_batch_step_as_one_process_with_all_of_it() {
             args.extend(["--resume", ck]);
         }
         args.extend_from_slice(extra);
-        let o = dlc(&args);
-        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        (dlc(&args), format!("{args:?}"))
+    };
+    let train = |batch: usize, extra: &[&str], epochs: usize, ck: &str| {
+        let (o, args) = run(batch, (&x, &y), extra, epochs, ck);
+        assert!(o.status.success(), "{args}: {}", stderr(&o));
         String::from_utf8_lossy(&o.stdout).into_owned()
     };
     let alone = d.path("alone");
@@ -202,34 +205,9 @@ fn ranks_sharing_a_batch_step_as_one_process_with_all_of_it() {
         }
     }
     // A checkpoint of 2 ranks of 3 rows goes on only with 6 rows a step.
-    let m = model(&d, 3);
-    let ck = d.path("ranks2");
-    let (x, y) = data(&d, 18);
+    let (x18, y18) = data(&d, 18);
     fails_with(
-        &dlc(&[
-            "train",
-            &m,
-            "--entry",
-            "loss",
-            "--data",
-            &x,
-            "--data",
-            &y,
-            "--optimizer",
-            "sgd",
-            "--momentum",
-            "0.9",
-            "--lr",
-            "0.05",
-            "--weight-decay",
-            "0.01",
-            "--epochs",
-            "4",
-            "--resume",
-            &ck,
-            "--ranks",
-            "3",
-        ]),
+        &run(3, (&x18, &y18), &["--ranks", "3"], 4, &d.path("ranks2")).0,
         "the checkpoint was written with a global batch of 6, this run has 9",
     );
 }
