@@ -1004,6 +1004,14 @@ struct Initial<'a> {
     good: u64,
 }
 
+impl Initial<'_> {
+    /// Optimizer state tensor `i` (weight by weight) from the checkpoint;
+    /// none when starting fresh (zeros).
+    fn state_tensor(&self, i: usize) -> Option<&HostTensor> {
+        self.state.and_then(|s| s.get(i))
+    }
+}
+
 impl Layout {
     /// The loss's parameter `i` at the start: a weight's or a buffer's
     /// tensor, or none for data.
@@ -1040,10 +1048,9 @@ impl Layout {
         binder: &mut dlc_runtime::Binder<'_, '_>,
         initial: &Initial<'_>,
     ) -> Result<(), DriverError> {
-        let mut resumed = initial.state.into_iter().flatten();
-        for w in initial.weights {
-            for _ in 0..self.ns {
-                match resumed.next() {
+        for (k, w) in initial.weights.iter().enumerate() {
+            for s in 0..self.ns {
+                match initial.state_tensor(k * self.ns + s) {
                     Some(t) => binder.push(t),
                     None => binder.push_values(&w.ty, std::iter::repeat(0.0)),
                 }
@@ -1373,7 +1380,7 @@ impl<'k, 'a> Staged<'k, 'a> {
             .skip(2 * nw)
             .take(nw * layout.ns)
             .enumerate()
-            .map(|(i, p)| match initial.state.and_then(|s| s.get(i)) {
+            .map(|(i, p)| match initial.state_tensor(i) {
                 Some(t) => AlignedBuffer::from_tensor(t),
                 None => zeroed(&p.ty),
             })
