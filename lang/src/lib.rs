@@ -5,6 +5,27 @@
 //!
 //! Every error is a [`Diagnostic`] with a source span; no input makes this
 //! crate panic, overflow its stack or loop forever.
+//!
+//! # In detail
+//!
+//! - Lexer: logos. Grammar: lalrpop, with an external lexer and Python's precedence.
+//!   Every expression node records its nesting depth; a node deeper than 200 levels is
+//!   a syntax error raised inside the grammar action, so neither the parser nor any
+//!   later recursive walk can overflow the stack (`((((x))))` 50 000 deep, or
+//!   `x + x + ... + x` 100 000 long, are diagnostics). The driver also runs the front end
+//!   on a thread with a 256 MiB stack.
+//! - Elaboration (`lang/src/elaborate.rs`) resolves names, instantiates generic
+//!   functions by unifying parameter types with argument types, checks every shape and
+//!   element type through `infer`, and builds the graph module. Each generic function is
+//!   instantiated once per tuple of dimension values as a private function named
+//!   `name$d1$d2...` (`$` cannot appear in source names, so instances never clash with
+//!   user functions), called through `graph.call`; `graph.inline` inlines them.
+//!   Concrete functions called from other functions are called the same way.
+//! - Diagnostics render through codespan-reporting with ASCII art, in the format of the
+//!   language reference: message, `--> FILE:LINE:COL`, the source line, the span
+//!   underlined with a label, secondary spans (the declaration a mismatch is against, the
+//!   call that instantiated a generic function), and notes. Errors in different
+//!   functions are all reported.
 #![deny(missing_docs)]
 
 pub mod ast;

@@ -1,22 +1,116 @@
 //! ONNX models into dlc source.
 //!
-//! [`import`] decodes a serialized `ModelProto` (prost messages generated
-//! from the vendored `onnx.proto`), propagates shapes and constants through
-//! the graph, and writes one dlc entry point whose statements are the
-//! graph's nodes in order. Everything dlc does with a model (checking,
-//! passes, every backend, `--check`) then happens on that program, so an
-//! imported model is exactly as inspectable as a written one: `dlc import`
-//! prints it.
+//! `dlc_onnx::import(bytes, &Options { shapes })` turns a serialized `ModelProto`
+//! (default domain, opset 13 and later; older models when each of their operators is one
+//! whose definition at the model's opset means what the importer implements, listed
+//! with the oldest such opset in `OLD_OPSETS`) into one dlc program: an entry point named after
+//! the graph whose parameters are the graph's inputs that are not initializers, one
+//! `let` per node output in node order, and the graph's outputs returned. `dlc import`
+//! prints it; `dlc check|compile|run|bench model.onnx` import first and then do exactly
+//! what they do with source, so an imported model goes through the same checks, passes,
+//! backends and `--check`. The program is the interface: there is no second path from
+//! ONNX into the graph dialect to keep in step with the language.
 //!
-//! Initializers and `Constant` nodes become constants of the program
-//! (`tensor(...)`, or `full(...)` when every element is equal): the model
-//! runs with its trained values and its callers pass only its real inputs.
-//! Constants that feed shapes (a `Reshape` target, `Slice` bounds, the
-//! `Shape`/`Gather`/`Concat` chains exporters write) are folded at import
-//! time and never appear in the program.
-//!
-//! What dlc cannot express is an error naming the node, its op and the
-//! model's opset; a malformed file is an error, never a panic.
+//! - **Weights are constants.** Initializers (and `Constant` nodes) become
+//!   `tensor([...], shape, dtype=...)` constants of the program (`full(...)` when every
+//!   element is equal), written at their first use. So a model runs with its trained
+//!   values, callers pass only its real inputs, and constant folding and equality
+//!   saturation see the weights (a batchnorm after a convolution folds into its weights
+//!   at compile time). The importer does not write them as declared weights (`weight`
+//!   parameters, which a caller binds and the preparer packs once) yet, so a model's
+//!   weights cannot be swapped without importing it again.
+//! - **Shapes are static.** Every input needs a fully known shape: a symbolic
+//!   dimension is an error naming the input and its ONNX shape, and `--shape
+//!   NAME=[d0,d1,...]` supplies it. Values that feed shapes (a `Reshape` target, `Slice`
+//!   bounds, reduction axes, `Expand` shapes) must be known at import time; the importer
+//!   folds the `Shape`/`Gather`/`Concat`/`Unsqueeze`/`Cast`/arithmetic chains exporters
+//!   write around them (on tensors of at most 2^16 elements) and never emits them.
+//! - **Binding inputs.** An input that sets a shape (a `Reshape` target, `Resize`
+//!   scales, reduction axes given as a graph input) cannot be a parameter of a
+//!   static-shape program; `--bind NAME=PATH.npy` (`Options::bound`) makes it a constant
+//!   holding the file's tensor, so the model is specialized to that value.
+//! - **Resize** (static scales or sizes, every coordinate transformation, nearest,
+//!   linear and cubic, `exclude_outside`, tf_crop_and_resize's extrapolation) is, per
+//!   resized axis, a product with a constant `[out, in]` interpolation matrix the
+//!   importer computes with ONNX's reference algorithm applied to each output position
+//!   (separable, as ONNX defines it), with `keep_aspect_ratio_policy` giving every
+//!   resized axis one scale; antialiasing is refused.
+//! - **ConvTranspose** (1-D to 3-D, groups, dilation, output padding, `output_shape`,
+//!   `auto_pad`) is a convolution of the input spread with `stride - 1` zeros between its
+//!   elements (a reshape, a concatenation with `zeros` and a slice per axis) against the
+//!   weights with channels swapped per group and every spatial axis reversed (a helper
+//!   operator reading `w[.., K - 1 - k]`), padded by `dilation * (kernel - 1)` less the
+//!   pads. **Pad** in reflect, edge and wrap modes concatenates one-element slices.
+//! - **Attention** (opset 23: 3-D inputs split into heads, grouped-query heads
+//!   repeated by a reshape and broadcast, past keys and values prepended and returned as
+//!   the present ones, both sides scaled by the square root of `scale`, `softcap`, bool or
+//!   float masks padded to the keys' length, the causal bias as a constant, softmax with
+//!   fully masked rows giving zeros, `qk_matmul_output_mode`, sliding windows,
+//!   `nonpad_kv_seqlen`: keys past each batch's length masked, and the causal and window
+//!   masks shifted per batch, from iotas over queries and keys) is a composition. **NegativeLogLikelihoodLoss** and
+//!   **SoftmaxCrossEntropyLoss** select each label's score by comparing the labels with
+//!   an iota over the classes (weights, `ignore_index`, every reduction).
+//! - **Operators.** Each op becomes a built-in call or a composition of built-ins
+//!   (`LeakyRelu` is `where(x < 0.0, x * a, x)`, `LogSoftmax` a max, an exp and a sum,
+//!   `Gemm` transposes and scales, integer `Div` truncates through a floor division and
+//!   a correction, `Tile` concatenates). What the built-ins do not cover becomes a helper
+//!   operator in index notation appended to the program: convolutions with dilation,
+//!   asymmetric padding or 1-D/3-D windows (over grouped views `x: [N, G, C/G, ...]`),
+//!   pooling with ceil mode, dilation or excluded padding (a mask of ones marks the
+//!   elements inside the window), `LpPool` (`pow(sum[k](pow(abs(x), p)), 1/p)`), strided and reversed slices, constant padding, running
+//!   sums (`CumSum`: a sum against a constant 0/1 matrix). Operators that need an index as
+//!   a value use a constant iota: `ArgMax` is the smallest index where the element equals
+//!   the maximum, `TopK` (constant k up to 64) k rounds of that with the taken position
+//!   masked out, `OneHot` and `Hardmax` compare with it, `Trilu` is a `where` over a
+//!   constant mask. `Gather` and `GatherElements` with indices known only at run time are
+//!   a sum over the indexed axis in which only the element whose iota equals the index is
+//!   selected (exact: the others contribute zeros; an out-of-range index reads zero, where
+//!   ONNX leaves it undefined). That costs the axis's extent per element, fine for small
+//!   tables and tests, slow for a 30000-word embedding: a real gather op (a load at a
+//!   data-dependent index in the loop and tile dialects) is the next step.
+//!   `ScatterElements`, `ScatterND` (every reduction) and `GatherND` with run-time indices
+//!   work the same way, in index notation against iotas over the indexed axes and a mask
+//!   of ones (a read past the indices is no index). `Einsum` is one operator in index
+//!   notation (a sum over the labels the output lacks; an ellipsis aligned right and
+//!   broadcast). `CumProd` shares `CumSum`'s prefix mask (applied with a `where`, so an
+//!   infinity outside the prefix stays out). `DFT` is a product with constant cosine and
+//!   sine matrices along the signal axis, in f64 (forward, inverse, one-sided, and irfft
+//!   from a half spectrum). **RNN, GRU and LSTM** are unrolled over the static sequence:
+//!   one product for every step's input projection, then per step the recurrent product
+//!   and the gates (every direction, layout, initial state, `linear_before_reset`,
+//!   peepholes, the activation functions ONNX lists); a `sequence_lens` shorter than the
+//!   sequence is refused. `RotaryEmbedding` gathers its caches by `position_ids` through a
+//!   `Gather` node of the importer's own (`sub_node`), and `MatMulInteger`/`ConvInteger`
+//!   are rewritten as `MatMul`/`Conv` of the importer's own i32 values (`define`,
+//!   `rewrite`). So every operator runs on every backend, compiled through the same
+//!   pipeline.
+//! - **Quantization.** Every ONNX integer and float element type dlc has maps to its
+//!   `DType` (f64, i8..i64, u8..u64; float8, int4 and int2 are refused by name).
+//!   `QuantizeLinear` is `cast(min(max(round(x / scale) + zero_point, lo), hi), T)` with
+//!   the division in the scale's type (or `precision`'s) as ONNX defines it, ties to
+//!   even, and the saturation bounds of the output type (the zero point's, else
+//!   `output_dtype`, else u8); `DequantizeLinear` is `(x - zero_point) * scale` in f32,
+//!   rounded once to the scale's type. Per-tensor parameters are scalars, per-axis ones
+//!   are reshaped to broadcast along `axis`, and per-block ones (`block_size`) are
+//!   repeated over their blocks by a reshape and a broadcast (cut to the axis when the
+//!   last block is short). `MatMulInteger` and `ConvInteger` are the i32 product of the
+//!   operands minus their zero points (per tensor, per row, per filter);
+//!   `QLinearMatMul` and `QLinearConv` scale that product by `a_scale * b_scale /
+//!   y_scale` in f64 (as ONNX's reference promotes it), add the output's zero point and
+//!   saturate; `DynamicQuantizeLinear` computes its u8 scale and zero point from the
+//!   input's range. Bitwise ops and shifts (`BitShift`, `Bitwise*`) map to the
+//!   language's `bitand`/`bitor`/`bitxor`/`shl`/`shr`.
+//! - **Errors.** An unsupported op, attribute, element type or data location is an
+//!   error naming the node (its name, or its first output), the op and the model's opset:
+//!   `node `n1` (TopK, opset 17): this operator is not supported yet`. Every attribute an
+//!   op does not read is refused rather than ignored. Malformed protobuf is a decode
+//!   error; the importer is fuzzed (`fuzz/fuzz_targets/onnx.rs`; with `DLC_FUZZ_STRICT=1`
+//!   it also fails on any program it writes that the front end rejects). Operand types
+//!   and shapes are checked by the importer, so a bad model is refused naming its node
+//!   rather than with a diagnostic in the generated program.
+//! - **Judged by ONNX's node tests.** `make onnx-tests` runs every backend node test of
+//!   the `onnx` package (1884 in onnx 1.23) through `dlc run --backend cpu` and compares
+//!   at each test's tolerance; see docs/testing.md.
 
 mod data;
 mod ops;

@@ -1,22 +1,39 @@
 //! `dlc._dlc`: the native half of the `dlc` Python package (python/dlc
-//! holds the other half). It compiles a model with the same driver as the
-//! `dlc` command, keeps the machine code in process (the JIT's object cache
-//! shared with `dlc run`), and calls it on the caller's memory.
+//! holds the other half).
 //!
-//! What it guarantees:
-//! - Inputs are read where they are: a [`View`] is the address, element type
-//!   and shape of a tensor the caller owns (NumPy's array interface or a
-//!   DLPack capsule from PyTorch, JAX, ...); a call checks each against its
-//!   parameter (type, shape, C order, alignment) and raises `TypeError`
-//!   naming the parameter otherwise. Nothing is copied but weights given to
-//!   [`Function::bind`], which the bound function owns.
-//! - Results are [`Tensor`]s: buffers the compiled code wrote, handed out by
-//!   DLPack (`numpy.from_dlpack`, `torch.from_dlpack`) without a copy.
-//! - Compiled code runs with the GIL released.
-//! - Every failure is a Python exception: `dlc.CompileError` (the rendered
-//!   diagnostics, with `file`, `line`, `column` of the first),
-//!   `dlc.RuntimeError` (a failing op's source place), `TypeError` or
-//!   `ValueError` for arguments.
+//! `pip install ./python` builds `dlc-python` (a workspace member, `crate-type = cdylib`,
+//! no Rust tests: python/tests is its suite) with maturin into the package `dlc`:
+//! `python/dlc/__init__.py` (the API: `compile`, `Module`, `Param`), the native module
+//! `dlc._dlc` (python/src/: `lib.rs` compiling and calling, `tensors.rs` views and results,
+//! `saved.rs` saved modules) and its stubs (`_dlc.pyi`). LLVM is linked statically,
+//! as in `dlc`. Invariants:
+//! - **One compiler.** `dlc._dlc.compile` is `dlc_driver::prepare_with` (front end or ONNX
+//!   import, `weights=` built in as constants, the pipeline, one entry point) and
+//!   `dlc_llvm::compile_in_process`, which returns a `Jit` that owns its code and every
+//!   function's signature, so a `Module` outlives the call that compiled it; the object
+//!   cache is the user's, shared with `dlc run`. `Module.grad` compiles again from the
+//!   kept source with `add_grad_function` applied before the passes, as `dlc grad` does.
+//! - **Inputs are not copied.** A `View` is an address, element type and shape read from
+//!   a NumPy array's `__array_struct__` (the C-level interface: no dictionary per call),
+//!   a consumed DLPack capsule (its deleter runs when the view goes) or a tensor's parts
+//!   (`from_parts`: the torch backend, whose views of parameters are reused while their
+//!   memory stays put); buffer-protocol objects go through `numpy.asarray`, which shares their
+//!   memory (abi3 before 3.11 has no buffer API). A call checks each view against its
+//!   parameter (type, shape, C order, element alignment: the code's loads assume no more)
+//!   and hands the address to `Kernel::call_raw`; a mismatch is a `TypeError` naming the
+//!   parameter. Only `Module.bind` copies, once: bound weights are owned by the bound
+//!   function, and its preparer runs then when every input it reads is bound.
+//! - **Results are owned, then shared.** Each call allocates fresh 64-byte-aligned results
+//!   (`Tensor`); `__dlpack__` exports them with a reference to the buffer (DLPack 1.0's
+//!   capsule, which says they are writable, where the consumer asks for a version), so
+//!   NumPy, PyTorch or JAX keep it alive without a copy.
+//! - **The GIL is released** while compiled code and preparers run (`Python::detach`);
+//!   the JIT is `Send + Sync` because generated code takes its cached workspace by an
+//!   atomic exchange (a concurrent call allocates its own).
+//! - **Errors are exceptions**: `DriverError` -> `dlc.CompileError` (the rendered text;
+//!   `file`/`line`/`column` from `SourceError::place`, the IR and UTF-8 errors' places),
+//!   failure statuses -> `dlc.RuntimeError` (the op's source place), arguments ->
+//!   `TypeError`.
 #![allow(unsafe_code)] // DLPack is a C ABI: raw tensors in and out.
 
 use std::collections::BTreeSet;

@@ -13,6 +13,44 @@
 //! NUL-terminated string describing the parameters (see [`Signature`]), so a
 //! loaded library can be called with checked arguments. Every other symbol
 //! of generated code is private to its object file.
+//!
+//! # Statuses, places and symbols
+//!
+//! Every entry point is
+//! `int32_t SYM(T0 *p0, ...)` (inputs, then results; row-major; bool one byte) plus
+//! `int32_t SYM.entry(void **)`, returning `DLC_OK` (0), `DLC_DIVISION_BY_ZERO` (1) or
+//! `DLC_OUT_OF_MEMORY` (2); `Signature` reads and writes `SYM.signature`, and `c_header`
+//! writes the header `dlc compile --emit header` prints.
+//!
+//! **Failure statuses and source places.** Ops compiled from source carry their place
+//! (`dlc_core::SourceLoc`, `file:line:column`): the front end sets it on every graph op
+//! it writes (`Node::loc`), `graph.inline` and `graph.canonicalize` keep it on the ops
+//! they copy or rewrite, the lowering sets it on the loop ops of each kernel and of each
+//! fused element-wise op (`OpData::loc`), and `convert-loop-to-tile` on the tile ops made
+//! from them (host-level buffers included). Code generation numbers the places where a function can fail (an
+//! integer division, an allocation) as its *sites* and returns `kind | site << 8`: the
+//! low byte is the kind (`DLC_DIVISION_BY_ZERO`, `DLC_OUT_OF_MEMORY`;
+//! `DLC_STATUS_KIND(status)` in the header), the rest the site, from 1 (0: unknown).
+//! `SYM.signature` lists the sites after the parameters (`site KIND FILE LINE COLUMN`),
+//! so the runtime's checked calls, in process or through a shared library, say
+//! `integer division by zero at model.dl:3:13`; the interpreters name the same place.
+//! Places are not part of the IR text forms (IR read from text has none), and ops that
+//! `graph.saturate` creates when it replaces a function carry none; their failures are
+//! reported without a place.
+//!
+//! **Symbol naming** (`abi::Symbols`). Entry point `f` is exported as `PREFIX f`. The
+//! default prefix is `dlc_` plus the module file's stem made an identifier, plus `_`
+//! (`dlc_model_mlp` for `mlp` in `model.dl`; `dlc_stdin_` for standard input); the JIT,
+//! whose symbols never leave the process, uses `dlc_jit_`. `dlc compile --prefix P` sets
+//! it (`--prefix ''` for bare names). Every resulting symbol is checked: it must be a C
+//! identifier and not a C or C++ keyword, an implementation-reserved name (`__x`, `_X`),
+//! a `DLC_` macro, or a function generated code calls (`malloc`, `calloc`, `free`,
+//! `GOMP_parallel`, `omp_*`, libm); a refused symbol is an error naming the entry point.
+//! So an entry point may have any legal dlc name, `malloc` and `int` included, and two
+//! models link into one program. Everything else in generated code is private (outlined
+//! thread bodies, packing and micro-kernel functions) or weak and hidden (the bf16
+//! rounding fallback `__truncsfbf2`). In the header, a parameter whose name C would read as
+//! something else (a keyword, a `<stdint.h>` type or macro, `NULL`) gets a `_` appended.
 
 use std::fmt::Write as _;
 

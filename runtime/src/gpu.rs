@@ -10,6 +10,23 @@
 //! one stream, results are copied back, and the status word the kernels
 //! write (an integer division by zero, with its source place) becomes an
 //! error.
+//!
+//! # In detail
+//!
+//! **GPUs** (`runtime/src/gpu.rs`, `runtime/src/cuda.rs`). A program compiled for a GPU is
+//! a `GpuProgram`: the PTX and, per entry point, a `GpuFunction` (buffers and launches,
+//! see the GPU back end). `gpu::Prepared` carries one out on any `gpu::Device`: it copies
+//! the constants and allocates the workspace once, `bind` checks the inputs as a CPU call
+//! does and copies them in, `run` zeroes the status word, launches every kernel in order on
+//! one stream, waits, and turns the status into an error (a failing launch names its
+//! kernel), `outputs` copies the results back. `cuda::Cuda` is the device of CUDA's driver
+//! API through cudarc with dynamic loading: building needs no CUDA toolkit and no GPU;
+//! `Cuda::open` first asks whether `libcuda.so` can be loaded and returns "no CUDA driver
+//! found" (or cudarc's "no CUDA device" error) instead of letting cudarc panic, loads the
+//! PTX (the driver compiles it for the device), and raises each kernel's shared-memory
+//! limit where it needs to. `dlc run --backend gpu` picks the target from the device's
+//! compute capability (8.x: sm_80, 9.0 and later: sm_90) and `dlc bench --backend gpu`
+//! times calls with inputs bound once.
 
 use crate::abi::{Signature, status_message};
 use crate::call::{AlignedBuffer, RuntimeError, lay_out, results};

@@ -15,6 +15,35 @@
 //! sizes it. [`gpu`] runs programs compiled for an NVIDIA GPU: CUDA through
 //! cudarc ([`cuda`]), whose driver library is loaded at run time; [`module`]
 //! is such a program as a file, which `dlc-rt` runs.
+//!
+//! # Tensors, kernels and threads
+//!
+//! `dlc-runtime` holds `HostTensor` (type plus f64 elements, each representable in the
+//! type), `.npy` read/write through npyz (every dlc element type but bf16 is a NumPy
+//! one), and seeded random inputs (floats uniform in [-1, 1), signed integers in
+//! [-10, 10], unsigned ones in [0, 20]). NumPy has no bfloat16: bf16 tensors are written as
+//! float32, and a float32 file is accepted for a bf16 parameter (rounded).
+//!
+//! A `Kernel` is a compiled
+//! function with its signature: `call` checks the number of inputs, their element types
+//! and shapes, lays them out in 64-byte aligned buffers (`AlignedBuffer`, vectors of a
+//! `repr(align(64))` line: until a test checked, they were vectors of `[u64; 8]`, aligned
+//! to 8 bytes only, so inputs and prepared panels could straddle cache lines), calls, and
+//! turns a nonzero status into an error; `bind` prepares a call once for repeated runs
+//! (benchmarks), and `binder` does the same with inputs pushed one at a time, each
+//! checked and written into its buffer in place as it comes, so that a caller making or
+//! reading its inputs one by one never holds all of them twice (`dlc bench` draws its
+//! random inputs that way).
+//! `SharedLibrary::open` loads a `--emit so` library (dlopen through libloading) and
+//! hands out its kernels; the JIT hands out the same kernels.
+//!
+//! Parallel loops run on the OpenMP runtime's pool (libgomp): generated code calls
+//! `GOMP_parallel`, so an object file or shared library needs nothing of ours at run
+//! time (`-lgomp`, `OMP_NUM_THREADS` work as for any OpenMP program). The OpenMP symbols
+//! are weak: an object file linked without `-lgomp` runs its parallel loops on the
+//! calling thread instead of failing to link. `set_num_threads` sizes the pool for
+//! `dlc bench --threads`. The runtime loads libgomp once and never unloads it (`load_thread_pool`): its workers outlive every call, and LLVM's
+//! JIT closes its own handle at exit.
 #![deny(missing_docs)]
 
 pub mod abi;

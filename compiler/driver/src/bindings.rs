@@ -9,6 +9,22 @@
 //! results are a tuple, and a failure status of the compiled code is an
 //! [`Error`](#) value naming the failing op's source place. The bindings
 //! need the `ndarray` crate, and `half` for f16/bf16 tensors.
+//!
+//! # In detail
+//!
+//! **Rust bindings** (`dlc_driver::bindings`, `dlc compile --emit rust`). One safe
+//! function per entry point: tensors in as `ndarray::ArrayView<'_, T, IxN>` (rank in the
+//! type, shape checked at the call, any memory layout accepted: a transposed view is
+//! copied into row-major order, a row-major one is passed as is), scalars as plain
+//! values, results as owned `ndarray::Array`s (a tuple for several). ndarray because it is
+//! the array type Rust's numeric crates (and onnxruntime's Rust bindings) share, and
+//! because its views carry the shape a flat slice would lose. Every call returns
+//! `Result<_, Error>`: `Error::Shape` names the input and both shapes, and a failure
+//! status becomes `Error::DivisionByZero { at: Some("model.dl:3:12") }` (the site is read
+//! from the library's `SYM.signature` string) or `Error::OutOfMemory`. Bool results go
+//! through a byte buffer (compiled code writes 0/1; Rust never sees an unchecked
+//! `bool`); f16/bf16 use the `half` crate. The declarations are `unsafe extern "C"` in a
+//! private module; every `unsafe` block is the FFI boundary and says why it holds.
 
 use std::fmt::Write as _;
 

@@ -5,6 +5,32 @@
 //! Every failure is a [`DriverError`] whose `Display` is the complete,
 //! user-facing message (source diagnostics already rendered with file, line,
 //! column and the underlined span).
+//!
+//! # The pipeline as a call
+//!
+//! `dlc-driver` is the library that the tools and `build.rs` helpers call. Every error it
+//! returns is a `DriverError` that displays as the complete user-facing message
+//! (diagnostics rendered with `file:line:col`); it never prints or ends the process.
+//! `dlc_driver::compile(&source, &CompileOptions { emit, entries, passes, prefix, target,
+//! cpu, header_name }, Some(&dlc_llvm::Llvm))` is `dlc compile` as a call: source or graph
+//! IR in, any artifact out (graph/loop/tile text or MLIR generic form, LLVM IR, assembly,
+//! object, shared or static library, C header, Rust bindings) as bytes, with each pass's
+//! statistics. Headers and bindings need no code generator (their signatures come from
+//! the tile IR). `compile` is `prepare` (read, check, run the passes, keep the chosen entry
+//! points) then `Prepared::emit`; a caller wanting several artifacts of one module (dlc-build:
+//! the static library and its bindings) prepares once and emits each, and tile IR for the
+//! code target is lowered once per prepared module.
+//!
+//! **CPUs.** Machine code is for a named CPU (`CompileOptions::cpu`, `--cpu`): `native`
+//! (this machine, every feature LLVM detects; the default of `dlc compile` and the only
+//! choice of `dlc run`/`bench`), a level whose code runs on every CPU of it (`x86-64`:
+//! SSE2; `x86-64-v2`: SSE4.2; `x86-64-v3`: AVX2, FMA; `x86-64-v4`: AVX-512), or one of 19
+//! LLVM CPU names (`dlc_core::LLVM_CPUS`: `haswell`, `skylake-avx512`, `znver4`, ...),
+//! each mapped to the level whose vector width and registers schedule its code and
+//! passed to LLVM as the CPU. The C header and the Rust bindings say which CPUs the code
+//! needs ("Compiled for x86-64-v3: it runs on any x86-64 CPU of that level").
+//! `--target aarch64-linux-gnu` cross-compiles objects and static libraries (a shared
+//! library would need an Arm linker).
 #![deny(missing_docs)]
 
 use std::collections::HashMap;

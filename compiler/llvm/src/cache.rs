@@ -9,6 +9,25 @@
 //! an entry whose checksum does not match is removed and compiled again.
 //! When the entries pass the size bound, the least recently used go. The
 //! directory may be deleted at any time.
+//!
+//! # In detail
+//!
+//! **The object cache** (`cache.rs`, `JitOptions::cache`). A part's object file depends
+//! only on its LLVM module before optimization, LLVM's version, the target machine
+//! (triple, CPU, features) and the pipeline, so it is stored under the SHA-256 of
+//! those (the module as bitcode) and looked up before optimizing: a second compile of
+//! an unchanged model skips LLVM's passes and machine code generation, and a model that
+//! shares a part with another (the same kernels, partitioned alike) reuses it. An entry
+//! is the object's own SHA-256 followed by the object, written to a temporary file and
+//! renamed into place, so a reader sees a whole entry or none; a damaged entry is a
+//! miss, removed and compiled again. A hit touches the entry's modification time;
+//! after a store, the least recently used entries go until the cache is under three
+//! quarters of its bound (512 MiB by default). `dlc run` uses `$DLC_CACHE_DIR`, else
+//! `$XDG_CACHE_HOME/dlc` or `~/.cache/dlc` (`--no-cache`: neither read nor written);
+//! `dlc bench` compiles cold unless given `--cache`, and says how many parts came from
+//! the cache; the library's `jit` uses none (`jit_with` takes one). A fully cached
+//! compile still runs the front end, emits the LLVM module, hashes its bitcode and links
+//! (its time: performance.md).
 
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;

@@ -9,6 +9,31 @@
 //! parts. The partition is computed from the module alone, the largest
 //! function first onto the part with the fewest instructions so far, so
 //! that every worker computes the same one.
+//!
+//! # In detail
+//!
+//! **Compiling on every core** (`split.rs`, `orc.rs`). LLVM's IR passes and machine
+//! code generation are most of a cold compile, and a model's kernels are independent
+//! functions, so `jit` compiles a module in parts, one per core (at most 8), each on a
+//! thread of its own with its own LLVM context. Every worker emits the whole module
+//! (emission is a small part of LLVM's time: performance.md) and computes the same partition from it: the
+//! functions, largest first, onto the part with the least work so far, a function's
+//! work being its instructions with those on vectors counted five times. A worker keeps its part's definitions and turns the rest into declarations
+//! of the same name (private definitions it keeps become hidden, so the other parts
+//! can name them); globals that must exist once (the workspace caches, the exported
+//! signatures) are defined by part 0, private constants by every part that uses them.
+//! Each part runs through `default<O3>` and becomes an object file, and ORC's `LLJIT`
+//! (through llvm-sys: inkwell wraps only MCJIT, which compiles one module on the
+//! calling thread) links the objects in process, resolving the C library, libm and the
+//! OpenMP runtime in the process; every entry point is looked up before the compile
+//! clock stops. Latency is unchanged (no call crosses from one kernel into another;
+//! the host function calls kernels through the OpenMP runtime either way). Object files,
+//! assembly and libraries (`emit_native`, `--emit so|lib`) are still one module on
+//! one thread: their symbols must not collide with another model's in a static link.
+//! If the workers' modules ever disagree (code generation that depends on hash order:
+//! W7's workspace was placed in `HashMap` order until this was found, and a test now
+//! compiles W7 twice in two processes and compares the bytes), `jit` sees that the
+//! parts do not define each function exactly once and compiles the module as one part.
 
 use std::collections::HashMap;
 

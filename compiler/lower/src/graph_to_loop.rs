@@ -1,23 +1,170 @@
-//! Graph to loop: every graph op becomes loop nests over buffers.
+//! Graph to loop: every graph op becomes loop nests over buffers, as the
+//! fusion plan (`dlc_graph::fusion::plan`) says.
 //!
-//! Each entry point becomes a `loop.func` whose parameters are the graph
-//! parameters followed by one output buffer per result (`out0`, ...),
-//! written in place.
+//! Each entry point becomes a `loop.func` taking the graph parameters and then one
+//! output buffer per result (`out0`, ...). Every node gets a plan:
 //!
-//! Fusion: element-wise ops (unary, binary, comparisons, `where`, casts,
-//! splat constants, broadcasts, transposes, slices, batchnorm) are computed
-//! at an index rather than stored, so a chain of them becomes one loop nest
-//! (producer fusion). An element-wise op is stored in a buffer only when it
-//! has several users, is a result, or feeds an op that reads its operands
-//! many times (a matrix product, a reduction, a user operator). An op that
-//! produces values at indices (matmul, reductions, softmax, layernorm,
-//! convolution, pooling, user operators) whose only user starts an
-//! element-wise chain of the same shape stores the end of that chain
-//! instead (epilogue fusion: `relu(x @ w + b)` is one loop nest).
+//! - **Inline**: an element-wise op (unary, binary, comparison, `where`, cast, splat
+//!   constant, broadcast, transpose, slice, batchnorm) with exactly one user that is also
+//!   element-wise is computed where it is read, at the reader's index (producer fusion:
+//!   a chain of element-wise ops is one loop nest; broadcasts, transposes and slices are
+//!   index maps).
+//! - **Stored**: anything else gets a buffer and its own loop nest (outermost loop
+//!   `loop.parallel`, and the next ones too while those before have fewer than 8
+//!   iterations, up to three and never the innermost: `[1, 64, 56, 56]` is a band of
+//!   two, 64 programs; the rest `loop.for`); a product of matrices (batched or not, and
+//!   the product of an im2col convolution) is the structured `loop.matmul` inside loops
+//!   over its batch dimensions, its epilogue in the op's region. Element-wise ops are stored when they have
+//!   several users, are results, or feed an op that reads operands many times (matmul,
+//!   reductions, user operators), so nothing expensive is recomputed.
+//! - **Epilogue**: an op that produces one value per output index (matmul, reductions,
+//!   softmax, layernorm, conv2d, pooling, user operators) whose only user starts an
+//!   element-wise chain of the same shape applies the chain before storing, and stores the
+//!   chain's end: `relu(x @ w + b)` is one loop nest. Its loop nest is emitted at the
+//!   chain end's place in topological order, so the chain's other operands (a bias
+//!   computed by another reduction) are ready.
+//! - **User operators** (`graph.compute`): each local, then the output, is a loop nest
+//!   over its index space, reading operands through their affine indices (zero outside
+//!   bounds). A definition that is a contraction, `E(sum[k](a[..] * b[..]))`
+//!   (`dlc_graph::compute::ElemDef::contraction`: two operands of one element type whose
+//!   indices are affine in the definition's indices and `k`, stay within bounds, and both
+//!   read `k`; one reduction; `E` element-wise; a sum over several indices when each spans
+//!   a whole axis of both operands, consecutive and in order, read through views that make
+//!   those axes one: `sum[k, l](a[i, k, l] * b[k, l, j])` is `[M, K*L] x [K*L, N]`), is the same structured `loop.matmul` a
+//!   built-in `@` is, whatever the layout: the columns are its last index and the operand
+//!   reading it, the rows the last other index read by the other operand alone, the
+//!   remaining indices loops around the product; the operands keep their own index maps
+//!   (`a[k, i]` is read as `%a[#2, #0]`, which packing copies from), and `E` is the
+//!   epilogue (`tanh(sum + c[j])`). A local that is a contraction and whose only reader
+//!   reads it element-wise at its own index (`ComputeBody::sole_elementwise_reader`: `h` in
+//!   `out[i, j] = h[i, j] * sigmoid(h[i, j])`) is computed inside that reader's epilogue,
+//!   once per element, and never stored. An operand that cannot be read in place (a
+//!   convolution's window `g[n, o, y - ky + 1, x - kx + 1]`, a read past its edge, which
+//!   gives zero, reduction axes not whole and consecutive) is gathered
+//!   (`OperandRead::Gathered`): a nest copies it once into a buffer (the batch indices it
+//!   reads, then its own indices and the reduction's in the order that keeps the
+//!   source's rows innermost: the group holding the widest index the read's last index
+//!   moves along by one goes last, else rows then reduction for `a`, reduction then
+//!   columns for `b`; zero outside the operand: im2col for any window), read through a
+//!   view whose reduction axes are one (and columns, for several), transposed where the
+//!   reduction is last (a weight gradient's `x[n, c, y + ky - 1, xx + kx - 1]` is copied
+//!   as `[(c, ky, kx), (n, y, xx)]`, runs along `xx`, not `[(n, y, xx), (c, ky, kx)]`,
+//!   runs of 3 along `kx`: packing reads it as it reads `G.Bᵀ`); a copy over `MAX_GATHERED` (2^26) elements is refused
+//!   and the definition keeps its scalar loops. When the column operand is gathered (or
+//!   reads those indices as whole consecutive axes of its own, in order:
+//!   `OperandRead::MergedColumns`, through a view) and the epilogue reads only the sum,
+//!   the columns are every trailing index that operand alone reads, stored through a
+//!   row-major view of the result (a convolution's weight gradient `out[o, c, ky, kx]`
+//!   is one `O x C*9` product; its input gradient, and a 1x1 convolution read in place,
+//!   one product per image over its pixels). A gathered column operand that reads its input
+//!   through a convolution's window (`x[n, c, s0*y + d0*ky - p0, s1*xx + d1*kx - p1]`
+//!   over the reduction `c, ky, kx` and the columns `y, xx`: `ContractionForm::window`,
+//!   which reads the indices of the user's expression) is copied as the built-in
+//!   convolution's im2col buffer (`im2col_copy`, one emitter for both) and the copy and
+//!   the product are an im2col kernel group carrying that window, so the product's
+//!   programs read their panels through the window (`loop_to_tile::fused`) and the copy is never made:
+//!   a dilated convolution, which no built-in has, takes the built-in's im2col kernel
+//!   (one that computes exactly a `conv2d` is that op before lowering: `graph.canonicalize`;
+//!   `differential.rs::convolutions_in_index_notation_are_the_builtin_kernel` checks both,
+//!   byte for byte against the built-in's tile IR where there is one). Invariant: the loop IR of a user contraction
+//!   is a `loop.matmul` like the built-in product's, so the tile conversion sees no
+//!   difference between the two. An operand may be any element-wise expression of reads
+//!   (a prologue: `relu(a[i, k] - mu[i])`, `cast(h[i, k], f32)`): it is gathered, the
+//!   prologue computed once per element in the copy. Not structured: a sum whose body is
+//!   not a product of two operands (`sum[k](a[i, k] + b[k, j])` keeps scalar loops).
+//! - **Softmax** is three passes over a row: its maximum; the exponentials, summed and,
+//!   when the result has an f32 buffer of its own (no epilogue fused after it), stored
+//!   there; then each element times the reciprocal of the sum, scaled in place (one
+//!   exponential and one multiplication per element, one division per row; with an
+//!   epilogue or a narrow type the exponential is computed again where the result is
+//!   written).
+//! - **View**: a reshape is a `loop.view` of its operand's (contiguous) buffer; a
+//!   transpose read only by matrix products is a `loop.view` with permuted strides
+//!   (products, and `loop.matmul`'s packing, read through any strides); a slice that is
+//!   one run of its operand's storage (every axis before the sliced one has extent 1:
+//!   W7's `x[t]`) is a `loop.view` with an offset (`dlc_graph::fusion::slice_is_contiguous`),
+//!   read in place where it was copied by a loop nest of its own. Each view's offset
+//!   counts from the start of the storage, so a view of a view adds the two. In the
+//!   compiled code a view's pointer is its source's moved by the difference of their
+//!   offsets, and accesses add only index times stride; the interpreters add the offset
+//!   to every access.
 //!
-//! Buffers: each stored intermediate is allocated before its loop nest and
-//! deallocated right after the last loop nest that reads it; a reshape of a
-//! stored buffer is a `loop.view` of it, with no copy.
+//! - **Convolutions as products**: a one-group `conv2d` whose per-image product the host
+//!   packs (`TargetDesc::packs_product`: f32, at least 16K multiply-adds) fills an im2col buffer `[N, C*KH*KW, OY*OX]` (zero in the
+//!   padding) and is a
+//!   product `w [O, C*KH*KW] @ col[n]` stored through a `[N, O, OY*OX]`
+//!   view of its result, a `loop.matmul` (on a CPU the tile conversion then copies the
+//!   product's panels from the input and makes no im2col buffer, see "im2col read from
+//!   the input" in `loop_to_tile::fused`); it takes no
+//!   epilogue (the batchnorm and relu after it are their own nest). Other convolutions
+//!   are direct loop nests.
+//! - An epilogue chain holds only ops that read their operand at their own index: a
+//!   transpose, broadcast or slice of the same shape still moves elements, so it ends
+//!   the chain.
+//!
+//! The plan is `dlc_graph::fusion::plan`, one analysis that the lowering follows and
+//! that the equality-saturation cost model prices (its function-level estimate), so the
+//! two cannot drift apart. What a kernel reads, where its nest is emitted and which
+//! storage a view lives in are the plan's functions too (`kernel_reads`, `kernel_at`,
+//! `storage_of`), and so is the memory it needs (`memory`: the peak of live stored
+//! values, read by `graph.remat`), and so are the kernel groups (`kernel_groups`): kernels that may run
+//! as one. Today that is attention (a product of a softmax of a product), which the
+//! lowering keeps alive across the group (see buffer planning) and `convert-loop-to-tile` fuses; the
+//! convolution groups (im2col, Winograd) are decided by `conv_as_matmul` and
+//! `conv_as_winograd`. Every group reaches the loop IR delimited:
+//! `loop.kernel_begin {group = "attention" | "im2col" | "winograd"}` .. `loop.kernel_end`
+//! around its nests (graph -> loop brackets the plan's attention groups, and each
+//! convolution it lowers through an im2col copy or as Winograd's; a group inside
+//! another's span is emitted without bounds, as groups do not nest), and
+//! `convert-loop-to-tile` fuses exactly the groups so delimited and nothing else:
+//! `row_fusion`, `implicit_im2col` (`fused.rs`) and `winograd_fusion` (`winograd.rs`)
+//! read a group's nests and check that they fit the fused schedule, the group running
+//! as its nests one by one otherwise (the same nests undelimited run one by one:
+//! `tests/tests/passes/convert_loop_to_tile_ungrouped_attention.test`,
+//! `..._ungrouped_im2col.test`). An im2col group's window is its attribute, which
+//! `implicit_im2col` reads (stride, padding, dilation are never inferred from index
+//! coefficients) and checks its copy nest against: a copy that does not read through
+//! the group's window runs as written (`convert_loop_to_tile_im2col_wrong_window.test`).
+//! Attention's and Winograd's schedules still derive their parameters from the group's
+//! nests. The saturation cost model reads the same groups (`CostModel::function_cost`):
+//! an attention group a CPU runs as one kernel (both products packed, nothing else
+//! reading the scores or their softmax) is priced without two kernel launches, the
+//! scores' write and the softmax's read and write.
+//!
+//! Buffer planning: each intermediate gets its storage just before its loop nest; once
+//! the last loop nest that reads it (or a view of it) is emitted, its allocation is free,
+//! and a later intermediate of the same element type that fits takes the smallest free
+//! allocation as a `loop.view` instead of a new `loop.alloc`. Free allocations are
+//! released at the end of the function; results are written straight into the output
+//! buffers. (One arena with planned offsets, across element types, is future work.)
+//! One exception keeps attention fusable (`convert-loop-to-tile`'s `fused` schedule): for a product
+//! whose left operand is a softmax of a product, what the first product's nest reads,
+//! and the scores, stay allocated until the second product (BERT's attention output
+//! took the storage of its queries, which the fused kernel's programs still read).
+//!
+//! Dense constants (`tensor(...)` in source, folded constants, an imported model's
+//! weights) are `loop.global {value = [..]}` buffers made when the function starts:
+//! read-only data homed like parameters, never freed or reused, read in place by every
+//! loop nest (a weight matrix is a packed product's operand directly). They stay
+//! `tile.global` on the tile level, become one private constant LLVM global of the
+//! elements' little-endian bytes (one data array, so a million-element weight costs one
+//! constant, not a million stores), and a `memref.global` in upstream MLIR.
+//!
+//! Reductions and matrix products accumulate in a carried `loop.for` value of the
+//! element type's accumulator type (`DType::accumulator`: f32 for f16 and bf16, the type
+//! itself otherwise; the graph interpreter accumulates in f64). For f16/bf16 the loads
+//! are widened to f32 before multiplying, softmax, layernorm and batchnorm compute in f32
+//! throughout, and the result is rounded to the narrow type once, where it is stored: so
+//! the loop interpreter and compiled code give the reference's answers where an f16
+//! accumulator would stall (2048 + 1 = 2048). f32 programs lower exactly as before (no
+//! casts). The differential
+//! tests allow a relative error of 1e-4; `--check` uses a tolerance per element type.
+//!
+//! The interpreters estimate a program's work before running it (`interp::estimate_work`
+//! per graph op, `interp::check_work` over loop ops) and refuse programs above a limit
+//! (2^34 by default, `dlc run --max-work`); constant folding evaluates only ops under
+//! 2^24 (`interp::FOLD_WORK_LIMIT`), so no program hangs the compiler or an
+//! interpreter.
 
 use std::collections::{HashMap, HashSet};
 

@@ -1,44 +1,75 @@
-//! Loop to tile: each loop nest becomes a kernel scheduled for a target.
+//! Loop to tile: each top-level loop nest becomes a kernel scheduled for a target.
 //!
-//! A function's buffers stay at the host level (`tile.alloc`, `tile.view`,
-//! `tile.dealloc`); each top-level loop nest becomes a `tile.kernel`:
+//! The conversion is split by concern: `loop_to_tile.rs` (state, the walk over
+//! top-level nests, operand helpers), `grid.rs` (each nest's schedule; band kernels),
+//! `vectorize.rs` (a program's body), `packed.rs`, `dot.rs`, `fused.rs` (attention rows,
+//! implicit im2col) and `winograd.rs`. The tile passes run after it are
+//! `dlc_tile::transforms`' (`tile.reuse-packs`, `tile.dce`, `tile.split-prepare`, `tile.insert-barriers`).
 //!
-//! - **Grid**: the outermost band of perfectly nested parallel loops (up to
-//!   three) becomes the grid, one program per iteration; when the band's
-//!   innermost loop has a straight-line body, it is blocked instead: each
-//!   program takes `vector` consecutive iterations as one tile axis, with a
-//!   mask on the ragged last block (schedule `blocked`). Otherwise the body
-//!   runs in each program (schedule `rows`).
-//! - **Vectorization**: inside a program, every innermost loop becomes a
-//!   `tile.for` over blocks of `vector` iterations: loads and stores become
-//!   tile loads and stores at `#0`, arithmetic acts on whole tiles, values
-//!   that do not depend on the loop stay scalars, and a value the loop
-//!   carries by `+`, `*`, `max` or `min` (a reduction) becomes a tile of
-//!   partial results, reduced by `tile.reduce` after the loop. Loops that
-//!   are not innermost stay counted `tile.for` loops.
-//! - **Contractions** (`loop.matmul`, the structured product the lowering's
-//!   nests are raised to) become block programs (schedule `dot`): a grid
-//!   over `BM x BN` blocks of the result, a `tile.for` over `BK`-deep slices
-//!   of the reduction loading both operand blocks and accumulating with
-//!   `tile.dot`, then the epilogue on the `BM x BN` accumulator tile. For a
-//!   GPU target the operand blocks are staged through shared memory between
-//!   barriers.
-//! - Top-level ops outside nests (a full reduction to a scalar and its
-//!   store), and nests that share scalars with them, run in one program
-//!   (schedule `serial`).
+//! `convert-loop-to-tile{target=NAME}` keeps buffers at the host level and makes each
+//! top-level loop nest a kernel, recording the choice as the kernel's `Schedule`, an
+//! enum with one variant per strategy and its typed parameters (`Schedule::Packed {
+//! blocking: [mr, nr, mc, kc], pack: Option<PackedOperand> }`, printed `schedule =
+//! "packed", blocking = [..], pack = [1]`; the parser refuses an unknown strategy, a
+//! missing parameter or a wrong count of sizes):
 //!
-//! The choices are a [`Schedule`] per kernel, printed with it; the sizes
-//! come from the target description ([`TargetDesc`]).
+//! - `blocked`: a band of perfectly nested parallel loops (up to three) is the grid; when
+//!   the innermost band loop has a straight-line body, each program takes `vector`
+//!   consecutive iterations of it as one tile axis (mask on the ragged last block).
+//!   A parallel loop over rows shorter than a tile (fewer than `vector` iterations,
+//!   straight-line body, every store moving with both counters in separate dimensions)
+//!   takes several rows at a time: `r x c` tiles with `c` the row and `r = vector / c`,
+//!   one program per block of rows (`tile = [r, c]`; W8's 7-column rows become 9 x 7
+//!   tiles on AVX-512, 36 x 7 on sm_90).
+//! - `rows`: the band is the grid, one program per iteration, and the body runs in each
+//!   program: every innermost loop becomes a `tile.for` over `vector`-wide tiles (loads
+//!   and stores at `#0`, values that do not depend on the loop stay scalars and are
+//!   splatted where they meet tiles), a value it carries by `+`, `*`, `max` or `min` (a
+//!   reduction) becomes a tile of partial results reduced by `tile.reduce` after the
+//!   loop, masked-off lanes contributing the identity; an integer division in a masked
+//!   region divides masked lanes by 1. A loop is vectorized only if every store in it
+//!   moves with the loop and a buffer (or view of one) both read and written in it is
+//!   accessed through one value at one index (an element updated in place);
+//!   other loops stay counted `tile.for`s. A loop whose body holds only short
+//!   reductions (`vectorizable_outside`: inner loops of at most half its tile's
+//!   iterations, storing nothing, reading contiguously along its counter) is the one
+//!   made of tiles instead, the inner loops counted `tile.for`s carrying tiles, a lane
+//!   per iteration of the outer loop: a depthwise convolution's or a pool's `sum[ky, kx]`
+//!   for each column is a tile of columns per tap, not a tile of three taps reduced per
+//!   column (`differential.rs::short_reductions_run_across_their_columns`).
+//! - `dot`: a contraction becomes a grid over the batch and `BM x BN` blocks of the
+//!   result, a `tile.for` over `BK`-deep slices loading both operand blocks (masked on
+//!   ragged edges, pad 0) into `tile.dot`, then the epilogue (bias, activation, store)
+//!   on the accumulator tile. For a GPU target the operand blocks go through shared
+//!   memory in two stages (`stages = [2]`): each operand has a shared buffer of two
+//!   slots; the first slice is copied into slot 0 before the loop, and each iteration
+//!   takes two slices, each half copying the next slice into the other slot before
+//!   reading its own and running `tile.dot`, then one barrier, so a copy overlaps the
+//!   product before it and one barrier per slice orders both (slots alternate without an
+//!   index computed at run time; the depth is rounded up to an even number of slices,
+//!   those past it masked to zeros).
 //!
-//! By concern: this file holds the conversion's state, the walk over a
-//! function's top-level nests and the operand helpers every schedule
-//! shares; `grid` picks each nest's schedule and builds band kernels
-//! (`blocked`, `rows`, short rows); `vectorize` converts a program's body;
-//! `packed` is the packed product, `dot` the block products, `fused` the
-//! groups of nests run as one kernel (attention rows, implicit im2col) and
-//! `winograd` the fused Winograd convolution. The tile passes a target runs
-//! after the conversion are `dlc_tile::transforms`' (`tile.reuse-packs`,
-//! `tile.split-prepare`, `tile.insert-barriers`).
+//! - `serial`: top-level ops outside nests (a full reduction to a scalar and its store)
+//!   and nests that share scalars with them run in one program.
+//!
+//! Sizes come from the target: on a CPU `vector` is four vectors of f32 (64 with
+//! AVX-512) and the dot block is the packed kernel's register tile and depth
+//! (6 x 32 x 256); on sm_80/sm_90, `vector = 256` and 64 x 64 x 32 blocks, clamped to the
+//! nest's extents. Contractions arrive as the structured `loop.matmul` the lowering emits
+//! for every product of matrices (f16/bf16 included: `tile.dot` accumulates them in
+//! f32); nothing is re-discovered from scalar loops.
+//!
+//! The parameters are a `ScheduleParams` value (`for_target`, or given by hand:
+//! `convert_module_with`, and the pass's `vector`, `dot` and `packed` options), so a
+//! search can try others without touching the conversion; the differential tests run
+//! odd ones (vectors of 1, 3 and 7, blocks of one element, packing blockings that divide
+//! nothing) against the graph interpreter.
+//!
+//! Every example and language-reference example converts for the host and for sm_90,
+//! verifies, round-trips and parses in mlir-opt; the differential tests run the tile
+//! interpreter on both schedules of every differential program and 64 generated
+//! programs against the graph interpreter, and `dlc run --backend tile [--target T]
+//! --check` runs any model on it.
 
 use std::collections::{HashMap, HashSet};
 

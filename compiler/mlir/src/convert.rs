@@ -1,18 +1,47 @@
 //! Loop IR as upstream MLIR: `func`, `memref`, `scf`, `arith` and `math`.
 //!
-//! Each `loop.func` becomes a `func.func` over memrefs (a buffer's layout is
-//! its memref type, strided where it is not row-major); loops become
-//! `scf.for` (with `iter_args` for carried values) and `scf.parallel`;
-//! a `loop.matmul` becomes three `scf.for`s, the innermost carrying the sum,
-//! followed by its epilogue; a load with a pad value becomes an `scf.if` on
-//! the index being in bounds. Scalar ops keep the loop dialect's meaning
-//! (`dlc_core::scalar`): integer division rounds toward negative infinity
-//! (`arith.floordivsi`), `maximum`/`minimum` propagate NaN
-//! (`arith.maximumf`), `!=` is true for NaN (`arith.cmpf une`), and bool is
-//! `i1` compared unsigned. Transcendental functions of f16 and bf16 are
-//! computed in f32 and rounded once, as the interpreter rounds each op's
-//! result. An integer division by zero has no status in MLIR: it is
-//! undefined behaviour there (see [`crate::has_integer_division`]).
+//! `dlc compile --emit mlir` prints the loop level in upstream dialects; `dlc run --backend
+//! mlir` runs it through MLIR's own lowering (the tile level: `crate::tile`). The conversion (`compiler/mlir/src/convert.rs`)
+//! maps each `loop.func` to a `func.func` over memrefs (a buffer's layout is its memref
+//! type, `strided<[..], offset: N>` where it is not row-major from its storage's start;
+//! `loop.view` is `memref.reinterpret_cast` to the view's offset), `loop.for` to `scf.for` with `iter_args`, `loop.parallel`
+//! to `scf.parallel`, a padded load to an `scf.if` on the index being in bounds, and a
+//! `loop.matmul` to loops that add each sum's products in increasing `k` (as the
+//! interpreter does): `i, k, j` into a row of sums when the right operand's contiguous
+//! axis follows the column counter (a row-major `b[k, j]`: read along rows), else `i, j,
+//! k` with the sum carried by the innermost loop; then the epilogue per column. Scalar
+//! ops keep the loop dialect's meaning: `arith.floordivsi` for integer division (toward
+//! negative infinity; `arith.divui` for unsigned types, whose integers are signless `iN`
+//! with `maxui`/`cmpi ult`/`extui`/`uitofp` chosen by the element type), `arith.maximumf`/`minimumf` (NaN propagates), `cmpf une` for `!=`,
+//! `i1` compared unsigned, `rsqrt` as `1 / sqrt` (libm has no `rsqrtf`), integer `abs`
+//! as a select (MLIR's lowering has no `math.absi`), transcendental functions of f16 and
+//! bf16 in f32 rounded once (f64 in f64), float to integer through i64 (truncating, then wrapping as
+//! the interpreter does).
+//!
+//! MLIR parses and verifies the module in process; `mlir-opt-22` reads the printed text
+//! with no `--allow-unregistered-dialect`. To run, `dlc_mlir::LOWERING_PIPELINE` lowers it
+//! (`convert-scf-to-cf`, math to libm and LLVM intrinsics, `expand-strided-metadata`,
+//! `finalize-memref-to-llvm`, arith/index/cf to LLVM, `convert-func-to-llvm` with
+//! bare-pointer memrefs, `reconcile-unrealized-casts`), MLIR's execution engine translates
+//! it to LLVM IR and compiles it (O2), and the entry point is called through the packed
+//! wrapper the engine generates for functions marked `llvm.emit_c_interface`
+//! (`invokePacked` itself did not find it through the C API; the wrapper is looked up and
+//! called directly). The functions run are prefixed `dlc_mlir_` so that an entry point
+//! named like a libm function does not meet it in the engine's symbol table, and take one
+//! more parameter, a `memref<i32>` status: an integer division by zero sets it and
+//! divides by 1, and the run reports `@f: integer division by zero` (without the
+//! division's place, which only the native back end reports). The module `--emit mlir`
+//! prints has no status parameter: there a zero divisor is undefined behaviour, as
+//! `arith.floordivsi` says. Where a CPU has no instruction for a 16-bit float
+//! conversion, LLVM calls compiler-rt's routine (`__truncsfbf2` for every f32 -> bf16
+//! without AVX-512 BF16, even for a bf16 value it carried through a `phi`; `__truncsfhf2`
+//! and `__extendhfsf2` below F16C), which nothing in the process provides (Debian's libgcc
+//! lacks `__truncsfbf2`): the engine is handed the three (`CONVERSION_ROUTINES`, through
+//! the `half` crate), so this back end runs every element type on every CPU. The engine
+//! compiles for this machine's CPU unless a function says otherwise, so under `DLC_CPU`
+//! each function run carries `target_cpu` and an empty `target_features` (the CPU's own
+//! features replace the machine's). Loops stay scalar and sequential: this back end exists to
+//! cross-check the native one, both against the graph interpreter, not for speed.
 
 use std::collections::HashMap;
 

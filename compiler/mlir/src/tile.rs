@@ -1,24 +1,32 @@
 //! Tile IR scheduled for a CPU as upstream MLIR: tiles are `tensor`
 //! values, buffers memrefs.
 //!
-//! A `tile.kernel` is an `scf.parallel` over its grid (program ids are its
-//! induction variables; the program's scratch buffers are allocated in its
-//! body). No buffer is freed here: MLIR's deallocation pipeline frees every
-//! buffer, those of tensors and of `tile.alloc` alike, and refuses frees it
-//! did not place. Every op producing a tile is a
-//! `tensor.generate` whose body computes one element from the element's
-//! coordinates: a load evaluates its affine index (with `#k` the
-//! coordinate along axis `k`) and reads the buffer, or the pad value where
-//! the mask is off or the index is outside the buffer; a mask compares the
-//! coordinates with its limits; broadcasts, reshapes, transposes and
-//! expanded axes read the operand at the corresponding coordinates;
-//! element-wise ops apply the scalar op (the loop conversion's, with the
-//! same meaning) to the operands' elements; a dot sums its products in an
-//! `scf.for` over the depth and adds the accumulator; a reduction combines
-//! along its axis in an `scf.for`. A store is a loop nest over the tile's
-//! coordinates writing each element its mask leaves on. MLIR's one-shot
-//! bufferization then turns the tensors into buffers (see
-//! [`crate::TILE_PIPELINE`]). Barriers have no meaning on one CPU thread.
+//! **The tile level** (`compiler/mlir/src/tile.rs`; `dlc compile --emit mlir-tile`, `dlc run
+//! --backend mlir-tile`) converts tile IR scheduled for a target, so that MLIR also
+//! cross-checks our schedules (packing, blocking, masks, program ids). Tiles are
+//! `tensor` values: every op producing a tile is a `tensor.generate` whose body computes
+//! one element from its coordinates, which makes every form of the tile dialect
+//! expressible without pattern matching: a load evaluates its affine index with `#k` the
+//! element's coordinate along axis `k` and reads the buffer, or the pad where the mask is
+//! off or the index outside; masks compare coordinates with their limits; broadcasts,
+//! reshapes (through the row-major position), transposes and new axes read the operand
+//! at the corresponding coordinates; element-wise ops use the loop conversion's scalar
+//! emitters (`compiler/mlir/src/scalar.rs`, shared); `tile.dot` sums its products in an
+//! `scf.for` over the depth and adds the accumulator; `tile.reduce` combines along its
+//! axis in an `scf.for`; a load of a rank-0 buffer is a scalar. A store is a loop nest
+//! over the tile writing the elements its mask leaves on. A kernel is an `scf.parallel`
+//! over its grid (program ids are its induction variables); barriers are dropped (one
+//! CPU thread runs a program). `dlc_mlir::TILE_PIPELINE` runs MLIR's one-shot
+//! bufferization (`allow-return-allocs-from-loops`: tiles carried by `tile.for` are new
+//! values each iteration) and its deallocation pipeline, which frees every buffer,
+//! `tile.alloc`'s included (it refuses frees it did not place, so the conversion writes
+//! none), then `linalg` (what `tensor.generate` bufferizes to) as loops and the loop
+//! level's pipeline. Runs use MLIR's C interface (`_mlir_ciface_`, memref descriptors)
+//! rather than bare pointers, because the deallocation pipeline's helper function takes
+//! dynamic memrefs, which the bare-pointer convention cannot pass. Tile modules compile
+//! at LLVM O0 (W7's 32 unrolled steps are 28 000 lines of MLIR, which O2 is far too slow
+//! for: performance.md). Not used yet: the `vector` dialect (a tile could be a vector and a
+//! dot a `vector.contract`), which would make this path fast, not more correct.
 
 use std::collections::HashMap;
 

@@ -3,6 +3,45 @@
 //! (its micro-kernel and blocking) and the equality-saturation cost model
 //! (which products run on the register tile). No back-end constant is
 //! written anywhere else.
+//!
+//! # What a description holds, and who reads it
+//!
+//! `TargetDesc` is the one statement of what a target offers: for a CPU the vector width
+//! and registers, FMA/AVX512-BF16, cores, L1/L2 sizes and L1 sets; for a GPU the compute capability,
+//! warp size, threads and shared memory per block, multiprocessors and tensor-core
+//! (`mma`) shapes per element type. `TargetDesc::host()` is what `native` means for the
+//! process: the CPU `DLC_CPU` names when it is set (any name `--cpu` takes, so that an
+//! AVX-512 machine compiles, schedules, prices and runs everything as an AVX2 one would
+//! under `DLC_CPU=x86-64-v3`), else this machine (AVX-512 when it has AVX512F, else AVX2).
+//! A `DLC_CPU` that `--cpu` does not know, or whose level's instructions this machine
+//! lacks (its code would not run here), is an error that `dlc` and `dlc-opt` report before
+//! anything else (`check_cpu_env`) and that `for_cpu("native")`/`named("host")` return;
+//! `host()` itself never fails. The variable is read once, with the host's description.
+//! The target is an argument everywhere code is decided: `fusion::plan`, the graph
+//! rules that choose how a convolution runs (`ops::conv_is_winograd`,
+//! `conv_is_im2col_product`), the saturation cost model (`graph.saturate{target=..}`,
+//! `PassOptions::target`: `dlc compile` and `dlc run` price for `--target`),
+//! `convert-graph-to-loop{target=..}` / `dlc_lower::lower_module(m, target)` (parallel
+//! loops, Winograd's vector width) and `convert-loop-to-tile`. `host()` is read only
+//! where this machine is meant: the driver's default target, the JIT, the emulator and
+//! MLIR's execution engine (the LLVM code generator cuts tiles by the lanes of the target
+//! it compiles for). Invariant (tested by
+//! `the_loop_ir_depends_on_the_target_not_the_host`): the same source and `--target` give
+//! the same graph and loop IR on any machine. `named` knows `host`, `x86-64-avx512`,
+//! `x86-64-avx2`, `sm_80`, `sm_90` (`--target`). Derived from it, and written nowhere
+//! else: `lanes(dtype)`, the packed product kernel's blocking `gemm_blocking(dtype)`
+//! (MR=6 rows by two vectors, MC=24 MR, KC=256: 6x32x256 with AVX-512, 6x16 with
+//! AVX2; 64x64x32 thread-block tiles on a GPU; a narrow product, of at most `narrow_n`
+//! columns, runs unpacked in tiles of `narrow_mr` rows by its columns: 16 x 16 (one
+//! vector) with AVX-512, 6 x 16 (one register tile: two vectors) with AVX2, whose
+//! 16-column products have one panel, so packing copied their left operand for a single
+//! use), `packs_product(dtype, macs)` (f32 with
+//! at least 16K multiply-adds), `min_units` (the fewest programs a packed product is cut
+//! into, so threads are balanced) and `min_thread_iterations`. The conversion's
+//! schedules, the code generator's threading, the lowering's choice of im2col
+//! convolutions and the saturation cost model's register-tile rounding all read them.
+//! It lives in dlc-core rather than compiler/lower because the cost model (dlc-graph)
+//! reads it too.
 
 use crate::DType;
 

@@ -5,6 +5,21 @@
 //! evaluated as if each op were exact and then rounded once. Integer ops wrap
 //! like two's complement, integer division floors (as Python's `//`) and
 //! fails on a zero divisor, and float-to-integer casts truncate toward zero.
+//!
+//! # In detail
+//!
+//! `dlc_graph::interp` defines what programs mean. Values are `ndarray::ArrayD<f64>`
+//! with an element type; every op computes in f64 (matrix products, convolutions and
+//! reductions accumulate in f64) and rounds its result to its element type, so an `f32`
+//! program means "each op exact, then rounded once". Integer arithmetic wraps at the
+//! type's width, integer division floors and fails on zero, float-to-integer casts
+//! truncate toward zero (`DType::round`). f64 holds every element of every type exactly
+//! except i64 and u64 values beyond 2^53, which the interpreters round (compiled code
+//! computes them exactly).
+//! Matrix products and convolutions (im2col) go through ndarray's `dot`, so the
+//! interpreter runs the full-size workloads in well under a second or two in release.
+//! Tensors larger than 2^29 elements are refused with an error instead of exhausting
+//! memory.
 
 use std::collections::HashMap;
 

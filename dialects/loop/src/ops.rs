@@ -13,6 +13,32 @@
 //! where a load's or store's buffer carries its index (`%b[%i, 2*%j + 1]`)
 //! and a `loop.matmul`'s two operands carry theirs over the op's own
 //! counters, `#0` (row), `#1` (column) and `#2` (depth).
+//!
+//! # The structured product
+//!
+//! The lowering emits every product of matrices (a matmul, a batched matmul, a
+//! convolution over an im2col buffer) as one structured op rather than a loop nest that
+//! a later pass must recognise:
+//!
+//! ```text
+//! loop.func @dense(%x: buffer<f32[64, 32]>, %w: buffer<f32[32, 48]>, %b: buffer<f32[48]>, out %out0: buffer<f32[64, 48]>) {
+//!   loop.matmul %x[#0, #2], %w[#2, #1] {sizes = [64, 48, 32]} (%0, %1, %2, %3) {
+//!     %4 = loop.load %b[%1] : f32
+//!     %5 = loop.add %3, %4 : f32
+//!     %6 = loop.relu %5 : f32
+//!     loop.store %6, %out0[%0, %1]
+//!   }
+//!   loop.return
+//! }
+//! ```
+//!
+//! `%acc` is the sum over `k` of the two affine-indexed operands in the operands'
+//! accumulator type (f32 for f16/bf16; any strides: a transposed operand is read in
+//! place). The verifier holds it to a matrix product: `i` never indexes the right
+//! operand, `j` never the left one, `k` only the operands. The region, run per `(i, j)`,
+//! is the epilogue (bias, activation, scaling, the store), kept as loop ops. The loop
+//! interpreter runs it as the triple loop it means; `convert-loop-to-tile` makes it the
+//! `packed` or `dot` schedule (`compiler/lower`'s `loop_to_tile`).
 
 pub use dlc_core::attr::Attr;
 use dlc_core::attr::AttrReader;

@@ -2,6 +2,26 @@
 //! schedules. Each expands into the graph ops it is made of, as the
 //! composites do, so its gradient comes from those ops' rules and it
 //! compiles like any expression (docs/language.md gives each formula).
+//!
+//! # Gradients and training layers in the language
+//!
+//! - `value_and_grad(f(args), wrt=[..])` in the language elaborates the call's
+//!   arguments, instantiates `f`, adds the private function `f$grad$i$j`
+//!   (`autodiff::add_grad_function`, once per `f` and positions) and calls it; inlining
+//!   then makes the step one graph, saturated as a whole (the forward and backward share
+//!   subexpressions; transposes fold into products).
+//!
+//! - Losses, optimizer updates, schedules and the training-mode layers
+//!   (`batchnorm_train`, `dropout(.., step=t)`) are built-ins that expand into graph ops,
+//!   as the composites do: their formulas exist once, in the language, and their
+//!   gradients come from the ops' rules. Dropout's mask is a counter-based hash in `u32`
+//!   arithmetic of each element's position, the seed and the step, so it is the same on
+//!   every back end; this holds because every level wraps integer `+ - * <<` exactly
+//!   (the interpreters through `scalar::apply_binary_in`, which computes on 64-bit
+//!   integers before rounding to the type: an `f64` product of two `u32`s loses the low
+//!   bits the type keeps). The position enters axis by axis (`iota_a * stride_a`) after
+//!   the step, so no constant as large as the tensor is formed for `graph.saturate` to
+//!   fold into the program.
 
 use super::*;
 

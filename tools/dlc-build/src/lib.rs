@@ -41,6 +41,21 @@
 //! let (f, _) = module.entry("mlp")?;
 //! let y = dlc_runtime::gpu::Prepared::new(&mut cuda, f)?.call(&mut cuda, &inputs)?;
 //! ```
+//!
+//! # Linking
+//!
+//! **dlc-build** (`tools/dlc-build`). `dlc_build::Model::new("model.dl").build()` in a
+//! `build.rs` reads Cargo's environment (`CARGO_CFG_TARGET_ARCH/OS/FEATURE`, `OUT_DIR`):
+//! x86-64 Linux compiles for the highest x86-64 level all of whose features Cargo enables
+//! (`RUSTFLAGS=-C target-cpu=native` gets this machine's; a plain build the SSE2
+//! baseline, so the binary runs wherever Rust's default target does; `.cpu("x86-64-v3")`
+//! chooses), aarch64 Linux cross-compiles, anything else is an error saying so. It writes
+//! `libdlc_STEM.a` and `STEM.rs` and prints `rerun-if-changed`, the link search path, the
+//! static library, `-lm`, and libgomp linked with `--no-as-needed`: generated code calls
+//! the OpenMP runtime through weak symbols, which rustc's default `--as-needed` does not
+//! count as uses, so the library would be dropped and kernels would silently run on one
+//! thread. A model that does not compile ends the build script with its diagnostic on
+//! standard error, which Cargo shows (`--> model.dl:2:16`).
 #![deny(missing_docs)]
 
 use std::path::{Path, PathBuf};

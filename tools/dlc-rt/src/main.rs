@@ -12,6 +12,18 @@
 //!
 //! Without a CUDA driver or a GPU, `run` and `bench` say so in one line and
 //! exit with status 1.
+//!
+//! # What it does
+//!
+//! `dlc-rt` (`tools/dlc-rt`) is the runner a GPU machine gets: `info` (needs no GPU),
+//! `run` (inputs from `.npy` files or drawn from a seed exactly as `dlc run
+//! --random-inputs` draws them, `EntryInfo::inputs`; `--expect DIR` compares with saved
+//! results by `dlc_runtime::check`, the comparison `dlc run --check` uses) and `bench`
+//! (median, min, max of waited-for calls; `--per-kernel` times each launch waited for on
+//! its own, which locates a slow kernel without a profiler). `Cuda::load_module` refuses a
+//! device below the module's compute capability before loading any PTX. The driver JIT-
+//! compiles the PTX for whatever GPU it finds; nothing else is compiled at run time.
+//! `make gpu-check-prepare` and `scripts/gpu-check.sh` (docs/testing.md) use both.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

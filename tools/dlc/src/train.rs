@@ -8,6 +8,37 @@
 //! It is compiled once for this CPU and called once per batch on one bound
 //! call whose weight and state inputs are its previous results (the buffers
 //! trade places: nothing of the model is copied between steps).
+//!
+//! # The step and its checkpoints
+//!
+//! - `dlc train` generates the training step as source (`__train_step`: `value_and_grad`
+//!   of the loss with respect to its weights, the update built-in per weight at the
+//!   schedule's rate; with `--precision`, `autocast=` and `scale=`, `all_finite`,
+//!   `where` keeping the weights and state of a skipped update, and `loss_scale_update`,
+//!   the new scale, count and whether the update was made returned last), appends it to the user's program and compiles it with the default
+//!   pipeline for this CPU, once. The step declares no weights (they change every call,
+//!   so nothing may be prepared once). One `BoundCall` runs every step; after each run,
+//!   the new weights and state trade buffers with the inputs they replace
+//!   (`BoundCall::swap_result_into_input`), so nothing of the model is copied between
+//!   steps. Only the batch inputs and the step number are written per step. Each epoch
+//!   shuffles the rows by `seed + epoch` and drops the remainder smaller than a batch. A
+//!   loss returning more than the loss returns its buffers' new values (its parameters
+//!   neither weights nor data, in order: running averages); they trade buffers with their
+//!   inputs the same way, and are checkpointed and saved with the weights.
+//!   The invariant this relies on: a compiled function writes every element of every
+//!   result on every call (tested by `dlc train` following the update rule over several
+//!   steps).
+//! - Checkpoints (`--checkpoint DIR`) are written after each epoch as
+//!   `DIR/checkpoint.safetensors`: tensors `weight.NAME` and `state.{m,v,buf}.NAME`, and
+//!   metadata (`format = dlc-train-1`, epochs done, the next step's number, the next
+//!   update's number, the loss scale and the updates since it changed (mixed precision:
+//!   a skipped update does not count), the seed, the learning rate, the optimizer's
+//!   settings and precision, the global batch), to a temporary file that is flushed and
+//!   renamed over the old one. The run's only randomness is each epoch's shuffle, drawn
+//!   from `seed + epoch`, so `--resume` (same seed, rate, optimizer and rows a step, which
+//!   a data-parallel run on other ranks would change; the same number
+//!   of epochs under a cosine schedule, which spans them) continues exactly where the
+//!   checkpoint stands and ends bit-identical to an uninterrupted run.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};

@@ -2,35 +2,125 @@
 //! an emulator that runs them on CPU threads (how they are tested on
 //! machines without a GPU).
 //!
-//! Each `tile.kernel` becomes a PTX kernel taking its buffers and a status
-//! word; its grid is flattened into one-dimensional blocks (program ids
-//! are recovered by division), and each block runs one program with
-//! `THREADS` threads. The host's part (buffers, the order of launches) is
-//! not code but a [`GpuFunction`] the runtime carries out.
+//! Tile IR scheduled for `sm_80` or `sm_90` (`--target`) compiles through LLVM's NVPTX
+//! back end to PTX (`dlc compile --emit ptx --target sm_90`, `dlc_llvm::compile_gpu`);
+//! the runtime loads the PTX through the CUDA driver and runs it (`dlc run|bench
+//! --backend gpu`).
 //!
-//! **Layout.** Every tile is spread over the block's threads the same way:
-//! element `e` (row-major position) belongs to thread `e mod T`, which
-//! holds elements `t, t + T, t + 2T, ..` as scalars. Tiles of one shape
-//! are therefore laid out alike, element-wise ops are per thread,
-//! consecutive threads touch consecutive elements of a row (coalesced
-//! loads and stores), and a reshape or a new axis moves nothing. Scalars
-//! (and indices) are computed by every thread alike. What moves elements
-//! between threads goes through the block's shared memory between
-//! barriers: `tile.trans` and `tile.broadcast` write their operand there
-//! and read it back permuted; `tile.reduce` combines along the axis from
-//! there (a reduction of a whole f32 or i32 tile to a scalar instead
-//! combines each thread's elements, then each warp's with butterfly
-//! shuffles, then the warps' through shared memory); `tile.dot` reads
-//! both operands from there, each thread accumulating its own elements of
-//! the result. `insert_barriers` (run by
-//! the conversion for GPU targets) already separated the program's own
-//! accesses of one address by different threads.
-//!
-//! **Memory.** A kernel's shared and scratch buffers, then a staging area
-//! for the moves above, are at planned offsets of the block's dynamic
-//! shared memory. An integer division by zero stores its status (with its
-//! source place) in the status word and divides by one, so every thread
-//! reaches every barrier.
+//! - **Kernels.** Each `tile.kernel` becomes a PTX kernel (LLVM's `ptx_kernel` calling
+//!   convention, `nvvm.maxntid` = the block size) taking one pointer per buffer it reads
+//!   or writes and, last, the address of an int32 status word. The grid is flattened to
+//!   one dimension (`blockIdx.x`; program ids are recovered by division, so no grid limit
+//!   of the y/z axes applies) and each block runs one program with
+//!   `TargetDesc::program_threads()` threads (eight warps: 256). Kernels with the same
+//!   fingerprint are emitted once, as on the CPU. The host's part is not code: for each
+//!   entry point a `dlc_runtime::gpu::GpuFunction` lists the buffers (parameters, the
+//!   workspace, constant data) and the launches in order, with grid, block size, dynamic
+//!   shared memory and arguments; `--emit ptx` prints it as comments above the kernels.
+//! - **Layout.** Every tile is spread over the block's threads the same way: element `e`
+//!   (its row-major position) belongs to thread `e mod 256`, which holds elements `t, t +
+//!   256, ...` as scalars (a 64x64 accumulator is 16 per thread). Tiles of one shape are
+//!   laid out alike, so element-wise ops, masks, casts and `tile.for`'s carried values are
+//!   per thread; consecutive threads hold consecutive elements of a row, so loads and
+//!   stores of rows are coalesced; a reshape or a new axis moves nothing. Scalars and
+//!   indices are computed by every thread alike. Ops that move elements between threads go
+//!   through a staging area of shared memory between two barriers: `tile.trans` and
+//!   `tile.broadcast` write their operand there and read it back permuted, `tile.reduce`
+//!   combines each of a thread's results along the axis from there (a whole f32 or i32
+//!   tile reduced to a scalar, as a row's max and sum in softmax and layernorm, instead
+//!   folds each thread's elements, then each warp's with five butterfly shuffles, then the
+//!   eight warps' partial results through shared memory), and `tile.dot` reads both
+//!   operands from shared memory and each thread accumulates its own elements of the
+//!   result over the depth with `fma`. An operand the program has just loaded whole from
+//!   a shared buffer (the GPU schedule's staged blocks), with nothing stored in between,
+//!   is read there in place; any other is staged first (as the accumulator's type). A tile of more than 256 elements
+//!   per thread is refused with its type named.
+//! - **Tensor cores.** A `tile.dot` of f16 or bf16 operands into an f32 accumulator, in
+//!   whole 16 x 8 x 16 steps (the GPU schedule's 64 x 64 x 32 blocks are), runs on
+//!   `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.f32`: the left operand is staged
+//!   row-major, the right one transposed (a fragment register's two elements are then
+//!   adjacent) and the accumulator as f32; each warp takes the result's 16 x 8 tiles in
+//!   turn (warps step together: one past the last tile computes a tile it does not
+//!   store, so every `mma.sync` runs on whole warps), loads its accumulator fragment,
+//!   runs one `mma.sync` per 16-deep step on fragments read as 32-bit words in the PTX
+//!   ISA's layouts (groupID = lane / 4, threadID_in_group = lane % 4), and stores the
+//!   fragment back, from where each thread reads its elements. f32 products keep the FMA
+//!   path unless TF32 is asked for (`--tf32`, `CompileOptions::tf32`,
+//!   `TargetDesc::with_tf32`, which adds f32's `m16n8k8` shape to the target's tensor-core
+//!   shapes): then they run on `mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32`, the
+//!   operands rounded to TF32 (`cvt.rna.tf32.f32`), and `--check` compares f32 results at
+//!   TF32's precision (f16's tolerance, `TF32_TOLERANCE`). Which shapes exist is read from
+//!   the target description (`GpuDesc::mma`), not written in the generator.
+//! - **Barriers for global memory.** A program run by many threads can read an address
+//!   another thread wrote. The pass `tile.insert-barriers`, which GPU targets run
+//!   after `convert-loop-to-tile` (so `--emit tile --target sm_90` shows
+//!   them and the tile interpreter runs them), puts a `tile.barrier` before every access
+//!   that may touch, from another thread, an address written since the last barrier (or
+//!   write one read since): accesses by the same pattern (buffer layout, tile shape,
+//!   index) are by the thread that owns the element whenever the address is a one-to-one
+//!   function of the element and of the loop counters that differ (checked per
+//!   dimension, as a mixed-radix number), loops are analysed to a fixed point, and scalar
+//!   accesses (every thread's) are ordered unless each dynamic instance writes its own
+//!   address. On every example it adds nothing beyond the conversion's own staging
+//!   barriers; its tests show where it must (a reversed read, overlapping iterations, a
+//!   scalar rewritten each iteration).
+//! - **Memory.** A kernel's shared and scratch buffers and then the staging area are at
+//!   planned offsets of the block's dynamic shared memory (`extern .shared dlc_shared[]`;
+//!   generic pointers derived from it become `ld.shared`/`st.shared` after LLVM's address
+//!   space inference); the runtime raises a kernel's dynamic shared-memory limit when it
+//!   needs more than 48 KB, and a kernel needing more than the target offers is refused.
+//!   Intermediates live at offsets of one device workspace planned first fit over their
+//!   lifetimes, as on the CPU; constant tensors are copied once when an entry point is
+//!   prepared.
+//! - **Asynchronous copies.** A `tile.store` into shared memory of a tile just loaded
+//!   from global memory and used nowhere else (the schedule's operand copies), of 4- or
+//!   8-byte elements padded with zeros if at all, from a buffer nothing in the function
+//!   writes, becomes one `cp.async.ca.shared.global` per element with a source size
+//!   (elements the load's mask or bounds turn off are zero-filled): the copy does not
+//!   pass through registers and runs while the product on the other slot computes. A
+//!   thread waits for its copies (`cp.async.wait_all`) before a barrier, before reading a
+//!   shared buffer it copied into (not another slot of it), and at the end of a loop
+//!   iteration and of the kernel. 16-bit operands (f16, bf16) are copied through
+//!   registers: a thread's elements are a block apart in this layout, and `cp.async`
+//!   moves at least 4 bytes.
+//! - **Failures.** An integer division by zero stores its status (kind and source place,
+//!   as on the CPU) in the status word and divides by one, so every thread still reaches
+//!   every barrier; the runtime reads the word after the last kernel and reports
+//!   `integer division by zero at model.dl:3:13`.
+//! - **Math.** f32 `exp`, `tanh`, `erf` (and so sigmoid, GELU, softmax) are the same
+//!   straight-line polynomials as on the CPU; `log`, `sin`, `cos` and `pow` use the
+//!   hardware's approximations (`lg2.approx`, `ex2.approx`, `sin.approx` and
+//!   `cos.approx` after reducing the argument to [-pi, pi]; `pow` as `2^(y log2|x|)` with
+//!   the sign of odd integer powers of negative bases, NaN for fractional ones, 1 for
+//!   `y = 0` or `x = 1`). f16/bf16 compute in f32. Transcendental functions of f64 would
+//!   need a C library a GPU does not have: they are refused with a message naming the
+//!   function (LLVM would otherwise stop the process on a missing libcall).
+//! - **The emulator** (`dlc_llvm::emulate`, `dlc run --backend gpu-emulator`) compiles the
+//!   very same kernels for this CPU with the thread index, block index, barrier, shared
+//!   memory and the four hardware approximations as calls into the runtime: each launch
+//!   runs one CPU thread per GPU thread (a `std::sync::Barrier` as `bar.sync`, shared
+//!   memory filled with NaN bytes so unwritten staging shows), blocks one after another.
+//!   It is slow and meant for small programs: it checks the mapping (layouts, masks,
+//!   staging, barriers, the status word, the launch plan) against the graph interpreter on
+//!   machines without a GPU. Removing the barrier before a reduction's staging read makes
+//!   the differential tests fail on it. Warp shuffles and `mma.sync` are emulated as the
+//!   warp-wide operations they are: every lane's registers are exchanged (a block
+//!   barrier stands for the warp's synchronization, since the generated code runs them
+//!   on whole blocks) and each lane computes its result from the PTX ISA's fragment
+//!   layouts, so a fragment register read from the wrong row fails the tests. Every entry
+//!   point of W1..W8 at full size passes `dlc run --backend gpu-emulator --random-inputs 0
+//!   --check`.
+//! - **What is not built yet** (the GPU's speed, issue 11's second half): `wgmma` on
+//!   sm_90 (f16/bf16, and TF32 on request, use `mma.sync`; f32 the FMA path);
+//!   `cp.async` for 16-bit operands; a tensor-core accumulator goes through shared memory
+//!   at every `tile.dot` (it is carried across the depth loop in the flat layout); the
+//!   staging area is reserved for a product even when both operands are read in place;
+//!   a product of one depth slice also computes a second, all-zero one (the two-stage
+//!   loop's rounding);
+//!   reductions along one axis of a 2-D tile combine from shared memory rather than with
+//!   warp shuffles. Every kernel has run correctly on an H200 (the GPU check, docs/testing.md); its
+//!   speed against cuBLAS and PyTorch, the profile of each kernel that misses the bar and
+//!   what would close it are in performance.md, "On a GPU".
 
 use std::collections::HashMap;
 

@@ -1,26 +1,81 @@
-//! Tile IR to LLVM IR for an x86-64 CPU.
+//! Tile IR to LLVM IR for a CPU.
 //!
-//! A function's host body allocates global buffers with `malloc` and runs
-//! its kernels one after another. A kernel's grid is flattened and, when it
-//! has enough programs, split in contiguous ranges over the OpenMP
-//! runtime's threads; each thread allocates the scratch memory its programs
-//! use once (one block, every `tile.alloc` of the kernel at a planned
-//! offset) and runs its programs in order. On a CPU a program is one
-//! thread, so shared memory is scratch memory and `tile.barrier` is a
-//! no-op.
+//! The CPU back end compiles tile IR scheduled for the host (`dlc_driver::lower_for_cpu`):
+//! `dlc run --backend cpu`, `dlc bench` and every artifact of `dlc compile` (llvm, asm,
+//! obj, so, header). It replaced a back end that compiled loop IR (with a hand-built
+//! packed product and `loop.threads`), which is gone (docs/performance.md compares the
+//! two).
 //!
-//! A tile value lives in registers as native vectors: each row of the tile
-//! (every axis but the last fixed) is cut along the last axis into vectors
-//! of at most `lanes(f32)` elements, whatever the element type, so that
-//! tiles of one shape (a mask, its data, a cast of it) are cut alike. Ops
-//! on tiles are unrolled over these vectors: element-wise ops vector by
-//! vector, `tile.dot` as one broadcast multiply-add per row, depth step
-//! and vector (the register-tiled micro-kernel when the schedule asks for
-//! an `mr x 1` by `1 x nr` product), loads and stores as vector accesses
-//! where the tile's last axis is contiguous in the buffer, masked where a
-//! mask or a pad asks, gathers and scatters where it is strided (packing).
-//! Tiles are therefore meant to be register-sized; the conversion keeps
-//! them within its schedule's blocking.
+//! - **Workspace.** Every host-level `tile.alloc` of a function lives at an offset of one
+//!   workspace, planned first fit over the buffers' lifetimes (a range is free again
+//!   after its `tile.dealloc`), so that part is about the function's peak of live
+//!   buffers; after it come the scratch regions, one per thread the OpenMP runtime may
+//!   run (`omp_get_max_threads()` at the call, 1 without the runtime), each as large as
+//!   the largest kernel's scratch. A call takes the workspace the previous call left in a
+//!   global cache (an atomic exchange) if its header says it is large enough, else frees
+//!   it and allocates one (failing with status 2 at the source place of the largest
+//!   buffer), and hands it back on every way out, failures included, freeing one that a
+//!   concurrent call left there meanwhile. A model run many times therefore allocates
+//!   and page-faults its memory once: at batch 8 the conv block's 58 MB im2col and panel
+//!   buffers were mapped afresh on every call and cost a third of its time. Kernels
+//!   allocate nothing, so they cannot fail for memory. The memory stays held between
+//!   calls (as in onnxruntime's arena).
+//! - **Kernels.** A kernel's grid is flattened and outlined into a function that reads
+//!   its inputs from a frame; with at least `min_thread_iterations` programs it runs
+//!   through `GOMP_parallel` and each thread takes a contiguous range, else it is called
+//!   in place. Kernels with the same fingerprint (`dlc_tile::print::fingerprint`: the
+//!   kernel's text with its inputs named by first use, their types, and the source
+//!   places of the ops in it that can fail, i.e. integer divisions) share one function,
+//!   so the 32 identical steps of W7 and BERT's Q, K and V projections compile once. The CPU keys kernels by `relocatable_fingerprint`, which leaves the
+//!   buffers' offsets out when no view inside the kernel moves from its source: its
+//!   inputs come as pointers with their offsets applied, so W7's steps, each reading its
+//!   own slice of `x`, share their kernels (the GPU passes each buffer's storage and
+//!   adds the offsets in the kernel, so it keys them exactly). Every `tile.alloc` inside a kernel (scratch, and on a CPU shared
+//!   memory) is at a planned 64-byte-aligned offset of the thread's scratch region of the
+//!   workspace (the base comes through the frame, the thread is the OpenMP thread
+//!   number): scratch is planned, not allocated per program or per call. A program is one
+//!   thread, so `tile.barrier` is a no-op. A failing status (an integer division by
+//!   zero) is passed back through the frame.
+//! - **Tiles** live in registers as native vectors: each row (every axis but the last
+//!   fixed) is cut along the last axis into vectors of at most `lanes(f32)` elements (16
+//!   with AVX-512), whatever the element type, so a mask, the data it masks and casts of
+//!   it are cut alike. Ops are unrolled over the vectors. A tile of more than 4096 vectors
+//!   is refused with an error naming it (the conversion's tiles are within its blocking).
+//! - Element-wise ops use `codegen/elementwise.rs` and `math.rs`, written once for
+//!   scalars and vectors: integer division fails if any lane's divisor is zero; f32
+//!   `exp`/`tanh` are straight-line polynomials.
+//! - `tile.load`/`tile.store`: the address is `base + sum_k grad_k * e_k`; a vector whose
+//!   lanes are contiguous is one (masked, where a mask or a pad asks) vector access, a
+//!   stride-0 one a scalar load and broadcast, other strides a masked gather or scatter,
+//!   whose lane pointers are the first lane's pointer offset by a constant vector of
+//!   32-bit steps (x86's gathers and scatters take a scalar base and 32-bit indices; built
+//!   as integers and cast to pointers, they cost LLVM's `IndVarSimplify` and
+//!   `InstCombine` far more time and gave 64-bit gathers of half the lanes). Padded loads compare each index that moves with the lanes as a
+//!   vector, and the others once, as scalars (a convolution's padded rows and columns
+//!   with channels in the lanes). A 2-axis store into
+//!   column-major place (packing either operand of a product) is transposed in registers
+//!   and written as contiguous runs; a load of 2 to 4 rows from column-major place (a
+//!   bf16 panel's interleaved pair) is one contiguous run per vector of columns, each row
+//!   every `rows`-th lane of it (`transposing_load`).
+//! - `tile.dot` is one broadcast of `a[m, k]` and one `llvm.fmuladd` per vector of row `k`
+//!   of `b` (f16/bf16 widened to f32 first); for the packed schedule's `6x1 . 1x32` product
+//!   in a `tile.for` over K this is the BLIS micro-kernel: 12 accumulators in registers,
+//!   two loads, six broadcasts and twelve FMAs per step (checked in the assembly); the
+//!   conversion writes two steps per iteration of the loop (`Packing::unroll`: the
+//!   counter and branch once per 24 FMAs; four steps no better), since LLVM's unroller is off (tile IR says what is unrolled).
+//!   A `tile.dot` of bf16 two deep into f32, on a target with AVX-512 BF16, is
+//!   `vdpbf16ps` instead (`bf16_pair_dot`): each row's pair broadcast as one 32-bit word,
+//!   each 16 columns of the two rows of `b` interleaved into pairs, and sixteen sums of
+//!   pairs per instruction. The packed panels hold the pairs interleaved already, so
+//!   the interleave undoes `transposing_load`'s split and the backend drops both: the
+//!   packed bf16 step is eight word broadcasts, two loads and sixteen `vdpbf16ps` per
+//!   pair of the depth, no shuffle (`jit.rs::bf16_products_run_as_dot_products_of_pairs`
+//!   checks the assembly).
+//! - A load whose lanes are 2 to 4 elements apart (a stride-2 window) is one masked load
+//!   of the elements they span, only theirs enabled, and a shuffle
+//!   (`deinterleaved_load`); farther apart, `llvm.masked.gather`.
+//! - `tile.reduce` folds vectors element-wise, then halves a vector with shuffles;
+//!   `tile.for` carries every vector of its tiles as a phi.
 
 use std::collections::{BTreeMap, HashMap};
 

@@ -1,6 +1,18 @@
 //! Block products (`tile.dot` over `BM x BN x BK` blocks): a GPU's
 //! products, staged through shared memory, narrow products on a CPU,
 //! and products inside a program's body.
+//!
+//! # Narrow products
+//!
+//! - narrow products (CPU, f32, at most the target's `narrow_n` columns: one vector on
+//!   AVX-512, one register tile on AVX2; W8's 16 and 7) are
+//!   not packed: a `dot` kernel whose programs take 16 rows on AVX-512, 6 on AVX2 (the target's `narrow_mr`;
+//!   all of them in one program for a product of fewer) and every column, and whose depth loop broadcasts one element
+//!   of each row of the left operand straight from memory against one row of the right
+//!   one (`16 x 1` by `1 x n`: 16 accumulators of one vector), so the left operand is read
+//!   once and never copied. The row blocks that end within the rows are one kernel with
+//!   no masks on the rows (a masked one-lane load is a branch per lane); the ragged last
+//!   block is a second kernel of one program.
 
 use dlc_core::DType;
 use dlc_loop::{Block as LBlock, OpId as LOpId, OpKind as L};

@@ -1,6 +1,62 @@
 //! Top-level nests run as one kernel: attention's two products and row
 //! softmax over blocks of rows, and an im2col buffer read from the
 //! convolution's input by the packed product's programs.
+//!
+//! # The two schedules
+//!
+//! - **im2col read from the input** (CPU targets with packing): an im2col group's copy
+//!   nest (`col[n, (c*KH + ky)*KW + kx, y*OX + x] = input[n, c, s0*y + d0*ky - p0, s1*x +
+//!   d1*kx - p1]`, zero outside, as graph -> loop writes it for a built-in or an
+//!   index-notation convolution; the window is the group's attribute,
+//!   `Conv::implicit_im2col`) whose buffer only the following packed product reads, as
+//!   its right operand with one block of rows (so its programs copy their own panels),
+//!   makes no kernel and no buffer: the product's programs copy each `kc x nr` panel
+//!   slice from the input. The depth slices are whole channels (`kc` = channels x taps,
+//!   the most channels that divide the input's and fit the blocking's depth: W3 16 x 9 =
+//!   144), so a slice row is a (channel, tap) pair walked by three loops; the panels
+//!   come in groups of whole output rows (`lcm(nr, OX) / nr` panels: 7 panels of 32 = 4
+//!   rows of 56 for W3; up to 8, else the im2col buffer stays), each program's chunk is
+//!   whole groups, and each panel's output row and column are then constants of its
+//!   place in its group: a panel's 32 lanes span one to a few output rows, one load of
+//!   the input per row (zero outside it, which is the padding) and the earlier rows'
+//!   lanes selected over the later ones.
+//!
+//! - `fused` (CPU targets with packing): attention, `softmax(q @ k^T) @ v`, as one
+//!   kernel over blocks of rows, so that the score matrix never goes to memory. Three
+//!   top-level nests qualify (`Conv::row_fusion`): a packed product (in a batch loop or
+//!   not) whose epilogue stores only into a buffer `S` at `[batch, i, j]`; a nest over
+//!   the same batch and the rows of `S` (no carried values, no product) whose every
+//!   access is to row `i` of `S` or of one other buffer `P`; and a packed product of
+//!   `P` (read at `[batch, i, k]`, as deep as `S` is wide) by another operand. `S` and
+//!   `P` must be the function's own allocations that nothing else touches (views made
+//!   after the three nests aside), and the second product must not write storage the
+//!   first one or its own epilogue reads (programs run concurrently: a program would
+//!   write rows of the result while others still read the queries). The kernel's grid
+//!   is the batch and blocks of `mc` rows (the packed plan's, the same for both
+//!   products, with every panel in each program); each program runs the first product
+//!   on its rows (`program_product`, the packed product's program body) with its
+//!   epilogue's stores redirected to a scratch `[mc, width]` copy of its rows of `S`
+//!   (`Redirect`: a buffer's axes mapped to a scratch buffer's, less the block's first
+//!   row), then the row nest on each of its rows, `S` and `P` in scratch, then the
+//!   second product of its rows of `P`. Rows past the product's in the last block are
+//!   computed on scratch memory and never stored (the second product's epilogue is
+//!   masked). `S` and `P` are not allocated at all. The right operands, read by every
+//!   block, are packed by pack kernels as usual. BERT's attention (W6) fuses
+//!   too; it is a small part of W6. Inside the kernel (5fc8440, 48b50f5):
+//!   - each product reads its rows of the left operand where they lie
+//!     (`Strips::InPlace`: a column of `mr` rows is `mr` loads off one address register,
+//!     through the operand's own index, and through the redirect for `P`), instead of
+//!     packing them into strips, when that needs no mask: the operand contiguous along
+//!     the depth, every slice of the depth whole, every block of rows inside it (`P`'s
+//!     scratch always holds whole blocks). The queries are a 96 x 64 block read once per
+//!     panel, the probabilities are in the program's scratch already;
+//!   - a row nest whose last loop only scales the row of `P` by a factor computed before
+//!     it (`p[.., i, k] = p[.., i, k] * c`: softmax's normalization, `Conv::row_scale`)
+//!     stores the factor per row instead, and the second product's epilogue scales its
+//!     result's rows by it: `(c * p) @ v = c * (p @ v)`, a pass over 64 columns where
+//!     the normalization made one over 384 (a last loop doing anything else is kept);
+//!   - the first product's epilogue runs inside the loop over rows, row by row, so the
+//!     row nest reads the row the epilogue has just written (`Conv::epilogue_row`).
 
 use std::collections::HashSet;
 

@@ -1,6 +1,83 @@
 //! The packed product (BLIS in tile IR): the plan of blocks, the kernels
 //! packing either operand into panels or strips, the register tile over
 //! them, and the epilogue on each program's block of sums.
+//!
+//! # The schedule
+//!
+//! - `packed` (CPU targets, a product the target packs, at the top level or inside
+//!   one or two parallel batch loops, of f32 operands or f16/bf16 ones accumulated in
+//!   f32: those are widened as they are copied into the f32 panels and strips, so the
+//!   register tile is f32's and the operands are never read in place; except two bf16
+//!   operands over an even depth where the target multiplies bf16 pairs
+//!   (`TargetDesc::gemm_blocking(BF16)`'s `pairs`, from `CpuDesc::avx512_bf16` ->
+//!   `Packing::bf16_pairs`, that blocking -> `PackPlan::pairs`): they stay bf16 with a
+//!   blocking of their own (8-row tiles, `kc` 512), the strips are rows `[mr, kc]`
+//!   instead of transposed columns, the panels `[kc / 2, nr, 2]` (each pair of the
+//!   depth interleaved column by column, as the pair instruction reads it), and the
+//!   depth loop steps by pairs, an `mr x 2 . 2 x nr` dot): BLIS written in
+//!   tile IR. A `pack` kernel (grid over the batch and
+//!   the panels) copies the right operand once into a global `[batch, K/kc, N/nr, kc,
+//!   nr]` buffer of panels, zero past its edges; the panels' batch axes are only the
+//!   batch loops the operand's index reads (`x[b] @ w` packs `w` once, not per batch).
+//!   With two batch loops (`[B, H, M, N]` scores: graph -> loop makes both parallel)
+//!   each is a grid axis, the rows the third, and a program takes every panel of its
+//!   rows (no column chunks; the pack kernel loops over the panels). Each program of the second kernel
+//!   takes `mc` rows and a chunk of panels: the columns are split into chunks when the
+//!   product has fewer row blocks (times batches) than the target's `min_units`, so a
+//!   product of few rows (GRU's 64-row steps, a convolution's 64 output channels) still
+//!   keeps every thread busy, and cut in two when that makes the programs even (fixed at
+//!   two, the threads being known only at run time). A program zeroes a scratch `mc x chunk` block (when the depth takes more than one
+//!   `kc` slice; with one, each register tile starts from zero in registers and is stored
+//!   once), and for
+//!   each `kc`-deep slice packs its rows of the left operand into transposed `mr`-row
+//!   strips of scratch memory (`%strips[s, #1, #0]`; with more than two chunks per block
+//!   of rows a kernel packs every block's strips once, before, into a global buffer the
+//!   programs read instead), then for every panel of its chunk
+//!   and every strip runs the register tile: a `tile.for` of `kc` steps, each an `mr x
+//!   1` by `1 x nr` `tile.dot` (the broadcast-FMA outer product of the micro-kernel)
+//!   carrying the `mr x nr` accumulator; finally the epilogue runs on the block one
+//!   row of a panel (`1 x nr`) at a time, masked at the ragged edges, so its code (a
+//!   GELU's polynomial, say) is written for two vectors rather than the register
+//!   tile's twelve, and it walks the block row by row (row `r` of every panel, then row
+//!   `r + 1`), so the block is read and the result written along their rows.
+//!   Every copy into packed form moves a tile of at most one vector's lanes of `k`
+//!   (16 with AVX-512) in a `tile.for`, read along the operand's
+//!   contiguous axis: a transposed weight (`x @ transpose(w)`, as linear layers store
+//!   it) is read as `nr x 16` rows and transposed in registers by the store, not
+//!   gathered. Blocks fit the product: `kc` divides the depth evenly (576 is three
+//!   slices of 192, not 256 + 256 + 64 padded to 256), `mc` is the multiple of `mr`
+//!   between half and all of the blocking's that pads the rows least (1024 rows: 9
+//!   blocks of 114, 1026 rows computed, not 8 of 144, 1152). The interpreter runs the
+//!   packing, so a packing bug shows as NaN (unwritten scratch) or a wrong result in
+//!   the differential tests. The batch, when there is one, is the first grid axis of
+//!   both kernels. A function that multiplies by one operand several times packs it once
+//!   per call (the pass `tile.reuse-packs`, run after the conversion): a later
+//!   `pack` kernel whose text, read buffers and their layouts are an earlier one's, and
+//!   whose source nothing in the function writes, goes; its products read the first
+//!   panel buffer, which is released after the last of them. W7's 32 steps packed each
+//!   of their two weight matrices on every step (64 copies of 1.5 and 3 MB per call);
+//!   they now pack each once.
+//!   A product of one block of rows has no pack kernel: each program copies the `kc x
+//!   nr` slice of the panel it is about to multiply into scratch memory (the same copy,
+//!   zeros past the edges) and runs its strips over it, since each panel serves one
+//!   program and global panels would be written and read back for nothing. When
+//!   another product also reads its right operand, it reads that operand in place
+//!   instead (`Packing::l1_sets`), if the operand is contiguous along the columns and its
+//!   rows are a number of 64-byte lines apart coprime with the L1's sets (64 on x86-64,
+//!   `CpuDesc::l1_sets`: the rows of a `kc` slice then fall in every set), and otherwise
+//!   keeps the pack kernel, which
+//!   `reuse_packs` makes one (W7). Per-program panel copies beat reading in place where
+//!   both apply (an in-place panel is reread from scattered pages by every strip; a copied
+//!   one is contiguous). Tried and not kept, each within noise (figures in
+//!   docs/performance.md): software
+//!   prefetch of the next panel (a `tile.prefetch` op into L2 or L1, for packed, in-place
+//!   and per-program panels), transparent huge pages for the workspace, a pack kernel
+//!   walking 16-row runs along the operand's rows, unmasked epilogues where blocks are
+//!   exact, the epilogue run per panel while it is in L1, the left operand's strips
+//!   packed once per block for all column chunks, a program copying the slices of all its
+//!   chunk's panels at once, masks and padded loads' bounds compared in 32-bit lanes after
+//!   clamping, 8-row register tiles where they pad fewer rows than 6-row ones, and the
+//!   fused attention's first product accumulating in its scratch scores.
 
 use dlc_core::DType;
 use dlc_core::scalar::BinaryOp;

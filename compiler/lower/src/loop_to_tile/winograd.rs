@@ -11,6 +11,29 @@
 //! products of those rows into a scratch copy of its rows of `M`, and the
 //! output transform on them: `V` and `M` are never allocated, and a
 //! program's rows of them stay in its core's L2.
+//!
+//! # The schedule
+//!
+//! - `winograd` (CPU targets with packing; `loop_to_tile/winograd.rs`): a Winograd
+//!   convolution's three nests (`graph_to_loop::winograd`) as one kernel over blocks of tile rows. The
+//!   conversion recognises them by their shape: an input transform over images and rows
+//!   of tiles storing only into `V` at `[point, tile, ..]`, tile `n * rows * cols + ty *
+//!   cols + tx` of its own loops; a packed product in a loop over the points reading `V[p,
+//!   i, k]` and storing only `M[p, i, j]`; an output transform over the same tiles reading
+//!   `M` at its own tile; `V` and `M` the function's own allocations, used nowhere else;
+//!   and nothing the output transform writes read by the other two (programs run
+//!   concurrently). The grid is the images and blocks of whole tile rows (as many rows as
+//!   keep a program's rows of `V` and `M` within half the L2, `Packing::l2_bytes`, and
+//!   within the blocking's rows: 2 rows of 14 tiles on W3); each program runs the input
+//!   transform on its rows into a scratch `[36, rows, C]` (`Redirect`, as `fused` does),
+//!   then for each of the 36 points the packed product's program body on those rows (its
+//!   strips packed from scratch, `U`'s panels from their pack kernel, the preparer's for
+//!   declared weights) into a scratch `[36, rows, O]`, then the output transform. `V` and
+//!   `M` are not allocated. A kernel of fewer programs than the target's units runs on one
+//!   thread, so blocks take fewer rows where that gives the threads work: W3 b1 runs one
+//!   row of 14 tiles per program (14 programs; three strips of 6 rows, 18 computed for
+//!   14). A product of at most one vector of columns (16 output channels: the
+//!   `narrow` schedule) is not fused.
 
 use std::collections::HashSet;
 

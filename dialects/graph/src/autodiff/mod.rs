@@ -8,6 +8,48 @@
 //! summed), so saturation, fusion and every back end apply to it as they
 //! do to the forward program. A user operator's adjoints are user operators
 //! derived from its expression ([`compute`]).
+//!
+//! # Checkpoints, rules and documented choices
+//!
+//! - **Gradient checkpointing.** `checkpoint(f(..))` calls `f$checkpoint`, a copy of `f`
+//!   marked `Function::recompute` (not part of the text form). `add_grad_function`
+//!   inlines every call but those (`transforms::inline_into`); the sweep gives such a call
+//!   the adjoint `f$checkpoint$vjp(barrier(arg, t).., adjoints..)`, a private function
+//!   made once per callee (its body again, calls inlined, and the reverse sweep from its
+//!   results' adjoints as parameters), where `t` is one element of the call's adjoint as
+//!   a scalar. `graph.barrier(x, t)` is `x`, element-wise and inlined by the lowering, but
+//!   opaque to saturation and folding: the recomputation reads different values than the
+//!   forward pass, so it is not merged with it, and it depends on `t`, so the topological
+//!   order that graph -> loop emits in puts it after the adjoint exists. Invariant: the
+//!   forward values inside a checkpointed call have no user in the backward pass, so
+//!   their buffers are free once the forward pass is done with them. Otherwise the
+//!   gradient reads the forward values it needs, and which element-wise ones are held
+//!   and which computed again is chosen later, by cost, on the program that will be
+//!   compiled: `graph.remat` (`crate::transforms::remat`). A user operator's locals that
+//!   its adjoints read are computed by operators of their own (`NAME.tK`); once the
+//!   sweep is done, `compute::keep_by_cost` tries each with the forward operator reading
+//!   that operator's result (its body rewritten so, one more operand) and keeps it where
+//!   the same prices as `graph.remat`'s say (planned cost and `fusion::memory`, for the
+//!   x86-64 AVX2 baseline): computed once and held, or computed in both passes.
+//!   Invariant: the forward operator's result is unchanged (the same definitions, a
+//!   local read instead of computed).
+//!
+//! - **One rule per op, in one place.** `autodiff/rules.rs::vjp` holds every graph op's
+//!   derivative rule, as `infer.rs` holds every typing rule. Element-wise functions take
+//!   theirs from `dlc_core::scalar` (`UnaryOp::derivative`, `BinaryOp::partials`: a small
+//!   expression over the operands and the result, `Deriv`), which the tensor rules and
+//!   the derivation of user operators both build (`DerivBuilder`), so `tanh'` is written
+//!   once. A rule reads the result where that saves memory: `relu'` is `r > 0` (the same
+//!   mask as `x > 0`, as PyTorch's `threshold_backward`), so a product's epilogue can
+//!   add the bias and apply the relu and store only `r`. An op with no rule would be an error naming the op and its source place,
+//!   never a zero (every float op has one now; a `prod` reduction inside a user operator
+//!   is adjointed by an operator of the others' product, quadratic in the reduced
+//!   extent).
+//! - **Documented choices.** `max`/`min` (element-wise and reductions) split the adjoint
+//!   evenly among ties, as JAX does; `relu'(0) = 0`; `floor`, `ceil`, `round`, `sign` have
+//!   derivative 0; `pow`'s exponent derivative takes `log(0)` as 0; `prod` gives each
+//!   element the product of the others, exactly, zeros included; integer and bool values
+//!   carry no gradient (a cast to a float starts none).
 
 mod compute;
 mod rules;

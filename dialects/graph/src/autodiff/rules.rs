@@ -4,6 +4,13 @@
 //! `dlc_core::scalar` ([`UnaryOp::derivative`], [`BinaryOp::partials`]),
 //! which the derivation of user operators shares; convolutions and pooling
 //! differentiate the user operator that computes them.
+//!
+//! # Convolutions and pooling
+//!
+//! - **Convolutions and pooling** differentiate as the user operators computing them
+//!   (groups as an axis of their own). A strided window's input adjoint is that of the
+//!   stride-1 window at the adjoint dilated with zeros (`rules.rs::dilate`): solving a
+//!   strided index would leave every output position to sum over.
 
 use dlc_core::TensorType;
 use dlc_core::scalar::{BinaryOp, CmpOp, ReduceKind, UnaryOp};

@@ -20,6 +20,18 @@
 //!
 //! The gradient of the result (`graph.grad`) flows through the casts: each
 //! narrow op's adjoint is narrow too, and a weight's gradient is f32.
+//!
+//! # Where it applies
+//!
+//! - Mixed precision is a graph transform, `transforms::autocast` (PyTorch's autocast
+//!   policy: products narrow, precision-sensitive ops on their f32 types, the rest narrow
+//!   only when every non-constant float operand is), applied to the inlined callee before
+//!   it is differentiated (`GradOptions::autocast`, `value_and_grad(.., autocast=bf16)`,
+//!   `graph.grad{autocast=bf16}`): the backward pass differentiates the casts, so each
+//!   narrow op's adjoint is narrow and an f32 weight's gradient f32. Loss scaling
+//!   (`GradOptions::scaled`, `scale=s`) seeds the reverse sweep with one more parameter,
+//!   `__loss_scale`, instead of the constant 1. Invariant: the transformed function has
+//!   the original's signature, so the caller sees no cast.
 
 use std::collections::HashMap;
 

@@ -24,6 +24,20 @@
 //! saturation, which would merge the copy with the original. Recomputing
 //! whole functions, whatever it costs, is `checkpoint` in the language
 //! ([`crate::Function::recompute`]).
+//!
+//! # Pricing and invariants
+//!
+//! Only values held at the peak, or whose first
+//! reader is element-wise (so that they may stop being stored), are priced, which keeps
+//! the pass near linear. Invariants: a copy computes exactly the original's arithmetic
+//! on the same values (the interpreter gives bit-identical results, tested on every
+//! shipped program); the pass runs after the last saturation, which would merge a copy
+//! with its original (the barriers are opaque to it in any case).
+//!
+//! `fusion::memory` models the CPU workspace, which places the same buffers first fit
+//! beside what kernels add (packed operands, im2col and Winograd buffers). `Price` (time
+//! and peak, and the rule above) is also what `autodiff::compute::keep_by_cost` decides a
+//! user operator's locals by. Forcing recomputation whatever it costs stays `checkpoint(..)`.
 
 use std::collections::{HashMap, HashSet};
 

@@ -12,6 +12,47 @@
 //! pooling, concatenation and user-defined operators are kernels: each pays
 //! the overhead and moves its operands and result through memory. Work that
 //! depends only on constants is folded at compile time and costs nothing.
+//!
+//! # The two models
+//!
+//! - **Cost model** (`cost.rs`, constants in `dialects/graph/cost-model.json`), in two
+//!   forms. The *per-op* model is what extraction minimizes: a roofline per op in
+//!   microseconds, `kernel_us + max(flops / peak, bytes / bandwidth)` for kernels
+//!   (reductions, softmax, layernorm, pooling, concatenation); a user operator is
+//!   priced definition by definition as graph -> loop lowers it (`compute_cost`): a
+//!   contraction as the product it becomes (`2 * elements * depth` flops at the
+//!   product rate, plus a write and a read of each gathered operand's copy, and no
+//!   kernel for a local its reader's epilogue computes), any other definition as scalar
+//!   loops (one op per element and reduction step), each stored local a pass over its
+//!   buffer (all were priced as one pass over their operands before); products
+//!   and convolutions (with their im2col traffic) write their result after the
+//!   reduction loop, so its bytes are added outside the `max`, and an f32 product of
+//!   16K multiply-adds or more pays for its columns rounded up to the register tile it
+//!   runs on: 32 columns (16 with AVX2), or whole vectors for a narrow product (at most `narrow_n` columns)
+//!   (W8's 16- and 7-column products). A convolution that runs as Winograd's F(4x4, 3x3) is priced as its 36
+//!   products plus a write and a read of the transformed input and products (the
+//!   fused kernel keeps those in cache, but they stand for the transforms' gathers,
+//!   scatters and arithmetic: priced at the products alone, saturation widened a
+//!   24-channel convolution into a 48-channel one to reach the cheaper kernel); it
+//!   takes no epilogue. For element-wise ops (broadcasts,
+//!   slices, transposes and batchnorm included) only their arithmetic (`elementwise_ns`
+//!   per element and op, `transcendental_ns` for exp/log/tanh/sigmoid/gelu, batchnorm
+//!   six ops) plus reads of parameters and constants, as if fused. Reshapes are views;
+//!   constant-only work up to 2^20 elements costs nothing, because the pass folds it
+//!   while rebuilding. The *function-level* model decides whether an extracted
+//!   function replaces the original, and is what `--stats` reports: it follows the
+//!   lowering's own plan (an element-wise op with one element-wise user is inlined and
+//!   costs its arithmetic; otherwise it is stored: a kernel and a pass over memory; a
+//!   chain ending an epilogue of a product, reduction, softmax, layernorm or direct
+//!   convolution costs only its arithmetic and its other reads; im2col and Winograd
+//!   convolutions have no epilogue; transposes read only by products are views). The split exists
+//!   because the per-op model alone is wrong where fusion differs from its assumption
+//!   (docs/performance.md, "Measurements behind the design").
+//!   `dlc calibrate` measures the constants with the project's own compiled kernels on
+//!   one thread (a 512^3 product, `x + y` over 8 Mi elements, a Horner chain of 32
+//!   multiplies and adds and a chain of 8 tanh/exp against one multiply on in-cache
+//!   data, a 4x4 product) and writes the file; it is read at compile time
+//!   (`include_str!`). How well it tracks measured time is in docs/performance.md, "Equality saturation".
 
 use std::collections::HashMap;
 

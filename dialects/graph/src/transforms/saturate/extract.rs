@@ -1,9 +1,23 @@
 //! Extraction: pick one e-node per needed e-class so that the chosen graph
-//! costs least. Greedy extraction (egg's bottom-up extractor) counts a shared
-//! subterm once per use; exact extraction is an integer program over the
-//! whole DAG (each shared class paid once), with topological-order variables
-//! that rule out cycles, warm-started from the greedy choice so that it is
-//! never worse, and bounded in time.
+//! costs least.
+//!
+//! - **Extraction** (`extract.rs`): greedy (egg's bottom-up extractor; a shared subterm
+//!   counts once per use, so it never sees the gain of a merge) and exact: an integer
+//!   program over the DAG (a boolean per candidate node and per class; a used class picks
+//!   one node; a picked node uses its children's classes; roots are used), solved by
+//!   microlp through good_lp, warm-started from the greedy choice so that it is never
+//!   worse. Cycles are cut lazily: a solution whose choice has a cycle gets a
+//!   constraint forbidding that cycle and is solved again, which keeps the program far
+//!   smaller than Tensat's topological-order variables. On the time limit the best
+//!   solution found is used; on failure the greedy one. Candidates dominated by another
+//!   node of their class (no cheaper, operand classes a superset: commuted operands)
+//!   get no variable. A
+//!   presolve drops what every solution shares: a class the roots reach through classes
+//!   of one candidate each is used in any solution, and if it has one candidate itself
+//!   that node is chosen, so neither needs a variable. The
+//!   choice is always checked (complete and acyclic) before use; both the greedy and
+//!   the ILP choice are rebuilt and the cheaper by the function-level model replaces
+//!   the function if it beats the original.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;

@@ -8,6 +8,67 @@
 //! (which follows the back end's fusion plan) finds it cheaper than it was.
 //! Subexpressions that depend only on constants are folded while the graph
 //! is rebuilt, so work on weights is done once, at compile time.
+//!
+//! # In detail
+//!
+//! `graph.saturate` explores the equivalent forms of each function at once and keeps
+//! the cheapest, as TASO and Tensat do.
+//!
+//! - **Term language** (`lang.rs`): one egg `define_language!` whose op names match the
+//!   graph dialect's. Attributes are leaf children placed first (`(transpose [1,0] ?x)`,
+//!   `(slice 1 0 64 ?x)`, `(conv2d [1,1] [1,1] 1 ?x ?w)`), so patterns bind and compare
+//!   them. Parameters and constants are `(param i)` / `(const k)` indexing tables held by
+//!   the analysis. Ops no rule looks inside (reductions, softmax, layernorm, pooling,
+//!   comparisons, select, casts, user-defined `compute` operators) are `(opaque k ..)`:
+//!   their operands still take part in rewriting and sharing. The `Analysis` holds each
+//!   class's type (computed by `infer::infer`, the dialect's own typing rule), whether it
+//!   depends only on constants ("weights"), and whether it is a leaf.
+//! - **Settled ops** (`Node::settled`, not part of the text form). A function
+//!   saturated without calls has every op marked settled; inlining copies the mark. When
+//!   the inlined caller is saturated, single-pattern rules do not fire at a settled
+//!   class (one whose every graph op is settled): its rewrites were explored in the
+//!   callee. Multi-pattern merges still fire anywhere (the products of a NasRNN's gates
+//!   sit in eight inlined copies of `gate`), the caller's own ops are rewritten as
+//!   before, and the e-graph still shares what the copies repeat (the function is
+//!   replaced when as cheap with fewer ops, so two inlined copies that fold the same
+//!   weights fold them once). A helper is saturated in the context it is inlined into:
+//!   it declares as weights the parameters for which every call site passes declared
+//!   weights or work on them alone (`weights_from_call_sites`; W3's `block` folds its
+//!   batchnorms into its callers' weights); a helper whose call sites differ, or an
+//!   entry point called with other weights than its own, is not settled and is
+//!   saturated again wherever it is inlined. What settling gives up: rewrites rooted
+//!   at a callee's op that need what the call site passes (a product whose operand is
+//!   a caller's transpose); none of the examples changes (every example's graph after
+//!   the pipeline is the one the inline-first pipeline gave, W7's but for sharing its
+//!   32 transposes of `w_ih`).
+//! - **Conversion**: a function becomes an e-graph (a function with calls or
+//!   multi-result ops is left alone and counted in `--stats`); extraction picks one node
+//!   per class and `rebuild` makes a function again, in the original node order where
+//!   nodes came from the original. Without rules this is the identity up to sharing:
+//!   repeated subexpressions (W7 repeats each step's weight transposes) become one node.
+//!   Tested on every example.
+//!
+//! - **Search**: egg's runner with explicit node, iteration and time limits; the
+//!   multi-pattern table runs only in the first `multi-iters` iterations (Tensat's
+//!   remedy for blow-up), then the single-pattern tables continue within what is left.
+//!
+//! - `--stats` (dlc-opt) prints, summed over functions: functions saturated / changed /
+//!   skipped, the stop reason, iterations, e-classes, e-nodes, time, estimated cost
+//!   before and after (ns), and how extraction ended.
+//! - Figures (`make bench-saturate`: optimization time, e-graph sizes, estimated against
+//!   measured latency before and after, the cost model's calibration) are in
+//!   docs/performance.md, "Equality saturation".
+//! - Reproducibility: a search or an ILP that stops at its time limit has a result
+//!   that depends on the machine's speed and load (`--stats` says when: "stopped: time
+//!   limit", "ilp at time limit"). Every workload graph except W7's search and NasRNN's
+//!   ILP finishes within the limits, and a function is only replaced by something
+//!   the function-level model finds cheaper; for bit-reproducible builds of large
+//!   models pass generous time limits and bound the search by `iter-limit` and
+//!   `node-limit` instead.
+//! - Floating point: the rules are laws of real arithmetic, so a saturated program may
+//!   round differently (as with `-ffast-math` or XLA's algebraic simplifier); the
+//!   property tests check the default pipeline within 1e-5 of each output's magnitude
+//!   and the other passes bit for bit.
 
 pub mod cost;
 pub mod extract;

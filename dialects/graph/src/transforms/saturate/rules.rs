@@ -4,6 +4,25 @@
 //! the type of the matched class, so no rule can make an ill-typed term.
 //! Rules whose right-hand side needs computed attributes (a composed
 //! permutation, a shifted slice) compute its text from the match.
+//!
+//! # The tables
+//!
+//! - **Rules** (`rules.rs`), named tables of kebab-named rules, most in both directions
+//!   (`-rev`): `algebra` (commutativity, associativity, distributivity of `+`/`*`,
+//!   `a - b = a + (-b)`, `-(-x)`), `layout` (transpose composition, transposes through
+//!   element-wise ops and products), `matmul` (associativity, distribution over `+`,
+//!   scalar factors), `conv` (bilinearity in input and weights, batchnorm and per-channel
+//!   scale folded into the weights), `split-concat` (slices of concatenations and of
+//!   slices, whole slices, adjacent slices, concatenation and slices commuting with
+//!   element-wise ops), and the multi-pattern `merge` table (products sharing their left
+//!   or right operand, convolutions sharing their input, become one op on concatenated
+//!   operands and slices). Every rule applies through one applier that instantiates the
+//!   right-hand side only if each new node type-checks and the result has the matched
+//!   class's type; conditions exclude the broadcasting cases where a law would type-check
+//!   and still be false (distribution of a product over a broadcast sum). Rules whose
+//!   right-hand side needs computed attributes compute its text from the match.
+//!   Relu after a convolution needs no rule: the CPU back end applies it in the
+//!   convolution's epilogue, and the cost model prices it so.
 
 use std::str::FromStr;
 
