@@ -215,24 +215,12 @@ fn ix(v: Value) -> IndexExpr {
 }
 
 fn ix_const(c: i64) -> IndexExpr {
-    IndexExpr {
-        terms: vec![],
-        constant: c,
-    }
+    IndexExpr::constant(c)
 }
 
 /// `a * k + b`.
 fn ix_axpy(k: i64, a: &IndexExpr, b: &IndexExpr) -> IndexExpr {
-    let mut out = b.clone();
-    for &(c, v) in &a.terms {
-        match out.terms.iter_mut().find(|(_, w)| *w == v) {
-            Some(t) => t.0 += c * k,
-            None => out.terms.push((c * k, v)),
-        }
-    }
-    out.constant += a.constant * k;
-    out.terms.retain(|(c, _)| *c != 0);
-    out
+    b.plus_scaled(k, a)
 }
 
 /// Maps an index of `dst` (a broadcast result) to `src` (an operand), NumPy

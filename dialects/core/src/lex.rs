@@ -438,24 +438,30 @@ impl Cursor {
     }
 }
 
-/// `[item, item, ..]` (possibly empty) read by `item` from a parser that
-/// is a [`Cursor`] underneath: the list syntax of every IR text form.
+/// `[item, item, ..]` (possibly empty) read by `item` from a [`Cursor`] or a
+/// parser around one: the list syntax of every IR text form.
 pub fn bracketed<P, T>(p: &mut P, mut item: impl FnMut(&mut P) -> PResult<T>) -> PResult<Vec<T>>
 where
-    P: std::ops::DerefMut<Target = Cursor>,
+    P: AsMut<Cursor>,
 {
-    p.expect("[")?;
+    p.as_mut().expect("[")?;
     let mut v = Vec::new();
-    if !p.eat("]") {
+    if !p.as_mut().eat("]") {
         loop {
             v.push(item(p)?);
-            if p.eat("]") {
+            if p.as_mut().eat("]") {
                 break;
             }
-            p.expect(",")?;
+            p.as_mut().expect(",")?;
         }
     }
     Ok(v)
+}
+
+impl AsMut<Cursor> for Cursor {
+    fn as_mut(&mut self) -> &mut Cursor {
+        self
+    }
 }
 
 /// A list attribute, `[1, 0]` or `[1.5, -inf, 2]`, from a parser that is a
@@ -467,13 +473,14 @@ pub fn list_attr<P>(
     mut number: impl FnMut(&mut P) -> PResult<f64>,
 ) -> PResult<crate::attr::Attr>
 where
-    P: std::ops::DerefMut<Target = Cursor>,
+    P: AsMut<Cursor>,
 {
     let items = bracketed(p, |p| {
-        let int = matches!(p.peek(), Tok::Int(_))
-            || (matches!(p.peek(), Tok::Punct("-")) && matches!(p.peek_at(1), Tok::Int(_)));
+        let c = p.as_mut();
+        let int = matches!(c.peek(), Tok::Int(_))
+            || (matches!(c.peek(), Tok::Punct("-")) && matches!(c.peek_at(1), Tok::Int(_)));
         if int {
-            p.int().map(|i| (Some(i), i as f64))
+            c.int().map(|i| (Some(i), i as f64))
         } else {
             number(p).map(|v| (None, v))
         }

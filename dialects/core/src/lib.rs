@@ -5,6 +5,7 @@
 #![deny(missing_docs)]
 
 pub mod attr;
+pub mod ir;
 mod layout;
 pub mod lex;
 pub mod loc;

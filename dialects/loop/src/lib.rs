@@ -83,14 +83,9 @@ pub mod verify;
 
 pub use build::Builder;
 pub use ir::{
-    Block, BufferType, Contraction, Function, IndexExpr, Module, OpData, OpId, OpKind, Type, Value,
+    Block, BufferType, Contraction, Function, IndexExpr, Loop, Module, OpData, OpId, OpKind, Type,
+    Value,
 };
 pub use ops::KernelGroup;
 pub use parse::parse_module;
 pub use print::{print_mlir_generic, print_module};
-
-impl std::fmt::Display for Module {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&print::print_module(self))
-    }
-}

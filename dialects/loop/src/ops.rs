@@ -214,44 +214,10 @@ impl KernelGroup {
     }
 }
 
-/// How an op's operands are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Operands {
-    /// Exactly this many values, comma-separated.
-    Fixed(usize),
-    /// Any number of values (`loop.for`'s initial values, `loop.yield`).
-    Variadic,
-    /// `before` values, then a buffer with its index `%b[..]` (loads and
-    /// stores).
-    Indexed {
-        /// Values before the buffer.
-        before: usize,
-    },
-    /// Two buffers, each with its index over the op's counters:
-    /// `%a[#0, #2], %b[#2, #1]` (`loop.matmul`).
-    Product,
-}
-
-/// An op's syntax, derived from its declaration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Syntax {
-    /// How operands are written.
-    pub operands: Operands,
-    /// Whether results may be many (`loop.for`); otherwise at most one.
-    pub many_results: bool,
-    /// Whether it has one region (its arguments are written `(%i, ..)`).
-    pub region: bool,
-    /// Whether it ends a block (`loop.return`, `loop.yield`).
-    pub terminator: bool,
-}
+pub use dlc_core::ir::{Operands, Region, Syntax};
 
 const fn syntax(operands: Operands) -> Syntax {
-    Syntax {
-        operands,
-        many_results: false,
-        region: false,
-        terminator: false,
-    }
+    Syntax::of(operands)
 }
 
 /// The counters of a `loop.matmul`, as its indices write them: `#0`, `#1`,
@@ -297,20 +263,27 @@ impl OpKind {
             OpKind::Dealloc | OpKind::View | OpKind::Unary(_) | OpKind::Cast => syntax(Fixed(1)),
             OpKind::Binary(_) | OpKind::Compare(_) => syntax(Fixed(2)),
             OpKind::Select => syntax(Fixed(3)),
-            OpKind::Load { .. } => syntax(Indexed { before: 0 }),
-            OpKind::Store { .. } => syntax(Indexed { before: 1 }),
+            OpKind::Load { .. } => syntax(Indexed {
+                before: 0,
+                mask: false,
+            }),
+            OpKind::Store { .. } => syntax(Indexed {
+                before: 1,
+                mask: false,
+            }),
             OpKind::For { .. } => Syntax {
-                many_results: true,
-                region: true,
+                region: Region::WithArgs,
                 ..syntax(Variadic)
             },
             OpKind::Parallel { .. } => Syntax {
-                region: true,
+                region: Region::WithArgs,
                 ..syntax(Fixed(0))
             },
             OpKind::Matmul(_) => Syntax {
-                region: true,
-                ..syntax(Product)
+                region: Region::WithArgs,
+                ..syntax(Product {
+                    counters: MATMUL_COUNTERS,
+                })
             },
             OpKind::Yield => Syntax {
                 terminator: true,
@@ -619,4 +592,26 @@ pub fn probe(name: &str) -> Option<OpKind> {
         _ => vec![],
     };
     OpKind::from_parts(name, &attrs, vec![vec![], vec![]]).ok()
+}
+
+impl dlc_core::ir::OpDecl for OpKind {
+    fn name(&self) -> String {
+        OpKind::name(self)
+    }
+
+    fn syntax(&self) -> Syntax {
+        OpKind::syntax(self)
+    }
+
+    fn attrs(&self) -> Vec<(String, Attr)> {
+        OpKind::attrs(self)
+    }
+
+    fn indices(&self) -> Vec<&[IndexExpr]> {
+        OpKind::indices(self)
+    }
+
+    fn is_view(&self) -> bool {
+        matches!(self, OpKind::View)
+    }
 }

@@ -1,16 +1,9 @@
-//! The loop dialect's text form (read back by [`crate::parse`] to the same
-//! text) and MLIR's generic operation syntax (which `mlir-opt
-//! --allow-unregistered-dialect` parses). Both are derived from the op
-//! declarations in [`crate::ops`]: one generic shape for every op,
-//!
-//! ```text
-//! %r = loop.NAME operands {attrs} (%region_args) { region } : result types
-//! ```
-//!
-//! where a load's or store's buffer is written with its index
-//! (`%b[%0, 2*%1 + 1]`) and a `loop.matmul`'s operands with theirs over its
-//! counters (`%a[#0, #2], %b[#2, #1]`). Values are named `%0, %1, ...` in
-//! the order they are defined; parameters keep their names.
+//! The loop dialect's text form (the IR core's generic one,
+//! [`dlc_core::ir::print`], read back by [`crate::parse`] to the same text)
+//! and MLIR's generic operation syntax (which `mlir-opt
+//! --allow-unregistered-dialect` parses), derived from the op declarations
+//! in [`crate::ops`]: each function is a `"loop.func"` op with one region,
+//! buffers are `memref`s, and an index list is an `affine_map` attribute.
 
 use std::fmt::Write;
 
@@ -22,128 +15,12 @@ use crate::ops::{MATMUL_COUNTERS, Operands};
 /// An index with `var` naming each index value (MLIR's affine syntax when
 /// `mlir`).
 fn affine_text(e: &IndexExpr, var: impl Fn(Value) -> String, mlir: bool) -> String {
-    let terms: Vec<(i64, String)> = e.terms.iter().map(|&(c, v)| (c, var(v))).collect();
-    dlc_core::affine_text(&terms, e.constant, mlir)
+    e.text(var, |k| format!("#{k}"), mlir)
 }
 
-/// Prints a module.
+/// Prints a module in the text form (the IR core's, [`dlc_core::ir::print`]).
 pub fn print_module(m: &Module) -> String {
-    let mut out = String::new();
-    for (i, f) in m.functions.iter().enumerate() {
-        if i > 0 {
-            out.push('\n');
-        }
-        print_function(f, &mut out);
-    }
-    out
-}
-
-fn print_function(f: &Function, out: &mut String) {
-    let mut namer = Namer::new(f.params.iter().map(|(n, v)| (n, *v)));
-    let first_output = f.params.len() - f.outputs.min(f.params.len());
-    let params: Vec<String> = f
-        .params
-        .iter()
-        .enumerate()
-        .map(|(i, (n, v))| {
-            let out = if i >= first_output {
-                "out "
-            } else if f.weights.contains(&i) {
-                "weight "
-            } else {
-                ""
-            };
-            format!("{out}%{n}: {}", f.ty(*v))
-        })
-        .collect();
-    let _ = writeln!(out, "loop.func @{}({}) {{", f.name, params.join(", "));
-    print_block(f, &f.body, &mut namer, 1, out);
-    out.push_str("}\n");
-}
-
-fn print_block(f: &Function, b: &Block, namer: &mut Namer<Value>, depth: usize, out: &mut String) {
-    for &op in &b.ops {
-        print_op(f, op, namer, depth, out);
-    }
-}
-
-fn print_op(f: &Function, id: OpId, namer: &mut Namer<Value>, depth: usize, out: &mut String) {
-    let op = f.op(id);
-    let pad = "  ".repeat(depth);
-    out.push_str(&pad);
-    match op.results.len() {
-        0 => {}
-        1 => {
-            let name = namer.define(op.results[0]);
-            let _ = write!(out, "{name} = ");
-        }
-        n => {
-            let base = namer.define_group(&op.results);
-            let _ = write!(out, "{base}:{n} = ");
-        }
-    }
-    out.push_str(&op.kind.name());
-    let syn = op.kind.syntax();
-    // A matmul's indices name its counters `#k`, which its region defines.
-    let counters: &[Value] = match syn.operands {
-        Operands::Product => op
-            .regions
-            .first()
-            .map_or(&[], |r| &r.args[..MATMUL_COUNTERS]),
-        _ => &[],
-    };
-    let index_text = |namer: &Namer<Value>, index: &[IndexExpr]| -> String {
-        let var = |v: Value| match counters.iter().position(|c| *c == v) {
-            Some(k) => format!("#{k}"),
-            None => namer.get(v),
-        };
-        let items: Vec<String> = index.iter().map(|e| affine_text(e, var, false)).collect();
-        format!("[{}]", items.join(", "))
-    };
-    let indices = op.kind.indices();
-    let parts: Vec<String> = match syn.operands {
-        Operands::Fixed(_) | Operands::Variadic => {
-            op.operands.iter().map(|v| namer.get(*v)).collect()
-        }
-        Operands::Indexed { before } => {
-            let mut parts: Vec<String> = op.operands[..before.min(op.operands.len())]
-                .iter()
-                .map(|v| namer.get(*v))
-                .collect();
-            if let (Some(b), Some(index)) = (op.operands.get(before), indices.first()) {
-                parts.push(format!("{}{}", namer.get(*b), index_text(namer, index)));
-            }
-            parts
-        }
-        Operands::Product => op
-            .operands
-            .iter()
-            .zip(&indices)
-            .map(|(b, index)| format!("{}{}", namer.get(*b), index_text(namer, index)))
-            .collect(),
-    };
-    if !parts.is_empty() {
-        let _ = write!(out, " {}", parts.join(", "));
-    }
-    let attrs = op.kind.attrs();
-    if !attrs.is_empty() {
-        let items: Vec<String> = attrs
-            .iter()
-            .map(|(k, a)| format!("{k} = {}", a.text()))
-            .collect();
-        let _ = write!(out, " {{{}}}", items.join(", "));
-    }
-    if let Some(region) = op.regions.first() {
-        let args: Vec<String> = region.args.iter().map(|a| namer.define(*a)).collect();
-        let _ = writeln!(out, " ({}) {{", args.join(", "));
-        print_block(f, region, namer, depth + 1, out);
-        let _ = write!(out, "{pad}}}");
-    }
-    if !op.results.is_empty() {
-        let types: Vec<String> = op.results.iter().map(|r| f.ty(*r).to_string()).collect();
-        let _ = write!(out, " : {}", types.join(", "));
-    }
-    out.push('\n');
+    dlc_core::ir::print::print_module(m)
 }
 
 /// The `affine_map` of an index list over the given dimensions.
@@ -230,7 +107,7 @@ fn mlir_op(f: &Function, id: OpId, namer: &mut Namer<Value>, depth: usize, out: 
             attrs.push(format!("map = {}", affine_map_over(&dims, indices[0])));
             operands.extend(dims);
         }
-        Operands::Product => {
+        Operands::Product { .. } => {
             let counters = op.regions[0].args[..MATMUL_COUNTERS].to_vec();
             let dims = index_dims(counters, &indices);
             for (name, index) in ["a_map", "b_map"].iter().zip(&indices) {
@@ -238,7 +115,7 @@ fn mlir_op(f: &Function, id: OpId, namer: &mut Namer<Value>, depth: usize, out: 
             }
             operands.extend(&dims[MATMUL_COUNTERS..]);
         }
-        Operands::Fixed(_) | Operands::Variadic => {}
+        Operands::Fixed(_) | Operands::Variadic | Operands::Limits => {}
     }
     attrs.sort();
     let operand_types: Vec<String> = operands.iter().map(|v| f.ty(*v).mlir()).collect();

@@ -2,21 +2,11 @@
 //! where visible), the type rules of every op, and the terminators of each
 //! kind of block. Every problem is reported, each with where it is.
 
-use dlc_core::{Verify, VerifyError};
+use dlc_core::VerifyError;
+use dlc_core::ir::Region;
 
 use crate::ir::{Block, Function, IndexExpr, Module, OpId, OpKind, Type, Value};
 use crate::ops::MATMUL_COUNTERS;
-
-impl Verify for Module {
-    fn verify(&self) -> Result<(), Vec<VerifyError>> {
-        let errors = verify_module(self);
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(errors)
-        }
-    }
-}
 
 /// Every problem in `m`.
 pub fn verify_module(m: &Module) -> Vec<VerifyError> {
@@ -27,6 +17,14 @@ pub fn verify_module(m: &Module) -> Vec<VerifyError> {
             errors.push(VerifyError {
                 location: format!("@{}", f.name),
                 message: "function defined twice".into(),
+            });
+        }
+        if let Some(p) = &f.prepare {
+            errors.push(VerifyError {
+                location: format!("@{}", f.name),
+                message: format!(
+                    "loop IR has no preparers (`prepare @{p}`): `tile.split-prepare` makes them in tile IR"
+                ),
             });
         }
         Checker::new(f, &mut errors).function();
@@ -294,7 +292,7 @@ impl<'a> Checker<'a> {
             .iter()
             .map(|v| f.values.get(v.0 as usize))
             .collect();
-        let regions = usize::from(op.kind.syntax().region);
+        let regions = usize::from(op.kind.syntax().region != Region::None);
         let args: Vec<Option<&'a Type>> = op
             .regions
             .first()

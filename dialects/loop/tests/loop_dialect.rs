@@ -250,6 +250,14 @@ fn verifier_reports_every_problem() {
     ] {
         assert!(all.contains(want), "missing `{want}` in:\n{all}");
     }
+    // The IR core's functions may name a preparer; only tile IR has them.
+    let prepared = "loop.func @f(%a: buffer<f32[4]>) prepare @g {\n  loop.return\n}\n";
+    let m = parse_module(prepared).unwrap_or_else(|e| panic!("{e}"));
+    let errors = m.verify().unwrap_err();
+    assert!(
+        errors[0].to_string().contains("loop IR has no preparers"),
+        "{errors:?}"
+    );
 }
 
 #[test]
@@ -277,7 +285,7 @@ fn parse_errors_are_located() {
         ),
         (
             "loop.func @f(%a: buffer<f32[4]>) {\n  %x = loop.load %a[#0] : f32\n  loop.return\n}\n",
-            "2:21: `#k` names a counter of `loop.matmul`, whose indices alone use them",
+            "2:21: `#k` names a counter of a product, whose indices alone use them",
         ),
         (
             "loop.func @f(%a: buffer<f32[4]>) {\n  loop.parallel {lo = 0, hi = 4} (%i, %j) {\n  }\n  loop.return\n}\n",
@@ -303,7 +311,7 @@ fn parse_errors_are_located() {
         parse_module(&deep)
             .unwrap_err()
             .to_string()
-            .contains("loops nest deeper than")
+            .contains("regions nest deeper than 64 levels")
     );
 }
 

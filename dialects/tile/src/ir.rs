@@ -1,22 +1,16 @@
-//! The tile dialect's data. A function is host code: it allocates global
-//! buffers and launches kernels one after another. A `tile.kernel` is a
-//! grid of program instances; each instance runs the kernel's body with its
-//! own program ids, on values that are whole tiles (small static-shaped
-//! blocks), scalars and indices. Values and ops live in per-function
-//! arenas (`Value`, `OpId`), as in the loop dialect; an op owns its nested
-//! blocks.
+//! The tile dialect's types and schedules, and the dialect as a
+//! [`dlc_core::ir::Dialect`]: its functions, blocks and ops are the IR
+//! core's. A function is host code: it allocates global buffers and launches
+//! kernels one after another. A `tile.kernel` is a grid of program
+//! instances; each instance runs the kernel's body with its own program ids,
+//! on values that are whole tiles (small static-shaped blocks), scalars and
+//! indices.
 
 use std::fmt;
 
 use dlc_core::DType;
 
-/// An SSA value: a function parameter, a block argument or an op result.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Value(pub u32);
-
-/// An op of a function.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct OpId(pub u32);
+pub use dlc_core::ir::{Affine, Block, OpId, Value};
 
 /// Where a buffer lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -215,97 +209,6 @@ impl fmt::Display for Type {
     }
 }
 
-/// An affine index into a buffer dimension or a mask limit:
-/// `constant + sum(coeff * index value) + sum(coeff * #axis)`, where `#k`
-/// is an element's coordinate along axis `k` of the tile being loaded,
-/// stored or masked. An expression without `#` terms is the same for every
-/// element.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Hash)]
-pub struct Affine {
-    /// Non-zero coefficients of index-typed values.
-    pub terms: Vec<(i64, Value)>,
-    /// Non-zero coefficients of tile coordinates.
-    pub axes: Vec<(i64, usize)>,
-    /// The constant term.
-    pub constant: i64,
-}
-
-impl Affine {
-    /// The constant `c`.
-    pub fn constant(c: i64) -> Self {
-        Affine {
-            constant: c,
-            ..Affine::default()
-        }
-    }
-
-    /// The index value `v`.
-    pub fn value(v: Value) -> Self {
-        Affine {
-            terms: vec![(1, v)],
-            ..Affine::default()
-        }
-    }
-
-    /// Tile coordinate `#axis`.
-    pub fn axis(axis: usize) -> Self {
-        Affine {
-            axes: vec![(1, axis)],
-            ..Affine::default()
-        }
-    }
-
-    /// `k * v + #axis`: coordinate `axis` of an element of block `v` of
-    /// blocks `k` wide.
-    pub fn block(v: Value, k: i64, axis: usize) -> Self {
-        Affine::value(v)
-            .scaled(k)
-            .plus_scaled(1, &Affine::axis(axis))
-    }
-
-    /// `self + k * other`, with like terms merged and zero terms dropped.
-    pub fn plus_scaled(&self, k: i64, other: &Affine) -> Affine {
-        let mut out = self.clone();
-        out.constant = out
-            .constant
-            .saturating_add(k.saturating_mul(other.constant));
-        for &(c, v) in &other.terms {
-            match out.terms.iter_mut().find(|t| t.1 == v) {
-                Some(t) => t.0 = t.0.saturating_add(k.saturating_mul(c)),
-                None => out.terms.push((k.saturating_mul(c), v)),
-            }
-        }
-        for &(c, a) in &other.axes {
-            match out.axes.iter_mut().find(|t| t.1 == a) {
-                Some(t) => t.0 = t.0.saturating_add(k.saturating_mul(c)),
-                None => out.axes.push((k.saturating_mul(c), a)),
-            }
-        }
-        out.terms.retain(|t| t.0 != 0);
-        out.axes.retain(|t| t.0 != 0);
-        out
-    }
-
-    /// `k * self`.
-    pub fn scaled(&self, k: i64) -> Affine {
-        Affine::default().plus_scaled(k, self)
-    }
-
-    /// Whether the expression is a constant (no index value, no tile
-    /// coordinate).
-    pub fn is_constant(&self) -> bool {
-        self.terms.is_empty() && self.axes.is_empty()
-    }
-
-    /// Whether two accesses indexed `a` and `b` name different places along
-    /// some dimension where both are constants (two slots of a buffer).
-    pub fn constants_differ(a: &[Affine], b: &[Affine]) -> bool {
-        a.iter()
-            .zip(b)
-            .any(|(x, y)| x.is_constant() && y.is_constant() && x.constant != y.constant)
-    }
-}
-
 /// How a kernel was scheduled: the strategy the conversion picked for the
 /// loop nest, with its typed parameters (tile sizes, vector width,
 /// blocking, staging). It is printed with the kernel (`schedule =
@@ -485,138 +388,41 @@ impl Schedule {
     }
 }
 
-/// An op: its kind, operands, results and nested blocks.
-#[derive(Debug, Clone, PartialEq)]
-pub struct OpData {
-    /// What it does.
-    pub kind: crate::ops::OpKind,
-    /// Values it reads.
-    pub operands: Vec<Value>,
-    /// Values it defines.
-    pub results: Vec<Value>,
-    /// Nested blocks (kernel and loop bodies).
-    pub regions: Vec<Block>,
-    /// The source place the op was lowered from, when known (what a
-    /// run-time failure names). Not part of the text form.
-    pub loc: Option<dlc_core::SourceLoc>,
-}
+/// The tile dialect, as a dialect of the IR core ([`dlc_core::ir`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Tile;
 
-/// A list of ops, with arguments (a loop's counter and carried values).
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Block {
-    /// Values the block defines on entry.
-    pub args: Vec<Value>,
-    /// Its ops, in order.
-    pub ops: Vec<OpId>,
-}
+/// An op: its kind, operands, results and nested blocks (kernel and loop
+/// bodies).
+pub type OpData = dlc_core::ir::OpData<Tile>;
 
-/// A function over buffers: inputs, then the outputs it writes in place.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Function {
-    /// Symbol name.
-    pub name: String,
-    /// Parameter names and values.
-    pub params: Vec<(String, Value)>,
-    /// How many of the parameters, at the end, are results.
-    pub outputs: usize,
-    /// The inputs (indices into `params`) that are weights: bound once and
-    /// read by many calls (printed `weight %name`).
-    pub weights: std::collections::BTreeSet<usize>,
-    /// The function that computes this one's prepared inputs from its
-    /// weights, once, when they are bound (printed `prepare @name`): its
-    /// results are, by name and in order, the last inputs of this function
-    /// (see `transforms::split_prepare`).
-    pub prepare: Option<String>,
-    /// The body.
-    pub body: Block,
-    /// Type of each value, indexed by [`Value`].
-    pub values: Vec<Type>,
-    /// Every op, indexed by [`OpId`].
-    pub ops: Vec<OpData>,
-}
-
-impl Function {
-    /// An empty function.
-    pub fn new(name: impl Into<String>) -> Self {
-        Function {
-            name: name.into(),
-            ..Function::default()
-        }
-    }
-
-    /// A new value of type `ty`.
-    pub fn new_value(&mut self, ty: Type) -> Value {
-        self.values.push(ty);
-        Value(self.values.len() as u32 - 1)
-    }
-
-    /// Appends a buffer parameter.
-    pub fn add_param(&mut self, name: impl Into<String>, ty: BufferType) -> Value {
-        let v = self.new_value(Type::Buffer(ty));
-        self.params.push((name.into(), v));
-        v
-    }
-
-    /// The parameters that are inputs.
-    pub fn inputs(&self) -> &[(String, Value)] {
-        &self.params[..self.params.len().saturating_sub(self.outputs)]
-    }
-
-    /// The parameters that are results.
-    pub fn results(&self) -> &[(String, Value)] {
-        &self.params[self.params.len().saturating_sub(self.outputs)..]
-    }
-
-    /// Creates an op (in no block yet) with results of the given types.
-    pub fn create_op(
-        &mut self,
-        kind: crate::ops::OpKind,
-        operands: Vec<Value>,
-        results: &[Type],
-        regions: Vec<Block>,
-    ) -> OpId {
-        let results = results.iter().map(|t| self.new_value(t.clone())).collect();
-        self.ops.push(OpData {
-            kind,
-            operands,
-            results,
-            regions,
-            loc: None,
-        });
-        OpId(self.ops.len() as u32 - 1)
-    }
-
-    /// The type of a value.
-    ///
-    /// # Panics
-    /// If `v` is not a value of this function; the verifier rules this out.
-    pub fn ty(&self, v: Value) -> &Type {
-        &self.values[v.0 as usize]
-    }
-
-    /// An op's data.
-    ///
-    /// # Panics
-    /// If `op` is not an op of this function; the verifier rules this out.
-    pub fn op(&self, op: OpId) -> &OpData {
-        &self.ops[op.0 as usize]
-    }
-
-    /// The buffer `v` is a view of (through any number of `tile.view`s), or
-    /// `v` itself.
-    pub fn root_buffer(&self, mut v: Value) -> Value {
-        while let Some(view) = self.ops.iter().find(|op| {
-            matches!(op.kind, crate::ops::OpKind::View) && op.results.first() == Some(&v)
-        }) {
-            v = view.operands[0];
-        }
-        v
-    }
-}
+/// A function over buffers: inputs, then the outputs it writes in place;
+/// host code that allocates buffers and launches kernels. Its `prepare` names
+/// the function computing its prepared inputs (see
+/// `transforms::split_prepare`).
+pub type Function = dlc_core::ir::Function<Tile>;
 
 /// A list of functions.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Module {
-    /// The functions, in print order.
-    pub functions: Vec<Function>,
+pub type Module = dlc_core::ir::Module<Tile>;
+
+impl dlc_core::ir::Dialect for Tile {
+    const NAME: &'static str = "tile";
+    type Op = crate::ops::OpKind;
+    type Type = Type;
+    type Buffer = BufferType;
+
+    fn buffer_type(b: BufferType) -> Type {
+        Type::Buffer(b)
+    }
+
+    fn as_buffer(t: &Type) -> Option<&BufferType> {
+        match t {
+            Type::Buffer(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    fn verify_module(m: &Module) -> Vec<dlc_core::VerifyError> {
+        crate::verify::verify_module(m)
+    }
 }

@@ -14,7 +14,7 @@
 //!     %0 = tile.program_id {axis = 0} : index
 //!     %1 = tile.program_id {axis = 1} : index
 //!     %2 = tile.const {value = 0.0} : tile<6x20xf32>
-//!     %3:1 = tile.for %2 {lo = 0, hi = 40, step = 40} (%4, %5) {
+//!     %3 = tile.for %2 {lo = 0, hi = 40, step = 40} (%4, %5) {
 //!       %6 = tile.mask [-6*%0 + 10, -%4 + 40] : tile<6x40xbool>
 //!       %7 = tile.load %x[6*%0 + #0, %4 + #1] mask %6 {pad = 0.0} : tile<6x40xf32>
 //!       %8 = tile.load %w[%4 + #0, 20*%1 + #1] : tile<40x20xf32>
@@ -23,7 +23,7 @@
 //!     } : tile<6x20xf32>
 //!     %10 = tile.mask [-6*%0 + 10, -20*%1 + 20] : tile<6x20xbool>
 //!     %11 = tile.load %b[20*%1 + #1] mask %10 {pad = 0.0} : tile<6x20xf32>
-//!     %12 = tile.add %3#0, %11 : tile<6x20xf32>
+//!     %12 = tile.add %3, %11 : tile<6x20xf32>
 //!     %13 = tile.relu %12 : tile<6x20xf32>
 //!     tile.store %13, %out0[6*%0 + #0, 20*%1 + #1] mask %10
 //!   }
@@ -93,14 +93,8 @@ pub mod verify;
 pub use build::Builder;
 pub use ir::{
     Affine, Block, BufferType, Function, Module, OpData, OpId, PackedOperand, Schedule, Space,
-    TileType, Type, Value,
+    Tile, TileType, Type, Value,
 };
 pub use ops::OpKind;
 pub use parse::parse_module;
 pub use print::{print_mlir_generic, print_module};
-
-impl std::fmt::Display for Module {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&print::print_module(self))
-    }
-}

@@ -129,22 +129,7 @@ pub enum OpKind {
     Barrier,
 }
 
-/// How an op's operands are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Operands {
-    /// Exactly this many values, comma-separated.
-    Fixed(usize),
-    /// Any number of values (`tile.for`'s initial values, `tile.yield`).
-    Variadic,
-    /// `before` values, then a buffer with an index `%b[..]`, then an
-    /// optional `mask %m` (loads and stores).
-    Indexed {
-        /// Values before the buffer.
-        before: usize,
-    },
-    /// An index list `[..]` and no values (`tile.mask`).
-    Limits,
-}
+pub use dlc_core::ir::{Operands, Region, Syntax};
 
 /// Where an op may appear.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,32 +140,6 @@ pub enum Place {
     Program,
     /// Either.
     Anywhere,
-}
-
-/// An op's syntax, derived from its declaration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Syntax {
-    /// How operands are written.
-    pub operands: Operands,
-    /// Whether results may be many (`tile.for`); otherwise at most one.
-    pub many_results: bool,
-    /// Whether it has one region: `Some(true)` when the region has
-    /// arguments written `(%i, ..)`.
-    pub region: Option<bool>,
-    /// Where it may appear.
-    pub place: Place,
-    /// Whether it ends a block (`tile.return`, `tile.yield`).
-    pub terminator: bool,
-}
-
-fn syntax(operands: Operands, place: Place) -> Syntax {
-    Syntax {
-        operands,
-        many_results: false,
-        region: None,
-        place,
-        terminator: false,
-    }
 }
 
 impl OpKind {
@@ -217,26 +176,24 @@ impl OpKind {
         format!("tile.{s}")
     }
 
-    /// How the op is written and where it may stand.
+    /// How the op is written.
     pub fn syntax(&self) -> Syntax {
         use Operands::*;
-        use Place::*;
+        let of = Syntax::of;
         match self {
-            OpKind::Alloc => syntax(Fixed(0), Anywhere),
-            OpKind::Global(_) => syntax(Fixed(0), Host),
-            OpKind::Dealloc => syntax(Fixed(1), Host),
-            OpKind::View => syntax(Fixed(1), Anywhere),
+            OpKind::Alloc | OpKind::Global(_) | OpKind::ProgramId { .. } | OpKind::Const(_) => {
+                of(Fixed(0))
+            }
+            OpKind::Barrier => of(Fixed(0)),
+            OpKind::Dealloc | OpKind::View => of(Fixed(1)),
             OpKind::Kernel { .. } => Syntax {
-                region: Some(false),
-                ..syntax(Fixed(0), Host)
+                region: Region::Bare,
+                ..of(Fixed(0))
             },
             OpKind::Return => Syntax {
                 terminator: true,
-                ..syntax(Fixed(0), Host)
+                ..of(Fixed(0))
             },
-            OpKind::ProgramId { .. } | OpKind::Const(_) | OpKind::Barrier => {
-                syntax(Fixed(0), Program)
-            }
             OpKind::Splat
             | OpKind::Unary(_)
             | OpKind::Cast
@@ -244,21 +201,37 @@ impl OpKind {
             | OpKind::Reshape
             | OpKind::Trans { .. }
             | OpKind::ExpandDims { .. }
-            | OpKind::Reduce { .. } => syntax(Fixed(1), Program),
-            OpKind::Binary(_) | OpKind::Compare(_) => syntax(Fixed(2), Program),
-            OpKind::Select | OpKind::Dot => syntax(Fixed(3), Program),
-            OpKind::Load { .. } => syntax(Indexed { before: 0 }, Program),
-            OpKind::Store { .. } => syntax(Indexed { before: 1 }, Program),
-            OpKind::Mask { .. } => syntax(Limits, Program),
+            | OpKind::Reduce { .. } => of(Fixed(1)),
+            OpKind::Binary(_) | OpKind::Compare(_) => of(Fixed(2)),
+            OpKind::Select | OpKind::Dot => of(Fixed(3)),
+            OpKind::Load { .. } => of(Indexed {
+                before: 0,
+                mask: true,
+            }),
+            OpKind::Store { .. } => of(Indexed {
+                before: 1,
+                mask: true,
+            }),
+            OpKind::Mask { .. } => of(Limits),
             OpKind::For { .. } => Syntax {
-                many_results: true,
-                region: Some(true),
-                ..syntax(Variadic, Program)
+                region: Region::WithArgs,
+                ..of(Variadic)
             },
             OpKind::Yield => Syntax {
                 terminator: true,
-                ..syntax(Variadic, Program)
+                ..of(Variadic)
             },
+        }
+    }
+
+    /// Where the op may stand: host code, a kernel's program, or either.
+    pub fn place(&self) -> Place {
+        match self {
+            OpKind::Alloc | OpKind::View => Place::Anywhere,
+            OpKind::Global(_) | OpKind::Dealloc | OpKind::Kernel { .. } | OpKind::Return => {
+                Place::Host
+            }
+            _ => Place::Program,
         }
     }
 
@@ -419,7 +392,7 @@ impl OpKind {
             Operands::Fixed(n) if operands.len() != n => {
                 return Err(format!("takes {n} operands, got {}", operands.len()));
             }
-            Operands::Indexed { before }
+            Operands::Indexed { before, .. }
                 if !(before + 1..=before + 2).contains(&operands.len()) =>
             {
                 return Err(format!(
@@ -718,4 +691,26 @@ fn check_index(index: &[Affine], rank: usize, tile_rank: usize) -> Result<(), St
         }
     }
     Ok(())
+}
+
+impl dlc_core::ir::OpDecl for OpKind {
+    fn name(&self) -> String {
+        OpKind::name(self)
+    }
+
+    fn syntax(&self) -> Syntax {
+        OpKind::syntax(self)
+    }
+
+    fn attrs(&self) -> Vec<(String, Attr)> {
+        OpKind::attrs(self)
+    }
+
+    fn indices(&self) -> Vec<&[Affine]> {
+        self.index().into_iter().collect()
+    }
+
+    fn is_view(&self) -> bool {
+        matches!(self, OpKind::View)
+    }
 }

@@ -1,14 +1,8 @@
-//! The tile dialect's text form (read back by [`crate::parse`] to the same
-//! text) and MLIR's generic operation syntax (which `mlir-opt
-//! --allow-unregistered-dialect` parses). Both are derived from the op
-//! declarations in [`crate::ops`]: one generic shape for every op,
-//!
-//! ```text
-//! %r = tile.NAME operands {attrs} (%region_args) { region } : result types
-//! ```
-//!
-//! where a load's or store's buffer is written with its index (`%b[4*%0 +
-//! #1, %1]`, `#k` a tile coordinate) and a mask follows as `mask %m`.
+//! The tile dialect's text form (the IR core's generic one,
+//! [`dlc_core::ir::print`], read back by [`crate::parse`] to the same text),
+//! kernel fingerprints, and MLIR's generic operation syntax (which `mlir-opt
+//! --allow-unregistered-dialect` parses), derived from the op declarations
+//! in [`crate::ops`].
 
 use std::collections::HashSet;
 use std::fmt::Write;
@@ -17,62 +11,19 @@ use dlc_core::Namer;
 
 use crate::ir::{Affine, Block, Function, Module, OpId, Type, Value};
 use crate::ops::OpKind;
-use crate::ops::Operands;
 
-/// `%a + 2*%b - #1 + 3`; in MLIR's syntax (`var` naming symbols and
-/// `axis` naming dimensions) the coefficient follows: `s1 * 2`.
 fn affine_text(
     e: &Affine,
     var: impl Fn(Value) -> String,
     axis: impl Fn(usize) -> String,
     mlir: bool,
 ) -> String {
-    let mut parts: Vec<(i64, String)> = e.terms.iter().map(|&(c, v)| (c, var(v))).collect();
-    parts.extend(e.axes.iter().map(|&(c, k)| (c, axis(k))));
-    dlc_core::affine_text(&parts, e.constant, mlir)
+    e.text(var, axis, mlir)
 }
 
-/// Prints a module.
+/// Prints a module in the text form (the IR core's, [`dlc_core::ir::print`]).
 pub fn print_module(m: &Module) -> String {
-    let mut out = String::new();
-    for (i, f) in m.functions.iter().enumerate() {
-        if i > 0 {
-            out.push('\n');
-        }
-        print_function(f, &mut out);
-    }
-    out
-}
-
-fn print_function(f: &Function, out: &mut String) {
-    let mut namer = Namer::new(f.params.iter().map(|(n, v)| (n, *v)));
-    let params: Vec<String> = f
-        .params
-        .iter()
-        .enumerate()
-        .map(|(i, (n, v))| {
-            let out = if i + f.outputs >= f.params.len() {
-                "out "
-            } else if f.weights.contains(&i) {
-                "weight "
-            } else {
-                ""
-            };
-            format!("{out}%{n}: {}", f.ty(*v))
-        })
-        .collect();
-    let prepare = f
-        .prepare
-        .as_ref()
-        .map_or(String::new(), |p| format!(" prepare @{p}"));
-    let _ = writeln!(
-        out,
-        "tile.func @{}({}){prepare} {{",
-        f.name,
-        params.join(", ")
-    );
-    print_block(f, &f.body, &mut namer, 1, out);
-    out.push_str("}\n");
+    dlc_core::ir::print::print_module(m)
 }
 
 /// Op `id` as text that says what it does to its inputs and nothing else:
@@ -113,7 +64,7 @@ pub fn fingerprint(f: &Function, id: OpId) -> (String, Vec<Value>) {
     for (n, v) in names.iter().zip(&inputs) {
         let _ = writeln!(out, "%{n}: {}", f.ty(*v));
     }
-    print_op(f, id, &mut namer, 0, &mut out);
+    dlc_core::ir::print::print_op(f, id, &mut namer, 0, &mut out);
     fn places(f: &Function, ops: &[OpId], out: &mut String) {
         for &id in ops {
             let op = f.op(id);
@@ -164,86 +115,6 @@ pub fn relocatable_fingerprint(f: &Function, id: OpId) -> (String, Vec<Value>) {
     }
     out.push_str(rest);
     (out, inputs)
-}
-
-fn print_block(f: &Function, b: &Block, namer: &mut Namer<Value>, depth: usize, out: &mut String) {
-    for &id in &b.ops {
-        print_op(f, id, namer, depth, out);
-    }
-}
-
-fn print_op(f: &Function, id: OpId, namer: &mut Namer<Value>, depth: usize, out: &mut String) {
-    let op = f.op(id);
-    let pad = "  ".repeat(depth);
-    let _ = write!(out, "{pad}");
-    match op.results.len() {
-        0 => {}
-        1 if !op.kind.syntax().many_results => {
-            let name = namer.define(op.results[0]);
-            let _ = write!(out, "{name} = ");
-        }
-        n => {
-            let base = namer.define_group(&op.results);
-            let _ = write!(out, "{base}:{n} = ");
-        }
-    }
-    out.push_str(&op.kind.name());
-    let syn = op.kind.syntax();
-    let index_text = |namer: &Namer<Value>| -> String {
-        let items: Vec<String> = op
-            .kind
-            .index()
-            .unwrap_or(&[])
-            .iter()
-            .map(|e| affine_text(e, |v| namer.get(v), |k| format!("#{k}"), false))
-            .collect();
-        format!("[{}]", items.join(", "))
-    };
-    match syn.operands {
-        Operands::Fixed(_) | Operands::Variadic => {
-            if !op.operands.is_empty() {
-                let _ = write!(out, " {}", namer.list(&op.operands));
-            }
-        }
-        Operands::Indexed { before } => {
-            let mut parts: Vec<String> = op.operands[..before.min(op.operands.len())]
-                .iter()
-                .map(|v| namer.get(*v))
-                .collect();
-            if let Some(b) = op.operands.get(before) {
-                parts.push(format!("{}{}", namer.get(*b), index_text(namer)));
-            }
-            let _ = write!(out, " {}", parts.join(", "));
-            if let Some(m) = op.operands.get(before + 1) {
-                let _ = write!(out, " mask {}", namer.get(*m));
-            }
-        }
-        Operands::Limits => {
-            let _ = write!(out, " {}", index_text(namer));
-        }
-    }
-    let attrs = op.kind.attrs();
-    if !attrs.is_empty() {
-        let items: Vec<String> = attrs
-            .iter()
-            .map(|(k, a)| format!("{k} = {}", a.text()))
-            .collect();
-        let _ = write!(out, " {{{}}}", items.join(", "));
-    }
-    if let Some(region) = op.regions.first() {
-        if syn.region == Some(true) {
-            let args: Vec<String> = region.args.iter().map(|a| namer.define(*a)).collect();
-            let _ = write!(out, " ({})", args.join(", "));
-        }
-        out.push_str(" {\n");
-        print_block(f, region, namer, depth + 1, out);
-        let _ = write!(out, "{pad}}}");
-    }
-    if !op.results.is_empty() {
-        let types: Vec<String> = op.results.iter().map(|r| f.ty(*r).to_string()).collect();
-        let _ = write!(out, " : {}", types.join(", "));
-    }
-    out.push('\n');
 }
 
 /// Prints a module in MLIR's generic operation syntax: each function is a

@@ -6,21 +6,10 @@
 
 use std::collections::HashMap;
 
-use dlc_core::{Verify, VerifyError};
+use dlc_core::VerifyError;
 
 use crate::ir::{Block, Function, Module, OpId, Space, Type, Value};
 use crate::ops::{OpKind, Place};
-
-impl Verify for Module {
-    fn verify(&self) -> Result<(), Vec<VerifyError>> {
-        let errors = verify_module(self);
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(errors)
-        }
-    }
-}
 
 /// Every problem in `m`.
 pub fn verify_module(m: &Module) -> Vec<VerifyError> {
@@ -310,8 +299,7 @@ impl<'a> Checker<'a> {
     fn op(&mut self, id: OpId, cx: Context) {
         let op: &'a crate::ir::OpData = &self.f.ops[id.0 as usize];
         let loc = self.loc(id);
-        let syn = op.kind.syntax();
-        match (syn.place, cx) {
+        match (op.kind.place(), cx) {
             (Place::Host, Context::Program(_)) => self.err(
                 loc.clone(),
                 "may only appear in a function body, outside kernels".into(),
