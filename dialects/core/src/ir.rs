@@ -6,10 +6,10 @@
 //!
 //! A dialect is a [`Dialect`]: its name, its op kinds ([`OpDecl`]: each op
 //! declared once, with its name, attributes, syntax and index lists) and its
-//! value types. The text printer and parser of both dialects derive from
-//! those declarations ([`crate::ir::print`], [`crate::ir::parse`]); what stays
-//! with a dialect is its types, its ops' meaning (typing rules, interpreter)
-//! and the checks only it knows.
+//! value types. The text printer, parser and verifier of both dialects derive
+//! from those declarations ([`crate::ir::print`], [`crate::ir::parse`],
+//! [`crate::ir::verify`]); what stays with a dialect is its types, its ops'
+//! meaning (typing rules, interpreter) and the checks only it knows.
 //!
 //! The graph dialect is a DAG held in petgraph, not arenas of blocks, and does
 //! not use this core; it shares the attributes ([`crate::attr`]), the lexer
@@ -18,8 +18,12 @@
 use std::collections::BTreeSet;
 use std::fmt;
 
+pub mod build;
 pub mod parse;
 pub mod print;
+pub mod verify;
+
+pub use verify::Terminator;
 
 pub use crate::attr::Attr;
 
@@ -45,8 +49,6 @@ pub trait Dialect: Sized + Clone + fmt::Debug + PartialEq + Default + 'static {
     fn buffer_type(b: Self::Buffer) -> Self::Type;
     /// The buffer type of a value, if it is a buffer.
     fn as_buffer(t: &Self::Type) -> Option<&Self::Buffer>;
-    /// Every problem the dialect's verifier finds in `m`.
-    fn verify_module(m: &Module<Self>) -> Vec<crate::VerifyError>;
 }
 
 /// How an op's operands are written.
@@ -93,8 +95,8 @@ pub struct Syntax {
     pub operands: Operands,
     /// Its region.
     pub region: Region,
-    /// Whether it ends a block (a `return`, a `yield`).
-    pub terminator: bool,
+    /// Whether it ends a block, and which end it is.
+    pub terminator: Option<Terminator>,
 }
 
 impl Syntax {
@@ -103,7 +105,7 @@ impl Syntax {
         Syntax {
             operands,
             region: Region::None,
-            terminator: false,
+            terminator: None,
         }
     }
 }
@@ -401,9 +403,9 @@ impl<D: Dialect> Default for Module<D> {
     }
 }
 
-impl<D: Dialect> crate::Verify for Module<D> {
+impl<D: verify::VerifyDialect> crate::Verify for Module<D> {
     fn verify(&self) -> Result<(), Vec<crate::VerifyError>> {
-        let errors = D::verify_module(self);
+        let errors = verify::verify_module(self);
         if errors.is_empty() {
             Ok(())
         } else {

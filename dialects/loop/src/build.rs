@@ -4,15 +4,13 @@
 use dlc_core::DType;
 use dlc_core::scalar::{BinaryOp, CmpOp, UnaryOp};
 
-use crate::ir::{Block, BufferType, Function, IndexExpr, OpKind, Type, Value};
+use crate::ir::{Block, BufferType, Function, IndexExpr, Loop, OpKind, Type, Value};
 
-/// Builds one function; loop bodies are built by closures.
+/// Builds one function (on the IR core's builder); loop bodies are built by
+/// closures.
 pub struct Builder {
-    f: Function,
-    blocks: Vec<Block>,
+    b: dlc_core::ir::build::Builder<Loop>,
     open: Vec<OpenLoop>,
-    /// The source place new ops carry.
-    loc: Option<dlc_core::SourceLoc>,
 }
 
 /// A loop whose body is being built.
@@ -38,43 +36,39 @@ impl Builder {
     /// Starts function `name` with an empty body.
     pub fn new(name: impl Into<String>) -> Self {
         Builder {
-            f: Function::new(name),
-            blocks: vec![Block::default()],
+            b: dlc_core::ir::build::Builder::new(name),
             open: vec![],
-            loc: None,
         }
     }
 
     /// Sets the source place the ops built from now on carry; returns the
     /// previous one.
     pub fn set_loc(&mut self, loc: Option<dlc_core::SourceLoc>) -> Option<dlc_core::SourceLoc> {
-        std::mem::replace(&mut self.loc, loc)
+        self.b.set_loc(loc)
     }
 
     /// Appends an input buffer parameter (before any output).
     pub fn param(&mut self, name: impl Into<String>, ty: BufferType) -> Value {
-        debug_assert_eq!(self.f.outputs, 0, "inputs come before outputs");
-        self.f.add_param(name, ty)
+        self.b.param(name, ty, false)
     }
 
     /// Marks input parameter `i` a weight.
     pub fn weight(&mut self, i: usize) {
-        self.f.weights.insert(i);
+        self.b.function_mut().weights.insert(i);
     }
 
     /// Appends an output buffer parameter: a result the function writes.
     pub fn output(&mut self, name: impl Into<String>, ty: BufferType) -> Value {
-        self.f.outputs += 1;
-        self.f.add_param(name, ty)
+        self.b.param(name, ty, true)
     }
 
     /// The type of a value built so far.
     pub fn ty(&self, v: Value) -> &Type {
-        self.f.ty(v)
+        self.b.ty(v)
     }
 
     fn scalar_type(&self, v: Value) -> DType {
-        match self.f.ty(v) {
+        match self.b.ty(v) {
             Type::Scalar(d) => *d,
             _ => DType::F32,
         }
@@ -87,16 +81,11 @@ impl Builder {
         results: &[Type],
         regions: Vec<Block>,
     ) -> Vec<Value> {
-        let id = self.f.create_op(kind, operands, results, regions);
-        self.f.ops[id.0 as usize].loc = self.loc.clone();
-        if let Some(b) = self.blocks.last_mut() {
-            b.ops.push(id);
-        }
-        self.f.op(id).results.clone()
+        self.b.push(kind, operands, results, regions)
     }
 
     fn one(&mut self, kind: OpKind, operands: Vec<Value>, result: Type) -> Value {
-        self.push(kind, operands, &[result], vec![])[0]
+        self.b.one(kind, operands, result)
     }
 
     /// `loop.alloc`.
@@ -168,7 +157,7 @@ impl Builder {
 
     /// `loop.load`, with an optional value for reads outside the buffer.
     pub fn load(&mut self, buf: Value, index: Vec<IndexExpr>, pad: Option<f64>) -> Value {
-        let d = match self.f.ty(buf) {
+        let d = match self.b.ty(buf) {
             Type::Buffer(b) => b.dtype,
             _ => DType::F32,
         };
@@ -190,24 +179,13 @@ impl Builder {
         step: i64,
         inits: &[Value],
     ) -> (Value, Vec<Value>) {
-        let iv = self.f.new_value(Type::Index);
-        let carried: Vec<Value> = inits
-            .iter()
-            .map(|v| {
-                let t = self.f.ty(*v).clone();
-                self.f.new_value(t)
-            })
-            .collect();
-        let mut args = vec![iv];
-        args.extend(&carried);
-        self.blocks.push(Block { args, ops: vec![] });
         self.open.push(OpenLoop::For {
             lo,
             hi,
             step,
             inits: inits.to_vec(),
         });
-        (iv, carried)
+        self.b.open_loop(Type::Index, inits)
     }
 
     /// Closes the innermost open `loop.for`, yielding `next` (one per carried
@@ -222,23 +200,14 @@ impl Builder {
         else {
             unreachable!("end_for closes a loop opened by begin_for")
         };
-        if !inits.is_empty() {
-            self.push(OpKind::Yield, next, &[], vec![]);
-        }
-        let types: Vec<Type> = inits.iter().map(|v| self.f.ty(*v).clone()).collect();
-        let block = self.blocks.pop().unwrap_or_default();
-        self.push(OpKind::For { lo, hi, step }, inits, &types, vec![block])
+        self.b
+            .close_loop(OpKind::For { lo, hi, step }, OpKind::Yield, inits, next)
     }
 
     /// Opens a loop of independent iterations; returns its index.
     pub fn begin_parallel(&mut self, lo: i64, hi: i64) -> Value {
-        let iv = self.f.new_value(Type::Index);
-        self.blocks.push(Block {
-            args: vec![iv],
-            ops: vec![],
-        });
         self.open.push(OpenLoop::Parallel { lo, hi });
-        iv
+        self.b.open(&[Type::Index])[0]
     }
 
     /// Closes the innermost open `loop.parallel`.
@@ -246,7 +215,7 @@ impl Builder {
         let Some(OpenLoop::Parallel { lo, hi }) = self.open.pop() else {
             unreachable!("end_parallel closes a loop opened by begin_parallel")
         };
-        let block = self.blocks.pop().unwrap_or_default();
+        let block = self.b.close();
         self.push(OpKind::Parallel { lo, hi }, vec![], &[], vec![block]);
     }
 
@@ -255,18 +224,11 @@ impl Builder {
     /// epilogue. Returns `(i, j, k, acc)` as the epilogue sees them (`k`
     /// only indexes the operands).
     pub fn begin_matmul(&mut self, m: i64, n: i64, k: i64, acc: DType) -> [Value; 4] {
-        let args = [
-            self.f.new_value(Type::Index),
-            self.f.new_value(Type::Index),
-            self.f.new_value(Type::Index),
-            self.f.new_value(Type::Scalar(acc)),
-        ];
-        self.blocks.push(Block {
-            args: args.to_vec(),
-            ops: vec![],
-        });
         self.open.push(OpenLoop::Matmul { m, n, k });
-        args
+        let args = self
+            .b
+            .open(&[Type::Index, Type::Index, Type::Index, Type::Scalar(acc)]);
+        [args[0], args[1], args[2], args[3]]
     }
 
     /// Closes the innermost open `loop.matmul`: its operands, indexed by
@@ -282,7 +244,7 @@ impl Builder {
         let Some(OpenLoop::Matmul { m, n, k }) = self.open.pop() else {
             unreachable!("end_matmul closes a product opened by begin_matmul")
         };
-        let block = self.blocks.pop().unwrap_or_default();
+        let block = self.b.close();
         let c = crate::ir::Contraction {
             m,
             n,
@@ -316,9 +278,7 @@ impl Builder {
     }
 
     /// Ends the function with `loop.return`.
-    pub fn finish(mut self) -> Function {
-        self.push(OpKind::Return, vec![], &[], vec![]);
-        self.f.body = self.blocks.pop().unwrap_or_default();
-        self.f
+    pub fn finish(self) -> Function {
+        self.b.finish(OpKind::Return)
     }
 }

@@ -214,7 +214,7 @@ impl KernelGroup {
     }
 }
 
-pub use dlc_core::ir::{Operands, Region, Syntax};
+pub use dlc_core::ir::{Operands, Region, Syntax, Terminator};
 
 const fn syntax(operands: Operands) -> Syntax {
     Syntax::of(operands)
@@ -286,11 +286,11 @@ impl OpKind {
                 })
             },
             OpKind::Yield => Syntax {
-                terminator: true,
+                terminator: Some(Terminator::Yield),
                 ..syntax(Variadic)
             },
             OpKind::Return => Syntax {
-                terminator: true,
+                terminator: Some(Terminator::Return),
                 ..syntax(Fixed(0))
             },
         }

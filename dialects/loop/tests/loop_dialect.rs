@@ -244,7 +244,7 @@ fn verifier_reports_every_problem() {
     for want in [
         "2 indices for a rank-1 buffer",
         "must store a i32 scalar",
-        "(loop.exp): is not defined on i32",
+        "%4 = loop.exp: is not defined on i32",
         "needs a positive step",
         "does not end with loop.return",
     ] {

@@ -4,15 +4,14 @@
 use dlc_core::DType;
 use dlc_core::scalar::{BinaryOp, CmpOp, ReduceKind, UnaryOp};
 
-use crate::ir::{Affine, Block, BufferType, Function, Schedule, TileType, Type, Value};
+use crate::ir::{Affine, Block, BufferType, Function, Schedule, Tile, TileType, Type, Value};
 use crate::ops::OpKind;
 
-/// Builds one function; kernel and loop bodies are opened and closed.
+/// Builds one function (on the IR core's builder); kernel and loop bodies
+/// are opened and closed.
 pub struct Builder {
-    f: Function,
-    blocks: Vec<Block>,
+    b: dlc_core::ir::build::Builder<Tile>,
     open: Vec<Open>,
-    loc: Option<dlc_core::SourceLoc>,
 }
 
 enum Open {
@@ -32,33 +31,30 @@ impl Builder {
     /// Starts function `name` with an empty body.
     pub fn new(name: impl Into<String>) -> Self {
         Builder {
-            f: Function::new(name),
-            blocks: vec![Block::default()],
+            b: dlc_core::ir::build::Builder::new(name),
             open: vec![],
-            loc: None,
         }
     }
 
     /// Sets the source place the ops built from now on carry; returns the
     /// previous one.
     pub fn set_loc(&mut self, loc: Option<dlc_core::SourceLoc>) -> Option<dlc_core::SourceLoc> {
-        std::mem::replace(&mut self.loc, loc)
+        self.b.set_loc(loc)
     }
 
     /// Appends a buffer parameter; `output` marks a result (after inputs).
     pub fn param(&mut self, name: impl Into<String>, ty: BufferType, output: bool) -> Value {
-        self.f.outputs += usize::from(output);
-        self.f.add_param(name, ty)
+        self.b.param(name, ty, output)
     }
 
     /// Marks the inputs (indices into the parameters) that are weights.
     pub fn set_weights(&mut self, weights: std::collections::BTreeSet<usize>) {
-        self.f.weights = weights;
+        self.b.function_mut().weights = weights;
     }
 
     /// The type of a value built so far.
     pub fn ty(&self, v: Value) -> &Type {
-        self.f.ty(v)
+        self.b.ty(v)
     }
 
     /// Appends an op to the innermost open block; returns its results.
@@ -69,16 +65,11 @@ impl Builder {
         results: &[Type],
         regions: Vec<Block>,
     ) -> Vec<Value> {
-        let id = self.f.create_op(kind, operands, results, regions);
-        self.f.ops[id.0 as usize].loc = self.loc.clone();
-        if let Some(b) = self.blocks.last_mut() {
-            b.ops.push(id);
-        }
-        self.f.op(id).results.clone()
+        self.b.push(kind, operands, results, regions)
     }
 
     fn one(&mut self, kind: OpKind, operands: Vec<Value>, result: Type) -> Value {
-        self.push(kind, operands, &[result], vec![])[0]
+        self.b.one(kind, operands, result)
     }
 
     /// `tile.alloc`.
@@ -217,7 +208,7 @@ impl Builder {
 
     /// Opens a kernel; ops built until [`Builder::end_kernel`] are its body.
     pub fn begin_kernel(&mut self, grid: Vec<usize>, schedule: Schedule) {
-        self.blocks.push(Block::default());
+        self.b.open(&[]);
         self.open.push(Open::Kernel { grid, schedule });
     }
 
@@ -226,7 +217,7 @@ impl Builder {
         let Some(Open::Kernel { grid, schedule }) = self.open.pop() else {
             unreachable!("end_kernel closes a kernel opened by begin_kernel")
         };
-        let block = self.blocks.pop().unwrap_or_default();
+        let block = self.b.close();
         self.push(OpKind::Kernel { grid, schedule }, vec![], &[], vec![block]);
     }
 
@@ -239,24 +230,13 @@ impl Builder {
         step: i64,
         inits: &[Value],
     ) -> (Value, Vec<Value>) {
-        let iv = self.f.new_value(Type::Index);
-        let carried: Vec<Value> = inits
-            .iter()
-            .map(|v| {
-                let t = self.f.ty(*v).clone();
-                self.f.new_value(t)
-            })
-            .collect();
-        let mut args = vec![iv];
-        args.extend(&carried);
-        self.blocks.push(Block { args, ops: vec![] });
         self.open.push(Open::For {
             lo,
             hi,
             step,
             inits: inits.to_vec(),
         });
-        (iv, carried)
+        self.b.open_loop(Type::Index, inits)
     }
 
     /// Closes the innermost open loop, yielding `next`; returns its results.
@@ -270,18 +250,12 @@ impl Builder {
         else {
             unreachable!("end_for closes a loop opened by begin_for")
         };
-        if !inits.is_empty() {
-            self.push(OpKind::Yield, next, &[], vec![]);
-        }
-        let types: Vec<Type> = inits.iter().map(|v| self.f.ty(*v).clone()).collect();
-        let block = self.blocks.pop().unwrap_or_default();
-        self.push(OpKind::For { lo, hi, step }, inits, &types, vec![block])
+        self.b
+            .close_loop(OpKind::For { lo, hi, step }, OpKind::Yield, inits, next)
     }
 
     /// Ends the function with `tile.return`.
-    pub fn finish(mut self) -> Function {
-        self.push(OpKind::Return, vec![], &[], vec![]);
-        self.f.body = self.blocks.pop().unwrap_or_default();
-        self.f
+    pub fn finish(self) -> Function {
+        self.b.finish(OpKind::Return)
     }
 }

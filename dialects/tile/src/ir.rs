@@ -421,8 +421,4 @@ impl dlc_core::ir::Dialect for Tile {
             _ => None,
         }
     }
-
-    fn verify_module(m: &Module) -> Vec<dlc_core::VerifyError> {
-        crate::verify::verify_module(m)
-    }
 }

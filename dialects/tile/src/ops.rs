@@ -129,7 +129,7 @@ pub enum OpKind {
     Barrier,
 }
 
-pub use dlc_core::ir::{Operands, Region, Syntax};
+pub use dlc_core::ir::{Operands, Region, Syntax, Terminator};
 
 /// Where an op may appear.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -191,7 +191,7 @@ impl OpKind {
                 ..of(Fixed(0))
             },
             OpKind::Return => Syntax {
-                terminator: true,
+                terminator: Some(Terminator::Return),
                 ..of(Fixed(0))
             },
             OpKind::Splat
@@ -218,7 +218,7 @@ impl OpKind {
                 ..of(Variadic)
             },
             OpKind::Yield => Syntax {
-                terminator: true,
+                terminator: Some(Terminator::Yield),
                 ..of(Variadic)
             },
         }

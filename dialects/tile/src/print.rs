@@ -233,7 +233,7 @@ fn mlir_op(f: &Function, id: OpId, namer: &mut Namer<Value>, depth: usize, out: 
         let terminated = region
             .ops
             .last()
-            .is_some_and(|o| f.op(*o).kind.syntax().terminator);
+            .is_some_and(|o| f.op(*o).kind.syntax().terminator.is_some());
         if !terminated {
             let _ = writeln!(out, "{pad}  \"tile.end\"() : () -> ()");
         }
