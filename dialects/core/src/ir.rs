@@ -19,6 +19,7 @@ use std::collections::BTreeSet;
 use std::fmt;
 
 pub mod build;
+pub mod interp;
 pub mod parse;
 pub mod print;
 pub mod verify;
@@ -47,8 +48,8 @@ pub trait Dialect: Sized + Clone + fmt::Debug + PartialEq + Default + 'static {
     type Buffer: Clone + fmt::Debug + PartialEq + fmt::Display;
     /// A parameter's buffer as the type of its value.
     fn buffer_type(b: Self::Buffer) -> Self::Type;
-    /// The buffer type of a value, if it is a buffer.
-    fn as_buffer(t: &Self::Type) -> Option<&Self::Buffer>;
+    /// The type `index` (loop counters, program ids).
+    fn index_type() -> Self::Type;
 }
 
 /// How an op's operands are written.

@@ -123,3 +123,9 @@ impl fmt::Display for Layout {
         self.text_with(f, None)
     }
 }
+
+impl AsRef<Layout> for Layout {
+    fn as_ref(&self) -> &Layout {
+        self
+    }
+}

@@ -185,7 +185,7 @@ impl Builder {
             step,
             inits: inits.to_vec(),
         });
-        self.b.open_loop(Type::Index, inits)
+        self.b.open_loop(inits)
     }
 
     /// Closes the innermost open `loop.for`, yielding `next` (one per carried

@@ -9,71 +9,13 @@ use dlc_core::scalar::{apply_binary_in, apply_unary};
 
 use crate::ir::{Block, BufferType, Function, IndexExpr, Module, OpKind, Type, Value};
 
-/// A buffer's contents: `data[offset]` holds the element at the index whose
-/// offset (the dot product with the strides) is `offset`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Buffer {
-    /// Type, shape and strides.
-    pub ty: BufferType,
-    /// Storage.
-    pub data: Vec<f64>,
-}
+pub use dlc_core::ir::interp::{DEFAULT_WORK_LIMIT, MAX_ELEMENTS};
 
-impl Buffer {
-    /// A zero-filled buffer.
-    pub fn zeros(ty: BufferType) -> Result<Buffer, LoopError> {
-        match ty.storage_len() {
-            Some(n) if n <= MAX_ELEMENTS => Ok(Buffer {
-                data: vec![0.0; n],
-                ty,
-            }),
-            _ => Err(LoopError::TooLarge(ty.to_string())),
-        }
-    }
-}
+/// A buffer's contents (the IR core's interpreters' buffer).
+pub type Buffer = dlc_core::ir::interp::Buffer<BufferType>;
 
-/// The largest buffer (in elements) the interpreter allocates.
-pub const MAX_ELEMENTS: usize = 1 << 29;
-
-/// Why a function could not run.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum LoopError {
-    /// No such function.
-    #[error("no function `@{0}`")]
-    UnknownFunction(String),
-    /// Arguments do not match the parameters.
-    #[error("{0}")]
-    Arguments(String),
-    /// A load or store outside a buffer without a pad value.
-    #[error("{op} at index {index:?} is outside {ty}")]
-    OutOfBounds {
-        /// The op.
-        op: String,
-        /// The computed index.
-        index: Vec<i64>,
-        /// The buffer type.
-        ty: String,
-    },
-    /// A buffer used after `loop.dealloc`.
-    #[error("{0} uses a buffer after it was deallocated")]
-    UseAfterFree(String),
-    /// Integer division by zero, at the op's source place when known.
-    #[error("integer division by zero{}", .0.as_ref().map_or(String::new(), |l| format!(" at {l}")))]
-    DivisionByZero(Option<dlc_core::SourceLoc>),
-    /// A buffer too large to allocate.
-    #[error("{0} is too large for the interpreter (limit {MAX_ELEMENTS} elements)")]
-    TooLarge(String),
-    /// IR the verifier should have rejected.
-    #[error("invalid IR: {0}")]
-    Invalid(String),
-    /// A function whose estimated work exceeds the limit it is run under.
-    #[error("{0}")]
-    TooMuchWork(#[from] dlc_core::work::WorkExceeded),
-}
-
-/// The most work the loop interpreter takes on in one run unless told
-/// otherwise, in executed ops: 2^34, as the graph interpreter's.
-pub const DEFAULT_WORK_LIMIT: f64 = 17_179_869_184.0;
+/// Why a function could not run (the IR core's interpreters' errors).
+pub type LoopError = dlc_core::ir::interp::RunError;
 
 /// The ops a block executes: loops multiply their body's count by their
 /// trip count, `loop.matmul` counts its multiply-adds and runs its epilogue
@@ -100,13 +42,7 @@ fn op_work(f: &Function, op: crate::OpId) -> f64 {
 /// Fails with [`LoopError::TooMuchWork`] when function `f`'s estimated
 /// work is above `limit`.
 pub fn check_work(f: &Function, limit: f64) -> Result<(), LoopError> {
-    let per_op: Vec<(String, f64)> = f
-        .body
-        .ops
-        .iter()
-        .map(|&op| (f.op(op).kind.name(), op_work(f, op)))
-        .collect();
-    Ok(dlc_core::work::check_work(&f.name, &per_op, limit)?)
+    dlc_core::ir::interp::check_work(f, limit, op_work)
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -137,32 +73,14 @@ pub fn run_function_within(
     args: &mut [Buffer],
     limit: f64,
 ) -> Result<(), LoopError> {
-    let f = m
-        .functions
-        .iter()
-        .find(|f| f.name == name)
-        .ok_or_else(|| LoopError::UnknownFunction(name.into()))?;
-    if args.len() != f.params.len() {
-        return Err(LoopError::Arguments(format!(
-            "@{name} takes {} buffers, got {}",
-            f.params.len(),
-            args.len()
-        )));
-    }
+    let f = dlc_core::ir::interp::function_for(m, name, args)?;
     check_work(f, limit)?;
     let mut machine = Machine {
         f,
         slots: vec![Slot::Unset; f.values.len()],
         heap: Vec::new(),
     };
-    for (i, ((pname, v), arg)) in f.params.iter().zip(args.iter_mut()).enumerate() {
-        if f.ty(*v) != &Type::Buffer(arg.ty.clone()) {
-            return Err(LoopError::Arguments(format!(
-                "argument {i} (%{pname}) must be {}, got {}",
-                f.ty(*v),
-                arg.ty
-            )));
-        }
+    for ((_, v), arg) in f.params.iter().zip(args.iter_mut()) {
         machine.slots[v.0 as usize] = Slot::Buffer(machine.heap.len());
         machine.heap.push(Some(std::mem::replace(
             arg,

@@ -73,10 +73,7 @@ impl dlc_core::ir::Dialect for Loop {
         Type::Buffer(b)
     }
 
-    fn as_buffer(t: &Type) -> Option<&BufferType> {
-        match t {
-            Type::Buffer(b) => Some(b),
-            _ => None,
-        }
+    fn index_type() -> Type {
+        Type::Index
     }
 }

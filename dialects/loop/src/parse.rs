@@ -4,7 +4,7 @@
 
 use dlc_core::attr::Attr;
 use dlc_core::ir::parse::ParseDialect;
-use dlc_core::lex::{Cursor, PResult, ParseError, bracketed};
+use dlc_core::lex::{Cursor, PResult, ParseError};
 
 use crate::ir::{BufferType, IndexExpr, Loop, Module, OpKind, Type};
 
@@ -18,21 +18,12 @@ pub fn parse_module(text: &str) -> Result<Module, ParseError> {
 impl ParseDialect for Loop {
     const AXES: bool = false;
 
-    fn parse_type(c: &mut Cursor) -> PResult<Type> {
-        if c.eat_ident("index") {
-            return Ok(Type::Index);
-        }
-        if c.eat_ident("buffer") {
-            return Ok(Type::Buffer(buffer_rest(c)?));
-        }
-        Ok(Type::Scalar(c.dtype()?))
+    fn parse_buffer(c: &mut Cursor) -> PResult<BufferType> {
+        dlc_core::ir::parse::parse_layout(c, "", |_| false)
     }
 
-    fn parse_param(c: &mut Cursor) -> PResult<BufferType> {
-        if !c.eat_ident("buffer") {
-            return c.expected("a buffer type `buffer<f32[...]>`");
-        }
-        buffer_rest(c)
+    fn parse_value_type(c: &mut Cursor) -> PResult<Type> {
+        Ok(Type::Scalar(c.dtype()?))
     }
 
     fn probe(name: &str) -> Option<OpKind> {
@@ -50,36 +41,4 @@ impl ParseDialect for Loop {
     fn region_args(op: &OpKind, operands: &[&Type]) -> Vec<Type> {
         op.region_args(operands)
     }
-}
-
-/// `<f32[4, 8]>`, `<f32[4, 8], strides = [1, 4]>`, `<f32[4], offset = 8>`
-/// (strides before the offset), after `buffer`.
-fn buffer_rest(c: &mut Cursor) -> PResult<BufferType> {
-    c.expect("<")?;
-    let dtype = c.dtype()?;
-    let shape = bracketed(c, |c| c.usize())?;
-    let mut ty = BufferType::contiguous(dtype, shape);
-    let mut offset = false;
-    while c.eat(",") {
-        if !offset && c.eat_ident("strides") {
-            c.expect("=")?;
-            let strides = bracketed(c, |c| c.usize())?;
-            if strides.len() != ty.shape.len() {
-                return c.error("one stride per dimension");
-            }
-            ty.strides = strides;
-        } else if !offset && c.eat_ident("offset") {
-            c.expect("=")?;
-            ty.offset = c.usize()?;
-            offset = true;
-        } else {
-            return c.expected(if offset {
-                "`>`"
-            } else {
-                "`strides` or `offset`"
-            });
-        }
-    }
-    c.expect(">")?;
-    Ok(ty)
 }

@@ -20,10 +20,6 @@ impl VerifyDialect for Loop {
 
     fn body_context() {}
 
-    fn is_index(t: &Type) -> bool {
-        *t == Type::Index
-    }
-
     fn check_function(f: &Function) -> Vec<String> {
         let mut problems = Vec::new();
         for (name, v) in &f.params {

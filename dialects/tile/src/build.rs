@@ -236,7 +236,7 @@ impl Builder {
             step,
             inits: inits.to_vec(),
         });
-        self.b.open_loop(Type::Index, inits)
+        self.b.open_loop(inits)
     }
 
     /// Closes the innermost open loop, yielding `next`; returns its results.

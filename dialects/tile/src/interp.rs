@@ -20,100 +20,13 @@ use dlc_core::scalar::{ReduceKind, apply_binary, apply_unary};
 use crate::ir::{Affine, Block, BufferType, Function, Module, OpId, Space, Type, Value};
 use crate::ops::OpKind;
 
-/// A buffer's contents: `data[offset]` holds the element whose offset (the
-/// dot product of its index with the strides) is `offset`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Buffer {
-    /// Type, shape and strides.
-    pub ty: BufferType,
-    /// Storage.
-    pub data: Vec<f64>,
-}
+pub use dlc_core::ir::interp::{DEFAULT_WORK_LIMIT, MAX_ELEMENTS};
 
-impl Buffer {
-    /// A zero-filled buffer.
-    pub fn zeros(ty: BufferType) -> Result<Buffer, TileError> {
-        match ty.storage_len() {
-            Some(n) if n <= MAX_ELEMENTS => Ok(Buffer {
-                data: vec![0.0; n],
-                ty,
-            }),
-            _ => Err(TileError::TooLarge(ty.to_string())),
-        }
-    }
-}
+/// A buffer's contents (the IR core's interpreters' buffer).
+pub type Buffer = dlc_core::ir::interp::Buffer<BufferType>;
 
-/// The largest buffer (in elements) the interpreter allocates.
-pub const MAX_ELEMENTS: usize = 1 << 29;
-
-/// The most work the interpreter takes on in one run unless told otherwise,
-/// in element operations: 2^34, as the other interpreters'.
-pub const DEFAULT_WORK_LIMIT: f64 = 17_179_869_184.0;
-
-/// Why a function could not run.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum TileError {
-    /// No such function.
-    #[error("no function `@{0}`")]
-    UnknownFunction(String),
-    /// Arguments do not match the parameters.
-    #[error("{0}")]
-    Arguments(String),
-    /// An access outside a buffer without a pad value.
-    #[error("{op} accesses index {index:?}, outside {ty}")]
-    OutOfBounds {
-        /// The op.
-        op: String,
-        /// The computed index.
-        index: Vec<i64>,
-        /// The buffer type.
-        ty: String,
-    },
-    /// A masked-off element read without a pad value.
-    #[error("{0} reads an element its mask turns off, and has no pad value")]
-    MaskedWithoutPad(String),
-    /// Two elements of one store write the same place.
-    #[error("{op} writes index {index:?} of {ty} twice")]
-    OverlappingStore {
-        /// The op.
-        op: String,
-        /// The index written twice.
-        index: Vec<i64>,
-        /// The buffer type.
-        ty: String,
-    },
-    /// Conflicting shared-memory accesses without a barrier between them.
-    #[error(
-        "{op} {what} shared memory ({ty}, index {index:?}) {since} since the last tile.barrier"
-    )]
-    SharedRace {
-        /// The op.
-        op: String,
-        /// `reads` or `writes`.
-        what: &'static str,
-        /// What happened to the element before.
-        since: &'static str,
-        /// The index.
-        index: Vec<i64>,
-        /// The buffer type.
-        ty: String,
-    },
-    /// A buffer used after `tile.dealloc`.
-    #[error("{0} uses a buffer after it was deallocated")]
-    UseAfterFree(String),
-    /// Integer division by zero, at the op's source place when known.
-    #[error("integer division by zero{}", .0.as_ref().map_or(String::new(), |l| format!(" at {l}")))]
-    DivisionByZero(Option<dlc_core::SourceLoc>),
-    /// A buffer too large to allocate.
-    #[error("{0} is too large for the interpreter (limit {MAX_ELEMENTS} elements)")]
-    TooLarge(String),
-    /// IR the verifier should have rejected.
-    #[error("invalid IR: {0}")]
-    Invalid(String),
-    /// A function whose estimated work exceeds the limit it is run under.
-    #[error("{0}")]
-    TooMuchWork(#[from] dlc_core::work::WorkExceeded),
-}
+/// Why a function could not run (the IR core's interpreters' errors).
+pub type TileError = dlc_core::ir::interp::RunError;
 
 fn elements(t: &Type) -> f64 {
     match t {
@@ -155,13 +68,7 @@ fn op_work(f: &Function, id: OpId) -> f64 {
 /// Fails with [`TileError::TooMuchWork`] when function `f`'s estimated work
 /// is above `limit`.
 pub fn check_work(f: &Function, limit: f64) -> Result<(), TileError> {
-    let per_op: Vec<(String, f64)> = f
-        .body
-        .ops
-        .iter()
-        .map(|&op| (f.op(op).kind.name(), op_work(f, op)))
-        .collect();
-    Ok(dlc_core::work::check_work(&f.name, &per_op, limit)?)
+    dlc_core::ir::interp::check_work(f, limit, op_work)
 }
 
 #[derive(Debug, Clone)]
@@ -201,18 +108,7 @@ pub fn run_function_within(
     args: &mut [Buffer],
     limit: f64,
 ) -> Result<(), TileError> {
-    let f = m
-        .functions
-        .iter()
-        .find(|f| f.name == name)
-        .ok_or_else(|| TileError::UnknownFunction(name.into()))?;
-    if args.len() != f.params.len() {
-        return Err(TileError::Arguments(format!(
-            "@{name} takes {} buffers, got {}",
-            f.params.len(),
-            args.len()
-        )));
-    }
+    let f = dlc_core::ir::interp::function_for(m, name, args)?;
     check_work(f, limit)?;
     let mut machine = Machine {
         f,
@@ -220,14 +116,7 @@ pub fn run_function_within(
         heap: Vec::new(),
         program: [0; 3],
     };
-    for (i, ((pname, v), arg)) in f.params.iter().zip(args.iter_mut()).enumerate() {
-        if f.ty(*v) != &Type::Buffer(arg.ty.clone()) {
-            return Err(TileError::Arguments(format!(
-                "argument {i} (%{pname}) must be {}, got {}",
-                f.ty(*v),
-                arg.ty
-            )));
-        }
+    for ((_, v), arg) in f.params.iter().zip(args.iter_mut()) {
         machine.slots[v.0 as usize] = Slot::Buffer(machine.heap.len());
         machine.heap.push(Some(Storage {
             data: std::mem::take(&mut arg.data),

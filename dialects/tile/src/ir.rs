@@ -66,6 +66,12 @@ impl std::ops::Deref for BufferType {
     }
 }
 
+impl AsRef<dlc_core::Layout> for BufferType {
+    fn as_ref(&self) -> &dlc_core::Layout {
+        &self.layout
+    }
+}
+
 impl std::ops::DerefMut for BufferType {
     fn deref_mut(&mut self) -> &mut dlc_core::Layout {
         &mut self.layout
@@ -415,10 +421,7 @@ impl dlc_core::ir::Dialect for Tile {
         Type::Buffer(b)
     }
 
-    fn as_buffer(t: &Type) -> Option<&BufferType> {
-        match t {
-            Type::Buffer(b) => Some(b),
-            _ => None,
-        }
+    fn index_type() -> Type {
+        Type::Index
     }
 }

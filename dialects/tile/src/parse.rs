@@ -4,7 +4,7 @@
 
 use dlc_core::DType;
 use dlc_core::ir::parse::ParseDialect;
-use dlc_core::lex::{Cursor, PResult, ParseError, Tok, bracketed};
+use dlc_core::lex::{Cursor, PResult, ParseError, Tok};
 
 use crate::ir::{Affine, BufferType, Module, Space, Tile, TileType, Type};
 use crate::ops::{Attr, OpKind};
@@ -19,24 +19,29 @@ pub fn parse_module(text: &str) -> Result<Module, ParseError> {
 impl ParseDialect for Tile {
     const AXES: bool = true;
 
-    fn parse_type(c: &mut Cursor) -> PResult<Type> {
-        if c.eat_ident("index") {
-            return Ok(Type::Index);
-        }
-        if c.eat_ident("buffer") {
-            return Ok(Type::Buffer(buffer_rest(c)?));
-        }
+    /// `<f32[4, 8]>`, `<f32[4, 8], strides = [1, 4]>`, `<f32[4], offset =
+    /// 8>`, `<f32[4], shared>`.
+    fn parse_buffer(c: &mut Cursor) -> PResult<BufferType> {
+        let mut space = Space::Global;
+        let layout = dlc_core::ir::parse::parse_layout(
+            c,
+            " or a memory space (`scratch`, `shared`)",
+            |c| {
+                Space::ALL
+                    .into_iter()
+                    .find(|s| c.eat_ident(s.name()))
+                    .map(|s| space = s)
+                    .is_some()
+            },
+        )?;
+        Ok(BufferType { layout, space })
+    }
+
+    fn parse_value_type(c: &mut Cursor) -> PResult<Type> {
         if c.eat_ident("tile") {
             return Ok(Type::Tile(tile_rest(c)?));
         }
         Ok(Type::Scalar(c.dtype()?))
-    }
-
-    fn parse_param(c: &mut Cursor) -> PResult<BufferType> {
-        if !c.eat_ident("buffer") {
-            return c.expected("a buffer type `buffer<f32[...]>`");
-        }
-        buffer_rest(c)
     }
 
     fn probe(name: &str) -> Option<OpKind> {
@@ -61,18 +66,6 @@ impl ParseDialect for Tile {
             _ => vec![],
         }
     }
-}
-
-/// Extents or strides: `[4, 8]`, none negative.
-fn dims(c: &mut Cursor) -> PResult<Vec<usize>> {
-    let mut v = Vec::new();
-    for i in bracketed(c, |c| c.int())? {
-        match usize::try_from(i) {
-            Ok(d) => v.push(d),
-            Err(_) => return c.error("extents and strides must not be negative"),
-        }
-    }
-    Ok(v)
 }
 
 /// `<64x32xf32>` after `tile`: the lexer reads `64` and then the name
@@ -121,37 +114,6 @@ fn tile_rest(c: &mut Cursor) -> PResult<TileType> {
     }
     c.expect(">")?;
     Ok(TileType::new(dtype, shape))
-}
-
-/// `<f32[4, 8]>`, `<f32[4, 8], strides = [1, 4]>`, `<f32[4], offset =
-/// 8>`, `<f32[4], shared>`.
-fn buffer_rest(c: &mut Cursor) -> PResult<BufferType> {
-    c.expect("<")?;
-    let dtype = c.dtype()?;
-    let shape = dims(c)?;
-    let mut ty = BufferType::contiguous(dtype, shape, Space::Global);
-    while c.eat(",") {
-        if c.eat_ident("strides") {
-            c.expect("=")?;
-            let strides = dims(c)?;
-            if strides.len() != ty.shape.len() {
-                return c.error("one stride per dimension");
-            }
-            ty.strides = strides;
-        } else if c.eat_ident("offset") {
-            c.expect("=")?;
-            ty.offset = match usize::try_from(c.int()?) {
-                Ok(o) => o,
-                Err(_) => return c.error("an offset must not be negative"),
-            };
-        } else if let Some(space) = Space::ALL.into_iter().find(|s| c.eat_ident(s.name())) {
-            ty.space = space;
-        } else {
-            return c.expected("`strides`, `offset` or a memory space (`scratch`, `shared`)");
-        }
-    }
-    c.expect(">")?;
-    Ok(ty)
 }
 
 /// A kind with the given name and placeholder attributes, whose syntax is

@@ -32,10 +32,6 @@ impl VerifyDialect for Tile {
         Context::Host
     }
 
-    fn is_index(t: &Type) -> bool {
-        *t == Type::Index
-    }
-
     fn check_function(f: &Function) -> Vec<String> {
         let mut problems = Vec::new();
         for t in &f.values {

@@ -84,10 +84,9 @@ impl<D: Dialect> Builder<D> {
     }
 
     /// Opens the body of a counted loop carrying `inits`: its arguments are
-    /// the counter (of type `index`) and the carried values as the body sees
-    /// them.
-    pub fn open_loop(&mut self, index: D::Type, inits: &[Value]) -> (Value, Vec<Value>) {
-        let mut types = vec![index];
+    /// the counter (an index) and the carried values as the body sees them.
+    pub fn open_loop(&mut self, inits: &[Value]) -> (Value, Vec<Value>) {
+        let mut types = vec![D::index_type()];
         types.extend(inits.iter().map(|v| self.f.ty(*v).clone()));
         let args = self.open(&types);
         (args[0], args[1..].to_vec())

@@ -19,10 +19,10 @@ pub trait ParseDialect: Dialect {
     /// Whether index lists other than a product's may name tile coordinates
     /// `#k`.
     const AXES: bool;
-    /// A value's type (`index`, `f32`, `buffer<..>`, ..).
-    fn parse_type(c: &mut Cursor) -> PResult<Self::Type>;
-    /// A parameter's type: a buffer.
-    fn parse_param(c: &mut Cursor) -> PResult<Self::Buffer>;
+    /// A buffer type after the word `buffer` (`<f32[4, 8], ..>`).
+    fn parse_buffer(c: &mut Cursor) -> PResult<Self::Buffer>;
+    /// Any other type (a scalar `f32`, a tile).
+    fn parse_value_type(c: &mut Cursor) -> PResult<Self::Type>;
     /// An op of this name with placeholder attributes, whose syntax and
     /// region arguments are the real op's (syntax never depends on attribute
     /// values); `None` for an unknown name.
@@ -36,6 +36,65 @@ pub trait ParseDialect: Dialect {
     /// The types of the arguments of `op`'s region, for operands of these
     /// types.
     fn region_args(op: &Self::Op, operands: &[&Self::Type]) -> Vec<Self::Type>;
+}
+
+/// A value's type: `index`, `buffer<..>`, or the dialect's others.
+pub fn parse_type<D: ParseDialect>(c: &mut Cursor) -> PResult<D::Type> {
+    if c.eat_ident("index") {
+        return Ok(D::index_type());
+    }
+    if c.eat_ident("buffer") {
+        return Ok(D::buffer_type(D::parse_buffer(c)?));
+    }
+    D::parse_value_type(c)
+}
+
+/// A buffer's layout after `buffer`: `<f32[4, 8]>`, with any of `, strides =
+/// [1, 4]`, `, offset = 8` and the words `word` accepts (a memory space), in
+/// any order; `words` says what those are in an error.
+pub fn parse_layout(
+    c: &mut Cursor,
+    words: &str,
+    mut word: impl FnMut(&mut Cursor) -> bool,
+) -> PResult<crate::Layout> {
+    fn dims(c: &mut Cursor) -> PResult<Vec<usize>> {
+        let mut v = Vec::new();
+        for i in bracketed(c, |c| c.int())? {
+            match usize::try_from(i) {
+                Ok(d) => v.push(d),
+                Err(_) => return c.error("extents and strides must not be negative"),
+            }
+        }
+        Ok(v)
+    }
+    c.expect("<")?;
+    let dtype = c.dtype()?;
+    let shape = dims(c)?;
+    let mut ty = crate::Layout::contiguous(dtype, shape);
+    while c.eat(",") {
+        if c.eat_ident("strides") {
+            c.expect("=")?;
+            let strides = dims(c)?;
+            if strides.len() != ty.shape.len() {
+                return c.error("one stride per dimension");
+            }
+            ty.strides = strides;
+        } else if c.eat_ident("offset") {
+            c.expect("=")?;
+            ty.offset = match usize::try_from(c.int()?) {
+                Ok(o) => o,
+                Err(_) => return c.error("an offset must not be negative"),
+            };
+        } else if !word(c) {
+            return c.expected(&if words.is_empty() {
+                "`strides` or `offset`".to_string()
+            } else {
+                format!("`strides`, `offset`{words}")
+            });
+        }
+    }
+    c.expect(">")?;
+    Ok(ty)
 }
 
 /// Parses a whole module.
@@ -233,7 +292,10 @@ impl<D: ParseDialect> Parser<D> {
                 }
                 let pname = self.name("a parameter `%name`")?;
                 self.expect(":")?;
-                let ty = D::parse_param(&mut self.c)?;
+                if !self.eat_ident("buffer") {
+                    return self.expected("a buffer type `buffer<f32[...]>`");
+                }
+                let ty = D::parse_buffer(&mut self.c)?;
                 let v = self.f.add_param(pname.clone(), ty);
                 self.define(pname, v)?;
                 if self.eat(")") {
@@ -392,9 +454,9 @@ impl<D: ParseDialect> Parser<D> {
         let kind = D::from_parts(&name, &attrs, indices).map_err(at_name)?;
         let mut result_types = Vec::new();
         if self.eat(":") {
-            result_types.push(D::parse_type(&mut self.c)?);
+            result_types.push(parse_type::<D>(&mut self.c)?);
             while self.eat(",") {
-                result_types.push(D::parse_type(&mut self.c)?);
+                result_types.push(parse_type::<D>(&mut self.c)?);
             }
         }
         let named = match &group {

@@ -34,8 +34,6 @@ pub trait VerifyDialect: Dialect {
     type Context: Copy;
     /// The context of a function body.
     fn body_context() -> Self::Context;
-    /// Whether a value of this type may be a term of an index.
-    fn is_index(t: &Self::Type) -> bool;
     /// Problems of a function as a whole: its parameters, its values' types.
     fn check_function(f: &Function<Self>) -> Vec<String>;
     /// Problems of op `id` standing in `cx`: its typing rule, where it may
@@ -309,7 +307,7 @@ impl<'a, D: VerifyDialect> Checker<'a, D> {
                         loc.clone(),
                         format!("index uses value {} where it is not visible", v.0),
                     );
-                } else if !f.values.get(v.0 as usize).is_some_and(D::is_index) {
+                } else if f.values.get(v.0 as usize) != Some(&D::index_type()) {
                     self.err(
                         loc.clone(),
                         format!("index uses value {}, which is not an index", v.0),
