@@ -20,6 +20,7 @@ use std::fmt;
 
 pub mod build;
 pub mod interp;
+pub mod mlir;
 pub mod parse;
 pub mod print;
 pub mod verify;

@@ -9,17 +9,8 @@ use std::fmt::Write;
 
 use dlc_core::Namer;
 
-use crate::ir::{Affine, Block, Function, Module, OpId, Type, Value};
+use crate::ir::{Function, Module, OpData, OpId, Tile, Type, Value};
 use crate::ops::OpKind;
-
-fn affine_text(
-    e: &Affine,
-    var: impl Fn(Value) -> String,
-    axis: impl Fn(usize) -> String,
-    mlir: bool,
-) -> String {
-    e.text(var, axis, mlir)
-}
 
 /// Prints a module in the text form (the IR core's, [`dlc_core::ir::print`]).
 pub fn print_module(m: &Module) -> String {
@@ -117,50 +108,24 @@ pub fn relocatable_fingerprint(f: &Function, id: OpId) -> (String, Vec<Value>) {
     (out, inputs)
 }
 
-/// Prints a module in MLIR's generic operation syntax: each function is a
-/// `"tile.func"` op with one region, tiles are `tensor`s, buffers are
-/// `memref`s with their memory space, and an index list is an
-/// `affine_map` whose dimensions are the tile coordinates and whose
-/// symbols are the index values it uses (appended to the operands).
+/// Prints a module in MLIR's generic operation syntax (the IR core's,
+/// [`dlc_core::ir::mlir`]): tiles are `tensor`s, buffers are `memref`s with
+/// their memory space, and an index list is an `affine_map` whose
+/// dimensions are the tile coordinates and whose symbols are the index
+/// values it uses (appended to the operands).
 pub fn print_mlir_generic(m: &Module) -> String {
-    let mut out = String::from("module {\n");
-    for f in &m.functions {
-        let mut namer = Namer::new(f.params.iter().map(|(n, v)| (n, *v)));
-        let _ = writeln!(out, "  \"tile.func\"() ({{");
-        let args: Vec<String> = f
-            .params
-            .iter()
-            .map(|(n, v)| format!("%{n}: {}", f.ty(*v).mlir()))
-            .collect();
-        let _ = writeln!(out, "  ^bb0({}):", args.join(", "));
-        mlir_block(f, &f.body, &mut namer, 2, &mut out);
-        let _ = writeln!(
-            out,
-            "  }}) {{sym_name = \"{}\", outputs = {} : i64}} : () -> ()",
-            f.name, f.outputs
-        );
-    }
-    out.push_str("}\n");
-    out
+    dlc_core::ir::mlir::print_mlir_generic(m)
 }
 
-fn mlir_block(f: &Function, b: &Block, namer: &mut Namer<Value>, depth: usize, out: &mut String) {
-    for &id in &b.ops {
-        mlir_op(f, id, namer, depth, out);
+impl dlc_core::ir::mlir::MlirDialect for Tile {
+    fn mlir_type(t: &Type) -> String {
+        t.mlir()
     }
-}
 
-fn mlir_op(f: &Function, id: OpId, namer: &mut Namer<Value>, depth: usize, out: &mut String) {
-    let op = f.op(id);
-    let pad = "  ".repeat(depth);
-    let mut operands = op.operands.clone();
-    let mut attrs: Vec<String> = op
-        .kind
-        .attrs()
-        .iter()
-        .map(|(k, a)| format!("{k} = {}", a.mlir()))
-        .collect();
-    if let Some(index) = op.kind.index() {
+    fn index_attrs(f: &Function, op: &OpData) -> (Vec<String>, Vec<Value>) {
+        let Some(index) = op.kind.index() else {
+            return (vec![], vec![]);
+        };
         let mut symbols: Vec<Value> = Vec::new();
         for e in index {
             for (_, v) in &e.terms {
@@ -183,8 +148,7 @@ fn mlir_op(f: &Function, id: OpId, namer: &mut Namer<Value>, depth: usize, out: 
         let results: Vec<String> = index
             .iter()
             .map(|e| {
-                affine_text(
-                    e,
+                e.text(
                     |v| format!("s{}", symbols.iter().position(|s| *s == v).unwrap_or(0)),
                     |k| format!("d{k}"),
                     true,
@@ -193,59 +157,15 @@ fn mlir_op(f: &Function, id: OpId, namer: &mut Namer<Value>, depth: usize, out: 
             .collect();
         let d: Vec<String> = (0..dims).map(|i| format!("d{i}")).collect();
         let s: Vec<String> = (0..symbols.len()).map(|i| format!("s{i}")).collect();
-        attrs.push(format!(
-            "index = affine_map<({})[{}] -> ({})>",
-            d.join(", "),
-            s.join(", "),
-            results.join(", ")
-        ));
-        attrs.push(format!("index_symbols = {} : i64", symbols.len()));
-        operands.extend(symbols);
+        let attrs = vec![
+            format!(
+                "index = affine_map<({})[{}] -> ({})>",
+                d.join(", "),
+                s.join(", "),
+                results.join(", ")
+            ),
+            format!("index_symbols = {} : i64", symbols.len()),
+        ];
+        (attrs, symbols)
     }
-    let operand_text = namer.list(&operands);
-    let operand_types: Vec<String> = operands.iter().map(|v| f.ty(*v).mlir()).collect();
-    let result_types: Vec<String> = op.results.iter().map(|v| f.ty(*v).mlir()).collect();
-    let _ = write!(out, "{pad}");
-    match op.results.len() {
-        0 => {}
-        1 => {
-            let name = namer.define(op.results[0]);
-            let _ = write!(out, "{name} = ");
-        }
-        n => {
-            let base = namer.define_group(&op.results);
-            let _ = write!(out, "{base}:{n} = ");
-        }
-    }
-    let _ = write!(out, "\"{}\"({operand_text})", op.kind.name());
-    if let Some(region) = op.regions.first() {
-        out.push_str(" ({\n");
-        let args: Vec<String> = region
-            .args
-            .iter()
-            .map(|a| {
-                let ty = f.ty(*a).mlir();
-                format!("{}: {ty}", namer.define(*a))
-            })
-            .collect();
-        let _ = writeln!(out, "{pad}^bb0({}):", args.join(", "));
-        mlir_block(f, region, namer, depth + 1, out);
-        let terminated = region
-            .ops
-            .last()
-            .is_some_and(|o| f.op(*o).kind.syntax().terminator.is_some());
-        if !terminated {
-            let _ = writeln!(out, "{pad}  \"tile.end\"() : () -> ()");
-        }
-        let _ = write!(out, "{pad}}})");
-    }
-    if !attrs.is_empty() {
-        let _ = write!(out, " {{{}}}", attrs.join(", "));
-    }
-    let _ = writeln!(
-        out,
-        " : ({}) -> ({})",
-        operand_types.join(", "),
-        result_types.join(", ")
-    );
 }

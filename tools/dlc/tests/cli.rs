@@ -229,7 +229,7 @@ fn compile_emits_graph_ir_and_refuses_what_does_not_exist_yet() {
         String::from_utf8_lossy(&o.stdout).starts_with("loop.func @affine(%x: buffer<f32[2, 3]>")
     );
     let o = dlc(&["compile", &model, "--emit", "loop-mlir"]);
-    assert!(String::from_utf8_lossy(&o.stdout).starts_with("\"loop.func\"() ({"));
+    assert!(String::from_utf8_lossy(&o.stdout).starts_with("module {\n  \"loop.func\"() ({"));
     for target in ["host", "sm_90"] {
         let o = dlc(&[
             "compile", &model, "--entry", "affine", "--emit", "tile", "--target", target,
