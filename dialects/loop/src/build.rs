@@ -15,12 +15,8 @@ pub struct Builder {
 
 /// A loop whose body is being built.
 enum OpenLoop {
-    For {
-        lo: i64,
-        hi: i64,
-        step: i64,
-        inits: Vec<Value>,
-    },
+    /// A counted loop (its op and initial values are the core builder's).
+    For,
     Parallel {
         lo: i64,
         hi: i64,
@@ -179,29 +175,17 @@ impl Builder {
         step: i64,
         inits: &[Value],
     ) -> (Value, Vec<Value>) {
-        self.open.push(OpenLoop::For {
-            lo,
-            hi,
-            step,
-            inits: inits.to_vec(),
-        });
-        self.b.open_loop(inits)
+        self.open.push(OpenLoop::For);
+        self.b.open_loop(OpKind::For { lo, hi, step }, inits)
     }
 
     /// Closes the innermost open `loop.for`, yielding `next` (one per carried
     /// value); returns the loop's results.
     pub fn end_for(&mut self, next: Vec<Value>) -> Vec<Value> {
-        let Some(OpenLoop::For {
-            lo,
-            hi,
-            step,
-            inits,
-        }) = self.open.pop()
-        else {
+        let Some(OpenLoop::For) = self.open.pop() else {
             unreachable!("end_for closes a loop opened by begin_for")
         };
-        self.b
-            .close_loop(OpKind::For { lo, hi, step }, OpKind::Yield, inits, next)
+        self.b.close_loop(OpKind::Yield, next)
     }
 
     /// Opens a loop of independent iterations; returns its index.

@@ -19,12 +19,8 @@ enum Open {
         grid: Vec<usize>,
         schedule: Schedule,
     },
-    For {
-        lo: i64,
-        hi: i64,
-        step: i64,
-        inits: Vec<Value>,
-    },
+    /// A counted loop (its op and initial values are the core builder's).
+    For,
 }
 
 impl Builder {
@@ -230,28 +226,16 @@ impl Builder {
         step: i64,
         inits: &[Value],
     ) -> (Value, Vec<Value>) {
-        self.open.push(Open::For {
-            lo,
-            hi,
-            step,
-            inits: inits.to_vec(),
-        });
-        self.b.open_loop(inits)
+        self.open.push(Open::For);
+        self.b.open_loop(OpKind::For { lo, hi, step }, inits)
     }
 
     /// Closes the innermost open loop, yielding `next`; returns its results.
     pub fn end_for(&mut self, next: Vec<Value>) -> Vec<Value> {
-        let Some(Open::For {
-            lo,
-            hi,
-            step,
-            inits,
-        }) = self.open.pop()
-        else {
+        let Some(Open::For) = self.open.pop() else {
             unreachable!("end_for closes a loop opened by begin_for")
         };
-        self.b
-            .close_loop(OpKind::For { lo, hi, step }, OpKind::Yield, inits, next)
+        self.b.close_loop(OpKind::Yield, next)
     }
 
     /// Ends the function with `tile.return`.

@@ -108,8 +108,7 @@ pub fn run_function_within(
     args: &mut [Buffer],
     limit: f64,
 ) -> Result<(), TileError> {
-    let f = dlc_core::ir::interp::function_for(m, name, args)?;
-    check_work(f, limit)?;
+    let f = dlc_core::ir::interp::function_for(m, name, args, limit, op_work)?;
     let mut machine = Machine {
         f,
         slots: vec![Slot::Unset; f.values.len()],

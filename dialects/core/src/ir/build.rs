@@ -9,6 +9,8 @@ use super::{Block, Dialect, Function, Value};
 pub struct Builder<D: Dialect> {
     f: Function<D>,
     blocks: Vec<Block>,
+    /// The loops being built: each one's op and initial values.
+    loops: Vec<(D::Op, Vec<Value>)>,
     loc: Option<crate::SourceLoc>,
 }
 
@@ -18,6 +20,7 @@ impl<D: Dialect> Builder<D> {
         Builder {
             f: Function::new(name),
             blocks: vec![Block::default()],
+            loops: vec![],
             loc: None,
         }
     }
@@ -83,25 +86,24 @@ impl<D: Dialect> Builder<D> {
         self.blocks.pop().unwrap_or_default()
     }
 
-    /// Opens the body of a counted loop carrying `inits`: its arguments are
-    /// the counter (an index) and the carried values as the body sees them.
-    pub fn open_loop(&mut self, inits: &[Value]) -> (Value, Vec<Value>) {
+    /// Opens the body of loop op `kind` carrying `inits`: ops built until
+    /// [`Builder::close_loop`] form it. Returns its arguments, the counter (an
+    /// index) and the carried values as the body sees them.
+    pub fn open_loop(&mut self, kind: D::Op, inits: &[Value]) -> (Value, Vec<Value>) {
         let mut types = vec![D::index_type()];
         types.extend(inits.iter().map(|v| self.f.ty(*v).clone()));
         let args = self.open(&types);
+        self.loops.push((kind, inits.to_vec()));
         (args[0], args[1..].to_vec())
     }
 
-    /// Closes the innermost loop body, ending it with `yield_op` of `next`
-    /// when the loop carries values, and appends the loop op `kind` over
-    /// `inits`; returns its results (the last iteration's values).
-    pub fn close_loop(
-        &mut self,
-        kind: D::Op,
-        yield_op: D::Op,
-        inits: Vec<Value>,
-        next: Vec<Value>,
-    ) -> Vec<Value> {
+    /// Closes the innermost loop, ending its body with `yield_op` of `next`
+    /// when it carries values; returns its results (the last iteration's
+    /// values).
+    pub fn close_loop(&mut self, yield_op: D::Op, next: Vec<Value>) -> Vec<Value> {
+        let Some((kind, inits)) = self.loops.pop() else {
+            unreachable!("close_loop closes a loop opened by open_loop")
+        };
         if !inits.is_empty() {
             self.push(yield_op, next, &[], vec![]);
         }

@@ -105,11 +105,14 @@ pub enum RunError {
 }
 
 /// Function `name` of `m`, once `args` (one buffer per parameter) have been
-/// checked against its parameters.
+/// checked against its parameters and its work, each top-level op's
+/// estimated by `op_work`, against `limit`.
 pub fn function_for<'m, D: Dialect>(
     m: &'m Module<D>,
     name: &str,
     args: &[Buffer<D::Buffer>],
+    limit: f64,
+    op_work: impl Fn(&Function<D>, OpId) -> f64,
 ) -> Result<&'m Function<D>, RunError> {
     let f = m
         .functions
@@ -132,6 +135,7 @@ pub fn function_for<'m, D: Dialect>(
             )));
         }
     }
+    check_work(f, limit, op_work)?;
     Ok(f)
 }
 

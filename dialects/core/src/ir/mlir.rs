@@ -91,17 +91,7 @@ fn op<D: MlirDialect>(
             .join(", ")
     };
     out.push_str(&pad);
-    match op.results.len() {
-        0 => {}
-        1 => {
-            let name = namer.define(op.results[0]);
-            let _ = write!(out, "{name} = ");
-        }
-        n => {
-            let base = namer.define_group(&op.results);
-            let _ = write!(out, "{base}:{n} = ");
-        }
-    }
+    out.push_str(&super::print::define_results(namer, &op.results));
     let _ = write!(out, "\"{}\"({operand_text})", op.kind.name());
     if let Some(region) = op.regions.first() {
         out.push_str(" ({\n");

@@ -75,6 +75,16 @@ fn print_block<D: Dialect>(
     }
 }
 
+/// Names an op's results: `%r = ` for one, `%r:n = ` for several (used as
+/// `%r#k`), nothing for none.
+pub fn define_results(namer: &mut Namer<Value>, results: &[Value]) -> String {
+    match results.len() {
+        0 => String::new(),
+        1 => format!("{} = ", namer.define(results[0])),
+        n => format!("{}:{n} = ", namer.define_group(results)),
+    }
+}
+
 /// Prints op `id` (with its regions) at `depth`, naming values by `namer`.
 pub fn print_op<D: Dialect>(
     f: &Function<D>,
@@ -86,17 +96,7 @@ pub fn print_op<D: Dialect>(
     let op = f.op(id);
     let pad = "  ".repeat(depth);
     out.push_str(&pad);
-    match op.results.len() {
-        0 => {}
-        1 => {
-            let name = namer.define(op.results[0]);
-            let _ = write!(out, "{name} = ");
-        }
-        n => {
-            let base = namer.define_group(&op.results);
-            let _ = write!(out, "{base}:{n} = ");
-        }
-    }
+    out.push_str(&define_results(namer, &op.results));
     out.push_str(&op.kind.name());
     let syn = op.kind.syntax();
     // A product's indices name its counters `#k`, which its region defines.
