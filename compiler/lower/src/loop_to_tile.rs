@@ -730,7 +730,8 @@ impl<'a> Conv<'a> {
     ) -> Result<(), TileConvError> {
         if !serial.is_empty() {
             let ops = std::mem::take(serial);
-            self.b.set_loc(self.op(ops[0]).loc.clone());
+            let loc = self.op(ops[0]).loc.clone();
+            self.b.set_loc(loc);
             let schedule = Schedule::Serial {
                 vector: self.params.vector,
             };

@@ -51,6 +51,24 @@ pub trait Dialect: Sized + Clone + fmt::Debug + PartialEq + Default + 'static {
     fn buffer_type(b: Self::Buffer) -> Self::Type;
     /// The type `index` (loop counters, program ids).
     fn index_type() -> Self::Type;
+    /// The dialect's op for one of the buffer ops every dialect of the core
+    /// has.
+    fn buffer_op(op: BufferOp) -> Self::Op;
+}
+
+/// The buffer ops every dialect of the IR core has, with one meaning.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BufferOp {
+    /// `%b = D.alloc : buffer<..>`: a new buffer, contents undefined.
+    Alloc,
+    /// `%b = D.global {value = [..]} : buffer<..>`: a read-only row-major
+    /// buffer holding these elements (a constant tensor's data).
+    Global(std::sync::Arc<[f64]>),
+    /// `D.dealloc %b`: the buffer's storage is released.
+    Dealloc,
+    /// `%v = D.view %b : buffer<..>`: the same storage seen with another
+    /// shape, strides or offset.
+    View,
 }
 
 /// How an op's operands are written.

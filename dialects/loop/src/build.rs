@@ -4,7 +4,7 @@
 use dlc_core::DType;
 use dlc_core::scalar::{BinaryOp, CmpOp, UnaryOp};
 
-use crate::ir::{Block, BufferType, Function, IndexExpr, Loop, OpKind, Type, Value};
+use crate::ir::{BufferType, Function, IndexExpr, Loop, OpKind, Type, Value};
 
 /// Builds one function (on the IR core's builder); loop bodies are built by
 /// closures.
@@ -28,6 +28,19 @@ enum OpenLoop {
     },
 }
 
+impl std::ops::Deref for Builder {
+    type Target = dlc_core::ir::build::Builder<Loop>;
+    fn deref(&self) -> &Self::Target {
+        &self.b
+    }
+}
+
+impl std::ops::DerefMut for Builder {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.b
+    }
+}
+
 impl Builder {
     /// Starts function `name` with an empty body.
     pub fn new(name: impl Into<String>) -> Self {
@@ -35,12 +48,6 @@ impl Builder {
             b: dlc_core::ir::build::Builder::new(name),
             open: vec![],
         }
-    }
-
-    /// Sets the source place the ops built from now on carry; returns the
-    /// previous one.
-    pub fn set_loc(&mut self, loc: Option<dlc_core::SourceLoc>) -> Option<dlc_core::SourceLoc> {
-        self.b.set_loc(loc)
     }
 
     /// Appends an input buffer parameter (before any output).
@@ -58,45 +65,11 @@ impl Builder {
         self.b.param(name, ty, true)
     }
 
-    /// The type of a value built so far.
-    pub fn ty(&self, v: Value) -> &Type {
-        self.b.ty(v)
-    }
-
     fn scalar_type(&self, v: Value) -> DType {
         match self.b.ty(v) {
             Type::Scalar(d) => *d,
             _ => DType::F32,
         }
-    }
-
-    fn push(
-        &mut self,
-        kind: OpKind,
-        operands: Vec<Value>,
-        results: &[Type],
-        regions: Vec<Block>,
-    ) -> Vec<Value> {
-        self.b.push(kind, operands, results, regions)
-    }
-
-    fn one(&mut self, kind: OpKind, operands: Vec<Value>, result: Type) -> Value {
-        self.b.one(kind, operands, result)
-    }
-
-    /// `loop.alloc`.
-    pub fn alloc(&mut self, ty: BufferType) -> Value {
-        self.one(OpKind::Alloc, vec![], Type::Buffer(ty))
-    }
-
-    /// `loop.global`: a read-only row-major buffer of `ty` holding `values`.
-    pub fn global(&mut self, values: std::sync::Arc<[f64]>, ty: BufferType) -> Value {
-        self.one(OpKind::Global(values), vec![], Type::Buffer(ty))
-    }
-
-    /// `loop.dealloc`.
-    pub fn dealloc(&mut self, b: Value) {
-        self.push(OpKind::Dealloc, vec![b], &[], vec![]);
     }
 
     /// `loop.kernel_begin {group = ..}`: opens a kernel group of the
@@ -108,11 +81,6 @@ impl Builder {
     /// `loop.kernel_end`: closes the open kernel group.
     pub fn kernel_end(&mut self) {
         self.push(OpKind::KernelEnd, vec![], &[], vec![]);
-    }
-
-    /// `loop.view`.
-    pub fn view(&mut self, b: Value, ty: BufferType) -> Value {
-        self.one(OpKind::View, vec![b], Type::Buffer(ty))
     }
 
     /// `loop.const` (the value rounded to `dtype`).

@@ -76,4 +76,14 @@ impl dlc_core::ir::Dialect for Loop {
     fn index_type() -> Type {
         Type::Index
     }
+
+    fn buffer_op(op: dlc_core::ir::BufferOp) -> crate::ops::OpKind {
+        use dlc_core::ir::BufferOp;
+        match op {
+            BufferOp::Alloc => crate::ops::OpKind::Alloc,
+            BufferOp::Global(v) => crate::ops::OpKind::Global(v),
+            BufferOp::Dealloc => crate::ops::OpKind::Dealloc,
+            BufferOp::View => crate::ops::OpKind::View,
+        }
+    }
 }

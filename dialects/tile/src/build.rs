@@ -4,7 +4,7 @@
 use dlc_core::DType;
 use dlc_core::scalar::{BinaryOp, CmpOp, ReduceKind, UnaryOp};
 
-use crate::ir::{Affine, Block, BufferType, Function, Schedule, Tile, TileType, Type, Value};
+use crate::ir::{Affine, BufferType, Function, Schedule, Tile, TileType, Type, Value};
 use crate::ops::OpKind;
 
 /// Builds one function (on the IR core's builder); kernel and loop bodies
@@ -23,6 +23,19 @@ enum Open {
     For,
 }
 
+impl std::ops::Deref for Builder {
+    type Target = dlc_core::ir::build::Builder<Tile>;
+    fn deref(&self) -> &Self::Target {
+        &self.b
+    }
+}
+
+impl std::ops::DerefMut for Builder {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.b
+    }
+}
+
 impl Builder {
     /// Starts function `name` with an empty body.
     pub fn new(name: impl Into<String>) -> Self {
@@ -30,12 +43,6 @@ impl Builder {
             b: dlc_core::ir::build::Builder::new(name),
             open: vec![],
         }
-    }
-
-    /// Sets the source place the ops built from now on carry; returns the
-    /// previous one.
-    pub fn set_loc(&mut self, loc: Option<dlc_core::SourceLoc>) -> Option<dlc_core::SourceLoc> {
-        self.b.set_loc(loc)
     }
 
     /// Appends a buffer parameter; `output` marks a result (after inputs).
@@ -46,46 +53,6 @@ impl Builder {
     /// Marks the inputs (indices into the parameters) that are weights.
     pub fn set_weights(&mut self, weights: std::collections::BTreeSet<usize>) {
         self.b.function_mut().weights = weights;
-    }
-
-    /// The type of a value built so far.
-    pub fn ty(&self, v: Value) -> &Type {
-        self.b.ty(v)
-    }
-
-    /// Appends an op to the innermost open block; returns its results.
-    pub fn push(
-        &mut self,
-        kind: OpKind,
-        operands: Vec<Value>,
-        results: &[Type],
-        regions: Vec<Block>,
-    ) -> Vec<Value> {
-        self.b.push(kind, operands, results, regions)
-    }
-
-    fn one(&mut self, kind: OpKind, operands: Vec<Value>, result: Type) -> Value {
-        self.b.one(kind, operands, result)
-    }
-
-    /// `tile.alloc`.
-    pub fn alloc(&mut self, ty: BufferType) -> Value {
-        self.one(OpKind::Alloc, vec![], Type::Buffer(ty))
-    }
-
-    /// `tile.global`: a read-only row-major global buffer holding `values`.
-    pub fn global(&mut self, values: std::sync::Arc<[f64]>, ty: BufferType) -> Value {
-        self.one(OpKind::Global(values), vec![], Type::Buffer(ty))
-    }
-
-    /// `tile.dealloc`.
-    pub fn dealloc(&mut self, b: Value) {
-        self.push(OpKind::Dealloc, vec![b], &[], vec![]);
-    }
-
-    /// `tile.view`.
-    pub fn view(&mut self, b: Value, ty: BufferType) -> Value {
-        self.one(OpKind::View, vec![b], Type::Buffer(ty))
     }
 
     /// `tile.program_id`.

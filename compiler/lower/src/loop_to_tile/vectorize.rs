@@ -211,7 +211,8 @@ impl<'a> Conv<'a> {
     /// Converts a list of ops in the current region.
     pub(super) fn ops(&mut self, ops: &[LOpId]) -> Result<(), TileConvError> {
         for &id in ops {
-            self.b.set_loc(self.op(id).loc.clone());
+            let loc = self.op(id).loc.clone();
+            self.b.set_loc(loc);
             self.op_in_program(id)?;
         }
         Ok(())
@@ -502,7 +503,8 @@ impl<'a> Conv<'a> {
         let mut next = vec![Value(0); carries.len()];
         let result = (|| -> Result<(), TileConvError> {
             for &o in &body.ops {
-                self.b.set_loc(self.op(o).loc.clone());
+                let loc = self.op(o).loc.clone();
+                self.b.set_loc(loc);
                 if let Some(&k) = combines.get(&o) {
                     let d = self.op(o);
                     let x = if d.operands[0] == body.args[1 + k] {

@@ -3,7 +3,7 @@
 //! arguments and closed into the op that owns it. Each dialect's builder
 //! wraps this one with constructors for its ops.
 
-use super::{Block, Dialect, Function, Value};
+use super::{Block, BufferOp, Dialect, Function, Value};
 
 /// Builds one function.
 pub struct Builder<D: Dialect> {
@@ -68,6 +68,30 @@ impl<D: Dialect> Builder<D> {
     /// Appends an op of one result; returns it.
     pub fn one(&mut self, kind: D::Op, operands: Vec<Value>, result: D::Type) -> Value {
         self.push(kind, operands, &[result], vec![])[0]
+    }
+
+    /// `D.alloc`: a new buffer.
+    pub fn alloc(&mut self, ty: D::Buffer) -> Value {
+        self.one(D::buffer_op(BufferOp::Alloc), vec![], D::buffer_type(ty))
+    }
+
+    /// `D.global`: a read-only row-major buffer of `ty` holding `values`.
+    pub fn global(&mut self, values: std::sync::Arc<[f64]>, ty: D::Buffer) -> Value {
+        self.one(
+            D::buffer_op(BufferOp::Global(values)),
+            vec![],
+            D::buffer_type(ty),
+        )
+    }
+
+    /// `D.dealloc`.
+    pub fn dealloc(&mut self, b: Value) {
+        self.push(D::buffer_op(BufferOp::Dealloc), vec![b], &[], vec![]);
+    }
+
+    /// `D.view`: buffer `b` seen as `ty`.
+    pub fn view(&mut self, b: Value, ty: D::Buffer) -> Value {
+        self.one(D::buffer_op(BufferOp::View), vec![b], D::buffer_type(ty))
     }
 
     /// Opens a region whose arguments have these types: ops built until
