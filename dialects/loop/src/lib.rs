@@ -6,10 +6,12 @@
 //! and stores with affine indices (a load may name a pad value for reads
 //! outside the buffer, which is how zero padding is written), scalar
 //! arithmetic and math, buffer allocation, and the structured product
-//! `loop.matmul`. This crate owns the data model ([`ir`]), each op's one
-//! declaration ([`ops`], from which the text form ([`print`] / [`parse`],
-//! which round-trip) and MLIR generic printing derive), the verifier, and
-//! the interpreter ([`interp`]).
+//! `loop.matmul`. It is a dialect of the IR core ([`dlc_core::ir`]), which
+//! holds its functions, blocks and ops, and whose text form, MLIR generic
+//! printer, verifier and builder derive from each op's one declaration in
+//! [`ops`]; this crate owns its types ([`ir`]), those declarations with their
+//! typing rules, the verifier's loop-specific rules ([`verify`]) and the
+//! interpreter ([`interp`]).
 //!
 //! # The dialect in detail
 //!

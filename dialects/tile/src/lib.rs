@@ -59,11 +59,12 @@
 //!   load and a store into one: IR the interpreter runs); `tile.barrier`.
 //! - **One declaration per op** (`ops.rs`): `OpKind::name`, `attrs`/`from_parts`,
 //!   `syntax` (operand shape: fixed, variadic, indexed buffer with optional mask, limit
-//!   list; region with or without arguments; host or program; terminator) and `check`
-//!   (the typing rule). The text printer and parser (`%r = tile.NAME operands {attrs}
-//!   (region args) { region } : result types`), the MLIR generic printer (index lists
-//!   become `affine_map<(tile coordinates)[index operands] -> (..)>` attributes) and the
-//!   verifier derive from it; mlir-opt-22 parses the generic form of every example.
+//!   list; region with or without arguments; terminator), `place` (host or program)
+//!   and `check` (the typing rule). The IR core's text printer and parser
+//!   (`%r = tile.NAME operands {attrs} (region args) { region } : result types`), MLIR
+//!   generic printer (index lists become `affine_map<(tile coordinates)[index
+//!   operands] -> (..)>` attributes) and verifier derive from it ([`dlc_core::ir`]);
+//!   mlir-opt-22 parses the generic form of every example.
 //! - **Verifier**: SSA scoping (kernels see the host's buffers; a loop's results are not
 //!   visible in its body), where each op may stand, each op's typing rule, region
 //!   arguments, terminators; every problem is reported at the op's printed name
