@@ -86,6 +86,7 @@ mod grid;
 mod packed;
 mod vectorize;
 mod winograd;
+use dlc_core::ir::OpDecl;
 use fused::{Fusion, Im2col};
 use packed::{PackPlan, Panels, Strips};
 use winograd::WinogradFusion;

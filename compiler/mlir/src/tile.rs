@@ -36,6 +36,7 @@ use dlc_tile::{Affine, Block, Function, Module, OpData, OpKind, Type, Value};
 
 use crate::MlirError;
 use crate::scalar::{Writer, scalar};
+use dlc_core::ir::OpDecl;
 
 /// The module's text; as [`crate::convert::module_text`] for loop IR.
 pub fn module_text(m: &Module, prefix: &str, run: bool) -> Result<String, MlirError> {

@@ -9,6 +9,7 @@ use dlc_core::scalar::{apply_binary_in, apply_unary};
 
 use crate::ir::{Block, BufferType, Function, IndexExpr, Module, OpKind, Type, Value};
 
+use dlc_core::ir::OpDecl;
 pub use dlc_core::ir::interp::{DEFAULT_WORK_LIMIT, MAX_ELEMENTS};
 
 /// A buffer's contents (the IR core's interpreters' buffer).

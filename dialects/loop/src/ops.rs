@@ -225,109 +225,6 @@ const fn syntax(operands: Operands) -> Syntax {
 pub const MATMUL_COUNTERS: usize = 3;
 
 impl OpKind {
-    /// The op's full name (`loop.add`).
-    pub fn name(&self) -> String {
-        let s: &str = match self {
-            OpKind::Alloc => "alloc",
-            OpKind::Global(_) => "global",
-            OpKind::Dealloc => "dealloc",
-            OpKind::View => "view",
-            OpKind::Const(_) => "const",
-            OpKind::Unary(u) => u.name(),
-            OpKind::Binary(b) => b.name(),
-            OpKind::Compare(c) => c.name(),
-            OpKind::Select => "select",
-            OpKind::Cast => "cast",
-            OpKind::Load { .. } => "load",
-            OpKind::Store { .. } => "store",
-            OpKind::For { .. } => "for",
-            OpKind::Parallel { .. } => "parallel",
-            OpKind::Yield => "yield",
-            OpKind::Return => "return",
-            OpKind::Matmul(_) => "matmul",
-            OpKind::KernelBegin(_) => "kernel_begin",
-            OpKind::KernelEnd => "kernel_end",
-        };
-        format!("loop.{s}")
-    }
-
-    /// How the op is written.
-    pub fn syntax(&self) -> Syntax {
-        use Operands::*;
-        match self {
-            OpKind::Alloc
-            | OpKind::Global(_)
-            | OpKind::Const(_)
-            | OpKind::KernelBegin(_)
-            | OpKind::KernelEnd => syntax(Fixed(0)),
-            OpKind::Dealloc | OpKind::View | OpKind::Unary(_) | OpKind::Cast => syntax(Fixed(1)),
-            OpKind::Binary(_) | OpKind::Compare(_) => syntax(Fixed(2)),
-            OpKind::Select => syntax(Fixed(3)),
-            OpKind::Load { .. } => syntax(Indexed {
-                before: 0,
-                mask: false,
-            }),
-            OpKind::Store { .. } => syntax(Indexed {
-                before: 1,
-                mask: false,
-            }),
-            OpKind::For { .. } => Syntax {
-                region: Region::WithArgs,
-                ..syntax(Variadic)
-            },
-            OpKind::Parallel { .. } => Syntax {
-                region: Region::WithArgs,
-                ..syntax(Fixed(0))
-            },
-            OpKind::Matmul(_) => Syntax {
-                region: Region::WithArgs,
-                ..syntax(Product {
-                    counters: MATMUL_COUNTERS,
-                })
-            },
-            OpKind::Yield => Syntax {
-                terminator: Some(Terminator::Yield),
-                ..syntax(Variadic)
-            },
-            OpKind::Return => Syntax {
-                terminator: Some(Terminator::Return),
-                ..syntax(Fixed(0))
-            },
-        }
-    }
-
-    /// The index lists written with the operands: one for a load or store,
-    /// the two operands' for a `loop.matmul`.
-    pub fn indices(&self) -> Vec<&[IndexExpr]> {
-        match self {
-            OpKind::Load { index, .. } | OpKind::Store { index } => vec![index],
-            OpKind::Matmul(c) => vec![&c.a, &c.b],
-            _ => vec![],
-        }
-    }
-
-    /// The attributes the text forms print, in print order.
-    pub fn attrs(&self) -> Vec<(String, Attr)> {
-        let one = |k: &str, a: Attr| vec![(k.to_string(), a)];
-        match self {
-            OpKind::Const(v) => one("value", Attr::Float(*v)),
-            OpKind::Global(v) => one("value", Attr::Floats(v.clone())),
-            OpKind::Load { pad: Some(p), .. } => one("pad", Attr::Float(*p)),
-            OpKind::For { lo, hi, step } => vec![
-                ("lo".to_string(), Attr::Int(*lo)),
-                ("hi".to_string(), Attr::Int(*hi)),
-                ("step".to_string(), Attr::Int(*step)),
-            ],
-            OpKind::Parallel { lo, hi } => vec![
-                ("lo".to_string(), Attr::Int(*lo)),
-                ("hi".to_string(), Attr::Int(*hi)),
-            ],
-            OpKind::Matmul(c) => one("sizes", Attr::Ints(vec![c.m, c.n, c.k])),
-            OpKind::KernelBegin(g) => g.attrs(),
-            _ => vec![],
-        }
-    }
-
     /// Rebuilds an op from its name, attributes and index lists (the
     /// parser's half of the declaration).
     pub fn from_parts(
@@ -595,20 +492,107 @@ pub fn probe(name: &str) -> Option<OpKind> {
 }
 
 impl dlc_core::ir::OpDecl for OpKind {
+    /// The op's full name (`loop.add`).
     fn name(&self) -> String {
-        OpKind::name(self)
+        let s: &str = match self {
+            OpKind::Alloc => "alloc",
+            OpKind::Global(_) => "global",
+            OpKind::Dealloc => "dealloc",
+            OpKind::View => "view",
+            OpKind::Const(_) => "const",
+            OpKind::Unary(u) => u.name(),
+            OpKind::Binary(b) => b.name(),
+            OpKind::Compare(c) => c.name(),
+            OpKind::Select => "select",
+            OpKind::Cast => "cast",
+            OpKind::Load { .. } => "load",
+            OpKind::Store { .. } => "store",
+            OpKind::For { .. } => "for",
+            OpKind::Parallel { .. } => "parallel",
+            OpKind::Yield => "yield",
+            OpKind::Return => "return",
+            OpKind::Matmul(_) => "matmul",
+            OpKind::KernelBegin(_) => "kernel_begin",
+            OpKind::KernelEnd => "kernel_end",
+        };
+        format!("loop.{s}")
     }
 
+    /// How the op is written.
     fn syntax(&self) -> Syntax {
-        OpKind::syntax(self)
+        use Operands::*;
+        match self {
+            OpKind::Alloc
+            | OpKind::Global(_)
+            | OpKind::Const(_)
+            | OpKind::KernelBegin(_)
+            | OpKind::KernelEnd => syntax(Fixed(0)),
+            OpKind::Dealloc | OpKind::View | OpKind::Unary(_) | OpKind::Cast => syntax(Fixed(1)),
+            OpKind::Binary(_) | OpKind::Compare(_) => syntax(Fixed(2)),
+            OpKind::Select => syntax(Fixed(3)),
+            OpKind::Load { .. } => syntax(Indexed {
+                before: 0,
+                mask: false,
+            }),
+            OpKind::Store { .. } => syntax(Indexed {
+                before: 1,
+                mask: false,
+            }),
+            OpKind::For { .. } => Syntax {
+                region: Region::WithArgs,
+                ..syntax(Variadic)
+            },
+            OpKind::Parallel { .. } => Syntax {
+                region: Region::WithArgs,
+                ..syntax(Fixed(0))
+            },
+            OpKind::Matmul(_) => Syntax {
+                region: Region::WithArgs,
+                ..syntax(Product {
+                    counters: MATMUL_COUNTERS,
+                })
+            },
+            OpKind::Yield => Syntax {
+                terminator: Some(Terminator::Yield),
+                ..syntax(Variadic)
+            },
+            OpKind::Return => Syntax {
+                terminator: Some(Terminator::Return),
+                ..syntax(Fixed(0))
+            },
+        }
     }
 
-    fn attrs(&self) -> Vec<(String, Attr)> {
-        OpKind::attrs(self)
-    }
-
+    /// The index lists written with the operands: one for a load or store,
+    /// the two operands' for a `loop.matmul`.
     fn indices(&self) -> Vec<&[IndexExpr]> {
-        OpKind::indices(self)
+        match self {
+            OpKind::Load { index, .. } | OpKind::Store { index } => vec![index],
+            OpKind::Matmul(c) => vec![&c.a, &c.b],
+            _ => vec![],
+        }
+    }
+
+    /// The attributes the text forms print, in print order.
+    fn attrs(&self) -> Vec<(String, Attr)> {
+        let one = |k: &str, a: Attr| vec![(k.to_string(), a)];
+        match self {
+            OpKind::Const(v) => one("value", Attr::Float(*v)),
+            OpKind::Global(v) => one("value", Attr::Floats(v.clone())),
+            OpKind::Load { pad: Some(p), .. } => one("pad", Attr::Float(*p)),
+            OpKind::For { lo, hi, step } => vec![
+                ("lo".to_string(), Attr::Int(*lo)),
+                ("hi".to_string(), Attr::Int(*hi)),
+                ("step".to_string(), Attr::Int(*step)),
+            ],
+            OpKind::Parallel { lo, hi } => vec![
+                ("lo".to_string(), Attr::Int(*lo)),
+                ("hi".to_string(), Attr::Int(*hi)),
+            ],
+            OpKind::Matmul(c) => one("sizes", Attr::Ints(vec![c.m, c.n, c.k])),
+            OpKind::KernelBegin(g) => g.attrs(),
+            _ => vec![],
+        }
     }
 
     fn is_view(&self) -> bool {

@@ -6,6 +6,7 @@
 
 use crate::ir::{Function, IndexExpr, Loop, Module, OpData, Type, Value};
 use crate::ops::{MATMUL_COUNTERS, Operands};
+use dlc_core::ir::OpDecl;
 
 /// Prints a module in the text form (the IR core's, [`dlc_core::ir::print`]).
 pub fn print_module(m: &Module) -> String {

@@ -9,6 +9,7 @@ use dlc_core::ir::verify::{BlockKind, VerifyDialect};
 
 use crate::ir::{Block, Function, IndexExpr, Loop, Module, OpData, OpId, OpKind, Type, Value};
 use crate::ops::MATMUL_COUNTERS;
+use dlc_core::ir::OpDecl;
 
 /// Every problem in `m`.
 pub fn verify_module(m: &Module) -> Vec<VerifyError> {

@@ -20,6 +20,7 @@ use dlc_core::scalar::{ReduceKind, apply_binary, apply_unary};
 use crate::ir::{Affine, Block, BufferType, Function, Module, OpId, Space, Type, Value};
 use crate::ops::OpKind;
 
+use dlc_core::ir::OpDecl;
 pub use dlc_core::ir::interp::{DEFAULT_WORK_LIMIT, MAX_ELEMENTS};
 
 /// A buffer's contents (the IR core's interpreters' buffer).

@@ -129,6 +129,7 @@ pub enum OpKind {
     Barrier,
 }
 
+use dlc_core::ir::OpDecl;
 pub use dlc_core::ir::{Operands, Region, Syntax, Terminator};
 
 /// Where an op may appear.
@@ -143,87 +144,6 @@ pub enum Place {
 }
 
 impl OpKind {
-    /// The op's full name (`tile.dot`).
-    pub fn name(&self) -> String {
-        let s: &str = match self {
-            OpKind::Alloc => "alloc",
-            OpKind::Global(_) => "global",
-            OpKind::Dealloc => "dealloc",
-            OpKind::View => "view",
-            OpKind::Kernel { .. } => "kernel",
-            OpKind::Return => "return",
-            OpKind::ProgramId { .. } => "program_id",
-            OpKind::Const(_) => "const",
-            OpKind::Splat => "splat",
-            OpKind::Unary(u) => u.name(),
-            OpKind::Binary(b) => b.name(),
-            OpKind::Compare(c) => c.name(),
-            OpKind::Select => "select",
-            OpKind::Cast => "cast",
-            OpKind::Load { .. } => "load",
-            OpKind::Store { .. } => "store",
-            OpKind::Mask { .. } => "mask",
-            OpKind::Broadcast => "broadcast",
-            OpKind::Reshape => "reshape",
-            OpKind::Trans { .. } => "trans",
-            OpKind::ExpandDims { .. } => "expand_dims",
-            OpKind::Dot => "dot",
-            OpKind::Reduce { .. } => "reduce",
-            OpKind::For { .. } => "for",
-            OpKind::Yield => "yield",
-            OpKind::Barrier => "barrier",
-        };
-        format!("tile.{s}")
-    }
-
-    /// How the op is written.
-    pub fn syntax(&self) -> Syntax {
-        use Operands::*;
-        let of = Syntax::of;
-        match self {
-            OpKind::Alloc | OpKind::Global(_) | OpKind::ProgramId { .. } | OpKind::Const(_) => {
-                of(Fixed(0))
-            }
-            OpKind::Barrier => of(Fixed(0)),
-            OpKind::Dealloc | OpKind::View => of(Fixed(1)),
-            OpKind::Kernel { .. } => Syntax {
-                region: Region::Bare,
-                ..of(Fixed(0))
-            },
-            OpKind::Return => Syntax {
-                terminator: Some(Terminator::Return),
-                ..of(Fixed(0))
-            },
-            OpKind::Splat
-            | OpKind::Unary(_)
-            | OpKind::Cast
-            | OpKind::Broadcast
-            | OpKind::Reshape
-            | OpKind::Trans { .. }
-            | OpKind::ExpandDims { .. }
-            | OpKind::Reduce { .. } => of(Fixed(1)),
-            OpKind::Binary(_) | OpKind::Compare(_) => of(Fixed(2)),
-            OpKind::Select | OpKind::Dot => of(Fixed(3)),
-            OpKind::Load { .. } => of(Indexed {
-                before: 0,
-                mask: true,
-            }),
-            OpKind::Store { .. } => of(Indexed {
-                before: 1,
-                mask: true,
-            }),
-            OpKind::Mask { .. } => of(Limits),
-            OpKind::For { .. } => Syntax {
-                region: Region::WithArgs,
-                ..of(Variadic)
-            },
-            OpKind::Yield => Syntax {
-                terminator: Some(Terminator::Yield),
-                ..of(Variadic)
-            },
-        }
-    }
-
     /// Where the op may stand: host code, a kernel's program, or either.
     pub fn place(&self) -> Place {
         match self {
@@ -242,51 +162,6 @@ impl OpKind {
             OpKind::Load { index, .. } | OpKind::Store { index } => Some(index),
             OpKind::Mask { limits } => Some(limits),
             _ => None,
-        }
-    }
-
-    /// The attributes the text forms print, in print order.
-    pub fn attrs(&self) -> Vec<(String, Attr)> {
-        let one = |k: &str, a: Attr| vec![(k.to_string(), a)];
-        match self {
-            OpKind::Kernel { grid, schedule } => {
-                let mut v = vec![
-                    (
-                        "grid".to_string(),
-                        Attr::Ints(grid.iter().map(|&g| g as i64).collect()),
-                    ),
-                    (
-                        "schedule".to_string(),
-                        Attr::Str(schedule.name().to_string()),
-                    ),
-                ];
-                v.extend(
-                    schedule
-                        .params()
-                        .into_iter()
-                        .map(|(k, p)| (k.to_string(), Attr::Ints(p))),
-                );
-                v
-            }
-            OpKind::ProgramId { axis } | OpKind::ExpandDims { axis } => {
-                one("axis", Attr::Int(*axis as i64))
-            }
-            OpKind::Const(v) => one("value", Attr::Float(*v)),
-            OpKind::Global(v) => one("value", Attr::Floats(v.clone())),
-            OpKind::Load { pad: Some(p), .. } => one("pad", Attr::Float(*p)),
-            OpKind::Trans { perm } => {
-                one("perm", Attr::Ints(perm.iter().map(|&p| p as i64).collect()))
-            }
-            OpKind::Reduce { kind, axis } => vec![
-                ("kind".to_string(), Attr::Word(kind.name().to_string())),
-                ("axis".to_string(), Attr::Int(*axis as i64)),
-            ],
-            OpKind::For { lo, hi, step } => vec![
-                ("lo".to_string(), Attr::Int(*lo)),
-                ("hi".to_string(), Attr::Int(*hi)),
-                ("step".to_string(), Attr::Int(*step)),
-            ],
-            _ => vec![],
         }
     }
 
@@ -694,16 +569,130 @@ fn check_index(index: &[Affine], rank: usize, tile_rank: usize) -> Result<(), St
 }
 
 impl dlc_core::ir::OpDecl for OpKind {
+    /// The op's full name (`tile.dot`).
     fn name(&self) -> String {
-        OpKind::name(self)
+        let s: &str = match self {
+            OpKind::Alloc => "alloc",
+            OpKind::Global(_) => "global",
+            OpKind::Dealloc => "dealloc",
+            OpKind::View => "view",
+            OpKind::Kernel { .. } => "kernel",
+            OpKind::Return => "return",
+            OpKind::ProgramId { .. } => "program_id",
+            OpKind::Const(_) => "const",
+            OpKind::Splat => "splat",
+            OpKind::Unary(u) => u.name(),
+            OpKind::Binary(b) => b.name(),
+            OpKind::Compare(c) => c.name(),
+            OpKind::Select => "select",
+            OpKind::Cast => "cast",
+            OpKind::Load { .. } => "load",
+            OpKind::Store { .. } => "store",
+            OpKind::Mask { .. } => "mask",
+            OpKind::Broadcast => "broadcast",
+            OpKind::Reshape => "reshape",
+            OpKind::Trans { .. } => "trans",
+            OpKind::ExpandDims { .. } => "expand_dims",
+            OpKind::Dot => "dot",
+            OpKind::Reduce { .. } => "reduce",
+            OpKind::For { .. } => "for",
+            OpKind::Yield => "yield",
+            OpKind::Barrier => "barrier",
+        };
+        format!("tile.{s}")
     }
 
+    /// How the op is written.
     fn syntax(&self) -> Syntax {
-        OpKind::syntax(self)
+        use Operands::*;
+        let of = Syntax::of;
+        match self {
+            OpKind::Alloc | OpKind::Global(_) | OpKind::ProgramId { .. } | OpKind::Const(_) => {
+                of(Fixed(0))
+            }
+            OpKind::Barrier => of(Fixed(0)),
+            OpKind::Dealloc | OpKind::View => of(Fixed(1)),
+            OpKind::Kernel { .. } => Syntax {
+                region: Region::Bare,
+                ..of(Fixed(0))
+            },
+            OpKind::Return => Syntax {
+                terminator: Some(Terminator::Return),
+                ..of(Fixed(0))
+            },
+            OpKind::Splat
+            | OpKind::Unary(_)
+            | OpKind::Cast
+            | OpKind::Broadcast
+            | OpKind::Reshape
+            | OpKind::Trans { .. }
+            | OpKind::ExpandDims { .. }
+            | OpKind::Reduce { .. } => of(Fixed(1)),
+            OpKind::Binary(_) | OpKind::Compare(_) => of(Fixed(2)),
+            OpKind::Select | OpKind::Dot => of(Fixed(3)),
+            OpKind::Load { .. } => of(Indexed {
+                before: 0,
+                mask: true,
+            }),
+            OpKind::Store { .. } => of(Indexed {
+                before: 1,
+                mask: true,
+            }),
+            OpKind::Mask { .. } => of(Limits),
+            OpKind::For { .. } => Syntax {
+                region: Region::WithArgs,
+                ..of(Variadic)
+            },
+            OpKind::Yield => Syntax {
+                terminator: Some(Terminator::Yield),
+                ..of(Variadic)
+            },
+        }
     }
 
+    /// The attributes the text forms print, in print order.
     fn attrs(&self) -> Vec<(String, Attr)> {
-        OpKind::attrs(self)
+        let one = |k: &str, a: Attr| vec![(k.to_string(), a)];
+        match self {
+            OpKind::Kernel { grid, schedule } => {
+                let mut v = vec![
+                    (
+                        "grid".to_string(),
+                        Attr::Ints(grid.iter().map(|&g| g as i64).collect()),
+                    ),
+                    (
+                        "schedule".to_string(),
+                        Attr::Str(schedule.name().to_string()),
+                    ),
+                ];
+                v.extend(
+                    schedule
+                        .params()
+                        .into_iter()
+                        .map(|(k, p)| (k.to_string(), Attr::Ints(p))),
+                );
+                v
+            }
+            OpKind::ProgramId { axis } | OpKind::ExpandDims { axis } => {
+                one("axis", Attr::Int(*axis as i64))
+            }
+            OpKind::Const(v) => one("value", Attr::Float(*v)),
+            OpKind::Global(v) => one("value", Attr::Floats(v.clone())),
+            OpKind::Load { pad: Some(p), .. } => one("pad", Attr::Float(*p)),
+            OpKind::Trans { perm } => {
+                one("perm", Attr::Ints(perm.iter().map(|&p| p as i64).collect()))
+            }
+            OpKind::Reduce { kind, axis } => vec![
+                ("kind".to_string(), Attr::Word(kind.name().to_string())),
+                ("axis".to_string(), Attr::Int(*axis as i64)),
+            ],
+            OpKind::For { lo, hi, step } => vec![
+                ("lo".to_string(), Attr::Int(*lo)),
+                ("hi".to_string(), Attr::Int(*hi)),
+                ("step".to_string(), Attr::Int(*step)),
+            ],
+            _ => vec![],
+        }
     }
 
     fn indices(&self) -> Vec<&[Affine]> {

@@ -6,6 +6,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
+use dlc_core::ir::OpDecl;
 use dlc_core::{DType, Verify};
 use dlc_tile::interp::{Buffer, TileError, run_function};
 use dlc_tile::{BufferType, Space, parse_module, print_mlir_generic, print_module};

@@ -139,6 +139,7 @@ use inkwell::{AddressSpace, IntPredicate};
 use super::tile::{Workspace, collect, kernel_scratch};
 use super::{Gen, Sites, storage_type};
 use crate::{CodegenError, R};
+use dlc_core::ir::OpDecl;
 
 /// How a kernel reaches its thread and block indices, barriers and shared
 /// memory.

@@ -91,6 +91,7 @@ use inkwell::{AddressSpace, IntPredicate};
 
 use super::{Gen, Ir, Sites, storage_type};
 use crate::{CodegenError, R};
+use dlc_core::ir::OpDecl;
 
 /// Tile IR (`dlc_tile`).
 pub(crate) struct TileIr;

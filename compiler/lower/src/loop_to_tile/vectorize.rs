@@ -12,6 +12,7 @@ use dlc_loop::{
 use dlc_tile::{Affine, TileType, Type, Value};
 
 use super::{Conv, TileConvError, loop_bounds};
+use dlc_core::ir::OpDecl;
 
 /// A reduction carried by an innermost loop: the carried argument is read
 /// once, by `combine`, whose result is yielded in its place.
