@@ -136,7 +136,7 @@ use inkwell::types::BasicMetadataTypeEnum;
 use inkwell::values::{BasicValueEnum as BV, FunctionValue, IntValue, PointerValue};
 use inkwell::{AddressSpace, IntPredicate};
 
-use super::tile::{Workspace, collect, kernel_scratch};
+use super::workspace::{Workspace, collect, kernel_scratch};
 use super::{Gen, Sites, storage_type};
 use crate::{CodegenError, R};
 use dlc_core::ir::OpDecl;

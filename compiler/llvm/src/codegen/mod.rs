@@ -25,6 +25,7 @@ pub(crate) mod gpu;
 mod math;
 mod parallel;
 pub(crate) mod tile;
+pub(crate) mod workspace;
 
 /// The IR a generator reads: its functions and values. What does not
 /// depend on it (statuses, loops, element-wise operators, outlining onto
@@ -80,7 +81,7 @@ pub(crate) struct Gen<'ctx, 'f, I: Ir = tile::TileIr> {
     kernels: HashMap<String, FunctionValue<'ctx>>,
     /// Tile IR only, in an exported function: the global caching its
     /// workspace between calls and the workspace this call holds, handed
-    /// back on every way out (see `tile::Workspace`).
+    /// back on every way out (see `workspace::Workspace`).
     workspace: Option<(PointerValue<'ctx>, PointerValue<'ctx>)>,
     /// Tile IR only, in an exported function: where the workspace's
     /// per-thread scratch regions start, and the bytes of one.
