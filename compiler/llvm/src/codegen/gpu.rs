@@ -792,6 +792,66 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
         Ok(v.into_int_value())
     }
 
+    /// A program op whose code on a GPU depends on tiles being spread over
+    /// the block's threads; `false` for the ops `program_block` handles for
+    /// both targets.
+    pub(super) fn gpu_program_op(&mut self, op: &OpData) -> R<bool> {
+        match &op.kind {
+            OpKind::Barrier => self.barrier()?,
+            OpKind::Const(c) => {
+                let r = op.results[0];
+                let s = self.constant(*c, self.tdtype(r)?);
+                let n = if self.is_tile(r) {
+                    self.per_thread(r)?
+                } else {
+                    1
+                };
+                self.set(r, vec![s; n])?;
+            }
+            OpKind::Splat => {
+                let r = op.results[0];
+                let s = self.get(op.operands[0])?;
+                let n = self.per_thread(r)?;
+                self.set(r, vec![s; n])?;
+            }
+            OpKind::Load { index, pad } => self.gpu_load(op, index, *pad)?,
+            OpKind::Store { index } => self.gpu_store(op, index)?,
+            OpKind::Mask { limits } => self.gpu_mask(op, limits)?,
+            // Every element stays in its thread (row-major order is kept);
+            // moves go through shared memory.
+            OpKind::Reshape | OpKind::ExpandDims { .. } => {
+                let x = self.flatten(op.operands[0])?;
+                self.set(op.results[0], x)?;
+            }
+            OpKind::Broadcast => {
+                let from = self.f.ty(op.operands[0]).shape().unwrap_or(&[]).to_vec();
+                self.gpu_move(op, |g, c| {
+                    let src: Vec<IntValue<'ctx>> = c
+                        .iter()
+                        .zip(&from)
+                        .map(|(&ck, &n)| if n == 1 { g.i64v(0) } else { ck })
+                        .collect();
+                    g.position_of(&src, &from)
+                })?;
+            }
+            OpKind::Trans { perm } => {
+                let from = self.f.ty(op.operands[0]).shape().unwrap_or(&[]).to_vec();
+                let perm = perm.clone();
+                self.gpu_move(op, |g, c| {
+                    let mut src = vec![g.i64v(0); from.len()];
+                    for (i, &p) in perm.iter().enumerate() {
+                        src[p] = c[i];
+                    }
+                    g.position_of(&src, &from)
+                })?;
+            }
+            OpKind::Dot => self.gpu_dot(op)?,
+            OpKind::Reduce { kind, axis } => self.gpu_reduce(op, *kind, *axis)?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
     /// Every thread of the block arrives before any goes on; memory written
     /// before is visible after.
     pub(super) fn barrier(&self) -> R<()> {

@@ -1621,69 +1621,27 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
     }
 
     /// A kernel body or loop body; returns the values its `tile.yield`
-    /// passes on, flattened.
+    /// passes on, flattened. The ops whose code depends on how a tile is laid
+    /// out go to the target's own match ([`Gen::cpu_program_op`], or
+    /// `gpu_program_op` in the GPU generator); the element-wise ops, views and
+    /// loops are written once for both.
     pub(super) fn program_block(&mut self, blk: &Block) -> R<Vec<BV<'ctx>>> {
         let f = self.f;
         for &id in &blk.ops {
             let op = f.op(id);
             self.loc.clone_from(&op.loc);
+            let done = if self.gpu.is_some() {
+                self.gpu_program_op(op)?
+            } else {
+                self.cpu_program_op(op)?
+            };
+            if done {
+                continue;
+            }
             match &op.kind {
-                // Planned when the kernel starts; on a CPU a program is one
-                // thread.
+                // Planned when the kernel starts.
                 OpKind::Alloc | OpKind::ProgramId { .. } => {}
-                OpKind::Barrier if self.gpu.is_some() => self.barrier()?,
-                OpKind::Barrier => {}
                 OpKind::View => self.view(op)?,
-                OpKind::Const(c) if self.gpu.is_some() => {
-                    let r = op.results[0];
-                    let s = self.constant(*c, self.tdtype(r)?);
-                    let n = if self.is_tile(r) {
-                        self.per_thread(r)?
-                    } else {
-                        1
-                    };
-                    self.set(r, vec![s; n])?;
-                }
-                OpKind::Splat if self.gpu.is_some() => {
-                    let r = op.results[0];
-                    let s = self.get(op.operands[0])?;
-                    let n = self.per_thread(r)?;
-                    self.set(r, vec![s; n])?;
-                }
-                OpKind::Const(c) => {
-                    let r = op.results[0];
-                    let d = self.tdtype(r)?;
-                    let s = self.constant(*c, d);
-                    if self.is_tile(r) {
-                        let cut = self.cut(r);
-                        let out = (0..cut.vectors())
-                            .map(|j| self.const_vector(s, cut.lanes(j % cut.per_row)))
-                            .collect();
-                        self.chunks.insert(r, out);
-                    } else {
-                        self.vals.insert(r, s);
-                    }
-                }
-                OpKind::Splat => {
-                    let r = op.results[0];
-                    let s = self.get(op.operands[0])?;
-                    let cut = self.cut(r);
-                    let mut by_width: HashMap<usize, BV<'ctx>> = HashMap::new();
-                    let mut out = Vec::with_capacity(cut.vectors());
-                    for j in 0..cut.vectors() {
-                        let n = cut.lanes(j % cut.per_row);
-                        let v = match by_width.get(&n) {
-                            Some(v) => *v,
-                            None => {
-                                let v = self.splat(s, n as u32)?;
-                                by_width.insert(n, v);
-                                v
-                            }
-                        };
-                        out.push(v);
-                    }
-                    self.define(r, out)?;
-                }
                 OpKind::Unary(u) => {
                     let d = self.tdtype(op.operands[0])?;
                     self.elementwise(op, |g, x, _| g.unary(*u, x[0], d))?;
@@ -1703,68 +1661,6 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                     let (from, to) = (self.tdtype(op.operands[0])?, self.tdtype(op.results[0])?);
                     self.elementwise(op, |g, x, _| g.cast(x[0], from, to))?;
                 }
-                OpKind::Load { index, pad } if self.gpu.is_some() => {
-                    self.gpu_load(op, index, *pad)?;
-                }
-                OpKind::Store { index } if self.gpu.is_some() => self.gpu_store(op, index)?,
-                OpKind::Mask { limits } if self.gpu.is_some() => self.gpu_mask(op, limits)?,
-                OpKind::Load { index, pad } => self.load(op, index, *pad)?,
-                OpKind::Store { index } => self.store(op, index)?,
-                OpKind::Mask { limits } => self.mask(op, limits)?,
-                // On a GPU every element stays in its thread (row-major order
-                // is kept); moves go through shared memory.
-                OpKind::Reshape | OpKind::ExpandDims { .. } if self.gpu.is_some() => {
-                    let x = self.flatten(op.operands[0])?;
-                    self.set(op.results[0], x)?;
-                }
-                OpKind::Broadcast if self.gpu.is_some() => {
-                    let from = self.f.ty(op.operands[0]).shape().unwrap_or(&[]).to_vec();
-                    self.gpu_move(op, |g, c| {
-                        let src: Vec<IntValue<'ctx>> = c
-                            .iter()
-                            .zip(&from)
-                            .map(|(&ck, &n)| if n == 1 { g.i64v(0) } else { ck })
-                            .collect();
-                        g.position_of(&src, &from)
-                    })?;
-                }
-                OpKind::Trans { perm } if self.gpu.is_some() => {
-                    let from = self.f.ty(op.operands[0]).shape().unwrap_or(&[]).to_vec();
-                    let perm = perm.clone();
-                    self.gpu_move(op, |g, c| {
-                        let mut src = vec![g.i64v(0); from.len()];
-                        for (i, &p) in perm.iter().enumerate() {
-                            src[p] = c[i];
-                        }
-                        g.position_of(&src, &from)
-                    })?;
-                }
-                OpKind::Dot if self.gpu.is_some() => self.gpu_dot(op)?,
-                OpKind::Reduce { kind, axis } if self.gpu.is_some() => {
-                    self.gpu_reduce(op, *kind, *axis)?;
-                }
-                OpKind::Broadcast => self.broadcast(op)?,
-                OpKind::Reshape | OpKind::ExpandDims { .. } => self.rearrange(op, |e| e)?,
-                OpKind::Trans { perm } => {
-                    let from = self.cut(op.operands[0]).shape;
-                    let to = self.cut(op.results[0]).shape;
-                    let perm = perm.clone();
-                    self.rearrange(op, move |e| {
-                        let mut c = vec![0; to.len()];
-                        let mut rest = e;
-                        for k in (0..to.len()).rev() {
-                            c[k] = rest % to[k];
-                            rest /= to[k];
-                        }
-                        let mut src = vec![0; from.len()];
-                        for (i, &p) in perm.iter().enumerate() {
-                            src[p] = c[i];
-                        }
-                        src.iter().zip(&from).fold(0, |acc, (c, d)| acc * d + c)
-                    })?;
-                }
-                OpKind::Dot => self.dot(op)?,
-                OpKind::Reduce { kind, axis } => self.reduce(op, *kind, *axis)?,
                 OpKind::For { lo, hi, step } => {
                     let body = &op.regions[0];
                     let mut inits = Vec::new();
@@ -1810,6 +1706,77 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
             }
         }
         Ok(vec![])
+    }
+
+    /// A program op whose code on a CPU depends on tiles being cut into
+    /// native vectors; `false` for the ops [`Gen::program_block`] handles
+    /// for both targets.
+    fn cpu_program_op(&mut self, op: &OpData) -> R<bool> {
+        match &op.kind {
+            // A program is one thread.
+            OpKind::Barrier => {}
+            OpKind::Const(c) => {
+                let r = op.results[0];
+                let d = self.tdtype(r)?;
+                let s = self.constant(*c, d);
+                if self.is_tile(r) {
+                    let cut = self.cut(r);
+                    let out = (0..cut.vectors())
+                        .map(|j| self.const_vector(s, cut.lanes(j % cut.per_row)))
+                        .collect();
+                    self.chunks.insert(r, out);
+                } else {
+                    self.vals.insert(r, s);
+                }
+            }
+            OpKind::Splat => {
+                let r = op.results[0];
+                let s = self.get(op.operands[0])?;
+                let cut = self.cut(r);
+                let mut by_width: HashMap<usize, BV<'ctx>> = HashMap::new();
+                let mut out = Vec::with_capacity(cut.vectors());
+                for j in 0..cut.vectors() {
+                    let n = cut.lanes(j % cut.per_row);
+                    let v = match by_width.get(&n) {
+                        Some(v) => *v,
+                        None => {
+                            let v = self.splat(s, n as u32)?;
+                            by_width.insert(n, v);
+                            v
+                        }
+                    };
+                    out.push(v);
+                }
+                self.define(r, out)?;
+            }
+            OpKind::Load { index, pad } => self.load(op, index, *pad)?,
+            OpKind::Store { index } => self.store(op, index)?,
+            OpKind::Mask { limits } => self.mask(op, limits)?,
+            OpKind::Broadcast => self.broadcast(op)?,
+            OpKind::Reshape | OpKind::ExpandDims { .. } => self.rearrange(op, |e| e)?,
+            OpKind::Trans { perm } => {
+                let from = self.cut(op.operands[0]).shape;
+                let to = self.cut(op.results[0]).shape;
+                let perm = perm.clone();
+                self.rearrange(op, move |e| {
+                    let mut c = vec![0; to.len()];
+                    let mut rest = e;
+                    for k in (0..to.len()).rev() {
+                        c[k] = rest % to[k];
+                        rest /= to[k];
+                    }
+                    let mut src = vec![0; from.len()];
+                    for (i, &p) in perm.iter().enumerate() {
+                        src[p] = c[i];
+                    }
+                    src.iter().zip(&from).fold(0, |acc, (c, d)| acc * d + c)
+                })?;
+            }
+            OpKind::Dot => self.dot(op)?,
+            OpKind::Reduce { kind, axis } => self.reduce(op, *kind, *axis)?,
+            _ => return Ok(false),
+        }
+        Ok(true)
     }
 }
 
