@@ -458,6 +458,31 @@ where
     Ok(v)
 }
 
+/// The entries of an attribute dictionary after its `{`, through its `}`:
+/// `}` alone, or `key = value, .. }` with each value read by `attr`. The
+/// attribute syntax of every IR text form.
+pub fn attr_entries<P, A>(
+    p: &mut P,
+    mut attr: impl FnMut(&mut P) -> PResult<A>,
+) -> PResult<Vec<(String, A)>>
+where
+    P: AsMut<Cursor>,
+{
+    let mut attrs = Vec::new();
+    if p.as_mut().eat("}") {
+        return Ok(attrs);
+    }
+    loop {
+        let key = p.as_mut().ident("an attribute name")?;
+        p.as_mut().expect("=")?;
+        attrs.push((key, attr(p)?));
+        if p.as_mut().eat("}") {
+            return Ok(attrs);
+        }
+        p.as_mut().expect(",")?;
+    }
+}
+
 impl AsMut<Cursor> for Cursor {
     fn as_mut(&mut self) -> &mut Cursor {
         self

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 pub use dlc_core::lex::ParseError;
-use dlc_core::lex::{Cursor, PResult, Tok};
+use dlc_core::lex::{Cursor, PResult, Tok, attr_entries};
 use dlc_core::{DType, TensorType, parse_float};
 use petgraph::stable_graph::NodeIndex;
 
@@ -22,6 +22,12 @@ impl std::ops::Deref for Parser {
     type Target = Cursor;
     fn deref(&self) -> &Cursor {
         &self.cursor
+    }
+}
+
+impl AsMut<Cursor> for Parser {
+    fn as_mut(&mut self) -> &mut Cursor {
+        &mut self.cursor
     }
 }
 
@@ -236,18 +242,11 @@ impl Parser {
             "graph.param" => return self.error("graph.param appears only as a function parameter"),
             _ => {
                 let args = self.value_list(f, scope)?;
-                let mut attrs = Vec::new();
-                if self.eat("{") && !self.eat("}") {
-                    loop {
-                        let key = self.ident("an attribute name")?;
-                        self.expect("=")?;
-                        attrs.push((key, self.attr()?));
-                        if self.eat("}") {
-                            break;
-                        }
-                        self.expect(",")?;
-                    }
-                }
+                let attrs = if self.eat("{") {
+                    attr_entries(self, Self::attr)?
+                } else {
+                    Vec::new()
+                };
                 match Op::from_parts(&opname, &attrs) {
                     Ok(op) => (op, args),
                     Err(m) => {

@@ -3,7 +3,7 @@
 //! dialect's verifier then checks what was read.
 
 use crate::attr::Attr;
-use crate::lex::{Cursor, PResult, ParseError, Scopes, Tok, bracketed, list_attr};
+use crate::lex::{Cursor, PResult, ParseError, Scopes, Tok, attr_entries, bracketed, list_attr};
 use crate::parse_float;
 
 use super::{Affine, Block, Dialect, Function, Module, OpDecl, OpId, Operands, Region, Value};
@@ -403,17 +403,7 @@ impl<D: ParseDialect> Parser<D> {
             matches!(self.peek_at(1), Tok::Ident(_)) && matches!(self.peek_at(2), Tok::Punct("="));
         if matches!(self.peek(), Tok::Punct("{")) && (attrs_follow || syn.region != Region::Bare) {
             self.bump();
-            if !self.eat("}") {
-                loop {
-                    let key = self.ident("an attribute name")?;
-                    self.expect("=")?;
-                    attrs.push((key, self.attr()?));
-                    if self.eat("}") {
-                        break;
-                    }
-                    self.expect(",")?;
-                }
-            }
+            attrs = attr_entries(self, Self::attr)?;
         }
         // The region: `(%i, ..) { .. }` or `{ .. }`, its arguments typed by
         // the op.
