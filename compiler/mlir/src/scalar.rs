@@ -3,7 +3,7 @@
 //! meaning `dlc_core::scalar` gives them, and the text writer itself.
 
 use dlc_core::DType;
-use dlc_core::scalar::{BinaryOp, CmpOp, UnaryOp};
+use dlc_core::scalar::{BinaryOp, CmpOp, FormulaBuilder, UnaryOp};
 
 use crate::MlirError;
 
@@ -350,63 +350,21 @@ impl Writer {
         let w = if d == DType::F64 { d } else { DType::F32 };
         let x = self.cast(x, d, w);
         let f = scalar(w);
+        if let Some(e) = u.expansion() {
+            let v = e.build(&mut Expand { w: self, d: w }, &[x.clone(), x.clone(), x])?;
+            return Ok(self.cast(&v, w, d));
+        }
         let v = match u {
             UnaryOp::Exp => self.emit("math.exp", &x, f),
             UnaryOp::Log => self.emit("math.log", &x, f),
             UnaryOp::Sqrt => self.emit("math.sqrt", &x, f),
-            UnaryOp::Rsqrt => {
-                // 1 / sqrt(x), as the interpreter computes it (libm has no
-                // rsqrtf for `convert-math-to-libm` to call).
-                let one = self.constant(1.0, w);
-                let r = self.emit("math.sqrt", &x, f);
-                self.emit("arith.divf", &format!("{one}, {r}"), f)
-            }
             UnaryOp::Tanh => self.emit("math.tanh", &x, f),
-            UnaryOp::Sigmoid => {
-                let one = self.constant(1.0, w);
-                let n = self.emit("arith.negf", &x, f);
-                let e = self.emit("math.exp", &n, f);
-                let s = self.emit("arith.addf", &format!("{one}, {e}"), f);
-                self.emit("arith.divf", &format!("{one}, {s}"), f)
-            }
-            UnaryOp::Gelu => {
-                let c = self.constant((2.0 / std::f64::consts::PI).sqrt(), w);
-                let a = self.constant(0.044715, w);
-                let half = self.constant(0.5, w);
-                let one = self.constant(1.0, w);
-                let x2 = self.emit("arith.mulf", &format!("{x}, {x}"), f);
-                let x3 = self.emit("arith.mulf", &format!("{x2}, {x}"), f);
-                let ax3 = self.emit("arith.mulf", &format!("{a}, {x3}"), f);
-                let inner = self.emit("arith.addf", &format!("{x}, {ax3}"), f);
-                let scaled = self.emit("arith.mulf", &format!("{c}, {inner}"), f);
-                let t = self.emit("math.tanh", &scaled, f);
-                let onep = self.emit("arith.addf", &format!("{one}, {t}"), f);
-                let hx = self.emit("arith.mulf", &format!("{half}, {x}"), f);
-                self.emit("arith.mulf", &format!("{hx}, {onep}"), f)
-            }
             UnaryOp::Floor => self.emit("math.floor", &x, f),
             UnaryOp::Ceil => self.emit("math.ceil", &x, f),
             UnaryOp::Round => self.emit("math.roundeven", &x, f),
             UnaryOp::Sin => self.emit("math.sin", &x, f),
             UnaryOp::Erf => self.emit("math.erf", &x, f),
             UnaryOp::Cos => self.emit("math.cos", &x, f),
-            UnaryOp::Reciprocal => {
-                let one = self.constant(1.0, w);
-                self.emit("arith.divf", &format!("{one}, {x}"), f)
-            }
-            UnaryOp::Sign => {
-                // 1 above zero, -1 below, x itself at ±0 and NaN.
-                let (zero, one) = (self.constant(0.0, w), self.constant(1.0, w));
-                let minus = self.constant(-1.0, w);
-                let pos = self.emit("arith.cmpf", &format!("ogt, {x}, {zero}"), f);
-                let neg = self.emit("arith.cmpf", &format!("olt, {x}, {zero}"), f);
-                let low = self.emit("arith.select", &format!("{neg}, {minus}, {x}"), f);
-                self.emit("arith.select", &format!("{pos}, {one}, {low}"), f)
-            }
-            UnaryOp::Silu => {
-                let s = self.unary(UnaryOp::Sigmoid, &x, w)?;
-                self.emit("arith.mulf", &format!("{x}, {s}"), f)
-            }
             UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu => {
                 return Err(MlirError::Invalid(format!(
                     "@{}: {} out of place",
@@ -414,6 +372,12 @@ impl Writer {
                     u.name()
                 )));
             }
+            UnaryOp::Rsqrt
+            | UnaryOp::Sigmoid
+            | UnaryOp::Gelu
+            | UnaryOp::Sign
+            | UnaryOp::Reciprocal
+            | UnaryOp::Silu => unreachable!("{} is a composite", u.name()),
         };
         Ok(self.cast(&v, w, d))
     }
@@ -608,5 +572,48 @@ fn number(v: f64, d: DType) -> String {
         DType::F16 => format!("0x{:04X}", half::f16::from_f64(v).to_bits()),
         DType::BF16 => format!("0x{:04X}", half::bf16::from_f64(v).to_bits()),
         _ => format!("0x{:08X}", (v as f32).to_bits()),
+    }
+}
+
+/// Builds a composite function's [`UnaryOp::expansion`] in `arith` and
+/// `math` ops on floats of type `d` (f32 or f64).
+struct Expand<'w> {
+    w: &'w mut Writer,
+    d: DType,
+}
+
+impl FormulaBuilder for Expand<'_> {
+    type Value = String;
+    type Error = MlirError;
+
+    fn constant(&mut self, c: f64) -> Result<String, MlirError> {
+        Ok(self.w.constant(c, self.d))
+    }
+
+    fn unary(&mut self, u: UnaryOp, a: String) -> Result<String, MlirError> {
+        self.w.unary(u, &a, self.d)
+    }
+
+    fn binary(&mut self, op: BinaryOp, x: String, y: String) -> Result<String, MlirError> {
+        self.w.binary(op, &x, &y, self.d)
+    }
+
+    fn select(
+        &mut self,
+        cmp: CmpOp,
+        a: String,
+        b: String,
+        t: String,
+        e: String,
+    ) -> Result<String, MlirError> {
+        let c = self.w.compare(cmp, &a, &b, self.d);
+        Ok(self
+            .w
+            .emit("arith.select", &format!("{c}, {t}, {e}"), scalar(self.d)))
+    }
+
+    /// Nothing is folded: an expansion's constants are its own.
+    fn as_const(&self, _: &String) -> Option<f64> {
+        None
     }
 }

@@ -380,8 +380,12 @@ impl ReduceKind {
     }
 }
 
-/// Applies a unary function.
+/// Applies a unary function: a primitive directly, a composite by its
+/// [`UnaryOp::expansion`].
 pub fn apply_unary(u: UnaryOp, x: f64) -> f64 {
+    if let Some(e) = u.expansion() {
+        return e.eval([x, x, x]);
+    }
     match u {
         UnaryOp::Neg => -x,
         UnaryOp::Relu => {
@@ -394,32 +398,20 @@ pub fn apply_unary(u: UnaryOp, x: f64) -> f64 {
         UnaryOp::Exp => x.exp(),
         UnaryOp::Log => x.ln(),
         UnaryOp::Sqrt => x.sqrt(),
-        UnaryOp::Rsqrt => 1.0 / x.sqrt(),
         UnaryOp::Tanh => x.tanh(),
-        UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
-        UnaryOp::Gelu => {
-            let c = (2.0 / std::f64::consts::PI).sqrt();
-            0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
-        }
         UnaryOp::Abs => x.abs(),
         UnaryOp::Floor => x.floor(),
         UnaryOp::Ceil => x.ceil(),
         UnaryOp::Round => x.round_ties_even(),
-        UnaryOp::Sign => {
-            if x > 0.0 {
-                1.0
-            } else if x < 0.0 {
-                -1.0
-            } else {
-                // 0 keeps its sign bit, NaN stays NaN.
-                x
-            }
-        }
-        UnaryOp::Reciprocal => 1.0 / x,
         UnaryOp::Sin => x.sin(),
         UnaryOp::Cos => x.cos(),
-        UnaryOp::Silu => x / (1.0 + (-x).exp()),
         UnaryOp::Erf => libm::erf(x),
+        UnaryOp::Rsqrt
+        | UnaryOp::Sigmoid
+        | UnaryOp::Gelu
+        | UnaryOp::Sign
+        | UnaryOp::Reciprocal
+        | UnaryOp::Silu => unreachable!("{} is a composite", u.name()),
     }
 }
 
@@ -507,14 +499,19 @@ fn shift_amount(y: f64) -> Option<u32> {
     (0.0..64.0).contains(&y).then_some(y as u32)
 }
 
-/// A derivative rule: an expression over an element-wise function's
-/// operands (`X`, and `Y` for the second of a binary function) and its
-/// result (`R`). [`UnaryOp::derivative`] and [`BinaryOp::partials`] give
-/// each function's rule once; the graph dialect's reverse mode builds it
-/// from tensors, and the derivation of a user operator from scalar
-/// expressions ([`Deriv::build`]).
+/// A small expression over an element-wise function's operands (`X`, and
+/// `Y` for the second of a binary function) and its result (`R`): the one
+/// statement of a fact every level reads.
+/// - A derivative rule: [`UnaryOp::derivative`] and [`BinaryOp::partials`]
+///   give each function's rule once; the graph dialect's reverse mode builds
+///   it from tensors, and the derivation of a user operator from scalar
+///   expressions ([`Formula::build`]).
+/// - An expansion: [`UnaryOp::expansion`] writes a composite function
+///   (`gelu`, `sigmoid`, `silu`...) in terms of primitive ones, once; the
+///   interpreters ([`apply_unary`]), the LLVM and PTX generator and the MLIR
+///   emitter each build it from their own primitives.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Deriv {
+pub enum Formula {
     /// The (first) operand.
     X,
     /// The second operand of a binary function.
@@ -524,16 +521,16 @@ pub enum Deriv {
     /// A number.
     Const(f64),
     /// An element-wise function of one operand.
-    Unary(UnaryOp, Box<Deriv>),
+    Unary(UnaryOp, Box<Formula>),
     /// An element-wise function of two operands.
-    Binary(BinaryOp, Box<Deriv>, Box<Deriv>),
+    Binary(BinaryOp, Box<Formula>, Box<Formula>),
     /// `where(a cmp b, then, else)`.
-    Select(CmpOp, Box<[Deriv; 4]>),
+    Select(CmpOp, Box<[Formula; 4]>),
 }
 
-/// What a [`Deriv`] is built from: values standing for its leaves and the
+/// What a [`Formula`] is built from: values standing for its leaves and the
 /// functions that combine them.
-pub trait DerivBuilder {
+pub trait FormulaBuilder {
     /// A built value.
     type Value: Clone;
     /// The error building may fail with.
@@ -598,29 +595,29 @@ pub trait DerivBuilder {
     }
 }
 
-impl Deriv {
+impl Formula {
     /// The expression built by `b`, with `leaves` the values of `X`, `Y`
     /// and `R` (`Y` may be anything for a unary rule, which never reads it).
-    pub fn build<B: DerivBuilder>(
+    pub fn build<B: FormulaBuilder>(
         &self,
         b: &mut B,
         leaves: &[B::Value; 3],
     ) -> Result<B::Value, B::Error> {
         Ok(match self {
-            Deriv::X => leaves[0].clone(),
-            Deriv::Y => leaves[1].clone(),
-            Deriv::R => leaves[2].clone(),
-            Deriv::Const(c) => b.constant(*c)?,
-            Deriv::Unary(u, a) => {
+            Formula::X => leaves[0].clone(),
+            Formula::Y => leaves[1].clone(),
+            Formula::R => leaves[2].clone(),
+            Formula::Const(c) => b.constant(*c)?,
+            Formula::Unary(u, a) => {
                 let a = a.build(b, leaves)?;
                 b.fold_unary(*u, a)?
             }
-            Deriv::Binary(op, x, y) => {
+            Formula::Binary(op, x, y) => {
                 let x = x.build(b, leaves)?;
                 let y = y.build(b, leaves)?;
                 b.fold(*op, x, y)?
             }
-            Deriv::Select(cmp, parts) => {
+            Formula::Select(cmp, parts) => {
                 let [p, q, t, e] = &**parts;
                 let (p, q) = (p.build(b, leaves)?, q.build(b, leaves)?);
                 let (t, e) = (t.build(b, leaves)?, e.build(b, leaves)?);
@@ -640,52 +637,120 @@ impl Deriv {
 
     /// Whether this is the number `c`.
     pub fn is_const(&self, c: f64) -> bool {
-        matches!(self, Deriv::Const(v) if *v == c)
+        matches!(self, Formula::Const(v) if *v == c)
+    }
+
+    /// The value on numbers, `leaves` those of `X`, `Y` and `R` (what
+    /// [`Formula::build`] gives on numbers, without its folding).
+    pub fn eval(&self, leaves: [f64; 3]) -> f64 {
+        match self {
+            Formula::X => leaves[0],
+            Formula::Y => leaves[1],
+            Formula::R => leaves[2],
+            Formula::Const(c) => *c,
+            Formula::Unary(u, a) => apply_unary(*u, a.eval(leaves)),
+            Formula::Binary(op, x, y) => {
+                apply_binary(*op, x.eval(leaves), y.eval(leaves), false).unwrap_or(f64::NAN)
+            }
+            Formula::Select(cmp, parts) => {
+                let [p, q, t, e] = &**parts;
+                if cmp.apply(p.eval(leaves), q.eval(leaves)) {
+                    t.eval(leaves)
+                } else {
+                    e.eval(leaves)
+                }
+            }
+        }
     }
 }
 
-fn d_un(u: UnaryOp, a: Deriv) -> Deriv {
-    Deriv::Unary(u, Box::new(a))
+fn d_un(u: UnaryOp, a: Formula) -> Formula {
+    Formula::Unary(u, Box::new(a))
 }
 
-fn d_bin(op: BinaryOp, a: Deriv, b: Deriv) -> Deriv {
-    Deriv::Binary(op, Box::new(a), Box::new(b))
+fn d_bin(op: BinaryOp, a: Formula, b: Formula) -> Formula {
+    Formula::Binary(op, Box::new(a), Box::new(b))
 }
 
-fn d_mul(a: Deriv, b: Deriv) -> Deriv {
+fn d_mul(a: Formula, b: Formula) -> Formula {
     d_bin(BinaryOp::Mul, a, b)
 }
 
-fn d_sub(a: Deriv, b: Deriv) -> Deriv {
+fn d_sub(a: Formula, b: Formula) -> Formula {
     d_bin(BinaryOp::Sub, a, b)
 }
 
-fn d_add(a: Deriv, b: Deriv) -> Deriv {
+fn d_add(a: Formula, b: Formula) -> Formula {
     d_bin(BinaryOp::Add, a, b)
 }
 
-fn d_sel(cmp: CmpOp, a: Deriv, b: Deriv, t: Deriv, e: Deriv) -> Deriv {
-    Deriv::Select(cmp, Box::new([a, b, t, e]))
+fn exp_neg(a: Formula) -> Formula {
+    d_un(UnaryOp::Exp, d_un(UnaryOp::Neg, a))
+}
+
+fn d_sel(cmp: CmpOp, a: Formula, b: Formula, t: Formula, e: Formula) -> Formula {
+    Formula::Select(cmp, Box::new([a, b, t, e]))
 }
 
 /// The share of the gradient each operand of `max` / `min` gets: all of it
 /// to the chosen one, half each on a tie (as JAX splits it).
-fn chooser(first: CmpOp, x: Deriv, y: Deriv) -> Deriv {
+fn chooser(first: CmpOp, x: Formula, y: Formula) -> Formula {
     d_sel(
         first,
         x.clone(),
         y.clone(),
-        Deriv::Const(1.0),
-        d_sel(CmpOp::Eq, x, y, Deriv::Const(0.5), Deriv::Const(0.0)),
+        Formula::Const(1.0),
+        d_sel(CmpOp::Eq, x, y, Formula::Const(0.5), Formula::Const(0.0)),
     )
 }
 
+/// Each unary op's [`UnaryOp::expansion`], by discriminant: built once.
+static EXPANSIONS: std::sync::LazyLock<[Option<Formula>; UnaryOp::ALL.len()]> =
+    std::sync::LazyLock::new(|| UnaryOp::ALL.map(UnaryOp::expand));
+
 impl UnaryOp {
+    /// A composite function written in terms of primitive ones (an
+    /// expression over `X`), which every level builds from its own
+    /// primitives; `None` for a primitive (`exp`, `tanh`, `erf`...), which
+    /// each level implements. On floats only: `sign` of an integer is each
+    /// integer back end's own.
+    pub fn expansion(self) -> Option<&'static Formula> {
+        EXPANSIONS[self as usize].as_ref()
+    }
+
+    fn expand(self) -> Option<Formula> {
+        use Formula::{Const, X};
+        let sigmoid = || d_bin(BinaryOp::Div, Const(1.0), d_add(Const(1.0), exp_neg(X)));
+        Some(match self {
+            UnaryOp::Rsqrt => d_bin(BinaryOp::Div, Const(1.0), d_un(UnaryOp::Sqrt, X)),
+            UnaryOp::Reciprocal => d_bin(BinaryOp::Div, Const(1.0), X),
+            UnaryOp::Sigmoid => sigmoid(),
+            UnaryOp::Silu => d_mul(X, sigmoid()),
+            UnaryOp::Gelu => {
+                // x/2 (1 + tanh(c (x + a x^3))), c = sqrt(2 / pi)
+                let c = (2.0 / std::f64::consts::PI).sqrt();
+                let cube = d_mul(d_mul(X, X), X);
+                let inner = d_mul(Const(c), d_add(X, d_mul(Const(0.044715), cube)));
+                let t = d_un(UnaryOp::Tanh, inner);
+                d_mul(d_mul(Const(0.5), X), d_add(Const(1.0), t))
+            }
+            // 1 above zero, -1 below, x itself at ±0 and NaN.
+            UnaryOp::Sign => d_sel(
+                CmpOp::Gt,
+                X,
+                Const(0.0),
+                Const(1.0),
+                d_sel(CmpOp::Lt, X, Const(0.0), Const(-1.0), X),
+            ),
+            _ => return None,
+        })
+    }
+
     /// `d r / d x` for `r = self(x)` on floats. Piecewise-constant functions
     /// (`floor`, `ceil`, `round`, `sign`) have derivative 0, as in JAX and
     /// PyTorch; `relu` and `abs` take 0 at 0.
-    pub fn derivative(self) -> Deriv {
-        use Deriv::{Const, R, X};
+    pub fn derivative(self) -> Formula {
+        use Formula::{Const, R, X};
         match self {
             UnaryOp::Neg => Const(-1.0),
             // From the result, as PyTorch's `threshold_backward` does (the
@@ -738,8 +803,8 @@ impl BinaryOp {
     /// the bitwise operators and shifts, which are integer-only. `max` and
     /// `min` split a tie evenly; `pow`'s exponent derivative takes
     /// `log(x)` as 0 where `x` is 0 (as JAX does).
-    pub fn partials(self) -> Option<[Deriv; 2]> {
-        use Deriv::{Const, R, X, Y};
+    pub fn partials(self) -> Option<[Formula; 2]> {
+        use Formula::{Const, R, X, Y};
         Some(match self {
             BinaryOp::Add => [Const(1.0), Const(1.0)],
             BinaryOp::Sub => [Const(1.0), Const(-1.0)],
@@ -773,7 +838,7 @@ mod deriv_tests {
     /// Builds a rule on plain numbers.
     struct Numbers;
 
-    impl DerivBuilder for Numbers {
+    impl FormulaBuilder for Numbers {
         type Value = f64;
         type Error = ();
         fn constant(&mut self, c: f64) -> Result<f64, ()> {
@@ -791,6 +856,56 @@ mod deriv_tests {
         fn as_const(&self, v: &f64) -> Option<f64> {
             Some(*v)
         }
+    }
+
+    #[test]
+    fn expansions_are_indexed_by_discriminant_and_mean_their_functions() {
+        for (i, u) in UnaryOp::ALL.into_iter().enumerate() {
+            assert_eq!(u as usize, i, "{} out of order in UnaryOp::ALL", u.name());
+        }
+        type Reference = fn(f64) -> f64;
+        let reference: [(UnaryOp, Reference); 6] = [
+            (UnaryOp::Sigmoid, |x| 1.0 / (1.0 + (-x).exp())),
+            (UnaryOp::Silu, |x| x / (1.0 + (-x).exp())),
+            (UnaryOp::Rsqrt, |x| x.sqrt().recip()),
+            (UnaryOp::Reciprocal, f64::recip),
+            (UnaryOp::Sign, |x| {
+                if x == 0.0 || x.is_nan() {
+                    x
+                } else {
+                    x.signum()
+                }
+            }),
+            (UnaryOp::Gelu, |x| {
+                let c = (2.0 / std::f64::consts::PI).sqrt();
+                0.5 * x * (1.0 + (c * (x + 0.044715 * x.powi(3))).tanh())
+            }),
+        ];
+        for (u, f) in reference {
+            assert!(u.expansion().is_some(), "{} has no expansion", u.name());
+            for x in [-30.0, -3.5, -1.0, -0.25, -0.0, 0.0, 0.5, 2.0, 7.0, 40.0] {
+                let (got, want) = (apply_unary(u, x), f(x));
+                let close = got == want
+                    || (got - want).abs() <= 4.0 * f64::EPSILON * want.abs().max(1e-300)
+                    || (want == 0.0 && got == 0.0)
+                    || (want.is_nan() && got.is_nan());
+                assert!(close, "{}({x}) = {got}, want {want}", u.name());
+            }
+            assert!(apply_unary(u, f64::NAN).is_nan(), "{}(NaN)", u.name());
+        }
+        assert_eq!(
+            apply_unary(UnaryOp::Sign, -0.0).to_bits(),
+            (-0.0f64).to_bits()
+        );
+        let primitives = UnaryOp::ALL
+            .iter()
+            .filter(|u| u.expansion().is_none())
+            .count();
+        assert_eq!(
+            primitives,
+            UnaryOp::ALL.len() - 6,
+            "a new composite needs a row here"
+        );
     }
 
     fn central(f: impl Fn(f64) -> f64, x: f64) -> f64 {

@@ -5,7 +5,7 @@
 //! `BasicValueEnum`s that are all scalars or all vectors of one length.
 
 use dlc_core::DType;
-use dlc_core::scalar::{BinaryOp, CmpOp, UnaryOp};
+use dlc_core::scalar::{BinaryOp, CmpOp, FormulaBuilder, UnaryOp};
 use dlc_runtime::abi::STATUS_DIVISION_BY_ZERO;
 use inkwell::types::{BasicTypeEnum, VectorType};
 use inkwell::values::{BasicValueEnum as BV, IntValue};
@@ -204,12 +204,14 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         {
             return Err(refused);
         }
+        if let Some(e) = u.expansion() {
+            return e.build(&mut Expand { g: self, like: x }, &[x, x, x]);
+        }
         if let Some(v) = self.gpu_unary(u, x)? {
             return Ok(v);
         }
         let ty = x.get_type();
         let c = |v: f64| self.fconst_like(x, v);
-        let one = c(1.0);
         let intr = |name: &str, v: BV<'ctx>| self.call(name, &[ty], &[v]);
         Ok(match u {
             UnaryOp::Neg => match x {
@@ -224,53 +226,21 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
             UnaryOp::Exp => self.exp(x)?,
             UnaryOp::Log => intr("llvm.log", x)?,
             UnaryOp::Sqrt => intr("llvm.sqrt", x)?,
-            UnaryOp::Rsqrt => {
-                let s = intr("llvm.sqrt", x)?;
-                float2!(self, build_float_div, one, s)
-            }
             UnaryOp::Tanh => self.tanh(x)?,
-            UnaryOp::Sigmoid => {
-                let n = self.float_unary(UnaryOp::Neg, x)?;
-                let e = self.exp(n)?;
-                let d = float2!(self, build_float_add, one, e);
-                float2!(self, build_float_div, one, d)
-            }
-            UnaryOp::Gelu => {
-                let x2 = float2!(self, build_float_mul, x, x);
-                let x3 = float2!(self, build_float_mul, x2, x);
-                let cx3 = float2!(self, build_float_mul, c(0.044715), x3);
-                let inner = float2!(self, build_float_add, x, cx3);
-                let arg = float2!(
-                    self,
-                    build_float_mul,
-                    c((2.0 / std::f64::consts::PI).sqrt()),
-                    inner
-                );
-                let th = self.tanh(arg)?;
-                let half_x = float2!(self, build_float_mul, c(0.5), x);
-                let onep = float2!(self, build_float_add, one, th);
-                float2!(self, build_float_mul, half_x, onep)
-            }
             UnaryOp::Abs => intr("llvm.fabs", x)?,
             UnaryOp::Floor => intr("llvm.floor", x)?,
             UnaryOp::Ceil => intr("llvm.ceil", x)?,
             UnaryOp::Round => intr("llvm.roundeven", x)?,
             UnaryOp::Sin => intr("llvm.sin", x)?,
             UnaryOp::Cos => intr("llvm.cos", x)?,
-            UnaryOp::Reciprocal => float2!(self, build_float_div, one, x),
-            UnaryOp::Sign => {
-                // 1 above zero, -1 below, x itself at ±0 and NaN.
-                let pos = self.fcmp(FloatPredicate::OGT, x, c(0.0))?;
-                let neg = self.fcmp(FloatPredicate::OLT, x, c(0.0))?;
-                let low = self.select(neg, c(-1.0), x)?;
-                self.select(pos, one, low)?
-            }
-            UnaryOp::Silu => {
-                let s = self.float_unary(UnaryOp::Sigmoid, x)?;
-                float2!(self, build_float_mul, x, s)
-            }
             UnaryOp::Erf if self.is_f64(x) => self.libm("erf", x)?,
             UnaryOp::Erf => self.erf_f32(x)?,
+            UnaryOp::Rsqrt
+            | UnaryOp::Sigmoid
+            | UnaryOp::Gelu
+            | UnaryOp::Sign
+            | UnaryOp::Reciprocal
+            | UnaryOp::Silu => unreachable!("{} is a composite", u.name()),
         })
     }
 
@@ -642,6 +612,55 @@ pub(super) fn element_type(x: BV<'_>) -> BasicTypeEnum<'_> {
     match x {
         BV::VectorValue(v) => v.get_type().get_element_type(),
         other => other.get_type(),
+    }
+}
+
+/// Builds a composite function's [`UnaryOp::expansion`] on floats shaped
+/// like `like`: arithmetic exactly as written (without the reassociation
+/// `float_binary` allows user arithmetic), as the interpreters evaluate it.
+struct Expand<'g, 'ctx, 'm, I: Ir> {
+    g: &'g Gen<'ctx, 'm, I>,
+    like: BV<'ctx>,
+}
+
+impl<'ctx, I: Ir> FormulaBuilder for Expand<'_, 'ctx, '_, I> {
+    type Value = BV<'ctx>;
+    type Error = CodegenError;
+
+    fn constant(&mut self, c: f64) -> R<BV<'ctx>> {
+        Ok(self.g.fconst_like(self.like, c))
+    }
+
+    fn unary(&mut self, u: UnaryOp, a: BV<'ctx>) -> R<BV<'ctx>> {
+        self.g.float_unary(u, a)
+    }
+
+    fn binary(&mut self, op: BinaryOp, x: BV<'ctx>, y: BV<'ctx>) -> R<BV<'ctx>> {
+        let g = self.g;
+        Ok(match op {
+            BinaryOp::Add => float2!(g, build_float_add, x, y),
+            BinaryOp::Sub => float2!(g, build_float_sub, x, y),
+            BinaryOp::Mul => float2!(g, build_float_mul, x, y),
+            BinaryOp::Div => float2!(g, build_float_div, x, y),
+            other => g.float_binary(other, x, y)?,
+        })
+    }
+
+    fn select(
+        &mut self,
+        cmp: CmpOp,
+        a: BV<'ctx>,
+        b: BV<'ctx>,
+        t: BV<'ctx>,
+        e: BV<'ctx>,
+    ) -> R<BV<'ctx>> {
+        let c = self.g.compare(cmp, a, b, DType::F32)?;
+        self.g.select(c, t, e)
+    }
+
+    /// Nothing is folded: an expansion's constants are its own.
+    fn as_const(&self, _: &BV<'ctx>) -> Option<f64> {
+        None
     }
 }
 

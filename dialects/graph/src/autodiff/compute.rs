@@ -40,7 +40,7 @@
 
 use std::collections::HashMap;
 
-use dlc_core::scalar::{BinaryOp, CmpOp, DerivBuilder, ReduceKind, UnaryOp};
+use dlc_core::scalar::{BinaryOp, CmpOp, FormulaBuilder, ReduceKind, UnaryOp};
 use dlc_core::{DType, TensorType};
 
 use super::Builder;
@@ -507,7 +507,7 @@ fn add_scaled(a: &Affine, k: i64, b: &Affine) -> Affine {
 /// `(g * 1) * b`).
 struct Scalar;
 
-impl DerivBuilder for Scalar {
+impl FormulaBuilder for Scalar {
     type Value = ScalarExpr;
     type Error = String;
 

@@ -37,8 +37,8 @@
 //! - **One rule per op, in one place.** `autodiff/rules.rs::vjp` holds every graph op's
 //!   derivative rule, as `infer.rs` holds every typing rule. Element-wise functions take
 //!   theirs from `dlc_core::scalar` (`UnaryOp::derivative`, `BinaryOp::partials`: a small
-//!   expression over the operands and the result, `Deriv`), which the tensor rules and
-//!   the derivation of user operators both build (`DerivBuilder`), so `tanh'` is written
+//!   expression over the operands and the result, `Formula`), which the tensor rules and
+//!   the derivation of user operators both build (`FormulaBuilder`), so `tanh'` is written
 //!   once. A rule reads the result where that saves memory: `relu'` is `r > 0` (the same
 //!   mask as `x > 0`, as PyTorch's `threshold_backward`), so a product's epilogue can
 //!   add the bias and apply the relu and store only `r`. An op with no rule would be an error naming the op and its source place,
@@ -56,7 +56,7 @@ mod rules;
 
 use std::collections::{HashMap, HashSet};
 
-use dlc_core::scalar::{BinaryOp, CmpOp, DerivBuilder, ReduceKind, UnaryOp};
+use dlc_core::scalar::{BinaryOp, CmpOp, FormulaBuilder, ReduceKind, UnaryOp};
 use dlc_core::{DType, Pass, PassError, SourceLoc, TensorType};
 use petgraph::stable_graph::NodeIndex;
 
@@ -573,7 +573,7 @@ pub(crate) enum Elem {
     Tensor(Value),
 }
 
-/// Builds [`dlc_core::scalar::Deriv`] rules from tensors of one element
+/// Builds [`dlc_core::scalar::Formula`] rules from tensors of one element
 /// type, broadcasting as the graph's element-wise ops do.
 pub(crate) struct ElemBuilder<'a, 'f> {
     pub(crate) b: &'a mut Builder<'f>,
@@ -589,7 +589,7 @@ impl ElemBuilder<'_, '_> {
     }
 }
 
-impl DerivBuilder for ElemBuilder<'_, '_> {
+impl FormulaBuilder for ElemBuilder<'_, '_> {
     type Value = Elem;
     type Error = String;
 

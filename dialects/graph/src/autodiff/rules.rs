@@ -47,7 +47,7 @@ pub(super) fn vjp(
                 &[Elem::Tensor(xs[0]), Elem::Const(0.0), Elem::Tensor(out)],
             )?;
             let adj =
-                dlc_core::scalar::DerivBuilder::fold(&mut e, BinaryOp::Mul, Elem::Tensor(g), d)?;
+                dlc_core::scalar::FormulaBuilder::fold(&mut e, BinaryOp::Mul, Elem::Tensor(g), d)?;
             if let Elem::Tensor(v) = adj {
                 grads[0] = Some(v);
             }
@@ -63,7 +63,7 @@ pub(super) fn vjp(
                 let mut e = ElemBuilder { b, dtype };
                 let leaves = [Elem::Tensor(xs[0]), Elem::Tensor(xs[1]), Elem::Tensor(out)];
                 let d = p.build(&mut e, &leaves)?;
-                let adj = dlc_core::scalar::DerivBuilder::fold(
+                let adj = dlc_core::scalar::FormulaBuilder::fold(
                     &mut e,
                     BinaryOp::Mul,
                     Elem::Tensor(g),
