@@ -18,9 +18,11 @@ use dlc_graph::{Function, Module, Op, Value, Visibility};
 
 use crate::ast::*;
 
+pub mod builtins;
 mod composite;
 mod training;
 use crate::diag::{Diagnostic, Diagnostics};
+use builtins::Call;
 
 /// The element type of a float literal that meets no tensor.
 pub const DEFAULT_FLOAT: DType = DType::F32;
@@ -30,71 +32,11 @@ pub const DEFAULT_INT: DType = DType::I64;
 /// How deeply function calls may nest while instantiating.
 const MAX_CALL_DEPTH: usize = 64;
 
-const BUILTINS: &[&str] = &[
-    "relu",
-    "exp",
-    "log",
-    "sqrt",
-    "rsqrt",
-    "tanh",
-    "sigmoid",
-    "gelu",
-    "abs",
-    "floor",
-    "ceil",
-    "round",
-    "sign",
-    "reciprocal",
-    "sin",
-    "cos",
-    "silu",
-    "erf",
-    "pow",
-    "bitand",
-    "bitor",
-    "bitxor",
-    "shl",
-    "shr",
-    "max",
-    "min",
-    "sum",
-    "mean",
-    "prod",
-    "softmax",
-    "layernorm",
-    "reshape",
-    "transpose",
-    "concat",
-    "slice",
-    "broadcast",
-    "conv2d",
-    "maxpool2d",
-    "avgpool2d",
-    "batchnorm",
-    "cast",
-    "where",
-    "zeros",
-    "ones",
-    "full",
-    "tensor",
-    "value_and_grad",
-    "checkpoint",
-];
-
 /// The bitwise operator or shift called `name` (`bitand`, `shl`).
 fn bitwise(name: &str) -> Option<BinaryOp> {
     BinaryOp::ALL
         .into_iter()
         .find(|b| b.is_bitwise() && b.name() == name)
-}
-
-/// Whether `name` is a built-in function of the language (a name no
-/// user function or operator may take).
-pub fn is_builtin(name: &str) -> bool {
-    BUILTINS.contains(&name)
-        || composite::COMPOSITES.contains(&name)
-        || training::TRAINING.contains(&name)
-        || UnaryOp::from_name(name).is_some()
 }
 
 type R<T> = Result<T, Diagnostic>;
@@ -182,7 +124,7 @@ pub fn elaborate(
             );
             continue;
         }
-        if BUILTINS.contains(&name.name.as_str()) {
+        if builtins::is_builtin(&name.name) {
             errors.push(Diagnostic::new(
                 format!(
                     "`{}` is a built-in operator and cannot be redefined",
@@ -1161,7 +1103,7 @@ impl<'p> Elab<'p> {
                 None if cx.dims.contains_key(n) => Ok(EVal::Lit(cx.dims[n] as f64, false)),
                 None if self.fns.contains_key(n.as_str())
                     || self.ops.contains_key(n.as_str())
-                    || BUILTINS.contains(&n.as_str()) =>
+                    || builtins::is_builtin(n) =>
                 {
                     Err(Diagnostic::new(
                         format!("`{n}` is a function, not a value; call it: `{n}(...)`"),
@@ -1243,13 +1185,19 @@ impl<'p> Elab<'p> {
         if let Some(def) = self.ops.get(f.name.as_str()).copied() {
             return self.call_op(cx, def, f, args, span);
         }
-        if f.name == "value_and_grad" {
-            return self.value_and_grad(cx, f, args, span);
+        if let Some(b) = builtins::lookup(&f.name) {
+            return self.call_builtin(cx, b, f, args, span);
         }
-        if f.name == "checkpoint" {
-            return self.checkpoint(cx, f, args, span);
-        }
-        self.builtin(cx, f, args, span)
+        let known = self.fns.keys().chain(self.ops.keys()).copied();
+        Err(Diagnostic::new(
+            format!("unknown function `{}`", f.name),
+            f.span,
+            "not defined",
+        )
+        .with_suggestion(
+            &f.name,
+            known.chain(builtins::builtins().iter().map(|b| b.name)),
+        ))
     }
 
     /// `value_and_grad(loss(a, b, ..), wrt=[a, b])`: what the call returns,
@@ -1258,9 +1206,9 @@ impl<'p> Elab<'p> {
     /// order; by default with respect to the callee's weights (every float
     /// parameter when it declares none). The gradient is the function
     /// `graph.grad` derives from the callee, called here.
-    fn value_and_grad(&mut self, cx: &mut FnCx, f: &Ident, args: &[Arg], span: Span) -> R<EVal> {
-        let a = bind(f, args, &["call", "wrt", "autocast", "scale"], 1, span)?;
-        let call = req(&a, 0);
+    pub(super) fn value_and_grad(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let (a, span) = (&c.a, c.span);
+        let call = req(a, 0);
         let usage = "write `value_and_grad(loss(x, w), wrt=[w])`";
         let autocast = match a[2] {
             Some(e) => match dtype_arg(e)? {
@@ -1444,9 +1392,9 @@ impl<'p> Elab<'p> {
     /// recomputes `f`'s intermediate values from `args` instead of keeping
     /// them (the call is of `f$checkpoint`, a copy of `f` marked
     /// [`Function::recompute`]).
-    fn checkpoint(&mut self, cx: &mut FnCx, f: &Ident, args: &[Arg], span: Span) -> R<EVal> {
-        let a = bind(f, args, &["call"], 1, span)?;
-        let call = req(&a, 0);
+    pub(super) fn checkpoint(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let (a, span) = (&c.a, c.span);
+        let call = req(a, 0);
         let usage = "write `checkpoint(block(x, w))` inside the function you differentiate";
         let ExprKind::Call(callee, cargs) = &call.kind else {
             return Err(Diagnostic::new(
@@ -1710,310 +1658,306 @@ impl<'p> Elab<'p> {
         )?))
     }
 
-    fn builtin(&mut self, cx: &mut FnCx, f: &Ident, args: &[Arg], span: Span) -> R<EVal> {
-        let name = f.name.as_str();
-        let t = |v: Value| EVal::Tensor(v);
-        if let Some(u) = UnaryOp::from_name(name).filter(|u| *u != UnaryOp::Neg) {
-            let a = bind(f, args, &["x"], 1, span)?;
-            let x = self.tensor(cx, a[0].unwrap_or_else(|| unreachable!("bind checked `x`")))?;
-            return Ok(t(self.add(cx, Op::Unary(u), &[x], span)?));
-        }
-        let positional = args.iter().all(|a| a.name.is_none());
-        let elementwise = match name {
-            "pow" => Some(BinaryOp::Pow),
-            "max" if positional && args.len() == 2 => Some(BinaryOp::Max),
-            "min" if positional && args.len() == 2 => Some(BinaryOp::Min),
-            _ => bitwise(name),
-        };
-        if let Some(b) = elementwise {
-            let a = bind(f, args, &["x", "y"], 2, span)?;
-            let (ea, eb) = (
-                a[0].unwrap_or_else(|| unreachable!()),
-                a[1].unwrap_or_else(|| unreachable!()),
-            );
+    /// `sum`, `mean`, `max`, `min`, `prod`.
+    pub(super) fn call_sum(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let a = &c.a;
+        let kind = ReduceKind::from_name(c.name())
+            .unwrap_or_else(|| unreachable!("the table lists `{}` as a reduction", c.name()));
+        if matches!(kind, ReduceKind::Max | ReduceKind::Min)
+            && c.args.len() == 2
+            && c.args.iter().all(|a| a.name.is_none())
+        {
+            // `max(a, b)`: the element-wise maximum.
+            let b = if kind == ReduceKind::Max {
+                BinaryOp::Max
+            } else {
+                BinaryOp::Min
+            };
+            let (ea, eb) = (req(a, 0), req(a, 1));
             let (va, vb) = (self.expr(cx, ea)?, self.expr(cx, eb)?);
             let (x, y) = self.pair(cx, va, vb, ea.span, eb.span)?;
-            return Ok(t(self.add(cx, Op::Binary(b), &[x, y], span)?));
+            return Ok(EVal::Tensor(self.add(
+                cx,
+                Op::Binary(b),
+                &[x, y],
+                c.span,
+            )?));
         }
-        match name {
-            "sum" | "mean" | "max" | "min" | "prod" => {
-                let kind = ReduceKind::from_name(name).unwrap_or(ReduceKind::Sum);
-                let a = bind(f, args, &["x", "axis", "keepdims"], 1, span)?;
-                let x = self.tensor(cx, req(&a, 0))?;
-                let ty = Self::ty(cx, x);
-                let axes = match a[1] {
-                    Some(e) => normalize_axes(&const_int_or_list(e, &cx.dims)?, &ty)?,
-                    None => (0..ty.rank()).collect(),
-                };
-                let keepdims = a[2].map(const_bool).transpose()?.unwrap_or(false);
-                Ok(t(self.add(
-                    cx,
-                    Op::Reduce {
-                        kind,
-                        axes,
-                        keepdims,
-                    },
-                    &[x],
-                    span,
-                )?))
-            }
-            "softmax" => {
-                let a = bind(f, args, &["x", "axis"], 1, span)?;
-                let x = self.tensor(cx, req(&a, 0))?;
-                let ty = Self::ty(cx, x);
-                let (ax, s) = match a[1] {
-                    Some(e) => (const_int(e, &cx.dims)?, e.span),
-                    None => (-1, span),
-                };
-                let axis = normalize_axis(ax, &ty, s)?;
-                Ok(t(self.add(cx, Op::Softmax { axis }, &[x], span)?))
-            }
-            "layernorm" => {
-                let a = bind(f, args, &["x", "axis", "eps"], 1, span)?;
-                let x = self.tensor(cx, req(&a, 0))?;
-                let ty = Self::ty(cx, x);
-                let axes = match a[1] {
-                    Some(e) => normalize_axes(&const_int_or_list(e, &cx.dims)?, &ty)?,
-                    None => normalize_axes(&[(-1, span)], &ty)?,
-                };
-                let eps = a[2].map(const_float).transpose()?.map_or(1e-5, |(v, _)| v);
-                Ok(t(self.add(cx, Op::LayerNorm { axes, eps }, &[x], span)?))
-            }
-            "reshape" => {
-                let a = bind(f, args, &["x", "shape"], 2, span)?;
-                let x = self.tensor(cx, req(&a, 0))?;
-                let ty = Self::ty(cx, x);
-                let items = const_ints(req(&a, 1), &cx.dims)?;
-                let shape = reshape_target(&items, &ty, req(&a, 1).span)?;
-                Ok(t(self.add(cx, Op::Reshape { shape }, &[x], span)?))
-            }
-            "transpose" => {
-                let a = bind(f, args, &["x", "perm"], 1, span)?;
-                let x = self.tensor(cx, req(&a, 0))?;
-                let ty = Self::ty(cx, x);
-                let perm = match a[1] {
-                    Some(e) => {
-                        let items = const_ints(e, &cx.dims)?;
-                        if items.len() != ty.rank() {
-                            return Err(Diagnostic::new(
-                                format!(
-                                    "transpose of {ty} needs a permutation of {} axes, got {}",
-                                    ty.rank(),
-                                    items.len()
-                                ),
-                                e.span,
-                                "wrong length",
-                            ));
-                        }
-                        let perm: Vec<usize> = items
-                            .iter()
-                            .map(|&(v, s)| normalize_axis(v, &ty, s))
-                            .collect::<R<_>>()?;
-                        perm
-                    }
-                    None => (0..ty.rank()).rev().collect(),
-                };
-                Ok(t(self.add(cx, Op::Transpose { perm }, &[x], span)?))
-            }
-            "concat" => {
-                let a = bind(f, args, &["tensors", "axis"], 1, span)?;
-                let vals = self.tensor_list(cx, req(&a, 0), "concat")?;
-                let ty = Self::ty(cx, vals[0]);
-                let (ax, s) = match a[1] {
-                    Some(e) => (const_int(e, &cx.dims)?, e.span),
-                    None => (0, span),
-                };
-                let axis = normalize_axis(ax, &ty, s)?;
-                Ok(t(self.add(cx, Op::Concat { axis }, &vals, span)?))
-            }
-            "slice" => {
-                let a = bind(f, args, &["x", "axis", "start", "end"], 1, span)?;
-                let x = self.tensor(cx, req(&a, 0))?;
-                let ty = Self::ty(cx, x);
-                let (ax, s) = match a[1] {
-                    Some(e) => (const_int(e, &cx.dims)?, e.span),
-                    None => (0, span),
-                };
-                let axis = normalize_axis(ax, &ty, s)?;
-                let dim = ty.shape[axis] as i64;
-                let fix = |v: i64| if v < 0 { v + dim } else { v };
-                let start = fix(a[2]
-                    .map(|e| const_int(e, &cx.dims))
-                    .transpose()?
-                    .unwrap_or(0));
-                let end = fix(a[3]
-                    .map(|e| const_int(e, &cx.dims))
-                    .transpose()?
-                    .unwrap_or(dim));
-                if !(0 <= start && start < end && end <= dim) {
+        let (x, ty) = self.first_tensor(cx, c)?;
+        let axes = match a[1] {
+            Some(e) => normalize_axes(&const_int_or_list(e, &cx.dims)?, &ty)?,
+            None => (0..ty.rank()).collect(),
+        };
+        let keepdims = c.flag(2)?;
+        let op = Op::Reduce {
+            kind,
+            axes,
+            keepdims,
+        };
+        Ok(EVal::Tensor(self.add(cx, op, &[x], c.span)?))
+    }
+
+    /// `softmax`.
+    pub(super) fn call_softmax(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let span = c.span;
+        let t = |v: Value| EVal::Tensor(v);
+        let (x, ty) = self.first_tensor(cx, c)?;
+        let axis = c.axis(1, &ty, &cx.dims)?;
+        Ok(t(self.add(cx, Op::Softmax { axis }, &[x], span)?))
+    }
+
+    /// `layernorm`.
+    pub(super) fn call_layernorm(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let span = c.span;
+        let a = &c.a;
+        let t = |v: Value| EVal::Tensor(v);
+        let (x, ty) = self.first_tensor(cx, c)?;
+        let axes = match a[1] {
+            Some(e) => normalize_axes(&const_int_or_list(e, &cx.dims)?, &ty)?,
+            None => vec![c.axis(1, &ty, &cx.dims)?],
+        };
+        let eps = c.float(2)?;
+        Ok(t(self.add(cx, Op::LayerNorm { axes, eps }, &[x], span)?))
+    }
+
+    /// `reshape`.
+    pub(super) fn call_reshape(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let span = c.span;
+        let a = &c.a;
+        let t = |v: Value| EVal::Tensor(v);
+        let (x, ty) = self.first_tensor(cx, c)?;
+        let items = const_ints(req(a, 1), &cx.dims)?;
+        let shape = reshape_target(&items, &ty, req(a, 1).span)?;
+        Ok(t(self.add(cx, Op::Reshape { shape }, &[x], span)?))
+    }
+
+    /// `transpose`.
+    pub(super) fn call_transpose(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let span = c.span;
+        let a = &c.a;
+        let t = |v: Value| EVal::Tensor(v);
+        let (x, ty) = self.first_tensor(cx, c)?;
+        let perm = match a[1] {
+            Some(e) => {
+                let items = const_ints(e, &cx.dims)?;
+                if items.len() != ty.rank() {
                     return Err(Diagnostic::new(
                         format!(
-                            "slice {start}..{end} is empty or out of range for axis {axis} of {ty}"
+                            "transpose of {ty} needs a permutation of {} axes, got {}",
+                            ty.rank(),
+                            items.len()
                         ),
-                        span,
-                        format!("axis {axis} has extent {dim}"),
+                        e.span,
+                        "wrong length",
                     ));
                 }
-                let op = Op::Slice {
-                    axis,
-                    start: start as usize,
-                    end: end as usize,
-                };
-                Ok(t(self.add(cx, op, &[x], span)?))
-            }
-            "broadcast" => {
-                let a = bind(f, args, &["x", "shape"], 2, span)?;
-                let x = self.tensor(cx, req(&a, 0))?;
-                let shape = positive_shape(&const_ints(req(&a, 1), &cx.dims)?)?;
-                Ok(t(self.add(cx, Op::Broadcast { shape }, &[x], span)?))
-            }
-            "conv2d" => {
-                let a = bind(f, args, &["x", "w", "stride", "padding", "groups"], 2, span)?;
-                let x = self.tensor(cx, req(&a, 0))?;
-                let w = self.tensor(cx, req(&a, 1))?;
-                let stride = pair_arg(a[2], [1, 1], "stride", &cx.dims)?;
-                let padding = pair_arg(a[3], [0, 0], "padding", &cx.dims)?;
-                let groups = match a[4] {
-                    Some(e) => usize::try_from(const_int(e, &cx.dims)?).map_err(|_| {
-                        Diagnostic::new("groups must be positive", e.span, "not positive")
-                    })?,
-                    None => 1,
-                };
-                Ok(t(self.add(
-                    cx,
-                    Op::Conv2d {
-                        stride,
-                        padding,
-                        groups,
-                    },
-                    &[x, w],
-                    span,
-                )?))
-            }
-            "maxpool2d" | "avgpool2d" => {
-                let a = bind(f, args, &["x", "kernel", "stride", "padding"], 2, span)?;
-                let x = self.tensor(cx, req(&a, 0))?;
-                let kernel = pair_arg(a[1], [1, 1], "kernel", &cx.dims)?;
-                let stride = pair_arg(a[2], kernel, "stride", &cx.dims)?;
-                let padding = pair_arg(a[3], [0, 0], "padding", &cx.dims)?;
-                let kind = if name == "maxpool2d" {
-                    PoolKind::Max
-                } else {
-                    PoolKind::Avg
-                };
-                Ok(t(self.add(
-                    cx,
-                    Op::Pool2d {
-                        kind,
-                        kernel,
-                        stride,
-                        padding,
-                    },
-                    &[x],
-                    span,
-                )?))
-            }
-            "batchnorm" => {
-                let a = bind(
-                    f,
-                    args,
-                    &["x", "mean", "var", "gamma", "beta", "eps"],
-                    5,
-                    span,
-                )?;
-                let vals: Vec<Value> = (0..5)
-                    .map(|i| self.tensor(cx, req(&a, i)))
+                let perm: Vec<usize> = items
+                    .iter()
+                    .map(|&(v, s)| normalize_axis(v, &ty, s))
                     .collect::<R<_>>()?;
-                let eps = a[5].map(const_float).transpose()?.map_or(1e-5, |(v, _)| v);
-                Ok(t(self.add(cx, Op::BatchNorm { eps }, &vals, span)?))
+                perm
             }
-            "cast" => {
-                let a = bind(f, args, &["x", "dtype"], 2, span)?;
-                let x = self.tensor(cx, req(&a, 0))?;
-                let to = dtype_arg(req(&a, 1))?;
-                Ok(t(self.add(cx, Op::Cast { to }, &[x], span)?))
-            }
-            "where" => {
-                let a = bind(f, args, &["cond", "a", "b"], 3, span)?;
-                let c = self.tensor(cx, req(&a, 0))?;
-                let (ea, eb) = (req(&a, 1), req(&a, 2));
-                let (va, vb) = (self.expr(cx, ea)?, self.expr(cx, eb)?);
-                let (x, y) = self.pair(cx, va, vb, ea.span, eb.span)?;
-                Ok(t(self.add(cx, Op::Select, &[c, x, y], span)?))
-            }
-            "zeros" | "ones" | "full" => {
-                let params: &[&str] = if name == "full" {
-                    &["shape", "value", "dtype"]
-                } else {
-                    &["shape", "dtype"]
-                };
-                let a = bind(f, args, params, if name == "full" { 2 } else { 1 }, span)?;
-                let shape = positive_shape(&const_ints(req(&a, 0), &cx.dims)?)?;
-                let (value, is_float, dt_arg) = match name {
-                    "zeros" => (0.0, false, a[1]),
-                    "ones" => (1.0, false, a[1]),
-                    _ => {
-                        let (v, fl) = const_float(req(&a, 1))?;
-                        (v, fl, a[2])
-                    }
-                };
-                let dtype = match dt_arg {
-                    Some(e) => dtype_arg(e)?,
-                    None if name == "full" => literal_dtype(is_float),
-                    None => DEFAULT_FLOAT,
-                };
-                if is_float && !dtype.is_float() {
-                    return Err(Diagnostic::new(
-                        format!("the number `{value}` cannot be a {dtype}"),
-                        span,
-                        "type mismatch",
-                    ));
-                }
-                let ty = TensorType::new(dtype, shape);
-                check_type_size(&ty, span)?;
-                Ok(t(cx.f.add_op(
-                    Op::Constant(ConstValue::Splat(dtype.round(value))),
-                    &[],
-                    ty,
-                )))
-            }
-            "tensor" => {
-                let a = bind(f, args, &["values", "shape", "dtype"], 2, span)?;
-                let ty = dense_type(&a, &cx.dims, span)?;
-                let values = dense_values(req(&a, 0), ty.dtype)?;
-                let n = ty.num_elements().unwrap_or(usize::MAX);
-                if values.len() != n {
-                    return Err(Diagnostic::new(
-                        format!("tensor: {} values for a {ty} of {n} elements", values.len()),
-                        req(&a, 0).span,
-                        format!("expected {n} values"),
-                    ));
-                }
-                Ok(t(cx.f.add_op(
-                    Op::Constant(ConstValue::Dense(values)),
-                    &[],
-                    ty,
-                )))
-            }
-            _ if composite::COMPOSITES.contains(&name) => self
-                .composite(cx, f, args, span)
-                .unwrap_or_else(|| unreachable!("a composite built-in")),
-            _ if training::TRAINING.contains(&name) => self
-                .training(cx, f, args, span)
-                .unwrap_or_else(|| unreachable!("a training built-in")),
-            _ => Err(
-                Diagnostic::new(format!("unknown function `{name}`"), f.span, "not defined")
-                    .with_suggestion(
-                        name,
-                        self.fns
-                            .keys()
-                            .chain(self.ops.keys())
-                            .copied()
-                            .chain(BUILTINS.iter().copied())
-                            .chain(composite::COMPOSITES.iter().copied()),
-                    ),
-            ),
+            None => (0..ty.rank()).rev().collect(),
+        };
+        Ok(t(self.add(cx, Op::Transpose { perm }, &[x], span)?))
+    }
+
+    /// `concat`.
+    pub(super) fn call_concat(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let span = c.span;
+        let a = &c.a;
+        let t = |v: Value| EVal::Tensor(v);
+        let vals = self.tensor_list(cx, req(a, 0), "concat")?;
+        let ty = Self::ty(cx, vals[0]);
+        let axis = c.axis(1, &ty, &cx.dims)?;
+        Ok(t(self.add(cx, Op::Concat { axis }, &vals, span)?))
+    }
+
+    /// `slice`.
+    pub(super) fn call_slice(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let span = c.span;
+        let a = &c.a;
+        let t = |v: Value| EVal::Tensor(v);
+        let (x, ty) = self.first_tensor(cx, c)?;
+        let axis = c.axis(1, &ty, &cx.dims)?;
+        let dim = ty.shape[axis] as i64;
+        let fix = |v: i64| if v < 0 { v + dim } else { v };
+        let start = fix(c.int(2, &cx.dims)?);
+        let end = fix(a[3]
+            .map(|e| const_int(e, &cx.dims))
+            .transpose()?
+            .unwrap_or(dim));
+        if !(0 <= start && start < end && end <= dim) {
+            return Err(Diagnostic::new(
+                format!("slice {start}..{end} is empty or out of range for axis {axis} of {ty}"),
+                span,
+                format!("axis {axis} has extent {dim}"),
+            ));
         }
+        let op = Op::Slice {
+            axis,
+            start: start as usize,
+            end: end as usize,
+        };
+        Ok(t(self.add(cx, op, &[x], span)?))
+    }
+
+    /// `broadcast`.
+    pub(super) fn call_broadcast(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let span = c.span;
+        let a = &c.a;
+        let t = |v: Value| EVal::Tensor(v);
+        let x = self.tensor(cx, req(a, 0))?;
+        let shape = positive_shape(&const_ints(req(a, 1), &cx.dims)?)?;
+        Ok(t(self.add(cx, Op::Broadcast { shape }, &[x], span)?))
+    }
+
+    /// `conv2d`.
+    pub(super) fn call_conv2d(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let span = c.span;
+        let a = &c.a;
+        let t = |v: Value| EVal::Tensor(v);
+        let x = self.tensor(cx, req(a, 0))?;
+        let w = self.tensor(cx, req(a, 1))?;
+        let stride = c.pair(2, &cx.dims)?;
+        let padding = c.pair(3, &cx.dims)?;
+        let groups = usize::try_from(c.int(4, &cx.dims)?).map_err(|_| {
+            Diagnostic::new(
+                "groups must be positive",
+                a[4].map_or(c.span, |e| e.span),
+                "not positive",
+            )
+        })?;
+        Ok(t(self.add(
+            cx,
+            Op::Conv2d {
+                stride,
+                padding,
+                groups,
+            },
+            &[x, w],
+            span,
+        )?))
+    }
+
+    /// `maxpool2d`, `avgpool2d`.
+    pub(super) fn call_maxpool2d(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let name = c.name();
+        let span = c.span;
+        let a = &c.a;
+        let t = |v: Value| EVal::Tensor(v);
+        let x = self.tensor(cx, req(a, 0))?;
+        let kernel = pair_arg(a[1], [1, 1], "kernel", &cx.dims)?;
+        let stride = pair_arg(a[2], kernel, "stride", &cx.dims)?;
+        let padding = c.pair(3, &cx.dims)?;
+        let kind = if name == "maxpool2d" {
+            PoolKind::Max
+        } else {
+            PoolKind::Avg
+        };
+        Ok(t(self.add(
+            cx,
+            Op::Pool2d {
+                kind,
+                kernel,
+                stride,
+                padding,
+            },
+            &[x],
+            span,
+        )?))
+    }
+
+    /// `batchnorm`.
+    pub(super) fn call_batchnorm(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let span = c.span;
+        let a = &c.a;
+        let t = |v: Value| EVal::Tensor(v);
+        let vals: Vec<Value> = (0..5)
+            .map(|i| self.tensor(cx, req(a, i)))
+            .collect::<R<_>>()?;
+        let eps = c.float(5)?;
+        Ok(t(self.add(cx, Op::BatchNorm { eps }, &vals, span)?))
+    }
+
+    /// `cast`.
+    pub(super) fn call_cast(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let span = c.span;
+        let a = &c.a;
+        let t = |v: Value| EVal::Tensor(v);
+        let x = self.tensor(cx, req(a, 0))?;
+        let to = dtype_arg(req(a, 1))?;
+        Ok(t(self.add(cx, Op::Cast { to }, &[x], span)?))
+    }
+
+    /// `where`.
+    pub(super) fn call_where(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let span = c.span;
+        let a = &c.a;
+        let t = |v: Value| EVal::Tensor(v);
+        let c = self.tensor(cx, req(a, 0))?;
+        let (ea, eb) = (req(a, 1), req(a, 2));
+        let (va, vb) = (self.expr(cx, ea)?, self.expr(cx, eb)?);
+        let (x, y) = self.pair(cx, va, vb, ea.span, eb.span)?;
+        Ok(t(self.add(cx, Op::Select, &[c, x, y], span)?))
+    }
+
+    /// `zeros`, `ones`, `full`.
+    pub(super) fn call_zeros(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let name = c.name();
+        let span = c.span;
+        let a = &c.a;
+        let t = |v: Value| EVal::Tensor(v);
+        let shape = positive_shape(&const_ints(req(a, 0), &cx.dims)?)?;
+        let (value, is_float, dt_arg) = match name {
+            "zeros" => (0.0, false, a[1]),
+            "ones" => (1.0, false, a[1]),
+            _ => {
+                let (v, fl) = const_float(req(a, 1))?;
+                (v, fl, a[2])
+            }
+        };
+        let dtype = match dt_arg {
+            Some(e) => dtype_arg(e)?,
+            None if name == "full" => literal_dtype(is_float),
+            None => DEFAULT_FLOAT,
+        };
+        if is_float && !dtype.is_float() {
+            return Err(Diagnostic::new(
+                format!("the number `{value}` cannot be a {dtype}"),
+                span,
+                "type mismatch",
+            ));
+        }
+        let ty = TensorType::new(dtype, shape);
+        check_type_size(&ty, span)?;
+        Ok(t(cx.f.add_op(
+            Op::Constant(ConstValue::Splat(dtype.round(value))),
+            &[],
+            ty,
+        )))
+    }
+
+    /// `tensor`.
+    pub(super) fn call_tensor(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let span = c.span;
+        let a = &c.a;
+        let t = |v: Value| EVal::Tensor(v);
+        let ty = dense_type(a, &cx.dims, span)?;
+        let values = dense_values(req(a, 0), ty.dtype)?;
+        let n = ty.num_elements().unwrap_or(usize::MAX);
+        if values.len() != n {
+            return Err(Diagnostic::new(
+                format!("tensor: {} values for a {ty} of {n} elements", values.len()),
+                req(a, 0).span,
+                format!("expected {n} values"),
+            ));
+        }
+        Ok(t(cx.f.add_op(
+            Op::Constant(ConstValue::Dense(values)),
+            &[],
+            ty,
+        )))
     }
 }
 

@@ -46,7 +46,8 @@ mod grammar {
 }
 
 pub use diag::{Diagnostic, Diagnostics};
-pub use elaborate::{DEFAULT_FLOAT, DEFAULT_INT, elaborate, is_builtin};
+pub use elaborate::builtins::{self, is_builtin};
+pub use elaborate::{DEFAULT_FLOAT, DEFAULT_INT, elaborate};
 
 use ast::{Program, Span};
 use lalrpop_util::ParseError;

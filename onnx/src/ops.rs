@@ -1078,9 +1078,13 @@ impl Importer {
     fn unary(&mut self, cx: &Cx<'_>) -> R<()> {
         cx.allow(&[])?;
         let x = self.need(cx, 0)?;
+        // ONNX's name, lower-cased, is the language's built-in (and the
+        // scalar op's name, which says whether it takes integers).
         let f = cx.op().to_ascii_lowercase();
-        let int_ok = matches!(f.as_str(), "abs" | "neg" | "relu" | "sign");
-        if !int_ok {
+        let Some(u) = dlc_core::scalar::UnaryOp::from_name(&f) else {
+            return Err(cx.err("has no element-wise built-in of that name"));
+        };
+        if !u.accepts_int() {
             cx.float_input(&x)?;
         } else if x.dtype == DType::Bool {
             return Err(cx.err("is not defined on bool"));

@@ -78,6 +78,9 @@ fn f(x: f32[4]) -> f32[4] {
 }
 ";
     redefined_builtin: "fn relu(x: f32[4]) -> f32[4] {\n    return x;\n}\n";
+    redefined_composite: "fn leaky_relu(x: f32[4]) -> f32[4] {\n    return x;\n}\n";
+    misspelled_composite: "fn f(x: f32[4]) -> f32[4] {\n    return leaky_relo(x);\n}\n";
+    composite_unknown_keyword: "fn f(x: f32[4]) -> f32[4] {\n    return leaky_relu(x, alhpa=0.1);\n}\n";
     zero_dimension: "fn f(x: f32[0, 4]) -> f32[0, 4] {\n    return x;\n}\n";
     unknown_dimension: "fn f(x: f32[M, 4]) -> f32[M, 4] {\n    return x;\n}\n";
     too_many_elements: "fn f(x: f32[4]) -> f32[4] {\n    let z = zeros([4294967296, 4294967296]);\n    return x;\n}\n";

@@ -7,975 +7,948 @@
 
 use super::*;
 
-/// The built-ins this module defines.
-pub(super) const COMPOSITES: [&str; 48] = [
-    "pad",
-    "cumsum",
-    "group_norm",
-    "instance_norm",
-    "gemm",
-    "conv1d",
-    "maxpool1d",
-    "avgpool1d",
-    "topk",
-    "gather_elements",
-    "leaky_relu",
-    "elu",
-    "softplus",
-    "hardsigmoid",
-    "hardswish",
-    "mish",
-    "clamp",
-    "clip",
-    "log1p",
-    "expm1",
-    "isnan",
-    "isinf",
-    "logical_and",
-    "logical_or",
-    "logical_xor",
-    "logical_not",
-    "squeeze",
-    "unsqueeze",
-    "flatten",
-    "expand",
-    "stack",
-    "split",
-    "tile",
-    "log_softmax",
-    "logsumexp",
-    "variance",
-    "l1_norm",
-    "l2_norm",
-    "argmax",
-    "argmin",
-    "one_hot",
-    "arange",
-    "tril",
-    "triu",
-    "global_avgpool",
-    "global_maxpool",
-    "gather",
-    "dropout",
-];
-
-/// Axis argument `e` of an operand of type `ty` (negative counts from the
-/// end), `default` when absent.
-fn axis_arg(
-    e: Option<&Expr>,
-    ty: &TensorType,
-    default: usize,
-    dims: &HashMap<String, usize>,
-) -> R<usize> {
-    match e {
-        Some(e) => normalize_axis(const_int(e, dims)?, ty, e.span),
-        None => Ok(default),
-    }
-}
-
 impl Elab<'_> {
-    /// Built-in `f` when it is one of [`COMPOSITES`].
-    pub(super) fn composite(
-        &mut self,
-        cx: &mut FnCx,
-        f: &Ident,
-        args: &[Arg],
-        span: Span,
-    ) -> Option<R<EVal>> {
-        let name = f.name.as_str();
-        if !COMPOSITES.contains(&name) {
-            return None;
-        }
-        Some(self.composite_call(cx, f, args, span))
+    /// `leaky_relu(x, alpha)`: `x` below 0 scaled by `alpha`.
+    pub(super) fn call_leaky_relu(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let (x, d) = self.float_operand(cx, c)?;
+        let (zero, alpha) = (self.k(cx, 0.0, d), self.k(cx, c.float(1)?, d));
+        let neg = self.cmp(cx, CmpOp::Lt, x, zero, c.span)?;
+        let scaled = self.bin(cx, BinaryOp::Mul, x, alpha, c.span)?;
+        Ok(EVal::Tensor(self.add(
+            cx,
+            Op::Select,
+            &[neg, scaled, x],
+            c.span,
+        )?))
     }
 
-    fn composite_call(&mut self, cx: &mut FnCx, f: &Ident, args: &[Arg], span: Span) -> R<EVal> {
-        let name = f.name.as_str();
+    /// `elu(x, alpha)`: `alpha (e^x - 1)` below 0.
+    pub(super) fn call_elu(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let span = c.span;
+        let (x, d) = self.float_operand(cx, c)?;
+        let (zero, one, alpha) = (
+            self.k(cx, 0.0, d),
+            self.k(cx, 1.0, d),
+            self.k(cx, c.float(1)?, d),
+        );
+        let neg = self.cmp(cx, CmpOp::Lt, x, zero, span)?;
+        let e = self.add(cx, Op::Unary(UnaryOp::Exp), &[x], span)?;
+        let em1 = self.bin(cx, BinaryOp::Sub, e, one, span)?;
+        let scaled = self.bin(cx, BinaryOp::Mul, em1, alpha, span)?;
+        Ok(EVal::Tensor(self.add(
+            cx,
+            Op::Select,
+            &[neg, scaled, x],
+            span,
+        )?))
+    }
+
+    /// `hardsigmoid(x, alpha, beta)`.
+    pub(super) fn call_hardsigmoid(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let (x, d) = self.float_operand(cx, c)?;
+        let (alpha, beta) = (self.k(cx, c.float(1)?, d), self.k(cx, c.float(2)?, d));
+        Ok(EVal::Tensor(self.hard_sigmoid(cx, x, alpha, beta, c.span)?))
+    }
+
+    /// The first argument of `c`, a float tensor, and its element type.
+    fn float_operand(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<(Value, DType)> {
+        let x = self.float_tensor(cx, req(&c.a, 0), c.name())?;
+        Ok((x, Self::ty(cx, x).dtype))
+    }
+
+    /// `softplus`, `hardswish`, `mish`, `log1p`, `expm1`, `isnan`, `isinf`.
+    pub(super) fn call_softplus(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let name = c.name();
+        let span = c.span;
+        let a = &c.a;
         let t = |v: Value| Ok(EVal::Tensor(v));
+        let x = self.float_tensor(cx, req(a, 0), name)?;
+        let d = Self::ty(cx, x).dtype;
         match name {
-            "leaky_relu" | "elu" | "hardsigmoid" => {
-                let (defaults, params): (&[f64], &[&str]) = match name {
-                    "leaky_relu" => (&[0.01], &["x", "alpha"]),
-                    "elu" => (&[1.0], &["x", "alpha"]),
-                    _ => (&[0.2, 0.5], &["x", "alpha", "beta"]),
-                };
-                let a = bind(f, args, params, 1, span)?;
-                let x = self.float_tensor(cx, req(&a, 0), name)?;
-                let d = Self::ty(cx, x).dtype;
-                let mut k = Vec::new();
-                for (i, &def) in defaults.iter().enumerate() {
-                    let v = a[i + 1]
-                        .map(const_float)
-                        .transpose()?
-                        .map_or(def, |(v, _)| v);
-                    k.push(self.k(cx, v, d));
-                }
-                let zero = self.k(cx, 0.0, d);
-                match name {
-                    "leaky_relu" => {
-                        let neg = self.cmp(cx, CmpOp::Lt, x, zero, span)?;
-                        let scaled = self.bin(cx, BinaryOp::Mul, x, k[0], span)?;
-                        t(self.add(cx, Op::Select, &[neg, scaled, x], span)?)
-                    }
-                    "elu" => {
-                        let neg = self.cmp(cx, CmpOp::Lt, x, zero, span)?;
-                        let e = self.add(cx, Op::Unary(UnaryOp::Exp), &[x], span)?;
-                        let one = self.k(cx, 1.0, d);
-                        let em1 = self.bin(cx, BinaryOp::Sub, e, one, span)?;
-                        let scaled = self.bin(cx, BinaryOp::Mul, em1, k[0], span)?;
-                        t(self.add(cx, Op::Select, &[neg, scaled, x], span)?)
-                    }
-                    _ => t(self.hard_sigmoid(cx, x, k[0], k[1], span)?),
-                }
+            "softplus" => t(self.softplus(cx, x, span)?),
+            "hardswish" => {
+                let (al, be) = (self.k(cx, 1.0 / 6.0, d), self.k(cx, 0.5, d));
+                let h = self.hard_sigmoid(cx, x, al, be, span)?;
+                t(self.bin(cx, BinaryOp::Mul, x, h, span)?)
             }
-            "softplus" | "hardswish" | "mish" | "log1p" | "expm1" | "isnan" | "isinf" => {
-                let a = bind(f, args, &["x"], 1, span)?;
-                let x = self.float_tensor(cx, req(&a, 0), name)?;
-                let d = Self::ty(cx, x).dtype;
-                match name {
-                    "softplus" => t(self.softplus(cx, x, span)?),
-                    "hardswish" => {
-                        let (al, be) = (self.k(cx, 1.0 / 6.0, d), self.k(cx, 0.5, d));
-                        let h = self.hard_sigmoid(cx, x, al, be, span)?;
-                        t(self.bin(cx, BinaryOp::Mul, x, h, span)?)
-                    }
-                    "mish" => {
-                        let sp = self.softplus(cx, x, span)?;
-                        let th = self.add(cx, Op::Unary(UnaryOp::Tanh), &[sp], span)?;
-                        t(self.bin(cx, BinaryOp::Mul, x, th, span)?)
-                    }
-                    "log1p" => {
-                        // Goldberg: log(u) * x / (u - 1) with u = 1 + x
-                        // rounded, exact where u rounds to 1.
-                        let one = self.k(cx, 1.0, d);
-                        let u = self.bin(cx, BinaryOp::Add, x, one, span)?;
-                        let um1 = self.bin(cx, BinaryOp::Sub, u, one, span)?;
-                        let lu = self.add(cx, Op::Unary(UnaryOp::Log), &[u], span)?;
-                        let num = self.bin(cx, BinaryOp::Mul, lu, x, span)?;
-                        let q = self.bin(cx, BinaryOp::Div, num, um1, span)?;
-                        let at1 = self.cmp(cx, CmpOp::Eq, u, one, span)?;
-                        // u - 1 = inf (x = inf) gives log(u) itself.
-                        let inf = self.k(cx, f64::INFINITY, d);
-                        let big = self.cmp(cx, CmpOp::Eq, u, inf, span)?;
-                        let q = self.add(cx, Op::Select, &[big, lu, q], span)?;
-                        t(self.add(cx, Op::Select, &[at1, x, q], span)?)
-                    }
-                    "expm1" => {
-                        // Kahan: (u - 1) * x / log(u) with u = e^x rounded.
-                        let one = self.k(cx, 1.0, d);
-                        let u = self.add(cx, Op::Unary(UnaryOp::Exp), &[x], span)?;
-                        let um1 = self.bin(cx, BinaryOp::Sub, u, one, span)?;
-                        let lu = self.add(cx, Op::Unary(UnaryOp::Log), &[u], span)?;
-                        let num = self.bin(cx, BinaryOp::Mul, um1, x, span)?;
-                        let q = self.bin(cx, BinaryOp::Div, num, lu, span)?;
-                        let at1 = self.cmp(cx, CmpOp::Eq, u, one, span)?;
-                        // Where u - 1 is -1 or inf the quotient is not needed.
-                        let minus = self.k(cx, -1.0, d);
-                        let low = self.cmp(cx, CmpOp::Eq, um1, minus, span)?;
-                        let inf = self.k(cx, f64::INFINITY, d);
-                        let high = self.cmp(cx, CmpOp::Eq, u, inf, span)?;
-                        let q = self.add(cx, Op::Select, &[low, minus, q], span)?;
-                        let q = self.add(cx, Op::Select, &[high, u, q], span)?;
-                        t(self.add(cx, Op::Select, &[at1, x, q], span)?)
-                    }
-                    "isnan" => t(self.cmp(cx, CmpOp::Ne, x, x, span)?),
-                    _ => {
-                        let ax = self.add(cx, Op::Unary(UnaryOp::Abs), &[x], span)?;
-                        let inf = self.k(cx, f64::INFINITY, d);
-                        t(self.cmp(cx, CmpOp::Eq, ax, inf, span)?)
-                    }
-                }
+            "mish" => {
+                let sp = self.softplus(cx, x, span)?;
+                let th = self.add(cx, Op::Unary(UnaryOp::Tanh), &[sp], span)?;
+                t(self.bin(cx, BinaryOp::Mul, x, th, span)?)
             }
-            "clamp" | "clip" => {
-                let a = bind(f, args, &["x", "min", "max"], 1, span)?;
-                let x = self.tensor(cx, req(&a, 0))?;
-                let mut v = x;
-                for (i, b) in [(1, BinaryOp::Max), (2, BinaryOp::Min)] {
-                    if let Some(e) = a[i] {
-                        let bound = self.expr(cx, e)?;
-                        let (p, q) = self.pair(cx, EVal::Tensor(v), bound, span, e.span)?;
-                        v = self.bin(cx, b, p, q, span)?;
-                    }
-                }
-                t(v)
+            "log1p" => {
+                // Goldberg: log(u) * x / (u - 1) with u = 1 + x
+                // rounded, exact where u rounds to 1.
+                let one = self.k(cx, 1.0, d);
+                let u = self.bin(cx, BinaryOp::Add, x, one, span)?;
+                let um1 = self.bin(cx, BinaryOp::Sub, u, one, span)?;
+                let lu = self.add(cx, Op::Unary(UnaryOp::Log), &[u], span)?;
+                let num = self.bin(cx, BinaryOp::Mul, lu, x, span)?;
+                let q = self.bin(cx, BinaryOp::Div, num, um1, span)?;
+                let at1 = self.cmp(cx, CmpOp::Eq, u, one, span)?;
+                // u - 1 = inf (x = inf) gives log(u) itself.
+                let inf = self.k(cx, f64::INFINITY, d);
+                let big = self.cmp(cx, CmpOp::Eq, u, inf, span)?;
+                let q = self.add(cx, Op::Select, &[big, lu, q], span)?;
+                t(self.add(cx, Op::Select, &[at1, x, q], span)?)
             }
-            "logical_and" | "logical_or" | "logical_xor" => {
-                let a = bind(f, args, &["a", "b"], 2, span)?;
-                let x = self.bool_tensor(cx, req(&a, 0), name)?;
-                let y = self.bool_tensor(cx, req(&a, 1), name)?;
-                let (tr, fa) = (self.k(cx, 1.0, DType::Bool), self.k(cx, 0.0, DType::Bool));
-                t(match name {
-                    "logical_and" => self.add(cx, Op::Select, &[x, y, fa], span)?,
-                    "logical_or" => self.add(cx, Op::Select, &[x, tr, y], span)?,
-                    _ => self.cmp(cx, CmpOp::Ne, x, y, span)?,
-                })
+            "expm1" => {
+                // Kahan: (u - 1) * x / log(u) with u = e^x rounded.
+                let one = self.k(cx, 1.0, d);
+                let u = self.add(cx, Op::Unary(UnaryOp::Exp), &[x], span)?;
+                let um1 = self.bin(cx, BinaryOp::Sub, u, one, span)?;
+                let lu = self.add(cx, Op::Unary(UnaryOp::Log), &[u], span)?;
+                let num = self.bin(cx, BinaryOp::Mul, um1, x, span)?;
+                let q = self.bin(cx, BinaryOp::Div, num, lu, span)?;
+                let at1 = self.cmp(cx, CmpOp::Eq, u, one, span)?;
+                // Where u - 1 is -1 or inf the quotient is not needed.
+                let minus = self.k(cx, -1.0, d);
+                let low = self.cmp(cx, CmpOp::Eq, um1, minus, span)?;
+                let inf = self.k(cx, f64::INFINITY, d);
+                let high = self.cmp(cx, CmpOp::Eq, u, inf, span)?;
+                let q = self.add(cx, Op::Select, &[low, minus, q], span)?;
+                let q = self.add(cx, Op::Select, &[high, u, q], span)?;
+                t(self.add(cx, Op::Select, &[at1, x, q], span)?)
             }
-            "logical_not" => {
-                let a = bind(f, args, &["x"], 1, span)?;
-                let x = self.bool_tensor(cx, req(&a, 0), name)?;
-                let fa = self.k(cx, 0.0, DType::Bool);
-                t(self.cmp(cx, CmpOp::Eq, x, fa, span)?)
+            "isnan" => t(self.cmp(cx, CmpOp::Ne, x, x, span)?),
+            _ => {
+                let ax = self.add(cx, Op::Unary(UnaryOp::Abs), &[x], span)?;
+                let inf = self.k(cx, f64::INFINITY, d);
+                t(self.cmp(cx, CmpOp::Eq, ax, inf, span)?)
             }
-            "squeeze" | "unsqueeze" | "flatten" => {
-                let a = bind(
-                    f,
-                    args,
-                    &["x", "axis"],
-                    if name == "unsqueeze" { 2 } else { 1 },
-                    span,
-                )?;
-                let x = self.tensor(cx, req(&a, 0))?;
-                let ty = Self::ty(cx, x);
-                let shape = match name {
-                    "squeeze" => {
-                        let axes = match a[1] {
-                            Some(e) => normalize_axes(&const_int_or_list(e, &cx.dims)?, &ty)?,
-                            None => (0..ty.rank()).filter(|&i| ty.shape[i] == 1).collect(),
-                        };
-                        if let Some(&bad) = axes.iter().find(|&&i| ty.shape[i] != 1) {
-                            return Err(Diagnostic::new(
-                                format!(
-                                    "squeeze: axis {bad} of {ty} has extent {}, not 1",
-                                    ty.shape[bad]
-                                ),
-                                a[1].map_or(span, |e| e.span),
-                                "not of extent 1",
-                            ));
-                        }
-                        (0..ty.rank())
-                            .filter(|i| !axes.contains(i))
-                            .map(|i| ty.shape[i])
-                            .collect()
-                    }
-                    "unsqueeze" => {
-                        let items = const_int_or_list(req(&a, 1), &cx.dims)?;
-                        let out = TensorType::new(ty.dtype, vec![1; ty.rank() + items.len()]);
-                        let axes = normalize_axes(&items, &out)?;
-                        let mut rest = ty.shape.iter();
-                        (0..out.rank())
-                            .map(|i| {
-                                if axes.contains(&i) {
-                                    1
-                                } else {
-                                    rest.next().copied().unwrap_or(1)
-                                }
-                            })
-                            .collect()
-                    }
-                    _ => {
-                        let ax = match a[1] {
-                            Some(e) => {
-                                let v = const_int(e, &cx.dims)?;
-                                let r = ty.rank() as i64;
-                                if v < -r || v > r {
-                                    return Err(Diagnostic::new(
-                                        format!("flatten: axis {v} is out of range for {ty}"),
-                                        e.span,
-                                        "axis out of range",
-                                    ));
-                                }
-                                if v < 0 { (v + r) as usize } else { v as usize }
-                            }
-                            None => 1.min(ty.rank()),
-                        };
-                        vec![
-                            ty.shape[..ax].iter().product(),
-                            ty.shape[ax..].iter().product(),
-                        ]
-                    }
-                };
-                t(self.add(cx, Op::Reshape { shape }, &[x], span)?)
+        }
+    }
+
+    /// `clamp`, `clip`.
+    pub(super) fn call_clamp(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let span = c.span;
+        let a = &c.a;
+        let t = |v: Value| Ok(EVal::Tensor(v));
+        let x = self.tensor(cx, req(a, 0))?;
+        let mut v = x;
+        for (i, b) in [(1, BinaryOp::Max), (2, BinaryOp::Min)] {
+            if let Some(e) = a[i] {
+                let bound = self.expr(cx, e)?;
+                let (p, q) = self.pair(cx, EVal::Tensor(v), bound, span, e.span)?;
+                v = self.bin(cx, b, p, q, span)?;
             }
-            "expand" => {
-                let a = bind(f, args, &["x", "shape"], 2, span)?;
-                let x = self.tensor(cx, req(&a, 0))?;
-                let ty = Self::ty(cx, x);
-                let want = positive_shape(&const_ints(req(&a, 1), &cx.dims)?)?;
-                // NumPy's broadcast of the two shapes (either may be larger).
-                let r = ty.rank().max(want.len());
-                let at = |s: &[usize], i: usize| {
-                    if i + s.len() >= r {
-                        s[i + s.len() - r]
-                    } else {
-                        1
-                    }
-                };
-                let mut shape = Vec::with_capacity(r);
-                for i in 0..r {
-                    let (p, q) = (at(&ty.shape, i), at(&want, i));
-                    if p != q && p != 1 && q != 1 {
-                        return Err(Diagnostic::new(
-                            format!("expand: {ty} does not broadcast with {want:?}"),
-                            span,
-                            "shapes do not broadcast",
-                        ));
-                    }
-                    shape.push(p.max(q));
-                }
-                t(self.add(cx, Op::Broadcast { shape }, &[x], span)?)
-            }
-            "stack" => {
-                let a = bind(f, args, &["tensors", "axis"], 1, span)?;
-                let vals = self.tensor_list(cx, req(&a, 0), "stack")?;
-                let ty = Self::ty(cx, vals[0]);
-                let out = TensorType::new(ty.dtype, vec![1; ty.rank() + 1]);
-                let axis = match a[1] {
-                    Some(e) => normalize_axis(const_int(e, &cx.dims)?, &out, e.span)?,
-                    None => 0,
-                };
-                let mut shape = ty.shape.clone();
-                shape.insert(axis, 1);
-                let mut parts = Vec::with_capacity(vals.len());
-                for v in vals {
-                    parts.push(self.add(
-                        cx,
-                        Op::Reshape {
-                            shape: shape.clone(),
-                        },
-                        &[v],
-                        span,
-                    )?);
-                }
-                t(self.add(cx, Op::Concat { axis }, &parts, span)?)
-            }
-            "split" => {
-                let a = bind(f, args, &["x", "sizes", "axis"], 2, span)?;
-                let x = self.tensor(cx, req(&a, 0))?;
-                let ty = Self::ty(cx, x);
-                let axis = axis_arg(a[2], &ty, 0, &cx.dims)?;
-                let sizes = const_ints(req(&a, 1), &cx.dims)?;
-                let total: i64 = sizes.iter().map(|(v, _)| *v).sum();
-                if sizes.iter().any(|(v, _)| *v < 1) || total != ty.shape[axis] as i64 {
-                    return Err(Diagnostic::new(
-                        format!(
-                            "split: sizes must be positive and add up to {}",
-                            ty.shape[axis]
-                        ),
-                        req(&a, 1).span,
-                        format!("they add up to {total}"),
-                    ));
-                }
-                let mut start = 0;
-                let mut parts = Vec::new();
-                for (n, _) in sizes {
-                    let end = start + n as usize;
-                    parts.push(self.add(cx, Op::Slice { axis, start, end }, &[x], span)?);
-                    start = end;
-                }
-                Ok(EVal::Tuple(parts))
-            }
-            "tile" => {
-                let a = bind(f, args, &["x", "reps"], 2, span)?;
-                let x = self.tensor(cx, req(&a, 0))?;
-                let ty = Self::ty(cx, x);
-                let reps = const_ints(req(&a, 1), &cx.dims)?;
-                if reps.len() != ty.rank() || reps.iter().any(|(v, _)| !(1..=4096).contains(v)) {
-                    return Err(Diagnostic::new(
-                        format!("tile: one repeat count (1 to 4096) per axis of {ty}"),
-                        req(&a, 1).span,
-                        "repeats do not fit",
-                    ));
-                }
-                let mut v = x;
-                for (axis, (n, _)) in reps.into_iter().enumerate() {
-                    if n > 1 {
-                        v = self.add(cx, Op::Concat { axis }, &vec![v; n as usize], span)?;
-                    }
-                }
-                t(v)
-            }
-            "log_softmax" | "logsumexp" | "variance" | "l1_norm" | "l2_norm" => {
-                let params: &[&str] = if name == "log_softmax" {
-                    &["x", "axis"]
-                } else {
-                    &["x", "axis", "keepdims"]
-                };
-                let a = bind(f, args, params, 1, span)?;
-                let x = self.tensor(cx, req(&a, 0))?;
-                let ty = Self::ty(cx, x);
-                if name != "l1_norm" && !ty.dtype.is_float() {
-                    return Err(Diagnostic::new(
-                        format!("{name} needs a float operand, got {ty}"),
-                        req(&a, 0).span,
-                        format!("{} is not a float type", ty.dtype),
-                    ));
-                }
+        }
+        t(v)
+    }
+
+    /// `logical_and`, `logical_or`, `logical_xor`.
+    pub(super) fn call_logical_and(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let name = c.name();
+        let span = c.span;
+        let a = &c.a;
+        let t = |v: Value| Ok(EVal::Tensor(v));
+        let x = self.bool_tensor(cx, req(a, 0), name)?;
+        let y = self.bool_tensor(cx, req(a, 1), name)?;
+        let (tr, fa) = (self.k(cx, 1.0, DType::Bool), self.k(cx, 0.0, DType::Bool));
+        t(match name {
+            "logical_and" => self.add(cx, Op::Select, &[x, y, fa], span)?,
+            "logical_or" => self.add(cx, Op::Select, &[x, tr, y], span)?,
+            _ => self.cmp(cx, CmpOp::Ne, x, y, span)?,
+        })
+    }
+
+    /// `logical_not`.
+    pub(super) fn call_logical_not(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let name = c.name();
+        let span = c.span;
+        let a = &c.a;
+        let t = |v: Value| Ok(EVal::Tensor(v));
+        let x = self.bool_tensor(cx, req(a, 0), name)?;
+        let fa = self.k(cx, 0.0, DType::Bool);
+        t(self.cmp(cx, CmpOp::Eq, x, fa, span)?)
+    }
+
+    /// `squeeze`, `unsqueeze`, `flatten`.
+    pub(super) fn call_squeeze(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let name = c.name();
+        let span = c.span;
+        let a = &c.a;
+        let t = |v: Value| Ok(EVal::Tensor(v));
+        let (x, ty) = self.first_tensor(cx, c)?;
+        let shape = match name {
+            "squeeze" => {
                 let axes = match a[1] {
                     Some(e) => normalize_axes(&const_int_or_list(e, &cx.dims)?, &ty)?,
-                    None if name == "log_softmax" => vec![ty.rank().saturating_sub(1)],
-                    None => (0..ty.rank()).collect(),
+                    None => (0..ty.rank()).filter(|&i| ty.shape[i] == 1).collect(),
                 };
-                let keep = a
-                    .get(2)
-                    .copied()
-                    .flatten()
-                    .map(const_bool)
-                    .transpose()?
-                    .unwrap_or(false);
-                let red = |me: &mut Self, cx: &mut FnCx, kind, v, keepdims| {
-                    me.add(
-                        cx,
-                        Op::Reduce {
-                            kind,
-                            axes: axes.clone(),
-                            keepdims,
-                        },
-                        &[v],
-                        span,
-                    )
-                };
-                match name {
-                    "log_softmax" | "logsumexp" => {
-                        let (m, c, l) = self.shifted_logsumexp(cx, x, &axes, span)?;
-                        if name == "log_softmax" {
-                            return t(self.bin(cx, BinaryOp::Sub, c, l, span)?);
-                        }
-                        let r = self.bin(cx, BinaryOp::Add, m, l, span)?;
-                        t(self.keep_or_drop(cx, r, &ty, &axes, keep, span)?)
-                    }
-                    "variance" => {
-                        let mean = red(self, cx, ReduceKind::Mean, x, true)?;
-                        let c = self.bin(cx, BinaryOp::Sub, x, mean, span)?;
-                        let sq = self.bin(cx, BinaryOp::Mul, c, c, span)?;
-                        t(red(self, cx, ReduceKind::Mean, sq, keep)?)
-                    }
-                    "l1_norm" => {
-                        let ab = self.add(cx, Op::Unary(UnaryOp::Abs), &[x], span)?;
-                        t(red(self, cx, ReduceKind::Sum, ab, keep)?)
-                    }
-                    _ => {
-                        let sq = self.bin(cx, BinaryOp::Mul, x, x, span)?;
-                        let s = red(self, cx, ReduceKind::Sum, sq, keep)?;
-                        t(self.add(cx, Op::Unary(UnaryOp::Sqrt), &[s], span)?)
-                    }
-                }
-            }
-            "argmax" | "argmin" => {
-                let a = bind(f, args, &["x", "axis", "keepdims"], 2, span)?;
-                let x = self.tensor(cx, req(&a, 0))?;
-                let ty = Self::ty(cx, x);
-                if !ty.dtype.is_numeric() {
-                    return Err(Diagnostic::new(
-                        format!("{name} of bool"),
-                        span,
-                        "not numeric",
-                    ));
-                }
-                let e = req(&a, 1);
-                let axis = normalize_axis(const_int(e, &cx.dims)?, &ty, e.span)?;
-                let keep = a[2].map(const_bool).transpose()?.unwrap_or(false);
-                let kind = if name == "argmax" {
-                    ReduceKind::Max
-                } else {
-                    ReduceKind::Min
-                };
-                let iota = self.iota(cx, ty.shape[axis], axis, ty.rank(), DType::I64);
-                let (_, idx) = self.first_extreme(cx, x, kind, axis, iota, span)?;
-                t(self.keep_or_drop(cx, idx, &ty, &[axis], keep, span)?)
-            }
-            "one_hot" => {
-                let a = bind(f, args, &["indices", "depth", "dtype"], 2, span)?;
-                let ind = self.tensor(cx, req(&a, 0))?;
-                let ty = Self::ty(cx, ind);
-                if !ty.dtype.is_int() {
-                    return Err(Diagnostic::new(
-                        format!("one_hot needs integer indices, got {ty}"),
-                        req(&a, 0).span,
-                        "not an integer type",
-                    ));
-                }
-                let depth = const_int(req(&a, 1), &cx.dims)?;
-                if !(1..=1 << 20).contains(&depth) {
-                    return Err(Diagnostic::new(
-                        "one_hot: depth must be positive",
-                        req(&a, 1).span,
-                        "depth",
-                    ));
-                }
-                let dtype = a[2].map(dtype_arg).transpose()?.unwrap_or(DEFAULT_FLOAT);
-                let mut s = ty.shape.clone();
-                s.push(1);
-                let col = self.add(cx, Op::Reshape { shape: s }, &[ind], span)?;
-                let iota = self.iota(cx, depth as usize, 0, 1, ty.dtype);
-                let hit = self.cmp(cx, CmpOp::Eq, col, iota, span)?;
-                t(self.add(cx, Op::Cast { to: dtype }, &[hit], span)?)
-            }
-            "arange" => {
-                let a = bind(f, args, &["start", "end", "step", "dtype"], 2, span)?;
-                let (s0, fs) = const_float(req(&a, 0))?;
-                let (s1, fe) = const_float(req(&a, 1))?;
-                let (st, fst) = a[2].map(const_float).transpose()?.unwrap_or((1.0, false));
-                let dtype = match a[3] {
-                    Some(e) => dtype_arg(e)?,
-                    None => literal_dtype(fs || fe || fst),
-                };
-                let n = if st == 0.0 {
-                    0.0
-                } else {
-                    ((s1 - s0) / st).ceil()
-                };
-                if !(1.0..=(1u64 << 24) as f64).contains(&n) {
-                    return Err(Diagnostic::new(
-                        "arange: the range must hold 1 to 2^24 elements",
-                        span,
-                        "empty or too long",
-                    ));
-                }
-                let values = (0..n as usize)
-                    .map(|i| dtype.round(s0 + i as f64 * st))
-                    .collect();
-                Ok(EVal::Tensor(cx.f.add_op(
-                    Op::Constant(ConstValue::Dense(values)),
-                    &[],
-                    TensorType::new(dtype, vec![n as usize]),
-                )))
-            }
-            "tril" | "triu" => {
-                let a = bind(f, args, &["x", "k"], 1, span)?;
-                let x = self.tensor(cx, req(&a, 0))?;
-                let ty = Self::ty(cx, x);
-                at_least_rank(name, &ty, 2, "a matrix", span)?;
-                let k = a[1]
-                    .map(|e| const_int(e, &cx.dims))
-                    .transpose()?
-                    .unwrap_or(0);
-                let (rows, cols) = (ty.shape[ty.rank() - 2], ty.shape[ty.rank() - 1]);
-                let keep: Vec<f64> = (0..rows * cols)
-                    .map(|p| {
-                        let d = (p % cols) as i64 - (p / cols) as i64;
-                        f64::from(u8::from(if name == "tril" { d <= k } else { d >= k }))
-                    })
-                    .collect();
-                let mask = cx.f.add_op(
-                    Op::Constant(ConstValue::Dense(keep)),
-                    &[],
-                    TensorType::new(DType::Bool, vec![rows, cols]),
-                );
-                let zero = self.k(cx, 0.0, ty.dtype);
-                t(self.add(cx, Op::Select, &[mask, x, zero], span)?)
-            }
-            "global_avgpool" | "global_maxpool" => {
-                let a = bind(f, args, &["x"], 1, span)?;
-                let x = self.tensor(cx, req(&a, 0))?;
-                let ty = Self::ty(cx, x);
-                at_least_rank(name, &ty, 3, "N, C and spatial axes", span)?;
-                let kind = if name == "global_avgpool" {
-                    ReduceKind::Mean
-                } else {
-                    ReduceKind::Max
-                };
-                t(self.add(
-                    cx,
-                    Op::Reduce {
-                        kind,
-                        axes: (2..ty.rank()).collect(),
-                        keepdims: true,
-                    },
-                    &[x],
-                    span,
-                )?)
-            }
-            "pad" => {
-                let a = bind(f, args, &["x", "pads", "value"], 2, span)?;
-                let x = self.tensor(cx, req(&a, 0))?;
-                let ty = Self::ty(cx, x);
-                let pads = const_ints(req(&a, 1), &cx.dims)?;
-                if pads.len() != 2 * ty.rank()
-                    || pads.iter().any(|(v, _)| !(0..=1 << 20).contains(v))
-                {
+                if let Some(&bad) = axes.iter().find(|&&i| ty.shape[i] != 1) {
                     return Err(Diagnostic::new(
                         format!(
-                            "pad: one (before, after) pair of non-negative counts per axis of {ty}"
+                            "squeeze: axis {bad} of {ty} has extent {}, not 1",
+                            ty.shape[bad]
                         ),
-                        req(&a, 1).span,
-                        format!("expected {} counts", 2 * ty.rank()),
+                        a[1].map_or(span, |e| e.span),
+                        "not of extent 1",
                     ));
                 }
-                let value = match a[2] {
-                    Some(e) => {
-                        let (v, fl) = const_float(e)?;
-                        if fl && !ty.dtype.is_float() {
-                            return Err(Diagnostic::new(
-                                format!("the number `{v}` cannot be a {}", ty.dtype),
-                                e.span,
-                                "type mismatch",
-                            ));
-                        }
-                        v
-                    }
-                    None => 0.0,
-                };
-                let mut v = x;
-                let mut shape = ty.shape.clone();
-                for axis in 0..ty.rank() {
-                    let (before, after) =
-                        (pads[2 * axis].0 as usize, pads[2 * axis + 1].0 as usize);
-                    let mut parts = Vec::new();
-                    for (n, at_end) in [(before, false), (after, true)] {
-                        if n > 0 {
-                            let mut s = shape.clone();
-                            s[axis] = n;
-                            let c = cx.f.add_op(
-                                Op::Constant(ConstValue::Splat(ty.dtype.round(value))),
-                                &[],
-                                TensorType::new(ty.dtype, s),
-                            );
-                            parts.push((at_end, c));
-                        }
-                    }
-                    if parts.is_empty() {
-                        continue;
-                    }
-                    let mut ins: Vec<Value> = parts.iter().filter(|p| !p.0).map(|p| p.1).collect();
-                    ins.push(v);
-                    ins.extend(parts.iter().filter(|p| p.0).map(|p| p.1));
-                    v = self.add(cx, Op::Concat { axis }, &ins, span)?;
-                    shape[axis] += before + after;
-                }
-                t(v)
+                (0..ty.rank())
+                    .filter(|i| !axes.contains(i))
+                    .map(|i| ty.shape[i])
+                    .collect()
             }
-            "cumsum" => {
-                let a = bind(f, args, &["x", "axis", "exclusive", "reverse"], 2, span)?;
-                let x = self.tensor(cx, req(&a, 0))?;
-                let ty = Self::ty(cx, x);
-                if !ty.dtype.is_numeric() {
-                    return Err(Diagnostic::new("cumsum of bool", span, "not numeric"));
-                }
-                let e = req(&a, 1);
-                let axis = normalize_axis(const_int(e, &cx.dims)?, &ty, e.span)?;
-                let excl = a[2].map(const_bool).transpose()?.unwrap_or(false);
-                let rev = a[3].map(const_bool).transpose()?.unwrap_or(false);
-                let n = ty.shape[axis];
-                if n > 4096 {
-                    return Err(Diagnostic::new(
-                        "cumsum over more than 4096 elements",
-                        span,
-                        "too long",
-                    ));
-                }
-                // x as [.., n (k), 1, ..] against a mask [n (k), n (i)] of the k
-                // each position i sums, a where (so an infinity outside a
-                // prefix stays out), summed over k.
-                let mut xs = ty.shape.clone();
-                xs.insert(axis + 1, 1);
-                let xv = self.add(cx, Op::Reshape { shape: xs }, &[x], span)?;
-                let keep: Vec<f64> = (0..n * n)
-                    .map(|p| {
-                        let (k, i) = (p / n, p % n);
-                        f64::from(u8::from(match (rev, excl) {
-                            (false, false) => k <= i,
-                            (false, true) => k < i,
-                            (true, false) => k >= i,
-                            (true, true) => k > i,
-                        }))
+            "unsqueeze" => {
+                let items = const_int_or_list(req(a, 1), &cx.dims)?;
+                let out = TensorType::new(ty.dtype, vec![1; ty.rank() + items.len()]);
+                let axes = normalize_axes(&items, &out)?;
+                let mut rest = ty.shape.iter();
+                (0..out.rank())
+                    .map(|i| {
+                        if axes.contains(&i) {
+                            1
+                        } else {
+                            rest.next().copied().unwrap_or(1)
+                        }
                     })
-                    .collect();
-                let mut ms = vec![1; ty.rank() + 1];
-                ms[axis] = n;
-                ms[axis + 1] = n;
-                let mask = cx.f.add_op(
-                    Op::Constant(ConstValue::Dense(keep)),
-                    &[],
-                    TensorType::new(DType::Bool, ms),
-                );
-                t(self.masked_sum(cx, mask, xv, axis, span)?)
-            }
-            "group_norm" | "instance_norm" => {
-                let params: &[&str] = if name == "group_norm" {
-                    &["x", "groups", "gamma", "beta", "eps"]
-                } else {
-                    &["x", "gamma", "beta", "eps"]
-                };
-                let a = bind(f, args, params, params.len() - 1, span)?;
-                let x = self.float_tensor(cx, req(&a, 0), name)?;
-                let ty = Self::ty(cx, x);
-                at_least_rank(name, &ty, 3, "N, C and spatial axes", span)?;
-                let c = ty.shape[1];
-                let off = usize::from(name == "group_norm");
-                let g = if name == "group_norm" {
-                    const_int(req(&a, 1), &cx.dims)?
-                } else {
-                    c as i64
-                };
-                if g < 1 || c % g as usize != 0 {
-                    return Err(Diagnostic::new(
-                        format!("{name}: {g} groups do not divide {c} channels"),
-                        span,
-                        "groups",
-                    ));
-                }
-                let eps = a[3 + off]
-                    .map(const_float)
-                    .transpose()?
-                    .map_or(1e-5, |(v, _)| v);
-                let per: usize = ty.shape[1..].iter().product::<usize>() / g as usize;
-                let grouped = self.add(
-                    cx,
-                    Op::Reshape {
-                        shape: vec![ty.shape[0], g as usize, per],
-                    },
-                    &[x],
-                    span,
-                )?;
-                let normed =
-                    self.add(cx, Op::LayerNorm { axes: vec![2], eps }, &[grouped], span)?;
-                let v = self.add(
-                    cx,
-                    Op::Reshape {
-                        shape: ty.shape.clone(),
-                    },
-                    &[normed],
-                    span,
-                )?;
-                let mut cs = vec![c];
-                cs.extend(vec![1; ty.rank() - 2]);
-                let gamma = self.tensor(cx, req(&a, 1 + off))?;
-                let beta = self.tensor(cx, req(&a, 2 + off))?;
-                let gamma = self.add(cx, Op::Reshape { shape: cs.clone() }, &[gamma], span)?;
-                let beta = self.add(cx, Op::Reshape { shape: cs }, &[beta], span)?;
-                let v = self.bin(cx, BinaryOp::Mul, v, gamma, span)?;
-                t(self.bin(cx, BinaryOp::Add, v, beta, span)?)
-            }
-            "gemm" => {
-                let a = bind(
-                    f,
-                    args,
-                    &["a", "b", "c", "alpha", "beta", "trans_a", "trans_b"],
-                    2,
-                    span,
-                )?;
-                let mut x = self.tensor(cx, req(&a, 0))?;
-                let mut y = self.tensor(cx, req(&a, 1))?;
-                for (slot, v) in [(5, &mut x), (6, &mut y)] {
-                    if a[slot].map(const_bool).transpose()?.unwrap_or(false) {
-                        *v = self.add(cx, Op::Transpose { perm: vec![1, 0] }, &[*v], span)?;
-                    }
-                }
-                let mut p = self.add(cx, Op::MatMul, &[x, y], span)?;
-                let d = Self::ty(cx, p).dtype;
-                if let Some(e) = a[3] {
-                    let al = self.k(cx, const_float(e)?.0, d);
-                    p = self.bin(cx, BinaryOp::Mul, p, al, span)?;
-                }
-                if let Some(e) = a[2] {
-                    let mut c = self.tensor(cx, e)?;
-                    if let Some(be) = a[4] {
-                        let b = self.k(cx, const_float(be)?.0, d);
-                        c = self.bin(cx, BinaryOp::Mul, c, b, span)?;
-                    }
-                    p = self.bin(cx, BinaryOp::Add, p, c, span)?;
-                }
-                t(p)
-            }
-            "conv1d" | "maxpool1d" | "avgpool1d" => {
-                let conv = name == "conv1d";
-                let params: &[&str] = if conv {
-                    &["x", "w", "stride", "padding", "groups"]
-                } else {
-                    &["x", "kernel", "stride", "padding"]
-                };
-                let a = bind(f, args, params, 2, span)?;
-                let x = self.tensor(cx, req(&a, 0))?;
-                let ty = Self::ty(cx, x);
-                let [n, c, l] = ty.shape[..] else {
-                    return Err(Diagnostic::new(
-                        format!("{name} needs [N, C, L], got {ty}"),
-                        span,
-                        "rank",
-                    ));
-                };
-                let int = |e: Option<&Expr>, def: i64, dims: &HashMap<String, usize>| -> R<usize> {
-                    let v = e.map(|e| const_int(e, dims)).transpose()?.unwrap_or(def);
-                    if v < 0 {
-                        return Err(Diagnostic::new(
-                            format!("{name}: a negative count"),
-                            span,
-                            "negative",
-                        ));
-                    }
-                    Ok(v as usize)
-                };
-                let x2 = self.add(
-                    cx,
-                    Op::Reshape {
-                        shape: vec![n, c, 1, l],
-                    },
-                    &[x],
-                    span,
-                )?;
-                let (stride, padding) = (int(a[2], 1, &cx.dims)?, int(a[3], 0, &cx.dims)?);
-                let out = if conv {
-                    let w = self.tensor(cx, req(&a, 1))?;
-                    let wt = Self::ty(cx, w);
-                    let [o, ci, k] = wt.shape[..] else {
-                        return Err(Diagnostic::new(
-                            format!("conv1d needs weights [O, C, K], got {wt}"),
-                            span,
-                            "rank",
-                        ));
-                    };
-                    let w2 = self.add(
-                        cx,
-                        Op::Reshape {
-                            shape: vec![o, ci, 1, k],
-                        },
-                        &[w],
-                        span,
-                    )?;
-                    let groups = int(a[4], 1, &cx.dims)?;
-                    self.add(
-                        cx,
-                        Op::Conv2d {
-                            stride: [1, stride.max(1)],
-                            padding: [0, padding],
-                            groups,
-                        },
-                        &[x2, w2],
-                        span,
-                    )?
-                } else {
-                    let k = int(Some(req(&a, 1)), 1, &cx.dims)?;
-                    let kind = if name == "maxpool1d" {
-                        PoolKind::Max
-                    } else {
-                        PoolKind::Avg
-                    };
-                    let stride = if a[2].is_some() { stride } else { k };
-                    self.add(
-                        cx,
-                        Op::Pool2d {
-                            kind,
-                            kernel: [1, k],
-                            stride: [1, stride.max(1)],
-                            padding: [0, padding],
-                        },
-                        &[x2],
-                        span,
-                    )?
-                };
-                let ot = Self::ty(cx, out);
-                let shape = vec![ot.shape[0], ot.shape[1], ot.shape[3]];
-                t(self.add(cx, Op::Reshape { shape }, &[out], span)?)
-            }
-            "topk" => {
-                let a = bind(f, args, &["x", "k", "axis", "largest"], 2, span)?;
-                let x = self.tensor(cx, req(&a, 0))?;
-                let ty = Self::ty(cx, x);
-                if !ty.dtype.is_numeric() || ty.rank() == 0 {
-                    return Err(Diagnostic::new(
-                        format!("topk needs numbers, got {ty}"),
-                        span,
-                        "type",
-                    ));
-                }
-                let axis = axis_arg(a[2], &ty, ty.rank() - 1, &cx.dims)?;
-                let n = ty.shape[axis];
-                let k = const_int(req(&a, 1), &cx.dims)?;
-                if k < 1 || k as usize > n.min(64) {
-                    return Err(Diagnostic::new(
-                        format!("topk: k must be 1 to {} here", n.min(64)),
-                        req(&a, 1).span,
-                        "k",
-                    ));
-                }
-                let largest = a[3].map(const_bool).transpose()?.unwrap_or(true);
-                let kind = if largest {
-                    ReduceKind::Max
-                } else {
-                    ReduceKind::Min
-                };
-                // What a taken element becomes, so it is never taken again.
-                let gone = match (ty.dtype.is_float(), largest) {
-                    (true, true) => f64::NEG_INFINITY,
-                    (true, false) => f64::INFINITY,
-                    (false, true) => ty.dtype.int_min().unwrap_or(0.0),
-                    (false, false) => ty.dtype.int_max().unwrap_or(0.0),
-                };
-                let gone = self.k(cx, gone, ty.dtype);
-                let iota = self.iota(cx, n, axis, ty.rank(), DType::I64);
-                let (mut vals, mut idxs, mut cur) = (Vec::new(), Vec::new(), x);
-                for _ in 0..k {
-                    let (v, i) = self.first_extreme(cx, cur, kind, axis, iota, span)?;
-                    let taken = self.cmp(cx, CmpOp::Eq, iota, i, span)?;
-                    cur = self.add(cx, Op::Select, &[taken, gone, cur], span)?;
-                    vals.push(v);
-                    idxs.push(i);
-                }
-                let v = self.add(cx, Op::Concat { axis }, &vals, span)?;
-                let i = self.add(cx, Op::Concat { axis }, &idxs, span)?;
-                Ok(EVal::Tuple(vec![v, i]))
-            }
-            "gather_elements" => {
-                let a = bind(f, args, &["x", "indices", "axis"], 2, span)?;
-                let x = self.tensor(cx, req(&a, 0))?;
-                let ind = self.tensor(cx, req(&a, 1))?;
-                let (ty, it) = (Self::ty(cx, x), Self::ty(cx, ind));
-                let axis = axis_arg(a[2], &ty, 0, &cx.dims)?;
-                let fits = it.rank() == ty.rank()
-                    && (0..ty.rank()).all(|i| i == axis || it.shape[i] == ty.shape[i]);
-                if !it.dtype.is_int() || !ty.dtype.is_numeric() || !fits {
-                    return Err(Diagnostic::new(
-                        format!("gather_elements: indices {it} do not fit {ty} along axis {axis}"),
-                        span,
-                        "indices",
-                    ));
-                }
-                let n = ty.shape[axis];
-                // x as [.., 1 (m), n, ..] and the indices as [.., m, 1, ..]:
-                // each output element sums the one x whose position matches.
-                let mut xs = ty.shape.clone();
-                xs.insert(axis, 1);
-                let xv = self.add(cx, Op::Reshape { shape: xs }, &[x], span)?;
-                let ind = self.counted_from_end(cx, ind, n, span)?;
-                let mut is = it.shape.clone();
-                is.insert(axis + 1, 1);
-                let iv = self.add(cx, Op::Reshape { shape: is }, &[ind], span)?;
-                let iota = self.iota(cx, n, axis + 1, ty.rank() + 1, it.dtype);
-                let hit = self.cmp(cx, CmpOp::Eq, iv, iota, span)?;
-                t(self.masked_sum(cx, hit, xv, axis + 1, span)?)
-            }
-            "gather" => {
-                let a = bind(f, args, &["x", "indices", "axis"], 2, span)?;
-                let x = self.tensor(cx, req(&a, 0))?;
-                let ind = self.tensor(cx, req(&a, 1))?;
-                let (ty, it) = (Self::ty(cx, x), Self::ty(cx, ind));
-                if !it.dtype.is_int() || !ty.dtype.is_numeric() {
-                    return Err(Diagnostic::new(
-                        format!("gather takes numbers and integer indices, got {ty} and {it}"),
-                        span,
-                        "types",
-                    ));
-                }
-                let axis = axis_arg(a[2], &ty, 0, &cx.dims)?;
-                t(self.gather(cx, x, ind, axis, span)?)
+                    .collect()
             }
             _ => {
-                // At inference the identity; with `step`, training
-                // dropout (training.rs).
-                let a = bind(f, args, &["x", "p", "step", "seed"], 1, span)?;
-                let mut p = 0.5;
-                if let Some(e) = a[1] {
-                    p = const_float(e)?.0;
-                    if !(0.0..1.0).contains(&p) {
-                        return Err(Diagnostic::new("dropout: p must be in [0, 1)", e.span, "p"));
+                let ax = match a[1] {
+                    Some(e) => {
+                        let v = const_int(e, &cx.dims)?;
+                        let r = ty.rank() as i64;
+                        if v < -r || v > r {
+                            return Err(Diagnostic::new(
+                                format!("flatten: axis {v} is out of range for {ty}"),
+                                e.span,
+                                "axis out of range",
+                            ));
+                        }
+                        if v < 0 { (v + r) as usize } else { v as usize }
                     }
+                    None => 1.min(ty.rank()),
+                };
+                vec![
+                    ty.shape[..ax].iter().product(),
+                    ty.shape[ax..].iter().product(),
+                ]
+            }
+        };
+        t(self.add(cx, Op::Reshape { shape }, &[x], span)?)
+    }
+
+    /// `expand`.
+    pub(super) fn call_expand(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let span = c.span;
+        let a = &c.a;
+        let t = |v: Value| Ok(EVal::Tensor(v));
+        let (x, ty) = self.first_tensor(cx, c)?;
+        let want = positive_shape(&const_ints(req(a, 1), &cx.dims)?)?;
+        // NumPy's broadcast of the two shapes (either may be larger).
+        let r = ty.rank().max(want.len());
+        let at = |s: &[usize], i: usize| {
+            if i + s.len() >= r {
+                s[i + s.len() - r]
+            } else {
+                1
+            }
+        };
+        let mut shape = Vec::with_capacity(r);
+        for i in 0..r {
+            let (p, q) = (at(&ty.shape, i), at(&want, i));
+            if p != q && p != 1 && q != 1 {
+                return Err(Diagnostic::new(
+                    format!("expand: {ty} does not broadcast with {want:?}"),
+                    span,
+                    "shapes do not broadcast",
+                ));
+            }
+            shape.push(p.max(q));
+        }
+        t(self.add(cx, Op::Broadcast { shape }, &[x], span)?)
+    }
+
+    /// `stack`.
+    pub(super) fn call_stack(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let span = c.span;
+        let a = &c.a;
+        let t = |v: Value| Ok(EVal::Tensor(v));
+        let vals = self.tensor_list(cx, req(a, 0), "stack")?;
+        let ty = Self::ty(cx, vals[0]);
+        let out = TensorType::new(ty.dtype, vec![1; ty.rank() + 1]);
+        let axis = match a[1] {
+            Some(e) => normalize_axis(const_int(e, &cx.dims)?, &out, e.span)?,
+            None => 0,
+        };
+        let mut shape = ty.shape.clone();
+        shape.insert(axis, 1);
+        let mut parts = Vec::with_capacity(vals.len());
+        for v in vals {
+            parts.push(self.add(
+                cx,
+                Op::Reshape {
+                    shape: shape.clone(),
+                },
+                &[v],
+                span,
+            )?);
+        }
+        t(self.add(cx, Op::Concat { axis }, &parts, span)?)
+    }
+
+    /// `split`.
+    pub(super) fn call_split(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let span = c.span;
+        let a = &c.a;
+        let (x, ty) = self.first_tensor(cx, c)?;
+        let axis = c.axis(2, &ty, &cx.dims)?;
+        let sizes = const_ints(req(a, 1), &cx.dims)?;
+        let total: i64 = sizes.iter().map(|(v, _)| *v).sum();
+        if sizes.iter().any(|(v, _)| *v < 1) || total != ty.shape[axis] as i64 {
+            return Err(Diagnostic::new(
+                format!(
+                    "split: sizes must be positive and add up to {}",
+                    ty.shape[axis]
+                ),
+                req(a, 1).span,
+                format!("they add up to {total}"),
+            ));
+        }
+        let mut start = 0;
+        let mut parts = Vec::new();
+        for (n, _) in sizes {
+            let end = start + n as usize;
+            parts.push(self.add(cx, Op::Slice { axis, start, end }, &[x], span)?);
+            start = end;
+        }
+        Ok(EVal::Tuple(parts))
+    }
+
+    /// `tile`.
+    pub(super) fn call_tile(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let span = c.span;
+        let a = &c.a;
+        let t = |v: Value| Ok(EVal::Tensor(v));
+        let (x, ty) = self.first_tensor(cx, c)?;
+        let reps = const_ints(req(a, 1), &cx.dims)?;
+        if reps.len() != ty.rank() || reps.iter().any(|(v, _)| !(1..=4096).contains(v)) {
+            return Err(Diagnostic::new(
+                format!("tile: one repeat count (1 to 4096) per axis of {ty}"),
+                req(a, 1).span,
+                "repeats do not fit",
+            ));
+        }
+        let mut v = x;
+        for (axis, (n, _)) in reps.into_iter().enumerate() {
+            if n > 1 {
+                v = self.add(cx, Op::Concat { axis }, &vec![v; n as usize], span)?;
+            }
+        }
+        t(v)
+    }
+
+    /// `log_softmax`, `logsumexp`, `variance`, `l1_norm`, `l2_norm`.
+    pub(super) fn call_log_softmax(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let name = c.name();
+        let span = c.span;
+        let a = &c.a;
+        let t = |v: Value| Ok(EVal::Tensor(v));
+        let (x, ty) = self.first_tensor(cx, c)?;
+        if name != "l1_norm" && !ty.dtype.is_float() {
+            return Err(Diagnostic::new(
+                format!("{name} needs a float operand, got {ty}"),
+                req(a, 0).span,
+                format!("{} is not a float type", ty.dtype),
+            ));
+        }
+        let axes = match a[1] {
+            Some(e) => normalize_axes(&const_int_or_list(e, &cx.dims)?, &ty)?,
+            None if name == "log_softmax" => vec![ty.rank().saturating_sub(1)],
+            None => (0..ty.rank()).collect(),
+        };
+        let keep = a
+            .get(2)
+            .copied()
+            .flatten()
+            .map(const_bool)
+            .transpose()?
+            .unwrap_or(false);
+        let red = |me: &mut Self, cx: &mut FnCx, kind, v, keepdims| {
+            me.add(
+                cx,
+                Op::Reduce {
+                    kind,
+                    axes: axes.clone(),
+                    keepdims,
+                },
+                &[v],
+                span,
+            )
+        };
+        match name {
+            "log_softmax" | "logsumexp" => {
+                let (m, c, l) = self.shifted_logsumexp(cx, x, &axes, span)?;
+                if name == "log_softmax" {
+                    return t(self.bin(cx, BinaryOp::Sub, c, l, span)?);
                 }
-                let x = self.tensor(cx, req(&a, 0))?;
-                match a[2] {
-                    None if a[3].is_some() => Err(Diagnostic::new(
-                        "dropout: `seed` draws the mask of a training step: give `step` too",
-                        span,
-                        "no step",
-                    )),
-                    None => t(x),
-                    Some(step) => {
-                        let seed = a[3]
-                            .map(|e| const_int(e, &cx.dims))
-                            .transpose()?
-                            .unwrap_or(0);
-                        t(self.train_dropout(cx, x, p, step, seed, span)?)
-                    }
+                let r = self.bin(cx, BinaryOp::Add, m, l, span)?;
+                t(self.keep_or_drop(cx, r, &ty, &axes, keep, span)?)
+            }
+            "variance" => {
+                let mean = red(self, cx, ReduceKind::Mean, x, true)?;
+                let c = self.bin(cx, BinaryOp::Sub, x, mean, span)?;
+                let sq = self.bin(cx, BinaryOp::Mul, c, c, span)?;
+                t(red(self, cx, ReduceKind::Mean, sq, keep)?)
+            }
+            "l1_norm" => {
+                let ab = self.add(cx, Op::Unary(UnaryOp::Abs), &[x], span)?;
+                t(red(self, cx, ReduceKind::Sum, ab, keep)?)
+            }
+            _ => {
+                let sq = self.bin(cx, BinaryOp::Mul, x, x, span)?;
+                let s = red(self, cx, ReduceKind::Sum, sq, keep)?;
+                t(self.add(cx, Op::Unary(UnaryOp::Sqrt), &[s], span)?)
+            }
+        }
+    }
+
+    /// `argmax`, `argmin`.
+    pub(super) fn call_argmax(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let name = c.name();
+        let span = c.span;
+        let a = &c.a;
+        let t = |v: Value| Ok(EVal::Tensor(v));
+        let (x, ty) = self.first_tensor(cx, c)?;
+        if !ty.dtype.is_numeric() {
+            return Err(Diagnostic::new(
+                format!("{name} of bool"),
+                span,
+                "not numeric",
+            ));
+        }
+        let e = req(a, 1);
+        let axis = normalize_axis(const_int(e, &cx.dims)?, &ty, e.span)?;
+        let keep = c.flag(2)?;
+        let kind = if name == "argmax" {
+            ReduceKind::Max
+        } else {
+            ReduceKind::Min
+        };
+        let iota = self.iota(cx, ty.shape[axis], axis, ty.rank(), DType::I64);
+        let (_, idx) = self.first_extreme(cx, x, kind, axis, iota, span)?;
+        t(self.keep_or_drop(cx, idx, &ty, &[axis], keep, span)?)
+    }
+
+    /// `one_hot`.
+    pub(super) fn call_one_hot(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let span = c.span;
+        let a = &c.a;
+        let t = |v: Value| Ok(EVal::Tensor(v));
+        let ind = self.tensor(cx, req(a, 0))?;
+        let ty = Self::ty(cx, ind);
+        if !ty.dtype.is_int() {
+            return Err(Diagnostic::new(
+                format!("one_hot needs integer indices, got {ty}"),
+                req(a, 0).span,
+                "not an integer type",
+            ));
+        }
+        let depth = const_int(req(a, 1), &cx.dims)?;
+        if !(1..=1 << 20).contains(&depth) {
+            return Err(Diagnostic::new(
+                "one_hot: depth must be positive",
+                req(a, 1).span,
+                "depth",
+            ));
+        }
+        let dtype = c.dtype(2)?;
+        let mut s = ty.shape.clone();
+        s.push(1);
+        let col = self.add(cx, Op::Reshape { shape: s }, &[ind], span)?;
+        let iota = self.iota(cx, depth as usize, 0, 1, ty.dtype);
+        let hit = self.cmp(cx, CmpOp::Eq, col, iota, span)?;
+        t(self.add(cx, Op::Cast { to: dtype }, &[hit], span)?)
+    }
+
+    /// `arange`.
+    pub(super) fn call_arange(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let span = c.span;
+        let a = &c.a;
+        let (s0, fs) = const_float(req(a, 0))?;
+        let (s1, fe) = const_float(req(a, 1))?;
+        let (st, fst) = a[2].map(const_float).transpose()?.unwrap_or((1.0, false));
+        let dtype = match a[3] {
+            Some(e) => dtype_arg(e)?,
+            None => literal_dtype(fs || fe || fst),
+        };
+        let n = if st == 0.0 {
+            0.0
+        } else {
+            ((s1 - s0) / st).ceil()
+        };
+        if !(1.0..=(1u64 << 24) as f64).contains(&n) {
+            return Err(Diagnostic::new(
+                "arange: the range must hold 1 to 2^24 elements",
+                span,
+                "empty or too long",
+            ));
+        }
+        let values = (0..n as usize)
+            .map(|i| dtype.round(s0 + i as f64 * st))
+            .collect();
+        Ok(EVal::Tensor(cx.f.add_op(
+            Op::Constant(ConstValue::Dense(values)),
+            &[],
+            TensorType::new(dtype, vec![n as usize]),
+        )))
+    }
+
+    /// `tril`, `triu`.
+    pub(super) fn call_tril(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let name = c.name();
+        let span = c.span;
+        let t = |v: Value| Ok(EVal::Tensor(v));
+        let (x, ty) = self.first_tensor(cx, c)?;
+        at_least_rank(name, &ty, 2, "a matrix", span)?;
+        let k = c.int(1, &cx.dims)?;
+        let (rows, cols) = (ty.shape[ty.rank() - 2], ty.shape[ty.rank() - 1]);
+        let keep: Vec<f64> = (0..rows * cols)
+            .map(|p| {
+                let d = (p % cols) as i64 - (p / cols) as i64;
+                f64::from(u8::from(if name == "tril" { d <= k } else { d >= k }))
+            })
+            .collect();
+        let mask = cx.f.add_op(
+            Op::Constant(ConstValue::Dense(keep)),
+            &[],
+            TensorType::new(DType::Bool, vec![rows, cols]),
+        );
+        let zero = self.k(cx, 0.0, ty.dtype);
+        t(self.add(cx, Op::Select, &[mask, x, zero], span)?)
+    }
+
+    /// `global_avgpool`, `global_maxpool`.
+    pub(super) fn call_global_avgpool(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let name = c.name();
+        let span = c.span;
+        let t = |v: Value| Ok(EVal::Tensor(v));
+        let (x, ty) = self.first_tensor(cx, c)?;
+        at_least_rank(name, &ty, 3, "N, C and spatial axes", span)?;
+        let kind = if name == "global_avgpool" {
+            ReduceKind::Mean
+        } else {
+            ReduceKind::Max
+        };
+        t(self.add(
+            cx,
+            Op::Reduce {
+                kind,
+                axes: (2..ty.rank()).collect(),
+                keepdims: true,
+            },
+            &[x],
+            span,
+        )?)
+    }
+
+    /// `pad`.
+    pub(super) fn call_pad(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let span = c.span;
+        let a = &c.a;
+        let t = |v: Value| Ok(EVal::Tensor(v));
+        let (x, ty) = self.first_tensor(cx, c)?;
+        let pads = const_ints(req(a, 1), &cx.dims)?;
+        if pads.len() != 2 * ty.rank() || pads.iter().any(|(v, _)| !(0..=1 << 20).contains(v)) {
+            return Err(Diagnostic::new(
+                format!("pad: one (before, after) pair of non-negative counts per axis of {ty}"),
+                req(a, 1).span,
+                format!("expected {} counts", 2 * ty.rank()),
+            ));
+        }
+        let value = match a[2] {
+            Some(e) => {
+                let (v, fl) = const_float(e)?;
+                if fl && !ty.dtype.is_float() {
+                    return Err(Diagnostic::new(
+                        format!("the number `{v}` cannot be a {}", ty.dtype),
+                        e.span,
+                        "type mismatch",
+                    ));
                 }
+                v
+            }
+            None => 0.0,
+        };
+        let mut v = x;
+        let mut shape = ty.shape.clone();
+        for axis in 0..ty.rank() {
+            let (before, after) = (pads[2 * axis].0 as usize, pads[2 * axis + 1].0 as usize);
+            let mut parts = Vec::new();
+            for (n, at_end) in [(before, false), (after, true)] {
+                if n > 0 {
+                    let mut s = shape.clone();
+                    s[axis] = n;
+                    let c = cx.f.add_op(
+                        Op::Constant(ConstValue::Splat(ty.dtype.round(value))),
+                        &[],
+                        TensorType::new(ty.dtype, s),
+                    );
+                    parts.push((at_end, c));
+                }
+            }
+            if parts.is_empty() {
+                continue;
+            }
+            let mut ins: Vec<Value> = parts.iter().filter(|p| !p.0).map(|p| p.1).collect();
+            ins.push(v);
+            ins.extend(parts.iter().filter(|p| p.0).map(|p| p.1));
+            v = self.add(cx, Op::Concat { axis }, &ins, span)?;
+            shape[axis] += before + after;
+        }
+        t(v)
+    }
+
+    /// `cumsum`.
+    pub(super) fn call_cumsum(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let span = c.span;
+        let a = &c.a;
+        let t = |v: Value| Ok(EVal::Tensor(v));
+        let (x, ty) = self.first_tensor(cx, c)?;
+        if !ty.dtype.is_numeric() {
+            return Err(Diagnostic::new("cumsum of bool", span, "not numeric"));
+        }
+        let e = req(a, 1);
+        let axis = normalize_axis(const_int(e, &cx.dims)?, &ty, e.span)?;
+        let excl = c.flag(2)?;
+        let rev = c.flag(3)?;
+        let n = ty.shape[axis];
+        if n > 4096 {
+            return Err(Diagnostic::new(
+                "cumsum over more than 4096 elements",
+                span,
+                "too long",
+            ));
+        }
+        // x as [.., n (k), 1, ..] against a mask [n (k), n (i)] of the k
+        // each position i sums, a where (so an infinity outside a
+        // prefix stays out), summed over k.
+        let mut xs = ty.shape.clone();
+        xs.insert(axis + 1, 1);
+        let xv = self.add(cx, Op::Reshape { shape: xs }, &[x], span)?;
+        let keep: Vec<f64> = (0..n * n)
+            .map(|p| {
+                let (k, i) = (p / n, p % n);
+                f64::from(u8::from(match (rev, excl) {
+                    (false, false) => k <= i,
+                    (false, true) => k < i,
+                    (true, false) => k >= i,
+                    (true, true) => k > i,
+                }))
+            })
+            .collect();
+        let mut ms = vec![1; ty.rank() + 1];
+        ms[axis] = n;
+        ms[axis + 1] = n;
+        let mask = cx.f.add_op(
+            Op::Constant(ConstValue::Dense(keep)),
+            &[],
+            TensorType::new(DType::Bool, ms),
+        );
+        t(self.masked_sum(cx, mask, xv, axis, span)?)
+    }
+
+    /// `group_norm`, `instance_norm`.
+    pub(super) fn call_group_norm(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let name = c.name();
+        let span = c.span;
+        let a = &c.a;
+        let t = |v: Value| Ok(EVal::Tensor(v));
+        let x = self.float_tensor(cx, req(a, 0), name)?;
+        let ty = Self::ty(cx, x);
+        at_least_rank(name, &ty, 3, "N, C and spatial axes", span)?;
+        let channels = ty.shape[1];
+        let off = usize::from(name == "group_norm");
+        let g = if name == "group_norm" {
+            const_int(req(a, 1), &cx.dims)?
+        } else {
+            channels as i64
+        };
+        if g < 1 || channels % g as usize != 0 {
+            return Err(Diagnostic::new(
+                format!("{name}: {g} groups do not divide {channels} channels"),
+                span,
+                "groups",
+            ));
+        }
+        let eps = c.float(3 + off)?;
+        let per: usize = ty.shape[1..].iter().product::<usize>() / g as usize;
+        let grouped = self.add(
+            cx,
+            Op::Reshape {
+                shape: vec![ty.shape[0], g as usize, per],
+            },
+            &[x],
+            span,
+        )?;
+        let normed = self.add(cx, Op::LayerNorm { axes: vec![2], eps }, &[grouped], span)?;
+        let v = self.add(
+            cx,
+            Op::Reshape {
+                shape: ty.shape.clone(),
+            },
+            &[normed],
+            span,
+        )?;
+        let mut cs = vec![channels];
+        cs.extend(vec![1; ty.rank() - 2]);
+        let gamma = self.tensor(cx, req(a, 1 + off))?;
+        let beta = self.tensor(cx, req(a, 2 + off))?;
+        let gamma = self.add(cx, Op::Reshape { shape: cs.clone() }, &[gamma], span)?;
+        let beta = self.add(cx, Op::Reshape { shape: cs }, &[beta], span)?;
+        let v = self.bin(cx, BinaryOp::Mul, v, gamma, span)?;
+        t(self.bin(cx, BinaryOp::Add, v, beta, span)?)
+    }
+
+    /// `gemm`.
+    pub(super) fn call_gemm(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let span = c.span;
+        let a = &c.a;
+        let t = |v: Value| Ok(EVal::Tensor(v));
+        let mut x = self.tensor(cx, req(a, 0))?;
+        let mut y = self.tensor(cx, req(a, 1))?;
+        for (slot, v) in [(5, &mut x), (6, &mut y)] {
+            if a[slot].map(const_bool).transpose()?.unwrap_or(false) {
+                *v = self.add(cx, Op::Transpose { perm: vec![1, 0] }, &[*v], span)?;
+            }
+        }
+        let mut p = self.add(cx, Op::MatMul, &[x, y], span)?;
+        let d = Self::ty(cx, p).dtype;
+        if let Some(e) = a[3] {
+            let al = self.k(cx, const_float(e)?.0, d);
+            p = self.bin(cx, BinaryOp::Mul, p, al, span)?;
+        }
+        if let Some(e) = a[2] {
+            let mut c = self.tensor(cx, e)?;
+            if let Some(be) = a[4] {
+                let b = self.k(cx, const_float(be)?.0, d);
+                c = self.bin(cx, BinaryOp::Mul, c, b, span)?;
+            }
+            p = self.bin(cx, BinaryOp::Add, p, c, span)?;
+        }
+        t(p)
+    }
+
+    /// `conv1d`, `maxpool1d`, `avgpool1d`.
+    pub(super) fn call_conv1d(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let name = c.name();
+        let span = c.span;
+        let a = &c.a;
+        let t = |v: Value| Ok(EVal::Tensor(v));
+        let conv = name == "conv1d";
+        let (x, ty) = self.first_tensor(cx, c)?;
+        let [n, ch, l] = ty.shape[..] else {
+            return Err(Diagnostic::new(
+                format!("{name} needs [N, C, L], got {ty}"),
+                span,
+                "rank",
+            ));
+        };
+        let count = |v: i64| -> R<usize> {
+            if v < 0 {
+                return Err(Diagnostic::new(
+                    format!("{name}: a negative count"),
+                    span,
+                    "negative",
+                ));
+            }
+            Ok(v as usize)
+        };
+        let x2 = self.add(
+            cx,
+            Op::Reshape {
+                shape: vec![n, ch, 1, l],
+            },
+            &[x],
+            span,
+        )?;
+        let padding = count(c.int(3, &cx.dims)?)?;
+        let out = if conv {
+            let stride = count(c.int(2, &cx.dims)?)?;
+            let w = self.tensor(cx, req(a, 1))?;
+            let wt = Self::ty(cx, w);
+            let [o, ci, k] = wt.shape[..] else {
+                return Err(Diagnostic::new(
+                    format!("conv1d needs weights [O, C, K], got {wt}"),
+                    span,
+                    "rank",
+                ));
+            };
+            let w2 = self.add(
+                cx,
+                Op::Reshape {
+                    shape: vec![o, ci, 1, k],
+                },
+                &[w],
+                span,
+            )?;
+            let groups = count(c.int(4, &cx.dims)?)?;
+            self.add(
+                cx,
+                Op::Conv2d {
+                    stride: [1, stride.max(1)],
+                    padding: [0, padding],
+                    groups,
+                },
+                &[x2, w2],
+                span,
+            )?
+        } else {
+            let k = count(c.int(1, &cx.dims)?)?;
+            let kind = if name == "maxpool1d" {
+                PoolKind::Max
+            } else {
+                PoolKind::Avg
+            };
+            let stride = match a[2] {
+                Some(_) => count(c.int(2, &cx.dims)?)?,
+                None => k,
+            };
+            self.add(
+                cx,
+                Op::Pool2d {
+                    kind,
+                    kernel: [1, k],
+                    stride: [1, stride.max(1)],
+                    padding: [0, padding],
+                },
+                &[x2],
+                span,
+            )?
+        };
+        let ot = Self::ty(cx, out);
+        let shape = vec![ot.shape[0], ot.shape[1], ot.shape[3]];
+        t(self.add(cx, Op::Reshape { shape }, &[out], span)?)
+    }
+
+    /// `topk`.
+    pub(super) fn call_topk(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let span = c.span;
+        let a = &c.a;
+        let (x, ty) = self.first_tensor(cx, c)?;
+        if !ty.dtype.is_numeric() || ty.rank() == 0 {
+            return Err(Diagnostic::new(
+                format!("topk needs numbers, got {ty}"),
+                span,
+                "type",
+            ));
+        }
+        let axis = c.axis(2, &ty, &cx.dims)?;
+        let n = ty.shape[axis];
+        let k = const_int(req(a, 1), &cx.dims)?;
+        if k < 1 || k as usize > n.min(64) {
+            return Err(Diagnostic::new(
+                format!("topk: k must be 1 to {} here", n.min(64)),
+                req(a, 1).span,
+                "k",
+            ));
+        }
+        let largest = c.flag(3)?;
+        let kind = if largest {
+            ReduceKind::Max
+        } else {
+            ReduceKind::Min
+        };
+        // What a taken element becomes, so it is never taken again.
+        let gone = match (ty.dtype.is_float(), largest) {
+            (true, true) => f64::NEG_INFINITY,
+            (true, false) => f64::INFINITY,
+            (false, true) => ty.dtype.int_min().unwrap_or(0.0),
+            (false, false) => ty.dtype.int_max().unwrap_or(0.0),
+        };
+        let gone = self.k(cx, gone, ty.dtype);
+        let iota = self.iota(cx, n, axis, ty.rank(), DType::I64);
+        let (mut vals, mut idxs, mut cur) = (Vec::new(), Vec::new(), x);
+        for _ in 0..k {
+            let (v, i) = self.first_extreme(cx, cur, kind, axis, iota, span)?;
+            let taken = self.cmp(cx, CmpOp::Eq, iota, i, span)?;
+            cur = self.add(cx, Op::Select, &[taken, gone, cur], span)?;
+            vals.push(v);
+            idxs.push(i);
+        }
+        let v = self.add(cx, Op::Concat { axis }, &vals, span)?;
+        let i = self.add(cx, Op::Concat { axis }, &idxs, span)?;
+        Ok(EVal::Tuple(vec![v, i]))
+    }
+
+    /// `gather_elements`.
+    pub(super) fn call_gather_elements(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let span = c.span;
+        let a = &c.a;
+        let t = |v: Value| Ok(EVal::Tensor(v));
+        let x = self.tensor(cx, req(a, 0))?;
+        let ind = self.tensor(cx, req(a, 1))?;
+        let (ty, it) = (Self::ty(cx, x), Self::ty(cx, ind));
+        let axis = c.axis(2, &ty, &cx.dims)?;
+        let fits = it.rank() == ty.rank()
+            && (0..ty.rank()).all(|i| i == axis || it.shape[i] == ty.shape[i]);
+        if !it.dtype.is_int() || !ty.dtype.is_numeric() || !fits {
+            return Err(Diagnostic::new(
+                format!("gather_elements: indices {it} do not fit {ty} along axis {axis}"),
+                span,
+                "indices",
+            ));
+        }
+        let n = ty.shape[axis];
+        // x as [.., 1 (m), n, ..] and the indices as [.., m, 1, ..]:
+        // each output element sums the one x whose position matches.
+        let mut xs = ty.shape.clone();
+        xs.insert(axis, 1);
+        let xv = self.add(cx, Op::Reshape { shape: xs }, &[x], span)?;
+        let ind = self.counted_from_end(cx, ind, n, span)?;
+        let mut is = it.shape.clone();
+        is.insert(axis + 1, 1);
+        let iv = self.add(cx, Op::Reshape { shape: is }, &[ind], span)?;
+        let iota = self.iota(cx, n, axis + 1, ty.rank() + 1, it.dtype);
+        let hit = self.cmp(cx, CmpOp::Eq, iv, iota, span)?;
+        t(self.masked_sum(cx, hit, xv, axis + 1, span)?)
+    }
+
+    /// `gather`.
+    pub(super) fn call_gather(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let span = c.span;
+        let a = &c.a;
+        let t = |v: Value| Ok(EVal::Tensor(v));
+        let x = self.tensor(cx, req(a, 0))?;
+        let ind = self.tensor(cx, req(a, 1))?;
+        let (ty, it) = (Self::ty(cx, x), Self::ty(cx, ind));
+        if !it.dtype.is_int() || !ty.dtype.is_numeric() {
+            return Err(Diagnostic::new(
+                format!("gather takes numbers and integer indices, got {ty} and {it}"),
+                span,
+                "types",
+            ));
+        }
+        let axis = c.axis(2, &ty, &cx.dims)?;
+        t(self.gather(cx, x, ind, axis, span)?)
+    }
+
+    /// `dropout`.
+    pub(super) fn call_dropout(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let span = c.span;
+        let a = &c.a;
+        let t = |v: Value| Ok(EVal::Tensor(v));
+        // At inference the identity; with `step`, training
+        // dropout (training.rs).
+        let p = c.float(1)?;
+        if !(0.0..1.0).contains(&p) {
+            let at = a[1].map_or(span, |e| e.span);
+            return Err(Diagnostic::new("dropout: p must be in [0, 1)", at, "p"));
+        }
+        let x = self.tensor(cx, req(a, 0))?;
+        match a[2] {
+            None if a[3].is_some() => Err(Diagnostic::new(
+                "dropout: `seed` draws the mask of a training step: give `step` too",
+                span,
+                "no step",
+            )),
+            None => t(x),
+            Some(step) => {
+                let seed = c.int(3, &cx.dims)?;
+                t(self.train_dropout(cx, x, p, step, seed, span)?)
             }
         }
     }

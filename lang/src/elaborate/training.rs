@@ -25,25 +25,6 @@
 
 use super::*;
 
-/// The built-ins this module defines.
-pub(super) const TRAINING: [&str; 15] = [
-    "batchnorm_train",
-    "cross_entropy",
-    "mse_loss",
-    "l1_loss",
-    "huber_loss",
-    "bce_with_logits",
-    "sgd",
-    "sgd_momentum",
-    "adam",
-    "adamw",
-    "step_lr",
-    "cosine_lr",
-    "warmup_lr",
-    "all_finite",
-    "loss_scale_update",
-];
-
 /// A positive whole number of steps given as a constant (`every`,
 /// `warmup`, `interval`, ...).
 fn step_count_const(e: &Expr, dims: &HashMap<String, usize>, what: &str) -> R<f64> {
@@ -59,554 +40,504 @@ fn step_count_const(e: &Expr, dims: &HashMap<String, usize>, what: &str) -> R<f6
 }
 
 impl Elab<'_> {
-    /// Built-in `f` when it is one of [`TRAINING`].
-    pub(super) fn training(
-        &mut self,
-        cx: &mut FnCx,
-        f: &Ident,
-        args: &[Arg],
-        span: Span,
-    ) -> Option<R<EVal>> {
-        TRAINING
-            .contains(&f.name.as_str())
-            .then(|| self.training_call(cx, f, args, span))
+    /// `mse_loss`, `l1_loss`, `huber_loss`, `bce_with_logits`.
+    pub(super) fn call_mse_loss(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let name = c.name();
+        let span = c.span;
+        let a = &c.a;
+        let one = |v: Value| Ok(EVal::Tensor(v));
+        let x = self.float_tensor(cx, req(a, 0), name)?;
+        let d = Self::ty(cx, x).dtype;
+        let y = self.operand_like(cx, req(a, 1), d)?;
+        let per = match name {
+            "mse_loss" => {
+                let e = self.bin(cx, BinaryOp::Sub, x, y, span)?;
+                self.bin(cx, BinaryOp::Mul, e, e, span)?
+            }
+            "l1_loss" => {
+                let e = self.bin(cx, BinaryOp::Sub, x, y, span)?;
+                self.add(cx, Op::Unary(UnaryOp::Abs), &[e], span)?
+            }
+            "huber_loss" => {
+                let delta = c.checked(2, positive_float)?;
+                // 0.5 e^2 where |e| < delta, delta (|e| - delta / 2) elsewhere
+                let e = self.bin(cx, BinaryOp::Sub, x, y, span)?;
+                let ae = self.add(cx, Op::Unary(UnaryOp::Abs), &[e], span)?;
+                let kd = self.k(cx, delta, d);
+                let small = self.cmp(cx, CmpOp::Lt, ae, kd, span)?;
+                let sq = self.bin(cx, BinaryOp::Mul, e, e, span)?;
+                let half = self.k(cx, 0.5, d);
+                let quad = self.bin(cx, BinaryOp::Mul, sq, half, span)?;
+                let hd = self.k(cx, delta / 2.0, d);
+                let lin = self.bin(cx, BinaryOp::Sub, ae, hd, span)?;
+                let lin = self.bin(cx, BinaryOp::Mul, lin, kd, span)?;
+                self.add(cx, Op::Select, &[small, quad, lin], span)?
+            }
+            _ => {
+                // x - x y + log(1 + e^-x) for x >= 0, -x y + log(1 + e^x)
+                // below: each branch smooth, neither overflows.
+                let zero = self.k(cx, 0.0, d);
+                let pos = self.cmp(cx, CmpOp::Ge, x, zero, span)?;
+                let xy = self.bin(cx, BinaryOp::Mul, x, y, span)?;
+                let nx = self.add(cx, Op::Unary(UnaryOp::Neg), &[x], span)?;
+                let lp = self.log1p_exp(cx, nx, span)?;
+                let ln = self.log1p_exp(cx, x, span)?;
+                let p = self.bin(cx, BinaryOp::Sub, x, xy, span)?;
+                let p = self.bin(cx, BinaryOp::Add, p, lp, span)?;
+                let n = self.bin(cx, BinaryOp::Sub, ln, xy, span)?;
+                self.add(cx, Op::Select, &[pos, p, n], span)?
+            }
+        };
+        one(self.mean_all(cx, per, span)?)
     }
 
-    fn training_call(&mut self, cx: &mut FnCx, f: &Ident, args: &[Arg], span: Span) -> R<EVal> {
-        let name = f.name.as_str();
+    /// `cross_entropy`.
+    pub(super) fn call_cross_entropy(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let name = c.name();
+        let span = c.span;
+        let a = &c.a;
         let one = |v: Value| Ok(EVal::Tensor(v));
-        match name {
-            "mse_loss" | "l1_loss" | "huber_loss" | "bce_with_logits" => {
-                let params: &[&str] = if name == "huber_loss" {
-                    &["x", "y", "delta"]
-                } else {
-                    &["x", "y"]
-                };
-                let a = bind(f, args, params, 2, span)?;
-                let x = self.float_tensor(cx, req(&a, 0), name)?;
-                let d = Self::ty(cx, x).dtype;
-                let y = self.operand_like(cx, req(&a, 1), d)?;
-                let per = match name {
-                    "mse_loss" => {
-                        let e = self.bin(cx, BinaryOp::Sub, x, y, span)?;
-                        self.bin(cx, BinaryOp::Mul, e, e, span)?
-                    }
-                    "l1_loss" => {
-                        let e = self.bin(cx, BinaryOp::Sub, x, y, span)?;
-                        self.add(cx, Op::Unary(UnaryOp::Abs), &[e], span)?
-                    }
-                    "huber_loss" => {
-                        let delta = match a[2] {
-                            Some(e) => positive_float(e, "delta")?,
-                            None => 1.0,
-                        };
-                        // 0.5 e^2 where |e| < delta, delta (|e| - delta / 2) elsewhere
-                        let e = self.bin(cx, BinaryOp::Sub, x, y, span)?;
-                        let ae = self.add(cx, Op::Unary(UnaryOp::Abs), &[e], span)?;
-                        let kd = self.k(cx, delta, d);
-                        let small = self.cmp(cx, CmpOp::Lt, ae, kd, span)?;
-                        let sq = self.bin(cx, BinaryOp::Mul, e, e, span)?;
-                        let half = self.k(cx, 0.5, d);
-                        let quad = self.bin(cx, BinaryOp::Mul, sq, half, span)?;
-                        let hd = self.k(cx, delta / 2.0, d);
-                        let lin = self.bin(cx, BinaryOp::Sub, ae, hd, span)?;
-                        let lin = self.bin(cx, BinaryOp::Mul, lin, kd, span)?;
-                        self.add(cx, Op::Select, &[small, quad, lin], span)?
-                    }
-                    _ => {
-                        // x - x y + log(1 + e^-x) for x >= 0, -x y + log(1 + e^x)
-                        // below: each branch smooth, neither overflows.
-                        let zero = self.k(cx, 0.0, d);
-                        let pos = self.cmp(cx, CmpOp::Ge, x, zero, span)?;
-                        let xy = self.bin(cx, BinaryOp::Mul, x, y, span)?;
-                        let nx = self.add(cx, Op::Unary(UnaryOp::Neg), &[x], span)?;
-                        let lp = self.log1p_exp(cx, nx, span)?;
-                        let ln = self.log1p_exp(cx, x, span)?;
-                        let p = self.bin(cx, BinaryOp::Sub, x, xy, span)?;
-                        let p = self.bin(cx, BinaryOp::Add, p, lp, span)?;
-                        let n = self.bin(cx, BinaryOp::Sub, ln, xy, span)?;
-                        self.add(cx, Op::Select, &[pos, p, n], span)?
-                    }
-                };
-                one(self.mean_all(cx, per, span)?)
-            }
-            "cross_entropy" => {
-                let a = bind(f, args, &["logits", "target", "axis"], 2, span)?;
-                let x = self.float_tensor(cx, req(&a, 0), name)?;
-                let ty = Self::ty(cx, x);
-                if ty.rank() == 0 {
-                    return Err(Diagnostic::new(
-                        "cross_entropy needs logits with a class axis, got a scalar",
-                        req(&a, 0).span,
-                        "scalar",
-                    ));
-                }
-                let axis = match a[2] {
-                    Some(e) => normalize_axis(const_int(e, &cx.dims)?, &ty, e.span)?,
-                    None => ty.rank() - 1,
-                };
-                let target = self.tensor(cx, req(&a, 1))?;
-                let tt = Self::ty(cx, target);
-                let (_, c, l) = self.shifted_logsumexp(cx, x, &[axis], span)?;
-                let logp = self.bin(cx, BinaryOp::Sub, c, l, span)?;
-                let classes = ty.shape[axis];
-                let mut rest = ty.shape.clone();
-                rest.remove(axis);
-                let probs = if tt.dtype.is_int() && tt.shape == rest {
-                    // Class indices: the one-hot rows of the labels.
-                    let mut col = rest.clone();
-                    col.insert(axis, 1);
-                    let lab = self.add(cx, Op::Reshape { shape: col }, &[target], span)?;
-                    let iota = self.iota(cx, classes, axis, ty.rank(), tt.dtype);
-                    let hit = self.cmp(cx, CmpOp::Eq, lab, iota, span)?;
-                    self.add(cx, Op::Cast { to: ty.dtype }, &[hit], span)?
-                } else if tt == ty {
-                    target
-                } else {
-                    return Err(Diagnostic::new(
-                        format!(
-                            "cross_entropy takes class indices (an integer tensor of shape {rest:?}) or probabilities (a tensor of type {ty}), got {tt}"
-                        ),
-                        req(&a, 1).span,
-                        "wrong target",
-                    ));
-                };
-                let picked = self.bin(cx, BinaryOp::Mul, probs, logp, span)?;
-                let per = self.add(
-                    cx,
-                    Op::Reduce {
-                        kind: ReduceKind::Sum,
-                        axes: vec![axis],
-                        keepdims: false,
-                    },
-                    &[picked],
-                    span,
-                )?;
-                let m = self.mean_all(cx, per, span)?;
-                one(self.add(cx, Op::Unary(UnaryOp::Neg), &[m], span)?)
-            }
-            "sgd" => {
-                let a = bind(f, args, &["w", "g", "lr", "weight_decay"], 3, span)?;
-                let (w, g, d) = self.weight_and_grad(cx, req(&a, 0), req(&a, 1), name)?;
-                let lr = self.rate(cx, req(&a, 2), d)?;
-                let g = self.decayed(cx, g, w, a[3], d, span)?;
-                let step = self.bin(cx, BinaryOp::Mul, g, lr, span)?;
-                one(self.bin(cx, BinaryOp::Sub, w, step, span)?)
-            }
-            "sgd_momentum" => {
-                let params = [
-                    "w",
-                    "g",
-                    "buf",
-                    "lr",
-                    "momentum",
-                    "nesterov",
-                    "weight_decay",
-                ];
-                let a = bind(f, args, &params, 4, span)?;
-                let (w, g, d) = self.weight_and_grad(cx, req(&a, 0), req(&a, 1), name)?;
-                let buf = self.state_like(cx, req(&a, 2), w, "buf")?;
-                let lr = self.rate(cx, req(&a, 3), d)?;
-                let mu = a[4]
-                    .map(|e| unit_float(e, "momentum"))
-                    .transpose()?
-                    .unwrap_or(0.9);
-                let nesterov = a[5].map(const_bool).transpose()?.unwrap_or(false);
-                // PyTorch's SGD: buf = mu buf + g; step = g + mu buf (Nesterov) or buf.
-                let g = self.decayed(cx, g, w, a[6], d, span)?;
-                let kmu = self.k(cx, mu, d);
-                let b = self.bin(cx, BinaryOp::Mul, buf, kmu, span)?;
-                let b = self.bin(cx, BinaryOp::Add, b, g, span)?;
-                let dir = if nesterov {
-                    let mb = self.bin(cx, BinaryOp::Mul, b, kmu, span)?;
-                    self.bin(cx, BinaryOp::Add, g, mb, span)?
-                } else {
-                    b
-                };
-                let step = self.bin(cx, BinaryOp::Mul, dir, lr, span)?;
-                let w = self.bin(cx, BinaryOp::Sub, w, step, span)?;
-                Ok(EVal::Tuple(vec![w, b]))
-            }
-            "adam" | "adamw" => {
-                let params = [
-                    "w",
-                    "g",
-                    "m",
-                    "v",
-                    "step",
-                    "lr",
-                    "beta1",
-                    "beta2",
-                    "eps",
-                    "weight_decay",
-                ];
-                let a = bind(f, args, &params, 5, span)?;
-                let (w, g, d) = self.weight_and_grad(cx, req(&a, 0), req(&a, 1), name)?;
-                let m = self.state_like(cx, req(&a, 2), w, "m")?;
-                let v = self.state_like(cx, req(&a, 3), w, "v")?;
-                let t = self.step_count(cx, req(&a, 4), d)?;
-                let lr = match a[5] {
-                    Some(e) => self.rate(cx, e, d)?,
-                    None => self.k(cx, 1e-3, d),
-                };
-                let b1 = a[6]
-                    .map(|e| unit_float(e, "beta1"))
-                    .transpose()?
-                    .unwrap_or(0.9);
-                let b2 = a[7]
-                    .map(|e| unit_float(e, "beta2"))
-                    .transpose()?
-                    .unwrap_or(0.999);
-                let eps = a[8]
-                    .map(|e| positive_float(e, "eps"))
-                    .transpose()?
-                    .unwrap_or(1e-8);
-                let wd_default = if name == "adamw" { 0.01 } else { 0.0 };
-                let wd = a[9]
-                    .map(|e| non_negative_float(e, "weight_decay"))
-                    .transpose()?
-                    .unwrap_or(wd_default);
-                // Adam: g += wd w (L2); AdamW: w -= lr wd w first (decoupled).
-                let (w, g) = if name == "adam" {
-                    (w, self.with_decay(cx, g, w, wd, d, span)?)
-                } else if wd > 0.0 {
-                    let kwd = self.k(cx, wd, d);
-                    let s = self.bin(cx, BinaryOp::Mul, lr, kwd, span)?;
-                    let s = self.bin(cx, BinaryOp::Mul, w, s, span)?;
-                    (self.bin(cx, BinaryOp::Sub, w, s, span)?, g)
-                } else {
-                    (w, g)
-                };
-                let ema = |me: &mut Self, cx: &mut FnCx, old: Value, new: Value, beta: f64| {
-                    let kb = me.k(cx, beta, d);
-                    let kc = me.k(cx, 1.0 - beta, d);
-                    let o = me.bin(cx, BinaryOp::Mul, old, kb, span)?;
-                    let n = me.bin(cx, BinaryOp::Mul, new, kc, span)?;
-                    me.bin(cx, BinaryOp::Add, o, n, span)
-                };
-                let m = ema(self, cx, m, g, b1)?;
-                let gg = self.bin(cx, BinaryOp::Mul, g, g, span)?;
-                let v = ema(self, cx, v, gg, b2)?;
-                // w - lr m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps)
-                let corr = |me: &mut Self, cx: &mut FnCx, beta: f64| {
-                    let kb = me.k(cx, beta, d);
-                    let p = me.bin(cx, BinaryOp::Pow, kb, t, span)?;
-                    let k1 = me.k(cx, 1.0, d);
-                    me.bin(cx, BinaryOp::Sub, k1, p, span)
-                };
-                let c1 = corr(self, cx, b1)?;
-                let c2 = corr(self, cx, b2)?;
-                let mh = self.bin(cx, BinaryOp::Div, m, c1, span)?;
-                let vh = self.bin(cx, BinaryOp::Div, v, c2, span)?;
-                let den = self.add(cx, Op::Unary(UnaryOp::Sqrt), &[vh], span)?;
-                let keps = self.k(cx, eps, d);
-                let den = self.bin(cx, BinaryOp::Add, den, keps, span)?;
-                let upd = self.bin(cx, BinaryOp::Div, mh, den, span)?;
-                let upd = self.bin(cx, BinaryOp::Mul, upd, lr, span)?;
-                let w = self.bin(cx, BinaryOp::Sub, w, upd, span)?;
-                Ok(EVal::Tuple(vec![w, m, v]))
-            }
-            "all_finite" => {
-                // Per tensor: the least of `|x| < inf` as 0 or 1 (NaN and
-                // infinities compare false), then the least over tensors.
-                if args.is_empty() {
-                    return Err(Diagnostic::new(
-                        "all_finite takes one or more float tensors",
-                        span,
-                        "no arguments",
-                    ));
-                }
-                let mut all: Option<Value> = None;
-                for arg in args {
-                    if let Some(k) = &arg.name {
-                        return Err(Diagnostic::new(
-                            "all_finite takes tensors by position only",
-                            k.span,
-                            "a keyword",
-                        ));
-                    }
-                    let x = self.float_tensor(cx, &arg.value, name)?;
-                    let ty = Self::ty(cx, x);
-                    let ax = self.add(cx, Op::Unary(UnaryOp::Abs), &[x], span)?;
-                    let inf = self.k(cx, f64::INFINITY, ty.dtype);
-                    let fin = self.cmp(cx, CmpOp::Lt, ax, inf, span)?;
-                    let fin = self.add(cx, Op::Cast { to: DType::F32 }, &[fin], span)?;
-                    let fin = if ty.rank() == 0 {
-                        fin
-                    } else {
-                        let reduce = Op::Reduce {
-                            kind: ReduceKind::Min,
-                            axes: (0..ty.rank()).collect(),
-                            keepdims: false,
-                        };
-                        self.add(cx, reduce, &[fin], span)?
-                    };
-                    all = Some(match all {
-                        Some(a) => self.bin(cx, BinaryOp::Min, a, fin, span)?,
-                        None => fin,
-                    });
-                }
-                let all = all.unwrap_or_else(|| self.k(cx, 1.0, DType::F32));
-                one(self.add(cx, Op::Cast { to: DType::Bool }, &[all], span)?)
-            }
-            "loss_scale_update" => {
-                let params = ["scale", "good", "finite", "growth", "backoff", "interval"];
-                let a = bind(f, args, &params, 3, span)?;
-                let scale = self.float_tensor(cx, req(&a, 0), name)?;
-                let st = Self::ty(cx, scale);
-                let good = self.tensor(cx, req(&a, 1))?;
-                let gt = Self::ty(cx, good);
-                let finite = self.bool_tensor(cx, req(&a, 2), name)?;
-                let ft = Self::ty(cx, finite);
-                let need = |ok: bool, e: &Expr, what: &str, t: &TensorType| {
-                    if ok {
-                        Ok(())
-                    } else {
-                        Err(Diagnostic::new(
-                            format!("{what}, got {t}"),
-                            e.span,
-                            format!("{t}"),
-                        ))
-                    }
-                };
-                need(st.rank() == 0, req(&a, 0), "`scale` is a float scalar", &st)?;
-                need(
-                    gt.rank() == 0 && gt.dtype.is_int(),
-                    req(&a, 1),
-                    "`good` (updates since the scale last changed) is an integer scalar",
-                    &gt,
-                )?;
-                need(
-                    ft.rank() == 0,
-                    req(&a, 2),
-                    "`finite` is a bool scalar (all_finite of the gradients)",
-                    &ft,
-                )?;
-                let growth = a[3]
-                    .map(|e| positive_float(e, "growth"))
-                    .transpose()?
-                    .unwrap_or(2.0);
-                let backoff = a[4]
-                    .map(|e| unit_float(e, "backoff"))
-                    .transpose()?
-                    .unwrap_or(0.5);
-                let interval = match a[5] {
-                    Some(e) => step_count_const(e, &cx.dims, "interval")?,
-                    None => 2000.0,
-                };
-                // PyTorch's GradScaler: on overflow, scale * backoff and
-                // the count restarts; otherwise the count grows, and at
-                // `interval` the scale grows (if it stays finite) and the
-                // count restarts.
-                let (d, gd) = (st.dtype, gt.dtype);
-                let k1 = self.k(cx, 1.0, gd);
-                let next = self.bin(cx, BinaryOp::Add, good, k1, span)?;
-                let kint = self.k(cx, interval, gd);
-                let due = self.cmp(cx, CmpOp::Ge, next, kint, span)?;
-                let kg = self.k(cx, growth, d);
-                let grown = self.bin(cx, BinaryOp::Mul, scale, kg, span)?;
-                let inf = self.k(cx, f64::INFINITY, d);
-                let fits = self.cmp(cx, CmpOp::Lt, grown, inf, span)?;
-                let grown = self.add(cx, Op::Select, &[fits, grown, scale], span)?;
-                let kept = self.add(cx, Op::Select, &[due, grown, scale], span)?;
-                let kb = self.k(cx, backoff, d);
-                let backed = self.bin(cx, BinaryOp::Mul, scale, kb, span)?;
-                let new_scale = self.add(cx, Op::Select, &[finite, kept, backed], span)?;
-                let k0 = self.k(cx, 0.0, gd);
-                let count = self.add(cx, Op::Select, &[due, k0, next], span)?;
-                let new_good = self.add(cx, Op::Select, &[finite, count, k0], span)?;
-                Ok(EVal::Tuple(vec![new_scale, new_good]))
-            }
-            "step_lr" | "cosine_lr" | "warmup_lr" => {
-                let params: &[&str] = match name {
-                    "step_lr" => &["step", "lr", "every", "gamma"],
-                    "cosine_lr" => &["step", "lr", "total", "warmup", "min_lr"],
-                    _ => &["step", "lr", "warmup"],
-                };
-                let required = 3;
-                let a = bind(f, args, params, required, span)?;
-                let d = DEFAULT_FLOAT;
-                let t = self.step_count(cx, req(&a, 0), d)?;
-                let (lr, _) = const_float(req(&a, 1))?;
-                let count = |e: &Expr, what: &str| step_count_const(e, &cx.dims, what);
-                match name {
-                    "step_lr" => {
-                        // lr gamma^floor((t - 1) / every)
-                        let every = count(req(&a, 2), "every")?;
-                        let gamma = a[3]
-                            .map(|e| positive_float(e, "gamma"))
-                            .transpose()?
-                            .unwrap_or(0.1);
-                        let k1 = self.k(cx, 1.0, d);
-                        let t0 = self.bin(cx, BinaryOp::Sub, t, k1, span)?;
-                        let ke = self.k(cx, every, d);
-                        let q = self.bin(cx, BinaryOp::Div, t0, ke, span)?;
-                        let q = self.add(cx, Op::Unary(UnaryOp::Floor), &[q], span)?;
-                        let kg = self.k(cx, gamma, d);
-                        let p = self.bin(cx, BinaryOp::Pow, kg, q, span)?;
-                        let klr = self.k(cx, lr, d);
-                        one(self.bin(cx, BinaryOp::Mul, p, klr, span)?)
-                    }
-                    "warmup_lr" => {
-                        // lr min(1, t / warmup)
-                        let warm = count(req(&a, 2), "warmup")?;
-                        let kw = self.k(cx, warm, d);
-                        let r = self.bin(cx, BinaryOp::Div, t, kw, span)?;
-                        let k1 = self.k(cx, 1.0, d);
-                        let r = self.bin(cx, BinaryOp::Min, r, k1, span)?;
-                        let klr = self.k(cx, lr, d);
-                        one(self.bin(cx, BinaryOp::Mul, r, klr, span)?)
-                    }
-                    _ => {
-                        // Linear warm-up over `warmup` steps, then
-                        // min_lr + (lr - min_lr) (1 + cos(pi p)) / 2, p the
-                        // fraction of the remaining steps done (at most 1).
-                        let total = count(req(&a, 2), "total")?;
-                        let warm = match a[3] {
-                            Some(e) => const_int(e, &cx.dims)? as f64,
-                            None => 0.0,
-                        };
-                        if !(0.0..total).contains(&warm) {
-                            return Err(Diagnostic::new(
-                                "`warmup` must be at least 0 and fewer than `total` steps",
-                                a[3].map_or(span, |e| e.span),
-                                "warmup",
-                            ));
-                        }
-                        let min_lr = a[4]
-                            .map(|e| non_negative_float(e, "min_lr"))
-                            .transpose()?
-                            .unwrap_or(0.0);
-                        let kw = self.k(cx, warm, d);
-                        let done = self.bin(cx, BinaryOp::Sub, t, kw, span)?;
-                        let kspan = self.k(cx, total - warm, d);
-                        let p = self.bin(cx, BinaryOp::Div, done, kspan, span)?;
-                        let k0 = self.k(cx, 0.0, d);
-                        let k1 = self.k(cx, 1.0, d);
-                        let p = self.bin(cx, BinaryOp::Max, p, k0, span)?;
-                        let p = self.bin(cx, BinaryOp::Min, p, k1, span)?;
-                        let kpi = self.k(cx, std::f64::consts::PI, d);
-                        let c = self.bin(cx, BinaryOp::Mul, p, kpi, span)?;
-                        let c = self.add(cx, Op::Unary(UnaryOp::Cos), &[c], span)?;
-                        let c = self.bin(cx, BinaryOp::Add, c, k1, span)?;
-                        let kh = self.k(cx, (lr - min_lr) / 2.0, d);
-                        let c = self.bin(cx, BinaryOp::Mul, c, kh, span)?;
-                        let kmin = self.k(cx, min_lr, d);
-                        let cosine = self.bin(cx, BinaryOp::Add, c, kmin, span)?;
-                        if warm == 0.0 {
-                            return one(cosine);
-                        }
-                        let r = self.bin(cx, BinaryOp::Div, t, kw, span)?;
-                        let klr = self.k(cx, lr, d);
-                        let ramp = self.bin(cx, BinaryOp::Mul, r, klr, span)?;
-                        let warming = self.cmp(cx, CmpOp::Le, t, kw, span)?;
-                        one(self.add(cx, Op::Select, &[warming, ramp, cosine], span)?)
-                    }
-                }
-            }
-            "batchnorm_train" => {
-                let params = [
-                    "x",
-                    "gamma",
-                    "beta",
-                    "running_mean",
-                    "running_var",
-                    "momentum",
-                    "eps",
-                ];
-                let a = bind(f, args, &params, 5, span)?;
-                let x = self.float_tensor(cx, req(&a, 0), name)?;
-                let ty = Self::ty(cx, x);
-                if ty.rank() < 2 {
-                    return Err(Diagnostic::new(
-                        format!(
-                            "batchnorm_train needs an input of rank >= 2 (N, C, ...), got {ty}"
-                        ),
-                        req(&a, 0).span,
-                        format!("rank {}", ty.rank()),
-                    ));
-                }
-                let c = ty.shape[1];
-                let chan = TensorType::new(ty.dtype, vec![c]);
-                let mut stats = Vec::new();
-                for (i, what) in [
-                    (1, "gamma"),
-                    (2, "beta"),
-                    (3, "running_mean"),
-                    (4, "running_var"),
-                ] {
-                    let e = req(&a, i);
-                    let v = self.tensor(cx, e)?;
-                    if Self::ty(cx, v) != chan {
-                        return Err(Diagnostic::new(
-                            format!(
-                                "batchnorm_train: `{what}` must be {chan} (the channels of {ty}), got {}",
-                                Self::ty(cx, v)
-                            ),
-                            e.span,
-                            format!("{}", Self::ty(cx, v)),
-                        ));
-                    }
-                    stats.push(v);
-                }
-                let m = a[5]
-                    .map(|e| unit_float(e, "momentum"))
-                    .transpose()?
-                    .unwrap_or(0.1);
-                let eps = a[6]
-                    .map(|e| positive_float(e, "eps"))
-                    .transpose()?
-                    .unwrap_or(1e-5);
-                let d = ty.dtype;
-                let axes: Vec<usize> = (0..ty.rank()).filter(|&i| i != 1).collect();
-                let count: usize = axes.iter().map(|&i| ty.shape[i]).product();
-                let red = |me: &mut Self, cx: &mut FnCx, v: Value| {
-                    me.add(
-                        cx,
-                        Op::Reduce {
-                            kind: ReduceKind::Mean,
-                            axes: axes.clone(),
-                            keepdims: true,
-                        },
-                        &[v],
-                        span,
-                    )
-                };
-                // The batch's mean and (biased) variance normalize it.
-                let mean = red(self, cx, x)?;
-                let dev = self.bin(cx, BinaryOp::Sub, x, mean, span)?;
-                let sq = self.bin(cx, BinaryOp::Mul, dev, dev, span)?;
-                let var = red(self, cx, sq)?;
-                let keps = self.k(cx, eps, d);
-                let ve = self.bin(cx, BinaryOp::Add, var, keps, span)?;
-                let r = self.add(cx, Op::Unary(UnaryOp::Rsqrt), &[ve], span)?;
-                let mut col = vec![1; ty.rank()];
-                col[1] = c;
-                let g = self.add(cx, Op::Reshape { shape: col.clone() }, &[stats[0]], span)?;
-                let b = self.add(cx, Op::Reshape { shape: col }, &[stats[1]], span)?;
-                let y = self.bin(cx, BinaryOp::Mul, dev, r, span)?;
-                let y = self.bin(cx, BinaryOp::Mul, y, g, span)?;
-                let y = self.bin(cx, BinaryOp::Add, y, b, span)?;
-                // Running averages: the unbiased variance, as PyTorch keeps.
-                let flat = |me: &mut Self, cx: &mut FnCx, v: Value| {
-                    me.add(cx, Op::Reshape { shape: vec![c] }, &[v], span)
-                };
-                let mean_c = flat(self, cx, mean)?;
-                let var_c = flat(self, cx, var)?;
-                let unbias = self.k(cx, count as f64 / (count.max(2) - 1) as f64, d);
-                let var_c = self.bin(cx, BinaryOp::Mul, var_c, unbias, span)?;
-                let keep = self.k(cx, 1.0 - m, d);
-                let km = self.k(cx, m, d);
-                let mut run = Vec::new();
-                for (old, new) in [(stats[2], mean_c), (stats[3], var_c)] {
-                    let o = self.bin(cx, BinaryOp::Mul, old, keep, span)?;
-                    let n = self.bin(cx, BinaryOp::Mul, new, km, span)?;
-                    run.push(self.bin(cx, BinaryOp::Add, o, n, span)?);
-                }
-                Ok(EVal::Tuple(vec![y, run[0], run[1]]))
-            }
-            _ => unreachable!("training_call is called for TRAINING names"),
+        let x = self.float_tensor(cx, req(a, 0), name)?;
+        let ty = Self::ty(cx, x);
+        if ty.rank() == 0 {
+            return Err(Diagnostic::new(
+                "cross_entropy needs logits with a class axis, got a scalar",
+                req(a, 0).span,
+                "scalar",
+            ));
         }
+        let axis = match a[2] {
+            Some(e) => normalize_axis(const_int(e, &cx.dims)?, &ty, e.span)?,
+            None => ty.rank() - 1,
+        };
+        let target = self.tensor(cx, req(a, 1))?;
+        let tt = Self::ty(cx, target);
+        let (_, c, l) = self.shifted_logsumexp(cx, x, &[axis], span)?;
+        let logp = self.bin(cx, BinaryOp::Sub, c, l, span)?;
+        let classes = ty.shape[axis];
+        let mut rest = ty.shape.clone();
+        rest.remove(axis);
+        let probs = if tt.dtype.is_int() && tt.shape == rest {
+            // Class indices: the one-hot rows of the labels.
+            let mut col = rest.clone();
+            col.insert(axis, 1);
+            let lab = self.add(cx, Op::Reshape { shape: col }, &[target], span)?;
+            let iota = self.iota(cx, classes, axis, ty.rank(), tt.dtype);
+            let hit = self.cmp(cx, CmpOp::Eq, lab, iota, span)?;
+            self.add(cx, Op::Cast { to: ty.dtype }, &[hit], span)?
+        } else if tt == ty {
+            target
+        } else {
+            return Err(Diagnostic::new(
+                format!(
+                    "cross_entropy takes class indices (an integer tensor of shape {rest:?}) or probabilities (a tensor of type {ty}), got {tt}"
+                ),
+                req(a, 1).span,
+                "wrong target",
+            ));
+        };
+        let picked = self.bin(cx, BinaryOp::Mul, probs, logp, span)?;
+        let per = self.add(
+            cx,
+            Op::Reduce {
+                kind: ReduceKind::Sum,
+                axes: vec![axis],
+                keepdims: false,
+            },
+            &[picked],
+            span,
+        )?;
+        let m = self.mean_all(cx, per, span)?;
+        one(self.add(cx, Op::Unary(UnaryOp::Neg), &[m], span)?)
+    }
+
+    /// `sgd`.
+    pub(super) fn call_sgd(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let name = c.name();
+        let span = c.span;
+        let a = &c.a;
+        let one = |v: Value| Ok(EVal::Tensor(v));
+        let (w, g, d) = self.weight_and_grad(cx, req(a, 0), req(a, 1), name)?;
+        let lr = self.rate(cx, req(a, 2), d)?;
+        let g = {
+            let wd = c.checked(3, non_negative_float)?;
+            self.with_decay(cx, g, w, wd, d, span)?
+        };
+        let step = self.bin(cx, BinaryOp::Mul, g, lr, span)?;
+        one(self.bin(cx, BinaryOp::Sub, w, step, span)?)
+    }
+
+    /// `sgd_momentum`.
+    pub(super) fn call_sgd_momentum(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let name = c.name();
+        let span = c.span;
+        let a = &c.a;
+        let (w, g, d) = self.weight_and_grad(cx, req(a, 0), req(a, 1), name)?;
+        let buf = self.state_like(cx, req(a, 2), w, "buf")?;
+        let lr = self.rate(cx, req(a, 3), d)?;
+        let mu = c.checked(4, unit_float)?;
+        let nesterov = c.flag(5)?;
+        // PyTorch's SGD: buf = mu buf + g; step = g + mu buf (Nesterov) or buf.
+        let g = {
+            let wd = c.checked(6, non_negative_float)?;
+            self.with_decay(cx, g, w, wd, d, span)?
+        };
+        let kmu = self.k(cx, mu, d);
+        let b = self.bin(cx, BinaryOp::Mul, buf, kmu, span)?;
+        let b = self.bin(cx, BinaryOp::Add, b, g, span)?;
+        let dir = if nesterov {
+            let mb = self.bin(cx, BinaryOp::Mul, b, kmu, span)?;
+            self.bin(cx, BinaryOp::Add, g, mb, span)?
+        } else {
+            b
+        };
+        let step = self.bin(cx, BinaryOp::Mul, dir, lr, span)?;
+        let w = self.bin(cx, BinaryOp::Sub, w, step, span)?;
+        Ok(EVal::Tuple(vec![w, b]))
+    }
+
+    /// `adam`, `adamw`.
+    pub(super) fn call_adam(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let name = c.name();
+        let span = c.span;
+        let a = &c.a;
+        let (w, g, d) = self.weight_and_grad(cx, req(a, 0), req(a, 1), name)?;
+        let m = self.state_like(cx, req(a, 2), w, "m")?;
+        let v = self.state_like(cx, req(a, 3), w, "v")?;
+        let t = self.step_count(cx, req(a, 4), d)?;
+        let lr = match a[5] {
+            Some(e) => self.rate(cx, e, d)?,
+            None => self.k(cx, c.float(5)?, d),
+        };
+        let b1 = c.checked(6, unit_float)?;
+        let b2 = c.checked(7, unit_float)?;
+        let eps = c.checked(8, positive_float)?;
+        let wd = c.checked(9, non_negative_float)?;
+        // Adam: g += wd w (L2); AdamW: w -= lr wd w first (decoupled).
+        let (w, g) = if name == "adam" {
+            (w, self.with_decay(cx, g, w, wd, d, span)?)
+        } else if wd > 0.0 {
+            let kwd = self.k(cx, wd, d);
+            let s = self.bin(cx, BinaryOp::Mul, lr, kwd, span)?;
+            let s = self.bin(cx, BinaryOp::Mul, w, s, span)?;
+            (self.bin(cx, BinaryOp::Sub, w, s, span)?, g)
+        } else {
+            (w, g)
+        };
+        let ema = |me: &mut Self, cx: &mut FnCx, old: Value, new: Value, beta: f64| {
+            let kb = me.k(cx, beta, d);
+            let kc = me.k(cx, 1.0 - beta, d);
+            let o = me.bin(cx, BinaryOp::Mul, old, kb, span)?;
+            let n = me.bin(cx, BinaryOp::Mul, new, kc, span)?;
+            me.bin(cx, BinaryOp::Add, o, n, span)
+        };
+        let m = ema(self, cx, m, g, b1)?;
+        let gg = self.bin(cx, BinaryOp::Mul, g, g, span)?;
+        let v = ema(self, cx, v, gg, b2)?;
+        // w - lr m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps)
+        let corr = |me: &mut Self, cx: &mut FnCx, beta: f64| {
+            let kb = me.k(cx, beta, d);
+            let p = me.bin(cx, BinaryOp::Pow, kb, t, span)?;
+            let k1 = me.k(cx, 1.0, d);
+            me.bin(cx, BinaryOp::Sub, k1, p, span)
+        };
+        let c1 = corr(self, cx, b1)?;
+        let c2 = corr(self, cx, b2)?;
+        let mh = self.bin(cx, BinaryOp::Div, m, c1, span)?;
+        let vh = self.bin(cx, BinaryOp::Div, v, c2, span)?;
+        let den = self.add(cx, Op::Unary(UnaryOp::Sqrt), &[vh], span)?;
+        let keps = self.k(cx, eps, d);
+        let den = self.bin(cx, BinaryOp::Add, den, keps, span)?;
+        let upd = self.bin(cx, BinaryOp::Div, mh, den, span)?;
+        let upd = self.bin(cx, BinaryOp::Mul, upd, lr, span)?;
+        let w = self.bin(cx, BinaryOp::Sub, w, upd, span)?;
+        Ok(EVal::Tuple(vec![w, m, v]))
+    }
+
+    /// `all_finite`.
+    pub(super) fn call_all_finite(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let name = c.name();
+        let args = c.args;
+        let span = c.span;
+        let one = |v: Value| Ok(EVal::Tensor(v));
+        // Per tensor: the least of `|x| < inf` as 0 or 1 (NaN and
+        // infinities compare false), then the least over tensors.
+        if args.is_empty() {
+            return Err(Diagnostic::new(
+                "all_finite takes one or more float tensors",
+                span,
+                "no arguments",
+            ));
+        }
+        let mut all: Option<Value> = None;
+        for arg in args {
+            if let Some(k) = &arg.name {
+                return Err(Diagnostic::new(
+                    "all_finite takes tensors by position only",
+                    k.span,
+                    "a keyword",
+                ));
+            }
+            let x = self.float_tensor(cx, &arg.value, name)?;
+            let ty = Self::ty(cx, x);
+            let ax = self.add(cx, Op::Unary(UnaryOp::Abs), &[x], span)?;
+            let inf = self.k(cx, f64::INFINITY, ty.dtype);
+            let fin = self.cmp(cx, CmpOp::Lt, ax, inf, span)?;
+            let fin = self.add(cx, Op::Cast { to: DType::F32 }, &[fin], span)?;
+            let fin = if ty.rank() == 0 {
+                fin
+            } else {
+                let reduce = Op::Reduce {
+                    kind: ReduceKind::Min,
+                    axes: (0..ty.rank()).collect(),
+                    keepdims: false,
+                };
+                self.add(cx, reduce, &[fin], span)?
+            };
+            all = Some(match all {
+                Some(a) => self.bin(cx, BinaryOp::Min, a, fin, span)?,
+                None => fin,
+            });
+        }
+        let all = all.unwrap_or_else(|| self.k(cx, 1.0, DType::F32));
+        one(self.add(cx, Op::Cast { to: DType::Bool }, &[all], span)?)
+    }
+
+    /// `loss_scale_update`.
+    pub(super) fn call_loss_scale_update(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let name = c.name();
+        let span = c.span;
+        let a = &c.a;
+        let scale = self.float_tensor(cx, req(a, 0), name)?;
+        let st = Self::ty(cx, scale);
+        let good = self.tensor(cx, req(a, 1))?;
+        let gt = Self::ty(cx, good);
+        let finite = self.bool_tensor(cx, req(a, 2), name)?;
+        let ft = Self::ty(cx, finite);
+        let need = |ok: bool, e: &Expr, what: &str, t: &TensorType| {
+            if ok {
+                Ok(())
+            } else {
+                Err(Diagnostic::new(
+                    format!("{what}, got {t}"),
+                    e.span,
+                    format!("{t}"),
+                ))
+            }
+        };
+        need(st.rank() == 0, req(a, 0), "`scale` is a float scalar", &st)?;
+        need(
+            gt.rank() == 0 && gt.dtype.is_int(),
+            req(a, 1),
+            "`good` (updates since the scale last changed) is an integer scalar",
+            &gt,
+        )?;
+        need(
+            ft.rank() == 0,
+            req(a, 2),
+            "`finite` is a bool scalar (all_finite of the gradients)",
+            &ft,
+        )?;
+        let growth = c.checked(3, positive_float)?;
+        let backoff = c.checked(4, unit_float)?;
+        let interval = match a[5] {
+            Some(e) => step_count_const(e, &cx.dims, "interval")?,
+            None => c.int(5, &cx.dims)? as f64,
+        };
+        // PyTorch's GradScaler: on overflow, scale * backoff and
+        // the count restarts; otherwise the count grows, and at
+        // `interval` the scale grows (if it stays finite) and the
+        // count restarts.
+        let (d, gd) = (st.dtype, gt.dtype);
+        let k1 = self.k(cx, 1.0, gd);
+        let next = self.bin(cx, BinaryOp::Add, good, k1, span)?;
+        let kint = self.k(cx, interval, gd);
+        let due = self.cmp(cx, CmpOp::Ge, next, kint, span)?;
+        let kg = self.k(cx, growth, d);
+        let grown = self.bin(cx, BinaryOp::Mul, scale, kg, span)?;
+        let inf = self.k(cx, f64::INFINITY, d);
+        let fits = self.cmp(cx, CmpOp::Lt, grown, inf, span)?;
+        let grown = self.add(cx, Op::Select, &[fits, grown, scale], span)?;
+        let kept = self.add(cx, Op::Select, &[due, grown, scale], span)?;
+        let kb = self.k(cx, backoff, d);
+        let backed = self.bin(cx, BinaryOp::Mul, scale, kb, span)?;
+        let new_scale = self.add(cx, Op::Select, &[finite, kept, backed], span)?;
+        let k0 = self.k(cx, 0.0, gd);
+        let count = self.add(cx, Op::Select, &[due, k0, next], span)?;
+        let new_good = self.add(cx, Op::Select, &[finite, count, k0], span)?;
+        Ok(EVal::Tuple(vec![new_scale, new_good]))
+    }
+
+    /// `step_lr`, `cosine_lr`, `warmup_lr`.
+    pub(super) fn call_step_lr(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let name = c.name();
+        let span = c.span;
+        let a = &c.a;
+        let one = |v: Value| Ok(EVal::Tensor(v));
+        let d = DEFAULT_FLOAT;
+        let t = self.step_count(cx, req(a, 0), d)?;
+        let (lr, _) = const_float(req(a, 1))?;
+        let count = |e: &Expr, what: &str| step_count_const(e, &cx.dims, what);
+        match name {
+            "step_lr" => {
+                // lr gamma^floor((t - 1) / every)
+                let every = count(req(a, 2), "every")?;
+                let gamma = c.checked(3, positive_float)?;
+                let k1 = self.k(cx, 1.0, d);
+                let t0 = self.bin(cx, BinaryOp::Sub, t, k1, span)?;
+                let ke = self.k(cx, every, d);
+                let q = self.bin(cx, BinaryOp::Div, t0, ke, span)?;
+                let q = self.add(cx, Op::Unary(UnaryOp::Floor), &[q], span)?;
+                let kg = self.k(cx, gamma, d);
+                let p = self.bin(cx, BinaryOp::Pow, kg, q, span)?;
+                let klr = self.k(cx, lr, d);
+                one(self.bin(cx, BinaryOp::Mul, p, klr, span)?)
+            }
+            "warmup_lr" => {
+                // lr min(1, t / warmup)
+                let warm = count(req(a, 2), "warmup")?;
+                let kw = self.k(cx, warm, d);
+                let r = self.bin(cx, BinaryOp::Div, t, kw, span)?;
+                let k1 = self.k(cx, 1.0, d);
+                let r = self.bin(cx, BinaryOp::Min, r, k1, span)?;
+                let klr = self.k(cx, lr, d);
+                one(self.bin(cx, BinaryOp::Mul, r, klr, span)?)
+            }
+            _ => {
+                // Linear warm-up over `warmup` steps, then
+                // min_lr + (lr - min_lr) (1 + cos(pi p)) / 2, p the
+                // fraction of the remaining steps done (at most 1).
+                let total = count(req(a, 2), "total")?;
+                let warm = c.int(3, &cx.dims)? as f64;
+                if !(0.0..total).contains(&warm) {
+                    return Err(Diagnostic::new(
+                        "`warmup` must be at least 0 and fewer than `total` steps",
+                        a[3].map_or(span, |e| e.span),
+                        "warmup",
+                    ));
+                }
+                let min_lr = c.checked(4, non_negative_float)?;
+                let kw = self.k(cx, warm, d);
+                let done = self.bin(cx, BinaryOp::Sub, t, kw, span)?;
+                let kspan = self.k(cx, total - warm, d);
+                let p = self.bin(cx, BinaryOp::Div, done, kspan, span)?;
+                let k0 = self.k(cx, 0.0, d);
+                let k1 = self.k(cx, 1.0, d);
+                let p = self.bin(cx, BinaryOp::Max, p, k0, span)?;
+                let p = self.bin(cx, BinaryOp::Min, p, k1, span)?;
+                let kpi = self.k(cx, std::f64::consts::PI, d);
+                let c = self.bin(cx, BinaryOp::Mul, p, kpi, span)?;
+                let c = self.add(cx, Op::Unary(UnaryOp::Cos), &[c], span)?;
+                let c = self.bin(cx, BinaryOp::Add, c, k1, span)?;
+                let kh = self.k(cx, (lr - min_lr) / 2.0, d);
+                let c = self.bin(cx, BinaryOp::Mul, c, kh, span)?;
+                let kmin = self.k(cx, min_lr, d);
+                let cosine = self.bin(cx, BinaryOp::Add, c, kmin, span)?;
+                if warm == 0.0 {
+                    return one(cosine);
+                }
+                let r = self.bin(cx, BinaryOp::Div, t, kw, span)?;
+                let klr = self.k(cx, lr, d);
+                let ramp = self.bin(cx, BinaryOp::Mul, r, klr, span)?;
+                let warming = self.cmp(cx, CmpOp::Le, t, kw, span)?;
+                one(self.add(cx, Op::Select, &[warming, ramp, cosine], span)?)
+            }
+        }
+    }
+
+    /// `batchnorm_train`.
+    pub(super) fn call_batchnorm_train(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let name = c.name();
+        let span = c.span;
+        let a = &c.a;
+        let x = self.float_tensor(cx, req(a, 0), name)?;
+        let ty = Self::ty(cx, x);
+        if ty.rank() < 2 {
+            return Err(Diagnostic::new(
+                format!("batchnorm_train needs an input of rank >= 2 (N, C, ...), got {ty}"),
+                req(a, 0).span,
+                format!("rank {}", ty.rank()),
+            ));
+        }
+        let channels = ty.shape[1];
+        let chan = TensorType::new(ty.dtype, vec![channels]);
+        let mut stats = Vec::new();
+        for (i, what) in [
+            (1, "gamma"),
+            (2, "beta"),
+            (3, "running_mean"),
+            (4, "running_var"),
+        ] {
+            let e = req(a, i);
+            let v = self.tensor(cx, e)?;
+            if Self::ty(cx, v) != chan {
+                return Err(Diagnostic::new(
+                    format!(
+                        "batchnorm_train: `{what}` must be {chan} (the channels of {ty}), got {}",
+                        Self::ty(cx, v)
+                    ),
+                    e.span,
+                    format!("{}", Self::ty(cx, v)),
+                ));
+            }
+            stats.push(v);
+        }
+        let m = c.checked(5, unit_float)?;
+        let eps = c.checked(6, positive_float)?;
+        let d = ty.dtype;
+        let axes: Vec<usize> = (0..ty.rank()).filter(|&i| i != 1).collect();
+        let count: usize = axes.iter().map(|&i| ty.shape[i]).product();
+        let red = |me: &mut Self, cx: &mut FnCx, v: Value| {
+            me.add(
+                cx,
+                Op::Reduce {
+                    kind: ReduceKind::Mean,
+                    axes: axes.clone(),
+                    keepdims: true,
+                },
+                &[v],
+                span,
+            )
+        };
+        // The batch's mean and (biased) variance normalize it.
+        let mean = red(self, cx, x)?;
+        let dev = self.bin(cx, BinaryOp::Sub, x, mean, span)?;
+        let sq = self.bin(cx, BinaryOp::Mul, dev, dev, span)?;
+        let var = red(self, cx, sq)?;
+        let keps = self.k(cx, eps, d);
+        let ve = self.bin(cx, BinaryOp::Add, var, keps, span)?;
+        let r = self.add(cx, Op::Unary(UnaryOp::Rsqrt), &[ve], span)?;
+        let mut col = vec![1; ty.rank()];
+        col[1] = channels;
+        let g = self.add(cx, Op::Reshape { shape: col.clone() }, &[stats[0]], span)?;
+        let b = self.add(cx, Op::Reshape { shape: col }, &[stats[1]], span)?;
+        let y = self.bin(cx, BinaryOp::Mul, dev, r, span)?;
+        let y = self.bin(cx, BinaryOp::Mul, y, g, span)?;
+        let y = self.bin(cx, BinaryOp::Add, y, b, span)?;
+        // Running averages: the unbiased variance, as PyTorch keeps.
+        let flat = |me: &mut Self, cx: &mut FnCx, v: Value| {
+            me.add(
+                cx,
+                Op::Reshape {
+                    shape: vec![channels],
+                },
+                &[v],
+                span,
+            )
+        };
+        let mean_c = flat(self, cx, mean)?;
+        let var_c = flat(self, cx, var)?;
+        let unbias = self.k(cx, count as f64 / (count.max(2) - 1) as f64, d);
+        let var_c = self.bin(cx, BinaryOp::Mul, var_c, unbias, span)?;
+        let keep = self.k(cx, 1.0 - m, d);
+        let km = self.k(cx, m, d);
+        let mut run = Vec::new();
+        for (old, new) in [(stats[2], mean_c), (stats[3], var_c)] {
+            let o = self.bin(cx, BinaryOp::Mul, old, keep, span)?;
+            let n = self.bin(cx, BinaryOp::Mul, new, km, span)?;
+            run.push(self.bin(cx, BinaryOp::Add, o, n, span)?);
+        }
+        Ok(EVal::Tuple(vec![y, run[0], run[1]]))
     }
 
     /// Training dropout: each element kept with probability `1 - p` (and
@@ -814,23 +745,6 @@ impl Elab<'_> {
                 }
             }
         }
-    }
-
-    /// `g + wd w` for the optional `weight_decay` argument.
-    fn decayed(
-        &mut self,
-        cx: &mut FnCx,
-        g: Value,
-        w: Value,
-        wd: Option<&Expr>,
-        d: DType,
-        span: Span,
-    ) -> R<Value> {
-        let wd = wd
-            .map(|e| non_negative_float(e, "weight_decay"))
-            .transpose()?
-            .unwrap_or(0.0);
-        self.with_decay(cx, g, w, wd, d, span)
     }
 
     fn with_decay(

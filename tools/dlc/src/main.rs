@@ -149,6 +149,9 @@ enum Command {
         #[command(flatten)]
         onnx: OnnxArgs,
     },
+    /// List the language's built-in functions with their parameters (the
+    /// index at the end of docs/language.md), as Markdown.
+    Builtins,
     /// Import an ONNX model as a dlc program (initializers become constants).
     Import {
         /// The `.onnx` model.
@@ -844,6 +847,10 @@ fn run(cli: Cli) -> Result<(), DriverError> {
     // anything reads `native`.
     dlc_core::TargetDesc::check_cpu_env().map_err(DriverError::Usage)?;
     match cli.command {
+        Command::Builtins => {
+            print!("{}", dlc_lang::builtins::markdown());
+            Ok(())
+        }
         Command::Check { file, onnx } => {
             let src = read_model(&file, &onnx.options()?)?;
             let module = compile_source(&src)?;
