@@ -1194,10 +1194,7 @@ impl<'p> Elab<'p> {
             f.span,
             "not defined",
         )
-        .with_suggestion(
-            &f.name,
-            known.chain(builtins::builtins().iter().map(|b| b.name)),
-        ))
+        .with_suggestion(&f.name, known.chain(builtins::builtins().map(|b| b.name))))
     }
 
     /// `value_and_grad(loss(a, b, ..), wrt=[a, b])`: what the call returns,

@@ -336,6 +336,7 @@ const fn computed(name: &'static str, kind: Kind, what: &'static str) -> Param {
 }
 
 use Kind::{Bool, Float, Int, Ints, Operand, Rate, Shape, Tensor, Tensors};
+use Section as S;
 
 const X: Param = required("x", Tensor);
 const UNARY: &[Param] = &[X];
@@ -372,606 +373,612 @@ const ADAM: &[Param] = &[
     optional("eps", Float, "1e-8"),
 ];
 
-/// The table's rows written out; the element-wise functions of one
-/// operand and the bitwise operators are added from `dlc_core::scalar`.
-fn written() -> Vec<Builtin> {
-    use Section as S;
-    let b = |name, section, params, expand: Expand| Builtin {
+/// The table's rows written out (the element-wise functions of one
+/// operand and the bitwise operators are [`GENERATED`]).
+static WRITTEN: &[Builtin] = &[
+    b("pow", S::Elementwise, PAIR, |e, cx, c| e.call_binary(cx, c)),
+    b("max", S::Reduction, REDUCE, |e, cx, c| e.call_sum(cx, c)),
+    b("min", S::Reduction, REDUCE, |e, cx, c| e.call_sum(cx, c)),
+    b("sum", S::Reduction, REDUCE, |e, cx, c| e.call_sum(cx, c)),
+    b("mean", S::Reduction, REDUCE, |e, cx, c| e.call_sum(cx, c)),
+    b("prod", S::Reduction, REDUCE, |e, cx, c| e.call_sum(cx, c)),
+    b(
+        "softmax",
+        S::Reduction,
+        const { &[X, optional("axis", Int, "-1")] },
+        |e, cx, c| e.call_softmax(cx, c),
+    ),
+    b(
+        "layernorm",
+        S::Reduction,
+        const { &[X, optional("axis", Ints, "-1"), EPS] },
+        |e, cx, c| e.call_layernorm(cx, c),
+    ),
+    b(
+        "reshape",
+        S::Shape,
+        const { &[X, required("shape", Shape)] },
+        |e, cx, c| e.call_reshape(cx, c),
+    ),
+    b(
+        "transpose",
+        S::Shape,
+        const { &[X, computed("perm", Ints, "the axes reversed")] },
+        |e, cx, c| e.call_transpose(cx, c),
+    ),
+    b(
+        "concat",
+        S::Shape,
+        const { &[required("tensors", Tensors), optional("axis", Int, "0")] },
+        |e, cx, c| e.call_concat(cx, c),
+    ),
+    b(
+        "slice",
+        S::Shape,
+        const {
+            &[
+                X,
+                optional("axis", Int, "0"),
+                optional("start", Int, "0"),
+                computed("end", Int, "the axis's extent"),
+            ]
+        },
+        |e, cx, c| e.call_slice(cx, c),
+    ),
+    b(
+        "broadcast",
+        S::Shape,
+        const { &[X, required("shape", Shape)] },
+        |e, cx, c| e.call_broadcast(cx, c),
+    ),
+    b(
+        "conv2d",
+        S::Network,
+        const {
+            &[
+                X,
+                required("w", Tensor),
+                optional("stride", Ints, "1"),
+                optional("padding", Ints, "0"),
+                optional("groups", Int, "1"),
+            ]
+        },
+        |e, cx, c| e.call_conv2d(cx, c),
+    ),
+    b("maxpool2d", S::Network, POOL2, |e, cx, c| {
+        e.call_maxpool2d(cx, c)
+    }),
+    b("avgpool2d", S::Network, POOL2, |e, cx, c| {
+        e.call_maxpool2d(cx, c)
+    }),
+    b(
+        "batchnorm",
+        S::Network,
+        const {
+            &[
+                X,
+                required("mean", Tensor),
+                required("var", Tensor),
+                required("gamma", Tensor),
+                required("beta", Tensor),
+                EPS,
+            ]
+        },
+        |e, cx, c| e.call_batchnorm(cx, c),
+    ),
+    b(
+        "cast",
+        S::Constant,
+        const { &[X, required("dtype", Kind::DType)] },
+        |e, cx, c| e.call_cast(cx, c),
+    ),
+    b(
+        "where",
+        S::Elementwise,
+        const {
+            &[
+                required("cond", Tensor),
+                required("a", Operand),
+                required("b", Operand),
+            ]
+        },
+        |e, cx, c| e.call_where(cx, c),
+    ),
+    b(
+        "zeros",
+        S::Constant,
+        const {
+            &[
+                required("shape", Shape),
+                optional("dtype", Kind::DType, "f32"),
+            ]
+        },
+        |e, cx, c| e.call_zeros(cx, c),
+    ),
+    b(
+        "ones",
+        S::Constant,
+        const {
+            &[
+                required("shape", Shape),
+                optional("dtype", Kind::DType, "f32"),
+            ]
+        },
+        |e, cx, c| e.call_zeros(cx, c),
+    ),
+    b(
+        "full",
+        S::Constant,
+        const {
+            &[
+                required("shape", Shape),
+                required("value", Float),
+                computed("dtype", Kind::DType, "f32 or i64, as the value is written"),
+            ]
+        },
+        |e, cx, c| e.call_zeros(cx, c),
+    ),
+    b(
+        "tensor",
+        S::Constant,
+        const {
+            &[
+                required("values", Kind::Values),
+                required("shape", Shape),
+                computed("dtype", Kind::DType, "as the values are written"),
+            ]
+        },
+        |e, cx, c| e.call_tensor(cx, c),
+    ),
+    b(
+        "value_and_grad",
+        S::Gradient,
+        const {
+            &[
+                required("call", Kind::Call),
+                computed("wrt", Kind::Names, "the callee's weights"),
+                computed("autocast", Kind::DType, "none"),
+                computed("scale", Rate, "none"),
+            ]
+        },
+        |e, cx, c| e.value_and_grad(cx, c),
+    ),
+    b(
+        "checkpoint",
+        S::Gradient,
+        const { &[required("call", Kind::Call)] },
+        |e, cx, c| e.checkpoint(cx, c),
+    ),
+    // Compositions (composite.rs).
+    b(
+        "leaky_relu",
+        S::Activation,
+        const { &[X, optional("alpha", Float, "0.01")] },
+        |e, cx, c| e.call_leaky_relu(cx, c),
+    ),
+    b(
+        "elu",
+        S::Activation,
+        const { &[X, optional("alpha", Float, "1.0")] },
+        |e, cx, c| e.call_elu(cx, c),
+    ),
+    b(
+        "hardsigmoid",
+        S::Activation,
+        const {
+            &[
+                X,
+                optional("alpha", Float, "0.2"),
+                optional("beta", Float, "0.5"),
+            ]
+        },
+        |e, cx, c| e.call_hardsigmoid(cx, c),
+    ),
+    b("softplus", S::Activation, UNARY, |e, cx, c| {
+        e.call_softplus(cx, c)
+    }),
+    b("hardswish", S::Activation, UNARY, |e, cx, c| {
+        e.call_softplus(cx, c)
+    }),
+    b("mish", S::Activation, UNARY, |e, cx, c| {
+        e.call_softplus(cx, c)
+    }),
+    b("log1p", S::Elementwise, UNARY, |e, cx, c| {
+        e.call_softplus(cx, c)
+    }),
+    b("expm1", S::Elementwise, UNARY, |e, cx, c| {
+        e.call_softplus(cx, c)
+    }),
+    b("isnan", S::Elementwise, UNARY, |e, cx, c| {
+        e.call_softplus(cx, c)
+    }),
+    b("isinf", S::Elementwise, UNARY, |e, cx, c| {
+        e.call_softplus(cx, c)
+    }),
+    b("clamp", S::Elementwise, CLAMP, |e, cx, c| {
+        e.call_clamp(cx, c)
+    }),
+    b("clip", S::Elementwise, CLAMP, |e, cx, c| {
+        e.call_clamp(cx, c)
+    }),
+    b("logical_and", S::Logical, LOGICAL, |e, cx, c| {
+        e.call_logical_and(cx, c)
+    }),
+    b("logical_or", S::Logical, LOGICAL, |e, cx, c| {
+        e.call_logical_and(cx, c)
+    }),
+    b("logical_xor", S::Logical, LOGICAL, |e, cx, c| {
+        e.call_logical_and(cx, c)
+    }),
+    b("logical_not", S::Logical, UNARY, |e, cx, c| {
+        e.call_logical_not(cx, c)
+    }),
+    b(
+        "squeeze",
+        S::Shape,
+        const { &[X, computed("axis", Ints, "every axis of extent 1")] },
+        |e, cx, c| e.call_squeeze(cx, c),
+    ),
+    b(
+        "unsqueeze",
+        S::Shape,
+        const { &[X, required("axis", Ints)] },
+        |e, cx, c| e.call_squeeze(cx, c),
+    ),
+    b(
+        "flatten",
+        S::Shape,
+        const { &[X, optional("axis", Int, "1")] },
+        |e, cx, c| e.call_squeeze(cx, c),
+    ),
+    b(
+        "expand",
+        S::Shape,
+        const { &[X, required("shape", Shape)] },
+        |e, cx, c| e.call_expand(cx, c),
+    ),
+    b(
+        "stack",
+        S::Shape,
+        const { &[required("tensors", Tensors), optional("axis", Int, "0")] },
+        |e, cx, c| e.call_stack(cx, c),
+    ),
+    b(
+        "split",
+        S::Shape,
+        const { &[X, required("sizes", Shape), optional("axis", Int, "0")] },
+        |e, cx, c| e.call_split(cx, c),
+    ),
+    b(
+        "tile",
+        S::Shape,
+        const { &[X, required("reps", Shape)] },
+        |e, cx, c| e.call_tile(cx, c),
+    ),
+    b(
+        "log_softmax",
+        S::Reduction,
+        const { &[X, optional("axis", Ints, "-1")] },
+        |e, cx, c| e.call_log_softmax(cx, c),
+    ),
+    b("logsumexp", S::Reduction, REDUCE, |e, cx, c| {
+        e.call_log_softmax(cx, c)
+    }),
+    b("variance", S::Reduction, REDUCE, |e, cx, c| {
+        e.call_log_softmax(cx, c)
+    }),
+    b("l1_norm", S::Reduction, REDUCE, |e, cx, c| {
+        e.call_log_softmax(cx, c)
+    }),
+    b("l2_norm", S::Reduction, REDUCE, |e, cx, c| {
+        e.call_log_softmax(cx, c)
+    }),
+    b("argmax", S::Index, ARGMAX, |e, cx, c| e.call_argmax(cx, c)),
+    b("argmin", S::Index, ARGMAX, |e, cx, c| e.call_argmax(cx, c)),
+    b(
+        "one_hot",
+        S::Index,
+        const {
+            &[
+                required("indices", Tensor),
+                required("depth", Int),
+                optional("dtype", Kind::DType, "f32"),
+            ]
+        },
+        |e, cx, c| e.call_one_hot(cx, c),
+    ),
+    b(
+        "arange",
+        S::Constant,
+        const {
+            &[
+                required("start", Float),
+                required("end", Float),
+                optional("step", Float, "1"),
+                computed(
+                    "dtype",
+                    Kind::DType,
+                    "f32 or i64, as the numbers are written",
+                ),
+            ]
+        },
+        |e, cx, c| e.call_arange(cx, c),
+    ),
+    b(
+        "tril",
+        S::Index,
+        const { &[X, optional("k", Int, "0")] },
+        |e, cx, c| e.call_tril(cx, c),
+    ),
+    b(
+        "triu",
+        S::Index,
+        const { &[X, optional("k", Int, "0")] },
+        |e, cx, c| e.call_tril(cx, c),
+    ),
+    b("global_avgpool", S::Network, UNARY, |e, cx, c| {
+        e.call_global_avgpool(cx, c)
+    }),
+    b("global_maxpool", S::Network, UNARY, |e, cx, c| {
+        e.call_global_avgpool(cx, c)
+    }),
+    b(
+        "pad",
+        S::Shape,
+        const { &[X, required("pads", Shape), optional("value", Float, "0")] },
+        |e, cx, c| e.call_pad(cx, c),
+    ),
+    b(
+        "cumsum",
+        S::Reduction,
+        const {
+            &[
+                X,
+                required("axis", Int),
+                optional("exclusive", Bool, "false"),
+                optional("reverse", Bool, "false"),
+            ]
+        },
+        |e, cx, c| e.call_cumsum(cx, c),
+    ),
+    b(
+        "group_norm",
+        S::Network,
+        const {
+            &[
+                X,
+                required("groups", Int),
+                required("gamma", Tensor),
+                required("beta", Tensor),
+                EPS,
+            ]
+        },
+        |e, cx, c| e.call_group_norm(cx, c),
+    ),
+    b(
+        "instance_norm",
+        S::Network,
+        const { &[X, required("gamma", Tensor), required("beta", Tensor), EPS] },
+        |e, cx, c| e.call_group_norm(cx, c),
+    ),
+    b(
+        "gemm",
+        S::Network,
+        const {
+            &[
+                required("a", Tensor),
+                required("b", Tensor),
+                computed("c", Operand, "none"),
+                optional("alpha", Float, "1"),
+                optional("beta", Float, "1"),
+                optional("trans_a", Bool, "false"),
+                optional("trans_b", Bool, "false"),
+            ]
+        },
+        |e, cx, c| e.call_gemm(cx, c),
+    ),
+    b(
+        "conv1d",
+        S::Network,
+        const {
+            &[
+                X,
+                required("w", Tensor),
+                optional("stride", Int, "1"),
+                optional("padding", Int, "0"),
+                optional("groups", Int, "1"),
+            ]
+        },
+        |e, cx, c| e.call_conv1d(cx, c),
+    ),
+    b("maxpool1d", S::Network, POOL1, |e, cx, c| {
+        e.call_conv1d(cx, c)
+    }),
+    b("avgpool1d", S::Network, POOL1, |e, cx, c| {
+        e.call_conv1d(cx, c)
+    }),
+    b(
+        "topk",
+        S::Index,
+        const {
+            &[
+                X,
+                required("k", Int),
+                optional("axis", Int, "-1"),
+                optional("largest", Bool, "true"),
+            ]
+        },
+        |e, cx, c| e.call_topk(cx, c),
+    ),
+    b("gather_elements", S::Index, GATHER, |e, cx, c| {
+        e.call_gather_elements(cx, c)
+    }),
+    b("gather", S::Index, GATHER, |e, cx, c| e.call_gather(cx, c)),
+    b(
+        "dropout",
+        S::Network,
+        const {
+            &[
+                X,
+                optional("p", Float, "0.5"),
+                computed("step", Operand, "none: the identity, for inference"),
+                optional("seed", Int, "0"),
+            ]
+        },
+        |e, cx, c| e.call_dropout(cx, c),
+    ),
+    // Training (training.rs).
+    b("mse_loss", S::Loss, LOSS, |e, cx, c| e.call_mse_loss(cx, c)),
+    b("l1_loss", S::Loss, LOSS, |e, cx, c| e.call_mse_loss(cx, c)),
+    b(
+        "huber_loss",
+        S::Loss,
+        const { &[X, required("y", Tensor), optional("delta", Float, "1.0")] },
+        |e, cx, c| e.call_mse_loss(cx, c),
+    ),
+    b("bce_with_logits", S::Loss, LOSS, |e, cx, c| {
+        e.call_mse_loss(cx, c)
+    }),
+    b(
+        "cross_entropy",
+        S::Loss,
+        const {
+            &[
+                required("logits", Tensor),
+                required("target", Tensor),
+                optional("axis", Int, "-1"),
+            ]
+        },
+        |e, cx, c| e.call_cross_entropy(cx, c),
+    ),
+    b(
+        "sgd",
+        S::Optimizer,
+        const {
+            &[
+                required("w", Tensor),
+                required("g", Tensor),
+                required("lr", Rate),
+                optional("weight_decay", Float, "0"),
+            ]
+        },
+        |e, cx, c| e.call_sgd(cx, c),
+    ),
+    b(
+        "sgd_momentum",
+        S::Optimizer,
+        const {
+            &[
+                required("w", Tensor),
+                required("g", Tensor),
+                required("buf", Tensor),
+                required("lr", Rate),
+                optional("momentum", Float, "0.9"),
+                optional("nesterov", Bool, "false"),
+                optional("weight_decay", Float, "0"),
+            ]
+        },
+        |e, cx, c| e.call_sgd_momentum(cx, c),
+    ),
+    b("adam", S::Optimizer, ADAM_PARAMS, |e, cx, c| {
+        e.call_adam(cx, c)
+    }),
+    b("adamw", S::Optimizer, ADAMW_PARAMS, |e, cx, c| {
+        e.call_adam(cx, c)
+    }),
+    Builtin {
+        name: "all_finite",
+        section: S::Optimizer,
+        params: const { &[required("tensors", Tensor)] },
+        variadic: true,
+        expand: |e, cx, c| e.call_all_finite(cx, c),
+    },
+    b(
+        "loss_scale_update",
+        S::Optimizer,
+        const {
+            &[
+                required("scale", Tensor),
+                required("good", Tensor),
+                required("finite", Tensor),
+                optional("growth", Float, "2.0"),
+                optional("backoff", Float, "0.5"),
+                optional("interval", Int, "2000"),
+            ]
+        },
+        |e, cx, c| e.call_loss_scale_update(cx, c),
+    ),
+    b(
+        "step_lr",
+        S::Schedule,
+        const {
+            &[
+                required("step", Operand),
+                required("lr", Float),
+                required("every", Int),
+                optional("gamma", Float, "0.1"),
+            ]
+        },
+        |e, cx, c| e.call_step_lr(cx, c),
+    ),
+    b(
+        "cosine_lr",
+        S::Schedule,
+        const {
+            &[
+                required("step", Operand),
+                required("lr", Float),
+                required("total", Int),
+                optional("warmup", Int, "0"),
+                optional("min_lr", Float, "0"),
+            ]
+        },
+        |e, cx, c| e.call_step_lr(cx, c),
+    ),
+    b(
+        "warmup_lr",
+        S::Schedule,
+        const {
+            &[
+                required("step", Operand),
+                required("lr", Float),
+                required("warmup", Int),
+            ]
+        },
+        |e, cx, c| e.call_step_lr(cx, c),
+    ),
+    b(
+        "batchnorm_train",
+        S::Network,
+        const {
+            &[
+                X,
+                required("gamma", Tensor),
+                required("beta", Tensor),
+                required("running_mean", Tensor),
+                required("running_var", Tensor),
+                optional("momentum", Float, "0.1"),
+                EPS,
+            ]
+        },
+        |e, cx, c| e.call_batchnorm_train(cx, c),
+    ),
+];
+
+/// A row of [`WRITTEN`] taking its parameters by name or position.
+const fn b(
+    name: &'static str,
+    section: Section,
+    params: &'static [Param],
+    expand: Expand,
+) -> Builtin {
+    Builtin {
         name,
         section,
         params,
         variadic: false,
         expand,
-    };
-    vec![
-        b("pow", S::Elementwise, PAIR, |e, cx, c| e.call_binary(cx, c)),
-        b("max", S::Reduction, REDUCE, |e, cx, c| e.call_sum(cx, c)),
-        b("min", S::Reduction, REDUCE, |e, cx, c| e.call_sum(cx, c)),
-        b("sum", S::Reduction, REDUCE, |e, cx, c| e.call_sum(cx, c)),
-        b("mean", S::Reduction, REDUCE, |e, cx, c| e.call_sum(cx, c)),
-        b("prod", S::Reduction, REDUCE, |e, cx, c| e.call_sum(cx, c)),
-        b(
-            "softmax",
-            S::Reduction,
-            const { &[X, optional("axis", Int, "-1")] },
-            |e, cx, c| e.call_softmax(cx, c),
-        ),
-        b(
-            "layernorm",
-            S::Reduction,
-            const { &[X, optional("axis", Ints, "-1"), EPS] },
-            |e, cx, c| e.call_layernorm(cx, c),
-        ),
-        b(
-            "reshape",
-            S::Shape,
-            const { &[X, required("shape", Shape)] },
-            |e, cx, c| e.call_reshape(cx, c),
-        ),
-        b(
-            "transpose",
-            S::Shape,
-            const { &[X, computed("perm", Ints, "the axes reversed")] },
-            |e, cx, c| e.call_transpose(cx, c),
-        ),
-        b(
-            "concat",
-            S::Shape,
-            const { &[required("tensors", Tensors), optional("axis", Int, "0")] },
-            |e, cx, c| e.call_concat(cx, c),
-        ),
-        b(
-            "slice",
-            S::Shape,
-            const {
-                &[
-                    X,
-                    optional("axis", Int, "0"),
-                    optional("start", Int, "0"),
-                    computed("end", Int, "the axis's extent"),
-                ]
-            },
-            |e, cx, c| e.call_slice(cx, c),
-        ),
-        b(
-            "broadcast",
-            S::Shape,
-            const { &[X, required("shape", Shape)] },
-            |e, cx, c| e.call_broadcast(cx, c),
-        ),
-        b(
-            "conv2d",
-            S::Network,
-            const {
-                &[
-                    X,
-                    required("w", Tensor),
-                    optional("stride", Ints, "1"),
-                    optional("padding", Ints, "0"),
-                    optional("groups", Int, "1"),
-                ]
-            },
-            |e, cx, c| e.call_conv2d(cx, c),
-        ),
-        b("maxpool2d", S::Network, POOL2, |e, cx, c| {
-            e.call_maxpool2d(cx, c)
-        }),
-        b("avgpool2d", S::Network, POOL2, |e, cx, c| {
-            e.call_maxpool2d(cx, c)
-        }),
-        b(
-            "batchnorm",
-            S::Network,
-            const {
-                &[
-                    X,
-                    required("mean", Tensor),
-                    required("var", Tensor),
-                    required("gamma", Tensor),
-                    required("beta", Tensor),
-                    EPS,
-                ]
-            },
-            |e, cx, c| e.call_batchnorm(cx, c),
-        ),
-        b(
-            "cast",
-            S::Constant,
-            const { &[X, required("dtype", Kind::DType)] },
-            |e, cx, c| e.call_cast(cx, c),
-        ),
-        b(
-            "where",
-            S::Elementwise,
-            const {
-                &[
-                    required("cond", Tensor),
-                    required("a", Operand),
-                    required("b", Operand),
-                ]
-            },
-            |e, cx, c| e.call_where(cx, c),
-        ),
-        b(
-            "zeros",
-            S::Constant,
-            const {
-                &[
-                    required("shape", Shape),
-                    optional("dtype", Kind::DType, "f32"),
-                ]
-            },
-            |e, cx, c| e.call_zeros(cx, c),
-        ),
-        b(
-            "ones",
-            S::Constant,
-            const {
-                &[
-                    required("shape", Shape),
-                    optional("dtype", Kind::DType, "f32"),
-                ]
-            },
-            |e, cx, c| e.call_zeros(cx, c),
-        ),
-        b(
-            "full",
-            S::Constant,
-            const {
-                &[
-                    required("shape", Shape),
-                    required("value", Float),
-                    computed("dtype", Kind::DType, "f32 or i64, as the value is written"),
-                ]
-            },
-            |e, cx, c| e.call_zeros(cx, c),
-        ),
-        b(
-            "tensor",
-            S::Constant,
-            const {
-                &[
-                    required("values", Kind::Values),
-                    required("shape", Shape),
-                    computed("dtype", Kind::DType, "as the values are written"),
-                ]
-            },
-            |e, cx, c| e.call_tensor(cx, c),
-        ),
-        b(
-            "value_and_grad",
-            S::Gradient,
-            const {
-                &[
-                    required("call", Kind::Call),
-                    computed("wrt", Kind::Names, "the callee's weights"),
-                    computed("autocast", Kind::DType, "none"),
-                    computed("scale", Rate, "none"),
-                ]
-            },
-            |e, cx, c| e.value_and_grad(cx, c),
-        ),
-        b(
-            "checkpoint",
-            S::Gradient,
-            const { &[required("call", Kind::Call)] },
-            |e, cx, c| e.checkpoint(cx, c),
-        ),
-        // Compositions (composite.rs).
-        b(
-            "leaky_relu",
-            S::Activation,
-            const { &[X, optional("alpha", Float, "0.01")] },
-            |e, cx, c| e.call_leaky_relu(cx, c),
-        ),
-        b(
-            "elu",
-            S::Activation,
-            const { &[X, optional("alpha", Float, "1.0")] },
-            |e, cx, c| e.call_elu(cx, c),
-        ),
-        b(
-            "hardsigmoid",
-            S::Activation,
-            const {
-                &[
-                    X,
-                    optional("alpha", Float, "0.2"),
-                    optional("beta", Float, "0.5"),
-                ]
-            },
-            |e, cx, c| e.call_hardsigmoid(cx, c),
-        ),
-        b("softplus", S::Activation, UNARY, |e, cx, c| {
-            e.call_softplus(cx, c)
-        }),
-        b("hardswish", S::Activation, UNARY, |e, cx, c| {
-            e.call_softplus(cx, c)
-        }),
-        b("mish", S::Activation, UNARY, |e, cx, c| {
-            e.call_softplus(cx, c)
-        }),
-        b("log1p", S::Elementwise, UNARY, |e, cx, c| {
-            e.call_softplus(cx, c)
-        }),
-        b("expm1", S::Elementwise, UNARY, |e, cx, c| {
-            e.call_softplus(cx, c)
-        }),
-        b("isnan", S::Elementwise, UNARY, |e, cx, c| {
-            e.call_softplus(cx, c)
-        }),
-        b("isinf", S::Elementwise, UNARY, |e, cx, c| {
-            e.call_softplus(cx, c)
-        }),
-        b("clamp", S::Elementwise, CLAMP, |e, cx, c| {
-            e.call_clamp(cx, c)
-        }),
-        b("clip", S::Elementwise, CLAMP, |e, cx, c| {
-            e.call_clamp(cx, c)
-        }),
-        b("logical_and", S::Logical, LOGICAL, |e, cx, c| {
-            e.call_logical_and(cx, c)
-        }),
-        b("logical_or", S::Logical, LOGICAL, |e, cx, c| {
-            e.call_logical_and(cx, c)
-        }),
-        b("logical_xor", S::Logical, LOGICAL, |e, cx, c| {
-            e.call_logical_and(cx, c)
-        }),
-        b("logical_not", S::Logical, UNARY, |e, cx, c| {
-            e.call_logical_not(cx, c)
-        }),
-        b(
-            "squeeze",
-            S::Shape,
-            const { &[X, computed("axis", Ints, "every axis of extent 1")] },
-            |e, cx, c| e.call_squeeze(cx, c),
-        ),
-        b(
-            "unsqueeze",
-            S::Shape,
-            const { &[X, required("axis", Ints)] },
-            |e, cx, c| e.call_squeeze(cx, c),
-        ),
-        b(
-            "flatten",
-            S::Shape,
-            const { &[X, optional("axis", Int, "1")] },
-            |e, cx, c| e.call_squeeze(cx, c),
-        ),
-        b(
-            "expand",
-            S::Shape,
-            const { &[X, required("shape", Shape)] },
-            |e, cx, c| e.call_expand(cx, c),
-        ),
-        b(
-            "stack",
-            S::Shape,
-            const { &[required("tensors", Tensors), optional("axis", Int, "0")] },
-            |e, cx, c| e.call_stack(cx, c),
-        ),
-        b(
-            "split",
-            S::Shape,
-            const { &[X, required("sizes", Shape), optional("axis", Int, "0")] },
-            |e, cx, c| e.call_split(cx, c),
-        ),
-        b(
-            "tile",
-            S::Shape,
-            const { &[X, required("reps", Shape)] },
-            |e, cx, c| e.call_tile(cx, c),
-        ),
-        b(
-            "log_softmax",
-            S::Reduction,
-            const { &[X, optional("axis", Ints, "-1")] },
-            |e, cx, c| e.call_log_softmax(cx, c),
-        ),
-        b("logsumexp", S::Reduction, REDUCE, |e, cx, c| {
-            e.call_log_softmax(cx, c)
-        }),
-        b("variance", S::Reduction, REDUCE, |e, cx, c| {
-            e.call_log_softmax(cx, c)
-        }),
-        b("l1_norm", S::Reduction, REDUCE, |e, cx, c| {
-            e.call_log_softmax(cx, c)
-        }),
-        b("l2_norm", S::Reduction, REDUCE, |e, cx, c| {
-            e.call_log_softmax(cx, c)
-        }),
-        b("argmax", S::Index, ARGMAX, |e, cx, c| e.call_argmax(cx, c)),
-        b("argmin", S::Index, ARGMAX, |e, cx, c| e.call_argmax(cx, c)),
-        b(
-            "one_hot",
-            S::Index,
-            const {
-                &[
-                    required("indices", Tensor),
-                    required("depth", Int),
-                    optional("dtype", Kind::DType, "f32"),
-                ]
-            },
-            |e, cx, c| e.call_one_hot(cx, c),
-        ),
-        b(
-            "arange",
-            S::Constant,
-            const {
-                &[
-                    required("start", Float),
-                    required("end", Float),
-                    optional("step", Float, "1"),
-                    computed(
-                        "dtype",
-                        Kind::DType,
-                        "f32 or i64, as the numbers are written",
-                    ),
-                ]
-            },
-            |e, cx, c| e.call_arange(cx, c),
-        ),
-        b(
-            "tril",
-            S::Index,
-            const { &[X, optional("k", Int, "0")] },
-            |e, cx, c| e.call_tril(cx, c),
-        ),
-        b(
-            "triu",
-            S::Index,
-            const { &[X, optional("k", Int, "0")] },
-            |e, cx, c| e.call_tril(cx, c),
-        ),
-        b("global_avgpool", S::Network, UNARY, |e, cx, c| {
-            e.call_global_avgpool(cx, c)
-        }),
-        b("global_maxpool", S::Network, UNARY, |e, cx, c| {
-            e.call_global_avgpool(cx, c)
-        }),
-        b(
-            "pad",
-            S::Shape,
-            const { &[X, required("pads", Shape), optional("value", Float, "0")] },
-            |e, cx, c| e.call_pad(cx, c),
-        ),
-        b(
-            "cumsum",
-            S::Reduction,
-            const {
-                &[
-                    X,
-                    required("axis", Int),
-                    optional("exclusive", Bool, "false"),
-                    optional("reverse", Bool, "false"),
-                ]
-            },
-            |e, cx, c| e.call_cumsum(cx, c),
-        ),
-        b(
-            "group_norm",
-            S::Network,
-            const {
-                &[
-                    X,
-                    required("groups", Int),
-                    required("gamma", Tensor),
-                    required("beta", Tensor),
-                    EPS,
-                ]
-            },
-            |e, cx, c| e.call_group_norm(cx, c),
-        ),
-        b(
-            "instance_norm",
-            S::Network,
-            const { &[X, required("gamma", Tensor), required("beta", Tensor), EPS] },
-            |e, cx, c| e.call_group_norm(cx, c),
-        ),
-        b(
-            "gemm",
-            S::Network,
-            const {
-                &[
-                    required("a", Tensor),
-                    required("b", Tensor),
-                    computed("c", Operand, "none"),
-                    optional("alpha", Float, "1"),
-                    optional("beta", Float, "1"),
-                    optional("trans_a", Bool, "false"),
-                    optional("trans_b", Bool, "false"),
-                ]
-            },
-            |e, cx, c| e.call_gemm(cx, c),
-        ),
-        b(
-            "conv1d",
-            S::Network,
-            const {
-                &[
-                    X,
-                    required("w", Tensor),
-                    optional("stride", Int, "1"),
-                    optional("padding", Int, "0"),
-                    optional("groups", Int, "1"),
-                ]
-            },
-            |e, cx, c| e.call_conv1d(cx, c),
-        ),
-        b("maxpool1d", S::Network, POOL1, |e, cx, c| {
-            e.call_conv1d(cx, c)
-        }),
-        b("avgpool1d", S::Network, POOL1, |e, cx, c| {
-            e.call_conv1d(cx, c)
-        }),
-        b(
-            "topk",
-            S::Index,
-            const {
-                &[
-                    X,
-                    required("k", Int),
-                    optional("axis", Int, "-1"),
-                    optional("largest", Bool, "true"),
-                ]
-            },
-            |e, cx, c| e.call_topk(cx, c),
-        ),
-        b("gather_elements", S::Index, GATHER, |e, cx, c| {
-            e.call_gather_elements(cx, c)
-        }),
-        b("gather", S::Index, GATHER, |e, cx, c| e.call_gather(cx, c)),
-        b(
-            "dropout",
-            S::Network,
-            const {
-                &[
-                    X,
-                    optional("p", Float, "0.5"),
-                    computed("step", Operand, "none: the identity, for inference"),
-                    optional("seed", Int, "0"),
-                ]
-            },
-            |e, cx, c| e.call_dropout(cx, c),
-        ),
-        // Training (training.rs).
-        b("mse_loss", S::Loss, LOSS, |e, cx, c| e.call_mse_loss(cx, c)),
-        b("l1_loss", S::Loss, LOSS, |e, cx, c| e.call_mse_loss(cx, c)),
-        b(
-            "huber_loss",
-            S::Loss,
-            const { &[X, required("y", Tensor), optional("delta", Float, "1.0")] },
-            |e, cx, c| e.call_mse_loss(cx, c),
-        ),
-        b("bce_with_logits", S::Loss, LOSS, |e, cx, c| {
-            e.call_mse_loss(cx, c)
-        }),
-        b(
-            "cross_entropy",
-            S::Loss,
-            const {
-                &[
-                    required("logits", Tensor),
-                    required("target", Tensor),
-                    optional("axis", Int, "-1"),
-                ]
-            },
-            |e, cx, c| e.call_cross_entropy(cx, c),
-        ),
-        b(
-            "sgd",
-            S::Optimizer,
-            const {
-                &[
-                    required("w", Tensor),
-                    required("g", Tensor),
-                    required("lr", Rate),
-                    optional("weight_decay", Float, "0"),
-                ]
-            },
-            |e, cx, c| e.call_sgd(cx, c),
-        ),
-        b(
-            "sgd_momentum",
-            S::Optimizer,
-            const {
-                &[
-                    required("w", Tensor),
-                    required("g", Tensor),
-                    required("buf", Tensor),
-                    required("lr", Rate),
-                    optional("momentum", Float, "0.9"),
-                    optional("nesterov", Bool, "false"),
-                    optional("weight_decay", Float, "0"),
-                ]
-            },
-            |e, cx, c| e.call_sgd_momentum(cx, c),
-        ),
-        b("adam", S::Optimizer, ADAM_PARAMS, |e, cx, c| {
-            e.call_adam(cx, c)
-        }),
-        b("adamw", S::Optimizer, ADAMW_PARAMS, |e, cx, c| {
-            e.call_adam(cx, c)
-        }),
-        Builtin {
-            name: "all_finite",
-            section: S::Optimizer,
-            params: const { &[required("tensors", Tensor)] },
-            variadic: true,
-            expand: |e, cx, c| e.call_all_finite(cx, c),
-        },
-        b(
-            "loss_scale_update",
-            S::Optimizer,
-            const {
-                &[
-                    required("scale", Tensor),
-                    required("good", Tensor),
-                    required("finite", Tensor),
-                    optional("growth", Float, "2.0"),
-                    optional("backoff", Float, "0.5"),
-                    optional("interval", Int, "2000"),
-                ]
-            },
-            |e, cx, c| e.call_loss_scale_update(cx, c),
-        ),
-        b(
-            "step_lr",
-            S::Schedule,
-            const {
-                &[
-                    required("step", Operand),
-                    required("lr", Float),
-                    required("every", Int),
-                    optional("gamma", Float, "0.1"),
-                ]
-            },
-            |e, cx, c| e.call_step_lr(cx, c),
-        ),
-        b(
-            "cosine_lr",
-            S::Schedule,
-            const {
-                &[
-                    required("step", Operand),
-                    required("lr", Float),
-                    required("total", Int),
-                    optional("warmup", Int, "0"),
-                    optional("min_lr", Float, "0"),
-                ]
-            },
-            |e, cx, c| e.call_step_lr(cx, c),
-        ),
-        b(
-            "warmup_lr",
-            S::Schedule,
-            const {
-                &[
-                    required("step", Operand),
-                    required("lr", Float),
-                    required("warmup", Int),
-                ]
-            },
-            |e, cx, c| e.call_step_lr(cx, c),
-        ),
-        b(
-            "batchnorm_train",
-            S::Network,
-            const {
-                &[
-                    X,
-                    required("gamma", Tensor),
-                    required("beta", Tensor),
-                    required("running_mean", Tensor),
-                    required("running_var", Tensor),
-                    optional("momentum", Float, "0.1"),
-                    EPS,
-                ]
-            },
-            |e, cx, c| e.call_batchnorm_train(cx, c),
-        ),
-    ]
+    }
 }
 
 const CLAMP: &[Param] = &[
@@ -999,8 +1006,10 @@ const fn concat_params(first: &[Param], last: Param) -> [Param; 10] {
     out
 }
 
-static TABLE: LazyLock<Vec<Builtin>> = LazyLock::new(|| {
-    let mut table: Vec<Builtin> = UnaryOp::ALL
+/// The element-wise functions of one operand and the bitwise operators,
+/// from `dlc_core::scalar`.
+static GENERATED: LazyLock<Vec<Builtin>> = LazyLock::new(|| {
+    let unary = UnaryOp::ALL
         .into_iter()
         .filter(|u| *u != UnaryOp::Neg)
         .map(|u| Builtin {
@@ -1009,32 +1018,38 @@ static TABLE: LazyLock<Vec<Builtin>> = LazyLock::new(|| {
             params: UNARY,
             variadic: false,
             expand: |e, cx, c| e.call_unary(cx, c),
-        })
-        .collect();
-    table.extend(written());
-    table.extend(
-        BinaryOp::ALL
-            .into_iter()
-            .filter(|b| b.is_bitwise())
-            .map(|b| Builtin {
-                name: b.name(),
-                section: Section::Logical,
-                params: PAIR,
-                variadic: false,
-                expand: |e, cx, c| e.call_binary(cx, c),
-            }),
-    );
-    table
+        });
+    let bitwise = BinaryOp::ALL
+        .into_iter()
+        .filter(|b| b.is_bitwise())
+        .map(|b| Builtin {
+            name: b.name(),
+            section: Section::Logical,
+            params: PAIR,
+            variadic: false,
+            expand: |e, cx, c| e.call_binary(cx, c),
+        });
+    unary.chain(bitwise).collect()
+});
+
+/// Every row: the element-wise functions first, then [`WRITTEN`], then the
+/// bitwise operators.
+static TABLE: LazyLock<Vec<&'static Builtin>> = LazyLock::new(|| {
+    let unary = GENERATED
+        .iter()
+        .filter(|b| b.section == Section::Elementwise);
+    let bitwise = GENERATED.iter().filter(|b| b.section == Section::Logical);
+    unary.chain(WRITTEN).chain(bitwise).collect()
 });
 
 /// Every built-in function.
-pub fn builtins() -> &'static [Builtin] {
-    &TABLE
+pub fn builtins() -> impl Iterator<Item = &'static Builtin> {
+    TABLE.iter().copied()
 }
 
 /// The built-in called `name`.
 pub fn lookup(name: &str) -> Option<&'static Builtin> {
-    TABLE.iter().find(|b| b.name == name)
+    builtins().find(|b| b.name == name)
 }
 
 /// Whether `name` is a built-in function of the language (a name no
@@ -1050,7 +1065,7 @@ pub fn markdown() -> String {
     let mut out = String::new();
     for s in Section::ALL {
         out.push_str(&format!("\n**{}**\n\n", s.title()));
-        for b in TABLE.iter().filter(|b| b.section == s) {
+        for b in builtins().filter(|b| b.section == s) {
             out.push_str(&format!("- `{}`\n", b.signature()));
         }
     }
