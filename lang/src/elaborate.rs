@@ -124,7 +124,7 @@ pub fn elaborate(
             );
             continue;
         }
-        if builtins::is_builtin(&name.name) {
+        if builtins::is_reserved(&name.name) {
             errors.push(Diagnostic::new(
                 format!(
                     "`{}` is a built-in operator and cannot be redefined",

@@ -78,7 +78,7 @@ fn f(x: f32[4]) -> f32[4] {
 }
 ";
     redefined_builtin: "fn relu(x: f32[4]) -> f32[4] {\n    return x;\n}\n";
-    redefined_composite: "fn leaky_relu(x: f32[4]) -> f32[4] {\n    return x;\n}\n";
+    redefined_primitive: "fn softmax(x: f32[4]) -> f32[4] {\n    return x;\n}\n";
     misspelled_composite: "fn f(x: f32[4]) -> f32[4] {\n    return leaky_relo(x);\n}\n";
     composite_unknown_keyword: "fn f(x: f32[4]) -> f32[4] {\n    return leaky_relu(x, alhpa=0.1);\n}\n";
     zero_dimension: "fn f(x: f32[0, 4]) -> f32[0, 4] {\n    return x;\n}\n";

@@ -1,7 +1,7 @@
 //! Every built-in function of the language, declared once: its name, its
 //! parameters (kind, default) and the function that expands a call of it
-//! into graph ops. The table drives recognition (`is_builtin`: a built-in's
-//! name is reserved), argument binding (positional or by keyword, checked
+//! into graph ops. The table drives recognition (`is_builtin`; a
+//! primitive's name is reserved, `is_reserved`), argument binding (positional or by keyword, checked
 //! against the parameters here), the diagnostics of a bad call (unknown
 //! function, unknown or missing argument), the index of built-ins in
 //! docs/language.md (rendered by [`markdown`], printed by `dlc builtins`; a
@@ -171,6 +171,11 @@ pub struct Builtin {
     pub params: &'static [Param],
     /// Takes any number of tensors by position instead of `params`.
     pub variadic: bool,
+    /// Whether no program may define a function of this name: true of the
+    /// primitives. A program's own `fn` or `op` named like a composition or
+    /// a training built-in (`gemm`, `split`, `adam`) is called in its place,
+    /// as Python lets a module shadow a library function.
+    pub reserved: bool,
     pub(super) expand: Expand,
 }
 
@@ -550,19 +555,19 @@ static WRITTEN: &[Builtin] = &[
         |e, cx, c| e.checkpoint(cx, c),
     ),
     // Compositions (composite.rs).
-    b(
+    lib(
         "leaky_relu",
         S::Activation,
         const { &[X, optional("alpha", Float, "0.01")] },
         |e, cx, c| e.call_leaky_relu(cx, c),
     ),
-    b(
+    lib(
         "elu",
         S::Activation,
         const { &[X, optional("alpha", Float, "1.0")] },
         |e, cx, c| e.call_elu(cx, c),
     ),
-    b(
+    lib(
         "hardsigmoid",
         S::Activation,
         const {
@@ -574,108 +579,108 @@ static WRITTEN: &[Builtin] = &[
         },
         |e, cx, c| e.call_hardsigmoid(cx, c),
     ),
-    b("softplus", S::Activation, UNARY, |e, cx, c| {
+    lib("softplus", S::Activation, UNARY, |e, cx, c| {
         e.call_softplus(cx, c)
     }),
-    b("hardswish", S::Activation, UNARY, |e, cx, c| {
+    lib("hardswish", S::Activation, UNARY, |e, cx, c| {
         e.call_softplus(cx, c)
     }),
-    b("mish", S::Activation, UNARY, |e, cx, c| {
+    lib("mish", S::Activation, UNARY, |e, cx, c| {
         e.call_softplus(cx, c)
     }),
-    b("log1p", S::Elementwise, UNARY, |e, cx, c| {
+    lib("log1p", S::Elementwise, UNARY, |e, cx, c| {
         e.call_softplus(cx, c)
     }),
-    b("expm1", S::Elementwise, UNARY, |e, cx, c| {
+    lib("expm1", S::Elementwise, UNARY, |e, cx, c| {
         e.call_softplus(cx, c)
     }),
-    b("isnan", S::Elementwise, UNARY, |e, cx, c| {
+    lib("isnan", S::Elementwise, UNARY, |e, cx, c| {
         e.call_softplus(cx, c)
     }),
-    b("isinf", S::Elementwise, UNARY, |e, cx, c| {
+    lib("isinf", S::Elementwise, UNARY, |e, cx, c| {
         e.call_softplus(cx, c)
     }),
-    b("clamp", S::Elementwise, CLAMP, |e, cx, c| {
+    lib("clamp", S::Elementwise, CLAMP, |e, cx, c| {
         e.call_clamp(cx, c)
     }),
-    b("clip", S::Elementwise, CLAMP, |e, cx, c| {
+    lib("clip", S::Elementwise, CLAMP, |e, cx, c| {
         e.call_clamp(cx, c)
     }),
-    b("logical_and", S::Logical, LOGICAL, |e, cx, c| {
+    lib("logical_and", S::Logical, LOGICAL, |e, cx, c| {
         e.call_logical_and(cx, c)
     }),
-    b("logical_or", S::Logical, LOGICAL, |e, cx, c| {
+    lib("logical_or", S::Logical, LOGICAL, |e, cx, c| {
         e.call_logical_and(cx, c)
     }),
-    b("logical_xor", S::Logical, LOGICAL, |e, cx, c| {
+    lib("logical_xor", S::Logical, LOGICAL, |e, cx, c| {
         e.call_logical_and(cx, c)
     }),
-    b("logical_not", S::Logical, UNARY, |e, cx, c| {
+    lib("logical_not", S::Logical, UNARY, |e, cx, c| {
         e.call_logical_not(cx, c)
     }),
-    b(
+    lib(
         "squeeze",
         S::Shape,
         const { &[X, computed("axis", Ints, "every axis of extent 1")] },
         |e, cx, c| e.call_squeeze(cx, c),
     ),
-    b(
+    lib(
         "unsqueeze",
         S::Shape,
         const { &[X, required("axis", Ints)] },
         |e, cx, c| e.call_squeeze(cx, c),
     ),
-    b(
+    lib(
         "flatten",
         S::Shape,
         const { &[X, optional("axis", Int, "1")] },
         |e, cx, c| e.call_squeeze(cx, c),
     ),
-    b(
+    lib(
         "expand",
         S::Shape,
         const { &[X, required("shape", Shape)] },
         |e, cx, c| e.call_expand(cx, c),
     ),
-    b(
+    lib(
         "stack",
         S::Shape,
         const { &[required("tensors", Tensors), optional("axis", Int, "0")] },
         |e, cx, c| e.call_stack(cx, c),
     ),
-    b(
+    lib(
         "split",
         S::Shape,
         const { &[X, required("sizes", Shape), optional("axis", Int, "0")] },
         |e, cx, c| e.call_split(cx, c),
     ),
-    b(
+    lib(
         "tile",
         S::Shape,
         const { &[X, required("reps", Shape)] },
         |e, cx, c| e.call_tile(cx, c),
     ),
-    b(
+    lib(
         "log_softmax",
         S::Reduction,
         const { &[X, optional("axis", Ints, "-1")] },
         |e, cx, c| e.call_log_softmax(cx, c),
     ),
-    b("logsumexp", S::Reduction, REDUCE, |e, cx, c| {
+    lib("logsumexp", S::Reduction, REDUCE, |e, cx, c| {
         e.call_log_softmax(cx, c)
     }),
-    b("variance", S::Reduction, REDUCE, |e, cx, c| {
+    lib("variance", S::Reduction, REDUCE, |e, cx, c| {
         e.call_log_softmax(cx, c)
     }),
-    b("l1_norm", S::Reduction, REDUCE, |e, cx, c| {
+    lib("l1_norm", S::Reduction, REDUCE, |e, cx, c| {
         e.call_log_softmax(cx, c)
     }),
-    b("l2_norm", S::Reduction, REDUCE, |e, cx, c| {
+    lib("l2_norm", S::Reduction, REDUCE, |e, cx, c| {
         e.call_log_softmax(cx, c)
     }),
-    b("argmax", S::Index, ARGMAX, |e, cx, c| e.call_argmax(cx, c)),
-    b("argmin", S::Index, ARGMAX, |e, cx, c| e.call_argmax(cx, c)),
-    b(
+    lib("argmax", S::Index, ARGMAX, |e, cx, c| e.call_argmax(cx, c)),
+    lib("argmin", S::Index, ARGMAX, |e, cx, c| e.call_argmax(cx, c)),
+    lib(
         "one_hot",
         S::Index,
         const {
@@ -687,7 +692,7 @@ static WRITTEN: &[Builtin] = &[
         },
         |e, cx, c| e.call_one_hot(cx, c),
     ),
-    b(
+    lib(
         "arange",
         S::Constant,
         const {
@@ -704,31 +709,31 @@ static WRITTEN: &[Builtin] = &[
         },
         |e, cx, c| e.call_arange(cx, c),
     ),
-    b(
+    lib(
         "tril",
         S::Index,
         const { &[X, optional("k", Int, "0")] },
         |e, cx, c| e.call_tril(cx, c),
     ),
-    b(
+    lib(
         "triu",
         S::Index,
         const { &[X, optional("k", Int, "0")] },
         |e, cx, c| e.call_tril(cx, c),
     ),
-    b("global_avgpool", S::Network, UNARY, |e, cx, c| {
+    lib("global_avgpool", S::Network, UNARY, |e, cx, c| {
         e.call_global_avgpool(cx, c)
     }),
-    b("global_maxpool", S::Network, UNARY, |e, cx, c| {
+    lib("global_maxpool", S::Network, UNARY, |e, cx, c| {
         e.call_global_avgpool(cx, c)
     }),
-    b(
+    lib(
         "pad",
         S::Shape,
         const { &[X, required("pads", Shape), optional("value", Float, "0")] },
         |e, cx, c| e.call_pad(cx, c),
     ),
-    b(
+    lib(
         "cumsum",
         S::Reduction,
         const {
@@ -741,7 +746,7 @@ static WRITTEN: &[Builtin] = &[
         },
         |e, cx, c| e.call_cumsum(cx, c),
     ),
-    b(
+    lib(
         "group_norm",
         S::Network,
         const {
@@ -755,13 +760,13 @@ static WRITTEN: &[Builtin] = &[
         },
         |e, cx, c| e.call_group_norm(cx, c),
     ),
-    b(
+    lib(
         "instance_norm",
         S::Network,
         const { &[X, required("gamma", Tensor), required("beta", Tensor), EPS] },
         |e, cx, c| e.call_group_norm(cx, c),
     ),
-    b(
+    lib(
         "gemm",
         S::Network,
         const {
@@ -777,7 +782,7 @@ static WRITTEN: &[Builtin] = &[
         },
         |e, cx, c| e.call_gemm(cx, c),
     ),
-    b(
+    lib(
         "conv1d",
         S::Network,
         const {
@@ -791,13 +796,13 @@ static WRITTEN: &[Builtin] = &[
         },
         |e, cx, c| e.call_conv1d(cx, c),
     ),
-    b("maxpool1d", S::Network, POOL1, |e, cx, c| {
+    lib("maxpool1d", S::Network, POOL1, |e, cx, c| {
         e.call_conv1d(cx, c)
     }),
-    b("avgpool1d", S::Network, POOL1, |e, cx, c| {
+    lib("avgpool1d", S::Network, POOL1, |e, cx, c| {
         e.call_conv1d(cx, c)
     }),
-    b(
+    lib(
         "topk",
         S::Index,
         const {
@@ -810,11 +815,11 @@ static WRITTEN: &[Builtin] = &[
         },
         |e, cx, c| e.call_topk(cx, c),
     ),
-    b("gather_elements", S::Index, GATHER, |e, cx, c| {
+    lib("gather_elements", S::Index, GATHER, |e, cx, c| {
         e.call_gather_elements(cx, c)
     }),
-    b("gather", S::Index, GATHER, |e, cx, c| e.call_gather(cx, c)),
-    b(
+    lib("gather", S::Index, GATHER, |e, cx, c| e.call_gather(cx, c)),
+    lib(
         "dropout",
         S::Network,
         const {
@@ -828,18 +833,18 @@ static WRITTEN: &[Builtin] = &[
         |e, cx, c| e.call_dropout(cx, c),
     ),
     // Training (training.rs).
-    b("mse_loss", S::Loss, LOSS, |e, cx, c| e.call_mse_loss(cx, c)),
-    b("l1_loss", S::Loss, LOSS, |e, cx, c| e.call_mse_loss(cx, c)),
-    b(
+    lib("mse_loss", S::Loss, LOSS, |e, cx, c| e.call_mse_loss(cx, c)),
+    lib("l1_loss", S::Loss, LOSS, |e, cx, c| e.call_mse_loss(cx, c)),
+    lib(
         "huber_loss",
         S::Loss,
         const { &[X, required("y", Tensor), optional("delta", Float, "1.0")] },
         |e, cx, c| e.call_mse_loss(cx, c),
     ),
-    b("bce_with_logits", S::Loss, LOSS, |e, cx, c| {
+    lib("bce_with_logits", S::Loss, LOSS, |e, cx, c| {
         e.call_mse_loss(cx, c)
     }),
-    b(
+    lib(
         "cross_entropy",
         S::Loss,
         const {
@@ -851,7 +856,7 @@ static WRITTEN: &[Builtin] = &[
         },
         |e, cx, c| e.call_cross_entropy(cx, c),
     ),
-    b(
+    lib(
         "sgd",
         S::Optimizer,
         const {
@@ -864,7 +869,7 @@ static WRITTEN: &[Builtin] = &[
         },
         |e, cx, c| e.call_sgd(cx, c),
     ),
-    b(
+    lib(
         "sgd_momentum",
         S::Optimizer,
         const {
@@ -880,10 +885,10 @@ static WRITTEN: &[Builtin] = &[
         },
         |e, cx, c| e.call_sgd_momentum(cx, c),
     ),
-    b("adam", S::Optimizer, ADAM_PARAMS, |e, cx, c| {
+    lib("adam", S::Optimizer, ADAM_PARAMS, |e, cx, c| {
         e.call_adam(cx, c)
     }),
-    b("adamw", S::Optimizer, ADAMW_PARAMS, |e, cx, c| {
+    lib("adamw", S::Optimizer, ADAMW_PARAMS, |e, cx, c| {
         e.call_adam(cx, c)
     }),
     Builtin {
@@ -891,9 +896,10 @@ static WRITTEN: &[Builtin] = &[
         section: S::Optimizer,
         params: const { &[required("tensors", Tensor)] },
         variadic: true,
+        reserved: false,
         expand: |e, cx, c| e.call_all_finite(cx, c),
     },
-    b(
+    lib(
         "loss_scale_update",
         S::Optimizer,
         const {
@@ -908,7 +914,7 @@ static WRITTEN: &[Builtin] = &[
         },
         |e, cx, c| e.call_loss_scale_update(cx, c),
     ),
-    b(
+    lib(
         "step_lr",
         S::Schedule,
         const {
@@ -921,7 +927,7 @@ static WRITTEN: &[Builtin] = &[
         },
         |e, cx, c| e.call_step_lr(cx, c),
     ),
-    b(
+    lib(
         "cosine_lr",
         S::Schedule,
         const {
@@ -935,7 +941,7 @@ static WRITTEN: &[Builtin] = &[
         },
         |e, cx, c| e.call_step_lr(cx, c),
     ),
-    b(
+    lib(
         "warmup_lr",
         S::Schedule,
         const {
@@ -947,7 +953,7 @@ static WRITTEN: &[Builtin] = &[
         },
         |e, cx, c| e.call_step_lr(cx, c),
     ),
-    b(
+    lib(
         "batchnorm_train",
         S::Network,
         const {
@@ -965,7 +971,7 @@ static WRITTEN: &[Builtin] = &[
     ),
 ];
 
-/// A row of [`WRITTEN`] taking its parameters by name or position.
+/// A primitive of [`WRITTEN`]: its name is reserved.
 const fn b(
     name: &'static str,
     section: Section,
@@ -977,7 +983,22 @@ const fn b(
         section,
         params,
         variadic: false,
+        reserved: true,
         expand,
+    }
+}
+
+/// A composition or training built-in of [`WRITTEN`]: a program may define
+/// its own function of that name.
+const fn lib(
+    name: &'static str,
+    section: Section,
+    params: &'static [Param],
+    expand: Expand,
+) -> Builtin {
+    Builtin {
+        reserved: false,
+        ..b(name, section, params, expand)
     }
 }
 
@@ -1017,6 +1038,7 @@ static GENERATED: LazyLock<Vec<Builtin>> = LazyLock::new(|| {
             section: Section::Elementwise,
             params: UNARY,
             variadic: false,
+            reserved: true,
             expand: |e, cx, c| e.call_unary(cx, c),
         });
     let bitwise = BinaryOp::ALL
@@ -1027,6 +1049,7 @@ static GENERATED: LazyLock<Vec<Builtin>> = LazyLock::new(|| {
             section: Section::Logical,
             params: PAIR,
             variadic: false,
+            reserved: true,
             expand: |e, cx, c| e.call_binary(cx, c),
         });
     unary.chain(bitwise).collect()
@@ -1052,10 +1075,15 @@ pub fn lookup(name: &str) -> Option<&'static Builtin> {
     builtins().find(|b| b.name == name)
 }
 
-/// Whether `name` is a built-in function of the language (a name no
-/// user function or operator may take).
+/// Whether `name` is a built-in function of the language.
 pub fn is_builtin(name: &str) -> bool {
     lookup(name).is_some() || UnaryOp::from_name(name).is_some()
+}
+
+/// Whether `name` is one no user function or operator may take: a
+/// primitive built-in (see [`Builtin::reserved`]) or a scalar operator.
+pub fn is_reserved(name: &str) -> bool {
+    lookup(name).is_some_and(|b| b.reserved) || UnaryOp::from_name(name).is_some()
 }
 
 /// The index of built-ins in docs/language.md: one list per section, a
@@ -1066,7 +1094,8 @@ pub fn markdown() -> String {
     for s in Section::ALL {
         out.push_str(&format!("\n**{}**\n\n", s.title()));
         for b in builtins().filter(|b| b.section == s) {
-            out.push_str(&format!("- `{}`\n", b.signature()));
+            let mark = if b.reserved { "" } else { " *" };
+            out.push_str(&format!("- `{}`{mark}\n", b.signature()));
         }
     }
     out
@@ -1163,6 +1192,25 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_program_may_shadow_a_composition_but_not_a_primitive() {
+        // `gemm` takes two matrices; the program's own takes one.
+        let own = "fn gemm(a: f32[2, 2]) -> f32[2, 2] { return a * 2.0; }\n\
+                   fn main(x: f32[2, 2]) -> f32[2, 2] { return gemm(x); }\n";
+        let module = crate::compile_source(own).unwrap_or_else(|e| panic!("{e:?}"));
+        assert!(module.function("main").is_some() && module.function("gemm").is_some());
+        assert!(!is_reserved("gemm") && is_builtin("gemm"));
+        let primitive = "fn softmax(a: f32[2]) -> f32[2] { return a; }\n";
+        let Err(errors) = crate::compile_source(primitive) else {
+            panic!("a program redefined `softmax`");
+        };
+        assert!(
+            format!("{errors:?}").contains("cannot be redefined"),
+            "{errors:?}"
+        );
+        assert!(is_reserved("softmax") && is_reserved("relu") && is_reserved("bitand"));
     }
 
     #[test]
