@@ -1670,15 +1670,7 @@ impl<'p> Elab<'p> {
             } else {
                 BinaryOp::Min
             };
-            let (ea, eb) = (req(a, 0), req(a, 1));
-            let (va, vb) = (self.expr(cx, ea)?, self.expr(cx, eb)?);
-            let (x, y) = self.pair(cx, va, vb, ea.span, eb.span)?;
-            return Ok(EVal::Tensor(self.add(
-                cx,
-                Op::Binary(b),
-                &[x, y],
-                c.span,
-            )?));
+            return self.elementwise_pair(cx, b, c);
         }
         let (x, ty) = self.first_tensor(cx, c)?;
         let axes = match a[1] {

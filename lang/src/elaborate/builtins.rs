@@ -1147,6 +1147,11 @@ impl Elab<'_> {
             .into_iter()
             .find(|b| b.name() == c.name())
             .unwrap_or_else(|| unreachable!("the table lists `{}` as binary", c.name()));
+        self.elementwise_pair(cx, b, c)
+    }
+
+    /// `b` of the first two arguments of `c`, broadcast to each other.
+    pub(super) fn elementwise_pair(&mut self, cx: &mut FnCx, b: BinaryOp, c: &Call<'_>) -> R<EVal> {
         let (ea, eb) = (req(&c.a, 0), req(&c.a, 1));
         let (va, vb) = (self.expr(cx, ea)?, self.expr(cx, eb)?);
         let (x, y) = self.pair(cx, va, vb, ea.span, eb.span)?;

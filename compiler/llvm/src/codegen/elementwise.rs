@@ -654,6 +654,7 @@ impl<'ctx, I: Ir> FormulaBuilder for Expand<'_, 'ctx, '_, I> {
         t: BV<'ctx>,
         e: BV<'ctx>,
     ) -> R<BV<'ctx>> {
+        // Any float type: `compare` reads only that the operands are floats.
         let c = self.g.compare(cmp, a, b, DType::F32)?;
         self.g.select(c, t, e)
     }
