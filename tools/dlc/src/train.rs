@@ -346,36 +346,10 @@ fn step_source(
         "    let __lr = {};",
         schedule_expr(args.schedule.as_deref(), args.lr, total_steps)?
     ));
-    let wd = args
-        .weight_decay
-        .map(|w| format!(", weight_decay={w:?}"))
-        .unwrap_or_default();
     let mut new_w = Vec::new();
     let mut new_s = Vec::new();
     for w in &wrt {
-        let g = format!("__g_{w}");
-        let (lhs, call) = match args.optimizer {
-            Optimizer::Sgd if args.momentum.is_some() || args.nesterov => (
-                format!("(__new_{w}, __new_buf_{w})"),
-                format!(
-                    "sgd_momentum({w}, {g}, __buf_{w}, __lr, momentum={:?}, nesterov={}{wd})",
-                    args.momentum.unwrap_or(0.9),
-                    args.nesterov
-                ),
-            ),
-            Optimizer::Sgd => (format!("__new_{w}"), format!("sgd({w}, {g}, __lr{wd})")),
-            Optimizer::Adam | Optimizer::Adamw => (
-                format!("(__new_{w}, __new_m_{w}, __new_v_{w})"),
-                format!(
-                    "{}({w}, {g}, __m_{w}, __v_{w}, t, lr=__lr{wd})",
-                    if args.optimizer == Optimizer::Adam {
-                        "adam"
-                    } else {
-                        "adamw"
-                    }
-                ),
-            ),
-        };
+        let (lhs, call) = optimizer_call(args, w);
         update.push(format!("    let {lhs} = {call};"));
         new_w.push(format!("__new_{w}"));
         new_s.extend(plan.state.iter().map(|s| format!("__new_{s}_{w}")));
@@ -469,6 +443,39 @@ fn step_source(
             &cat(&[&updated, &scale_results]),
         )
     ))
+}
+
+/// The optimizer's update of weight `w` (from its gradient `__g_w`, its
+/// state `__buf_w` or `__m_w` and `__v_w`, at the rate `__lr`): the names
+/// it binds and the call.
+fn optimizer_call(args: &TrainArgs, w: &str) -> (String, String) {
+    let g = format!("__g_{w}");
+    let wd = args
+        .weight_decay
+        .map(|w| format!(", weight_decay={w:?}"))
+        .unwrap_or_default();
+    match args.optimizer {
+        Optimizer::Sgd if args.momentum.is_some() || args.nesterov => (
+            format!("(__new_{w}, __new_buf_{w})"),
+            format!(
+                "sgd_momentum({w}, {g}, __buf_{w}, __lr, momentum={:?}, nesterov={}{wd})",
+                args.momentum.unwrap_or(0.9),
+                args.nesterov
+            ),
+        ),
+        Optimizer::Sgd => (format!("__new_{w}"), format!("sgd({w}, {g}, __lr{wd})")),
+        Optimizer::Adam | Optimizer::Adamw => (
+            format!("(__new_{w}, __new_m_{w}, __new_v_{w})"),
+            format!(
+                "{}({w}, {g}, __m_{w}, __v_{w}, t, lr=__lr{wd})",
+                if args.optimizer == Optimizer::Adam {
+                    "adam"
+                } else {
+                    "adamw"
+                }
+            ),
+        ),
+    }
 }
 
 /// Initial weights: from `dir` (`NAME.npy`) when given, else drawn as
@@ -577,6 +584,105 @@ pub fn train(args: &TrainArgs) -> Result<(), DriverError> {
 
 /// Trains, alone or as one rank of `world`.
 fn train_on(args: &TrainArgs, world: Option<&World>) -> Result<(), DriverError> {
+    let save_file = check_settings(args)?;
+    let src = read_model(&args.file, &dlc_onnx::Options::default())?;
+    let module = compile_source(&src)?;
+    let f = dlc_driver::select_entry(&module, args.entry.as_deref())?.clone();
+    let plan = Plan::of(&f, args)?;
+    let (tensors, n) = read_data(&plan)?;
+    let batch = plan.params[plan.data[0].0].1.shape[0];
+    // A data-parallel run's global batch: every rank's share.
+    let ranks = world.map_or(1, World::size);
+    let global = batch * ranks;
+    let steps = n / global;
+    if steps == 0 {
+        return Err(usage(if world.is_some() {
+            format!(
+                "the data set has {n} rows, fewer than one global batch of {global} ({ranks} rank(s) of {batch})"
+            )
+        } else {
+            format!("the data set has {n} rows, fewer than one batch of {batch}")
+        }));
+    }
+    if world.is_some() {
+        plan.check_summable()?;
+    }
+    let total = steps * args.epochs;
+    let (lowered, split) = compile_step(&src, &plan, args, total, world)?;
+    let mixed = args.precision != Precision::F32;
+    let setting = Progress::first(args, global);
+    let source = args
+        .weights
+        .as_deref()
+        .map(dlc_driver::WeightSource::open)
+        .transpose()?;
+    let start = match &args.resume {
+        None => Start {
+            weights: initial_weights(&f, &plan, source.as_ref(), args.seed)?,
+            state: None,
+            buffers: initial_buffers(&plan, source.as_ref())?,
+            progress: setting.clone(),
+        },
+        Some(dir) => resume(dir, args, &plan, &setting)?,
+    };
+    let layout = Layout {
+        params: plan.params.len(),
+        weights: plan.weights.clone(),
+        buffers: plan.buffers.clone(),
+        ns: plan.state.len(),
+        mixed,
+    };
+    let initial = Initial {
+        weights: &start.weights,
+        state: start.state.as_deref(),
+        buffers: &start.buffers,
+        scale: start.progress.loss_scale,
+        good: start.progress.good,
+    };
+    let driven = Loop {
+        args,
+        plan: &plan,
+        data: &tensors,
+        rows: n,
+        batch,
+        steps,
+        total,
+        start: &start.progress,
+        setting: &setting,
+        world,
+    };
+    let result = dlc_llvm::jit_with(&lowered, &dlc_llvm::JitOptions::default(), |jit| {
+        Ok(match (world, split) {
+            (None, _) => {
+                let kernel = jit.kernel("__train_step")?;
+                Fused::bind(&kernel, &layout, &initial).and_then(|mut s| driven.run(&mut s))
+            }
+            (Some(_), None) => Err(usage("the data-parallel gradient was not split")),
+            (Some(world), Some((buckets, slots, plans))) => {
+                let kernels = plans
+                    .iter()
+                    .map(|p| jit.kernel(&p.name))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let update = jit.kernel("__train_update")?;
+                Staged::bind(
+                    &kernels, &plans, &update, buckets, slots, &layout, &initial, world,
+                )
+                .and_then(|mut s| driven.run(&mut s))
+            }
+        })
+    })
+    .map_err(|e| usage(e.to_string()))?;
+    let trained = result?;
+    if world.is_none_or(World::leads) {
+        save_trained(args, &plan, trained, save_file)?;
+    }
+    Ok(())
+}
+
+/// Checks the settings that need no model, and that the places written
+/// to can be; returns whether `--save-weights` names one .safetensors
+/// file (rather than a folder of .npy files).
+fn check_settings(args: &TrainArgs) -> Result<bool, DriverError> {
     if args.epochs == 0 {
         return Err(usage("--epochs must be at least 1"));
     }
@@ -607,42 +713,122 @@ fn train_on(args: &TrainArgs, world: Option<&World>) -> Result<(), DriverError> 
             _ => dlc_driver::ensure_writable_dir(path)?,
         }
     }
-    let src = read_model(&args.file, &dlc_onnx::Options::default())?;
-    let module = compile_source(&src)?;
-    let f = dlc_driver::select_entry(&module, args.entry.as_deref())?.clone();
-    let loss_ty = f.result_types();
-    if loss_ty
-        .first()
-        .is_none_or(|t| t.rank() != 0 || t.dtype != dlc_core::DType::F32)
-    {
-        return Err(usage(format!(
-            "`{}` must return an f32 scalar loss first, returns ({})",
-            f.name,
-            loss_ty
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        )));
+    Ok(save_file.is_some())
+}
+
+impl Plan {
+    /// The plan of training `f` as `args` say: its loss, weights, data
+    /// and buffers, checked against each other.
+    fn of(f: &dlc_graph::Function, args: &TrainArgs) -> Result<Plan, DriverError> {
+        let loss_ty = f.result_types();
+        if loss_ty
+            .first()
+            .is_none_or(|t| t.rank() != 0 || t.dtype != dlc_core::DType::F32)
+        {
+            return Err(usage(format!(
+                "`{}` must return an f32 scalar loss first, returns ({})",
+                f.name,
+                loss_ty
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        let params: Vec<(String, dlc_core::TensorType)> = f
+            .params
+            .iter()
+            .map(|(n, node)| (n.clone(), f.body[*node].results[0].clone()))
+            .collect();
+        let weights: Vec<usize> = f.weights.iter().copied().collect();
+        if weights.is_empty() {
+            return Err(usage(format!(
+                "`{}` declares no `weight` parameters: mark the parameters to train `weight name: type`",
+                f.name
+            )));
+        }
+        if let Some(&w) = weights.iter().find(|&&w| !params[w].1.dtype.is_float()) {
+            return Err(usage(format!(
+                "weight `{}` is {}: only float weights train",
+                params[w].0, params[w].1
+            )));
+        }
+        let mut files = data_files(args)?;
+        let mut data = Vec::new();
+        let mut buffers = Vec::new();
+        for (i, (name, _)) in params.iter().enumerate() {
+            if weights.contains(&i) {
+                if files.iter().any(|(n, _)| n == name) {
+                    return Err(usage(format!(
+                        "`{name}` is a weight of `{}`: weights are not data (initialize them with --weights DIR)",
+                        f.name
+                    )));
+                }
+                continue;
+            }
+            match files.iter().position(|(n, _)| n == name) {
+                Some(k) => data.push((i, files.remove(k).1)),
+                None => buffers.push(i),
+            }
+        }
+        // The loss's further results are its buffers' new values.
+        let aux = &loss_ty[1..];
+        let fits =
+            buffers.len() == aux.len() && buffers.iter().zip(aux).all(|(&b, t)| &params[b].1 == t);
+        if !fits {
+            return Err(usage(buffers_unfit(f, &params, &buffers, aux)));
+        }
+        if let Some((name, _)) = files.first() {
+            let names: Vec<&str> = params.iter().map(|(n, _)| n.as_str()).collect();
+            return Err(usage(format!(
+                "--data `{name}`: `{}` has no such parameter; its parameters: {}",
+                f.name,
+                names.join(", ")
+            )));
+        }
+        if data.is_empty() {
+            return Err(usage(format!(
+                "`{}` takes no data: every parameter is a weight",
+                f.name
+            )));
+        }
+        let state: Vec<&'static str> = match args.optimizer {
+            Optimizer::Sgd if args.momentum.is_some() || args.nesterov => vec!["buf"],
+            Optimizer::Sgd => vec![],
+            Optimizer::Adam | Optimizer::Adamw => vec!["m", "v"],
+        };
+        Ok(Plan {
+            loss: f.name.clone(),
+            params,
+            weights,
+            data,
+            state,
+            buffers,
+        })
     }
-    let params: Vec<(String, dlc_core::TensorType)> = f
-        .params
-        .iter()
-        .map(|(n, node)| (n.clone(), f.body[*node].results[0].clone()))
-        .collect();
-    let weights: Vec<usize> = f.weights.iter().copied().collect();
-    if weights.is_empty() {
-        return Err(usage(format!(
-            "`{}` declares no `weight` parameters: mark the parameters to train `weight name: type`",
-            f.name
-        )));
+
+    /// Data-parallel ranks sum f32 tensors: every weight and buffer must
+    /// be one.
+    fn check_summable(&self) -> Result<(), DriverError> {
+        let not_f32 = self
+            .weights
+            .iter()
+            .chain(&self.buffers)
+            .find(|&&i| self.params[i].1.dtype != dlc_core::DType::F32);
+        match not_f32 {
+            Some(&i) => {
+                let (name, ty) = &self.params[i];
+                Err(usage(format!(
+                    "--data-parallel sums f32 gradients and buffers over the ranks; `{name}` is {ty} (train it in f32; --precision bf16 or f16 keeps f32 weights)"
+                )))
+            }
+            None => Ok(()),
+        }
     }
-    if let Some(&w) = weights.iter().find(|&&w| !params[w].1.dtype.is_float()) {
-        return Err(usage(format!(
-            "weight `{}` is {}: only float weights train",
-            params[w].0, params[w].1
-        )));
-    }
+}
+
+/// `--data NAME=PATH` as (name, path), each name once.
+fn data_files(args: &TrainArgs) -> Result<Vec<(String, PathBuf)>, DriverError> {
     let mut files: Vec<(String, PathBuf)> = Vec::new();
     for spec in &args.data {
         let Some((name, path)) = spec.split_once('=') else {
@@ -653,69 +839,47 @@ fn train_on(args: &TrainArgs, world: Option<&World>) -> Result<(), DriverError> 
         }
         files.push((name.to_string(), PathBuf::from(path)));
     }
-    let mut data = Vec::new();
-    let mut buffers = Vec::new();
-    for (i, (name, _)) in params.iter().enumerate() {
-        if weights.contains(&i) {
-            if files.iter().any(|(n, _)| n == name) {
-                return Err(usage(format!(
-                    "`{name}` is a weight of `{}`: weights are not data (initialize them with --weights DIR)",
-                    f.name
-                )));
-            }
-            continue;
-        }
-        match files.iter().position(|(n, _)| n == name) {
-            Some(k) => data.push((i, files.remove(k).1)),
-            None => buffers.push(i),
-        }
-    }
-    // The loss's further results are its buffers' new values.
-    let aux = &loss_ty[1..];
-    let fits =
-        buffers.len() == aux.len() && buffers.iter().zip(aux).all(|(&b, t)| &params[b].1 == t);
-    if !fits {
-        let (name, _) = &params[buffers.first().copied().unwrap_or(0)];
-        return Err(usage(match buffers.first() {
-            Some(_) if aux.is_empty() => format!(
-                "parameter `{name}` of `{}` is not a weight and has no --data {name}=FILE.npy (a buffer, such as a running average, is returned by the loss after it)",
-                f.name
-            ),
-            _ => format!(
-                "`{}` returns {} value(s) after the loss, the new values of its buffers (the parameters neither weights nor data: {}), which must match them in number and type",
-                f.name,
-                aux.len(),
-                if buffers.is_empty() {
-                    "none".to_string()
-                } else {
-                    buffers
-                        .iter()
-                        .map(|&b| format!("{}: {}", params[b].0, params[b].1))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                }
-            ),
-        }));
-    }
-    if let Some((name, _)) = files.first() {
-        let names: Vec<&str> = params.iter().map(|(n, _)| n.as_str()).collect();
-        return Err(usage(format!(
-            "--data `{name}`: `{}` has no such parameter; its parameters: {}",
-            f.name,
-            names.join(", ")
-        )));
-    }
-    if data.is_empty() {
-        return Err(usage(format!(
-            "`{}` takes no data: every parameter is a weight",
+    Ok(files)
+}
+
+/// Why the loss's results after the first do not fit its buffers (the
+/// parameters that are neither weights nor data).
+fn buffers_unfit(
+    f: &dlc_graph::Function,
+    params: &[(String, dlc_core::TensorType)],
+    buffers: &[usize],
+    aux: &[dlc_core::TensorType],
+) -> String {
+    let (name, _) = &params[buffers.first().copied().unwrap_or(0)];
+    match buffers.first() {
+        Some(_) if aux.is_empty() => format!(
+            "parameter `{name}` of `{}` is not a weight and has no --data {name}=FILE.npy (a buffer, such as a running average, is returned by the loss after it)",
             f.name
-        )));
+        ),
+        _ => format!(
+            "`{}` returns {} value(s) after the loss, the new values of its buffers (the parameters neither weights nor data: {}), which must match them in number and type",
+            f.name,
+            aux.len(),
+            if buffers.is_empty() {
+                "none".to_string()
+            } else {
+                buffers
+                    .iter()
+                    .map(|&b| format!("{}: {}", params[b].0, params[b].1))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        ),
     }
-    // The data: each file's rows are the parameter's batch rows.
+}
+
+/// The data sets, checked against their parameters: each file's rows are
+/// the parameter's batch rows. Returns them and their number of rows.
+fn read_data(plan: &Plan) -> Result<(Vec<HostTensor>, usize), DriverError> {
     let mut tensors = Vec::new();
     let mut rows: Option<(usize, String)> = None;
-    for (i, path) in &data {
-        let (name, ty) = &params[*i];
+    for (i, path) in &plan.data {
+        let (name, ty) = &plan.params[*i];
         if ty.rank() == 0 {
             return Err(usage(format!(
                 "data parameter `{name}` is a scalar; its leading extent is the batch"
@@ -745,61 +909,40 @@ fn train_on(args: &TrainArgs, world: Option<&World>) -> Result<(), DriverError> 
         }
         tensors.push(t);
     }
-    let n = rows.map_or(0, |r| r.0);
-    let batch = params[data[0].0].1.shape[0];
-    if let Some(&(i, _)) = data.iter().find(|(i, _)| params[*i].1.shape[0] != batch) {
+    let params = &plan.params;
+    let first = plan.data[0].0;
+    let batch = params[first].1.shape[0];
+    if let Some(&(i, _)) = plan
+        .data
+        .iter()
+        .find(|(i, _)| params[*i].1.shape[0] != batch)
+    {
         return Err(usage(format!(
             "data parameters must share their leading extent (the batch): `{}` has {}, `{}` has {batch}",
-            params[i].0, params[i].1.shape[0], params[data[0].0].0
+            params[i].0, params[i].1.shape[0], params[first].0
         )));
     }
-    // A data-parallel run's global batch: every rank's share.
-    let ranks = world.map_or(1, World::size);
-    let global = batch * ranks;
-    let steps = n / global;
-    if steps == 0 {
-        return Err(usage(if world.is_some() {
-            format!(
-                "the data set has {n} rows, fewer than one global batch of {global} ({ranks} rank(s) of {batch})"
-            )
-        } else {
-            format!("the data set has {n} rows, fewer than one batch of {batch}")
-        }));
-    }
-    let state: Vec<&'static str> = match args.optimizer {
-        Optimizer::Sgd if args.momentum.is_some() || args.nesterov => vec!["buf"],
-        Optimizer::Sgd => vec![],
-        Optimizer::Adam | Optimizer::Adamw => vec!["m", "v"],
-    };
-    let plan = Plan {
-        loss: f.name.clone(),
-        params,
-        weights,
-        data,
-        state,
-        buffers,
-    };
-    if world.is_some() {
-        // The ranks sum f32 tensors.
-        let not_f32 = plan
-            .weights
-            .iter()
-            .chain(&plan.buffers)
-            .find(|&&i| plan.params[i].1.dtype != dlc_core::DType::F32);
-        if let Some(&i) = not_f32 {
-            let (name, ty) = &plan.params[i];
-            return Err(usage(format!(
-                "--data-parallel sums f32 gradients and buffers over the ranks; `{name}` is {ty} (train it in f32; --precision bf16 or f16 keeps f32 weights)"
-            )));
-        }
-    }
-    // The step, compiled: one function, or a data-parallel run's gradient
-    // and update.
-    let total = steps * args.epochs;
+    Ok((tensors, rows.map_or(0, |r| r.0)))
+}
+
+/// A data-parallel gradient's stages: the buckets, their slots and each
+/// stage's plan.
+type Split = (Buckets, Vec<Slot>, Vec<StagePlan>);
+
+/// The step, compiled for this CPU: one function, or a data-parallel run's
+/// gradient (in stages, one per bucket of results, so that a bucket is
+/// summed while the next stage computes) and update.
+fn compile_step(
+    src: &SourceText,
+    plan: &Plan,
+    args: &TrainArgs,
+    total: usize,
+    world: Option<&World>,
+) -> Result<(dlc_tile::Module, Option<Split>), DriverError> {
     let text = format!(
         "{}{}",
         src.text,
-        step_source(&plan, args, total, world.map(World::size))?
+        step_source(plan, args, total, world.map(World::size))?
     );
     let mut step_module = compile_source(&SourceText {
         name: src.name.clone(),
@@ -811,8 +954,6 @@ fn train_on(args: &TrainArgs, world: Option<&World>) -> Result<(), DriverError> 
         Some(_) => vec!["__train_grads".to_string(), "__train_update".to_string()],
     };
     let mut step_module = dlc_driver::only_entries(&step_module, &entries)?;
-    // A data-parallel gradient runs in stages, one per bucket of results,
-    // so that a bucket is summed while the next stage computes.
     let split = match world {
         None => None,
         Some(_) => {
@@ -820,189 +961,130 @@ fn train_on(args: &TrainArgs, world: Option<&World>) -> Result<(), DriverError> 
             Some(split_gradient(&mut step_module, plan.weights.len(), bytes)?)
         }
     };
-    let lowered = dlc_driver::lower_for_cpu(&step_module)?;
-    let ns = plan.state.len();
-    let mixed = args.precision != Precision::F32;
-    let setting = Progress {
-        epoch: 0,
-        step: 1,
-        update: 1,
-        loss_scale: INITIAL_LOSS_SCALE,
-        good: 0,
-        seed: args.seed,
-        optimizer: format!(
-            "{:?} momentum={:?} nesterov={} weight_decay={:?} schedule={:?}{}",
-            args.optimizer,
-            args.momentum,
-            args.nesterov,
-            args.weight_decay,
-            args.schedule,
-            if mixed {
-                format!(" precision={:?}", args.precision)
-            } else {
-                String::new()
-            }
-        ),
-        epochs: args.epochs,
-        lr: format!("{:?}", args.lr),
-        batch: global,
+    Ok((dlc_driver::lower_for_cpu(&step_module)?, split))
+}
+
+/// Where training starts: the weights, the optimizer's state (none: from
+/// zero), the buffers and the progress.
+struct Start {
+    weights: Vec<HostTensor>,
+    state: Option<Vec<HostTensor>>,
+    buffers: Vec<HostTensor>,
+    progress: Progress,
+}
+
+/// `--resume DIR`: the checkpoint's tensors and progress, once its
+/// settings are found to be this run's.
+fn resume(
+    dir: &Path,
+    args: &TrainArgs,
+    plan: &Plan,
+    setting: &Progress,
+) -> Result<Start, DriverError> {
+    let (tensors, progress) = read_checkpoint(dir)?;
+    let differs = |what: &str, was: &dyn std::fmt::Debug, now: &dyn std::fmt::Debug| {
+        usage(format!(
+            "--resume {}: the checkpoint was written with {what} {was:?}, this run has {now:?}; resume with the run's own settings",
+            dir.display()
+        ))
     };
-    let source = args
-        .weights
+    if progress.seed != setting.seed {
+        return Err(differs("--seed", &progress.seed, &setting.seed));
+    }
+    // A cosine schedule spans the whole run; any other lets a run go on
+    // for more epochs than it first meant to.
+    let spans_run = args
+        .schedule
         .as_deref()
-        .map(dlc_driver::WeightSource::open)
-        .transpose()?;
-    let (init, state0, buffers0, start) = match &args.resume {
-        None => (
-            initial_weights(&f, &plan, source.as_ref(), args.seed)?,
-            None,
-            initial_buffers(&plan, source.as_ref())?,
-            setting.clone(),
-        ),
-        Some(dir) => {
-            let (tensors, progress) = read_checkpoint(dir)?;
-            let differs = |what: &str, was: &dyn std::fmt::Debug, now: &dyn std::fmt::Debug| {
-                usage(format!(
-                    "--resume {}: the checkpoint was written with {what} {was:?}, this run has {now:?}; resume with the run's own settings",
-                    dir.display()
-                ))
-            };
-            if progress.seed != setting.seed {
-                return Err(differs("--seed", &progress.seed, &setting.seed));
-            }
-            // A cosine schedule spans the whole run; any other lets a run
-            // go on for more epochs than it first meant to.
-            let spans_run = args
-                .schedule
-                .as_deref()
-                .is_some_and(|s| s.starts_with("cosine"));
-            if spans_run && progress.epochs != setting.epochs {
-                return Err(differs(
-                    "--epochs (which the cosine schedule spans)",
-                    &progress.epochs,
-                    &setting.epochs,
-                ));
-            }
-            // 0: a checkpoint from before the batch was recorded.
-            if progress.batch != 0 && progress.batch != setting.batch {
-                return Err(differs(
-                    "a global batch of",
-                    &progress.batch,
-                    &setting.batch,
-                ));
-            }
-            if progress.lr != setting.lr {
-                return Err(differs("--lr", &progress.lr, &setting.lr));
-            }
-            if progress.optimizer != setting.optimizer {
-                return Err(differs(
-                    "the optimizer",
-                    &progress.optimizer,
-                    &setting.optimizer,
-                ));
-            }
-            if progress.epoch >= args.epochs {
-                return Err(usage(format!(
-                    "--resume {}: the checkpoint has done all {} epochs",
-                    dir.display(),
-                    args.epochs
-                )));
-            }
-            let take =
-                |key: String, ty: &dlc_core::TensorType| -> Result<HostTensor, DriverError> {
-                    match tensors.iter().find(|(n, _)| *n == key) {
-                        Some((_, t)) if &t.ty == ty => Ok(t.clone()),
-                        Some((_, t)) => Err(usage(format!(
-                            "--resume: `{key}` is {} in the checkpoint, {ty} here",
-                            t.ty
-                        ))),
-                        None => Err(usage(format!("--resume: the checkpoint has no `{key}`"))),
-                    }
-                };
-            let mut weights = Vec::new();
-            let mut state = Vec::new();
-            for &w in &plan.weights {
-                let (name, ty) = &plan.params[w];
-                weights.push(take(format!("weight.{name}"), ty)?);
-                for s in &plan.state {
-                    state.push(take(format!("state.{s}.{name}"), ty)?);
-                }
-            }
-            let buffers = plan
-                .buffers
-                .iter()
-                .map(|&b| take(format!("buffer.{}", plan.params[b].0), &plan.params[b].1))
-                .collect::<Result<Vec<_>, _>>()?;
-            (weights, Some(state), buffers, progress)
+        .is_some_and(|s| s.starts_with("cosine"));
+    if spans_run && progress.epochs != setting.epochs {
+        return Err(differs(
+            "--epochs (which the cosine schedule spans)",
+            &progress.epochs,
+            &setting.epochs,
+        ));
+    }
+    // 0: a checkpoint from before the batch was recorded.
+    if progress.batch != 0 && progress.batch != setting.batch {
+        return Err(differs(
+            "a global batch of",
+            &progress.batch,
+            &setting.batch,
+        ));
+    }
+    if progress.lr != setting.lr {
+        return Err(differs("--lr", &progress.lr, &setting.lr));
+    }
+    if progress.optimizer != setting.optimizer {
+        return Err(differs(
+            "the optimizer",
+            &progress.optimizer,
+            &setting.optimizer,
+        ));
+    }
+    if progress.epoch >= args.epochs {
+        return Err(usage(format!(
+            "--resume {}: the checkpoint has done all {} epochs",
+            dir.display(),
+            args.epochs
+        )));
+    }
+    let take = |key: String, ty: &dlc_core::TensorType| -> Result<HostTensor, DriverError> {
+        match tensors.iter().find(|(n, _)| *n == key) {
+            Some((_, t)) if &t.ty == ty => Ok(t.clone()),
+            Some((_, t)) => Err(usage(format!(
+                "--resume: `{key}` is {} in the checkpoint, {ty} here",
+                t.ty
+            ))),
+            None => Err(usage(format!("--resume: the checkpoint has no `{key}`"))),
         }
     };
-    let layout = Layout {
-        params: plan.params.len(),
-        weights: plan.weights.clone(),
-        buffers: plan.buffers.clone(),
-        ns,
-        mixed,
-    };
-    let initial = Initial {
-        weights: &init,
-        state: state0.as_deref(),
-        buffers: &buffers0,
-        scale: start.loss_scale,
-        good: start.good,
-    };
-    let driven = Loop {
-        args,
-        plan: &plan,
-        data: &tensors,
-        rows: n,
-        batch,
-        steps,
-        total,
-        start: &start,
-        setting: &setting,
-        world,
-    };
-    let result = dlc_llvm::jit_with(&lowered, &dlc_llvm::JitOptions::default(), |jit| {
-        Ok(match (world, split) {
-            (None, _) => {
-                let kernel = jit.kernel("__train_step")?;
-                Fused::bind(&kernel, &layout, &initial).and_then(|mut s| driven.run(&mut s))
-            }
-            (Some(_), None) => Err(usage("the data-parallel gradient was not split")),
-            (Some(world), Some((buckets, slots, plans))) => {
-                let kernels = plans
-                    .iter()
-                    .map(|p| jit.kernel(&p.name))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let update = jit.kernel("__train_update")?;
-                Staged::bind(
-                    &kernels, &plans, &update, buckets, slots, &layout, &initial, world,
-                )
-                .and_then(|mut s| driven.run(&mut s))
-            }
-        })
+    let mut weights = Vec::new();
+    let mut state = Vec::new();
+    for &w in &plan.weights {
+        let (name, ty) = &plan.params[w];
+        weights.push(take(format!("weight.{name}"), ty)?);
+        for s in &plan.state {
+            state.push(take(format!("state.{s}.{name}"), ty)?);
+        }
+    }
+    let buffers = plan
+        .buffers
+        .iter()
+        .map(|&b| take(format!("buffer.{}", plan.params[b].0), &plan.params[b].1))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Start {
+        weights,
+        state: Some(state),
+        buffers,
+        progress,
     })
-    .map_err(|e| usage(e.to_string()))?;
-    let trained = result?;
-    if let Some(path) = args
-        .save_weights
-        .as_ref()
-        .filter(|_| world.is_none_or(World::leads))
-    {
-        let names = plan
-            .weights
-            .iter()
-            .chain(&plan.buffers)
-            .map(|&w| plan.params[w].0.clone());
-        if save_file.is_some() {
-            let named: Vec<(String, HostTensor)> = names.zip(trained).collect();
-            dlc_driver::write_safetensors(path, &named, Default::default())?;
+}
+
+/// `--save-weights`: the trained weights and buffers, as one .safetensors
+/// file (`as_file`) or a folder of .npy files.
+fn save_trained(
+    args: &TrainArgs,
+    plan: &Plan,
+    trained: Vec<HostTensor>,
+    as_file: bool,
+) -> Result<(), DriverError> {
+    let Some(path) = &args.save_weights else {
+        return Ok(());
+    };
+    let names = plan
+        .weights
+        .iter()
+        .chain(&plan.buffers)
+        .map(|&w| plan.params[w].0.clone());
+    if as_file {
+        let named: Vec<(String, HostTensor)> = names.zip(trained).collect();
+        dlc_driver::write_safetensors(path, &named, Default::default())?;
+        dlc_cli::outln!("wrote {}", path.display());
+    } else {
+        let named: Vec<(String, &HostTensor)> = names.zip(&trained).collect();
+        for path in dlc_driver::save_named_outputs(path, &named)? {
             dlc_cli::outln!("wrote {}", path.display());
-        } else {
-            let named: Vec<(String, &HostTensor)> = names.zip(&trained).collect();
-            for path in dlc_driver::save_named_outputs(path, &named)? {
-                dlc_cli::outln!("wrote {}", path.display());
-            }
         }
     }
     Ok(())
@@ -1267,7 +1349,7 @@ fn split_gradient(
     module: &mut dlc_graph::Module,
     nw: usize,
     bucket_bytes: usize,
-) -> Result<(Buckets, Vec<Slot>, Vec<StagePlan>), DriverError> {
+) -> Result<Split, DriverError> {
     let at = module
         .functions
         .iter()
@@ -1837,6 +1919,37 @@ struct Progress {
     lr: String,
     /// Rows a step: the loss's batch times the ranks.
     batch: usize,
+}
+
+impl Progress {
+    /// A new run's first step, with its settings: the optimizer's (and
+    /// the precision, when mixed) and the global batch.
+    fn first(args: &TrainArgs, batch: usize) -> Progress {
+        Progress {
+            epoch: 0,
+            step: 1,
+            update: 1,
+            loss_scale: INITIAL_LOSS_SCALE,
+            good: 0,
+            seed: args.seed,
+            optimizer: format!(
+                "{:?} momentum={:?} nesterov={} weight_decay={:?} schedule={:?}{}",
+                args.optimizer,
+                args.momentum,
+                args.nesterov,
+                args.weight_decay,
+                args.schedule,
+                if args.precision != Precision::F32 {
+                    format!(" precision={:?}", args.precision)
+                } else {
+                    String::new()
+                }
+            ),
+            epochs: args.epochs,
+            lr: format!("{:?}", args.lr),
+            batch,
+        }
+    }
 }
 
 const CHECKPOINT: &str = "checkpoint.safetensors";
