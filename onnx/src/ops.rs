@@ -192,8 +192,313 @@ fn per_filter(weights: &[usize]) -> Vec<usize> {
     s
 }
 
+/// A binary element-wise op folded over known operands; none when they
+/// differ in type, the result is large, or the op does not fold there.
+fn fold_binary_data(cx: &Cx<'_>, op: &str, x: &Data, y: Option<&Data>) -> R<Option<Data>> {
+    let Some(y) = y else {
+        return Ok(None);
+    };
+    if x.dtype != y.dtype {
+        return Ok(None);
+    }
+    let Some(shape) = broadcast(&x.shape, &y.shape) else {
+        return Err(cx.err("operands do not broadcast"));
+    };
+    if numel(&shape) > FOLD_LIMIT {
+        return Ok(None);
+    }
+    let (bx, by) = (broadcast_data(x, &shape), broadcast_data(y, &shape));
+    let out_type = if matches!(op, "Add" | "Sub" | "Mul" | "Div" | "Max" | "Min" | "Mod") {
+        x.dtype
+    } else {
+        DType::Bool
+    };
+    let mut v = Vec::with_capacity(bx.values.len());
+    for (a, b) in bx.values.iter().zip(by.values.iter()) {
+        match fold_binary(op, x.dtype, *a, *b) {
+            Some(r) => v.push(out_type.round(r)),
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(Data::new(out_type, shape, v)))
+}
+
+/// `Where` folded over known operands (condition `x`).
+fn fold_where(cx: &Cx<'_>, x: &Data, a: Option<&Data>, b: Option<&Data>) -> R<Option<Data>> {
+    let (Some(a), Some(b)) = (a, b) else {
+        return Ok(None);
+    };
+    let Some(shape) = broadcast(&x.shape, &a.shape).and_then(|s| broadcast(&s, &b.shape)) else {
+        return Err(cx.err("operands do not broadcast"));
+    };
+    if numel(&shape) > FOLD_LIMIT {
+        return Ok(None);
+    }
+    let (c, a2, b2) = (
+        broadcast_data(x, &shape),
+        broadcast_data(a, &shape),
+        broadcast_data(b, &shape),
+    );
+    let v = (0..c.values.len())
+        .map(|i| {
+            if c.values[i] != 0.0 {
+                a2.values[i]
+            } else {
+                b2.values[i]
+            }
+        })
+        .collect();
+    Ok(Some(Data::new(a.dtype, shape, v)))
+}
+
+/// `Concat` folded over known parts (the first `x`).
+fn fold_concat(cx: &Cx<'_>, x: &Data, ds: Vec<Option<Data>>) -> R<Option<Data>> {
+    let parts: Option<Vec<Data>> = ds.into_iter().collect();
+    let Some(parts) = parts else { return Ok(None) };
+    let axis = cx.axis(cx.int("axis", 0), x.shape.len())?;
+    let mut shape = x.shape.clone();
+    shape[axis] = parts.iter().fold(0usize, |a, p| {
+        a.saturating_add(p.shape.get(axis).copied().unwrap_or(0))
+    });
+    if parts
+        .iter()
+        .any(|p| p.shape.len() != x.shape.len() || p.dtype != x.dtype)
+    {
+        return Err(cx.err("inputs differ in rank or element type"));
+    }
+    let outer = numel(&shape[..axis]);
+    let mut v = Vec::new();
+    for o in 0..outer {
+        for p in &parts {
+            let chunk = numel(&p.shape[axis..]);
+            v.extend_from_slice(&p.values[o * chunk..(o + 1) * chunk]);
+        }
+    }
+    Ok(Some(Data::new(x.dtype, shape, v)))
+}
+
+/// `Gather` folded over known data `x` and indices.
+fn fold_gather(cx: &Cx<'_>, x: &Data, ind: Option<Data>) -> R<Option<Data>> {
+    let Some(ind) = ind else {
+        return Ok(None);
+    };
+    let axis = cx.axis(cx.int("axis", 0), x.shape.len())?;
+    let n = x.shape[axis] as i64;
+    let mut idx = Vec::new();
+    for &i in &ind.ints() {
+        let j = if i < 0 { i + n } else { i };
+        if j < 0 || j >= n {
+            return Err(cx.err(format!("index {i} is out of range for extent {n}")));
+        }
+        idx.push(j as usize);
+    }
+    let mut shape = x.shape[..axis].to_vec();
+    shape.extend(&ind.shape);
+    shape.extend(&x.shape[axis + 1..]);
+    if numel(&shape) > FOLD_LIMIT {
+        return Ok(None);
+    }
+    let st = strides(&x.shape);
+    let ir = ind.shape.len();
+    let ist = strides(&ind.shape);
+    Ok(Some(gather_data(x, shape, |o| {
+        let mut flat = 0;
+        for a in 0..axis {
+            flat += o[a] * st[a];
+        }
+        let k: usize = (0..ir).map(|b| o[axis + b] * ist[b]).sum();
+        flat += idx[k] * st[axis];
+        for a in axis + 1..x.shape.len() {
+            flat += o[a + ir - 1] * st[a];
+        }
+        flat
+    })))
+}
+
+/// Input `ex` of shape `shape` with `stride - 1` zeros between its
+/// elements along each spatial axis (a reshape, a concatenation with zeros
+/// and a slice per axis), and its shape.
+fn zeros_between(
+    mut ex: String,
+    shape: &[usize],
+    strides: &[i64],
+    dt: DType,
+) -> (String, Vec<usize>) {
+    let mut xs = shape.to_vec();
+    for (a, &st) in strides.iter().enumerate() {
+        let st = st as usize;
+        if st == 1 {
+            continue;
+        }
+        let ax = a + 2;
+        let len = xs[ax];
+        let mut split = xs[..=ax].to_vec();
+        split.push(1);
+        split.extend(&xs[ax + 1..]);
+        let mut zeros = split.clone();
+        zeros[ax + 1] = st - 1;
+        let mut merged = xs.clone();
+        merged[ax] = len * st;
+        ex = format!(
+            "slice(reshape(concat([reshape({ex}, {}), zeros({}, dtype={dt})], axis={}), {}), axis={ax}, start=0, end={})",
+            shape_text(&split),
+            shape_text(&zeros),
+            ax + 1,
+            shape_text(&merged),
+            (len - 1) * st + 1
+        );
+        xs[ax] = (len - 1) * st + 1;
+    }
+    (ex, xs)
+}
+
 /// An activation of a recurrent op: its expression applied to another.
 type Activation = Box<dyn Fn(&str) -> String>;
+
+/// The sizes attention's masks are built for: batch, query heads,
+/// queries, keys (the past ones included), past keys; the element type.
+#[derive(Clone, Copy)]
+struct AttentionSizes {
+    b: usize,
+    hq: usize,
+    s: usize,
+    l: usize,
+    past: usize,
+    dt: DType,
+}
+
+/// The cell of a recurrent op.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Cell {
+    Rnn,
+    Gru,
+    Lstm,
+}
+
+/// A recurrent node's sizes and settings, checked.
+struct Recurrence {
+    cell: Cell,
+    /// Gates, and activations per direction.
+    gates: usize,
+    per: usize,
+    seq: usize,
+    batch: usize,
+    inp: usize,
+    dirs: usize,
+    /// The hidden size.
+    h: usize,
+    /// `layout = 1`: batch first.
+    batchwise: bool,
+    direction: String,
+    dt: DType,
+    linear_before_reset: bool,
+}
+
+/// A recurrent node's operands as expressions: X (sequence first), W, R,
+/// the biases, the initial hidden and cell states (sequence first) and
+/// the peepholes.
+struct RecurrentInputs {
+    x: String,
+    w: String,
+    r: String,
+    b: Option<String>,
+    h0: Option<String>,
+    c0: Option<String>,
+    p: Option<String>,
+}
+
+/// What each step of one direction reads: R transposed, R's bias, the
+/// peepholes (input, output, forget) and the direction's activations.
+struct Step<'a> {
+    rt: &'a str,
+    rb: Option<&'a str>,
+    peep: Option<&'a [String; 3]>,
+    acts: &'a [Activation],
+}
+
+/// A recurrent node's activations, per direction, by name (ONNX's
+/// defaults when it names none), with their alpha and beta taken in
+/// order from `activation_alpha` and `activation_beta`.
+fn activations(cx: &Cx<'_>, rec: &Recurrence) -> R<Vec<Activation>> {
+    let names: Vec<String> = match cx.attr("activations") {
+        Some(a) => a
+            .strings
+            .iter()
+            .map(|s| String::from_utf8_lossy(s).into_owned())
+            .collect(),
+        None => {
+            let one: &[&str] = match rec.cell {
+                Cell::Rnn => &["Tanh"],
+                Cell::Gru => &["Sigmoid", "Tanh"],
+                Cell::Lstm => &["Sigmoid", "Tanh", "Tanh"],
+            };
+            (0..rec.dirs)
+                .flat_map(|_| one.iter().map(|s| s.to_string()))
+                .collect()
+        }
+    };
+    if names.len() != rec.per * rec.dirs {
+        return Err(cx.err(format!(
+            "activations lists {} functions; {} {} needs {}",
+            names.len(),
+            cx.op(),
+            rec.direction,
+            rec.per * rec.dirs
+        )));
+    }
+    let floats =
+        |name: &str| -> Vec<f32> { cx.attr(name).map(|a| a.floats.clone()).unwrap_or_default() };
+    let (alphas, betas) = (floats("activation_alpha"), floats("activation_beta"));
+    let (mut ai, mut bi) = (0, 0);
+    let dt = rec.dt;
+    let mut acts: Vec<Activation> = Vec::new();
+    for n in &names {
+        let take = |v: &[f32], i: &mut usize, default: f64| {
+            let x = v.get(*i).map_or(default, |&a| f64::from(a));
+            *i += 1;
+            literal(x, dt)
+        };
+        let f: Activation = match n.to_ascii_lowercase().as_str() {
+            "sigmoid" => Box::new(|e: &str| format!("sigmoid({e})")),
+            "tanh" => Box::new(|e: &str| format!("tanh({e})")),
+            "relu" => Box::new(|e: &str| format!("relu({e})")),
+            "softsign" => Box::new(|e: &str| format!("({e}) / (abs({e}) + 1.0)")),
+            "softplus" => Box::new(|e: &str| format!("log(exp({e}) + 1.0)")),
+            "leakyrelu" => {
+                let a = take(&alphas, &mut ai, 0.01);
+                Box::new(move |e: &str| format!("where({e} < 0.0, {e} * {a}, {e})"))
+            }
+            "thresholdedrelu" => {
+                let a = take(&alphas, &mut ai, 1.0);
+                Box::new(move |e: &str| format!("where({e} > {a}, {e}, 0.0)"))
+            }
+            "elu" => {
+                let a = take(&alphas, &mut ai, 1.0);
+                Box::new(move |e: &str| format!("where({e} < 0.0, (exp({e}) - 1.0) * {a}, {e})"))
+            }
+            "hardsigmoid" => {
+                let a = take(&alphas, &mut ai, 0.2);
+                let b = take(&betas, &mut bi, 0.5);
+                Box::new(move |e: &str| format!("max(min(({e}) * {a} + {b}, 1.0), 0.0)"))
+            }
+            "affine" => {
+                let a = take(&alphas, &mut ai, 1.0);
+                let b = take(&betas, &mut bi, 0.0);
+                Box::new(move |e: &str| format!("({e}) * {a} + {b}"))
+            }
+            "scaledtanh" => {
+                let a = take(&alphas, &mut ai, 1.0);
+                let b = take(&betas, &mut bi, 1.0);
+                Box::new(move |e: &str| format!("tanh(({e}) * {b}) * {a}"))
+            }
+            other => {
+                return Err(cx.err(format!("activation `{other}` is not supported")));
+            }
+        };
+        acts.push(f);
+    }
+    Ok(acts)
+}
 
 /// Operators read from models older than [`crate::MIN_OPSET`], each with
 /// the oldest opset whose definition of it means what the importer
@@ -748,15 +1053,30 @@ impl Importer {
 
     /// Folds nodes whose inputs are all known and small (shape arithmetic).
     fn try_fold(&mut self, cx: &Cx<'_>) -> R<bool> {
-        let op = cx.op();
-        match op {
+        let folded = match self.fold_source(cx)? {
+            Some(d) => Some(d),
+            None => self.fold_known(cx)?,
+        };
+        match folded {
+            Some(d) => {
+                self.bind_data(cx, 0, d)?;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// The nodes that fold whatever their inputs: constants, shapes,
+    /// sizes, ranges; none for any other node.
+    fn fold_source(&mut self, cx: &Cx<'_>) -> R<Option<Data>> {
+        Ok(Some(match cx.op() {
             "Constant" => {
                 let a = cx
                     .node
                     .attribute
                     .first()
                     .ok_or_else(|| cx.err("has no value"))?;
-                let d = match a.name() {
+                match a.name() {
                     "value" => {
                         let t =
                             a.t.as_ref()
@@ -776,9 +1096,7 @@ impl Importer {
                         a.ints.iter().map(|&v| v as f64).collect(),
                     ),
                     other => return Err(cx.err(format!("attribute `{other}` is not supported"))),
-                };
-                self.bind_data(cx, 0, d)?;
-                return Ok(true);
+                }
             }
             "Shape" => {
                 cx.allow(&["start", "end"])?;
@@ -792,17 +1110,11 @@ impl Importer {
                         cx.err("the shape slice is empty; dlc tensors have positive extents")
                     );
                 }
-                self.bind_data(cx, 0, Data::new(DType::I64, vec![dims.len()], dims))?;
-                return Ok(true);
+                Data::new(DType::I64, vec![dims.len()], dims)
             }
             "Size" => {
                 let x = self.need(cx, 0)?;
-                self.bind_data(
-                    cx,
-                    0,
-                    Data::new(DType::I64, vec![], vec![numel(&x.shape) as f64]),
-                )?;
-                return Ok(true);
+                Data::new(DType::I64, vec![], vec![numel(&x.shape) as f64])
             }
             "ConstantOfShape" => {
                 let shape = self
@@ -822,8 +1134,7 @@ impl Importer {
                 if n > 1 << 28 {
                     return Err(cx.err("the result is too large"));
                 }
-                self.bind_data(cx, 0, Data::new(fill.dtype, shape, vec![fill.values[0]; n]))?;
-                return Ok(true);
+                Data::new(fill.dtype, shape, vec![fill.values[0]; n])
             }
             "Range" => {
                 let vals: Vec<Option<Val>> = (0..3).map(|i| self.input(cx, i)).collect();
@@ -845,17 +1156,22 @@ impl Importer {
                 let v = (0..n)
                     .map(|i| dtype.round(start + i as f64 * delta))
                     .collect();
-                self.bind_data(cx, 0, Data::new(dtype, vec![n], v))?;
-                return Ok(true);
+                Data::new(dtype, vec![n], v)
             }
-            _ => {}
-        }
+            _ => return Ok(None),
+        }))
+    }
+
+    /// The nodes that fold when every input is known and small: none when
+    /// one is not, or the node does not fold.
+    fn fold_known(&mut self, cx: &Cx<'_>) -> R<Option<Data>> {
+        let op = cx.op();
         // The rest fold only when every input is known and small.
         let inputs: Vec<Option<Val>> = (0..cx.node.input.len())
             .map(|i| self.input(cx, i))
             .collect();
         if inputs.is_empty() {
-            return Ok(false);
+            return Ok(None);
         }
         let mut ds = Vec::new();
         for v in &inputs {
@@ -864,13 +1180,13 @@ impl Importer {
                     ds.push(Some(d.clone()))
                 }
                 None => ds.push(None),
-                _ => return Ok(false),
+                _ => return Ok(None),
             }
         }
         let Some(x) = ds[0].clone() else {
-            return Ok(false);
+            return Ok(None);
         };
-        let folded = match op {
+        Ok(match op {
             "Identity" => Some(x),
             "Cast" => {
                 let to = dtype_of(cx.int("to", 0) as i32);
@@ -902,126 +1218,15 @@ impl Importer {
             | "Greater" | "LessOrEqual" | "GreaterOrEqual" | "And" | "Or"
                 if ds.len() == 2 && !(op == "Mod" && cx.int("fmod", 0) != 0) =>
             {
-                let Some(y) = ds[1].clone() else {
-                    return Ok(false);
-                };
-                if x.dtype != y.dtype {
-                    return Ok(false);
-                }
-                let Some(shape) = broadcast(&x.shape, &y.shape) else {
-                    return Err(cx.err("operands do not broadcast"));
-                };
-                if numel(&shape) > FOLD_LIMIT {
-                    return Ok(false);
-                }
-                let (bx, by) = (broadcast_data(&x, &shape), broadcast_data(&y, &shape));
-                let out_type =
-                    if matches!(op, "Add" | "Sub" | "Mul" | "Div" | "Max" | "Min" | "Mod") {
-                        x.dtype
-                    } else {
-                        DType::Bool
-                    };
-                let mut v = Vec::with_capacity(bx.values.len());
-                for (a, b) in bx.values.iter().zip(by.values.iter()) {
-                    match fold_binary(op, x.dtype, *a, *b) {
-                        Some(r) => v.push(out_type.round(r)),
-                        None => return Ok(false),
-                    }
-                }
-                Some(Data::new(out_type, shape, v))
+                fold_binary_data(cx, op, &x, ds[1].as_ref())?
             }
-            "Where" if ds.len() == 3 => {
-                let (Some(a), Some(b)) = (ds[1].clone(), ds[2].clone()) else {
-                    return Ok(false);
-                };
-                let Some(shape) =
-                    broadcast(&x.shape, &a.shape).and_then(|s| broadcast(&s, &b.shape))
-                else {
-                    return Err(cx.err("operands do not broadcast"));
-                };
-                if numel(&shape) > FOLD_LIMIT {
-                    return Ok(false);
-                }
-                let (c, a2, b2) = (
-                    broadcast_data(&x, &shape),
-                    broadcast_data(&a, &shape),
-                    broadcast_data(&b, &shape),
-                );
-                let v = (0..c.values.len())
-                    .map(|i| {
-                        if c.values[i] != 0.0 {
-                            a2.values[i]
-                        } else {
-                            b2.values[i]
-                        }
-                    })
-                    .collect();
-                Some(Data::new(a.dtype, shape, v))
-            }
+            "Where" if ds.len() == 3 => fold_where(cx, &x, ds[1].as_ref(), ds[2].as_ref())?,
             "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" => {
                 let shape = self.reshape_target(cx)?;
                 Some(Data { shape, ..x })
             }
-            "Concat" => {
-                let parts: Option<Vec<Data>> = ds.into_iter().collect();
-                let Some(parts) = parts else { return Ok(false) };
-                let axis = cx.axis(cx.int("axis", 0), x.shape.len())?;
-                let mut shape = x.shape.clone();
-                shape[axis] = parts.iter().fold(0usize, |a, p| {
-                    a.saturating_add(p.shape.get(axis).copied().unwrap_or(0))
-                });
-                if parts
-                    .iter()
-                    .any(|p| p.shape.len() != x.shape.len() || p.dtype != x.dtype)
-                {
-                    return Err(cx.err("inputs differ in rank or element type"));
-                }
-                let outer = numel(&shape[..axis]);
-                let mut v = Vec::new();
-                for o in 0..outer {
-                    for p in &parts {
-                        let chunk = numel(&p.shape[axis..]);
-                        v.extend_from_slice(&p.values[o * chunk..(o + 1) * chunk]);
-                    }
-                }
-                Some(Data::new(x.dtype, shape, v))
-            }
-            "Gather" => {
-                let Some(ind) = ds.get(1).cloned().flatten() else {
-                    return Ok(false);
-                };
-                let axis = cx.axis(cx.int("axis", 0), x.shape.len())?;
-                let n = x.shape[axis] as i64;
-                let mut idx = Vec::new();
-                for &i in &ind.ints() {
-                    let j = if i < 0 { i + n } else { i };
-                    if j < 0 || j >= n {
-                        return Err(cx.err(format!("index {i} is out of range for extent {n}")));
-                    }
-                    idx.push(j as usize);
-                }
-                let mut shape = x.shape[..axis].to_vec();
-                shape.extend(&ind.shape);
-                shape.extend(&x.shape[axis + 1..]);
-                if numel(&shape) > FOLD_LIMIT {
-                    return Ok(false);
-                }
-                let st = strides(&x.shape);
-                let ir = ind.shape.len();
-                let ist = strides(&ind.shape);
-                Some(gather_data(&x, shape, |o| {
-                    let mut flat = 0;
-                    for a in 0..axis {
-                        flat += o[a] * st[a];
-                    }
-                    let k: usize = (0..ir).map(|b| o[axis + b] * ist[b]).sum();
-                    flat += idx[k] * st[axis];
-                    for a in axis + 1..x.shape.len() {
-                        flat += o[a + ir - 1] * st[a];
-                    }
-                    flat
-                }))
-            }
+            "Concat" => fold_concat(cx, &x, ds)?,
+            "Gather" => fold_gather(cx, &x, ds.get(1).cloned().flatten())?,
             "Slice" => {
                 let spec = self.slice_spec(cx, &x.shape)?;
                 let st = strides(&x.shape);
@@ -1033,14 +1238,7 @@ impl Importer {
                 }))
             }
             _ => None,
-        };
-        match folded {
-            Some(d) => {
-                self.bind_data(cx, 0, d)?;
-                Ok(true)
-            }
-            None => Ok(false),
-        }
+        })
     }
 
     fn identity(&mut self, cx: &Cx<'_>) -> R<()> {
@@ -2883,32 +3081,8 @@ impl Importer {
         }
         // The input with zeros between its elements.
         let dt = x.dtype;
-        let mut ex = self.e(cx, 0)?;
-        let mut xs = x.shape.clone();
-        for (a, &st) in strides.iter().enumerate() {
-            let st = st as usize;
-            if st == 1 {
-                continue;
-            }
-            let ax = a + 2;
-            let len = xs[ax];
-            let mut split = xs[..=ax].to_vec();
-            split.push(1);
-            split.extend(&xs[ax + 1..]);
-            let mut zeros = split.clone();
-            zeros[ax + 1] = st - 1;
-            let mut merged = xs.clone();
-            merged[ax] = len * st;
-            ex = format!(
-                "slice(reshape(concat([reshape({ex}, {}), zeros({}, dtype={dt})], axis={}), {}), axis={ax}, start=0, end={})",
-                shape_text(&split),
-                shape_text(&zeros),
-                ax + 1,
-                shape_text(&merged),
-                (len - 1) * st + 1
-            );
-            xs[ax] = (len - 1) * st + 1;
-        }
+        let ex = self.e(cx, 0)?;
+        let (ex, xs) = zeros_between(ex, &x.shape, &strides, dt);
         // The weights with input and output channels swapped per group,
         // [O, C/g, k...], and every spatial axis reversed.
         let ew = self.e(cx, 1)?;
@@ -3140,58 +3314,74 @@ impl Importer {
         }
         let sname = self.fresh("scores");
         self.lines.push(format!("let {sname} = {scores};"));
-        // The bias: the mask (padded to the keys' length) and the causal one.
         let ninf = literal(f64::NEG_INFINITY, dt);
-        let mut bias: Option<String> = None;
-        if let Some(m) = self.input(cx, 3) {
-            let mut em = self.e(cx, 3)?;
-            let ml = *m
-                .shape
-                .last()
-                .ok_or_else(|| cx.err("the mask must have a key axis"))?;
-            if ml > l {
-                return Err(cx.err(format!("the mask covers {ml} keys, there are {l}")));
+        let sizes = AttentionSizes {
+            b,
+            hq,
+            s,
+            l,
+            past,
+            dt,
+        };
+        let mut bias = self.attention_bias(cx, &sizes, nonpad.as_deref())?;
+        let with_bias = match &bias {
+            Some(bv) => {
+                let bname = self.fresh("bias");
+                self.lines.push(format!("let {bname} = {bv};"));
+                bias = Some(bname.clone());
+                let w = self.fresh("biased");
+                self.lines.push(format!("let {w} = {sname} + {bname};"));
+                w
             }
-            if ml < l {
-                let mut pad_shape = m.shape.clone();
-                *pad_shape.last_mut().unwrap_or(&mut 0) = l - ml;
-                let fill = if m.dtype == DType::Bool {
-                    crate::constant_text(&Data::new(
-                        DType::Bool,
-                        pad_shape.clone(),
-                        vec![0.0; numel(&pad_shape)],
-                    ))
-                } else {
-                    format!("broadcast({ninf}, {})", shape_text(&pad_shape))
-                };
-                em = format!("concat([{em}, {fill}], axis={})", m.shape.len() - 1);
-            }
-            let mut padded = m.shape.clone();
-            if let Some(last) = padded.last_mut() {
-                *last = l;
-            }
-            let full = [b, hq, s, l];
-            if broadcast(&padded, &full).as_deref() != Some(&full[..]) {
-                return Err(cx.err(format!(
-                    "the mask {} does not broadcast to {}",
-                    shape_text(&m.shape),
-                    shape_text(&full)
-                )));
-            }
-            bias = Some(if m.dtype == DType::Bool {
-                format!("where({em}, 0.0, {ninf})")
-            } else if m.dtype == dt {
-                em
-            } else {
-                return Err(cx.err(format!(
-                    "the mask is {}; bool or {dt} are supported",
-                    m.dtype
-                )));
-            });
+            None => sname.clone(),
+        };
+        let mut probs = format!("softmax({with_bias}, axis=-1)");
+        if let Some(bname) = &bias {
+            // A row whose every key is masked attends to nothing.
+            probs = format!("where(max({bname}, axis=-1, keepdims=true) == {ninf}, 0.0, {probs})");
         }
+        let pname = self.fresh("probs");
+        self.lines.push(format!("let {pname} = {probs};"));
+        let sshape = vec![b, hq, s, l];
+        let qk = match cx.int("qk_matmul_output_mode", 0) {
+            0 | 1 => sname,
+            2 => with_bias,
+            3 => pname.clone(),
+            m => return Err(cx.err(format!("qk_matmul_output_mode {m} is not valid"))),
+        };
+        self.bind(cx, 3, qk, dt, sshape)?;
+        let dv = vs[3];
+        let mut y = format!("{pname} @ {ev}");
+        let mut shape = vec![b, hq, s, dv];
+        if r == 3 {
+            shape = vec![b, s, hq * dv];
+            y = format!(
+                "reshape(transpose({y}, [0, 2, 1, 3]), {})",
+                shape_text(&shape)
+            );
+        }
+        self.bind(cx, 0, y, dt, shape)
+    }
+
+    /// Attention's bias on the scores: the mask input (padded to the keys'
+    /// length), the causal mask, the sliding window and the padding past
+    /// `nonpad_kv_seqlen` (the expression of it, shaped `[B, 1, 1, 1]`),
+    /// added; none when there is none of them.
+    fn attention_bias(
+        &mut self,
+        cx: &Cx<'_>,
+        z: &AttentionSizes,
+        nonpad: Option<&str>,
+    ) -> R<Option<String>> {
+        let AttentionSizes { s, l, past, dt, .. } = *z;
+        let ninf = literal(f64::NEG_INFINITY, dt);
+        let mut bias = match self.input(cx, 3) {
+            Some(m) => Some(self.attention_mask(cx, z, &m)?),
+            None => None,
+        };
         // With a per-batch key length the masks are computed from iotas over
         // the queries and the keys, query i being at position i + offset.
-        let positions = match &nonpad {
+        let positions = match nonpad {
             Some(n) => {
                 let qi = self.iota(&[1, 1, s, 1], 2, DType::I64);
                 let kj = self.iota(&[1, 1, 1, l], 3, DType::I64);
@@ -3262,46 +3452,64 @@ impl Importer {
             ));
             add(&mut bias, format!("where({mask}, 0.0, {ninf})"));
         }
-        if let (Some(n), Some((_, kj, _))) = (&nonpad, &positions) {
+        if let (Some(n), Some((_, kj, _))) = (nonpad, &positions) {
             add(&mut bias, format!("where({kj} < {n}, 0.0, {ninf})"));
         }
-        let with_bias = match &bias {
-            Some(bv) => {
-                let bname = self.fresh("bias");
-                self.lines.push(format!("let {bname} = {bv};"));
-                bias = Some(bname.clone());
-                let w = self.fresh("biased");
-                self.lines.push(format!("let {w} = {sname} + {bname};"));
-                w
-            }
-            None => sname.clone(),
-        };
-        let mut probs = format!("softmax({with_bias}, axis=-1)");
-        if let Some(bname) = &bias {
-            // A row whose every key is masked attends to nothing.
-            probs = format!("where(max({bname}, axis=-1, keepdims=true) == {ninf}, 0.0, {probs})");
+        Ok(bias)
+    }
+
+    /// Attention's mask input as a bias: padded to the keys' length (a
+    /// padded key is masked), checked to broadcast to the scores, a
+    /// boolean mask made 0 or -inf.
+    fn attention_mask(&mut self, cx: &Cx<'_>, z: &AttentionSizes, m: &Val) -> R<String> {
+        let AttentionSizes {
+            b, hq, s, l, dt, ..
+        } = *z;
+        let ninf = literal(f64::NEG_INFINITY, dt);
+        let mut em = self.e(cx, 3)?;
+        let ml = *m
+            .shape
+            .last()
+            .ok_or_else(|| cx.err("the mask must have a key axis"))?;
+        if ml > l {
+            return Err(cx.err(format!("the mask covers {ml} keys, there are {l}")));
         }
-        let pname = self.fresh("probs");
-        self.lines.push(format!("let {pname} = {probs};"));
-        let sshape = vec![b, hq, s, l];
-        let qk = match cx.int("qk_matmul_output_mode", 0) {
-            0 | 1 => sname,
-            2 => with_bias,
-            3 => pname.clone(),
-            m => return Err(cx.err(format!("qk_matmul_output_mode {m} is not valid"))),
-        };
-        self.bind(cx, 3, qk, dt, sshape)?;
-        let dv = vs[3];
-        let mut y = format!("{pname} @ {ev}");
-        let mut shape = vec![b, hq, s, dv];
-        if r == 3 {
-            shape = vec![b, s, hq * dv];
-            y = format!(
-                "reshape(transpose({y}, [0, 2, 1, 3]), {})",
-                shape_text(&shape)
-            );
+        if ml < l {
+            let mut pad_shape = m.shape.clone();
+            *pad_shape.last_mut().unwrap_or(&mut 0) = l - ml;
+            let fill = if m.dtype == DType::Bool {
+                crate::constant_text(&Data::new(
+                    DType::Bool,
+                    pad_shape.clone(),
+                    vec![0.0; numel(&pad_shape)],
+                ))
+            } else {
+                format!("broadcast({ninf}, {})", shape_text(&pad_shape))
+            };
+            em = format!("concat([{em}, {fill}], axis={})", m.shape.len() - 1);
         }
-        self.bind(cx, 0, y, dt, shape)
+        let mut padded = m.shape.clone();
+        if let Some(last) = padded.last_mut() {
+            *last = l;
+        }
+        let full = [b, hq, s, l];
+        if broadcast(&padded, &full).as_deref() != Some(&full[..]) {
+            return Err(cx.err(format!(
+                "the mask {} does not broadcast to {}",
+                shape_text(&m.shape),
+                shape_text(&full)
+            )));
+        }
+        Ok(if m.dtype == DType::Bool {
+            format!("where({em}, 0.0, {ninf})")
+        } else if m.dtype == dt {
+            em
+        } else {
+            return Err(cx.err(format!(
+                "the mask is {}; bool or {dt} are supported",
+                m.dtype
+            )));
+        })
     }
 
     /// NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss (the NLL of
@@ -3977,9 +4185,81 @@ impl Importer {
     /// stacked. Follows ONNX's definitions (gate orders z, r, h and i, o,
     /// f, c; `linear_before_reset`; peepholes; `layout`).
     fn recurrent(&mut self, cx: &Cx<'_>) -> R<()> {
+        let rec = self.recurrence(cx)?;
+        let acts = activations(cx, &rec)?;
+        let (dt, batch, h) = (rec.dt, rec.batch, rec.h);
+        let transposed = |e: String| {
+            if rec.batchwise {
+                format!("transpose({e}, [1, 0, 2])")
+            } else {
+                e
+            }
+        };
+        let optional = |me: &mut Self, i: usize| -> R<Option<String>> {
+            match me.input(cx, i) {
+                Some(_) => me.e(cx, i).map(Some),
+                None => Ok(None),
+            }
+        };
+        let lstm = rec.cell == Cell::Lstm;
+        // In the operands' order: each names its constant on first use.
+        let x = transposed(self.e(cx, 0)?);
+        let (w, r, b) = (self.e(cx, 1)?, self.e(cx, 2)?, optional(self, 3)?);
+        let h0 = optional(self, 5)?.map(transposed);
+        let c0 = if lstm { optional(self, 6)? } else { None };
+        let p = if lstm { optional(self, 7)? } else { None };
+        let inputs = RecurrentInputs {
+            x,
+            w,
+            r,
+            b,
+            h0,
+            c0: c0.map(transposed),
+            p,
+        };
+        let (mut ys, mut hs, mut cs) = (Vec::new(), Vec::new(), Vec::new());
+        for d in 0..rec.dirs {
+            let acts = &acts[d * rec.per..(d + 1) * rec.per];
+            let (y, hn, cn) = self.recurrent_direction(cx, &rec, &inputs, acts, d)?;
+            ys.push(y);
+            hs.push(format!("reshape({hn}, [1, {batch}, {h}])"));
+            cs.push(format!("reshape({cn}, [1, {batch}, {h}])"));
+        }
+        let join = |v: &[String], axis: usize| {
+            if v.len() == 1 {
+                v[0].clone()
+            } else {
+                format!("concat([{}], axis={axis})", v.join(", "))
+            }
+        };
+        let (mut y, mut yh, mut yc) = (join(&ys, 1), join(&hs, 0), join(&cs, 0));
+        let (seq, dirs) = (rec.seq, rec.dirs);
+        let mut y_shape = vec![seq, dirs, batch, h];
+        let mut s_shape = vec![dirs, batch, h];
+        if rec.batchwise {
+            y = format!("transpose({y}, [2, 0, 1, 3])");
+            yh = format!("transpose({yh}, [1, 0, 2])");
+            yc = format!("transpose({yc}, [1, 0, 2])");
+            y_shape = vec![batch, seq, dirs, h];
+            s_shape = vec![batch, dirs, h];
+        }
+        self.bind(cx, 0, y, dt, y_shape)?;
+        self.bind(cx, 1, yh, dt, s_shape.clone())?;
+        if lstm {
+            self.bind(cx, 2, yc, dt, s_shape)?;
+        }
+        Ok(())
+    }
+
+    /// A recurrent node's attributes and operands, checked against each
+    /// other.
+    fn recurrence(&self, cx: &Cx<'_>) -> R<Recurrence> {
         let op = cx.op();
-        let lstm = op == "LSTM";
-        let gru = op == "GRU";
+        let cell = match op {
+            "LSTM" => Cell::Lstm,
+            "GRU" => Cell::Gru,
+            _ => Cell::Rnn,
+        };
         let mut attrs = vec![
             "activation_alpha",
             "activation_beta",
@@ -3989,11 +4269,10 @@ impl Importer {
             "hidden_size",
             "layout",
         ];
-        if gru {
-            attrs.push("linear_before_reset");
-        }
-        if lstm {
-            attrs.push("input_forget");
+        match cell {
+            Cell::Gru => attrs.push("linear_before_reset"),
+            Cell::Lstm => attrs.push("input_forget"),
+            Cell::Rnn => {}
         }
         cx.allow(&attrs)?;
         if cx.attr("clip").is_some() {
@@ -4002,12 +4281,10 @@ impl Importer {
         if cx.int("input_forget", 0) != 0 {
             return Err(cx.err("input_forget is not supported"));
         }
-        let gates = if lstm {
-            4
-        } else if gru {
-            3
-        } else {
-            1
+        let (gates, per) = match cell {
+            Cell::Lstm => (4, 3),
+            Cell::Gru => (3, 2),
+            Cell::Rnn => (1, 1),
         };
         let (x, w, r) = (self.need(cx, 0)?, self.need(cx, 1)?, self.need(cx, 2)?);
         cx.float_input(&x)?;
@@ -4064,289 +4341,196 @@ impl Importer {
             [dirs, batch, h]
         };
         self.check_operand(cx, 5, dt, &state_shape, true)?;
-        if lstm {
+        if cell == Cell::Lstm {
             self.check_operand(cx, 6, dt, &state_shape, true)?;
             self.check_operand(cx, 7, dt, &[dirs, 3 * h], true)?;
         }
-        // The activations, per direction: f (and g, h) by name.
-        let names: Vec<String> = match cx.attr("activations") {
-            Some(a) => a
-                .strings
-                .iter()
-                .map(|s| String::from_utf8_lossy(s).into_owned())
-                .collect(),
-            None => {
-                let one: &[&str] = match op {
-                    "RNN" => &["Tanh"],
-                    "GRU" => &["Sigmoid", "Tanh"],
-                    _ => &["Sigmoid", "Tanh", "Tanh"],
-                };
-                (0..dirs)
-                    .flat_map(|_| one.iter().map(|s| s.to_string()))
-                    .collect()
-            }
+        Ok(Recurrence {
+            cell,
+            gates,
+            per,
+            seq,
+            batch,
+            inp,
+            dirs,
+            h,
+            batchwise,
+            direction,
+            dt,
+            linear_before_reset: cell == Cell::Gru && cx.int("linear_before_reset", 0) != 0,
+        })
+    }
+
+    /// One direction `d` of a recurrent node: the input projection of
+    /// every step at once, then the steps. Returns the stacked outputs
+    /// and the last hidden (and, for an LSTM, cell) state.
+    fn recurrent_direction(
+        &mut self,
+        cx: &Cx<'_>,
+        rec: &Recurrence,
+        inputs: &RecurrentInputs,
+        acts: &[Activation],
+        d: usize,
+    ) -> R<(String, String, String)> {
+        let (seq, batch, inp, h) = (rec.seq, rec.batch, rec.inp, rec.h);
+        let gh = rec.gates * h;
+        let pick = |e: &str, shape: &str| {
+            format!(
+                "reshape(slice({e}, axis=0, start={d}, end={}), {shape})",
+                d + 1
+            )
         };
-        let per = if lstm {
-            3
-        } else if gru {
-            2
-        } else {
-            1
-        };
-        if names.len() != per * dirs {
-            return Err(cx.err(format!(
-                "activations lists {} functions; {op} {direction} needs {}",
-                names.len(),
-                per * dirs
-            )));
-        }
-        let alphas: Vec<f32> = cx
-            .attr("activation_alpha")
-            .map(|a| a.floats.clone())
-            .unwrap_or_default();
-        let betas: Vec<f32> = cx
-            .attr("activation_beta")
-            .map(|a| a.floats.clone())
-            .unwrap_or_default();
-        let (mut ai, mut bi) = (0, 0);
-        let mut acts: Vec<Activation> = Vec::new();
-        for n in &names {
-            let lit = |v: f64| literal(v, dt);
-            let take = |v: &[f32], i: &mut usize, default: f64| {
-                let x = v.get(*i).map_or(default, |&a| f64::from(a));
-                *i += 1;
-                lit(x)
-            };
-            let f: Activation = match n.to_ascii_lowercase().as_str() {
-                "sigmoid" => Box::new(|e: &str| format!("sigmoid({e})")),
-                "tanh" => Box::new(|e: &str| format!("tanh({e})")),
-                "relu" => Box::new(|e: &str| format!("relu({e})")),
-                "softsign" => Box::new(|e: &str| format!("({e}) / (abs({e}) + 1.0)")),
-                "softplus" => Box::new(|e: &str| format!("log(exp({e}) + 1.0)")),
-                "leakyrelu" => {
-                    let a = take(&alphas, &mut ai, 0.01);
-                    Box::new(move |e: &str| format!("where({e} < 0.0, {e} * {a}, {e})"))
-                }
-                "thresholdedrelu" => {
-                    let a = take(&alphas, &mut ai, 1.0);
-                    Box::new(move |e: &str| format!("where({e} > {a}, {e}, 0.0)"))
-                }
-                "elu" => {
-                    let a = take(&alphas, &mut ai, 1.0);
-                    Box::new(move |e: &str| {
-                        format!("where({e} < 0.0, (exp({e}) - 1.0) * {a}, {e})")
-                    })
-                }
-                "hardsigmoid" => {
-                    let a = take(&alphas, &mut ai, 0.2);
-                    let b = take(&betas, &mut bi, 0.5);
-                    Box::new(move |e: &str| format!("max(min(({e}) * {a} + {b}, 1.0), 0.0)"))
-                }
-                "affine" => {
-                    let a = take(&alphas, &mut ai, 1.0);
-                    let b = take(&betas, &mut bi, 0.0);
-                    Box::new(move |e: &str| format!("({e}) * {a} + {b}"))
-                }
-                "scaledtanh" => {
-                    let a = take(&alphas, &mut ai, 1.0);
-                    let b = take(&betas, &mut bi, 1.0);
-                    Box::new(move |e: &str| format!("tanh(({e}) * {b}) * {a}"))
-                }
-                other => {
-                    return Err(cx.err(format!("activation `{other}` is not supported")));
-                }
-            };
-            acts.push(f);
-        }
-        let lbr = gru && cx.int("linear_before_reset", 0) != 0;
-        let mut ex = self.e(cx, 0)?;
-        if batchwise {
-            ex = format!("transpose({ex}, [1, 0, 2])");
-        }
-        let (ew, er) = (self.e(cx, 1)?, self.e(cx, 2)?);
-        let eb = match self.input(cx, 3) {
-            Some(_) => Some(self.e(cx, 3)?),
-            None => None,
-        };
-        let state = |me: &mut Self, i: usize| -> R<Option<String>> {
-            Ok(match me.input(cx, i) {
-                Some(_) => {
-                    let e = me.e(cx, i)?;
-                    Some(if batchwise {
-                        format!("transpose({e}, [1, 0, 2])")
-                    } else {
-                        e
-                    })
-                }
-                None => None,
-            })
-        };
-        let (h0, c0) = (state(self, 5)?, if lstm { state(self, 6)? } else { None });
-        let ep = if lstm && self.input(cx, 7).is_some() {
-            Some(self.e(cx, 7)?)
-        } else {
-            None
-        };
-        let gh = gates * h;
-        let zeros = format!("full([{batch}, {h}], {}, dtype={dt})", literal(0.0, dt));
-        let mut ys = Vec::new();
-        let (mut hs, mut cs) = (Vec::new(), Vec::new());
-        for d in 0..dirs {
-            let pick = |e: &str, shape: &str| {
-                format!(
-                    "reshape(slice({e}, axis=0, start={d}, end={}), {shape})",
-                    d + 1
-                )
-            };
-            // The input projection of every step at once, with W's bias.
-            let mut xw = format!(
-                "reshape(reshape({ex}, [{}, {inp}]) @ transpose({}), [{seq}, {batch}, {gh}])",
-                seq * batch,
-                pick(&ew, &format!("[{gh}, {inp}]"))
+        // The input projection of every step at once, with W's bias.
+        let mut xw = format!(
+            "reshape(reshape({}, [{}, {inp}]) @ transpose({}), [{seq}, {batch}, {gh}])",
+            inputs.x,
+            seq * batch,
+            pick(&inputs.w, &format!("[{gh}, {inp}]"))
+        );
+        if let Some(b) = &inputs.b {
+            xw = format!(
+                "{xw} + slice({}, axis=0, start=0, end={gh})",
+                pick(b, &format!("[{}]", 2 * gh))
             );
-            let rb = eb.as_ref().map(|b| {
-                format!(
-                    "slice({}, axis=0, start={gh}, end={})",
-                    pick(b, &format!("[{}]", 2 * gh)),
-                    2 * gh
-                )
-            });
-            if let Some(b) = &eb {
-                xw = format!(
-                    "{xw} + slice({}, axis=0, start=0, end={gh})",
-                    pick(b, &format!("[{}]", 2 * gh))
-                );
-            }
-            let xw_name = self.fresh("xw");
-            self.lines.push(format!("let {xw_name} = {xw};"));
-            let rt = self.fresh("rt");
+        }
+        let xw_name = self.fresh("xw");
+        self.lines.push(format!("let {xw_name} = {xw};"));
+        let rt = self.fresh("rt");
+        self.lines.push(format!(
+            "let {rt} = transpose({});",
+            pick(&inputs.r, &format!("[{gh}, {h}]"))
+        ));
+        let rb = inputs.b.as_ref().map(|b| {
+            let n = self.fresh("rb");
             self.lines.push(format!(
-                "let {rt} = transpose({});",
-                pick(&er, &format!("[{gh}, {h}]"))
+                "let {n} = slice({}, axis=0, start={gh}, end={});",
+                pick(b, &format!("[{}]", 2 * gh)),
+                2 * gh
             ));
-            let rb_name = rb.map(|b| {
-                let n = self.fresh("rb");
-                self.lines.push(format!("let {n} = {b};"));
-                n
-            });
-            let peep: Option<[String; 3]> = ep.as_ref().map(|p| {
-                let n = self.fresh("peep");
-                self.lines
-                    .push(format!("let {n} = {};", pick(p, &format!("[{}]", 3 * h))));
-                [0, 1, 2]
-                    .map(|k| format!("slice({n}, axis=0, start={}, end={})", k * h, (k + 1) * h))
-            });
-            let mut hcur = match &h0 {
-                Some(e) => pick(e, &format!("[{batch}, {h}]")),
-                None => zeros.clone(),
-            };
-            let mut ccur = match &c0 {
-                Some(e) => pick(e, &format!("[{batch}, {h}]")),
-                None => zeros.clone(),
-            };
-            let (f, g, hh) = (&acts[d * per], acts.get(d * per + 1), acts.get(d * per + 2));
-            let reverse = direction == "reverse" || d == 1;
-            let mut outs = vec![String::new(); seq];
-            for step in 0..seq {
-                let t = if reverse { seq - 1 - step } else { step };
-                let xt = format!(
-                    "reshape(slice({xw_name}, axis=0, start={t}, end={}), [{batch}, {gh}])",
-                    t + 1
+            n
+        });
+        let peep: Option<[String; 3]> = inputs.p.as_ref().map(|p| {
+            let n = self.fresh("peep");
+            self.lines
+                .push(format!("let {n} = {};", pick(p, &format!("[{}]", 3 * h))));
+            [0, 1, 2].map(|k| format!("slice({n}, axis=0, start={}, end={})", k * h, (k + 1) * h))
+        });
+        let zeros = format!(
+            "full([{batch}, {h}], {}, dtype={})",
+            literal(0.0, rec.dt),
+            rec.dt
+        );
+        let start = |s: &Option<String>| match s {
+            Some(e) => pick(e, &format!("[{batch}, {h}]")),
+            None => zeros.clone(),
+        };
+        let (mut hcur, mut ccur) = (start(&inputs.h0), start(&inputs.c0));
+        let step = Step {
+            rt: &rt,
+            rb: rb.as_deref(),
+            peep: peep.as_ref(),
+            acts,
+        };
+        let reverse = rec.direction == "reverse" || d == 1;
+        let mut outs = vec![String::new(); seq];
+        for s in 0..seq {
+            let t = if reverse { seq - 1 - s } else { s };
+            let xt = format!(
+                "reshape(slice({xw_name}, axis=0, start={t}, end={}), [{batch}, {gh}])",
+                t + 1
+            );
+            let (hn, cn) = self.recurrent_step(cx, rec, &step, &xt, &hcur, &ccur)?;
+            outs[t] = format!("reshape({hn}, [1, 1, {batch}, {h}])");
+            (hcur, ccur) = (hn, cn);
+        }
+        let y = format!("concat([{}], axis=0)", outs.join(", "));
+        Ok((y, hcur, ccur))
+    }
+
+    /// One step of a recurrent cell from input projection `xt`, hidden
+    /// state `hcur` and cell state `ccur`: the new hidden and cell state.
+    fn recurrent_step(
+        &mut self,
+        cx: &Cx<'_>,
+        rec: &Recurrence,
+        step: &Step<'_>,
+        xt: &str,
+        hcur: &str,
+        ccur: &str,
+    ) -> R<(String, String)> {
+        let (h, gh, rt) = (rec.h, rec.gates * rec.h, step.rt);
+        let part =
+            |e: &str, k: usize| format!("slice({e}, axis=1, start={}, end={})", k * h, (k + 1) * h);
+        let with_rb = |e: String, lo: usize, hi: usize| match step.rb {
+            Some(b) => format!("{e} + slice({b}, axis=0, start={lo}, end={hi})"),
+            None => e,
+        };
+        let act = |k: usize| {
+            step.acts
+                .get(k)
+                .ok_or_else(|| cx.err(format!("{} needs {} activations", cx.op(), rec.per)))
+        };
+        let f = act(0)?;
+        let hn = self.fresh("h");
+        match rec.cell {
+            Cell::Gru => {
+                let g = act(1)?;
+                // z and r from the first 2h columns of R.
+                let zr = self.fresh("zr");
+                let rzr = format!("slice({rt}, axis=1, start=0, end={})", 2 * h);
+                let pre = with_rb(
+                    format!(
+                        "slice({xt}, axis=1, start=0, end={}) + {hcur} @ {rzr}",
+                        2 * h
+                    ),
+                    0,
+                    2 * h,
                 );
-                let part = |e: &str, k: usize| {
-                    format!("slice({e}, axis=1, start={}, end={})", k * h, (k + 1) * h)
+                self.lines.push(format!("let {zr} = {};", f(&pre)));
+                let (z, rg) = (part(&zr, 0), part(&zr, 1));
+                let rh = format!("slice({rt}, axis=1, start={}, end={gh})", 2 * h);
+                let xh = part(xt, 2);
+                let cand = if rec.linear_before_reset {
+                    format!(
+                        "{xh} + {rg} * ({})",
+                        with_rb(format!("{hcur} @ {rh}"), 2 * h, gh)
+                    )
+                } else {
+                    with_rb(format!("{xh} + ({rg} * {hcur}) @ {rh}"), 2 * h, gh)
                 };
-                let with_rb = |e: String, lo: usize, hi: usize| match &rb_name {
-                    Some(b) => format!("{e} + slice({b}, axis=0, start={lo}, end={hi})"),
+                let hc = self.fresh("cand");
+                self.lines.push(format!("let {hc} = {};", g(&cand)));
+                self.lines
+                    .push(format!("let {hn} = (1.0 - {z}) * {hc} + {z} * {hcur};"));
+                Ok((hn, ccur.to_string()))
+            }
+            Cell::Lstm => {
+                let (g, hf) = (act(1)?, act(2)?);
+                let gs = self.fresh("gates");
+                self.lines.push(format!(
+                    "let {gs} = {};",
+                    with_rb(format!("{xt} + {hcur} @ {rt}"), 0, gh)
+                ));
+                let with_peep = |e: String, k: usize, c: &str| match step.peep {
+                    Some(p) => format!("{e} + {} * {c}", p[k]),
                     None => e,
                 };
-                let hn = self.fresh("h");
-                if gru {
-                    let g = g.ok_or_else(|| cx.err("GRU needs two activations"))?;
-                    // z and r from the first 2h columns of R.
-                    let zr = self.fresh("zr");
-                    let rzr = format!("slice({rt}, axis=1, start=0, end={})", 2 * h);
-                    let pre = with_rb(
-                        format!(
-                            "slice({xt}, axis=1, start=0, end={}) + {hcur} @ {rzr}",
-                            2 * h
-                        ),
-                        0,
-                        2 * h,
-                    );
-                    self.lines.push(format!("let {zr} = {};", f(&pre)));
-                    let (z, rg) = (part(&zr, 0), part(&zr, 1));
-                    let rh = format!("slice({rt}, axis=1, start={}, end={gh})", 2 * h);
-                    let xh = part(&xt, 2);
-                    let cand = if lbr {
-                        format!(
-                            "{xh} + {rg} * ({})",
-                            with_rb(format!("{hcur} @ {rh}"), 2 * h, gh)
-                        )
-                    } else {
-                        with_rb(format!("{xh} + ({rg} * {hcur}) @ {rh}"), 2 * h, gh)
-                    };
-                    let hc = self.fresh("cand");
-                    self.lines.push(format!("let {hc} = {};", g(&cand)));
-                    self.lines
-                        .push(format!("let {hn} = (1.0 - {z}) * {hc} + {z} * {hcur};"));
-                } else if lstm {
-                    let (g, hf) = (
-                        g.ok_or_else(|| cx.err("LSTM needs three activations"))?,
-                        hh.ok_or_else(|| cx.err("LSTM needs three activations"))?,
-                    );
-                    let gs = self.fresh("gates");
-                    self.lines.push(format!(
-                        "let {gs} = {};",
-                        with_rb(format!("{xt} + {hcur} @ {rt}"), 0, gh)
-                    ));
-                    let with_peep = |e: String, k: usize, c: &str| match &peep {
-                        Some(p) => format!("{e} + {} * {c}", p[k]),
-                        None => e,
-                    };
-                    let (ig, og, fg, cg) = (part(&gs, 0), part(&gs, 1), part(&gs, 2), part(&gs, 3));
-                    let cn = self.fresh("c");
-                    let i_ = f(&with_peep(ig, 0, &ccur));
-                    let f_ = f(&with_peep(fg, 2, &ccur));
-                    self.lines
-                        .push(format!("let {cn} = {f_} * {ccur} + {i_} * {};", g(&cg)));
-                    let o_ = f(&with_peep(og, 1, &cn));
-                    self.lines.push(format!("let {hn} = {o_} * {};", hf(&cn)));
-                    ccur = cn;
-                } else {
-                    let pre = with_rb(format!("{xt} + {hcur} @ {rt}"), 0, h);
-                    self.lines.push(format!("let {hn} = {};", f(&pre)));
-                }
-                outs[t] = format!("reshape({hn}, [1, 1, {batch}, {h}])");
-                hcur = hn;
+                let (ig, og, fg, cg) = (part(&gs, 0), part(&gs, 1), part(&gs, 2), part(&gs, 3));
+                let cn = self.fresh("c");
+                let i_ = f(&with_peep(ig, 0, ccur));
+                let f_ = f(&with_peep(fg, 2, ccur));
+                self.lines
+                    .push(format!("let {cn} = {f_} * {ccur} + {i_} * {};", g(&cg)));
+                let o_ = f(&with_peep(og, 1, &cn));
+                self.lines.push(format!("let {hn} = {o_} * {};", hf(&cn)));
+                Ok((hn, cn))
             }
-            ys.push(format!("concat([{}], axis=0)", outs.join(", ")));
-            hs.push(format!("reshape({hcur}, [1, {batch}, {h}])"));
-            cs.push(format!("reshape({ccur}, [1, {batch}, {h}])"));
-        }
-        let join = |v: &[String], axis: usize| {
-            if v.len() == 1 {
-                v[0].clone()
-            } else {
-                format!("concat([{}], axis={axis})", v.join(", "))
+            Cell::Rnn => {
+                let pre = with_rb(format!("{xt} + {hcur} @ {rt}"), 0, h);
+                self.lines.push(format!("let {hn} = {};", f(&pre)));
+                Ok((hn, ccur.to_string()))
             }
-        };
-        let (mut y, mut yh, mut yc) = (join(&ys, 1), join(&hs, 0), join(&cs, 0));
-        let mut y_shape = vec![seq, dirs, batch, h];
-        let mut s_shape = vec![dirs, batch, h];
-        if batchwise {
-            y = format!("transpose({y}, [2, 0, 1, 3])");
-            yh = format!("transpose({yh}, [1, 0, 2])");
-            yc = format!("transpose({yc}, [1, 0, 2])");
-            y_shape = vec![batch, seq, dirs, h];
-            s_shape = vec![batch, dirs, h];
         }
-        self.bind(cx, 0, y, dt, y_shape)?;
-        self.bind(cx, 1, yh, dt, s_shape.clone())?;
-        if lstm {
-            self.bind(cx, 2, yc, dt, s_shape)?;
-        }
-        Ok(())
     }
 
     /// `DFT` as products with constant cosine and sine matrices along the
