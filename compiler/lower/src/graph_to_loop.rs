@@ -993,10 +993,9 @@ impl Lowering<'_> {
     }
 
     fn emit_kernel(&mut self, n: NodeIndex) -> Result<(), LowerError> {
-        let ty = self.ty(n).clone();
-        let dtype = ty.dtype;
         match self.op(n).clone() {
             op if op.is_elementwise() => {
+                let ty = self.ty(n).clone();
                 let idx = self.open_nest(&ty.shape);
                 let v = self.compute_at(n, &idx);
                 self.sink(n, &idx, v);
@@ -1006,212 +1005,16 @@ impl Lowering<'_> {
                 if self.ty(self.operand(n, 0)).rank() >= 2
                     && self.ty(self.operand(n, 1)).rank() >= 2 =>
             {
-                let (a, bn) = (self.operand(n, 0), self.operand(n, 1));
-                let (ash, bsh) = (self.ty(a).shape.clone(), self.ty(bn).shape.clone());
-                let nb = ty.rank() - 2;
-                let batch_shape: Vec<usize> = ty.shape[..nb].to_vec();
-                let (m, k, cols) = (ash[ash.len() - 2], ash[ash.len() - 1], bsh[bsh.len() - 1]);
-                let (abuf, bbuf) = (self.home[&a], self.home[&bn]);
-                self.product(
-                    &batch_shape,
-                    [m, cols, k],
-                    dtype,
-                    (abuf, &|batch, i, kk| {
-                        let mut v = broadcast_index(batch, &ash[..ash.len() - 2], &batch_shape);
-                        v.extend([i.clone(), kk.clone()]);
-                        v
-                    }),
-                    (bbuf, &|batch, kk, j| {
-                        let mut v = broadcast_index(batch, &bsh[..bsh.len() - 2], &batch_shape);
-                        v.extend([kk.clone(), j.clone()]);
-                        v
-                    }),
-                    &mut |l, idx, acc| l.sink(n, idx, acc),
-                );
+                self.emit_batched_matmul(n)
             }
-            Op::MatMul => {
-                let (a, bn) = (self.operand(n, 0), self.operand(n, 1));
-                let (ash, bsh) = (self.ty(a).shape.clone(), self.ty(bn).shape.clone());
-                let k = ash[ash.len() - 1];
-                let nb = ty.rank() - usize::from(ash.len() > 1) - usize::from(bsh.len() > 1);
-                let idx = self.open_nest(&ty.shape);
-                let batch = &idx[..nb];
-                let m_pos = nb;
-                let n_pos = nb + usize::from(ash.len() > 1);
-                let (abuf, bbuf) = (self.home[&a], self.home[&bn]);
-                let batch_shape: Vec<usize> = ty.shape[..nb].to_vec();
-                let a_batch = if ash.len() > 2 {
-                    broadcast_index(batch, &ash[..ash.len() - 2], &batch_shape)
-                } else {
-                    vec![]
-                };
-                let b_batch = if bsh.len() > 2 {
-                    broadcast_index(batch, &bsh[..bsh.len() - 2], &batch_shape)
-                } else {
-                    vec![]
-                };
-                let idx2 = idx.clone();
-                let acc =
-                    self.reduce_loops(ReduceKind::Sum, dtype, &[(0, k as i64)], &mut |l, kk| {
-                        let mut ai = a_batch.clone();
-                        if ash.len() > 1 {
-                            ai.push(idx2[m_pos].clone());
-                        }
-                        ai.push(kk[0].clone());
-                        let mut bi = b_batch.clone();
-                        bi.push(kk[0].clone());
-                        if bsh.len() > 1 {
-                            bi.push(idx2[n_pos].clone());
-                        }
-                        let x = l.b.load(abuf, ai, None);
-                        let y = l.b.load(bbuf, bi, None);
-                        let (x, y) = (l.widen(x), l.widen(y));
-                        l.b.binary(BinaryOp::Mul, x, y)
-                    });
-                let acc = self.narrow(acc, dtype);
-                self.sink(n, &idx, acc);
-                self.close_nest(ty.rank());
-            }
+            Op::MatMul => self.emit_vector_product(n),
             Op::Reduce {
                 kind,
                 axes,
                 keepdims,
-            } => {
-                let x = self.operand(n, 0);
-                let xsh = self.ty(x).shape.clone();
-                let xbuf = self.home[&x];
-                let idx = self.open_nest(&ty.shape);
-                let ranges: Vec<(i64, i64)> = axes.iter().map(|&a| (0, xsh[a] as i64)).collect();
-                let idx2 = idx.clone();
-                let v = self.reduce_loops(kind, dtype, &ranges, &mut |l, r| {
-                    let mut xi = Vec::new();
-                    let (mut out_pos, mut red_pos) = (0, 0);
-                    for axis in 0..xsh.len() {
-                        if axes.contains(&axis) {
-                            xi.push(r[red_pos].clone());
-                            red_pos += 1;
-                            if keepdims {
-                                out_pos += 1;
-                            }
-                        } else {
-                            xi.push(idx2[out_pos].clone());
-                            out_pos += 1;
-                        }
-                    }
-                    l.b.load(xbuf, xi, None)
-                });
-                let v = self.narrow(v, dtype);
-                self.sink(n, &idx, v);
-                self.close_nest(ty.rank());
-            }
-            Op::Softmax { axis } => {
-                let x = self.operand(n, 0);
-                let xbuf = self.home[&x];
-                let mut outer = ty.shape.clone();
-                let extent = outer.remove(axis) as i64;
-                let oidx = self.open_nest(&outer);
-                let full = |j: &IndexExpr| {
-                    let mut v = oidx.clone();
-                    v.insert(axis, j.clone());
-                    v
-                };
-                // f16/bf16: computed in f32 throughout, rounded once.
-                let m = self.reduce_loops(ReduceKind::Max, dtype, &[(0, extent)], &mut |l, j| {
-                    l.b.load(xbuf, full(&j[0]), None)
-                });
-                // With a result buffer of its own in f32, the exponentials
-                // are stored there as they are summed and scaled in place
-                // (one exponential per element, not two); otherwise they
-                // are computed again where the result is written.
-                let own = match self.plan[&n] {
-                    Plan::WithEpilogue(_) => None,
-                    _ if dtype == dtype.accumulator() => self.home.get(&n).copied(),
-                    _ => None,
-                };
-                let s = self.reduce_loops(ReduceKind::Sum, dtype, &[(0, extent)], &mut |l, j| {
-                    let xv = l.b.load(xbuf, full(&j[0]), None);
-                    let xv = l.widen(xv);
-                    let d = l.b.binary(BinaryOp::Sub, xv, m);
-                    let e = l.b.unary(UnaryOp::Exp, d);
-                    if let Some(buf) = own {
-                        l.b.store(e, buf, full(&j[0]));
-                    }
-                    e
-                });
-                // One division per row, a multiplication per element (a
-                // vector division costs as much as the exponential).
-                let one = self.b.constant(1.0, dtype.accumulator());
-                let inv = self.b.binary(BinaryOp::Div, one, s);
-                let (j, _) = self.b.begin_for(0, extent, 1, &[]);
-                let at = full(&ix(j));
-                let e = match own {
-                    Some(buf) => self.b.load(buf, at.clone(), None),
-                    None => {
-                        let xv = self.b.load(xbuf, at.clone(), None);
-                        let xv = self.widen(xv);
-                        let d = self.b.binary(BinaryOp::Sub, xv, m);
-                        self.b.unary(UnaryOp::Exp, d)
-                    }
-                };
-                let v = self.b.binary(BinaryOp::Mul, e, inv);
-                let v = self.narrow(v, dtype);
-                self.sink(n, &at, v);
-                self.b.end_for(vec![]);
-                self.close_nest(outer.len());
-            }
-            Op::LayerNorm { axes, eps } => {
-                let x = self.operand(n, 0);
-                let xbuf = self.home[&x];
-                let outer: Vec<usize> = (0..ty.rank())
-                    .filter(|a| !axes.contains(a))
-                    .map(|a| ty.shape[a])
-                    .collect();
-                let ranges: Vec<(i64, i64)> =
-                    axes.iter().map(|&a| (0, ty.shape[a] as i64)).collect();
-                let oidx = self.open_nest(&outer);
-                let rank = ty.rank();
-                let full = |inner: &[IndexExpr]| {
-                    let (mut o, mut i) = (0, 0);
-                    (0..rank)
-                        .map(|a| {
-                            if axes.contains(&a) {
-                                i += 1;
-                                inner[i - 1].clone()
-                            } else {
-                                o += 1;
-                                oidx[o - 1].clone()
-                            }
-                        })
-                        .collect::<Vec<_>>()
-                };
-                let mean = self.reduce_loops(ReduceKind::Mean, dtype, &ranges, &mut |l, r| {
-                    l.b.load(xbuf, full(r), None)
-                });
-                let var = self.reduce_loops(ReduceKind::Mean, dtype, &ranges, &mut |l, r| {
-                    let xv = l.b.load(xbuf, full(r), None);
-                    let xv = l.widen(xv);
-                    let d = l.b.binary(BinaryOp::Sub, xv, mean);
-                    l.b.binary(BinaryOp::Mul, d, d)
-                });
-                let e = self.b.constant(eps, dtype.accumulator());
-                let ve = self.b.binary(BinaryOp::Add, var, e);
-                let inv = self.b.unary(UnaryOp::Rsqrt, ve);
-                let mut inner = Vec::new();
-                for &(lo, hi) in &ranges {
-                    inner.push(ix(self.b.begin_for(lo, hi, 1, &[]).0));
-                }
-                let at = full(&inner);
-                let xv = self.b.load(xbuf, at.clone(), None);
-                let xv = self.widen(xv);
-                let d = self.b.binary(BinaryOp::Sub, xv, mean);
-                let v = self.b.binary(BinaryOp::Mul, d, inv);
-                let v = self.narrow(v, dtype);
-                self.sink(n, &at, v);
-                for _ in &ranges {
-                    self.b.end_for(vec![]);
-                }
-                self.close_nest(outer.len());
-            }
+            } => self.emit_reduce(n, kind, &axes, keepdims),
+            Op::Softmax { axis } => self.emit_softmax(n, axis),
+            Op::LayerNorm { axes, eps } => self.emit_layernorm(n, &axes, eps),
             Op::Conv2d { padding, .. }
                 if dlc_graph::fusion::conv_as_winograd(self.g, n, self.target) =>
             {
@@ -1234,96 +1037,14 @@ impl Lowering<'_> {
                 stride,
                 padding,
                 groups,
-            } => {
-                let (x, w) = (self.operand(n, 0), self.operand(n, 1));
-                let (xbuf, wbuf) = (self.home[&x], self.home[&w]);
-                let wsh = self.ty(w).shape.clone();
-                let (o, cg, kh, kw) = (wsh[0], wsh[1], wsh[2], wsh[3]);
-                let og = o / groups;
-                // Loops n, g, o-in-group, y, x so that o = g * og + oi stays affine.
-                let ivs = self.open_nest(&[ty.shape[0], groups, og, ty.shape[2], ty.shape[3]]);
-                let (nb, g, oi, oy, ox) = (&ivs[0], &ivs[1], &ivs[2], &ivs[3], &ivs[4]);
-                let oc = ix_axpy(og as i64, g, oi);
-                let ranges = [(0, cg as i64), (0, kh as i64), (0, kw as i64)];
-                let (nb2, g2, oy2, ox2, oc2) =
-                    (nb.clone(), g.clone(), oy.clone(), ox.clone(), oc.clone());
-                let acc = self.reduce_loops(ReduceKind::Sum, dtype, &ranges, &mut |l, r| {
-                    let (c, ky, kx) = (&r[0], &r[1], &r[2]);
-                    let xc = ix_axpy(cg as i64, &g2, c);
-                    let iy = ix_axpy(
-                        stride[0] as i64,
-                        &oy2,
-                        &ix_axpy(1, ky, &ix_const(-(padding[0] as i64))),
-                    );
-                    let ixx = ix_axpy(
-                        stride[1] as i64,
-                        &ox2,
-                        &ix_axpy(1, kx, &ix_const(-(padding[1] as i64))),
-                    );
-                    let xv = l.b.load(xbuf, vec![nb2.clone(), xc, iy, ixx], Some(0.0));
-                    let wv = l.b.load(
-                        wbuf,
-                        vec![oc2.clone(), c.clone(), ky.clone(), kx.clone()],
-                        None,
-                    );
-                    let (xv, wv) = (l.widen(xv), l.widen(wv));
-                    l.b.binary(BinaryOp::Mul, xv, wv)
-                });
-                let acc = self.narrow(acc, dtype);
-                self.sink(n, &[nb.clone(), oc, oy.clone(), ox.clone()], acc);
-                self.close_nest(5);
-            }
+            } => self.emit_direct_conv(n, stride, padding, groups),
             Op::Pool2d {
                 kind,
                 kernel,
                 stride,
                 padding,
-            } => {
-                let x = self.operand(n, 0);
-                let xbuf = self.home[&x];
-                let idx = self.open_nest(&ty.shape);
-                let (rk, pad) = match kind {
-                    PoolKind::Max => (ReduceKind::Max, f64::NEG_INFINITY),
-                    PoolKind::Avg => (ReduceKind::Mean, 0.0),
-                };
-                let idx2 = idx.clone();
-                let ranges = [(0, kernel[0] as i64), (0, kernel[1] as i64)];
-                let v = self.reduce_loops(rk, dtype, &ranges, &mut |l, r| {
-                    let iy = ix_axpy(
-                        stride[0] as i64,
-                        &idx2[2],
-                        &ix_axpy(1, &r[0], &ix_const(-(padding[0] as i64))),
-                    );
-                    let ixx = ix_axpy(
-                        stride[1] as i64,
-                        &idx2[3],
-                        &ix_axpy(1, &r[1], &ix_const(-(padding[1] as i64))),
-                    );
-                    l.b.load(
-                        xbuf,
-                        vec![idx2[0].clone(), idx2[1].clone(), iy, ixx],
-                        Some(pad),
-                    )
-                });
-                let v = self.narrow(v, dtype);
-                self.sink(n, &idx, v);
-                self.close_nest(4);
-            }
-            Op::Concat { axis } => {
-                let buf = self.home[&n];
-                let mut offset = 0i64;
-                for k in 0..self.g.operands(n).len() {
-                    let o = self.operand(n, k);
-                    let shape = self.ty(o).shape.clone();
-                    let idx = self.open_nest(&shape);
-                    let v = self.value_at(o, &idx);
-                    let mut at = idx.clone();
-                    at[axis] = ix_axpy(1, &idx[axis], &ix_const(offset));
-                    self.b.store(v, buf, at);
-                    self.close_nest(shape.len());
-                    offset += shape[axis] as i64;
-                }
-            }
+            } => self.emit_pool(n, kind, kernel, stride, padding),
+            Op::Concat { axis } => self.emit_concat(n, axis),
             Op::Compute(body) => self.emit_compute(n, &body)?,
             other => {
                 return Err(LowerError::Invalid(format!(
@@ -1333,6 +1054,338 @@ impl Lowering<'_> {
             }
         }
         Ok(())
+    }
+
+    /// A product of operands of rank 2 or more (batched, broadcasting
+    /// their batch axes): [`Self::product`].
+    fn emit_batched_matmul(&mut self, n: NodeIndex) {
+        let ty = self.ty(n).clone();
+        let dtype = ty.dtype;
+        let (a, bn) = (self.operand(n, 0), self.operand(n, 1));
+        let (ash, bsh) = (self.ty(a).shape.clone(), self.ty(bn).shape.clone());
+        let nb = ty.rank() - 2;
+        let batch_shape: Vec<usize> = ty.shape[..nb].to_vec();
+        let (m, k, cols) = (ash[ash.len() - 2], ash[ash.len() - 1], bsh[bsh.len() - 1]);
+        let (abuf, bbuf) = (self.home[&a], self.home[&bn]);
+        self.product(
+            &batch_shape,
+            [m, cols, k],
+            dtype,
+            (abuf, &|batch, i, kk| {
+                let mut v = broadcast_index(batch, &ash[..ash.len() - 2], &batch_shape);
+                v.extend([i.clone(), kk.clone()]);
+                v
+            }),
+            (bbuf, &|batch, kk, j| {
+                let mut v = broadcast_index(batch, &bsh[..bsh.len() - 2], &batch_shape);
+                v.extend([kk.clone(), j.clone()]);
+                v
+            }),
+            &mut |l, idx, acc| l.sink(n, idx, acc),
+        );
+    }
+
+    /// A product with a vector operand (rank 1): a sum per result element.
+    fn emit_vector_product(&mut self, n: NodeIndex) {
+        let ty = self.ty(n).clone();
+        let dtype = ty.dtype;
+        let (a, bn) = (self.operand(n, 0), self.operand(n, 1));
+        let (ash, bsh) = (self.ty(a).shape.clone(), self.ty(bn).shape.clone());
+        let k = ash[ash.len() - 1];
+        let nb = ty.rank() - usize::from(ash.len() > 1) - usize::from(bsh.len() > 1);
+        let idx = self.open_nest(&ty.shape);
+        let batch = &idx[..nb];
+        let m_pos = nb;
+        let n_pos = nb + usize::from(ash.len() > 1);
+        let (abuf, bbuf) = (self.home[&a], self.home[&bn]);
+        let batch_shape: Vec<usize> = ty.shape[..nb].to_vec();
+        let a_batch = if ash.len() > 2 {
+            broadcast_index(batch, &ash[..ash.len() - 2], &batch_shape)
+        } else {
+            vec![]
+        };
+        let b_batch = if bsh.len() > 2 {
+            broadcast_index(batch, &bsh[..bsh.len() - 2], &batch_shape)
+        } else {
+            vec![]
+        };
+        let idx2 = idx.clone();
+        let acc = self.reduce_loops(ReduceKind::Sum, dtype, &[(0, k as i64)], &mut |l, kk| {
+            let mut ai = a_batch.clone();
+            if ash.len() > 1 {
+                ai.push(idx2[m_pos].clone());
+            }
+            ai.push(kk[0].clone());
+            let mut bi = b_batch.clone();
+            bi.push(kk[0].clone());
+            if bsh.len() > 1 {
+                bi.push(idx2[n_pos].clone());
+            }
+            let x = l.b.load(abuf, ai, None);
+            let y = l.b.load(bbuf, bi, None);
+            let (x, y) = (l.widen(x), l.widen(y));
+            l.b.binary(BinaryOp::Mul, x, y)
+        });
+        let acc = self.narrow(acc, dtype);
+        self.sink(n, &idx, acc);
+        self.close_nest(ty.rank());
+    }
+
+    /// A reduction over `axes`, per result element.
+    fn emit_reduce(&mut self, n: NodeIndex, kind: ReduceKind, axes: &[usize], keepdims: bool) {
+        let ty = self.ty(n).clone();
+        let dtype = ty.dtype;
+        let x = self.operand(n, 0);
+        let xsh = self.ty(x).shape.clone();
+        let xbuf = self.home[&x];
+        let idx = self.open_nest(&ty.shape);
+        let ranges: Vec<(i64, i64)> = axes.iter().map(|&a| (0, xsh[a] as i64)).collect();
+        let idx2 = idx.clone();
+        let v = self.reduce_loops(kind, dtype, &ranges, &mut |l, r| {
+            let mut xi = Vec::new();
+            let (mut out_pos, mut red_pos) = (0, 0);
+            for axis in 0..xsh.len() {
+                if axes.contains(&axis) {
+                    xi.push(r[red_pos].clone());
+                    red_pos += 1;
+                    if keepdims {
+                        out_pos += 1;
+                    }
+                } else {
+                    xi.push(idx2[out_pos].clone());
+                    out_pos += 1;
+                }
+            }
+            l.b.load(xbuf, xi, None)
+        });
+        let v = self.narrow(v, dtype);
+        self.sink(n, &idx, v);
+        self.close_nest(ty.rank());
+    }
+
+    /// Softmax along `axis`: the maximum, the sum of exponentials, then
+    /// each element, per row.
+    fn emit_softmax(&mut self, n: NodeIndex, axis: usize) {
+        let ty = self.ty(n).clone();
+        let dtype = ty.dtype;
+        let x = self.operand(n, 0);
+        let xbuf = self.home[&x];
+        let mut outer = ty.shape.clone();
+        let extent = outer.remove(axis) as i64;
+        let oidx = self.open_nest(&outer);
+        let full = |j: &IndexExpr| {
+            let mut v = oidx.clone();
+            v.insert(axis, j.clone());
+            v
+        };
+        // f16/bf16: computed in f32 throughout, rounded once.
+        let m = self.reduce_loops(ReduceKind::Max, dtype, &[(0, extent)], &mut |l, j| {
+            l.b.load(xbuf, full(&j[0]), None)
+        });
+        // With a result buffer of its own in f32, the exponentials
+        // are stored there as they are summed and scaled in place
+        // (one exponential per element, not two); otherwise they
+        // are computed again where the result is written.
+        let own = match self.plan[&n] {
+            Plan::WithEpilogue(_) => None,
+            _ if dtype == dtype.accumulator() => self.home.get(&n).copied(),
+            _ => None,
+        };
+        let s = self.reduce_loops(ReduceKind::Sum, dtype, &[(0, extent)], &mut |l, j| {
+            let xv = l.b.load(xbuf, full(&j[0]), None);
+            let xv = l.widen(xv);
+            let d = l.b.binary(BinaryOp::Sub, xv, m);
+            let e = l.b.unary(UnaryOp::Exp, d);
+            if let Some(buf) = own {
+                l.b.store(e, buf, full(&j[0]));
+            }
+            e
+        });
+        // One division per row, a multiplication per element (a
+        // vector division costs as much as the exponential).
+        let one = self.b.constant(1.0, dtype.accumulator());
+        let inv = self.b.binary(BinaryOp::Div, one, s);
+        let (j, _) = self.b.begin_for(0, extent, 1, &[]);
+        let at = full(&ix(j));
+        let e = match own {
+            Some(buf) => self.b.load(buf, at.clone(), None),
+            None => {
+                let xv = self.b.load(xbuf, at.clone(), None);
+                let xv = self.widen(xv);
+                let d = self.b.binary(BinaryOp::Sub, xv, m);
+                self.b.unary(UnaryOp::Exp, d)
+            }
+        };
+        let v = self.b.binary(BinaryOp::Mul, e, inv);
+        let v = self.narrow(v, dtype);
+        self.sink(n, &at, v);
+        self.b.end_for(vec![]);
+        self.close_nest(outer.len());
+    }
+
+    /// Layer normalization over `axes`: the mean, the variance, then each
+    /// element, per row.
+    fn emit_layernorm(&mut self, n: NodeIndex, axes: &[usize], eps: f64) {
+        let ty = self.ty(n).clone();
+        let dtype = ty.dtype;
+        let x = self.operand(n, 0);
+        let xbuf = self.home[&x];
+        let outer: Vec<usize> = (0..ty.rank())
+            .filter(|a| !axes.contains(a))
+            .map(|a| ty.shape[a])
+            .collect();
+        let ranges: Vec<(i64, i64)> = axes.iter().map(|&a| (0, ty.shape[a] as i64)).collect();
+        let oidx = self.open_nest(&outer);
+        let rank = ty.rank();
+        let full = |inner: &[IndexExpr]| {
+            let (mut o, mut i) = (0, 0);
+            (0..rank)
+                .map(|a| {
+                    if axes.contains(&a) {
+                        i += 1;
+                        inner[i - 1].clone()
+                    } else {
+                        o += 1;
+                        oidx[o - 1].clone()
+                    }
+                })
+                .collect::<Vec<_>>()
+        };
+        let mean = self.reduce_loops(ReduceKind::Mean, dtype, &ranges, &mut |l, r| {
+            l.b.load(xbuf, full(r), None)
+        });
+        let var = self.reduce_loops(ReduceKind::Mean, dtype, &ranges, &mut |l, r| {
+            let xv = l.b.load(xbuf, full(r), None);
+            let xv = l.widen(xv);
+            let d = l.b.binary(BinaryOp::Sub, xv, mean);
+            l.b.binary(BinaryOp::Mul, d, d)
+        });
+        let e = self.b.constant(eps, dtype.accumulator());
+        let ve = self.b.binary(BinaryOp::Add, var, e);
+        let inv = self.b.unary(UnaryOp::Rsqrt, ve);
+        let mut inner = Vec::new();
+        for &(lo, hi) in &ranges {
+            inner.push(ix(self.b.begin_for(lo, hi, 1, &[]).0));
+        }
+        let at = full(&inner);
+        let xv = self.b.load(xbuf, at.clone(), None);
+        let xv = self.widen(xv);
+        let d = self.b.binary(BinaryOp::Sub, xv, mean);
+        let v = self.b.binary(BinaryOp::Mul, d, inv);
+        let v = self.narrow(v, dtype);
+        self.sink(n, &at, v);
+        for _ in &ranges {
+            self.b.end_for(vec![]);
+        }
+        self.close_nest(outer.len());
+    }
+
+    /// A convolution neither Winograd nor im2col takes: a sum over input
+    /// channels and the window per output element.
+    fn emit_direct_conv(
+        &mut self,
+        n: NodeIndex,
+        stride: [usize; 2],
+        padding: [usize; 2],
+        groups: usize,
+    ) {
+        let ty = self.ty(n).clone();
+        let dtype = ty.dtype;
+        let (x, w) = (self.operand(n, 0), self.operand(n, 1));
+        let (xbuf, wbuf) = (self.home[&x], self.home[&w]);
+        let wsh = self.ty(w).shape.clone();
+        let (o, cg, kh, kw) = (wsh[0], wsh[1], wsh[2], wsh[3]);
+        let og = o / groups;
+        // Loops n, g, o-in-group, y, x so that o = g * og + oi stays affine.
+        let ivs = self.open_nest(&[ty.shape[0], groups, og, ty.shape[2], ty.shape[3]]);
+        let (nb, g, oi, oy, ox) = (&ivs[0], &ivs[1], &ivs[2], &ivs[3], &ivs[4]);
+        let oc = ix_axpy(og as i64, g, oi);
+        let ranges = [(0, cg as i64), (0, kh as i64), (0, kw as i64)];
+        let (nb2, g2, oy2, ox2, oc2) = (nb.clone(), g.clone(), oy.clone(), ox.clone(), oc.clone());
+        let acc = self.reduce_loops(ReduceKind::Sum, dtype, &ranges, &mut |l, r| {
+            let (c, ky, kx) = (&r[0], &r[1], &r[2]);
+            let xc = ix_axpy(cg as i64, &g2, c);
+            let iy = ix_axpy(
+                stride[0] as i64,
+                &oy2,
+                &ix_axpy(1, ky, &ix_const(-(padding[0] as i64))),
+            );
+            let ixx = ix_axpy(
+                stride[1] as i64,
+                &ox2,
+                &ix_axpy(1, kx, &ix_const(-(padding[1] as i64))),
+            );
+            let xv = l.b.load(xbuf, vec![nb2.clone(), xc, iy, ixx], Some(0.0));
+            let wv = l.b.load(
+                wbuf,
+                vec![oc2.clone(), c.clone(), ky.clone(), kx.clone()],
+                None,
+            );
+            let (xv, wv) = (l.widen(xv), l.widen(wv));
+            l.b.binary(BinaryOp::Mul, xv, wv)
+        });
+        let acc = self.narrow(acc, dtype);
+        self.sink(n, &[nb.clone(), oc, oy.clone(), ox.clone()], acc);
+        self.close_nest(5);
+    }
+
+    /// Max or average pooling over each window.
+    fn emit_pool(
+        &mut self,
+        n: NodeIndex,
+        kind: PoolKind,
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+    ) {
+        let ty = self.ty(n).clone();
+        let dtype = ty.dtype;
+        let x = self.operand(n, 0);
+        let xbuf = self.home[&x];
+        let idx = self.open_nest(&ty.shape);
+        let (rk, pad) = match kind {
+            PoolKind::Max => (ReduceKind::Max, f64::NEG_INFINITY),
+            PoolKind::Avg => (ReduceKind::Mean, 0.0),
+        };
+        let idx2 = idx.clone();
+        let ranges = [(0, kernel[0] as i64), (0, kernel[1] as i64)];
+        let v = self.reduce_loops(rk, dtype, &ranges, &mut |l, r| {
+            let iy = ix_axpy(
+                stride[0] as i64,
+                &idx2[2],
+                &ix_axpy(1, &r[0], &ix_const(-(padding[0] as i64))),
+            );
+            let ixx = ix_axpy(
+                stride[1] as i64,
+                &idx2[3],
+                &ix_axpy(1, &r[1], &ix_const(-(padding[1] as i64))),
+            );
+            l.b.load(
+                xbuf,
+                vec![idx2[0].clone(), idx2[1].clone(), iy, ixx],
+                Some(pad),
+            )
+        });
+        let v = self.narrow(v, dtype);
+        self.sink(n, &idx, v);
+        self.close_nest(4);
+    }
+
+    /// A concatenation: each operand stored at its offset along `axis`.
+    fn emit_concat(&mut self, n: NodeIndex, axis: usize) {
+        let buf = self.home[&n];
+        let mut offset = 0i64;
+        for k in 0..self.g.operands(n).len() {
+            let o = self.operand(n, k);
+            let shape = self.ty(o).shape.clone();
+            let idx = self.open_nest(&shape);
+            let v = self.value_at(o, &idx);
+            let mut at = idx.clone();
+            at[axis] = ix_axpy(1, &idx[axis], &ix_const(offset));
+            self.b.store(v, buf, at);
+            self.close_nest(shape.len());
+            offset += shape[axis] as i64;
+        }
     }
 
     /// A user operator: each local, then the output, as a loop nest over its
