@@ -10,7 +10,7 @@ use dlc_core::attr::AttrReader;
 pub use dlc_core::scalar::{BinaryOp, CmpOp, ReduceKind, UnaryOp};
 use dlc_core::{DType, format_float};
 
-use crate::ir::{Affine, Schedule, Type};
+use crate::ir::{Affine, BufferType, Schedule, Type};
 
 /// What an op does. Operands, results and regions are in
 /// [`crate::OpData`].
@@ -262,8 +262,178 @@ impl OpKind {
     /// results of types `results` fit it. Where an op stands, SSA scoping
     /// and region arguments are the verifier's.
     pub fn check(&self, operands: &[&Type], results: &[&Type]) -> Result<(), String> {
-        let syn = self.syntax();
-        match syn.operands {
+        self.check_arity(operands, results)?;
+        let result = || results.first().copied().ok_or("no result");
+        match self {
+            OpKind::Alloc => {
+                let b = buffer(result()?)?;
+                if b.offset != 0 {
+                    return Err(format!(
+                        "gives a buffer of its own, with no offset, not {b}"
+                    ));
+                }
+            }
+            OpKind::Global(v) => {
+                let b = buffer(result()?)?;
+                if b.space != crate::ir::Space::Global || !b.is_contiguous() {
+                    return Err(format!("gives a row-major global buffer, not {b}"));
+                }
+                if b.storage_len() != Some(v.len()) {
+                    return Err(format!("holds {} values for a buffer of {b}", v.len()));
+                }
+            }
+            OpKind::Dealloc => {
+                buffer(operands[0])?;
+            }
+            OpKind::View => check_view(buffer(operands[0])?, buffer(result()?)?)?,
+            OpKind::Kernel { grid, .. } => {
+                if grid.is_empty() || grid.len() > 3 || grid.contains(&0) {
+                    return Err(format!(
+                        "grid {grid:?} must have one to three axes, each at least 1"
+                    ));
+                }
+            }
+            OpKind::ProgramId { axis } => {
+                if *axis > 2 {
+                    return Err(format!("axis {axis} is not a grid axis (0, 1 or 2)"));
+                }
+                same(&Type::Index, result()?, "the result")?;
+            }
+            OpKind::Const(v) => {
+                let (d, _) = value(result()?)?;
+                if d.round(*v) != *v && !v.is_nan() {
+                    return Err(format!("{} is not a value of {d}", format_float(*v)));
+                }
+            }
+            OpKind::Splat => {
+                let (d, _) = tile(result()?)?;
+                same(&Type::Scalar(d), operands[0], "the operand")?;
+            }
+            OpKind::Unary(u) => {
+                let (d, _) = value(operands[0])?;
+                if !d.is_numeric() || (d.is_int() && !u.accepts_int()) {
+                    return Err(format!("is not defined on {d}"));
+                }
+                same(operands[0], result()?, "the result")?;
+            }
+            OpKind::Binary(b) => {
+                let (d, _) = value(operands[0])?;
+                same(operands[0], operands[1], "the second operand")?;
+                if !b.accepts(d) {
+                    return Err(format!("is not defined on {d}"));
+                }
+                same(operands[0], result()?, "the result")?;
+            }
+            OpKind::Compare(_) => {
+                let (_, shape) = value(operands[0])?;
+                same(operands[0], operands[1], "the second operand")?;
+                same(&Type::value(DType::Bool, &shape), result()?, "the result")?;
+            }
+            OpKind::Select => {
+                let (_, shape) = value(operands[1])?;
+                same(
+                    &Type::value(DType::Bool, &shape),
+                    operands[0],
+                    "the condition",
+                )?;
+                same(operands[1], operands[2], "the third operand")?;
+                same(operands[1], result()?, "the result")?;
+            }
+            OpKind::Cast => {
+                let (_, shape) = value(operands[0])?;
+                let (_, rshape) = value(result()?)?;
+                if shape != rshape {
+                    return Err("changes the shape".into());
+                }
+            }
+            OpKind::Load { index, pad } => check_load(index, *pad, operands, result()?)?,
+            OpKind::Store { index } => {
+                let (d, shape) = value(operands[0])?;
+                let b = buffer(operands[1])?;
+                if d != b.dtype {
+                    return Err(format!("stores {d} into {b}"));
+                }
+                check_index(index, b.shape.len(), shape.len())?;
+                if let Some(m) = operands.get(2) {
+                    same(&Type::value(DType::Bool, &shape), m, "the mask")?;
+                }
+            }
+            OpKind::Mask { limits } => check_mask(limits, result()?)?,
+            OpKind::Broadcast => {
+                let (d, from) = tile(operands[0])?;
+                let (rd, to) = tile(result()?)?;
+                if d != rd
+                    || from.len() != to.len()
+                    || from.iter().zip(&to).any(|(f, t)| f != t && *f != 1)
+                {
+                    return Err(format!(
+                        "cannot broadcast {} to {}",
+                        operands[0], results[0]
+                    ));
+                }
+            }
+            OpKind::Reshape => {
+                let (d, from) = tile(operands[0])?;
+                let (rd, to) = tile(result()?)?;
+                if d != rd || from.iter().product::<usize>() != to.iter().product::<usize>() {
+                    return Err(format!("cannot reshape {} to {}", operands[0], results[0]));
+                }
+            }
+            OpKind::Trans { perm } => {
+                let (d, from) = tile(operands[0])?;
+                let mut sorted = perm.clone();
+                sorted.sort_unstable();
+                if sorted != (0..from.len()).collect::<Vec<_>>() {
+                    return Err(format!(
+                        "{perm:?} is not a permutation of {} axes",
+                        from.len()
+                    ));
+                }
+                let to: Vec<usize> = perm.iter().map(|&p| from[p]).collect();
+                same(&Type::value(d, &to), result()?, "the result")?;
+            }
+            OpKind::ExpandDims { axis } => {
+                let (d, mut shape) = tile(operands[0])?;
+                if *axis > shape.len() {
+                    return Err(format!("axis {axis} is past the {} axes", shape.len()));
+                }
+                shape.insert(*axis, 1);
+                same(&Type::value(d, &shape), result()?, "the result")?;
+            }
+            OpKind::Dot => check_dot(operands, result()?)?,
+            OpKind::Reduce { axis, .. } => {
+                let (d, mut shape) = tile(operands[0])?;
+                if *axis >= shape.len() {
+                    return Err(format!("axis {axis} is past the {} axes", shape.len()));
+                }
+                if !d.is_numeric() {
+                    return Err(format!("is not defined on {d}"));
+                }
+                shape.remove(*axis);
+                same(&Type::value(d, &shape), result()?, "the result")?;
+            }
+            OpKind::For { step, .. } => {
+                if *step <= 0 {
+                    return Err(format!("step {step} must be positive"));
+                }
+                for (i, (o, r)) in operands.iter().zip(results).enumerate() {
+                    value(o)?;
+                    same(o, r, &format!("result {i}"))?;
+                }
+            }
+            OpKind::Yield => {
+                for o in operands {
+                    value(o)?;
+                }
+            }
+            OpKind::Return | OpKind::Barrier => {}
+        }
+        Ok(())
+    }
+
+    /// Whether the numbers of operands and results fit the op.
+    fn check_arity(&self, operands: &[&Type], results: &[&Type]) -> Result<(), String> {
+        match self.syntax().operands {
             Operands::Fixed(n) if operands.len() != n => {
                 return Err(format!("takes {n} operands, got {}", operands.len()));
             }
@@ -297,261 +467,122 @@ impl OpKind {
                 results.len()
             ));
         }
-        let value = |t: &Type| -> Result<(DType, Vec<usize>), String> {
-            match t {
-                Type::Scalar(d) => Ok((*d, vec![])),
-                Type::Tile(t) => Ok((t.dtype, t.shape.clone())),
-                other => Err(format!("expects a scalar or tile, got {other}")),
-            }
-        };
-        let tile = |t: &Type| -> Result<(DType, Vec<usize>), String> {
-            match t {
-                Type::Tile(t) => Ok((t.dtype, t.shape.clone())),
-                other => Err(format!("expects a tile, got {other}")),
-            }
-        };
-        let buffer = |t: &Type| match t {
-            Type::Buffer(b) => Ok(b.clone()),
-            other => Err(format!("expects a buffer, got {other}")),
-        };
-        let same = |want: &Type, got: &Type, what: &str| {
-            if want == got {
-                Ok(())
-            } else {
-                Err(format!("{what} is {got}, expected {want}"))
-            }
-        };
-        let r = results.first().copied();
-        match self {
-            OpKind::Alloc => {
-                let b = buffer(r.ok_or("no result")?)?;
-                if b.offset != 0 {
-                    return Err(format!(
-                        "gives a buffer of its own, with no offset, not {b}"
-                    ));
-                }
-            }
-            OpKind::Global(v) => {
-                let b = buffer(r.ok_or("no result")?)?;
-                if b.space != crate::ir::Space::Global || !b.is_contiguous() {
-                    return Err(format!("gives a row-major global buffer, not {b}"));
-                }
-                if b.storage_len() != Some(v.len()) {
-                    return Err(format!("holds {} values for a buffer of {b}", v.len()));
-                }
-            }
-            OpKind::Dealloc => {
-                buffer(operands[0])?;
-            }
-            OpKind::View => {
-                let (src, dst) = (buffer(operands[0])?, buffer(r.ok_or("no result")?)?);
-                if src.dtype != dst.dtype || src.space != dst.space {
-                    return Err(format!(
-                        "views {src} as {dst}: element type and space must stay"
-                    ));
-                }
-                if !dst.lies_within(&src) || dst.shape.len() != dst.strides.len() {
-                    return Err(format!("views {src} as {dst}, which reaches outside it"));
-                }
-            }
-            OpKind::Kernel { grid, .. } => {
-                if grid.is_empty() || grid.len() > 3 || grid.contains(&0) {
-                    return Err(format!(
-                        "grid {grid:?} must have one to three axes, each at least 1"
-                    ));
-                }
-            }
-            OpKind::ProgramId { axis } => {
-                if *axis > 2 {
-                    return Err(format!("axis {axis} is not a grid axis (0, 1 or 2)"));
-                }
-                same(&Type::Index, r.ok_or("no result")?, "the result")?;
-            }
-            OpKind::Const(v) => {
-                let (d, _) = value(r.ok_or("no result")?)?;
-                if d.round(*v) != *v && !v.is_nan() {
-                    return Err(format!("{} is not a value of {d}", format_float(*v)));
-                }
-            }
-            OpKind::Splat => {
-                let (d, _) = tile(r.ok_or("no result")?)?;
-                same(&Type::Scalar(d), operands[0], "the operand")?;
-            }
-            OpKind::Unary(u) => {
-                let (d, _) = value(operands[0])?;
-                if !d.is_numeric() || (d.is_int() && !u.accepts_int()) {
-                    return Err(format!("is not defined on {d}"));
-                }
-                same(operands[0], r.ok_or("no result")?, "the result")?;
-            }
-            OpKind::Binary(b) => {
-                let (d, _) = value(operands[0])?;
-                same(operands[0], operands[1], "the second operand")?;
-                if !b.accepts(d) {
-                    return Err(format!("is not defined on {d}"));
-                }
-                same(operands[0], r.ok_or("no result")?, "the result")?;
-            }
-            OpKind::Compare(_) => {
-                let (_, shape) = value(operands[0])?;
-                same(operands[0], operands[1], "the second operand")?;
-                same(
-                    &Type::value(DType::Bool, &shape),
-                    r.ok_or("no result")?,
-                    "the result",
-                )?;
-            }
-            OpKind::Select => {
-                let (_, shape) = value(operands[1])?;
-                same(
-                    &Type::value(DType::Bool, &shape),
-                    operands[0],
-                    "the condition",
-                )?;
-                same(operands[1], operands[2], "the third operand")?;
-                same(operands[1], r.ok_or("no result")?, "the result")?;
-            }
-            OpKind::Cast => {
-                let (_, shape) = value(operands[0])?;
-                let (_, rshape) = value(r.ok_or("no result")?)?;
-                if shape != rshape {
-                    return Err("changes the shape".into());
-                }
-            }
-            OpKind::Load { index, pad } => {
-                let b = buffer(operands[0])?;
-                let (d, shape) = value(r.ok_or("no result")?)?;
-                if d != b.dtype {
-                    return Err(format!("loads {d} from {b}"));
-                }
-                check_index(index, b.shape.len(), shape.len())?;
-                if let Some(m) = operands.get(1) {
-                    same(&Type::value(DType::Bool, &shape), m, "the mask")?;
-                }
-                if let Some(p) = pad
-                    && d.round(*p) != *p
-                    && !p.is_nan()
-                {
-                    return Err(format!("pad {} is not a value of {d}", format_float(*p)));
-                }
-            }
-            OpKind::Store { index } => {
-                let (d, shape) = value(operands[0])?;
-                let b = buffer(operands[1])?;
-                if d != b.dtype {
-                    return Err(format!("stores {d} into {b}"));
-                }
-                check_index(index, b.shape.len(), shape.len())?;
-                if let Some(m) = operands.get(2) {
-                    same(&Type::value(DType::Bool, &shape), m, "the mask")?;
-                }
-            }
-            OpKind::Mask { limits } => {
-                let (d, shape) = tile(r.ok_or("no result")?)?;
-                if d != DType::Bool {
-                    return Err(format!("gives bool tiles, not {d}"));
-                }
-                if limits.len() != shape.len() {
-                    return Err(format!(
-                        "has {} limits for {} axes",
-                        limits.len(),
-                        shape.len()
-                    ));
-                }
-                if limits.iter().any(|l| !l.axes.is_empty()) {
-                    return Err("limits cannot use tile coordinates `#k`".into());
-                }
-            }
-            OpKind::Broadcast => {
-                let (d, from) = tile(operands[0])?;
-                let (rd, to) = tile(r.ok_or("no result")?)?;
-                if d != rd
-                    || from.len() != to.len()
-                    || from.iter().zip(&to).any(|(f, t)| f != t && *f != 1)
-                {
-                    return Err(format!(
-                        "cannot broadcast {} to {}",
-                        operands[0], results[0]
-                    ));
-                }
-            }
-            OpKind::Reshape => {
-                let (d, from) = tile(operands[0])?;
-                let (rd, to) = tile(r.ok_or("no result")?)?;
-                if d != rd || from.iter().product::<usize>() != to.iter().product::<usize>() {
-                    return Err(format!("cannot reshape {} to {}", operands[0], results[0]));
-                }
-            }
-            OpKind::Trans { perm } => {
-                let (d, from) = tile(operands[0])?;
-                let mut sorted = perm.clone();
-                sorted.sort_unstable();
-                if sorted != (0..from.len()).collect::<Vec<_>>() {
-                    return Err(format!(
-                        "{perm:?} is not a permutation of {} axes",
-                        from.len()
-                    ));
-                }
-                let to: Vec<usize> = perm.iter().map(|&p| from[p]).collect();
-                same(&Type::value(d, &to), r.ok_or("no result")?, "the result")?;
-            }
-            OpKind::ExpandDims { axis } => {
-                let (d, mut shape) = tile(operands[0])?;
-                if *axis > shape.len() {
-                    return Err(format!("axis {axis} is past the {} axes", shape.len()));
-                }
-                shape.insert(*axis, 1);
-                same(&Type::value(d, &shape), r.ok_or("no result")?, "the result")?;
-            }
-            OpKind::Dot => {
-                let (da, a) = tile(operands[0])?;
-                let (db, b) = tile(operands[1])?;
-                let (dc, c) = tile(operands[2])?;
-                if a.len() != 2 || b.len() != 2 || c.len() != 2 {
-                    return Err("multiplies 2-axis tiles".into());
-                }
-                if da != db || !da.is_numeric() || dc != da.accumulator() {
-                    return Err(format!(
-                        "multiplies {da} by {db} into {dc}; the accumulator must be {}",
-                        da.accumulator()
-                    ));
-                }
-                if a[1] != b[0] || c != [a[0], b[1]] {
-                    return Err(format!(
-                        "shapes {a:?} @ {b:?} do not make the accumulator's {c:?}"
-                    ));
-                }
-                same(operands[2], r.ok_or("no result")?, "the result")?;
-            }
-            OpKind::Reduce { axis, .. } => {
-                let (d, mut shape) = tile(operands[0])?;
-                if *axis >= shape.len() {
-                    return Err(format!("axis {axis} is past the {} axes", shape.len()));
-                }
-                if !d.is_numeric() {
-                    return Err(format!("is not defined on {d}"));
-                }
-                shape.remove(*axis);
-                same(&Type::value(d, &shape), r.ok_or("no result")?, "the result")?;
-            }
-            OpKind::For { step, .. } => {
-                if *step <= 0 {
-                    return Err(format!("step {step} must be positive"));
-                }
-                for (i, (o, r)) in operands.iter().zip(results).enumerate() {
-                    value(o)?;
-                    same(o, r, &format!("result {i}"))?;
-                }
-            }
-            OpKind::Yield => {
-                for o in operands {
-                    value(o)?;
-                }
-            }
-            OpKind::Return | OpKind::Barrier => {}
-        }
         Ok(())
     }
+}
+
+/// A scalar's or a tile's element type and shape (none for a scalar).
+fn value(t: &Type) -> Result<(DType, Vec<usize>), String> {
+    match t {
+        Type::Scalar(d) => Ok((*d, vec![])),
+        Type::Tile(t) => Ok((t.dtype, t.shape.clone())),
+        other => Err(format!("expects a scalar or tile, got {other}")),
+    }
+}
+
+/// A tile's element type and shape.
+fn tile(t: &Type) -> Result<(DType, Vec<usize>), String> {
+    match t {
+        Type::Tile(t) => Ok((t.dtype, t.shape.clone())),
+        other => Err(format!("expects a tile, got {other}")),
+    }
+}
+
+/// A buffer's type.
+fn buffer(t: &Type) -> Result<BufferType, String> {
+    match t {
+        Type::Buffer(b) => Ok(b.clone()),
+        other => Err(format!("expects a buffer, got {other}")),
+    }
+}
+
+/// That `got`, the type of `what`, is `want`.
+fn same(want: &Type, got: &Type, what: &str) -> Result<(), String> {
+    if want == got {
+        Ok(())
+    } else {
+        Err(format!("{what} is {got}, expected {want}"))
+    }
+}
+
+/// `tile.view`: `dst` lies within `src`, in its element type and space.
+fn check_view(src: BufferType, dst: BufferType) -> Result<(), String> {
+    if src.dtype != dst.dtype || src.space != dst.space {
+        return Err(format!(
+            "views {src} as {dst}: element type and space must stay"
+        ));
+    }
+    if !dst.lies_within(&src) || dst.shape.len() != dst.strides.len() {
+        return Err(format!("views {src} as {dst}, which reaches outside it"));
+    }
+    Ok(())
+}
+
+/// `tile.load`: the element type, the index, the mask and the pad.
+fn check_load(
+    index: &[Affine],
+    pad: Option<f64>,
+    operands: &[&Type],
+    result: &Type,
+) -> Result<(), String> {
+    let b = buffer(operands[0])?;
+    let (d, shape) = value(result)?;
+    if d != b.dtype {
+        return Err(format!("loads {d} from {b}"));
+    }
+    check_index(index, b.shape.len(), shape.len())?;
+    if let Some(m) = operands.get(1) {
+        same(&Type::value(DType::Bool, &shape), m, "the mask")?;
+    }
+    if let Some(p) = pad
+        && d.round(p) != p
+        && !p.is_nan()
+    {
+        return Err(format!("pad {} is not a value of {d}", format_float(p)));
+    }
+    Ok(())
+}
+
+/// `tile.mask`: bool tiles, a limit per axis, none using tile coordinates.
+fn check_mask(limits: &[Affine], result: &Type) -> Result<(), String> {
+    let (d, shape) = tile(result)?;
+    if d != DType::Bool {
+        return Err(format!("gives bool tiles, not {d}"));
+    }
+    if limits.len() != shape.len() {
+        return Err(format!(
+            "has {} limits for {} axes",
+            limits.len(),
+            shape.len()
+        ));
+    }
+    if limits.iter().any(|l| !l.axes.is_empty()) {
+        return Err("limits cannot use tile coordinates `#k`".into());
+    }
+    Ok(())
+}
+
+/// `tile.dot`: 2-axis tiles whose shapes make the accumulator's, which is
+/// in the operands' accumulator type and is the result.
+fn check_dot(operands: &[&Type], result: &Type) -> Result<(), String> {
+    let (da, a) = tile(operands[0])?;
+    let (db, b) = tile(operands[1])?;
+    let (dc, c) = tile(operands[2])?;
+    if a.len() != 2 || b.len() != 2 || c.len() != 2 {
+        return Err("multiplies 2-axis tiles".into());
+    }
+    if da != db || !da.is_numeric() || dc != da.accumulator() {
+        return Err(format!(
+            "multiplies {da} by {db} into {dc}; the accumulator must be {}",
+            da.accumulator()
+        ));
+    }
+    if a[1] != b[0] || c != [a[0], b[1]] {
+        return Err(format!(
+            "shapes {a:?} @ {b:?} do not make the accumulator's {c:?}"
+        ));
+    }
+    same(operands[2], result, "the result")
 }
 
 /// An index list of `rank` expressions whose tile coordinates are axes of a
