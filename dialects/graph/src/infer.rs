@@ -283,21 +283,7 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
         }
         Op::Reshape { shape } => {
             arity(what, inputs.len(), 1)?;
-            let t = inputs[0];
-            let target = TensorType::new(t.dtype, shape.clone());
-            if target.num_elements() != t.num_elements() {
-                return Err(InferError::new(
-                    format!("reshape changes the number of elements: {t} to {target}"),
-                    format!(
-                        "{} vs {} elements",
-                        t.num_elements().unwrap_or(usize::MAX),
-                        target
-                            .num_elements()
-                            .map_or("too many".into(), |n| n.to_string())
-                    ),
-                ));
-            }
-            one(target)
+            reshape(inputs[0], shape).map(|t| vec![t])
         }
         Op::Transpose { perm } => {
             arity(what, inputs.len(), 1)?;
@@ -315,39 +301,7 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
                 perm.iter().map(|&p| t.shape[p]).collect(),
             ))
         }
-        Op::Concat { axis } => {
-            if inputs.is_empty() {
-                return Err(InferError::new(
-                    "concat needs at least one operand",
-                    "empty list",
-                ));
-            }
-            let d = same_dtype(what, inputs)?;
-            let first = inputs[0];
-            check_axes(what, first, &[*axis])?;
-            let mut shape = first.shape.clone();
-            for t in &inputs[1..] {
-                let compatible = t.rank() == first.rank()
-                    && t.shape
-                        .iter()
-                        .zip(&first.shape)
-                        .enumerate()
-                        .all(|(i, (a, b))| i == *axis || a == b);
-                if !compatible {
-                    return Err(InferError::new(
-                        format!(
-                            "concat along axis {axis}: shapes differ off that axis: {}",
-                            fmt_types(inputs)
-                        ),
-                        format!("{first} vs {t}"),
-                    ));
-                }
-                shape[*axis] = shape[*axis].checked_add(t.shape[*axis]).ok_or_else(|| {
-                    InferError::new("concat: the joined extent overflows", "too large")
-                })?;
-            }
-            one(TensorType::new(d, shape))
-        }
+        Op::Concat { axis } => concat(inputs, *axis).map(|t| vec![t]),
         Op::Slice { axis, start, end } => {
             arity(what, inputs.len(), 1)?;
             let t = inputs[0];
@@ -382,36 +336,7 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
             stride,
             padding,
             groups,
-        } => {
-            arity(what, inputs.len(), 2)?;
-            let (x, w) = (inputs[0], inputs[1]);
-            need_rank("conv2d input", x, 4)?;
-            need_rank("conv2d weight", w, 4)?;
-            let d = same_dtype(what, inputs)?;
-            need_float(what, x)?;
-            let (c, o) = (x.shape[1], w.shape[0]);
-            if *groups == 0 || c % groups != 0 || o % groups != 0 {
-                return Err(InferError::new(
-                    format!(
-                        "conv2d: groups={groups} must divide the input channels ({c}) and output channels ({o})"
-                    ),
-                    format!("groups={groups}"),
-                ));
-            }
-            if w.shape[1] != c / groups {
-                return Err(InferError::new(
-                    format!(
-                        "conv2d: weight {w} needs {} input channels per group, input {x} has {} per group",
-                        w.shape[1],
-                        c / groups
-                    ),
-                    format!("{} vs {}", w.shape[1], c / groups),
-                ));
-            }
-            let oh = window_out(what, x.shape[2], w.shape[2], stride[0], padding[0])?;
-            let ow = window_out(what, x.shape[3], w.shape[3], stride[1], padding[1])?;
-            one(TensorType::new(d, vec![x.shape[0], o, oh, ow]))
-        }
+        } => conv2d(inputs, *stride, *padding, *groups).map(|t| vec![t]),
         Op::Pool2d {
             kernel,
             stride,
@@ -429,36 +354,133 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
                 vec![x.shape[0], x.shape[1], oh, ow],
             ))
         }
-        Op::BatchNorm { .. } => {
-            arity(what, inputs.len(), 5)?;
-            let x = inputs[0];
-            let d = same_dtype(what, inputs)?;
-            need_float(what, x)?;
-            if x.rank() < 2 {
-                return Err(InferError::new(
-                    format!("batchnorm needs an input of rank >= 2 (N, C, ...), got {x}"),
-                    format!("rank {}", x.rank()),
-                ));
-            }
-            for t in &inputs[1..] {
-                if t.shape != [x.shape[1]] {
-                    return Err(InferError::new(
-                        format!(
-                            "batchnorm statistics must have shape [{}] (the channels of {x}), got {t}",
-                            x.shape[1]
-                        ),
-                        format!("{t}"),
-                    ));
-                }
-            }
-            one(TensorType::new(d, x.shape.clone()))
-        }
+        Op::BatchNorm { .. } => batchnorm(inputs).map(|t| vec![t]),
         Op::Compute(body) => {
             crate::verify::check_compute(body, inputs)
                 .map_err(|m| InferError::new(format!("graph.compute `{}`: {m}", body.name), ""))?;
             one(body.out.ty.clone())
         }
     }
+}
+
+/// `reshape` typing: the number of elements stays.
+fn reshape(t: &TensorType, shape: &[usize]) -> Result<TensorType> {
+    let target = TensorType::new(t.dtype, shape.to_vec());
+    if target.num_elements() != t.num_elements() {
+        return Err(InferError::new(
+            format!("reshape changes the number of elements: {t} to {target}"),
+            format!(
+                "{} vs {} elements",
+                t.num_elements().unwrap_or(usize::MAX),
+                target
+                    .num_elements()
+                    .map_or("too many".into(), |n| n.to_string())
+            ),
+        ));
+    }
+    Ok(target)
+}
+
+/// `concat` typing: one element type, shapes that differ only along `axis`.
+fn concat(inputs: &[&TensorType], axis: usize) -> Result<TensorType> {
+    let what = "concat";
+    if inputs.is_empty() {
+        return Err(InferError::new(
+            "concat needs at least one operand",
+            "empty list",
+        ));
+    }
+    let d = same_dtype(what, inputs)?;
+    let first = inputs[0];
+    check_axes(what, first, &[axis])?;
+    let mut shape = first.shape.clone();
+    for t in &inputs[1..] {
+        let compatible = t.rank() == first.rank()
+            && t.shape
+                .iter()
+                .zip(&first.shape)
+                .enumerate()
+                .all(|(i, (a, b))| i == axis || a == b);
+        if !compatible {
+            return Err(InferError::new(
+                format!(
+                    "concat along axis {axis}: shapes differ off that axis: {}",
+                    fmt_types(inputs)
+                ),
+                format!("{first} vs {t}"),
+            ));
+        }
+        shape[axis] = shape[axis]
+            .checked_add(t.shape[axis])
+            .ok_or_else(|| InferError::new("concat: the joined extent overflows", "too large"))?;
+    }
+    Ok(TensorType::new(d, shape))
+}
+
+/// `conv2d` typing: NCHW input, OIHW weights in `groups` groups.
+fn conv2d(
+    inputs: &[&TensorType],
+    stride: [usize; 2],
+    padding: [usize; 2],
+    groups: usize,
+) -> Result<TensorType> {
+    let what = "conv2d";
+    arity(what, inputs.len(), 2)?;
+    let (x, w) = (inputs[0], inputs[1]);
+    need_rank("conv2d input", x, 4)?;
+    need_rank("conv2d weight", w, 4)?;
+    let d = same_dtype(what, inputs)?;
+    need_float(what, x)?;
+    let (c, o) = (x.shape[1], w.shape[0]);
+    if groups == 0 || c % groups != 0 || o % groups != 0 {
+        return Err(InferError::new(
+            format!(
+                "conv2d: groups={groups} must divide the input channels ({c}) and output channels ({o})"
+            ),
+            format!("groups={groups}"),
+        ));
+    }
+    if w.shape[1] != c / groups {
+        return Err(InferError::new(
+            format!(
+                "conv2d: weight {w} needs {} input channels per group, input {x} has {} per group",
+                w.shape[1],
+                c / groups
+            ),
+            format!("{} vs {}", w.shape[1], c / groups),
+        ));
+    }
+    let oh = window_out(what, x.shape[2], w.shape[2], stride[0], padding[0])?;
+    let ow = window_out(what, x.shape[3], w.shape[3], stride[1], padding[1])?;
+    Ok(TensorType::new(d, vec![x.shape[0], o, oh, ow]))
+}
+
+/// `batchnorm` typing: an input of rank 2 or more, and per-channel
+/// statistics.
+fn batchnorm(inputs: &[&TensorType]) -> Result<TensorType> {
+    let what = "batchnorm";
+    arity(what, inputs.len(), 5)?;
+    let x = inputs[0];
+    let d = same_dtype(what, inputs)?;
+    need_float(what, x)?;
+    if x.rank() < 2 {
+        return Err(InferError::new(
+            format!("batchnorm needs an input of rank >= 2 (N, C, ...), got {x}"),
+            format!("rank {}", x.rank()),
+        ));
+    }
+    for t in &inputs[1..] {
+        if t.shape != [x.shape[1]] {
+            return Err(InferError::new(
+                format!(
+                    "batchnorm statistics must have shape [{}] (the channels of {x}), got {t}",
+                    x.shape[1]
+                ),
+                format!("{t}"),
+            ));
+        }
+    }
+    Ok(TensorType::new(d, x.shape.clone()))
 }
 
 /// `numpy.matmul` typing, with 1-D operands promoted and the promoted axis
