@@ -2338,72 +2338,7 @@ impl OpCx<'_> {
                     BinOp::MatMul => unreachable!("rejected above"),
                 })
             }
-            ExprKind::Call(f, args) => {
-                if let Some(k) = args.iter().find_map(|a| a.name.as_ref()) {
-                    return Err(Diagnostic::new(
-                        "keyword arguments are not allowed in index notation",
-                        k.span,
-                        "keyword",
-                    ));
-                }
-                let n = f.name.as_str();
-                let arity = |want: usize| -> R<()> {
-                    if args.len() == want {
-                        Ok(())
-                    } else {
-                        Err(Diagnostic::new(
-                            format!("`{n}` takes {want} argument(s) here, got {}", args.len()),
-                            e.span,
-                            "wrong number of arguments",
-                        ))
-                    }
-                };
-                if let Some(u) = UnaryOp::from_name(n).filter(|u| *u != UnaryOp::Neg) {
-                    arity(1)?;
-                    return Ok(ScalarExpr::Unary(u, bx(self.scalar(&args[0].value)?)));
-                }
-                let b = match n {
-                    "max" => Some(BinaryOp::Max),
-                    "min" => Some(BinaryOp::Min),
-                    "pow" => Some(BinaryOp::Pow),
-                    _ => bitwise(n),
-                };
-                if let Some(b) = b {
-                    arity(2)?;
-                    return Ok(ScalarExpr::Binary(
-                        b,
-                        bx(self.scalar(&args[0].value)?),
-                        bx(self.scalar(&args[1].value)?),
-                    ));
-                }
-                match n {
-                    "where" => {
-                        arity(3)?;
-                        Ok(ScalarExpr::Select(
-                            bx(self.scalar(&args[0].value)?),
-                            bx(self.scalar(&args[1].value)?),
-                            bx(self.scalar(&args[2].value)?),
-                        ))
-                    }
-                    "cast" => {
-                        arity(2)?;
-                        Ok(ScalarExpr::Cast(
-                            dtype_arg(&args[1].value)?,
-                            bx(self.scalar(&args[0].value)?),
-                        ))
-                    }
-                    "sum" | "mean" | "prod" => Err(Diagnostic::new(
-                        format!("in index notation a reduction binds its indices: `{n}[k](...)`"),
-                        e.span,
-                        "reduction without indices",
-                    )),
-                    _ => Err(Diagnostic::new(
-                        format!("`{n}` cannot be used in index notation"),
-                        f.span,
-                        "not an element-wise function",
-                    )),
-                }
-            }
+            ExprKind::Call(f, args) => self.scalar_call(e, f, args),
             ExprKind::Bracket(name, items, None) => {
                 let (src, ty) = self.source(name)?;
                 let rank = ty.rank();
@@ -2431,97 +2366,170 @@ impl OpCx<'_> {
                     .collect::<R<Vec<_>>>()?;
                 Ok(ScalarExpr::Read { src, index })
             }
-            ExprKind::Bracket(name, items, Some(body)) => {
-                let kind = match name.name.as_str() {
-                    "sum" => ReduceKind::Sum,
-                    "max" => ReduceKind::Max,
-                    "min" => ReduceKind::Min,
-                    "prod" => ReduceKind::Prod,
-                    "mean" => ReduceKind::Mean,
-                    other => {
-                        return Err(Diagnostic::new(
-                            format!(
-                                "`{other}[...](...)` is not a reduction; reductions are sum, max, min, prod and mean"
-                            ),
-                            name.span,
-                            "not a reduction",
-                        ));
-                    }
-                };
-                let depth = self.scope.len();
-                let mut vars = Vec::new();
-                for it in items {
-                    let (id, range) = match it {
-                        BracketItem::Expr(Expr {
-                            kind: ExprKind::Var(n),
-                            span,
-                            ..
-                        }) => (
-                            Ident {
-                                name: n.clone(),
-                                span: *span,
-                            },
-                            None,
-                        ),
-                        BracketItem::Range(id, lo, hi) => (
-                            id.clone(),
-                            Some((self.const_index(lo)?, self.const_index(hi)?)),
-                        ),
-                        BracketItem::Expr(x) => {
-                            return Err(Diagnostic::new(
-                                "expected a reduction index such as `k` or `k in 0..K`",
-                                x.span,
-                                "not an index",
-                            ));
-                        }
-                    };
-                    if self.var(&id.name).is_some() || self.is_name(&id.name) {
-                        self.scope.truncate(depth);
-                        return Err(Diagnostic::new(
-                            format!("index `{}` is already bound", id.name),
-                            id.span,
-                            "bound again",
-                        ));
-                    }
-                    let v = IndexVar(self.next_var);
-                    self.next_var += 1;
-                    self.scope.push((id.name.clone(), v));
-                    match range {
-                        Some((lo, hi)) => {
-                            if lo > hi {
-                                self.scope.truncate(depth);
-                                return Err(Diagnostic::new(
-                                    format!("range {lo}..{hi} of `{}` is reversed", id.name),
-                                    id.span,
-                                    "reversed range",
-                                ));
-                            }
-                            vars.push(RangeVar { var: v, lo, hi });
-                        }
-                        None => {
-                            self.pending.insert(v, (id.name.clone(), id.span));
-                            vars.push(RangeVar {
-                                var: v,
-                                lo: 0,
-                                hi: INFER,
-                            });
-                        }
-                    }
-                }
-                let b = self.scalar(body);
-                self.scope.truncate(depth);
-                Ok(ScalarExpr::Reduce {
-                    kind,
-                    vars,
-                    body: Box::new(b?),
-                })
-            }
+            ExprKind::Bracket(name, items, Some(body)) => self.scalar_reduce(name, items, body),
             ExprKind::List(_) | ExprKind::Tuple(_) => Err(Diagnostic::new(
                 "lists and tuples are not scalar values",
                 e.span,
                 "not a scalar",
             )),
         }
+    }
+
+    /// A call in index notation: an element-wise function of scalars.
+    fn scalar_call(&mut self, e: &Expr, f: &Ident, args: &[Arg]) -> R<ScalarExpr> {
+        let bx = Box::new;
+        if let Some(k) = args.iter().find_map(|a| a.name.as_ref()) {
+            return Err(Diagnostic::new(
+                "keyword arguments are not allowed in index notation",
+                k.span,
+                "keyword",
+            ));
+        }
+        let n = f.name.as_str();
+        let arity = |want: usize| -> R<()> {
+            if args.len() == want {
+                Ok(())
+            } else {
+                Err(Diagnostic::new(
+                    format!("`{n}` takes {want} argument(s) here, got {}", args.len()),
+                    e.span,
+                    "wrong number of arguments",
+                ))
+            }
+        };
+        if let Some(u) = UnaryOp::from_name(n).filter(|u| *u != UnaryOp::Neg) {
+            arity(1)?;
+            return Ok(ScalarExpr::Unary(u, bx(self.scalar(&args[0].value)?)));
+        }
+        let b = match n {
+            "max" => Some(BinaryOp::Max),
+            "min" => Some(BinaryOp::Min),
+            "pow" => Some(BinaryOp::Pow),
+            _ => bitwise(n),
+        };
+        if let Some(b) = b {
+            arity(2)?;
+            return Ok(ScalarExpr::Binary(
+                b,
+                bx(self.scalar(&args[0].value)?),
+                bx(self.scalar(&args[1].value)?),
+            ));
+        }
+        match n {
+            "where" => {
+                arity(3)?;
+                Ok(ScalarExpr::Select(
+                    bx(self.scalar(&args[0].value)?),
+                    bx(self.scalar(&args[1].value)?),
+                    bx(self.scalar(&args[2].value)?),
+                ))
+            }
+            "cast" => {
+                arity(2)?;
+                Ok(ScalarExpr::Cast(
+                    dtype_arg(&args[1].value)?,
+                    bx(self.scalar(&args[0].value)?),
+                ))
+            }
+            "sum" | "mean" | "prod" => Err(Diagnostic::new(
+                format!("in index notation a reduction binds its indices: `{n}[k](...)`"),
+                e.span,
+                "reduction without indices",
+            )),
+            _ => Err(Diagnostic::new(
+                format!("`{n}` cannot be used in index notation"),
+                f.span,
+                "not an element-wise function",
+            )),
+        }
+    }
+
+    /// A reduction in index notation, `sum[k](...)` or `max[k in 0..K](...)`:
+    /// its indices are bound in its body, their ranges given or inferred.
+    fn scalar_reduce(&mut self, name: &Ident, items: &[BracketItem], body: &Expr) -> R<ScalarExpr> {
+        let kind = match name.name.as_str() {
+            "sum" => ReduceKind::Sum,
+            "max" => ReduceKind::Max,
+            "min" => ReduceKind::Min,
+            "prod" => ReduceKind::Prod,
+            "mean" => ReduceKind::Mean,
+            other => {
+                return Err(Diagnostic::new(
+                    format!(
+                        "`{other}[...](...)` is not a reduction; reductions are sum, max, min, prod and mean"
+                    ),
+                    name.span,
+                    "not a reduction",
+                ));
+            }
+        };
+        let depth = self.scope.len();
+        let mut vars = Vec::new();
+        for it in items {
+            let (id, range) = match it {
+                BracketItem::Expr(Expr {
+                    kind: ExprKind::Var(n),
+                    span,
+                    ..
+                }) => (
+                    Ident {
+                        name: n.clone(),
+                        span: *span,
+                    },
+                    None,
+                ),
+                BracketItem::Range(id, lo, hi) => (
+                    id.clone(),
+                    Some((self.const_index(lo)?, self.const_index(hi)?)),
+                ),
+                BracketItem::Expr(x) => {
+                    return Err(Diagnostic::new(
+                        "expected a reduction index such as `k` or `k in 0..K`",
+                        x.span,
+                        "not an index",
+                    ));
+                }
+            };
+            if self.var(&id.name).is_some() || self.is_name(&id.name) {
+                self.scope.truncate(depth);
+                return Err(Diagnostic::new(
+                    format!("index `{}` is already bound", id.name),
+                    id.span,
+                    "bound again",
+                ));
+            }
+            let v = IndexVar(self.next_var);
+            self.next_var += 1;
+            self.scope.push((id.name.clone(), v));
+            match range {
+                Some((lo, hi)) => {
+                    if lo > hi {
+                        self.scope.truncate(depth);
+                        return Err(Diagnostic::new(
+                            format!("range {lo}..{hi} of `{}` is reversed", id.name),
+                            id.span,
+                            "reversed range",
+                        ));
+                    }
+                    vars.push(RangeVar { var: v, lo, hi });
+                }
+                None => {
+                    self.pending.insert(v, (id.name.clone(), id.span));
+                    vars.push(RangeVar {
+                        var: v,
+                        lo: 0,
+                        hi: INFER,
+                    });
+                }
+            }
+        }
+        let b = self.scalar(body);
+        self.scope.truncate(depth);
+        Ok(ScalarExpr::Reduce {
+            kind,
+            vars,
+            body: Box::new(b?),
+        })
     }
 
     fn const_index(&self, e: &Expr) -> R<i64> {
