@@ -377,6 +377,11 @@ impl Machine<'_> {
         Ok(())
     }
 
+    /// The shape of value `v` (none for a scalar).
+    fn shape_of(&self, v: Value) -> Vec<usize> {
+        self.f.ty(v).shape().unwrap_or(&[]).to_vec()
+    }
+
     /// Runs a block; returns the values of its `tile.yield`, if any.
     fn block(&mut self, b: &Block, args: &[Slot]) -> Result<Vec<Slot>, TileError> {
         for (a, s) in b.args.iter().zip(args) {
@@ -386,7 +391,6 @@ impl Machine<'_> {
             let op = self.f.op(id);
             let name = op.kind.name();
             let result = op.results.first().copied();
-            let shape_of = |v: Value| self.f.ty(v).shape().unwrap_or(&[]).to_vec();
             match &op.kind {
                 OpKind::Alloc => {
                     let Some(Type::Buffer(t)) = result.map(|r| self.f.ty(r).clone()) else {
@@ -395,22 +399,7 @@ impl Machine<'_> {
                     let slot = self.alloc(&t)?;
                     self.set(op.results[0], Slot::Buffer(slot));
                 }
-                OpKind::Global(values) => {
-                    let Some(Type::Buffer(t)) = result.map(|r| self.f.ty(r).clone()) else {
-                        return Err(self.invalid("global of a non-buffer".into()));
-                    };
-                    if t.storage_len() != Some(values.len()) {
-                        return Err(self.invalid(format!(
-                            "tile.global holds {} values for {t}",
-                            values.len()
-                        )));
-                    }
-                    let slot = self.alloc(&t)?;
-                    if let Some(storage) = self.heap[slot].as_mut() {
-                        storage.data.copy_from_slice(values);
-                    }
-                    self.set(op.results[0], Slot::Buffer(slot));
-                }
+                OpKind::Global(values) => self.global(id, values)?,
                 OpKind::View => {
                     let (id, _) = self.buffer(op.operands[0], &name)?;
                     self.set(op.results[0], Slot::Buffer(id));
@@ -419,22 +408,7 @@ impl Machine<'_> {
                     let (id, _) = self.buffer(op.operands[0], &name)?;
                     self.heap[id] = None;
                 }
-                OpKind::Kernel { grid, .. } => {
-                    let body = &op.regions[0];
-                    let total: usize = grid.iter().product();
-                    let mut c = vec![0usize; grid.len()];
-                    for p in 0..total {
-                        coords(grid, p, &mut c);
-                        for (k, x) in c.iter().enumerate() {
-                            self.program[k] = *x as i64;
-                        }
-                        let heap_mark = self.heap.len();
-                        let r = self.block(body, &[]);
-                        // Scratch and shared memory live for one program.
-                        self.heap.truncate(heap_mark);
-                        r?;
-                    }
-                }
+                OpKind::Kernel { grid, .. } => self.kernel(id, grid)?,
                 OpKind::Return => return Ok(vec![]),
                 OpKind::ProgramId { axis } => {
                     let p = self.program[(*axis).min(2)];
@@ -499,94 +473,15 @@ impl Machine<'_> {
                 }
                 OpKind::Load { index, pad } => self.load(id, index, *pad)?,
                 OpKind::Store { index } => self.store(id, index)?,
-                OpKind::Mask { limits } => {
-                    let shape = shape_of(op.results[0]);
-                    let lims: Vec<i64> = limits
-                        .iter()
-                        .map(|e| self.base(e))
-                        .collect::<Result<_, _>>()?;
-                    let n: usize = shape.iter().product();
-                    let mut c = vec![0usize; shape.len()];
-                    let mut out = Vec::with_capacity(n);
-                    for e in 0..n {
-                        coords(&shape, e, &mut c);
-                        let on = c.iter().zip(&lims).all(|(&x, &l)| (x as i64) < l);
-                        out.push(f64::from(u8::from(on)));
-                    }
-                    self.put(op.results[0], out);
-                }
-                OpKind::Broadcast => {
-                    let (from, to) = (shape_of(op.operands[0]), shape_of(op.results[0]));
-                    let x = self.elements(op.operands[0])?;
-                    let n: usize = to.iter().product();
-                    let (mut c, mut src) = (vec![0usize; to.len()], vec![0usize; to.len()]);
-                    let mut out = Vec::with_capacity(n);
-                    for e in 0..n {
-                        coords(&to, e, &mut c);
-                        for k in 0..to.len() {
-                            src[k] = if from[k] == 1 { 0 } else { c[k] };
-                        }
-                        out.push(x[flat_index(&from, &src)]);
-                    }
-                    self.put(op.results[0], out);
-                }
+                OpKind::Mask { limits } => self.limits_mask(id, limits)?,
+                OpKind::Broadcast => self.broadcast(id)?,
                 OpKind::Reshape | OpKind::ExpandDims { .. } => {
                     let x = self.elements(op.operands[0])?;
                     self.put(op.results[0], x.to_vec());
                 }
-                OpKind::Trans { perm } => {
-                    let (from, to) = (shape_of(op.operands[0]), shape_of(op.results[0]));
-                    let x = self.elements(op.operands[0])?;
-                    let n: usize = to.iter().product();
-                    let (mut c, mut src) = (vec![0usize; to.len()], vec![0usize; to.len()]);
-                    let mut out = Vec::with_capacity(n);
-                    for e in 0..n {
-                        coords(&to, e, &mut c);
-                        for (i, &p) in perm.iter().enumerate() {
-                            src[p] = c[i];
-                        }
-                        out.push(x[flat_index(&from, &src)]);
-                    }
-                    self.put(op.results[0], out);
-                }
-                OpKind::Dot => {
-                    let (a, b, acc) = (
-                        self.elements(op.operands[0])?,
-                        self.elements(op.operands[1])?,
-                        self.elements(op.operands[2])?,
-                    );
-                    let (sa, sb) = (shape_of(op.operands[0]), shape_of(op.operands[1]));
-                    let (m, k, n) = (sa[0], sa[1], sb[1]);
-                    let mut out = acc.to_vec();
-                    for i in 0..m {
-                        for j in 0..n {
-                            let s: f64 = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
-                            out[i * n + j] += s;
-                        }
-                    }
-                    self.put(op.results[0], out);
-                }
-                OpKind::Reduce { kind, axis } => {
-                    let shape = shape_of(op.operands[0]);
-                    let x = self.elements(op.operands[0])?;
-                    let outer: usize = shape[..*axis].iter().product();
-                    let inner: usize = shape[*axis + 1..].iter().product();
-                    let len = shape[*axis];
-                    let mut out = Vec::with_capacity(outer * inner);
-                    for o in 0..outer {
-                        for i in 0..inner {
-                            let mut acc = kind.identity();
-                            for r in 0..len {
-                                acc = kind.combine(acc, x[(o * len + r) * inner + i]);
-                            }
-                            if *kind == ReduceKind::Mean {
-                                acc /= len as f64;
-                            }
-                            out.push(acc);
-                        }
-                    }
-                    self.put(op.results[0], out);
-                }
+                OpKind::Trans { perm } => self.trans(id, perm)?,
+                OpKind::Dot => self.dot(id)?,
+                OpKind::Reduce { kind, axis } => self.reduce(id, *kind, *axis)?,
                 OpKind::For { lo, hi, step } => {
                     let mut carried: Vec<Slot> =
                         op.operands.iter().map(|v| self.slot(*v).clone()).collect();
@@ -617,5 +512,146 @@ impl Machine<'_> {
             }
         }
         Ok(vec![])
+    }
+
+    /// `tile.global`: a buffer holding `values`.
+    fn global(&mut self, id: OpId, values: &[f64]) -> Result<(), TileError> {
+        let op = self.f.op(id);
+        let Some(Type::Buffer(t)) = op.results.first().map(|&r| self.f.ty(r).clone()) else {
+            return Err(self.invalid("global of a non-buffer".into()));
+        };
+        if t.storage_len() != Some(values.len()) {
+            return Err(self.invalid(format!("tile.global holds {} values for {t}", values.len())));
+        }
+        let slot = self.alloc(&t)?;
+        if let Some(storage) = self.heap[slot].as_mut() {
+            storage.data.copy_from_slice(values);
+        }
+        self.set(op.results[0], Slot::Buffer(slot));
+        Ok(())
+    }
+
+    /// `tile.kernel`: its body once per program of `grid`, in order.
+    fn kernel(&mut self, id: OpId, grid: &[usize]) -> Result<(), TileError> {
+        let op = self.f.op(id);
+        let body = &op.regions[0];
+        let total: usize = grid.iter().product();
+        let mut c = vec![0usize; grid.len()];
+        for p in 0..total {
+            coords(grid, p, &mut c);
+            for (k, x) in c.iter().enumerate() {
+                self.program[k] = *x as i64;
+            }
+            let heap_mark = self.heap.len();
+            let r = self.block(body, &[]);
+            // Scratch and shared memory live for one program.
+            self.heap.truncate(heap_mark);
+            r?;
+        }
+        Ok(())
+    }
+
+    /// `tile.mask`: whether each element's coordinates lie within the limits.
+    fn limits_mask(&mut self, id: OpId, limits: &[Affine]) -> Result<(), TileError> {
+        let op = self.f.op(id);
+        let shape = self.shape_of(op.results[0]);
+        let lims: Vec<i64> = limits
+            .iter()
+            .map(|e| self.base(e))
+            .collect::<Result<_, _>>()?;
+        let n: usize = shape.iter().product();
+        let mut c = vec![0usize; shape.len()];
+        let mut out = Vec::with_capacity(n);
+        for e in 0..n {
+            coords(&shape, e, &mut c);
+            let on = c.iter().zip(&lims).all(|(&x, &l)| (x as i64) < l);
+            out.push(f64::from(u8::from(on)));
+        }
+        self.put(op.results[0], out);
+        Ok(())
+    }
+
+    /// `tile.broadcast`: axes of extent 1 repeated.
+    fn broadcast(&mut self, id: OpId) -> Result<(), TileError> {
+        let op = self.f.op(id);
+        let (from, to) = (self.shape_of(op.operands[0]), self.shape_of(op.results[0]));
+        let x = self.elements(op.operands[0])?;
+        let n: usize = to.iter().product();
+        let (mut c, mut src) = (vec![0usize; to.len()], vec![0usize; to.len()]);
+        let mut out = Vec::with_capacity(n);
+        for e in 0..n {
+            coords(&to, e, &mut c);
+            for k in 0..to.len() {
+                src[k] = if from[k] == 1 { 0 } else { c[k] };
+            }
+            out.push(x[flat_index(&from, &src)]);
+        }
+        self.put(op.results[0], out);
+        Ok(())
+    }
+
+    /// `tile.trans`: the axes permuted.
+    fn trans(&mut self, id: OpId, perm: &[usize]) -> Result<(), TileError> {
+        let op = self.f.op(id);
+        let (from, to) = (self.shape_of(op.operands[0]), self.shape_of(op.results[0]));
+        let x = self.elements(op.operands[0])?;
+        let n: usize = to.iter().product();
+        let (mut c, mut src) = (vec![0usize; to.len()], vec![0usize; to.len()]);
+        let mut out = Vec::with_capacity(n);
+        for e in 0..n {
+            coords(&to, e, &mut c);
+            for (i, &p) in perm.iter().enumerate() {
+                src[p] = c[i];
+            }
+            out.push(x[flat_index(&from, &src)]);
+        }
+        self.put(op.results[0], out);
+        Ok(())
+    }
+
+    /// `tile.dot`: the accumulator plus the product, in f64.
+    fn dot(&mut self, id: OpId) -> Result<(), TileError> {
+        let op = self.f.op(id);
+        let (a, b, acc) = (
+            self.elements(op.operands[0])?,
+            self.elements(op.operands[1])?,
+            self.elements(op.operands[2])?,
+        );
+        let (sa, sb) = (self.shape_of(op.operands[0]), self.shape_of(op.operands[1]));
+        let (m, k, n) = (sa[0], sa[1], sb[1]);
+        let mut out = acc.to_vec();
+        for i in 0..m {
+            for j in 0..n {
+                let s: f64 = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
+                out[i * n + j] += s;
+            }
+        }
+        self.put(op.results[0], out);
+        Ok(())
+    }
+
+    /// `tile.reduce` along `axis`.
+    fn reduce(&mut self, id: OpId, kind: ReduceKind, axis: usize) -> Result<(), TileError> {
+        let op = self.f.op(id);
+        let shape = self.shape_of(op.operands[0]);
+        let x = self.elements(op.operands[0])?;
+        let outer: usize = shape[..axis].iter().product();
+        let inner: usize = shape[axis + 1..].iter().product();
+        let len = shape[axis];
+        let mut out = Vec::with_capacity(outer * inner);
+        for o in 0..outer {
+            for i in 0..inner {
+                let mut acc = kind.identity();
+                for r in 0..len {
+                    acc = kind.combine(acc, x[(o * len + r) * inner + i]);
+                }
+                if kind == ReduceKind::Mean {
+                    acc /= len as f64;
+                }
+                out.push(acc);
+            }
+        }
+        self.put(op.results[0], out);
+        Ok(())
     }
 }
