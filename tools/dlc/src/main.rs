@@ -163,111 +163,12 @@ enum Command {
         onnx: OnnxArgs,
     },
     /// Compile a model to the chosen artifact.
-    Compile {
-        /// The `.dl` file (`-` for standard input) or `.onnx` model.
-        file: String,
-        #[command(flatten)]
-        onnx: OnnxArgs,
-
-        /// Keep only this entry point.
-        #[arg(long)]
-        entry: Option<String>,
-        /// What to produce.
-        #[arg(long, value_enum, default_value = "graph")]
-        emit: Emit,
-        /// Output file (`-` for standard output, which `--emit so|lib` refuse:
-        /// libraries are written to a file).
-        #[arg(short, long, default_value = "-")]
-        output: String,
-        /// Graph pipeline to run.
-        #[arg(long, default_value = DEFAULT_PIPELINE)]
-        passes: String,
-        /// Print each pass's statistics (to standard error): for
-        /// `graph.saturate`, the stop reason, e-graph size, time and
-        /// estimated cost before and after.
-        #[arg(long)]
-        stats: bool,
-        /// Prefix of the exported symbols (llvm, asm, obj, so, lib, header):
-        /// entry point `f` of `model.dl` is `dlc_model_f` by default.
-        #[arg(long, value_name = "PREFIX")]
-        prefix: Option<String>,
-        /// The target tile IR is scheduled for (`--emit tile|tile-mlir`):
-        /// host, x86-64-avx512, x86-64-avx2, aarch64-linux-gnu, sm_80 or
-        /// sm_90; `aarch64-linux-gnu` also cross-compiles the artifacts
-        /// (llvm, asm, obj, lib, header) for 64-bit Arm Linux.
-        #[arg(long, default_value = "host")]
-        target: String,
-        /// The x86-64 CPU compiled code is for (llvm, asm, obj, so, lib,
-        /// header, rust): `native` (this machine, every feature it has), a
-        /// level whose code runs on any CPU of it: `x86-64` (SSE2),
-        /// `x86-64-v2` (SSE4.2), `x86-64-v3` (AVX2, FMA), `x86-64-v4`
-        /// (AVX-512); or an LLVM CPU name (`haswell`, `skylake-avx512`,
-        /// `znver4`, ...: code tuned for that CPU, needing its instructions).
-        #[arg(long, default_value = "native")]
-        cpu: String,
-        /// For a GPU target: f32 products on tensor cores as TF32 (operands
-        /// rounded to 10 mantissa bits; faster, less exact).
-        #[arg(long)]
-        tf32: bool,
-        /// Build the entry points' `weight` parameters into the artifact as
-        /// constants (they leave its signatures), from PATH: a directory of
-        /// NAME.npy (what `dlc train --save-weights` writes) or a
-        /// .safetensors file (tensors NAME or weight.NAME).
-        #[arg(long, value_name = "PATH")]
-        weights: Option<PathBuf>,
-    },
+    Compile(CompileArgs),
     /// Run an entry point of a model.
-    Run {
-        /// The `.dl` file (`-` for standard input) or `.onnx` model.
-        file: String,
-        #[command(flatten)]
-        onnx: OnnxArgs,
-
-        /// Entry point to run; may be left out when there is only one.
-        #[arg(long)]
-        entry: Option<String>,
-        #[command(flatten)]
-        exec: ExecArgs,
-        /// Write the results as DIR/out0.npy, DIR/out1.npy, ... in return order.
-        #[arg(long, value_name = "DIR")]
-        save_outputs: Option<PathBuf>,
-        /// Write the inputs the run used as DIR/NAME.npy, one per parameter
-        /// (to reproduce a run made with --random-inputs).
-        #[arg(long, value_name = "DIR")]
-        save_inputs: Option<PathBuf>,
-        /// Bind the entry point's `weight` parameters from PATH: a directory
-        /// of NAME.npy (what `dlc train --save-weights` writes) or a
-        /// .safetensors file (tensors NAME or weight.NAME, as `dlc train`'s
-        /// checkpoint has them); --input still overrides one.
-        #[arg(long, value_name = "PATH")]
-        weights: Option<PathBuf>,
-        /// With `--backend gpu` or `gpu-emulator`: f32 products on tensor
-        /// cores as TF32 (operands rounded to 10 mantissa bits); `--check`
-        /// then compares f32 results at TF32's precision.
-        #[arg(long)]
-        tf32: bool,
-    },
+    Run(RunArgs),
     /// Differentiate an entry point whose first result is a float scalar:
     /// run it and the gradient of that result with respect to parameters.
-    Grad {
-        /// The `.dl` file (`-` for standard input).
-        file: String,
-        /// Entry point to differentiate; may be left out when there is only one.
-        #[arg(long)]
-        entry: Option<String>,
-        /// Parameters to differentiate with respect to, comma separated
-        /// (default: the entry point's weights, or every float parameter
-        /// when it declares none).
-        #[arg(long, value_delimiter = ',', value_name = "NAMES")]
-        wrt: Vec<String>,
-        #[command(flatten)]
-        exec: ExecArgs,
-        /// Write the results as DIR/out0.npy (the value; out1.npy, ... for
-        /// further results of the entry point) and DIR/grad_NAME.npy, one
-        /// per differentiated parameter.
-        #[arg(long, value_name = "DIR")]
-        save_outputs: Option<PathBuf>,
-    },
+    Grad(GradArgs),
     /// Train the weights of a loss function on a data set: its `weight`
     /// parameters, each epoch over the data shuffled and cut into batches.
     Train {
@@ -333,6 +234,117 @@ enum Command {
         #[arg(long, default_value_t = 30)]
         runs: usize,
     },
+}
+
+/// What `dlc compile` was asked for.
+#[derive(clap::Args)]
+struct CompileArgs {
+    /// The `.dl` file (`-` for standard input) or `.onnx` model.
+    file: String,
+    #[command(flatten)]
+    onnx: OnnxArgs,
+
+    /// Keep only this entry point.
+    #[arg(long)]
+    entry: Option<String>,
+    /// What to produce.
+    #[arg(long, value_enum, default_value = "graph")]
+    emit: Emit,
+    /// Output file (`-` for standard output, which `--emit so|lib` refuse:
+    /// libraries are written to a file).
+    #[arg(short, long, default_value = "-")]
+    output: String,
+    /// Graph pipeline to run.
+    #[arg(long, default_value = DEFAULT_PIPELINE)]
+    passes: String,
+    /// Print each pass's statistics (to standard error): for
+    /// `graph.saturate`, the stop reason, e-graph size, time and
+    /// estimated cost before and after.
+    #[arg(long)]
+    stats: bool,
+    /// Prefix of the exported symbols (llvm, asm, obj, so, lib, header):
+    /// entry point `f` of `model.dl` is `dlc_model_f` by default.
+    #[arg(long, value_name = "PREFIX")]
+    prefix: Option<String>,
+    /// The target tile IR is scheduled for (`--emit tile|tile-mlir`):
+    /// host, x86-64-avx512, x86-64-avx2, aarch64-linux-gnu, sm_80 or
+    /// sm_90; `aarch64-linux-gnu` also cross-compiles the artifacts
+    /// (llvm, asm, obj, lib, header) for 64-bit Arm Linux.
+    #[arg(long, default_value = "host")]
+    target: String,
+    /// The x86-64 CPU compiled code is for (llvm, asm, obj, so, lib,
+    /// header, rust): `native` (this machine, every feature it has), a
+    /// level whose code runs on any CPU of it: `x86-64` (SSE2),
+    /// `x86-64-v2` (SSE4.2), `x86-64-v3` (AVX2, FMA), `x86-64-v4`
+    /// (AVX-512); or an LLVM CPU name (`haswell`, `skylake-avx512`,
+    /// `znver4`, ...: code tuned for that CPU, needing its instructions).
+    #[arg(long, default_value = "native")]
+    cpu: String,
+    /// For a GPU target: f32 products on tensor cores as TF32 (operands
+    /// rounded to 10 mantissa bits; faster, less exact).
+    #[arg(long)]
+    tf32: bool,
+    /// Build the entry points' `weight` parameters into the artifact as
+    /// constants (they leave its signatures), from PATH: a directory of
+    /// NAME.npy (what `dlc train --save-weights` writes) or a
+    /// .safetensors file (tensors NAME or weight.NAME).
+    #[arg(long, value_name = "PATH")]
+    weights: Option<PathBuf>,
+}
+
+/// What `dlc run` was asked for.
+#[derive(clap::Args)]
+struct RunArgs {
+    /// The `.dl` file (`-` for standard input) or `.onnx` model.
+    file: String,
+    #[command(flatten)]
+    onnx: OnnxArgs,
+
+    /// Entry point to run; may be left out when there is only one.
+    #[arg(long)]
+    entry: Option<String>,
+    #[command(flatten)]
+    exec: ExecArgs,
+    /// Write the results as DIR/out0.npy, DIR/out1.npy, ... in return order.
+    #[arg(long, value_name = "DIR")]
+    save_outputs: Option<PathBuf>,
+    /// Write the inputs the run used as DIR/NAME.npy, one per parameter
+    /// (to reproduce a run made with --random-inputs).
+    #[arg(long, value_name = "DIR")]
+    save_inputs: Option<PathBuf>,
+    /// Bind the entry point's `weight` parameters from PATH: a directory
+    /// of NAME.npy (what `dlc train --save-weights` writes) or a
+    /// .safetensors file (tensors NAME or weight.NAME, as `dlc train`'s
+    /// checkpoint has them); --input still overrides one.
+    #[arg(long, value_name = "PATH")]
+    weights: Option<PathBuf>,
+    /// With `--backend gpu` or `gpu-emulator`: f32 products on tensor
+    /// cores as TF32 (operands rounded to 10 mantissa bits); `--check`
+    /// then compares f32 results at TF32's precision.
+    #[arg(long)]
+    tf32: bool,
+}
+
+/// What `dlc grad` was asked for.
+#[derive(clap::Args)]
+struct GradArgs {
+    /// The `.dl` file (`-` for standard input).
+    file: String,
+    /// Entry point to differentiate; may be left out when there is only one.
+    #[arg(long)]
+    entry: Option<String>,
+    /// Parameters to differentiate with respect to, comma separated
+    /// (default: the entry point's weights, or every float parameter
+    /// when it declares none).
+    #[arg(long, value_delimiter = ',', value_name = "NAMES")]
+    wrt: Vec<String>,
+    #[command(flatten)]
+    exec: ExecArgs,
+    /// Write the results as DIR/out0.npy (the value; out1.npy, ... for
+    /// further results of the entry point) and DIR/grad_NAME.npy, one
+    /// per differentiated parameter.
+    #[arg(long, value_name = "DIR")]
+    save_outputs: Option<PathBuf>,
 }
 
 /// Tile IR scheduled for this CPU: what the CPU back end compiles.
@@ -863,165 +875,9 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             );
             Ok(())
         }
-        Command::Compile {
-            file,
-            entry,
-            emit,
-            output,
-            passes,
-            stats,
-            prefix,
-            target,
-            cpu,
-            onnx,
-            tf32,
-            weights,
-        } => {
-            let artifact = emit.artifact();
-            if artifact.is_binary() && output == "-" && emit != Emit::Obj {
-                return Err(DriverError::Usage(format!(
-                    "--emit {} writes a binary file: give -o FILE",
-                    emit.to_possible_value()
-                        .map_or("?".into(), |v| v.get_name().to_string())
-                )));
-            }
-            let options = CompileOptions {
-                emit: artifact,
-                entries: entry.into_iter().collect(),
-                passes,
-                prefix,
-                target,
-                cpu,
-                header_name: (output != "-").then(|| dlc_driver::module_stem(&output)),
-                tf32,
-                weights,
-            };
-            let src = read_model(&file, &onnx.options()?)?;
-            let done = dlc_driver::compile(
-                &src,
-                &options,
-                dlc_driver::Backends {
-                    codegen: Some(&dlc_llvm::Llvm),
-                    mlir: Some(&dlc_mlir::Mlir),
-                },
-            )?;
-            if stats {
-                dlc_cli::print_stats(&done.reports);
-            }
-            if output == "-" {
-                dlc_cli::write_stdout_bytes(&done.bytes).map_err(|source| DriverError::Io {
-                    path: "<stdout>".into(),
-                    source,
-                })
-            } else {
-                std::fs::write(&output, &done.bytes).map_err(|source| DriverError::Io {
-                    path: output.clone(),
-                    source,
-                })
-            }
-        }
-        Command::Run {
-            file,
-            entry,
-            exec,
-            save_outputs: save,
-            save_inputs,
-            weights,
-            onnx,
-            tf32,
-        } => {
-            if tf32 && !matches!(exec.backend, Backend::Gpu | Backend::GpuEmulator) {
-                return Err(DriverError::Usage(
-                    "--tf32 is for --backend gpu and gpu-emulator".into(),
-                ));
-            }
-            // Where results go is checked before any work is done.
-            for dir in [&save, &save_inputs].into_iter().flatten() {
-                dlc_driver::ensure_writable_dir(dir)?;
-            }
-            let mut files = exec.input_files()?;
-            let onnx = onnx.options()?;
-            let src = if dlc_driver::is_onnx(&file) {
-                // Inputs may be named as the ONNX model names them.
-                let imported = dlc_driver::import_onnx(&file, &onnx)?;
-                for (name, _) in &mut files {
-                    if let Some((_, var)) = imported.inputs.iter().find(|(o, _)| o == name) {
-                        name.clone_from(var);
-                    }
-                }
-                dlc_driver::SourceText {
-                    name: file.clone(),
-                    text: imported.source,
-                }
-            } else {
-                read_model(&file, &onnx)?
-            };
-            let mut module = compile_source(&src)?;
-            exec.run_passes(&mut module)?;
-            let module = dlc_driver::only_entry(&module, entry.as_deref())?;
-            let f = select_entry(&module, None)?;
-            let bound = match &weights {
-                Some(path) => {
-                    let named: Vec<String> = files.iter().map(|(n, _)| n.clone()).collect();
-                    dlc_driver::read_weights(f, path, &named)?
-                }
-                None => Vec::new(),
-            };
-            let args = dlc_driver::prepare_inputs_with(f, &files, &bound, exec.random_inputs)?;
-            if let Some(dir) = &save_inputs {
-                for path in dlc_driver::save_inputs(dir, f, &args)? {
-                    dlc_cli::outln!("wrote {}", path.display());
-                }
-            }
-            let outputs = execute(&module, f, &args, &exec, tf32, None)?;
-            for (i, t) in outputs.iter().enumerate() {
-                dlc_cli::outln!("out{i}: {}", summary(t));
-            }
-            if let Some(dir) = save {
-                for path in save_outputs(&dir, &outputs)? {
-                    dlc_cli::outln!("wrote {}", path.display());
-                }
-            }
-            Ok(())
-        }
-        Command::Grad {
-            file,
-            entry,
-            wrt,
-            exec,
-            save_outputs: save,
-        } => {
-            if let Some(dir) = &save {
-                dlc_driver::ensure_writable_dir(dir)?;
-            }
-            let files = exec.input_files()?;
-            let src = read_model(&file, &dlc_onnx::Options::default())?;
-            let mut module = compile_source(&src)?;
-            let entry = select_entry(&module, entry.as_deref())?.name.clone();
-            let name = format!("{entry}_grad");
-            let positions =
-                dlc_graph::autodiff::add_grad_function(&mut module, &entry, &wrt, &name)?;
-            exec.run_passes(&mut module)?;
-            let module = dlc_driver::only_entry(&module, Some(&name))?;
-            let f = select_entry(&module, None)?;
-            let args = prepare_inputs(f, &files, exec.random_inputs)?;
-            let values = f.results.len() - positions.len();
-            let names: Vec<String> = (0..values)
-                .map(|i| format!("out{i}"))
-                .chain(positions.iter().map(|&p| format!("grad_{}", f.params[p].0)))
-                .collect();
-            let outputs = execute(&module, f, &args, &exec, false, Some((values, &names)))?;
-            for (n, t) in names.iter().zip(&outputs) {
-                dlc_cli::outln!("{n}: {}", summary(t));
-            }
-            if let Some(dir) = save {
-                let named: Vec<(String, &HostTensor)> = names.into_iter().zip(&outputs).collect();
-                for path in dlc_driver::save_named_outputs(&dir, &named)? {
-                    dlc_cli::outln!("wrote {}", path.display());
-                }
-            }
-            Ok(())
-        }
+        Command::Compile(args) => compile_command(args),
+        Command::Run(args) => run_command(args),
+        Command::Grad(args) => grad_command(args),
         Command::Train { args } => train::train(&args),
         Command::Bench {
             file,
@@ -1077,6 +933,173 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             calibrate(&output, runs)
         }
     }
+}
+
+/// `dlc compile`.
+fn compile_command(args: CompileArgs) -> Result<(), DriverError> {
+    let CompileArgs {
+        file,
+        entry,
+        emit,
+        output,
+        passes,
+        stats,
+        prefix,
+        target,
+        cpu,
+        onnx,
+        tf32,
+        weights,
+    } = args;
+    let artifact = emit.artifact();
+    if artifact.is_binary() && output == "-" && emit != Emit::Obj {
+        return Err(DriverError::Usage(format!(
+            "--emit {} writes a binary file: give -o FILE",
+            emit.to_possible_value()
+                .map_or("?".into(), |v| v.get_name().to_string())
+        )));
+    }
+    let options = CompileOptions {
+        emit: artifact,
+        entries: entry.into_iter().collect(),
+        passes,
+        prefix,
+        target,
+        cpu,
+        header_name: (output != "-").then(|| dlc_driver::module_stem(&output)),
+        tf32,
+        weights,
+    };
+    let src = read_model(&file, &onnx.options()?)?;
+    let done = dlc_driver::compile(
+        &src,
+        &options,
+        dlc_driver::Backends {
+            codegen: Some(&dlc_llvm::Llvm),
+            mlir: Some(&dlc_mlir::Mlir),
+        },
+    )?;
+    if stats {
+        dlc_cli::print_stats(&done.reports);
+    }
+    if output == "-" {
+        dlc_cli::write_stdout_bytes(&done.bytes).map_err(|source| DriverError::Io {
+            path: "<stdout>".into(),
+            source,
+        })
+    } else {
+        std::fs::write(&output, &done.bytes).map_err(|source| DriverError::Io {
+            path: output.clone(),
+            source,
+        })
+    }
+}
+
+/// `dlc run`.
+fn run_command(args: RunArgs) -> Result<(), DriverError> {
+    let RunArgs {
+        file,
+        entry,
+        exec,
+        save_outputs: save,
+        save_inputs,
+        weights,
+        onnx,
+        tf32,
+    } = args;
+    if tf32 && !matches!(exec.backend, Backend::Gpu | Backend::GpuEmulator) {
+        return Err(DriverError::Usage(
+            "--tf32 is for --backend gpu and gpu-emulator".into(),
+        ));
+    }
+    // Where results go is checked before any work is done.
+    for dir in [&save, &save_inputs].into_iter().flatten() {
+        dlc_driver::ensure_writable_dir(dir)?;
+    }
+    let mut files = exec.input_files()?;
+    let onnx = onnx.options()?;
+    let src = if dlc_driver::is_onnx(&file) {
+        // Inputs may be named as the ONNX model names them.
+        let imported = dlc_driver::import_onnx(&file, &onnx)?;
+        for (name, _) in &mut files {
+            if let Some((_, var)) = imported.inputs.iter().find(|(o, _)| o == name) {
+                name.clone_from(var);
+            }
+        }
+        dlc_driver::SourceText {
+            name: file.clone(),
+            text: imported.source,
+        }
+    } else {
+        read_model(&file, &onnx)?
+    };
+    let mut module = compile_source(&src)?;
+    exec.run_passes(&mut module)?;
+    let module = dlc_driver::only_entry(&module, entry.as_deref())?;
+    let f = select_entry(&module, None)?;
+    let bound = match &weights {
+        Some(path) => {
+            let named: Vec<String> = files.iter().map(|(n, _)| n.clone()).collect();
+            dlc_driver::read_weights(f, path, &named)?
+        }
+        None => Vec::new(),
+    };
+    let args = dlc_driver::prepare_inputs_with(f, &files, &bound, exec.random_inputs)?;
+    if let Some(dir) = &save_inputs {
+        for path in dlc_driver::save_inputs(dir, f, &args)? {
+            dlc_cli::outln!("wrote {}", path.display());
+        }
+    }
+    let outputs = execute(&module, f, &args, &exec, tf32, None)?;
+    for (i, t) in outputs.iter().enumerate() {
+        dlc_cli::outln!("out{i}: {}", summary(t));
+    }
+    if let Some(dir) = save {
+        for path in save_outputs(&dir, &outputs)? {
+            dlc_cli::outln!("wrote {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+/// `dlc grad`.
+fn grad_command(args: GradArgs) -> Result<(), DriverError> {
+    let GradArgs {
+        file,
+        entry,
+        wrt,
+        exec,
+        save_outputs: save,
+    } = args;
+    if let Some(dir) = &save {
+        dlc_driver::ensure_writable_dir(dir)?;
+    }
+    let files = exec.input_files()?;
+    let src = read_model(&file, &dlc_onnx::Options::default())?;
+    let mut module = compile_source(&src)?;
+    let entry = select_entry(&module, entry.as_deref())?.name.clone();
+    let name = format!("{entry}_grad");
+    let positions = dlc_graph::autodiff::add_grad_function(&mut module, &entry, &wrt, &name)?;
+    exec.run_passes(&mut module)?;
+    let module = dlc_driver::only_entry(&module, Some(&name))?;
+    let f = select_entry(&module, None)?;
+    let args = prepare_inputs(f, &files, exec.random_inputs)?;
+    let values = f.results.len() - positions.len();
+    let names: Vec<String> = (0..values)
+        .map(|i| format!("out{i}"))
+        .chain(positions.iter().map(|&p| format!("grad_{}", f.params[p].0)))
+        .collect();
+    let outputs = execute(&module, f, &args, &exec, false, Some((values, &names)))?;
+    for (n, t) in names.iter().zip(&outputs) {
+        dlc_cli::outln!("{n}: {}", summary(t));
+    }
+    if let Some(dir) = save {
+        let named: Vec<(String, &HostTensor)> = names.into_iter().zip(&outputs).collect();
+        for path in dlc_driver::save_named_outputs(&dir, &named)? {
+            dlc_cli::outln!("wrote {}", path.display());
+        }
+    }
+    Ok(())
 }
 
 /// `--input NAME=PATH` arguments, split.
