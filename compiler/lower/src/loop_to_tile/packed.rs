@@ -210,6 +210,26 @@ pub(super) struct Epilogue {
     pub(super) nr: usize,
 }
 
+/// Where a program of a packed product reads its operands at a step of
+/// the depth: the strips (their buffer, none when read in place, and where
+/// the program's are in it), the strip it is at, the panels (their
+/// buffer when the program copies them, and its group of panels), the
+/// right operand's batch, the slice of the depth, the program's first
+/// panel and the panel it is at, its first row.
+struct StepSources<'x> {
+    strip_buf: Option<Value>,
+    strips_at: &'x [Affine],
+    strip: Value,
+    panels: Panels,
+    panel_buf: Option<Value>,
+    group_at: Option<Value>,
+    bat: &'x [Affine],
+    kb: Value,
+    nb0: &'x Affine,
+    nb: &'x Affine,
+    i0: &'x Affine,
+}
+
 /// Where a packed product's programs read strips of the left operand.
 #[derive(Clone, Debug)]
 pub(super) enum Strips {
@@ -706,7 +726,6 @@ impl<'a> Conv<'a> {
         i0: &Affine,
         chunk: &Affine,
     ) -> Result<Epilogue, TileConvError> {
-        let (op, c) = self.contraction(m)?;
         // The program's first panel.
         let nb0 = &chunk.scaled(plan.per_chunk as i64);
         // An im2col right operand read from the convolution's input, in
@@ -724,12 +743,9 @@ impl<'a> Conv<'a> {
             kb_n,
             strips,
             per_chunk,
-            ragged,
             unroll,
             ..
         } = *plan;
-        let body: &'a LBlock = &op.regions[0];
-        let (iv, jv, kv) = (body.args[0], body.args[1], body.args[2]);
         let f32t = |shape: Vec<usize>| Type::Tile(TileType::new(DType::F32, shape));
         // The program's strips of the left operand, unless a kernel packed
         // them all before or they are read in place.
@@ -822,8 +838,20 @@ impl<'a> Conv<'a> {
         } else {
             zero
         };
+        let at_step = StepSources {
+            strip_buf,
+            strips_at: &strips_at,
+            strip: s,
+            panels,
+            panel_buf,
+            group_at,
+            bat,
+            kb,
+            nb0,
+            nb: &nb,
+            i0,
+        };
         let step = plan.depth_step();
-        let packed_t = |shape: Vec<usize>| Type::Tile(TileType::new(plan.packed_dtype(), shape));
         let (k, acc) = self
             .b
             .begin_for(0, (kc / step) as i64, unroll as i64, &[c0]);
@@ -833,85 +861,8 @@ impl<'a> Conv<'a> {
             // This step of the depth (its first row, within the slice).
             let kr = ku.scaled(step as i64);
             let k0 = Affine::value(kb).scaled(kc as i64).plus_scaled(1, &kr);
-            let ak = match strip_buf {
-                Some(strip_buf) if plan.pairs => {
-                    let mut at = strips_at.clone();
-                    at.extend([
-                        Affine::value(s),
-                        Affine::axis(0),
-                        kr.plus_scaled(1, &Affine::axis(1)),
-                    ]);
-                    self.b
-                        .load(strip_buf, at, None, None, packed_t(vec![mr, 2]))
-                }
-                Some(strip_buf) => {
-                    let mut at = strips_at.clone();
-                    at.extend([
-                        Affine::value(s),
-                        ku.plus_scaled(1, &Affine::axis(1)),
-                        Affine::axis(0),
-                    ]);
-                    self.b.load(strip_buf, at, None, None, f32t(vec![mr, 1]))
-                }
-                None if plan.pairs => {
-                    return Err(self.invalid("bf16 pairs read from their own strips"));
-                }
-                None => {
-                    // Rows `mr * s..` of the block, this step of the depth.
-                    let row0 = i0.plus_scaled(mr as i64, &Affine::value(s));
-                    let index = self.index_at(
-                        &c.a,
-                        [
-                            (iv, row0.plus_scaled(1, &Affine::axis(0))),
-                            (kv, k0.plus_scaled(1, &Affine::axis(1))),
-                        ],
-                    )?;
-                    let (a, index) = self.place(op.operands[0], index)?;
-                    self.b.load(a, index, None, None, f32t(vec![mr, 1]))
-                }
-            };
-            let bk = match (panels, panel_buf) {
-                (_, Some(panel_buf)) => {
-                    let mut at: Vec<Affine> = group_at.map(Affine::value).into_iter().collect();
-                    at.extend(plan.panel_at(&ku, [0, 1]));
-                    self.b
-                        .load(panel_buf, at, None, None, packed_t(vec![step, nr]))
-                }
-                (Panels::Global(panels), None) => {
-                    let mut panel = bat.to_vec();
-                    panel.extend([Affine::value(kb), nb0.plus_scaled(1, &nb)]);
-                    panel.extend(plan.panel_at(&ku, [0, 1]));
-                    self.b
-                        .load(panels, panel, None, None, packed_t(vec![step, nr]))
-                }
-                (_, None) if plan.pairs => {
-                    return Err(self.invalid("bf16 pairs read from their own panels"));
-                }
-                (_, None) => {
-                    // Row `k` of the slice, this panel's columns, straight from
-                    // the operand (zeros past its edges, as in a panel).
-                    let j0 = nb0.plus_scaled(1, &nb).scaled(nr as i64);
-                    let index = self.index_at(
-                        &c.b,
-                        [
-                            (kv, k0.plus_scaled(1, &Affine::axis(0))),
-                            (jv, j0.plus_scaled(1, &Affine::axis(1))),
-                        ],
-                    )?;
-                    let mask = ragged.then(|| {
-                        self.b.mask(
-                            vec![
-                                Affine::constant(c.k).plus_scaled(-1, &k0),
-                                Affine::constant(c.n).plus_scaled(-1, &j0),
-                            ],
-                            &[1, nr],
-                        )
-                    });
-                    let b = self.buffer(op.operands[1])?;
-                    self.b
-                        .load(b, index, mask, mask.map(|_| 0.0), f32t(vec![1, nr]))
-                }
-            };
+            let ak = self.left_step(m, plan, &at_step, &ku, &kr, &k0)?;
+            let bk = self.right_step(m, plan, &at_step, &ku, &k0)?;
             next = self.b.dot(ak, bk, next);
         }
         let sum = self.b.end_for(vec![next])[0];
@@ -930,6 +881,124 @@ impl<'a> Conv<'a> {
             rows: mc,
             panels: per_chunk,
             nr,
+        })
+    }
+
+    /// The left operand's `mr x 1` column (or `mr x 2` pairs) at step
+    /// `ku` of the depth (`kr` its first row within the slice, `k0` within
+    /// the whole depth) of the strip the program is at.
+    fn left_step(
+        &mut self,
+        m: LOpId,
+        plan: &PackPlan,
+        o: &StepSources<'_>,
+        ku: &Affine,
+        kr: &Affine,
+        k0: &Affine,
+    ) -> Result<Value, TileConvError> {
+        let (op, c) = self.contraction(m)?;
+        let body: &'a LBlock = &op.regions[0];
+        let (iv, kv) = (body.args[0], body.args[2]);
+        let mr = plan.mr;
+        let f32t = |shape: Vec<usize>| Type::Tile(TileType::new(DType::F32, shape));
+        let packed_t = |shape: Vec<usize>| Type::Tile(TileType::new(plan.packed_dtype(), shape));
+        Ok(match o.strip_buf {
+            Some(strip_buf) if plan.pairs => {
+                let mut at = o.strips_at.to_vec();
+                at.extend([
+                    Affine::value(o.strip),
+                    Affine::axis(0),
+                    kr.plus_scaled(1, &Affine::axis(1)),
+                ]);
+                self.b
+                    .load(strip_buf, at, None, None, packed_t(vec![mr, 2]))
+            }
+            Some(strip_buf) => {
+                let mut at = o.strips_at.to_vec();
+                at.extend([
+                    Affine::value(o.strip),
+                    ku.plus_scaled(1, &Affine::axis(1)),
+                    Affine::axis(0),
+                ]);
+                self.b.load(strip_buf, at, None, None, f32t(vec![mr, 1]))
+            }
+            None if plan.pairs => {
+                return Err(self.invalid("bf16 pairs read from their own strips"));
+            }
+            None => {
+                // Rows `mr * s..` of the block, this step of the depth.
+                let row0 = o.i0.plus_scaled(mr as i64, &Affine::value(o.strip));
+                let index = self.index_at(
+                    &c.a,
+                    [
+                        (iv, row0.plus_scaled(1, &Affine::axis(0))),
+                        (kv, k0.plus_scaled(1, &Affine::axis(1))),
+                    ],
+                )?;
+                let (a, index) = self.place(op.operands[0], index)?;
+                self.b.load(a, index, None, None, f32t(vec![mr, 1]))
+            }
+        })
+    }
+
+    /// The right operand's `step x nr` rows (`1 x nr` from the operand
+    /// itself) at step `ku` of the depth (`k0` its first row within the
+    /// whole depth) of the panel the program is at.
+    fn right_step(
+        &mut self,
+        m: LOpId,
+        plan: &PackPlan,
+        o: &StepSources<'_>,
+        ku: &Affine,
+        k0: &Affine,
+    ) -> Result<Value, TileConvError> {
+        let (op, c) = self.contraction(m)?;
+        let body: &'a LBlock = &op.regions[0];
+        let (jv, kv) = (body.args[1], body.args[2]);
+        let (nr, step, ragged) = (plan.nr, plan.depth_step(), plan.ragged);
+        let f32t = |shape: Vec<usize>| Type::Tile(TileType::new(DType::F32, shape));
+        let packed_t = |shape: Vec<usize>| Type::Tile(TileType::new(plan.packed_dtype(), shape));
+        Ok(match (o.panels, o.panel_buf) {
+            (_, Some(panel_buf)) => {
+                let mut at: Vec<Affine> = o.group_at.map(Affine::value).into_iter().collect();
+                at.extend(plan.panel_at(ku, [0, 1]));
+                self.b
+                    .load(panel_buf, at, None, None, packed_t(vec![step, nr]))
+            }
+            (Panels::Global(panels), None) => {
+                let mut panel = o.bat.to_vec();
+                panel.extend([Affine::value(o.kb), o.nb0.plus_scaled(1, o.nb)]);
+                panel.extend(plan.panel_at(ku, [0, 1]));
+                self.b
+                    .load(panels, panel, None, None, packed_t(vec![step, nr]))
+            }
+            (_, None) if plan.pairs => {
+                return Err(self.invalid("bf16 pairs read from their own panels"));
+            }
+            (_, None) => {
+                // Row `k` of the slice, this panel's columns, straight from
+                // the operand (zeros past its edges, as in a panel).
+                let j0 = o.nb0.plus_scaled(1, o.nb).scaled(nr as i64);
+                let index = self.index_at(
+                    &c.b,
+                    [
+                        (kv, k0.plus_scaled(1, &Affine::axis(0))),
+                        (jv, j0.plus_scaled(1, &Affine::axis(1))),
+                    ],
+                )?;
+                let mask = ragged.then(|| {
+                    self.b.mask(
+                        vec![
+                            Affine::constant(c.k).plus_scaled(-1, k0),
+                            Affine::constant(c.n).plus_scaled(-1, &j0),
+                        ],
+                        &[1, nr],
+                    )
+                });
+                let b = self.buffer(op.operands[1])?;
+                self.b
+                    .load(b, index, mask, mask.map(|_| 0.0), f32t(vec![1, nr]))
+            }
         })
     }
 
