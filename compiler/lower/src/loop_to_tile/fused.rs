@@ -263,6 +263,37 @@ impl<'a> Conv<'a> {
         {
             return None;
         }
+        let mut allowed: HashSet<LOpId> = row_ops;
+        allowed.extend(stores1);
+        let elided = self.row_fusion_storage(top, k, [s, p], [m1, m2], allowed)?;
+        Some((
+            RowFusion {
+                batches: [b1, b2, b3],
+                products: [m1, m2],
+                rows,
+                held: [s, p],
+                elided,
+            },
+            k,
+        ))
+    }
+
+    /// The storage a row fusion holds per program (`held`: S and P, read
+    /// and written by `allowed` ops only, the nests' ops; products `m1` and
+    /// `m2`, the second at `top[k]`) may be: the function's own, touched by
+    /// nothing else but views after the fused nests, and the second
+    /// product writes nothing a program reads. Returns the held buffers
+    /// nothing else takes, which are not allocated at all.
+    fn row_fusion_storage(
+        &self,
+        top: &[LOpId],
+        k: usize,
+        held: [LValue; 2],
+        products: [LOpId; 2],
+        allowed: HashSet<LOpId>,
+    ) -> Option<Vec<LValue>> {
+        let ([s, p], [m1, m2]) = (held, products);
+        let m2op = self.op(m2);
         // S and P are the function's own storage (a result or a parameter
         // must be written where the caller sees it).
         let allocated = |v: LValue| {
@@ -275,8 +306,6 @@ impl<'a> Conv<'a> {
         }
         // Nothing else uses S or P but views made after the fused nests
         // (their storage reused for later values).
-        let mut allowed: HashSet<LOpId> = row_ops;
-        allowed.extend(stores1);
         let later: HashSet<LOpId> = top[k + 1..].iter().copied().collect();
         let m2_id = m2;
         let mut viewed = vec![];
@@ -297,7 +326,7 @@ impl<'a> Conv<'a> {
             }
         }
         // Storage nothing else takes is not allocated at all.
-        let elided = [s, p]
+        let elided: Vec<LValue> = [s, p]
             .into_iter()
             .filter(|&v| self.root_buffer(v) == v && !viewed.contains(&v))
             .collect();
@@ -321,19 +350,7 @@ impl<'a> Conv<'a> {
             let d = self.op(o);
             matches!(d.kind, L::Store { .. }) && read.contains(&self.root_buffer(d.operands[1]))
         });
-        if writes_read {
-            return None;
-        }
-        Some((
-            RowFusion {
-                batches: [b1, b2, b3],
-                products: [m1, m2],
-                rows,
-                held: [s, p],
-                elided,
-            },
-            k,
-        ))
+        (!writes_read).then_some(elided)
     }
 
     /// The im2col nest at `top[i]` of a group through `window`, whose

@@ -41,7 +41,7 @@ use dlc_core::DType;
 use dlc_loop::{IndexExpr, OpId as LOpId, OpKind as L, Type as LType, Value as LValue};
 use dlc_tile::{Affine, BufferType, Schedule, Space};
 
-use super::{Conv, Panels, Redirect, TileConvError, is_counter, is_parallel, loop_bounds};
+use super::{Conv, Packing, Panels, Redirect, TileConvError, is_counter, is_parallel, loop_bounds};
 
 /// A Winograd convolution's three nests, fused (see the module).
 #[derive(Clone, Debug)]
@@ -280,28 +280,7 @@ impl<'a> Conv<'a> {
                 return None;
             }
         }
-        // Whole rows of tiles per program, as many as keep a program's rows
-        // of V and M within half the L2 and its rows within the blocking's,
-        // and enough programs for the threads where the rows allow (a
-        // kernel of fewer programs than `units` runs on one thread).
-        let [mr, _, mc, _] = packing.blocking;
-        let width = |b: LValue| match self.src.ty(b) {
-            LType::Buffer(t) => t.shape[2],
-            _ => 0,
-        };
-        let bytes = |rows: usize| {
-            4 * points * (rows * tiles[2]).next_multiple_of(mr) * (width(v) + width(mm))
-        };
-        let programs = |r: usize| tiles[0] * tiles[1] / r;
-        let rows = (1..=tiles[1])
-            .rev()
-            .find(|r| {
-                tiles[1].is_multiple_of(*r)
-                    && r * tiles[2] <= mc
-                    && bytes(*r) <= packing.l2_bytes / 2
-                    && (programs(*r) >= packing.units || *r == 1)
-            })
-            .unwrap_or(1);
+        let rows = self.winograd_rows(&packing, tiles, points, [v, mm]);
         Some((
             WinogradFusion {
                 input: [input[0], input[1]],
@@ -314,6 +293,40 @@ impl<'a> Conv<'a> {
             },
             k2,
         ))
+    }
+
+    /// How many whole rows of tiles (of `tiles`: images, rows, columns) a
+    /// program of a Winograd fusion takes: as many as keep its rows of the
+    /// `held` buffers V and M (over `points` points) within half the L2 and
+    /// its rows within the blocking's, and enough programs for the threads
+    /// where the rows allow (a kernel of fewer programs than `units` runs
+    /// on one thread).
+    fn winograd_rows(
+        &self,
+        packing: &Packing,
+        tiles: [usize; 3],
+        points: usize,
+        held: [LValue; 2],
+    ) -> usize {
+        let [v, mm] = held;
+        let [mr, _, mc, _] = packing.blocking;
+        let width = |b: LValue| match self.src.ty(b) {
+            LType::Buffer(t) => t.shape[2],
+            _ => 0,
+        };
+        let bytes = |rows: usize| {
+            4 * points * (rows * tiles[2]).next_multiple_of(mr) * (width(v) + width(mm))
+        };
+        let programs = |r: usize| tiles[0] * tiles[1] / r;
+        (1..=tiles[1])
+            .rev()
+            .find(|r| {
+                tiles[1].is_multiple_of(*r)
+                    && r * tiles[2] <= mc
+                    && bytes(*r) <= packing.l2_bytes / 2
+                    && (programs(*r) >= packing.units || *r == 1)
+            })
+            .unwrap_or(1)
     }
 
     /// The kernel of a [`WinogradFusion`]: a grid over the images and
