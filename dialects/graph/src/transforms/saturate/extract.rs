@@ -173,6 +173,85 @@ struct Candidate {
     cost: f64,
 }
 
+/// The candidates for the classes `classes` (of tensors), without
+/// dominated nodes: a node that costs at least as much as another of its
+/// class whose operand classes are a subset of its own can be swapped for
+/// that one in any solution (commuted operands are the common case), so it
+/// never needs a variable. The starting choice is always kept, for the
+/// warm start.
+fn candidates(
+    model: &CostModel,
+    target: &TargetDesc,
+    eg: &TEGraph,
+    classes: &[Id],
+    start: &Choice,
+) -> Vec<Candidate> {
+    let known: BTreeSet<Id> = classes.iter().copied().collect();
+    let mut cands: Vec<Candidate> = Vec::new();
+    for &c in classes {
+        let mut here: Vec<Candidate> = Vec::new();
+        for node in &eg[c].nodes {
+            let cost = node_cost(model, target, eg, node);
+            let kids = tensor_children(eg, node);
+            if cost.is_finite() && !kids.contains(&c) && kids.iter().all(|k| known.contains(k)) {
+                here.push(Candidate {
+                    class: c,
+                    node: node.clone(),
+                    kids,
+                    cost,
+                });
+            }
+        }
+        here.sort_by(|a, b| a.cost.total_cmp(&b.cost));
+        let mut kept: Vec<Candidate> = Vec::new();
+        for cand in here {
+            let set: BTreeSet<Id> = cand.kids.iter().copied().collect();
+            let dominated = kept
+                .iter()
+                .any(|k| k.cost <= cand.cost && k.kids.iter().all(|kid| set.contains(kid)));
+            if !dominated || start.get(&c) == Some(&cand.node) {
+                kept.push(cand);
+            }
+        }
+        cands.extend(kept);
+    }
+    cands
+}
+
+/// The candidates of each class, by their index.
+fn by_class(cands: &[Candidate]) -> HashMap<Id, Vec<usize>> {
+    let mut by_class: HashMap<Id, Vec<usize>> = HashMap::new();
+    for (i, k) in cands.iter().enumerate() {
+        by_class.entry(k.class).or_default().push(i);
+    }
+    by_class
+}
+
+/// The classes used in every solution: the roots, and the classes they
+/// reach through classes of one candidate each (if such a class has one
+/// candidate itself, that node is chosen: neither needs a variable; W7's
+/// inlined steps, where a few classes have a choice among hundreds: a
+/// program over all of them took microlp 35-60 ms to solve).
+fn forced(
+    eg: &TEGraph,
+    roots: &[Id],
+    cands: &[Candidate],
+    by_class: &HashMap<Id, Vec<usize>>,
+) -> BTreeSet<Id> {
+    let mut forced: BTreeSet<Id> = roots.iter().map(|&r| eg.find(r)).collect();
+    let mut queue: Vec<Id> = forced.iter().copied().collect();
+    while let Some(c) = queue.pop() {
+        if let Some([only]) = by_class.get(&c).map(Vec::as_slice) {
+            for &kid in &cands[*only].kids {
+                if forced.insert(kid) {
+                    queue.push(kid);
+                }
+            }
+        }
+    }
+    forced
+}
+
 /// Exact extraction by integer programming, starting from `start` (a
 /// complete, acyclic choice, normally the greedy one).
 ///
@@ -202,60 +281,9 @@ pub fn ilp(
         .iter()
         .filter_map(|&c| Some((c, eg[c].nodes.iter().find(|n| n.is_leaf())?.clone())))
         .collect();
-    let known: BTreeSet<Id> = classes.iter().copied().collect();
-    // Candidates, without dominated nodes: a node that costs at least as
-    // much as another of its class whose operand classes are a subset of
-    // its own can be swapped for that one in any solution (commuted
-    // operands are the common case), so it never needs a variable. The
-    // starting choice is always kept, for the warm start.
-    let mut cands: Vec<Candidate> = Vec::new();
-    for &c in &classes {
-        let mut here: Vec<Candidate> = Vec::new();
-        for node in &eg[c].nodes {
-            let cost = node_cost(model, target, eg, node);
-            let kids = tensor_children(eg, node);
-            if cost.is_finite() && !kids.contains(&c) && kids.iter().all(|k| known.contains(k)) {
-                here.push(Candidate {
-                    class: c,
-                    node: node.clone(),
-                    kids,
-                    cost,
-                });
-            }
-        }
-        here.sort_by(|a, b| a.cost.total_cmp(&b.cost));
-        let mut kept: Vec<Candidate> = Vec::new();
-        for cand in here {
-            let set: BTreeSet<Id> = cand.kids.iter().copied().collect();
-            let dominated = kept
-                .iter()
-                .any(|k| k.cost <= cand.cost && k.kids.iter().all(|kid| set.contains(kid)));
-            if !dominated || start.get(&c) == Some(&cand.node) {
-                kept.push(cand);
-            }
-        }
-        cands.extend(kept);
-    }
-    // Presolve: a class the roots reach through classes of one candidate
-    // each is used in every solution, and if it has one candidate itself,
-    // that node is chosen: neither needs a variable (W7's inlined steps,
-    // where a few classes have a choice among hundreds: a program over all
-    // of them took microlp 35-60 ms to solve).
-    let mut by_class: HashMap<Id, Vec<usize>> = HashMap::new();
-    for (i, k) in cands.iter().enumerate() {
-        by_class.entry(k.class).or_default().push(i);
-    }
-    let mut forced: BTreeSet<Id> = roots.iter().map(|&r| eg.find(r)).collect();
-    let mut queue: Vec<Id> = forced.iter().copied().collect();
-    while let Some(c) = queue.pop() {
-        if let Some([only]) = by_class.get(&c).map(Vec::as_slice) {
-            for &kid in &cands[*only].kids {
-                if forced.insert(kid) {
-                    queue.push(kid);
-                }
-            }
-        }
-    }
+    let cands = candidates(model, target, eg, &classes, start);
+    let by_class = by_class(&cands);
+    let forced = forced(eg, roots, &cands, &by_class);
     let single = |c: Id| by_class.get(&c).is_some_and(|v| v.len() == 1);
     let (fixed, free): (Vec<usize>, Vec<usize>) =
         (0..cands.len()).partition(|&i| forced.contains(&cands[i].class) && single(cands[i].class));
