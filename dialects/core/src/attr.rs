@@ -1,10 +1,9 @@
-//! Attributes of ops in the generic text form the tile and loop dialects
-//! share (`%r = dialect.name operands {key = value, ..} : types`): the
-//! values as written, in the text form and in MLIR's, and a reader that
-//! rebuilds an op's fields from them and refuses attributes the op does
-//! not take.
+//! Attributes of ops in the text forms of every dialect
+//! (`%r = dialect.name operands {key = value, ..} : types`): the values as
+//! written, in the text form and in MLIR's, and a reader that rebuilds an
+//! op's fields from them and refuses attributes the op does not take.
 
-use crate::format_float;
+use crate::{DType, format_float};
 
 /// A generic attribute value as the text form writes it.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,6 +21,12 @@ pub enum Attr {
     Word(String),
     /// `"dot"`
     Str(String),
+    /// `true` (the graph dialect's flags; the loop and tile dialects read
+    /// `true` as the number 1)
+    Bool(bool),
+    /// `f32` (the graph dialect's element types; the loop and tile
+    /// dialects read a name as a word)
+    Type(DType),
 }
 
 impl Attr {
@@ -48,6 +53,8 @@ impl Attr {
             }
             Attr::Word(w) => w.clone(),
             Attr::Str(s) => format!("{s:?}"),
+            Attr::Bool(b) => b.to_string(),
+            Attr::Type(t) => t.to_string(),
         }
     }
 
@@ -56,6 +63,9 @@ impl Attr {
         match self {
             Attr::Int(i) => format!("{i} : i64"),
             Attr::Float(v) => mlir_float(*v),
+            // MLIR spells an empty array without the colon.
+            Attr::Ints(v) if v.is_empty() => "array<i64>".into(),
+            Attr::Floats(v) if v.is_empty() => "array<f64>".into(),
             Attr::Ints(v) => {
                 let items: Vec<String> = v.iter().map(|i| i.to_string()).collect();
                 format!("array<i64: {}>", items.join(", "))
@@ -74,6 +84,8 @@ impl Attr {
                 format!("array<f64: {}>", items.join(", "))
             }
             Attr::Word(w) | Attr::Str(w) => format!("{w:?}"),
+            Attr::Bool(b) => b.to_string(),
+            Attr::Type(t) => t.mlir_name().to_string(),
         }
     }
 }
@@ -213,11 +225,63 @@ impl<'a> AttrReader<'a> {
         }
     }
 
+    /// A flag, `true` or `false`.
+    pub fn bool(&mut self, key: &str) -> Result<bool, String> {
+        let op = self.op;
+        match self.get(key)? {
+            Attr::Bool(b) => Ok(*b),
+            _ => Err(format!("`{op}`: `{key}` must be `true` or `false`")),
+        }
+    }
+
+    /// An element type.
+    pub fn dtype(&mut self, key: &str) -> Result<DType, String> {
+        let op = self.op;
+        match self.get(key)? {
+            Attr::Type(t) => Ok(*t),
+            _ => Err(format!("`{op}`: `{key}` must be an element type")),
+        }
+    }
+
+    /// A list of two non-negative integers.
+    pub fn pair(&mut self, key: &str) -> Result<[usize; 2], String> {
+        let op = self.op;
+        let v = self.usizes(key)?;
+        <[usize; 2]>::try_from(v.as_slice())
+            .map_err(|_| format!("`{op}`: `{key}` must list two integers"))
+    }
+
     /// Fails on the first attribute nothing read.
     pub fn finish(self) -> Result<(), String> {
         match self.attrs.iter().zip(&self.used).find(|(_, u)| !**u) {
             Some(((k, _), _)) => Err(format!("`{}` has no attribute `{k}`", self.op)),
             None => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Attr;
+    use crate::DType;
+
+    /// MLIR reads `array<i64>` as an empty array and refuses `array<i64: >`
+    /// (a reshape to a scalar has an empty shape).
+    #[test]
+    fn empty_lists_are_arrays_without_a_colon_in_mlir() {
+        assert_eq!(Attr::Ints(vec![]).mlir(), "array<i64>");
+        assert_eq!(Attr::Floats(Vec::new().into()).mlir(), "array<f64>");
+        assert_eq!(Attr::Ints(vec![1, 0]).mlir(), "array<i64: 1, 0>");
+        assert_eq!(Attr::Ints(vec![]).text(), "[]");
+    }
+
+    /// The graph dialect's flags and element types print as its text form
+    /// and MLIR's write them.
+    #[test]
+    fn flags_and_element_types_print_as_written() {
+        assert_eq!(Attr::Bool(false).text(), "false");
+        assert_eq!(Attr::Bool(true).mlir(), "true");
+        assert_eq!(Attr::Type(DType::BF16).text(), "bf16");
+        assert_eq!(Attr::Type(DType::BF16).mlir(), DType::BF16.mlir_name());
     }
 }

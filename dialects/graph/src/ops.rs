@@ -3,6 +3,7 @@
 //! them; the text printer, the text parser and the MLIR printer all derive
 //! from [`Op::name`], [`Op::attrs`] and [`Op::from_parts`].
 
+use dlc_core::attr::{Attr, AttrReader};
 pub use dlc_core::scalar::{BinaryOp, CmpOp, ReduceKind, UnaryOp};
 use dlc_core::{DType, TensorType};
 
@@ -142,42 +143,8 @@ pub enum Op {
     },
 }
 
-/// A generic attribute value, as the text forms write it.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Attr {
-    /// `3`
-    Int(i64),
-    /// `1.0e-5`
-    Float(f64),
-    /// `true`
-    Bool(bool),
-    /// `f32`
-    Type(DType),
-    /// `[0, 2, 1]` or `[1.0, 2.5]`; integers are kept exact.
-    List(Vec<Number>),
-}
-
-/// A number inside a list attribute.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Number {
-    /// Written without `.` or exponent.
-    Int(i64),
-    /// Written with `.`, an exponent, `inf` or `nan`.
-    Float(f64),
-}
-
-impl Number {
-    /// The value as a float.
-    pub fn as_f64(self) -> f64 {
-        match self {
-            Number::Int(i) => i as f64,
-            Number::Float(f) => f,
-        }
-    }
-}
-
 fn ints(v: &[usize]) -> Attr {
-    Attr::List(v.iter().map(|&x| Number::Int(x as i64)).collect())
+    Attr::Ints(v.iter().map(|&x| x as i64).collect())
 }
 
 fn pair(v: [usize; 2]) -> Attr {
@@ -228,10 +195,7 @@ impl Op {
             Op::Param { index } => vec![("index", Attr::Int(i64::from(*index)))],
             Op::Constant(ConstValue::Splat(v)) => vec![("value", Attr::Float(*v))],
             Op::Constant(ConstValue::Dense(vs)) => {
-                vec![(
-                    "value",
-                    Attr::List(vs.iter().map(|&v| Number::Float(v)).collect()),
-                )]
+                vec![("value", Attr::Floats(vs.iter().copied().collect()))]
             }
             Op::Cast { to } => vec![("to", Attr::Type(*to))],
             Op::Reduce { axes, keepdims, .. } => {
@@ -284,11 +248,7 @@ impl Op {
         let suffix = name
             .strip_prefix("graph.")
             .ok_or_else(|| format!("`{name}` is not a graph dialect op"))?;
-        let mut a = AttrReader {
-            op: name,
-            attrs,
-            used: vec![false; attrs.len()],
-        };
+        let mut a = AttrReader::new(name, attrs);
         let op = if let Some(u) = UnaryOp::from_name(suffix) {
             Op::Unary(u)
         } else if let Some(b) = BinaryOp::ALL.into_iter().find(|b| b.name() == suffix) {
@@ -306,15 +266,14 @@ impl Op {
                 "constant" => Op::Constant(match a.get("value")? {
                     Attr::Float(v) => ConstValue::Splat(*v),
                     Attr::Int(i) => ConstValue::Splat(*i as f64),
-                    Attr::List(vs) => ConstValue::Dense(vs.iter().map(|n| n.as_f64()).collect()),
-                    _ => return Err(format!("{name}: `value` must be a number or a list")),
+                    Attr::Ints(_) | Attr::Floats(_) => {
+                        ConstValue::Dense(a.floats("value")?.to_vec())
+                    }
+                    _ => return Err(format!("`{name}`: `value` must be a number or a list")),
                 }),
                 "select" => Op::Select,
                 "barrier" => Op::Barrier,
-                "cast" => match a.get("to")? {
-                    Attr::Type(t) => Op::Cast { to: *t },
-                    _ => return Err(format!("{name}: `to` must be an element type")),
-                },
+                "cast" => Op::Cast { to: a.dtype("to")? },
                 "matmul" => Op::MatMul,
                 "softmax" => Op::Softmax {
                     axis: a.usize("axis")?,
@@ -459,77 +418,4 @@ pub fn conv_is_im2col_product(
         .chain(w.shape.iter().skip(1))
         .product::<usize>();
     groups == 1 && target.packs_product(out.dtype, macs)
-}
-
-struct AttrReader<'a> {
-    op: &'a str,
-    attrs: &'a [(String, Attr)],
-    used: Vec<bool>,
-}
-
-impl AttrReader<'_> {
-    fn get(&mut self, key: &str) -> Result<&Attr, String> {
-        match self.attrs.iter().position(|(k, _)| k == key) {
-            Some(i) => {
-                self.used[i] = true;
-                Ok(&self.attrs[i].1)
-            }
-            None => Err(format!("{}: missing attribute `{key}`", self.op)),
-        }
-    }
-
-    fn usize(&mut self, key: &str) -> Result<usize, String> {
-        let op = self.op;
-        match self.get(key)? {
-            Attr::Int(i) if *i >= 0 => Ok(*i as usize),
-            _ => Err(format!("{op}: `{key}` must be a non-negative integer")),
-        }
-    }
-
-    fn usizes(&mut self, key: &str) -> Result<Vec<usize>, String> {
-        let op = self.op;
-        match self.get(key)? {
-            Attr::List(vs) => vs
-                .iter()
-                .map(|n| match n {
-                    Number::Int(i) if *i >= 0 => Ok(*i as usize),
-                    _ => Err(format!("{op}: `{key}` must list non-negative integers")),
-                })
-                .collect(),
-            _ => Err(format!("{op}: `{key}` must be a list of integers")),
-        }
-    }
-
-    fn pair(&mut self, key: &str) -> Result<[usize; 2], String> {
-        let v = self.usizes(key)?;
-        <[usize; 2]>::try_from(v.as_slice())
-            .map_err(|_| format!("{}: `{key}` must list two integers", self.op))
-    }
-
-    fn float(&mut self, key: &str) -> Result<f64, String> {
-        let op = self.op;
-        match self.get(key)? {
-            Attr::Float(f) => Ok(*f),
-            Attr::Int(i) => Ok(*i as f64),
-            _ => Err(format!("{op}: `{key}` must be a number")),
-        }
-    }
-
-    fn bool(&mut self, key: &str) -> Result<bool, String> {
-        let op = self.op;
-        match self.get(key)? {
-            Attr::Bool(b) => Ok(*b),
-            _ => Err(format!("{op}: `{key}` must be `true` or `false`")),
-        }
-    }
-
-    fn finish(self) -> Result<(), String> {
-        match self.used.iter().position(|u| !u) {
-            Some(i) => Err(format!(
-                "{}: unexpected attribute `{}`",
-                self.op, self.attrs[i].0
-            )),
-            None => Ok(()),
-        }
-    }
 }

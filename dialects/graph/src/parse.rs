@@ -4,14 +4,33 @@
 
 use std::collections::HashMap;
 
+use dlc_core::attr::Attr;
 pub use dlc_core::lex::ParseError;
-use dlc_core::lex::{Cursor, PResult, Tok, attr_entries};
+use dlc_core::lex::{Cursor, PResult, Tok, attr_entries, list_attr};
 use dlc_core::{DType, TensorType, parse_float};
 use petgraph::stable_graph::NodeIndex;
 
 use crate::compute::{Affine, ComputeBody, ElemDef, IndexVar, RangeVar, ScalarExpr, Source};
 use crate::module::{Function, Module, Value, Visibility};
-use crate::ops::{Attr, BinaryOp, CmpOp, Number, Op, ReduceKind, UnaryOp};
+use crate::ops::{BinaryOp, CmpOp, Op, ReduceKind, UnaryOp};
+
+/// A number as written: an integer stays exact.
+#[derive(Clone, Copy)]
+enum Number {
+    /// Written without `.` or exponent.
+    Int(i64),
+    /// Written with `.`, an exponent, `inf` or `nan`.
+    Float(f64),
+}
+
+impl Number {
+    fn as_f64(self) -> f64 {
+        match self {
+            Number::Int(i) => i as f64,
+            Number::Float(f) => f,
+        }
+    }
+}
 
 struct Parser {
     cursor: Cursor,
@@ -299,20 +318,7 @@ impl Parser {
                 Ok(Attr::Bool(s == "true"))
             }
             Tok::Ident(s) if s.parse::<DType>().is_ok() => Ok(Attr::Type(self.dtype()?)),
-            Tok::Punct("[") => {
-                self.bump();
-                let mut items = Vec::new();
-                if !self.eat("]") {
-                    loop {
-                        items.push(self.number()?);
-                        if self.eat("]") {
-                            break;
-                        }
-                        self.expect(",")?;
-                    }
-                }
-                Ok(Attr::List(items))
-            }
+            Tok::Punct("[") => list_attr(self, |p| p.number().map(Number::as_f64)),
             _ => Ok(match self.number()? {
                 Number::Int(i) => Attr::Int(i),
                 Number::Float(v) => Attr::Float(v),

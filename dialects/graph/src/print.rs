@@ -9,7 +9,7 @@ use dlc_core::{DType, TensorType, format_float};
 use petgraph::stable_graph::NodeIndex;
 
 use crate::module::{Function, Module, Value, Visibility};
-use crate::ops::{Attr, ConstValue, Number, Op};
+use crate::ops::{ConstValue, Op};
 
 /// The printed name of each node: `%name` for parameters, `%0, %1, ...` for
 /// ops in [`Function::topo_order`].
@@ -41,25 +41,6 @@ fn value_name(f: &Function, names: &HashMap<NodeIndex, String>, v: Value) -> Str
         format!("{base}#{}", v.result)
     } else {
         base
-    }
-}
-
-fn attr_text(a: &Attr) -> String {
-    match a {
-        Attr::Int(i) => i.to_string(),
-        Attr::Float(v) => format_float(*v),
-        Attr::Bool(b) => b.to_string(),
-        Attr::Type(t) => t.to_string(),
-        Attr::List(ns) => {
-            let items: Vec<String> = ns
-                .iter()
-                .map(|n| match n {
-                    Number::Int(i) => i.to_string(),
-                    Number::Float(v) => format_float(*v),
-                })
-                .collect();
-            format!("[{}]", items.join(", "))
-        }
     }
 }
 
@@ -143,7 +124,7 @@ fn print_function(f: &Function, out: &mut String) {
                 if !attrs.is_empty() {
                     let items: Vec<String> = attrs
                         .iter()
-                        .map(|(k, a)| format!("{k} = {}", attr_text(a)))
+                        .map(|(k, a)| format!("{k} = {}", a.text()))
                         .collect();
                     let _ = write!(out, " {{{}}}", items.join(", "));
                 }
@@ -210,26 +191,6 @@ fn mlir_string(s: &str) -> String {
     out
 }
 
-fn mlir_attr(a: &Attr) -> String {
-    match a {
-        Attr::Int(i) => format!("{i} : i64"),
-        Attr::Float(v) if v.is_finite() => format!("{} : f64", format_float(*v)),
-        Attr::Float(v) => format!("0x{:016X} : f64", v.to_bits()),
-        Attr::Bool(b) => b.to_string(),
-        Attr::Type(t) => t.mlir_name().to_string(),
-        Attr::List(ns) => {
-            let items: Vec<String> = ns
-                .iter()
-                .map(|n| match n {
-                    Number::Int(i) => format!("{i} : i64"),
-                    Number::Float(v) => format!("{} : f64", format_float(*v)),
-                })
-                .collect();
-            format!("[{}]", items.join(", "))
-        }
-    }
-}
-
 /// Prints a module in MLIR's generic operation syntax. Every op keeps its
 /// dialect name; a function is a `graph.func` op with one region.
 pub fn print_mlir_generic(m: &Module) -> String {
@@ -275,7 +236,7 @@ pub fn print_mlir_generic(m: &Module) -> String {
                 op => op
                     .attrs()
                     .iter()
-                    .map(|(k, a)| format!("{k} = {}", mlir_attr(a)))
+                    .map(|(k, a)| format!("{k} = {}", a.mlir()))
                     .collect(),
             };
             attrs.sort();
