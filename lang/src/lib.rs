@@ -37,6 +37,7 @@ pub mod lexer;
     clippy::all,
     clippy::unwrap_used,
     clippy::expect_used,
+    clippy::too_many_lines,
     missing_docs,
     unused_parens,
     rust_2018_idioms

@@ -3,6 +3,7 @@
 //! merges the cost model should and should not pick.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
+#![allow(clippy::too_many_lines)] // each rule's seed terms are one table
 
 use std::collections::HashMap;
 use std::time::Duration;
