@@ -573,36 +573,40 @@ impl Machine<'_> {
 
     /// `tile.broadcast`: axes of extent 1 repeated.
     fn broadcast(&mut self, id: OpId) -> Result<(), TileError> {
-        let op = self.f.op(id);
-        let (from, to) = (self.shape_of(op.operands[0]), self.shape_of(op.results[0]));
-        let x = self.elements(op.operands[0])?;
-        let n: usize = to.iter().product();
-        let (mut c, mut src) = (vec![0usize; to.len()], vec![0usize; to.len()]);
-        let mut out = Vec::with_capacity(n);
-        for e in 0..n {
-            coords(&to, e, &mut c);
-            for k in 0..to.len() {
+        let from = self.shape_of(self.f.op(id).operands[0]);
+        self.rearrange(id, |c, src| {
+            for k in 0..c.len() {
                 src[k] = if from[k] == 1 { 0 } else { c[k] };
             }
-            out.push(x[flat_index(&from, &src)]);
-        }
-        self.put(op.results[0], out);
-        Ok(())
+        })
     }
 
     /// `tile.trans`: the axes permuted.
     fn trans(&mut self, id: OpId, perm: &[usize]) -> Result<(), TileError> {
+        self.rearrange(id, |c, src| {
+            for (i, &p) in perm.iter().enumerate() {
+                src[p] = c[i];
+            }
+        })
+    }
+
+    /// A result of op `id` each of whose elements is one of its operand's
+    /// (of the same rank): the one at the coordinates `at` writes into its
+    /// second argument from the result's coordinates.
+    fn rearrange(
+        &mut self,
+        id: OpId,
+        at: impl Fn(&[usize], &mut [usize]),
+    ) -> Result<(), TileError> {
         let op = self.f.op(id);
         let (from, to) = (self.shape_of(op.operands[0]), self.shape_of(op.results[0]));
         let x = self.elements(op.operands[0])?;
         let n: usize = to.iter().product();
-        let (mut c, mut src) = (vec![0usize; to.len()], vec![0usize; to.len()]);
+        let (mut c, mut src) = (vec![0usize; to.len()], vec![0usize; from.len()]);
         let mut out = Vec::with_capacity(n);
         for e in 0..n {
             coords(&to, e, &mut c);
-            for (i, &p) in perm.iter().enumerate() {
-                src[p] = c[i];
-            }
+            at(&c, &mut src);
             out.push(x[flat_index(&from, &src)]);
         }
         self.put(op.results[0], out);
