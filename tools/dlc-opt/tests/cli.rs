@@ -87,7 +87,7 @@ fn mlir_generic_output() {
         "{out}"
     );
     assert!(
-        out.contains("\"graph.transpose\"(%x) {perm = [1 : i64, 0 : i64]}"),
+        out.contains("\"graph.transpose\"(%x) {perm = array<i64: 1, 0>}"),
         "{out}"
     );
 }
