@@ -598,7 +598,10 @@ pub fn registry() -> PassRegistry<Ir> {
 fn registry_for(target: &dlc_core::TargetDesc) -> PassRegistry<Ir> {
     let mut r = dlc_graph::transforms::registry_for(target)
         .lift(|p| Box::new(OnLevel(p)) as Box<dyn Pass<Ir>>);
-    r.extend(dlc_tile::transforms::registry().lift(|p| Box::new(OnLevel(p)) as Box<dyn Pass<Ir>>));
+    r.extend(
+        dlc_tile::transforms::registry_for(target)
+            .lift(|p| Box::new(OnLevel(p)) as Box<dyn Pass<Ir>>),
+    );
     r.register(
         "convert-graph-to-loop",
         "lowers the graph dialect to loop nests over buffers (with fusion and buffer lifetimes) \

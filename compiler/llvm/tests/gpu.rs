@@ -278,6 +278,51 @@ fn tensor_core_products_on_the_emulator() {
     }
 }
 
+/// Code generation follows `tile.tensor-cores`' marks instead of deciding
+/// again: the same product unmarked runs on the FMA path (and agrees with
+/// the reference just as well), and a mark the target has no instruction
+/// for (f32 without TF32) is refused with a message, not ignored.
+#[test]
+fn code_generation_obeys_the_tensor_core_marks() {
+    let m = graph("fn f(x: f16[64, 32], w: f16[32, 64]) -> f16[64, 64] { return x @ w; }");
+    let f = m.entry_points().next().unwrap();
+    let inputs = prepare_inputs(f, &[], Some(3)).unwrap();
+    let want = interpret(&m, f, &inputs).unwrap();
+    let target = TargetDesc::sm_80();
+    let mut tiles = dlc_driver::lower_for_tile(&m, &target).unwrap();
+    let ptx = |t: &dlc_tile::Module, target: &TargetDesc| {
+        dlc_llvm::compile_gpu(t, &Symbols::for_module("t"), target).map(|p| p.ptx)
+    };
+    assert!(dlc_tile::print_module(&tiles).contains("{mma = [16, 8, 16]}"));
+    assert!(ptx(&tiles, &target).unwrap().contains("mma.sync"));
+    // A target without tensor cores unmarks every product.
+    let cpu = TargetDesc::x86_64_avx2(1);
+    let unmarked: usize = tiles
+        .functions
+        .iter_mut()
+        .map(|f| dlc_tile::transforms::tensor_cores(f, &cpu))
+        .sum();
+    assert_eq!(unmarked, 0);
+    assert!(!dlc_tile::print_module(&tiles).contains("mma ="));
+    assert!(!ptx(&tiles, &target).unwrap().contains("mma.sync"));
+    let got = dlc_llvm::emulate(&tiles, &target, |emu| Ok(emu.call(&f.name, &inputs)))
+        .unwrap()
+        .unwrap();
+    for c in dlc_driver::check_results(&got, &want, &dlc_driver::check_tolerances(f)).unwrap() {
+        assert!(c.passed(), "{c}");
+    }
+    // An f32 product marked for TF32 on a target that was not asked for it.
+    let m = graph("fn f(x: f32[64, 32], w: f32[32, 64]) -> f32[64, 64] { return x @ w; }");
+    let tf32 = TargetDesc::sm_90().with_tf32();
+    let tiles = dlc_driver::lower_for_tile(&m, &tf32).unwrap();
+    assert!(dlc_tile::print_module(&tiles).contains("{mma = [16, 8, 8]}"));
+    let err = ptx(&tiles, &TargetDesc::sm_90()).unwrap_err().to_string();
+    assert!(
+        err.contains("not a tensor-core instruction of this target"),
+        "{err}"
+    );
+}
+
 /// f32 products stay on the FMA path unless TF32 is asked for; then they
 /// run on tensor cores (`mma.sync.m16n8k8` on TF32) and agree with the
 /// reference at TF32's precision (`--check --tf32`'s tolerance), which the

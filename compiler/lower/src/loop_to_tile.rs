@@ -105,6 +105,9 @@ pub enum TileConvError {
 /// The schedule parameters a target gives each kind of nest.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScheduleParams {
+    /// The target they are for (by default its own numbers below): the tile
+    /// passes after the conversion run for it.
+    pub target: TargetDesc,
     /// Iterations of an innermost loop one tile holds.
     pub vector: usize,
     /// Block of a contraction: rows, columns, depth.
@@ -237,12 +240,14 @@ impl ScheduleParams {
         let pairs = target.gemm_blocking(DType::BF16);
         match target.gpu() {
             Some(gpu) => ScheduleParams {
+                target: target.clone(),
                 vector: 256.min(gpu.max_threads_per_block),
                 dot: [g.mr, g.nr, g.kc],
                 stage_shared: true,
                 packed: None,
             },
             None => ScheduleParams {
+                target: target.clone(),
                 vector: 4 * target.lanes(DType::F32),
                 dot: [g.mr, g.nr, g.kc],
                 stage_shared: false,
@@ -279,7 +284,7 @@ pub fn convert_module_with(m: &LModule, params: &ScheduleParams) -> Result<Modul
     let mut tiled = schedule_module(m, params)?;
     let pipeline = dlc_core::Pipeline::parse(params.tile_pipeline())
         .map_err(|e| TileConvError::Pass(e.to_string()))?;
-    let passes = dlc_tile::transforms::registry()
+    let passes = dlc_tile::transforms::registry_for(&params.target)
         .build(&pipeline)
         .map_err(|e| TileConvError::Pass(e.to_string()))?;
     for mut pass in passes {

@@ -274,7 +274,7 @@ impl Gen<'_> {
                         Ok(g.extract(x, &src))
                     })?;
                 }
-                OpKind::Dot => self.dot(&op)?,
+                OpKind::Dot { .. } => self.dot(&op)?,
                 OpKind::Reduce { kind, axis } => self.reduce(&op, *kind, *axis)?,
                 OpKind::For { lo, hi, step } => self.for_loop(&op, *lo, *hi, *step)?,
             }

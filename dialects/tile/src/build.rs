@@ -145,7 +145,7 @@ impl Builder {
     /// `tile.dot`.
     pub fn dot(&mut self, a: Value, b: Value, acc: Value) -> Value {
         let t = self.ty(acc).clone();
-        self.one(OpKind::Dot, vec![a, b, acc], t)
+        self.one(OpKind::Dot { mma: None }, vec![a, b, acc], t)
     }
 
     /// `tile.reduce` along `axis`.

@@ -56,7 +56,7 @@ fn op_work(f: &Function, id: OpId) -> f64 {
         OpKind::For { lo, hi, step } => {
             1.0 + ((hi - lo).max(0) as f64 / (*step).max(1) as f64).ceil() * (1.0 + body)
         }
-        OpKind::Dot => {
+        OpKind::Dot { .. } => {
             let k = f.ty(op.operands[0]).shape().map_or(1, |s| s[1]) as f64;
             2.0 * result * k
         }
@@ -480,7 +480,7 @@ impl Machine<'_> {
                     self.put(op.results[0], x.to_vec());
                 }
                 OpKind::Trans { perm } => self.trans(id, perm)?,
-                OpKind::Dot => self.dot(id)?,
+                OpKind::Dot { .. } => self.dot(id)?,
                 OpKind::Reduce { kind, axis } => self.reduce(id, *kind, *axis)?,
                 OpKind::For { lo, hi, step } => {
                     let mut carried: Vec<Slot> =

@@ -103,7 +103,13 @@ pub enum OpKind {
     },
     /// `%r = tile.dot %a, %b, %acc`: `acc + a @ b` for `a: MxK`, `b: KxN`,
     /// `acc: MxN` in the operands' accumulator type (f32 for f16/bf16).
-    Dot,
+    /// `{mma = [m, n, k]}`: on a GPU, in tensor-core steps of that shape
+    /// (`mma.sync`; f32 operands then as TF32), which `tile.tensor-cores`
+    /// chooses from the target; a CPU computes it as without.
+    Dot {
+        /// The tensor-core instruction's shape, when it runs on them.
+        mma: Option<[usize; 3]>,
+    },
     /// `%r = tile.reduce %t {kind = sum, axis = 1}`: combines the elements
     /// along one axis (a 1-axis tile reduces to a scalar).
     Reduce {
@@ -224,7 +230,17 @@ impl OpKind {
                 "expand_dims" => OpKind::ExpandDims {
                     axis: a.usize("axis")?,
                 },
-                "dot" => OpKind::Dot,
+                "dot" => OpKind::Dot {
+                    mma: match a.has("mma") {
+                        true => {
+                            let [m, n, k] = a.usizes("mma")?[..] else {
+                                return Err(format!("`{name}`: `mma` must be [m, n, k]"));
+                            };
+                            Some([m, n, k])
+                        }
+                        false => None,
+                    },
+                },
                 "reduce" => {
                     let kind = a.word("kind")?;
                     OpKind::Reduce {
@@ -400,7 +416,7 @@ impl OpKind {
                 shape.insert(*axis, 1);
                 same(&Type::value(d, &shape), result()?, "the result")?;
             }
-            OpKind::Dot => check_dot(operands, result()?)?,
+            OpKind::Dot { mma } => check_dot(operands, result()?, *mma)?,
             OpKind::Reduce { axis, .. } => {
                 let (d, mut shape) = tile(operands[0])?;
                 if *axis >= shape.len() {
@@ -563,8 +579,9 @@ fn check_mask(limits: &[Affine], result: &Type) -> Result<(), String> {
 }
 
 /// `tile.dot`: 2-axis tiles whose shapes make the accumulator's, which is
-/// in the operands' accumulator type and is the result.
-fn check_dot(operands: &[&Type], result: &Type) -> Result<(), String> {
+/// in the operands' accumulator type and is the result; on tensor cores,
+/// float operands into an f32 accumulator in whole steps of `mma`.
+fn check_dot(operands: &[&Type], result: &Type, mma: Option<[usize; 3]>) -> Result<(), String> {
     let (da, a) = tile(operands[0])?;
     let (db, b) = tile(operands[1])?;
     let (dc, c) = tile(operands[2])?;
@@ -581,6 +598,20 @@ fn check_dot(operands: &[&Type], result: &Type) -> Result<(), String> {
         return Err(format!(
             "shapes {a:?} @ {b:?} do not make the accumulator's {c:?}"
         ));
+    }
+    if let Some(shape @ [mm, mn, mk]) = mma {
+        if !matches!(da, DType::F16 | DType::BF16 | DType::F32) || dc != DType::F32 {
+            return Err(format!(
+                "a tensor-core product takes f16, bf16 or f32 (as TF32) operands into an f32 \
+                 accumulator, not {da} into {dc}"
+            ));
+        }
+        if shape.contains(&0) || a[0] % mm != 0 || b[1] % mn != 0 || a[1] % mk != 0 {
+            return Err(format!(
+                "{}x{}x{} (m x n x k) is not in whole tensor-core steps of {shape:?}",
+                a[0], b[1], a[1]
+            ));
+        }
     }
     same(operands[2], result, "the result")
 }
@@ -624,7 +655,7 @@ impl dlc_core::ir::OpDecl for OpKind {
             OpKind::Reshape => "reshape",
             OpKind::Trans { .. } => "trans",
             OpKind::ExpandDims { .. } => "expand_dims",
-            OpKind::Dot => "dot",
+            OpKind::Dot { .. } => "dot",
             OpKind::Reduce { .. } => "reduce",
             OpKind::For { .. } => "for",
             OpKind::Yield => "yield",
@@ -660,7 +691,7 @@ impl dlc_core::ir::OpDecl for OpKind {
             | OpKind::ExpandDims { .. }
             | OpKind::Reduce { .. } => of(Fixed(1)),
             OpKind::Binary(_) | OpKind::Compare(_) => of(Fixed(2)),
-            OpKind::Select | OpKind::Dot => of(Fixed(3)),
+            OpKind::Select | OpKind::Dot { .. } => of(Fixed(3)),
             OpKind::Load { .. } => of(Indexed {
                 before: 0,
                 mask: true,
@@ -712,6 +743,9 @@ impl dlc_core::ir::OpDecl for OpKind {
             OpKind::Load { pad: Some(p), .. } => one("pad", Attr::Float(*p)),
             OpKind::Trans { perm } => {
                 one("perm", Attr::Ints(perm.iter().map(|&p| p as i64).collect()))
+            }
+            OpKind::Dot { mma: Some(shape) } => {
+                one("mma", Attr::Ints(shape.iter().map(|&x| x as i64).collect()))
             }
             OpKind::Reduce { kind, axis } => vec![
                 ("kind".to_string(), Attr::Word(kind.name().to_string())),

@@ -8,7 +8,7 @@
 
 use std::collections::HashSet;
 
-use dlc_core::{Pass, PassError, PassRegistry};
+use dlc_core::{Pass, PassError, PassRegistry, TargetDesc};
 
 use crate::ir::{Block, Function, Module, OpId, Value};
 use crate::ops::OpKind;
@@ -19,11 +19,11 @@ use crate::ops::OpKind;
 /// function's preparer (run once per binding of the weights).
 pub const CPU_PIPELINE: &str = "tile.reuse-packs,tile.dce,tile.split-prepare";
 
-/// What runs after the conversion for a GPU: packs reused as on a CPU,
-/// then the barriers a block of threads needs between accesses of one
-/// buffer (the GPU runtime does not call preparers: weights are inputs
-/// like any other there).
-pub const GPU_PIPELINE: &str = "tile.reuse-packs,tile.dce,tile.insert-barriers";
+/// What runs after the conversion for a GPU: the products that run on
+/// tensor cores chosen, packs reused as on a CPU, then the barriers a
+/// block of threads needs between accesses of one buffer (the GPU runtime
+/// does not call preparers: weights are inputs like any other there).
+pub const GPU_PIPELINE: &str = "tile.tensor-cores,tile.reuse-packs,tile.dce,tile.insert-barriers";
 
 /// A transform of each function, run as a pass; the counter it reports
 /// is what the transform returns.
@@ -58,9 +58,56 @@ impl Pass<Module> for SplitPrepare {
     }
 }
 
-/// Every tile pass, by name.
+/// `tile.tensor-cores`, for a target.
+struct TensorCores(TargetDesc);
+
+impl Pass<Module> for TensorCores {
+    fn name(&self) -> &'static str {
+        "tile.tensor-cores"
+    }
+
+    fn run(&mut self, m: &mut Module) -> Result<Vec<(&'static str, u64)>, PassError> {
+        let n: usize = m
+            .functions
+            .iter_mut()
+            .map(|f| tensor_cores(f, &self.0))
+            .sum();
+        Ok(vec![("products on tensor cores", n as u64)])
+    }
+}
+
+/// Every tile pass, by name, the target-dependent ones for this machine
+/// unless their options name another.
 pub fn registry() -> PassRegistry<Module> {
+    registry_for(TargetDesc::host())
+}
+
+/// Every tile pass, by name, the target-dependent ones for `target`
+/// unless their options name another.
+pub fn registry_for(target: &TargetDesc) -> PassRegistry<Module> {
     let mut r = PassRegistry::default();
+    let default = target.clone();
+    r.register(
+        "tile.tensor-cores",
+        "marks each `tile.dot` a GPU target runs on tensor cores with its instruction's shape \
+         (`mma = [m, n, k]`) and unmarks the others; `target=NAME` (default: the compile's \
+         target), `tf32=true` (f32 products as TF32 too)",
+        move |o| {
+            o.expect_only(&["target", "tf32"])?;
+            let bad = |message: String| PassError::BadOption {
+                pass: "tile.tensor-cores".into(),
+                message,
+            };
+            let mut target = match o.get("target", String::new())? {
+                name if name.is_empty() => default.clone(),
+                name => TargetDesc::named(&name).map_err(bad)?,
+            };
+            if o.get("tf32", false)? {
+                target = target.with_tf32();
+            }
+            Ok(Box::new(TensorCores(target)) as Box<dyn Pass<Module>>)
+        },
+    );
     let per_function = |name, counter, run| {
         move |o: &dlc_core::PassOptions| {
             o.expect_only(&[])?;
@@ -184,6 +231,8 @@ pub fn dce(f: &mut Function) -> usize {
 pub mod barriers;
 mod prepare;
 mod reuse;
+mod tensor_cores;
 pub use barriers::insert_barriers;
 pub use prepare::split_prepare;
 pub use reuse::reuse_packs;
+pub use tensor_cores::tensor_cores;

@@ -162,6 +162,7 @@ fn lists_passes() {
         "convert-graph-to-loop",
         "convert-loop-to-tile",
         "tile.reuse-packs",
+        "tile.tensor-cores",
         "tile.insert-barriers",
         "tile.split-prepare",
         "tile.dce",

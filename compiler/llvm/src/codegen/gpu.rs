@@ -35,8 +35,11 @@
 //!   a shared buffer (the GPU schedule's staged blocks), with nothing stored in between,
 //!   is read there in place; any other is staged first (as the accumulator's type). A tile of more than 256 elements
 //!   per thread is refused with its type named.
-//! - **Tensor cores.** A `tile.dot` of f16 or bf16 operands into an f32 accumulator, in
-//!   whole 16 x 8 x 16 steps (the GPU schedule's 64 x 64 x 32 blocks are), runs on
+//! - **Tensor cores.** Which products run on them is in the tile IR: the pass
+//!   `tile.tensor-cores` (in the GPU pipeline) marks a `tile.dot` of f16 or bf16 operands
+//!   into an f32 accumulator, in whole 16 x 8 x 16 steps (the GPU schedule's 64 x 64 x 32
+//!   blocks are), `{mma = [16, 8, 16]}`, and the generator obeys the mark (refusing one
+//!   the target or the generator has no instruction for). Such a product runs on
 //!   `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.f32`: the left operand is staged
 //!   row-major, the right one transposed (a fragment register's two elements are then
 //!   adjacent) and the accumulator as f32; each warp takes the result's 16 x 8 tiles in
@@ -358,7 +361,7 @@ fn staging_bytes(
     ops: &[dlc_tile::OpId],
     threads: usize,
     mma: &[(DType, [usize; 3])],
-) -> u64 {
+) -> R<u64> {
     let bytes = |v: Value| -> u64 {
         match f.ty(v) {
             Type::Tile(t) => (t.len() * stage_size(t.dtype)) as u64,
@@ -371,7 +374,7 @@ fn staging_bytes(
         let need = match op.kind {
             OpKind::Trans { .. } | OpKind::Broadcast => bytes(op.operands[0]),
             OpKind::Reduce { .. } => bytes(op.operands[0]).max((threads.div_ceil(WARP) * 8) as u64),
-            OpKind::Dot => match mma_shape(f, op, threads, mma) {
+            OpKind::Dot { .. } => match tensor_core_dot(f, op, threads, mma)? {
                 Some(t) => t.regions().2 + (t.m * t.n * 4) as u64,
                 None => {
                     // Operands read in place take no staging.
@@ -387,10 +390,10 @@ fn staging_bytes(
         };
         most = most.max(need);
         for r in &op.regions {
-            most = most.max(staging_bytes(f, &r.ops, threads, mma));
+            most = most.max(staging_bytes(f, &r.ops, threads, mma)?);
         }
     }
-    most
+    Ok(most)
 }
 
 /// A `tile.dot` on tensor cores: its sizes, operand type and the
@@ -423,38 +426,47 @@ impl TensorCoreDot {
     }
 }
 
-/// The tensor-core form of a `tile.dot`, when the target has one for its
-/// operand type (`GpuDesc::mma`: m16n8k16 for f16 and bf16, m16n8k8 for
-/// f32 as TF32 when asked for) and it is in whole steps of it, accumulated
-/// in f32, by whole warps.
-fn mma_shape(
+/// The tensor-core form of a `tile.dot` that `tile.tensor-cores` marked
+/// (`mma = [m, n, k]`), if it is: an instruction this generator has
+/// (m16n8k16 for f16 and bf16, m16n8k8 for f32 as TF32), of the target
+/// (`GpuDesc::mma`; f32 only when TF32 was asked for), in programs of
+/// whole warps. A mark that is not is refused, not ignored.
+fn tensor_core_dot(
     f: &Function,
     op: &OpData,
     threads: usize,
     mma: &[(DType, [usize; 3])],
-) -> Option<TensorCoreDot> {
+) -> R<Option<TensorCoreDot>> {
+    let OpKind::Dot {
+        mma: Some(shape @ [_, _, mk]),
+    } = op.kind
+    else {
+        return Ok(None);
+    };
     let (a, b) = (f.ty(op.operands[0]), f.ty(op.operands[1]));
-    let d = a.dtype()?;
-    let (sa, sb) = (a.shape()?, b.shape()?);
-    let (m, k, n) = (sa[0], sa[1], *sb.get(1)?);
-    let &(_, [mm, mn, mk]) = mma.iter().find(|(t, _)| *t == d)?;
+    let (Some(d), Some(sa), Some(sb)) = (a.dtype(), a.shape(), b.shape()) else {
+        return Err(CodegenError::Invalid("tile.dot of non-tiles".into()));
+    };
+    let (m, k, n) = (sa[0], sa[1], sb[1]);
     let known = matches!(
-        (d, [mm, mn, mk]),
+        (d, shape),
         (DType::F16 | DType::BF16, [16, 8, 16]) | (DType::F32, [16, 8, 8])
     );
-    (known
-        && f.ty(op.operands[2]).dtype() == Some(DType::F32)
-        && m % mm == 0
-        && n % mn == 0
-        && k % mk == 0
-        && threads.is_multiple_of(WARP))
-    .then_some(TensorCoreDot {
+    if !known || !mma.contains(&(d, shape)) || !threads.is_multiple_of(WARP) {
+        return Err(CodegenError::Unsupported(format!(
+            "tile.dot {{mma = {shape:?}}} of {d}: not a tensor-core instruction of this target \
+             (it has {mma:?}) and this generator (m16n8k16 for f16 and bf16, m16n8k8 for f32 as \
+             TF32) in programs of whole warps; `tile.tensor-cores` marks the ones that are"
+        )));
+    }
+    // The typing rule checked the rest (whole steps, an f32 accumulator).
+    Ok(Some(TensorCoreDot {
         m,
         n,
         k,
         d,
         step: mk,
-    })
+    }))
 }
 
 /// Where in shared memory tile `v` was loaded from whole (row-major, as
@@ -630,7 +642,7 @@ fn kernel<'ctx>(
     g.program_block(body)?;
     g.wait_copies()?;
     g.b.build_return(None)?;
-    Ok(staging + staging_bytes(f, &body.ops, threads, &mma))
+    Ok(staging + staging_bytes(f, &body.ops, threads, &mma)?)
 }
 
 /// f32 functions a GPU has no library for, from its hardware
@@ -845,7 +857,7 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
                     g.position_of(&src, &from)
                 })?;
             }
-            OpKind::Dot => self.gpu_dot(op)?,
+            OpKind::Dot { .. } => self.gpu_dot(op)?,
             OpKind::Reduce { kind, axis } => self.gpu_reduce(op, *kind, *axis)?,
             _ => return Ok(false),
         }
@@ -1625,7 +1637,7 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
             op.results[0],
         );
         let th = self.threads()?;
-        if let Some(t) = mma_shape(self.f, op, th.count, &th.mma) {
+        if let Some(t) = tensor_core_dot(self.f, op, th.count, &th.mma)? {
             return self.mma_dot(op, t);
         }
         let sa = self.f.ty(a).shape().unwrap_or(&[]).to_vec();

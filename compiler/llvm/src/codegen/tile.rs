@@ -1772,7 +1772,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                     src.iter().zip(&from).fold(0, |acc, (c, d)| acc * d + c)
                 })?;
             }
-            OpKind::Dot => self.dot(op)?,
+            OpKind::Dot { .. } => self.dot(op)?,
             OpKind::Reduce { kind, axis } => self.reduce(op, *kind, *axis)?,
             _ => return Ok(false),
         }
