@@ -90,8 +90,8 @@ pub fn registry_for(target: &TargetDesc) -> PassRegistry<Module> {
     r.register(
         "tile.tensor-cores",
         "marks each `tile.dot` a GPU target runs on tensor cores with its instruction's shape \
-         (`mma = [m, n, k]`) and unmarks the others; `target=NAME` (default: the compile's \
-         target), `tf32=true` (f32 products as TF32 too)",
+         (`mma = [m, n, k]`) and unmarks the others; `target=NAME` (default: the target \
+         compiled for; in dlc-opt this machine), `tf32=true` (f32 products as TF32 too)",
         move |o| {
             o.expect_only(&["target", "tf32"])?;
             let bad = |message: String| PassError::BadOption {
