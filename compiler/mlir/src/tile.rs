@@ -242,7 +242,8 @@ impl Gen<'_> {
                         Ok(g.extract(x, &src))
                     })?;
                 }
-                OpKind::Reshape | OpKind::ExpandDims { .. } => {
+                // A layout is the GPU's; here a tile is one tensor.
+                OpKind::Reshape | OpKind::ExpandDims { .. } | OpKind::ConvertLayout => {
                     let (x, r) = (op.operands[0], op.results[0]);
                     let (from, to) = (self.shape(x), self.shape(r));
                     self.generate(r, |g, e| {

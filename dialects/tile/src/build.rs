@@ -148,6 +148,15 @@ impl Builder {
         self.one(OpKind::Dot { mma: None }, vec![a, b, acc], t)
     }
 
+    /// `tile.convert_layout` of `x` to `layout`.
+    pub fn convert_layout(&mut self, x: Value, layout: crate::ir::Layout) -> Value {
+        let t = match self.ty(x) {
+            Type::Tile(t) => Type::Tile(t.clone().with_layout(layout)),
+            other => other.clone(),
+        };
+        self.one(OpKind::ConvertLayout, vec![x], t)
+    }
+
     /// `tile.reduce` along `axis`.
     pub fn reduce(&mut self, kind: ReduceKind, axis: usize, x: Value) -> Value {
         let (d, mut shape) = match self.ty(x) {

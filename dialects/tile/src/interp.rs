@@ -475,7 +475,7 @@ impl Machine<'_> {
                 OpKind::Store { index } => self.store(id, index)?,
                 OpKind::Mask { limits } => self.limits_mask(id, limits)?,
                 OpKind::Broadcast => self.broadcast(id)?,
-                OpKind::Reshape | OpKind::ExpandDims { .. } => {
+                OpKind::Reshape | OpKind::ExpandDims { .. } | OpKind::ConvertLayout => {
                     let x = self.elements(op.operands[0])?;
                     self.put(op.results[0], x.to_vec());
                 }

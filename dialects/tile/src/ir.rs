@@ -105,19 +105,59 @@ impl fmt::Display for BufferType {
 /// in registers or scratch memory, not whole tensors.
 pub const MAX_TILE_ELEMENTS: usize = 1 << 20;
 
-/// A tile: a static-shaped block of elements held by one program.
+/// A tile: a static-shaped block of elements held by one program, laid
+/// out over its threads as `layout` says.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct TileType {
     /// Element type.
     pub dtype: DType,
     /// Extent of each axis (at least one axis, every extent at least 1).
     pub shape: Vec<usize>,
+    /// How a program's threads hold its elements (on a CPU one thread
+    /// holds them all, whatever the layout).
+    pub layout: Layout,
+}
+
+/// How the threads of a GPU program hold a tile's elements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Layout {
+    /// Element `e` (row-major) by thread `e mod threads` (not printed).
+    #[default]
+    Flat,
+    /// A tensor-core accumulator, `#mma`: the 2-axis tile cut into 16 x 8
+    /// tiles dealt to the warps in turn (tile `q` to warp `q mod warps`),
+    /// each held by its warp's lanes as `mma.sync`'s f32 accumulator
+    /// fragments (lane `l`: rows `l / 4` and `l / 4 + 8`, columns `2 (l
+    /// mod 4)` and the next). Only `tile.for` carries it, `tile.dot {mma}`
+    /// accumulates in it and `tile.convert_layout` converts it; the pass
+    /// `tile.mma-accumulators` chooses it.
+    Mma,
+}
+
+impl Layout {
+    /// The name after `#`, none for the flat layout.
+    pub fn name(self) -> Option<&'static str> {
+        match self {
+            Layout::Flat => None,
+            Layout::Mma => Some("mma"),
+        }
+    }
 }
 
 impl TileType {
-    /// A tile type.
+    /// A tile type in the flat layout.
     pub fn new(dtype: DType, shape: Vec<usize>) -> Self {
-        TileType { dtype, shape }
+        TileType {
+            dtype,
+            shape,
+            layout: Layout::Flat,
+        }
+    }
+
+    /// The same tile in layout `layout`.
+    pub fn with_layout(mut self, layout: Layout) -> Self {
+        self.layout = layout;
+        self
     }
 
     /// Number of elements.
@@ -137,7 +177,11 @@ impl fmt::Display for TileType {
         for d in &self.shape {
             write!(f, "{d}x")?;
         }
-        write!(f, "{}>", self.dtype)
+        write!(f, "{}", self.dtype)?;
+        if let Some(name) = self.layout.name() {
+            write!(f, ", #{name}")?;
+        }
+        f.write_str(">")
     }
 }
 

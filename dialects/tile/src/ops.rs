@@ -10,7 +10,7 @@ use dlc_core::attr::AttrReader;
 pub use dlc_core::scalar::{BinaryOp, CmpOp, ReduceKind, UnaryOp};
 use dlc_core::{DType, format_float};
 
-use crate::ir::{Affine, BufferType, Schedule, Type};
+use crate::ir::{Affine, BufferType, Layout, Schedule, Type};
 
 /// What an op does. Operands, results and regions are in
 /// [`crate::OpData`].
@@ -110,6 +110,10 @@ pub enum OpKind {
         /// The tensor-core instruction's shape, when it runs on them.
         mma: Option<[usize; 3]>,
     },
+    /// `%r = tile.convert_layout %t : tile<.., #mma>`: the same elements in
+    /// another layout (on a GPU, moved between threads through shared
+    /// memory).
+    ConvertLayout,
     /// `%r = tile.reduce %t {kind = sum, axis = 1}`: combines the elements
     /// along one axis (a 1-axis tile reduces to a scalar).
     Reduce {
@@ -230,6 +234,7 @@ impl OpKind {
                 "expand_dims" => OpKind::ExpandDims {
                     axis: a.usize("axis")?,
                 },
+                "convert_layout" => OpKind::ConvertLayout,
                 "dot" => OpKind::Dot {
                     mma: match a.has("mma") {
                         true => {
@@ -279,8 +284,19 @@ impl OpKind {
     /// and region arguments are the verifier's.
     pub fn check(&self, operands: &[&Type], results: &[&Type]) -> Result<(), String> {
         self.check_arity(operands, results)?;
+        self.check_layouts(operands, results)?;
         let result = || results.first().copied().ok_or("no result");
         match self {
+            OpKind::ConvertLayout => {
+                let (d, shape) = tile(operands[0])?;
+                let (rd, rshape) = tile(result()?)?;
+                if d != rd || shape != rshape {
+                    return Err(format!(
+                        "converts {} to {}: only the layout may change",
+                        operands[0], results[0]
+                    ));
+                }
+            }
             OpKind::Alloc => {
                 let b = buffer(result()?)?;
                 if b.offset != 0 {
@@ -443,6 +459,41 @@ impl OpKind {
                 }
             }
             OpKind::Return | OpKind::Barrier => {}
+        }
+        Ok(())
+    }
+
+    /// Where a tile in a layout other than the flat one may be: carried by
+    /// `tile.for`, as a tensor-core product's accumulator and result, and
+    /// converted; an `#mma` tile is an f32 matrix of whole 16 x 8 tiles.
+    fn check_layouts(&self, operands: &[&Type], results: &[&Type]) -> Result<(), String> {
+        let laid = |t: &&Type| matches!(t, Type::Tile(t) if t.layout != Layout::Flat);
+        let mma_ok = |t: &&Type| match t {
+            Type::Tile(t) if t.layout == Layout::Mma => {
+                t.dtype == DType::F32
+                    && t.shape.len() == 2
+                    && t.shape[0] % 16 == 0
+                    && t.shape[1] % 8 == 0
+            }
+            _ => true,
+        };
+        if let Some(t) = operands.iter().chain(results).find(|t| !mma_ok(t)) {
+            return Err(format!(
+                "{t}: an #mma tile is an f32 matrix of whole 16 x 8 tiles"
+            ));
+        }
+        let allowed = match self {
+            OpKind::For { .. } | OpKind::Yield | OpKind::ConvertLayout => true,
+            // The accumulator and the result, both in the layout or neither.
+            OpKind::Dot { mma: Some(_) } => !laid(&operands[0]) && !laid(&operands[1]),
+            _ => false,
+        };
+        if !allowed && operands.iter().chain(results).any(laid) {
+            return Err(
+                "takes no tile in the #mma layout (only tile.for, tile.yield, \
+                 tile.convert_layout and a tensor-core tile.dot's accumulator do)"
+                    .into(),
+            );
         }
         Ok(())
     }
@@ -656,6 +707,7 @@ impl dlc_core::ir::OpDecl for OpKind {
             OpKind::Trans { .. } => "trans",
             OpKind::ExpandDims { .. } => "expand_dims",
             OpKind::Dot { .. } => "dot",
+            OpKind::ConvertLayout => "convert_layout",
             OpKind::Reduce { .. } => "reduce",
             OpKind::For { .. } => "for",
             OpKind::Yield => "yield",
@@ -689,6 +741,7 @@ impl dlc_core::ir::OpDecl for OpKind {
             | OpKind::Reshape
             | OpKind::Trans { .. }
             | OpKind::ExpandDims { .. }
+            | OpKind::ConvertLayout
             | OpKind::Reduce { .. } => of(Fixed(1)),
             OpKind::Binary(_) | OpKind::Compare(_) => of(Fixed(2)),
             OpKind::Select | OpKind::Dot { .. } => of(Fixed(3)),

@@ -6,7 +6,7 @@ use dlc_core::DType;
 use dlc_core::ir::parse::ParseDialect;
 use dlc_core::lex::{Cursor, PResult, ParseError, Tok};
 
-use crate::ir::{Affine, BufferType, Module, Space, Tile, TileType, Type};
+use crate::ir::{Affine, BufferType, Layout, Module, Space, Tile, TileType, Type};
 use crate::ops::{Attr, OpKind};
 
 pub use dlc_core::ir::parse::MAX_NESTING;
@@ -112,8 +112,20 @@ fn tile_rest(c: &mut Cursor) -> PResult<TileType> {
             crate::ir::MAX_TILE_ELEMENTS
         ));
     }
+    let layout = if c.eat(",") {
+        c.expect("#")?;
+        match c.bump() {
+            Tok::Ident(s) if s == "mma" => Layout::Mma,
+            _ => {
+                c.pos -= 1;
+                return c.expected("a layout (`#mma`)");
+            }
+        }
+    } else {
+        Layout::Flat
+    };
     c.expect(">")?;
-    Ok(TileType::new(dtype, shape))
+    Ok(TileType::new(dtype, shape).with_layout(layout))
 }
 
 /// A kind with the given name and placeholder attributes, whose syntax is

@@ -118,8 +118,16 @@ pub fn print_mlir_generic(m: &Module) -> String {
 }
 
 impl dlc_core::ir::mlir::MlirDialect for Tile {
+    /// A tile's layout is its tensor's encoding, as in Triton's IR.
     fn mlir_type(t: &Type) -> String {
-        t.mlir()
+        match t {
+            Type::Tile(tile) if tile.layout.name().is_some() => {
+                let plain = t.mlir();
+                let name = tile.layout.name().unwrap_or_default();
+                format!("{}, \"{name}\">", &plain[..plain.len() - 1])
+            }
+            _ => t.mlir(),
+        }
     }
 
     fn index_attrs(f: &Function, op: &OpData) -> (Vec<String>, Vec<Value>) {

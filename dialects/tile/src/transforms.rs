@@ -120,6 +120,17 @@ pub fn registry_for(target: &TargetDesc) -> PassRegistry<Module> {
         per_function("tile.dce", "ops removed", dce),
     );
     r.register(
+        "tile.mma-accumulators",
+        "carries a loop's tensor-core accumulator in the warps' fragments (`#mma`) when it is \
+         only the accumulator of the loop's tensor-core products, converting it before and \
+         after the loop (a GPU program)",
+        per_function(
+            "tile.mma-accumulators",
+            "accumulators in fragments",
+            mma_accumulators,
+        ),
+    );
+    r.register(
         "tile.reuse-packs",
         "drops each `pack` kernel that copies what an earlier one of the same call already \
          packed (same operand, same panels), reading the first one's panels instead",
@@ -229,10 +240,12 @@ pub fn dce(f: &mut Function) -> usize {
 }
 
 pub mod barriers;
+mod mma_accumulators;
 mod prepare;
 mod reuse;
 mod tensor_cores;
 pub use barriers::insert_barriers;
+pub use mma_accumulators::mma_accumulators;
 pub use prepare::split_prepare;
 pub use reuse::reuse_packs;
 pub use tensor_cores::tensor_cores;

@@ -1753,7 +1753,10 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
             OpKind::Store { index } => self.store(op, index)?,
             OpKind::Mask { limits } => self.mask(op, limits)?,
             OpKind::Broadcast => self.broadcast(op)?,
-            OpKind::Reshape | OpKind::ExpandDims { .. } => self.rearrange(op, |e| e)?,
+            // One thread holds a whole tile, whatever its layout.
+            OpKind::Reshape | OpKind::ExpandDims { .. } | OpKind::ConvertLayout => {
+                self.rearrange(op, |e| e)?
+            }
             OpKind::Trans { perm } => {
                 let from = self.cut(op.operands[0]).shape;
                 let to = self.cut(op.results[0]).shape;
