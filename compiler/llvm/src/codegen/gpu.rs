@@ -131,7 +131,7 @@ use dlc_core::scalar::{BinaryOp, ReduceKind};
 use dlc_core::{DType, TargetDesc};
 use dlc_runtime::abi::{STATUS_DIVISION_BY_ZERO, Signature};
 use dlc_runtime::gpu::{DeviceBuffer, GpuFunction, Launch};
-use dlc_tile::{Affine, Function, OpData, OpKind, Type, Value};
+use dlc_tile::{Affine, Function, Layout, OpData, OpKind, Type, Value};
 use inkwell::attributes::AttributeLoc;
 use inkwell::context::Context;
 use inkwell::module::{Linkage, Module};
@@ -175,6 +175,13 @@ pub(crate) const EMULATOR_HOOKS: [&str; 11] = [
 
 /// Threads of a warp, which exchange registers with shuffles.
 const WARP: usize = 32;
+
+/// Rounds in which the warps of a `threads`-thread program take the
+/// 16 x 8 tiles of an `m x n` tensor-core accumulator, one each per round
+/// (tile `q` to warp `q mod warps` in round `q / warps`).
+fn mma_rounds(m: usize, n: usize, threads: usize) -> usize {
+    ((m / 16) * (n / 8)).div_ceil((threads / WARP).max(1))
+}
 
 /// NVVM's approximations (PTX `lg2.approx`, `ex2.approx`, `sin.approx`,
 /// `cos.approx`), in the order of the last four [`EMULATOR_HOOKS`], and
@@ -372,7 +379,9 @@ fn staging_bytes(
     for &id in ops {
         let op = f.op(id);
         let need = match op.kind {
-            OpKind::Trans { .. } | OpKind::Broadcast => bytes(op.operands[0]),
+            OpKind::Trans { .. } | OpKind::Broadcast | OpKind::ConvertLayout => {
+                bytes(op.operands[0])
+            }
             OpKind::Reduce { .. } => bytes(op.operands[0]).max((threads.div_ceil(WARP) * 8) as u64),
             OpKind::Dot { .. } => match tensor_core_dot(f, op, threads, mma)? {
                 Some(t) => t.regions().2 + (t.m * t.n * 4) as u64,
@@ -858,6 +867,7 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
                 })?;
             }
             OpKind::Dot { .. } => self.gpu_dot(op)?,
+            OpKind::ConvertLayout => self.convert_layout(op)?,
             OpKind::Reduce { kind, axis } => self.gpu_reduce(op, *kind, *axis)?,
             _ => return Ok(false),
         }
@@ -1022,10 +1032,21 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
         self.ctx.i64_type().const_int(v as u64, true)
     }
 
-    /// Elements of tile type `shape` each thread holds.
+    /// Elements of tile `v` each thread holds: in the flat layout its
+    /// share, in `#mma` four per 16 x 8 tile of each round of the warps.
     pub(super) fn per_thread(&self, v: Value) -> R<usize> {
-        let n: usize = self.f.ty(v).shape().unwrap_or(&[]).iter().product();
-        Ok(n.div_ceil(self.threads()?.count))
+        let count = self.threads()?.count;
+        match self.f.ty(v) {
+            Type::Tile(t) if t.layout == Layout::Mma => {
+                Ok(4 * mma_rounds(t.shape[0], t.shape[1], count))
+            }
+            t => Ok(t
+                .shape()
+                .unwrap_or(&[])
+                .iter()
+                .product::<usize>()
+                .div_ceil(count)),
+        }
     }
 
     /// The row-major position of element `j` of this thread: `t + T j`.
@@ -1853,12 +1874,14 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
     }
 
     /// `tile.dot` on tensor cores: the operands staged in shared memory
-    /// (the right one transposed) and the accumulator too; each warp takes
+    /// (the right one transposed) unless read in place; each warp takes
     /// 16 x 8 tiles of the result in turn (all warps step together, a warp
     /// past the last tile computing one it does not keep, so every
-    /// `mma.sync` is run by whole warps), loads its accumulator fragment,
-    /// runs one `mma.sync.m16n8k16` per 16-deep step with fragments read
-    /// as 32-bit words, and stores it back; then each thread reads its
+    /// `mma.sync` is run by whole warps) and runs one `mma.sync` per step
+    /// of the depth with fragments read as 32-bit words. An accumulator in
+    /// the `#mma` layout is in those fragments already, and so is the
+    /// result; a flat one goes through the staging area: each warp loads
+    /// its fragment there and stores it back, then each thread reads its
     /// elements of the result.
     fn mma_dot(&mut self, op: &OpData, t: TensorCoreDot) -> R<()> {
         let (a, b, acc, r) = (
@@ -1867,134 +1890,58 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
             op.operands[2],
             op.results[0],
         );
-        let (m, n, k, d) = (t.m, t.n, t.k, t.d);
         let (a_at, b_at, c_at) = t.regions();
-        // A 32-bit fragment register holds two 16-bit elements, adjacent
-        // along the depth, or one TF32: the steps below are in elements.
-        let pair = if d == DType::F32 { 1 } else { 2 };
-        let size = t.size() as i64;
-        let (src_a, src_b) = (self.loaded_from_shared(a, r), self.loaded_from_shared(b, r));
-        self.barrier()?;
-        if src_a.is_none() {
-            self.stage_as(a, d, a_at, false)?;
-        }
-        if src_b.is_none() {
-            self.stage_as(b, d, b_at, true)?;
-        }
-        self.stage(acc, DType::F32, c_at)?;
-        self.barrier()?;
-        let (tid, threads) = {
-            let th = self.threads()?;
-            (th.tid, th.count)
+        let src = MmaOperands {
+            a: self.loaded_from_shared(a, r),
+            b: self.loaded_from_shared(b, r),
+            a_at,
+            b_at,
         };
-        let warps = threads / WARP;
-        let tiles = (m / 16) * (n / 8);
-        let rounds = tiles.div_ceil(warps);
-        let warp = self
-            .b
-            .build_int_unsigned_div(tid, self.i64v(WARP as i64), "warp")?;
-        let lane = self.b.build_and(tid, self.i64v(WARP as i64 - 1), "lane")?;
-        let group = self
-            .b
-            .build_right_shift(lane, self.i64v(2), false, "group")?;
-        let member = self.b.build_and(lane, self.i64v(3), "member")?;
-        let member2 = self.b.build_int_mul(member, self.i64v(2), "member2")?;
-        let member_k = self.b.build_int_mul(member, self.i64v(pair), "member_k")?;
+        let in_fragments = matches!(self.f.ty(acc), Type::Tile(x) if x.layout == Layout::Mma);
+        let staged = src.a.is_none() || src.b.is_none() || !in_fragments;
+        if staged {
+            self.barrier()?;
+        }
+        if src.a.is_none() {
+            self.stage_as(a, t.d, a_at, false)?;
+        }
+        if src.b.is_none() {
+            self.stage_as(b, t.d, b_at, true)?;
+        }
+        if !in_fragments {
+            self.stage(acc, DType::F32, c_at)?;
+        }
+        if staged {
+            self.barrier()?;
+        }
+        let lane = self.mma_lane()?;
+        let rounds = mma_rounds(t.m, t.n, self.threads()?.count);
+        if in_fragments {
+            let c = self.flatten(acc)?;
+            let mut out = Vec::with_capacity(c.len());
+            for (round, c) in c.chunks(4).enumerate().take(rounds) {
+                let (_, row0, col0) = self.mma_tile(&lane, self.i64v(round as i64), t.m, t.n)?;
+                out.extend(self.mma_steps(t, &lane, row0, col0, c, &src)?);
+            }
+            if staged {
+                // Nothing stages again before every warp has read.
+                self.barrier()?;
+            }
+            return self.set(r, out);
+        }
         let f32t = self.ctx.f32_type();
         self.counted(self.i64v(0), self.i64v(rounds as i64), |g, round| {
-            let q = g.b.build_int_mul(round, g.i64v(warps as i64), "q")?;
-            let q = g.b.build_int_add(q, warp, "q")?;
-            let active =
-                g.b.build_int_compare(IntPredicate::ULT, q, g.i64v(tiles as i64), "active")?;
-            let q =
-                g.b.build_select(active, q, g.i64v(tiles as i64 - 1), "q")?
-                    .into_int_value();
-            let per_row = g.i64v((n / 8) as i64);
-            let tm = g.b.build_int_unsigned_div(q, per_row, "tm")?;
-            let tn = g.b.build_int_unsigned_rem(q, per_row, "tn")?;
-            let row0 = g.b.build_int_mul(tm, g.i64v(16), "row0")?;
-            let col0 = g.b.build_int_mul(tn, g.i64v(8), "col0")?;
-            // Accumulator element i: row g (+8 for i >= 2), column 2t + i % 2.
+            let (active, row0, col0) = g.mma_tile(&lane, round, t.m, t.n)?;
             let mut c_ptrs = Vec::with_capacity(4);
-            for i in 0..4i64 {
-                let row = g.b.build_int_add(row0, group, "row")?;
-                let row =
-                    g.b.build_int_add(row, g.i64v(if i >= 2 { 8 } else { 0 }), "row")?;
-                let col = g.b.build_int_add(col0, member2, "col")?;
-                let col = g.b.build_int_add(col, g.i64v(i & 1), "col")?;
-                let e = g.position_of(&[row, col], &[m, n])?;
+            for i in 0..4 {
+                let e = g.fragment_position(&lane, row0, col0, i, t.n)?;
                 c_ptrs.push(g.staged(e, DType::F32, c_at)?);
             }
             let c = c_ptrs
                 .iter()
                 .map(|&p| Ok(g.b.build_load(f32t, p, "c")?))
                 .collect::<R<Vec<_>>>()?;
-            let (steps, half) = ((k / t.step) as i64, (t.step / 2) as i64);
-            let done = g.counted_carrying(g.i64v(0), g.i64v(steps), 1, &c, |g, kk, c| {
-                let k0 = g.b.build_int_mul(kk, g.i64v(t.step as i64), "k0")?;
-                let k0 = g.b.build_int_add(k0, member_k, "k0")?;
-                // A register r: row g (+8 when r is odd), depth 2t and
-                // 2t + 1 (t for TF32), + half a step when r >= 2; B
-                // register r: column g, depth likewise, + half a step
-                // for r = 1: adjacent in the transposed copy.
-                let mut ra = Vec::with_capacity(4);
-                for reg in 0..4i64 {
-                    let row = g.b.build_int_add(row0, group, "ar")?;
-                    let row = g.b.build_int_add(row, g.i64v((reg & 1) * 8), "ar")?;
-                    let col = g.b.build_int_add(k0, g.i64v((reg >> 1) * half), "ac")?;
-                    let e = g.position_of(&[row, col], &[m, k])?;
-                    let off = g.b.build_int_mul(e, g.i64v(size), "off")?;
-                    ra.push(match src_a {
-                        // Row-major in place: the pair is adjacent too.
-                        Some(base) => g.word_at(base, off)?,
-                        None => {
-                            let off = g.b.build_int_add(off, g.i64v(a_at as i64), "off")?;
-                            g.staged_word(off)?
-                        }
-                    });
-                }
-                let mut rb = Vec::with_capacity(2);
-                for reg in 0..2i64 {
-                    let col = g.b.build_int_add(col0, group, "bn")?;
-                    let row = g.b.build_int_add(k0, g.i64v(reg * half), "bk")?;
-                    rb.push(match src_b {
-                        // Row-major in place: a pair's two elements are
-                        // in consecutive rows, packed low then high.
-                        Some(base) => {
-                            let word = |g: &Self, depth: IntValue<'ctx>| -> R<IntValue<'ctx>> {
-                                let e = g.position_of(&[depth, col], &[k, n])?;
-                                let off = g.b.build_int_mul(e, g.i64v(size), "off")?;
-                                if pair == 1 {
-                                    return g.word_at(base, off);
-                                }
-                                let p = g.byte_pointer(base, off)?;
-                                let h = g.b.build_load(g.ctx.i16_type(), p, "h")?.into_int_value();
-                                Ok(g.b.build_int_z_extend(h, g.ctx.i32_type(), "h")?)
-                            };
-                            if pair == 1 {
-                                word(g, row)?
-                            } else {
-                                let lo = word(g, row)?;
-                                let next = g.b.build_int_add(row, g.i64v(1), "bk")?;
-                                let hi = word(g, next)?;
-                                let hi = g.b.build_left_shift(
-                                    hi,
-                                    g.ctx.i32_type().const_int(16, false),
-                                    "hi",
-                                )?;
-                                g.b.build_or(lo, hi, "pair")?
-                            }
-                        }
-                        None => {
-                            let e = g.position_of(&[col, row], &[n, k])?;
-                            let off = g.b.build_int_mul(e, g.i64v(size), "off")?;
-                            let off = g.b.build_int_add(off, g.i64v(b_at as i64), "off")?;
-                            g.staged_word(off)?
-                        }
-                    });
-                }
-                g.mma(d, &ra, &rb, c)
-            })?;
+            let done = g.mma_steps(t, &lane, row0, col0, &c, &src)?;
             g.when(Some(active), |g| {
                 for (p, v) in c_ptrs.iter().zip(&done) {
                     g.b.build_store(*p, *v)?;
@@ -2003,7 +1950,174 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
             })
         })?;
         self.barrier()?;
-        let len = m * n;
+        let out = self.read_staged(r, DType::F32, c_at)?;
+        self.barrier()?;
+        self.set(r, out)
+    }
+
+    /// This thread's place among `mma.sync`'s lanes: its warp, its group
+    /// (lane / 4) and its member of the group (lane % 4).
+    fn mma_lane(&self) -> R<MmaLane<'ctx>> {
+        let tid = self.threads()?.tid;
+        let warp = self
+            .b
+            .build_int_unsigned_div(tid, self.i64v(WARP as i64), "warp")?;
+        let lane = self.b.build_and(tid, self.i64v(WARP as i64 - 1), "lane")?;
+        let group = self
+            .b
+            .build_right_shift(lane, self.i64v(2), false, "group")?;
+        let member = self.b.build_and(lane, self.i64v(3), "member")?;
+        Ok(MmaLane {
+            warp,
+            group,
+            member,
+        })
+    }
+
+    /// The 16 x 8 tile of an `m x n` accumulator this warp takes in round
+    /// `round`: whether it is one (a warp past the last tile takes the last
+    /// again, and keeps nothing of it), its first row and its first column.
+    fn mma_tile(
+        &self,
+        lane: &MmaLane<'ctx>,
+        round: IntValue<'ctx>,
+        m: usize,
+        n: usize,
+    ) -> R<(IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>)> {
+        let warps = self.threads()?.count / WARP;
+        let tiles = (m / 16) * (n / 8);
+        let q = self.b.build_int_mul(round, self.i64v(warps as i64), "q")?;
+        let q = self.b.build_int_add(q, lane.warp, "q")?;
+        let active =
+            self.b
+                .build_int_compare(IntPredicate::ULT, q, self.i64v(tiles as i64), "active")?;
+        let q = self
+            .b
+            .build_select(active, q, self.i64v(tiles as i64 - 1), "q")?
+            .into_int_value();
+        let per_row = self.i64v((n / 8) as i64);
+        let tm = self.b.build_int_unsigned_div(q, per_row, "tm")?;
+        let tn = self.b.build_int_unsigned_rem(q, per_row, "tn")?;
+        let row0 = self.b.build_int_mul(tm, self.i64v(16), "row0")?;
+        let col0 = self.b.build_int_mul(tn, self.i64v(8), "col0")?;
+        Ok((active, row0, col0))
+    }
+
+    /// The row-major position in an `n`-column accumulator of this lane's
+    /// fragment element `i` of the tile at `row0`, `col0`: row group (+8
+    /// for i >= 2), column 2 member + i % 2.
+    fn fragment_position(
+        &self,
+        lane: &MmaLane<'ctx>,
+        row0: IntValue<'ctx>,
+        col0: IntValue<'ctx>,
+        i: i64,
+        n: usize,
+    ) -> R<IntValue<'ctx>> {
+        let row = self.b.build_int_add(row0, lane.group, "row")?;
+        let row = self
+            .b
+            .build_int_add(row, self.i64v(if i >= 2 { 8 } else { 0 }), "row")?;
+        let member2 = self.b.build_int_mul(lane.member, self.i64v(2), "member2")?;
+        let col = self.b.build_int_add(col0, member2, "col")?;
+        let col = self.b.build_int_add(col, self.i64v(i & 1), "col")?;
+        let row = self.b.build_int_mul(row, self.i64v(n as i64), "e")?;
+        Ok(self.b.build_int_add(row, col, "e")?)
+    }
+
+    /// The steps over the depth of one 16 x 8 tile of a tensor-core
+    /// product at `row0`, `col0`, from accumulator fragment `c`: the new
+    /// fragment.
+    fn mma_steps(
+        &mut self,
+        t: TensorCoreDot,
+        lane: &MmaLane<'ctx>,
+        row0: IntValue<'ctx>,
+        col0: IntValue<'ctx>,
+        c: &[BV<'ctx>],
+        src: &MmaOperands<'ctx>,
+    ) -> R<Vec<BV<'ctx>>> {
+        let (m, n, k, d) = (t.m, t.n, t.k, t.d);
+        // A 32-bit fragment register holds two 16-bit elements, adjacent
+        // along the depth, or one TF32: the steps below are in elements.
+        let pair = if d == DType::F32 { 1 } else { 2 };
+        let size = t.size() as i64;
+        let member_k = self
+            .b
+            .build_int_mul(lane.member, self.i64v(pair), "member_k")?;
+        let (steps, half) = ((k / t.step) as i64, (t.step / 2) as i64);
+        let group = lane.group;
+        self.counted_carrying(self.i64v(0), self.i64v(steps), 1, c, |g, kk, c| {
+            let k0 = g.b.build_int_mul(kk, g.i64v(t.step as i64), "k0")?;
+            let k0 = g.b.build_int_add(k0, member_k, "k0")?;
+            // A register r: row g (+8 when r is odd), depth 2t and
+            // 2t + 1 (t for TF32), + half a step when r >= 2; B
+            // register r: column g, depth likewise, + half a step
+            // for r = 1: adjacent in the transposed copy.
+            let mut ra = Vec::with_capacity(4);
+            for reg in 0..4i64 {
+                let row = g.b.build_int_add(row0, group, "ar")?;
+                let row = g.b.build_int_add(row, g.i64v((reg & 1) * 8), "ar")?;
+                let col = g.b.build_int_add(k0, g.i64v((reg >> 1) * half), "ac")?;
+                let e = g.position_of(&[row, col], &[m, k])?;
+                let off = g.b.build_int_mul(e, g.i64v(size), "off")?;
+                ra.push(match src.a {
+                    // Row-major in place: the pair is adjacent too.
+                    Some(base) => g.word_at(base, off)?,
+                    None => {
+                        let off = g.b.build_int_add(off, g.i64v(src.a_at as i64), "off")?;
+                        g.staged_word(off)?
+                    }
+                });
+            }
+            let mut rb = Vec::with_capacity(2);
+            for reg in 0..2i64 {
+                let col = g.b.build_int_add(col0, group, "bn")?;
+                let row = g.b.build_int_add(k0, g.i64v(reg * half), "bk")?;
+                rb.push(match src.b {
+                    // Row-major in place: a pair's two elements are
+                    // in consecutive rows, packed low then high.
+                    Some(base) => {
+                        let word = |g: &Self, depth: IntValue<'ctx>| -> R<IntValue<'ctx>> {
+                            let e = g.position_of(&[depth, col], &[k, n])?;
+                            let off = g.b.build_int_mul(e, g.i64v(size), "off")?;
+                            if pair == 1 {
+                                return g.word_at(base, off);
+                            }
+                            let p = g.byte_pointer(base, off)?;
+                            let h = g.b.build_load(g.ctx.i16_type(), p, "h")?.into_int_value();
+                            Ok(g.b.build_int_z_extend(h, g.ctx.i32_type(), "h")?)
+                        };
+                        if pair == 1 {
+                            word(g, row)?
+                        } else {
+                            let lo = word(g, row)?;
+                            let next = g.b.build_int_add(row, g.i64v(1), "bk")?;
+                            let hi = word(g, next)?;
+                            let hi = g.b.build_left_shift(
+                                hi,
+                                g.ctx.i32_type().const_int(16, false),
+                                "hi",
+                            )?;
+                            g.b.build_or(lo, hi, "pair")?
+                        }
+                    }
+                    None => {
+                        let e = g.position_of(&[col, row], &[n, k])?;
+                        let off = g.b.build_int_mul(e, g.i64v(size), "off")?;
+                        let off = g.b.build_int_add(off, g.i64v(src.b_at as i64), "off")?;
+                        g.staged_word(off)?
+                    }
+                });
+            }
+            g.mma(d, &ra, &rb, c)
+        })
+    }
+
+    /// Each thread's elements of tile `r` (flat layout), read from the
+    /// staging area from byte `first`, where they are row-major as `d`.
+    fn read_staged(&self, r: Value, d: DType, first: u64) -> R<Vec<BV<'ctx>>> {
+        let len: usize = self.f.ty(r).shape().unwrap_or(&[]).iter().product();
         let mut out = Vec::new();
         for j in 0..self.per_thread(r)? {
             let e = self.position(j)?;
@@ -2014,11 +2128,76 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
                     .into_int_value(),
                 None => e,
             };
-            out.push(self.load_element(self.staged(e, DType::F32, c_at)?, DType::F32)?);
+            out.push(self.load_element(self.staged(e, d, first)?, d)?);
         }
+        Ok(out)
+    }
+
+    /// `tile.convert_layout`: between the flat layout and `#mma`, through
+    /// the staging area (row-major f32) between barriers.
+    fn convert_layout(&mut self, op: &OpData) -> R<()> {
+        let (x, r) = (op.operands[0], op.results[0]);
+        let layout = |v: Value| match self.f.ty(v) {
+            Type::Tile(t) => Some((t.layout, t.shape.clone())),
+            _ => None,
+        };
+        let (Some((from, shape)), Some((to, _))) = (layout(x), layout(r)) else {
+            return Err(CodegenError::Invalid(
+                "tile.convert_layout of a non-tile".into(),
+            ));
+        };
+        let xs = self.flatten(x)?;
+        if from == to {
+            return self.set(r, xs);
+        }
+        let (m, n) = (shape[0], shape[1]);
+        let lane = self.mma_lane()?;
+        let rounds = mma_rounds(m, n, self.threads()?.count);
+        self.barrier()?;
+        let out = if to == Layout::Mma {
+            self.stage(x, DType::F32, 0)?;
+            self.barrier()?;
+            let mut out = Vec::with_capacity(4 * rounds);
+            for round in 0..rounds {
+                let (_, row0, col0) = self.mma_tile(&lane, self.i64v(round as i64), m, n)?;
+                for i in 0..4 {
+                    let e = self.fragment_position(&lane, row0, col0, i, n)?;
+                    out.push(self.load_element(self.staged(e, DType::F32, 0)?, DType::F32)?);
+                }
+            }
+            out
+        } else {
+            for (round, c) in xs.chunks(4).enumerate().take(rounds) {
+                let (active, row0, col0) = self.mma_tile(&lane, self.i64v(round as i64), m, n)?;
+                for (i, &v) in c.iter().enumerate() {
+                    let e = self.fragment_position(&lane, row0, col0, i as i64, n)?;
+                    self.when(Some(active), |g| {
+                        g.store_element(g.staged(e, DType::F32, 0)?, v, DType::F32)
+                    })?;
+                }
+            }
+            self.barrier()?;
+            self.read_staged(r, DType::F32, 0)?
+        };
         self.barrier()?;
         self.set(r, out)
     }
+}
+
+/// This thread's place among `mma.sync`'s lanes.
+struct MmaLane<'ctx> {
+    warp: IntValue<'ctx>,
+    group: IntValue<'ctx>,
+    member: IntValue<'ctx>,
+}
+
+/// Where a tensor-core product reads its operands: in place in a shared
+/// buffer (a pointer), or staged at these byte offsets of the staging area.
+struct MmaOperands<'ctx> {
+    a: Option<PointerValue<'ctx>>,
+    b: Option<PointerValue<'ctx>>,
+    a_at: u64,
+    b_at: u64,
 }
 
 /// The external functions `module` calls that nothing will define: on a
