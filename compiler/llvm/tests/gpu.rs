@@ -21,15 +21,15 @@ fn graph(src: &str) -> dlc_graph::Module {
     dlc_tests::optimized(src)
 }
 
-/// Entry point `f` of `m` scheduled for sm_90 and run by the emulator.
+/// Entry point `f` of `m` scheduled for `target` and run by the emulator.
 fn emulated(
     m: &dlc_graph::Module,
     f: &dlc_graph::Function,
     inputs: &[HostTensor],
+    target: &TargetDesc,
 ) -> Vec<HostTensor> {
-    let target = TargetDesc::sm_90();
-    let tiles = dlc_driver::lower_for_tile(m, &target).unwrap();
-    dlc_llvm::emulate(&tiles, &target, |emu| Ok(emu.call(&f.name, inputs)))
+    let tiles = dlc_driver::lower_for_tile(m, target).unwrap();
+    dlc_llvm::emulate(&tiles, target, |emu| Ok(emu.call(&f.name, inputs)))
         .unwrap_or_else(|e| panic!("{e}\n{}", dlc_tile::print_module(&tiles)))
         .unwrap_or_else(|e| panic!("{e}\n{}", dlc_tile::print_module(&tiles)))
 }
@@ -38,13 +38,18 @@ fn emulated(
 /// interpreter within `--check`'s tolerance for each result's type (f32
 /// within 1e-4 of its magnitude; a narrow float summed in another order
 /// may round to the neighbouring value; integers exactly), and an all-f32
-/// program within 1e-4 overall.
+/// program within 1e-4 overall; scheduled for sm_90.
 fn emulated_agrees(src: &str) {
+    emulated_agrees_on(src, &TargetDesc::sm_90());
+}
+
+/// [`emulated_agrees`] for `target`.
+fn emulated_agrees_on(src: &str, target: &TargetDesc) {
     let m = graph(src);
     for (seed, f) in m.entry_points().enumerate() {
         let inputs = prepare_inputs(f, &[], Some(seed as u64)).unwrap();
         let want = interpret(&m, f, &inputs).unwrap();
-        let got = emulated(&m, f, &inputs);
+        let got = emulated(&m, f, &inputs, target);
         let tolerances = dlc_driver::check_tolerances(f);
         for c in dlc_driver::check_results(&got, &want, &tolerances).unwrap() {
             assert!(c.passed(), "@{}: {c}\n{src}", f.name);
@@ -99,7 +104,9 @@ fn the_w2_training_step_on_the_emulator() {
 
 #[test]
 fn narrow_floats_accumulate_in_f32_on_the_emulator() {
-    dlc_tests::check_narrow_accumulation(&emulated);
+    dlc_tests::check_narrow_accumulation(&|m, f, inputs| {
+        emulated(m, f, inputs, &TargetDesc::sm_90())
+    });
 }
 
 #[test]
@@ -279,9 +286,10 @@ fn tensor_core_products_on_the_emulator() {
 }
 
 /// Code generation follows `tile.tensor-cores`' marks instead of deciding
-/// again: the same product unmarked runs on the FMA path (and agrees with
-/// the reference just as well), and a mark the target has no instruction
-/// for (f32 without TF32) is refused with a message, not ignored.
+/// again: the same product without the pass runs on the FMA path (and
+/// agrees with the reference just as well), and a mark the target has no
+/// instruction for (f32 without TF32) is refused with a message, not
+/// ignored.
 #[test]
 fn code_generation_obeys_the_tensor_core_marks() {
     let m = graph("fn f(x: f16[64, 32], w: f16[32, 64]) -> f16[64, 64] { return x @ w; }");
@@ -289,23 +297,27 @@ fn code_generation_obeys_the_tensor_core_marks() {
     let inputs = prepare_inputs(f, &[], Some(3)).unwrap();
     let want = interpret(&m, f, &inputs).unwrap();
     let target = TargetDesc::sm_80();
-    let mut tiles = dlc_driver::lower_for_tile(&m, &target).unwrap();
     let ptx = |t: &dlc_tile::Module, target: &TargetDesc| {
         dlc_llvm::compile_gpu(t, &Symbols::for_module("t"), target).map(|p| p.ptx)
     };
-    assert!(dlc_tile::print_module(&tiles).contains("{mma = [16, 8, 16]}"));
-    assert!(ptx(&tiles, &target).unwrap().contains("mma.sync"));
-    // A target without tensor cores unmarks every product.
-    let cpu = TargetDesc::x86_64_avx2(1);
-    let unmarked: usize = tiles
-        .functions
-        .iter_mut()
-        .map(|f| dlc_tile::transforms::tensor_cores(f, &cpu))
-        .sum();
-    assert_eq!(unmarked, 0);
-    assert!(!dlc_tile::print_module(&tiles).contains("mma ="));
-    assert!(!ptx(&tiles, &target).unwrap().contains("mma.sync"));
-    let got = dlc_llvm::emulate(&tiles, &target, |emu| Ok(emu.call(&f.name, &inputs)))
+    let marked = dlc_driver::lower_for_tile(&m, &target).unwrap();
+    assert!(dlc_tile::print_module(&marked).contains("{mma = [16, 8, 16]}"));
+    assert!(ptx(&marked, &target).unwrap().contains("mma.sync"));
+    // The GPU's tile pipeline without `tile.tensor-cores` (and so without
+    // the accumulators it would keep in fragments).
+    let mut ir = dlc_driver::Ir::Loop(dlc_driver::lower_to_loops(&m, &target).unwrap());
+    dlc_driver::run_pipeline(
+        &mut ir,
+        "convert-loop-to-tile{target=sm_80},tile.reuse-packs,tile.dce,tile.insert-barriers",
+        dlc_driver::PassOptions::default(),
+    )
+    .unwrap();
+    let dlc_driver::Ir::Tile(unmarked) = ir else {
+        panic!("no tile IR")
+    };
+    assert!(!dlc_tile::print_module(&unmarked).contains("mma"));
+    assert!(!ptx(&unmarked, &target).unwrap().contains("mma.sync"));
+    let got = dlc_llvm::emulate(&unmarked, &target, |emu| Ok(emu.call(&f.name, &inputs)))
         .unwrap()
         .unwrap();
     for c in dlc_driver::check_results(&got, &want, &dlc_driver::check_tolerances(f)).unwrap() {
@@ -321,6 +333,27 @@ fn code_generation_obeys_the_tensor_core_marks() {
         err.contains("not a tensor-core instruction of this target"),
         "{err}"
     );
+}
+
+/// A tensor-core product's accumulator carried across the depth loop
+/// stays in the warps' fragments (`#mma`, `tile.mma-accumulators`): no
+/// staging and read-back at every product, one conversion before the loop
+/// and one after; the emulator agrees with the reference, ragged edges
+/// and several rounds of tiles per warp included.
+#[test]
+fn accumulators_stay_in_fragments_across_the_loop() {
+    let target = TargetDesc::sm_80();
+    for src in [
+        "fn f(x: f16[64, 96], w: f16[96, 64]) -> f16[64, 64] { return x @ w; }",
+        "fn f(x: bf16[70, 100], w: bf16[100, 90], b: bf16[90]) -> bf16[70, 90] { return x @ w + b; }",
+    ] {
+        let m = graph(src);
+        let tiles = dlc_driver::lower_for_tile(&m, &target).unwrap();
+        let text = dlc_tile::print_module(&tiles);
+        assert!(text.contains(", #mma>"), "{text}");
+        assert_eq!(text.matches("tile.convert_layout").count() % 2, 0, "{text}");
+        emulated_agrees_on(src, &target);
+    }
 }
 
 /// f32 products stay on the FMA path unless TF32 is asked for; then they

@@ -20,10 +20,12 @@ use crate::ops::OpKind;
 pub const CPU_PIPELINE: &str = "tile.reuse-packs,tile.dce,tile.split-prepare";
 
 /// What runs after the conversion for a GPU: the products that run on
-/// tensor cores chosen, packs reused as on a CPU, then the barriers a
+/// tensor cores chosen and their loops' accumulators kept in the warps'
+/// fragments, packs reused as on a CPU, then the barriers a
 /// block of threads needs between accesses of one buffer (the GPU runtime
 /// does not call preparers: weights are inputs like any other there).
-pub const GPU_PIPELINE: &str = "tile.tensor-cores,tile.reuse-packs,tile.dce,tile.insert-barriers";
+pub const GPU_PIPELINE: &str =
+    "tile.tensor-cores,tile.mma-accumulators,tile.reuse-packs,tile.dce,tile.insert-barriers";
 
 /// A transform of each function, run as a pass; the counter it reports
 /// is what the transform returns.

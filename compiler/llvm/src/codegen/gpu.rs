@@ -1661,6 +1661,11 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
         if let Some(t) = tensor_core_dot(self.f, op, th.count, &th.mma)? {
             return self.mma_dot(op, t);
         }
+        if matches!(self.f.ty(acc), Type::Tile(x) if x.layout != Layout::Flat) {
+            return Err(CodegenError::Invalid(
+                "a tile.dot without a tensor-core mark on an #mma accumulator".into(),
+            ));
+        }
         let sa = self.f.ty(a).shape().unwrap_or(&[]).to_vec();
         let sb = self.f.ty(b).shape().unwrap_or(&[]).to_vec();
         let (m, k, n) = (sa[0], sa[1], sb[1]);

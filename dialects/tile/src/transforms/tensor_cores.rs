@@ -8,19 +8,27 @@
 
 use dlc_core::{DType, TargetDesc};
 
-use crate::ir::{Function, Type};
+use crate::ir::{Function, Layout, Type};
 use crate::ops::OpKind;
 
 /// Marks every `tile.dot` of `f` that `target` runs on tensor cores with
-/// the shape of its instruction, and unmarks the others; returns how many
+/// the shape of its instruction, and unmarks the others (but a product
+/// whose accumulator is already in the `#mma` layout); returns how many
 /// are marked.
 pub fn tensor_cores(f: &mut Function, target: &TargetDesc) -> usize {
     let choices: Vec<Option<[usize; 3]>> = (0..f.ops.len()).map(|i| shape(f, i, target)).collect();
     let mut marked = 0;
-    for (op, choice) in f.ops.iter_mut().zip(choices) {
-        if let OpKind::Dot { mma } = &mut op.kind {
-            *mma = choice;
-            marked += usize::from(choice.is_some());
+    for (i, choice) in choices.into_iter().enumerate() {
+        // A product whose accumulator is laid out for its mark keeps it.
+        let laid = f.ops[i]
+            .operands
+            .get(2)
+            .is_some_and(|&acc| matches!(f.ty(acc), Type::Tile(t) if t.layout != Layout::Flat));
+        if let OpKind::Dot { mma } = &mut f.ops[i].kind {
+            if !laid {
+                *mma = choice;
+            }
+            marked += usize::from(mma.is_some());
         }
     }
     marked
