@@ -17,7 +17,8 @@
 //!   entry point a `dlc_runtime::gpu::GpuFunction` lists the buffers (parameters, the
 //!   workspace, constant data) and the launches in order, with grid, block size, dynamic
 //!   shared memory and arguments; `--emit ptx` prints it as comments above the kernels.
-//! - **Layout.** Every tile is spread over the block's threads the same way: element `e`
+//! - **Layout.** A tile's type says how the block's threads hold it (`dlc_tile::Layout`).
+//!   In the flat layout, every tile but a loop's tensor-core accumulator, element `e`
 //!   (its row-major position) belongs to thread `e mod 256`, which holds elements `t, t +
 //!   256, ...` as scalars (a 64x64 accumulator is 16 per thread). Tiles of one shape are
 //!   laid out alike, so element-wise ops, masks, casts and `tile.for`'s carried values are
@@ -47,7 +48,12 @@
 //!   store, so every `mma.sync` runs on whole warps), loads its accumulator fragment,
 //!   runs one `mma.sync` per 16-deep step on fragments read as 32-bit words in the PTX
 //!   ISA's layouts (groupID = lane / 4, threadID_in_group = lane % 4), and stores the
-//!   fragment back, from where each thread reads its elements. f32 products keep the FMA
+//!   fragment back, from where each thread reads its elements. An accumulator in the
+//!   `#mma` layout is those fragments themselves (four f32 per lane per 16 x 8 tile,
+//!   tile `q` to warp `q mod 8`): `tile.mma-accumulators` (in the GPU pipeline) carries a
+//!   depth loop's accumulator so, with one `tile.convert_layout` before the loop and one
+//!   after (each through the staging area), so the products in the loop neither stage it
+//!   nor read it back. f32 products keep the FMA
 //!   path unless TF32 is asked for (`--tf32`, `CompileOptions::tf32`,
 //!   `TargetDesc::with_tf32`, which adds f32's `m16n8k8` shape to the target's tensor-core
 //!   shapes): then they run on `mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32`, the
@@ -115,9 +121,8 @@
 //!   --check`.
 //! - **What is not built yet** (the GPU's speed, issue 11's second half): `wgmma` on
 //!   sm_90 (f16/bf16, and TF32 on request, use `mma.sync`; f32 the FMA path);
-//!   `cp.async` for 16-bit operands; a tensor-core accumulator goes through shared memory
-//!   at every `tile.dot` (it is carried across the depth loop in the flat layout); the
-//!   staging area is reserved for a product even when both operands are read in place;
+//!   `cp.async` for 16-bit operands; the tensor-core operands are still staged or read
+//!   from shared memory word by word (no `ldmatrix`); the staging area is reserved for a product even when both operands are read in place;
 //!   a product of one depth slice also computes a second, all-zero one (the two-stage
 //!   loop's rounding);
 //!   reductions along one axis of a 2-D tile combine from shared memory rather than with
