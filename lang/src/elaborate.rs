@@ -127,7 +127,7 @@ pub fn elaborate(
         if builtins::is_reserved(&name.name) {
             errors.push(Diagnostic::new(
                 format!(
-                    "`{}` is a built-in operator and cannot be redefined",
+                    "`{}` is a built-in function and cannot be redefined",
                     name.name
                 ),
                 name.span,
