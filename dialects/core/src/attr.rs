@@ -243,12 +243,12 @@ impl<'a> AttrReader<'a> {
         }
     }
 
-    /// A list of two non-negative integers.
-    pub fn pair(&mut self, key: &str) -> Result<[usize; 2], String> {
+    /// A list of exactly `N` non-negative integers.
+    pub fn sizes<const N: usize>(&mut self, key: &str) -> Result<[usize; N], String> {
         let op = self.op;
         let v = self.usizes(key)?;
-        <[usize; 2]>::try_from(v.as_slice())
-            .map_err(|_| format!("`{op}`: `{key}` must list two integers"))
+        <[usize; N]>::try_from(v.as_slice())
+            .map_err(|_| format!("`{op}`: `{key}` takes {N} sizes, got {}", v.len()))
     }
 
     /// Fails on the first attribute nothing read.

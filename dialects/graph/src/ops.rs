@@ -300,8 +300,8 @@ impl Op {
                     end: a.usize("end")?,
                 },
                 "conv2d" => Op::Conv2d {
-                    stride: a.pair("stride")?,
-                    padding: a.pair("padding")?,
+                    stride: a.sizes::<2>("stride")?,
+                    padding: a.sizes::<2>("padding")?,
                     groups: a.usize("groups")?,
                 },
                 "maxpool2d" | "avgpool2d" => Op::Pool2d {
@@ -310,9 +310,9 @@ impl Op {
                     } else {
                         PoolKind::Avg
                     },
-                    kernel: a.pair("kernel")?,
-                    stride: a.pair("stride")?,
-                    padding: a.pair("padding")?,
+                    kernel: a.sizes::<2>("kernel")?,
+                    stride: a.sizes::<2>("stride")?,
+                    padding: a.sizes::<2>("padding")?,
                 },
                 "batchnorm" => Op::BatchNorm {
                     eps: a.float("eps")?,

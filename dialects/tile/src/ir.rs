@@ -160,6 +160,15 @@ impl TileType {
         self
     }
 
+    /// Whether it can be a tensor-core accumulator in the `#mma` layout:
+    /// an f32 matrix of whole 16 x 8 tiles.
+    pub fn fits_mma(&self) -> bool {
+        self.dtype == DType::F32
+            && self.shape.len() == 2
+            && self.shape[0].is_multiple_of(16)
+            && self.shape[1].is_multiple_of(8)
+    }
+
     /// Number of elements.
     pub fn len(&self) -> usize {
         self.shape.iter().product()
@@ -378,32 +387,20 @@ impl Schedule {
     /// Reads a kernel's schedule from its attributes (`schedule` and the
     /// strategy's parameters); an error names what is missing or wrong.
     pub fn read(a: &mut dlc_core::attr::AttrReader<'_>) -> Result<Schedule, String> {
-        fn fixed<const N: usize>(
-            a: &mut dlc_core::attr::AttrReader<'_>,
-            key: &str,
-        ) -> Result<[usize; N], String> {
-            let v = a.usizes(key)?;
-            <[usize; N]>::try_from(v.as_slice()).map_err(|_| {
-                format!(
-                    "schedule parameter `{key}` takes {N} sizes, got {}",
-                    v.len()
-                )
-            })
-        }
-        let vector = |a: &mut dlc_core::attr::AttrReader<'_>| fixed::<1>(a, "vector").map(|[v]| v);
+        let vector = |a: &mut dlc_core::attr::AttrReader<'_>| a.sizes::<1>("vector").map(|[v]| v);
         let strategy = a.string("schedule")?;
         Ok(match strategy.as_str() {
             "serial" => Schedule::Serial { vector: vector(a)? },
             "rows" => Schedule::Rows { vector: vector(a)? },
             "blocked" => Schedule::Blocked {
                 vector: vector(a)?,
-                tile: a.has("tile").then(|| fixed::<2>(a, "tile")).transpose()?,
+                tile: a.has("tile").then(|| a.sizes::<2>("tile")).transpose()?,
             },
             "dot" => Schedule::Dot {
-                tile: fixed::<3>(a, "tile")?,
+                tile: a.sizes::<3>("tile")?,
                 staged: match a
                     .has("stages")
-                    .then(|| fixed::<1>(a, "stages"))
+                    .then(|| a.sizes::<1>("stages"))
                     .transpose()?
                 {
                     None | Some([1]) => false,
@@ -412,8 +409,8 @@ impl Schedule {
                 },
             },
             "packed" => Schedule::Packed {
-                blocking: fixed::<4>(a, "blocking")?,
-                pack: match a.has("pack").then(|| fixed::<1>(a, "pack")).transpose()? {
+                blocking: a.sizes::<4>("blocking")?,
+                pack: match a.has("pack").then(|| a.sizes::<1>("pack")).transpose()? {
                     None => None,
                     Some([0]) => Some(PackedOperand::Left),
                     Some([1]) => Some(PackedOperand::Right),
@@ -423,10 +420,10 @@ impl Schedule {
                 },
             },
             "fused" => Schedule::Fused {
-                blocking: fixed::<5>(a, "blocking")?,
+                blocking: a.sizes::<5>("blocking")?,
             },
             "winograd" => Schedule::Winograd {
-                blocking: fixed::<4>(a, "blocking")?,
+                blocking: a.sizes::<4>("blocking")?,
             },
             other => {
                 return Err(format!(

@@ -236,15 +236,7 @@ impl OpKind {
                 },
                 "convert_layout" => OpKind::ConvertLayout,
                 "dot" => OpKind::Dot {
-                    mma: match a.has("mma") {
-                        true => {
-                            let [m, n, k] = a.usizes("mma")?[..] else {
-                                return Err(format!("`{name}`: `mma` must be [m, n, k]"));
-                            };
-                            Some([m, n, k])
-                        }
-                        false => None,
-                    },
+                    mma: a.has("mma").then(|| a.sizes::<3>("mma")).transpose()?,
                 },
                 "reduce" => {
                     let kind = a.word("kind")?;
@@ -469,12 +461,7 @@ impl OpKind {
     fn check_layouts(&self, operands: &[&Type], results: &[&Type]) -> Result<(), String> {
         let laid = |t: &&Type| matches!(t, Type::Tile(t) if t.layout != Layout::Flat);
         let mma_ok = |t: &&Type| match t {
-            Type::Tile(t) if t.layout == Layout::Mma => {
-                t.dtype == DType::F32
-                    && t.shape.len() == 2
-                    && t.shape[0] % 16 == 0
-                    && t.shape[1] % 8 == 0
-            }
+            Type::Tile(t) if t.layout == Layout::Mma => t.fits_mma(),
             _ => true,
         };
         if let Some(t) = operands.iter().chain(results).find(|t| !mma_ok(t)) {

@@ -51,16 +51,8 @@ fn users(f: &Function, v: Value) -> Vec<OpId> {
 fn accumulator_chain(f: &Function, l: OpId, k: usize) -> Option<Vec<OpId>> {
     let body = f.op(l).regions.first()?;
     let arg = *body.args.get(1 + k)?;
-    let fits = |v: Value| match f.ty(v) {
-        Type::Tile(t) => {
-            t.layout == Layout::Flat
-                && t.dtype == dlc_core::DType::F32
-                && t.shape.len() == 2
-                && t.shape[0] % 16 == 0
-                && t.shape[1] % 8 == 0
-        }
-        _ => false,
-    };
+    let fits =
+        |v: Value| matches!(f.ty(v), Type::Tile(t) if t.layout == Layout::Flat && t.fits_mma());
     if !fits(arg) {
         return None;
     }
