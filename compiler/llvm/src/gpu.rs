@@ -165,7 +165,7 @@ pub fn emulate<T>(
     let engine = module
         .create_jit_execution_engine(OptimizationLevel::Default)
         .map_err(|e| CodegenError::Llvm(e.to_string()))?;
-    let hooks: [usize; 11] = [
+    let hooks: [usize; 12] = [
         hooks::thread as *const () as usize,
         hooks::block as *const () as usize,
         hooks::barrier as *const () as usize,
@@ -177,6 +177,7 @@ pub fn emulate<T>(
         hooks::shfl_bfly as *const () as usize,
         hooks::mma as *const () as usize,
         hooks::cp_async as *const () as usize,
+        hooks::ldmatrix as *const () as usize,
     ];
     for (name, address) in EMULATOR_HOOKS.iter().zip(hooks) {
         if let Some(f) = module.get_function(name) {
@@ -469,6 +470,59 @@ mod hooks {
         barrier();
         // SAFETY: the generated code passes four floats of its own stack.
         unsafe { std::ptr::copy_nonoverlapping(d.as_ptr(), out, 4) };
+    }
+
+    /// `ldmatrix.sync.aligned.m8n8.x{count}[.trans].shared.b16` for the
+    /// calling thread's warp: lane `8 i + r` gives the address of row `r`
+    /// (eight 16-bit elements) of matrix `i`; each lane receives, per
+    /// matrix, the word at row lane / 4, elements 2 (lane % 4) and the
+    /// next, or with `trans` the elements at rows 2 (lane % 4) and the next
+    /// of column lane / 4, low half first. A row not on a 16-byte boundary
+    /// of shared memory (which the hardware does not define) reads as
+    /// NaNs, so a test of it fails. Every thread of the block calls it
+    /// together.
+    pub(super) extern "C" fn ldmatrix(row: *const u8, count: u32, trans: u32, out: *mut u32) {
+        use std::sync::atomic::Ordering;
+        let Some(slots) = slots() else {
+            return;
+        };
+        let me = thread() as usize;
+        let address = row as usize as u64;
+        slots[me * SLOTS].store(address as u32, Ordering::SeqCst);
+        slots[me * SLOTS + 1].store((address >> 32) as u32, Ordering::SeqCst);
+        barrier();
+        let warp = me & !31;
+        let base = shared() as usize;
+        let row_of = |matrix: usize, r: usize| -> Option<*const u8> {
+            let lane = warp + matrix * 8 + r;
+            let lo = slots[lane * SLOTS].load(Ordering::SeqCst) as u64;
+            let hi = slots[lane * SLOTS + 1].load(Ordering::SeqCst) as u64;
+            let a = (lo | (hi << 32)) as usize;
+            (a >= base && (a - base).is_multiple_of(16)).then_some(a as *const u8)
+        };
+        // SAFETY: each lane's address is a row of 16 bytes of the block's
+        // shared memory, which no thread writes between the barriers.
+        let half =
+            |p: *const u8, i: usize| unsafe { (p.add(2 * i) as *const u16).read_unaligned() };
+        let (group, member) = ((me & 31) / 4, me & 3);
+        let mut words = [0u32; 4];
+        for (matrix, w) in words.iter_mut().enumerate().take(count as usize) {
+            let (lo, hi) = if trans != 0 {
+                match (row_of(matrix, 2 * member), row_of(matrix, 2 * member + 1)) {
+                    (Some(a), Some(b)) => (half(a, group), half(b, group)),
+                    _ => (u16::MAX, u16::MAX),
+                }
+            } else {
+                match row_of(matrix, group) {
+                    Some(a) => (half(a, 2 * member), half(a, 2 * member + 1)),
+                    None => (u16::MAX, u16::MAX),
+                }
+            };
+            *w = u32::from(lo) | (u32::from(hi) << 16);
+        }
+        barrier();
+        // SAFETY: the generated code passes four words of its own stack.
+        unsafe { std::ptr::copy_nonoverlapping(words.as_ptr(), out, 4) };
     }
 
     pub(super) extern "C" fn thread() -> u32 {

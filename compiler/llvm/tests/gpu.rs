@@ -356,6 +356,76 @@ fn accumulators_stay_in_fragments_across_the_loop() {
     }
 }
 
+/// The blocks tensor-core products read in place get rows padded against
+/// bank conflicts (`tile.shared-layouts`: strides in their buffer type),
+/// and the fragments are read from them by `ldmatrix`: the left operand's
+/// always, the right one's transposed when 16-bit (TF32's word by word).
+/// The emulator's `ldmatrix` reads NaNs from a row off a 16-byte boundary;
+/// it agrees with the reference, several rounds of tiles per warp and two
+/// column tiles per warp included.
+#[test]
+fn fragments_are_read_by_ldmatrix_from_padded_rows() {
+    for (src, tf32) in [
+        (
+            "fn f(x: bf16[64, 96], w: bf16[96, 128]) -> bf16[64, 128] { return x @ w; }",
+            false,
+        ),
+        (
+            "fn f(x: f32[64, 96], w: f32[96, 64]) -> f32[64, 64] { return x @ w; }",
+            true,
+        ),
+    ] {
+        let target = if tf32 {
+            TargetDesc::sm_90().with_tf32()
+        } else {
+            TargetDesc::sm_90()
+        };
+        let m = graph(src);
+        let tiles = dlc_driver::lower_for_tile(&m, &target).unwrap();
+        let text = dlc_tile::print_module(&tiles);
+        let padded = if tf32 {
+            [
+                "f32[2, 64, 32], strides = [2304, 36, 1], shared",
+                "f32[2, 32, 64], strides = [2304, 72, 1], shared",
+            ]
+        } else {
+            [
+                "bf16[2, 64, 32], strides = [2560, 40, 1], shared",
+                "bf16[2, 32, 64], strides = [2304, 72, 1], shared",
+            ]
+        };
+        for p in padded {
+            assert!(text.contains(p), "{p} in\n{text}");
+        }
+        let ptx = dlc_llvm::compile_gpu(&tiles, &Symbols::for_module("t"), &target)
+            .unwrap()
+            .ptx;
+        assert!(
+            ptx.contains("ldmatrix.sync.aligned.m8n8.x4.shared.b16"),
+            "{ptx}"
+        );
+        assert_eq!(
+            ptx.contains("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16"),
+            !tf32
+        );
+        if !tf32 {
+            emulated_agrees_on(src, &target);
+            continue;
+        }
+        let f = m.entry_points().next().unwrap();
+        let inputs = prepare_inputs(f, &[], Some(3)).unwrap();
+        let want = interpret(&m, f, &inputs).unwrap();
+        let got = dlc_llvm::emulate(&tiles, &target, |emu| Ok(emu.call(&f.name, &inputs)))
+            .unwrap()
+            .unwrap();
+        let err = max_relative_error(&got, &want).unwrap();
+        assert!(
+            err <= dlc_driver::TF32_TOLERANCE,
+            "relative error {err:.3e}"
+        );
+    }
+}
+
 /// f32 products stay on the FMA path unless TF32 is asked for; then they
 /// run on tensor cores (`mma.sync.m16n8k8` on TF32) and agree with the
 /// reference at TF32's precision (`--check --tf32`'s tolerance), which the

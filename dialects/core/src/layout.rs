@@ -39,6 +39,41 @@ impl Layout {
         }
     }
 
+    /// A buffer whose rows (along the last axis) are `pitch` elements apart
+    /// instead of their length, the axes before them row-major over those
+    /// rows: `[2, 64, 32]` at pitch 40 has strides `[2560, 40, 1]`. A
+    /// pitch of a row's length is [`Layout::contiguous`]. The padding
+    /// moves rows to other banks of a GPU's shared memory.
+    pub fn with_row_pitch(dtype: DType, shape: Vec<usize>, pitch: usize) -> Self {
+        let mut l = Layout::contiguous(dtype, shape);
+        if let Some(&cols) = l.shape.last()
+            && l.shape.len() >= 2
+            && pitch > cols
+        {
+            let last = l.shape.len() - 1;
+            l.strides[last - 1] = pitch;
+            for i in (0..last - 1).rev() {
+                l.strides[i] = l.strides[i + 1].saturating_mul(l.shape[i + 1]);
+            }
+        }
+        l
+    }
+
+    /// The distance in elements between consecutive rows when the buffer
+    /// is rows at a pitch ([`Layout::with_row_pitch`], row-major included:
+    /// its pitch is a row's length) with no offset; `None` otherwise, and
+    /// for a buffer of fewer than two axes.
+    pub fn row_pitch(&self) -> Option<usize> {
+        let n = self.shape.len();
+        if n < 2 || self.offset != 0 {
+            return None;
+        }
+        let pitch = self.strides[n - 2];
+        (Layout::with_row_pitch(self.dtype, self.shape.clone(), pitch) == *self
+            && pitch >= self.shape[n - 1])
+            .then_some(pitch)
+    }
+
     /// Whether the buffer is its storage from the start, row-major: the
     /// strides are the row-major ones and there is no offset.
     pub fn is_contiguous(&self) -> bool {
@@ -127,5 +162,32 @@ impl fmt::Display for Layout {
 impl AsRef<Layout> for Layout {
     fn as_ref(&self) -> &Layout {
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_at_a_pitch() {
+        let l = Layout::with_row_pitch(DType::BF16, vec![2, 64, 32], 40);
+        assert_eq!(l.strides, [2560, 40, 1]);
+        assert_eq!(l.row_pitch(), Some(40));
+        assert_eq!(l.storage_len(), Some(64 * 40 + 63 * 40 + 32));
+        assert!(!l.has_row_major_strides());
+        // Row-major is rows at their own length; a pitch no longer than a
+        // row is row-major.
+        let c = Layout::contiguous(DType::F32, vec![4, 8]);
+        assert_eq!(c.row_pitch(), Some(8));
+        assert_eq!(Layout::with_row_pitch(DType::F32, vec![4, 8], 6), c);
+        // Not rows at a pitch: transposed, one axis, an offset.
+        let mut t = Layout::contiguous(DType::F32, vec![4, 8]);
+        t.strides = vec![1, 4];
+        assert_eq!(t.row_pitch(), None);
+        assert_eq!(Layout::contiguous(DType::F32, vec![8]).row_pitch(), None);
+        let mut o = l.clone();
+        o.offset = 3;
+        assert_eq!(o.row_pitch(), None);
     }
 }

@@ -136,6 +136,10 @@ pub struct GpuDesc {
     pub shared_memory_per_block: usize,
     /// Streaming multiprocessors (for sizing grids).
     pub multiprocessors: usize,
+    /// Banks of shared memory and the bytes of each: a warp's access is
+    /// served at once when no two lanes read different words of one bank
+    /// (word `w` is in bank `w mod banks`).
+    pub shared_banks: (usize, usize),
     /// Tensor-core instruction shapes `(m, n, k)` per input type; the
     /// accumulator is that type's accumulator (f32 for f16/bf16).
     pub mma: Vec<(DType, [usize; 3])>,
@@ -472,7 +476,8 @@ impl TargetDesc {
 
     /// An NVIDIA GPU of compute capability `(major, minor)` with `shared`
     /// bytes of shared memory per block and `multiprocessors` SMs; warps of
-    /// 32, blocks of up to 1024 threads, `mma.sync` m16n8k16 for f16/bf16.
+    /// 32, blocks of up to 1024 threads, 32 banks of 4 bytes of shared
+    /// memory, `mma.sync` m16n8k16 for f16/bf16.
     fn nvidia(compute_capability: (u32, u32), shared: usize, multiprocessors: usize) -> TargetDesc {
         TargetDesc {
             name: format!("sm_{}{}", compute_capability.0, compute_capability.1),
@@ -482,6 +487,7 @@ impl TargetDesc {
                 max_threads_per_block: 1024,
                 shared_memory_per_block: shared,
                 multiprocessors,
+                shared_banks: (32, 4),
                 mma: vec![(DType::F16, [16, 8, 16]), (DType::BF16, [16, 8, 16])],
             }),
         }

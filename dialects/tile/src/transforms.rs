@@ -20,12 +20,13 @@ use crate::ops::OpKind;
 pub const CPU_PIPELINE: &str = "tile.reuse-packs,tile.dce,tile.split-prepare";
 
 /// What runs after the conversion for a GPU: the products that run on
-/// tensor cores chosen and their loops' accumulators kept in the warps'
-/// fragments, packs reused as on a CPU, then the barriers a
+/// tensor cores chosen, their loops' accumulators kept in the warps'
+/// fragments and the rows of the blocks they read padded against bank
+/// conflicts, packs reused as on a CPU, then the barriers a
 /// block of threads needs between accesses of one buffer (the GPU runtime
 /// does not call preparers: weights are inputs like any other there).
-pub const GPU_PIPELINE: &str =
-    "tile.tensor-cores,tile.mma-accumulators,tile.reuse-packs,tile.dce,tile.insert-barriers";
+pub const GPU_PIPELINE: &str = "tile.tensor-cores,tile.mma-accumulators,tile.shared-layouts,\
+                                tile.reuse-packs,tile.dce,tile.insert-barriers";
 
 /// A transform of each function, run as a pass; the counter it reports
 /// is what the transform returns.
@@ -60,21 +61,27 @@ impl Pass<Module> for SplitPrepare {
     }
 }
 
-/// `tile.tensor-cores`, for a target.
-struct TensorCores(TargetDesc);
+/// A transform of each function for a target, run as a pass
+/// (`tile.tensor-cores`, `tile.shared-layouts`).
+struct ForTarget {
+    name: &'static str,
+    counter: &'static str,
+    run: fn(&mut Function, &TargetDesc) -> usize,
+    target: TargetDesc,
+}
 
-impl Pass<Module> for TensorCores {
+impl Pass<Module> for ForTarget {
     fn name(&self) -> &'static str {
-        "tile.tensor-cores"
+        self.name
     }
 
     fn run(&mut self, m: &mut Module) -> Result<Vec<(&'static str, u64)>, PassError> {
         let n: usize = m
             .functions
             .iter_mut()
-            .map(|f| tensor_cores(f, &self.0))
+            .map(|f| (self.run)(f, &self.target))
             .sum();
-        Ok(vec![("products on tensor cores", n as u64)])
+        Ok(vec![(self.counter, n as u64)])
     }
 }
 
@@ -88,27 +95,57 @@ pub fn registry() -> PassRegistry<Module> {
 /// unless their options name another.
 pub fn registry_for(target: &TargetDesc) -> PassRegistry<Module> {
     let mut r = PassRegistry::default();
-    let default = target.clone();
-    r.register(
-        "tile.tensor-cores",
-        "marks each `tile.dot` a GPU target runs on tensor cores with its instruction's shape \
-         (`mma = [m, n, k]`) and unmarks the others; `target=NAME` (default: the target \
-         compiled for; in dlc-opt this machine), `tf32=true` (f32 products as TF32 too)",
-        move |o| {
-            o.expect_only(&["target", "tf32"])?;
+    // A pass for a target: `target=NAME` (default: the one compiled
+    // for), and for `tile.tensor-cores` `tf32=true`.
+    let for_target = |name: &'static str, counter, run| {
+        let default = target.clone();
+        move |o: &dlc_core::PassOptions| {
+            let tf32 = name == "tile.tensor-cores";
+            o.expect_only(if tf32 {
+                &["target", "tf32"]
+            } else {
+                &["target"]
+            })?;
             let bad = |message: String| PassError::BadOption {
-                pass: "tile.tensor-cores".into(),
+                pass: name.into(),
                 message,
             };
             let mut target = match o.get("target", String::new())? {
                 name if name.is_empty() => default.clone(),
                 name => TargetDesc::named(&name).map_err(bad)?,
             };
-            if o.get("tf32", false)? {
+            if tf32 && o.get("tf32", false)? {
                 target = target.with_tf32();
             }
-            Ok(Box::new(TensorCores(target)) as Box<dyn Pass<Module>>)
-        },
+            Ok(Box::new(ForTarget {
+                name,
+                counter,
+                run,
+                target,
+            }) as Box<dyn Pass<Module>>)
+        }
+    };
+    r.register(
+        "tile.tensor-cores",
+        "marks each `tile.dot` a GPU target runs on tensor cores with its instruction's shape \
+         (`mma = [m, n, k]`) and unmarks the others; `target=NAME` (default: the target \
+         compiled for; in dlc-opt this machine), `tf32=true` (f32 products as TF32 too)",
+        for_target(
+            "tile.tensor-cores",
+            "products on tensor cores",
+            tensor_cores,
+        ),
+    );
+    r.register(
+        "tile.shared-layouts",
+        "pads the rows of each shared buffer tensor-core products read their fragments from \
+         (its strides) to the shortest pitch at which a warp's reads hit no bank twice; \
+         `target=NAME` (default: the target compiled for)",
+        for_target(
+            "tile.shared-layouts",
+            "shared buffers padded",
+            shared_layouts,
+        ),
     );
     let per_function = |name, counter, run| {
         move |o: &dlc_core::PassOptions| {
@@ -245,9 +282,11 @@ pub mod barriers;
 mod mma_accumulators;
 mod prepare;
 mod reuse;
+mod shared_layouts;
 mod tensor_cores;
 pub use barriers::insert_barriers;
 pub use mma_accumulators::mma_accumulators;
 pub use prepare::split_prepare;
 pub use reuse::reuse_packs;
+pub use shared_layouts::shared_layouts;
 pub use tensor_cores::tensor_cores;

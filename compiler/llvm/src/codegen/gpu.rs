@@ -41,9 +41,12 @@
 //!   into an f32 accumulator, in whole 16 x 8 x 16 steps (the GPU schedule's 64 x 64 x 32
 //!   blocks are), `{mma = [16, 8, 16]}`, and the generator obeys the mark (refusing one
 //!   the target or the generator has no instruction for). Such a product runs on
-//!   `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.f32`: the left operand is staged
-//!   row-major, the right one transposed (a fragment register's two elements are then
-//!   adjacent) and the accumulator as f32; each warp takes the result's 16 x 8 tiles in
+//!   `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.f32`: operands the program has
+//!   just loaded whole from a shared buffer are read there in place, at the pitch of the
+//!   buffer's rows (`tile.shared-layouts`, in the GPU pipeline, pads them so a warp's
+//!   fragment reads hit no bank twice); others are staged, the left operand row-major,
+//!   the right one transposed (a fragment register's two elements are then adjacent),
+//!   and a flat accumulator as f32. Each warp takes the result's 16 x 8 tiles in
 //!   turn (warps step together: one past the last tile computes a tile it does not
 //!   store, so every `mma.sync` runs on whole warps), loads its accumulator fragment,
 //!   runs one `mma.sync` per 16-deep step on fragments read as 32-bit words in the PTX
@@ -53,7 +56,10 @@
 //!   tile `q` to warp `q mod 8`): `tile.mma-accumulators` (in the GPU pipeline) carries a
 //!   depth loop's accumulator so, with one `tile.convert_layout` before the loop and one
 //!   after (each through the staging area), so the products in the loop neither stage it
-//!   nor read it back. f32 products keep the FMA
+//!   nor read it back; one loop over the depth then carries all of a warp's tiles, and
+//!   each step reads a fragment once for every tile of the warp that shares its rows
+//!   (left) or columns (right), as the 64 x 64 blocks' four tiles per warp share one
+//!   column. f32 products keep the FMA
 //!   path unless TF32 is asked for (`--tf32`, `CompileOptions::tf32`,
 //!   `TargetDesc::with_tf32`, which adds f32's `m16n8k8` shape to the target's tensor-core
 //!   shapes): then they run on `mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32`, the
@@ -121,8 +127,9 @@
 //!   --check`.
 //! - **What is not built yet** (the GPU's speed, issue 11's second half): `wgmma` on
 //!   sm_90 (f16/bf16, and TF32 on request, use `mma.sync`; f32 the FMA path);
-//!   `cp.async` for 16-bit operands; the tensor-core operands are still staged or read
-//!   from shared memory word by word (no `ldmatrix`); the staging area is reserved for a product even when both operands are read in place;
+//!   `cp.async` for 16-bit operands; the tensor-core operands are still read from shared
+//!   memory word by word (no `ldmatrix`); a product's right operand in place takes two
+//!   16-bit reads per register;
 //!   a product of one depth slice also computes a second, all-zero one (the two-stage
 //!   loop's rounding);
 //!   reductions along one axis of a 2-D tile combine from shared memory rather than with
@@ -163,8 +170,9 @@ pub(crate) enum Flavor {
 /// block's index, a barrier of the block's threads, the block's shared
 /// memory; then the f32 functions a GPU approximates in hardware (`log2`,
 /// `2^x`, `sin` and `cos` on a reduced range), standing for
-/// [`HARDWARE_MATH`].
-pub(crate) const EMULATOR_HOOKS: [&str; 11] = [
+/// [`HARDWARE_MATH`]; then the warp's butterfly shuffle, `mma.sync`,
+/// `cp.async` and `ldmatrix`.
+pub(crate) const EMULATOR_HOOKS: [&str; 12] = [
     "dlc_emu_thread",
     "dlc_emu_block",
     "dlc_emu_barrier",
@@ -176,6 +184,7 @@ pub(crate) const EMULATOR_HOOKS: [&str; 11] = [
     "dlc_emu_shfl_bfly",
     "dlc_emu_mma",
     "dlc_emu_cp_async",
+    "dlc_emu_ldmatrix",
 ];
 
 /// Threads of a warp, which exchange registers with shuffles.
@@ -186,6 +195,39 @@ const WARP: usize = 32;
 /// (tile `q` to warp `q mod warps` in round `q / warps`).
 fn mma_rounds(m: usize, n: usize, threads: usize) -> usize {
     ((m / 16) * (n / 8)).div_ceil((threads / WARP).max(1))
+}
+
+/// The 16 x 8 tile (row and column of tiles) warp `warp` of `warps` takes
+/// in round `round` of an `m x n` accumulator: tile `round * warps + warp`,
+/// the last one for a warp past it ([`Gen::mma_tile`] computes the same in
+/// the kernel).
+fn mma_tile_of(round: usize, warp: usize, warps: usize, m: usize, n: usize) -> (usize, usize) {
+    let tiles = (m / 16) * (n / 8);
+    let q = (round * warps + warp).min(tiles - 1);
+    (q / (n / 8), q % (n / 8))
+}
+
+/// For each round of an `m x n` accumulator, which earlier round's left
+/// and right fragments it can read: the first round that gives every warp
+/// the same rows of tiles (columns, for the right one), so a warp reads
+/// each fragment once per step of the depth however many of its tiles
+/// use it.
+fn mma_sharing(m: usize, n: usize, threads: usize) -> Vec<(usize, usize)> {
+    let warps = (threads / WARP).max(1);
+    let of = |round: usize| -> (Vec<usize>, Vec<usize>) {
+        (0..warps)
+            .map(|w| mma_tile_of(round, w, warps, m, n))
+            .unzip()
+    };
+    let all: Vec<_> = (0..mma_rounds(m, n, threads)).map(of).collect();
+    all.iter()
+        .map(|(rows, cols)| {
+            (
+                all.iter().position(|(r, _)| r == rows).unwrap_or(0),
+                all.iter().position(|(_, c)| c == cols).unwrap_or(0),
+            )
+        })
+        .collect()
 }
 
 /// NVVM's approximations (PTX `lg2.approx`, `ex2.approx`, `sin.approx`,
@@ -389,6 +431,16 @@ fn staging_bytes(
             }
             OpKind::Reduce { .. } => bytes(op.operands[0]).max((threads.div_ceil(WARP) * 8) as u64),
             OpKind::Dot { .. } => match tensor_core_dot(f, op, threads, mma)? {
+                // Both operands in place and the accumulator in fragments:
+                // nothing goes through the staging area.
+                Some(_)
+                    if matches!(f.ty(op.operands[2]), Type::Tile(t) if t.layout == Layout::Mma)
+                        && op.operands[..2]
+                            .iter()
+                            .all(|&v| in_shared(f, v, op.results[0]).is_some()) =>
+                {
+                    0
+                }
                 Some(t) => t.regions().2 + (t.m * t.n * 4) as u64,
                 None => {
                     // Operands read in place take no staging.
@@ -490,7 +542,7 @@ fn tensor_core_dot(
 /// buffer and the element offset of the slot. A product can read `v`'s
 /// elements there instead of staging them again (the GPU schedule's
 /// operand blocks are such loads).
-fn in_shared(f: &Function, v: Value, user: Value) -> Option<(Value, i64)> {
+fn in_shared(f: &Function, v: Value, user: Value) -> Option<InShared> {
     let defining = |x: Value| f.ops.iter().position(|o| o.results.contains(&x));
     let (load, used) = (defining(v)?, defining(user)?);
     let op = &f.ops[load];
@@ -502,10 +554,14 @@ fn in_shared(f: &Function, v: Value, user: Value) -> Option<(Value, i64)> {
     };
     let shape = f.ty(v).shape()?;
     let lead = buf.shape.len().checked_sub(shape.len())?;
-    let contiguous =
-        dlc_tile::BufferType::contiguous(buf.dtype, buf.shape.clone(), dlc_tile::Space::Shared);
+    // Row-major, or (a 2-axis tile) rows at a pitch (`tile.shared-layouts`).
+    let pitch = match buf.row_pitch() {
+        Some(p) if buf.is_contiguous() || shape.len() == 2 => p,
+        _ if buf.is_contiguous() => *shape.last()?,
+        _ => return None,
+    };
     let whole = op.operands.len() == 1
-        && *buf == contiguous
+        && buf.space == dlc_tile::Space::Shared
         && buf.shape[lead..] == *shape
         && index[..lead].iter().all(Affine::is_constant)
         && index[lead..]
@@ -537,7 +593,19 @@ fn in_shared(f: &Function, v: Value, user: Value) -> Option<(Value, i64)> {
         .zip(&buf.strides)
         .map(|(e, &s)| e.constant * s as i64)
         .sum();
-    Some((op.operands[0], first))
+    Some(InShared {
+        buffer: op.operands[0],
+        first,
+        pitch,
+    })
+}
+
+/// Where [`in_shared`] finds a tile: its buffer, the element offset of its
+/// slot, and the distance in elements between its rows there.
+struct InShared {
+    buffer: Value,
+    first: i64,
+    pitch: usize,
 }
 
 /// Bytes one staged element of type `d` takes (bool as a byte).
@@ -1677,6 +1745,9 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
         let acc_d = self.tdtype(acc)?;
         let d = self.tdtype(a)?;
         let (src_a, src_b) = (self.loaded_from_shared(a, r), self.loaded_from_shared(b, r));
+        // Rows in place are at their buffer's pitch, staged ones row-major.
+        let pitch_a = src_a.as_ref().map_or(k, |s| s.pitch);
+        let pitch_b = src_b.as_ref().map_or(n, |s| s.pitch);
         // A staged right operand follows a staged left one.
         let b_first = if src_a.is_some() {
             0
@@ -1713,9 +1784,9 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
             self.counted_carrying(self.i64v(0), self.i64v(k as i64), 1, &init, |g, p, accs| {
                 let mut next = Vec::with_capacity(accs.len());
                 for (j, &s) in accs.iter().enumerate() {
-                    let ra = g.b.build_int_mul(rows[j], g.i64v(k as i64), "ra")?;
+                    let ra = g.b.build_int_mul(rows[j], g.i64v(pitch_a as i64), "ra")?;
                     let ia = g.b.build_int_add(ra, p, "ia")?;
-                    let rb = g.b.build_int_mul(p, g.i64v(n as i64), "rb")?;
+                    let rb = g.b.build_int_mul(p, g.i64v(pitch_b as i64), "rb")?;
                     let ib = g.b.build_int_add(rb, cols[j], "ib")?;
                     let x = g.operand_element(src_a, d, ia, acc_d, 0)?;
                     let y = g.operand_element(src_b, d, ib, acc_d, b_first)?;
@@ -1735,38 +1806,46 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
     }
 
     /// [`in_shared`]'s place as a pointer.
-    fn loaded_from_shared(&self, v: Value, user: Value) -> Option<PointerValue<'ctx>> {
-        let (buf, first) = in_shared(self.f, v, user)?;
-        let Type::Buffer(t) = self.f.ty(buf) else {
+    fn loaded_from_shared(&self, v: Value, user: Value) -> Option<InPlace<'ctx>> {
+        let at = in_shared(self.f, v, user)?;
+        let Type::Buffer(t) = self.f.ty(at.buffer) else {
             return None;
         };
-        let base = self.get(buf).ok()?.into_pointer_value();
+        let base = self.get(at.buffer).ok()?.into_pointer_value();
         // SAFETY (LLVM IR semantics): the slot is inside the buffer.
-        unsafe {
+        let slot = unsafe {
             self.b
                 .build_in_bounds_gep(
                     storage_type(self.ctx, t.dtype),
                     base,
-                    &[self.i64v(first)],
+                    &[self.i64v(at.first)],
                     "slot",
                 )
-                .ok()
-        }
+                .ok()?
+        };
+        // Shared buffers start 64-byte aligned (the plan's offsets).
+        let size = t.dtype.size_bytes();
+        Some(InPlace {
+            slot,
+            pitch: at.pitch,
+            aligned: (at.first as usize * size).is_multiple_of(16)
+                && (at.pitch * size).is_multiple_of(16),
+        })
     }
 
-    /// Element `e` (row-major) of a product's operand of type `d`, read as
-    /// `to`: from the shared buffer it is in, else from the staging area
-    /// at byte `first` (staged as `to`).
+    /// Element `e` of a product's operand of type `d`, read as `to`: from
+    /// the shared buffer it is in (`e` counted at its pitch), else from the
+    /// staging area at byte `first` (`e` row-major, staged as `to`).
     fn operand_element(
         &self,
-        src: Option<PointerValue<'ctx>>,
+        src: Option<InPlace<'ctx>>,
         d: DType,
         e: IntValue<'ctx>,
         to: DType,
         first: u64,
     ) -> R<BV<'ctx>> {
         match src {
-            Some(base) => {
+            Some(InPlace { slot: base, .. }) => {
                 // SAFETY (LLVM IR semantics): `e` is inside the tile the
                 // buffer holds.
                 let p = unsafe {
@@ -1883,6 +1962,61 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
         }
     }
 
+    /// `ldmatrix.sync.aligned.m8n8.x{count}[.trans].shared.b16` for this
+    /// lane's warp: `row` is the 16-byte row of matrix `lane / 8` this lane
+    /// gives (its row `lane % 8`); the words this lane receives, one per
+    /// matrix (row `lane / 4`, 16-bit elements `2 (lane % 4)` and the next;
+    /// transposed: those rows of column `lane / 4`, low half first).
+    fn ldmatrix(&self, row: PointerValue<'ctx>, count: u32, trans: bool) -> R<Vec<IntValue<'ctx>>> {
+        let i32t = self.ctx.i32_type();
+        match self.threads()?.flavor {
+            Flavor::Nvptx => {
+                let shared = self.ctx.ptr_type(AddressSpace::from(3u16));
+                let p = self.b.build_address_space_cast(row, shared, "row")?;
+                let name = format!(
+                    "llvm.nvvm.ldmatrix.sync.aligned.m8n8.x{count}{}.b16",
+                    if trans { ".trans" } else { "" }
+                );
+                // Overloaded on the pointer's address space (`.p3`).
+                let r = self
+                    .call(&name, &[shared.into()], &[p.into()])?
+                    .into_struct_value();
+                (0..count)
+                    .map(|i| Ok(self.b.build_extract_value(r, i, "m")?.into_int_value()))
+                    .collect()
+            }
+            Flavor::Emulated => {
+                let ptr = self.ctx.ptr_type(AddressSpace::default());
+                let decl = self.declare(
+                    EMULATOR_HOOKS[11],
+                    self.ctx
+                        .void_type()
+                        .fn_type(&[ptr.into(), i32t.into(), i32t.into(), ptr.into()], false),
+                );
+                let out = self
+                    .b
+                    .build_array_alloca(i32t, i32t.const_int(4, false), "m")?;
+                let args = [
+                    row.into(),
+                    i32t.const_int(count.into(), false).into(),
+                    i32t.const_int(trans.into(), false).into(),
+                    out.into(),
+                ];
+                self.b.build_call(decl, &args, "")?;
+                (0..count)
+                    .map(|i| {
+                        // SAFETY (LLVM IR semantics): `out` holds four words.
+                        let p = unsafe {
+                            self.b
+                                .build_in_bounds_gep(i32t, out, &[self.i64v(i.into())], "mi")?
+                        };
+                        Ok(self.b.build_load(i32t, p, "m")?.into_int_value())
+                    })
+                    .collect()
+            }
+        }
+    }
+
     /// `tile.dot` on tensor cores: the operands staged in shared memory
     /// (the right one transposed) unless read in place; each warp takes
     /// 16 x 8 tiles of the result in turn (all warps step together, a warp
@@ -1928,11 +2062,13 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
         let rounds = mma_rounds(t.m, t.n, self.threads()?.count);
         if in_fragments {
             let c = self.flatten(acc)?;
-            let mut out = Vec::with_capacity(c.len());
-            for (round, c) in c.chunks(4).enumerate().take(rounds) {
+            let sharing = mma_sharing(t.m, t.n, self.threads()?.count);
+            let mut tiles = Vec::with_capacity(rounds);
+            for (round, &(a, b)) in sharing.iter().enumerate() {
                 let (_, row0, col0) = self.mma_tile(&lane, self.i64v(round as i64), t.m, t.n)?;
-                out.extend(self.mma_steps(t, &lane, row0, col0, c, &src)?);
+                tiles.push(MmaTile { row0, col0, a, b });
             }
+            let out = self.mma_steps(t, &lane, &tiles, &c[..4 * rounds], &src)?;
             if staged {
                 // Nothing stages again before every warp has read.
                 self.barrier()?;
@@ -1951,7 +2087,13 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
                 .iter()
                 .map(|&p| Ok(g.b.build_load(f32t, p, "c")?))
                 .collect::<R<Vec<_>>>()?;
-            let done = g.mma_steps(t, &lane, row0, col0, &c, &src)?;
+            let tile = MmaTile {
+                row0,
+                col0,
+                a: 0,
+                b: 0,
+            };
+            let done = g.mma_steps(t, &lane, &[tile], &c, &src)?;
             g.when(Some(active), |g| {
                 for (p, v) in c_ptrs.iter().zip(&done) {
                     g.b.build_store(*p, *v)?;
@@ -2035,93 +2177,194 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
         Ok(self.b.build_int_add(row, col, "e")?)
     }
 
-    /// The steps over the depth of one 16 x 8 tile of a tensor-core
-    /// product at `row0`, `col0`, from accumulator fragment `c`: the new
-    /// fragment.
+    /// The steps over the depth of a tensor-core product for this warp's
+    /// 16 x 8 `tiles`, from their accumulator fragments `c` (four values
+    /// each): the new fragments. Each step reads a fragment once for all
+    /// the tiles that share it (`MmaTile::a`, `MmaTile::b`).
     fn mma_steps(
         &mut self,
         t: TensorCoreDot,
         lane: &MmaLane<'ctx>,
-        row0: IntValue<'ctx>,
-        col0: IntValue<'ctx>,
+        tiles: &[MmaTile<'ctx>],
         c: &[BV<'ctx>],
         src: &MmaOperands<'ctx>,
     ) -> R<Vec<BV<'ctx>>> {
-        let (m, n, k, d) = (t.m, t.n, t.k, t.d);
-        // A 32-bit fragment register holds two 16-bit elements, adjacent
-        // along the depth, or one TF32: the steps below are in elements.
-        let pair = if d == DType::F32 { 1 } else { 2 };
-        let size = t.size() as i64;
-        let member_k = self
-            .b
-            .build_int_mul(lane.member, self.i64v(pair), "member_k")?;
-        let (steps, half) = ((k / t.step) as i64, (t.step / 2) as i64);
-        let group = lane.group;
+        let steps = (t.k / t.step) as i64;
         self.counted_carrying(self.i64v(0), self.i64v(steps), 1, c, |g, kk, c| {
             let k0 = g.b.build_int_mul(kk, g.i64v(t.step as i64), "k0")?;
-            let k0 = g.b.build_int_add(k0, member_k, "k0")?;
-            // A register r: row g (+8 when r is odd), depth 2t and
-            // 2t + 1 (t for TF32), + half a step when r >= 2; B
-            // register r: column g, depth likewise, + half a step
-            // for r = 1: adjacent in the transposed copy.
-            let mut ra = Vec::with_capacity(4);
-            for reg in 0..4i64 {
-                let row = g.b.build_int_add(row0, group, "ar")?;
-                let row = g.b.build_int_add(row, g.i64v((reg & 1) * 8), "ar")?;
-                let col = g.b.build_int_add(k0, g.i64v((reg >> 1) * half), "ac")?;
-                let e = g.position_of(&[row, col], &[m, k])?;
-                let off = g.b.build_int_mul(e, g.i64v(size), "off")?;
-                ra.push(match src.a {
-                    // Row-major in place: the pair is adjacent too.
-                    Some(base) => g.word_at(base, off)?,
-                    None => {
-                        let off = g.b.build_int_add(off, g.i64v(src.a_at as i64), "off")?;
-                        g.staged_word(off)?
-                    }
-                });
+            let mut left: HashMap<usize, Vec<IntValue<'ctx>>> = HashMap::new();
+            let mut right: HashMap<usize, Vec<IntValue<'ctx>>> = HashMap::new();
+            let mut out = Vec::with_capacity(c.len());
+            for (i, (tile, c)) in tiles.iter().zip(c.chunks(4)).enumerate() {
+                if !left.contains_key(&tile.a) {
+                    left.insert(i, g.a_fragment(t, lane, tile.row0, k0, src)?);
+                }
+                if !right.contains_key(&tile.b) {
+                    right.insert(i, g.b_fragment(t, lane, tile.col0, k0, src)?);
+                }
+                out.extend(g.mma(t.d, &left[&tile.a], &right[&tile.b], c)?);
             }
-            let mut rb = Vec::with_capacity(2);
-            for reg in 0..2i64 {
-                let col = g.b.build_int_add(col0, group, "bn")?;
-                let row = g.b.build_int_add(k0, g.i64v(reg * half), "bk")?;
-                rb.push(match src.b {
-                    // Row-major in place: a pair's two elements are
-                    // in consecutive rows, packed low then high.
-                    Some(base) => {
-                        let word = |g: &Self, depth: IntValue<'ctx>| -> R<IntValue<'ctx>> {
-                            let e = g.position_of(&[depth, col], &[k, n])?;
-                            let off = g.b.build_int_mul(e, g.i64v(size), "off")?;
-                            if pair == 1 {
-                                return g.word_at(base, off);
-                            }
-                            let p = g.byte_pointer(base, off)?;
-                            let h = g.b.build_load(g.ctx.i16_type(), p, "h")?.into_int_value();
-                            Ok(g.b.build_int_z_extend(h, g.ctx.i32_type(), "h")?)
-                        };
-                        if pair == 1 {
-                            word(g, row)?
-                        } else {
-                            let lo = word(g, row)?;
-                            let next = g.b.build_int_add(row, g.i64v(1), "bk")?;
-                            let hi = word(g, next)?;
-                            let hi = g.b.build_left_shift(
-                                hi,
-                                g.ctx.i32_type().const_int(16, false),
-                                "hi",
-                            )?;
-                            g.b.build_or(lo, hi, "pair")?
-                        }
-                    }
-                    None => {
-                        let e = g.position_of(&[col, row], &[n, k])?;
-                        let off = g.b.build_int_mul(e, g.i64v(size), "off")?;
-                        let off = g.b.build_int_add(off, g.i64v(src.b_at as i64), "off")?;
-                        g.staged_word(off)?
-                    }
-                });
-            }
-            g.mma(d, &ra, &rb, c)
+            Ok(out)
         })
+    }
+
+    /// The depth of this lane's first element of a fragment register in
+    /// a step from `k0`: two 16-bit elements or one TF32 per member.
+    fn member_depth(
+        &self,
+        t: TensorCoreDot,
+        lane: &MmaLane<'ctx>,
+        k0: IntValue<'ctx>,
+    ) -> R<IntValue<'ctx>> {
+        let pair = if t.d == DType::F32 { 1 } else { 2 };
+        let m = self
+            .b
+            .build_int_mul(lane.member, self.i64v(pair), "member_k")?;
+        Ok(self.b.build_int_add(k0, m, "k")?)
+    }
+
+    /// This lane's four registers of the left operand's fragment for rows
+    /// `row0..row0 + 16` of the step at depth `k0`: register r is row
+    /// group (+8 when r is odd), depth k0 + the member's (+ half a step
+    /// when r >= 2), two 16-bit elements adjacent along the depth or one
+    /// TF32. Rows in place on 16-byte boundaries are read by one
+    /// `ldmatrix.x4`, its matrix r being register r's 8 x 16 bytes (lane
+    /// 8 r + i gives row i of it): the fragment's layout is `ldmatrix`'s,
+    /// a TF32 taken as two 16-bit halves.
+    fn a_fragment(
+        &self,
+        t: TensorCoreDot,
+        lane: &MmaLane<'ctx>,
+        row0: IntValue<'ctx>,
+        k0: IntValue<'ctx>,
+        src: &MmaOperands<'ctx>,
+    ) -> R<Vec<IntValue<'ctx>>> {
+        let (size, half) = (t.size() as i64, (t.step / 2) as i64);
+        let pitch = src.a.map_or(t.k, |s| s.pitch) as i64;
+        let at = |row: IntValue<'ctx>, col: IntValue<'ctx>| -> R<IntValue<'ctx>> {
+            let e = self.b.build_int_mul(row, self.i64v(pitch), "e")?;
+            let e = self.b.build_int_add(e, col, "e")?;
+            Ok(self.b.build_int_mul(e, self.i64v(size), "off")?)
+        };
+        if let Some(s) = src.a.filter(|s| s.aligned) {
+            // Lane l: matrix l / 8 = group / 2, its row l % 8.
+            let matrix = self
+                .b
+                .build_right_shift(lane.group, self.i64v(1), false, "mi")?;
+            let odd = self.b.build_and(lane.group, self.i64v(1), "odd")?;
+            let r = self.b.build_int_mul(odd, self.i64v(4), "r")?;
+            let r = self.b.build_int_add(r, lane.member, "r")?;
+            let low = self.b.build_and(matrix, self.i64v(1), "low")?;
+            let row = self.b.build_int_mul(low, self.i64v(8), "row")?;
+            let row = self.b.build_int_add(row, r, "row")?;
+            let row = self.b.build_int_add(row0, row, "row")?;
+            let deep = self
+                .b
+                .build_right_shift(matrix, self.i64v(1), false, "deep")?;
+            let col = self.b.build_int_mul(deep, self.i64v(half), "col")?;
+            let col = self.b.build_int_add(k0, col, "col")?;
+            return self.ldmatrix(self.byte_pointer(s.slot, at(row, col)?)?, 4, false);
+        }
+        let k = self.member_depth(t, lane, k0)?;
+        let mut ra = Vec::with_capacity(4);
+        for reg in 0..4i64 {
+            let row = self.b.build_int_add(row0, lane.group, "ar")?;
+            let row = self.b.build_int_add(row, self.i64v((reg & 1) * 8), "ar")?;
+            let col = self
+                .b
+                .build_int_add(k, self.i64v((reg >> 1) * half), "ac")?;
+            let off = at(row, col)?;
+            ra.push(match src.a {
+                // Row-major in place: the pair is adjacent too.
+                Some(s) => self.word_at(s.slot, off)?,
+                None => {
+                    let off = self
+                        .b
+                        .build_int_add(off, self.i64v(src.a_at as i64), "off")?;
+                    self.staged_word(off)?
+                }
+            });
+        }
+        Ok(ra)
+    }
+
+    /// This lane's two registers of the right operand's fragment for
+    /// columns `col0..col0 + 8` of the step at depth `k0`: register r is
+    /// column group, depth k0 + the member's (+ half a step for r = 1):
+    /// two rows in place (16-bit elements packed low then high), adjacent
+    /// in the transposed staged copy. 16-bit rows in place on 16-byte
+    /// boundaries are read by one `ldmatrix.x2.trans` (lane i < 16 gives
+    /// depth k0 + i of the eight columns).
+    fn b_fragment(
+        &self,
+        t: TensorCoreDot,
+        lane: &MmaLane<'ctx>,
+        col0: IntValue<'ctx>,
+        k0: IntValue<'ctx>,
+        src: &MmaOperands<'ctx>,
+    ) -> R<Vec<IntValue<'ctx>>> {
+        let (size, half) = (t.size() as i64, (t.step / 2) as i64);
+        if let Some(s) = src.b.filter(|s| s.aligned && t.d != DType::F32) {
+            // Lane l (and l + 16, whose address goes unread): depth l % 16.
+            let l = self.b.build_int_mul(lane.group, self.i64v(4), "l")?;
+            let l = self.b.build_int_add(l, lane.member, "l")?;
+            let l = self.b.build_and(l, self.i64v(15), "l")?;
+            let depth = self.b.build_int_add(k0, l, "bk")?;
+            let e = self
+                .b
+                .build_int_mul(depth, self.i64v(s.pitch as i64), "e")?;
+            let e = self.b.build_int_add(e, col0, "e")?;
+            let off = self.b.build_int_mul(e, self.i64v(size), "off")?;
+            return self.ldmatrix(self.byte_pointer(s.slot, off)?, 2, true);
+        }
+        let k0 = self.member_depth(t, lane, k0)?;
+        let col = self.b.build_int_add(col0, lane.group, "bn")?;
+        let mut rb = Vec::with_capacity(2);
+        for reg in 0..2i64 {
+            let depth = self.b.build_int_add(k0, self.i64v(reg * half), "bk")?;
+            rb.push(match src.b {
+                Some(s) => {
+                    let word = |depth: IntValue<'ctx>| -> R<IntValue<'ctx>> {
+                        let e = self
+                            .b
+                            .build_int_mul(depth, self.i64v(s.pitch as i64), "e")?;
+                        let e = self.b.build_int_add(e, col, "e")?;
+                        let off = self.b.build_int_mul(e, self.i64v(size), "off")?;
+                        if t.d == DType::F32 {
+                            return self.word_at(s.slot, off);
+                        }
+                        let p = self.byte_pointer(s.slot, off)?;
+                        let h = self
+                            .b
+                            .build_load(self.ctx.i16_type(), p, "h")?
+                            .into_int_value();
+                        Ok(self.b.build_int_z_extend(h, self.ctx.i32_type(), "h")?)
+                    };
+                    if t.d == DType::F32 {
+                        word(depth)?
+                    } else {
+                        let lo = word(depth)?;
+                        let next = self.b.build_int_add(depth, self.i64v(1), "bk")?;
+                        let hi = word(next)?;
+                        let hi = self.b.build_left_shift(
+                            hi,
+                            self.ctx.i32_type().const_int(16, false),
+                            "hi",
+                        )?;
+                        self.b.build_or(lo, hi, "pair")?
+                    }
+                }
+                None => {
+                    let e = self.position_of(&[col, depth], &[t.n, t.k])?;
+                    let off = self.b.build_int_mul(e, self.i64v(size), "off")?;
+                    let off = self
+                        .b
+                        .build_int_add(off, self.i64v(src.b_at as i64), "off")?;
+                    self.staged_word(off)?
+                }
+            });
+        }
+        Ok(rb)
     }
 
     /// Each thread's elements of tile `r` (flat layout), read from the
@@ -2204,10 +2447,32 @@ struct MmaLane<'ctx> {
 /// Where a tensor-core product reads its operands: in place in a shared
 /// buffer (a pointer), or staged at these byte offsets of the staging area.
 struct MmaOperands<'ctx> {
-    a: Option<PointerValue<'ctx>>,
-    b: Option<PointerValue<'ctx>>,
+    a: Option<InPlace<'ctx>>,
+    b: Option<InPlace<'ctx>>,
     a_at: u64,
     b_at: u64,
+}
+
+/// A 16 x 8 tile of a tensor-core accumulator a warp computes: its first
+/// row and column, and the tiles whose left and right fragments it reads
+/// (its own index, or an earlier tile's that reads the same).
+#[derive(Clone, Copy)]
+struct MmaTile<'ctx> {
+    row0: IntValue<'ctx>,
+    col0: IntValue<'ctx>,
+    a: usize,
+    b: usize,
+}
+
+/// An operand read where it lies in shared memory: its first element and
+/// the distance in elements between its rows.
+#[derive(Clone, Copy)]
+struct InPlace<'ctx> {
+    slot: PointerValue<'ctx>,
+    pitch: usize,
+    /// Whether the slot and every row start on a 16-byte boundary (as
+    /// `ldmatrix` reads them).
+    aligned: bool,
 }
 
 /// The external functions `module` calls that nothing will define: on a
