@@ -426,6 +426,36 @@ fn fragments_are_read_by_ldmatrix_from_padded_rows() {
     }
 }
 
+/// An operand copy is laid out in runs of 16 bytes (`tile.copy-layouts`:
+/// `#blocked<8>` for bf16, `#blocked<4>` for f32), each one `cp.async` of 16
+/// bytes where it is aligned and wholly on or off; runs cut by the edge of
+/// a matrix or off a 16-byte boundary (rows of 140 and 276 bytes here) are
+/// copied element by element, and the emulator agrees with the reference.
+#[test]
+fn operand_copies_move_runs_of_16_bytes() {
+    for (src, run) in [
+        (
+            "fn f(x: bf16[100, 70], w: bf16[70, 136], b: bf16[136]) -> bf16[100, 136] { return x @ w + b; }",
+            "#blocked<8>",
+        ),
+        (
+            "fn f(x: f32[50, 69], w: f32[69, 40]) -> f32[50, 40] { return x @ w; }",
+            "#blocked<4>",
+        ),
+    ] {
+        let target = TargetDesc::sm_90();
+        let m = graph(src);
+        let tiles = dlc_driver::lower_for_tile(&m, &target).unwrap();
+        let text = dlc_tile::print_module(&tiles);
+        assert!(text.contains(run), "{run} in\n{text}");
+        let ptx = dlc_llvm::compile_gpu(&tiles, &Symbols::for_module("t"), &target)
+            .unwrap()
+            .ptx;
+        assert!(ptx.contains("cp.async.cg.shared.global"), "{ptx}");
+        emulated_agrees_on(src, &target);
+    }
+}
+
 /// f32 products stay on the FMA path unless TF32 is asked for; then they
 /// run on tensor cores (`mma.sync.m16n8k8` on TF32) and agree with the
 /// reference at TF32's precision (`--check --tf32`'s tolerance), which the

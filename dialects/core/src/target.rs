@@ -140,6 +140,9 @@ pub struct GpuDesc {
     /// served at once when no two lanes read different words of one bank
     /// (word `w` is in bank `w mod banks`).
     pub shared_banks: (usize, usize),
+    /// Bytes one asynchronous copy from global to shared memory
+    /// (`cp.async`) moves at most: a thread's run of elements in a copy.
+    pub async_copy_bytes: usize,
     /// Tensor-core instruction shapes `(m, n, k)` per input type; the
     /// accumulator is that type's accumulator (f32 for f16/bf16).
     pub mma: Vec<(DType, [usize; 3])>,
@@ -488,6 +491,7 @@ impl TargetDesc {
                 shared_memory_per_block: shared,
                 multiprocessors,
                 shared_banks: (32, 4),
+                async_copy_bytes: 16,
                 mma: vec![(DType::F16, [16, 8, 16]), (DType::BF16, [16, 8, 16])],
             }),
         }

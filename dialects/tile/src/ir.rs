@@ -132,14 +132,21 @@ pub enum Layout {
     /// accumulates in it and `tile.convert_layout` converts it; the pass
     /// `tile.mma-accumulators` chooses it.
     Mma,
+    /// `#blocked<v>`: runs of `v` consecutive elements (row-major) dealt to
+    /// the threads in turn (run `r` to thread `r mod threads`), so a
+    /// thread's run is one wide access of memory. Only a tile loaded from
+    /// global memory and stored into shared memory (an operand copy) and
+    /// its mask are in it; the pass `tile.copy-layouts` chooses it.
+    Blocked(usize),
 }
 
 impl Layout {
-    /// The name after `#`, none for the flat layout.
-    pub fn name(self) -> Option<&'static str> {
+    /// The text after `#` (`mma`, `blocked<8>`), none for the flat layout.
+    pub fn name(self) -> Option<String> {
         match self {
             Layout::Flat => None,
-            Layout::Mma => Some("mma"),
+            Layout::Mma => Some("mma".into()),
+            Layout::Blocked(v) => Some(format!("blocked<{v}>")),
         }
     }
 }

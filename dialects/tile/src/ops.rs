@@ -379,7 +379,7 @@ impl OpKind {
                 }
                 check_index(index, b.shape.len(), shape.len())?;
                 if let Some(m) = operands.get(2) {
-                    same(&Type::value(DType::Bool, &shape), m, "the mask")?;
+                    same(&mask_for(operands[0]), m, "the mask")?;
                 }
             }
             OpKind::Mask { limits } => check_mask(limits, result()?)?,
@@ -455,10 +455,30 @@ impl OpKind {
         Ok(())
     }
 
-    /// Where a tile in a layout other than the flat one may be: carried by
-    /// `tile.for`, as a tensor-core product's accumulator and result, and
-    /// converted; an `#mma` tile is an f32 matrix of whole 16 x 8 tiles.
+    /// Where a tile in a layout other than the flat one may be: an `#mma`
+    /// tile carried by `tile.for`, as a tensor-core product's accumulator
+    /// and result, and converted (an f32 matrix of whole 16 x 8 tiles); a
+    /// `#blocked` one loaded, made as a mask and stored, every tile of the
+    /// op in that layout.
     fn check_layouts(&self, operands: &[&Type], results: &[&Type]) -> Result<(), String> {
+        let layout = |t: &&Type| match t {
+            Type::Tile(t) => Some(t.layout),
+            _ => None,
+        };
+        let tiles: Vec<Layout> = operands.iter().chain(results).filter_map(layout).collect();
+        if tiles.iter().any(|l| matches!(l, Layout::Blocked(_))) {
+            let one = tiles.windows(2).all(|w| w[0] == w[1]);
+            return match self {
+                OpKind::Load { .. } | OpKind::Store { .. } | OpKind::Mask { .. } if one => Ok(()),
+                OpKind::Load { .. } | OpKind::Store { .. } | OpKind::Mask { .. } => Err(
+                    "has tiles in different layouts (a #blocked tile's mask is #blocked too)"
+                        .into(),
+                ),
+                _ => Err(
+                    "takes no #blocked tile (only tile.load, tile.mask and tile.store do)".into(),
+                ),
+            };
+        }
         let laid = |t: &&Type| matches!(t, Type::Tile(t) if t.layout != Layout::Flat);
         let mma_ok = |t: &&Type| match t {
             Type::Tile(t) if t.layout == Layout::Mma => t.fits_mma(),
@@ -586,7 +606,7 @@ fn check_load(
     }
     check_index(index, b.shape.len(), shape.len())?;
     if let Some(m) = operands.get(1) {
-        same(&Type::value(DType::Bool, &shape), m, "the mask")?;
+        same(&mask_for(result), m, "the mask")?;
     }
     if let Some(p) = pad
         && d.round(p) != p
@@ -614,6 +634,16 @@ fn check_mask(limits: &[Affine], result: &Type) -> Result<(), String> {
         return Err("limits cannot use tile coordinates `#k`".into());
     }
     Ok(())
+}
+
+/// The mask of a load or store of `v`: bool, of its shape and layout.
+fn mask_for(v: &Type) -> Type {
+    match v {
+        Type::Tile(t) => {
+            Type::Tile(crate::TileType::new(DType::Bool, t.shape.clone()).with_layout(t.layout))
+        }
+        _ => Type::Scalar(DType::Bool),
+    }
 }
 
 /// `tile.dot`: 2-axis tiles whose shapes make the accumulator's, which is

@@ -116,9 +116,21 @@ fn tile_rest(c: &mut Cursor) -> PResult<TileType> {
         c.expect("#")?;
         match c.bump() {
             Tok::Ident(s) if s == "mma" => Layout::Mma,
+            Tok::Ident(s) if s == "blocked" => {
+                c.expect("<")?;
+                let v = match c.bump() {
+                    Tok::Int(v) if (1..=64).contains(&v) => v as usize,
+                    _ => {
+                        c.pos -= 1;
+                        return c.expected("the elements of a run, 1 to 64 (`#blocked<8>`)");
+                    }
+                };
+                c.expect(">")?;
+                Layout::Blocked(v)
+            }
             _ => {
                 c.pos -= 1;
-                return c.expected("a layout (`#mma`)");
+                return c.expected("a layout (`#mma`, `#blocked<8>`)");
             }
         }
     } else {

@@ -22,11 +22,12 @@ pub const CPU_PIPELINE: &str = "tile.reuse-packs,tile.dce,tile.split-prepare";
 /// What runs after the conversion for a GPU: the products that run on
 /// tensor cores chosen, their loops' accumulators kept in the warps'
 /// fragments and the rows of the blocks they read padded against bank
-/// conflicts, packs reused as on a CPU, then the barriers a
+/// conflicts, the operand copies laid out in runs a wide copy moves, packs
+/// reused as on a CPU, then the barriers a
 /// block of threads needs between accesses of one buffer (the GPU runtime
 /// does not call preparers: weights are inputs like any other there).
 pub const GPU_PIPELINE: &str = "tile.tensor-cores,tile.mma-accumulators,tile.shared-layouts,\
-                                tile.reuse-packs,tile.dce,tile.insert-barriers";
+                                tile.copy-layouts,tile.reuse-packs,tile.dce,tile.insert-barriers";
 
 /// A transform of each function, run as a pass; the counter it reports
 /// is what the transform returns.
@@ -146,6 +147,13 @@ pub fn registry_for(target: &TargetDesc) -> PassRegistry<Module> {
             "shared buffers padded",
             shared_layouts,
         ),
+    );
+    r.register(
+        "tile.copy-layouts",
+        "lays out each tile a GPU program only copies from global into shared memory (and its \
+         mask) in runs of the target's widest asynchronous copy (`#blocked<8>` for 16-bit \
+         elements); `target=NAME` (default: the target compiled for)",
+        for_target("tile.copy-layouts", "copies in runs", copy_layouts),
     );
     let per_function = |name, counter, run| {
         move |o: &dlc_core::PassOptions| {
@@ -279,12 +287,14 @@ pub fn dce(f: &mut Function) -> usize {
 }
 
 pub mod barriers;
+mod copy_layouts;
 mod mma_accumulators;
 mod prepare;
 mod reuse;
 mod shared_layouts;
 mod tensor_cores;
 pub use barriers::insert_barriers;
+pub use copy_layouts::copy_layouts;
 pub use mma_accumulators::mma_accumulators;
 pub use prepare::split_prepare;
 pub use reuse::reuse_packs;

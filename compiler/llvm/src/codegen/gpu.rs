@@ -88,16 +88,21 @@
 //!   lifetimes, as on the CPU; constant tensors are copied once when an entry point is
 //!   prepared.
 //! - **Asynchronous copies.** A `tile.store` into shared memory of a tile just loaded
-//!   from global memory and used nowhere else (the schedule's operand copies), of 4- or
-//!   8-byte elements padded with zeros if at all, from a buffer nothing in the function
-//!   writes, becomes one `cp.async.ca.shared.global` per element with a source size
-//!   (elements the load's mask or bounds turn off are zero-filled): the copy does not
-//!   pass through registers and runs while the product on the other slot computes. A
-//!   thread waits for its copies (`cp.async.wait_all`) before a barrier, before reading a
-//!   shared buffer it copied into (not another slot of it), and at the end of a loop
-//!   iteration and of the kernel. 16-bit operands (f16, bf16) are copied through
-//!   registers: a thread's elements are a block apart in this layout, and `cp.async`
-//!   moves at least 4 bytes.
+//!   from global memory and used nowhere else (the schedule's operand copies), padded
+//!   with zeros if at all, from a buffer nothing in the function writes, becomes
+//!   `cp.async` with a source size (elements the load's mask or bounds turn off are
+//!   zero-filled): the copy does not pass through registers and runs while the product
+//!   on the other slot computes. `tile.copy-layouts` (in the GPU pipeline) lays such a
+//!   tile and its mask out as `#blocked<v>` (`dlc_tile::Layout::Blocked`: thread `t`
+//!   holds runs `t, t + 256, ..` of `v` consecutive elements, 16 bytes of them, the
+//!   target's `GpuDesc::async_copy_bytes`): a run contiguous in both buffers is one
+//!   `cp.async.cg` of 16 bytes where both ends are 16-byte aligned and it is wholly on
+//!   (or wholly off: zeros), else it is copied element by element (4- and 8-byte
+//!   elements by `cp.async.ca`, 16-bit ones through registers, as every copy of a
+//!   flat tile of 16-bit elements is). A thread waits for its copies
+//!   (`cp.async.wait_all`) before a barrier, before reading a shared buffer it copied
+//!   into (not another slot of it), and at the end of a loop iteration and of the
+//!   kernel.
 //! - **Failures.** An integer division by zero stores its status (kind and source place,
 //!   as on the CPU) in the status word and divides by one, so every thread still reaches
 //!   every barrier; the runtime reads the word after the last kernel and reports
@@ -127,9 +132,8 @@
 //!   --check`.
 //! - **What is not built yet** (the GPU's speed, issue 11's second half): `wgmma` on
 //!   sm_90 (f16/bf16, and TF32 on request, use `mma.sync`; f32 the FMA path);
-//!   `cp.async` for 16-bit operands; the tensor-core operands are still read from shared
-//!   memory word by word (no `ldmatrix`); a product's right operand in place takes two
-//!   16-bit reads per register;
+//!   a deeper copy pipeline than two slots; TF32's right operand is read from shared
+//!   memory word by word (`ldmatrix.trans` moves 16-bit elements);
 //!   a product of one depth slice also computes a second, all-zero one (the two-stage
 //!   loop's rounding);
 //!   reductions along one axis of a 2-D tile combine from shared memory rather than with
@@ -982,11 +986,14 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
     }
 
     /// `tile.store` of a tile just loaded from global memory into shared
-    /// memory, the loaded tile used nowhere else, of 4- or 8-byte elements,
-    /// padded with zeros if at all: each thread's elements are copied by
-    /// `cp.async` without passing through registers (elements the load's
-    /// mask or bounds turn off are filled with zeros). Returns whether it
-    /// was.
+    /// memory, the loaded tile used nowhere else, padded with zeros if at
+    /// all: each thread's elements are copied by `cp.async` without passing
+    /// through registers (elements the load's mask or bounds turn off are
+    /// filled with zeros). In the flat layout a copy is an element of 4 or 8
+    /// bytes; in `#blocked<v>` a thread's run of `v` elements contiguous in
+    /// both buffers is one copy of 16 bytes where it is aligned and wholly
+    /// on or off, else element by element (16-bit ones through registers).
+    /// Returns whether it was.
     fn async_copy(&mut self, op: &OpData, index: &[Affine]) -> R<bool> {
         let f = self.f;
         let (v, dst) = (op.operands[0], op.operands[1]);
@@ -1012,78 +1019,97 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
         let written = f.ops.iter().any(|o| {
             matches!(o.kind, OpKind::Store { .. }) && f.root_buffer(o.operands[1]) == source
         });
-        if written
-            || op.operands.len() != 2
-            || uses != 1
-            || !matches!(d.size_bytes(), 4 | 8)
-            || pad.is_some_and(|p| p != 0.0)
-        {
+        if written || op.operands.len() != 2 || uses != 1 || pad.is_some_and(|p| p != 0.0) {
             return Ok(false);
         }
         let shape = f.ty(v).shape().unwrap_or(&[]).to_vec();
-        let len: usize = shape.iter().product();
         let src = self.access(load.operands[0], from, shape.len())?;
         let to = self.access(dst, index, shape.len())?;
+        let size = d.size_bytes();
+        let run = match f.ty(v) {
+            Type::Tile(t) => match t.layout {
+                Layout::Blocked(w)
+                    if w * size == 16
+                        && src.grad.last() == Some(&1)
+                        && to.grad.last() == Some(&1)
+                        && shape.last().is_some_and(|n| n % w == 0) =>
+                {
+                    w
+                }
+                _ => 1,
+            },
+            _ => 1,
+        };
+        if run == 1 && !matches!(size, 4 | 8) {
+            return Ok(false);
+        }
+        let len: usize = shape.iter().product();
         let mask = match load.operands.get(1) {
             Some(&m) => Some(self.flatten(m)?),
             None => None,
         };
-        let (i32t, size) = (self.ctx.i32_type(), d.size_bytes() as u64);
-        let flavor = self.threads()?.flavor;
-        for j in 0..self.per_thread(v)? {
-            let e = self.position(j)?;
-            let c = self.coordinates(e, &shape)?;
-            let (off, inside) = self.locate(&src, &c, pad.is_some())?;
-            let on = self.and_maybe(mask.as_ref().map(|m| m[j].into_int_value()), inside)?;
-            let (doff, _) = self.locate(&to, &c, false)?;
-            let from_p = self.element_at(&src, off)?;
-            let to_p = self.element_at(&to, doff)?;
-            let (from_p, bytes) = match on {
-                None => (from_p, i32t.const_int(size, false)),
-                Some(on) => (
-                    // An element turned off reads nothing (zero bytes from
-                    // the buffer's start) and is filled with zeros.
-                    self.b
-                        .build_select(on, from_p, src.pointer, "src")?
-                        .into_pointer_value(),
-                    self.b
-                        .build_select(on, i32t.const_int(size, false), i32t.const_zero(), "bytes")?
-                        .into_int_value(),
-                ),
-            };
-            let present = self.present(j, len)?;
-            self.when(present, |g| match flavor {
-                Flavor::Nvptx => {
-                    let shared = g.ctx.ptr_type(AddressSpace::from(3u16));
-                    let global = g.ctx.ptr_type(AddressSpace::from(1u16));
-                    let to_s = g.b.build_address_space_cast(to_p, shared, "dst")?;
-                    let from_g = g.b.build_address_space_cast(from_p, global, "src")?;
-                    g.call_void(
-                        &format!("llvm.nvvm.cp.async.ca.shared.global.{size}.s"),
-                        &[],
-                        &[to_s.into(), from_g.into(), bytes.into()],
-                    )
+        let i32t = self.ctx.i32_type();
+        let n = self.per_thread(v)?;
+        for j0 in (0..n).step_by(run) {
+            // Each element's source and destination, and whether it is on.
+            let mut elements = Vec::with_capacity(run);
+            for j in j0..j0 + run {
+                let e = self.element(v, j)?;
+                let c = self.coordinates(e, &shape)?;
+                let (off, inside) = self.locate(&src, &c, pad.is_some())?;
+                let on = self.and_maybe(mask.as_ref().map(|m| m[j].into_int_value()), inside)?;
+                let (doff, _) = self.locate(&to, &c, false)?;
+                elements.push((self.element_at(&src, off)?, self.element_at(&to, doff)?, on));
+            }
+            // A run lies in one row (whole runs per row): it is there or not.
+            let present = self.present_of(v, j0, len)?;
+            self.when(present, |g| {
+                if run == 1 {
+                    let (from_p, to_p, on) = elements[0];
+                    return g.copy_element(from_p, to_p, on, &src, d);
                 }
-                Flavor::Emulated => {
-                    let ptr = g.ctx.ptr_type(AddressSpace::default());
-                    let decl = g.declare(
-                        EMULATOR_HOOKS[10],
-                        g.ctx
-                            .void_type()
-                            .fn_type(&[ptr.into(), ptr.into(), i32t.into(), i32t.into()], false),
-                    );
-                    g.b.build_call(
-                        decl,
-                        &[
-                            to_p.into(),
-                            from_p.into(),
-                            i32t.const_int(size, false).into(),
-                            bytes.into(),
-                        ],
-                        "",
+                let ons: Vec<IntValue<'ctx>> = elements.iter().filter_map(|e| e.2).collect();
+                let (all, none) = match ons.split_first() {
+                    None => (None, None),
+                    Some((&first, rest)) => {
+                        let (mut all, mut any) = (first, first);
+                        for &o in rest {
+                            all = g.b.build_and(all, o, "all")?;
+                            any = g.b.build_or(any, o, "any")?;
+                        }
+                        (Some(all), Some(g.b.build_not(any, "none")?))
+                    }
+                };
+                let (from0, to0, _) = elements[0];
+                let i64t = g.ctx.i64_type();
+                let a = g.b.build_ptr_to_int(from0, i64t, "a")?;
+                let b = g.b.build_ptr_to_int(to0, i64t, "b")?;
+                let ab = g.b.build_or(a, b, "ab")?;
+                let ab = g.b.build_and(ab, g.i64v(15), "ab")?;
+                let aligned =
+                    g.b.build_int_compare(IntPredicate::EQ, ab, g.i64v(0), "aligned")?;
+                let whole = g.and_maybe(Some(aligned), all)?.unwrap_or(aligned);
+                let wide = match none {
+                    Some(none) => g.b.build_or(whole, none, "wide")?,
+                    None => whole,
+                };
+                g.when(Some(wide), |g| {
+                    let from = g.b.build_select(whole, from0, src.pointer, "src")?;
+                    let bytes = g.b.build_select(
+                        whole,
+                        i32t.const_int(16, false),
+                        i32t.const_zero(),
+                        "bytes",
                     )?;
+                    g.cp_async(to0, from.into_pointer_value(), 16, bytes.into_int_value())
+                })?;
+                let narrow = g.b.build_not(wide, "narrow")?;
+                g.when(Some(narrow), |g| {
+                    for &(from_p, to_p, on) in &elements {
+                        g.copy_element(from_p, to_p, on, &src, d)?;
+                    }
                     Ok(())
-                }
+                })
             })?;
         }
         self.threads()?
@@ -1091,6 +1117,91 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
             .borrow_mut()
             .push((dst, index.to_vec()));
         Ok(true)
+    }
+
+    /// One element of a copy into shared memory, zero where `on` is false:
+    /// by `cp.async` for 4 and 8 bytes, through registers otherwise.
+    fn copy_element(
+        &self,
+        from_p: PointerValue<'ctx>,
+        to_p: PointerValue<'ctx>,
+        on: Option<IntValue<'ctx>>,
+        src: &super::tile::Access<'ctx>,
+        d: DType,
+    ) -> R<()> {
+        let (i32t, size) = (self.ctx.i32_type(), d.size_bytes() as u64);
+        // An element turned off reads nothing (zero bytes from the
+        // buffer's start) and is filled with zeros.
+        let from_p = match on {
+            Some(on) => self
+                .b
+                .build_select(on, from_p, src.pointer, "src")?
+                .into_pointer_value(),
+            None => from_p,
+        };
+        if !matches!(size, 4 | 8) {
+            let x = self.load_element(from_p, d)?;
+            let x = match on {
+                Some(on) => self.b.build_select(on, x, self.constant(0.0, d), "x")?,
+                None => x,
+            };
+            return self.store_element(to_p, x, d);
+        }
+        let bytes = match on {
+            None => i32t.const_int(size, false),
+            Some(on) => self
+                .b
+                .build_select(on, i32t.const_int(size, false), i32t.const_zero(), "bytes")?
+                .into_int_value(),
+        };
+        self.cp_async(to_p, from_p, size, bytes)
+    }
+
+    /// `cp.async` of `size` bytes (4, 8 or 16) from global `from_p` to
+    /// shared `to_p`, `bytes` of them read and the rest zeros.
+    fn cp_async(
+        &self,
+        to_p: PointerValue<'ctx>,
+        from_p: PointerValue<'ctx>,
+        size: u64,
+        bytes: IntValue<'ctx>,
+    ) -> R<()> {
+        let i32t = self.ctx.i32_type();
+        match self.threads()?.flavor {
+            Flavor::Nvptx => {
+                let shared = self.ctx.ptr_type(AddressSpace::from(3u16));
+                let global = self.ctx.ptr_type(AddressSpace::from(1u16));
+                let to_s = self.b.build_address_space_cast(to_p, shared, "dst")?;
+                let from_g = self.b.build_address_space_cast(from_p, global, "src")?;
+                // 16 bytes bypass L1 (`.cg`), as operand blocks are read once.
+                let cache = if size == 16 { "cg" } else { "ca" };
+                self.call_void(
+                    &format!("llvm.nvvm.cp.async.{cache}.shared.global.{size}.s"),
+                    &[],
+                    &[to_s.into(), from_g.into(), bytes.into()],
+                )
+            }
+            Flavor::Emulated => {
+                let ptr = self.ctx.ptr_type(AddressSpace::default());
+                let decl = self.declare(
+                    EMULATOR_HOOKS[10],
+                    self.ctx
+                        .void_type()
+                        .fn_type(&[ptr.into(), ptr.into(), i32t.into(), i32t.into()], false),
+                );
+                self.b.build_call(
+                    decl,
+                    &[
+                        to_p.into(),
+                        from_p.into(),
+                        i32t.const_int(size, false).into(),
+                        bytes.into(),
+                    ],
+                    "",
+                )?;
+                Ok(())
+            }
+        }
     }
 
     fn byte_pointer(&self, base: PointerValue<'ctx>, off: IntValue<'ctx>) -> R<PointerValue<'ctx>> {
@@ -1106,12 +1217,16 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
     }
 
     /// Elements of tile `v` each thread holds: in the flat layout its
-    /// share, in `#mma` four per 16 x 8 tile of each round of the warps.
+    /// share, in `#mma` four per 16 x 8 tile of each round of the warps, in
+    /// `#blocked<w>` its runs of `w`.
     pub(super) fn per_thread(&self, v: Value) -> R<usize> {
         let count = self.threads()?.count;
         match self.f.ty(v) {
             Type::Tile(t) if t.layout == Layout::Mma => {
                 Ok(4 * mma_rounds(t.shape[0], t.shape[1], count))
+            }
+            Type::Tile(t) if let Layout::Blocked(w) = t.layout => {
+                Ok(t.len().div_ceil(count * w) * w)
             }
             t => Ok(t
                 .shape()
@@ -1128,6 +1243,44 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
         Ok(self
             .b
             .build_int_add(th.tid, self.i64v((th.count * j) as i64), "e")?)
+    }
+
+    /// The row-major position of this thread's element `j` of tile `v`:
+    /// [`Gen::position`] in the flat layout; in `#blocked<w>` element `j %
+    /// w` of the thread's run `j / w`, run `(j / w) T + t` of the tile.
+    fn element(&self, v: Value, j: usize) -> R<IntValue<'ctx>> {
+        match self.f.ty(v) {
+            Type::Tile(t) if let Layout::Blocked(w) = t.layout => {
+                let th = self.threads()?;
+                let run =
+                    self.b
+                        .build_int_add(th.tid, self.i64v(((j / w) * th.count) as i64), "run")?;
+                let e = self.b.build_int_mul(run, self.i64v(w as i64), "e")?;
+                Ok(self.b.build_int_add(e, self.i64v((j % w) as i64), "e")?)
+            }
+            _ => self.position(j),
+        }
+    }
+
+    /// Whether this thread's element `j` of tile `v` ([`Gen::element`])
+    /// exists in its `len` elements: `None` when it does for every thread.
+    fn present_of(&self, v: Value, j: usize, len: usize) -> R<Option<IntValue<'ctx>>> {
+        match self.f.ty(v) {
+            Type::Tile(t) if let Layout::Blocked(w) = t.layout => {
+                let count = self.threads()?.count;
+                if (j / w + 1) * count * w <= len {
+                    return Ok(None);
+                }
+                let e = self.element(v, j)?;
+                Ok(Some(self.b.build_int_compare(
+                    IntPredicate::ULT,
+                    e,
+                    self.i64v(len as i64),
+                    "present",
+                )?))
+            }
+            _ => self.present(j, len),
+        }
     }
 
     /// Whether element `j` of this thread exists in a tile of `len`
@@ -1404,8 +1557,8 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
             let (c, present) = if shape.is_empty() {
                 (vec![], None)
             } else {
-                let e = self.position(j)?;
-                (self.coordinates(e, &shape)?, self.present(j, len)?)
+                let e = self.element(r, j)?;
+                (self.coordinates(e, &shape)?, self.present_of(r, j, len)?)
             };
             let (off, inside) = self.locate(&a, &c, pad.is_some())?;
             let masked = mask.as_ref().map(|m| m[j].into_int_value());
@@ -1449,8 +1602,8 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
             let (c, present) = if shape.is_empty() {
                 (vec![], None)
             } else {
-                let e = self.position(j)?;
-                (self.coordinates(e, &shape)?, self.present(j, len)?)
+                let e = self.element(v, j)?;
+                (self.coordinates(e, &shape)?, self.present_of(v, j, len)?)
             };
             let (off, _) = self.locate(&a, &c, false)?;
             let masked = mask.as_ref().map(|m| m[j].into_int_value());
@@ -1471,7 +1624,7 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
             .collect::<R<Vec<_>>>()?;
         let mut out = Vec::new();
         for j in 0..self.per_thread(r)? {
-            let e = self.position(j)?;
+            let e = self.element(r, j)?;
             let c = self.coordinates(e, &shape)?;
             let mut on = self.ctx.bool_type().const_int(1, false);
             for (ck, l) in c.iter().zip(&limits) {

@@ -2,8 +2,9 @@
 //!
 //! On a CPU a program is one thread and runs its ops in order. On a GPU
 //! the threads of a block run it together, each holding part of every
-//! tile: element `e` of a tile (its row-major position) belongs to thread
-//! `e mod T` of `T`, for every tile of every shape. So when a program
+//! tile: in the flat layout element `e` of a tile (its row-major
+//! position) belongs to thread `e mod T` of `T`, for every tile of every
+//! shape (other layouts deal elements otherwise). So when a program
 //! writes memory and later reads or writes it again, the element a thread
 //! reads may be one another thread wrote, and nothing orders the two
 //! unless a `tile.barrier` stands between them. [`insert_barriers`] puts
@@ -14,8 +15,8 @@
 //!   buffer), nor do two reads, nor accesses of one buffer at different
 //!   constant places along a dimension (the two slots of a staging
 //!   buffer);
-//! - two accesses by the same pattern (the same buffer layout, tile shape
-//!   and index expressions) in one iteration of every enclosing loop touch
+//! - two accesses by the same pattern (the same buffer layout, tile shape,
+//!   tile layout and index expressions) in one iteration of every enclosing loop touch
 //!   each address from the thread that owns the element there, so a
 //!   thread reads its own write (a scalar access is every thread's: each
 //!   reads what it wrote, or the same value written by another, but a
@@ -33,7 +34,7 @@
 
 use std::collections::HashSet;
 
-use crate::ir::{Affine, Function, OpId, Type, Value};
+use crate::ir::{Affine, Function, Layout, OpId, Type, Value};
 use crate::ops::OpKind;
 
 /// One access since the last barrier.
@@ -47,6 +48,8 @@ struct Access {
     buffer: Type,
     shape: Vec<usize>,
     index: Vec<Affine>,
+    /// How the threads hold the tile (which thread has which element).
+    layout: Layout,
     /// Loop counters whose value may have changed since the access (it
     /// happened in an earlier iteration, or the loop has ended).
     stale: Vec<Value>,
@@ -54,7 +57,10 @@ struct Access {
 
 impl Access {
     fn same_pattern(&self, other: &Access) -> bool {
-        self.buffer == other.buffer && self.shape == other.shape && self.index == other.index
+        self.buffer == other.buffer
+            && self.shape == other.shape
+            && self.index == other.index
+            && self.layout == other.layout
     }
 }
 
@@ -127,6 +133,10 @@ impl Analysis<'_> {
             buffer: self.f.ty(buf).clone(),
             shape: self.f.ty(value).shape().unwrap_or(&[]).to_vec(),
             index,
+            layout: match self.f.ty(value) {
+                Type::Tile(t) => t.layout,
+                _ => Layout::Flat,
+            },
             stale: Vec::new(),
         })
     }
