@@ -125,8 +125,8 @@ pub enum Layout {
     #[default]
     Flat,
     /// A tensor-core accumulator, `#mma`: the 2-axis tile cut into 16 x 8
-    /// tiles dealt to the warps in turn (tile `q` to warp `q mod warps`),
-    /// each held by its warp's lanes as `mma.sync`'s f32 accumulator
+    /// tiles dealt to the warps (a GPU generator's choice: in blocks of a
+    /// grid of warps, or in turn), each held by its warp's lanes as `mma.sync`'s f32 accumulator
     /// fragments (lane `l`: rows `l / 4` and `l / 4 + 8`, columns `2 (l
     /// mod 4)` and the next). Only `tile.for` carries it, `tile.dot {mma}`
     /// accumulates in it and `tile.convert_layout` converts it; the pass

@@ -46,20 +46,23 @@
 //!   buffer's rows (`tile.shared-layouts`, in the GPU pipeline, pads them so a warp's
 //!   fragment reads hit no bank twice); others are staged, the left operand row-major,
 //!   the right one transposed (a fragment register's two elements are then adjacent),
-//!   and a flat accumulator as f32. Each warp takes the result's 16 x 8 tiles in
-//!   turn (warps step together: one past the last tile computes a tile it does not
-//!   store, so every `mma.sync` runs on whole warps), loads its accumulator fragment,
+//!   and a flat accumulator as f32. The warps share the result's 16 x 8 tiles as a
+//!   grid, each taking a block of them (a 64 x 64 block: 2 x 4 warps of 2 x 2 tiles),
+//!   the grid that reads the fewest fragment bytes per step (`mma_grid`); where no grid
+//!   divides the tiles, in turn (warps step together: one past the last tile computes a
+//!   tile it does not store, so every `mma.sync` runs on whole warps). A warp loads its
+//!   accumulator fragment,
 //!   runs one `mma.sync` per 16-deep step on fragments read as 32-bit words in the PTX
 //!   ISA's layouts (groupID = lane / 4, threadID_in_group = lane % 4), and stores the
 //!   fragment back, from where each thread reads its elements. An accumulator in the
 //!   `#mma` layout is those fragments themselves (four f32 per lane per 16 x 8 tile,
-//!   tile `q` to warp `q mod 8`): `tile.mma-accumulators` (in the GPU pipeline) carries a
+//!   dealt as above): `tile.mma-accumulators` (in the GPU pipeline) carries a
 //!   depth loop's accumulator so, with one `tile.convert_layout` before the loop and one
 //!   after (each through the staging area), so the products in the loop neither stage it
 //!   nor read it back; one loop over the depth then carries all of a warp's tiles, and
 //!   each step reads a fragment once for every tile of the warp that shares its rows
-//!   (left) or columns (right), as the 64 x 64 blocks' four tiles per warp share one
-//!   column. f32 products keep the FMA
+//!   (left) or columns (right): two left and two right fragments per step for the four
+//!   tiles of a 64 x 64 block's warp. f32 products keep the FMA
 //!   path unless TF32 is asked for (`--tf32`, `CompileOptions::tf32`,
 //!   `TargetDesc::with_tf32`, which adds f32's `m16n8k8` shape to the target's tensor-core
 //!   shapes): then they run on `mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32`, the
@@ -195,20 +198,74 @@ pub(crate) const EMULATOR_HOOKS: [&str; 12] = [
 const WARP: usize = 32;
 
 /// Rounds in which the warps of a `threads`-thread program take the
-/// 16 x 8 tiles of an `m x n` tensor-core accumulator, one each per round
-/// (tile `q` to warp `q mod warps` in round `q / warps`).
+/// 16 x 8 tiles of an `m x n` tensor-core accumulator, one each per round.
 fn mma_rounds(m: usize, n: usize, threads: usize) -> usize {
     ((m / 16) * (n / 8)).div_ceil((threads / WARP).max(1))
 }
 
+/// How the warps share the 16 x 8 tiles of an `m x n` accumulator (the
+/// `#mma` layout).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MmaGrid {
+    /// A grid of warps, `cols` warps across, each taking a block of `rows
+    /// x cols_each` tiles, row by row in its rounds: a warp reads each of
+    /// its rows' left fragments and its columns' right fragments once per
+    /// step of the depth.
+    Blocks {
+        cols: usize,
+        rows_each: usize,
+        cols_each: usize,
+    },
+    /// Tile `q` to warp `q mod warps` in round `q / warps`, a warp past
+    /// the last tile taking the last again (keeping nothing of it): where
+    /// no grid of warps divides the tiles.
+    Turns,
+}
+
+/// The grid of `warps` warps over an `m x n` accumulator's tiles that
+/// reads the fewest bytes of fragments per step (a left fragment is 512
+/// bytes, a right one 256), [`MmaGrid::Turns`] where none divides them.
+fn mma_grid(m: usize, n: usize, warps: usize) -> MmaGrid {
+    let (tm, tn) = (m / 16, n / 8);
+    (1..=warps)
+        .filter(|&wr| {
+            warps.is_multiple_of(wr) && tm.is_multiple_of(wr) && tn.is_multiple_of(warps / wr)
+        })
+        .map(|wr| MmaGrid::Blocks {
+            cols: warps / wr,
+            rows_each: tm / wr,
+            cols_each: tn / (warps / wr),
+        })
+        .min_by_key(|g| match g {
+            MmaGrid::Blocks {
+                rows_each,
+                cols_each,
+                ..
+            } => 2 * rows_each + cols_each,
+            MmaGrid::Turns => usize::MAX,
+        })
+        .unwrap_or(MmaGrid::Turns)
+}
+
 /// The 16 x 8 tile (row and column of tiles) warp `warp` of `warps` takes
-/// in round `round` of an `m x n` accumulator: tile `round * warps + warp`,
-/// the last one for a warp past it ([`Gen::mma_tile`] computes the same in
-/// the kernel).
+/// in round `round` of an `m x n` accumulator ([`mma_grid`]; [`Gen::mma_tile`]
+/// computes the same in the kernel).
 fn mma_tile_of(round: usize, warp: usize, warps: usize, m: usize, n: usize) -> (usize, usize) {
-    let tiles = (m / 16) * (n / 8);
-    let q = (round * warps + warp).min(tiles - 1);
-    (q / (n / 8), q % (n / 8))
+    match mma_grid(m, n, warps) {
+        MmaGrid::Blocks {
+            cols,
+            rows_each,
+            cols_each,
+        } => (
+            (warp / cols) * rows_each + round / cols_each,
+            (warp % cols) * cols_each + round % cols_each,
+        ),
+        MmaGrid::Turns => {
+            let tiles = (m / 16) * (n / 8);
+            let q = (round * warps + warp).min(tiles - 1);
+            (q / (n / 8), q % (n / 8))
+        }
+    }
 }
 
 /// For each round of an `m x n` accumulator, which earlier round's left
@@ -2280,8 +2337,9 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
     }
 
     /// The 16 x 8 tile of an `m x n` accumulator this warp takes in round
-    /// `round`: whether it is one (a warp past the last tile takes the last
-    /// again, and keeps nothing of it), its first row and its first column.
+    /// `round` ([`mma_grid`]): whether it is one (a warp past the last tile
+    /// takes the last again, and keeps nothing of it), its first row and
+    /// its first column.
     fn mma_tile(
         &self,
         lane: &MmaLane<'ctx>,
@@ -2290,6 +2348,28 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
         n: usize,
     ) -> R<(IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>)> {
         let warps = self.threads()?.count / WARP;
+        if let MmaGrid::Blocks {
+            cols,
+            rows_each,
+            cols_each,
+        } = mma_grid(m, n, warps)
+        {
+            let at =
+                |warp_part: IntValue<'ctx>, each: usize, round_part: IntValue<'ctx>, size: i64| {
+                    let t = self
+                        .b
+                        .build_int_mul(warp_part, self.i64v(each as i64), "t")?;
+                    let t = self.b.build_int_add(t, round_part, "t")?;
+                    R::Ok(self.b.build_int_mul(t, self.i64v(size), "at")?)
+                };
+            let (c, e) = (self.i64v(cols as i64), self.i64v(cols_each as i64));
+            let wr = self.b.build_int_unsigned_div(lane.warp, c, "wr")?;
+            let wc = self.b.build_int_unsigned_rem(lane.warp, c, "wc")?;
+            let rr = self.b.build_int_unsigned_div(round, e, "rr")?;
+            let rc = self.b.build_int_unsigned_rem(round, e, "rc")?;
+            let every = self.ctx.bool_type().const_int(1, false);
+            return Ok((every, at(wr, rows_each, rr, 16)?, at(wc, cols_each, rc, 8)?));
+        }
         let tiles = (m / 16) * (n / 8);
         let q = self.b.build_int_mul(round, self.i64v(warps as i64), "q")?;
         let q = self.b.build_int_add(q, lane.warp, "q")?;
@@ -2645,4 +2725,40 @@ pub(crate) fn undefined_calls(module: &Module<'_>) -> Vec<String> {
         f = func.get_next_function();
     }
     names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A 64 x 64 block's 32 tiles go to a 2 x 4 grid of warps (2 x 2 tiles
+    /// each: two left and two right fragments a step, not four and one);
+    /// a grid's rounds give every tile to exactly one warp, and turns give
+    /// every tile to at least one where no grid divides them.
+    #[test]
+    fn warps_take_blocks_of_tiles() {
+        assert_eq!(
+            mma_grid(64, 64, 8),
+            MmaGrid::Blocks {
+                cols: 4,
+                rows_each: 2,
+                cols_each: 2
+            }
+        );
+        assert_eq!(mma_grid(16, 24, 8), MmaGrid::Turns);
+        for (m, n) in [(64, 64), (48, 64), (128, 64), (32, 128), (16, 24), (80, 40)] {
+            let warps = 8;
+            let mut taken = vec![0; (m / 16) * (n / 8)];
+            for round in 0..mma_rounds(m, n, warps * WARP) {
+                for warp in 0..warps {
+                    let (tm, tn) = mma_tile_of(round, warp, warps, m, n);
+                    taken[tm * (n / 8) + tn] += 1;
+                }
+            }
+            match mma_grid(m, n, warps) {
+                MmaGrid::Blocks { .. } => assert!(taken.iter().all(|&t| t == 1), "{m}x{n}"),
+                MmaGrid::Turns => assert!(taken.iter().all(|&t| t >= 1), "{m}x{n}"),
+            }
+        }
+    }
 }
