@@ -350,7 +350,7 @@ fn accumulators_stay_in_fragments_across_the_loop() {
         let m = graph(src);
         let tiles = dlc_driver::lower_for_tile(&m, &target).unwrap();
         let text = dlc_tile::print_module(&tiles);
-        assert!(text.contains(", #mma>"), "{text}");
+        assert!(text.contains(", #mma<2, 4>>"), "{text}");
         assert_eq!(text.matches("tile.convert_layout").count() % 2, 0, "{text}");
         emulated_agrees_on(src, &target);
     }
@@ -454,6 +454,45 @@ fn operand_copies_move_runs_of_16_bytes() {
         assert!(ptx.contains("cp.async.cg.shared.global"), "{ptx}");
         emulated_agrees_on(src, &target);
     }
+}
+
+/// An `#mma` accumulator's grid of warps is part of its type, and the
+/// generator holds the tile as the type says: the grid the pass chose
+/// compiles; a grid of 4 warps in a program of 8 is refused with the type
+/// named, not laid out otherwise.
+#[test]
+fn accumulators_are_held_by_the_grid_their_type_names() {
+    let text = |grid: &str| {
+        format!(
+            "tile.func @f(%a: buffer<f16[64, 64]>, %b: buffer<f16[64, 64]>, out %c: buffer<f32[64, 64]>) {{
+  tile.kernel {{grid = [1], schedule = \"dot\", tile = [64, 64, 16]}} {{
+    %z = tile.const {{value = 0.0}} : tile<64x64xf32>
+    %m = tile.convert_layout %z : tile<64x64xf32, #mma<{grid}>>
+    %r = tile.for %m {{lo = 0, hi = 64, step = 16}} (%k, %acc) {{
+      %ta = tile.load %a[#0, %k + #1] : tile<64x16xf16>
+      %tb = tile.load %b[%k + #0, #1] : tile<16x64xf16>
+      %p = tile.dot %ta, %tb, %acc {{mma = [16, 8, 16]}} : tile<64x64xf32, #mma<{grid}>>
+      tile.yield %p
+    }} : tile<64x64xf32, #mma<{grid}>>
+    %f = tile.convert_layout %r : tile<64x64xf32>
+    tile.store %f, %c[#0, #1]
+  }}
+  tile.return
+}}"
+        )
+    };
+    let target = TargetDesc::sm_90();
+    let ptx = |m: &dlc_tile::Module| {
+        dlc_llvm::compile_gpu(m, &Symbols::for_module("t"), &target).map(|p| p.ptx)
+    };
+    let ok = dlc_tile::parse_module(&text("2, 4")).unwrap();
+    assert!(ptx(&ok).unwrap().contains("mma.sync"));
+    let bad = dlc_tile::parse_module(&text("1, 4")).unwrap();
+    let err = ptx(&bad).unwrap_err().to_string();
+    assert!(
+        err.contains("#mma<1, 4>") && err.contains("a program of 8 warps cannot hold it"),
+        "{err}"
+    );
 }
 
 /// f32 products stay on the FMA path unless TF32 is asked for; then they

@@ -124,14 +124,14 @@ pub enum Layout {
     /// Element `e` (row-major) by thread `e mod threads` (not printed).
     #[default]
     Flat,
-    /// A tensor-core accumulator, `#mma`: the 2-axis tile cut into 16 x 8
-    /// tiles dealt to the warps (a GPU generator's choice: in blocks of a
-    /// grid of warps, or in turn), each held by its warp's lanes as `mma.sync`'s f32 accumulator
-    /// fragments (lane `l`: rows `l / 4` and `l / 4 + 8`, columns `2 (l
-    /// mod 4)` and the next). Only `tile.for` carries it, `tile.dot {mma}`
-    /// accumulates in it and `tile.convert_layout` converts it; the pass
-    /// `tile.mma-accumulators` chooses it.
-    Mma,
+    /// A tensor-core accumulator, `#mma<r, c>`: the 2-axis tile cut into
+    /// 16 x 8 tiles, dealt to an `r x c` grid of warps in blocks
+    /// ([`MmaGrid`]), each tile held by its warp's lanes as `mma.sync`'s f32
+    /// accumulator fragments (lane `l`: rows `l / 4` and `l / 4 + 8`,
+    /// columns `2 (l mod 4)` and the next). Only `tile.for` carries it,
+    /// `tile.dot {mma}` accumulates in it and `tile.convert_layout`
+    /// converts it; the pass `tile.mma-accumulators` chooses it.
+    Mma(MmaGrid),
     /// `#blocked<v>`: runs of `v` consecutive elements (row-major) dealt to
     /// the threads in turn (run `r` to thread `r mod threads`), so a
     /// thread's run is one wide access of memory. Only a tile loaded from
@@ -140,12 +140,72 @@ pub enum Layout {
     Blocked(usize),
 }
 
+/// How a program's warps hold the 16 x 8 tiles of a tensor-core
+/// accumulator (`#mma<rows, cols>`): as a `rows x cols` grid, warp `w` at
+/// row `w / cols`, column `w mod cols` of it, each taking the block of
+/// tiles at its place, row by row in rounds (round `q`: row `q / c`,
+/// column `q mod c` of a block of `r x c` tiles). A warp then reads each
+/// of its block's rows of left fragments and columns of right ones once
+/// per step of the depth.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MmaGrid {
+    /// Warps down.
+    pub rows: usize,
+    /// Warps across.
+    pub cols: usize,
+}
+
+impl MmaGrid {
+    /// The grid of `warps` warps over an `m x n` accumulator's tiles that
+    /// reads the fewest bytes of fragments per step (a left fragment is 512
+    /// bytes, a right one 256); `None` where no grid divides the tiles.
+    pub fn choose(m: usize, n: usize, warps: usize) -> Option<MmaGrid> {
+        (1..=warps)
+            .filter(|&r| warps.is_multiple_of(r))
+            .map(|rows| MmaGrid {
+                rows,
+                cols: warps / rows,
+            })
+            .filter(|g| g.divides(m, n))
+            .min_by_key(|g| {
+                let (r, c) = g.block(m, n);
+                2 * r + c
+            })
+    }
+
+    /// Whether the grid deals an `m x n` accumulator's 16 x 8 tiles evenly.
+    pub fn divides(self, m: usize, n: usize) -> bool {
+        self.rows > 0
+            && self.cols > 0
+            && m.is_multiple_of(16)
+            && n.is_multiple_of(8)
+            && (m / 16).is_multiple_of(self.rows)
+            && (n / 8).is_multiple_of(self.cols)
+    }
+
+    /// The tiles down and across of each warp's block.
+    pub fn block(self, m: usize, n: usize) -> (usize, usize) {
+        (m / 16 / self.rows, n / 8 / self.cols)
+    }
+
+    /// The tile (row and column of tiles) warp `warp` takes in round
+    /// `round` of an `m x n` accumulator.
+    pub fn tile(self, round: usize, warp: usize, m: usize, n: usize) -> (usize, usize) {
+        let (r, c) = self.block(m, n);
+        (
+            (warp / self.cols) * r + round / c,
+            (warp % self.cols) * c + round % c,
+        )
+    }
+}
+
 impl Layout {
-    /// The text after `#` (`mma`, `blocked<8>`), none for the flat layout.
+    /// The text after `#` (`mma<2, 4>`, `blocked<8>`), none for the flat
+    /// layout.
     pub fn name(self) -> Option<String> {
         match self {
             Layout::Flat => None,
-            Layout::Mma => Some("mma".into()),
+            Layout::Mma(g) => Some(format!("mma<{}, {}>", g.rows, g.cols)),
             Layout::Blocked(v) => Some(format!("blocked<{v}>")),
         }
     }

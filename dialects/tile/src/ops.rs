@@ -110,7 +110,7 @@ pub enum OpKind {
         /// The tensor-core instruction's shape, when it runs on them.
         mma: Option<[usize; 3]>,
     },
-    /// `%r = tile.convert_layout %t : tile<.., #mma>`: the same elements in
+    /// `%r = tile.convert_layout %t : tile<.., #mma<2, 4>>`: the same elements in
     /// another layout (on a GPU, moved between threads through shared
     /// memory).
     ConvertLayout,
@@ -481,12 +481,16 @@ impl OpKind {
         }
         let laid = |t: &&Type| matches!(t, Type::Tile(t) if t.layout != Layout::Flat);
         let mma_ok = |t: &&Type| match t {
-            Type::Tile(t) if t.layout == Layout::Mma => t.fits_mma(),
+            Type::Tile(t) => match t.layout {
+                Layout::Mma(g) => t.fits_mma() && g.divides(t.shape[0], t.shape[1]),
+                _ => true,
+            },
             _ => true,
         };
         if let Some(t) = operands.iter().chain(results).find(|t| !mma_ok(t)) {
             return Err(format!(
-                "{t}: an #mma tile is an f32 matrix of whole 16 x 8 tiles"
+                "{t}: an #mma tile is an f32 matrix of whole 16 x 8 tiles its grid of warps \
+                 divides"
             ));
         }
         let allowed = match self {

@@ -115,7 +115,29 @@ fn tile_rest(c: &mut Cursor) -> PResult<TileType> {
     let layout = if c.eat(",") {
         c.expect("#")?;
         match c.bump() {
-            Tok::Ident(s) if s == "mma" => Layout::Mma,
+            Tok::Ident(s) if s == "mma" => {
+                if !c.eat("<") {
+                    return c.expected("the grid of warps after `#mma` (`#mma<2, 4>`)");
+                }
+                let mut n = [0usize; 2];
+                for (i, x) in n.iter_mut().enumerate() {
+                    if i == 1 {
+                        c.expect(",")?;
+                    }
+                    *x = match c.bump() {
+                        Tok::Int(v) if (1..=32).contains(&v) => v as usize,
+                        _ => {
+                            c.pos -= 1;
+                            return c.expected("the warps down and across, 1 to 32 (`#mma<2, 4>`)");
+                        }
+                    };
+                }
+                c.expect(">")?;
+                Layout::Mma(crate::ir::MmaGrid {
+                    rows: n[0],
+                    cols: n[1],
+                })
+            }
             Tok::Ident(s) if s == "blocked" => {
                 c.expect("<")?;
                 let v = match c.bump() {
@@ -130,7 +152,7 @@ fn tile_rest(c: &mut Cursor) -> PResult<TileType> {
             }
             _ => {
                 c.pos -= 1;
-                return c.expected("a layout (`#mma`, `#blocked<8>`)");
+                return c.expected("a layout (`#mma<2, 4>`, `#blocked<8>`)");
             }
         }
     } else {

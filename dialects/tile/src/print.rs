@@ -124,7 +124,6 @@ impl dlc_core::ir::mlir::MlirDialect for Tile {
             Type::Tile(tile) if tile.layout.name().is_some() => {
                 let plain = t.mlir();
                 let name = tile.layout.name().unwrap_or_default();
-                let name = name.replace(['<', '>'], "");
                 format!("{}, \"{name}\">", &plain[..plain.len() - 1])
             }
             _ => t.mlir(),

@@ -168,10 +168,11 @@ pub fn registry_for(target: &TargetDesc) -> PassRegistry<Module> {
     );
     r.register(
         "tile.mma-accumulators",
-        "carries a loop's tensor-core accumulator in the warps' fragments (`#mma`) when it is \
-         only the accumulator of the loop's tensor-core products, converting it before and \
-         after the loop (a GPU program)",
-        per_function(
+        "carries a loop's tensor-core accumulator in the warps' fragments (`#mma<r, c>`, the \
+         grid of the target's warps that reads the fewest fragments) when it is only the \
+         accumulator of the loop's tensor-core products, converting it before and after the \
+         loop; `target=NAME` (default: the target compiled for)",
+        for_target(
             "tile.mma-accumulators",
             "accumulators in fragments",
             mma_accumulators,

@@ -48,15 +48,17 @@
 //!   the right one transposed (a fragment register's two elements are then adjacent),
 //!   and a flat accumulator as f32. The warps share the result's 16 x 8 tiles as a
 //!   grid, each taking a block of them (a 64 x 64 block: 2 x 4 warps of 2 x 2 tiles),
-//!   the grid that reads the fewest fragment bytes per step (`mma_grid`); where no grid
+//!   the grid that reads the fewest fragment bytes per step (`dlc_tile::MmaGrid`, which
+//!   an `#mma<r, c>` accumulator's type names); where no grid
 //!   divides the tiles, in turn (warps step together: one past the last tile computes a
 //!   tile it does not store, so every `mma.sync` runs on whole warps). A warp loads its
 //!   accumulator fragment,
 //!   runs one `mma.sync` per 16-deep step on fragments read as 32-bit words in the PTX
 //!   ISA's layouts (groupID = lane / 4, threadID_in_group = lane % 4), and stores the
 //!   fragment back, from where each thread reads its elements. An accumulator in the
-//!   `#mma` layout is those fragments themselves (four f32 per lane per 16 x 8 tile,
-//!   dealt as above): `tile.mma-accumulators` (in the GPU pipeline) carries a
+//!   `#mma<r, c>` layout is those fragments themselves (four f32 per lane per 16 x 8
+//!   tile, dealt by the type's grid, which the generator checks against the program's
+//!   warps): `tile.mma-accumulators` (in the GPU pipeline) carries a
 //!   depth loop's accumulator so, with one `tile.convert_layout` before the loop and one
 //!   after (each through the staging area), so the products in the loop neither stage it
 //!   nor read it back; one loop over the depth then carries all of a warp's tiles, and
@@ -150,7 +152,7 @@ use dlc_core::scalar::{BinaryOp, ReduceKind};
 use dlc_core::{DType, TargetDesc};
 use dlc_runtime::abi::{STATUS_DIVISION_BY_ZERO, Signature};
 use dlc_runtime::gpu::{DeviceBuffer, GpuFunction, Launch};
-use dlc_tile::{Affine, Function, Layout, OpData, OpKind, Type, Value};
+use dlc_tile::{Affine, Function, Layout, MmaGrid, OpData, OpKind, Type, Value};
 use inkwell::attributes::AttributeLoc;
 use inkwell::context::Context;
 use inkwell::module::{Linkage, Module};
@@ -203,64 +205,21 @@ fn mma_rounds(m: usize, n: usize, threads: usize) -> usize {
     ((m / 16) * (n / 8)).div_ceil((threads / WARP).max(1))
 }
 
-/// How the warps share the 16 x 8 tiles of an `m x n` accumulator (the
-/// `#mma` layout).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum MmaGrid {
-    /// A grid of warps, `cols` warps across, each taking a block of `rows
-    /// x cols_each` tiles, row by row in its rounds: a warp reads each of
-    /// its rows' left fragments and its columns' right fragments once per
-    /// step of the depth.
-    Blocks {
-        cols: usize,
-        rows_each: usize,
-        cols_each: usize,
-    },
-    /// Tile `q` to warp `q mod warps` in round `q / warps`, a warp past
-    /// the last tile taking the last again (keeping nothing of it): where
-    /// no grid of warps divides the tiles.
-    Turns,
-}
-
-/// The grid of `warps` warps over an `m x n` accumulator's tiles that
-/// reads the fewest bytes of fragments per step (a left fragment is 512
-/// bytes, a right one 256), [`MmaGrid::Turns`] where none divides them.
-fn mma_grid(m: usize, n: usize, warps: usize) -> MmaGrid {
-    let (tm, tn) = (m / 16, n / 8);
-    (1..=warps)
-        .filter(|&wr| {
-            warps.is_multiple_of(wr) && tm.is_multiple_of(wr) && tn.is_multiple_of(warps / wr)
-        })
-        .map(|wr| MmaGrid::Blocks {
-            cols: warps / wr,
-            rows_each: tm / wr,
-            cols_each: tn / (warps / wr),
-        })
-        .min_by_key(|g| match g {
-            MmaGrid::Blocks {
-                rows_each,
-                cols_each,
-                ..
-            } => 2 * rows_each + cols_each,
-            MmaGrid::Turns => usize::MAX,
-        })
-        .unwrap_or(MmaGrid::Turns)
-}
-
 /// The 16 x 8 tile (row and column of tiles) warp `warp` of `warps` takes
-/// in round `round` of an `m x n` accumulator ([`mma_grid`]; [`Gen::mma_tile`]
-/// computes the same in the kernel).
-fn mma_tile_of(round: usize, warp: usize, warps: usize, m: usize, n: usize) -> (usize, usize) {
-    match mma_grid(m, n, warps) {
-        MmaGrid::Blocks {
-            cols,
-            rows_each,
-            cols_each,
-        } => (
-            (warp / cols) * rows_each + round / cols_each,
-            (warp % cols) * cols_each + round % cols_each,
-        ),
-        MmaGrid::Turns => {
+/// in round `round` of an `m x n` accumulator: `grid`'s ([`MmaGrid::tile`]),
+/// else tile `round * warps + warp` (in turns), the last one for a warp
+/// past it ([`Gen::mma_tile`] computes the same in the kernel).
+fn mma_tile_of(
+    grid: Option<MmaGrid>,
+    round: usize,
+    warp: usize,
+    warps: usize,
+    m: usize,
+    n: usize,
+) -> (usize, usize) {
+    match grid {
+        Some(g) => g.tile(round, warp, m, n),
+        None => {
             let tiles = (m / 16) * (n / 8);
             let q = (round * warps + warp).min(tiles - 1);
             (q / (n / 8), q % (n / 8))
@@ -273,11 +232,11 @@ fn mma_tile_of(round: usize, warp: usize, warps: usize, m: usize, n: usize) -> (
 /// the same rows of tiles (columns, for the right one), so a warp reads
 /// each fragment once per step of the depth however many of its tiles
 /// use it.
-fn mma_sharing(m: usize, n: usize, threads: usize) -> Vec<(usize, usize)> {
+fn mma_sharing(grid: Option<MmaGrid>, m: usize, n: usize, threads: usize) -> Vec<(usize, usize)> {
     let warps = (threads / WARP).max(1);
     let of = |round: usize| -> (Vec<usize>, Vec<usize>) {
         (0..warps)
-            .map(|w| mma_tile_of(round, w, warps, m, n))
+            .map(|w| mma_tile_of(grid, round, w, warps, m, n))
             .unzip()
     };
     let all: Vec<_> = (0..mma_rounds(m, n, threads)).map(of).collect();
@@ -495,7 +454,7 @@ fn staging_bytes(
                 // Both operands in place and the accumulator in fragments:
                 // nothing goes through the staging area.
                 Some(_)
-                    if matches!(f.ty(op.operands[2]), Type::Tile(t) if t.layout == Layout::Mma)
+                    if matches!(f.ty(op.operands[2]), Type::Tile(t) if matches!(t.layout, Layout::Mma(_)))
                         && op.operands[..2]
                             .iter()
                             .all(|&v| in_shared(f, v, op.results[0]).is_some()) =>
@@ -1279,7 +1238,7 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
     pub(super) fn per_thread(&self, v: Value) -> R<usize> {
         let count = self.threads()?.count;
         match self.f.ty(v) {
-            Type::Tile(t) if t.layout == Layout::Mma => {
+            Type::Tile(t) if matches!(t.layout, Layout::Mma(_)) => {
                 Ok(4 * mma_rounds(t.shape[0], t.shape[1], count))
             }
             Type::Tile(t) if let Layout::Blocked(w) = t.layout => {
@@ -2251,7 +2210,12 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
             a_at,
             b_at,
         };
-        let in_fragments = matches!(self.f.ty(acc), Type::Tile(x) if x.layout == Layout::Mma);
+        let held = self.grid_of(acc)?;
+        let in_fragments = held.is_some();
+        // A flat accumulator's tiles go to the warps as the best grid has
+        // them, else in turns: a choice inside this product alone.
+        let warps = self.threads()?.count / WARP;
+        let grid = held.or_else(|| MmaGrid::choose(t.m, t.n, warps));
         let staged = src.a.is_none() || src.b.is_none() || !in_fragments;
         if staged {
             self.barrier()?;
@@ -2272,10 +2236,11 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
         let rounds = mma_rounds(t.m, t.n, self.threads()?.count);
         if in_fragments {
             let c = self.flatten(acc)?;
-            let sharing = mma_sharing(t.m, t.n, self.threads()?.count);
+            let sharing = mma_sharing(grid, t.m, t.n, self.threads()?.count);
             let mut tiles = Vec::with_capacity(rounds);
             for (round, &(a, b)) in sharing.iter().enumerate() {
-                let (_, row0, col0) = self.mma_tile(&lane, self.i64v(round as i64), t.m, t.n)?;
+                let (_, row0, col0) =
+                    self.mma_tile(&lane, grid, self.i64v(round as i64), t.m, t.n)?;
                 tiles.push(MmaTile { row0, col0, a, b });
             }
             let out = self.mma_steps(t, &lane, &tiles, &c[..4 * rounds], &src)?;
@@ -2287,7 +2252,7 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
         }
         let f32t = self.ctx.f32_type();
         self.counted(self.i64v(0), self.i64v(rounds as i64), |g, round| {
-            let (active, row0, col0) = g.mma_tile(&lane, round, t.m, t.n)?;
+            let (active, row0, col0) = g.mma_tile(&lane, grid, round, t.m, t.n)?;
             let mut c_ptrs = Vec::with_capacity(4);
             for i in 0..4 {
                 let e = g.fragment_position(&lane, row0, col0, i, t.n)?;
@@ -2337,23 +2302,20 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
     }
 
     /// The 16 x 8 tile of an `m x n` accumulator this warp takes in round
-    /// `round` ([`mma_grid`]): whether it is one (a warp past the last tile
+    /// `round` (`grid`'s, else in turns): whether it is one (a warp past the last tile
     /// takes the last again, and keeps nothing of it), its first row and
     /// its first column.
     fn mma_tile(
         &self,
         lane: &MmaLane<'ctx>,
+        grid: Option<MmaGrid>,
         round: IntValue<'ctx>,
         m: usize,
         n: usize,
     ) -> R<(IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>)> {
         let warps = self.threads()?.count / WARP;
-        if let MmaGrid::Blocks {
-            cols,
-            rows_each,
-            cols_each,
-        } = mma_grid(m, n, warps)
-        {
+        if let Some(grid) = grid {
+            let (cols, (rows_each, cols_each)) = (grid.cols, grid.block(m, n));
             let at =
                 |warp_part: IntValue<'ctx>, each: usize, round_part: IntValue<'ctx>, size: i64| {
                     let t = self
@@ -2619,8 +2581,10 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
         Ok(out)
     }
 
-    /// `tile.convert_layout`: between the flat layout and `#mma`, through
-    /// the staging area (row-major f32) between barriers.
+    /// `tile.convert_layout`: between the flat layout and `#mma` grids,
+    /// through the staging area (row-major f32) between barriers: each
+    /// thread writes its elements as the operand's layout has them and
+    /// reads its elements as the result's has them.
     fn convert_layout(&mut self, op: &OpData) -> R<()> {
         let (x, r) = (op.operands[0], op.results[0]);
         let layout = |v: Value| match self.f.ty(v) {
@@ -2636,37 +2600,67 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
         if from == to {
             return self.set(r, xs);
         }
-        let (m, n) = (shape[0], shape[1]);
-        let lane = self.mma_lane()?;
-        let rounds = mma_rounds(m, n, self.threads()?.count);
+        let (from, to) = (self.grid_of(x)?, self.grid_of(r)?);
         self.barrier()?;
-        let out = if to == Layout::Mma {
-            self.stage(x, DType::F32, 0)?;
-            self.barrier()?;
-            let mut out = Vec::with_capacity(4 * rounds);
-            for round in 0..rounds {
-                let (_, row0, col0) = self.mma_tile(&lane, self.i64v(round as i64), m, n)?;
-                for i in 0..4 {
-                    let e = self.fragment_position(&lane, row0, col0, i, n)?;
-                    out.push(self.load_element(self.staged(e, DType::F32, 0)?, DType::F32)?);
+        match from {
+            Some(grid) => {
+                let (m, n) = (shape[0], shape[1]);
+                let lane = self.mma_lane()?;
+                let rounds = mma_rounds(m, n, self.threads()?.count);
+                for (round, c) in xs.chunks(4).enumerate().take(rounds) {
+                    let (active, row0, col0) =
+                        self.mma_tile(&lane, Some(grid), self.i64v(round as i64), m, n)?;
+                    for (i, &v) in c.iter().enumerate() {
+                        let e = self.fragment_position(&lane, row0, col0, i as i64, n)?;
+                        self.when(Some(active), |g| {
+                            g.store_element(g.staged(e, DType::F32, 0)?, v, DType::F32)
+                        })?;
+                    }
                 }
             }
-            out
-        } else {
-            for (round, c) in xs.chunks(4).enumerate().take(rounds) {
-                let (active, row0, col0) = self.mma_tile(&lane, self.i64v(round as i64), m, n)?;
-                for (i, &v) in c.iter().enumerate() {
-                    let e = self.fragment_position(&lane, row0, col0, i as i64, n)?;
-                    self.when(Some(active), |g| {
-                        g.store_element(g.staged(e, DType::F32, 0)?, v, DType::F32)
-                    })?;
+            None => self.stage(x, DType::F32, 0)?,
+        }
+        self.barrier()?;
+        let out = match to {
+            Some(grid) => {
+                let (m, n) = (shape[0], shape[1]);
+                let lane = self.mma_lane()?;
+                let rounds = mma_rounds(m, n, self.threads()?.count);
+                let mut out = Vec::with_capacity(4 * rounds);
+                for round in 0..rounds {
+                    let (_, row0, col0) =
+                        self.mma_tile(&lane, Some(grid), self.i64v(round as i64), m, n)?;
+                    for i in 0..4 {
+                        let e = self.fragment_position(&lane, row0, col0, i, n)?;
+                        out.push(self.load_element(self.staged(e, DType::F32, 0)?, DType::F32)?);
+                    }
                 }
+                out
             }
-            self.barrier()?;
-            self.read_staged(r, DType::F32, 0)?
+            None => self.read_staged(r, DType::F32, 0)?,
         };
         self.barrier()?;
         self.set(r, out)
+    }
+
+    /// The grid of warps of tile `v` in the `#mma` layout (`None` in the
+    /// flat one), checked against this program: as many warps as it has,
+    /// dealing the tile's 16 x 8 tiles evenly.
+    fn grid_of(&self, v: Value) -> R<Option<MmaGrid>> {
+        let Type::Tile(t) = self.f.ty(v) else {
+            return Ok(None);
+        };
+        let Layout::Mma(g) = t.layout else {
+            return Ok(None);
+        };
+        let warps = self.threads()?.count / WARP;
+        if g.rows * g.cols != warps || !g.divides(t.shape[0], t.shape[1]) {
+            return Err(CodegenError::Invalid(format!(
+                "{t}: a program of {warps} warps cannot hold it (a grid of {warps} warps \
+                 dealing its 16 x 8 tiles evenly can)"
+            )));
+        }
+        Ok(Some(g))
     }
 }
 
@@ -2738,26 +2732,23 @@ mod tests {
     #[test]
     fn warps_take_blocks_of_tiles() {
         assert_eq!(
-            mma_grid(64, 64, 8),
-            MmaGrid::Blocks {
-                cols: 4,
-                rows_each: 2,
-                cols_each: 2
-            }
+            MmaGrid::choose(64, 64, 8),
+            Some(MmaGrid { rows: 2, cols: 4 })
         );
-        assert_eq!(mma_grid(16, 24, 8), MmaGrid::Turns);
+        assert_eq!(MmaGrid::choose(16, 24, 8), None);
         for (m, n) in [(64, 64), (48, 64), (128, 64), (32, 128), (16, 24), (80, 40)] {
             let warps = 8;
+            let grid = MmaGrid::choose(m, n, warps);
             let mut taken = vec![0; (m / 16) * (n / 8)];
             for round in 0..mma_rounds(m, n, warps * WARP) {
                 for warp in 0..warps {
-                    let (tm, tn) = mma_tile_of(round, warp, warps, m, n);
+                    let (tm, tn) = mma_tile_of(grid, round, warp, warps, m, n);
                     taken[tm * (n / 8) + tn] += 1;
                 }
             }
-            match mma_grid(m, n, warps) {
-                MmaGrid::Blocks { .. } => assert!(taken.iter().all(|&t| t == 1), "{m}x{n}"),
-                MmaGrid::Turns => assert!(taken.iter().all(|&t| t >= 1), "{m}x{n}"),
+            match grid {
+                Some(_) => assert!(taken.iter().all(|&t| t == 1), "{m}x{n}"),
+                None => assert!(taken.iter().all(|&t| t >= 1), "{m}x{n}"),
             }
         }
     }

@@ -5,23 +5,37 @@
 //! the accumulator through shared memory into the warps' fragments and
 //! back. Where a loop's carried value is only ever the accumulator of a
 //! chain of tensor-core products whose last result is yielded back, the
-//! value is carried in the `#mma` layout instead: converted once before the
-//! loop and once after it.
+//! value is carried in the `#mma<r, c>` layout instead: converted once
+//! before the loop and once after it. The grid of warps holding its tiles
+//! is the one of the target's warps per program that reads the fewest
+//! fragment bytes per step (`MmaGrid::choose`); an accumulator no grid
+//! divides stays flat.
 
-use crate::ir::{Block, Function, Layout, OpId, Type, Value};
+use dlc_core::TargetDesc;
+
+use crate::ir::{Block, Function, Layout, MmaGrid, OpId, Type, Value};
 use crate::ops::OpKind;
 
-/// Carries each such accumulator of `f` in the `#mma` layout; returns how
-/// many.
-pub fn mma_accumulators(f: &mut Function) -> usize {
+/// Carries each such accumulator of `f` in the `#mma` layout of
+/// `target`'s warps; returns how many.
+pub fn mma_accumulators(f: &mut Function, target: &TargetDesc) -> usize {
+    let Some(gpu) = target.gpu() else {
+        return 0;
+    };
+    let warps = target.program_threads() / gpu.warp_size.max(1);
     let mut changed = 0;
     for i in 0..f.ops.len() {
         if !matches!(f.ops[i].kind, OpKind::For { .. }) {
             continue;
         }
         for k in 0..f.ops[i].operands.len() {
-            if let Some(chain) = accumulator_chain(f, OpId(i as u32), k) {
-                carry_in_fragments(f, OpId(i as u32), k, &chain);
+            let Some(chain) = accumulator_chain(f, OpId(i as u32), k) else {
+                continue;
+            };
+            let arg = f.op(OpId(i as u32)).regions[0].args[1 + k];
+            let Type::Tile(t) = f.ty(arg) else { continue };
+            if let Some(grid) = MmaGrid::choose(t.shape[0], t.shape[1], warps) {
+                carry_in_fragments(f, OpId(i as u32), k, &chain, grid);
                 changed += 1;
             }
         }
@@ -83,9 +97,9 @@ fn accumulator_chain(f: &Function, l: OpId, k: usize) -> Option<Vec<OpId>> {
 
 /// Carries value `k` of loop `l`, through `chain`, in the `#mma` layout:
 /// converted before the loop and after it.
-fn carry_in_fragments(f: &mut Function, l: OpId, k: usize, chain: &[OpId]) {
+fn carry_in_fragments(f: &mut Function, l: OpId, k: usize, chain: &[OpId], grid: MmaGrid) {
     let mma = |f: &Function, v: Value| match f.ty(v) {
-        Type::Tile(t) => Type::Tile(t.clone().with_layout(Layout::Mma)),
+        Type::Tile(t) => Type::Tile(t.clone().with_layout(Layout::Mma(grid))),
         other => other.clone(),
     };
     let arg = f.op(l).regions[0].args[1 + k];
