@@ -366,6 +366,17 @@ mod hooks {
     /// when issued (a wait has nothing to wait for).
     pub(super) extern "C" fn cp_async(dst: *mut u8, src: *const u8, bytes: u32, src_bytes: u32) {
         let (n, from) = (bytes as usize, (src_bytes as usize).min(bytes as usize));
+        // Both ends of a copy are aligned to its size on the hardware
+        // (which does not define the rest): here a misaligned one is NaN
+        // bytes, so a test of it fails.
+        let misaligned = !(dst as usize - shared() as usize).is_multiple_of(n)
+            || (from > 0 && !(src as usize).is_multiple_of(n));
+        if misaligned {
+            // SAFETY: the generated code passes `bytes` of the block's
+            // shared memory at `dst`.
+            unsafe { std::ptr::write_bytes(dst, 0xff, n) };
+            return;
+        }
         // SAFETY: the generated code passes `bytes` of the block's shared
         // memory at `dst` and, when `src_bytes` is not zero, that many
         // bytes of a live buffer at `src` (an element inside it).

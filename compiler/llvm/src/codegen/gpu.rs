@@ -1104,9 +1104,14 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
                 let ab = g.b.build_and(ab, g.i64v(15), "ab")?;
                 let aligned =
                     g.b.build_int_compare(IntPredicate::EQ, ab, g.i64v(0), "aligned")?;
+                // Wholly on copies 16 bytes, wholly off fills 16 bytes with
+                // zeros; either way both ends are 16-byte aligned.
                 let whole = g.and_maybe(Some(aligned), all)?.unwrap_or(aligned);
                 let wide = match none {
-                    Some(none) => g.b.build_or(whole, none, "wide")?,
+                    Some(none) => {
+                        let none = g.b.build_and(none, aligned, "none")?;
+                        g.b.build_or(whole, none, "wide")?
+                    }
                     None => whole,
                 };
                 g.when(Some(wide), |g| {
