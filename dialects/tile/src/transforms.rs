@@ -202,6 +202,20 @@ pub fn registry_for(target: &TargetDesc) -> PassRegistry<Module> {
     r
 }
 
+/// The ops that use `v`, once per use.
+pub(crate) fn users(f: &Function, v: Value) -> Vec<OpId> {
+    f.ops
+        .iter()
+        .enumerate()
+        .flat_map(|(i, op)| {
+            op.operands
+                .iter()
+                .filter(move |&&o| o == v)
+                .map(move |_| OpId(i as u32))
+        })
+        .collect()
+}
+
 /// Whether an op only computes its results (no memory effect, no
 /// synchronization, no region), so it may go when they are unused.
 fn is_pure(kind: &OpKind) -> bool {

@@ -451,16 +451,7 @@ fn staging_bytes(
             }
             OpKind::Reduce { .. } => bytes(op.operands[0]).max((threads.div_ceil(WARP) * 8) as u64),
             OpKind::Dot { .. } => match tensor_core_dot(f, op, threads, mma)? {
-                // Both operands in place and the accumulator in fragments:
-                // nothing goes through the staging area.
-                Some(_)
-                    if matches!(f.ty(op.operands[2]), Type::Tile(t) if matches!(t.layout, Layout::Mma(_)))
-                        && op.operands[..2]
-                            .iter()
-                            .all(|&v| in_shared(f, v, op.results[0]).is_some()) =>
-                {
-                    0
-                }
+                Some(_) if !mma_stages(f, op) => 0,
                 Some(t) => t.regions().2 + (t.m * t.n * 4) as u64,
                 None => {
                     // Operands read in place take no staging.
@@ -626,6 +617,16 @@ struct InShared {
     buffer: Value,
     first: i64,
     pitch: usize,
+}
+
+/// Whether tensor-core product `op` goes through the staging area: an
+/// operand not read in place ([`in_shared`]) or an accumulator not held in
+/// fragments (`#mma`).
+fn mma_stages(f: &Function, op: &OpData) -> bool {
+    !matches!(f.ty(op.operands[2]), Type::Tile(t) if matches!(t.layout, Layout::Mma(_)))
+        || op.operands[..2]
+            .iter()
+            .any(|&v| in_shared(f, v, op.results[0]).is_none())
 }
 
 /// Bytes one staged element of type `d` takes (bool as a byte).
@@ -2221,7 +2222,12 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
         // them, else in turns: a choice inside this product alone.
         let warps = self.threads()?.count / WARP;
         let grid = held.or_else(|| MmaGrid::choose(t.m, t.n, warps));
-        let staged = src.a.is_none() || src.b.is_none() || !in_fragments;
+        let staged = mma_stages(self.f, op);
+        if !staged && (src.a.is_none() || src.b.is_none()) {
+            return Err(CodegenError::Invalid(
+                "a tensor-core operand in shared memory has no address".into(),
+            ));
+        }
         if staged {
             self.barrier()?;
         }
@@ -2392,17 +2398,20 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
         let steps = (t.k / t.step) as i64;
         self.counted_carrying(self.i64v(0), self.i64v(steps), 1, c, |g, kk, c| {
             let k0 = g.b.build_int_mul(kk, g.i64v(t.step as i64), "k0")?;
-            let mut left: HashMap<usize, Vec<IntValue<'ctx>>> = HashMap::new();
-            let mut right: HashMap<usize, Vec<IntValue<'ctx>>> = HashMap::new();
+            // Tile i's fragments, read where no earlier tile's serve.
+            let mut left: Vec<Vec<IntValue<'ctx>>> = Vec::with_capacity(tiles.len());
+            let mut right: Vec<Vec<IntValue<'ctx>>> = Vec::with_capacity(tiles.len());
             let mut out = Vec::with_capacity(c.len());
             for (i, (tile, c)) in tiles.iter().zip(c.chunks(4)).enumerate() {
-                if !left.contains_key(&tile.a) {
-                    left.insert(i, g.a_fragment(t, lane, tile.row0, k0, src)?);
-                }
-                if !right.contains_key(&tile.b) {
-                    right.insert(i, g.b_fragment(t, lane, tile.col0, k0, src)?);
-                }
-                out.extend(g.mma(t.d, &left[&tile.a], &right[&tile.b], c)?);
+                left.push(match tile.a {
+                    a if a < i => left[a].clone(),
+                    _ => g.a_fragment(t, lane, tile.row0, k0, src)?,
+                });
+                right.push(match tile.b {
+                    b if b < i => right[b].clone(),
+                    _ => g.b_fragment(t, lane, tile.col0, k0, src)?,
+                });
+                out.extend(g.mma(t.d, &left[i], &right[i], c)?);
             }
             Ok(out)
         })

@@ -14,6 +14,7 @@
 
 use dlc_core::TargetDesc;
 
+use super::users;
 use crate::ir::{Function, Layout, Space, Type, Value};
 use crate::ops::OpKind;
 
@@ -22,12 +23,6 @@ use crate::ops::OpKind;
 pub fn copy_layouts(f: &mut Function, target: &TargetDesc) -> usize {
     let Some(gpu) = target.gpu() else {
         return 0;
-    };
-    let uses = |f: &Function, v: Value| {
-        f.ops
-            .iter()
-            .map(|o| o.operands.iter().filter(|&&x| x == v).count())
-            .sum::<usize>()
     };
     let space = |f: &Function, b: Value| match f.ty(b) {
         Type::Buffer(t) => Some(t.space),
@@ -50,7 +45,7 @@ pub fn copy_layouts(f: &mut Function, target: &TargetDesc) -> usize {
         }
         let run = gpu.async_copy_bytes / size;
         // ... in whole runs per row ...
-        if run < 2 || t.shape.last().is_none_or(|n| n % run != 0) || uses(f, *v) != 1 {
+        if run < 2 || t.shape.last().is_none_or(|n| n % run != 0) || users(f, *v).len() != 1 {
             continue;
         }
         // ... of a tile just loaded from global memory, its mask (if any)
@@ -65,7 +60,7 @@ pub fn copy_layouts(f: &mut Function, target: &TargetDesc) -> usize {
         }
         let mask = load.operands.get(1).copied();
         let mask_ok = mask.is_none_or(|m| {
-            uses(f, m) == 1
+            users(f, m).len() == 1
                 && f.ops
                     .iter()
                     .any(|o| o.results.first() == Some(&m) && matches!(o.kind, OpKind::Mask { .. }))

@@ -13,6 +13,7 @@
 
 use dlc_core::TargetDesc;
 
+use super::users;
 use crate::ir::{Block, Function, Layout, MmaGrid, OpId, Type, Value};
 use crate::ops::OpKind;
 
@@ -41,20 +42,6 @@ pub fn mma_accumulators(f: &mut Function, target: &TargetDesc) -> usize {
         }
     }
     changed
-}
-
-/// The ops that use `v`, once per use.
-fn users(f: &Function, v: Value) -> Vec<OpId> {
-    f.ops
-        .iter()
-        .enumerate()
-        .flat_map(|(i, op)| {
-            op.operands
-                .iter()
-                .filter(move |&&o| o == v)
-                .map(move |_| OpId(i as u32))
-        })
-        .collect()
 }
 
 /// The tensor-core products carried value `k` of loop `l` passes through:
