@@ -9,7 +9,7 @@ CARGO ?= cargo
 EXAMPLE ?= examples/w2_mlp.dl
 
 .PHONY: all setup setup-test-tools setup-cuda setup-onnx setup-python python-test bench-python run test lint fuzz-smoke bench bench-gpu gpu-check-prepare bench-peers bench-contract bench-saturate train-peers bench-train bench-distributed \
-	onnx-tests onnx-bench onnx-models clean
+	onnx-tests onnx-bench onnx-models setup-onnx-torch onnx-torch-models clean
 
 all: test
 
@@ -235,6 +235,18 @@ onnx-bench: setup setup-onnx
 
 onnx-models: setup-onnx
 	$(ONNX_VENV)/bin/python scripts/onnx_models.py
+
+# The real-model tests PyTorch's exporters write (tests/onnx/torch_*), in an
+# environment with PyTorch (about 5 GiB, outside the clone like
+# setup-python's, keyed by the pinned versions).
+ONNX_TORCH_PACKAGES := torch==2.14.1 torchvision==0.29.2 onnx==1.23.2 onnxruntime==1.32.0 onnxscript==0.7.2 numpy==2.4.6
+ONNX_TORCH_VENV := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/dlc/venvs/onnx-torch-$(subst ==,-,$(subst $() ,_,$(ONNX_TORCH_PACKAGES)))
+setup-onnx-torch:
+	@$(ONNX_TORCH_VENV)/bin/python -c "import torch, torchvision, onnx, onnxruntime, onnxscript" 2>/dev/null || \
+		{ python3 -m venv $(ONNX_TORCH_VENV) && $(ONNX_TORCH_VENV)/bin/pip install -q $(ONNX_TORCH_PACKAGES); }
+
+onnx-torch-models: setup-onnx-torch
+	$(ONNX_TORCH_VENV)/bin/python scripts/onnx_torch_models.py
 
 clean:
 	$(CARGO) clean

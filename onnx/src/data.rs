@@ -1,6 +1,9 @@
 //! Constant tensors: ONNX `TensorProto`s decoded into values the importer
 //! can fold and print, and the element types dlc has.
 
+use std::fs::File;
+use std::io::{Read as _, Seek as _, SeekFrom};
+use std::path::{Component, Path};
 use std::rc::Rc;
 
 use dlc_core::DType;
@@ -88,19 +91,81 @@ pub fn onnx_code(d: DType) -> i32 {
     t as i32
 }
 
-/// Decodes a tensor's elements from whichever field holds them.
-pub fn decode(t: &TensorProto) -> Result<Data, String> {
+/// The bytes of a tensor stored outside the model (`external_data`: a
+/// `location` relative to the model's directory, an `offset` and a
+/// `length`), read from `dir`. A location that is absolute or leaves the
+/// directory is refused, as ONNX's checker refuses it.
+fn external_bytes(t: &TensorProto, name: &str, dir: Option<&Path>) -> Result<Vec<u8>, String> {
+    let field = |key: &str| {
+        t.external_data
+            .iter()
+            .find(|e| e.key() == key)
+            .map(|e| e.value())
+    };
+    let location = field("location")
+        .ok_or_else(|| format!("{name} keeps its data in an external file but names none"))?;
+    let Some(dir) = dir else {
+        return Err(format!(
+            "{name} keeps its data in the external file `{location}`, and a model given as \
+             bytes has no directory to find it in; import the model from its file"
+        ));
+    };
+    let rel = Path::new(location);
+    if rel.is_absolute()
+        || rel
+            .components()
+            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+    {
+        return Err(format!(
+            "{name}: external data location `{location}` must be a path inside the model's \
+             directory"
+        ));
+    }
+    let number = |key: &str| -> Result<Option<u64>, String> {
+        field(key)
+            .map(|v| {
+                v.trim()
+                    .parse::<u64>()
+                    .map_err(|_| format!("{name}: external data {key} `{v}` is not a byte count"))
+            })
+            .transpose()
+    };
+    let (offset, length) = (number("offset")?.unwrap_or(0), number("length")?);
+    let path = dir.join(rel);
+    let mut file =
+        File::open(&path).map_err(|e| format!("{name}: cannot open {}: {e}", path.display()))?;
+    let size = file
+        .metadata()
+        .map_err(|e| format!("{name}: cannot read {}: {e}", path.display()))?
+        .len();
+    let length = length.unwrap_or(size.saturating_sub(offset));
+    if offset.checked_add(length).is_none_or(|end| end > size) {
+        return Err(format!(
+            "{name}: bytes {offset}..{} of {} are asked for, the file holds {size}",
+            offset.saturating_add(length),
+            path.display()
+        ));
+    }
+    let mut bytes = vec![0; usize::try_from(length).map_err(|_| format!("{name} is too large"))?];
+    file.seek(SeekFrom::Start(offset))
+        .and_then(|_| file.read_exact(&mut bytes))
+        .map_err(|e| format!("{name}: cannot read {}: {e}", path.display()))?;
+    Ok(bytes)
+}
+
+/// Decodes a tensor's elements from whichever field holds them, or from
+/// the external file it names, relative to the model's directory `dir`.
+pub fn decode(t: &TensorProto, dir: Option<&Path>) -> Result<Data, String> {
     let name = if t.name().is_empty() {
         "a constant".to_string()
     } else {
         format!("tensor `{}`", t.name())
     };
-    if t.data_location == Some(1) || !t.external_data.is_empty() {
-        return Err(format!(
-            "{name} keeps its data in an external file, which dlc does not read yet \
-             (save the model with its data inside: onnx.save(model, path, save_as_external_data=False))"
-        ));
-    }
+    let external = if t.data_location == Some(1) {
+        Some(external_bytes(t, &name, dir)?)
+    } else {
+        None
+    };
     let dtype = dtype_of(t.data_type()).ok_or_else(|| {
         format!(
             "{name} has element type {}, which dlc does not support ({SUPPORTED_TYPES})",
@@ -119,16 +184,19 @@ pub fn decode(t: &TensorProto) -> Result<Data, String> {
         .try_fold(1usize, |a, &d| a.checked_mul(d))
         .filter(|&n| n <= 1 << 31)
         .ok_or_else(|| format!("{name} has too many elements"))?;
-    if count == 0 {
-        return Err(format!(
-            "{name} has no elements; dlc tensors have positive extents"
-        ));
-    }
-    let values: Vec<f64> = if let Some(raw) = t.raw_data.as_deref().filter(|r| !r.is_empty()) {
+    let raw = external
+        .as_deref()
+        .or_else(|| t.raw_data.as_deref().filter(|r| !r.is_empty()));
+    let values: Vec<f64> = if let Some(raw) = raw {
         let width = dtype.size_bytes();
         if raw.len() != count * width {
+            let field = if external.is_some() {
+                "its external data"
+            } else {
+                "raw_data"
+            };
             return Err(format!(
-                "{name}: raw_data holds {} bytes, {count} {dtype} elements need {}",
+                "{name}: {field} holds {} bytes, {count} {dtype} elements need {}",
                 raw.len(),
                 count * width
             ));

@@ -18,13 +18,19 @@
 //!   saturation see the weights (a batchnorm after a convolution folds into its weights
 //!   at compile time). The importer does not write them as declared weights (`weight`
 //!   parameters, which a caller binds and the preparer packs once) yet, so a model's
-//!   weights cannot be swapped without importing it again.
+//!   weights cannot be swapped without importing it again. Tensors kept as external
+//!   data (`location`, `offset`, `length`: what PyTorch's torch.export-based exporter
+//!   writes) are read from the model's directory ([`Options::model_dir`]); a location
+//!   outside it is refused, as ONNX's checker refuses it.
 //! - **Shapes are static.** Every input needs a fully known shape: a symbolic
 //!   dimension is an error naming the input and its ONNX shape, and `--shape
 //!   NAME=[d0,d1,...]` supplies it. Values that feed shapes (a `Reshape` target, `Slice`
 //!   bounds, reduction axes, `Expand` shapes) must be known at import time; the importer
 //!   folds the `Shape`/`Gather`/`Concat`/`Unsqueeze`/`Cast`/arithmetic chains exporters
 //!   write around them (on tensors of at most 2^16 elements) and never emits them.
+//!   A folded value may be empty (an empty slice of a shape, as the TorchScript
+//!   exporter writes for `nn.MultiheadAttention`'s reshapes, concatenated to nothing);
+//!   an empty tensor that would become a value of the program is an error.
 //! - **Binding inputs.** An input that sets a shape (a `Reshape` target, `Resize`
 //!   scales, reduction axes given as a graph input) cannot be a parameter of a
 //!   static-shape program; `--bind NAME=PATH.npy` (`Options::bound`) makes it a constant
@@ -145,6 +151,10 @@ pub struct Options {
     /// model specialized to them), so that an input that sets a shape, an
     /// axis or a bound can be given.
     pub bound: Vec<(String, Data)>,
+    /// The directory of the model's file, where tensors kept as external
+    /// data are read (their `location` is relative to it); none for a
+    /// model given as bytes, which then cannot have external data.
+    pub model_dir: Option<std::path::PathBuf>,
 }
 
 /// An imported model.
@@ -236,12 +246,14 @@ pub fn import(bytes: &[u8], options: &Options) -> Result<Imported, ImportError> 
         .graph
         .as_ref()
         .ok_or_else(|| ImportError::Model("the model has no graph".into()))?;
-    let mut im = Importer::new(opset);
+    let mut im = Importer::new(opset, options.model_dir.clone());
     im.run(graph, options)
 }
 
 struct Importer {
     opset: i64,
+    /// Where external data is read from ([`Options::model_dir`]).
+    model_dir: Option<std::path::PathBuf>,
     vals: HashMap<String, Val>,
     taken: HashSet<String>,
     lines: Vec<String>,
@@ -250,9 +262,10 @@ struct Importer {
 }
 
 impl Importer {
-    fn new(opset: i64) -> Self {
+    fn new(opset: i64, model_dir: Option<std::path::PathBuf>) -> Self {
         Importer {
             opset,
+            model_dir,
             vals: HashMap::new(),
             taken: RESERVED.iter().map(|s| (*s).to_string()).collect(),
             lines: Vec::new(),
@@ -290,7 +303,8 @@ impl Importer {
             graph.name()
         });
         for t in &graph.initializer {
-            let d = data::decode(t).map_err(|m| ImportError::Model(format!("initializer: {m}")))?;
+            let d = data::decode(t, self.model_dir.as_deref())
+                .map_err(|m| ImportError::Model(format!("initializer: {m}")))?;
             self.vals.insert(
                 t.name().to_string(),
                 Val {
@@ -328,6 +342,7 @@ impl Importer {
                     &Options {
                         shapes: vec![(input.name().to_string(), d.shape.clone())],
                         bound: vec![],
+                        model_dir: None,
                     },
                 );
                 let (dtype, shape) = match declared {
@@ -452,6 +467,13 @@ impl Importer {
                 "value `{name}` has no definition"
             )));
         };
+        if d.values.is_empty() {
+            return Err(ImportError::Model(format!(
+                "value `{name}` is empty ({}); dlc tensors have positive extents, so an empty \
+                 tensor may only feed shape computations the importer folds",
+                type_text(d.dtype, &d.shape)
+            )));
+        }
         let var = self.fresh(name);
         let text = constant_text(&d);
         self.lines.push(format!("let {var} = {text};"));
@@ -672,13 +694,49 @@ mod tests {
 
     #[test]
     fn names_become_identifiers() {
-        let mut im = Importer::new(17);
+        let mut im = Importer::new(17, None);
         assert_eq!(im.fresh("input.1"), "input_1");
         assert_eq!(im.fresh("input:1"), "input_1_1");
         assert_eq!(im.fresh("0"), "v0");
         assert_eq!(im.fresh("relu"), "relu_1");
         assert_eq!(im.fresh("fn"), "fn_1");
         assert_eq!(im.fresh("/conv/Conv_output_0"), "conv_Conv_output_0");
+    }
+
+    #[test]
+    fn external_data_needs_the_models_directory() {
+        let entry = |k: &str, v: &str| pb::StringStringEntryProto {
+            key: Some(k.into()),
+            value: Some(v.into()),
+        };
+        let model = pb::ModelProto {
+            opset_import: vec![pb::OperatorSetIdProto {
+                domain: Some(String::new()),
+                version: Some(17),
+            }],
+            graph: Some(pb::GraphProto {
+                initializer: vec![pb::TensorProto {
+                    name: Some("w".into()),
+                    dims: vec![4],
+                    data_type: Some(onnx_code(DType::F32)),
+                    data_location: Some(1),
+                    external_data: vec![entry("location", "w.bin"), entry("length", "16")],
+                    ..Default::default()
+                }],
+                output: vec![pb::ValueInfoProto {
+                    name: Some("w".into()),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let e = import(&model.encode_to_vec(), &Options::default()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "initializer: tensor `w` keeps its data in the external file `w.bin`, and a model \
+             given as bytes has no directory to find it in; import the model from its file"
+        );
     }
 
     #[test]

@@ -717,9 +717,17 @@ impl Importer {
         Ok(())
     }
 
-    /// The dlc expression of input `i`.
+    /// The dlc expression of input `i`. An empty tensor has none: it may
+    /// only feed the shape arithmetic folded at import.
     fn e(&mut self, cx: &Cx<'_>, i: usize) -> R<String> {
-        self.need(cx, i)?;
+        let v = self.need(cx, i)?;
+        if v.shape.contains(&0) {
+            return Err(cx.err(format!(
+                "input {i} is empty ({}); dlc tensors have positive extents, so an empty \
+                 tensor may only feed shape computations the importer folds",
+                type_text(v.dtype, &v.shape)
+            )));
+        }
         self.var_of(&cx.node.input[i])
     }
 
@@ -1081,7 +1089,7 @@ impl Importer {
                         let t =
                             a.t.as_ref()
                                 .ok_or_else(|| cx.err("`value` holds no tensor"))?;
-                        crate::data::decode(t).map_err(|m| cx.err(m))?
+                        crate::data::decode(t, self.model_dir.as_deref()).map_err(|m| cx.err(m))?
                     }
                     "value_float" => Data::new(DType::F32, vec![], vec![f64::from(a.f())]),
                     "value_floats" if !a.floats.is_empty() => Data::new(
@@ -1104,12 +1112,8 @@ impl Importer {
                 let r = x.shape.len() as i64;
                 let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
                 let (s, e) = (clamp(cx.int("start", 0)), clamp(cx.int("end", r)));
+                // An empty slice is fine: it only feeds shape arithmetic.
                 let dims: Vec<f64> = x.shape[s..e.max(s)].iter().map(|&d| d as f64).collect();
-                if dims.is_empty() {
-                    return Err(
-                        cx.err("the shape slice is empty; dlc tensors have positive extents")
-                    );
-                }
                 Data::new(DType::I64, vec![dims.len()], dims)
             }
             "Size" => {
@@ -1120,16 +1124,22 @@ impl Importer {
                 let shape = self
                     .ints_input(cx, 0, "the shape")?
                     .ok_or_else(|| cx.err("input 0 is required"))?;
-                if shape.iter().any(|&d| d <= 0) {
-                    return Err(cx.err(format!(
-                        "shape {shape:?} has a dimension that is not positive; dlc tensors have positive extents"
-                    )));
+                if shape.iter().any(|&d| d < 0) {
+                    return Err(cx.err(format!("shape {shape:?} has a negative dimension")));
                 }
                 let shape: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
                 let fill = match cx.attr("value").and_then(|a| a.t.as_ref()) {
-                    Some(t) => crate::data::decode(t).map_err(|m| cx.err(m))?,
+                    Some(t) => {
+                        crate::data::decode(t, self.model_dir.as_deref()).map_err(|m| cx.err(m))?
+                    }
                     None => Data::new(DType::F32, vec![1], vec![0.0]),
                 };
+                if fill.values.len() != 1 {
+                    return Err(cx.err(format!(
+                        "value holds {} elements; it must hold one",
+                        fill.values.len()
+                    )));
+                }
                 let n = numel(&shape);
                 if n > 1 << 28 {
                     return Err(cx.err("the result is too large"));
@@ -1144,12 +1154,18 @@ impl Importer {
                         cx.err("start, limit and delta must be constants; dlc shapes are static")
                     );
                 };
+                if let Some(i) = ds.iter().position(|d| d.values.len() != 1) {
+                    return Err(cx.err(format!(
+                        "input {i} holds {} elements; start, limit and delta are scalars",
+                        ds[i].values.len()
+                    )));
+                }
                 let (start, limit, delta) = (ds[0].values[0], ds[1].values[0], ds[2].values[0]);
                 if delta == 0.0 {
                     return Err(cx.err("delta is zero"));
                 }
                 let n = ((limit - start) / delta).ceil().max(0.0) as usize;
-                if n == 0 || n > FOLD_LIMIT * 16 {
+                if n > FOLD_LIMIT * 16 {
                     return Err(cx.err(format!("the range has {n} elements")));
                 }
                 let dtype = ds[0].dtype;
@@ -1253,7 +1269,7 @@ impl Importer {
             })?;
             let constant = |v: Option<Val>, default: f64| match v {
                 None => Some(default),
-                Some(v) => v.data.map(|d| d.values[0]),
+                Some(v) => v.data.and_then(|d| d.values.first().copied()),
             };
             let training = constant(self.input(cx, 2), 0.0);
             let ratio = constant(self.input(cx, 1), 0.5);
@@ -2341,12 +2357,19 @@ impl Importer {
                 )));
             }
             shape[axis] = shape[axis].saturating_add(v.shape[axis]);
-            parts.push(self.e(cx, i)?);
+            // An empty part adds nothing (exporters concatenate empty
+            // shape slices).
+            if v.shape[axis] == 0 {
+                continue;
+            }
+            parts.push((i, self.e(cx, i)?));
         }
-        if parts.len() == 1 {
-            self.alias(cx, 0, first);
+        if let [(i, _)] = parts[..] {
+            let only = self.need(cx, i)?;
+            self.alias(cx, 0, only);
             return Ok(());
         }
+        let parts: Vec<String> = parts.into_iter().map(|(_, e)| e).collect();
         self.bind(
             cx,
             0,
@@ -2406,11 +2429,6 @@ impl Importer {
                 s as i64,
                 step.clamp(-i128::from(MAX_ATTR), i128::from(MAX_ATTR)) as i64,
             );
-            if n == 0 {
-                return Err(cx.err(format!(
-                    "the slice of axis {a} is empty; dlc tensors have positive extents"
-                )));
-            }
             spec[a] = (s, step, n as usize);
         }
         Ok(spec)
@@ -2420,6 +2438,13 @@ impl Importer {
         let x = self.need(cx, 0)?;
         let spec = self.slice_spec(cx, &x.shape)?;
         let shape: Vec<usize> = spec.iter().map(|s| s.2).collect();
+        // An empty slice of a known tensor folds (shape arithmetic); of a
+        // tensor known only at run time it would be an empty tensor.
+        if let Some(a) = shape.iter().position(|&n| n == 0) {
+            return Err(cx.err(format!(
+                "the slice of axis {a} is empty; dlc tensors have positive extents"
+            )));
+        }
         let mut expr = self.e(cx, 0)?;
         if spec.iter().all(|s| s.1 == 1) {
             for (a, &(s, _, n)) in spec.iter().enumerate() {
@@ -4078,7 +4103,10 @@ impl Importer {
             .input(cx, 1)
             .and_then(|v| v.data)
             .ok_or_else(|| cx.err("depth (input 1) must be a constant; dlc shapes are static"))?;
-        let depth = depth.values[0];
+        let depth = *depth
+            .values
+            .first()
+            .ok_or_else(|| cx.err("depth (input 1) is empty"))?;
         if !(depth >= 1.0 && depth <= (1u64 << 24) as f64) {
             return Err(cx.err(format!("depth {depth} must be a positive count")));
         }

@@ -262,7 +262,19 @@ pub fn import_onnx(
         path: path.to_string(),
         source,
     })?;
-    dlc_onnx::import(&bytes, options).map_err(|source| DriverError::Import {
+    // External data is read relative to the model's directory.
+    let dir = Path::new(path).parent().map(|d| {
+        if d.as_os_str().is_empty() {
+            Path::new(".").to_path_buf()
+        } else {
+            d.to_path_buf()
+        }
+    });
+    let options = dlc_onnx::Options {
+        model_dir: dir,
+        ..options.clone()
+    };
+    dlc_onnx::import(&bytes, &options).map_err(|source| DriverError::Import {
         path: path.to_string(),
         source,
     })

@@ -46,7 +46,19 @@ fn input_args(model: &Path) -> Vec<String> {
 #[test]
 fn real_models_match_onnxruntime() {
     let d = Dir::new("real");
-    for name in ["mlp", "cnn", "transformer", "gru", "recurrent"] {
+    // torch_encoder: nn.TransformerEncoder from PyTorch's TorchScript
+    // exporter (its attention's reshape arithmetic concatenates an empty
+    // slice of a shape); torch_encoder_external: the same from the
+    // torch.export-based exporter, its weights in model.onnx.data.
+    for name in [
+        "mlp",
+        "cnn",
+        "transformer",
+        "gru",
+        "recurrent",
+        "torch_encoder",
+        "torch_encoder_external",
+    ] {
         let dir = root().join(name);
         let model = dir.join("model.onnx").display().to_string();
         let out = d.path(name);
@@ -289,4 +301,109 @@ fn inputs_that_set_shapes_can_be_bound_to_values() {
         &dlc(&["check", &m, "--bind", &format!("x={shape}")]),
         "--bind x: the value i64[2] does not fit the input",
     );
+}
+
+#[test]
+fn external_data_is_read_beside_the_model_and_checked() {
+    let d = Dir::new("external");
+    let src = root().join("torch_encoder_external");
+    let model = std::fs::read(src.join("model.onnx")).unwrap();
+    let data = std::fs::read(src.join("model.onnx.data")).unwrap();
+    let ids = src.join("ids.npy").display().to_string();
+    let input = format!("ids={ids}");
+    // Found relative to the model's directory, wherever the command runs.
+    let m = d.file("m/model.onnx", &model);
+    d.file("m/model.onnx.data", &data);
+    let out = succeeds(&dlc(&["run", &m, "--input", &input, "--check"]));
+    assert!(out.contains("check: ok"), "{out}");
+    // A data file that is missing, or shorter than a tensor's bytes.
+    let m = d.file("nodata/model.onnx", &model);
+    fails_with(
+        &dlc(&["check", &m]),
+        "initializer: tensor `emb.weight`: cannot open",
+    );
+    let m = d.file("short/model.onnx", &model);
+    d.file("short/model.onnx.data", &data[..data.len() / 2]);
+    fails_with(&dlc(&["check", &m]), "the file holds");
+    // A location that leaves the model's directory is refused.
+    let mut escaping = pb::ModelProto::decode(model.as_slice()).unwrap();
+    for t in &mut escaping.graph.as_mut().unwrap().initializer {
+        for e in &mut t.external_data {
+            if e.key() == "location" {
+                e.value = Some("../model.onnx.data".into());
+            }
+        }
+    }
+    let m = d.file("escape/model.onnx", escaping.encode_to_vec());
+    fails_with(
+        &dlc(&["check", &m]),
+        "external data location `../model.onnx.data` must be a path inside the model's directory",
+    );
+}
+
+#[test]
+fn empty_tensors_only_feed_folded_shape_arithmetic() {
+    // y = x reshaped to concat(shape(x)[0:1], [-1], shape(x)[5:]): the last
+    // part is empty and folds away, as in nn.MultiheadAttention's export.
+    let d = Dir::new("empty");
+    let i64t = pb::tensor_proto::DataType::Int64 as i32;
+    let ints = |name: &str, v: &[i64]| pb::TensorProto {
+        name: Some(name.into()),
+        dims: vec![v.len() as i64],
+        data_type: Some(i64t),
+        int64_data: v.to_vec(),
+        ..Default::default()
+    };
+    let node = |op: &str, inputs: &[&str], out: &str| pb::NodeProto {
+        name: Some(out.into()),
+        op_type: Some(op.into()),
+        input: inputs.iter().map(ToString::to_string).collect(),
+        output: vec![out.into()],
+        attribute: if op == "Concat" {
+            vec![pb::AttributeProto {
+                name: Some("axis".into()),
+                i: Some(0),
+                r#type: Some(pb::attribute_proto::AttributeType::Int as i32),
+                ..Default::default()
+            }]
+        } else {
+            vec![]
+        },
+        ..Default::default()
+    };
+    let mut model =
+        pb::ModelProto::decode(one_node("Relu", &[dim(2), dim(3), dim(4)], 17).as_slice()).unwrap();
+    let g = model.graph.as_mut().unwrap();
+    g.initializer = vec![
+        ints("zero", &[0]),
+        ints("one", &[1]),
+        ints("five", &[5]),
+        ints("big", &[9]),
+        ints("minus_one", &[-1]),
+    ];
+    g.node = vec![
+        node("Shape", &["x"], "s"),
+        node("Slice", &["s", "zero", "one"], "head"),
+        node("Slice", &["s", "five", "big"], "tail"),
+        node("Concat", &["head", "minus_one", "tail"], "target"),
+        node("Reshape", &["x", "target"], "y"),
+    ];
+    let m = d.file("m.onnx", model.encode_to_vec());
+    let out = succeeds(&dlc(&["run", &m, "--random-inputs", "0", "--check"]));
+    assert!(out.contains("out0: f32[2, 12]"), "{out}");
+    // The empty slice as a value of the program is still refused.
+    g_output_is(&mut model, "tail");
+    let m = d.file("out.onnx", model.encode_to_vec());
+    fails_with(
+        &dlc(&["check", &m]),
+        "value `tail` is empty (i64[0]); dlc tensors have positive extents",
+    );
+}
+
+/// Makes `name` the model's only output.
+fn g_output_is(model: &mut pb::ModelProto, name: &str) {
+    model.graph.as_mut().unwrap().output = vec![pb::ValueInfoProto {
+        name: Some(name.into()),
+        ..Default::default()
+    }];
 }

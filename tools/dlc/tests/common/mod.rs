@@ -26,9 +26,13 @@ impl Dir {
         self.0.join(name).display().to_string()
     }
 
-    /// Writes `name` (text or bytes) and returns its path.
+    /// Writes `name` (text or bytes; `sub/name` makes the folder) and
+    /// returns its path.
     pub fn file(&self, name: &str, contents: impl AsRef<[u8]>) -> String {
         let p = self.path(name);
+        if let Some(parent) = std::path::Path::new(&p).parent() {
+            std::fs::create_dir_all(parent).unwrap();
+        }
         std::fs::write(&p, contents).unwrap();
         p
     }
