@@ -228,10 +228,13 @@ onnx-tests: setup setup-onnx
 	$(CARGO) build --release --locked -p dlc
 	$(ONNX_VENV)/bin/python scripts/onnx_node_tests.py target/release/dlc target/onnx-tests
 
-# The real-model ONNX tests timed by dlc and onnxruntime in one run.
-onnx-bench: setup setup-onnx
+# The networks people export (torchvision's and torch.nn's, random weights,
+# exported here) and the real-model tests, timed by dlc and onnxruntime in
+# one run: cold `dlc run`, error, latency at 1 and 2 threads ->
+# target/onnx-bench/results.md.
+onnx-bench: setup setup-onnx-torch
 	$(CARGO) build --release --locked -p dlc
-	$(ONNX_VENV)/bin/python scripts/onnx_bench.py target/release/dlc
+	$(ONNX_TORCH_VENV)/bin/python scripts/onnx_bench.py target/release/dlc
 
 onnx-models: setup-onnx
 	$(ONNX_VENV)/bin/python scripts/onnx_models.py

@@ -1,29 +1,266 @@
 #!/usr/bin/env python3
-"""The real-model ONNX tests (tests/onnx/) timed by `dlc bench` and by an
-onnxruntime session (one thread, full graph optimization) in one run:
-median latency over 500 runs after 20 warm-up runs, and compile or
-session-creation time. Usage: onnx_bench.py [DLC]."""
-import json, subprocess, time, sys, os
-import numpy as np, onnxruntime as ort
-root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "onnx")
-dlc = sys.argv[1] if len(sys.argv) > 1 else "target/release/dlc"
-rows = []
-for name in ["mlp", "cnn", "transformer", "gru", "recurrent"]:
-    d = os.path.join(root, name)
-    feeds = {f[:-4]: np.load(os.path.join(d, f)) for f in sorted(os.listdir(d)) if f.endswith(".npy") and not f.startswith("out")}
-    o = ort.SessionOptions(); o.intra_op_num_threads = 1; o.inter_op_num_threads = 1
-    t0 = time.perf_counter()
-    s = ort.InferenceSession(os.path.join(d, "model.onnx"), o, providers=["CPUExecutionProvider"])
-    ort_load = time.perf_counter() - t0
-    for _ in range(20): s.run(None, feeds)
-    ts = []
-    for _ in range(500):
-        t = time.perf_counter(); s.run(None, feeds); ts.append(time.perf_counter() - t)
-    ort_ms = float(np.median(ts)) * 1e3
-    out = subprocess.run([dlc, "bench", os.path.join(d, "model.onnx"), "--runs", "500", "--warmup", "20", "--json"], capture_output=True, text=True)
-    j = json.loads(out.stdout)
-    rows.append((name, j["median_ms"], ort_ms, j["compile_s"], ort_load))
-print("| model | dlc median ms | onnxruntime median ms | dlc/ort | dlc compile s | ort session s |")
-print("|---|---|---|---|---|---|")
-for n, a, b, c, l in rows:
-    print(f"| {n} | {a:.4f} | {b:.4f} | {a/b:.2f} | {c:.3f} | {l:.3f} |")
+"""make onnx-bench: the networks people export, run by dlc and onnxruntime in
+one run on this machine.
+
+The models are made here, with random weights, from torch.nn and torchvision
+and exported by PyTorch's TorchScript exporter (opset 17; nothing is
+downloaded): ResNet-18 and -50, MobileNetV2 and V3-small, EfficientNet-B0, a
+BERT-base-sized encoder (30522-word embedding, 12 layers, d = 768, 128 tokens)
+and a GPT-2-small-sized decoder block (pre-norm, causal, d = 768, 128
+tokens), beside the real-model tests under tests/onnx/. For each:
+
+- cold run: `dlc run MODEL --no-cache` on the inputs (import, compile, one
+  call), its wall time and peak resident memory;
+- error: the largest difference of dlc's output from onnxruntime's (one
+  thread, every optimization), over the largest magnitude of onnxruntime's;
+- latency at 1 and 2 threads: `dlc bench --threads N --json` and an
+  onnxruntime session with N intra-op threads, medians over the same number
+  of calls (as many as fit in about two seconds, 10 to 500), with the spread
+  ((max - min) / median) of each.
+
+Writes target/onnx-bench/results.md and results.json. Usage:
+onnx_bench.py [DLC] [--only NAME,...].
+"""
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+# The driver process stays small (no NumPy, onnxruntime or PyTorch in it):
+# a child's peak resident memory counts the memory of the process it was
+# forked from, so the cold `dlc run` is started from here and everything
+# heavy runs in worker processes (this script with --export or --ort).
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+OUT = os.path.join(ROOT, "target", "onnx-bench")
+OPSET = 17
+TESTS = ["mlp", "cnn", "transformer", "gru", "recurrent", "torch_encoder"]
+EXPORTED = ["resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0",
+            "bert_base_encoder", "gpt2_block"]
+
+
+def exported_models():
+    """By name: a maker of (torch module, example inputs, input names)."""
+    import torch
+    import torchvision
+    from torch import nn
+
+    torch.manual_seed(0)
+    image = (torch.randn(1, 3, 224, 224),)
+
+    class Bert(nn.Module):
+        def __init__(self, vocab=30522, d=768, heads=12, layers=12, seq=128):
+            super().__init__()
+            self.words = nn.Embedding(vocab, d)
+            self.positions = nn.Parameter(torch.randn(1, seq, d) * 0.02)
+            self.norm = nn.LayerNorm(d)
+            layer = nn.TransformerEncoderLayer(d, heads, 4 * d, dropout=0.0, activation="gelu",
+                                               batch_first=True)
+            self.enc = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+
+        def forward(self, ids):
+            return self.enc(self.norm(self.words(ids) + self.positions))
+
+    class Gpt2Block(nn.Module):
+        def __init__(self, d=768, heads=12, seq=128):
+            super().__init__()
+            self.layer = nn.TransformerEncoderLayer(d, heads, 4 * d, dropout=0.0,
+                                                    activation="gelu", batch_first=True,
+                                                    norm_first=True)
+            self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(seq))
+
+        def forward(self, x):
+            return self.layer(x, src_mask=self.mask, is_causal=True)
+
+    tv = torchvision.models
+    return {
+        "resnet18": lambda: (tv.resnet18(), image, ["image"]),
+        "resnet50": lambda: (tv.resnet50(), image, ["image"]),
+        "mobilenet_v2": lambda: (tv.mobilenet_v2(), image, ["image"]),
+        "mobilenet_v3_small": lambda: (tv.mobilenet_v3_small(), image, ["image"]),
+        "efficientnet_b0": lambda: (tv.efficientnet_b0(), image, ["image"]),
+        "bert_base_encoder": lambda: (Bert(), (torch.randint(0, 30522, (1, 128)),), ["ids"]),
+        "gpt2_block": lambda: (Gpt2Block(), (torch.randn(1, 128, 768),), ["x"]),
+    }
+
+
+def export(name):
+    """Worker: the model file and its inputs as NAME.npy in
+    target/onnx-bench/NAME/."""
+    import numpy as np
+    import torch
+
+    module, args, input_names = exported_models()[name]()
+    d = os.path.join(OUT, name)
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, "model.onnx")
+    module.eval()
+    with torch.no_grad():
+        torch.onnx.export(module, args, path, opset_version=OPSET, dynamo=False,
+                          input_names=input_names, output_names=["out"])
+    for n, a in zip(input_names, args):
+        np.save(os.path.join(d, f"{n}.npy"), a.numpy())
+
+
+def model_files(name):
+    """The model's path and its inputs' .npy files by input name."""
+    d = os.path.join(ROOT, "tests", "onnx", name) if name in TESTS else os.path.join(OUT, name)
+    inputs = {f[:-4]: os.path.join(d, f) for f in sorted(os.listdir(d))
+              if f.endswith(".npy") and not f.startswith("out")}
+    return os.path.join(d, "model.onnx"), inputs
+
+
+def ort_worker(path, inputs, dlc_out, threads):
+    """Worker: onnxruntime's error against dlc's output and its latency at
+    each thread count, as JSON: {"error": e, "ort1": {...}, ...}; the runs
+    per thread count as many as fit in about two seconds."""
+    import numpy as np
+    import onnxruntime as ort
+
+    def session(n):
+        o = ort.SessionOptions()
+        o.intra_op_num_threads = n
+        o.inter_op_num_threads = 1
+        return ort.InferenceSession(path, o, providers=["CPUExecutionProvider"])
+
+    feeds = {n: np.load(p) for n, p in inputs.items()}
+    ref = session(1).run(None, feeds)[0].astype(np.float64)
+    got = np.load(dlc_out).astype(np.float64)
+    scale = float(np.max(np.abs(ref))) or 1.0
+    result = {"error": float(np.max(np.abs(got - ref))) / scale if got.shape == ref.shape
+              else float("inf"), "ort_version": ort.__version__}
+    for n in threads:
+        s = session(n)
+        t = time.perf_counter()
+        s.run(None, feeds)
+        first = (time.perf_counter() - t) * 1e3
+        runs = int(min(500, max(10, 2000 / max(first, 1e-3))))
+        warmup = max(2, runs // 20)
+        for _ in range(warmup):
+            s.run(None, feeds)
+        ts = []
+        for _ in range(runs):
+            t = time.perf_counter()
+            s.run(None, feeds)
+            ts.append((time.perf_counter() - t) * 1e3)
+        ts.sort()
+        result[f"ort{n}"] = {"median_ms": ts[len(ts) // 2], "min_ms": ts[0], "max_ms": ts[-1],
+                             "runs": runs, "warmup": warmup}
+    print(json.dumps(result))
+
+
+def cold_run(dlc, path, inputs):
+    """Wall seconds and peak resident MiB of `dlc run` with no cache; its
+    first output's file."""
+    out = os.path.join(OUT, "outputs")
+    os.makedirs(out, exist_ok=True)
+    args = [dlc, "run", path, "--no-cache", "--save-outputs", out]
+    for n, p in inputs.items():
+        args += ["--input", f"{n}={p}"]
+    t = time.perf_counter()
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, status, usage = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t
+    stderr = p.stderr.read()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"dlc run {path}: {stderr.strip()}")
+    return wall, usage.ru_maxrss / 1024, os.path.join(out, "out0.npy")
+
+
+def dlc_bench(dlc, path, threads, runs, warmup):
+    r = subprocess.run([dlc, "bench", path, "--threads", str(threads), "--runs", str(runs),
+                        "--warmup", str(warmup), "--json"], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"dlc bench {path}: {r.stderr.strip()}")
+    return json.loads(r.stdout)
+
+
+def spread(t):
+    return (t["max_ms"] - t["min_ms"]) / t["median_ms"]
+
+
+def measure(dlc, name):
+    if name not in TESTS:
+        subprocess.run([sys.executable, __file__, "--export", name], check=True,
+                       stdout=subprocess.DEVNULL)
+    path, inputs = model_files(name)
+    row = {"model": name}
+    row["model_mib"] = sum(os.path.getsize(os.path.join(os.path.dirname(path), f))
+                           for f in os.listdir(os.path.dirname(path))
+                           if f.startswith("model.onnx")) / 2**20
+    row["cold_s"], row["cold_mib"], out = cold_run(dlc, path, inputs)
+    worker = subprocess.run([sys.executable, __file__, "--ort", path, out,
+                             json.dumps(inputs)], check=True, capture_output=True, text=True)
+    o = json.loads(worker.stdout)
+    row["error"], row["ort_version"] = o["error"], o["ort_version"]
+    for threads in (1, 2):
+        t = o[f"ort{threads}"]
+        j = dlc_bench(dlc, path, threads, t["runs"], t["warmup"])
+        row[f"ort{threads}_ms"], row[f"ort{threads}_spread"] = t["median_ms"], spread(t)
+        row[f"dlc{threads}_ms"], row[f"dlc{threads}_spread"] = j["median_ms"], spread(j)
+        row[f"runs{threads}"] = t["runs"]
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dlc", nargs="?", default=os.path.join(ROOT, "target", "release", "dlc"))
+    ap.add_argument("--only", help="comma-separated model names")
+    ap.add_argument("--export", help=argparse.SUPPRESS)
+    ap.add_argument("--ort", nargs=3, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.export:
+        export(a.export)
+        return 0
+    if a.ort:
+        ort_worker(a.ort[0], json.loads(a.ort[2]), a.ort[1], (1, 2))
+        return 0
+    only = set(a.only.split(",")) if a.only else None
+    os.makedirs(OUT, exist_ok=True)
+    rows = [measure(a.dlc, name) for name in TESTS + EXPORTED if only is None or name in only]
+    lines = [
+        f"CPU: {cpu_name()}, {os.cpu_count()} logical cores; onnxruntime "
+        f"{rows[0]['ort_version'] if rows else '?'}; medians in ms, spread (max - min) / median "
+        "in parentheses; ratio = dlc / onnxruntime (below 1: dlc is faster); cold = `dlc run "
+        "--no-cache` (import, compile, one call).",
+        "",
+        "| model | file MiB | cold dlc run s | peak MiB | error vs ort | dlc 1t | ort 1t | ratio 1t "
+        "| dlc 2t | ort 2t | ratio 2t | runs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        cells = [r["model"], f"{r['model_mib']:.1f}", f"{r['cold_s']:.2f}", f"{r['cold_mib']:.0f}",
+                 f"{r['error']:.1e}"]
+        for t in (1, 2):
+            cells += [f"{r[f'dlc{t}_ms']:.3f} ({r[f'dlc{t}_spread']:.0%})",
+                      f"{r[f'ort{t}_ms']:.3f} ({r[f'ort{t}_spread']:.0%})",
+                      f"{r[f'dlc{t}_ms'] / r[f'ort{t}_ms']:.2f}"]
+        cells.append(f"{r['runs1']}/{r['runs2']}")
+        lines.append("| " + " | ".join(cells) + " |")
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(OUT, "results.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(OUT, "results.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

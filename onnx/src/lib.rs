@@ -11,17 +11,22 @@
 //! backends and `--check`. The program is the interface: there is no second path from
 //! ONNX into the graph dialect to keep in step with the language.
 //!
-//! - **Weights are constants.** Initializers (and `Constant` nodes) become
-//!   `tensor([...], shape, dtype=...)` constants of the program (`full(...)` when every
-//!   element is equal), written at their first use. So a model runs with its trained
-//!   values, callers pass only its real inputs, and constant folding and equality
-//!   saturation see the weights (a batchnorm after a convolution folds into its weights
-//!   at compile time). The importer does not write them as declared weights (`weight`
-//!   parameters, which a caller binds and the preparer packs once) yet, so a model's
-//!   weights cannot be swapped without importing it again. Tensors kept as external
-//!   data (`location`, `offset`, `length`: what PyTorch's torch.export-based exporter
-//!   writes) are read from the model's directory ([`Options::model_dir`]); a location
-//!   outside it is refused, as ONNX's checker refuses it.
+//! - **Weights stay binary.** Initializers (and `Constant` nodes, and tensors folded
+//!   from them) of more than [`WEIGHT_MIN_ELEMENTS`] elements, not all equal, become
+//!   `weight` parameters of the entry point, after its inputs, with their values in
+//!   [`Imported::weights`]; smaller ones (shapes, axes, scalars) and splats are literals
+//!   of the program (`tensor([...], shape, dtype=...)`, `full(...)`), written at their
+//!   first use, where constant folding sees them. `dlc run|bench|compile|check
+//!   model.onnx` bind the weights as constants when the program is compiled
+//!   (`SourceText::weights` in the driver), so the graph is the one literals would
+//!   give (a batchnorm after a convolution still folds into its weights at compile
+//!   time) without the front end reading millions of numbers as text; `dlc import`
+//!   writes them to a safetensors file beside the program (`--inline-weights` writes
+//!   literals instead). Tensors kept as external data (`location`, `offset`, `length`:
+//!   what PyTorch's torch.export-based exporter writes) are read from the model's
+//!   directory ([`Options::model_dir`]); a location outside it is refused, as ONNX's
+//!   checker refuses it. The constants the importer computes itself (interpolation
+//!   matrices, masks, DFT twiddles) are literals.
 //! - **Shapes are static.** Every input needs a fully known shape: a symbolic
 //!   dimension is an error naming the input and its ONNX shape, and `--shape
 //!   NAME=[d0,d1,...]` supplies it. Values that feed shapes (a `Reshape` target, `Slice`
@@ -155,6 +160,10 @@ pub struct Options {
     /// data are read (their `location` is relative to it); none for a
     /// model given as bytes, which then cannot have external data.
     pub model_dir: Option<std::path::PathBuf>,
+    /// Write every tensor known at import as a literal of the program
+    /// (`tensor([...])`), as a self-contained program needs, rather than
+    /// the large ones as `weight` parameters ([`Imported::weights`]).
+    pub inline_weights: bool,
 }
 
 /// An imported model.
@@ -170,7 +179,18 @@ pub struct Imported {
     pub outputs: Vec<(String, String)>,
     /// The default-domain opset the model declares.
     pub opset: i64,
+    /// The entry point's `weight` parameters, after the graph's inputs, and
+    /// their values: the model's initializers (and the tensors the importer
+    /// folds from them) of more than [`WEIGHT_MIN_ELEMENTS`] elements not all
+    /// equal, unless [`Options::inline_weights`].
+    pub weights: Vec<(String, Data)>,
 }
+
+/// A tensor known at import with more elements than this (and not all
+/// equal) is a `weight` parameter of the program rather than a literal.
+/// Smaller ones (shapes, axes, scalars) stay literals that the compiler's
+/// constant folding sees.
+pub const WEIGHT_MIN_ELEMENTS: usize = 16;
 
 /// Why a model could not be imported.
 #[derive(Debug, thiserror::Error)]
@@ -247,6 +267,7 @@ pub fn import(bytes: &[u8], options: &Options) -> Result<Imported, ImportError> 
         .as_ref()
         .ok_or_else(|| ImportError::Model("the model has no graph".into()))?;
     let mut im = Importer::new(opset, options.model_dir.clone());
+    im.inline_weights = options.inline_weights;
     im.run(graph, options)
 }
 
@@ -259,6 +280,10 @@ struct Importer {
     lines: Vec<String>,
     /// Helper operators (index notation) the program needs.
     ops: Vec<String>,
+    /// Whether every known tensor is written as a literal.
+    inline_weights: bool,
+    /// The `weight` parameters written so far, with their values.
+    weights: Vec<(String, Data)>,
 }
 
 impl Importer {
@@ -270,6 +295,8 @@ impl Importer {
             taken: RESERVED.iter().map(|s| (*s).to_string()).collect(),
             lines: Vec::new(),
             ops: Vec::new(),
+            inline_weights: false,
+            weights: Vec::new(),
         }
     }
 
@@ -343,6 +370,7 @@ impl Importer {
                         shapes: vec![(input.name().to_string(), d.shape.clone())],
                         bound: vec![],
                         model_dir: None,
+                        inline_weights: false,
                     },
                 );
                 let (dtype, shape) = match declared {
@@ -440,6 +468,9 @@ impl Importer {
                 format!("({})", returned.join(", ")),
             )
         };
+        for (var, d) in &self.weights {
+            params.push(format!("weight {var}: {}", type_text(d.dtype, &d.shape)));
+        }
         let _ = writeln!(src, "fn {entry}({}) -> {ret_ty} {{", params.join(", "));
         for line in &self.lines {
             let _ = writeln!(src, "    {line}");
@@ -451,6 +482,7 @@ impl Importer {
             inputs,
             outputs,
             opset: self.opset,
+            weights: std::mem::take(&mut self.weights),
         })
     }
 
@@ -475,8 +507,12 @@ impl Importer {
             )));
         }
         let var = self.fresh(name);
-        let text = constant_text(&d);
-        self.lines.push(format!("let {var} = {text};"));
+        if !self.inline_weights && is_weight(&d) {
+            self.weights.push((var.clone(), d));
+        } else {
+            let text = constant_text(&d);
+            self.lines.push(format!("let {var} = {text};"));
+        }
         if let Some(v) = self.vals.get_mut(name) {
             v.var = Some(var.clone());
         }
@@ -540,14 +576,28 @@ pub(crate) fn element(v: f64, dtype: DType) -> String {
     }
 }
 
+/// Whether every element of `d` is the first one (its first element).
+fn splat(d: &Data) -> Option<f64> {
+    let first = *d.values.first()?;
+    d.values
+        .iter()
+        .all(|v| v.to_bits() == first.to_bits() || (v.is_nan() && first.is_nan()))
+        .then_some(first)
+}
+
+/// Whether a known tensor is a `weight` parameter of the program rather
+/// than a literal: more than [`WEIGHT_MIN_ELEMENTS`] elements, not all
+/// equal (those are `full(...)`, short to write).
+fn is_weight(d: &Data) -> bool {
+    d.values.len() > WEIGHT_MIN_ELEMENTS && splat(d).is_none()
+}
+
 /// A constant as a dlc expression.
 pub(crate) fn constant_text(d: &Data) -> String {
-    let first = d.values[0];
-    let splat = d
-        .values
-        .iter()
-        .all(|v| v.to_bits() == first.to_bits() || (v.is_nan() && first.is_nan()));
-    if splat && first.is_finite() && d.dtype != DType::Bool {
+    if let Some(first) = splat(d)
+        && first.is_finite()
+        && d.dtype != DType::Bool
+    {
         return format!(
             "full({}, {}, dtype={})",
             shape_text(&d.shape),

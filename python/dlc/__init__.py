@@ -117,11 +117,7 @@ def compile(
         path = os.fspath(source_or_path)
         if not os.path.isfile(path):
             raise FileNotFoundError(f"no model file {path}")
-        if path.lower().endswith(".onnx"):
-            with open(path, "rb") as f:
-                fn = _dlc.compile(path, onnx=f.read(), **common)
-        else:
-            fn = _dlc.compile(path, path=path, **common)
+        fn = _dlc.compile(path, path=path, **common)
     elif isinstance(source_or_path, str):
         fn = _dlc.compile("<string>", text=source_or_path, **common)
     else:

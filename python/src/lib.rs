@@ -188,7 +188,11 @@ fn compile(
         weights: weights.map(Into::into),
         ..CompileOptions::default()
     };
-    let imported = matches!(input, Input::Onnx(_));
+    let imported = match &input {
+        Input::Onnx(_) => true,
+        Input::Path(p) => dlc_driver::is_onnx(p),
+        Input::Text(_) => false,
+    };
     let compiled = py
         .detach(move || {
             let (src, entry) = read_source(name, input, entry)?;
@@ -200,8 +204,9 @@ fn compile(
             };
             let mut compiled = compile_entry(origin, None)?;
             if imported {
-                // An imported model's program holds its weights as text:
-                // not kept for the module's life.
+                // An imported model's program comes with its weights (as
+                // f64, twice the model's size): not kept for the module's
+                // life.
                 compiled.origin = None;
             }
             Ok(compiled)
@@ -234,7 +239,18 @@ fn read_source(
 ) -> Result<(SourceText, String), DriverError> {
     let mut entry = entry;
     let src = match input {
-        Input::Text(text) => SourceText { name, text },
+        Input::Text(text) => SourceText {
+            name,
+            text,
+            weights: Vec::new(),
+        },
+        // An ONNX file is imported from its path, where its external data
+        // is found.
+        Input::Path(path) if dlc_driver::is_onnx(&path) => {
+            let imported = dlc_driver::import_onnx(&path, &dlc_onnx::Options::default())?;
+            entry.get_or_insert(imported.entry.clone());
+            dlc_driver::imported_source(&path, imported)
+        }
         Input::Path(path) => dlc_driver::read_input(&path)?,
         Input::Onnx(bytes) => {
             let imported =
@@ -244,11 +260,8 @@ fn read_source(
                         source,
                     }
                 })?;
-            entry.get_or_insert(imported.entry);
-            SourceText {
-                name,
-                text: imported.source,
-            }
+            entry.get_or_insert(imported.entry.clone());
+            dlc_driver::imported_source(&name, imported)
         }
     };
     let entry = match entry {

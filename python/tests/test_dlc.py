@@ -81,6 +81,15 @@ def test_onnx_from_path_and_bytes():
     by_bytes = dlc.compile((folder / "model.onnx").read_bytes())
     for m in (by_path, by_bytes):
         np.testing.assert_allclose(m(x), expected, rtol=1e-4, atol=1e-5)
+    # Weights in an external data file are found beside the model's path;
+    # a model given as bytes has no place to look.
+    folder = ROOT / "tests" / "onnx" / "torch_encoder_external"
+    m = dlc.compile(folder / "model.onnx")
+    np.testing.assert_allclose(
+        m(np.load(folder / "ids.npy")), np.load(folder / "out0.npy"), rtol=1e-4, atol=1e-5
+    )
+    with pytest.raises(dlc.CompileError, match="import the model from its file"):
+        dlc.compile((folder / "model.onnx").read_bytes())
 
 
 def test_inputs_are_read_in_place():

@@ -320,6 +320,7 @@ pub fn optimized(src: &str) -> dlc_graph::Module {
     let mut m = dlc_driver::compile_source(&dlc_driver::SourceText {
         name: "t.dl".into(),
         text: src.to_string(),
+        weights: Vec::new(),
     })
     .unwrap_or_else(|e| panic!("{src}: {e}"));
     dlc_driver::run_passes(

@@ -88,6 +88,7 @@ fn compile(src: &str) -> dlc_graph::Module {
     dlc_driver::compile_source(&dlc_driver::SourceText {
         name: "t.dl".into(),
         text: src.to_string(),
+        weights: Vec::new(),
     })
     .unwrap_or_else(|e| panic!("{src}: {e}"))
 }

@@ -10,6 +10,7 @@ fn diagnose(source: &str) -> String {
     let src = SourceText {
         name: "model.dl".into(),
         text: source.into(),
+        weights: Vec::new(),
     };
     match compile_source(&src) {
         Ok(_) => panic!("expected an error for:\n{source}"),
@@ -163,6 +164,7 @@ fn source_errors_carry_the_first_place() {
     let place = |source: &str| match compile_source(&SourceText {
         name: "model.dl".into(),
         text: source.into(),
+        weights: Vec::new(),
     }) {
         Err(DriverError::Source(e)) => {
             assert_eq!(e.file, "model.dl");

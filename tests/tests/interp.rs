@@ -23,6 +23,7 @@ fn eval(src: &str, inputs: &[HostTensor]) -> Result<Vec<HostTensor>, DriverError
     let mut module = compile_source(&SourceText {
         name: "test.dl".into(),
         text: src.into(),
+        weights: Vec::new(),
     })?;
     run_passes(&mut module, DEFAULT_PIPELINE, PassOptions::default())?;
     let f = select_entry(&module, None)?;

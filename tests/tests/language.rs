@@ -13,6 +13,7 @@ fn source(name: &str, text: &str) -> SourceText {
     SourceText {
         name: name.to_string(),
         text: text.to_string(),
+        weights: Vec::new(),
     }
 }
 

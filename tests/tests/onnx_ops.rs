@@ -160,6 +160,7 @@ fn run_n(op: &str, tensors: &[T], attrs: Vec<pb::AttributeProto>, n: usize) -> V
     let mut m = compile_source(&SourceText {
         name: "model.onnx".into(),
         text: imported.source.clone(),
+        weights: Vec::new(),
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", imported.source));
     run_passes(&mut m, DEFAULT_PIPELINE, PassOptions::default()).unwrap();

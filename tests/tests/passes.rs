@@ -16,6 +16,7 @@ fn run_case(text: &str, name: &str) -> String {
     let src = SourceText {
         name: name.to_string(),
         text: text.to_string(),
+        weights: Vec::new(),
     };
     let result = load_ir(&src).and_then(|mut ir| {
         run_pipeline(&mut ir, pipeline, PassOptions::default())?;

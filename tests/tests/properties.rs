@@ -50,6 +50,7 @@ fn src(text: &str) -> SourceText {
     SourceText {
         name: "gen.dl".into(),
         text: text.into(),
+        weights: Vec::new(),
     }
 }
 

@@ -22,6 +22,7 @@ fn compiled(name: &str, text: &str) -> dlc_graph::Module {
     let mut m = compile_source(&SourceText {
         name: name.into(),
         text: text.into(),
+        weights: Vec::new(),
     })
     .unwrap_or_else(|e| panic!("{name}: {e}"));
     run_passes(&mut m, BEFORE_REMAT, PassOptions::default())

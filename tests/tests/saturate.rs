@@ -32,6 +32,7 @@ fn compiled(name: &str, text: &str, pipeline: &str) -> dlc_graph::Module {
     let mut m = compile_source(&SourceText {
         name: name.into(),
         text: text.into(),
+        weights: Vec::new(),
     })
     .unwrap_or_else(|e| panic!("{name}: {e}"));
     run_passes(&mut m, pipeline, PassOptions::default()).unwrap_or_else(|e| panic!("{name}: {e}"));

@@ -12,6 +12,7 @@ fn compile(src: &str) -> dlc_graph::Module {
     dlc_driver::compile_source(&dlc_driver::SourceText {
         name: "t.dl".into(),
         text: src.to_string(),
+        weights: Vec::new(),
     })
     .unwrap_or_else(|e| panic!("{src}: {e}"))
 }
@@ -44,6 +45,7 @@ fn fails_to_compile(cases: &[(&str, &str)]) {
         let err = dlc_driver::compile_source(&dlc_driver::SourceText {
             name: "t.dl".into(),
             text: src.to_string(),
+            weights: Vec::new(),
         })
         .map(|_| ())
         .expect_err(src)

@@ -534,6 +534,7 @@ mod tests {
             text: "fn f(x: f32[2, 3]) -> f32[2, 3] { return x * 2.0; }\n\
                    fn g(n: i32[]) -> i32[] { return n + 1; }\n"
                 .into(),
+            weights: Vec::new(),
         }
     }
 

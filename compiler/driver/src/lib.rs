@@ -159,6 +159,12 @@ pub struct SourceText {
     pub name: String,
     /// The text.
     pub text: String,
+    /// Values for `weight` parameters the text declares, by name: each is
+    /// bound as a constant when the text is compiled ([`compile_source`]),
+    /// so the parameter leaves the signature. An imported ONNX model's
+    /// initializers travel this way, as binary data beside a short program,
+    /// not as literals the front end reads back.
+    pub weights: Vec<(String, Vec<f64>)>,
 }
 
 /// Checks that `bytes` are UTF-8 and reports the first bad byte's place.
@@ -167,6 +173,7 @@ pub fn decode(name: &str, bytes: Vec<u8>) -> Result<SourceText, DriverError> {
         Ok(text) => Ok(SourceText {
             name: name.to_string(),
             text,
+            weights: Vec::new(),
         }),
         Err(e) => {
             let bytes = e.as_bytes();
@@ -225,10 +232,24 @@ pub fn read_model(path: &str, onnx: &dlc_onnx::Options) -> Result<SourceText, Dr
         }
         return read_input(path);
     }
-    Ok(SourceText {
-        name: path.to_string(),
-        text: import_onnx(path, onnx)?.source,
-    })
+    Ok(imported_source(path, import_onnx(path, onnx)?))
+}
+
+/// An imported ONNX model as source: its program, named `name`, and its
+/// weights' values, bound when it is compiled.
+pub fn imported_source(name: &str, imported: dlc_onnx::Imported) -> SourceText {
+    SourceText {
+        name: name.to_string(),
+        text: imported.source,
+        weights: imported
+            .weights
+            .into_iter()
+            .map(|(var, d)| {
+                let values = std::rc::Rc::try_unwrap(d.values).unwrap_or_else(|rc| (*rc).clone());
+                (var, values)
+            })
+            .collect(),
+    }
 }
 
 /// Import options from `--shape NAME=[..]` and `--bind NAME=PATH.npy`
@@ -318,16 +339,55 @@ fn with_stack<T: Send + 'static>(
 
 /// Parses and checks dlc source into a graph module (calls not yet inlined).
 pub fn compile_source(src: &SourceText) -> Result<Module, DriverError> {
-    let src = src.clone();
-    with_stack(move || {
-        dlc_lang::compile_file(&src.name, &src.text).map_err(|d| {
+    let (name, text) = (src.name.clone(), src.text.clone());
+    let mut module = with_stack(move || {
+        dlc_lang::compile_file(&name, &text).map_err(|d| {
             DriverError::Source(SourceError {
-                rendered: d.render(&src.name, &src.text),
-                file: src.name.clone(),
-                place: d.first_place(&src.text),
+                rendered: d.render(&name, &text),
+                file: name.clone(),
+                place: d.first_place(&text),
             })
         })
-    })?
+    })??;
+    bind_source_weights(&mut module, src)?;
+    Ok(module)
+}
+
+/// Binds `src.weights` as constants in the functions that declare weight
+/// parameters of those names; a value no function takes, or of the wrong
+/// size, is an error.
+fn bind_source_weights(module: &mut Module, src: &SourceText) -> Result<(), DriverError> {
+    for (name, values) in &src.weights {
+        let mut taken = false;
+        for f in &mut module.functions {
+            let types = f.param_types();
+            let Some(i) = f
+                .params
+                .iter()
+                .position(|(p, _)| p == name)
+                .filter(|&i| f.is_weight(i))
+            else {
+                continue;
+            };
+            if types[i].num_elements() != Some(values.len()) {
+                return Err(DriverError::Usage(format!(
+                    "{}: weight `{name}` is {}, its value has {} elements",
+                    src.name,
+                    types[i],
+                    values.len()
+                )));
+            }
+            f.bind_param(i, values.clone());
+            taken = true;
+        }
+        if !taken {
+            return Err(DriverError::Usage(format!(
+                "{}: no function declares the weight `{name}` a value is given for",
+                src.name
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Parses IR text with `parse` and verifies it, on the big-stack thread.
@@ -1349,6 +1409,7 @@ mod tests {
                        return layer(x, w1) * s + b;
                    }"
             .into(),
+            weights: Vec::new(),
         };
         let m = compile_source(&src).unwrap_or_else(|e| panic!("{e}"));
         let dir = std::env::temp_dir().join(format!("dlc-bind-{}", std::process::id()));
@@ -1382,6 +1443,46 @@ mod tests {
         assert!(e.contains("`w1` is f32[3, 3], but"), "{e}");
     }
 
+    /// Weights carried with a source are bound as constants when it is
+    /// compiled (an imported ONNX model's); a value no weight takes, or of
+    /// the wrong size, is an error.
+    #[test]
+    fn source_weights_are_bound_when_compiled() {
+        let text =
+            "fn f(x: f32[2], weight w: f32[2], weight b: f32[]) -> f32[2] { return x * w + b; }";
+        let src = |weights: Vec<(&str, Vec<f64>)>| SourceText {
+            name: "m.dl".into(),
+            text: text.into(),
+            weights: weights
+                .into_iter()
+                .map(|(n, v)| (n.to_string(), v))
+                .collect(),
+        };
+        let m = compile_source(&src(vec![("w", vec![2.0, 3.0])])).unwrap();
+        let f = m.function("f").unwrap();
+        let names: Vec<&str> = f.params.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["x", "b"]);
+        assert_eq!(f.weights.len(), 1);
+        let x = HostTensor::new(TensorType::new(DType::F32, vec![2]), vec![1.0, 2.0]).unwrap();
+        let b = HostTensor::new(TensorType::new(DType::F32, vec![]), vec![0.5]).unwrap();
+        let y = interpret(&m, f, &[x, b]).unwrap();
+        assert_eq!(y[0].data, [2.5, 6.5]);
+        let e = compile_source(&src(vec![("v", vec![1.0, 2.0])]))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "error: m.dl: no function declares the weight `v` a value is given for"
+        );
+        let e = compile_source(&src(vec![("w", vec![1.0])]))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "error: m.dl: weight `w` is f32[2], its value has 1 elements"
+        );
+    }
+
     /// `dlc run` and `dlc bench` lower and compile the entry point they run
     /// and nothing else of the file.
     #[test]
@@ -1391,6 +1492,7 @@ mod tests {
             text: "fn small(x: f32[4]) -> f32[4] { return x * 2.0; }
                    fn big(x: f32[512, 512], y: f32[512, 512]) -> f32[512, 512] { return x @ y; }"
                 .into(),
+            weights: Vec::new(),
         })
         .unwrap_or_else(|e| panic!("{e}"));
         run_passes(&mut m, DEFAULT_PIPELINE, PassOptions::default())
@@ -1420,6 +1522,7 @@ mod tests {
                        return batchnorm(conv2d(x, w, padding=1), m, v, g, b, eps=1e-5);
                    }"
             .into(),
+            weights: Vec::new(),
         })
         .unwrap_or_else(|e| panic!("{e}"));
         run_passes(&mut m, DEFAULT_PIPELINE, PassOptions::default())

@@ -26,6 +26,7 @@ fn graph(src: &str) -> dlc_graph::Module {
     let mut m = compile_source(&SourceText {
         name: "t.dl".into(),
         text: src.into(),
+        weights: Vec::new(),
     })
     .unwrap_or_else(|e| panic!("{e}"));
     run_passes(&mut m, DEFAULT_PIPELINE, PassOptions::default()).unwrap();

@@ -21,6 +21,7 @@ fn examples() -> Vec<(
             let src = SourceText {
                 name: path.clone(),
                 text,
+                weights: Vec::new(),
             };
             let mut module =
                 dlc_driver::compile_source(&src).unwrap_or_else(|e| panic!("{path}: {e}"));
@@ -211,6 +212,7 @@ fn graph(src: &str) -> dlc_graph::Module {
     let mut m = dlc_driver::compile_source(&SourceText {
         name: "t.dl".into(),
         text: src.into(),
+        weights: Vec::new(),
     })
     .unwrap_or_else(|e| panic!("{e}\n{src}"));
     dlc_driver::run_passes(&mut m, dlc_driver::DEFAULT_PIPELINE, PassOptions::default())

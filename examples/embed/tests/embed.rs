@@ -26,6 +26,7 @@ fn check_against_interpreter(model: &str, entry: &str, dir: &Path) {
     let src = SourceText {
         name: model.into(),
         text: std::fs::read_to_string(&path).expect("model"),
+        weights: Vec::new(),
     };
     let mut module = dlc_driver::compile_source(&src).unwrap_or_else(|e| panic!("{e}"));
     dlc_driver::run_passes(

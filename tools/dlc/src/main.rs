@@ -1,7 +1,7 @@
 //! `dlc`: check, compile, run and benchmark models written in the dlc
 //! language.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -152,13 +152,24 @@ enum Command {
     /// List the language's built-in functions with their parameters (the
     /// index at the end of docs/language.md), as Markdown.
     Builtins,
-    /// Import an ONNX model as a dlc program (initializers become constants).
+    /// Import an ONNX model as a dlc program: its large initializers become
+    /// `weight` parameters, their values written to a safetensors file
+    /// beside the program (give it to run, bench and compile with --weights)
     Import {
         /// The `.onnx` model.
         file: String,
         /// Output file (`-` for standard output).
         #[arg(short, long, default_value = "-")]
         output: String,
+        /// Where the weights go (default: the output file with the extension
+        /// `.safetensors`; required when the program goes to standard output
+        /// and has weights)
+        #[arg(long, value_name = "PATH")]
+        weights_out: Option<String>,
+        /// Write every initializer into the program as a literal (a
+        /// self-contained program, slow to read for a large model)
+        #[arg(long, conflicts_with = "weights_out")]
+        inline_weights: bool,
         #[command(flatten)]
         onnx: OnnxArgs,
     },
@@ -717,6 +728,7 @@ fn time_source(src: &str, runs: usize) -> Result<f64, DriverError> {
     let mut module = compile_source(&dlc_driver::SourceText {
         name: "<calibrate>".into(),
         text: src.into(),
+        weights: Vec::new(),
     })?;
     run_passes(&mut module, DEFAULT_PIPELINE, PassOptions::default())?;
     let f = select_entry(&module, None)?;
@@ -905,22 +917,13 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             cache,
             weights.as_deref(),
         ),
-        Command::Import { file, output, onnx } => {
-            let imported = dlc_driver::import_onnx(&file, &onnx.options()?)?;
-            if output == "-" {
-                dlc_cli::write_stdout_bytes(imported.source.as_bytes()).map_err(|source| {
-                    DriverError::Io {
-                        path: "<stdout>".into(),
-                        source,
-                    }
-                })
-            } else {
-                std::fs::write(&output, imported.source).map_err(|source| DriverError::Io {
-                    path: output.clone(),
-                    source,
-                })
-            }
-        }
+        Command::Import {
+            file,
+            output,
+            weights_out,
+            inline_weights,
+            onnx,
+        } => import_command(&file, &output, weights_out, inline_weights, &onnx),
         Command::Calibrate { output, runs } => {
             let output = output.unwrap_or_else(|| {
                 let tree = "dialects/graph/cost-model.json";
@@ -932,6 +935,69 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             });
             calibrate(&output, runs)
         }
+    }
+}
+
+/// `dlc import`: the program to `output`, its weights to `weights_out` (by
+/// default beside the program).
+fn import_command(
+    file: &str,
+    output: &str,
+    weights_out: Option<String>,
+    inline_weights: bool,
+    onnx: &OnnxArgs,
+) -> Result<(), DriverError> {
+    let options = dlc_onnx::Options {
+        inline_weights,
+        ..onnx.options()?
+    };
+    let imported = dlc_driver::import_onnx(file, &options)?;
+    let mut text = imported.source;
+    if !imported.weights.is_empty() {
+        let path = match (weights_out, output) {
+            (Some(p), _) => p,
+            (None, "-") => {
+                return Err(DriverError::Usage(format!(
+                    "{file} has {} weights: give -o FILE (they go to FILE.safetensors), \
+                     --weights-out PATH, or --inline-weights",
+                    imported.weights.len()
+                )));
+            }
+            (None, out) => Path::new(out)
+                .with_extension("safetensors")
+                .display()
+                .to_string(),
+        };
+        let tensors = imported
+            .weights
+            .into_iter()
+            .map(|(name, d)| {
+                let ty = dlc_core::TensorType::new(d.dtype, d.shape);
+                let t = HostTensor::new(ty, d.values.to_vec())?;
+                Ok((name, t))
+            })
+            .collect::<Result<Vec<_>, DriverError>>()?;
+        dlc_driver::write_safetensors(Path::new(&path), &tensors, Default::default())?;
+        // The program says where its weights are, after its first line.
+        let at = text.find('\n').map_or(text.len(), |i| i + 1);
+        text.insert_str(
+            at,
+            &format!(
+                "// Its {} weights are in {path} (dlc run|bench|compile --weights {path}).\n",
+                tensors.len()
+            ),
+        );
+    }
+    if output == "-" {
+        dlc_cli::write_stdout_bytes(text.as_bytes()).map_err(|source| DriverError::Io {
+            path: "<stdout>".into(),
+            source,
+        })
+    } else {
+        std::fs::write(output, text).map_err(|source| DriverError::Io {
+            path: output.to_string(),
+            source,
+        })
     }
 }
 
@@ -1026,10 +1092,7 @@ fn run_command(args: RunArgs) -> Result<(), DriverError> {
                 name.clone_from(var);
             }
         }
-        dlc_driver::SourceText {
-            name: file.clone(),
-            text: imported.source,
-        }
+        dlc_driver::imported_source(&file, imported)
     } else {
         read_model(&file, &onnx)?
     };

@@ -947,6 +947,7 @@ fn compile_step(
     let mut step_module = compile_source(&SourceText {
         name: src.name.clone(),
         text,
+        weights: Vec::new(),
     })?;
     run_passes(&mut step_module, DEFAULT_PIPELINE, PassOptions::default())?;
     let entries = match world {

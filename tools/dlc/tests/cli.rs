@@ -906,6 +906,7 @@ fn shared_libraries_prepare_declared_weights() {
     let src = dlc_driver::SourceText {
         name: "w.dl".into(),
         text: std::fs::read_to_string(&model).unwrap(),
+        weights: Vec::new(),
     };
     let m = dlc_driver::compile_source(&src).unwrap();
     let f = dlc_driver::select_entry(&m, None).unwrap();

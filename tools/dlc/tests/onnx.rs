@@ -100,19 +100,81 @@ fn imported_programs_read_back_and_run_with_random_inputs() {
     for name in ["mlp", "cnn"] {
         let model = root().join(name).join("model.onnx").display().to_string();
         let out = d.path(&format!("{name}.dl"));
+        let weights = d.path(&format!("{name}.safetensors"));
         succeeds(&dlc(&["import", &model, "-o", &out]));
         let text = std::fs::read_to_string(&out).unwrap();
         assert!(
             text.starts_with("// Imported from ONNX (opset 17)"),
             "{text}"
         );
-        assert!(text.contains("tensor(["), "weights are constants: {text}");
+        // Weights are parameters whose values are in the side file, not
+        // literals.
+        assert!(
+            text.contains(&format!("weights are in {weights} ")),
+            "{text}"
+        );
+        assert!(text.contains("weight "), "{text}");
+        for literal in text.split("tensor([").skip(1) {
+            let list = &literal[..literal.find(']').unwrap()];
+            assert!(
+                list.split(',').count() <= dlc_onnx::WEIGHT_MIN_ELEMENTS,
+                "a literal of more than {} elements: {list}",
+                dlc_onnx::WEIGHT_MIN_ELEMENTS
+            );
+        }
         succeeds(&dlc(&["check", &out]));
-        let stdout = succeeds(&dlc(&["run", &out, "--random-inputs", "0", "--check"]));
+        let stdout = succeeds(&dlc(&[
+            "run",
+            &out,
+            "--weights",
+            &weights,
+            "--random-inputs",
+            "0",
+            "--check",
+        ]));
         assert!(stdout.contains("check: ok"), "{stdout}");
         let stdout = succeeds(&dlc(&["run", &model, "--random-inputs", "0", "--check"]));
         assert!(stdout.contains("check: ok"), "{stdout}");
+        // The same values either way: the program with the side file, and
+        // the model, whose weights are bound as constants.
+        let first = |s: &str| {
+            s.lines()
+                .find(|l| l.starts_with("out0"))
+                .unwrap()
+                .to_string()
+        };
+        let from_dl = succeeds(&dlc(&[
+            "run",
+            &out,
+            "--weights",
+            &weights,
+            "--random-inputs",
+            "0",
+        ]));
+        let from_onnx = succeeds(&dlc(&["run", &model, "--random-inputs", "0"]));
+        assert_eq!(first(&from_dl), first(&from_onnx), "{name}");
+        // A self-contained program on request.
+        let inline = d.path(&format!("{name}_inline.dl"));
+        succeeds(&dlc(&["import", &model, "-o", &inline, "--inline-weights"]));
+        let text = std::fs::read_to_string(&inline).unwrap();
+        assert!(
+            text.contains("tensor([") && !text.contains("weight "),
+            "{text}"
+        );
+        assert!(!Path::new(&d.path(&format!("{name}_inline.safetensors"))).exists());
+        let stdout = succeeds(&dlc(&["run", &inline, "--random-inputs", "0", "--check"]));
+        assert!(stdout.contains("check: ok"), "{stdout}");
     }
+    // Weights need a place to go.
+    let mlp = root().join("mlp/model.onnx").display().to_string();
+    fails_with(
+        &dlc(&["import", &mlp]),
+        "has 5 weights: give -o FILE (they go to FILE.safetensors), --weights-out PATH, or --inline-weights",
+    );
+    let elsewhere = d.path("elsewhere.safetensors");
+    let text = succeeds(&dlc(&["import", &mlp, "--weights-out", &elsewhere]));
+    assert!(text.contains("weight "), "{text}");
+    assert!(Path::new(&elsewhere).exists());
     // The CNN's strided, dilated, asymmetric convolution and its ceil-mode
     // pooling are helper operators in index notation.
     let cnn = std::fs::read_to_string(d.path("cnn.dl")).unwrap();
