@@ -98,10 +98,11 @@ def export(name):
     d = os.path.join(OUT, name)
     os.makedirs(d, exist_ok=True)
     path = os.path.join(d, "model.onnx")
+    # Not under no_grad: PyTorch's fused transformer path (which the
+    # TorchScript exporter cannot export) is taken only without gradients.
     module.eval()
-    with torch.no_grad():
-        torch.onnx.export(module, args, path, opset_version=OPSET, dynamo=False,
-                          input_names=input_names, output_names=["out"])
+    torch.onnx.export(module, args, path, opset_version=OPSET, dynamo=False,
+                      input_names=input_names, output_names=["out"])
     for n, a in zip(input_names, args):
         np.save(os.path.join(d, f"{n}.npy"), a.numpy())
 
@@ -186,7 +187,7 @@ def spread(t):
 def measure(dlc, name):
     if name not in TESTS:
         subprocess.run([sys.executable, __file__, "--export", name], check=True,
-                       stdout=subprocess.DEVNULL)
+                       capture_output=True, text=True)
     path, inputs = model_files(name)
     row = {"model": name}
     row["model_mib"] = sum(os.path.getsize(os.path.join(os.path.dirname(path), f))
@@ -233,7 +234,16 @@ def main():
         return 0
     only = set(a.only.split(",")) if a.only else None
     os.makedirs(OUT, exist_ok=True)
-    rows = [measure(a.dlc, name) for name in TESTS + EXPORTED if only is None or name in only]
+    rows, failed = [], []
+    for name in TESTS + EXPORTED:
+        if only is not None and name not in only:
+            continue
+        try:
+            rows.append(measure(a.dlc, name))
+        except (RuntimeError, subprocess.CalledProcessError, ValueError) as e:
+            why = getattr(e, "stderr", None) or str(e)
+            failed.append((name, why.strip().splitlines()[-1][:300]))
+            print(f"{name}: failed: {failed[-1][1]}", flush=True)
     lines = [
         f"CPU: {cpu_name()}, {os.cpu_count()} logical cores; onnxruntime "
         f"{rows[0]['ort_version'] if rows else '?'}; medians in ms, spread (max - min) / median "
@@ -253,13 +263,15 @@ def main():
                       f"{r[f'dlc{t}_ms'] / r[f'ort{t}_ms']:.2f}"]
         cells.append(f"{r['runs1']}/{r['runs2']}")
         lines.append("| " + " | ".join(cells) + " |")
+    for name, why in failed:
+        lines.append(f"| {name} | failed: {why} |")
     text = "\n".join(lines) + "\n"
     with open(os.path.join(OUT, "results.md"), "w") as f:
         f.write(text)
     with open(os.path.join(OUT, "results.json"), "w") as f:
-        json.dump(rows, f, indent=1)
+        json.dump({"rows": rows, "failed": failed}, f, indent=1)
     print(text)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

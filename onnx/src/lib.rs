@@ -73,15 +73,15 @@
 //!   a value use a constant iota: `ArgMax` is the smallest index where the element equals
 //!   the maximum, `TopK` (constant k up to 64) k rounds of that with the taken position
 //!   masked out, `OneHot` and `Hardmax` compare with it, `Trilu` is a `where` over a
-//!   constant mask. `Gather` and `GatherElements` with indices known only at run time are
-//!   a sum over the indexed axis in which only the element whose iota equals the index is
-//!   selected (exact: the others contribute zeros; an out-of-range index reads zero, where
-//!   ONNX leaves it undefined). That costs the axis's extent per element, fine for small
-//!   tables and tests, slow for a 30000-word embedding: a real gather op (a load at a
-//!   data-dependent index in the loop and tile dialects) is the next step.
-//!   `ScatterElements`, `ScatterND` (every reduction) and `GatherND` with run-time indices
-//!   work the same way, in index notation against iotas over the indexed axes and a mask
-//!   of ones (a read past the indices is no index). `Einsum` is one operator in index
+//!   constant mask. `Gather` with indices known only at run time is the language's
+//!   `gather`, a graph op that reads only the rows it gives (a load at a data-dependent
+//!   index in the loop and tile dialects; an out-of-range index reads zero, where ONNX
+//!   leaves it undefined), so an embedding lookup costs the rows it reads.
+//!   `GatherElements`, `ScatterElements`, `ScatterND` (every reduction) and `GatherND`
+//!   with run-time indices are still a sum over the indexed axis in which only the element
+//!   whose iota equals the index is selected (exact: the others contribute zeros), which
+//!   costs the axis's extent per element: in index notation against iotas over the indexed
+//!   axes and a mask of ones (a read past the indices is no index). `Einsum` is one operator in index
 //!   notation (a sum over the labels the output lacks; an ellipsis aligned right and
 //!   broadcast). `CumProd` shares `CumSum`'s prefix mask (applied with a `where`, so an
 //!   infinity outside the prefix stays out). `DFT` is a product with constant cosine and

@@ -2616,49 +2616,26 @@ impl Importer {
         )
     }
 
-    /// Gather with run-time indices: each element is a sum over the axis
-    /// in which only the indexed element is selected (exact: the others
-    /// add zeros), in index notation against a constant iota. Its work is
-    /// the axis's extent per element; an out-of-range index reads zero.
+    /// Gather with run-time indices: the language's `gather` (the graph op
+    /// `gather`), which reads only the elements it gives; a negative index
+    /// counts from the end and one out of range reads zero (ONNX leaves it
+    /// undefined).
     fn gather_dynamic(&mut self, cx: &Cx<'_>, x: &Val, axis: usize) -> R<()> {
         if x.dtype == DType::Bool {
             return Err(cx.err("a gather of bool with run-time indices is not supported"));
         }
         let ind = self.need(cx, 1)?;
-        let n = x.shape[axis];
-        let idx = self.indices_input(cx, 1, &[n])?;
-        let iota = self.iota(&[n], 0, DType::I64);
-        let (r, q) = (x.shape.len(), ind.shape.len());
+        if !matches!(ind.dtype, DType::I32 | DType::I64) {
+            return Err(cx.err(format!("indices must be i32 or i64, got {}", ind.dtype)));
+        }
         let mut shape = x.shape[..axis].to_vec();
         shape.extend(&ind.shape);
         shape.extend(&x.shape[axis + 1..]);
-        let outer: Vec<String> = (0..axis).map(|i| format!("a{i}")).collect();
-        let inner: Vec<String> = (0..q).map(|i| format!("b{i}")).collect();
-        let rest: Vec<String> = (axis + 1..r).map(|i| format!("c{i}")).collect();
-        let out_idx: Vec<String> = outer.iter().chain(&inner).chain(&rest).cloned().collect();
-        let x_idx: Vec<String> = outer
-            .iter()
-            .cloned()
-            .chain(std::iter::once("k".to_string()))
-            .chain(rest.iter().cloned())
-            .collect();
-        let zero = literal(0.0, x.dtype);
-        let name = self.fresh("gather");
-        self.ops.push(format!(
-            "op {name}(x: {}, ind: {}, io: {}) -> {} {{\n    out[{}] = sum[k](where(ind[{}] == io[k], x[{}], {zero}));\n}}",
-            type_text(x.dtype, &x.shape),
-            type_text(DType::I64, &ind.shape),
-            type_text(DType::I64, &[n]),
-            type_text(x.dtype, &shape),
-            out_idx.join(", "),
-            inner.join(", "),
-            x_idx.join(", "),
-        ));
-        let ex = self.e(cx, 0)?;
+        let (ex, ei) = (self.e(cx, 0)?, self.e(cx, 1)?);
         self.bind(
             cx,
             0,
-            format!("{name}({ex}, {idx}, {iota})"),
+            format!("gather({ex}, {ei}, axis={axis})"),
             x.dtype,
             shape,
         )

@@ -580,6 +580,15 @@ pub const SHAPE_PROGRAMS: &[&str] = &[
     "fn f(x: f32[2]) -> f32[4] { return concat([x, zeros([1]), ones([1])]) * concat([ones([2]), full([2], 3.0)]); }",
 ];
 
+/// Gathers (`graph.gather`): random indices (in -10..=10) fall inside,
+/// count from the end and fall outside (reading zero); a row each (an
+/// embedding), columns, a scalar index, constant indices.
+pub const GATHER_PROGRAMS: &[&str] = &[
+    "fn f(t: f32[8, 12], ids: i64[3, 2]) -> f32[3, 2, 12] { return gather(t, ids) * 2.0; }",
+    "fn f(x: f32[4, 6, 5], ids: i32[7]) -> (f32[4, 7, 5], f32[6, 7]) { return (gather(x, ids, axis=1), gather(gather(x, tensor([-3], [], dtype=i64)), ids, axis=-1)); }",
+    "fn f(x: f32[6, 5]) -> f32[4, 5] { return gather(relu(x), tensor([5, -1, 0, 6], [4], dtype=i64)); }",
+];
+
 /// Reductions, softmax, layernorm, batchnorm.
 pub const REDUCTION_PROGRAMS: &[&str] = &[
     "fn f(x: f32[3, 4, 5]) -> (f32[3, 5], f32[1, 4, 1], f32, f32[3, 4]) { return (sum(x, axis=1), mean(x, axis=[0, 2], keepdims=true), max(x), min(x, axis=-1)); }",
@@ -827,6 +836,7 @@ pub fn differential_programs() -> Vec<&'static str> {
     for group in [
         ELEMENT_WISE_PROGRAMS,
         SHAPE_PROGRAMS,
+        GATHER_PROGRAMS,
         REDUCTION_PROGRAMS,
         PRODUCT_PROGRAMS,
         POOLING_PROGRAMS,

@@ -227,6 +227,22 @@ fn shapes() {
     check("fn f(x: f64[3]) -> f64 { return sum(sin(broadcast(x, [2, 3]))); }");
 }
 
+/// A gather's adjoint adds each element where its index points: repeated
+/// indices add up, negative ones count from the end, and one out of range
+/// adds nowhere.
+#[test]
+fn gathers() {
+    check(
+        "fn f(x: f64[4, 3]) -> f64 { return sum(sin(gather(x, tensor([2, 0, -1, 2, 5], [5], dtype=i64)))); }",
+    );
+    check(
+        "fn f(x: f64[2, 4, 3]) -> f64 { return sum(sin(gather(x, tensor([1, 3, -4, 1], [2, 2], dtype=i32), axis=1))); }",
+    );
+    check(
+        "fn f(x: f64[4, 3]) -> f64 { return sum(sin(gather(x, tensor([-2], [], dtype=i64)) * x)); }",
+    );
+}
+
 #[test]
 fn convolutions_and_pooling() {
     for (stride, padding, groups) in [(1, 1, 1), (2, 0, 1), (2, 1, 2), (1, 2, 4)] {

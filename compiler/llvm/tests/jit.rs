@@ -404,6 +404,23 @@ fn tiled_contractions() {
     );
 }
 
+/// Gathers in compiled code: an index read from data addresses a row
+/// (`tile.cast %i : index`), one out of range reads zero.
+#[test]
+fn gathers_agree() {
+    for src in dlc_tests::GATHER_PROGRAMS {
+        jit_agrees(src);
+    }
+    // The embedding's row is read as vectors: the index is computed once per
+    // row, outside the loop over the row.
+    let m = graph(dlc_tests::GATHER_PROGRAMS[0]);
+    let text = dlc_tile::print_module(&dlc_driver::lower_for_cpu(&m).unwrap());
+    assert!(
+        text.contains(": index") && text.contains("tile<12xf32>"),
+        "{text}"
+    );
+}
+
 /// Convolutions as Winograd's F(4x4, 3x3) (see `WINOGRAD_PROGRAMS`),
 /// compiled, with and without declared weights.
 #[test]

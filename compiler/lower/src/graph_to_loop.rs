@@ -1045,6 +1045,7 @@ impl Lowering<'_> {
                 padding,
             } => self.emit_pool(n, kind, kernel, stride, padding),
             Op::Concat { axis } => self.emit_concat(n, axis),
+            Op::Gather { axis } => self.emit_gather(n, axis),
             Op::Compute(body) => self.emit_compute(n, &body)?,
             other => {
                 return Err(LowerError::Invalid(format!(
@@ -1386,6 +1387,53 @@ impl Lowering<'_> {
             self.close_nest(shape.len());
             offset += shape[axis] as i64;
         }
+    }
+
+    /// `gather(x, ind, axis)`: loops over the result's axes up to the
+    /// indices' last (`[x axes before, indices axes]`), in whose body the
+    /// index is loaded, counted from the end when negative and cast to an
+    /// `index` (`loop.cast %i : index`); then loops over `x`'s axes after
+    /// `axis`, each element a load of `x` at that row, zero outside
+    /// (`pad = 0`: an index out of range reads zero). So the innermost loop
+    /// reads a contiguous run of a row (an embedding's), which the tile
+    /// conversion vectorizes. With no axis before the index (a scalar index
+    /// into axis 0) the index is computed inside the innermost loop.
+    fn emit_gather(&mut self, n: NodeIndex, axis: usize) {
+        let ty = self.ty(n).clone();
+        let (x, ind) = (self.operand(n, 0), self.operand(n, 1));
+        let (tx, ti) = (self.ty(x).clone(), self.ty(ind).clone());
+        let outer = axis + ti.rank();
+        let inside = outer == 0;
+        let (split, rest) = if inside {
+            (ty.rank(), 0)
+        } else {
+            (outer, ty.rank() - outer)
+        };
+        let mut idx = self.open_nest(&ty.shape[..split]);
+        let row = |l: &mut Self, idx: &[IndexExpr]| {
+            let i = l.value_at(ind, &idx[axis..outer]);
+            let zero = l.b.constant(0.0, ti.dtype);
+            let negative = l.b.compare(dlc_core::scalar::CmpOp::Lt, i, zero);
+            let extent = l.b.constant(tx.shape[axis] as f64, ti.dtype);
+            let wrapped = l.b.binary(BinaryOp::Add, i, extent);
+            let i = l.b.select(negative, wrapped, i);
+            l.b.index_of(i)
+        };
+        let r = if inside { None } else { Some(row(self, &idx)) };
+        for &d in &ty.shape[split..] {
+            idx.push(ix(self.b.begin_for(0, d as i64, 1, &[]).0));
+        }
+        let r = r.unwrap_or_else(|| row(self, &idx));
+        let mut at: Vec<IndexExpr> = idx[..axis].to_vec();
+        at.push(ix(r));
+        at.extend(idx[outer..].iter().cloned());
+        let xbuf = self.home[&x];
+        let v = self.b.load(xbuf, at, Some(0.0));
+        self.sink(n, &idx, v);
+        for _ in 0..rest {
+            self.b.end_for(vec![]);
+        }
+        self.close_nest(split);
     }
 
     /// A user operator: each local, then the output, as a loop nest over its

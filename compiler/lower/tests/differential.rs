@@ -162,7 +162,10 @@ fn element_wise_and_broadcasting() {
 
 #[test]
 fn shape_operators() {
-    for src in dlc_tests::SHAPE_PROGRAMS {
+    for src in dlc_tests::SHAPE_PROGRAMS
+        .iter()
+        .chain(dlc_tests::GATHER_PROGRAMS)
+    {
         agree(src);
     }
 }

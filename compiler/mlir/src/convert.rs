@@ -202,6 +202,11 @@ impl Gen<'_> {
                         .emit("arith.select", &format!("{c}, {a}, {b}"), scalar(d));
                     self.bind(r, v);
                 }
+                OpKind::Cast if r.is_some_and(|r| self.f.ty(r) == &dlc_loop::Type::Index) => {
+                    let x = op.operands[0];
+                    let v = self.w.index_cast(&self.name(x), self.dtype(x)?);
+                    self.bind(r, v);
+                }
                 OpKind::Cast => {
                     let x = op.operands[0];
                     let to = r.map(|r| self.dtype(r)).transpose()?.unwrap_or(DType::F32);

@@ -281,6 +281,19 @@ impl Writer {
         t
     }
 
+    /// An integer scalar of type `from` as an `index` (`arith.index_cast`,
+    /// or `arith.index_castui` for unsigned types and bool).
+    pub fn index_cast(&mut self, x: &str, from: DType) -> String {
+        let op = if from == DType::Bool || from.is_unsigned() {
+            "arith.index_castui"
+        } else {
+            "arith.index_cast"
+        };
+        let t = self.fresh();
+        self.line(&format!("{t} = {op} {x} : {} to index", scalar(from)));
+        t
+    }
+
     pub fn index_const(&mut self, c: i64) -> String {
         self.emit("arith.constant", &c.to_string(), "index")
     }

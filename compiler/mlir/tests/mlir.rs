@@ -278,6 +278,14 @@ fn user_contractions_through_mlir() {
     }
 }
 
+/// Gathers through MLIR (`arith.index_cast` of the loaded index).
+#[test]
+fn gathers_through_mlir() {
+    for src in dlc_tests::GATHER_PROGRAMS {
+        agrees(src);
+    }
+}
+
 #[test]
 fn every_element_type_through_mlir() {
     dlc_tests::check_element_types(&through_mlir);

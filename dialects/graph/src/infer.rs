@@ -316,6 +316,21 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
             shape[*axis] = end - start;
             one(TensorType::new(t.dtype, shape))
         }
+        Op::Gather { axis } => {
+            arity(what, inputs.len(), 2)?;
+            let (t, ind) = (inputs[0], inputs[1]);
+            check_axes(what, t, &[*axis])?;
+            if !ind.dtype.is_int() {
+                return Err(InferError::new(
+                    format!("{what} takes integer indices, got {ind}"),
+                    "not integers",
+                ));
+            }
+            let mut shape = t.shape[..*axis].to_vec();
+            shape.extend(&ind.shape);
+            shape.extend(&t.shape[axis + 1..]);
+            one(TensorType::new(t.dtype, shape))
+        }
         Op::Broadcast { shape } => {
             arity(what, inputs.len(), 1)?;
             let t = inputs[0];

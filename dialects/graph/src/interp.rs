@@ -496,6 +496,28 @@ pub fn eval_op(op: &Op, inputs: &[&Tensor], results: &[TensorType]) -> Result<Ve
             .data
             .slice_axis(Axis(*axis), Slice::from(*start..*end))
             .to_owned(),
+        Op::Gather { axis } => {
+            let (x, ind) = (
+                x()?,
+                inputs
+                    .get(1)
+                    .ok_or_else(|| InterpError::Shape("gather needs its indices".into()))?,
+            );
+            let (axis, q) = (*axis, ind.data.ndim());
+            let n = x.data.shape()[axis] as f64;
+            ArrayD::from_shape_fn(IxDyn(&ty.shape), |idx| {
+                let idx = ndarray::Dimension::slice(&idx);
+                let i = ind.data[&idx[axis..axis + q]];
+                let i = if i < 0.0 { i + n } else { i };
+                if !(0.0..n).contains(&i) {
+                    return 0.0;
+                }
+                let mut at: Vec<usize> = idx[..axis].to_vec();
+                at.push(i as usize);
+                at.extend(&idx[axis + q..]);
+                x.data[at.as_slice()]
+            })
+        }
         Op::Broadcast { shape } => x()?
             .data
             .broadcast(IxDyn(shape))

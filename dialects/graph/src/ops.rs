@@ -98,6 +98,15 @@ pub enum Op {
         /// One past the last index kept.
         end: usize,
     },
+    /// `gather(x, indices)` along `axis`: result `[x axes before, indices
+    /// axes, x axes after]`, each element `x[.., i, ..]` for its index `i`
+    /// (an integer tensor read at run time; a negative one counts from the
+    /// end, and one outside `-n..n` reads zero). It reads the elements it
+    /// gives and no others: an embedding lookup costs the rows it reads.
+    Gather {
+        /// The indexed axis of `x`.
+        axis: usize,
+    },
     /// `numpy.broadcast_to`.
     Broadcast {
         /// Target shape.
@@ -171,6 +180,7 @@ impl Op {
             Op::Transpose { .. } => "transpose",
             Op::Concat { .. } => "concat",
             Op::Slice { .. } => "slice",
+            Op::Gather { .. } => "gather",
             Op::Broadcast { .. } => "broadcast",
             Op::Conv2d { .. } => "conv2d",
             Op::Pool2d {
@@ -205,7 +215,7 @@ impl Op {
             Op::LayerNorm { axes, eps } => vec![("axes", ints(axes)), ("eps", Attr::Float(*eps))],
             Op::Reshape { shape } | Op::Broadcast { shape } => vec![("shape", ints(shape))],
             Op::Transpose { perm } => vec![("perm", ints(perm))],
-            Op::Concat { axis } => vec![("axis", Attr::Int(*axis as i64))],
+            Op::Concat { axis } | Op::Gather { axis } => vec![("axis", Attr::Int(*axis as i64))],
             Op::Slice { axis, start, end } => vec![
                 ("axis", Attr::Int(*axis as i64)),
                 ("start", Attr::Int(*start as i64)),
@@ -292,6 +302,9 @@ impl Op {
                     perm: a.usizes("perm")?,
                 },
                 "concat" => Op::Concat {
+                    axis: a.usize("axis")?,
+                },
+                "gather" => Op::Gather {
                     axis: a.usize("axis")?,
                 },
                 "slice" => Op::Slice {

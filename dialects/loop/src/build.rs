@@ -119,6 +119,12 @@ impl Builder {
         self.one(OpKind::Cast, vec![x], Type::Scalar(to))
     }
 
+    /// `%i = loop.cast %x : index`: an integer scalar as an index, which
+    /// loads and stores may then use (a gather's data-dependent row).
+    pub fn index_of(&mut self, x: Value) -> Value {
+        self.one(OpKind::Cast, vec![x], Type::Index)
+    }
+
     /// `loop.load`, with an optional value for reads outside the buffer.
     pub fn load(&mut self, buf: Value, index: Vec<IndexExpr>, pad: Option<f64>) -> Value {
         let d = match self.b.ty(buf) {

@@ -251,7 +251,13 @@ impl Machine<'_> {
                 }
                 OpKind::Cast => {
                     let x = self.scalar(op.operands[0])?;
-                    scalar_result(self, x);
+                    if let Some(r) = op.results.first()
+                        && self.f.ty(*r) == &Type::Index
+                    {
+                        self.set(*r, Slot::Index(x as i64));
+                    } else {
+                        scalar_result(self, x);
+                    }
                 }
                 OpKind::Load { index, pad } => {
                     let v = match self.offset(op.operands[0], index, &name)? {

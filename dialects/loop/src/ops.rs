@@ -89,7 +89,9 @@ pub enum OpKind {
     Compare(CmpOp),
     /// `%r = loop.select %c, %a, %b : f32`.
     Select,
-    /// `%r = loop.cast %x : i32`: scalar type conversion.
+    /// `%r = loop.cast %x : i32`: scalar type conversion; `: index` makes an
+    /// integer scalar an index that loads and stores may use (a gather's
+    /// data-dependent row).
     Cast,
     /// `%v = loop.load %b[idx, ..] {pad = P} : f32`: an element; out of
     /// bounds is an error, or `pad` when given (how zero padding is
@@ -382,9 +384,12 @@ impl OpKind {
             ),
             OpKind::Cast => rule(
                 shape(1, 1)
-                    && matches!(ops[0], Some(Type::Scalar(_)))
-                    && matches!(res[0], Some(Type::Scalar(_))),
-                "converts one scalar",
+                    && match (ops[0], res[0]) {
+                        (Some(Type::Scalar(_)), Some(Type::Scalar(_))) => true,
+                        (Some(Type::Scalar(d)), Some(Type::Index)) => d.is_int(),
+                        _ => false,
+                    },
+                "converts one scalar, or an integer scalar to an index",
             ),
             OpKind::Load { .. } => match (shape(1, 1), first(ops)) {
                 (true, Some(Type::Buffer(b))) => rule(

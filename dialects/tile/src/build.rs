@@ -107,6 +107,12 @@ impl Builder {
         self.one(OpKind::Cast, vec![x], t)
     }
 
+    /// `%i = tile.cast %x : index`: an integer scalar as an index, for the
+    /// accesses that follow (a gather's data-dependent row).
+    pub fn index_of(&mut self, x: Value) -> Value {
+        self.one(OpKind::Cast, vec![x], Type::Index)
+    }
+
     /// `tile.load` of a `result` value (`pad` rounded to its element type).
     pub fn load(
         &mut self,

@@ -467,6 +467,11 @@ impl Machine<'_> {
                     let out = (0..c.len()).map(|i| if c[i] != 0.0 { a[i] } else { b[i] });
                     self.put(op.results[0], out.collect());
                 }
+                OpKind::Cast if self.f.ty(op.results[0]) == &Type::Index => {
+                    let x = self.elements(op.operands[0])?;
+                    let i = x.first().copied().unwrap_or(0.0);
+                    self.set(op.results[0], Slot::Index(i as i64));
+                }
                 OpKind::Cast => {
                     let x = self.elements(op.operands[0])?;
                     self.put(op.results[0], x.to_vec());

@@ -363,6 +363,15 @@ impl OpKind {
                 same(operands[1], operands[2], "the third operand")?;
                 same(operands[1], result()?, "the result")?;
             }
+            // An integer scalar as an index: a gather's row.
+            OpKind::Cast if result()? == &Type::Index => {
+                let (d, shape) = value(operands[0])?;
+                if !d.is_int() || !shape.is_empty() {
+                    return Err(format!(
+                        "makes an index of {d}{shape:?}, not of an integer scalar"
+                    ));
+                }
+            }
             OpKind::Cast => {
                 let (_, shape) = value(operands[0])?;
                 let (_, rshape) = value(result()?)?;

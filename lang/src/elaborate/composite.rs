@@ -1144,29 +1144,11 @@ impl Elab<'_> {
         self.add(cx, Op::Reshape { shape }, &[v], span)
     }
 
-    /// `x` gathered along `axis` at `indices` (negative ones count from
-    /// the end): a sum over the axis in which only the element whose
-    /// position equals the index is selected (an index out of range reads
-    /// zero).
+    /// `x` gathered along `axis` at `indices`: the graph op `gather`
+    /// (negative indices count from the end; one out of range reads zero),
+    /// which reads only the elements it gives.
     fn gather(&mut self, cx: &mut FnCx, x: Value, ind: Value, axis: usize, span: Span) -> R<Value> {
-        let (ty, it) = (Self::ty(cx, x), Self::ty(cx, ind));
-        let n = ty.shape[axis];
-        let (pre, q, post) = (axis, it.rank(), ty.rank() - axis - 1);
-        // Indices normalized, then laid out as [1 x pre, Q.., 1, 1 x post].
-        let ind = self.counted_from_end(cx, ind, n, span)?;
-        let mut ishape = vec![1; pre];
-        ishape.extend(&it.shape);
-        ishape.push(1);
-        ishape.extend(vec![1; post]);
-        let ind = self.add(cx, Op::Reshape { shape: ishape }, &[ind], span)?;
-        // x as [pre.., 1 x Q, n, post..].
-        let mut xshape = ty.shape[..axis].to_vec();
-        xshape.extend(vec![1; q]);
-        xshape.extend(&ty.shape[axis..]);
-        let xv = self.add(cx, Op::Reshape { shape: xshape }, &[x], span)?;
-        let iota = self.iota(cx, n, pre + q, pre + q + 1 + post, it.dtype);
-        let hit = self.cmp(cx, CmpOp::Eq, ind, iota, span)?;
-        self.masked_sum(cx, hit, xv, pre + q, span)
+        self.add(cx, Op::Gather { axis }, &[x, ind], span)
     }
 
     /// The sum over `axis` of `x` where `keep` holds (a `where`, so an

@@ -134,6 +134,9 @@ impl<'a> Conv<'a> {
                         accesses.push((d.operands[0], &[]));
                     }
                 }
+                // An index read from data differs from lane to lane: the
+                // loop runs as scalars.
+                L::Cast if matches!(self.src.ty(d.results[0]), LType::Index) => return None,
                 L::For { .. } | L::Parallel { .. } if !inner.is_empty() => {}
                 L::For { .. } | L::Parallel { .. } | L::Matmul(_) => {
                     return None;
@@ -143,6 +146,9 @@ impl<'a> Conv<'a> {
         }
         for &o in inner {
             let d = self.op(o);
+            if matches!(d.kind, L::Cast) && matches!(self.src.ty(d.results[0]), LType::Index) {
+                return None;
+            }
             if let L::Load { index, pad } = &d.kind {
                 loaded.insert(d.operands[0]);
                 accesses.push((d.operands[0], if pad.is_none() { index } else { &[] }));
@@ -337,6 +343,17 @@ impl<'a> Conv<'a> {
                 let x = self.elementwise_operands(&op.operands)?;
                 let t = self.b.select(x[0], x[1], x[2]);
                 set(self, t);
+            }
+            // An integer as an index (a gather's row): computed once, in
+            // scalar code (a loop that would compute one per lane is not
+            // vectorized), and used by the accesses after it.
+            L::Cast if matches!(self.src.ty(op.results[0]), LType::Index) => {
+                let x = self.scalar(op.operands[0])?;
+                if self.is_tile(x) {
+                    return Err(self.invalid("an index computed per lane of a tile"));
+                }
+                let t = self.b.index_of(x);
+                self.index.insert(op.results[0], Affine::value(t));
             }
             L::Cast => {
                 let x = self.elementwise_operands(&op.operands)?;

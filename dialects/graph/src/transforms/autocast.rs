@@ -76,6 +76,7 @@ fn policy(op: &Op) -> Policy {
         | Op::Transpose { .. }
         | Op::Concat { .. }
         | Op::Slice { .. }
+        | Op::Gather { .. }
         | Op::Broadcast { .. }
         | Op::Pool2d { .. } => Policy::Follow,
     }

@@ -259,6 +259,11 @@ impl CostModel {
             Op::Reduce { .. } | Op::Pool2d { .. } | Op::Concat { .. } => {
                 self.kernel_us + self.bytes_us(in_bytes + out_bytes) + self.ew_us(n_in)
             }
+            // Reads the rows it gives (and its indices), not the table.
+            Op::Gather { .. } => {
+                let indices = inputs.get(1).map_or(0.0, |i| bytes(&i.ty));
+                self.kernel_us + self.bytes_us(2.0 * out_bytes + indices)
+            }
             Op::Call { .. } => f64::INFINITY,
             // The element-wise ops (`Op::is_elementwise`).
             op => {
