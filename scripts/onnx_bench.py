@@ -166,10 +166,12 @@ def cold_run(dlc, path, inputs):
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _, status, usage = os.wait4(p.pid, 0)
     wall = time.perf_counter() - t
-    stderr = p.stderr.read()
+    stdout, stderr = p.stdout.read(), p.stderr.read()
     if os.waitstatus_to_exitcode(status) != 0:
         raise RuntimeError(f"dlc run {path}: {stderr.strip()}")
-    return wall, usage.ru_maxrss / 1024, os.path.join(out, "out0.npy")
+    # The first file written holds the first output (named as the model names it).
+    written = [line[len("wrote "):] for line in stdout.splitlines() if line.startswith("wrote ")]
+    return wall, usage.ru_maxrss / 1024, written[0]
 
 
 def dlc_bench(dlc, path, threads, runs, warmup):

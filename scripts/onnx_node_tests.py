@@ -119,13 +119,16 @@ def run_case(dlc, case, workdir, bind=False):
             if is_unsupported(err):
                 return "unsupported", first
             return "failed", first
+        # The files dlc wrote, in output order (named after the outputs).
+        written = [line[len("wrote "):] for line in p.stdout.splitlines()
+                   if line.startswith("wrote ")]
         for j, want in enumerate(outputs):
             want = as_array(want)
             if want is None:
                 return "unsupported", f"output {j} is not a tensor"
-            file = os.path.join(outdir, f"out{j}.npy")
-            if not os.path.exists(file):
+            if j >= len(written) or not os.path.exists(written[j]):
                 return "failed", f"output {j} was not written"
+            file = written[j]
             got = np.load(file)
             if want.dtype.name == "bfloat16":
                 want = want.astype(np.float32)  # dlc writes bf16 results as float32

@@ -1343,6 +1343,42 @@ pub fn save_outputs(dir: &Path, outputs: &[HostTensor]) -> Result<Vec<PathBuf>, 
     save_named_outputs(dir, &named)
 }
 
+/// File stems for outputs named `names` (an ONNX model's output names):
+/// each name with every character but ASCII letters, digits, `-`, `_` and
+/// a `.` not first replaced by `_` (no name leaves the directory or hides
+/// in it), `out{i}` for one that is empty, and `_2`, `_3`, ... added to a
+/// stem already taken.
+pub fn output_file_stems(names: &[&str]) -> Vec<String> {
+    let mut taken = std::collections::HashSet::new();
+    names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let mut stem: String = name
+                .chars()
+                .enumerate()
+                .map(|(k, c)| {
+                    if c.is_ascii_alphanumeric() || c == '-' || c == '_' || (c == '.' && k > 0) {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .collect();
+            if stem.is_empty() {
+                stem = format!("out{i}");
+            }
+            let base = stem.clone();
+            let mut k = 2;
+            while !taken.insert(stem.clone()) {
+                stem = format!("{base}_{k}");
+                k += 1;
+            }
+            stem
+        })
+        .collect()
+}
+
 /// Writes each tensor as `DIR/NAME.npy`.
 pub fn save_named_outputs(
     dir: &Path,
@@ -1441,6 +1477,30 @@ mod tests {
             .to_string();
         std::fs::remove_dir_all(&dir).unwrap();
         assert!(e.contains("`w1` is f32[3, 3], but"), "{e}");
+    }
+
+    #[test]
+    fn output_names_become_file_stems_inside_the_directory() {
+        assert_eq!(
+            output_file_stems(&[
+                "logits",
+                "../x",
+                "/enc/Add_output_0",
+                "",
+                "a b",
+                "logits",
+                ".hidden"
+            ]),
+            [
+                "logits",
+                "_._x",
+                "_enc_Add_output_0",
+                "out3",
+                "a_b",
+                "logits_2",
+                "_hidden"
+            ]
+        );
     }
 
     /// Weights carried with a source are bound as constants when it is

@@ -316,7 +316,8 @@ struct RunArgs {
     entry: Option<String>,
     #[command(flatten)]
     exec: ExecArgs,
-    /// Write the results as DIR/out0.npy, DIR/out1.npy, ... in return order.
+    /// Write the results as DIR/out0.npy, DIR/out1.npy, ... in return order
+    /// (an ONNX model's as DIR/NAME.npy, by its output names)
     #[arg(long, value_name = "DIR")]
     save_outputs: Option<PathBuf>,
     /// Write the inputs the run used as DIR/NAME.npy, one per parameter
@@ -1084,6 +1085,8 @@ fn run_command(args: RunArgs) -> Result<(), DriverError> {
     }
     let mut files = exec.input_files()?;
     let onnx = onnx.options()?;
+    // An ONNX model's outputs are saved under its names for them.
+    let mut output_names = None;
     let src = if dlc_driver::is_onnx(&file) {
         // Inputs may be named as the ONNX model names them.
         let imported = dlc_driver::import_onnx(&file, &onnx)?;
@@ -1092,6 +1095,8 @@ fn run_command(args: RunArgs) -> Result<(), DriverError> {
                 name.clone_from(var);
             }
         }
+        let names: Vec<&str> = imported.outputs.iter().map(|(o, _)| o.as_str()).collect();
+        output_names = Some(dlc_driver::output_file_stems(&names));
         dlc_driver::imported_source(&file, imported)
     } else {
         read_model(&file, &onnx)?
@@ -1118,7 +1123,14 @@ fn run_command(args: RunArgs) -> Result<(), DriverError> {
         dlc_cli::outln!("out{i}: {}", summary(t));
     }
     if let Some(dir) = save {
-        for path in save_outputs(&dir, &outputs)? {
+        let paths = match output_names {
+            Some(names) => {
+                let named: Vec<(String, &HostTensor)> = names.into_iter().zip(&outputs).collect();
+                dlc_driver::save_named_outputs(&dir, &named)?
+            }
+            None => save_outputs(&dir, &outputs)?,
+        };
+        for path in paths {
             dlc_cli::outln!("wrote {}", path.display());
         }
     }

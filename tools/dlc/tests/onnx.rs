@@ -78,7 +78,13 @@ fn real_models_match_onnxruntime() {
         let argv: Vec<&str> = args.iter().map(String::as_str).collect();
         let stdout = succeeds(&dlc(&argv));
         assert!(stdout.contains("check: ok"), "{name}: {stdout}");
-        let got = HostTensor::read_npy(&Path::new(&out).join("out0.npy"), None).unwrap();
+        // Saved under the model's output name.
+        let model_bytes = std::fs::read(dir.join("model.onnx")).unwrap();
+        let proto = pb::ModelProto::decode(model_bytes.as_slice()).unwrap();
+        let output = proto.graph.unwrap().output[0].name().to_string();
+        let stem = dlc_driver::output_file_stems(&[output.as_str()]).remove(0);
+        let got = HostTensor::read_npy(&Path::new(&out).join(format!("{stem}.npy")), None)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
         let want = HostTensor::read_npy(&dir.join("out0.npy"), None).unwrap();
         assert_eq!(got.ty, want.ty, "{name}");
         let scale = want.data.iter().fold(0f64, |m, v| m.max(v.abs()));

@@ -77,6 +77,15 @@ fn try_fold(f: &Function, node: NodeIndex) -> Option<Op> {
 enum Rewrite {
     Use(Value),
     New(Op, Vec<Value>),
+    /// `a @ b` for `a: [.., 1, K]` and `b: [K, N]`: a batch of
+    /// vector-matrix products sharing the matrix, as one matrix product
+    /// `reshape(a, [rows, K]) @ b` reshaped back (the matrix read once, not
+    /// once per vector: PyTorch's exported attention projects `[seq, 1, d]`).
+    Rows {
+        a: Value,
+        b: Value,
+        rows: usize,
+    },
 }
 
 fn simplify(f: &Function, node: NodeIndex) -> Option<Rewrite> {
@@ -116,6 +125,18 @@ fn simplify(f: &Function, node: NodeIndex) -> Option<Rewrite> {
             if perm.iter().enumerate().all(|(i, &p)| i == p) {
                 return Some(Rewrite::Use(ops[0]));
             }
+            // Moving only axes of extent 1 keeps the elements' order: a
+            // reshape, which is a view.
+            let src = &f.value_type(ops[0]).shape;
+            let moved: Vec<usize> = perm.iter().copied().filter(|&p| src[p] != 1).collect();
+            if moved.is_sorted() {
+                return Some(Rewrite::New(
+                    Op::Reshape {
+                        shape: ty.shape.clone(),
+                    },
+                    vec![ops[0]],
+                ));
+            }
             match producer(ops[0]) {
                 Op::Transpose { perm: inner } => {
                     let composed: Vec<usize> = perm.iter().map(|&p| inner[p]).collect();
@@ -128,6 +149,18 @@ fn simplify(f: &Function, node: NodeIndex) -> Option<Rewrite> {
                 }
                 _ => None,
             }
+        }
+        Op::MatMul => {
+            let (ta, tb) = (f.value_type(ops[0]), f.value_type(ops[1]));
+            let r = ta.rank();
+            let rows: usize = ta.shape[..r.saturating_sub(2)].iter().product();
+            (r >= 3 && tb.rank() == 2 && ta.shape[r - 2] == 1 && rows > 1).then_some(
+                Rewrite::Rows {
+                    a: ops[0],
+                    b: ops[1],
+                    rows,
+                },
+            )
         }
         Op::Reshape { shape } => {
             if same_type(ops[0]) {
@@ -196,6 +229,32 @@ fn canonicalize_function(f: &mut Function, max_iterations: u32) -> (u64, u64) {
                         let new = f.add_node(op, &operands, ty);
                         f.body[new].loc = loc;
                         Value::of(new)
+                    }
+                    Rewrite::Rows { a, b, rows } => {
+                        let ty = f.body[node].results[0].clone();
+                        let loc = f.body[node].loc.clone();
+                        let (k, n) = (f.value_type(b).shape[0], f.value_type(b).shape[1]);
+                        let d = ty.dtype;
+                        let flat = f.add_op(
+                            Op::Reshape {
+                                shape: vec![rows, k],
+                            },
+                            &[a],
+                            TensorType::new(f.value_type(a).dtype, vec![rows, k]),
+                        );
+                        let product =
+                            f.add_op(Op::MatMul, &[flat, b], TensorType::new(d, vec![rows, n]));
+                        let back = f.add_op(
+                            Op::Reshape {
+                                shape: ty.shape.clone(),
+                            },
+                            &[product],
+                            ty,
+                        );
+                        for v in [flat, product, back] {
+                            f.body[v.node].loc = loc.clone();
+                        }
+                        back
                     }
                 };
                 f.replace_all_uses(Value::of(node), to);
