@@ -1943,7 +1943,7 @@ impl<'p> Elab<'p> {
             ));
         }
         Ok(t(cx.f.add_op(
-            Op::Constant(ConstValue::Dense(values)),
+            Op::Constant(ConstValue::Dense(values.into())),
             &[],
             ty,
         )))

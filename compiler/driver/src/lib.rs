@@ -164,7 +164,7 @@ pub struct SourceText {
     /// so the parameter leaves the signature. An imported ONNX model's
     /// initializers travel this way, as binary data beside a short program,
     /// not as literals the front end reads back.
-    pub weights: Vec<(String, Vec<f64>)>,
+    pub weights: Vec<(String, std::sync::Arc<[f64]>)>,
 }
 
 /// Checks that `bytes` are UTF-8 and reports the first bad byte's place.
@@ -245,7 +245,10 @@ pub fn imported_source(name: &str, imported: dlc_onnx::Imported) -> SourceText {
             .weights
             .into_iter()
             .map(|(var, d)| {
-                let values = std::rc::Rc::try_unwrap(d.values).unwrap_or_else(|rc| (*rc).clone());
+                let values: std::sync::Arc<[f64]> = match std::rc::Rc::try_unwrap(d.values) {
+                    Ok(v) => v.into(),
+                    Err(rc) => rc.as_slice().into(),
+                };
                 (var, values)
             })
             .collect(),
@@ -377,7 +380,7 @@ fn bind_source_weights(module: &mut Module, src: &SourceText) -> Result<(), Driv
                     values.len()
                 )));
             }
-            f.bind_param(i, values.clone());
+            f.bind_param(i, std::sync::Arc::clone(values));
             taken = true;
         }
         if !taken {
@@ -1515,7 +1518,7 @@ mod tests {
             text: text.into(),
             weights: weights
                 .into_iter()
-                .map(|(n, v)| (n.to_string(), v))
+                .map(|(n, v)| (n.to_string(), v.into()))
                 .collect(),
         };
         let m = compile_source(&src(vec![("w", vec![2.0, 3.0])])).unwrap();

@@ -143,7 +143,8 @@
 //! took the storage of its queries, which the fused kernel's programs still read).
 //!
 //! Dense constants (`tensor(...)` in source, folded constants, an imported model's
-//! weights) are `loop.global {value = [..]}` buffers made when the function starts:
+//! weights) are `loop.global {value = [..]}` buffers made when the function starts
+//! (sharing the graph constant's storage, `ConstValue::Dense`'s `Arc`, not a copy):
 //! read-only data homed like parameters, never freed or reused, read in place by every
 //! loop nest (a weight matrix is a packed product's operand directly). They stay
 //! `tile.global` on the tile level, become one private constant LLVM global of the
@@ -339,10 +340,8 @@ fn lower_function<'g>(g: &'g GFunction, target: &'g TargetDesc) -> Result<Functi
     for n in dense {
         if let Op::Constant(ConstValue::Dense(values)) = &g.body[n].op {
             let outer = l.b.set_loc(g.body[n].loc.clone());
-            let v = l.b.global(
-                values.iter().copied().collect(),
-                contiguous(&g.body[n].results[0]),
-            );
+            let v =
+                l.b.global(values.clone(), contiguous(&g.body[n].results[0]));
             l.b.set_loc(outer);
             l.home.insert(n, v);
         }

@@ -64,7 +64,7 @@ impl Tensor {
                     .ok_or_else(|| InterpError::TooLarge(ty.clone()))?;
                 vec![*x; n]
             }
-            ConstValue::Dense(xs) => xs.clone(),
+            ConstValue::Dense(xs) => xs.to_vec(),
         };
         Tensor::from_vec(ty, values)
     }
@@ -75,7 +75,7 @@ impl Tensor {
         let values: Vec<f64> = self.data.iter().copied().collect();
         match values.first() {
             Some(&x) if values.iter().all(|v| v.to_bits() == x.to_bits()) => ConstValue::Splat(x),
-            _ => ConstValue::Dense(values),
+            _ => ConstValue::Dense(values.into()),
         }
     }
 
@@ -402,7 +402,7 @@ pub fn eval_op(op: &Op, inputs: &[&Tensor], results: &[TensorType]) -> Result<Ve
         }
         Op::Constant(ConstValue::Splat(v)) => ArrayD::from_elem(IxDyn(&ty.shape), *v),
         Op::Constant(ConstValue::Dense(vs)) => {
-            ArrayD::from_shape_vec(IxDyn(&ty.shape), vs.clone()).map_err(shape_err)?
+            ArrayD::from_shape_vec(IxDyn(&ty.shape), vs.to_vec()).map_err(shape_err)?
         }
         Op::Unary(u) => x()?.data.mapv(|v| apply_unary(*u, v)),
         Op::Barrier => x()?.data.clone(),

@@ -122,9 +122,9 @@ impl Function {
     ///
     /// # Panics
     /// If `i` is out of range.
-    pub fn bind_param(&mut self, i: usize, values: Vec<f64>) {
+    pub fn bind_param(&mut self, i: usize, values: impl Into<std::sync::Arc<[f64]>>) {
         let (_, node) = self.params.remove(i);
-        self.body[node].op = Op::Constant(crate::ops::ConstValue::Dense(values));
+        self.body[node].op = Op::Constant(crate::ops::ConstValue::Dense(values.into()));
         for (k, (_, n)) in self.params.iter().enumerate().skip(i) {
             self.body[*n].op = Op::Param { index: k as u32 };
         }

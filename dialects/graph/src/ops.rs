@@ -23,8 +23,9 @@ pub enum PoolKind {
 pub enum ConstValue {
     /// Every element is this value.
     Splat(f64),
-    /// Each element, row-major.
-    Dense(Vec<f64>),
+    /// Each element, row-major; shared, so that copies of a function
+    /// (passes, saturation, lowering) do not copy a model's weights.
+    Dense(std::sync::Arc<[f64]>),
 }
 
 /// A graph operation. Operands are the node's incoming edges; what an op
@@ -276,9 +277,7 @@ impl Op {
                 "constant" => Op::Constant(match a.get("value")? {
                     Attr::Float(v) => ConstValue::Splat(*v),
                     Attr::Int(i) => ConstValue::Splat(*i as f64),
-                    Attr::Ints(_) | Attr::Floats(_) => {
-                        ConstValue::Dense(a.floats("value")?.to_vec())
-                    }
+                    Attr::Ints(_) | Attr::Floats(_) => ConstValue::Dense(a.floats("value")?),
                     _ => return Err(format!("`{name}`: `value` must be a number or a list")),
                 }),
                 "select" => Op::Select,

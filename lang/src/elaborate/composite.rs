@@ -513,7 +513,7 @@ impl Elab<'_> {
             })
             .collect();
         let mask = cx.f.add_op(
-            Op::Constant(ConstValue::Dense(keep)),
+            Op::Constant(ConstValue::Dense(keep.into())),
             &[],
             TensorType::new(DType::Bool, vec![rows, cols]),
         );
@@ -644,7 +644,7 @@ impl Elab<'_> {
         ms[axis] = n;
         ms[axis + 1] = n;
         let mask = cx.f.add_op(
-            Op::Constant(ConstValue::Dense(keep)),
+            Op::Constant(ConstValue::Dense(keep.into())),
             &[],
             TensorType::new(DType::Bool, ms),
         );

@@ -95,7 +95,11 @@ fn const_eq(a: &ConstValue, b: &ConstValue) -> bool {
     match (a, b) {
         (ConstValue::Splat(x), ConstValue::Splat(y)) => x.to_bits() == y.to_bits(),
         (ConstValue::Dense(x), ConstValue::Dense(y)) => {
-            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits())
+            std::sync::Arc::ptr_eq(x, y)
+                || (x.len() == y.len()
+                    && x.iter()
+                        .zip(y.iter())
+                        .all(|(p, q)| p.to_bits() == q.to_bits()))
         }
         _ => false,
     }
