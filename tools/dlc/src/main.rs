@@ -13,6 +13,7 @@ use dlc_driver::{
 use dlc_runtime::HostTensor;
 
 mod distributed;
+mod phases;
 mod train;
 
 #[derive(Parser)]
@@ -549,9 +550,19 @@ fn bench(
     };
     dlc_runtime::set_num_threads(threads).map_err(|e| DriverError::Usage(e.to_string()))?;
     let start = std::time::Instant::now();
+    let mut phases = phases::Phases::new(file);
+    phases.set(if dlc_driver::is_onnx(file) {
+        "importing"
+    } else {
+        "reading"
+    });
     let src = read_model(file, onnx)?;
+    phases.set("checking");
     let mut module = compile_source(&src)?;
+    phases.set("optimizing");
     run_passes(&mut module, passes, PassOptions::default())?;
+    // Cleared before anything is timed.
+    phases.done();
     let module = dlc_driver::only_entry(&module, entry)?;
     let f = select_entry(&module, None)?;
     // Reading the weights is not compiling: its time is left out.
@@ -1037,7 +1048,14 @@ fn compile_command(args: CompileArgs) -> Result<(), DriverError> {
         tf32,
         weights,
     };
+    let mut phases = phases::Phases::new(&file);
+    phases.set(if dlc_driver::is_onnx(&file) {
+        "importing"
+    } else {
+        "reading"
+    });
     let src = read_model(&file, &onnx.options()?)?;
+    phases.set("compiling");
     let done = dlc_driver::compile(
         &src,
         &options,
@@ -1046,6 +1064,7 @@ fn compile_command(args: CompileArgs) -> Result<(), DriverError> {
             mlir: Some(&dlc_mlir::Mlir),
         },
     )?;
+    phases.done();
     if stats {
         dlc_cli::print_stats(&done.reports);
     }
@@ -1087,7 +1106,9 @@ fn run_command(args: RunArgs) -> Result<(), DriverError> {
     let onnx = onnx.options()?;
     // An ONNX model's outputs are saved under its names for them.
     let mut output_names = None;
+    let mut phases = phases::Phases::new(&file);
     let src = if dlc_driver::is_onnx(&file) {
+        phases.set("importing");
         // Inputs may be named as the ONNX model names them.
         let imported = dlc_driver::import_onnx(&file, &onnx)?;
         for (name, _) in &mut files {
@@ -1101,7 +1122,9 @@ fn run_command(args: RunArgs) -> Result<(), DriverError> {
     } else {
         read_model(&file, &onnx)?
     };
+    phases.set("checking");
     let mut module = compile_source(&src)?;
+    phases.set("optimizing");
     exec.run_passes(&mut module)?;
     let module = dlc_driver::only_entry(&module, entry.as_deref())?;
     let f = select_entry(&module, None)?;
@@ -1118,7 +1141,9 @@ fn run_command(args: RunArgs) -> Result<(), DriverError> {
             dlc_cli::outln!("wrote {}", path.display());
         }
     }
+    phases.set("compiling and running");
     let outputs = execute(&module, f, &args, &exec, tf32, None)?;
+    phases.done();
     for (i, t) in outputs.iter().enumerate() {
         dlc_cli::outln!("out{i}: {}", summary(t));
     }

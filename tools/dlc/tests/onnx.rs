@@ -76,8 +76,11 @@ fn real_models_match_onnxruntime() {
         .collect();
         args.extend(input_args(&dir));
         let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-        let stdout = succeeds(&dlc(&argv));
+        let o = dlc(&argv);
+        let stdout = succeeds(&o);
         assert!(stdout.contains("check: ok"), "{name}: {stdout}");
+        // No progress display where standard error is not a terminal.
+        assert_eq!(stderr(&o), "", "{name}");
         // Saved under the model's output name.
         let model_bytes = std::fs::read(dir.join("model.onnx")).unwrap();
         let proto = pb::ModelProto::decode(model_bytes.as_slice()).unwrap();
@@ -474,4 +477,31 @@ fn g_output_is(model: &mut pb::ModelProto, name: &str) {
         name: Some(name.into()),
         ..Default::default()
     }];
+}
+
+/// On a terminal, a long command names the phase it is in (a spinner on
+/// standard error, cleared before the results); `script` gives the command
+/// a terminal.
+#[test]
+fn a_terminal_shows_the_phase_under_way() {
+    let model = root().join("mlp/model.onnx").display().to_string();
+    let command = format!(
+        "{} run {model} --random-inputs 0",
+        env!("CARGO_BIN_EXE_dlc")
+    );
+    let o = std::process::Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .output()
+        .expect("script (util-linux) runs a command on a terminal");
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{text}");
+    for phase in ["importing", "optimizing", "compiling and running"] {
+        assert!(
+            text.contains(&format!("{model}: {phase}")),
+            "{phase}: {text}"
+        );
+    }
+    // The results come after the spinner is cleared.
+    let cleared = text.rfind("\x1b[2K").unwrap();
+    assert!(text[cleared..].contains("out0: f32[8, 10]"), "{text}");
 }
