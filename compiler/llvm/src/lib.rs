@@ -110,7 +110,7 @@ pub use emit::{
     emit_static_library,
 };
 pub use gpu::{Emulator, compile_gpu, emulate};
-pub use jit::{Jit, JitOptions, compile_in_process, jit, jit_with};
+pub use jit::{Jit, JitOptions, MAX_CACHED_CONSTANT_BYTES, compile_in_process, jit, jit_with};
 
 use inkwell::builder::BuilderError;
 

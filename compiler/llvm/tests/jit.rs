@@ -762,6 +762,51 @@ fn compiled_objects_come_from_the_cache_the_second_time() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A part holding more constant data than `MAX_CACHED_CONSTANT_BYTES` (an
+/// imported model's weights, bound as constants) is compiled every time;
+/// the rest still come from the cache.
+#[test]
+fn parts_with_much_constant_data_skip_the_cache() {
+    let dir = std::env::temp_dir().join(format!("dlc-jit-cache-data-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let options = dlc_llvm::JitOptions {
+        cache: Some(dlc_llvm::ObjectCache::new(
+            &dir,
+            dlc_llvm::DEFAULT_MAX_BYTES,
+        )),
+    };
+    // 1.25M f32 weights: 5 MB of constants once bound.
+    let (rows, cols) = (1250, 1000);
+    assert!((rows * cols * 4) as u64 > dlc_llvm::MAX_CACHED_CONSTANT_BYTES);
+    let src = format!(
+        "fn f(x: f32[{cols}], weight w: f32[{rows}, {cols}]) -> f32[{rows}] {{ return sum(w * x, axis=1); }}"
+    );
+    let mut m = graph(&src);
+    let values: Vec<f64> = (0..rows * cols).map(|i| ((i % 7) as f64) - 3.0).collect();
+    m.functions[0].bind_param(1, values);
+    let tiles = dlc_driver::lower_for_cpu(&m).unwrap();
+    let f = m.entry_points().next().unwrap();
+    let inputs = prepare_inputs(f, &[], Some(0)).unwrap();
+    let want = interpret(&m, f, &inputs).unwrap();
+    let run = || {
+        dlc_llvm::jit_with(&tiles, &options, |jit| {
+            Ok((jit.parts(), jit.kernel("f")?.call(&inputs).unwrap()))
+        })
+        .unwrap()
+    };
+    let ((parts, _), first) = run();
+    let ((_, cached), second) = run();
+    assert!(
+        cached < parts,
+        "{cached} of {parts} parts came from the cache"
+    );
+    for got in [&first, &second] {
+        let err = max_relative_error(got, &want).unwrap();
+        assert!(err <= TOLERANCE, "relative error {err:.3e}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// User operators that are contractions (structured products, any
 /// operand layout) in compiled code, each result within `--check`'s
 /// tolerance for its type.
