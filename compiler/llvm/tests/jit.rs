@@ -705,12 +705,18 @@ fn dense_constants_are_global_data_of_every_type() {
     ));
 }
 
-/// A second compile of an unchanged module takes every part's object from
-/// the cache and computes the same results; a damaged entry is compiled
-/// again; a different module shares nothing it does not have in common.
-#[test]
-fn compiled_objects_come_from_the_cache_the_second_time() {
-    let dir = std::env::temp_dir().join(format!("dlc-jit-cache-{}", std::process::id()));
+/// What [`through_a_cache`] gives: the cache's directory, a call that
+/// compiles and runs (giving parts, parts cached, results), and the
+/// interpreter's results.
+type CachedRun<F> = (std::path::PathBuf, F, Vec<HostTensor>);
+
+/// An empty object cache in a fresh directory named after `name`, and
+/// `m`'s entry `f` compiled through it on seeded inputs.
+fn through_a_cache(
+    name: &str,
+    m: &dlc_graph::Module,
+) -> CachedRun<impl Fn() -> ((usize, usize), Vec<HostTensor>) + use<>> {
+    let dir = std::env::temp_dir().join(format!("dlc-jit-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let options = dlc_llvm::JitOptions {
         cache: Some(dlc_llvm::ObjectCache::new(
@@ -718,18 +724,26 @@ fn compiled_objects_come_from_the_cache_the_second_time() {
             dlc_llvm::DEFAULT_MAX_BYTES,
         )),
     };
-    let src = "fn f(x: f32[64, 96], weight w: f32[96, 96], b: f32[96]) -> f32[64, 96] { return softmax(tanh(x @ w + b), axis=-1) * 2.0; }";
-    let m = graph(src);
-    let tiles = dlc_driver::lower_for_cpu(&m).unwrap();
+    let tiles = dlc_driver::lower_for_cpu(m).unwrap();
     let f = m.entry_points().next().unwrap();
     let inputs = prepare_inputs(f, &[], Some(0)).unwrap();
-    let want = interpret(&m, f, &inputs).unwrap();
-    let run = || {
+    let want = interpret(m, f, &inputs).unwrap();
+    let run = move || {
         dlc_llvm::jit_with(&tiles, &options, |jit| {
             Ok((jit.parts(), jit.kernel("f")?.call(&inputs).unwrap()))
         })
         .unwrap()
     };
+    (dir, run, want)
+}
+
+/// A second compile of an unchanged module takes every part's object from
+/// the cache and computes the same results; a damaged entry is compiled
+/// again; a different module shares nothing it does not have in common.
+#[test]
+fn compiled_objects_come_from_the_cache_the_second_time() {
+    let src = "fn f(x: f32[64, 96], weight w: f32[96, 96], b: f32[96]) -> f32[64, 96] { return softmax(tanh(x @ w + b), axis=-1) * 2.0; }";
+    let (dir, run, want) = through_a_cache("cache", &graph(src));
     let ((parts, cached), first) = run();
     assert!(parts >= 1);
     assert_eq!(cached, 0, "an empty cache has nothing");
@@ -757,6 +771,12 @@ fn compiled_objects_come_from_the_cache_the_second_time() {
     let other =
         graph("fn f(x: f32[64, 96], w: f32[96, 96]) -> f32[64, 96] { return relu(x @ w); }");
     let other = dlc_driver::lower_for_cpu(&other).unwrap();
+    let options = dlc_llvm::JitOptions {
+        cache: Some(dlc_llvm::ObjectCache::new(
+            &dir,
+            dlc_llvm::DEFAULT_MAX_BYTES,
+        )),
+    };
     let (_, cached) = dlc_llvm::jit_with(&other, &options, |jit| Ok(jit.parts())).unwrap();
     assert_eq!(cached, 0);
     std::fs::remove_dir_all(&dir).unwrap();
@@ -767,14 +787,6 @@ fn compiled_objects_come_from_the_cache_the_second_time() {
 /// the rest still come from the cache.
 #[test]
 fn parts_with_much_constant_data_skip_the_cache() {
-    let dir = std::env::temp_dir().join(format!("dlc-jit-cache-data-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let options = dlc_llvm::JitOptions {
-        cache: Some(dlc_llvm::ObjectCache::new(
-            &dir,
-            dlc_llvm::DEFAULT_MAX_BYTES,
-        )),
-    };
     // 1.25M f32 weights: 5 MB of constants once bound.
     let (rows, cols) = (1250, 1000);
     assert!((rows * cols * 4) as u64 > dlc_llvm::MAX_CACHED_CONSTANT_BYTES);
@@ -784,16 +796,7 @@ fn parts_with_much_constant_data_skip_the_cache() {
     let mut m = graph(&src);
     let values: Vec<f64> = (0..rows * cols).map(|i| ((i % 7) as f64) - 3.0).collect();
     m.functions[0].bind_param(1, values);
-    let tiles = dlc_driver::lower_for_cpu(&m).unwrap();
-    let f = m.entry_points().next().unwrap();
-    let inputs = prepare_inputs(f, &[], Some(0)).unwrap();
-    let want = interpret(&m, f, &inputs).unwrap();
-    let run = || {
-        dlc_llvm::jit_with(&tiles, &options, |jit| {
-            Ok((jit.parts(), jit.kernel("f")?.call(&inputs).unwrap()))
-        })
-        .unwrap()
-    };
+    let (dir, run, want) = through_a_cache("cache-data", &m);
     let ((parts, _), first) = run();
     let ((_, cached), second) = run();
     assert!(
