@@ -363,7 +363,6 @@ fn bind_source_weights(module: &mut Module, src: &SourceText) -> Result<(), Driv
     for (name, values) in &src.weights {
         let mut taken = false;
         for f in &mut module.functions {
-            let types = f.param_types();
             let Some(i) = f
                 .params
                 .iter()
@@ -372,11 +371,11 @@ fn bind_source_weights(module: &mut Module, src: &SourceText) -> Result<(), Driv
             else {
                 continue;
             };
-            if types[i].num_elements() != Some(values.len()) {
+            let ty = f.body[f.params[i].1].results[0].clone();
+            if ty.num_elements() != Some(values.len()) {
                 return Err(DriverError::Usage(format!(
-                    "{}: weight `{name}` is {}, its value has {} elements",
+                    "{}: weight `{name}` is {ty}, its value has {} elements",
                     src.name,
-                    types[i],
                     values.len()
                 )));
             }

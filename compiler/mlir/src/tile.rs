@@ -207,11 +207,7 @@ impl Gen<'_> {
                 // An integer scalar as an index (a gather's row).
                 OpKind::Cast if r.is_some_and(|r| self.f.ty(r) == &dlc_tile::Type::Index) => {
                     let x = op.operands[0];
-                    let d = match self.f.ty(x) {
-                        dlc_tile::Type::Scalar(d) => *d,
-                        _ => return Err(invalid(self.f, "an index cast of a tile".into())),
-                    };
-                    let v = self.w.index_cast(&self.name(x), d);
+                    let v = self.w.index_cast(&self.name(x), self.dtype(x)?);
                     if let Some(r) = r {
                         self.names.insert(r, v);
                     }

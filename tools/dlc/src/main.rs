@@ -551,11 +551,7 @@ fn bench(
     dlc_runtime::set_num_threads(threads).map_err(|e| DriverError::Usage(e.to_string()))?;
     let start = std::time::Instant::now();
     let mut phases = phases::Phases::new(file);
-    phases.set(if dlc_driver::is_onnx(file) {
-        "importing"
-    } else {
-        "reading"
-    });
+    phases.reading();
     let src = read_model(file, onnx)?;
     phases.set("checking");
     let mut module = compile_source(&src)?;
@@ -1049,11 +1045,7 @@ fn compile_command(args: CompileArgs) -> Result<(), DriverError> {
         weights,
     };
     let mut phases = phases::Phases::new(&file);
-    phases.set(if dlc_driver::is_onnx(&file) {
-        "importing"
-    } else {
-        "reading"
-    });
+    phases.reading();
     let src = read_model(&file, &onnx.options()?)?;
     phases.set("compiling");
     let done = dlc_driver::compile(

@@ -26,6 +26,15 @@ impl Phases {
         }
     }
 
+    /// The first phase: reading the file, or importing an ONNX model.
+    pub fn reading(&self) {
+        self.set(if dlc_driver::is_onnx(&self.file) {
+            "importing"
+        } else {
+            "reading"
+        });
+    }
+
     /// The phase now under way.
     pub fn set(&self, phase: &str) {
         if let Some(bar) = &self.bar {

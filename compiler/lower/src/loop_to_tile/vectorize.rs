@@ -136,7 +136,7 @@ impl<'a> Conv<'a> {
                 }
                 // An index read from data differs from lane to lane: the
                 // loop runs as scalars.
-                L::Cast if matches!(self.src.ty(d.results[0]), LType::Index) => return None,
+                L::Cast if self.is_index_cast(d) => return None,
                 L::For { .. } | L::Parallel { .. } if !inner.is_empty() => {}
                 L::For { .. } | L::Parallel { .. } | L::Matmul(_) => {
                     return None;
@@ -146,7 +146,7 @@ impl<'a> Conv<'a> {
         }
         for &o in inner {
             let d = self.op(o);
-            if matches!(d.kind, L::Cast) && matches!(self.src.ty(d.results[0]), LType::Index) {
+            if self.is_index_cast(d) {
                 return None;
             }
             if let L::Load { index, pad } = &d.kind {
@@ -213,6 +213,15 @@ impl<'a> Conv<'a> {
             });
         }
         Some(carries)
+    }
+
+    /// Whether `op` is `loop.cast %i : index` (an integer made an index).
+    fn is_index_cast(&self, op: &dlc_loop::OpData) -> bool {
+        matches!(op.kind, L::Cast)
+            && op
+                .results
+                .first()
+                .is_some_and(|r| matches!(self.src.ty(*r), LType::Index))
     }
 
     /// Converts a list of ops in the current region.
@@ -347,7 +356,7 @@ impl<'a> Conv<'a> {
             // An integer as an index (a gather's row): computed once, in
             // scalar code (a loop that would compute one per lane is not
             // vectorized), and used by the accesses after it.
-            L::Cast if matches!(self.src.ty(op.results[0]), LType::Index) => {
+            L::Cast if self.is_index_cast(op) => {
                 let x = self.scalar(op.operands[0])?;
                 if self.is_tile(x) {
                     return Err(self.invalid("an index computed per lane of a tile"));
