@@ -8,7 +8,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CARGO ?= cargo
 EXAMPLE ?= examples/w2_mlp.dl
 
-.PHONY: all setup setup-test-tools setup-cuda setup-onnx setup-python python-test bench-python run test lint fuzz-smoke bench bench-gpu gpu-check-prepare bench-peers bench-contract bench-saturate train-peers bench-train bench-distributed \
+.PHONY: all setup setup-test-tools setup-cuda setup-onnx setup-python python-test bench-python run test lint fuzz-smoke bench bench-gpu gpu-check-prepare gpu-train-check-prepare bench-peers bench-contract bench-saturate train-peers bench-train bench-distributed \
 	onnx-tests onnx-bench onnx-models setup-onnx-torch onnx-torch-models clean
 
 all: test
@@ -140,6 +140,14 @@ bench: setup
 gpu-check-prepare: setup
 	$(CARGO) build --release --locked -p dlc -p dlc-rt
 	./scripts/gpu_check_prepare.sh
+
+# The GPU training check's folder, made here with no GPU: dlc built without
+# MPI (xz'd), the models it trains, and the script that trains them on the
+# CPU and the GPU (NCCL summing the data-parallel gradients) and times W2's
+# step against PyTorch's, in target/gpu-train-check/ (under 56 MiB).
+# On a machine with an NVIDIA GPU: bash target/gpu-train-check/gpu-train-check.sh DIR.
+gpu-train-check-prepare: setup
+	./scripts/gpu_train_check_prepare.sh
 
 # The same on GPU 0 (`dlc bench --backend gpu`): needs an NVIDIA GPU and its
 # driver; without one the first `dlc bench` says so and this stops.

@@ -18,7 +18,7 @@ use crate::gpu::{Device, GpuProgram, Launch};
 /// Shared memory a kernel may use without asking for more.
 const DEFAULT_SHARED: u32 = 48 << 10;
 
-/// GPU 0, with a program's kernels loaded.
+/// A GPU (GPU 0 unless opened by ordinal), with a program's kernels loaded.
 pub struct Cuda {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
@@ -34,6 +34,12 @@ impl Cuda {
     /// Opens GPU 0: fails, without panicking, when no CUDA driver can be
     /// loaded or no device is present.
     pub fn open() -> Result<Cuda, RuntimeError> {
+        Self::open_ordinal(0)
+    }
+
+    /// Opens GPU `ordinal` of this machine's (CUDA's numbering): fails,
+    /// without panicking, when there is no driver or no such device.
+    pub fn open_ordinal(ordinal: usize) -> Result<Cuda, RuntimeError> {
         // SAFETY: this only tries to load the driver library by name.
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
             return Err(RuntimeError::Load(
@@ -42,13 +48,24 @@ impl Cuda {
                     .into(),
             ));
         }
-        let ctx = CudaContext::new(0).map_err(failed("no CUDA device"))?;
+        let count = CudaContext::device_count().map_err(failed("no CUDA device"))?;
+        if i64::from(count) <= ordinal as i64 {
+            return Err(RuntimeError::Load(format!(
+                "there is no GPU {ordinal}: this machine has {count}"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(failed("no CUDA device"))?;
         let stream = ctx.default_stream();
         Ok(Cuda {
             ctx,
             stream,
             functions: HashMap::new(),
         })
+    }
+
+    /// The stream every launch and copy is made on, in order.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
     }
 
     /// The device's name and compute capability (`(9, 0)`).
@@ -128,8 +145,20 @@ impl Device for Cuda {
             .map_err(|e| RuntimeError::Failed(format!("copying to the GPU: {e}")))
     }
 
-    fn download(&mut self, from: &CudaSlice<u8>, to: &mut [u8]) -> Result<(), RuntimeError> {
-        let view = from.slice(..to.len());
+    fn download_from(
+        &mut self,
+        from: &CudaSlice<u8>,
+        offset: usize,
+        to: &mut [u8],
+    ) -> Result<(), RuntimeError> {
+        let end = offset + to.len();
+        if end > from.len() {
+            return Err(RuntimeError::Arguments(format!(
+                "a copy of bytes {offset}..{end} from a GPU buffer of {}",
+                from.len()
+            )));
+        }
+        let view = from.slice(offset..end);
         self.stream
             .memcpy_dtoh(&view, to)
             .map_err(|e| RuntimeError::Failed(format!("copying from the GPU: {e}")))

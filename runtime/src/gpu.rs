@@ -101,7 +101,16 @@ pub trait Device {
     /// Copies `from` to the start of `to`.
     fn upload(&mut self, to: &mut Self::Memory, from: &[u8]) -> Result<(), RuntimeError>;
     /// Copies the start of `from` into `to`.
-    fn download(&mut self, from: &Self::Memory, to: &mut [u8]) -> Result<(), RuntimeError>;
+    fn download(&mut self, from: &Self::Memory, to: &mut [u8]) -> Result<(), RuntimeError> {
+        self.download_from(from, 0, to)
+    }
+    /// Copies the bytes of `from` from byte `offset` on into `to`.
+    fn download_from(
+        &mut self,
+        from: &Self::Memory,
+        offset: usize,
+        to: &mut [u8],
+    ) -> Result<(), RuntimeError>;
     /// The device address of `m`.
     fn address(&self, m: &Self::Memory) -> u64;
     /// Launches `launch` with these argument addresses (the buffers, then
@@ -109,6 +118,44 @@ pub trait Device {
     fn launch(&mut self, launch: &Launch, args: &[u64]) -> Result<(), RuntimeError>;
     /// Waits for every launch to finish.
     fn synchronize(&mut self) -> Result<(), RuntimeError>;
+}
+
+/// Sums of device memory over the ranks of a data-parallel run, started
+/// as a computation produces them and finished before what reads them.
+pub trait Collective<D: Device> {
+    /// The ranks taking part.
+    fn ranks(&self) -> usize;
+    /// What sums, in words (`NCCL`).
+    fn name(&self) -> &'static str;
+    /// Starts replacing the `count` f32 at device address `addr`, in place,
+    /// with their sums over the ranks, once everything launched on `device`
+    /// so far has run; the memory is neither written nor read until
+    /// [`Collective::finish`].
+    fn start_sum(&mut self, device: &mut D, addr: u64, count: usize) -> Result<(), RuntimeError>;
+    /// Makes what is launched on `device` from now on wait for every sum
+    /// started.
+    fn finish(&mut self, device: &mut D) -> Result<(), RuntimeError>;
+}
+
+/// A world of one: every sum is the tensor itself.
+pub struct Alone;
+
+impl<D: Device> Collective<D> for Alone {
+    fn ranks(&self) -> usize {
+        1
+    }
+
+    fn name(&self) -> &'static str {
+        "nothing (a world of one)"
+    }
+
+    fn start_sum(&mut self, _: &mut D, _: u64, _: usize) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
+    fn finish(&mut self, _: &mut D) -> Result<(), RuntimeError> {
+        Ok(())
+    }
 }
 
 /// An entry point ready to run on a device: its constants copied and its
@@ -213,7 +260,7 @@ impl<'f, D: Device> Prepared<'f, D> {
         &mut self,
         device: &mut D,
         timed: bool,
-        mut each: impl FnMut(usize, f64),
+        each: impl FnMut(usize, f64),
     ) -> Result<(), RuntimeError> {
         let f = self.function;
         if self.params.len() != f.signature.params.len() {
@@ -222,12 +269,58 @@ impl<'f, D: Device> Prepared<'f, D> {
                 f.signature.name
             )));
         }
+        let params: Vec<u64> = self.params.iter().map(|m| device.address(m)).collect();
+        self.launch_with(device, &params, timed, each)?;
+        self.check(device)
+    }
+
+    /// Launches every kernel on parameters at the device addresses
+    /// `params` (one per parameter of the signature: inputs, then results,
+    /// each of its type's size) instead of bound ones, without waiting:
+    /// for a caller that owns the tensors and chains calls on them.
+    /// [`Prepared::check`] waits and reports the call's failure.
+    pub fn launch_at(&mut self, device: &mut D, params: &[u64]) -> Result<(), RuntimeError> {
+        let f = self.function;
+        if params.len() != f.signature.params.len() {
+            return Err(RuntimeError::Arguments(format!(
+                "`{}` takes {} parameters (inputs and results), given {}",
+                f.signature.name,
+                f.signature.params.len(),
+                params.len()
+            )));
+        }
+        self.launch_with(device, params, false, |_, _| {})
+    }
+
+    /// Waits for the kernels launched so far and turns the status word of
+    /// this entry point's last call into its error.
+    pub fn check(&mut self, device: &mut D) -> Result<(), RuntimeError> {
+        let f = self.function;
+        device.synchronize().map_err(|e| {
+            RuntimeError::Failed(format!("`{}`: running its kernels: {e}", f.signature.name))
+        })?;
+        let mut word = [0u8; 4];
+        device.download(&self.status, &mut word)?;
+        match status_message(i32::from_le_bytes(word), &f.signature.site_places()) {
+            None => Ok(()),
+            Some(m) => Err(RuntimeError::Failed(format!("`{}`: {m}", f.signature.name))),
+        }
+    }
+
+    fn launch_with(
+        &mut self,
+        device: &mut D,
+        params: &[u64],
+        timed: bool,
+        mut each: impl FnMut(usize, f64),
+    ) -> Result<(), RuntimeError> {
+        let f = self.function;
         device.upload(&mut self.status, &0i32.to_le_bytes())?;
         let status = device.address(&self.status);
         for (k, launch) in f.launches.iter().enumerate() {
             let mut args = Vec::with_capacity(launch.args.len() + 1);
             for &i in &launch.args {
-                args.push(self.address(device, i)?);
+                args.push(self.address(device, params, i)?);
             }
             args.push(status);
             let failed = |e: RuntimeError| {
@@ -243,15 +336,7 @@ impl<'f, D: Device> Prepared<'f, D> {
                 each(k, start.elapsed().as_secs_f64());
             }
         }
-        device.synchronize().map_err(|e| {
-            RuntimeError::Failed(format!("`{}`: running its kernels: {e}", f.signature.name))
-        })?;
-        let mut word = [0u8; 4];
-        device.download(&self.status, &mut word)?;
-        match status_message(i32::from_le_bytes(word), &f.signature.site_places()) {
-            None => Ok(()),
-            Some(m) => Err(RuntimeError::Failed(format!("`{}`: {m}", f.signature.name))),
-        }
+        Ok(())
     }
 
     /// The results of the last run, copied back.
@@ -276,11 +361,11 @@ impl<'f, D: Device> Prepared<'f, D> {
         self.outputs(device)
     }
 
-    /// The device address of buffer `i`.
-    fn address(&self, device: &D, i: usize) -> Result<u64, RuntimeError> {
+    /// The device address of buffer `i`, the parameters at `params`.
+    fn address(&self, device: &D, params: &[u64], i: usize) -> Result<u64, RuntimeError> {
         let missing = || RuntimeError::Load(format!("buffer {i} of a launch is not planned"));
         match self.function.buffers.get(i).ok_or_else(missing)? {
-            DeviceBuffer::Param(p) => Ok(device.address(self.params.get(*p).ok_or_else(missing)?)),
+            DeviceBuffer::Param(p) => params.get(*p).copied().ok_or_else(missing),
             DeviceBuffer::Workspace(off) => {
                 let w = self.workspace.as_ref().ok_or_else(missing)?;
                 Ok(device.address(w) + off)

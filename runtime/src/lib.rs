@@ -14,7 +14,9 @@
 //! (libgomp), which the generated code calls itself; [`set_num_threads`]
 //! sizes it. [`gpu`] runs programs compiled for an NVIDIA GPU: CUDA through
 //! cudarc ([`cuda`]), whose driver library is loaded at run time; [`module`]
-//! is such a program as a file, which `dlc-rt` runs.
+//! is such a program as a file, which `dlc-rt` runs. [`nccl`] sums tensors
+//! in GPU memory over the processes of a data-parallel run (NCCL, loaded at
+//! run time too).
 //!
 //! # Tensors, kernels and threads
 //!
@@ -59,6 +61,9 @@ pub mod gpu;
 #[allow(unsafe_code)]
 mod library;
 pub mod module;
+// NCCL's API is an FFI boundary too.
+#[allow(unsafe_code)]
+pub mod nccl;
 mod tensor;
 
 pub use abi::{Param, Signature, Site};

@@ -211,16 +211,22 @@ impl Emulator<'_> {
     /// Runs entry point `name` on `inputs`; returns its results.
     pub fn call(&self, name: &str, inputs: &[HostTensor]) -> Result<Vec<HostTensor>, RuntimeError> {
         let function = self.program.function(name)?;
-        let mut device = EmulatedDevice {
-            entries: &self.entries,
-        };
+        let mut device = self.device();
         let mut prepared = Prepared::new(&mut device, function)?;
         prepared.call(&mut device, inputs)
     }
+
+    /// A device running this program's kernels, for callers that drive
+    /// [`Prepared`] calls themselves (`dlc train --backend gpu-emulator`).
+    pub fn device(&self) -> EmulatedDevice<'_> {
+        EmulatedDevice {
+            entries: &self.entries,
+        }
+    }
 }
 
-/// Host memory standing for device memory.
-struct EmulatedDevice<'e> {
+/// Host memory standing for device memory; kernels run on CPU threads.
+pub struct EmulatedDevice<'e> {
     entries: &'e HashMap<String, usize>,
 }
 
@@ -239,11 +245,16 @@ impl Device for EmulatedDevice<'_> {
         Ok(())
     }
 
-    fn download(&mut self, from: &AlignedBuffer, to: &mut [u8]) -> Result<(), RuntimeError> {
+    fn download_from(
+        &mut self,
+        from: &AlignedBuffer,
+        offset: usize,
+        to: &mut [u8],
+    ) -> Result<(), RuntimeError> {
         let n = to.len();
         to.copy_from_slice(
             from.bytes()
-                .get(..n)
+                .get(offset..offset + n)
                 .ok_or_else(|| RuntimeError::Arguments("a download past the buffer".into()))?,
         );
         Ok(())

@@ -109,7 +109,7 @@ pub use emit::{
     Compiled, Llvm, Program, compile, emit_llvm_ir, emit_native, emit_shared_library,
     emit_static_library,
 };
-pub use gpu::{Emulator, compile_gpu, emulate};
+pub use gpu::{EmulatedDevice, Emulator, compile_gpu, emulate};
 pub use jit::{Jit, JitOptions, MAX_CACHED_CONSTANT_BYTES, compile_in_process, jit, jit_with};
 
 use inkwell::builder::BuilderError;

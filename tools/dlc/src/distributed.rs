@@ -43,8 +43,10 @@
 //!   `OMP_NUM_THREADS` is set. A thread of its own summing the buckets while the stages
 //!   compute was tried and dropped: with a core a rank (this machine, CI) each bucket
 //!   waited for the scheduler to run the threads of both ranks (the digits MLP on two
-//!   ranks: 1.6-6 ms a bucket on the thread, 0.06 ms in line). Not yet:
-//!   NCCL on GPUs (`dlc train` runs on the CPU).
+//!   ranks: 1.6-6 ms a bucket on the thread, 0.06 ms in line). On GPUs
+//!   (`--backend gpu`, `train/gpu.rs`) the buckets live in device memory
+//!   and NCCL sums them; MPI only hands NCCL its id and broadcasts the
+//!   starting weights.
 
 use dlc_driver::DriverError;
 use dlc_runtime::AlignedBuffer;
@@ -181,7 +183,9 @@ mod world {
 }
 
 /// Without MPI (a build without the `mpi` feature, which then needs no MPI
-/// library): no world can be joined, so nothing else here runs.
+/// library): a world of one, as a process MPI did not start is. That is what
+/// a GPU machine without Open MPI trains on (its gradients summed by NCCL in
+/// a world of one); a process `mpirun` started as one of several refuses.
 #[cfg(not(feature = "mpi"))]
 mod world {
     use std::time::Duration;
@@ -190,43 +194,69 @@ mod world {
 
     use super::Region;
 
-    /// No ranks: this build has no MPI.
-    pub enum World {}
+    /// The only rank.
+    pub struct World(());
 
     impl World {
         pub fn join() -> Result<World, DriverError> {
-            Err(DriverError::Usage(
-                "this dlc was built without MPI (its `mpi` feature): data-parallel training needs it; build dlc with its default features and Open MPI installed (`make setup` installs it)".into(),
-            ))
+            let started = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"]
+                .iter()
+                .find_map(|v| std::env::var(v).ok()?.parse::<usize>().ok());
+            match started {
+                Some(n) if n > 1 => Err(DriverError::Usage(format!(
+                    "this process is one of {n} ranks, but this dlc was built without MPI (its `mpi` feature) and trains as a world of one: build dlc with its default features and Open MPI installed (`make setup` installs it)"
+                ))),
+                _ => Ok(World(())),
+            }
         }
 
         pub fn rank(&self) -> usize {
-            match *self {}
+            0
         }
 
         pub fn size(&self) -> usize {
-            match *self {}
+            1
         }
 
-        pub fn fail(&self, _message: &str) -> ! {
-            match *self {}
+        pub fn fail(&self, message: &str) -> ! {
+            let message = message.trim_end();
+            let message = message.strip_prefix("error: ").unwrap_or(message);
+            eprintln!("error: rank 0 of 1: {message}");
+            std::process::exit(1)
         }
 
-        pub fn broadcast(&self, _bytes: &mut [u8]) {
-            match *self {}
-        }
+        pub fn broadcast(&self, _bytes: &mut [u8]) {}
 
         pub fn differing(&self, _digest: u64) -> Vec<usize> {
-            match *self {}
+            Vec::new()
         }
     }
 
+    /// Runs `compute`; each bucket's sum over one rank is the bucket.
+    #[allow(unsafe_code)] // The buckets' storage, by address.
     pub fn reduce_as_ready<R>(
-        world: &World,
-        _regions: &[Region],
-        _compute: impl FnOnce(&mut dyn FnMut(usize)) -> R,
+        _world: &World,
+        regions: &[Region],
+        compute: impl FnOnce(&mut dyn FnMut(usize)) -> R,
     ) -> Result<(R, Duration, Duration), DriverError> {
-        match *world {}
+        let mut started = 0;
+        let result = compute(&mut |b: usize| {
+            let Some(r) = regions.get(b) else { return };
+            // SAFETY: as for MPI: the caller hands over bucket `b` whole,
+            // its send storage written and its sums read by no one until
+            // this returns; the two are distinct buffers of `len` f32.
+            unsafe {
+                std::ptr::copy_nonoverlapping(r.send as *const f32, r.recv as *mut f32, r.len);
+            }
+            started += 1;
+        });
+        if started != regions.len() {
+            return Err(DriverError::Usage(format!(
+                "{started} of {} gradient buckets were summed",
+                regions.len()
+            )));
+        }
+        Ok((result, Duration::ZERO, Duration::ZERO))
     }
 }
 
@@ -279,7 +309,6 @@ pub struct Buckets {
 
 /// One bucket's storage as addresses: sent, summed, and its f32 count.
 #[derive(Clone, Copy)]
-#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 pub struct Region {
     send: usize,
     recv: usize,
@@ -330,6 +359,11 @@ impl Buckets {
 
     pub fn count(&self) -> usize {
         self.send.len()
+    }
+
+    /// Each bucket's f32 count.
+    pub fn lens(&self) -> Vec<usize> {
+        self.send.iter().map(|b| b.bytes().len() / 4).collect()
     }
 
     /// The bytes every step all-reduces.
@@ -385,6 +419,11 @@ pub fn digest(parts: &[&[u8]]) -> u64 {
 pub fn launch(ranks: usize) -> Result<(), DriverError> {
     if ranks == 0 {
         return Err(DriverError::Usage("--ranks must be at least 1".into()));
+    }
+    if cfg!(not(feature = "mpi")) && ranks > 1 {
+        return Err(DriverError::Usage(
+            "this dlc was built without MPI (its `mpi` feature): it trains as a world of one; build dlc with its default features and Open MPI installed (`make setup` installs it) for --ranks".into(),
+        ));
     }
     let exe = std::env::current_exe().map_err(|source| DriverError::Io {
         path: "the dlc executable".into(),

@@ -5,9 +5,10 @@
 //! weights, the optimizer's update of each weight (the built-ins `sgd`,
 //! `sgd_momentum`, `adam`, `adamw`) at the learning rate of the schedule (a
 //! built-in too), returning the loss, the new weights and the new state.
-//! It is compiled once for this CPU and called once per batch on one bound
-//! call whose weight and state inputs are its previous results (the buffers
-//! trade places: nothing of the model is copied between steps).
+//! It is compiled once for this CPU (or with `--backend gpu` for the GPU,
+//! `train/gpu.rs`) and called once per batch on one bound call whose weight
+//! and state inputs are its previous results (the buffers trade places:
+//! nothing of the model is copied between steps).
 //!
 //! # The step and its checkpoints
 //!
@@ -52,6 +53,21 @@ use rand::seq::SliceRandom;
 
 use crate::distributed::{self, Buckets, Slot, World};
 use dlc_runtime::AlignedBuffer;
+
+mod gpu;
+
+/// Where `dlc train --backend` runs the step.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+pub enum TrainBackend {
+    /// Compiled for this CPU.
+    Cpu,
+    /// Compiled for the GPU (GPU 0, or a rank's own under
+    /// --data-parallel, whose gradients NCCL sums).
+    Gpu,
+    /// The GPU's kernels on this CPU by the emulator: slow, for checking
+    /// GPU training without a GPU (one rank at most).
+    GpuEmulator,
+}
 
 /// The optimizer `dlc train --optimizer` names.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
@@ -168,6 +184,10 @@ pub struct TrainArgs {
     /// as the stage computing it ends.
     #[arg(long, value_name = "MIB", default_value_t = 25.0)]
     pub bucket_mb: f64,
+    /// Where the step runs: cpu, gpu (one GPU per rank; gradients summed
+    /// by NCCL with --data-parallel) or gpu-emulator.
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub backend: TrainBackend,
 }
 
 fn usage(message: impl Into<String>) -> DriverError {
@@ -556,6 +576,9 @@ fn initial_buffers(
 /// Runs `dlc train`.
 pub fn train(args: &TrainArgs) -> Result<(), DriverError> {
     if let Some(ranks) = args.ranks {
+        if args.backend == TrainBackend::GpuEmulator && ranks > 1 {
+            return Err(usage(gpu::EMULATOR_RANKS));
+        }
         if args.data_parallel {
             return Err(usage(
                 "--ranks starts mpirun with --data-parallel itself: give one of the two",
@@ -608,7 +631,7 @@ fn train_on(args: &TrainArgs, world: Option<&World>) -> Result<(), DriverError> 
         plan.check_summable()?;
     }
     let total = steps * args.epochs;
-    let (lowered, split) = compile_step(&src, &plan, args, total, world)?;
+    let (step_module, split) = compile_step(&src, &plan, args, total, world)?;
     let mixed = args.precision != Precision::F32;
     let setting = Progress::first(args, global);
     let source = args
@@ -651,6 +674,21 @@ fn train_on(args: &TrainArgs, world: Option<&World>) -> Result<(), DriverError> 
         setting: &setting,
         world,
     };
+    if args.backend != TrainBackend::Cpu {
+        let trained = gpu::train(
+            args.backend,
+            &step_module,
+            split,
+            &layout,
+            &initial,
+            &driven,
+        )?;
+        if world.is_none_or(World::leads) {
+            save_trained(args, &plan, trained, save_file)?;
+        }
+        return Ok(());
+    }
+    let lowered = dlc_driver::lower_for_cpu(&step_module)?;
     let result = dlc_llvm::jit_with(&lowered, &dlc_llvm::JitOptions::default(), |jit| {
         Ok(match (world, split) {
             (None, _) => {
@@ -932,13 +970,16 @@ type Split = (Buckets, Vec<Slot>, Vec<StagePlan>);
 /// The step, compiled for this CPU: one function, or a data-parallel run's
 /// gradient (in stages, one per bucket of results, so that a bucket is
 /// summed while the next stage computes) and update.
+/// The training step's entry points (`__train_step`, or for `world` the
+/// gradient's stages and `__train_update`) after the default pipeline, to
+/// be lowered for the device that runs them.
 fn compile_step(
     src: &SourceText,
     plan: &Plan,
     args: &TrainArgs,
     total: usize,
     world: Option<&World>,
-) -> Result<(dlc_tile::Module, Option<Split>), DriverError> {
+) -> Result<(dlc_graph::Module, Option<Split>), DriverError> {
     let text = format!(
         "{}{}",
         src.text,
@@ -962,7 +1003,7 @@ fn compile_step(
             Some(split_gradient(&mut step_module, plan.weights.len(), bytes)?)
         }
     };
-    Ok((dlc_driver::lower_for_cpu(&step_module)?, split))
+    Ok((step_module, split))
 }
 
 /// Where training starts: the weights, the optimizer's state (none: from
@@ -1118,10 +1159,10 @@ struct Initial<'a> {
     good: u64,
 }
 
-impl Initial<'_> {
+impl<'a> Initial<'a> {
     /// Optimizer state tensor `i` (weight by weight) from the checkpoint;
     /// none when starting fresh (zeros).
-    fn state_tensor(&self, i: usize) -> Option<&HostTensor> {
+    fn state_tensor(&self, i: usize) -> Option<&'a HostTensor> {
         self.state.and_then(|s| s.get(i))
     }
 }
@@ -1138,63 +1179,166 @@ impl Layout {
         }
     }
 
-    /// Pushes the loss's parameters: the weights, the buffers, the data
-    /// (zeros until the first batch).
-    fn push_params(
+    /// What each input of the fused step starts as: the loss's parameters
+    /// (the weights, the buffers, the data: zeros until the first batch),
+    /// the optimizer state (zeros, or the checkpoint's), the step number,
+    /// and with mixed precision the loss scale and its good updates.
+    fn initial_inputs<'t>(
         &self,
-        binder: &mut dlc_runtime::Binder<'_, '_>,
+        types: &[dlc_core::TensorType],
+        initial: &Initial<'t>,
+    ) -> Vec<Given<'t>> {
+        let mut given: Vec<Given<'t>> = (0..self.params.min(types.len()))
+            .map(|i| match self.initial_param(i, initial) {
+                Some(t) => Given::Tensor(t),
+                None => Given::Zeros,
+            })
+            .collect();
+        for k in 0..initial.weights.len() {
+            for s in 0..self.ns {
+                given.push(match initial.state_tensor(k * self.ns + s) {
+                    Some(t) => Given::Tensor(t),
+                    None => Given::Zeros,
+                });
+            }
+        }
+        given.push(Given::Value(1.0));
+        if self.mixed {
+            given.push(Given::Value(initial.scale));
+            given.push(Given::Value(initial.good as f64));
+        }
+        given
+    }
+
+    /// The fused step's input holding the step number (the loss scale and
+    /// its good updates follow it).
+    fn t_input(&self) -> usize {
+        self.params + self.weights.len() * self.ns
+    }
+
+    /// The fused step's result saying how many, with mixed precision, comes
+    /// after the loss, the weights, the state and the buffers: the loss
+    /// scale, its good updates, whether the update was made.
+    fn scale_result(&self) -> usize {
+        let nw = self.weights.len();
+        1 + nw + nw * self.ns + self.buffers.len()
+    }
+
+    /// The fused step's results that become its inputs for the next step,
+    /// as (result, input): the new weights, state, buffers, and the loss
+    /// scale and its good updates.
+    fn trades(&self) -> Vec<(usize, usize)> {
+        let (nw, ns) = (self.weights.len(), self.ns);
+        let mut pairs = Vec::new();
+        for (k, &w) in self.weights.iter().enumerate() {
+            pairs.push((1 + k, w));
+            for s in 0..ns {
+                pairs.push((1 + nw + k * ns + s, self.params + k * ns + s));
+            }
+        }
+        for (j, &b) in self.buffers.iter().enumerate() {
+            pairs.push((1 + nw + nw * ns + j, b));
+        }
+        if self.mixed {
+            let (r, t) = (self.scale_result(), self.t_input());
+            pairs.push((r, t + 1));
+            pairs.push((r + 1, t + 2));
+        }
+        pairs
+    }
+}
+
+impl Layout {
+    /// The data-parallel gradient's inputs at the start (`types`): the
+    /// loss's parameters, and with mixed precision the loss scale.
+    fn gradient_inputs(
+        &self,
         types: &[dlc_core::TensorType],
         initial: &Initial<'_>,
-    ) -> Result<(), DriverError> {
-        for (i, ty) in types.iter().enumerate().take(self.params) {
-            match self.initial_param(i, initial) {
-                Some(t) => binder.push(t),
-                None => binder.push_values(ty, std::iter::repeat(0.0)),
-            }
-            .map_err(runtime)?;
-        }
-        Ok(())
-    }
-
-    /// Pushes the optimizer state (zeros, or the checkpoint's).
-    fn push_state(
-        &self,
-        binder: &mut dlc_runtime::Binder<'_, '_>,
-        initial: &Initial<'_>,
-    ) -> Result<(), DriverError> {
-        for (k, w) in initial.weights.iter().enumerate() {
-            for s in 0..self.ns {
-                match initial.state_tensor(k * self.ns + s) {
-                    Some(t) => binder.push(t),
-                    None => binder.push_values(&w.ty, std::iter::repeat(0.0)),
-                }
-                .map_err(runtime)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Pushes the step number, and with mixed precision the loss scale and
-    /// its good updates.
-    fn push_tail(
-        &self,
-        binder: &mut dlc_runtime::Binder<'_, '_>,
-        initial: &Initial<'_>,
-    ) -> Result<(), DriverError> {
-        let i64_ty = dlc_core::TensorType::scalar(dlc_core::DType::I64);
-        binder
-            .push_values(&i64_ty, std::iter::once(1.0))
-            .map_err(runtime)?;
+    ) -> Vec<AlignedBuffer> {
+        let mut params: Vec<AlignedBuffer> = types
+            .iter()
+            .enumerate()
+            .map(|(i, ty)| match self.initial_param(i, initial) {
+                Some(t) => AlignedBuffer::from_tensor(t),
+                None => zeroed(ty),
+            })
+            .collect();
         if self.mixed {
-            let f32_ty = dlc_core::TensorType::scalar(dlc_core::DType::F32);
-            binder
-                .push_values(&f32_ty, std::iter::once(initial.scale))
-                .map_err(runtime)?;
-            binder
-                .push_values(&i64_ty, std::iter::once(initial.good as f64))
-                .map_err(runtime)?;
+            params[self.params] =
+                AlignedBuffer::from_values(dlc_core::DType::F32, 1, std::iter::once(initial.scale));
         }
-        Ok(())
+        params
+    }
+
+    /// The optimizer state at the start, from the types of the update's
+    /// inputs (the weights, the gradients, the state, ...): zeros, or the
+    /// checkpoint's.
+    fn update_state<'t>(
+        &self,
+        inputs: impl Iterator<Item = &'t dlc_core::TensorType>,
+        initial: &Initial<'_>,
+    ) -> Vec<AlignedBuffer> {
+        let nw = self.weights.len();
+        inputs
+            .skip(2 * nw)
+            .take(nw * self.ns)
+            .enumerate()
+            .map(|(i, ty)| match initial.state_tensor(i) {
+                Some(t) => AlignedBuffer::from_tensor(t),
+                None => zeroed(ty),
+            })
+            .collect()
+    }
+}
+
+/// `values` as the elements of data parameter `i` of type `ty`, all of
+/// them given.
+fn batch(
+    i: usize,
+    ty: &dlc_core::TensorType,
+    values: impl Iterator<Item = f64>,
+) -> Result<AlignedBuffer, DriverError> {
+    let n = ty.num_elements().unwrap_or(0);
+    let mut count = 0;
+    let b = AlignedBuffer::from_values(ty.dtype, n, values.inspect(|_| count += 1));
+    if count < n {
+        return Err(usage(format!(
+            "data parameter {i} ({ty}) given {count} of its {n} elements"
+        )));
+    }
+    Ok(b)
+}
+
+/// An input's value at the start of training.
+pub(crate) enum Given<'t> {
+    Tensor(&'t HostTensor),
+    Zeros,
+    Value(f64),
+}
+
+impl Given<'_> {
+    /// The value as the element bytes of type `ty`; a tensor of another
+    /// type is an error naming input `i`.
+    pub(crate) fn buffer(
+        &self,
+        i: usize,
+        ty: &dlc_core::TensorType,
+    ) -> Result<AlignedBuffer, DriverError> {
+        let n = ty.num_elements().unwrap_or(0);
+        match self {
+            Given::Tensor(t) if &t.ty == ty => Ok(AlignedBuffer::from_tensor(t)),
+            Given::Tensor(t) => Err(usage(format!(
+                "input {i} of the training step is {ty}, given {}",
+                t.ty
+            ))),
+            Given::Zeros => Ok(zeroed(ty)),
+            Given::Value(v) => Ok(AlignedBuffer::from_values(
+                ty.dtype,
+                n,
+                std::iter::repeat(*v),
+            )),
+        }
     }
 }
 
@@ -1209,6 +1353,9 @@ struct Timing {
     reduce: std::time::Duration,
     buckets: usize,
     bytes: usize,
+    /// What summed on the device beside the step's kernels (NCCL), their
+    /// time within `compute`; none for MPI on the host.
+    on_device: Option<&'static str>,
 }
 
 /// One optimizer step as the training loop drives it.
@@ -1249,15 +1396,16 @@ impl<'k, 'a> Fused<'k, 'a> {
     ) -> Result<Fused<'k, 'a>, DriverError> {
         let types: Vec<_> = kernel.signature().inputs().map(|p| p.ty.clone()).collect();
         let mut binder = kernel.binder();
-        layout.push_params(&mut binder, &types, initial)?;
-        layout.push_state(&mut binder, initial)?;
-        layout.push_tail(&mut binder, initial)?;
+        for (given, ty) in layout.initial_inputs(&types, initial).iter().zip(&types) {
+            match given {
+                Given::Tensor(t) => binder.push(t),
+                Given::Zeros => binder.push_values(ty, std::iter::repeat(0.0)),
+                Given::Value(v) => binder.push_values(ty, std::iter::repeat(*v)),
+            }
+            .map_err(runtime)?;
+        }
         let call = binder.finish().map_err(runtime)?;
         Ok(Fused { call, layout })
-    }
-
-    fn t_input(&self) -> usize {
-        self.layout.params + self.layout.weights.len() * self.layout.ns
     }
 
     fn state_input(&self, k: usize, s: usize) -> usize {
@@ -1276,34 +1424,14 @@ impl Stepper for Fused<'_, '_> {
 
     fn step(&mut self, update: u64) -> Result<(f64, bool), DriverError> {
         let l = self.layout;
-        let (nw, ns) = (l.weights.len(), l.ns);
-        let t = self.t_input();
-        // Results: the loss, the weights, the state, the buffers, then with
-        // mixed precision the loss scale, its good updates and whether the
-        // update was made.
-        let scale_result = 1 + nw + nw * ns + l.buffers.len();
         let call = &mut self.call;
-        call.write_input(t, std::iter::once(update as f64))
+        call.write_input(l.t_input(), std::iter::once(update as f64))
             .map_err(runtime)?;
         call.run().map_err(runtime)?;
         let loss = call.output(0).map_err(runtime)?.data[0];
-        let made = !l.mixed || call.output(scale_result + 2).map_err(runtime)?.data[0] != 0.0;
-        if l.mixed {
-            call.swap_result_into_input(scale_result, t + 1)
-                .map_err(runtime)?;
-            call.swap_result_into_input(scale_result + 1, t + 2)
-                .map_err(runtime)?;
-        }
-        for (k, &w) in l.weights.iter().enumerate() {
-            call.swap_result_into_input(1 + k, w).map_err(runtime)?;
-            for s in 0..ns {
-                let input = l.params + k * ns + s;
-                call.swap_result_into_input(1 + nw + k * ns + s, input)
-                    .map_err(runtime)?;
-            }
-        }
-        for (j, &b) in l.buffers.iter().enumerate() {
-            call.swap_result_into_input(1 + nw + nw * ns + j, b)
+        let made = !l.mixed || call.output(l.scale_result() + 2).map_err(runtime)?.data[0] != 0.0;
+        for (result, input) in l.trades() {
+            call.swap_result_into_input(result, input)
                 .map_err(runtime)?;
         }
         Ok((loss, made))
@@ -1322,7 +1450,7 @@ impl Stepper for Fused<'_, '_> {
     }
 
     fn scale(&self) -> Result<(f64, u64), DriverError> {
-        let t = self.t_input();
+        let t = self.layout.t_input();
         let scale = self.call.input(t + 1).map_err(runtime)?.data[0];
         let good = self.call.input(t + 2).map_err(runtime)?.data[0];
         Ok((scale, good as u64))
@@ -1464,18 +1592,7 @@ impl<'k, 'a> Staged<'k, 'a> {
             .take(given)
             .map(|p| p.ty.clone())
             .collect();
-        let mut params: Vec<AlignedBuffer> = types
-            .iter()
-            .enumerate()
-            .map(|(i, ty)| match layout.initial_param(i, initial) {
-                Some(t) => AlignedBuffer::from_tensor(t),
-                None => zeroed(ty),
-            })
-            .collect();
-        if layout.mixed {
-            params[layout.params] =
-                AlignedBuffer::from_values(dlc_core::DType::F32, 1, std::iter::once(initial.scale));
-        }
+        let params = layout.gradient_inputs(&types, initial);
         let carries = kernels
             .iter()
             .zip(plans)
@@ -1487,18 +1604,7 @@ impl<'k, 'a> Staged<'k, 'a> {
                     .collect()
             })
             .collect();
-        let nw = layout.weights.len();
-        let state: Vec<AlignedBuffer> = update
-            .signature()
-            .inputs()
-            .skip(2 * nw)
-            .take(nw * layout.ns)
-            .enumerate()
-            .map(|(i, p)| match initial.state_tensor(i) {
-                Some(t) => AlignedBuffer::from_tensor(t),
-                None => zeroed(&p.ty),
-            })
-            .collect();
+        let state = layout.update_state(update.signature().inputs().map(|p| &p.ty), initial);
         let out = update
             .signature()
             .outputs()
@@ -1603,15 +1709,7 @@ impl Stepper for Staged<'_, '_> {
         i: usize,
         values: impl Iterator<Item = f64>,
     ) -> Result<(), DriverError> {
-        let ty = &self.types[i];
-        let n = ty.num_elements().unwrap_or(0);
-        let mut count = 0;
-        self.params[i] = AlignedBuffer::from_values(ty.dtype, n, values.inspect(|_| count += 1));
-        if count < n {
-            return Err(usage(format!(
-                "data parameter {i} ({ty}) given {count} of its {n} elements"
-            )));
-        }
+        self.params[i] = batch(i, &self.types[i], values)?;
         Ok(())
     }
 
@@ -1795,7 +1893,8 @@ impl Loop<'_> {
             if let Some(tm) = &timing {
                 run_timing.compute += tm.compute;
                 run_timing.reduce += tm.reduce;
-                (run_timing.buckets, run_timing.bytes) = (tm.buckets, tm.bytes);
+                (run_timing.buckets, run_timing.bytes, run_timing.on_device) =
+                    (tm.buckets, tm.bytes, tm.on_device);
             }
             if !leads {
                 continue;
@@ -1810,7 +1909,10 @@ impl Loop<'_> {
                 if let Some(tm) = &timing {
                     line["ranks"] = serde_json::json!(ranks);
                     line["compute_s"] = serde_json::json!(tm.compute.as_secs_f64());
-                    line["allreduce_s"] = serde_json::json!(tm.reduce.as_secs_f64());
+                    // Sums on the device run beside the kernels, untimed.
+                    if tm.on_device.is_none() {
+                        line["allreduce_s"] = serde_json::json!(tm.reduce.as_secs_f64());
+                    }
                     line["allreduce_bytes"] = serde_json::json!(tm.bytes);
                     line["buckets"] = serde_json::json!(tm.buckets);
                 }
@@ -1865,7 +1967,14 @@ impl Loop<'_> {
                     String::new()
                 }
             );
-            if self.world.is_some() {
+            if let (Some(_), Some(by)) = (self.world, run_timing.on_device) {
+                dlc_cli::outln!(
+                    "data-parallel on {ranks} rank(s) of {batch}: {} bucket(s) of gradients, {} KiB a step, each summed on the GPU by {by} as the stage computing it is launched, beside the later stages; {:.3} s in steps; the weights are identical on every rank",
+                    run_timing.buckets,
+                    run_timing.bytes / 1024,
+                    run_timing.compute.as_secs_f64(),
+                );
+            } else if self.world.is_some() {
                 let (c, r) = (
                     run_timing.compute.as_secs_f64(),
                     run_timing.reduce.as_secs_f64(),

@@ -281,6 +281,127 @@ fn ranks_train_in_mixed_precision_and_with_buffers() {
     }
 }
 
+/// The step on a GPU: on the emulator (no GPU needed), the fused step and
+/// the data-parallel stages (a world of one, buckets small enough for three
+/// stages) reach the CPU's weights within f32's differences, in f32 with
+/// momentum and in bf16 with Adam and running averages; on a GPU, where
+/// there is one, the same, the data-parallel gradients summed by NCCL;
+/// without one, a one-line error saying so.
+#[test]
+fn the_gpu_trains_as_the_cpu_does() {
+    if !have_mpirun() {
+        return;
+    }
+    let d = Dir::new("gpu-train");
+    let (x, y) = data(&d, 12);
+    let m = model(&d, 6);
+    let run = |entry: &str, extra: &[&str], ck: &str| {
+        let mut args = vec![
+            "train",
+            &m,
+            "--entry",
+            entry,
+            "--data",
+            &x,
+            "--epochs",
+            "1",
+            "--checkpoint",
+            ck,
+        ];
+        if entry == "loss" {
+            args.extend([
+                "--data",
+                &y,
+                "--optimizer",
+                "sgd",
+                "--momentum",
+                "0.9",
+                "--weight-decay",
+                "0.01",
+                "--lr",
+                "0.05",
+            ]);
+        } else {
+            args.extend(["--optimizer", "adam", "--precision", "bf16"]);
+        }
+        args.extend_from_slice(extra);
+        dlc(&args)
+    };
+    let close = |got: &[(String, Vec<f64>)], expected: &[(String, Vec<f64>)], what: &str| {
+        assert_eq!(got.len(), expected.len(), "{what}");
+        for ((name, a), (_, b)) in got.iter().zip(expected) {
+            let scale = b.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            let worst = a
+                .iter()
+                .zip(b)
+                .fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+            assert!(
+                worst <= 1e-5 * scale.max(1.0),
+                "{what}: {name} differs from the CPU's by {worst} (largest {scale})"
+            );
+        }
+    };
+    let staged = ["--data-parallel", "--bucket-mb", "0.0001"];
+    for entry in ["loss", "loss_bn"] {
+        let cpu = d.path(&format!("{entry}-cpu"));
+        let o = run(entry, &[], &cpu);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let expected = weights(&cpu);
+        for (name, extra) in [
+            ("emulated", vec!["--backend", "gpu-emulator"]),
+            (
+                "emulated, data-parallel",
+                [&["--backend", "gpu-emulator"][..], &staged].concat(),
+            ),
+        ] {
+            let ck = d.path(&format!("{entry}-{}", name.replace(", ", "-")));
+            let o = run(entry, &extra, &ck);
+            assert!(o.status.success(), "{name}: {}", stderr(&o));
+            close(&weights(&ck), &expected, &format!("{entry}, {name}"));
+            if extra.contains(&"--data-parallel") {
+                let out = String::from_utf8_lossy(&o.stdout);
+                assert!(
+                    out.contains("data-parallel on 1 rank(s) of 6: ")
+                        && out.contains("summed on the GPU by nothing (a world of one)"),
+                    "{out}"
+                );
+            }
+        }
+        for (name, extra) in [
+            ("on the GPU", vec!["--backend", "gpu"]),
+            (
+                "on the GPU, data-parallel",
+                [&["--backend", "gpu"][..], &staged].concat(),
+            ),
+        ] {
+            let ck = d.path(&format!("{entry}-{}", name.replace([',', ' '], "-")));
+            let o = run(entry, &extra, &ck);
+            let err = stderr(&o);
+            let missing = ["no CUDA driver found", "no CUDA device", "NCCL's library"];
+            if missing.iter().any(|m| err.contains(m)) {
+                println!("{name}: not run here: {}", err.trim());
+                assert_eq!(o.status.code(), Some(1));
+                continue;
+            }
+            assert!(o.status.success(), "{name}: {err}");
+            close(&weights(&ck), &expected, &format!("{entry}, {name}"));
+            if extra.contains(&"--data-parallel") {
+                let out = String::from_utf8_lossy(&o.stdout);
+                assert!(out.contains("by NCCL"), "{out}");
+            }
+        }
+    }
+    // The emulator has no NCCL: one rank only.
+    fails_with(
+        &run(
+            "loss",
+            &["--backend", "gpu-emulator", "--ranks", "2"],
+            &d.path("two"),
+        ),
+        "--backend gpu-emulator has no NCCL: data-parallel training on it runs on one rank only",
+    );
+}
+
 /// What cannot run ends every rank with its reason: a data file no rank
 /// can read (each rank names itself), a rank killed mid-run (mpirun names
 /// it and the signal), in seconds; and arguments that cannot go together.
