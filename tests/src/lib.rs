@@ -751,6 +751,11 @@ fn f(x: f32[2, 3, 9, 70], w: f32[3, 3, 3]) -> (f32[2, 3, 9, 70], f32[2, 3, 9, 70
     "op conv1x1[N, C, H, W, O](x: f32[N, C, H, W], w: f32[O, C]) -> f32[N, O, H, W] { out[n, o, y, xx] = sum[c](w[o, c] * x[n, c, y, xx]); }
 op pix_t[N, C, H, W, O](x: f32[N, C, H, W], w: f32[O, C]) -> f32[N, O, W, H] { out[n, o, xx, y] = sum[c](w[o, c] * x[n, c, y, xx]); }
 fn f(x: f32[2, 6, 5, 7], w: f32[9, 6]) -> (f32[2, 9, 5, 7], f32[2, 9, 7, 5]) { return (conv1x1(x, w), pix_t(x, w)); }",
+    // A weight gradient feeding its SGD update, as in a training step: the
+    // update in its epilogue would leave it 3 columns (`kx`); its columns
+    // stay `c, ky, kx` merged and the update runs after it.
+    "op conv_dw[N, C, H, W, O](x: f32[N, C, H, W], g: f32[N, O, H, W]) -> f32[O, C, 3, 3] { out[o, c, ky, kx] = sum[n, y, xx](g[n, o, y, xx] * x[n, c, y + ky - 1, xx + kx - 1]); }
+fn f(x: f32[2, 5, 6, 7], g: f32[2, 8, 6, 7], w: f32[8, 5, 3, 3]) -> f32[8, 5, 3, 3] { return w - 0.01 * conv_dw(x, g); }",
 ];
 
 /// Convolutions that run as Winograd's F(4x4, 3x3) on a CPU (3 x 3, stride

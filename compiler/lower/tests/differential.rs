@@ -490,8 +490,17 @@ fn user_contractions_are_structured_products() {
     assert_eq!(
         matmuls,
         [
-            1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 0, 2
+            1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 0, 2, 1
         ]
+    );
+    // A weight gradient whose optimizer update follows it keeps its
+    // columns merged (45), not the 3 of `kx` the update's epilogue would
+    // leave it: the product is stored into a buffer of its own and the
+    // update reads it in a pass after.
+    let text = print_module(&lowered(&graph(dlc_tests::CONTRACTION_PROGRAMS[23])));
+    assert!(
+        text.contains("{sizes = [8, 45, 84]}") && text.contains("loop.sub"),
+        "{text}"
     );
     // A 1x1 convolution's columns are every pixel of an image, read in
     // place through a view (one product per image, not per row of pixels);

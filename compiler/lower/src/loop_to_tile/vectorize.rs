@@ -38,20 +38,47 @@ impl<'a> Conv<'a> {
     /// make), store nothing, and read along this loop's counter
     /// contiguously: a depthwise convolution's `sum[ky, kx]` for each
     /// output column is then a tile of columns per tap, not a tile of 3
-    /// taps reduced for every column.
+    /// taps reduced for every column. Inner reductions of any length are
+    /// taken outside when every read they make moves through memory with
+    /// their counters by more than one element: a column sum (`sum[i](x[i,
+    /// j])` for each `j`) is rows of columns added, not a gather along a
+    /// column for every column.
     pub(super) fn vectorizable_outside(&self, id: LOpId) -> Option<Vec<Carry>> {
         let op = self.op(id);
         let (lo, hi, _) = loop_bounds(&op.kind)?;
         let body = &op.regions[0];
         let limit = self.params.vector.min((hi - lo).max(0) as usize) / 2;
-        let mut inner = vec![];
-        for &o in &body.ops {
-            if loop_bounds(&self.op(o).kind).is_some()
-                && !self.short_reduction(o, limit, &mut inner)
-            {
-                return None;
+        let reductions = |limit: usize| {
+            let (mut inner, mut counters) = (vec![], vec![]);
+            for &o in &body.ops {
+                if loop_bounds(&self.op(o).kind).is_some()
+                    && !self.short_reduction(o, limit, &mut inner, &mut counters)
+                {
+                    return None;
+                }
             }
-        }
+            Some((inner, counters))
+        };
+        let inner = match reductions(limit) {
+            Some((inner, _)) => inner,
+            None => {
+                let (inner, counters) = reductions(usize::MAX)?;
+                let strided = inner.iter().all(|&o| {
+                    let d = self.op(o);
+                    match &d.kind {
+                        L::Load { index, .. } => counters.iter().all(|&c| {
+                            let uses = index.iter().any(|e| e.terms.iter().any(|t| t.1 == c));
+                            !uses || !self.unit_stride(d.operands[0], index, c)
+                        }),
+                        _ => true,
+                    }
+                });
+                if !strided {
+                    return None;
+                }
+                inner
+            }
+        };
         if inner.is_empty() {
             return None;
         }
@@ -74,8 +101,15 @@ impl<'a> Conv<'a> {
 
     /// Whether loop `id` is a short reduction nest: every loop in it of
     /// step one and at most `limit` iterations, nothing stored, no product.
-    /// Collects the ops of its bodies into `ops`.
-    fn short_reduction(&self, id: LOpId, limit: usize, ops: &mut Vec<LOpId>) -> bool {
+    /// Collects the ops of its bodies into `ops` and their counters into
+    /// `counters`.
+    fn short_reduction(
+        &self,
+        id: LOpId,
+        limit: usize,
+        ops: &mut Vec<LOpId>,
+        counters: &mut Vec<LValue>,
+    ) -> bool {
         let op = self.op(id);
         let Some((lo, hi, step)) = loop_bounds(&op.kind) else {
             return false;
@@ -83,10 +117,11 @@ impl<'a> Conv<'a> {
         if step != 1 || (hi - lo).max(0) as usize > limit || !matches!(op.kind, L::For { .. }) {
             return false;
         }
+        counters.push(op.regions[0].args[0]);
         for &o in &op.regions[0].ops {
             match &self.op(o).kind {
                 L::For { .. } | L::Parallel { .. } => {
-                    if !self.short_reduction(o, limit, ops) {
+                    if !self.short_reduction(o, limit, ops, counters) {
                         return false;
                     }
                 }
