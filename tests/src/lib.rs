@@ -578,6 +578,9 @@ pub const SHAPE_PROGRAMS: &[&str] = &[
     "fn f(x: f32[3]) -> f32[2, 3] { return broadcast(x, [2, 3]); }",
     "fn f(x: f32[2, 3]) -> (f32[3, 2], f32[2, 3], i64[2]) { let w = tensor([0.5, -1.0, 2.0, 0.25, 3.0, -0.75], [2, 3]); return (reshape(w, [3, 2]) * 2.0, x @ transpose(w) @ w, tensor([3, -4], [2])); }",
     "fn f(x: f32[2]) -> f32[4] { return concat([x, zeros([1]), ones([1])]) * concat([ones([2]), full([2], 3.0)]); }",
+    // Mostly transposed reads (a sum of weight gradients stored the other
+    // way round, into an update): the nest runs along the result's columns.
+    "fn f(w: f32[70, 33], a: f32[33, 70], b: f32[33, 70], c: f32[33, 70]) -> f32[70, 33] { return w - 0.5 * (transpose(a) + transpose(b) + transpose(c)); }",
 ];
 
 /// Gathers (`graph.gather`): random indices (in -10..=10) fall inside,

@@ -558,6 +558,119 @@ impl Lowering<'_> {
             .collect()
     }
 
+    /// [`Self::open_nest`] with axis `inner` of `shape` the innermost
+    /// loop (the others in order outside it); the index by axis.
+    fn open_nest_inner(&mut self, shape: &[usize], inner: usize) -> Vec<IndexExpr> {
+        if inner + 1 >= shape.len() {
+            return self.open_nest(shape);
+        }
+        let order: Vec<usize> = (0..shape.len())
+            .filter(|&a| a != inner)
+            .chain([inner])
+            .collect();
+        let permuted: Vec<usize> = order.iter().map(|&a| shape[a]).collect();
+        let opened = self.open_nest(&permuted);
+        let mut idx = vec![ix_const(0); shape.len()];
+        for (e, &a) in opened.into_iter().zip(&order) {
+            idx[a] = e;
+        }
+        idx
+    }
+
+    /// The axis of element-wise node `n`'s result its loop nest runs
+    /// innermost: the one along which most of the buffers its nest reads
+    /// and writes (its inlined operands' and its epilogue's, its store)
+    /// move contiguously, the last axis unless more of them move along
+    /// another. A sum of 32 transposed weight gradients into an update
+    /// (a recurrent network's step) reads 32 buffers down their columns
+    /// when run along its own rows: run along its columns, it reads them
+    /// along their rows and writes (and reads the weight) across.
+    fn innermost_axis(&self, n: NodeIndex) -> usize {
+        let rank = self.ty(n).rank();
+        if rank < 2 {
+            return rank.saturating_sub(1);
+        }
+        let mut votes = vec![0usize; rank];
+        // The store, at the result's index.
+        votes[rank - 1] += 1;
+        let own: Vec<Option<usize>> = (0..rank).map(Some).collect();
+        self.count_reads(n, n, &own, &mut votes);
+        if let Plan::WithEpilogue(end) = self.plan[&n] {
+            self.count_reads(end, n, &own, &mut votes);
+        }
+        let best = (0..rank).max_by_key(|&a| (votes[a], a)).unwrap_or(rank - 1);
+        if votes[best] > votes[rank - 1] {
+            best
+        } else {
+            rank - 1
+        }
+    }
+
+    /// Adds to `votes` the result axis along which each buffer read in
+    /// computing `n` moves along its last axis, `map` giving the result
+    /// axis at each of `n`'s axes (none: fixed). `root` is computed, not
+    /// read (the nest's own node, or the value an epilogue starts from).
+    fn count_reads(
+        &self,
+        n: NodeIndex,
+        root: NodeIndex,
+        map: &[Option<usize>],
+        votes: &mut [usize],
+    ) {
+        if n != root && self.plan[&n] != Plan::Inline && self.home.contains_key(&n) {
+            if let Some(Some(a)) = map.last() {
+                votes[*a] += 1;
+            }
+            return;
+        }
+        if n != root && self.plan[&n] != Plan::Inline {
+            return;
+        }
+        let shape = &self.ty(n).shape;
+        let operand_map = |k: usize| -> Vec<Option<usize>> {
+            let src = &self.ty(self.operand(n, k)).shape;
+            let off = shape.len() - src.len();
+            src.iter()
+                .enumerate()
+                .map(|(i, &d)| {
+                    if d == 1 && shape[off + i] != 1 {
+                        None
+                    } else {
+                        map[off + i]
+                    }
+                })
+                .collect()
+        };
+        match self.op(n) {
+            Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Compare(_)
+            | Op::Select
+            | Op::Cast { .. }
+            | Op::Broadcast { .. }
+            | Op::Barrier => {
+                for k in 0..self.g.operands(n).len() {
+                    self.count_reads(self.operand(n, k), root, &operand_map(k), votes);
+                }
+            }
+            Op::Transpose { perm } => {
+                let mut src = vec![None; perm.len()];
+                for (i, &p) in perm.iter().enumerate() {
+                    src[p] = map[i];
+                }
+                self.count_reads(self.operand(n, 0), root, &src, votes);
+            }
+            Op::Slice { .. } => self.count_reads(self.operand(n, 0), root, map, votes),
+            Op::BatchNorm { .. } => {
+                self.count_reads(self.operand(n, 0), root, map, votes);
+                for k in 1..5 {
+                    self.count_reads(self.operand(n, k), root, &[map[1]], votes);
+                }
+            }
+            _ => {}
+        }
+    }
+
     /// Opens the loops around a product over its batch dimensions (see
     /// [`Self::open_nest`]): with two, both are parallel, so that the tile
     /// conversion makes each a grid axis of the packed product's kernel
@@ -995,7 +1108,8 @@ impl Lowering<'_> {
         match self.op(n).clone() {
             op if op.is_elementwise() => {
                 let ty = self.ty(n).clone();
-                let idx = self.open_nest(&ty.shape);
+                let inner = self.innermost_axis(n);
+                let idx = self.open_nest_inner(&ty.shape, inner);
                 let v = self.compute_at(n, &idx);
                 self.sink(n, &idx, v);
                 self.close_nest(ty.rank());
