@@ -56,6 +56,14 @@ MODELS = {
                        "w1", "b1", "w2", "b2", "g2", "be2"], [128, 768], None, True),
     "w7_gru": ("w7_gru.dl", "gru", ["x", "w_ih", "w_hh", "b_ih", "b_hh"], [64, 512], None, True),
     "w8_gcn": ("w8_gcn.dl", "gcn", ["a", "x", "w1", "w2"], [2708, 7], ["w1", "w2"], True),
+    # Networks of user operators (USER_OPS below), where the peers compose
+    # primitives.
+    "u1_wavenet": (None, "wavenet", ["x"] + [f"{w}{i}" for i in range(1, 5) for w in "fgr"],
+                   [8, 32, 1024], None, True),
+    "u2_gated_gcn": (None, "gated_gcn", ["a", "x", "w1", "p1", "q1", "w2"], [2708, 7],
+                     ["w1", "p1", "q1", "w2"], True),
+    "u3_rel_attention": (None, "rel_attention", ["q", "k", "v", "rel"], [2, 12, 384, 64],
+                         ["q", "k", "v", "rel"], True),
 }
 
 
@@ -87,10 +95,60 @@ fn block_train(x: f32[8, 64, 56, 56], w1: f32[64, 64, 3, 3], g1: f32[64], b1: f3
 """
 
 
+# Three networks built from user operators (issue 34): a WaveNet-style stack
+# of gated dilated causal convolutions (dilations 1, 2, 4, 8, kernel 2, 1x1
+# residual mixes), a graph convolution whose edges are gated by a learned
+# score of both ends (`a[i, j] * sigmoid(s[i] + t[j])`, dense adjacency, the
+# Cora sizes of W8), and attention with a learned relative-position bias per
+# head (T5's, one weight per offset `i - j`).
+USER_OPS = {
+    "u1_wavenet": """
+op causal1[N, C, T, O](x: f32[N, C, T], w: f32[O, C, 2]) -> f32[N, O, T] { out[n, o, t] = sum[c, k](x[n, c, t - k] * w[o, c, k]); }
+op causal2[N, C, T, O](x: f32[N, C, T], w: f32[O, C, 2]) -> f32[N, O, T] { out[n, o, t] = sum[c, k](x[n, c, t - 2 * k] * w[o, c, k]); }
+op causal4[N, C, T, O](x: f32[N, C, T], w: f32[O, C, 2]) -> f32[N, O, T] { out[n, o, t] = sum[c, k](x[n, c, t - 4 * k] * w[o, c, k]); }
+op causal8[N, C, T, O](x: f32[N, C, T], w: f32[O, C, 2]) -> f32[N, O, T] { out[n, o, t] = sum[c, k](x[n, c, t - 8 * k] * w[o, c, k]); }
+op mix[N, C, T, O](z: f32[N, C, T], w: f32[O, C]) -> f32[N, O, T] { out[n, o, t] = sum[c](w[o, c] * z[n, c, t]); }
+
+fn wavenet(x: f32[8, 32, 1024], f1: f32[32, 32, 2], g1: f32[32, 32, 2], r1: f32[32, 32],
+           f2: f32[32, 32, 2], g2: f32[32, 32, 2], r2: f32[32, 32],
+           f3: f32[32, 32, 2], g3: f32[32, 32, 2], r3: f32[32, 32],
+           f4: f32[32, 32, 2], g4: f32[32, 32, 2], r4: f32[32, 32]) -> f32[8, 32, 1024] {
+    let h1 = x + mix(tanh(causal1(x, f1)) * sigmoid(causal1(x, g1)), r1);
+    let h2 = h1 + mix(tanh(causal2(h1, f2)) * sigmoid(causal2(h1, g2)), r2);
+    let h3 = h2 + mix(tanh(causal4(h2, f3)) * sigmoid(causal4(h2, g3)), r3);
+    return h3 + mix(tanh(causal8(h3, f4)) * sigmoid(causal8(h3, g4)), r4);
+}
+""",
+    "u2_gated_gcn": """
+op gated_agg[N, G](a: f32[N, N], s: f32[N], t: f32[N], h: f32[N, G]) -> f32[N, G] {
+    out[i, g] = sum[j](a[i, j] * sigmoid(s[i] + t[j]) * h[j, g]);
+}
+
+fn gated_gcn(a: f32[2708, 2708], x: f32[2708, 1433], w1: f32[1433, 16], p1: f32[16], q1: f32[16],
+             w2: f32[16, 7]) -> f32[2708, 7] {
+    let h = x @ w1;
+    let h1 = relu(gated_agg(a, h @ p1, h @ q1, h));
+    return a @ (h1 @ w2);
+}
+""",
+    "u3_rel_attention": """
+op rel_scores[B, H, L, D](q: f32[B, H, L, D], k: f32[B, H, L, D], rel: f32[H, 767]) -> f32[B, H, L, L] {
+    out[b, h, i, j] = sum[d](q[b, h, i, d] * k[b, h, j, d]) * 0.125 + rel[h, i - j + 383];
+}
+
+fn rel_attention(q: f32[2, 12, 384, 64], k: f32[2, 12, 384, 64], v: f32[2, 12, 384, 64],
+                 rel: f32[12, 767]) -> f32[2, 12, 384, 64] {
+    return softmax(rel_scores(q, k, rel), axis=-1) @ v;
+}
+""",
+}
+INLINE = {"w3_conv_block_b8": W3_TRAIN, **USER_OPS}
+
+
 def program(name):
     """The model's dlc program and its entry's parameter types by name."""
     file, entry, _, _, _, _ = MODELS[base(name)]
-    text = open(os.path.join(ROOT, "examples", file)).read() if file else W3_TRAIN
+    text = open(os.path.join(ROOT, "examples", file)).read() if file else INLINE[base(name)]
     start = text.index(f"fn {entry}(") + len(f"fn {entry}(")
     depth, i = 1, start
     while depth:
@@ -152,14 +210,38 @@ def torch_models(torch):
         h = torch.relu(bn_train(F.conv2d(x, w1, padding=1), g1, b1))
         return torch.relu(bn_train(F.conv2d(h, w2, padding=1), g2, b2) + x)
 
+    def causal(x, w, d):
+        # dlc's `x[t - d k] * w[k]` as a cross-correlation over the left-padded input.
+        return F.conv1d(F.pad(x, (d, 0)), w.flip(-1), dilation=d)
+
+    def wavenet(x, *ws):
+        h = x
+        for i, d in enumerate([1, 2, 4, 8]):
+            f, g, r = ws[3 * i:3 * i + 3]
+            h = h + F.conv1d(torch.tanh(causal(h, f, d)) * torch.sigmoid(causal(h, g, d)), r[:, :, None])
+        return h
+
+    def gated_gcn(a, x, w1, p1, q1, w2):
+        h = x @ w1
+        gate = torch.sigmoid((h @ p1)[:, None] + (h @ q1)[None, :])
+        return a @ (torch.relu((a * gate) @ h) @ w2)
+
+    def rel_attention(q, k, v, rel):
+        n = q.shape[2]
+        offset = torch.arange(n)[:, None] - torch.arange(n)[None, :] + 383
+        return torch.softmax(q @ k.transpose(-1, -2) * 0.125 + rel[:, offset], dim=-1) @ v
+
     return {"w2_mlp": w["mlp"], "w3_conv_block_b8": block_train, "w4_attention": w["attention"],
-            "w6_bert_layer": w["bert_layer"], "w7_gru": w["gru"], "w8_gcn": w["gcn"]}
+            "w6_bert_layer": w["bert_layer"], "w7_gru": w["gru"], "w8_gcn": w["gcn"],
+            "u1_wavenet": wavenet, "u2_gated_gcn": gated_gcn, "u3_rel_attention": rel_attention}
 
 
 def jax_model(name):
     import jax
     import jax.numpy as jnp
     from bench_peers import jax_models
+    if name in USER_OPS:
+        return jax_user_ops()[name]
     if name != "w3_conv_block_b8":
         return jax_models()[MODELS[name][1]]
 
@@ -177,6 +259,36 @@ def jax_model(name):
         h = jax.nn.relu(bn_train(conv(x, w1), g1, b1))
         return jax.nn.relu(bn_train(conv(h, w2), g2, b2) + x)
     return block_train
+
+
+def jax_user_ops():
+    """USER_OPS's networks in JAX, as PyTorch's above."""
+    import jax
+    import jax.numpy as jnp
+
+    def causal(x, w, d):
+        x = jnp.pad(x, ((0, 0), (0, 0), (d, 0)))
+        return jax.lax.conv_general_dilated(x, w[:, :, ::-1], (1,), "VALID", rhs_dilation=(d,),
+                                            dimension_numbers=("NCH", "OIH", "NCH"))
+
+    def wavenet(x, *ws):
+        h = x
+        for i, d in enumerate([1, 2, 4, 8]):
+            f, g, r = ws[3 * i:3 * i + 3]
+            h = h + jnp.einsum("oc,nct->not", r, jnp.tanh(causal(h, f, d)) * jax.nn.sigmoid(causal(h, g, d)))
+        return h
+
+    def gated_gcn(a, x, w1, p1, q1, w2):
+        h = x @ w1
+        gate = jax.nn.sigmoid((h @ p1)[:, None] + (h @ q1)[None, :])
+        return a @ (jax.nn.relu((a * gate) @ h) @ w2)
+
+    def rel_attention(q, k, v, rel):
+        n = q.shape[2]
+        offset = jnp.arange(n)[:, None] - jnp.arange(n)[None, :] + 383
+        return jax.nn.softmax(q @ jnp.swapaxes(k, -1, -2) * 0.125 + rel[:, offset], axis=-1) @ v
+
+    return {"u1_wavenet": wavenet, "u2_gated_gcn": gated_gcn, "u3_rel_attention": rel_attention}
 
 
 def worker(peer, name, data, threads, runs):

@@ -759,6 +759,10 @@ fn f(x: f32[2, 6, 5, 7], w: f32[9, 6]) -> (f32[2, 9, 5, 7], f32[2, 9, 7, 5]) { r
     // stay `c, ky, kx` merged and the update runs after it.
     "op conv_dw[N, C, H, W, O](x: f32[N, C, H, W], g: f32[N, O, H, W]) -> f32[O, C, 3, 3] { out[o, c, ky, kx] = sum[n, y, xx](g[n, o, y, xx] * x[n, c, y + ky - 1, xx + kx - 1]); }
 fn f(x: f32[2, 5, 6, 7], g: f32[2, 8, 6, 7], w: f32[8, 5, 3, 3]) -> f32[8, 5, 3, 3] { return w - 0.01 * conv_dw(x, g); }",
+    // A sum of four factors of which two alone read `g` (an edge-gated
+    // aggregation's gradient): they are contracted first, into a local.
+    "op gated_grad[N, M, G](d: f32[N, G], h: f32[M, G], a: f32[N, M], s: f32[N], t: f32[M]) -> f32[N] { out[i] = sum[j, g](d[i, g] * h[j, g] * a[i, j] * sigmoid(s[i] + t[j])); }
+fn f(d: f32[30, 20], h: f32[40, 20], a: f32[30, 40], s: f32[30], t: f32[40]) -> f32[30] { return gated_grad(d, h, a, s, t); }",
 ];
 
 /// Convolutions that run as Winograd's F(4x4, 3x3) on a CPU (3 x 3, stride

@@ -744,3 +744,187 @@ impl ComputeBody {
         reader
     }
 }
+
+/// Elements a local made by [`ComputeBody::factored`] may hold.
+pub const MAX_FACTORED_LOCAL: usize = 1 << 26;
+
+/// The factors of a product (`a * b * c`, nested any way), in order.
+fn factors<'e>(e: &'e ScalarExpr, out: &mut Vec<&'e ScalarExpr>) {
+    match e {
+        ScalarExpr::Binary(BinaryOp::Mul, a, b) => {
+            factors(a, out);
+            factors(b, out);
+        }
+        other => out.push(other),
+    }
+}
+
+/// The variables expression `e` reads with.
+fn vars_read(e: &ScalarExpr, out: &mut Vec<IndexVar>) {
+    e.visit(&mut |s| {
+        if let ScalarExpr::Read { index, .. } = s {
+            for a in index {
+                for &(_, v) in &a.terms {
+                    if !out.contains(&v) {
+                        out.push(v);
+                    }
+                }
+            }
+        }
+    });
+}
+
+impl ComputeBody {
+    /// The body with its output's sum of a product of three or more
+    /// factors computed in two steps when two of the factors are plain
+    /// reads that alone read some of the sum's variables: those two are
+    /// contracted first into a new local over their other variables, which
+    /// the sum then reads in their place. `out[i] = sum[j, g](a[i, g] * b[j,
+    /// g] * c[i, j] * f(s[i] + t[j]))` (the gradient of an edge-gated graph
+    /// aggregation) becomes `let t[i, j] = sum[g](a[i, g] * b[j, g]); out[i]
+    /// = sum[j](t[i, j] * c[i, j] * f(s[i] + t[j]))`: a product the lowering
+    /// runs packed, then one pass over `i, j` rather than one over `i, j,
+    /// g` evaluating `f` at every point (einsum's contraction order, as
+    /// opt_einsum chooses it, for the one pair that saves most). None when
+    /// no pair qualifies or the local would pass [`MAX_FACTORED_LOCAL`]
+    /// elements.
+    pub fn factored(&self) -> Option<ComputeBody> {
+        let out = &self.out;
+        let ScalarExpr::Reduce {
+            kind: ReduceKind::Sum,
+            vars,
+            body,
+        } = &out.expr
+        else {
+            return None;
+        };
+        let mut fs = Vec::new();
+        factors(body, &mut fs);
+        if fs.len() < 3 {
+            return None;
+        }
+        let extent = |v: IndexVar| -> Option<(i64, i64)> {
+            if let Some(k) = out.vars.iter().position(|&w| w == v) {
+                return Some((0, *out.ty.shape.get(k)? as i64));
+            }
+            vars.iter().find(|r| r.var == v).map(|r| (r.lo, r.hi))
+        };
+        // Plain reads: every index one variable.
+        let plain = |e: &ScalarExpr| -> Option<Vec<IndexVar>> {
+            let (_, index) = as_read(e)?;
+            index.iter().map(Affine::as_var).collect()
+        };
+        let read_by: Vec<Vec<IndexVar>> = fs
+            .iter()
+            .map(|f| {
+                let mut v = Vec::new();
+                vars_read(f, &mut v);
+                v
+            })
+            .collect();
+        // The pair saving most: (work saved, a, b, contracted, kept).
+        type Pair = (i64, usize, usize, Vec<RangeVar>, Vec<IndexVar>);
+        let mut best: Option<Pair> = None;
+        for a in 0..fs.len() {
+            for b in a + 1..fs.len() {
+                let (Some(va), Some(vb)) = (plain(fs[a]), plain(fs[b])) else {
+                    continue;
+                };
+                let inner: Vec<RangeVar> = vars
+                    .iter()
+                    .filter(|r| {
+                        (va.contains(&r.var) || vb.contains(&r.var))
+                            && (0..fs.len())
+                                .filter(|&k| k != a && k != b)
+                                .all(|k| !read_by[k].contains(&r.var))
+                    })
+                    .copied()
+                    .collect();
+                if inner.is_empty() {
+                    continue;
+                }
+                let mut kept: Vec<IndexVar> = Vec::new();
+                for v in va.iter().chain(&vb) {
+                    if !kept.contains(v) && !inner.iter().any(|r| r.var == *v) {
+                        kept.push(*v);
+                    }
+                }
+                // The local's axes in the output's order, then the sum's.
+                kept.sort_by_key(|v| {
+                    out.vars.iter().position(|w| w == v).unwrap_or(
+                        out.vars.len() + vars.iter().position(|r| r.var == *v).unwrap_or(0),
+                    )
+                });
+                let Some(bounds) = kept.iter().map(|&v| extent(v)).collect::<Option<Vec<_>>>()
+                else {
+                    continue;
+                };
+                let elements = bounds.iter().try_fold(1usize, |n, &(lo, hi)| {
+                    (lo == 0 && hi > 0)
+                        .then(|| n.checked_mul(hi as usize))
+                        .flatten()
+                });
+                let saved: i64 = inner.iter().map(|r| (r.hi - r.lo).max(0)).product();
+                match elements {
+                    Some(n) if n <= MAX_FACTORED_LOCAL && saved >= 2 => {}
+                    _ => continue,
+                }
+                if best.as_ref().is_none_or(|b| saved > b.0) {
+                    best = Some((saved, a, b, inner, kept));
+                }
+            }
+        }
+        let (_, a, b, inner, kept) = best?;
+        let shape: Vec<usize> = kept
+            .iter()
+            .filter_map(|&v| extent(v).map(|(_, hi)| hi as usize))
+            .collect();
+        let local = ElemDef {
+            vars: kept.clone(),
+            ty: TensorType::new(out.ty.dtype, shape),
+            expr: ScalarExpr::Reduce {
+                kind: ReduceKind::Sum,
+                vars: inner.clone(),
+                body: Box::new(ScalarExpr::Binary(
+                    BinaryOp::Mul,
+                    Box::new(fs[a].clone()),
+                    Box::new(fs[b].clone()),
+                )),
+            },
+        };
+        let read = ScalarExpr::Read {
+            src: Source::Local(self.locals.len() as u32),
+            index: kept.iter().map(|&v| Affine::var(v)).collect(),
+        };
+        let rest = (0..fs.len())
+            .filter(|&k| k != a && k != b)
+            .fold(read, |acc, k| {
+                ScalarExpr::Binary(BinaryOp::Mul, Box::new(acc), Box::new(fs[k].clone()))
+            });
+        let outer: Vec<RangeVar> = vars
+            .iter()
+            .filter(|r| !inner.iter().any(|i| i.var == r.var))
+            .copied()
+            .collect();
+        let expr = if outer.is_empty() {
+            rest
+        } else {
+            ScalarExpr::Reduce {
+                kind: ReduceKind::Sum,
+                vars: outer,
+                body: Box::new(rest),
+            }
+        };
+        let mut locals = self.locals.clone();
+        locals.push(local);
+        Some(ComputeBody {
+            name: self.name.clone(),
+            locals,
+            out: ElemDef {
+                vars: out.vars.clone(),
+                ty: out.ty.clone(),
+                expr,
+            },
+        })
+    }
+}

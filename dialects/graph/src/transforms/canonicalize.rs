@@ -195,8 +195,12 @@ fn simplify(f: &Function, node: NodeIndex) -> Option<Rewrite> {
         // index notation) becomes it.
         Op::Compute(body) => {
             let types: Vec<&TensorType> = ops.iter().map(|v| f.value_type(*v)).collect();
-            let (op, [x, w]) = body.as_conv2d(&types)?;
-            Some(Rewrite::New(op, vec![ops[x], ops[w]]))
+            if let Some((op, [x, w])) = body.as_conv2d(&types) {
+                return Some(Rewrite::New(op, vec![ops[x], ops[w]]));
+            }
+            // A sum of three or more factors: two contracted first.
+            let factored = body.factored()?;
+            Some(Rewrite::New(Op::Compute(Box::new(factored)), ops.to_vec()))
         }
         _ => None,
     }
