@@ -4,7 +4,9 @@ W7 and W8 models on dlc, PyTorch (eager and torch.compile) and JAX (jit of
 value_and_grad and the update), same batch, same loss, same optimizer, at 1
 and 2 threads, in one run; and the gradients of those losses, computed by dlc,
 against JAX's. W4 trains its three inputs, W8 its two weights (its adjacency
-and features are data); the others every parameter but the first.
+and features are data); the others every parameter but the first. Three
+networks built from user operators (USER_OPS: u1_wavenet, u2_gated_gcn,
+u3_rel_attention) run the same way, the peers composing primitives.
 
 Usage: bench_train.py DLC OUT [--runs N] [--threads "1 2"] [--only NAME,...]
 
