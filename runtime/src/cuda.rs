@@ -51,7 +51,7 @@ impl Cuda {
         let count = CudaContext::device_count().map_err(failed("no CUDA device"))?;
         if i64::from(count) <= ordinal as i64 {
             return Err(RuntimeError::Load(format!(
-                "there is no GPU {ordinal}: this machine has {count}"
+                "no CUDA device {ordinal}: this machine has {count} GPU(s)"
             )));
         }
         let ctx = CudaContext::new(ordinal).map_err(failed("no CUDA device"))?;

@@ -786,10 +786,16 @@ impl ComputeBody {
     /// runs packed, then one pass over `i, j` rather than one over `i, j,
     /// g` evaluating `f` at every point (einsum's contraction order, as
     /// opt_einsum chooses it, for the one pair that saves most). None when
-    /// no pair qualifies or the local would pass [`MAX_FACTORED_LOCAL`]
-    /// elements.
+    /// no pair qualifies, the local would pass [`MAX_FACTORED_LOCAL`]
+    /// elements, or the output is not f32 or f64 (a narrow local would
+    /// round the partial sums).
     pub fn factored(&self) -> Option<ComputeBody> {
         let out = &self.out;
+        // The local holds partial sums in the output's type: f16 or bf16
+        // would round them, where the one sum rounds once.
+        if !matches!(out.ty.dtype, DType::F32 | DType::F64) {
+            return None;
+        }
         let ScalarExpr::Reduce {
             kind: ReduceKind::Sum,
             vars,
