@@ -594,9 +594,10 @@ impl Lowering<'_> {
         // The store, at the result's index.
         votes[rank - 1] += 1;
         let own: Vec<Option<usize>> = (0..rank).map(Some).collect();
-        self.count_reads(n, n, &own, &mut votes);
+        self.count_reads(n, n, None, &own, &mut votes);
         if let Plan::WithEpilogue(end) = self.plan[&n] {
-            self.count_reads(end, n, &own, &mut votes);
+            // The chain from `n` to `end`, `n` substituted: its other reads.
+            self.count_reads(end, end, Some(n), &own, &mut votes);
         }
         let best = (0..rank).max_by_key(|&a| (votes[a], a)).unwrap_or(rank - 1);
         if votes[best] > votes[rank - 1] {
@@ -609,14 +610,19 @@ impl Lowering<'_> {
     /// Adds to `votes` the result axis along which each buffer read in
     /// computing `n` moves along its last axis, `map` giving the result
     /// axis at each of `n`'s axes (none: fixed). `root` is computed, not
-    /// read (the nest's own node, or the value an epilogue starts from).
+    /// read (the nest's own node, or the end of its epilogue); `subst`, the
+    /// value an epilogue starts from, is neither.
     fn count_reads(
         &self,
         n: NodeIndex,
         root: NodeIndex,
+        subst: Option<NodeIndex>,
         map: &[Option<usize>],
         votes: &mut [usize],
     ) {
+        if Some(n) == subst {
+            return;
+        }
         if n != root && self.plan[&n] != Plan::Inline && self.home.contains_key(&n) {
             if let Some(Some(a)) = map.last() {
                 votes[*a] += 1;
@@ -650,7 +656,7 @@ impl Lowering<'_> {
             | Op::Broadcast { .. }
             | Op::Barrier => {
                 for k in 0..self.g.operands(n).len() {
-                    self.count_reads(self.operand(n, k), root, &operand_map(k), votes);
+                    self.count_reads(self.operand(n, k), root, subst, &operand_map(k), votes);
                 }
             }
             Op::Transpose { perm } => {
@@ -658,13 +664,13 @@ impl Lowering<'_> {
                 for (i, &p) in perm.iter().enumerate() {
                     src[p] = map[i];
                 }
-                self.count_reads(self.operand(n, 0), root, &src, votes);
+                self.count_reads(self.operand(n, 0), root, subst, &src, votes);
             }
-            Op::Slice { .. } => self.count_reads(self.operand(n, 0), root, map, votes),
+            Op::Slice { .. } => self.count_reads(self.operand(n, 0), root, subst, map, votes),
             Op::BatchNorm { .. } => {
-                self.count_reads(self.operand(n, 0), root, map, votes);
+                self.count_reads(self.operand(n, 0), root, subst, map, votes);
                 for k in 1..5 {
-                    self.count_reads(self.operand(n, k), root, &[map[1]], votes);
+                    self.count_reads(self.operand(n, k), root, subst, &[map[1]], votes);
                 }
             }
             _ => {}
