@@ -227,12 +227,17 @@ fn ix_axpy(k: i64, a: &IndexExpr, b: &IndexExpr) -> IndexExpr {
 /// Maps an index of `dst` (a broadcast result) to `src` (an operand), NumPy
 /// style: trailing axes align, and an axis of extent 1 is read at 0.
 fn broadcast_index(idx: &[IndexExpr], src: &[usize], dst: &[usize]) -> Vec<IndexExpr> {
+    broadcast_axes(idx, src, dst, ix_const(0))
+}
+
+/// [`broadcast_index`] for any per-axis value, `fixed` at a broadcast axis.
+fn broadcast_axes<T: Clone>(idx: &[T], src: &[usize], dst: &[usize], fixed: T) -> Vec<T> {
     let off = dst.len() - src.len();
     src.iter()
         .enumerate()
         .map(|(i, &d)| {
             if d == 1 && dst[off + i] != 1 {
-                ix_const(0)
+                fixed.clone()
             } else {
                 idx[off + i].clone()
             }
@@ -633,20 +638,8 @@ impl Lowering<'_> {
             return;
         }
         let shape = &self.ty(n).shape;
-        let operand_map = |k: usize| -> Vec<Option<usize>> {
-            let src = &self.ty(self.operand(n, k)).shape;
-            let off = shape.len() - src.len();
-            src.iter()
-                .enumerate()
-                .map(|(i, &d)| {
-                    if d == 1 && shape[off + i] != 1 {
-                        None
-                    } else {
-                        map[off + i]
-                    }
-                })
-                .collect()
-        };
+        let operand_map =
+            |k: usize| broadcast_axes(map, &self.ty(self.operand(n, k)).shape, shape, None);
         match self.op(n) {
             Op::Unary(_)
             | Op::Binary(_)
