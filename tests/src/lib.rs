@@ -612,6 +612,22 @@ pub const PRODUCT_PROGRAMS: &[&str] = &[
     "fn f(x: f32[5, 5, 3]) -> f32[5, 5] { return exp(transpose(sum(x, axis=2), [1, 0])); }",
 ];
 
+/// Convolutions computed as products (im2col, or a 1 x 1 one reading its
+/// input in place) whose element-wise chain the product computes at its
+/// flattened index `[N, O, OY*OX]`: a bias `[O, 1, 1]`, a residual and a
+/// relu; ReLU6 as a clip at stride 2; a scale that varies along the output
+/// rows only, which cannot be read at that index (its own nest).
+pub const CONV_EPILOGUE_PROGRAMS: &[&str] = &[
+    "fn f(x: f32[2, 16, 9, 10], w: f32[24, 16, 1, 1], b: f32[24, 1, 1], r: f32[2, 24, 9, 10]) -> f32[2, 24, 9, 10] { return relu(conv2d(x, w) + b + r); }",
+    "fn f(x: f32[1, 8, 15, 15], w: f32[16, 8, 3, 3]) -> f32[1, 16, 8, 8] { return clip(conv2d(x, w, stride=2, padding=1), 0.0, 6.0); }",
+    "fn f(x: f32[2, 16, 9, 10], w: f32[24, 16, 1, 1], s: f32[1, 1, 9, 1]) -> f32[2, 24, 9, 10] { return tanh(conv2d(x, w) * s); }",
+];
+
+/// A depthwise convolution at stride 2 (MobileNet's downsampling), ReLU6
+/// after it: its columns are read two elements apart, 71 of them (ragged
+/// in tiles of 32 and 64).
+pub const STRIDED_DEPTHWISE_PROGRAM: &str = "fn f(x: f32[2, 8, 33, 141], w: f32[8, 1, 3, 3]) -> f32[2, 8, 17, 71] { return clip(conv2d(x, w, stride=2, padding=1, groups=8), 0.0, 6.0); }";
+
 /// Direct convolutions and pooling.
 pub const POOLING_PROGRAMS: &[&str] = &[
     "fn f(x: f32[2, 4, 6, 5], w: f32[6, 2, 3, 2]) -> f32[2, 6, 3, 6] { return relu(conv2d(x, w, stride=[2, 1], padding=[1, 1], groups=2)); }",

@@ -398,6 +398,12 @@ fn tiled_contractions() {
     jit_agrees(
         "fn f(x: f32[20, 40], w: f32[40, 330], b: f32[330]) -> f32[20, 330] { return tanh(x @ w) - b; }",
     );
+    // A strided depthwise convolution: tiles of columns read two apart.
+    jit_agrees(dlc_tests::STRIDED_DEPTHWISE_PROGRAM);
+    // Convolutions as products computing their epilogues.
+    for src in dlc_tests::CONV_EPILOGUE_PROGRAMS {
+        jit_agrees(src);
+    }
     // A convolution as a product over an im2col buffer.
     jit_agrees(
         "fn f(x: f32[3, 8, 13, 11], w: f32[20, 8, 3, 2], b: f32[20, 1, 1]) -> f32[3, 20, 7, 12] { return relu(conv2d(x, w, stride=[2, 1], padding=[1, 1]) + b); }",

@@ -95,9 +95,14 @@
 //!   product `w [O, C*KH*KW] @ col[n]` stored through a `[N, O, OY*OX]`
 //!   view of its result, a `loop.matmul` (on a CPU the tile conversion then copies the
 //!   product's panels from the input and makes no im2col buffer, see "im2col read from
-//!   the input" in `loop_to_tile::fused`); it takes no
-//!   epilogue (the batchnorm and relu after it are their own nest). Other convolutions
-//!   are direct loop nests.
+//!   the input" in `loop_to_tile::fused`). A 1 x 1 convolution at stride 1 without
+//!   padding makes no copy at all: its columns are the input viewed `[N, C, H*W]`. The
+//!   element-wise chain after it (bias, residual, relu, ReLU6's clip) is the product's
+//!   epilogue, computed at the product's index `[b, o, y*OX + x]` when everything it
+//!   reads spans both spatial axes or neither, read through views of the same `[.., H*W]`
+//!   shape (`fusion::flat_epilogue_reads`; a value varying along one spatial axis, a
+//!   batchnorm, keeps the chain a nest of its own). Other convolutions are direct loop
+//!   nests.
 //! - An epilogue chain holds only ops that read their operand at their own index: a
 //!   transpose, broadcast or slice of the same shape still moves elements, so it ends
 //!   the chain.
@@ -175,7 +180,7 @@ use dlc_graph::compute::{
     Affine, ComputeBody, ContractionForm, ElemDef, IndexVar, OperandRead, ScalarExpr, Source,
     as_read,
 };
-use dlc_graph::fusion::{KernelGroup, Plan};
+use dlc_graph::fusion::{KernelGroup, Plan, flat_shape};
 use dlc_graph::ops::{ConstValue, Op, PoolKind};
 use dlc_graph::{Function as GFunction, Module as GModule};
 use dlc_loop::KernelGroup as KernelGroupKind;
@@ -255,6 +260,11 @@ struct Lowering<'g> {
     home: HashMap<NodeIndex, Value>,
     /// Values substituted for a node while emitting an epilogue.
     subst: HashMap<NodeIndex, Value>,
+    /// While a convolution's product computes its epilogue at the
+    /// product's index `[N, O, OY*OX]` (`fusion::flat_epilogue_reads`):
+    /// the views of what the chain reads, with their spatial axes made one
+    /// (`fusion::flat_shape`), by node.
+    flat: Option<HashMap<NodeIndex, Value>>,
     /// Buffers allocated here (the `loop.alloc`, which a node's home may
     /// view), by the node whose storage they are.
     allocated: HashMap<NodeIndex, Value>,
@@ -326,6 +336,7 @@ fn lower_function<'g>(g: &'g GFunction, target: &'g TargetDesc) -> Result<Functi
         plan: HashMap::new(),
         home,
         subst: HashMap::new(),
+        flat: None,
         allocated: HashMap::new(),
         free: Vec::new(),
         parallel: Vec::new(),
@@ -854,33 +865,99 @@ impl Lowering<'_> {
 
     /// Convolution `n` as `out[b] (viewed [O, Y*X]) = w (viewed [O, C*KH*KW])
     /// @ col[b]`, where `col[b, (c, ky, kx), (y, x)]` holds the input element
-    /// each kernel tap reads (zero in the padding). No epilogue: what follows
-    /// reads the stored result.
-    fn conv_im2col(&mut self, n: NodeIndex, window: &Window) {
+    /// each kernel tap reads (zero in the padding): an im2col buffer, or,
+    /// for a 1 x 1 window at stride 1 without padding, the input itself
+    /// viewed `[N, C, Y*X]` (the copy would be the identity). Its epilogue,
+    /// if the plan gives it one, is computed at the product's index `[b, o,
+    /// y*X + x]`, reading what it reads through views of the same shape
+    /// (`fusion::flat_epilogue_reads`).
+    fn conv_im2col(&mut self, n: NodeIndex, window: &Window) -> Result<(), LowerError> {
         let ty = self.ty(n).clone();
         let (x, w) = (self.operand(n, 0), self.operand(n, 1));
-        let (xbuf, wbuf, out) = (self.home[&x], self.home[&w], self.home[&n]);
+        let (xbuf, wbuf) = (self.home[&x], self.home[&w]);
         let wsh = self.ty(w).shape.clone();
         let (o, c, kh, kw) = (wsh[0], wsh[1], wsh[2], wsh[3]);
         let (batch, oy, ox) = (ty.shape[0], ty.shape[2], ty.shape[3]);
         let (q, p) = (c * kh * kw, oy * ox);
-        let col = self.im2col_copy(xbuf, window, [batch, c], [oy, ox], ty.dtype);
+        let (col, copied) = match self.row_major_view(xbuf, &[batch, c, p]) {
+            Some(v) if reads_in_place(window) => (v, false),
+            _ => (
+                self.im2col_copy(xbuf, window, [batch, c], [oy, ox], ty.dtype),
+                true,
+            ),
+        };
         let wv = self
             .b
             .view(wbuf, contiguous(&TensorType::new(ty.dtype, vec![o, q])));
-        let ov = self.b.view(
-            out,
-            contiguous(&TensorType::new(ty.dtype, vec![batch, o, p])),
-        );
+        let (end, views) = match self.plan[&n] {
+            Plan::WithEpilogue(end) => {
+                let reads = dlc_graph::fusion::flat_epilogue_reads(self.g, &self.plan, n, end)
+                    .ok_or_else(|| {
+                        LowerError::Invalid(
+                            "a convolution's epilogue that its product cannot compute".into(),
+                        )
+                    })?;
+                let mut views = HashMap::new();
+                for r in reads {
+                    let shape = flat_shape(&self.ty(r).shape);
+                    let home = self.home.get(&r).copied();
+                    let view = home.and_then(|b| self.row_major_view(b, &shape));
+                    let view = view.ok_or_else(|| {
+                        LowerError::Invalid(
+                            "a convolution's epilogue reads a value with no row-major buffer"
+                                .into(),
+                        )
+                    })?;
+                    views.insert(r, view);
+                }
+                (end, Some(views))
+            }
+            _ => (n, None),
+        };
+        let ov = self
+            .row_major_view(self.home[&end], &[batch, o, p])
+            .ok_or_else(|| LowerError::Invalid("a convolution's result is not row-major".into()))?;
         self.product(
             &[batch],
             [o, p, q],
             ty.dtype,
             (wv, &|_, oc, r| vec![oc.clone(), r.clone()]),
             (col, &|b, r, pos| vec![b[0].clone(), r.clone(), pos.clone()]),
-            &mut |l, idx, acc| l.b.store(acc, ov, idx.to_vec()),
+            &mut |l, idx, acc| {
+                let v = match &views {
+                    Some(views) => {
+                        l.subst.insert(n, acc);
+                        l.flat = Some(views.clone());
+                        let v = l.compute_at(end, idx);
+                        l.flat = None;
+                        l.subst.remove(&n);
+                        v
+                    }
+                    None => acc,
+                };
+                l.b.store(v, ov, idx.to_vec())
+            },
         );
-        self.b.dealloc(col);
+        if copied {
+            self.b.dealloc(col);
+        }
+        Ok(())
+    }
+
+    /// A row-major view of `buf` as `shape` (as many elements), or `None`
+    /// when `buf`'s elements are not laid out row-major.
+    fn row_major_view(&mut self, buf: Value, shape: &[usize]) -> Option<Value> {
+        let dlc_loop::Type::Buffer(from) = self.b.ty(buf).clone() else {
+            return None;
+        };
+        if !from.has_row_major_strides()
+            || from.shape.iter().product::<usize>() != shape.iter().product::<usize>()
+        {
+            return None;
+        }
+        let mut t = contiguous(&TensorType::new(from.dtype, shape.to_vec()));
+        t.offset = from.offset;
+        Some(self.b.view(buf, t))
     }
 
     /// The im2col buffer of `input` through `window` (the layout of a
@@ -945,6 +1022,10 @@ impl Lowering<'_> {
         if self.plan[&n] != Plan::Inline
             && let Some(&buf) = self.home.get(&n)
         {
+            let buf = match &self.flat {
+                Some(views) => views.get(&n).copied().unwrap_or(buf),
+                None => buf,
+            };
             return self.b.load(buf, idx.to_vec(), None);
         }
         self.compute_at(n, idx)
@@ -952,7 +1033,11 @@ impl Lowering<'_> {
 
     fn operand_at(&mut self, n: NodeIndex, k: usize, idx: &[IndexExpr]) -> Value {
         let o = self.operand(n, k);
-        let mapped = broadcast_index(idx, &self.ty(o).shape.clone(), &self.ty(n).shape.clone());
+        let (from, to) = (self.ty(o).shape.clone(), self.ty(n).shape.clone());
+        let mapped = match self.flat {
+            Some(_) => broadcast_index(idx, &flat_shape(&from), &flat_shape(&to)),
+            None => broadcast_index(idx, &from, &to),
+        };
         self.value_at(o, &mapped)
     }
 
@@ -1141,9 +1226,13 @@ impl Lowering<'_> {
             {
                 let kernel = self.ty(self.operand(n, 1)).shape[2..].to_vec();
                 let window = conv_window([kernel[0], kernel[1]], &stride, &padding);
-                self.grouped(KernelGroupKind::Im2col(window), |l| {
-                    l.conv_im2col(n, &window);
-                });
+                if reads_in_place(&window) {
+                    self.conv_im2col(n, &window)?;
+                } else {
+                    self.grouped(KernelGroupKind::Im2col(window), |l| {
+                        l.conv_im2col(n, &window)
+                    })?;
+                }
             }
             Op::Conv2d {
                 stride,
@@ -2084,6 +2173,16 @@ impl Lowering<'_> {
 
 /// The window of a convolution with kernel `[KH, KW]`, `stride` and
 /// `padding` (one per spatial axis, dilation one).
+/// Whether a convolution through `window` reads each input element once,
+/// where its output is (a 1 x 1 kernel at stride 1, unpadded): its im2col
+/// buffer would be the input.
+fn reads_in_place(window: &Window) -> bool {
+    window.kernel == [1, 1]
+        && window.stride == [1, 1]
+        && window.padding == [0, 0]
+        && window.dilation == [1, 1]
+}
+
 fn conv_window(kernel: [usize; 2], stride: &[usize], padding: &[usize]) -> Window {
     Window {
         kernel: kernel.map(|k| k as i64),

@@ -32,11 +32,13 @@
 //!   accessed through one value at one index (an element updated in place);
 //!   other loops stay counted `tile.for`s. A loop whose body holds only short
 //!   reductions (`vectorizable_outside`: inner loops of at most half its tile's
-//!   iterations, storing nothing, reading contiguously along its counter) is the one
+//!   iterations, storing nothing, reading along its counter contiguously or a few
+//!   elements apart, up to `dlc_tile::MAX_DEINTERLEAVED_STEP`) is the one
 //!   made of tiles instead, the inner loops counted `tile.for`s carrying tiles, a lane
 //!   per iteration of the outer loop: a depthwise convolution's or a pool's `sum[ky, kx]`
 //!   for each column is a tile of columns per tap, not a tile of three taps reduced per
-//!   column (`differential.rs::short_reductions_run_across_their_columns`).
+//!   column (`differential.rs::short_reductions_run_across_their_columns`), at stride 2
+//!   too (MobileNet's downsampling: a column tile read two apart).
 //! - `dot`: a contraction becomes a grid over the batch and `BM x BN` blocks of the
 //!   result, a `tile.for` over `BK`-deep slices loading both operand blocks (masked on
 //!   ragged edges, pad 0) into `tile.dot`, then the epilogue (bias, activation, store)
@@ -881,12 +883,12 @@ impl<'a> Conv<'a> {
     }
 }
 
-/// The greatest common divisor.
 /// Whether `e` is exactly the counter `v`.
 fn is_counter(e: &IndexExpr, v: LValue) -> bool {
     e.constant == 0 && e.terms == [(1, v)]
 }
 
+/// The greatest common divisor.
 fn gcd(a: u64, b: u64) -> u64 {
     if b == 0 { a } else { gcd(b, a % b) }
 }

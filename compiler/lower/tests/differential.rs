@@ -219,6 +219,52 @@ fn convolutions_as_products() {
     ));
 }
 
+/// A convolution computed as a product computes the element-wise chain
+/// after it (bias, residual, relu, clip) in the product's region, at the
+/// product's index, reading the chain's operands through `[N, C, H*W]`
+/// views; a 1 x 1 convolution at stride 1 reads its input in place (no
+/// im2col copy). A chain reading a value that varies along one spatial axis
+/// only stays a nest of its own. All agree with the graph interpreter.
+#[test]
+fn convolution_products_compute_their_epilogues() {
+    let [residual, clip, rows] = dlc_tests::CONV_EPILOGUE_PROGRAMS else {
+        panic!("three programs");
+    };
+    // The product's region: from `loop.matmul` to its store.
+    let region = |text: &str| -> String {
+        let at = text.find("loop.matmul").expect(text);
+        let len = text[at..].find("loop.store").expect(text);
+        text[at..at + len].to_string()
+    };
+    let text = print_module(&lowered(&graph(residual)));
+    let product = region(&text);
+    assert!(
+        product.contains("loop.relu")
+            && product.contains("loop.load %2[%5, %6, %7]")
+            && !text.contains("loop.alloc : buffer<f32[2, 16, 90]>")
+            && !text.contains("loop.alloc : buffer<f32[2, 24, 9, 10]>")
+            && !text.contains("group = \"im2col\""),
+        "{text}"
+    );
+    let text = print_module(&lowered(&graph(clip)));
+    let product = region(&text);
+    assert!(
+        product.contains("loop.minimum")
+            && text.contains("group = \"im2col\"")
+            && !text.contains("loop.alloc : buffer<f32[1, 16, 8, 8]>"),
+        "{text}"
+    );
+    let text = print_module(&lowered(&graph(rows)));
+    let product = region(&text);
+    assert!(
+        !product.contains("loop.tanh") && text.contains("loop.alloc : buffer<f32[2, 24, 9, 10]>"),
+        "{text}"
+    );
+    for src in dlc_tests::CONV_EPILOGUE_PROGRAMS {
+        agree(src);
+    }
+}
+
 /// Convolutions whose product's programs copy their panels straight from
 /// the input (no im2col buffer) on the AVX-512 schedule: panels spanning up
 /// to four output rows (12 columns per row), strides, padding, a
@@ -467,6 +513,30 @@ fn short_reductions_run_across_their_columns() {
                     .matches(&format!("{{pad = 0.0}} : tile<{lanes}xf32>"))
                     .count()
                     == 2,
+            "{}: {text}",
+            target.name
+        );
+    }
+    agree(src);
+}
+
+/// The same at stride 2: each tap a tile of columns read two elements
+/// apart (`2*#0`, which the CPU back end reads as a wide load and a
+/// shuffle), not a tile of three taps reduced for every column.
+#[test]
+fn strided_short_reductions_run_across_their_columns() {
+    let src = dlc_tests::STRIDED_DEPTHWISE_PROGRAM;
+    let m = graph(src);
+    for (target, lanes) in [
+        (TargetDesc::x86_64_avx512(2), 64),
+        (TargetDesc::x86_64_avx2(2), 32),
+    ] {
+        let text = dlc_tile::print_module(&kernels(&m, &target));
+        assert!(
+            !text.contains("tile.reduce")
+                && !text.contains("tile<3xf32>")
+                && text.contains("2*#0 - 1] mask")
+                && text.contains(&format!("{{pad = 0.0}} : tile<{lanes}xf32>")),
             "{}: {text}",
             target.name
         );

@@ -53,8 +53,9 @@ pub fn has_value_at_index(op: &Op) -> bool {
     )
 }
 
-/// Whether convolution `n` runs as a product over an im2col buffer (which
-/// takes no epilogue).
+/// Whether convolution `n` runs as a product over an im2col buffer (whose
+/// epilogue, when it takes one, is computed at the product's flattened
+/// index: see [`flat_epilogue_reads`]).
 pub fn conv_as_matmul(f: &Function, n: NodeIndex, target: &TargetDesc) -> bool {
     let Op::Conv2d { groups, .. } = f.body[n].op else {
         return false;
@@ -62,6 +63,69 @@ pub fn conv_as_matmul(f: &Function, n: NodeIndex, target: &TargetDesc) -> bool {
     let w = f.value_type(f.operands(n)[1]);
     !conv_as_winograd(f, n, target)
         && conv_is_im2col_product(groups, &f.body[n].results[0], w, target)
+}
+
+/// `shape` with its last two axes made one, after aligning it to rank 4 as
+/// broadcasting does (`[O, 1, 1]` is `[1, O, 1]`, `[N, C, H, W]` is `[N, C,
+/// H*W]`): the index space of a convolution's product, `[N, O, OY*OX]`.
+pub fn flat_shape(shape: &[usize]) -> Vec<usize> {
+    let mut a = vec![1; 4usize.saturating_sub(shape.len())];
+    a.extend_from_slice(shape);
+    let (head, tail) = a.split_at(a.len() - 2);
+    let mut out = head.to_vec();
+    out.push(tail.iter().product());
+    out
+}
+
+/// The stored nodes the epilogue chain of convolution `n` (from its user to
+/// `end`) reads, when the chain can be computed at the index of the
+/// convolution's product, `[N, O, OY*OX]`, where the output row and column
+/// are one index (the product's columns): every op in it, and every inlined
+/// op it reads, is pointwise or a broadcast, and every value read spans both
+/// of the output's spatial axes or neither (a bias `[O, 1, 1]`, a residual
+/// `[N, O, OY, OX]`, a scalar), so reading it at the flattened index is
+/// reading it through a `[.., OY*OX]` view of its row-major storage. `None`
+/// when it cannot (a value varying along one spatial axis only, a
+/// transpose or slice inside).
+pub fn flat_epilogue_reads(
+    f: &Function,
+    plan: &HashMap<NodeIndex, Plan>,
+    n: NodeIndex,
+    end: NodeIndex,
+) -> Option<Vec<NodeIndex>> {
+    let out = &f.body[n].results[0].shape;
+    let [_, _, oy, ox] = out[..] else {
+        return None;
+    };
+    let spans = |shape: &[usize]| {
+        let r = shape.len();
+        let at = |k: usize| if k < r { shape[r - 1 - k] } else { 1 };
+        r <= 4 && ((at(1), at(0)) == (oy, ox) || (at(1), at(0)) == (1, 1))
+    };
+    let chain = epilogue_chain(f, n, end);
+    let mut stack = chain.clone();
+    let (mut seen, mut leaves) = (HashSet::from([n]), Vec::new());
+    while let Some(c) = stack.pop() {
+        if !seen.insert(c) {
+            continue;
+        }
+        if !spans(&f.body[c].results[0].shape) {
+            return None;
+        }
+        let computed = chain.contains(&c) || plan.get(&c) == Some(&Plan::Inline);
+        if !computed {
+            leaves.push(c);
+            continue;
+        }
+        let op = &f.body[c].op;
+        if !(op.is_pointwise() || matches!(op, Op::Broadcast { .. }))
+            || matches!(op, Op::BatchNorm { .. })
+        {
+            return None;
+        }
+        stack.extend(f.operands(c).iter().map(|v| v.node));
+    }
+    Some(leaves)
 }
 
 /// Whether convolution `n` runs as Winograd's `F(4x4, 3x3)`
@@ -180,11 +244,7 @@ pub fn plan(f: &Function, target: &TargetDesc) -> HashMap<NodeIndex, Plan> {
     // Epilogues: an op with a value per index whose only user begins an
     // element-wise chain of the same shape stores the chain's end instead.
     for &n in &order {
-        if !has_value_at_index(op(n))
-            || uses(n) != 1
-            || conv_as_matmul(f, n, target)
-            || conv_as_winograd(f, n, target)
-        {
+        if !has_value_at_index(op(n)) || uses(n) != 1 || conv_as_winograd(f, n, target) {
             continue;
         }
         let Some(&first) = f.users(n).first() else {
@@ -199,7 +259,15 @@ pub fn plan(f: &Function, target: &TargetDesc) -> HashMap<NodeIndex, Plan> {
         }
         // A product of weights takes no epilogue that reads activations
         // (it would run on every call).
-        if ok && plan[&end] == Plan::Stored && (!bound.contains(&n) || bound.contains(&end)) {
+        // A convolution's product computes its chain at the flattened
+        // index of its columns.
+        let flattens =
+            || !conv_as_matmul(f, n, target) || flat_epilogue_reads(f, &plan, n, end).is_some();
+        if ok
+            && plan[&end] == Plan::Stored
+            && (!bound.contains(&n) || bound.contains(&end))
+            && flattens()
+        {
             plan.insert(n, Plan::WithEpilogue(end));
             plan.insert(end, Plan::EpilogueOf(n));
         }

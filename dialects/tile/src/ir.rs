@@ -105,6 +105,14 @@ impl fmt::Display for BufferType {
 /// in registers or scratch memory, not whole tensors.
 pub const MAX_TILE_ELEMENTS: usize = 1 << 20;
 
+/// The largest lane stride a CPU back end reads as one wide masked load and
+/// a shuffle rather than a gather (a stride of `s` loads `s` times the lanes
+/// it keeps; x86 runs a gather about an element at a time). The conversion
+/// from loops makes tiles along a counter that strides its reads by at most
+/// this (a strided depthwise convolution's columns), and the LLVM back end
+/// reads them so.
+pub const MAX_DEINTERLEAVED_STEP: i64 = 4;
+
 /// A tile: a static-shaped block of elements held by one program, laid
 /// out over its threads as `layout` says.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -93,8 +93,8 @@ pub mod verify;
 
 pub use build::Builder;
 pub use ir::{
-    Affine, Block, BufferType, Function, Layout, MmaGrid, Module, OpData, OpId, PackedOperand,
-    Schedule, Space, Tile, TileType, Type, Value,
+    Affine, Block, BufferType, Function, Layout, MAX_DEINTERLEAVED_STEP, MmaGrid, Module, OpData,
+    OpId, PackedOperand, Schedule, Space, Tile, TileType, Type, Value,
 };
 pub use ops::OpKind;
 pub use parse::parse_module;

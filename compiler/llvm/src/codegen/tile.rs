@@ -81,7 +81,9 @@ use std::collections::HashMap;
 
 use dlc_core::scalar::{BinaryOp, ReduceKind};
 use dlc_core::{DType, TargetDesc};
-use dlc_tile::{Affine, Block, Function, OpData, OpId, OpKind, Type, Value};
+use dlc_tile::{
+    Affine, Block, Function, MAX_DEINTERLEAVED_STEP, OpData, OpId, OpKind, Type, Value,
+};
 use inkwell::attributes::{Attribute, AttributeLoc};
 use inkwell::context::Context;
 use inkwell::module::{Linkage, Module};
@@ -100,11 +102,6 @@ pub(crate) struct TileIr;
 /// f32 lanes of one AVX-512 BF16 dot-product instruction (`vdpbf16ps` on
 /// 512 bits: 16 sums of 16 pairs).
 const BF16_DOT_LANES: usize = 16;
-
-/// The largest lane stride a load reads as one wide masked load and a
-/// shuffle rather than a gather (`deinterleaved_load`): a stride of `s`
-/// loads `s` times the lanes it keeps.
-const MAX_DEINTERLEAVED_STEP: i64 = 4;
 
 impl Ir for TileIr {
     type Function = Function;

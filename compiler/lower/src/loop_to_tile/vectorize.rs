@@ -9,7 +9,7 @@ use dlc_core::scalar::{BinaryOp, ReduceKind};
 use dlc_loop::{
     Block as LBlock, IndexExpr, OpId as LOpId, OpKind as L, Type as LType, Value as LValue,
 };
-use dlc_tile::{Affine, TileType, Type, Value};
+use dlc_tile::{Affine, MAX_DEINTERLEAVED_STEP, TileType, Type, Value};
 
 use super::{Conv, TileConvError, loop_bounds};
 use dlc_core::ir::OpDecl;
@@ -36,7 +36,8 @@ impl<'a> Conv<'a> {
     /// iteration: its reductions, or `None`. So when the inner loops are
     /// short reductions (at most half the tile this loop's iterations
     /// make), store nothing, and read along this loop's counter
-    /// contiguously: a depthwise convolution's `sum[ky, kx]` for each
+    /// contiguously or a few elements apart (a strided convolution's
+    /// columns, up to `MAX_DEINTERLEAVED_STEP`): a depthwise convolution's `sum[ky, kx]` for each
     /// output column is then a tile of columns per tap, not a tile of 3
     /// taps reduced for every column. Inner reductions of any length are
     /// taken outside when every read they make moves through memory with
@@ -82,18 +83,25 @@ impl<'a> Conv<'a> {
         if inner.is_empty() {
             return None;
         }
+        // Every read moving with the counter moves by a few elements at
+        // most: one element (a column of taps) or a stride's few (a strided
+        // convolution's columns, each tile read as one wide load and a
+        // shuffle).
         let counter = body.args[0];
-        let contiguous = inner.iter().all(|&o| {
+        let near = inner.iter().all(|&o| {
             let d = self.op(o);
             match &d.kind {
                 L::Load { index, .. } => {
                     let uses = index.iter().any(|e| e.terms.iter().any(|t| t.1 == counter));
-                    !uses || self.unit_stride(d.operands[0], index, counter)
+                    !uses
+                        || self
+                            .step(d.operands[0], index, counter)
+                            .is_some_and(|s| (1..=MAX_DEINTERLEAVED_STEP).contains(&s))
                 }
                 _ => true,
             }
         });
-        if !contiguous {
+        if !near {
             return None;
         }
         self.vectorizable_over(id, &inner)
