@@ -628,6 +628,14 @@ pub const CONV_EPILOGUE_PROGRAMS: &[&str] = &[
 /// in tiles of 32 and 64).
 pub const STRIDED_DEPTHWISE_PROGRAM: &str = "fn f(x: f32[2, 8, 33, 141], w: f32[8, 1, 3, 3]) -> f32[2, 8, 17, 71] { return clip(conv2d(x, w, stride=2, padding=1, groups=8), 0.0, 6.0); }";
 
+/// A 5 x 5 depthwise convolution over 7 columns (EfficientNet's last
+/// stages), SiLU after it: longer windows than the rows are wide.
+pub const WIDE_WINDOW_DEPTHWISE_PROGRAM: &str = "fn f(x: f32[1, 24, 7, 7], w: f32[24, 1, 5, 5]) -> f32[1, 24, 7, 7] { let h = conv2d(x, w, padding=2, groups=24); return h * sigmoid(h); }";
+
+/// One row times a transposed weight (a linear layer or classifier at
+/// batch 1), with a bias and relu after it.
+pub const ROW_BY_TRANSPOSED_PROGRAM: &str = "fn f(x: f32[1, 300], w: f32[70, 300], b: f32[70]) -> f32[1, 70] { return relu(x @ transpose(w, [1, 0]) + b); }";
+
 /// Direct convolutions and pooling.
 pub const POOLING_PROGRAMS: &[&str] = &[
     "fn f(x: f32[2, 4, 6, 5], w: f32[6, 2, 3, 2]) -> f32[2, 6, 3, 6] { return relu(conv2d(x, w, stride=[2, 1], padding=[1, 1], groups=2)); }",

@@ -398,8 +398,11 @@ fn tiled_contractions() {
     jit_agrees(
         "fn f(x: f32[20, 40], w: f32[40, 330], b: f32[330]) -> f32[20, 330] { return tanh(x @ w) - b; }",
     );
-    // A strided depthwise convolution: tiles of columns read two apart.
+    // A strided depthwise convolution: tiles of columns read two apart; a
+    // window wider than its rows; a row by a transposed weight.
     jit_agrees(dlc_tests::STRIDED_DEPTHWISE_PROGRAM);
+    jit_agrees(dlc_tests::WIDE_WINDOW_DEPTHWISE_PROGRAM);
+    jit_agrees(dlc_tests::ROW_BY_TRANSPOSED_PROGRAM);
     // Convolutions as products computing their epilogues.
     for src in dlc_tests::CONV_EPILOGUE_PROGRAMS {
         jit_agrees(src);

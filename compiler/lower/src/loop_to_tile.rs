@@ -31,8 +31,8 @@
 //!   moves with the loop and a buffer (or view of one) both read and written in it is
 //!   accessed through one value at one index (an element updated in place);
 //!   other loops stay counted `tile.for`s. A loop whose body holds only short
-//!   reductions (`vectorizable_outside`: inner loops of at most half its tile's
-//!   iterations, storing nothing, reading along its counter contiguously or a few
+//!   reductions (`vectorizable_outside`: inner loops no longer than its tile,
+//!   storing nothing, reading along its counter contiguously or a few
 //!   elements apart, up to `dlc_tile::MAX_DEINTERLEAVED_STEP`) is the one
 //!   made of tiles instead, the inner loops counted `tile.for`s carrying tiles, a lane
 //!   per iteration of the outer loop: a depthwise convolution's or a pool's `sum[ky, kx]`

@@ -544,6 +544,50 @@ fn strided_short_reductions_run_across_their_columns() {
     agree(src);
 }
 
+/// A window longer than the row is wide (5 x 5 over 7 columns) still runs
+/// across the columns: 25 taps of 7-lane tiles, the SiLU after them on the
+/// tile, not 5-lane tiles of taps reduced for every column.
+#[test]
+fn wide_windows_run_across_their_columns() {
+    let src = dlc_tests::WIDE_WINDOW_DEPTHWISE_PROGRAM;
+    let m = graph(src);
+    for target in [TargetDesc::x86_64_avx512(2), TargetDesc::x86_64_avx2(2)] {
+        let text = dlc_tile::print_module(&kernels(&m, &target));
+        assert!(
+            !text.contains("tile.reduce")
+                && !text.contains("tile<5xf32>")
+                && text.contains("tile.sigmoid %")
+                && text.contains("{pad = 0.0} : tile<7xf32>"),
+            "{}: {text}",
+            target.name
+        );
+    }
+    agree(src);
+}
+
+/// One row times a transposed weight is a dot product of the row with each
+/// of the weight's rows (a reduction along both operands' contiguous axis,
+/// its epilogue after it), one program per output column, not a packed
+/// product copying the weight into panels.
+#[test]
+fn a_row_by_a_transposed_weight_is_dot_products() {
+    let src = dlc_tests::ROW_BY_TRANSPOSED_PROGRAM;
+    let m = graph(src);
+    let text = print_module(&lowered(&m));
+    assert!(
+        !text.contains("loop.matmul")
+            && text.contains("loop.parallel {lo = 0, hi = 70}")
+            && text.contains("loop.relu"),
+        "{text}"
+    );
+    let tile = dlc_tile::print_module(&kernels(&m, &TargetDesc::x86_64_avx512(2)));
+    assert!(
+        tile.contains("grid = [1, 70], schedule = \"rows\"") && tile.contains("tile.reduce"),
+        "{tile}"
+    );
+    agree(src);
+}
+
 /// User operators that are contractions lower to one `loop.matmul` each,
 /// reading their operands through their own indices (no copy, no scalar
 /// reduction loop), with their epilogue in its region; the others keep

@@ -241,32 +241,37 @@ pub fn plan(f: &Function, target: &TargetDesc) -> HashMap<NodeIndex, Plan> {
         };
         plan.insert(n, p);
     }
-    // Epilogues: an op with a value per index whose only user begins an
-    // element-wise chain of the same shape stores the chain's end instead.
+    // Epilogues: an op with a value per index whose users all begin
+    // element-wise paths of its shape that meet at one stored node (a chain
+    // `relu(x @ w + b)`, or `x * sigmoid(x)`, SiLU, which reads the op
+    // twice) stores that node instead.
     for &n in &order {
-        if !has_value_at_index(op(n)) || uses(n) != 1 || conv_as_winograd(f, n, target) {
+        if !has_value_at_index(op(n)) || is_result(n) || conv_as_winograd(f, n, target) {
             continue;
         }
-        let Some(&first) = f.users(n).first() else {
+        let shape = &ty(n).shape;
+        let mut end: Option<NodeIndex> = None;
+        let mut ok = !f.users(n).is_empty();
+        for u in f.users(n) {
+            let mut e = u;
+            ok &= op(e).is_pointwise() && ty(e).shape == *shape;
+            while ok && plan[&e] == Plan::Inline {
+                e = f.users(e)[0];
+                ok = op(e).is_pointwise() && ty(e).shape == *shape;
+            }
+            ok &= end.is_none_or(|x| x == e);
+            end = Some(e);
+        }
+        let Some(end) = end.filter(|_| ok) else {
             continue;
         };
-        let shape = &ty(n).shape;
-        let mut end = first;
-        let mut ok = op(end).is_pointwise() && ty(end).shape == *shape;
-        while ok && plan[&end] == Plan::Inline {
-            end = f.users(end)[0];
-            ok = ty(end).shape == *shape && op(end).is_pointwise();
-        }
-        // A product of weights takes no epilogue that reads activations
-        // (it would run on every call).
         // A convolution's product computes its chain at the flattened
         // index of its columns.
         let flattens =
             || !conv_as_matmul(f, n, target) || flat_epilogue_reads(f, &plan, n, end).is_some();
-        if ok
-            && plan[&end] == Plan::Stored
-            && (!bound.contains(&n) || bound.contains(&end))
-            && flattens()
+        // A product of weights takes no epilogue that reads activations
+        // (it would run on every call).
+        if plan[&end] == Plan::Stored && (!bound.contains(&n) || bound.contains(&end)) && flattens()
         {
             plan.insert(n, Plan::WithEpilogue(end));
             plan.insert(end, Plan::EpilogueOf(n));
@@ -286,14 +291,24 @@ pub fn kernel_at(plan: &HashMap<NodeIndex, Plan>, p: NodeIndex) -> Option<NodeIn
     }
 }
 
-/// The element-wise chain an op's epilogue applies, from its user to
-/// `end` inclusive.
+/// The element-wise nodes an op's epilogue computes: every path from one
+/// of its users to `end`, `end` included, each node once.
 pub fn epilogue_chain(f: &Function, n: NodeIndex, end: NodeIndex) -> Vec<NodeIndex> {
     let mut chain = Vec::new();
-    let mut cur = n;
-    while cur != end {
-        cur = f.users(cur)[0];
-        chain.push(cur);
+    for u in f.users(n) {
+        let mut cur = u;
+        loop {
+            if !chain.contains(&cur) {
+                chain.push(cur);
+            }
+            if cur == end {
+                break;
+            }
+            match f.users(cur).first() {
+                Some(&next) => cur = next,
+                None => break,
+            }
+        }
     }
     chain
 }

@@ -34,8 +34,10 @@ impl<'a> Conv<'a> {
     /// Whether loop `id`, whose body holds loops, is better run as tiles of
     /// its own iterations, each lane running the inner loops for its
     /// iteration: its reductions, or `None`. So when the inner loops are
-    /// short reductions (at most half the tile this loop's iterations
-    /// make), store nothing, and read along this loop's counter
+    /// short reductions (no longer than the tile this loop's iterations
+    /// make: a 5 x 5 window over 7 columns is 25 taps of 7-lane tiles, not 5
+    /// of 5 lanes and a reduction for every column), store nothing, and read
+    /// along this loop's counter
     /// contiguously or a few elements apart (a strided convolution's
     /// columns, up to `MAX_DEINTERLEAVED_STEP`): a depthwise convolution's `sum[ky, kx]` for each
     /// output column is then a tile of columns per tap, not a tile of 3
@@ -48,7 +50,7 @@ impl<'a> Conv<'a> {
         let op = self.op(id);
         let (lo, hi, _) = loop_bounds(&op.kind)?;
         let body = &op.regions[0];
-        let limit = self.params.vector.min((hi - lo).max(0) as usize) / 2;
+        let limit = self.params.vector.min((hi - lo).max(0) as usize);
         let reductions = |limit: usize| {
             let (mut inner, mut counters) = (vec![], vec![]);
             for &o in &body.ops {
