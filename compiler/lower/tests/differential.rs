@@ -588,6 +588,21 @@ fn a_row_by_a_transposed_weight_is_dot_products() {
     agree(src);
 }
 
+/// A convolution's kernel is its product's left operand: when it is a
+/// declared weight, a kernel of its own packs its strips, which the
+/// preparer runs once per binding (`@f_prepare`), rather than every program
+/// of every call packing its rows.
+#[test]
+fn a_weight_kernel_is_packed_when_bound() {
+    let src = "fn f(x: f32[1, 32, 14, 14], weight w: f32[96, 32, 1, 1]) -> f32[1, 96, 14, 14] { return relu(conv2d(x, w)); }";
+    let m = graph(src);
+    let text = dlc_tile::print_module(&kernels(&m, &TargetDesc::x86_64_avx512(2)));
+    let prepare = text.find("tile.func @f_prepare").expect(&text);
+    assert!(text[prepare..].contains("pack = [0]"), "{text}");
+    assert!(!text[..prepare].contains("pack = [0]"), "{text}");
+    agree(src);
+}
+
 /// User operators that are contractions lower to one `loop.matmul` each,
 /// reading their operands through their own indices (no copy, no scalar
 /// reduction loop), with their epilogue in its region; the others keep

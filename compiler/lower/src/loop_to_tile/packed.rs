@@ -30,9 +30,11 @@
 //!   `kc` slice; with one, each register tile starts from zero in registers and is stored
 //!   once), and for
 //!   each `kc`-deep slice packs its rows of the left operand into transposed `mr`-row
-//!   strips of scratch memory (`%strips[s, #1, #0]`; with more than two chunks per block
-//!   of rows a kernel packs every block's strips once, before, into a global buffer the
-//!   programs read instead), then for every panel of its chunk
+//!   strips of scratch memory (`%strips[s, #1, #0]`; when the operand is the same for
+//!   every batch and there are more than two chunks per block of rows, or it is a weight
+//!   (a convolution's kernel), a kernel packs every block's strips once, before, into a
+//!   global buffer the programs read instead, and the preparer runs that kernel once per
+//!   binding of the weights), then for every panel of its chunk
 //!   and every strip runs the register tile: a `tile.for` of `kc` steps, each an `mr x
 //!   1` by `1 x nr` `tile.dot` (the broadcast-FMA outer product of the micro-kernel)
 //!   carrying the `mr x nr` accumulator; finally the epilogue runs on the block one
@@ -351,10 +353,20 @@ impl<'a> Conv<'a> {
         // With several column chunks per block of rows, every chunk's
         // program would pack the same strips of the left operand: a kernel
         // packs them once (W6's feed-forward products: 8 programs each
-        // packed all 128 rows of a 3072-deep operand).
-        let strips = (plan.chunks > 2 && batch.is_empty() && !self.convs.contains_key(&m))
-            .then(|| self.strips_kernel(m, &plan))
-            .transpose()?;
+        // packed all 128 rows of a 3072-deep operand). So does a left
+        // operand of weights alone (a convolution's kernel), whose kernel
+        // then runs once, when the weights are bound: MobileNet's products
+        // over 7 x 7 and 14 x 14 pixels, tens of columns a chunk, spent a
+        // third as long packing their weights as multiplying. Either way
+        // the operand is the same for every batch (`w @ col[b]`).
+        let left_shared = !batch
+            .iter()
+            .any(|b| c.a.iter().any(|e| e.terms.iter().any(|t| t.1 == b.0)));
+        let strips = (left_shared
+            && (plan.chunks > 2 || self.weight_left_operand(m))
+            && !self.convs.contains_key(&m))
+        .then(|| self.strips_kernel(m, &plan))
+        .transpose()?;
         let mut grid: Vec<usize> = batch.iter().map(|b| b.2).collect();
         grid.push(plan.blocks);
         if batch.len() < 2 {
@@ -1171,6 +1183,14 @@ impl<'a> Conv<'a> {
     /// `dlc_tile::transforms::split_prepare`).
     pub(super) fn weight_operand(&self, m: LOpId) -> bool {
         let root = self.root_buffer(self.op(m).operands[1]);
+        self.weight_derived.contains(&root)
+    }
+
+    /// Whether the left operand of product `m` depends on weights alone (a
+    /// convolution's kernel `w [O, C*KH*KW]`): its strips are packed by a
+    /// kernel of their own, which runs once, when the weights are bound.
+    pub(super) fn weight_left_operand(&self, m: LOpId) -> bool {
+        let root = self.root_buffer(self.op(m).operands[0]);
         self.weight_derived.contains(&root)
     }
 
