@@ -636,6 +636,11 @@ pub const WIDE_WINDOW_DEPTHWISE_PROGRAM: &str = "fn f(x: f32[1, 24, 7, 7], w: f3
 /// batch 1), with a bias and relu after it.
 pub const ROW_BY_TRANSPOSED_PROGRAM: &str = "fn f(x: f32[1, 300], w: f32[70, 300], b: f32[70]) -> f32[1, 70] { return relu(x @ transpose(w, [1, 0]) + b); }";
 
+/// One row times a weight stored `[K, N]` (a classifier whose transpose
+/// was folded), with a bias and relu after it.
+pub const ROW_BY_MATRIX_PROGRAM: &str =
+    "fn f(x: f32[1, 300], w: f32[300, 70], b: f32[70]) -> f32[1, 70] { return relu(x @ w + b); }";
+
 /// Direct convolutions and pooling.
 pub const POOLING_PROGRAMS: &[&str] = &[
     "fn f(x: f32[2, 4, 6, 5], w: f32[6, 2, 3, 2]) -> f32[2, 6, 3, 6] { return relu(conv2d(x, w, stride=[2, 1], padding=[1, 1], groups=2)); }",

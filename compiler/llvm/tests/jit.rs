@@ -403,6 +403,7 @@ fn tiled_contractions() {
     jit_agrees(dlc_tests::STRIDED_DEPTHWISE_PROGRAM);
     jit_agrees(dlc_tests::WIDE_WINDOW_DEPTHWISE_PROGRAM);
     jit_agrees(dlc_tests::ROW_BY_TRANSPOSED_PROGRAM);
+    jit_agrees(dlc_tests::ROW_BY_MATRIX_PROGRAM);
     // Convolutions as products computing their epilogues.
     for src in dlc_tests::CONV_EPILOGUE_PROGRAMS {
         jit_agrees(src);

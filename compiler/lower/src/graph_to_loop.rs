@@ -1216,7 +1216,7 @@ impl Lowering<'_> {
             Op::MatMul
                 if self.ty(self.operand(n, 0)).rank() >= 2
                     && self.ty(self.operand(n, 1)).rank() >= 2
-                    && !self.row_by_transposed(n) =>
+                    && self.row_by_matrix(n).is_none() =>
             {
                 self.emit_batched_matmul(n)
             }
@@ -1304,21 +1304,28 @@ impl Lowering<'_> {
     }
 
     /// A product with a vector operand (rank 1): a sum per result element.
-    /// Whether product `n` is one row times a matrix whose columns are
-    /// contiguous along the depth (`x[1, K] @ transpose(w[N, K])`, a linear
-    /// layer or classifier at batch 1): a dot product of the row with each
-    /// of `w`'s rows, read once from start to end, rather than a packed
-    /// product that copies every slice of `w` transposed into panels to
-    /// multiply them by one row (MobileNetV2's and EfficientNet's
-    /// classifiers spent 6-9% of the network there).
-    fn row_by_transposed(&self, n: NodeIndex) -> bool {
+    /// For a product of one row by a matrix (`[1, K] @ [K, N]`, no batch;
+    /// a linear layer or classifier at batch 1): whether the matrix's
+    /// columns are contiguous along the depth (`Some(true)`: `x @
+    /// transpose(w)`, a dot product of the row with each of `w`'s rows, one
+    /// program per column) or its rows are (`Some(false)`: a weight stored
+    /// `[K, N]`, tiles of columns each summing the matrix's rows scaled by
+    /// the row's elements, see `loop_to_tile::vectorize`'s
+    /// `vectorizable_outside`). Either reads the matrix once from start to
+    /// end, where a packed product would copy every slice of it into panels
+    /// to multiply them by one row (MobileNetV2's, V3's and EfficientNet's
+    /// classifiers spent 6-15% of the network there).
+    fn row_by_matrix(&self, n: NodeIndex) -> Option<bool> {
         let (a, b) = (self.operand(n, 0), self.operand(n, 1));
         let (ash, bsh) = (&self.ty(a).shape, &self.ty(b).shape);
-        let column_runs = matches!(
-            self.home.get(&b).map(|v| self.b.ty(*v)),
-            Some(dlc_loop::Type::Buffer(t)) if t.strides.first() == Some(&1)
-        );
-        ash.len() == 2 && bsh.len() == 2 && ash[0] == 1 && bsh[1] > 1 && column_runs
+        if ash.len() != 2 || bsh.len() != 2 || ash[0] != 1 || bsh[1] < 2 {
+            return None;
+        }
+        match self.home.get(&b).map(|v| self.b.ty(*v)) {
+            Some(dlc_loop::Type::Buffer(t)) if t.strides.first() == Some(&1) => Some(true),
+            Some(dlc_loop::Type::Buffer(t)) if t.strides.get(1) == Some(&1) => Some(false),
+            _ => None,
+        }
     }
 
     fn emit_vector_product(&mut self, n: NodeIndex) {
@@ -1328,7 +1335,13 @@ impl Lowering<'_> {
         let (ash, bsh) = (self.ty(a).shape.clone(), self.ty(bn).shape.clone());
         let k = ash[ash.len() - 1];
         let nb = ty.rank() - usize::from(ash.len() > 1) - usize::from(bsh.len() > 1);
-        let idx = self.open_reduction_nest(&ty.shape);
+        // Dot products along the depth run one per program; a row by a
+        // matrix stored `[K, N]` keeps its columns a loop, made of tiles.
+        let idx = if self.row_by_matrix(n) == Some(false) {
+            self.open_nest(&ty.shape)
+        } else {
+            self.open_reduction_nest(&ty.shape)
+        };
         let batch = &idx[..nb];
         let m_pos = nb;
         let n_pos = nb + usize::from(ash.len() > 1);

@@ -588,6 +588,35 @@ fn a_row_by_a_transposed_weight_is_dot_products() {
     agree(src);
 }
 
+/// One row times a weight stored `[K, N]` is tiles of columns, each the
+/// sum over the depth of a row of the weight scaled by the row's element
+/// (the weight read once along its rows, no reduction across lanes), not a
+/// packed product of one row.
+#[test]
+fn a_row_by_a_matrix_is_tiles_of_columns() {
+    let src = dlc_tests::ROW_BY_MATRIX_PROGRAM;
+    let m = graph(src);
+    let text = print_module(&lowered(&m));
+    assert!(
+        !text.contains("loop.matmul") && text.contains("loop.relu"),
+        "{text}"
+    );
+    for (target, lanes) in [
+        (TargetDesc::x86_64_avx512(2), 64),
+        (TargetDesc::x86_64_avx2(2), 32),
+    ] {
+        let tile = dlc_tile::print_module(&kernels(&m, &target));
+        assert!(
+            !tile.contains("tile.reduce")
+                && !tile.contains("schedule = \"packed\"")
+                && tile.contains(&format!("hi = 70, step = {lanes}")),
+            "{}: {tile}",
+            target.name
+        );
+    }
+    agree(src);
+}
+
 /// A convolution's kernel is its product's left operand: when it is a
 /// declared weight, a kernel of its own packs its strips, which the
 /// preparer runs once per binding (`@f_prepare`), rather than every program

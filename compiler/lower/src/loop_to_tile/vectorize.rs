@@ -66,13 +66,21 @@ impl<'a> Conv<'a> {
             Some((inner, _)) => inner,
             None => {
                 let (inner, counters) = reductions(usize::MAX)?;
+                // A read that does not move with this loop's counter is one
+                // value for the whole tile (a row's `x[k]` in `sum[k](x[k] *
+                // w[k, j])` for each `j`), whatever its stride.
+                let outer = body.args[0];
                 let strided = inner.iter().all(|&o| {
                     let d = self.op(o);
                     match &d.kind {
-                        L::Load { index, .. } => counters.iter().all(|&c| {
-                            let uses = index.iter().any(|e| e.terms.iter().any(|t| t.1 == c));
-                            !uses || !self.unit_stride(d.operands[0], index, c)
-                        }),
+                        L::Load { index, .. } => {
+                            let uses =
+                                |c: LValue| index.iter().any(|e| e.terms.iter().any(|t| t.1 == c));
+                            !uses(outer)
+                                || counters.iter().all(|&c| {
+                                    !uses(c) || !self.unit_stride(d.operands[0], index, c)
+                                })
+                        }
                         _ => true,
                     }
                 });
