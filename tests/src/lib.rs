@@ -616,11 +616,13 @@ pub const PRODUCT_PROGRAMS: &[&str] = &[
 /// input in place) whose element-wise chain the product computes at its
 /// flattened index `[N, O, OY*OX]`: a bias `[O, 1, 1]`, a residual and a
 /// relu; ReLU6 as a clip at stride 2; a scale that varies along the output
-/// rows only, which cannot be read at that index (its own nest).
+/// rows only, which cannot be read at that index (its own nest); SiLU of a
+/// biased sum, which reads the sum twice.
 pub const CONV_EPILOGUE_PROGRAMS: &[&str] = &[
     "fn f(x: f32[2, 16, 9, 10], w: f32[24, 16, 1, 1], b: f32[24, 1, 1], r: f32[2, 24, 9, 10]) -> f32[2, 24, 9, 10] { return relu(conv2d(x, w) + b + r); }",
     "fn f(x: f32[1, 8, 15, 15], w: f32[16, 8, 3, 3]) -> f32[1, 16, 8, 8] { return clip(conv2d(x, w, stride=2, padding=1), 0.0, 6.0); }",
     "fn f(x: f32[2, 16, 9, 10], w: f32[24, 16, 1, 1], s: f32[1, 1, 9, 1]) -> f32[2, 24, 9, 10] { return tanh(conv2d(x, w) * s); }",
+    "fn f(x: f32[2, 16, 9, 10], w: f32[24, 16, 3, 3], b: f32[24, 1, 1]) -> f32[2, 24, 9, 10] { let h = conv2d(x, w, padding=1) + b; return h * sigmoid(h); }",
 ];
 
 /// A depthwise convolution at stride 2 (MobileNet's downsampling), ReLU6

@@ -227,8 +227,8 @@ fn convolutions_as_products() {
 /// only stays a nest of its own. All agree with the graph interpreter.
 #[test]
 fn convolution_products_compute_their_epilogues() {
-    let [residual, clip, rows] = dlc_tests::CONV_EPILOGUE_PROGRAMS else {
-        panic!("three programs");
+    let [residual, clip, rows, silu] = dlc_tests::CONV_EPILOGUE_PROGRAMS else {
+        panic!("four programs");
     };
     // The product's region: from `loop.matmul` to its store.
     let region = |text: &str| -> String {
@@ -258,6 +258,13 @@ fn convolution_products_compute_their_epilogues() {
     let product = region(&text);
     assert!(
         !product.contains("loop.tanh") && text.contains("loop.alloc : buffer<f32[2, 24, 9, 10]>"),
+        "{text}"
+    );
+    let text = print_module(&lowered(&graph(silu)));
+    let product = region(&text);
+    assert!(
+        product.contains("loop.sigmoid")
+            && !text.contains("loop.alloc : buffer<f32[2, 24, 9, 10]>"),
         "{text}"
     );
     for src in dlc_tests::CONV_EPILOGUE_PROGRAMS {
@@ -614,6 +621,21 @@ fn a_row_by_a_matrix_is_tiles_of_columns() {
             target.name
         );
     }
+    agree(src);
+}
+
+/// A reduction kept over a last axis of one (batchnorm's per-channel mean)
+/// reads nothing that moves with that axis: it stays tiles along the
+/// image's rows, not one-lane tiles across the kept axis.
+#[test]
+fn a_reduction_over_a_kept_axis_of_one_is_tiles_of_rows() {
+    let src = "fn f(x: f32[2, 3, 9, 56]) -> f32[1, 3, 1, 1] { return mean(x, axis=[0, 2, 3], keepdims=true); }";
+    let m = graph(src);
+    let text = dlc_tile::print_module(&kernels(&m, &TargetDesc::x86_64_avx512(2)));
+    assert!(
+        text.contains(": tile<56xf32>") && !text.contains("tile<1xf32>"),
+        "{text}"
+    );
     agree(src);
 }
 

@@ -244,27 +244,26 @@ pub fn plan(f: &Function, target: &TargetDesc) -> HashMap<NodeIndex, Plan> {
     // Epilogues: an op with a value per index whose users all begin
     // element-wise paths of its shape that meet at one stored node (a chain
     // `relu(x @ w + b)`, or `x * sigmoid(x)`, SiLU, which reads the op
-    // twice) stores that node instead.
+    // twice, or `h * sigmoid(h)` with `h = conv + b`) stores that node
+    // instead; a stored node on the way whose own readers all meet there
+    // too is computed in the region (inlined).
     for &n in &order {
         if !has_value_at_index(op(n)) || is_result(n) || conv_as_winograd(f, n, target) {
             continue;
         }
         let shape = &ty(n).shape;
-        let mut end: Option<NodeIndex> = None;
-        let mut ok = !f.users(n).is_empty();
-        for u in f.users(n) {
-            let mut e = u;
-            ok &= op(e).is_pointwise() && ty(e).shape == *shape;
-            while ok && plan[&e] == Plan::Inline {
-                e = f.users(e)[0];
-                ok = op(e).is_pointwise() && ty(e).shape == *shape;
-            }
-            ok &= end.is_none_or(|x| x == e);
-            end = Some(e);
-        }
-        let Some(end) = end.filter(|_| ok) else {
+        let mut memo: HashMap<NodeIndex, Option<NodeIndex>> = HashMap::new();
+        let ends: Vec<Option<NodeIndex>> = f
+            .users(n)
+            .into_iter()
+            .map(|u| meet(f, &plan, u, shape, &mut memo))
+            .collect();
+        let Some(Some(end)) = ends.first().copied() else {
             continue;
         };
+        if ends.iter().any(|e| *e != Some(end)) {
+            continue;
+        }
         // A convolution's product computes its chain at the flattened
         // index of its columns.
         let flattens =
@@ -273,11 +272,66 @@ pub fn plan(f: &Function, target: &TargetDesc) -> HashMap<NodeIndex, Plan> {
         // (it would run on every call).
         if plan[&end] == Plan::Stored && (!bound.contains(&n) || bound.contains(&end)) && flattens()
         {
+            // The stored nodes the paths run through are computed in the
+            // region.
+            for t in epilogue_chain(f, n, end) {
+                if t != end && plan[&t] == Plan::Stored {
+                    plan.insert(t, Plan::Inline);
+                }
+            }
             plan.insert(n, Plan::WithEpilogue(end));
             plan.insert(end, Plan::EpilogueOf(n));
         }
     }
     plan
+}
+
+/// Where the pointwise paths of `shape` from `u` meet: `u` itself if it is
+/// stored and its readers' paths do not all meet at one node, else that
+/// node, through inlined nodes and stored ones whose every reader's path
+/// meets there (a result is never seen through). `None` when a path leaves
+/// the shape or the pointwise ops. Memoized per node, so a chain of nodes
+/// each read twice is walked once.
+fn meet(
+    f: &Function,
+    plan: &HashMap<NodeIndex, Plan>,
+    u: NodeIndex,
+    shape: &[usize],
+    memo: &mut HashMap<NodeIndex, Option<NodeIndex>>,
+) -> Option<NodeIndex> {
+    if let Some(m) = memo.get(&u) {
+        return *m;
+    }
+    let node = &f.body[u];
+    let end = if !node.op.is_pointwise() || node.results[0].shape != shape {
+        None
+    } else {
+        match plan.get(&u) {
+            Some(Plan::Inline) => {
+                let next = f.users(u)[0];
+                meet(f, plan, next, shape, memo)
+            }
+            Some(Plan::Stored) => {
+                let users = f.users(u);
+                let is_result = f.results.iter().any(|r| r.node == u);
+                let ends: Vec<Option<NodeIndex>> = if is_result || users.is_empty() {
+                    vec![]
+                } else {
+                    users
+                        .iter()
+                        .map(|&w| meet(f, plan, w, shape, memo))
+                        .collect()
+                };
+                match ends.first() {
+                    Some(Some(e)) if ends.iter().all(|x| *x == Some(*e)) => Some(*e),
+                    _ => Some(u),
+                }
+            }
+            _ => None,
+        }
+    };
+    memo.insert(u, end);
+    end
 }
 
 /// The kernel whose loop nest is emitted at `p`'s place in topological
@@ -295,19 +349,14 @@ pub fn kernel_at(plan: &HashMap<NodeIndex, Plan>, p: NodeIndex) -> Option<NodeIn
 /// of its users to `end`, `end` included, each node once.
 pub fn epilogue_chain(f: &Function, n: NodeIndex, end: NodeIndex) -> Vec<NodeIndex> {
     let mut chain = Vec::new();
-    for u in f.users(n) {
-        let mut cur = u;
-        loop {
-            if !chain.contains(&cur) {
-                chain.push(cur);
-            }
-            if cur == end {
-                break;
-            }
-            match f.users(cur).first() {
-                Some(&next) => cur = next,
-                None => break,
-            }
+    let mut stack = f.users(n);
+    while let Some(cur) = stack.pop() {
+        if chain.contains(&cur) {
+            continue;
+        }
+        chain.push(cur);
+        if cur != end {
+            stack.extend(f.users(cur));
         }
     }
     chain

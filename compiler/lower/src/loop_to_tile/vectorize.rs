@@ -84,7 +84,16 @@ impl<'a> Conv<'a> {
                         _ => true,
                     }
                 });
-                if !strided {
+                // And some read does move with it: a reduction whose every
+                // read is the same for each iteration of this loop (a mean
+                // kept over a last axis of one) is no tile of columns.
+                let moves = inner.iter().any(|&o| match &self.op(o).kind {
+                    L::Load { index, .. } => {
+                        index.iter().any(|e| e.terms.iter().any(|t| t.1 == outer))
+                    }
+                    _ => false,
+                });
+                if !strided || !moves {
                     return None;
                 }
                 inner
