@@ -37,15 +37,16 @@ impl<'a> Conv<'a> {
     /// short reductions (no longer than the tile this loop's iterations
     /// make: a 5 x 5 window over 7 columns is 25 taps of 7-lane tiles, not 5
     /// of 5 lanes and a reduction for every column), store nothing, and read
-    /// along this loop's counter
-    /// contiguously or a few elements apart (a strided convolution's
-    /// columns, up to `MAX_DEINTERLEAVED_STEP`): a depthwise convolution's `sum[ky, kx]` for each
-    /// output column is then a tile of columns per tap, not a tile of 3
-    /// taps reduced for every column. Inner reductions of any length are
-    /// taken outside when every read they make moves through memory with
-    /// their counters by more than one element: a column sum (`sum[i](x[i,
-    /// j])` for each `j`) is rows of columns added, not a gather along a
-    /// column for every column.
+    /// along this loop's counter contiguously or a few elements apart (a
+    /// strided convolution's columns, up to `MAX_DEINTERLEAVED_STEP`): a
+    /// depthwise convolution's `sum[ky, kx]` for each output column is then
+    /// a tile of columns per tap, not a tile of 3 taps reduced for every
+    /// column. Inner reductions of any length are taken outside when every
+    /// read they make that moves with this loop moves with their counters
+    /// by more than one element, and some read does: a column sum
+    /// (`sum[i](x[i, j])` for each `j`) is rows of columns added, not a
+    /// gather along a column for every column, and so is a row times a
+    /// matrix (`sum[k](x[k] * w[k, j])`, `x[k]` one value per tile).
     pub(super) fn vectorizable_outside(&self, id: LOpId) -> Option<Vec<Carry>> {
         let op = self.op(id);
         let (lo, hi, _) = loop_bounds(&op.kind)?;
