@@ -870,17 +870,15 @@ impl<'a> Conv<'a> {
             index
                 .iter()
                 .zip(&view.strides)
-                .map(|(e, &s)| {
-                    s as i64
-                        * e.terms
-                            .iter()
-                            .filter(|(_, v)| *v == var)
-                            .map(|(c, _)| c)
-                            .sum::<i64>()
-                })
+                .map(|(e, &s)| s as i64 * e.coefficient(var))
                 .sum(),
         )
     }
+}
+
+/// Whether an access at `index` moves with counter `v`.
+fn moves_with(index: &[IndexExpr], v: LValue) -> bool {
+    index.iter().any(|e| e.coefficient(v) != 0)
 }
 
 /// Whether `e` is exactly the counter `v`.

@@ -230,6 +230,12 @@ impl Affine {
         Affine::default().plus_scaled(k, self)
     }
 
+    /// The coefficient of index value `v` (0 when the expression does not
+    /// move with it).
+    pub fn coefficient(&self, v: Value) -> i64 {
+        self.terms.iter().filter(|t| t.1 == v).map(|t| t.0).sum()
+    }
+
     /// Whether the expression is a constant (no index value, no tile
     /// coordinate).
     pub fn is_constant(&self) -> bool {

@@ -418,9 +418,7 @@ impl<'a> Conv<'a> {
             return None;
         }
         let (input, col) = (ld_op.operands[0], st_op.operands[1]);
-        let coef = |e: &IndexExpr, v: LValue| -> i64 {
-            e.terms.iter().filter(|t| t.1 == v).map(|t| t.0).sum()
-        };
+        let coef = |e: &IndexExpr, v: LValue| e.coefficient(v);
         // `e` is exactly the sum of `vars` times their coefficients, plus `k`.
         let is = |e: &IndexExpr, vars: &[(LValue, i64)], k: i64| {
             e.constant == k

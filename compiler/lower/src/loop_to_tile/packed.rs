@@ -88,7 +88,7 @@ use dlc_loop::{
 };
 use dlc_tile::{Affine, BufferType, PackedOperand, Schedule, Space, TileType, Type, Value};
 
-use super::{Conv, Packing, TileConvError, gcd};
+use super::{Conv, Packing, TileConvError, gcd, moves_with};
 
 /// The blocks of a packed product (see [`Conv::pack_plan`]).
 #[derive(Clone, Copy, Debug)]
@@ -341,8 +341,7 @@ impl<'a> Conv<'a> {
         // The right operand's panels differ only along the batch loops its
         // index reads: a weight shared by every batch is packed once.
         let (_, c) = self.contraction(m)?;
-        let reads = |counter: LValue| c.b.iter().any(|e| e.terms.iter().any(|t| t.1 == counter));
-        let shared: Vec<bool> = batch.iter().map(|b| !reads(b.0)).collect();
+        let shared: Vec<bool> = batch.iter().map(|b| !moves_with(&c.b, b.0)).collect();
         let panel_batch: Vec<(LValue, i64, usize)> = batch
             .iter()
             .zip(&shared)
@@ -359,9 +358,7 @@ impl<'a> Conv<'a> {
         // over 7 x 7 and 14 x 14 pixels, tens of columns a chunk, spent a
         // third as long packing their weights as multiplying. Either way
         // the operand is the same for every batch (`w @ col[b]`).
-        let left_shared = !batch
-            .iter()
-            .any(|b| c.a.iter().any(|e| e.terms.iter().any(|t| t.1 == b.0)));
+        let left_shared = !batch.iter().any(|b| moves_with(&c.a, b.0));
         let strips = (left_shared
             && (plan.chunks > 2 || self.weight_left_operand(m))
             && !self.convs.contains_key(&m))

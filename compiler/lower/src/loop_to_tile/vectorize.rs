@@ -11,7 +11,7 @@ use dlc_loop::{
 };
 use dlc_tile::{Affine, MAX_DEINTERLEAVED_STEP, TileType, Type, Value};
 
-use super::{Conv, TileConvError, loop_bounds};
+use super::{Conv, TileConvError, loop_bounds, moves_with};
 use dlc_core::ir::OpDecl;
 
 /// A reduction carried by an innermost loop: the carried argument is read
@@ -51,6 +51,7 @@ impl<'a> Conv<'a> {
         let op = self.op(id);
         let (lo, hi, _) = loop_bounds(&op.kind)?;
         let body = &op.regions[0];
+        let counter = body.args[0];
         let limit = self.params.vector.min((hi - lo).max(0) as usize);
         let reductions = |limit: usize| {
             let (mut inner, mut counters) = (vec![], vec![]);
@@ -70,16 +71,14 @@ impl<'a> Conv<'a> {
                 // A read that does not move with this loop's counter is one
                 // value for the whole tile (a row's `x[k]` in `sum[k](x[k] *
                 // w[k, j])` for each `j`), whatever its stride.
-                let outer = body.args[0];
                 let strided = inner.iter().all(|&o| {
                     let d = self.op(o);
                     match &d.kind {
                         L::Load { index, .. } => {
-                            let uses =
-                                |c: LValue| index.iter().any(|e| e.terms.iter().any(|t| t.1 == c));
-                            !uses(outer)
+                            !moves_with(index, counter)
                                 || counters.iter().all(|&c| {
-                                    !uses(c) || !self.unit_stride(d.operands[0], index, c)
+                                    !moves_with(index, c)
+                                        || !self.unit_stride(d.operands[0], index, c)
                                 })
                         }
                         _ => true,
@@ -88,11 +87,8 @@ impl<'a> Conv<'a> {
                 // And some read does move with it: a reduction whose every
                 // read is the same for each iteration of this loop (a mean
                 // kept over a last axis of one) is no tile of columns.
-                let moves = inner.iter().any(|&o| match &self.op(o).kind {
-                    L::Load { index, .. } => {
-                        index.iter().any(|e| e.terms.iter().any(|t| t.1 == outer))
-                    }
-                    _ => false,
+                let moves = inner.iter().any(|&o| {
+                    matches!(&self.op(o).kind, L::Load { index, .. } if moves_with(index, counter))
                 });
                 if !strided || !moves {
                     return None;
@@ -107,13 +103,11 @@ impl<'a> Conv<'a> {
         // most: one element (a column of taps) or a stride's few (a strided
         // convolution's columns, each tile read as one wide load and a
         // shuffle).
-        let counter = body.args[0];
         let near = inner.iter().all(|&o| {
             let d = self.op(o);
             match &d.kind {
                 L::Load { index, .. } => {
-                    let uses = index.iter().any(|e| e.terms.iter().any(|t| t.1 == counter));
-                    !uses
+                    !moves_with(index, counter)
                         || self
                             .step(d.operands[0], index, counter)
                             .is_some_and(|s| (1..=MAX_DEINTERLEAVED_STEP).contains(&s))
