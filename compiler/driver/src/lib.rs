@@ -161,7 +161,8 @@ pub struct SourceText {
     pub text: String,
     /// Values for `weight` parameters the text declares, by name: each is
     /// bound as a constant when the text is compiled ([`compile_source`]),
-    /// so the parameter leaves the signature. An imported ONNX model's
+    /// so the parameter leaves the signature, or handed back to be bound at
+    /// the call ([`compile_source_unbound`]). An imported ONNX model's
     /// initializers travel this way, as binary data beside a short program,
     /// not as literals the front end reads back.
     pub weights: Vec<(String, std::sync::Arc<[f64]>)>,
@@ -356,40 +357,87 @@ pub fn compile_source(src: &SourceText) -> Result<Module, DriverError> {
     Ok(module)
 }
 
+/// Parses and checks `src` like [`compile_source`], but keeps the weights
+/// `src` carries (an imported ONNX model's initializers) as `weight`
+/// parameters and returns their values, by name, as tensors to bind when
+/// the code is called. The CPU back end then prepares them once (packs the
+/// kernels, transforms Winograd's) where a constant is compiled into the
+/// code and prepared by every call, and the compiled code holds no weights,
+/// so it goes through the object cache. `dlc run` and `dlc bench` take this
+/// path; `dlc compile` builds the values into its artifact.
+pub fn compile_source_unbound(
+    src: SourceText,
+) -> Result<(Module, Vec<(String, HostTensor)>), DriverError> {
+    let SourceText {
+        name,
+        text,
+        weights,
+    } = src;
+    let module = compile_source(&SourceText {
+        name: name.clone(),
+        text,
+        weights: Vec::new(),
+    })?;
+    let mut tensors = Vec::with_capacity(weights.len());
+    // Each value is dropped once copied, so the weights are held twice one
+    // tensor at a time.
+    for (weight, values) in weights {
+        let (_, ty) = weight_declarations(&module, &name, &weight, values.len())?;
+        let t = HostTensor::new(ty, values.to_vec())
+            .map_err(|e| DriverError::Usage(format!("{name}: weight `{weight}`: {e}")))?;
+        tensors.push((weight, t));
+    }
+    Ok((module, tensors))
+}
+
 /// Binds `src.weights` as constants in the functions that declare weight
 /// parameters of those names; a value no function takes, or of the wrong
 /// size, is an error.
 fn bind_source_weights(module: &mut Module, src: &SourceText) -> Result<(), DriverError> {
     for (name, values) in &src.weights {
-        let mut taken = false;
-        for f in &mut module.functions {
-            let Some(i) = f
-                .params
-                .iter()
-                .position(|(p, _)| p == name)
-                .filter(|&i| f.is_weight(i))
-            else {
-                continue;
-            };
-            let ty = f.body[f.params[i].1].results[0].clone();
-            if ty.num_elements() != Some(values.len()) {
-                return Err(DriverError::Usage(format!(
-                    "{}: weight `{name}` is {ty}, its value has {} elements",
-                    src.name,
-                    values.len()
-                )));
-            }
-            f.bind_param(i, std::sync::Arc::clone(values));
-            taken = true;
-        }
-        if !taken {
-            return Err(DriverError::Usage(format!(
-                "{}: no function declares the weight `{name}` a value is given for",
-                src.name
-            )));
+        let (declared, _) = weight_declarations(module, &src.name, name, values.len())?;
+        for (f, i) in declared {
+            module.functions[f].bind_param(i, std::sync::Arc::clone(values));
         }
     }
     Ok(())
+}
+
+/// The functions of `module` (by index) that declare weight `name`, with
+/// its parameter index in each, and its type: an error naming `file` when
+/// none does, or when its type does not hold `len` elements.
+fn weight_declarations(
+    module: &Module,
+    file: &str,
+    name: &str,
+    len: usize,
+) -> Result<(Vec<(usize, usize)>, TensorType), DriverError> {
+    let mut declared = Vec::new();
+    let mut declared_ty = None;
+    for (k, f) in module.functions.iter().enumerate() {
+        let Some(i) = f
+            .params
+            .iter()
+            .position(|(p, _)| p == name)
+            .filter(|&i| f.is_weight(i))
+        else {
+            continue;
+        };
+        let ty = f.body[f.params[i].1].results[0].clone();
+        if ty.num_elements() != Some(len) {
+            return Err(DriverError::Usage(format!(
+                "{file}: weight `{name}` is {ty}, its value has {len} elements"
+            )));
+        }
+        declared.push((k, i));
+        declared_ty = Some(ty);
+    }
+    match declared_ty {
+        Some(ty) => Ok((declared, ty)),
+        None => Err(DriverError::Usage(format!(
+            "{file}: no function declares the weight `{name}` a value is given for"
+        ))),
+    }
 }
 
 /// Parses IR text with `parse` and verifies it, on the big-stack thread.
@@ -911,23 +959,32 @@ pub fn each_input(
     }
     let mut rng = seeded_rng(seed.unwrap_or(0));
     let ranges = random_ranges(f);
+    // Parameters after the last one drawn for are not drawn for at all: no
+    // value drawn after it is used (an imported model's weights, bound,
+    // are most of its elements and come last).
+    let last_drawn = params.iter().rposition(|(p, _)| !given.contains_key(p));
     for (k, (name, ty)) in params.iter().enumerate() {
-        // Draw for every parameter so a parameter's random value does not
-        // depend on which others were given as files.
-        let random = HostTensor::random_values_in(ty, ranges[k], &mut rng);
+        // Draw for every parameter before it, so a parameter's random value
+        // does not depend on which others were given.
+        let random =
+            (last_drawn >= Some(k)).then(|| HostTensor::random_values_in(ty, ranges[k], &mut rng));
         let read;
-        let (t, from) = match given.get(name) {
-            Some(Given::File(path)) => {
+        let (t, from) = match (given.get(name), random) {
+            (Some(Given::File(path)), random) => {
+                random.into_iter().flatten().for_each(drop);
                 read = HostTensor::read_npy(path, Some(ty.dtype))?;
                 (&read, format!(" from {}", path.display()))
             }
-            Some(Given::Tensor(t)) => (*t, String::new()),
-            None => {
-                each(ty, &mut { random })?;
+            (Some(Given::Tensor(t)), random) => {
+                random.into_iter().flatten().for_each(drop);
+                (*t, String::new())
+            }
+            // Not given: drawn for, by `last_drawn`'s definition.
+            (None, random) => {
+                each(ty, &mut random.into_iter().flatten())?;
                 continue;
             }
         };
-        random.for_each(drop);
         if &t.ty != ty {
             return Err(DriverError::Usage(format!(
                 "input `{name}` must be {ty}, got {}{from}",
@@ -1044,16 +1101,19 @@ fn nonnegative_within(f: &Function, v: dlc_graph::Value, depth: u32) -> bool {
     }
 }
 
-/// Writes inputs as `DIR/NAME.npy`, one file per parameter of `f`.
+/// Writes inputs as `DIR/NAME.npy`, one file per parameter of `f` but those
+/// named in `except` (weights the model carried, which are not inputs).
 pub fn save_inputs(
     dir: &Path,
     f: &Function,
     inputs: &[HostTensor],
+    except: &[String],
 ) -> Result<Vec<PathBuf>, DriverError> {
     create_dir(dir)?;
     f.params
         .iter()
         .zip(inputs)
+        .filter(|((name, _), _)| !except.contains(name))
         .map(|((name, _), t)| {
             let path = dir.join(format!("{name}.npy"));
             t.write_npy(&path)?;
@@ -1543,6 +1603,72 @@ mod tests {
             e,
             "error: m.dl: weight `w` is f32[2], its value has 1 elements"
         );
+    }
+
+    /// `compile_source_unbound` leaves carried weights as parameters and
+    /// returns their values, which compute what the constants do.
+    #[test]
+    fn carried_weights_can_stay_parameters() {
+        let text =
+            "fn f(x: f32[2], weight w: f32[2], weight b: f32[]) -> f32[2] { return x * w + b; }";
+        let src = |weights: Vec<(&str, Vec<f64>)>| SourceText {
+            name: "m.dl".into(),
+            text: text.into(),
+            weights: weights
+                .into_iter()
+                .map(|(n, v)| (n.to_string(), v.into()))
+                .collect(),
+        };
+        let (m, carried) =
+            compile_source_unbound(src(vec![("w", vec![2.0, 3.0]), ("b", vec![0.5])])).unwrap();
+        let f = m.function("f").unwrap();
+        let names: Vec<&str> = f.params.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["x", "w", "b"]);
+        assert_eq!(f.weights.len(), 2);
+        let carried_names: Vec<&str> = carried.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(carried_names, ["w", "b"]);
+        assert_eq!(carried[0].1.ty, TensorType::new(DType::F32, vec![2]));
+        assert_eq!(carried[1].1.ty, TensorType::new(DType::F32, vec![]));
+        let x = HostTensor::new(TensorType::new(DType::F32, vec![2]), vec![1.0, 2.0]).unwrap();
+        let files = [];
+        let args = prepare_inputs_with(
+            f,
+            &files,
+            &[("x".into(), x), carried[0].clone(), carried[1].clone()],
+            None,
+        )
+        .unwrap();
+        let y = interpret(&m, f, &args).unwrap();
+        assert_eq!(y[0].data, [2.5, 6.5]);
+        // A value of the wrong size is the same error as when bound.
+        let e = compile_source_unbound(src(vec![("w", vec![1.0])]))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "error: m.dl: weight `w` is f32[2], its value has 1 elements"
+        );
+    }
+
+    /// Inputs drawn at random are the same whether or not later parameters
+    /// are given (and the given ones are not drawn for at all).
+    #[test]
+    fn random_inputs_do_not_depend_on_later_given_ones() {
+        let m = compile_source(&SourceText {
+            name: "m.dl".into(),
+            text: "fn f(x: f32[2], y: f32[2], weight w: f32[2]) -> f32[2] { return y * w + x; }"
+                .into(),
+            weights: Vec::new(),
+        })
+        .unwrap();
+        let f = m.function("f").unwrap();
+        let w = HostTensor::new(TensorType::new(DType::F32, vec![2]), vec![4.0, 5.0]).unwrap();
+        let drawn = prepare_inputs_with(f, &[], &[], Some(7)).unwrap();
+        let given = prepare_inputs_with(f, &[], &[("w".into(), w.clone())], Some(7)).unwrap();
+        assert_eq!(given[0], drawn[0]);
+        assert_eq!(given[1], drawn[1]);
+        assert_eq!(given[2], w);
+        assert_ne!(drawn[2], w);
     }
 
     /// `dlc run` and `dlc bench` lower and compile the entry point they run

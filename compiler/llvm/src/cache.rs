@@ -26,10 +26,11 @@
 //! `$XDG_CACHE_HOME/dlc` or `~/.cache/dlc` (`--no-cache`: neither read nor written);
 //! `dlc bench` compiles cold unless given `--cache`, and says how many parts came from
 //! the cache; the library's `jit` uses none (`jit_with` takes one). A part holding more
-//! than `MAX_CACHED_CONSTANT_BYTES` (4 MiB) of constant data, an imported model's
-//! weights, skips the cache: its key (the module as bitcode, data included) took longer
-//! to make than the part takes to compile (BERT-base: 3.5 s and 2.6 GB through the
-//! cache, 1.7 s and 1.45 GB without). A fully cached
+//! than `MAX_CACHED_CONSTANT_BYTES` (4 MiB) of constant data skips the cache: its key
+//! (the module as bitcode, data included) took longer to make than the part takes to
+//! compile (BERT-base's weights as constants: 3.5 s and 2.6 GB through the cache, 1.7 s
+//! and 1.45 GB without). `dlc run` and `dlc bench` bind an imported model's weights at
+//! the call, so its code holds none and is cached like any other. A fully cached
 //! compile still runs the front end, emits the LLVM module, hashes its bitcode and links
 //! (its time: performance.md).
 

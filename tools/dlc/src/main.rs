@@ -554,7 +554,7 @@ fn bench(
     phases.reading();
     let src = read_model(file, onnx)?;
     phases.set("checking");
-    let mut module = compile_source(&src)?;
+    let (mut module, carried) = dlc_driver::compile_source_unbound(src)?;
     phases.set("optimizing");
     run_passes(&mut module, passes, PassOptions::default())?;
     // Cleared before anything is timed.
@@ -563,10 +563,14 @@ fn bench(
     let f = select_entry(&module, None)?;
     // Reading the weights is not compiling: its time is left out.
     let reading = std::time::Instant::now();
-    let bound = match weights {
-        Some(path) => dlc_driver::read_weights(f, path, &[])?,
-        None => Vec::new(),
+    let weights_from = if !carried.is_empty() {
+        "the model's weights and random other inputs"
+    } else if weights.is_some() {
+        "weights from --weights and random other inputs"
+    } else {
+        "random inputs drawn and"
     };
+    let bound = weights_to_bind(f, file, carried, weights, &[])?.tensors;
     let start = start + reading.elapsed();
     let (front, llvm, ms, bind, device, parts) = if backend == Backend::Gpu {
         let front = start.elapsed();
@@ -646,11 +650,7 @@ fn bench(
             dlc_cli::outln!(
                 "  bind: {:.3} ms ({} laid out one at a time, once; declared weights prepared once)",
                 b.as_secs_f64() * 1e3,
-                if weights.is_some() {
-                    "weights from --weights and random other inputs"
-                } else {
-                    "random inputs drawn and"
-                }
+                weights_from
             );
         }
         dlc_cli::outln!(
@@ -658,6 +658,49 @@ fn bench(
         );
     }
     Ok(())
+}
+
+/// The values `dlc run` and `dlc bench` bind to weight parameters.
+struct Bound {
+    /// Each weight's value, by parameter name.
+    tensors: Vec<(String, HostTensor)>,
+    /// The names of those the model carried (an imported model's
+    /// initializers), which are not inputs.
+    carried: Vec<String>,
+}
+
+/// The values bound to `f`'s weights: those `file` carried (`carried`, from
+/// [`dlc_driver::compile_source_unbound`]) or those `--weights` gives,
+/// except the parameters given as inputs (`given`).
+fn weights_to_bind(
+    f: &dlc_graph::Function,
+    file: &str,
+    carried: Vec<(String, HostTensor)>,
+    weights: Option<&std::path::Path>,
+    given: &[String],
+) -> Result<Bound, DriverError> {
+    match weights {
+        Some(_) if !carried.is_empty() => Err(DriverError::Usage(format!(
+            "--weights: {file} carries its weights (an ONNX model's initializers); --weights binds \
+             those of dlc source"
+        ))),
+        Some(path) => Ok(Bound {
+            tensors: dlc_driver::read_weights(f, path, given)?,
+            carried: Vec::new(),
+        }),
+        None => {
+            // Those of another entry point, and those given as inputs, are
+            // not bound.
+            let tensors: Vec<(String, HostTensor)> = carried
+                .into_iter()
+                .filter(|(name, _)| {
+                    f.params.iter().any(|(p, _)| p == name) && !given.contains(name)
+                })
+                .collect();
+            let carried = tensors.iter().map(|(n, _)| n.clone()).collect();
+            Ok(Bound { tensors, carried })
+        }
+    }
 }
 
 /// What [`time_calls`] measured.
@@ -1115,21 +1158,17 @@ fn run_command(args: RunArgs) -> Result<(), DriverError> {
         read_model(&file, &onnx)?
     };
     phases.set("checking");
-    let mut module = compile_source(&src)?;
+    // An imported model's weights are bound at the call, not compiled in.
+    let (mut module, carried) = dlc_driver::compile_source_unbound(src)?;
     phases.set("optimizing");
     exec.run_passes(&mut module)?;
     let module = dlc_driver::only_entry(&module, entry.as_deref())?;
     let f = select_entry(&module, None)?;
-    let bound = match &weights {
-        Some(path) => {
-            let named: Vec<String> = files.iter().map(|(n, _)| n.clone()).collect();
-            dlc_driver::read_weights(f, path, &named)?
-        }
-        None => Vec::new(),
-    };
-    let args = dlc_driver::prepare_inputs_with(f, &files, &bound, exec.random_inputs)?;
+    let named: Vec<String> = files.iter().map(|(n, _)| n.clone()).collect();
+    let bound = weights_to_bind(f, &file, carried, weights.as_deref(), &named)?;
+    let args = dlc_driver::prepare_inputs_with(f, &files, &bound.tensors, exec.random_inputs)?;
     if let Some(dir) = &save_inputs {
-        for path in dlc_driver::save_inputs(dir, f, &args)? {
+        for path in dlc_driver::save_inputs(dir, f, &args, &bound.carried)? {
             dlc_cli::outln!("wrote {}", path.display());
         }
     }

@@ -145,7 +145,7 @@ fn imported_programs_read_back_and_run_with_random_inputs() {
         let stdout = succeeds(&dlc(&["run", &model, "--random-inputs", "0", "--check"]));
         assert!(stdout.contains("check: ok"), "{stdout}");
         // The same values either way: the program with the side file, and
-        // the model, whose weights are bound as constants.
+        // the model, whose weights are bound at the call.
         let first = |s: &str| {
             s.lines()
                 .find(|l| l.starts_with("out0"))
@@ -250,6 +250,130 @@ fn one_node(op: &str, x: &[pb::tensor_shape_proto::Dimension], opset: i64) -> Ve
         ..Default::default()
     };
     model.encode_to_vec()
+}
+
+/// `y = x @ w` over an f32 `x: [1, k]` and an initializer `w: [k, n]`.
+fn matmul_by_initializer(k: usize, n: usize) -> Vec<u8> {
+    let f32 = pb::tensor_proto::DataType::Float as i32;
+    let values: Vec<f32> = (0..k * n).map(|i| ((i % 7) as f32 - 3.0) / 8.0).collect();
+    let model = pb::ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![pb::OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(17),
+        }],
+        graph: Some(pb::GraphProto {
+            name: Some("g".into()),
+            node: vec![pb::NodeProto {
+                name: Some("product".into()),
+                op_type: Some("MatMul".into()),
+                input: vec!["x".into(), "w".into()],
+                output: vec!["y".into()],
+                ..Default::default()
+            }],
+            initializer: vec![pb::TensorProto {
+                name: Some("w".into()),
+                dims: vec![k as i64, n as i64],
+                data_type: Some(f32),
+                float_data: values,
+                ..Default::default()
+            }],
+            input: vec![pb::ValueInfoProto {
+                name: Some("x".into()),
+                r#type: Some(tensor_type(f32, &[dim(1), dim(k as i64)])),
+                ..Default::default()
+            }],
+            output: vec![pb::ValueInfoProto {
+                name: Some("y".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    model.encode_to_vec()
+}
+
+/// `dlc run` and `dlc bench` bind a model's initializers when they call
+/// it, as weights: the compiled code holds none, so it goes through the
+/// object cache however large the weights are, the initializers are not
+/// inputs to save, and one given as an input replaces the model's.
+#[test]
+fn an_onnx_models_weights_are_bound_at_the_call() {
+    let d = Dir::new("bound-weights");
+    // 4.5 MB of weights: more than a part holding its constants may take
+    // to the object cache (dlc_llvm::MAX_CACHED_CONSTANT_BYTES).
+    let (k, n) = (1024, 1100);
+    assert!((k * n * 4) as u64 > dlc_llvm::MAX_CACHED_CONSTANT_BYTES);
+    let m = d.file("m.onnx", matmul_by_initializer(k, n));
+    let cache = d.path("cache");
+    let bench = |m: &str| {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_dlc"))
+            .env("DLC_CACHE_DIR", &cache)
+            .args([
+                "bench", m, "--runs", "1", "--warmup", "0", "--cache", "--json",
+            ])
+            .output()
+            .unwrap();
+        serde_json::from_str::<serde_json::Value>(&succeeds(&o)).unwrap()
+    };
+    let first = bench(&m);
+    assert_eq!(first["cached_parts"], 0, "{first}");
+    let second = bench(&m);
+    assert_eq!(second["cached_parts"], second["llvm_parts"], "{second}");
+    // Other weights, of the same shape, hit the same compiled code.
+    let other = pb::ModelProto::decode(matmul_by_initializer(k, n).as_slice())
+        .map(|mut p| {
+            for v in &mut p.graph.as_mut().unwrap().initializer[0].float_data {
+                *v = -*v;
+            }
+            p.encode_to_vec()
+        })
+        .unwrap();
+    let other = d.file("other.onnx", other);
+    let third = bench(&other);
+    assert_eq!(third["cached_parts"], third["llvm_parts"], "{third}");
+
+    // The initializers are not inputs: --save-inputs writes `x` alone.
+    let cnn = root().join("cnn/model.onnx").display().to_string();
+    let saved = d.path("saved");
+    let run = ["run", &cnn, "--random-inputs", "0", "--check"];
+    let out = succeeds(&dlc(&[&run[..], &["--save-inputs", &saved]].concat()));
+    assert!(out.contains("check: ok"), "{out}");
+    let mut written: Vec<String> = std::fs::read_dir(&saved)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    written.sort();
+    assert_eq!(written, ["image.npy"]);
+    // One given as an input replaces the model's.
+    let zeros = HostTensor::new(
+        dlc_core::TensorType::new(dlc_core::DType::F32, vec![10, 16]),
+        vec![0.0; 160],
+    )
+    .unwrap();
+    let fc_w = d.path("fc_w.npy");
+    zeros.write_npy(Path::new(&fc_w)).unwrap();
+    let given = format!("fc_w={fc_w}");
+    let out = succeeds(&dlc(&[&run[..], &["--input", &given]].concat()));
+    let out0 = |s: &str| {
+        s.lines()
+            .find(|l| l.starts_with("out0"))
+            .unwrap()
+            .to_string()
+    };
+    assert_ne!(out0(&out), out0(&succeeds(&dlc(&run))));
+    assert!(out.contains("check: ok"), "{out}");
+    // With the classifier's weights zero, the logits are its bias.
+    assert!(
+        out0(&out).starts_with("out0: f32[2, 10] = [0.268126, 0.017437, -0.243291,"),
+        "{out}"
+    );
+    // --weights binds dlc source's weights, not a model's.
+    fails_with(
+        &dlc(&[&run[..], &["--weights", &saved]].concat()),
+        "carries its weights (an ONNX model's initializers); --weights binds those of dlc source",
+    );
 }
 
 #[test]
