@@ -165,7 +165,7 @@ pub struct SourceText {
     /// the call ([`compile_source_unbound`]). An imported ONNX model's
     /// initializers travel this way, as binary data beside a short program,
     /// not as literals the front end reads back.
-    pub weights: Vec<(String, std::sync::Arc<[f64]>)>,
+    pub weights: Vec<(String, Vec<f64>)>,
 }
 
 /// Checks that `bytes` are UTF-8 and reports the first bad byte's place.
@@ -246,10 +246,7 @@ pub fn imported_source(name: &str, imported: dlc_onnx::Imported) -> SourceText {
             .weights
             .into_iter()
             .map(|(var, d)| {
-                let values: std::sync::Arc<[f64]> = match std::rc::Rc::try_unwrap(d.values) {
-                    Ok(v) => v.into(),
-                    Err(rc) => rc.as_slice().into(),
-                };
+                let values = std::rc::Rc::try_unwrap(d.values).unwrap_or_else(|rc| rc.to_vec());
                 (var, values)
             })
             .collect(),
@@ -379,11 +376,10 @@ pub fn compile_source_unbound(
         weights: Vec::new(),
     })?;
     let mut tensors = Vec::with_capacity(weights.len());
-    // Each value is dropped once copied, so the weights are held twice one
-    // tensor at a time.
+    // Each value becomes its tensor in place.
     for (weight, values) in weights {
         let (_, ty) = weight_declarations(&module, &name, &weight, values.len())?;
-        let t = HostTensor::new(ty, values.to_vec())
+        let t = HostTensor::new(ty, values)
             .map_err(|e| DriverError::Usage(format!("{name}: weight `{weight}`: {e}")))?;
         tensors.push((weight, t));
     }
@@ -396,8 +392,9 @@ pub fn compile_source_unbound(
 fn bind_source_weights(module: &mut Module, src: &SourceText) -> Result<(), DriverError> {
     for (name, values) in &src.weights {
         let (declared, _) = weight_declarations(module, &src.name, name, values.len())?;
+        let values: std::sync::Arc<[f64]> = values.as_slice().into();
         for (f, i) in declared {
-            module.functions[f].bind_param(i, std::sync::Arc::clone(values));
+            module.functions[f].bind_param(i, std::sync::Arc::clone(&values));
         }
     }
     Ok(())
@@ -877,24 +874,41 @@ pub fn prepare_inputs(
     files: &[(String, PathBuf)],
     seed: Option<u64>,
 ) -> Result<Vec<HostTensor>, DriverError> {
-    prepare_inputs_with(f, files, &[], seed)
+    prepare_inputs_with(f, files, Vec::new(), seed)
 }
 
-/// [`prepare_inputs`] with some arguments given as tensors (`--weights`).
+/// [`prepare_inputs`] with some arguments given as tensors (`--weights`, an
+/// imported model's weights), which become arguments without a copy.
 pub fn prepare_inputs_with(
     f: &Function,
     files: &[(String, PathBuf)],
-    tensors: &[(String, HostTensor)],
+    tensors: Vec<(String, HostTensor)>,
     seed: Option<u64>,
 ) -> Result<Vec<HostTensor>, DriverError> {
-    let mut inputs = Vec::with_capacity(f.params.len());
-    each_input(f, files, tensors, seed, |ty, values| {
-        let t = HostTensor::new(ty.clone(), values.collect())
-            .map_err(|e| DriverError::Usage(e.to_string()))?;
-        inputs.push(t);
+    let mut inputs: Vec<Option<HostTensor>> = Vec::with_capacity(f.params.len());
+    // `each_input` checks the given tensors and calls back once per
+    // parameter, in order.
+    each_input(f, files, &tensors, seed, |ty, values| {
+        let name = &f.params[inputs.len()].0;
+        if tensors.iter().any(|(n, _)| n == name) {
+            inputs.push(None);
+        } else {
+            let t = HostTensor::new(ty.clone(), values.collect())
+                .map_err(|e| DriverError::Usage(e.to_string()))?;
+            inputs.push(Some(t));
+        }
         Ok(())
     })?;
-    Ok(inputs)
+    let mut given: HashMap<String, HostTensor> = tensors.into_iter().collect();
+    inputs
+        .into_iter()
+        .zip(&f.params)
+        .map(|(t, (name, _))| {
+            t.or_else(|| given.remove(name)).ok_or_else(|| {
+                DriverError::Internal(format!("argument `{name}` was checked but not kept"))
+            })
+        })
+        .collect()
 }
 
 /// [`prepare_inputs`] one argument at a time, in order, as its type and its
@@ -1577,7 +1591,7 @@ mod tests {
             text: text.into(),
             weights: weights
                 .into_iter()
-                .map(|(n, v)| (n.to_string(), v.into()))
+                .map(|(n, v)| (n.to_string(), v))
                 .collect(),
         };
         let m = compile_source(&src(vec![("w", vec![2.0, 3.0])])).unwrap();
@@ -1616,7 +1630,7 @@ mod tests {
             text: text.into(),
             weights: weights
                 .into_iter()
-                .map(|(n, v)| (n.to_string(), v.into()))
+                .map(|(n, v)| (n.to_string(), v))
                 .collect(),
         };
         let (m, carried) =
@@ -1631,13 +1645,8 @@ mod tests {
         assert_eq!(carried[1].1.ty, TensorType::new(DType::F32, vec![]));
         let x = HostTensor::new(TensorType::new(DType::F32, vec![2]), vec![1.0, 2.0]).unwrap();
         let files = [];
-        let args = prepare_inputs_with(
-            f,
-            &files,
-            &[("x".into(), x), carried[0].clone(), carried[1].clone()],
-            None,
-        )
-        .unwrap();
+        let args = prepare_inputs_with(f, &files, [vec![("x".into(), x)], carried].concat(), None)
+            .unwrap();
         let y = interpret(&m, f, &args).unwrap();
         assert_eq!(y[0].data, [2.5, 6.5]);
         // A value of the wrong size is the same error as when bound.
@@ -1663,8 +1672,8 @@ mod tests {
         .unwrap();
         let f = m.function("f").unwrap();
         let w = HostTensor::new(TensorType::new(DType::F32, vec![2]), vec![4.0, 5.0]).unwrap();
-        let drawn = prepare_inputs_with(f, &[], &[], Some(7)).unwrap();
-        let given = prepare_inputs_with(f, &[], &[("w".into(), w.clone())], Some(7)).unwrap();
+        let drawn = prepare_inputs_with(f, &[], Vec::new(), Some(7)).unwrap();
+        let given = prepare_inputs_with(f, &[], vec![("w".into(), w.clone())], Some(7)).unwrap();
         assert_eq!(given[0], drawn[0]);
         assert_eq!(given[1], drawn[1]);
         assert_eq!(given[2], w);

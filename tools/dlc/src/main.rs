@@ -377,10 +377,13 @@ fn codegen(e: dlc_llvm::CodegenError) -> DriverError {
 
 /// Compiles the entry point for this CPU through LLVM and runs it in
 /// process.
-fn run_cpu(
+/// Compiles entry point `f` of `module` for this CPU and calls it on
+/// `inputs`, each laid out and then dropped (an owned one freed) before the
+/// next.
+fn run_cpu<T: std::borrow::Borrow<HostTensor>>(
     module: &dlc_graph::Module,
     f: &dlc_graph::Function,
-    inputs: &[HostTensor],
+    inputs: Vec<T>,
     options: &dlc_llvm::JitOptions,
 ) -> Result<Vec<HostTensor>, DriverError> {
     let lowered = cpu_tiles(module)?;
@@ -389,7 +392,7 @@ fn run_cpu(
         // The compiler's pages are not needed by the call.
         dlc_runtime::release_code_pages();
         kernel
-            .call(inputs)
+            .call_each(inputs)
             .map_err(|e| dlc_llvm::CodegenError::Arguments(e.to_string()))
     })
     .map_err(codegen)
@@ -496,7 +499,7 @@ fn time_gpu_calls(
     let start = std::time::Instant::now();
     let (mut cuda, program, device) = gpu_program(module, tf32)?;
     let compile = start.elapsed();
-    let inputs = dlc_driver::prepare_inputs_with(f, &[], weights, Some(0))?;
+    let inputs = dlc_driver::prepare_inputs_with(f, &[], weights.to_vec(), Some(0))?;
     let function = program.function(&f.name).map_err(runtime)?;
     let mut call = dlc_runtime::gpu::Prepared::new(&mut cuda, function).map_err(runtime)?;
     call.bind(&mut cuda, &inputs).map_err(runtime)?;
@@ -1166,14 +1169,14 @@ fn run_command(args: RunArgs) -> Result<(), DriverError> {
     let f = select_entry(&module, None)?;
     let named: Vec<String> = files.iter().map(|(n, _)| n.clone()).collect();
     let bound = weights_to_bind(f, &file, carried, weights.as_deref(), &named)?;
-    let args = dlc_driver::prepare_inputs_with(f, &files, &bound.tensors, exec.random_inputs)?;
+    let args = dlc_driver::prepare_inputs_with(f, &files, bound.tensors, exec.random_inputs)?;
     if let Some(dir) = &save_inputs {
         for path in dlc_driver::save_inputs(dir, f, &args, &bound.carried)? {
             dlc_cli::outln!("wrote {}", path.display());
         }
     }
     phases.set("compiling and running");
-    let outputs = execute(&module, f, &args, &exec, tf32, None)?;
+    let outputs = execute(&module, f, args, &exec, tf32, None)?;
     phases.done();
     for (i, t) in outputs.iter().enumerate() {
         dlc_cli::outln!("out{i}: {}", summary(t));
@@ -1220,7 +1223,7 @@ fn grad_command(args: GradArgs) -> Result<(), DriverError> {
         .map(|i| format!("out{i}"))
         .chain(positions.iter().map(|&p| format!("grad_{}", f.params[p].0)))
         .collect();
-    let outputs = execute(&module, f, &args, &exec, false, Some((values, &names)))?;
+    let outputs = execute(&module, f, args, &exec, false, Some((values, &names)))?;
     for (n, t) in names.iter().zip(&outputs) {
         dlc_cli::outln!("{n}: {}", summary(t));
     }
@@ -1322,7 +1325,7 @@ impl ExecArgs {
 fn execute(
     module: &dlc_graph::Module,
     f: &dlc_graph::Function,
-    args: &[HostTensor],
+    args: Vec<HostTensor>,
     exec: &ExecArgs,
     tf32: bool,
     gradients: Option<(usize, &[String])>,
@@ -1345,6 +1348,15 @@ fn execute(
     {
         dlc_graph::interp::check_work(module, f, max_work)?;
     }
+    let cpu_options = || dlc_llvm::JitOptions {
+        cache: (!no_cache).then(dlc_llvm::ObjectCache::for_user).flatten(),
+    };
+    if matches!(backend, Backend::Cpu) && !check {
+        // Nothing compares with the arguments: each is dropped once laid
+        // out (an imported model's weights are most of its memory).
+        return run_cpu(module, f, args, &cpu_options());
+    }
+    let args = &args[..];
     let outputs = match backend {
         Backend::Loop => interpret_loops_within(module, f, args, max_work)?,
         Backend::Tile => {
@@ -1352,12 +1364,7 @@ fn execute(
             let tiled = tiled(module, target)?;
             dlc_driver::interpret_tile_within(&tiled, f, args, max_work)?
         }
-        Backend::Cpu => {
-            let options = dlc_llvm::JitOptions {
-                cache: (!no_cache).then(dlc_llvm::ObjectCache::for_user).flatten(),
-            };
-            run_cpu(module, f, args, &options)?
-        }
+        Backend::Cpu => run_cpu(module, f, args.iter().collect(), &cpu_options())?,
         Backend::Gpu => run_gpu(module, f, args, tf32)?,
         Backend::GpuEmulator => run_emulated(module, f, args, target, tf32)?,
         Backend::Mlir => {
