@@ -1579,22 +1579,26 @@ mod tests {
         );
     }
 
+    /// `f(x, weight w, weight b) = x * w + b`, carrying `weights`.
+    fn weighted(weights: Vec<(&str, Vec<f64>)>) -> SourceText {
+        SourceText {
+            name: "m.dl".into(),
+            text:
+                "fn f(x: f32[2], weight w: f32[2], weight b: f32[]) -> f32[2] { return x * w + b; }"
+                    .into(),
+            weights: weights
+                .into_iter()
+                .map(|(n, v)| (n.to_string(), v))
+                .collect(),
+        }
+    }
+
     /// Weights carried with a source are bound as constants when it is
     /// compiled (an imported ONNX model's); a value no weight takes, or of
     /// the wrong size, is an error.
     #[test]
     fn source_weights_are_bound_when_compiled() {
-        let text =
-            "fn f(x: f32[2], weight w: f32[2], weight b: f32[]) -> f32[2] { return x * w + b; }";
-        let src = |weights: Vec<(&str, Vec<f64>)>| SourceText {
-            name: "m.dl".into(),
-            text: text.into(),
-            weights: weights
-                .into_iter()
-                .map(|(n, v)| (n.to_string(), v))
-                .collect(),
-        };
-        let m = compile_source(&src(vec![("w", vec![2.0, 3.0])])).unwrap();
+        let m = compile_source(&weighted(vec![("w", vec![2.0, 3.0])])).unwrap();
         let f = m.function("f").unwrap();
         let names: Vec<&str> = f.params.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["x", "b"]);
@@ -1603,14 +1607,14 @@ mod tests {
         let b = HostTensor::new(TensorType::new(DType::F32, vec![]), vec![0.5]).unwrap();
         let y = interpret(&m, f, &[x, b]).unwrap();
         assert_eq!(y[0].data, [2.5, 6.5]);
-        let e = compile_source(&src(vec![("v", vec![1.0, 2.0])]))
+        let e = compile_source(&weighted(vec![("v", vec![1.0, 2.0])]))
             .unwrap_err()
             .to_string();
         assert_eq!(
             e,
             "error: m.dl: no function declares the weight `v` a value is given for"
         );
-        let e = compile_source(&src(vec![("w", vec![1.0])]))
+        let e = compile_source(&weighted(vec![("w", vec![1.0])]))
             .unwrap_err()
             .to_string();
         assert_eq!(
@@ -1623,18 +1627,9 @@ mod tests {
     /// returns their values, which compute what the constants do.
     #[test]
     fn carried_weights_can_stay_parameters() {
-        let text =
-            "fn f(x: f32[2], weight w: f32[2], weight b: f32[]) -> f32[2] { return x * w + b; }";
-        let src = |weights: Vec<(&str, Vec<f64>)>| SourceText {
-            name: "m.dl".into(),
-            text: text.into(),
-            weights: weights
-                .into_iter()
-                .map(|(n, v)| (n.to_string(), v))
-                .collect(),
-        };
         let (m, carried) =
-            compile_source_unbound(src(vec![("w", vec![2.0, 3.0]), ("b", vec![0.5])])).unwrap();
+            compile_source_unbound(weighted(vec![("w", vec![2.0, 3.0]), ("b", vec![0.5])]))
+                .unwrap();
         let f = m.function("f").unwrap();
         let names: Vec<&str> = f.params.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["x", "w", "b"]);
@@ -1650,7 +1645,7 @@ mod tests {
         let y = interpret(&m, f, &args).unwrap();
         assert_eq!(y[0].data, [2.5, 6.5]);
         // A value of the wrong size is the same error as when bound.
-        let e = compile_source_unbound(src(vec![("w", vec![1.0])]))
+        let e = compile_source_unbound(weighted(vec![("w", vec![1.0])]))
             .unwrap_err()
             .to_string();
         assert_eq!(

@@ -218,9 +218,17 @@ fn sym(p: &str) -> pb::tensor_shape_proto::Dimension {
     }
 }
 
-/// A one-node model `y = op(x)` over an f32 input of the given dimensions.
-fn one_node(op: &str, x: &[pb::tensor_shape_proto::Dimension], opset: i64) -> Vec<u8> {
+/// A model of one node named `the_node`, `y = op(x, inputs..)`, over an f32
+/// input `x` of the given dimensions and `initializers`, at `opset`.
+fn one_node_with(
+    op: &str,
+    x: &[pb::tensor_shape_proto::Dimension],
+    initializers: Vec<pb::TensorProto>,
+    opset: i64,
+) -> Vec<u8> {
     let f32 = pb::tensor_proto::DataType::Float as i32;
+    let mut input = vec!["x".to_string()];
+    input.extend(initializers.iter().map(|t| t.name().to_string()));
     let model = pb::ModelProto {
         ir_version: Some(8),
         opset_import: vec![pb::OperatorSetIdProto {
@@ -232,10 +240,11 @@ fn one_node(op: &str, x: &[pb::tensor_shape_proto::Dimension], opset: i64) -> Ve
             node: vec![pb::NodeProto {
                 name: Some("the_node".into()),
                 op_type: Some(op.into()),
-                input: vec!["x".into()],
+                input,
                 output: vec!["y".into()],
                 ..Default::default()
             }],
+            initializer: initializers,
             input: vec![pb::ValueInfoProto {
                 name: Some("x".into()),
                 r#type: Some(tensor_type(f32, x)),
@@ -252,46 +261,21 @@ fn one_node(op: &str, x: &[pb::tensor_shape_proto::Dimension], opset: i64) -> Ve
     model.encode_to_vec()
 }
 
+/// A one-node model `y = op(x)` over an f32 input of the given dimensions.
+fn one_node(op: &str, x: &[pb::tensor_shape_proto::Dimension], opset: i64) -> Vec<u8> {
+    one_node_with(op, x, Vec::new(), opset)
+}
+
 /// `y = x @ w` over an f32 `x: [1, k]` and an initializer `w: [k, n]`.
 fn matmul_by_initializer(k: usize, n: usize) -> Vec<u8> {
-    let f32 = pb::tensor_proto::DataType::Float as i32;
-    let values: Vec<f32> = (0..k * n).map(|i| ((i % 7) as f32 - 3.0) / 8.0).collect();
-    let model = pb::ModelProto {
-        ir_version: Some(8),
-        opset_import: vec![pb::OperatorSetIdProto {
-            domain: Some(String::new()),
-            version: Some(17),
-        }],
-        graph: Some(pb::GraphProto {
-            name: Some("g".into()),
-            node: vec![pb::NodeProto {
-                name: Some("product".into()),
-                op_type: Some("MatMul".into()),
-                input: vec!["x".into(), "w".into()],
-                output: vec!["y".into()],
-                ..Default::default()
-            }],
-            initializer: vec![pb::TensorProto {
-                name: Some("w".into()),
-                dims: vec![k as i64, n as i64],
-                data_type: Some(f32),
-                float_data: values,
-                ..Default::default()
-            }],
-            input: vec![pb::ValueInfoProto {
-                name: Some("x".into()),
-                r#type: Some(tensor_type(f32, &[dim(1), dim(k as i64)])),
-                ..Default::default()
-            }],
-            output: vec![pb::ValueInfoProto {
-                name: Some("y".into()),
-                ..Default::default()
-            }],
-            ..Default::default()
-        }),
+    let w = pb::TensorProto {
+        name: Some("w".into()),
+        dims: vec![k as i64, n as i64],
+        data_type: Some(pb::tensor_proto::DataType::Float as i32),
+        float_data: (0..k * n).map(|i| ((i % 7) as f32 - 3.0) / 8.0).collect(),
         ..Default::default()
     };
-    model.encode_to_vec()
+    one_node_with("MatMul", &[dim(1), dim(k as i64)], vec![w], 17)
 }
 
 /// `dlc run` and `dlc bench` bind a model's initializers when they call
