@@ -540,6 +540,43 @@ fn slices_along_the_outer_axis_are_read_in_place() {
     assert_eq!(n_sliced, functions(&separate).0, "{text}");
 }
 
+/// A window's taps, a loop carrying the sum of at most 8 short
+/// iterations, are written out by the code generator (LLVM's unroller is
+/// off): a 3x3 depthwise convolution compiles to no loop over its taps,
+/// a 9x9 one keeps its loops. Both agree with the graph interpreter.
+#[test]
+fn short_window_loops_are_written_out() {
+    let program = |k: usize| {
+        format!(
+            "fn f(x: f32[1, 4, 20, 16], w: f32[4, 1, {k}, {k}]) -> f32[1, 4, 20, 16] {{ return conv2d(x, w, padding={}, groups=4); }}",
+            k / 2
+        )
+    };
+    for target in [TargetDesc::x86_64_avx512(2), TargetDesc::x86_64_avx2(2)] {
+        let loops = |src: &str| {
+            let tiles = dlc_driver::lower_for_tile(&graph(src), &target).unwrap();
+            let ir = dlc_llvm::emit_llvm_ir(
+                &tiles,
+                &dlc_runtime::abi::Symbols::for_module("t"),
+                &target,
+            )
+            .unwrap();
+            ir.lines()
+                .filter(|l| {
+                    l.strip_prefix("loop.body").is_some_and(|rest| {
+                        rest.trim_start_matches(|c: char| c.is_ascii_digit())
+                            .starts_with(':')
+                    })
+                })
+                .count()
+        };
+        assert_eq!(loops(&program(3)), 0, "{}", target.name);
+        assert!(loops(&program(9)) >= 1, "{}", target.name);
+    }
+    jit_agrees(&program(3));
+    jit_agrees(&program(9));
+}
+
 /// A load whose lanes are 2 to 4 elements apart (a stride-2 window) is one
 /// wide masked load of the elements its lanes span, only theirs enabled,
 /// and a shuffle; 5 apart, a gather. Both agree with the graph
