@@ -375,11 +375,9 @@ fn codegen(e: dlc_llvm::CodegenError) -> DriverError {
     DriverError::Usage(e.to_string())
 }
 
-/// Compiles the entry point for this CPU through LLVM and runs it in
-/// process.
-/// Compiles entry point `f` of `module` for this CPU and calls it on
-/// `inputs`, each laid out and then dropped (an owned one freed) before the
-/// next.
+/// Compiles entry point `f` of `module` for this CPU through LLVM and calls
+/// it in process on `inputs`, each laid out and then dropped (an owned one
+/// freed) before the next.
 fn run_cpu<T: std::borrow::Borrow<HostTensor>>(
     module: &dlc_graph::Module,
     f: &dlc_graph::Function,
