@@ -499,32 +499,49 @@ fn user_operators() {
     agree(dlc_tests::USER_OPERATOR_PROGRAM);
 }
 
+/// `src`'s tile IR for each of `targets` (with the lanes of its row tiles)
+/// has no `tile.reduce` and satisfies `holds`; then `src` agrees with the
+/// graph interpreter.
+#[track_caller]
+fn tiles_hold(src: &str, targets: &[(TargetDesc, usize)], holds: impl Fn(&str, usize) -> bool) {
+    let m = graph(src);
+    for (target, lanes) in targets {
+        let text = dlc_tile::print_module(&kernels(&m, target));
+        assert!(
+            !text.contains("tile.reduce") && holds(&text, *lanes),
+            "{}: {text}",
+            target.name
+        );
+    }
+    agree(src);
+}
+
+/// An AVX-512 and an AVX2 target, with the lanes of their row tiles.
+fn x86_widths() -> [(TargetDesc, usize); 2] {
+    [
+        (TargetDesc::x86_64_avx512(2), 64),
+        (TargetDesc::x86_64_avx2(2), 32),
+    ]
+}
+
 /// A short reduction for each column of a result (a depthwise convolution's
 /// and a max pool's 3 x 3 window) runs as tiles of columns, each tap one
 /// multiply-add or max of a tile, rather than as a tile of three taps
 /// reduced for every column: on either x86-64 width and sm_90.
 #[test]
 fn short_reductions_run_across_their_columns() {
-    let src = dlc_tests::CONTRACTION_PROGRAMS[21];
-    let m = graph(src);
-    for (target, lanes) in [
-        (TargetDesc::x86_64_avx512(2), 64),
-        (TargetDesc::x86_64_avx2(2), 32),
-        (TargetDesc::sm_90(), 70),
-    ] {
-        let text = dlc_tile::print_module(&kernels(&m, &target));
-        assert!(
-            !text.contains("tile.reduce")
-                && !text.contains("tile<3xf32>")
+    let [avx512, avx2] = x86_widths();
+    tiles_hold(
+        dlc_tests::CONTRACTION_PROGRAMS[21],
+        &[avx512, avx2, (TargetDesc::sm_90(), 70)],
+        |text, lanes| {
+            !text.contains("tile<3xf32>")
                 && text
                     .matches(&format!("{{pad = 0.0}} : tile<{lanes}xf32>"))
                     .count()
-                    == 2,
-            "{}: {text}",
-            target.name
-        );
-    }
-    agree(src);
+                    == 2
+        },
+    );
 }
 
 /// The same at stride 2: each tap a tile of columns read two elements
@@ -532,23 +549,15 @@ fn short_reductions_run_across_their_columns() {
 /// shuffle), not a tile of three taps reduced for every column.
 #[test]
 fn strided_short_reductions_run_across_their_columns() {
-    let src = dlc_tests::STRIDED_DEPTHWISE_PROGRAM;
-    let m = graph(src);
-    for (target, lanes) in [
-        (TargetDesc::x86_64_avx512(2), 64),
-        (TargetDesc::x86_64_avx2(2), 32),
-    ] {
-        let text = dlc_tile::print_module(&kernels(&m, &target));
-        assert!(
-            !text.contains("tile.reduce")
-                && !text.contains("tile<3xf32>")
+    tiles_hold(
+        dlc_tests::STRIDED_DEPTHWISE_PROGRAM,
+        &x86_widths(),
+        |text, lanes| {
+            !text.contains("tile<3xf32>")
                 && text.contains("2*#0 - 1] mask")
-                && text.contains(&format!("{{pad = 0.0}} : tile<{lanes}xf32>")),
-            "{}: {text}",
-            target.name
-        );
-    }
-    agree(src);
+                && text.contains(&format!("{{pad = 0.0}} : tile<{lanes}xf32>"))
+        },
+    );
 }
 
 /// A window longer than the row is wide (5 x 5 over 7 columns) still runs
@@ -556,20 +565,15 @@ fn strided_short_reductions_run_across_their_columns() {
 /// tile, not 5-lane tiles of taps reduced for every column.
 #[test]
 fn wide_windows_run_across_their_columns() {
-    let src = dlc_tests::WIDE_WINDOW_DEPTHWISE_PROGRAM;
-    let m = graph(src);
-    for target in [TargetDesc::x86_64_avx512(2), TargetDesc::x86_64_avx2(2)] {
-        let text = dlc_tile::print_module(&kernels(&m, &target));
-        assert!(
-            !text.contains("tile.reduce")
-                && !text.contains("tile<5xf32>")
+    tiles_hold(
+        dlc_tests::WIDE_WINDOW_DEPTHWISE_PROGRAM,
+        &x86_widths(),
+        |text, _| {
+            !text.contains("tile<5xf32>")
                 && text.contains("tile.sigmoid %")
-                && text.contains("{pad = 0.0} : tile<7xf32>"),
-            "{}: {text}",
-            target.name
-        );
-    }
-    agree(src);
+                && text.contains("{pad = 0.0} : tile<7xf32>")
+        },
+    );
 }
 
 /// One row times a transposed weight is a dot product of the row with each
@@ -608,20 +612,10 @@ fn a_row_by_a_matrix_is_tiles_of_columns() {
         !text.contains("loop.matmul") && text.contains("loop.relu"),
         "{text}"
     );
-    for (target, lanes) in [
-        (TargetDesc::x86_64_avx512(2), 64),
-        (TargetDesc::x86_64_avx2(2), 32),
-    ] {
-        let tile = dlc_tile::print_module(&kernels(&m, &target));
-        assert!(
-            !tile.contains("tile.reduce")
-                && !tile.contains("schedule = \"packed\"")
-                && tile.contains(&format!("hi = 70, step = {lanes}")),
-            "{}: {tile}",
-            target.name
-        );
-    }
-    agree(src);
+    tiles_hold(src, &x86_widths(), |tile, lanes| {
+        !tile.contains("schedule = \"packed\"")
+            && tile.contains(&format!("hi = 70, step = {lanes}"))
+    });
 }
 
 /// A reduction kept over a last axis of one (batchnorm's per-channel mean)
