@@ -583,13 +583,20 @@ pub const SHAPE_PROGRAMS: &[&str] = &[
     "fn f(w: f32[70, 33], a: f32[33, 70], b: f32[33, 70], c: f32[33, 70]) -> f32[70, 33] { return w - 0.5 * (transpose(a) + transpose(b) + transpose(c)); }",
 ];
 
-/// Gathers (`graph.gather`): random indices (in -10..=10) fall inside,
-/// count from the end and fall outside (reading zero); a row each (an
-/// embedding), columns, a scalar index, constant indices.
+/// Gathers (`graph.gather`) and scatter-adds (`graph.scatter_add`): random
+/// indices (in -10..=10) fall inside, repeat, count from the end and fall
+/// outside (reading zero, adding nowhere); a row each (an embedding and its
+/// gradient), columns, a scalar index, constant indices, `gather_elements`
+/// (a gather of the flattened tensor) and `scatter_add_elements` with
+/// indices shorter than the data on another axis, integers.
 pub const GATHER_PROGRAMS: &[&str] = &[
     "fn f(t: f32[8, 12], ids: i64[3, 2]) -> f32[3, 2, 12] { return gather(t, ids) * 2.0; }",
     "fn f(x: f32[4, 6, 5], ids: i32[7]) -> (f32[4, 7, 5], f32[6, 7]) { return (gather(x, ids, axis=1), gather(gather(x, tensor([-3], [], dtype=i64)), ids, axis=-1)); }",
     "fn f(x: f32[6, 5]) -> f32[4, 5] { return gather(relu(x), tensor([5, -1, 0, 6], [4], dtype=i64)); }",
+    "fn f(t: f32[9, 70], ids: i64[5, 4], g: f32[5, 4, 70]) -> f32[9, 70] { return scatter_add(t, ids, g * 2.0) + 1.0; }",
+    "fn f(x: f32[3, 8, 5], ids: i32[12], u: f32[3, 12, 5], v: i32[4, 8], j: i64[6]) -> (f32[3, 8, 5], i32[4, 8], f32[3]) { return (scatter_add(relu(x), ids, u, axis=1), scatter_add(v, j, slice(v, axis=1, start=0, end=6) * 3, axis=-1), scatter_add(full([3], 0.5), tensor([2, 2, -1, 7], [4], dtype=i64), tensor([1.0, 2.0, 3.0, 4.0], [4]))); }",
+    "fn f(x: f32[4, 9, 6], i: i64[3, 9, 2], u: f32[3, 9, 2]) -> f32[4, 9, 6] { return scatter_add_elements(x, i, u * 2.0, axis=2); }",
+    "fn f(x: f32[4, 9, 6], i: i64[3, 9, 2], y: i32[5, 11]) -> (f32[3, 9, 2], i32[1, 7]) { return (gather_elements(x, i, axis=2) + 1.0, gather_elements(y, tensor([0, 10, -1, -11, 3, 4, 12], [1, 7], dtype=i64), axis=1)); }",
 ];
 
 /// Reductions, softmax, layernorm, batchnorm.

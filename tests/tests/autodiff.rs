@@ -243,6 +243,23 @@ fn gathers() {
     );
 }
 
+/// A scatter-add passes its adjoint to `x` and gathers it for the
+/// updates; `gather_elements`, a gather of the flattened tensor, adds each
+/// element back at its flat position, and `scatter_add_elements` gathers
+/// its updates' adjoint from there.
+#[test]
+fn scatters() {
+    check(
+        "fn f(x: f64[4, 3], u: f64[4, 2, 3]) -> f64 { return sum(sin(scatter_add(x * x, tensor([1, -1, 1, 9, 0, 3], [2, 3], dtype=i64), u * u, axis=1))); }",
+    );
+    check(
+        "fn f(x: f64[3, 5]) -> f64 { return sum(sin(gather_elements(x, tensor([0, 4, 4, -1, 2, 7, 1, 1], [2, 4], dtype=i32), axis=1))); }",
+    );
+    check(
+        "fn f(x: f64[3, 5], u: f64[2, 4]) -> f64 { return sum(sin(scatter_add_elements(x * x, tensor([0, 4, 4, -1, 2, 7, 1, 1], [2, 4], dtype=i32), u * u, axis=1))); }",
+    );
+}
+
 #[test]
 fn convolutions_and_pooling() {
     for (stride, padding, groups) in [(1, 1, 1), (2, 0, 1), (2, 1, 2), (1, 2, 4)] {

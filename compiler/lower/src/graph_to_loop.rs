@@ -175,7 +175,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use dlc_core::scalar::{BinaryOp, ReduceKind, UnaryOp};
+use dlc_core::scalar::{BinaryOp, CmpOp, ReduceKind, UnaryOp};
 use dlc_core::{DType, TargetDesc, TensorType, Window};
 use dlc_graph::compute::{
     Affine, ComputeBody, ContractionForm, ElemDef, IndexVar, OperandRead, ScalarExpr, Source,
@@ -1263,6 +1263,7 @@ impl Lowering<'_> {
             } => self.emit_pool(n, kind, kernel, stride, padding),
             Op::Concat { axis } => self.emit_concat(n, axis),
             Op::Gather { axis } => self.emit_gather(n, axis),
+            Op::ScatterAdd { axis } => self.emit_scatter_add(n, axis),
             Op::Compute(body) => self.emit_compute(n, &body)?,
             other => {
                 return Err(LowerError::Invalid(format!(
@@ -1681,6 +1682,60 @@ impl Lowering<'_> {
             self.b.end_for(vec![]);
         }
         self.close_nest(split);
+    }
+
+    /// `scatter_add`: `x` copied into the result, then a second nest adds
+    /// each update at its row: parallel over the axes before `axis`, the
+    /// indices' axes counted `loop.for`s in order (so repeated indices add
+    /// in turn, never at once), the axes after `axis` innermost. An index
+    /// outside the axis (after counting a negative one from the end) adds
+    /// zero to row 0, so every store stays inside the buffer.
+    fn emit_scatter_add(&mut self, n: NodeIndex, axis: usize) {
+        let ty = self.ty(n).clone();
+        let (ind, upd) = (self.operand(n, 1), self.operand(n, 2));
+        let (ti, tu) = (self.ty(ind).clone(), self.ty(upd).clone());
+        let buf = self.home[&n];
+        let idx = self.open_nest(&ty.shape);
+        let v = self.operand_at(n, 0, &idx);
+        self.b.store(v, buf, idx);
+        self.close_nest(ty.rank());
+        let extent = ty.shape[axis];
+        if extent == 0 || tu.shape.contains(&0) {
+            return;
+        }
+        let q = ti.rank();
+        let mut at = self.open_nest(&ty.shape[..axis]);
+        let mut u_at = at.clone();
+        for &d in &ti.shape {
+            u_at.push(ix(self.b.begin_for(0, d as i64, 1, &[]).0));
+        }
+        let i = self.value_at(ind, &u_at[axis..]);
+        let zero = self.b.constant(0.0, ti.dtype);
+        let negative = self.b.compare(CmpOp::Lt, i, zero);
+        let n_i = self.b.constant(extent as f64, ti.dtype);
+        let wrapped = self.b.binary(BinaryOp::Add, i, n_i);
+        let i = self.b.select(negative, wrapped, i);
+        let above = self.b.compare(CmpOp::Ge, i, zero);
+        let below = self.b.compare(CmpOp::Lt, i, n_i);
+        let i = self.b.select(above, i, zero);
+        let i = self.b.select(below, i, zero);
+        at.push(ix(self.b.index_of(i)));
+        for &d in &ty.shape[axis + 1..] {
+            let c = ix(self.b.begin_for(0, d as i64, 1, &[]).0);
+            at.push(c.clone());
+            u_at.push(c);
+        }
+        let u = self.value_at(upd, &u_at);
+        let none = self.b.constant(0.0, ty.dtype);
+        let u = self.b.select(above, u, none);
+        let u = self.b.select(below, u, none);
+        let old = self.b.load(buf, at.clone(), None);
+        let sum = self.b.binary(BinaryOp::Add, old, u);
+        self.b.store(sum, buf, at);
+        for _ in 0..q + ty.rank() - axis - 1 {
+            self.b.end_for(vec![]);
+        }
+        self.close_nest(axis);
     }
 
     /// A user operator: each local, then the output, as a loop nest over its

@@ -118,6 +118,45 @@ fn need_rank(what: &str, t: &TensorType, rank: usize) -> Result<()> {
     }
 }
 
+/// Checks that `scatter_add(t, ind, upd)` along `axis` has updates shaped
+/// as `gather(t, ind)` would be, of `t`'s type.
+fn scattered(
+    what: &str,
+    t: &TensorType,
+    ind: &TensorType,
+    upd: &TensorType,
+    axis: usize,
+) -> Result<()> {
+    let shape = gathered_shape(what, t, ind, axis)?;
+    if upd.dtype != t.dtype || upd.shape != shape {
+        return Err(InferError::new(
+            format!(
+                "{what} of {t} at indices {ind} takes updates {}, got {upd}",
+                TensorType::new(t.dtype, shape)
+            ),
+            "updates do not fit",
+        ));
+    }
+    Ok(())
+}
+
+/// The shape of `gather(t, ind)` along `axis` (and of the updates a
+/// `scatter_add` at `ind` takes): `t`'s axes before `axis`, the indices'
+/// axes, `t`'s axes after it.
+fn gathered_shape(what: &str, t: &TensorType, ind: &TensorType, axis: usize) -> Result<Vec<usize>> {
+    check_axes(what, t, &[axis])?;
+    if !ind.dtype.is_int() {
+        return Err(InferError::new(
+            format!("{what} takes integer indices, got {ind}"),
+            "not integers",
+        ));
+    }
+    let mut shape = t.shape[..axis].to_vec();
+    shape.extend(&ind.shape);
+    shape.extend(&t.shape[axis + 1..]);
+    Ok(shape)
+}
+
 fn check_axes(what: &str, t: &TensorType, axes: &[usize]) -> Result<()> {
     for (i, &a) in axes.iter().enumerate() {
         if a >= t.rank() {
@@ -318,18 +357,13 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
         }
         Op::Gather { axis } => {
             arity(what, inputs.len(), 2)?;
-            let (t, ind) = (inputs[0], inputs[1]);
-            check_axes(what, t, &[*axis])?;
-            if !ind.dtype.is_int() {
-                return Err(InferError::new(
-                    format!("{what} takes integer indices, got {ind}"),
-                    "not integers",
-                ));
-            }
-            let mut shape = t.shape[..*axis].to_vec();
-            shape.extend(&ind.shape);
-            shape.extend(&t.shape[axis + 1..]);
-            one(TensorType::new(t.dtype, shape))
+            let shape = gathered_shape(what, inputs[0], inputs[1], *axis)?;
+            one(TensorType::new(inputs[0].dtype, shape))
+        }
+        Op::ScatterAdd { axis } => {
+            arity(what, inputs.len(), 3)?;
+            scattered(what, inputs[0], inputs[1], inputs[2], *axis)?;
+            one(inputs[0].clone())
         }
         Op::Broadcast { shape } => {
             arity(what, inputs.len(), 1)?;

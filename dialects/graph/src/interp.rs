@@ -497,27 +497,19 @@ pub fn eval_op(op: &Op, inputs: &[&Tensor], results: &[TensorType]) -> Result<Ve
             .slice_axis(Axis(*axis), Slice::from(*start..*end))
             .to_owned(),
         Op::Gather { axis } => {
-            let (x, ind) = (
-                x()?,
-                inputs
-                    .get(1)
-                    .ok_or_else(|| InterpError::Shape("gather needs its indices".into()))?,
-            );
-            let (axis, q) = (*axis, ind.data.ndim());
-            let n = x.data.shape()[axis] as f64;
-            ArrayD::from_shape_fn(IxDyn(&ty.shape), |idx| {
-                let idx = ndarray::Dimension::slice(&idx);
-                let i = ind.data[&idx[axis..axis + q]];
-                let i = if i < 0.0 { i + n } else { i };
-                if !(0.0..n).contains(&i) {
-                    return 0.0;
-                }
-                let mut at: Vec<usize> = idx[..axis].to_vec();
-                at.push(i as usize);
-                at.extend(&idx[axis + q..]);
-                x.data[at.as_slice()]
-            })
+            let ind = inputs
+                .get(1)
+                .ok_or_else(|| InterpError::Shape("gather needs its indices".into()))?;
+            gather_rows(&x()?.data, &ind.data, *axis, &ty.shape)
         }
+        Op::ScatterAdd { axis } => match inputs {
+            [x, ind, upd] => scatter_add(&x.data, &ind.data, &upd.data, *axis),
+            _ => {
+                return Err(InterpError::Shape(
+                    "scatter_add needs data, indices and updates".into(),
+                ));
+            }
+        },
         Op::Broadcast { shape } => x()?
             .data
             .broadcast(IxDyn(shape))
@@ -605,6 +597,48 @@ fn over_axes(
         inverse[p] = i;
     }
     Ok(moved.permuted_axes(IxDyn(&inverse)))
+}
+
+/// Index `i` (an element of a gather's or scatter's indices) as a position
+/// along an axis of extent `n`: a negative one counted from the end, `None`
+/// outside the axis.
+fn position(i: f64, n: usize) -> Option<usize> {
+    let n = n as f64;
+    let i = if i < 0.0 { i + n } else { i };
+    (0.0..n).contains(&i).then_some(i as usize)
+}
+
+/// Where `at` (an index of a gather's result, or of a scatter's updates)
+/// reads or writes in `x`: its own coordinates with the indices' ones
+/// replaced by the index they hold at `axis`.
+fn indexed_at(x: &[usize], ind: &ArrayD<f64>, axis: usize, at: &[usize]) -> Option<Vec<usize>> {
+    let q = ind.ndim();
+    let i = position(ind[&at[axis..axis + q]], x[axis])?;
+    let mut to: Vec<usize> = at[..axis].to_vec();
+    to.push(i);
+    to.extend(&at[axis + q..]);
+    Some(to)
+}
+
+/// `gather(x, ind)` along `axis`, of shape `shape`: an index outside the
+/// axis reads zero.
+fn gather_rows(x: &ArrayD<f64>, ind: &ArrayD<f64>, axis: usize, shape: &[usize]) -> ArrayD<f64> {
+    ArrayD::from_shape_fn(IxDyn(shape), |idx| {
+        indexed_at(x.shape(), ind, axis, ndarray::Dimension::slice(&idx))
+            .map_or(0.0, |at| x[at.as_slice()])
+    })
+}
+
+/// `scatter_add(x, ind, upd)` along `axis`: each update added in turn; one
+/// at an index outside the axis adds nowhere.
+fn scatter_add(x: &ArrayD<f64>, ind: &ArrayD<f64>, upd: &ArrayD<f64>, axis: usize) -> ArrayD<f64> {
+    let mut out = x.clone();
+    for (idx, &u) in upd.indexed_iter() {
+        if let Some(at) = indexed_at(x.shape(), ind, axis, ndarray::Dimension::slice(&idx)) {
+            out[at.as_slice()] += u;
+        }
+    }
+    out
 }
 
 fn matmul(a: &ArrayD<f64>, b: &ArrayD<f64>, out_shape: &[usize]) -> Result<ArrayD<f64>> {

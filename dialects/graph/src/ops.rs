@@ -108,6 +108,16 @@ pub enum Op {
         /// The indexed axis of `x`.
         axis: usize,
     },
+    /// `scatter_add(x, indices, updates)` along `axis`: `x` with each
+    /// element of `updates` (shaped as `gather(x, indices)` would be) added
+    /// at the position its index names (`numpy.add.at`; repeated indices
+    /// all add, a negative index counts from the end and one outside
+    /// `-n..n` adds nothing). The adjoint of `gather`: an embedding's
+    /// gradient costs the rows it writes.
+    ScatterAdd {
+        /// The indexed axis of `x`.
+        axis: usize,
+    },
     /// `numpy.broadcast_to`.
     Broadcast {
         /// Target shape.
@@ -182,6 +192,7 @@ impl Op {
             Op::Concat { .. } => "concat",
             Op::Slice { .. } => "slice",
             Op::Gather { .. } => "gather",
+            Op::ScatterAdd { .. } => "scatter_add",
             Op::Broadcast { .. } => "broadcast",
             Op::Conv2d { .. } => "conv2d",
             Op::Pool2d {
@@ -216,7 +227,9 @@ impl Op {
             Op::LayerNorm { axes, eps } => vec![("axes", ints(axes)), ("eps", Attr::Float(*eps))],
             Op::Reshape { shape } | Op::Broadcast { shape } => vec![("shape", ints(shape))],
             Op::Transpose { perm } => vec![("perm", ints(perm))],
-            Op::Concat { axis } | Op::Gather { axis } => vec![("axis", Attr::Int(*axis as i64))],
+            Op::Concat { axis } | Op::Gather { axis } | Op::ScatterAdd { axis } => {
+                vec![("axis", Attr::Int(*axis as i64))]
+            }
             Op::Slice { axis, start, end } => vec![
                 ("axis", Attr::Int(*axis as i64)),
                 ("start", Attr::Int(*start as i64)),
@@ -304,6 +317,9 @@ impl Op {
                     axis: a.usize("axis")?,
                 },
                 "gather" => Op::Gather {
+                    axis: a.usize("axis")?,
+                },
+                "scatter_add" => Op::ScatterAdd {
                     axis: a.usize("axis")?,
                 },
                 "slice" => Op::Slice {

@@ -366,6 +366,12 @@ const POOL2: &[Param] = &[
 ];
 const LOSS: &[Param] = &[X, required("y", Tensor)];
 const GATHER: &[Param] = &[X, required("indices", Tensor), optional("axis", Int, "0")];
+const SCATTER: &[Param] = &[
+    X,
+    required("indices", Tensor),
+    required("updates", Tensor),
+    optional("axis", Int, "0"),
+];
 const ADAM: &[Param] = &[
     required("w", Tensor),
     required("g", Tensor),
@@ -819,6 +825,12 @@ static WRITTEN: &[Builtin] = &[
         e.call_gather_elements(cx, c)
     }),
     lib("gather", S::Index, GATHER, |e, cx, c| e.call_gather(cx, c)),
+    lib("scatter_add", S::Index, SCATTER, |e, cx, c| {
+        e.call_scatter_add(cx, c)
+    }),
+    lib("scatter_add_elements", S::Index, SCATTER, |e, cx, c| {
+        e.call_scatter_add_elements(cx, c)
+    }),
     lib(
         "dropout",
         S::Network,

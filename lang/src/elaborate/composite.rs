@@ -874,17 +874,18 @@ impl Elab<'_> {
         Ok(EVal::Tuple(vec![v, i]))
     }
 
-    /// `gather_elements`.
+    /// `gather_elements`: `x` read as one axis at each index's flat
+    /// position ([`Self::flat_positions`]), so it costs the elements it reads
+    /// and its adjoint is a `scatter_add`.
     pub(super) fn call_gather_elements(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
         let span = c.span;
         let a = &c.a;
-        let t = |v: Value| Ok(EVal::Tensor(v));
         let x = self.tensor(cx, req(a, 0))?;
         let ind = self.tensor(cx, req(a, 1))?;
         let (ty, it) = (Self::ty(cx, x), Self::ty(cx, ind));
         let axis = c.axis(2, &ty, &cx.dims)?;
         let fits = it.rank() == ty.rank()
-            && (0..ty.rank()).all(|i| i == axis || it.shape[i] == ty.shape[i]);
+            && (0..ty.rank()).all(|i| i == axis || it.shape[i] <= ty.shape[i]);
         if !it.dtype.is_int() || !ty.dtype.is_numeric() || !fits {
             return Err(Diagnostic::new(
                 format!("gather_elements: indices {it} do not fit {ty} along axis {axis}"),
@@ -892,19 +893,136 @@ impl Elab<'_> {
                 "indices",
             ));
         }
-        let n = ty.shape[axis];
-        // x as [.., 1 (m), n, ..] and the indices as [.., m, 1, ..]:
-        // each output element sums the one x whose position matches.
-        let mut xs = ty.shape.clone();
-        xs.insert(axis, 1);
-        let xv = self.add(cx, Op::Reshape { shape: xs }, &[x], span)?;
-        let ind = self.counted_from_end(cx, ind, n, span)?;
-        let mut is = it.shape.clone();
-        is.insert(axis + 1, 1);
-        let iv = self.add(cx, Op::Reshape { shape: is }, &[ind], span)?;
-        let iota = self.iota(cx, n, axis + 1, ty.rank() + 1, it.dtype);
-        let hit = self.cmp(cx, CmpOp::Eq, iv, iota, span)?;
-        t(self.masked_sum(cx, hit, xv, axis + 1, span)?)
+        let total = ty.shape.iter().product();
+        let flat = self.add(cx, Op::Reshape { shape: vec![total] }, &[x], span)?;
+        let at = self.flat_positions(cx, &ty.shape, ind, axis, span)?;
+        Ok(EVal::Tensor(self.gather(cx, flat, at, 0, span)?))
+    }
+
+    /// `scatter_add`.
+    pub(super) fn call_scatter_add(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let span = c.span;
+        let a = &c.a;
+        let x = self.tensor(cx, req(a, 0))?;
+        let ind = self.tensor(cx, req(a, 1))?;
+        let upd = self.tensor(cx, req(a, 2))?;
+        let (ty, it, ut) = (Self::ty(cx, x), Self::ty(cx, ind), Self::ty(cx, upd));
+        if !it.dtype.is_int() || !ty.dtype.is_numeric() {
+            return Err(Diagnostic::new(
+                format!("scatter_add takes numbers and integer indices, got {ty} and {it}"),
+                span,
+                "types",
+            ));
+        }
+        let axis = c.axis(3, &ty, &cx.dims)?;
+        let mut want = ty.shape[..axis].to_vec();
+        want.extend(&it.shape);
+        want.extend(&ty.shape[axis + 1..]);
+        if ut.dtype != ty.dtype || ut.shape != want {
+            let want = TensorType::new(ty.dtype, want);
+            return Err(Diagnostic::new(
+                format!(
+                    "scatter_add: updates {ut} do not fit {ty} at indices {it} along axis {axis} (they must be {want})"
+                ),
+                req(a, 2).span,
+                "updates",
+            ));
+        }
+        Ok(EVal::Tensor(self.add(
+            cx,
+            Op::ScatterAdd { axis },
+            &[x, ind, upd],
+            span,
+        )?))
+    }
+
+    /// `scatter_add_elements`: `scatter_add` on `x` flattened at each
+    /// index's flat position ([`Self::flat_positions`]), the inverse of
+    /// `gather_elements`.
+    pub(super) fn call_scatter_add_elements(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let span = c.span;
+        let a = &c.a;
+        let x = self.tensor(cx, req(a, 0))?;
+        let ind = self.tensor(cx, req(a, 1))?;
+        let upd = self.tensor(cx, req(a, 2))?;
+        let (ty, it, ut) = (Self::ty(cx, x), Self::ty(cx, ind), Self::ty(cx, upd));
+        let axis = c.axis(3, &ty, &cx.dims)?;
+        let fits = it.rank() == ty.rank()
+            && (0..ty.rank()).all(|i| i == axis || it.shape[i] <= ty.shape[i]);
+        if !it.dtype.is_int() || !ty.dtype.is_numeric() || !fits {
+            return Err(Diagnostic::new(
+                format!("scatter_add_elements: indices {it} do not fit {ty} along axis {axis}"),
+                span,
+                "indices",
+            ));
+        }
+        if ut.dtype != ty.dtype || ut.shape != it.shape {
+            return Err(Diagnostic::new(
+                format!(
+                    "scatter_add_elements: updates {ut} must be {}",
+                    TensorType::new(ty.dtype, it.shape.clone())
+                ),
+                req(a, 2).span,
+                "updates",
+            ));
+        }
+        let total = ty.shape.iter().product();
+        let flat = self.add(cx, Op::Reshape { shape: vec![total] }, &[x], span)?;
+        let at = self.flat_positions(cx, &ty.shape, ind, axis, span)?;
+        let sum = self.add(cx, Op::ScatterAdd { axis: 0 }, &[flat, at, upd], span)?;
+        Ok(EVal::Tensor(self.add(
+            cx,
+            Op::Reshape {
+                shape: ty.shape.clone(),
+            },
+            &[sum],
+            span,
+        )?))
+    }
+
+    /// The position in a tensor of shape `shape` flattened of each element
+    /// of `ind` read as an index along `axis` (a negative one counted from
+    /// the end, the other coordinates the element's own): `ind * stride +
+    /// sum of iota * stride` over the other axes, in i64. An index outside
+    /// the axis gets the flattened extent, which reads zero and adds nowhere.
+    pub(super) fn flat_positions(
+        &mut self,
+        cx: &mut FnCx,
+        shape: &[usize],
+        ind: Value,
+        axis: usize,
+        span: Span,
+    ) -> R<Value> {
+        let it = Self::ty(cx, ind);
+        let ind = match it.dtype {
+            DType::I64 => ind,
+            _ => self.add(cx, Op::Cast { to: DType::I64 }, &[ind], span)?,
+        };
+        let n = shape[axis];
+        let i = self.counted_from_end(cx, ind, n, span)?;
+        let strides: Vec<usize> = (0..shape.len())
+            .map(|a| shape[a + 1..].iter().product())
+            .collect();
+        let stride = self.k(cx, strides[axis] as f64, DType::I64);
+        let mut at = self.bin(cx, BinaryOp::Mul, i, stride, span)?;
+        for (a, &d) in it.shape.iter().enumerate() {
+            if a == axis || d == 1 {
+                continue;
+            }
+            let iota = self.iota(cx, d, a, it.rank(), DType::I64);
+            let stride = self.k(cx, strides[a] as f64, DType::I64);
+            let along = self.bin(cx, BinaryOp::Mul, iota, stride, span)?;
+            at = self.bin(cx, BinaryOp::Add, at, along, span)?;
+        }
+        let (zero, extent) = (
+            self.k(cx, 0.0, DType::I64),
+            self.k(cx, n as f64, DType::I64),
+        );
+        let outside = self.k(cx, shape.iter().product::<usize>() as f64, DType::I64);
+        let above = self.cmp(cx, CmpOp::Ge, i, zero, span)?;
+        let at = self.add(cx, Op::Select, &[above, at, outside], span)?;
+        let below = self.cmp(cx, CmpOp::Lt, i, extent, span)?;
+        self.add(cx, Op::Select, &[below, at, outside], span)
     }
 
     /// `gather`.

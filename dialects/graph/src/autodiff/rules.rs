@@ -39,8 +39,18 @@ pub(super) fn vjp(
         Op::Call { .. } => return Err("calls are inlined before differentiation".into()),
         // The value passes; what it waited for gets nothing.
         Op::Barrier => grads[0] = Some(g),
-        Op::Gather { axis } if needs[0] => grads[0] = Some(gather(b, xs, g, *axis)?),
+        // Each read row's adjoint added where it was read from.
+        Op::Gather { axis } if needs[0] => {
+            let zeros = b.constant(0.0, b.ty(xs[0]));
+            grads[0] = Some(b.op(Op::ScatterAdd { axis: *axis }, &[zeros, xs[1], g])?);
+        }
         Op::Gather { .. } => {}
+        Op::ScatterAdd { axis } => {
+            grads[0] = Some(g);
+            if needs[2] {
+                grads[2] = Some(b.op(Op::Gather { axis: *axis }, &[g, xs[1]])?);
+            }
+        }
         Op::Unary(u) => {
             let d = u.derivative();
             let mut e = ElemBuilder { b, dtype };
@@ -197,71 +207,6 @@ fn slice(
         return Ok(x);
     }
     b.op(Op::Slice { axis, start, end }, &[x])
-}
-
-/// The adjoint of `x` in `gather(x, ind, axis)`: each element of `g` added
-/// where its index points, `dx[p.., v, r..] = sum[q..](where(ind[q..] ==
-/// v, g[p.., q.., r..], 0))` (a negative index counted from the end; one
-/// out of range adds nowhere), a user operator against an iota of `v`.
-/// It reads every index for every element of `x` (no scatter-add op yet).
-fn gather(b: &mut Builder<'_>, xs: &[Value], g: Value, axis: usize) -> Result<Value, String> {
-    let (tx, ti) = (b.ty(xs[0]), b.ty(xs[1]));
-    let (r, q, n) = (tx.rank(), ti.rank(), tx.shape[axis]);
-    let iota = b.f.add_op(
-        Op::Constant(crate::ops::ConstValue::Dense(
-            (0..n).map(|i| i as f64).collect(),
-        )),
-        &[],
-        TensorType::new(ti.dtype, vec![n]),
-    );
-    // Output variables d0..d(r-1), then the indices' d(r)..d(r+q-1).
-    let qs: Vec<Affine> = (0..q).map(|k| var((r + k) as u32)).collect();
-    let mut at: Vec<Affine> = (0..axis).map(|k| var(k as u32)).collect();
-    at.extend(qs.iter().cloned());
-    at.extend((axis + 1..r).map(|k| var(k as u32)));
-    let i = read(1, qs);
-    let counted = ScalarExpr::Select(
-        Box::new(ScalarExpr::Compare(
-            CmpOp::Lt,
-            Box::new(i.clone()),
-            Box::new(ScalarExpr::Const(0.0)),
-        )),
-        Box::new(ScalarExpr::Binary(
-            BinaryOp::Add,
-            Box::new(i.clone()),
-            Box::new(ScalarExpr::Const(n as f64)),
-        )),
-        Box::new(i),
-    );
-    let hit = ScalarExpr::Compare(
-        CmpOp::Eq,
-        Box::new(counted),
-        Box::new(read(2, vec![var(axis as u32)])),
-    );
-    let picked = ScalarExpr::Select(
-        Box::new(hit),
-        Box::new(read(0, at)),
-        Box::new(ScalarExpr::Const(0.0)),
-    );
-    let expr = if q == 0 {
-        picked
-    } else {
-        ScalarExpr::Reduce {
-            kind: ReduceKind::Sum,
-            vars: (0..q).map(|k| range((r + k) as u32, ti.shape[k])).collect(),
-            body: Box::new(picked),
-        }
-    };
-    let body = ComputeBody {
-        name: "gather_adjoint".into(),
-        locals: vec![],
-        out: ElemDef {
-            vars: (0..r as u32).map(IndexVar).collect(),
-            ty: tx,
-            expr,
-        },
-    };
-    b.op(Op::Compute(Box::new(body)), &[g, xs[1], iota])
 }
 
 /// The last two axes swapped.

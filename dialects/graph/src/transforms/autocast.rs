@@ -55,6 +55,7 @@ fn policy(op: &Op) -> Policy {
     match op {
         Op::MatMul | Op::Conv2d { .. } => Policy::Narrow,
         Op::Reduce { .. }
+        | Op::ScatterAdd { .. }
         | Op::Softmax { .. }
         | Op::LayerNorm { .. }
         | Op::BatchNorm { .. }

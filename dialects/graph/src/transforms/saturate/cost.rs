@@ -264,6 +264,12 @@ impl CostModel {
                 let indices = inputs.get(1).map_or(0.0, |i| bytes(&i.ty));
                 self.kernel_us + self.bytes_us(2.0 * out_bytes + indices)
             }
+            // A copy of `x`, then each update read and its row read and
+            // written again.
+            Op::ScatterAdd { .. } => {
+                let updates = inputs.get(2).map_or(0.0, |u| bytes(&u.ty));
+                2.0 * self.kernel_us + self.bytes_us(in_bytes + out_bytes + 2.0 * updates)
+            }
             Op::Call { .. } => f64::INFINITY,
             // The element-wise ops (`Op::is_elementwise`).
             op => {
