@@ -77,11 +77,17 @@
 //!   `gather`, a graph op that reads only the rows it gives (a load at a data-dependent
 //!   index in the loop and tile dialects; an out-of-range index reads zero, where ONNX
 //!   leaves it undefined), so an embedding lookup costs the rows it reads.
-//!   `GatherElements`, `ScatterElements`, `ScatterND` (every reduction) and `GatherND`
-//!   with run-time indices are still a sum over the indexed axis in which only the element
-//!   whose iota equals the index is selected (exact: the others contribute zeros), which
-//!   costs the axis's extent per element: in index notation against iotas over the indexed
-//!   axes and a mask of ones (a read past the indices is no index). `Einsum` is one operator in index
+//!   `GatherElements` is the language's `gather_elements`, and `GatherND` a `gather` of
+//!   the data with its batch and indexed axes flattened, at each index tuple's flat
+//!   position (`flat_positions`: the coordinates times their strides plus iotas over
+//!   the indices' own axes, and the whole extent, which reads zero, for a tuple outside
+//!   the data). `ScatterElements` and `ScatterND` with reduction `add` are the
+//!   language's `scatter_add` on the data flattened the same way; with `none`, the
+//!   updates' sum where a count of the indices (a `scatter_add` of ones) is not zero,
+//!   the data elsewhere. So each costs the elements its indices name. With `mul`,
+//!   `max` or `min` a scatter is still a reduction over the indices for each element, in
+//!   index notation against iotas over the indexed axes and a mask of ones (a read past
+//!   the indices is no index). `Einsum` is one operator in index
 //!   notation (a sum over the labels the output lacks; an ellipsis aligned right and
 //!   broadcast). `CumProd` shares `CumSum`'s prefix mask (applied with a `where`, so an
 //!   infinity outside the prefix stays out). `DFT` is a product with constant cosine and

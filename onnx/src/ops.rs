@@ -2641,6 +2641,8 @@ impl Importer {
         )
     }
 
+    /// `GatherElements`: the language's `gather_elements` (a gather of
+    /// the flattened data at each index's flat position).
     fn gather_elements(&mut self, cx: &Cx<'_>) -> R<()> {
         cx.allow(&["axis"])?;
         let (x, ind) = (self.need(cx, 0)?, self.need(cx, 1)?);
@@ -2656,36 +2658,14 @@ impl Importer {
         if x.dtype == DType::Bool {
             return Err(cx.err("a gather of bool with run-time indices is not supported"));
         }
-        let n = x.shape[axis];
-        let idx = self.indices_input(cx, 1, &[n])?;
-        let iota = self.iota(&[n], 0, DType::I64);
-        // The data cut to the indices' extents on the other axes.
-        let mut ex = self.e(cx, 0)?;
-        let mut xs = x.shape.clone();
-        for (a, (d, &want)) in xs.iter_mut().zip(&ind.shape).enumerate() {
-            if a != axis && want < *d {
-                ex = format!("slice({ex}, axis={a}, start=0, end={want})");
-                *d = want;
-            }
+        if !matches!(ind.dtype, DType::I32 | DType::I64) {
+            return Err(cx.err(format!("indices must be i32 or i64, got {}", ind.dtype)));
         }
-        let out_idx: Vec<String> = (0..r).map(|a| format!("i{a}")).collect();
-        let mut x_idx = out_idx.clone();
-        x_idx[axis] = "k".into();
-        let zero = literal(0.0, x.dtype);
-        let name = self.fresh("gather_elements");
-        self.ops.push(format!(
-            "op {name}(x: {}, ind: {}, io: {}) -> {} {{\n    out[{o}] = sum[k](where(ind[{o}] == io[k], x[{}], {zero}));\n}}",
-            type_text(x.dtype, &xs),
-            type_text(DType::I64, &ind.shape),
-            type_text(DType::I64, &[n]),
-            type_text(x.dtype, &ind.shape),
-            x_idx.join(", "),
-            o = out_idx.join(", "),
-        ));
+        let (ex, ei) = (self.e(cx, 0)?, self.e(cx, 1)?);
         self.bind(
             cx,
             0,
-            format!("{name}({ex}, {idx}, {iota})"),
+            format!("gather_elements({ex}, {ei}, axis={axis})"),
             x.dtype,
             ind.shape,
         )
@@ -4918,6 +4898,90 @@ impl Importer {
         Ok(name)
     }
 
+    /// The position, in the first `k` axes of `shape` taken as one, of
+    /// each index tuple: `columns` are the i64 expressions (negative ones
+    /// already counted from the end) of the tuple's coordinates, each with
+    /// the axis of `shape` it indexes, and `iotas` the axes of the indices
+    /// (of rank `rank`) that are coordinates of their own, each with its
+    /// axis of `shape` and its extent. A tuple with a coordinate outside its axis gets the
+    /// extent of the whole, which `gather` reads as zero and `scatter_add`
+    /// adds nowhere.
+    fn flat_positions(
+        &mut self,
+        shape: &[usize],
+        k: usize,
+        columns: &[(String, usize)],
+        iotas: &[(usize, usize, usize)],
+        rank: usize,
+    ) -> String {
+        let stride = |a: usize| shape[a + 1..k].iter().product::<usize>();
+        let mut terms: Vec<String> = columns
+            .iter()
+            .map(|(e, a)| format!("{e} * {}", stride(*a)))
+            .collect();
+        let mut inside: Vec<String> = columns
+            .iter()
+            .map(|(e, a)| format!("logical_and({e} >= 0, {e} < {})", shape[*a]))
+            .collect();
+        for &(q, a, n) in iotas {
+            let mut at = vec![1; rank];
+            at[q] = n;
+            let iota = self.iota(&at, q, DType::I64);
+            terms.push(format!("{iota} * {}", stride(a)));
+        }
+        let whole: usize = shape[..k].iter().product();
+        let first = inside.remove(0);
+        let inside = inside
+            .into_iter()
+            .fold(first, |acc, c| format!("logical_and({acc}, {c})"));
+        let name = self.fresh("positions");
+        self.lines.push(format!(
+            "let {name} = where({inside}, {}, {whole});",
+            terms.join(" + ")
+        ));
+        name
+    }
+
+    /// A scatter with reduction `add` (`add`) or `none` as `scatter_add`
+    /// on `x` flattened to `[P, rest..]` (`P` its first `k` axes) at
+    /// `positions`: `add` adds every update, `none` takes the sum of the
+    /// updates where some index names the element (ONNX leaves repeated
+    /// indices undefined) and the data elsewhere.
+    #[allow(clippy::too_many_arguments)]
+    fn scatter_as_add(
+        &mut self,
+        ex: &str,
+        shape: &[usize],
+        k: usize,
+        dt: DType,
+        positions: &str,
+        index_shape: &[usize],
+        eu: &str,
+        add: bool,
+    ) -> String {
+        let mut flat = vec![shape[..k].iter().product::<usize>()];
+        flat.extend(&shape[k..]);
+        let flat_text = shape_text(&flat);
+        let fx = format!("reshape({ex}, {flat_text})");
+        let sum = if add {
+            format!("scatter_add({fx}, {positions}, {eu})")
+        } else {
+            let zeros = format!("full({flat_text}, {}, dtype={dt})", literal(0.0, dt));
+            let mut upd_shape = index_shape.to_vec();
+            upd_shape.extend(&shape[k..]);
+            let ones = format!(
+                "full({}, {}, dtype={dt})",
+                shape_text(&upd_shape),
+                literal(1.0, dt)
+            );
+            format!(
+                "where(scatter_add({zeros}, {positions}, {ones}) > {zero}, scatter_add({zeros}, {positions}, {eu}), {fx})",
+                zero = literal(0.0, dt)
+            )
+        };
+        format!("reshape({sum}, {})", shape_text(shape))
+    }
+
     /// `ScatterElements`: each output element is the update whose index
     /// (along `axis`, the other coordinates equal) names it, or the data
     /// where none does; with a reduction, the data combined with every
@@ -4949,6 +5013,18 @@ impl Importer {
         let dt = x.dtype;
         let n = x.shape[axis];
         let ei = self.indices_input(cx, 1, &[n])?;
+        let reduction = cx.string("reduction", "none");
+        if matches!(reduction.as_str(), "none" | "add") {
+            let iotas: Vec<(usize, usize, usize)> = (0..r)
+                .filter(|&a| a != axis && ind.shape[a] > 1)
+                .map(|a| (a, a, ind.shape[a]))
+                .collect();
+            let at = self.flat_positions(&x.shape, r, &[(ei, axis)], &iotas, r);
+            let (ex, eu) = (self.e(cx, 0)?, self.e(cx, 2)?);
+            let add = reduction == "add";
+            let e = self.scatter_as_add(&ex, &x.shape, r, dt, &at, &ind.shape, &eu, add);
+            return self.bind(cx, 0, e, dt, x.shape);
+        }
         let iota = self.iota(&[n], 0, DType::I64);
         let o: Vec<String> = (0..r).map(|a| format!("i{a}")).collect();
         let mut q = o.clone();
@@ -4956,7 +5032,6 @@ impl Importer {
         let (o, q) = (o.join(", "), q.join(", "));
         let hit = format!("ind[{q}] == io[i{axis}]");
         let zero = literal(0.0, dt);
-        let reduction = cx.string("reduction", "none");
         let found = format!("sum[k](where({hit}, m[{q}], {zero}))");
         let body = match reduction.as_str() {
             "none" => {
@@ -5009,7 +5084,26 @@ impl Importer {
             .unzip()
     }
 
-    /// `ScatterND`: an update slice goes where its index tuple (the last
+    /// The columns of index tuples `ei` (shape `shape`, the tuple along
+    /// the last axis) as expressions of the other axes, each with the axis
+    /// it indexes (the tuple's `j`th coordinate indexes axis `first + j`).
+    fn tuple_columns(&self, ei: &str, shape: &[usize], first: usize) -> Vec<(String, usize)> {
+        let (last, m) = (shape.len() - 1, shape[shape.len() - 1]);
+        let q = shape_text(&shape[..last]);
+        (0..m)
+            .map(|j| {
+                let e = format!(
+                    "reshape(slice({ei}, axis={last}, start={j}, end={}), {q})",
+                    j + 1
+                );
+                (e, first + j)
+            })
+            .collect()
+    }
+
+    /// `ScatterND` with reduction `none` or `add`: a `scatter_add` of the
+    /// data with its indexed axes flattened at each tuple's position; with
+    /// `mul`, `max` or `min`, an update slice goes where its index tuple (the last
     /// axis of the indices) names the leading coordinates of the output.
     fn scatter_nd(&mut self, cx: &Cx<'_>) -> R<()> {
         cx.allow(&["reduction"])?;
@@ -5032,6 +5126,16 @@ impl Importer {
         }
         let dt = x.dtype;
         let ei = self.indices_input(cx, 1, &x.shape[..m])?;
+        let reduction = cx.string("reduction", "none");
+        if matches!(reduction.as_str(), "none" | "add") {
+            let columns = self.tuple_columns(&ei, &ind.shape, 0);
+            let at = self.flat_positions(&x.shape, m, &columns, &[], qr - 1);
+            let (ex, eu) = (self.e(cx, 0)?, self.e(cx, 2)?);
+            let index_shape = &ind.shape[..qr - 1];
+            let add = reduction == "add";
+            let e = self.scatter_as_add(&ex, &x.shape, m, dt, &at, index_shape, &eu, add);
+            return self.bind(cx, 0, e, dt, x.shape);
+        }
         let (iotas, io_params) = self.tuple_iotas(&x.shape[..m]);
         let o: Vec<String> = (0..r).map(|a| format!("i{a}")).collect();
         let qs: Vec<String> = (0..qr - 1).map(|a| format!("q{a}")).collect();
@@ -5055,7 +5159,6 @@ impl Importer {
         };
         let found = over("sum", wrap(format!("m[{}]", m_at.join(", ")), &zero));
         let combined = |f: &str, unit: &str| over(f, wrap(format!("u[{u_at}]"), unit));
-        let reduction = cx.string("reduction", "none");
         let body = match reduction.as_str() {
             "none" => format!(
                 "where({found} > {zero}, {}, x[{o_s}])",
@@ -5094,8 +5197,9 @@ impl Importer {
     }
 
     /// `GatherND`: each index tuple (the last axis of the indices) selects
-    /// a slice of the data, after `batch_dims` shared leading axes; a sum
-    /// over the indexed axes in which only the named element is selected.
+    /// a slice of the data, after `batch_dims` shared leading axes: a
+    /// `gather` of the data with its batch and indexed axes flattened at
+    /// each tuple's position.
     fn gather_nd(&mut self, cx: &Cx<'_>) -> R<()> {
         cx.allow(&["batch_dims"])?;
         let (x, ind) = (self.need(cx, 0)?, self.need(cx, 1)?);
@@ -5115,40 +5219,22 @@ impl Importer {
         }
         let dt = x.dtype;
         let ei = self.indices_input(cx, 1, &x.shape[bd..bd + m])?;
-        let (iotas, io_params) = self.tuple_iotas(&x.shape[bd..bd + m]);
+        let columns = self.tuple_columns(&ei, &ind.shape, bd);
+        let iotas: Vec<(usize, usize, usize)> = (0..bd)
+            .filter(|&b| ind.shape[b] > 1)
+            .map(|b| (b, b, ind.shape[b]))
+            .collect();
+        let k = bd + m;
+        let at = self.flat_positions(&x.shape, k, &columns, &iotas, qr - 1);
+        let mut flat = vec![x.shape[..k].iter().product::<usize>()];
+        flat.extend(&x.shape[k..]);
         let mut shape = ind.shape[..qr - 1].to_vec();
-        shape.extend(&x.shape[bd + m..]);
-        let qs: Vec<String> = (0..qr - 1).map(|a| format!("q{a}")).collect();
-        let ks: Vec<String> = (0..m).map(|j| format!("k{j}")).collect();
-        let rest: Vec<String> = (bd + m..r).map(|a| format!("c{a}")).collect();
-        let mut x_at: Vec<String> = qs[..bd].to_vec();
-        x_at.extend(ks.iter().cloned());
-        x_at.extend(rest.iter().cloned());
-        let zero = literal(0.0, dt);
-        let body = tuple_match(
-            &qs,
-            m,
-            |j| format!("k{j}"),
-            format!("x[{}]", x_at.join(", ")),
-            &zero,
-        );
-        let mut o = qs.clone();
-        o.extend(rest);
-        let name = self.fresh("gather_nd");
-        self.ops.push(format!(
-            "op {name}(x: {}, ind: {}, {}) -> {} {{\n    out[{}] = sum[{}]({body});\n}}",
-            type_text(dt, &x.shape),
-            type_text(DType::I64, &ind.shape),
-            io_params.join(", "),
-            type_text(dt, &shape),
-            o.join(", "),
-            ks.join(", "),
-        ));
+        shape.extend(&x.shape[k..]);
         let ex = self.e(cx, 0)?;
         self.bind(
             cx,
             0,
-            format!("{name}({ex}, {ei}, {})", iotas.join(", ")),
+            format!("gather(reshape({ex}, {}), {at}, axis=0)", shape_text(&flat)),
             dt,
             shape,
         )

@@ -86,6 +86,38 @@ fn run(op: &str, tensors: &[T], attrs: Vec<pb::AttributeProto>) -> HostTensor {
 
 /// Runs `y0, y1, ... = op(inputs...)` with `n` outputs.
 fn run_n(op: &str, tensors: &[T], attrs: Vec<pb::AttributeProto>, n: usize) -> Vec<HostTensor> {
+    let (m, args) = optimized(op, tensors, attrs, n);
+    let f = select_entry(&m, None).unwrap();
+    interpret(&m, f, &args).unwrap()
+}
+
+/// `op(inputs...)` with `n` outputs imported and optimized, and the
+/// arguments its inputs take.
+fn optimized(
+    op: &str,
+    tensors: &[T],
+    attrs: Vec<pb::AttributeProto>,
+    n: usize,
+) -> (dlc_graph::Module, Vec<HostTensor>) {
+    let (imported, args) = import_n(op, tensors, attrs, n);
+    let mut m = compile_source(&SourceText {
+        name: "model.onnx".into(),
+        text: imported.source.clone(),
+        weights: Vec::new(),
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", imported.source));
+    run_passes(&mut m, DEFAULT_PIPELINE, PassOptions::default()).unwrap();
+    (m, args)
+}
+
+/// `y0, y1, ... = op(inputs...)` with `n` outputs (opset 21) imported, and
+/// the arguments its inputs take.
+fn import_n(
+    op: &str,
+    tensors: &[T],
+    attrs: Vec<pb::AttributeProto>,
+    n: usize,
+) -> (dlc_onnx::Imported, Vec<HostTensor>) {
     let outputs: Vec<String> = (0..n)
         .map(|i| if i == 0 { "y".into() } else { format!("y{i}") })
         .collect();
@@ -157,15 +189,7 @@ fn run_n(op: &str, tensors: &[T], attrs: Vec<pb::AttributeProto>, n: usize) -> V
         ..Default::default()
     };
     let imported = dlc_onnx::import(&model.encode_to_vec(), &dlc_onnx::Options::default()).unwrap();
-    let mut m = compile_source(&SourceText {
-        name: "model.onnx".into(),
-        text: imported.source.clone(),
-        weights: Vec::new(),
-    })
-    .unwrap_or_else(|e| panic!("{e}\n{}", imported.source));
-    run_passes(&mut m, DEFAULT_PIPELINE, PassOptions::default()).unwrap();
-    let f = select_entry(&m, None).unwrap();
-    interpret(&m, f, &args).unwrap()
+    (imported, args)
 }
 
 #[track_caller]
@@ -767,6 +791,83 @@ fn scatters_and_gathers_with_run_time_indices() {
         &[2, 2],
         &[2.0, 3.0, 0.0, 1.0],
     );
+    // Indices shorter than the data on the other axis, repeated ones added.
+    let d = || input("d", F, &[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    let se = |reduction: &'static str| {
+        run(
+            "ScatterElements",
+            &[
+                d(),
+                input("i", L, &[1, 2], &[2.0, 2.0]),
+                input("u", F, &[1, 2], &[10.0, 20.0]),
+            ],
+            vec![attr("axis", A::I(1)), attr("reduction", A::S(reduction))],
+        )
+    };
+    expect(&se("add"), &[2, 3], &[1.0, 2.0, 33.0, 4.0, 5.0, 6.0]);
+    expect(&se("max"), &[2, 3], &[1.0, 2.0, 20.0, 4.0, 5.0, 6.0]);
+    // A tuple of two coordinates names an element; -1 counts from the end.
+    expect(
+        &run(
+            "ScatterND",
+            &[
+                d(),
+                input("i", L, &[2, 2], &[1.0, -1.0, 0.0, 1.0]),
+                input("u", F, &[2], &[10.0, 20.0]),
+            ],
+            vec![],
+        ),
+        &[2, 3],
+        &[1.0, 20.0, 3.0, 4.0, 5.0, 10.0],
+    );
+    // One index per batch row: row b takes its own element.
+    expect(
+        &run(
+            "GatherND",
+            &[d(), input("i", L, &[2, 1], &[2.0, -3.0])],
+            vec![attr("batch_dims", A::I(1))],
+        ),
+        &[2],
+        &[3.0, 4.0],
+    );
+    // Each is a gather or a scatter-add that touches only the elements its
+    // indices name, not a sum over the indexed axis for every element.
+    for (op, tensors, want) in [
+        (
+            "GatherElements",
+            vec![d(), input("i", L, &[2, 3], &[0.0; 6])],
+            "graph.gather",
+        ),
+        (
+            "GatherND",
+            vec![d(), input("i", L, &[4, 2], &[0.0; 8])],
+            "graph.gather",
+        ),
+        (
+            "ScatterElements",
+            vec![
+                d(),
+                input("i", L, &[2, 2], &[0.0; 4]),
+                input("u", F, &[2, 2], &[0.0; 4]),
+            ],
+            "graph.scatter_add",
+        ),
+        (
+            "ScatterND",
+            vec![
+                d(),
+                input("i", L, &[3, 1], &[0.0; 3]),
+                input("u", F, &[3, 3], &[0.0; 9]),
+            ],
+            "graph.scatter_add",
+        ),
+    ] {
+        let text = dlc_graph::print_module(&optimized(op, &tensors, vec![], 1).0);
+        assert!(
+            text.contains(want) && !text.contains("graph.sum") && !text.contains("graph.compute"),
+            "{op}:\n{text}"
+        );
+    }
     expect(
         &run(
             "EyeLike",
