@@ -875,6 +875,22 @@ def _index_select(w: _Writer, node: Any, x: Val, dim: int, index: Val) -> Val:
     return w.let(f"gather({x}, {index}, axis={dim % len(x.shape)})", dtype, shape)
 
 
+@_handles(aten.gather.default)
+def _gather(w: _Writer, node: Any, x: Val, dim: int, index: Val, *args: Any) -> Val:
+    dtype, shape = _out(node)
+    if args and args[0]:
+        raise Unsupported("gather with sparse_grad")
+    return w.let(f"gather_elements({x}, {index}, axis={dim % len(x.shape)})", dtype, shape)
+
+
+@_handles(aten.scatter_add.default)
+def _scatter_add(w: _Writer, node: Any, x: Val, dim: int, index: Val, src: Val) -> Val:
+    dtype, shape = _out(node)
+    if list(src.shape) != list(index.shape):
+        raise Unsupported("scatter_add with a source larger than its index")
+    return w.let(f"scatter_add_elements({x}, {index}, {src}, axis={dim % len(x.shape)})", dtype, shape)
+
+
 @_handles(aten.constant_pad_nd.default)
 def _pad(w: _Writer, node: Any, x: Val, pad: Sequence[int], value: Any = 0) -> Val:
     dtype, shape = _out(node)

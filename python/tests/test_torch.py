@@ -108,6 +108,29 @@ def test_training_through_the_backend_gives_eager_gradients():
     assert dlc.dynamo.stats["compiled"] >= compiled_before + 2
 
 
+def test_gather_and_its_gradient_are_gathers_and_scatter_adds_in_dlc():
+    """torch.gather forward is dlc's gather_elements; its gradient, which
+    PyTorch writes as aten.scatter_add, is scatter_add_elements: both
+    compiled by dlc, nothing left to PyTorch."""
+    torch.manual_seed(2)
+    table = torch.randn(6, 9, requires_grad=True)
+    index = torch.tensor([[0, 8, 8, 3], [1, 1, 2, 0], [7, 8, 0, 0], [5, 5, 5, 5], [4, 3, 2, 1], [0, 1, 8, 6]])
+
+    def f(t):
+        return (torch.gather(t, 1, index) ** 2).sum()
+
+    f(table).backward()
+    want = table.grad.clone()
+    table.grad = None
+    torch._dynamo.reset()
+    with sources() as seen, warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # nothing left to PyTorch
+        torch.compile(f, backend="dlc", dynamic=False)(table).backward()
+    torch.testing.assert_close(table.grad, want)
+    text = "\n".join(seen)
+    assert "gather_elements(" in text and "scatter_add_elements(" in text, text
+
+
 def test_the_translation_is_dlc_source(tmp_path):
     """What the backend writes for a graph is a dlc program dlc checks."""
     torch._dynamo.reset()
