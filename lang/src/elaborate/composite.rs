@@ -907,13 +907,7 @@ impl Elab<'_> {
         let ind = self.tensor(cx, req(a, 1))?;
         let upd = self.tensor(cx, req(a, 2))?;
         let (ty, it, ut) = (Self::ty(cx, x), Self::ty(cx, ind), Self::ty(cx, upd));
-        if !it.dtype.is_int() || !ty.dtype.is_numeric() {
-            return Err(Diagnostic::new(
-                format!("scatter_add takes numbers and integer indices, got {ty} and {it}"),
-                span,
-                "types",
-            ));
-        }
+        numbers_and_indices("scatter_add", &ty, &it, span)?;
         let axis = c.axis(3, &ty, &cx.dims)?;
         let mut want = ty.shape[..axis].to_vec();
         want.extend(&it.shape);
@@ -1033,13 +1027,7 @@ impl Elab<'_> {
         let x = self.tensor(cx, req(a, 0))?;
         let ind = self.tensor(cx, req(a, 1))?;
         let (ty, it) = (Self::ty(cx, x), Self::ty(cx, ind));
-        if !it.dtype.is_int() || !ty.dtype.is_numeric() {
-            return Err(Diagnostic::new(
-                format!("gather takes numbers and integer indices, got {ty} and {it}"),
-                span,
-                "types",
-            ));
-        }
+        numbers_and_indices("gather", &ty, &it, span)?;
         let axis = c.axis(2, &ty, &cx.dims)?;
         t(self.gather(cx, x, ind, axis, span)?)
     }
@@ -1303,6 +1291,19 @@ impl Elab<'_> {
         let wrapped = self.bin(cx, BinaryOp::Add, ind, ext, span)?;
         self.add(cx, Op::Select, &[neg, wrapped, ind], span)
     }
+}
+
+/// An error unless `ty` holds numbers and `it` integer indices:
+/// `{name} takes numbers and integer indices, got {ty} and {it}`.
+fn numbers_and_indices(name: &str, ty: &TensorType, it: &TensorType, span: Span) -> R<()> {
+    if !it.dtype.is_int() || !ty.dtype.is_numeric() {
+        return Err(Diagnostic::new(
+            format!("{name} takes numbers and integer indices, got {ty} and {it}"),
+            span,
+            "types",
+        ));
+    }
+    Ok(())
 }
 
 /// An error unless `ty` has at least `rank` axes: `{name} needs {what}, got
