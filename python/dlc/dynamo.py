@@ -891,6 +891,21 @@ def _scatter_add(w: _Writer, node: Any, x: Val, dim: int, index: Val, src: Val) 
     return w.let(f"scatter_add_elements({x}, {index}, {src}, axis={dim % len(x.shape)})", dtype, shape)
 
 
+@_handles(aten.index_put.default)
+def _index_put(w: _Writer, node: Any, x: Val, indices: Sequence[Any], values: Val, accumulate: bool = False) -> Val:
+    """`x[indices] += values` along the first axis (an embedding's gradient):
+    dlc's `scatter_add`. Without `accumulate`, or on several axes, PyTorch."""
+    dtype, shape = _out(node)
+    if not accumulate:
+        raise Unsupported("index_put without accumulate")
+    if len(indices) != 1 or not isinstance(indices[0], Val) or indices[0].dtype == "bool":
+        raise Unsupported("index_put on several axes or by a mask")
+    index = indices[0]
+    if tuple(values.shape) != tuple(index.shape) + tuple(x.shape[1:]):
+        raise Unsupported("index_put with broadcast values")
+    return w.let(f"scatter_add({x}, {index}, {w.cast(values, dtype)}, axis=0)", dtype, shape)
+
+
 @_handles(aten.constant_pad_nd.default)
 def _pad(w: _Writer, node: Any, x: Val, pad: Sequence[int], value: Any = 0) -> Val:
     dtype, shape = _out(node)

@@ -131,6 +131,22 @@ def test_gather_and_its_gradient_are_gathers_and_scatter_adds_in_dlc():
     assert "gather_elements(" in text and "scatter_add_elements(" in text, text
 
 
+def test_embedding_gradients_are_scatter_adds_in_dlc():
+    """An embedding's gradient (aten.index_put with accumulate, repeated ids
+    adding up) is dlc's scatter_add: compiled, nothing left to PyTorch."""
+    torch.manual_seed(3)
+    emb = torch.nn.Embedding(20, 8)
+    ids = torch.tensor([[1, 5, 5, 19], [0, 3, 1, 1]])
+    eager = emb.weight.detach().clone().requires_grad_()
+    torch.nn.functional.embedding(ids, eager).tanh().sum().backward()
+    torch._dynamo.reset()
+    with sources() as seen, warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # nothing left to PyTorch
+        torch.compile(lambda i: emb(i).tanh().sum(), backend="dlc", dynamic=False)(ids).backward()
+    torch.testing.assert_close(emb.weight.grad, eager.grad)
+    assert "scatter_add(" in "\n".join(seen)
+
+
 def test_the_translation_is_dlc_source(tmp_path):
     """What the backend writes for a graph is a dlc program dlc checks."""
     torch._dynamo.reset()
