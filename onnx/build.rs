@@ -11,7 +11,12 @@ fn main() {
             std::process::exit(1);
         }
     };
-    if let Err(e) = prost_build::Config::new().compile_fds(descriptors) {
+    // A tensor's raw bytes are slices of the model's buffer, not copies
+    // (`import_owned`).
+    if let Err(e) = prost_build::Config::new()
+        .bytes([".onnx.TensorProto.raw_data"])
+        .compile_fds(descriptors)
+    {
         eprintln!("cannot generate the ONNX messages: {e}");
         std::process::exit(1);
     }

@@ -201,9 +201,7 @@ pub fn decode(t: &TensorProto, dir: Option<&Path>) -> Result<Data, String> {
                 count * width
             ));
         }
-        raw.chunks_exact(width)
-            .map(|b| dtype.from_le_bytes(b))
-            .collect()
+        dtype.from_le_bytes_all(raw)
     } else {
         match dtype {
             DType::F32 => t.float_data.iter().map(|&v| f64::from(v)).collect(),

@@ -254,6 +254,18 @@ const RESERVED: &[&str] = &[
 /// Imports a serialized ONNX model.
 pub fn import(bytes: &[u8], options: &Options) -> Result<Imported, ImportError> {
     let model = pb::ModelProto::decode(bytes).map_err(|e| ImportError::Decode(e.to_string()))?;
+    import_model(model, options)
+}
+
+/// [`import`] of a model read into `bytes`, which the initializers' raw
+/// data then borrow instead of copying (ResNet-18: 45 MB not copied).
+pub fn import_owned(bytes: Vec<u8>, options: &Options) -> Result<Imported, ImportError> {
+    let model = pb::ModelProto::decode(prost::bytes::Bytes::from(bytes))
+        .map_err(|e| ImportError::Decode(e.to_string()))?;
+    import_model(model, options)
+}
+
+fn import_model(model: pb::ModelProto, options: &Options) -> Result<Imported, ImportError> {
     let mut opset = None;
     for o in &model.opset_import {
         match o.domain() {

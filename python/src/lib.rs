@@ -238,32 +238,31 @@ fn read_source(
     entry: Option<String>,
 ) -> Result<(SourceText, String), DriverError> {
     let mut entry = entry;
-    let src = match input {
-        Input::Text(text) => SourceText {
-            name,
-            text,
-            weights: Vec::new(),
-        },
-        // An ONNX file is imported from its path, where its external data
-        // is found.
-        Input::Path(path) if dlc_driver::is_onnx(&path) => {
-            let imported = dlc_driver::import_onnx(&path, &dlc_onnx::Options::default())?;
-            entry.get_or_insert(imported.entry.clone());
-            dlc_driver::imported_source(&path, imported)
-        }
-        Input::Path(path) => dlc_driver::read_input(&path)?,
-        Input::Onnx(bytes) => {
-            let imported =
-                dlc_onnx::import(&bytes, &dlc_onnx::Options::default()).map_err(|source| {
-                    DriverError::Import {
+    let src =
+        match input {
+            Input::Text(text) => SourceText {
+                name,
+                text,
+                weights: Vec::new(),
+            },
+            // An ONNX file is imported from its path, where its external data
+            // is found.
+            Input::Path(path) if dlc_driver::is_onnx(&path) => {
+                let imported = dlc_driver::import_onnx(&path, &dlc_onnx::Options::default())?;
+                entry.get_or_insert(imported.entry.clone());
+                dlc_driver::imported_source(&path, imported)
+            }
+            Input::Path(path) => dlc_driver::read_input(&path)?,
+            Input::Onnx(bytes) => {
+                let imported = dlc_onnx::import_owned(bytes, &dlc_onnx::Options::default())
+                    .map_err(|source| DriverError::Import {
                         path: name.clone(),
                         source,
-                    }
-                })?;
-            entry.get_or_insert(imported.entry.clone());
-            dlc_driver::imported_source(&name, imported)
-        }
-    };
+                    })?;
+                entry.get_or_insert(imported.entry.clone());
+                dlc_driver::imported_source(&name, imported)
+            }
+        };
     let entry = match entry {
         Some(e) => e,
         None => {

@@ -296,7 +296,7 @@ pub fn import_onnx(
         model_dir: dir,
         ..options.clone()
     };
-    dlc_onnx::import(&bytes, &options).map_err(|source| DriverError::Import {
+    dlc_onnx::import_owned(bytes, &options).map_err(|source| DriverError::Import {
         path: path.to_string(),
         source,
     })

@@ -260,6 +260,27 @@ impl DType {
         }
     }
 
+    /// Every element of `b` (little-endian, [`Self::size_bytes`] each; a
+    /// short tail is ignored), as [`Self::from_le_bytes`] reads one: the
+    /// type is matched once, not per element (an imported model's weights).
+    pub fn from_le_bytes_all(self, b: &[u8]) -> Vec<f64> {
+        fn each<const N: usize>(b: &[u8], f: impl Fn([u8; N]) -> f64) -> Vec<f64> {
+            b.chunks_exact(N)
+                .map(|c| f(c.try_into().unwrap_or([0; N])))
+                .collect()
+        }
+        match self {
+            DType::F32 => each(b, |c| f64::from(f32::from_le_bytes(c))),
+            DType::F64 => each(b, f64::from_le_bytes),
+            DType::I32 => each(b, |c| f64::from(i32::from_le_bytes(c))),
+            DType::I64 => each(b, |c| i64::from_le_bytes(c) as f64),
+            other => b
+                .chunks_exact(other.size_bytes())
+                .map(|c| other.from_le_bytes(c))
+                .collect(),
+        }
+    }
+
     /// Size of one element in bytes.
     pub fn size_bytes(self) -> usize {
         match self {
@@ -396,6 +417,31 @@ mod tests {
         DType::I8.push_le_bytes(-2.0, &mut bytes);
         assert_eq!(bytes, [200, 254]);
         assert_eq!(DType::I8.from_le_bytes(&[200]), -56.0);
+    }
+
+    /// A whole buffer decodes as its elements one at a time do.
+    #[test]
+    fn buffers_decode_element_by_element() {
+        for d in DType::ALL {
+            let xs = [0.0, 1.0, -3.0, 100.0, 0.5, -1e30, 7.0];
+            let mut bytes = Vec::new();
+            for x in xs {
+                d.push_le_bytes(x, &mut bytes);
+            }
+            let one_by_one: Vec<f64> = bytes
+                .chunks_exact(d.size_bytes())
+                .map(|c| d.from_le_bytes(c))
+                .collect();
+            assert_eq!(one_by_one.len(), xs.len(), "{d}");
+            assert_eq!(d.from_le_bytes_all(&bytes), one_by_one, "{d}");
+            // A short tail is no element.
+            bytes.push(1);
+            assert_eq!(
+                d.from_le_bytes_all(&bytes).len(),
+                xs.len() + usize::from(d.size_bytes() == 1),
+                "{d}"
+            );
+        }
     }
 
     #[test]
