@@ -84,7 +84,10 @@
 //!   the data). `ScatterElements` and `ScatterND` with reduction `add` are the
 //!   language's `scatter_add` on the data flattened the same way; with `none`, the
 //!   updates' sum where a count of the indices (a `scatter_add` of ones) is not zero,
-//!   the data elsewhere. So each costs the elements its indices name. With `mul`,
+//!   the data elsewhere. `TensorScatter` (a key-value cache's update) is such a `none`
+//!   scatter of the cache flattened up to its sequence axis, each update row at its
+//!   batch's write index plus its own (modulo the axis in `circular` mode; past the end
+//!   in `linear` mode, nowhere). So each costs the elements its indices name. With `mul`,
 //!   `max` or `min` a scatter is still a reduction over the indices for each element, in
 //!   index notation against iotas over the indexed axes and a mask of ones (a read past
 //!   the indices is no index). `Einsum` is one operator in index

@@ -971,6 +971,7 @@ impl Importer {
             "RotaryEmbedding" => self.rotary(cx),
             "ScatterElements" | "Scatter" => self.scatter_elements(cx),
             "ScatterND" => self.scatter_nd(cx),
+            "TensorScatter" => self.tensor_scatter(cx),
             "GatherND" => self.gather_nd(cx),
             "Mod" => self.modulo(cx),
             "DepthToSpace" | "SpaceToDepth" => self.depth_space(cx),
@@ -5069,6 +5070,85 @@ impl Importer {
             dt,
             x.shape,
         )
+    }
+
+    /// `TensorScatter` (a key-value cache's update): update row `j` of
+    /// batch `b` is written at `write_indices[b] + j` along `axis` (modulo
+    /// the axis's extent in `circular` mode; past its end in `linear` mode,
+    /// nowhere), as a scatter (`none`) of the cache flattened over its axes
+    /// up to `axis`.
+    fn tensor_scatter(&mut self, cx: &Cx<'_>) -> R<()> {
+        cx.allow(&["axis", "mode"])?;
+        let (x, upd) = (self.need(cx, 0)?, self.need(cx, 1)?);
+        let r = x.shape.len();
+        if r < 2 {
+            return Err(cx.err("the cache needs a batch axis and a sequence axis"));
+        }
+        let axis = cx.axis(cx.int("axis", -2), r)?;
+        if axis == 0 {
+            return Err(cx.err("axis 0 is the batch axis; the sequence axis follows it"));
+        }
+        let fits = upd.shape.len() == r
+            && (0..r).all(|a| match a == axis {
+                true => upd.shape[a] <= x.shape[a],
+                false => upd.shape[a] == x.shape[a],
+            });
+        if !fits || upd.dtype != x.dtype || x.dtype == DType::Bool {
+            return Err(cx.err(format!(
+                "update {} does not fit cache {} along axis {axis}",
+                type_text(upd.dtype, &upd.shape),
+                type_text(x.dtype, &x.shape)
+            )));
+        }
+        let circular = match cx.string("mode", "linear").as_str() {
+            "linear" => false,
+            "circular" => true,
+            other => return Err(cx.err(format!("mode `{other}` is not supported"))),
+        };
+        let (dt, rank, extent) = (x.dtype, axis + 1, x.shape[axis]);
+        let mut at_shape = vec![1; rank];
+        at_shape[axis] = upd.shape[axis];
+        let j = self.iota(&at_shape, axis, DType::I64);
+        let mut at = j;
+        if let Some(w) = self.input(cx, 2) {
+            if !matches!(w.dtype, DType::I32 | DType::I64) || w.shape != [x.shape[0]] {
+                return Err(cx.err(format!(
+                    "write_indices {} must be i32 or i64 of shape [{}]",
+                    type_text(w.dtype, &w.shape),
+                    x.shape[0]
+                )));
+            }
+            let mut b_shape = vec![1; rank];
+            b_shape[0] = x.shape[0];
+            let ew = self.e(cx, 2)?;
+            at = format!("reshape(cast({ew}, i64), {}) + {at}", shape_text(&b_shape));
+        }
+        let name = self.fresh("rows");
+        self.lines.push(format!("let {name} = {at};"));
+        let mut at = name;
+        if circular {
+            let name = self.fresh("rows");
+            self.lines
+                .push(format!("let {name} = {at} - {at} / {extent} * {extent};"));
+            at = name;
+        }
+        let iotas: Vec<(usize, usize, usize)> = (0..axis)
+            .filter(|&a| x.shape[a] > 1)
+            .map(|a| (a, a, x.shape[a]))
+            .collect();
+        let positions = self.flat_positions(&x.shape, rank, &[(at, axis)], &iotas, rank);
+        let (ex, eu) = (self.e(cx, 0)?, self.e(cx, 1)?);
+        let e = self.scatter_as_add(
+            &ex,
+            &x.shape,
+            rank,
+            dt,
+            &positions,
+            &upd.shape[..rank],
+            &eu,
+            false,
+        );
+        self.bind(cx, 0, e, dt, x.shape)
     }
 
     /// Constant iotas over the axes an index tuple names (`extents`), and

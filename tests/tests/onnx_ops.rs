@@ -830,6 +830,29 @@ fn scatters_and_gathers_with_run_time_indices() {
         &[2],
         &[3.0, 4.0],
     );
+    // A key-value cache's update: batch 0 writes from row 2, batch 1 from
+    // row 0; circular wraps past the end, linear writes nothing there.
+    let ts = |mode: &'static str| {
+        run(
+            "TensorScatter",
+            &[
+                input("c", F, &[2, 3, 1], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
+                input("u", F, &[2, 2, 1], &[10.0, 20.0, 30.0, 40.0]),
+                input("w", L, &[2], &[2.0, 0.0]),
+            ],
+            vec![attr("mode", A::S(mode))],
+        )
+    };
+    expect(
+        &ts("circular"),
+        &[2, 3, 1],
+        &[20.0, 2.0, 10.0, 30.0, 40.0, 6.0],
+    );
+    expect(
+        &ts("linear"),
+        &[2, 3, 1],
+        &[1.0, 2.0, 10.0, 30.0, 40.0, 6.0],
+    );
     // Each is a gather or a scatter-add that touches only the elements its
     // indices name, not a sum over the indexed axis for every element.
     for (op, tensors, want) in [
