@@ -884,15 +884,7 @@ impl Elab<'_> {
         let ind = self.tensor(cx, req(a, 1))?;
         let (ty, it) = (Self::ty(cx, x), Self::ty(cx, ind));
         let axis = c.axis(2, &ty, &cx.dims)?;
-        let fits = it.rank() == ty.rank()
-            && (0..ty.rank()).all(|i| i == axis || it.shape[i] <= ty.shape[i]);
-        if !it.dtype.is_int() || !ty.dtype.is_numeric() || !fits {
-            return Err(Diagnostic::new(
-                format!("gather_elements: indices {it} do not fit {ty} along axis {axis}"),
-                span,
-                "indices",
-            ));
-        }
+        element_indices("gather_elements", &ty, &it, axis, span)?;
         let total = ty.shape.iter().product();
         let flat = self.add(cx, Op::Reshape { shape: vec![total] }, &[x], span)?;
         let at = self.flat_positions(cx, &ty.shape, ind, axis, span)?;
@@ -903,10 +895,7 @@ impl Elab<'_> {
     pub(super) fn call_scatter_add(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
         let span = c.span;
         let a = &c.a;
-        let x = self.tensor(cx, req(a, 0))?;
-        let ind = self.tensor(cx, req(a, 1))?;
-        let upd = self.tensor(cx, req(a, 2))?;
-        let (ty, it, ut) = (Self::ty(cx, x), Self::ty(cx, ind), Self::ty(cx, upd));
+        let [(x, ty), (ind, it), (upd, ut)] = self.scatter_operands(cx, c)?;
         numbers_and_indices("scatter_add", &ty, &it, span)?;
         let axis = c.axis(3, &ty, &cx.dims)?;
         let mut want = ty.shape[..axis].to_vec();
@@ -936,20 +925,9 @@ impl Elab<'_> {
     pub(super) fn call_scatter_add_elements(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
         let span = c.span;
         let a = &c.a;
-        let x = self.tensor(cx, req(a, 0))?;
-        let ind = self.tensor(cx, req(a, 1))?;
-        let upd = self.tensor(cx, req(a, 2))?;
-        let (ty, it, ut) = (Self::ty(cx, x), Self::ty(cx, ind), Self::ty(cx, upd));
+        let [(x, ty), (ind, it), (upd, ut)] = self.scatter_operands(cx, c)?;
         let axis = c.axis(3, &ty, &cx.dims)?;
-        let fits = it.rank() == ty.rank()
-            && (0..ty.rank()).all(|i| i == axis || it.shape[i] <= ty.shape[i]);
-        if !it.dtype.is_int() || !ty.dtype.is_numeric() || !fits {
-            return Err(Diagnostic::new(
-                format!("scatter_add_elements: indices {it} do not fit {ty} along axis {axis}"),
-                span,
-                "indices",
-            ));
-        }
+        element_indices("scatter_add_elements", &ty, &it, axis, span)?;
         if ut.dtype != ty.dtype || ut.shape != it.shape {
             return Err(Diagnostic::new(
                 format!(
@@ -972,6 +950,15 @@ impl Elab<'_> {
             &[sum],
             span,
         )?))
+    }
+
+    /// A scatter's data, indices and updates, with their types.
+    fn scatter_operands(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<[(Value, TensorType); 3]> {
+        let mut read = |i: usize| -> R<(Value, TensorType)> {
+            let v = self.tensor(cx, req(&c.a, i))?;
+            Ok((v, Self::ty(cx, v)))
+        };
+        Ok([read(0)?, read(1)?, read(2)?])
     }
 
     /// The position in a tensor of shape `shape` flattened of each element
@@ -1291,6 +1278,22 @@ impl Elab<'_> {
         let wrapped = self.bin(cx, BinaryOp::Add, ind, ext, span)?;
         self.add(cx, Op::Select, &[neg, wrapped, ind], span)
     }
+}
+
+/// An error unless `it` holds integer indices of `ty`'s rank no longer than
+/// `ty` on the axes other than `axis` (`gather_elements`,
+/// `scatter_add_elements`).
+fn element_indices(name: &str, ty: &TensorType, it: &TensorType, axis: usize, span: Span) -> R<()> {
+    let fits =
+        it.rank() == ty.rank() && (0..ty.rank()).all(|i| i == axis || it.shape[i] <= ty.shape[i]);
+    if !it.dtype.is_int() || !ty.dtype.is_numeric() || !fits {
+        return Err(Diagnostic::new(
+            format!("{name}: indices {it} do not fit {ty} along axis {axis}"),
+            span,
+            "indices",
+        ));
+    }
+    Ok(())
 }
 
 /// An error unless `ty` holds numbers and `it` integer indices:
