@@ -81,8 +81,9 @@
 //!   the data with its batch and indexed axes flattened, at each index tuple's flat
 //!   position (`flat_positions`: the coordinates times their strides plus iotas over
 //!   the indices' own axes, and the whole extent, which reads zero, for a tuple outside
-//!   the data). `ScatterElements` and `ScatterND` with reduction `add` are the
-//!   language's `scatter_add` on the data flattened the same way; with `none`, the
+//!   the data). `ScatterElements` with reduction `add` is the language's
+//!   `scatter_add_elements`, `ScatterND`'s its `scatter_add` on the data flattened the
+//!   same way; with `none`, the
 //!   updates' sum where a count of the indices (a `scatter_add` of ones) is not zero,
 //!   the data elsewhere. `TensorScatter` (a key-value cache's update) is such a `none`
 //!   scatter of the cache flattened up to its sequence axis, each update row at its

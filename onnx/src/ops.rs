@@ -174,6 +174,42 @@ fn tuple_match(
     })
 }
 
+/// A scatter with reduction `add` (`add`) or `none` of updates `eu`
+/// (shape `upd_shape`) into `x` (shape `shape`), given `scatter(base,
+/// updates)`, a scatter-add into `base`: `add` adds every update, `none`
+/// takes the sum of the updates where some index names the element (ONNX
+/// leaves repeated indices undefined; a scatter-add of ones counts them)
+/// and the data elsewhere.
+fn scatter_none_or_add(
+    x: &str,
+    shape: &[usize],
+    upd_shape: &[usize],
+    dt: DType,
+    eu: &str,
+    add: bool,
+    scatter: impl Fn(&str, &str) -> String,
+) -> String {
+    if add {
+        return scatter(x, eu);
+    }
+    let zeros = format!(
+        "full({}, {}, dtype={dt})",
+        shape_text(shape),
+        literal(0.0, dt)
+    );
+    let ones = format!(
+        "full({}, {}, dtype={dt})",
+        shape_text(upd_shape),
+        literal(1.0, dt)
+    );
+    format!(
+        "where({} > {}, {}, {x})",
+        scatter(&zeros, &ones),
+        literal(0.0, dt),
+        scatter(&zeros, eu)
+    )
+}
+
 /// The attributes of `cx`'s node named in `keep`.
 fn kept_attributes(cx: &Cx<'_>, keep: &[&str]) -> Vec<AttributeProto> {
     cx.node
@@ -4945,9 +4981,8 @@ impl Importer {
 
     /// A scatter with reduction `add` (`add`) or `none` as `scatter_add`
     /// on `x` flattened to `[P, rest..]` (`P` its first `k` axes) at
-    /// `positions`: `add` adds every update, `none` takes the sum of the
-    /// updates where some index names the element (ONNX leaves repeated
-    /// indices undefined) and the data elsewhere.
+    /// `positions`, the updates of shape `index_shape` and `rest`
+    /// ([`scatter_none_or_add`]).
     #[allow(clippy::too_many_arguments)]
     fn scatter_as_add(
         &mut self,
@@ -4962,24 +4997,12 @@ impl Importer {
     ) -> String {
         let mut flat = vec![shape[..k].iter().product::<usize>()];
         flat.extend(&shape[k..]);
-        let flat_text = shape_text(&flat);
-        let fx = format!("reshape({ex}, {flat_text})");
-        let sum = if add {
-            format!("scatter_add({fx}, {positions}, {eu})")
-        } else {
-            let zeros = format!("full({flat_text}, {}, dtype={dt})", literal(0.0, dt));
-            let mut upd_shape = index_shape.to_vec();
-            upd_shape.extend(&shape[k..]);
-            let ones = format!(
-                "full({}, {}, dtype={dt})",
-                shape_text(&upd_shape),
-                literal(1.0, dt)
-            );
-            format!(
-                "where(scatter_add({zeros}, {positions}, {ones}) > {zero}, scatter_add({zeros}, {positions}, {eu}), {fx})",
-                zero = literal(0.0, dt)
-            )
-        };
+        let mut upd_shape = index_shape.to_vec();
+        upd_shape.extend(&shape[k..]);
+        let fx = format!("reshape({ex}, {})", shape_text(&flat));
+        let sum = scatter_none_or_add(&fx, &flat, &upd_shape, dt, eu, add, |base, u| {
+            format!("scatter_add({base}, {positions}, {u})")
+        });
         format!("reshape({sum}, {})", shape_text(shape))
     }
 
@@ -5016,14 +5039,12 @@ impl Importer {
         let ei = self.indices_input(cx, 1, &[n])?;
         let reduction = cx.string("reduction", "none");
         if matches!(reduction.as_str(), "none" | "add") {
-            let iotas: Vec<(usize, usize, usize)> = (0..r)
-                .filter(|&a| a != axis && ind.shape[a] > 1)
-                .map(|a| (a, a, ind.shape[a]))
-                .collect();
-            let at = self.flat_positions(&x.shape, r, &[(ei, axis)], &iotas, r);
+            // The language's `scatter_add_elements`.
             let (ex, eu) = (self.e(cx, 0)?, self.e(cx, 2)?);
             let add = reduction == "add";
-            let e = self.scatter_as_add(&ex, &x.shape, r, dt, &at, &ind.shape, &eu, add);
+            let e = scatter_none_or_add(&ex, &x.shape, &ind.shape, dt, &eu, add, |base, u| {
+                format!("scatter_add_elements({base}, {ei}, {u}, axis={axis})")
+            });
             return self.bind(cx, 0, e, dt, x.shape);
         }
         let iota = self.iota(&[n], 0, DType::I64);
