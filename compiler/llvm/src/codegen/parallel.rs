@@ -182,9 +182,17 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
             .map(|v| Ok((Some(*v), self.get(*v)?.get_type())))
             .collect::<R<_>>()?;
         slots.extend(extra.iter().map(|v| (None, v.get_type())));
+        // Named after the source line it computes (`step.threads12.L9C5`,
+        // line 9, column 5), so that a profile of compiled code reads as the
+        // program: every kernel of a gradient is at its forward op's place.
+        let place = self
+            .loc
+            .as_ref()
+            .map(|l| format!(".L{}C{}", l.line, l.column))
+            .unwrap_or_default();
         let outlined = self.module.add_function(
             &format!(
-                "{}.{}{}",
+                "{}.{}{}{place}",
                 I::name(self.f),
                 if threads { "threads" } else { "kernel" },
                 self.module.get_functions().count()
