@@ -801,6 +801,14 @@ fn f(x: f32[2, 5, 6, 7], g: f32[2, 8, 6, 7], w: f32[8, 5, 3, 3]) -> f32[8, 5, 3,
     // aggregation's gradient): they are contracted first, into a local.
     "op gated_grad[N, M, G](d: f32[N, G], h: f32[M, G], a: f32[N, M], s: f32[N], t: f32[M]) -> f32[N] { out[i] = sum[j, g](d[i, g] * h[j, g] * a[i, j] * sigmoid(s[i] + t[j])); }
 fn f(d: f32[30, 20], h: f32[40, 20], a: f32[30, 40], s: f32[30], t: f32[40]) -> f32[30] { return gated_grad(d, h, a, s, t); }",
+    // The same aggregation's gradients with respect to its column scores
+    // and its features: the local is laid out as `a` is read (`t[i, j]`)
+    // and the sum down its columns is blocked along `j` (70: ragged in
+    // tiles of 64); the features' gradient copies its prologue `a[i, j] *
+    // sigmoid(..)` along `a`'s rows, read transposed by the product.
+    "op gated_cols[N, M, G](d: f32[N, G], h: f32[M, G], a: f32[N, M], s: f32[N], t: f32[M]) -> f32[M] { out[j] = sum[i, g](d[i, g] * h[j, g] * a[i, j] * sigmoid(s[i] + t[j])); }
+op gated_dh[N, M, G](d: f32[N, G], a: f32[N, M], s: f32[N], t: f32[M]) -> f32[M, G] { out[j, g] = sum[i](d[i, g] * (a[i, j] * sigmoid(s[i] + t[j]))); }
+fn f(d: f32[30, 20], h: f32[70, 20], a: f32[30, 70], s: f32[30], t: f32[70]) -> (f32[70], f32[70, 20]) { return (gated_cols(d, h, a, s, t), gated_dh(d, a, s, t)); }",
 ];
 
 /// Convolutions that run as Winograd's F(4x4, 3x3) on a CPU (3 x 3, stride

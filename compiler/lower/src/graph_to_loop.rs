@@ -71,7 +71,9 @@
 //!   is a `loop.matmul` like the built-in product's, so the tile conversion sees no
 //!   difference between the two. An operand may be any element-wise expression of reads
 //!   (a prologue: `relu(a[i, k] - mu[i])`, `cast(h[i, k], f32)`): it is gathered, the
-//!   prologue computed once per element in the copy. Not structured: a sum whose body is
+//!   prologue computed once per element in the copy, laid out as its read of the most
+//!   elements runs (`a[k, i] * sigmoid(s[k] + t[i])` is copied `[k, i]`, along `a`'s
+//!   rows, and the product reads the copy transposed). Not structured: a sum whose body is
 //!   not a product of two operands (`sum[k](a[i, k] + b[k, j])` keeps scalar loops).
 //! - **Softmax** is three passes over a row: its maximum; the exponentials, summed and,
 //!   when the result has an f32 buffer of its own (no epilogue fused after it), stored
@@ -2070,9 +2072,10 @@ impl Lowering<'_> {
     /// a new buffer: the batch variables it reads, then its own variables
     /// (`a`'s row, `b`'s columns) and the reduction variables, zero where a
     /// read falls outside its operand (an im2col copy, for any window).
-    /// Whichever of the two groups holds the variable along which a plain
-    /// read moves through its source's rows (the widest such, in its last
-    /// index) goes last, so that the copy moves whole runs of the source
+    /// Whichever of the two groups holds the variable along which the
+    /// operand's read (of a prologue, its read of the most elements) moves
+    /// through its source's rows (the widest such, in its last index) goes
+    /// last, so that the copy moves whole runs of the source
     /// rather than a few elements at a time (a convolution's weight
     /// gradient reads `x[n, c, y + ky - 1, xx + kx - 1]` over the depth
     /// `(n, y, xx)`: runs of 28 along `xx`, not 3 along `kx`); otherwise `a`
@@ -2106,21 +2109,36 @@ impl Lowering<'_> {
                 .collect()
         };
         let reduced: Vec<(IndexVar, usize, i64)> = reduced.collect();
-        // The variable a plain read's innermost index moves along by one
-        // element: the widest, if any.
-        let innermost = as_read(operand)
-            .and_then(|(_, index)| index.last())
-            .and_then(|e| {
-                e.terms
-                    .iter()
-                    .filter(|t| t.0.abs() == 1)
-                    .filter_map(|t| {
-                        let extent = own.iter().chain(&reduced).find(|g| g.0 == t.1)?.1;
-                        Some((extent, t.1))
-                    })
-                    .max_by_key(|(x, _)| *x)
-                    .map(|(_, v)| v)
-            });
+        // The variable a read's innermost index moves along by one element
+        // (the widest, if any): the operand's own read or, for a prologue,
+        // its read of the most elements (`a[k, i]` in `a[k, i] * sigmoid(s[k]
+        // + t[i])`, not `s[k]`).
+        let elements = |src: &Source| -> usize {
+            match src {
+                Source::Input(i) => cx.input_types.get(*i as usize),
+                Source::Local(i) => cx.defs.get(*i as usize).map(|d| &d.ty),
+            }
+            .map_or(0, |t| t.shape.iter().product())
+        };
+        let mut widest: Option<(&Source, &[Affine])> = None;
+        operand.visit(&mut |e| {
+            if let ScalarExpr::Read { src, index } = e
+                && widest.is_none_or(|(w, _)| elements(src) > elements(w))
+            {
+                widest = Some((src, index));
+            }
+        });
+        let innermost = widest.and_then(|(_, index)| index.last()).and_then(|e| {
+            e.terms
+                .iter()
+                .filter(|t| t.0.abs() == 1)
+                .filter_map(|t| {
+                    let extent = own.iter().chain(&reduced).find(|g| g.0 == t.1)?.1;
+                    Some((extent, t.1))
+                })
+                .max_by_key(|(x, _)| *x)
+                .map(|(_, v)| v)
+        });
         let holds = |group: &[(IndexVar, usize, i64)]| {
             innermost.is_some_and(|v| group.iter().any(|g| g.0 == v))
         };

@@ -15,7 +15,11 @@
 //!
 //! - `blocked`: a band of perfectly nested parallel loops (up to three) is the grid; when
 //!   the innermost band loop has a straight-line body, each program takes `vector`
-//!   consecutive iterations of it as one tile axis (mask on the ragged last block).
+//!   consecutive iterations of it as one tile axis (mask on the ragged last block). So
+//!   does a body of reductions whose every read moving with that loop is strided along
+//!   theirs (`vectorizable_outside`: a sum down the columns, `out[j] = sum[i](x[i, j])`,
+//!   is 64 columns per program adding one contiguous row at a time, not one column per
+//!   program gathering down it).
 //!   A parallel loop over rows shorter than a tile (fewer than `vector` iterations,
 //!   straight-line body, every store moving with both counters in separate dimensions)
 //!   takes several rows at a time: `r x c` tiles with `c` the row and `r = vector / c`,

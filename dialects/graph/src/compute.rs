@@ -6,6 +6,7 @@
 //! an operand's (or local's) bounds yields zero. Reductions bind their own
 //! variables with explicit ranges (`sum[d2 in 0..64](...)`).
 
+use std::collections::HashMap;
 use std::fmt::{self, Write};
 
 use dlc_core::{DType, TensorType, Window, format_float};
@@ -785,11 +786,23 @@ impl ComputeBody {
     /// = sum[j](t[i, j] * c[i, j] * f(s[i] + t[j]))`: a product the lowering
     /// runs packed, then one pass over `i, j` rather than one over `i, j,
     /// g` evaluating `f` at every point (einsum's contraction order, as
-    /// opt_einsum chooses it, for the one pair that saves most). None when
+    /// opt_einsum chooses it, for the one pair that saves most). The local's
+    /// axes are in the order of a factor reading exactly its variables
+    /// (`c[j, i]` makes it `t[j, i]`), so that the pass over both reads them
+    /// along the same axis. None when
     /// no pair qualifies, the local would pass [`MAX_FACTORED_LOCAL`]
     /// elements, or the output is not f32 or f64 (a narrow local would
     /// round the partial sums).
-    pub fn factored(&self) -> Option<ComputeBody> {
+    ///
+    /// When both factors read operands of the output's element type (`a`
+    /// and `b` above, not locals), the product is an operator of its own
+    /// ([`Factored::Hoisted`]) rather than a local: written in a canonical
+    /// form (variables numbered in order, its operands renumbered in
+    /// order, the two factors in printed order), so that the same product
+    /// in two operators is one node (`graph.canonicalize` reuses it): a
+    /// gradient with respect to row scores and one with respect to column
+    /// scores both read `sum[g](a[i, g] * b[j, g])`.
+    pub fn factored(&self, inputs: &[&TensorType]) -> Option<Factored> {
         let out = &self.out;
         // The local holds partial sums in the output's type: f16 or bf16
         // would round them, where the one sum rounds once.
@@ -855,12 +868,23 @@ impl ComputeBody {
                         kept.push(*v);
                     }
                 }
-                // The local's axes in the output's order, then the sum's.
-                kept.sort_by_key(|v| {
-                    out.vars.iter().position(|w| w == v).unwrap_or(
-                        out.vars.len() + vars.iter().position(|r| r.var == *v).unwrap_or(0),
-                    )
-                });
+                // The local's axes in the order another factor reads
+                // exactly those variables in (`c[j, i]` beside it: the
+                // local is `t[j, i]`, so that the pass reading both runs
+                // along one axis of both, not across the rows of one);
+                // else in the output's order, then the sum's.
+                let alongside = (0..fs.len())
+                    .filter(|&k| k != a && k != b)
+                    .filter_map(|k| plain(fs[k]))
+                    .find(|p| p.len() == kept.len() && kept.iter().all(|v| p.contains(v)));
+                match alongside {
+                    Some(order) => kept = order,
+                    None => kept.sort_by_key(|v| {
+                        out.vars.iter().position(|w| w == v).unwrap_or(
+                            out.vars.len() + vars.iter().position(|r| r.var == *v).unwrap_or(0),
+                        )
+                    }),
+                }
                 let Some(bounds) = kept.iter().map(|&v| extent(v)).collect::<Option<Vec<_>>>()
                 else {
                     continue;
@@ -921,16 +945,237 @@ impl ComputeBody {
                 body: Box::new(rest),
             }
         };
+        let out = ElemDef {
+            vars: out.vars.clone(),
+            ty: out.ty.clone(),
+            expr,
+        };
+        let operand_of = |e: &ScalarExpr| match as_read(e) {
+            Some((Source::Input(i), _))
+                if inputs
+                    .get(i as usize)
+                    .is_some_and(|t| t.dtype == local.ty.dtype) =>
+            {
+                Some(i)
+            }
+            _ => None,
+        };
+        if let (Some(ia), Some(ib)) = (operand_of(fs[a]), operand_of(fs[b])) {
+            return Some(self.hoisted(&local, [ia, ib], out));
+        }
         let mut locals = self.locals.clone();
         locals.push(local);
-        Some(ComputeBody {
+        Some(Factored::Local(ComputeBody {
             name: self.name.clone(),
             locals,
-            out: ElemDef {
-                vars: out.vars.clone(),
-                ty: out.ty.clone(),
-                expr,
+            out,
+        }))
+    }
+
+    /// [`Factored::Hoisted`]: `local` (a product of `operands`) as an
+    /// operator of its own, and `out` (reading it as the local after the
+    /// body's) reading it as an operand instead.
+    fn hoisted(&self, local: &ElemDef, operands: [u32; 2], out: ElemDef) -> Factored {
+        let product = local.canonical(&operands);
+        let mut operands = operands.to_vec();
+        operands.sort_unstable();
+        operands.dedup();
+        // The rest reads the operands it still reads (in order), then
+        // the product where it read the local.
+        let hoisted = self.locals.len() as u32;
+        let mut read: Vec<u32> = Vec::new();
+        for def in self.locals.iter().chain([&out]) {
+            def.expr.visit(&mut |e| {
+                if let ScalarExpr::Read {
+                    src: Source::Input(i),
+                    ..
+                } = e
+                    && !read.contains(i)
+                {
+                    read.push(*i);
+                }
+            });
+        }
+        read.sort_unstable();
+        let n = read.len() as u32;
+        let mut renumber = |s: Source| match s {
+            Source::Local(t) if t == hoisted => Source::Input(n),
+            Source::Input(i) => {
+                Source::Input(read.iter().position(|&r| r == i).unwrap_or(0) as u32)
+            }
+            local => local,
+        };
+        let locals = self
+            .locals
+            .iter()
+            .map(|d| ElemDef {
+                expr: map_sources(&d.expr, &mut renumber),
+                ..d.clone()
+            })
+            .collect();
+        let expr = map_sources(&out.expr, &mut renumber);
+        let mut rest_operands: Vec<Option<u32>> = read.into_iter().map(Some).collect();
+        rest_operands.push(None);
+        Factored::Hoisted {
+            product: ComputeBody {
+                name: self.name.clone(),
+                locals: Vec::new(),
+                out: product,
             },
-        })
+            operands,
+            rest: ComputeBody {
+                name: self.name.clone(),
+                locals,
+                out: ElemDef { expr, ..out },
+            },
+            rest_operands,
+        }
+    }
+
+    /// Whether `self` and `other` compute the same thing (their names aside).
+    pub fn same_as(&self, other: &ComputeBody) -> bool {
+        self.locals == other.locals && self.out == other.out
+    }
+}
+
+/// What [`ComputeBody::factored`] makes of a sum of products.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Factored {
+    /// The operator with the product as a new local.
+    Local(ComputeBody),
+    /// The product as an operator of its own, over the operator's
+    /// `operands` (indices, in increasing order), and the rest of the
+    /// operator, over `rest_operands`: the operator's it still reads (in
+    /// increasing order), then the product (`None`).
+    Hoisted {
+        /// The product, in canonical form.
+        product: ComputeBody,
+        /// The operands it reads, as indices of the operator's.
+        operands: Vec<u32>,
+        /// The rest of the operator.
+        rest: ComputeBody,
+        /// Its operands: the operator's (`Some(index)`), the product (`None`).
+        rest_operands: Vec<Option<u32>>,
+    },
+}
+
+impl ElemDef {
+    /// This definition, of operands `operands` (each read as its position
+    /// among them, sorted), with its variables numbered in order: its own,
+    /// then each reduction's as they appear; a product's two factors in
+    /// printed order. Two definitions that differ only in naming are then
+    /// equal.
+    fn canonical(&self, operands: &[u32]) -> ElemDef {
+        let mut sorted = operands.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let mut names: HashMap<IndexVar, IndexVar> = HashMap::new();
+        for &v in &self.vars {
+            let next = IndexVar(names.len() as u32);
+            names.entry(v).or_insert(next);
+        }
+        self.expr.visit(&mut |e| {
+            if let ScalarExpr::Reduce { vars, .. } = e {
+                for r in vars {
+                    let next = IndexVar(names.len() as u32);
+                    names.entry(r.var).or_insert(next);
+                }
+            }
+        });
+        let rename = |v: IndexVar| names.get(&v).copied().unwrap_or(v);
+        let expr = rebuild(&self.expr, &mut |e| match e {
+            ScalarExpr::Read { src, index } => Some(ScalarExpr::Read {
+                src: match src {
+                    Source::Input(i) => {
+                        Source::Input(sorted.iter().position(|s| s == i).unwrap_or(0) as u32)
+                    }
+                    local => *local,
+                },
+                index: index
+                    .iter()
+                    .map(|a| Affine {
+                        terms: a.terms.iter().map(|&(c, v)| (c, rename(v))).collect(),
+                        constant: a.constant,
+                    })
+                    .collect(),
+            }),
+            _ => None,
+        });
+        let expr = rebuild(&expr, &mut |e| match e {
+            ScalarExpr::Reduce { kind, vars, body } => Some(ScalarExpr::Reduce {
+                kind: *kind,
+                vars: vars
+                    .iter()
+                    .map(|r| RangeVar {
+                        var: rename(r.var),
+                        ..*r
+                    })
+                    .collect(),
+                body: Box::new(match body.as_ref() {
+                    ScalarExpr::Binary(BinaryOp::Mul, x, y) => {
+                        let printed = |e: &ScalarExpr| {
+                            let mut out = String::new();
+                            e.write(&mut out, true);
+                            out
+                        };
+                        let (px, py) = (printed(x), printed(y));
+                        let (x, y) = if py < px { (y, x) } else { (x, y) };
+                        ScalarExpr::Binary(BinaryOp::Mul, x.clone(), y.clone())
+                    }
+                    other => other.clone(),
+                }),
+            }),
+            _ => None,
+        });
+        ElemDef {
+            vars: self.vars.iter().map(|&v| rename(v)).collect(),
+            ty: self.ty.clone(),
+            expr,
+        }
+    }
+}
+
+/// `e` with every read's source mapped by `f`.
+pub(crate) fn map_sources(e: &ScalarExpr, f: &mut dyn FnMut(Source) -> Source) -> ScalarExpr {
+    rebuild(e, &mut |e| match e {
+        ScalarExpr::Read { src, index } => Some(ScalarExpr::Read {
+            src: f(*src),
+            index: index.clone(),
+        }),
+        _ => None,
+    })
+}
+
+/// Rebuilds `e` bottom-up, `leaf` replacing the nodes it returns `Some` for.
+pub(crate) fn rebuild(
+    e: &ScalarExpr,
+    leaf: &mut dyn FnMut(&ScalarExpr) -> Option<ScalarExpr>,
+) -> ScalarExpr {
+    if let Some(r) = leaf(e) {
+        return r;
+    }
+    let mut r = |x: &ScalarExpr| Box::new(rebuild(x, leaf));
+    match e {
+        ScalarExpr::Const(_) | ScalarExpr::Read { .. } => e.clone(),
+        ScalarExpr::Unary(u, a) => ScalarExpr::Unary(*u, r(a)),
+        ScalarExpr::Cast(t, a) => ScalarExpr::Cast(*t, r(a)),
+        ScalarExpr::Binary(op, a, c) => {
+            let a = r(a);
+            ScalarExpr::Binary(*op, a, r(c))
+        }
+        ScalarExpr::Compare(op, a, c) => {
+            let a = r(a);
+            ScalarExpr::Compare(*op, a, r(c))
+        }
+        ScalarExpr::Select(c, a, f) => {
+            let c = r(c);
+            let a = r(a);
+            ScalarExpr::Select(c, a, r(f))
+        }
+        ScalarExpr::Reduce { kind, vars, body } => ScalarExpr::Reduce {
+            kind: *kind,
+            vars: vars.clone(),
+            body: r(body),
+        },
     }
 }

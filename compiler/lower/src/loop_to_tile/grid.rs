@@ -76,7 +76,17 @@ impl<'a> Conv<'a> {
         let straight = last_op.regions[0].ops.iter().all(|o| {
             loop_bounds(&self.op(*o).kind).is_none() && !matches!(self.op(*o).kind, L::Matmul(_))
         });
-        let blocked = straight && self.vectorizable(last).is_some();
+        // A body of reductions better run across this loop's iterations
+        // (`vectorizable_outside`: a column sum `out[j] = sum[i](x[i, j])`
+        // with `j` the last parallel loop) is blocked too: each program
+        // takes a tile of iterations and adds rows of them, one contiguous
+        // load at a time, instead of one iteration gathering down a column.
+        let blocked = if straight {
+            self.vectorizable(last).is_some()
+        } else {
+            self.vectorizable_outside(last)
+                .is_some_and(|carries| carries.is_empty())
+        };
         let mut grid = vec![];
         for &l in &band {
             let (lo, hi, _) = loop_bounds(&self.op(l).kind).unwrap_or((0, 1, 1));

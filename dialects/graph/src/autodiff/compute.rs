@@ -44,7 +44,9 @@ use dlc_core::scalar::{BinaryOp, CmpOp, FormulaBuilder, ReduceKind, UnaryOp};
 use dlc_core::{DType, TensorType};
 
 use super::Builder;
-use crate::compute::{Affine, ComputeBody, ElemDef, IndexVar, RangeVar, ScalarExpr, Source};
+use crate::compute::{
+    Affine, ComputeBody, ElemDef, IndexVar, RangeVar, ScalarExpr, Source, map_sources, rebuild,
+};
 use crate::module::Value;
 use crate::ops::Op;
 use petgraph::stable_graph::NodeIndex;
@@ -409,16 +411,6 @@ fn refs(types: &[TensorType]) -> Vec<&TensorType> {
     types.iter().collect()
 }
 
-fn map_sources(e: &ScalarExpr, f: &mut dyn FnMut(Source) -> Source) -> ScalarExpr {
-    rebuild(e, &mut |e| match e {
-        ScalarExpr::Read { src, index } => Some(ScalarExpr::Read {
-            src: f(*src),
-            index: index.clone(),
-        }),
-        _ => None,
-    })
-}
-
 /// `e` with each index variable in `sigma` replaced by its affine value.
 fn substitute(e: &ScalarExpr, sigma: &HashMap<IndexVar, Affine>) -> ScalarExpr {
     rebuild(e, &mut |e| match e {
@@ -428,37 +420,6 @@ fn substitute(e: &ScalarExpr, sigma: &HashMap<IndexVar, Affine>) -> ScalarExpr {
         }),
         _ => None,
     })
-}
-
-/// Rebuilds `e` bottom-up, `leaf` replacing the nodes it returns `Some` for.
-fn rebuild(e: &ScalarExpr, leaf: &mut dyn FnMut(&ScalarExpr) -> Option<ScalarExpr>) -> ScalarExpr {
-    if let Some(r) = leaf(e) {
-        return r;
-    }
-    let mut r = |x: &ScalarExpr| Box::new(rebuild(x, leaf));
-    match e {
-        ScalarExpr::Const(_) | ScalarExpr::Read { .. } => e.clone(),
-        ScalarExpr::Unary(u, a) => ScalarExpr::Unary(*u, r(a)),
-        ScalarExpr::Cast(t, a) => ScalarExpr::Cast(*t, r(a)),
-        ScalarExpr::Binary(op, a, c) => {
-            let a = r(a);
-            ScalarExpr::Binary(*op, a, r(c))
-        }
-        ScalarExpr::Compare(op, a, c) => {
-            let a = r(a);
-            ScalarExpr::Compare(*op, a, r(c))
-        }
-        ScalarExpr::Select(c, a, f) => {
-            let c = r(c);
-            let a = r(a);
-            ScalarExpr::Select(c, a, r(f))
-        }
-        ScalarExpr::Reduce { kind, vars, body } => ScalarExpr::Reduce {
-            kind: *kind,
-            vars: vars.clone(),
-            body: r(body),
-        },
-    }
 }
 
 fn combine(terms: impl IntoIterator<Item = (i64, IndexVar)>, constant: i64) -> Affine {

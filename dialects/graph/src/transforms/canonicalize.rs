@@ -2,6 +2,7 @@ use dlc_core::{Pass, PassError, TensorType};
 use petgraph::stable_graph::NodeIndex;
 
 use super::dce::remove_dead_nodes;
+use crate::compute::{ComputeBody, Factored};
 use crate::interp::{FOLD_WORK_LIMIT, Tensor, eval_op, op_work};
 use crate::module::{Function, Module, Value};
 use crate::ops::{BinaryOp, ConstValue, Op, UnaryOp};
@@ -77,6 +78,16 @@ fn try_fold(f: &Function, node: NodeIndex) -> Option<Op> {
 enum Rewrite {
     Use(Value),
     New(Op, Vec<Value>),
+    /// A user operator whose product became an operator of its own
+    /// (`ComputeBody::factored`): the product on `operands` (an identical
+    /// one already in the function is reused), then `rest` on
+    /// `rest_operands` and the product.
+    Hoisted {
+        product: Box<ComputeBody>,
+        operands: Vec<Value>,
+        rest: Box<ComputeBody>,
+        rest_operands: Vec<Option<Value>>,
+    },
     /// `a @ b` for `a: [.., 1, K]` and `b: [K, N]`: a batch of
     /// vector-matrix products sharing the matrix, as one matrix product
     /// `reshape(a, [rows, K]) @ b` reshaped back (the matrix read once, not
@@ -198,9 +209,27 @@ fn simplify(f: &Function, node: NodeIndex) -> Option<Rewrite> {
             if let Some((op, [x, w])) = body.as_conv2d(&types) {
                 return Some(Rewrite::New(op, vec![ops[x], ops[w]]));
             }
-            // A sum of three or more factors: two contracted first.
-            let factored = body.factored()?;
-            Some(Rewrite::New(Op::Compute(Box::new(factored)), ops.to_vec()))
+            // A sum of three or more factors: two contracted first, into a
+            // local or an operator of their own.
+            match body.factored(&types)? {
+                Factored::Local(body) => {
+                    Some(Rewrite::New(Op::Compute(Box::new(body)), ops.to_vec()))
+                }
+                Factored::Hoisted {
+                    product,
+                    operands,
+                    rest,
+                    rest_operands,
+                } => Some(Rewrite::Hoisted {
+                    product: Box::new(product),
+                    operands: operands.iter().map(|&i| ops[i as usize]).collect(),
+                    rest: Box::new(rest),
+                    rest_operands: rest_operands
+                        .iter()
+                        .map(|i| i.map(|i| ops[i as usize]))
+                        .collect(),
+                }),
+            }
         }
         _ => None,
     }
@@ -231,6 +260,34 @@ fn canonicalize_function(f: &mut Function, max_iterations: u32) -> (u64, u64) {
                         let ty = f.body[node].results.clone();
                         let loc = f.body[node].loc.clone();
                         let new = f.add_node(op, &operands, ty);
+                        f.body[new].loc = loc;
+                        Value::of(new)
+                    }
+                    Rewrite::Hoisted {
+                        product,
+                        operands,
+                        rest,
+                        rest_operands,
+                    } => {
+                        let loc = f.body[node].loc.clone();
+                        let ty = product.out.ty.clone();
+                        let same = f.body.node_indices().find(|&m| {
+                            matches!(&f.body[m].op, Op::Compute(b) if b.same_as(&product))
+                                && f.operands(m) == operands
+                                && f.body[m].results == [ty.clone()]
+                        });
+                        let product = match same {
+                            Some(m) => Value::of(m),
+                            None => {
+                                let p = f.add_op(Op::Compute(product), &operands, ty);
+                                f.body[p.node].loc = loc.clone();
+                                p
+                            }
+                        };
+                        let rest_operands: Vec<Value> =
+                            rest_operands.iter().map(|v| v.unwrap_or(product)).collect();
+                        let ty = f.body[node].results.clone();
+                        let new = f.add_node(Op::Compute(rest), &rest_operands, ty);
                         f.body[new].loc = loc;
                         Value::of(new)
                     }
