@@ -741,10 +741,11 @@ fn registry_for(target: &dlc_core::TargetDesc) -> PassRegistry<Ir> {
         "convert-loop-to-tile",
         "schedules each loop nest as tile kernels (grid, tiles, tile.dot, tile.reduce) for \
          `target` (host, x86-64-avx512, x86-64-avx2, aarch64-linux-gnu, sm_80, sm_90; default host); `vector=N` \
-         (iterations per tile of an innermost loop), `dot=MxNxK` (blocks of a product) and \
+         (iterations per tile of an innermost loop), `column_strips=N` (tiles side by side in \
+         a program of a sum down columns), `dot=MxNxK` (blocks of a product) and \
          `packed=false` (no packed products) override the target's schedule",
         |o| {
-            o.expect_only(&["target", "vector", "dot", "packed"])?;
+            o.expect_only(&["target", "vector", "column_strips", "dot", "packed"])?;
             let fail = |message: String| PassError::BadOption {
                 pass: "convert-loop-to-tile".into(),
                 message,
@@ -753,6 +754,7 @@ fn registry_for(target: &dlc_core::TargetDesc) -> PassRegistry<Ir> {
             let target = dlc_core::TargetDesc::named(&name).map_err(fail)?;
             let mut params = dlc_lower::ScheduleParams::for_target(&target);
             params.vector = o.get("vector", params.vector)?;
+            params.column_strips = o.get("column_strips", params.column_strips)?;
             let dot: String = o.get("dot", String::new())?;
             if !dot.is_empty() {
                 let sizes: Vec<usize> = dot.split('x').filter_map(|d| d.parse().ok()).collect();

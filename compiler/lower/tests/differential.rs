@@ -555,7 +555,7 @@ fn gated_gradients_read_their_matrix_along_its_rows() {
     let [avx512, avx2] = x86_widths();
     let src = dlc_tests::CONTRACTION_PROGRAMS[25];
     let m = graph(src);
-    for (target, lanes) in [avx512, avx2, (TargetDesc::sm_90(), 70)] {
+    for target in [avx512.0, avx2.0, TargetDesc::sm_90()] {
         let text = dlc_tile::print_module(&kernels(&m, &target));
         let reads: Vec<&str> = text
             .lines()
@@ -574,7 +574,7 @@ fn gated_gradients_read_their_matrix_along_its_rows() {
                 .map_or(0, |t| t.matches('x').count());
             let inner = format!("#{}", rank.saturating_sub(1));
             let last = index.rsplit(',').next().unwrap_or("");
-            rank >= 1 && last.contains(&inner) && l.contains(&format!("{lanes}xf32>"))
+            rank >= 1 && last.contains(&inner)
         };
         assert!(
             reads.len() >= 2

@@ -87,22 +87,33 @@ impl<'a> Conv<'a> {
             self.vectorizable_outside(last)
                 .is_some_and(|carries| carries.is_empty())
         };
+        // A program of a sum down columns takes `column_strips` tiles side
+        // by side: longer runs of each row it reads.
+        let width = if straight {
+            self.params.vector
+        } else {
+            self.params.vector * self.params.column_strips
+        };
         let mut grid = vec![];
         for &l in &band {
             let (lo, hi, _) = loop_bounds(&self.op(l).kind).unwrap_or((0, 1, 1));
             let n = (hi - lo).max(0) as usize;
             if l == last && blocked {
-                let w = self.params.vector.min(n.max(1));
+                let w = width.min(n.max(1));
                 grid.push(n.div_ceil(w).max(1));
             } else {
                 grid.push(n.max(1));
             }
         }
-        let vector = self.params.vector;
         let schedule = if blocked {
-            Schedule::Blocked { vector, tile: None }
+            Schedule::Blocked {
+                vector: width,
+                tile: None,
+            }
         } else {
-            Schedule::Rows { vector }
+            Schedule::Rows {
+                vector: self.params.vector,
+            }
         };
         self.b.begin_kernel(grid.clone(), schedule);
         for (axis, &l) in band.iter().enumerate() {
@@ -112,7 +123,7 @@ impl<'a> Conv<'a> {
             let counter = op.regions[0].args[0];
             if l == last && blocked {
                 let n = (hi - lo).max(0) as usize;
-                let w = self.params.vector.min(n.max(1));
+                let w = width.min(n.max(1));
                 let base = Affine::value(pid)
                     .scaled(w as i64)
                     .plus_scaled(1, &Affine::constant(lo));
