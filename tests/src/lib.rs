@@ -809,6 +809,12 @@ fn f(d: f32[30, 20], h: f32[40, 20], a: f32[30, 40], s: f32[30], t: f32[40]) -> 
     "op gated_cols[N, M, G](d: f32[N, G], h: f32[M, G], a: f32[N, M], s: f32[N], t: f32[M]) -> f32[M] { out[j] = sum[i, g](d[i, g] * h[j, g] * a[i, j] * sigmoid(s[i] + t[j])); }
 op gated_dh[N, M, G](d: f32[N, G], a: f32[N, M], s: f32[N], t: f32[M]) -> f32[M, G] { out[j, g] = sum[i](d[i, g] * (a[i, j] * sigmoid(s[i] + t[j]))); }
 fn f(d: f32[30, 20], h: f32[70, 20], a: f32[30, 70], s: f32[30], t: f32[70]) -> (f32[70], f32[70, 20]) { return (gated_cols(d, h, a, s, t), gated_dh(d, a, s, t)); }",
+    // The aggregation and its features' gradient: both multiply by the
+    // same gate, computed once by an operator of its own that both
+    // products read (the gradient's transposed).
+    "op gated_agg[N, M, G](a: f32[N, M], s: f32[N], t: f32[M], h: f32[M, G]) -> f32[N, G] { out[i, g] = sum[j](a[i, j] * sigmoid(s[i] + t[j]) * h[j, g]); }
+op gated_dh[N, M, G](d: f32[N, G], a: f32[N, M], s: f32[N], t: f32[M]) -> f32[M, G] { out[j, g] = sum[i](d[i, g] * (a[i, j] * sigmoid(s[i] + t[j]))); }
+fn f(a: f32[30, 70], s: f32[30], t: f32[70], h: f32[70, 20], d: f32[30, 20]) -> (f32[30, 20], f32[70, 20]) { return (gated_agg(a, s, t, h), gated_dh(d, a, s, t)); }",
 ];
 
 /// Convolutions that run as Winograd's F(4x4, 3x3) on a CPU (3 x 3, stride

@@ -707,13 +707,21 @@ fn user_contractions_are_structured_products() {
     assert_eq!(
         matmuls,
         [
-            1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 0, 2, 1, 1, 2
+            1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 0, 2, 1, 1, 2, 2
         ]
     );
     // Of a sum of four factors, the two that alone read `g` are one
     // product (30 x 40 over 20) into a local the rest reads.
     let text = print_module(&lowered(&graph(dlc_tests::CONTRACTION_PROGRAMS[24])));
     assert!(text.contains("{sizes = [30, 40, 20]}"), "{text}");
+    // A gate two products multiply by is computed once (one sigmoid in
+    // the whole function) and read in place by both (no copy: one buffer,
+    // the gate's).
+    let text = print_module(&lowered(&graph(dlc_tests::CONTRACTION_PROGRAMS[26])));
+    assert!(
+        text.matches("loop.sigmoid").count() == 1 && text.matches("loop.alloc").count() == 1,
+        "{text}"
+    );
     // A weight gradient whose optimizer update follows it keeps its
     // columns merged (45), not the 3 of `kx` the update's epilogue would
     // leave it: the product is stored into a buffer of its own and the

@@ -760,6 +760,21 @@ fn factors<'e>(e: &'e ScalarExpr, out: &mut Vec<&'e ScalarExpr>) {
     }
 }
 
+/// The operands expression `e` reads, added to `out` in the order first
+/// read.
+fn inputs_read(e: &ScalarExpr, out: &mut Vec<u32>) {
+    e.visit(&mut |s| {
+        if let ScalarExpr::Read {
+            src: Source::Input(i),
+            ..
+        } = s
+            && !out.contains(i)
+        {
+            out.push(*i);
+        }
+    });
+}
+
 /// The variables expression `e` reads with.
 fn vars_read(e: &ScalarExpr, out: &mut Vec<IndexVar>) {
     e.visit(&mut |s| {
@@ -961,7 +976,7 @@ impl ComputeBody {
             _ => None,
         };
         if let (Some(ia), Some(ib)) = (operand_of(fs[a]), operand_of(fs[b])) {
-            return Some(self.hoisted(&local, [ia, ib], out));
+            return Some(self.hoisted(&local, [ia, ib], out, inputs.len()));
         }
         let mut locals = self.locals.clone();
         locals.push(local);
@@ -975,47 +990,32 @@ impl ComputeBody {
     /// [`Factored::Hoisted`]: `local` (a product of `operands`) as an
     /// operator of its own, and `out` (reading it as the local after the
     /// body's) reading it as an operand instead.
-    fn hoisted(&self, local: &ElemDef, operands: [u32; 2], out: ElemDef) -> Factored {
+    fn hoisted(
+        &self,
+        local: &ElemDef,
+        operands: [u32; 2],
+        out: ElemDef,
+        inputs: usize,
+    ) -> Factored {
         let product = local.canonical(&operands);
         let mut operands = operands.to_vec();
         operands.sort_unstable();
         operands.dedup();
-        // The rest reads the operands it still reads (in order), then
-        // the product where it read the local.
+        // The rest reads the product where it read the local, as one more
+        // operand, and no longer the operands it does not read.
         let hoisted = self.locals.len() as u32;
-        let mut read: Vec<u32> = Vec::new();
-        for def in self.locals.iter().chain([&out]) {
-            def.expr.visit(&mut |e| {
-                if let ScalarExpr::Read {
-                    src: Source::Input(i),
-                    ..
-                } = e
-                    && !read.contains(i)
-                {
-                    read.push(*i);
-                }
-            });
+        let n = inputs as u32;
+        let rest = ComputeBody {
+            name: self.name.clone(),
+            locals: self.locals.clone(),
+            out,
         }
-        read.sort_unstable();
-        let n = read.len() as u32;
-        let mut renumber = |s: Source| match s {
+        .mapped(&mut |s| match s {
             Source::Local(t) if t == hoisted => Source::Input(n),
-            Source::Input(i) => {
-                Source::Input(read.iter().position(|&r| r == i).unwrap_or(0) as u32)
-            }
-            local => local,
-        };
-        let locals = self
-            .locals
-            .iter()
-            .map(|d| ElemDef {
-                expr: map_sources(&d.expr, &mut renumber),
-                ..d.clone()
-            })
-            .collect();
-        let expr = map_sources(&out.expr, &mut renumber);
-        let mut rest_operands: Vec<Option<u32>> = read.into_iter().map(Some).collect();
-        rest_operands.push(None);
+            other => other,
+        });
+        let (rest, read) = rest.reading_only_what_it_reads();
+        let rest_operands = read.into_iter().map(|i| (i < n).then_some(i)).collect();
         Factored::Hoisted {
             product: ComputeBody {
                 name: self.name.clone(),
@@ -1023,19 +1023,247 @@ impl ComputeBody {
                 out: product,
             },
             operands,
-            rest: ComputeBody {
-                name: self.name.clone(),
-                locals,
-                out: ElemDef { expr, ..out },
-            },
+            rest,
             rest_operands,
         }
+    }
+
+    /// The body with every read's source mapped by `f`.
+    fn mapped(&self, f: &mut dyn FnMut(Source) -> Source) -> ComputeBody {
+        let map = |d: &ElemDef, f: &mut dyn FnMut(Source) -> Source| ElemDef {
+            expr: map_sources(&d.expr, f),
+            ..d.clone()
+        };
+        ComputeBody {
+            name: self.name.clone(),
+            locals: self.locals.iter().map(|d| map(d, f)).collect(),
+            out: map(&self.out, f),
+        }
+    }
+
+    /// The body reading only the operands it reads, renumbered in order,
+    /// and which of the old operands those are.
+    pub fn reading_only_what_it_reads(&self) -> (ComputeBody, Vec<u32>) {
+        let mut read: Vec<u32> = Vec::new();
+        for def in self.locals.iter().chain([&self.out]) {
+            inputs_read(&def.expr, &mut read);
+        }
+        read.sort_unstable();
+        let body = self.mapped(&mut |s| match s {
+            Source::Input(i) => {
+                Source::Input(read.iter().position(|&r| r == i).unwrap_or(0) as u32)
+            }
+            local => local,
+        });
+        (body, read)
     }
 
     /// Whether `self` and `other` compute the same thing (their names aside).
     pub fn same_as(&self, other: &ComputeBody) -> bool {
         self.locals == other.locals && self.out == other.out
     }
+}
+
+/// An element-wise operand of a user operator's sum (see
+/// [`ComputeBody::elementwise_operand`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ElementwiseOperand<'a> {
+    /// The operand as a definition of its own, in canonical form, over
+    /// `operands` renumbered in order.
+    pub def: ElemDef,
+    /// The operator's operands it reads, in increasing order.
+    pub operands: Vec<u32>,
+    /// The sum it is a factor of.
+    sum: &'a ScalarExpr,
+    /// Which of the sum's factors it is.
+    factors: Vec<usize>,
+    /// Its variables in the operator, in `def`'s order.
+    vars: Vec<IndexVar>,
+}
+
+impl ComputeBody {
+    /// The factors of the output's sum that do not read its last variable
+    /// (the columns of the product it is), when they are more than one read
+    /// or not a read: the rows' operand of the product, computed element
+    /// by element (`a[i, j] * sigmoid(s[i] + t[j])` in `out[i, g] =
+    /// sum[j](a[i, j] * sigmoid(s[i] + t[j]) * h[j, g])`). Only where it
+    /// reads operands alone, of the output's element type, each index one
+    /// variable spanning the whole axis it reads, and the sum has other
+    /// factors. As a definition of its own in canonical form (its variables
+    /// in the order its read of the most elements reads them, numbered in
+    /// order, its factors in printed order), so that two operators with the
+    /// same operand (a gated aggregation and its gradient) share one.
+    pub fn elementwise_operand<'a>(
+        &'a self,
+        inputs: &[&TensorType],
+    ) -> Option<ElementwiseOperand<'a>> {
+        let out = &self.out;
+        let last = *out.vars.last()?;
+        let mut sums = Vec::new();
+        out.expr.visit(&mut |e| {
+            if let ScalarExpr::Reduce { .. } = e {
+                sums.push(e);
+            }
+        });
+        let [
+            sum @ ScalarExpr::Reduce {
+                kind: ReduceKind::Sum,
+                vars,
+                body,
+            },
+        ] = sums[..]
+        else {
+            return None;
+        };
+        let mut fs = Vec::new();
+        factors(body, &mut fs);
+        let mine: Vec<usize> = (0..fs.len()).filter(|&k| !reads(fs[k], last)).collect();
+        if mine.is_empty()
+            || mine.len() == fs.len()
+            || mine.len() == 1 && as_read(fs[mine[0]]).is_some()
+        {
+            return None;
+        }
+        // The extent of each variable read: whole axes of operands of the
+        // output's type, each index one variable.
+        let extent = |v: IndexVar| -> Option<usize> {
+            if let Some(p) = out.vars.iter().position(|&w| w == v) {
+                return out.ty.shape.get(p).copied();
+            }
+            let r = vars.iter().find(|r| r.var == v)?;
+            (r.lo == 0).then_some(r.hi as usize)
+        };
+        let mut ok = true;
+        let mut widest: Option<(usize, Vec<IndexVar>)> = None;
+        let mut used: Vec<IndexVar> = Vec::new();
+        for &k in &mine {
+            fs[k].visit(&mut |e| match e {
+                ScalarExpr::Read {
+                    src: Source::Input(i),
+                    index,
+                } => {
+                    let Some(t) = inputs.get(*i as usize) else {
+                        ok = false;
+                        return;
+                    };
+                    ok &= t.dtype == out.ty.dtype && index.len() == t.shape.len();
+                    let mut at = Vec::new();
+                    for (a, &dim) in index.iter().zip(&t.shape) {
+                        match a.as_var() {
+                            Some(v) if extent(v) == Some(dim) => at.push(v),
+                            _ => ok = false,
+                        }
+                    }
+                    for &v in &at {
+                        if !used.contains(&v) {
+                            used.push(v);
+                        }
+                    }
+                    let n = t.shape.iter().product();
+                    if widest.as_ref().is_none_or(|w| n > w.0) {
+                        widest = Some((n, at));
+                    }
+                }
+                ScalarExpr::Read { .. } | ScalarExpr::Reduce { .. } => ok = false,
+                _ => {}
+            });
+        }
+        if !ok || used.len() < 2 {
+            return None;
+        }
+        // Its variables: as its widest read reads them, then the others.
+        let mut order: Vec<IndexVar> = Vec::new();
+        for v in widest
+            .map(|w| w.1)
+            .unwrap_or_default()
+            .into_iter()
+            .chain(used)
+        {
+            if !order.contains(&v) {
+                order.push(v);
+            }
+        }
+        let shape = order
+            .iter()
+            .map(|&v| extent(v))
+            .collect::<Option<Vec<_>>>()?;
+        let mut operands: Vec<u32> = Vec::new();
+        for &k in &mine {
+            inputs_read(fs[k], &mut operands);
+        }
+        operands.sort_unstable();
+        let expr = mine[1..].iter().fold(fs[mine[0]].clone(), |acc, &k| {
+            ScalarExpr::Binary(BinaryOp::Mul, Box::new(acc), Box::new(fs[k].clone()))
+        });
+        let def = ElemDef {
+            vars: order.clone(),
+            ty: TensorType::new(out.ty.dtype, shape),
+            expr,
+        }
+        .canonical(&operands);
+        // Its factors in printed order.
+        let mut parts = Vec::new();
+        factors(&def.expr, &mut parts);
+        let mut parts: Vec<(String, ScalarExpr)> =
+            parts.into_iter().map(|e| (printed(e), e.clone())).collect();
+        parts.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut parts = parts.into_iter().map(|p| p.1);
+        let first = parts.next()?;
+        let expr = parts.fold(first, |acc, e| {
+            ScalarExpr::Binary(BinaryOp::Mul, Box::new(acc), Box::new(e))
+        });
+        Some(ElementwiseOperand {
+            def: ElemDef { expr, ..def },
+            operands,
+            sum,
+            factors: mine,
+            vars: order,
+        })
+    }
+
+    /// The body with `operand`'s factors replaced by a read of operand
+    /// `input` (which holds `operand.def`).
+    pub fn reading_operand(&self, operand: &ElementwiseOperand<'_>, input: u32) -> ComputeBody {
+        let expr = rebuild(&self.out.expr, &mut |e| {
+            let ScalarExpr::Reduce { kind, vars, body } = e else {
+                return None;
+            };
+            if !std::ptr::eq(e, operand.sum) {
+                return None;
+            }
+            let mut fs = Vec::new();
+            factors(body, &mut fs);
+            let read = ScalarExpr::Read {
+                src: Source::Input(input),
+                index: operand.vars.iter().map(|&v| Affine::var(v)).collect(),
+            };
+            let body = (0..fs.len())
+                .filter(|k| !operand.factors.contains(k))
+                .fold(read, |acc, k| {
+                    ScalarExpr::Binary(BinaryOp::Mul, Box::new(acc), Box::new(fs[k].clone()))
+                });
+            Some(ScalarExpr::Reduce {
+                kind: *kind,
+                vars: vars.clone(),
+                body: Box::new(body),
+            })
+        });
+        ComputeBody {
+            name: self.name.clone(),
+            locals: self.locals.clone(),
+            out: ElemDef {
+                expr,
+                ..self.out.clone()
+            },
+        }
+    }
+}
+
+/// `e` as the IR prints it.
+fn printed(e: &ScalarExpr) -> String {
+    let mut out = String::new();
+    e.write(&mut out, true);
+    out
 }
 
 /// What [`ComputeBody::factored`] makes of a sum of products.
@@ -1113,11 +1341,6 @@ impl ElemDef {
                     .collect(),
                 body: Box::new(match body.as_ref() {
                     ScalarExpr::Binary(BinaryOp::Mul, x, y) => {
-                        let printed = |e: &ScalarExpr| {
-                            let mut out = String::new();
-                            e.write(&mut out, true);
-                            out
-                        };
                         let (px, py) = (printed(x), printed(y));
                         let (x, y) = if py < px { (y, x) } else { (x, y) };
                         ScalarExpr::Binary(BinaryOp::Mul, x.clone(), y.clone())

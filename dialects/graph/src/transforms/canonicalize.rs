@@ -2,15 +2,19 @@ use dlc_core::{Pass, PassError, TensorType};
 use petgraph::stable_graph::NodeIndex;
 
 use super::dce::remove_dead_nodes;
-use crate::compute::{ComputeBody, Factored};
+use crate::compute::{ComputeBody, ElemDef, Factored};
 use crate::interp::{FOLD_WORK_LIMIT, Tensor, eval_op, op_work};
 use crate::module::{Function, Module, Value};
 use crate::ops::{BinaryOp, ConstValue, Op, UnaryOp};
 
-/// `graph.canonicalize`: folds constants, applies algebraic identities and
+/// `graph.canonicalize`: folds constants, applies algebraic identities,
 /// makes a user operator that computes a built-in op that op
-/// ([`crate::compute::ComputeBody::as_conv2d`]) until nothing changes (or `max_iterations` sweeps), then removes what
-/// became dead. Identities treat `-0.0` and `0.0` as equal (`x + 0 -> x`).
+/// ([`crate::compute::ComputeBody::as_conv2d`]) and contracts a sum of
+/// three or more factors a pair first ([`crate::compute::ComputeBody::factored`])
+/// until nothing changes (or `max_iterations` sweeps); then user operators
+/// sharing an element-wise operand read it from one operator, and what
+/// became dead is removed. Identities treat `-0.0` and `0.0` as equal (`x +
+/// 0 -> x`).
 pub struct Canonicalize {
     /// Upper bound on sweeps over each function.
     pub max_iterations: u32,
@@ -328,7 +332,80 @@ fn canonicalize_function(f: &mut Function, max_iterations: u32) -> (u64, u64) {
             break;
         }
     }
-    (folded, simplified)
+    let shared = share_elementwise_operands(f);
+    if shared > 0 {
+        remove_dead_nodes(f);
+    }
+    (folded, simplified + shared)
+}
+
+/// User operators with the same element-wise operand of their sums
+/// (`ComputeBody::elementwise_operand`, over the same values) read it from
+/// one operator computing it: a gated aggregation's gate, `a[i, j] *
+/// sigmoid(s[i] + t[j])`, is computed once for the forward pass and its
+/// gradient, not once in each. Returns how many operators now read a shared operand.
+fn share_elementwise_operands(f: &mut Function) -> u64 {
+    let operand = |f: &Function, node: NodeIndex| -> Option<(ElemDef, Vec<Value>)> {
+        let Op::Compute(body) = &f.body[node].op else {
+            return None;
+        };
+        let ops = f.operands(node);
+        let types: Vec<&TensorType> = ops.iter().map(|v| f.value_type(*v)).collect();
+        let e = body.elementwise_operand(&types)?;
+        let values = e.operands.iter().map(|&i| ops[i as usize]).collect();
+        Some((e.def, values))
+    };
+    let found: Vec<(NodeIndex, ElemDef, Vec<Value>)> = f
+        .topo_order()
+        .into_iter()
+        .filter_map(|n| operand(f, n).map(|(d, v)| (n, d, v)))
+        .collect();
+    let mut shared = 0;
+    let mut done = vec![false; found.len()];
+    for i in 0..found.len() {
+        let group: Vec<usize> = (i..found.len())
+            .filter(|&j| !done[j] && found[j].1 == found[i].1 && found[j].2 == found[i].2)
+            .collect();
+        if group.len() < 2 {
+            continue;
+        }
+        let (first, def, values) = &found[i];
+        let Op::Compute(body) = &f.body[*first].op else {
+            continue;
+        };
+        let loc = f.body[*first].loc.clone();
+        let once = ComputeBody {
+            name: body.name.clone(),
+            locals: Vec::new(),
+            out: def.clone(),
+        };
+        let ty = def.ty.clone();
+        let g = f.add_op(Op::Compute(Box::new(once)), values, ty);
+        f.body[g.node].loc = loc;
+        for j in group {
+            done[j] = true;
+            let node = found[j].0;
+            let Op::Compute(body) = &f.body[node].op else {
+                continue;
+            };
+            let mut ops = f.operands(node);
+            let types: Vec<&TensorType> = ops.iter().map(|v| f.value_type(*v)).collect();
+            let Some(e) = body.elementwise_operand(&types) else {
+                continue;
+            };
+            let (rest, read) = body
+                .reading_operand(&e, ops.len() as u32)
+                .reading_only_what_it_reads();
+            ops.push(g);
+            let ops: Vec<Value> = read.iter().map(|&r| ops[r as usize]).collect();
+            let (ty, loc) = (f.body[node].results.clone(), f.body[node].loc.clone());
+            let new = f.add_node(Op::Compute(Box::new(rest)), &ops, ty);
+            f.body[new].loc = loc;
+            f.replace_all_uses(Value::of(node), Value::of(new));
+            shared += 1;
+        }
+    }
+    shared
 }
 
 impl Pass<Module> for Canonicalize {
