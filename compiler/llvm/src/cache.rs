@@ -41,7 +41,8 @@ use sha2::{Digest, Sha256};
 
 /// What an entry's format and the pipeline it was compiled with are
 /// called; change it when either changes.
-const FORMAT: &str = "dlc object cache 1; default<O3>, no unrolling, PIC";
+const FORMAT: &str =
+    "dlc object cache 2; default<O3>, no unrolling, PIC; optnone parts at CodeGenOpt::None";
 
 /// The default bound on the entries' total size.
 pub const DEFAULT_MAX_BYTES: u64 = 512 << 20;

@@ -138,7 +138,7 @@ pub fn emulate<T>(
 ) -> R<T> {
     let ctx = Context::create();
     let module = ctx.create_module("dlc_emulated");
-    let host = crate::target::x86_64::machine(TargetDesc::host())?;
+    let host = crate::target::x86_64::machine(TargetDesc::host(), OptimizationLevel::Aggressive)?;
     module.set_triple(&host.get_triple());
     module.set_data_layout(&host.get_target_data().get_data_layout());
     let symbols = Symbols::with_prefix("dlc_emu_").map_err(CodegenError::Symbol)?;

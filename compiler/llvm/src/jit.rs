@@ -180,6 +180,13 @@ fn compile_part<P: Program + ?Sized>(
         }));
     }
     optimize(&module, &machine)?;
+    // The host functions' part: machine code as fast as LLVM makes it
+    // (their IR is `optnone` already).
+    let machine = if partition.unoptimized(part) {
+        crate::target::machine_at(target, inkwell::OptimizationLevel::None)?
+    } else {
+        machine
+    };
     let object = machine
         .write_to_memory_buffer(&module, FileType::Object)
         .map_err(|e| CodegenError::Llvm(e.to_string()))?
@@ -236,8 +243,10 @@ pub fn compile_in_process<P: Program + ?Sized>(m: &P, options: &JitOptions) -> R
     let workers = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(MAX_COMPILE_THREADS);
+    // One thread more than the kernels' parts: the host functions are a
+    // part of their own (see `split::Partition::of`).
     let parts: Vec<R<Option<Part>>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..workers)
+        let handles: Vec<_> = (0..=workers)
             .map(|part| {
                 let cache = options.cache.as_ref();
                 s.spawn(move || compile_part(m, part, workers, target, cache))

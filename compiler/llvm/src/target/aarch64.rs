@@ -11,8 +11,9 @@ use inkwell::targets::{
 /// Every Armv8-A core has Advanced SIMD.
 const FEATURES: &str = "+neon";
 
-/// A target machine for `triple` and LLVM CPU `cpu`.
-pub(crate) fn machine(triple: &str, cpu: &str) -> R<TargetMachine> {
+/// A target machine for `triple` and LLVM CPU `cpu`, generating machine
+/// code at `level`.
+pub(crate) fn machine(triple: &str, cpu: &str, level: OptimizationLevel) -> R<TargetMachine> {
     Target::initialize_aarch64(&InitializationConfig::default());
     let triple = TargetTriple::create(triple);
     let target = Target::from_triple(&triple).map_err(|e| CodegenError::Llvm(e.to_string()))?;
@@ -21,7 +22,7 @@ pub(crate) fn machine(triple: &str, cpu: &str) -> R<TargetMachine> {
             &triple,
             cpu,
             FEATURES,
-            OptimizationLevel::Aggressive,
+            level,
             RelocMode::PIC,
             CodeModel::Default,
         )

@@ -4,6 +4,7 @@
 //! NVIDIA GPUs.
 
 use dlc_core::TargetDesc;
+use inkwell::OptimizationLevel;
 use inkwell::targets::TargetMachine;
 
 use crate::{CodegenError, R};
@@ -25,9 +26,14 @@ fn arm(target: &TargetDesc) -> Option<(&str, &str)> {
 
 /// The LLVM target machine `target` compiles for.
 pub(crate) fn machine(target: &TargetDesc) -> R<TargetMachine> {
+    machine_at(target, OptimizationLevel::Aggressive)
+}
+
+/// [`machine`] generating machine code at optimization level `level`.
+pub(crate) fn machine_at(target: &TargetDesc, level: OptimizationLevel) -> R<TargetMachine> {
     match (arm(target), target.cpu().and_then(|c| c.triple.as_deref())) {
-        (Some((triple, cpu)), _) => aarch64::machine(triple, cpu),
-        (None, None) => x86_64::machine(target),
+        (Some((triple, cpu)), _) => aarch64::machine(triple, cpu, level),
+        (None, None) => x86_64::machine(target, level),
         (None, Some(other)) => Err(CodegenError::Unsupported(format!(
             "no code generation for the triple `{other}` (x86-64 and AArch64 Linux are built)"
         ))),

@@ -33,8 +33,9 @@ pub(crate) fn initialize_native() -> R<()> {
         .map_err(CodegenError::Llvm)
 }
 
-/// A target machine for x86-64 Linux and `target`'s CPU.
-pub(crate) fn machine(target: &TargetDesc) -> R<TargetMachine> {
+/// A target machine for x86-64 Linux and `target`'s CPU, generating
+/// machine code at `level`.
+pub(crate) fn machine(target: &TargetDesc, level: OptimizationLevel) -> R<TargetMachine> {
     initialize_native()?;
     let triple = TargetMachine::get_default_triple();
     let llvm_target =
@@ -45,7 +46,7 @@ pub(crate) fn machine(target: &TargetDesc) -> R<TargetMachine> {
             &triple,
             &cpu,
             &features,
-            OptimizationLevel::Aggressive,
+            level,
             RelocMode::PIC,
             CodeModel::Default,
         )
