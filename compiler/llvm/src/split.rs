@@ -65,8 +65,8 @@ impl Partition {
     /// Up to `parts` parts of `module`'s defined functions, balanced by
     /// instruction count: never more parts than functions, at least one.
     /// The functions marked `optnone` (the host functions, which only
-    /// orchestrate kernels), when there are others, are one more part of
-    /// their own, part 0, compiled without optimizing machine code
+    /// orchestrate kernels), when there are others and they weigh at least
+    /// a part's share (of `parts + 1`), are one more part of their own, part 0, compiled without optimizing machine code
     /// ([`Partition::unoptimized`]): W7's training step has one host
     /// function of 36,000 instructions (1,107 kernel launches), on which
     /// LLVM's greedy register allocator and instruction selection took 0.8
@@ -77,7 +77,11 @@ impl Partition {
                 f.get_enum_attribute(AttributeLoc::Function, optnone())
                     .is_some()
             });
-        if !orchestration.is_empty() && !rest.is_empty() {
+        // Only where they would be a part's worth anyway: a small host
+        // function is not worth a thread building the whole module.
+        let heavy = orchestration.iter().map(|&f| size(f)).sum::<usize>() * (parts.max(1) + 1)
+            >= defined(module).map(size).sum::<usize>();
+        if heavy && !orchestration.is_empty() && !rest.is_empty() {
             let mut p = Self::balanced(rest, parts);
             for part in p.owner.values_mut() {
                 *part += 1;
@@ -102,14 +106,7 @@ impl Partition {
     fn balanced(functions: Vec<FunctionValue<'_>>, parts: usize) -> Partition {
         let mut sized: Vec<(usize, String)> = functions
             .into_iter()
-            .map(|f| {
-                let size = f
-                    .get_basic_block_iter()
-                    .flat_map(|b| b.get_instructions())
-                    .map(weight)
-                    .sum();
-                (size, name(f.as_global_value()))
-            })
+            .map(|f| (size(f), name(f.as_global_value())))
             .collect();
         let parts = parts.clamp(1, sized.len().max(1));
         // Largest first; ties by name, so that the order is the module's
@@ -193,6 +190,14 @@ fn weight(i: InstructionValue<'_>) -> usize {
                 .is_some_and(|v| v.get_type().is_vector_type())
         });
     if vector { 5 } else { 1 }
+}
+
+/// What function `f` costs LLVM: its instructions by [`weight`].
+fn size(f: FunctionValue<'_>) -> usize {
+    f.get_basic_block_iter()
+        .flat_map(|b| b.get_instructions())
+        .map(weight)
+        .sum()
 }
 
 /// LLVM's `optnone` attribute.
@@ -334,8 +339,15 @@ mod tests {
             (p.parts(), p.owner("f0"), p.owner("f3")),
             (2, Some(0), Some(1))
         );
-        // Nothing is unoptimized where every function is optnone or none is.
+        // Nothing is unoptimized where every function is optnone or none is,
+        // or where the optnone ones weigh less than a part's share.
         assert!(!Partition::of(&module(&ctx, &[5, 5]), 2).unoptimized(0));
+        let m = module(&ctx, &[100, 45, 40, 10]);
+        let f3 = m.get_function("f3").unwrap();
+        let kind = inkwell::attributes::Attribute::get_named_enum_kind_id("optnone");
+        f3.add_attribute(AttributeLoc::Function, ctx.create_enum_attribute(kind, 0));
+        let p = Partition::of(&m, 2);
+        assert!(p.parts() == 2 && !p.unoptimized(0), "{p:?}");
     }
 
     #[test]
