@@ -1088,8 +1088,8 @@ impl ComputeBody {
     /// by element (`a[i, j] * sigmoid(s[i] + t[j])` in `out[i, g] =
     /// sum[j](a[i, j] * sigmoid(s[i] + t[j]) * h[j, g])`). Only where it
     /// reads operands alone, of the output's element type, each index one
-    /// variable spanning the whole axis it reads, and the sum has other
-    /// factors. As a definition of its own in canonical form (its variables
+    /// variable spanning the whole axis it reads, the sum has other factors,
+    /// and it has at most [`MAX_GATHERED`] elements. As a definition of its own in canonical form (its variables
     /// in the order its read of the most elements reads them, numbered in
     /// order, its factors in printed order), so that two operators with the
     /// same operand (a gated aggregation and its gradient) share one.
@@ -1187,6 +1187,16 @@ impl ComputeBody {
             .iter()
             .map(|&v| extent(v))
             .collect::<Option<Vec<_>>>()?;
+        // No larger than a prologue's copy may be (`MAX_GATHERED`): a
+        // shared operand is stored, where a larger prologue keeps its
+        // scalar loops and stores nothing.
+        if shape
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .is_none_or(|n| n > MAX_GATHERED)
+        {
+            return None;
+        }
         let mut operands: Vec<u32> = Vec::new();
         for &k in &mine {
             inputs_read(fs[k], &mut operands);
