@@ -49,7 +49,10 @@ pub use dlc_graph::transforms::DEFAULT_PIPELINE;
 
 mod artifact;
 pub mod bindings;
+mod interface;
 mod weights;
+
+pub use interface::{Interface, Param};
 
 pub use artifact::{
     Artifact, Backends, CodeGenerator, Compilation, CompileOptions, MlirConverter, NativeArtifact,
@@ -876,13 +879,13 @@ pub fn prepare_inputs(
     files: &[(String, PathBuf)],
     seed: Option<u64>,
 ) -> Result<Vec<HostTensor>, DriverError> {
-    prepare_inputs_with(f, files, Vec::new(), seed)
+    prepare_inputs_with(&Interface::of(f), files, Vec::new(), seed)
 }
 
 /// [`prepare_inputs`] with some arguments given as tensors (`--weights`, an
 /// imported model's weights), which become arguments without a copy.
 pub fn prepare_inputs_with(
-    f: &Function,
+    f: &Interface,
     files: &[(String, PathBuf)],
     tensors: Vec<(String, HostTensor)>,
     seed: Option<u64>,
@@ -891,7 +894,7 @@ pub fn prepare_inputs_with(
     // `each_input` checks the given tensors and calls back once per
     // parameter, in order.
     each_input(f, files, &tensors, seed, |ty, values| {
-        let name = &f.params[inputs.len()].0;
+        let name = &f.params[inputs.len()].name;
         if tensors.iter().any(|(n, _)| n == name) {
             inputs.push(None);
         } else {
@@ -905,7 +908,7 @@ pub fn prepare_inputs_with(
     inputs
         .into_iter()
         .zip(&f.params)
-        .map(|(t, (name, _))| {
+        .map(|(t, Param { name, .. })| {
             t.or_else(|| given.remove(name)).ok_or_else(|| {
                 DriverError::Internal(format!("argument `{name}` was checked but not kept"))
             })
@@ -918,18 +921,14 @@ pub fn prepare_inputs_with(
 /// a caller laying them out for compiled code never holds a tensor as
 /// `f64`s, nor all of them twice.
 pub fn each_input(
-    f: &Function,
+    f: &Interface,
     files: &[(String, PathBuf)],
     tensors: &[(String, HostTensor)],
     seed: Option<u64>,
     mut each: impl FnMut(&TensorType, &mut dyn Iterator<Item = f64>) -> Result<(), DriverError>,
 ) -> Result<(), DriverError> {
-    let params: Vec<(&str, TensorType)> = f
-        .params
-        .iter()
-        .zip(f.param_types())
-        .map(|((n, _), t)| (n.as_str(), t))
-        .collect();
+    let params: Vec<(&str, &TensorType)> =
+        f.params.iter().map(|p| (p.name.as_str(), &p.ty)).collect();
     enum Given<'a> {
         File(&'a Path),
         Tensor(&'a HostTensor),
@@ -974,7 +973,6 @@ pub fn each_input(
         }
     }
     let mut rng = seeded_rng(seed.unwrap_or(0));
-    let ranges = random_ranges(f);
     // Parameters after the last one drawn for are not drawn for at all: no
     // value drawn after it is used (an imported model's weights, bound,
     // are most of its elements and come last).
@@ -982,8 +980,9 @@ pub fn each_input(
     for (k, (name, ty)) in params.iter().enumerate() {
         // Draw for every parameter before it, so a parameter's random value
         // does not depend on which others were given.
+        let range = f.params[k].range;
         let random =
-            (last_drawn >= Some(k)).then(|| HostTensor::random_values_in(ty, ranges[k], &mut rng));
+            (last_drawn >= Some(k)).then(|| HostTensor::random_values_in(ty, range, &mut rng));
         let read;
         let (t, from) = match (given.get(name), random) {
             (Some(Given::File(path)), random) => {
@@ -1001,7 +1000,7 @@ pub fn each_input(
                 continue;
             }
         };
-        if &t.ty != ty {
+        if &t.ty != *ty {
             return Err(DriverError::Usage(format!(
                 "input `{name}` must be {ty}, got {}{from}",
                 t.ty
@@ -1121,7 +1120,7 @@ fn nonnegative_within(f: &Function, v: dlc_graph::Value, depth: u32) -> bool {
 /// named in `except` (weights the model carried, which are not inputs).
 pub fn save_inputs(
     dir: &Path,
-    f: &Function,
+    f: &Interface,
     inputs: &[HostTensor],
     except: &[String],
 ) -> Result<Vec<PathBuf>, DriverError> {
@@ -1129,8 +1128,8 @@ pub fn save_inputs(
     f.params
         .iter()
         .zip(inputs)
-        .filter(|((name, _), _)| !except.contains(name))
-        .map(|((name, _), t)| {
+        .filter(|(p, _)| !except.contains(&p.name))
+        .map(|(Param { name, .. }, t)| {
             let path = dir.join(format!("{name}.npy"));
             t.write_npy(&path)?;
             Ok(path)
@@ -1642,8 +1641,13 @@ mod tests {
         assert_eq!(carried[1].1.ty, TensorType::new(DType::F32, vec![]));
         let x = HostTensor::new(TensorType::new(DType::F32, vec![2]), vec![1.0, 2.0]).unwrap();
         let files = [];
-        let args = prepare_inputs_with(f, &files, [vec![("x".into(), x)], carried].concat(), None)
-            .unwrap();
+        let args = prepare_inputs_with(
+            &f.into(),
+            &files,
+            [vec![("x".into(), x)], carried].concat(),
+            None,
+        )
+        .unwrap();
         let y = interpret(&m, f, &args).unwrap();
         assert_eq!(y[0].data, [2.5, 6.5]);
         // A value of the wrong size is the same error as when bound.
@@ -1669,8 +1673,9 @@ mod tests {
         .unwrap();
         let f = m.function("f").unwrap();
         let w = HostTensor::new(TensorType::new(DType::F32, vec![2]), vec![4.0, 5.0]).unwrap();
-        let drawn = prepare_inputs_with(f, &[], Vec::new(), Some(7)).unwrap();
-        let given = prepare_inputs_with(f, &[], vec![("w".into(), w.clone())], Some(7)).unwrap();
+        let drawn = prepare_inputs_with(&f.into(), &[], Vec::new(), Some(7)).unwrap();
+        let given =
+            prepare_inputs_with(&f.into(), &[], vec![("w".into(), w.clone())], Some(7)).unwrap();
         assert_eq!(given[0], drawn[0]);
         assert_eq!(given[1], drawn[1]);
         assert_eq!(given[2], w);

@@ -8,10 +8,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use dlc_core::{DType, TensorType};
-use dlc_graph::{Function, Module};
+use dlc_graph::Module;
 use dlc_runtime::HostTensor;
 
-use crate::DriverError;
+use crate::{DriverError, Interface};
 
 /// A `.safetensors` file: its tensors in file order, and its metadata.
 pub struct SafeTensorsFile {
@@ -207,11 +207,11 @@ pub fn write_safetensors(
 /// `.safetensors` file ([`WeightSource`]); each must be of the weight's
 /// type, and a weight without one is an error naming it.
 pub fn read_weights(
-    f: &Function,
+    f: &Interface,
     path: &Path,
     given: &[String],
 ) -> Result<Vec<(String, HostTensor)>, DriverError> {
-    if f.weights.is_empty() {
+    if !f.has_weights() {
         return Err(DriverError::Usage(format!(
             "--weights: `{}` declares no `weight` parameters",
             f.name
@@ -222,15 +222,15 @@ pub fn read_weights(
 
 /// [`read_weights`] from a source already open.
 fn weights_from(
-    f: &Function,
+    f: &Interface,
     source: &WeightSource,
     path: &Path,
     given: &[String],
 ) -> Result<Vec<(String, HostTensor)>, DriverError> {
-    let types = f.param_types();
-    f.weights
+    f.params
         .iter()
-        .map(|&w| (f.params[w].0.as_str(), &types[w]))
+        .filter(|p| p.weight)
+        .map(|p| (p.name.as_str(), &p.ty))
         .filter(|(name, _)| !given.iter().any(|g| g == name))
         .map(|(name, ty)| match source.get(name, ty)? {
             Some(t) => Ok((name.to_string(), t)),
@@ -262,7 +262,7 @@ pub fn bind_weights(
         {
             continue;
         }
-        let values = weights_from(f, &source, path, &[])?;
+        let values = weights_from(&Interface::of(f), &source, path, &[])?;
         // In the order of `f.weights` (none given otherwise); bound from
         // the last so that the earlier ones keep their places.
         let indices: Vec<usize> = f.weights.iter().copied().collect();

@@ -30,9 +30,11 @@
 //! (the module as bitcode, data included) took longer to make than the part takes to
 //! compile (BERT-base's weights as constants: 3.5 s and 2.6 GB through the cache, 1.7 s
 //! and 1.45 GB without). `dlc run` and `dlc bench` bind an imported model's weights at
-//! the call, so its code holds none and is cached like any other. A fully cached
-//! compile still runs the front end, emits the LLVM module, hashes its bitcode and links
-//! (its time: performance.md).
+//! the call, so its code holds none and is cached like any other. A compile whose
+//! parts all come from the cache still runs the front end, emits the LLVM module,
+//! hashes its bitcode and links (its time: performance.md); a whole program kept
+//! beside its objects (`KEY.program`, see `program.rs`) skips all of that but the
+//! link.
 
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -43,6 +45,28 @@ use sha2::{Digest, Sha256};
 /// called; change it when either changes.
 const FORMAT: &str =
     "dlc object cache 2; default<O3>, no unrolling, PIC; optnone parts at CodeGenOpt::None";
+
+/// What a program entry's format is called; change it when the format or
+/// what a program's key covers changes.
+const PROGRAM_FORMAT: &str = "dlc program cache 1";
+
+/// The kinds of entries: an object file (`KEY.o`), or a whole program's
+/// manifest (`KEY.program`: the keys of its objects, its entry points and
+/// their signatures, and what the caller stored with them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Entry {
+    Object,
+    Program,
+}
+
+impl Entry {
+    fn extension(self) -> &'static str {
+        match self {
+            Entry::Object => "o",
+            Entry::Program => "program",
+        }
+    }
+}
 
 /// The default bound on the entries' total size.
 pub const DEFAULT_MAX_BYTES: u64 = 512 << 20;
@@ -100,14 +124,39 @@ impl ObjectCache {
         hex(&h.finalize())
     }
 
-    fn path(&self, key: &str) -> PathBuf {
-        self.dir.join(format!("{key}.o"))
+    /// The key of a whole program: what its compile started from
+    /// (`fields`: the source's name and text, the entry point, the passes,
+    /// whatever else decides the program), this build of the compiler
+    /// (`DLC_COMPILER_ID`, a hash of its sources), LLVM's version and the
+    /// host's description (`host`: the target machine and
+    /// [`dlc_core::TargetDesc::host`], which `DLC_CPU` may set).
+    pub(crate) fn program_key(fields: &[&[u8]], host: &str) -> String {
+        let (major, minor, patch) = inkwell::support::get_llvm_version();
+        let llvm = format!("{major}.{minor}.{patch}");
+        let mut h = Sha256::new();
+        for part in [
+            PROGRAM_FORMAT.as_bytes(),
+            env!("DLC_COMPILER_ID").as_bytes(),
+            llvm.as_bytes(),
+            host.as_bytes(),
+        ]
+        .iter()
+        .chain(fields)
+        {
+            h.update((part.len() as u64).to_le_bytes());
+            h.update(part);
+        }
+        hex(&h.finalize())
     }
 
-    /// The object stored under `key`, if there is an intact one (a hit
-    /// marks it as recently used).
-    pub(crate) fn get(&self, key: &str) -> Option<Vec<u8>> {
-        let path = self.path(key);
+    fn path(&self, key: &str, kind: Entry) -> PathBuf {
+        self.dir.join(format!("{key}.{}", kind.extension()))
+    }
+
+    /// The entry of `kind` stored under `key`, if there is an intact one (a
+    /// hit marks it as recently used).
+    pub(crate) fn get(&self, key: &str, kind: Entry) -> Option<Vec<u8>> {
+        let path = self.path(key, kind);
         let bytes = std::fs::read(&path).ok()?;
         let (sum, object) = bytes.split_at_checked(32)?;
         if Sha256::digest(object).as_slice() != sum {
@@ -123,7 +172,7 @@ impl ObjectCache {
     /// Stores `object` under `key`, then trims the cache to its bound. A
     /// cache that cannot be written is only slower: errors are returned
     /// for the caller to ignore or report.
-    pub(crate) fn put(&self, key: &str, object: &[u8]) -> std::io::Result<()> {
+    pub(crate) fn put(&self, key: &str, kind: Entry, object: &[u8]) -> std::io::Result<()> {
         std::fs::create_dir_all(&self.dir)?;
         let tmp = self.dir.join(format!(
             ".{key}.{}.{:?}.tmp",
@@ -134,7 +183,7 @@ impl ObjectCache {
         bytes.extend_from_slice(&Sha256::digest(object));
         bytes.extend_from_slice(object);
         std::fs::write(&tmp, &bytes)?;
-        if let Err(e) = std::fs::rename(&tmp, self.path(key)) {
+        if let Err(e) = std::fs::rename(&tmp, self.path(key, kind)) {
             let _ = std::fs::remove_file(&tmp);
             return Err(e);
         }
@@ -149,7 +198,11 @@ impl ObjectCache {
         for e in std::fs::read_dir(&self.dir)? {
             let e = e?;
             let name = e.file_name();
-            if !name.to_string_lossy().ends_with(".o") {
+            let name = name.to_string_lossy();
+            if ![Entry::Object, Entry::Program]
+                .iter()
+                .any(|k| name.ends_with(&format!(".{}", k.extension())))
+            {
                 continue;
             }
             let meta = e.metadata()?;
@@ -219,19 +272,22 @@ mod tests {
     fn entries_round_trip_and_damaged_ones_are_misses() {
         let dir = scratch("round-trip");
         let cache = ObjectCache::new(&dir, 1 << 20);
-        assert_eq!(cache.get("k1"), None);
-        cache.put("k1", b"\x7fELF object").unwrap();
-        assert_eq!(cache.get("k1").as_deref(), Some(&b"\x7fELF object"[..]));
+        assert_eq!(cache.get("k1", Entry::Object), None);
+        cache.put("k1", Entry::Object, b"\x7fELF object").unwrap();
+        assert_eq!(
+            cache.get("k1", Entry::Object).as_deref(),
+            Some(&b"\x7fELF object"[..])
+        );
         // A flipped byte: a miss, and the entry is gone.
         let path = dir.join("k1.o");
         let mut bytes = std::fs::read(&path).unwrap();
         *bytes.last_mut().unwrap() ^= 1;
         std::fs::write(&path, &bytes).unwrap();
-        assert_eq!(cache.get("k1"), None);
+        assert_eq!(cache.get("k1", Entry::Object), None);
         assert!(!path.exists());
         // Shorter than a checksum: a miss.
         std::fs::write(&path, b"short").unwrap();
-        assert_eq!(cache.get("k1"), None);
+        assert_eq!(cache.get("k1", Entry::Object), None);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -242,7 +298,7 @@ mod tests {
         let cache = ObjectCache::new(&dir, 450);
         let old = SystemTime::now() - std::time::Duration::from_secs(100);
         for (i, k) in ["a", "b", "c"].iter().enumerate() {
-            cache.put(k, &[i as u8; 100]).unwrap();
+            cache.put(k, Entry::Object, &[i as u8; 100]).unwrap();
             let f = std::fs::File::options()
                 .append(true)
                 .open(dir.join(format!("{k}.o")))
@@ -251,8 +307,8 @@ mod tests {
                 .unwrap();
         }
         // `a` is the oldest until it is used.
-        assert!(cache.get("a").is_some());
-        cache.put("d", &[3; 100]).unwrap();
+        assert!(cache.get("a", Entry::Object).is_some());
+        cache.put("d", Entry::Object, &[3; 100]).unwrap();
         let left: Vec<bool> = ["a", "b", "c", "d"]
             .iter()
             .map(|k| dir.join(format!("{k}.o")).exists())

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use crate::cache::ObjectCache;
+use crate::cache::{Entry, ObjectCache};
 use crate::emit::{Program, build, optimize};
 use crate::orc::Linker;
 use crate::split::Partition;
@@ -26,13 +26,18 @@ fn jit_symbols() -> Symbols {
 /// functions, not the module it was compiled from, so it can outlive it
 /// (the Python package keeps one per compiled module).
 pub struct Jit {
-    linker: Linker,
-    compile_time: std::time::Duration,
+    pub(crate) linker: Linker,
+    pub(crate) compile_time: std::time::Duration,
     /// Each function's signature with its failure sites, or why it has
     /// none.
-    signatures: HashMap<String, R<Signature>>,
-    parts: usize,
-    cached: usize,
+    pub(crate) signatures: HashMap<String, R<Signature>>,
+    pub(crate) parts: usize,
+    pub(crate) cached: usize,
+    /// The cache key of each part's object, when every part has one:
+    /// what [`Jit::store`] records.
+    pub(crate) objects: Option<Vec<String>>,
+    /// The `SYM.entry` wrappers, linked before the first call.
+    pub(crate) entries: Vec<String>,
 }
 
 // SAFETY: the LLJIT behind `linker` is thread-safe (its lookups take its
@@ -95,6 +100,17 @@ impl Jit {
     }
 }
 
+impl Jit {
+    /// Links every entry point now, so that the compile time counts it and
+    /// the first call does not pay it.
+    pub(crate) fn link_entries(&self) -> R<()> {
+        for entry in &self.entries {
+            self.linker.address(entry)?;
+        }
+        Ok(())
+    }
+}
+
 /// The most threads one compile runs LLVM on.
 const MAX_COMPILE_THREADS: usize = 8;
 
@@ -109,6 +125,9 @@ struct Part {
     entries: Vec<String>,
     /// The partition this part's worker computed from its module.
     partition: Partition,
+    /// The object's key in the cache, when a cache was given and took the
+    /// part (see [`MAX_CACHED_CONSTANT_BYTES`]).
+    key: Option<String>,
 }
 
 /// The most constant data (bytes of global initializers) a part may hold
@@ -169,7 +188,7 @@ fn compile_part<P: Program + ?Sized>(
         )
     });
     if let (Some(cache), Some(key)) = (cache, &key)
-        && let Some(object) = cache.get(key)
+        && let Some(object) = cache.get(key, Entry::Object)
     {
         return Ok(Some(Part {
             object,
@@ -177,6 +196,7 @@ fn compile_part<P: Program + ?Sized>(
             sites,
             entries,
             partition,
+            key: Some(key.clone()),
         }));
     }
     optimize(&module, &machine)?;
@@ -194,7 +214,7 @@ fn compile_part<P: Program + ?Sized>(
         .to_vec();
     if let (Some(cache), Some(key)) = (cache, &key) {
         // A cache that cannot be written only makes the next compile slower.
-        let _ = cache.put(key, &object);
+        let _ = cache.put(key, Entry::Object, &object);
     }
     Ok(Some(Part {
         object,
@@ -202,6 +222,7 @@ fn compile_part<P: Program + ?Sized>(
         sites,
         entries,
         partition,
+        key,
     }))
 }
 
@@ -273,20 +294,18 @@ pub fn compile_in_process<P: Program + ?Sized>(m: &P, options: &JitOptions) -> R
             .into_iter()
             .collect();
     }
-    let (parts, cached) = (compiled.len(), compiled.iter().filter(|p| p.cached).count());
-    let linker = Linker::new()?;
-    for (i, p) in compiled.iter().enumerate() {
-        linker.add_object(&format!("part{i}"), &p.object)?;
-    }
-    // Link every entry point now, so that the compile time counts it and
-    // the first call does not pay it.
+    let cached = compiled.iter().filter(|p| p.cached).count();
+    let objects: Vec<&[u8]> = compiled.iter().map(|p| p.object.as_slice()).collect();
+    let linker = link(&objects)?;
+    let keys = compiled
+        .iter()
+        .map(|p| p.key.clone())
+        .collect::<Option<Vec<_>>>();
+    let parts = compiled.len();
     let first = compiled
         .into_iter()
         .next()
         .ok_or_else(|| CodegenError::Llvm("no part was compiled".into()))?;
-    for entry in &first.entries {
-        linker.address(entry)?;
-    }
     let signatures = first
         .sites
         .into_iter()
@@ -298,17 +317,31 @@ pub fn compile_in_process<P: Program + ?Sized>(m: &P, options: &JitOptions) -> R
             (name, sig)
         })
         .collect();
-    Ok(Jit {
+    let mut jit = Jit {
         linker,
         compile_time: start.elapsed(),
         signatures,
         parts,
         cached,
-    })
+        objects: keys,
+        entries: first.entries,
+    };
+    jit.link_entries()?;
+    jit.compile_time = start.elapsed();
+    Ok(jit)
+}
+
+/// A linker holding `objects` (not yet linked: see [`Jit::link_entries`]).
+pub(crate) fn link(objects: &[&[u8]]) -> R<Linker> {
+    let linker = Linker::new()?;
+    for (i, object) in objects.iter().enumerate() {
+        linker.add_object(&format!("part{i}"), object)?;
+    }
+    Ok(linker)
 }
 
 /// Makes the OpenMP runtime's symbols visible to JIT-compiled code.
-fn load_thread_pool() -> R<()> {
+pub(crate) fn load_thread_pool() -> R<()> {
     dlc_runtime::load_thread_pool().map_err(|e| CodegenError::Llvm(e.to_string()))?;
     inkwell::support::load_library_permanently(std::path::Path::new("libgomp.so.1")).map_err(|_| {
         CodegenError::Llvm(

@@ -100,6 +100,7 @@ mod emit;
 mod gpu;
 mod jit;
 mod orc;
+mod program;
 mod split;
 mod target;
 
@@ -111,6 +112,7 @@ pub use emit::{
 };
 pub use gpu::{EmulatedDevice, Emulator, compile_gpu, emulate};
 pub use jit::{Jit, JitOptions, MAX_CACHED_CONSTANT_BYTES, compile_in_process, jit, jit_with};
+pub use program::ProgramKey;
 
 use inkwell::builder::BuilderError;
 

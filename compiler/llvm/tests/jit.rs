@@ -829,6 +829,80 @@ fn compiled_objects_come_from_the_cache_the_second_time() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A compiled module stored as a program links from the cache alone and
+/// computes the same results; another key, a module compiled without the
+/// cache, a program whose object is gone and a damaged manifest are not
+/// programs to load.
+#[test]
+fn whole_programs_link_from_the_cache() {
+    let src = "fn f(x: f32[64, 96], weight w: f32[96, 96], b: f32[96]) -> f32[64, 96] { return softmax(tanh(x @ w + b), axis=-1) * 2.0; }\n\
+               fn g(x: f32[3]) -> (f32[3], f32[3]) { return (x, x * 2.0); }";
+    let m = graph(src);
+    let dir = std::env::temp_dir().join(format!("dlc-jit-program-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cache = dlc_llvm::ObjectCache::new(&dir, dlc_llvm::DEFAULT_MAX_BYTES);
+    let tiles = dlc_driver::lower_for_cpu(&m).unwrap();
+    let f = m.function("f").unwrap();
+    let inputs = prepare_inputs(f, &[], Some(0)).unwrap();
+    let want = interpret(&m, f, &inputs).unwrap();
+    let key = dlc_llvm::ProgramKey::new(&[b"m.dl", src.as_bytes()]).unwrap();
+    assert_eq!(
+        key,
+        dlc_llvm::ProgramKey::new(&[b"m.dl", src.as_bytes()]).unwrap()
+    );
+    let other = dlc_llvm::ProgramKey::new(&[b"m.dl", b"another text"]).unwrap();
+    assert_ne!(key, other);
+    assert!(
+        dlc_llvm::Jit::load(&cache, &key).unwrap().is_none(),
+        "an empty cache"
+    );
+
+    // Compiled without the cache, a module has no objects to name.
+    let uncached = dlc_llvm::compile_in_process(&tiles, &dlc_llvm::JitOptions::default()).unwrap();
+    assert!(!uncached.store(&cache, &key, "meta").unwrap());
+    let options = dlc_llvm::JitOptions {
+        cache: Some(cache.clone()),
+    };
+    let compiled = dlc_llvm::compile_in_process(&tiles, &options).unwrap();
+    assert!(compiled.store(&cache, &key, "the caller's\ntext").unwrap());
+    let sig = compiled.signature("g").unwrap();
+    drop(compiled);
+
+    let (loaded, meta) = dlc_llvm::Jit::load(&cache, &key).unwrap().unwrap();
+    assert_eq!(meta, "the caller's\ntext");
+    let (parts, cached) = loaded.parts();
+    assert_eq!(parts, cached);
+    assert_eq!(loaded.signature("g").unwrap(), sig);
+    let got = loaded.kernel("f").unwrap().call(&inputs).unwrap();
+    let err = max_relative_error(&got, &want).unwrap();
+    assert!(err <= TOLERANCE, "relative error {err:.3e}");
+    assert!(dlc_llvm::Jit::load(&cache, &other).unwrap().is_none());
+
+    let files = |ext: &str| -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == ext))
+            .collect()
+    };
+    // An object trimmed from the cache: not a program.
+    let objects = files("o");
+    let kept = std::fs::read(&objects[0]).unwrap();
+    std::fs::remove_file(&objects[0]).unwrap();
+    assert!(dlc_llvm::Jit::load(&cache, &key).unwrap().is_none());
+    std::fs::write(&objects[0], kept).unwrap();
+    assert!(dlc_llvm::Jit::load(&cache, &key).unwrap().is_some());
+    // A damaged manifest: a miss, and gone.
+    let manifest = files("program").pop().unwrap();
+    let mut bytes = std::fs::read(&manifest).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x20;
+    std::fs::write(&manifest, bytes).unwrap();
+    assert!(dlc_llvm::Jit::load(&cache, &key).unwrap().is_none());
+    assert!(!manifest.exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A part holding more constant data than `MAX_CACHED_CONSTANT_BYTES` (an
 /// imported model's weights, bound as constants) is compiled every time;
 /// the rest still come from the cache.

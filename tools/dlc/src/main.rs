@@ -14,6 +14,7 @@ use dlc_runtime::HostTensor;
 
 mod distributed;
 mod phases;
+mod program;
 mod train;
 
 #[derive(Parser)]
@@ -376,8 +377,7 @@ fn codegen(e: dlc_llvm::CodegenError) -> DriverError {
 }
 
 /// Compiles entry point `f` of `module` for this CPU through LLVM and calls
-/// it in process on `inputs`, each laid out and then dropped (an owned one
-/// freed) before the next.
+/// it in process on `inputs` (see [`call_jit`]).
 fn run_cpu<T: std::borrow::Borrow<HostTensor>>(
     module: &dlc_graph::Module,
     f: &dlc_graph::Function,
@@ -385,15 +385,28 @@ fn run_cpu<T: std::borrow::Borrow<HostTensor>>(
     options: &dlc_llvm::JitOptions,
 ) -> Result<Vec<HostTensor>, DriverError> {
     let lowered = cpu_tiles(module)?;
-    dlc_llvm::jit_with(&lowered, options, |jit| {
-        let kernel = jit.kernel(&f.name)?;
-        // The compiler's pages are not needed by the call.
-        dlc_runtime::release_code_pages();
-        kernel
-            .call_each(inputs)
-            .map_err(|e| dlc_llvm::CodegenError::Arguments(e.to_string()))
-    })
-    .map_err(codegen)
+    let jit = dlc_llvm::compile_in_process(&lowered, options).map_err(codegen)?;
+    call_jit(&jit, &f.name, inputs)
+}
+
+/// Calls function `name` of `jit` on `inputs`, each laid out and then
+/// dropped (an owned one freed) before the next.
+fn call_jit<T: std::borrow::Borrow<HostTensor>>(
+    jit: &dlc_llvm::Jit,
+    name: &str,
+    inputs: Vec<T>,
+) -> Result<Vec<HostTensor>, DriverError> {
+    let kernel = jit.kernel(name).map_err(codegen)?;
+    // The compiler's pages are not needed by the call.
+    dlc_runtime::release_code_pages();
+    kernel.call_each(inputs).map_err(runtime)
+}
+
+/// An entry point ready to run: compiled for this CPU (from the program
+/// cache or not), or a graph for another back end or `--check`.
+enum Compiled {
+    Cpu(dlc_llvm::Jit),
+    Graph(dlc_graph::Module),
 }
 
 fn runtime(e: dlc_runtime::RuntimeError) -> DriverError {
@@ -497,7 +510,7 @@ fn time_gpu_calls(
     let start = std::time::Instant::now();
     let (mut cuda, program, device) = gpu_program(module, tf32)?;
     let compile = start.elapsed();
-    let inputs = dlc_driver::prepare_inputs_with(f, &[], weights.to_vec(), Some(0))?;
+    let inputs = dlc_driver::prepare_inputs_with(&f.into(), &[], weights.to_vec(), Some(0))?;
     let function = program.function(&f.name).map_err(runtime)?;
     let mut call = dlc_runtime::gpu::Prepared::new(&mut cuda, function).map_err(runtime)?;
     call.bind(&mut cuda, &inputs).map_err(runtime)?;
@@ -554,54 +567,73 @@ fn bench(
     let mut phases = phases::Phases::new(file);
     phases.reading();
     let src = read_model(file, onnx)?;
-    phases.set("checking");
-    let (mut module, carried) = dlc_driver::compile_source_unbound(src)?;
-    phases.set("optimizing");
-    run_passes(&mut module, passes, PassOptions::default())?;
-    // Cleared before anything is timed.
-    phases.done();
-    let module = dlc_driver::only_entry(&module, entry)?;
-    let f = select_entry(&module, None)?;
-    // Reading the weights is not compiling: its time is left out.
-    let reading = std::time::Instant::now();
-    let weights_from = if !carried.is_empty() {
+    let weights_from = if !src.weights.is_empty() {
         "the model's weights and random other inputs"
     } else if weights.is_some() {
         "weights from --weights and random other inputs"
     } else {
         "random inputs drawn and"
     };
-    let bound = weights_to_bind(f, file, carried, weights, &[])?.tensors;
-    let start = start + reading.elapsed();
-    let (front, llvm, ms, bind, device, parts) = if backend == Backend::Gpu {
-        let front = start.elapsed();
+    let (front, llvm, ms, bind, device, parts, name, whole) = if backend == Backend::Gpu {
+        phases.set("checking");
+        let (mut module, carried) = dlc_driver::compile_source_unbound(src)?;
+        phases.set("optimizing");
+        run_passes(&mut module, passes, PassOptions::default())?;
+        // Cleared before anything is timed.
+        phases.done();
+        let module = dlc_driver::only_entry(&module, entry)?;
+        let f = select_entry(&module, None)?;
+        // Reading the weights is not compiling: its time is left out.
+        let reading = std::time::Instant::now();
+        let bound = weights_to_bind(&f.into(), file, carried, weights, &[])?.tensors;
+        let front = start.elapsed() - reading.elapsed();
         let (codegen, ms, device) =
             time_gpu_calls(&module, f, &bound, Timing { runs, warmup }, tf32)?;
-        (front, codegen, ms, None, Some(device), None)
+        let name = f.name.clone();
+        (front, codegen, ms, None, Some(device), None, name, false)
     } else {
-        let lowered = cpu_tiles(&module)?;
-        let front = start.elapsed();
-        let options = dlc_llvm::JitOptions {
-            cache: if cache {
-                Some(dlc_llvm::ObjectCache::for_user().ok_or_else(|| {
-                    DriverError::Usage(
-                        "--cache: no cache directory (set DLC_CACHE_DIR, XDG_CACHE_HOME or HOME)"
-                            .into(),
-                    )
-                })?)
-            } else {
-                None
-            },
+        let cache = if cache {
+            Some(dlc_llvm::ObjectCache::for_user().ok_or_else(|| {
+                DriverError::Usage(
+                    "--cache: no cache directory (set DLC_CACHE_DIR, XDG_CACHE_HOME or HOME)"
+                        .into(),
+                )
+            })?)
+        } else {
+            None
         };
-        let t = time_calls(&lowered, f, &bound, Timing { runs, warmup }, &options)?;
-        (front, t.llvm, t.ms, Some(t.bind), None, Some(t.parts))
+        let how = program::Compile {
+            entry,
+            passes,
+            priced: dlc_core::TargetDesc::host(),
+            cache: cache.as_ref(),
+        };
+        let reading = start.elapsed();
+        let p = program::compile_for_cpu(src, &how, &phases)?;
+        // Cleared before anything is timed.
+        phases.done();
+        let front = reading + p.front;
+        let bound = weights_to_bind(&p.interface, file, p.carried, weights, &[])?.tensors;
+        let t = time_calls(&p.jit, &p.interface, &bound, Timing { runs, warmup })?;
+        let parts = p.jit.parts();
+        let llvm = p.jit.compile_time();
+        (
+            front,
+            llvm,
+            t.ms,
+            Some(t.bind),
+            None,
+            Some(parts),
+            p.interface.name,
+            p.cached,
+        )
     };
     let (median, min, max) = (median(&ms), ms[0], ms[ms.len() - 1]);
     let compile = front + llvm;
     if json {
         let report = serde_json::json!({
             "file": file,
-            "entry": f.name,
+            "entry": name,
             "threads": threads,
             "compile_s": compile.as_secs_f64(),
             "frontend_s": front.as_secs_f64(),
@@ -609,6 +641,7 @@ fn bench(
             "bind_ms": bind.map(|b| b.as_secs_f64() * 1e3),
             "llvm_parts": parts.map(|p| p.0),
             "cached_parts": parts.map(|p| p.1),
+            "cached_program": whole,
             "median_ms": median,
             "min_ms": min,
             "max_ms": max,
@@ -620,14 +653,15 @@ fn bench(
         dlc_cli::outln!("{report}");
     } else {
         match &device {
-            Some(d) => dlc_cli::outln!("{} ({file}), GPU: {d}", f.name),
+            Some(d) => dlc_cli::outln!("{} ({file}), GPU: {d}", name),
             None => dlc_cli::outln!(
                 "{} ({file}), {threads} thread{}",
-                f.name,
+                name,
                 if threads == 1 { "" } else { "s" }
             ),
         }
         let cached = match parts {
+            Some((n, _)) if whole => format!(", the program and its {n} parts from the cache"),
             Some((n, c)) if cache => format!(", {c} of {n} parts from the cache"),
             _ => String::new(),
         };
@@ -674,7 +708,7 @@ struct Bound {
 /// [`dlc_driver::compile_source_unbound`]) or those `--weights` gives,
 /// except the parameters given as inputs (`given`).
 fn weights_to_bind(
-    f: &dlc_graph::Function,
+    f: &dlc_driver::Interface,
     file: &str,
     carried: Vec<(String, HostTensor)>,
     weights: Option<&std::path::Path>,
@@ -695,7 +729,7 @@ fn weights_to_bind(
             let tensors: Vec<(String, HostTensor)> = carried
                 .into_iter()
                 .filter(|(name, _)| {
-                    f.params.iter().any(|(p, _)| p == name) && !given.contains(name)
+                    f.params.iter().any(|p| &p.name == name) && !given.contains(name)
                 })
                 .collect();
             let carried = tensors.iter().map(|(n, _)| n.clone()).collect();
@@ -706,64 +740,47 @@ fn weights_to_bind(
 
 /// What [`time_calls`] measured.
 struct Timed {
-    /// LLVM's time, linking included.
-    llvm: std::time::Duration,
     /// Binding the inputs, the preparer's run included.
     bind: std::time::Duration,
     /// The calls' times in ms, sorted.
     ms: Vec<f64>,
-    /// The parts the module was compiled in, and how many came from the
-    /// object cache.
-    parts: (usize, usize),
 }
 
-/// Compiles `lowered` and times `runs` calls of `f` on `weights` and
-/// random inputs (seed 0) after `warmup` untimed ones.
-fn time_calls<P: dlc_llvm::Program>(
-    lowered: &P,
-    f: &dlc_graph::Function,
+/// Times `runs` calls of `f` (compiled in `jit`) on `weights` and random
+/// inputs (seed 0) after `warmup` untimed ones.
+fn time_calls(
+    jit: &dlc_llvm::Jit,
+    f: &dlc_driver::Interface,
     weights: &[(String, HostTensor)],
     Timing { runs, warmup }: Timing,
-    options: &dlc_llvm::JitOptions,
 ) -> Result<Timed, DriverError> {
-    let call_err = |e: dlc_runtime::RuntimeError| dlc_llvm::CodegenError::Arguments(e.to_string());
-    let (llvm, bind, mut ms, parts) = dlc_llvm::jit_with(lowered, options, |jit| {
-        let kernel = jit.kernel(&f.name)?;
-        // The compiler's pages are not needed by the calls (W1 2048 141 ->
-        // 79 MiB at its peak).
-        dlc_runtime::release_code_pages();
-        // The inputs are drawn one element at a time and written into
-        // their buffers as they come, so that the process never holds them
-        // twice (nor as f64s): its peak memory is what a run needs.
+    let kernel = jit.kernel(&f.name).map_err(codegen)?;
+    // The compiler's pages are not needed by the calls (W1 2048 141 ->
+    // 79 MiB at its peak).
+    dlc_runtime::release_code_pages();
+    // The inputs are drawn one element at a time and written into
+    // their buffers as they come, so that the process never holds them
+    // twice (nor as f64s): its peak memory is what a run needs.
+    let t = std::time::Instant::now();
+    let mut binder = kernel.binder();
+    dlc_driver::each_input(f, &[], weights, Some(0), |ty, values| {
+        binder
+            .push_values(ty, values)
+            .map_err(|e| DriverError::Usage(e.to_string()))
+    })?;
+    let mut call = binder.finish().map_err(runtime)?;
+    let bind = t.elapsed();
+    for _ in 0..warmup {
+        call.run().map_err(runtime)?;
+    }
+    let mut ms = Vec::with_capacity(runs);
+    for _ in 0..runs {
         let t = std::time::Instant::now();
-        let mut binder = kernel.binder();
-        dlc_driver::each_input(f, &[], weights, Some(0), |ty, values| {
-            binder
-                .push_values(ty, values)
-                .map_err(|e| DriverError::Usage(e.to_string()))
-        })
-        .map_err(|e| dlc_llvm::CodegenError::Arguments(e.to_string()))?;
-        let mut call = binder.finish().map_err(call_err)?;
-        let bind = t.elapsed();
-        for _ in 0..warmup {
-            call.run().map_err(call_err)?;
-        }
-        let mut ms = Vec::with_capacity(runs);
-        for _ in 0..runs {
-            let t = std::time::Instant::now();
-            call.run().map_err(call_err)?;
-            ms.push(t.elapsed().as_secs_f64() * 1e3);
-        }
-        Ok((jit.compile_time(), bind, ms, jit.parts()))
-    })
-    .map_err(codegen)?;
+        call.run().map_err(runtime)?;
+        ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
     ms.sort_by(f64::total_cmp);
-    Ok(Timed {
-        llvm,
-        bind,
-        ms,
-        parts,
-    })
+    Ok(Timed { bind, ms })
 }
 
 fn median(sorted: &[f64]) -> f64 {
@@ -785,13 +802,9 @@ fn time_source(src: &str, runs: usize) -> Result<f64, DriverError> {
     run_passes(&mut module, DEFAULT_PIPELINE, PassOptions::default())?;
     let f = select_entry(&module, None)?;
     let lowered = cpu_tiles(&module)?;
-    let timed = time_calls(
-        &lowered,
-        f,
-        &[],
-        Timing { runs, warmup: 3 },
-        &dlc_llvm::JitOptions::default(),
-    )?;
+    let jit = dlc_llvm::compile_in_process(&lowered, &dlc_llvm::JitOptions::default())
+        .map_err(codegen)?;
+    let timed = time_calls(&jit, &f.into(), &[], Timing { runs, warmup: 3 })?;
     Ok(median(&timed.ms) * 1e3)
 }
 
@@ -1158,13 +1171,33 @@ fn run_command(args: RunArgs) -> Result<(), DriverError> {
     } else {
         read_model(&file, &onnx)?
     };
-    phases.set("checking");
-    // An imported model's weights are bound at the call, not compiled in.
-    let (mut module, carried) = dlc_driver::compile_source_unbound(src)?;
-    phases.set("optimizing");
-    exec.run_passes(&mut module)?;
-    let module = dlc_driver::only_entry(&module, entry.as_deref())?;
-    let f = select_entry(&module, None)?;
+    // Compiled for this CPU and nothing to compare with: the program
+    // cache may hold the whole program.
+    let compiled = if exec.backend == Backend::Cpu && !exec.check {
+        let cache = (!exec.no_cache)
+            .then(dlc_llvm::ObjectCache::for_user)
+            .flatten();
+        let priced = exec.priced()?;
+        let how = program::Compile {
+            entry: entry.as_deref(),
+            passes: &exec.passes,
+            priced: &priced,
+            cache: cache.as_ref(),
+        };
+        let p = program::compile_for_cpu(src, &how, &phases)?;
+        (Compiled::Cpu(p.jit), p.interface, p.carried)
+    } else {
+        phases.set("checking");
+        // An imported model's weights are bound at the call, not compiled in.
+        let (mut module, carried) = dlc_driver::compile_source_unbound(src)?;
+        phases.set("optimizing");
+        exec.run_passes(&mut module)?;
+        let module = dlc_driver::only_entry(&module, entry.as_deref())?;
+        let interface = dlc_driver::Interface::of(select_entry(&module, None)?);
+        (Compiled::Graph(module), interface, carried)
+    };
+    let (compiled, f, carried) = compiled;
+    let f = &f;
     let named: Vec<String> = files.iter().map(|(n, _)| n.clone()).collect();
     let bound = weights_to_bind(f, &file, carried, weights.as_deref(), &named)?;
     let args = dlc_driver::prepare_inputs_with(f, &files, bound.tensors, exec.random_inputs)?;
@@ -1173,8 +1206,16 @@ fn run_command(args: RunArgs) -> Result<(), DriverError> {
             dlc_cli::outln!("wrote {}", path.display());
         }
     }
-    phases.set("compiling and running");
-    let outputs = execute(&module, f, args, &exec, tf32, None)?;
+    let outputs = match &compiled {
+        Compiled::Cpu(jit) => {
+            phases.set("running");
+            call_jit(jit, &f.name, args)?
+        }
+        Compiled::Graph(module) => {
+            phases.set("compiling and running");
+            execute(module, select_entry(module, None)?, args, &exec, tf32, None)?
+        }
+    };
     phases.done();
     for (i, t) in outputs.iter().enumerate() {
         dlc_cli::outln!("out{i}: {}", summary(t));
@@ -1300,10 +1341,15 @@ impl ExecArgs {
         input_files(&self.inputs)
     }
 
+    /// The target the passes price the graph for: `--target`'s kernels.
+    fn priced(&self) -> Result<dlc_core::TargetDesc, DriverError> {
+        dlc_core::TargetDesc::named(&self.target).map_err(DriverError::Usage)
+    }
+
     /// Runs `--passes` on `module`, the graph priced for what it runs on:
     /// `--target`'s kernels.
     fn run_passes(&self, module: &mut dlc_graph::Module) -> Result<(), DriverError> {
-        let priced = dlc_core::TargetDesc::named(&self.target).map_err(DriverError::Usage)?;
+        let priced = self.priced()?;
         let options = PassOptions {
             target: Some(&priced),
             ..PassOptions::default()

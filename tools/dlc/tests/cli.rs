@@ -598,7 +598,8 @@ fn the_object_cache_is_used_by_run_and_on_request_by_bench() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("check: ok"));
     let stored = entries();
     assert!(stored >= 1, "dlc run stores its parts");
-    // The same kernels again: every part from the cache, nothing added.
+    // The same kernels again: every part from the cache, no object added
+    // (the program's manifest is: see `whole_programs_come_from_the_cache`).
     let o = with_cache(&[&bench[..], &["--cache"]].concat());
     assert!(o.status.success(), "{}", stderr(&o));
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -608,7 +609,7 @@ fn the_object_cache_is_used_by_run_and_on_request_by_bench() {
         Some(stored as u64),
         "{report}"
     );
-    assert_eq!(entries(), stored);
+    assert_eq!(entries(), stored + 1);
     // A cached compile runs correctly.
     let o = with_cache(&run);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -617,6 +618,94 @@ fn the_object_cache_is_used_by_run_and_on_request_by_bench() {
         &with_cache(&[&bench[..], &["--cache", "--backend", "gpu"]].concat()),
         "--cache is for --backend cpu",
     );
+}
+
+/// `dlc run` and `dlc bench --cache` keep whole programs in the cache: the
+/// same source, entry point and passes on the same machine link the stored
+/// objects with no front end and compute the same results; a change to any
+/// of those is another program; a damaged manifest or a trimmed object is
+/// compiled again.
+#[test]
+fn whole_programs_come_from_the_cache() {
+    let d = Dir::new("program-cache");
+    let model = d.file("m.dl", MODEL);
+    let cache = d.0.join("cache");
+    let with_cache = |args: &[&str], cpu: Option<&str>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_dlc"));
+        c.env("DLC_CACHE_DIR", &cache).env_remove("DLC_CPU");
+        if let Some(cpu) = cpu {
+            c.env("DLC_CPU", cpu);
+        }
+        c.args(args).output().unwrap()
+    };
+    let files = |ext: &str| -> Vec<PathBuf> {
+        std::fs::read_dir(&cache).map_or(Vec::new(), |d| {
+            d.map(|e| e.unwrap().path())
+                .filter(|p| p.extension().is_some_and(|e| e == ext))
+                .collect()
+        })
+    };
+    let run = |model: &str| {
+        let o = with_cache(
+            &["run", model, "--entry", "affine", "--random-inputs", "1"],
+            None,
+        );
+        assert!(o.status.success(), "{}", stderr(&o));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    // Whether the program came from the cache, by `dlc bench`'s report.
+    let whole = |model: &str, extra: &[&str], cpu: Option<&str>| {
+        let args = [
+            &[
+                "bench", model, "--runs", "1", "--warmup", "0", "--cache", "--json",
+            ],
+            extra,
+        ]
+        .concat();
+        let o = with_cache(&args, cpu);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        report["cached_program"].as_bool().unwrap()
+    };
+    let first = run(&model);
+    assert_eq!(files("program").len(), 1, "dlc run stores the program");
+    assert_eq!(
+        run(&model),
+        first,
+        "the program from the cache computes the same"
+    );
+    assert!(whole(&model, &["--entry", "affine"], None));
+
+    // Another entry point, other passes, another text (a comment added),
+    // another CPU: each another program, then found.
+    for (extra, cpu) in [
+        (&["--entry", "pair"][..], None),
+        (
+            &["--entry", "affine", "--passes", "graph.canonicalize"][..],
+            None,
+        ),
+        (&["--entry", "affine"][..], Some("x86-64-v3")),
+    ] {
+        assert!(!whole(&model, extra, cpu), "{extra:?} {cpu:?}");
+        assert!(whole(&model, extra, cpu), "{extra:?} {cpu:?}");
+    }
+    let edited = d.file("m2.dl", format!("// edited\n{MODEL}"));
+    assert!(!whole(&edited, &["--entry", "affine"], None));
+
+    // A damaged manifest and a trimmed object: compiled again, correctly.
+    for p in files("program") {
+        let mut bytes = std::fs::read(&p).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        std::fs::write(&p, bytes).unwrap();
+    }
+    assert_eq!(run(&model), first);
+    assert!(whole(&model, &["--entry", "affine"], None));
+    for p in files("o") {
+        std::fs::remove_file(p).unwrap();
+    }
+    assert!(!whole(&model, &["--entry", "affine"], None));
+    assert_eq!(run(&model), first);
 }
 
 /// Code generation is deterministic: two processes (different hash seeds)
