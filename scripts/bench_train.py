@@ -33,6 +33,7 @@ Their gradients are not checked (NAME's are).
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -399,6 +400,7 @@ def main():
         return
     args, out, threads, only = arguments()
     rows = []
+    compiles = {}
     names = [n for m in MODELS for n in [m] + [v for v, b in NARROW.items() if b == m]]
     for name in names:
         if only and name not in only:
@@ -420,6 +422,15 @@ def main():
             rows.append({"model": name, "grad_error_vs_jax": error})
             print(json.dumps(rows[-1]), flush=True)
             continue
+        # The step compiled from the cache: a second `dlc bench --cache`
+        # in a cache of its own finds the whole program.
+        cache_env = dict(os.environ, DLC_CACHE_DIR=os.path.join(data, "cache"))
+        shutil.rmtree(cache_env["DLC_CACHE_DIR"], ignore_errors=True)
+        for _ in range(2):
+            o = subprocess.run([args.dlc, "bench", path, "--entry", f"{name}_step", "--runs", "1", "--warmup", "0",
+                                "--cache", "--json"], check=True, capture_output=True, text=True, env=cache_env).stdout
+        cached = json.loads(o)
+        compiles[name] = {"cached_s": cached["compile_s"], "whole": cached.get("cached_program", False)}
         for t in threads:
             row = {"model": name, "threads": t, "grad_error_vs_jax": error}
             o, rss = run_measured([args.dlc, "bench", path, "--entry", f"{name}_step", "--threads", str(t),
@@ -469,6 +480,17 @@ def main():
     every, n = speedup(timed)
     lines += ["", f"Geometric mean of the best peer's median over dlc's: {f32:.2f}x over the {n32} f32 rows, "
               f"{every:.2f}x over all {n} rows (above 1: dlc is faster)."]
+    # Compile times: dlc's cold (its fastest over the thread counts) and
+    # from the cache; the peers' first call, compile included.
+    lines += ["", "Compiling the step, s: dlc cold (`dlc bench`) and from the cache (a second `dlc bench --cache`); "
+              "the peers' first call (compile and one step)", "",
+              "| model | dlc cold | dlc from the cache | torch.compile | JAX |", "|---|---|---|---|---|"]
+    for name, c in compiles.items():
+        rs = [r for r in timed if r["model"] == name]
+        first = lambda p: min((r[p]["compile_s"] for r in rs if "failed" not in r[p] and "compile_s" in r[p]),
+                              default=float("nan"))
+        cached = f"{c['cached_s']:.4f}" + ("" if c["whole"] else " (objects only)")
+        lines.append(f"| {name} | {first('dlc'):.3f} | {cached} | {first('torch.compile'):.2f} | {first('jax'):.2f} |")
     untimed = [r for r in rows if "threads" not in r]
     if untimed:
         lines += ["", "Gradients of the losses only (not timed):", "",
