@@ -617,6 +617,47 @@ fn three_projections_merge_when_cheaper() {
     }
 }
 
+/// A product chain's associations, grown to saturation (a fixed search,
+/// whatever the machine's speed): more candidates than exact
+/// extraction attempts, so the greedy choice stands and the solver is
+/// never started on a program it cannot finish within its limit (a training
+/// step's e-graphs: 300-11,000 candidates, 35-330 ms of each cold compile
+/// for nothing). A small one is solved exactly.
+#[test]
+fn exact_extraction_is_for_small_programs() {
+    use dlc_graph::transforms::saturate::extract::{IlpOutcome, greedy, ilp};
+    let mut rng = StdRng::seed_from_u64(3);
+    let shapes: Vec<String> = (0..16).map(|i| format!("{} {}", 6 + i, 7 + i)).collect();
+    let shapes: Vec<&str> = shapes.iter().map(String::as_str).collect();
+    let specs = specs(&shapes, &mut rng);
+    // Every association of 16 factors: 120 classes, 680 products.
+    let chain = (1..16).fold("(param 0)".to_string(), |acc, i| {
+        format!("(matmul {acc} (param {i}))")
+    });
+    let assoc: Vec<Rule> = rules::matmul()
+        .into_iter()
+        .filter(|r| r.name.as_str().starts_with("matmul-assoc"))
+        .collect();
+    let model = CostModel::calibrated();
+    let target = dlc_core::TargetDesc::x86_64_avx512(2);
+    let outcome = |term: &str, iterations: usize| {
+        let (eg, root) = egraph_of(term, &specs);
+        let eg = Runner::default()
+            .with_egraph(eg)
+            .with_iter_limit(iterations)
+            .with_node_limit(1_000_000)
+            .with_time_limit(Duration::from_secs(600))
+            .run(&assoc)
+            .egraph;
+        let root = eg.find(root);
+        let start = greedy(model, &target, &eg, &[root]);
+        ilp(model, &target, &eg, &[root], &start, Duration::from_secs(5)).1
+    };
+    assert_eq!(outcome(&chain, 16), IlpOutcome::TooLarge);
+    let short = "(matmul (matmul (param 0) (param 1)) (param 2))";
+    assert_eq!(outcome(short, 3), IlpOutcome::Optimal);
+}
+
 /// `-(-x) = x` puts a cycle in the e-graph (x's class holds `-(n)`, n's holds
 /// `-(x)`): a choice through it is rejected, and exact extraction never
 /// returns one.

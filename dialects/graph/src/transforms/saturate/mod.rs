@@ -60,11 +60,13 @@
 //!   docs/performance.md, "Equality saturation".
 //! - Reproducibility: a search or an ILP that stops at its time limit has a result
 //!   that depends on the machine's speed and load (`--stats` says when: "stopped: time
-//!   limit", "ilp at time limit"). Every workload graph except W7's search and NasRNN's
-//!   ILP finishes within the limits, and a function is only replaced by something
-//!   the function-level model finds cheaper; for bit-reproducible builds of large
-//!   models pass generous time limits and bound the search by `iter-limit` and
-//!   `node-limit` instead.
+//!   limit", "ilp at time limit"). A training step's search may stop at its time limit
+//!   (W2's, W7's); exact extraction is attempted only on programs of at most
+//!   `extract::ILP_MAX_NODES` candidates, which it solves well within its limit (the
+//!   greedy choice is used above: "greedy (too large for ilp)"), and a function is only
+//!   replaced by something the function-level model finds cheaper; for bit-reproducible
+//!   builds of large models pass generous time limits and bound the search by
+//!   `iter-limit` and `node-limit` instead.
 //! - Floating point: the rules are laws of real arithmetic, so a saturated program may
 //!   round differently (as with `-ffast-math` or XLA's algebraic simplifier); the
 //!   property tests check the default pipeline within 1e-5 of each output's magnitude
@@ -132,9 +134,10 @@ impl Default for SaturateOptions {
             time_limit: Duration::from_millis(50),
             multi_iters: 2,
             extraction: Extraction::Ilp,
-            // Exact extraction of the workloads' e-graphs ends in under
+            // Exact extraction of the examples' e-graphs ends in under
             // 20 ms; past this the greedy choice (always a candidate)
             // stands, as it did for the Tensat NASRNN graph at 250 ms.
+            // Larger programs are not attempted (`extract::ILP_MAX_NODES`).
             ilp_time_limit: Duration::from_millis(30),
             tables: rules::TABLES.iter().map(|s| s.to_string()).collect(),
             // The driver's default: what `dlc run` compiles for.
