@@ -643,6 +643,54 @@ fn bf16_products_run_as_dot_products_of_pairs() {
     jit_passes_check(src);
 }
 
+/// A host function launching many kernels is a frame and one call per
+/// launch: the thread pool is entered through the module's one helper, and
+/// every failed launch leaves through one block (W7's step launches 1,107
+/// kernels: 36,000 instructions when each launch carried its own).
+#[test]
+fn kernel_launches_share_one_helper_and_one_failure_block() {
+    let m = graph(
+        "fn f(a: f32[256, 256], b: f32[256, 256]) -> (f32[256, 256], f32[256, 256], f32[256]) {
+            let c = tanh(a @ b);
+            return (c, softmax(c, axis=1) @ b, sum(exp(c), axis=1));
+        }",
+    );
+    let ir = dlc_llvm::emit_llvm_ir(
+        &dlc_driver::lower_for_cpu(&m).unwrap(),
+        &dlc_runtime::abi::Symbols::for_module("model"),
+        &TargetDesc::x86_64_avx512(2),
+    )
+    .unwrap();
+    let body = |define: &str| -> Vec<&str> {
+        ir.lines()
+            .skip_while(|l| !(l.starts_with("define ") && l.contains(define)))
+            .take_while(|l| *l != "}")
+            .collect()
+    };
+    let host = body(" i32 @dlc_model_f(ptr");
+    let calls = |f: &[&str], callee: &str| {
+        f.iter()
+            .filter(|l| l.contains(&format!("@{callee}(")))
+            .count()
+    };
+    let launches = calls(&host, "dlc.parallel");
+    assert!(launches >= 3, "{launches} launches:\n{}", host.join("\n"));
+    assert_eq!(calls(&host, "GOMP_parallel"), 0, "{}", host.join("\n"));
+    let failure_blocks = host
+        .iter()
+        .filter(|l| l.starts_with("threads.failed"))
+        .count();
+    assert_eq!(failure_blocks, 1, "{}", host.join("\n"));
+    let helper = body("@dlc.parallel(");
+    assert_eq!(calls(&helper, "GOMP_parallel"), 1, "{ir}");
+    jit_passes_check(
+        "fn f(a: f32[256, 256], b: f32[256, 256]) -> (f32[256, 256], f32[256, 256], f32[256]) {
+            let c = tanh(a @ b);
+            return (c, softmax(c, axis=1) @ b, sum(exp(c), axis=1));
+        }",
+    );
+}
+
 #[test]
 fn emits_llvm_ir_for_the_host() {
     let m = graph("fn f(x: f32[64], y: f32[64]) -> f32[64] { return x * y + 1.0; }");

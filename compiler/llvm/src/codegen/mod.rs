@@ -67,6 +67,10 @@ pub(crate) struct Gen<'ctx, 'f, I: Ir = tile::TileIr> {
     sites: Sites,
     /// This LLVM function's block leaving with each status.
     fail_blocks: std::cell::RefCell<HashMap<i32, BasicBlock<'ctx>>>,
+    /// The block every failed kernel launch of this LLVM function leaves
+    /// through, with the phi of the failing status (see
+    /// `parallel::launch`).
+    launch_fail: std::cell::RefCell<Option<(BasicBlock<'ctx>, inkwell::values::PhiValue<'ctx>)>>,
     /// In helpers that cannot fail: the block every failure branches to
     /// (unreachable).
     trap: Option<BasicBlock<'ctx>>,
@@ -141,6 +145,7 @@ impl<'ctx, 'f, I: Ir> Gen<'ctx, 'f, I> {
             chunks: HashMap::new(),
             sites: sites.clone(),
             fail_blocks: Default::default(),
+            launch_fail: Default::default(),
             trap: None,
             loc: None,
             status_slot: None,

@@ -4,9 +4,10 @@
 //! threads.
 
 use inkwell::AtomicOrdering;
+use inkwell::basic_block::BasicBlock;
 use inkwell::module::Linkage;
 use inkwell::types::BasicTypeEnum;
-use inkwell::values::{BasicValueEnum, FunctionValue, IntValue, PointerValue};
+use inkwell::values::{BasicValueEnum, FunctionValue, IntValue, PhiValue, PointerValue};
 use inkwell::{AddressSpace, IntPredicate};
 
 use super::{Gen, Ir};
@@ -294,7 +295,6 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         threads: bool,
     ) -> R<()> {
         let (ctx, i64t, i32t) = (self.ctx, self.ctx.i64_type(), self.ctx.i32_type());
-        let ptr = ctx.ptr_type(AddressSpace::default());
         let mut values: Vec<BasicValueEnum<'ctx>> =
             captures.iter().map(|v| self.get(*v)).collect::<R<_>>()?;
         values.extend_from_slice(extra);
@@ -319,51 +319,131 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
             self.b.build_store(frame_slot(self, frame, i)?, *v)?;
         }
         let status_slot = frame_slot(self, frame, values.len())?;
-        self.b.build_store(status_slot, i32t.const_zero())?;
-        if threads {
-            // Run on the OpenMP runtime's threads when it is linked, else here.
-            let gomp = self.declare_weak(
-                "GOMP_parallel",
-                ctx.void_type()
-                    .fn_type(&[ptr.into(), ptr.into(), i32t.into(), i32t.into()], false),
-            );
-            let pool = ctx.append_basic_block(self.func, "threads.pool");
-            let alone = ctx.append_basic_block(self.func, "threads.alone");
-            let joined = ctx.append_basic_block(self.func, "threads.joined");
+        let status = if threads {
+            // Run on the OpenMP runtime's threads when it is linked, else
+            // here: one call to the module's helper, so that a host
+            // function launching a thousand kernels is not a thousand
+            // copies of it (W7's step: 36,000 instructions).
+            let helper = self.parallel_helper()?;
             self.b
-                .build_conditional_branch(self.linked(gomp)?, pool, alone)?;
-            self.b.position_at_end(pool);
-            self.b.build_call(
-                gomp,
-                &[
-                    outlined.as_global_value().as_pointer_value().into(),
-                    frame.into(),
-                    i32t.const_zero().into(),
-                    i32t.const_zero().into(),
-                ],
-                "",
-            )?;
-            self.b.build_unconditional_branch(joined)?;
-            self.b.position_at_end(alone);
-            self.b.build_call(outlined, &[frame.into()], "")?;
-            self.b.build_unconditional_branch(joined)?;
-            self.b.position_at_end(joined);
+                .build_call(
+                    helper,
+                    &[
+                        outlined.as_global_value().as_pointer_value().into(),
+                        frame.into(),
+                        status_slot.into(),
+                    ],
+                    "status",
+                )?
+                .try_as_basic_value()
+                .basic()
+                .ok_or_else(|| CodegenError::Llvm("the launch helper gives no status".into()))?
+                .into_int_value()
         } else {
+            self.b.build_store(status_slot, i32t.const_zero())?;
             self.b.build_call(outlined, &[frame.into()], "")?;
-        }
-        let status = self.b.build_load(i32t, status_slot, "status")?;
-        let failed = self.b.build_int_compare(
-            IntPredicate::NE,
-            status.into_int_value(),
-            i32t.const_zero(),
-            "failed",
-        )?;
-        let fail = ctx.append_basic_block(self.func, "threads.failed");
+            self.b
+                .build_load(i32t, status_slot, "status")?
+                .into_int_value()
+        };
+        let failed =
+            self.b
+                .build_int_compare(IntPredicate::NE, status, i32t.const_zero(), "failed")?;
+        // Every launch of this function fails through one block.
+        let (fail, phi) = self.launch_failure()?;
+        let here = self
+            .b
+            .get_insert_block()
+            .ok_or_else(|| CodegenError::Llvm("no insertion block".into()))?;
+        phi.add_incoming(&[(&status, here)]);
         let ok = ctx.append_basic_block(self.func, "threads.ok");
         self.b.build_conditional_branch(failed, fail, ok)?;
-        self.b.position_at_end(fail);
-        self.fail_with(status.into_int_value())?;
         self.b.position_at_end(ok);
         Ok(())
+    }
+
+    /// The block every failed launch of this function leaves through, and
+    /// the phi of its status (each launch adds its own).
+    fn launch_failure(&self) -> R<(BasicBlock<'ctx>, PhiValue<'ctx>)> {
+        if let Some(made) = *self.launch_fail.borrow() {
+            return Ok(made);
+        }
+        let here = self.b.get_insert_block();
+        let block = self.ctx.append_basic_block(self.func, "threads.failed");
+        self.b.position_at_end(block);
+        let phi = self.b.build_phi(self.ctx.i32_type(), "failed.status")?;
+        self.fail_with(phi.as_basic_value().into_int_value())?;
+        if let Some(here) = here {
+            self.b.position_at_end(here);
+        }
+        *self.launch_fail.borrow_mut() = Some((block, phi));
+        Ok((block, phi))
+    }
+
+    /// The module's `i32 dlc.parallel(void (*body)(void *), void *frame,
+    /// i32 *status)`: clears `*status`, runs `body(frame)` on the OpenMP
+    /// runtime's threads (`GOMP_parallel`) when it is linked, else on this
+    /// one, and returns `*status`.
+    fn parallel_helper(&self) -> R<FunctionValue<'ctx>> {
+        const NAME: &str = "dlc.parallel";
+        if let Some(f) = self.module.get_function(NAME) {
+            return Ok(f);
+        }
+        let (ctx, i32t) = (self.ctx, self.ctx.i32_type());
+        let ptr = ctx.ptr_type(AddressSpace::default());
+        let f = self.module.add_function(
+            NAME,
+            i32t.fn_type(&[ptr.into(), ptr.into(), ptr.into()], false),
+            Some(Linkage::Private),
+        );
+        let kind = inkwell::attributes::Attribute::get_named_enum_kind_id("noinline");
+        f.add_attribute(
+            inkwell::attributes::AttributeLoc::Function,
+            ctx.create_enum_attribute(kind, 0),
+        );
+        let param = |i: u32| -> R<PointerValue<'ctx>> {
+            Ok(f.get_nth_param(i)
+                .ok_or_else(|| CodegenError::Llvm("launch helper without parameters".into()))?
+                .into_pointer_value())
+        };
+        let (body, frame, status) = (param(0)?, param(1)?, param(2)?);
+        let gomp = self.declare_weak(
+            "GOMP_parallel",
+            ctx.void_type()
+                .fn_type(&[ptr.into(), ptr.into(), i32t.into(), i32t.into()], false),
+        );
+        let b = ctx.create_builder();
+        let entry = ctx.append_basic_block(f, "entry");
+        let pool = ctx.append_basic_block(f, "pool");
+        let alone = ctx.append_basic_block(f, "alone");
+        let joined = ctx.append_basic_block(f, "joined");
+        b.position_at_end(entry);
+        b.build_store(status, i32t.const_zero())?;
+        let linked = b.build_is_not_null(gomp.as_global_value().as_pointer_value(), "linked")?;
+        b.build_conditional_branch(linked, pool, alone)?;
+        b.position_at_end(pool);
+        b.build_call(
+            gomp,
+            &[
+                body.into(),
+                frame.into(),
+                i32t.const_zero().into(),
+                i32t.const_zero().into(),
+            ],
+            "",
+        )?;
+        b.build_unconditional_branch(joined)?;
+        b.position_at_end(alone);
+        b.build_indirect_call(
+            ctx.void_type().fn_type(&[ptr.into()], false),
+            body,
+            &[frame.into()],
+            "",
+        )?;
+        b.build_unconditional_branch(joined)?;
+        b.position_at_end(joined);
+        let result = b.build_load(i32t, status, "status")?;
+        b.build_return(Some(&result))?;
+        Ok(f)
     }
 }
