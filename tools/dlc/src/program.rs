@@ -75,7 +75,9 @@ pub fn compile_for_cpu(
     let key = how.cache.map(|_| how.key(&src)).transpose()?;
     if let (Some(cache), Some(key)) = (how.cache, &key) {
         let front = start.elapsed();
-        if let Some((jit, meta)) = Jit::load(cache, key).map_err(codegen)?
+        // A program that cannot be linked again (nothing this build
+        // stored) is compiled again, as a missing one is.
+        if let Ok(Some((jit, meta))) = Jit::load(cache, key)
             && let Some(interface) = Interface::decode(&meta)
         {
             let carried = carried_weights(&src.name, src.weights, &interface)?;

@@ -101,6 +101,11 @@ const INITIAL_LOSS_SCALE: f64 = 65536.0;
 pub struct TrainArgs {
     /// The `.dl` file.
     pub file: String,
+    /// Compile every kernel of the step, neither reading nor writing the
+    /// object cache `dlc run` keeps (`$DLC_CACHE_DIR`, else
+    /// `$XDG_CACHE_HOME/dlc` or `~/.cache/dlc`).
+    #[arg(long)]
+    pub no_cache: bool,
     /// The loss: an entry point returning an f32 scalar first; may be
     /// left out when there is only one.
     #[arg(long)]
@@ -689,7 +694,14 @@ fn train_on(args: &TrainArgs, world: Option<&World>) -> Result<(), DriverError> 
         return Ok(());
     }
     let lowered = dlc_driver::lower_for_cpu(&step_module)?;
-    let result = dlc_llvm::jit_with(&lowered, &dlc_llvm::JitOptions::default(), |jit| {
+    // The step's objects from the cache when an unchanged model trains
+    // again (its front end still runs: the plan is made from the graph).
+    let options = dlc_llvm::JitOptions {
+        cache: (!args.no_cache)
+            .then(dlc_llvm::ObjectCache::for_user)
+            .flatten(),
+    };
+    let result = dlc_llvm::jit_with(&lowered, &options, |jit| {
         Ok(match (world, split) {
             (None, _) => {
                 let kernel = jit.kernel("__train_step")?;

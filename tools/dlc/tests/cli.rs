@@ -708,6 +708,73 @@ fn whole_programs_come_from_the_cache() {
     assert_eq!(run(&model), first);
 }
 
+/// `dlc train` compiles its step through the object cache `dlc run` keeps:
+/// a second run of an unchanged model takes its objects from it and trains
+/// to the same weights; `--no-cache` neither reads nor writes it.
+#[test]
+fn train_takes_the_steps_objects_from_the_cache() {
+    let d = Dir::new("train-cache");
+    let model = d.file(
+        "m.dl",
+        "fn loss(x: f32[8, 3], y: f32[8], weight w: f32[3], weight b: f32) -> f32 {
+            return mse_loss(x @ w + b, y);
+        }",
+    );
+    let xs: Vec<f64> = (0..24).map(|i| f64::from(i * 5 % 7 - 3) / 4.0).collect();
+    let ys: Vec<f64> = (0..8).map(|i| f64::from(i) / 4.0).collect();
+    let x = d.npy("x.npy", f32ty(&[8, 3]), &xs);
+    let y = d.npy("y.npy", f32ty(&[8]), &ys);
+    let (x, y) = (format!("x={x}"), format!("y={y}"));
+    let train = |cache: &Path, out: &str, extra: &[&str]| {
+        let out = d.path(out);
+        let args = [
+            &[
+                "train",
+                &model,
+                "--data",
+                &x,
+                "--data",
+                &y,
+                "--epochs",
+                "3",
+                "--save-weights",
+                &out,
+            ][..],
+            extra,
+        ]
+        .concat();
+        let o = Command::new(env!("CARGO_BIN_EXE_dlc"))
+            .env("DLC_CACHE_DIR", cache)
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        std::fs::read(Path::new(&out).join("w.npy")).unwrap()
+    };
+    let objects = |cache: &Path| {
+        std::fs::read_dir(cache).map_or(0, |d| {
+            d.filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .path()
+                    .extension()
+                    .is_some_and(|x| x == "o")
+            })
+            .count()
+        })
+    };
+    let cache = d.0.join("cache");
+    let cold = train(&cache, "cold", &[]);
+    let stored = objects(&cache);
+    assert!(stored >= 1, "the step's parts are stored");
+    // The same step again: its objects found, nothing added.
+    assert_eq!(train(&cache, "warm", &[]), cold);
+    assert_eq!(objects(&cache), stored);
+    let none = d.0.join("none");
+    assert_eq!(train(&none, "uncached", &["--no-cache"]), cold);
+    assert_eq!(objects(&none), 0, "--no-cache writes nothing");
+}
+
 /// Code generation is deterministic: two processes (different hash seeds)
 /// write the same LLVM IR and the same object file, so that the object
 /// cache finds what it stored (W7's workspace was once placed in hash
