@@ -1,6 +1,8 @@
 //! The compiler's identity, for the program cache (`cache.rs`): a SHA-256
-//! of the sources of every crate that decides what code dlc generates for
-//! a program (and of `Cargo.lock`, which pins their dependencies), as
+//! of every file but the tests of every crate that decides what code dlc
+//! generates for a program (their sources, build scripts and the data they
+//! build in, such as the cost model's constants) and of `Cargo.lock`, which
+//! pins their dependencies, as
 //! `DLC_COMPILER_ID`. A cached program compiled by another build of dlc is
 //! never taken for this one's; an unchanged tree builds the same identity.
 //! Outside the workspace (a crate on its own) the identity is the
@@ -43,12 +45,19 @@ fn main() {
     let root = manifest.join("../..");
     let mut files = Vec::new();
     for krate in CRATES {
-        for what in ["src", "build.rs", "Cargo.toml"] {
-            let path = root.join(krate).join(what);
-            if path.exists() {
-                println!("cargo:rerun-if-changed={}", path.display());
-                files_under(&path, &mut files);
+        // Everything but the tests: the sources, build scripts, and data
+        // the code reads at build time (the cost model's constants, the
+        // ONNX schema).
+        let Ok(entries) = std::fs::read_dir(root.join(krate)) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') || ["tests", "benches", "target"].contains(&name.as_str()) {
+                continue;
             }
+            println!("cargo:rerun-if-changed={}", e.path().display());
+            files_under(&e.path(), &mut files);
         }
     }
     let lock = root.join("Cargo.lock");
