@@ -62,6 +62,11 @@ pub(crate) struct Gen<'ctx, 'f, I: Ir = tile::TileIr> {
     vals: HashMap<I::Value, BasicValueEnum<'ctx>>,
     /// Tile IR only: each tile value's vectors (see [`tile`]).
     chunks: HashMap<I::Value, Vec<BasicValueEnum<'ctx>>>,
+    /// Tile IR only: for each `tile.mask` of two axes or more, whether each
+    /// of its rows is inside the limits (a scalar), which a masked access
+    /// by that mask tests to keep its address in the buffer (see
+    /// `tile::Gen::guarded_pointer`).
+    row_guards: HashMap<I::Value, Vec<inkwell::values::IntValue<'ctx>>>,
     /// The failure sites of the exported function being generated (its
     /// outlined bodies share them).
     sites: Sites,
@@ -143,6 +148,7 @@ impl<'ctx, 'f, I: Ir> Gen<'ctx, 'f, I> {
             func,
             vals: HashMap::new(),
             chunks: HashMap::new(),
+            row_guards: HashMap::new(),
             sites: sites.clone(),
             fail_blocks: Default::default(),
             launch_fail: Default::default(),

@@ -50,7 +50,10 @@
 //!   whose lane pointers are the first lane's pointer offset by a constant vector of
 //!   32-bit steps (x86's gathers and scatters take a scalar base and 32-bit indices; built
 //!   as integers and cast to pointers, they cost LLVM's `IndVarSimplify` and
-//!   `InstCombine` far more time and gave 64-bit gathers of half the lanes). Padded loads compare each index that moves with the lanes as a
+//!   `InstCombine` far more time and gave 64-bit gathers of half the lanes). A masked
+//!   access by a `tile.mask` of two axes or more addresses the buffer's start in a row
+//!   the mask puts outside its limits (one select per row): an all-off access to a page
+//!   that is not mapped still costs a microcode assist (`guarded_pointer`). Padded loads compare each index that moves with the lanes as a
 //!   vector, and the others once, as scalars (a convolution's padded rows and columns
 //!   with channels in the lanes). A 2-axis store into
 //!   column-major place (packing either operand of a product) is transposed in registers
@@ -654,6 +657,54 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         })
     }
 
+    /// `p`, the address of a masked access's vector in row `row` of its
+    /// tile, or the buffer's own start where the mask (a `tile.mask`) says
+    /// that the row is outside its limits. Nothing is read or written
+    /// through a mask that is all off, but its address is still
+    /// translated, and where it falls on a page that is not mapped (or
+    /// mapped and not yet touched) Zen 4 takes a microcode assist of some
+    /// 400 cycles per access: the rows of a product's edge block past the
+    /// operand's last row are such accesses (rows 32-35 of a 36-row block
+    /// of a `[32, 8192]` operand lie 1 MB past its start, beyond the
+    /// allocation), and made a product of that operand 3.3x slower
+    /// (docs/performance.md). The test is one scalar comparison per row,
+    /// made once by the mask; a vector's own lanes past a row's end stay
+    /// next to the row.
+    fn guarded_pointer(
+        &self,
+        a: &Access<'ctx>,
+        off: IntValue<'ctx>,
+        mask: Option<Value>,
+        row: usize,
+        row_start: &mut Option<(PointerValue<'ctx>, IntValue<'ctx>)>,
+    ) -> R<PointerValue<'ctx>> {
+        let guard = mask
+            .and_then(|m| self.row_guards.get(&m)?.get(row).copied())
+            .filter(|g| g.get_zero_extended_constant() != Some(1));
+        let Some(guard) = guard else {
+            return self.element_pointer(a, off);
+        };
+        // One select per row, its other vectors at their distance from
+        // the first: the selected pointer is then one register rather than
+        // one per vector (a select per vector cost u2's gated product 5%).
+        if let Some((start, start_off)) = *row_start {
+            let d = self.b.build_int_sub(off, start_off, "d")?;
+            // SAFETY (LLVM IR semantics): a plain GEP is defined for any
+            // offset, as in `element_pointer`.
+            return Ok(unsafe {
+                self.b
+                    .build_gep(storage_type(self.ctx, a.dtype), start, &[d], "guarded")?
+            });
+        }
+        let p = self.element_pointer(a, off)?;
+        let start = self
+            .b
+            .build_select(guard, p, a.pointer, "guarded")?
+            .into_pointer_value();
+        *row_start = Some((start, off));
+        Ok(start)
+    }
+
     fn alignment(&self, d: DType) -> u32 {
         d.size_bytes() as u32
     }
@@ -683,6 +734,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         }
         let mut out = Vec::with_capacity(cut.vectors());
         for row in 0..cut.rows() {
+            let mut row_start = None;
             let rc = cut.row_coords(row);
             for j in 0..cut.per_row {
                 let n = cut.lanes(j);
@@ -724,7 +776,13 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                         l
                     }
                     (1, Some(m)) => {
-                        let p = self.element_pointer(&a, off)?;
+                        let p = self.guarded_pointer(
+                            &a,
+                            off,
+                            op.operands.get(1).copied(),
+                            row,
+                            &mut row_start,
+                        )?;
                         self.call(
                             "llvm.masked.load",
                             &[vt.into(), p.get_type().into()],
@@ -732,7 +790,14 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                         )?
                     }
                     (2..=MAX_DEINTERLEAVED_STEP, m) => {
-                        self.deinterleaved_load(&a, off, step as usize, n, m, passthru)?
+                        let p = self.guarded_pointer(
+                            &a,
+                            off,
+                            op.operands.get(1).copied(),
+                            row,
+                            &mut row_start,
+                        )?;
+                        self.deinterleaved_load(&a, p, step as usize, n, m, passthru)?
                     }
                     (_, m) => {
                         let ptrs = self.lane_pointers(&a, off, step, n)?;
@@ -766,7 +831,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
     fn deinterleaved_load(
         &self,
         a: &Access<'ctx>,
-        off: IntValue<'ctx>,
+        p: PointerValue<'ctx>,
         step: usize,
         n: usize,
         mask: Option<BV<'ctx>>,
@@ -791,7 +856,6 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
             }
         };
         let wide_pt = self.permute(passthru.into_vector_value(), spread(), "widepad")?;
-        let p = self.element_pointer(a, off)?;
         let loaded = self
             .call(
                 "llvm.masked.load",
@@ -815,6 +879,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
             return Ok(());
         }
         for row in 0..cut.rows() {
+            let mut row_start = None;
             let rc = cut.row_coords(row);
             for j in 0..cut.per_row {
                 let n = cut.lanes(j);
@@ -838,7 +903,13 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                             .map_err(|e| CodegenError::Llvm(e.to_string()))?;
                     }
                     (1, Some(m)) => {
-                        let p = self.element_pointer(&a, off)?;
+                        let p = self.guarded_pointer(
+                            &a,
+                            off,
+                            op.operands.get(2).copied(),
+                            row,
+                            &mut row_start,
+                        )?;
                         self.call_void(
                             "llvm.masked.store",
                             &[x.get_type(), p.get_type().into()],
@@ -1069,6 +1140,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
             .collect::<R<Vec<_>>>()?;
         let last = cut.shape.len() - 1;
         let mut out = Vec::with_capacity(cut.vectors());
+        let mut guards = Vec::with_capacity(cut.rows());
         for row in 0..cut.rows() {
             let rc = cut.row_coords(row);
             let mut row_on = self.ctx.bool_type().const_int(1, false);
@@ -1081,6 +1153,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                 )?;
                 row_on = self.b.build_and(row_on, on, "on")?;
             }
+            guards.push(row_on);
             for j in 0..cut.per_row {
                 let n = cut.lanes(j);
                 let cols: Vec<_> = (0..n)
@@ -1095,6 +1168,9 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                 let rows_on = self.splat(row_on.into(), n as u32)?;
                 out.push(self.and(cols_on, rows_on)?);
             }
+        }
+        if last > 0 {
+            self.row_guards.insert(r, guards);
         }
         self.define(r, out)
     }
