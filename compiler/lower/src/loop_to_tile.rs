@@ -143,6 +143,9 @@ pub struct Packing {
     /// A product is cut into at least this many programs when it has that
     /// many panels (threads are balanced).
     pub units: usize,
+    /// The fewest multiply-adds of one program of a product split along
+    /// its depth (`packed::Conv::depth_splits`).
+    pub split_macs: usize,
     /// Deepest slice of `k` one copy into packed form moves (a vector's
     /// lanes: a transposed copy is then square blocks of vectors).
     pub copy_depth: usize,
@@ -277,6 +280,7 @@ impl ScheduleParams {
                     blocking: [g.mr, g.nr, g.mc, g.kc],
                     min_macs: target.min_packed_macs(),
                     units: g.min_units,
+                    split_macs: target.min_split_macs(),
                     copy_depth: g.lanes,
                     narrow: (g.nr > g.lanes).then_some([g.narrow_mr, g.narrow_n]),
                     balance: 2,

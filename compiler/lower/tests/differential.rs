@@ -1133,6 +1133,13 @@ fn odd_schedule_parameters_agree() {
         // ragged everywhere): plain, transposed operands, a shared weight.
         "fn f(a: bf16[7, 38], b: bf16[38, 45], x: bf16[2, 5, 38]) -> (bf16[7, 45], bf16[2, 5, 45]) { return (a @ b, x @ b); }",
         dlc_tests::CONTRACTION_PROGRAMS[19],
+        // One block of rows and one panel, eight slices of the depth with
+        // the `[2, 3, 4, 5]` blocking, the last ragged: split along the
+        // depth into two programs, their sums added by a second kernel
+        // that runs the epilogue. With a bias (the epilogue reads another
+        // operand) and a weight gradient's transposed operands.
+        "fn f(a: f32[3, 38], b: f32[3, 38], c: f32[3]) -> f32[3, 3] { return tanh(a @ transpose(b) + c); }",
+        "fn f(g: f32[38, 3], x: f32[38, 3]) -> f32[3, 3] { return transpose(g) @ x; }",
     ];
     let mut schedules = vec![];
     for (vector, dot, packed) in [
@@ -1146,6 +1153,9 @@ fn odd_schedule_parameters_agree() {
             blocking,
             min_macs: 1,
             units,
+            // Every product of one program and two slices or more is
+            // split along its depth (`units` 3: two or three splits).
+            split_macs: 1,
             copy_depth: units + 1,
             narrow: Some([units + 2, 2]),
             balance: units + 1,
@@ -1219,4 +1229,42 @@ fn a_product_of_one_row_block_is_cut_into_the_targets_units() {
             target.name
         );
     }
+}
+
+/// A product of one program (u1's weight gradients, 32 x 32 and 32 deep
+/// slices of 8192: one block of rows, one panel) is split along its depth
+/// into programs that each sum their share of the slices, and a second
+/// kernel adds the shares up and runs the epilogue; a product of a few
+/// slices, or of fewer multiply-adds than two splits' worth, is not.
+/// Structure only: the split's arithmetic is checked by the differential
+/// programs (one block, one panel, eight slices under the `[2, 3, 4, 5]`
+/// blocking) and, compiled, by `dlc-llvm`'s
+/// `masked_rows_past_an_operands_end_address_the_operand`.
+#[test]
+fn a_product_of_one_program_is_split_along_its_depth() {
+    let grids = |src: &str, target: &TargetDesc| -> Vec<String> {
+        let text = dlc_tile::print_module(&kernels(&graph(src), target));
+        text.lines()
+            .filter(|l| l.contains("tile.kernel"))
+            .filter_map(|l| Some(l.split("grid = [").nth(1)?.split(']').next()?.to_string()))
+            .collect()
+    };
+    let weight_gradient = "fn f(a: f32[32, 8192], b: f32[32, 8192], c: f32[32]) -> f32[32, 32] { return tanh(a @ transpose(b) + c); }";
+    assert_eq!(
+        grids(weight_gradient, &TargetDesc::x86_64_avx512(2)),
+        ["1, 1, 8", "1, 1"]
+    );
+    // With AVX2's 16-column panels the same product is two programs already.
+    assert_eq!(
+        grids(weight_gradient, &TargetDesc::x86_64_avx2(2)),
+        ["1, 2"]
+    );
+    // Four slices of 256 of 32 x 32: 1M multiply-adds, half a split's.
+    assert_eq!(
+        grids(
+            "fn f(a: f32[32, 1024], b: f32[1024, 32]) -> f32[32, 32] { return a @ b; }",
+            &TargetDesc::x86_64_avx512(2)
+        ),
+        ["1, 1"]
+    );
 }

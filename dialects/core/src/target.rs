@@ -214,6 +214,12 @@ pub const TARGET_NAMES: [&str; 6] = [
 /// costs more than it saves.
 const MIN_PACKED_MACS: usize = 16 * 1024;
 
+/// A packed product of one program is split along its depth into programs
+/// of at least this many multiply-adds each (about 25 us of one core's
+/// register tile on AVX-512): fewer would cost more in the second kernel,
+/// which adds the splits' sums, than the threads save.
+const MIN_SPLIT_MACS: usize = 1 << 20;
+
 /// A parallel loop with fewer iterations than this is looked through for a
 /// wider one inside before being spread over threads.
 const MIN_THREAD_ITERATIONS: usize = 8;
@@ -564,6 +570,12 @@ impl TargetDesc {
     /// Multiply-adds below which a contraction is not worth packing.
     pub fn min_packed_macs(&self) -> usize {
         MIN_PACKED_MACS
+    }
+
+    /// The fewest multiply-adds of one program of a product split along
+    /// its depth.
+    pub fn min_split_macs(&self) -> usize {
+        MIN_SPLIT_MACS
     }
 
     /// Threads that run one program of a kernel: on a GPU a thread block

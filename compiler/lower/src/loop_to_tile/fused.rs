@@ -665,7 +665,7 @@ impl<'a> Conv<'a> {
             // needs no mask: the queries (a block a program reads once per
             // panel), the probabilities (in scratch memory already).
             self.strips = self.rows_in_place(m1, &plans[0]);
-            let first = self.program_product(m1, &plans[0], panels[0], &bat, &i0, &zero);
+            let first = self.program_product(m1, &plans[0], panels[0], &bat, &i0, &zero, &zero);
             self.strips = Strips::Own;
             let first = first?;
             // The row nest on each of the block's rows (rows past the
@@ -700,7 +700,7 @@ impl<'a> Conv<'a> {
             self.strips = self.rows_in_place(m2, &plans[1]);
             self.row_factors = scale.map(|(_, factors)| factors);
             let result = self
-                .program_product(m2, &plans[1], panels[1], &bat, &i0, &zero)
+                .program_product(m2, &plans[1], panels[1], &bat, &i0, &zero, &zero)
                 .and_then(|e| self.epilogue(&e));
             self.strips = Strips::Own;
             self.row_factors = None;

@@ -26,7 +26,14 @@
 //!   product has fewer row blocks (times batches) than the target's `min_units`, so a
 //!   product of few rows (GRU's 64-row steps, a convolution's 64 output channels) still
 //!   keeps every thread busy, and cut in two when that makes the programs even (fixed at
-//!   two, the threads being known only at run time). A program zeroes a scratch `mc x chunk` block (when the depth takes more than one
+//!   two, the threads being known only at run time). A product that is still one
+//!   program (one block of rows, one panel: a weight gradient's `32 x 32` over a depth
+//!   of 8192) is split along its depth (`depth_splits`, split-K): as many programs as
+//!   divide its `kc` slices evenly, up to the target's units, each of at least
+//!   `Packing::split_macs` multiply-adds, each summing its share of the slices into its
+//!   block and copying it to a global `[split, block, chunk, mc, columns]` buffer; a
+//!   second kernel adds the shares in split order (the result does not depend on the
+//!   threads) and runs the epilogue. A program zeroes a scratch `mc x chunk` block (when the depth takes more than one
 //!   `kc` slice; with one, each register tile starts from zero in registers and is stored
 //!   once), and for
 //!   each `kc`-deep slice packs its rows of the left operand into transposed `mr`-row
@@ -110,6 +117,10 @@ pub(super) struct PackPlan {
     pub(super) nb_n: usize,
     pub(super) ragged: bool,
     pub(super) unroll: usize,
+    /// Programs along the depth (split-K), each over `kb_n / splits`
+    /// slices: 1 but for a product of one program (see
+    /// [`Conv::depth_splits`]).
+    pub(super) splits: usize,
     pub(super) l1_sets: usize,
     /// bf16 operands kept bf16 and multiplied in pairs along the depth
     /// (`Packing::bf16_pairs`): strips `[.., mr, kc]` (rows, not
@@ -226,7 +237,7 @@ struct StepSources<'x> {
     panel_buf: Option<Value>,
     group_at: Option<Value>,
     bat: &'x [Affine],
-    kb: Value,
+    kb: Affine,
     nb0: &'x Affine,
     nb: &'x Affine,
     i0: &'x Affine,
@@ -337,7 +348,8 @@ impl<'a> Conv<'a> {
             .filter_map(|l| self.batch_loop(Some(*l)))
             .collect();
         let batches = batch.iter().map(|b| b.2).product();
-        let plan = self.pack_plan(m, batches, batch.len() < 2)?;
+        let mut plan = self.pack_plan(m, batches, batch.len() < 2)?;
+        plan.splits = self.depth_splits(m, &plan, batch.len())?;
         // The right operand's panels differ only along the batch loops its
         // index reads: a weight shared by every batch is packed once.
         let (_, c) = self.contraction(m)?;
@@ -369,7 +381,27 @@ impl<'a> Conv<'a> {
         if batch.len() < 2 {
             grid.push(plan.chunks);
         }
-        self.b.begin_kernel(grid, plan.schedule());
+        let split_axis = grid.len();
+        if plan.splits > 1 {
+            grid.push(plan.splits);
+        }
+        // A product split along the depth leaves each program's sums in a
+        // global `[split, block, chunk, mc, chunk's columns]` buffer, and a
+        // second kernel adds them up and runs the epilogue.
+        let partials = (plan.splits > 1).then(|| {
+            self.b.alloc(BufferType::contiguous(
+                DType::F32,
+                vec![
+                    plan.splits,
+                    plan.blocks,
+                    plan.chunks,
+                    plan.mc,
+                    plan.per_chunk * plan.nr,
+                ],
+                Space::Global,
+            ))
+        });
+        self.b.begin_kernel(grid.clone(), plan.schedule());
         let bat = self.batch_axes(&batch);
         let bat_axes = bat.len();
         let p = self.b.program_id(bat_axes);
@@ -377,6 +409,10 @@ impl<'a> Conv<'a> {
             Affine::value(self.b.program_id(bat_axes + 1))
         } else {
             Affine::constant(0)
+        };
+        let split = match partials {
+            Some(_) => Affine::value(self.b.program_id(split_axis)),
+            None => Affine::constant(0),
         };
         let i0 = Affine::value(p).scaled(plan.mc as i64);
         self.strips = match strips {
@@ -390,17 +426,136 @@ impl<'a> Conv<'a> {
             .map(|(a, _)| a.clone())
             .collect();
         let result = self
-            .program_product(m, &plan, panels, &panel_bat, &i0, &chunk)
-            .and_then(|e| self.epilogue(&e));
+            .program_product(m, &plan, panels, &panel_bat, &i0, &chunk, &split)
+            .and_then(|e| match partials {
+                Some(partials) => {
+                    let at = [split.clone(), Affine::value(p), chunk.clone()];
+                    self.copy_block(&e, partials, &at)
+                }
+                None => self.epilogue(&e),
+            });
         self.strips = Strips::Own;
         result?;
         self.b.end_kernel();
+        if let Some(partials) = partials {
+            self.sum_splits(m, &plan, partials, &grid[..split_axis])?;
+            self.b.dealloc(partials);
+        }
         if let Panels::Global(panels) = panels {
             self.b.dealloc(panels);
         }
         if let Some(strips) = strips {
             self.b.dealloc(strips);
         }
+        Ok(())
+    }
+
+    /// Programs of product `m` along its depth (split-K): a product of one
+    /// program (one block of rows, one chunk of columns, no batch) and of
+    /// at least two slices of the depth would leave every thread but one
+    /// idle, so it is cut into as many programs along the depth as divide
+    /// its slices evenly, up to the target's units of work, each of at
+    /// least `Packing::split_macs` multiply-adds (u1's weight gradients,
+    /// `[32, 8192] x [8192, 32]`, ran as one program on one of two
+    /// threads). Not for a convolution's product (whose panels are copied
+    /// from the input by group) or one in pairs.
+    pub(super) fn depth_splits(
+        &self,
+        m: LOpId,
+        plan: &PackPlan,
+        batch_loops: usize,
+    ) -> Result<usize, TileConvError> {
+        let Some(Packing {
+            units, split_macs, ..
+        }) = self.params.packed
+        else {
+            return Ok(1);
+        };
+        let (_, c) = self.contraction(m)?;
+        if batch_loops > 0
+            || plan.blocks * plan.chunks > 1
+            || plan.pairs
+            || self.convs.contains_key(&m)
+            || self.row_factors.is_some()
+        {
+            return Ok(1);
+        }
+        let macs = (c.m.max(0) as usize)
+            .saturating_mul(c.n.max(0) as usize)
+            .saturating_mul(c.k.max(0) as usize);
+        Ok((2..=units.min(plan.kb_n))
+            .rev()
+            .find(|s| plan.kb_n.is_multiple_of(*s) && macs / s >= split_macs)
+            .unwrap_or(1))
+    }
+
+    /// Copies the block of epilogue `e` to `dst[at.., row, column]`, `1 x
+    /// nr` at a time.
+    fn copy_block(&mut self, e: &Epilogue, dst: Value, at: &[Affine]) -> Result<(), TileConvError> {
+        let row_t = Type::Tile(TileType::new(DType::F32, vec![1, e.nr]));
+        let (r, _) = self.b.begin_for(0, e.rows as i64, 1, &[]);
+        let (nb, _) = self.b.begin_for(0, e.panels as i64, 1, &[]);
+        let place = vec![Affine::value(r), Affine::block(nb, e.nr as i64, 1)];
+        let mut to = at.to_vec();
+        to.extend(place.clone());
+        let t = self.b.load(e.block, place, None, None, row_t);
+        self.b.store(t, dst, to, None);
+        self.b.end_for(vec![]);
+        self.b.end_for(vec![]);
+        Ok(())
+    }
+
+    /// The kernel after a product split along the depth: over the same
+    /// `grid` of blocks and chunks, each program adds up its block's sums
+    /// of every split from `partials` (in split order, so the result does
+    /// not depend on the threads) and runs the product's epilogue on them.
+    fn sum_splits(
+        &mut self,
+        m: LOpId,
+        plan: &PackPlan,
+        partials: Value,
+        grid: &[usize],
+    ) -> Result<(), TileConvError> {
+        let nr = plan.nr;
+        let row_t = Type::Tile(TileType::new(DType::F32, vec![1, nr]));
+        self.b.begin_kernel(grid.to_vec(), plan.schedule());
+        let (p, chunk) = (self.b.program_id(0), self.b.program_id(1));
+        let block = self.b.alloc(BufferType::contiguous(
+            DType::F32,
+            vec![plan.mc, plan.per_chunk * nr],
+            Space::Scratch,
+        ));
+        let (r, _) = self.b.begin_for(0, plan.mc as i64, 1, &[]);
+        let (nb, _) = self.b.begin_for(0, plan.per_chunk as i64, 1, &[]);
+        let place = vec![Affine::value(r), Affine::block(nb, nr as i64, 1)];
+        let mut sum = None;
+        for split in 0..plan.splits {
+            let mut at = vec![
+                Affine::constant(split as i64),
+                Affine::value(p),
+                Affine::value(chunk),
+            ];
+            at.extend(place.clone());
+            let t = self.b.load(partials, at, None, None, row_t.clone());
+            sum = Some(match sum {
+                Some(acc) => self.b.binary(BinaryOp::Add, acc, t),
+                None => t,
+            });
+        }
+        let sum = sum.ok_or_else(|| self.invalid("a split product of no splits"))?;
+        self.b.store(sum, block, place, None);
+        self.b.end_for(vec![]);
+        self.b.end_for(vec![]);
+        self.epilogue(&Epilogue {
+            m,
+            block,
+            i0: Affine::value(p).scaled(plan.mc as i64),
+            nb0: Affine::value(chunk).scaled(plan.per_chunk as i64),
+            rows: plan.mc,
+            panels: plan.per_chunk,
+            nr,
+        })?;
+        self.b.end_kernel();
         Ok(())
     }
 
@@ -428,7 +583,7 @@ impl<'a> Conv<'a> {
         self.pack_strips(
             m,
             plan,
-            kb,
+            &Affine::value(kb),
             &i0,
             strips,
             &[Affine::value(p), Affine::value(kb)],
@@ -443,7 +598,7 @@ impl<'a> Conv<'a> {
         &mut self,
         m: LOpId,
         plan: &PackPlan,
-        kb: Value,
+        kb: &Affine,
         i0: &Affine,
         dst: Value,
         prefix: &[Affine],
@@ -455,7 +610,7 @@ impl<'a> Conv<'a> {
         let (s, _) = self.b.begin_for(0, plan.strips as i64, 1, &[]);
         let (f, _) = self.b.begin_for(0, (kc / kk) as i64, 1, &[]);
         let row0 = i0.plus_scaled(mr as i64, &Affine::value(s));
-        let k0 = Affine::value(kb)
+        let k0 = kb
             .scaled(kc as i64)
             .plus_scaled(kk as i64, &Affine::value(f));
         let (a_index, limits, shape, [ia, ka]) = self.operand_block(
@@ -671,6 +826,7 @@ impl<'a> Conv<'a> {
             // Masks where a slice or a panel reaches past the operand.
             ragged: !k_.is_multiple_of(kc) || !n_.is_multiple_of(nr) || nb_n > strips_n,
             unroll,
+            splits: 1,
             l1_sets,
             pairs,
         })
@@ -714,7 +870,7 @@ impl<'a> Conv<'a> {
         };
         at.extend([Affine::value(pk), Affine::value(pn)]);
         let j0 = Affine::value(pn).scaled(plan.nr as i64);
-        self.copy_panel_slice(m, pk, j0, plan, panels, &at)?;
+        self.copy_panel_slice(m, &Affine::value(pk), j0, plan, panels, &at)?;
         if looped {
             self.b.end_for(vec![]);
         }
@@ -725,7 +881,9 @@ impl<'a> Conv<'a> {
     /// The body of a program of packed product `m`: rows from `i0` (`mc`
     /// of them), the `per_chunk` panels of column chunk `chunk`, the batch
     /// of its right operand (the program ids of the batch loops it reads)
-    /// at `bat`.
+    /// at `bat`, and of a product split along the depth
+    /// ([`PackPlan::splits`]), share `split` of the depth's slices.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn program_product(
         &mut self,
         m: LOpId,
@@ -734,6 +892,7 @@ impl<'a> Conv<'a> {
         bat: &[Affine],
         i0: &Affine,
         chunk: &Affine,
+        split: &Affine,
     ) -> Result<Epilogue, TileConvError> {
         // The program's first panel.
         let nb0 = &chunk.scaled(plan.per_chunk as i64);
@@ -753,8 +912,13 @@ impl<'a> Conv<'a> {
             strips,
             per_chunk,
             unroll,
+            splits,
             ..
         } = *plan;
+        // The program's slices of the depth: all of them, or its share of
+        // a product split along the depth.
+        let slices = kb_n / splits;
+        let first_slice = split.scaled(slices as i64);
         let f32t = |shape: Vec<usize>| Type::Tile(TileType::new(DType::F32, shape));
         // The program's strips of the left operand, unless a kernel packed
         // them all before or they are read in place.
@@ -792,7 +956,7 @@ impl<'a> Conv<'a> {
         // in registers: the block is written once, never zeroed or read
         // back (W4's products are 64 deep).
         let zero = self.b.constant(0.0, f32t(vec![mr, nr]));
-        if kb_n > 1 {
+        if slices > 1 {
             let (nb, _) = self.b.begin_for(0, per_chunk as i64, 1, &[]);
             let (s, _) = self.b.begin_for(0, strips as i64, 1, &[]);
             self.b
@@ -800,15 +964,16 @@ impl<'a> Conv<'a> {
             self.b.end_for(vec![]);
             self.b.end_for(vec![]);
         }
-        let (kb, _) = self.b.begin_for(0, kb_n as i64, 1, &[]);
+        let (kb_loop, _) = self.b.begin_for(0, slices as i64, 1, &[]);
+        let kb = first_slice.plus_scaled(1, &Affine::value(kb_loop));
         // This slice of the program's rows in strips: packed by a kernel
         // before, or here, strip by strip.
         let strips_at: Vec<Affine> = match &strips_from {
-            Strips::Global(_, block) => vec![block.clone(), Affine::value(kb)],
+            Strips::Global(_, block) => vec![block.clone(), kb.clone()],
             Strips::InPlace => vec![],
             Strips::Own => {
                 let dst = strip_buf.ok_or_else(|| self.invalid("no buffer of strips"))?;
-                self.pack_strips(m, plan, kb, i0, dst, &[])?;
+                self.pack_strips(m, plan, &kb, i0, dst, &[])?;
                 vec![]
             }
         };
@@ -819,7 +984,9 @@ impl<'a> Conv<'a> {
                 let (g, _) = self.b.begin_for(0, (per_chunk / cv.group) as i64, 1, &[]);
                 if let Some(panel_buf) = panel_buf {
                     let g0 = chunk.scaled((per_chunk / cv.group) as i64);
-                    self.copy_im2col_group(cv, plan, kb, g, &g0, bat, panel_buf)?;
+                    // (A convolution's product is never split: `kb` is
+                    // the loop's.)
+                    self.copy_im2col_group(cv, plan, kb_loop, g, &g0, bat, panel_buf)?;
                 }
                 let (u, _) = self.b.begin_for(0, cv.group as i64, 1, &[]);
                 (
@@ -834,14 +1001,14 @@ impl<'a> Conv<'a> {
                 if let Some(panel_buf) = panel_buf {
                     // This slice of the panel, copied as the pack kernel would.
                     let j0 = nb0.plus_scaled(1, &Affine::value(nb)).scaled(nr as i64);
-                    self.copy_panel_slice(m, kb, j0, plan, panel_buf, &[])?;
+                    self.copy_panel_slice(m, &kb, j0, plan, panel_buf, &[])?;
                 }
                 (Affine::value(nb), None)
             }
         };
         let (s, _) = self.b.begin_for(0, strips as i64, 1, &[]);
         let at = register_tile(&nb, s);
-        let c0 = if kb_n > 1 {
+        let c0 = if slices > 1 {
             self.b
                 .load(block, at.clone(), None, None, f32t(vec![mr, nr]))
         } else {
@@ -855,7 +1022,7 @@ impl<'a> Conv<'a> {
             panel_buf,
             group_at,
             bat,
-            kb,
+            kb: kb.clone(),
             nb0,
             nb: &nb,
             i0,
@@ -869,7 +1036,7 @@ impl<'a> Conv<'a> {
             let ku = Affine::value(k).plus_scaled(1, &Affine::constant(u as i64));
             // This step of the depth (its first row, within the slice).
             let kr = ku.scaled(step as i64);
-            let k0 = Affine::value(kb).scaled(kc as i64).plus_scaled(1, &kr);
+            let k0 = kb.scaled(kc as i64).plus_scaled(1, &kr);
             let ak = self.left_step(m, plan, &at_step, &ku, &kr, &k0)?;
             let bk = self.right_step(m, plan, &at_step, &ku, &k0)?;
             next = self.b.dot(ak, bk, next);
@@ -976,7 +1143,7 @@ impl<'a> Conv<'a> {
             }
             (Panels::Global(panels), None) => {
                 let mut panel = o.bat.to_vec();
-                panel.extend([Affine::value(o.kb), o.nb0.plus_scaled(1, o.nb)]);
+                panel.extend([o.kb.clone(), o.nb0.plus_scaled(1, o.nb)]);
                 panel.extend(plan.panel_at(ku, [0, 1]));
                 self.b
                     .load(panels, panel, None, None, packed_t(vec![step, nr]))
@@ -1082,7 +1249,7 @@ impl<'a> Conv<'a> {
     pub(super) fn copy_panel_slice(
         &mut self,
         m: LOpId,
-        kb: Value,
+        kb: &Affine,
         j0: Affine,
         plan: &PackPlan,
         dst: Value,
@@ -1095,7 +1262,7 @@ impl<'a> Conv<'a> {
         let (jv, kv) = (body.args[1], body.args[2]);
         let b = self.buffer(op.operands[1])?;
         let (f, _) = self.b.begin_for(0, (kc / kk) as i64, 1, &[]);
-        let k0 = Affine::value(kb)
+        let k0 = kb
             .scaled(kc as i64)
             .plus_scaled(kk as i64, &Affine::value(f));
         let (b_index, limits, shape, [ka, ja]) =

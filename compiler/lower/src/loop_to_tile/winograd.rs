@@ -410,8 +410,15 @@ impl<'a> Conv<'a> {
                 Affine::value(p).plus_scaled(1, &Affine::constant(lo)),
             );
             let zero = Affine::constant(0);
-            let e =
-                self.program_product(f.product, &plan, panels, &[Affine::value(p)], &i0, &zero)?;
+            let e = self.program_product(
+                f.product,
+                &plan,
+                panels,
+                &[Affine::value(p)],
+                &i0,
+                &zero,
+                &zero,
+            )?;
             self.epilogue(&e)?;
             self.b.end_for(vec![]);
             transform(self, f.output)
