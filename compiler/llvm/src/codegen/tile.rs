@@ -726,6 +726,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         let a = self.access(op.operands[0], index, cut.shape.len())?;
         let store_t = storage_type(self.ctx, a.dtype);
         let mask = self.mask_of(op, 1)?;
+        let mask_op = op.operands.get(1).copied();
         if mask.is_none()
             && pad.is_none()
             && let Some(out) = self.transposing_load(&a, &cut)?
@@ -776,13 +777,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                         l
                     }
                     (1, Some(m)) => {
-                        let p = self.guarded_pointer(
-                            &a,
-                            off,
-                            op.operands.get(1).copied(),
-                            row,
-                            &mut row_start,
-                        )?;
+                        let p = self.guarded_pointer(&a, off, mask_op, row, &mut row_start)?;
                         self.call(
                             "llvm.masked.load",
                             &[vt.into(), p.get_type().into()],
@@ -790,13 +785,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                         )?
                     }
                     (2..=MAX_DEINTERLEAVED_STEP, m) => {
-                        let p = self.guarded_pointer(
-                            &a,
-                            off,
-                            op.operands.get(1).copied(),
-                            row,
-                            &mut row_start,
-                        )?;
+                        let p = self.guarded_pointer(&a, off, mask_op, row, &mut row_start)?;
                         self.deinterleaved_load(&a, p, step as usize, n, m, passthru)?
                     }
                     (_, m) => {
@@ -875,6 +864,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         let a = self.access(op.operands[1], index, cut.shape.len())?;
         let data = self.vectors(v)?;
         let mask = self.mask_of(op, 2)?;
+        let mask_op = op.operands.get(2).copied();
         if mask.is_none() && self.transposing_store(&a, &cut, &data)? {
             return Ok(());
         }
@@ -903,13 +893,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                             .map_err(|e| CodegenError::Llvm(e.to_string()))?;
                     }
                     (1, Some(m)) => {
-                        let p = self.guarded_pointer(
-                            &a,
-                            off,
-                            op.operands.get(2).copied(),
-                            row,
-                            &mut row_start,
-                        )?;
+                        let p = self.guarded_pointer(&a, off, mask_op, row, &mut row_start)?;
                         self.call_void(
                             "llvm.masked.store",
                             &[x.get_type(), p.get_type().into()],
