@@ -714,17 +714,9 @@ fn whole_programs_come_from_the_cache() {
 #[test]
 fn train_takes_the_steps_objects_from_the_cache() {
     let d = Dir::new("train-cache");
-    let model = d.file(
-        "m.dl",
-        "fn loss(x: f32[8, 3], y: f32[8], weight w: f32[3], weight b: f32) -> f32 {
-            return mse_loss(x @ w + b, y);
-        }",
-    );
     let xs: Vec<f64> = (0..24).map(|i| f64::from(i * 5 % 7 - 3) / 4.0).collect();
     let ys: Vec<f64> = (0..8).map(|i| f64::from(i) / 4.0).collect();
-    let x = d.npy("x.npy", f32ty(&[8, 3]), &xs);
-    let y = d.npy("y.npy", f32ty(&[8]), &ys);
-    let (x, y) = (format!("x={x}"), format!("y={y}"));
+    let (model, x, y) = linear_regression(&d, &xs, &ys);
     let train = |cache: &Path, out: &str, extra: &[&str]| {
         let out = d.path(out);
         let args = [
@@ -2326,22 +2318,31 @@ fn weights_from_files_are_run_benched_and_built_in() {
     );
 }
 
-/// `dlc train` runs the compiled step batch after batch, each step's
-/// weights the previous step's results: three full-batch steps of SGD on a
-/// linear regression end where the update rule, applied here in f64, ends.
-#[test]
-fn train_steps_follow_the_update_rule() {
-    let d = Dir::new("train-rule");
+/// A linear regression to train in `d`: `m.dl` (the mean squared error of
+/// `x @ w + b` against `y`, 8 examples of 3 features) and its data `xs`
+/// and `ys` as `x.npy` and `y.npy`. Returns the model's path and the two
+/// `--data` arguments.
+fn linear_regression(d: &Dir, xs: &[f64], ys: &[f64]) -> (String, String, String) {
     let model = d.file(
         "m.dl",
         "fn loss(x: f32[8, 3], y: f32[8], weight w: f32[3], weight b: f32) -> f32 {
             return mse_loss(x @ w + b, y);
         }",
     );
+    let x = d.npy("x.npy", f32ty(&[8, 3]), xs);
+    let y = d.npy("y.npy", f32ty(&[8]), ys);
+    (model, format!("x={x}"), format!("y={y}"))
+}
+
+/// `dlc train` runs the compiled step batch after batch, each step's
+/// weights the previous step's results: three full-batch steps of SGD on a
+/// linear regression end where the update rule, applied here in f64, ends.
+#[test]
+fn train_steps_follow_the_update_rule() {
+    let d = Dir::new("train-rule");
     let xs: Vec<f64> = (0..24).map(|i| f64::from(i * 7 % 11 - 5) / 4.0).collect();
     let ys: Vec<f64> = (0..8).map(|i| f64::from(i) / 3.0 - 1.0).collect();
-    let x = d.npy("x.npy", f32ty(&[8, 3]), &xs);
-    let y = d.npy("y.npy", f32ty(&[8]), &ys);
+    let (model, x, y) = linear_regression(&d, &xs, &ys);
     let init = d.0.join("init");
     std::fs::create_dir_all(&init).unwrap();
     let w0 = [0.5, -0.25, 0.125];
@@ -2352,9 +2353,9 @@ fn train_steps_follow_the_update_rule() {
         "train",
         &model,
         "--data",
-        &format!("x={x}"),
+        &x,
         "--data",
-        &format!("y={y}"),
+        &y,
         "--epochs",
         "3",
         "--lr",
