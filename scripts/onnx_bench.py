@@ -11,6 +11,9 @@ tokens), beside the real-model tests under tests/onnx/. For each:
 
 - cold run: `dlc run MODEL --no-cache` on the inputs (import, compile, one
   call), its wall time and peak resident memory;
+- warm run: a second `dlc run` through a fresh cache (the program from it,
+  the model not imported, its weights read from the mapped file), its wall
+  time and peak memory; its output must be the cold run's to the bit;
 - error: the largest difference of dlc's output from onnxruntime's (one
   thread, every optimization), over the largest magnitude of onnxruntime's;
 - latency at 1 and 2 threads: `dlc bench --threads N --json` and an
@@ -26,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -154,16 +158,21 @@ def ort_worker(path, inputs, dlc_out, threads):
     print(json.dumps(result))
 
 
-def cold_run(dlc, path, inputs):
-    """Wall seconds and peak resident MiB of `dlc run` with no cache; its
-    first output's file."""
-    out = os.path.join(OUT, "outputs")
+def dlc_run(dlc, path, inputs, cache=None):
+    """Wall seconds and peak resident MiB of `dlc run`, with no cache or with
+    the cache in directory `cache`; its first output's file."""
+    out = os.path.join(OUT, "outputs" if cache is None else "outputs-warm")
     os.makedirs(out, exist_ok=True)
-    args = [dlc, "run", path, "--no-cache", "--save-outputs", out]
+    args = [dlc, "run", path, "--save-outputs", out]
+    if cache is None:
+        args.append("--no-cache")
     for n, p in inputs.items():
         args += ["--input", f"{n}={p}"]
+    env = dict(os.environ)
+    if cache is not None:
+        env["DLC_CACHE_DIR"] = cache
     t = time.perf_counter()
-    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     _, status, usage = os.wait4(p.pid, 0)
     wall = time.perf_counter() - t
     stdout, stderr = p.stdout.read(), p.stderr.read()
@@ -172,6 +181,21 @@ def cold_run(dlc, path, inputs):
     # The first file written holds the first output (named as the model names it).
     written = [line[len("wrote "):] for line in stdout.splitlines() if line.startswith("wrote ")]
     return wall, usage.ru_maxrss / 1024, written[0]
+
+
+def warm_run(dlc, path, inputs, cold_out):
+    """Wall seconds and peak resident MiB of a second `dlc run` through a
+    fresh cache (the first one fills it); its output must be the cold run's,
+    to the bit."""
+    cache = os.path.join(OUT, "cache")
+    shutil.rmtree(cache, ignore_errors=True)
+    dlc_run(dlc, path, inputs, cache)
+    wall, mib, out = dlc_run(dlc, path, inputs, cache)
+    shutil.rmtree(cache, ignore_errors=True)
+    with open(out, "rb") as a, open(cold_out, "rb") as b:
+        if a.read() != b.read():
+            raise RuntimeError(f"dlc run {path}: the run from the cache differs from the cold one")
+    return wall, mib
 
 
 def dlc_bench(dlc, path, threads, runs, warmup):
@@ -195,7 +219,8 @@ def measure(dlc, name):
     row["model_mib"] = sum(os.path.getsize(os.path.join(os.path.dirname(path), f))
                            for f in os.listdir(os.path.dirname(path))
                            if f.startswith("model.onnx")) / 2**20
-    row["cold_s"], row["cold_mib"], out = cold_run(dlc, path, inputs)
+    row["cold_s"], row["cold_mib"], out = dlc_run(dlc, path, inputs)
+    row["warm_s"], row["warm_mib"] = warm_run(dlc, path, inputs, out)
     worker = subprocess.run([sys.executable, __file__, "--ort", path, out,
                              json.dumps(inputs)], check=True, capture_output=True, text=True)
     o = json.loads(worker.stdout)
@@ -250,15 +275,16 @@ def main():
         f"CPU: {cpu_name()}, {os.cpu_count()} logical cores; onnxruntime "
         f"{rows[0]['ort_version'] if rows else '?'}; medians in ms, spread (max - min) / median "
         "in parentheses; ratio = dlc / onnxruntime (below 1: dlc is faster); cold = `dlc run "
-        "--no-cache` (import, compile, one call).",
+        "--no-cache` (import, compile, one call); warm = a second `dlc run` through the cache "
+        "(the program from it, the model not imported).",
         "",
-        "| model | file MiB | cold dlc run s | peak MiB | error vs ort | dlc 1t | ort 1t | ratio 1t "
-        "| dlc 2t | ort 2t | ratio 2t | runs |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | file MiB | cold dlc run s | peak MiB | warm dlc run s | peak MiB | error vs ort "
+        "| dlc 1t | ort 1t | ratio 1t | dlc 2t | ort 2t | ratio 2t | runs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         cells = [r["model"], f"{r['model_mib']:.1f}", f"{r['cold_s']:.2f}", f"{r['cold_mib']:.0f}",
-                 f"{r['error']:.1e}"]
+                 f"{r['warm_s']:.2f}", f"{r['warm_mib']:.0f}", f"{r['error']:.1e}"]
         for t in (1, 2):
             cells += [f"{r[f'dlc{t}_ms']:.3f} ({r[f'dlc{t}_spread']:.0%})",
                       f"{r[f'ort{t}_ms']:.3f} ({r[f'ort{t}_spread']:.0%})",

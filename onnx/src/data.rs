@@ -21,6 +21,32 @@ pub struct Data {
     pub shape: Vec<usize>,
     /// Row-major elements.
     pub values: Rc<Vec<f64>>,
+    /// The same elements as a file stores them, when they are an
+    /// initializer's (or a `Constant`'s) bytes as they are, or reshaped:
+    /// what a run binds without reading them as `f64`s, and where a cached
+    /// program finds them again without importing the model.
+    pub stored: Option<Stored>,
+}
+
+/// A tensor's elements, byte for byte, in a model's files: little-endian
+/// values of its element type.
+#[derive(Debug, Clone)]
+pub struct Stored {
+    /// The bytes: a slice of the model's buffer ([`crate::import_bytes`]),
+    /// or read from its external data file.
+    pub bytes: prost::bytes::Bytes,
+    /// The external data file (its location, relative to the model's
+    /// directory) and the bytes' offset in it; `None`: the model file.
+    pub external: Option<(String, u64)>,
+}
+
+/// The same stored bytes: the same place in the same file.
+impl PartialEq for Stored {
+    fn eq(&self, other: &Stored) -> bool {
+        self.bytes.as_ptr() == other.bytes.as_ptr()
+            && self.bytes.len() == other.bytes.len()
+            && self.external == other.external
+    }
 }
 
 impl Data {
@@ -30,6 +56,7 @@ impl Data {
             dtype,
             shape,
             values: Rc::new(values),
+            stored: None,
         }
     }
 
@@ -95,7 +122,11 @@ pub fn onnx_code(d: DType) -> i32 {
 /// `location` relative to the model's directory, an `offset` and a
 /// `length`), read from `dir`. A location that is absolute or leaves the
 /// directory is refused, as ONNX's checker refuses it.
-fn external_bytes(t: &TensorProto, name: &str, dir: Option<&Path>) -> Result<Vec<u8>, String> {
+fn external_bytes(
+    t: &TensorProto,
+    name: &str,
+    dir: Option<&Path>,
+) -> Result<(Vec<u8>, String, u64), String> {
     let field = |key: &str| {
         t.external_data
             .iter()
@@ -150,7 +181,7 @@ fn external_bytes(t: &TensorProto, name: &str, dir: Option<&Path>) -> Result<Vec
     file.seek(SeekFrom::Start(offset))
         .and_then(|_| file.read_exact(&mut bytes))
         .map_err(|e| format!("{name}: cannot read {}: {e}", path.display()))?;
-    Ok(bytes)
+    Ok((bytes, location.to_string(), offset))
 }
 
 /// Decodes a tensor's elements from whichever field holds them, or from
@@ -184,13 +215,24 @@ pub fn decode(t: &TensorProto, dir: Option<&Path>) -> Result<Data, String> {
         .try_fold(1usize, |a, &d| a.checked_mul(d))
         .filter(|&n| n <= 1 << 31)
         .ok_or_else(|| format!("{name} has too many elements"))?;
-    let raw = external
-        .as_deref()
-        .or_else(|| t.raw_data.as_deref().filter(|r| !r.is_empty()));
-    let values: Vec<f64> = if let Some(raw) = raw {
+    let stored = match external {
+        Some((bytes, location, offset)) => Some(Stored {
+            bytes: bytes.into(),
+            external: Some((location, offset)),
+        }),
+        None => t
+            .raw_data
+            .clone()
+            .filter(|r| !r.is_empty())
+            .map(|bytes| Stored {
+                bytes,
+                external: None,
+            }),
+    };
+    let values: Vec<f64> = if let Some(raw) = stored.as_ref().map(|s| &s.bytes[..]) {
         let width = dtype.size_bytes();
         if raw.len() != count * width {
-            let field = if external.is_some() {
+            let field = if stored.as_ref().is_some_and(|s| s.external.is_some()) {
                 "its external data"
             } else {
                 "raw_data"
@@ -238,7 +280,10 @@ pub fn decode(t: &TensorProto, dir: Option<&Path>) -> Result<Data, String> {
             values.len()
         ));
     }
-    Ok(Data::new(dtype, shape, values))
+    Ok(Data {
+        stored,
+        ..Data::new(dtype, shape, values)
+    })
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 use dlc_core::{DType, TensorType};
 
 use crate::abi::{Param, Signature, status_message};
-use crate::tensor::{HostTensor, TensorError};
+use crate::tensor::{HostTensor, TensorError, Value};
 
 /// Why a compiled function could not be loaded or called, or failed.
 #[derive(Debug, thiserror::Error)]
@@ -437,18 +437,40 @@ impl<'a> Kernel<'a> {
     /// (freed, when owned) before the next, so the caller's tensors are not
     /// held beside their layout (`dlc run` of an imported model, whose
     /// weights are most of its memory).
-    pub fn call_each<T: std::borrow::Borrow<HostTensor>>(
-        &self,
-        inputs: Vec<T>,
-    ) -> Result<Vec<HostTensor>, RuntimeError> {
+    pub fn call_each<T: Input>(&self, inputs: Vec<T>) -> Result<Vec<HostTensor>, RuntimeError> {
         check_count(self.given(), inputs.len())?;
         let mut binder = self.binder();
         for t in inputs {
-            binder.push(t.borrow())?;
+            t.push_to(&mut binder)?;
         }
         let mut call = binder.finish()?;
         call.run()?;
         call.outputs()
+    }
+}
+
+/// What [`Kernel::call_each`] takes as an input: a tensor (owned or
+/// borrowed) or a [`Value`].
+pub trait Input {
+    /// Checks `self` against the binder's next input and lays it out.
+    fn push_to(&self, binder: &mut Binder<'_, '_>) -> Result<(), RuntimeError>;
+}
+
+impl Input for HostTensor {
+    fn push_to(&self, binder: &mut Binder<'_, '_>) -> Result<(), RuntimeError> {
+        binder.push(self)
+    }
+}
+
+impl Input for &HostTensor {
+    fn push_to(&self, binder: &mut Binder<'_, '_>) -> Result<(), RuntimeError> {
+        binder.push(self)
+    }
+}
+
+impl Input for Value {
+    fn push_to(&self, binder: &mut Binder<'_, '_>) -> Result<(), RuntimeError> {
+        binder.push_value(self)
     }
 }
 
@@ -465,6 +487,43 @@ impl<'k, 'a> Binder<'k, 'a> {
         self.push_values(&t.ty, t.data.iter().copied())
     }
 
+    /// Checks `v` against the next input and lays it out: a tensor's bytes
+    /// are copied as they are, not read as `f64`s.
+    pub fn push_value(&mut self, v: &Value) -> Result<(), RuntimeError> {
+        match v {
+            Value::Host(t) => self.push(t),
+            Value::Raw(t) => self.push_bytes(t.ty(), t.bytes()),
+        }
+    }
+
+    /// The next input as its type and its elements' little-endian bytes,
+    /// copied as they are.
+    pub fn push_bytes(&mut self, ty: &TensorType, bytes: &[u8]) -> Result<(), RuntimeError> {
+        let p = self.next_input(ty)?;
+        let want = bytes_of(ty)?;
+        if bytes.len() != want {
+            return Err(RuntimeError::Arguments(format!(
+                "`{}`: input `{}` ({ty}) takes {want} bytes, got {}",
+                self.kernel.given().name,
+                p.name,
+                bytes.len()
+            )));
+        }
+        self.buffers.push(AlignedBuffer::from_bytes(bytes));
+        Ok(())
+    }
+
+    /// The parameter the next input is for, checked against `ty`.
+    fn next_input(&self, ty: &TensorType) -> Result<&'k Param, RuntimeError> {
+        let given = self.kernel.given();
+        let k = self.buffers.len();
+        let p = given.inputs().nth(k).ok_or_else(|| {
+            RuntimeError::Arguments(format!("`{}` takes {k} input(s), got more", given.name))
+        })?;
+        check_input(&given.name, p, ty)?;
+        Ok(p)
+    }
+
     /// The next input as its type and its elements in row-major order,
     /// written into its buffer as they come (a caller drawing or decoding
     /// values never holds the tensor as `f64`s); elements past the type's
@@ -474,12 +533,7 @@ impl<'k, 'a> Binder<'k, 'a> {
         ty: &TensorType,
         values: impl Iterator<Item = f64>,
     ) -> Result<(), RuntimeError> {
-        let given = self.kernel.given();
-        let k = self.buffers.len();
-        let p = given.inputs().nth(k).ok_or_else(|| {
-            RuntimeError::Arguments(format!("`{}` takes {k} input(s), got more", given.name))
-        })?;
-        check_input(&given.name, p, ty)?;
+        let p = self.next_input(ty)?;
         let n = ty
             .num_elements()
             .ok_or_else(|| RuntimeError::Arguments(format!("{ty} is too large")))?;
@@ -488,7 +542,8 @@ impl<'k, 'a> Binder<'k, 'a> {
         if count < n {
             return Err(RuntimeError::Arguments(format!(
                 "`{}`: input `{}` ({ty}) has {count} of its {n} elements",
-                given.name, p.name
+                self.kernel.given().name,
+                p.name
             )));
         }
         self.buffers.push(buffer);

@@ -1,7 +1,9 @@
 //! The dlc runtime: what a program needs to feed and run compiled models,
 //! with no compiler at run time.
 //!
-//! - [`HostTensor`]: tensors in host memory, their `.npy` files, random inputs.
+//! - [`HostTensor`]: tensors in host memory, their `.npy` files, random inputs;
+//!   [`RawTensor`], a tensor as a file stores it (bytes of its element type),
+//!   and [`Value`], either, as a call's input; [`map_file`] maps a file.
 //! - [`abi`]: the calling convention of compiled code (one pointer per buffer,
 //!   a status code), the signature every compiled function carries
 //!   (`NAME.signature`), and the C header that describes it.
@@ -58,8 +60,11 @@ pub mod cuda;
 #[allow(unsafe_code)]
 pub mod call;
 pub mod gpu;
+// Mapping a file is unsafe in Rust's terms (another process may change it).
 #[allow(unsafe_code)]
 mod library;
+#[allow(unsafe_code)]
+mod mapped;
 pub mod module;
 // NCCL's API is an FFI boundary too.
 #[allow(unsafe_code)]
@@ -67,6 +72,7 @@ pub mod nccl;
 mod tensor;
 
 pub use abi::{Param, Signature, Site};
-pub use call::{AlignedBuffer, Binder, Kernel, PrepareBinding, RuntimeError};
+pub use call::{AlignedBuffer, Binder, Input, Kernel, PrepareBinding, RuntimeError};
 pub use library::{SharedLibrary, load_thread_pool, release_code_pages, set_num_threads};
-pub use tensor::{HostTensor, RandomRange, TensorError, seeded_rng};
+pub use mapped::map_file;
+pub use tensor::{HostTensor, RandomRange, RawTensor, TensorError, Value, seeded_rng};

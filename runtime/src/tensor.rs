@@ -18,6 +18,86 @@ pub struct HostTensor {
     pub data: Vec<f64>,
 }
 
+/// A tensor held as the little-endian bytes of its element type, as a file
+/// stores them (an ONNX model's initializer: a slice of the mapped model
+/// file). Compiled code takes it by a copy of its bytes, never as `f64`s.
+#[derive(Debug, Clone)]
+pub struct RawTensor {
+    ty: TensorType,
+    bytes: bytes::Bytes,
+}
+
+impl RawTensor {
+    /// `bytes` as a tensor of type `ty`: an error when their length is not
+    /// the type's, or (bool) a byte is neither 0 nor 1.
+    pub fn new(ty: TensorType, bytes: bytes::Bytes) -> Result<RawTensor, TensorError> {
+        let size = ty.dtype.size_bytes();
+        let expected = ty.num_elements().unwrap_or(usize::MAX);
+        if expected.checked_mul(size) != Some(bytes.len()) {
+            return Err(TensorError::Length {
+                ty,
+                expected,
+                got: bytes.len() / size,
+            });
+        }
+        if ty.dtype == DType::Bool && bytes.iter().any(|&b| b > 1) {
+            return Err(TensorError::Bytes(format!(
+                "{ty}: a boolean's byte is 0 or 1"
+            )));
+        }
+        Ok(RawTensor { ty, bytes })
+    }
+
+    /// Its type.
+    pub fn ty(&self) -> &TensorType {
+        &self.ty
+    }
+
+    /// Its elements, as little-endian bytes of its element type.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// The same elements as `f64`s (for the interpreters).
+    pub fn to_host(&self) -> Result<HostTensor, TensorError> {
+        HostTensor::from_le_bytes(self.ty.clone(), &self.bytes)
+    }
+}
+
+/// A value given for a parameter: elements as `f64`s, or a tensor's bytes
+/// as a file holds them.
+#[derive(Debug, Clone)]
+pub enum Value {
+    /// Elements as `f64`s.
+    Host(HostTensor),
+    /// Bytes as stored.
+    Raw(RawTensor),
+}
+
+impl Value {
+    /// Its type.
+    pub fn ty(&self) -> &TensorType {
+        match self {
+            Value::Host(t) => &t.ty,
+            Value::Raw(t) => t.ty(),
+        }
+    }
+
+    /// As a tensor of `f64`s (a copy for bytes).
+    pub fn into_host(self) -> Result<HostTensor, TensorError> {
+        match self {
+            Value::Host(t) => Ok(t),
+            Value::Raw(t) => t.to_host(),
+        }
+    }
+}
+
+impl From<HostTensor> for Value {
+    fn from(t: HostTensor) -> Value {
+        Value::Host(t)
+    }
+}
+
 /// How random values for a float parameter are drawn (`--random-inputs`):
 /// the compiler picks one per parameter from the ops that read it
 /// (`dlc_driver::random_ranges`), and a compiled GPU module records it, so
@@ -53,6 +133,9 @@ pub enum TensorError {
         /// What is wrong.
         message: String,
     },
+    /// A tensor's bytes do not hold values of its type.
+    #[error("{0}")]
+    Bytes(String),
     /// The tensor's data length disagrees with its type.
     #[error("{ty} needs {expected} elements, got {got}")]
     Length {

@@ -43,7 +43,7 @@ use dlc_core::{
 };
 use dlc_graph::interp::{InterpError, Tensor};
 use dlc_graph::{Function, Module};
-use dlc_runtime::{HostTensor, TensorError, seeded_rng};
+use dlc_runtime::{HostTensor, TensorError, Value, seeded_rng};
 
 pub use dlc_graph::transforms::DEFAULT_PIPELINE;
 
@@ -890,21 +890,45 @@ pub fn prepare_inputs_with(
     tensors: Vec<(String, HostTensor)>,
     seed: Option<u64>,
 ) -> Result<Vec<HostTensor>, DriverError> {
-    let mut inputs: Vec<Option<HostTensor>> = Vec::with_capacity(f.params.len());
-    // `each_input` checks the given tensors and calls back once per
+    let given = tensors
+        .into_iter()
+        .map(|(n, t)| (n, Value::Host(t)))
+        .collect();
+    prepare_values(f, files, given, seed)?
+        .into_iter()
+        .map(|v| v.into_host().map_err(DriverError::from))
+        .collect()
+}
+
+/// [`prepare_inputs_with`] with the given arguments as [`Value`]s (an
+/// imported model's weights as the file's bytes), which become arguments
+/// as they are.
+pub fn prepare_values(
+    f: &Interface,
+    files: &[(String, PathBuf)],
+    given: Vec<(String, Value)>,
+    seed: Option<u64>,
+) -> Result<Vec<Value>, DriverError> {
+    let mut inputs: Vec<Option<Value>> = Vec::with_capacity(f.params.len());
+    // `each_input` checks the given values and calls back once per
     // parameter, in order.
-    each_input(f, files, &tensors, seed, |ty, values| {
+    each_input(f, files, &given, seed, |ty, elements| {
         let name = &f.params[inputs.len()].name;
-        if tensors.iter().any(|(n, _)| n == name) {
+        if given.iter().any(|(n, _)| n == name) {
             inputs.push(None);
         } else {
+            let Elements::Values(values) = elements else {
+                return Err(DriverError::Internal(format!(
+                    "argument `{name}` was read as bytes"
+                )));
+            };
             let t = HostTensor::new(ty.clone(), values.collect())
                 .map_err(|e| DriverError::Usage(e.to_string()))?;
-            inputs.push(Some(t));
+            inputs.push(Some(Value::Host(t)));
         }
         Ok(())
     })?;
-    let mut given: HashMap<String, HostTensor> = tensors.into_iter().collect();
+    let mut given: HashMap<String, Value> = given.into_iter().collect();
     inputs
         .into_iter()
         .zip(&f.params)
@@ -916,6 +940,15 @@ pub fn prepare_inputs_with(
         .collect()
 }
 
+/// An argument's elements as [`each_input`] hands them on: values (read,
+/// drawn or given as `f64`s), or a given tensor's bytes as stored.
+pub enum Elements<'a> {
+    /// Values in row-major order.
+    Values(&'a mut dyn Iterator<Item = f64>),
+    /// Little-endian bytes of the parameter's element type.
+    Bytes(&'a [u8]),
+}
+
 /// [`prepare_inputs`] one argument at a time, in order, as its type and its
 /// elements: `each` takes the elements as they are drawn (or read), so that
 /// a caller laying them out for compiled code never holds a tensor as
@@ -923,15 +956,15 @@ pub fn prepare_inputs_with(
 pub fn each_input(
     f: &Interface,
     files: &[(String, PathBuf)],
-    tensors: &[(String, HostTensor)],
+    tensors: &[(String, Value)],
     seed: Option<u64>,
-    mut each: impl FnMut(&TensorType, &mut dyn Iterator<Item = f64>) -> Result<(), DriverError>,
+    mut each: impl FnMut(&TensorType, Elements<'_>) -> Result<(), DriverError>,
 ) -> Result<(), DriverError> {
     let params: Vec<(&str, &TensorType)> =
         f.params.iter().map(|p| (p.name.as_str(), &p.ty)).collect();
     enum Given<'a> {
         File(&'a Path),
-        Tensor(&'a HostTensor),
+        Tensor(&'a Value),
     }
     let given_files = files.iter().map(|(n, p)| (n, Given::File(p)));
     let given_tensors = tensors.iter().map(|(n, t)| (n, Given::Tensor(t)));
@@ -987,7 +1020,7 @@ pub fn each_input(
         let (t, from) = match (given.get(name), random) {
             (Some(Given::File(path)), random) => {
                 random.into_iter().flatten().for_each(drop);
-                read = HostTensor::read_npy(path, Some(ty.dtype))?;
+                read = Value::Host(HostTensor::read_npy(path, Some(ty.dtype))?);
                 (&read, format!(" from {}", path.display()))
             }
             (Some(Given::Tensor(t)), random) => {
@@ -996,17 +1029,20 @@ pub fn each_input(
             }
             // Not given: drawn for, by `last_drawn`'s definition.
             (None, random) => {
-                each(ty, &mut random.into_iter().flatten())?;
+                each(ty, Elements::Values(&mut random.into_iter().flatten()))?;
                 continue;
             }
         };
-        if &t.ty != *ty {
+        if t.ty() != *ty {
             return Err(DriverError::Usage(format!(
                 "input `{name}` must be {ty}, got {}{from}",
-                t.ty
+                t.ty()
             )));
         }
-        each(&t.ty, &mut t.data.iter().copied())?;
+        match t {
+            Value::Host(t) => each(ty, Elements::Values(&mut t.data.iter().copied()))?,
+            Value::Raw(t) => each(ty, Elements::Bytes(t.bytes()))?,
+        }
     }
     Ok(())
 }
@@ -1121,7 +1157,7 @@ fn nonnegative_within(f: &Function, v: dlc_graph::Value, depth: u32) -> bool {
 pub fn save_inputs(
     dir: &Path,
     f: &Interface,
-    inputs: &[HostTensor],
+    inputs: &[Value],
     except: &[String],
 ) -> Result<Vec<PathBuf>, DriverError> {
     create_dir(dir)?;
@@ -1129,9 +1165,12 @@ pub fn save_inputs(
         .iter()
         .zip(inputs)
         .filter(|(p, _)| !except.contains(&p.name))
-        .map(|(Param { name, .. }, t)| {
+        .map(|(Param { name, .. }, v)| {
             let path = dir.join(format!("{name}.npy"));
-            t.write_npy(&path)?;
+            match v {
+                Value::Host(t) => t.write_npy(&path)?,
+                Value::Raw(t) => t.to_host()?.write_npy(&path)?,
+            }
             Ok(path)
         })
         .collect()

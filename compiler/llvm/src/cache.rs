@@ -34,7 +34,8 @@
 //! parts all come from the cache still runs the front end, emits the LLVM module,
 //! hashes its bitcode and links (its time: performance.md); a whole program kept
 //! beside its objects (`KEY.program`, see `program.rs`) skips all of that but the
-//! link.
+//! link. A caller may keep bytes beside a program (`KEY.data`: an imported model's
+//! folded weights), checksummed and trimmed like the rest.
 
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -50,13 +51,16 @@ const FORMAT: &str =
 /// what a program's key covers changes.
 const PROGRAM_FORMAT: &str = "dlc program cache 1";
 
-/// The kinds of entries: an object file (`KEY.o`), or a whole program's
+/// The kinds of entries: an object file (`KEY.o`), a whole program's
 /// manifest (`KEY.program`: the keys of its objects, its entry points and
-/// their signatures, and what the caller stored with them).
+/// their signatures, and what the caller stored with them), or bytes a
+/// caller keeps beside a program (`KEY.data`: an imported model's weights
+/// that are not in its file).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Entry {
     Object,
     Program,
+    Data,
 }
 
 impl Entry {
@@ -64,6 +68,7 @@ impl Entry {
         match self {
             Entry::Object => "o",
             Entry::Program => "program",
+            Entry::Data => "data",
         }
     }
 }
@@ -199,7 +204,7 @@ impl ObjectCache {
             let e = e?;
             let name = e.file_name();
             let name = name.to_string_lossy();
-            if ![Entry::Object, Entry::Program]
+            if ![Entry::Object, Entry::Program, Entry::Data]
                 .iter()
                 .any(|k| name.ends_with(&format!(".{}", k.extension())))
             {

@@ -178,6 +178,18 @@ impl Jit {
         Ok(true)
     }
 
+    /// Keeps `bytes` beside program `key` in `cache` (checksummed like
+    /// every entry; [`Jit::load_data`] reads them back).
+    pub fn store_data(cache: &ObjectCache, key: &ProgramKey, bytes: &[u8]) -> std::io::Result<()> {
+        cache.put(&key.0, Entry::Data, bytes)
+    }
+
+    /// What [`Jit::store_data`] kept beside program `key`; `None` when the
+    /// cache holds none, or a damaged entry.
+    pub fn load_data(cache: &ObjectCache, key: &ProgramKey) -> Option<Vec<u8>> {
+        cache.get(&key.0, Entry::Data)
+    }
+
     /// The program `key` names, linked from the objects `cache` holds,
     /// with the text stored with it ([`Jit::store`]); `None` when the cache
     /// holds no intact manifest under `key`, or lacks one of its objects.

@@ -5,12 +5,13 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use dlc_driver::Elements;
 use dlc_driver::{
     Artifact, CompileOptions, DEFAULT_PIPELINE, DEFAULT_WORK_LIMIT, DriverError, NativeArtifact,
     PassOptions, compile_source, interpret_loops_within, interpret_within, prepare_inputs,
     read_model, run_passes, save_outputs, select_entry,
 };
-use dlc_runtime::HostTensor;
+use dlc_runtime::{HostTensor, Value};
 
 mod distributed;
 mod phases;
@@ -378,7 +379,7 @@ fn codegen(e: dlc_llvm::CodegenError) -> DriverError {
 
 /// Compiles entry point `f` of `module` for this CPU through LLVM and calls
 /// it in process on `inputs` (see [`call_jit`]).
-fn run_cpu<T: std::borrow::Borrow<HostTensor>>(
+fn run_cpu<T: dlc_runtime::Input>(
     module: &dlc_graph::Module,
     f: &dlc_graph::Function,
     inputs: Vec<T>,
@@ -391,7 +392,7 @@ fn run_cpu<T: std::borrow::Borrow<HostTensor>>(
 
 /// Calls function `name` of `jit` on `inputs`, each laid out and then
 /// dropped (an owned one freed) before the next.
-fn call_jit<T: std::borrow::Borrow<HostTensor>>(
+fn call_jit<T: dlc_runtime::Input>(
     jit: &dlc_llvm::Jit,
     name: &str,
     inputs: Vec<T>,
@@ -503,14 +504,17 @@ fn run_emulated(
 fn time_gpu_calls(
     module: &dlc_graph::Module,
     f: &dlc_graph::Function,
-    weights: &[(String, HostTensor)],
+    weights: &[(String, Value)],
     Timing { runs, warmup }: Timing,
     tf32: bool,
 ) -> Result<(std::time::Duration, Vec<f64>, String), DriverError> {
     let start = std::time::Instant::now();
     let (mut cuda, program, device) = gpu_program(module, tf32)?;
     let compile = start.elapsed();
-    let inputs = dlc_driver::prepare_inputs_with(&f.into(), &[], weights.to_vec(), Some(0))?;
+    let inputs = dlc_driver::prepare_values(&f.into(), &[], weights.to_vec(), Some(0))?
+        .into_iter()
+        .map(Value::into_host)
+        .collect::<Result<Vec<_>, _>>()?;
     let function = program.function(&f.name).map_err(runtime)?;
     let mut call = dlc_runtime::gpu::Prepared::new(&mut cuda, function).map_err(runtime)?;
     call.bind(&mut cuda, &inputs).map_err(runtime)?;
@@ -566,17 +570,29 @@ fn bench(
     let start = std::time::Instant::now();
     let mut phases = phases::Phases::new(file);
     phases.reading();
-    let src = read_model(file, onnx)?;
-    let weights_from = if !src.weights.is_empty() {
+    // An ONNX model compiled for this CPU is read by `compile_onnx_for_cpu`.
+    let onnx_cpu = dlc_driver::is_onnx(file) && backend == Backend::Cpu;
+    let src = if onnx_cpu {
+        None
+    } else {
+        Some(read_model(file, onnx)?)
+    };
+    let weights_from = if onnx_cpu || src.as_ref().is_some_and(|s| !s.weights.is_empty()) {
         "the model's weights and random other inputs"
     } else if weights.is_some() {
         "weights from --weights and random other inputs"
     } else {
         "random inputs drawn and"
     };
-    let (front, llvm, ms, bind, device, parts, name, whole) = if backend == Backend::Gpu {
+    let (front, llvm, ms, bind, device, parts, name, whole) = if backend == Backend::Gpu
+        && let Some(src) = src
+    {
         phases.set("checking");
         let (mut module, carried) = dlc_driver::compile_source_unbound(src)?;
+        let carried = carried
+            .into_iter()
+            .map(|(n, t)| (n, Value::Host(t)))
+            .collect();
         phases.set("optimizing");
         run_passes(&mut module, passes, PassOptions::default())?;
         // Cleared before anything is timed.
@@ -609,7 +625,10 @@ fn bench(
             cache: cache.as_ref(),
         };
         let reading = start.elapsed();
-        let p = program::compile_for_cpu(src, &how, &phases)?;
+        let p = match src {
+            Some(src) => program::compile_for_cpu(src, &how, &phases)?,
+            None => program::compile_onnx_for_cpu(file, onnx, &how, &phases)?.program,
+        };
         // Cleared before anything is timed.
         phases.done();
         let front = reading + p.front;
@@ -698,7 +717,7 @@ fn bench(
 /// The values `dlc run` and `dlc bench` bind to weight parameters.
 struct Bound {
     /// Each weight's value, by parameter name.
-    tensors: Vec<(String, HostTensor)>,
+    tensors: Vec<(String, Value)>,
     /// The names of those the model carried (an imported model's
     /// initializers), which are not inputs.
     carried: Vec<String>,
@@ -710,7 +729,7 @@ struct Bound {
 fn weights_to_bind(
     f: &dlc_driver::Interface,
     file: &str,
-    carried: Vec<(String, HostTensor)>,
+    carried: Vec<(String, Value)>,
     weights: Option<&std::path::Path>,
     given: &[String],
 ) -> Result<Bound, DriverError> {
@@ -720,13 +739,16 @@ fn weights_to_bind(
              those of dlc source"
         ))),
         Some(path) => Ok(Bound {
-            tensors: dlc_driver::read_weights(f, path, given)?,
+            tensors: dlc_driver::read_weights(f, path, given)?
+                .into_iter()
+                .map(|(n, t)| (n, Value::Host(t)))
+                .collect(),
             carried: Vec::new(),
         }),
         None => {
             // Those of another entry point, and those given as inputs, are
             // not bound.
-            let tensors: Vec<(String, HostTensor)> = carried
+            let tensors: Vec<(String, Value)> = carried
                 .into_iter()
                 .filter(|(name, _)| {
                     f.params.iter().any(|p| &p.name == name) && !given.contains(name)
@@ -751,7 +773,7 @@ struct Timed {
 fn time_calls(
     jit: &dlc_llvm::Jit,
     f: &dlc_driver::Interface,
-    weights: &[(String, HostTensor)],
+    weights: &[(String, Value)],
     Timing { runs, warmup }: Timing,
 ) -> Result<Timed, DriverError> {
     let kernel = jit.kernel(&f.name).map_err(codegen)?;
@@ -763,10 +785,12 @@ fn time_calls(
     // twice (nor as f64s): its peak memory is what a run needs.
     let t = std::time::Instant::now();
     let mut binder = kernel.binder();
-    dlc_driver::each_input(f, &[], weights, Some(0), |ty, values| {
-        binder
-            .push_values(ty, values)
-            .map_err(|e| DriverError::Usage(e.to_string()))
+    dlc_driver::each_input(f, &[], weights, Some(0), |ty, elements| {
+        match elements {
+            Elements::Values(values) => binder.push_values(ty, values),
+            Elements::Bytes(bytes) => binder.push_bytes(ty, bytes),
+        }
+        .map_err(|e| DriverError::Usage(e.to_string()))
     })?;
     let mut call = binder.finish().map_err(runtime)?;
     let bind = t.elapsed();
@@ -1153,24 +1177,9 @@ fn run_command(args: RunArgs) -> Result<(), DriverError> {
     }
     let mut files = exec.input_files()?;
     let onnx = onnx.options()?;
-    // An ONNX model's outputs are saved under its names for them.
-    let mut output_names = None;
     let mut phases = phases::Phases::new(&file);
-    let src = if dlc_driver::is_onnx(&file) {
-        phases.set("importing");
-        // Inputs may be named as the ONNX model names them.
-        let imported = dlc_driver::import_onnx(&file, &onnx)?;
-        for (name, _) in &mut files {
-            if let Some((_, var)) = imported.inputs.iter().find(|(o, _)| o == name) {
-                name.clone_from(var);
-            }
-        }
-        let names: Vec<&str> = imported.outputs.iter().map(|(o, _)| o.as_str()).collect();
-        output_names = Some(dlc_driver::output_file_stems(&names));
-        dlc_driver::imported_source(&file, imported)
-    } else {
-        read_model(&file, &onnx)?
-    };
+    // An ONNX model's inputs and outputs, as it names them.
+    let mut onnx_names = None;
     // Compiled for this CPU and nothing to compare with: the program
     // cache may hold the whole program.
     let compiled = if exec.backend == Backend::Cpu && !exec.check {
@@ -1184,9 +1193,24 @@ fn run_command(args: RunArgs) -> Result<(), DriverError> {
             priced: &priced,
             cache: cache.as_ref(),
         };
-        let p = program::compile_for_cpu(src, &how, &phases)?;
+        let p = if dlc_driver::is_onnx(&file) {
+            let p = program::compile_onnx_for_cpu(&file, &onnx, &how, &phases)?;
+            onnx_names = Some((p.inputs, p.outputs));
+            p.program
+        } else {
+            program::compile_for_cpu(read_model(&file, &onnx)?, &how, &phases)?
+        };
         (Compiled::Cpu(p.jit), p.interface, p.carried)
     } else {
+        let src = if dlc_driver::is_onnx(&file) {
+            phases.set("importing");
+            let imported = dlc_driver::import_onnx(&file, &onnx)?;
+            let outputs = imported.outputs.iter().map(|(o, _)| o.clone()).collect();
+            onnx_names = Some((imported.inputs.clone(), outputs));
+            dlc_driver::imported_source(&file, imported)
+        } else {
+            read_model(&file, &onnx)?
+        };
         phases.set("checking");
         // An imported model's weights are bound at the call, not compiled in.
         let (mut module, carried) = dlc_driver::compile_source_unbound(src)?;
@@ -1194,13 +1218,29 @@ fn run_command(args: RunArgs) -> Result<(), DriverError> {
         exec.run_passes(&mut module)?;
         let module = dlc_driver::only_entry(&module, entry.as_deref())?;
         let interface = dlc_driver::Interface::of(select_entry(&module, None)?);
+        let carried = carried
+            .into_iter()
+            .map(|(n, t)| (n, Value::Host(t)))
+            .collect();
         (Compiled::Graph(module), interface, carried)
     };
+    // Inputs may be named as the ONNX model names them, and its outputs
+    // are saved under its names for them.
+    let mut output_names = None;
+    if let Some((inputs, outputs)) = onnx_names {
+        for (name, _) in &mut files {
+            if let Some((_, var)) = inputs.iter().find(|(o, _)| o == name) {
+                name.clone_from(var);
+            }
+        }
+        let names: Vec<&str> = outputs.iter().map(String::as_str).collect();
+        output_names = Some(dlc_driver::output_file_stems(&names));
+    }
     let (compiled, f, carried) = compiled;
     let f = &f;
     let named: Vec<String> = files.iter().map(|(n, _)| n.clone()).collect();
     let bound = weights_to_bind(f, &file, carried, weights.as_deref(), &named)?;
-    let args = dlc_driver::prepare_inputs_with(f, &files, bound.tensors, exec.random_inputs)?;
+    let args = dlc_driver::prepare_values(f, &files, bound.tensors, exec.random_inputs)?;
     if let Some(dir) = &save_inputs {
         for path in dlc_driver::save_inputs(dir, f, &args, &bound.carried)? {
             dlc_cli::outln!("wrote {}", path.display());
@@ -1213,6 +1253,10 @@ fn run_command(args: RunArgs) -> Result<(), DriverError> {
         }
         Compiled::Graph(module) => {
             phases.set("compiling and running");
+            let args = args
+                .into_iter()
+                .map(Value::into_host)
+                .collect::<Result<Vec<_>, _>>()?;
             execute(module, select_entry(module, None)?, args, &exec, tf32, None)?
         }
     };

@@ -615,3 +615,203 @@ fn a_terminal_shows_the_phase_under_way() {
     let cleared = text.rfind("\x1b[2K").unwrap();
     assert!(text[cleared..].contains("out0: f32[8, 10]"), "{text}");
 }
+
+/// `y = x @ (wt * 2) + x @ w + b` over `x: [2, k]`: `w` and `wt` stored as
+/// raw bytes (a run binds `w` from the file), `wt * 2` folded by the
+/// importer (a weight whose values are the importer's, not the file's),
+/// `b` in `float_data`. `scale` multiplies `w`'s and `wt`'s values.
+fn raw_and_folded_weights(scale: f32) -> Vec<u8> {
+    let (k, n) = (20usize, 24usize);
+    let f32 = pb::tensor_proto::DataType::Float as i32;
+    let raw = |name: &str, dims: &[usize], f: &dyn Fn(usize) -> f32| pb::TensorProto {
+        name: Some(name.into()),
+        dims: dims.iter().map(|&d| d as i64).collect(),
+        data_type: Some(f32),
+        raw_data: Some(
+            (0..dims.iter().product())
+                .flat_map(|i| f(i).to_le_bytes())
+                .collect::<Vec<u8>>()
+                .into(),
+        ),
+        ..Default::default()
+    };
+    let node = |op: &str, input: &[&str], output: &str| pb::NodeProto {
+        op_type: Some(op.into()),
+        input: input.iter().map(ToString::to_string).collect(),
+        output: vec![output.into()],
+        ..Default::default()
+    };
+    let model = pb::ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![pb::OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(17),
+        }],
+        graph: Some(pb::GraphProto {
+            name: Some("g".into()),
+            node: vec![
+                node("Mul", &["wt", "two"], "t"),
+                node("MatMul", &["x", "t"], "p"),
+                node("MatMul", &["x", "w"], "q"),
+                node("Add", &["p", "q"], "s"),
+                node("Add", &["s", "b"], "y"),
+            ],
+            initializer: vec![
+                raw("wt", &[k, n], &|i| scale * ((i % 11) as f32 - 5.0) / 16.0),
+                raw("two", &[], &|_| 2.0),
+                raw("w", &[k, n], &|i| scale * ((i % 7) as f32 - 3.0) / 8.0),
+                pb::TensorProto {
+                    name: Some("b".into()),
+                    dims: vec![n as i64],
+                    data_type: Some(f32),
+                    float_data: (0..n).map(|i| i as f32 / 10.0).collect(),
+                    ..Default::default()
+                },
+            ],
+            input: vec![pb::ValueInfoProto {
+                name: Some("x".into()),
+                r#type: Some(tensor_type(f32, &[dim(2), dim(k as i64)])),
+                ..Default::default()
+            }],
+            output: vec![pb::ValueInfoProto {
+                name: Some("y".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    model.encode_to_vec()
+}
+
+/// A second `dlc run` of an unchanged ONNX model takes the program and
+/// where its weights are from the cache, keyed by the file's hash, without
+/// importing it: its results are the same to the bit, an edited weight
+/// (in the model or in its external data file) is never taken from an old
+/// program, and bytes kept beside the program that are damaged mean a
+/// compile.
+#[test]
+fn a_cached_onnx_program_is_not_imported_again() {
+    let d = Dir::new("onnx-program-cache");
+    let cache = d.path("cache");
+    let command = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_dlc"))
+            .env("DLC_CACHE_DIR", &cache)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let from_cache = |m: &str| {
+        let o = command(&[
+            "bench", m, "--runs", "1", "--warmup", "0", "--cache", "--json",
+        ]);
+        let v: serde_json::Value = serde_json::from_str(&succeeds(&o)).unwrap();
+        v["cached_program"].as_bool().unwrap()
+    };
+    // The outputs of `dlc run`, through the cache or not.
+    let outputs = |m: &str, inputs: &[&str], no_cache: bool| {
+        let dir = d.path(&format!("out{}", rand_name()));
+        let mut args = vec!["run", m, "--save-outputs", &dir];
+        args.extend(inputs);
+        if no_cache {
+            args.push("--no-cache");
+        }
+        succeeds(&command(&args));
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        files.sort();
+        files
+            .iter()
+            .map(|p| HostTensor::read_npy(p, None).unwrap())
+            .collect::<Vec<_>>()
+    };
+
+    let x = d.npy(
+        "x.npy",
+        dlc_core::TensorType::new(dlc_core::DType::F32, vec![2, 20]),
+        &(0..40).map(|i| (i % 5) as f64 - 2.0).collect::<Vec<_>>(),
+    );
+    let x = format!("--input=x={x}");
+    let m = d.file("m/model.onnx", raw_and_folded_weights(1.0));
+    // On a terminal, the phases a run goes through are shown: the first
+    // run imports the model, the next do not.
+    let phases = || {
+        let o = std::process::Command::new("script")
+            .env("DLC_CACHE_DIR", &cache)
+            .args([
+                "-qec",
+                &format!("{} run {m} {x}", env!("CARGO_BIN_EXE_dlc")),
+                "/dev/null",
+            ])
+            .output()
+            .expect("script (util-linux) runs a command on a terminal");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let shown = phases();
+    assert!(shown.contains("importing"), "{shown}");
+    let want = outputs(&m, &[&x], true);
+    assert!(from_cache(&m));
+    assert_eq!(outputs(&m, &[&x], false), want);
+    let shown = phases();
+    assert!(shown.contains("out0: f32[2, 24]"), "{shown}");
+    assert!(!shown.contains("importing"), "{shown}");
+    // The same model under another name is the same program.
+    let renamed = d.file("elsewhere/renamed.onnx", raw_and_folded_weights(1.0));
+    assert!(from_cache(&renamed));
+    assert_eq!(outputs(&renamed, &[&x], false), want);
+
+    // An edited weight: the same path, other bytes.
+    let m = d.file("m/model.onnx", raw_and_folded_weights(-2.0));
+    let edited = outputs(&m, &[&x], true);
+    assert_ne!(edited, want);
+    assert_eq!(outputs(&m, &[&x], false), edited);
+    assert!(from_cache(&m));
+    assert_eq!(outputs(&m, &[&x], false), edited);
+
+    // The folded weight's bytes, kept beside the program, damaged.
+    let mut kept = 0;
+    for e in std::fs::read_dir(&cache).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|e| e == "data") {
+            let mut bytes = std::fs::read(&p).unwrap();
+            let last = bytes.len() - 1;
+            bytes[last] ^= 0x40;
+            std::fs::write(&p, bytes).unwrap();
+            kept += 1;
+        }
+    }
+    assert_eq!(kept, 2, "one per model compiled");
+    assert!(!from_cache(&m));
+    assert_eq!(outputs(&m, &[&x], false), edited);
+
+    // External data: an edited data file is a new program.
+    let src = root().join("torch_encoder_external");
+    let ids = format!("--input=ids={}", src.join("ids.npy").display());
+    let m = d.file(
+        "ext/model.onnx",
+        std::fs::read(src.join("model.onnx")).unwrap(),
+    );
+    let mut data = std::fs::read(src.join("model.onnx.data")).unwrap();
+    d.file("ext/model.onnx.data", &data);
+    let want = outputs(&m, &[&ids], true);
+    assert!(!from_cache(&m));
+    assert!(from_cache(&m));
+    assert_eq!(outputs(&m, &[&ids], false), want);
+    // Every float's sign flipped: other weights, the same sizes.
+    for b in data.iter_mut().skip(3).step_by(4) {
+        *b ^= 0x80;
+    }
+    d.file("ext/model.onnx.data", &data);
+    let edited = outputs(&m, &[&ids], true);
+    assert_ne!(edited, want);
+    assert_eq!(outputs(&m, &[&ids], false), edited);
+}
+
+/// A fresh name for an output directory.
+fn rand_name() -> String {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed).to_string()
+}
