@@ -1,6 +1,7 @@
 //! Constant tensors: ONNX `TensorProto`s decoded into values the importer
 //! can fold and print, and the element types dlc has.
 
+use std::cell::OnceCell;
 use std::fs::File;
 use std::io::{Read as _, Seek as _, SeekFrom};
 use std::path::{Component, Path};
@@ -19,13 +20,93 @@ pub struct Data {
     pub dtype: DType,
     /// Extents.
     pub shape: Vec<usize>,
-    /// Row-major elements.
-    pub values: Rc<Vec<f64>>,
+    /// Row-major elements (decoded from [`Data::stored`] when first read).
+    pub values: Values,
     /// The same elements as a file stores them, when they are an
     /// initializer's (or a `Constant`'s) bytes as they are, or reshaped:
     /// what a run binds without reading them as `f64`s, and where a cached
     /// program finds them again without importing the model.
     pub stored: Option<Stored>,
+}
+
+/// A tensor's elements as `f64`s, shared by its clones. Those of a
+/// tensor stored in the file are decoded from its bytes when first read:
+/// a weight the importer only passes on to the run (most of a model's
+/// bytes) is never held as `f64`s.
+#[derive(Clone)]
+pub struct Values(Rc<LazyValues>);
+
+struct LazyValues {
+    decoded: OnceCell<Vec<f64>>,
+    /// The bytes to decode, when not given decoded.
+    from: Option<(DType, prost::bytes::Bytes)>,
+}
+
+impl Values {
+    /// Values given decoded.
+    pub fn new(values: Vec<f64>) -> Values {
+        Values(Rc::new(LazyValues {
+            decoded: OnceCell::from(values),
+            from: None,
+        }))
+    }
+
+    /// The values of `bytes` (little-endian, of `dtype`), decoded when
+    /// first read.
+    fn of_bytes(dtype: DType, bytes: prost::bytes::Bytes) -> Values {
+        Values(Rc::new(LazyValues {
+            decoded: OnceCell::new(),
+            from: Some((dtype, bytes)),
+        }))
+    }
+
+    /// Whether they have been decoded (or were given so).
+    pub fn is_decoded(&self) -> bool {
+        self.0.decoded.get().is_some()
+    }
+
+    /// The values, owned (no copy when nothing else shares them).
+    pub fn into_vec(self) -> Vec<f64> {
+        match Rc::try_unwrap(self.0) {
+            Ok(lazy) => {
+                let from = lazy.from;
+                lazy.decoded
+                    .into_inner()
+                    .unwrap_or_else(|| decode_bytes(from.as_ref()))
+            }
+            Err(rc) => Values(rc).to_vec(),
+        }
+    }
+}
+
+fn decode_bytes(from: Option<&(DType, prost::bytes::Bytes)>) -> Vec<f64> {
+    from.map(|(dtype, bytes)| dtype.from_le_bytes_all(bytes))
+        .unwrap_or_default()
+}
+
+impl std::ops::Deref for Values {
+    type Target = Vec<f64>;
+    fn deref(&self) -> &Vec<f64> {
+        self.0
+            .decoded
+            .get_or_init(|| decode_bytes(self.0.from.as_ref()))
+    }
+}
+
+impl PartialEq for Values {
+    fn eq(&self, other: &Values) -> bool {
+        **self == **other
+    }
+}
+
+impl std::fmt::Debug for Values {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.is_decoded() {
+            f.debug_list().entries(self.iter()).finish()
+        } else {
+            write!(f, "[not decoded]")
+        }
+    }
 }
 
 /// A tensor's elements, byte for byte, in a model's files: little-endian
@@ -55,9 +136,19 @@ impl Data {
         Data {
             dtype,
             shape,
-            values: Rc::new(values),
+            values: Values::new(values),
             stored: None,
         }
+    }
+
+    /// Its number of elements, from its shape (its values are not read).
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Whether it has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// The elements as integers (shape operands, axes).
@@ -229,7 +320,7 @@ pub fn decode(t: &TensorProto, dir: Option<&Path>) -> Result<Data, String> {
                 external: None,
             }),
     };
-    let values: Vec<f64> = if let Some(raw) = stored.as_ref().map(|s| &s.bytes[..]) {
+    let values: Values = if let Some(raw) = stored.as_ref().map(|s| &s.bytes) {
         let width = dtype.size_bytes();
         if raw.len() != count * width {
             let field = if stored.as_ref().is_some_and(|s| s.external.is_some()) {
@@ -243,9 +334,9 @@ pub fn decode(t: &TensorProto, dir: Option<&Path>) -> Result<Data, String> {
                 count * width
             ));
         }
-        dtype.from_le_bytes_all(raw)
+        Values::of_bytes(dtype, raw.clone())
     } else {
-        match dtype {
+        Values::new(match dtype {
             DType::F32 => t.float_data.iter().map(|&v| f64::from(v)).collect(),
             DType::F64 => t.double_data.clone(),
             // f16 and bf16 are stored as their bits in int32_data.
@@ -272,17 +363,20 @@ pub fn decode(t: &TensorProto, dir: Option<&Path>) -> Result<Data, String> {
                 .map(|&v| f64::from(u8::from(v != 0)))
                 .collect(),
             DType::I64 => t.int64_data.iter().map(|&v| v as f64).collect(),
-        }
+        })
     };
-    if values.len() != count {
+    // Bytes of the right length hold `count` elements.
+    if values.is_decoded() && values.len() != count {
         return Err(format!(
             "{name} holds {} elements, its shape {shape:?} needs {count}",
             values.len()
         ));
     }
     Ok(Data {
+        dtype,
+        shape,
+        values,
         stored,
-        ..Data::new(dtype, shape, values)
     })
 }
 

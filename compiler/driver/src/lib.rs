@@ -249,7 +249,7 @@ pub fn imported_source(name: &str, imported: dlc_onnx::Imported) -> SourceText {
             .weights
             .into_iter()
             .map(|(var, d)| {
-                let values = std::rc::Rc::try_unwrap(d.values).unwrap_or_else(|rc| rc.to_vec());
+                let values = d.values.into_vec();
                 (var, values)
             })
             .collect(),

@@ -493,7 +493,7 @@ fn bind_imported(
                 (Value::Raw(t), place)
             }
             None => {
-                let values = std::rc::Rc::try_unwrap(d.values).unwrap_or_else(|rc| rc.to_vec());
+                let values = d.values.into_vec();
                 let t = HostTensor::new(p.ty.clone(), values).map_err(bad)?;
                 let offset = kept.len().next_multiple_of(64);
                 kept.resize(offset, 0);
