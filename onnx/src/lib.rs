@@ -238,6 +238,31 @@ pub enum ImportError {
     },
 }
 
+/// What starts the comment naming the node whose lines follow it in an
+/// imported program.
+const NODE_COMMENT: &str = "// node ";
+
+/// The places of an imported program's text (`source`, as [`import`] wrote
+/// it) that come from a node: line (1-based) -> ``node `NAME` (OP)``, for
+/// every line from a node's comment to the next comment or the `return`.
+/// Errors and profiles of an imported model name the node, not a line of
+/// a program the user never saw.
+pub fn node_places(source: &str) -> HashMap<u32, String> {
+    let mut places = HashMap::new();
+    let mut node = None;
+    for (i, line) in source.lines().enumerate() {
+        let line = line.trim_start();
+        if let Some(label) = line.strip_prefix(NODE_COMMENT) {
+            node = Some(format!("node {label}"));
+        } else if line.starts_with("return ") || line == "}" {
+            node = None;
+        } else if let Some(label) = &node {
+            places.insert(u32::try_from(i + 1).unwrap_or(u32::MAX), label.clone());
+        }
+    }
+    places
+}
+
 /// A value of the graph during import.
 #[derive(Debug, Clone)]
 struct Val {
@@ -452,8 +477,20 @@ impl Importer {
                 },
             );
         }
+        // Each node's lines follow a comment naming it (none for a node
+        // folded away): what `node_places` reads back.
         for node in &graph.node {
+            let (name, op) = ops::node_label(node);
+            let start = self.lines.len();
+            self.lines.push(format!(
+                "{NODE_COMMENT}`{}` ({})",
+                escape(&name),
+                escape(&op)
+            ));
             self.node(node)?;
+            if self.lines.len() == start + 1 {
+                self.lines.pop();
+            }
         }
         let mut outputs = Vec::new();
         let mut types = Vec::new();

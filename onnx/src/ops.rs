@@ -20,21 +20,29 @@ struct Cx<'n> {
 
 type R<T> = Result<T, ImportError>;
 
+/// How errors and places name `node`: its name (or its first output's,
+/// when unnamed) and its op type (with its domain when not the default
+/// one).
+pub(crate) fn node_label(node: &NodeProto) -> (String, String) {
+    let op = match node.domain() {
+        "" | "ai.onnx" => node.op_type().to_string(),
+        d => format!("{d}.{}", node.op_type()),
+    };
+    let name = if !node.name().is_empty() {
+        node.name().to_string()
+    } else {
+        node.output.first().cloned().unwrap_or_default()
+    };
+    (name, op)
+}
+
 impl Cx<'_> {
     fn op(&self) -> &str {
         self.node.op_type()
     }
 
     fn err(&self, message: impl Into<String>) -> ImportError {
-        let op = match self.node.domain() {
-            "" | "ai.onnx" => self.op().to_string(),
-            d => format!("{d}.{}", self.op()),
-        };
-        let node = if !self.node.name().is_empty() {
-            self.node.name().to_string()
-        } else {
-            self.node.output.first().cloned().unwrap_or_default()
-        };
+        let (node, op) = node_label(self.node);
         ImportError::Node {
             node,
             op,

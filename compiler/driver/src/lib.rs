@@ -353,8 +353,35 @@ pub fn compile_source(src: &SourceText) -> Result<Module, DriverError> {
             })
         })
     })??;
+    if is_onnx(&src.name) {
+        place_onnx_nodes(&mut module, &src.name, &src.text);
+    }
     bind_source_weights(&mut module, src)?;
     Ok(module)
+}
+
+/// Names an imported ONNX model's nodes as the places of the ops that
+/// come from them (``model.onnx, node `/conv1/Conv` (Conv)``), where the
+/// front end gave lines of the program the importer wrote (`text`).
+fn place_onnx_nodes(module: &mut Module, file: &str, text: &str) {
+    let places: HashMap<u32, std::sync::Arc<str>> = dlc_onnx::node_places(text)
+        .into_iter()
+        .map(|(line, node)| (line, format!("{file}, {node}").into()))
+        .collect();
+    for f in &mut module.functions {
+        for n in f.body.node_weights_mut() {
+            if let Some(loc) = &mut n.loc
+                && *loc.file == *file
+                && let Some(place) = places.get(&loc.line)
+            {
+                *loc = dlc_core::SourceLoc {
+                    file: place.clone(),
+                    line: 0,
+                    column: 0,
+                };
+            }
+        }
+    }
 }
 
 /// Parses and checks `src` like [`compile_source`], but keeps the weights

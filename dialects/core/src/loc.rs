@@ -5,7 +5,9 @@ use std::fmt;
 use std::sync::Arc;
 
 /// A place in a source file: `file:line:column`, 1-based, the column
-/// counted in characters.
+/// counted in characters. Line 0 is a place that is no line of a text the
+/// user has, named by `file` alone (an imported ONNX model's node:
+/// ``model.onnx, node `/conv1/Conv` (Conv)``).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SourceLoc {
     /// The file's name as the user gave it (`model.dl`, `<stdin>`).
@@ -18,7 +20,11 @@ pub struct SourceLoc {
 
 impl fmt::Display for SourceLoc {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}:{}", self.file, self.line, self.column)
+        if self.line == 0 {
+            write!(f, "{}", self.file)
+        } else {
+            write!(f, "{}:{}:{}", self.file, self.line, self.column)
+        }
     }
 }
 

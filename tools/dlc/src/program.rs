@@ -7,8 +7,9 @@
 //! the target they priced for; `dlc_llvm::ProgramKey` adds the compiler's
 //! build and the host.
 //!
-//! An ONNX model ([`compile_onnx_for_cpu`]) is keyed by its file's SHA-256
-//! and the import options instead, so a hit does not import it: the model
+//! An ONNX model ([`compile_onnx_for_cpu`]) is keyed by its path (which its
+//! failures name), its file's SHA-256 and the import options instead, so a
+//! hit does not import it: the model
 //! is mapped, hashed, and each weight is a slice of the mapping (or of its
 //! external data file, or, for a tensor the importer folded, of the bytes
 //! kept beside the program), bound as the file stores it. What a run needs
@@ -284,9 +285,11 @@ impl Record {
 /// What separates a cached ONNX program's interface from its record.
 const RECORD: &str = "\nonnx ";
 
-/// The key of ONNX model `model` (its bytes) imported with `options` and
-/// compiled as `how` says.
+/// The key of ONNX model `model` (its bytes), read from `path`, imported
+/// with `options` and compiled as `how` says. The path is part of it: the
+/// program's failures name the file (and the node).
 fn onnx_key(
+    path: &str,
     model: &[u8],
     options: &dlc_onnx::Options,
     how: &Compile<'_>,
@@ -309,8 +312,9 @@ fn onnx_key(
     }
     let priced = format!("{:?}", how.priced);
     let digest = Sha256::digest(model);
-    let fields: [&[u8]; 6] = [
+    let fields: [&[u8]; 7] = [
         b"onnx model",
+        path.as_bytes(),
         &digest,
         imported_as.as_bytes(),
         how.entry.unwrap_or("").as_bytes(),
@@ -353,7 +357,7 @@ pub fn compile_onnx_for_cpu(
     let dir = model_dir(path);
     let key = how
         .cache
-        .map(|_| onnx_key(&model, options, how))
+        .map(|_| onnx_key(path, &model, options, how))
         .transpose()?;
     if let (Some(cache), Some(key)) = (how.cache, &key)
         && let Ok(Some((jit, meta))) = Jit::load(cache, key)

@@ -685,7 +685,8 @@ fn raw_and_folded_weights(scale: f32) -> Vec<u8> {
 }
 
 /// A second `dlc run` of an unchanged ONNX model takes the program and
-/// where its weights are from the cache, keyed by the file's hash, without
+/// where its weights are from the cache, keyed by the file's hash (and its
+/// path), without
 /// importing it: its results are the same to the bit, an edited weight
 /// (in the model or in its external data file) is never taken from an old
 /// program, and bytes kept beside the program that are damaged mean a
@@ -757,8 +758,10 @@ fn a_cached_onnx_program_is_not_imported_again() {
     let shown = phases();
     assert!(shown.contains("out0: f32[2, 24]"), "{shown}");
     assert!(!shown.contains("importing"), "{shown}");
-    // The same model under another name is the same program.
+    // The same model under another name is another program (its failures
+    // name the file).
     let renamed = d.file("elsewhere/renamed.onnx", raw_and_folded_weights(1.0));
+    assert!(!from_cache(&renamed));
     assert!(from_cache(&renamed));
     assert_eq!(outputs(&renamed, &[&x], false), want);
 
@@ -782,7 +785,7 @@ fn a_cached_onnx_program_is_not_imported_again() {
             kept += 1;
         }
     }
-    assert_eq!(kept, 2, "one per model compiled");
+    assert_eq!(kept, 3, "one per program compiled");
     assert!(!from_cache(&m));
     assert_eq!(outputs(&m, &[&x], false), edited);
 
@@ -814,4 +817,72 @@ fn rand_name() -> String {
     use std::sync::atomic::{AtomicUsize, Ordering};
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     NEXT.fetch_add(1, Ordering::Relaxed).to_string()
+}
+
+/// A failure in an imported model names the ONNX node it comes from, on
+/// every back end and from the program cache, not a line of the program
+/// the importer wrote; `dlc import` writes each node's name above its
+/// lines (an unnamed node by its first output).
+#[test]
+fn failures_name_the_onnx_node() {
+    let d = Dir::new("node-places");
+    let i32t = pb::tensor_proto::DataType::Int32 as i32;
+    let node = |name: &str, op: &str, input: &[&str], output: &str| pb::NodeProto {
+        name: (!name.is_empty()).then(|| name.into()),
+        op_type: Some(op.into()),
+        input: input.iter().map(ToString::to_string).collect(),
+        output: vec![output.into()],
+        ..Default::default()
+    };
+    let input = |name: &str| pb::ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(tensor_type(i32t, &[dim(4)])),
+        ..Default::default()
+    };
+    let model = pb::ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![pb::OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(17),
+        }],
+        graph: Some(pb::GraphProto {
+            name: Some("g".into()),
+            node: vec![
+                node("", "Add", &["a", "a"], "doubled"),
+                node("/model/divide", "Div", &["doubled", "b"], "y"),
+            ],
+            input: vec![input("a"), input("b")],
+            output: vec![pb::ValueInfoProto {
+                name: Some("y".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let m = d.file("div.onnx", model.encode_to_vec());
+    let ty = dlc_core::TensorType::new(dlc_core::DType::I32, vec![4]);
+    let a = format!("a={}", d.npy("a.npy", ty.clone(), &[1.0, 2.0, 3.0, 4.0]));
+    let b = format!("b={}", d.npy("b.npy", ty, &[1.0, 0.0, 3.0, 4.0]));
+    let place = format!("integer division by zero at {m}, node `/model/divide` (Div)");
+    let run = ["run", &m, "--input", &a, "--input", &b];
+    for extra in [
+        &["--no-cache"][..],
+        &[],
+        &[],
+        &["--check"],
+        &["--backend", "loop"],
+        &["--backend", "tile"],
+    ] {
+        fails_with(&dlc(&[&run[..], extra].concat()), &place);
+    }
+    let text = succeeds(&dlc(&["import", &m]));
+    assert!(
+        text.contains("    // node `doubled` (Add)\n    let doubled = a + a;"),
+        "{text}"
+    );
+    assert!(
+        text.contains("    // node `/model/divide` (Div)\n    let y = "),
+        "{text}"
+    );
 }

@@ -189,6 +189,7 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         let place = self
             .loc
             .as_ref()
+            .filter(|l| l.line > 0)
             .map(|l| format!(".L{}C{}", l.line, l.column))
             .unwrap_or_default();
         let outlined = self.module.add_function(
