@@ -9,7 +9,11 @@ use std::path::Path;
 /// reads).
 pub fn map_file(path: &Path) -> std::io::Result<bytes::Bytes> {
     let file = std::fs::File::open(path)?;
-    if file.metadata()?.len() == 0 {
+    let meta = file.metadata()?;
+    if meta.is_dir() {
+        return Err(std::io::ErrorKind::IsADirectory.into());
+    }
+    if meta.len() == 0 {
         // An empty file has no pages to map.
         return Ok(bytes::Bytes::new());
     }

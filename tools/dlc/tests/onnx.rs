@@ -428,6 +428,15 @@ fn malformed_files_are_errors() {
         &dlc(&["import", &d.path("missing.onnx")]),
         "No such file or directory",
     );
+    // `dlc run` maps the model: a missing one, or a directory, is an error
+    // naming it.
+    let missing = d.path("missing.onnx");
+    let o = dlc(&["run", &missing, "--random-inputs", "0"]);
+    fails_with(&o, &format!("{missing}: No such file or directory"));
+    let dir = d.path("dir.onnx");
+    std::fs::create_dir_all(&dir).unwrap();
+    let o = dlc(&["run", &dir, "--random-inputs", "0"]);
+    fails_with(&o, &format!("{dir}: is a directory"));
 }
 
 #[test]
