@@ -287,22 +287,23 @@ pub fn import_onnx(
         path: path.to_string(),
         source,
     })?;
-    // External data is read relative to the model's directory.
-    let dir = Path::new(path).parent().map(|d| {
-        if d.as_os_str().is_empty() {
-            Path::new(".").to_path_buf()
-        } else {
-            d.to_path_buf()
-        }
-    });
     let options = dlc_onnx::Options {
-        model_dir: dir,
+        model_dir: Some(onnx_model_dir(path)),
         ..options.clone()
     };
     dlc_onnx::import_owned(bytes, &options).map_err(|source| DriverError::Import {
         path: path.to_string(),
         source,
     })
+}
+
+/// The directory an ONNX model's external data is read from: the model
+/// file's.
+pub fn onnx_model_dir(path: &str) -> PathBuf {
+    match Path::new(path).parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => ".".into(),
+    }
 }
 
 /// Reads `--shape NAME=[d0,d1,...]` (brackets optional, `x` also separates).

@@ -328,14 +328,6 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The directory an ONNX model's external data is read from.
-fn model_dir(path: &str) -> std::path::PathBuf {
-    match std::path::Path::new(path).parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => ".".into(),
-    }
-}
-
 /// Maps the file at `path` (a model or its external data).
 fn map(path: &std::path::Path) -> Result<bytes::Bytes, DriverError> {
     dlc_runtime::map_file(path).map_err(|source| DriverError::Io {
@@ -354,7 +346,7 @@ pub fn compile_onnx_for_cpu(
 ) -> Result<OnnxProgram, DriverError> {
     let start = Instant::now();
     let model = map(std::path::Path::new(path))?;
-    let dir = model_dir(path);
+    let dir = dlc_driver::onnx_model_dir(path);
     let key = how
         .cache
         .map(|_| onnx_key(path, &model, options, how))
