@@ -218,17 +218,26 @@ fn sym(p: &str) -> pb::tensor_shape_proto::Dimension {
     }
 }
 
-/// A model of one node named `the_node`, `y = op(x, inputs..)`, over an f32
-/// input `x` of the given dimensions and `initializers`, at `opset`.
-fn one_node_with(
-    op: &str,
-    x: &[pb::tensor_shape_proto::Dimension],
-    initializers: Vec<pb::TensorProto>,
+/// A node `op` of `input` giving `output`, named `name` (unnamed when
+/// empty).
+fn node(name: &str, op: &str, input: &[&str], output: &str) -> pb::NodeProto {
+    pb::NodeProto {
+        name: (!name.is_empty()).then(|| name.into()),
+        op_type: Some(op.into()),
+        input: input.iter().map(ToString::to_string).collect(),
+        output: vec![output.into()],
+        ..Default::default()
+    }
+}
+
+/// A model at `opset` of graph `g`: `nodes` over `inputs` and
+/// `initializers`, returning `y`.
+fn model_of(
     opset: i64,
+    nodes: Vec<pb::NodeProto>,
+    initializers: Vec<pb::TensorProto>,
+    inputs: Vec<pb::ValueInfoProto>,
 ) -> Vec<u8> {
-    let f32 = pb::tensor_proto::DataType::Float as i32;
-    let mut input = vec!["x".to_string()];
-    input.extend(initializers.iter().map(|t| t.name().to_string()));
     let model = pb::ModelProto {
         ir_version: Some(8),
         opset_import: vec![pb::OperatorSetIdProto {
@@ -237,19 +246,9 @@ fn one_node_with(
         }],
         graph: Some(pb::GraphProto {
             name: Some("g".into()),
-            node: vec![pb::NodeProto {
-                name: Some("the_node".into()),
-                op_type: Some(op.into()),
-                input,
-                output: vec!["y".into()],
-                ..Default::default()
-            }],
+            node: nodes,
             initializer: initializers,
-            input: vec![pb::ValueInfoProto {
-                name: Some("x".into()),
-                r#type: Some(tensor_type(f32, x)),
-                ..Default::default()
-            }],
+            input: inputs,
             output: vec![pb::ValueInfoProto {
                 name: Some("y".into()),
                 ..Default::default()
@@ -259,6 +258,35 @@ fn one_node_with(
         ..Default::default()
     };
     model.encode_to_vec()
+}
+
+/// An input `name` of element type `elem` and dimensions `dims`.
+fn input_of(
+    name: &str,
+    elem: i32,
+    dims: &[pb::tensor_shape_proto::Dimension],
+) -> pb::ValueInfoProto {
+    pb::ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(tensor_type(elem, dims)),
+        ..Default::default()
+    }
+}
+
+/// A model of one node named `the_node`, `y = op(x, inputs..)`, over an f32
+/// input `x` of the given dimensions and `initializers`, at `opset`.
+fn one_node_with(
+    op: &str,
+    x: &[pb::tensor_shape_proto::Dimension],
+    initializers: Vec<pb::TensorProto>,
+    opset: i64,
+) -> Vec<u8> {
+    let f32 = pb::tensor_proto::DataType::Float as i32;
+    let names: Vec<String> = initializers.iter().map(|t| t.name().to_string()).collect();
+    let mut input = vec!["x"];
+    input.extend(names.iter().map(String::as_str));
+    let nodes = vec![node("the_node", op, &input, "y")];
+    model_of(opset, nodes, initializers, vec![input_of("x", f32, x)])
 }
 
 /// A one-node model `y = op(x)` over an f32 input of the given dimensions.
@@ -644,53 +672,27 @@ fn raw_and_folded_weights(scale: f32) -> Vec<u8> {
         ),
         ..Default::default()
     };
-    let node = |op: &str, input: &[&str], output: &str| pb::NodeProto {
-        op_type: Some(op.into()),
-        input: input.iter().map(ToString::to_string).collect(),
-        output: vec![output.into()],
-        ..Default::default()
-    };
-    let model = pb::ModelProto {
-        ir_version: Some(8),
-        opset_import: vec![pb::OperatorSetIdProto {
-            domain: Some(String::new()),
-            version: Some(17),
-        }],
-        graph: Some(pb::GraphProto {
-            name: Some("g".into()),
-            node: vec![
-                node("Mul", &["wt", "two"], "t"),
-                node("MatMul", &["x", "t"], "p"),
-                node("MatMul", &["x", "w"], "q"),
-                node("Add", &["p", "q"], "s"),
-                node("Add", &["s", "b"], "y"),
-            ],
-            initializer: vec![
-                raw("wt", &[k, n], &|i| scale * ((i % 11) as f32 - 5.0) / 16.0),
-                raw("two", &[], &|_| 2.0),
-                raw("w", &[k, n], &|i| scale * ((i % 7) as f32 - 3.0) / 8.0),
-                pb::TensorProto {
-                    name: Some("b".into()),
-                    dims: vec![n as i64],
-                    data_type: Some(f32),
-                    float_data: (0..n).map(|i| i as f32 / 10.0).collect(),
-                    ..Default::default()
-                },
-            ],
-            input: vec![pb::ValueInfoProto {
-                name: Some("x".into()),
-                r#type: Some(tensor_type(f32, &[dim(2), dim(k as i64)])),
-                ..Default::default()
-            }],
-            output: vec![pb::ValueInfoProto {
-                name: Some("y".into()),
-                ..Default::default()
-            }],
+    let nodes = vec![
+        node("", "Mul", &["wt", "two"], "t"),
+        node("", "MatMul", &["x", "t"], "p"),
+        node("", "MatMul", &["x", "w"], "q"),
+        node("", "Add", &["p", "q"], "s"),
+        node("", "Add", &["s", "b"], "y"),
+    ];
+    let initializers = vec![
+        raw("wt", &[k, n], &|i| scale * ((i % 11) as f32 - 5.0) / 16.0),
+        raw("two", &[], &|_| 2.0),
+        raw("w", &[k, n], &|i| scale * ((i % 7) as f32 - 3.0) / 8.0),
+        pb::TensorProto {
+            name: Some("b".into()),
+            dims: vec![n as i64],
+            data_type: Some(f32),
+            float_data: (0..n).map(|i| i as f32 / 10.0).collect(),
             ..Default::default()
-        }),
-        ..Default::default()
-    };
-    model.encode_to_vec()
+        },
+    ];
+    let x = input_of("x", f32, &[dim(2), dim(k as i64)]);
+    model_of(17, nodes, initializers, vec![x])
 }
 
 /// A second `dlc run` of an unchanged ONNX model takes the program and
@@ -836,40 +838,16 @@ fn rand_name() -> String {
 fn failures_name_the_onnx_node() {
     let d = Dir::new("node-places");
     let i32t = pb::tensor_proto::DataType::Int32 as i32;
-    let node = |name: &str, op: &str, input: &[&str], output: &str| pb::NodeProto {
-        name: (!name.is_empty()).then(|| name.into()),
-        op_type: Some(op.into()),
-        input: input.iter().map(ToString::to_string).collect(),
-        output: vec![output.into()],
-        ..Default::default()
-    };
-    let input = |name: &str| pb::ValueInfoProto {
-        name: Some(name.into()),
-        r#type: Some(tensor_type(i32t, &[dim(4)])),
-        ..Default::default()
-    };
-    let model = pb::ModelProto {
-        ir_version: Some(8),
-        opset_import: vec![pb::OperatorSetIdProto {
-            domain: Some(String::new()),
-            version: Some(17),
-        }],
-        graph: Some(pb::GraphProto {
-            name: Some("g".into()),
-            node: vec![
-                node("", "Add", &["a", "a"], "doubled"),
-                node("/model/divide", "Div", &["doubled", "b"], "y"),
-            ],
-            input: vec![input("a"), input("b")],
-            output: vec![pb::ValueInfoProto {
-                name: Some("y".into()),
-                ..Default::default()
-            }],
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let m = d.file("div.onnx", model.encode_to_vec());
+    let nodes = vec![
+        node("", "Add", &["a", "a"], "doubled"),
+        node("/model/divide", "Div", &["doubled", "b"], "y"),
+    ];
+    let inputs = vec![
+        input_of("a", i32t, &[dim(4)]),
+        input_of("b", i32t, &[dim(4)]),
+    ];
+    let model = model_of(17, nodes, Vec::new(), inputs);
+    let m = d.file("div.onnx", model);
     let ty = dlc_core::TensorType::new(dlc_core::DType::I32, vec![4]);
     let a = format!("a={}", d.npy("a.npy", ty.clone(), &[1.0, 2.0, 3.0, 4.0]));
     let b = format!("b={}", d.npy("b.npy", ty, &[1.0, 0.0, 3.0, 4.0]));
