@@ -832,8 +832,8 @@ fn rand_name() -> String {
 
 /// A failure in an imported model names the ONNX node it comes from, on
 /// every back end and from the program cache, not a line of the program
-/// the importer wrote; `dlc import` writes each node's name above its
-/// lines (an unnamed node by its first output).
+/// the importer wrote, and so do its kernels' names; `dlc import` writes
+/// each node's name above its lines (an unnamed node by its first output).
 #[test]
 fn failures_name_the_onnx_node() {
     let d = Dir::new("node-places");
@@ -863,6 +863,9 @@ fn failures_name_the_onnx_node() {
     ] {
         fails_with(&dlc(&[&run[..], extra].concat()), &place);
     }
+    // Its kernels are named after it, for profiles.
+    let ir = succeeds(&dlc(&["compile", &m, "--emit", "llvm"]));
+    assert!(ir.contains(".node_model_divide_Div"), "{ir}");
     let text = succeeds(&dlc(&["import", &m]));
     assert!(
         text.contains("    // node `doubled` (Add)\n    let doubled = a + a;"),

@@ -184,14 +184,11 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
             .collect::<R<_>>()?;
         slots.extend(extra.iter().map(|v| (None, v.get_type())));
         // Named after the source line it computes (`step.threads12.L9C5`,
-        // line 9, column 5), so that a profile of compiled code reads as the
-        // program: every kernel of a gradient is at its forward op's place.
-        let place = self
-            .loc
-            .as_ref()
-            .filter(|l| l.line > 0)
-            .map(|l| format!(".L{}C{}", l.line, l.column))
-            .unwrap_or_default();
+        // line 9, column 5), or the place it names when it is no line (an
+        // imported ONNX node: `main_graph.threads12.node_features_9_Conv`),
+        // so that a profile of compiled code reads as the program: every
+        // kernel of a gradient is at its forward op's place.
+        let place = self.loc.as_ref().map(place_suffix).unwrap_or_default();
         let outlined = self.module.add_function(
             &format!(
                 "{}.{}{}{place}",
@@ -446,5 +443,31 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         let result = b.build_load(i32t, status, "status")?;
         b.build_return(Some(&result))?;
         Ok(f)
+    }
+}
+
+/// A kernel's name's suffix for its source place: `.L9C5` for line 9,
+/// column 5; for a place that is no line (line 0: an imported ONNX
+/// model's ``model.onnx, node `/features/9/Conv` (Conv)``), what follows
+/// its file's name, letters and digits kept and the rest `_`, at most 48
+/// characters (`.node_features_9_Conv`).
+fn place_suffix(loc: &dlc_core::SourceLoc) -> String {
+    if loc.line > 0 {
+        return format!(".L{}C{}", loc.line, loc.column);
+    }
+    let what = loc.file.split_once(", ").map_or(&*loc.file, |(_, w)| w);
+    let mut name = String::new();
+    for c in what.chars() {
+        let c = if c.is_ascii_alphanumeric() { c } else { '_' };
+        // Runs of `_` are one.
+        if c != '_' || !name.ends_with('_') {
+            name.push(c);
+        }
+    }
+    let name: String = name.trim_matches('_').chars().take(48).collect();
+    if name.is_empty() {
+        String::new()
+    } else {
+        format!(".{name}")
     }
 }
