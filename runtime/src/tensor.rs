@@ -386,6 +386,26 @@ pub fn seeded_rng(seed: u64) -> StdRng {
 mod tests {
     use super::*;
 
+    /// A tensor's bytes are taken only when they hold its type: their
+    /// length, and for bool bytes of 0 or 1; they read back as the values.
+    #[test]
+    fn raw_tensors_check_their_bytes() {
+        let f32x3 = TensorType::new(DType::F32, vec![3]);
+        let bytes: Vec<u8> = [1.5f32, -2.0, 0.25]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let t = RawTensor::new(f32x3.clone(), bytes.clone().into()).unwrap();
+        assert_eq!(t.to_host().unwrap().data, [1.5, -2.0, 0.25]);
+        assert_eq!(Value::Raw(t).into_host().unwrap().ty, f32x3);
+        let short = RawTensor::new(f32x3, bytes[..8].to_vec().into());
+        assert!(matches!(short, Err(TensorError::Length { got: 2, .. })));
+        let bools = TensorType::new(DType::Bool, vec![2]);
+        assert!(RawTensor::new(bools.clone(), vec![0u8, 1].into()).is_ok());
+        let e = RawTensor::new(bools, vec![0u8, 2].into()).unwrap_err();
+        assert_eq!(e.to_string(), "bool[2]: a boolean's byte is 0 or 1");
+    }
+
     #[test]
     fn npy_round_trips_every_dtype() {
         let dir = std::env::temp_dir().join(format!("dlc-npy-{}", std::process::id()));
