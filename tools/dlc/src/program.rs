@@ -89,10 +89,7 @@ pub fn compile_for_cpu(
         if let Ok(Some((jit, meta))) = Jit::load(cache, key)
             && let Some(interface) = Interface::decode(&meta)
         {
-            let carried = carried_weights(&src.name, src.weights, &interface)?
-                .into_iter()
-                .map(|(n, t)| (n, Value::Host(t)))
-                .collect();
+            let carried = carried_weights(&src.name, src.weights, &interface)?;
             return Ok(CpuProgram {
                 jit,
                 interface,
@@ -162,7 +159,7 @@ fn carried_weights(
     name: &str,
     weights: Vec<(String, Vec<f64>)>,
     interface: &Interface,
-) -> Result<Vec<(String, HostTensor)>, DriverError> {
+) -> Result<Carried, DriverError> {
     weights
         .into_iter()
         .filter_map(|(weight, values)| {
@@ -172,7 +169,7 @@ fn carried_weights(
                 .find(|p| p.weight && p.name == weight)?;
             Some(
                 HostTensor::new(p.ty.clone(), values)
-                    .map(|t| (weight, t))
+                    .map(|t| (weight, Value::Host(t)))
                     .map_err(|e| DriverError::Usage(format!("{name}: weight `{}`: {e}", p.name))),
             )
         })
@@ -391,12 +388,11 @@ pub fn compile_onnx_for_cpu(
         weights: Vec::new(),
     };
     let (jit, interface, _, front) = compile_fresh(src, how, phases, start)?;
-    let (carried, record, kept) = bind_imported(
+    let (carried, mut record, kept) = bind_imported(
         path,
         imported.weights,
         &interface,
         &model,
-        &dir,
         Record {
             inputs: imported.inputs,
             outputs: imported.outputs.into_iter().map(|(o, _)| o).collect(),
@@ -404,7 +400,11 @@ pub fn compile_onnx_for_cpu(
             externals: Vec::new(),
         },
     )?;
-    if let (Some(cache), Some(key)) = (how.cache, &key) {
+    // The external files are hashed only for a program that is kept.
+    if let (Some(cache), Some(key)) = (how.cache, &key)
+        && let Some(externals) = external_hashes(&record, &dir)
+    {
+        record.externals = externals;
         // The kept bytes go first: a program is never found without them.
         // A cache that cannot be written only makes the next run slower.
         if kept.is_empty() || Jit::store_data(cache, key, &kept).is_ok() {
@@ -430,17 +430,32 @@ pub fn compile_onnx_for_cpu(
     })
 }
 
+/// The external data files `record`'s weights are read from, with their
+/// SHA-256; `None` when one cannot be read (the program is then not kept).
+fn external_hashes(record: &Record, dir: &std::path::Path) -> Option<Vec<(String, String)>> {
+    let mut externals: Vec<(String, String)> = Vec::new();
+    for (_, place) in &record.weights {
+        if let Place::External { file, .. } = place
+            && !externals.iter().any(|(f, _)| f == file)
+        {
+            let digest = Sha256::digest(map(&dir.join(file)).ok()?);
+            externals.push((file.clone(), hex(&digest)));
+        }
+    }
+    Some(externals)
+}
+
 /// The weights an import gave (`weights`) as values of the types
 /// `interface` declares: the file's bytes as they are where they are a
 /// tensor's (initializers), else the folded values. Returns them, `record`
-/// completed with where each one's bytes are, and the bytes to keep beside
+/// completed with where each one's bytes are (the external files' hashes
+/// are added only when the program is kept), and the bytes to keep beside
 /// the program (the folded ones').
 fn bind_imported(
     path: &str,
     weights: Vec<(String, dlc_onnx::Data)>,
     interface: &Interface,
     model: &bytes::Bytes,
-    dir: &std::path::Path,
     mut record: Record,
 ) -> Result<(Carried, Record, Vec<u8>), DriverError> {
     let mut carried = Vec::with_capacity(weights.len());
@@ -462,10 +477,6 @@ fn bind_imported(
                 let len = t.bytes().len();
                 let place = match s.external {
                     Some((file, offset)) => {
-                        if !record.externals.iter().any(|(f, _)| *f == file) {
-                            let digest = Sha256::digest(map(&dir.join(&file))?);
-                            record.externals.push((file.clone(), hex(&digest)));
-                        }
                         let offset = usize::try_from(offset).map_err(|_| {
                             DriverError::Usage(format!(
                                 "{path}: weight `{name}` is too far in {file}"
