@@ -1520,6 +1520,22 @@ fn run_time_errors_name_the_source_place() {
     );
     let ok = f.call(&[ints(vec![3.0; 64]), ints(vec![2.0; 64])]).unwrap();
     assert!(ok[0].data.iter().all(|&v| v == 4.0), "{:?}", ok[0].data);
+    // Saturation rewrites the function (`x @ a + x @ b` becomes
+    // `x @ (a + b)`): the ops it rebuilds keep their places.
+    let sat = d.file(
+        "sat.dl",
+        "fn f(x: f32[64, 64], a: f32[64, 64], b: f32[64, 64], y: i32[64], z: i32[64]) -> (f32[64, 64], i32[64]) {\n    let p = x @ a + x @ b;\n    let q = (y * 2) / z;\n    return (p, q + 1);\n}\n",
+    );
+    let graph = dlc(&["compile", &sat, "--emit", "graph"]);
+    let graph = String::from_utf8_lossy(&graph.stdout);
+    assert!(
+        graph.contains("graph.add %a, %b"),
+        "saturation no longer rewrites the test's function:\n{graph}"
+    );
+    for backend in ["cpu", "loop", "tile"] {
+        let o = dlc(&["run", &sat, "--backend", backend, "--random-inputs", "0"]);
+        fails_with(&o, &format!("integer division by zero at {sat}:3:13"));
+    }
     // A 40 GB intermediate: the allocation fails, and says where.
     let oom = d.file(
         "oom.dl",

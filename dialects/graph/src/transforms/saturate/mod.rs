@@ -321,7 +321,9 @@ pub fn rebuild(
     }
     let mut folded: HashMap<Id, Tensor> = HashMap::new();
     let get = |c: Id| eg[c].data.clone();
+    let mut order: Vec<Id> = Vec::with_capacity(used.len());
     while let Some((_, c)) = ready.pop_first() {
+        order.push(c);
         let node = &choice[&c];
         let (head, operands) = decode(&eg.analysis.tables, node, &get)?;
         let info = eg[c].data.info()?.clone();
@@ -384,8 +386,65 @@ pub fn rebuild(
         .iter()
         .map(|r| value.get(r).copied())
         .collect::<Option<_>>()?;
+    place_rebuilt(&mut f, original, origin, &order, &users, &value);
     crate::transforms::remove_dead_nodes(&mut f);
     Some(f)
+}
+
+/// Gives each rebuilt node a source place, so that run-time failures and
+/// kernel names still point at the program after saturation: a class that
+/// holds an original node takes that node's place; a class the rewrites
+/// made (a batchnorm folded into its convolution, a bias moved into a
+/// product's epilogue) takes the place of its first user that has one, the
+/// op whose value it helps compute, else of its first operand that has one.
+fn place_rebuilt(
+    f: &mut Function,
+    original: &Function,
+    origin: &HashMap<Id, NodeIndex>,
+    order: &[Id],
+    users: &HashMap<Id, Vec<Id>>,
+    value: &HashMap<Id, Value>,
+) {
+    let mut place: HashMap<Id, dlc_core::SourceLoc> = origin
+        .iter()
+        .filter_map(|(&c, &n)| Some((c, original.body.node_weight(n)?.loc.clone()?)))
+        .collect();
+    // Users come after their operands in `order`: walking it backwards
+    // settles every user before the class it reads.
+    for &c in order.iter().rev() {
+        if place.contains_key(&c) {
+            continue;
+        }
+        let from_user = users
+            .get(&c)
+            .into_iter()
+            .flatten()
+            .find_map(|u| place.get(u).cloned());
+        if let Some(loc) = from_user {
+            place.insert(c, loc);
+        }
+    }
+    let class_of: HashMap<NodeIndex, Id> = value.iter().map(|(&c, v)| (v.node, c)).collect();
+    for &c in order {
+        if place.contains_key(&c) {
+            continue;
+        }
+        let operand = f
+            .operands(value[&c].node)
+            .into_iter()
+            .find_map(|o| place.get(class_of.get(&o.node)?).cloned());
+        if let Some(loc) = operand {
+            place.insert(c, loc);
+        }
+    }
+    for (c, loc) in place {
+        if let Some(v) = value.get(&c)
+            && let Some(node) = f.body.node_weight_mut(v.node)
+            && !matches!(node.op, Op::Param { .. })
+        {
+            node.loc = Some(loc);
+        }
+    }
 }
 
 /// The functions whose saturated nodes may be settled (`Node::settled`)
