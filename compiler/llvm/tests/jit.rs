@@ -118,6 +118,47 @@ fn element_wise_ops_and_casts() {
     );
 }
 
+/// `max` and `min` in compiled code are the interpreter's, element for
+/// element: a NaN on either side propagates, and of two equal operands (+0
+/// and -0) the second is the result; in a vector and its scalar tail, and
+/// against a constant as ReLU6's clip has it.
+#[test]
+fn max_and_min_are_the_interpreters() {
+    let (nan, inf) = (f64::NAN, f64::INFINITY);
+    let pairs = [
+        (nan, 1.0),
+        (1.0, nan),
+        (nan, nan),
+        (2.0, 1.0),
+        (1.0, 2.0),
+        (0.0, -0.0),
+        (-0.0, 0.0),
+        (inf, -inf),
+        (-inf, nan),
+        (3.0, 3.0),
+        (-7.0, 8.0),
+    ];
+    let n = 21;
+    let (xs, ys): (Vec<f64>, Vec<f64>) = (0..n).map(|i| pairs[i % pairs.len()]).unzip();
+    let m = graph(&format!(
+        "fn f(x: f32[{n}], y: f32[{n}]) -> (f32[{n}], f32[{n}], f32[{n}], f32[{n}]) {{ return (max(x, y), min(x, y), min(max(x, 0.0), 6.0), max(-0.0, x)); }}"
+    ));
+    let f = m.entry_points().next().unwrap();
+    let t = |v: Vec<f64>| HostTensor::new(TensorType::new(DType::F32, vec![n]), v).unwrap();
+    let inputs = [t(xs), t(ys)];
+    let want = interpret(&m, f, &inputs).unwrap();
+    let got = compiled(&m, f, &inputs);
+    for (k, (w, g)) in want.iter().zip(&got).enumerate() {
+        for (i, (a, b)) in w.data.iter().zip(&g.data).enumerate() {
+            assert!(
+                (a.is_nan() && b.is_nan()) || a.to_bits() == b.to_bits(),
+                "result {k}, element {i} ({:?}): interpreter {a:?}, compiled {b:?}",
+                pairs[i % pairs.len()]
+            );
+        }
+    }
+}
+
 #[test]
 fn integer_division_by_zero_is_an_error() {
     let m = graph("fn f(x: i32[2]) -> i32[2] { return x / (x - x); }");
