@@ -665,9 +665,10 @@ impl<'a> Conv<'a> {
             // needs no mask: the queries (a block a program reads once per
             // panel), the probabilities (in scratch memory already).
             self.strips = self.rows_in_place(m1, &plans[0]);
-            let first = self.program_product(m1, &plans[0], panels[0], &bat, &i0, &zero, &zero);
+            let first =
+                self.program_product(m1, &plans[0], panels[0], &bat, &i0, &zero, &zero, false);
             self.strips = Strips::Own;
-            let first = first?;
+            let first = first?.ok_or_else(|| self.invalid("a fused product without its block"))?;
             // The row nest on each of the block's rows (rows past the
             // product's are computed on scratch memory and never stored).
             let rows = self.op(f.rows);
@@ -699,9 +700,10 @@ impl<'a> Conv<'a> {
             self.b.end_for(vec![]);
             self.strips = self.rows_in_place(m2, &plans[1]);
             self.row_factors = scale.map(|(_, factors)| factors);
+            let per_tile = self.light_epilogue(m2)?;
             let result = self
-                .program_product(m2, &plans[1], panels[1], &bat, &i0, &zero, &zero)
-                .and_then(|e| self.epilogue(&e));
+                .program_product(m2, &plans[1], panels[1], &bat, &i0, &zero, &zero, per_tile)
+                .and_then(|e| e.map_or(Ok(()), |e| self.epilogue(&e)));
             self.strips = Strips::Own;
             self.row_factors = None;
             result

@@ -410,6 +410,7 @@ impl<'a> Conv<'a> {
                 Affine::value(p).plus_scaled(1, &Affine::constant(lo)),
             );
             let zero = Affine::constant(0);
+            let per_tile = self.light_epilogue(f.product)?;
             let e = self.program_product(
                 f.product,
                 &plan,
@@ -418,8 +419,11 @@ impl<'a> Conv<'a> {
                 &i0,
                 &zero,
                 &zero,
+                per_tile,
             )?;
-            self.epilogue(&e)?;
+            if let Some(e) = e {
+                self.epilogue(&e)?;
+            }
             self.b.end_for(vec![]);
             transform(self, f.output)
         })();
