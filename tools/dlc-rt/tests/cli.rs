@@ -14,11 +14,28 @@ use dlc_runtime::gpu::{DeviceBuffer, GpuFunction, GpuProgram, Launch};
 use dlc_runtime::module::{EntryInfo, GpuModule};
 use dlc_runtime::{HostTensor, RandomRange};
 
-fn dir(name: &str) -> PathBuf {
+/// A fresh directory under the system's temporary one, removed when the
+/// test ends (each run used to leave three behind).
+struct Dir(PathBuf);
+
+impl std::ops::Deref for Dir {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn dir(name: &str) -> Dir {
     let d = std::env::temp_dir().join(format!("dlc-rt-test-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
-    d
+    Dir(d)
 }
 
 fn dlc_rt(args: &[&str]) -> Output {
