@@ -637,6 +637,17 @@ pub const CONV_EPILOGUE_PROGRAMS: &[&str] = &[
 /// in tiles of 32 and 64).
 pub const STRIDED_DEPTHWISE_PROGRAM: &str = "fn f(x: f32[2, 8, 33, 141], w: f32[8, 1, 3, 3]) -> f32[2, 8, 17, 71] { return clip(conv2d(x, w, stride=2, padding=1, groups=8), 0.0, 6.0); }";
 
+/// Pixel convolutions (`dlc_graph::ops::conv_is_pixel`): a squeeze-excite
+/// block's two fully connected layers on `[N, C, 1, 1]` (a bias and ReLU,
+/// then hardsigmoid, as epilogues), large enough that the CPU would pack
+/// them as products; one pixel taken from a 2 x 2 image at stride 2; one
+/// whose only tap falls in the padding.
+pub const PIXEL_CONV_PROGRAMS: [&str; 3] = [
+    "fn f(x: f32[2, 144, 1, 1], w1: f32[160, 144, 1, 1], b1: f32[160, 1, 1], w2: f32[144, 160, 1, 1]) -> f32[2, 144, 1, 1] { let h = relu(conv2d(x, w1) + b1); return hardsigmoid(conv2d(h, w2)); }",
+    "fn f(x: f32[3, 70, 2, 2], w: f32[240, 70, 1, 1]) -> f32[3, 240, 1, 1] { return conv2d(x, w, stride=2); }",
+    "fn f(x: f32[1, 5, 1, 1], w: f32[4, 5, 1, 1], b: f32[4, 1, 1]) -> f32[1, 4, 1, 1] { return conv2d(x, w, stride=3, padding=1) + b; }",
+];
+
 /// A 5 x 5 depthwise convolution over 7 columns (EfficientNet's last
 /// stages), SiLU after it: longer windows than the rows are wide.
 pub const WIDE_WINDOW_DEPTHWISE_PROGRAM: &str = "fn f(x: f32[1, 24, 7, 7], w: f32[24, 1, 5, 5]) -> f32[1, 24, 7, 7] { let h = conv2d(x, w, padding=2, groups=24); return h * sigmoid(h); }";

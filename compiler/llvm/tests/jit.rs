@@ -445,6 +445,9 @@ fn tiled_contractions() {
     jit_agrees(dlc_tests::WIDE_WINDOW_DEPTHWISE_PROGRAM);
     jit_agrees(dlc_tests::ROW_BY_TRANSPOSED_PROGRAM);
     jit_agrees(dlc_tests::ROW_BY_MATRIX_PROGRAM);
+    for src in dlc_tests::PIXEL_CONV_PROGRAMS {
+        jit_agrees(src);
+    }
     // Convolutions as products computing their epilogues.
     for src in dlc_tests::CONV_EPILOGUE_PROGRAMS {
         jit_agrees(src);

@@ -1253,6 +1253,11 @@ impl Lowering<'_> {
                 }
             }
             Op::Conv2d {
+                padding, groups: 1, ..
+            } if dlc_graph::ops::conv_is_pixel(self.ty(n), self.ty(self.operand(n, 1))) => {
+                self.emit_pixel_conv(n, padding)
+            }
+            Op::Conv2d {
                 stride,
                 padding,
                 groups,
@@ -1529,6 +1534,43 @@ impl Lowering<'_> {
             self.b.end_for(vec![]);
         }
         self.close_nest(outer.len());
+    }
+
+    /// A pixel convolution (`dlc_graph::ops::conv_is_pixel`): per image
+    /// and output channel, the dot product of the channel's weights with
+    /// the input's channels at the window's one tap (the image's first
+    /// pixel, or padding), vectorized along the channels, one per program,
+    /// as a row by a matrix is. As a product it was a `[O, C] @ [C, 1]`
+    /// whose tiles ran along the rows, each lane reading a row of the
+    /// weights `C` floats from the next: 13 us for MobileNetV3's `576 x
+    /// 144`, 3.7 as dot products.
+    fn emit_pixel_conv(&mut self, n: NodeIndex, padding: [usize; 2]) {
+        let ty = self.ty(n).clone();
+        let dtype = ty.dtype;
+        let (x, w) = (self.operand(n, 0), self.operand(n, 1));
+        let (xbuf, wbuf) = (self.home[&x], self.home[&w]);
+        let c = self.ty(w).shape[1];
+        let idx = self.open_reduction_nest(&ty.shape);
+        let (nb, o) = (idx[0].clone(), idx[1].clone());
+        let tap = [-(padding[0] as i64), -(padding[1] as i64)];
+        let pad = (padding != [0, 0]).then_some(0.0);
+        let acc = self.reduce_loops(ReduceKind::Sum, dtype, &[(0, c as i64)], &mut |l, r| {
+            let xv = l.b.load(
+                xbuf,
+                vec![nb.clone(), r[0].clone(), ix_const(tap[0]), ix_const(tap[1])],
+                pad,
+            );
+            let wv = l.b.load(
+                wbuf,
+                vec![o.clone(), r[0].clone(), ix_const(0), ix_const(0)],
+                None,
+            );
+            let (xv, wv) = (l.widen(xv), l.widen(wv));
+            l.b.binary(BinaryOp::Mul, xv, wv)
+        });
+        let acc = self.narrow(acc, dtype);
+        self.sink(n, &idx, acc);
+        self.close_nest(ty.rank());
     }
 
     /// A convolution neither Winograd nor im2col takes: a sum over input

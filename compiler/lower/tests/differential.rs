@@ -603,6 +603,30 @@ fn strided_short_reductions_run_across_their_columns() {
     );
 }
 
+/// A convolution of one pixel per image through a 1 x 1 window (a
+/// squeeze-excite block's layers) is a dot product per output channel,
+/// vectorized along the input's channels and reduced, not a product whose
+/// tiles run along the weights' rows (each lane a row `C` floats from the
+/// next).
+#[test]
+fn pixel_convolutions_are_dot_products_along_the_channels() {
+    for src in dlc_tests::PIXEL_CONV_PROGRAMS {
+        let m = graph(src);
+        for (target, _) in x86_widths() {
+            let text = dlc_tile::print_module(&kernels(&m, &target));
+            assert!(
+                text.contains("tile.reduce")
+                    && text.contains("schedule = \"rows\"")
+                    && !text.contains("schedule = \"dot\"")
+                    && !text.contains("schedule = \"packed\""),
+                "{}: {text}",
+                target.name
+            );
+        }
+        agree(src);
+    }
+}
+
 /// A window longer than the row is wide (5 x 5 over 7 columns) still runs
 /// across the columns: 25 taps of 7-lane tiles, the SiLU after them on the
 /// tile, not 5-lane tiles of taps reduced for every column.

@@ -432,7 +432,8 @@ pub fn winograd_tiles(out: &TensorType) -> usize {
 /// The CPU back end's rule for a convolution with result type `out` and
 /// weights `w`: one group and a product per image that `target` runs on its
 /// packed kernel (`TargetDesc::packs_product`) make it a product over an
-/// im2col buffer (which has no epilogue).
+/// im2col buffer (which has no epilogue), unless it is a pixel convolution
+/// ([`conv_is_pixel`]).
 pub fn conv_is_im2col_product(
     groups: usize,
     out: &TensorType,
@@ -445,5 +446,15 @@ pub fn conv_is_im2col_product(
         .skip(1)
         .chain(w.shape.iter().skip(1))
         .product::<usize>();
-    groups == 1 && target.packs_product(out.dtype, macs)
+    groups == 1 && !conv_is_pixel(out, w) && target.packs_product(out.dtype, macs)
+}
+
+/// Whether a convolution with result type `out` and weights `w` computes
+/// one pixel per image through a 1 x 1 window (a squeeze-excite block's
+/// fully connected layers on `[N, C, 1, 1]`): each output channel is then
+/// a dot product of its weights with the input's channels, which lowering
+/// runs as a row by a matrix is, along the depth, rather than as a product
+/// with one useful column in every register tile.
+pub fn conv_is_pixel(out: &TensorType, w: &TensorType) -> bool {
+    out.shape.get(2..) == Some(&[1, 1][..]) && w.shape.get(2..) == Some(&[1, 1][..])
 }
