@@ -1593,44 +1593,46 @@ impl Lowering<'_> {
         let ivs = self.open_nest(&[ty.shape[0], groups, og, ty.shape[2], ty.shape[3]]);
         let (nb, g, oi, oy, ox) = (&ivs[0], &ivs[1], &ivs[2], &ivs[3], &ivs[4]);
         let oc = ix_axpy(og as i64, g, oi);
-        // Each row of the window is summed on its own, from zero, and the
-        // rows' sums are then added up: one chain of multiply-adds through
-        // the whole window waited on each one's latency (a 5 x 5
-        // depthwise window over a 7-wide row: 25 dependent FMAs a row).
-        let outer = [(0, cg as i64), (0, kh as i64)];
         let (nb2, g2, oy2, ox2, oc2) = (nb.clone(), g.clone(), oy.clone(), ox.clone(), oc.clone());
-        let acc = self.reduce_loops(ReduceKind::Sum, dtype, &outer, &mut |l, r| {
-            let (c, ky) = (r[0].clone(), r[1].clone());
-            let (nb2, g2, oy2, ox2, oc2) = (
-                nb2.clone(),
-                g2.clone(),
-                oy2.clone(),
-                ox2.clone(),
-                oc2.clone(),
+        let tap = move |l: &mut Self, c: &IndexExpr, ky: &IndexExpr, kx: &IndexExpr| {
+            let xc = ix_axpy(cg as i64, &g2, c);
+            let iy = ix_axpy(
+                stride[0] as i64,
+                &oy2,
+                &ix_axpy(1, ky, &ix_const(-(padding[0] as i64))),
             );
-            l.reduce_loops(ReduceKind::Sum, dtype, &[(0, kw as i64)], &mut |l, r| {
-                let kx = &r[0];
-                let xc = ix_axpy(cg as i64, &g2, &c);
-                let iy = ix_axpy(
-                    stride[0] as i64,
-                    &oy2,
-                    &ix_axpy(1, &ky, &ix_const(-(padding[0] as i64))),
-                );
-                let ixx = ix_axpy(
-                    stride[1] as i64,
-                    &ox2,
-                    &ix_axpy(1, kx, &ix_const(-(padding[1] as i64))),
-                );
-                let xv = l.b.load(xbuf, vec![nb2.clone(), xc, iy, ixx], Some(0.0));
-                let wv = l.b.load(
-                    wbuf,
-                    vec![oc2.clone(), c.clone(), ky.clone(), kx.clone()],
-                    None,
-                );
-                let (xv, wv) = (l.widen(xv), l.widen(wv));
-                l.b.binary(BinaryOp::Mul, xv, wv)
+            let ixx = ix_axpy(
+                stride[1] as i64,
+                &ox2,
+                &ix_axpy(1, kx, &ix_const(-(padding[1] as i64))),
+            );
+            let xv = l.b.load(xbuf, vec![nb2.clone(), xc, iy, ixx], Some(0.0));
+            let wv = l.b.load(
+                wbuf,
+                vec![oc2.clone(), c.clone(), ky.clone(), kx.clone()],
+                None,
+            );
+            let (xv, wv) = (l.widen(xv), l.widen(wv));
+            l.b.binary(BinaryOp::Mul, xv, wv)
+        };
+        // A window wider than one column sums each of its rows on its own,
+        // from zero, and then the rows' sums: one chain of multiply-adds
+        // through the whole window waited on each one's latency (a 5 x 5
+        // depthwise window over a 7-wide row: 25 dependent FMAs a row).
+        let acc = if kw > 1 {
+            let outer = [(0, cg as i64), (0, kh as i64)];
+            self.reduce_loops(ReduceKind::Sum, dtype, &outer, &mut |l, r| {
+                let (c, ky) = (r[0].clone(), r[1].clone());
+                l.reduce_loops(ReduceKind::Sum, dtype, &[(0, kw as i64)], &mut |l, r| {
+                    tap(l, &c, &ky, &r[0])
+                })
             })
-        });
+        } else {
+            let ranges = [(0, cg as i64), (0, kh as i64), (0, kw as i64)];
+            self.reduce_loops(ReduceKind::Sum, dtype, &ranges, &mut |l, r| {
+                tap(l, &r[0], &r[1], &r[2])
+            })
+        };
         let acc = self.narrow(acc, dtype);
         self.sink(n, &[nb.clone(), oc, oy.clone(), ox.clone()], acc);
         self.close_nest(5);
