@@ -637,6 +637,17 @@ pub const CONV_EPILOGUE_PROGRAMS: &[&str] = &[
 /// in tiles of 32 and 64).
 pub const STRIDED_DEPTHWISE_PROGRAM: &str = "fn f(x: f32[2, 8, 33, 141], w: f32[8, 1, 3, 3]) -> f32[2, 8, 17, 71] { return clip(conv2d(x, w, stride=2, padding=1, groups=8), 0.0, 6.0); }";
 
+/// Element-wise work over small images (`[N, C, H, W]`, rows under 16):
+/// a squeeze-excite gate scaling a 7 x 7 image, then a residual and a
+/// per-channel affine (all of it spanning the image or per channel: one
+/// 49-long axis); a value per image row added (spanning one axis: the
+/// nest keeps two); a 14 x 14 image's hardswish.
+pub const FLAT_IMAGE_PROGRAMS: [&str; 3] = [
+    "fn f(x: f32[2, 24, 7, 7], s: f32[2, 24, 1, 1], r: f32[2, 24, 7, 7], a: f32[24, 1, 1], b: f32[24, 1, 1]) -> f32[2, 24, 7, 7] { return (x * sigmoid(s) + r) * a + b; }",
+    "fn f(x: f32[1, 24, 7, 7], r: f32[7, 1]) -> f32[1, 24, 7, 7] { return relu(x + r); }",
+    "fn f(x: f32[1, 40, 14, 14]) -> f32[1, 40, 14, 14] { return hardswish(x); }",
+];
+
 /// Pixel convolutions (`dlc_graph::ops::conv_is_pixel`): a squeeze-excite
 /// block's two fully connected layers on `[N, C, 1, 1]` (a bias and ReLU,
 /// then hardsigmoid, as epilogues), large enough that the CPU would pack

@@ -192,6 +192,11 @@ use petgraph::stable_graph::NodeIndex;
 
 mod winograd;
 
+/// An element-wise nest over `[N, C, H, W]` with rows narrower than this
+/// runs over `[N, C, H*W]` where it can (`Lowering::emit_flat_elementwise`):
+/// one AVX-512 vector of f32; wider rows fill their vectors already.
+const FLAT_WIDTH: usize = 16;
+
 /// Why a graph module could not be lowered.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LowerError {
@@ -1207,6 +1212,7 @@ impl Lowering<'_> {
 
     fn emit_kernel(&mut self, n: NodeIndex) -> Result<(), LowerError> {
         match self.op(n).clone() {
+            op if op.is_elementwise() && self.emit_flat_elementwise(n) => {}
             op if op.is_elementwise() => {
                 let ty = self.ty(n).clone();
                 let inner = self.innermost_axis(n);
@@ -1534,6 +1540,64 @@ impl Lowering<'_> {
             self.b.end_for(vec![]);
         }
         self.close_nest(outer.len());
+    }
+
+    /// An element-wise node over small images (`[N, C, H, W]`, rows
+    /// narrower than `FLAT_WIDTH`) whose nest and epilogue read only values
+    /// spanning both of the image's axes or neither
+    /// (`fusion::flat_elementwise_reads`), all laid out row-major: its nest
+    /// runs over `[N, C, H*W]`, reading and writing through views of that
+    /// shape, so a 7 x 7 image is one row of 49 lanes (and what is computed
+    /// per channel, a squeeze-excite gate's sigmoid, once per channel)
+    /// rather than seven rows of 7. Returns whether it did.
+    fn emit_flat_elementwise(&mut self, n: NodeIndex) -> bool {
+        let ty = self.ty(n).clone();
+        let [_, _, _, w] = ty.shape[..] else {
+            return false;
+        };
+        if w >= FLAT_WIDTH {
+            return false;
+        }
+        let end = match self.plan[&n] {
+            Plan::WithEpilogue(end) => end,
+            _ => n,
+        };
+        let Some(reads) = dlc_graph::fusion::flat_elementwise_reads(self.g, &self.plan, n, end)
+        else {
+            return false;
+        };
+        let mut views = HashMap::new();
+        for r in reads {
+            let shape = flat_shape(&self.ty(r).shape);
+            let Some(view) = self
+                .home
+                .get(&r)
+                .copied()
+                .and_then(|b| self.row_major_view(b, &shape))
+            else {
+                return false;
+            };
+            views.insert(r, view);
+        }
+        let flat = flat_shape(&ty.shape);
+        let Some(out) = self.row_major_view(self.home[&end], &flat) else {
+            return false;
+        };
+        let idx = self.open_nest(&flat);
+        self.flat = Some(views);
+        let v = self.compute_at(n, &idx);
+        let v = if end == n {
+            v
+        } else {
+            self.subst.insert(n, v);
+            let w = self.compute_at(end, &idx);
+            self.subst.remove(&n);
+            w
+        };
+        self.flat = None;
+        self.b.store(v, out, idx);
+        self.close_nest(flat.len());
+        true
     }
 
     /// A pixel convolution (`dlc_graph::ops::conv_is_pixel`): per image

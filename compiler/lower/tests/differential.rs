@@ -603,6 +603,33 @@ fn strided_short_reductions_run_across_their_columns() {
     );
 }
 
+/// Element-wise work over small images runs along the image's rows and
+/// columns as one axis where every value it reads spans both or neither
+/// (a 7 x 7 image as 49 lanes), and keeps two axes where one spans a
+/// single axis; both agree with the interpreter.
+#[test]
+fn small_images_run_as_one_axis() {
+    let [flat, rows, hardswish] = dlc_tests::FLAT_IMAGE_PROGRAMS;
+    // The loop a program runs along the image (its tiles are the
+    // target's vectors, or the whole axis where it fits one).
+    for (src, along) in [
+        (flat, "hi = 49, step = "),
+        (rows, "hi = 7, step = 7}"),
+        (hardswish, "hi = 196, step = "),
+    ] {
+        let m = graph(src);
+        for (target, _) in x86_widths() {
+            let text = dlc_tile::print_module(&kernels(&m, &target));
+            assert!(
+                text.contains(along),
+                "{}: no `{along}`: {text}",
+                target.name
+            );
+        }
+        agree(src);
+    }
+}
+
 /// A convolution of one pixel per image through a 1 x 1 window (a
 /// squeeze-excite block's layers) is a dot product per output channel,
 /// vectorized along the input's channels and reduced, not a product whose

@@ -93,6 +93,34 @@ pub fn flat_epilogue_reads(
     n: NodeIndex,
     end: NodeIndex,
 ) -> Option<Vec<NodeIndex>> {
+    flat_reads(f, plan, n, end, false)
+}
+
+/// The stored nodes element-wise node `n` and its epilogue chain (to
+/// `end`, or `n` itself without one) read, when all of it can be computed
+/// at the flattened index `[N, C, H*W]` of its `[N, C, H, W]` result, as
+/// [`flat_epilogue_reads`] says of a convolution's chain: graph -> loop
+/// then runs the nest along the image's rows and columns as one axis (a 7
+/// x 7 image as 49 lanes, not seven rows of 7). `None` when it cannot.
+pub fn flat_elementwise_reads(
+    f: &Function,
+    plan: &HashMap<NodeIndex, Plan>,
+    n: NodeIndex,
+    end: NodeIndex,
+) -> Option<Vec<NodeIndex>> {
+    flat_reads(f, plan, n, end, true)
+}
+
+/// The leaves of the chain from `n` to `end` (with `n`'s own operand tree
+/// when `computed`, else `n` substituted) if every value in it spans both
+/// of `n`'s spatial axes or neither.
+fn flat_reads(
+    f: &Function,
+    plan: &HashMap<NodeIndex, Plan>,
+    n: NodeIndex,
+    end: NodeIndex,
+    computed: bool,
+) -> Option<Vec<NodeIndex>> {
     let out = &f.body[n].results[0].shape;
     let [_, _, oy, ox] = out[..] else {
         return None;
@@ -102,9 +130,19 @@ pub fn flat_epilogue_reads(
         let at = |k: usize| if k < r { shape[r - 1 - k] } else { 1 };
         r <= 4 && ((at(1), at(0)) == (oy, ox) || (at(1), at(0)) == (1, 1))
     };
-    let chain = epilogue_chain(f, n, end);
+    let mut chain = if end == n {
+        Vec::new()
+    } else {
+        epilogue_chain(f, n, end)
+    };
+    if computed {
+        chain.push(n);
+    }
     let mut stack = chain.clone();
-    let (mut seen, mut leaves) = (HashSet::from([n]), Vec::new());
+    let (mut seen, mut leaves) = (HashSet::new(), Vec::new());
+    if !computed {
+        seen.insert(n);
+    }
     while let Some(c) = stack.pop() {
         if !seen.insert(c) {
             continue;
