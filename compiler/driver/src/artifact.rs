@@ -323,7 +323,7 @@ impl Prepared {
         if let Some(t) = self.tiles.get() {
             return Ok(t);
         }
-        let t = crate::lower_for_tile(&self.module, &self.target)?;
+        let t = crate::lower_for_code(&self.module, &self.target)?;
         Ok(self.tiles.get_or_init(|| t))
     }
 
@@ -342,8 +342,9 @@ impl Prepared {
                 module,
                 &self.scheduled,
             )?)),
+            // What compiled code runs (constants prepared once).
             Artifact::Tile | Artifact::TileMlir => {
-                let tiled = crate::lower_for_tile(module, &self.scheduled)?;
+                let tiled = crate::lower_for_code(module, &self.scheduled)?;
                 text(if what == Artifact::Tile {
                     dlc_tile::print_module(&tiled)
                 } else {
@@ -477,8 +478,19 @@ fn signatures(
     m: &dlc_tile::Module,
     symbols: &Symbols,
 ) -> Result<Vec<(String, Signature)>, DriverError> {
+    // Preparers of constants are the code's own business: it runs them.
+    let internal: std::collections::HashSet<&str> = m
+        .functions
+        .iter()
+        .flat_map(|f| f.body.ops.iter().map(move |&id| &f.op(id).kind))
+        .filter_map(|k| match k {
+            dlc_tile::OpKind::Prepared { func, .. } => Some(func.as_str()),
+            _ => None,
+        })
+        .collect();
     m.functions
         .iter()
+        .filter(|f| !internal.contains(f.name.as_str()))
         .map(|f| {
             let mut sig = signature(f).map_err(DriverError::Usage)?;
             sig.name = symbols.symbol(&f.name).map_err(DriverError::Usage)?;

@@ -712,9 +712,10 @@ pub fn lower_to_loops(
 }
 
 /// Lowers a graph module and schedules it as tile kernels for this CPU:
-/// what the CPU back end compiles.
+/// what the LLVM back end compiles ([`lower_for_code`]: constants prepared
+/// once per process).
 pub fn lower_for_cpu(module: &Module) -> Result<dlc_tile::Module, DriverError> {
-    lower_for_tile(module, dlc_core::TargetDesc::host())
+    lower_for_code(module, dlc_core::TargetDesc::host())
 }
 
 /// Lowers a graph module to loops and schedules them as tile kernels for
@@ -736,6 +737,48 @@ pub fn lower_for_tile(
             other.level()
         ))),
     }
+}
+
+/// Lowers a graph module for compiled code on `target`: [`lower_for_tile`],
+/// except that on a CPU the dense constants of the entry points are lowered
+/// as weights (`Function::lift_constants`) and then built back in
+/// (`dlc_tile::transforms::bind_weights`), so that work on constants alone
+/// (packing a constant matrix into panels, transforming a Winograd
+/// convolution's filters) runs once, on the first call, and is kept for the
+/// process, where a constant compiled into a kernel is prepared again by
+/// every call. What compiled code runs, and the tile IR `--emit tile`
+/// prints.
+pub fn lower_for_code(
+    module: &Module,
+    target: &dlc_core::TargetDesc,
+) -> Result<dlc_tile::Module, DriverError> {
+    if target.cpu().is_none() {
+        return lower_for_tile(module, target);
+    }
+    let mut lifted = module.clone();
+    let mut values = Vec::new();
+    for f in &mut lifted.functions {
+        if f.visibility == dlc_graph::Visibility::Public {
+            let constants = f.lift_constants();
+            if !constants.is_empty() {
+                values.push((f.name.clone(), constants));
+            }
+        }
+    }
+    if values.is_empty() {
+        return lower_for_tile(module, target);
+    }
+    let mut tiled = lower_for_tile(&lifted, target)?;
+    for (name, constants) in values {
+        let constants: HashMap<String, std::sync::Arc<[f64]>> = constants.into_iter().collect();
+        dlc_tile::transforms::bind_weights(&mut tiled, &name, |w| constants.get(w).cloned())
+            .map_err(DriverError::Internal)?;
+    }
+    tiled.verify().map_err(|errors| PassError::Verify {
+        pass: Some("constants built back in".into()),
+        errors,
+    })?;
+    Ok(tiled)
 }
 
 /// Every pass of every level, and the conversions between levels.

@@ -80,7 +80,7 @@ fn emit_all<'ctx, I: Ir>(
     for f in functions {
         let symbol = symbols.symbol(I::name(f)).map_err(CodegenError::Symbol)?;
         let sites = Sites::default();
-        let func = I::emit(ctx, module, f, &symbol, &sites, target)?;
+        let func = I::emit(ctx, module, f, functions, symbols, &sites, target)?;
         // The preparer named by its symbol, as a loaded library finds it.
         let sig = I::signature(f).and_then(|mut sig| {
             if let Some(p) = &sig.prepare {

@@ -1095,3 +1095,124 @@ fn jit_passes_check(src: &str) {
         }
     }
 }
+
+/// Dense constants are lowered as weights and built back in
+/// (`lower_for_cpu` is `dlc_driver::lower_for_code`): packing a constant
+/// matrix, and a convolution's constant filters, move into a preparer of no
+/// inputs whose results `tile.prepared` reads, computed by the first call
+/// and kept for the process. Calls from several threads at once (all racing
+/// to prepare), and the calls after, agree with the interpreter and with
+/// one another.
+#[test]
+fn constants_are_prepared_once_per_process() {
+    let values = |n: usize, scale: f64| -> String {
+        (0..n)
+            .map(|i| format!("{:.4}", ((i * 37 % 101) as f64 / 50.0 - 1.0) * scale))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let src = format!(
+        "fn f(x: f32[24, 64], img: f32[1, 8, 10, 10]) -> (f32[24, 48], f32[1, 16, 10, 10]) {{ \
+         let w = tensor([{}], [64, 48]); let k = tensor([{}], [16, 8, 3, 3]); \
+         return (relu(x @ w + tensor([{}], [48])), conv2d(img, k, padding=1)); }}",
+        values(64 * 48, 1.0),
+        values(16 * 8 * 9, 0.5),
+        values(48, 0.1)
+    );
+    let m = graph(&src);
+    let tiles = dlc_driver::lower_for_cpu(&m).unwrap();
+    let text = dlc_tile::print_module(&tiles);
+    let f = tiles.functions.iter().find(|g| g.name == "f").unwrap();
+    assert!(
+        f.prepare.is_none() && f.params.len() == 4 && f.weights.is_empty(),
+        "@f keeps the caller's signature:\n{text}"
+    );
+    let preparers: Vec<&str> = f
+        .body
+        .ops
+        .iter()
+        .filter_map(|&id| match &f.op(id).kind {
+            dlc_tile::OpKind::Prepared { func, .. } => Some(func.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert!(!preparers.is_empty(), "nothing is prepared:\n{text}");
+    let p = tiles
+        .functions
+        .iter()
+        .find(|g| g.name == preparers[0])
+        .unwrap();
+    assert!(
+        p.inputs().is_empty() && p.outputs >= 1,
+        "@{} takes no inputs:\n{text}",
+        p.name
+    );
+    let g = select_entry(&m);
+    let inputs = prepare_inputs(g, &[], Some(5)).unwrap();
+    let want = interpret(&m, g, &inputs).unwrap();
+    let bits = |ts: &[HostTensor]| -> Vec<Vec<u64>> {
+        ts.iter()
+            .map(|t| t.data.iter().map(|x| x.to_bits()).collect())
+            .collect()
+    };
+    let runs: Vec<Vec<HostTensor>> = dlc_llvm::jit(&tiles, |jit| {
+        let results = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..4)
+                .map(|_| {
+                    s.spawn(|| {
+                        let k = jit.kernel("f").unwrap();
+                        [k.call(&inputs).unwrap(), k.call(&inputs).unwrap()]
+                    })
+                })
+                .collect();
+            threads
+                .into_iter()
+                .flat_map(|t| t.join().unwrap())
+                .collect()
+        });
+        Ok(results)
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{text}"));
+    for got in &runs {
+        let err = max_relative_error(got, &want).unwrap();
+        assert!(err <= TOLERANCE, "relative error {err:.3e}\n{text}");
+        assert_eq!(bits(got), bits(&runs[0]), "calls differ");
+    }
+}
+
+/// A preparer reading a declared weight and a constant: the constant is
+/// built into it, the weight stays its input (and the caller's), so the
+/// caller still runs it once per binding.
+#[test]
+fn a_preparer_of_weights_and_constants_keeps_the_weights() {
+    let src = &mixed_preparer();
+    let m = graph(src);
+    let tiles = dlc_driver::lower_for_cpu(&m).unwrap();
+    let text = dlc_tile::print_module(&tiles);
+    let f = tiles.functions.iter().find(|g| g.name == "f").unwrap();
+    let p = f
+        .prepare
+        .as_deref()
+        .unwrap_or_else(|| panic!("no preparer:\n{text}"));
+    let p = tiles.functions.iter().find(|g| g.name == p).unwrap();
+    let inputs: Vec<&str> = p.inputs().iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(inputs, ["w"], "{text}");
+    assert!(text.contains("tile.global"), "{text}");
+    jit_agrees(src);
+}
+
+/// A product by a declared weight whose columns a constant scales.
+fn mixed_preparer() -> String {
+    let scale: Vec<String> = (0..48)
+        .map(|i| format!("{:.2}", f64::from(i % 7) / 4.0 - 0.5))
+        .collect();
+    format!(
+        "fn f(x: f32[32, 64], weight w: f32[64, 48]) -> f32[32, 48] {{ \
+         return x @ (w * tensor([{}], [48])); }}",
+        scale.join(", ")
+    )
+}
+
+fn select_entry(m: &dlc_graph::Module) -> &dlc_graph::Function {
+    m.entry_points().next().unwrap()
+}

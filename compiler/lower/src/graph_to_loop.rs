@@ -157,7 +157,9 @@
 //! loop nest (a weight matrix is a packed product's operand directly). They stay
 //! `tile.global` on the tile level, become one private constant LLVM global of the
 //! elements' little-endian bytes (one data array, so a million-element weight costs one
-//! constant, not a million stores), and a `memref.global` in upstream MLIR.
+//! constant, not a million stores), and a `memref.global` in upstream MLIR. (Compiled CPU
+//! code lowers an entry point's constants as weights first, `dlc_driver::lower_for_code`,
+//! so what depends on them alone is prepared once per process.)
 //!
 //! Reductions and matrix products accumulate in a carried `loop.for` value of the
 //! element type's accumulator type (`DType::accumulator`: f32 for f16 and bf16, the type

@@ -170,6 +170,14 @@ impl Gen<'_> {
                     let l = self.layout(r)?.clone();
                     self.w.global(&self.name(r), &l, values)?;
                 }
+                OpKind::Prepared { func, .. } => {
+                    return Err(MlirError::Unsupported(format!(
+                        "tile.prepared (@{} reads what @{func} prepares once per process); \
+                         lower with `dlc_driver::lower_for_tile`, which keeps constants in the \
+                         kernels",
+                        self.f.name
+                    )));
+                }
                 OpKind::View => {
                     let (src, r) = (op.operands[0], r.unwrap_or(op.operands[0]));
                     let l = self.layout(r)?.clone();

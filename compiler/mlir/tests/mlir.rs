@@ -33,8 +33,8 @@ fn examples() -> Vec<(
             .unwrap_or_else(|e| panic!("{path}: {e}"));
             let loops = dlc_driver::lower_to_loops(&module, dlc_core::TargetDesc::host())
                 .unwrap_or_else(|e| panic!("{path}: {e}"));
-            let tiles =
-                dlc_driver::lower_for_cpu(&module).unwrap_or_else(|e| panic!("{path}: {e}"));
+            let tiles = dlc_driver::lower_for_tile(&module, dlc_core::TargetDesc::host())
+                .unwrap_or_else(|e| panic!("{path}: {e}"));
             (path, module, loops, tiles)
         })
         .collect()
@@ -234,7 +234,7 @@ fn through_mlir(
 fn agrees(src: &str) {
     let m = graph(src);
     let loops = dlc_driver::lower_to_loops(&m, dlc_core::TargetDesc::host()).unwrap();
-    let tiles = dlc_driver::lower_for_cpu(&m).unwrap();
+    let tiles = dlc_driver::lower_for_tile(&m, dlc_core::TargetDesc::host()).unwrap();
     for (seed, f) in m.entry_points().enumerate() {
         let inputs = dlc_driver::prepare_inputs(f, &[], Some(seed as u64)).unwrap();
         compare(src, &m, f, &loops, &tiles, &inputs);
@@ -331,7 +331,7 @@ fn an_integer_division_by_zero_is_an_error() {
     let m = graph("fn f(a: i32[4], b: i32[4]) -> i32[4] { return a / b; }");
     let f = m.entry_points().next().unwrap();
     let loops = dlc_driver::lower_to_loops(&m, dlc_core::TargetDesc::host()).unwrap();
-    let tiles = dlc_driver::lower_for_cpu(&m).unwrap();
+    let tiles = dlc_driver::lower_for_tile(&m, dlc_core::TargetDesc::host()).unwrap();
     let t = |v: [f64; 4]| {
         dlc_runtime::HostTensor::new(
             dlc_core::TensorType::new(dlc_core::DType::I32, vec![4]),
@@ -362,7 +362,7 @@ fn tiles_through_mlir(
     f: &dlc_graph::Function,
     inputs: &[dlc_runtime::HostTensor],
 ) -> Vec<dlc_runtime::HostTensor> {
-    let tiles = dlc_driver::lower_for_cpu(m).unwrap();
+    let tiles = dlc_driver::lower_for_tile(m, dlc_core::TargetDesc::host()).unwrap();
     dlc_mlir::run_tile(&tiles, &f.name, inputs)
         .unwrap_or_else(|e| panic!("@{}: {e}\n{}", f.name, dlc_tile::print_module(&tiles)))
 }

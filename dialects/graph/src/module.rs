@@ -135,6 +135,48 @@ impl Function {
             .collect();
     }
 
+    /// Makes every dense constant of the function a `weight` parameter of
+    /// its own (after the others), the inverse of [`Self::bind_param`], and
+    /// returns each new parameter's name and values, in order: how the CPU
+    /// back end treats constants as the weights they are (work on them alone
+    /// runs once) before building them back in.
+    pub fn lift_constants(&mut self) -> Vec<(String, std::sync::Arc<[f64]>)> {
+        let mut dense: Vec<NodeIndex> = self
+            .body
+            .node_indices()
+            .filter(|&n| {
+                matches!(
+                    self.body[n].op,
+                    Op::Constant(crate::ops::ConstValue::Dense(_))
+                )
+            })
+            .collect();
+        dense.sort();
+        let mut taken: std::collections::HashSet<String> =
+            self.params.iter().map(|(n, _)| n.clone()).collect();
+        let mut lifted = Vec::with_capacity(dense.len());
+        for n in dense {
+            let index = self.params.len();
+            let op = std::mem::replace(
+                &mut self.body[n].op,
+                Op::Param {
+                    index: index as u32,
+                },
+            );
+            let Op::Constant(crate::ops::ConstValue::Dense(values)) = op else {
+                continue;
+            };
+            let mut name = format!("const{}", lifted.len());
+            while !taken.insert(name.clone()) {
+                name.push('_');
+            }
+            self.params.push((name.clone(), n));
+            self.weights.insert(index);
+            lifted.push((name, values));
+        }
+        lifted
+    }
+
     /// Whether parameter `i` is a weight.
     pub fn is_weight(&self, i: usize) -> bool {
         self.weights.contains(&i)

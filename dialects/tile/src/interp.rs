@@ -93,6 +93,8 @@ struct Machine<'f> {
     slots: Vec<Slot>,
     heap: Vec<Option<Storage>>,
     program: [i64; 3],
+    /// The results of the preparers `tile.prepared` ops name, by name.
+    prepared: std::collections::HashMap<String, Vec<Vec<f64>>>,
 }
 
 /// Runs `name` with `args`, one buffer per parameter, updating them in
@@ -115,6 +117,7 @@ pub fn run_function_within(
         slots: vec![Slot::Unset; f.values.len()],
         heap: Vec::new(),
         program: [0; 3],
+        prepared: run_preparers(m, f, limit)?,
     };
     for ((_, v), arg) in f.params.iter().zip(args.iter_mut()) {
         machine.slots[v.0 as usize] = Slot::Buffer(machine.heap.len());
@@ -130,6 +133,61 @@ pub fn run_function_within(
         }
     }
     result.map(|_| ())
+}
+
+/// Runs each preparer `f`'s `tile.prepared` ops name, once, and returns
+/// its results by name: what those ops read (the same values at every
+/// call, so the interpreter computes them per call of `f`).
+fn run_preparers(
+    m: &Module,
+    f: &Function,
+    limit: f64,
+) -> Result<std::collections::HashMap<String, Vec<Vec<f64>>>, TileError> {
+    let mut prepared = std::collections::HashMap::new();
+    for &id in &f.body.ops {
+        let OpKind::Prepared { func, .. } = &f.op(id).kind else {
+            continue;
+        };
+        if prepared.contains_key(func) {
+            continue;
+        }
+        let invalid = |what: String| TileError::Invalid(format!("@{}: {what}", f.name));
+        let p = m
+            .functions
+            .iter()
+            .find(|g| g.name == *func)
+            .ok_or_else(|| invalid(format!("tile.prepared names @{func}, which is not defined")))?;
+        if p.params.len() != p.outputs || reads_prepared(p) {
+            return Err(invalid(format!(
+                "tile.prepared names @{func}, which takes inputs or reads prepared buffers"
+            )));
+        }
+        let mut args = Vec::with_capacity(p.params.len());
+        for (n, v) in &p.params {
+            let Type::Buffer(t) = p.ty(*v) else {
+                return Err(invalid(format!("result %{n} of @{func} is not a buffer")));
+            };
+            let len = t
+                .storage_len()
+                .filter(|&l| l <= MAX_ELEMENTS)
+                .ok_or_else(|| invalid(format!("result %{n} of @{func} is too large")))?;
+            args.push(Buffer {
+                ty: t.clone(),
+                data: vec![0.0; len],
+            });
+        }
+        run_function_within(m, func, &mut args, limit)?;
+        prepared.insert(func.clone(), args.into_iter().map(|b| b.data).collect());
+    }
+    Ok(prepared)
+}
+
+/// Whether `f` has `tile.prepared` ops.
+pub(crate) fn reads_prepared(f: &Function) -> bool {
+    f.body
+        .ops
+        .iter()
+        .any(|&id| matches!(f.op(id).kind, OpKind::Prepared { .. }))
 }
 
 /// An index list evaluated for one program: per buffer dimension, the
@@ -400,6 +458,15 @@ impl Machine<'_> {
                     self.set(op.results[0], Slot::Buffer(slot));
                 }
                 OpKind::Global(values) => self.global(id, values)?,
+                OpKind::Prepared { func, index } => {
+                    let values = self
+                        .prepared
+                        .get(func)
+                        .and_then(|r| r.get(*index))
+                        .cloned()
+                        .ok_or_else(|| self.invalid(format!("@{func} has no result {index}")))?;
+                    self.global(id, &values)?;
+                }
                 OpKind::View => {
                     let (id, _) = self.buffer(op.operands[0], &name)?;
                     self.set(op.results[0], Slot::Buffer(id));

@@ -24,6 +24,17 @@ pub enum OpKind {
     /// `%b = tile.global {value = [..]} : buffer<..>`: a read-only global
     /// buffer holding these elements (row-major): a constant tensor's data.
     Global(std::sync::Arc<[f64]>),
+    /// `%b = tile.prepared {func = "f_prepare", index = 0} : buffer<..>`:
+    /// result `index` of function `func`, a preparer of constants (it takes
+    /// no inputs), computed once and read by every call after: on a CPU,
+    /// the first call runs `func` into memory the process keeps
+    /// (`tile.bind-constants` makes these ops).
+    Prepared {
+        /// The preparer.
+        func: String,
+        /// Which of its results.
+        index: usize,
+    },
     /// `tile.dealloc %b`: a global buffer's storage is released.
     Dealloc,
     /// `%v = tile.view %b : buffer<..>`: the same storage with another shape
@@ -158,9 +169,11 @@ impl OpKind {
     pub fn place(&self) -> Place {
         match self {
             OpKind::Alloc | OpKind::View => Place::Anywhere,
-            OpKind::Global(_) | OpKind::Dealloc | OpKind::Kernel { .. } | OpKind::Return => {
-                Place::Host
-            }
+            OpKind::Global(_)
+            | OpKind::Prepared { .. }
+            | OpKind::Dealloc
+            | OpKind::Kernel { .. }
+            | OpKind::Return => Place::Host,
             _ => Place::Program,
         }
     }
@@ -201,6 +214,10 @@ impl OpKind {
             match suffix {
                 "alloc" => OpKind::Alloc,
                 "global" => OpKind::Global(a.floats("value")?),
+                "prepared" => OpKind::Prepared {
+                    func: a.string("func")?,
+                    index: a.usize("index")?,
+                },
                 "dealloc" => OpKind::Dealloc,
                 "view" => OpKind::View,
                 "kernel" => {
@@ -304,6 +321,12 @@ impl OpKind {
                 }
                 if b.storage_len() != Some(v.len()) {
                     return Err(format!("holds {} values for a buffer of {b}", v.len()));
+                }
+            }
+            OpKind::Prepared { .. } => {
+                let b = buffer(result()?)?;
+                if b.space != crate::ir::Space::Global || !b.is_contiguous() || b.offset != 0 {
+                    return Err(format!("gives a row-major global buffer, not {b}"));
                 }
             }
             OpKind::Dealloc => {
@@ -717,6 +740,7 @@ impl dlc_core::ir::OpDecl for OpKind {
         let s: &str = match self {
             OpKind::Alloc => "alloc",
             OpKind::Global(_) => "global",
+            OpKind::Prepared { .. } => "prepared",
             OpKind::Dealloc => "dealloc",
             OpKind::View => "view",
             OpKind::Kernel { .. } => "kernel",
@@ -751,9 +775,11 @@ impl dlc_core::ir::OpDecl for OpKind {
         use Operands::*;
         let of = Syntax::of;
         match self {
-            OpKind::Alloc | OpKind::Global(_) | OpKind::ProgramId { .. } | OpKind::Const(_) => {
-                of(Fixed(0))
-            }
+            OpKind::Alloc
+            | OpKind::Global(_)
+            | OpKind::Prepared { .. }
+            | OpKind::ProgramId { .. }
+            | OpKind::Const(_) => of(Fixed(0)),
             OpKind::Barrier => of(Fixed(0)),
             OpKind::Dealloc | OpKind::View => of(Fixed(1)),
             OpKind::Kernel { .. } => Syntax {
@@ -823,6 +849,10 @@ impl dlc_core::ir::OpDecl for OpKind {
             }
             OpKind::Const(v) => one("value", Attr::Float(*v)),
             OpKind::Global(v) => one("value", Attr::Floats(v.clone())),
+            OpKind::Prepared { func, index } => vec![
+                ("func".to_string(), Attr::Str(func.clone())),
+                ("index".to_string(), Attr::Int(*index as i64)),
+            ],
             OpKind::Load { pad: Some(p), .. } => one("pad", Attr::Float(*p)),
             OpKind::Trans { perm } => {
                 one("perm", Attr::Ints(perm.iter().map(|&p| p as i64).collect()))

@@ -187,6 +187,10 @@ fn probe_kind(name: &str) -> Option<OpKind> {
                 "program_id" | "expand_dims" => vec![("axis".into(), Attr::Int(0))],
                 "const" => vec![("value".into(), Attr::Float(0.0))],
                 "global" => vec![("value".into(), Attr::Ints(vec![]))],
+                "prepared" => vec![
+                    ("func".into(), Attr::Str(String::new())),
+                    ("index".into(), Attr::Int(0)),
+                ],
                 "trans" => vec![("perm".into(), Attr::Ints(vec![]))],
                 "reduce" => vec![
                     ("kind".into(), Attr::Word("sum".into())),

@@ -311,7 +311,7 @@ mod tensor_cores;
 pub use barriers::insert_barriers;
 pub use copy_layouts::copy_layouts;
 pub use mma_accumulators::mma_accumulators;
-pub use prepare::split_prepare;
+pub use prepare::{bind_weights, split_prepare};
 pub use reuse::reuse_packs;
 pub use shared_layouts::shared_layouts;
 pub use tensor_cores::tensor_cores;

@@ -8,7 +8,7 @@
 use dlc_core::VerifyError;
 use dlc_core::ir::verify::{BlockKind, VerifyDialect, types_text};
 
-use crate::ir::{Function, Module, OpData, OpId, Space, Tile, Type};
+use crate::ir::{Function, Module, OpData, OpId, Space, Tile, Type, Value};
 use crate::ops::{OpKind, Place};
 
 /// Every problem in `m`.
@@ -124,14 +124,63 @@ impl VerifyDialect for Tile {
     }
 
     fn check_module(m: &Module) -> Vec<(String, String)> {
-        m.functions
+        let mut problems: Vec<(String, String)> = m
+            .functions
             .iter()
             .filter_map(|f| {
                 let p = f.prepare.as_ref()?;
                 check_prepare(m, f, p).err().map(|e| (f.name.clone(), e))
             })
-            .collect()
+            .collect();
+        for f in &m.functions {
+            for &id in &f.body.ops {
+                let op = f.op(id);
+                if let OpKind::Prepared { func, index } = &op.kind
+                    && let Err(e) = check_prepared(m, f, func, *index, op.results[0])
+                {
+                    problems.push((f.name.clone(), e));
+                }
+            }
+        }
+        problems
     }
+}
+
+/// Checks that `tile.prepared {func, index}` of `f` giving `v` reads a
+/// preparer of constants: a function of `m` with no inputs that reads no
+/// prepared buffer itself, whose result `index` has `v`'s type.
+fn check_prepared(
+    m: &Module,
+    f: &Function,
+    func: &str,
+    index: usize,
+    v: Value,
+) -> Result<(), String> {
+    let p = m
+        .functions
+        .iter()
+        .find(|g| g.name == func)
+        .ok_or_else(|| format!("tile.prepared reads @{func}, which is not defined"))?;
+    if p.params.len() != p.outputs || p.prepare.is_some() || crate::interp::reads_prepared(p) {
+        return Err(format!(
+            "tile.prepared reads @{func}, which takes inputs or reads prepared buffers"
+        ));
+    }
+    let results = p.results();
+    let (n, r) = results.get(index).ok_or_else(|| {
+        format!(
+            "tile.prepared reads result {index} of @{func}, which has {}",
+            results.len()
+        )
+    })?;
+    if p.ty(*r) != f.ty(v) {
+        return Err(format!(
+            "tile.prepared gives {}, but result %{n} of @{func} is {}",
+            f.ty(v),
+            p.ty(*r)
+        ));
+    }
+    Ok(())
 }
 
 /// Checks that function `p` of `m` prepares `f`'s last inputs: its results

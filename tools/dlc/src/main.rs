@@ -1460,7 +1460,8 @@ fn execute(
             dlc_mlir::run(&loops, &f.name, args).map_err(|e| DriverError::Codegen(e.to_string()))?
         }
         Backend::MlirTile => {
-            let tiles = dlc_driver::lower_for_cpu(module)?;
+            // Constants stay in the kernels: MLIR has no `tile.prepared`.
+            let tiles = dlc_driver::lower_for_tile(module, dlc_core::TargetDesc::host())?;
             dlc_driver::call_prepared(&tiles, &f.name, args, |name, inputs| {
                 dlc_mlir::run_tile(&tiles, name, inputs)
                     .map_err(|e| DriverError::Codegen(e.to_string()))

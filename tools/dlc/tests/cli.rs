@@ -2292,6 +2292,63 @@ fn weights_from_files_are_run_benched_and_built_in() {
         &lib,
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
+    // Weights large enough to be packed: the library packs its built-in
+    // `v` on its first call and keeps it; the caller passes `x` alone, and
+    // the header names no preparer.
+    let big = d.file(
+        "big.dl",
+        "fn predict(x: f32[32, 64], weight v: f32[64, 48]) -> f32[32, 48] { return x @ v; }",
+    );
+    std::fs::create_dir_all(d.0.join("big")).unwrap();
+    let v: Vec<f64> = (0..64 * 48)
+        .map(|i| f64::from(i % 13) / 8.0 - 0.75)
+        .collect();
+    d.npy("big/v.npy", f32ty(&[64, 48]), &v);
+    let xs: Vec<f64> = (0..32 * 64).map(|i| f64::from(i % 7) / 4.0 - 0.5).collect();
+    let xs = HostTensor::new(f32ty(&[32, 64]), xs).unwrap();
+    let want: Vec<f64> = (0..32 * 48)
+        .map(|e| {
+            (0..64)
+                .map(|k| xs.data[e / 48 * 64 + k] * v[k * 48 + e % 48])
+                .sum()
+        })
+        .collect();
+    let built = |emit: &str| {
+        let o = dlc(&["compile", &big, "--weights", &d.path("big"), "--emit", emit]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let tile = built("tile");
+    assert!(
+        tile.contains("tile.prepared {func = \"predict_prepare\""),
+        "{tile}"
+    );
+    let h = built("header");
+    assert!(
+        h.contains("int32_t dlc_big_predict(const float *x, float *out0);")
+            && !h.contains("prepare"),
+        "{h}"
+    );
+    let so = d.path("big.so");
+    let o = dlc(&[
+        "compile",
+        &big,
+        "--weights",
+        &d.path("big"),
+        "--emit",
+        "so",
+        "-o",
+        &so,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let so = dlc_runtime::SharedLibrary::open(std::path::Path::new(&so)).unwrap();
+    let predict = so.kernel("dlc_big_predict").unwrap();
+    for _ in 0..3 {
+        let got = predict.call(std::slice::from_ref(&xs)).unwrap();
+        for (g, w) in got[0].data.iter().zip(&want) {
+            assert!((g - w).abs() < 1e-4, "{:?} against {want:?}", got[0].data);
+        }
+    }
 
     std::fs::remove_file(d.0.join("dir/b.npy")).unwrap();
     fails_with(

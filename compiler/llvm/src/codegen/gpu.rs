@@ -408,6 +408,13 @@ pub(crate) fn emit_function<'ctx>(
                 });
             }
             OpKind::Dealloc | OpKind::Return => {}
+            OpKind::Prepared { func, .. } => {
+                return Err(CodegenError::Unsupported(format!(
+                    "@{}: tile.prepared (buffers @{func} prepares once per process): GPU entry \
+                     points have no preparer",
+                    f.name
+                )));
+            }
             other => {
                 return Err(CodegenError::Invalid(format!(
                     "{} outside a kernel",

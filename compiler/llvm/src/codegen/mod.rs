@@ -41,16 +41,39 @@ pub(crate) trait Ir: Sized {
     fn signature(f: &Self::Function) -> R<dlc_runtime::abi::Signature>;
     /// How many pointer parameters its C-ABI function takes.
     fn arity(f: &Self::Function) -> usize;
-    /// Emits it as the C-ABI function `symbol`, its failures numbered
-    /// among `sites`, with vectors of `target`'s width.
+    /// Emits it as the C-ABI function `symbols.symbol(name)`, its failures
+    /// numbered among `sites`, with vectors of `target`'s width (`symbols`
+    /// names the functions of `all`, its module's, that it calls).
     fn emit<'ctx>(
         ctx: &'ctx Context,
         module: &Module<'ctx>,
         f: &Self::Function,
-        symbol: &str,
+        all: &[Self::Function],
+        symbols: &dlc_runtime::abi::Symbols,
         sites: &Sites,
         target: &dlc_core::TargetDesc,
     ) -> R<FunctionValue<'ctx>>;
+}
+
+/// The C-ABI function `symbol` taking `params` pointers and returning a
+/// status: the declaration already made (a caller emitted before it), or a
+/// new one.
+pub(crate) fn exported_function<'ctx>(
+    ctx: &'ctx Context,
+    module: &Module<'ctx>,
+    params: usize,
+    symbol: &str,
+) -> FunctionValue<'ctx> {
+    if let Some(f) = module.get_function(symbol) {
+        return f;
+    }
+    let ptr = ctx.ptr_type(AddressSpace::default());
+    let types: Vec<BasicMetadataTypeEnum<'_>> = (0..params).map(|_| ptr.into()).collect();
+    module.add_function(
+        symbol,
+        ctx.i32_type().fn_type(&types, false),
+        Some(Linkage::External),
+    )
 }
 
 pub(crate) struct Gen<'ctx, 'f, I: Ir = tile::TileIr> {
@@ -176,13 +199,7 @@ impl<'ctx, 'f, I: Ir> Gen<'ctx, 'f, I> {
         symbol: &str,
         sites: &Sites,
     ) -> R<Self> {
-        let ptr = ctx.ptr_type(AddressSpace::default());
-        let types: Vec<BasicMetadataTypeEnum<'_>> = params.iter().map(|_| ptr.into()).collect();
-        let func = module.add_function(
-            symbol,
-            ctx.i32_type().fn_type(&types, false),
-            Some(Linkage::External),
-        );
+        let func = exported_function(ctx, module, params.len(), symbol);
         let g = Gen::within(ctx, module, f, func, sites);
         g.b.position_at_end(ctx.append_basic_block(func, "entry"));
         let mut g = g;

@@ -91,7 +91,9 @@ use inkwell::attributes::{Attribute, AttributeLoc};
 use inkwell::context::Context;
 use inkwell::module::{Linkage, Module};
 use inkwell::types::{BasicTypeEnum, VectorType};
-use inkwell::values::{BasicValueEnum as BV, FunctionValue, IntValue, PointerValue, VectorValue};
+use inkwell::values::{
+    BasicValue, BasicValueEnum as BV, FunctionValue, IntValue, PointerValue, VectorValue,
+};
 use inkwell::{AddressSpace, IntPredicate};
 
 use super::workspace::{Workspace, collect, kernel_scratch};
@@ -122,10 +124,12 @@ impl Ir for TileIr {
         ctx: &'ctx Context,
         module: &Module<'ctx>,
         f: &Function,
-        symbol: &str,
+        all: &[Function],
+        symbols: &dlc_runtime::abi::Symbols,
         sites: &Sites,
         target: &TargetDesc,
     ) -> R<FunctionValue<'ctx>> {
+        let symbol = &symbols.symbol(&f.name).map_err(CodegenError::Symbol)?;
         // Tiles are cut into vectors of f32 registers' lanes.
         let lanes = target.lanes(DType::F32);
         if let Some(t) = f.values.iter().find_map(|t| match t {
@@ -145,6 +149,7 @@ impl Ir for TileIr {
         g.bf16_dot = target.cpu().is_some_and(|c| c.avx512_bf16);
         let plan = Workspace::plan(f)?;
         g.take_workspace(symbol, &plan)?;
+        g.prepared_once(all, symbols)?;
         g.host_block(&f.body)?;
         // The host function only orchestrates (the workspace, frames,
         // kernel calls, the status): LLVM's optimizer and instruction
@@ -269,6 +274,174 @@ impl<'ctx> Gen<'ctx, '_, TileIr> {
         self.workspace = Some((cache, block));
         self.fail_blocks.borrow_mut().clear();
         Ok(())
+    }
+}
+
+impl<'ctx> Gen<'ctx, '_, TileIr> {
+    /// The buffers `tile.prepared` ops read, computed by the first call
+    /// and kept for the process: for each preparer they name (a function
+    /// of no inputs), a global `SYM.once` holds the block of its results,
+    /// null until a call allocates one, runs the preparer into it and
+    /// publishes it (a compare-and-swap: a call that loses the race frees
+    /// its own and takes the winner's). Later calls load the pointer.
+    fn prepared_once(&mut self, all: &[Function], symbols: &dlc_runtime::abi::Symbols) -> R<()> {
+        let f = self.f;
+        let mut funcs: Vec<&str> = Vec::new();
+        for &id in &f.body.ops {
+            if let OpKind::Prepared { func, .. } = &f.op(id).kind
+                && !funcs.contains(&func.as_str())
+            {
+                funcs.push(func);
+            }
+        }
+        for func in funcs {
+            let Some(p) = all.iter().find(|g| g.name == func) else {
+                return Err(CodegenError::Invalid(format!(
+                    "tile.prepared reads @{func}, which is not in the module"
+                )));
+            };
+            let offsets = self.prepare_block(p, symbols)?;
+            for &id in &f.body.ops {
+                let op = f.op(id);
+                if let OpKind::Prepared { func: named, index } = &op.kind
+                    && named == func
+                {
+                    let p = offsets.get(*index).copied().ok_or_else(|| {
+                        CodegenError::Invalid(format!("@{func} has no result {index}"))
+                    })?;
+                    self.vals.insert(op.results[0], p.into());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Preparer `p`'s results, in the block the process keeps (made by this
+    /// call if no call has made it yet).
+    fn prepare_block(
+        &mut self,
+        p: &Function,
+        symbols: &dlc_runtime::abi::Symbols,
+    ) -> R<Vec<PointerValue<'ctx>>> {
+        let psym = symbols.symbol(&p.name).map_err(CodegenError::Symbol)?;
+        let ptr = self.ctx.ptr_type(AddressSpace::default());
+        let once_name = format!("{psym}.once");
+        let once = match self.module.get_global(&once_name) {
+            Some(g) => g,
+            None => {
+                let g = self.module.add_global(ptr, None, &once_name);
+                g.set_linkage(inkwell::module::Linkage::Internal);
+                g.set_initializer(&ptr.const_null());
+                g
+            }
+        }
+        .as_pointer_value();
+        let mut offsets = Vec::with_capacity(p.params.len());
+        let mut total = 0u64;
+        for (_, v) in &p.params {
+            offsets.push(total);
+            total = total.saturating_add(super::workspace::buffer_bytes(p, *v)?.div_ceil(64) * 64);
+        }
+        let current = self.b.build_load(ptr, once, "prepared")?;
+        let load = current
+            .as_instruction_value()
+            .ok_or_else(|| CodegenError::Llvm("a load is no instruction".into()))?;
+        load.set_atomic_ordering(inkwell::AtomicOrdering::Acquire)
+            .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+        load.set_alignment(8)
+            .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+        let current = current.into_pointer_value();
+        let entry = self.insert_block()?;
+        let make = self.ctx.append_basic_block(self.func, "prepare.new");
+        let ready = self.ctx.append_basic_block(self.func, "prepare.ready");
+        self.b.build_conditional_branch(
+            self.b.build_is_null(current, "unprepared")?,
+            make,
+            ready,
+        )?;
+        self.b.position_at_end(make);
+        let block = self.heap(self.i64c(total.max(64)))?;
+        let at = |g: &Self, off: u64| -> R<PointerValue<'ctx>> {
+            // SAFETY (LLVM IR semantics): every offset is inside the block.
+            Ok(unsafe {
+                g.b.build_in_bounds_gep(g.ctx.i8_type(), block, &[g.i64c(off)], "result")?
+            })
+        };
+        let args: Vec<inkwell::values::BasicMetadataValueEnum<'ctx>> = offsets
+            .iter()
+            .map(|&o| at(self, o).map(Into::into))
+            .collect::<R<_>>()?;
+        let preparer = super::exported_function(self.ctx, self.module, p.params.len(), &psym);
+        let status = self
+            .b
+            .build_call(preparer, &args, "status")?
+            .try_as_basic_value()
+            .basic()
+            .ok_or_else(|| CodegenError::Llvm("a preparer gives no status".into()))?
+            .into_int_value();
+        let failed = self.ctx.append_basic_block(self.func, "prepare.failed");
+        let publish = self.ctx.append_basic_block(self.func, "prepare.publish");
+        let ok = self.b.build_int_compare(
+            IntPredicate::EQ,
+            status,
+            self.ctx.i32_type().const_zero(),
+            "ok",
+        )?;
+        self.b.build_conditional_branch(ok, publish, failed)?;
+        // The preparer's failure is this function's, of the same kind (its
+        // sites are the preparer's, not this function's).
+        self.b.position_at_end(failed);
+        self.release(block)?;
+        let kind = self
+            .b
+            .build_and(status, self.ctx.i32_type().const_int(0xff, false), "kind")?;
+        self.fail_with(kind)?;
+        self.b.position_at_end(publish);
+        let swapped = self.b.build_cmpxchg(
+            once,
+            ptr.const_null(),
+            block,
+            inkwell::AtomicOrdering::AcquireRelease,
+            inkwell::AtomicOrdering::Acquire,
+        )?;
+        let earlier = self
+            .b
+            .build_extract_value(swapped, 0, "earlier")?
+            .into_pointer_value();
+        let won = self
+            .b
+            .build_extract_value(swapped, 1, "won")?
+            .into_int_value();
+        let lost = self.ctx.append_basic_block(self.func, "prepare.lost");
+        self.b.build_conditional_branch(won, ready, lost)?;
+        self.b.position_at_end(lost);
+        self.release(block)?;
+        self.b.build_unconditional_branch(ready)?;
+        self.b.position_at_end(ready);
+        let phi = self.b.build_phi(ptr, "prepared")?;
+        phi.add_incoming(&[(&current, entry), (&block, publish), (&earlier, lost)]);
+        let base = phi.as_basic_value().into_pointer_value();
+        offsets
+            .iter()
+            .map(|&o| {
+                // SAFETY (LLVM IR semantics): every offset is inside the block.
+                Ok(unsafe {
+                    self.b.build_in_bounds_gep(
+                        self.ctx.i8_type(),
+                        base,
+                        &[self.i64c(o)],
+                        "prepared",
+                    )?
+                })
+            })
+            .collect()
+    }
+
+    /// The block the builder is in.
+    fn insert_block(&self) -> R<inkwell::basic_block::BasicBlock<'ctx>> {
+        self.b
+            .get_insert_block()
+            .ok_or_else(|| CodegenError::Llvm("no insertion block".into()))
     }
 }
 
@@ -1516,8 +1689,9 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
             let op = f.op(id);
             self.loc.clone_from(&op.loc);
             match &op.kind {
-                // Placed in the workspace when the function starts.
-                OpKind::Alloc | OpKind::Dealloc => {}
+                // Placed in the workspace, or prepared, when the function
+                // starts.
+                OpKind::Alloc | OpKind::Dealloc | OpKind::Prepared { .. } => {}
                 OpKind::Global(values) => {
                     let p = self.constant_data(op.results[0], values)?;
                     self.vals.insert(op.results[0], p.into());

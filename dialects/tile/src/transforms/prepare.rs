@@ -251,3 +251,115 @@ pub fn split_prepare(m: &mut Module) -> usize {
     m.functions.extend(added);
     count
 }
+
+/// Makes input `v` of `f` the result of a new host op of `kind` at the
+/// start of its body (a parameter no more).
+fn param_to_op(f: &mut Function, v: Value, kind: OpKind) {
+    f.params.retain(|(_, p)| *p != v);
+    let id = OpId(f.ops.len() as u32);
+    f.ops.push(crate::ir::OpData {
+        kind,
+        operands: Vec::new(),
+        results: vec![v],
+        regions: Vec::new(),
+        loc: None,
+    });
+    f.body.ops.insert(0, id);
+}
+
+/// Builds the values of entry point `name`'s weights into `m`:
+/// `value(weight)` gives a weight's elements (row-major), or `None` for one
+/// left a parameter. Each weight given becomes a `tile.global`, in `@name`
+/// and in its preparer. A preparer left reading constants alone (no
+/// inputs) is no longer the caller's to run: `@name` reads each buffer it
+/// prepares through `tile.prepared {func, index}`, which compiled code
+/// computes on its first call and keeps for the process, and the caller
+/// passes the other inputs alone. Returns how many weights were bound; an
+/// error names a value of the wrong size.
+pub fn bind_weights(
+    m: &mut Module,
+    name: &str,
+    value: impl Fn(&str) -> Option<std::sync::Arc<[f64]>>,
+) -> Result<usize, String> {
+    let fi = m
+        .functions
+        .iter()
+        .position(|f| f.name == name)
+        .ok_or_else(|| format!("no function @{name}"))?;
+    let global = |f: &Function, n: &str, v: Value| -> Result<Option<OpKind>, String> {
+        let Some(values) = value(n) else {
+            return Ok(None);
+        };
+        let len = match f.ty(v) {
+            crate::ir::Type::Buffer(b) => b.storage_len(),
+            _ => None,
+        };
+        if len != Some(values.len()) {
+            return Err(format!(
+                "@{name}: weight %{n} is {}, its value has {} elements",
+                f.ty(v),
+                values.len()
+            ));
+        }
+        Ok(Some(OpKind::Global(values)))
+    };
+    // `@name`'s weights, taken before any parameter moves.
+    let weights: Vec<(String, Value)> = {
+        let f = &m.functions[fi];
+        f.weights
+            .iter()
+            .filter_map(|&i| f.params.get(i).cloned())
+            .collect()
+    };
+    let mut bound = 0;
+    // The preparer's inputs given values become globals; when none is left,
+    // `@name`'s prepared inputs become its results by index.
+    let mut prepared: HashSet<Value> = HashSet::new();
+    if let Some(p) = m.functions[fi].prepare.clone() {
+        let pi = m
+            .functions
+            .iter()
+            .position(|g| g.name == p)
+            .ok_or_else(|| format!("@{name} is prepared by @{p}, which is not defined"))?;
+        let pf = &mut m.functions[pi];
+        for (n, v) in pf.inputs().to_vec() {
+            if let Some(kind) = global(pf, &n, v)? {
+                param_to_op(pf, v, kind);
+            }
+        }
+        pf.weights.clear();
+        if pf.inputs().is_empty() {
+            let outputs = pf.outputs;
+            let f = &mut m.functions[fi];
+            let inputs = f.inputs().to_vec();
+            let first = inputs.len().checked_sub(outputs).ok_or_else(|| {
+                format!("@{name} has fewer inputs than its preparer @{p} has results")
+            })?;
+            for (index, (_, v)) in inputs[first..].iter().enumerate() {
+                prepared.insert(*v);
+                let func = p.clone();
+                param_to_op(f, *v, OpKind::Prepared { func, index });
+            }
+            f.prepare = None;
+        }
+    }
+    let f = &mut m.functions[fi];
+    let mut kept: HashSet<Value> = HashSet::new();
+    for (n, v) in weights.into_iter().filter(|(_, v)| !prepared.contains(v)) {
+        match global(f, &n, v)? {
+            Some(kind) => {
+                param_to_op(f, v, kind);
+                bound += 1;
+            }
+            None => {
+                kept.insert(v);
+            }
+        }
+    }
+    f.weights = (0..f.params.len())
+        .filter(|&i| kept.contains(&f.params[i].1))
+        .collect();
+    // Weights only the preparer read are not kept twice.
+    super::dce(f);
+    Ok(bound)
+}
