@@ -659,6 +659,22 @@ pub const PIXEL_CONV_PROGRAMS: [&str; 3] = [
     "fn f(x: f32[1, 5, 1, 1], w: f32[4, 5, 1, 1], b: f32[4, 1, 1]) -> f32[1, 4, 1, 1] { return conv2d(x, w, stride=3, padding=1) + b; }",
 ];
 
+/// 1 x 1 convolutions over few pixels and many channels, run with the
+/// pixels as the product's rows (the register tile stored transposed): a
+/// bias and relu epilogue over a 7 x 7 image, a residual and the ReLU6 clip
+/// over 7 x 7 in a batch of two, a 14 x 14 one (where a vector panel is 32
+/// columns); and three that keep the channels as rows: 32 deep over 7 x 7
+/// (too shallow to pay for the transposed stores), 160 channels over 7 x 7
+/// (too few), and 8 x 8, whose pixels fill the panels.
+pub const PIXEL_ROW_PROGRAMS: [&str; 6] = [
+    "fn f(x: f32[1, 128, 7, 7], w: f32[512, 128, 1, 1], b: f32[512, 1, 1]) -> f32[1, 512, 7, 7] { return relu(conv2d(x, w) + b); }",
+    "fn f(x: f32[2, 128, 7, 7], w: f32[512, 128, 1, 1], r: f32[2, 512, 7, 7]) -> f32[2, 512, 7, 7] { return clip(conv2d(x, w) + r, 0.0, 6.0); }",
+    "fn f(x: f32[1, 128, 14, 14], w: f32[512, 128, 1, 1]) -> f32[1, 512, 14, 14] { return conv2d(x, w) * 0.5; }",
+    "fn f(x: f32[1, 32, 7, 7], w: f32[512, 32, 1, 1]) -> f32[1, 512, 7, 7] { return relu(conv2d(x, w)); }",
+    "fn f(x: f32[1, 256, 7, 7], w: f32[160, 256, 1, 1]) -> f32[1, 160, 7, 7] { return conv2d(x, w); }",
+    "fn f(x: f32[1, 128, 8, 8], w: f32[512, 128, 1, 1]) -> f32[1, 512, 8, 8] { return relu(conv2d(x, w)); }",
+];
+
 /// A 5 x 5 depthwise convolution over 7 columns (EfficientNet's last
 /// stages), SiLU after it: longer windows than the rows are wide.
 pub const WIDE_WINDOW_DEPTHWISE_PROGRAM: &str = "fn f(x: f32[1, 24, 7, 7], w: f32[24, 1, 5, 5]) -> f32[1, 24, 7, 7] { let h = conv2d(x, w, padding=2, groups=24); return h * sigmoid(h); }";

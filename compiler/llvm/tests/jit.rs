@@ -448,6 +448,7 @@ fn tiled_contractions() {
     for src in dlc_tests::PIXEL_CONV_PROGRAMS
         .iter()
         .chain(&dlc_tests::FLAT_IMAGE_PROGRAMS)
+        .chain(&dlc_tests::PIXEL_ROW_PROGRAMS)
     {
         jit_agrees(src);
     }

@@ -99,7 +99,10 @@
 //!   view of its result, a `loop.matmul` (on a CPU the tile conversion then copies the
 //!   product's panels from the input and makes no im2col buffer, see "im2col read from
 //!   the input" in `loop_to_tile::fused`). A 1 x 1 convolution at stride 1 without
-//!   padding makes no copy at all: its columns are the input viewed `[N, C, H*W]`. The
+//!   padding makes no copy at all: its columns are the input viewed `[N, C, H*W]`; over
+//!   few pixels and many channels (`Lowering::pixels_as_rows`) the pixels are the
+//!   product's rows instead, `col[n]ᵀ @ wᵀ`, and each register tile is stored transposed
+//!   (ResNet-50's last stage: 49 pixels in two vector panels of 32, 77% of the lanes). The
 //!   element-wise chain after it (bias, residual, relu, ReLU6's clip) is the product's
 //!   epilogue, computed at the product's index `[b, o, y*OX + x]` when everything it
 //!   reads spans both spatial axes or neither, read through views of the same `[.., H*W]`
@@ -259,6 +262,24 @@ fn broadcast_axes<T: Clone>(idx: &[T], src: &[usize], dst: &[usize], fixed: T) -
         })
         .collect()
 }
+
+/// The least depth at which a 1 x 1 convolution's product runs with the
+/// pixels as rows (`Lowering::pixels_as_rows`): each `mr x nr` register
+/// tile is then stored transposed, `nr` runs of `mr` elements, which a
+/// shallow product does not earn back. Measured on Zen 4 (AVX-512, one
+/// thread, `dlc bench`, the two orientations alternating): 32 deep over
+/// 7 x 7 into 192 channels 7.6 -> 11.7 us and over 14 x 14 27 -> 47 us;
+/// 64 deep over 14 x 14 into 384, 133 -> 139 us; 160 deep over 7 x 7 into
+/// 960, 194 -> 181 us; 512 deep into 2048, 1.23 -> 1.07 ms.
+const PIXEL_ROWS_MIN_DEPTH: usize = 128;
+
+/// The fewest output channels with which a 1 x 1 convolution's product runs
+/// with the pixels as rows. Over 7 x 7 on Zen 4 (as above): 2048 channels
+/// 1.23 -> 1.07 ms, 1280 0.51-0.57 -> 0.47-0.49, 960 194 -> 181 us, 512
+/// (2048 deep) 1.25 -> 1.12-1.21 ms; but from 1152 deep into 192 264 ->
+/// 300 us and into 320 443 -> 501, and 160 to 192 channels otherwise within
+/// 5% either way.
+const PIXEL_ROWS_MIN_CHANNELS: usize = 512;
 
 struct Lowering<'g> {
     g: &'g GFunction,
@@ -941,6 +962,35 @@ impl Lowering<'_> {
         let ov = self
             .row_major_view(self.home[&end], &[batch, o, p])
             .ok_or_else(|| LowerError::Invalid("a convolution's result is not row-major".into()))?;
+        // Few pixels and many channels: the pixels are the product's rows
+        // and the channels its columns (`col[b]ᵀ @ wᵀ`, the register tile
+        // stored transposed), where the pixels as columns would pad the
+        // vector panels (49 pixels in two panels of 32).
+        if !copied && self.pixels_as_rows([o, p, q], ty.dtype) {
+            self.product(
+                &[batch],
+                [p, o, q],
+                ty.dtype,
+                (col, &|b, pos, r| vec![b[0].clone(), r.clone(), pos.clone()]),
+                (wv, &|_, r, oc| vec![oc.clone(), r.clone()]),
+                &mut |l, idx, acc| {
+                    let idx = [idx[0].clone(), idx[2].clone(), idx[1].clone()];
+                    let v = match &views {
+                        Some(views) => {
+                            l.subst.insert(n, acc);
+                            l.flat = Some(views.clone());
+                            let v = l.compute_at(end, &idx);
+                            l.flat = None;
+                            l.subst.remove(&n);
+                            v
+                        }
+                        None => acc,
+                    };
+                    l.b.store(v, ov, idx.to_vec())
+                },
+            );
+            return Ok(());
+        }
         self.product(
             &[batch],
             [o, p, q],
@@ -966,6 +1016,25 @@ impl Lowering<'_> {
             self.b.dealloc(col);
         }
         Ok(())
+    }
+
+    /// Whether an `o x p` product (`p` the pixels) `q` deep should run as
+    /// `p x o`: its pixels leave at least a tenth of the vector panels
+    /// empty (49 pixels in two panels of 32), the other orientation pads
+    /// the register tiles at least a tenth less, and it is deep enough and
+    /// wide enough to pay for storing its tiles transposed
+    /// ([`PIXEL_ROWS_MIN_DEPTH`], [`PIXEL_ROWS_MIN_CHANNELS`]).
+    fn pixels_as_rows(&self, [o, p, q]: [usize; 3], dtype: DType) -> bool {
+        if self.target.cpu().is_none() || q < PIXEL_ROWS_MIN_DEPTH || o < PIXEL_ROWS_MIN_CHANNELS {
+            return false;
+        }
+        let g = self.target.gemm_blocking(dtype);
+        let padded = |rows: usize, cols: usize| {
+            let (mr, nr) = g.register_tile(cols);
+            rows.div_ceil(mr) * mr * cols.div_ceil(nr) * nr
+        };
+        let (_, nr) = g.register_tile(p);
+        p.div_ceil(nr) * nr * 9 > p * 10 && padded(p, o) * 10 < padded(o, p) * 9
     }
 
     /// A row-major view of `buf` as `shape` (as many elements), or `None`

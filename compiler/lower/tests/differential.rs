@@ -650,6 +650,50 @@ fn small_images_run_as_one_axis() {
     }
 }
 
+/// A 1 x 1 convolution over few pixels and many channels is a product with
+/// the pixels as its rows and the channels as its columns, stored
+/// transposed, where that pads the register tiles at least a tenth less
+/// and the product is at least 128 deep into at least 512 channels: 7 x 7
+/// on either x86-64 width, 14 x 14 where a panel is 32 columns (196 pixels
+/// in 7 panels of 32, but 13 of 16 on AVX2). 32 deep, into 160 channels, or
+/// over 8 x 8, the channels stay the rows. The first runs on the tile
+/// interpreter (the others are millions of multiply-adds each; every one
+/// runs compiled against the graph interpreter in `jit.rs`).
+#[test]
+fn few_pixels_are_the_rows_of_a_convolution_product() {
+    let [bias, residual, fourteen, shallow, narrow, large] = dlc_tests::PIXEL_ROW_PROGRAMS;
+    // The product's sizes on AVX-512, then on AVX2.
+    for (src, sizes) in [
+        (bias, ["sizes = [49, 512, 128]"; 2]),
+        (residual, ["sizes = [49, 512, 128]"; 2]),
+        (
+            fourteen,
+            ["sizes = [196, 512, 128]", "sizes = [512, 196, 128]"],
+        ),
+        (shallow, ["sizes = [512, 49, 32]"; 2]),
+        (narrow, ["sizes = [160, 49, 256]"; 2]),
+        (large, ["sizes = [512, 64, 128]"; 2]),
+    ] {
+        let m = graph(src);
+        for ((target, _), sizes) in x86_widths().into_iter().zip(sizes) {
+            let loops = dlc_driver::lower_to_loops(&m, &target).unwrap();
+            let text = print_module(&loops);
+            assert!(
+                text.contains(sizes),
+                "{}: no `{sizes}`: {text}",
+                target.name
+            );
+            let tiles = dlc_tile::print_module(&kernels(&m, &target));
+            assert!(
+                tiles.contains("schedule = \"packed\""),
+                "{}: {tiles}",
+                target.name
+            );
+        }
+    }
+    agree(bias);
+}
+
 /// A convolution of one pixel per image through a 1 x 1 window (a
 /// squeeze-excite block's layers) is a dot product per output channel,
 /// vectorized along the input's channels and reduced, not a product whose
