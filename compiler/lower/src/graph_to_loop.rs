@@ -1037,17 +1037,27 @@ impl Lowering<'_> {
         p.div_ceil(nr) * nr * 9 > p * 10 && padded(p, o) * 10 < padded(o, p) * 9
     }
 
+    /// Whether `buf`'s elements are laid out row-major, as many as `shape`
+    /// holds: whether [`Self::row_major_view`] gives a view.
+    fn is_row_major(&self, buf: Value, shape: &[usize]) -> bool {
+        match self.b.ty(buf) {
+            dlc_loop::Type::Buffer(from) => {
+                from.has_row_major_strides()
+                    && from.shape.iter().product::<usize>() == shape.iter().product::<usize>()
+            }
+            _ => false,
+        }
+    }
+
     /// A row-major view of `buf` as `shape` (as many elements), or `None`
     /// when `buf`'s elements are not laid out row-major.
     fn row_major_view(&mut self, buf: Value, shape: &[usize]) -> Option<Value> {
+        if !self.is_row_major(buf, shape) {
+            return None;
+        }
         let dlc_loop::Type::Buffer(from) = self.b.ty(buf).clone() else {
             return None;
         };
-        if !from.has_row_major_strides()
-            || from.shape.iter().product::<usize>() != shape.iter().product::<usize>()
-        {
-            return None;
-        }
         let mut t = contiguous(&TensorType::new(from.dtype, shape.to_vec()));
         t.offset = from.offset;
         Some(self.b.view(buf, t))
@@ -1637,21 +1647,32 @@ impl Lowering<'_> {
         else {
             return false;
         };
-        let mut views = HashMap::new();
+        // Every buffer is checked before any view is made, so that a nest
+        // that cannot run flat leaves no unused views behind.
+        let flat = flat_shape(&ty.shape);
+        let mut buffers = Vec::with_capacity(reads.len());
         for r in reads {
-            let shape = flat_shape(&self.ty(r).shape);
-            let Some(view) = self
-                .home
-                .get(&r)
-                .copied()
-                .and_then(|b| self.row_major_view(b, &shape))
-            else {
+            let Some(&home) = self.home.get(&r) else {
+                return false;
+            };
+            buffers.push((r, home, flat_shape(&self.ty(r).shape)));
+        }
+        let result = self.home[&end];
+        if !self.is_row_major(result, &flat)
+            || !buffers
+                .iter()
+                .all(|(_, b, shape)| self.is_row_major(*b, shape))
+        {
+            return false;
+        }
+        let mut views = HashMap::new();
+        for (r, b, shape) in buffers {
+            let Some(view) = self.row_major_view(b, &shape) else {
                 return false;
             };
             views.insert(r, view);
         }
-        let flat = flat_shape(&ty.shape);
-        let Some(out) = self.row_major_view(self.home[&end], &flat) else {
+        let Some(out) = self.row_major_view(result, &flat) else {
             return false;
         };
         let idx = self.open_nest(&flat);
