@@ -675,6 +675,12 @@ pub const PIXEL_ROW_PROGRAMS: [&str; 6] = [
     "fn f(x: f32[1, 128, 8, 8], w: f32[512, 128, 1, 1]) -> f32[1, 512, 8, 8] { return relu(conv2d(x, w)); }",
 ];
 
+/// ONNX's attention with a boolean mask, as `dlc import` writes it: its
+/// scalar constants (the scale, zero, -inf) fill buffers whose storage the
+/// lowering reuses for one another, which compiled code must not prepare
+/// once (a prepared buffer holds one value for the whole call).
+pub const REUSED_CONSTANT_STORAGE_PROGRAM: &str = "fn f(q: f32[2, 3, 4, 8], k: f32[2, 3, 6, 8], v: f32[2, 3, 6, 8], mask: bool[4, 6]) -> f32[2, 3, 4, 8] { let scores = (q * 0.59460354) @ transpose(k * 0.59460354, [0, 1, 3, 2]); let bias = where(mask, 0.0, tensor([-inf], [], dtype=f32)); let probs = where(max(bias, axis=-1, keepdims=true) == tensor([-inf], [], dtype=f32), 0.0, softmax(scores + bias, axis=-1)); return probs @ v; }";
+
 /// A 5 x 5 depthwise convolution over 7 columns (EfficientNet's last
 /// stages), SiLU after it: longer windows than the rows are wide.
 pub const WIDE_WINDOW_DEPTHWISE_PROGRAM: &str = "fn f(x: f32[1, 24, 7, 7], w: f32[24, 1, 5, 5]) -> f32[1, 24, 7, 7] { let h = conv2d(x, w, padding=2, groups=24); return h * sigmoid(h); }";

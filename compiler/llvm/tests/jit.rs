@@ -445,6 +445,7 @@ fn tiled_contractions() {
     jit_agrees(dlc_tests::WIDE_WINDOW_DEPTHWISE_PROGRAM);
     jit_agrees(dlc_tests::ROW_BY_TRANSPOSED_PROGRAM);
     jit_agrees(dlc_tests::ROW_BY_MATRIX_PROGRAM);
+    jit_agrees(dlc_tests::REUSED_CONSTANT_STORAGE_PROGRAM);
     for src in dlc_tests::PIXEL_CONV_PROGRAMS
         .iter()
         .chain(&dlc_tests::FLAT_IMAGE_PROGRAMS)

@@ -694,6 +694,14 @@ fn few_pixels_are_the_rows_of_a_convolution_product() {
     agree(bias);
 }
 
+/// Constants whose buffers share storage (ONNX attention's scale, zero
+/// and -inf, as imported): compiled code's tile IR prepares none of them
+/// once, and agrees with the interpreter.
+#[test]
+fn constants_in_reused_storage_are_not_prepared() {
+    agree(dlc_tests::REUSED_CONSTANT_STORAGE_PROGRAM);
+}
+
 /// A convolution of one pixel per image through a 1 x 1 window (a
 /// squeeze-excite block's layers) is a dot product per output channel,
 /// vectorized along the input's channels and reduced, not a product whose

@@ -14,7 +14,9 @@
 //!
 //! A kernel moves when every buffer it loads is a weight, a constant or a
 //! buffer written by a kernel that moved, and every buffer it stores to is
-//! a buffer of the function body (`tile.alloc`) that nothing else writes.
+//! a buffer of the function body (`tile.alloc`) that nothing else writes
+//! and nothing reads before its last write (storage the lowering reused
+//! holds more than one value during a call).
 //! The weights stay inputs of `@f` (a caller passes the same inputs as
 //! before), whether or not `@f` still reads them.
 
@@ -97,11 +99,26 @@ fn plan(f: &Function) -> Option<Split> {
                 && stores[p].iter().all(|v| allocated.contains(v))
         })
         .collect();
+    // Buffers read before their last write (storage the lowering reused
+    // for another value: a constant filled in, read, then the next one):
+    // what such a buffer holds changes during a call, so no writer of it
+    // moves.
+    let rewritten: HashSet<Value> = allocated
+        .iter()
+        .copied()
+        .filter(|v| {
+            let last = (0..body.len()).rev().find(|p| stores[*p].contains(v));
+            last.is_some_and(|last| {
+                (0..last).any(|p| loads[p].contains(v) && !stores[p].contains(v))
+            })
+        })
+        .collect();
     loop {
         // Buffers every writer of which is still a candidate.
         let ready: HashSet<Value> = allocated
             .iter()
             .copied()
+            .filter(|v| !rewritten.contains(v))
             .filter(|v| {
                 let mut writers = (0..body.len())
                     .filter(|p| stores[*p].contains(v))
