@@ -966,52 +966,38 @@ impl Lowering<'_> {
         // and the channels its columns (`col[b]ᵀ @ wᵀ`, the register tile
         // stored transposed), where the pixels as columns would pad the
         // vector panels (49 pixels in two panels of 32).
-        if !copied && self.pixels_as_rows([o, p, q], ty.dtype) {
-            self.product(
-                &[batch],
-                [p, o, q],
-                ty.dtype,
-                (col, &|b, pos, r| vec![b[0].clone(), r.clone(), pos.clone()]),
-                (wv, &|_, r, oc| vec![oc.clone(), r.clone()]),
-                &mut |l, idx, acc| {
-                    let idx = [idx[0].clone(), idx[2].clone(), idx[1].clone()];
-                    let v = match &views {
-                        Some(views) => {
-                            l.subst.insert(n, acc);
-                            l.flat = Some(views.clone());
-                            let v = l.compute_at(end, &idx);
-                            l.flat = None;
-                            l.subst.remove(&n);
-                            v
-                        }
-                        None => acc,
-                    };
-                    l.b.store(v, ov, idx.to_vec())
-                },
-            );
-            return Ok(());
-        }
-        self.product(
-            &[batch],
-            [o, p, q],
-            ty.dtype,
-            (wv, &|_, oc, r| vec![oc.clone(), r.clone()]),
-            (col, &|b, r, pos| vec![b[0].clone(), r.clone(), pos.clone()]),
-            &mut |l, idx, acc| {
-                let v = match &views {
-                    Some(views) => {
-                        l.subst.insert(n, acc);
-                        l.flat = Some(views.clone());
-                        let v = l.compute_at(end, idx);
-                        l.flat = None;
-                        l.subst.remove(&n);
-                        v
-                    }
-                    None => acc,
-                };
-                l.b.store(v, ov, idx.to_vec())
-            },
-        );
+        let swap = !copied && self.pixels_as_rows([o, p, q], ty.dtype);
+        type Read<'r> = &'r dyn Fn(&[IndexExpr], &IndexExpr, &IndexExpr) -> Vec<IndexExpr>;
+        let weight_rows: Read<'_> = &|_, oc, r| vec![oc.clone(), r.clone()];
+        let weight_columns: Read<'_> = &|_, r, oc| vec![oc.clone(), r.clone()];
+        let pixel_columns: Read<'_> = &|b, r, pos| vec![b[0].clone(), r.clone(), pos.clone()];
+        let pixel_rows: Read<'_> = &|b, pos, r| vec![b[0].clone(), r.clone(), pos.clone()];
+        let (sizes, a, b) = if swap {
+            ([p, o, q], (col, pixel_rows), (wv, weight_columns))
+        } else {
+            ([o, p, q], (wv, weight_rows), (col, pixel_columns))
+        };
+        self.product(&[batch], sizes, ty.dtype, a, b, &mut |l, idx, acc| {
+            // The result's index `[b, o, y*X + x]`: the product's, or its
+            // transpose.
+            let idx = if swap {
+                vec![idx[0].clone(), idx[2].clone(), idx[1].clone()]
+            } else {
+                idx.to_vec()
+            };
+            let v = match &views {
+                Some(views) => {
+                    l.subst.insert(n, acc);
+                    l.flat = Some(views.clone());
+                    let v = l.compute_at(end, &idx);
+                    l.flat = None;
+                    l.subst.remove(&n);
+                    v
+                }
+                None => acc,
+            };
+            l.b.store(v, ov, idx)
+        });
         if copied {
             self.b.dealloc(col);
         }
