@@ -44,7 +44,10 @@ pub struct Jit {
 // own locks) and is only disposed of by `Drop`; the rest is plain data.
 // Generated code keeps no state between calls but a cached workspace, which
 // a call takes by an atomic exchange (a concurrent call allocates its own),
-// so kernels of one JIT may run on several threads at once.
+// and the buffers a preparer of constants fills on the first call,
+// published by compare-and-swap (a call that loses the race frees its own),
+// so kernels of one JIT may run on several threads at once. Neither is freed
+// when the JIT is dropped.
 unsafe impl Send for Jit {}
 // SAFETY: as for `Send`.
 unsafe impl Sync for Jit {}
