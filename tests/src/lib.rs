@@ -175,22 +175,26 @@ pub fn ptxas() -> Option<PathBuf> {
 /// says about each kernel (registers, spills, shared memory), `Err` its
 /// complaint.
 pub fn ptxas_accepts(ptxas: &Path, ptx: &str, arch: &str) -> Result<String, String> {
-    let dir = std::env::temp_dir().join(format!("dlc-ptxas-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    // A directory per call, removed after it (calls run on several threads).
     let n = PTX_FILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let file = dir.join(format!("k{n}.ptx"));
-    std::fs::write(&file, ptx).map_err(|e| e.to_string())?;
-    let out = std::process::Command::new(ptxas)
-        .arg(format!("-arch={arch}"))
-        .arg("-v")
-        .arg(&file)
-        .arg("-o")
-        .arg(dir.join(format!("k{n}.cubin")))
-        .output()
-        .map_err(|e| format!("running {}: {e}", ptxas.display()))?;
+    let dir = std::env::temp_dir().join(format!("dlc-ptxas-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let file = dir.join("k.ptx");
+    let run = std::fs::write(&file, ptx)
+        .map_err(|e| e.to_string())
+        .and_then(|()| {
+            std::process::Command::new(ptxas)
+                .arg(format!("-arch={arch}"))
+                .arg("-v")
+                .arg(&file)
+                .arg("-o")
+                .arg(dir.join("k.cubin"))
+                .output()
+                .map_err(|e| format!("running {}: {e}", ptxas.display()))
+        });
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = run?;
     let said = String::from_utf8_lossy(&out.stderr).into_owned();
-    let _ = std::fs::remove_file(&file);
-    let _ = std::fs::remove_file(dir.join(format!("k{n}.cubin")));
     if out.status.success() {
         Ok(said)
     } else {
