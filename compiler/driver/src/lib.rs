@@ -752,7 +752,16 @@ pub fn lower_for_code(
     module: &Module,
     target: &dlc_core::TargetDesc,
 ) -> Result<dlc_tile::Module, DriverError> {
-    if target.cpu().is_none() {
+    let dense = |f: &Function| {
+        f.visibility == dlc_graph::Visibility::Public
+            && f.body.node_weights().any(|n| {
+                matches!(
+                    n.op,
+                    dlc_graph::Op::Constant(dlc_graph::ops::ConstValue::Dense(_))
+                )
+            })
+    };
+    if target.cpu().is_none() || !module.functions.iter().any(dense) {
         return lower_for_tile(module, target);
     }
     let mut lifted = module.clone();
@@ -764,9 +773,6 @@ pub fn lower_for_code(
                 values.push((f.name.clone(), constants));
             }
         }
-    }
-    if values.is_empty() {
-        return lower_for_tile(module, target);
     }
     let mut tiled = lower_for_tile(&lifted, target)?;
     for (name, constants) in values {

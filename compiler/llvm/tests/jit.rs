@@ -1149,7 +1149,7 @@ fn constants_are_prepared_once_per_process() {
         "@{} takes no inputs:\n{text}",
         p.name
     );
-    let g = select_entry(&m);
+    let g = dlc_driver::select_entry(&m, None).unwrap();
     let inputs = prepare_inputs(g, &[], Some(5)).unwrap();
     let want = interpret(&m, g, &inputs).unwrap();
     let bits = |ts: &[HostTensor]| -> Vec<Vec<u64>> {
@@ -1213,8 +1213,4 @@ fn mixed_preparer() -> String {
          return x @ (w * tensor([{}], [48])); }}",
         scale.join(", ")
     )
-}
-
-fn select_entry(m: &dlc_graph::Module) -> &dlc_graph::Function {
-    m.entry_points().next().unwrap()
 }

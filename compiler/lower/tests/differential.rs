@@ -54,27 +54,22 @@ fn targets() -> Vec<TargetDesc> {
 /// and round-trips.
 fn kernels(m: &dlc_graph::Module, target: &TargetDesc) -> dlc_tile::Module {
     let t = lower_for_tile(m, target).unwrap_or_else(|e| panic!("{}: {e}", target.name));
-    let text = dlc_tile::print_module(&t);
-    if let Err(errors) = t.verify() {
-        panic!(
-            "{}: tile IR does not verify: {errors:?}\n{text}",
-            target.name
-        );
-    }
-    let again = dlc_tile::parse_module(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
-    assert_eq!(
-        dlc_tile::print_module(&again),
-        text,
-        "tile IR does not round-trip"
-    );
-    t
+    checked(t, &target.name)
 }
 
 /// [`kernels`] for this CPU as compiled code runs them
 /// (`dlc_driver::lower_for_code`).
 fn code_kernels(m: &dlc_graph::Module) -> dlc_tile::Module {
     let t = dlc_driver::lower_for_code(m, TargetDesc::host()).unwrap_or_else(|e| panic!("{e}"));
+    checked(t, "host, constants prepared once")
+}
+
+/// `t`, which must verify and round-trip through its text.
+fn checked(t: dlc_tile::Module, what: &str) -> dlc_tile::Module {
     let text = dlc_tile::print_module(&t);
+    if let Err(errors) = t.verify() {
+        panic!("{what}: tile IR does not verify: {errors:?}\n{text}");
+    }
     let again = dlc_tile::parse_module(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
     assert_eq!(
         dlc_tile::print_module(&again),
