@@ -817,15 +817,22 @@ fn emits_llvm_ir_for_the_host() {
     assert!(attributes_of(" i32 @dlc_model_f(ptr").contains("optnone"));
     assert!(!attributes_of(" void @f.").contains("optnone"));
     // Nothing but the entry points, their wrappers and signatures is
-    // exported: helpers are private, the bf16 fallback weak and hidden.
+    // exported: helpers are private, the bf16 fallback weak and hidden, and
+    // kernels internal (local symbols, so that a profile of a compiled
+    // library names them).
     for line in ir.lines().filter(|l| l.starts_with("define ")) {
         assert!(
             line.contains("@dlc_model_f")
                 || line.contains(" private ")
+                || line.contains(" internal ")
                 || line.contains(" hidden "),
             "{line}"
         );
     }
+    let kernel = ir
+        .lines()
+        .find(|l| l.starts_with("define ") && l.contains(" void @f."));
+    assert!(kernel.is_some_and(|l| l.contains(" internal ")), "{ir}");
 }
 
 proptest! {

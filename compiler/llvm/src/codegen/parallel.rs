@@ -187,7 +187,9 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         // line 9, column 5), or the place it names when it is no line (an
         // imported ONNX node: `main_graph.threads12.node_features_9_Conv`),
         // so that a profile of compiled code reads as the program: every
-        // kernel of a gradient is at its forward op's place.
+        // kernel of a gradient is at its forward op's place. Internal, not
+        // private: a local symbol, which an object file and a shared
+        // library keep, so that `perf` on them names it.
         let place = self.loc.as_ref().map(place_suffix).unwrap_or_default();
         let outlined = self.module.add_function(
             &format!(
@@ -197,7 +199,7 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
                 self.module.get_functions().count()
             ),
             ctx.void_type().fn_type(&[ptr.into()], false),
-            Some(Linkage::Private),
+            Some(Linkage::Internal),
         );
         let start = ctx.append_basic_block(outlined, "entry");
         let mut g = Gen::within(ctx, self.module, self.f, outlined, &self.sites);
