@@ -47,10 +47,14 @@
 //!   padding 0, 1 and 2, channel counts that are and are not multiples of the vector,
 //!   narrow and packed products, a batch, declared weights and the passes after on the
 //!   loop and tile interpreters (host and sm_90, and odd blockings), compiled code, and
-//!   through ptxas. Convolutions that do not qualify (strides, other kernels, ragged
-//!   tiles, groups, few channels) keep the im2col product or a direct nest. F(2x2, 3x3)
-//!   for ragged tiles and F(6x6, 3x3) (fewer multiplications, larger transform constants)
-//!   are not done.
+//!   through ptxas. Where the extents are not multiples of 4 (ResNet's 14 x 14 and 7 x
+//!   7), the last tiles overhang the result: the input transform reads zeros past the
+//!   input's edge, the output transform writes whole tiles into a padded result, and a
+//!   pass crops it (`dlc_graph::ops::winograd_fits`: at least 2 x 2 tiles per image, at
+//!   least half filled). Convolutions that do not qualify (strides, other kernels,
+//!   groups, few channels, few or mostly empty tiles) keep the im2col product or a
+//!   direct nest. F(2x2, 3x3) and F(6x6, 3x3) (fewer multiplications, larger transform
+//!   constants) are not done.
 
 use std::collections::HashMap;
 
@@ -244,7 +248,8 @@ impl Lowering<'_> {
     }
 
     /// Convolution `n` (see `dlc_graph::ops::conv_is_winograd`) as
-    /// Winograd's `F(4x4, 3x3)`, its output transform storing the result.
+    /// Winograd's `F(4x4, 3x3)`, its output transform storing the result
+    /// (or, when the tiles overhang it, a padded result then cropped).
     pub(super) fn conv_winograd(&mut self, n: NodeIndex, padding: [usize; 2]) {
         let ty = self.ty(n).clone();
         let dtype = ty.dtype;
@@ -253,7 +258,12 @@ impl Lowering<'_> {
         let wsh = self.ty(w).shape.clone();
         let (o, c) = (wsh[0], wsh[1]);
         let t = WINOGRAD_TILE;
-        let (batch, ty_n, tx_n) = (ty.shape[0], ty.shape[2] / t, ty.shape[3] / t);
+        let (batch, ty_n, tx_n) = (
+            ty.shape[0],
+            ty.shape[2].div_ceil(t),
+            ty.shape[3].div_ceil(t),
+        );
+        let ragged = ty_n * t != ty.shape[2] || tx_n * t != ty.shape[3];
         let tiles = winograd_tiles(&ty);
         let lanes = self.target.lanes(dtype);
         let buffer = |shape: Vec<usize>| contiguous(&TensorType::new(dtype, shape));
@@ -278,6 +288,10 @@ impl Lowering<'_> {
         self.store_points(&tu, u, |p| vec![p, ci.clone(), oi.clone()]);
         self.close_nest(depth);
 
+        // Ragged tiles (14 x 14 is 4 x 4 tiles of 16 x 16): the input
+        // transform reads zeros past the input's edge, and the output
+        // transform writes whole tiles into a padded result, cropped after.
+        let padded = ragged.then(|| self.b.alloc(buffer(vec![batch, o, ty_n * t, tx_n * t])));
         // V[p, t, c] = (B^T d B)[p] for the patch d of tile t in channel c.
         let v = self.b.alloc(buffer(vec![P * P, tiles, c]));
         let ([nb, tyi, txi], tile, ci, depth) = self.open_tiles([batch, ty_n, tx_n], c, lanes);
@@ -322,7 +336,11 @@ impl Lowering<'_> {
             for (b, &val) in row.iter().enumerate() {
                 let y = ix_axpy(t as i64, tyi, &ix_const(a as i64));
                 let xx = ix_axpy(t as i64, txi, &ix_const(b as i64));
-                self.sink(n, &[nb.clone(), oi.clone(), y, xx], val);
+                let at = vec![nb.clone(), oi.clone(), y, xx];
+                match padded {
+                    Some(p) => self.b.store(val, p, at),
+                    None => self.sink(n, &at, val),
+                }
             }
         }
         self.close_nest(depth);
@@ -334,6 +352,15 @@ impl Lowering<'_> {
             self.held.push(u);
         } else {
             self.b.dealloc(u);
+        }
+        // The result: the whole tiles cropped (a pass of its own, along
+        // contiguous rows).
+        if let Some(p) = padded {
+            let ivs = self.open_nest(&ty.shape);
+            let val = self.b.load(p, ivs.clone(), None);
+            self.sink(n, &ivs, val);
+            self.close_nest(ty.shape.len());
+            self.b.dealloc(p);
         }
     }
 
