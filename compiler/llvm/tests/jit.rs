@@ -626,6 +626,71 @@ fn short_window_loops_are_written_out() {
     jit_agrees(&program(9));
 }
 
+/// A kernel of few programs runs on threads when they are heavy: a
+/// Winograd convolution over 14 x 14 is a kernel of two to four programs
+/// (blocks of tile rows), each a third of a million multiply-adds or more,
+/// and is outlined for the OpenMP threads (`f.threadsN`), where a kernel
+/// of as few light programs (a bias over two rows) runs on the calling
+/// thread (`f.kernelN`). Both agree with the graph interpreter.
+#[test]
+fn few_heavy_programs_run_on_threads() {
+    let heavy = "fn f(x: f32[1, 64, 14, 14], w: f32[64, 64, 3, 3]) -> f32[1, 64, 14, 14] { return conv2d(x, w, padding=1); }";
+    let light = "fn f(x: f32[2, 64], b: f32[2, 1]) -> f32[2, 64] { return x + b; }";
+    for target in [TargetDesc::x86_64_avx512(2), TargetDesc::x86_64_avx2(2)] {
+        let kernels = |src: &str| {
+            let tiles = dlc_driver::lower_for_tile(&graph(src), &target).unwrap();
+            let text = dlc_tile::print_module(&tiles);
+            // The Winograd kernel's grid, or the only kernel's.
+            let grid = text
+                .lines()
+                .filter(|l| l.contains("tile.kernel"))
+                .find(|l| l.contains("winograd") || !text.contains("winograd"))
+                .and_then(|l| l.split("grid = [").nth(1))
+                .and_then(|g| g.split(']').next())
+                .map(|g| {
+                    g.split(", ")
+                        .map(|n| n.parse::<usize>().unwrap())
+                        .product::<usize>()
+                })
+                .unwrap();
+            let ir = dlc_llvm::emit_llvm_ir(
+                &tiles,
+                &dlc_runtime::abi::Symbols::for_module("t"),
+                &target,
+            )
+            .unwrap();
+            let defined = |prefix: &str| {
+                ir.lines()
+                    .filter(|l| l.starts_with("define ") && l.contains(prefix))
+                    .count()
+            };
+            (grid, defined("@f.threads"), defined("@f.kernel"), text)
+        };
+        let (grid, threads, serial, text) = kernels(heavy);
+        assert!(
+            (2..target.min_thread_iterations()).contains(&grid),
+            "{}: {text}",
+            target.name
+        );
+        assert!(
+            text.contains("schedule = \"winograd\""),
+            "{}: {text}",
+            target.name
+        );
+        // Every kernel on threads, the Winograd kernel too.
+        assert!(threads >= 1 && serial == 0, "{}: {text}", target.name);
+        let (grid, threads, serial, text) = kernels(light);
+        assert!(
+            grid < target.min_thread_iterations(),
+            "{}: {text}",
+            target.name
+        );
+        assert_eq!((threads, serial), (0, 1), "{}: {text}", target.name);
+    }
+    jit_agrees(heavy);
+    jit_agrees(light);
+}
+
 /// A load whose lanes are 2 to 4 elements apart (a stride-2 window) is one
 /// wide masked load of the elements its lanes span, only theirs enabled,
 /// and a shuffle; 5 apart, a gather. Both agree with the graph

@@ -224,6 +224,13 @@ const MIN_SPLIT_MACS: usize = 1 << 20;
 /// wider one inside before being spread over threads.
 const MIN_THREAD_ITERATIONS: usize = 8;
 
+/// A kernel of fewer programs than [`MIN_THREAD_ITERATIONS`] (but two or
+/// more) still runs on threads when it does at least this many element
+/// operations (`dlc_tile::ir::op_work`; a million multiply-adds, about 20
+/// us of one core): ResNet's Winograd convolutions over 14 x 14 and 7 x 7
+/// are two to seven programs of up to 1.4 ms each, and ran on one thread.
+const MIN_THREAD_WORK: f64 = (2 << 20) as f64;
+
 /// The instructions code for the x86-64 `level` (and AVX-512 BF16 when
 /// `bf16`) uses that this machine lacks, by the names `/proc/cpuinfo` gives.
 #[cfg(target_arch = "x86_64")]
@@ -591,6 +598,12 @@ impl TargetDesc {
     /// wider one before being spread over threads.
     pub fn min_thread_iterations(&self) -> usize {
         MIN_THREAD_ITERATIONS
+    }
+
+    /// Element operations from which a kernel of fewer programs than
+    /// [`Self::min_thread_iterations`] runs on threads.
+    pub fn min_thread_work(&self) -> f64 {
+        MIN_THREAD_WORK
     }
 
     /// The packed product kernel's blocking for `d` on a CPU: a register

@@ -17,7 +17,7 @@ use std::rc::Rc;
 use dlc_core::DType;
 use dlc_core::scalar::{ReduceKind, apply_binary, apply_unary};
 
-use crate::ir::{Affine, Block, BufferType, Function, Module, OpId, Space, Type, Value};
+use crate::ir::{Affine, Block, BufferType, Function, Module, OpId, Space, Type, Value, op_work};
 use crate::ops::OpKind;
 
 use dlc_core::ir::OpDecl;
@@ -33,36 +33,6 @@ fn elements(t: &Type) -> f64 {
     match t {
         Type::Tile(t) => t.len() as f64,
         _ => 1.0,
-    }
-}
-
-/// The element operations an op executes: loops and kernels multiply their
-/// body's count by their trip count or grid size, `tile.dot` counts its
-/// multiply-adds.
-fn op_work(f: &Function, id: OpId) -> f64 {
-    let op = f.op(id);
-    let body: f64 = op
-        .regions
-        .iter()
-        .map(|r| r.ops.iter().map(|&o| op_work(f, o)).sum::<f64>())
-        .sum();
-    let result = op.results.first().map_or(1.0, |r| elements(f.ty(*r)));
-    match &op.kind {
-        // Every program and iteration costs at least one step, so an empty
-        // body over a huge grid or range is refused too.
-        OpKind::Kernel { grid, .. } => {
-            grid.iter().map(|&g| g as f64).product::<f64>() * (1.0 + body)
-        }
-        OpKind::For { lo, hi, step } => {
-            1.0 + ((hi - lo).max(0) as f64 / (*step).max(1) as f64).ceil() * (1.0 + body)
-        }
-        OpKind::Dot { .. } => {
-            let k = f.ty(op.operands[0]).shape().map_or(1, |s| s[1]) as f64;
-            2.0 * result * k
-        }
-        OpKind::Store { .. } => elements(f.ty(op.operands[0])),
-        OpKind::Reduce { .. } => elements(f.ty(op.operands[0])),
-        _ => result,
     }
 }
 

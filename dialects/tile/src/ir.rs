@@ -524,6 +524,42 @@ pub type OpData = dlc_core::ir::OpData<Tile>;
 /// `transforms::split_prepare`).
 pub type Function = dlc_core::ir::Function<Tile>;
 
+/// The element operations op `id` of `f` executes: loops and kernels
+/// multiply their body's count by their trip count or grid size, `tile.dot`
+/// counts its multiply-adds twice. The interpreter's limit on work and the
+/// CPU back end's choice of threads for a kernel of few programs read it.
+pub fn op_work(f: &Function, id: OpId) -> f64 {
+    let elements = |t: &Type| match t {
+        Type::Tile(t) => t.len() as f64,
+        _ => 1.0,
+    };
+    use crate::ops::OpKind;
+    let op = f.op(id);
+    let body: f64 = op
+        .regions
+        .iter()
+        .map(|r| r.ops.iter().map(|&o| op_work(f, o)).sum::<f64>())
+        .sum();
+    let result = op.results.first().map_or(1.0, |r| elements(f.ty(*r)));
+    match &op.kind {
+        // Every program and iteration costs at least one step, so an empty
+        // body over a huge grid or range is refused too.
+        OpKind::Kernel { grid, .. } => {
+            grid.iter().map(|&g| g as f64).product::<f64>() * (1.0 + body)
+        }
+        OpKind::For { lo, hi, step } => {
+            1.0 + ((hi - lo).max(0) as f64 / (*step).max(1) as f64).ceil() * (1.0 + body)
+        }
+        OpKind::Dot { .. } => {
+            let k = f.ty(op.operands[0]).shape().map_or(1, |s| s[1]) as f64;
+            2.0 * result * k
+        }
+        OpKind::Store { .. } => elements(f.ty(op.operands[0])),
+        OpKind::Reduce { .. } => elements(f.ty(op.operands[0])),
+        _ => result,
+    }
+}
+
 /// A list of functions.
 pub type Module = dlc_core::ir::Module<Tile>;
 

@@ -118,10 +118,12 @@ pub(crate) struct Gen<'ctx, 'f, I: Ir = tile::TileIr> {
     /// Tile IR only, in an exported function: where the workspace's
     /// per-thread scratch regions start, and the bytes of one.
     scratch: Option<(PointerValue<'ctx>, u64)>,
-    /// Lanes of one vector (of f32) on the target, and the fewest programs
-    /// a kernel spreads over threads.
+    /// Lanes of one vector (of f32) on the target, the fewest programs a
+    /// kernel spreads over threads, and the element operations from which
+    /// a kernel of fewer (but two or more) programs does too.
     lanes: usize,
     min_threads: usize,
+    min_thread_work: f64,
     /// Whether the target has AVX-512 BF16's dot products of bf16 pairs
     /// (`CpuDesc::avx512_bf16`), which a `tile.dot` of bf16 two deep runs as.
     bf16_dot: bool,
@@ -183,6 +185,7 @@ impl<'ctx, 'f, I: Ir> Gen<'ctx, 'f, I> {
             scratch: None,
             lanes: dlc_core::TargetDesc::host().lanes(DType::F32),
             min_threads: dlc_core::TargetDesc::host().min_thread_iterations(),
+            min_thread_work: dlc_core::TargetDesc::host().min_thread_work(),
             bf16_dot: false,
             gpu: None,
         }

@@ -204,7 +204,12 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         let start = ctx.append_basic_block(outlined, "entry");
         let mut g = Gen::within(ctx, self.module, self.f, outlined, &self.sites);
         g.loc.clone_from(&self.loc);
-        (g.lanes, g.min_threads, g.bf16_dot) = (self.lanes, self.min_threads, self.bf16_dot);
+        (g.lanes, g.min_threads, g.min_thread_work, g.bf16_dot) = (
+            self.lanes,
+            self.min_threads,
+            self.min_thread_work,
+            self.bf16_dot,
+        );
         g.b.position_at_end(start);
         let frame_in = outlined
             .get_first_param()

@@ -145,7 +145,11 @@ impl Ir for TileIr {
         }
         let params: Vec<Value> = f.params.iter().map(|(_, v)| *v).collect();
         let mut g = Gen::exported(ctx, module, f, &params, symbol, sites)?;
-        (g.lanes, g.min_threads) = (lanes, target.min_thread_iterations());
+        (g.lanes, g.min_threads, g.min_thread_work) = (
+            lanes,
+            target.min_thread_iterations(),
+            target.min_thread_work(),
+        );
         g.bf16_dot = target.cpu().is_some_and(|c| c.avx512_bf16);
         let plan = Workspace::plan(f)?;
         g.take_workspace(symbol, &plan)?;
@@ -1793,7 +1797,10 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         // Inputs are passed as pointers with their offsets applied (see
         // `view`), so kernels that differ only in those share one function.
         let (key, inputs) = dlc_tile::print::relocatable_fingerprint(f, id);
-        let threads = total >= self.min_threads;
+        // Enough programs, or few heavy ones (a Winograd convolution over
+        // 14 x 14 is two to four).
+        let threads = total >= self.min_threads
+            || (total >= 2 && dlc_tile::ir::op_work(f, id) >= self.min_thread_work);
         let region = match (bytes, self.scratch) {
             (0, _) => None,
             (_, Some(region)) => Some(region),
