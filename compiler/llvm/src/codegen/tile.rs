@@ -46,7 +46,8 @@
 //!   `exp`/`tanh` are straight-line polynomials.
 //! - `tile.load`/`tile.store`: the address is `base + sum_k grad_k * e_k`; a vector whose
 //!   lanes are contiguous is one (masked, where a mask or a pad asks) vector access, a
-//!   stride-0 one a scalar load and broadcast, other strides a masked gather or scatter,
+//!   stride-0 one a scalar load and broadcast (masked: one element read where any lane is
+//!   on), other strides a masked gather or scatter,
 //!   whose lane pointers are the first lane's pointer offset by a constant vector of
 //!   32-bit steps (x86's gathers and scatters take a scalar base and 32-bit indices; built
 //!   as integers and cast to pointers, they cost LLVM's `IndVarSimplify` and
@@ -946,6 +947,36 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                         let p = self.element_pointer(&a, off)?;
                         let s = self.b.build_load(store_t, p, "ld")?;
                         self.splat(s, n as u32)?
+                    }
+                    (0, Some(m)) => {
+                        // Every lane's element is one: read once where any
+                        // lane is on (a one-element masked load, so nothing
+                        // is touched when none is), broadcast, and the pad
+                        // where lanes are off. A product's epilogue reads
+                        // its bias so, per row of a register tile under a
+                        // mask of the block's edges: as a gather it was a
+                        // quarter of a 1 x 1 convolution's time.
+                        let p = self.guarded_pointer(&a, off, mask_op, row, &mut row_start)?;
+                        let one = self.vector_of(store_t, 1);
+                        let any = self.splat(self.any(m)?.into(), 1)?;
+                        let first = self.b.build_extract_element(
+                            passthru.into_vector_value(),
+                            self.ctx.i32_type().const_zero(),
+                            "pad",
+                        )?;
+                        let pass = self.splat(first, 1)?;
+                        let l = self.call(
+                            "llvm.masked.load",
+                            &[one.into(), p.get_type().into()],
+                            &[p.into(), any, pass],
+                        )?;
+                        let s = self.b.build_extract_element(
+                            l.into_vector_value(),
+                            self.ctx.i32_type().const_zero(),
+                            "ld",
+                        )?;
+                        let v = self.splat(s, n as u32)?;
+                        self.select(m, v, passthru)?
                     }
                     (1, None) => {
                         let p = self.element_pointer(&a, off)?;
