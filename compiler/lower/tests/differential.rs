@@ -647,6 +647,30 @@ fn small_images_run_as_one_axis() {
     }
 }
 
+/// 1 x 1 convolutions in a chain, whose inputs the lowering keeps in
+/// reused storage (the second and fourth read the first's buffer): each
+/// product's programs pack the panels they multiply by themselves, as for
+/// an input read once, rather than a kernel packing them into global
+/// panels first (rows of 4 KB, 64 lines apart, are not read in place).
+/// They agree with the graph interpreter.
+#[test]
+fn products_of_reused_storage_pack_their_own_panels() {
+    let src = "fn f(x: f32[1, 32, 32, 32], weight w1: f32[64, 32, 1, 1], weight w2: f32[32, 64, 1, 1], weight w3: f32[64, 32, 1, 1], weight w4: f32[32, 64, 1, 1]) -> f32[1, 32, 32, 32] { let a = relu(conv2d(x, w1)); let b = relu(conv2d(a, w2)); let c = relu(conv2d(b, w3)); return conv2d(c, w4); }";
+    for cpu in [TargetDesc::x86_64_avx512(2), TargetDesc::x86_64_avx2(2)] {
+        let tiles = kernels(&graph(src), &cpu);
+        let text = dlc_tile::print_module(&tiles);
+        let body = text.split("tile.func @f_prepare").next().unwrap();
+        assert_eq!(
+            body.matches("schedule = \"packed\"").count(),
+            4,
+            "{}: {text}",
+            cpu.name
+        );
+        assert!(!body.contains("pack = [1]"), "{}: {text}", cpu.name);
+    }
+    agree(src);
+}
+
 /// A 1 x 1 convolution over few pixels and many channels is a product with
 /// the pixels as its rows and the channels as its columns, stored
 /// transposed, where that pads the register tiles at least a tenth less

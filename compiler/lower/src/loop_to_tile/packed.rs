@@ -1379,18 +1379,31 @@ impl<'a> Conv<'a> {
     /// program, so the global panels would be written and read back for
     /// nothing (W2's two 16 MB weights, W6's 28 MB). Not when another
     /// product reads the same operand: their pack kernels become one
-    /// (`reuse_packs`: W7's 32 steps pack each weight once).
+    /// (`reuse_packs`: W7's 32 steps pack each weight once). Storage the
+    /// function writes holds one value after another (the lowering reuses
+    /// it), so there the same operand is the same value, not the same
+    /// storage: MobileNetV2's 1 x 1 convolutions, whose inputs share
+    /// buffers, packed 1.6 MB into global panels and read them back.
     pub(super) fn packs_own_panels(&self, m: LOpId, blocks: usize) -> bool {
-        let root = self.root_buffer(self.op(m).operands[1]);
+        let operand = self.op(m).operands[1];
+        let root = self.root_buffer(operand);
+        let written =
+            self.src.ops.iter().any(|o| {
+                matches!(o.kind, L::Store { .. }) && self.root_buffer(o.operands[1]) == root
+            });
         let readers = self
             .src
             .ops
             .iter()
             .filter(|o| matches!(o.kind, L::Matmul(_)))
             .filter(|o| {
-                o.operands
-                    .get(1)
-                    .is_some_and(|&b| self.root_buffer(b) == root)
+                o.operands.get(1).is_some_and(|&b| {
+                    if written {
+                        b == operand
+                    } else {
+                        self.root_buffer(b) == root
+                    }
+                })
             })
             .count();
         blocks == 1 && readers == 1
