@@ -720,6 +720,40 @@ fn masked_broadcast_loads_read_one_element() {
     jit_agrees(src);
 }
 
+/// A Winograd convolution cut into chunks of its output channels (the
+/// host's schedule with its L2 shrunk to 1 KB, so that the transformed
+/// kernel is many times it: programs along a third grid axis, each
+/// transforming its rows' input, multiplying by its panels and running
+/// the output transform of its channels) compiles and agrees with the
+/// graph interpreter.
+#[test]
+fn winograd_chunks_of_channels_compile() {
+    let src = "fn f(x: f32[1, 48, 8, 8], w: f32[96, 48, 3, 3]) -> f32[1, 96, 8, 8] { return conv2d(x, w, padding=1); }";
+    let m = graph(src);
+    let host = TargetDesc::host();
+    let loops = dlc_driver::lower_to_loops(&m, host).unwrap();
+    let mut params = dlc_lower::ScheduleParams::for_target(host);
+    if let Some(p) = params.packed.as_mut() {
+        p.l2_bytes = 1024;
+    }
+    let tiles = dlc_lower::convert_module_with(&loops, &params).unwrap();
+    let text = dlc_tile::print_module(&tiles);
+    let kernel = text.lines().find(|l| l.contains("schedule = \"winograd\""));
+    assert!(
+        kernel.is_some_and(|l| l.contains("grid = [1, 1, ")),
+        "{}: {text}",
+        host.name
+    );
+    let f = m.entry_points().next().unwrap();
+    let inputs = prepare_inputs(f, &[], Some(5)).unwrap();
+    let want = interpret(&m, f, &inputs).unwrap();
+    let got = dlc_llvm::jit(&tiles, |jit| Ok(jit.kernel("f")?.call(&inputs)))
+        .unwrap_or_else(|e| panic!("{e}\n{text}"))
+        .unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let err = max_relative_error(&got, &want).unwrap();
+    assert!(err <= TOLERANCE, "relative error {err:.3e}\n{text}");
+}
+
 /// A load whose lanes are 2 to 4 elements apart (a stride-2 window) is one
 /// wide masked load of the elements its lanes span, only theirs enabled,
 /// and a shuffle; 5 apart, a gather. Both agree with the graph

@@ -396,6 +396,10 @@ struct Conv<'a> {
     /// `[mc]` buffer of factors its result rows are scaled by (the rows
     /// of P it read were left unscaled).
     row_factors: Option<Value>,
+    /// Loops a program runs over part of their range: from the offset,
+    /// this many iterations (a Winograd output transform's channels, in
+    /// the program's chunk of them).
+    ranges: HashMap<LOpId, (Affine, i64)>,
 }
 
 impl<'a> Conv<'a> {
@@ -422,6 +426,7 @@ impl<'a> Conv<'a> {
             weight_derived: HashSet::new(),
             strips: Strips::Own,
             row_factors: None,
+            ranges: HashMap::new(),
         };
         c.weight_derived = c.find_weight_derived();
         c

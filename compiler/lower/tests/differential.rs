@@ -1344,6 +1344,49 @@ fn odd_schedule_parameters_agree() {
     }
 }
 
+/// A Winograd convolution whose transformed kernel is many times the L2
+/// runs as one block of tile rows cut into chunks of the output channels
+/// (each program reads its share of the kernel once), the grid's third
+/// axis: the AVX-512 schedule with its L2 shrunk to 1 KB takes two or more
+/// chunks of 96 channels over 8 x 8 (its own 1 MB L2 keeps blocks of rows),
+/// and both agree with the graph interpreter on the tile interpreter.
+#[test]
+fn a_large_winograd_kernel_is_cut_into_chunks_of_channels() {
+    let src = "fn f(x: f32[1, 48, 8, 8], w: f32[96, 48, 3, 3]) -> f32[1, 96, 8, 8] { return conv2d(x, w, padding=1); }";
+    let m = graph(src);
+    let l = lowered(&m);
+    let own = dlc_lower::ScheduleParams::for_target(&TargetDesc::x86_64_avx512(2));
+    let mut small = own.clone();
+    if let Some(p) = small.packed.as_mut() {
+        p.l2_bytes = 1024;
+    }
+    for (params, chunked) in [(own, false), (small, true)] {
+        let t = dlc_lower::convert_module_with(&l, &params).unwrap();
+        t.verify().unwrap_or_else(|e| panic!("{e:?}"));
+        let text = dlc_tile::print_module(&t);
+        let grid = text
+            .lines()
+            .find(|l| l.contains("schedule = \"winograd\""))
+            .and_then(|l| l.split("grid = [").nth(1))
+            .and_then(|g| g.split(']').next())
+            .map(|g| {
+                g.split(", ")
+                    .map(|d| d.parse::<usize>().unwrap())
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_else(|| panic!("no Winograd kernel\n{text}"));
+        assert_eq!(grid.len() == 3 && grid[2] >= 2, chunked, "{grid:?}\n{text}");
+        let f = m.entry_points().next().unwrap();
+        let inputs = prepare_inputs(f, &[], Some(3)).unwrap();
+        let want = interpret(&m, f, &inputs).unwrap();
+        let got = interpret_tile_within(&t, f, &inputs, dlc_driver::DEFAULT_WORK_LIMIT)
+            .unwrap_or_else(|e| panic!("{e}\n{text}"));
+        if let Some(d) = disagreement(f, &got, &want) {
+            panic!("{d}\n{text}");
+        }
+    }
+}
+
 /// A product of one block of rows (a convolution's weight gradient, 64 x
 /// 576 x 6272) is cut by columns into at least the target's units of work,
 /// so that its kernel is spread over threads: 18 panels wanted in 8 chunks

@@ -483,7 +483,7 @@ impl<'a> Conv<'a> {
         let innermost = body.ops.iter().all(|o| {
             loop_bounds(&self.op(*o).kind).is_none() && !matches!(self.op(*o).kind, L::Matmul(_))
         });
-        if self.shape.is_empty() {
+        if self.shape.is_empty() && !self.ranges.contains_key(&id) {
             let carries = if innermost {
                 self.vectorizable(id)
             } else {
@@ -503,8 +503,20 @@ impl<'a> Conv<'a> {
             .iter()
             .map(|v| carry(self, *v))
             .collect::<Result<_, _>>()?;
-        let (counter, carried) = self.b.begin_for(lo, hi, step, &inits);
-        self.index.insert(body.args[0], Affine::value(counter));
+        // A program's part of the range (see `Conv::ranges`), or all of it.
+        let carried = match self.ranges.get(&id).cloned() {
+            Some((from, n)) => {
+                let (counter, carried) = self.b.begin_for(0, n, 1, &inits);
+                let at = from.plus_scaled(1, &Affine::value(counter));
+                self.index.insert(body.args[0], at);
+                carried
+            }
+            None => {
+                let (counter, carried) = self.b.begin_for(lo, hi, step, &inits);
+                self.index.insert(body.args[0], Affine::value(counter));
+                carried
+            }
+        };
         for (a, c) in body.args[1..].iter().zip(&carried) {
             self.values.insert(*a, *c);
         }

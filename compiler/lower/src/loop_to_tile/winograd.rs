@@ -32,8 +32,14 @@
 //!   `M` are not allocated. A kernel of fewer programs than the target's units runs on one
 //!   thread, so blocks take fewer rows where that gives the threads work: W3 b1 runs one
 //!   row of 14 tiles per program (14 programs; three strips of 6 rows, 18 computed for
-//!   14). A product of at most one vector of columns (16 output channels: the
-//!   `narrow` schedule) is not fused.
+//!   14). Where the transformed kernel `U` is many times the L2
+//!   (`KERNEL_L2S_FOR_CHUNKS`: ResNet's 7 x 7 stage at 512 channels, 38 MB), every block
+//!   of rows would read all of it: there a block takes the blocking's rows and the
+//!   programs take chunks of the output channels instead (a third grid axis; whole panels
+//!   and whole groups of the output transform's channel loop, which each program runs over
+//!   its chunk's groups through `Conv::ranges`), each reading its share of `U` and
+//!   transforming its rows' input again. A product of at most one vector of columns (16
+//!   output channels: the `narrow` schedule) is not fused.
 
 use std::collections::HashSet;
 
@@ -42,6 +48,16 @@ use dlc_loop::{IndexExpr, OpId as LOpId, OpKind as L, Type as LType, Value as LV
 use dlc_tile::{Affine, BufferType, Schedule, Space};
 
 use super::{Conv, Packing, Panels, Redirect, TileConvError, is_counter, is_parallel, loop_bounds};
+
+/// How many times the L2 the transformed kernel `U` of a Winograd
+/// convolution must hold for its programs to take chunks of the output
+/// channels rather than blocks of tile rows. Each block of rows reads all
+/// of `U`, each chunk its share, but each chunk transforms its rows' input
+/// again. On Zen 4 (1 MB of L2, 32 of L3; one thread, `dlc bench`): over
+/// 7 x 7 at 512 channels (`U` 38 MB, past the L3) two blocks of one tile
+/// row took 2.6 ms and two chunks 1.4; over 14 x 14 at 256 (9.4 MB) four
+/// blocks 0.85 ms and two chunks 1.07.
+const KERNEL_L2S_FOR_CHUNKS: usize = 16;
 
 /// A Winograd convolution's three nests, fused (see the module).
 #[derive(Clone, Debug)]
@@ -58,6 +74,11 @@ pub(super) struct WinogradFusion {
     tiles: [usize; 3],
     /// Rows of tiles per program.
     rows: usize,
+    /// Chunks of the output channels (programs along the grid's third
+    /// axis), and the output transform's loop over groups of channels
+    /// with its extent, which a program runs over its chunk's groups.
+    chunks: usize,
+    channel_groups: Option<(LOpId, usize)>,
     /// `V` and `M`, held in scratch memory (never allocated).
     pub(super) held: [LValue; 2],
 }
@@ -218,6 +239,7 @@ impl<'a> Conv<'a> {
         if out_tiles != tiles {
             return None;
         }
+        let channel_groups = self.channel_groups(output[2]);
         let at_out = self.counters(output);
         let mut out_ops = HashSet::new();
         self.nested_ops(top[k2], &mut out_ops);
@@ -280,7 +302,18 @@ impl<'a> Conv<'a> {
                 return None;
             }
         }
-        let rows = self.winograd_rows(&packing, tiles, points, [v, mm]);
+        let out_channels = match self.src.ty(mm) {
+            LType::Buffer(t) => t.shape[2],
+            _ => return None,
+        };
+        let channel_groups = channel_groups.filter(|(_, g)| out_channels.is_multiple_of(*g));
+        let (rows, chunks) = self.winograd_rows(
+            &packing,
+            tiles,
+            points,
+            [v, mm],
+            channel_groups.map(|g| g.1),
+        );
         Some((
             WinogradFusion {
                 input: [input[0], input[1]],
@@ -289,27 +322,58 @@ impl<'a> Conv<'a> {
                 product: m,
                 tiles,
                 rows,
+                chunks,
+                channel_groups,
                 held: [v, mm],
             },
             k2,
         ))
     }
 
+    /// The output transform's loop over groups of channels, the only op in
+    /// its loop over a row's tiles (`tx`), and its extent: counted from 0
+    /// by 1, around one loop (the lanes of a group). `None` when the
+    /// channels are one loop.
+    fn channel_groups(&self, tx: LOpId) -> Option<(LOpId, usize)> {
+        let [group] = self.op(tx).regions.first()?.ops[..] else {
+            return None;
+        };
+        let g = self.op(group);
+        let Some((0, hi, 1)) = loop_bounds(&g.kind) else {
+            return None;
+        };
+        let [lanes] = g.regions.first()?.ops[..] else {
+            return None;
+        };
+        let inner = loop_bounds(&self.op(lanes).kind);
+        (matches!(g.kind, L::For { .. }) && g.operands.is_empty() && inner.is_some())
+            .then_some((group, hi as usize))
+    }
+
     /// How many whole rows of tiles (of `tiles`: images, rows, columns) a
-    /// program of a Winograd fusion takes: as many as keep its rows of the
-    /// `held` buffers V and M (over `points` points) within half the L2 and
-    /// its rows within the blocking's, and enough programs for the threads
-    /// where the rows allow (a kernel of fewer programs than `units` runs
-    /// on one thread).
+    /// program of a Winograd fusion takes, and into how many chunks its
+    /// output channels are cut (`groups`: the output transform's groups of
+    /// channels, when a program can take some of them). Each program of
+    /// a block of rows reads all of the transformed kernel `U` (36 x C x O),
+    /// and each chunk its share of it: where `U` is larger than the L2,
+    /// the blocks take as many rows as the blocking takes (`U` read once
+    /// per block) and the threads get chunks of the channels (7 x 7 over
+    /// 512 channels, a 38 MB `U`: two blocks of one tile row took 2.6 ms on
+    /// one thread, one block 1.3). Otherwise as many rows as keep the
+    /// program's rows of the `held` buffers V and M (over `points` points)
+    /// within half the L2 and within the blocking's rows, and enough
+    /// programs for the threads where the rows allow (a kernel of fewer
+    /// programs than `units` runs on one thread).
     fn winograd_rows(
         &self,
         packing: &Packing,
         tiles: [usize; 3],
         points: usize,
         held: [LValue; 2],
-    ) -> usize {
+        groups: Option<usize>,
+    ) -> (usize, usize) {
         let [v, mm] = held;
-        let [mr, _, mc, _] = packing.blocking;
+        let [mr, nr, mc, _] = packing.blocking;
         let width = |b: LValue| match self.src.ty(b) {
             LType::Buffer(t) => t.shape[2],
             _ => 0,
@@ -318,15 +382,38 @@ impl<'a> Conv<'a> {
             4 * points * (rows * tiles[2]).next_multiple_of(mr) * (width(v) + width(mm))
         };
         let programs = |r: usize| tiles[0] * tiles[1] / r;
-        (1..=tiles[1])
-            .rev()
-            .find(|r| {
-                tiles[1].is_multiple_of(*r)
-                    && r * tiles[2] <= mc
-                    && bytes(*r) <= packing.l2_bytes / 2
-                    && (programs(*r) >= packing.units || *r == 1)
-            })
-            .unwrap_or(1)
+        let whole = |r: &usize| tiles[1].is_multiple_of(*r) && r * tiles[2] <= mc;
+        let (o, c) = (width(mm), width(v));
+        let kernel = 4 * points * c * o;
+        // Chunks of whole panels and whole groups of channels: the fewest
+        // that give `balance` programs, or as many as divide both.
+        let chunked = groups.and_then(|g| {
+            if kernel <= KERNEL_L2S_FOR_CHUNKS * packing.l2_bytes || !o.is_multiple_of(nr) {
+                return None;
+            }
+            let r = (1..=tiles[1]).rev().find(whole)?;
+            let panels = o / nr;
+            let fits: Vec<usize> = (1..=panels)
+                .filter(|k| panels.is_multiple_of(*k) && g.is_multiple_of(*k))
+                .collect();
+            let k = fits
+                .iter()
+                .copied()
+                .find(|k| programs(r) * k >= packing.balance)
+                .or(fits.last().copied())?;
+            (k > 1).then_some((r, k))
+        });
+        chunked.unwrap_or_else(|| {
+            let r = (1..=tiles[1])
+                .rev()
+                .find(|r| {
+                    whole(r)
+                        && bytes(*r) <= packing.l2_bytes / 2
+                        && (programs(*r) >= packing.units || *r == 1)
+                })
+                .unwrap_or(1);
+            (r, 1)
+        })
     }
 
     /// The kernel of a [`WinogradFusion`]: a grid over the images and
@@ -359,14 +446,31 @@ impl<'a> Conv<'a> {
         plan.strips = tiles.div_ceil(plan.mr);
         plan.mc = plan.strips * plan.mr;
         plan.blocks = images * rows / f.rows;
+        // The program's chunk of the output channels: whole panels.
+        plan.chunks = f.chunks;
+        plan.per_chunk = plan.nb_n / f.chunks;
         let panels = self.panels(f.product, batch.as_slice(), &plan)?;
         let schedule = Schedule::Winograd {
             blocking: [plan.mr, plan.nr, tiles, plan.kc],
         };
-        self.b.begin_kernel(vec![images, rows / f.rows], schedule);
+        let mut grid = vec![images, rows / f.rows];
+        if f.chunks > 1 {
+            grid.push(f.chunks);
+        }
+        self.b.begin_kernel(grid, schedule);
         self.values.clear();
         let image = Affine::value(self.b.program_id(0));
         let block = Affine::value(self.b.program_id(1));
+        let chunk = if f.chunks > 1 {
+            Affine::value(self.b.program_id(2))
+        } else {
+            Affine::constant(0)
+        };
+        if let (true, Some((group_loop, groups))) = (f.chunks > 1, f.channel_groups) {
+            let per = groups / f.chunks;
+            self.ranges
+                .insert(group_loop, (chunk.scaled(per as i64), per as i64));
+        }
         // The program's first tile.
         let i0 = image
             .scaled((rows * cols) as i64)
@@ -417,7 +521,7 @@ impl<'a> Conv<'a> {
                 panels,
                 &[Affine::value(p)],
                 &i0,
-                &zero,
+                &chunk,
                 &zero,
                 per_tile,
             )?;
@@ -428,6 +532,7 @@ impl<'a> Conv<'a> {
             transform(self, f.output)
         })();
         self.redirects.clear();
+        self.ranges.clear();
         result?;
         self.b.end_kernel();
         if let Panels::Global(p) = panels {
