@@ -677,12 +677,23 @@ fn products_of_reused_storage_pack_their_own_panels() {
 /// and the product is at least 128 deep into at least 512 channels: 7 x 7
 /// on either x86-64 width, 14 x 14 where a panel is 32 columns (196 pixels
 /// in 7 panels of 32, but 13 of 16 on AVX2). 32 deep, into 160 channels, or
-/// over 8 x 8, the channels stay the rows. The first runs on the tile
-/// interpreter (the others are millions of multiply-adds each; every one
-/// runs compiled against the graph interpreter in `jit.rs`).
+/// over 8 x 8, the channels stay the rows. So does a convolution whose
+/// product reads an im2col buffer (strided 1 x 1 and 3 x 3), the buffer
+/// read transposed as the rows. The first and the strided one run on the
+/// tile interpreter (the others are millions of multiply-adds each; every
+/// one runs compiled against the graph interpreter in `jit.rs`).
 #[test]
 fn few_pixels_are_the_rows_of_a_convolution_product() {
-    let [bias, residual, fourteen, shallow, narrow, large] = dlc_tests::PIXEL_ROW_PROGRAMS;
+    let [
+        bias,
+        residual,
+        fourteen,
+        shallow,
+        narrow,
+        large,
+        strided,
+        window,
+    ] = dlc_tests::PIXEL_ROW_PROGRAMS;
     // The product's sizes on AVX-512, then on AVX2.
     for (src, sizes) in [
         (bias, ["sizes = [49, 512, 128]"; 2]),
@@ -694,6 +705,8 @@ fn few_pixels_are_the_rows_of_a_convolution_product() {
         (shallow, ["sizes = [512, 49, 32]"; 2]),
         (narrow, ["sizes = [160, 49, 256]"; 2]),
         (large, ["sizes = [512, 64, 128]"; 2]),
+        (strided, ["sizes = [49, 512, 128]"; 2]),
+        (window, ["sizes = [49, 512, 576]"; 2]),
     ] {
         let m = graph(src);
         for ((target, _), sizes) in x86_widths().into_iter().zip(sizes) {
@@ -713,6 +726,7 @@ fn few_pixels_are_the_rows_of_a_convolution_product() {
         }
     }
     agree(bias);
+    agree(strided);
 }
 
 /// Constants whose buffers share storage (ONNX attention's scale, zero
