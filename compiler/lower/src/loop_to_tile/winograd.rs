@@ -239,7 +239,6 @@ impl<'a> Conv<'a> {
         if out_tiles != tiles {
             return None;
         }
-        let channel_groups = self.channel_groups(output[2]);
         let at_out = self.counters(output);
         let mut out_ops = HashSet::new();
         self.nested_ops(top[k2], &mut out_ops);
@@ -306,7 +305,7 @@ impl<'a> Conv<'a> {
             LType::Buffer(t) => t.shape[2],
             _ => return None,
         };
-        let channel_groups = channel_groups.filter(|(_, g)| out_channels.is_multiple_of(*g));
+        let channel_groups = self.channel_groups(output[2], out_channels);
         let (rows, chunks) = self.winograd_rows(
             &packing,
             tiles,
@@ -330,11 +329,12 @@ impl<'a> Conv<'a> {
         ))
     }
 
-    /// The output transform's loop over groups of channels, the only op in
-    /// its loop over a row's tiles (`tx`), and its extent: counted from 0
-    /// by 1, around one loop (the lanes of a group). `None` when the
-    /// channels are one loop.
-    fn channel_groups(&self, tx: LOpId) -> Option<(LOpId, usize)> {
+    /// The output transform's loop over groups of its `channels`, the only
+    /// op in its loop over a row's tiles (`tx`), and its extent: counted
+    /// from 0 by 1, around one loop over a group's channels (the lanes),
+    /// the two covering the channels. `None` when the channels are one
+    /// loop.
+    fn channel_groups(&self, tx: LOpId, channels: usize) -> Option<(LOpId, usize)> {
         let [group] = self.op(tx).regions.first()?.ops[..] else {
             return None;
         };
@@ -345,8 +345,11 @@ impl<'a> Conv<'a> {
         let [lanes] = g.regions.first()?.ops[..] else {
             return None;
         };
-        let inner = loop_bounds(&self.op(lanes).kind);
-        (matches!(g.kind, L::For { .. }) && g.operands.is_empty() && inner.is_some())
+        let covers = match loop_bounds(&self.op(lanes).kind) {
+            Some((0, n, 1)) => (hi * n) as usize == channels,
+            _ => false,
+        };
+        (matches!(g.kind, L::For { .. }) && g.operands.is_empty() && covers)
             .then_some((group, hi as usize))
     }
 
@@ -355,11 +358,12 @@ impl<'a> Conv<'a> {
     /// output channels are cut (`groups`: the output transform's groups of
     /// channels, when a program can take some of them). Each program of
     /// a block of rows reads all of the transformed kernel `U` (36 x C x O),
-    /// and each chunk its share of it: where `U` is larger than the L2,
-    /// the blocks take as many rows as the blocking takes (`U` read once
-    /// per block) and the threads get chunks of the channels (7 x 7 over
-    /// 512 channels, a 38 MB `U`: two blocks of one tile row took 2.6 ms on
-    /// one thread, one block 1.3). Otherwise as many rows as keep the
+    /// and each chunk its share of it: where `U` is many times the L2
+    /// ([`KERNEL_L2S_FOR_CHUNKS`]), the blocks take as many rows as the
+    /// blocking takes (`U` read once per block) and the threads get chunks
+    /// of the channels (7 x 7 over 512 channels, a 38 MB `U`: two blocks of
+    /// one tile row took 2.6 ms on one thread, two chunks 1.4). Otherwise
+    /// as many rows as keep the
     /// program's rows of the `held` buffers V and M (over `points` points)
     /// within half the L2 and within the blocking's rows, and enough
     /// programs for the threads where the rows allow (a kernel of fewer
