@@ -720,6 +720,31 @@ fn masked_broadcast_loads_read_one_element() {
     jit_agrees(src);
 }
 
+/// A masked store where the CPU has no mask registers (AVX2: `vmaskmovps`,
+/// microcode on AMD's Zen 1-3) tests its lanes and, every lane on, stores
+/// plainly (a `store.full` branch); the masked store is left for partial
+/// tiles. With AVX-512's mask registers the masked store is the only one.
+/// A 1 x 1 convolution's epilogue over 20 x 20 pixels (400 columns, ragged
+/// in panels of 16 or 32) and a ragged element-wise pass both have such
+/// stores; they agree with the graph interpreter.
+#[test]
+fn masked_stores_without_mask_registers_store_whole_vectors_plainly() {
+    let src = "fn f(x: f32[1, 32, 20, 20], w: f32[16, 32, 1, 1]) -> f32[1, 16, 20, 20] { return clamp(conv2d(x, w), 0.0, 6.0); }
+fn g(x: f32[3, 70]) -> f32[3, 70] { return tanh(x) * 2.0; }";
+    for (target, branches) in [
+        (TargetDesc::x86_64_avx2(2), true),
+        (TargetDesc::x86_64_avx512(2), false),
+    ] {
+        let tiles = dlc_driver::lower_for_tile(&graph(src), &target).unwrap();
+        let ir =
+            dlc_llvm::emit_llvm_ir(&tiles, &dlc_runtime::abi::Symbols::for_module("t"), &target)
+                .unwrap();
+        assert!(ir.contains("@llvm.masked.store"), "{}: {ir}", target.name);
+        assert_eq!(ir.contains("store.full"), branches, "{}: {ir}", target.name);
+    }
+    jit_agrees(src);
+}
+
 /// A Winograd convolution cut into chunks of its output channels (the
 /// host's schedule with its L2 shrunk to 1 KB, so that the transformed
 /// kernel is many times it: programs along a third grid axis, each

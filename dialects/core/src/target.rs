@@ -74,6 +74,21 @@ pub struct CpuDesc {
     pub triple: Option<String>,
 }
 
+impl CpuDesc {
+    /// Whether masks are predicate registers (AVX-512's): a masked store is
+    /// one instruction as fast as a plain one, and a padded load's mask of
+    /// lanes inside the buffer one compare per vector. Elsewhere masks are
+    /// vectors: AVX2's `vmaskmovps` store is microcode on AMD's Zen 1-3
+    /// (half of a 1 x 1 convolution's time on Zen 3), its lanes are
+    /// compared four 64-bit ones at a time, and SSE and Advanced SIMD store
+    /// lane by lane. There code generation stores plainly when a store's
+    /// lanes are all on, and graph -> loop runs a padded direct
+    /// convolution's middle apart from its borders, with unpadded loads.
+    pub fn mask_registers(&self) -> bool {
+        self.vector_bits >= 512
+    }
+}
+
 /// The register-tiled product kernel's blocking (BLIS's names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GemmBlocking {

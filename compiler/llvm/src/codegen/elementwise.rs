@@ -165,6 +165,21 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         })
     }
 
+    /// Whether every lane of mask `c` is on (a scalar).
+    pub(super) fn every(&self, c: BV<'ctx>) -> R<IntValue<'ctx>> {
+        Ok(match c {
+            BV::IntValue(c) => c,
+            BV::VectorValue(v) => self
+                .call(
+                    "llvm.vector.reduce.and",
+                    &[v.get_type().into()],
+                    &[v.into()],
+                )?
+                .into_int_value(),
+            _ => return Err(mismatch("every")),
+        })
+    }
+
     /// Computes `op` on 16-bit floats in f32 and rounds back: LLVM lowers
     /// many operations on half and bfloat to library calls that do not exist.
     fn widened(

@@ -127,6 +127,11 @@ pub(crate) struct Gen<'ctx, 'f, I: Ir = tile::TileIr> {
     /// Whether the target has AVX-512 BF16's dot products of bf16 pairs
     /// (`CpuDesc::avx512_bf16`), which a `tile.dot` of bf16 two deep runs as.
     bf16_dot: bool,
+    /// Whether the target's masks are predicate registers
+    /// (`CpuDesc::mask_registers`; true off the CPU): where not, masked
+    /// stores whose lanes are all on and padded loads whose lanes are all
+    /// inside are plain ones at run time (see `tile::Gen::store`, `load`).
+    mask_registers: bool,
     /// In a GPU kernel: the block's threads (see [`gpu`]).
     gpu: Option<gpu::Threads<'ctx>>,
 }
@@ -187,6 +192,7 @@ impl<'ctx, 'f, I: Ir> Gen<'ctx, 'f, I> {
             min_threads: dlc_core::TargetDesc::host().min_thread_iterations(),
             min_thread_work: dlc_core::TargetDesc::host().min_thread_work(),
             bf16_dot: false,
+            mask_registers: true,
             gpu: None,
         }
     }

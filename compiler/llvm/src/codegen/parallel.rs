@@ -204,11 +204,18 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         let start = ctx.append_basic_block(outlined, "entry");
         let mut g = Gen::within(ctx, self.module, self.f, outlined, &self.sites);
         g.loc.clone_from(&self.loc);
-        (g.lanes, g.min_threads, g.min_thread_work, g.bf16_dot) = (
+        (
+            g.lanes,
+            g.min_threads,
+            g.min_thread_work,
+            g.bf16_dot,
+            g.mask_registers,
+        ) = (
             self.lanes,
             self.min_threads,
             self.min_thread_work,
             self.bf16_dot,
+            self.mask_registers,
         );
         g.b.position_at_end(start);
         let frame_in = outlined

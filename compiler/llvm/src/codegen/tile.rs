@@ -152,6 +152,7 @@ impl Ir for TileIr {
             target.min_thread_work(),
         );
         g.bf16_dot = target.cpu().is_some_and(|c| c.avx512_bf16);
+        g.mask_registers = target.cpu().is_none_or(|c| c.mask_registers());
         let plan = Workspace::plan(f)?;
         g.take_workspace(symbol, &plan)?;
         g.prepared_once(all, symbols)?;
@@ -1065,7 +1066,10 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
             .into())
     }
 
-    /// `tile.store`.
+    /// `tile.store`. Where the target has no mask registers
+    /// (`CpuDesc::mask_registers`), a masked store whose lanes are all on
+    /// (most of a product epilogue's, over whole blocks) takes a branch of
+    /// plain stores; only a partial one is masked.
     fn store(&mut self, op: &OpData, index: &[Affine]) -> R<()> {
         let v = op.operands[0];
         let cut = self.cut(v);
@@ -1073,16 +1077,51 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         let data = self.vectors(v)?;
         let mask = self.mask_of(op, 2)?;
         let mask_op = op.operands.get(2).copied();
-        if mask.is_none() && self.transposing_store(&a, &cut, &data)? {
-            return Ok(());
+        let Some(mask) = mask else {
+            if self.transposing_store(&a, &cut, &data)? {
+                return Ok(());
+            }
+            return self.store_vectors(&a, &cut, &data, None, None);
+        };
+        if self.mask_registers {
+            return self.store_vectors(&a, &cut, &data, Some(&mask), mask_op);
         }
+        let mut all = self.ctx.bool_type().const_int(1, false);
+        for m in &mask {
+            let on = self.every(*m)?;
+            all = self.b.build_and(all, on, "mask.all")?;
+        }
+        let full = self.ctx.append_basic_block(self.func, "store.full");
+        let part = self.ctx.append_basic_block(self.func, "store.part");
+        let join = self.ctx.append_basic_block(self.func, "store.join");
+        self.b.build_conditional_branch(all, full, part)?;
+        self.b.position_at_end(full);
+        self.store_vectors(&a, &cut, &data, None, None)?;
+        self.b.build_unconditional_branch(join)?;
+        self.b.position_at_end(part);
+        self.store_vectors(&a, &cut, &data, Some(&mask), mask_op)?;
+        self.b.build_unconditional_branch(join)?;
+        self.b.position_at_end(join);
+        Ok(())
+    }
+
+    /// The stores of `tile.store`'s vectors `data` through access `a`,
+    /// under `mask` (the mask operand `mask_op`'s vectors) if there is one.
+    fn store_vectors(
+        &mut self,
+        a: &Access<'ctx>,
+        cut: &Cut,
+        data: &[BV<'ctx>],
+        mask: Option<&[BV<'ctx>]>,
+        mask_op: Option<Value>,
+    ) -> R<()> {
         for row in 0..cut.rows() {
             let mut row_start = None;
             let rc = cut.row_coords(row);
             for j in 0..cut.per_row {
                 let n = cut.lanes(j);
-                let (off, step) = self.place(&a, &cut, &rc, j)?;
-                let on = mask.as_ref().map(|m| m[row * cut.per_row + j]);
+                let (off, step) = self.place(a, cut, &rc, j)?;
+                let on = mask.map(|m| m[row * cut.per_row + j]);
                 let mut x = data[row * cut.per_row + j];
                 if a.dtype == DType::Bool {
                     x = super::elementwise::convert_int!(
@@ -1095,13 +1134,13 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                 }
                 match (step, on) {
                     (1, None) => {
-                        let p = self.element_pointer(&a, off)?;
+                        let p = self.element_pointer(a, off)?;
                         let s = self.b.build_store(p, x)?;
                         s.set_alignment(self.alignment(a.dtype))
                             .map_err(|e| CodegenError::Llvm(e.to_string()))?;
                     }
                     (1, Some(m)) => {
-                        let p = self.guarded_pointer(&a, off, mask_op, row, &mut row_start)?;
+                        let p = self.guarded_pointer(a, off, mask_op, row, &mut row_start)?;
                         self.call_void(
                             "llvm.masked.store",
                             &[x.get_type(), p.get_type().into()],
@@ -1109,7 +1148,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                         )?;
                     }
                     (_, m) => {
-                        let ptrs = self.lane_pointers(&a, off, step, n)?;
+                        let ptrs = self.lane_pointers(a, off, step, n)?;
                         let m = m.unwrap_or_else(|| self.all_on(n));
                         self.call_void(
                             "llvm.masked.scatter",
