@@ -382,9 +382,15 @@ impl Gen<'_> {
                 .map(|a| g.affine(a, e))
                 .collect::<Result<_, _>>()?;
             // Where the pad is read: outside the buffer, and where the mask
-            // is off.
+            // is off (zero there without a pad).
             let mut cond = None;
-            if pad.is_some() {
+            let mut pad = pad;
+            if pad.is_none()
+                && let Some(m) = mask
+            {
+                cond = Some(g.extract(m, e));
+                pad = Some(0.0);
+            } else if pad.is_some() {
                 cond = g.w.in_bounds(&idx, &shape);
                 if let Some(m) = mask {
                     let on = g.extract(m, e);

@@ -299,7 +299,7 @@ impl Machine<'_> {
         let mut out = Vec::with_capacity(n);
         for e in 0..n {
             if mask.as_ref().is_some_and(|m| m[e] == 0.0) {
-                out.push(pad.ok_or_else(|| TileError::MaskedWithoutPad(name.clone()))?);
+                out.push(pad.unwrap_or(0.0));
                 continue;
             }
             coords(&shape, e, &mut c);

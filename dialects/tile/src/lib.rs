@@ -72,9 +72,9 @@
 //! - **Interpreter** (`interp.rs`): runs programs one after another in row-major grid
 //!   order; scratch and shared buffers are allocated per program and filled with NaN
 //!   (float types), so reading what packing never wrote shows in the results; masks,
-//!   pads and bounds are checked per element (out of bounds without a pad, a masked
-//!   element without a pad, two elements of one store writing one place, integer
-//!   division by zero are errors); `tile.dot` and `tile.reduce` sum exactly and round
+//!   pads and bounds are checked per element (out of bounds without a pad, two
+//!   elements of one store writing one place, integer division by zero are errors; a
+//!   masked-off element reads the pad, or zero); `tile.dot` and `tile.reduce` sum exactly and round
 //!   once. A program stands for every thread that runs it on a GPU, so the interpreter
 //!   checks what barriers are for: an element of shared memory written since the last
 //!   `tile.barrier` may not be read or written, and one read may not be overwritten,

@@ -74,12 +74,16 @@ pub enum OpKind {
     /// `%t = tile.load %b[idx, ..] mask %m {pad = P} : tile<..>`: element
     /// `e` of the result is `b[idx(e)]`, where `#k` in an index is `e`'s
     /// coordinate along axis `k` (an index without `#k` broadcasts along
-    /// axis `k`). Elements the mask turns off, and elements outside the
-    /// buffer, read `pad`; without a pad they are errors.
+    /// axis `k`). Elements the mask turns off read `pad` (zero, or false,
+    /// without one: a mask only says which lanes a tile's edge leaves
+    /// out); elements outside the buffer read `pad`, and without one are
+    /// errors. So a load without a pad needs no bounds test per lane, and
+    /// a masked one reads only the lanes that are on.
     Load {
         /// One affine index per buffer dimension.
         index: Vec<Affine>,
-        /// The value read where the mask is off or outside the buffer.
+        /// The value read outside the buffer and where the mask is off
+        /// (zero there without one).
         pad: Option<f64>,
     },
     /// `tile.store %v, %b[idx, ..] mask %m`: writes every element the mask

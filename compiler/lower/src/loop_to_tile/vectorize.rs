@@ -434,9 +434,10 @@ impl<'a> Conv<'a> {
                 let (buf, index) = self.place(op.operands[0], index)?;
                 let d = self.result_dtype(op.results[0]);
                 let t = if index.iter().any(|e| !e.axes.is_empty()) {
-                    let pad = pad.or(self.mask.map(|_| 0.0));
+                    // A ragged tile's masked-off lanes need no pad: an
+                    // unpadded load stays one, with no bounds test per lane.
                     let ty = Type::Tile(TileType::new(d, self.shape.clone()));
-                    self.b.load(buf, index, self.mask, pad, ty)
+                    self.b.load(buf, index, self.mask, *pad, ty)
                 } else {
                     self.b.load(buf, index, None, *pad, Type::Scalar(d))
                 };

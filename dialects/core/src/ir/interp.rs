@@ -58,9 +58,6 @@ pub enum RunError {
         /// The buffer type.
         ty: String,
     },
-    /// A masked-off element read without a pad value.
-    #[error("{0} reads an element its mask turns off, and has no pad value")]
-    MaskedWithoutPad(String),
     /// Two elements of one store write the same place.
     #[error("{op} writes index {index:?} of {ty} twice")]
     OverlappingStore {
