@@ -1037,6 +1037,44 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
     ) -> R<BV<'ctx>> {
         let store_t = storage_type(self.ctx, a.dtype);
         let (step32, wide) = (step as u32, (n * step) as u32);
+        if mask.is_none() && step == 2 && n >= 2 {
+            // Every lane on, two apart: the 2n - 1 elements from the first
+            // lane's to the last's as two plain loads of n overlapping in
+            // one (the second ends at the last lane's element, so nothing
+            // past it is read), and one shuffle.
+            let vt = self.vector_of(store_t, n as u32);
+            let first = self.b.build_load(vt, p, "even.lo")?;
+            set_alignment(first, self.alignment(a.dtype))?;
+            // SAFETY (LLVM IR semantics): a GEP inside the span the lanes
+            // read, as in `element_pointer`.
+            let q = unsafe {
+                self.b.build_gep(
+                    store_t,
+                    p,
+                    &[self.ctx.i64_type().const_int(n as u64 - 1, false)],
+                    "even.hi",
+                )?
+            };
+            let second = self.b.build_load(vt, q, "even.hi")?;
+            set_alignment(second, self.alignment(a.dtype))?;
+            let n32 = n as u32;
+            let pick: Vec<_> = (0..n32)
+                .map(|k| {
+                    let e = 2 * k;
+                    let lane = if e < n32 { e } else { n32 + e - (n32 - 1) };
+                    self.ctx.i32_type().const_int(u64::from(lane), false)
+                })
+                .collect();
+            return Ok(self
+                .b
+                .build_shuffle_vector(
+                    first.into_vector_value(),
+                    second.into_vector_value(),
+                    VectorType::const_vector(&pick),
+                    "deinterleave",
+                )?
+                .into());
+        }
         let wvt = self.vector_of(store_t, wide);
         // Wide lane `w` stands for lane `w / step`, and is read where it is
         // lane `w / step`'s own element.
