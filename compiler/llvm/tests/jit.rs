@@ -818,8 +818,9 @@ fn f(x: f32[2, 3, 9, 70]) -> f32[2, 3, 3, 9, 35] { return window(x); }";
 /// stride-2 depthwise convolution on AVX2, which runs it apart from its
 /// borders: 64 columns, two whole row tiles, so no mask) is two plain
 /// loads overlapping in one element, the second ending at the last lane's
-/// element (`%even.hi`), and one shuffle: no masked load of the span. Where its loads are padded (AVX-512's one
-/// nest), the masked load stays. It agrees with the graph interpreter.
+/// element (`%even.hi`), and one shuffle: no masked load of the span.
+/// Where its loads are padded (AVX-512's one nest), the masked load stays.
+/// It agrees with the graph interpreter.
 #[test]
 fn stride_two_loads_with_every_lane_on_are_plain() {
     let src = "fn f(x: f32[1, 3, 6, 160], w: f32[3, 1, 3, 3]) -> f32[1, 3, 3, 80] { return conv2d(x, w, stride=2, padding=1, groups=3); }";

@@ -1760,13 +1760,13 @@ impl Lowering<'_> {
     }
 
     /// A convolution neither Winograd nor im2col takes: a sum over input
-    /// channels and the window per output element. On a CPU, a padded one
-    /// runs each output axis in up to three ranges (see [`inside_ranges`]):
-    /// the window of an output in the middle ranges of both axes lies in the
-    /// input, and its loads are plain ones; only the borders' are padded
-    /// (a padded load is a bounds test per lane: with AVX2, where lanes are
-    /// compared four 64-bit ones at a time, half a depthwise convolution's
-    /// time).
+    /// channels and the window per output element. On a CPU without mask
+    /// registers, a padded one whose middle columns fill
+    /// [`DIRECT_CONV_SPLIT_TILES`] row tiles runs each output axis in up to
+    /// three ranges (see [`inside_ranges`]): the window of an output in the
+    /// middle ranges of both axes lies in the input, and its loads are plain
+    /// ones; only the borders' are padded (a padded load is a bounds test
+    /// per lane, which AVX2 makes comparing four 64-bit lanes at a time).
     fn emit_direct_conv(
         &mut self,
         n: NodeIndex,

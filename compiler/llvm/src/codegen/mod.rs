@@ -128,9 +128,9 @@ pub(crate) struct Gen<'ctx, 'f, I: Ir = tile::TileIr> {
     /// (`CpuDesc::avx512_bf16`), which a `tile.dot` of bf16 two deep runs as.
     bf16_dot: bool,
     /// Whether the target's masks are predicate registers
-    /// (`CpuDesc::mask_registers`; true off the CPU): where not, masked
-    /// stores whose lanes are all on and padded loads whose lanes are all
-    /// inside are plain ones at run time (see `tile::Gen::store`, `load`).
+    /// (`CpuDesc::mask_registers`; true off the CPU): where not, a masked
+    /// store whose lanes are all on is a plain one at run time (see
+    /// `tile::Gen::store`).
     mask_registers: bool,
     /// In a GPU kernel: the block's threads (see [`gpu`]).
     gpu: Option<gpu::Threads<'ctx>>,
