@@ -812,6 +812,11 @@ fn f(x: f32[2, 3, 9, 70]) -> f32[2, 3, 3, 9, 35] { return window(x); }";
     }
     jit_agrees(every);
     jit_agrees(window);
+    // Five lanes (a 9 x 9 image at stride 2): their padded mask spread to
+    // ten lanes was miscompiled as a `<5 x i1>` shuffle on AVX2.
+    jit_agrees(
+        "fn f(x: f32[2, 4, 9, 9], w: f32[8, 4, 3, 3]) -> f32[2, 8, 5, 5] { return conv2d(x, w, stride=2, padding=1); }",
+    );
 }
 
 /// A load of lanes two apart with every lane on (the unpadded middle of a

@@ -1087,7 +1087,16 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         let wide_mask = match mask {
             None => own,
             Some(m) => {
-                let m = self.permute(m.into_vector_value(), spread(), "spread")?;
+                // Spread as 32-bit lanes: LLVM's x86 back end shuffled a
+                // `<5 x i1>` mask wrongly on AVX2.
+                let m = m.into_vector_value();
+                let i32v = self.ctx.i32_type().vec_type(m.get_type().get_size());
+                let wide32 = self.b.build_int_s_extend(m, i32v, "mask32")?;
+                let spread32 = self.permute(wide32, spread(), "spread")?;
+                let zero = spread32.get_type().const_zero();
+                let m = self
+                    .b
+                    .build_int_compare(IntPredicate::NE, spread32, zero, "spread")?;
                 self.and(m.into(), own)?
             }
         };
