@@ -543,6 +543,11 @@ impl<'a> Conv<'a> {
     }
 
     /// An innermost loop as a `tile.for` over blocks of `vector` iterations.
+    /// Where the last block is ragged, its mask is an operand of every
+    /// block's loads and stores; on a CPU without mask registers
+    /// (`CpuDesc::mask_registers`: AVX2, SSE, NEON), where a masked access
+    /// costs more than a plain one, the whole blocks run unmasked and the
+    /// rest after them as one exact tile, unmasked too.
     pub(super) fn vector_loop(
         &mut self,
         id: LOpId,
@@ -551,7 +556,6 @@ impl<'a> Conv<'a> {
         carries: Vec<Carry>,
     ) -> Result<(), TileConvError> {
         let op = self.op(id);
-        let body: &'a LBlock = &op.regions[0];
         let n = (hi - lo).max(0) as usize;
         if n == 0 {
             for (r, init) in op.results.iter().zip(&op.operands) {
@@ -561,6 +565,53 @@ impl<'a> Conv<'a> {
             return Ok(());
         }
         let w = self.params.vector.min(n);
+        let rest = n % w;
+        let peel = rest != 0
+            && self
+                .params
+                .target
+                .cpu()
+                .is_some_and(|c| !c.mask_registers());
+        let parts = if peel {
+            let mid = hi - rest as i64;
+            let whole = self.vector_blocks(id, lo, mid, w, &carries)?;
+            let tail = self.vector_blocks(id, mid, hi, rest, &carries)?;
+            vec![whole, tail]
+        } else {
+            vec![self.vector_blocks(id, lo, hi, w, &carries)?]
+        };
+        for (k, (r, init)) in op.results.iter().zip(&op.operands).enumerate() {
+            let c = carries[k];
+            let mut t = None;
+            for accs in &parts {
+                let part = self.b.reduce(c.kind, 0, accs[k]);
+                let before = match t {
+                    Some(t) => t,
+                    None => self.scalar(*init)?,
+                };
+                t = Some(self.b.binary(c.op, before, part));
+            }
+            if let Some(t) = t {
+                self.values.insert(*r, t);
+            }
+        }
+        Ok(())
+    }
+
+    /// Loop `id`'s iterations `lo..hi` as a `tile.for` over blocks of `w`
+    /// (the last one masked when `w` does not divide them): its carries'
+    /// tiles of partial results.
+    fn vector_blocks(
+        &mut self,
+        id: LOpId,
+        lo: i64,
+        hi: i64,
+        w: usize,
+        carries: &[Carry],
+    ) -> Result<Vec<Value>, TileConvError> {
+        let op = self.op(id);
+        let body: &'a LBlock = &op.regions[0];
+        let n = (hi - lo).max(0) as usize;
         let shape = vec![w];
         let mut inits = vec![];
         for (c, init) in carries.iter().zip(&op.operands) {
@@ -588,7 +639,7 @@ impl<'a> Conv<'a> {
         );
         self.shape = shape.clone();
         self.splats.clear();
-        self.mask = (!n.is_multiple_of(w)).then(|| {
+        self.mask = ragged.then(|| {
             let limit = Affine::constant(hi).plus_scaled(-1, &Affine::value(counter));
             self.b.mask(vec![limit], &[w])
         });
@@ -625,18 +676,6 @@ impl<'a> Conv<'a> {
         })();
         self.leave_tiles();
         result?;
-        let accs = self.b.end_for(next);
-        for ((r, init), (c, acc)) in op
-            .results
-            .iter()
-            .zip(&op.operands)
-            .zip(carries.iter().zip(accs))
-        {
-            let part = self.b.reduce(c.kind, 0, acc);
-            let init = self.scalar(*init)?;
-            let t = self.b.binary(c.op, init, part);
-            self.values.insert(*r, t);
-        }
-        Ok(())
+        Ok(self.b.end_for(next))
     }
 }
