@@ -334,17 +334,21 @@ fn parallel_loops(shape: &[usize], target: &TargetDesc) -> usize {
     n
 }
 
-/// Row tiles (of `4 x lanes` columns, as loop -> tile takes them) the
-/// middle columns of a padded direct convolution fill at least when it runs
-/// them apart from its borders (see [`Lowering::emit_direct_conv`]), each
-/// border a vector wide: each row then runs three column loops, and a
-/// ragged middle ends in a masked tile. AVX2 (Zen 3), a 3 x 3 depthwise
-/// convolution with ReLU6, one thread, the least of 1000 calls: 112 x 112
-/// over 32 channels (96 middle columns, three tiles) 0.575 -> 0.144 ms,
-/// 90 x 90 over 64 (74) 0.77 -> 0.47, 224 -> 112 at stride 2 over 96 (96)
-/// 7.5 -> 5.9; 56 x 56 over 144 (40: one tile and a masked one) 0.456 ->
-/// 0.50, and 0.54 -> 0.66 at stride 2 from 112: so not under two.
-const DIRECT_CONV_SPLIT_TILES: usize = 2;
+/// Vectors the middle columns of a padded direct convolution fill at least
+/// when it runs them apart from its borders (see
+/// [`Lowering::emit_direct_conv`]), each border a vector wide: each row then
+/// runs three column loops. AVX2 (Zen 3), a 3 x 3 depthwise convolution
+/// with ReLU6, one thread, the least of 1000 calls: 112 x 112 over 32
+/// channels (96 middle columns) 0.575 -> 0.144 ms, 90 x 90 over 64 (74) 0.77
+/// -> 0.47, 224 -> 112 at stride 2 over 96 7.5 -> 5.9. At first two row
+/// tiles (64 columns), as a ragged middle then ended in a masked tile, and 56
+/// x 56 was slower split (0.456 -> 0.50 ms); since a ragged vector loop's
+/// whole tiles run unmasked and its rest as its own tile (on such CPUs), a
+/// middle of one vector is enough: 56 x 56 over 144 (40 middle columns) 0.21
+/// -> 0.17-0.20, at stride 2 from 112 over 96 (48) 0.34 -> 0.26-0.28, 28 x 28
+/// over 192 (12) 0.086 -> 0.074, at stride 2 from 56 over 144 0.144 ->
+/// 0.110-0.126.
+const DIRECT_CONV_SPLIT_VECTORS: usize = 1;
 
 /// The ranges of an output axis of `out` positions (each a window of `k`
 /// taps `stride` apart over an input axis of `input` with `padding` before
@@ -1761,8 +1765,8 @@ impl Lowering<'_> {
 
     /// A convolution neither Winograd nor im2col takes: a sum over input
     /// channels and the window per output element. On a CPU without mask
-    /// registers, a padded one whose middle columns fill
-    /// [`DIRECT_CONV_SPLIT_TILES`] row tiles runs each output axis in up to
+    /// registers, a padded one whose middle columns fill at least
+    /// [`DIRECT_CONV_SPLIT_VECTORS`] vectors runs each output axis in up to
     /// three ranges (see [`inside_ranges`]): the window of an output in the
     /// middle ranges of both axes lies in the input, and its loads are plain
     /// ones; only the borders' are padded (a padded load is a bounds test
@@ -1797,7 +1801,7 @@ impl Lowering<'_> {
                 inside_ranges(shape[3 + a], geometry, border)
             });
             let inner = split[1].iter().find(|r| !r.2).map_or(0, |r| r.1 - r.0);
-            if inner >= DIRECT_CONV_SPLIT_TILES * 4 * lanes {
+            if inner >= DIRECT_CONV_SPLIT_VECTORS * lanes {
                 ranges = split;
             }
         }

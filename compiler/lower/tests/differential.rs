@@ -1476,22 +1476,23 @@ fn a_product_of_one_program_is_split_along_its_depth() {
 }
 
 /// A padded direct convolution (depthwise here, at stride 1 and 2) whose
-/// middle columns fill at least two row tiles, its border columns a vector
-/// wide, runs each output axis in three ranges where the CPU has no mask
+/// middle columns fill at least a vector, its border columns a vector wide,
+/// runs each output axis in three ranges where the CPU has no mask
 /// registers (AVX2): the middle's loads of the input are plain (no pad, so
-/// no bounds test per lane; its ragged last tile masked without one), the
-/// borders' padded, and every range runs as tiles of columns (no tile of a
-/// window's taps reduced). With mask registers (AVX-512), or 60 columns on
-/// AVX2 (44 in the middle, under two tiles of 32), one padded nest. Each
-/// agrees with the graph interpreter on the tile interpreter, on both.
+/// no bounds test per lane), the borders' padded, and every range runs as
+/// tiles of columns (no tile of a window's taps reduced). With mask
+/// registers (AVX-512), or 20 columns on AVX2 (4 in the middle, under a
+/// vector of 8), one padded nest. Each agrees with the graph interpreter on
+/// the tile interpreter, on both.
 #[test]
 fn padded_direct_convolutions_run_their_middle_apart() {
     let src = "fn s1(x: f32[1, 3, 6, 90], w: f32[3, 1, 3, 3]) -> f32[1, 3, 6, 90] { return relu(conv2d(x, w, padding=1, groups=3)); }
 fn s2(x: f32[1, 3, 6, 180], w: f32[3, 1, 3, 3]) -> f32[1, 3, 3, 90] { return conv2d(x, w, stride=2, padding=1, groups=3); }
-fn narrow(x: f32[1, 3, 6, 60], w: f32[3, 1, 3, 3]) -> f32[1, 3, 6, 60] { return conv2d(x, w, padding=1, groups=3); }";
+fn s3(x: f32[1, 3, 6, 28], w: f32[3, 1, 3, 3]) -> f32[1, 3, 6, 28] { return conv2d(x, w, padding=1, groups=3); }
+fn narrow(x: f32[1, 3, 6, 20], w: f32[3, 1, 3, 3]) -> f32[1, 3, 6, 20] { return conv2d(x, w, padding=1, groups=3); }";
     let m = graph(src);
     for (target, split) in [
-        (TargetDesc::x86_64_avx2(2), ["s1", "s2"].as_slice()),
+        (TargetDesc::x86_64_avx2(2), ["s1", "s2", "s3"].as_slice()),
         (TargetDesc::x86_64_avx512(2), [].as_slice()),
     ] {
         let tiles = kernels(&m, &target);
@@ -1536,14 +1537,14 @@ fn agree_on_tile_interpreter(m: &dlc_graph::Module, tiles: &dlc_tile::Module, ta
 /// registers (AVX2), where a masked load or store costs more than a plain
 /// one, its whole blocks run with no mask and the rest after them as one
 /// tile of exactly the rest (a softmax's two reductions reduced from both
-/// parts; a stride-2 depthwise convolution's columns; a row times a
-/// matrix); with them (AVX-512), one masked loop. Each agrees with the
+/// parts; an unpadded stride-2 depthwise convolution's columns; a row times
+/// a matrix); with them (AVX-512), one masked loop. Each agrees with the
 /// graph interpreter on the tile interpreter, on both.
 #[test]
 fn ragged_vector_loops_run_their_whole_blocks_unmasked_without_mask_registers() {
     let src = format!(
         "fn soft(x: f32[4, 70]) -> f32[4, 70] {{ return softmax(x, axis=1); }}\n{}\n{}",
-        dlc_tests::STRIDED_DEPTHWISE_PROGRAM.replacen("fn f(", "fn dw(", 1),
+        "fn dw(x: f32[2, 8, 33, 143], w: f32[8, 1, 3, 3]) -> f32[2, 8, 16, 71] { return conv2d(x, w, stride=2, groups=8); }",
         dlc_tests::ROW_BY_MATRIX_PROGRAM.replacen("fn f(", "fn row(", 1),
     );
     let m = graph(&src);
