@@ -31,7 +31,10 @@
 //!   splatted where they meet tiles), a value it carries by `+`, `*`, `max` or `min` (a
 //!   reduction) becomes a tile of partial results reduced by `tile.reduce` after the
 //!   loop, masked-off lanes contributing the identity; an integer division in a masked
-//!   region divides masked lanes by 1. A loop is vectorized only if every store in it
+//!   region divides masked lanes by 1. The ragged last tile's mask is an operand of every
+//!   tile's loads and stores; on a CPU without mask registers (`CpuDesc::mask_registers`)
+//!   the whole tiles run unmasked instead and the rest after them as one tile of exactly
+//!   the rest, each part's partial results reduced. A loop is vectorized only if every store in it
 //!   moves with the loop and a buffer (or view of one) both read and written in it is
 //!   accessed through one value at one index (an element updated in place);
 //!   other loops stay counted `tile.for`s. A loop whose body holds only short
