@@ -249,6 +249,33 @@ fn transcendental_functions_are_accurate_everywhere() {
     check_transcendental(&picked, &outs);
 }
 
+/// Sigmoid (and SiLU, written through it) where `exp` builds 2^n in
+/// exponent bits (AVX2, not AVX-512's `vscalefps`) clamps its exp(-x) to
+/// [-87, 88] and builds 2^n as one factor: no halving of n (`sdiv`), which
+/// `exp` itself keeps for its subnormal and infinite results. Its accuracy
+/// and tails are `transcendental_functions_are_accurate_everywhere`'s; here
+/// both agree with the graph interpreter.
+#[test]
+fn sigmoid_builds_its_power_of_two_in_one_factor() {
+    let src = "fn s(x: f32[64]) -> f32[64] { return sigmoid(x) + silu(x); }
+fn e(x: f32[64]) -> f32[64] { return exp(x); }";
+    let target = TargetDesc::x86_64_avx2(2);
+    let tiles = dlc_driver::lower_for_tile(&graph(src), &target).unwrap();
+    let ir = dlc_llvm::emit_llvm_ir(&tiles, &dlc_runtime::abi::Symbols::for_module("t"), &target)
+        .unwrap();
+    let kernel = |name: &str| {
+        ir.split("\ndefine ")
+            .find(|f| {
+                let head = f.lines().next().unwrap_or("");
+                head.contains(&format!("@{name}.kernel"))
+            })
+            .unwrap_or_else(|| panic!("no kernel of @{name}: {ir}"))
+    };
+    assert!(!kernel("s").contains("sdiv"), "{}", kernel("s"));
+    assert!(kernel("e").contains("sdiv"), "{}", kernel("e"));
+    jit_agrees(src);
+}
+
 fn check_transcendental(xs: &[f64], out: &[HostTensor]) {
     let erf = |x: f64| dlc_core::scalar::apply_unary(dlc_core::scalar::UnaryOp::Erf, x);
     let refs: [&dyn Fn(f64) -> f64; 6] = [

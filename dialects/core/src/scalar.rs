@@ -720,12 +720,13 @@ impl UnaryOp {
 
     fn expand(self) -> Option<Formula> {
         use Formula::{Const, X};
-        let sigmoid = || d_bin(BinaryOp::Div, Const(1.0), d_add(Const(1.0), exp_neg(X)));
         Some(match self {
             UnaryOp::Rsqrt => d_bin(BinaryOp::Div, Const(1.0), d_un(UnaryOp::Sqrt, X)),
             UnaryOp::Reciprocal => d_bin(BinaryOp::Div, Const(1.0), X),
-            UnaryOp::Sigmoid => sigmoid(),
-            UnaryOp::Silu => d_mul(X, sigmoid()),
+            UnaryOp::Sigmoid => d_bin(BinaryOp::Div, Const(1.0), d_add(Const(1.0), exp_neg(X))),
+            // Through the sigmoid op, so that a level with its own sigmoid
+            // (the CPU code's, `codegen/math.rs`) uses it here too.
+            UnaryOp::Silu => d_mul(X, d_un(UnaryOp::Sigmoid, X)),
             UnaryOp::Gelu => {
                 // x/2 (1 + tanh(c (x + a x^3))), c = sqrt(2 / pi)
                 let c = (2.0 / std::f64::consts::PI).sqrt();

@@ -219,6 +219,12 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         {
             return Err(refused);
         }
+        if u == UnaryOp::Sigmoid
+            && !self.is_f64(x)
+            && let Some(v) = self.sigmoid_f32(x)?
+        {
+            return Ok(v);
+        }
         if let Some(e) = u.expansion() {
             return e.build(&mut Expand { g: self, like: x }, &[x, x, x]);
         }

@@ -14,6 +14,11 @@ use inkwell::types::BasicTypeEnum;
 const EXP_HI: f64 = 89.0;
 /// exp(x) is zero in f32 below this (subnormal from -87.34).
 const EXP_LO: f64 = -104.0;
+/// The range of `sigmoid_f32`'s exp: n = round(x log2 e) is within
+/// [-126, 127] there, so 2^n is a normal f32 built in one factor, and
+/// exp(88) (1.65e38) times the polynomial's at most sqrt(2) is finite.
+const SIGMOID_EXP_LO: f64 = -87.0;
+const SIGMOID_EXP_HI: f64 = 88.0;
 
 impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
     /// `a * b + c`, contractible to an FMA.
@@ -41,8 +46,25 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
     /// exponent bits (one factor would not reach 2^128: exp(88.5), finite,
     /// came out infinite that way). NaN stays NaN.
     pub(super) fn exp_f32(&self, x: BV<'ctx>) -> R<BV<'ctx>> {
+        self.exp_f32_within(x, EXP_LO, EXP_HI)
+    }
+
+    /// Whether `exp_f32` scales `x` by `vscalefps` (a vector of 16 f32
+    /// lanes: a CPU of 512-bit vectors, which among the targets only
+    /// x86-64 with AVX-512 is).
+    fn scalef(&self, x: BV<'ctx>) -> bool {
+        self.gpu.is_none()
+            && self.lanes == 16
+            && x.is_vector_value()
+            && x.into_vector_value().get_type().get_size() == 16
+    }
+
+    /// `exp_f32` of `x` clamped to `[lo, hi]`; where `[lo, hi]` lies within
+    /// [`SIGMOID_EXP_LO`, `SIGMOID_EXP_HI`], 2^n is one factor (n is within
+    /// a normal power of two's exponent).
+    fn exp_f32_within(&self, x: BV<'ctx>, lo: f64, hi: f64) -> R<BV<'ctx>> {
         let c = |v: f64| self.f32_like(x, v);
-        let xc = self.clamp(x, EXP_LO, EXP_HI)?;
+        let xc = self.clamp(x, lo, hi)?;
         let n = float2!(self, build_float_mul, xc, c(std::f64::consts::LOG2_E));
         let n = self.call("llvm.roundeven", &[x.get_type()], &[n])?;
         // ln 2 in two parts, so n * hi is exact.
@@ -62,43 +84,64 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         let r2 = float2!(self, build_float_mul, r, r);
         let y = self.mul_add(p, r2, r)?;
         let y = float2!(self, build_float_add, y, c(1.0));
-        // 16 f32 lanes: a CPU of 512-bit vectors, which among the targets
-        // only x86-64 with AVX-512 is.
-        if self.gpu.is_none()
-            && self.lanes == 16
-            && x.is_vector_value()
-            && x.into_vector_value().get_type().get_size() == 16
-        {
+        if self.scalef(x) {
             let all = self.ctx.i16_type().const_all_ones();
             // _MM_FROUND_CUR_DIRECTION: the current rounding mode.
             let rounding = self.ctx.i32_type().const_int(4, false);
             // NaN went through the clamp (x86's keeps it) and the
             // polynomial, and `vscalefps` keeps it.
-            self.call(
+            return self.call(
                 "llvm.x86.avx512.mask.scalef.ps.512",
                 &[],
                 &[y, n, y, all.into(), rounding.into()],
-            )
+            );
+        }
+        let i32t: BasicTypeEnum<'ctx> = self.ctx.i32_type().into();
+        let ni = convert!(self, build_float_to_signed_int, n, i32t, IntType);
+        let i32c = |v: u64| self.splat_const(x, self.ctx.i32_type().const_int(v, false).into());
+        let factors = if lo >= SIGMOID_EXP_LO && hi <= SIGMOID_EXP_HI {
+            vec![ni]
         } else {
-            let i32t: BasicTypeEnum<'ctx> = self.ctx.i32_type().into();
-            let ni = convert!(self, build_float_to_signed_int, n, i32t, IntType);
-            let i32c = |v: u64| self.splat_const(x, self.ctx.i32_type().const_int(v, false).into());
             let half = super::elementwise::int2!(self, build_int_signed_div, ni, i32c(2));
             let rest = super::elementwise::int2!(self, build_int_sub, ni, half);
-            let mut v = y;
-            for e in [half, rest] {
-                let biased = super::elementwise::int2!(self, build_int_add, e, i32c(127));
-                let bits = super::elementwise::int2!(self, build_left_shift, biased, i32c(23));
-                let scale = self
-                    .b
-                    .build_bit_cast(bits, x.get_type(), "scale")?
-                    .as_basic_value_enum();
-                v = float2!(self, build_float_mul, v, scale);
-            }
-            // NaN's n converted to an integer is poison: select it back.
-            let nan = self.fcmp(FloatPredicate::UNO, x, x)?;
-            self.select(nan, x, v)
+            vec![half, rest]
+        };
+        let mut v = y;
+        for e in factors {
+            let biased = super::elementwise::int2!(self, build_int_add, e, i32c(127));
+            let bits = super::elementwise::int2!(self, build_left_shift, biased, i32c(23));
+            let scale = self
+                .b
+                .build_bit_cast(bits, x.get_type(), "scale")?
+                .as_basic_value_enum();
+            v = float2!(self, build_float_mul, v, scale);
         }
+        // NaN's n converted to an integer is poison: select it back.
+        let nan = self.fcmp(FloatPredicate::UNO, x, x)?;
+        self.select(nan, x, v)
+    }
+
+    /// sigmoid(x) = 1 / (1 + exp(-x)) for f32 (or f32 lanes), as its
+    /// expansion writes it, but with exp(-x) clamped to
+    /// [`SIGMOID_EXP_LO`, `SIGMOID_EXP_HI`], so that its 2^n is one factor
+    /// (an epilogue's SiLU spent most of its time in `exp`): above 87
+    /// sigmoid is 1 in f32 either way, and below -88 it gives 6.1e-39
+    /// where the exact value is a smaller subnormal or zero. `None` where
+    /// `exp_f32` scales by `vscalefps` (AVX-512) or on a GPU, which have no
+    /// second factor to save.
+    pub(super) fn sigmoid_f32(&self, x: BV<'ctx>) -> R<Option<BV<'ctx>>> {
+        if self.gpu.is_some() || self.scalef(x) {
+            return Ok(None);
+        }
+        let c = |v: f64| self.f32_like(x, v);
+        let neg = match x {
+            BV::FloatValue(a) => self.b.build_float_neg(a, "neg")?.into(),
+            BV::VectorValue(a) => self.b.build_float_neg(a, "neg")?.into(),
+            _ => return Ok(None),
+        };
+        let e = self.exp_f32_within(neg, SIGMOID_EXP_LO, SIGMOID_EXP_HI)?;
+        let den = float2!(self, build_float_add, c(1.0), e);
+        Ok(Some(float2!(self, build_float_div, c(1.0), den)))
     }
 
     /// tanh(x) for f32 (or f32 lanes): an odd polynomial below |x| = 0.625,
