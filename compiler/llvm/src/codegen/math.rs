@@ -2,6 +2,8 @@
 //! loops that call them vectorize: a call to libm's `expf`/`tanhf` keeps a
 //! loop scalar, and LLVM's vector-library mappings stop at 8 lanes and have
 //! no `tanh`. Both are within a few ulp of the correctly rounded result.
+//! Sigmoid, a composite, is built here too where `exp` would make 2^n in
+//! two factors: its exp needs no subnormal or infinite results.
 
 use inkwell::FloatPredicate;
 use inkwell::values::{BasicValue, BasicValueEnum as BV};
