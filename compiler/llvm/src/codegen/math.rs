@@ -5,6 +5,7 @@
 //! Sigmoid, a composite, is built here too where `exp` would make 2^n in
 //! two factors: its exp needs no subnormal or infinite results.
 
+use dlc_core::scalar::UnaryOp;
 use inkwell::FloatPredicate;
 use inkwell::values::{BasicValue, BasicValueEnum as BV};
 
@@ -136,11 +137,7 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
             return Ok(None);
         }
         let c = |v: f64| self.f32_like(x, v);
-        let neg = match x {
-            BV::FloatValue(a) => self.b.build_float_neg(a, "neg")?.into(),
-            BV::VectorValue(a) => self.b.build_float_neg(a, "neg")?.into(),
-            _ => return Ok(None),
-        };
+        let neg = self.float_unary(UnaryOp::Neg, x)?;
         let e = self.exp_f32_within(neg, SIGMOID_EXP_LO, SIGMOID_EXP_HI)?;
         let den = float2!(self, build_float_add, c(1.0), e);
         Ok(Some(float2!(self, build_float_div, c(1.0), den)))

@@ -1094,10 +1094,8 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                 let wide32 = self.b.build_int_s_extend(m, i32v, "mask32")?;
                 let spread32 = self.permute(wide32, spread(), "spread")?;
                 let zero = spread32.get_type().const_zero();
-                let m = self
-                    .b
-                    .build_int_compare(IntPredicate::NE, spread32, zero, "spread")?;
-                self.and(m.into(), own)?
+                let m = self.icmp(IntPredicate::NE, spread32.into(), zero.into())?;
+                self.and(m, own)?
             }
         };
         let wide_pt = self.permute(passthru.into_vector_value(), spread(), "widepad")?;
