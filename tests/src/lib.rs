@@ -702,6 +702,12 @@ pub const ROW_BY_TRANSPOSED_PROGRAM: &str = "fn f(x: f32[1, 300], w: f32[70, 300
 pub const ROW_BY_MATRIX_PROGRAM: &str =
     "fn f(x: f32[1, 300], w: f32[300, 70], b: f32[70]) -> f32[1, 70] { return relu(x @ w + b); }";
 
+/// 1 x 1 convolutions over 7 x 7 pixels that run with the pixels as the
+/// product's rows (deep enough, into enough channels): one slice of the
+/// depth with SiLU after it, two with a residual and ReLU.
+pub const PIXEL_ROW_PRODUCTS: &str = "fn one(x: f32[1, 128, 7, 7], w: f32[512, 128, 1, 1]) -> f32[1, 512, 7, 7] { return silu(conv2d(x, w)); }
+fn res(x: f32[1, 384, 7, 7], w: f32[512, 384, 1, 1], r: f32[1, 512, 7, 7]) -> f32[1, 512, 7, 7] { return relu(conv2d(x, w) + r); }";
+
 /// Direct convolutions and pooling.
 pub const POOLING_PROGRAMS: &[&str] = &[
     "fn f(x: f32[2, 4, 6, 5], w: f32[6, 2, 3, 2]) -> f32[2, 6, 3, 6] { return relu(conv2d(x, w, stride=[2, 1], padding=[1, 1], groups=2)); }",

@@ -763,6 +763,37 @@ fn g(x: f32[70]) -> f32[70] { return tanh(x) * 2.0; }";
     without_mask_registers_only(src, "@llvm.masked.store", "store.full");
 }
 
+/// Products with the pixels as rows store their result `[channels,
+/// pixels]`, along the register tile's rows: on AVX2, which has no scatter
+/// or gather instructions, the tile's columns are transposed in registers
+/// and stored (and the residual read) as runs of its rows, not scattered
+/// and gathered lane by lane; AVX-512 keeps its scatters. They agree with
+/// the graph interpreter.
+#[test]
+fn pixel_row_products_store_runs_of_their_rows_without_scatters() {
+    let src = dlc_tests::PIXEL_ROW_PRODUCTS;
+    for (target, avx2) in [
+        (TargetDesc::x86_64_avx2(2), true),
+        (TargetDesc::x86_64_avx512(2), false),
+    ] {
+        let tiles = dlc_driver::lower_for_tile(&graph(src), &target).unwrap();
+        let ir =
+            dlc_llvm::emit_llvm_ir(&tiles, &dlc_runtime::abi::Symbols::for_module("t"), &target)
+                .unwrap();
+        assert_eq!(
+            ir.contains("@llvm.masked.scatter"),
+            !avx2,
+            "{}: {ir}",
+            target.name
+        );
+        if avx2 {
+            assert!(!ir.contains("@llvm.masked.gather"), "{}: {ir}", target.name);
+            assert!(ir.contains("store <6 x float>"), "{}: {ir}", target.name);
+        }
+    }
+    jit_agrees(src);
+}
+
 /// Compiles `src` to LLVM IR for AVX2 and for AVX-512: both hold `always`,
 /// and only AVX2's (no mask registers) holds `marker`; then `src` agrees
 /// with the graph interpreter.

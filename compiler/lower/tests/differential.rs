@@ -1533,6 +1533,40 @@ fn agree_on_tile_interpreter(m: &dlc_graph::Module, tiles: &dlc_tile::Module, ta
     }
 }
 
+/// 1 x 1 convolutions over 7 x 7 pixels computed with the pixels as rows
+/// (their result stored `[channels, pixels]`, along the register tile's
+/// rows): on a CPU without mask registers (AVX2) the epilogue runs on whole
+/// `6 x 16` register tiles, so that its store and its residual's load are
+/// runs along the columns transposed in registers; with them (AVX-512),
+/// row by row. One slice of the depth (the epilogue on each register tile
+/// as it is summed) and two (on the block after, a tile of rows at a
+/// time). Each agrees with the graph interpreter on the tile interpreter.
+#[test]
+fn pixel_row_products_run_their_epilogues_on_register_tiles_without_mask_registers() {
+    let src = dlc_tests::PIXEL_ROW_PRODUCTS;
+    let m = graph(src);
+    for (target, lanes) in x86_widths() {
+        let tiles = kernels(&m, &target);
+        let text = dlc_tile::print_module(&tiles);
+        let epilogues: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("tile.silu") || l.contains("tile.relu"))
+            .collect();
+        assert_eq!(epilogues.len(), 2, "{}: {text}", target.name);
+        let whole = lanes == 32;
+        for l in epilogues {
+            assert_eq!(
+                l.ends_with(": tile<6x16xf32>"),
+                whole,
+                "{}: {l}\n{text}",
+                target.name
+            );
+        }
+        agree_on_tile_interpreter(&m, &tiles, &target);
+    }
+    agree(src);
+}
+
 /// A vectorized loop whose last block is ragged: on a CPU without mask
 /// registers (AVX2), where a masked load or store costs more than a plain
 /// one, its whole blocks run with no mask and the rest after them as one

@@ -912,6 +912,11 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         {
             return self.define(r, out);
         }
+        if pad.is_none()
+            && let Some(out) = self.strided_transposing_load(&a, &cut, mask.as_deref())?
+        {
+            return self.define(r, out);
+        }
         let mut out = Vec::with_capacity(cut.vectors());
         for row in 0..cut.rows() {
             let mut row_start = None;
@@ -1123,7 +1128,9 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         let mask = self.mask_of(op, 2)?;
         let mask_op = op.operands.get(2).copied();
         let Some(mask) = mask else {
-            if self.transposing_store(&a, &cut, &data)? {
+            if self.transposing_store(&a, &cut, &data)?
+                || self.strided_transposing_store(&a, &cut, &data, None)?
+            {
                 return Ok(());
             }
             return self.store_vectors(&a, &cut, &data, None, None);
@@ -1141,10 +1148,14 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         let join = self.ctx.append_basic_block(self.func, "store.join");
         self.b.build_conditional_branch(all, full, part)?;
         self.b.position_at_end(full);
-        self.store_vectors(&a, &cut, &data, None, None)?;
+        if !self.strided_transposing_store(&a, &cut, &data, None)? {
+            self.store_vectors(&a, &cut, &data, None, None)?;
+        }
         self.b.build_unconditional_branch(join)?;
         self.b.position_at_end(part);
-        self.store_vectors(&a, &cut, &data, Some(&mask), mask_op)?;
+        if !self.strided_transposing_store(&a, &cut, &data, Some(&mask))? {
+            self.store_vectors(&a, &cut, &data, Some(&mask), mask_op)?;
+        }
         self.b.build_unconditional_branch(join)?;
         self.b.position_at_end(join);
         Ok(())
@@ -1311,6 +1322,218 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
             let st = self.b.build_store(p, run)?;
             st.set_alignment(self.alignment(a.dtype))
                 .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+        }
+        Ok(true)
+    }
+
+    /// Whether a 2-axis access is one whose rows are adjacent in memory and
+    /// whose columns are at least `rows` and more than
+    /// `MAX_DEINTERLEAVED_STEP` apart (`offset = r + c * stride`: a product
+    /// computed with the pixels as its rows, its result and what its
+    /// epilogue reads laid out `[channels, pixels]`), on a target without
+    /// gather and scatter instructions (no mask registers), where LLVM cuts
+    /// a gather or scatter into a branch and a scalar access per lane. Such
+    /// a tile is moved as runs along its columns, transposed in registers
+    /// (`strided_transposing_load`, `strided_transposing_store`).
+    fn runs_along_columns(&self, a: &Access<'ctx>, cut: &Cut) -> bool {
+        let rows = cut.shape[0];
+        !self.mask_registers
+            && cut.shape.len() == 2
+            && rows >= 2
+            && a.dtype != DType::Bool
+            && a.grad[0] == 1
+            && a.grad[1] >= rows as i64
+            && a.grad[1] > MAX_DEINTERLEAVED_STEP
+            && cut.last() >= 2
+    }
+
+    /// `v` widened to `lanes` lanes, the new ones poison.
+    fn padded_lanes(&self, v: VectorValue<'ctx>, lanes: usize) -> R<VectorValue<'ctx>> {
+        let i32t = self.ctx.i32_type();
+        let n = v.get_type().get_size() as usize;
+        let mask: Vec<_> = (0..lanes)
+            .map(|k| {
+                if k < n {
+                    i32t.const_int(k as u64, false)
+                } else {
+                    i32t.get_poison()
+                }
+            })
+            .collect();
+        Ok(self.b.build_shuffle_vector(
+            v,
+            v.get_type().get_poison(),
+            VectorType::const_vector(&mask),
+            "widen",
+        )?)
+    }
+
+    /// `vectors` (at most `side` of at most `side` lanes, `side` a power of
+    /// two) widened and padded to a `side x side` square (poison) and
+    /// transposed: lane `r` of vector `c` is lane `c` of `vectors[r]`.
+    fn transposed_square(
+        &self,
+        vectors: impl IntoIterator<Item = VectorValue<'ctx>>,
+        side: usize,
+    ) -> R<Vec<VectorValue<'ctx>>> {
+        let mut block = Vec::with_capacity(side);
+        for v in vectors {
+            block.push(self.padded_lanes(v, side)?);
+        }
+        let Some(first) = block.first() else {
+            return Err(CodegenError::Invalid(
+                "a transposition of no vectors".into(),
+            ));
+        };
+        let pad = first.get_type().get_poison();
+        block.resize(side, pad);
+        self.transpose_square(&mut block)?;
+        Ok(block)
+    }
+
+    /// Rows `rb..rb + k` of vector `j` of a mask, transposed as
+    /// [`Self::transposed_square`] does (as 32-bit lanes, as
+    /// `deinterleaved_load` spreads its mask: shuffles of `i1` vectors were
+    /// lowered wrongly).
+    fn transposed_mask(
+        &self,
+        mask: &[BV<'ctx>],
+        cut: &Cut,
+        j: usize,
+        (rb, k, side): (usize, usize, usize),
+    ) -> R<Vec<VectorValue<'ctx>>> {
+        let mut wide = Vec::with_capacity(k);
+        for r in rb..rb + k {
+            let m = mask[r * cut.per_row + j].into_vector_value();
+            let t = self.ctx.i32_type().vec_type(m.get_type().get_size());
+            wide.push(self.b.build_int_s_extend(m, t, "mask32")?);
+        }
+        self.transposed_square(wide, side)
+    }
+
+    /// Lanes `0..k` of a transposed mask's vector `c`, as a mask.
+    fn mask_run(&self, on: &[VectorValue<'ctx>], c: usize, k: usize) -> R<BV<'ctx>> {
+        let m32 = self.sub_vector(on[c], 0, k as u32)?;
+        let zero = m32.get_type().const_zero();
+        self.icmp(IntPredicate::NE, m32.into(), zero.into())
+    }
+
+    /// The element offset of column `c`'s run from `off`.
+    fn column_run(&self, a: &Access<'ctx>, off: IntValue<'ctx>, c: usize) -> R<PointerValue<'ctx>> {
+        let at = self.b.build_int_add(
+            off,
+            self.ctx
+                .i64_type()
+                .const_int(a.grad[1].wrapping_mul(c as i64) as u64, true),
+            "run",
+        )?;
+        self.element_pointer(a, at)
+    }
+
+    /// A load of a tile [`Self::runs_along_columns`] accepts (lanes off in
+    /// `mask` read zero): each vector of columns is read a square block of
+    /// rows at a time, one run of the block's rows per column (masked by the
+    /// mask transposed, where there is one), and transposed in registers.
+    /// `None` where the load is not of that form.
+    fn strided_transposing_load(
+        &self,
+        a: &Access<'ctx>,
+        cut: &Cut,
+        mask: Option<&[BV<'ctx>]>,
+    ) -> R<Option<Vec<BV<'ctx>>>> {
+        if !self.runs_along_columns(a, cut) {
+            return Ok(None);
+        }
+        let rows = cut.shape[0];
+        let store_t = storage_type(self.ctx, a.dtype);
+        let mut out: Vec<Option<BV<'ctx>>> = vec![None; cut.vectors()];
+        for j in 0..cut.per_row {
+            let n = cut.lanes(j);
+            let side = n.next_power_of_two();
+            for rb in (0..rows).step_by(side) {
+                let k = side.min(rows - rb);
+                let on = mask
+                    .map(|m| self.transposed_mask(m, cut, j, (rb, k, side)))
+                    .transpose()?;
+                let (off, _) = self.place(a, cut, &[rb], j)?;
+                let vt = self.vector_of(store_t, k as u32);
+                let mut columns = Vec::with_capacity(n);
+                for c in 0..n {
+                    let p = self.column_run(a, off, c)?;
+                    let run = match &on {
+                        None => {
+                            let l = self.b.build_load(vt, p, "run")?;
+                            set_alignment(l, self.alignment(a.dtype))?;
+                            l
+                        }
+                        Some(on) => self.call(
+                            "llvm.masked.load",
+                            &[vt.into(), p.get_type().into()],
+                            &[p.into(), self.mask_run(on, c, k)?, vt.const_zero().into()],
+                        )?,
+                    };
+                    columns.push(run.into_vector_value());
+                }
+                let square = self.transposed_square(columns, side)?;
+                for (r, v) in square.into_iter().take(k).enumerate() {
+                    out[(rb + r) * cut.per_row + j] = Some(self.sub_vector(v, 0, n as u32)?.into());
+                }
+            }
+        }
+        out.into_iter()
+            .map(|v| v.ok_or_else(|| CodegenError::Invalid("a vector not loaded".into())))
+            .collect::<R<Vec<_>>>()
+            .map(Some)
+    }
+
+    /// A store of a tile [`Self::runs_along_columns`] accepts: each vector
+    /// of columns is transposed in registers a square block of rows at a
+    /// time, and each column written as one run of the block's rows (masked
+    /// by the mask transposed alike, where there is one). Returns whether
+    /// the store was of that form.
+    fn strided_transposing_store(
+        &self,
+        a: &Access<'ctx>,
+        cut: &Cut,
+        data: &[BV<'ctx>],
+        mask: Option<&[BV<'ctx>]>,
+    ) -> R<bool> {
+        if !self.runs_along_columns(a, cut) {
+            return Ok(false);
+        }
+        let rows = cut.shape[0];
+        for j in 0..cut.per_row {
+            let n = cut.lanes(j);
+            let side = n.next_power_of_two();
+            for rb in (0..rows).step_by(side) {
+                let k = side.min(rows - rb);
+                let values = self.transposed_square(
+                    (rb..rb + k).map(|r| data[r * cut.per_row + j].into_vector_value()),
+                    side,
+                )?;
+                let on = mask
+                    .map(|m| self.transposed_mask(m, cut, j, (rb, k, side)))
+                    .transpose()?;
+                let (off, _) = self.place(a, cut, &[rb], j)?;
+                for (c, &column) in values.iter().enumerate().take(n) {
+                    let run = self.sub_vector(column, 0, k as u32)?;
+                    let p = self.column_run(a, off, c)?;
+                    match &on {
+                        None => {
+                            let st = self.b.build_store(p, run)?;
+                            st.set_alignment(self.alignment(a.dtype))
+                                .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+                        }
+                        Some(on) => {
+                            self.call_void(
+                                "llvm.masked.store",
+                                &[run.get_type().into(), p.get_type().into()],
+                                &[run.into(), p.into(), self.mask_run(on, c, k)?],
+                            )?;
+                        }
+                    }
+                }
+            }
         }
         Ok(true)
     }
