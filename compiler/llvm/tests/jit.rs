@@ -763,6 +763,14 @@ fn g(x: f32[70]) -> f32[70] { return tanh(x) * 2.0; }";
     without_mask_registers_only(src, "@llvm.masked.store", "store.full");
 }
 
+/// Direct convolutions whose epilogue runs over each channel's plane after
+/// its rows (`differential::long_epilogues_of_direct_convolutions_...`)
+/// agree with the graph interpreter.
+#[test]
+fn deferred_epilogues_agree() {
+    jit_agrees(dlc_tests::DEFERRED_EPILOGUE_PROGRAMS);
+}
+
 /// Products with the pixels as rows store their result `[channels,
 /// pixels]`, along the register tile's rows: on AVX2, which has no scatter
 /// or gather instructions, the tile's columns are transposed in registers

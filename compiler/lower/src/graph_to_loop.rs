@@ -350,6 +350,14 @@ fn parallel_loops(shape: &[usize], target: &TargetDesc) -> usize {
 /// 0.110-0.126.
 const DIRECT_CONV_SPLIT_VECTORS: usize = 1;
 
+/// A direct convolution's epilogue deferred to each channel's plane: its
+/// end, its result viewed `[N, O, Y * X]`, and what it reads viewed so.
+struct DeferredEpilogue {
+    end: NodeIndex,
+    out: Value,
+    views: HashMap<NodeIndex, Value>,
+}
+
 /// The ranges of an output axis of `out` positions (each a window of `k`
 /// taps `stride` apart over an input axis of `input` with `padding` before
 /// it) whose windows reach into the padding, or do not: `(lo, hi, padded)`,
@@ -1805,6 +1813,7 @@ impl Lowering<'_> {
                 ranges = split;
             }
         }
+        let deferred = self.deferred_epilogue(n);
         self.parallel.push(parallel);
         let outer: Vec<IndexExpr> = (0..3)
             .map(|i| {
@@ -1815,17 +1824,89 @@ impl Lowering<'_> {
                 })
             })
             .collect();
+        let raw = deferred.as_ref().map(|d| self.home[&d.end]);
         for &(ylo, yhi, ypad) in &ranges[0] {
             let oy = ix(self.b.begin_for(ylo as i64, yhi as i64, 1, &[]).0);
             for &(xlo, xhi, xpad) in &ranges[1] {
                 let ox = ix(self.b.begin_for(xlo as i64, xhi as i64, 1, &[]).0);
                 let at = [&outer[0], &outer[1], &outer[2], &oy, &ox];
-                self.direct_conv_at(n, at, stride, padding, ypad || xpad);
+                self.direct_conv_at(n, at, stride, padding, ypad || xpad, raw);
                 self.b.end_for(vec![]);
             }
             self.b.end_for(vec![]);
         }
+        if let Some(d) = deferred {
+            // The epilogue over the channel's plane just written, as one
+            // row of its pixels.
+            let oc = ix_axpy(og as i64, &outer[1], &outer[2]);
+            let pixels = ty.shape[2] * ty.shape[3];
+            let p = ix(self.b.begin_for(0, pixels as i64, 1, &[]).0);
+            let idx = vec![outer[0].clone(), oc, p];
+            let v = self.b.load(d.out, idx.clone(), None);
+            self.flat = Some(d.views);
+            self.subst.insert(n, v);
+            let w = self.compute_at(d.end, &idx);
+            self.subst.remove(&n);
+            self.flat = None;
+            self.b.store(w, d.out, idx);
+            self.b.end_for(vec![]);
+        }
         self.close_nest(3);
+    }
+
+    /// Whether direct convolution `n` computes its epilogue after each
+    /// output channel's plane rather than at each output row: where the
+    /// epilogue has a long chain of dependent instructions (a sigmoid's
+    /// range reduction, polynomial, scaling and division:
+    /// `UnaryOp::is_long_latency`), at a row it is a few vectors that the
+    /// next row's window waits behind, while over the plane (just written,
+    /// in cache) it is a loop of independent vectors. A short epilogue
+    /// (ReLU6) stays at the row: a second pass over the plane cost more than
+    /// it saved. Returns the epilogue's end, its result viewed `[N, O, Y *
+    /// X]` and what it reads viewed so (`fusion::flat_epilogue_reads`).
+    fn deferred_epilogue(&mut self, n: NodeIndex) -> Option<DeferredEpilogue> {
+        let Plan::WithEpilogue(end) = self.plan[&n] else {
+            return None;
+        };
+        let ty = self.ty(n).clone();
+        if self.target.cpu().is_none()
+            || self.ty(end).dtype != ty.dtype
+            || !self.long_latency_between(n, end)
+        {
+            return None;
+        }
+        let reads = dlc_graph::fusion::flat_epilogue_reads(self.g, &self.plan, n, end)?;
+        let mut views = HashMap::new();
+        for r in reads {
+            let shape = flat_shape(&self.ty(r).shape);
+            let view = self.row_major_view(*self.home.get(&r)?, &shape)?;
+            views.insert(r, view);
+        }
+        let flat = [ty.shape[0], ty.shape[1], ty.shape[2] * ty.shape[3]];
+        let out = self.row_major_view(self.home[&end], &flat)?;
+        Some(DeferredEpilogue { end, out, views })
+    }
+
+    /// Whether an op of the epilogue from `n` to `end` (the nodes computed
+    /// at its index, not those it reads from memory) is long-latency.
+    fn long_latency_between(&self, n: NodeIndex, end: NodeIndex) -> bool {
+        let mut stack = vec![end];
+        let mut seen = std::collections::HashSet::new();
+        while let Some(v) = stack.pop() {
+            if v == n || !seen.insert(v) {
+                continue;
+            }
+            if v != end && self.plan[&v] != Plan::Inline && self.home.contains_key(&v) {
+                continue;
+            }
+            match self.op(v) {
+                Op::Unary(u) if u.is_long_latency() => return true,
+                Op::Binary(b) if b.is_long_latency() => return true,
+                _ => {}
+            }
+            stack.extend(self.g.operands(v).iter().map(|o| o.node));
+        }
+        false
     }
 
     /// The body of a direct convolution's nest at output `[nb, g, oi, oy,
@@ -1838,6 +1919,7 @@ impl Lowering<'_> {
         stride: [usize; 2],
         padding: [usize; 2],
         padded: bool,
+        raw: Option<Value>,
     ) {
         let dtype = self.ty(n).dtype;
         let (x, w) = (self.operand(n, 0), self.operand(n, 1));
@@ -1888,7 +1970,12 @@ impl Lowering<'_> {
             })
         };
         let acc = self.narrow(acc, dtype);
-        self.sink(n, &[nb.clone(), oc, oy.clone(), ox.clone()], acc);
+        let at = vec![nb.clone(), oc, oy.clone(), ox.clone()];
+        match raw {
+            // The epilogue runs after (`deferred_epilogue`).
+            Some(buf) => self.b.store(acc, buf, at),
+            None => self.sink(n, &at, acc),
+        }
     }
 
     /// Max or average pooling over each window.

@@ -1567,6 +1567,45 @@ fn pixel_row_products_run_their_epilogues_on_register_tiles_without_mask_registe
     agree(src);
 }
 
+/// A direct convolution whose epilogue has a long-latency op (a sigmoid, a
+/// tanh and a division) computes it over each output channel's plane after
+/// the channel's rows, as a loop of its own over the flattened plane
+/// (reading a residual and a broadcast through flat views); a short
+/// epilogue (ReLU6) stays at each row. On both x86-64 widths, each agreeing
+/// with the graph interpreter on the tile interpreter.
+#[test]
+fn long_epilogues_of_direct_convolutions_run_over_each_plane() {
+    let src = dlc_tests::DEFERRED_EPILOGUE_PROGRAMS;
+    let m = graph(src);
+    for (target, _) in x86_widths() {
+        let tiles = kernels(&m, &target);
+        let text = dlc_tile::print_module(&tiles);
+        let funcs: Vec<&str> = text.split("tile.func @").skip(1).collect();
+        assert_eq!(funcs.len(), 3, "{}: {text}", target.name);
+        for (f, (plane, op, row)) in funcs.iter().zip([
+            ("buffer<f32[1, 8, 49]>", "tile.sigmoid", "tile<7xf32>"),
+            ("buffer<f32[2, 8, 81]>", "tile.tanh", "tile<9xf32>"),
+            ("", "tile.minimum", "tile<9xf32>"),
+        ]) {
+            let ops: Vec<&str> = f.lines().filter(|l| l.contains(op)).collect();
+            assert!(!ops.is_empty(), "{}: {f}", target.name);
+            let deferred = !plane.is_empty();
+            for l in ops {
+                assert_eq!(l.ends_with(row), !deferred, "{}: {l}\n{f}", target.name);
+            }
+            if deferred {
+                assert!(
+                    f.contains(&format!("tile.view %out0 : {plane}")),
+                    "{}: {f}",
+                    target.name
+                );
+            }
+        }
+        agree_on_tile_interpreter(&m, &tiles, &target);
+    }
+    agree(src);
+}
+
 /// A vectorized loop whose last block is ragged: on a CPU without mask
 /// registers (AVX2), where a masked load or store costs more than a plain
 /// one, its whole blocks run with no mask and the rest after them as one

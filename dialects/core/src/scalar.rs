@@ -156,6 +156,13 @@ impl BinaryOp {
         BinaryOp::Shr,
     ];
 
+    /// Whether the op's code is a long chain of dependent instructions (a
+    /// division; a power's logarithm and exponential), as
+    /// [`UnaryOp::is_long_latency`] says of unary ops.
+    pub fn is_long_latency(self) -> bool {
+        matches!(self, BinaryOp::Div | BinaryOp::Pow)
+    }
+
     /// Graph op suffix (`add`, `maximum`).
     pub fn name(self) -> &'static str {
         match self {
@@ -709,6 +716,24 @@ static EXPANSIONS: std::sync::LazyLock<[Option<Formula>; UnaryOp::ALL.len()]> =
     std::sync::LazyLock::new(|| UnaryOp::ALL.map(UnaryOp::expand));
 
 impl UnaryOp {
+    /// Whether the op's code is a long chain of dependent instructions (a
+    /// range reduction and a polynomial, a division or a square root: tens
+    /// of cycles from its argument to its result) rather than one or two.
+    /// A lowering that can compute it either right where its argument is
+    /// produced or in a loop of independent elements of its own reads it.
+    pub fn is_long_latency(self) -> bool {
+        !matches!(
+            self,
+            UnaryOp::Neg
+                | UnaryOp::Relu
+                | UnaryOp::Abs
+                | UnaryOp::Floor
+                | UnaryOp::Ceil
+                | UnaryOp::Round
+                | UnaryOp::Sign
+        )
+    }
+
     /// A composite function written in terms of primitive ones (an
     /// expression over `X`), which every level builds from its own
     /// primitives; `None` for a primitive (`exp`, `tanh`, `erf`...), which
