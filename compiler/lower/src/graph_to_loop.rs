@@ -108,7 +108,9 @@
 //!   reads spans both spatial axes or neither, read through views of the same `[.., H*W]`
 //!   shape (`fusion::flat_epilogue_reads`; a value varying along one spatial axis, a
 //!   batchnorm, keeps the chain a nest of its own). Other convolutions are direct loop
-//!   nests.
+//!   nests, whose epilogue is computed at each output row, or, when it has a
+//!   long-latency op (SiLU), over each output channel's plane after its rows, through
+//!   the same flat views (`Lowering::deferred_epilogue`).
 //! - An epilogue chain holds only ops that read their operand at their own index: a
 //!   transpose, broadcast or slice of the same shape still moves elements, so it ends
 //!   the chain.

@@ -47,7 +47,9 @@
 //! - `tile.load`/`tile.store`: the address is `base + sum_k grad_k * e_k`; a vector whose
 //!   lanes are contiguous is one (masked, where a mask or a pad asks) vector access, a
 //!   stride-0 one a scalar load and broadcast (masked: one element read where any lane is
-//!   on), other strides a masked gather or scatter,
+//!   on), a 2-axis tile whose rows are adjacent and columns apart, where the target has
+//!   no mask registers (so no gather or scatter instructions), runs of its rows
+//!   transposed in registers (`runs_along_columns`), other strides a masked gather or scatter,
 //!   whose lane pointers are the first lane's pointer offset by a constant vector of
 //!   32-bit steps (x86's gathers and scatters take a scalar base and 32-bit indices; built
 //!   as integers and cast to pointers, they cost LLVM's `IndVarSimplify` and

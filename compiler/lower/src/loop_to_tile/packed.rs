@@ -48,7 +48,10 @@
 //!   row of a panel (`1 x nr`) at a time, masked at the ragged edges, so its code (a
 //!   GELU's polynomial, say) is written for two vectors rather than the register
 //!   tile's twelve, and it walks the block row by row (row `r` of every panel, then row
-//!   `r + 1`), so the block is read and the result written along their rows. With one
+//!   `r + 1`), so the block is read and the result written along their rows; on a CPU
+//!   without mask registers, where the result is stored along the rows (the pixels as
+//!   rows), on `mr x nr` tiles, so that its store is runs of rows transposed in
+//!   registers rather than a scatter per row. With one
 //!   slice of the depth (and no split), each register tile is final when its loop
 //!   ends: it is stored to an `mr x nr` scratch block and the epilogue runs on its rows
 //!   right away, while they are in L1, instead of on the whole block after (a 1 x 1
