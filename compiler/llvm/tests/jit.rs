@@ -780,14 +780,7 @@ fn deferred_epilogues_agree() {
 #[test]
 fn pixel_row_products_store_runs_of_their_rows_without_scatters() {
     let src = dlc_tests::PIXEL_ROW_PRODUCTS;
-    for (target, avx2) in [
-        (TargetDesc::x86_64_avx2(2), true),
-        (TargetDesc::x86_64_avx512(2), false),
-    ] {
-        let tiles = dlc_driver::lower_for_tile(&graph(src), &target).unwrap();
-        let ir =
-            dlc_llvm::emit_llvm_ir(&tiles, &dlc_runtime::abi::Symbols::for_module("t"), &target)
-                .unwrap();
+    for (target, avx2, ir) in x86_ir(src) {
         assert_eq!(
             ir.contains("@llvm.masked.scatter"),
             !avx2,
@@ -807,18 +800,26 @@ fn pixel_row_products_store_runs_of_their_rows_without_scatters() {
 /// with the graph interpreter.
 #[track_caller]
 fn without_mask_registers_only(src: &str, always: &str, marker: &str) {
-    for (target, avx2) in [
-        (TargetDesc::x86_64_avx2(2), true),
-        (TargetDesc::x86_64_avx512(2), false),
-    ] {
-        let tiles = dlc_driver::lower_for_tile(&graph(src), &target).unwrap();
-        let ir =
-            dlc_llvm::emit_llvm_ir(&tiles, &dlc_runtime::abi::Symbols::for_module("t"), &target)
-                .unwrap();
+    for (target, avx2, ir) in x86_ir(src) {
         assert!(ir.contains(always), "{}: {ir}", target.name);
         assert_eq!(ir.contains(marker), avx2, "{}: {ir}", target.name);
     }
     jit_agrees(src);
+}
+
+/// `src`'s LLVM IR for AVX2 (`true`: no mask registers) and for AVX-512.
+fn x86_ir(src: &str) -> [(TargetDesc, bool, String); 2] {
+    [
+        (TargetDesc::x86_64_avx2(2), true),
+        (TargetDesc::x86_64_avx512(2), false),
+    ]
+    .map(|(target, avx2)| {
+        let tiles = dlc_driver::lower_for_tile(&graph(src), &target).unwrap();
+        let ir =
+            dlc_llvm::emit_llvm_ir(&tiles, &dlc_runtime::abi::Symbols::for_module("t"), &target)
+                .unwrap();
+        (target, avx2, ir)
+    })
 }
 
 /// A Winograd convolution cut into chunks of its output channels (the

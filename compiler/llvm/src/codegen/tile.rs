@@ -1291,14 +1291,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                     self.transpose_square(&mut block)?;
                     let (off, _) = self.place(a, cut, &[rb], j)?;
                     for (c, run) in block.into_iter().enumerate() {
-                        let at = self.b.build_int_add(
-                            off,
-                            self.ctx
-                                .i64_type()
-                                .const_int(a.grad[1].wrapping_mul(c as i64) as u64, true),
-                            "run",
-                        )?;
-                        let p = self.element_pointer(a, at)?;
+                        let p = self.column_run(a, off, c)?;
                         let st = self.b.build_store(p, run)?;
                         st.set_alignment(self.alignment(a.dtype))
                             .map_err(|e| CodegenError::Llvm(e.to_string()))?;
@@ -1420,7 +1413,8 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         self.icmp(IntPredicate::NE, m32.into(), zero.into())
     }
 
-    /// The element offset of column `c`'s run from `off`.
+    /// The pointer to column `c`'s run of a 2-axis access whose first
+    /// column starts at element `off`.
     fn column_run(&self, a: &Access<'ctx>, off: IntValue<'ctx>, c: usize) -> R<PointerValue<'ctx>> {
         let at = self.b.build_int_add(
             off,
@@ -1591,21 +1585,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                     if n == wide {
                         return Ok(v);
                     }
-                    let mask: Vec<_> = (0..wide)
-                        .map(|k| {
-                            if k < n {
-                                i32t.const_int(u64::from(k), false)
-                            } else {
-                                i32t.get_poison()
-                            }
-                        })
-                        .collect();
-                    Ok(self.b.build_shuffle_vector(
-                        v,
-                        v.get_type().get_poison(),
-                        VectorType::const_vector(&mask),
-                        "widen",
-                    )?)
+                    self.padded_lanes(v, wide as usize)
                 };
                 let (x, y) = (widen(x, nx)?, widen(y, ny)?);
                 let mask: Vec<_> = (0..2 * wide)
