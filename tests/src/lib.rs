@@ -710,11 +710,13 @@ fn res(x: f32[1, 384, 7, 7], w: f32[512, 384, 1, 1], r: f32[1, 512, 7, 7]) -> f3
 
 /// Depthwise convolutions whose epilogue runs over each output channel's
 /// plane after its rows (a long-latency op in it: SiLU; tanh of a sum with
-/// a residual, divided by a broadcast), and one whose short epilogue
-/// (ReLU6) stays at each row.
+/// a residual, divided by a broadcast; a sigmoid after a grouped
+/// convolution of three output channels a group), and one whose short
+/// epilogue (ReLU6) stays at each row.
 pub const DEFERRED_EPILOGUE_PROGRAMS: &str = "fn silu_dw(x: f32[1, 8, 7, 7], w: f32[8, 1, 5, 5]) -> f32[1, 8, 7, 7] { let h = conv2d(x, w, padding=2, groups=8); return h * sigmoid(h); }
 fn res(x: f32[2, 8, 9, 9], w: f32[8, 1, 3, 3], r: f32[2, 8, 9, 9], b: f32[8, 1, 1]) -> f32[2, 8, 9, 9] { return tanh(conv2d(x, w, padding=1, groups=8) + r) / (b + 2.0); }
-fn six(x: f32[1, 8, 9, 9], w: f32[8, 1, 3, 3]) -> f32[1, 8, 9, 9] { return clamp(conv2d(x, w, padding=1, groups=8), 0.0, 6.0); }";
+fn six(x: f32[1, 8, 9, 9], w: f32[8, 1, 3, 3]) -> f32[1, 8, 9, 9] { return clamp(conv2d(x, w, padding=1, groups=8), 0.0, 6.0); }
+fn grp(x: f32[1, 8, 6, 6], w: f32[6, 4, 3, 3]) -> f32[1, 6, 6, 6] { return sigmoid(conv2d(x, w, padding=1, groups=2)); }";
 
 /// Direct convolutions and pooling.
 pub const POOLING_PROGRAMS: &[&str] = &[
