@@ -763,6 +763,35 @@ fn g(x: f32[70]) -> f32[70] { return tanh(x) * 2.0; }";
     without_mask_registers_only(src, "@llvm.masked.store", "store.full");
 }
 
+/// A padded load whose every lane stays inside its buffer for every value
+/// its loop counters and program ids take is a plain load: no bounds test,
+/// no masked load (as the middle panels of a padded convolution's im2col
+/// copy), where LLVM does not fold a vector of lane indices compared with
+/// the extent (the tiles of a loop over 64 columns by 32 read columns 3 to
+/// 66 of 70); one that reaches past the buffer (7 to 70) keeps both. Both
+/// agree with the graph interpreter.
+#[test]
+fn padded_loads_proven_inside_test_no_bounds() {
+    let program = |shift: usize| {
+        format!(
+            "op shift[N](x: f32[4, N]) -> f32[4, 64] {{ out[i, j] = x[i, j + {shift}]; }}
+fn f(x: f32[4, 70]) -> f32[4, 64] {{ return shift(x); }}"
+        )
+    };
+    for (shift, inside) in [(3, true), (7, false)] {
+        let src = program(shift);
+        for (target, _, ir) in x86_ir(&src) {
+            assert_eq!(
+                !ir.contains("@llvm.masked.load"),
+                inside,
+                "{}: {ir}",
+                target.name
+            );
+        }
+        jit_agrees(&src);
+    }
+}
+
 /// Direct convolutions whose epilogue runs over each channel's plane after
 /// its rows (`differential::long_epilogues_of_direct_convolutions_...`)
 /// agree with the graph interpreter.

@@ -524,6 +524,44 @@ pub type OpData = dlc_core::ir::OpData<Tile>;
 /// `transforms::split_prepare`).
 pub type Function = dlc_core::ir::Function<Tile>;
 
+/// The least and greatest value of every loop counter (`tile.for`'s first
+/// block argument) and program id (`tile.program_id`, from its kernel's
+/// grid) in `f`, for proving accesses inside their buffers. A loop that
+/// runs no iteration gives its counter no range.
+pub fn index_ranges(f: &Function) -> std::collections::HashMap<Value, (i64, i64)> {
+    use crate::ops::OpKind;
+    let mut ranges = std::collections::HashMap::new();
+    for op in &f.ops {
+        match &op.kind {
+            OpKind::For { lo, hi, step } if hi > lo => {
+                let last = lo + (hi - 1 - lo) / (*step).max(1) * (*step).max(1);
+                if let Some(&counter) = op.regions.first().and_then(|b| b.args.first()) {
+                    ranges.insert(counter, (*lo, last));
+                }
+            }
+            OpKind::Kernel { grid, .. } => {
+                let mut stack: Vec<&Block> = op.regions.iter().collect();
+                while let Some(b) = stack.pop() {
+                    for &id in &b.ops {
+                        let inner = f.op(id);
+                        if let OpKind::ProgramId { axis } = inner.kind
+                            && let (Some(&n), Some(&r)) = (grid.get(axis), inner.results.first())
+                            && n > 0
+                        {
+                            ranges.insert(r, (0, n as i64 - 1));
+                        }
+                        if !matches!(inner.kind, OpKind::Kernel { .. }) {
+                            stack.extend(inner.regions.iter());
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    ranges
+}
+
 /// The element operations op `id` of `f` executes: loops and kernels
 /// multiply their body's count by their trip count or grid size, `tile.dot`
 /// counts its multiply-adds twice. The interpreter's limit on work and the

@@ -650,3 +650,36 @@ fn malformed_schedules_are_errors_that_say_what_is_wrong() {
         assert!(e.contains(message), "{attrs}: {e}");
     }
 }
+
+/// `ir::index_ranges`: a program id ranges over its kernel's grid, a loop
+/// counter from its first to its last value (a step that does not divide
+/// the range stops short of `hi`), and a loop that runs no iteration gives
+/// its counter no range.
+#[test]
+fn index_ranges_are_the_grid_and_the_loop_bounds() {
+    let m = module(
+        "tile.func @f(%x: buffer<f32[4, 70]>, out %y: buffer<f32[4, 64]>) {
+  tile.kernel {grid = [4], schedule = \"rows\", vector = [32]} {
+    %0 = tile.program_id {axis = 0} : index
+    tile.for {lo = 0, hi = 64, step = 32} (%1) {
+      %2 = tile.load %x[%0, %1 + #0 + 3] {pad = 0.0} : tile<32xf32>
+      tile.store %2, %y[%0, %1 + #0]
+    }
+    tile.for {lo = 2, hi = 9, step = 3} (%3) {
+      %4 = tile.load %x[%0, %3] : f32
+      tile.store %4, %y[%0, %3]
+    }
+    tile.for {lo = 5, hi = 5, step = 1} (%5) {
+      %6 = tile.load %x[%0, %5] : f32
+      tile.store %6, %y[%0, %5]
+    }
+  }
+  tile.return
+}",
+    );
+    let f = &m.functions[0];
+    let ranges = dlc_tile::ir::index_ranges(f);
+    let mut got: Vec<(i64, i64)> = ranges.values().copied().collect();
+    got.sort_unstable();
+    assert_eq!(got, vec![(0, 3), (0, 32), (2, 8)]);
+}

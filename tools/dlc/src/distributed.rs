@@ -98,7 +98,16 @@ mod world {
         pub fn fail(&self, message: &str) -> ! {
             let message = message.trim_end();
             let message = message.strip_prefix("error: ").unwrap_or(message);
-            eprintln!("error: rank {} of {}: {message}", self.rank(), self.size());
+            // One write of the whole line: `eprintln!` writes its pieces
+            // one by one, and two ranks failing at once interleaved them on
+            // mpirun's pipe ("rank 10 of 2 of : .."), where one write under
+            // `PIPE_BUF` bytes is atomic.
+            let line = format!(
+                "error: rank {} of {}: {message}\n",
+                self.rank(),
+                self.size()
+            );
+            let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
             self.world.abort(1)
         }
 

@@ -90,6 +90,9 @@ pub(crate) struct Gen<'ctx, 'f, I: Ir = tile::TileIr> {
     /// by that mask tests to keep its address in the buffer (see
     /// `tile::Gen::guarded_pointer`).
     row_guards: HashMap<I::Value, Vec<inkwell::values::IntValue<'ctx>>>,
+    /// Tile IR only: the range of each loop counter and program id of the
+    /// function (`dlc_tile::ir::index_ranges`), computed when first asked.
+    index_ranges: std::cell::OnceCell<HashMap<I::Value, (i64, i64)>>,
     /// The failure sites of the exported function being generated (its
     /// outlined bodies share them).
     sites: Sites,
@@ -179,6 +182,7 @@ impl<'ctx, 'f, I: Ir> Gen<'ctx, 'f, I> {
             vals: HashMap::new(),
             chunks: HashMap::new(),
             row_guards: HashMap::new(),
+            index_ranges: std::cell::OnceCell::new(),
             sites: sites.clone(),
             fail_blocks: Default::default(),
             launch_fail: Default::default(),

@@ -56,7 +56,11 @@
 //!   `InstCombine` far more time and gave 64-bit gathers of half the lanes). A masked
 //!   access by a `tile.mask` of two axes or more addresses the buffer's start in a row
 //!   the mask puts outside its limits (one select per row): an all-off access to a page
-//!   that is not mapped still costs a microcode assist (`guarded_pointer`). Padded loads compare each index that moves with the lanes as a
+//!   that is not mapped still costs a microcode assist (`guarded_pointer`). Padded loads
+//!   test no index that the ranges of the loop counters and program ids in it
+//!   (`dlc_tile::ir::index_ranges`) keep inside the buffer for every lane
+//!   (`proven_inside`: a strided convolution's im2col copy away from its borders), and
+//!   compare each other index that moves with the lanes as a
 //!   vector, and the others once, as scalars (a convolution's padded rows and columns
 //!   with channels in the lanes). A 2-axis store into
 //!   column-major place (packing either operand of a product) is transposed in registers
@@ -728,13 +732,23 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
     /// index that is the same in every lane is compared once, as a scalar
     /// (a convolution's padded rows and columns, with channels in the
     /// lanes), and only the indices that move with the lanes as vectors.
-    fn in_bounds(&self, a: &Access<'ctx>, cut: &Cut, row: &[usize], j: usize) -> R<BV<'ctx>> {
+    fn in_bounds(
+        &self,
+        a: &Access<'ctx>,
+        cut: &Cut,
+        row: &[usize],
+        j: usize,
+        proven: &[bool],
+    ) -> R<BV<'ctx>> {
         let i64t = self.ctx.i64_type();
         let last = cut.shape.len() - 1;
         let n = cut.lanes(j);
         let mut lanes: Option<BV<'ctx>> = None;
         let mut uniform: Option<IntValue<'ctx>> = None;
-        for (b, coeffs, extent) in &a.dims {
+        for (d, (b, coeffs, extent)) in a.dims.iter().enumerate() {
+            if proven.get(d).copied().unwrap_or(false) {
+                continue;
+            }
             let mut fixed: i64 = 0;
             for (k, &c) in row.iter().enumerate() {
                 fixed = fixed.wrapping_add(coeffs[k].wrapping_mul(c as i64));
@@ -777,6 +791,41 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
             (Some(m), None) | (None, Some(m)) => m,
             (None, None) => self.all_on(n),
         })
+    }
+
+    /// Which dimensions of an access at `index` by a tile of `shape` stay
+    /// inside the buffer's `extents` for every value its loop counters and
+    /// program ids take (`dlc_tile::ir::index_ranges`) and every lane: a
+    /// padded load tests only the others (the middle panels of a strided
+    /// convolution's im2col copy, whose columns never reach the padding).
+    fn proven_inside(&self, index: &[Affine], shape: &[usize], extents: &[usize]) -> Vec<bool> {
+        let ranges = self
+            .index_ranges
+            .get_or_init(|| dlc_tile::ir::index_ranges(self.f));
+        let span = |c: i64, lo: i64, hi: i64| {
+            let (x, y) = (c.saturating_mul(lo), c.saturating_mul(hi));
+            (x.min(y), x.max(y))
+        };
+        index
+            .iter()
+            .zip(extents)
+            .map(|(e, &extent)| {
+                let (mut lo, mut hi) = (e.constant, e.constant);
+                for &(c, v) in &e.terms {
+                    let Some(&(a, b)) = ranges.get(&v) else {
+                        return false;
+                    };
+                    let (x, y) = span(c, a, b);
+                    (lo, hi) = (lo.saturating_add(x), hi.saturating_add(y));
+                }
+                for &(c, k) in &e.axes {
+                    let last = shape.get(k).map_or(0, |&n| n as i64 - 1);
+                    let (x, y) = span(c, 0, last);
+                    (lo, hi) = (lo.saturating_add(x), hi.saturating_add(y));
+                }
+                lo >= 0 && hi < extent as i64
+            })
+            .collect()
     }
 
     /// Pointers to `n` elements `step` apart from element `off`: the
@@ -919,6 +968,11 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         {
             return self.define(r, out);
         }
+        let proven = match (pad, self.f.ty(op.operands[0])) {
+            (Some(_), Type::Buffer(t)) => self.proven_inside(index, &cut.shape, &t.shape),
+            _ => Vec::new(),
+        };
+        let pad = pad.filter(|_| !proven.iter().all(|&p| p));
         let mut out = Vec::with_capacity(cut.vectors());
         for row in 0..cut.rows() {
             let mut row_start = None;
@@ -928,7 +982,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                 let (off, step) = self.place(&a, &cut, &rc, j)?;
                 let mut on = mask.as_ref().map(|m| m[row * cut.per_row + j]);
                 if pad.is_some() {
-                    let inside = self.in_bounds(&a, &cut, &rc, j)?;
+                    let inside = self.in_bounds(&a, &cut, &rc, j, &proven)?;
                     on = Some(match on {
                         Some(m) => self.and(m, inside)?,
                         None => inside,
