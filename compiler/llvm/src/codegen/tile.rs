@@ -972,7 +972,6 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
             (Some(_), Type::Buffer(t)) => self.proven_inside(index, &cut.shape, &t.shape),
             _ => Vec::new(),
         };
-        let pad = pad.filter(|_| !proven.iter().all(|&p| p));
         let mut out = Vec::with_capacity(cut.vectors());
         for row in 0..cut.rows() {
             let mut row_start = None;
