@@ -1691,32 +1691,8 @@ impl Lowering<'_> {
         else {
             return false;
         };
-        // Every buffer is checked before any view is made, so that a nest
-        // that cannot run flat leaves no unused views behind.
         let flat = flat_shape(&ty.shape);
-        let mut buffers = Vec::with_capacity(reads.len());
-        for r in reads {
-            let Some(&home) = self.home.get(&r) else {
-                return false;
-            };
-            buffers.push((r, home, flat_shape(&self.ty(r).shape)));
-        }
-        let result = self.home[&end];
-        if !self.is_row_major(result, &flat)
-            || !buffers
-                .iter()
-                .all(|(_, b, shape)| self.is_row_major(*b, shape))
-        {
-            return false;
-        }
-        let mut views = HashMap::new();
-        for (r, b, shape) in buffers {
-            let Some(view) = self.row_major_view(b, &shape) else {
-                return false;
-            };
-            views.insert(r, view);
-        }
-        let Some(out) = self.row_major_view(result, &flat) else {
+        let Some((views, out)) = self.flat_views(reads, end, &flat) else {
             return false;
         };
         let idx = self.open_nest(&flat);
@@ -1878,15 +1854,38 @@ impl Lowering<'_> {
             return None;
         }
         let reads = dlc_graph::fusion::flat_epilogue_reads(self.g, &self.plan, n, end)?;
-        let mut views = HashMap::new();
-        for r in reads {
-            let shape = flat_shape(&self.ty(r).shape);
-            let view = self.row_major_view(*self.home.get(&r)?, &shape)?;
-            views.insert(r, view);
-        }
-        let flat = [ty.shape[0], ty.shape[1], ty.shape[2] * ty.shape[3]];
-        let out = self.row_major_view(self.home[&end], &flat)?;
+        let (views, out) = self.flat_views(reads, end, &flat_shape(&ty.shape))?;
         Some(DeferredEpilogue { end, out, views })
+    }
+
+    /// Row-major views of what `reads` hold and of `end`'s result, with
+    /// their spatial axes made one (`flat_shape`; `flat` is the result's),
+    /// or `None` where one is not laid out row-major. Every buffer is checked
+    /// before any view is made, so that a nest that cannot run flat leaves
+    /// no unused views behind.
+    fn flat_views(
+        &mut self,
+        reads: impl IntoIterator<Item = NodeIndex>,
+        end: NodeIndex,
+        flat: &[usize],
+    ) -> Option<(HashMap<NodeIndex, Value>, Value)> {
+        let mut buffers = Vec::new();
+        for r in reads {
+            buffers.push((r, *self.home.get(&r)?, flat_shape(&self.ty(r).shape)));
+        }
+        let result = self.home[&end];
+        if !self.is_row_major(result, flat)
+            || !buffers
+                .iter()
+                .all(|(_, b, shape)| self.is_row_major(*b, shape))
+        {
+            return None;
+        }
+        let mut views = HashMap::new();
+        for (r, b, shape) in buffers {
+            views.insert(r, self.row_major_view(b, &shape)?);
+        }
+        Some((views, self.row_major_view(result, flat)?))
     }
 
     /// Whether an op of the epilogue from `n` to `end` (the nodes computed

@@ -76,6 +76,10 @@ pub(crate) fn exported_function<'ctx>(
     )
 }
 
+/// The least and greatest value of each of a function's loop counters and
+/// program ids.
+type IndexRanges<I> = HashMap<<I as Ir>::Value, (i64, i64)>;
+
 pub(crate) struct Gen<'ctx, 'f, I: Ir = tile::TileIr> {
     ctx: &'ctx Context,
     module: &'f Module<'ctx>,
@@ -91,8 +95,9 @@ pub(crate) struct Gen<'ctx, 'f, I: Ir = tile::TileIr> {
     /// `tile::Gen::guarded_pointer`).
     row_guards: HashMap<I::Value, Vec<inkwell::values::IntValue<'ctx>>>,
     /// Tile IR only: the range of each loop counter and program id of the
-    /// function (`dlc_tile::ir::index_ranges`), computed when first asked.
-    index_ranges: std::cell::OnceCell<HashMap<I::Value, (i64, i64)>>,
+    /// function (`dlc_tile::ir::index_ranges`), computed when first asked
+    /// and shared with the bodies outlined from it.
+    index_ranges: std::rc::Rc<std::cell::OnceCell<IndexRanges<I>>>,
     /// The failure sites of the exported function being generated (its
     /// outlined bodies share them).
     sites: Sites,
@@ -182,7 +187,7 @@ impl<'ctx, 'f, I: Ir> Gen<'ctx, 'f, I> {
             vals: HashMap::new(),
             chunks: HashMap::new(),
             row_guards: HashMap::new(),
-            index_ranges: std::cell::OnceCell::new(),
+            index_ranges: Default::default(),
             sites: sites.clone(),
             fail_blocks: Default::default(),
             launch_fail: Default::default(),

@@ -204,6 +204,7 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         let start = ctx.append_basic_block(outlined, "entry");
         let mut g = Gen::within(ctx, self.module, self.f, outlined, &self.sites);
         g.loc.clone_from(&self.loc);
+        g.index_ranges = self.index_ranges.clone();
         (
             g.lanes,
             g.min_threads,

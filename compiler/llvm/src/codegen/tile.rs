@@ -731,7 +731,8 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
     /// Which lanes of vector `j` of row `row` index inside the buffer. An
     /// index that is the same in every lane is compared once, as a scalar
     /// (a convolution's padded rows and columns, with channels in the
-    /// lanes), and only the indices that move with the lanes as vectors.
+    /// lanes), and only the indices that move with the lanes as vectors;
+    /// the dimensions `proven` inside (`proven_inside`) not at all.
     fn in_bounds(
         &self,
         a: &Access<'ctx>,
@@ -972,6 +973,9 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
             (Some(_), Type::Buffer(t)) => self.proven_inside(index, &cut.shape, &t.shape),
             _ => Vec::new(),
         };
+        // Whether any dimension is left to test; the pad stays what lanes
+        // off in the mask read.
+        let tested = pad.is_some() && !proven.iter().all(|&p| p);
         let mut out = Vec::with_capacity(cut.vectors());
         for row in 0..cut.rows() {
             let mut row_start = None;
@@ -980,7 +984,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                 let n = cut.lanes(j);
                 let (off, step) = self.place(&a, &cut, &rc, j)?;
                 let mut on = mask.as_ref().map(|m| m[row * cut.per_row + j]);
-                if pad.is_some() {
+                if tested {
                     let inside = self.in_bounds(&a, &cut, &rc, j, &proven)?;
                     on = Some(match on {
                         Some(m) => self.and(m, inside)?,
