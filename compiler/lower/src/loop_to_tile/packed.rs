@@ -391,12 +391,19 @@ impl<'a> Conv<'a> {
         // then runs once, when the weights are bound: MobileNet's products
         // over 7 x 7 and 14 x 14 pixels, tens of columns a chunk, spent a
         // third as long packing their weights as multiplying. Either way
-        // the operand is the same for every batch (`w @ col[b]`).
-        let left_shared = !batch.iter().any(|b| moves_with(&c.a, b.0));
+        // the operand is the same for every batch (`w @ col[b]`), or there
+        // is one batch (an exported transformer's `[1, 128, 3072]`
+        // activations: GPT-2's block packed them 8 times a product).
+        let left_shared = batch.iter().all(|b| b.2 == 1 || !moves_with(&c.a, b.0));
         let strips = (left_shared
             && (plan.chunks > 2 || self.weight_left_operand(m))
             && !self.convs.contains_key(&m))
-        .then(|| self.strips_kernel(m, &plan))
+        .then(|| {
+            for &(counter, lo, _) in &batch {
+                self.index.insert(counter, Affine::constant(lo));
+            }
+            self.strips_kernel(m, &plan)
+        })
         .transpose()?;
         let mut grid: Vec<usize> = batch.iter().map(|b| b.2).collect();
         grid.push(plan.blocks);
