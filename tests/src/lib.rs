@@ -718,6 +718,16 @@ fn res(x: f32[2, 8, 9, 9], w: f32[8, 1, 3, 3], r: f32[2, 8, 9, 9], b: f32[8, 1, 
 fn six(x: f32[1, 8, 9, 9], w: f32[8, 1, 3, 3]) -> f32[1, 8, 9, 9] { return clamp(conv2d(x, w, padding=1, groups=8), 0.0, 6.0); }
 fn grp(x: f32[1, 8, 6, 6], w: f32[6, 4, 3, 3]) -> f32[1, 6, 6, 6] { return sigmoid(conv2d(x, w, padding=1, groups=2)); }";
 
+/// Depthwise convolutions strided along their columns, which a CPU runs
+/// reading each channel through a padded copy split into the stride's
+/// phases: 5 x 5 at stride 2 with hardswish and with a deferred SiLU, 3 x 3
+/// over an odd width in a batch of two, and a 3 x 4 window three columns
+/// apart and one row, unpadded.
+pub const STRIDED_DEPTHWISE_PROGRAMS: &str = "fn s5(x: f32[1, 8, 28, 28], w: f32[8, 1, 5, 5]) -> f32[1, 8, 14, 14] { return hardswish(conv2d(x, w, stride=2, padding=2, groups=8)); }
+fn silu5(x: f32[1, 8, 14, 14], w: f32[8, 1, 5, 5]) -> f32[1, 8, 7, 7] { let h = conv2d(x, w, stride=2, padding=2, groups=8); return h * sigmoid(h); }
+fn odd(x: f32[2, 6, 15, 15], w: f32[6, 1, 3, 3]) -> f32[2, 6, 8, 8] { return clamp(conv2d(x, w, stride=2, padding=1, groups=6), 0.0, 6.0); }
+fn cols(x: f32[1, 4, 9, 20], w: f32[4, 1, 3, 4]) -> f32[1, 4, 7, 6] { return conv2d(x, w, stride=[1, 3], groups=4); }";
+
 /// Direct convolutions and pooling.
 pub const POOLING_PROGRAMS: &[&str] = &[
     "fn f(x: f32[2, 4, 6, 5], w: f32[6, 2, 3, 2]) -> f32[2, 6, 3, 6] { return relu(conv2d(x, w, stride=[2, 1], padding=[1, 1], groups=2)); }",

@@ -800,6 +800,15 @@ fn deferred_epilogues_agree() {
     jit_agrees(dlc_tests::DEFERRED_EPILOGUE_PROGRAMS);
 }
 
+/// Depthwise convolutions strided along their columns, which read each
+/// channel through a padded copy in the stride's phases
+/// (`differential::strided_depthwise_convolutions_read_a_copy_in_phases`),
+/// agree with the graph interpreter.
+#[test]
+fn strided_depthwise_convolutions_agree() {
+    jit_agrees(dlc_tests::STRIDED_DEPTHWISE_PROGRAMS);
+}
+
 /// Products with the pixels as rows store their result `[channels,
 /// pixels]`, along the register tile's rows: on AVX2, which has no scatter
 /// or gather instructions, the tile's columns are transposed in registers

@@ -349,7 +349,9 @@ fn parallel_loops(shape: &[usize], target: &TargetDesc) -> usize {
 /// middle of one vector is enough: 56 x 56 over 144 (40 middle columns) 0.21
 /// -> 0.17-0.20, at stride 2 from 112 over 96 (48) 0.34 -> 0.26-0.28, 28 x 28
 /// over 192 (12) 0.086 -> 0.074, at stride 2 from 56 over 144 0.144 ->
-/// 0.110-0.126.
+/// 0.110-0.126. (Depthwise convolutions strided along their columns have
+/// since read a padded copy in phases instead, `Lowering::phase_copy`: no
+/// load of theirs is padded.)
 const DIRECT_CONV_SPLIT_VECTORS: usize = 1;
 
 /// A direct convolution's epilogue deferred to each channel's plane: its
@@ -358,6 +360,15 @@ struct DeferredEpilogue {
     end: NodeIndex,
     out: Value,
     views: HashMap<NodeIndex, Value>,
+}
+
+/// How a direct convolution's window reads its input: where it lies, with
+/// padded loads or plain ones, or from the phases of a padded copy
+/// ([`Lowering::phase_copy`]).
+#[derive(Clone, Copy)]
+enum ConvRead {
+    Padded(bool),
+    Phases(Value),
 }
 
 /// The ranges of an output axis of `out` positions (each a window of `k`
@@ -1757,6 +1768,10 @@ impl Lowering<'_> {
     /// middle ranges of both axes lies in the input, and its loads are plain
     /// ones; only the borders' are padded (a padded load is a bounds test
     /// per lane, which AVX2 makes comparing four 64-bit lanes at a time).
+    /// On a CPU, a depthwise convolution strided along its columns reads
+    /// each channel through a padded copy split into the stride's phases
+    /// (see [`Self::phase_copy`]), so that no load of its window is padded
+    /// or strided.
     fn emit_direct_conv(
         &mut self,
         n: NodeIndex,
@@ -1774,9 +1789,15 @@ impl Lowering<'_> {
         // Loops n, g, o-in-group, y, x so that o = g * og + oi stays affine.
         let shape = [ty.shape[0], groups, og, ty.shape[2], ty.shape[3]];
         let parallel = parallel_loops(&shape, self.target);
-        let whole = |a: usize| vec![(0, shape[3 + a], padding[a] > 0)];
+        let phased = self.target.cpu().is_some()
+            && stride[1] > 1
+            && ws[3] > 1
+            && ws[1] == 1
+            && og == 1
+            && ws[0] == xs[1];
+        let whole = |a: usize| vec![(0, shape[3 + a], padding[a] > 0 && !phased)];
         let mut ranges: [Vec<(usize, usize, bool)>; 2] = [whole(0), whole(1)];
-        if self.target.cpu().is_some_and(|c| !c.mask_registers()) {
+        if !phased && self.target.cpu().is_some_and(|c| !c.mask_registers()) {
             // The border columns at least a vector wide, so that they too
             // run as tiles of columns (a lone column would be a tile of
             // its window's taps, reduced).
@@ -1792,6 +1813,10 @@ impl Lowering<'_> {
             }
         }
         let deferred = self.deferred_epilogue(n);
+        let phases = phased.then(|| {
+            let geometry = [0, 1].map(|a| (ws[2 + a], stride[a]));
+            self.phase_buffer(x, geometry, [shape[3], shape[4]])
+        });
         self.parallel.push(parallel);
         let outer: Vec<IndexExpr> = (0..3)
             .map(|i| {
@@ -1803,12 +1828,19 @@ impl Lowering<'_> {
             })
             .collect();
         let raw = deferred.as_ref().map(|d| self.home[&d.end]);
+        if let Some(buf) = phases {
+            self.phase_copy(x, buf, [&outer[0], &outer[1]], stride[1], padding);
+        }
         for &(ylo, yhi, ypad) in &ranges[0] {
             let oy = ix(self.b.begin_for(ylo as i64, yhi as i64, 1, &[]).0);
             for &(xlo, xhi, xpad) in &ranges[1] {
                 let ox = ix(self.b.begin_for(xlo as i64, xhi as i64, 1, &[]).0);
                 let at = [&outer[0], &outer[1], &outer[2], &oy, &ox];
-                self.direct_conv_at(n, at, stride, padding, ypad || xpad, raw);
+                let read = match phases {
+                    Some(p) => ConvRead::Phases(p),
+                    None => ConvRead::Padded(ypad || xpad),
+                };
+                self.direct_conv_at(n, at, stride, padding, read, raw);
                 self.b.end_for(vec![]);
             }
             self.b.end_for(vec![]);
@@ -1830,6 +1862,85 @@ impl Lowering<'_> {
             self.b.end_for(vec![]);
         }
         self.close_nest(3);
+    }
+
+    /// The buffer a depthwise convolution strided along its columns reads
+    /// input `x` through (`geometry`: each spatial axis's taps and stride;
+    /// `out`: the result's extents): `[N, C, rows, stride, columns]`, each
+    /// channel's rows split into the column stride's phases, padded (filled
+    /// by [`Self::phase_copy`]). Row `stride * oy + ky` of phase `kx %
+    /// stride` from column `ox + kx / stride` is then tap `(ky, kx)` of
+    /// output `(oy, ox)`: a window's loads are plain vectors along the
+    /// output's columns, where each was a padded load of lanes `stride`
+    /// apart (on AVX2, for a 5 x 5 window at stride 2, four masked loads and
+    /// four shuffles per tap).
+    fn phase_buffer(
+        &mut self,
+        x: NodeIndex,
+        [(kh, sy), (kw, sx)]: [(usize, usize); 2],
+        out: [usize; 2],
+    ) -> Value {
+        let xt = self.ty(x).clone();
+        let rows = (out[0] - 1) * sy + kh;
+        let cols = out[1] + (kw - 1) / sx;
+        self.b.alloc(contiguous(&TensorType::new(
+            xt.dtype,
+            vec![xt.shape[0], xt.shape[1], rows, sx, cols],
+        )))
+    }
+
+    /// Fills channel `c` of image `nb` of `buf`, a [`Self::phase_buffer`]
+    /// of `x` at column stride `sx`: element `[nb, c, r, p, j]` is the input
+    /// at row `r - padding[0]` and column `sx * j + p - padding[1]`, zero
+    /// outside. Run in the convolution's loop over the channels, just
+    /// before the channel's windows, so that it stays in cache for them.
+    /// The rows of padding are stored zeros, and each phase is a loop of
+    /// its own, so that the rows between load with no bounds test on the
+    /// row and a mask of the columns inside that does not change from row
+    /// to row (one loop over the phases tested both on every row: two
+    /// thirds of a 5 x 5 stride-2 convolution's time was its copy).
+    fn phase_copy(
+        &mut self,
+        x: NodeIndex,
+        buf: Value,
+        [nb, c]: [&IndexExpr; 2],
+        sx: usize,
+        padding: [usize; 2],
+    ) {
+        let xbuf = self.home[&x];
+        let height = self.ty(x).shape[2];
+        let dlc_loop::Type::Buffer(t) = self.b.ty(buf).clone() else {
+            return;
+        };
+        let (rows, cols) = (t.shape[2], t.shape[4]);
+        let inside = padding[0].min(rows)..(height + padding[0]).min(rows);
+        let bands = [
+            (0, inside.start, false),
+            (inside.start, inside.end, true),
+            (inside.end, rows, false),
+        ];
+        for (lo, hi, read) in bands {
+            if lo >= hi {
+                continue;
+            }
+            let r = ix(self.b.begin_for(lo as i64, hi as i64, 1, &[]).0);
+            for p in 0..sx {
+                let j = ix(self.b.begin_for(0, cols as i64, 1, &[]).0);
+                let v = if read {
+                    let iy = ix_axpy(1, &r, &ix_const(-(padding[0] as i64)));
+                    let col = ix_const(p as i64 - padding[1] as i64);
+                    let ixx = ix_axpy(sx as i64, &j, &col);
+                    self.b
+                        .load(xbuf, vec![nb.clone(), c.clone(), iy, ixx], Some(0.0))
+                } else {
+                    self.b.constant(0.0, t.dtype)
+                };
+                let at = vec![nb.clone(), c.clone(), r.clone(), ix_const(p as i64), j];
+                self.b.store(v, buf, at);
+                self.b.end_for(vec![]);
+            }
+            self.b.end_for(vec![]);
+        }
     }
 
     /// Whether direct convolution `n` computes its epilogue after each
@@ -1912,14 +2023,14 @@ impl Lowering<'_> {
 
     /// The body of a direct convolution's nest at output `[nb, g, oi, oy,
     /// ox]` (output channel `g * og + oi`): its sum, its epilogue and its
-    /// store, the input's loads padded with zeros where `padded`.
+    /// store, the input read as `read` says.
     fn direct_conv_at(
         &mut self,
         n: NodeIndex,
         [nb, g, oi, oy, ox]: [&IndexExpr; 5],
         stride: [usize; 2],
         padding: [usize; 2],
-        padded: bool,
+        read: ConvRead,
         raw: Option<Value>,
     ) {
         let dtype = self.ty(n).dtype;
@@ -1930,7 +2041,15 @@ impl Lowering<'_> {
         let og = self.ty(n).shape[1] / (self.ty(x).shape[1] / cg);
         let oc = ix_axpy(og as i64, g, oi);
         let (nb2, g2, oy2, ox2, oc2) = (nb.clone(), g.clone(), oy.clone(), ox.clone(), oc.clone());
-        let pad = padded.then_some(0.0);
+        let pad = match read {
+            ConvRead::Phases(phases) => {
+                let at = [nb, g, oy, ox, &oc];
+                let acc = self.phased_window([phases, wbuf], at, stride, [kh, kw], dtype);
+                self.store_conv(n, [nb, &oc, oy, ox], acc, raw);
+                return;
+            }
+            ConvRead::Padded(padded) => padded.then_some(0.0),
+        };
         let tap = move |l: &mut Self, c: &IndexExpr, ky: &IndexExpr, kx: &IndexExpr| {
             let xc = ix_axpy(cg as i64, &g2, c);
             let iy = ix_axpy(
@@ -1970,13 +2089,61 @@ impl Lowering<'_> {
                 tap(l, &r[0], &r[1], &r[2])
             })
         };
-        let acc = self.narrow(acc, dtype);
-        let at = vec![nb.clone(), oc, oy.clone(), ox.clone()];
+        self.store_conv(n, [nb, &oc, oy, ox], acc, raw);
+    }
+
+    /// Stores direct convolution `n`'s sum `acc` at output `[nb, oc, oy,
+    /// ox]`, rounded to its type: with its epilogue, or as it is into `raw`
+    /// where the epilogue runs after (`deferred_epilogue`).
+    fn store_conv(&mut self, n: NodeIndex, at: [&IndexExpr; 4], acc: Value, raw: Option<Value>) {
+        let acc = self.narrow(acc, self.ty(n).dtype);
+        let at: Vec<IndexExpr> = at.into_iter().cloned().collect();
         match raw {
-            // The epilogue runs after (`deferred_epilogue`).
             Some(buf) => self.b.store(acc, buf, at),
             None => self.sink(n, &at, acc),
         }
+    }
+
+    /// The sum of a depthwise window at output `(oy, ox)` of channel `c`
+    /// read from its [`Self::phase_copy`]: each row's taps in one loop per
+    /// phase (taps `p, p + stride, ..` of row `ky` are phase `p` of copy row
+    /// `stride * oy + ky` from column `ox`), each row summed from zero as
+    /// `direct_conv_at` sums them, then the rows.
+    fn phased_window(
+        &mut self,
+        [phases, wbuf]: [Value; 2],
+        [nb, c, oy, ox, oc]: [&IndexExpr; 5],
+        stride: [usize; 2],
+        [kh, kw]: [usize; 2],
+        dtype: DType,
+    ) -> Value {
+        let (nb, c, oy, ox, oc) = (nb.clone(), c.clone(), oy.clone(), ox.clone(), oc.clone());
+        self.reduce_loops(ReduceKind::Sum, dtype, &[(0, kh as i64)], &mut |l, r| {
+            let ky = r[0].clone();
+            let row = ix_axpy(stride[0] as i64, &oy, &ky);
+            let phase = |l: &mut Self, p: usize| {
+                let taps = (kw - p).div_ceil(stride[1]) as i64;
+                l.reduce_loops(ReduceKind::Sum, dtype, &[(0, taps)], &mut |l, a| {
+                    let col = ix_axpy(1, &ox, &a[0]);
+                    let kx = ix_axpy(stride[1] as i64, &a[0], &ix_const(p as i64));
+                    let xv = l.b.load(
+                        phases,
+                        vec![nb.clone(), c.clone(), row.clone(), ix_const(p as i64), col],
+                        None,
+                    );
+                    let wv =
+                        l.b.load(wbuf, vec![oc.clone(), ix_const(0), ky.clone(), kx], None);
+                    let (xv, wv) = (l.widen(xv), l.widen(wv));
+                    l.b.binary(BinaryOp::Mul, xv, wv)
+                })
+            };
+            let mut sum = phase(l, 0);
+            for p in 1..stride[1].min(kw) {
+                let part = phase(l, p);
+                sum = l.b.binary(BinaryOp::Add, sum, part);
+            }
+            sum
+        })
     }
 
     /// Max or average pooling over each window.

@@ -403,6 +403,13 @@ struct Conv<'a> {
     /// this many iterations (a Winograd output transform's channels, in
     /// the program's chunk of them).
     ranges: HashMap<LOpId, (Affine, i64)>,
+    /// For each buffer, the top-level ops other than its allocation and
+    /// deallocation that use it (a view counts: it is one).
+    users: HashMap<LValue, Vec<LOpId>>,
+    /// Allocations a kernel holds in each program's scratch memory instead
+    /// (`Conv::private_buffers`): their global allocation and deallocation
+    /// are removed once the function is converted.
+    privatized: HashSet<Value>,
 }
 
 impl<'a> Conv<'a> {
@@ -430,6 +437,8 @@ impl<'a> Conv<'a> {
             strips: Strips::Own,
             row_factors: None,
             ranges: HashMap::new(),
+            users: HashMap::new(),
+            privatized: HashSet::new(),
         };
         c.weight_derived = c.find_weight_derived();
         c
@@ -552,6 +561,19 @@ impl<'a> Conv<'a> {
         }
         self.b.set_weights(self.src.weights.clone());
         let top: Vec<LOpId> = self.src.body.ops.clone();
+        for &id in &top {
+            if matches!(self.op(id).kind, L::Alloc | L::Dealloc) {
+                continue;
+            }
+            let mut used = vec![];
+            collect_uses(self.src, id, &mut used);
+            for v in used {
+                let users = self.users.entry(v).or_default();
+                if users.last() != Some(&id) {
+                    users.push(id);
+                }
+            }
+        }
         for &id in &top {
             if let L::Const(c) = self.op(id).kind {
                 let d = match self.src.ty(self.op(id).results[0]) {
@@ -689,6 +711,16 @@ impl<'a> Conv<'a> {
         }
         self.flush(&mut serial, &mut deferred)?;
         let mut f = self.b.finish();
+        let privatized = std::mem::take(&mut self.privatized);
+        f.body.ops.retain(|&o| {
+            let op = &f.ops[o.0 as usize];
+            let buffer = match op.kind {
+                dlc_tile::OpKind::Alloc => op.results.first(),
+                dlc_tile::OpKind::Dealloc => op.operands.first(),
+                _ => None,
+            };
+            buffer.is_none_or(|b| !privatized.contains(b))
+        });
         dlc_tile::transforms::dce(&mut f);
         Ok(f)
     }

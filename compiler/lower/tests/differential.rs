@@ -1487,7 +1487,7 @@ fn a_product_of_one_program_is_split_along_its_depth() {
 #[test]
 fn padded_direct_convolutions_run_their_middle_apart() {
     let src = "fn s1(x: f32[1, 3, 6, 90], w: f32[3, 1, 3, 3]) -> f32[1, 3, 6, 90] { return relu(conv2d(x, w, padding=1, groups=3)); }
-fn s2(x: f32[1, 3, 6, 180], w: f32[3, 1, 3, 3]) -> f32[1, 3, 3, 90] { return conv2d(x, w, stride=2, padding=1, groups=3); }
+fn s2(x: f32[1, 6, 6, 180], w: f32[6, 2, 3, 3]) -> f32[1, 6, 3, 90] { return conv2d(x, w, stride=2, padding=1, groups=3); }
 fn s3(x: f32[1, 3, 6, 28], w: f32[3, 1, 3, 3]) -> f32[1, 3, 6, 28] { return conv2d(x, w, padding=1, groups=3); }
 fn narrow(x: f32[1, 3, 6, 20], w: f32[3, 1, 3, 3]) -> f32[1, 3, 6, 20] { return conv2d(x, w, padding=1, groups=3); }";
     let m = graph(src);
@@ -1513,6 +1513,64 @@ fn narrow(x: f32[1, 3, 6, 20], w: f32[3, 1, 3, 3]) -> f32[1, 3, 6, 20] { return 
             }
         }
         agree_on_tile_interpreter(&m, &tiles, &target);
+    }
+    agree(src);
+}
+
+/// Depthwise convolutions strided along their columns read each channel,
+/// on a CPU, through a padded copy split into the stride's phases
+/// (`graph_to_loop`'s `phase_copy`), held in each program's scratch memory
+/// (`[rows, stride, columns]`; no global buffer of every channel): the
+/// input is loaded only by the copy, one loop per phase, and every load of
+/// a window from the copy is a plain one. On a GPU they read the input
+/// where it lies. Each agrees with the graph interpreter on the tile
+/// interpreter.
+#[test]
+fn strided_depthwise_convolutions_read_a_copy_in_phases() {
+    let src = dlc_tests::STRIDED_DEPTHWISE_PROGRAMS;
+    let m = graph(src);
+    let strides = [("s5", 2), ("silu5", 2), ("odd", 2), ("cols", 3)];
+    for target in [
+        TargetDesc::x86_64_avx2(2),
+        TargetDesc::x86_64_avx512(2),
+        TargetDesc::aarch64_linux(2),
+        TargetDesc::sm_90(),
+    ] {
+        let tiles = kernels(&m, &target);
+        let text = dlc_tile::print_module(&tiles);
+        for f in text.split("tile.func @").skip(1) {
+            let name = f.split('(').next().unwrap();
+            let Some(&(_, stride)) = strides.iter().find(|s| s.0 == name) else {
+                continue;
+            };
+            let copy = f.lines().find_map(|l| {
+                let (v, ty) = l.trim().split_once(" = tile.alloc : buffer<f32[")?;
+                let dims: Vec<&str> = ty.strip_suffix("], scratch>")?.split(", ").collect();
+                (dims.len() == 3 && dims[1] == stride.to_string())
+                    .then(|| format!("tile.load {v}["))
+            });
+            let global = f
+                .lines()
+                .any(|l| l.contains("tile.alloc") && !l.contains("scratch"));
+            assert!(!global, "{} @{name}: {f}", target.name);
+            let inputs = f.lines().filter(|l| l.contains("tile.load %x[")).count();
+            let Some(copy) = copy else {
+                assert!(target.gpu().is_some(), "{} @{name}: {f}", target.name);
+                continue;
+            };
+            assert!(target.cpu().is_some(), "{} @{name}: {f}", target.name);
+            assert_eq!(inputs, stride, "{} @{name}: {f}", target.name);
+            let windows: Vec<&str> = f.lines().filter(|l| l.contains(&copy)).collect();
+            assert!(!windows.is_empty(), "{} @{name}: {f}", target.name);
+            assert!(
+                windows.iter().all(|l| !l.contains("pad")),
+                "{} @{name}: {f}",
+                target.name
+            );
+        }
+        if target.cpu().is_some() {
+            agree_on_tile_interpreter(&m, &tiles, &target);
+        }
     }
     agree(src);
 }
