@@ -1486,11 +1486,13 @@ impl Lowering<'_> {
         let k = ash[ash.len() - 1];
         let nb = ty.rank() - usize::from(ash.len() > 1) - usize::from(bsh.len() > 1);
         // Dot products along the depth run one per program; a row by a
-        // matrix stored `[K, N]` keeps its columns a loop, made of tiles.
-        let idx = if self.row_by_matrix(n) == Some(false) {
-            self.open_nest(&ty.shape)
-        } else {
-            self.open_reduction_nest(&ty.shape)
+        // matrix stored `[K, N]` keeps its columns a loop, made of tiles,
+        // in chunks that are programs of their own on a CPU.
+        let chunks = self.column_chunks(n);
+        let (idx, loops) = match (self.row_by_matrix(n), chunks) {
+            (Some(false), Some(chunks)) => (self.open_column_chunks(ty.shape[1], chunks), 3),
+            (Some(false), None) => (self.open_nest(&ty.shape), ty.rank()),
+            _ => (self.open_reduction_nest(&ty.shape), ty.rank()),
         };
         let batch = &idx[..nb];
         let m_pos = nb;
@@ -1526,7 +1528,44 @@ impl Lowering<'_> {
         });
         let acc = self.narrow(acc, dtype);
         self.sink(n, &idx, acc);
-        self.close_nest(ty.rank());
+        self.close_nest(loops);
+    }
+
+    /// Programs a row by a matrix stored `[K, N]` (`row_by_matrix`) takes
+    /// its `N` columns in on a CPU: the fewest from
+    /// [`TargetDesc::min_thread_iterations`] up that divide the columns
+    /// into whole vectors (1000 columns: 25 programs of 40), or else into
+    /// at least a vector each. As one program, a classifier's product
+    /// (MobileNetV3-small's `[1, 1024] @ [1024, 1000]`, 4 MB read once)
+    /// ran on one thread however many there were.
+    fn column_chunks(&self, n: NodeIndex) -> Option<usize> {
+        let columns = *self.ty(n).shape.last()?;
+        let lanes = self.target.lanes(self.ty(n).dtype);
+        let least = self.target.min_thread_iterations();
+        self.target.cpu()?;
+        let fits = |p: &usize, whole: bool| {
+            columns.is_multiple_of(*p)
+                && columns / p >= lanes
+                && (!whole || (columns / p).is_multiple_of(lanes))
+        };
+        let range = least..=4 * least;
+        range
+            .clone()
+            .find(|p| fits(p, true))
+            .or_else(|| range.into_iter().find(|p| fits(p, false)))
+    }
+
+    /// The loops of a row by a matrix's `columns` in `chunks` programs:
+    /// parallel over the row and the chunks, then the chunk's columns.
+    /// Returns the result's index `[0, chunk * width + column]`; three
+    /// loops to close.
+    fn open_column_chunks(&mut self, columns: usize, chunks: usize) -> Vec<IndexExpr> {
+        self.parallel.push(2);
+        let row = ix(self.b.begin_parallel(0, 1));
+        let chunk = ix(self.b.begin_parallel(0, chunks as i64));
+        let width = columns / chunks;
+        let column = ix(self.b.begin_for(0, width as i64, 1, &[]).0);
+        vec![row, ix_axpy(width as i64, &chunk, &column)]
     }
 
     /// A reduction over `axes`, per result element.

@@ -824,6 +824,41 @@ fn a_row_by_a_matrix_is_tiles_of_columns() {
     });
 }
 
+/// One row times a weight stored `[K, N]` with enough columns takes them
+/// in chunks that are programs of their own on a CPU (a classifier's
+/// product ran as one program, on one thread however many there were):
+/// the fewest chunks from 8 that are whole vectors (200 columns on AVX2:
+/// 25 of 8), or else at least a vector each (AVX-512: 8 of 25). On a GPU,
+/// one program as before. Each agrees with the graph interpreter.
+#[test]
+fn a_row_by_a_matrix_takes_its_columns_in_chunks() {
+    let src = "fn f(x: f32[1, 64], weight w: f32[64, 200], weight b: f32[200]) -> f32[1, 200] { return relu(x @ w + b); }";
+    let m = graph(src);
+    for (target, grid) in [
+        (
+            TargetDesc::x86_64_avx2(2),
+            "grid = [1, 25], schedule = \"rows\"",
+        ),
+        (
+            TargetDesc::x86_64_avx512(2),
+            "grid = [1, 8], schedule = \"rows\"",
+        ),
+        (TargetDesc::sm_90(), "grid = [1], "),
+    ] {
+        let tiles = kernels(&m, &target);
+        let text = dlc_tile::print_module(&tiles);
+        assert!(
+            text.contains(grid) && !text.contains("schedule = \"packed\""),
+            "{}: {text}",
+            target.name
+        );
+        if target.cpu().is_some() {
+            agree_on_tile_interpreter(&m, &tiles, &target);
+        }
+    }
+    agree(src);
+}
+
 /// A reduction kept over a last axis of one (batchnorm's per-channel mean)
 /// reads nothing that moves with that axis: it stays tiles along the
 /// image's rows, not one-lane tiles across the kept axis.
