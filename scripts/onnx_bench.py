@@ -19,7 +19,11 @@ tokens), beside the real-model tests under tests/onnx/. For each:
 - latency at 1 and 2 threads: `dlc bench --threads N --json` and an
   onnxruntime session with N intra-op threads, medians over the same number
   of calls (as many as fit in about two seconds, 10 to 500), with the spread
-  ((max - min) / median) of each.
+  ((max - min) / median) of each;
+- alternated at one thread: the model compiled by `dlc compile --emit so`,
+  loaded with ctypes, and the onnxruntime session called alternately in one
+  process, in blocks of ten (the first two not counted), 25th percentiles:
+  both see the same minutes of the machine, which separate runs do not.
 
 Writes target/onnx-bench/results.md and results.json. Usage:
 onnx_bench.py [DLC] [--only NAME,...].
@@ -119,10 +123,47 @@ def model_files(name):
     return os.path.join(d, "model.onnx"), inputs
 
 
-def ort_worker(path, inputs, dlc_out, threads):
+def interleaved(lib, session, feeds, runs):
+    """25th percentiles (ms) of dlc's compiled library `lib` and of
+    onnxruntime `session`, called alternately in this process at one thread:
+    blocks of ten calls each, the first two of every block not counted, so
+    that both run warm and both see the machine's same minutes (this VM's
+    medians drift 10-50% between runs minutes apart)."""
+    import ctypes
+    import numpy as np
+
+    names = [i.name for i in session.get_inputs()]
+    args = [np.ascontiguousarray(feeds[n]) for n in names]
+    outs = [np.empty_like(np.asarray(o)) for o in session.run(None, feeds)]
+    f = ctypes.CDLL(lib, mode=ctypes.RTLD_LOCAL).dlc_model_main_graph
+    f.restype = ctypes.c_int32
+    pointers = [a.ctypes.data_as(ctypes.c_void_p) for a in args + outs]
+
+    def dlc():
+        if f(*pointers) != 0:
+            raise RuntimeError(f"{lib}: the compiled model failed")
+
+    def ort():
+        session.run(None, feeds)
+
+    times = {dlc: [], ort: []}
+    for _ in range(max(1, runs // 8)):
+        for call in (dlc, ort):
+            for k in range(10):
+                t = time.perf_counter()
+                call()
+                if k >= 2:
+                    times[call].append((time.perf_counter() - t) * 1e3)
+    p25 = {c: sorted(v)[len(v) // 4] for c, v in times.items()}
+    return p25[dlc], p25[ort]
+
+
+def ort_worker(path, inputs, dlc_out, threads, lib=None):
     """Worker: onnxruntime's error against dlc's output and its latency at
     each thread count, as JSON: {"error": e, "ort1": {...}, ...}; the runs
-    per thread count as many as fit in about two seconds."""
+    per thread count as many as fit in about two seconds. With `lib` (the
+    model compiled by `dlc compile --emit so`), also both at one thread
+    called alternately (`interleaved`)."""
     import numpy as np
     import onnxruntime as ort
 
@@ -155,6 +196,8 @@ def ort_worker(path, inputs, dlc_out, threads):
         ts.sort()
         result[f"ort{n}"] = {"median_ms": ts[len(ts) // 2], "min_ms": ts[0], "max_ms": ts[-1],
                              "runs": runs, "warmup": warmup}
+        if n == 1 and lib is not None:
+            result["dlc1_p25"], result["ort1_p25"] = interleaved(lib, s, feeds, runs)
     print(json.dumps(result))
 
 
@@ -221,10 +264,19 @@ def measure(dlc, name):
                            if f.startswith("model.onnx")) / 2**20
     row["cold_s"], row["cold_mib"], out = dlc_run(dlc, path, inputs)
     row["warm_s"], row["warm_mib"] = warm_run(dlc, path, inputs, out)
+    lib = os.path.join(OUT, "outputs", f"{name}.so")
+    r = subprocess.run([dlc, "compile", path, "--emit", "so", "-o", lib],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"dlc compile {path}: {r.stderr.strip()}")
+    # The library's kernels on one thread (OpenMP reads this as it loads).
+    env = dict(os.environ, OMP_NUM_THREADS="1")
     worker = subprocess.run([sys.executable, __file__, "--ort", path, out,
-                             json.dumps(inputs)], check=True, capture_output=True, text=True)
+                             json.dumps(inputs), "--lib", lib],
+                            check=True, capture_output=True, text=True, env=env)
     o = json.loads(worker.stdout)
     row["error"], row["ort_version"] = o["error"], o["ort_version"]
+    row["dlc1_p25"], row["ort1_p25"] = o["dlc1_p25"], o["ort1_p25"]
     for threads in (1, 2):
         t = o[f"ort{threads}"]
         j = dlc_bench(dlc, path, threads, t["runs"], t["warmup"])
@@ -252,12 +304,13 @@ def main():
     ap.add_argument("--only", help="comma-separated model names")
     ap.add_argument("--export", help=argparse.SUPPRESS)
     ap.add_argument("--ort", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--lib", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.export:
         export(a.export)
         return 0
     if a.ort:
-        ort_worker(a.ort[0], json.loads(a.ort[2]), a.ort[1], (1, 2))
+        ort_worker(a.ort[0], json.loads(a.ort[2]), a.ort[1], (1, 2), a.lib)
         return 0
     only = set(a.only.split(",")) if a.only else None
     os.makedirs(OUT, exist_ok=True)
@@ -276,11 +329,14 @@ def main():
         f"{rows[0]['ort_version'] if rows else '?'}; medians in ms, spread (max - min) / median "
         "in parentheses; ratio = dlc / onnxruntime (below 1: dlc is faster); cold = `dlc run "
         "--no-cache` (import, compile, one call); warm = a second `dlc run` through the cache "
-        "(the program from it, the model not imported).",
+        "(the program from it, the model not imported); alternated 1t = the library `dlc "
+        "compile --emit so` writes and onnxruntime called alternately in one process at one "
+        "thread, 25th percentiles (the steadier comparison: the columns before it are "
+        "separate runs minutes apart).",
         "",
         "| model | file MiB | cold dlc run s | peak MiB | warm dlc run s | peak MiB | error vs ort "
-        "| dlc 1t | ort 1t | ratio 1t | dlc 2t | ort 2t | ratio 2t | runs |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| dlc 1t | ort 1t | ratio 1t | dlc 2t | ort 2t | ratio 2t | runs | alternated 1t |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         cells = [r["model"], f"{r['model_mib']:.1f}", f"{r['cold_s']:.2f}", f"{r['cold_mib']:.0f}",
@@ -290,6 +346,8 @@ def main():
                       f"{r[f'ort{t}_ms']:.3f} ({r[f'ort{t}_spread']:.0%})",
                       f"{r[f'dlc{t}_ms'] / r[f'ort{t}_ms']:.2f}"]
         cells.append(f"{r['runs1']}/{r['runs2']}")
+        cells.append(f"{r['dlc1_p25']:.3f} / {r['ort1_p25']:.3f}: "
+                     f"{r['dlc1_p25'] / r['ort1_p25']:.2f}")
         lines.append("| " + " | ".join(cells) + " |")
     for name, why in failed:
         lines.append(f"| {name} | failed: {why} |")
