@@ -718,6 +718,14 @@ fn res(x: f32[2, 8, 9, 9], w: f32[8, 1, 3, 3], r: f32[2, 8, 9, 9], b: f32[8, 1, 
 fn six(x: f32[1, 8, 9, 9], w: f32[8, 1, 3, 3]) -> f32[1, 8, 9, 9] { return clamp(conv2d(x, w, padding=1, groups=8), 0.0, 6.0); }
 fn grp(x: f32[1, 8, 6, 6], w: f32[6, 4, 3, 3]) -> f32[1, 6, 6, 6] { return sigmoid(conv2d(x, w, padding=1, groups=2)); }";
 
+/// Products of one slice of the depth, one a line: 1 x 1 convolutions of 16
+/// and 32 input channels to 42 over 40 x 38 pixels, and a 60 x 12 by 12 x
+/// 1000 product (its last panel ragged). The shallow two walk each strip
+/// across their panels on a CPU, the deep one each panel across its strips.
+pub const SHALLOW_PRODUCT_PROGRAMS: &str = "fn c16(x: f32[1, 16, 40, 38], w: f32[42, 16, 1, 1]) -> f32[1, 42, 40, 38] { return clamp(conv2d(x, w), 0.0, 6.0); }
+fn mm12(x: f32[60, 12], y: f32[12, 1000]) -> f32[60, 1000] { return tanh(x @ y); }
+fn c32(x: f32[1, 32, 40, 38], w: f32[42, 32, 1, 1]) -> f32[1, 42, 40, 38] { return relu(conv2d(x, w)); }";
+
 /// Depthwise convolutions strided along their columns, which a CPU runs
 /// reading each channel through a padded copy split into the stride's
 /// phases: 5 x 5 at stride 2 with hardswish and with a deferred SiLU, 3 x 3

@@ -809,6 +809,14 @@ fn strided_depthwise_convolutions_agree() {
     jit_agrees(dlc_tests::STRIDED_DEPTHWISE_PROGRAMS);
 }
 
+/// Shallow products, which walk each strip across their panels
+/// (`differential::shallow_products_walk_each_strip_across_their_panels`),
+/// and a deeper one agree with the graph interpreter.
+#[test]
+fn shallow_products_agree() {
+    jit_agrees(dlc_tests::SHALLOW_PRODUCT_PROGRAMS);
+}
+
 /// Products with the pixels as rows store their result `[channels,
 /// pixels]`, along the register tile's rows: on AVX2, which has no scatter
 /// or gather instructions, the tile's columns are transposed in registers

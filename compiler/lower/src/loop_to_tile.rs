@@ -174,6 +174,18 @@ pub struct Packing {
     /// Bytes of a core's L2 cache: a fused Winograd convolution's program
     /// keeps its rows of the transformed input and product within half.
     pub l2_bytes: usize,
+    /// The deepest product (of one slice of the depth, its result's rows
+    /// apart in memory) whose programs walk each strip across their panels
+    /// instead of each panel across their strips (`packed.rs`'s
+    /// `program_product`): so shallow a register tile stores about as fast
+    /// as it multiplies, and a panel's tile was a line of each of the
+    /// block's rows, a store stream per row that the prefetchers do not
+    /// follow (MobileNetV2's 16 -> 96 expansion over 112 x 112, its result
+    /// 96 streams of 4.8 MB: 38% faster); strip by strip the stores are `mr`
+    /// runs along the rows, and the chunk's panels (copied first, within a
+    /// quarter of the L2) are read again per strip. 24 on a CPU: a depth of
+    /// 32 (32 -> 192 over 28 x 28) was slower. 0: never.
+    pub strips_outer_depth: usize,
     /// Steps of the depth the register tile's loop takes per iteration
     /// (at most: the largest number up to this that divides `kc`). Two
     /// gave W1 1024 4.5% on one and two threads (the loop's counter and
@@ -289,6 +301,7 @@ impl ScheduleParams {
                     balance: 2,
                     l1_sets: target.cpu().map_or(0, |c| c.l1_sets),
                     l2_bytes: target.cpu().map_or(0, |c| c.l2_bytes),
+                    strips_outer_depth: 24,
                     unroll: 2,
                     bf16_pairs: pairs
                         .pairs

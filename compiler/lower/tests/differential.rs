@@ -859,6 +859,72 @@ fn a_row_by_a_matrix_takes_its_columns_in_chunks() {
     agree(src);
 }
 
+/// A shallow product (a depth of at most `Packing::strips_outer_depth`)
+/// copies its chunk's panels first, into one scratch buffer, and walks each
+/// strip across them, so its result is written a strip's rows at a time
+/// along their columns; a deeper one copies a panel at a time and runs every
+/// strip over it. Both agree with the graph interpreter.
+#[test]
+fn shallow_products_walk_each_strip_across_their_panels() {
+    // Per program, [AVX2's, AVX-512's] panel buffer and the two loops
+    // around the register tile's, outer first: 7 strips of 6 output
+    // channels over 5 (AVX2) or 6 (AVX-512) panels of 16 or 32 pixels a
+    // program; 10 strips over 7 or 4 panels; the deeper one panel by panel.
+    let expected = [
+        [
+            ("buffer<f32[5, 16, 16], scratch>", ["hi = 7", "hi = 5"]),
+            ("buffer<f32[6, 16, 32], scratch>", ["hi = 7", "hi = 6"]),
+        ],
+        [
+            ("buffer<f32[7, 12, 16], scratch>", ["hi = 10", "hi = 7"]),
+            ("buffer<f32[4, 12, 32], scratch>", ["hi = 10", "hi = 4"]),
+        ],
+        [
+            ("buffer<f32[32, 16], scratch>", ["hi = 5", "hi = 7"]),
+            ("buffer<f32[32, 32], scratch>", ["hi = 6", "hi = 7"]),
+        ],
+    ];
+    let cases = dlc_tests::SHALLOW_PRODUCT_PROGRAMS.lines().zip(expected);
+    for (src, expected) in cases {
+        let m = graph(src);
+        for (target, (panels, loops)) in [TargetDesc::x86_64_avx2(2), TargetDesc::x86_64_avx512(2)]
+            .into_iter()
+            .zip(expected)
+        {
+            let tiles = kernels(&m, &target);
+            let text = dlc_tile::print_module(&tiles);
+            let lines: Vec<&str> = text.lines().collect();
+            // The register tile's loop carries the accumulator.
+            let tile_loop = lines
+                .iter()
+                .position(|l| l.contains("= tile.for %"))
+                .expect(&text);
+            // The loops enclosing it, innermost first.
+            let indent = |l: &str| l.len() - l.trim_start().len();
+            let mut depth = indent(lines[tile_loop]);
+            let mut around = vec![];
+            for l in lines[..tile_loop].iter().rev() {
+                if indent(l) < depth {
+                    depth = indent(l);
+                    around.push(*l);
+                }
+            }
+            assert!(
+                text.contains(panels)
+                    && around[..2]
+                        .iter()
+                        .rev()
+                        .zip(loops)
+                        .all(|(l, hi)| l.contains("tile.for") && l.contains(&format!("{hi},"))),
+                "{}: {src}\n{text}",
+                target.name
+            );
+            agree_on_tile_interpreter(&m, &tiles, &target);
+        }
+        agree(src);
+    }
+}
+
 /// A reduction kept over a last axis of one (batchnorm's per-channel mean)
 /// reads nothing that moves with that axis: it stays tiles along the
 /// image's rows, not one-lane tiles across the kept axis.
@@ -1338,6 +1404,11 @@ fn odd_schedule_parameters_agree() {
         // operand) and a weight gradient's transposed operands.
         "fn f(a: f32[3, 38], b: f32[3, 38], c: f32[3]) -> f32[3, 3] { return tanh(a @ transpose(b) + c); }",
         "fn f(g: f32[38, 3], x: f32[38, 3]) -> f32[3, 3] { return transpose(g) @ x; }",
+        // Shallow products, which walk each strip across their panels
+        // (with the `[2, 3, 4, 5]` blocking, the last: 4 deep, 2 strips
+        // a block, 7 panels a program, the last ragged).
+        dlc_tests::SHALLOW_PRODUCT_PROGRAMS,
+        "fn f(x: f32[8, 4], y: f32[4, 40], b: f32[40]) -> f32[8, 40] { return relu(x @ y + b); }",
     ];
     let mut schedules = vec![];
     for (vector, dot, packed) in [
@@ -1361,8 +1432,11 @@ fn odd_schedule_parameters_agree() {
             // read in place where the product has one block of rows and
             // shares the operand with another product.
             l1_sets: if units == 1 { 1 } else { 64 },
-            // A Winograd convolution's programs take one row of tiles.
-            l2_bytes: 0,
+            // With none, a Winograd convolution's programs take one row
+            // of tiles; with 1 MB, shallow products (all but the deepest
+            // with `units` 3: `kc` 5) walk each strip across their panels.
+            l2_bytes: if units == 3 { 1 << 20 } else { 0 },
+            strips_outer_depth: 16,
             unroll: units,
             // bf16 products in pairs with one blocking (a register tile
             // of its own), widened with the other.

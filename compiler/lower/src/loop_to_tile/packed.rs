@@ -56,7 +56,11 @@
 //!   ends: it is stored to an `mr x nr` scratch block and the epilogue runs on its rows
 //!   right away, while they are in L1, instead of on the whole block after (a 1 x 1
 //!   convolution's `96 x 1568` block of sums, 600 KB, was written and read back: half
-//!   of the product's time).
+//!   of the product's time). Such a product of a shallow depth (at most
+//!   `Packing::strips_outer_depth`) whose result's rows are apart in memory walks each
+//!   strip across the chunk's panels instead (copied first, when the program copies
+//!   them): its stores are then `mr` runs along the rows, not a line of each of the
+//!   block's rows per panel, as many store streams as rows.
 //!   Every copy into packed form moves a tile of at most one vector's lanes of `k`
 //!   (16 with AVX-512) in a `tile.for`, read along the operand's
 //!   contiguous axis: a transposed weight (`x @ transpose(w)`, as linear layers store
@@ -1003,8 +1007,25 @@ impl<'a> Conv<'a> {
             },
             Space::Scratch,
         ));
+        // A shallow product walks each strip across the chunk's panels (all
+        // of them copied first, when the program copies them): its result
+        // is then written `mr` rows at a time along their columns, rather
+        // than a line of each of the block's rows per panel, a store stream
+        // per row (see `Packing::strips_outer_depth`).
+        let strips_outer = tile_epilogue
+            && conv.is_none()
+            && !plan.pairs
+            && strips > 1
+            && per_chunk > 1
+            && self.params.packed.as_ref().is_some_and(|p| {
+                kc <= p.strips_outer_depth && 4 * per_chunk * kc * nr <= p.l2_bytes / 4
+            })
+            && !self.stores_along_rows(m)?;
         let panel_buf = matches!(panels, Panels::Own).then(|| {
             let mut shape: Vec<usize> = conv.iter().map(|cv| cv.group).collect();
+            if strips_outer {
+                shape.push(per_chunk);
+            }
             shape.extend(plan.panel_shape());
             self.b.alloc(BufferType::contiguous(
                 plan.packed_dtype(),
@@ -1044,6 +1065,7 @@ impl<'a> Conv<'a> {
             }
         };
         // The register tile over every panel and strip.
+        let mut outer_strip = None;
         let (nb, group_at) = match &conv {
             Some(cv) => {
                 // A group of panels copied from the input, then each panel.
@@ -1062,6 +1084,18 @@ impl<'a> Conv<'a> {
                     Some(u),
                 )
             }
+            None if strips_outer => {
+                if let Some(panel_buf) = panel_buf {
+                    let (nb, _) = self.b.begin_for(0, per_chunk as i64, 1, &[]);
+                    let j0 = nb0.plus_scaled(1, &Affine::value(nb)).scaled(nr as i64);
+                    self.copy_panel_slice(m, &kb, j0, plan, panel_buf, &[Affine::value(nb)])?;
+                    self.b.end_for(vec![]);
+                }
+                let (s, _) = self.b.begin_for(0, strips as i64, 1, &[]);
+                outer_strip = Some(s);
+                let (nb, _) = self.b.begin_for(0, per_chunk as i64, 1, &[]);
+                (Affine::value(nb), panel_buf.map(|_| nb))
+            }
             None => {
                 let (nb, _) = self.b.begin_for(0, per_chunk as i64, 1, &[]);
                 if let Some(panel_buf) = panel_buf {
@@ -1072,7 +1106,10 @@ impl<'a> Conv<'a> {
                 (Affine::value(nb), None)
             }
         };
-        let (s, _) = self.b.begin_for(0, strips as i64, 1, &[]);
+        let s = match outer_strip {
+            Some(s) => s,
+            None => self.b.begin_for(0, strips as i64, 1, &[]).0,
+        };
         let at = register_tile(&nb, s);
         let c0 = if slices > 1 {
             self.b
@@ -1125,7 +1162,7 @@ impl<'a> Conv<'a> {
             self.b.store(sum, block, at, None);
         }
         self.b.end_for(vec![]);
-        if group_at.is_some() {
+        if group_at.is_some() && outer_strip.is_none() {
             self.b.end_for(vec![]);
         }
         self.b.end_for(vec![]);
