@@ -718,6 +718,11 @@ fn res(x: f32[2, 8, 9, 9], w: f32[8, 1, 3, 3], r: f32[2, 8, 9, 9], b: f32[8, 1, 
 fn six(x: f32[1, 8, 9, 9], w: f32[8, 1, 3, 3]) -> f32[1, 8, 9, 9] { return clamp(conv2d(x, w, padding=1, groups=8), 0.0, 6.0); }
 fn grp(x: f32[1, 8, 6, 6], w: f32[6, 4, 3, 3]) -> f32[1, 6, 6, 6] { return sigmoid(conv2d(x, w, padding=1, groups=2)); }";
 
+/// A row by a matrix of weights stored `[K, N]`, deeper than a tile is
+/// wide, whose columns a CPU takes in chunks of 40 (AVX2) or 125 (AVX-512):
+/// each chunk one tile, read from a copy of the matrix chunk by chunk.
+pub const ROW_BY_MATRIX_IN_CHUNKS: &str = "fn f(x: f32[1, 96], weight w: f32[96, 1000], weight b: f32[1000]) -> f32[1, 1000] { return relu(x @ w + b); }";
+
 /// Products of one slice of the depth, one a line: 1 x 1 convolutions of 16
 /// and 32 input channels to 42 over 40 x 38 pixels, and a 60 x 12 by 12 x
 /// 1000 product (its last panel ragged). The shallow two walk each strip

@@ -809,6 +809,14 @@ fn strided_depthwise_convolutions_agree() {
     jit_agrees(dlc_tests::STRIDED_DEPTHWISE_PROGRAMS);
 }
 
+/// A row by a matrix whose chunks of columns are one tile each
+/// (`differential::a_chunk_of_columns_is_one_tile`) agrees with the graph
+/// interpreter.
+#[test]
+fn a_chunk_of_columns_as_one_tile_agrees() {
+    jit_agrees(dlc_tests::ROW_BY_MATRIX_IN_CHUNKS);
+}
+
 /// Shallow products, which walk each strip across their panels
 /// (`differential::shallow_products_walk_each_strip_across_their_panels`),
 /// and a deeper one agree with the graph interpreter.

@@ -813,14 +813,19 @@ fn a_row_by_a_matrix_is_tiles_of_columns() {
         !text.contains("loop.matmul") && text.contains("loop.relu"),
         "{text}"
     );
-    // 70 columns: tiles of `lanes`, the ragged rest masked (AVX-512) or
-    // its own exact tile (AVX2, `ragged_vector_loops_...`).
+    // 70 columns: one tile where that is at most two tiles' worth
+    // (AVX-512's of 64: `a_chunk_of_columns_is_one_tile`), else tiles of
+    // `lanes`, the ragged rest its own exact tile (AVX2,
+    // `ragged_vector_loops_...`).
     tiles_hold(src, &x86_widths(), |tile, lanes| {
         let rest = 70 % lanes;
         !tile.contains("schedule = \"packed\"")
-            && (tile.contains(&format!("hi = 70, step = {lanes}"))
-                || tile.contains(&format!("hi = {}, step = {lanes}", 70 - rest))
-                    && tile.contains(&format!("hi = 70, step = {rest}")))
+            && if 70 <= 2 * lanes {
+                tile.contains("hi = 70, step = 70")
+            } else {
+                tile.contains(&format!("hi = {}, step = {lanes}", 70 - rest))
+                    && tile.contains(&format!("hi = 70, step = {rest}"))
+            }
     });
 }
 
@@ -856,6 +861,52 @@ fn a_row_by_a_matrix_takes_its_columns_in_chunks() {
             agree_on_tile_interpreter(&m, &tiles, &target);
         }
     }
+    agree(src);
+}
+
+/// A loop of tiles taken outside a longer loop runs as one tile where its
+/// iterations are at most two tiles' worth: a row by a matrix in chunks of
+/// 40 (AVX2, tiles of 32) or 125 (AVX-512, tiles of 64) columns reads each
+/// of the matrix's rows once per chunk, not for a whole tile and again for
+/// the rest. A matrix of weights is read from a copy whose chunks are
+/// contiguous, `[chunks, K, width]`, which the preparer makes; a GPU, which
+/// takes no chunks, reads it in place.
+#[test]
+fn a_chunk_of_columns_is_one_tile() {
+    let src = dlc_tests::ROW_BY_MATRIX_IN_CHUNKS;
+    let m = graph(src);
+    for (target, copy, tile) in [
+        (
+            TargetDesc::x86_64_avx2(2),
+            "buffer<f32[25, 96, 40]>",
+            "tile.load %w_packed[%1, %6, %2 + #0] : tile<40xf32>",
+        ),
+        (
+            TargetDesc::x86_64_avx512(2),
+            "buffer<f32[8, 96, 125]>",
+            "tile.load %w_packed[%1, %6, %2 + #0] : tile<125xf32>",
+        ),
+    ] {
+        let tiles = kernels(&m, &target);
+        let text = dlc_tile::print_module(&tiles);
+        let prepare = text.find("tile.func @f_prepare").expect(&text);
+        let (call, prepared) = text.split_at(prepare);
+        let loads: Vec<&str> = call
+            .lines()
+            .filter(|l| l.contains("= tile.load %w"))
+            .collect();
+        assert!(
+            call.contains(&format!("weight %w_packed: {copy}"))
+                && loads.len() == 1
+                && loads[0].contains(tile)
+                && prepared.contains(", %w_packed["),
+            "{}: {text}",
+            target.name
+        );
+        agree_on_tile_interpreter(&m, &tiles, &target);
+    }
+    let text = dlc_tile::print_module(&kernels(&m, &TargetDesc::sm_90()));
+    assert!(!text.contains("w_packed"), "{text}");
     agree(src);
 }
 

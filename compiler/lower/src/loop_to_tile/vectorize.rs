@@ -491,7 +491,8 @@ impl<'a> Conv<'a> {
                 self.vectorizable_outside(id)
             };
             if let Some(carries) = carries {
-                return self.vector_loop(id, lo, hi, carries);
+                let width = self.tile_width(id, (hi - lo).max(0) as usize, innermost);
+                return self.vector_loop(id, lo, hi, width, carries);
             }
         }
         // A counted loop carrying scalars; inside a loop of tiles
@@ -542,7 +543,29 @@ impl<'a> Conv<'a> {
         Ok(())
     }
 
-    /// An innermost loop as a `tile.for` over blocks of `vector` iterations.
+    /// The tiles loop `id` of `n` iterations runs as: `vector` iterations
+    /// each, or all `n` in one tile (of up to twice `vector`) where the loop
+    /// is taken outside a longer inner loop (`vectorizable_outside`): each
+    /// tile runs the inner loops in full, so a rest after the whole tiles
+    /// runs them all again. A row by a matrix stored `[K, N]` in chunks of
+    /// 40 columns (`graph_to_loop`'s `column_chunks`) read each of the
+    /// matrix's rows twice, 32 columns and then 8, 1024 rows 4000 bytes
+    /// apart (MobileNetV3-small's classifier).
+    fn tile_width(&self, id: LOpId, n: usize, innermost: bool) -> usize {
+        let w = self.params.vector.min(n);
+        let long_inner = || {
+            self.op(id).regions[0].ops.iter().any(|&o| {
+                loop_bounds(&self.op(o).kind).is_some_and(|(lo, hi, _)| hi - lo > w as i64)
+            })
+        };
+        if !innermost && n > w && n <= 2 * w && long_inner() {
+            n
+        } else {
+            w
+        }
+    }
+
+    /// An innermost loop as a `tile.for` over blocks of `width` iterations.
     /// Where the last block is ragged, its mask is an operand of every
     /// block's loads and stores; on a CPU without mask registers
     /// (`CpuDesc::mask_registers`: AVX2, SSE, NEON), where a masked access
@@ -553,6 +576,7 @@ impl<'a> Conv<'a> {
         id: LOpId,
         lo: i64,
         hi: i64,
+        w: usize,
         carries: Vec<Carry>,
     ) -> Result<(), TileConvError> {
         let op = self.op(id);
@@ -564,7 +588,6 @@ impl<'a> Conv<'a> {
             }
             return Ok(());
         }
-        let w = self.params.vector.min(n);
         let rest = n % w;
         let peel = rest != 0
             && self
