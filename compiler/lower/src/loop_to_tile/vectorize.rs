@@ -565,7 +565,7 @@ impl<'a> Conv<'a> {
         }
     }
 
-    /// An innermost loop as a `tile.for` over blocks of `width` iterations.
+    /// An innermost loop as a `tile.for` over blocks of `w` iterations.
     /// Where the last block is ragged, its mask is an operand of every
     /// block's loads and stores; on a CPU without mask registers
     /// (`CpuDesc::mask_registers`: AVX2, SSE, NEON), where a masked access
