@@ -1084,26 +1084,33 @@ impl<'a> Conv<'a> {
                     Some(u),
                 )
             }
-            None if strips_outer => {
-                if let Some(panel_buf) = panel_buf {
-                    let (nb, _) = self.b.begin_for(0, per_chunk as i64, 1, &[]);
-                    let j0 = nb0.plus_scaled(1, &Affine::value(nb)).scaled(nr as i64);
-                    self.copy_panel_slice(m, &kb, j0, plan, panel_buf, &[Affine::value(nb)])?;
-                    self.b.end_for(vec![]);
-                }
-                let (s, _) = self.b.begin_for(0, strips as i64, 1, &[]);
-                outer_strip = Some(s);
-                let (nb, _) = self.b.begin_for(0, per_chunk as i64, 1, &[]);
-                (Affine::value(nb), panel_buf.map(|_| nb))
-            }
             None => {
-                let (nb, _) = self.b.begin_for(0, per_chunk as i64, 1, &[]);
-                if let Some(panel_buf) = panel_buf {
-                    // This slice of the panel, copied as the pack kernel would.
-                    let j0 = nb0.plus_scaled(1, &Affine::value(nb)).scaled(nr as i64);
-                    self.copy_panel_slice(m, &kb, j0, plan, panel_buf, &[])?;
+                // This slice of panel `nb`, copied as the pack kernel would:
+                // every panel of the chunk first (each at its own place),
+                // or each just before its register tiles.
+                let copy = |c: &mut Self, nb: Value, at: &[Affine]| match panel_buf {
+                    Some(panel_buf) => {
+                        let j0 = nb0.plus_scaled(1, &Affine::value(nb)).scaled(nr as i64);
+                        c.copy_panel_slice(m, &kb, j0, plan, panel_buf, at)
+                    }
+                    None => Ok(()),
+                };
+                if strips_outer {
+                    if panel_buf.is_some() {
+                        let (nb, _) = self.b.begin_for(0, per_chunk as i64, 1, &[]);
+                        copy(self, nb, &[Affine::value(nb)])?;
+                        self.b.end_for(vec![]);
+                    }
+                    outer_strip = Some(self.b.begin_for(0, strips as i64, 1, &[]).0);
                 }
-                (Affine::value(nb), None)
+                let (nb, _) = self.b.begin_for(0, per_chunk as i64, 1, &[]);
+                if !strips_outer {
+                    copy(self, nb, &[])?;
+                }
+                (
+                    Affine::value(nb),
+                    panel_buf.filter(|_| strips_outer).map(|_| nb),
+                )
             }
         };
         let s = match outer_strip {
@@ -1162,7 +1169,8 @@ impl<'a> Conv<'a> {
             self.b.store(sum, block, at, None);
         }
         self.b.end_for(vec![]);
-        if group_at.is_some() && outer_strip.is_none() {
+        if conv.is_some() {
+            // The convolution's group of panels.
             self.b.end_for(vec![]);
         }
         self.b.end_for(vec![]);
