@@ -204,7 +204,7 @@ fn transcendental_functions_are_accurate_everywhere() {
         xs[i * 7 + 1] = f64::from(x);
     }
     let src = format!(
-        "fn f(x: f32[{n}]) -> (f32[{n}], f32[{n}], f32[{n}], f32[{n}], f32[{n}], f32[{n}]) {{ return (exp(x), tanh(x), tanh(x / 64.0), sigmoid(x), erf(x), erf(x / 16.0)); }}"
+        "fn f(x: f32[{n}]) -> (f32[{n}], f32[{n}], f32[{n}], f32[{n}], f32[{n}], f32[{n}], f32[{n}]) {{ return (exp(x), tanh(x), tanh(x / 64.0), sigmoid(x), erf(x), erf(x / 16.0), silu(x)); }}"
     );
     let m = graph(&src);
     let tiles = dlc_driver::lower_for_cpu(&m).unwrap();
@@ -217,7 +217,7 @@ fn transcendental_functions_are_accurate_everywhere() {
     // On scalars (no 16-lane vector: exp builds 2^n in exponent bits rather
     // than by AVX-512's vscalefps), every 17th point and the edges.
     let scalar = graph(
-        "fn g(x: f32) -> (f32, f32, f32, f32, f32, f32) { return (exp(x), tanh(x), tanh(x / 64.0), sigmoid(x), erf(x), erf(x / 16.0)); }",
+        "fn g(x: f32) -> (f32, f32, f32, f32, f32, f32, f32) { return (exp(x), tanh(x), tanh(x / 64.0), sigmoid(x), erf(x), erf(x / 16.0), silu(x)); }",
     );
     let scalar = dlc_driver::lower_for_cpu(&scalar).unwrap();
     let picked: Vec<f64> = xs
@@ -226,7 +226,7 @@ fn transcendental_functions_are_accurate_everywhere() {
         .filter(|(i, _)| i % 17 == 0 || i % 7 == 1 || *i >= n - 5)
         .map(|(_, x)| *x)
         .collect();
-    let mut outs: Vec<HostTensor> = (0..6)
+    let mut outs: Vec<HostTensor> = (0..7)
         .map(|_| {
             HostTensor::new(
                 TensorType::new(DType::F32, vec![picked.len()]),
@@ -276,21 +276,67 @@ fn e(x: f32[64]) -> f32[64] { return exp(x); }";
     jit_agrees(src);
 }
 
+/// `exp` rounds x log2 e to an integer by adding and subtracting 1.5 * 2^23
+/// and reads 2^n's exponent from the sum's bits: no `roundeven`, no
+/// float-to-integer conversion (poison on NaN), and so on x86, whose clamp
+/// keeps NaN, no select of NaN back in (a GPU's clamp does not keep it: the
+/// `gpu` snapshots keep the select). SiLU is x / (1 + exp(-x)), one division of x, not a
+/// reciprocal times x. Accuracy is
+/// `transcendental_functions_are_accurate_everywhere`'s.
+#[test]
+fn exp_rounds_by_adding_and_silu_divides_once() {
+    let src = "fn e(x: f32[64]) -> f32[64] { return exp(x); }
+fn s(x: f32[64]) -> f32[64] { return silu(x); }";
+    let kernel = |target: &TargetDesc, name: &str| -> String {
+        let tiles = dlc_driver::lower_for_tile(&graph(src), target).unwrap();
+        let ir =
+            dlc_llvm::emit_llvm_ir(&tiles, &dlc_runtime::abi::Symbols::for_module("t"), target)
+                .unwrap();
+        ir.split("\ndefine ")
+            .find(|f| f.lines().next().unwrap_or("").contains(&format!("@{name}")))
+            .unwrap_or_else(|| panic!("no kernel of @{name}: {ir}"))
+            .to_string()
+    };
+    for target in [TargetDesc::x86_64_avx2(2), TargetDesc::x86_64_avx512(2)] {
+        let e = kernel(&target, "e");
+        for gone in ["roundeven", "fptosi", "fcmp uno"] {
+            assert!(!e.contains(gone), "{}: {gone} in {e}", target.name);
+        }
+        assert!(
+            e.contains("0x4168000000000000"),
+            "{}: no 1.5 * 2^23 in {e}",
+            target.name
+        );
+    }
+    let avx2 = TargetDesc::x86_64_avx2(2);
+    let s = kernel(&avx2, "s");
+    let divisions: Vec<&str> = s.lines().filter(|l| l.contains(" fdiv ")).collect();
+    assert!(!divisions.is_empty(), "no division in {s}");
+    for d in divisions {
+        assert!(!d.contains("1.000000e+00"), "a reciprocal: {d}");
+    }
+    jit_agrees(src);
+}
+
 fn check_transcendental(xs: &[f64], out: &[HostTensor]) {
     let erf = |x: f64| dlc_core::scalar::apply_unary(dlc_core::scalar::UnaryOp::Erf, x);
-    let refs: [&dyn Fn(f64) -> f64; 6] = [
+    let refs: [&dyn Fn(f64) -> f64; 7] = [
         &f64::exp,
         &f64::tanh,
         &|x| (x / 64.0).tanh(),
         &|x| 1.0 / (1.0 + (-x).exp()),
         &erf,
         &|x| erf(DType::F32.round(x / 16.0)),
+        &|x| x / (1.0 + (-x).exp()),
     ];
     for (k, (got, want)) in out.iter().zip(refs).enumerate() {
         for (i, &x) in xs.iter().enumerate() {
             let w = DType::F32.round(want(x));
             let g = got.data[i];
-            let ok = if w == 0.0 || w.is_infinite() {
+            // silu(-inf) is -inf / inf, NaN, as in PyTorch and JAX.
+            let ok = if w.is_nan() {
+                g.is_nan()
+            } else if w == 0.0 || w.is_infinite() {
                 g == w || (w == 0.0 && g.abs() < 1e-37)
             } else if w.abs() < f64::from(f32::MIN_POSITIVE) {
                 // A subnormal: within the smallest normal of it.

@@ -75,7 +75,7 @@ macro_rules! convert_int {
     };
 }
 
-pub(crate) use {conversion, convert, convert_int, float2, int2, lanes2};
+pub(crate) use {conversion, convert_int, float2, int2, lanes2};
 
 impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
     /// A vector of `n` elements of scalar type `t`.
@@ -219,11 +219,15 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         {
             return Err(refused);
         }
-        if u == UnaryOp::Sigmoid
-            && !self.is_f64(x)
-            && let Some(v) = self.sigmoid_f32(x)?
-        {
-            return Ok(v);
+        if !self.is_f64(x) {
+            let own = match u {
+                UnaryOp::Sigmoid => self.sigmoid_f32(x)?,
+                UnaryOp::Silu => self.silu_f32(x)?,
+                _ => None,
+            };
+            if let Some(v) = own {
+                return Ok(v);
+            }
         }
         if let Some(e) = u.expansion() {
             return e.build(&mut Expand { g: self, like: x }, &[x, x, x]);

@@ -9,7 +9,7 @@ use dlc_core::scalar::UnaryOp;
 use inkwell::FloatPredicate;
 use inkwell::values::{BasicValue, BasicValueEnum as BV};
 
-use super::elementwise::{convert, float2};
+use super::elementwise::float2;
 use super::{CodegenError, Gen, Ir, R};
 use inkwell::types::BasicTypeEnum;
 
@@ -22,6 +22,9 @@ const EXP_LO: f64 = -104.0;
 /// exp(88) (1.65e38) times the polynomial's at most sqrt(2) is finite.
 const SIGMOID_EXP_LO: f64 = -87.0;
 const SIGMOID_EXP_HI: f64 = 88.0;
+/// 1.5 * 2^23: a float of magnitude below 2^22 added to it rounds to an
+/// integer n, held in the sum's low mantissa bits.
+const ROUNDER: f64 = 12_582_912.0;
 
 impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
     /// `a * b + c`, contractible to an FMA.
@@ -65,26 +68,33 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
     /// `exp_f32` of `x` clamped to `[lo, hi]`; where `[lo, hi]` lies within
     /// [`SIGMOID_EXP_LO`, `SIGMOID_EXP_HI`], 2^n is one factor (n is within
     /// a normal power of two's exponent).
+    ///
+    /// n = round(x log2 e) comes from adding and subtracting 1.5 * 2^23
+    /// (`ROUNDER`), whose sum's low mantissa bits are n itself: no
+    /// `roundeven` and no float-to-integer conversion, which is poison on
+    /// NaN and so needed a select of NaN back in. Where the clamp keeps NaN
+    /// (x86) it flows through as NaN and no select is made. The polynomial
+    /// is evaluated by Estrin's scheme, three multiply-adds deep instead of
+    /// Horner's five: exp is latency-bound where a vector's chain is long.
     fn exp_f32_within(&self, x: BV<'ctx>, lo: f64, hi: f64) -> R<BV<'ctx>> {
         let c = |v: f64| self.f32_like(x, v);
         let xc = self.clamp(x, lo, hi)?;
-        let n = float2!(self, build_float_mul, xc, c(std::f64::consts::LOG2_E));
-        let n = self.call("llvm.roundeven", &[x.get_type()], &[n])?;
+        // Not `relaxed`: reassociating (t - ROUNDER) back to the product
+        // would lose the rounding.
+        let scaled = float2!(self, build_float_mul, xc, c(std::f64::consts::LOG2_E));
+        let t = float2!(self, build_float_add, scaled, c(ROUNDER));
+        let n = float2!(self, build_float_sub, t, c(ROUNDER));
         // ln 2 in two parts, so n * hi is exact.
         let r = self.mul_add(n, c(-0.693_359_375), xc)?;
         let r = self.mul_add(n, c(2.121_944_400_546_905_8e-4), r)?;
-        let p = self.horner(
-            r,
-            &[
-                1.987_569_150_0e-4,
-                1.398_199_950_7e-3,
-                8.333_451_907_3e-3,
-                4.166_579_589_4e-2,
-                1.666_666_545_9e-1,
-                5.000_000_120_1e-1,
-            ],
-        )?;
+        // exp(r) = 1 + r + r^2 (c0 + c1 r + ... + c5 r^5), the inner
+        // polynomial as (c0 + c1 r) + r^2 (c2 + c3 r) + r^4 (c4 + c5 r).
         let r2 = float2!(self, build_float_mul, r, r);
+        let p01 = self.mul_add(c(1.666_666_545_9e-1), r, c(5.000_000_120_1e-1))?;
+        let p23 = self.mul_add(c(8.333_451_907_3e-3), r, c(4.166_579_589_4e-2))?;
+        let p45 = self.mul_add(c(1.987_569_150_0e-4), r, c(1.398_199_950_7e-3))?;
+        let high = self.mul_add(p45, r2, p23)?;
+        let p = self.mul_add(high, r2, p01)?;
         let y = self.mul_add(p, r2, r)?;
         let y = float2!(self, build_float_add, y, c(1.0));
         if self.scalef(x) {
@@ -99,9 +109,16 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
                 &[y, n, y, all.into(), rounding.into()],
             );
         }
-        let i32t: BasicTypeEnum<'ctx> = self.ctx.i32_type().into();
-        let ni = convert!(self, build_float_to_signed_int, n, i32t, IntType);
-        let i32c = |v: u64| self.splat_const(x, self.ctx.i32_type().const_int(v, false).into());
+        let i32t = self.ctx.i32_type();
+        let int_ty = match x {
+            BV::VectorValue(v) => i32t.vec_type(v.get_type().get_size()).into(),
+            _ => BasicTypeEnum::from(i32t),
+        };
+        let i32c = |v: u64| self.splat_const(x, i32t.const_int(v, false).into());
+        let t_bits = self.b.build_bit_cast(t, int_ty, "t_bits")?;
+        // n + 127, the biased exponent of 2^n: t's bits are ROUNDER's plus n.
+        let rounder_bits = u64::from((ROUNDER as f32).to_bits());
+        let ni = super::elementwise::int2!(self, build_int_sub, t_bits, i32c(rounder_bits));
         let factors = if lo >= SIGMOID_EXP_LO && hi <= SIGMOID_EXP_HI {
             vec![ni]
         } else {
@@ -119,7 +136,10 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
                 .as_basic_value_enum();
             v = float2!(self, build_float_mul, v, scale);
         }
-        // NaN's n converted to an integer is poison: select it back.
+        if self.clamp_keeps_nan() {
+            // NaN went through as NaN: NaN times any scale is NaN.
+            return Ok(v);
+        }
         let nan = self.fcmp(FloatPredicate::UNO, x, x)?;
         self.select(nan, x, v)
     }
@@ -133,14 +153,47 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
     /// `exp_f32` scales by `vscalefps` (AVX-512) or on a GPU, which have no
     /// second factor to save.
     pub(super) fn sigmoid_f32(&self, x: BV<'ctx>) -> R<Option<BV<'ctx>>> {
+        let Some(den) = self.one_plus_exp_neg(x)? else {
+            return Ok(None);
+        };
+        Ok(Some(float2!(
+            self,
+            build_float_div,
+            self.f32_like(x, 1.0),
+            den
+        )))
+    }
+
+    /// silu(x) = x / (1 + exp(-x)) for f32 (or f32 lanes), with
+    /// `sigmoid_f32`'s exp: one division where the expansion's
+    /// x * sigmoid(x) is a division and a product. Below x = -88, where the
+    /// clamped exp(-x) would make x / (1 + exp(88)) (-1.8 at x = -3e38),
+    /// the denominator is infinite: silu is -0 there (the exact value is at
+    /// most a subnormal), and NaN at -inf as the expansion's. `None` where
+    /// `sigmoid_f32` is.
+    pub(super) fn silu_f32(&self, x: BV<'ctx>) -> R<Option<BV<'ctx>>> {
+        let Some(den) = self.one_plus_exp_neg(x)? else {
+            return Ok(None);
+        };
+        let tail = self.fcmp(FloatPredicate::OLT, x, self.f32_like(x, -SIGMOID_EXP_HI))?;
+        let den = self.select(tail, self.f32_like(x, f64::INFINITY), den)?;
+        Ok(Some(float2!(self, build_float_div, x, den)))
+    }
+
+    /// 1 + exp(-x) with exp(-x) clamped as `sigmoid_f32` says; `None` on
+    /// AVX-512 and GPUs.
+    fn one_plus_exp_neg(&self, x: BV<'ctx>) -> R<Option<BV<'ctx>>> {
         if self.gpu.is_some() || self.scalef(x) {
             return Ok(None);
         }
-        let c = |v: f64| self.f32_like(x, v);
         let neg = self.float_unary(UnaryOp::Neg, x)?;
         let e = self.exp_f32_within(neg, SIGMOID_EXP_LO, SIGMOID_EXP_HI)?;
-        let den = float2!(self, build_float_add, c(1.0), e);
-        Ok(Some(float2!(self, build_float_div, c(1.0), den)))
+        Ok(Some(float2!(
+            self,
+            build_float_add,
+            self.f32_like(x, 1.0),
+            e
+        )))
     }
 
     /// tanh(x) for f32 (or f32 lanes): an odd polynomial below |x| = 0.625,
