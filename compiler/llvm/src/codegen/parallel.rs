@@ -465,7 +465,11 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
 /// column 5; for a place that is no line (line 0: an imported ONNX
 /// model's ``model.onnx, node `/features/9/Conv` (Conv)``), what follows
 /// its file's name, letters and digits kept and the rest `_`, at most 48
-/// characters (`.node_features_9_Conv`).
+/// characters (`.node_features_9_Conv_Conv`). A longer one keeps its first
+/// word and its end, where an exporter's path names the layer and the op:
+/// `/features/features.6/features.6.1/block/block.1/block.1.0/Conv` is
+/// `.node_6_1_block_block_1_block_1_0_Conv_Conv`, where its first 48
+/// characters were the same for every layer of the block.
 fn place_suffix(loc: &dlc_core::SourceLoc) -> String {
     if loc.line > 0 {
         return format!(".L{}C{}", loc.line, loc.column);
@@ -479,10 +483,62 @@ fn place_suffix(loc: &dlc_core::SourceLoc) -> String {
             name.push(c);
         }
     }
-    let name: String = name.trim_matches('_').chars().take(48).collect();
+    const MOST: usize = 48;
+    // ASCII: every other character became `_`.
+    let name = name.trim_matches('_');
+    let name = match name.split_once('_') {
+        Some((head, _)) if name.len() > MOST && head.len() < MOST / 2 => {
+            let from = name.len() - (MOST - head.len() - 1);
+            // From a word's start.
+            let tail = match name[from - 1..].find('_') {
+                Some(0) | None => &name[from..],
+                Some(i) => &name[from - 1 + i..],
+            };
+            format!("{head}_{}", tail.trim_start_matches('_'))
+        }
+        _ => name[name.len().saturating_sub(MOST)..].to_string(),
+    };
     if name.is_empty() {
         String::new()
     } else {
         format!(".{name}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::place_suffix;
+    use dlc_core::SourceLoc;
+
+    fn at(file: &str, line: u32) -> SourceLoc {
+        SourceLoc {
+            file: file.into(),
+            line,
+            column: 5,
+        }
+    }
+
+    #[test]
+    fn kernels_are_named_after_their_place() {
+        assert_eq!(place_suffix(&at("model.dl", 9)), ".L9C5");
+        assert_eq!(
+            place_suffix(&at("model.onnx, node `/features/9/Conv` (Conv)", 0)),
+            ".node_features_9_Conv_Conv"
+        );
+        // Every layer of a block shared its first 48 characters.
+        let layer = |l: &str| {
+            place_suffix(&at(
+                &format!(
+                    "model.onnx, node `/features/features.6/features.6.1/block/{l}/Conv` (Conv)"
+                ),
+                0,
+            ))
+        };
+        assert_eq!(
+            layer("block.1/block.1.0"),
+            ".node_6_1_block_block_1_block_1_0_Conv_Conv"
+        );
+        assert_ne!(layer("block.1/block.1.0"), layer("block.3/block.3.0"));
+        assert!(layer("block.1/block.1.0").len() <= 49);
     }
 }
