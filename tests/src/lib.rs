@@ -708,6 +708,14 @@ pub const ROW_BY_MATRIX_PROGRAM: &str =
 pub const PIXEL_ROW_PRODUCTS: &str = "fn one(x: f32[1, 128, 7, 7], w: f32[512, 128, 1, 1]) -> f32[1, 512, 7, 7] { return silu(conv2d(x, w)); }
 fn res(x: f32[1, 384, 7, 7], w: f32[512, 384, 1, 1], r: f32[1, 512, 7, 7]) -> f32[1, 512, 7, 7] { return relu(conv2d(x, w) + r); }";
 
+/// 1 x 1 convolutions computed with the output channels as the product's
+/// rows (their result stored along the register tile's columns): SiLU
+/// written as exporters write it (`h * sigmoid(h)`), with a bias, and with
+/// 40 channels (the last strip ragged); and ReLU6, a short epilogue.
+pub const CHANNEL_ROW_PRODUCTS: &str = "fn swish(x: f32[1, 24, 14, 14], weight w: f32[48, 24, 1, 1], weight b: f32[48, 1, 1]) -> f32[1, 48, 14, 14] { let h = conv2d(x, w) + b; return h * sigmoid(h); }
+fn ragged(x: f32[1, 16, 10, 10], weight w: f32[40, 16, 1, 1]) -> f32[1, 40, 10, 10] { let h = conv2d(x, w); return sigmoid(h) * h; }
+fn six(x: f32[1, 24, 14, 14], weight w: f32[48, 24, 1, 1]) -> f32[1, 48, 14, 14] { return clamp(conv2d(x, w), 0.0, 6.0); }";
+
 /// Depthwise convolutions whose epilogue runs over each output channel's
 /// plane after its rows (a long-latency op in it: SiLU; tanh of a sum with
 /// a residual, divided by a broadcast; a sigmoid after a grouped

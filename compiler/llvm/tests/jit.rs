@@ -871,6 +871,15 @@ fn shallow_products_agree() {
     jit_agrees(dlc_tests::SHALLOW_PRODUCT_PROGRAMS);
 }
 
+/// Products with the output channels as rows whose SiLU epilogue runs on
+/// whole register tiles where the CPU has no mask registers
+/// (`differential::long_epilogues_of_channel_row_products_run_on_register_tiles`),
+/// and a ReLU6 one row by row, agree with the graph interpreter.
+#[test]
+fn channel_row_products_agree() {
+    jit_agrees(dlc_tests::CHANNEL_ROW_PRODUCTS);
+}
+
 /// Products with the pixels as rows store their result `[channels,
 /// pixels]`, along the register tile's rows: on AVX2, which has no scatter
 /// or gather instructions, the tile's columns are transposed in registers

@@ -1318,7 +1318,8 @@ impl<'a> Conv<'a> {
     /// its store is then `nr` runs of `mr` elements transposed in
     /// registers, where a row's store is a scatter, which such a CPU does
     /// lane by lane (a quarter of EfficientNet-B0's 7 x 7 expansion with
-    /// SiLU).
+    /// SiLU). So too, whatever the store's layout, where the epilogue has a
+    /// long-latency op (`long_latency_epilogue`).
     pub(super) fn epilogue(&mut self, e: &Epilogue) -> Result<(), TileConvError> {
         if e.mr <= MAX_TILE_EPILOGUE_ROWS
             && e.rows.is_multiple_of(e.mr)
@@ -1328,7 +1329,7 @@ impl<'a> Conv<'a> {
                 .target
                 .cpu()
                 .is_some_and(|c| !c.mask_registers())
-            && self.stores_along_rows(e.m)?
+            && (self.stores_along_rows(e.m)? || self.long_latency_epilogue(e.m)?)
         {
             if e.rows == e.mr {
                 return self.epilogue_rows(e, EpilogueRows::Tile(Affine::constant(0)));
@@ -1343,6 +1344,21 @@ impl<'a> Conv<'a> {
         self.epilogue_row(e, r)?;
         self.b.end_for(vec![]);
         Ok(())
+    }
+
+    /// Whether product `m`'s epilogue has a long-latency op (a sigmoid, a
+    /// SiLU, a division: `UnaryOp::is_long_latency`). On a whole `mr x nr`
+    /// tile its chains are `mr` times as many, independent, where a row's
+    /// two or so vectors left the out-of-order window waiting on one
+    /// (EfficientNet-B0's SiLU epilogues; short ones, a clamp or a
+    /// hardswish, were slower on whole tiles).
+    fn long_latency_epilogue(&self, m: LOpId) -> Result<bool, TileConvError> {
+        let (op, _) = self.contraction(m)?;
+        Ok(op.regions[0].ops.iter().any(|&o| match &self.op(o).kind {
+            L::Unary(u) => u.is_long_latency(),
+            L::Binary(b) => b.is_long_latency(),
+            _ => false,
+        }))
     }
 
     /// Whether product `m`'s epilogue stores its result with unit stride
