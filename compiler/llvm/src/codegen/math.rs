@@ -11,7 +11,6 @@ use inkwell::values::{BasicValue, BasicValueEnum as BV};
 
 use super::elementwise::float2;
 use super::{CodegenError, Gen, Ir, R};
-use inkwell::types::BasicTypeEnum;
 
 /// exp(x) is infinite in f32 above this (it is finite up to 88.72).
 const EXP_HI: f64 = 89.0;
@@ -110,10 +109,7 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
             );
         }
         let i32t = self.ctx.i32_type();
-        let int_ty = match x {
-            BV::VectorValue(v) => i32t.vec_type(v.get_type().get_size()).into(),
-            _ => BasicTypeEnum::from(i32t),
-        };
+        let int_ty = self.like(x, i32t.into());
         let i32c = |v: u64| self.splat_const(x, i32t.const_int(v, false).into());
         let t_bits = self.b.build_bit_cast(t, int_ty, "t_bits")?;
         // n + 127, the biased exponent of 2^n: t's bits are ROUNDER's plus n.

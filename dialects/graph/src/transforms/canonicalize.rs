@@ -135,9 +135,9 @@ fn simplify(f: &Function, node: NodeIndex) -> Option<Rewrite> {
                 Some(Rewrite::Use(x))
             } else if keep_y && same_type(y) {
                 Some(Rewrite::Use(y))
-            } else if *b == BinaryOp::Mul && same_type(x) && sigmoid_of(y, x) {
+            } else if *b == BinaryOp::Mul && sigmoid_of(y, x) {
                 Some(Rewrite::New(Op::Unary(UnaryOp::Silu), vec![x]))
-            } else if *b == BinaryOp::Mul && same_type(y) && sigmoid_of(x, y) {
+            } else if *b == BinaryOp::Mul && sigmoid_of(x, y) {
                 Some(Rewrite::New(Op::Unary(UnaryOp::Silu), vec![y]))
             } else {
                 None
