@@ -7,8 +7,7 @@ use crate::interp::{FOLD_WORK_LIMIT, Tensor, eval_op, op_work};
 use crate::module::{Function, Module, Value};
 use crate::ops::{BinaryOp, ConstValue, Op, UnaryOp};
 
-/// `graph.canonicalize`: folds constants, applies algebraic identities
-/// (and makes `x * sigmoid(x)` the `silu` op),
+/// `graph.canonicalize`: folds constants, applies algebraic identities,
 /// makes a user operator that computes a built-in op that op
 /// ([`crate::compute::ComputeBody::as_conv2d`]) and contracts a sum of
 /// three or more factors a pair first ([`crate::compute::ComputeBody::factored`])
@@ -125,20 +124,10 @@ fn simplify(f: &Function, node: NodeIndex) -> Option<Rewrite> {
                 BinaryOp::Mul => is(x, 1.0),
                 _ => false,
             };
-            // x * sigmoid(x), as exporters write SiLU (ONNX has no op for
-            // it before opset 24's Swish), is the op: one exp and one
-            // division where the code generator has its own.
-            let sigmoid_of = |s: Value, of: Value| {
-                matches!(producer(s), Op::Unary(UnaryOp::Sigmoid)) && f.operands(s.node)[0] == of
-            };
             if keep_x && same_type(x) {
                 Some(Rewrite::Use(x))
             } else if keep_y && same_type(y) {
                 Some(Rewrite::Use(y))
-            } else if *b == BinaryOp::Mul && sigmoid_of(y, x) {
-                Some(Rewrite::New(Op::Unary(UnaryOp::Silu), vec![x]))
-            } else if *b == BinaryOp::Mul && sigmoid_of(x, y) {
-                Some(Rewrite::New(Op::Unary(UnaryOp::Silu), vec![y]))
             } else {
                 None
             }
