@@ -31,6 +31,8 @@ fn seeds(rule: &str) -> Vec<(&'static str, Vec<&'static str>)> {
         "add-comm" => vec![v("(add (param 0) (param 1))", &["M N", "N"])],
         "mul-comm" => vec![v("(mul (param 0) (param 1))", &["M N", "M 1"])],
         "neg-neg" => vec![v("(unary neg (unary neg (param 0)))", &["M N"])],
+        "mul-sigmoid-is-silu" => vec![v("(mul (param 0) (unary sigmoid (param 0)))", &["M N"])],
+        "sigmoid-mul-is-silu" => vec![v("(mul (unary sigmoid (param 0)) (param 0))", &["M N"])],
         "add-assoc" => vec![v(
             "(add (add (param 0) (param 1)) (param 2))",
             &["M N", "N", "M 1"],

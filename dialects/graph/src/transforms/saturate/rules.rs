@@ -9,7 +9,7 @@
 //!
 //! - **Rules** (`rules.rs`), named tables of kebab-named rules, most in both directions
 //!   (`-rev`): `algebra` (commutativity, associativity, distributivity of `+`/`*`,
-//!   `a - b = a + (-b)`, `-(-x)`), `layout` (transpose composition, transposes through
+//!   `a - b = a + (-b)`, `-(-x)`, `x * sigmoid(x) = silu(x)`), `layout` (transpose composition, transposes through
 //!   element-wise ops and products), `matmul` (associativity, distribution over `+`,
 //!   scalar factors), `conv` (bilinearity in input and weights, batchnorm and per-channel
 //!   scale folded into the weights), `split-concat` (slices of concatenations and of
@@ -225,6 +225,19 @@ pub fn algebra() -> Vec<Rule> {
         rw("add-comm", "(add ?a ?b)", "(add ?b ?a)"),
         rw("mul-comm", "(mul ?a ?b)", "(mul ?b ?a)"),
         rw("neg-neg", "(unary neg (unary neg ?x))", "?x"),
+        // SiLU as exporters write it (ONNX has no Swish before opset 24):
+        // one division where the product rounds twice, so a rule here, not
+        // in `graph.canonicalize`, which keeps every result's rounding.
+        rw(
+            "mul-sigmoid-is-silu",
+            "(mul ?x (unary sigmoid ?x))",
+            "(unary silu ?x)",
+        ),
+        rw(
+            "sigmoid-mul-is-silu",
+            "(mul (unary sigmoid ?x) ?x)",
+            "(unary silu ?x)",
+        ),
     ];
     r.extend(bi(
         "add-assoc",
