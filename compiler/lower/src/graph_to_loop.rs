@@ -265,24 +265,6 @@ fn broadcast_axes<T: Clone>(idx: &[T], src: &[usize], dst: &[usize], fixed: T) -
         .collect()
 }
 
-/// The least depth at which a 1 x 1 convolution's product runs with the
-/// pixels as rows (`Lowering::pixels_as_rows`): each `mr x nr` register
-/// tile is then stored transposed, `nr` runs of `mr` elements, which a
-/// shallow product does not earn back. Measured on Zen 4 (AVX-512, one
-/// thread, `dlc bench`, the two orientations alternating): 32 deep over
-/// 7 x 7 into 192 channels 7.6 -> 11.7 us and over 14 x 14 27 -> 47 us;
-/// 64 deep over 14 x 14 into 384, 133 -> 139 us; 160 deep over 7 x 7 into
-/// 960, 194 -> 181 us; 512 deep into 2048, 1.23 -> 1.07 ms.
-const PIXEL_ROWS_MIN_DEPTH: usize = 128;
-
-/// The fewest output channels with which a 1 x 1 convolution's product runs
-/// with the pixels as rows. Over 7 x 7 on Zen 4 (as above): 2048 channels
-/// 1.23 -> 1.07 ms, 1280 0.51-0.57 -> 0.47-0.49, 960 194 -> 181 us, 512
-/// (2048 deep) 1.25 -> 1.12-1.21 ms; but from 1152 deep into 192 264 ->
-/// 300 us and into 320 443 -> 501, and 160 to 192 channels otherwise within
-/// 5% either way.
-const PIXEL_ROWS_MIN_CHANNELS: usize = 512;
-
 struct Lowering<'g> {
     g: &'g GFunction,
     /// What the code is for.
@@ -1078,12 +1060,13 @@ impl Lowering<'_> {
     /// empty (49 pixels in two panels of 32), the other orientation pads
     /// the register tiles at least a tenth less, and it is deep enough and
     /// wide enough to pay for storing its tiles transposed
-    /// ([`PIXEL_ROWS_MIN_DEPTH`], [`PIXEL_ROWS_MIN_CHANNELS`]).
+    /// (`GemmBlocking::pixel_rows_min`, the target's).
     fn pixels_as_rows(&self, [o, p, q]: [usize; 3], dtype: DType) -> bool {
-        if self.target.cpu().is_none() || q < PIXEL_ROWS_MIN_DEPTH || o < PIXEL_ROWS_MIN_CHANNELS {
+        let g = self.target.gemm_blocking(dtype);
+        let (min_depth, min_channels) = g.pixel_rows_min;
+        if self.target.cpu().is_none() || q < min_depth || o < min_channels {
             return false;
         }
-        let g = self.target.gemm_blocking(dtype);
         let padded = |rows: usize, cols: usize| {
             let (mr, nr) = g.register_tile(cols);
             rows.div_ceil(mr) * mr * cols.div_ceil(nr) * nr

@@ -123,6 +123,20 @@ pub struct GemmBlocking {
     /// operands stay in their own type in the packed strips and panels
     /// rather than being widened to f32.
     pub pairs: bool,
+    /// The least depth and output channels at which a 1 x 1 (or im2col)
+    /// convolution over few pixels (7 x 7: 49 in panels of 64) runs with
+    /// the pixels as its product's rows and each register tile stored
+    /// transposed, `nr` runs of `mr` elements. Measured with `dlc bench`,
+    /// one thread, the two orientations alternating. Zen 4 with AVX-512
+    /// (6 x 32 tiles): 32 deep into 192 channels 7.6 -> 11.7 us, 1152 deep
+    /// into 192 264 -> 300 us and into 320 443 -> 501, but 160 deep into
+    /// 960 194 -> 181 and 512 into 2048 1.23 -> 1.07 ms: (128, 512). Zen 3
+    /// with AVX2 (6 x 16 tiles), over 7 x 7: 1152 into 192 0.302 -> 0.264
+    /// ms, into 320 0.497 -> 0.417, 960 into 160 0.222 -> 0.184, 288 into
+    /// 48 0.020 -> 0.018, 96 into 576 0.083 -> 0.074, 48 into 288 0.025 ->
+    /// 0.023, but 32 into 192 0.011 both: (48, 32). Other CPUs are not
+    /// measured and keep AVX-512's.
+    pub pixel_rows_min: (usize, usize),
 }
 
 impl GemmBlocking {
@@ -654,6 +668,11 @@ impl TargetDesc {
                         .min(regs.saturating_sub(vectors + 1) / vectors)
                         .max(1),
                     pairs,
+                    pixel_rows_min: if c.vector_bits == 256 {
+                        (48, 32)
+                    } else {
+                        (128, 512)
+                    },
                 }
             }
             TargetKind::Gpu(_) => GemmBlocking {
@@ -666,6 +685,7 @@ impl TargetDesc {
                 narrow_n: lanes,
                 narrow_mr: 64,
                 pairs: false,
+                pixel_rows_min: (usize::MAX, usize::MAX),
             },
         }
     }
@@ -704,6 +724,12 @@ mod tests {
         assert_eq!(g2.register_tile(16), (6, 8));
         assert_eq!(g2.register_tile(17), (6, 16));
         assert_eq!((g.narrow_mr, g.narrow_n), (16, 16));
+        // Few pixels are a product's rows from shallower and narrower
+        // products on AVX2 (measured on Zen 3) than on AVX-512 (Zen 4).
+        assert_eq!(
+            (g.pixel_rows_min, g2.pixel_rows_min),
+            ((128, 512), (48, 32))
+        );
         // f16 products accumulate in f32, so their tile is f32's; so are
         // bf16 ones where bf16 is widened, not multiplied in pairs.
         assert_eq!(avx512.gemm_blocking(DType::F16).nr, 32);
