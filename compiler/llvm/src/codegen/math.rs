@@ -2,10 +2,9 @@
 //! loops that call them vectorize: a call to libm's `expf`/`tanhf` keeps a
 //! loop scalar, and LLVM's vector-library mappings stop at 8 lanes and have
 //! no `tanh`. Both are within a few ulp of the correctly rounded result.
-//! Sigmoid, a composite, is built here too where `exp` would make 2^n in
-//! two factors: its exp needs no subnormal or infinite results.
+//! Sigmoid and SiLU, composites, are built here too where `exp` would make
+//! 2^n in two factors: their exp needs no subnormal or infinite results.
 
-use dlc_core::scalar::UnaryOp;
 use inkwell::FloatPredicate;
 use inkwell::values::{BasicValue, BasicValueEnum as BV};
 
@@ -16,11 +15,13 @@ use super::{CodegenError, Gen, Ir, R};
 const EXP_HI: f64 = 89.0;
 /// exp(x) is zero in f32 below this (subnormal from -87.34).
 const EXP_LO: f64 = -104.0;
-/// The range of `sigmoid_f32`'s exp: n = round(x log2 e) is within
-/// [-126, 127] there, so 2^n is a normal f32 built in one factor, and
-/// exp(88) (1.65e38) times the polynomial's at most sqrt(2) is finite.
-const SIGMOID_EXP_LO: f64 = -87.0;
-const SIGMOID_EXP_HI: f64 = 88.0;
+/// The range `sigmoid_f32` and `silu_f32` clamp x to: n = round(-x log2 e)
+/// is then within [-126, 128], so 2^n is one factor built in exponent
+/// bits, a normal f32 (at x = 87, exp(-x) is 2^-126 and 1 + exp(-x) is 1 in
+/// f32) or, for n = 128 (x below -88.38), infinity's bits, an infinite
+/// denominator.
+const SIGMOID_X_LO: f64 = -89.0;
+const SIGMOID_X_HI: f64 = 87.0;
 /// 1.5 * 2^23: a float of magnitude below 2^22 added to it rounds to an
 /// integer n, held in the sum's low mantissa bits.
 const ROUNDER: f64 = 12_582_912.0;
@@ -64,38 +65,22 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
             && x.into_vector_value().get_type().get_size() == 16
     }
 
-    /// `exp_f32` of `x` clamped to `[lo, hi]`; where `[lo, hi]` lies within
-    /// [`SIGMOID_EXP_LO`, `SIGMOID_EXP_HI`], 2^n is one factor (n is within
-    /// a normal power of two's exponent).
+    /// `exp_f32` of `x` clamped to `[lo, hi]`.
     ///
     /// n = round(x log2 e) comes from adding and subtracting 1.5 * 2^23
     /// (`ROUNDER`), whose sum's low mantissa bits are n itself: no
     /// `roundeven` and no float-to-integer conversion, which is poison on
     /// NaN and so needed a select of NaN back in. Where the clamp keeps NaN
-    /// (x86) it flows through as NaN and no select is made. The polynomial
-    /// is evaluated by Estrin's scheme, three multiply-adds deep instead of
-    /// Horner's five: exp is latency-bound where a vector's chain is long.
+    /// (x86) it flows through as NaN and no select is made.
     fn exp_f32_within(&self, x: BV<'ctx>, lo: f64, hi: f64) -> R<BV<'ctx>> {
         let c = |v: f64| self.f32_like(x, v);
         let xc = self.clamp(x, lo, hi)?;
-        // Not `relaxed`: reassociating (t - ROUNDER) back to the product
-        // would lose the rounding.
-        let scaled = float2!(self, build_float_mul, xc, c(std::f64::consts::LOG2_E));
-        let t = float2!(self, build_float_add, scaled, c(ROUNDER));
+        let t = self.round_by_adding(xc, std::f64::consts::LOG2_E)?;
         let n = float2!(self, build_float_sub, t, c(ROUNDER));
         // ln 2 in two parts, so n * hi is exact.
         let r = self.mul_add(n, c(-0.693_359_375), xc)?;
         let r = self.mul_add(n, c(2.121_944_400_546_905_8e-4), r)?;
-        // exp(r) = 1 + r + r^2 (c0 + c1 r + ... + c5 r^5), the inner
-        // polynomial as (c0 + c1 r) + r^2 (c2 + c3 r) + r^4 (c4 + c5 r).
-        let r2 = float2!(self, build_float_mul, r, r);
-        let p01 = self.mul_add(c(1.666_666_545_9e-1), r, c(5.000_000_120_1e-1))?;
-        let p23 = self.mul_add(c(8.333_451_907_3e-3), r, c(4.166_579_589_4e-2))?;
-        let p45 = self.mul_add(c(1.987_569_150_0e-4), r, c(1.398_199_950_7e-3))?;
-        let high = self.mul_add(p45, r2, p23)?;
-        let p = self.mul_add(high, r2, p01)?;
-        let y = self.mul_add(p, r2, r)?;
-        let y = float2!(self, build_float_add, y, c(1.0));
+        let y = self.exp_reduced(r)?;
         if self.scalef(x) {
             let all = self.ctx.i16_type().const_all_ones();
             // _MM_FROUND_CUR_DIRECTION: the current rounding mode.
@@ -115,15 +100,10 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         // n + 127, the biased exponent of 2^n: t's bits are ROUNDER's plus n.
         let rounder_bits = u64::from((ROUNDER as f32).to_bits());
         let ni = super::elementwise::int2!(self, build_int_sub, t_bits, i32c(rounder_bits));
-        let factors = if lo >= SIGMOID_EXP_LO && hi <= SIGMOID_EXP_HI {
-            vec![ni]
-        } else {
-            let half = super::elementwise::int2!(self, build_int_signed_div, ni, i32c(2));
-            let rest = super::elementwise::int2!(self, build_int_sub, ni, half);
-            vec![half, rest]
-        };
+        let half = super::elementwise::int2!(self, build_int_signed_div, ni, i32c(2));
+        let rest = super::elementwise::int2!(self, build_int_sub, ni, half);
         let mut v = y;
-        for e in factors {
+        for e in [half, rest] {
             let biased = super::elementwise::int2!(self, build_int_add, e, i32c(127));
             let bits = super::elementwise::int2!(self, build_left_shift, biased, i32c(23));
             let scale = self
@@ -140,14 +120,41 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         self.select(nan, x, v)
     }
 
+    /// `x * c + ROUNDER` as one multiply-add where the target has them
+    /// (`llvm.fmuladd`: rounded once, and never reassociated, as a
+    /// `relaxed` add could be with the subtraction of `ROUNDER` that
+    /// follows, which would lose the rounding): its low mantissa bits hold
+    /// n = round(x c).
+    fn round_by_adding(&self, x: BV<'ctx>, c: f64) -> R<BV<'ctx>> {
+        self.call(
+            "llvm.fmuladd",
+            &[x.get_type()],
+            &[x, self.f32_like(x, c), self.f32_like(x, ROUNDER)],
+        )
+    }
+
+    /// exp(r) for |r| <= ln 2 / 2: 1 + r + r^2 (c0 + c1 r + ... + c5 r^5),
+    /// the inner polynomial by Estrin's scheme, (c0 + c1 r) + r^2 (c2 + c3
+    /// r) + r^4 (c4 + c5 r), and 1 + r added beside it: three multiply-adds
+    /// deep after r^2 instead of Horner's five and an add, for exp is
+    /// latency-bound where a vector's chain is long.
+    fn exp_reduced(&self, r: BV<'ctx>) -> R<BV<'ctx>> {
+        let c = |v: f64| self.f32_like(r, v);
+        let r2 = float2!(self, build_float_mul, r, r);
+        let p01 = self.mul_add(c(1.666_666_545_9e-1), r, c(5.000_000_120_1e-1))?;
+        let p23 = self.mul_add(c(8.333_451_907_3e-3), r, c(4.166_579_589_4e-2))?;
+        let p45 = self.mul_add(c(1.987_569_150_0e-4), r, c(1.398_199_950_7e-3))?;
+        let high = self.mul_add(p45, r2, p23)?;
+        let p = self.mul_add(high, r2, p01)?;
+        let one_plus_r = float2!(self, build_float_add, r, c(1.0));
+        self.mul_add(p, r2, one_plus_r)
+    }
+
     /// sigmoid(x) = 1 / (1 + exp(-x)) for f32 (or f32 lanes), as its
-    /// expansion writes it, but with exp(-x) clamped to
-    /// [`SIGMOID_EXP_LO`, `SIGMOID_EXP_HI`], so that its 2^n is one factor
-    /// (an epilogue's SiLU spent most of its time in `exp`): above 87
-    /// sigmoid is 1 in f32 either way, and below -88 it gives 6.1e-39
-    /// where the exact value is a smaller subnormal or zero. `None` where
-    /// `exp_f32` scales by `vscalefps` (AVX-512) or on a GPU, which have no
-    /// second factor to save.
+    /// expansion writes it, with `one_plus_exp_neg`'s denominator: above
+    /// x = 87 sigmoid is 1 in f32 either way, and below -88.38 it is 0
+    /// where the exact value is a subnormal (at most 3.8e-39) or zero.
+    /// `None` where `exp_f32` scales by `vscalefps` (AVX-512) or on a GPU.
     pub(super) fn sigmoid_f32(&self, x: BV<'ctx>) -> R<Option<BV<'ctx>>> {
         let Some(den) = self.one_plus_exp_neg(x)? else {
             return Ok(None);
@@ -161,35 +168,57 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
     }
 
     /// silu(x) = x / (1 + exp(-x)) for f32 (or f32 lanes), with
-    /// `sigmoid_f32`'s exp: one division where the expansion's
-    /// x * sigmoid(x) is a division and a product. Below x = -88, where the
-    /// clamped exp(-x) would make x / (1 + exp(88)) (-1.8 at x = -3e38),
-    /// the denominator is infinite: silu is -0 there (the exact value is at
-    /// most a subnormal), and NaN at -inf as the expansion's. `None` where
-    /// `sigmoid_f32` is.
+    /// `one_plus_exp_neg`'s denominator: one division where the expansion's
+    /// x * sigmoid(x) is a division and a product. Below x = -88.38 the
+    /// denominator is infinite and silu is -0, where the exact value is at
+    /// most 4e-37 in magnitude (PyTorch's is -0 from -88.72); NaN at -inf as
+    /// the expansion's. `None` where `sigmoid_f32` is.
     pub(super) fn silu_f32(&self, x: BV<'ctx>) -> R<Option<BV<'ctx>>> {
         let Some(den) = self.one_plus_exp_neg(x)? else {
             return Ok(None);
         };
-        let tail = self.fcmp(FloatPredicate::OLT, x, self.f32_like(x, -SIGMOID_EXP_HI))?;
-        let den = self.select(tail, self.f32_like(x, f64::INFINITY), den)?;
         Ok(Some(float2!(self, build_float_div, x, den)))
     }
 
-    /// 1 + exp(-x) with exp(-x) clamped as `sigmoid_f32` says; `None` on
-    /// AVX-512 and GPUs.
+    /// 1 + exp(-x) on x clamped to [`SIGMOID_X_LO`, `SIGMOID_X_HI`], for
+    /// sigmoid and SiLU, whose chains are long (an epilogue's SiLU was a
+    /// fifth of EfficientNet-B0's expansions): n = round(-x log2 e) by one
+    /// multiply-add, r = -x - n ln 2 without negating x, 2^n one factor
+    /// from the rounded sum's bits shifted into the exponent (infinity's
+    /// bits at n = 128), and 1 + exp(r) 2^n one multiply-add. `None` on
+    /// AVX-512 (`vscalefps` makes exp's 2^n there) and GPUs.
     fn one_plus_exp_neg(&self, x: BV<'ctx>) -> R<Option<BV<'ctx>>> {
         if self.gpu.is_some() || self.scalef(x) {
             return Ok(None);
         }
-        let neg = self.float_unary(UnaryOp::Neg, x)?;
-        let e = self.exp_f32_within(neg, SIGMOID_EXP_LO, SIGMOID_EXP_HI)?;
-        Ok(Some(float2!(
-            self,
-            build_float_add,
-            self.f32_like(x, 1.0),
-            e
-        )))
+        let c = |v: f64| self.f32_like(x, v);
+        let xc = self.clamp(x, SIGMOID_X_LO, SIGMOID_X_HI)?;
+        let t = self.round_by_adding(xc, -std::f64::consts::LOG2_E)?;
+        let n = float2!(self, build_float_sub, t, c(ROUNDER));
+        // r = -xc - n ln 2, ln 2 in two parts as in `exp_f32_within`.
+        let m = self.relaxed(float2!(self, build_float_mul, n, c(-0.693_359_375)))?;
+        let r = self.relaxed(float2!(self, build_float_sub, m, xc))?;
+        let r = self.mul_add(n, c(2.121_944_400_546_905_8e-4), r)?;
+        let y = self.exp_reduced(r)?;
+        // t's bits are ROUNDER's plus n, and ROUNDER's shifted by 23 are 0:
+        // (n + 127) << 23, 2^n's bits, is t's bits shifted plus 127 << 23.
+        let i32t = self.ctx.i32_type();
+        let int_ty = self.like(x, i32t.into());
+        let i32c = |v: u64| self.splat_const(x, i32t.const_int(v, false).into());
+        let t_bits = self.b.build_bit_cast(t, int_ty, "t_bits")?;
+        let shifted = super::elementwise::int2!(self, build_left_shift, t_bits, i32c(23));
+        let bits = super::elementwise::int2!(self, build_int_add, shifted, i32c(127 << 23));
+        let scale = self
+            .b
+            .build_bit_cast(bits, x.get_type(), "scale")?
+            .as_basic_value_enum();
+        let den = self.mul_add(y, scale, c(1.0))?;
+        if self.clamp_keeps_nan() {
+            return Ok(Some(den));
+        }
+        // The clamp made NaN a number: NaN's denominator is NaN.
+        let nan = self.fcmp(FloatPredicate::UNO, x, x)?;
+        Ok(Some(self.select(nan, x, den)?))
     }
 
     /// tanh(x) for f32 (or f32 lanes): an odd polynomial below |x| = 0.625,
