@@ -336,6 +336,18 @@ fn parallel_loops(shape: &[usize], target: &TargetDesc) -> usize {
 /// load of theirs is padded.)
 const DIRECT_CONV_SPLIT_VECTORS: usize = 1;
 
+/// The widest output rows, in vectors, at which a depthwise convolution at
+/// column stride 1 on a CPU without mask registers reads a padded copy of
+/// each channel (`Lowering::phase_copy` with one phase) rather than padded
+/// loads, when its rows are more than one vector wide. AVX2 (Zen 3), one
+/// thread, `dlc bench`, SiLU or ReLU6 after it: 5 x 5 over 14 x 14 x 672
+/// 0.288 -> 0.257 ms, 3 x 3 over 14 x 14 x 480 0.099 -> 0.092, over 14 x
+/// 14 x 576 0.086 -> 0.076, over 28 x 28 x 192 0.075 -> 0.067; but over 7
+/// x 7 (one vector, masked either way) 0.172 -> 0.184 and 0.054 -> 0.060,
+/// over 56 x 56 x 144 0.180 -> 0.191 and over 112 x 112 x 32 0.142 ->
+/// 0.216 (their middle columns already load unpadded).
+const PADDED_COPY_MAX_VECTORS: usize = 4;
+
 /// A direct convolution's epilogue deferred to each channel's plane: its
 /// end, its result viewed `[N, O, Y * X]`, and what it reads viewed so.
 struct DeferredEpilogue {
@@ -1866,8 +1878,13 @@ impl Lowering<'_> {
         // Loops n, g, o-in-group, y, x so that o = g * og + oi stays affine.
         let shape = [ty.shape[0], groups, og, ty.shape[2], ty.shape[3]];
         let parallel = parallel_loops(&shape, self.target);
+        let lanes = self.target.lanes(DType::F32);
+        let padded_copy = self.target.cpu().is_some_and(|c| !c.mask_registers())
+            && stride[1] == 1
+            && padding[1] > 0
+            && (lanes + 1..=PADDED_COPY_MAX_VECTORS * lanes).contains(&ty.shape[3]);
         let phased = self.target.cpu().is_some()
-            && stride[1] > 1
+            && (stride[1] > 1 || padded_copy)
             && ws[3] > 1
             && ws[1] == 1
             && og == 1
@@ -1878,7 +1895,6 @@ impl Lowering<'_> {
             // The border columns at least a vector wide, so that they too
             // run as tiles of columns (a lone column would be a tile of
             // its window's taps, reduced).
-            let lanes = self.target.lanes(DType::F32);
             let split: [_; 2] = std::array::from_fn(|a| {
                 let border = if a == 1 { lanes } else { 1 };
                 let geometry = (xs[2 + a], ws[2 + a], stride[a], padding[a]);

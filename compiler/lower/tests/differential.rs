@@ -1642,8 +1642,11 @@ fn a_product_of_one_program_is_split_along_its_depth() {
 /// registers (AVX2): the middle's loads of the input are plain (no pad, so
 /// no bounds test per lane), the borders' padded, and every range runs as
 /// tiles of columns (no tile of a window's taps reduced). With mask
-/// registers (AVX-512), or 20 columns on AVX2 (4 in the middle, under a
-/// vector of 8), one padded nest. Each agrees with the graph interpreter on
+/// registers (AVX-512), one padded nest. A depthwise one at stride 1 of 9
+/// to 32 columns on AVX2 (28 columns, and 20, 4 in the middle under a
+/// vector of 8) reads instead a padded copy of each channel (`phase_copy`
+/// with one phase, `[rows, 1, columns + 2]` in scratch memory): only the
+/// copy loads the input, padded. Each agrees with the graph interpreter on
 /// the tile interpreter, on both.
 #[test]
 fn padded_direct_convolutions_run_their_middle_apart() {
@@ -1652,9 +1655,17 @@ fn s2(x: f32[1, 6, 6, 180], w: f32[6, 2, 3, 3]) -> f32[1, 6, 3, 90] { return con
 fn s3(x: f32[1, 3, 6, 28], w: f32[3, 1, 3, 3]) -> f32[1, 3, 6, 28] { return conv2d(x, w, padding=1, groups=3); }
 fn narrow(x: f32[1, 3, 6, 20], w: f32[3, 1, 3, 3]) -> f32[1, 3, 6, 20] { return conv2d(x, w, padding=1, groups=3); }";
     let m = graph(src);
-    for (target, split) in [
-        (TargetDesc::x86_64_avx2(2), ["s1", "s2", "s3"].as_slice()),
-        (TargetDesc::x86_64_avx512(2), [].as_slice()),
+    let copies = [
+        ("s3", "buffer<f32[8, 1, 30], scratch>"),
+        ("narrow", "buffer<f32[8, 1, 22], scratch>"),
+    ];
+    for (target, split, copied) in [
+        (
+            TargetDesc::x86_64_avx2(2),
+            ["s1", "s2"].as_slice(),
+            copies.as_slice(),
+        ),
+        (TargetDesc::x86_64_avx512(2), [].as_slice(), [].as_slice()),
     ] {
         let tiles = kernels(&m, &target);
         let text = dlc_tile::print_module(&tiles);
@@ -1663,7 +1674,20 @@ fn narrow(x: f32[1, 3, 6, 20], w: f32[3, 1, 3, 3]) -> f32[1, 3, 6, 20] { return 
             let name = f.split('(').next().unwrap();
             let loads: Vec<&str> = f.lines().filter(|l| l.contains("tile.load %x[")).collect();
             let plain = loads.iter().filter(|l| !l.contains("pad")).count();
-            if split.contains(&name) {
+            let copy = copied.iter().find(|(n, _)| *n == name);
+            assert_eq!(
+                copy.is_some(),
+                copies.iter().any(|(_, buf)| f.contains(buf)),
+                "{} @{name}: {f}",
+                target.name
+            );
+            if let Some((_, buf)) = copy {
+                assert!(
+                    f.contains(buf) && loads.len() == 1 && plain == 0,
+                    "{} @{name}: {f}",
+                    target.name
+                );
+            } else if split.contains(&name) {
                 assert!(
                     plain > 0 && plain < loads.len(),
                     "{} @{name}: {f}",
