@@ -51,30 +51,15 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
     /// elsewhere as two factors 2^(n/2) and 2^(n - n/2) built in the
     /// exponent bits (one factor would not reach 2^128: exp(88.5), finite,
     /// came out infinite that way). NaN stays NaN.
-    pub(super) fn exp_f32(&self, x: BV<'ctx>) -> R<BV<'ctx>> {
-        self.exp_f32_within(x, EXP_LO, EXP_HI)
-    }
-
-    /// Whether `exp_f32` scales `x` by `vscalefps` (a vector of 16 f32
-    /// lanes: a CPU of 512-bit vectors, which among the targets only
-    /// x86-64 with AVX-512 is).
-    fn scalef(&self, x: BV<'ctx>) -> bool {
-        self.gpu.is_none()
-            && self.lanes == 16
-            && x.is_vector_value()
-            && x.into_vector_value().get_type().get_size() == 16
-    }
-
-    /// `exp_f32` of `x` clamped to `[lo, hi]`.
     ///
     /// n = round(x log2 e) comes from adding and subtracting 1.5 * 2^23
     /// (`ROUNDER`), whose sum's low mantissa bits are n itself: no
     /// `roundeven` and no float-to-integer conversion, which is poison on
     /// NaN and so needed a select of NaN back in. Where the clamp keeps NaN
     /// (x86) it flows through as NaN and no select is made.
-    fn exp_f32_within(&self, x: BV<'ctx>, lo: f64, hi: f64) -> R<BV<'ctx>> {
+    pub(super) fn exp_f32(&self, x: BV<'ctx>) -> R<BV<'ctx>> {
         let c = |v: f64| self.f32_like(x, v);
-        let xc = self.clamp(x, lo, hi)?;
+        let xc = self.clamp(x, EXP_LO, EXP_HI)?;
         let t = self.round_by_adding(xc, std::f64::consts::LOG2_E)?;
         let n = float2!(self, build_float_sub, t, c(ROUNDER));
         // ln 2 in two parts, so n * hi is exact.
@@ -118,6 +103,16 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         }
         let nan = self.fcmp(FloatPredicate::UNO, x, x)?;
         self.select(nan, x, v)
+    }
+
+    /// Whether `exp_f32` scales `x` by `vscalefps` (a vector of 16 f32
+    /// lanes: a CPU of 512-bit vectors, which among the targets only
+    /// x86-64 with AVX-512 is).
+    fn scalef(&self, x: BV<'ctx>) -> bool {
+        self.gpu.is_none()
+            && self.lanes == 16
+            && x.is_vector_value()
+            && x.into_vector_value().get_type().get_size() == 16
     }
 
     /// `x * c + ROUNDER` as one multiply-add where the target has them
@@ -195,7 +190,7 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         let xc = self.clamp(x, SIGMOID_X_LO, SIGMOID_X_HI)?;
         let t = self.round_by_adding(xc, -std::f64::consts::LOG2_E)?;
         let n = float2!(self, build_float_sub, t, c(ROUNDER));
-        // r = -xc - n ln 2, ln 2 in two parts as in `exp_f32_within`.
+        // r = -xc - n ln 2, ln 2 in two parts as in `exp_f32`.
         let m = self.relaxed(float2!(self, build_float_mul, n, c(-0.693_359_375)))?;
         let r = self.relaxed(float2!(self, build_float_sub, m, xc))?;
         let r = self.mul_add(n, c(2.121_944_400_546_905_8e-4), r)?;
