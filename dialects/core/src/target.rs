@@ -335,7 +335,10 @@ impl TargetDesc {
                 cores,
                 l1_bytes: 32 << 10,
                 l1_sets: 64,
-                l2_bytes: 1 << 20,
+                // Zen 2 and 3's (Intel's AVX2 cores have 256 KB to 1.25 MB).
+                // At 1 MB, ResNet-50's Winograd products took chunks twice
+                // Zen 3's L2: 46.3 -> 45.0 ms at two threads, 0.8% at one.
+                l2_bytes: 512 << 10,
                 llvm_cpu: Some("x86-64-v3".into()),
                 triple: None,
             }),
