@@ -58,13 +58,8 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
     /// NaN and so needed a select of NaN back in. Where the clamp keeps NaN
     /// (x86) it flows through as NaN and no select is made.
     pub(super) fn exp_f32(&self, x: BV<'ctx>) -> R<BV<'ctx>> {
-        let c = |v: f64| self.f32_like(x, v);
         let xc = self.clamp(x, EXP_LO, EXP_HI)?;
-        let t = self.round_by_adding(xc, std::f64::consts::LOG2_E)?;
-        let n = float2!(self, build_float_sub, t, c(ROUNDER));
-        // ln 2 in two parts, so n * hi is exact.
-        let r = self.mul_add(n, c(-0.693_359_375), xc)?;
-        let r = self.mul_add(n, c(2.121_944_400_546_905_8e-4), r)?;
+        let (t, n, r) = self.exp_range(xc, false)?;
         let y = self.exp_reduced(r)?;
         if self.scalef(x) {
             let all = self.ctx.i16_type().const_all_ones();
@@ -115,17 +110,31 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
             && x.into_vector_value().get_type().get_size() == 16
     }
 
-    /// `x * c + ROUNDER` as one multiply-add where the target has them
-    /// (`llvm.fmuladd`: rounded once, and never reassociated, as a
+    /// The range reduction of exp(x), or of exp(-x) where `negated`: n =
+    /// round(±x log2 e) and r = ±x - n ln 2, with t = ±x log2 e + ROUNDER,
+    /// whose low mantissa bits hold n. t is one `llvm.fmuladd` where the
+    /// target has multiply-adds (rounded once, and never reassociated, as a
     /// `relaxed` add could be with the subtraction of `ROUNDER` that
-    /// follows, which would lose the rounding): its low mantissa bits hold
-    /// n = round(x c).
-    fn round_by_adding(&self, x: BV<'ctx>, c: f64) -> R<BV<'ctx>> {
-        self.call(
+    /// follows, which would lose the rounding); ln 2 is in two parts, so n
+    /// times the first is exact, and -x is never formed: the first part's
+    /// product minus x contracts to one negated multiply-subtract.
+    fn exp_range(&self, x: BV<'ctx>, negated: bool) -> R<(BV<'ctx>, BV<'ctx>, BV<'ctx>)> {
+        let c = |v: f64| self.f32_like(x, v);
+        let log2e = std::f64::consts::LOG2_E;
+        let t = self.call(
             "llvm.fmuladd",
             &[x.get_type()],
-            &[x, self.f32_like(x, c), self.f32_like(x, ROUNDER)],
-        )
+            &[x, c(if negated { -log2e } else { log2e }), c(ROUNDER)],
+        )?;
+        let n = float2!(self, build_float_sub, t, c(ROUNDER));
+        let m = self.relaxed(float2!(self, build_float_mul, n, c(-0.693_359_375)))?;
+        let r = if negated {
+            self.relaxed(float2!(self, build_float_sub, m, x))?
+        } else {
+            self.relaxed(float2!(self, build_float_add, m, x))?
+        };
+        let r = self.mul_add(n, c(2.121_944_400_546_905_8e-4), r)?;
+        Ok((t, n, r))
     }
 
     /// exp(r) for |r| <= ln 2 / 2: 1 + r + r^2 (c0 + c1 r + ... + c5 r^5),
@@ -188,12 +197,7 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         }
         let c = |v: f64| self.f32_like(x, v);
         let xc = self.clamp(x, SIGMOID_X_LO, SIGMOID_X_HI)?;
-        let t = self.round_by_adding(xc, -std::f64::consts::LOG2_E)?;
-        let n = float2!(self, build_float_sub, t, c(ROUNDER));
-        // r = -xc - n ln 2, ln 2 in two parts as in `exp_f32`.
-        let m = self.relaxed(float2!(self, build_float_mul, n, c(-0.693_359_375)))?;
-        let r = self.relaxed(float2!(self, build_float_sub, m, xc))?;
-        let r = self.mul_add(n, c(2.121_944_400_546_905_8e-4), r)?;
+        let (t, _, r) = self.exp_range(xc, true)?;
         let y = self.exp_reduced(r)?;
         // t's bits are ROUNDER's plus n, and ROUNDER's shifted by 23 are 0:
         // (n + 127) << 23, 2^n's bits, is t's bits shifted plus 127 << 23.
