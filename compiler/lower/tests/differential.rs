@@ -533,6 +533,13 @@ fn tiles_hold(src: &str, targets: &[(TargetDesc, usize)], holds: impl Fn(&str, u
 }
 
 /// An AVX-512 and an AVX2 target, with the lanes of their row tiles.
+/// The type a packed product's whole register tile of f32 prints with on
+/// `target` (`: tile<4x16xf32>` on AVX2).
+fn register_tile(target: &TargetDesc) -> String {
+    let g = target.gemm_blocking(dlc_core::DType::F32);
+    format!(": tile<{}x{}xf32>", g.mr, g.nr)
+}
+
 fn x86_widths() -> [(TargetDesc, usize); 2] {
     [
         (TargetDesc::x86_64_avx512(2), 64),
@@ -919,20 +926,21 @@ fn a_chunk_of_columns_is_one_tile() {
 #[test]
 fn shallow_products_walk_each_strip_across_their_panels() {
     // Per program, [AVX2's, AVX-512's] panel buffer and the two loops
-    // around the register tile's, outer first: 7 strips of 6 output
-    // channels over 5 (AVX2) or 6 (AVX-512) panels of 16 or 32 pixels a
-    // program; 10 strips over 7 or 4 panels; the deeper one panel by panel.
+    // around the register tile's, outer first: 11 strips of 4 (AVX2) or 7
+    // of 6 (AVX-512) output channels over 5 or 6 panels of 16 or 32 pixels
+    // a program; 15 or 10 strips over 7 or 4 panels; the deeper one panel
+    // by panel.
     let expected = [
         [
-            ("buffer<f32[5, 16, 16], scratch>", ["hi = 7", "hi = 5"]),
+            ("buffer<f32[5, 16, 16], scratch>", ["hi = 11", "hi = 5"]),
             ("buffer<f32[6, 16, 32], scratch>", ["hi = 7", "hi = 6"]),
         ],
         [
-            ("buffer<f32[7, 12, 16], scratch>", ["hi = 10", "hi = 7"]),
+            ("buffer<f32[7, 12, 16], scratch>", ["hi = 15", "hi = 7"]),
             ("buffer<f32[4, 12, 32], scratch>", ["hi = 10", "hi = 4"]),
         ],
         [
-            ("buffer<f32[32, 16], scratch>", ["hi = 5", "hi = 7"]),
+            ("buffer<f32[32, 16], scratch>", ["hi = 5", "hi = 11"]),
             ("buffer<f32[32, 32], scratch>", ["hi = 6", "hi = 7"]),
         ],
     ];
@@ -1779,7 +1787,7 @@ fn agree_on_tile_interpreter(m: &dlc_graph::Module, tiles: &dlc_tile::Module, ta
 /// 1 x 1 convolutions over 7 x 7 pixels computed with the pixels as rows
 /// (their result stored `[channels, pixels]`, along the register tile's
 /// rows): on a CPU without mask registers (AVX2) the epilogue runs on whole
-/// `6 x 16` register tiles, so that its store and its residual's load are
+/// `mr x 16` register tiles (4 x 16), so that its store and its residual's load are
 /// runs along the columns transposed in registers; with them (AVX-512),
 /// row by row. One slice of the depth (the epilogue on each register tile
 /// as it is summed) and two (on the block after, a tile of rows at a
@@ -1797,13 +1805,9 @@ fn pixel_row_products_run_their_epilogues_on_register_tiles_without_mask_registe
             .collect();
         assert_eq!(epilogues.len(), 2, "{}: {text}", target.name);
         let whole = lanes == 32;
+        let tile = register_tile(&target);
         for l in epilogues {
-            assert_eq!(
-                l.ends_with(": tile<6x16xf32>"),
-                whole,
-                "{}: {l}\n{text}",
-                target.name
-            );
+            assert_eq!(l.ends_with(&tile), whole, "{}: {l}\n{text}", target.name);
         }
         agree_on_tile_interpreter(&m, &tiles, &target);
     }
@@ -1813,7 +1817,7 @@ fn pixel_row_products_run_their_epilogues_on_register_tiles_without_mask_registe
 /// 1 x 1 convolutions with the output channels as the product's rows (the
 /// result stored along the register tile's columns): on a CPU without mask
 /// registers (AVX2), a long-latency epilogue (SiLU written `h * sigmoid(h)`,
-/// which `graph.saturate` makes `silu(h)`) runs on whole `6 x 16` register tiles, twelve independent
+/// which `graph.saturate` makes `silu(h)`) runs on whole `4 x 16` register tiles, eight independent
 /// chains, a short one (ReLU6) row by row; with mask registers (AVX-512)
 /// both row by row. Each agrees with the graph interpreter on the tile
 /// interpreter.
@@ -1839,10 +1843,11 @@ fn long_epilogues_of_channel_row_products_run_on_register_tiles() {
             let ops: Vec<&str> = f.lines().filter(|l| l.contains(op)).collect();
             assert!(!ops.is_empty(), "{}: {f}", target.name);
             let whole = long && lanes == 32;
+            let tile = register_tile(&target);
             for l in ops {
-                let shape = if whole { ": tile<6x16xf32>" } else { "xf32>" };
+                let shape = if whole { tile.as_str() } else { "xf32>" };
                 assert!(l.ends_with(shape), "{}: {l}\n{f}", target.name);
-                assert_eq!(l.contains("tile<6x"), whole, "{}: {l}\n{f}", target.name);
+                assert_eq!(l.ends_with(&tile), whole, "{}: {l}\n{f}", target.name);
             }
         }
         agree_on_tile_interpreter(&m, &tiles, &target);

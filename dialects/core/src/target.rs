@@ -30,7 +30,7 @@
 //! the same graph and loop IR on any machine. `named` knows `host`, `x86-64-avx512`,
 //! `x86-64-avx2`, `sm_80`, `sm_90` (`--target`). Derived from it, and written nowhere
 //! else: `lanes(dtype)`, the packed product kernel's blocking `gemm_blocking(dtype)`
-//! (MR=6 rows by two vectors, MC=24 MR, KC=256: 6x32x256 with AVX-512, 6x16 with
+//! (MR rows by two vectors, MC=144 rows, KC=256: 6x32x256 with AVX-512, 4x16 with
 //! AVX2; 64x64x32 thread-block tiles on a GPU; a narrow product, of at most `narrow_n`
 //! columns, runs unpacked in tiles of `narrow_mr` rows by its columns: 16 x 16 (one
 //! vector) with AVX-512, 6 x 16 (one register tile: two vectors) with AVX2, whose
@@ -639,12 +639,19 @@ impl TargetDesc {
     }
 
     /// The packed product kernel's blocking for `d` on a CPU: a register
-    /// tile of `mr` rows by two vectors (12 accumulators, two operand
-    /// vectors and a broadcast fit 16 registers and more), `mc = 24 mr`
-    /// rows and `kc = 256` deep packed blocks, so a packed block of the
-    /// left operand (144 KB) stays in L2 and a panel of the right one in
-    /// L1, each panel fetched from further out serving 24 strips (12 gave
-    /// W2 and W6 15-20% more time on two threads, W1 4% on one). bf16 on a
+    /// tile of `mr` rows by two vectors, `mc = 144` rows and `kc = 256`
+    /// deep packed blocks, so a packed block of the left operand (144 KB)
+    /// stays in L2 and a panel of the right one in L1, each panel fetched
+    /// from further out serving 24 strips of 6 (12 gave W2 and W6 15-20%
+    /// more time on two threads, W1 4% on one). `mr` is 6 with AVX-512 (12
+    /// of 32 registers accumulate) and 4 with AVX2 (8 of 16: the 6-row
+    /// tile's 12 accumulators, two operand vectors and a broadcast took 15,
+    /// and padded 16-, 32- and 64-row products to 18, 36 and 66). Zen 3,
+    /// one thread, 6 -> 4 rows: a 3 x 3 stride-2 stem convolution into 32
+    /// channels 0.426 -> 0.302 ms, 1 x 1 192 -> 32 over 28 x 28 0.134 ->
+    /// 0.106, 384 -> 64 over 14 x 14 0.120 -> 0.111, 256 x 512 x 512
+    /// 1.48 -> 1.42; whole models 2-5% (docs/performance.md); 3 and 5
+    /// rows were slower than both, 8 (16 accumulators) twice as slow. bf16 on a
     /// CPU that multiplies bf16 pairs (`CpuDesc::avx512_bf16`): an 8-row
     /// tile (16 of the 32 registers accumulate; 512^3 at one thread on Zen
     /// 4, 1.45 -> 1.27 ms) and `kc = 512`, the same bytes as f32's 256
@@ -655,14 +662,20 @@ impl TargetDesc {
         match &self.kind {
             TargetKind::Cpu(c) => {
                 let pairs = d == DType::BF16 && c.avx512_bf16;
-                let (mr, kc) = if pairs { (8, 512) } else { (6, 256) };
+                let (mr, mc, kc) = if pairs {
+                    (8, 192, 512)
+                } else if c.vector_bits == 256 {
+                    (4, 144, 256)
+                } else {
+                    (6, 144, 256)
+                };
                 let regs = c.vector_registers;
                 let narrow_n = if regs <= 16 { 2 * lanes } else { lanes };
                 let vectors = narrow_n / lanes;
                 GemmBlocking {
                     mr,
                     nr: 2 * lanes,
-                    mc: 24 * mr,
+                    mc,
                     kc,
                     lanes,
                     min_units: 8,
@@ -718,14 +731,16 @@ mod tests {
         assert_eq!(g.register_tile(7), (16, 16));
         assert_eq!(g.register_tile(17), (6, 32));
         let avx2 = TargetDesc::x86_64_avx2(2);
-        assert_eq!(avx2.gemm_blocking(DType::F32).nr, 16);
+        // AVX2's packed tile is 4 rows by two vectors (measured on Zen 3),
+        // its packed blocks as many rows as AVX-512's.
+        let g2 = avx2.gemm_blocking(DType::F32);
+        assert_eq!((g2.mr, g2.nr, g2.mc, g2.kc), (4, 16, 144, 256));
         // AVX2's narrow products are up to one register tile wide, 6 rows
         // (12 accumulators, two operand vectors, a broadcast: 15 of 16).
-        let g2 = avx2.gemm_blocking(DType::F32);
         assert_eq!((g2.narrow_mr, g2.narrow_n), (6, 16));
         assert_eq!(g2.register_tile(8), (6, 8));
         assert_eq!(g2.register_tile(16), (6, 8));
-        assert_eq!(g2.register_tile(17), (6, 16));
+        assert_eq!(g2.register_tile(17), (4, 16));
         assert_eq!((g.narrow_mr, g.narrow_n), (16, 16));
         // Few pixels are a product's rows from shallower and narrower
         // products on AVX2 (measured on Zen 3) than on AVX-512 (Zen 4).

@@ -70,7 +70,8 @@
 //! - `tile.dot` is one broadcast of `a[m, k]` and one `llvm.fmuladd` per vector of row `k`
 //!   of `b` (f16/bf16 widened to f32 first); for the packed schedule's `6x1 . 1x32` product
 //!   in a `tile.for` over K this is the BLIS micro-kernel: 12 accumulators in registers,
-//!   two loads, six broadcasts and twelve FMAs per step (checked in the assembly); the
+//!   two loads, six broadcasts and twelve FMAs per step (checked in the assembly; AVX2's
+//!   `4x1 . 1x16`: 8 accumulators, two loads, four broadcasts, eight FMAs); the
 //!   conversion writes two steps per iteration of the loop (`Packing::unroll`: the
 //!   counter and branch once per 24 FMAs; four steps no better), since LLVM's unroller is off (tile IR says what is unrolled).
 //!   A `tile.dot` of bf16 two deep into f32, on a target with AVX-512 BF16, is
