@@ -1060,7 +1060,9 @@ fn bf16_products_run_as_dot_products_of_pairs() {
 /// A host function launching many kernels is a frame and one call per
 /// launch: the thread pool is entered through the module's one helper, and
 /// every failed launch leaves through one block (W7's step launches 1,107
-/// kernels: 36,000 instructions when each launch carried its own).
+/// kernels: 36,000 instructions when each launch carried its own). The
+/// helper enters the pool only where the runtime may run more than one
+/// thread: at one, `GOMP_parallel`'s team of one cost 0.7 us a launch.
 #[test]
 fn kernel_launches_share_one_helper_and_one_failure_block() {
     let m = graph(
@@ -1097,6 +1099,17 @@ fn kernel_launches_share_one_helper_and_one_failure_block() {
     assert_eq!(failure_blocks, 1, "{}", host.join("\n"));
     let helper = body("@dlc.parallel(");
     assert_eq!(calls(&helper, "GOMP_parallel"), 1, "{ir}");
+    assert_eq!(calls(&helper, "omp_get_max_threads"), 1, "{ir}");
+    let many = helper
+        .iter()
+        .find(|l| l.contains("icmp sgt i32 %max_threads, 1"))
+        .and_then(|l| l.split_whitespace().next());
+    let branch = many.and_then(|m| {
+        helper
+            .iter()
+            .find(|l| l.contains(&format!("br i1 {m}, label %pool, label %alone")))
+    });
+    assert!(branch.is_some(), "{}", helper.join("\n"));
     jit_passes_check(
         "fn f(a: f32[256, 256], b: f32[256, 256]) -> (f32[256, 256], f32[256, 256], f32[256]) {
             let c = tanh(a @ b);
