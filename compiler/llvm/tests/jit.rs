@@ -705,6 +705,63 @@ fn short_window_loops_are_written_out() {
     jit_agrees(&program(9));
 }
 
+/// Rows of a small plane whose window sums are written out are written out
+/// too (each row's taps one chain; written out, the rows' chains interleave
+/// and their padded loads test constants): a 3 x 3 depthwise convolution
+/// over 7 x 7 multiplies 7 rows of 9 taps in straight-line code (63 `fmul`s
+/// of 7 lanes), over 14 x 14 its rows stay a loop. On AVX2 and AVX-512;
+/// both agree with the graph interpreter.
+#[test]
+fn rows_of_small_planes_are_written_out() {
+    let program = |side: usize| {
+        format!(
+            "fn f(x: f32[1, 4, {side}, {side}], w: f32[4, 1, 3, 3]) -> f32[1, 4, {side}, {side}] {{ return conv2d(x, w, padding=1, groups=4); }}"
+        )
+    };
+    for target in [TargetDesc::x86_64_avx512(2), TargetDesc::x86_64_avx2(2)] {
+        let products = |src: &str| {
+            let tiles = dlc_driver::lower_for_tile(&graph(src), &target).unwrap();
+            let ir = dlc_llvm::emit_llvm_ir(
+                &tiles,
+                &dlc_runtime::abi::Symbols::for_module("t"),
+                &target,
+            )
+            .unwrap();
+            let rows: Vec<&str> = ir.lines().filter(|l| l.contains(" = fmul ")).collect();
+            (rows.len(), ir)
+        };
+        let (small, ir) = products(&program(7));
+        assert_eq!(small, 63, "{}: {ir}", target.name);
+        let (large, ir) = products(&program(14));
+        assert!(large < 14 * 9, "{}: {ir}", target.name);
+    }
+    jit_agrees(&program(7));
+    jit_agrees(&program(14));
+}
+
+/// A short loop whose body reads a padded load that moves with its counter
+/// is written out, so that each copy tests its bounds against constants: a
+/// 3 x 3 stride-2 convolution's im2col copy (three channels, as a network's
+/// stem) reads each of its 27 taps by a load of its own (a masked load where
+/// the window may leave the image). On AVX2 and AVX-512; it agrees with the
+/// graph interpreter.
+#[test]
+fn padded_copies_along_short_loops_are_written_out() {
+    let src = "fn f(x: f32[1, 3, 32, 32], w: f32[16, 3, 3, 3]) -> f32[1, 16, 16, 16] { return conv2d(x, w, stride=2, padding=1); }";
+    for target in [TargetDesc::x86_64_avx512(2), TargetDesc::x86_64_avx2(2)] {
+        let tiles = dlc_driver::lower_for_tile(&graph(src), &target).unwrap();
+        let ir =
+            dlc_llvm::emit_llvm_ir(&tiles, &dlc_runtime::abi::Symbols::for_module("t"), &target)
+                .unwrap();
+        let padded = ir
+            .lines()
+            .filter(|l| l.contains("@llvm.masked.load"))
+            .count();
+        assert!(padded >= 27, "{}: {padded}\n{ir}", target.name);
+    }
+    jit_agrees(src);
+}
+
 /// A kernel of few programs runs on threads when they are heavy: a
 /// Winograd convolution over 14 x 14 is a kernel of two to four programs
 /// (blocks of tile rows), each a third of a million multiply-adds or more,
