@@ -718,22 +718,12 @@ fn rows_of_small_planes_are_written_out() {
             "fn f(x: f32[1, 4, {side}, {side}], w: f32[4, 1, 3, 3]) -> f32[1, 4, {side}, {side}] {{ return conv2d(x, w, padding=1, groups=4); }}"
         )
     };
-    for target in [TargetDesc::x86_64_avx512(2), TargetDesc::x86_64_avx2(2)] {
-        let products = |src: &str| {
-            let tiles = dlc_driver::lower_for_tile(&graph(src), &target).unwrap();
-            let ir = dlc_llvm::emit_llvm_ir(
-                &tiles,
-                &dlc_runtime::abi::Symbols::for_module("t"),
-                &target,
-            )
-            .unwrap();
-            let rows: Vec<&str> = ir.lines().filter(|l| l.contains(" = fmul ")).collect();
-            (rows.len(), ir)
-        };
-        let (small, ir) = products(&program(7));
-        assert_eq!(small, 63, "{}: {ir}", target.name);
-        let (large, ir) = products(&program(14));
-        assert!(large < 14 * 9, "{}: {ir}", target.name);
+    let products = |ir: &str| ir.lines().filter(|l| l.contains(" = fmul ")).count();
+    for (target, _, ir) in x86_ir(&program(7)) {
+        assert_eq!(products(&ir), 63, "{}: {ir}", target.name);
+    }
+    for (target, _, ir) in x86_ir(&program(14)) {
+        assert!(products(&ir) < 14 * 9, "{}: {ir}", target.name);
     }
     jit_agrees(&program(7));
     jit_agrees(&program(14));
@@ -748,11 +738,7 @@ fn rows_of_small_planes_are_written_out() {
 #[test]
 fn padded_copies_along_short_loops_are_written_out() {
     let src = "fn f(x: f32[1, 3, 32, 32], w: f32[16, 3, 3, 3]) -> f32[1, 16, 16, 16] { return conv2d(x, w, stride=2, padding=1); }";
-    for target in [TargetDesc::x86_64_avx512(2), TargetDesc::x86_64_avx2(2)] {
-        let tiles = dlc_driver::lower_for_tile(&graph(src), &target).unwrap();
-        let ir =
-            dlc_llvm::emit_llvm_ir(&tiles, &dlc_runtime::abi::Symbols::for_module("t"), &target)
-                .unwrap();
+    for (target, _, ir) in x86_ir(src) {
         let padded = ir
             .lines()
             .filter(|l| l.contains("@llvm.masked.load"))
