@@ -134,8 +134,10 @@ pub struct GemmBlocking {
     /// with AVX2 (6 x 16 tiles), over 7 x 7: 1152 into 192 0.302 -> 0.264
     /// ms, into 320 0.497 -> 0.417, 960 into 160 0.222 -> 0.184, 288 into
     /// 48 0.020 -> 0.018, 96 into 576 0.083 -> 0.074, 48 into 288 0.025 ->
-    /// 0.023, but 32 into 192 0.011 both: (48, 32). Other CPUs are not
-    /// measured and keep AVX-512's.
+    /// 0.023, but 32 into 192 0.011 both: (48, 32); with 4 x 16 tiles
+    /// still so (1152 into 192 0.242 ms as rows against 0.299 as columns,
+    /// 160 into 960 0.168 against 0.205). Other CPUs are not measured and
+    /// keep AVX-512's.
     pub pixel_rows_min: (usize, usize),
 }
 
@@ -642,7 +644,7 @@ impl TargetDesc {
     /// tile of `mr` rows by two vectors, `mc = 144` rows and `kc = 256`
     /// deep packed blocks, so a packed block of the left operand (144 KB)
     /// stays in L2 and a panel of the right one in L1, each panel fetched
-    /// from further out serving 24 strips of 6 (12 gave W2 and W6 15-20%
+    /// from further out serving 24 strips of 6 or 36 of 4 (12 of 6 gave W2 and W6 15-20%
     /// more time on two threads, W1 4% on one). `mr` is 6 with AVX-512 (12
     /// of 32 registers accumulate) and 4 with AVX2 (8 of 16: the 6-row
     /// tile's 12 accumulators, two operand vectors and a broadcast took 15,
