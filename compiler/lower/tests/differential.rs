@@ -532,7 +532,6 @@ fn tiles_hold(src: &str, targets: &[(TargetDesc, usize)], holds: impl Fn(&str, u
     agree(src);
 }
 
-/// An AVX-512 and an AVX2 target, with the lanes of their row tiles.
 /// The type a packed product's whole register tile of f32 prints with on
 /// `target` (`: tile<4x16xf32>` on AVX2).
 fn register_tile(target: &TargetDesc) -> String {
@@ -540,6 +539,7 @@ fn register_tile(target: &TargetDesc) -> String {
     format!(": tile<{}x{}xf32>", g.mr, g.nr)
 }
 
+/// An AVX-512 and an AVX2 target, with the lanes of their row tiles.
 fn x86_widths() -> [(TargetDesc, usize); 2] {
     [
         (TargetDesc::x86_64_avx512(2), 64),

@@ -2284,14 +2284,13 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                         inits.extend(self.flatten(*v)?);
                     }
                     let i64t = self.ctx.i64_type();
-                    let written_out = if inits.is_empty() {
-                        unrolled_rows(self.f, *lo, *hi, *step, body, self.lanes)
-                    } else {
-                        unrolled_trips(self.f, *lo, *hi, *step, body)
+                    // Written out on a CPU only.
+                    let written_out = match (&self.gpu, inits.is_empty()) {
+                        (Some(_), _) => None,
+                        (None, true) => unrolled_rows(self.f, *lo, *hi, *step, body, self.lanes),
+                        (None, false) => unrolled_trips(self.f, *lo, *hi, *step, body),
                     };
-                    if self.gpu.is_none()
-                        && let Some(trips) = written_out
-                    {
+                    if let Some(trips) = written_out {
                         let mut carried = inits;
                         for k in 0..trips {
                             let i = i64t.const_int((*lo + k * (*step).max(1)) as u64, true);
@@ -2453,10 +2452,10 @@ const UNROLLED_ROWS_MAX_OPS: usize = 2048;
 ///   stores to the output, which may alias them as far as it knows). Zen
 ///   3, one thread, 7 x 7 planes: 3 x 3 over 960 channels 0.054 -> 0.037
 ///   ms, 5 x 5 over 1152 with SiLU 0.172 -> 0.120, over 576 with hardswish
-///   0.085 -> 0.052. Not wider sums,
-///   which are chains side by side already (the three 32-column tiles of a
-///   112-column row: 0.141 -> 0.145 ms written out), nor 14 rows (5 x 5
-///   over 14 x 14 x 672: 0.259 -> 0.291);
+///   0.085 -> 0.052. Not wider sums, which are chains side by side already
+///   (the three 32-column tiles of a 112-column row: 0.141 -> 0.145 ms
+///   written out), nor 14 rows (5 x 5 over 14 x 14 x 672: 0.259 ->
+///   0.291);
 /// - a short loop whose body reads a padded load at an index that moves
 ///   with its counter (an im2col copy's window taps; `UNROLLED_MAX_OPS` in
 ///   all, as a carried loop's): written out, each copy's bounds are tested
