@@ -926,13 +926,13 @@ fn a_chunk_of_columns_is_one_tile() {
 #[test]
 fn shallow_products_walk_each_strip_across_their_panels() {
     // Per program, [AVX2's, AVX-512's] panel buffer and the two loops
-    // around the register tile's, outer first: 11 strips of 4 (AVX2) or 7
-    // of 6 (AVX-512) output channels over 5 or 6 panels of 16 or 32 pixels
-    // a program; 15 or 10 strips over 7 or 4 panels; the deeper one panel
-    // by panel.
+    // around the register tile's, outer first: 10 strips of 4 (AVX2, and
+    // a last tile of 2) or 7 of 6 (AVX-512) output channels over 5 or 6
+    // panels of 16 or 32 pixels a program; 15 or 10 strips over 7 or 4
+    // panels; the deeper one panel by panel.
     let expected = [
         [
-            ("buffer<f32[5, 16, 16], scratch>", ["hi = 11", "hi = 5"]),
+            ("buffer<f32[5, 16, 16], scratch>", ["hi = 10", "hi = 5"]),
             ("buffer<f32[6, 16, 32], scratch>", ["hi = 7", "hi = 6"]),
         ],
         [
@@ -940,7 +940,7 @@ fn shallow_products_walk_each_strip_across_their_panels() {
             ("buffer<f32[4, 12, 32], scratch>", ["hi = 10", "hi = 4"]),
         ],
         [
-            ("buffer<f32[32, 16], scratch>", ["hi = 5", "hi = 11"]),
+            ("buffer<f32[32, 16], scratch>", ["hi = 5", "hi = 10"]),
             ("buffer<f32[32, 32], scratch>", ["hi = 6", "hi = 7"]),
         ],
     ];
@@ -1790,8 +1790,9 @@ fn agree_on_tile_interpreter(m: &dlc_graph::Module, tiles: &dlc_tile::Module, ta
 /// `mr x 16` register tiles (4 x 16), so that its store and its residual's load are
 /// runs along the columns transposed in registers; with them (AVX-512),
 /// row by row. One slice of the depth (the epilogue on each register tile
-/// as it is summed) and two (on the block after, a tile of rows at a
-/// time). Each agrees with the graph interpreter on the tile interpreter.
+/// as it is summed, the last strip's one-row tile on its own) and two (on
+/// the block after, a tile of rows at a time). Each agrees with the graph
+/// interpreter on the tile interpreter.
 #[test]
 fn pixel_row_products_run_their_epilogues_on_register_tiles_without_mask_registers() {
     let src = dlc_tests::PIXEL_ROW_PRODUCTS;
@@ -1803,12 +1804,67 @@ fn pixel_row_products_run_their_epilogues_on_register_tiles_without_mask_registe
             .lines()
             .filter(|l| l.contains("tile.silu") || l.contains("tile.relu"))
             .collect();
-        assert_eq!(epilogues.len(), 2, "{}: {text}", target.name);
+        // The first product's whole tiles', then its last strip's one row
+        // (49 pixels); the second's, on its block.
+        assert_eq!(epilogues.len(), 3, "{}: {text}", target.name);
         let whole = lanes == 32;
         let tile = register_tile(&target);
-        for l in epilogues {
-            assert_eq!(l.ends_with(&tile), whole, "{}: {l}\n{text}", target.name);
+        let row = format!(
+            ": tile<1x{}xf32>",
+            target.gemm_blocking(dlc_core::DType::F32).nr
+        );
+        for (i, l) in epilogues.into_iter().enumerate() {
+            let want = if whole && i != 1 { &tile } else { &row };
+            assert!(l.ends_with(want), "{}: {l}\n{text}", target.name);
         }
+        agree_on_tile_interpreter(&m, &tiles, &target);
+    }
+    agree(src);
+}
+
+/// The last strip of a product whose rows are all one block's is a
+/// register tile of the rows left, not `mr` rows mostly zeros: 49 pixels
+/// are 12 strips of 4 and a one-row tile on AVX2, 8 of 6 and one on
+/// AVX-512. Its depth loop sums into tiles of one row in turn (as many
+/// chains of multiply-adds as a whole tile's, where one tile's two would
+/// wait on each other), added after. Agrees with the graph interpreter on
+/// the tile interpreter.
+#[test]
+fn the_last_strip_of_one_block_is_a_tile_of_the_rows_left() {
+    let src = dlc_tests::PIXEL_ROW_PRODUCTS;
+    let m = graph(src);
+    for (target, _) in x86_widths() {
+        let g = target.gemm_blocking(dlc_core::DType::F32);
+        let tiles = kernels(&m, &target);
+        let text = dlc_tile::print_module(&tiles);
+        let last = format!(
+            "tile.for {{lo = {}, hi = {}, step = 1}}",
+            48 / g.mr,
+            48 / g.mr + 1
+        );
+        assert_eq!(text.matches(&last).count(), 2, "{}: {text}", target.name);
+        // The one-row tile's multiply-adds, and the sums carried by their
+        // loops they add to (not another multiply-add's): at least two
+        // chains in each product's.
+        let row = format!(": tile<1x{}xf32>", g.nr);
+        let dots: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("tile.dot") && l.ends_with(&row))
+            .collect();
+        let results: Vec<&str> = dots
+            .iter()
+            .filter_map(|l| Some(l.split(" = ").next()?.trim()))
+            .collect();
+        let carried: std::collections::BTreeSet<&str> = dots
+            .iter()
+            .filter_map(|l| l.split(", ").nth(2)?.split(' ').next())
+            .filter(|acc| !results.contains(acc))
+            .collect();
+        assert!(
+            carried.len() >= 2 * 2,
+            "{}: {carried:?}\n{text}",
+            target.name
+        );
         agree_on_tile_interpreter(&m, &tiles, &target);
     }
     agree(src);

@@ -49,7 +49,9 @@
 //!   stride-0 one a scalar load and broadcast (masked: one element read where any lane is
 //!   on), a 2-axis tile whose rows are adjacent and columns apart, where the target has
 //!   no mask registers (so no gather or scatter instructions), runs of its rows
-//!   transposed in registers (`runs_along_columns`), other strides a masked gather or scatter,
+//!   transposed in registers (`runs_along_columns`), other strides a masked gather or scatter
+//!   (without mask registers, a store of every lane a plain store a lane: a one-row
+//!   tile's stored across pixel rows),
 //!   whose lane pointers are the first lane's pointer offset by a constant vector of
 //!   32-bit steps (x86's gathers and scatters take a scalar base and 32-bit indices; built
 //!   as integers and cast to pointers, they cost LLVM's `IndVarSimplify` and
@@ -1262,6 +1264,28 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                             &[x.get_type(), p.get_type().into()],
                             &[x, p.into(), m],
                         )?;
+                    }
+                    (_, None) if !self.mask_registers && x.is_vector_value() => {
+                        // Without mask registers a scatter is a branch and
+                        // a store a lane: every lane on, a plain store of
+                        // each. (As a scatter of every lane, LLVM made it
+                        // and the masked store's partial branch one
+                        // scatter under a select of their masks, a branch
+                        // a lane: a one-row register tile's epilogue
+                        // stored across pixel rows.)
+                        let x = x.into_vector_value();
+                        for k in 0..n {
+                            let d = off
+                                .get_type()
+                                .const_int(step.wrapping_mul(k as i64) as u64, true);
+                            let p =
+                                self.element_pointer(a, self.b.build_int_add(off, d, "lane")?)?;
+                            let lane = self.ctx.i32_type().const_int(k as u64, false);
+                            let e = self.b.build_extract_element(x, lane, "lane")?;
+                            let s = self.b.build_store(p, e)?;
+                            s.set_alignment(self.alignment(a.dtype))
+                                .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+                        }
                     }
                     (_, m) => {
                         let ptrs = self.lane_pointers(a, off, step, n)?;

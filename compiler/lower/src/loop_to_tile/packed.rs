@@ -44,7 +44,12 @@
 //!   binding of the weights), then for every panel of its chunk
 //!   and every strip runs the register tile: a `tile.for` of `kc` steps, each an `mr x
 //!   1` by `1 x nr` `tile.dot` (the broadcast-FMA outer product of the micro-kernel)
-//!   carrying the `mr x nr` accumulator; finally the epilogue runs on the block one
+//!   carrying the `mr x nr` accumulator (where one block holds every row, the last
+//!   strip's tile has only the rows left, `PackPlan::last_rows`: 49 pixels are 12
+//!   strips of 4 and a tile of one row on AVX2, not 52 rows multiplied; such a tile
+//!   sums alternate steps of the depth into `mr / rows` accumulators, added after,
+//!   as many chains of multiply-adds as a whole tile's, where its one or two chains
+//!   waited on their own latency); finally the epilogue runs on the block one
 //!   row of a panel (`1 x nr`) at a time, masked at the ragged edges, so its code (a
 //!   GELU's polynomial, say) is written for two vectors rather than the register
 //!   tile's twelve, and it walks the block row by row (row `r` of every panel, then row
@@ -123,6 +128,11 @@ pub(super) struct PackPlan {
     pub(super) kb_n: usize,
     /// `mr`-row strips of a block of rows.
     pub(super) strips: usize,
+    /// The rows of the last strip's register tile: `mr`, or, where one
+    /// block holds every row, those left past the whole strips (a 7 x 7
+    /// image's 49 pixels are 12 strips of 4 and a tile of one row, not 13
+    /// tiles of 4: 52 rows multiplied).
+    pub(super) last_rows: usize,
     pub(super) blocks: usize,
     pub(super) chunks: usize,
     pub(super) per_chunk: usize,
@@ -259,14 +269,27 @@ struct StepSources<'x> {
     strip_buf: Option<Value>,
     strips_at: &'x [Affine],
     strip: Value,
+    /// The register tile's rows: `mr`, or the last strip's `last_rows`.
+    rows: usize,
     panels: Panels,
     panel_buf: Option<Value>,
     group_at: Option<Value>,
     bat: &'x [Affine],
     kb: Affine,
     nb0: &'x Affine,
-    nb: &'x Affine,
+    nb: Affine,
     i0: &'x Affine,
+}
+
+/// Where a program's register tiles sum: its block of sums (or one
+/// tile's, run through the epilogue at once), over how many slices of the
+/// depth.
+struct RegisterTiles {
+    block: Value,
+    slices: usize,
+    tile_epilogue: bool,
+    /// Zero tiles of `mr` rows and of the last strip's.
+    zeros: [Value; 2],
 }
 
 /// Where a packed product's programs read strips of the left operand.
@@ -877,6 +900,11 @@ impl<'a> Conv<'a> {
             kk,
             kb_n,
             strips: mc / mr,
+            last_rows: if blocks == 1 && !pairs {
+                rows - (mc / mr - 1) * mr
+            } else {
+                mr
+            },
             blocks,
             chunks,
             per_chunk,
@@ -970,7 +998,6 @@ impl<'a> Conv<'a> {
             kb_n,
             strips,
             per_chunk,
-            unroll,
             splits,
             ..
         } = *plan;
@@ -1033,21 +1060,23 @@ impl<'a> Conv<'a> {
                 Space::Scratch,
             ))
         });
-        let register_tile = |nb: &Affine, s: Value| {
-            vec![
-                Affine::block(s, mr as i64, 0),
-                nb.scaled(nr as i64).plus_scaled(1, &Affine::axis(1)),
-            ]
-        };
         // With one slice of the depth, each register tile starts from zero
         // in registers: the block is written once, never zeroed or read
         // back (W4's products are 64 deep).
         let zero = self.b.constant(0.0, f32t(vec![mr, nr]));
+        let last_zero = if plan.last_rows < mr {
+            self.b.constant(0.0, f32t(vec![plan.last_rows, nr]))
+        } else {
+            zero
+        };
         if slices > 1 {
             let (nb, _) = self.b.begin_for(0, per_chunk as i64, 1, &[]);
             let (s, _) = self.b.begin_for(0, strips as i64, 1, &[]);
-            self.b
-                .store(zero, block, register_tile(&Affine::value(nb), s), None);
+            let at = vec![
+                Affine::block(s, mr as i64, 0),
+                Affine::block(nb, nr as i64, 1),
+            ];
+            self.b.store(zero, block, at, None);
             self.b.end_for(vec![]);
             self.b.end_for(vec![]);
         }
@@ -1064,9 +1093,38 @@ impl<'a> Conv<'a> {
                 vec![]
             }
         };
-        // The register tile over every panel and strip.
-        let mut outer_strip = None;
-        let (nb, group_at) = match &conv {
+        // The register tile over every panel and strip: the strips of `mr`
+        // rows, then the last one's tile of `last_rows` when it is ragged.
+        let full = if plan.last_rows < mr {
+            strips - 1
+        } else {
+            strips
+        };
+        let parts: Vec<(usize, usize, usize)> = [(0, full, mr), (full, strips, plan.last_rows)]
+            .into_iter()
+            .filter(|p| p.0 < p.1)
+            .collect();
+        let tiles = RegisterTiles {
+            block,
+            slices,
+            tile_epilogue,
+            zeros: [zero, last_zero],
+        };
+        let sources = |s: Value, rows: usize, nb: &Affine, group_at: Option<Value>| StepSources {
+            strip_buf,
+            strips_at: &strips_at,
+            strip: s,
+            rows,
+            panels,
+            panel_buf,
+            group_at,
+            bat,
+            kb: kb.clone(),
+            nb0,
+            nb: nb.clone(),
+            i0,
+        };
+        match &conv {
             Some(cv) => {
                 // A group of panels copied from the input, then each panel.
                 let (g, _) = self.b.begin_for(0, (per_chunk / cv.group) as i64, 1, &[]);
@@ -1077,12 +1135,16 @@ impl<'a> Conv<'a> {
                     self.copy_im2col_group(cv, plan, kb_loop, g, &g0, bat, panel_buf)?;
                 }
                 let (u, _) = self.b.begin_for(0, cv.group as i64, 1, &[]);
-                (
-                    Affine::value(g)
-                        .scaled(cv.group as i64)
-                        .plus_scaled(1, &Affine::value(u)),
-                    Some(u),
-                )
+                let nb = Affine::value(g)
+                    .scaled(cv.group as i64)
+                    .plus_scaled(1, &Affine::value(u));
+                for &(lo, hi, rows) in &parts {
+                    let (s, _) = self.b.begin_for(lo as i64, hi as i64, 1, &[]);
+                    self.register_tile(m, plan, &sources(s, rows, &nb, Some(u)), &tiles)?;
+                    self.b.end_for(vec![]);
+                }
+                self.b.end_for(vec![]);
+                self.b.end_for(vec![]);
             }
             None => {
                 // This slice of panel `nb`, copied as the pack kernel would:
@@ -1101,79 +1163,28 @@ impl<'a> Conv<'a> {
                         copy(self, nb, &[Affine::value(nb)])?;
                         self.b.end_for(vec![]);
                     }
-                    outer_strip = Some(self.b.begin_for(0, strips as i64, 1, &[]).0);
-                }
-                let (nb, _) = self.b.begin_for(0, per_chunk as i64, 1, &[]);
-                if !strips_outer {
+                    for &(lo, hi, rows) in &parts {
+                        let (s, _) = self.b.begin_for(lo as i64, hi as i64, 1, &[]);
+                        let (nb, _) = self.b.begin_for(0, per_chunk as i64, 1, &[]);
+                        let group_at = panel_buf.map(|_| nb);
+                        let nb = Affine::value(nb);
+                        self.register_tile(m, plan, &sources(s, rows, &nb, group_at), &tiles)?;
+                        self.b.end_for(vec![]);
+                        self.b.end_for(vec![]);
+                    }
+                } else {
+                    let (nb, _) = self.b.begin_for(0, per_chunk as i64, 1, &[]);
                     copy(self, nb, &[])?;
+                    let nb = Affine::value(nb);
+                    for &(lo, hi, rows) in &parts {
+                        let (s, _) = self.b.begin_for(lo as i64, hi as i64, 1, &[]);
+                        self.register_tile(m, plan, &sources(s, rows, &nb, None), &tiles)?;
+                        self.b.end_for(vec![]);
+                    }
+                    self.b.end_for(vec![]);
                 }
-                (
-                    Affine::value(nb),
-                    panel_buf.filter(|_| strips_outer).map(|_| nb),
-                )
             }
-        };
-        let s = match outer_strip {
-            Some(s) => s,
-            None => self.b.begin_for(0, strips as i64, 1, &[]).0,
-        };
-        let at = register_tile(&nb, s);
-        let c0 = if slices > 1 {
-            self.b
-                .load(block, at.clone(), None, None, f32t(vec![mr, nr]))
-        } else {
-            zero
-        };
-        let at_step = StepSources {
-            strip_buf,
-            strips_at: &strips_at,
-            strip: s,
-            panels,
-            panel_buf,
-            group_at,
-            bat,
-            kb: kb.clone(),
-            nb0,
-            nb: &nb,
-            i0,
-        };
-        let step = plan.depth_step();
-        let (k, acc) = self
-            .b
-            .begin_for(0, (kc / step) as i64, unroll as i64, &[c0]);
-        let mut next = acc[0];
-        for u in 0..unroll {
-            let ku = Affine::value(k).plus_scaled(1, &Affine::constant(u as i64));
-            // This step of the depth (its first row, within the slice).
-            let kr = ku.scaled(step as i64);
-            let k0 = kb.scaled(kc as i64).plus_scaled(1, &kr);
-            let ak = self.left_step(m, plan, &at_step, &ku, &kr, &k0)?;
-            let bk = self.right_step(m, plan, &at_step, &ku, &k0)?;
-            next = self.b.dot(ak, bk, next);
         }
-        let sum = self.b.end_for(vec![next])[0];
-        if tile_epilogue {
-            let origin = vec![Affine::axis(0), Affine::axis(1)];
-            self.b.store(sum, block, origin, None);
-            self.epilogue(&Epilogue {
-                m,
-                block,
-                i0: i0.plus_scaled(mr as i64, &Affine::value(s)),
-                nb0: nb0.plus_scaled(1, &nb),
-                rows: mr,
-                panels: 1,
-                nr,
-                mr,
-            })?;
-        } else {
-            self.b.store(sum, block, at, None);
-        }
-        self.b.end_for(vec![]);
-        if conv.is_some() {
-            // The convolution's group of panels.
-            self.b.end_for(vec![]);
-        }
-        self.b.end_for(vec![]);
         self.b.end_for(vec![]);
         Ok((!tile_epilogue).then(|| Epilogue {
             m,
@@ -1185,6 +1196,78 @@ impl<'a> Conv<'a> {
             nr,
             mr,
         }))
+    }
+
+    /// The register tile of strip `o.strip` (its `o.rows` rows) by panel
+    /// `o.nb` over the program's slice of the depth `o.kb`: from zero, or
+    /// from the block's sums of the slices before; then into the block,
+    /// or through the epilogue when the program runs it tile by tile.
+    fn register_tile(
+        &mut self,
+        m: LOpId,
+        plan: &PackPlan,
+        o: &StepSources<'_>,
+        t: &RegisterTiles,
+    ) -> Result<(), TileConvError> {
+        let (mr, nr, kc, rows) = (plan.mr, plan.nr, plan.kc, o.rows);
+        let f32t = |shape: Vec<usize>| Type::Tile(TileType::new(DType::F32, shape));
+        let at = vec![
+            Affine::block(o.strip, mr as i64, 0),
+            o.nb.scaled(nr as i64).plus_scaled(1, &Affine::axis(1)),
+        ];
+        let zero = t.zeros[usize::from(rows < mr)];
+        let c0 = if t.slices > 1 {
+            self.b
+                .load(t.block, at.clone(), None, None, f32t(vec![rows, nr]))
+        } else {
+            zero
+        };
+        // A tile of fewer rows than `mr` has fewer chains of multiply-adds
+        // than cover their latency: it sums the steps of the depth into
+        // `mr / rows` tiles in turn, added at the end (a one-row tile's two
+        // chains each waited on the last step: it took as long as four
+        // rows).
+        let (step, steps) = (plan.depth_step(), kc / plan.depth_step());
+        let chains = (mr / rows).max(1);
+        let unroll = (1..=plan.unroll.max(chains))
+            .rev()
+            .find(|u| steps.is_multiple_of(*u))
+            .unwrap_or(1);
+        let chains = chains.min(unroll);
+        let mut init = vec![zero; chains];
+        init[0] = c0;
+        let (k, acc) = self.b.begin_for(0, steps as i64, unroll as i64, &init);
+        let mut next = acc;
+        for u in 0..unroll {
+            let ku = Affine::value(k).plus_scaled(1, &Affine::constant(u as i64));
+            // This step of the depth (its first row, within the slice).
+            let kr = ku.scaled(step as i64);
+            let k0 = o.kb.scaled(kc as i64).plus_scaled(1, &kr);
+            let ak = self.left_step(m, plan, o, &ku, &kr, &k0)?;
+            let bk = self.right_step(m, plan, o, &ku, &k0)?;
+            next[u % chains] = self.b.dot(ak, bk, next[u % chains]);
+        }
+        let sums = self.b.end_for(next);
+        let sum = sums[1..]
+            .iter()
+            .fold(sums[0], |a, &b| self.b.binary(BinaryOp::Add, a, b));
+        if t.tile_epilogue {
+            let origin = vec![Affine::axis(0), Affine::axis(1)];
+            self.b.store(sum, t.block, origin, None);
+            self.epilogue(&Epilogue {
+                m,
+                block: t.block,
+                i0: o.i0.plus_scaled(mr as i64, &Affine::value(o.strip)),
+                nb0: o.nb0.plus_scaled(1, &o.nb),
+                rows,
+                panels: 1,
+                nr,
+                mr: rows,
+            })
+        } else {
+            self.b.store(sum, t.block, at, None);
+            Ok(())
+        }
     }
 
     /// The left operand's `mr x 1` column (or `mr x 2` pairs) at step
@@ -1202,7 +1285,7 @@ impl<'a> Conv<'a> {
         let (op, c) = self.contraction(m)?;
         let body: &'a LBlock = &op.regions[0];
         let (iv, kv) = (body.args[0], body.args[2]);
-        let mr = plan.mr;
+        let (mr, rows) = (plan.mr, o.rows);
         let f32t = |shape: Vec<usize>| Type::Tile(TileType::new(DType::F32, shape));
         let packed_t = |shape: Vec<usize>| Type::Tile(TileType::new(plan.packed_dtype(), shape));
         Ok(match o.strip_buf {
@@ -1214,7 +1297,7 @@ impl<'a> Conv<'a> {
                     kr.plus_scaled(1, &Affine::axis(1)),
                 ]);
                 self.b
-                    .load(strip_buf, at, None, None, packed_t(vec![mr, 2]))
+                    .load(strip_buf, at, None, None, packed_t(vec![rows, 2]))
             }
             Some(strip_buf) => {
                 let mut at = o.strips_at.to_vec();
@@ -1223,7 +1306,7 @@ impl<'a> Conv<'a> {
                     ku.plus_scaled(1, &Affine::axis(1)),
                     Affine::axis(0),
                 ]);
-                self.b.load(strip_buf, at, None, None, f32t(vec![mr, 1]))
+                self.b.load(strip_buf, at, None, None, f32t(vec![rows, 1]))
             }
             None if plan.pairs => {
                 return Err(self.invalid("bf16 pairs read from their own strips"));
@@ -1239,7 +1322,7 @@ impl<'a> Conv<'a> {
                     ],
                 )?;
                 let (a, index) = self.place(op.operands[0], index)?;
-                self.b.load(a, index, None, None, f32t(vec![mr, 1]))
+                self.b.load(a, index, None, None, f32t(vec![rows, 1]))
             }
         })
     }
@@ -1270,7 +1353,7 @@ impl<'a> Conv<'a> {
             }
             (Panels::Global(panels), None) => {
                 let mut panel = o.bat.to_vec();
-                panel.extend([o.kb.clone(), o.nb0.plus_scaled(1, o.nb)]);
+                panel.extend([o.kb.clone(), o.nb0.plus_scaled(1, &o.nb)]);
                 panel.extend(plan.panel_at(ku, [0, 1]));
                 self.b
                     .load(panels, panel, None, None, packed_t(vec![step, nr]))
@@ -1281,7 +1364,7 @@ impl<'a> Conv<'a> {
             (_, None) => {
                 // Row `k` of the slice, this panel's columns, straight from
                 // the operand (zeros past its edges, as in a panel).
-                let j0 = o.nb0.plus_scaled(1, o.nb).scaled(nr as i64);
+                let j0 = o.nb0.plus_scaled(1, &o.nb).scaled(nr as i64);
                 let index = self.index_at(
                     &c.b,
                     [

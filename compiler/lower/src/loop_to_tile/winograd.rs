@@ -449,6 +449,9 @@ impl<'a> Conv<'a> {
             .unwrap_or(plan.mr);
         plan.strips = tiles.div_ceil(plan.mr);
         plan.mc = plan.strips * plan.mr;
+        // Every strip a whole register tile (the plan's ragged last strip
+        // was the product's rows', not this block's tiles').
+        plan.last_rows = plan.mr;
         plan.blocks = images * rows / f.rows;
         // The program's chunk of the output channels: whole panels.
         plan.chunks = f.chunks;
