@@ -1989,9 +1989,12 @@ impl Lowering<'_> {
     /// before the channel's windows, so that it stays in cache for them.
     /// The rows of padding are stored zeros, and each phase is a loop of
     /// its own, so that the rows between load with no bounds test on the
-    /// row and a mask of the columns inside that does not change from row
-    /// to row (one loop over the phases tested both on every row: two
-    /// thirds of a 5 x 5 stride-2 convolution's time was its copy).
+    /// row (one loop over the phases tested both on every row: two thirds
+    /// of a 5 x 5 stride-2 convolution's time was its copy); each phase's
+    /// columns inside the input are a loop of plain loads and those
+    /// outside stored zeros (a padded load of the row was masked loads of
+    /// all of it at stride 2: 3 x 3 over 56 x 56 x 144 at stride 2 0.098 ->
+    /// 0.088 ms, EfficientNet-B0 2% faster).
     fn phase_copy(
         &mut self,
         x: NodeIndex,
@@ -2001,7 +2004,7 @@ impl Lowering<'_> {
         padding: [usize; 2],
     ) {
         let xbuf = self.home[&x];
-        let height = self.ty(x).shape[2];
+        let (height, width) = (self.ty(x).shape[2], self.ty(x).shape[3]);
         let dlc_loop::Type::Buffer(t) = self.b.ty(buf).clone() else {
             return;
         };
@@ -2018,19 +2021,45 @@ impl Lowering<'_> {
             }
             let r = ix(self.b.begin_for(lo as i64, hi as i64, 1, &[]).0);
             for p in 0..sx {
-                let j = ix(self.b.begin_for(0, cols as i64, 1, &[]).0);
-                let v = if read {
-                    let iy = ix_axpy(1, &r, &ix_const(-(padding[0] as i64)));
-                    let col = ix_const(p as i64 - padding[1] as i64);
-                    let ixx = ix_axpy(sx as i64, &j, &col);
-                    self.b
-                        .load(xbuf, vec![nb.clone(), c.clone(), iy, ixx], Some(0.0))
+                // The columns of phase `p` inside the input, read with
+                // plain loads; those before and after are zeros (a padded
+                // load tested every lane of the row: masked loads of the
+                // whole row at stride 2).
+                let (first, last) = (p as i64 - padding[1] as i64, width as i64 - 1);
+                let inside = if read {
+                    let lo =
+                        (first.min(0).unsigned_abs().div_ceil(sx as u64) as i64).min(cols as i64);
+                    let hi = if last < first {
+                        lo
+                    } else {
+                        ((last - first) / sx as i64 + 1).clamp(lo, cols as i64)
+                    };
+                    lo..hi
                 } else {
-                    self.b.constant(0.0, t.dtype)
+                    0..0
                 };
-                let at = vec![nb.clone(), c.clone(), r.clone(), ix_const(p as i64), j];
-                self.b.store(v, buf, at);
-                self.b.end_for(vec![]);
+                let parts = [
+                    (0, inside.start, false),
+                    (inside.start, inside.end, true),
+                    (inside.end, cols as i64, false),
+                ];
+                for (jlo, jhi, load) in parts {
+                    if jlo >= jhi {
+                        continue;
+                    }
+                    let j = ix(self.b.begin_for(jlo, jhi, 1, &[]).0);
+                    let v = if load {
+                        let iy = ix_axpy(1, &r, &ix_const(-(padding[0] as i64)));
+                        let ixx = ix_axpy(sx as i64, &j, &ix_const(first));
+                        self.b
+                            .load(xbuf, vec![nb.clone(), c.clone(), iy, ixx], None)
+                    } else {
+                        self.b.constant(0.0, t.dtype)
+                    };
+                    let at = vec![nb.clone(), c.clone(), r.clone(), ix_const(p as i64), j];
+                    self.b.store(v, buf, at);
+                    self.b.end_for(vec![]);
+                }
             }
             self.b.end_for(vec![]);
         }
