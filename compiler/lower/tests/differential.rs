@@ -1721,8 +1721,11 @@ fn narrow(x: f32[1, 3, 6, 20], w: f32[3, 1, 3, 3]) -> f32[1, 3, 6, 20] { return 
 /// input is loaded only by the copy, one loop per phase, with plain loads
 /// (the columns of a phase outside the input are stored zeros, not read
 /// through a padded load testing every lane), and every load of a window
-/// from the copy is a plain one. On a GPU they read the input where it
-/// lies. Each agrees with the graph interpreter on the tile interpreter.
+/// from the copy is a plain one; a row's phases are one sum, each phase's
+/// loop carrying the last one's (an addition a multiply-add, and one a
+/// row, where their epilogue adds nothing: `odd`, `cols`). On a GPU they
+/// read the input where it lies. Each agrees with the graph interpreter on
+/// the tile interpreter.
 #[test]
 fn strided_depthwise_convolutions_read_a_copy_in_phases() {
     let src = dlc_tests::STRIDED_DEPTHWISE_PROGRAMS;
@@ -1770,6 +1773,15 @@ fn strided_depthwise_convolutions_read_a_copy_in_phases() {
                 "{} @{name}: {f}",
                 target.name
             );
+            if name == "odd" || name == "cols" {
+                let count = |op: &str| f.lines().filter(|l| l.contains(op)).count();
+                let (adds, muls) = (count("tile.add"), count("tile.mul"));
+                assert!(
+                    muls > 0 && adds * stride == muls * (stride + 1),
+                    "{} @{name}: {adds} additions, {muls} multiplications: {f}",
+                    target.name
+                );
+            }
         }
         if target.cpu().is_some() {
             agree_on_tile_interpreter(&m, &tiles, &target);
