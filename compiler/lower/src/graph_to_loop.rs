@@ -356,6 +356,15 @@ struct DeferredEpilogue {
     views: HashMap<NodeIndex, Value>,
 }
 
+/// A [`Lowering::phase_buffer`]: the buffer, and its rows and columns a
+/// phase.
+#[derive(Clone, Copy)]
+struct PhaseBuffer {
+    buf: Value,
+    rows: usize,
+    cols: usize,
+}
+
 /// How a direct convolution's window reads its input: where it lies, with
 /// padded loads or plain ones, or from the phases of a padded copy
 /// ([`Lowering::phase_copy`]).
@@ -1943,7 +1952,7 @@ impl Lowering<'_> {
                 let ox = ix(self.b.begin_for(xlo as i64, xhi as i64, 1, &[]).0);
                 let at = [&outer[0], &outer[1], &outer[2], &oy, &ox];
                 let read = match phases {
-                    Some(p) => ConvRead::Phases(p),
+                    Some(p) => ConvRead::Phases(p.buf),
                     None => ConvRead::Padded(ypad || xpad),
                 };
                 self.direct_conv_at(n, at, stride, padding, read, raw);
@@ -1985,14 +1994,15 @@ impl Lowering<'_> {
         x: NodeIndex,
         [(kh, sy), (kw, sx)]: [(usize, usize); 2],
         out: [usize; 2],
-    ) -> Value {
+    ) -> PhaseBuffer {
         let xt = self.ty(x).clone();
         let rows = (out[0] - 1) * sy + kh;
         let cols = out[1] + (kw - 1) / sx;
-        self.b.alloc(contiguous(&TensorType::new(
+        let buf = self.b.alloc(contiguous(&TensorType::new(
             xt.dtype,
             vec![xt.shape[0], xt.shape[1], rows, sx, cols],
-        )))
+        )));
+        PhaseBuffer { buf, rows, cols }
     }
 
     /// Fills channel `c` of image `nb` of `buf`, a [`Self::phase_buffer`]
@@ -2011,17 +2021,14 @@ impl Lowering<'_> {
     fn phase_copy(
         &mut self,
         x: NodeIndex,
-        buf: Value,
+        PhaseBuffer { buf, rows, cols }: PhaseBuffer,
         [nb, c]: [&IndexExpr; 2],
         sx: usize,
         padding: [usize; 2],
     ) {
         let xbuf = self.home[&x];
-        let (height, width) = (self.ty(x).shape[2], self.ty(x).shape[3]);
-        let dlc_loop::Type::Buffer(t) = self.b.ty(buf).clone() else {
-            return;
-        };
-        let (rows, cols) = (t.shape[2], t.shape[4]);
+        let xt = self.ty(x);
+        let (height, width, dtype) = (xt.shape[2], xt.shape[3], xt.dtype);
         let inside = padding[0].min(rows)..(height + padding[0]).min(rows);
         let bands = [
             (0, inside.start, false),
@@ -2067,7 +2074,7 @@ impl Lowering<'_> {
                         self.b
                             .load(xbuf, vec![nb.clone(), c.clone(), iy, ixx], None)
                     } else {
-                        self.b.constant(0.0, t.dtype)
+                        self.b.constant(0.0, dtype)
                     };
                     let at = vec![nb.clone(), c.clone(), r.clone(), ix_const(p as i64), j];
                     self.b.store(v, buf, at);
