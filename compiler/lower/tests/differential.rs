@@ -1723,14 +1723,23 @@ fn narrow(x: f32[1, 3, 6, 20], w: f32[3, 1, 3, 3]) -> f32[1, 3, 6, 20] { return 
 /// through a padded load testing every lane), and every load of a window
 /// from the copy is a plain one; a row's phases are one sum, each phase's
 /// loop carrying the last one's (an addition a multiply-add, and one a
-/// row, where their epilogue adds nothing: `odd`, `cols`). On a GPU they
-/// read the input where it lies. Each agrees with the graph interpreter on
-/// the tile interpreter.
+/// row, where their epilogue adds nothing: `odd`, `cols`). A copy past the
+/// target's L1 (`wide`, 67 KB a channel) is copied a row stride's rows at
+/// a time in the loop over output rows, before the first row that reads
+/// them; the others before the windows. On a GPU they read the input
+/// where it lies. Each agrees with the graph interpreter on the tile
+/// interpreter.
 #[test]
 fn strided_depthwise_convolutions_read_a_copy_in_phases() {
     let src = dlc_tests::STRIDED_DEPTHWISE_PROGRAMS;
     let m = graph(src);
-    let strides = [("s5", 2), ("silu5", 2), ("odd", 2), ("cols", 3)];
+    let strides = [
+        ("s5", 2),
+        ("silu5", 2),
+        ("odd", 2),
+        ("cols", 3),
+        ("wide", 2),
+    ];
     for target in [
         TargetDesc::x86_64_avx2(2),
         TargetDesc::x86_64_avx512(2),
@@ -1760,7 +1769,13 @@ fn strided_depthwise_convolutions_read_a_copy_in_phases() {
                 continue;
             };
             assert!(target.cpu().is_some(), "{} @{name}: {f}", target.name);
-            assert_eq!(inputs.len(), stride, "{} @{name}: {f}", target.name);
+            // Stores into the copy at a row of the loop over output rows:
+            // `wide`'s two rows an output row, each phase loaded for each.
+            let store = format!("{}2*%", copy.replace("tile.load ", ", "));
+            let rolling = f.lines().any(|l| l.contains(&store));
+            assert_eq!(rolling, name == "wide", "{} @{name}: {f}", target.name);
+            let rows = if rolling { 2 } else { 1 };
+            assert_eq!(inputs.len(), stride * rows, "{} @{name}: {f}", target.name);
             assert!(
                 inputs.iter().all(|l| !l.contains("pad")),
                 "{} @{name}: {f}",
