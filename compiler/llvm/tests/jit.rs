@@ -931,7 +931,8 @@ fn channel_row_products_agree() {
 
 /// Products with the pixels as rows store their result `[channels,
 /// pixels]`, along the register tile's rows: on AVX2, which has no scatter
-/// or gather instructions, the tile's columns are transposed in registers
+/// instruction (and whose gathers Zen runs lane by lane), the tile's
+/// columns are transposed in registers
 /// and stored (and the residual read) as runs of its rows, not scattered
 /// and gathered lane by lane; the last strip's one-row tile (49 pixels)
 /// stores each lane with a plain store where every lane is on, scattering
