@@ -748,7 +748,7 @@ pub const STRIDED_DEPTHWISE_PROGRAMS: &str = "fn s5(x: f32[1, 8, 28, 28], w: f32
 fn silu5(x: f32[1, 8, 14, 14], w: f32[8, 1, 5, 5]) -> f32[1, 8, 7, 7] { let h = conv2d(x, w, stride=2, padding=2, groups=8); return h * sigmoid(h); }
 fn odd(x: f32[2, 6, 15, 15], w: f32[6, 1, 3, 3]) -> f32[2, 6, 8, 8] { return clamp(conv2d(x, w, stride=2, padding=1, groups=6), 0.0, 6.0); }
 fn cols(x: f32[1, 4, 9, 20], w: f32[4, 1, 3, 4]) -> f32[1, 4, 7, 6] { return conv2d(x, w, stride=[1, 3], groups=4); }
-fn wide(x: f32[1, 2, 128, 128], w: f32[2, 1, 3, 3]) -> f32[1, 2, 64, 64] { return conv2d(x, w, stride=2, padding=1, groups=2); }";
+fn wide(x: f32[2, 2, 128, 127], w: f32[2, 1, 3, 3]) -> f32[2, 2, 64, 64] { return conv2d(x, w, stride=2, padding=1, groups=2); }";
 
 /// Direct convolutions and pooling.
 pub const POOLING_PROGRAMS: &[&str] = &[
