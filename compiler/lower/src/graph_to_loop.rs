@@ -356,13 +356,17 @@ struct DeferredEpilogue {
     views: HashMap<NodeIndex, Value>,
 }
 
-/// A [`Lowering::phase_buffer`]: the buffer, and its rows and columns a
-/// phase.
+/// A [`Lowering::phase_buffer`]: the buffer, its rows and columns a phase,
+/// and what it is a copy of: input `x` at column stride `sx` (its phases),
+/// padded by `padding`.
 #[derive(Clone, Copy)]
 struct PhaseBuffer {
     buf: Value,
     rows: usize,
     cols: usize,
+    x: NodeIndex,
+    sx: usize,
+    padding: [usize; 2],
 }
 
 /// How a direct convolution's window reads its input: where it lies, with
@@ -1930,7 +1934,7 @@ impl Lowering<'_> {
         let deferred = self.deferred_epilogue(n);
         let phases = phased.then(|| {
             let geometry = [0, 1].map(|a| (ws[2 + a], stride[a]));
-            self.phase_buffer(x, geometry, [shape[3], shape[4]])
+            self.phase_buffer(x, geometry, padding, [shape[3], shape[4]])
         });
         self.parallel.push(parallel);
         let outer: Vec<IndexExpr> = (0..3)
@@ -1958,7 +1962,7 @@ impl Lowering<'_> {
         });
         if let Some(buf) = phases {
             let rows = if rolling.is_some() { lead } else { buf.rows };
-            self.phase_copy(x, buf, [&outer[0], &outer[1]], stride[1], padding, 0..rows);
+            self.phase_copy(buf, [&outer[0], &outer[1]], 0..rows);
         }
         for &(ylo, yhi, ypad) in &ranges[0] {
             let oy = ix(self.b.begin_for(ylo as i64, yhi as i64, 1, &[]).0);
@@ -1966,7 +1970,7 @@ impl Lowering<'_> {
                 for t in 0..stride[0] {
                     let r = ix_axpy(stride[0] as i64, &oy, &ix_const((lead + t) as i64));
                     let at = [&outer[0], &outer[1]];
-                    self.phase_copy_row(x, buf, at, stride[1], padding, &r, true);
+                    self.phase_copy_row(buf, at, &r, true);
                 }
             }
             for &(xlo, xhi, xpad) in &ranges[1] {
@@ -2002,7 +2006,7 @@ impl Lowering<'_> {
 
     /// The buffer a depthwise convolution strided along its columns reads
     /// input `x` through (`geometry`: each spatial axis's taps and stride;
-    /// `out`: the result's extents): `[N, C, rows, stride, columns]`, each
+    /// `padding`: the input's; `out`: the result's extents): `[N, C, rows, stride, columns]`, each
     /// channel's rows split into the column stride's phases, padded (filled
     /// by [`Self::phase_copy`]). Row `stride * oy + ky` of phase `kx %
     /// stride` from column `ox + kx / stride` is then tap `(ky, kx)` of
@@ -2014,6 +2018,7 @@ impl Lowering<'_> {
         &mut self,
         x: NodeIndex,
         [(kh, sy), (kw, sx)]: [(usize, usize); 2],
+        padding: [usize; 2],
         out: [usize; 2],
     ) -> PhaseBuffer {
         let xt = self.ty(x).clone();
@@ -2023,15 +2028,22 @@ impl Lowering<'_> {
             xt.dtype,
             vec![xt.shape[0], xt.shape[1], rows, sx, cols],
         )));
-        PhaseBuffer { buf, rows, cols }
+        PhaseBuffer {
+            buf,
+            rows,
+            cols,
+            x,
+            sx,
+            padding,
+        }
     }
 
     /// Fills `rows` of channel `c` of image `nb` of `buf`, a
     /// [`Self::phase_buffer`] of `x` at column stride `sx`: element `[nb, c,
     /// r, p, j]` is the input at row `r - padding[0]` and column
-    /// `sx * j + p - padding[1]`, zero outside. Run in the convolution's loop over the
-    /// channels, just before the channel's windows, so that it stays in
-    /// cache for them; a copy past the L1 is filled a few rows at a time in
+    /// `sx * j + p - padding[1]`, zero outside. Run in the convolution's
+    /// loop over the channels, just before the channel's windows, so that
+    /// it stays in cache for them; a copy past the L1 is filled a few rows at a time in
     /// the loop over output rows instead ([`Self::phase_copy_row`], before
     /// the first output row that reads them: 3 x 3 at stride 2 over 112 x
     /// 112 x 96, 0.250 -> 0.234 ms alone, 0.48 -> 0.33-0.39 ms in
@@ -2044,16 +2056,8 @@ impl Lowering<'_> {
     /// outside stored zeros (a padded load of the row was masked loads of
     /// all of it at stride 2: 3 x 3 over 56 x 56 x 144 at stride 2 0.098 ->
     /// 0.088 ms, EfficientNet-B0 2% faster).
-    fn phase_copy(
-        &mut self,
-        x: NodeIndex,
-        buf: PhaseBuffer,
-        at: [&IndexExpr; 2],
-        sx: usize,
-        padding: [usize; 2],
-        rows: std::ops::Range<usize>,
-    ) {
-        let height = self.ty(x).shape[2];
+    fn phase_copy(&mut self, buf: PhaseBuffer, at: [&IndexExpr; 2], rows: std::ops::Range<usize>) {
+        let (height, padding) = (self.ty(buf.x).shape[2], buf.padding);
         let inside = padding[0].clamp(rows.start, rows.end)
             ..(height + padding[0]).clamp(rows.start, rows.end);
         let bands = [
@@ -2066,7 +2070,7 @@ impl Lowering<'_> {
                 continue;
             }
             let r = ix(self.b.begin_for(lo as i64, hi as i64, 1, &[]).0);
-            self.phase_copy_row(x, buf, at, sx, padding, &r, read);
+            self.phase_copy_row(buf, at, &r, read);
             self.b.end_for(vec![]);
         }
     }
@@ -2074,14 +2078,17 @@ impl Lowering<'_> {
     /// Row `r` of channel `c` of image `nb` of `buf` (see
     /// [`Self::phase_copy`]): each phase's columns inside the input loaded
     /// where `read` (the row lies in the input), zeros elsewhere.
-    #[allow(clippy::too_many_arguments)]
     fn phase_copy_row(
         &mut self,
-        x: NodeIndex,
-        PhaseBuffer { buf, cols, .. }: PhaseBuffer,
+        PhaseBuffer {
+            buf,
+            cols,
+            x,
+            sx,
+            padding,
+            ..
+        }: PhaseBuffer,
         [nb, c]: [&IndexExpr; 2],
-        sx: usize,
-        padding: [usize; 2],
         r: &IndexExpr,
         read: bool,
     ) {
