@@ -2006,9 +2006,9 @@ impl Lowering<'_> {
 
     /// The buffer a depthwise convolution strided along its columns reads
     /// input `x` through (`geometry`: each spatial axis's taps and stride;
-    /// `padding`: the input's; `out`: the result's extents): `[N, C, rows, stride, columns]`, each
-    /// channel's rows split into the column stride's phases, padded (filled
-    /// by [`Self::phase_copy`]). Row `stride * oy + ky` of phase `kx %
+    /// `padding`: the input's; `out`: the result's extents): `[N, C, rows,
+    /// stride, columns]`, each channel's rows split into the column stride's
+    /// phases, padded (filled by [`Self::phase_copy`]). Row `stride * oy + ky` of phase `kx %
     /// stride` from column `ox + kx / stride` is then tap `(ky, kx)` of
     /// output `(oy, ox)`: a window's loads are plain vectors along the
     /// output's columns, where each was a padded load of lanes `stride`
@@ -2043,11 +2043,12 @@ impl Lowering<'_> {
     /// r, p, j]` is the input at row `r - padding[0]` and column
     /// `sx * j + p - padding[1]`, zero outside. Run in the convolution's
     /// loop over the channels, just before the channel's windows, so that
-    /// it stays in cache for them; a copy past the L1 is filled a few rows at a time in
-    /// the loop over output rows instead ([`Self::phase_copy_row`], before
-    /// the first output row that reads them: 3 x 3 at stride 2 over 112 x
-    /// 112 x 96, 0.250 -> 0.234 ms alone, 0.48 -> 0.33-0.39 ms in
-    /// MobileNetV2 by `perf`, where its input comes from L3).
+    /// it stays in cache for them; a copy past the L1 is filled a few rows
+    /// at a time in the loop over output rows instead
+    /// ([`Self::phase_copy_row`], before the first output row that reads
+    /// them: 3 x 3 at stride 2 over 112 x 112 x 96, 0.250 -> 0.234 ms
+    /// alone, 0.48 -> 0.33-0.39 ms in MobileNetV2 by `perf`, where its input
+    /// comes from L3).
     /// The rows of padding are stored zeros, and each phase is a loop of
     /// its own, so that the rows between load with no bounds test on the
     /// row (one loop over the phases tested both on every row: two thirds

@@ -1726,9 +1726,9 @@ fn narrow(x: f32[1, 3, 6, 20], w: f32[3, 1, 3, 3]) -> f32[1, 3, 6, 20] { return 
 /// row, where their epilogue adds nothing: `odd`, `cols`). A copy past the
 /// target's L1 (`wide`, 67 KB a channel; two images, an odd width) is
 /// copied a row stride's rows at a time in the loop over output rows,
-/// before the first row that reads them; the others before the windows. On a GPU they read the input
-/// where it lies. Each agrees with the graph interpreter on the tile
-/// interpreter.
+/// before the first row that reads them; the others before the windows.
+/// On a GPU they read the input where it lies. Each agrees with the graph
+/// interpreter on the tile interpreter.
 #[test]
 fn strided_depthwise_convolutions_read_a_copy_in_phases() {
     let src = dlc_tests::STRIDED_DEPTHWISE_PROGRAMS;
