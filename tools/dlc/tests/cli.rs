@@ -934,6 +934,107 @@ fn object_files_link_into_a_c_program() {
     }
 }
 
+/// A C program that is its own OpenMP runtime: `GOMP_parallel` runs the
+/// team's members one after another, and after each prints how many of
+/// the output's elements the region has written so far (it fills the
+/// output with NaN first), for teams of 1 (which it is never asked to
+/// start), 2 and 3.
+const C_TEAM: &str = r#"
+#include <math.h>
+#include <stdio.h>
+#include "split.h"
+
+#define OUT (64 * 14 * 14)
+static float x[384 * 14 * 14], w[64 * 384], out[OUT];
+static int members = 1, member = 0;
+
+int omp_get_max_threads(void) { return members; }
+int omp_get_num_threads(void) { return members; }
+int omp_get_thread_num(void) { return member; }
+
+void GOMP_parallel(void (*fn)(void *), void *data, unsigned n, unsigned flags) {
+    (void)n;
+    (void)flags;
+    for (member = 0; member < members; member++) {
+        fn(data);
+        int written = 0;
+        for (int i = 0; i < OUT; i++) written += !isnan(out[i]);
+        printf(" %d", written);
+    }
+    member = 0;
+}
+
+int main(void) {
+    for (int i = 0; i < 384 * 14 * 14; i++) x[i] = 1.0f;
+    for (int i = 0; i < 64 * 384; i++) w[i] = 0.5f;
+    for (members = 1; members <= 3; members++) {
+        for (int i = 0; i < OUT; i++) out[i] = NAN;
+        printf("team %d:", members);
+        if (dlc_split_f(x, w, out) != DLC_OK) return 1;
+        printf("\n");
+    }
+    return 0;
+}
+"#;
+
+/// The programs of a kernel are split among the threads so that the later
+/// ones take the extra programs, where the grid's last program is the one
+/// the edge cuts short: a 1 x 1 convolution over 14 x 14 pixels is, on
+/// AVX2, 13 programs of 16 pixels, the last of 4. Two threads take 6 and
+/// 6 + 1/4 panels (96 and 100 pixels of 64 channels: 6144 and 6400
+/// elements), not 7 and 5 + 1/4 (the first thread had a third more work
+/// than the second, and the second waited); three take 4, 4 and 4 + 1/4.
+#[test]
+fn threads_share_a_kernels_programs_with_the_short_one_last() {
+    let d = Dir::new("team");
+    let model = d.file(
+        "split.dl",
+        "fn f(x: f32[1, 384, 14, 14], w: f32[64, 384, 1, 1]) -> f32[1, 64, 14, 14] {\n    \
+         return conv2d(x, w);\n}\n",
+    );
+    let (obj, header) = (d.0.join("split.o"), d.0.join("split.h"));
+    for (emit, path) in [("obj", &obj), ("header", &header)] {
+        let o = dlc(&[
+            "compile",
+            &model,
+            "--cpu",
+            "x86-64-v3",
+            "--emit",
+            emit,
+            "-o",
+            path.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{emit}: {}", stderr(&o));
+    }
+    let main = d.file("team.c", C_TEAM);
+    let printed = run_c_program(&d, "team", &main, &obj, &["-lm"]);
+    // The product's region is the one that writes the output; a region
+    // packing the weights writes none of it.
+    let product = |team: &str| -> Vec<usize> {
+        let line = printed
+            .lines()
+            .find(|l| l.starts_with(&format!("team {team}:")))
+            .unwrap_or_else(|| panic!("{printed}"));
+        let counts: Vec<usize> = line
+            .split_once(':')
+            .unwrap()
+            .1
+            .split_whitespace()
+            .map(|n| n.parse().unwrap())
+            .collect();
+        let n: usize = team.parse().unwrap();
+        counts
+            .chunks(n)
+            .find(|region| region.last() == Some(&(64 * 196)))
+            .unwrap_or_else(|| panic!("team {team}: {printed}"))
+            .to_vec()
+    };
+    // At one thread the kernels run in place, without a team.
+    assert!(printed.lines().any(|l| l == "team 1:"), "{printed}");
+    assert_eq!(product("2"), [6144, 12544], "{printed}");
+    assert_eq!(product("3"), [4096, 8192, 12544], "{printed}");
+}
+
 /// What `C_MAIN` printed (built as `what`) against [`affine_reference`].
 fn check_affine_output(printed: &str, what: &str) {
     let got: Vec<f64> = printed.lines().map(|l| l.parse().unwrap()).collect();

@@ -30,11 +30,6 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         self.ctx.i64_type().const_int(v, false)
     }
 
-    pub(super) fn min(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
-        let lt = self.b.build_int_compare(IntPredicate::SLT, a, b, "lt")?;
-        Ok(self.b.build_select(lt, a, b, "min")?.into_int_value())
-    }
-
     /// A loop `lo..hi` by 1 around what `body` emits.
     pub(super) fn counted(
         &mut self,
@@ -250,19 +245,19 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
             g.omp("omp_get_num_threads", 1)?,
         );
         let total = (hi - lo).max(0) as u64;
-        let chunk = g.b.build_int_unsigned_div(
-            g.b.build_int_add(
-                g.i64c(total),
-                g.b.build_int_sub(nt, g.i64c(1), "nt1")?,
-                "up",
-            )?,
-            nt,
-            "chunk",
-        )?;
-        let first =
-            g.b.build_int_add(lo_v, g.b.build_int_mul(tid, chunk, "skip")?, "first")?;
-        let end = g.b.build_int_add(first, chunk, "end")?;
-        let end = g.min(end, hi_v)?;
+        // Thread `t` of `n` takes `[t * total / n, (t + 1) * total / n)`:
+        // where the programs do not split evenly, the later threads take
+        // one more. A grid's last program along an axis is the one cut
+        // short by the edge (196 pixels are 12 panels of 16 and one of 4),
+        // so the thread with one program more also holds the short one:
+        // at two threads, 13 such programs split 6 + 6.25, not 7 + 5.25.
+        let share = |t: IntValue<'ctx>| -> R<IntValue<'ctx>> {
+            let scaled = g.b.build_int_mul(t, g.i64c(total), "scaled")?;
+            let part = g.b.build_int_unsigned_div(scaled, nt, "part")?;
+            Ok(g.b.build_int_add(lo_v, part, "bound")?)
+        };
+        let first = share(tid)?;
+        let end = share(g.b.build_int_add(tid, g.i64c(1), "next")?)?;
         body(&mut g, first, end, tid, &extra_in)?;
         g.b.build_return(None)?;
         Ok(outlined)
