@@ -20,10 +20,12 @@ tokens), beside the real-model tests under tests/onnx/. For each:
   onnxruntime session with N intra-op threads, medians over the same number
   of calls (as many as fit in about two seconds, 10 to 500), with the spread
   ((max - min) / median) of each;
-- alternated at one thread: the model compiled by `dlc compile --emit so`,
-  loaded with ctypes, and the onnxruntime session called alternately in one
-  process, in blocks of ten (the first two not counted), 25th percentiles:
-  both see the same minutes of the machine, which separate runs do not.
+- alternated at 1 and 2 threads: the model compiled by `dlc compile --emit
+  so`, loaded with ctypes, and the onnxruntime session called alternately in
+  one process (the library's OpenMP runtime and the session both at that
+  many threads), in blocks of ten (the first two not counted), 25th
+  percentiles: both see the same minutes of the machine, which separate runs
+  do not.
 
 Writes target/onnx-bench/results.md and results.json. Usage:
 onnx_bench.py [DLC] [--only NAME,...].
@@ -125,8 +127,8 @@ def model_files(name):
 
 def interleaved(lib, session, feeds, runs):
     """25th percentiles (ms) of dlc's compiled library `lib` and of
-    onnxruntime `session`, called alternately in this process at one thread:
-    blocks of ten calls each, the first two of every block not counted, so
+    onnxruntime `session`, called alternately in this process (each at the
+    thread count it was given: `OMP_NUM_THREADS`, the session's): blocks of ten calls each, the first two of every block not counted, so
     that both run warm and both see the machine's same minutes (this VM's
     medians drift 10-50% between runs minutes apart)."""
     import ctypes
@@ -158,12 +160,13 @@ def interleaved(lib, session, feeds, runs):
     return p25[dlc], p25[ort]
 
 
-def ort_worker(path, inputs, dlc_out, threads, lib=None):
+def ort_worker(path, inputs, dlc_out, threads, lib=None, alternate=1):
     """Worker: onnxruntime's error against dlc's output and its latency at
     each thread count, as JSON: {"error": e, "ort1": {...}, ...}; the runs
     per thread count as many as fit in about two seconds. With `lib` (the
-    model compiled by `dlc compile --emit so`), also both at one thread
-    called alternately (`interleaved`)."""
+    model compiled by `dlc compile --emit so`), also both at `alternate`
+    threads called alternately (`interleaved`; the process's
+    `OMP_NUM_THREADS` must be `alternate`)."""
     import numpy as np
     import onnxruntime as ort
 
@@ -196,8 +199,8 @@ def ort_worker(path, inputs, dlc_out, threads, lib=None):
         ts.sort()
         result[f"ort{n}"] = {"median_ms": ts[len(ts) // 2], "min_ms": ts[0], "max_ms": ts[-1],
                              "runs": runs, "warmup": warmup}
-        if n == 1 and lib is not None:
-            result["dlc1_p25"], result["ort1_p25"] = interleaved(lib, s, feeds, runs)
+        if n == alternate and lib is not None:
+            result[f"dlc{n}_p25"], result[f"ort{n}_p25"] = interleaved(lib, s, feeds, runs)
     print(json.dumps(result))
 
 
@@ -269,14 +272,22 @@ def measure(dlc, name):
                        capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"dlc compile {path}: {r.stderr.strip()}")
-    # The library's kernels on one thread (OpenMP reads this as it loads).
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    worker = subprocess.run([sys.executable, __file__, "--ort", path, out,
-                             json.dumps(inputs), "--lib", lib],
-                            check=True, capture_output=True, text=True, env=env)
-    o = json.loads(worker.stdout)
+    # The library's kernels on as many threads as the session it alternates
+    # with (OpenMP reads this as it loads): the first worker measures
+    # onnxruntime alone at 1 and 2 threads and both alternated at 1, the
+    # second both alternated at 2.
+    for alternate in (1, 2):
+        env = dict(os.environ, OMP_NUM_THREADS=str(alternate))
+        worker = subprocess.run([sys.executable, __file__, "--ort", path, out,
+                                 json.dumps(inputs), "--lib", lib,
+                                 "--alternate", str(alternate)],
+                                check=True, capture_output=True, text=True, env=env)
+        w = json.loads(worker.stdout)
+        if alternate == 1:
+            o = w
+        row[f"dlc{alternate}_p25"] = w[f"dlc{alternate}_p25"]
+        row[f"ort{alternate}_p25"] = w[f"ort{alternate}_p25"]
     row["error"], row["ort_version"] = o["error"], o["ort_version"]
-    row["dlc1_p25"], row["ort1_p25"] = o["dlc1_p25"], o["ort1_p25"]
     for threads in (1, 2):
         t = o[f"ort{threads}"]
         j = dlc_bench(dlc, path, threads, t["runs"], t["warmup"])
@@ -305,12 +316,14 @@ def main():
     ap.add_argument("--export", help=argparse.SUPPRESS)
     ap.add_argument("--ort", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--lib", help=argparse.SUPPRESS)
+    ap.add_argument("--alternate", type=int, default=1, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.export:
         export(a.export)
         return 0
     if a.ort:
-        ort_worker(a.ort[0], json.loads(a.ort[2]), a.ort[1], (1, 2), a.lib)
+        threads = (1, 2) if a.alternate == 1 else (a.alternate,)
+        ort_worker(a.ort[0], json.loads(a.ort[2]), a.ort[1], threads, a.lib, a.alternate)
         return 0
     only = set(a.only.split(",")) if a.only else None
     os.makedirs(OUT, exist_ok=True)
@@ -329,14 +342,15 @@ def main():
         f"{rows[0]['ort_version'] if rows else '?'}; medians in ms, spread (max - min) / median "
         "in parentheses; ratio = dlc / onnxruntime (below 1: dlc is faster); cold = `dlc run "
         "--no-cache` (import, compile, one call); warm = a second `dlc run` through the cache "
-        "(the program from it, the model not imported); alternated 1t = the library `dlc "
+        "(the program from it, the model not imported); alternated 1t, 2t = the library `dlc "
         "compile --emit so` writes and onnxruntime called alternately in one process at one "
-        "thread, 25th percentiles (the steadier comparison: the columns before it are "
-        "separate runs minutes apart).",
+        "and at two threads, 25th percentiles (the steadier comparison: the latency columns "
+        "before them are separate runs minutes apart).",
         "",
         "| model | file MiB | cold dlc run s | peak MiB | warm dlc run s | peak MiB | error vs ort "
-        "| dlc 1t | ort 1t | ratio 1t | dlc 2t | ort 2t | ratio 2t | runs | alternated 1t |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| dlc 1t | ort 1t | ratio 1t | dlc 2t | ort 2t | ratio 2t | runs | alternated 1t "
+        "| alternated 2t |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         cells = [r["model"], f"{r['model_mib']:.1f}", f"{r['cold_s']:.2f}", f"{r['cold_mib']:.0f}",
@@ -346,8 +360,9 @@ def main():
                       f"{r[f'ort{t}_ms']:.3f} ({r[f'ort{t}_spread']:.0%})",
                       f"{r[f'dlc{t}_ms'] / r[f'ort{t}_ms']:.2f}"]
         cells.append(f"{r['runs1']}/{r['runs2']}")
-        cells.append(f"{r['dlc1_p25']:.3f} / {r['ort1_p25']:.3f}: "
-                     f"{r['dlc1_p25'] / r['ort1_p25']:.2f}")
+        for t in (1, 2):
+            cells.append(f"{r[f'dlc{t}_p25']:.3f} / {r[f'ort{t}_p25']:.3f}: "
+                         f"{r[f'dlc{t}_p25'] / r[f'ort{t}_p25']:.2f}")
         lines.append("| " + " | ".join(cells) + " |")
     for name, why in failed:
         lines.append(f"| {name} | failed: {why} |")
