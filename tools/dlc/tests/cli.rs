@@ -867,25 +867,33 @@ fn affine_reference() -> Vec<f64> {
     out
 }
 
-/// Compiles `model` to `DIR/STEM.o` and `DIR/STEM.h`; the header's text.
-fn emit_object_and_header(d: &Dir, model: &str, stem: &str) -> (PathBuf, String) {
+/// Compiles `model` to `DIR/STEM.o` and `DIR/STEM.h` (with `options`
+/// given to `dlc compile`); the header's text.
+fn emit_object_and_header(d: &Dir, model: &str, stem: &str, options: &[&str]) -> (PathBuf, String) {
     let (obj, header) = (d.0.join(format!("{stem}.o")), d.0.join(format!("{stem}.h")));
     for (emit, path) in [("obj", &obj), ("header", &header)] {
-        emit_to(model, emit, path);
+        emit_with(model, emit, path, options);
     }
     (obj, std::fs::read_to_string(&header).unwrap())
 }
 
 /// `dlc compile MODEL --emit EMIT -o PATH`, which must succeed.
 fn emit_to(model: &str, emit: &str, path: &Path) {
-    let o = dlc(&[
+    emit_with(model, emit, path, &[]);
+}
+
+/// [`emit_to`] with `options` given to `dlc compile` too.
+fn emit_with(model: &str, emit: &str, path: &Path, options: &[&str]) {
+    let mut args = vec![
         "compile",
         model,
         "--emit",
         emit,
         "-o",
         path.to_str().unwrap(),
-    ]);
+    ];
+    args.extend_from_slice(options);
+    let o = dlc(&args);
     assert!(o.status.success(), "{emit}: {}", stderr(&o));
 }
 
@@ -912,7 +920,7 @@ fn run_c_program(d: &Dir, exe: &str, main: &str, obj: &Path, libs: &[&str]) -> S
 fn object_files_link_into_a_c_program() {
     let d = Dir::new("cabi");
     let model = d.file("m.dl", MODEL);
-    let (obj, h) = emit_object_and_header(&d, &model, "model");
+    let (obj, h) = emit_object_and_header(&d, &model, "model", &[]);
     assert!(
         h.contains(
             "int32_t dlc_m_affine(const float *x, const float *w, const float *b, float *out0);"
@@ -992,20 +1000,7 @@ fn threads_share_a_kernels_programs_with_the_short_one_last() {
         "fn f(x: f32[1, 384, 14, 14], w: f32[64, 384, 1, 1]) -> f32[1, 64, 14, 14] {\n    \
          return conv2d(x, w);\n}\n",
     );
-    let (obj, header) = (d.0.join("split.o"), d.0.join("split.h"));
-    for (emit, path) in [("obj", &obj), ("header", &header)] {
-        let o = dlc(&[
-            "compile",
-            &model,
-            "--cpu",
-            "x86-64-v3",
-            "--emit",
-            emit,
-            "-o",
-            path.to_str().unwrap(),
-        ]);
-        assert!(o.status.success(), "{emit}: {}", stderr(&o));
-    }
+    let (obj, _) = emit_object_and_header(&d, &model, "split", &["--cpu", "x86-64-v3"]);
     let main = d.file("team.c", C_TEAM);
     let printed = run_c_program(&d, "team", &main, &obj, &["-lm"]);
     // The product's region is the one that writes the output; a region
@@ -1286,7 +1281,7 @@ fn any_legal_name_compiles_links_and_runs() {
     }
     let d = Dir::new("names");
     let src = d.file("names.dl", &model);
-    let (obj, h) = emit_object_and_header(&d, &src, "names");
+    let (obj, h) = emit_object_and_header(&d, &src, "names", &[]);
     assert!(
         h.contains(
             "int32_t dlc_names_malloc(const float *int_, const float *double_, const float *NULL_, \
@@ -1661,7 +1656,7 @@ fn static_libraries_link_into_a_c_program() {
     emit_to(&model, "lib", &lib);
     let members = Command::new("ar").arg("t").arg(&lib).output().unwrap();
     assert_eq!(String::from_utf8_lossy(&members.stdout).lines().count(), 1);
-    let (_, h) = emit_object_and_header(&d, &model, "model");
+    let (_, h) = emit_object_and_header(&d, &model, "model", &[]);
     assert!(h.contains("dlc_m_affine"), "{h}");
     let main = d.file("main.c", C_MAIN);
     check_affine_output(
@@ -1747,7 +1742,7 @@ fn objects_for_a_cpu_level_use_only_its_instructions() {
             "{MODEL}\nfn big(x: f32[64, 96], w: f32[96, 80]) -> f32[64, 80] {{ return tanh(x @ w); }}\n"
         ),
     );
-    let (_, h) = emit_object_and_header(&d, &model, "model");
+    let (_, h) = emit_object_and_header(&d, &model, "model", &[]);
     assert!(h.contains("dlc_m_affine"), "{h}");
     let main = d.file("main.c", C_MAIN);
     for (level, absent) in [
