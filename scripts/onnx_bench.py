@@ -128,9 +128,12 @@ def model_files(name):
 def interleaved(lib, session, feeds, runs):
     """25th percentiles (ms) of dlc's compiled library `lib` and of
     onnxruntime `session`, called alternately in this process (each at the
-    thread count it was given: `OMP_NUM_THREADS`, the session's): blocks of ten calls each, the first two of every block not counted, so
-    that both run warm and both see the machine's same minutes (this VM's
-    medians drift 10-50% between runs minutes apart)."""
+    thread count it was given: `OMP_NUM_THREADS`, the session's): blocks of
+    ten calls each, the first two of every block not counted, so that both
+    run warm and both see the machine's same minutes (this VM's medians
+    drift 10-50% between runs minutes apart); at least three blocks each,
+    so that one burst of another load does not decide a slow model's row
+    (BERT's one block at two threads read 1.49 once, 0.93 minutes later)."""
     import ctypes
     import numpy as np
 
@@ -149,7 +152,7 @@ def interleaved(lib, session, feeds, runs):
         session.run(None, feeds)
 
     times = {dlc: [], ort: []}
-    for _ in range(max(1, runs // 8)):
+    for _ in range(max(3, runs // 8)):
         for call in (dlc, ort):
             for k in range(10):
                 t = time.perf_counter()
