@@ -9,7 +9,7 @@ CARGO ?= cargo
 EXAMPLE ?= examples/w2_mlp.dl
 
 .PHONY: all setup setup-test-tools setup-cuda setup-onnx setup-python python-test bench-python run test lint fuzz-smoke bench bench-gpu gpu-check-prepare gpu-train-check-prepare bench-peers bench-contract bench-saturate train-peers bench-train bench-distributed \
-	onnx-tests onnx-bench onnx-models setup-onnx-torch onnx-torch-models clean
+	onnx-tests onnx-bench onnx-layers onnx-models setup-onnx-torch onnx-torch-models clean
 
 all: test
 
@@ -247,6 +247,16 @@ onnx-tests: setup setup-onnx
 onnx-bench: setup setup-onnx-torch
 	$(CARGO) build --release --locked -p dlc
 	$(ONNX_TORCH_VENV)/bin/python scripts/onnx_bench.py target/release/dlc
+
+# One of those models' products (with their epilogues) each on its own,
+# dlc against onnxruntime: MODEL=mobilenet_v2 (any onnx-bench model),
+# EVICT=40 to write 40 MB of other memory before every call ->
+# target/onnx-bench/MODEL/layers.md.
+MODEL ?= mobilenet_v2
+EVICT ?= 0
+onnx-layers: setup setup-onnx-torch
+	$(CARGO) build --release --locked -p dlc
+	$(ONNX_TORCH_VENV)/bin/python scripts/onnx_layers.py target/release/dlc --model $(MODEL) --evict $(EVICT)
 
 onnx-models: setup-onnx
 	$(ONNX_VENV)/bin/python scripts/onnx_models.py
