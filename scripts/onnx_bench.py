@@ -125,22 +125,25 @@ def model_files(name):
     return os.path.join(d, "model.onnx"), inputs
 
 
-def interleaved(lib, session, feeds, runs):
-    """25th percentiles (ms) of dlc's compiled library `lib` and of
+def interleaved(lib, session, feeds, blocks, entry="dlc_model_main_graph", before=None):
+    """25th percentiles (ms) of dlc's compiled library `lib` (its function
+    `entry`, taking the session's inputs in order, then its outputs) and of
     onnxruntime `session`, called alternately in this process (each at the
     thread count it was given: `OMP_NUM_THREADS`, the session's): blocks of
     ten calls each, the first two of every block not counted, so that both
     run warm and both see the machine's same minutes (this VM's medians
     drift 10-50% between runs minutes apart); at least three blocks each,
     so that one burst of another load does not decide a slow model's row
-    (BERT's one block at two threads read 1.49 once, 0.93 minutes later)."""
+    (BERT's one block at two threads read 1.49 once, 0.93 minutes later).
+    `before`, if given, runs before every call, untimed. Also dlc's
+    outputs of the last call."""
     import ctypes
     import numpy as np
 
     names = [i.name for i in session.get_inputs()]
     args = [np.ascontiguousarray(feeds[n]) for n in names]
     outs = [np.empty_like(np.asarray(o)) for o in session.run(None, feeds)]
-    f = ctypes.CDLL(lib, mode=ctypes.RTLD_LOCAL).dlc_model_main_graph
+    f = ctypes.CDLL(lib, mode=ctypes.RTLD_LOCAL)[entry]
     f.restype = ctypes.c_int32
     pointers = [a.ctypes.data_as(ctypes.c_void_p) for a in args + outs]
 
@@ -152,15 +155,17 @@ def interleaved(lib, session, feeds, runs):
         session.run(None, feeds)
 
     times = {dlc: [], ort: []}
-    for _ in range(max(3, runs // 8)):
+    for _ in range(max(3, blocks)):
         for call in (dlc, ort):
             for k in range(10):
+                if before is not None:
+                    before()
                 t = time.perf_counter()
                 call()
                 if k >= 2:
                     times[call].append((time.perf_counter() - t) * 1e3)
     p25 = {c: sorted(v)[len(v) // 4] for c, v in times.items()}
-    return p25[dlc], p25[ort]
+    return p25[dlc], p25[ort], outs
 
 
 def ort_worker(path, inputs, dlc_out, threads, lib=None, alternate=1):
@@ -203,7 +208,8 @@ def ort_worker(path, inputs, dlc_out, threads, lib=None, alternate=1):
         result[f"ort{n}"] = {"median_ms": ts[len(ts) // 2], "min_ms": ts[0], "max_ms": ts[-1],
                              "runs": runs, "warmup": warmup}
         if n == alternate and lib is not None:
-            result[f"dlc{n}_p25"], result[f"ort{n}_p25"] = interleaved(lib, s, feeds, runs)
+            result[f"dlc{n}_p25"], result[f"ort{n}_p25"], _ = interleaved(lib, s, feeds,
+                                                                        runs // 8)
     print(json.dumps(result))
 
 

@@ -7,11 +7,12 @@ it alone feeds (Clip, Relu, Add of another tensor, HardSwish, HardSigmoid,
 Sigmoid), is cut out with `onnx.utils.extract_model` into a model of its
 own, compiled by `dlc compile --emit so`, and called alternately with an
 onnxruntime session of the same model (one thread each, random inputs from
-seed 0) in blocks of eight calls, the first two not counted; the 25th
-percentiles of each and the error against onnxruntime are printed, with
-their sums. A layer's inputs, weights and output stay in the caches between
-the calls of a block, as they do not in the whole model: `--evict MB`
-writes that much other memory before every call, for the other extreme.
+seed 0) as `onnx_bench.py` alternates whole models (`interleaved`: blocks of
+ten calls, the first two not counted); the 25th percentiles of each and the
+error against onnxruntime are printed, with their sums. A layer's inputs,
+weights and output stay in the caches between the calls of a block, as they
+do not in the whole model: `--evict MB` writes that much other memory
+before every call, for the other extreme.
 onnxruntime's single-node sessions also reorder to and from its blocked
 layout, so its side of each row carries more than the node's work; what the
 rows compare reliably is dlc's layers with each other and with dlc's whole
@@ -23,16 +24,16 @@ onnx_layers.py [DLC] --model NAME [--rounds N] [--evict MB].
 """
 
 import argparse
-import ctypes
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import shape_inference, utils
+
+from onnx_bench import interleaved
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 OUT = os.path.join(ROOT, "target", "onnx-bench")
@@ -82,7 +83,10 @@ def main():
     model = shape_inference.infer_shapes(onnx.load(path))
     known = list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output)
     shapes = {v.name: [x.dim_value for x in v.type.tensor_type.shape.dim] for v in known}
-    other = np.ones(a.evict << 18, np.float32) if a.evict else None
+    other = np.ones(a.evict << 18, np.float32)
+
+    def evict():
+        np.add(other, 1.0, out=other)
     rng = np.random.default_rng(0)
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
@@ -108,36 +112,19 @@ def main():
         session = ort.InferenceSession(cut, options, providers=["CPUExecutionProvider"])
         feeds = {i: rng.standard_normal(shapes[i]).astype(np.float32) for i in inputs}
         want = session.run(None, feeds)[0]
-        got = np.empty_like(want)
-        f = ctypes.CDLL(os.path.abspath(lib), mode=ctypes.RTLD_LOCAL)[f"dlc_{stem}_main_graph"]
-        f.restype = ctypes.c_int32
-        pointers = [feeds[i].ctypes.data_as(ctypes.c_void_p) for i in inputs]
-        pointers.append(got.ctypes.data_as(ctypes.c_void_p))
-        if f(*pointers) != 0:
-            raise RuntimeError(f"{lib}: the compiled layer failed")
-        error = float(np.max(np.abs(got - want))) / (float(np.max(np.abs(want))) or 1.0)
-        times = {"dlc": [], "ort": []}
-        calls = {"dlc": lambda: f(*pointers), "ort": lambda: session.run(None, feeds)}
-        for _ in range(a.rounds):
-            for who, call in calls.items():
-                for j in range(8):
-                    if other is not None:
-                        other += 1.0
-                    t = time.perf_counter()
-                    call()
-                    if j >= 2:
-                        times[who].append((time.perf_counter() - t) * 1e3)
-        p25 = {who: sorted(t)[len(t) // 4] for who, t in times.items()}
-        sums[0] += p25["dlc"]
-        sums[1] += p25["ort"]
-        rows.append(f"| {node.name} | {node.op_type} | {shapes.get(inputs[0])} -> {shapes.get(out)} "
-                    f"| {p25['dlc']:.4f} | {p25['ort']:.4f} | {p25['dlc'] / p25['ort']:.2f} "
-                    f"| {error:.1e} |")
+        dlc_ms, ort_ms, outs = interleaved(lib, session, feeds, a.rounds,
+                                           f"dlc_{stem}_main_graph", evict if a.evict else None)
+        error = float(np.max(np.abs(outs[0] - want))) / (float(np.max(np.abs(want))) or 1.0)
+        sums[0] += dlc_ms
+        sums[1] += ort_ms
+        rows.append(f"| {node.name} | {node.op_type} "
+                    f"| {shapes.get(inputs[0])} -> {shapes.get(out)} | {dlc_ms:.4f} "
+                    f"| {ort_ms:.4f} | {dlc_ms / ort_ms:.2f} | {error:.1e} |")
         print(rows[-1], flush=True)
     lines = [
         f"{a.model}: each product with its epilogue as a model of its own, dlc's library and "
-        f"onnxruntime alternated at one thread ({a.rounds} blocks of eight calls, the first two "
-        f"not counted; 25th percentiles in ms"
+        f"onnxruntime alternated at one thread ({max(3, a.rounds)} blocks of ten calls, the "
+        f"first two not counted; 25th percentiles in ms"
         + (f"; {a.evict} MB of other memory written before every call" if a.evict else "")
         + "). onnxruntime's single-node sessions reorder to and from their blocked layout too.",
         "",
