@@ -321,6 +321,7 @@ fn compile_entry(origin: Origin, grad: Option<Vec<String>>) -> Result<Compiled, 
     };
     let jit_options = dlc_llvm::JitOptions {
         cache: origin.cache.then(dlc_llvm::ObjectCache::for_user).flatten(),
+        profile: false,
     };
     let codegen = |e: dlc_llvm::CodegenError| DriverError::Codegen(e.to_string());
     let jit = dlc_llvm::compile_in_process(prepared.tiles()?, &jit_options).map_err(codegen)?;

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use crate::abi::entry_wrapper;
+use crate::codegen::profile::Profile;
 use crate::codegen::tile::TileIr;
 use crate::codegen::{Ir, Sites};
 use crate::target;
@@ -25,8 +26,10 @@ pub trait Program: Sync {
     /// The runtime signature of function `name` (no failure sites).
     fn signature_of(&self, name: &str) -> R<Signature>;
     /// Emits every function, its `SYM.entry` wrapper and its
-    /// `SYM.signature` into `module`, with vectors of `target`'s width;
-    /// returns each function's failure sites by name.
+    /// `SYM.signature` into `module`, with vectors of `target`'s width,
+    /// with every kernel launch timed when `profile` (and the table of
+    /// launches, `codegen::profile`); returns each function's failure
+    /// sites by name.
     #[doc(hidden)]
     fn emit_functions<'ctx>(
         &self,
@@ -34,6 +37,7 @@ pub trait Program: Sync {
         module: &Module<'ctx>,
         symbols: &Symbols,
         target: &TargetDesc,
+        profile: bool,
     ) -> R<HashMap<String, Vec<Site>>>;
 }
 
@@ -75,12 +79,23 @@ fn emit_all<'ctx, I: Ir>(
     module: &Module<'ctx>,
     symbols: &Symbols,
     target: &TargetDesc,
+    profile: bool,
 ) -> R<HashMap<String, Vec<Site>>> {
     let mut all = HashMap::new();
+    let launches = profile.then(Profile::default);
     for f in functions {
         let symbol = symbols.symbol(I::name(f)).map_err(CodegenError::Symbol)?;
         let sites = Sites::default();
-        let func = I::emit(ctx, module, f, functions, symbols, &sites, target)?;
+        let func = I::emit(
+            ctx,
+            module,
+            f,
+            functions,
+            symbols,
+            &sites,
+            target,
+            launches.as_ref(),
+        )?;
         // The preparer named by its symbol, as a loaded library finds it.
         let sig = I::signature(f).and_then(|mut sig| {
             if let Some(p) = &sig.prepare {
@@ -90,6 +105,9 @@ fn emit_all<'ctx, I: Ir>(
         });
         let sites = export(ctx, module, func, &symbol, I::arity(f), sig, &sites)?;
         all.insert(I::name(f).to_string(), sites);
+    }
+    if let Some(launches) = &launches {
+        crate::codegen::profile::define_table(ctx, module, symbols.prefix(), launches)?;
     }
     Ok(all)
 }
@@ -105,8 +123,9 @@ impl Program for TModule {
         module: &Module<'ctx>,
         symbols: &Symbols,
         target: &TargetDesc,
+        profile: bool,
     ) -> R<HashMap<String, Vec<Site>>> {
-        emit_all::<TileIr>(&self.functions, ctx, module, symbols, target)
+        emit_all::<TileIr>(&self.functions, ctx, module, symbols, target, profile)
     }
 }
 
@@ -127,18 +146,20 @@ pub fn compile<'ctx, P: Program + ?Sized>(
     symbols: &Symbols,
     target: &TargetDesc,
 ) -> R<Compiled<'ctx>> {
-    let (module, machine, _) = build(ctx, m, symbols, target)?;
+    let (module, machine, _) = build(ctx, m, symbols, target, false)?;
     optimize(&module, &machine)?;
     Ok(Compiled { module, machine })
 }
 
-/// The unoptimized, verified LLVM module of `m` for `target`'s CPU, the
-/// target machine it is for, and each function's failure sites.
+/// The unoptimized, verified LLVM module of `m` for `target`'s CPU (its
+/// kernel launches timed with `profile`), the target machine it is for,
+/// and each function's failure sites.
 pub(crate) fn build<'ctx, P: Program + ?Sized>(
     ctx: &'ctx Context,
     m: &P,
     symbols: &Symbols,
     target: &TargetDesc,
+    profile: bool,
 ) -> R<(Module<'ctx>, TargetMachine, HashMap<String, Vec<Site>>)> {
     if target.cpu().is_none() {
         return Err(CodegenError::Unsupported(format!(
@@ -150,7 +171,7 @@ pub(crate) fn build<'ctx, P: Program + ?Sized>(
     let module = ctx.create_module("dlc");
     module.set_triple(&machine.get_triple());
     module.set_data_layout(&machine.get_target_data().get_data_layout());
-    let all_sites = m.emit_functions(ctx, &module, symbols, target)?;
+    let all_sites = m.emit_functions(ctx, &module, symbols, target, profile)?;
     define_bf16_truncation(ctx, &module)?;
     let attributes = target::function_attributes(target);
     for func in module.get_functions() {

@@ -2,6 +2,7 @@
 //! runtime's checked kernels.
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
 
 use crate::cache::{Entry, ObjectCache};
 use crate::emit::{Program, build, optimize};
@@ -38,6 +39,8 @@ pub struct Jit {
     pub(crate) objects: Option<Vec<String>>,
     /// The `SYM.entry` wrappers, linked before the first call.
     pub(crate) entries: Vec<String>,
+    /// Whether its kernel launches are timed (`JitOptions::profile`).
+    pub(crate) profiled: bool,
 }
 
 // SAFETY: the LLJIT behind `linker` is thread-safe (its lookups take its
@@ -58,6 +61,30 @@ pub struct JitOptions {
     /// Where compiled object files are looked up before compiling and
     /// stored after (`None`: compile everything, store nothing).
     pub cache: Option<ObjectCache>,
+    /// Time every kernel launch in the code (two reads of the monotonic
+    /// clock and two atomic additions a launch), read by
+    /// [`Jit::profile`].
+    pub profile: bool,
+}
+
+/// A kernel launch of a profiled module ([`JitOptions::profile`]) and
+/// what its counters hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Launch {
+    /// The source place of the op the kernel computes (`model.dl:9:5`, or
+    /// an imported model's node), empty where it has none.
+    pub place: String,
+    /// The function the kernel was outlined into, as a profiler of the
+    /// machine code names it (`main.threads12.L9C5`); launches of the same
+    /// code share one.
+    pub kernel: String,
+    /// The programs of its grid.
+    pub programs: usize,
+    /// Launches since the counters were last zeroed.
+    pub calls: u64,
+    /// Nanoseconds from those launches to the return of their last
+    /// thread.
+    pub ns: u64,
 }
 
 impl Jit {
@@ -104,6 +131,84 @@ impl Jit {
 }
 
 impl Jit {
+    /// Whether its kernel launches are timed ([`JitOptions::profile`]).
+    pub fn profiled(&self) -> bool {
+        self.profiled
+    }
+
+    /// Every kernel launch of the module in the order its host functions
+    /// make them, with the time spent in each since it was compiled or
+    /// [`Jit::reset_profile`] (see `codegen::profile`); an error when it
+    /// was not compiled with [`JitOptions::profile`].
+    pub fn profile(&self) -> R<Vec<Launch>> {
+        self.launches()?
+            .into_iter()
+            .map(|(name, counters)| {
+                let mut fields = name.rsplitn(3, '|');
+                let (programs, kernel, place) = (fields.next(), fields.next(), fields.next());
+                let programs = programs.and_then(|p| p.parse().ok());
+                let (Some(programs), Some(kernel), Some(place)) = (programs, kernel, place) else {
+                    return Err(CodegenError::Invalid(format!(
+                        "a launch named `{name}` in the profile"
+                    )));
+                };
+                let [ns, calls] = counters
+                    .each_ref()
+                    .map(|c| c.load(std::sync::atomic::Ordering::Relaxed));
+                Ok(Launch {
+                    place: place.to_string(),
+                    kernel: kernel.to_string(),
+                    programs,
+                    calls,
+                    ns,
+                })
+            })
+            .collect()
+    }
+
+    /// Zeroes the counters of every kernel launch (not while a call of
+    /// the module runs, whose launches would count in part).
+    pub fn reset_profile(&self) -> R<()> {
+        for (_, counters) in self.launches()? {
+            for c in counters {
+                c.store(0, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
+    /// The table of launches of a profiled module: each one's name and
+    /// its counters `{ns, calls}`.
+    fn launches(&self) -> R<Vec<(String, &[AtomicU64; 2])>> {
+        if !self.profiled {
+            return Err(CodegenError::Arguments(
+                "the module was not compiled to be profiled (JitOptions::profile)".into(),
+            ));
+        }
+        let table = self.linker.address(&crate::codegen::profile::table_symbol(
+            jit_symbols().prefix(),
+        ))? as *const u64;
+        // SAFETY: `codegen::profile::define_table` laid the table out as
+        // `{i64 n, [n x {ptr name, ptr counters}]}`, the names C strings and
+        // the counters `[2 x i64]` globals of the module, which the linker
+        // keeps while the JIT lives; the counters are only ever changed by
+        // atomic operations.
+        unsafe {
+            let n = *table as usize;
+            let entries = table.add(1) as *const [usize; 2];
+            (0..n)
+                .map(|k| {
+                    let [name, counters] = *entries.add(k);
+                    let name = std::ffi::CStr::from_ptr(name as *const std::ffi::c_char)
+                        .to_string_lossy()
+                        .into_owned();
+                    let counters = &*(counters as *const [AtomicU64; 2]);
+                    Ok((name, counters))
+                })
+                .collect()
+        }
+    }
+
     /// Links every entry point now, so that the compile time counts it and
     /// the first call does not pay it.
     pub(crate) fn link_entries(&self) -> R<()> {
@@ -151,17 +256,18 @@ fn constant_bytes(module: &inkwell::module::Module<'_>, machine: &TargetMachine)
 }
 
 /// Builds the whole of `m`, keeps part `part` of `parts` and compiles it
-/// to an object file (or takes it from `cache`); `None` when the module
-/// has fewer parts.
+/// to an object file (or takes it from `cache`), its kernel launches
+/// timed with `profile`; `None` when the module has fewer parts.
 fn compile_part<P: Program + ?Sized>(
     m: &P,
     part: usize,
     parts: usize,
     target: &dlc_core::TargetDesc,
     cache: Option<&ObjectCache>,
+    profile: bool,
 ) -> R<Option<Part>> {
     let ctx = Context::create();
-    let (module, machine, sites) = build(&ctx, m, &jit_symbols(), target)?;
+    let (module, machine, sites) = build(&ctx, m, &jit_symbols(), target, profile)?;
     let partition = Partition::of(&module, parts);
     if part >= partition.parts() {
         return Ok(None);
@@ -273,7 +379,7 @@ pub fn compile_in_process<P: Program + ?Sized>(m: &P, options: &JitOptions) -> R
         let handles: Vec<_> = (0..=workers)
             .map(|part| {
                 let cache = options.cache.as_ref();
-                s.spawn(move || compile_part(m, part, workers, target, cache))
+                s.spawn(move || compile_part(m, part, workers, target, cache, options.profile))
             })
             .collect();
         handles
@@ -293,7 +399,7 @@ pub fn compile_in_process<P: Program + ?Sized>(m: &P, options: &JitOptions) -> R
     if !partitioned(&compiled) {
         // The workers built different modules (code generation that is
         // not deterministic): compile the whole module as one part.
-        compiled = compile_part(m, 0, 1, target, options.cache.as_ref())?
+        compiled = compile_part(m, 0, 1, target, options.cache.as_ref(), options.profile)?
             .into_iter()
             .collect();
     }
@@ -328,6 +434,7 @@ pub fn compile_in_process<P: Program + ?Sized>(m: &P, options: &JitOptions) -> R
         cached,
         objects: keys,
         entries: first.entries,
+        profiled: options.profile,
     };
     jit.link_entries()?;
     jit.compile_time = start.elapsed();

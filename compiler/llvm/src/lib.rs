@@ -111,7 +111,9 @@ pub use emit::{
     emit_static_library,
 };
 pub use gpu::{EmulatedDevice, Emulator, compile_gpu, emulate};
-pub use jit::{Jit, JitOptions, MAX_CACHED_CONSTANT_BYTES, compile_in_process, jit, jit_with};
+pub use jit::{
+    Jit, JitOptions, Launch, MAX_CACHED_CONSTANT_BYTES, compile_in_process, jit, jit_with,
+};
 pub use program::ProgramKey;
 
 use inkwell::builder::BuilderError;

@@ -163,14 +163,14 @@ impl Jit {
     /// entry point's parameters). `Ok(false)` when it cannot be stored: a
     /// part of it was compiled without the cache (one holding much constant
     /// data, see [`crate::MAX_CACHED_CONSTANT_BYTES`], or a compile given
-    /// no cache).
+    /// no cache), or it is profiled (its key would not say so).
     pub fn store(
         &self,
         cache: &ObjectCache,
         key: &ProgramKey,
         meta: &str,
     ) -> std::io::Result<bool> {
-        let Some(objects) = &self.objects else {
+        let Some(objects) = self.objects.as_ref().filter(|_| !self.profiled) else {
             return Ok(false);
         };
         let text = Manifest::write(objects, &self.entries, &self.signatures, meta);
@@ -221,6 +221,8 @@ impl Jit {
             cached: parts,
             objects: Some(manifest.objects),
             entries: manifest.entries,
+            // A profiled program is never stored (`Jit::store`).
+            profiled: false,
         };
         jit.link_entries()?;
         jit.compile_time = start.elapsed();

@@ -1367,6 +1367,7 @@ fn through_a_cache(
             &dir,
             dlc_llvm::DEFAULT_MAX_BYTES,
         )),
+        profile: false,
     };
     let tiles = dlc_driver::lower_for_cpu(m).unwrap();
     let f = m.entry_points().next().unwrap();
@@ -1420,6 +1421,7 @@ fn compiled_objects_come_from_the_cache_the_second_time() {
             &dir,
             dlc_llvm::DEFAULT_MAX_BYTES,
         )),
+        profile: false,
     };
     let (_, cached) = dlc_llvm::jit_with(&other, &options, |jit| Ok(jit.parts())).unwrap();
     assert_eq!(cached, 0);
@@ -1459,6 +1461,7 @@ fn whole_programs_link_from_the_cache() {
     assert!(!uncached.store(&cache, &key, "meta").unwrap());
     let options = dlc_llvm::JitOptions {
         cache: Some(cache.clone()),
+        profile: false,
     };
     let compiled = dlc_llvm::compile_in_process(&tiles, &options).unwrap();
     assert!(compiled.store(&cache, &key, "the caller's\ntext").unwrap());

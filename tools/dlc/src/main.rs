@@ -232,6 +232,12 @@ enum Command {
         /// drawing them at random.
         #[arg(long, value_name = "PATH")]
         weights: Option<PathBuf>,
+        /// With `--backend cpu`: time every kernel launch of the timed runs
+        /// (code compiled with a clock read before and after each launch)
+        /// and list the kernels by the time spent in them, each with the
+        /// place of the op it computes.
+        #[arg(long)]
+        profile: bool,
     },
     /// Measure this machine with the project's own compiled kernels (one
     /// thread) and write the constants of the cost model `graph.saturate`
@@ -541,8 +547,11 @@ fn bench(
     json: bool,
     passes: &str,
     backend: Backend,
-    tf32: bool,
-    cache: bool,
+    Measure {
+        tf32,
+        cache,
+        profile,
+    }: Measure,
     weights: Option<&std::path::Path>,
 ) -> Result<(), DriverError> {
     if tf32 && backend != Backend::Gpu {
@@ -551,6 +560,18 @@ fn bench(
     if cache && backend != Backend::Cpu {
         return Err(DriverError::Usage(
             "--cache is for --backend cpu (the object cache holds CPU code)".into(),
+        ));
+    }
+    if profile && backend != Backend::Cpu {
+        return Err(DriverError::Usage(
+            "--profile is for --backend cpu (GPU kernels are not timed yet)".into(),
+        ));
+    }
+    if profile && cache {
+        return Err(DriverError::Usage(
+            "--profile compiles code of its own, with every launch timed: it neither takes nor \
+             stores programs in the cache (leave out --cache)"
+                .into(),
         ));
     }
     if !matches!(backend, Backend::Cpu | Backend::Gpu) {
@@ -584,7 +605,7 @@ fn bench(
     } else {
         "random inputs drawn and"
     };
-    let (front, llvm, ms, bind, device, parts, name, whole) = if backend == Backend::Gpu
+    let (front, llvm, ms, bind, device, parts, name, whole, launches) = if backend == Backend::Gpu
         && let Some(src) = src
     {
         phases.set("checking");
@@ -606,7 +627,17 @@ fn bench(
         let (codegen, ms, device) =
             time_gpu_calls(&module, f, &bound, Timing { runs, warmup }, tf32)?;
         let name = f.name.clone();
-        (front, codegen, ms, None, Some(device), None, name, false)
+        (
+            front,
+            codegen,
+            ms,
+            None,
+            Some(device),
+            None,
+            name,
+            false,
+            None,
+        )
     } else {
         let cache = if cache {
             Some(dlc_llvm::ObjectCache::for_user().ok_or_else(|| {
@@ -623,6 +654,7 @@ fn bench(
             passes,
             priced: dlc_core::TargetDesc::host(),
             cache: cache.as_ref(),
+            profile,
         };
         let reading = start.elapsed();
         let p = match src {
@@ -645,6 +677,7 @@ fn bench(
             Some(parts),
             p.interface.name,
             p.cached,
+            t.launches,
         )
     };
     let (median, min, max) = (median(&ms), ms[0], ms[ms.len() - 1]);
@@ -668,6 +701,7 @@ fn bench(
             "warmup": warmup,
             "backend": if device.is_some() { "gpu" } else { "cpu" },
             "device": device,
+            "profile": launches.as_ref().map(|l| profile_json(l, runs)),
         });
         dlc_cli::outln!("{report}");
     } else {
@@ -710,8 +744,92 @@ fn bench(
         dlc_cli::outln!(
             "  latency: median {median:.3} ms, min {min:.3} ms, max {max:.3} ms over {runs} runs ({warmup} warm-up)"
         );
+        if let Some(launches) = &launches {
+            print_profile(file, launches, runs, ms.iter().sum::<f64>() / runs as f64);
+        }
     }
     Ok(())
+}
+
+/// How `dlc bench` measures, past where it runs.
+struct Measure {
+    /// `--tf32`.
+    tf32: bool,
+    /// `--cache`.
+    cache: bool,
+    /// `--profile`.
+    profile: bool,
+}
+
+/// The kernel launches of `--profile`, the longest first (over `runs`
+/// timed runs).
+fn profile_rows(launches: &[dlc_llvm::Launch]) -> Vec<&dlc_llvm::Launch> {
+    let mut rows: Vec<&dlc_llvm::Launch> = launches.iter().filter(|l| l.calls > 0).collect();
+    rows.sort_by_key(|l| std::cmp::Reverse(l.ns));
+    rows
+}
+
+/// The launches shown in `dlc bench --profile`'s text; the rest are summed.
+const PROFILE_ROWS: usize = 30;
+
+/// `dlc bench --profile`'s table: per run, the time in each launch (the
+/// longest first), its share of the mean latency `mean_ms`, its calls and
+/// programs, and the op's place and the kernel's function. An imported
+/// model's nodes are named without the file's name (`file`'s, every one).
+fn print_profile(file: &str, launches: &[dlc_llvm::Launch], runs: usize, mean_ms: f64) {
+    let per_run = |ns: u64| ns as f64 / 1e6 / runs as f64;
+    let rows = profile_rows(launches);
+    let inside: f64 = rows.iter().map(|l| per_run(l.ns)).sum();
+    let calls: u64 = rows.iter().map(|l| l.calls).sum();
+    dlc_cli::outln!(
+        "  profile: {} kernel launches a run, {inside:.3} ms of the mean {mean_ms:.3} ms ({:.1}%) \
+         inside them (a kernel on threads until its last thread returns):",
+        calls as f64 / runs as f64,
+        100.0 * inside / mean_ms
+    );
+    dlc_cli::outln!("        ms      %  calls  programs  place (kernel)");
+    for l in rows.iter().take(PROFILE_ROWS) {
+        let place = if l.place.is_empty() {
+            "no place"
+        } else {
+            l.place
+                .strip_prefix(&format!("{file}, "))
+                .unwrap_or(&l.place)
+        };
+        dlc_cli::outln!(
+            "    {:>6.3} {:>6.2} {:>6} {:>9}  {place} ({})",
+            per_run(l.ns),
+            100.0 * per_run(l.ns) / mean_ms,
+            l.calls as f64 / runs as f64,
+            l.programs,
+            l.kernel
+        );
+    }
+    if rows.len() > PROFILE_ROWS {
+        let rest: f64 = rows[PROFILE_ROWS..].iter().map(|l| per_run(l.ns)).sum();
+        dlc_cli::outln!(
+            "    {rest:>6.3} {:>6.2}  in the other {} launches (--json lists every one)",
+            100.0 * rest / mean_ms,
+            rows.len() - PROFILE_ROWS
+        );
+    }
+}
+
+/// `--profile`'s launches in `--json`: every one that ran, the longest
+/// first, its time and calls per run.
+fn profile_json(launches: &[dlc_llvm::Launch], runs: usize) -> serde_json::Value {
+    profile_rows(launches)
+        .into_iter()
+        .map(|l| {
+            serde_json::json!({
+                "place": l.place,
+                "kernel": l.kernel,
+                "programs": l.programs,
+                "calls_per_run": l.calls as f64 / runs as f64,
+                "ms_per_run": l.ns as f64 / 1e6 / runs as f64,
+            })
+        })
+        .collect()
 }
 
 /// The values `dlc run` and `dlc bench` bind to weight parameters.
@@ -766,6 +884,8 @@ struct Timed {
     bind: std::time::Duration,
     /// The calls' times in ms, sorted.
     ms: Vec<f64>,
+    /// Of a profiled module, its kernel launches over the timed calls.
+    launches: Option<Vec<dlc_llvm::Launch>>,
 }
 
 /// Times `runs` calls of `f` (compiled in `jit`) on `weights` and random
@@ -797,6 +917,10 @@ fn time_calls(
     for _ in 0..warmup {
         call.run().map_err(runtime)?;
     }
+    // The timed calls' launches only (the preparer's ran at the bind).
+    if jit.profiled() {
+        jit.reset_profile().map_err(codegen)?;
+    }
     let mut ms = Vec::with_capacity(runs);
     for _ in 0..runs {
         let t = std::time::Instant::now();
@@ -804,7 +928,12 @@ fn time_calls(
         ms.push(t.elapsed().as_secs_f64() * 1e3);
     }
     ms.sort_by(f64::total_cmp);
-    Ok(Timed { bind, ms })
+    let launches = jit
+        .profiled()
+        .then(|| jit.profile())
+        .transpose()
+        .map_err(codegen)?;
+    Ok(Timed { bind, ms, launches })
 }
 
 fn median(sorted: &[f64]) -> f64 {
@@ -993,6 +1122,7 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             tf32,
             cache,
             weights,
+            profile,
         } => bench(
             &file,
             &onnx.options()?,
@@ -1002,8 +1132,11 @@ fn run(cli: Cli) -> Result<(), DriverError> {
             json,
             &passes,
             backend,
-            tf32,
-            cache,
+            Measure {
+                tf32,
+                cache,
+                profile,
+            },
             weights.as_deref(),
         ),
         Command::Import {
@@ -1192,6 +1325,7 @@ fn run_command(args: RunArgs) -> Result<(), DriverError> {
             passes: &exec.passes,
             priced: &priced,
             cache: cache.as_ref(),
+            profile: false,
         };
         let p = if dlc_driver::is_onnx(&file) {
             let p = program::compile_onnx_for_cpu(&file, &onnx, &how, &phases)?;
@@ -1438,6 +1572,7 @@ fn execute(
     }
     let cpu_options = || dlc_llvm::JitOptions {
         cache: (!no_cache).then(dlc_llvm::ObjectCache::for_user).flatten(),
+        profile: false,
     };
     if matches!(backend, Backend::Cpu) && !check {
         // Nothing compares with the arguments: each is dropped once laid

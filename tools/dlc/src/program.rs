@@ -37,6 +37,8 @@ pub struct Compile<'a> {
     /// The object cache, holding programs and objects (`None`: compile
     /// everything, store nothing).
     pub cache: Option<&'a ObjectCache>,
+    /// Time every kernel launch in the code (`dlc bench --profile`).
+    pub profile: bool,
 }
 
 /// A compiled entry point.
@@ -148,6 +150,7 @@ fn compile_fresh(
     let front = start.elapsed();
     let options = JitOptions {
         cache: how.cache.cloned(),
+        profile: how.profile,
     };
     let jit = dlc_llvm::compile_in_process(&lowered, &options).map_err(codegen)?;
     Ok((jit, interface, carried, front))

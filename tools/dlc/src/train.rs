@@ -700,6 +700,7 @@ fn train_on(args: &TrainArgs, world: Option<&World>) -> Result<(), DriverError> 
         cache: (!args.no_cache)
             .then(dlc_llvm::ObjectCache::for_user)
             .flatten(),
+        profile: false,
     };
     let result = dlc_llvm::jit_with(&lowered, &options, |jit| {
         Ok(match (world, split) {

@@ -559,6 +559,76 @@ fn bench_reports_compile_time_and_latency() {
     );
 }
 
+/// `dlc bench --profile` times every kernel launch of the timed runs in
+/// the compiled code: each launch of the three lines' ops is listed once a
+/// run with the place of its op, the times are inside the runs', and the
+/// text names the places; a profile is of CPU code compiled for it, so
+/// neither `--cache` nor the GPU takes it.
+#[test]
+fn bench_profiles_each_kernel_launch_at_its_place() {
+    let d = Dir::new("bench-profile");
+    let model = d.file(
+        "m.dl",
+        "fn layers(x: f32[256, 256], w: f32[256, 256], v: f32[256, 256]) -> f32[256, 256] {
+    let h = tanh(x @ w);
+    let s = h / sum(h, 0, true);
+    return s @ v;
+}
+",
+    );
+    let bench = ["bench", &model, "--runs", "4", "--warmup", "1", "--json"];
+    let o = dlc(&[&bench[..], &["--profile"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let launches = report["profile"].as_array().expect("a profile");
+    let mut lines = std::collections::BTreeSet::new();
+    let mut inside = 0.0;
+    for l in launches {
+        let place = l["place"].as_str().unwrap();
+        let line = place
+            .strip_prefix(&format!("{model}:"))
+            .and_then(|p| p.split(':').next())
+            .unwrap_or_else(|| panic!("{place} is not a place in {model}"));
+        lines.insert(line.to_string());
+        assert_eq!(l["calls_per_run"], 1.0, "{l}");
+        assert!(l["programs"].as_u64().is_some_and(|p| p >= 1), "{l}");
+        assert!(
+            l["kernel"]
+                .as_str()
+                .is_some_and(|k| k.starts_with("layers.")),
+            "{l}"
+        );
+        let ms = l["ms_per_run"].as_f64().unwrap();
+        assert!(ms > 0.0, "{l}");
+        inside += ms;
+    }
+    assert_eq!(
+        lines.into_iter().collect::<Vec<_>>(),
+        ["2", "3", "4"],
+        "{report}"
+    );
+    // The mean run holds its launches, and no run is longer than the
+    // longest.
+    assert!(inside <= report["max_ms"].as_f64().unwrap(), "{report}");
+    let o = dlc(&bench);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(report["profile"].is_null(), "{report}");
+    let o = dlc(&["bench", &model, "--runs", "2", "--profile"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("kernel launches a run"), "{text}");
+    assert!(text.contains(&format!("{model}:4:")), "{text}");
+    fails_with(
+        &dlc(&["bench", &model, "--profile", "--cache"]),
+        "--profile compiles code of its own",
+    );
+    fails_with(
+        &dlc(&["bench", &model, "--profile", "--backend", "gpu"]),
+        "--profile is for --backend cpu",
+    );
+}
+
 /// `dlc run` keeps compiled kernels in the object cache (`DLC_CACHE_DIR`)
 /// unless told not to; `dlc bench` compiles cold unless given `--cache`,
 /// and says how many parts came from it.

@@ -24,6 +24,7 @@ pub(crate) mod elementwise;
 pub(crate) mod gpu;
 mod math;
 mod parallel;
+pub(crate) mod profile;
 pub(crate) mod tile;
 pub(crate) mod workspace;
 
@@ -43,7 +44,9 @@ pub(crate) trait Ir: Sized {
     fn arity(f: &Self::Function) -> usize;
     /// Emits it as the C-ABI function `symbols.symbol(name)`, its failures
     /// numbered among `sites`, with vectors of `target`'s width (`symbols`
-    /// names the functions of `all`, its module's, that it calls).
+    /// names the functions of `all`, its module's, that it calls), its
+    /// kernel launches timed among `profile`'s when there is one.
+    #[allow(clippy::too_many_arguments)]
     fn emit<'ctx>(
         ctx: &'ctx Context,
         module: &Module<'ctx>,
@@ -52,6 +55,7 @@ pub(crate) trait Ir: Sized {
         symbols: &dlc_runtime::abi::Symbols,
         sites: &Sites,
         target: &dlc_core::TargetDesc,
+        profile: Option<&profile::Profile>,
     ) -> R<FunctionValue<'ctx>>;
 }
 
@@ -142,6 +146,9 @@ pub(crate) struct Gen<'ctx, 'f, I: Ir = tile::TileIr> {
     mask_registers: bool,
     /// In a GPU kernel: the block's threads (see [`gpu`]).
     gpu: Option<gpu::Threads<'ctx>>,
+    /// In a host function of a profiled module: the module's launches,
+    /// which this one's are timed among (see [`profile`]).
+    profile: Option<profile::Profile>,
 }
 
 /// The places where an exported function can fail, in the order their
@@ -203,6 +210,7 @@ impl<'ctx, 'f, I: Ir> Gen<'ctx, 'f, I> {
             bf16_dot: false,
             mask_registers: true,
             gpu: None,
+            profile: None,
         }
     }
 

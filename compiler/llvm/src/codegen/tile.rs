@@ -138,6 +138,7 @@ impl Ir for TileIr {
         symbols: &dlc_runtime::abi::Symbols,
         sites: &Sites,
         target: &TargetDesc,
+        profile: Option<&super::profile::Profile>,
     ) -> R<FunctionValue<'ctx>> {
         let symbol = &symbols.symbol(&f.name).map_err(CodegenError::Symbol)?;
         // Tiles are cut into vectors of f32 registers' lanes.
@@ -162,6 +163,7 @@ impl Ir for TileIr {
         );
         g.bf16_dot = target.cpu().is_some_and(|c| c.avx512_bf16);
         g.mask_registers = target.cpu().is_none_or(|c| c.mask_registers());
+        g.profile = profile.cloned();
         let plan = Workspace::plan(f)?;
         g.take_workspace(symbol, &plan)?;
         g.prepared_once(all, symbols)?;
@@ -2103,7 +2105,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                     self.vals.insert(op.results[0], p.into());
                 }
                 OpKind::View => self.view(op)?,
-                OpKind::Kernel { grid, .. } => self.kernel(id, grid)?,
+                OpKind::Kernel { grid, .. } => self.launch_kernel(id, grid)?,
                 OpKind::Return => {
                     self.hand_back_workspace()?;
                     self.b
@@ -2182,14 +2184,15 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
     }
 
     /// `tile.kernel`: the grid's programs, over threads when there are
-    /// enough of them, with scratch memory allocated once per thread.
-    fn kernel(&mut self, id: OpId, grid: &[usize]) -> R<()> {
+    /// enough of them, with scratch memory allocated once per thread; the
+    /// function they were outlined into (`None` for an empty grid).
+    pub(super) fn kernel(&mut self, id: OpId, grid: &[usize]) -> R<Option<FunctionValue<'ctx>>> {
         let f = self.f;
         let op = f.op(id);
         let body = &op.regions[0];
         let total = grid.iter().product::<usize>();
         if total == 0 {
-            return Ok(());
+            return Ok(None);
         }
         // Scratch (and, on a CPU, shared) buffers in the thread's scratch
         // region of the workspace; program ids read by the body.
@@ -2214,7 +2217,8 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         };
         let extra: Vec<BV<'ctx>> = region.iter().map(|(p, _)| (*p).into()).collect();
         if let Some(&outlined) = self.kernels.get(&key) {
-            return self.launch(outlined, &inputs, &extra, threads);
+            self.launch(outlined, &inputs, &extra, threads)?;
+            return Ok(Some(outlined));
         }
         let grid = grid.to_vec();
         let stride = region.map_or(0, |(_, stride)| stride);
@@ -2257,7 +2261,8 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         };
         let outlined = self.outline(0, total as i64, &inputs, &extra, threads, run)?;
         self.kernels.insert(key, outlined);
-        self.launch(outlined, &inputs, &extra, threads)
+        self.launch(outlined, &inputs, &extra, threads)?;
+        Ok(Some(outlined))
     }
 
     /// A kernel body or loop body; returns the values its `tile.yield`
