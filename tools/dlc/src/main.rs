@@ -761,72 +761,121 @@ struct Measure {
     profile: bool,
 }
 
-/// The kernel launches of `--profile`, the longest first (over `runs`
-/// timed runs).
-fn profile_rows(launches: &[dlc_llvm::Launch]) -> Vec<&dlc_llvm::Launch> {
-    let mut rows: Vec<&dlc_llvm::Launch> = launches.iter().filter(|l| l.calls > 0).collect();
-    rows.sort_by_key(|l| std::cmp::Reverse(l.ns));
+/// A kernel launch over `dlc bench --profile`'s timed runs.
+struct LaunchTimes {
+    /// What the code counted, summed over the runs.
+    total: dlc_llvm::Launch,
+    /// Its time in each run, ms.
+    ms: Vec<f64>,
+}
+
+impl LaunchTimes {
+    /// The median of its runs' times, ms: what a row is ranked by (a run
+    /// that another process slowed moves a mean, on a busy machine by
+    /// more than the differences between kernels).
+    fn median_ms(&self) -> f64 {
+        let mut ms = self.ms.clone();
+        ms.sort_by(f64::total_cmp);
+        median(&ms)
+    }
+
+    /// The mean of its runs' times, ms.
+    fn mean_ms(&self) -> f64 {
+        self.total.ns as f64 / 1e6 / self.ms.len().max(1) as f64
+    }
+}
+
+/// Adds the launches of one run (`run`, the counters since they were
+/// zeroed) to `times`, which it starts on the first.
+fn add_run(times: &mut Vec<LaunchTimes>, run: Vec<dlc_llvm::Launch>) {
+    if times.is_empty() {
+        times.extend(run.into_iter().map(|l| LaunchTimes {
+            ms: vec![l.ns as f64 / 1e6],
+            total: l,
+        }));
+        return;
+    }
+    for (t, l) in times.iter_mut().zip(run) {
+        t.ms.push(l.ns as f64 / 1e6);
+        t.total.ns += l.ns;
+        t.total.calls += l.calls;
+    }
+}
+
+/// The kernel launches of `--profile` that ran, the longest first (by
+/// their median).
+fn profile_rows(launches: &[LaunchTimes]) -> Vec<(&LaunchTimes, f64)> {
+    let mut rows: Vec<(&LaunchTimes, f64)> = launches
+        .iter()
+        .filter(|l| l.total.calls > 0)
+        .map(|l| (l, l.median_ms()))
+        .collect();
+    rows.sort_by(|a, b| b.1.total_cmp(&a.1));
     rows
 }
 
 /// The launches shown in `dlc bench --profile`'s text; the rest are summed.
 const PROFILE_ROWS: usize = 30;
 
-/// `dlc bench --profile`'s table: per run, the time in each launch (the
-/// longest first), its share of the mean latency `mean_ms`, its calls and
-/// programs, and the op's place and the kernel's function. An imported
-/// model's nodes are named without the file's name (`file`'s, every one).
-fn print_profile(file: &str, launches: &[dlc_llvm::Launch], runs: usize, mean_ms: f64) {
-    let per_run = |ns: u64| ns as f64 / 1e6 / runs as f64;
+/// `dlc bench --profile`'s table: the time in each launch in a run (the
+/// median of the runs, the longest first, and the mean), the mean's share
+/// of the mean latency `mean_ms`, its calls a run and programs, and the
+/// op's place and the kernel's function. An imported model's nodes are
+/// named without the file's name (`file`'s, every one).
+fn print_profile(file: &str, launches: &[LaunchTimes], runs: usize, mean_ms: f64) {
     let rows = profile_rows(launches);
-    let inside: f64 = rows.iter().map(|l| per_run(l.ns)).sum();
-    let calls: u64 = rows.iter().map(|l| l.calls).sum();
+    let inside: f64 = rows.iter().map(|(l, _)| l.mean_ms()).sum();
+    let calls: u64 = rows.iter().map(|(l, _)| l.total.calls).sum();
     dlc_cli::outln!(
         "  profile: {} kernel launches a run, {inside:.3} ms of the mean {mean_ms:.3} ms ({:.1}%) \
          inside them (a kernel on threads until its last thread returns):",
         calls as f64 / runs as f64,
         100.0 * inside / mean_ms
     );
-    dlc_cli::outln!("        ms      %  calls  programs  place (kernel)");
-    for l in rows.iter().take(PROFILE_ROWS) {
-        let place = if l.place.is_empty() {
+    dlc_cli::outln!("    median    mean      %  calls  programs  place (kernel)");
+    for (l, median) in rows.iter().take(PROFILE_ROWS) {
+        let place = if l.total.place.is_empty() {
             "no place"
         } else {
-            l.place
+            l.total
+                .place
                 .strip_prefix(&format!("{file}, "))
-                .unwrap_or(&l.place)
+                .unwrap_or(&l.total.place)
         };
         dlc_cli::outln!(
-            "    {:>6.3} {:>6.2} {:>6} {:>9}  {place} ({})",
-            per_run(l.ns),
-            100.0 * per_run(l.ns) / mean_ms,
-            l.calls as f64 / runs as f64,
-            l.programs,
-            l.kernel
+            "    {median:>6.3}  {:>6.3} {:>6.2} {:>6} {:>9}  {place} ({})",
+            l.mean_ms(),
+            100.0 * l.mean_ms() / mean_ms,
+            l.total.calls as f64 / runs as f64,
+            l.total.programs,
+            l.total.kernel
         );
     }
     if rows.len() > PROFILE_ROWS {
-        let rest: f64 = rows[PROFILE_ROWS..].iter().map(|l| per_run(l.ns)).sum();
+        let rest = &rows[PROFILE_ROWS..];
+        let median: f64 = rest.iter().map(|(_, m)| m).sum();
+        let mean: f64 = rest.iter().map(|(l, _)| l.mean_ms()).sum();
         dlc_cli::outln!(
-            "    {rest:>6.3} {:>6.2}  in the other {} launches (--json lists every one)",
-            100.0 * rest / mean_ms,
+            "    {median:>6.3}  {mean:>6.3} {:>6.2}  in the other {} launches (--json lists every one)",
+            100.0 * mean / mean_ms,
             rows.len() - PROFILE_ROWS
         );
     }
 }
 
 /// `--profile`'s launches in `--json`: every one that ran, the longest
-/// first, its time and calls per run.
-fn profile_json(launches: &[dlc_llvm::Launch], runs: usize) -> serde_json::Value {
+/// first, its time (median and mean) and calls a run.
+fn profile_json(launches: &[LaunchTimes], runs: usize) -> serde_json::Value {
     profile_rows(launches)
         .into_iter()
-        .map(|l| {
+        .map(|(l, median)| {
             serde_json::json!({
-                "place": l.place,
-                "kernel": l.kernel,
-                "programs": l.programs,
-                "calls_per_run": l.calls as f64 / runs as f64,
-                "ms_per_run": l.ns as f64 / 1e6 / runs as f64,
+                "place": l.total.place,
+                "kernel": l.total.kernel,
+                "programs": l.total.programs,
+                "calls_per_run": l.total.calls as f64 / runs as f64,
+                "median_ms": median,
+                "mean_ms": l.mean_ms(),
             })
         })
         .collect()
@@ -885,7 +934,7 @@ struct Timed {
     /// The calls' times in ms, sorted.
     ms: Vec<f64>,
     /// Of a profiled module, its kernel launches over the timed calls.
-    launches: Option<Vec<dlc_llvm::Launch>>,
+    launches: Option<Vec<LaunchTimes>>,
 }
 
 /// Times `runs` calls of `f` (compiled in `jit`) on `weights` and random
@@ -917,22 +966,25 @@ fn time_calls(
     for _ in 0..warmup {
         call.run().map_err(runtime)?;
     }
-    // The timed calls' launches only (the preparer's ran at the bind).
-    if jit.profiled() {
+    // The timed calls' launches only (the preparer's ran at the bind),
+    // each run's read and zeroed after it, outside its time.
+    let profiled = jit.profiled();
+    if profiled {
         jit.reset_profile().map_err(codegen)?;
     }
+    let mut launches = Vec::new();
     let mut ms = Vec::with_capacity(runs);
     for _ in 0..runs {
         let t = std::time::Instant::now();
         call.run().map_err(runtime)?;
         ms.push(t.elapsed().as_secs_f64() * 1e3);
+        if profiled {
+            add_run(&mut launches, jit.profile().map_err(codegen)?);
+            jit.reset_profile().map_err(codegen)?;
+        }
     }
     ms.sort_by(f64::total_cmp);
-    let launches = jit
-        .profiled()
-        .then(|| jit.profile())
-        .transpose()
-        .map_err(codegen)?;
+    let launches = profiled.then_some(launches);
     Ok(Timed { bind, ms, launches })
 }
 
