@@ -739,6 +739,18 @@ pub const SHALLOW_PRODUCT_PROGRAMS: &str = "fn c16(x: f32[1, 16, 40, 38], w: f32
 fn mm12(x: f32[60, 12], y: f32[12, 1000]) -> f32[60, 1000] { return tanh(x @ y); }
 fn c32(x: f32[1, 32, 40, 38], w: f32[42, 32, 1, 1]) -> f32[1, 42, 40, 38] { return relu(conv2d(x, w)); }";
 
+/// Products whose epilogue reads an operand along both their rows and
+/// their columns, one a line: 1 x 1 convolutions of 64 and of 136 input
+/// channels to 12 over 16 x 40 pixels with a residual and relu, and a 12 x
+/// 96 by 96 x 640 product subtracted from a matrix (a weight's update). On
+/// a CPU the two of at most `Packing::heavy_outer_depth` (128) walk each
+/// strip across their panels and run the epilogue on each register tile;
+/// the 136-deep one writes its block of sums and runs the epilogue on it
+/// row by row.
+pub const RESIDUAL_PRODUCT_PROGRAMS: &str = "fn r64(x: f32[1, 64, 16, 40], w: f32[12, 64, 1, 1], r: f32[1, 12, 16, 40]) -> f32[1, 12, 16, 40] { return relu(conv2d(x, w) + r); }
+fn r136(x: f32[1, 136, 16, 40], w: f32[12, 136, 1, 1], r: f32[1, 12, 16, 40]) -> f32[1, 12, 16, 40] { return relu(conv2d(x, w) + r); }
+fn upd(x: f32[12, 96], y: f32[96, 640], r: f32[12, 640]) -> f32[12, 640] { return r - 0.5 * (x @ y); }";
+
 /// Depthwise convolutions strided along their columns, which a CPU runs
 /// reading each channel through a padded copy split into the stride's
 /// phases: 5 x 5 at stride 2 with hardswish and with a deferred SiLU, 3 x 3

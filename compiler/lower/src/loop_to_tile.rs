@@ -97,7 +97,7 @@ mod vectorize;
 mod winograd;
 use dlc_core::ir::OpDecl;
 use fused::{Fusion, Im2col};
-use packed::{PackPlan, Panels, Strips};
+use packed::{PackPlan, Panels, Strips, TileEpilogue};
 use winograd::WinogradFusion;
 
 /// Why loop IR could not be converted.
@@ -186,6 +186,17 @@ pub struct Packing {
     /// quarter of the L2) are read again per strip. 24 on a CPU: a depth of
     /// 32 (32 -> 192 over 28 x 28) was slower. 0: never.
     pub strips_outer_depth: usize,
+    /// The deepest product whose epilogue reads an operand along both axes
+    /// (a residual: `packed.rs`'s `TileEpilogue::Heavy`) that walks each
+    /// strip across its panels (where they fit half the L2) and runs that
+    /// epilogue on each register tile, reading the operand and writing the
+    /// result along `mr` rows, instead of writing its block of sums and
+    /// running the epilogue on it row by row. The panels are then read
+    /// from the L2 once per strip, which a deep product pays for: on Zen 3
+    /// (AVX2), ResNet-50's 64 -> 256 convolutions with their residual over
+    /// 56 x 56 took 15-18% less, 128 -> 512 over 28 x 28 6-8% less, but 256
+    /// -> 1024 over 14 x 14 28% more. 128 on a CPU; 0: never.
+    pub heavy_outer_depth: usize,
     /// Steps of the depth the register tile's loop takes per iteration
     /// (at most: the largest number up to this that divides `kc`). Two
     /// gave W1 1024 4.5% on one and two threads (the loop's counter and
@@ -302,6 +313,7 @@ impl ScheduleParams {
                     l1_sets: target.cpu().map_or(0, |c| c.l1_sets),
                     l2_bytes: target.cpu().map_or(0, |c| c.l2_bytes),
                     strips_outer_depth: 24,
+                    heavy_outer_depth: 128,
                     unroll: 2,
                     bf16_pairs: pairs
                         .pairs

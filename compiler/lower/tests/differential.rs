@@ -921,6 +921,40 @@ fn a_chunk_of_columns_is_one_tile() {
     agree(src);
 }
 
+/// A product whose epilogue reads an operand along both axes (a residual,
+/// a weight's update), of a depth of at most `Packing::heavy_outer_depth`,
+/// walks each strip across its panels and runs that epilogue on each
+/// register tile (a block of sums of one tile); a deeper one keeps the
+/// program's block of sums (its rows by its chunk's columns) and runs the
+/// epilogue on it after the product. All agree with the graph interpreter.
+#[test]
+fn residual_products_up_to_a_depth_run_their_epilogue_per_tile() {
+    // Per program, [AVX2's, AVX-512's] block of sums.
+    let expected = [
+        ["buffer<f32[4, 16], scratch>", "buffer<f32[6, 32], scratch>"],
+        [
+            "buffer<f32[12, 80], scratch>",
+            "buffer<f32[12, 64], scratch>",
+        ],
+        ["buffer<f32[4, 16], scratch>", "buffer<f32[6, 32], scratch>"],
+    ];
+    for (src, expected) in dlc_tests::RESIDUAL_PRODUCT_PROGRAMS.lines().zip(expected) {
+        let m = graph(src);
+        for (target, block) in [TargetDesc::x86_64_avx2(2), TargetDesc::x86_64_avx512(2)]
+            .into_iter()
+            .zip(expected)
+        {
+            let tiles = kernels(&m, &target);
+            let text = dlc_tile::print_module(&tiles);
+            // The product's kernel's first scratch buffer is its block.
+            let first = text.lines().find(|l| l.contains("scratch>")).expect(&text);
+            assert!(first.contains(block), "{}: {src}\n{text}", target.name);
+            agree_on_tile_interpreter(&m, &tiles, &target);
+        }
+        agree(src);
+    }
+}
+
 /// A shallow product (a depth of at most `Packing::strips_outer_depth`)
 /// copies its chunk's panels first, into one scratch buffer, and walks each
 /// strip across them, so its result is written a strip's rows at a time
@@ -1472,6 +1506,9 @@ fn odd_schedule_parameters_agree() {
         // a block, 7 panels a program, the last ragged).
         dlc_tests::SHALLOW_PRODUCT_PROGRAMS,
         "fn f(x: f32[8, 4], y: f32[4, 40], b: f32[40]) -> f32[8, 40] { return relu(x @ y + b); }",
+        // A product with a residual (walked strip by strip up to the
+        // blocking's depth of 16 with `units` 3; 9 deep, ragged).
+        "fn f(x: f32[8, 9], y: f32[9, 40], r: f32[8, 40]) -> f32[8, 40] { return tanh(x @ y + r); }",
     ];
     let mut schedules = vec![];
     for (vector, dot, packed) in [
@@ -1500,6 +1537,7 @@ fn odd_schedule_parameters_agree() {
             // with `units` 3: `kc` 5) walk each strip across their panels.
             l2_bytes: if units == 3 { 1 << 20 } else { 0 },
             strips_outer_depth: 16,
+            heavy_outer_depth: 16,
             unroll: units,
             // bf16 products in pairs with one blocking (a register tile
             // of its own), widened with the other.

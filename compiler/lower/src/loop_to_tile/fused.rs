@@ -67,8 +67,8 @@ use dlc_loop::{IndexExpr, OpId as LOpId, OpKind as L, Type as LType, Value as LV
 use dlc_tile::{Affine, BufferType, Schedule, Space, TileType, Type, Value};
 
 use super::{
-    Conv, PackPlan, Panels, Redirect, Strips, TileConvError, WinogradFusion, gcd, is_counter,
-    is_parallel, loop_bounds,
+    Conv, PackPlan, Panels, Redirect, Strips, TileConvError, TileEpilogue, WinogradFusion, gcd,
+    is_counter, is_parallel, loop_bounds,
 };
 
 /// Top-level nests run as one kernel.
@@ -665,8 +665,16 @@ impl<'a> Conv<'a> {
             // needs no mask: the queries (a block a program reads once per
             // panel), the probabilities (in scratch memory already).
             self.strips = self.rows_in_place(m1, &plans[0]);
-            let first =
-                self.program_product(m1, &plans[0], panels[0], &bat, &i0, &zero, &zero, false);
+            let first = self.program_product(
+                m1,
+                &plans[0],
+                panels[0],
+                &bat,
+                &i0,
+                &zero,
+                &zero,
+                TileEpilogue::Block,
+            );
             self.strips = Strips::Own;
             let first = first?.ok_or_else(|| self.invalid("a fused product without its block"))?;
             // The row nest on each of the block's rows (rows past the
@@ -700,9 +708,9 @@ impl<'a> Conv<'a> {
             self.b.end_for(vec![]);
             self.strips = self.rows_in_place(m2, &plans[1]);
             self.row_factors = scale.map(|(_, factors)| factors);
-            let per_tile = self.light_epilogue(m2)?;
+            let epilogue = TileEpilogue::light_or_block(self.light_epilogue(m2)?);
             let result = self
-                .program_product(m2, &plans[1], panels[1], &bat, &i0, &zero, &zero, per_tile)
+                .program_product(m2, &plans[1], panels[1], &bat, &i0, &zero, &zero, epilogue)
                 .and_then(|e| e.map_or(Ok(()), |e| self.epilogue(&e)));
             self.strips = Strips::Own;
             self.row_factors = None;

@@ -65,7 +65,12 @@
 //!   `Packing::strips_outer_depth`) whose result's rows are apart in memory walks each
 //!   strip across the chunk's panels instead (copied first, when the program copies
 //!   them): its stores are then `mr` runs along the rows, not a line of each of the
-//!   block's rows per panel, as many store streams as rows.
+//!   block's rows per panel, as many store streams as rows. So does one whose epilogue
+//!   reads an operand along both axes (a residual, a weight's update:
+//!   `TileEpilogue::Heavy`), up to `Packing::heavy_outer_depth` and where the chunk's
+//!   panels fit half the L2, running that epilogue on each register tile (the operand
+//!   read along `mr` rows); a deeper one writes its block of sums and runs the
+//!   epilogue on it row by row after the product.
 //!   Every copy into packed form moves a tile of at most one vector's lanes of `k`
 //!   (16 with AVX-512) in a `tile.for`, read along the operand's
 //!   contiguous axis: a transposed weight (`x @ transpose(w)`, as linear layers store
@@ -114,6 +119,39 @@ use dlc_loop::{
 use dlc_tile::{Affine, BufferType, PackedOperand, Schedule, Space, TileType, Type, Value};
 
 use super::{Conv, Packing, TileConvError, gcd, moves_with};
+
+/// Where a packed product's epilogue runs (`program_product`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum TileEpilogue {
+    /// On the block of sums after the product (or not in the product's
+    /// programs at all: a product split along its depth, whose shares a
+    /// kernel of its own adds).
+    Block,
+    /// On each register tile as it is summed, wherever one slice of the
+    /// depth makes it final: it reads only scalars and values per row or
+    /// per column (a bias, a clip's bounds).
+    Light,
+    /// It reads an operand that varies along both the rows and the
+    /// columns (a weight's update, a residual): on each register tile only
+    /// where the programs walk each strip across their panels (then the
+    /// operand is read along `mr` rows); else on the block of sums row by
+    /// row after the product, streaming the operand along its rows (read
+    /// tile by tile, panel by panel, it made W2's training step 5% slower).
+    Heavy,
+}
+
+impl TileEpilogue {
+    /// [`TileEpilogue::Light`] for a light epilogue, else
+    /// [`TileEpilogue::Block`] (the schedules that do not walk a heavy
+    /// epilogue's strips: a fused attention's, a Winograd convolution's).
+    pub(super) fn light_or_block(light: bool) -> TileEpilogue {
+        if light {
+            TileEpilogue::Light
+        } else {
+            TileEpilogue::Block
+        }
+    }
+}
 
 /// The blocks of a packed product (see [`Conv::pack_plan`]).
 #[derive(Clone, Copy, Debug)]
@@ -481,9 +519,12 @@ impl<'a> Conv<'a> {
             .filter(|(_, s)| !**s)
             .map(|(a, _)| a.clone())
             .collect();
-        let per_tile = partials.is_none() && self.light_epilogue(m)?;
+        let epilogue = match partials {
+            Some(_) => TileEpilogue::Block,
+            None => self.tile_epilogue_kind(m)?,
+        };
         let result = self
-            .program_product(m, &plan, panels, &panel_bat, &i0, &chunk, &split, per_tile)
+            .program_product(m, &plan, panels, &panel_bat, &i0, &chunk, &split, epilogue)
             .and_then(|e| match (e, partials) {
                 (None, _) => Ok(()),
                 (Some(e), Some(partials)) => {
@@ -508,14 +549,21 @@ impl<'a> Conv<'a> {
         Ok(())
     }
 
+    /// How product `m`'s epilogue may run on each register tile as it is
+    /// summed (`program_product`): [`TileEpilogue::Light`] when it reads
+    /// nothing that varies along both its rows and its columns (only
+    /// scalars, and values per row or per column: a bias, a clip's
+    /// bounds), else [`TileEpilogue::Heavy`].
+    pub(super) fn tile_epilogue_kind(&self, m: LOpId) -> Result<TileEpilogue, TileConvError> {
+        Ok(if self.light_epilogue(m)? {
+            TileEpilogue::Light
+        } else {
+            TileEpilogue::Heavy
+        })
+    }
+
     /// Whether product `m`'s epilogue reads nothing that varies along both
-    /// its rows and its columns (only scalars, and values per row or per
-    /// column: a bias, a clip's bounds), so that it may run on each register
-    /// tile as it is summed (`program_product`'s `per_tile`). An epilogue
-    /// that reads such an operand (a weight's update, a residual) walks the
-    /// block row by row instead, streaming the operand along its rows: read
-    /// six rows at a time, tile by tile, it made W2's training step 5%
-    /// slower.
+    /// its rows and its columns (see [`TileEpilogue`]).
     pub(super) fn light_epilogue(&self, m: LOpId) -> Result<bool, TileConvError> {
         let (op, _) = self.contraction(m)?;
         let body: &LBlock = &op.regions[0];
@@ -979,7 +1027,7 @@ impl<'a> Conv<'a> {
         i0: &Affine,
         chunk: &Affine,
         split: &Affine,
-        per_tile: bool,
+        epilogue: TileEpilogue,
     ) -> Result<Option<Epilogue>, TileConvError> {
         // The program's first panel.
         let nb0 = &chunk.scaled(plan.per_chunk as i64);
@@ -1018,13 +1066,50 @@ impl<'a> Conv<'a> {
                 Space::Scratch,
             ))),
         };
-        // With one slice of the depth and `per_tile`, the epilogue runs on
-        // each register tile as soon as it is summed, from an `mr x nr`
-        // block that stays in the first level of cache, and the result is
-        // stored once: a 1 x 1 convolution over 112 x 112 pixels wrote its
-        // `96 x 1568` block of sums (600 KB) and read it back for the
-        // epilogue, half of its time.
-        let tile_epilogue = per_tile && slices == 1 && self.row_factors.is_none();
+        // A shallow product walks each strip across the chunk's panels (all
+        // of them copied first, when the program copies them): its result
+        // is then written `mr` rows at a time along their columns, rather
+        // than a line of each of the block's rows per panel, a store stream
+        // per row (see `Packing::strips_outer_depth`). So does one whose
+        // epilogue reads an operand along both axes (a residual), up to
+        // `Packing::heavy_outer_depth`, where the chunk's panels fit half
+        // the L2: that operand
+        // is then read, and the result written, along `mr` rows; panel by
+        // panel each was a line of every row of the block (ResNet-50's 64 ->
+        // 256 convolutions with their residual over 56 x 56: 128 streams,
+        // 2.3 times slower than the block's epilogue row by row), and row by
+        // row after the product the block of sums (`128 x 784`, 400 KB)
+        // was written and read back (strip by strip: 18% faster).
+        let (per_tile, heavy) = match epilogue {
+            TileEpilogue::Block => (false, false),
+            TileEpilogue::Light => (true, false),
+            TileEpilogue::Heavy => (false, true),
+        };
+        let walkable = slices == 1
+            && self.row_factors.is_none()
+            && conv.is_none()
+            && !plan.pairs
+            && strips > 1
+            && per_chunk > 1
+            && !self.stores_along_rows(m)?;
+        let panels_bytes = 4 * per_chunk * kc * nr;
+        let strips_outer = walkable
+            && self.params.packed.as_ref().is_some_and(|p| {
+                if heavy {
+                    kc <= p.heavy_outer_depth && panels_bytes <= p.l2_bytes / 2
+                } else {
+                    per_tile && kc <= p.strips_outer_depth && panels_bytes <= p.l2_bytes / 4
+                }
+            });
+        // With one slice of the depth and `per_tile` (or a heavy epilogue
+        // walked strip by strip), the epilogue runs on each register tile
+        // as soon as it is summed, from an `mr x nr` block that stays in
+        // the first level of cache, and the result is stored once: a 1 x 1
+        // convolution over 112 x 112 pixels wrote its `96 x 1568` block of
+        // sums (600 KB) and read it back for the epilogue, half of its
+        // time.
+        let tile_epilogue =
+            (per_tile && slices == 1 && self.row_factors.is_none()) || (heavy && strips_outer);
         let block = self.b.alloc(BufferType::contiguous(
             DType::F32,
             if tile_epilogue {
@@ -1034,20 +1119,6 @@ impl<'a> Conv<'a> {
             },
             Space::Scratch,
         ));
-        // A shallow product walks each strip across the chunk's panels (all
-        // of them copied first, when the program copies them): its result
-        // is then written `mr` rows at a time along their columns, rather
-        // than a line of each of the block's rows per panel, a store stream
-        // per row (see `Packing::strips_outer_depth`).
-        let strips_outer = tile_epilogue
-            && conv.is_none()
-            && !plan.pairs
-            && strips > 1
-            && per_chunk > 1
-            && self.params.packed.as_ref().is_some_and(|p| {
-                kc <= p.strips_outer_depth && 4 * per_chunk * kc * nr <= p.l2_bytes / 4
-            })
-            && !self.stores_along_rows(m)?;
         let panel_buf = matches!(panels, Panels::Own).then(|| {
             let mut shape: Vec<usize> = conv.iter().map(|cv| cv.group).collect();
             if strips_outer {

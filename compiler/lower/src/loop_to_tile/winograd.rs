@@ -47,7 +47,10 @@ use dlc_core::DType;
 use dlc_loop::{IndexExpr, OpId as LOpId, OpKind as L, Type as LType, Value as LValue};
 use dlc_tile::{Affine, BufferType, Schedule, Space};
 
-use super::{Conv, Packing, Panels, Redirect, TileConvError, is_counter, is_parallel, loop_bounds};
+use super::{
+    Conv, Packing, Panels, Redirect, TileConvError, TileEpilogue, is_counter, is_parallel,
+    loop_bounds,
+};
 
 /// How many times the L2 the transformed kernel `U` of a Winograd
 /// convolution must hold for its programs to take chunks of the output
@@ -521,7 +524,7 @@ impl<'a> Conv<'a> {
                 Affine::value(p).plus_scaled(1, &Affine::constant(lo)),
             );
             let zero = Affine::constant(0);
-            let per_tile = self.light_epilogue(f.product)?;
+            let epilogue = TileEpilogue::light_or_block(self.light_epilogue(f.product)?);
             let e = self.program_product(
                 f.product,
                 &plan,
@@ -530,7 +533,7 @@ impl<'a> Conv<'a> {
                 &i0,
                 &chunk,
                 &zero,
-                per_tile,
+                epilogue,
             )?;
             if let Some(e) = e {
                 self.epilogue(&e)?;
