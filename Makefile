@@ -9,7 +9,7 @@ CARGO ?= cargo
 EXAMPLE ?= examples/w2_mlp.dl
 
 .PHONY: all setup setup-test-tools setup-cuda setup-onnx setup-python python-test bench-python run test lint fuzz-smoke bench bench-gpu gpu-check-prepare gpu-train-check-prepare bench-peers bench-contract bench-saturate train-peers bench-train bench-distributed \
-	onnx-tests onnx-bench onnx-layers onnx-models setup-onnx-torch onnx-torch-models clean
+	onnx-tests onnx-bench onnx-layers onnx-profile onnx-models setup-onnx-torch onnx-torch-models clean
 
 all: test
 
@@ -257,6 +257,10 @@ EVICT ?= 0
 onnx-layers: setup setup-onnx-torch
 	$(CARGO) build --release --locked -p dlc
 	$(ONNX_TORCH_VENV)/bin/python scripts/onnx_layers.py target/release/dlc --model $(MODEL) --evict $(EVICT)
+
+onnx-profile: setup setup-onnx-torch
+	$(CARGO) build --release --locked -p dlc
+	$(ONNX_TORCH_VENV)/bin/python scripts/onnx_profile.py target/release/dlc --model $(MODEL) --rounds $(or $(ROUNDS),4)
 
 onnx-models: setup-onnx
 	$(ONNX_VENV)/bin/python scripts/onnx_models.py
