@@ -125,6 +125,14 @@ def model_files(name):
     return os.path.join(d, "model.onnx"), inputs
 
 
+def exported(name):
+    """`model_files(name)`, exporting the model first (in a worker
+    process) when it is not there yet."""
+    if name not in TESTS and not os.path.exists(os.path.join(OUT, name, "model.onnx")):
+        subprocess.run([sys.executable, __file__, "--export", name], check=True)
+    return model_files(name)
+
+
 def interleaved(lib, session, feeds, blocks, entry="dlc_model_main_graph", before=None):
     """25th percentiles (ms) of dlc's compiled library `lib` (its function
     `entry`, taking the session's inputs in order, then its outputs) and of

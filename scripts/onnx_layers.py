@@ -33,10 +33,9 @@ import onnx
 import onnxruntime as ort
 from onnx import shape_inference, utils
 
-from onnx_bench import interleaved
+from onnx_bench import exported, interleaved
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-OUT = os.path.join(ROOT, "target", "onnx-bench")
 PRODUCTS = ("Conv", "Gemm", "MatMul")
 EPILOGUES = ("Clip", "Relu", "Add", "HardSwish", "HardSigmoid", "Sigmoid")
 
@@ -73,11 +72,8 @@ def main():
     ap.add_argument("--evict", type=int, default=0,
                     help="MB of other memory written before every call")
     a = ap.parse_args()
-    d = os.path.join(OUT, a.model)
-    path = os.path.join(d, "model.onnx")
-    if not os.path.exists(path):
-        subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "onnx_bench.py"),
-                        "--export", a.model], check=True)
+    path, _ = exported(a.model)
+    d = os.path.dirname(path)
     work = os.path.join(d, "layers")
     os.makedirs(work, exist_ok=True)
     model = shape_inference.infer_shapes(onnx.load(path))

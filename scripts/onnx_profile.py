@@ -28,14 +28,14 @@ import json
 import os
 import re
 import subprocess
-import sys
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 
+from onnx_bench import exported
+
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-OUT = os.path.join(ROOT, "target", "onnx-bench")
 PRODUCTS = ("Conv", "Gemm", "MatMul")
 EPILOGUES = ("Clip", "Relu", "Add", "HardSwish", "HardSigmoid", "Sigmoid", "Mul")
 
@@ -112,19 +112,10 @@ def main():
     ap.add_argument("--rounds", type=int, default=4, help="alternated rounds")
     ap.add_argument("--runs", type=int, default=100, help="calls a round on each side")
     a = ap.parse_args()
-    d = os.path.join(OUT, a.model)
-    path = os.path.join(d, "model.onnx")
-    if not os.path.exists(path):
-        subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "onnx_bench.py"),
-                        "--export", a.model], check=True)
+    path, inputs = exported(a.model)
+    d = os.path.dirname(path)
     anchor = anchors(onnx.load(path, load_external_data=False))
-    probe = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    feeds = {}
-    for i in probe.get_inputs():
-        saved = os.path.join(d, i.name + ".npy")
-        if not os.path.exists(saved):
-            sys.exit(f"{saved}: no input saved for `{i.name}` (scripts/onnx_bench.py --export)")
-        feeds[i.name] = np.load(saved)
+    feeds = {name: np.load(saved) for name, saved in inputs.items()}
     dlc_t, ort_t = collections.defaultdict(list), collections.defaultdict(list)
     totals = []
     for r in range(a.rounds):

@@ -291,6 +291,31 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         Ok(phi.as_basic_value().into_int_value())
     }
 
+    /// A stack slot of type `ty` allocated in the function's entry block
+    /// (once, however often the code asking for it runs); the builder
+    /// stays where it was.
+    pub(super) fn entry_alloca(
+        &self,
+        ty: BasicTypeEnum<'ctx>,
+        name: &str,
+    ) -> R<PointerValue<'ctx>> {
+        let here = self
+            .b
+            .get_insert_block()
+            .ok_or_else(|| CodegenError::Llvm("no insertion block".into()))?;
+        let entry = self
+            .func
+            .get_first_basic_block()
+            .ok_or_else(|| CodegenError::Llvm("function without entry".into()))?;
+        match entry.get_first_instruction() {
+            Some(i) => self.b.position_before(&i),
+            None => self.b.position_at_end(entry),
+        }
+        let slot = self.b.build_alloca(ty, name)?;
+        self.b.position_at_end(here);
+        Ok(slot)
+    }
+
     /// Calls a function [`Self::outline`] made: fills its frame with the
     /// values of `captures` and `extra`, runs it on the OpenMP runtime's
     /// threads (`threads`, when the runtime is linked) or here, and fails
@@ -309,20 +334,7 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         let frame_ty = i64t.array_type(values.len() as u32 + 1);
         // The frame lives in the entry block, so a nest of these does not
         // grow the stack.
-        let here = self
-            .b
-            .get_insert_block()
-            .ok_or_else(|| CodegenError::Llvm("no insertion block".into()))?;
-        let entry = self
-            .func
-            .get_first_basic_block()
-            .ok_or_else(|| CodegenError::Llvm("function without entry".into()))?;
-        match entry.get_first_instruction() {
-            Some(i) => self.b.position_before(&i),
-            None => self.b.position_at_end(entry),
-        }
-        let frame = self.b.build_alloca(frame_ty, "frame")?;
-        self.b.position_at_end(here);
+        let frame = self.entry_alloca(frame_ty.into(), "frame")?;
         for (i, v) in values.iter().enumerate() {
             self.b.build_store(frame_slot(self, frame, i)?, *v)?;
         }

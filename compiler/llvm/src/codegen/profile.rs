@@ -108,20 +108,7 @@ impl<'ctx> Gen<'ctx, '_, TileIr> {
         );
         // In the entry block, so that a function of many launches does not
         // grow the stack.
-        let here = self
-            .b
-            .get_insert_block()
-            .ok_or_else(|| CodegenError::Llvm("no insertion block".into()))?;
-        let entry = self
-            .func
-            .get_first_basic_block()
-            .ok_or_else(|| CodegenError::Llvm("function without entry".into()))?;
-        match entry.get_first_instruction() {
-            Some(i) => self.b.position_before(&i),
-            None => self.b.position_at_end(entry),
-        }
-        let ts = self.b.build_alloca(timespec, "timespec")?;
-        self.b.position_at_end(here);
+        let ts = self.entry_alloca(timespec.into(), "timespec")?;
         let clock = ctx.i32_type().const_int(CLOCK_MONOTONIC, false);
         // It cannot fail for this clock.
         self.b.build_call(gettime, &[clock.into(), ts.into()], "")?;
