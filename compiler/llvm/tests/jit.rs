@@ -1043,6 +1043,48 @@ fn winograd_chunks_of_channels_compile() {
     assert!(err <= TOLERANCE, "relative error {err:.3e}\n{text}");
 }
 
+/// Products that prefetch their next panel (`tile.prefetch`: the host's
+/// schedule with its L2 shrunk to 64 KB, so that it does on any CPU; the
+/// last program's prefetches reach past the input's end) compile to
+/// `llvm.prefetch` and agree with the graph interpreter.
+#[test]
+fn prefetching_products_compile_and_agree() {
+    let host = TargetDesc::host();
+    let ir = dlc_llvm::emit_llvm_ir(
+        &dlc_driver::lower_for_tile(
+            &graph(dlc_tests::PREFETCHED_PRODUCT_PROGRAMS),
+            &TargetDesc::x86_64_avx2(2),
+        )
+        .unwrap(),
+        &dlc_runtime::abi::Symbols::for_module("t"),
+        &TargetDesc::x86_64_avx2(2),
+    )
+    .unwrap();
+    assert!(ir.contains("@llvm.prefetch"), "{ir}");
+    let m = graph(dlc_tests::PREFETCHED_PRODUCT_PROGRAMS);
+    let loops = dlc_driver::lower_to_loops(&m, host).unwrap();
+    let mut params = dlc_lower::ScheduleParams::for_target(host);
+    if let Some(p) = params.packed.as_mut() {
+        p.l2_bytes = 64 << 10;
+    }
+    let tiles = dlc_lower::convert_module_with(&loops, &params).unwrap();
+    let text = dlc_tile::print_module(&tiles);
+    assert_eq!(text.matches("tile.prefetch").count(), 2, "{text}");
+    for (seed, f) in m.entry_points().enumerate() {
+        let inputs = prepare_inputs(f, &[], Some(seed as u64)).unwrap();
+        let want = interpret(&m, f, &inputs).unwrap();
+        let got = dlc_llvm::jit(&tiles, |jit| Ok(jit.kernel(&f.name)?.call(&inputs)))
+            .unwrap_or_else(|e| panic!("{e}\n{text}"))
+            .unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let err = max_relative_error(&got, &want).unwrap();
+        assert!(
+            err <= TOLERANCE,
+            "@{}: relative error {err:.3e}\n{text}",
+            f.name
+        );
+    }
+}
+
 /// A load whose lanes are 2 to 4 elements apart (a stride-2 window) is one
 /// wide masked load of the elements its lanes span, only theirs enabled,
 /// and a shuffle; 5 apart, a gather. Both agree with the graph

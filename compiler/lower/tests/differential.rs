@@ -955,6 +955,33 @@ fn residual_products_up_to_a_depth_run_their_epilogue_per_tile() {
     }
 }
 
+/// A product whose programs copy their own panels from an operand larger
+/// than the target's L2 prefetches each next panel's slice as it copies one
+/// (`tile.prefetch`, `dlc_tests::PREFETCHED_PRODUCT_PROGRAMS`): on AVX2
+/// (512 KB), not on AVX-512 (2 MB). Both agree with the graph interpreter
+/// on the tile interpreter (compiled: `dlc-llvm`'s
+/// `prefetching_products_compile_and_agree`).
+#[test]
+fn products_beyond_the_l2_prefetch_their_next_panel() {
+    for src in dlc_tests::PREFETCHED_PRODUCT_PROGRAMS.lines() {
+        let m = graph(src);
+        for (target, prefetches) in [
+            (TargetDesc::x86_64_avx2(2), true),
+            (TargetDesc::x86_64_avx512(2), false),
+        ] {
+            let tiles = kernels(&m, &target);
+            let text = dlc_tile::print_module(&tiles);
+            assert_eq!(
+                text.contains("tile.prefetch"),
+                prefetches,
+                "{}: {src}\n{text}",
+                target.name
+            );
+            agree_on_tile_interpreter(&m, &tiles, &target);
+        }
+    }
+}
+
 /// A shallow product (a depth of at most `Packing::strips_outer_depth`)
 /// copies its chunk's panels first, into one scratch buffer, and walks each
 /// strip across them, so its result is written a strip's rows at a time

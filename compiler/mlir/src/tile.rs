@@ -156,7 +156,8 @@ impl Gen<'_> {
             match &op.kind {
                 OpKind::Return => self.w.line("func.return"),
                 OpKind::Yield => return Ok(op.operands.clone()),
-                OpKind::Barrier => {}
+                // A hint the scalar loops here have no use for.
+                OpKind::Barrier | OpKind::Prefetch { .. } => {}
                 OpKind::Alloc => {
                     let r = r.ok_or_else(|| invalid(self.f, "alloc without a result".into()))?;
                     let l = self.layout(r)?.clone();

@@ -136,6 +136,11 @@ impl Builder {
         self.push(OpKind::Store { index }, operands, &[], vec![]);
     }
 
+    /// `tile.prefetch` of a tile of `shape` at `index` into `buf`.
+    pub fn prefetch(&mut self, buf: Value, index: Vec<Affine>, shape: Vec<usize>) {
+        self.push(OpKind::Prefetch { index, shape }, vec![buf], &[], vec![]);
+    }
+
     /// `tile.mask` of `shape` with the given limits.
     pub fn mask(&mut self, limits: Vec<Affine>, shape: &[usize]) -> Value {
         let t = Type::Tile(TileType::new(DType::Bool, shape.to_vec()));

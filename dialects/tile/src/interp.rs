@@ -515,6 +515,8 @@ impl Machine<'_> {
                 }
                 OpKind::Load { index, pad } => self.load(id, index, *pad)?,
                 OpKind::Store { index } => self.store(id, index)?,
+                // A hint: nothing is read, so no bounds to check.
+                OpKind::Prefetch { .. } => {}
                 OpKind::Mask { limits } => self.limits_mask(id, limits)?,
                 OpKind::Broadcast => self.broadcast(id)?,
                 OpKind::Reshape | OpKind::ExpandDims { .. } | OpKind::ConvertLayout => {

@@ -93,6 +93,18 @@ pub enum OpKind {
         /// One affine index per buffer dimension.
         index: Vec<Affine>,
     },
+    /// `tile.prefetch %b[idx, ..] {shape = [..]}`: a hint that the elements
+    /// a load of a tile of that shape at that index would read are read
+    /// soon: on a CPU each row's 64-byte lines are fetched into the first
+    /// level of cache. It reads and writes nothing: elements outside the
+    /// buffer are no error (the address is only a hint, never dereferenced),
+    /// the interpreters and GPU targets skip it.
+    Prefetch {
+        /// One affine index per buffer dimension.
+        index: Vec<Affine>,
+        /// The tile's shape.
+        shape: Vec<usize>,
+    },
     /// `%m = tile.mask [l0, l1, ..] : tile<..xbool>`: element `e` is on when
     /// `e_k < l_k` along every axis: the ragged edge of a loop nest.
     Mask {
@@ -186,7 +198,9 @@ impl OpKind {
     /// operand list (`tile.mask`).
     pub fn index(&self) -> Option<&[Affine]> {
         match self {
-            OpKind::Load { index, .. } | OpKind::Store { index } => Some(index),
+            OpKind::Load { index, .. }
+            | OpKind::Store { index }
+            | OpKind::Prefetch { index, .. } => Some(index),
             OpKind::Mask { limits } => Some(limits),
             _ => None,
         }
@@ -243,6 +257,10 @@ impl OpKind {
                 },
                 "store" => OpKind::Store {
                     index: index("an index `%b[..]`")?,
+                },
+                "prefetch" => OpKind::Prefetch {
+                    index: index("an index `%b[..]`")?,
+                    shape: a.usizes("shape")?,
                 },
                 "mask" => OpKind::Mask {
                     limits: index("limits `[..]`")?,
@@ -418,6 +436,13 @@ impl OpKind {
                     same(&mask_for(operands[0]), m, "the mask")?;
                 }
             }
+            OpKind::Prefetch { index, shape } => {
+                let b = buffer(operands[0])?;
+                if shape.is_empty() || shape.contains(&0) {
+                    return Err(format!("prefetches a tile of shape {shape:?}"));
+                }
+                check_index(index, b.shape.len(), shape.len())?;
+            }
             OpKind::Mask { limits } => check_mask(limits, result()?)?,
             OpKind::Broadcast => {
                 let (d, from) = tile(operands[0])?;
@@ -551,9 +576,16 @@ impl OpKind {
             Operands::Fixed(n) if operands.len() != n => {
                 return Err(format!("takes {n} operands, got {}", operands.len()));
             }
-            Operands::Indexed { before, .. }
-                if !(before + 1..=before + 2).contains(&operands.len()) =>
+            Operands::Indexed { before, mask }
+                if !(before + 1..=before + 1 + usize::from(mask)).contains(&operands.len()) =>
             {
+                if !mask {
+                    return Err(format!(
+                        "takes {} operands, got {}",
+                        before + 1,
+                        operands.len()
+                    ));
+                }
                 return Err(format!(
                     "takes {} operands and an optional mask, got {}",
                     before + 1,
@@ -570,6 +602,7 @@ impl OpKind {
             | OpKind::Kernel { .. }
             | OpKind::Return
             | OpKind::Store { .. }
+            | OpKind::Prefetch { .. }
             | OpKind::Yield
             | OpKind::Barrier => 0,
             OpKind::For { .. } => operands.len(),
@@ -759,6 +792,7 @@ impl dlc_core::ir::OpDecl for OpKind {
             OpKind::Cast => "cast",
             OpKind::Load { .. } => "load",
             OpKind::Store { .. } => "store",
+            OpKind::Prefetch { .. } => "prefetch",
             OpKind::Mask { .. } => "mask",
             OpKind::Broadcast => "broadcast",
             OpKind::Reshape => "reshape",
@@ -813,6 +847,10 @@ impl dlc_core::ir::OpDecl for OpKind {
                 before: 1,
                 mask: true,
             }),
+            OpKind::Prefetch { .. } => of(Indexed {
+                before: 0,
+                mask: false,
+            }),
             OpKind::Mask { .. } => of(Limits),
             OpKind::For { .. } => Syntax {
                 region: Region::WithArgs,
@@ -858,6 +896,10 @@ impl dlc_core::ir::OpDecl for OpKind {
                 ("index".to_string(), Attr::Int(*index as i64)),
             ],
             OpKind::Load { pad: Some(p), .. } => one("pad", Attr::Float(*p)),
+            OpKind::Prefetch { shape, .. } => one(
+                "shape",
+                Attr::Ints(shape.iter().map(|&x| x as i64).collect()),
+            ),
             OpKind::Trans { perm } => {
                 one("perm", Attr::Ints(perm.iter().map(|&p| p as i64).collect()))
             }

@@ -172,6 +172,10 @@ fn probe_kind(name: &str) -> Option<OpKind> {
             pad: None,
         },
         "store" => OpKind::Store { index: vec![] },
+        "prefetch" => OpKind::Prefetch {
+            index: vec![],
+            shape: vec![],
+        },
         "mask" => OpKind::Mask { limits: vec![] },
         "kernel" => OpKind::Kernel {
             grid: vec![],

@@ -226,6 +226,7 @@ fn is_pure(kind: &OpKind) -> bool {
             | OpKind::Kernel { .. }
             | OpKind::Return
             | OpKind::Store { .. }
+            | OpKind::Prefetch { .. }
             | OpKind::For { .. }
             | OpKind::Yield
             | OpKind::Barrier
@@ -239,7 +240,10 @@ pub(crate) fn detach(f: &mut Function, id: OpId) {
     while let Some(id) = pending.pop() {
         let op = &mut f.ops[id.0 as usize];
         op.operands.clear();
-        if let OpKind::Load { index, .. } | OpKind::Store { index } = &mut op.kind {
+        if let OpKind::Load { index, .. }
+        | OpKind::Store { index }
+        | OpKind::Prefetch { index, .. } = &mut op.kind
+        {
             index.iter_mut().for_each(|e| e.terms.clear());
         }
         if let OpKind::Mask { limits } = &mut op.kind {

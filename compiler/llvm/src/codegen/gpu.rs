@@ -938,6 +938,8 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
             }
             OpKind::Load { index, pad } => self.gpu_load(op, index, *pad)?,
             OpKind::Store { index } => self.gpu_store(op, index)?,
+            // A CPU's hint: a GPU's loads are scheduled by its own copies.
+            OpKind::Prefetch { .. } => {}
             OpKind::Mask { limits } => self.gpu_mask(op, limits)?,
             // Every element stays in its thread (row-major order is kept);
             // moves go through shared memory.

@@ -1088,6 +1088,47 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         self.define(r, out)
     }
 
+    /// `tile.prefetch`: every 64-byte line a load of the tile would read,
+    /// fetched for reading into the first level of cache (`llvm.prefetch`,
+    /// the highest locality): along a contiguous row, from its first
+    /// element every line's worth and its last (a row not aligned to a line
+    /// spans one more); along any other stride, each element's. The
+    /// addresses are plain offsets, never dereferenced: outside the buffer
+    /// they are no error (x86's and AArch64's prefetches do not fault).
+    fn prefetch(&mut self, op: &OpData, index: &[Affine], shape: &[usize]) -> R<()> {
+        let cut = Cut::new(shape, self.lanes);
+        let a = self.access(op.operands[0], index, cut.shape.len())?;
+        let (n, step) = (cut.last(), a.grad[cut.shape.len() - 1]);
+        let per_line = (64 / a.dtype.size_bytes().max(1)).max(1);
+        let mut lanes: Vec<usize> = match step {
+            0 => vec![0],
+            1 => (0..n).step_by(per_line).chain([n - 1]).collect(),
+            _ => (0..n).collect(),
+        };
+        lanes.dedup();
+        let i32t = self.ctx.i32_type();
+        let i64t = self.ctx.i64_type();
+        for row in 0..cut.rows() {
+            let (start, _) = self.place(&a, &cut, &cut.row_coords(row), 0)?;
+            for &e in &lanes {
+                let delta = i64t.const_int((e as i64).wrapping_mul(step) as u64, true);
+                let off = self.b.build_int_add(start, delta, "pf")?;
+                let p = self.element_pointer(&a, off)?;
+                self.call_void(
+                    "llvm.prefetch",
+                    &[p.get_type().into()],
+                    &[
+                        p.into(),
+                        i32t.const_zero().into(),
+                        i32t.const_int(3, false).into(),
+                        i32t.const_int(1, false).into(),
+                    ],
+                )?;
+            }
+        }
+        Ok(())
+    }
+
     /// `n` elements `step` apart from element `off` (lanes off in `mask`
     /// read `passthru`): one masked load of the `n * step` elements they
     /// span, only the wanted ones enabled (so nothing outside the lanes'
@@ -2413,6 +2454,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
             }
             OpKind::Load { index, pad } => self.load(op, index, *pad)?,
             OpKind::Store { index } => self.store(op, index)?,
+            OpKind::Prefetch { index, shape } => self.prefetch(op, index, shape)?,
             OpKind::Mask { limits } => self.mask(op, limits)?,
             OpKind::Broadcast => self.broadcast(op)?,
             // One thread holds a whole tile, whatever its layout.

@@ -77,7 +77,10 @@ fn rename(f: &mut Function, from: Value, to: Value) {
                 *v = to;
             }
         }
-        if let OpKind::Load { index, .. } | OpKind::Store { index } = &mut op.kind {
+        if let OpKind::Load { index, .. }
+        | OpKind::Store { index }
+        | OpKind::Prefetch { index, .. } = &mut op.kind
+        {
             for e in index {
                 for t in &mut e.terms {
                     if t.1 == from {
