@@ -981,6 +981,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         // Whether any dimension is left to test; the pad stays what lanes
         // off in the mask read.
         let tested = pad.is_some() && !proven.iter().all(|&p| p);
+        let widened = self.widened_loads(op, index, &cut, mask.is_some() || tested);
         let mut out = Vec::with_capacity(cut.vectors());
         for row in 0..cut.rows() {
             let mut row_start = None;
@@ -1050,9 +1051,23 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                     }
                     (1, None) => {
                         let p = self.element_pointer(&a, off)?;
-                        let l = self.b.build_load(vt, p, "ld")?;
-                        set_alignment(l, self.alignment(a.dtype))?;
-                        l
+                        match widened[j] {
+                            Some(w) => {
+                                let l = self.b.build_load(
+                                    self.vector_of(store_t, w as u32),
+                                    p,
+                                    "ld",
+                                )?;
+                                set_alignment(l, self.alignment(a.dtype))?;
+                                self.permute(l.into_vector_value(), 0..n as u32, "narrow")?
+                                    .into()
+                            }
+                            None => {
+                                let l = self.b.build_load(vt, p, "ld")?;
+                                set_alignment(l, self.alignment(a.dtype))?;
+                                l
+                            }
+                        }
                     }
                     (1, Some(m)) => {
                         let p = self.guarded_pointer(&a, off, mask_op, row, &mut row_start)?;
@@ -1086,6 +1101,41 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
             }
         }
         self.define(r, out)
+    }
+
+    /// For each vector of a row of a load's tile, the wider vector it is
+    /// read as, where its lanes are not a power of two and the elements up
+    /// to the next power of two (at most a native vector) are proven inside
+    /// the buffer for every row: `None` otherwise, and for a masked or
+    /// tested load. LLVM splits a 7-lane load into loads of 4, 2 and 1 (a
+    /// 7 x 7 image's rows); one 8-lane load, its last lane dropped, is one
+    /// instruction.
+    fn widened_loads(
+        &self,
+        op: &OpData,
+        index: &[Affine],
+        cut: &Cut,
+        masked: bool,
+    ) -> Vec<Option<usize>> {
+        let Type::Buffer(t) = self.f.ty(op.operands[0]) else {
+            return vec![None; cut.per_row];
+        };
+        (0..cut.per_row)
+            .map(|j| {
+                let n = cut.lanes(j);
+                let w = n.next_power_of_two();
+                if masked || n < 2 || w == n || w > self.lanes {
+                    return None;
+                }
+                let mut shape = cut.shape.clone();
+                let last = shape.len() - 1;
+                shape[last] = j * cut.width + w;
+                self.proven_inside(index, &shape, &t.shape)
+                    .iter()
+                    .all(|&p| p)
+                    .then_some(w)
+            })
+            .collect()
     }
 
     /// `tile.prefetch`: every 64-byte line a load of the tile would read,
