@@ -579,15 +579,9 @@ impl OpKind {
             Operands::Indexed { before, mask }
                 if !(before + 1..=before + 1 + usize::from(mask)).contains(&operands.len()) =>
             {
-                if !mask {
-                    return Err(format!(
-                        "takes {} operands, got {}",
-                        before + 1,
-                        operands.len()
-                    ));
-                }
+                let optional = if mask { " and an optional mask" } else { "" };
                 return Err(format!(
-                    "takes {} operands and an optional mask, got {}",
+                    "takes {} operands{optional}, got {}",
                     before + 1,
                     operands.len()
                 ));
