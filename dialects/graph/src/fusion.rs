@@ -12,7 +12,7 @@ use petgraph::stable_graph::NodeIndex;
 use dlc_core::TargetDesc;
 
 use crate::module::Function;
-use crate::ops::{Op, conv_is_im2col_product, conv_is_winograd};
+use crate::ops::{ConstValue, Op, conv_is_im2col_product, conv_is_winograd};
 
 /// How a node is computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -261,6 +261,18 @@ pub fn plan(f: &Function, target: &TargetDesc) -> HashMap<NodeIndex, Plan> {
                     ) =>
             {
                 Plan::View
+            }
+            // A splat constant read only by pointwise ops costs them
+            // nothing to compute: each inlines it, however many there are
+            // (equality saturation leaves one shared by every reader;
+            // stored, it was a buffer each loaded, per row of an epilogue:
+            // ReLU6's clip bounds).
+            Op::Constant(ConstValue::Splat(_))
+                if !is_result(n)
+                    && !users.is_empty()
+                    && users.iter().all(|&u| op(u).is_pointwise()) =>
+            {
+                Plan::Inline
             }
             o if o.is_elementwise() => {
                 // Work on weights alone is stored by the preparer, not
