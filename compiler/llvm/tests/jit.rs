@@ -159,6 +159,28 @@ fn max_and_min_are_the_interpreters() {
     }
 }
 
+/// Against a constant bound that is no NaN (ReLU6's clip), `max` and `min`
+/// are one unordered compare and a select each: no separate NaN test of
+/// the other operand (`max_and_min_are_the_interpreters` checks the
+/// values, NaN and signed zeros included).
+#[test]
+fn clips_against_constants_test_no_nan_apart() {
+    let src = "fn f(x: f32[64], y: f32[64]) -> (f32[64], f32[64]) { return (min(max(x, 0.0), 6.0), min(max(x, y), 6.0)); }";
+    let clip = "fn f(x: f32[64]) -> f32[64] { return min(max(x, 0.0), 6.0); }";
+    for (target, _, ir) in x86_ir(clip) {
+        assert!(
+            ir.contains("select <") && !ir.contains("fcmp uno <"),
+            "{}: {ir}",
+            target.name
+        );
+    }
+    // Against a value that may be a NaN, the vectors' NaN test stays.
+    for (target, _, ir) in x86_ir(src) {
+        assert!(ir.contains("fcmp uno <"), "{}: {ir}", target.name);
+    }
+    jit_agrees(src);
+}
+
 #[test]
 fn integer_division_by_zero_is_an_error() {
     let m = graph("fn f(x: i32[2]) -> i32[2] { return x / (x - x); }");
@@ -815,12 +837,12 @@ fn few_heavy_programs_run_on_threads() {
 
 /// A load whose lanes all read one element under a mask (a product's
 /// epilogue reading the bias of each row of a register tile, at the
-/// block's ragged edges: 16 rows in strips of 6, 400 columns in panels of
-/// 32) is one element read where any lane is on, then broadcast: no
-/// gather. It agrees with the graph interpreter.
+/// block's ragged edges: 16 rows, 324 columns in panels of 32 or 16) is one
+/// element read where any lane is on, then broadcast: no gather. It agrees
+/// with the graph interpreter.
 #[test]
 fn masked_broadcast_loads_read_one_element() {
-    let src = "fn f(x: f32[1, 32, 20, 20], w: f32[16, 32, 1, 1], b: f32[16]) -> f32[1, 16, 20, 20] { return conv2d(x, w) + reshape(b, [1, 16, 1, 1]); }";
+    let src = "fn f(x: f32[1, 32, 18, 18], w: f32[16, 32, 1, 1], b: f32[16]) -> f32[1, 16, 18, 18] { return conv2d(x, w) + reshape(b, [1, 16, 1, 1]); }";
     for target in [TargetDesc::x86_64_avx512(2), TargetDesc::x86_64_avx2(2)] {
         let tiles = dlc_driver::lower_for_tile(&graph(src), &target).unwrap();
         let text = dlc_tile::print_module(&tiles);
@@ -1075,6 +1097,30 @@ fn f(x: f32[8, 7]) -> f32[8, 6] { return take(x); }",
         }
         jit_agrees(src);
     }
+}
+
+/// A `tile.mask` whose limits the loop counters' and program ids' ranges
+/// keep at or past the tile's extent everywhere (a product over whole
+/// register tiles, packing and epilogue) is constants all on: its loads and
+/// stores are plain ones, no compares and no masked intrinsics; a ragged
+/// product keeps its masked edge. Both agree with the graph interpreter.
+#[test]
+fn masks_proven_on_everywhere_are_plain_accesses() {
+    let whole = "fn f(x: f32[48, 48], w: f32[48, 64]) -> f32[48, 64] { return relu(x @ w); }";
+    let ragged = "fn f(x: f32[60, 48], w: f32[48, 60]) -> f32[60, 60] { return relu(x @ w); }";
+    for (target, _, ir) in x86_ir(whole) {
+        assert!(
+            ir.contains("fmul") || ir.contains("fma"),
+            "{}: {ir}",
+            target.name
+        );
+        assert!(!ir.contains("@llvm.masked."), "{}: {ir}", target.name);
+    }
+    for (target, _, ir) in x86_ir(ragged) {
+        assert!(ir.contains("@llvm.masked.store"), "{}: {ir}", target.name);
+    }
+    jit_agrees(whole);
+    jit_agrees(ragged);
 }
 
 /// Products that prefetch their next panel (`tile.prefetch`: the host's

@@ -359,7 +359,19 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
     /// (`x > y ? x : y`), and a NaN test of `x`: three instructions a
     /// vector where `llvm.maximum`, which also orders -0 below +0, took six
     /// (ReLU6's clip was half of a 1 x 1 convolution's epilogue).
+    /// Against a constant `y` that is no NaN (a clip's bound), "`x` is NaN
+    /// or the greater" is one unordered compare: ReLU6's upper clip was
+    /// four instructions a vector (the NaN test of `x` and the ordered
+    /// compare, or-ed, and the blend), now two.
     fn choose(&self, op: BinaryOp, x: BV<'ctx>, y: BV<'ctx>) -> R<BV<'ctx>> {
+        if never_nan(y) {
+            let wins = if op == BinaryOp::Max {
+                FloatPredicate::UGT
+            } else {
+                FloatPredicate::ULT
+            };
+            return self.select(self.fcmp(wins, x, y)?, x, y);
+        }
         let wins = if op == BinaryOp::Max {
             FloatPredicate::OGT
         } else {
@@ -715,5 +727,36 @@ fn int_all_ones(t: BasicTypeEnum<'_>) -> BV<'_> {
             VectorType::const_vector(&vec![one; v.get_size() as usize]).into()
         }
         other => other.into_int_type().const_all_ones().into(),
+    }
+}
+
+/// Whether `v` is a float constant (or a vector of them) none of whose
+/// lanes is a NaN; anything else (computed, loaded) may be.
+fn never_nan(v: BV<'_>) -> bool {
+    use inkwell::values::AsValueRef;
+    use llvm_sys::core::{
+        LLVMConstRealGetDouble, LLVMGetAggregateElement, LLVMIsAConstant, LLVMIsAConstantFP,
+    };
+    use llvm_sys::prelude::LLVMValueRef;
+    // SAFETY: each call takes a value of the live context `v` belongs to;
+    // `LLVMGetAggregateElement` answers null for what it cannot split, and
+    // `LLVMConstRealGetDouble` is called only on a `ConstantFP`.
+    unsafe {
+        let number = |c: LLVMValueRef| {
+            if c.is_null() || LLVMIsAConstantFP(c).is_null() {
+                return false;
+            }
+            let mut lossy = 0;
+            !LLVMConstRealGetDouble(c, &mut lossy).is_nan()
+        };
+        match v {
+            BV::FloatValue(f) => number(f.as_value_ref()),
+            BV::VectorValue(f) => {
+                let c = f.as_value_ref();
+                !LLVMIsAConstant(c).is_null()
+                    && (0..f.get_type().get_size()).all(|i| number(LLVMGetAggregateElement(c, i)))
+            }
+            _ => false,
+        }
     }
 }

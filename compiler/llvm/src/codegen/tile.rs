@@ -805,6 +805,21 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
     /// padded load tests only the others (the middle panels of a strided
     /// convolution's im2col copy, whose columns never reach the padding).
     fn proven_inside(&self, index: &[Affine], shape: &[usize], extents: &[usize]) -> Vec<bool> {
+        index
+            .iter()
+            .zip(extents)
+            .map(|(e, &extent)| {
+                self.affine_bounds(e, shape)
+                    .is_some_and(|(lo, hi)| lo >= 0 && hi < extent as i64)
+            })
+            .collect()
+    }
+
+    /// The least and greatest values `e` takes over every value its loop
+    /// counters and program ids take (`dlc_tile::ir::index_ranges`) and
+    /// every lane of a tile of `shape`; `None` where a term's range is not
+    /// known (a value computed in the kernel).
+    fn affine_bounds(&self, e: &Affine, shape: &[usize]) -> Option<(i64, i64)> {
         let ranges = self
             .index_ranges
             .get_or_init(|| dlc_tile::ir::index_ranges(self.f));
@@ -812,26 +827,18 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
             let (x, y) = (c.saturating_mul(lo), c.saturating_mul(hi));
             (x.min(y), x.max(y))
         };
-        index
-            .iter()
-            .zip(extents)
-            .map(|(e, &extent)| {
-                let (mut lo, mut hi) = (e.constant, e.constant);
-                for &(c, v) in &e.terms {
-                    let Some(&(a, b)) = ranges.get(&v) else {
-                        return false;
-                    };
-                    let (x, y) = span(c, a, b);
-                    (lo, hi) = (lo.saturating_add(x), hi.saturating_add(y));
-                }
-                for &(c, k) in &e.axes {
-                    let last = shape.get(k).map_or(0, |&n| n as i64 - 1);
-                    let (x, y) = span(c, 0, last);
-                    (lo, hi) = (lo.saturating_add(x), hi.saturating_add(y));
-                }
-                lo >= 0 && hi < extent as i64
-            })
-            .collect()
+        let (mut lo, mut hi) = (e.constant, e.constant);
+        for &(c, v) in &e.terms {
+            let &(a, b) = ranges.get(&v)?;
+            let (x, y) = span(c, a, b);
+            (lo, hi) = (lo.saturating_add(x), hi.saturating_add(y));
+        }
+        for &(c, k) in &e.axes {
+            let last = shape.get(k).map_or(0, |&n| n as i64 - 1);
+            let (x, y) = span(c, 0, last);
+            (lo, hi) = (lo.saturating_add(x), hi.saturating_add(y));
+        }
+        Some((lo, hi))
     }
 
     /// Pointers to `n` elements `step` apart from element `off`: the
@@ -945,9 +952,18 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         d.size_bytes() as u32
     }
 
-    /// The vectors of the mask operand at `at`, if there is one.
+    /// The vectors of the mask operand at `at`, if there is one and some
+    /// lane of it may be off (a `tile.mask` proven on everywhere is
+    /// constants all on: its loads and stores are plain ones).
     fn mask_of(&self, op: &OpData, at: usize) -> R<Option<Vec<BV<'ctx>>>> {
-        op.operands.get(at).map(|&m| self.vectors(m)).transpose()
+        let mask = op.operands.get(at).map(|&m| self.vectors(m)).transpose()?;
+        Ok(mask.filter(|m| {
+            !m.iter().all(|&v| match v {
+                BV::VectorValue(v) => v == self.all_on(v.get_type().get_size() as usize),
+                BV::IntValue(i) => i.get_zero_extended_constant() == Some(1),
+                _ => false,
+            })
+        }))
     }
 
     /// `n` lanes all on.
@@ -1790,6 +1806,20 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         let r = op.results[0];
         let cut = self.cut(r);
         let i64t = self.ctx.i64_type();
+        // An axis whose limit is at least the tile's extent wherever the
+        // kernel runs (a product's epilogue over whole register tiles) is
+        // on everywhere: its lanes are constants, so a store under the mask
+        // is a plain one, with no per-tile compares and no test of the row.
+        let always = limits
+            .iter()
+            .zip(&cut.shape)
+            .map(|(l, &n)| {
+                l.axes.is_empty()
+                    && self
+                        .affine_bounds(l, &cut.shape)
+                        .is_some_and(|(lo, _)| lo >= n as i64)
+            })
+            .collect::<Vec<_>>();
         let limits = limits
             .iter()
             .map(|l| self.affine_base(l))
@@ -1801,6 +1831,9 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
             let rc = cut.row_coords(row);
             let mut row_on = self.ctx.bool_type().const_int(1, false);
             for (k, &c) in rc.iter().enumerate() {
+                if always[k] {
+                    continue;
+                }
                 let on = self.b.build_int_compare(
                     IntPredicate::SLT,
                     i64t.const_int(c as u64, false),
@@ -1812,6 +1845,14 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
             guards.push(row_on);
             for j in 0..cut.per_row {
                 let n = cut.lanes(j);
+                if always.iter().all(|&a| a) {
+                    out.push(self.all_on(n));
+                    continue;
+                }
+                if always[last] {
+                    out.push(self.splat(row_on.into(), n as u32)?);
+                    continue;
+                }
                 let cols: Vec<_> = (0..n)
                     .map(|k| i64t.const_int((j * cut.width + k) as u64, false))
                     .collect();
