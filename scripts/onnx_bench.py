@@ -133,6 +133,10 @@ def exported(name):
     return model_files(name)
 
 
+# Seconds between two blocks of alternated calls (see `interleaved`).
+BLOCK_PAUSE_S = 0.1
+
+
 def interleaved(lib, session, feeds, blocks, entry="dlc_model_main_graph", before=None):
     """25th percentiles (ms) of dlc's compiled library `lib` (its function
     `entry`, taking the session's inputs in order, then its outputs) and of
@@ -143,7 +147,13 @@ def interleaved(lib, session, feeds, blocks, entry="dlc_model_main_graph", befor
     drift 10-50% between runs minutes apart); at least three blocks each,
     so that one burst of another load does not decide a slow model's row
     (BERT's one block at two threads read 1.49 once, 0.93 minutes later).
-    `before`, if given, runs before every call, untimed. Also dlc's
+    After each block the process sleeps `BLOCK_PAUSE_S`, so that the
+    threads the block's runtime left spinning (onnxruntime's pool, OpenMP's
+    team) are asleep before the other's block: at two threads on two cores,
+    the library called right after onnxruntime ran 10-20% slower than the
+    same library called second (9.22 against 7.73 ms, MobileNetV2 loaded
+    twice), 13x slower with the machine busy; with the pause both read the
+    same. `before`, if given, runs before every call, untimed. Also dlc's
     outputs of the last call."""
     import ctypes
     import numpy as np
@@ -172,6 +182,7 @@ def interleaved(lib, session, feeds, blocks, entry="dlc_model_main_graph", befor
                 call()
                 if k >= 2:
                     times[call].append((time.perf_counter() - t) * 1e3)
+            time.sleep(BLOCK_PAUSE_S)
     p25 = {c: sorted(v)[len(v) // 4] for c, v in times.items()}
     return p25[dlc], p25[ort], outs
 
