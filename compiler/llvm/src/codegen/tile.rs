@@ -1820,6 +1820,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                         .is_some_and(|(lo, _)| lo >= n as i64)
             })
             .collect::<Vec<_>>();
+        let everywhere = always.iter().all(|&a| a);
         let limits = limits
             .iter()
             .map(|l| self.affine_base(l))
@@ -1845,7 +1846,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
             guards.push(row_on);
             for j in 0..cut.per_row {
                 let n = cut.lanes(j);
-                if always.iter().all(|&a| a) {
+                if everywhere {
                     out.push(self.all_on(n));
                     continue;
                 }
