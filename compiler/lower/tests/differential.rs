@@ -1079,6 +1079,64 @@ fn a_weight_kernel_is_packed_when_bound() {
     agree(src);
 }
 
+/// The same for a strided convolution, whose programs copy their im2col
+/// panels from the input, and for its kernel given as a constant (an
+/// imported model's initializer, lifted to a weight for compiled code):
+/// a kernel of its own packs the strips and the preparer runs it once.
+/// ResNet-18's and ResNet-50's stride-2 convolutions (their stems too) had
+/// every program of every call pack the whole kernel (the 3 x 3 from 256
+/// to 512 channels: 4.7 MB, in each program).
+#[test]
+fn a_strided_convolutions_kernel_is_packed_when_bound() {
+    let kernels_of = |text: &str| -> String {
+        text.lines()
+            .filter(|l| l.contains("tile.func") || l.contains("tile.kernel"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let check = |t: &dlc_tile::Module, what: &str| {
+        let text = dlc_tile::print_module(t);
+        let prepare = text.find("tile.func @f_prepare").unwrap_or_else(|| {
+            panic!("{what}: no preparer\n{}", kernels_of(&text));
+        });
+        let main = &text[..prepare];
+        assert!(
+            text[prepare..].contains("pack = [0]") && !main.contains("pack = [0]"),
+            "{what}: the kernel's strips are packed per call\n{}",
+            kernels_of(&text)
+        );
+        assert!(
+            !main.contains("tile.global"),
+            "{what}: the kernel is read per call\n{}",
+            kernels_of(&text)
+        );
+    };
+    let declared = [
+        "fn f(x: f32[1, 8, 28, 28], weight w: f32[32, 8, 3, 3]) -> f32[1, 32, 14, 14] { return relu(conv2d(x, w, stride=2, padding=1)); }",
+        "fn f(x: f32[1, 3, 32, 32], weight w: f32[16, 3, 7, 7]) -> f32[1, 16, 16, 16] { return relu(conv2d(x, w, stride=2, padding=3)); }",
+    ];
+    for src in declared {
+        let m = graph(src);
+        for target in [TargetDesc::x86_64_avx2(2), TargetDesc::x86_64_avx512(2)] {
+            check(&kernels(&m, &target), &format!("{src} on {}", target.name));
+        }
+        agree(src);
+    }
+    let values: Vec<String> = (0..32 * 8 * 9)
+        .map(|i| format!("{:.3}", ((i * 37) % 17) as f64 / 17.0 - 0.5))
+        .collect();
+    let constant = format!(
+        "fn f(x: f32[1, 8, 28, 28]) -> f32[1, 32, 14, 14] {{ return relu(conv2d(x, tensor([{}], [32, 8, 3, 3], f32), stride=2, padding=1)); }}",
+        values.join(", ")
+    );
+    let m = graph(&constant);
+    for target in [TargetDesc::x86_64_avx2(2), TargetDesc::x86_64_avx512(2)] {
+        let t = dlc_driver::lower_for_code(&m, &target).unwrap_or_else(|e| panic!("{e}"));
+        check(&t, &format!("a constant kernel on {}", target.name));
+    }
+    agree(&constant);
+}
+
 /// User operators that are contractions lower to one `loop.matmul` each,
 /// reading their operands through their own indices (no copy, no scalar
 /// reduction loop), with their epilogue in its region; the others keep

@@ -462,11 +462,16 @@ impl<'a> Conv<'a> {
         // third as long packing their weights as multiplying. Either way
         // the operand is the same for every batch (`w @ col[b]`), or there
         // is one batch (an exported transformer's `[1, 128, 3072]`
-        // activations: GPT-2's block packed them 8 times a product).
+        // activations: GPT-2's block packed them 8 times a product). A
+        // convolution whose programs copy their im2col panels from the
+        // input takes the strips kernel only for a kernel of weights (the
+        // preparer's: ResNet's stride-2 convolutions and stems had every
+        // program of every call pack the whole kernel).
         let left_shared = batch.iter().all(|b| b.2 == 1 || !moves_with(&c.a, b.0));
+        let weights = self.weight_left_operand(m);
         let strips = (left_shared
-            && (plan.chunks > 2 || self.weight_left_operand(m))
-            && !self.convs.contains_key(&m))
+            && (plan.chunks > 2 || weights)
+            && (weights || !self.convs.contains_key(&m)))
         .then(|| {
             for &(counter, lo, _) in &batch {
                 self.index.insert(counter, Affine::constant(lo));
