@@ -10,7 +10,9 @@ both. Both sides are grouped by the model's node each kernel or onnxruntime
 node computes, after fusion: a chain of elementwise nodes (Clip, Relu, Add of
 a residual, ...) goes to the product (Conv, Gemm, MatMul) it follows, as both
 fuse such chains into the product, and onnxruntime's blocked-layout nodes
-(named after the tensor they write, `..._nchwc`) to the node that writes it.
+(named after the tensor they write, `..._nchwc`) to the node that writes it,
+and a node onnxruntime fused (`/l/MatMul/MatMulAddFusion`) to the first node
+whose name its own begins with.
 Per node: the median over the rounds of each side's time, their difference,
 and the least and greatest of the rounds' ratios; nodes only onnxruntime has
 (its layout reorders) are summed at the end.
@@ -65,6 +67,13 @@ def anchors(model):
         n = nodes.get(name)
         if n is None:
             n = producer.get(re.sub(r"_nchwc$", "", name))
+        # A node onnxruntime fused is named after the first node it took
+        # with the fusion's names appended ("/l/MatMul/MatMulAddFusion",
+        # "/l/MatMul_1/MatMulScaleFusion//MatmulTransposeFusion/").
+        probe = name
+        while n is None and "/" in probe:
+            probe = probe.rsplit("/", 1)[0]
+            n = nodes.get(probe)
         return (up(n).name, up(n).op_type) if n is not None else (name, "")
     return anchor
 
