@@ -771,10 +771,14 @@ fn odd(x: f32[2, 6, 15, 15], w: f32[6, 1, 3, 3]) -> f32[2, 6, 8, 8] { return cla
 fn cols(x: f32[1, 4, 9, 20], w: f32[4, 1, 3, 4]) -> f32[1, 4, 7, 6] { return conv2d(x, w, stride=[1, 3], groups=4); }
 fn wide(x: f32[2, 2, 128, 127], w: f32[2, 1, 3, 3]) -> f32[2, 2, 64, 64] { return conv2d(x, w, stride=2, padding=1, groups=2); }";
 
-/// Direct convolutions and pooling.
+/// Direct convolutions and pooling (a max pool runs as two passes: a
+/// window of rows, padded, strided, with an epilogue, and unpadded in a
+/// function that also returns the pooled input).
 pub const POOLING_PROGRAMS: &[&str] = &[
     "fn f(x: f32[2, 4, 6, 5], w: f32[6, 2, 3, 2]) -> f32[2, 6, 3, 6] { return relu(conv2d(x, w, stride=[2, 1], padding=[1, 1], groups=2)); }",
     "fn f(x: f32[1, 2, 7, 6]) -> (f32[1, 2, 4, 3], f32[1, 2, 4, 3]) { return (maxpool2d(x, kernel=3, stride=2, padding=1), avgpool2d(x, kernel=3, stride=2, padding=1)); }",
+    "fn f(x: f32[2, 3, 9, 11]) -> f32[2, 3, 9, 6] { return relu(maxpool2d(x - 0.5, kernel=[3, 2], stride=[1, 2], padding=[1, 1])); }",
+    "fn f(x: f32[1, 2, 8, 9]) -> (f32[1, 2, 4, 4], f32[1, 2, 8, 9]) { return (maxpool2d(x, kernel=2, stride=2), x); }",
 ];
 
 /// Results that are parameters, views or repeated.

@@ -612,6 +612,16 @@ fn tensor_operators() {
     );
 }
 
+/// Convolutions and pooling (`dlc_tests::POOLING_PROGRAMS`: max pools in
+/// two passes, padded or not, strided along one axis or both, with an
+/// epilogue) in compiled code.
+#[test]
+fn pooling_in_compiled_code() {
+    for src in dlc_tests::POOLING_PROGRAMS {
+        jit_agrees(src);
+    }
+}
+
 #[test]
 fn user_operators() {
     jit_agrees(

@@ -1137,6 +1137,20 @@ fn a_strided_convolutions_kernel_is_packed_when_bound() {
     agree(&constant);
 }
 
+/// A max pool lowers to two nests: the window's rows at every column of
+/// the input and its padding, stored (`[N, C, OH, W + 2 PW]`), then the
+/// window's columns of that, unpadded
+/// (`graph_to_loop`'s `emit_separable_max_pool`); an average pool stays
+/// one window.
+#[test]
+fn a_max_pool_is_two_passes() {
+    let src = "fn f(x: f32[1, 2, 7, 6]) -> (f32[1, 2, 4, 3], f32[1, 2, 4, 3]) { return (maxpool2d(x, kernel=3, stride=2, padding=1), avgpool2d(x, kernel=3, stride=2, padding=1)); }";
+    let m = graph(src);
+    let text = print_module(&lowered(&m));
+    assert_eq!(text.matches("buffer<f32[1, 2, 4, 8]>").count(), 1, "{text}");
+    agree(src);
+}
+
 /// User operators that are contractions lower to one `loop.matmul` each,
 /// reading their operands through their own indices (no copy, no scalar
 /// reduction loop), with their epilogue in its region; the others keep
