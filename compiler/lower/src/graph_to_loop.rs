@@ -2393,12 +2393,11 @@ impl Lowering<'_> {
     /// A max pool as two: the maximum over the window's rows at every
     /// column of the input and of its padding (`[N, C, OH, W + 2 PW]`,
     /// read along its rows), then over the window's columns of that,
-    /// unpadded. The same values as one window
-    /// (a maximum is associative, NaN included, and the padding is -inf
-    /// either way), in `kh + kw` loads an element instead of `kh kw`, the
-    /// first pass's contiguous: ResNet's 3 x 3 stride-2 pool read nine
-    /// stride-2 rows, each lane tested against the padding (2.5 times
-    /// onnxruntime's time).
+    /// unpadded. The same values as one window (a maximum is associative,
+    /// NaN included, and the padding is -inf either way), in `kh + kw`
+    /// loads an element instead of `kh kw`, the first pass's contiguous:
+    /// ResNet's 3 x 3 stride-2 pool read nine stride-2 rows, each lane
+    /// tested against the padding (2.5 times onnxruntime's time).
     fn emit_separable_max_pool(
         &mut self,
         n: NodeIndex,
