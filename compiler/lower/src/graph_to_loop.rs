@@ -1426,6 +1426,14 @@ impl Lowering<'_> {
                 groups,
             } => self.emit_direct_conv(n, stride, padding, groups),
             Op::Pool2d {
+                kind: PoolKind::Max,
+                kernel,
+                stride,
+                padding,
+            } if kernel[0] > 1 && kernel[1] > 1 => {
+                self.emit_separable_max_pool(n, kernel, stride, padding)
+            }
+            Op::Pool2d {
                 kind,
                 kernel,
                 stride,
@@ -2345,7 +2353,8 @@ impl Lowering<'_> {
         })
     }
 
-    /// Max or average pooling over each window.
+    /// Max or average pooling over each window (a max pool whose window
+    /// spans rows and columns is [`Self::emit_separable_max_pool`]'s).
     fn emit_pool(
         &mut self,
         n: NodeIndex,
@@ -2357,9 +2366,6 @@ impl Lowering<'_> {
         let ty = self.ty(n).clone();
         let dtype = ty.dtype;
         let x = self.operand(n, 0);
-        if kind == PoolKind::Max && kernel[0] > 1 && kernel[1] > 1 {
-            return self.emit_separable_max_pool(n, kernel, stride, padding);
-        }
         let xbuf = self.home[&x];
         let idx = self.open_nest(&ty.shape);
         let (rk, pad) = match kind {
