@@ -1137,11 +1137,10 @@ fn a_strided_convolutions_kernel_is_packed_when_bound() {
     agree(&constant);
 }
 
-/// A max pool lowers to two nests: the window's rows at every column of
-/// the input and its padding, stored (`[N, C, OH, W + 2 PW]`), then the
-/// window's columns of that, unpadded
-/// (`graph_to_loop`'s `emit_separable_max_pool`); an average pool stays
-/// one window.
+/// A max pool lowers to two nests (`graph_to_loop`'s
+/// `emit_separable_max_pool`): the window's rows at every column of the
+/// input and its padding, stored (`[N, C, OH, W + 2 PW]`), then the
+/// window's columns of that, unpadded; an average pool stays one window.
 #[test]
 fn a_max_pool_is_two_passes() {
     let src = "fn f(x: f32[1, 2, 7, 6]) -> (f32[1, 2, 4, 3], f32[1, 2, 4, 3]) { return (maxpool2d(x, kernel=3, stride=2, padding=1), avgpool2d(x, kernel=3, stride=2, padding=1)); }";
