@@ -244,6 +244,16 @@ fn ix_axpy(k: i64, a: &IndexExpr, b: &IndexExpr) -> IndexExpr {
     b.plus_scaled(k, a)
 }
 
+/// The input position a window reads along one axis: output position `o`
+/// at `stride`, tap `t`, `padding` before the first element.
+fn window_index(stride: usize, o: &IndexExpr, t: &IndexExpr, padding: usize) -> IndexExpr {
+    ix_axpy(
+        stride as i64,
+        o,
+        &ix_axpy(1, t, &ix_const(-(padding as i64))),
+    )
+}
+
 /// Maps an index of `dst` (a broadcast result) to `src` (an operand), NumPy
 /// style: trailing axes align, and an axis of extent 1 is read at 0.
 fn broadcast_index(idx: &[IndexExpr], src: &[usize], dst: &[usize]) -> Vec<IndexExpr> {
@@ -2255,16 +2265,8 @@ impl Lowering<'_> {
         };
         let tap = move |l: &mut Self, c: &IndexExpr, ky: &IndexExpr, kx: &IndexExpr| {
             let xc = ix_axpy(cg as i64, &g2, c);
-            let iy = ix_axpy(
-                stride[0] as i64,
-                &oy2,
-                &ix_axpy(1, ky, &ix_const(-(padding[0] as i64))),
-            );
-            let ixx = ix_axpy(
-                stride[1] as i64,
-                &ox2,
-                &ix_axpy(1, kx, &ix_const(-(padding[1] as i64))),
-            );
+            let iy = window_index(stride[0], &oy2, ky, padding[0]);
+            let ixx = window_index(stride[1], &ox2, kx, padding[1]);
             let xv = l.b.load(xbuf, vec![nb2.clone(), xc, iy, ixx], pad);
             let wv = l.b.load(
                 wbuf,
@@ -2375,16 +2377,8 @@ impl Lowering<'_> {
         let idx2 = idx.clone();
         let ranges = [(0, kernel[0] as i64), (0, kernel[1] as i64)];
         let v = self.reduce_loops(rk, dtype, &ranges, &mut |l, r| {
-            let iy = ix_axpy(
-                stride[0] as i64,
-                &idx2[2],
-                &ix_axpy(1, &r[0], &ix_const(-(padding[0] as i64))),
-            );
-            let ixx = ix_axpy(
-                stride[1] as i64,
-                &idx2[3],
-                &ix_axpy(1, &r[1], &ix_const(-(padding[1] as i64))),
-            );
+            let iy = window_index(stride[0], &idx2[2], &r[0], padding[0]);
+            let ixx = window_index(stride[1], &idx2[3], &r[1], padding[1]);
             l.b.load(
                 xbuf,
                 vec![idx2[0].clone(), idx2[1].clone(), iy, ixx],
@@ -2429,11 +2423,7 @@ impl Lowering<'_> {
             dtype,
             &[(0, kernel[0] as i64)],
             &mut |l, r| {
-                let iy = ix_axpy(
-                    stride[0] as i64,
-                    &at[2],
-                    &ix_axpy(1, &r[0], &ix_const(-(padding[0] as i64))),
-                );
+                let iy = window_index(stride[0], &at[2], &r[0], padding[0]);
                 let ix = ix_axpy(1, &at[3], &ix_const(-(padding[1] as i64)));
                 l.b.load(
                     xbuf,
