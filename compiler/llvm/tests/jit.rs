@@ -1135,8 +1135,10 @@ fn masks_proven_on_everywhere_are_plain_accesses() {
 
 /// Products that prefetch their next panel (`tile.prefetch`: the host's
 /// schedule with its L2 shrunk to 64 KB, so that it does on any CPU; the
-/// last program's prefetches reach past the input's end) compile to
-/// `llvm.prefetch` and agree with the graph interpreter.
+/// last program's prefetches reach past the input's end), and their
+/// register tiles' epilogues the result's lines two panels ahead (past the
+/// output's end at the last panels), compile to `llvm.prefetch` and agree
+/// with the graph interpreter.
 #[test]
 fn prefetching_products_compile_and_agree() {
     let host = TargetDesc::host();
@@ -1159,7 +1161,10 @@ fn prefetching_products_compile_and_agree() {
     }
     let tiles = dlc_lower::convert_module_with(&loops, &params).unwrap();
     let text = dlc_tile::print_module(&tiles);
-    assert_eq!(text.matches("tile.prefetch").count(), 2, "{text}");
+    // The input's panels (`%0`, a view of `%x`) and the result (`%2`, of
+    // `%out0`): one epilogue in `p16`, one per strip of `p40`'s six rows.
+    assert_eq!(text.matches("tile.prefetch %0[").count(), 2, "{text}");
+    assert_eq!(text.matches("tile.prefetch %2[").count(), 3, "{text}");
     for (seed, f) in m.entry_points().enumerate() {
         let inputs = prepare_inputs(f, &[], Some(seed as u64)).unwrap();
         let want = interpret(&m, f, &inputs).unwrap();

@@ -197,6 +197,17 @@ pub struct Packing {
     /// 56 x 56 took 15-18% less, 128 -> 512 over 28 x 28 6-8% less, but 256
     /// -> 1024 over 14 x 14 28% more. 128 on a CPU; 0: never.
     pub heavy_outer_depth: usize,
+    /// Panels ahead (to the right, the same rows) whose lines a register
+    /// tile's epilogue prefetches in its result and in any operand it reads
+    /// along both axes (a residual): see `packed.rs`'s `prefetch_ahead`.
+    /// On Zen 3 (AVX2, one thread, caches evicted before each call), 2:
+    /// ResNet-50's 64 -> 256 convolution with its residual over 56 x 56
+    /// (strips walked across panels, the tile two ahead) 1.86-1.91 ->
+    /// 1.71-1.77 ms (1, 3 and 6 ahead: 1.83, 1.80, 1.90), its 256 -> 64
+    /// over 56 x 56 (panels across strips, the same strip two passes
+    /// ahead) 1.71-1.93 -> 1.54-1.73; ResNet-50's layer 1 and 2 1 x 1
+    /// convolutions 8-16% less in the model. 0: never.
+    pub epilogue_prefetch: usize,
     /// Steps of the depth the register tile's loop takes per iteration
     /// (at most: the largest number up to this that divides `kc`). Two
     /// gave W1 1024 4.5% on one and two threads (the loop's counter and
@@ -314,6 +325,7 @@ impl ScheduleParams {
                     l2_bytes: target.cpu().map_or(0, |c| c.l2_bytes),
                     strips_outer_depth: 24,
                     heavy_outer_depth: 128,
+                    epilogue_prefetch: 2,
                     unroll: 2,
                     bf16_pairs: pairs
                         .pairs

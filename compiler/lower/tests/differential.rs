@@ -971,8 +971,10 @@ fn products_beyond_the_l2_prefetch_their_next_panel() {
         ] {
             let tiles = kernels(&m, &target);
             let text = dlc_tile::print_module(&tiles);
+            // Of the input's panels (`%0`, a view of `%x`; the register
+            // tiles' epilogues prefetch the result's lines on both).
             assert_eq!(
-                text.contains("tile.prefetch"),
+                text.contains("tile.prefetch %0["),
                 prefetches,
                 "{}: {src}\n{text}",
                 target.name
@@ -1135,6 +1137,72 @@ fn a_strided_convolutions_kernel_is_packed_when_bound() {
         check(&t, &format!("a constant kernel on {}", target.name));
     }
     agree(&constant);
+}
+
+/// A register tile's epilogue prefetches the lines of its rows two panels
+/// ahead in its result and in the residual it reads (`Packing::
+/// epilogue_prefetch`): a 1 x 1 convolution with a residual, whose
+/// programs walk each strip across their panels, and one with a clamp
+/// only, walking each panel across its strips. A result stored along its
+/// rows (49 pixels as the rows of a deeper product) is not prefetched, nor
+/// is anything in a program's scratch (a Winograd convolution's products).
+/// All agree with the graph interpreter.
+#[test]
+fn a_register_tiles_epilogue_prefetches_the_lines_ahead() {
+    let residual = "fn f(x: f32[1, 16, 32, 32], weight w: f32[64, 16, 1, 1], r: f32[1, 64, 32, 32]) -> f32[1, 64, 32, 32] { return relu(conv2d(x, w) + r); }";
+    let clamp = "fn f(x: f32[1, 64, 32, 32], weight w: f32[32, 64, 1, 1]) -> f32[1, 32, 32, 32] { return relu(conv2d(x, w)); }";
+    let pixels = "fn f(x: f32[1, 256, 7, 7], weight w: f32[512, 256, 1, 1]) -> f32[1, 512, 7, 7] { return relu(conv2d(x, w)); }";
+    let winograd = "fn f(x: f32[1, 64, 14, 14], weight w: f32[64, 64, 3, 3]) -> f32[1, 64, 14, 14] { return relu(conv2d(x, w, padding=1)); }";
+    for target in [TargetDesc::x86_64_avx2(2), TargetDesc::x86_64_avx512(2)] {
+        let nr = target.gemm_blocking(dlc_core::DType::F32).nr;
+        for (src, want) in [
+            (residual, vec!["%out0", "%r"]),
+            (clamp, vec!["%out0"]),
+            (pixels, vec![]),
+            (winograd, vec![]),
+        ] {
+            let text = dlc_tile::print_module(&kernels(&graph(src), &target));
+            // Each view's buffer, by the name of its value.
+            let views: std::collections::HashMap<String, String> = text
+                .lines()
+                .filter_map(|l| {
+                    let (name, rest) = l.trim().split_once(" = tile.view ")?;
+                    Some((
+                        name.to_string(),
+                        rest.split_whitespace().next()?.to_string(),
+                    ))
+                })
+                .collect();
+            let root = |v: &str| {
+                let mut v = v.to_string();
+                while let Some(b) = views.get(&v) {
+                    v = b.clone();
+                }
+                v
+            };
+            // Prefetches but those of the input's panels as they are
+            // copied (`Conv::prefetches_panels`), each of a line two
+            // panels to the right.
+            let mut got: Vec<String> = text
+                .lines()
+                .filter_map(|l| l.trim().strip_prefix("tile.prefetch "))
+                .filter(|l| root(&l[..l.find('[').unwrap_or(l.len())]) != "%x")
+                .map(|l| {
+                    let ahead = format!(" + {}] ", 2 * nr);
+                    assert!(l.contains(&ahead), "{src} on {}: {l}", target.name);
+                    root(&l[..l.find('[').unwrap_or(l.len())])
+                })
+                .collect();
+            got.sort();
+            got.dedup();
+            let mut want: Vec<String> = want.into_iter().map(String::from).collect();
+            want.sort();
+            assert_eq!(got, want, "{src} on {}\n{text}", target.name);
+        }
+    }
+    for src in [residual, clamp, pixels, winograd] {
+        agree(src);
+    }
 }
 
 /// A max pool lowers to two nests (`graph_to_loop`'s
@@ -1636,6 +1704,9 @@ fn odd_schedule_parameters_agree() {
             l2_bytes: if units == 3 { 1 << 20 } else { 0 },
             strips_outer_depth: 16,
             heavy_outer_depth: 16,
+            // Prefetches past the tile (past the operands' edges, at the
+            // last panels) change no value.
+            epilogue_prefetch: units,
             unroll: units,
             // bf16 products in pairs with one blocking (a register tile
             // of its own), widened with the other.

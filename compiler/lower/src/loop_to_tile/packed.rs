@@ -70,7 +70,10 @@
 //!   `TileEpilogue::Heavy`), up to `Packing::heavy_outer_depth` and where the chunk's
 //!   panels fit half the L2, running that epilogue on each register tile (the operand
 //!   read along `mr` rows); a deeper one writes its block of sums and runs the
-//!   epilogue on it row by row after the product.
+//!   epilogue on it row by row after the product. The epilogue of a register tile
+//!   prefetches the lines of its rows `Packing::epilogue_prefetch` panels to the right
+//!   in its result and residual (`prefetch_ahead`: a tile's result is a line of each of
+//!   `mr` rows a row apart, which no hardware prefetcher follows).
 //!   Every copy into packed form moves a tile of at most one vector's lanes of `k`
 //!   (16 with AVX-512) in a `tile.for`, read along the operand's
 //!   contiguous axis: a transposed weight (`x @ transpose(w)`, as linear layers store
@@ -299,6 +302,9 @@ pub(super) struct Epilogue {
     pub(super) nr: usize,
     /// The register tile's rows (`rows` is a multiple of it).
     pub(super) mr: usize,
+    /// Panels ahead whose lines the epilogue of a register tile prefetches
+    /// (`Packing::epilogue_prefetch`); 0: none.
+    pub(super) prefetch: usize,
 }
 
 /// Where a program of a packed product reads its operands at a step of
@@ -692,6 +698,7 @@ impl<'a> Conv<'a> {
             panels: plan.per_chunk,
             nr,
             mr: plan.mr,
+            prefetch: 0,
         })?;
         self.b.end_kernel();
         Ok(())
@@ -1276,6 +1283,7 @@ impl<'a> Conv<'a> {
             panels: per_chunk,
             nr,
             mr,
+            prefetch: 0,
         }))
     }
 
@@ -1344,6 +1352,7 @@ impl<'a> Conv<'a> {
                 panels: 1,
                 nr,
                 mr: rows,
+                prefetch: self.params.packed.map_or(0, |p| p.epilogue_prefetch),
             })
         } else {
             self.b.store(sum, t.block, at, None);
@@ -1592,6 +1601,9 @@ impl<'a> Conv<'a> {
             (Some(_), None) => return Err(self.invalid("row factors on a whole tile's epilogue")),
             (None, _) => sum,
         };
+        if e.prefetch > 0 {
+            self.prefetch_ahead(e, body, rows, &col0)?;
+        }
         self.values.insert(accv, sum);
         self.shape = vec![rows, nr];
         self.splats.clear();
@@ -1606,6 +1618,57 @@ impl<'a> Conv<'a> {
         self.leave_tiles();
         result?;
         self.b.end_for(vec![]);
+        Ok(())
+    }
+
+    /// Prefetches, for the epilogue of a register tile whose columns start
+    /// at `col0`, the lines of the same rows `e.prefetch` panels to the
+    /// right in every buffer the epilogue reads or writes along both axes
+    /// (its result, a residual): the tile that many ahead where a program
+    /// walks each strip across its panels, the same strip that many passes
+    /// ahead where it walks each panel across its strips. The result's lines are
+    /// otherwise fetched by the store itself (a 1 x 1 convolution's tile is
+    /// a line of each of `mr` rows a row's width apart, streams the hardware
+    /// prefetchers do not follow) and the residual's by its load. The
+    /// epilogue's indices (`self.index`) are set for the tile itself.
+    fn prefetch_ahead(
+        &mut self,
+        e: &Epilogue,
+        body: &'a LBlock,
+        rows: usize,
+        col0: &Affine,
+    ) -> Result<(), TileConvError> {
+        let (iv, jv) = (body.args[0], body.args[1]);
+        let here = self.index.get(&jv).cloned();
+        let ahead = col0.plus_scaled((e.prefetch * e.nr) as i64, &Affine::constant(1));
+        self.index
+            .insert(jv, ahead.plus_scaled(1, &Affine::axis(1)));
+        for &o in &body.ops {
+            let op = self.op(o);
+            let (buf, index) = match &op.kind {
+                L::Load { index, .. } => (op.operands[0], index),
+                L::Store { index } => (op.operands[1], index),
+                _ => continue,
+            };
+            // Lines along the columns (a line of every `nr` columns, not
+            // one per element of a result stored along its rows), in
+            // memory every program sees (a program's scratch, a Winograd
+            // convolution's products, stays in its caches).
+            if !(moves_with(index, iv) && self.unit_stride(buf, index, jv)) {
+                continue;
+            }
+            let index: Vec<Affine> = index
+                .iter()
+                .map(|x| self.affine(x))
+                .collect::<Result<_, _>>()?;
+            let (buf, index) = self.place(buf, index)?;
+            if matches!(self.b.ty(buf), Type::Buffer(t) if t.space == Space::Global) {
+                self.b.prefetch(buf, index, vec![rows, e.nr]);
+            }
+        }
+        if let Some(here) = here {
+            self.index.insert(jv, here);
+        }
         Ok(())
     }
 
