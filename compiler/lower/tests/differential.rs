@@ -1183,14 +1183,16 @@ fn a_register_tiles_epilogue_prefetches_the_lines_ahead() {
             // Prefetches but those of the input's panels as they are
             // copied (`Conv::prefetches_panels`), each of a line two
             // panels to the right.
+            let ahead = format!(" + {}] ", 2 * nr);
             let mut got: Vec<String> = text
                 .lines()
                 .filter_map(|l| l.trim().strip_prefix("tile.prefetch "))
-                .filter(|l| root(&l[..l.find('[').unwrap_or(l.len())]) != "%x")
-                .map(|l| {
-                    let ahead = format!(" + {}] ", 2 * nr);
-                    assert!(l.contains(&ahead), "{src} on {}: {l}", target.name);
-                    root(&l[..l.find('[').unwrap_or(l.len())])
+                .filter_map(|l| {
+                    let buf = root(&l[..l.find('[').unwrap_or(l.len())]);
+                    (buf != "%x").then(|| {
+                        assert!(l.contains(&ahead), "{src} on {}: {l}", target.name);
+                        buf
+                    })
                 })
                 .collect();
             got.sort();

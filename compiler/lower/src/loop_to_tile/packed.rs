@@ -1630,7 +1630,8 @@ impl<'a> Conv<'a> {
     /// otherwise fetched by the store itself (a 1 x 1 convolution's tile is
     /// a line of each of `mr` rows a row's width apart, streams the hardware
     /// prefetchers do not follow) and the residual's by its load. The
-    /// epilogue's indices (`self.index`) are set for the tile itself.
+    /// epilogue's column index (`self.index` of `jv`) is left at the tile's
+    /// own, `col0` on.
     fn prefetch_ahead(
         &mut self,
         e: &Epilogue,
@@ -1639,7 +1640,6 @@ impl<'a> Conv<'a> {
         col0: &Affine,
     ) -> Result<(), TileConvError> {
         let (iv, jv) = (body.args[0], body.args[1]);
-        let here = self.index.get(&jv).cloned();
         let ahead = col0.plus_scaled((e.prefetch * e.nr) as i64, &Affine::constant(1));
         self.index
             .insert(jv, ahead.plus_scaled(1, &Affine::axis(1)));
@@ -1666,9 +1666,7 @@ impl<'a> Conv<'a> {
                 self.b.prefetch(buf, index, vec![rows, e.nr]);
             }
         }
-        if let Some(here) = here {
-            self.index.insert(jv, here);
-        }
+        self.index.insert(jv, col0.plus_scaled(1, &Affine::axis(1)));
         Ok(())
     }
 
