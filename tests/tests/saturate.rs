@@ -246,3 +246,64 @@ fn f(x: f32[2, 32, 8, 16], weight w: f32[32, 32, 3, 3], weight m: f32[32], weigh
     same_results_as_without_saturation(&agreeing);
     same_results_as_without_saturation(&differing);
 }
+
+/// The search is bounded by work (e-nodes and iterations), not by the
+/// clock: on a training step's gradient, which grows past the node limit,
+/// the default options stop before their time limits (safety nets) and
+/// give the program that unbounded time gives, so that a compile's result
+/// does not depend on how fast or busy the machine is. (With a 50 ms
+/// search, the default until it made the object cache's outputs differ
+/// between runs, this gradient stopped on the clock.)
+#[test]
+fn the_default_search_does_not_depend_on_the_clock() {
+    use dlc_graph::transforms::saturate::{SaturateOptions, saturate_function};
+    use egg::StopReason;
+    let src = "
+fn mlp(x: f32[16, 64], w1: f32[64, 128], b1: f32[128], w2: f32[128, 32], b2: f32[32]) -> f32[16, 32] {
+    return relu(x @ w1 + b1) @ w2 + b2;
+}
+fn loss(x: f32[16, 64], w1: f32[64, 128], b1: f32[128], w2: f32[128, 32], b2: f32[32], y: f32[16, 32]) -> f32 {
+    return mse_loss(mlp(x, w1, b1, w2, b2), y);
+}
+fn f(x: f32[16, 64], w1: f32[64, 128], b1: f32[128], w2: f32[128, 32], b2: f32[32], y: f32[16, 32]) -> (f32, f32[64, 128], f32[128], f32[128, 32], f32[32]) {
+    let (l, g1, c1, g2, c2) = value_and_grad(loss(x, w1, b1, w2, b2, y), wrt=[w1, b1, w2, b2]);
+    return (l, sgd(w1, g1, 0.01), sgd(b1, c1, 0.01), sgd(w2, g2, 0.01), sgd(b2, c2, 0.01));
+}";
+    let m = compiled("t.dl", src, "graph.canonicalize");
+    let model = CostModel::calibrated();
+    let default = SaturateOptions::default();
+    let unbounded = SaturateOptions {
+        time_limit: std::time::Duration::from_secs(3600),
+        ilp_time_limit: std::time::Duration::from_secs(3600),
+        ..SaturateOptions::default()
+    };
+    let print = |g: &dlc_graph::Function| {
+        dlc_graph::print_module(&dlc_graph::Module {
+            functions: vec![g.clone()],
+        })
+    };
+    let mut grew = false;
+    for f in &m.functions {
+        let mut a = f.clone();
+        let mut b = f.clone();
+        let (Some(ra), Some(_)) = (
+            saturate_function(&mut a, &default, model),
+            saturate_function(&mut b, &unbounded, model),
+        ) else {
+            continue;
+        };
+        assert!(
+            !matches!(ra.stop, StopReason::TimeLimit(_)),
+            "@{}: the default search stopped on the clock after {} iterations, {} e-nodes",
+            f.name,
+            ra.iterations,
+            ra.nodes
+        );
+        assert_eq!(print(&a), print(&b), "@{}", f.name);
+        grew |= matches!(
+            ra.stop,
+            StopReason::NodeLimit(_) | StopReason::IterationLimit(_)
+        ) && ra.nodes > 1000;
+    }
+    assert!(grew, "no function's search reached its limits of work");
+}
