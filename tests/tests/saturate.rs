@@ -248,8 +248,9 @@ fn f(x: f32[2, 32, 8, 16], weight w: f32[32, 32, 3, 3], weight m: f32[32], weigh
 }
 
 /// The search is bounded by work (e-nodes and iterations), not by the
-/// clock: on a training step's gradient, which grows past the node limit,
-/// the default options stop before their time limits (safety nets) and
+/// clock: on a training step's gradient, whose search runs to its limits
+/// of work (thousands of e-nodes), the default options stop before their
+/// time limits (safety nets) and
 /// give the program that unbounded time gives, so that a compile's result
 /// does not depend on how fast or busy the machine is. (With a 50 ms
 /// search, the default until it made the object cache's outputs differ

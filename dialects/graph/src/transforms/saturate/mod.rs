@@ -138,7 +138,7 @@ impl Default for SaturateOptions {
             // saturation"): every example, workload and exported ONNX model
             // saturates or reaches the iteration limit within it, but the
             // gradients of the training steps (W3, W4, W6, W7, W8, the
-            // WaveNet-style network) and the first searches of
+            // WaveNet-style network), W6's step and the first searches of
             // EfficientNet-B0 and BERT-base, which stop at it; none of those
             // extracts anything cheaper with four times the growth and no
             // time limit.
