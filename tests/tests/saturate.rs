@@ -50,18 +50,13 @@ fn conversion_is_the_identity_when_no_rule_fires() {
             let choice = greedy(model, &target, &enc.egraph, &enc.roots);
             let back = rebuild(&enc.egraph, &choice, &enc.roots, f, &enc.origin)
                 .unwrap_or_else(|| panic!("{name} @{}: rebuild failed", f.name));
-            let one = |g: &dlc_graph::Function| {
-                dlc_graph::print_module(&dlc_graph::Module {
-                    functions: vec![g.clone()],
-                })
-            };
             let tensor_classes = enc
                 .egraph
                 .classes()
                 .filter(|c| c.data.ty().is_some())
                 .count();
             if tensor_classes == f.body.node_count() {
-                assert_eq!(one(&back), one(f), "{name} @{}", f.name);
+                assert_eq!(printed(&back), printed(f), "{name} @{}", f.name);
             } else {
                 // Repeated subexpressions are shared: at most one node per
                 // class (fewer where the analysis folded a chain to a
@@ -78,10 +73,17 @@ fn conversion_is_the_identity_when_no_rule_fires() {
                 let choice = greedy(model, &target, &again.egraph, &again.roots);
                 let twice =
                     rebuild(&again.egraph, &choice, &again.roots, &back, &again.origin).unwrap();
-                assert_eq!(one(&twice), one(&back), "{name} @{}", f.name);
+                assert_eq!(printed(&twice), printed(&back), "{name} @{}", f.name);
             }
         }
     }
+}
+
+/// One function's text, as `dlc-opt` prints it.
+fn printed(f: &dlc_graph::Function) -> String {
+    dlc_graph::print_module(&dlc_graph::Module {
+        functions: vec![f.clone()],
+    })
 }
 
 /// Equal up to the rounding of reassociated f32 arithmetic.
@@ -250,9 +252,9 @@ fn f(x: f32[2, 32, 8, 16], weight w: f32[32, 32, 3, 3], weight m: f32[32], weigh
 /// The search is bounded by work (e-nodes and iterations), not by the
 /// clock: on a training step's gradient, whose search runs to its limits
 /// of work (thousands of e-nodes), the default options stop before their
-/// time limits (safety nets) and
-/// give the program that unbounded time gives, so that a compile's result
-/// does not depend on how fast or busy the machine is. (With a 50 ms
+/// time limits (safety nets) and give the program that unbounded time
+/// gives, so that a compile's result does not depend on how fast or busy
+/// the machine is. (With a 50 ms
 /// search, the default until it made the object cache's outputs differ
 /// between runs, this gradient stopped on the clock.)
 #[test]
@@ -278,11 +280,6 @@ fn f(x: f32[16, 64], w1: f32[64, 128], b1: f32[128], w2: f32[128, 32], b2: f32[3
         ilp_time_limit: std::time::Duration::from_secs(3600),
         ..SaturateOptions::default()
     };
-    let print = |g: &dlc_graph::Function| {
-        dlc_graph::print_module(&dlc_graph::Module {
-            functions: vec![g.clone()],
-        })
-    };
     let mut grew = false;
     for f in &m.functions {
         let mut a = f.clone();
@@ -300,7 +297,7 @@ fn f(x: f32[16, 64], w1: f32[64, 128], b1: f32[128], w2: f32[128, 32], b2: f32[3
             ra.iterations,
             ra.nodes
         );
-        assert_eq!(print(&a), print(&b), "@{}", f.name);
+        assert_eq!(printed(&a), printed(&b), "@{}", f.name);
         grew |= matches!(
             ra.stop,
             StopReason::NodeLimit(_) | StopReason::IterationLimit(_)
