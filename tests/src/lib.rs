@@ -949,14 +949,16 @@ fn f(a: f32[30, 70], s: f32[30], t: f32[70], h: f32[70, 20], d: f32[30, 20]) -> 
 /// CPU), a channel count that is not a multiple of the vector (24), a batch
 /// of two, an epilogue (bias, batchnorm, residual, relu), declared weights
 /// (a ResNet basic block), and ragged tiles (the last ones overhanging the
-/// result: 30 columns; 7 x 7 in a batch of two, ResNet's last stage).
+/// result: 30 columns; 11 x 11 in a batch of two, by one row and column as
+/// in ResNet's last stage, whose 7 x 7 images are Winograd's only on
+/// targets whose memory keeps up: `dlc_graph::ops::winograd_pays`).
 pub const WINOGRAD_PROGRAMS: &[&str] = &[
     "fn f(x: f32[1, 16, 32, 32], w: f32[16, 16, 3, 3]) -> f32[1, 16, 32, 32] { return conv2d(x, w, padding=1); }",
     "fn f(x: f32[1, 16, 34, 30], w: f32[24, 16, 3, 3], b: f32[24, 1, 1]) -> f32[1, 24, 32, 28] { return relu(conv2d(x, w) + b); }",
     "fn f(x: f32[1, 16, 30, 30], w: f32[16, 16, 3, 3]) -> f32[1, 16, 32, 32] { return conv2d(x, w, padding=2); }",
     "fn f(x: f32[2, 32, 8, 16], weight w1: f32[32, 32, 3, 3], weight m1: f32[32], weight v1: f32[32], weight g1: f32[32], weight b1: f32[32], weight w2: f32[32, 32, 3, 3]) -> f32[2, 32, 8, 16] { let h = relu(batchnorm(conv2d(x, w1, padding=1), m1, v1, g1, b1, eps=1e-5)); return relu(conv2d(h, w2, padding=1) + x); }",
     "fn f(x: f32[1, 32, 32, 30], w: f32[32, 32, 3, 3]) -> f32[1, 32, 32, 30] { return conv2d(x, w, padding=1); }",
-    "fn f(x: f32[2, 48, 7, 7], weight w: f32[48, 48, 3, 3], b: f32[48, 1, 1], r: f32[2, 48, 7, 7]) -> f32[2, 48, 7, 7] { return relu(conv2d(x, w, padding=1) + b + r); }",
+    "fn f(x: f32[2, 48, 11, 11], weight w: f32[48, 48, 3, 3], b: f32[48, 1, 1], r: f32[2, 48, 11, 11]) -> f32[2, 48, 11, 11] { return relu(conv2d(x, w, padding=1) + b + r); }",
 ];
 
 /// W2's MLP (`relu(x @ w1 + b1) @ w2 + b2`) made a training step: the mean

@@ -7,7 +7,9 @@
 //! # What a description holds, and who reads it
 //!
 //! `TargetDesc` is the one statement of what a target offers: for a CPU the vector width
-//! and registers, FMA/AVX512-BF16, cores, L1/L2 sizes and L1 sets; for a GPU the compute capability,
+//! and registers, FMA/AVX512-BF16, cores, L1/L2 sizes and L1 sets, and its memory system
+//! (FMA units, the L3 a core can count on, bytes a cycle from the L3 and from memory),
+//! which `ops::winograd_pays` and the Winograd kernel's blocks read; for a GPU the compute capability,
 //! warp size, threads and shared memory per block, multiprocessors and tensor-core
 //! (`mma`) shapes per element type. `TargetDesc::host()` is what `native` means for the
 //! process: the CPU `DLC_CPU` names when it is set (any name `--cpu` takes, so that an
@@ -66,6 +68,23 @@ pub struct CpuDesc {
     pub l1_sets: usize,
     /// Level-2 cache per core, bytes.
     pub l2_bytes: usize,
+    /// The level-3 cache one core can count on holding what it reads
+    /// again, bytes: a buffer larger than this comes from memory each time.
+    pub l3_bytes: usize,
+    /// Vector fused multiply-adds (or multiplies and adds, without FMA) a
+    /// core starts each cycle at the full `vector_bits`: 2 on Intel's
+    /// server cores with AVX-512, on Zen 2, 3 and 5; 1 on Zen 4, which
+    /// splits a 512-bit instruction over its two 256-bit units.
+    pub fma_units: usize,
+    /// Bytes one core streams from its L3 each cycle: about 8 on Intel's
+    /// server cores, whose L3 is slices on a mesh (measured: 25 GB/s from 4
+    /// to 32 MB on a 2.6 GHz Xeon, Emerald Rapids); 32 on AMD's Zen cores
+    /// (the design's figure; not measured).
+    pub l3_bytes_per_cycle: usize,
+    /// Bytes one core streams from memory each cycle: about 4 on that Xeon
+    /// (measured: 12 GB/s from 64 MB up); 8 on Zen cores (about 30 GB/s
+    /// at 3.7 GHz; not measured).
+    pub memory_bytes_per_cycle: usize,
     /// The CPU code is generated for, as LLVM names it (`x86-64-v3`), or
     /// `None` for the machine the compiler runs on (its CPU and features,
     /// as LLVM detects them).
@@ -86,6 +105,34 @@ impl CpuDesc {
     /// convolution's middle apart from its borders, with unpadded loads.
     pub fn mask_registers(&self) -> bool {
         self.vector_bits >= 512
+    }
+
+    /// Multiply-adds of f32 a core starts each cycle at its peak.
+    pub fn macs_per_cycle(&self) -> usize {
+        self.vector_bits / 32 * self.fma_units
+    }
+
+    /// Bytes a core streams each cycle from where a buffer of `bytes` it
+    /// read before now is: its L3 when it fits there, else memory.
+    pub fn reread_bytes_per_cycle(&self, bytes: usize) -> usize {
+        if bytes <= self.l3_bytes {
+            self.l3_bytes_per_cycle
+        } else {
+            self.memory_bytes_per_cycle
+        }
+    }
+
+    /// This description with the memory system of AMD's Zen cores (as
+    /// [`TargetDesc::x86_64_avx2`] states it) and `fma_units`: the AVX-512
+    /// description made Zen 4's (1) or Zen 5's (2).
+    fn zen(mut self, fma_units: usize) -> CpuDesc {
+        if let TargetKind::Cpu(zen) = TargetDesc::x86_64_avx2(1).kind {
+            self.l3_bytes = zen.l3_bytes;
+            self.l3_bytes_per_cycle = zen.l3_bytes_per_cycle;
+            self.memory_bytes_per_cycle = zen.memory_bytes_per_cycle;
+        }
+        self.fma_units = fma_units;
+        self
     }
 }
 
@@ -299,6 +346,22 @@ fn host_lacks(level: &str, bf16: bool) -> Vec<&'static str> {
         .collect()
 }
 
+/// The family of this machine's CPU (CPUID leaf 1, with its extended
+/// family added) when AMD made it.
+#[cfg(target_arch = "x86_64")]
+fn amd_family() -> Option<u32> {
+    use std::arch::x86_64::__cpuid;
+    let vendor = __cpuid(0);
+    let amd = [vendor.ebx, vendor.edx, vendor.ecx] == [0x6874_7541, 0x6974_6e65, 0x444d_4163];
+    let eax = __cpuid(1).eax;
+    let family = (eax >> 8) & 0xf;
+    amd.then_some(if family == 0xf {
+        family + ((eax >> 20) & 0xff)
+    } else {
+        family
+    })
+}
+
 /// Off x86-64, every x86-64 CPU's code is foreign.
 #[cfg(not(target_arch = "x86_64"))]
 fn host_lacks(_level: &str, _bf16: bool) -> Vec<&'static str> {
@@ -319,6 +382,14 @@ impl TargetDesc {
                 l1_bytes: 48 << 10,
                 l1_sets: 64,
                 l2_bytes: 2 << 20,
+                // Intel's server cores (Skylake-SP to Emerald Rapids): 1.4
+                // to 5 MB of L3 a core, two 512-bit FMA units; Zen 4 and 5
+                // are told apart when they are the host (`detect_host`) or
+                // named (`znver4`).
+                l3_bytes: 2 << 20,
+                fma_units: 2,
+                l3_bytes_per_cycle: 8,
+                memory_bytes_per_cycle: 4,
                 llvm_cpu: Some("x86-64-v4".into()),
                 triple: None,
             }),
@@ -343,6 +414,12 @@ impl TargetDesc {
                 l2_bytes: 512 << 10,
                 llvm_cpu: Some("x86-64-v3".into()),
                 triple: None,
+                // Zen 2 and 3's: 16 or 32 MB of L3 per complex of 4 or 8
+                // cores, two 256-bit FMA units.
+                l3_bytes: 32 << 20,
+                fma_units: 2,
+                l3_bytes_per_cycle: 32,
+                memory_bytes_per_cycle: 8,
             }),
         }
     }
@@ -364,6 +441,11 @@ impl TargetDesc {
                 l2_bytes: 256 << 10,
                 llvm_cpu: Some("x86-64-v2".into()),
                 triple: None,
+                // Not measured.
+                l3_bytes: 2 << 20,
+                fma_units: 2,
+                l3_bytes_per_cycle: 16,
+                memory_bytes_per_cycle: 4,
             }),
         }
     }
@@ -385,6 +467,11 @@ impl TargetDesc {
                 l2_bytes: 1 << 20,
                 llvm_cpu: Some("generic".into()),
                 triple: Some("aarch64-unknown-linux-gnu".into()),
+                // Not measured (Neoverse N1: two 128-bit FMA units).
+                l3_bytes: 1 << 20,
+                fma_units: 2,
+                l3_bytes_per_cycle: 16,
+                memory_bytes_per_cycle: 4,
             }),
         }
     }
@@ -428,6 +515,11 @@ impl TargetDesc {
         if let TargetKind::Cpu(c) = &mut t.kind {
             c.llvm_cpu = Some(cpu.into());
             c.avx512_bf16 = bf16;
+            match cpu {
+                "znver4" => *c = c.clone().zen(1),
+                "znver5" => *c = c.clone().zen(2),
+                _ => {}
+            }
         }
         Ok((t, level))
     }
@@ -507,6 +599,12 @@ impl TargetDesc {
                 let mut t = TargetDesc::x86_64_avx512(cores);
                 if let TargetKind::Cpu(c) = &mut t.kind {
                     c.avx512_bf16 = std::arch::is_x86_feature_detected!("avx512bf16");
+                    // AMD's family 0x19 with AVX-512 is Zen 4, 0x1a Zen 5.
+                    match amd_family() {
+                        Some(0x19) => *c = c.clone().zen(1),
+                        Some(f) if f >= 0x1a => *c = c.clone().zen(2),
+                        _ => {}
+                    }
                 }
                 return t;
             }
@@ -758,6 +856,26 @@ mod tests {
         let pairs = zen4.gemm_blocking(DType::BF16);
         assert!(pairs.pairs && !zen4.gemm_blocking(DType::F32).pairs);
         assert_eq!((pairs.mr, pairs.nr, pairs.mc, pairs.kc), (8, 32, 192, 512));
+        // The memory systems: Intel's server cores for AVX-512, Zen's for
+        // AVX2 and for Zen 4 and 5 named (their L2s stay the descriptions').
+        let memory = |t: &TargetDesc| {
+            t.cpu().map(|c| {
+                (
+                    c.macs_per_cycle(),
+                    c.l3_bytes >> 20,
+                    c.l3_bytes_per_cycle,
+                    c.memory_bytes_per_cycle,
+                )
+            })
+        };
+        assert_eq!(memory(&avx512), Some((32, 2, 8, 4)));
+        assert_eq!(memory(&avx2), Some((16, 32, 32, 8)));
+        assert_eq!(memory(&zen4), Some((16, 32, 32, 8)));
+        let (zen5, _) = TargetDesc::named_cpu("znver5").expect("known");
+        assert_eq!(memory(&zen5), Some((32, 32, 32, 8)));
+        let avx512_cpu = avx512.cpu().expect("a CPU");
+        assert_eq!(avx512_cpu.reread_bytes_per_cycle(2 << 20), 8);
+        assert_eq!(avx512_cpu.reread_bytes_per_cycle((2 << 20) + 1), 4);
         let sm90 = TargetDesc::named("sm_90").expect("known");
         assert_eq!(sm90.gpu().map(|g| g.compute_capability), Some((9, 0)));
         assert!(TargetDesc::named("sm_75").is_err());

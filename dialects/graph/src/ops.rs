@@ -414,6 +414,7 @@ pub fn conv_is_winograd(
         && w.shape[2..] == [3, 3]
         && out.dtype == DType::F32
         && winograd_fits([out.shape[2], out.shape[3]])
+        && winograd_pays([out.shape[2], out.shape[3]], target)
         && c >= 16
         && o >= 16
         && target.packs_product(DType::F32, winograd_tiles(out) * o * c)
@@ -433,6 +434,32 @@ pub fn winograd_fits(extents: [usize; 2]) -> bool {
     let t = WINOGRAD_TILE;
     let tiles = extents.map(|e| e.div_ceil(t));
     tiles.iter().all(|&n| n >= 2) && 2 * extents[0] * extents[1] >= tiles[0] * tiles[1] * t * t
+}
+
+/// Whether on `target` the multiply-adds Winograd saves on an image of
+/// `extents` outputs pay for the bytes of its transformed kernel, 36
+/// values for each pair of channels where the kernel has 9, which in a
+/// model come from memory on every call (each layer's weights are read
+/// once and evicted by the next layers'). Per pair of channels, `P`
+/// outputs in `T` tiles save `9 P - 36 T` multiply-adds, done at about
+/// half the core's peak (`CpuDesc::macs_per_cycle`), for `27 x 4` more
+/// bytes at `CpuDesc::memory_bytes_per_cycle`. On a 2.6 GHz Xeon
+/// (Emerald Rapids: 32 multiply-adds and 4 bytes of memory a cycle, so
+/// 432 must be saved; one thread, a chain of three or six convolutions,
+/// alternated): 7 x 7 over 512 channels (297 saved) took 4.9 ms a
+/// convolution as Winograd and 2.9 as an im2col product; 14 x 14 over 256
+/// (1188) 2.2 against 3.2. On Zen cores (16 and 8) 108 must be saved: 7 x
+/// 7 and 6 x 6 images stay Winograd's, as measured there (see
+/// [`winograd_fits`]). A GPU target is not limited here.
+pub fn winograd_pays(extents: [usize; 2], target: &dlc_core::TargetDesc) -> bool {
+    let Some(cpu) = target.cpu() else {
+        return true;
+    };
+    let t = WINOGRAD_TILE;
+    let outputs = extents[0] * extents[1];
+    let tiles = extents[0].div_ceil(t) * extents[1].div_ceil(t);
+    let saved = (9 * outputs).saturating_sub(36 * tiles);
+    2 * saved * cpu.memory_bytes_per_cycle >= 27 * 4 * cpu.macs_per_cycle()
 }
 
 /// The 4 x 4 output tiles of an NCHW result `out`, the last ones along each
@@ -471,4 +498,38 @@ pub fn conv_is_im2col_product(
 /// with one useful column in every register tile.
 pub fn conv_is_pixel(out: &TensorType, w: &TensorType) -> bool {
     out.shape.get(2..) == Some(&[1, 1][..]) && w.shape.get(2..) == Some(&[1, 1][..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dlc_core::TargetDesc;
+
+    /// Winograd's transformed kernel, four times the kernel's bytes, is
+    /// read from memory on every call in a model: on Intel's server cores
+    /// (the AVX-512 description: 32 multiply-adds and 4 bytes of memory a
+    /// cycle) the 4 x 4 tiles of a 7 x 7 or 6 x 6 image do not save enough
+    /// multiply-adds to pay for it and the convolution is an im2col
+    /// product; on Zen cores (16 and 8) and a GPU they stay Winograd's.
+    #[test]
+    fn winograd_pays_where_the_work_it_saves_outlasts_its_kernels_bytes() {
+        let avx512 = TargetDesc::x86_64_avx512(2);
+        let avx2 = TargetDesc::x86_64_avx2(2);
+        let zen4 = TargetDesc::for_cpu("znver4").expect("a known CPU");
+        let sm90 = TargetDesc::sm_90();
+        for (extent, intel) in [(6, false), (7, false), (8, true), (14, true), (28, true)] {
+            assert_eq!(winograd_pays([extent, extent], &avx512), intel, "{extent}");
+            for zen_or_gpu in [&avx2, &zen4, &sm90] {
+                assert!(winograd_pays([extent, extent], zen_or_gpu), "{extent}");
+            }
+        }
+        // ResNet's last stage: 512 channels over 7 x 7.
+        let out = TensorType::new(DType::F32, vec![1, 512, 7, 7]);
+        let w = TensorType::new(DType::F32, vec![512, 512, 3, 3]);
+        assert!(!conv_is_winograd([1, 1], 1, &out, &w, &avx512));
+        assert!(conv_is_winograd([1, 1], 1, &out, &w, &zen4));
+        let out = TensorType::new(DType::F32, vec![1, 256, 14, 14]);
+        let w = TensorType::new(DType::F32, vec![256, 256, 3, 3]);
+        assert!(conv_is_winograd([1, 1], 1, &out, &w, &avx512));
+    }
 }

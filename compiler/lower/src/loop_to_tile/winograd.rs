@@ -32,9 +32,11 @@
 //!   `M` are not allocated. A kernel of fewer programs than the target's units runs on one
 //!   thread, so blocks take fewer rows where that gives the threads work: W3 b1 runs one
 //!   row of 14 tiles per program (14 programs; three strips of 6 rows, 18 computed for
-//!   14). Where the transformed kernel `U` is many times the L2
-//!   (`KERNEL_L2S_FOR_CHUNKS`: ResNet's 7 x 7 stage at 512 channels, 38 MB), every block
-//!   of rows would read all of it: there a block takes the blocking's rows and the
+//!   14). Where the transformed kernel `U` does not fit the L2 and reading it again
+//!   for each block takes longer than the block's products (`rereads_are_slow`, from the
+//!   target's bytes a cycle from its L3 and memory: ResNet's 14 x 14 and 28 x 28 stages on
+//!   Intel's server cores, its 7 x 7 stage at 512 channels, a 38 MB `U`, on Zen 4), every
+//!   block of rows would read all of it: there a block takes the blocking's rows and the
 //!   programs take chunks of the output channels instead (a third grid axis; whole panels
 //!   and whole groups of the output transform's channel loop, which each program runs over
 //!   its chunk's groups through `Conv::ranges`), each reading its share of `U` and
@@ -51,16 +53,6 @@ use super::{
     Conv, Packing, Panels, Redirect, TileConvError, TileEpilogue, is_counter, is_parallel,
     loop_bounds,
 };
-
-/// How many times the L2 the transformed kernel `U` of a Winograd
-/// convolution must hold for its programs to take chunks of the output
-/// channels rather than blocks of tile rows. Each block of rows reads all
-/// of `U`, each chunk its share, but each chunk transforms its rows' input
-/// again. On Zen 4 (1 MB of L2, 32 of L3; one thread, `dlc bench`): over
-/// 7 x 7 at 512 channels (`U` 38 MB, past the L3) two blocks of one tile
-/// row took 2.6 ms and two chunks 1.4; over 14 x 14 at 256 (9.4 MB) four
-/// blocks 0.85 ms and two chunks 1.07.
-const KERNEL_L2S_FOR_CHUNKS: usize = 16;
 
 /// A Winograd convolution's three nests, fused (see the module).
 #[derive(Clone, Debug)]
@@ -361,12 +353,11 @@ impl<'a> Conv<'a> {
     /// output channels are cut (`groups`: the output transform's groups of
     /// channels, when a program can take some of them). Each program of
     /// a block of rows reads all of the transformed kernel `U` (36 x C x O),
-    /// and each chunk its share of it: where `U` is many times the L2
-    /// ([`KERNEL_L2S_FOR_CHUNKS`]), the blocks take as many rows as the
+    /// and each chunk its share of it: where reading `U` again for each
+    /// block is slower than the block's products
+    /// ([`Conv::rereads_are_slow`]), the blocks take as many rows as the
     /// blocking takes (`U` read once per block) and the threads get chunks
-    /// of the channels (7 x 7 over 512 channels, a 38 MB `U`: two blocks of
-    /// one tile row took 2.6 ms on one thread, two chunks 1.4). Otherwise
-    /// as many rows as keep the
+    /// of the channels. Otherwise as many rows as keep the
     /// program's rows of the `held` buffers V and M (over `points` points)
     /// within half the L2 and within the blocking's rows, and enough
     /// programs for the threads where the rows allow (a kernel of fewer
@@ -392,10 +383,19 @@ impl<'a> Conv<'a> {
         let whole = |r: &usize| tiles[1].is_multiple_of(*r) && r * tiles[2] <= mc;
         let (o, c) = (width(mm), width(v));
         let kernel = 4 * points * c * o;
+        // The rows the blocks take when `U` is not a reason to take more.
+        let near = (1..=tiles[1])
+            .rev()
+            .find(|r| {
+                whole(r)
+                    && bytes(*r) <= packing.l2_bytes / 2
+                    && (programs(*r) >= packing.units || *r == 1)
+            })
+            .unwrap_or(1);
         // Chunks of whole panels and whole groups of channels: the fewest
         // that give `balance` programs, or as many as divide both.
         let chunked = groups.and_then(|g| {
-            if kernel <= KERNEL_L2S_FOR_CHUNKS * packing.l2_bytes || !o.is_multiple_of(nr) {
+            if !self.rereads_are_slow(packing, kernel, near * tiles[2]) || !o.is_multiple_of(nr) {
                 return None;
             }
             let r = (1..=tiles[1]).rev().find(whole)?;
@@ -410,17 +410,33 @@ impl<'a> Conv<'a> {
                 .or(fits.last().copied())?;
             (k > 1).then_some((r, k))
         });
-        chunked.unwrap_or_else(|| {
-            let r = (1..=tiles[1])
-                .rev()
-                .find(|r| {
-                    whole(r)
-                        && bytes(*r) <= packing.l2_bytes / 2
-                        && (programs(*r) >= packing.units || *r == 1)
-                })
-                .unwrap_or(1);
-            (r, 1)
-        })
+        chunked.unwrap_or((near, 1))
+    }
+
+    /// Whether reading the transformed kernel, `kernel` bytes, again for
+    /// each block of `rows` tiles takes the target's core longer than the
+    /// block's products: the kernel does not fit the L2, and comes from
+    /// the L3 (or memory, past the L3's share: `CpuDesc::l3_bytes`) at
+    /// fewer bytes a cycle than four (one f32) for each `rows` multiply-adds
+    /// of the core's peak. Then blocks take the most rows and the threads
+    /// get chunks of the channels instead, each transforming its rows'
+    /// input again. On a 2.6 GHz Xeon (32 multiply-adds a cycle; a kernel
+    /// past the L2 is past its 2 MB of L3, so 4 bytes a cycle from memory:
+    /// blocks of under 32 rows are slow; one thread, alternated): 14 x 14
+    /// over 256 channels (`U` 9.4 MB, one row of 4 tiles a block) 2.8 ->
+    /// 1.9 ms a convolution in a chain of six (two threads: 1.18 -> 0.92),
+    /// and 1.89 -> 1.29 alone; 28 x 28 over 128 (2.4 MB, 7 tiles) 1.20 ->
+    /// 1.05 in a chain of four (0.65 -> 0.56). On
+    /// Zen 4 (32 bytes, 16 multiply-adds: under 2 rows; from memory, 8
+    /// bytes: under 8) as measured there: 14 x 14 over 256 four blocks of
+    /// a row took 0.85 ms and two chunks 1.07, but 7 x 7 over 512 (38 MB,
+    /// past its L3) two blocks of a row 2.6 and two chunks 1.4.
+    fn rereads_are_slow(&self, packing: &Packing, kernel: usize, rows: usize) -> bool {
+        let Some(cpu) = self.params.target.cpu() else {
+            return false;
+        };
+        kernel > packing.l2_bytes
+            && cpu.reread_bytes_per_cycle(kernel) * rows < 4 * cpu.macs_per_cycle()
     }
 
     /// The kernel of a [`WinogradFusion`]: a grid over the images and
