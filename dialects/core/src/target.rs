@@ -77,12 +77,13 @@ pub struct CpuDesc {
     /// splits a 512-bit instruction over its two 256-bit units.
     pub fma_units: usize,
     /// Bytes one core streams from its L3 each cycle: about 8 on Intel's
-    /// server cores, whose L3 is slices on a mesh (measured: 25 GB/s from 4
-    /// to 32 MB on a 2.6 GHz Xeon, Emerald Rapids); 32 on AMD's Zen cores
-    /// (the design's figure; not measured).
+    /// server cores, whose L3 is slices on a mesh (measured with
+    /// `scripts/mem_bw.c`: 25-30 GB/s from 4 to 16 MB on a 2.6 GHz Xeon,
+    /// Emerald Rapids); 32 on AMD's Zen cores (the design's figure; not
+    /// measured).
     pub l3_bytes_per_cycle: usize,
     /// Bytes one core streams from memory each cycle: about 4 on that Xeon
-    /// (measured: 12 GB/s from 64 MB up); 8 on Zen cores (about 30 GB/s
+    /// (`scripts/mem_bw.c`: 12 GB/s from 64 MB up); 8 on Zen cores (about 30 GB/s
     /// at 3.7 GHz; not measured).
     pub memory_bytes_per_cycle: usize,
     /// The CPU code is generated for, as LLVM names it (`x86-64-v3`), or
