@@ -10,14 +10,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#if defined(__AVX512F__)
-#define LANES 16
-#elif defined(__AVX__)
-#define LANES 8
-#else
-#define LANES 4
-#endif
-typedef float vec __attribute__((vector_size(LANES * 4)));
+#include "vec.h"
 
 static double now(void) {
     struct timespec t;
