@@ -1042,8 +1042,10 @@ fn x86_ir(src: &str) -> [(TargetDesc, bool, String); 2] {
 }
 
 /// A Winograd convolution cut into chunks of its output channels (the
-/// host's schedule with its L2 shrunk to 1 KB, so that the transformed
-/// kernel is many times it: programs along a third grid axis, each
+/// host's schedule with its L2 shrunk to 1 KB and its L3 and memory slowed
+/// to a byte a cycle, so that the transformed kernel is read from beyond
+/// the L2 slower than any block's products, whatever the host: programs
+/// along a third grid axis, each
 /// transforming its rows' input, multiplying by its panels and running
 /// the output transform of its channels) compiles and agrees with the
 /// graph interpreter.
@@ -1056,6 +1058,10 @@ fn winograd_chunks_of_channels_compile() {
     let mut params = dlc_lower::ScheduleParams::for_target(host);
     if let Some(p) = params.packed.as_mut() {
         p.l2_bytes = 1024;
+    }
+    if let dlc_core::target::TargetKind::Cpu(c) = &mut params.target.kind {
+        c.l3_bytes_per_cycle = 1;
+        c.memory_bytes_per_cycle = 1;
     }
     let tiles = dlc_lower::convert_module_with(&loops, &params).unwrap();
     let text = dlc_tile::print_module(&tiles);
