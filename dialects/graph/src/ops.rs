@@ -432,8 +432,14 @@ pub fn conv_is_winograd(
 /// 1.35, four images of one tile each 0.68 -> 0.73.
 pub fn winograd_fits(extents: [usize; 2]) -> bool {
     let t = WINOGRAD_TILE;
-    let tiles = extents.map(|e| e.div_ceil(t));
+    let tiles = winograd_tile_grid(extents);
     tiles.iter().all(|&n| n >= 2) && 2 * extents[0] * extents[1] >= tiles[0] * tiles[1] * t * t
+}
+
+/// The 4 x 4 tiles along each axis of an image of `extents` outputs, the
+/// last ones overhanging it where an extent is not a multiple of 4.
+fn winograd_tile_grid(extents: [usize; 2]) -> [usize; 2] {
+    extents.map(|e| e.div_ceil(WINOGRAD_TILE))
 }
 
 /// Whether on `target` the multiply-adds Winograd saves on an image of
@@ -455,9 +461,9 @@ pub fn winograd_pays(extents: [usize; 2], target: &dlc_core::TargetDesc) -> bool
     let Some(cpu) = target.cpu() else {
         return true;
     };
-    let t = WINOGRAD_TILE;
     let outputs = extents[0] * extents[1];
-    let tiles = extents[0].div_ceil(t) * extents[1].div_ceil(t);
+    let [rows, cols] = winograd_tile_grid(extents);
+    let tiles = rows * cols;
     let saved = (9 * outputs).saturating_sub(36 * tiles);
     2 * saved * cpu.memory_bytes_per_cycle >= 27 * 4 * cpu.macs_per_cycle()
 }
@@ -466,8 +472,8 @@ pub fn winograd_pays(extents: [usize; 2], target: &dlc_core::TargetDesc) -> bool
 /// axis overhanging it where its extent is not a multiple of 4: the rows
 /// of each of a Winograd convolution's 36 products.
 pub fn winograd_tiles(out: &TensorType) -> usize {
-    let t = WINOGRAD_TILE;
-    out.shape[0] * out.shape[2].div_ceil(t) * out.shape[3].div_ceil(t)
+    let [rows, cols] = winograd_tile_grid([out.shape[2], out.shape[3]]);
+    out.shape[0] * rows * cols
 }
 
 /// The CPU back end's rule for a convolution with result type `out` and
