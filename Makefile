@@ -260,7 +260,7 @@ onnx-layers: setup setup-onnx-torch
 
 onnx-profile: setup setup-onnx-torch
 	$(CARGO) build --release --locked -p dlc
-	$(ONNX_TORCH_VENV)/bin/python scripts/onnx_profile.py target/release/dlc --model $(MODEL) --rounds $(or $(ROUNDS),4)
+	$(ONNX_TORCH_VENV)/bin/python scripts/onnx_profile.py target/release/dlc --model $(MODEL) --rounds $(or $(ROUNDS),4) --threads $(or $(THREADS),1)
 
 onnx-models: setup-onnx
 	$(ONNX_VENV)/bin/python scripts/onnx_models.py

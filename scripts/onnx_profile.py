@@ -5,7 +5,7 @@ model, dlc against onnxruntime.
 Each round runs `dlc bench MODEL --profile --json` (every kernel launch timed
 in the compiled code, the median of the runs) and then an onnxruntime session
 with its own profiler (`enable_profiling`, the median of the same number of
-runs), one thread each, alternating so that a burst of another process lands on
+runs), on the same threads (one unless `--threads`), alternating so that a burst of another process lands on
 both. Both sides are grouped by the model's node each kernel or onnxruntime
 node computes, after fusion: a chain of elementwise nodes (Clip, Relu, Add of
 a residual, ...) goes to the product (Conv, Gemm, MatMul) it follows, as both
@@ -21,7 +21,7 @@ Unlike `make onnx-layers`, every node here runs where the model runs it,
 after the nodes before it, with its inputs and weights wherever the caches
 left them. The model is one `scripts/onnx_bench.py` exports (exported here
 first if it is not there yet). Writes target/onnx-bench/NAME/profile.md.
-Usage: onnx_profile.py [DLC] --model NAME [--rounds N] [--runs N].
+Usage: onnx_profile.py [DLC] --model NAME [--rounds N] [--runs N] [--threads N].
 """
 
 import argparse
@@ -78,8 +78,9 @@ def anchors(model):
     return anchor
 
 
-def dlc_round(dlc, path, runs, anchor):
-    out = subprocess.run([dlc, "bench", path, "--profile", "--runs", str(runs), "--json"],
+def dlc_round(dlc, path, runs, threads, anchor):
+    out = subprocess.run([dlc, "bench", path, "--profile", "--runs", str(runs),
+                          "--threads", str(threads), "--json"],
                          capture_output=True, text=True, check=True).stdout
     report = json.loads(out)
     times = collections.defaultdict(float)
@@ -90,9 +91,9 @@ def dlc_round(dlc, path, runs, anchor):
     return report["median_ms"], times
 
 
-def ort_round(path, feeds, runs, anchor, prefix):
+def ort_round(path, feeds, runs, threads, anchor, prefix):
     options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
+    options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.enable_profiling = True
     options.profile_file_prefix = prefix
@@ -120,6 +121,7 @@ def main():
     ap.add_argument("--model", required=True, help="a model scripts/onnx_bench.py exports")
     ap.add_argument("--rounds", type=int, default=4, help="alternated rounds")
     ap.add_argument("--runs", type=int, default=100, help="calls a round on each side")
+    ap.add_argument("--threads", type=int, default=1, help="threads of both sides")
     a = ap.parse_args()
     path, inputs = exported(a.model)
     d = os.path.dirname(path)
@@ -128,8 +130,8 @@ def main():
     dlc_t, ort_t = collections.defaultdict(list), collections.defaultdict(list)
     totals = []
     for r in range(a.rounds):
-        dlc_total, dt = dlc_round(a.dlc, path, a.runs, anchor)
-        ort_total, ot = ort_round(path, feeds, a.runs, anchor, os.path.join(d, "ort-profile"))
+        dlc_total, dt = dlc_round(a.dlc, path, a.runs, a.threads, anchor)
+        ort_total, ot = ort_round(path, feeds, a.runs, a.threads, anchor, os.path.join(d, "ort-profile"))
         totals.append((dlc_total, ort_total))
         for k, v in dt.items():
             dlc_t[k].append(v)
@@ -147,7 +149,7 @@ def main():
     rows.sort(key=lambda r: -r[0])
     only_ort = sum(float(np.median(v)) for k, v in ort_t.items() if k not in dlc_t)
     lines = [
-        f"{a.model}: time in each node of the whole model, one thread, {a.rounds} rounds of "
+        f"{a.model}: time in each node of the whole model, {a.threads} thread(s), {a.rounds} rounds of "
         f"{a.runs} calls alternating `dlc bench --profile` and onnxruntime's profiler; "
         "per node the median over the rounds of each side's median, in ms, and the range "
         "of the rounds' ratios. A product's row holds the elementwise nodes fused into it.",
