@@ -82,9 +82,12 @@ pub struct CpuDesc {
     /// Emerald Rapids); 32 on AMD's Zen cores (the design's figure; not
     /// measured).
     pub l3_bytes_per_cycle: usize,
-    /// Bytes one core streams from memory each cycle: about 4 on that Xeon
-    /// (`scripts/mem_bw.c`: 12 GB/s from 64 MB up); 8 on Zen cores (about 30 GB/s
-    /// at 3.7 GHz; not measured).
+    /// Bytes a core streams from memory each cycle while every core of
+    /// `cores` streams too (code compiled for them runs them all at once):
+    /// 5 on Zen cores (`scripts/mem_bw.c 2` on two cores of a Zen 5 EPYC at
+    /// 3.6 GHz: 19 GB/s each from 128 MB, 32-37 GB/s for one alone); about
+    /// 4 on that Xeon (12 GB/s from 64 MB up, one core alone: what two get
+    /// is not measured).
     pub memory_bytes_per_cycle: usize,
     /// The CPU code is generated for, as LLVM names it (`x86-64-v3`), or
     /// `None` for the machine the compiler runs on (its CPU and features,
@@ -420,7 +423,7 @@ impl TargetDesc {
                 l3_bytes: 32 << 20,
                 fma_units: 2,
                 l3_bytes_per_cycle: 32,
-                memory_bytes_per_cycle: 8,
+                memory_bytes_per_cycle: 5,
             }),
         }
     }
@@ -870,10 +873,10 @@ mod tests {
             })
         };
         assert_eq!(memory(&avx512), Some((32, 2, 8, 4)));
-        assert_eq!(memory(&avx2), Some((16, 32, 32, 8)));
-        assert_eq!(memory(&zen4), Some((16, 32, 32, 8)));
+        assert_eq!(memory(&avx2), Some((16, 32, 32, 5)));
+        assert_eq!(memory(&zen4), Some((16, 32, 32, 5)));
         let (zen5, _) = TargetDesc::named_cpu("znver5").expect("known");
-        assert_eq!(memory(&zen5), Some((32, 32, 32, 8)));
+        assert_eq!(memory(&zen5), Some((32, 32, 32, 5)));
         let avx512_cpu = avx512.cpu().expect("a CPU");
         assert_eq!(avx512_cpu.reread_bytes_per_cycle(2 << 20), 8);
         assert_eq!(avx512_cpu.reread_bytes_per_cycle((2 << 20) + 1), 4);

@@ -454,9 +454,13 @@ fn winograd_tile_grid(extents: [usize; 2]) -> [usize; 2] {
 /// 432 must be saved; one thread, a chain of three or six convolutions,
 /// alternated): 7 x 7 over 512 channels (297 saved) took 4.9 ms a
 /// convolution as Winograd and 2.9 as an im2col product; 14 x 14 over 256
-/// (1188) 2.2 against 3.2. On Zen cores (16 and 8) 108 must be saved: 7 x
-/// 7 and 6 x 6 images stay Winograd's, as measured there (see
-/// [`winograd_fits`]). A GPU target is not limited here.
+/// (1188) 2.2 against 3.2. On Zen 2 to 4 (16 and 5) 173 must be saved: 7
+/// x 7 and 6 x 6 images stay Winograd's, as measured there (see
+/// [`winograd_fits`]); on Zen 5 (32 and 5) 346, and a chain of three 7 x 7
+/// x 512 convolutions took 4.5 ms either way at one thread, 3.4-3.6 as
+/// Winograd's against 2.2-2.3 as im2col products at two (two cores share
+/// the memory the transformed kernels come from). A GPU target is not
+/// limited here.
 pub fn winograd_pays(extents: [usize; 2], target: &dlc_core::TargetDesc) -> bool {
     let Some(cpu) = target.cpu() else {
         return true;
@@ -522,17 +526,22 @@ mod tests {
         let avx512 = TargetDesc::x86_64_avx512(2);
         let avx2 = TargetDesc::x86_64_avx2(2);
         let zen4 = TargetDesc::for_cpu("znver4").expect("a known CPU");
+        let zen5 = TargetDesc::for_cpu("znver5").expect("a known CPU");
         let sm90 = TargetDesc::sm_90();
-        for (extent, intel) in [(6, false), (7, false), (8, true), (14, true), (28, true)] {
-            assert_eq!(winograd_pays([extent, extent], &avx512), intel, "{extent}");
-            for zen_or_gpu in [&avx2, &zen4, &sm90] {
-                assert!(winograd_pays([extent, extent], zen_or_gpu), "{extent}");
+        // 32 multiply-adds a cycle (Intel's, Zen 5's) against 16 (Zen 2 to 4).
+        for (extent, fast) in [(6, false), (7, false), (8, true), (14, true), (28, true)] {
+            for fast_core in [&avx512, &zen5] {
+                assert_eq!(winograd_pays([extent, extent], fast_core), fast, "{extent}");
+            }
+            for slower_or_gpu in [&avx2, &zen4, &sm90] {
+                assert!(winograd_pays([extent, extent], slower_or_gpu), "{extent}");
             }
         }
         // ResNet's last stage: 512 channels over 7 x 7.
         let out = TensorType::new(DType::F32, vec![1, 512, 7, 7]);
         let w = TensorType::new(DType::F32, vec![512, 512, 3, 3]);
         assert!(!conv_is_winograd([1, 1], 1, &out, &w, &avx512));
+        assert!(!conv_is_winograd([1, 1], 1, &out, &w, &zen5));
         assert!(conv_is_winograd([1, 1], 1, &out, &w, &zen4));
         let out = TensorType::new(DType::F32, vec![1, 256, 14, 14]);
         let w = TensorType::new(DType::F32, vec![256, 256, 3, 3]);
