@@ -1792,17 +1792,19 @@ fn a_large_winograd_kernel_is_cut_into_chunks_of_channels() {
 /// stage at 256 channels (`U` 9.4 MB, four rows of 4 tiles) is one block
 /// of all 16 tiles in chunks where `U` comes from beyond the L2 slower
 /// than a block of one row multiplies (Intel's server cores, the AVX-512
-/// description: 4 bytes a cycle from memory against 32 multiply-adds),
-/// and four blocks of a row on Zen 4 (32 bytes a cycle from its L3 against
-/// 16). Structure only: chunks' arithmetic is checked by
+/// description: 4 bytes a cycle from memory against 32 multiply-adds; Zen
+/// 5: 16 from its L3 against 32), and four blocks of a row on Zen 4 (16
+/// bytes a cycle from its L3 against 16). Structure only: chunks' arithmetic is checked by
 /// `a_large_winograd_kernel_is_cut_into_chunks_of_channels`.
 #[test]
 fn a_winograd_kernel_read_slowly_is_read_once_in_chunks() {
     let src = "fn f(x: f32[1, 256, 14, 14], w: f32[256, 256, 3, 3]) -> f32[1, 256, 14, 14] { return conv2d(x, w, padding=1); }";
     let m = graph(src);
     let zen4 = TargetDesc::for_cpu("znver4").expect("a known CPU");
+    let zen5 = TargetDesc::for_cpu("znver5").expect("a known CPU");
     for (target, grid) in [
         (TargetDesc::x86_64_avx512(2), "grid = [1, 1, 2]"),
+        (zen5, "grid = [1, 1, 2]"),
         (zen4, "grid = [1, 4]"),
     ] {
         let l = lower_module(&m, &target).unwrap_or_else(|e| panic!("{e}"));

@@ -427,10 +427,13 @@ impl<'a> Conv<'a> {
     /// 1.9 ms a convolution in a chain of six (two threads: 1.18 -> 0.92),
     /// and 1.89 -> 1.29 alone; 28 x 28 over 128 (2.4 MB, 7 tiles) 1.20 ->
     /// 1.05 in a chain of four (0.65 -> 0.56). On
-    /// Zen 4 (32 bytes, 16 multiply-adds: under 2 rows; from memory, 8
-    /// bytes: under 8) as measured there: 14 x 14 over 256 four blocks of
+    /// Zen 4 (16 bytes, 16 multiply-adds: under 4 rows; from memory, 5
+    /// bytes: under 13) as measured there: 14 x 14 over 256 four blocks of
     /// a row took 0.85 ms and two chunks 1.07, but 7 x 7 over 512 (38 MB,
-    /// past its L3) two blocks of a row 2.6 and two chunks 1.4.
+    /// past its L3) two blocks of a row 2.6 and two chunks 1.4. On Zen 5
+    /// (16 bytes, 32 multiply-adds: under 8 rows) 14 x 14 over 256 in a
+    /// chain of six, three alternated rounds: 0.89 -> 0.81 ms a
+    /// convolution at one thread, 0.46 -> 0.41 at two.
     fn rereads_are_slow(&self, packing: &Packing, kernel: usize, rows: usize) -> bool {
         let Some(cpu) = self.params.target.cpu() else {
             return false;
