@@ -1794,7 +1794,8 @@ fn a_large_winograd_kernel_is_cut_into_chunks_of_channels() {
 /// than a block of one row multiplies (Intel's server cores, the AVX-512
 /// description: 4 bytes a cycle from memory against 32 multiply-adds; Zen
 /// 5: 16 from its L3 against 32), and four blocks of a row on Zen 4 (16
-/// bytes a cycle from its L3 against 16). Structure only: chunks' arithmetic is checked by
+/// bytes a cycle from its L3 against 16). Structure only: chunks'
+/// arithmetic is checked by
 /// `a_large_winograd_kernel_is_cut_into_chunks_of_channels`.
 #[test]
 fn a_winograd_kernel_read_slowly_is_read_once_in_chunks() {
