@@ -8,7 +8,6 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "vec.h"
 
@@ -57,12 +56,6 @@ static void *chains(void *arg) {
     for (int l = 0; l < LANES; l++) total += s[l];
     sink = total;
     return NULL;
-}
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
 int main(int argc, char **argv) {

@@ -5,8 +5,8 @@ model, dlc against onnxruntime.
 Each round runs `dlc bench MODEL --profile --json` (every kernel launch timed
 in the compiled code, the median of the runs) and then an onnxruntime session
 with its own profiler (`enable_profiling`, the median of the same number of
-runs), on the same threads (one unless `--threads`), alternating so that a burst of another process lands on
-both. Both sides are grouped by the model's node each kernel or onnxruntime
+runs), on the same threads (one unless `--threads`), alternating so that a
+burst of another process lands on both. Both sides are grouped by the model's node each kernel or onnxruntime
 node computes, after fusion: a chain of elementwise nodes (Clip, Relu, Add of
 a residual, ...) goes to the product (Conv, Gemm, MatMul) it follows, as both
 fuse such chains into the product, and onnxruntime's blocked-layout nodes
