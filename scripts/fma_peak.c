@@ -59,11 +59,8 @@ static void *chains(void *arg) {
 }
 
 int main(int argc, char **argv) {
-    int threads = argc > 1 ? atoi(argv[1]) : 1;
-    if (threads < 1 || threads > 1024) {
-        fprintf(stderr, "fma_peak: THREADS must be 1..1024, not %s\n", argv[1]);
-        return 1;
-    }
+    int threads = threads_arg(argc, argv, "fma_peak");
+    if (!threads) return 1;
     pthread_t *ids = malloc(sizeof(pthread_t) * threads);
     double best = 0;
     for (int round = 0; round < 5; round++) {

@@ -53,11 +53,8 @@ static void *stream(void *arg) {
 }
 
 int main(int argc, char **argv) {
-    int threads = argc > 1 ? atoi(argv[1]) : 1;
-    if (threads < 1 || threads > 1024) {
-        fprintf(stderr, "mem_bw: THREADS must be 1 to 1024, not `%s`\n", argv[1]);
-        return 1;
-    }
+    int threads = threads_arg(argc, argv, "mem_bw");
+    if (!threads) return 1;
     pthread_t *ids = calloc(threads, sizeof *ids);
     struct job *jobs = calloc(threads, sizeof *jobs);
     if (!ids || !jobs) {
