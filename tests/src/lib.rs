@@ -1045,6 +1045,55 @@ pub fn differential_programs() -> Vec<&'static str> {
     all
 }
 
+/// Tile IR whose `tile.slice`s cut 2 x 20 tiles out of a 4 x 40 one: at
+/// constant offsets (in a loop a CPU writes out; each result vector from
+/// one or two operand vectors, aligned or not, the last one short) and at
+/// offsets known only at run time (a loop of 12 trips stays a loop), with
+/// an offset along the leading axis too.
+pub const SLICES_TILE_PROGRAM: &str =
+    "tile.func @f(%x: buffer<f32[4, 40]>, out %y: buffer<f32[2, 20]>) {
+  tile.kernel {grid = [1], schedule = \"rows\", vector = [16]} {
+    %t = tile.load %x[#0, #1] : tile<4x40xf32>
+    %z = tile.const {value = 0.0} : tile<2x20xf32>
+    %s:1 = tile.for %z {lo = 0, hi = 4, step = 1} (%k, %acc) {
+      %b = tile.slice %t[1, 5*%k + 1] : tile<2x20xf32>
+      %c = tile.add %acc, %b : tile<2x20xf32>
+      tile.yield %c
+    } : tile<2x20xf32>
+    %u:1 = tile.for %s#0 {lo = 0, hi = 12, step = 1} (%j, %acc2) {
+      %d = tile.slice %t[2, %j + 5] : tile<2x20xf32>
+      %m = tile.add %acc2, %d : tile<2x20xf32>
+      tile.yield %m
+    } : tile<2x20xf32>
+    tile.store %u#0, %y[#0, #1]
+  }
+  tile.return
+}";
+
+/// [`SLICES_TILE_PROGRAM`] parsed, its input (small integers: every path
+/// sums exactly) and the output the tile interpreter computes, which is not
+/// all zeros.
+pub fn slices_case() -> (dlc_tile::Module, HostTensor, Vec<f64>) {
+    use dlc_tile::interp::{Buffer, run_function};
+    use dlc_tile::{BufferType, Space};
+    let m = dlc_tile::parse_module(SLICES_TILE_PROGRAM).unwrap_or_else(|e| panic!("{e}"));
+    let x: Vec<f64> = (0..160).map(|i| f64::from((i * 7) % 5 - 2)).collect();
+    let buffer = |shape: Vec<usize>, data: Vec<f64>| Buffer {
+        ty: BufferType::contiguous(dlc_core::DType::F32, shape, Space::Global),
+        data,
+    };
+    let mut args = [
+        buffer(vec![4, 40], x.clone()),
+        buffer(vec![2, 20], vec![0.0; 40]),
+    ];
+    run_function(&m, "f", &mut args).unwrap_or_else(|e| panic!("{e}"));
+    let want = args[1].data.clone();
+    assert!(want.iter().any(|&v| v != 0.0), "a check that can fail");
+    let ty = dlc_core::TensorType::new(dlc_core::DType::F32, vec![4, 40]);
+    let x = HostTensor::new(ty, x).unwrap_or_else(|e| panic!("{e}"));
+    (m, x, want)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

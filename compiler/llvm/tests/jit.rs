@@ -1815,3 +1815,38 @@ fn mixed_preparer() -> String {
         scale.join(", ")
     )
 }
+
+/// `tile.slice` compiled agrees with the tile interpreter
+/// ([`dlc_tests::SLICES_TILE_PROGRAM`]): at constant offsets and at offsets
+/// known only at run time.
+#[test]
+fn slices_at_constant_and_run_time_offsets() {
+    let (m, input, want) = dlc_tests::slices_case();
+    let got = call(&m, "f", &[input]).unwrap();
+    assert_eq!(got[0].data, want);
+}
+
+/// A depthwise convolution loads each row of its window once for the
+/// row's taps (`tile.share-window-loads`), which take their columns with
+/// shuffles: a 3 x 3 one over rows of 40 on AVX-512 reads 3 wide loads of
+/// 42 columns (3 vectors each) per output row where it read 9 loads of 40
+/// (27 vectors). (On AVX2 LLVM peels the rows' loop and splits the padded
+/// loads whose masks became constants, so its count says less.) It agrees
+/// with the graph interpreter, as does a 5 x 5 one over 7 x 7 planes (rows
+/// of one short vector).
+#[test]
+fn window_rows_are_loaded_once() {
+    let src = "fn f(x: f32[1, 4, 12, 40], w: f32[4, 1, 3, 3]) -> f32[1, 4, 12, 40] { return conv2d(x, w, padding=1, groups=4); }";
+    let [_, (target, _, ir)] = x86_ir(src);
+    let vector_loads = ir
+        .lines()
+        .filter(|l| !l.starts_with("declare"))
+        .filter(|l| {
+            l.contains("@llvm.masked.load")
+                || (l.contains(" = load <") && !l.contains(" = load <1 x"))
+        })
+        .count();
+    assert_eq!(vector_loads, 3 * 3, "{}: {ir}", target.name);
+    jit_agrees(src);
+    jit_agrees(dlc_tests::WIDE_WINDOW_DEPTHWISE_PROGRAM);
+}

@@ -292,6 +292,21 @@ impl Gen<'_> {
                         Ok(g.extract(x, &src))
                     })?;
                 }
+                OpKind::Slice { offsets } => {
+                    let (x, r) = (op.operands[0], op.results[0]);
+                    let at = offsets
+                        .iter()
+                        .map(|e| self.affine(e, &[]))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    self.generate(r, |g, e| {
+                        let src: Vec<String> = e
+                            .iter()
+                            .zip(&at)
+                            .map(|(c, o)| g.w.emit("arith.addi", &format!("{c}, {o}"), "index"))
+                            .collect();
+                        Ok(g.extract(x, &src))
+                    })?;
+                }
                 OpKind::Dot { .. } => self.dot(&op)?,
                 OpKind::Reduce { kind, axis } => self.reduce(&op, *kind, *axis)?,
                 OpKind::For { lo, hi, step } => self.for_loop(&op, *lo, *hi, *step)?,

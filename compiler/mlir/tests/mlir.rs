@@ -379,3 +379,12 @@ fn dense_constants_are_memref_globals() {
         }",
     );
 }
+
+/// `tile.slice` through MLIR agrees with the tile interpreter, at constant
+/// offsets and at offsets known only at run time.
+#[test]
+fn slices_through_mlir() {
+    let (m, input, want) = dlc_tests::slices_case();
+    let got = dlc_mlir::run_tile(&m, "f", &[input]).unwrap();
+    assert_eq!(got[0].data, want);
+}

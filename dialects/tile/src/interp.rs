@@ -524,6 +524,7 @@ impl Machine<'_> {
                     self.put(op.results[0], x.to_vec());
                 }
                 OpKind::Trans { perm } => self.trans(id, perm)?,
+                OpKind::Slice { offsets } => self.slice(id, offsets)?,
                 OpKind::Dot { .. } => self.dot(id)?,
                 OpKind::Reduce { kind, axis } => self.reduce(id, *kind, *axis)?,
                 OpKind::For { lo, hi, step } => {
@@ -655,6 +656,33 @@ impl Machine<'_> {
         }
         self.put(op.results[0], out);
         Ok(())
+    }
+
+    /// `tile.slice`: the operand's elements from the offsets on.
+    fn slice(&mut self, id: OpId, offsets: &[Affine]) -> Result<(), TileError> {
+        let op = self.f.op(id);
+        let (from, to) = (self.shape_of(op.operands[0]), self.shape_of(op.results[0]));
+        let at = offsets
+            .iter()
+            .map(|e| self.base(e))
+            .collect::<Result<Vec<i64>, _>>()?;
+        if let Some(k) = (0..to.len()).find(|&k| at[k] < 0 || at[k] + to[k] as i64 > from[k] as i64)
+        {
+            return Err(TileError::OutOfBounds {
+                op: "tile.slice".into(),
+                index: at,
+                ty: format!(
+                    "{} elements of axis {k} of {}",
+                    to[k],
+                    self.f.ty(op.operands[0])
+                ),
+            });
+        }
+        self.rearrange(id, |c, src| {
+            for (k, s) in src.iter_mut().enumerate() {
+                *s = c[k] + at[k] as usize;
+            }
+        })
     }
 
     /// `tile.dot`: the accumulator plus the product, in f64.

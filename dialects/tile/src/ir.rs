@@ -625,3 +625,47 @@ impl dlc_core::ir::Dialect for Tile {
         }
     }
 }
+
+/// The most iterations of a loop the CPU code generator writes out itself
+/// (the LLVM back end's rule, here so that `tile.share-window-loads` knows
+/// which loops it writes out: in those, a window's offsets are constants).
+pub const UNROLLED_MAX_TRIPS: i64 = 8;
+
+/// The most ops (counted through nested loops' bodies) the copies of an
+/// unrolled loop's body may hold together.
+pub const UNROLLED_MAX_OPS: usize = 96;
+
+/// How many iterations a `tile.for` from `lo` to `hi` by `step` over `body`,
+/// carrying values, is written out as, straight-line, when it is short and
+/// small: a window's taps (a depthwise convolution's 3x3 or 5x5), whose
+/// padded loads then bound-check constant offsets. LLVM's unroller is off
+/// (dlc-llvm's `emit::optimize`:
+/// it copied packing and epilogue loops for no gain and a third more
+/// compile time, ResNet-18's LLVM time 0.41 -> 1.83 s); left to a loop,
+/// MobileNetV2's depthwise convolutions took twice as long.
+pub fn unrolled_trips(f: &Function, lo: i64, hi: i64, step: i64, body: &Block) -> Option<i64> {
+    let trips = trips(lo, hi, step);
+    (trips <= UNROLLED_MAX_TRIPS && trips as usize * nested_ops(f, body) <= UNROLLED_MAX_OPS)
+        .then_some(trips)
+}
+
+/// Iterations of a `tile.for` from `lo` to `hi` by `step`.
+pub fn trips(lo: i64, hi: i64, step: i64) -> i64 {
+    let step = step.max(1);
+    ((hi - lo).max(0) + step - 1) / step
+}
+
+/// Ops of `blk`, counted through nested loops' bodies.
+pub fn nested_ops(f: &Function, blk: &Block) -> usize {
+    blk.ops
+        .iter()
+        .map(|&id| {
+            1 + f
+                .op(id)
+                .regions
+                .iter()
+                .map(|r| nested_ops(f, r))
+                .sum::<usize>()
+        })
+        .sum()
+}

@@ -52,7 +52,8 @@
 //!   transposed block; `%p[#0, 2*#1]` a strided one), masked-off elements read the pad;
 //!   `tile.mask [l0, l1..]` (element `e` is on when `e_k < l_k`: the ragged edge of a
 //!   nest); `tile.broadcast`, `tile.reshape`, `tile.trans {perm}`, `tile.expand_dims
-//!   {axis}`; `tile.dot %a, %b, %acc` (`MxK @ KxN` into `MxN` in the accumulator type, f32
+//!   {axis}`, `tile.slice %t[offsets..]` (the part of a tile from offsets affine in index
+//!   values on); `tile.dot %a, %b, %acc` (`MxK @ KxN` into `MxN` in the accumulator type, f32
 //!   for f16/bf16); `tile.reduce {kind = sum|max|min|prod, axis}` (a one-axis tile
 //!   reduces to a scalar); `tile.for %init.. {lo, hi, step} (%i, %c..) { .. tile.yield }`
 //!   carrying scalars or tiles; `tile.alloc` of scratch or shared buffers (packing is a

@@ -123,6 +123,16 @@ pub enum OpKind {
         /// The permutation.
         perm: Vec<usize>,
     },
+    /// `%r = tile.slice %t[0, %i + 2] : tile<..>`: the part of the operand
+    /// the result's shape cuts out from the offsets on: result element `e`
+    /// is operand element `e + offsets` (affine in index values, no `#k`;
+    /// an offset whose cut reaches past the operand is an error). The taps
+    /// of a window along a row are slices of one wider load of the row
+    /// (`tile.share-window-loads`).
+    Slice {
+        /// Where the result starts along each axis.
+        offsets: Vec<Affine>,
+    },
     /// `%r = tile.expand_dims %t {axis = 0}`: a new axis of extent 1.
     ExpandDims {
         /// Where the new axis goes.
@@ -200,7 +210,20 @@ impl OpKind {
         match self {
             OpKind::Load { index, .. }
             | OpKind::Store { index }
-            | OpKind::Prefetch { index, .. } => Some(index),
+            | OpKind::Prefetch { index, .. }
+            | OpKind::Slice { offsets: index } => Some(index),
+            OpKind::Mask { limits } => Some(limits),
+            _ => None,
+        }
+    }
+
+    /// The index list, to rewrite it (see [`OpKind::index`]).
+    pub fn index_mut(&mut self) -> Option<&mut Vec<Affine>> {
+        match self {
+            OpKind::Load { index, .. }
+            | OpKind::Store { index }
+            | OpKind::Prefetch { index, .. }
+            | OpKind::Slice { offsets: index } => Some(index),
             OpKind::Mask { limits } => Some(limits),
             _ => None,
         }
@@ -272,6 +295,9 @@ impl OpKind {
                 },
                 "expand_dims" => OpKind::ExpandDims {
                     axis: a.usize("axis")?,
+                },
+                "slice" => OpKind::Slice {
+                    offsets: index("offsets `%t[..]`")?,
                 },
                 "convert_layout" => OpKind::ConvertLayout,
                 "dot" => OpKind::Dot {
@@ -477,6 +503,7 @@ impl OpKind {
                 let to: Vec<usize> = perm.iter().map(|&p| from[p]).collect();
                 same(&Type::value(d, &to), result()?, "the result")?;
             }
+            OpKind::Slice { offsets } => check_slice(offsets, operands[0], result()?)?,
             OpKind::ExpandDims { axis } => {
                 let (d, mut shape) = tile(operands[0])?;
                 if *axis > shape.len() {
@@ -685,6 +712,30 @@ fn check_load(
 }
 
 /// `tile.mask`: bool tiles, a limit per axis, none using tile coordinates.
+/// `tile.slice`: a tile of the operand's element type and rank whose
+/// shape fits in the operand's, at offsets without tile coordinates; a
+/// constant offset must leave the cut inside the operand.
+fn check_slice(offsets: &[Affine], operand: &Type, result: &Type) -> Result<(), String> {
+    let (d, from) = tile(operand)?;
+    let (rd, to) = tile(result)?;
+    if d != rd || to.len() != from.len() {
+        return Err(format!("cannot cut {result} out of {operand}"));
+    }
+    check_index(offsets, from.len(), 0)?;
+    for (k, e) in offsets.iter().enumerate() {
+        let room = from[k] as i64 - to[k] as i64;
+        if room < 0 || (e.is_constant() && !(0..=room).contains(&e.constant)) {
+            return Err(format!(
+                "cuts {} elements of axis {k} at {} out of the operand's {}",
+                to[k],
+                e.text(|v| format!("%{}", v.0), |a| format!("#{a}"), false),
+                from[k]
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn check_mask(limits: &[Affine], result: &Type) -> Result<(), String> {
     let (d, shape) = tile(result)?;
     if d != DType::Bool {
@@ -792,6 +843,7 @@ impl dlc_core::ir::OpDecl for OpKind {
             OpKind::Reshape => "reshape",
             OpKind::Trans { .. } => "trans",
             OpKind::ExpandDims { .. } => "expand_dims",
+            OpKind::Slice { .. } => "slice",
             OpKind::Dot { .. } => "dot",
             OpKind::ConvertLayout => "convert_layout",
             OpKind::Reduce { .. } => "reduce",
@@ -841,7 +893,7 @@ impl dlc_core::ir::OpDecl for OpKind {
                 before: 1,
                 mask: true,
             }),
-            OpKind::Prefetch { .. } => of(Indexed {
+            OpKind::Prefetch { .. } | OpKind::Slice { .. } => of(Indexed {
                 before: 0,
                 mask: false,
             }),

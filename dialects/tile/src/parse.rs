@@ -177,6 +177,7 @@ fn probe_kind(name: &str) -> Option<OpKind> {
             shape: vec![],
         },
         "mask" => OpKind::Mask { limits: vec![] },
+        "slice" => OpKind::Slice { offsets: vec![] },
         "kernel" => OpKind::Kernel {
             grid: vec![],
             schedule: crate::ir::Schedule::Serial { vector: 1 },

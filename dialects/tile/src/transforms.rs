@@ -13,11 +13,13 @@ use dlc_core::{Pass, PassError, PassRegistry, TargetDesc};
 use crate::ir::{Block, Function, Module, OpId, Value};
 use crate::ops::OpKind;
 
-/// What runs after the conversion for a CPU: each operand packed once
-/// per call however many products read it, the copies that made
-/// redundant removed, and work on weights alone moved into the
+/// What runs after the conversion for a CPU: each row of a window the
+/// code generator writes out loaded once for all its taps, each operand
+/// packed once per call however many products read it, the copies that
+/// made redundant removed, and work on weights alone moved into the
 /// function's preparer (run once per binding of the weights).
-pub const CPU_PIPELINE: &str = "tile.reuse-packs,tile.dce,tile.split-prepare";
+pub const CPU_PIPELINE: &str =
+    "tile.share-window-loads,tile.reuse-packs,tile.dce,tile.split-prepare";
 
 /// What runs after the conversion for a GPU: the products that run on
 /// tensor cores chosen, their loops' accumulators kept in the warps'
@@ -185,6 +187,12 @@ pub fn registry_for(target: &TargetDesc) -> PassRegistry<Module> {
         per_function("tile.reuse-packs", "packs reused", reuse_packs),
     );
     r.register(
+        "tile.share-window-loads",
+        "in each loop a CPU writes out, loads a window's row once, wider, before the loop, \
+         and has each tap's load along it take its part with `tile.slice`",
+        per_function("tile.share-window-loads", "taps sliced", share_window_loads),
+    );
+    r.register(
         "tile.insert-barriers",
         "inserts the barriers a block of threads needs between accesses of one buffer by \
          different threads (a GPU program)",
@@ -240,14 +248,8 @@ pub(crate) fn detach(f: &mut Function, id: OpId) {
     while let Some(id) = pending.pop() {
         let op = &mut f.ops[id.0 as usize];
         op.operands.clear();
-        if let OpKind::Load { index, .. }
-        | OpKind::Store { index }
-        | OpKind::Prefetch { index, .. } = &mut op.kind
-        {
+        if let Some(index) = op.kind.index_mut() {
             index.iter_mut().for_each(|e| e.terms.clear());
-        }
-        if let OpKind::Mask { limits } = &mut op.kind {
-            limits.iter_mut().for_each(|e| e.terms.clear());
         }
         pending.extend(op.regions.iter().flat_map(|r| r.ops.iter().copied()));
     }
@@ -312,6 +314,7 @@ mod prepare;
 mod reuse;
 mod shared_layouts;
 mod tensor_cores;
+mod windows;
 pub use barriers::insert_barriers;
 pub use copy_layouts::copy_layouts;
 pub use mma_accumulators::mma_accumulators;
@@ -319,3 +322,4 @@ pub use prepare::{bind_weights, split_prepare};
 pub use reuse::reuse_packs;
 pub use shared_layouts::shared_layouts;
 pub use tensor_cores::tensor_cores;
+pub use windows::share_window_loads;

@@ -683,3 +683,59 @@ fn index_ranges_are_the_grid_and_the_loop_bounds() {
     got.sort_unstable();
     assert_eq!(got, vec![(0, 3), (0, 32), (2, 8)]);
 }
+
+/// `tile.slice` cuts a tile out of another from its offsets on, an index
+/// value's among them; offsets that do not fit are refused: constants and
+/// tile coordinates by the typing rule, index values by the interpreter.
+#[test]
+fn slices_read_from_their_offsets_and_stay_inside() {
+    let text = |offset: &str| {
+        format!(
+            "tile.func @f(%x: buffer<f32[3, 10]>, out %y: buffer<f32[2, 4]>) {{
+  tile.kernel {{grid = [1], schedule = \"rows\", vector = [4]}} {{
+    %t = tile.load %x[#0, #1] : tile<3x10xf32>
+    %z = tile.const {{value = 0.0}} : tile<2x4xf32>
+    %s:1 = tile.for %z {{lo = 0, hi = 3, step = 1}} (%k, %acc) {{
+      %b = tile.slice %t[1, {offset}] : tile<2x4xf32>
+      %c = tile.add %acc, %b : tile<2x4xf32>
+      tile.yield %c
+    }} : tile<2x4xf32>
+    tile.store %s#0, %y[#0, #1]
+  }}
+  tile.return
+}}"
+        )
+    };
+    let x: Vec<f64> = (0..30).map(f64::from).collect();
+    let mut args = [
+        buffer(DType::F32, &[3, 10], x.clone()),
+        buffer(DType::F32, &[2, 4], vec![0.0; 8]),
+    ];
+    run(&module(&text("2*%k + 1")), &mut args).unwrap();
+    // y[i, j] = sum over k of x[1 + i, 2k + 1 + j].
+    let want: Vec<f64> = (0..8)
+        .map(|e| {
+            let (i, j) = (e / 4, e % 4);
+            (0..3).map(|k| x[(1 + i) * 10 + 2 * k + 1 + j]).sum()
+        })
+        .collect();
+    assert_eq!(args[1].data, want);
+    let e = run(&module(&text("3*%k + 1")), &mut args).unwrap_err();
+    assert!(
+        matches!(&e, TileError::OutOfBounds { index, .. } if index == &vec![1, 7]),
+        "{e}"
+    );
+    for (offset, why) in [
+        (
+            "7",
+            "cuts 4 elements of axis 1 at 7 out of the operand's 10",
+        ),
+        ("%k - 1 + #0", "uses `#0`"),
+    ] {
+        let errors = parse_module(&text(offset)).unwrap().verify().unwrap_err();
+        assert!(
+            errors.iter().any(|e| e.to_string().contains(why)),
+            "{offset}: {errors:?}"
+        );
+    }
+}

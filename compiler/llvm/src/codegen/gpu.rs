@@ -453,9 +453,10 @@ fn staging_bytes(
     for &id in ops {
         let op = f.op(id);
         let need = match op.kind {
-            OpKind::Trans { .. } | OpKind::Broadcast | OpKind::ConvertLayout => {
-                bytes(op.operands[0])
-            }
+            OpKind::Trans { .. }
+            | OpKind::Slice { .. }
+            | OpKind::Broadcast
+            | OpKind::ConvertLayout => bytes(op.operands[0]),
             OpKind::Reduce { .. } => bytes(op.operands[0]).max((threads.div_ceil(WARP) * 8) as u64),
             OpKind::Dot { .. } => match tensor_core_dot(f, op, threads, mma)? {
                 Some(_) if !mma_stages(f, op) => 0,
@@ -966,6 +967,21 @@ impl<'ctx> Gen<'ctx, '_, super::tile::TileIr> {
                     for (i, &p) in perm.iter().enumerate() {
                         src[p] = c[i];
                     }
+                    g.position_of(&src, &from)
+                })?;
+            }
+            OpKind::Slice { offsets } => {
+                let from = self.f.ty(op.operands[0]).shape().unwrap_or(&[]).to_vec();
+                let at = offsets
+                    .iter()
+                    .map(|e| self.affine_base(e))
+                    .collect::<R<Vec<_>>>()?;
+                self.gpu_move(op, |g, c| {
+                    let src = c
+                        .iter()
+                        .zip(&at)
+                        .map(|(&ck, &o)| Ok(g.b.build_int_add(ck, o, "at")?))
+                        .collect::<R<Vec<_>>>()?;
                     g.position_of(&src, &from)
                 })?;
             }

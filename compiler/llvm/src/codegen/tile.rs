@@ -94,13 +94,14 @@ use std::collections::HashMap;
 
 use dlc_core::scalar::{BinaryOp, ReduceKind};
 use dlc_core::{DType, TargetDesc};
+use dlc_tile::ir::{UNROLLED_MAX_OPS, UNROLLED_MAX_TRIPS, nested_ops, trips, unrolled_trips};
 use dlc_tile::{
     Affine, Block, Function, MAX_DEINTERLEAVED_STEP, OpData, OpId, OpKind, Type, Value,
 };
 use inkwell::attributes::{Attribute, AttributeLoc};
 use inkwell::context::Context;
 use inkwell::module::{Linkage, Module};
-use inkwell::types::{BasicTypeEnum, VectorType};
+use inkwell::types::{BasicType, BasicTypeEnum, VectorType};
 use inkwell::values::{
     BasicValue, BasicValueEnum as BV, FunctionValue, IntValue, PointerValue, VectorValue,
 };
@@ -1918,6 +1919,132 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         self.define(r, out)
     }
 
+    /// `tile.slice`: at constant offsets (a window's taps in a loop written
+    /// out), each result vector is at most two of the operand's run
+    /// together and shifted, one shuffle (`valignd` on x86), and an
+    /// operand vector itself where they line up; at offsets known only at
+    /// run time, the elements go through a copy on the stack.
+    fn slice(&mut self, op: &OpData, offsets: &[Affine]) -> R<()> {
+        let (x, r) = (op.operands[0], op.results[0]);
+        let (from, to) = (self.cut(x), self.cut(r));
+        let src = self.vectors(x)?;
+        let at = offsets
+            .iter()
+            .map(|e| self.affine_base(e))
+            .collect::<R<Vec<_>>>()?;
+        let constant: Option<Vec<usize>> = at
+            .iter()
+            .map(|v| v.get_sign_extended_constant().map(|c| c.max(0) as usize))
+            .collect();
+        let Some(at) = constant else {
+            return self.slice_at_run_time(op, &from, &to, &src, &at);
+        };
+        if offsets.is_empty() {
+            return self.define(r, src);
+        }
+        let outside = || CodegenError::Invalid(format!("tile.slice at {at:?} outside its operand"));
+        let i32t = self.ctx.i32_type();
+        let last = at.len() - 1;
+        let mut out = Vec::with_capacity(to.vectors());
+        for row in 0..to.rows() {
+            let mut c = to.row_coords(row);
+            c.iter_mut().zip(&at).for_each(|(c, o)| *c += o);
+            let first = from.row_of(&c) * from.per_row;
+            for j in 0..to.per_row {
+                let n = to.lanes(j);
+                let col = at[last] + j * to.width;
+                let (a, lane) = (col / from.width, col % from.width);
+                let part = |i: usize| -> R<VectorValue<'ctx>> {
+                    Ok(src.get(first + i).ok_or_else(outside)?.into_vector_value())
+                };
+                let v = part(a)?;
+                let held = from.lanes(a);
+                if lane == 0 && n == held {
+                    out.push(v.into());
+                } else if lane + n <= held {
+                    out.push(self.sub_vector(v, lane as u32, n as u32)?.into());
+                } else {
+                    let (w, next) = (v.get_type().get_size(), part(a + 1)?);
+                    let next = match next.get_type().get_size() == w {
+                        true => next,
+                        false => self.padded_lanes(next, w as usize)?,
+                    };
+                    let mask: Vec<_> = (lane..lane + n)
+                        .map(|k| i32t.const_int(k as u64, false))
+                        .collect();
+                    let both = VectorType::const_vector(&mask);
+                    out.push(self.b.build_shuffle_vector(v, next, both, "window")?.into());
+                }
+            }
+        }
+        self.define(r, out)
+    }
+
+    /// [`Self::slice`] at offsets `at` known only at run time: the
+    /// operand's elements stored to the stack, the result's loaded back.
+    fn slice_at_run_time(
+        &mut self,
+        op: &OpData,
+        from: &Cut,
+        to: &Cut,
+        src: &[BV<'ctx>],
+        at: &[IntValue<'ctx>],
+    ) -> R<()> {
+        let d = self.tdtype(op.operands[0])?;
+        let (st, i64t) = (storage_type(self.ctx, d), self.ctx.i64_type());
+        let len = from.rows() * from.last();
+        let copy = self.entry_alloca(BasicType::array_type(&st, len as u32).into(), "slice")?;
+        let element = |g: &Self, i: IntValue<'ctx>| -> R<PointerValue<'ctx>> {
+            // SAFETY (LLVM IR semantics): an index inside the copy, the
+            // offsets clamped to where the result fits.
+            Ok(unsafe { g.b.build_in_bounds_gep(st, copy, &[i], "elt")? })
+        };
+        for e in 0..len {
+            let (v, k) = from.locate(e);
+            let mut s = self.lane(src[v], k)?;
+            if d == DType::Bool {
+                s = self
+                    .b
+                    .build_int_z_extend(s.into_int_value(), st.into_int_type(), "byte")?
+                    .into();
+            }
+            self.b.build_store(element(self, self.i64c(e as u64))?, s)?;
+        }
+        // Each offset clamped to where the result fits: a slice reaching
+        // past its operand reads its last elements, never past the copy.
+        let mut start = i64t.const_zero();
+        for (k, &o) in at.iter().enumerate() {
+            let room = self.i64c((from.shape[k] - to.shape[k]) as u64);
+            let t = [i64t.into()];
+            let o = self.call("llvm.smax", &t, &[o.into(), i64t.const_zero().into()])?;
+            let o = self.call("llvm.smin", &t, &[o, room.into()])?;
+            let dim = self.i64c(from.shape[k] as u64);
+            start = self.b.build_int_mul(start, dim, "stride")?;
+            start = self.b.build_int_add(start, o.into_int_value(), "start")?;
+        }
+        let mut scalars = Vec::with_capacity(to.rows() * to.last());
+        let mut c = vec![0; to.shape.len()];
+        for e in 0..to.rows() * to.last() {
+            let mut rest = e;
+            for k in (0..c.len()).rev() {
+                c[k] = rest % to.shape[k];
+                rest /= to.shape[k];
+            }
+            let flat = c.iter().zip(&from.shape).fold(0, |acc, (c, n)| acc * n + c);
+            let i = self.b.build_int_add(start, self.i64c(flat as u64), "at")?;
+            let mut s = self.b.build_load(st, element(self, i)?, "elt")?;
+            if d == DType::Bool {
+                s = self
+                    .b
+                    .build_int_truncate(s.into_int_value(), self.ctx.bool_type(), "bit")?
+                    .into();
+            }
+            scalars.push(s);
+        }
+        let out = self.vectors_of_scalars(to, &scalars)?;
+        self.define(op.results[0], out)
+    }
+
     /// `tile.dot`: `acc + a @ b`, one broadcast of `a[m, k]` and one
     /// multiply-add per vector of row `k` of `b`.
     fn dot(&mut self, op: &OpData) -> R<()> {
@@ -2571,32 +2698,13 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                     src.iter().zip(&from).fold(0, |acc, (c, d)| acc * d + c)
                 })?;
             }
+            OpKind::Slice { offsets } => self.slice(op, offsets)?,
             OpKind::Dot { .. } => self.dot(op)?,
             OpKind::Reduce { kind, axis } => self.reduce(op, *kind, *axis)?,
             _ => return Ok(false),
         }
         Ok(true)
     }
-}
-
-/// The most iterations of a loop the CPU code generator writes out itself.
-const UNROLLED_MAX_TRIPS: i64 = 8;
-
-/// The most ops (counted through nested loops' bodies) the copies of an
-/// unrolled loop's body may hold together.
-const UNROLLED_MAX_OPS: usize = 96;
-
-/// How many iterations a `tile.for` from `lo` to `hi` by `step` over `body`,
-/// carrying values, is written out as, straight-line, when it is short and
-/// small: a window's taps (a depthwise convolution's 3x3 or 5x5), whose
-/// padded loads then bound-check constant offsets. LLVM's unroller is off (`emit::optimize`:
-/// it copied packing and epilogue loops for no gain and a third more
-/// compile time, ResNet-18's LLVM time 0.41 -> 1.83 s); left to a loop,
-/// MobileNetV2's depthwise convolutions took twice as long.
-fn unrolled_trips(f: &Function, lo: i64, hi: i64, step: i64, body: &Block) -> Option<i64> {
-    let trips = trips(lo, hi, step);
-    (trips <= UNROLLED_MAX_TRIPS && trips as usize * ops(f, body) <= UNROLLED_MAX_OPS)
-        .then_some(trips)
 }
 
 /// The most ops (counted through nested loops' bodies) the copies of an
@@ -2657,7 +2765,7 @@ fn unrolled_rows(
         })
     };
     let trips = trips(lo, hi, step);
-    let size = trips as usize * ops(f, body);
+    let size = trips as usize * nested_ops(f, body);
     (trips > 1
         && trips <= UNROLLED_MAX_TRIPS
         && ((size <= UNROLLED_ROWS_MAX_OPS && sums_written_out_window())
@@ -2671,20 +2779,6 @@ fn any_op(f: &Function, blk: &Block, hit: &dyn Fn(&OpData) -> bool) -> bool {
         let op = f.op(id);
         hit(op) || op.regions.iter().any(|r| any_op(f, r, hit))
     })
-}
-
-/// Iterations of a `tile.for` from `lo` to `hi` by `step`.
-fn trips(lo: i64, hi: i64, step: i64) -> i64 {
-    let step = step.max(1);
-    ((hi - lo).max(0) + step - 1) / step
-}
-
-/// Ops of `blk`, counted through nested loops' bodies.
-fn ops(f: &Function, blk: &Block) -> usize {
-    blk.ops
-        .iter()
-        .map(|&id| 1 + f.op(id).regions.iter().map(|r| ops(f, r)).sum::<usize>())
-        .sum()
 }
 
 fn set_alignment(v: BV<'_>, align: u32) -> R<()> {

@@ -77,10 +77,7 @@ fn rename(f: &mut Function, from: Value, to: Value) {
                 *v = to;
             }
         }
-        if let OpKind::Load { index, .. }
-        | OpKind::Store { index }
-        | OpKind::Prefetch { index, .. } = &mut op.kind
-        {
+        if let Some(index) = op.kind.index_mut() {
             for e in index {
                 for t in &mut e.terms {
                     if t.1 == from {
