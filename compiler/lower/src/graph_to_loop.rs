@@ -1098,8 +1098,8 @@ impl Lowering<'_> {
     /// (`GemmBlocking::pixel_rows_min`, the target's).
     fn pixels_as_rows(&self, [o, p, q]: [usize; 3], dtype: DType) -> bool {
         let g = self.target.gemm_blocking(dtype);
-        let (min_depth, min_channels) = g.pixel_rows_min;
-        if self.target.cpu().is_none() || q < min_depth || o < min_channels {
+        let deep_and_wide = g.pixel_rows_min.iter().any(|&(d, c)| q >= d && o >= c);
+        if self.target.cpu().is_none() || !deep_and_wide {
             return false;
         }
         let padded = |rows: usize, cols: usize| {

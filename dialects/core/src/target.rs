@@ -190,9 +190,16 @@ pub struct GemmBlocking {
     /// 48 0.020 -> 0.018, 96 into 576 0.083 -> 0.074, 48 into 288 0.025 ->
     /// 0.023, but 32 into 192 0.011 both: (48, 32); with 4 x 16 tiles
     /// still so (1152 into 192 0.242 ms as rows against 0.299 as columns,
-    /// 160 into 960 0.168 against 0.205). Other CPUs are not measured and
-    /// keep AVX-512's.
-    pub pixel_rows_min: (usize, usize),
+    /// 160 into 960 0.168 against 0.205). A product qualifies by either
+    /// pair. Zen 5 (AVX-512 at two full-width FMA units a cycle), over 7 x
+    /// 7: 960 deep into 160 0.082 -> 0.065 ms, into 320 0.156 -> 0.125,
+    /// 576 into 96 0.029 -> 0.024, 1152 into 320 0.194 -> 0.159, and over
+    /// 14 x 14 1024 into 256 0.477 -> 0.434, but 384 into 64 0.045 ->
+    /// 0.050 and 80 into 480 0.066 -> 0.088; 160 into 960 over 7 x 7 0.074
+    /// -> 0.070 and 2048 into 512 0.54 -> 0.41: (128, 512) or (512, 64).
+    /// Intel's cores, with two FMA units too, are not measured and take
+    /// Zen 5's; Zen 4, splitting each 512-bit FMA, keeps its own.
+    pub pixel_rows_min: [(usize, usize); 2],
 }
 
 impl GemmBlocking {
@@ -792,9 +799,11 @@ impl TargetDesc {
                         .max(1),
                     pairs,
                     pixel_rows_min: if c.vector_bits == 256 {
-                        (48, 32)
+                        [(48, 32); 2]
+                    } else if c.fma_units >= 2 {
+                        [(128, 512), (512, 64)]
                     } else {
-                        (128, 512)
+                        [(128, 512); 2]
                     },
                 }
             }
@@ -808,7 +817,7 @@ impl TargetDesc {
                 narrow_n: lanes,
                 narrow_mr: 64,
                 pairs: false,
-                pixel_rows_min: (usize::MAX, usize::MAX),
+                pixel_rows_min: [(usize::MAX, usize::MAX); 2],
             },
         }
     }
@@ -850,10 +859,17 @@ mod tests {
         assert_eq!(g2.register_tile(17), (4, 16));
         assert_eq!((g.narrow_mr, g.narrow_n), (16, 16));
         // Few pixels are a product's rows from shallower and narrower
-        // products on AVX2 (measured on Zen 3) than on AVX-512 (Zen 4).
+        // products on AVX2 (measured on Zen 3) than on AVX-512 (Zen 4),
+        // and from deep ones into fewer channels where a core runs two
+        // 512-bit FMAs a cycle (Zen 5).
+        let (zen4, _) = TargetDesc::named_cpu("znver4").expect("known");
         assert_eq!(
-            (g.pixel_rows_min, g2.pixel_rows_min),
-            ((128, 512), (48, 32))
+            (
+                g.pixel_rows_min,
+                zen4.gemm_blocking(DType::F32).pixel_rows_min,
+                g2.pixel_rows_min
+            ),
+            ([(128, 512), (512, 64)], [(128, 512); 2], [(48, 32); 2])
         );
         // f16 products accumulate in f32, so their tile is f32's; so are
         // bf16 ones where bf16 is widened, not multiplied in pairs.
