@@ -672,9 +672,9 @@ pub const PIXEL_CONV_PROGRAMS: [&str; 3] = [
 /// (too few at 256 deep), and 8 x 8, whose pixels fill the panels; then two
 /// whose product reads an im2col buffer as its rows: a strided 1 x 1
 /// (ResNet's downsampling) and a strided 3 x 3 into 7 x 7 with padding;
-/// last 576 deep into 96 channels over 7 x 7 (MobileNet's projections:
-/// deep enough for few channels, where a core runs two 512-bit FMAs a
-/// cycle and on AVX2).
+/// last 960 deep into 320 channels over 7 x 7 (MobileNetV2's last
+/// projection: deep enough for few channels where a core runs two 512-bit
+/// FMAs a cycle, and on AVX2).
 pub const PIXEL_ROW_PROGRAMS: [&str; 9] = [
     "fn f(x: f32[1, 128, 7, 7], w: f32[512, 128, 1, 1], b: f32[512, 1, 1]) -> f32[1, 512, 7, 7] { return relu(conv2d(x, w) + b); }",
     "fn f(x: f32[2, 128, 7, 7], w: f32[512, 128, 1, 1], r: f32[2, 512, 7, 7]) -> f32[2, 512, 7, 7] { return clip(conv2d(x, w) + r, 0.0, 6.0); }",
@@ -684,7 +684,7 @@ pub const PIXEL_ROW_PROGRAMS: [&str; 9] = [
     "fn f(x: f32[1, 128, 8, 8], w: f32[512, 128, 1, 1]) -> f32[1, 512, 8, 8] { return relu(conv2d(x, w)); }",
     "fn f(x: f32[1, 128, 14, 14], w: f32[512, 128, 1, 1], b: f32[512, 1, 1]) -> f32[1, 512, 7, 7] { return conv2d(x, w, stride=2) + b; }",
     "fn f(x: f32[1, 64, 14, 14], w: f32[512, 64, 3, 3]) -> f32[1, 512, 7, 7] { return relu(conv2d(x, w, stride=2, padding=1)); }",
-    "fn f(x: f32[1, 576, 7, 7], w: f32[96, 576, 1, 1], b: f32[96, 1, 1]) -> f32[1, 96, 7, 7] { return conv2d(x, w) + b; }",
+    "fn f(x: f32[1, 960, 7, 7], w: f32[320, 960, 1, 1], b: f32[320, 1, 1]) -> f32[1, 320, 7, 7] { return conv2d(x, w) + b; }",
 ];
 
 /// ONNX's attention with a boolean mask, as `dlc import` writes it: its

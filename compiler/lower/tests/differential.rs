@@ -688,7 +688,7 @@ fn products_of_reused_storage_pack_their_own_panels() {
 /// transposed, where that pads the register tiles at least a tenth less
 /// and the product is deep and wide enough (the target's
 /// `GemmBlocking::pixel_rows_min`: 128 deep into 512 channels or 512 deep
-/// into 64 on AVX-512 with two FMA units, 48 into 32 on AVX2): 7 x 7 on
+/// into 256 on AVX-512 with two FMA units, 48 into 32 on AVX2): 7 x 7 on
 /// either x86-64 width, 14 x 14 where a
 /// panel is 32 columns (196 pixels in 7 panels of 32, but 13 of 16 on
 /// AVX2). 32 deep or over 8 x 8 the channels stay the rows on both, and
@@ -723,7 +723,7 @@ fn few_pixels_are_the_rows_of_a_convolution_product() {
         (large, ["sizes = [512, 64, 128]"; 2]),
         (strided, ["sizes = [49, 512, 128]"; 2]),
         (window, ["sizes = [49, 512, 576]"; 2]),
-        (deep, ["sizes = [49, 96, 576]"; 2]),
+        (deep, ["sizes = [49, 320, 960]"; 2]),
     ] {
         let m = graph(src);
         for ((target, _), sizes) in x86_widths().into_iter().zip(sizes) {
@@ -742,11 +742,11 @@ fn few_pixels_are_the_rows_of_a_convolution_product() {
             );
         }
     }
-    // Zen 4 splits each 512-bit FMA in two: 576 deep is not deep enough
-    // there for 96 channels.
+    // Zen 4 splits each 512-bit FMA in two: 960 deep is not deep enough
+    // there for 320 channels.
     let zen4 = TargetDesc::for_cpu("znver4").unwrap();
     let loops = print_module(&dlc_driver::lower_to_loops(&graph(deep), &zen4).unwrap());
-    assert!(loops.contains("sizes = [96, 49, 576]"), "{loops}");
+    assert!(loops.contains("sizes = [320, 49, 960]"), "{loops}");
     agree(bias);
     agree(strided);
 }

@@ -191,14 +191,18 @@ pub struct GemmBlocking {
     /// 0.023, but 32 into 192 0.011 both: (48, 32); with 4 x 16 tiles
     /// still so (1152 into 192 0.242 ms as rows against 0.299 as columns,
     /// 160 into 960 0.168 against 0.205). A product qualifies by either
-    /// pair. Zen 5 (AVX-512 at two full-width FMA units a cycle), over 7 x
-    /// 7: 960 deep into 160 0.082 -> 0.065 ms, into 320 0.156 -> 0.125,
-    /// 576 into 96 0.029 -> 0.024, 1152 into 320 0.194 -> 0.159, and over
-    /// 14 x 14 1024 into 256 0.477 -> 0.434, but 384 into 64 0.045 ->
-    /// 0.050 and 80 into 480 0.066 -> 0.088; 160 into 960 over 7 x 7 0.074
-    /// -> 0.070 and 2048 into 512 0.54 -> 0.41: (128, 512) or (512, 64).
-    /// Intel's cores, with two FMA units too, are not measured and take
-    /// Zen 5's; Zen 4, splitting each 512-bit FMA, keeps its own.
+    /// pair. Zen 5 (AVX-512 at two full-width FMA units a cycle), one
+    /// thread, then two: over 7 x 7 960 deep into 320 0.156 -> 0.125 ms,
+    /// 0.081 -> 0.068; 1152 into 320 0.194 -> 0.159, 0.103 -> 0.090; over
+    /// 14 x 14 1024 into 256 0.477 -> 0.434, 0.248 -> 0.223. Into fewer
+    /// channels it gains at one thread and loses at two, where its pixel
+    /// strips split unevenly (960 into 160 0.082 -> 0.065, 0.064 -> 0.077;
+    /// 576 into 96 0.029 -> 0.024, 0.019 -> 0.045); 384 into 64 over 14 x
+    /// 14 loses at one (0.045 -> 0.050), 80 into 480 too (0.066 -> 0.088);
+    /// 160 into 960 over 7 x 7 0.074 -> 0.070 and 2048 into 512 0.54 ->
+    /// 0.41: (128, 512) or (512, 256). Intel's cores, with two FMA units
+    /// too, are not measured and take Zen 5's; Zen 4, splitting each
+    /// 512-bit FMA, keeps its own.
     pub pixel_rows_min: [(usize, usize); 2],
 }
 
@@ -801,7 +805,7 @@ impl TargetDesc {
                     pixel_rows_min: if c.vector_bits == 256 {
                         [(48, 32); 2]
                     } else if c.fma_units >= 2 {
-                        [(128, 512), (512, 64)]
+                        [(128, 512), (512, 256)]
                     } else {
                         [(128, 512); 2]
                     },
@@ -869,7 +873,7 @@ mod tests {
                 zen4.gemm_blocking(DType::F32).pixel_rows_min,
                 g2.pixel_rows_min
             ),
-            ([(128, 512), (512, 64)], [(128, 512); 2], [(48, 32); 2])
+            ([(128, 512), (512, 256)], [(128, 512); 2], [(48, 32); 2])
         );
         // f16 products accumulate in f32, so their tile is f32's; so are
         // bf16 ones where bf16 is widened, not multiplied in pairs.
