@@ -57,7 +57,9 @@ def anchors(model):
             return n
         for i in n.input:
             p = producer.get(i)
-            if p is not None and consumers[i] == [n]:
+            # Every reader elementwise (a SiLU's Sigmoid and Mul both read
+            # the convolution's output): the chain fuses into the product.
+            if p is not None and all(c.op_type in EPILOGUES for c in consumers[i]):
                 a = up(p, seen + 1)
                 if a.op_type in PRODUCTS:
                     return a
