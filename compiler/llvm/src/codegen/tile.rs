@@ -2023,14 +2023,9 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
             start = self.b.build_int_add(start, o.into_int_value(), "start")?;
         }
         let mut scalars = Vec::with_capacity(to.rows() * to.last());
-        let mut c = vec![0; to.shape.len()];
         for e in 0..to.rows() * to.last() {
-            let mut rest = e;
-            for k in (0..c.len()).rev() {
-                c[k] = rest % to.shape[k];
-                rest /= to.shape[k];
-            }
-            let flat = c.iter().zip(&from.shape).fold(0, |acc, (c, n)| acc * n + c);
+            let (row, col) = (e / to.last(), e % to.last());
+            let flat = from.row_of(&to.row_coords(row)) * from.last() + col;
             let i = self.b.build_int_add(start, self.i64c(flat as u64), "at")?;
             let mut s = self.b.build_load(st, element(self, i)?, "elt")?;
             if d == DType::Bool {
