@@ -208,6 +208,23 @@ pub struct Packing {
     /// ahead) 1.71-1.93 -> 1.54-1.73; ResNet-50's layer 1 and 2 1 x 1
     /// convolutions 8-16% less in the model. 0: never.
     pub epilogue_prefetch: usize,
+    /// Whether a packed product's register tiles prefetch the weights
+    /// their program reads next, packed once when they were bound: strips
+    /// of weights (a convolution's kernel, the left operand) one strip
+    /// ahead, and panels of weights (`x @ w`, and a convolution over few
+    /// pixels whose pixels are the rows) in the first strip's tiles, the
+    /// same panel one slice of the depth ahead. Weights larger than the
+    /// caches a model's other layers leave them come from memory, in
+    /// strips at four bytes a cycle, which the hardware prefetchers did
+    /// not keep up with. On Zen 5, one thread: MobileNetV2's 960 -> 160
+    /// projections over 7 x 7 0.132 -> 0.085 ms in the model (alone, the
+    /// weights in the L2 or L3: 0.08 either way; after a 64 MB stream 0.129
+    /// -> 0.087), EfficientNet-B0's 1152 -> 192 0.18 -> 0.12 ms and the
+    /// model 6.6 -> 6.2-6.3 ms; five 512 -> 512 3 x 3 convolutions over 7 x
+    /// 7 in a row (their panels of 9.4 MB each, from memory) 6.29 -> 5.90
+    /// ms, at two threads 3.2 -> 3.0. Into the L2 (`prefetcht1`) rather
+    /// than the L1 measured the same.
+    pub weight_prefetch: bool,
     /// Steps of the depth the register tile's loop takes per iteration
     /// (at most: the largest number up to this that divides `kc`). Two
     /// gave W1 1024 4.5% on one and two threads (the loop's counter and
@@ -326,6 +343,7 @@ impl ScheduleParams {
                     strips_outer_depth: 24,
                     heavy_outer_depth: 128,
                     epilogue_prefetch: 2,
+                    weight_prefetch: true,
                     unroll: 2,
                     bf16_pairs: pairs
                         .pairs

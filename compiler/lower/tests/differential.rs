@@ -1152,6 +1152,28 @@ fn a_strided_convolutions_kernel_is_packed_when_bound() {
     agree(&constant);
 }
 
+/// The `tile.prefetch` ops of tile IR `text`: each one's buffer, through
+/// any views to the buffer they view, and the op's text.
+fn prefetches(text: &str) -> Vec<(String, String)> {
+    let views: std::collections::HashMap<&str, &str> = text
+        .lines()
+        .filter_map(|l| {
+            let (name, rest) = l.trim().split_once(" = tile.view ")?;
+            Some((name, rest.split_whitespace().next()?))
+        })
+        .collect();
+    text.lines()
+        .filter_map(|l| l.trim().strip_prefix("tile.prefetch "))
+        .map(|l| {
+            let mut buf = &l[..l.find('[').unwrap_or(l.len())];
+            while let Some(b) = views.get(buf) {
+                buf = b;
+            }
+            (buf.to_string(), l.to_string())
+        })
+        .collect()
+}
+
 /// A register tile's epilogue prefetches the lines of its rows two panels
 /// ahead in its result and in the residual it reads (`Packing::
 /// epilogue_prefetch`): a 1 x 1 convolution with a residual, whose
@@ -1175,37 +1197,17 @@ fn a_register_tiles_epilogue_prefetches_the_lines_ahead() {
             (winograd, vec![]),
         ] {
             let text = dlc_tile::print_module(&kernels(&graph(src), &target));
-            // Each view's buffer, by the name of its value.
-            let views: std::collections::HashMap<String, String> = text
-                .lines()
-                .filter_map(|l| {
-                    let (name, rest) = l.trim().split_once(" = tile.view ")?;
-                    Some((
-                        name.to_string(),
-                        rest.split_whitespace().next()?.to_string(),
-                    ))
-                })
-                .collect();
-            let root = |v: &str| {
-                let mut v = v.to_string();
-                while let Some(b) = views.get(&v) {
-                    v = b.clone();
-                }
-                v
-            };
             // Prefetches but those of the input's panels as they are
-            // copied (`Conv::prefetches_panels`), each of a line two
-            // panels to the right.
+            // copied (`Conv::prefetches_panels`) and of packed weights
+            // (`weights_from_memory_are_prefetched_ahead`), each of a line
+            // two panels to the right.
             let ahead = format!(" + {}] ", 2 * nr);
-            let mut got: Vec<String> = text
-                .lines()
-                .filter_map(|l| l.trim().strip_prefix("tile.prefetch "))
-                .filter_map(|l| {
-                    let buf = root(&l[..l.find('[').unwrap_or(l.len())]);
-                    (buf != "%x").then(|| {
-                        assert!(l.contains(&ahead), "{src} on {}: {l}", target.name);
-                        buf
-                    })
+            let mut got: Vec<String> = prefetches(&text)
+                .into_iter()
+                .filter(|(buf, _)| buf != "%x" && !buf.ends_with("_packed"))
+                .map(|(buf, l)| {
+                    assert!(l.contains(&ahead), "{src} on {}: {l}", target.name);
+                    buf
                 })
                 .collect();
             got.sort();
@@ -1216,6 +1218,80 @@ fn a_register_tiles_epilogue_prefetches_the_lines_ahead() {
         }
     }
     for src in [residual, clamp, pixels, winograd] {
+        agree(src);
+    }
+}
+
+/// Weights packed when they are bound are prefetched by the register tiles
+/// that read them (`Packing::weight_prefetch`): a convolution's kernel, the
+/// product's left operand in strips, one strip ahead in every tile's loop
+/// (`[.., strip + 1, k, 0]`, one line an iteration); panels of weights
+/// (`x @ w`, and a 1 x 1 convolution over 7 x 7 whose pixels are the
+/// rows) the same panel in the next slice of the depth (`[kb + 1, ..]`),
+/// in the first strip's tiles alone. A product of activations prefetches
+/// no operand, nor does a schedule without the flag. All agree with the
+/// graph interpreter.
+#[test]
+fn weights_from_memory_are_prefetched_ahead() {
+    let kernel = "fn f(x: f32[1, 96, 7, 7], weight w: f32[40, 96, 1, 1]) -> f32[1, 40, 7, 7] { return relu(conv2d(x, w)); }";
+    let panels = "fn f(x: f32[40, 96], weight w: f32[96, 64]) -> f32[40, 64] { return x @ w; }";
+    let pixels = "fn f(x: f32[1, 256, 7, 7], weight w: f32[512, 256, 1, 1]) -> f32[1, 512, 7, 7] { return relu(conv2d(x, w)); }";
+    let activations = "fn f(x: f32[40, 96], y: f32[96, 64]) -> f32[40, 64] { return x @ y; }";
+    for target in [TargetDesc::x86_64_avx2(2), TargetDesc::x86_64_avx512(2)] {
+        let g = target.gemm_blocking(dlc_core::DType::F32);
+        let strip_load = format!(": tile<{}x1xf32>", g.mr);
+        let panel_load = format!(": tile<1x{}xf32>", g.nr);
+        for (src, want) in [
+            (kernel, Some((&strip_load, "[1, 1]"))),
+            (panels, Some((&panel_load, "[2, 32]"))),
+            (pixels, Some((&panel_load, "[2, 32]"))),
+            (activations, None),
+        ] {
+            let m = graph(src);
+            let l = lowered(&m);
+            let own = dlc_lower::ScheduleParams::for_target(&target);
+            let mut off = own.clone();
+            if let Some(p) = off.packed.as_mut() {
+                p.weight_prefetch = false;
+            }
+            for (params, on) in [(own, true), (off, false)] {
+                let t = dlc_lower::convert_module_with(&l, &params).unwrap();
+                t.verify().unwrap_or_else(|e| panic!("{e:?}"));
+                let text = dlc_tile::print_module(&t);
+                // The buffers of the product's strips or panels, and the
+                // operand prefetches (not an epilogue's, of the result).
+                let buffer = |l: &str| l.split('[').next().unwrap_or("").to_string();
+                let read: Vec<String> = text
+                    .lines()
+                    .filter_map(|l| l.trim().split_once(" = tile.load "))
+                    .filter(|(_, r)| want.is_some_and(|(shape, _)| r.ends_with(shape.as_str())))
+                    .map(|(_, r)| buffer(r))
+                    .collect();
+                let fetched: Vec<String> = prefetches(&text)
+                    .into_iter()
+                    .filter(|(buf, _)| buf != "%out0")
+                    .map(|(_, l)| l)
+                    .collect();
+                match (want, on) {
+                    (Some((_, shape)), true) => {
+                        let shape = shape.replace("32", &g.nr.to_string());
+                        assert!(!fetched.is_empty(), "{src} on {}\n{text}", target.name);
+                        for l in &fetched {
+                            assert!(
+                                read.contains(&buffer(l.as_str()))
+                                    && l.contains(" + 1, ")
+                                    && l.ends_with(&format!("{{shape = {shape}}}")),
+                                "{src} on {}: {l}\n{text}",
+                                target.name
+                            );
+                        }
+                    }
+                    _ => assert!(fetched.is_empty(), "{src} on {}\n{text}", target.name),
+                }
+            }
+        }
+    }
+    for src in [kernel, panels, pixels, activations] {
         agree(src);
     }
 }
@@ -1722,6 +1798,8 @@ fn odd_schedule_parameters_agree() {
             // Prefetches past the tile (past the operands' edges, at the
             // last panels) change no value.
             epilogue_prefetch: units,
+            // Prefetches of weights change no value either.
+            weight_prefetch: units != 1,
             unroll: units,
             // bf16 products in pairs with one blocking (a register tile
             // of its own), widened with the other.

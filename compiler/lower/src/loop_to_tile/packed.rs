@@ -327,6 +327,19 @@ struct StepSources<'x> {
     nb0: &'x Affine,
     nb: Affine,
     i0: &'x Affine,
+    /// The weights the register tile's loop prefetches, if any.
+    ahead: Option<Ahead>,
+}
+
+/// Weights a register tile's loop prefetches, read from memory rather than
+/// the caches (`Packing::weight_prefetch`): the packed strips one strip
+/// ahead (the next tile's), or the packed panel's slice of the depth
+/// after this one (the same rows, which a program reaches after its
+/// chunk's other panels).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ahead {
+    Strip,
+    Panel,
 }
 
 /// Where a program's register tiles sum: its block of sums (or one
@@ -353,6 +366,27 @@ pub(super) enum Strips {
     /// `mr` loads off one address register, as cheap as from a packed
     /// strip).
     InPlace,
+}
+
+/// A program's strips as loops of register tiles, `(first, end, rows)`:
+/// the strips of `mr` rows, then the last one's tile of `last_rows` when
+/// it is ragged; with `first_apart`, the first strip a loop of its own.
+fn strip_loops(plan: &PackPlan, first_apart: bool) -> Vec<(usize, usize, usize)> {
+    let (mr, strips) = (plan.mr, plan.strips);
+    let full = if plan.last_rows < mr {
+        strips - 1
+    } else {
+        strips
+    };
+    let first = if first_apart { full.min(1) } else { 0 };
+    [
+        (0, first, mr),
+        (first, full, mr),
+        (full, strips, plan.last_rows),
+    ]
+    .into_iter()
+    .filter(|p| p.0 < p.1)
+    .collect()
 }
 
 impl<'a> Conv<'a> {
@@ -1073,6 +1107,7 @@ impl<'a> Conv<'a> {
         // The program's strips of the left operand, unless a kernel packed
         // them all before or they are read in place.
         let strips_from = self.strips.clone();
+        let [strip_ahead, panel_ahead] = self.weights_ahead(m, plan, &strips_from, panels);
         let strip_buf = match &strips_from {
             Strips::Global(buf, _) => Some(*buf),
             Strips::InPlace => None,
@@ -1180,17 +1215,7 @@ impl<'a> Conv<'a> {
                 vec![]
             }
         };
-        // The register tile over every panel and strip: the strips of `mr`
-        // rows, then the last one's tile of `last_rows` when it is ragged.
-        let full = if plan.last_rows < mr {
-            strips - 1
-        } else {
-            strips
-        };
-        let parts: Vec<(usize, usize, usize)> = [(0, full, mr), (full, strips, plan.last_rows)]
-            .into_iter()
-            .filter(|p| p.0 < p.1)
-            .collect();
+        let parts = strip_loops(plan, false);
         let tiles = RegisterTiles {
             block,
             slices,
@@ -1210,6 +1235,7 @@ impl<'a> Conv<'a> {
             nb0,
             nb: nb.clone(),
             i0,
+            ahead: strip_ahead.then_some(Ahead::Strip),
         };
         match &conv {
             Some(cv) => {
@@ -1264,9 +1290,17 @@ impl<'a> Conv<'a> {
                     let (nb, _) = self.b.begin_for(0, per_chunk as i64, 1, &[]);
                     copy(self, nb, &[])?;
                     let nb = Affine::value(nb);
-                    for &(lo, hi, rows) in &parts {
+                    // With panels of weights, the first strip's tiles
+                    // (a loop of their own) prefetch the next slice's.
+                    for (i, (lo, hi, rows)) in
+                        strip_loops(plan, panel_ahead).into_iter().enumerate()
+                    {
                         let (s, _) = self.b.begin_for(lo as i64, hi as i64, 1, &[]);
-                        self.register_tile(m, plan, &sources(s, rows, &nb, None), &tiles)?;
+                        let mut src = sources(s, rows, &nb, None);
+                        if panel_ahead && i == 0 {
+                            src.ahead = Some(Ahead::Panel);
+                        }
+                        self.register_tile(m, plan, &src, &tiles)?;
                         self.b.end_for(vec![]);
                     }
                     self.b.end_for(vec![]);
@@ -1327,6 +1361,7 @@ impl<'a> Conv<'a> {
         init[0] = c0;
         let (k, acc) = self.b.begin_for(0, steps as i64, unroll as i64, &init);
         let mut next = acc;
+        self.prefetch_weights(plan, o, k, unroll);
         for u in 0..unroll {
             let ku = Affine::value(k).plus_scaled(1, &Affine::constant(u as i64));
             // This step of the depth (its first row, within the slice).
@@ -1357,6 +1392,59 @@ impl<'a> Conv<'a> {
         } else {
             self.b.store(sum, t.block, at, None);
             Ok(())
+        }
+    }
+
+    /// Whether the register tiles of product `m`'s programs prefetch its
+    /// strips, and its panels: packed weights, which stream from memory
+    /// rather than the caches (`Packing::weight_prefetch`; not in bf16
+    /// pairs, whose strips are laid out row by row).
+    fn weights_ahead(
+        &self,
+        m: LOpId,
+        plan: &PackPlan,
+        strips: &Strips,
+        panels: Panels,
+    ) -> [bool; 2] {
+        let on = !plan.pairs && self.params.packed.is_some_and(|p| p.weight_prefetch);
+        [
+            on && matches!(strips, Strips::Global(..)) && self.weight_left_operand(m),
+            on && matches!(panels, Panels::Global(_)) && self.weight_operand(m),
+        ]
+    }
+
+    /// In the loop of a register tile's steps of the depth (`k`, `unroll`
+    /// steps an iteration), the prefetches of `o.ahead`: the lines of the
+    /// next strip (packed `[.., strip, kc, mr]`, contiguous across strips
+    /// and slices of the depth) this iteration's steps would read, one per
+    /// 64-byte line (past the last strip of a block they are the next
+    /// block's, or outside the buffer: no error for a prefetch); or the
+    /// rows of the same panel in the next slice of the depth.
+    fn prefetch_weights(&mut self, plan: &PackPlan, o: &StepSources<'_>, k: Value, unroll: usize) {
+        let (mr, nr, step) = (plan.mr, plan.nr, plan.depth_step());
+        match (o.ahead, o.strip_buf, o.panels) {
+            (Some(Ahead::Strip), Some(strips), _) => {
+                let per_line = (64 / (4 * mr)).max(1);
+                for j in 0..(unroll * step).div_ceil(per_line) {
+                    let mut at = o.strips_at.to_vec();
+                    at.extend([
+                        Affine::value(o.strip).plus_scaled(1, &Affine::constant(1)),
+                        Affine::value(k).plus_scaled(1, &Affine::constant((j * per_line) as i64)),
+                        Affine::constant(0),
+                    ]);
+                    self.b.prefetch(strips, at, vec![1, 1]);
+                }
+            }
+            (Some(Ahead::Panel), _, Panels::Global(panels)) => {
+                let mut at = o.bat.to_vec();
+                at.extend([
+                    o.kb.plus_scaled(1, &Affine::constant(1)),
+                    o.nb0.plus_scaled(1, &o.nb),
+                ]);
+                at.extend(plan.panel_at(&Affine::value(k).scaled(step as i64), [0, 1]));
+                self.b.prefetch(panels, at, vec![unroll * step, nr]);
+            }
+            _ => {}
         }
     }
 
