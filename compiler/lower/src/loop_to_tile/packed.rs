@@ -1419,7 +1419,8 @@ impl<'a> Conv<'a> {
     /// and slices of the depth) this iteration's steps would read, one per
     /// 64-byte line (past the last strip of a block they are the next
     /// block's, or outside the buffer: no error for a prefetch); or the
-    /// rows of the same panel in the next slice of the depth.
+    /// rows of the same panel in the next slice of the depth (the next
+    /// panel's, when the program's depth is one slice).
     fn prefetch_weights(&mut self, plan: &PackPlan, o: &StepSources<'_>, k: Value, unroll: usize) {
         let (mr, nr, step) = (plan.mr, plan.nr, plan.depth_step());
         match (o.ahead, o.strip_buf, o.panels) {
@@ -1436,11 +1437,16 @@ impl<'a> Conv<'a> {
                 }
             }
             (Some(Ahead::Panel), _, Panels::Global(panels)) => {
+                // The same panel one slice deeper; of one slice, the next
+                // panel.
+                let one = Affine::constant(1);
+                let (kb, nb) = (o.kb.clone(), o.nb0.plus_scaled(1, &o.nb));
                 let mut at = o.bat.to_vec();
-                at.extend([
-                    o.kb.plus_scaled(1, &Affine::constant(1)),
-                    o.nb0.plus_scaled(1, &o.nb),
-                ]);
+                at.extend(if plan.kb_n / plan.splits > 1 {
+                    [kb.plus_scaled(1, &one), nb]
+                } else {
+                    [kb, nb.plus_scaled(1, &one)]
+                });
                 at.extend(plan.panel_at(&Affine::value(k).scaled(step as i64), [0, 1]));
                 self.b.prefetch(panels, at, vec![unroll * step, nr]);
             }
