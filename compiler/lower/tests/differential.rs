@@ -1079,6 +1079,34 @@ fn a_reduction_over_a_kept_axis_of_one_is_tiles_of_rows() {
     agree(src);
 }
 
+/// A reduction over the trailing axes of a row-major operand (a global
+/// average pool) is one loop over their elements, as one row of a view
+/// (`[2, 3, 196]`: a few wide tiles summed across lanes once per result,
+/// not 14 rows of 14); over axes that do not trail (or one axis) the
+/// operand is read through its own shape. Kept or dropped axes, sums,
+/// means and maxima agree with the graph interpreter.
+#[test]
+fn a_reduction_over_trailing_axes_is_one_row() {
+    let flat = [
+        "fn f(x: f32[2, 3, 14, 14]) -> f32[2, 3, 1, 1] { return mean(x, axis=[2, 3], keepdims=true); }",
+        "fn f(x: f32[2, 3, 14, 14]) -> f32[2, 3] { return max(x, axis=[3, 2]); }",
+        "fn f(x: f32[2, 3, 14, 14]) -> f32[2] { return sum(x, axis=[1, 2, 3]); }",
+    ];
+    let shaped = [
+        "fn f(x: f32[2, 3, 14, 14]) -> f32[2, 14] { return sum(x, axis=[1, 2]); }",
+        "fn f(x: f32[2, 3, 14, 14]) -> f32[2, 3, 14] { return sum(x, axis=3); }",
+    ];
+    for (src, views) in flat
+        .iter()
+        .map(|s| (s, true))
+        .chain(shaped.iter().map(|s| (s, false)))
+    {
+        let text = print_module(&lowered(&graph(src)));
+        assert_eq!(text.contains("loop.view"), views, "{src}\n{text}");
+        agree(src);
+    }
+}
+
 /// A convolution's kernel is its product's left operand: when it is a
 /// declared weight, a kernel of its own packs its strips, which the
 /// preparer runs once per binding (`@f_prepare`), rather than every program
@@ -1227,24 +1255,27 @@ fn a_register_tiles_epilogue_prefetches_the_lines_ahead() {
 /// product's left operand in strips, one strip ahead in every tile's loop
 /// (`[.., strip + 1, k, 0]`, one line an iteration); panels of weights
 /// (`x @ w`, and a 1 x 1 convolution over 7 x 7 whose pixels are the
-/// rows) the same panel in the next slice of the depth (`[kb + 1, ..]`),
-/// in the first strip's tiles alone. A product of activations prefetches
+/// rows) the same panel in the next slice of the depth (`[kb + 1, nb,
+/// ..]`; of a depth of one slice, 256 here, the next panel: `[kb, nb + 1,
+/// ..]`), in the first strip's tiles alone. A product of activations prefetches
 /// no operand, nor does a schedule without the flag. All agree with the
 /// graph interpreter.
 #[test]
 fn weights_from_memory_are_prefetched_ahead() {
     let kernel = "fn f(x: f32[1, 96, 7, 7], weight w: f32[40, 96, 1, 1]) -> f32[1, 40, 7, 7] { return relu(conv2d(x, w)); }";
-    let panels = "fn f(x: f32[40, 96], weight w: f32[96, 64]) -> f32[40, 64] { return x @ w; }";
+    let panels = "fn f(x: f32[40, 600], weight w: f32[600, 64]) -> f32[40, 64] { return x @ w; }";
     let pixels = "fn f(x: f32[1, 256, 7, 7], weight w: f32[512, 256, 1, 1]) -> f32[1, 512, 7, 7] { return relu(conv2d(x, w)); }";
     let activations = "fn f(x: f32[40, 96], y: f32[96, 64]) -> f32[40, 64] { return x @ y; }";
     for target in [TargetDesc::x86_64_avx2(2), TargetDesc::x86_64_avx512(2)] {
         let g = target.gemm_blocking(dlc_core::DType::F32);
         let strip_load = format!(": tile<{}x1xf32>", g.mr);
         let panel_load = format!(": tile<1x{}xf32>", g.nr);
+        // What the loads read, the prefetch's shape, and which of its
+        // indices is one ahead: the strip, the slice, or the panel.
         for (src, want) in [
-            (kernel, Some((&strip_load, "[1, 1]"))),
-            (panels, Some((&panel_load, "[2, 32]"))),
-            (pixels, Some((&panel_load, "[2, 32]"))),
+            (kernel, Some((&strip_load, "[1, 1]", 2))),
+            (panels, Some((&panel_load, "[2, 32]", 0))),
+            (pixels, Some((&panel_load, "[2, 32]", 1))),
             (activations, None),
         ] {
             let m = graph(src);
@@ -1264,7 +1295,7 @@ fn weights_from_memory_are_prefetched_ahead() {
                 let read: Vec<String> = text
                     .lines()
                     .filter_map(|l| l.trim().split_once(" = tile.load "))
-                    .filter(|(_, r)| want.is_some_and(|(shape, _)| r.ends_with(shape.as_str())))
+                    .filter(|(_, r)| want.is_some_and(|(shape, ..)| r.ends_with(shape.as_str())))
                     .map(|(_, r)| buffer(r))
                     .collect();
                 let fetched: Vec<String> = prefetches(&text)
@@ -1273,13 +1304,20 @@ fn weights_from_memory_are_prefetched_ahead() {
                     .map(|(_, l)| l)
                     .collect();
                 match (want, on) {
-                    (Some((_, shape)), true) => {
+                    (Some((_, shape, ahead)), true) => {
                         let shape = shape.replace("32", &g.nr.to_string());
                         assert!(!fetched.is_empty(), "{src} on {}\n{text}", target.name);
                         for l in &fetched {
+                            let index: Vec<&str> = l
+                                .split(['[', ']'])
+                                .nth(1)
+                                .unwrap_or("")
+                                .split(", ")
+                                .collect();
+                            let one = |i: usize| index.get(i).is_some_and(|x| x.ends_with(" + 1"));
                             assert!(
                                 read.contains(&buffer(l.as_str()))
-                                    && l.contains(" + 1, ")
+                                    && (0..index.len()).all(|i| one(i) == (i == ahead))
                                     && l.ends_with(&format!("{{shape = {shape}}}")),
                                 "{src} on {}: {l}\n{text}",
                                 target.name
