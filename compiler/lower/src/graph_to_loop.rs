@@ -2441,7 +2441,22 @@ impl Lowering<'_> {
         let rows = self
             .b
             .alloc(contiguous(&TensorType::new(dtype, rows_shape.clone())));
-        let idx = self.open_nest(&rows_shape);
+        // Both passes in one nest over the images and channels: a
+        // channel's rows are then only its program's (each program's own
+        // scratch, in its L1), where as a buffer of their own passed
+        // between two kernels they went out to the L2 and beyond (ResNet's
+        // 64 x 112 x 112 max pool: 1.6 MB, 2.2x onnxruntime's time at one
+        // thread, 3x at two).
+        let parallel = parallel_loops(&rows_shape, self.target).min(2);
+        let outer = self.open_nest_with(&rows_shape[..2], parallel);
+        let plane = |l: &mut Self, extents: [usize; 2]| -> Vec<IndexExpr> {
+            let mut at = outer.clone();
+            for e in extents {
+                at.push(ix(l.b.begin_for(0, e as i64, 1, &[]).0));
+            }
+            at
+        };
+        let idx = plane(self, [rows_shape[2], rows_shape[3]]);
         let at = idx.clone();
         let v = self.reduce_loops(
             ReduceKind::Max,
@@ -2459,8 +2474,9 @@ impl Lowering<'_> {
         );
         let v = self.narrow(v, dtype);
         self.b.store(v, rows, idx);
-        self.close_nest(4);
-        let idx = self.open_nest(&ty.shape);
+        self.b.end_for(vec![]);
+        self.b.end_for(vec![]);
+        let idx = plane(self, [ty.shape[2], ty.shape[3]]);
         let at = idx.clone();
         let v = self.reduce_loops(
             ReduceKind::Max,
@@ -2477,7 +2493,9 @@ impl Lowering<'_> {
         );
         let v = self.narrow(v, dtype);
         self.sink(n, &idx, v);
-        self.close_nest(4);
+        self.b.end_for(vec![]);
+        self.b.end_for(vec![]);
+        self.close_nest(2);
         self.b.dealloc(rows);
     }
 

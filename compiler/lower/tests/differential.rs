@@ -1334,16 +1334,27 @@ fn weights_from_memory_are_prefetched_ahead() {
     }
 }
 
-/// A max pool lowers to two nests (`graph_to_loop`'s
+/// A max pool lowers to two passes (`graph_to_loop`'s
 /// `emit_separable_max_pool`): the window's rows at every column of the
 /// input and its padding, stored (`[N, C, OH, W + 2 PW]`), then the
 /// window's columns of that, unpadded; an average pool stays one window.
+/// Both passes run in one nest over the images and channels, so that on a
+/// CPU one kernel's programs each keep their channel's rows in scratch of
+/// their own (`[4, 8]`), with the max pool's epilogue after its second pass.
 #[test]
 fn a_max_pool_is_two_passes() {
-    let src = "fn f(x: f32[1, 2, 7, 6]) -> (f32[1, 2, 4, 3], f32[1, 2, 4, 3]) { return (maxpool2d(x, kernel=3, stride=2, padding=1), avgpool2d(x, kernel=3, stride=2, padding=1)); }";
+    let src = "fn f(x: f32[2, 3, 7, 6]) -> (f32[2, 3, 4, 3], f32[2, 3, 4, 3]) { return (maxpool2d(x, kernel=3, stride=2, padding=1) * 2.0 - 1.0, avgpool2d(x, kernel=3, stride=2, padding=1)); }";
     let m = graph(src);
     let text = print_module(&lowered(&m));
-    assert_eq!(text.matches("buffer<f32[1, 2, 4, 8]>").count(), 1, "{text}");
+    assert_eq!(text.matches("buffer<f32[2, 3, 4, 8]>").count(), 1, "{text}");
+    let tiles = dlc_tile::print_module(&kernels(&m, &TargetDesc::x86_64_avx512(2)));
+    let kernels: Vec<&str> = tiles.split("tile.kernel ").skip(1).collect();
+    assert_eq!(kernels.len(), 2, "{tiles}");
+    assert!(
+        kernels[0].starts_with("{grid = [2, 3]")
+            && kernels[0].contains("buffer<f32[4, 8], scratch>"),
+        "{tiles}"
+    );
     agree(src);
 }
 
