@@ -674,8 +674,10 @@ pub const PIXEL_CONV_PROGRAMS: [&str; 3] = [
 /// (ResNet's downsampling) and a strided 3 x 3 into 7 x 7 with padding;
 /// last 960 deep into 320 channels over 7 x 7 (MobileNetV2's last
 /// projection: deep enough for few channels where a core runs two 512-bit
-/// FMAs a cycle, and on AVX2).
-pub const PIXEL_ROW_PROGRAMS: [&str; 9] = [
+/// FMAs a cycle, and on AVX2); and 14 x 14 with a residual, which keeps
+/// the channels as rows (its 196 pixels leave too little of 7 panels empty
+/// for an epilogue reading a value per channel and pixel).
+pub const PIXEL_ROW_PROGRAMS: [&str; 10] = [
     "fn f(x: f32[1, 128, 7, 7], w: f32[512, 128, 1, 1], b: f32[512, 1, 1]) -> f32[1, 512, 7, 7] { return relu(conv2d(x, w) + b); }",
     "fn f(x: f32[2, 128, 7, 7], w: f32[512, 128, 1, 1], r: f32[2, 512, 7, 7]) -> f32[2, 512, 7, 7] { return clip(conv2d(x, w) + r, 0.0, 6.0); }",
     "fn f(x: f32[1, 128, 14, 14], w: f32[512, 128, 1, 1]) -> f32[1, 512, 14, 14] { return conv2d(x, w) * 0.5; }",
@@ -685,6 +687,7 @@ pub const PIXEL_ROW_PROGRAMS: [&str; 9] = [
     "fn f(x: f32[1, 128, 14, 14], w: f32[512, 128, 1, 1], b: f32[512, 1, 1]) -> f32[1, 512, 7, 7] { return conv2d(x, w, stride=2) + b; }",
     "fn f(x: f32[1, 64, 14, 14], w: f32[512, 64, 3, 3]) -> f32[1, 512, 7, 7] { return relu(conv2d(x, w, stride=2, padding=1)); }",
     "fn f(x: f32[1, 960, 7, 7], w: f32[320, 960, 1, 1], b: f32[320, 1, 1]) -> f32[1, 320, 7, 7] { return conv2d(x, w) + b; }",
+    "fn f(x: f32[1, 128, 14, 14], w: f32[512, 128, 1, 1], r: f32[1, 512, 14, 14]) -> f32[1, 512, 14, 14] { return relu(conv2d(x, w) + r); }",
 ];
 
 /// ONNX's attention with a boolean mask, as `dlc import` writes it: its

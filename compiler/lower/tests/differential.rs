@@ -692,7 +692,9 @@ fn products_of_reused_storage_pack_their_own_panels() {
 /// either x86-64 width, 14 x 14 where a
 /// panel is 32 columns (196 pixels in 7 panels of 32, but 13 of 16 on
 /// AVX2). 32 deep or over 8 x 8 the channels stay the rows on both, and
-/// 256 deep into 160 channels on AVX-512. So does a convolution whose
+/// 256 deep into 160 channels on AVX-512; so do they over 14 x 14 with a
+/// residual, whose reads per channel and pixel want a fifth of the panels
+/// empty (7 x 7 with one stays rows). So does a convolution whose
 /// product reads an im2col buffer (strided 1 x 1 and 3 x 3), the buffer
 /// read transposed as the rows. The first and the strided one run on the
 /// tile interpreter (the others are millions of multiply-adds each; every
@@ -709,6 +711,7 @@ fn few_pixels_are_the_rows_of_a_convolution_product() {
         strided,
         window,
         deep,
+        fourteen_residual,
     ] = dlc_tests::PIXEL_ROW_PROGRAMS;
     // The product's sizes on AVX-512, then on AVX2.
     for (src, sizes) in [
@@ -724,6 +727,7 @@ fn few_pixels_are_the_rows_of_a_convolution_product() {
         (strided, ["sizes = [49, 512, 128]"; 2]),
         (window, ["sizes = [49, 512, 576]"; 2]),
         (deep, ["sizes = [49, 320, 960]"; 2]),
+        (fourteen_residual, ["sizes = [512, 196, 128]"; 2]),
     ] {
         let m = graph(src);
         for ((target, _), sizes) in x86_widths().into_iter().zip(sizes) {
