@@ -1110,10 +1110,18 @@ impl Lowering<'_> {
     /// residual (196 pixels in 224) 0.494 -> 0.432 ms, 0.278 -> 0.257 as
     /// columns (without the residual 0.436 and 0.433 either way), where
     /// 512 -> 2048 over 7 x 7 with it stays rows (0.451 against 0.487).
+    /// On a core of one full-width FMA unit (Zen 4) a residual keeps the
+    /// channels as rows: that 7 x 7 one in ResNet-50, node by node in
+    /// the model (`dlc bench --profile`, three alternated rounds in both
+    /// orders), 1.31-1.36 -> 1.27 ms at one thread, 0.67-0.75 -> 0.65-0.67
+    /// at two.
     fn pixels_as_rows(&self, [o, p, q]: [usize; 3], dtype: DType, residual: bool) -> bool {
         let g = self.target.gemm_blocking(dtype);
         let deep_and_wide = g.pixel_rows_min.iter().any(|&(d, c)| q >= d && o >= c);
-        if self.target.cpu().is_none() || !deep_and_wide {
+        let Some(cpu) = self.target.cpu() else {
+            return false;
+        };
+        if !deep_and_wide || (residual && cpu.fma_units < 2) {
             return false;
         }
         let padded = |rows: usize, cols: usize| {

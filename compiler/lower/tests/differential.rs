@@ -694,7 +694,7 @@ fn products_of_reused_storage_pack_their_own_panels() {
 /// AVX2). 32 deep or over 8 x 8 the channels stay the rows on both, and
 /// 256 deep into 160 channels on AVX-512; so do they over 14 x 14 with a
 /// residual, whose reads per channel and pixel want a fifth of the panels
-/// empty (7 x 7 with one stays rows). So does a convolution whose
+/// empty (7 x 7 with one stays rows, but not on Zen 4). So does a convolution whose
 /// product reads an im2col buffer (strided 1 x 1 and 3 x 3), the buffer
 /// read transposed as the rows. The first and the strided one run on the
 /// tile interpreter (the others are millions of multiply-adds each; every
@@ -747,10 +747,17 @@ fn few_pixels_are_the_rows_of_a_convolution_product() {
         }
     }
     // Zen 4 splits each 512-bit FMA in two: 960 deep is not deep enough
-    // there for 320 channels.
+    // there for 320 channels, and a residual read per pixel and channel
+    // keeps the channels as rows (without one, 49 pixels are the rows).
     let zen4 = TargetDesc::for_cpu("znver4").unwrap();
-    let loops = print_module(&dlc_driver::lower_to_loops(&graph(deep), &zen4).unwrap());
-    assert!(loops.contains("sizes = [320, 49, 960]"), "{loops}");
+    for (src, sizes) in [
+        (deep, "sizes = [320, 49, 960]"),
+        (residual, "sizes = [512, 49, 128]"),
+        (bias, "sizes = [49, 512, 128]"),
+    ] {
+        let loops = print_module(&dlc_driver::lower_to_loops(&graph(src), &zen4).unwrap());
+        assert!(loops.contains(sizes), "{loops}");
+    }
     agree(bias);
     agree(strided);
 }
