@@ -984,9 +984,22 @@ fn residual_products_up_to_a_depth_run_their_epilogue_per_tile() {
 /// (`tile.prefetch`, `dlc_tests::PREFETCHED_PRODUCT_PROGRAMS`): on AVX2
 /// (512 KB), not on AVX-512 (2 MB). Both agree with the graph interpreter
 /// on the tile interpreter (compiled: `dlc-llvm`'s
-/// `prefetching_products_compile_and_agree`).
+/// `prefetching_products_compile_and_agree`). Zen 4's L2 is 1 MB:
+/// MobileNetV2's first projection, whose input is 1.6 MB, prefetches there
+/// and not on Intel's AVX-512 cores.
 #[test]
 fn products_beyond_the_l2_prefetch_their_next_panel() {
+    let projection = "fn f1(x: f32[1, 32, 112, 112], w: f32[16, 32, 1, 1]) -> f32[1, 16, 112, 112] { return conv2d(x, w); }";
+    let zen4 = TargetDesc::for_cpu("znver4").expect("a known CPU");
+    for (target, prefetches) in [(zen4, true), (TargetDesc::x86_64_avx512(2), false)] {
+        let text = dlc_tile::print_module(&kernels(&graph(projection), &target));
+        assert_eq!(
+            text.contains("tile.prefetch %0["),
+            prefetches,
+            "{}\n{text}",
+            target.name
+        );
+    }
     for src in dlc_tests::PREFETCHED_PRODUCT_PROGRAMS.lines() {
         let m = graph(src);
         for (target, prefetches) in [
