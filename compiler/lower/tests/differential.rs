@@ -688,7 +688,8 @@ fn products_of_reused_storage_pack_their_own_panels() {
 /// transposed, where that pads the register tiles at least a tenth less
 /// and the product is deep and wide enough (the target's
 /// `GemmBlocking::pixel_rows_min`: 128 deep into 512 channels or 512 deep
-/// into 256 on AVX-512 with two FMA units, 48 into 32 on AVX2): 7 x 7 on
+/// into 256 on AVX-512 with two FMA units, into 160 on Zen 4, 48 into 32
+/// on AVX2): 7 x 7 on
 /// either x86-64 width, 14 x 14 where a
 /// panel is 32 columns (196 pixels in 7 panels of 32, but 13 of 16 on
 /// AVX2). 32 deep or over 8 x 8 the channels stay the rows on both, and
@@ -746,12 +747,14 @@ fn few_pixels_are_the_rows_of_a_convolution_product() {
             );
         }
     }
-    // Zen 4 splits each 512-bit FMA in two: 960 deep is not deep enough
-    // there for 320 channels, and a residual read per pixel and channel
-    // keeps the channels as rows (without one, 49 pixels are the rows).
+    // Zen 4 splits each 512-bit FMA in two: 512 deep or more into 160
+    // channels or more takes the pixels as rows there (256 deep does not),
+    // and a residual read per pixel and channel keeps the channels as rows
+    // (without one, 49 pixels are the rows).
     let zen4 = TargetDesc::for_cpu("znver4").unwrap();
     for (src, sizes) in [
-        (deep, "sizes = [320, 49, 960]"),
+        (deep, "sizes = [49, 320, 960]"),
+        (narrow, "sizes = [160, 49, 256]"),
         (residual, "sizes = [512, 49, 128]"),
         (bias, "sizes = [49, 512, 128]"),
     ] {

@@ -210,8 +210,20 @@ pub struct GemmBlocking {
     /// 14 loses at one (0.045 -> 0.050), 80 into 480 too (0.066 -> 0.088);
     /// 160 into 960 over 7 x 7 0.074 -> 0.070 and 2048 into 512 0.54 ->
     /// 0.41: (128, 512) or (512, 256). Intel's cores, with two FMA units
-    /// too, are not measured and take Zen 5's; Zen 4, splitting each
-    /// 512-bit FMA, keeps its own.
+    /// too, are not measured and take Zen 5's. Zen 4, splitting each
+    /// 512-bit FMA, measured again on the code of 2026-12-03 (a bias, no
+    /// residual; one thread, then two, five to seven alternated rounds):
+    /// over 7 x 7 960 into 320 0.363 -> 0.290 ms, 0.207 -> 0.191; 1152
+    /// into 320 0.471 -> 0.387, 0.361 -> 0.267; 672 into 192 0.159 ->
+    /// 0.132 (two threads 0.82 and 1.18 of the rows' in two runs); 576
+    /// into 160 0.118 -> 0.092, 0.082 -> 0.079; over 14 x 14 1024 into 256
+    /// 1.114 -> 1.036, 0.608 -> 0.579; but 480 into 112 0.234 both and 576
+    /// into 96 over 7 x 7 0.068 -> 0.057 at one thread, 0.038 -> 0.062 at
+    /// two (three panels for two threads): (128, 512) or (512, 160). With
+    /// a residual they gain at one thread and lose at two (960 into 160
+    /// 0.196 -> 0.158, 0.195 -> 0.269; 512 into 2048 1.274 -> 1.281, 0.656
+    /// -> 0.869), so there the channels stay the rows
+    /// (`graph_to_loop`'s `pixels_as_rows`).
     pub pixel_rows_min: [(usize, usize); 2],
 }
 
@@ -816,7 +828,7 @@ impl TargetDesc {
                     } else if c.fma_units >= 2 {
                         [(128, 512), (512, 256)]
                     } else {
-                        [(128, 512); 2]
+                        [(128, 512), (512, 160)]
                     },
                 }
             }
@@ -882,7 +894,11 @@ mod tests {
                 zen4.gemm_blocking(DType::F32).pixel_rows_min,
                 g2.pixel_rows_min
             ),
-            ([(128, 512), (512, 256)], [(128, 512); 2], [(48, 32); 2])
+            (
+                [(128, 512), (512, 256)],
+                [(128, 512), (512, 160)],
+                [(48, 32); 2]
+            )
         );
         // f16 products accumulate in f32, so their tile is f32's; so are
         // bf16 ones where bf16 is widened, not multiplied in pairs.
