@@ -141,6 +141,10 @@ pub struct ScheduleParams {
 pub struct Packing {
     /// `[mr, nr, mc, kc]`: the register tile, rows packed at once, depth.
     pub blocking: [usize; 4],
+    /// `[rows, columns]`: the register tile of a product whose last panel
+    /// would be at most half full (`GemmBlocking::half_panel_tile`);
+    /// `None`: always `blocking`'s.
+    pub half_panel_tile: Option<[usize; 2]>,
     /// The fewest multiply-adds worth packing.
     pub min_macs: usize,
     /// A product is cut into at least this many programs when it has that
@@ -267,6 +271,7 @@ impl ScheduleParams {
         };
         if let Some(Packing {
             blocking,
+            half_panel_tile,
             units,
             copy_depth,
             narrow,
@@ -284,6 +289,13 @@ impl ScheduleParams {
                 let [mr, nr, mc, kc] = blocking;
                 return Err(format!(
                     "packed blocking {mr}x{nr}x{mc}x{kc} is not a valid blocking"
+                ));
+            }
+            if let Some([r, c]) = half_panel_tile
+                && !blocks([r, c, blocking[2], blocking[3]])
+            {
+                return Err(format!(
+                    "half-panel register tile {r}x{c} is not a valid tile of the blocking"
                 ));
             }
             if let Some(p @ [mr, nr, mc, kc]) = bf16_pairs
@@ -333,6 +345,7 @@ impl ScheduleParams {
                 stage_shared: false,
                 packed: Some(Packing {
                     blocking: [g.mr, g.nr, g.mc, g.kc],
+                    half_panel_tile: g.half_panel_tile,
                     min_macs: target.min_packed_macs(),
                     units: g.min_units,
                     split_macs: target.min_split_macs(),

@@ -1024,6 +1024,48 @@ fn products_beyond_the_l2_prefetch_their_next_panel() {
     }
 }
 
+/// A product whose last panel of 32 columns would be at most half full
+/// takes 12 x 16 register tiles on Zen 4 (`GemmBlocking::half_panel_tile`):
+/// 100 pixels (10 x 10, the last panel holding 4) and a matrix of 40
+/// columns; 49 pixels (17 in the last panel) keep 6 x 32, as do all of
+/// them on Intel's AVX-512 cores. Each agrees with the graph interpreter on
+/// the tile interpreter.
+#[test]
+fn a_half_empty_last_panel_takes_a_narrower_register_tile() {
+    let zen4 = TargetDesc::for_cpu("znver4").expect("a known CPU");
+    for (src, half) in [
+        (
+            "fn f(x: f32[1, 64, 10, 10], w: f32[48, 64, 1, 1], b: f32[48, 1, 1]) -> f32[1, 48, 10, 10] { return relu(conv2d(x, w) + b); }",
+            true,
+        ),
+        (
+            "fn f(a: f32[64, 96], b: f32[96, 40]) -> f32[64, 40] { return a @ b; }",
+            true,
+        ),
+        (
+            "fn f(x: f32[1, 64, 7, 7], w: f32[48, 64, 1, 1]) -> f32[1, 48, 7, 7] { return conv2d(x, w); }",
+            false,
+        ),
+    ] {
+        let m = graph(src);
+        for (target, narrow) in [(&zen4, half), (&TargetDesc::x86_64_avx512(2), false)] {
+            let tiles = kernels(&m, target);
+            let text = dlc_tile::print_module(&tiles);
+            let blocking = if narrow {
+                "blocking = [12, 16,"
+            } else {
+                "blocking = [6, 32,"
+            };
+            assert!(
+                text.contains(blocking),
+                "{}: no `{blocking}`: {src}\n{text}",
+                target.name
+            );
+            agree_on_tile_interpreter(&m, &tiles, target);
+        }
+    }
+}
+
 /// A shallow product (a depth of at most `Packing::strips_outer_depth`)
 /// copies its chunk's panels first, into one scratch buffer, and walks each
 /// strip across them, so its result is written a strip's rows at a time
@@ -1853,6 +1895,10 @@ fn odd_schedule_parameters_agree() {
         (p.vector, p.dot) = (vector, dot);
         p.packed = packed.map(|(blocking, units)| dlc_lower::Packing {
             blocking,
+            // A product whose last panel is at most half full takes
+            // another register tile (40 columns: 13 panels of 3, the
+            // last holding 1; 45 in bf16 keeps its pairs' tile).
+            half_panel_tile: Some(if units == 3 { [4, 2] } else { [9, 2] }),
             min_macs: 1,
             units,
             // Every product of one program and two slices or more is
@@ -1885,9 +1931,12 @@ fn odd_schedule_parameters_agree() {
         schedules.push(p);
     }
     // The AVX-512 CPU's own schedule (products this small are `dot`
-    // kernels; the convolution and attention are packed).
+    // kernels; the convolution and attention are packed), and Zen 4's.
     schedules.push(dlc_lower::ScheduleParams::for_target(
         &TargetDesc::x86_64_avx512(2),
+    ));
+    schedules.push(dlc_lower::ScheduleParams::for_target(
+        &TargetDesc::for_cpu("znver4").expect("a known CPU"),
     ));
     let mut staged = dlc_lower::ScheduleParams::for_target(&TargetDesc::sm_90());
     staged.dot = [3, 5, 7];

@@ -479,7 +479,8 @@ impl<'a> Conv<'a> {
             .filter_map(|l| self.batch_loop(Some(*l)))
             .collect();
         let batches = batch.iter().map(|b| b.2).product();
-        let mut plan = self.pack_plan(m, batches, batch.len() < 2)?;
+        let tile = self.half_panel_tile(m)?;
+        let mut plan = self.pack_plan_tiled(m, batches, batch.len() < 2, tile)?;
         plan.splits = self.depth_splits(m, &plan, batch.len())?;
         // The right operand's panels differ only along the batch loops its
         // index reads: a weight shared by every batch is packed once.
@@ -879,6 +880,38 @@ impl<'a> Conv<'a> {
         batches: usize,
         chunked: bool,
     ) -> Result<PackPlan, TileConvError> {
+        self.pack_plan_tiled(m, batches, chunked, None)
+    }
+
+    /// The register tile of packed product `m` where its last panel would
+    /// be at most half full and the target has a tile for that
+    /// (`Packing::half_panel_tile`: 12 x 16 rather than 6 x 32 on Zen 4),
+    /// for a product whose right operand is not an im2col buffer read from
+    /// the input (whose copies come in groups of panels of the blocking's
+    /// width).
+    pub(super) fn half_panel_tile(&self, m: LOpId) -> Result<Option<[usize; 2]>, TileConvError> {
+        let Some(Packing {
+            blocking: [_, nr, _, _],
+            half_panel_tile: Some(tile),
+            ..
+        }) = self.params.packed
+        else {
+            return Ok(None);
+        };
+        let (_, c) = self.contraction(m)?;
+        let last = c.n.max(1) as usize % nr;
+        Ok((!self.convs.contains_key(&m) && last > 0 && 2 * last <= nr).then_some(tile))
+    }
+
+    /// [`Self::pack_plan`] with register tile `tile` (`[mr, nr]`) in place
+    /// of the blocking's, where one is given (bf16 pairs keep theirs).
+    pub(super) fn pack_plan_tiled(
+        &self,
+        m: LOpId,
+        batches: usize,
+        chunked: bool,
+        tile: Option<[usize; 2]>,
+    ) -> Result<PackPlan, TileConvError> {
         let (_, c) = self.contraction(m)?;
         let Some(Packing {
             blocking,
@@ -906,7 +939,11 @@ impl<'a> Conv<'a> {
                     .all(|v| self.operand_dtype(*v) == Some(DType::BF16))
         });
         let pairs = pairs_blocking.is_some();
-        let [mr, nr, mc, kc] = pairs_blocking.unwrap_or(blocking);
+        let [mr, nr, mc, kc] = match (pairs_blocking, tile) {
+            (Some(p), _) => p,
+            (None, Some([mr, nr])) => [mr, nr, blocking[2], blocking[3]],
+            (None, None) => blocking,
+        };
         // Blocks no larger than the product needs, and slices of the depth
         // of even size (a whole number of copies deep), so that the last one
         // is not mostly zeros the register tile multiplies.
