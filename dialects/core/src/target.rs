@@ -228,7 +228,8 @@ pub struct GemmBlocking {
     /// The register tile, `[rows, columns]`, of a product whose last panel
     /// of `nr` columns would be at most half full (196 pixels, 14 x 14, in
     /// seven panels of 32, the last holding 4): twice the rows by one
-    /// vector, so that the columns pad to a vector rather than a panel. On
+    /// vector, so that the columns pad to a vector rather than a panel
+    /// (where that pads at least a twentieth fewer: `packed.rs`). On
     /// Zen 4 (one 512-bit FMA a cycle), `12 x 16` against `6 x 32`, one
     /// thread, alternated: 96 -> 576 over 14 x 14 0.222 -> 0.203 ms, 576
     /// -> 96 0.225 -> 0.209, in ResNet-50 its 256 -> 1024s with their
