@@ -1886,6 +1886,9 @@ fn odd_schedule_parameters_agree() {
         // a block, 7 panels a program, the last ragged).
         dlc_tests::SHALLOW_PRODUCT_PROGRAMS,
         "fn f(x: f32[8, 4], y: f32[4, 40], b: f32[40]) -> f32[8, 40] { return relu(x @ y + b); }",
+        // Four columns, the last panel of 3 holding 1: the half-panel
+        // tile of the `[2, 3, 4, 5]` schedule.
+        "fn f(a: f32[8, 6], b: f32[6, 4], c: f32[4]) -> f32[8, 4] { return relu(a @ b + c); }",
         // A product with a residual (walked strip by strip up to the
         // blocking's depth of 16 with `units` 3; 9 deep, ragged).
         "fn f(x: f32[8, 9], y: f32[9, 40], r: f32[8, 40]) -> f32[8, 40] { return tanh(x @ y + r); }",
@@ -1900,9 +1903,10 @@ fn odd_schedule_parameters_agree() {
         (p.vector, p.dot) = (vector, dot);
         p.packed = packed.map(|(blocking, units)| dlc_lower::Packing {
             blocking,
-            // A product whose last panel is at most half full takes
-            // another register tile (40 columns: 13 panels of 3, the
-            // last holding 1; 45 in bf16 keeps its pairs' tile).
+            // A product whose last panel is at most half full, and whose
+            // columns that tile pads at least a twentieth fewer, takes it
+            // (4 columns: two panels of 3, or two of 2; bf16 keeps its
+            // pairs' tile); the test checks that each schedule's is taken.
             half_panel_tile: Some(if units == 3 { [4, 2] } else { [9, 2] }),
             min_macs: 1,
             units,
@@ -1946,12 +1950,18 @@ fn odd_schedule_parameters_agree() {
     let mut staged = dlc_lower::ScheduleParams::for_target(&TargetDesc::sm_90());
     staged.dot = [3, 5, 7];
     schedules.push(staged);
+    // Whether some product took each odd schedule's half-panel tile.
+    let mut half_taken = [false; 2];
     for src in programs {
         let m = graph(src);
         let l = lowered(&m);
         for params in &schedules {
             let t = dlc_lower::convert_module_with(&l, params).unwrap();
             t.verify().unwrap_or_else(|e| panic!("{e:?}"));
+            let text = dlc_tile::print_module(&t);
+            for (taken, tile) in half_taken.iter_mut().zip(["[4, 2,", "[9, 2,"]) {
+                *taken |= text.contains(&format!("blocking = {tile}"));
+            }
             for (seed, f) in m.entry_points().enumerate() {
                 let inputs = prepare_inputs(f, &[], Some(seed as u64)).unwrap();
                 let want = interpret(&m, f, &inputs).unwrap();
@@ -1963,6 +1973,7 @@ fn odd_schedule_parameters_agree() {
             }
         }
     }
+    assert_eq!(half_taken, [true; 2], "a half-panel tile no product took");
 }
 
 /// A Winograd convolution whose transformed kernel is many times the L2
