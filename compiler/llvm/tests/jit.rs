@@ -936,6 +936,27 @@ fn strided_depthwise_convolutions_agree() {
     jit_agrees(dlc_tests::STRIDED_DEPTHWISE_PROGRAMS);
 }
 
+/// A strided depthwise convolution's phases hold their rows in whole
+/// vectors (`graph_to_loop`'s `phase_buffer`), so that a window's row whose
+/// width is not a whole number of vectors (5 x 5 at stride 2 into 28
+/// columns: rows of 30 and 29) loads its last vector whole, not as LLVM's
+/// pieces of 8, 4, 2 and 1 (each tap then rebuilt from them by shuffles).
+/// It agrees with the graph interpreter.
+#[test]
+fn strided_depthwise_rows_load_whole_vectors() {
+    let src = "fn f(x: f32[1, 3, 56, 56], w: f32[3, 1, 5, 5]) -> f32[1, 3, 28, 28] { let h = conv2d(x, w, stride=2, padding=2, groups=3); return h * sigmoid(h); }";
+    for (target, _, ir) in x86_ir(src) {
+        let lanes = target.lanes(dlc_core::DType::F32);
+        for row in [30, 29] {
+            let piece = format!("load <{} x float>", row % lanes);
+            assert!(!ir.contains(&piece), "{}: {piece}\n{ir}", target.name);
+        }
+        let whole = format!("load <{lanes} x float>");
+        assert!(ir.contains(&whole), "{}: {ir}", target.name);
+    }
+    jit_agrees(src);
+}
+
 /// A row by a matrix whose chunks of columns are one tile each
 /// (`differential::a_chunk_of_columns_is_one_tile`) agrees with the graph
 /// interpreter.

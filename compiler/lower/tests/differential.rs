@@ -2130,7 +2130,8 @@ fn a_product_of_one_program_is_split_along_its_depth() {
 /// registers (AVX-512), one padded nest. A depthwise one at stride 1 of 9
 /// to 32 columns on AVX2 (28 columns, and 20, 4 in the middle under a
 /// vector of 8) reads instead a padded copy of each channel (`phase_copy`
-/// with one phase, `[rows, 1, columns + 2]` in scratch memory): only the
+/// with one phase, `[rows, 1, columns + 2]` in scratch memory, its rows
+/// rounded up to whole vectors): only the
 /// copy loads the input, with plain loads (the columns outside it are
 /// stored zeros). Each agrees with the graph interpreter on the tile
 /// interpreter, on both.
@@ -2142,8 +2143,8 @@ fn s3(x: f32[1, 3, 6, 28], w: f32[3, 1, 3, 3]) -> f32[1, 3, 6, 28] { return conv
 fn narrow(x: f32[1, 3, 6, 20], w: f32[3, 1, 3, 3]) -> f32[1, 3, 6, 20] { return conv2d(x, w, padding=1, groups=3); }";
     let m = graph(src);
     let copies = [
-        ("s3", "buffer<f32[8, 1, 30], scratch>"),
-        ("narrow", "buffer<f32[8, 1, 22], scratch>"),
+        ("s3", "buffer<f32[8, 1, 32], scratch>"),
+        ("narrow", "buffer<f32[8, 1, 24], scratch>"),
     ];
     for (target, split, copied) in [
         (
@@ -2231,18 +2232,22 @@ fn strided_depthwise_convolutions_read_a_copy_in_phases() {
                 let (v, ty) = l.trim().split_once(" = tile.alloc : buffer<f32[")?;
                 let dims: Vec<&str> = ty.strip_suffix("], scratch>")?.split(", ").collect();
                 (dims.len() == 3 && dims[1] == stride.to_string())
-                    .then(|| format!("tile.load {v}["))
+                    .then(|| (format!("tile.load {v}["), dims[2].parse::<usize>().unwrap()))
             });
             let global = f
                 .lines()
                 .any(|l| l.contains("tile.alloc") && !l.contains("scratch"));
             assert!(!global, "{} @{name}: {f}", target.name);
             let inputs: Vec<&str> = f.lines().filter(|l| l.contains("tile.load %x[")).collect();
-            let Some(copy) = copy else {
+            let Some((copy, columns)) = copy else {
                 assert!(target.gpu().is_some(), "{} @{name}: {f}", target.name);
                 continue;
             };
             assert!(target.cpu().is_some(), "{} @{name}: {f}", target.name);
+            // A phase's row is whole vectors, the columns past its last
+            // tap's never written.
+            let lanes = target.lanes(dlc_core::DType::F32);
+            assert_eq!(columns % lanes, 0, "{} @{name}: {f}", target.name);
             // Stores into the copy at a row of the loop over output rows:
             // `wide`'s two input rows an output row, each phase loaded for
             // each (its odd width a ragged tile more); the others' input
