@@ -690,6 +690,17 @@ pub const PIXEL_ROW_PROGRAMS: [&str; 10] = [
     "fn f(x: f32[1, 128, 14, 14], w: f32[512, 128, 1, 1], r: f32[1, 512, 14, 14]) -> f32[1, 512, 14, 14] { return relu(conv2d(x, w) + r); }",
 ];
 
+/// 1 x 1 convolutions over 7 x 7 deep enough for three slices of the
+/// depth or more, with their residual (EfficientNet-B0's 1152 -> 192,
+/// MobileNetV2's 960 -> 160): the pixels are the product's rows, read in
+/// place from the input; then one of two slices (320 deep), whose pixels
+/// are packed into strips first.
+pub const DEEP_PIXEL_ROW_PROGRAMS: [&str; 3] = [
+    "fn f(x: f32[1, 1152, 7, 7], w: f32[192, 1152, 1, 1], b: f32[192, 1, 1], r: f32[1, 192, 7, 7]) -> f32[1, 192, 7, 7] { return conv2d(x, w) + b + r; }",
+    "fn f(x: f32[1, 960, 7, 7], w: f32[160, 960, 1, 1], b: f32[160, 1, 1], r: f32[1, 160, 7, 7]) -> f32[1, 160, 7, 7] { return conv2d(x, w) + b + r; }",
+    "fn f(x: f32[1, 320, 7, 7], w: f32[1280, 320, 1, 1], b: f32[1280, 1, 1]) -> f32[1, 1280, 7, 7] { let y = conv2d(x, w) + b; return y * sigmoid(y); }",
+];
+
 /// ONNX's attention with a boolean mask, as `dlc import` writes it: its
 /// scalar constants (the scale, zero, -inf) fill buffers whose storage the
 /// lowering reuses for one another, which compiled code must not prepare

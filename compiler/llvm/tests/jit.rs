@@ -551,6 +551,7 @@ fn tiled_contractions() {
         .iter()
         .chain(&dlc_tests::FLAT_IMAGE_PROGRAMS)
         .chain(&dlc_tests::PIXEL_ROW_PROGRAMS)
+        .chain(&dlc_tests::DEEP_PIXEL_ROW_PROGRAMS)
     {
         jit_agrees(src);
     }

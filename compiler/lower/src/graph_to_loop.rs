@@ -1110,18 +1110,18 @@ impl Lowering<'_> {
     /// residual (196 pixels in 224) 0.494 -> 0.432 ms, 0.278 -> 0.257 as
     /// columns (without the residual 0.436 and 0.433 either way), where
     /// 512 -> 2048 over 7 x 7 with it stays rows (0.451 against 0.487).
-    /// On a core of one full-width FMA unit (Zen 4) a residual keeps the
-    /// channels as rows: that 7 x 7 one in ResNet-50, node by node in
-    /// the model (`dlc bench --profile`, three alternated rounds in both
-    /// orders), 1.31-1.36 -> 1.27 ms at one thread, 0.67-0.75 -> 0.65-0.67
-    /// at two.
+    /// So on Zen 4 (one full-width FMA unit), since deep products read
+    /// their pixels in place (`packed.rs`'s `columns_in_place`: no kernel
+    /// packing them, one thread alone): node by node in the models (`dlc
+    /// bench --profile`, four alternated rounds), EfficientNet-B0's 1152 ->
+    /// 192 over 7 x 7 with a residual 0.27 -> 0.24 ms at one thread, 0.14
+    /// -> 0.115 at two; MobileNetV2's 960 -> 160 0.187 -> 0.152 and 0.105
+    /// -> 0.090; ResNet-50's 512 -> 2048 1.19-1.21 -> 1.15-1.18 (one
+    /// thread).
     fn pixels_as_rows(&self, [o, p, q]: [usize; 3], dtype: DType, residual: bool) -> bool {
         let g = self.target.gemm_blocking(dtype);
         let deep_and_wide = g.pixel_rows_min.iter().any(|&(d, c)| q >= d && o >= c);
-        let Some(cpu) = self.target.cpu() else {
-            return false;
-        };
-        if !deep_and_wide || (residual && cpu.fma_units < 2) {
+        if !deep_and_wide || self.target.cpu().is_none() {
             return false;
         }
         let padded = |rows: usize, cols: usize| {

@@ -230,6 +230,18 @@ pub struct Packing {
     /// ms, at two threads 3.2 -> 3.0. Into the L2 (`prefetcht1`) rather
     /// than the L1 measured the same.
     pub weight_prefetch: bool,
+    /// The deepest slice of a product whose programs read their strips
+    /// from the left operand where it lies, contiguous along the rows (a
+    /// 1 x 1 convolution's input with its pixels as the rows:
+    /// `packed.rs`'s `columns_in_place`), where the blocking takes three
+    /// slices or more. Each step of the depth is then a line of the
+    /// operand rather than `mr` floats of a packed strip, so the slice is
+    /// kept shallow enough for a panel's slice and the operand's lines to
+    /// share the L1: 64 on a CPU (Zen 4, one thread, 1152 -> 320 and 960
+    /// -> 160 over 7 x 7: 192-240 deep 8-11% slower than packed strips,
+    /// 32-64 deep as fast or faster; two threads 30-50% faster either
+    /// way). 0: never.
+    pub in_place_depth: usize,
     /// Steps of the depth the register tile's loop takes per iteration
     /// (at most: the largest number up to this that divides `kc`). Two
     /// gave W1 1024 4.5% on one and two threads (the loop's counter and
@@ -358,6 +370,7 @@ impl ScheduleParams {
                     heavy_outer_depth: 128,
                     epilogue_prefetch: 2,
                     weight_prefetch: true,
+                    in_place_depth: 64,
                     unroll: 2,
                     bf16_pairs: pairs
                         .pairs

@@ -695,7 +695,7 @@ fn products_of_reused_storage_pack_their_own_panels() {
 /// AVX2). 32 deep or over 8 x 8 the channels stay the rows on both, and
 /// 256 deep into 160 channels on AVX-512; so do they over 14 x 14 with a
 /// residual, whose reads per channel and pixel want a fifth of the panels
-/// empty (7 x 7 with one stays rows, but not on Zen 4). So does a convolution whose
+/// empty (over 7 x 7 with one the pixels are the rows, on Zen 4 too). So does a convolution whose
 /// product reads an im2col buffer (strided 1 x 1 and 3 x 3), the buffer
 /// read transposed as the rows. The first and the strided one run on the
 /// tile interpreter (the others are millions of multiply-adds each; every
@@ -749,13 +749,12 @@ fn few_pixels_are_the_rows_of_a_convolution_product() {
     }
     // Zen 4 splits each 512-bit FMA in two: 512 deep or more into 160
     // channels or more takes the pixels as rows there (256 deep does not),
-    // and a residual read per pixel and channel keeps the channels as rows
-    // (without one, 49 pixels are the rows).
+    // with a residual or without.
     let zen4 = TargetDesc::for_cpu("znver4").unwrap();
     for (src, sizes) in [
         (deep, "sizes = [49, 320, 960]"),
         (narrow, "sizes = [160, 49, 256]"),
-        (residual, "sizes = [512, 49, 128]"),
+        (residual, "sizes = [49, 512, 128]"),
         (bias, "sizes = [49, 512, 128]"),
     ] {
         let loops = print_module(&dlc_driver::lower_to_loops(&graph(src), &zen4).unwrap());
@@ -763,6 +762,69 @@ fn few_pixels_are_the_rows_of_a_convolution_product() {
     }
     agree(bias);
     agree(strided);
+}
+
+/// A 1 x 1 convolution over few pixels deep enough for three slices of
+/// the depth reads its pixels (the product's rows) where they lie, in
+/// slices of 64 (`Packing::in_place_depth`): no kernel packs them into
+/// strips. 1152 deep is six slices of 192 for the packed blocking (not
+/// five of 240), so it takes 18 of 64. One of two slices (320 deep) keeps
+/// the kernel packing its strips. On Zen 4 and AVX2, whose pixels are the
+/// rows of all three; AVX-512 with two FMA units keeps the channels of the
+/// first two as rows (`GemmBlocking::pixel_rows_min`: into 256 or more).
+/// Each runs compiled against the graph interpreter in `jit.rs`.
+#[test]
+fn deep_products_read_their_pixels_in_place() {
+    let [deep, residual, shallow] = dlc_tests::DEEP_PIXEL_ROW_PROGRAMS;
+    let targets = [
+        (TargetDesc::for_cpu("znver4").unwrap(), [true; 3]),
+        (TargetDesc::x86_64_avx2(2), [true; 3]),
+        (TargetDesc::x86_64_avx512(2), [false, false, true]),
+    ];
+    for (target, pixel_rows) in &targets {
+        for ((src, sizes, in_place), rows) in [
+            (deep, "sizes = [49, 192, 1152]", true),
+            (residual, "sizes = [49, 160, 960]", true),
+            (shallow, "sizes = [49, 1280, 320]", false),
+        ]
+        .into_iter()
+        .zip(pixel_rows)
+        {
+            let m = graph(src);
+            let loops = print_module(&dlc_driver::lower_to_loops(&m, target).unwrap());
+            assert_eq!(
+                loops.contains(sizes),
+                *rows,
+                "{}: `{sizes}`: {loops}",
+                target.name
+            );
+            let text = dlc_tile::print_module(&kernels(&m, target));
+            let body = text.split("tile.func @f_prepare").next().unwrap();
+            let product = body
+                .lines()
+                .find(|l| l.contains("schedule = \"packed\"") && !l.contains("pack = "))
+                .unwrap_or_else(|| panic!("{}: no product kernel: {text}", target.name));
+            let read_in_place = in_place && *rows;
+            // With the channels as rows the weights are the strips,
+            // packed when they are bound.
+            assert_eq!(
+                body.contains("pack = [0]"),
+                *rows && !in_place,
+                "{}: {text}",
+                target.name
+            );
+            assert_eq!(
+                product.contains(", 64]"),
+                read_in_place,
+                "{}: {product}",
+                target.name
+            );
+            // Packed, 1152 deep is six slices of 192.
+            if src == deep && !rows {
+                assert!(product.contains(", 192]"), "{}: {product}", target.name);
+            }
+        }
+    }
 }
 
 /// Constants whose buffers share storage (ONNX attention's scale, zero
@@ -1892,6 +1954,11 @@ fn odd_schedule_parameters_agree() {
         // A product with a residual (walked strip by strip up to the
         // blocking's depth of 16 with `units` 3; 9 deep, ragged).
         "fn f(x: f32[8, 9], y: f32[9, 40], r: f32[8, 40]) -> f32[8, 40] { return tanh(x @ y + r); }",
+        // Left operands contiguous along their rows (transposed), one
+        // block of rows, the depth in three slices or more: read in
+        // place, in slices of 2 or 4, the last strip ragged.
+        "fn f(g: f32[42, 7], x: f32[42, 11]) -> f32[7, 11] { return transpose(g) @ x; }",
+        "fn f(g: f32[40, 3], x: f32[40, 10], b: f32[10]) -> f32[3, 10] { return relu(transpose(g) @ x + b); }",
     ];
     let mut schedules = vec![];
     for (vector, dot, packed) in [
@@ -1931,6 +1998,9 @@ fn odd_schedule_parameters_agree() {
             epilogue_prefetch: units,
             // Prefetches of weights change no value either.
             weight_prefetch: units != 1,
+            // Strips read in place, in slices of at most 4 with `units`
+            // 3 (of 5) and 2 with `units` 1 (of 7).
+            in_place_depth: if units == 3 { 4 } else { 2 },
             unroll: units,
             // bf16 products in pairs with one blocking (a register tile
             // of its own), widened with the other.

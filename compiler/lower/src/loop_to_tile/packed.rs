@@ -480,7 +480,35 @@ impl<'a> Conv<'a> {
             .collect();
         let batches = batch.iter().map(|b| b.2).product();
         let tile = self.half_panel_tile(m)?;
-        let mut plan = self.pack_plan_tiled(m, batches, batch.len() < 2, tile)?;
+        let mut plan = self.pack_plan_tiled(m, batches, batch.len() < 2, tile, None)?;
+        // A left operand laid out as packed strips are (a 1 x 1
+        // convolution's input with its pixels as the rows) is read where it
+        // lies, in slices of at most `Packing::in_place_depth`, where the
+        // blocking takes three slices of its depth or more: no kernel packs
+        // it, which one thread ran alone while the other waited, writing
+        // lines both had read (Zen 4, two threads: EfficientNet-B0's 1152
+        // -> 192 projections over 7 x 7 with their residual 0.14 -> 0.115 ms
+        // in the model; one thread 0.27 -> 0.24). Its lines are `mr` floats
+        // of each row the slice reads, so the slice is shallower than a
+        // packed one (kc 192 or 240 in place: 1152 -> 160 over 7 x 7 alone
+        // 8-11% slower than packed; 64: 0-14% faster). Products of one or
+        // two slices keep their packed strips: taken to three slices of 64,
+        // EfficientNet's 192 -> 1152 expansions over 7 x 7 were 7% slower.
+        let weights = self.weight_left_operand(m);
+        let in_place_depth = self.params.packed.map_or(0, |p| p.in_place_depth);
+        let mut in_place = false;
+        if batches == 1
+            && !weights
+            && in_place_depth > 0
+            && plan.kb_n >= 3
+            && self.columns_in_place(m, &plan)
+        {
+            let shallow =
+                self.pack_plan_tiled(m, batches, batch.len() < 2, tile, Some(in_place_depth))?;
+            if self.columns_in_place(m, &shallow) {
+                (plan, in_place) = (shallow, true);
+            }
+        }
         plan.splits = self.depth_splits(m, &plan, batch.len())?;
         // The right operand's panels differ only along the batch loops its
         // index reads: a weight shared by every batch is packed once.
@@ -509,8 +537,8 @@ impl<'a> Conv<'a> {
         // preparer's: ResNet's stride-2 convolutions and stems had every
         // program of every call pack the whole kernel).
         let left_shared = batch.iter().all(|b| b.2 == 1 || !moves_with(&c.a, b.0));
-        let weights = self.weight_left_operand(m);
-        let strips = (left_shared
+        let strips = (!in_place
+            && left_shared
             && (plan.chunks > 2 || weights)
             && (weights || !self.convs.contains_key(&m)))
         .then(|| {
@@ -561,6 +589,7 @@ impl<'a> Conv<'a> {
         let i0 = Affine::value(p).scaled(plan.mc as i64);
         self.strips = match strips {
             Some(buf) => Strips::Global(buf, Affine::value(p)),
+            None if in_place => Strips::InPlace,
             None => Strips::Own,
         };
         let panel_bat: Vec<Affine> = bat
@@ -847,6 +876,26 @@ impl<'a> Conv<'a> {
         }
     }
 
+    /// Whether product `m`'s programs read their strips from the left
+    /// operand where it lies, laid out as a packed strip is: contiguous
+    /// along the rows (`mr` rows at a step of the depth are `mr`
+    /// neighbours: a 1 x 1 convolution's input with its pixels as the
+    /// rows), one block holding every row (its last strip a tile of the
+    /// rows left, so no row past the operand's is read) and whole slices
+    /// of the depth.
+    pub(super) fn columns_in_place(&self, m: LOpId, plan: &PackPlan) -> bool {
+        let op = self.op(m);
+        let L::Matmul(c) = &op.kind else {
+            return false;
+        };
+        let (a, iv) = (op.operands[0], op.regions[0].args[0]);
+        plan.blocks == 1
+            && !plan.pairs
+            && self.operand_dtype(a) == Some(DType::F32)
+            && (c.k as usize).is_multiple_of(plan.kc)
+            && self.unit_stride(a, &c.a, iv)
+    }
+
     /// Where the programs of packed product `m` read the right operand's
     /// panels: packed once by a kernel of their own when the operand is a
     /// weight; else packed by each program into scratch memory, one slice of a
@@ -880,7 +929,7 @@ impl<'a> Conv<'a> {
         batches: usize,
         chunked: bool,
     ) -> Result<PackPlan, TileConvError> {
-        self.pack_plan_tiled(m, batches, chunked, None)
+        self.pack_plan_tiled(m, batches, chunked, None, None)
     }
 
     /// The register tile of packed product `m` where its last panel would
@@ -915,6 +964,7 @@ impl<'a> Conv<'a> {
         batches: usize,
         chunked: bool,
         tile: Option<[usize; 2]>,
+        depth_cap: Option<usize>,
     ) -> Result<PackPlan, TileConvError> {
         let (_, c) = self.contraction(m)?;
         let Some(Packing {
@@ -952,8 +1002,20 @@ impl<'a> Conv<'a> {
         // of even size (a whole number of copies deep), so that the last one
         // is not mostly zeros the register tile multiplies.
         let depth = c.k.max(1) as usize;
+        let kc = depth_cap.map_or(kc, |d| d.min(kc));
         let even = depth.div_ceil(depth.div_ceil(kc));
-        let kc = if depth > kc && even > copy_depth {
+        // Or, where one more slice than the fewest divides the depth into
+        // whole copies, that: 1152 deep is six slices of 192, not five of
+        // 240 (1200, the last 48 rows zeros and every copy of the slice
+        // masked): EfficientNet-B0's 1152 -> 192 and 1152 -> 320 products
+        // over 7 x 7 alone 11-12% faster on Zen 4 (one thread).
+        let min_slices = depth.div_ceil(kc);
+        let exact = (min_slices..=min_slices + 1)
+            .find(|s| depth.is_multiple_of(*s) && (depth / s).is_multiple_of(copy_depth))
+            .filter(|_| depth > kc);
+        let kc = if let Some(s) = exact {
+            depth / s
+        } else if depth > kc && even > copy_depth {
             even.next_multiple_of(copy_depth).min(kc)
         } else {
             even
