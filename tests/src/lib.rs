@@ -759,15 +759,15 @@ fn c32(x: f32[1, 32, 40, 38], w: f32[42, 32, 1, 1]) -> f32[1, 42, 40, 38] { retu
 
 /// Products whose epilogue reads an operand along both their rows and
 /// their columns, one a line: 1 x 1 convolutions of 64 and of 136 input
-/// channels to 12 over 16 x 40 pixels with a residual and relu, and a 12 x
+/// channels to 24 over 16 x 40 pixels with a residual and relu, and a 24 x
 /// 96 by 96 x 640 product subtracted from a matrix (a weight's update). On
 /// a CPU the two of at most `Packing::heavy_outer_depth` (128) walk each
 /// strip across their panels and run the epilogue on each register tile;
 /// the 136-deep one writes its block of sums and runs the epilogue on it
 /// row by row.
-pub const RESIDUAL_PRODUCT_PROGRAMS: &str = "fn r64(x: f32[1, 64, 16, 40], w: f32[12, 64, 1, 1], r: f32[1, 12, 16, 40]) -> f32[1, 12, 16, 40] { return relu(conv2d(x, w) + r); }
-fn r136(x: f32[1, 136, 16, 40], w: f32[12, 136, 1, 1], r: f32[1, 12, 16, 40]) -> f32[1, 12, 16, 40] { return relu(conv2d(x, w) + r); }
-fn upd(x: f32[12, 96], y: f32[96, 640], r: f32[12, 640]) -> f32[12, 640] { return r - 0.5 * (x @ y); }";
+pub const RESIDUAL_PRODUCT_PROGRAMS: &str = "fn r64(x: f32[1, 64, 16, 40], w: f32[24, 64, 1, 1], r: f32[1, 24, 16, 40]) -> f32[1, 24, 16, 40] { return relu(conv2d(x, w) + r); }
+fn r136(x: f32[1, 136, 16, 40], w: f32[24, 136, 1, 1], r: f32[1, 24, 16, 40]) -> f32[1, 24, 16, 40] { return relu(conv2d(x, w) + r); }
+fn upd(x: f32[24, 96], y: f32[96, 640], r: f32[24, 640]) -> f32[24, 640] { return r - 0.5 * (x @ y); }";
 
 /// 1 x 1 convolutions whose input is larger than the L2 of an AVX2 target
 /// (512 KB) and at most an AVX-512 one's (2 MB): 40 channels over 58 x 58
@@ -882,7 +882,7 @@ fn f(g: f32[33, 70], b: f32[41, 70], c: f32[41]) -> f32[33, 41] { return relu(g_
     "op scores[B, H, I, J, D](q: f32[B, H, I, D], k: f32[B, H, J, D]) -> f32[B, H, I, J] { out[b, h, i, j] = sum[d](q[b, h, i, d] * k[b, h, j, d]) / 4.0; }
 fn f(q: f32[2, 3, 40, 32], k: f32[2, 3, 44, 32]) -> f32[2, 3, 40, 44] { return scores(q, k); }",
     "op shared[B, M, K, N](x: f32[B, M, K], w: f32[K, N]) -> f32[B, M, N] { out[b, i, j] = sum[k](x[b, i, k] * w[k, j]); }
-fn f(x: f32[3, 150, 40], w: f32[40, 36]) -> f32[3, 150, 36] { return shared(x, w); }",
+fn f(x: f32[3, 200, 40], w: f32[40, 36]) -> f32[3, 200, 36] { return shared(x, w); }",
     "op dense_gate[M, K, N](x: f32[M, K], w: f32[K, N], b: f32[N]) -> f32[M, N] {
     let h[i, j] = sum[k](x[i, k] * w[k, j]) + b[j];
     out[i, j] = h[i, j] * sigmoid(h[i, j]);

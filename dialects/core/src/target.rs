@@ -796,15 +796,30 @@ impl TargetDesc {
     /// deep packed blocks, so a packed block of the left operand (144 KB)
     /// stays in L2 and a panel of the right one in L1, each panel fetched
     /// from further out serving 24 strips of 6 or 36 of 4 (12 of 6 gave W2 and W6 15-20%
-    /// more time on two threads, W1 4% on one). `mr` is 6 with AVX-512 (12
-    /// of 32 registers accumulate) and 4 with AVX2 (8 of 16: the 6-row
+    /// more time on two threads, W1 4% on one). `mr` is 6 with AVX-512 on a
+    /// core of one FMA unit (Zen 4: 12 of 32 registers accumulate) and 4 with AVX2 (8 of 16: the 6-row
     /// tile's 12 accumulators, two operand vectors and a broadcast took 15,
     /// and padded 16-, 32- and 64-row products to 18, 36 and 66). Zen 3,
     /// one thread, 6 -> 4 rows: a 3 x 3 stride-2 stem convolution into 32
     /// channels 0.426 -> 0.302 ms, 1 x 1 192 -> 32 over 28 x 28 0.134 ->
     /// 0.106, 384 -> 64 over 14 x 14 0.120 -> 0.111, 256 x 512 x 512
     /// 1.48 -> 1.42; whole models 2-5% (docs/performance.md); 3 and 5
-    /// rows were slower than both, 8 (16 accumulators) twice as slow. bf16 on a
+    /// rows were slower than both, 8 (16 accumulators) twice as slow. With
+    /// AVX-512 and two FMA units a core does two FMAs a cycle against two
+    /// 512-bit loads, and a 6-row tile's step is 12 FMAs for 8 loads (two
+    /// vectors and six broadcasts), so the tile is 14 rows (28 of the 32
+    /// registers accumulate: 28 FMAs for 16 loads) in blocks of 168 rows
+    /// (12 strips; 144 cut 144-row products into two blocks of 84, each
+    /// packing every panel). On an Intel Xeon with AMX (two 512-bit FMA
+    /// units, 2 MB of L2), one thread, alone (`dlc bench`, ms): ResNet-50's
+    /// 3 x 3 512 -> 512 over 7 x 7 1.81 -> 1.52, 256 -> 256 at stride 2
+    /// into 14 x 14 1.84 -> 1.55, 512 -> 2048 over 7 x 7 with a residual
+    /// 0.86 -> 0.76, 256 -> 64 over 56 x 56 0.78 -> 0.74; whole models 1t
+    /// and 2t ResNet-50 -4.6% and -4.2%, GPT-2's block -7.7% and -6%,
+    /// BERT -5% (1t), MobileNetV2 about even (its 16- and 24-deep
+    /// expansions a tenth slower, its deep products faster); 8 x 48 and 6
+    /// x 64 tiles (24 accumulators) were between the two. Zen 5's two FMA
+    /// units take the same tile, not measured there. bf16 on a
     /// CPU that multiplies bf16 pairs (`CpuDesc::avx512_bf16`): an 8-row
     /// tile (16 of the 32 registers accumulate; 512^3 at one thread on Zen
     /// 4, 1.45 -> 1.27 ms) and `kc = 512`, the same bytes as f32's 256
@@ -819,6 +834,8 @@ impl TargetDesc {
                     (8, 192, 512)
                 } else if c.vector_bits == 256 {
                     (4, 144, 256)
+                } else if c.fma_units >= 2 {
+                    (14, 168, 256)
                 } else {
                     (6, 144, 256)
                 };
@@ -882,12 +899,16 @@ mod tests {
         assert_eq!(avx512.lanes(DType::F32), 16);
         assert_eq!(avx512.lanes(DType::F16), 32);
         let g = avx512.gemm_blocking(DType::F32);
-        assert_eq!((g.mr, g.nr, g.mc, g.kc), (6, 32, 144, 256));
+        assert_eq!((g.mr, g.nr, g.mc, g.kc), (14, 32, 168, 256));
+        // A core of one 512-bit FMA unit (Zen 4) keeps the 6-row tile.
+        let zen4 = TargetDesc::for_cpu("znver4").expect("a known CPU");
+        let z = zen4.gemm_blocking(DType::F32);
+        assert_eq!((z.mr, z.nr, z.mc, z.kc), (6, 32, 144, 256));
         // Narrow products (at most one vector of columns) take a tile of one
         // vector by half the registers' rows.
         assert_eq!(g.register_tile(16), (16, 16));
         assert_eq!(g.register_tile(7), (16, 16));
-        assert_eq!(g.register_tile(17), (6, 32));
+        assert_eq!(g.register_tile(17), (14, 32));
         let avx2 = TargetDesc::x86_64_avx2(2);
         // AVX2's packed tile is 4 rows by two vectors (measured on Zen 3),
         // its packed blocks as many rows as AVX-512's.
