@@ -2092,6 +2092,9 @@ impl Importer {
         if a.dtype != b.dtype || a.dtype == DType::Bool {
             return Err(cx.err(format!("operands are {} and {}", a.dtype, b.dtype)));
         }
+        if a.shape.is_empty() || b.shape.is_empty() {
+            return Err(cx.err("the operands must not be scalars"));
+        }
         let (mut sa, mut sb) = (a.shape.clone(), b.shape.clone());
         let (va, vb) = (sa.len() == 1, sb.len() == 1);
         if va {

@@ -110,14 +110,17 @@ fn optimized(
     (m, args)
 }
 
-/// `y0, y1, ... = op(inputs...)` with `n` outputs (opset 21) imported, and
-/// the arguments its inputs take.
-fn import_n(
+/// `y0, y1, ... = op(inputs...)` with `n` outputs (opset 21) imported, or
+/// the importer's error, and the arguments its inputs take.
+fn try_import_n(
     op: &str,
     tensors: &[T],
     attrs: Vec<pb::AttributeProto>,
     n: usize,
-) -> (dlc_onnx::Imported, Vec<HostTensor>) {
+) -> (
+    Result<dlc_onnx::Imported, dlc_onnx::ImportError>,
+    Vec<HostTensor>,
+) {
     let outputs: Vec<String> = (0..n)
         .map(|i| if i == 0 { "y".into() } else { format!("y{i}") })
         .collect();
@@ -188,8 +191,28 @@ fn import_n(
         graph: Some(graph),
         ..Default::default()
     };
-    let imported = dlc_onnx::import(&model.encode_to_vec(), &dlc_onnx::Options::default()).unwrap();
+    let imported = dlc_onnx::import(&model.encode_to_vec(), &dlc_onnx::Options::default());
     (imported, args)
+}
+
+/// `y0, y1, ... = op(inputs...)` imported, and the arguments its inputs
+/// take; the importer must accept it.
+fn import_n(
+    op: &str,
+    tensors: &[T],
+    attrs: Vec<pb::AttributeProto>,
+    n: usize,
+) -> (dlc_onnx::Imported, Vec<HostTensor>) {
+    let (imported, args) = try_import_n(op, tensors, attrs, n);
+    (imported.unwrap(), args)
+}
+
+/// The importer's message for `y = op(inputs...)`, which it must reject.
+fn import_error(op: &str, tensors: &[T], attrs: Vec<pb::AttributeProto>) -> String {
+    match try_import_n(op, tensors, attrs, 1).0 {
+        Ok(imported) => panic!("{op} was imported:\n{}", imported.source),
+        Err(e) => e.to_string(),
+    }
 }
 
 #[track_caller]
@@ -1122,4 +1145,19 @@ fn max_pool_indices_row_and_column_major() {
         2,
     );
     expect(&t[1], &[1, 1, 1, 2], &[0.0, 3.0]);
+}
+
+#[test]
+fn scalar_operands_of_products_are_errors() {
+    // A scalar has no inner dimension to contract: an error naming the
+    // operator, where the importer once indexed below rank 0.
+    let scalar = || input("a", F, &[], &[2.0]);
+    let vector = || input("b", F, &[2], &[1.0, 2.0]);
+    for tensors in [[scalar(), vector()], [vector(), scalar()]] {
+        let e = import_error("MatMul", &tensors, vec![]);
+        assert!(
+            e.contains("MatMul") && e.contains("must not be scalars"),
+            "{e}"
+        );
+    }
 }
