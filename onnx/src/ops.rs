@@ -85,7 +85,7 @@ impl Cx<'_> {
 
     fn axis(&self, axis: i64, rank: usize) -> R<usize> {
         let r = rank as i64;
-        if axis < -r || axis >= r.max(1) {
+        if axis < -r || axis >= r {
             return Err(self.err(format!("axis {axis} is out of range for rank {rank}")));
         }
         Ok(if axis < 0 { axis + r } else { axis } as usize)
@@ -2439,6 +2439,9 @@ impl Importer {
         let r = shape.len();
         let axes = match self.ints_input(cx, 3, "axes")? {
             Some(a) => a.iter().map(|&a| cx.axis(a, r)).collect::<R<Vec<_>>>()?,
+            None if starts.len() > r => {
+                return Err(cx.err(format!("{} starts for an input of rank {r}", starts.len())));
+            }
             None => (0..starts.len()).collect(),
         };
         let steps = self
@@ -2958,6 +2961,9 @@ impl Importer {
         // i32 for the integer convolutions written as this one.
         if x.dtype != DType::I32 {
             cx.float_input(&x)?;
+        }
+        if x.shape.len() < 3 {
+            return Err(cx.err("needs an input of rank 3 or more (N, C, spatial...)"));
         }
         if w.shape.len() != x.shape.len() || w.dtype != x.dtype {
             return Err(cx.err(format!(

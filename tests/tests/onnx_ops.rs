@@ -1161,3 +1161,118 @@ fn scalar_operands_of_products_are_errors() {
         );
     }
 }
+
+/// Every operator of ONNX's default domain (ONNX 1.23's schemas).
+const ONNX_OPS: &str = "Abs Acos Acosh Add AffineGrid And ArgMax ArgMin Asin Asinh Atan Atanh \
+    Attention AveragePool BatchNormalization Bernoulli BitCast BitShift BitwiseAnd BitwiseNot \
+    BitwiseOr BitwiseXor BlackmanWindow Cast CastLike CausalConvWithState Ceil Celu CenterCropPad \
+    Clip Col2Im Compress Concat ConcatFromSequence Constant ConstantOfShape Conv ConvInteger \
+    ConvTranspose Cos Cosh CumProd CumSum DFT DeformConv DepthToSpace DequantizeLinear Det Div \
+    Dropout DynamicQuantizeLinear Einsum Elu Equal Erf Exp Expand EyeLike Flatten Floor GRU \
+    Gather GatherElements GatherND Gelu Gemm GlobalAveragePool GlobalLpPool GlobalMaxPool \
+    Greater GreaterOrEqual GridSample GroupNormalization HammingWindow HannWindow HardSigmoid \
+    HardSwish Hardmax Identity If ImageDecoder InstanceNormalization IsInf IsNaN LRN LSTM \
+    LayerNormalization LeakyRelu Less LessOrEqual LinearAttention Log LogSoftmax Loop \
+    LpNormalization LpPool MatMul MatMulInteger Max MaxPool MaxRoiPool MaxUnpool Mean \
+    MeanVarianceNormalization MelWeightMatrix Min Mish Mod Mul Multinomial Neg \
+    NegativeLogLikelihoodLoss NonMaxSuppression NonZero Not OneHot Optional OptionalGetElement \
+    OptionalHasElement Or PRelu Pad Pow QLinearConv QLinearMatMul QuantizeLinear \
+    RMSNormalization RNN RandomNormal RandomNormalLike RandomUniform RandomUniformLike Range \
+    Reciprocal ReduceL1 ReduceL2 ReduceLogSum ReduceLogSumExp ReduceMax ReduceMean ReduceMin \
+    ReduceProd ReduceSum ReduceSumSquare RegexFullMatch Relu Reshape Resize ReverseSequence \
+    RoiAlign RotaryEmbedding Round STFT Scan Scatter ScatterElements ScatterND Selu SequenceAt \
+    SequenceConstruct SequenceEmpty SequenceErase SequenceInsert SequenceLength SequenceMap \
+    Shape Shrink Sigmoid Sign Sin Sinh Size Slice Softmax SoftmaxCrossEntropyLoss Softplus \
+    Softsign SpaceToDepth Split SplitToSequence Sqrt Squeeze StringConcat StringNormalizer \
+    StringSplit Sub Sum SwiGLU Swish Tan Tanh TensorScatter TfIdfVectorizer ThresholdedRelu Tile \
+    TopK Transpose Trilu Unique Unsqueeze Upsample Where Xor";
+
+#[test]
+fn every_operator_over_operands_of_any_rank_imports_or_is_an_error() {
+    // Each operator with one to three operands of rank 0 to 4, as inputs
+    // and as initializers (which the importer folds), of f32 and i64, or
+    // omitted: the importer writes a program the front end takes or
+    // rejects, or says why it cannot import the node, and never panics.
+    // (The fuzz target explores attributes and malformed files; this
+    // sweeps the ranks every operator must check.)
+    let t = |name: &'static str, dtype, shape: &[usize], folded: bool| {
+        let data: Vec<f64> = (0..shape.iter().product::<usize>())
+            .map(|i| if dtype == L { 1.0 } else { i as f64 + 1.0 })
+            .collect();
+        if folded {
+            init(name, dtype, shape, &data)
+        } else {
+            input(name, dtype, shape, &data)
+        }
+    };
+    let firsts = || {
+        let mut v: Vec<T> = (0..=4).map(|r| t("x", F, &vec![2; r], false)).collect();
+        v.push(t("x", L, &[2], false));
+        v
+    };
+    let others = |name: &'static str| {
+        vec![
+            t(name, F, &[], true),
+            t(name, F, &[2], true),
+            t(name, F, &[2, 2], false),
+            t(name, L, &[], true),
+            t(name, L, &[1], true),
+            t(name, L, &[2], true),
+            input("", F, &[], &[]),
+        ]
+    };
+    let mut cases: Vec<Vec<T>> = firsts().into_iter().map(|x| vec![x]).collect();
+    for x in 0..firsts().len() {
+        for b in 0..others("b").len() {
+            cases.push(vec![firsts().remove(x), others("b").remove(b)]);
+            for c in 0..others("c").len() {
+                cases.push(vec![
+                    firsts().remove(x),
+                    others("b").remove(b),
+                    others("c").remove(c),
+                ]);
+            }
+        }
+    }
+    // Where each panic happened, for the report.
+    static WHERE: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
+    std::panic::set_hook(Box::new(|info| {
+        if let (Some(l), Ok(mut w)) = (info.location(), WHERE.lock()) {
+            *w = format!("{}:{}", l.file(), l.line());
+        }
+    }));
+    let mut panics = Vec::new();
+    for op in ONNX_OPS.split_whitespace() {
+        for tensors in &cases {
+            let outcome = std::panic::catch_unwind(|| {
+                if let Ok(imported) = try_import_n(op, tensors, vec![], 1).0 {
+                    let _ = compile_source(&SourceText {
+                        name: "model.onnx".into(),
+                        text: imported.source,
+                        weights: Vec::new(),
+                    });
+                }
+            });
+            if let Err(p) = outcome {
+                let why = p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(ToString::to_string))
+                    .unwrap_or_default();
+                let operands: Vec<String> = tensors
+                    .iter()
+                    .map(|t| format!("{}{:?}{}", t.dtype, t.shape, if t.init { "*" } else { "" }))
+                    .collect();
+                let at = WHERE.lock().map(|w| w.clone()).unwrap_or_default();
+                panics.push(format!("{op}({}): {why} at {at}", operands.join(", ")));
+            }
+        }
+    }
+    let _ = std::panic::take_hook();
+    assert!(
+        panics.is_empty(),
+        "{} panics (* marks an initializer):\n{}",
+        panics.len(),
+        panics.join("\n")
+    );
+}
