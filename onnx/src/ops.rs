@@ -116,6 +116,14 @@ impl Cx<'_> {
             Err(self.err(format!("needs a float input, got {}", v.dtype)))
         }
     }
+
+    /// An input laid out as `(N, C, spatial...)`: rank 3 or more.
+    fn spatial_input(&self, rank: usize) -> R<()> {
+        if rank < 3 {
+            return Err(self.err("needs an input of rank 3 or more (N, C, spatial...)"));
+        }
+        Ok(())
+    }
 }
 
 /// NumPy broadcasting of two shapes.
@@ -1071,9 +1079,7 @@ impl Importer {
             "GlobalAveragePool" | "GlobalMaxPool" => {
                 cx.allow(&[])?;
                 let x = self.need(cx, 0)?;
-                if x.shape.len() < 3 {
-                    return Err(cx.err("needs an input of rank 3 or more (N, C, spatial...)"));
-                }
+                cx.spatial_input(x.shape.len())?;
                 let ex = self.e(cx, 0)?;
                 let axes: Vec<String> = (2..x.shape.len()).map(|a| a.to_string()).collect();
                 let f = if op == "GlobalMaxPool" { "max" } else { "mean" };
@@ -2828,9 +2834,7 @@ impl Importer {
             }
             "InstanceNormalization" => {
                 cx.allow(&["epsilon"])?;
-                if r < 3 {
-                    return Err(cx.err("needs an input of rank 3 or more (N, C, spatial...)"));
-                }
+                cx.spatial_input(r)?;
                 let axes: Vec<String> = (2..r).map(|a| a.to_string()).collect();
                 let eps = cx.epsilon(1e-5)?;
                 let b = eb.ok_or_else(|| cx.err("input 2 (B) is required"))?;
@@ -2843,9 +2847,7 @@ impl Importer {
             }
             _ => {
                 cx.allow(&["epsilon", "num_groups", "stash_type"])?;
-                if r < 3 {
-                    return Err(cx.err("needs an input of rank 3 or more (N, C, spatial...)"));
-                }
+                cx.spatial_input(r)?;
                 let g = cx.int("num_groups", 0);
                 let c = x.shape[1];
                 if g < 1 || c % g as usize != 0 {
@@ -2962,9 +2964,7 @@ impl Importer {
         if x.dtype != DType::I32 {
             cx.float_input(&x)?;
         }
-        if x.shape.len() < 3 {
-            return Err(cx.err("needs an input of rank 3 or more (N, C, spatial...)"));
-        }
+        cx.spatial_input(x.shape.len())?;
         if w.shape.len() != x.shape.len() || w.dtype != x.dtype {
             return Err(cx.err(format!(
                 "weights {} do not fit input {}",
@@ -4869,9 +4869,7 @@ impl Importer {
         let x = self.need(cx, 0)?;
         cx.float_input(&x)?;
         let r = x.shape.len();
-        if r < 3 {
-            return Err(cx.err("needs an input of rank 3 or more (N, C, spatial...)"));
-        }
+        cx.spatial_input(r)?;
         let size = cx.int("size", 0);
         if !(1..=4096).contains(&size) {
             return Err(cx.err(format!("size = {size} is not supported")));

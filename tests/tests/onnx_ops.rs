@@ -54,6 +54,7 @@ fn onnx_type(d: DType) -> i32 {
 }
 
 /// A tensor given to the model: an input (`init: false`) or an initializer.
+#[derive(Clone)]
 struct T {
     name: &'static str,
     dtype: DType,
@@ -1221,16 +1222,14 @@ fn every_operator_over_operands_of_any_rank_imports_or_is_an_error() {
             input("", F, &[], &[]),
         ]
     };
-    let mut cases: Vec<Vec<T>> = firsts().into_iter().map(|x| vec![x]).collect();
-    for x in 0..firsts().len() {
-        for b in 0..others("b").len() {
-            cases.push(vec![firsts().remove(x), others("b").remove(b)]);
-            for c in 0..others("c").len() {
-                cases.push(vec![
-                    firsts().remove(x),
-                    others("b").remove(b),
-                    others("c").remove(c),
-                ]);
+    let (xs, bs, cs) = (firsts(), others("b"), others("c"));
+    let mut cases: Vec<Vec<T>> = Vec::new();
+    for x in &xs {
+        cases.push(vec![x.clone()]);
+        for b in &bs {
+            cases.push(vec![x.clone(), b.clone()]);
+            for c in &cs {
+                cases.push(vec![x.clone(), b.clone(), c.clone()]);
             }
         }
     }

@@ -794,9 +794,10 @@ impl TargetDesc {
     /// The packed product kernel's blocking for `d` on a CPU: a register
     /// tile of `mr` rows by two vectors, `mc` rows (144, or 168 for the
     /// 14-row tile below) and `kc = 256` deep packed blocks, so a packed
-    /// block of the left operand (144-168 KB) stays in L2 and a panel of the right one in L1, each panel fetched
-    /// from further out serving 24 strips of 6 or 36 of 4 (12 of 6 gave W2 and W6 15-20%
-    /// more time on two threads, W1 4% on one). `mr` is 6 with AVX-512 on a
+    /// block of the left operand (144-168 KB) stays in L2 and a panel of
+    /// the right one in L1, each panel fetched from further out serving 24
+    /// strips of 6 or 36 of 4 (12 of 6 gave W2 and W6 15-20% more time on
+    /// two threads, W1 4% on one). `mr` is 6 with AVX-512 on a
     /// core of one FMA unit (Zen 4: 12 of 32 registers accumulate) and 4 with AVX2 (8 of 16: the 6-row
     /// tile's 12 accumulators, two operand vectors and a broadcast took 15,
     /// and padded 16-, 32- and 64-row products to 18, 36 and 66). Zen 3,
