@@ -212,6 +212,22 @@ pub struct Packing {
     /// ahead) 1.71-1.93 -> 1.54-1.73; ResNet-50's layer 1 and 2 1 x 1
     /// convolutions 8-16% less in the model. 0: never.
     pub epilogue_prefetch: usize,
+    /// Rows ahead whose lines the epilogue prefetches in a result stored
+    /// along its rows (a 1 x 1 convolution's with its pixels as the rows:
+    /// each of a tile's `nr` channels a run of pixels, a channel plane
+    /// apart, so each store of a row is a line of `nr` planes) and in an
+    /// operand read so (its residual): see `packed.rs`'s
+    /// `prefetch_rows_ahead`. A line's worth of f32, 16, on a CPU: the
+    /// stores of the rows before fetched those lines themselves, one plane
+    /// at a time, from memory where the result was cold. Zen 4, one
+    /// thread: MobileNetV2's last 320 -> 1280 over 7 x 7 cut out of the
+    /// model, with 40 MB written before each call, 0.532-0.599 -> 0.485-0.52
+    /// ms (onnxruntime's 0.49-0.57 alongside; 0.38-0.41 both without the
+    /// eviction, unchanged); whole models in one process, alternated:
+    /// MobileNetV2 7.48 -> 7.43 ms (two threads 4.47 -> 4.41),
+    /// EfficientNet-B0 11.60 -> 11.45, ResNet-50 72.6 -> 72.1 (8 rows
+    /// ahead measured as 16). 0: never.
+    pub result_rows_ahead: usize,
     /// Whether a packed product's register tiles prefetch the weights
     /// their program reads next, packed once when they were bound: strips
     /// of weights (a convolution's kernel, the left operand) one strip
@@ -369,6 +385,7 @@ impl ScheduleParams {
                     strips_outer_depth: 24,
                     heavy_outer_depth: 128,
                     epilogue_prefetch: 2,
+                    result_rows_ahead: 16,
                     weight_prefetch: true,
                     in_place_depth: 64,
                     unroll: 2,

@@ -1352,9 +1352,11 @@ fn prefetches(text: &str) -> Vec<(String, String)> {
 /// epilogue_prefetch`): a 1 x 1 convolution with a residual, whose
 /// programs walk each strip across their panels, and one with a clamp
 /// only, walking each panel across its strips. A result stored along its
-/// rows (49 pixels as the rows of a deeper product) is not prefetched, nor
-/// is anything in a program's scratch (a Winograd convolution's products).
-/// All agree with the graph interpreter.
+/// rows (49 pixels as the rows of a deeper product) is prefetched the other
+/// way, its tile's channels `Packing::result_rows_ahead` rows further
+/// (`[.., row + 16] {shape = [nr, rows]}`), and never panels ahead; nothing
+/// in a program's scratch (a Winograd convolution's products) is. All agree
+/// with the graph interpreter.
 #[test]
 fn a_register_tiles_epilogue_prefetches_the_lines_ahead() {
     let residual = "fn f(x: f32[1, 16, 32, 32], weight w: f32[64, 16, 1, 1], r: f32[1, 64, 32, 32]) -> f32[1, 64, 32, 32] { return relu(conv2d(x, w) + r); }";
@@ -1363,31 +1365,44 @@ fn a_register_tiles_epilogue_prefetches_the_lines_ahead() {
     let winograd = "fn f(x: f32[1, 64, 14, 14], weight w: f32[64, 64, 3, 3]) -> f32[1, 64, 14, 14] { return relu(conv2d(x, w, padding=1)); }";
     for target in [TargetDesc::x86_64_avx2(2), TargetDesc::x86_64_avx512(2)] {
         let nr = target.gemm_blocking(dlc_core::DType::F32).nr;
-        for (src, want) in [
-            (residual, vec!["%out0", "%r"]),
-            (clamp, vec!["%out0"]),
-            (pixels, vec![]),
-            (winograd, vec![]),
+        let rows_ahead = dlc_lower::ScheduleParams::for_target(&target)
+            .packed
+            .expect("a CPU's packing")
+            .result_rows_ahead;
+        assert_eq!(rows_ahead, 16, "a line of floats");
+        // The buffers prefetched two panels to the right, and those
+        // prefetched rows ahead (a run of rows for each of `nr` columns).
+        for (src, panels_ahead, rows) in [
+            (residual, vec!["%out0", "%r"], vec![]),
+            (clamp, vec!["%out0"], vec![]),
+            (pixels, vec![], vec!["%out0"]),
+            (winograd, vec![], vec![]),
         ] {
             let text = dlc_tile::print_module(&kernels(&graph(src), &target));
             // Prefetches but those of the input's panels as they are
             // copied (`Conv::prefetches_panels`) and of packed weights
-            // (`weights_from_memory_are_prefetched_ahead`), each of a line
-            // two panels to the right.
-            let ahead = format!(" + {}] ", 2 * nr);
-            let mut got: Vec<String> = prefetches(&text)
-                .into_iter()
-                .filter(|(buf, _)| buf != "%x" && !buf.ends_with("_packed"))
-                .map(|(buf, l)| {
-                    assert!(l.contains(&ahead), "{src} on {}: {l}", target.name);
-                    buf
-                })
-                .collect();
-            got.sort();
-            got.dedup();
-            let mut want: Vec<String> = want.into_iter().map(String::from).collect();
-            want.sort();
-            assert_eq!(got, want, "{src} on {}\n{text}", target.name);
+            // (`weights_from_memory_are_prefetched_ahead`).
+            let right = format!(" + {}] ", 2 * nr);
+            let down = format!(" + {rows_ahead}] {{shape = [{nr}, ");
+            let (mut got_right, mut got_down) = (vec![], vec![]);
+            for (buf, l) in prefetches(&text) {
+                if buf == "%x" || buf.ends_with("_packed") {
+                    continue;
+                }
+                match (l.contains(&right), l.contains(&down)) {
+                    (true, false) => got_right.push(buf),
+                    (false, true) => got_down.push(buf),
+                    _ => panic!("{src} on {}: {l}", target.name),
+                }
+            }
+            for (got, want) in [(got_right, panels_ahead), (got_down, rows)] {
+                let mut got = got;
+                got.sort();
+                got.dedup();
+                let mut want: Vec<String> = want.into_iter().map(String::from).collect();
+                want.sort();
+                assert_eq!(got, want, "{src} on {}\n{text}", target.name);
+            }
         }
     }
     for src in [residual, clamp, pixels, winograd] {
@@ -2015,6 +2030,9 @@ fn odd_schedule_parameters_agree() {
             // Prefetches past the tile (past the operands' edges, at the
             // last panels) change no value.
             epilogue_prefetch: units,
+            // So do prefetches of a result stored along its rows, rows
+            // ahead (past its last row too).
+            result_rows_ahead: units + 2,
             // Prefetches of weights change no value either.
             weight_prefetch: units != 1,
             // Strips read in place, in slices of at most 4 with `units`

@@ -73,7 +73,11 @@
 //!   epilogue on it row by row after the product. The epilogue of a register tile
 //!   prefetches the lines of its rows `Packing::epilogue_prefetch` panels to the right
 //!   in its result and residual (`prefetch_ahead`: a tile's result is a line of each of
-//!   `mr` rows a row apart, which no hardware prefetcher follows).
+//!   `mr` rows a row apart, which no hardware prefetcher follows). Any epilogue of a
+//!   result stored along its rows (the pixels as rows: a row of a tile is a line of
+//!   each of `nr` channel planes) prefetches those planes' lines
+//!   `Packing::result_rows_ahead` rows further, in the result and a residual read so
+//!   (`prefetch_rows_ahead`).
 //!   Every copy into packed form moves a tile of at most one vector's lanes of `k`
 //!   (16 with AVX-512) in a `tile.for`, read along the operand's
 //!   contiguous axis: a transposed weight (`x @ transpose(w)`, as linear layers store
@@ -305,6 +309,9 @@ pub(super) struct Epilogue {
     /// Panels ahead whose lines the epilogue of a register tile prefetches
     /// (`Packing::epilogue_prefetch`); 0: none.
     pub(super) prefetch: usize,
+    /// Rows ahead whose lines the epilogue prefetches in a result stored
+    /// along its rows (the pixels as rows), row by row; 0: none.
+    pub(super) rows_ahead: usize,
 }
 
 /// Where a program of a packed product reads its operands at a step of
@@ -763,6 +770,7 @@ impl<'a> Conv<'a> {
             nr,
             mr: plan.mr,
             prefetch: 0,
+            rows_ahead: self.result_rows_ahead(),
         })?;
         self.b.end_kernel();
         Ok(())
@@ -1421,6 +1429,7 @@ impl<'a> Conv<'a> {
             nr,
             mr,
             prefetch: 0,
+            rows_ahead: self.result_rows_ahead(),
         }))
     }
 
@@ -1491,6 +1500,7 @@ impl<'a> Conv<'a> {
                 nr,
                 mr: rows,
                 prefetch: self.params.packed.map_or(0, |p| p.epilogue_prefetch),
+                rows_ahead: self.result_rows_ahead(),
             })
         } else {
             self.b.store(sum, t.block, at, None);
@@ -1801,6 +1811,9 @@ impl<'a> Conv<'a> {
         if e.prefetch > 0 {
             self.prefetch_ahead(e, body, rows, &col0)?;
         }
+        if e.rows_ahead > 0 {
+            self.prefetch_rows_ahead(e, body, rows, &row0, &col0)?;
+        }
         self.values.insert(accv, sum);
         self.shape = vec![rows, nr];
         self.splats.clear();
@@ -1840,6 +1853,26 @@ impl<'a> Conv<'a> {
         let ahead = col0.plus_scaled((e.prefetch * e.nr) as i64, &Affine::constant(1));
         self.index
             .insert(jv, ahead.plus_scaled(1, &Affine::axis(1)));
+        // Lines along the columns (a line of every `nr` columns, not one
+        // per element of a result stored along its rows).
+        let result = self.prefetch_lines(body, &[rows, e.nr], |c, buf, index| {
+            moves_with(index, iv) && c.unit_stride(buf, index, jv)
+        });
+        self.index.insert(jv, col0.plus_scaled(1, &Affine::axis(1)));
+        result
+    }
+
+    /// In the epilogue `body`, prefetches a `shape` tile at the index
+    /// (under `self.index`) of every load and store that `reads` accepts
+    /// (given its buffer and index), in memory every program sees (a
+    /// program's scratch, a Winograd convolution's products, stays in its
+    /// caches).
+    fn prefetch_lines(
+        &mut self,
+        body: &'a LBlock,
+        shape: &[usize],
+        reads: impl Fn(&Self, LValue, &[IndexExpr]) -> bool,
+    ) -> Result<(), TileConvError> {
         for &o in &body.ops {
             let op = self.op(o);
             let (buf, index) = match &op.kind {
@@ -1847,11 +1880,7 @@ impl<'a> Conv<'a> {
                 L::Store { index } => (op.operands[1], index),
                 _ => continue,
             };
-            // Lines along the columns (a line of every `nr` columns, not
-            // one per element of a result stored along its rows), in
-            // memory every program sees (a program's scratch, a Winograd
-            // convolution's products, stays in its caches).
-            if !(moves_with(index, iv) && self.unit_stride(buf, index, jv)) {
+            if !reads(self, buf, index) {
                 continue;
             }
             let index: Vec<Affine> = index
@@ -1860,11 +1889,47 @@ impl<'a> Conv<'a> {
                 .collect::<Result<_, _>>()?;
             let (buf, index) = self.place(buf, index)?;
             if matches!(self.b.ty(buf), Type::Buffer(t) if t.space == Space::Global) {
-                self.b.prefetch(buf, index, vec![rows, e.nr]);
+                self.b.prefetch(buf, index, shape.to_vec());
             }
         }
-        self.index.insert(jv, col0.plus_scaled(1, &Affine::axis(1)));
         Ok(())
+    }
+
+    /// Rows ahead whose lines an epilogue prefetches in a result stored
+    /// along its rows (`Packing::result_rows_ahead`).
+    fn result_rows_ahead(&self) -> usize {
+        self.params.packed.map_or(0, |p| p.result_rows_ahead)
+    }
+
+    /// Prefetches, for the epilogue of `rows` rows from `row0` of a block
+    /// whose columns start at `col0`, the lines of a result stored along
+    /// its rows (a 1 x 1 convolution's with its pixels as the rows: each
+    /// of the `nr` columns a run of pixels, a row's width apart)
+    /// `e.rows_ahead` rows further: a line of each column's run, which
+    /// the stores of the rows before would otherwise fetch one by one,
+    /// each column's from memory where the result is cold. The index is
+    /// left at `row0`, `col0` on.
+    fn prefetch_rows_ahead(
+        &mut self,
+        e: &Epilogue,
+        body: &'a LBlock,
+        rows: usize,
+        row0: &Affine,
+        col0: &Affine,
+    ) -> Result<(), TileConvError> {
+        let (iv, jv) = (body.args[0], body.args[1]);
+        let ahead = row0.plus_scaled(e.rows_ahead as i64, &Affine::constant(1));
+        // The tile transposed: its columns are the prefetch's rows, each
+        // a run along the result's rows (a line or two, not an element's).
+        self.index
+            .insert(iv, ahead.plus_scaled(1, &Affine::axis(1)));
+        self.index.insert(jv, col0.plus_scaled(1, &Affine::axis(0)));
+        let result = self.prefetch_lines(body, &[e.nr, rows], |c, buf, index| {
+            c.unit_stride(buf, index, iv) && !c.unit_stride(buf, index, jv)
+        });
+        self.index.insert(iv, row0.plus_scaled(1, &Affine::axis(0)));
+        self.index.insert(jv, col0.plus_scaled(1, &Affine::axis(1)));
+        result
     }
 
     /// Copies slice `kb` (`kc` deep) of the `nr` columns from `j0` of
