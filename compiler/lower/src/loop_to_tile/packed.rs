@@ -309,9 +309,6 @@ pub(super) struct Epilogue {
     /// Panels ahead whose lines the epilogue of a register tile prefetches
     /// (`Packing::epilogue_prefetch`); 0: none.
     pub(super) prefetch: usize,
-    /// Rows ahead whose lines the epilogue prefetches in a result stored
-    /// along its rows (the pixels as rows), row by row; 0: none.
-    pub(super) rows_ahead: usize,
 }
 
 /// Where a program of a packed product reads its operands at a step of
@@ -770,7 +767,6 @@ impl<'a> Conv<'a> {
             nr,
             mr: plan.mr,
             prefetch: 0,
-            rows_ahead: self.result_rows_ahead(),
         })?;
         self.b.end_kernel();
         Ok(())
@@ -1429,7 +1425,6 @@ impl<'a> Conv<'a> {
             nr,
             mr,
             prefetch: 0,
-            rows_ahead: self.result_rows_ahead(),
         }))
     }
 
@@ -1500,7 +1495,6 @@ impl<'a> Conv<'a> {
                 nr,
                 mr: rows,
                 prefetch: self.params.packed.map_or(0, |p| p.epilogue_prefetch),
-                rows_ahead: self.result_rows_ahead(),
             })
         } else {
             self.b.store(sum, t.block, at, None);
@@ -1811,8 +1805,9 @@ impl<'a> Conv<'a> {
         if e.prefetch > 0 {
             self.prefetch_ahead(e, body, rows, &col0)?;
         }
-        if e.rows_ahead > 0 {
-            self.prefetch_rows_ahead(e, body, rows, &row0, &col0)?;
+        let rows_ahead = self.params.packed.map_or(0, |p| p.result_rows_ahead);
+        if rows_ahead > 0 {
+            self.prefetch_rows_ahead(e.nr, rows_ahead, body, rows, &row0, &col0)?;
         }
         self.values.insert(accv, sum);
         self.shape = vec![rows, nr];
@@ -1895,36 +1890,31 @@ impl<'a> Conv<'a> {
         Ok(())
     }
 
-    /// Rows ahead whose lines an epilogue prefetches in a result stored
-    /// along its rows (`Packing::result_rows_ahead`).
-    fn result_rows_ahead(&self) -> usize {
-        self.params.packed.map_or(0, |p| p.result_rows_ahead)
-    }
-
     /// Prefetches, for the epilogue of `rows` rows from `row0` of a block
-    /// whose columns start at `col0`, the lines of a result stored along
-    /// its rows (a 1 x 1 convolution's with its pixels as the rows: each
-    /// of the `nr` columns a run of pixels, a row's width apart)
-    /// `e.rows_ahead` rows further: a line of each column's run, which
+    /// whose `nr` columns start at `col0`, the lines of a result stored
+    /// along its rows (a 1 x 1 convolution's with its pixels as the rows:
+    /// each column a run of pixels, a row's width apart) `ahead` rows
+    /// further (`Packing::result_rows_ahead`): a line of each column's run, which
     /// the stores of the rows before would otherwise fetch one by one,
     /// each column's from memory where the result is cold. The index is
     /// left at `row0`, `col0` on.
     fn prefetch_rows_ahead(
         &mut self,
-        e: &Epilogue,
+        nr: usize,
+        ahead: usize,
         body: &'a LBlock,
         rows: usize,
         row0: &Affine,
         col0: &Affine,
     ) -> Result<(), TileConvError> {
         let (iv, jv) = (body.args[0], body.args[1]);
-        let ahead = row0.plus_scaled(e.rows_ahead as i64, &Affine::constant(1));
+        let ahead = row0.plus_scaled(ahead as i64, &Affine::constant(1));
         // The tile transposed: its columns are the prefetch's rows, each
         // a run along the result's rows (a line or two, not an element's).
         self.index
             .insert(iv, ahead.plus_scaled(1, &Affine::axis(1)));
         self.index.insert(jv, col0.plus_scaled(1, &Affine::axis(0)));
-        let result = self.prefetch_lines(body, &[e.nr, rows], |c, buf, index| {
+        let result = self.prefetch_lines(body, &[nr, rows], |c, buf, index| {
             c.unit_stride(buf, index, iv) && !c.unit_stride(buf, index, jv)
         });
         self.index.insert(iv, row0.plus_scaled(1, &Affine::axis(0)));
