@@ -743,11 +743,22 @@ impl Lowering<'_> {
             // The chain from `n` to `end`, `n` substituted: its other reads.
             self.count_reads(end, end, Some(n), &own, &mut votes);
         }
-        let best = (0..rank).max_by_key(|&a| (votes[a], a)).unwrap_or(rank - 1);
-        if votes[best] > votes[rank - 1] {
+        // An axis of one element is no loop to vectorize: the last longer
+        // one stands in for the trailing ones (which move together with it
+        // in a row-major buffer), and none is chosen.
+        let shape = &self.ty(n).shape;
+        let last = (0..rank).rev().find(|&a| shape[a] > 1).unwrap_or(rank - 1);
+        for a in last + 1..rank {
+            votes[last] += std::mem::take(&mut votes[a]);
+        }
+        let best = (0..rank)
+            .filter(|&a| shape[a] > 1 || a == last)
+            .max_by_key(|&a| (votes[a], a))
+            .unwrap_or(last);
+        if votes[best] > votes[last] {
             best
         } else {
-            rank - 1
+            last
         }
     }
 
@@ -1869,10 +1880,13 @@ impl Lowering<'_> {
     /// rather than seven rows of 7. Returns whether it did.
     fn emit_flat_elementwise(&mut self, n: NodeIndex) -> bool {
         let ty = self.ty(n).clone();
-        let [_, _, _, w] = ty.shape[..] else {
+        let [_, _, h, w] = ty.shape[..] else {
             return false;
         };
-        if w >= FLAT_WIDTH {
+        // Over single pixels (a squeeze-excite scale folded into `[O, C, 1,
+        // 1]` weights) the flat nest's innermost loop would be one pixel;
+        // the nest along the channels vectorizes.
+        if w >= FLAT_WIDTH || h * w == 1 {
             return false;
         }
         let end = match self.plan[&n] {

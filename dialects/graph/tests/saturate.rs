@@ -200,6 +200,24 @@ fn seeds(rule: &str) -> Vec<(&'static str, Vec<&'static str>)> {
                 &["N C H W", "O C 1 1", ""],
             ),
         ],
+        "conv-input-scale-fold" => vec![
+            v(
+                "(conv2d [1,1] [0,0] 1 (mul (param 0) (param 1)) (param 2))",
+                &["1 C H W", "1 C 1 1", "O C 1 1"],
+            ),
+            v(
+                "(conv2d [2,1] [1,1] 1 (mul (param 0) (param 1)) (param 2))",
+                &["1 C H W", "C 1 1", "O C 3 3"],
+            ),
+            v(
+                "(conv2d [1,1] [1,1] 2 (mul (param 0) (param 1)) (param 2))",
+                &["N 4 H W", "", "6 2 3 3"],
+            ),
+        ],
+        "conv-input-scale-fold-left" => vec![v(
+            "(conv2d [1,1] [0,0] 1 (mul (param 1) (param 0)) (param 2))",
+            &["1 C H W", "1 C 1 1", "O C 1 1"],
+        )],
         "slice-concat" => vec![
             v(
                 "(slice 1 0 2 (concat 1 (param 0) (param 1)))",
@@ -615,6 +633,76 @@ fn three_projections_merge_when_cheaper() {
             for (a, b) in w.data.iter().zip(g.data.iter()) {
                 assert!((a - b).abs() <= 1e-5 * (1.0 + a.abs()), "{a} vs {b}");
             }
+        }
+    }
+}
+
+/// Squeeze-excite's channel scale before a 1 x 1 projection: folded into
+/// the weights where they are fewer than the pixels it would scale (a
+/// 96 -> 24 projection over 56 x 56), kept on the input where they are more
+/// (1152 -> 192 over 7 x 7), whichever operand of the product comes first,
+/// and never for a batch of two images (each would need its own weights).
+#[test]
+fn a_channel_scale_folds_into_the_smaller_of_weights_and_input() {
+    for (n, c, hw, o, expect_folded, scale_first) in [
+        (1usize, 96usize, 56usize, 24usize, true, false),
+        (1, 96, 56, 24, true, true),
+        (1, 1152, 7, 192, false, false),
+        (2, 96, 56, 24, false, false),
+    ] {
+        let product = if scale_first { "%0, %x" } else { "%x, %0" };
+        let src = format!(
+            "graph.func @se(%x: f32[{n}, {c}, {hw}, {hw}], %s: f32[{n}, {c}, 1, 1], %w: f32[{o}, {c}, 1, 1]) -> f32[{n}, {o}, {hw}, {hw}] {{\n\
+               %0 = graph.sigmoid %s : f32[{n}, {c}, 1, 1]\n\
+               %1 = graph.mul {product} : f32[{n}, {c}, {hw}, {hw}]\n\
+               %2 = graph.conv2d %1, %w {{stride = [1, 1], padding = [0, 0], groups = 1}} : f32[{n}, {o}, {hw}, {hw}]\n\
+               graph.return %2\n}}\n"
+        );
+        let module = parse_module(&src).unwrap_or_else(|e| panic!("{e}\n{src}"));
+        let mut opt = module.clone();
+        // The fixed model of `three_projections_merge_when_cheaper`.
+        let model = CostModel {
+            gemm_gflops: 100.0,
+            bandwidth_gbs: 10.0,
+            elementwise_ns: 0.02,
+            transcendental_ns: 2.0,
+            kernel_us: 1.0,
+            source: "test".into(),
+        };
+        let report =
+            saturate_function(&mut opt.functions[0], &SaturateOptions::default(), &model).unwrap();
+        let f = &opt.functions[0];
+        let conv = f
+            .body
+            .node_indices()
+            .find(|&i| matches!(f.body[i].op, Op::Conv2d { .. }))
+            .unwrap();
+        let reads_x_itself = f
+            .body
+            .neighbors_directed(conv, petgraph::Direction::Incoming)
+            .any(|i| matches!(f.body[i].op, Op::Param { index: 0, .. }));
+        assert_eq!(
+            reads_x_itself, expect_folded,
+            "{n}x{c}x{hw}x{hw} -> {o}: {report:?}\n{opt}"
+        );
+        let mut rng = StdRng::seed_from_u64(5);
+        let args: Vec<Tensor> = module.functions[0]
+            .param_types()
+            .iter()
+            .map(|t| {
+                input(
+                    &Spec {
+                        ty: t.clone(),
+                        positive: false,
+                    },
+                    &mut rng,
+                )
+            })
+            .collect();
+        let want = run_function(&module, "se", &args).unwrap();
+        let got = run_function(&opt, "se", &args).unwrap();
+        for (a, b) in want[0].data.iter().zip(got[0].data.iter()) {
+            assert!((a - b).abs() <= 1e-5 * (1.0 + a.abs()), "{a} vs {b}");
         }
     }
 }

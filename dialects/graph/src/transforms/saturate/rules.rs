@@ -415,6 +415,36 @@ pub fn conv() -> Vec<Rule> {
             }
         },
     ));
+    // A scalar, or a per-input-channel scale of a single image
+    // (squeeze-excite's `x * sigmoid(..)` before its projection, either
+    // operand first), scales the weights' input channels instead:
+    // `O * C * kh * kw` multiplies in place of a pass over `C * H * W` (zero
+    // padding stays zero either way). Several images would need a weight
+    // tensor each, and a grouped convolution's input channels are not its
+    // weights' second axis.
+    for (name, lhs) in [
+        ("conv-input-scale-fold", "(conv2d ?s ?p ?g (mul ?x ?c) ?w)"),
+        (
+            "conv-input-scale-fold-left",
+            "(conv2d ?s ?p ?g (mul ?c ?x) ?w)",
+        ),
+    ] {
+        r.push(computed(name, lhs, |eg, s| {
+            let &[n, c, _, _] = shape(eg, s, "?x")? else {
+                return None;
+            };
+            match shape(eg, s, "?c")? {
+                [] => Some("(conv2d ?s ?p ?g ?x (mul ?w ?c))".into()),
+                [1, k, 1, 1] | [k, 1, 1] if *k == c && n == 1 && num(eg, s, "?g")? == 1 => {
+                    Some(format!(
+                        "(conv2d ?s ?p ?g ?x (mul ?w (reshape {} ?c)))",
+                        list(&[1, c, 1, 1])
+                    ))
+                }
+                _ => None,
+            }
+        }));
+    }
     r
 }
 
