@@ -17,7 +17,7 @@ use dlc_graph::transforms::saturate::lang::{
     Data, Head, TEGraph, TLang, Tables, TensorAnalysis, decode, reachable,
 };
 use dlc_graph::transforms::saturate::rules::{self, Rule};
-use dlc_graph::transforms::saturate::{SaturateOptions, saturate_function};
+use dlc_graph::transforms::saturate::{SaturateOptions, extract, saturate_function};
 use egg::{AstSize, Extractor, Id, Language, RecExpr, Runner};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -705,6 +705,51 @@ fn a_channel_scale_folds_into_the_smaller_of_weights_and_input() {
             assert!((a - b).abs() <= 1e-5 * (1.0 + a.abs()), "{a} vs {b}");
         }
     }
+}
+
+/// A convolution read twice, `c * (c * k + h)` (hardswish's shape): with
+/// the convolution rules, `c * k` is also `conv(x, w * k)`, which greedy
+/// extraction (a subterm priced at each use) takes, computing the
+/// convolution twice; its local search (`improve`) switches `c * k` back to
+/// a multiply of the convolution the program computes anyway.
+#[test]
+fn greedy_extraction_computes_a_value_read_twice_once() {
+    let mut rng = StdRng::seed_from_u64(1);
+    let specs = specs(&["1 3 64 64", "16 3 3 3", "", ""], &mut rng);
+    let term = "(mul (conv2d [2,2] [1,1] 1 (param 0) (param 1)) \
+                     (add (mul (conv2d [2,2] [1,1] 1 (param 0) (param 1)) (param 2)) (param 3)))";
+    let (eg, root) = egraph_of(term, &specs);
+    let runner = Runner::default()
+        .with_egraph(eg)
+        .with_iter_limit(4)
+        .run(&rules::conv());
+    let eg = runner.egraph;
+    let roots = [eg.find(root)];
+    // The fixed model of `three_projections_merge_when_cheaper`.
+    let model = CostModel {
+        gemm_gflops: 100.0,
+        bandwidth_gbs: 10.0,
+        elementwise_ns: 0.02,
+        transcendental_ns: 2.0,
+        kernel_us: 1.0,
+        source: "test".into(),
+    };
+    let target = SaturateOptions::default().target;
+    let convs = |choice: &extract::Choice| {
+        extract::used_classes(&eg, choice, &roots)
+            .unwrap()
+            .iter()
+            .filter(|c| matches!(choice[c], TLang::Conv2d(_)))
+            .count()
+    };
+    let greedy = extract::greedy(&model, &target, &eg, &roots);
+    assert_eq!(
+        convs(&greedy),
+        2,
+        "the premise: greedy recomputes the convolution"
+    );
+    let improved = extract::improve(&model, &target, &eg, &roots, &greedy);
+    assert_eq!(convs(&improved), 1);
 }
 
 /// A product chain's associations, grown to saturation (a fixed search,

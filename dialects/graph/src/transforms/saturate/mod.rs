@@ -92,7 +92,7 @@ use crate::interp::{FOLD_WORK_LIMIT, Tensor, eval_op, op_work};
 use crate::module::{Function, Module, Value};
 use crate::ops::Op;
 use cost::{CostModel, WEIGHT_FOLD_LIMIT};
-use extract::{Choice, IlpOutcome, greedy, ilp, tensor_children, used_classes};
+use extract::{Choice, IlpOutcome, greedy, ilp, improve, tensor_children, used_classes};
 use lang::{Encoded, Head, TEGraph, decode, encode};
 
 /// How the chosen graph is extracted.
@@ -233,6 +233,7 @@ pub fn saturate_function(
     let roots: Vec<Id> = roots.iter().map(|&r| eg.find(r)).collect();
     let origin: HashMap<Id, NodeIndex> = origin.into_iter().map(|(c, n)| (eg.find(c), n)).collect();
     let g = greedy(model, target, &eg, &roots);
+    let g = improve(model, target, &eg, &roots, &g);
     let mut candidates = vec![g.clone()];
     let outcome = match options.extraction {
         Extraction::Greedy => None,
