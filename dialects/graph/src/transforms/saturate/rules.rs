@@ -12,7 +12,7 @@
 //!   `a - b = a + (-b)`, `-(-x)`, `x * sigmoid(x) = silu(x)`), `layout` (transpose composition, transposes through
 //!   element-wise ops and products), `matmul` (associativity, distribution over `+`,
 //!   scalar factors), `conv` (bilinearity in input and weights, batchnorm and per-channel
-//!   scale folded into the weights), `split-concat` (slices of concatenations and of
+//!   scales of the output, or of one image's input, folded into the weights), `split-concat` (slices of concatenations and of
 //!   slices, whole slices, adjacent slices, concatenation and slices commuting with
 //!   element-wise ops), and the multi-pattern `merge` table (products sharing their left
 //!   or right operand, convolutions sharing their input, become one op on concatenated
