@@ -589,21 +589,7 @@ fn three_projections_merge_when_cheaper() {
                %v = graph.matmul %x, %wv : f32[{s}, {n}]\n\
                graph.return %q, %k, %v\n}}\n"
         );
-        let module = parse_module(&src).unwrap_or_else(|e| panic!("{e}\n{src}"));
-        let mut opt = module.clone();
-        // A fixed model, so that the decision does not move with the
-        // machine's calibration: 100 GFLOP/s, 10 GB/s, 0.02 / 2 ns per
-        // fused arithmetic / transcendental op and element, 1 us per kernel.
-        let model = CostModel {
-            gemm_gflops: 100.0,
-            bandwidth_gbs: 10.0,
-            elementwise_ns: 0.02,
-            transcendental_ns: 2.0,
-            kernel_us: 1.0,
-            source: "test".into(),
-        };
-        let report =
-            saturate_function(&mut opt.functions[0], &SaturateOptions::default(), &model).unwrap();
+        let (module, opt, report) = saturated(&src);
         let f = &opt.functions[0];
         let matmuls = f.body.node_weights().filter(|n| n.op == Op::MatMul).count();
         assert_eq!(
@@ -612,27 +598,77 @@ fn three_projections_merge_when_cheaper() {
             "{s}x{k}x{n}: {report:?}\n{opt}"
         );
         assert!(report.cost_after <= report.cost_before);
-        let mut rng = StdRng::seed_from_u64(3);
-        let args: Vec<Tensor> = module.functions[0]
-            .param_types()
-            .iter()
-            .map(|t| {
-                input(
-                    &Spec {
-                        ty: t.clone(),
-                        positive: false,
-                    },
-                    &mut rng,
-                )
-            })
-            .collect();
-        let want = run_function(&module, "proj", &args).unwrap();
-        let got = run_function(&opt, "proj", &args).unwrap();
-        assert_eq!(want.len(), got.len());
-        for (w, g) in want.iter().zip(&got) {
-            for (a, b) in w.data.iter().zip(g.data.iter()) {
-                assert!((a - b).abs() <= 1e-5 * (1.0 + a.abs()), "{a} vs {b}");
-            }
+        assert_same_results(&module, &opt, "proj", 3);
+    }
+}
+
+/// A fixed cost model, so that the decisions tests expect do not move with
+/// the machine's calibration: 100 GFLOP/s, 10 GB/s, 0.02 / 2 ns per fused
+/// arithmetic / transcendental op and element, 1 us per kernel.
+fn fixed_model() -> CostModel {
+    CostModel {
+        gemm_gflops: 100.0,
+        bandwidth_gbs: 10.0,
+        elementwise_ns: 0.02,
+        transcendental_ns: 2.0,
+        kernel_us: 1.0,
+        source: "test".into(),
+    }
+}
+
+/// The module `src` describes, and it with its first function saturated
+/// under [`fixed_model`], with the report.
+fn saturated(
+    src: &str,
+) -> (
+    dlc_graph::module::Module,
+    dlc_graph::module::Module,
+    dlc_graph::transforms::saturate::Report,
+) {
+    let module = parse_module(src).unwrap_or_else(|e| panic!("{e}\n{src}"));
+    let mut opt = module.clone();
+    let report = saturate_function(
+        &mut opt.functions[0],
+        &SaturateOptions::default(),
+        &fixed_model(),
+    )
+    .unwrap();
+    (module, opt, report)
+}
+
+/// `name` of `module` and of `opt` agree within 1e-5 of each output's
+/// magnitude on random inputs drawn from `seed`.
+fn assert_same_results(
+    module: &dlc_graph::module::Module,
+    opt: &dlc_graph::module::Module,
+    name: &str,
+    seed: u64,
+) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let args: Vec<Tensor> = module
+        .function(name)
+        .unwrap()
+        .param_types()
+        .iter()
+        .map(|t| {
+            input(
+                &Spec {
+                    ty: t.clone(),
+                    positive: false,
+                },
+                &mut rng,
+            )
+        })
+        .collect();
+    let want = run_function(module, name, &args).unwrap();
+    let got = run_function(opt, name, &args).unwrap();
+    assert_eq!(want.len(), got.len());
+    for (w, g) in want.iter().zip(&got) {
+        for (a, b) in w.data.iter().zip(g.data.iter()) {
+            assert!(
+                (a - b).abs() <= 1e-5 * (1.0 + a.abs()),
+                "{name}: {a} vs {b}"
+            );
         }
     }
 }
@@ -658,19 +694,7 @@ fn a_channel_scale_folds_into_the_smaller_of_weights_and_input() {
                %2 = graph.conv2d %1, %w {{stride = [1, 1], padding = [0, 0], groups = 1}} : f32[{n}, {o}, {hw}, {hw}]\n\
                graph.return %2\n}}\n"
         );
-        let module = parse_module(&src).unwrap_or_else(|e| panic!("{e}\n{src}"));
-        let mut opt = module.clone();
-        // The fixed model of `three_projections_merge_when_cheaper`.
-        let model = CostModel {
-            gemm_gflops: 100.0,
-            bandwidth_gbs: 10.0,
-            elementwise_ns: 0.02,
-            transcendental_ns: 2.0,
-            kernel_us: 1.0,
-            source: "test".into(),
-        };
-        let report =
-            saturate_function(&mut opt.functions[0], &SaturateOptions::default(), &model).unwrap();
+        let (module, opt, report) = saturated(&src);
         let f = &opt.functions[0];
         let conv = f
             .body
@@ -685,25 +709,7 @@ fn a_channel_scale_folds_into_the_smaller_of_weights_and_input() {
             reads_x_itself, expect_folded,
             "{n}x{c}x{hw}x{hw} -> {o}: {report:?}\n{opt}"
         );
-        let mut rng = StdRng::seed_from_u64(5);
-        let args: Vec<Tensor> = module.functions[0]
-            .param_types()
-            .iter()
-            .map(|t| {
-                input(
-                    &Spec {
-                        ty: t.clone(),
-                        positive: false,
-                    },
-                    &mut rng,
-                )
-            })
-            .collect();
-        let want = run_function(&module, "se", &args).unwrap();
-        let got = run_function(&opt, "se", &args).unwrap();
-        for (a, b) in want[0].data.iter().zip(got[0].data.iter()) {
-            assert!((a - b).abs() <= 1e-5 * (1.0 + a.abs()), "{a} vs {b}");
-        }
+        assert_same_results(&module, &opt, "se", 5);
     }
 }
 
@@ -725,15 +731,7 @@ fn greedy_extraction_computes_a_value_read_twice_once() {
         .run(&rules::conv());
     let eg = runner.egraph;
     let roots = [eg.find(root)];
-    // The fixed model of `three_projections_merge_when_cheaper`.
-    let model = CostModel {
-        gemm_gflops: 100.0,
-        bandwidth_gbs: 10.0,
-        elementwise_ns: 0.02,
-        transcendental_ns: 2.0,
-        kernel_us: 1.0,
-        source: "test".into(),
-    };
+    let model = fixed_model();
     let target = SaturateOptions::default().target;
     let convs = |choice: &extract::Choice| {
         extract::used_classes(&eg, choice, &roots)

@@ -33,7 +33,7 @@ use good_lp::{
 use dlc_core::TargetDesc;
 
 use super::cost::CostModel;
-use super::lang::{Data, Head, TEGraph, TLang, reachable, typed};
+use super::lang::{Data, Head, TEGraph, TLang, TensorAnalysis, reachable, typed};
 
 /// One chosen e-node per e-class.
 pub type Choice = BTreeMap<Id, TLang>;
@@ -84,7 +84,19 @@ impl CostFunction<TLang> for TreeCost<'_> {
 pub fn greedy(model: &CostModel, target: &TargetDesc, eg: &TEGraph, roots: &[Id]) -> Choice {
     let ex = Extractor::new(eg, TreeCost { model, target, eg });
     let mut choice = Choice::new();
-    let mut stack: Vec<Id> = roots.iter().map(|&r| eg.find(r)).collect();
+    choose_greedily(eg, &ex, &mut choice, roots);
+    choice
+}
+
+/// Gives every class `from` reaches through the nodes `choice` picks (or,
+/// where it picks none, `ex`'s cheapest) that node.
+fn choose_greedily(
+    eg: &TEGraph,
+    ex: &Extractor<'_, TreeCost<'_>, TLang, TensorAnalysis>,
+    choice: &mut Choice,
+    from: &[Id],
+) {
+    let mut stack: Vec<Id> = from.iter().map(|&r| eg.find(r)).collect();
     while let Some(c) = stack.pop() {
         if choice.contains_key(&c) {
             continue;
@@ -93,7 +105,6 @@ pub fn greedy(model: &CostModel, target: &TargetDesc, eg: &TEGraph, roots: &[Id]
         stack.extend(node.children().iter().map(|&ch| eg.find(ch)));
         choice.insert(c, node);
     }
-    choice
 }
 
 /// Local search from `start` (greedy's choice): each used class tries
@@ -151,15 +162,7 @@ pub fn improve(
                 budget -= 1;
                 let mut cand = cur.clone();
                 cand.insert(c, node.clone());
-                let mut stack: Vec<Id> = node.children().iter().map(|&k| eg.find(k)).collect();
-                while let Some(k) = stack.pop() {
-                    if cand.contains_key(&k) {
-                        continue;
-                    }
-                    let n = ex.find_best_node(k).clone();
-                    stack.extend(n.children().iter().map(|&ch| eg.find(ch)));
-                    cand.insert(k, n);
-                }
+                choose_greedily(eg, &ex, &mut cand, node.children());
                 if let Some(cost) = cost_of(&cand)
                     && cost < cur_cost * (1.0 - 1e-9)
                 {
