@@ -2417,36 +2417,37 @@ fn agree_on_tile_interpreter(m: &dlc_graph::Module, tiles: &dlc_tile::Module, ta
 
 /// 1 x 1 convolutions over 7 x 7 pixels computed with the pixels as rows
 /// (their result stored `[channels, pixels]`, along the register tile's
-/// rows): on a CPU without mask registers (AVX2) the epilogue runs on whole
-/// `mr x 16` register tiles (4 x 16), so that its store and its residual's load are
-/// runs along the columns transposed in registers; with them (AVX-512),
-/// row by row. One slice of the depth (the epilogue on each register tile
-/// as it is summed, the last strip's one-row tile on its own) and two (on
-/// the block after, a tile of rows at a time). Each agrees with the graph
-/// interpreter on the tile interpreter.
+/// rows): where the register tile has at most 8 rows (AVX2's 4, Zen 4's 6)
+/// the epilogue runs on whole `mr x nr` tiles, so that its store and its
+/// residual's load are runs along the columns transposed in registers (not
+/// scattered and gathered); with the 14 rows of AVX-512 with two FMA units,
+/// row by row, but for the last strip's 7-row tile (49 pixels). One slice
+/// of the depth (the epilogue on each register tile as it is summed, the
+/// last strip's tile of the rows left on its own) and two (on the block
+/// after, a tile of rows at a time). Each agrees with the graph interpreter
+/// on the tile interpreter.
 #[test]
-fn pixel_row_products_run_their_epilogues_on_register_tiles_without_mask_registers() {
+fn pixel_row_products_run_their_epilogues_on_register_tiles_of_few_rows() {
     let src = dlc_tests::PIXEL_ROW_PRODUCTS;
     let m = graph(src);
-    for (target, lanes) in x86_widths() {
+    let zen4 = TargetDesc::for_cpu("znver4").expect("a known CPU");
+    // Each target's three epilogues: the first product's whole tiles, its
+    // last strip's, the second product's on its block.
+    for (target, shapes) in [
+        (TargetDesc::x86_64_avx2(2), ["4x16", "1x16", "4x16"]),
+        (zen4, ["6x32", "1x32", "6x32"]),
+        (TargetDesc::x86_64_avx512(2), ["1x32", "7x32", "1x32"]),
+    ] {
         let tiles = kernels(&m, &target);
         let text = dlc_tile::print_module(&tiles);
         let epilogues: Vec<&str> = text
             .lines()
             .filter(|l| l.contains("tile.silu") || l.contains("tile.relu"))
             .collect();
-        // The first product's whole tiles', then its last strip's one row
-        // (49 pixels); the second's, on its block.
         assert_eq!(epilogues.len(), 3, "{}: {text}", target.name);
-        let whole = lanes == 32;
-        let tile = register_tile(&target);
-        let row = format!(
-            ": tile<1x{}xf32>",
-            target.gemm_blocking(dlc_core::DType::F32).nr
-        );
-        for (i, l) in epilogues.into_iter().enumerate() {
-            let want = if whole && i != 1 { &tile } else { &row };
-            assert!(l.ends_with(want), "{}: {l}\n{text}", target.name);
+        for (l, shape) in epilogues.into_iter().zip(shapes) {
+            let want = format!(": tile<{shape}xf32>");
+            assert!(l.ends_with(&want), "{}: {l}\n{text}", target.name);
         }
         agree_on_tile_interpreter(&m, &tiles, &target);
     }
@@ -2460,7 +2461,7 @@ fn pixel_row_products_run_their_epilogues_on_register_tiles_without_mask_registe
 /// turn (as many chains of multiply-adds as a whole tile's, where one
 /// tile's two would wait on each other), added after. (The same tiles agree with the graph
 /// interpreter in
-/// `pixel_row_products_run_their_epilogues_on_register_tiles_without_mask_registers`.)
+/// `pixel_row_products_run_their_epilogues_on_register_tiles_of_few_rows`.)
 #[test]
 fn the_last_strip_of_one_block_is_a_tile_of_the_rows_left() {
     let src = dlc_tests::PIXEL_ROW_PRODUCTS;
@@ -2499,12 +2500,12 @@ fn the_last_strip_of_one_block_is_a_tile_of_the_rows_left() {
 }
 
 /// 1 x 1 convolutions with the output channels as the product's rows (the
-/// result stored along the register tile's columns): on a CPU without mask
-/// registers (AVX2), a long-latency epilogue (SiLU written `h * sigmoid(h)`,
-/// which `graph.saturate` makes `silu(h)`) runs on whole `4 x 16` register tiles, eight independent
-/// chains, a short one (ReLU6) row by row; with mask registers (AVX-512)
-/// both row by row. Each agrees with the graph interpreter on the tile
-/// interpreter.
+/// result stored along the register tile's columns): where the register
+/// tile has at most 8 rows (AVX2's `4 x 16`), a long-latency epilogue (SiLU
+/// written `h * sigmoid(h)`, which `graph.saturate` makes `silu(h)`) runs on
+/// whole register tiles, eight independent chains, a short one (ReLU6) row
+/// by row; with AVX-512's 14 rows both row by row. Each agrees with the
+/// graph interpreter on the tile interpreter.
 #[test]
 fn long_epilogues_of_channel_row_products_run_on_register_tiles() {
     let src = dlc_tests::CHANNEL_ROW_PRODUCTS;

@@ -47,9 +47,9 @@
 //! - `tile.load`/`tile.store`: the address is `base + sum_k grad_k * e_k`; a vector whose
 //!   lanes are contiguous is one (masked, where a mask or a pad asks) vector access, a
 //!   stride-0 one a scalar load and broadcast (masked: one element read where any lane is
-//!   on), a 2-axis tile whose rows are adjacent and columns apart, where the target has
-//!   no mask registers (so no gather or scatter instructions), runs of its rows
-//!   transposed in registers (`runs_along_columns`), other strides a masked gather or scatter
+//!   on), a 2-axis tile of two rows or more whose rows are adjacent and columns apart,
+//!   runs of its rows transposed in registers (`runs_along_columns`), other strides a
+//!   masked gather or scatter
 //!   (without mask registers, a store of every lane a plain store a lane: a one-row
 //!   tile's stored across pixel rows),
 //!   whose lane pointers are the first lane's pointer offset by a constant vector of
@@ -1517,15 +1517,16 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
     /// whose columns are at least `rows` and more than
     /// `MAX_DEINTERLEAVED_STEP` apart (`offset = r + c * stride`: a product
     /// computed with the pixels as its rows, its result and what its
-    /// epilogue reads laid out `[channels, pixels]`), on a target without
-    /// gather and scatter instructions (no mask registers), where LLVM cuts
-    /// a gather or scatter into a branch and a scalar access per lane. Such
-    /// a tile is moved as runs along its columns, transposed in registers
-    /// (`strided_transposing_load`, `strided_transposing_store`).
+    /// epilogue reads laid out `[channels, pixels]`). Such a tile is moved
+    /// as runs along its columns, transposed in registers
+    /// (`strided_transposing_load`, `strided_transposing_store`), not
+    /// gathered and scattered: without mask registers (AVX2) LLVM cuts a
+    /// gather or scatter into a branch and a scalar access per lane, and
+    /// Zen 4 runs its gather and scatter instructions slowly (a 6 x 32
+    /// tile's store was 24 eight-lane scatters).
     fn runs_along_columns(&self, a: &Access<'ctx>, cut: &Cut) -> bool {
         let rows = cut.shape[0];
-        !self.mask_registers
-            && cut.shape.len() == 2
+        cut.shape.len() == 2
             && rows >= 2
             && a.dtype != DType::Bool
             && a.grad[0] == 1

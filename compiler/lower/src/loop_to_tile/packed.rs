@@ -53,10 +53,10 @@
 //!   row of a panel (`1 x nr`) at a time, masked at the ragged edges, so its code (a
 //!   GELU's polynomial, say) is written for two vectors rather than the register
 //!   tile's twelve, and it walks the block row by row (row `r` of every panel, then row
-//!   `r + 1`), so the block is read and the result written along their rows; on a CPU
-//!   without mask registers, where the result is stored along the rows (the pixels as
-//!   rows), on `mr x nr` tiles, so that its store is runs of rows transposed in
-//!   registers rather than a scatter per row. With one
+//!   `r + 1`), so the block is read and the result written along their rows; where the
+//!   result is stored along the rows (the pixels as rows) and the tile has at most
+//!   `MAX_TILE_EPILOGUE_ROWS` (AVX2's 4, Zen 4's 6), on `mr x nr` tiles, so that its
+//!   store is runs of rows transposed in registers rather than a scatter per row. With one
 //!   slice of the depth (and no split), each register tile is final when its loop
 //!   ends: it is stored to an `mr x nr` scratch block and the epilogue runs on its rows
 //!   right away, while they are in L1, instead of on the whole block after (a 1 x 1
@@ -281,7 +281,9 @@ pub(super) enum Panels {
 }
 
 /// The most rows of a register tile on which an epilogue runs as one tile
-/// where its result is stored along the rows (`Conv::epilogue`).
+/// where its result is stored along the rows or it has a long-latency op
+/// (`Conv::epilogue`): AVX2's 4 and Zen 4's 6, not the 14 of AVX-512 with
+/// two FMA units.
 const MAX_TILE_EPILOGUE_ROWS: usize = 8;
 
 /// Which rows of its block an epilogue runs on: one (a counter), or the
@@ -1687,22 +1689,25 @@ impl<'a> Conv<'a> {
     ///
     /// Where the result's rows are adjacent in memory and its columns are
     /// not (a 1 x 1 convolution computed with the pixels as rows, stored to
-    /// `[channels, pixels]`), on a CPU without mask registers, the epilogue
-    /// runs on `mr x nr` tiles instead, a register tile's rows at a time:
-    /// its store is then `nr` runs of `mr` elements transposed in
-    /// registers, where a row's store is a scatter, which such a CPU does
-    /// lane by lane (a quarter of EfficientNet-B0's 7 x 7 expansion with
-    /// SiLU). So too, whatever the store's layout, where the epilogue has a
-    /// long-latency op (`long_latency_epilogue`).
+    /// `[channels, pixels]`), on a CPU whose register tile has at most
+    /// `MAX_TILE_EPILOGUE_ROWS`, the epilogue runs on `mr x nr` tiles
+    /// instead, a register tile's rows at a time: its store (and a
+    /// residual's load) is then `nr` runs of `mr` elements transposed in
+    /// registers, where a row's is a scatter (and a gather). Without mask
+    /// registers (AVX2) a CPU scatters lane by lane (a quarter of
+    /// EfficientNet-B0's 7 x 7 expansion with SiLU); Zen 4 has the
+    /// instructions but runs them slowly: ResNet-50's 512 -> 2048 over 7 x
+    /// 7 with its residual and ReLU, cut out, one thread, alternated with
+    /// onnxruntime, 1.18 -> 1.06 ms warm, 1.35 -> 1.22 with the caches
+    /// evicted (onnxruntime 1.01 and 1.17). So too, whatever the store's
+    /// layout, where the epilogue has a long-latency op
+    /// (`long_latency_epilogue`). Tiles of more rows (AVX-512 with two FMA
+    /// units: 14) keep the rows.
     pub(super) fn epilogue(&mut self, e: &Epilogue) -> Result<(), TileConvError> {
         if e.mr <= MAX_TILE_EPILOGUE_ROWS
             && e.rows.is_multiple_of(e.mr)
             && self.row_factors.is_none()
-            && self
-                .params
-                .target
-                .cpu()
-                .is_some_and(|c| !c.mask_registers())
+            && self.params.target.cpu().is_some()
             && (self.stores_along_rows(e.m)? || self.long_latency_epilogue(e.m)?)
         {
             if e.rows == e.mr {
