@@ -55,7 +55,7 @@
 //!   tile's twelve, and it walks the block row by row (row `r` of every panel, then row
 //!   `r + 1`), so the block is read and the result written along their rows; where the
 //!   result is stored along the rows (the pixels as rows) and the tile has at most
-//!   `MAX_TILE_EPILOGUE_ROWS` (AVX2's 4, Zen 4's 6), on `mr x nr` tiles, so that its
+//!   `MAX_TILE_EPILOGUE_ROWS` (AVX2's 4, Zen 4's 6, a last strip's 7), on `mr x nr` tiles, so that its
 //!   store is runs of rows transposed in registers rather than a scatter per row. With one
 //!   slice of the depth (and no split), each register tile is final when its loop
 //!   ends: it is stored to an `mr x nr` scratch block and the epilogue runs on its rows
@@ -283,7 +283,7 @@ pub(super) enum Panels {
 /// The most rows of a register tile on which an epilogue runs as one tile
 /// where its result is stored along the rows or it has a long-latency op
 /// (`Conv::epilogue`): AVX2's 4 and Zen 4's 6, not the 14 of AVX-512 with
-/// two FMA units.
+/// two FMA units (whose last strip of 7 rows over 49 pixels takes it).
 const MAX_TILE_EPILOGUE_ROWS: usize = 8;
 
 /// Which rows of its block an epilogue runs on: one (a counter), or the
@@ -1702,7 +1702,8 @@ impl<'a> Conv<'a> {
     /// evicted (onnxruntime 1.01 and 1.17). So too, whatever the store's
     /// layout, where the epilogue has a long-latency op
     /// (`long_latency_epilogue`). Tiles of more rows (AVX-512 with two FMA
-    /// units: 14) keep the rows.
+    /// units: 14) keep the rows, but for a last strip of the rows left that
+    /// has at most as many (49 pixels: 3 strips of 14, then a 7-row tile).
     pub(super) fn epilogue(&mut self, e: &Epilogue) -> Result<(), TileConvError> {
         if e.mr <= MAX_TILE_EPILOGUE_ROWS
             && e.rows.is_multiple_of(e.mr)
