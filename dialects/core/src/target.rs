@@ -362,6 +362,14 @@ const MIN_THREAD_ITERATIONS: usize = 8;
 /// are two to seven programs of up to 1.4 ms each, and ran on one thread.
 const MIN_THREAD_WORK: f64 = (2 << 20) as f64;
 
+/// A kernel on threads of at least this many element operations (about
+/// 160 us of one core) hands its programs out from a word per thread, a
+/// held-up thread's left to the others, rather than in fixed shares: the
+/// compare-exchange a program and the words' cache lines cost about half
+/// a microsecond a launch, 4% of MobileNetV3-small's two-thread call when
+/// every kernel did (docs/performance.md).
+const MIN_CLAIM_WORK: f64 = (16 << 20) as f64;
+
 /// The instructions code for the x86-64 `level` (and AVX-512 BF16 when
 /// `bf16`) uses that this machine lacks, by the names `/proc/cpuinfo` gives.
 #[cfg(target_arch = "x86_64")]
@@ -789,6 +797,12 @@ impl TargetDesc {
     /// [`Self::min_thread_iterations`] runs on threads.
     pub fn min_thread_work(&self) -> f64 {
         MIN_THREAD_WORK
+    }
+
+    /// Element operations from which a kernel on threads hands out its
+    /// programs to them as they come free rather than in fixed shares.
+    pub fn min_claim_work(&self) -> f64 {
+        MIN_CLAIM_WORK
     }
 
     /// The packed product kernel's blocking for `d` on a CPU: a register

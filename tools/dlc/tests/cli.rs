@@ -1017,61 +1017,82 @@ fn object_files_link_into_a_c_program() {
 }
 
 /// A C program that is its own OpenMP runtime: `GOMP_parallel` runs the
-/// team's members one after another, and after each prints how many of
-/// the output's elements the region has written so far (it fills the
-/// output with NaN first), for teams of 1 (which it is never asked to
-/// start), 2 and 3.
+/// team's members one after another (a member is held up until those
+/// before it have returned), and after each prints how many of the
+/// output's elements the region has written so far (it fills the output
+/// with NaN first), for teams of 1 (which it is never asked to start), 2
+/// and 3, and as `smaller`, teams of 2 and 3 one member short of what
+/// `omp_get_max_threads` says (the last never runs); for a light 1 x 1
+/// convolution (64 channels out) and a heavy one (256), whose every
+/// element it checks (192 = 384 x 1 x 0.5).
 const C_TEAM: &str = r#"
 #include <math.h>
 #include <stdio.h>
 #include "split.h"
 
-#define OUT (64 * 14 * 14)
-static float x[384 * 14 * 14], w[64 * 384], out[OUT];
-static int members = 1, member = 0;
+#define PIXELS (14 * 14)
+static float x[384 * PIXELS], w[256 * 384], out[256 * PIXELS];
+static int members = 1, member = 0, smaller = 0, size = 0;
 
 int omp_get_max_threads(void) { return members; }
-int omp_get_num_threads(void) { return members; }
+int omp_get_num_threads(void) { return members - smaller; }
 int omp_get_thread_num(void) { return member; }
 
 void GOMP_parallel(void (*fn)(void *), void *data, unsigned n, unsigned flags) {
     (void)n;
     (void)flags;
-    for (member = 0; member < members; member++) {
+    for (member = 0; member < members - smaller; member++) {
         fn(data);
         int written = 0;
-        for (int i = 0; i < OUT; i++) written += !isnan(out[i]);
+        for (int i = 0; i < size; i++) written += !isnan(out[i]);
         printf(" %d", written);
     }
     member = 0;
 }
 
-int main(void) {
-    for (int i = 0; i < 384 * 14 * 14; i++) x[i] = 1.0f;
-    for (int i = 0; i < 64 * 384; i++) w[i] = 0.5f;
-    for (members = 1; members <= 3; members++) {
-        for (int i = 0; i < OUT; i++) out[i] = NAN;
-        printf("team %d:", members);
-        if (dlc_split_f(x, w, out) != DLC_OK) return 1;
-        printf("\n");
+static int run(const char *name, int channels) {
+    size = channels * PIXELS;
+    for (smaller = 0; smaller <= 1; smaller++) {
+        for (members = 1 + smaller; members <= 3; members++) {
+            for (int i = 0; i < size; i++) out[i] = NAN;
+            printf("%s %s %d:", name, smaller ? "smaller" : "team", members);
+            int status = channels == 64 ? dlc_split_light(x, w, out) : dlc_split_heavy(x, w, out);
+            if (status != DLC_OK) return 1;
+            for (int i = 0; i < size; i++)
+                if (out[i] != 192.0f) return 2;
+            printf("\n");
+        }
     }
     return 0;
 }
+
+int main(void) {
+    for (int i = 0; i < 384 * PIXELS; i++) x[i] = 1.0f;
+    for (int i = 0; i < 256 * 384; i++) w[i] = 0.5f;
+    return run("light", 64) || run("heavy", 256);
+}
 "#;
 
-/// The programs of a kernel are split among the threads so that the later
-/// ones take the extra programs, where the grid's last program is the one
-/// the edge cuts short: a 1 x 1 convolution over 14 x 14 pixels is, on
-/// AVX2, 13 programs of 16 pixels, the last of 4. Two threads take 6 and
-/// 6 + 1/4 panels (96 and 100 pixels of 64 channels: 6144 and 6400
-/// elements), not 7 and 5 + 1/4 (the first thread had a third more work
-/// than the second, and the second waited); three take 4, 4 and 4 + 1/4.
+/// How a kernel's programs are shared among the threads (a 1 x 1
+/// convolution over 14 x 14 pixels is, on AVX2, panels of 16 pixels, the
+/// last of 4: 13 along the pixels). A light kernel's in fixed shares, the
+/// later threads taking the extra programs where the grid's last is the
+/// one the edge cuts short: two threads take 6 and 6 + 1/4 panels (96 and
+/// 100 pixels of 64 channels: 6144 and 6400 elements), not 7 and 5 + 1/4;
+/// three take 4, 4 and 4 + 1/4. A heavy kernel's (`min_claim_work`) from a
+/// word per thread holding that share: a thread takes its own share's
+/// programs in order, then those left in the others', so one held up
+/// leaves its programs to those that are free: under a runtime running a
+/// team's members one after another, the first writes the whole output.
+/// A team smaller than `omp_get_max_threads` still runs every program.
 #[test]
-fn threads_share_a_kernels_programs_with_the_short_one_last() {
+fn a_thread_held_up_leaves_a_heavy_kernels_programs_to_the_others() {
     let d = Dir::new("team");
     let model = d.file(
         "split.dl",
-        "fn f(x: f32[1, 384, 14, 14], w: f32[64, 384, 1, 1]) -> f32[1, 64, 14, 14] {\n    \
+        "fn light(x: f32[1, 384, 14, 14], w: f32[64, 384, 1, 1]) -> f32[1, 64, 14, 14] {\n    \
+         return conv2d(x, w);\n}\n\
+         fn heavy(x: f32[1, 384, 14, 14], w: f32[256, 384, 1, 1]) -> f32[1, 256, 14, 14] {\n    \
          return conv2d(x, w);\n}\n",
     );
     let (obj, _) = emit_object_and_header(&d, &model, "split", &["--cpu", "x86-64-v3"]);
@@ -1079,10 +1100,10 @@ fn threads_share_a_kernels_programs_with_the_short_one_last() {
     let printed = run_c_program(&d, "team", &main, &obj, &["-lm"]);
     // The product's region is the one that writes the output; a region
     // packing the weights writes none of it.
-    let product = |team: &str| -> Vec<usize> {
+    let product = |team: &str, run: usize, all: usize| -> Vec<usize> {
         let line = printed
             .lines()
-            .find(|l| l.starts_with(&format!("team {team}:")))
+            .find(|l| l.starts_with(&format!("{team}:")))
             .unwrap_or_else(|| panic!("{printed}"));
         let counts: Vec<usize> = line
             .split_once(':')
@@ -1091,17 +1112,42 @@ fn threads_share_a_kernels_programs_with_the_short_one_last() {
             .split_whitespace()
             .map(|n| n.parse().unwrap())
             .collect();
-        let n: usize = team.parse().unwrap();
         counts
-            .chunks(n)
-            .find(|region| region.last() == Some(&(64 * 196)))
-            .unwrap_or_else(|| panic!("team {team}: {printed}"))
+            .chunks(run)
+            .find(|region| region.last() == Some(&all))
+            .unwrap_or_else(|| panic!("{team}: {printed}"))
             .to_vec()
     };
+    let (light, heavy) = (64 * 196, 256 * 196);
     // At one thread the kernels run in place, without a team.
-    assert!(printed.lines().any(|l| l == "team 1:"), "{printed}");
-    assert_eq!(product("2"), [6144, 12544], "{printed}");
-    assert_eq!(product("3"), [4096, 8192, 12544], "{printed}");
+    for name in ["light", "heavy"] {
+        assert!(
+            printed.lines().any(|l| l == format!("{name} team 1:")),
+            "{printed}"
+        );
+    }
+    assert_eq!(
+        product("light team 2", 2, light),
+        [6144, light],
+        "{printed}"
+    );
+    assert_eq!(
+        product("light team 3", 3, light),
+        [4096, 8192, light],
+        "{printed}"
+    );
+    assert_eq!(
+        product("heavy team 2", 2, heavy),
+        [heavy, heavy],
+        "{printed}"
+    );
+    assert_eq!(product("heavy team 3", 3, heavy), [heavy; 3], "{printed}");
+    assert_eq!(product("heavy smaller 2", 1, heavy), [heavy], "{printed}");
+    assert_eq!(
+        product("heavy smaller 3", 2, heavy),
+        [heavy, heavy],
+        "{printed}"
+    );
 }
 
 /// What `C_MAIN` printed (built as `what`) against [`affine_reference`].

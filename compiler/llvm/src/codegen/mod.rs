@@ -111,6 +111,10 @@ pub(crate) struct Gen<'ctx, 'f, I: Ir = tile::TileIr> {
     /// through, with the phi of the failing status (see
     /// `parallel::launch`).
     launch_fail: std::cell::RefCell<Option<(BasicBlock<'ctx>, inkwell::values::PhiValue<'ctx>)>>,
+    /// The words this LLVM function's kernel launches hand out their
+    /// programs from, one per thread (see `parallel::launch`), allocated
+    /// once in its entry block.
+    claims: std::cell::Cell<Option<inkwell::values::PointerValue<'ctx>>>,
     /// In helpers that cannot fail: the block every failure branches to
     /// (unreachable).
     trap: Option<BasicBlock<'ctx>>,
@@ -136,6 +140,9 @@ pub(crate) struct Gen<'ctx, 'f, I: Ir = tile::TileIr> {
     lanes: usize,
     min_threads: usize,
     min_thread_work: f64,
+    /// The element operations from which a kernel on threads hands its
+    /// programs out as threads come free (`TargetDesc::min_claim_work`).
+    min_claim_work: f64,
     /// Whether the target has AVX-512 BF16's dot products of bf16 pairs
     /// (`CpuDesc::avx512_bf16`), which a `tile.dot` of bf16 two deep runs as.
     bf16_dot: bool,
@@ -198,6 +205,7 @@ impl<'ctx, 'f, I: Ir> Gen<'ctx, 'f, I> {
             sites: sites.clone(),
             fail_blocks: Default::default(),
             launch_fail: Default::default(),
+            claims: Default::default(),
             trap: None,
             loc: None,
             status_slot: None,
@@ -207,6 +215,7 @@ impl<'ctx, 'f, I: Ir> Gen<'ctx, 'f, I> {
             lanes: dlc_core::TargetDesc::host().lanes(DType::F32),
             min_threads: dlc_core::TargetDesc::host().min_thread_iterations(),
             min_thread_work: dlc_core::TargetDesc::host().min_thread_work(),
+            min_claim_work: dlc_core::TargetDesc::host().min_claim_work(),
             bf16_dot: false,
             mask_registers: true,
             gpu: None,

@@ -7,11 +7,20 @@ use inkwell::AtomicOrdering;
 use inkwell::basic_block::BasicBlock;
 use inkwell::module::Linkage;
 use inkwell::types::BasicTypeEnum;
-use inkwell::values::{BasicValueEnum, FunctionValue, IntValue, PhiValue, PointerValue};
+use inkwell::values::{
+    BasicValue, BasicValueEnum, FunctionValue, IntValue, PhiValue, PointerValue,
+};
 use inkwell::{AddressSpace, IntPredicate};
 
 use super::{Gen, Ir};
 use crate::{CodegenError, R};
+
+/// How many threads a kernel launch hands out its programs to from words
+/// of their own (see [`Gen::outline`]); threads past them only take
+/// programs from those words. A word is a 64-byte line of its own.
+const CLAIM_WORDS: u64 = 16;
+/// `i64`s from one thread's word to the next (64 bytes).
+const CLAIM_STRIDE: u64 = 8;
 
 /// Slot `i` (of 8 bytes) of an outlined function's frame.
 fn frame_slot<'ctx, I: Ir>(
@@ -148,21 +157,22 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         Ok(())
     }
 
-    /// Outlines `body(first, end)` over `lo..hi` into a function taking a
-    /// frame that holds `captures` (every value the body uses from outside,
-    /// in that order), then `extra`, then a status slot a failure is
-    /// recorded in. With `threads`, the function is meant for
-    /// `GOMP_parallel`: each thread takes its contiguous chunk of the range;
-    /// otherwise it runs the whole range. `body(first, end, thread, extra)`
-    /// is told the OpenMP thread number (0 without threads).
-    /// [`Self::launch`] calls it.
+    /// Outlines `body(first, end)` over the range `lo..hi` into a function
+    /// taking a frame that holds `captures` (every value the body uses from
+    /// outside, in that order), then `extra`, then a status slot a failure
+    /// is recorded in, then (with `threads`) the claim words `launch`
+    /// filled. With `threads`, the function is meant for `GOMP_parallel`:
+    /// each thread runs the programs of its share of the range, and with
+    /// `claims` then takes those left in the others'; otherwise it runs the
+    /// whole range. `body(first, end, thread, extra)` is told the OpenMP
+    /// thread number (0 without threads). [`Self::launch`] calls it.
     pub(super) fn outline(
         &mut self,
-        lo: i64,
-        hi: i64,
+        std::ops::Range { start: lo, end: hi }: std::ops::Range<i64>,
         captures: &[I::Value],
         extra: &[BasicValueEnum<'ctx>],
         threads: bool,
+        claims: bool,
         body: impl FnOnce(
             &mut Gen<'ctx, '_, I>,
             IntValue<'ctx>,
@@ -204,12 +214,14 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
             g.lanes,
             g.min_threads,
             g.min_thread_work,
+            g.min_claim_work,
             g.bf16_dot,
             g.mask_registers,
         ) = (
             self.lanes,
             self.min_threads,
             self.min_thread_work,
+            self.min_claim_work,
             self.bf16_dot,
             self.mask_registers,
         );
@@ -245,20 +257,115 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
             g.omp("omp_get_num_threads", 1)?,
         );
         let total = (hi - lo).max(0) as u64;
-        // Thread `t` of `n` takes `[t * total / n, (t + 1) * total / n)`:
-        // where the programs do not split evenly, the later threads take
-        // one more. A grid's last program along an axis is the one cut
-        // short by the edge (196 pixels are 12 panels of 16 and one of 4),
-        // so the thread with one program more also holds the short one:
-        // at two threads, 13 such programs split 6 + 6.25, not 7 + 5.25.
-        let share = |t: IntValue<'ctx>| -> R<IntValue<'ctx>> {
-            let scaled = g.b.build_int_mul(t, g.i64c(total), "scaled")?;
-            let part = g.b.build_int_unsigned_div(scaled, nt, "part")?;
-            Ok(g.b.build_int_add(lo_v, part, "bound")?)
+        if !claims || total >= 1 << 31 {
+            // Thread `t` of `n` takes `[t * total / n, (t + 1) * total / n)`
+            // (where the programs do not split evenly, the later threads
+            // take one more, and with it the grid's last, short, program),
+            // for a light kernel or a range too long for a claim word's
+            // halves.
+            let share = |t: IntValue<'ctx>| -> R<IntValue<'ctx>> {
+                let scaled = g.b.build_int_mul(t, g.i64c(total), "scaled")?;
+                let part = g.b.build_int_unsigned_div(scaled, nt, "part")?;
+                Ok(g.b.build_int_add(lo_v, part, "bound")?)
+            };
+            let first = share(tid)?;
+            let end = share(g.b.build_int_add(tid, g.i64c(1), "next")?)?;
+            body(&mut g, first, end, tid, &extra_in)?;
+            g.b.build_return(None)?;
+            return Ok(outlined);
+        }
+        // The programs are handed out from the claim words `launch` filled
+        // (word `t` of `n`: the range `[t * total / n, (t + 1) * total / n)`
+        // as `next | end << 32`): a thread takes its own word's programs
+        // from the front, in order, then those left in the others' from the
+        // back, one compare-exchange a program. Quiet, each thread runs its
+        // share as a fixed split would (the same rows of an operand; where
+        // the programs do not split evenly the later words hold one more,
+        // and with it the grid's last, short, program); a thread held up
+        // (another process on its core) leaves the end of its share to
+        // those that are free instead of holding the kernel until it
+        // returns.
+        let words =
+            g.b.build_load(
+                ctx.ptr_type(AddressSpace::default()),
+                frame_slot(&g, frame_in, slots.len() + 1)?,
+                "claims",
+            )?
+            .into_pointer_value();
+        // How many words `launch` filled: a team may have more threads
+        // (those past `CLAIM_WORDS`) or fewer than words.
+        // SAFETY (LLVM IR semantics): the count follows the words.
+        let count_at = unsafe {
+            g.b.build_in_bounds_gep(i64t, words, &[g.i64c(CLAIM_WORDS * CLAIM_STRIDE)], "owners")?
         };
-        let first = share(tid)?;
-        let end = share(g.b.build_int_add(tid, g.i64c(1), "next")?)?;
+        let owners = g.b.build_load(i64t, count_at, "owners")?.into_int_value();
+        let scan = ctx.append_basic_block(outlined, "claim.scan");
+        let try_claim = ctx.append_basic_block(outlined, "claim.try");
+        let open = ctx.append_basic_block(outlined, "claim.open");
+        let claimed = ctx.append_basic_block(outlined, "claimed");
+        let next_word = ctx.append_basic_block(outlined, "claim.next");
+        let done = ctx.append_basic_block(outlined, "all.claimed");
+        let entry_end =
+            g.b.get_insert_block()
+                .ok_or_else(|| CodegenError::Llvm("no insertion block".into()))?;
+        g.b.build_unconditional_branch(scan)?;
+        g.b.position_at_end(scan);
+        let k = g.b.build_phi(i64t, "k")?;
+        k.add_incoming(&[(&g.i64c(0), entry_end)]);
+        let kv = k.as_basic_value().into_int_value();
+        let more =
+            g.b.build_int_compare(IntPredicate::ULT, kv, owners, "more")?;
+        let at = g.b.build_int_add(tid, kv, "at")?;
+        let v = g.b.build_int_unsigned_rem(at, owners, "word")?;
+        let own = g.b.build_int_compare(IntPredicate::EQ, v, tid, "own")?;
+        let offset = g.b.build_int_mul(v, g.i64c(CLAIM_STRIDE), "offset")?;
+        // SAFETY (LLVM IR semantics): `v` < owners <= CLAIM_WORDS.
+        let word = unsafe { g.b.build_in_bounds_gep(i64t, words, &[offset], "word")? };
+        g.b.build_conditional_branch(more, try_claim, done)?;
+        g.b.position_at_end(try_claim);
+        let w = g.b.build_load(i64t, word, "w")?;
+        let load = w
+            .as_instruction_value()
+            .ok_or_else(|| CodegenError::Llvm("a load is no instruction".into()))?;
+        load.set_atomic_ordering(AtomicOrdering::Monotonic)
+            .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+        load.set_alignment(8)
+            .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+        let w = w.into_int_value();
+        let next = g.b.build_and(w, g.i64c(u32::MAX as u64), "next")?;
+        let end = g.b.build_right_shift(w, g.i64c(32), false, "end")?;
+        let left =
+            g.b.build_int_compare(IntPredicate::ULT, next, end, "left")?;
+        g.b.build_conditional_branch(left, open, next_word)?;
+        g.b.position_at_end(open);
+        let front = g.b.build_int_add(w, g.i64c(1), "front")?;
+        let back = g.b.build_int_sub(w, g.i64c(1 << 32), "back")?;
+        let taken =
+            g.b.build_select(own, front, back, "taken")?
+                .into_int_value();
+        let last = g.b.build_int_sub(end, g.i64c(1), "last")?;
+        let program =
+            g.b.build_select(own, next, last, "program")?
+                .into_int_value();
+        let swapped = g.b.build_cmpxchg(
+            word,
+            w,
+            taken,
+            AtomicOrdering::Monotonic,
+            AtomicOrdering::Monotonic,
+        )?;
+        let won = g.b.build_extract_value(swapped, 1, "won")?.into_int_value();
+        g.b.build_conditional_branch(won, claimed, try_claim)?;
+        g.b.position_at_end(claimed);
+        let first = g.b.build_int_add(lo_v, program, "first")?;
+        let end = g.b.build_int_add(first, g.i64c(1), "end")?;
         body(&mut g, first, end, tid, &extra_in)?;
+        g.b.build_unconditional_branch(try_claim)?;
+        g.b.position_at_end(next_word);
+        let k1 = g.b.build_int_add(kv, g.i64c(1), "k")?;
+        k.add_incoming(&[(&k1, next_word)]);
+        g.b.build_unconditional_branch(scan)?;
+        g.b.position_at_end(done);
         g.b.build_return(None)?;
         Ok(outlined)
     }
@@ -316,22 +423,26 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         Ok(slot)
     }
 
-    /// Calls a function [`Self::outline`] made: fills its frame with the
-    /// values of `captures` and `extra`, runs it on the OpenMP runtime's
-    /// threads (`threads`, when the runtime is linked) or here, and fails
-    /// with the status it recorded, if any.
+    /// Calls a function [`Self::outline`] made over `programs` programs:
+    /// fills its frame with the values of `captures` and `extra` (and, on
+    /// threads, the function's claim words, one set in its entry block for
+    /// every launch, which run one after another), runs it on the OpenMP
+    /// runtime's threads (`threads`, when the runtime is linked) or here,
+    /// and fails with the status it recorded, if any.
     pub(super) fn launch(
         &mut self,
         outlined: FunctionValue<'ctx>,
         captures: &[I::Value],
         extra: &[BasicValueEnum<'ctx>],
         threads: bool,
+        programs: u64,
     ) -> R<()> {
         let (ctx, i64t, i32t) = (self.ctx, self.ctx.i64_type(), self.ctx.i32_type());
         let mut values: Vec<BasicValueEnum<'ctx>> =
             captures.iter().map(|v| self.get(*v)).collect::<R<_>>()?;
         values.extend_from_slice(extra);
-        let frame_ty = i64t.array_type(values.len() as u32 + 1);
+        // The values, the status and, on threads, the claim words.
+        let frame_ty = i64t.array_type(values.len() as u32 + 2);
         // The frame lives in the entry block, so a nest of these does not
         // grow the stack.
         let frame = self.entry_alloca(frame_ty.into(), "frame")?;
@@ -345,6 +456,20 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
             // function launching a thousand kernels is not a thousand
             // copies of it (W7's step: 36,000 instructions).
             let helper = self.parallel_helper()?;
+            let claims = match self.claims.get() {
+                Some(words) => words,
+                None => {
+                    let words = self.entry_alloca(
+                        i64t.array_type((CLAIM_WORDS * CLAIM_STRIDE + 1) as u32)
+                            .into(),
+                        "claims",
+                    )?;
+                    self.claims.set(Some(words));
+                    words
+                }
+            };
+            self.b
+                .build_store(frame_slot(self, frame, values.len() + 1)?, claims)?;
             self.b
                 .build_call(
                     helper,
@@ -352,6 +477,8 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
                         outlined.as_global_value().as_pointer_value().into(),
                         frame.into(),
                         status_slot.into(),
+                        claims.into(),
+                        self.i64c(programs).into(),
                     ],
                     "status",
                 )?
@@ -401,7 +528,12 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
     }
 
     /// The module's `i32 dlc.parallel(void (*body)(void *), void *frame,
-    /// i32 *status)`: clears `*status`, runs `body(frame)` on the OpenMP
+    /// i32 *status, i64 *words, i64 programs)`: clears `*status`, fills the
+    /// claim words (word `t` of the `n` threads it asks for, at most
+    /// `CLAIM_WORDS`, the share `[t * programs / n, (t + 1) * programs / n)`
+    /// as `next | end << 32`: where the programs do not split evenly the
+    /// later words hold one more, and with it the grid's last, short one;
+    /// then `n`, after the words), runs `body(frame)` on the OpenMP
     /// runtime's threads (`GOMP_parallel`) when it is linked and may run
     /// more than one (`omp_get_max_threads()`), else on this one, and
     /// returns `*status`. At one thread `GOMP_parallel` still starts a team
@@ -414,9 +546,13 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         }
         let (ctx, i32t) = (self.ctx, self.ctx.i32_type());
         let ptr = ctx.ptr_type(AddressSpace::default());
+        let i64t = ctx.i64_type();
         let f = self.module.add_function(
             NAME,
-            i32t.fn_type(&[ptr.into(), ptr.into(), ptr.into()], false),
+            i32t.fn_type(
+                &[ptr.into(), ptr.into(), ptr.into(), ptr.into(), i64t.into()],
+                false,
+            ),
             Some(Linkage::Private),
         );
         let kind = inkwell::attributes::Attribute::get_named_enum_kind_id("noinline");
@@ -429,7 +565,11 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
                 .ok_or_else(|| CodegenError::Llvm("launch helper without parameters".into()))?
                 .into_pointer_value())
         };
-        let (body, frame, status) = (param(0)?, param(1)?, param(2)?);
+        let (body, frame, status, words) = (param(0)?, param(1)?, param(2)?, param(3)?);
+        let programs = f
+            .get_nth_param(4)
+            .ok_or_else(|| CodegenError::Llvm("launch helper without parameters".into()))?
+            .into_int_value();
         let gomp = self.declare_weak(
             "GOMP_parallel",
             ctx.void_type()
@@ -442,10 +582,14 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         let pool = ctx.append_basic_block(f, "pool");
         let alone = ctx.append_basic_block(f, "alone");
         let joined = ctx.append_basic_block(f, "joined");
+        let fill = ctx.append_basic_block(f, "fill");
+        let fill_word = ctx.append_basic_block(f, "fill.word");
+        let filled = ctx.append_basic_block(f, "filled");
+        let c64 = |v: u64| i64t.const_int(v, false);
         b.position_at_end(entry);
         b.build_store(status, i32t.const_zero())?;
         let linked = b.build_is_not_null(gomp.as_global_value().as_pointer_value(), "linked")?;
-        b.build_conditional_branch(linked, linked_block, alone)?;
+        b.build_conditional_branch(linked, linked_block, fill)?;
         // The runtime that defines `GOMP_parallel` defines this too.
         b.position_at_end(linked_block);
         let n = b
@@ -455,7 +599,54 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
             .ok_or_else(|| CodegenError::Llvm("omp_get_max_threads gives no value".into()))?
             .into_int_value();
         let many = b.build_int_compare(IntPredicate::SGT, n, i32t.const_int(1, false), "many")?;
-        b.build_conditional_branch(many, pool, alone)?;
+        let n = b.build_int_s_extend(n, i64t, "n")?;
+        let capped = b.build_int_compare(IntPredicate::UGT, n, c64(CLAIM_WORDS), "capped")?;
+        let n = b
+            .build_select(capped, c64(CLAIM_WORDS), n, "n")?
+            .into_int_value();
+        let n = b.build_select(many, n, c64(1), "n")?.into_int_value();
+        b.build_unconditional_branch(fill)?;
+        // Word `t` of the `n` the team's threads own: `[t * programs / n,
+        // (t + 1) * programs / n)` as `next | end << 32`.
+        b.position_at_end(fill);
+        let owners = b.build_phi(i64t, "owners")?;
+        owners.add_incoming(&[(&c64(1), entry), (&n, linked_block)]);
+        let on_pool = b.build_phi(ctx.bool_type(), "on_pool")?;
+        on_pool.add_incoming(&[
+            (&ctx.bool_type().const_zero(), entry),
+            (&many, linked_block),
+        ]);
+        let (owners, on_pool) = (
+            owners.as_basic_value().into_int_value(),
+            on_pool.as_basic_value().into_int_value(),
+        );
+        b.build_unconditional_branch(fill_word)?;
+        b.position_at_end(fill_word);
+        let t = b.build_phi(i64t, "t")?;
+        t.add_incoming(&[(&c64(0), fill)]);
+        let tv = t.as_basic_value().into_int_value();
+        let share = |t: IntValue<'ctx>| -> R<IntValue<'ctx>> {
+            let scaled = b.build_int_mul(t, programs, "scaled")?;
+            Ok(b.build_int_unsigned_div(scaled, owners, "bound")?)
+        };
+        let first = share(tv)?;
+        let next_t = b.build_int_add(tv, c64(1), "next")?;
+        let end = share(next_t)?;
+        let range = b.build_or(first, b.build_left_shift(end, c64(32), "end")?, "range")?;
+        let offset = b.build_int_mul(tv, c64(CLAIM_STRIDE), "offset")?;
+        // SAFETY (LLVM IR semantics): `t` < owners <= CLAIM_WORDS.
+        let word = unsafe { b.build_in_bounds_gep(i64t, words, &[offset], "word")? };
+        b.build_store(word, range)?;
+        t.add_incoming(&[(&next_t, fill_word)]);
+        let again = b.build_int_compare(IntPredicate::ULT, next_t, owners, "again")?;
+        b.build_conditional_branch(again, fill_word, filled)?;
+        b.position_at_end(filled);
+        // SAFETY (LLVM IR semantics): the count follows the words.
+        let count_at = unsafe {
+            b.build_in_bounds_gep(i64t, words, &[c64(CLAIM_WORDS * CLAIM_STRIDE)], "owners")?
+        };
+        b.build_store(count_at, owners)?;
+        b.build_conditional_branch(on_pool, pool, alone)?;
         b.position_at_end(pool);
         b.build_call(
             gomp,

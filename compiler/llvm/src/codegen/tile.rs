@@ -157,10 +157,11 @@ impl Ir for TileIr {
         }
         let params: Vec<Value> = f.params.iter().map(|(_, v)| *v).collect();
         let mut g = Gen::exported(ctx, module, f, &params, symbol, sites)?;
-        (g.lanes, g.min_threads, g.min_thread_work) = (
+        (g.lanes, g.min_threads, g.min_thread_work, g.min_claim_work) = (
             lanes,
             target.min_thread_iterations(),
             target.min_thread_work(),
+            target.min_claim_work(),
         );
         g.bf16_dot = target.cpu().is_some_and(|c| c.avx512_bf16);
         g.mask_registers = target.cpu().is_none_or(|c| c.mask_registers());
@@ -2460,8 +2461,11 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         let (key, inputs) = dlc_tile::print::relocatable_fingerprint(f, id);
         // Enough programs, or few heavy ones (a Winograd convolution over
         // 14 x 14 is two to four).
-        let threads = total >= self.min_threads
-            || (total >= 2 && dlc_tile::ir::op_work(f, id) >= self.min_thread_work);
+        let work = dlc_tile::ir::op_work(f, id);
+        let threads = total >= self.min_threads || (total >= 2 && work >= self.min_thread_work);
+        // Heavy kernels' programs are claimed by the threads as they come
+        // free (`Gen::outline`).
+        let claims = threads && work >= self.min_claim_work;
         let region = match (bytes, self.scratch) {
             (0, _) => None,
             (_, Some(region)) => Some(region),
@@ -2473,7 +2477,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         };
         let extra: Vec<BV<'ctx>> = region.iter().map(|(p, _)| (*p).into()).collect();
         if let Some(&outlined) = self.kernels.get(&key) {
-            self.launch(outlined, &inputs, &extra, threads)?;
+            self.launch(outlined, &inputs, &extra, threads, total as u64)?;
             return Ok(Some(outlined));
         }
         let grid = grid.to_vec();
@@ -2515,9 +2519,9 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                 g.program_block(body).map(|_| ())
             })
         };
-        let outlined = self.outline(0, total as i64, &inputs, &extra, threads, run)?;
+        let outlined = self.outline(0..total as i64, &inputs, &extra, threads, claims, run)?;
         self.kernels.insert(key, outlined);
-        self.launch(outlined, &inputs, &extra, threads)?;
+        self.launch(outlined, &inputs, &extra, threads, total as u64)?;
         Ok(Some(outlined))
     }
 
