@@ -1502,6 +1502,25 @@ proptest! {
     }
 }
 
+/// `f`'s results, jitted from `tiles`, on `inputs` with each of `threads`
+/// threads in turn.
+fn results_on_threads(
+    tiles: &dlc_tile::Module,
+    inputs: &[HostTensor],
+    threads: &[usize],
+) -> Vec<Vec<HostTensor>> {
+    dlc_llvm::jit(tiles, |jit| {
+        let k = jit.kernel("f")?;
+        let mut results = vec![];
+        for &n in threads {
+            dlc_runtime::set_num_threads(n).unwrap();
+            results.push(k.call(inputs).unwrap());
+        }
+        Ok(results)
+    })
+    .unwrap()
+}
+
 /// A call after the thread count grew needs more scratch regions than the
 /// workspace the previous call handed back holds: it takes a larger one and
 /// computes the same result.
@@ -1514,16 +1533,7 @@ fn the_workspace_grows_with_the_thread_count() {
     let inputs = prepare_inputs(f, &[], Some(3)).unwrap();
     let want = interpret(&m, f, &inputs).unwrap();
     let tiles = dlc_driver::lower_for_cpu(&m).unwrap();
-    let results = dlc_llvm::jit(&tiles, |jit| {
-        let k = jit.kernel("f")?;
-        let mut results = vec![];
-        for threads in [1, 4, 2] {
-            dlc_runtime::set_num_threads(threads).unwrap();
-            results.push(k.call(&inputs).unwrap());
-        }
-        Ok(results)
-    })
-    .unwrap();
+    let results = results_on_threads(&tiles, &inputs, &[1, 4, 2]);
     for got in &results {
         let err = max_relative_error(got, &want).unwrap();
         assert!(err <= TOLERANCE, "relative error {err:.3e}");
@@ -1556,16 +1566,7 @@ fn a_heavy_kernels_claimed_programs_agree_on_every_thread_count() {
             .any(|l| l.contains("cmpxchg") && l.contains("monotonic monotonic")),
         "no claimed kernel:\n{ir}"
     );
-    let results = dlc_llvm::jit(&tiles, |jit| {
-        let k = jit.kernel("f")?;
-        let mut results = vec![];
-        for threads in [1, 2, 3, 5] {
-            dlc_runtime::set_num_threads(threads).unwrap();
-            results.push(k.call(&inputs).unwrap());
-        }
-        Ok(results)
-    })
-    .unwrap();
+    let results = results_on_threads(&tiles, &inputs, &[1, 2, 3, 5]);
     for got in &results {
         let err = max_relative_error(got, &want).unwrap();
         assert!(err <= TOLERANCE, "relative error {err:.3e}");
