@@ -257,12 +257,15 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
             g.omp("omp_get_num_threads", 1)?,
         );
         let total = (hi - lo).max(0) as u64;
-        if !claims || total >= 1 << 31 {
+        if claims && total >= 1 << 31 {
+            return Err(CodegenError::Invalid(format!(
+                "{total} programs are too many for a claim word's halves"
+            )));
+        }
+        if !claims {
             // Thread `t` of `n` takes `[t * total / n, (t + 1) * total / n)`
             // (where the programs do not split evenly, the later threads
-            // take one more, and with it the grid's last, short, program),
-            // for a light kernel or a range too long for a claim word's
-            // halves.
+            // take one more, and with it the grid's last, short, program).
             let share = |t: IntValue<'ctx>| -> R<IntValue<'ctx>> {
                 let scaled = g.b.build_int_mul(t, g.i64c(total), "scaled")?;
                 let part = g.b.build_int_unsigned_div(scaled, nt, "part")?;
@@ -423,19 +426,19 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         Ok(slot)
     }
 
-    /// Calls a function [`Self::outline`] made over `programs` programs:
-    /// fills its frame with the values of `captures` and `extra` (and, on
-    /// threads, the function's claim words, one set in its entry block for
-    /// every launch, which run one after another), runs it on the OpenMP
-    /// runtime's threads (`threads`, when the runtime is linked) or here,
-    /// and fails with the status it recorded, if any.
+    /// Calls a function [`Self::outline`] made: fills its frame with the
+    /// values of `captures` and `extra` (and, where it claims its
+    /// `claims` programs, the function's claim words, one set in its entry
+    /// block for every launch, which run one after another), runs it on
+    /// the OpenMP runtime's threads (`threads`, when the runtime is linked)
+    /// or here, and fails with the status it recorded, if any.
     pub(super) fn launch(
         &mut self,
         outlined: FunctionValue<'ctx>,
         captures: &[I::Value],
         extra: &[BasicValueEnum<'ctx>],
         threads: bool,
-        programs: u64,
+        claims: Option<u64>,
     ) -> R<()> {
         let (ctx, i64t, i32t) = (self.ctx, self.ctx.i64_type(), self.ctx.i32_type());
         let mut values: Vec<BasicValueEnum<'ctx>> =
@@ -456,20 +459,27 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
             // function launching a thousand kernels is not a thousand
             // copies of it (W7's step: 36,000 instructions).
             let helper = self.parallel_helper()?;
-            let claims = match self.claims.get() {
-                Some(words) => words,
-                None => {
-                    let words = self.entry_alloca(
-                        i64t.array_type((CLAIM_WORDS * CLAIM_STRIDE + 1) as u32)
-                            .into(),
-                        "claims",
-                    )?;
-                    self.claims.set(Some(words));
-                    words
+            // No words (a null pointer) for a kernel in fixed shares.
+            let (words, programs) = match claims {
+                None => (ctx.ptr_type(AddressSpace::default()).const_null(), 0),
+                Some(programs) => {
+                    let words = match self.claims.get() {
+                        Some(words) => words,
+                        None => {
+                            let words = self.entry_alloca(
+                                i64t.array_type((CLAIM_WORDS * CLAIM_STRIDE + 1) as u32)
+                                    .into(),
+                                "claims",
+                            )?;
+                            self.claims.set(Some(words));
+                            words
+                        }
+                    };
+                    self.b
+                        .build_store(frame_slot(self, frame, values.len() + 1)?, words)?;
+                    (words, programs)
                 }
             };
-            self.b
-                .build_store(frame_slot(self, frame, values.len() + 1)?, claims)?;
             self.b
                 .build_call(
                     helper,
@@ -477,7 +487,7 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
                         outlined.as_global_value().as_pointer_value().into(),
                         frame.into(),
                         status_slot.into(),
-                        claims.into(),
+                        words.into(),
                         self.i64c(programs).into(),
                     ],
                     "status",
@@ -529,11 +539,12 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
 
     /// The module's `i32 dlc.parallel(void (*body)(void *), void *frame,
     /// i32 *status, i64 *words, i64 programs)`: clears `*status`, fills the
-    /// claim words (word `t` of the `n` threads it asks for, at most
-    /// `CLAIM_WORDS`, the share `[t * programs / n, (t + 1) * programs / n)`
-    /// as `next | end << 32`: where the programs do not split evenly the
-    /// later words hold one more, and with it the grid's last, short one;
-    /// then `n`, after the words), runs `body(frame)` on the OpenMP
+    /// claim words unless `words` is null (a kernel in fixed shares): word
+    /// `t` of the `n` threads it asks for, at most `CLAIM_WORDS`, the share
+    /// `[t * programs / n, (t + 1) * programs / n)` as `next | end << 32`
+    /// (where the programs do not split evenly the later words hold one
+    /// more, and with it the grid's last, short one), then `n` after the
+    /// words; runs `body(frame)` on the OpenMP
     /// runtime's threads (`GOMP_parallel`) when it is linked and may run
     /// more than one (`omp_get_max_threads()`), else on this one, and
     /// returns `*status`. At one thread `GOMP_parallel` still starts a team
@@ -585,6 +596,7 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
         let fill = ctx.append_basic_block(f, "fill");
         let fill_word = ctx.append_basic_block(f, "fill.word");
         let filled = ctx.append_basic_block(f, "filled");
+        let start = ctx.append_basic_block(f, "start");
         let c64 = |v: u64| i64t.const_int(v, false);
         b.position_at_end(entry);
         b.build_store(status, i32t.const_zero())?;
@@ -620,7 +632,8 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
             owners.as_basic_value().into_int_value(),
             on_pool.as_basic_value().into_int_value(),
         );
-        b.build_unconditional_branch(fill_word)?;
+        let wanted = b.build_is_not_null(words, "wanted")?;
+        b.build_conditional_branch(wanted, fill_word, start)?;
         b.position_at_end(fill_word);
         let t = b.build_phi(i64t, "t")?;
         t.add_incoming(&[(&c64(0), fill)]);
@@ -646,6 +659,8 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
             b.build_in_bounds_gep(i64t, words, &[c64(CLAIM_WORDS * CLAIM_STRIDE)], "owners")?
         };
         b.build_store(count_at, owners)?;
+        b.build_unconditional_branch(start)?;
+        b.position_at_end(start);
         b.build_conditional_branch(on_pool, pool, alone)?;
         b.position_at_end(pool);
         b.build_call(

@@ -2464,8 +2464,9 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         let work = dlc_tile::ir::op_work(f, id);
         let threads = total >= self.min_threads || (total >= 2 && work >= self.min_thread_work);
         // Heavy kernels' programs are claimed by the threads as they come
-        // free (`Gen::outline`).
-        let claims = threads && work >= self.min_claim_work;
+        // free (`Gen::outline`), where a claim word's halves hold them.
+        let claims = threads && work >= self.min_claim_work && total < 1 << 31;
+        let claimed = claims.then_some(total as u64);
         let region = match (bytes, self.scratch) {
             (0, _) => None,
             (_, Some(region)) => Some(region),
@@ -2477,7 +2478,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         };
         let extra: Vec<BV<'ctx>> = region.iter().map(|(p, _)| (*p).into()).collect();
         if let Some(&outlined) = self.kernels.get(&key) {
-            self.launch(outlined, &inputs, &extra, threads, total as u64)?;
+            self.launch(outlined, &inputs, &extra, threads, claimed)?;
             return Ok(Some(outlined));
         }
         let grid = grid.to_vec();
@@ -2521,7 +2522,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         };
         let outlined = self.outline(0..total as i64, &inputs, &extra, threads, claims, run)?;
         self.kernels.insert(key, outlined);
-        self.launch(outlined, &inputs, &extra, threads, total as u64)?;
+        self.launch(outlined, &inputs, &extra, threads, claimed)?;
         Ok(Some(outlined))
     }
 
