@@ -252,10 +252,7 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
             g.b.build_return(None)?;
             return Ok(outlined);
         }
-        let (tid, nt) = (
-            g.omp("omp_get_thread_num", 0)?,
-            g.omp("omp_get_num_threads", 1)?,
-        );
+        let tid = g.omp("omp_get_thread_num", 0)?;
         let total = (hi - lo).max(0) as u64;
         if claims && total >= 1 << 31 {
             return Err(CodegenError::Invalid(format!(
@@ -266,6 +263,7 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
             // Thread `t` of `n` takes `[t * total / n, (t + 1) * total / n)`
             // (where the programs do not split evenly, the later threads
             // take one more, and with it the grid's last, short, program).
+            let nt = g.omp("omp_get_num_threads", 1)?;
             let share = |t: IntValue<'ctx>| -> R<IntValue<'ctx>> {
                 let scaled = g.b.build_int_mul(t, g.i64c(total), "scaled")?;
                 let part = g.b.build_int_unsigned_div(scaled, nt, "part")?;
