@@ -1031,6 +1031,31 @@ fn pixel_row_products_store_runs_of_their_rows_without_scatters() {
     jit_agrees(src);
 }
 
+/// A packed panel of weights prefetched a slice of the depth ahead goes to
+/// the L2 (`llvm.prefetch`'s locality 2, `prefetcht1`), the strips of a
+/// convolution's kernel one strip ahead to the L1 (locality 3); both
+/// agree with the graph interpreter.
+#[test]
+fn weight_panels_are_prefetched_into_the_l2_and_strips_into_the_l1() {
+    let panels = "fn f(x: f32[40, 600], weight w: f32[600, 64]) -> f32[40, 64] { return x @ w; }";
+    let strips = "fn f(x: f32[1, 96, 7, 7], weight w: f32[40, 96, 1, 1]) -> f32[1, 40, 7, 7] { return relu(conv2d(x, w)); }";
+    let locality = |ir: &str, l: u32| {
+        ir.lines()
+            .filter(|line| {
+                line.contains("call void @llvm.prefetch")
+                    && line.ends_with(&format!("i32 0, i32 {l}, i32 1)"))
+            })
+            .count()
+    };
+    let target = TargetDesc::x86_64_avx512(2);
+    let ir = llvm_ir(panels, &target);
+    assert!(locality(&ir, 2) > 0 && locality(&ir, 3) == 0, "{ir}");
+    let ir = llvm_ir(strips, &target);
+    assert!(locality(&ir, 3) > 0 && locality(&ir, 2) == 0, "{ir}");
+    jit_agrees(panels);
+    jit_agrees(strips);
+}
+
 /// The labels of the basic blocks of LLVM IR text `ir` in which a line
 /// holds `call`.
 fn blocks_calling<'s>(ir: &'s str, call: &str) -> Vec<&'s str> {

@@ -243,8 +243,14 @@ pub struct Packing {
     /// -> 0.087), EfficientNet-B0's 1152 -> 192 0.18 -> 0.12 ms and the
     /// model 6.6 -> 6.2-6.3 ms; five 512 -> 512 3 x 3 convolutions over 7 x
     /// 7 in a row (their panels of 9.4 MB each, from memory) 6.29 -> 5.90
-    /// ms, at two threads 3.2 -> 3.0. Into the L2 (`prefetcht1`) rather
-    /// than the L1 measured the same.
+    /// ms, at two threads 3.2 -> 3.0. Strips go to the L1 (the next tile
+    /// reads them); panels to the L2 (`prefetcht1`): the next slice's panel
+    /// is read only after this slice's strips, which still read this one,
+    /// and a `256 x 32` slice of a panel is Zen 4's whole 32 KB L1. On Zen 5
+    /// (48 KB) the L2 measured as the L1; on Zen 4, one thread, a chain of
+    /// 80 1 x 1 convolutions over 14 x 14 (1024 <-> 256) 81.6 -> 79.9 ms,
+    /// of 24 over 7 x 7 (2048 <-> 512) 27.6 -> 25.5, GPT-2's block 18.56 ->
+    /// 18.02 (two threads 9.76 -> 9.30), ResNet-50 72.1 -> 71.2.
     pub weight_prefetch: bool,
     /// The deepest slice of a product whose programs read their strips
     /// from the left operand where it lies, contiguous along the rows (a

@@ -1417,9 +1417,10 @@ fn a_register_tiles_epilogue_prefetches_the_lines_ahead() {
 /// (`x @ w`, and a 1 x 1 convolution over 7 x 7 whose pixels are the
 /// rows) the same panel in the next slice of the depth (`[kb + 1, nb,
 /// ..]`; of a depth of one slice, 256 here, the next panel: `[kb, nb + 1,
-/// ..]`), in the first strip's tiles alone. A product of activations prefetches
-/// no operand, nor does a schedule without the flag. All agree with the
-/// graph interpreter.
+/// ..]`), in the first strip's tiles alone, into the L2 (`level = 2`: the
+/// strips still read this slice's panel). A product of activations
+/// prefetches no operand, nor does a schedule without the flag. All agree
+/// with the graph interpreter.
 #[test]
 fn weights_from_memory_are_prefetched_ahead() {
     let kernel = "fn f(x: f32[1, 96, 7, 7], weight w: f32[40, 96, 1, 1]) -> f32[1, 40, 7, 7] { return relu(conv2d(x, w)); }";
@@ -1434,8 +1435,8 @@ fn weights_from_memory_are_prefetched_ahead() {
         // indices is one ahead: the strip, the slice, or the panel.
         for (src, want) in [
             (kernel, Some((&strip_load, "[1, 1]", 2))),
-            (panels, Some((&panel_load, "[2, 32]", 0))),
-            (pixels, Some((&panel_load, "[2, 32]", 1))),
+            (panels, Some((&panel_load, "[2, 32], level = 2", 0))),
+            (pixels, Some((&panel_load, "[2, 32], level = 2", 1))),
             (activations, None),
         ] {
             let m = graph(src);

@@ -136,9 +136,19 @@ impl Builder {
         self.push(OpKind::Store { index }, operands, &[], vec![]);
     }
 
-    /// `tile.prefetch` of a tile of `shape` at `index` into `buf`.
-    pub fn prefetch(&mut self, buf: Value, index: Vec<Affine>, shape: Vec<usize>) {
-        self.push(OpKind::Prefetch { index, shape }, vec![buf], &[], vec![]);
+    /// `tile.prefetch` of a tile of `shape` at `index` into `buf`, into
+    /// cache level `level` (1: the nearest).
+    pub fn prefetch(&mut self, buf: Value, index: Vec<Affine>, shape: Vec<usize>, level: usize) {
+        self.push(
+            OpKind::Prefetch {
+                index,
+                shape,
+                level,
+            },
+            vec![buf],
+            &[],
+            vec![],
+        );
     }
 
     /// `tile.mask` of `shape` with the given limits.

@@ -93,17 +93,20 @@ pub enum OpKind {
         /// One affine index per buffer dimension.
         index: Vec<Affine>,
     },
-    /// `tile.prefetch %b[idx, ..] {shape = [..]}`: a hint that the elements
-    /// a load of a tile of that shape at that index would read are read
-    /// soon: on a CPU each row's 64-byte lines are fetched into the first
-    /// level of cache. It reads and writes nothing: elements outside the
-    /// buffer are no error (the address is only a hint, never dereferenced),
-    /// the interpreters and GPU targets skip it.
+    /// `tile.prefetch %b[idx, ..] {shape = [..], level = 2}`: a hint that
+    /// the elements a load of a tile of that shape at that index would read
+    /// are read soon: on a CPU each row's 64-byte lines are fetched into
+    /// that level of cache (the first where `level` is left out). It reads
+    /// and writes nothing: elements outside the buffer are no error (the
+    /// address is only a hint, never dereferenced), the interpreters and
+    /// GPU targets skip it.
     Prefetch {
         /// One affine index per buffer dimension.
         index: Vec<Affine>,
         /// The tile's shape.
         shape: Vec<usize>,
+        /// The level of cache the lines go to: 1 (the nearest) to 3.
+        level: usize,
     },
     /// `%m = tile.mask [l0, l1, ..] : tile<..xbool>`: element `e` is on when
     /// `e_k < l_k` along every axis: the ragged edge of a loop nest.
@@ -284,6 +287,7 @@ impl OpKind {
                 "prefetch" => OpKind::Prefetch {
                     index: index("an index `%b[..]`")?,
                     shape: a.usizes("shape")?,
+                    level: if a.has("level") { a.usize("level")? } else { 1 },
                 },
                 "mask" => OpKind::Mask {
                     limits: index("limits `[..]`")?,
@@ -462,13 +466,11 @@ impl OpKind {
                     same(&mask_for(operands[0]), m, "the mask")?;
                 }
             }
-            OpKind::Prefetch { index, shape } => {
-                let b = buffer(operands[0])?;
-                if shape.is_empty() || shape.contains(&0) {
-                    return Err(format!("prefetches a tile of shape {shape:?}"));
-                }
-                check_index(index, b.shape.len(), shape.len())?;
-            }
+            OpKind::Prefetch {
+                index,
+                shape,
+                level,
+            } => check_prefetch(index, shape, *level, buffer(operands[0])?.shape.len())?,
             OpKind::Mask { limits } => check_mask(limits, result()?)?,
             OpKind::Broadcast => {
                 let (d, from) = tile(operands[0])?;
@@ -804,6 +806,25 @@ fn check_dot(operands: &[&Type], result: &Type, mma: Option<[usize; 3]>) -> Resu
 
 /// An index list of `rank` expressions whose tile coordinates are axes of a
 /// `tile_rank`-axis tile.
+/// A prefetch's tile: a shape of no empty axis, a level of cache from 1
+/// to 3, and an index into a buffer of `rank` axes.
+fn check_prefetch(
+    index: &[Affine],
+    shape: &[usize],
+    level: usize,
+    rank: usize,
+) -> Result<(), String> {
+    if shape.is_empty() || shape.contains(&0) {
+        return Err(format!("prefetches a tile of shape {shape:?}"));
+    }
+    if !(1..=3).contains(&level) {
+        return Err(format!(
+            "prefetches into cache level {level} (there are levels 1 to 3)"
+        ));
+    }
+    check_index(index, rank, shape.len())
+}
+
 fn check_index(index: &[Affine], rank: usize, tile_rank: usize) -> Result<(), String> {
     if index.len() != rank {
         return Err(format!("has {} indices for {rank} dimensions", index.len()));
@@ -942,10 +963,16 @@ impl dlc_core::ir::OpDecl for OpKind {
                 ("index".to_string(), Attr::Int(*index as i64)),
             ],
             OpKind::Load { pad: Some(p), .. } => one("pad", Attr::Float(*p)),
-            OpKind::Prefetch { shape, .. } => one(
-                "shape",
-                Attr::Ints(shape.iter().map(|&x| x as i64).collect()),
-            ),
+            OpKind::Prefetch { shape, level, .. } => {
+                let mut v = one(
+                    "shape",
+                    Attr::Ints(shape.iter().map(|&x| x as i64).collect()),
+                );
+                if *level != 1 {
+                    v.push(("level".to_string(), Attr::Int(*level as i64)));
+                }
+                v
+            }
             OpKind::Trans { perm } => {
                 one("perm", Attr::Ints(perm.iter().map(|&p| p as i64).collect()))
             }

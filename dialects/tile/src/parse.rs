@@ -175,6 +175,7 @@ fn probe_kind(name: &str) -> Option<OpKind> {
         "prefetch" => OpKind::Prefetch {
             index: vec![],
             shape: vec![],
+            level: 1,
         },
         "mask" => OpKind::Mask { limits: vec![] },
         "slice" => OpKind::Slice { offsets: vec![] },

@@ -255,6 +255,42 @@ fn what_the_interpreter_refuses() {
     assert!(matches!(e, TileError::Arguments(_)), "{e}");
 }
 
+/// `tile.prefetch` names the level of cache its lines go to where it is not
+/// the first (`level = 2`: a packed panel's next slice, read only after
+/// this one), reads back as written, changes no result, and a level past
+/// the third is an error that says so.
+#[test]
+fn prefetches_name_their_cache_level() {
+    let fetched = ROWS.replace(
+        "    tile.store %max, %o[%r]\n",
+        "    tile.store %max, %o[%r]\n    tile.prefetch %x[%r, #1] {shape = [1, 4]}\n    tile.prefetch %x[%r + 1, #1] {shape = [1, 4], level = 2}\n",
+    );
+    assert_ne!(fetched, ROWS);
+    let m = module(&fetched);
+    let text = print_module(&m);
+    assert_eq!(text.matches("tile.prefetch").count(), 2, "{text}");
+    assert_eq!(text.matches("level = 2").count(), 1, "{text}");
+    let x: Vec<f64> = (0..30).map(|i| f64::from(i % 7)).collect();
+    let fresh = || {
+        [
+            buffer(DType::F32, &[3, 10], x.clone()),
+            buffer(DType::F32, &[3], vec![0.0; 3]),
+            buffer(DType::F32, &[3, 10], vec![0.0; 30]),
+        ]
+    };
+    let (mut with, mut without) = (fresh(), fresh());
+    run(&m, &mut with).unwrap();
+    run(&module(ROWS), &mut without).unwrap();
+    assert_eq!(with[1].data, without[1].data);
+    assert_eq!(with[2].data, without[2].data);
+    let wrong = parse_module(&fetched.replace("level = 2", "level = 4")).unwrap();
+    let errors = format!("{:?}", wrong.verify().unwrap_err());
+    assert!(
+        errors.contains("prefetches into cache level 4 (there are levels 1 to 3)"),
+        "{errors}"
+    );
+}
+
 #[test]
 fn narrow_floats_dot_and_reduce_round_once() {
     // 2048 f16 ones summed with tile.reduce give 2048 (exact, rounded once),

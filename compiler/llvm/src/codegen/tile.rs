@@ -1158,13 +1158,14 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
     }
 
     /// `tile.prefetch`: every 64-byte line a load of the tile would read,
-    /// fetched for reading into the first level of cache (`llvm.prefetch`,
-    /// the highest locality): along a contiguous row, from its first
+    /// fetched for reading into cache level `level` (`llvm.prefetch`,
+    /// locality 3 for the first level, 2 for the second, 1 for the
+    /// third: x86's `prefetcht0`, `t1`, `t2`): along a contiguous row, from its first
     /// element every line's worth and its last (a row not aligned to a line
     /// spans one more); along any other stride, each element's. The
     /// addresses are plain offsets, never dereferenced: outside the buffer
     /// they are no error (x86's and AArch64's prefetches do not fault).
-    fn prefetch(&mut self, op: &OpData, index: &[Affine], shape: &[usize]) -> R<()> {
+    fn prefetch(&mut self, op: &OpData, index: &[Affine], shape: &[usize], level: usize) -> R<()> {
         let cut = Cut::new(shape, self.lanes);
         let a = self.access(op.operands[0], index, cut.shape.len())?;
         let (n, step) = (cut.last(), a.grad[cut.shape.len() - 1]);
@@ -1189,7 +1190,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
                     &[
                         p.into(),
                         i32t.const_zero().into(),
-                        i32t.const_int(3, false).into(),
+                        i32t.const_int(4 - level.clamp(1, 3) as u64, false).into(),
                         i32t.const_int(1, false).into(),
                     ],
                 )?;
@@ -2681,7 +2682,11 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
             }
             OpKind::Load { index, pad } => self.load(op, index, *pad)?,
             OpKind::Store { index } => self.store(op, index)?,
-            OpKind::Prefetch { index, shape } => self.prefetch(op, index, shape)?,
+            OpKind::Prefetch {
+                index,
+                shape,
+                level,
+            } => self.prefetch(op, index, shape, *level)?,
             OpKind::Mask { limits } => self.mask(op, limits)?,
             OpKind::Broadcast => self.broadcast(op)?,
             // One thread holds a whole tile, whatever its layout.

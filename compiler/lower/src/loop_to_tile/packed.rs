@@ -1527,9 +1527,10 @@ impl<'a> Conv<'a> {
     /// next strip (packed `[.., strip, kc, mr]`, contiguous across strips
     /// and slices of the depth) this iteration's steps would read, one per
     /// 64-byte line (past the last strip of a block they are the next
-    /// block's, or outside the buffer: no error for a prefetch); or the
-    /// rows of the same panel in the next slice of the depth (the next
-    /// panel's, when the program's depth is one slice).
+    /// block's, or outside the buffer: no error for a prefetch), into the
+    /// L1; or the rows of the same panel in the next slice of the depth
+    /// (the next panel's, when the program's depth is one slice), into the
+    /// L2 (see `Packing::weight_prefetch`).
     fn prefetch_weights(&mut self, plan: &PackPlan, o: &StepSources<'_>, k: Value, unroll: usize) {
         let (mr, nr, step) = (plan.mr, plan.nr, plan.depth_step());
         match (o.ahead, o.strip_buf, o.panels) {
@@ -1542,7 +1543,7 @@ impl<'a> Conv<'a> {
                         Affine::value(k).plus_scaled(1, &Affine::constant((j * per_line) as i64)),
                         Affine::constant(0),
                     ]);
-                    self.b.prefetch(strips, at, vec![1, 1]);
+                    self.b.prefetch(strips, at, vec![1, 1], 1);
                 }
             }
             (Some(Ahead::Panel), _, Panels::Global(panels)) => {
@@ -1557,7 +1558,7 @@ impl<'a> Conv<'a> {
                     [kb, nb.plus_scaled(1, &one)]
                 });
                 at.extend(plan.panel_at(&Affine::value(k).scaled(step as i64), [0, 1]));
-                self.b.prefetch(panels, at, vec![unroll * step, nr]);
+                self.b.prefetch(panels, at, vec![unroll * step, nr], 2);
             }
             _ => {}
         }
@@ -1890,7 +1891,7 @@ impl<'a> Conv<'a> {
                 .collect::<Result<_, _>>()?;
             let (buf, index) = self.place(buf, index)?;
             if matches!(self.b.ty(buf), Type::Buffer(t) if t.space == Space::Global) {
-                self.b.prefetch(buf, index, shape.to_vec());
+                self.b.prefetch(buf, index, shape.to_vec(), 1);
             }
         }
         Ok(())
@@ -1976,7 +1977,7 @@ impl<'a> Conv<'a> {
                 &c.b,
                 [(kv, k0, c.k, kk), (jv, next, c.n, nr)],
             )?;
-            self.b.prefetch(b, next_index, shape);
+            self.b.prefetch(b, next_index, shape, 1);
         }
         let mut at = prefix.to_vec();
         let step = Affine::value(f).scaled((kk / plan.depth_step()) as i64);
