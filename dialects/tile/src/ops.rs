@@ -804,8 +804,6 @@ fn check_dot(operands: &[&Type], result: &Type, mma: Option<[usize; 3]>) -> Resu
     same(operands[2], result, "the result")
 }
 
-/// An index list of `rank` expressions whose tile coordinates are axes of a
-/// `tile_rank`-axis tile.
 /// A prefetch's tile: a shape of no empty axis, a level of cache from 1
 /// to 3, and an index into a buffer of `rank` axes.
 fn check_prefetch(
@@ -825,6 +823,8 @@ fn check_prefetch(
     check_index(index, rank, shape.len())
 }
 
+/// An index list of `rank` expressions whose tile coordinates are axes of a
+/// `tile_rank`-axis tile.
 fn check_index(index: &[Affine], rank: usize, tile_rank: usize) -> Result<(), String> {
     if index.len() != rank {
         return Err(format!("has {} indices for {rank} dimensions", index.len()));
