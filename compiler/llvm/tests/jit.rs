@@ -1056,6 +1056,35 @@ fn weight_panels_are_prefetched_into_the_l2_and_strips_into_the_l1() {
     jit_agrees(strips);
 }
 
+/// A `tile.prefetch` whose tile has rows at one address (along an axis
+/// its index does not move with: a vector along a product's rows, its
+/// `[32, 1]` tile as a tile of its columns would be) fetches that line
+/// once, not once per row; rows that do move get a line each.
+#[test]
+fn prefetches_of_rows_at_one_address_are_one() {
+    let text = |index: &str| {
+        format!(
+            "tile.func @f(%b: buffer<f32[64, 1]>, out %y: buffer<f32[64, 1]>) {{
+  tile.kernel {{grid = [1], schedule = \"rows\", vector = [1]}} {{
+    tile.prefetch %b[{index}, 0] {{shape = [32, 1]}}
+    %v = tile.load %b[#0, #1] : tile<64x1xf32>
+    tile.store %v, %y[#0, #1]
+  }}
+  tile.return
+}}"
+        )
+    };
+    let prefetches = |index: &str| {
+        let m = dlc_tile::parse_module(&text(index)).unwrap();
+        let target = TargetDesc::x86_64_avx512(2);
+        let ir = dlc_llvm::emit_llvm_ir(&m, &dlc_runtime::abi::Symbols::for_module("t"), &target)
+            .unwrap();
+        ir.matches("call void @llvm.prefetch").count()
+    };
+    assert_eq!(prefetches("16"), 1);
+    assert_eq!(prefetches("16 + #0"), 32);
+}
+
 /// The labels of the basic blocks of LLVM IR text `ir` in which a line
 /// holds `call`.
 fn blocks_calling<'s>(ir: &'s str, call: &str) -> Vec<&'s str> {

@@ -1351,7 +1351,8 @@ fn prefetches(text: &str) -> Vec<(String, String)> {
 /// ahead in its result and in the residual it reads (`Packing::
 /// epilogue_prefetch`): a 1 x 1 convolution with a residual, whose
 /// programs walk each strip across their panels, and one with a clamp
-/// only, walking each panel across its strips. A result stored along its
+/// only (or a bias too: a vector along the rows, never prefetched),
+/// walking each panel across its strips. A result stored along its
 /// rows (49 pixels as the rows of a deeper product) is prefetched the other
 /// way, its tile's channels `Packing::result_rows_ahead` rows further
 /// (`[.., row + 16] {shape = [nr, rows]}`), and never panels ahead; nothing
@@ -1361,6 +1362,7 @@ fn prefetches(text: &str) -> Vec<(String, String)> {
 fn a_register_tiles_epilogue_prefetches_the_lines_ahead() {
     let residual = "fn f(x: f32[1, 16, 32, 32], weight w: f32[64, 16, 1, 1], r: f32[1, 64, 32, 32]) -> f32[1, 64, 32, 32] { return relu(conv2d(x, w) + r); }";
     let clamp = "fn f(x: f32[1, 64, 32, 32], weight w: f32[32, 64, 1, 1]) -> f32[1, 32, 32, 32] { return relu(conv2d(x, w)); }";
+    let biased = "fn f(x: f32[1, 64, 32, 32], weight w: f32[32, 64, 1, 1], weight b: f32[32, 1, 1]) -> f32[1, 32, 32, 32] { return relu(conv2d(x, w) + b); }";
     let pixels = "fn f(x: f32[1, 256, 7, 7], weight w: f32[512, 256, 1, 1]) -> f32[1, 512, 7, 7] { return relu(conv2d(x, w)); }";
     let winograd = "fn f(x: f32[1, 64, 14, 14], weight w: f32[64, 64, 3, 3]) -> f32[1, 64, 14, 14] { return relu(conv2d(x, w, padding=1)); }";
     for target in [TargetDesc::x86_64_avx2(2), TargetDesc::x86_64_avx512(2)] {
@@ -1375,6 +1377,7 @@ fn a_register_tiles_epilogue_prefetches_the_lines_ahead() {
         for (src, panels_ahead, rows) in [
             (residual, vec!["%out0", "%r"], vec![]),
             (clamp, vec!["%out0"], vec![]),
+            (biased, vec!["%out0"], vec![]),
             (pixels, vec![], vec!["%out0"]),
             (winograd, vec![], vec![]),
         ] {
@@ -1405,7 +1408,7 @@ fn a_register_tiles_epilogue_prefetches_the_lines_ahead() {
             }
         }
     }
-    for src in [residual, clamp, pixels, winograd] {
+    for src in [residual, clamp, biased, pixels, winograd] {
         agree(src);
     }
 }

@@ -1162,8 +1162,8 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
     /// locality 3 for the first level, 2 for the second, 1 for the
     /// third: x86's `prefetcht0`, `t1`, `t2`): along a contiguous row, from its first
     /// element every line's worth and its last (a row not aligned to a line
-    /// spans one more); along any other stride, each element's. The
-    /// addresses are plain offsets, never dereferenced: outside the buffer
+    /// spans one more); along any other stride, each element's; rows at
+    /// the same address once. The addresses are plain offsets, never dereferenced: outside the buffer
     /// they are no error (x86's and AArch64's prefetches do not fault).
     fn prefetch(&mut self, op: &OpData, index: &[Affine], shape: &[usize], level: usize) -> R<()> {
         let cut = Cut::new(shape, self.lanes);
@@ -1178,8 +1178,19 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         lanes.dedup();
         let i32t = self.ctx.i32_type();
         let i64t = self.ctx.i64_type();
+        // Rows at the same offset (along an axis the index does not move
+        // with) are prefetched once.
+        let mut seen = std::collections::HashSet::new();
         for row in 0..cut.rows() {
-            let (start, _) = self.place(&a, &cut, &cut.row_coords(row), 0)?;
+            let coords = cut.row_coords(row);
+            let fixed = coords
+                .iter()
+                .zip(&a.grad)
+                .fold(0i64, |f, (&c, &g)| f.wrapping_add(g.wrapping_mul(c as i64)));
+            if !seen.insert(fixed) {
+                continue;
+            }
+            let (start, _) = self.place(&a, &cut, &coords, 0)?;
             for &e in &lanes {
                 let delta = i64t.const_int((e as i64).wrapping_mul(step) as u64, true);
                 let off = self.b.build_int_add(start, delta, "pf")?;
