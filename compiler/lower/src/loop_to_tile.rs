@@ -233,8 +233,9 @@ pub struct Packing {
     /// of weights (a convolution's kernel, the left operand) one strip
     /// ahead, and panels of weights (`x @ w`, and a convolution over few
     /// pixels whose pixels are the rows) in the first strip's tiles, the
-    /// same panel one slice of the depth ahead (the next panel where the
-    /// depth is one slice). Weights larger than the
+    /// next panel's slice where the program's rows take as long as its
+    /// fetch from memory (`packed.rs`'s `tiles_outlast_fetch`), else the
+    /// same panel one slice of the depth ahead. Weights larger than the
     /// caches a model's other layers leave them come from memory, in
     /// strips at four bytes a cycle, which the hardware prefetchers did
     /// not keep up with. On Zen 5, one thread: MobileNetV2's 960 -> 160

@@ -1418,16 +1418,21 @@ fn a_register_tiles_epilogue_prefetches_the_lines_ahead() {
 /// product's left operand in strips, one strip ahead in every tile's loop
 /// (`[.., strip + 1, k, 0]`, one line an iteration); panels of weights
 /// (`x @ w`, and a 1 x 1 convolution over 7 x 7 whose pixels are the
-/// rows) the same panel in the next slice of the depth (`[kb + 1, nb,
-/// ..]`; of a depth of one slice, 256 here, the next panel: `[kb, nb + 1,
-/// ..]`), in the first strip's tiles alone, into the L2 (`level = 2`: the
-/// strips still read this slice's panel). A product of activations
-/// prefetches no operand, nor does a schedule without the flag. All agree
-/// with the graph interpreter.
+/// rows) the slice the program multiplies next, the next panel's
+/// (`[kb, nb + 1, ..]`), where its chunk has more than one and its rows
+/// take as long as the slice's fetch from memory (40 rows by 1024
+/// columns; or a depth of one slice, 256 here), else the same panel's
+/// next slice of the depth (`[kb + 1, nb, ..]`: a chunk of one panel, 64
+/// columns; 4 rows), in the first strip's tiles alone, into the L2
+/// (`level = 2`: the strips still read this slice's panel). A product of
+/// activations prefetches no operand, nor does a schedule without the
+/// flag. All agree with the graph interpreter.
 #[test]
 fn weights_from_memory_are_prefetched_ahead() {
     let kernel = "fn f(x: f32[1, 96, 7, 7], weight w: f32[40, 96, 1, 1]) -> f32[1, 40, 7, 7] { return relu(conv2d(x, w)); }";
     let panels = "fn f(x: f32[40, 600], weight w: f32[600, 64]) -> f32[40, 64] { return x @ w; }";
+    let wide = "fn f(x: f32[40, 600], weight w: f32[600, 1024]) -> f32[40, 1024] { return x @ w; }";
+    let few = "fn f(x: f32[4, 600], weight w: f32[600, 1024]) -> f32[4, 1024] { return x @ w; }";
     let pixels = "fn f(x: f32[1, 256, 7, 7], weight w: f32[512, 256, 1, 1]) -> f32[1, 512, 7, 7] { return relu(conv2d(x, w)); }";
     let activations = "fn f(x: f32[40, 96], y: f32[96, 64]) -> f32[40, 64] { return x @ y; }";
     for target in [TargetDesc::x86_64_avx2(2), TargetDesc::x86_64_avx512(2)] {
@@ -1439,6 +1444,8 @@ fn weights_from_memory_are_prefetched_ahead() {
         for (src, want) in [
             (kernel, Some((&strip_load, "[1, 1]", 2))),
             (panels, Some((&panel_load, "[2, 32], level = 2", 0))),
+            (wide, Some((&panel_load, "[2, 32], level = 2", 1))),
+            (few, Some((&panel_load, "[2, 32], level = 2", 0))),
             (pixels, Some((&panel_load, "[2, 32], level = 2", 1))),
             (activations, None),
         ] {
@@ -1497,7 +1504,7 @@ fn weights_from_memory_are_prefetched_ahead() {
             }
         }
     }
-    for src in [kernel, panels, pixels, activations] {
+    for src in [kernel, panels, wide, few, pixels, activations] {
         agree(src);
     }
 }

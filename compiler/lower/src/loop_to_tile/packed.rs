@@ -339,13 +339,15 @@ struct StepSources<'x> {
 
 /// Weights a register tile's loop prefetches, read from memory rather than
 /// the caches (`Packing::weight_prefetch`): the packed strips one strip
-/// ahead (the next tile's), or the packed panel's slice of the depth
-/// after this one (the same rows, which a program reaches after its
-/// chunk's other panels).
+/// ahead (the next tile's), or a packed panel's slice: the one the
+/// program multiplies next, the next panel's (`next_panel`), where its
+/// tiles over this one take as long as a slice's fetch from memory
+/// (`Conv::tiles_outlast_fetch`); else this panel's next slice of
+/// the depth, which the program reaches after its chunk's other panels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Ahead {
     Strip,
-    Panel,
+    Panel { next_panel: bool },
 }
 
 /// Where a program's register tiles sum: its block of sums (or one
@@ -1400,14 +1402,15 @@ impl<'a> Conv<'a> {
                     copy(self, nb, &[])?;
                     let nb = Affine::value(nb);
                     // With panels of weights, the first strip's tiles
-                    // (a loop of their own) prefetch the next slice's.
+                    // (a loop of their own) prefetch the next panel's
+                    // slice or this panel's next one.
                     for (i, (lo, hi, rows)) in
                         strip_loops(plan, panel_ahead).into_iter().enumerate()
                     {
                         let (s, _) = self.b.begin_for(lo as i64, hi as i64, 1, &[]);
                         let mut src = sources(s, rows, &nb, None);
                         if panel_ahead && i == 0 {
-                            src.ahead = Some(Ahead::Panel);
+                            src.ahead = Some(self.panel_ahead(plan, slices));
                         }
                         self.register_tile(m, plan, &src, &tiles)?;
                         self.b.end_for(vec![]);
@@ -1504,6 +1507,32 @@ impl<'a> Conv<'a> {
         }
     }
 
+    /// Whether a program's register tiles over one slice of a panel, its
+    /// `rows` rows by the slice's `kc x nr`, take at least as long as the
+    /// slice's fetch from memory (`rows / macs_per_cycle >= 4 /
+    /// memory_bytes_per_cycle`: 16 rows on Zen 4, 26 with two FMA units),
+    /// so that a prefetch of the next panel's slice, issued by the first
+    /// strip's tiles, arrives before the next panel's: GPT-2's block (128
+    /// rows: Zen 4, one thread, 18.98 -> 18.30 ms) and 1 x 1 convolutions
+    /// over 7 x 7 (49 rows). Fewer rows (a Winograd convolution's four
+    /// tiles over 7 x 7, a linear layer's one row) take the same panel's
+    /// next slice, a whole chunk of panels ahead: ResNet-18's layer-4
+    /// products were 8-9% slower with the next panel's.
+    fn tiles_outlast_fetch(&self, rows: usize) -> bool {
+        self.params
+            .target
+            .cpu()
+            .is_some_and(|c| rows * c.memory_bytes_per_cycle >= 4 * c.macs_per_cycle())
+    }
+
+    /// What the first strip's tiles of a program of `slices` slices of the
+    /// depth prefetch of its panels of weights (see [`Ahead`]).
+    fn panel_ahead(&self, plan: &PackPlan, slices: usize) -> Ahead {
+        Ahead::Panel {
+            next_panel: slices == 1 || (plan.per_chunk > 1 && self.tiles_outlast_fetch(plan.mc)),
+        }
+    }
+
     /// Whether the register tiles of product `m`'s programs prefetch its
     /// strips, and its panels: packed weights, which stream from memory
     /// rather than the caches (`Packing::weight_prefetch`; not in bf16
@@ -1528,9 +1557,9 @@ impl<'a> Conv<'a> {
     /// and slices of the depth) this iteration's steps would read, one per
     /// 64-byte line (past the last strip of a block they are the next
     /// block's, or outside the buffer: no error for a prefetch), into the
-    /// L1; or the rows of the same panel in the next slice of the depth
-    /// (the next panel's, when the program's depth is one slice), into the
-    /// L2 (see `Packing::weight_prefetch`).
+    /// L1; or the same rows of the next panel's slice or of this panel's
+    /// next slice (`Ahead::Panel`), into the L2 (see
+    /// `Packing::weight_prefetch`).
     fn prefetch_weights(&mut self, plan: &PackPlan, o: &StepSources<'_>, k: Value, unroll: usize) {
         let (mr, nr, step) = (plan.mr, plan.nr, plan.depth_step());
         match (o.ahead, o.strip_buf, o.panels) {
@@ -1546,16 +1575,17 @@ impl<'a> Conv<'a> {
                     self.b.prefetch(strips, at, vec![1, 1], 1);
                 }
             }
-            (Some(Ahead::Panel), _, Panels::Global(panels)) => {
-                // The same panel one slice deeper; of one slice, the next
-                // panel.
+            (Some(Ahead::Panel { next_panel }), _, Panels::Global(panels)) => {
+                // The next panel (past a chunk's last, the next chunk's:
+                // another program's, or past the buffer, no error for a
+                // prefetch), or the same panel one slice deeper.
                 let one = Affine::constant(1);
                 let (kb, nb) = (o.kb.clone(), o.nb0.plus_scaled(1, &o.nb));
                 let mut at = o.bat.to_vec();
-                at.extend(if plan.kb_n / plan.splits > 1 {
-                    [kb.plus_scaled(1, &one), nb]
-                } else {
+                at.extend(if next_panel {
                     [kb, nb.plus_scaled(1, &one)]
+                } else {
+                    [kb.plus_scaled(1, &one), nb]
                 });
                 at.extend(plan.panel_at(&Affine::value(k).scaled(step as i64), [0, 1]));
                 self.b.prefetch(panels, at, vec![unroll * step, nr], 2);
