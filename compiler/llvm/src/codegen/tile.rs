@@ -540,6 +540,15 @@ impl Cut {
     }
 }
 
+/// The element offset of a row of an access (its leading coordinates
+/// `row`) from the access's base: the same for rows along an axis the
+/// index does not move with.
+fn row_offset(a: &Access<'_>, row: &[usize]) -> i64 {
+    row.iter()
+        .zip(&a.grad)
+        .fold(0i64, |f, (&c, &g)| f.wrapping_add(g.wrapping_mul(c as i64)))
+}
+
 /// A buffer access's address: `offset(e) = base + sum_k grad[k] * e_k`
 /// in elements, with each dimension's index `index[d](e) = dims[d].0 +
 /// sum_k dims[d].1[k] * e_k` kept for bounds checks.
@@ -721,11 +730,8 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         j: usize,
     ) -> R<(IntValue<'ctx>, i64)> {
         let last = cut.shape.len() - 1;
-        let mut fixed: i64 = 0;
-        for (k, &c) in row.iter().enumerate() {
-            fixed = fixed.wrapping_add(a.grad[k].wrapping_mul(c as i64));
-        }
-        fixed = fixed.wrapping_add(a.grad[last].wrapping_mul((j * cut.width) as i64));
+        let fixed =
+            row_offset(a, row).wrapping_add(a.grad[last].wrapping_mul((j * cut.width) as i64));
         let off = self.b.build_int_add(
             a.base,
             self.ctx.i64_type().const_int(fixed as u64, true),
@@ -1163,8 +1169,9 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
     /// third: x86's `prefetcht0`, `t1`, `t2`): along a contiguous row, from its first
     /// element every line's worth and its last (a row not aligned to a line
     /// spans one more); along any other stride, each element's; rows at
-    /// the same address once. The addresses are plain offsets, never dereferenced: outside the buffer
-    /// they are no error (x86's and AArch64's prefetches do not fault).
+    /// the same address once. The addresses are plain offsets, never
+    /// dereferenced: outside the buffer they are no error (x86's and
+    /// AArch64's prefetches do not fault).
     fn prefetch(&mut self, op: &OpData, index: &[Affine], shape: &[usize], level: usize) -> R<()> {
         let cut = Cut::new(shape, self.lanes);
         let a = self.access(op.operands[0], index, cut.shape.len())?;
@@ -1183,11 +1190,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         let mut seen = std::collections::HashSet::new();
         for row in 0..cut.rows() {
             let coords = cut.row_coords(row);
-            let fixed = coords
-                .iter()
-                .zip(&a.grad)
-                .fold(0i64, |f, (&c, &g)| f.wrapping_add(g.wrapping_mul(c as i64)));
-            if !seen.insert(fixed) {
+            if !seen.insert(row_offset(&a, &coords)) {
                 continue;
             }
             let (start, _) = self.place(&a, &cut, &coords, 0)?;

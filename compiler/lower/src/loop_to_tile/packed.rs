@@ -1513,7 +1513,7 @@ impl<'a> Conv<'a> {
     /// memory_bytes_per_cycle`: 16 rows on Zen 4, 26 with two FMA units),
     /// so that a prefetch of the next panel's slice, issued by the first
     /// strip's tiles, arrives before the next panel's: GPT-2's block (128
-    /// rows: Zen 4, one thread, 18.98 -> 18.30 ms) and 1 x 1 convolutions
+    /// rows: Zen 4, one thread, 18.24 -> 17.88 ms) and 1 x 1 convolutions
     /// over 7 x 7 (49 rows). Fewer rows (a Winograd convolution's four
     /// tiles over 7 x 7, a linear layer's one row) take the same panel's
     /// next slice, a whole chunk of panels ahead: ResNet-18's layer-4
