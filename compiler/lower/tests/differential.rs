@@ -1142,6 +1142,52 @@ fn a_half_empty_last_panel_takes_a_narrower_register_tile() {
     }
 }
 
+/// A product's programs are made even where that costs no padding, so
+/// that neither of two threads runs one more than the other: 36 panels of
+/// 32 (1152 output channels, 49 pixels as the rows) in 12 chunks of 3, not
+/// 9 of 4; and on Zen 4, 5 panels of 32 (160 channels) as 10 of 16 with
+/// its half-panel tile (`balancing_tile`; Intel's AVX-512 cores, with
+/// none, keep their 14 x 32 tiles, whose 168-row blocks take 160 channels
+/// as rows in two chunks of pixels). Each agrees with the graph interpreter on the tile
+/// interpreter.
+#[test]
+fn a_products_programs_are_even_where_that_pads_nothing() {
+    let zen4 = TargetDesc::for_cpu("znver4").expect("a known CPU");
+    let intel = TargetDesc::x86_64_avx512(2);
+    for (src, expected) in [
+        (
+            "fn f(x: f32[1, 192, 7, 7], w: f32[1152, 192, 1, 1]) -> f32[1, 1152, 7, 7] { return conv2d(x, w); }",
+            [("grid = [1, 1, 12]", 32), ("grid = [1, 1, 12]", 32)],
+        ),
+        (
+            "fn f(x: f32[1, 960, 7, 7], w: f32[160, 960, 1, 1]) -> f32[1, 160, 7, 7] { return conv2d(x, w); }",
+            [("grid = [1, 1, 10]", 16), ("grid = [1, 1, 2]", 32)],
+        ),
+    ] {
+        let m = graph(src);
+        for (target, (grid, nr)) in [&zen4, &intel].into_iter().zip(expected) {
+            // The half-panel tile's rows, or the target's.
+            let mr = match nr {
+                16 => 12,
+                _ => target.gemm_blocking(dlc_core::DType::F32).mr,
+            };
+            let blocking = format!("blocking = [{mr}, {nr},");
+            let tiles = kernels(&m, target);
+            let text = dlc_tile::print_module(&tiles);
+            let product = text
+                .lines()
+                .find(|l| l.contains("schedule = \"packed\"") && !l.contains("pack = "))
+                .unwrap_or_default();
+            assert!(
+                product.contains(grid) && product.contains(&blocking),
+                "{}: not `{grid}` and `{blocking}`: {src}\n{text}",
+                target.name
+            );
+            agree_on_tile_interpreter(&m, &tiles, target);
+        }
+    }
+}
+
 /// A shallow product (a depth of at most `Packing::strips_outer_depth`)
 /// copies its chunk's panels first, into one scratch buffer, and walks each
 /// strip across them, so its result is written a strip's rows at a time

@@ -487,8 +487,15 @@ impl<'a> Conv<'a> {
             .filter_map(|l| self.batch_loop(Some(*l)))
             .collect();
         let batches = batch.iter().map(|b| b.2).product();
-        let tile = self.half_panel_tile(m)?;
-        let mut plan = self.pack_plan_tiled(m, batches, batch.len() < 2, tile, None)?;
+        let chunked = batch.len() < 2;
+        let mut tile = self.half_panel_tile(m)?;
+        let mut plan = self.pack_plan_tiled(m, batches, chunked, tile, None)?;
+        if tile.is_none()
+            && let Some(t) = self.balancing_tile(m, &plan, batches, chunked)
+        {
+            plan = self.pack_plan_tiled(m, batches, chunked, Some(t), None)?;
+            tile = Some(t);
+        }
         // A left operand laid out as packed strips are (a 1 x 1
         // convolution's input with its pixels as the rows) is read where it
         // lies, in slices of at most `Packing::in_place_depth`, where the
@@ -511,8 +518,7 @@ impl<'a> Conv<'a> {
             && plan.kb_n >= 3
             && self.columns_in_place(m, &plan)
         {
-            let shallow =
-                self.pack_plan_tiled(m, batches, batch.len() < 2, tile, Some(in_place_depth))?;
+            let shallow = self.pack_plan_tiled(m, batches, chunked, tile, Some(in_place_depth))?;
             if self.columns_in_place(m, &shallow) {
                 (plan, in_place) = (shallow, true);
             }
@@ -964,6 +970,32 @@ impl<'a> Conv<'a> {
         Ok((!self.convs.contains_key(&m) && last > 0 && 2 * last <= nr && fewer).then_some(tile))
     }
 
+    /// The half-panel register tile (`Packing::half_panel_tile`) where
+    /// `plan`, the blocking's, leaves programs of one panel each, fewer
+    /// than twice the target's units and not a multiple of `balance`: half
+    /// as wide, they are twice as many, which two threads share evenly
+    /// (MobileNetV2's 960 -> 160 projections over 7 x 7, 5 panels of 32
+    /// that one of two threads ran 3 of, are 10 of 16: Zen 4, in the
+    /// model, alternated: 0.080 -> 0.070 ms at two threads, 0.131 -> 0.134
+    /// at one; the whole model 3.88 -> 3.82 ms at two, 6.96 -> 6.92 at one).
+    pub(super) fn balancing_tile(
+        &self,
+        m: LOpId,
+        plan: &PackPlan,
+        batches: usize,
+        chunked: bool,
+    ) -> Option<[usize; 2]> {
+        let packing = self.params.packed?;
+        let tile = packing.half_panel_tile?;
+        let programs = plan.blocks * batches * plan.chunks;
+        (chunked
+            && !self.convs.contains_key(&m)
+            && plan.per_chunk == 1
+            && !programs.is_multiple_of(packing.balance)
+            && programs < 2 * packing.units)
+            .then_some(tile)
+    }
+
     /// [`Self::pack_plan`] with register tile `tile` (`[mr, nr]`) in place
     /// of the blocking's, where one is given (bf16 pairs keep theirs).
     pub(super) fn pack_plan_tiled(
@@ -1077,10 +1109,17 @@ impl<'a> Conv<'a> {
         // At most `strips_n / wanted` panels per chunk, so that there are at
         // least the chunks wanted (18 panels wanted in 8 chunks are 9 of 2,
         // not 6 of 3: a kernel of fewer programs than the target's units
-        // is not spread over threads).
+        // is not spread over threads); of the sizes that pad least, one
+        // that makes the programs a multiple of `balance` (EfficientNet-B0's
+        // 192 -> 1152 over 7 x 7, 36 panels: 12 chunks of 3, not 9 of 4,
+        // of which one of two threads ran 5: Zen 4, alone, 0.125 -> 0.116
+        // ms at two threads, 0.209 at one either way).
+        let unbalanced = |p: usize| {
+            chunked && !(blocks * batches * strips_n.div_ceil(p)).is_multiple_of(balance)
+        };
         let per_chunk = (1..=(strips_n / wanted).max(1))
             .rev()
-            .min_by_key(|p| strips_n.div_ceil(*p) * p - strips_n)
+            .min_by_key(|&p| (strips_n.div_ceil(p) * p - strips_n, unbalanced(p)))
             .unwrap_or(1);
         // Whole groups of panels for an im2col buffer read from the input.
         let per_chunk = conv.map_or(per_chunk, |cv| per_chunk.next_multiple_of(cv.group));
