@@ -142,8 +142,10 @@ pub struct Packing {
     /// `[mr, nr, mc, kc]`: the register tile, rows packed at once, depth.
     pub blocking: [usize; 4],
     /// `[rows, columns]`: the register tile of a product whose last panel
-    /// would be at most half full (`GemmBlocking::half_panel_tile`);
-    /// `None`: always `blocking`'s.
+    /// would be at most half full (`GemmBlocking::half_panel_tile`), and
+    /// of one whose few one-panel programs two threads would share
+    /// unevenly (`packed.rs`'s `balancing_tile`); `None`: always
+    /// `blocking`'s.
     pub half_panel_tile: Option<[usize; 2]>,
     /// The fewest multiply-adds worth packing.
     pub min_macs: usize,

@@ -1148,8 +1148,8 @@ fn a_half_empty_last_panel_takes_a_narrower_register_tile() {
 /// 9 of 4; and on Zen 4, 5 panels of 32 (160 channels) as 10 of 16 with
 /// its half-panel tile (`balancing_tile`; Intel's AVX-512 cores, with
 /// none, keep their 14 x 32 tiles, whose 168-row blocks take 160 channels
-/// as rows in two chunks of pixels). Each agrees with the graph interpreter on the tile
-/// interpreter.
+/// as rows in two chunks of pixels). Each agrees with the graph
+/// interpreter on the tile interpreter.
 #[test]
 fn a_products_programs_are_even_where_that_pads_nothing() {
     let zen4 = TargetDesc::for_cpu("znver4").expect("a known CPU");
@@ -1166,10 +1166,11 @@ fn a_products_programs_are_even_where_that_pads_nothing() {
     ] {
         let m = graph(src);
         for (target, (grid, nr)) in [&zen4, &intel].into_iter().zip(expected) {
-            // The half-panel tile's rows, or the target's.
-            let mr = match nr {
-                16 => 12,
-                _ => target.gemm_blocking(dlc_core::DType::F32).mr,
+            // The half-panel tile's rows, or the blocking's.
+            let g = target.gemm_blocking(dlc_core::DType::F32);
+            let mr = match g.half_panel_tile {
+                Some([rows, width]) if width == nr => rows,
+                _ => g.mr,
             };
             let blocking = format!("blocking = [{mr}, {nr},");
             let tiles = kernels(&m, target);

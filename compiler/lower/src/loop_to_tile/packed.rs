@@ -975,9 +975,9 @@ impl<'a> Conv<'a> {
     /// than twice the target's units and not a multiple of `balance`: half
     /// as wide, they are twice as many, which two threads share evenly
     /// (MobileNetV2's 960 -> 160 projections over 7 x 7, 5 panels of 32
-    /// that one of two threads ran 3 of, are 10 of 16: Zen 4, in the
-    /// model, alternated: 0.080 -> 0.070 ms at two threads, 0.131 -> 0.134
-    /// at one; the whole model 3.88 -> 3.82 ms at two, 6.96 -> 6.92 at one).
+    /// that one of two threads ran 3 of, are 10 of 16: Zen 4, cut out,
+    /// 0.080 -> 0.070 ms at two threads, 0.131 -> 0.134 at one; the whole
+    /// model, alternated, 3.88 -> 3.82 ms at two, 6.96 -> 6.92 at one).
     pub(super) fn balancing_tile(
         &self,
         m: LOpId,
