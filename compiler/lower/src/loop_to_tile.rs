@@ -267,6 +267,19 @@ pub struct Packing {
     /// 32-64 deep as fast or faster; two threads 30-50% faster either
     /// way). 0: never.
     pub in_place_depth: usize,
+    /// The most rows of a product of one block whose right operand its
+    /// programs read where it lies rather than each copying its panels,
+    /// where that operand's rows are whole lines apart and a slice's rows
+    /// fit the ways of the L1 sets they fall in (`l1_ways`):
+    /// `packed.rs`'s `few_rows_read_in_place`. A copied panel then serves
+    /// so few rows that the copy is a large part of the program. 24 on a
+    /// CPU (Zen 4, one thread: MobileNetV2's 32 -> 16 over 112 x 112 cut
+    /// out 0.142 -> 0.124 ms; node by node in the model its 96 -> 24 and
+    /// 144 -> 24 over 56 x 56 5-10% faster, its 192 -> 32 over 28 x 28 5%
+    /// slower). 0: never.
+    pub in_place_rows: usize,
+    /// Ways of each set of the L1 data cache (`CpuDesc::l1_ways`).
+    pub l1_ways: usize,
     /// Steps of the depth the register tile's loop takes per iteration
     /// (at most: the largest number up to this that divides `kc`). Two
     /// gave W1 1024 4.5% on one and two threads (the loop's counter and
@@ -397,6 +410,8 @@ impl ScheduleParams {
                     result_rows_ahead: 16,
                     weight_prefetch: true,
                     in_place_depth: 64,
+                    in_place_rows: 24,
+                    l1_ways: target.cpu().map_or(0, |c| c.l1_ways()),
                     unroll: 2,
                     bf16_pairs: pairs
                         .pairs

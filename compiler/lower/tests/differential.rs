@@ -1056,11 +1056,13 @@ fn residual_products_up_to_a_depth_run_their_epilogue_per_tile() {
 /// (512 KB), not on AVX-512 (2 MB). Both agree with the graph interpreter
 /// on the tile interpreter (compiled: `dlc-llvm`'s
 /// `prefetching_products_compile_and_agree`). Zen 4's L2 is 1 MB:
-/// MobileNetV2's first projection, whose input is 1.6 MB, prefetches there
-/// and not on Intel's AVX-512 cores.
+/// a 32 -> 96 1 x 1 convolution over 112 x 112, whose input is 1.6 MB (as
+/// MobileNetV2's first projection's, which of 16 rows reads its panels in
+/// place: `Packing::in_place_rows`), prefetches there and not on Intel's
+/// AVX-512 cores.
 #[test]
 fn products_beyond_the_l2_prefetch_their_next_panel() {
-    let projection = "fn f1(x: f32[1, 32, 112, 112], w: f32[16, 32, 1, 1]) -> f32[1, 16, 112, 112] { return conv2d(x, w); }";
+    let projection = "fn f1(x: f32[1, 32, 112, 112], w: f32[96, 32, 1, 1]) -> f32[1, 96, 112, 112] { return conv2d(x, w); }";
     let zen4 = TargetDesc::for_cpu("znver4").expect("a known CPU");
     for (target, prefetches) in [(zen4, true), (TargetDesc::x86_64_avx512(2), false)] {
         let text = dlc_tile::print_module(&kernels(&graph(projection), &target));
@@ -1186,6 +1188,47 @@ fn a_products_programs_are_even_where_that_pads_nothing() {
             );
             agree_on_tile_interpreter(&m, &tiles, target);
         }
+    }
+}
+
+/// A product of few rows (`Packing::in_place_rows`) reads its right
+/// operand where it lies instead of each program copying its panels, where
+/// that operand's rows fit the ways of the L1 sets they fall in: on Zen 4
+/// a 32 -> 16 1 x 1 convolution over 56 x 56 (rows 196 lines apart: a
+/// slice's 32 rows two to a set) has no `[32, 32]` panel in scratch,
+/// while 32 -> 96 (96 rows) and 32 -> 16 over 32 x 32 (rows 64 lines
+/// apart, every row of a slice in the same set) copy theirs. Each agrees with the graph
+/// interpreter on the tile interpreter.
+#[test]
+fn a_product_of_few_rows_reads_its_columns_in_place() {
+    let zen4 = TargetDesc::for_cpu("znver4").expect("a known CPU");
+    for (src, in_place) in [
+        (
+            "fn f(x: f32[1, 32, 56, 56], w: f32[16, 32, 1, 1]) -> f32[1, 16, 56, 56] { return conv2d(x, w); }",
+            true,
+        ),
+        (
+            "fn f(x: f32[1, 32, 56, 56], w: f32[96, 32, 1, 1]) -> f32[1, 96, 56, 56] { return conv2d(x, w); }",
+            false,
+        ),
+        (
+            "fn f(x: f32[1, 32, 32, 32], w: f32[16, 32, 1, 1]) -> f32[1, 16, 32, 32] { return conv2d(x, w); }",
+            false,
+        ),
+    ] {
+        let m = graph(src);
+        let tiles = kernels(&m, &zen4);
+        let text = dlc_tile::print_module(&tiles);
+        assert!(
+            text.contains("schedule = \"packed\""),
+            "not a packed product: {src}\n{text}"
+        );
+        assert_eq!(
+            !text.contains("buffer<f32[32, 32], scratch>"),
+            in_place,
+            "{src}\n{text}"
+        );
+        agree_on_tile_interpreter(&m, &tiles, &zen4);
     }
 }
 
@@ -2096,6 +2139,11 @@ fn odd_schedule_parameters_agree() {
             // Strips read in place, in slices of at most 4 with `units`
             // 3 (of 5) and 2 with `units` 1 (of 7).
             in_place_depth: if units == 3 { 4 } else { 2 },
+            // Right operands of products of few rows read in place (up to
+            // 8 rows with `units` 3, where each set takes at most 2 of a
+            // slice's rows), never with `units` 1.
+            in_place_rows: if units == 3 { 8 } else { 0 },
+            l1_ways: 2,
             unroll: units,
             // bf16 products in pairs with one blocking (a register tile
             // of its own), widened with the other.

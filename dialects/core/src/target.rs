@@ -114,6 +114,12 @@ impl CpuDesc {
         self.vector_bits >= 512
     }
 
+    /// Ways of each set of the level-1 data cache (8 on Zen 4's 32 KB of
+    /// 64 sets).
+    pub fn l1_ways(&self) -> usize {
+        self.l1_bytes / (64 * self.l1_sets).max(1)
+    }
+
     /// Multiply-adds of f32 a core starts each cycle at its peak.
     pub fn macs_per_cycle(&self) -> usize {
         self.vector_bits / 32 * self.fma_units

@@ -924,6 +924,8 @@ impl<'a> Conv<'a> {
     ) -> Result<Panels, TileConvError> {
         Ok(if self.weight_operand(m) {
             Panels::Global(self.pack_kernel(m, batch, plan)?)
+        } else if self.few_rows_read_in_place(m, plan)? {
+            Panels::InPlace
         } else if self.packs_own_panels(m, plan.blocks) {
             Panels::Own
         } else if self.reads_in_place(m, plan.blocks, plan.l1_sets) {
@@ -2175,23 +2177,59 @@ impl<'a> Conv<'a> {
         self.weight_derived.contains(&root)
     }
 
+    /// The 64-byte lines between consecutive rows of product `m`'s right
+    /// operand where it can be read in place: f32, contiguous along the
+    /// columns, its rows a whole number of lines apart.
+    fn right_row_lines(&self, m: LOpId) -> Option<u64> {
+        let op = self.op(m);
+        let L::Matmul(c) = &op.kind else {
+            return None;
+        };
+        let body = &op.regions[0];
+        let (jv, kv) = (body.args[1], body.args[2]);
+        let b = op.operands[1];
+        let row_bytes = self.step(b, &c.b, kv)?.unsigned_abs() * 4;
+        (self.operand_dtype(b) == Some(DType::F32)
+            && self.unit_stride(b, &c.b, jv)
+            && row_bytes > 0
+            && row_bytes % 64 == 0)
+            .then_some(row_bytes / 64)
+    }
+
     /// Whether packed product `m` (of `blocks` blocks of rows) reads its
     /// right operand in place: one block of rows, the operand contiguous
     /// along the columns, and its rows a number of 64-byte lines apart
     /// coprime with the L1's sets (see [`Packing::l1_sets`]).
     pub(super) fn reads_in_place(&self, m: LOpId, blocks: usize, sets: usize) -> bool {
-        let op = self.op(m);
-        let L::Matmul(c) = &op.kind else {
-            return false;
-        };
-        let body = &op.regions[0];
-        let (jv, kv) = (body.args[1], body.args[2]);
-        let b = op.operands[1];
-        let row_bytes = self.step(b, &c.b, kv).map(|s| s.unsigned_abs() * 4);
         blocks == 1
             && sets > 0
-            && self.operand_dtype(b) == Some(DType::F32)
-            && self.unit_stride(b, &c.b, jv)
-            && row_bytes.is_some_and(|r| r > 0 && r % 64 == 0 && gcd(r / 64, sets as u64) == 1)
+            && self
+                .right_row_lines(m)
+                .is_some_and(|lines| gcd(lines, sets as u64) == 1)
+    }
+
+    /// Whether product `m` under `plan`, one block of at most
+    /// `Packing::in_place_rows` rows, reads its right operand in place
+    /// rather than its programs copying their panels: not an im2col buffer
+    /// read from the input, the operand's rows whole lines apart, and a
+    /// slice's `kc` rows, `lines` apart, falling in `sets / gcd(lines,
+    /// sets)` of the L1's sets, each taking at most its ways of them.
+    pub(super) fn few_rows_read_in_place(
+        &self,
+        m: LOpId,
+        plan: &PackPlan,
+    ) -> Result<bool, TileConvError> {
+        let Some(p) = self.params.packed else {
+            return Ok(false);
+        };
+        let (_, c) = self.contraction(m)?;
+        let sets = p.l1_sets as u64;
+        Ok(plan.blocks == 1
+            && (c.m.max(1) as usize) <= p.in_place_rows
+            && sets > 0
+            && !self.convs.contains_key(&m)
+            && self
+                .right_row_lines(m)
+                .is_some_and(|lines| plan.kc as u64 * gcd(lines, sets) / sets <= p.l1_ways as u64))
     }
 }
