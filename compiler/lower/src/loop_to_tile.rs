@@ -274,9 +274,9 @@ pub struct Packing {
     /// `packed.rs`'s `few_rows_read_in_place`. A copied panel then serves
     /// so few rows that the copy is a large part of the program. 24 on a
     /// CPU (Zen 4, one thread: MobileNetV2's 32 -> 16 over 112 x 112 cut
-    /// out 0.142 -> 0.124 ms; node by node in the model its 96 -> 24 and
-    /// 144 -> 24 over 56 x 56 5-10% faster, its 192 -> 32 over 28 x 28 5%
-    /// slower). 0: never.
+    /// out 0.142 -> 0.124 ms; node by node in the model, with up to twice
+    /// the ways allowed, its 96 -> 24 and 144 -> 24 over 56 x 56 5-10%
+    /// faster, its 192 -> 32 over 28 x 28 (32 rows) 5% slower). 0: never.
     pub in_place_rows: usize,
     /// Ways of each set of the L1 data cache (`CpuDesc::l1_ways`).
     pub l1_ways: usize,

@@ -912,10 +912,12 @@ impl<'a> Conv<'a> {
 
     /// Where the programs of packed product `m` read the right operand's
     /// panels: packed once by a kernel of their own when the operand is a
-    /// weight; else packed by each program into scratch memory, one slice of a
-    /// panel at a time, when each panel serves one program; else read in
-    /// place where the operand allows it; else packed once by a kernel of
-    /// its own (`panels[batch.., kb, nb, k, j]`), emitted here.
+    /// weight; else read in place by a product of few rows whose slices fit
+    /// the L1 ([`Self::few_rows_read_in_place`]); else packed by each
+    /// program into scratch memory, one slice of a panel at a time, when
+    /// each panel serves one program; else read in place where the operand
+    /// allows it; else packed once by a kernel of its own
+    /// (`panels[batch.., kb, nb, k, j]`), emitted here.
     pub(super) fn panels(
         &mut self,
         m: LOpId,
