@@ -772,11 +772,12 @@ fn upd(x: f32[24, 96], y: f32[96, 640], r: f32[24, 640]) -> f32[24, 640] { retur
 /// 1 x 1 convolutions whose input is larger than the L2 of an AVX2 target
 /// (512 KB) and at most an AVX-512 one's (2 MB): 40 channels over 58 x 58
 /// pixels (538 KB, its last panel ragged), panel by panel, and a shallow 16
-/// channels over 96 x 96 (590 KB), which copies its chunk's panels before
-/// walking its strips. On AVX2 each copy of a panel's slice prefetches the
+/// channels over 95 x 95 (578 KB), which copies its chunk's panels before
+/// walking its strips (its rows are not whole lines apart, so its 8 rows do
+/// not read them in place: `Packing::in_place_rows`). On AVX2 each copy of a panel's slice prefetches the
 /// next panel's (`packed.rs`'s `prefetches_panels`).
 pub const PREFETCHED_PRODUCT_PROGRAMS: &str = "fn p40(x: f32[1, 40, 58, 58], w: f32[6, 40, 1, 1]) -> f32[1, 6, 58, 58] { return conv2d(x, w); }
-fn p16(x: f32[1, 16, 96, 96], w: f32[8, 16, 1, 1]) -> f32[1, 8, 96, 96] { return clamp(conv2d(x, w), 0.0, 6.0); }";
+fn p16(x: f32[1, 16, 95, 95], w: f32[8, 16, 1, 1]) -> f32[1, 8, 95, 95] { return clamp(conv2d(x, w), 0.0, 6.0); }";
 
 /// Depthwise convolutions strided along their columns, which a CPU runs
 /// reading each channel through a padded copy split into the stride's

@@ -270,7 +270,7 @@ pub struct Packing {
     /// The most rows of a product of one block whose right operand its
     /// programs read where it lies rather than each copying its panels,
     /// where that operand's rows are whole lines apart and a slice's rows
-    /// fit the ways of the L1 sets they fall in (`l1_ways`):
+    /// take at most twice the ways of the L1 sets they fall in (`l1_ways`):
     /// `packed.rs`'s `few_rows_read_in_place`. A copied panel then serves
     /// so few rows that the copy is a large part of the program. 24 on a
     /// CPU (Zen 4, one thread: MobileNetV2's 32 -> 16 over 112 x 112 cut
