@@ -1128,20 +1128,30 @@ impl Lowering<'_> {
     /// 192 over 7 x 7 with a residual 0.27 -> 0.24 ms at one thread, 0.14
     /// -> 0.115 at two; MobileNetV2's 960 -> 160 0.187 -> 0.152 and 0.105
     /// -> 0.090; ResNet-50's 512 -> 2048 1.19-1.21 -> 1.15-1.18 (one
-    /// thread).
+    /// thread). Pixels that would pad more than a fifth of the columns the
+    /// product runs (`GemmBlocking::padded_columns`, its half-panel tile
+    /// counted) take the rows from the shallower and narrower products of
+    /// `GemmBlocking::few_pixel_rows_min` (Zen 4's 96 -> 576 over 7 x 7).
+    /// The panels of `pixel_rows_min`'s test are the blocking's, against
+    /// which its figures were measured (counting Zen 4's half-panel tile
+    /// there, ResNet-50's 1024 -> 256s over 14 x 14 left the pixel rows
+    /// and the model took 0.5% more at one thread, 1.7% at two).
     fn pixels_as_rows(&self, [o, p, q]: [usize; 3], dtype: DType, residual: bool) -> bool {
-        let g = self.target.gemm_blocking(dtype);
-        let deep_and_wide = g.pixel_rows_min.iter().any(|&(d, c)| q >= d && o >= c);
-        if !deep_and_wide || self.target.cpu().is_none() {
+        if self.target.cpu().is_none() {
             return false;
         }
+        let g = self.target.gemm_blocking(dtype);
         let padded = |rows: usize, cols: usize| {
             let (mr, nr) = g.register_tile(cols);
             rows.div_ceil(mr) * mr * cols.div_ceil(nr) * nr
         };
-        let (_, nr) = g.register_tile(p);
+        let (d, c) = g.few_pixel_rows_min;
+        let few_pixels = g.padded_columns(p) * 4 > p * 5 && q >= d && o >= c;
+        let deep_and_wide = g.pixel_rows_min.iter().any(|&(d, c)| q >= d && o >= c);
         let (part, whole) = if residual { (4, 5) } else { (9, 10) };
-        p.div_ceil(nr) * nr * part > p * whole && padded(p, o) * 10 < padded(o, p) * 9
+        let (_, nr) = g.register_tile(p);
+        let pads = p.next_multiple_of(nr) * part > p * whole;
+        (few_pixels || deep_and_wide && pads) && padded(p, o) * 10 < padded(o, p) * 9
     }
 
     /// Whether `buf`'s elements are laid out row-major, as many as `shape`

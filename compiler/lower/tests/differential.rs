@@ -689,7 +689,8 @@ fn products_of_reused_storage_pack_their_own_panels() {
 /// and the product is deep and wide enough (the target's
 /// `GemmBlocking::pixel_rows_min`: 128 deep into 512 channels or 512 deep
 /// into 256 on AVX-512 with two FMA units, into 160 on Zen 4, 48 into 32
-/// on AVX2): 7 x 7 on
+/// on AVX2; on Zen 4 also 96 deep into 96 where the pixels leave more
+/// than a fifth of the columns empty, `few_pixel_rows_min`): 7 x 7 on
 /// either x86-64 width, 14 x 14 where a
 /// panel is 32 columns (196 pixels in 7 panels of 32, but 13 of 16 on
 /// AVX2). 32 deep or over 8 x 8 the channels stay the rows on both, and
@@ -748,14 +749,17 @@ fn few_pixels_are_the_rows_of_a_convolution_product() {
         }
     }
     // Zen 4 splits each 512-bit FMA in two: 512 deep or more into 160
-    // channels or more takes the pixels as rows there (256 deep does not),
-    // with a residual or without.
+    // channels or more takes the pixels as rows there, with a residual or
+    // without; and 49 pixels, more than a fifth of their two panels empty,
+    // from 96 deep into 96 channels (`few_pixel_rows_min`): 256 deep into
+    // 160 too, not 32 deep.
     let zen4 = TargetDesc::for_cpu("znver4").unwrap();
     for (src, sizes) in [
         (deep, "sizes = [49, 320, 960]"),
-        (narrow, "sizes = [160, 49, 256]"),
+        (narrow, "sizes = [49, 160, 256]"),
         (residual, "sizes = [49, 512, 128]"),
         (bias, "sizes = [49, 512, 128]"),
+        (shallow, "sizes = [512, 49, 32]"),
     ] {
         let loops = print_module(&dlc_driver::lower_to_loops(&graph(src), &zen4).unwrap());
         assert!(loops.contains(sizes), "{loops}");

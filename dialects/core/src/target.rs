@@ -231,6 +231,20 @@ pub struct GemmBlocking {
     /// -> 0.869), so there the channels stay the rows
     /// (`graph_to_loop`'s `pixels_as_rows`).
     pub pixel_rows_min: [(usize, usize); 2],
+    /// The depth and channels from which a 1 x 1 convolution whose pixels
+    /// would pad more than a fifth of the columns it runs
+    /// ([`Self::padded_columns`]: 49 pixels in 64) takes them as its rows,
+    /// with a residual or without, where [`Self::pixel_rows_min`] does not
+    /// hold: the padding saved pays for the transposed stores sooner. Only
+    /// where the target has a half-panel tile, which splits the few
+    /// channel panels that leaves evenly between two threads (`packed.rs`'s
+    /// `balancing_tile`; without it Zen 5 lost at two threads, above). Zen
+    /// 4, MobileNetV3-small's six products over 7 x 7 (96 into 576, 288
+    /// and 576 into 96, two with a residual; 576 into 96 cut out 0.065 ->
+    /// 0.053 ms at one thread, 0.034 -> 0.027 at two), the whole model
+    /// 1.58 -> 1.52 ms at one thread, 0.927 -> 0.900 at two (`p25`,
+    /// alternated): (96, 96). Elsewhere unmeasured: never.
+    pub few_pixel_rows_min: (usize, usize),
     /// The register tile, `[rows, columns]`, of a product whose last panel
     /// of `nr` columns would be at most half full (196 pixels, 14 x 14, in
     /// seven panels of 32, the last holding 4): twice the rows by one
@@ -247,7 +261,28 @@ pub struct GemmBlocking {
     pub half_panel_tile: Option<[usize; 2]>,
 }
 
+/// Whether a product of `n` columns takes a half-panel register tile
+/// `width` columns wide (`GemmBlocking::half_panel_tile`) rather than panels
+/// of `nr`: its last panel would be at most half full and its columns pad
+/// at least a twentieth fewer (196 pixels: 208 against 224, measured 7-9%
+/// faster; 784: 784 against 800, not measured).
+pub fn half_panel_pads_less(n: usize, nr: usize, width: usize) -> bool {
+    let last = n % nr;
+    last > 0 && 2 * last <= nr && n.next_multiple_of(width) * 20 <= n.next_multiple_of(nr) * 19
+}
+
 impl GemmBlocking {
+    /// The columns a packed product of `n` columns runs: `n` rounded up to
+    /// its register tile's width, the half-panel tile's where it takes one
+    /// ([`half_panel_pads_less`]).
+    pub fn padded_columns(&self, n: usize) -> usize {
+        let (_, nr) = self.register_tile(n);
+        match self.half_panel_tile {
+            Some([_, width]) if half_panel_pads_less(n, nr, width) => n.next_multiple_of(width),
+            _ => n.next_multiple_of(nr),
+        }
+    }
+
     /// The register tile of a product of `n` columns, as rows and the
     /// columns its width is rounded up to: `narrow_mr x lanes` for a narrow
     /// one (its tile is as many vectors as `n` needs), else `mr x nr`.
@@ -863,6 +898,7 @@ impl TargetDesc {
                 let regs = c.vector_registers;
                 let narrow_n = if regs <= 16 { 2 * lanes } else { lanes };
                 let vectors = narrow_n / lanes;
+                let half_panel = c.vector_bits == 512 && c.fma_units < 2 && !pairs;
                 GemmBlocking {
                     mr,
                     nr: 2 * lanes,
@@ -882,8 +918,12 @@ impl TargetDesc {
                     } else {
                         [(128, 512), (512, 160)]
                     },
-                    half_panel_tile: (c.vector_bits == 512 && c.fma_units < 2 && !pairs)
-                        .then_some([2 * mr, lanes]),
+                    few_pixel_rows_min: if half_panel {
+                        (96, 96)
+                    } else {
+                        (usize::MAX, usize::MAX)
+                    },
+                    half_panel_tile: half_panel.then_some([2 * mr, lanes]),
                 }
             }
             TargetKind::Gpu(_) => GemmBlocking {
@@ -897,6 +937,7 @@ impl TargetDesc {
                 narrow_mr: 64,
                 pairs: false,
                 pixel_rows_min: [(usize::MAX, usize::MAX); 2],
+                few_pixel_rows_min: (usize::MAX, usize::MAX),
                 half_panel_tile: None,
             },
         }
@@ -959,6 +1000,25 @@ mod tests {
                 [(48, 32); 2]
             )
         );
+        // Where the pixels pad more than a fifth of the columns, from 96
+        // deep into 96 channels on Zen 4, whose half-panel tile splits the
+        // channel panels evenly; nowhere else. The columns a product runs
+        // count that tile where it pads a twentieth fewer (784: 800).
+        let none = (usize::MAX, usize::MAX);
+        assert_eq!(
+            (
+                g.few_pixel_rows_min,
+                zen4.gemm_blocking(DType::F32).few_pixel_rows_min,
+                g2.few_pixel_rows_min
+            ),
+            (none, (96, 96), none)
+        );
+        let z = zen4.gemm_blocking(DType::F32);
+        assert_eq!(
+            [49, 196, 100, 784].map(|n| z.padded_columns(n)),
+            [64, 208, 112, 800]
+        );
+        assert_eq!(g.padded_columns(196), 224);
         // f16 products accumulate in f32, so their tile is f32's; so are
         // bf16 ones where bf16 is widened, not multiplied in pairs.
         assert_eq!(avx512.gemm_blocking(DType::F16).nr, 32);

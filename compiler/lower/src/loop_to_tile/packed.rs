@@ -124,6 +124,7 @@
 
 use dlc_core::DType;
 use dlc_core::scalar::BinaryOp;
+use dlc_core::target::half_panel_pads_less;
 use dlc_loop::{
     Block as LBlock, IndexExpr, OpId as LOpId, OpKind as L, Type as LType, Value as LValue,
 };
@@ -953,9 +954,9 @@ impl<'a> Conv<'a> {
     /// The register tile of packed product `m` where its last panel would
     /// be at most half full and the target has a tile for that
     /// (`Packing::half_panel_tile`: 12 x 16 rather than 6 x 32 on Zen 4),
-    /// and that tile's columns pad at least a twentieth fewer (196 pixels:
-    /// 208 against 224, measured 7-9% faster; 784: 784 against 800, not
-    /// measured), for a product whose right operand is not an im2col buffer
+    /// and that tile's columns pad at least a twentieth fewer
+    /// (`dlc_core::target::half_panel_pads_less`), for a product whose
+    /// right operand is not an im2col buffer
     /// read from the input (whose copies come in groups of panels of the
     /// blocking's width).
     pub(super) fn half_panel_tile(&self, m: LOpId) -> Result<Option<[usize; 2]>, TileConvError> {
@@ -969,9 +970,7 @@ impl<'a> Conv<'a> {
         };
         let (_, c) = self.contraction(m)?;
         let n = c.n.max(1) as usize;
-        let last = n % nr;
-        let fewer = n.next_multiple_of(width) * 20 <= n.next_multiple_of(nr) * 19;
-        Ok((!self.convs.contains_key(&m) && last > 0 && 2 * last <= nr && fewer).then_some(tile))
+        Ok((!self.convs.contains_key(&m) && half_panel_pads_less(n, nr, width)).then_some(tile))
     }
 
     /// The half-panel register tile (`Packing::half_panel_tile`) where
