@@ -322,6 +322,8 @@ def measure(dlc, name):
         row[f"ort{threads}_ms"], row[f"ort{threads}_spread"] = t["median_ms"], spread(t)
         row[f"dlc{threads}_ms"], row[f"dlc{threads}_spread"] = j["median_ms"], spread(j)
         row[f"runs{threads}"] = t["runs"]
+        if threads == 2:
+            row["round_trip_ns"] = j.get("core_round_trip_ns")
     print(json.dumps(row), flush=True)
     return row
 
@@ -373,12 +375,15 @@ def main():
         "(the program from it, the model not imported); alternated 1t, 2t = the library `dlc "
         "compile --emit so` writes and onnxruntime called alternately in one process at one "
         "and at two threads, 25th percentiles (the steadier comparison: the latency columns "
-        "before them are separate runs minutes apart).",
+        "before them are separate runs minutes apart); cores ns = how long a cache line took "
+        "between two threads and back after `dlc bench --threads 2` (several hundred: the two "
+        "cores shared no cache then, a placement a virtual machine can change for minutes, "
+        "in which two threads run slower).",
         "",
         "| model | file MiB | cold dlc run s | peak MiB | warm dlc run s | peak MiB | error vs ort "
         "| dlc 1t | ort 1t | ratio 1t | dlc 2t | ort 2t | ratio 2t | runs | alternated 1t "
-        "| alternated 2t |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| alternated 2t | cores ns |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         cells = [r["model"], f"{r['model_mib']:.1f}", f"{r['cold_s']:.2f}", f"{r['cold_mib']:.0f}",
@@ -391,6 +396,8 @@ def main():
         for t in (1, 2):
             cells.append(f"{r[f'dlc{t}_p25']:.3f} / {r[f'ort{t}_p25']:.3f}: "
                          f"{r[f'dlc{t}_p25'] / r[f'ort{t}_p25']:.2f}")
+        ns = r.get("round_trip_ns")
+        cells.append("-" if ns is None else f"{ns:.0f}")
         lines.append("| " + " | ".join(cells) + " |")
     for name, why in failed:
         lines.append(f"| {name} | failed: {why} |")

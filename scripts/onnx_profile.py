@@ -90,7 +90,7 @@ def dlc_round(dlc, path, runs, threads, anchor):
         m = re.search(r"node `([^`]*)`", launch["place"])
         times[anchor(m.group(1)) if m else (launch["place"] or "no place", "")] += \
             launch["median_ms"]
-    return report["median_ms"], times
+    return report["median_ms"], times, report.get("core_round_trip_ns")
 
 
 def ort_round(path, feeds, runs, threads, anchor, prefix):
@@ -132,15 +132,17 @@ def main():
     dlc_t, ort_t = collections.defaultdict(list), collections.defaultdict(list)
     totals = []
     for r in range(a.rounds):
-        dlc_total, dt = dlc_round(a.dlc, path, a.runs, a.threads, anchor)
+        dlc_total, dt, round_trip = dlc_round(a.dlc, path, a.runs, a.threads, anchor)
         ort_total, ot = ort_round(path, feeds, a.runs, a.threads, anchor, os.path.join(d, "ort-profile"))
         totals.append((dlc_total, ort_total))
         for k, v in dt.items():
             dlc_t[k].append(v)
         for k, v in ot.items():
             ort_t[k].append(v)
+        cores = "" if round_trip is None else \
+            f"; a cache line between dlc's two threads and back {round_trip:.0f} ns"
         print(f"round {r + 1}: dlc {dlc_total:.3f} ms (median call), "
-              f"onnxruntime {ort_total:.3f} ms (its nodes' medians)", flush=True)
+              f"onnxruntime {ort_total:.3f} ms (its nodes' medians){cores}", flush=True)
     rows = []
     for k, ds in dlc_t.items():
         os_ = ort_t.get(k, [])

@@ -52,3 +52,71 @@ pub fn print_stats(reports: &[PassReport]) {
         }
     }
 }
+
+/// The mean time two threads take to pass a cache line to each other and
+/// back (one writes a counter, the other waits for it and writes the next),
+/// over up to `max_trips` round trips or about 20 ms, whichever ends first;
+/// `None` where a second thread cannot be started. Where the cores share a
+/// cache (one L3) it is some 50-70 ns on a Zen 4; across L3s or sockets
+/// several hundred, and then whatever two threads share (an operand one
+/// wrote and the other reads, a line both write) crosses at that cost: a
+/// benchmark at two threads says which placement it ran in by it.
+pub fn core_round_trip(max_trips: u64) -> Option<std::time::Duration> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
+    // On a line of its own.
+    #[repr(align(64))]
+    struct Line(AtomicU64);
+    let line = Line(AtomicU64::new(0));
+    let stop = Line(AtomicU64::new(u64::MAX));
+    let budget = Duration::from_millis(20);
+    let trips = std::thread::scope(|s| {
+        let echo = std::thread::Builder::new()
+            .spawn_scoped(s, || {
+                // Answers odd values with the next even one until told the
+                // last trip's number.
+                let mut next = 1;
+                loop {
+                    while line.0.load(Ordering::Acquire) != next {
+                        if stop.0.load(Ordering::Relaxed) < next {
+                            return;
+                        }
+                        std::hint::spin_loop();
+                    }
+                    line.0.store(next + 1, Ordering::Release);
+                    next += 2;
+                }
+            })
+            .ok()?;
+        let start = Instant::now();
+        let mut trips = 0u64;
+        while trips < max_trips && (!trips.is_multiple_of(16) || start.elapsed() < budget) {
+            line.0.store(2 * trips + 1, Ordering::Release);
+            while line.0.load(Ordering::Acquire) != 2 * trips + 2 {
+                std::hint::spin_loop();
+            }
+            trips += 1;
+        }
+        let took = start.elapsed();
+        stop.0.store(2 * trips, Ordering::Relaxed);
+        echo.join().ok()?;
+        Some((trips > 0).then(|| took / trips as u32))
+    });
+    trips.flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    /// Two threads pass a line back and forth: a round trip takes some
+    /// time, and the measurement ends (after the 2000 trips asked for, or
+    /// about 20 ms, checked every 16 trips: a second even where the two
+    /// threads share a busy core, and a trip waits out time slices).
+    #[test]
+    fn two_threads_pass_a_line_back_and_forth() {
+        let t = super::core_round_trip(2000).expect("a second thread");
+        assert!(
+            t > std::time::Duration::ZERO && t < std::time::Duration::from_secs(1),
+            "{t:?}"
+        );
+    }
+}

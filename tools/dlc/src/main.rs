@@ -200,7 +200,9 @@ enum Command {
         /// Entry point to measure; may be left out when there is only one.
         #[arg(long)]
         entry: Option<String>,
-        /// Threads parallel loops run on (0: one per core).
+        /// Threads parallel loops run on (0: one per core). At two or more
+        /// it also says how long a cache line takes between two threads
+        /// and back after the runs: the placement of the cores they ran on.
         #[arg(long, default_value_t = 1)]
         threads: usize,
         /// Timed runs (at least 20 for reported figures).
@@ -681,6 +683,9 @@ fn bench(
         )
     };
     let (median, min, max) = (median(&ms), ms[0], ms[ms.len() - 1]);
+    let round_trip = (device.is_none() && threads >= 2)
+        .then(round_trip_ns)
+        .flatten();
     let compile = front + llvm;
     if json {
         let report = serde_json::json!({
@@ -699,6 +704,7 @@ fn bench(
             "max_ms": max,
             "runs": runs,
             "warmup": warmup,
+            "core_round_trip_ns": round_trip,
             "backend": if device.is_some() { "gpu" } else { "cpu" },
             "device": device,
             "profile": launches.as_ref().map(|l| profile_json(l, runs)),
@@ -744,11 +750,27 @@ fn bench(
         dlc_cli::outln!(
             "  latency: median {median:.3} ms, min {min:.3} ms, max {max:.3} ms over {runs} runs ({warmup} warm-up)"
         );
+        if let Some(ns) = round_trip {
+            dlc_cli::outln!(
+                "  cores: a cache line passes between two threads and back in {ns:.0} ns (after the runs; several hundred ns: their cores share no cache, and what the threads share crosses slowly)"
+            );
+        }
         if let Some(launches) = &launches {
             print_profile(file, launches, runs, ms.iter().sum::<f64>() / runs as f64);
         }
     }
     Ok(())
+}
+
+/// `dlc bench`'s round trip of a cache line between two threads, ns
+/// (`dlc_cli::core_round_trip`), right after the runs: the placement they
+/// ran in (on a virtual machine it changes over minutes). Measured once
+/// the OpenMP threads have stopped spinning for work (libgomp's spin
+/// count: under a millisecond), which would take the cores from the two
+/// threads measuring.
+fn round_trip_ns() -> Option<f64> {
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    dlc_cli::core_round_trip(20_000).map(|t| t.as_secs_f64() * 1e9)
 }
 
 /// How `dlc bench` measures, past where it runs.

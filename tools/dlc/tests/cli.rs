@@ -553,6 +553,35 @@ fn bench_reports_compile_time_and_latency() {
     assert!(o.status.success(), "{}", stderr(&o));
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(report["threads"], 2);
+    // At two threads it says how fast their cores pass a line (the
+    // placement it ran in); at one it has no second thread to ask.
+    assert!(
+        report["core_round_trip_ns"]
+            .as_f64()
+            .is_some_and(|ns| ns > 0.0),
+        "{report}"
+    );
+    let o = dlc(&[
+        "bench",
+        &model,
+        "--entry",
+        "affine",
+        "--runs",
+        "2",
+        "--threads",
+        "2",
+    ]);
+    assert!(
+        String::from_utf8_lossy(&o.stdout)
+            .contains("cores: a cache line passes between two threads"),
+        "{}",
+        stderr(&o)
+    );
+    let o = dlc(&[
+        "bench", &model, "--entry", "affine", "--runs", "2", "--json",
+    ]);
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(report["core_round_trip_ns"].is_null(), "{report}");
     fails_with(
         &dlc(&["bench", &model, "--entry", "pair", "--runs", "0"]),
         "--runs must be at least 1",
