@@ -539,7 +539,7 @@ fn bench_reports_compile_time_and_latency() {
         "{}",
         stderr(&o)
     );
-    let o = dlc(&[
+    let two = [
         "bench",
         &model,
         "--entry",
@@ -548,8 +548,8 @@ fn bench_reports_compile_time_and_latency() {
         "2",
         "--threads",
         "2",
-        "--json",
-    ]);
+    ];
+    let o = dlc(&[&two[..], &["--json"]].concat());
     assert!(o.status.success(), "{}", stderr(&o));
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(report["threads"], 2);
@@ -561,16 +561,7 @@ fn bench_reports_compile_time_and_latency() {
             .is_some_and(|ns| ns > 0.0),
         "{report}"
     );
-    let o = dlc(&[
-        "bench",
-        &model,
-        "--entry",
-        "affine",
-        "--runs",
-        "2",
-        "--threads",
-        "2",
-    ]);
+    let o = dlc(&two);
     assert!(
         String::from_utf8_lossy(&o.stdout)
             .contains("cores: a cache line passes between two threads"),
