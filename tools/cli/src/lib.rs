@@ -61,7 +61,7 @@ pub fn print_stats(reports: &[PassReport]) {
 /// several hundred, and then whatever two threads share (an operand one
 /// wrote and the other reads, a line both write) crosses at that cost: a
 /// benchmark at two threads says which placement it ran in by it.
-pub fn core_round_trip(max_trips: u64) -> Option<std::time::Duration> {
+pub fn core_round_trip(max_trips: u32) -> Option<std::time::Duration> {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::{Duration, Instant};
     // On a line of its own.
@@ -89,18 +89,19 @@ pub fn core_round_trip(max_trips: u64) -> Option<std::time::Duration> {
             })
             .ok()?;
         let start = Instant::now();
-        let mut trips = 0u64;
+        let mut trips = 0u32;
         while trips < max_trips && (!trips.is_multiple_of(16) || start.elapsed() < budget) {
-            line.0.store(2 * trips + 1, Ordering::Release);
-            while line.0.load(Ordering::Acquire) != 2 * trips + 2 {
+            let sent = 2 * u64::from(trips) + 1;
+            line.0.store(sent, Ordering::Release);
+            while line.0.load(Ordering::Acquire) != sent + 1 {
                 std::hint::spin_loop();
             }
             trips += 1;
         }
         let took = start.elapsed();
-        stop.0.store(2 * trips, Ordering::Relaxed);
+        stop.0.store(2 * u64::from(trips), Ordering::Relaxed);
         echo.join().ok()?;
-        Some((trips > 0).then(|| took / trips as u32))
+        Some((trips > 0).then(|| took / trips))
     });
     trips.flatten()
 }
