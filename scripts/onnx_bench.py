@@ -4,7 +4,8 @@ one run on this machine.
 
 The models are made here, with random weights, from torch.nn and torchvision
 and exported by PyTorch's TorchScript exporter (opset 17; nothing is
-downloaded): ResNet-18 and -50, MobileNetV2 and V3-small, EfficientNet-B0, a
+downloaded): ResNet-18 and -50, MobileNetV2 and V3-small, EfficientNet-B0,
+ResNeXt-50 32x4d and RegNetY-400MF (grouped convolutions), a
 BERT-base-sized encoder (30522-word embedding, 12 layers, d = 768, 128 tokens)
 and a GPT-2-small-sized decoder block (pre-norm, causal, d = 768, 128
 tokens), beside the real-model tests under tests/onnx/. For each:
@@ -50,6 +51,7 @@ OUT = os.path.join(ROOT, "target", "onnx-bench")
 OPSET = 17
 TESTS = ["mlp", "cnn", "transformer", "gru", "recurrent", "torch_encoder"]
 EXPORTED = ["resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0",
+            "resnext50_32x4d", "regnet_y_400mf",
             "bert_base_encoder", "gpt2_block"]
 
 
@@ -93,6 +95,8 @@ def exported_models():
         "mobilenet_v2": lambda: (tv.mobilenet_v2(), image, ["image"]),
         "mobilenet_v3_small": lambda: (tv.mobilenet_v3_small(), image, ["image"]),
         "efficientnet_b0": lambda: (tv.efficientnet_b0(), image, ["image"]),
+        "resnext50_32x4d": lambda: (tv.resnext50_32x4d(), image, ["image"]),
+        "regnet_y_400mf": lambda: (tv.regnet_y_400mf(), image, ["image"]),
         "bert_base_encoder": lambda: (Bert(), (torch.randint(0, 30522, (1, 128)),), ["ids"]),
         "gpt2_block": lambda: (Gpt2Block(), (torch.randn(1, 128, 768),), ["x"]),
     }

@@ -744,6 +744,19 @@ fn res(x: f32[2, 8, 9, 9], w: f32[8, 1, 3, 3], r: f32[2, 8, 9, 9], b: f32[8, 1, 
 fn six(x: f32[1, 8, 9, 9], w: f32[8, 1, 3, 3]) -> f32[1, 8, 9, 9] { return clamp(conv2d(x, w, padding=1, groups=8), 0.0, 6.0); }
 fn grp(x: f32[1, 8, 6, 6], w: f32[6, 4, 3, 3]) -> f32[1, 6, 6, 6] { return sigmoid(conv2d(x, w, padding=1, groups=2)); }";
 
+/// Grouped convolutions of more than one input channel a group, which run
+/// as one packed product per group: 3 x 3 with a bias and ReLU over 16 x 16
+/// (ResNeXt's 4 channels a group), whose programs copy their panels from
+/// the input; over 14 x 14 (on AVX2 whole rows of panels would pad the
+/// columns more) and strided in a batch of two, over an im2col copy; 1 x 1 read in
+/// place with a residual; and 1 x 1 over 7 x 7 deep enough that AVX2 takes
+/// the pixels as the product's rows.
+pub const GROUPED_CONVOLUTION_PROGRAMS: &str = "fn g3(x: f32[1, 64, 16, 16], w: f32[64, 4, 3, 3], b: f32[64, 1, 1]) -> f32[1, 64, 16, 16] { return relu(conv2d(x, w, padding=1, groups=16) + b); }
+fn g14(x: f32[1, 64, 14, 14], w: f32[64, 4, 3, 3]) -> f32[1, 64, 14, 14] { return conv2d(x, w, padding=1, groups=16); }
+fn s2(x: f32[2, 32, 15, 15], w: f32[64, 8, 3, 3]) -> f32[2, 64, 8, 8] { return conv2d(x, w, stride=2, padding=1, groups=4); }
+fn res(x: f32[1, 64, 12, 12], w: f32[128, 16, 1, 1], r: f32[1, 128, 12, 12]) -> f32[1, 128, 12, 12] { return relu(conv2d(x, w, groups=4) + r); }
+fn rows(x: f32[1, 256, 7, 7], w: f32[256, 128, 1, 1]) -> f32[1, 256, 7, 7] { return conv2d(x, w, groups=2); }";
+
 /// A row by a matrix of weights stored `[K, N]`, deeper than a tile is
 /// wide, whose columns a CPU takes in chunks of 40 (AVX2) or 125 (AVX-512):
 /// each chunk one tile, read from a copy of the matrix chunk by chunk.

@@ -928,6 +928,14 @@ fn deferred_epilogues_agree() {
     jit_agrees(dlc_tests::DEFERRED_EPILOGUE_PROGRAMS);
 }
 
+/// Grouped convolutions of several input channels a group, one packed
+/// product per group (`differential::grouped_convolutions_are_products_per_group`),
+/// agree with the graph interpreter.
+#[test]
+fn grouped_convolutions_agree() {
+    jit_agrees(dlc_tests::GROUPED_CONVOLUTION_PROGRAMS);
+}
+
 /// Depthwise convolutions strided along their columns, which read each
 /// channel through a padded copy in the stride's phases
 /// (`differential::strided_depthwise_convolutions_read_a_copy_in_phases`),

@@ -773,6 +773,12 @@ impl<'a> Conv<'a> {
                                 };
                                 skipped.insert(i);
                                 elided.insert(conv.col);
+                                // The product's view of it, per group.
+                                let read = self.op(m).operands[1];
+                                skipped.extend((i + 1..k).filter(|&j| {
+                                    let v = self.op(top[j]);
+                                    matches!(v.kind, L::View) && v.results == [read]
+                                }));
                                 self.convs.insert(m, conv);
                                 break;
                             }

@@ -510,6 +510,72 @@ fn convolutions_as_winograd() {
     }
 }
 
+/// Grouped convolutions of several input channels a group
+/// (`GROUPED_CONVOLUTION_PROGRAMS`) run as packed products, one per group
+/// and image, on AVX-512 and AVX2: over 16 x 16 one kernel whose programs
+/// copy their panels from the input, in a batch of two (and over 14 x 14 on
+/// AVX2) after an im2col copy, the 1 x 1 over 7 x 7 with the pixels as its
+/// rows on AVX2. A depthwise one, one channel a group, keeps its direct loops.
+/// They agree with the graph interpreter.
+#[test]
+fn grouped_convolutions_are_products_per_group() {
+    let src = dlc_tests::GROUPED_CONVOLUTION_PROGRAMS;
+    for cpu in [TargetDesc::x86_64_avx512(2), TargetDesc::x86_64_avx2(2)] {
+        let text = dlc_tile::print_module(&kernels(&graph(src), &cpu));
+        for (f, groups, copied) in [
+            ("g3", 16, false),
+            // 196 pixels: in whole rows of panels 224 columns either way
+            // with AVX-512's panels of 32; with AVX2's of 16, 208 as panels.
+            ("g14", 16, cpu.name == "x86-64-avx2"),
+            ("s2", 4, true),
+            ("res", 4, false),
+            ("rows", 2, false),
+        ] {
+            let body = text
+                .split(&format!("tile.func @{f}("))
+                .nth(1)
+                .and_then(|b| b.split("tile.func @").next())
+                .unwrap_or_else(|| panic!("no function {f}\n{text}"));
+            // One product, its grid the groups (and the images), and the
+            // im2col copy's kernel where there is one.
+            let kernels: Vec<&str> = body.lines().filter(|l| l.contains("tile.kernel")).collect();
+            let packed: Vec<&&str> = kernels
+                .iter()
+                .filter(|l| l.contains("\"packed\""))
+                .collect();
+            let grid = if f == "s2" {
+                format!("[2, {groups}, ")
+            } else {
+                format!("[{groups}, ")
+            };
+            assert!(
+                packed.len() == 1 && packed[0].contains(&format!("grid = {grid}")),
+                "{}: @{f} is not one packed product per group\n{text}",
+                cpu.name
+            );
+            assert_eq!(
+                kernels.len(),
+                1 + usize::from(copied),
+                "{}: @{f}\n{text}",
+                cpu.name
+            );
+            // 49 pixels as rows: one block of 52 (13 strips of 4).
+            let pixel_rows = body.contains("blocking = [4, 16, 52, ");
+            assert_eq!(
+                pixel_rows,
+                f == "rows" && cpu.name == "x86-64-avx2",
+                "{}: @{f}\n{text}",
+                cpu.name
+            );
+        }
+    }
+    let dw = "fn f(x: f32[1, 32, 14, 14], w: f32[32, 1, 3, 3]) -> f32[1, 32, 14, 14] { return conv2d(x, w, padding=1, groups=32); }";
+    let text = dlc_tile::print_module(&kernels(&graph(dw), &TargetDesc::x86_64_avx2(2)));
+    assert!(!text.contains("schedule = \"packed\""), "{text}");
+    agree(src);
+    agree(dw);
+}
+
 #[test]
 fn user_operators() {
     agree(dlc_tests::USER_OPERATOR_PROGRAM);
@@ -2344,7 +2410,8 @@ fn a_product_of_one_program_is_split_along_its_depth() {
     );
 }
 
-/// A padded direct convolution (depthwise here, at stride 1 and 2) whose
+/// A padded direct convolution (one input channel a group here, at stride 1,
+/// and two output channels a group at stride 2) whose
 /// middle columns fill at least a vector, its border columns a vector wide,
 /// runs each output axis in three ranges where the CPU has no mask
 /// registers (AVX2): the middle's loads of the input are plain (no pad, so
@@ -2361,7 +2428,7 @@ fn a_product_of_one_program_is_split_along_its_depth() {
 #[test]
 fn padded_direct_convolutions_run_their_middle_apart() {
     let src = "fn s1(x: f32[1, 3, 6, 90], w: f32[3, 1, 3, 3]) -> f32[1, 3, 6, 90] { return relu(conv2d(x, w, padding=1, groups=3)); }
-fn s2(x: f32[1, 6, 6, 180], w: f32[6, 2, 3, 3]) -> f32[1, 6, 3, 90] { return conv2d(x, w, stride=2, padding=1, groups=3); }
+fn s2(x: f32[1, 3, 6, 180], w: f32[6, 1, 3, 3]) -> f32[1, 6, 3, 90] { return conv2d(x, w, stride=2, padding=1, groups=3); }
 fn s3(x: f32[1, 3, 6, 28], w: f32[3, 1, 3, 3]) -> f32[1, 3, 6, 28] { return conv2d(x, w, padding=1, groups=3); }
 fn narrow(x: f32[1, 3, 6, 20], w: f32[3, 1, 3, 3]) -> f32[1, 3, 6, 20] { return conv2d(x, w, padding=1, groups=3); }";
     let m = graph(src);

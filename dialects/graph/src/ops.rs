@@ -481,9 +481,12 @@ pub fn winograd_tiles(out: &TensorType) -> usize {
 }
 
 /// The CPU back end's rule for a convolution with result type `out` and
-/// weights `w`: one group and a product per image that `target` runs on its
-/// packed kernel (`TargetDesc::packs_product`) make it a product over an
-/// im2col buffer (which has no epilogue), unless it is a pixel convolution
+/// weights `w`: one group, or groups of more than one input channel (a
+/// product per group: ResNeXt's 32 groups of 4 to 32 channels, RegNet's of
+/// 8 or more; a depthwise convolution's one channel a group keeps its
+/// direct loops), and a product per image that `target` runs on its packed
+/// kernel (`TargetDesc::packs_product`) make it a product over an im2col
+/// buffer (which has no epilogue), unless it is a pixel convolution
 /// ([`conv_is_pixel`]).
 pub fn conv_is_im2col_product(
     groups: usize,
@@ -497,7 +500,8 @@ pub fn conv_is_im2col_product(
         .skip(1)
         .chain(w.shape.iter().skip(1))
         .product::<usize>();
-    groups == 1 && !conv_is_pixel(out, w) && target.packs_product(out.dtype, macs)
+    let grouped = groups == 1 || w.shape.get(1).is_some_and(|&c| c > 1);
+    grouped && !conv_is_pixel(out, w) && target.packs_product(out.dtype, macs)
 }
 
 /// Whether a convolution with result type `out` and weights `w` computes
