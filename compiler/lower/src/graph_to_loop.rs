@@ -1113,7 +1113,8 @@ impl Lowering<'_> {
         });
         let swap = self.pixels_as_rows([og, p, q], ty.dtype, residual);
         type Read<'r> = &'r dyn Fn(&[IndexExpr], &IndexExpr, &IndexExpr) -> Vec<IndexExpr>;
-        // The batch index (`[b]` or `[b, g]`) followed by two more.
+        // The batch index (`lead`'s: `[b]`, `[g]` or `[b, g]`) followed by
+        // two more.
         let at = |b: &[IndexExpr], i: &IndexExpr, j: &IndexExpr| {
             let mut v = b.to_vec();
             v.extend([i.clone(), j.clone()]);

@@ -474,6 +474,7 @@ impl<'a> Conv<'a> {
                     && t.has_row_major_strides()
                     && t.shape.len() == 3
                     && t.shape[0] > 1
+                    && [t.shape[1], t.shape[2]] == [cm.k as usize, cm.n as usize]
                     && channels % t.shape[0] as i64 == 0 =>
             {
                 t.shape[0] as i64
