@@ -612,6 +612,23 @@ fn gather_data(d: &Data, shape: Vec<usize>, index: impl Fn(&[usize]) -> usize) -
     Data::new(d.dtype, shape, out)
 }
 
+/// A `Transpose` node's `perm` for an input of rank `r` (reversed axes
+/// without one).
+fn transpose_perm(cx: &Cx<'_>, r: usize) -> R<Vec<usize>> {
+    Ok(match cx.ints("perm") {
+        Some(p) => {
+            let p: Vec<usize> = p.iter().map(|&a| cx.axis(a, r)).collect::<R<_>>()?;
+            let mut sorted = p.clone();
+            sorted.sort_unstable();
+            if sorted != (0..r).collect::<Vec<_>>() {
+                return Err(cx.err(format!("perm {p:?} is not a permutation of 0..{r}")));
+            }
+            p
+        }
+        None => (0..r).rev().collect(),
+    })
+}
+
 fn strides(shape: &[usize]) -> Vec<usize> {
     let mut s = vec![1; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {
@@ -1294,6 +1311,16 @@ impl Importer {
             }
             "Concat" => fold_concat(cx, &x, ds)?,
             "Gather" => fold_gather(cx, &x, ds.get(1).cloned().flatten())?,
+            "Transpose" => {
+                // Output element `o` is input element `i` with `i[perm[a]] =
+                // o[a]` (Swin's window padding transposes its pads).
+                let perm = transpose_perm(cx, x.shape.len())?;
+                let shape: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
+                let st = strides(&x.shape);
+                Some(gather_data(&x, shape, |o| {
+                    o.iter().zip(&perm).map(|(&i, &p)| i * st[p]).sum()
+                }))
+            }
             "Slice" => {
                 let spec = self.slice_spec(cx, &x.shape)?;
                 let st = strides(&x.shape);
@@ -2367,19 +2394,7 @@ impl Importer {
     fn transpose(&mut self, cx: &Cx<'_>) -> R<()> {
         cx.allow(&["perm"])?;
         let x = self.need(cx, 0)?;
-        let r = x.shape.len();
-        let perm: Vec<usize> = match cx.ints("perm") {
-            Some(p) => {
-                let p: Vec<usize> = p.iter().map(|&a| cx.axis(a, r)).collect::<R<_>>()?;
-                let mut sorted = p.clone();
-                sorted.sort_unstable();
-                if sorted != (0..r).collect::<Vec<_>>() {
-                    return Err(cx.err(format!("perm {p:?} is not a permutation of 0..{r}")));
-                }
-                p
-            }
-            None => (0..r).rev().collect(),
-        };
+        let perm = transpose_perm(cx, x.shape.len())?;
         let shape: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
         let ex = self.e(cx, 0)?;
         let list: Vec<String> = perm.iter().map(ToString::to_string).collect();

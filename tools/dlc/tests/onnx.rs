@@ -616,6 +616,46 @@ fn empty_tensors_only_feed_folded_shape_arithmetic() {
     );
 }
 
+/// A `Pad`'s pads computed from constants through a `Transpose` and a
+/// `Reshape` (Swin's window padding, as torchvision exports it) fold: the
+/// pads `[[0, 1], [0, 2], [1, 0]]` transposed are begins `[0, 0, 1]` and
+/// ends `[1, 2, 0]`, so `[2, 3, 4]` pads to `[3, 5, 5]` (untransposed it
+/// would be `[4, 5, 4]`).
+#[test]
+fn transposed_constants_fold() {
+    let d = Dir::new("transposed");
+    let i64t = pb::tensor_proto::DataType::Int64 as i32;
+    let ints = |name: &str, dims: Vec<i64>, v: &[i64]| pb::TensorProto {
+        name: Some(name.into()),
+        dims,
+        data_type: Some(i64t),
+        int64_data: v.to_vec(),
+        ..Default::default()
+    };
+    let mut model =
+        pb::ModelProto::decode(one_node("Relu", &[dim(2), dim(3), dim(4)], 17).as_slice()).unwrap();
+    let g = model.graph.as_mut().unwrap();
+    g.initializer = vec![
+        ints("pairs", vec![3, 2], &[0, 1, 0, 2, 1, 0]),
+        ints("flat", vec![1], &[-1]),
+    ];
+    let mut transpose = node("t", "Transpose", &["pairs"], "columns");
+    transpose.attribute = vec![pb::AttributeProto {
+        name: Some("perm".into()),
+        ints: vec![1, 0],
+        r#type: Some(pb::attribute_proto::AttributeType::Ints as i32),
+        ..Default::default()
+    }];
+    g.node = vec![
+        transpose,
+        node("r", "Reshape", &["columns", "flat"], "pads"),
+        node("p", "Pad", &["x", "pads"], "y"),
+    ];
+    let m = d.file("m.onnx", model.encode_to_vec());
+    let out = succeeds(&dlc(&["run", &m, "--random-inputs", "0", "--check"]));
+    assert!(out.contains("out0: f32[3, 5, 5]"), "{out}");
+}
+
 /// Makes `name` the model's only output.
 fn g_output_is(model: &mut pb::ModelProto, name: &str) {
     model.graph.as_mut().unwrap().output = vec![pb::ValueInfoProto {
