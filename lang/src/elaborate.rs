@@ -1817,12 +1817,21 @@ impl<'p> Elab<'p> {
                 "not positive",
             )
         })?;
+        let dilation = c.pair(5, &cx.dims)?;
+        if dilation.contains(&0) {
+            return Err(Diagnostic::new(
+                "dilation must be positive",
+                a[5].map_or(c.span, |e| e.span),
+                "not positive",
+            ));
+        }
         Ok(t(self.add(
             cx,
             Op::Conv2d {
                 stride,
                 padding,
                 groups,
+                dilation,
             },
             &[x, w],
             span,

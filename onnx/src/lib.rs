@@ -65,8 +65,9 @@
 //!   (`LeakyRelu` is `where(x < 0.0, x * a, x)`, `LogSoftmax` a max, an exp and a sum,
 //!   `Gemm` transposes and scales, integer `Div` truncates through a floor division and
 //!   a correction, `Tile` concatenates). What the built-ins do not cover becomes a helper
-//!   operator in index notation appended to the program: convolutions with dilation,
-//!   asymmetric padding or 1-D/3-D windows (over grouped views `x: [N, G, C/G, ...]`),
+//!   operator in index notation appended to the program: convolutions with asymmetric
+//!   padding or 1-D/3-D windows (over grouped views `x: [N, G, C/G, ...]`; a 2-D one,
+//!   dilated or not, is `conv2d`),
 //!   pooling with ceil mode, dilation or excluded padding (a mask of ones marks the
 //!   elements inside the window), `LpPool` (`pow(sum[k](pow(abs(x), p)), 1/p)`), strided and reversed slices, constant padding, running
 //!   sums (`CumSum`: a sum against a constant 0/1 matrix). Operators that need an index as

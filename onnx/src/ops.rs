@@ -3000,13 +3000,15 @@ impl Importer {
         out_shape.extend(&win.out);
         let (ex, ew) = (self.e(cx, 0)?, self.e(cx, 1)?);
         let symmetric = win.begin == win.end && win.begin.iter().all(|&p| p >= 0);
-        let mut expr = if win.kernel.len() == 2
-            && symmetric
-            && win.dilations == [1, 1]
-            && x.dtype.is_float()
-        {
+        let mut expr = if win.kernel.len() == 2 && symmetric && x.dtype.is_float() {
+            let d = &win.dilations;
+            let dilation = if d[..] == [1, 1] {
+                String::new()
+            } else {
+                format!(", dilation=[{}, {}]", d[0], d[1])
+            };
             format!(
-                "conv2d({ex}, {ew}, stride=[{}, {}], padding=[{}, {}], groups={g})",
+                "conv2d({ex}, {ew}, stride=[{}, {}], padding=[{}, {}], groups={g}{dilation})",
                 win.strides[0], win.strides[1], win.begin[0], win.begin[1]
             )
         } else {

@@ -494,35 +494,18 @@ def _batch_norm_training(w: _Writer, node: Any, x: Val, weight: Any, bias: Any, 
 
 
 def _conv_expr(w: _Writer, x: Val, weight: Val, out: Sequence[int], stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], transposed: bool, groups: int) -> str:
-    """The convolution of `x` by `weight` (result shape `out`), as the
-    built-in `conv1d`/`conv2d`, or for a dilated one, which no built-in is, an
-    operator in index notation defined before the function (dlc compiles it
-    as the convolution's own window)."""
+    """The convolution of `x` by `weight` (result shape `out`) as the
+    built-in `conv1d`/`conv2d`, dilated or not."""
     rank = len(x.shape)
     if transposed:
         raise Unsupported("a transposed convolution")
     if rank not in (3, 4):
         raise Unsupported(f"a convolution of rank {rank}")
-    if all(d == 1 for d in dilation):
-        fn = "conv2d" if rank == 4 else "conv1d"
-        s = _list(stride) if rank == 4 else stride[0]
-        p = _list(padding) if rank == 4 else padding[0]
-        return f"{fn}({x}, {weight}, stride={s}, padding={p}, groups={groups})"
-    if groups != 1:
-        raise Unsupported("a dilated convolution with groups")
-    out_idx = ["y", "z"][: rank - 2]
-    taps = ["ky", "kz"][: rank - 2]
-    reads = [f"{s} * {o} + {d} * {k} - {p}" for s, o, d, k, p in zip(stride, out_idx, dilation, taps, padding)]
-    body = (
-        f"out[n, o, {', '.join(out_idx)}] = sum[c, {', '.join(taps)}]"
-        f"(x[n, c, {', '.join(reads)}] * w[o, c, {', '.join(taps)}]);"
-    )
-    name = w.op(
-        f"x: {_tensor_type(x.dtype, x.shape)}, w: {_tensor_type(weight.dtype, weight.shape)}",
-        _tensor_type(x.dtype, out),
-        body,
-    )
-    return f"{name}({x}, {weight})"
+    fn = "conv2d" if rank == 4 else "conv1d"
+    s = _list(stride) if rank == 4 else stride[0]
+    p = _list(padding) if rank == 4 else padding[0]
+    d = _list(dilation) if rank == 4 else dilation[0]
+    return f"{fn}({x}, {weight}, stride={s}, padding={p}, groups={groups}, dilation={d})"
 
 
 def _bias_shape(out: Sequence[int]) -> str:

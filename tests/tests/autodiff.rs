@@ -262,10 +262,20 @@ fn scatters() {
 
 #[test]
 fn convolutions_and_pooling() {
-    for (stride, padding, groups) in [(1, 1, 1), (2, 0, 1), (2, 1, 2), (1, 2, 4)] {
+    // Dilated windows too: strided, grouped, and one whose taps along the
+    // rows are 3 apart and along the columns 2 apart.
+    for (stride, padding, groups, dilation) in [
+        (1, 1, 1, "1"),
+        (2, 0, 1, "1"),
+        (2, 1, 2, "1"),
+        (1, 2, 4, "1"),
+        (1, 2, 2, "2"),
+        (2, 1, 1, "2"),
+        (1, 3, 4, "[3, 2]"),
+    ] {
         let cg = 4 / groups;
         check(&format!(
-            "fn f(x: f64[2, 4, 6, 5], w: f64[4, {cg}, 3, 2]) -> f64 {{ return sum(sin(conv2d(x, w, stride={stride}, padding={padding}, groups={groups}))); }}"
+            "fn f(x: f64[2, 4, 6, 5], w: f64[4, {cg}, 3, 2]) -> f64 {{ return sum(sin(conv2d(x, w, stride={stride}, padding={padding}, groups={groups}, dilation={dilation}))); }}"
         ));
     }
     check(

@@ -90,6 +90,8 @@ fn f(x: f32[4]) -> f32[4] {
     transpose_not_permutation: "fn f(x: f32[4, 6]) -> f32[6, 4] {\n    return transpose(x, [0, 0]);\n}\n";
     slice_out_of_range: "fn f(x: f32[4, 6]) -> f32[4, 2] {\n    return slice(x, axis=1, start=5, end=7);\n}\n";
     conv_channel_mismatch: "fn f(x: f32[1, 3, 8, 8], w: f32[4, 2, 3, 3]) -> f32[1, 4, 8, 8] {\n    return conv2d(x, w, padding=1);\n}\n";
+    conv_zero_dilation: "fn f(x: f32[1, 3, 8, 8], w: f32[4, 3, 3, 3]) -> f32[1, 4, 8, 8] {\n    return conv2d(x, w, padding=1, dilation=[1, 0]);\n}\n";
+    conv_dilated_window_too_wide: "fn f(x: f32[1, 3, 8, 8], w: f32[4, 3, 3, 3]) -> f32[1, 4, 8, 8] {\n    return conv2d(x, w, dilation=4);\n}\n";
     return_type_mismatch: "fn f(x: f32[4, 8]) -> f32[4, 8] {\n    return sum(x, axis=1);\n}\n";
     missing_return: "fn f(x: f32[4]) -> f32[4] {\n    let y = relu(x);\n}\n";
     statement_after_return: "fn f(x: f32[4]) -> f32[4] {\n    return x;\n    let y = x;\n}\n";

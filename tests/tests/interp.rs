@@ -315,6 +315,14 @@ fn convolution_and_pooling() {
         &[3.0, 10.0],
     );
     let x: Vec<f64> = (1..=16).map(f64::from).collect();
+    // Taps two apart: each output sums the corners of a 3 x 3 square.
+    let dilated = "fn f(x: f32[1, 1, 4, 4], w: f32[1, 1, 2, 2]) -> f32[1, 1, 2, 2] { return conv2d(x, w, dilation=2); }";
+    expect(
+        dilated,
+        &[f32t(&[1, 1, 4, 4], &x), ones(&[1, 1, 2, 2])],
+        &[1, 1, 2, 2],
+        &[24.0, 28.0, 40.0, 44.0],
+    );
     expect(
         "fn f(x: f32[1, 1, 4, 4]) -> f32[1, 1, 2, 2] { return maxpool2d(x, kernel=2); }",
         &[f32t(&[1, 1, 4, 4], &x)],

@@ -936,6 +936,14 @@ fn grouped_convolutions_agree() {
     jit_agrees(dlc_tests::GROUPED_CONVOLUTION_PROGRAMS);
 }
 
+/// Dilated convolutions
+/// (`differential::dilated_convolutions_run_the_convolution_kernels`)
+/// agree with the graph interpreter, compiled.
+#[test]
+fn dilated_convolutions_agree() {
+    jit_agrees(dlc_tests::DILATED_CONVOLUTION_PROGRAMS);
+}
+
 /// Depthwise convolutions strided along their columns, which read each
 /// channel through a padded copy in the stride's phases
 /// (`differential::strided_depthwise_convolutions_read_a_copy_in_phases`),

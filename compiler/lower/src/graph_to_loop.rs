@@ -247,10 +247,21 @@ fn ix_axpy(k: i64, a: &IndexExpr, b: &IndexExpr) -> IndexExpr {
 /// The input position a window reads along one axis: output position `o`
 /// at `stride`, tap `t`, `padding` before the first element.
 fn window_index(stride: usize, o: &IndexExpr, t: &IndexExpr, padding: usize) -> IndexExpr {
+    dilated_index(stride, o, (1, t), padding)
+}
+
+/// The input position `stride * o + dilation * t - padding` that output `o`
+/// reads through tap `t` of a window `dilation` apart.
+fn dilated_index(
+    stride: usize,
+    o: &IndexExpr,
+    (dilation, t): (usize, &IndexExpr),
+    padding: usize,
+) -> IndexExpr {
     ix_axpy(
         stride as i64,
         o,
-        &ix_axpy(1, t, &ix_const(-(padding as i64))),
+        &ix_axpy(dilation as i64, t, &ix_const(-(padding as i64))),
     )
 }
 
@@ -1522,12 +1533,15 @@ impl Lowering<'_> {
                 self.grouped(KernelGroupKind::Winograd, |l| l.conv_winograd(n, padding));
             }
             Op::Conv2d {
-                stride, padding, ..
+                stride,
+                padding,
+                dilation,
+                ..
             } if self.conv_as_matmul(n)
                 && matches!(self.b.ty(self.home[&self.operand(n, 1)]), dlc_loop::Type::Buffer(t) if t.is_contiguous()) =>
             {
                 let kernel = self.ty(self.operand(n, 1)).shape[2..].to_vec();
-                let window = conv_window([kernel[0], kernel[1]], &stride, &padding);
+                let window = conv_window([kernel[0], kernel[1]], &stride, &padding, dilation);
                 if reads_in_place(&window) {
                     self.conv_im2col(n, &window)?;
                 } else {
@@ -1536,6 +1550,7 @@ impl Lowering<'_> {
                     })?;
                 }
             }
+            // A 1 x 1 window reads one tap, whatever its dilation.
             Op::Conv2d {
                 padding, groups: 1, ..
             } if dlc_graph::ops::conv_is_pixel(self.ty(n), self.ty(self.operand(n, 1))) => {
@@ -1545,7 +1560,8 @@ impl Lowering<'_> {
                 stride,
                 padding,
                 groups,
-            } => self.emit_direct_conv(n, stride, padding, groups),
+                dilation,
+            } => self.emit_direct_conv(n, [stride, padding, dilation], groups),
             Op::Pool2d {
                 kind: PoolKind::Max,
                 kernel,
@@ -2043,12 +2059,12 @@ impl Lowering<'_> {
     /// On a CPU, a depthwise convolution strided along its columns reads
     /// each channel through a padded copy split into the stride's phases
     /// (see [`Self::phase_copy`]), so that no load of its window is padded
-    /// or strided.
+    /// or strided. `[stride, padding, dilation]` are the window's; a window
+    /// dilated along its columns takes the phases only at stride 1 there.
     fn emit_direct_conv(
         &mut self,
         n: NodeIndex,
-        stride: [usize; 2],
-        padding: [usize; 2],
+        [stride, padding, dilation]: [[usize; 2]; 3],
         groups: usize,
     ) {
         let ty = self.ty(n).clone();
@@ -2058,6 +2074,8 @@ impl Lowering<'_> {
             self.ty(self.operand(n, 1)).shape.clone(),
         );
         let og = ws[0] / groups;
+        // The input positions a window spans along each axis.
+        let span: [usize; 2] = std::array::from_fn(|a| dilation[a] * (ws[2 + a] - 1) + 1);
         // Loops n, g, o-in-group, y, x so that o = g * og + oi stays affine.
         let shape = [ty.shape[0], groups, og, ty.shape[2], ty.shape[3]];
         let parallel = parallel_loops(&shape, self.target);
@@ -2068,6 +2086,7 @@ impl Lowering<'_> {
             && (lanes + 1..=PADDED_COPY_MAX_VECTORS * lanes).contains(&ty.shape[3]);
         let phased = self.target.cpu().is_some()
             && (stride[1] > 1 || padded_copy)
+            && (stride[1] == 1 || dilation[1] == 1)
             && ws[3] > 1
             && ws[1] == 1
             && og == 1
@@ -2080,7 +2099,7 @@ impl Lowering<'_> {
             // its window's taps, reduced).
             let split: [_; 2] = std::array::from_fn(|a| {
                 let border = if a == 1 { lanes } else { 1 };
-                let geometry = (xs[2 + a], ws[2 + a], stride[a], padding[a]);
+                let geometry = (xs[2 + a], span[a], stride[a], padding[a]);
                 inside_ranges(shape[3 + a], geometry, border)
             });
             let inner = split[1].iter().find(|r| !r.2).map_or(0, |r| r.1 - r.0);
@@ -2090,7 +2109,7 @@ impl Lowering<'_> {
         }
         let deferred = self.deferred_epilogue(n);
         let phases = phased.then(|| {
-            let geometry = [0, 1].map(|a| (ws[2 + a], stride[a]));
+            let geometry = [0, 1].map(|a| (span[a], stride[a]));
             self.phase_buffer(x, geometry, padding, [shape[3], shape[4]])
         });
         self.parallel.push(parallel);
@@ -2108,12 +2127,12 @@ impl Lowering<'_> {
         // before the output row that first reads them (`rolling`), where
         // every such row lies in the input: copied whole, its first rows
         // were out of the L1 before its windows read them.
-        let lead = ws[2].saturating_sub(stride[0]);
+        let lead = span[0].saturating_sub(stride[0]);
         let elem = self.ty(x).dtype.size_bytes();
         let rolling = phases.filter(|p| {
             let bytes = p.rows * stride[1] * p.cols * elem;
             self.target.cpu().is_some_and(|c| bytes > c.l1_bytes)
-                && ws[2] >= stride[0]
+                && span[0] >= stride[0]
                 && lead >= padding[0]
                 && p.rows <= xs[2] + padding[0]
         });
@@ -2137,7 +2156,7 @@ impl Lowering<'_> {
                     Some(p) => ConvRead::Phases(p.buf),
                     None => ConvRead::Padded(ypad || xpad),
                 };
-                self.direct_conv_at(n, at, stride, padding, read, raw);
+                self.direct_conv_at(n, at, [stride, padding, dilation], read, raw);
                 self.b.end_for(vec![]);
             }
             self.b.end_for(vec![]);
@@ -2389,8 +2408,7 @@ impl Lowering<'_> {
         &mut self,
         n: NodeIndex,
         [nb, g, oi, oy, ox]: [&IndexExpr; 5],
-        stride: [usize; 2],
-        padding: [usize; 2],
+        [stride, padding, dilation]: [[usize; 2]; 3],
         read: ConvRead,
         raw: Option<Value>,
     ) {
@@ -2405,7 +2423,8 @@ impl Lowering<'_> {
         let pad = match read {
             ConvRead::Phases(phases) => {
                 let at = [nb, g, oy, ox, &oc];
-                let acc = self.phased_window([phases, wbuf], at, stride, [kh, kw], dtype);
+                let window = [stride, dilation];
+                let acc = self.phased_window([phases, wbuf], at, window, [kh, kw], dtype);
                 self.store_conv(n, [nb, &oc, oy, ox], acc, raw);
                 return;
             }
@@ -2413,8 +2432,8 @@ impl Lowering<'_> {
         };
         let tap = move |l: &mut Self, c: &IndexExpr, ky: &IndexExpr, kx: &IndexExpr| {
             let xc = ix_axpy(cg as i64, &g2, c);
-            let iy = window_index(stride[0], &oy2, ky, padding[0]);
-            let ixx = window_index(stride[1], &ox2, kx, padding[1]);
+            let iy = dilated_index(stride[0], &oy2, (dilation[0], ky), padding[0]);
+            let ixx = dilated_index(stride[1], &ox2, (dilation[1], kx), padding[1]);
             let xv = l.b.load(xbuf, vec![nb2.clone(), xc, iy, ixx], pad);
             let wv = l.b.load(
                 wbuf,
@@ -2461,24 +2480,27 @@ impl Lowering<'_> {
     /// read from its [`Self::phase_copy`]: each row's taps in one loop per
     /// phase (taps `p, p + stride, ..` of row `ky` are phase `p` of copy row
     /// `stride * oy + ky` from column `ox`), each row summed from zero as
-    /// `direct_conv_at` sums them (its phases one sum), then the rows.
+    /// `direct_conv_at` sums them (its phases one sum), then the rows. A
+    /// window dilated along its columns (at stride 1 there, one phase)
+    /// reads its taps `dilation[1]` columns apart, and along its rows
+    /// `dilation[0]` rows apart.
     fn phased_window(
         &mut self,
         [phases, wbuf]: [Value; 2],
         [nb, c, oy, ox, oc]: [&IndexExpr; 5],
-        stride: [usize; 2],
+        [stride, dilation]: [[usize; 2]; 2],
         [kh, kw]: [usize; 2],
         dtype: DType,
     ) -> Value {
         let (nb, c, oy, ox, oc) = (nb.clone(), c.clone(), oy.clone(), ox.clone(), oc.clone());
         self.reduce_loops(ReduceKind::Sum, dtype, &[(0, kh as i64)], &mut |l, r| {
             let ky = r[0].clone();
-            let row = ix_axpy(stride[0] as i64, &oy, &ky);
+            let row = dilated_index(stride[0], &oy, (dilation[0], &ky), 0);
             let phase = |l: &mut Self, p: usize, from: Value| {
                 let taps = (kw - p).div_ceil(stride[1]) as i64;
                 let acc = dtype.accumulator();
                 l.reduce_loops_from(ReduceKind::Sum, acc, from, &[(0, taps)], &mut |l, a| {
-                    let col = ix_axpy(1, &ox, &a[0]);
+                    let col = ix_axpy(dilation[1] as i64, &a[0], &ox);
                     let kx = ix_axpy(stride[1] as i64, &a[0], &ix_const(p as i64));
                     let xv = l.b.load(
                         phases,
@@ -3290,8 +3312,6 @@ impl Lowering<'_> {
     }
 }
 
-/// The window of a convolution with kernel `[KH, KW]`, `stride` and
-/// `padding` (one per spatial axis, dilation one).
 /// Whether a convolution through `window` reads each input element once,
 /// where its output is (a 1 x 1 kernel at stride 1, unpadded): its im2col
 /// buffer would be the input.
@@ -3302,12 +3322,19 @@ fn reads_in_place(window: &Window) -> bool {
         && window.dilation == [1, 1]
 }
 
-fn conv_window(kernel: [usize; 2], stride: &[usize], padding: &[usize]) -> Window {
+/// The window of a convolution with kernel `[KH, KW]`, `stride`,
+/// `padding` and `dilation` (one per spatial axis).
+fn conv_window(
+    kernel: [usize; 2],
+    stride: &[usize],
+    padding: &[usize],
+    dilation: [usize; 2],
+) -> Window {
     Window {
         kernel: kernel.map(|k| k as i64),
         stride: [stride[0] as i64, stride[1] as i64],
         padding: [padding[0] as i64, padding[1] as i64],
-        dilation: [1, 1],
+        dilation: dilation.map(|d| d as i64),
     }
 }
 

@@ -576,6 +576,44 @@ fn grouped_convolutions_are_products_per_group() {
     agree(dw);
 }
 
+/// Dilated convolutions run the built-in convolution's kernels with their
+/// taps `dilation` apart: the depthwise 5 x 5 over 14 x 14 through its
+/// padded copy on AVX2 (the input loaded once, plainly, by the copy), the
+/// dense one as a packed im2col product, never a Winograd kernel (its
+/// transforms are for taps one apart). Every one agrees with the graph
+/// interpreter on each target's tile interpreter and the loop interpreter.
+#[test]
+fn dilated_convolutions_run_the_convolution_kernels() {
+    let src = dlc_tests::DILATED_CONVOLUTION_PROGRAMS;
+    let m = graph(src);
+    for cpu in [TargetDesc::x86_64_avx512(2), TargetDesc::x86_64_avx2(2)] {
+        let text = dlc_tile::print_module(&kernels(&m, &cpu));
+        let body = |f: &str| {
+            text.split(&format!("tile.func @{f}("))
+                .nth(1)
+                .and_then(|b| b.split("tile.func @").next())
+                .unwrap_or_else(|| panic!("no function {f}\n{text}"))
+        };
+        assert!(!text.contains("winograd"), "{}: {text}", cpu.name);
+        let dense = body("dense");
+        assert!(
+            dense.contains("schedule = \"packed\""),
+            "{}: {dense}",
+            cpu.name
+        );
+        if cpu.name == "x86-64-avx2" {
+            let dw = body("dw5");
+            let loads: Vec<&str> = dw.lines().filter(|l| l.contains("tile.load %x[")).collect();
+            assert!(
+                loads.len() == 1 && !loads[0].contains("pad") && dw.contains("scratch"),
+                "{}: {dw}",
+                cpu.name
+            );
+        }
+    }
+    agree(src);
+}
+
 #[test]
 fn user_operators() {
     agree(dlc_tests::USER_OPERATOR_PROGRAM);

@@ -182,10 +182,10 @@ fn write_vars(out: &mut String, vars: &[IndexVar]) {
 impl ComputeBody {
     /// The operator as the built-in convolution it computes, if it is one:
     /// no locals, and an output `out[n, o, y, xx] = sum[c, ky, kx](x[n, c,
-    /// s0 * y + ky - p0, s1 * xx + kx - p1] * w[o, c, ky, kx])` (the product
-    /// in either order) of operands `x` and `w`, summed over all of their
-    /// channels and taps, whose type is the one `conv2d(x, w, stride=[s0,
-    /// s1], padding=[p0, p1])` has. Returns the op and which of `inputs` (the
+    /// s0 * y + d0 * ky - p0, s1 * xx + d1 * kx - p1] * w[o, c, ky, kx])`
+    /// (the product in either order) of operands `x` and `w`, summed over
+    /// all of their channels and taps, whose type is the one `conv2d(x, w,
+    /// stride=[s0, s1], padding=[p0, p1], dilation=[d0, d1])` has. Returns the op and which of `inputs` (the
     /// operands' types) are `x` and `w`. A convolution written so is then
     /// the built-in op: its kernels (Winograd's, the im2col product), its
     /// fusions and its rewrites.
@@ -204,7 +204,7 @@ impl ComputeBody {
             return None;
         }
         let window = form.window(def, &ty)?;
-        if window.dilation != [1, 1] || window.padding.iter().any(|&p| p < 0) {
+        if window.padding.iter().any(|&p| p < 0) {
             return None;
         }
         let ((xs, _), (ws, weight)) = (as_read(form.b)?, as_read(form.a)?);
@@ -229,6 +229,7 @@ impl ComputeBody {
             stride: window.stride.map(|s| s as usize),
             padding: window.padding.map(|p| p as usize),
             groups: 1,
+            dilation: window.dilation.map(|d| d as usize),
         };
         let out = crate::infer::infer(&op, &[x, w]).ok()?;
         (out == [def.ty.clone()]).then_some((op, [xi as usize, wi as usize]))

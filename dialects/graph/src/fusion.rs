@@ -174,11 +174,17 @@ fn flat_reads(
 /// contiguous rows where the output transform would scatter them (W3 b1
 /// 2.26 -> 2.07 ms, b8 21.0 -> 21.6).
 pub fn conv_as_winograd(f: &Function, n: NodeIndex, target: &TargetDesc) -> bool {
-    let Op::Conv2d { stride, groups, .. } = f.body[n].op else {
+    let Op::Conv2d {
+        stride,
+        groups,
+        dilation,
+        ..
+    } = f.body[n].op
+    else {
         return false;
     };
     let w = f.value_type(f.operands(n)[1]);
-    conv_is_winograd(stride, groups, &f.body[n].results[0], w, target)
+    conv_is_winograd(stride, dilation, groups, &f.body[n].results[0], w, target)
 }
 
 /// The nodes of `f` computed from its declared weights (and constants)

@@ -385,7 +385,8 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
             stride,
             padding,
             groups,
-        } => conv2d(inputs, *stride, *padding, *groups).map(|t| vec![t]),
+            dilation,
+        } => conv2d(inputs, *stride, *padding, *groups, *dilation).map(|t| vec![t]),
         Op::Pool2d {
             kernel,
             stride,
@@ -472,6 +473,7 @@ fn conv2d(
     stride: [usize; 2],
     padding: [usize; 2],
     groups: usize,
+    dilation: [usize; 2],
 ) -> Result<TensorType> {
     let what = "conv2d";
     arity(what, inputs.len(), 2)?;
@@ -499,8 +501,30 @@ fn conv2d(
             format!("{} vs {}", w.shape[1], c / groups),
         ));
     }
-    let oh = window_out(what, x.shape[2], w.shape[2], stride[0], padding[0])?;
-    let ow = window_out(what, x.shape[3], w.shape[3], stride[1], padding[1])?;
+    // A dilated window spans `dilation * (kernel - 1) + 1` input positions.
+    let mut span = [0; 2];
+    for a in 0..2 {
+        let k = w.shape[2 + a];
+        span[a] = match dilation[a] {
+            0 => {
+                return Err(InferError::new(
+                    format!("{what}: dilation must be positive"),
+                    "dilation 0",
+                ));
+            }
+            d => d
+                .checked_mul(k.saturating_sub(1))
+                .and_then(|s| s.checked_add(usize::from(k > 0)))
+                .ok_or_else(|| {
+                    InferError::new(
+                        format!("{what}: dilation {d} is too large"),
+                        "dilation overflows",
+                    )
+                })?,
+        };
+    }
+    let oh = window_out(what, x.shape[2], span[0], stride[0], padding[0])?;
+    let ow = window_out(what, x.shape[3], span[1], stride[1], padding[1])?;
     Ok(TensorType::new(d, vec![x.shape[0], o, oh, ow]))
 }
 

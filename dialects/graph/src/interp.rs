@@ -519,11 +519,11 @@ pub fn eval_op(op: &Op, inputs: &[&Tensor], results: &[TensorType]) -> Result<Ve
             stride,
             padding,
             groups,
+            dilation,
         } => conv2d(
             &inputs[0].data,
             &inputs[1].data,
-            *stride,
-            *padding,
+            [*stride, *padding, *dilation],
             *groups,
             &ty.shape,
         )?,
@@ -693,11 +693,11 @@ fn matmul(a: &ArrayD<f64>, b: &ArrayD<f64>, out_shape: &[usize]) -> Result<Array
         .map_err(shape_err)
 }
 
+/// `[stride, padding, dilation]`: the window's, along H and W.
 fn conv2d(
     x: &ArrayD<f64>,
     w: &ArrayD<f64>,
-    stride: [usize; 2],
-    padding: [usize; 2],
+    [stride, padding, dilation]: [[usize; 2]; 3],
     groups: usize,
     out_shape: &[usize],
 ) -> Result<ArrayD<f64>> {
@@ -722,12 +722,14 @@ fn conv2d(
                     for kx in 0..kw {
                         let row = (ci * kh + ky) * kw + kx;
                         for y in 0..oh {
-                            let iy = (y * stride[0] + ky) as isize - padding[0] as isize;
+                            let iy =
+                                (y * stride[0] + ky * dilation[0]) as isize - padding[0] as isize;
                             if iy < 0 || iy >= h as isize {
                                 continue;
                             }
                             for xo in 0..ow {
-                                let ix = (xo * stride[1] + kx) as isize - padding[1] as isize;
+                                let ix = (xo * stride[1] + kx * dilation[1]) as isize
+                                    - padding[1] as isize;
                                 if ix >= 0 && ix < wd as isize {
                                     col[[row, y * ow + xo]] = chan[[iy as usize, ix as usize]];
                                 }

@@ -131,6 +131,10 @@ pub enum Op {
         padding: [usize; 2],
         /// Channel groups.
         groups: usize,
+        /// Input steps between consecutive kernel taps along H and W (`[1,
+        /// 1]`: a dense window; DeepLab's and LR-ASPP's atrous
+        /// convolutions take 2 and more).
+        dilation: [usize; 2],
     },
     /// 2-D pooling over NCHW.
     Pool2d {
@@ -239,11 +243,19 @@ impl Op {
                 stride,
                 padding,
                 groups,
-            } => vec![
-                ("stride", pair(*stride)),
-                ("padding", pair(*padding)),
-                ("groups", Attr::Int(*groups as i64)),
-            ],
+                dilation,
+            } => {
+                let mut attrs = vec![
+                    ("stride", pair(*stride)),
+                    ("padding", pair(*padding)),
+                    ("groups", Attr::Int(*groups as i64)),
+                ];
+                // Printed only where it is not the dense window's.
+                if *dilation != [1, 1] {
+                    attrs.push(("dilation", pair(*dilation)));
+                }
+                attrs
+            }
             Op::Pool2d {
                 kernel,
                 stride,
@@ -331,6 +343,11 @@ impl Op {
                     stride: a.sizes::<2>("stride")?,
                     padding: a.sizes::<2>("padding")?,
                     groups: a.usize("groups")?,
+                    dilation: if a.has("dilation") {
+                        a.sizes::<2>("dilation")?
+                    } else {
+                        [1, 1]
+                    },
                 },
                 "maxpool2d" | "avgpool2d" => Op::Pool2d {
                     kind: if suffix == "maxpool2d" {
@@ -400,6 +417,7 @@ pub const WINOGRAD_TILE: usize = 4;
 /// channel for 16 outputs, against 9 for each), plus the transforms.
 pub fn conv_is_winograd(
     stride: [usize; 2],
+    dilation: [usize; 2],
     groups: usize,
     out: &TensorType,
     w: &TensorType,
@@ -411,6 +429,7 @@ pub fn conv_is_winograd(
     let (o, c) = (w.shape[0], w.shape[1]);
     groups == 1
         && stride == [1, 1]
+        && dilation == [1, 1]
         && w.shape[2..] == [3, 3]
         && out.dtype == DType::F32
         && winograd_fits([out.shape[2], out.shape[3]])
@@ -544,11 +563,11 @@ mod tests {
         // ResNet's last stage: 512 channels over 7 x 7.
         let out = TensorType::new(DType::F32, vec![1, 512, 7, 7]);
         let w = TensorType::new(DType::F32, vec![512, 512, 3, 3]);
-        assert!(!conv_is_winograd([1, 1], 1, &out, &w, &avx512));
-        assert!(!conv_is_winograd([1, 1], 1, &out, &w, &zen5));
-        assert!(conv_is_winograd([1, 1], 1, &out, &w, &zen4));
+        assert!(!conv_is_winograd([1, 1], [1, 1], 1, &out, &w, &avx512));
+        assert!(!conv_is_winograd([1, 1], [1, 1], 1, &out, &w, &zen5));
+        assert!(conv_is_winograd([1, 1], [1, 1], 1, &out, &w, &zen4));
         let out = TensorType::new(DType::F32, vec![1, 256, 14, 14]);
         let w = TensorType::new(DType::F32, vec![256, 256, 3, 3]);
-        assert!(conv_is_winograd([1, 1], 1, &out, &w, &avx512));
+        assert!(conv_is_winograd([1, 1], [1, 1], 1, &out, &w, &avx512));
     }
 }

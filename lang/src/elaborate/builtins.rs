@@ -452,6 +452,7 @@ static WRITTEN: &[Builtin] = &[
                 optional("stride", Ints, "1"),
                 optional("padding", Ints, "0"),
                 optional("groups", Int, "1"),
+                optional("dilation", Ints, "1"),
             ]
         },
         |e, cx, c| e.call_conv2d(cx, c),
@@ -798,6 +799,7 @@ static WRITTEN: &[Builtin] = &[
                 optional("stride", Int, "1"),
                 optional("padding", Int, "0"),
                 optional("groups", Int, "1"),
+                optional("dilation", Int, "1"),
             ]
         },
         |e, cx, c| e.call_conv1d(cx, c),

@@ -786,12 +786,21 @@ impl Elab<'_> {
                 span,
             )?;
             let groups = count(c.int(4, &cx.dims)?)?;
+            let dilation = count(c.int(5, &cx.dims)?)?;
+            if dilation == 0 {
+                return Err(Diagnostic::new(
+                    "dilation must be positive",
+                    a[5].map_or(span, |e| e.span),
+                    "not positive",
+                ));
+            }
             self.add(
                 cx,
                 Op::Conv2d {
                     stride: [1, stride.max(1)],
                     padding: [0, padding],
                     groups,
+                    dilation: [1, dilation],
                 },
                 &[x2, w2],
                 span,

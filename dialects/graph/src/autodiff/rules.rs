@@ -183,7 +183,11 @@ pub(super) fn vjp(
             stride,
             padding,
             groups,
-        } => return conv2d(b, xs, out, g, needs, *stride, *padding, *groups),
+            dilation,
+        } => {
+            let window = [*stride, *padding, *dilation];
+            return conv2d(b, xs, out, g, needs, window, *groups);
+        }
         Op::Pool2d {
             kind,
             kernel,
@@ -423,19 +427,18 @@ fn full_extents(x: &TensorType, kernel: [usize; 2], padding: [usize; 2]) -> [usi
 }
 
 /// A convolution differentiates as the user operator computing it: per
-/// group, `out[n, g, o, y, x] = sum[c, ky, kx](x[n, g, c, s0 y + ky - p0,
-/// s1 x + kx - p1] * w[g, o, c, ky, kx])` (without the group axis when
-/// there is one group). The input adjoint of a strided convolution is that
-/// of the stride-1 one at the dilated adjoint ([`dilate`]).
-#[allow(clippy::too_many_arguments)]
+/// group, `out[n, g, o, y, x] = sum[c, ky, kx](x[n, g, c, s0 y + d0 ky -
+/// p0, s1 x + d1 kx - p1] * w[g, o, c, ky, kx])` (without the group axis
+/// when there is one group). The input adjoint of a strided convolution is
+/// that of the stride-1 one at the dilated adjoint ([`dilate`]).
+/// `[stride, padding, dilation]` are the window's.
 fn conv2d(
     b: &mut Builder<'_>,
     xs: &[Value],
     out: Value,
     g: Value,
     needs: &[bool],
-    stride: [usize; 2],
-    padding: [usize; 2],
+    [stride, padding, dilation]: [[usize; 2]; 3],
     groups: usize,
 ) -> Grads {
     let (tx, tw, to) = (b.ty(xs[0]), b.ty(xs[1]), b.ty(out));
@@ -466,11 +469,12 @@ fn conv2d(
             w_index.push(var(vg));
             out_vars.push(IndexVar(vg));
         }
-        x_index.extend([
-            var(vc),
-            window(stride[0], vy, vky, padding[0]),
-            window(stride[1], vx, vkx, padding[1]),
-        ]);
+        let tap = |a: usize, out_var: u32, tap: u32| {
+            let mut e = window(stride[a], out_var, tap, padding[a]);
+            e.terms[1].0 = dilation[a] as i64;
+            e
+        };
+        x_index.extend([var(vc), tap(0, vy, vky), tap(1, vx, vkx)]);
         w_index.extend([var(vo), var(vc), var(vky), var(vkx)]);
         out_vars.extend([IndexVar(vo), IndexVar(vy), IndexVar(vx)]);
         ComputeBody {
@@ -497,7 +501,9 @@ fn conv2d(
     let gr = b.reshape(g, &out_shape(oh, ow))?;
     let mut grads = vec![None, None];
     if stride != [1, 1] && needs[0] {
-        let full = full_extents(&tx, [kh, kw], padding);
+        // The window spans `dilation * (kernel - 1) + 1` positions.
+        let span = [(kh, dilation[0]), (kw, dilation[1])].map(|(k, d)| d * (k - 1) + 1);
+        let full = full_extents(&tx, span, padding);
         let gd = dilate(b, g, stride, full)?;
         let gd = b.reshape(gd, &out_shape(full[0], full[1]))?;
         let dense = body([1, 1], full[0], full[1]);

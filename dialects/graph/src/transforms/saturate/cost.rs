@@ -217,10 +217,14 @@ impl CostModel {
                 let n_paid = if tiled { (n / nr).ceil() * nr } else { n };
                 product(2.0 * n_out / n * n_paid * k)
             }
-            Op::Conv2d { stride, groups, .. }
-                if inputs.get(1).is_some_and(|w| {
-                    crate::ops::conv_is_winograd(*stride, *groups, &out.ty, &w.ty, target)
-                }) =>
+            Op::Conv2d {
+                stride,
+                groups,
+                dilation,
+                ..
+            } if inputs.get(1).is_some_and(|w| {
+                crate::ops::conv_is_winograd(*stride, *dilation, *groups, &out.ty, &w.ty, target)
+            }) =>
             {
                 // Winograd's F(4x4, 3x3): 36 products of `tiles x O`, `C`
                 // deep, and the transforms: 36 values per tile and channel

@@ -313,6 +313,7 @@ pub fn decode(tables: &Tables, node: &TLang, get: &dyn Fn(Id) -> Data) -> Option
                 stride: pair(c(0))?,
                 padding: pair(c(1))?,
                 groups: usize_of(&c(2))?,
+                dilation: [1, 1],
             };
             return Some((Head::Op(op), vec![*x, *w]));
         }
@@ -511,10 +512,12 @@ fn term(eg: &mut TEGraph, node: &crate::module::Node, operands: &[Id]) -> TLang 
             leaf(num(*end)),
             operands[0],
         ]),
+        // A dilated convolution is opaque: the rules are about dense windows.
         Op::Conv2d {
             stride,
             padding,
             groups,
+            dilation: [1, 1],
         } => TLang::Conv2d([
             leaf(s(list(stride))),
             leaf(s(list(padding))),
