@@ -614,6 +614,58 @@ fn dilated_convolutions_run_the_convolution_kernels() {
     agree(src);
 }
 
+/// A convolution whose outer taps read only padding from every output
+/// (ASPP's 3 x 3 windows 24 and 36 apart over 14 x 14) is canonicalized to
+/// the taps that meet the image (`canonicalize::trimmed_taps`): here a 1 x
+/// 1 convolution by the middle taps' weights. It computes what the whole
+/// window does (the graph interpreter, before the passes and after; then
+/// every lowering, `agree`). Not trimmed: a window whose outer taps meet
+/// some outputs, and one whose useless taps are on one side only.
+#[test]
+fn convolutions_keep_only_the_taps_that_meet_the_image() {
+    let src = "fn aspp(x: f32[1, 8, 6, 6], w: f32[4, 8, 3, 3]) -> f32[1, 4, 6, 6] { return conv2d(x, w, padding=6, dilation=6); }
+fn mid(x: f32[1, 8, 6, 6], w: f32[4, 8, 3, 3]) -> f32[1, 4, 6, 6] { return conv2d(x, w, padding=3, dilation=3); }
+fn rows(x: f32[1, 4, 6, 6], w: f32[4, 1, 3, 3]) -> f32[1, 4, 6, 6] { return conv2d(x, w, padding=[6, 1], dilation=[6, 1], groups=4); }
+fn side(x: f32[1, 2, 3, 3], w: f32[2, 2, 3, 3]) -> f32[1, 2, 1, 1] { return conv2d(x, w, stride=3, padding=2, dilation=2); }";
+    let raw = compile_source(&SourceText {
+        name: "t.dl".into(),
+        text: src.into(),
+        weights: Vec::new(),
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let m = graph(src);
+    let text = dlc_graph::print_module(&m);
+    // The kernel each convolution runs, and whether it was trimmed (one
+    // tap wide along every dilated axis: no dilation left).
+    for (f, kernel, trimmed) in [
+        ("aspp", "f32[4, 8, 1, 1]", true),
+        ("mid", "f32[4, 8, 3, 3]", false),
+        ("rows", "f32[4, 1, 1, 3]", true),
+        ("side", "f32[2, 2, 3, 3]", false),
+    ] {
+        let body = text
+            .split(&format!("graph.func @{f}("))
+            .nth(1)
+            .and_then(|b| b.split("graph.func @").next())
+            .unwrap_or_else(|| panic!("no function {f}\n{text}"));
+        let conv = body.lines().find(|l| l.contains("graph.conv2d")).unwrap();
+        let sliced = body
+            .lines()
+            .any(|l| l.contains("graph.slice") && l.ends_with(kernel));
+        assert_eq!(sliced, trimmed, "@{f}: {body}");
+        assert_eq!(conv.contains("dilation"), !trimmed, "@{f}: {body}");
+    }
+    for (seed, (f, g)) in raw.entry_points().zip(m.entry_points()).enumerate() {
+        let inputs = prepare_inputs(f, &[], Some(seed as u64)).unwrap();
+        let want = interpret(&raw, f, &inputs).unwrap();
+        let got = interpret(&m, g, &inputs).unwrap();
+        if let Some(d) = disagreement(g, &got, &want) {
+            panic!("@{}: {d}", f.name);
+        }
+    }
+    agree(src);
+}
+
 #[test]
 fn user_operators() {
     agree(dlc_tests::USER_OPERATOR_PROGRAM);

@@ -101,6 +101,74 @@ enum Rewrite {
         b: Value,
         rows: usize,
     },
+    /// A convolution of `x` by `w` whose outer taps read only padding:
+    /// `conv` (its trimmed padding and dilation) by `w`'s taps `taps[axis]`
+    /// along the kernel's rows and columns ([`trimmed_taps`]).
+    Trimmed {
+        conv: Op,
+        x: Value,
+        w: Value,
+        taps: [(usize, usize); 2],
+    },
+}
+
+/// For a convolution whose outer taps along some axis read only its
+/// padding from every output (ASPP's 3 x 3 windows 24 and 36 apart over a
+/// 14 x 14 image: only the middle tap meets the image), the convolution by
+/// the taps that meet it, `[start, end)` along each axis of the kernel,
+/// with the padding that keeps its outputs where they were; `None` where
+/// every tap meets the input, or where the taps that do not are not as
+/// many on both sides (a symmetric padding could not keep the outputs).
+/// Along an axis left one tap wide the dilation is 1, so a window left 1 x 1
+/// is a 1 x 1 convolution (a product reading its input in place).
+pub fn trimmed_taps(op: &Op, x: &TensorType, w: &TensorType) -> Option<(Op, [(usize, usize); 2])> {
+    let Op::Conv2d {
+        stride,
+        padding,
+        groups,
+        dilation,
+    } = *op
+    else {
+        return None;
+    };
+    let out = crate::infer::infer(op, &[x, w]).ok()?.pop()?;
+    let mut taps = [(0, 0); 2];
+    let (mut new_padding, mut new_dilation) = (padding, dilation);
+    for a in 0..2 {
+        let (size, k, o) = (
+            x.shape[2 + a] as i64,
+            w.shape[2 + a] as i64,
+            out.shape[2 + a] as i64,
+        );
+        let (s, d, p) = (stride[a] as i64, dilation[a] as i64, padding[a] as i64);
+        // Tap `t` reads `d t - p` up to `s (o - 1) + d t - p`.
+        let meets = |t: i64| d * t - p < size && s * (o - 1) + d * t - p >= 0;
+        let lo = (0..k).find(|&t| meets(t))?;
+        let hi = (0..k).rev().find(|&t| meets(t))? + 1;
+        if lo != k - hi || d * lo > p {
+            return None;
+        }
+        taps[a] = (lo as usize, hi as usize);
+        new_padding[a] = (p - d * lo) as usize;
+        if hi - lo == 1 {
+            new_dilation[a] = 1;
+        }
+    }
+    if taps == [(0, w.shape[2]), (0, w.shape[3])] {
+        return None;
+    }
+    let trimmed = Op::Conv2d {
+        stride,
+        padding: new_padding,
+        groups,
+        dilation: new_dilation,
+    };
+    let mut kernel = w.clone();
+    for (a, (start, end)) in taps.iter().enumerate() {
+        kernel.shape[2 + a] = end - start;
+    }
+    let same = crate::infer::infer(&trimmed, &[x, &kernel]).ok()? == [out];
+    same.then_some((trimmed, taps))
 }
 
 fn simplify(f: &Function, node: NodeIndex) -> Option<Rewrite> {
@@ -205,6 +273,11 @@ fn simplify(f: &Function, node: NodeIndex) -> Option<Rewrite> {
         }
         Op::Reduce { axes, .. } if axes.is_empty() && same_type(ops[0]) => {
             Some(Rewrite::Use(ops[0]))
+        }
+        Op::Conv2d { .. } => {
+            let (x, w) = (ops[0], ops[1]);
+            let (conv, taps) = trimmed_taps(&n.op, f.value_type(x), f.value_type(w))?;
+            Some(Rewrite::Trimmed { conv, x, w, taps })
         }
         // A user operator that is a built-in one (a convolution written in
         // index notation) becomes it.
@@ -320,6 +393,24 @@ fn canonicalize_function(f: &mut Function, max_iterations: u32) -> (u64, u64) {
                             f.body[v.node].loc = loc.clone();
                         }
                         back
+                    }
+                    Rewrite::Trimmed { conv, x, w, taps } => {
+                        let loc = f.body[node].loc.clone();
+                        let mut kernel = w;
+                        for (a, (start, end)) in taps.into_iter().enumerate() {
+                            let mut t = f.value_type(kernel).clone();
+                            if (start, end) == (0, t.shape[2 + a]) {
+                                continue;
+                            }
+                            t.shape[2 + a] = end - start;
+                            let axis = 2 + a;
+                            kernel = f.add_op(Op::Slice { axis, start, end }, &[kernel], t);
+                            f.body[kernel.node].loc = loc.clone();
+                        }
+                        let ty = f.body[node].results.clone();
+                        let new = f.add_node(conv, &[x, kernel], ty);
+                        f.body[new].loc = loc;
+                        Value::of(new)
                     }
                 };
                 f.replace_all_uses(Value::of(node), to);
