@@ -367,9 +367,14 @@ fn var(i: u32) -> Affine {
     Affine::var(IndexVar(i))
 }
 
-fn window(stride: usize, out_var: u32, tap: u32, pad: usize) -> Affine {
+/// `stride * out + dilation * tap - pad`: where output `out_var` reads tap
+/// `tap` of a window `dilation` apart.
+fn window(stride: usize, out_var: u32, (dilation, tap): (usize, u32), pad: usize) -> Affine {
     Affine {
-        terms: vec![(stride as i64, IndexVar(out_var)), (1, IndexVar(tap))],
+        terms: vec![
+            (stride as i64, IndexVar(out_var)),
+            (dilation as i64, IndexVar(tap)),
+        ],
         constant: -(pad as i64),
     }
 }
@@ -469,12 +474,11 @@ fn conv2d(
             w_index.push(var(vg));
             out_vars.push(IndexVar(vg));
         }
-        let tap = |a: usize, out_var: u32, tap: u32| {
-            let mut e = window(stride[a], out_var, tap, padding[a]);
-            e.terms[1].0 = dilation[a] as i64;
-            e
-        };
-        x_index.extend([var(vc), tap(0, vy, vky), tap(1, vx, vkx)]);
+        x_index.extend([
+            var(vc),
+            window(stride[0], vy, (dilation[0], vky), padding[0]),
+            window(stride[1], vx, (dilation[1], vkx), padding[1]),
+        ]);
         w_index.extend([var(vo), var(vc), var(vky), var(vkx)]);
         out_vars.extend([IndexVar(vo), IndexVar(vy), IndexVar(vx)]);
         ComputeBody {
@@ -551,8 +555,8 @@ fn pool2d(
         (dilate(b, g, stride, full)?, None, full[0], full[1])
     };
     let (vn, vc, vy, vx, vky, vkx) = (0, 1, 2, 3, 4, 5);
-    let rows = window(1, vy, vky, padding[0]);
-    let cols = window(1, vx, vkx, padding[1]);
+    let rows = window(1, vy, (1, vky), padding[0]);
+    let cols = window(1, vx, (1, vkx), padding[1]);
     let at = read(0, vec![var(vn), var(vc), rows.clone(), cols.clone()]);
     let (kind, elem, inputs) = match kind {
         PoolKind::Avg => {
