@@ -763,13 +763,16 @@ fn rows(x: f32[1, 256, 7, 7], w: f32[256, 128, 1, 1]) -> f32[1, 256, 7, 7] { ret
 /// only, a dense 3 x 3 one of 16 channels (a Winograd convolution were it
 /// not dilated) with a bias and ReLU, a grouped one, one whose outer taps
 /// meet the image from a third of the outputs (ASPP's rates over a small
-/// image) and a 1-D one.
+/// image), a 1-D one, and a strided depthwise one dilated along its rows
+/// over 112 x 112, whose phases' copy, past the L1, is filled a few rows
+/// ahead of the output rows that read them.
 pub const DILATED_CONVOLUTION_PROGRAMS: &str = "fn dw5(x: f32[1, 16, 14, 14], w: f32[16, 1, 5, 5]) -> f32[1, 16, 14, 14] { return relu(conv2d(x, w, padding=4, dilation=2, groups=16)); }
 fn dws2(x: f32[1, 8, 15, 17], w: f32[8, 1, 3, 3]) -> f32[1, 8, 8, 9] { return conv2d(x, w, stride=2, padding=[1, 2], dilation=[1, 2], groups=8); }
 fn dense(x: f32[1, 16, 16, 16], w: f32[16, 16, 3, 3], b: f32[16, 1, 1]) -> f32[1, 16, 16, 16] { return relu(conv2d(x, w, padding=2, dilation=2) + b); }
 fn grp(x: f32[1, 8, 12, 12], w: f32[8, 4, 3, 3]) -> f32[1, 8, 12, 10] { return conv2d(x, w, padding=[2, 1], dilation=2, groups=2); }
 fn wide(x: f32[1, 4, 6, 6], w: f32[4, 4, 3, 3]) -> f32[1, 4, 6, 6] { return conv2d(x, w, padding=4, dilation=4); }
-fn c1(x: f32[2, 4, 20], w: f32[4, 4, 3]) -> f32[2, 4, 16] { return conv1d(x, w, dilation=2); }";
+fn c1(x: f32[2, 4, 20], w: f32[4, 4, 3]) -> f32[2, 4, 16] { return conv1d(x, w, dilation=2); }
+fn roll(x: f32[1, 2, 112, 112], w: f32[2, 1, 5, 5]) -> f32[1, 2, 56, 56] { return conv2d(x, w, stride=2, padding=[4, 2], dilation=[2, 1], groups=2); }";
 
 /// A row by a matrix of weights stored `[K, N]`, deeper than a tile is
 /// wide, whose columns a CPU takes in chunks of 40 (AVX2) or 125 (AVX-512):

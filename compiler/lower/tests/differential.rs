@@ -601,6 +601,14 @@ fn dilated_convolutions_run_the_convolution_kernels() {
             "{}: {dense}",
             cpu.name
         );
+        // Rows 2 apart at stride 2: its phases' copy spans 119 rows (the
+        // window's 9 rows, then 2 a row of output).
+        let roll = body("roll");
+        assert!(
+            roll.contains("buffer<f32[119, 2, 64], scratch>"),
+            "{}: {roll}",
+            cpu.name
+        );
         if cpu.name == "x86-64-avx2" {
             let dw = body("dw5");
             let loads: Vec<&str> = dw.lines().filter(|l| l.contains("tile.load %x[")).collect();
