@@ -763,7 +763,8 @@ fn rows(x: f32[1, 256, 7, 7], w: f32[256, 128, 1, 1]) -> f32[1, 256, 7, 7] { ret
 /// only, a dense 3 x 3 one of 16 channels (a Winograd convolution were it
 /// not dilated) with a bias and ReLU, a grouped one, one whose outer taps
 /// meet the image from a third of the outputs (ASPP's rates over a small
-/// image), a 1-D one, and a strided depthwise one dilated along its rows
+/// image: split into the regions that meet the same taps, its corners 2 x
+/// 2 taps 4 apart without padding), a 1-D one, and a strided depthwise one dilated along its rows
 /// over 112 x 112, whose phases' copy, past the L1, is filled a few rows
 /// ahead of the output rows that read them.
 pub const DILATED_CONVOLUTION_PROGRAMS: &str = "fn dw5(x: f32[1, 16, 14, 14], w: f32[16, 1, 5, 5]) -> f32[1, 16, 14, 14] { return relu(conv2d(x, w, padding=4, dilation=2, groups=16)); }

@@ -626,23 +626,15 @@ fn dilated_convolutions_run_the_convolution_kernels() {
 /// (ASPP's 3 x 3 windows 24 and 36 apart over 14 x 14) is canonicalized to
 /// the taps that meet the image (`canonicalize::trimmed_taps`): here a 1 x
 /// 1 convolution by the middle taps' weights. It computes what the whole
-/// window does (the graph interpreter, before the passes and after; then
-/// every lowering, `agree`). Not trimmed: a window whose outer taps meet
-/// some outputs, and one whose useless taps are on one side only.
+/// window does (`canonicalized_agrees`). Not trimmed: a window whose outer
+/// taps meet some outputs, and one whose useless taps are on one side only.
 #[test]
 fn convolutions_keep_only_the_taps_that_meet_the_image() {
     let src = "fn aspp(x: f32[1, 8, 6, 6], w: f32[4, 8, 3, 3]) -> f32[1, 4, 6, 6] { return conv2d(x, w, padding=6, dilation=6); }
-fn mid(x: f32[1, 8, 6, 6], w: f32[4, 8, 3, 3]) -> f32[1, 4, 6, 6] { return conv2d(x, w, padding=3, dilation=3); }
+fn mid(x: f32[1, 8, 6, 6], w: f32[4, 8, 3, 3]) -> f32[1, 4, 6, 6] { return conv2d(x, w, padding=2, dilation=2); }
 fn rows(x: f32[1, 4, 6, 6], w: f32[4, 1, 3, 3]) -> f32[1, 4, 6, 6] { return conv2d(x, w, padding=[6, 1], dilation=[6, 1], groups=4); }
 fn side(x: f32[1, 2, 3, 3], w: f32[2, 2, 3, 3]) -> f32[1, 2, 1, 1] { return conv2d(x, w, stride=3, padding=2, dilation=2); }";
-    let raw = compile_source(&SourceText {
-        name: "t.dl".into(),
-        text: src.into(),
-        weights: Vec::new(),
-    })
-    .unwrap_or_else(|e| panic!("{e}"));
-    let m = graph(src);
-    let text = dlc_graph::print_module(&m);
+    let text = canonicalized_agrees(src);
     // The kernel each convolution runs, and whether it was trimmed (one
     // tap wide along every dilated axis: no dilation left).
     for (f, kernel, trimmed) in [
@@ -651,11 +643,7 @@ fn side(x: f32[1, 2, 3, 3], w: f32[2, 2, 3, 3]) -> f32[1, 2, 1, 1] { return conv
         ("rows", "f32[4, 1, 1, 3]", true),
         ("side", "f32[2, 2, 3, 3]", false),
     ] {
-        let body = text
-            .split(&format!("graph.func @{f}("))
-            .nth(1)
-            .and_then(|b| b.split("graph.func @").next())
-            .unwrap_or_else(|| panic!("no function {f}\n{text}"));
+        let body = graph_function(&text, f);
         let conv = body.lines().find(|l| l.contains("graph.conv2d")).unwrap();
         let sliced = body
             .lines()
@@ -663,6 +651,62 @@ fn side(x: f32[1, 2, 3, 3], w: f32[2, 2, 3, 3]) -> f32[1, 2, 1, 1] { return conv
         assert_eq!(sliced, trimmed, "@{f}: {body}");
         assert_eq!(conv.contains("dilation"), !trimmed, "@{f}: {body}");
     }
+}
+
+/// A convolution most of whose multiply-adds read padding (DeepLabV3's 3 x
+/// 3 window 12 apart over 14 x 14) is split into the regions of its output
+/// that meet the image through the same taps (`canonicalize::tap_regions`):
+/// an interior, edges and corners, each a convolution without padding of
+/// the slice of the image it reads, concatenated back. Strided, grouped
+/// and split along the rows only, too; not split: a window that meets the
+/// image for most of its multiply-adds, and one whose outputs meet it
+/// through more than three sets of taps along an axis.
+#[test]
+fn convolutions_split_into_the_regions_that_meet_the_same_taps() {
+    let src = "fn aspp(x: f32[1, 8, 7, 7], w: f32[4, 8, 3, 3]) -> f32[1, 4, 7, 7] { return conv2d(x, w, padding=5, dilation=5); }
+fn halves(x: f32[1, 8, 6, 6], w: f32[4, 8, 3, 3]) -> f32[1, 4, 6, 6] { return conv2d(x, w, padding=3, dilation=3); }
+fn strided(x: f32[1, 4, 10, 10], w: f32[4, 2, 3, 3]) -> f32[1, 4, 5, 5] { return conv2d(x, w, stride=2, padding=6, dilation=6, groups=2); }
+fn rows(x: f32[1, 4, 8, 8], w: f32[4, 1, 3, 1]) -> f32[1, 4, 8, 8] { return relu(conv2d(x, w, padding=[6, 0], dilation=[6, 1], groups=4)); }
+fn most(x: f32[1, 8, 8, 8], w: f32[4, 8, 3, 3]) -> f32[1, 4, 8, 8] { return conv2d(x, w, padding=3, dilation=3); }
+fn many(x: f32[1, 2, 5, 5], w: f32[2, 2, 5, 5]) -> f32[1, 2, 9, 9] { return conv2d(x, w, padding=4); }";
+    let text = canonicalized_agrees(src);
+    for (f, regions) in [
+        ("aspp", 9),
+        ("halves", 4),
+        ("strided", 9),
+        ("rows", 3),
+        ("most", 1),
+        ("many", 1),
+    ] {
+        let body = graph_function(&text, f);
+        let convs: Vec<&str> = body
+            .lines()
+            .filter(|l| l.contains("graph.conv2d"))
+            .collect();
+        assert_eq!(convs.len(), regions, "@{f}: {body}");
+        let unpadded = convs.iter().all(|l| l.contains("padding = [0, 0]"));
+        assert_eq!(unpadded, regions > 1, "@{f}: {body}");
+    }
+    // The interior of `aspp` is a 1 x 1 convolution of the image's middle.
+    let aspp = graph_function(&text, "aspp");
+    assert!(
+        aspp.contains("{axis = 3, start = 2, end = 5} : f32[1, 8, 3, 3]")
+            && aspp.contains("padding = [0, 0], groups = 1} : f32[1, 4, 3, 3]"),
+        "{aspp}"
+    );
+}
+
+/// `src` after the graph passes (printed) computes what it did before them
+/// on the graph interpreter, and agrees with it on every lowering.
+#[track_caller]
+fn canonicalized_agrees(src: &str) -> String {
+    let raw = compile_source(&SourceText {
+        name: "t.dl".into(),
+        text: src.into(),
+        weights: Vec::new(),
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let m = graph(src);
     for (seed, (f, g)) in raw.entry_points().zip(m.entry_points()).enumerate() {
         let inputs = prepare_inputs(f, &[], Some(seed as u64)).unwrap();
         let want = interpret(&raw, f, &inputs).unwrap();
@@ -672,6 +716,16 @@ fn side(x: f32[1, 2, 3, 3], w: f32[2, 2, 3, 3]) -> f32[1, 2, 1, 1] { return conv
         }
     }
     agree(src);
+    dlc_graph::print_module(&m)
+}
+
+/// Graph function `@f`'s body in a printed module.
+#[track_caller]
+fn graph_function<'a>(text: &'a str, f: &str) -> &'a str {
+    text.split(&format!("graph.func @{f}("))
+        .nth(1)
+        .and_then(|b| b.split("graph.func @").next())
+        .unwrap_or_else(|| panic!("no function {f}\n{text}"))
 }
 
 #[test]

@@ -1,4 +1,4 @@
-use dlc_core::{Pass, PassError, TensorType};
+use dlc_core::{Pass, PassError, SourceLoc, TensorType};
 use petgraph::stable_graph::NodeIndex;
 
 use super::dce::remove_dead_nodes;
@@ -110,6 +110,111 @@ enum Rewrite {
         w: Value,
         taps: [(usize, usize); 2],
     },
+    /// A convolution of `x` by `w` split into the regions of its output
+    /// that meet the image through the same taps ([`tap_regions`]): each a
+    /// convolution without padding of the slice of `x` it reads, by those
+    /// taps of `w`, the regions concatenated back.
+    Regions {
+        x: Value,
+        w: Value,
+        runs: [Vec<TapRun>; 2],
+    },
+}
+
+/// Outputs `[out.0, out.1)` along one axis of a convolution, which all
+/// meet its image through the taps `[taps.0, taps.1)` (the others read
+/// padding).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TapRun {
+    pub out: (usize, usize),
+    pub taps: (usize, usize),
+}
+
+/// Along one axis of a convolution (an image `size` long, `k` taps, `o`
+/// outputs; stride `s`, dilation `d`, padding `p`), the runs of outputs
+/// that meet the image through the same taps, in order; `None` where an
+/// output meets it through none.
+fn tap_runs(size: i64, k: i64, o: i64, s: i64, d: i64, p: i64) -> Option<Vec<TapRun>> {
+    let mut runs: Vec<TapRun> = Vec::new();
+    for i in 0..o {
+        // Output `i`'s tap `t` reads `s i + d t - p`.
+        let meets = |t: i64| (0..size).contains(&(s * i + d * t - p));
+        let lo = (0..k).find(|&t| meets(t))?;
+        let hi = (0..k).rev().find(|&t| meets(t))? + 1;
+        let taps = (lo as usize, hi as usize);
+        match runs.last_mut() {
+            Some(run) if run.taps == taps => run.out.1 += 1,
+            _ => runs.push(TapRun {
+                out: (i as usize, i as usize + 1),
+                taps,
+            }),
+        }
+    }
+    Some(runs)
+}
+
+/// For a convolution whose window mostly reads padding (DeepLabV3's 3 x 3
+/// window 12 apart over a 14 x 14 image: the interior outputs meet the
+/// image through the middle tap alone, the edges through two taps, the
+/// corners through four; a fifth of the window's multiply-adds), the runs
+/// of outputs along its rows and its columns ([`TapRun`]): each pair of a
+/// row run and a column run is a region of the output, a convolution
+/// without padding of the slice of the image it reads by the taps it
+/// meets. `None` unless more than half the multiply-adds read padding,
+/// with at most three runs along each axis (a border, an interior and a
+/// border: more would be many small products, each reading its own slice
+/// of the weights), and more than one region.
+pub fn tap_regions(op: &Op, x: &TensorType, w: &TensorType) -> Option<[Vec<TapRun>; 2]> {
+    let Op::Conv2d {
+        stride,
+        padding,
+        dilation,
+        ..
+    } = *op
+    else {
+        return None;
+    };
+    let out = crate::infer::infer(op, &[x, w]).ok()?.pop()?;
+    let mut runs = [Vec::new(), Vec::new()];
+    let (mut met, mut all) = (1, 1);
+    for a in 0..2 {
+        let k = w.shape[2 + a];
+        runs[a] = tap_runs(
+            x.shape[2 + a] as i64,
+            k as i64,
+            out.shape[2 + a] as i64,
+            stride[a] as i64,
+            dilation[a] as i64,
+            padding[a] as i64,
+        )?;
+        if runs[a].len() > 3 {
+            return None;
+        }
+        met *= runs[a]
+            .iter()
+            .map(|r| (r.out.1 - r.out.0) * (r.taps.1 - r.taps.0))
+            .sum::<usize>();
+        all *= out.shape[2 + a] * k;
+    }
+    (runs[0].len() * runs[1].len() > 1 && 2 * met <= all).then_some(runs)
+}
+
+/// `v[.., start..end, ..]` along `axis`, or `v` where that is all of it.
+fn sliced(
+    f: &mut Function,
+    v: Value,
+    axis: usize,
+    (start, end): (usize, usize),
+    loc: &Option<SourceLoc>,
+) -> Value {
+    let mut t = f.value_type(v).clone();
+    if (start, end) == (0, t.shape[axis]) {
+        return v;
+    }
+    t.shape[axis] = end - start;
+    let s = f.add_op(Op::Slice { axis, start, end }, &[v], t);
+    f.body[s.node].loc = loc.clone();
+    s
 }
 
 /// For a convolution whose outer taps along some axis read only its
@@ -276,8 +381,12 @@ fn simplify(f: &Function, node: NodeIndex) -> Option<Rewrite> {
         }
         Op::Conv2d { .. } => {
             let (x, w) = (ops[0], ops[1]);
-            let (conv, taps) = trimmed_taps(&n.op, f.value_type(x), f.value_type(w))?;
-            Some(Rewrite::Trimmed { conv, x, w, taps })
+            let (xt, wt) = (f.value_type(x), f.value_type(w));
+            if let Some((conv, taps)) = trimmed_taps(&n.op, xt, wt) {
+                return Some(Rewrite::Trimmed { conv, x, w, taps });
+            }
+            let runs = tap_regions(&n.op, xt, wt)?;
+            Some(Rewrite::Regions { x, w, runs })
         }
         // A user operator that is a built-in one (a convolution written in
         // index notation) becomes it.
@@ -310,6 +419,18 @@ fn simplify(f: &Function, node: NodeIndex) -> Option<Rewrite> {
         }
         _ => None,
     }
+}
+
+/// `parts` concatenated along `axis` (the one part itself where there is one).
+fn joined(f: &mut Function, parts: Vec<Value>, axis: usize, loc: &Option<SourceLoc>) -> Value {
+    if let [one] = parts[..] {
+        return one;
+    }
+    let mut t = f.value_type(parts[0]).clone();
+    t.shape[axis] = parts.iter().map(|&p| f.value_type(p).shape[axis]).sum();
+    let v = f.add_op(Op::Concat { axis }, &parts, t);
+    f.body[v.node].loc = loc.clone();
+    v
 }
 
 fn canonicalize_function(f: &mut Function, max_iterations: u32) -> (u64, u64) {
@@ -397,20 +518,65 @@ fn canonicalize_function(f: &mut Function, max_iterations: u32) -> (u64, u64) {
                     Rewrite::Trimmed { conv, x, w, taps } => {
                         let loc = f.body[node].loc.clone();
                         let mut kernel = w;
-                        for (a, (start, end)) in taps.into_iter().enumerate() {
-                            let mut t = f.value_type(kernel).clone();
-                            if (start, end) == (0, t.shape[2 + a]) {
-                                continue;
-                            }
-                            t.shape[2 + a] = end - start;
-                            let axis = 2 + a;
-                            kernel = f.add_op(Op::Slice { axis, start, end }, &[kernel], t);
-                            f.body[kernel.node].loc = loc.clone();
+                        for (a, taps) in taps.into_iter().enumerate() {
+                            kernel = sliced(f, kernel, 2 + a, taps, &loc);
                         }
                         let ty = f.body[node].results.clone();
                         let new = f.add_node(conv, &[x, kernel], ty);
                         f.body[new].loc = loc;
                         Value::of(new)
+                    }
+                    Rewrite::Regions { x, w, runs } => {
+                        let loc = f.body[node].loc.clone();
+                        let ty = f.body[node].results[0].clone();
+                        let Op::Conv2d {
+                            stride,
+                            padding,
+                            groups,
+                            dilation,
+                        } = f.body[node].op
+                        else {
+                            unreachable!("regions of a convolution")
+                        };
+                        // The first index of the image that output `run.out.0`'s
+                        // tap `run.taps.0` reads along `a`, and one past the last.
+                        let read = |a: usize, run: &TapRun| {
+                            let (s, d, p) = (stride[a], dilation[a], padding[a]);
+                            let first = s * run.out.0 + d * run.taps.0 - p;
+                            (first, s * (run.out.1 - 1) + d * (run.taps.1 - 1) - p + 1)
+                        };
+                        let mut bands = Vec::new();
+                        for row in &runs[0] {
+                            let (x_rows, w_rows) = (
+                                sliced(f, x, 2, read(0, row), &loc),
+                                sliced(f, w, 2, row.taps, &loc),
+                            );
+                            let mut pieces = Vec::new();
+                            for col in &runs[1] {
+                                let input = sliced(f, x_rows, 3, read(1, col), &loc);
+                                let kernel = sliced(f, w_rows, 3, col.taps, &loc);
+                                let mut dilation = dilation;
+                                for (a, run) in [row, col].into_iter().enumerate() {
+                                    if run.taps.1 - run.taps.0 == 1 {
+                                        dilation[a] = 1;
+                                    }
+                                }
+                                let conv = Op::Conv2d {
+                                    stride,
+                                    padding: [0, 0],
+                                    groups,
+                                    dilation,
+                                };
+                                let mut t = ty.clone();
+                                t.shape[2] = row.out.1 - row.out.0;
+                                t.shape[3] = col.out.1 - col.out.0;
+                                let piece = f.add_op(conv, &[input, kernel], t);
+                                f.body[piece.node].loc = loc.clone();
+                                pieces.push(piece);
+                            }
+                            bands.push(joined(f, pieces, 3, &loc));
+                        }
+                        joined(f, bands, 2, &loc)
                     }
                 };
                 f.replace_all_uses(Value::of(node), to);
