@@ -485,28 +485,44 @@ fn pair_arg(
     what: &str,
     dims: &HashMap<String, usize>,
 ) -> R<[usize; 2]> {
+    ints_arg(e, default, what, dims)
+}
+
+/// A count per spatial axis given as `n` (every axis) or `[n0, n1, ..]`
+/// (`N` of them: a stride, a padding), not negative; `default` where none
+/// is given.
+fn ints_arg<const N: usize>(
+    e: Option<&Expr>,
+    default: [usize; N],
+    what: &str,
+    dims: &HashMap<String, usize>,
+) -> R<[usize; N]> {
     let Some(e) = e else { return Ok(default) };
     let items = const_int_or_list(e, dims)?;
-    let vals: Vec<i64> = items.iter().map(|(v, _)| *v).collect();
-    let pair = match vals.as_slice() {
-        [v] => [*v, *v],
-        [a, b] => [*a, *b],
-        _ => {
-            return Err(Diagnostic::new(
-                format!("`{what}` takes one integer or two"),
-                e.span,
-                "expected `n` or `[h, w]`",
-            ));
-        }
+    let vals: Vec<i64> = match items[..] {
+        [(v, _)] => vec![v; N],
+        _ => items.iter().map(|(v, _)| *v).collect(),
     };
-    if pair.iter().any(|v| *v < 0) {
+    let Ok(vals) = <[i64; N]>::try_from(vals) else {
+        let (count, form) = match N {
+            2 => ("two", "`n` or `[h, w]`"),
+            3 => ("three", "`n` or `[t, h, w]`"),
+            _ => unreachable!("counts for two or three spatial axes"),
+        };
+        return Err(Diagnostic::new(
+            format!("`{what}` takes one integer or {count}"),
+            e.span,
+            format!("expected {form}"),
+        ));
+    };
+    if vals.iter().any(|v| *v < 0) {
         return Err(Diagnostic::new(
             format!("`{what}` must not be negative"),
             e.span,
             "negative",
         ));
     }
-    Ok([pair[0] as usize, pair[1] as usize])
+    Ok(vals.map(|v| v as usize))
 }
 
 /// Binds call arguments to parameter names as Python does: positionals in

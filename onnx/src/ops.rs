@@ -3000,16 +3000,22 @@ impl Importer {
         out_shape.extend(&win.out);
         let (ex, ew) = (self.e(cx, 0)?, self.e(cx, 1)?);
         let symmetric = win.begin == win.end && win.begin.iter().all(|&p| p >= 0);
-        let mut expr = if win.kernel.len() == 2 && symmetric && x.dtype.is_float() {
+        let rank = win.kernel.len();
+        let mut expr = if (rank == 2 || rank == 3) && symmetric && x.dtype.is_float() {
+            let list = |v: &[usize]| {
+                let items: Vec<String> = v.iter().map(usize::to_string).collect();
+                format!("[{}]", items.join(", "))
+            };
             let d = &win.dilations;
-            let dilation = if d[..] == [1, 1] {
+            let dilation = if d.iter().all(|&d| d == 1) {
                 String::new()
             } else {
-                format!(", dilation=[{}, {}]", d[0], d[1])
+                format!(", dilation={}", list(d))
             };
             format!(
-                "conv2d({ex}, {ew}, stride=[{}, {}], padding=[{}, {}], groups={g}{dilation})",
-                win.strides[0], win.strides[1], win.begin[0], win.begin[1]
+                "conv{rank}d({ex}, {ew}, stride={}, padding={}, groups={g}{dilation})",
+                list(&win.strides),
+                list(&win.begin.iter().map(|&p| p as usize).collect::<Vec<_>>())
             )
         } else {
             self.conv_op(&x, &w, g, &win, &ex, &ew)

@@ -495,16 +495,16 @@ def _batch_norm_training(w: _Writer, node: Any, x: Val, weight: Any, bias: Any, 
 
 def _conv_expr(w: _Writer, x: Val, weight: Val, out: Sequence[int], stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], transposed: bool, groups: int) -> str:
     """The convolution of `x` by `weight` (result shape `out`) as the
-    built-in `conv1d`/`conv2d`, dilated or not."""
+    built-in `conv1d`/`conv2d`/`conv3d`, dilated or not."""
     rank = len(x.shape)
     if transposed:
         raise Unsupported("a transposed convolution")
-    if rank not in (3, 4):
+    if rank not in (3, 4, 5):
         raise Unsupported(f"a convolution of rank {rank}")
-    fn = "conv2d" if rank == 4 else "conv1d"
-    s = _list(stride) if rank == 4 else stride[0]
-    p = _list(padding) if rank == 4 else padding[0]
-    d = _list(dilation) if rank == 4 else dilation[0]
+    fn = f"conv{rank - 2}d"
+    s = _list(stride) if rank > 3 else stride[0]
+    p = _list(padding) if rank > 3 else padding[0]
+    d = _list(dilation) if rank > 3 else dilation[0]
     return f"{fn}({x}, {weight}, stride={s}, padding={p}, groups={groups}, dilation={d})"
 
 

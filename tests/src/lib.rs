@@ -775,6 +775,15 @@ fn wide(x: f32[1, 4, 6, 6], w: f32[4, 4, 3, 3]) -> f32[1, 4, 6, 6] { return conv
 fn c1(x: f32[2, 4, 20], w: f32[4, 4, 3]) -> f32[2, 4, 16] { return conv1d(x, w, dilation=2); }
 fn roll(x: f32[1, 2, 112, 112], w: f32[2, 1, 5, 5]) -> f32[1, 2, 56, 56] { return conv2d(x, w, stride=2, padding=[4, 2], dilation=[2, 1], groups=2); }";
 
+/// Video convolutions (R3D's): a 3 x 3 x 3 one over 4 frames with a bias
+/// and ReLU, one strided in time and space, a grouped one dilated in
+/// time, and one over a single frame whose outer temporal taps read only
+/// padding.
+pub const VIDEO_CONVOLUTION_PROGRAMS: &str = "fn c3(x: f32[1, 8, 4, 10, 10], w: f32[8, 8, 3, 3, 3], b: f32[1, 8, 1, 1, 1]) -> f32[1, 8, 4, 10, 10] { return relu(conv3d(x, w, padding=1) + b); }
+fn strided(x: f32[1, 4, 5, 9, 9], w: f32[8, 4, 3, 3, 3]) -> f32[1, 8, 3, 5, 5] { return conv3d(x, w, stride=2, padding=1); }
+fn grp(x: f32[2, 8, 4, 6, 6], w: f32[8, 4, 2, 3, 3]) -> f32[2, 8, 4, 6, 6] { return conv3d(x, w, padding=1, dilation=[2, 1, 1], groups=2); }
+fn one(x: f32[1, 16, 1, 7, 7], w: f32[16, 16, 3, 3, 3]) -> f32[1, 16, 1, 7, 7] { return conv3d(x, w, padding=1); }";
+
 /// A row by a matrix of weights stored `[K, N]`, deeper than a tile is
 /// wide, whose columns a CPU takes in chunks of 40 (AVX2) or 125 (AVX-512):
 /// each chunk one tile, read from a copy of the matrix chunk by chunk.

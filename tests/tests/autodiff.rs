@@ -278,6 +278,25 @@ fn convolutions_and_pooling() {
             "fn f(x: f64[2, 4, 6, 5], w: f64[4, {cg}, 3, 2]) -> f64 {{ return sum(sin(conv2d(x, w, stride={stride}, padding={padding}, groups={groups}, dilation={dilation}))); }}"
         ));
     }
+    // Video convolutions: strided in time, grouped and dilated in time,
+    // and one whose outer temporal taps read only padding.
+    for (x, w, args) in [
+        (
+            "[1, 2, 4, 4, 3]",
+            "[3, 2, 3, 2, 2]",
+            "stride=[2, 1, 1], padding=1",
+        ),
+        (
+            "[2, 4, 3, 3, 3]",
+            "[4, 2, 2, 3, 1]",
+            "padding=[1, 1, 0], dilation=[2, 1, 1], groups=2",
+        ),
+        ("[1, 2, 1, 3, 3]", "[2, 2, 3, 3, 3]", "padding=1"),
+    ] {
+        check(&format!(
+            "fn f(x: f64{x}, w: f64{w}) -> f64 {{ return sum(sin(conv3d(x, w, {args}))); }}"
+        ));
+    }
     check(
         "fn f(x: f64[2, 3, 6, 6]) -> f64 { return sum(sin(avgpool2d(x, kernel=3, stride=2, padding=1))); }",
     );

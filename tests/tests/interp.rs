@@ -889,3 +889,120 @@ fn composite_windows_running_sums_and_selections() {
         &[-1.0, 1.0, -1.0, 1.0, -1.0, 1.0, -1.0, 1.0],
     );
 }
+
+/// `conv3d` (2-D convolutions of the frames its temporal taps read, joined
+/// along the channels) computes the window sum it names, written in index
+/// notation: strided in time and space, padded, dilated in time, grouped,
+/// with temporal taps that read only padding (left out), and strides in
+/// time whose last frames run past the padded clip.
+#[test]
+fn video_convolutions_are_the_window_sums_they_name() {
+    let data = |n: usize, salt: usize| -> Vec<f64> {
+        (0..n)
+            .map(|i| ((i * 37 + salt * 11) % 101) as f64 / 50.0 - 1.0)
+            .collect()
+    };
+    // x [N, C, T, H, W], w [O, C / G, KT, KH, KW], stride, padding, dilation, groups.
+    type Case = (
+        [usize; 5],
+        [usize; 5],
+        [usize; 3],
+        [usize; 3],
+        [usize; 3],
+        usize,
+    );
+    let cases: [Case; 5] = [
+        (
+            [2, 3, 5, 6, 7],
+            [4, 3, 3, 3, 3],
+            [2, 1, 2],
+            [1, 1, 1],
+            [1, 1, 1],
+            1,
+        ),
+        (
+            [1, 4, 3, 5, 5],
+            [4, 2, 3, 1, 3],
+            [1, 1, 1],
+            [2, 0, 1],
+            [2, 1, 1],
+            2,
+        ),
+        (
+            [1, 2, 1, 4, 4],
+            [3, 2, 3, 3, 3],
+            [1, 1, 1],
+            [1, 1, 1],
+            [1, 1, 1],
+            1,
+        ),
+        (
+            [1, 2, 4, 3, 3],
+            [2, 2, 3, 1, 1],
+            [2, 1, 1],
+            [1, 0, 0],
+            [1, 1, 1],
+            1,
+        ),
+        (
+            [1, 2, 7, 3, 3],
+            [2, 2, 2, 1, 1],
+            [3, 1, 1],
+            [0, 0, 0],
+            [2, 1, 1],
+            1,
+        ),
+    ];
+    for (x, w, s, p, d, g) in cases {
+        let out: Vec<usize> = (0..3)
+            .map(|a| (x[2 + a] + 2 * p[a] - d[a] * (w[2 + a] - 1) - 1) / s[a] + 1)
+            .collect();
+        let list = |v: &[usize]| {
+            let items: Vec<String> = v.iter().map(usize::to_string).collect();
+            format!("[{}]", items.join(", "))
+        };
+        let (cg, og) = (x[1] / g, w[0] / g);
+        let index: Vec<String> = (0..3)
+            .map(|a| format!("{} * y{a} + {} * k{a} - {}", s[a], d[a], p[a]))
+            .collect();
+        let mut inner = vec![x[0], g, cg];
+        inner.extend(&x[2..]);
+        let mut weights = vec![g, og, cg];
+        weights.extend(&w[2..]);
+        let mut result = vec![x[0], g, og];
+        result.extend(&out);
+        let mut full = vec![x[0], w[0]];
+        full.extend(&out);
+        let src = format!(
+            "op window(inp: f32{inner}, wt: f32{weights}) -> f32{result} {{
+    out[n, g, o, y0, y1, y2] = sum[c, k0, k1, k2](inp[n, g, c, {i}] * wt[g, o, c, k0, k1, k2]);
+}}
+fn f(x: f32{xs}, w: f32{ws}) -> (f32{fs}, f32{fs}) {{
+    let named = reshape(window(reshape(x, {inner}), reshape(w, {weights})), {fs});
+    return (conv3d(x, w, stride={st}, padding={pa}, dilation={di}, groups={g}), named);
+}}",
+            inner = list(&inner),
+            weights = list(&weights),
+            result = list(&result),
+            i = index.join(", "),
+            xs = list(&x),
+            ws = list(&w),
+            fs = list(&full),
+            st = list(&s),
+            pa = list(&p),
+            di = list(&d),
+        );
+        let (nx, nw) = (x.iter().product(), w.iter().product());
+        let got = eval(&src, &[f32t(&x, &data(nx, 1)), f32t(&w, &data(nw, 2))])
+            .unwrap_or_else(|e| panic!("{e}\n{src}"));
+        assert_eq!(got[0].ty.shape, full, "{src}");
+        let scale = got[1].data.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        assert!(scale > 0.5, "{src}");
+        for (i, (a, b)) in got[0].data.iter().zip(&got[1].data).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-5 * scale,
+                "element {i}: {a} against {b}\n{src}"
+            );
+        }
+    }
+}

@@ -944,6 +944,14 @@ fn dilated_convolutions_agree() {
     jit_agrees(dlc_tests::DILATED_CONVOLUTION_PROGRAMS);
 }
 
+/// Video convolutions
+/// (`differential::video_convolutions_are_convolutions_of_their_frames`)
+/// agree with the graph interpreter, compiled.
+#[test]
+fn video_convolutions_agree() {
+    jit_agrees(dlc_tests::VIDEO_CONVOLUTION_PROGRAMS);
+}
+
 /// Depthwise convolutions strided along their columns, which read each
 /// channel through a padded copy in the stride's phases
 /// (`differential::strided_depthwise_convolutions_read_a_copy_in_phases`),

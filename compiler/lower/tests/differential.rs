@@ -622,6 +622,32 @@ fn dilated_convolutions_run_the_convolution_kernels() {
     agree(src);
 }
 
+/// Video convolutions (`conv3d`) are 2-D convolutions of their frames:
+/// each a `conv2d` over a copy of the input frames its temporal taps read,
+/// no operator in index notation; the one over a single frame reads it
+/// through its middle temporal tap alone (weights `[16, 16, 3, 3]`). They
+/// agree with the graph interpreter on every lowering.
+#[test]
+fn video_convolutions_are_convolutions_of_their_frames() {
+    let src = dlc_tests::VIDEO_CONVOLUTION_PROGRAMS;
+    let text = dlc_graph::print_module(&graph(src));
+    for f in ["c3", "strided", "grp", "one"] {
+        let body = graph_function(&text, f);
+        let convs = body.lines().filter(|l| l.contains("graph.conv2d")).count();
+        assert!(
+            convs == 1 && !body.contains("graph.compute"),
+            "@{f}: {body}"
+        );
+    }
+    let one = graph_function(&text, "one");
+    assert!(
+        one.lines()
+            .any(|l| l.contains("graph.reshape") && l.ends_with("f32[16, 16, 3, 3]")),
+        "{one}"
+    );
+    agree(src);
+}
+
 /// A convolution whose outer taps read only padding from every output
 /// (ASPP's 3 x 3 windows 24 and 36 apart over 14 x 14) is canonicalized to
 /// the taps that meet the image (`canonicalize::trimmed_taps`): here a 1 x

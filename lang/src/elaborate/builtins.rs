@@ -273,12 +273,22 @@ impl Call<'_> {
     /// Argument `i` given as `n` or `[h, w]` (a stride, a padding), or its
     /// default (one integer for both).
     pub(super) fn pair(&self, i: usize, dims: &HashMap<String, usize>) -> R<[usize; 2]> {
+        self.ints(i, dims)
+    }
+
+    /// Argument `i` given as `n` or `[n0, .., n(N-1)]` (a 3-D stride or
+    /// padding), or its default (one integer for every axis).
+    pub(super) fn ints<const N: usize>(
+        &self,
+        i: usize,
+        dims: &HashMap<String, usize>,
+    ) -> R<[usize; N]> {
         match self.a[i] {
-            Some(_) => pair_arg(self.a[i], [0, 0], self.builtin.params[i].name, dims),
+            Some(_) => ints_arg(self.a[i], [0; N], self.builtin.params[i].name, dims),
             None => {
                 let v = default_int(self.default_text(i));
                 let v = usize::try_from(v).unwrap_or_else(|_| unreachable!("a negative default"));
-                Ok([v, v])
+                Ok([v; N])
             }
         }
     }
@@ -803,6 +813,21 @@ static WRITTEN: &[Builtin] = &[
             ]
         },
         |e, cx, c| e.call_conv1d(cx, c),
+    ),
+    lib(
+        "conv3d",
+        S::Network,
+        const {
+            &[
+                X,
+                required("w", Tensor),
+                optional("stride", Ints, "1"),
+                optional("padding", Ints, "0"),
+                optional("groups", Int, "1"),
+                optional("dilation", Ints, "1"),
+            ]
+        },
+        |e, cx, c| e.call_conv3d(cx, c),
     ),
     lib("maxpool1d", S::Network, POOL1, |e, cx, c| {
         e.call_conv1d(cx, c)

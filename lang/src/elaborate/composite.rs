@@ -574,32 +574,45 @@ impl Elab<'_> {
             None => 0.0,
         };
         let mut v = x;
-        let mut shape = ty.shape.clone();
         for axis in 0..ty.rank() {
             let (before, after) = (pads[2 * axis].0 as usize, pads[2 * axis + 1].0 as usize);
-            let mut parts = Vec::new();
-            for (n, at_end) in [(before, false), (after, true)] {
-                if n > 0 {
-                    let mut s = shape.clone();
-                    s[axis] = n;
-                    let c = cx.f.add_op(
-                        Op::Constant(ConstValue::Splat(ty.dtype.round(value))),
-                        &[],
-                        TensorType::new(ty.dtype, s),
-                    );
-                    parts.push((at_end, c));
-                }
-            }
-            if parts.is_empty() {
-                continue;
-            }
-            let mut ins: Vec<Value> = parts.iter().filter(|p| !p.0).map(|p| p.1).collect();
-            ins.push(v);
-            ins.extend(parts.iter().filter(|p| p.0).map(|p| p.1));
-            v = self.add(cx, Op::Concat { axis }, &ins, span)?;
-            shape[axis] += before + after;
+            v = self.padded(cx, v, axis, (before, after), value, span)?;
         }
         t(v)
+    }
+
+    /// `v` with `before` and `after` elements of `value` around it along
+    /// `axis` (a concatenation with constants; `v` itself where both are 0).
+    fn padded(
+        &mut self,
+        cx: &mut FnCx,
+        v: Value,
+        axis: usize,
+        (before, after): (usize, usize),
+        value: f64,
+        span: Span,
+    ) -> R<Value> {
+        let ty = Self::ty(cx, v);
+        let mut parts = Vec::new();
+        for (n, at_end) in [(before, false), (after, true)] {
+            if n > 0 {
+                let mut s = ty.shape.clone();
+                s[axis] = n;
+                let c = cx.f.add_op(
+                    Op::Constant(ConstValue::Splat(ty.dtype.round(value))),
+                    &[],
+                    TensorType::new(ty.dtype, s),
+                );
+                parts.push((at_end, c));
+            }
+        }
+        if parts.is_empty() {
+            return Ok(v);
+        }
+        let mut ins: Vec<Value> = parts.iter().filter(|p| !p.0).map(|p| p.1).collect();
+        ins.push(v);
+        ins.extend(parts.iter().filter(|p| p.0).map(|p| p.1));
+        self.add(cx, Op::Concat { axis }, &ins, span)
     }
 
     /// `cumsum`.
@@ -831,6 +844,193 @@ impl Elab<'_> {
         let ot = Self::ty(cx, out);
         let shape = vec![ot.shape[0], ot.shape[1], ot.shape[3]];
         t(self.add(cx, Op::Reshape { shape }, &[out], span)?)
+    }
+
+    /// `conv3d`: a 2-D convolution of each output frame, the input frames
+    /// its temporal taps read joined along the channels (within each
+    /// group) and the weights' taps laid out to match: `out[n, o, t] =
+    /// conv2d(concat over kt of x[n, :, s t + d kt - p], w[o, :, kt])`,
+    /// with the frames of the batch as the batch of one `conv2d`. It runs
+    /// the 2-D convolution's kernels (Winograd's, the im2col product) on a
+    /// copy of the input as many frames deep as the taps that read it;
+    /// temporal taps that read only padding are left out.
+    pub(super) fn call_conv3d(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
+        let span = c.span;
+        let a = &c.a;
+        let (x, xt) = self.first_tensor(cx, c)?;
+        let w = self.tensor(cx, req(a, 1))?;
+        let wt = Self::ty(cx, w);
+        let (&[n, ch, frames, h, wd], &[o, cg, kt, kh, kw]) = (&xt.shape[..], &wt.shape[..]) else {
+            return Err(Diagnostic::new(
+                format!(
+                    "conv3d needs an input [N, C, T, H, W] and weights [O, C / groups, KT, KH, KW], got {xt} and {wt}"
+                ),
+                span,
+                "rank",
+            ));
+        };
+        let stride = c.ints::<3>(2, &cx.dims)?;
+        let padding = c.ints::<3>(3, &cx.dims)?;
+        let groups = usize::try_from(c.int(4, &cx.dims)?).unwrap_or(0);
+        let dilation = c.ints::<3>(5, &cx.dims)?;
+        for (i, v, what) in [(2, stride, "stride"), (5, dilation, "dilation")] {
+            if v.contains(&0) {
+                return Err(Diagnostic::new(
+                    format!("{what} must be positive"),
+                    a[i].map_or(span, |e| e.span),
+                    "not positive",
+                ));
+            }
+        }
+        if groups == 0 || cg * groups != ch || o % groups != 0 {
+            return Err(Diagnostic::new(
+                format!(
+                    "conv3d: {ch} input channels, {o} filters of {cg} channels and {groups} groups do not fit"
+                ),
+                a[4].map_or(span, |e| e.span),
+                "groups",
+            ));
+        }
+        for (axis, size, k) in [(0, frames, kt), (1, h, kh), (2, wd, kw)] {
+            let window = dilation[axis] * k.saturating_sub(1) + 1;
+            if k == 0 || window > size + 2 * padding[axis] {
+                return Err(Diagnostic::new(
+                    format!(
+                        "conv3d: a window of {window} along spatial axis {axis} is wider than the padded input's {}",
+                        size + 2 * padding[axis]
+                    ),
+                    span,
+                    "window",
+                ));
+            }
+        }
+        let (s, p, d) = (stride[0], padding[0], dilation[0]);
+        let out_frames = (frames + 2 * p - d * (kt - 1) - 1) / s + 1;
+        // The temporal taps that read an input frame for some output (tap
+        // `k` of output `i` reads padded frame `s i + d k`): a range.
+        let meets = |k: usize| (0..out_frames).any(|i| (p..p + frames).contains(&(s * i + d * k)));
+        let taps: Vec<usize> = (0..kt).filter(|&k| meets(k)).collect();
+        let (first, last) = (taps[0], taps[taps.len() - 1]);
+        // Frames first, padded so that each tap's frames are `s * out_frames` long.
+        let reach = d * last + s * out_frames;
+        let xf = self.add(
+            cx,
+            Op::Transpose {
+                perm: vec![0, 2, 1, 3, 4],
+            },
+            &[x],
+            span,
+        )?;
+        let after = reach.saturating_sub(p + frames);
+        let xf = self.padded(cx, xf, 1, (p, after), 0.0, span)?;
+        let mut parts = Vec::new();
+        for &k in &taps {
+            let start = d * k;
+            let mut v = self.add(
+                cx,
+                Op::Slice {
+                    axis: 1,
+                    start,
+                    end: start + s * out_frames,
+                },
+                &[xf],
+                span,
+            )?;
+            if s > 1 {
+                v = self.add(
+                    cx,
+                    Op::Reshape {
+                        shape: vec![n, out_frames, s, ch, h, wd],
+                    },
+                    &[v],
+                    span,
+                )?;
+                v = self.add(
+                    cx,
+                    Op::Slice {
+                        axis: 2,
+                        start: 0,
+                        end: 1,
+                    },
+                    &[v],
+                    span,
+                )?;
+            }
+            let shape = vec![n, out_frames, groups, 1, cg, h, wd];
+            parts.push(self.add(cx, Op::Reshape { shape }, &[v], span)?);
+        }
+        let joined = if parts.len() == 1 {
+            parts[0]
+        } else {
+            self.add(cx, Op::Concat { axis: 3 }, &parts, span)?
+        };
+        let depth = taps.len() * cg;
+        let x2 = self.add(
+            cx,
+            Op::Reshape {
+                shape: vec![n * out_frames, groups * depth, h, wd],
+            },
+            &[joined],
+            span,
+        )?;
+        let mut w = w;
+        if taps.len() < kt {
+            let axis = 2;
+            w = self.add(
+                cx,
+                Op::Slice {
+                    axis,
+                    start: first,
+                    end: last + 1,
+                },
+                &[w],
+                span,
+            )?;
+        }
+        let w = self.add(
+            cx,
+            Op::Transpose {
+                perm: vec![0, 2, 1, 3, 4],
+            },
+            &[w],
+            span,
+        )?;
+        let w2 = self.add(
+            cx,
+            Op::Reshape {
+                shape: vec![o, depth, kh, kw],
+            },
+            &[w],
+            span,
+        )?;
+        let y = self.add(
+            cx,
+            Op::Conv2d {
+                stride: [stride[1], stride[2]],
+                padding: [padding[1], padding[2]],
+                groups,
+                dilation: [dilation[1], dilation[2]],
+            },
+            &[x2, w2],
+            span,
+        )?;
+        let yt = Self::ty(cx, y);
+        let y = self.add(
+            cx,
+            Op::Reshape {
+                shape: vec![n, out_frames, o, yt.shape[2], yt.shape[3]],
+            },
+            &[y],
+            span,
+        )?;
+        Ok(EVal::Tensor(self.add(
+            cx,
+            Op::Transpose {
+                perm: vec![0, 2, 1, 3, 4],
+            },
+            &[y],
+            span,
+        )?))
     }
 
     /// `topk`.
