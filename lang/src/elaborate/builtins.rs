@@ -362,6 +362,17 @@ const REDUCE: &[Param] = &[
     computed("axis", Ints, "every axis"),
     optional("keepdims", Bool, "false"),
 ];
+/// `conv2d`'s and `conv3d`'s parameters: a stride, padding and dilation
+/// per spatial axis.
+const CONV: &[Param] = &[
+    X,
+    required("w", Tensor),
+    optional("stride", Ints, "1"),
+    optional("padding", Ints, "0"),
+    optional("groups", Int, "1"),
+    optional("dilation", Ints, "1"),
+];
+
 const POOL1: &[Param] = &[
     X,
     required("kernel", Int),
@@ -452,21 +463,7 @@ static WRITTEN: &[Builtin] = &[
         const { &[X, required("shape", Shape)] },
         |e, cx, c| e.call_broadcast(cx, c),
     ),
-    b(
-        "conv2d",
-        S::Network,
-        const {
-            &[
-                X,
-                required("w", Tensor),
-                optional("stride", Ints, "1"),
-                optional("padding", Ints, "0"),
-                optional("groups", Int, "1"),
-                optional("dilation", Ints, "1"),
-            ]
-        },
-        |e, cx, c| e.call_conv2d(cx, c),
-    ),
+    b("conv2d", S::Network, CONV, |e, cx, c| e.call_conv2d(cx, c)),
     b("maxpool2d", S::Network, POOL2, |e, cx, c| {
         e.call_maxpool2d(cx, c)
     }),
@@ -814,21 +811,7 @@ static WRITTEN: &[Builtin] = &[
         },
         |e, cx, c| e.call_conv1d(cx, c),
     ),
-    lib(
-        "conv3d",
-        S::Network,
-        const {
-            &[
-                X,
-                required("w", Tensor),
-                optional("stride", Ints, "1"),
-                optional("padding", Ints, "0"),
-                optional("groups", Int, "1"),
-                optional("dilation", Ints, "1"),
-            ]
-        },
-        |e, cx, c| e.call_conv3d(cx, c),
-    ),
+    lib("conv3d", S::Network, CONV, |e, cx, c| e.call_conv3d(cx, c)),
     lib("maxpool1d", S::Network, POOL1, |e, cx, c| {
         e.call_conv1d(cx, c)
     }),

@@ -913,14 +913,12 @@ impl Elab<'_> {
         let (first, last) = (taps[0], taps[taps.len() - 1]);
         // Frames first, padded so that each tap's frames are `s * out_frames` long.
         let reach = d * last + s * out_frames;
-        let xf = self.add(
-            cx,
-            Op::Transpose {
-                perm: vec![0, 2, 1, 3, 4],
-            },
-            &[x],
-            span,
-        )?;
+        // Axes 1 and 2 swapped: the clip frames-first, the weights taps-first,
+        // the output back.
+        let swap = Op::Transpose {
+            perm: vec![0, 2, 1, 3, 4],
+        };
+        let xf = self.add(cx, swap.clone(), &[x], span)?;
         let after = reach.saturating_sub(p + frames);
         let xf = self.padded(cx, xf, 1, (p, after), 0.0, span)?;
         let mut parts = Vec::new();
@@ -987,14 +985,7 @@ impl Elab<'_> {
                 span,
             )?;
         }
-        let w = self.add(
-            cx,
-            Op::Transpose {
-                perm: vec![0, 2, 1, 3, 4],
-            },
-            &[w],
-            span,
-        )?;
+        let w = self.add(cx, swap.clone(), &[w], span)?;
         let w2 = self.add(
             cx,
             Op::Reshape {
@@ -1023,14 +1014,7 @@ impl Elab<'_> {
             &[y],
             span,
         )?;
-        Ok(EVal::Tensor(self.add(
-            cx,
-            Op::Transpose {
-                perm: vec![0, 2, 1, 3, 4],
-            },
-            &[y],
-            span,
-        )?))
+        Ok(EVal::Tensor(self.add(cx, swap, &[y], span)?))
     }
 
     /// `topk`.

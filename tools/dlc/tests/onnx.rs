@@ -925,44 +925,14 @@ fn failures_name_the_onnx_node() {
 /// square of `1..=16`.
 #[test]
 fn dilated_convolutions_import_as_the_builtin() {
-    let d = Dir::new("dilated");
-    let f32t = pb::tensor_proto::DataType::Float as i32;
-    let w = pb::TensorProto {
-        name: Some("w".into()),
-        dims: vec![1, 1, 2, 2],
-        data_type: Some(f32t),
-        float_data: vec![1.0; 4],
-        ..Default::default()
-    };
-    let mut model = pb::ModelProto::decode(
-        one_node_with("Conv", &[dim(1), dim(1), dim(4), dim(4)], vec![w], 17).as_slice(),
-    )
-    .unwrap();
-    model.graph.as_mut().unwrap().node[0].attribute = vec![pb::AttributeProto {
-        name: Some("dilations".into()),
-        ints: vec![2, 2],
-        r#type: Some(pb::attribute_proto::AttributeType::Ints as i32),
-        ..Default::default()
-    }];
-    let m = d.file("m.onnx", model.encode_to_vec());
-    let program = succeeds(&dlc(&["import", &m]));
-    assert!(program.contains("dilation=[2, 2]"), "{program}");
-    assert!(!program.contains("\nop "), "{program}");
-    let x = d.npy(
-        "x.npy",
-        dlc_core::TensorType::new(dlc_core::DType::F32, vec![1, 1, 4, 4]),
-        &(1..=16).map(f64::from).collect::<Vec<_>>(),
+    let (program, y) = one_conv_of_ones(
+        "dilated",
+        &[1, 1, 4, 4],
+        &[1, 1, 2, 2],
+        &[("dilations", &[2, 2])],
     );
-    let out = d.path("out");
-    succeeds(&dlc(&[
-        "run",
-        &m,
-        &format!("--input=x={x}"),
-        "--save-outputs",
-        &out,
-    ]));
-    let y = HostTensor::read_npy(&Path::new(&out).join("y.npy"), None).unwrap();
-    assert_eq!(y.data, [24.0, 28.0, 40.0, 44.0]);
+    assert!(program.contains("dilation=[2, 2]"), "{program}");
+    assert_eq!(y, [24.0, 28.0, 40.0, 44.0]);
 }
 
 /// A 3-D `Conv` (R3D's video convolutions) imports as the built-in
@@ -972,56 +942,67 @@ fn dilated_convolutions_import_as_the_builtin() {
 /// sums pairs of frames' neighbouring columns.
 #[test]
 fn video_convolutions_import_as_the_builtin() {
-    let d = Dir::new("video");
-    let f32t = pb::tensor_proto::DataType::Float as i32;
-    let w = pb::TensorProto {
-        name: Some("w".into()),
-        dims: vec![1, 1, 2, 1, 2],
-        data_type: Some(f32t),
-        float_data: vec![1.0; 4],
-        ..Default::default()
-    };
-    let mut model = pb::ModelProto::decode(
-        one_node_with(
-            "Conv",
-            &[dim(1), dim(1), dim(3), dim(1), dim(2)],
-            vec![w],
-            17,
-        )
-        .as_slice(),
-    )
-    .unwrap();
-    let ints = |name: &str, v: Vec<i64>| pb::AttributeProto {
-        name: Some(name.into()),
-        ints: v,
-        r#type: Some(pb::attribute_proto::AttributeType::Ints as i32),
-        ..Default::default()
-    };
-    model.graph.as_mut().unwrap().node[0].attribute = vec![
-        ints("strides", vec![2, 1, 1]),
-        ints("pads", vec![1, 0, 0, 1, 0, 0]),
-    ];
-    let m = d.file("m.onnx", model.encode_to_vec());
-    let program = succeeds(&dlc(&["import", &m]));
+    let (program, y) = one_conv_of_ones(
+        "video",
+        &[1, 1, 3, 1, 2],
+        &[1, 1, 2, 1, 2],
+        &[("strides", &[2, 1, 1]), ("pads", &[1, 0, 0, 1, 0, 0])],
+    );
     assert!(
         program.contains("conv3d(") && program.contains("stride=[2, 1, 1], padding=[1, 0, 0]"),
         "{program}"
     );
+    // Frames (padding, 1 2), (3 4, 5 6): 3, then 3 + 4 + 5 + 6.
+    assert_eq!(y, [3.0, 18.0]);
+}
+
+/// A model of one `Conv` of an input `x` shaped `x` (holding `1, 2, ...`)
+/// by weights of ones shaped `w`, with integer-list `attributes`: the
+/// program `dlc import` prints (which must have no operator in index
+/// notation) and the output `dlc run` computes.
+fn one_conv_of_ones(
+    name: &str,
+    x: &[usize],
+    w: &[i64],
+    attributes: &[(&str, &[i64])],
+) -> (String, Vec<f64>) {
+    let d = Dir::new(name);
+    let weights = pb::TensorProto {
+        name: Some("w".into()),
+        dims: w.to_vec(),
+        data_type: Some(pb::tensor_proto::DataType::Float as i32),
+        float_data: vec![1.0; w.iter().product::<i64>() as usize],
+        ..Default::default()
+    };
+    let dims: Vec<_> = x.iter().map(|&n| dim(n as i64)).collect();
+    let mut model =
+        pb::ModelProto::decode(one_node_with("Conv", &dims, vec![weights], 17).as_slice()).unwrap();
+    model.graph.as_mut().unwrap().node[0].attribute = attributes
+        .iter()
+        .map(|(name, v)| pb::AttributeProto {
+            name: Some((*name).into()),
+            ints: v.to_vec(),
+            r#type: Some(pb::attribute_proto::AttributeType::Ints as i32),
+            ..Default::default()
+        })
+        .collect();
+    let m = d.file("m.onnx", model.encode_to_vec());
+    let program = succeeds(&dlc(&["import", &m]));
     assert!(!program.contains("\nop "), "{program}");
-    let x = d.npy(
+    let n = x.iter().product::<usize>();
+    let xs = d.npy(
         "x.npy",
-        dlc_core::TensorType::new(dlc_core::DType::F32, vec![1, 1, 3, 1, 2]),
-        &(1..=6).map(f64::from).collect::<Vec<_>>(),
+        dlc_core::TensorType::new(dlc_core::DType::F32, x.to_vec()),
+        &(1..=n).map(|v| v as f64).collect::<Vec<_>>(),
     );
     let out = d.path("out");
     succeeds(&dlc(&[
         "run",
         &m,
-        &format!("--input=x={x}"),
+        &format!("--input=x={xs}"),
         "--save-outputs",
         &out,
     ]));
     let y = HostTensor::read_npy(&Path::new(&out).join("y.npy"), None).unwrap();
-    // Frames (padding, 1 2), (3 4, 5 6): 3, then 3 + 4 + 5 + 6.
-    assert_eq!(y.data, [3.0, 18.0]);
+    (program, y.data)
 }
