@@ -95,6 +95,7 @@ fn f(x: f32[4]) -> f32[4] {
     conv3d_groups_do_not_fit: "fn f(x: f32[1, 6, 4, 8, 8], w: f32[4, 4, 3, 3, 3]) -> f32[1, 4, 4, 8, 8] {\n    return conv3d(x, w, padding=1, groups=2);\n}\n";
     conv3d_window_too_wide: "fn f(x: f32[1, 3, 2, 8, 8], w: f32[4, 3, 3, 3, 3]) -> f32[1, 4, 1, 6, 6] {\n    return conv3d(x, w, dilation=[2, 1, 1]);\n}\n";
     conv3d_two_strides: "fn f(x: f32[1, 3, 4, 8, 8], w: f32[4, 3, 3, 3, 3]) -> f32[1, 4, 2, 3, 3] {\n    return conv3d(x, w, stride=[2, 2]);\n}\n";
+    conv3d_zero_stride: "fn f(x: f32[1, 3, 4, 8, 8], w: f32[4, 3, 3, 3, 3]) -> f32[1, 4, 2, 6, 6] {\n    return conv3d(x, w, stride=[2, 0, 1]);\n}\n";
     conv3d_rank: "fn f(x: f32[1, 3, 8, 8], w: f32[4, 3, 3, 3]) -> f32[1, 4, 6, 6] {\n    return conv3d(x, w);\n}\n";
     return_type_mismatch: "fn f(x: f32[4, 8]) -> f32[4, 8] {\n    return sum(x, axis=1);\n}\n";
     missing_return: "fn f(x: f32[4]) -> f32[4] {\n    let y = relu(x);\n}\n";

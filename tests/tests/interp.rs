@@ -1005,4 +1005,15 @@ fn f(x: f32{xs}, w: f32{ws}) -> (f32{fs}, f32{fs}) {{
             );
         }
     }
+    // Strided past the clip: no output frame reads it, every output is 0.
+    let got = eval(
+        "fn f(x: f32[1, 2, 1, 3, 3], w: f32[2, 2, 1, 1, 1]) -> f32[1, 2, 2, 3, 3] { return conv3d(x, w, stride=[4, 1, 1], padding=[2, 0, 0]); }",
+        &[f32t(&[1, 2, 1, 3, 3], &data(18, 1)), f32t(&[2, 2, 1, 1, 1], &data(4, 2))],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        got[0].data.len() == 36 && got[0].data.iter().all(|&v| v == 0.0),
+        "{:?}",
+        got[0].data
+    );
 }

@@ -7,6 +7,10 @@
 
 use super::*;
 
+/// The largest stride, padding or dilation `conv3d` takes (its index
+/// arithmetic stays far from overflowing).
+const MAX_WINDOW: usize = 1 << 20;
+
 impl Elab<'_> {
     /// `leaky_relu(x, alpha)`: `x` below 0 scaled by `alpha`.
     pub(super) fn call_leaky_relu(&mut self, cx: &mut FnCx, c: &Call<'_>) -> R<EVal> {
@@ -871,21 +875,26 @@ impl Elab<'_> {
         };
         let stride = c.ints::<3>(2, &cx.dims)?;
         let padding = c.ints::<3>(3, &cx.dims)?;
-        let groups = usize::try_from(c.int(4, &cx.dims)?).unwrap_or(0);
+        let given_groups = c.int(4, &cx.dims)?;
+        let groups = usize::try_from(given_groups).unwrap_or(0);
         let dilation = c.ints::<3>(5, &cx.dims)?;
-        for (i, v, what) in [(2, stride, "stride"), (5, dilation, "dilation")] {
-            if v.contains(&0) {
+        for (i, v, what, least) in [
+            (2, stride, "stride", 1),
+            (3, padding, "padding", 0),
+            (5, dilation, "dilation", 1),
+        ] {
+            if v.iter().any(|v| !(least..=MAX_WINDOW).contains(v)) {
                 return Err(Diagnostic::new(
-                    format!("{what} must be positive"),
+                    format!("conv3d: each {what} must be {least} to {MAX_WINDOW}"),
                     a[i].map_or(span, |e| e.span),
-                    "not positive",
+                    "out of range",
                 ));
             }
         }
         if groups == 0 || cg * groups != ch || o % groups != 0 {
             return Err(Diagnostic::new(
                 format!(
-                    "conv3d: {ch} input channels, {o} filters of {cg} channels and {groups} groups do not fit"
+                    "conv3d: {ch} input channels, {o} filters of {cg} channels and {given_groups} groups do not fit"
                 ),
                 a[4].map_or(span, |e| e.span),
                 "groups",
@@ -909,7 +918,12 @@ impl Elab<'_> {
         // The temporal taps that read an input frame for some output (tap
         // `k` of output `i` reads padded frame `s i + d k`): a range.
         let meets = |k: usize| (0..out_frames).any(|i| (p..p + frames).contains(&(s * i + d * k)));
-        let taps: Vec<usize> = (0..kt).filter(|&k| meets(k)).collect();
+        let mut taps: Vec<usize> = (0..kt).filter(|&k| meets(k)).collect();
+        if taps.is_empty() {
+            // A stride past the clip: no output reads it, and tap 0 alone
+            // (whose frames are all padding) gives the zeros.
+            taps.push(0);
+        }
         let (first, last) = (taps[0], taps[taps.len() - 1]);
         // Frames first, padded so that each tap's frames are `s * out_frames` long.
         let reach = d * last + s * out_frames;
