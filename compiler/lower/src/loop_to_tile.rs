@@ -141,6 +141,9 @@ pub struct ScheduleParams {
 pub struct Packing {
     /// `[mr, nr, mc, kc]`: the register tile, rows packed at once, depth.
     pub blocking: [usize; 4],
+    /// Rows of the taller register tile a product takes where its rows pad
+    /// about as few (`GemmBlocking::tall_mr`; `mr` where there is no choice).
+    pub tall_mr: usize,
     /// `[rows, columns]`: the register tile of a product whose last panel
     /// would be at most half full (`GemmBlocking::half_panel_tile`), and
     /// of one whose few one-panel programs two threads would share
@@ -321,6 +324,7 @@ impl ScheduleParams {
         };
         if let Some(Packing {
             blocking,
+            tall_mr,
             half_panel_tile,
             units,
             copy_depth,
@@ -334,11 +338,13 @@ impl ScheduleParams {
                 && balance >= 1
                 && copy_depth >= 1
                 && narrow.is_none_or(|[r, c]| fits(r, c))
-                && blocks(blocking))
+                && blocks(blocking)
+                && tall_mr >= blocking[0]
+                && blocks([tall_mr, blocking[1], blocking[2], blocking[3]]))
             {
                 let [mr, nr, mc, kc] = blocking;
                 return Err(format!(
-                    "packed blocking {mr}x{nr}x{mc}x{kc} is not a valid blocking"
+                    "packed blocking {mr}x{nr}x{mc}x{kc} (taller tile {tall_mr} rows) is not a valid blocking"
                 ));
             }
             if let Some([r, c]) = half_panel_tile
@@ -395,6 +401,7 @@ impl ScheduleParams {
                 stage_shared: false,
                 packed: Some(Packing {
                     blocking: [g.mr, g.nr, g.mc, g.kc],
+                    tall_mr: g.tall_mr,
                     half_panel_tile: g.half_panel_tile,
                     min_macs: target.min_packed_macs(),
                     units: g.min_units,

@@ -2359,6 +2359,10 @@ fn odd_schedule_parameters_agree() {
         (p.vector, p.dot) = (vector, dot);
         p.packed = packed.map(|(blocking, units)| dlc_lower::Packing {
             blocking,
+            // Products of 4, 8 or 20 rows take `[2, 3, 4, 5]`'s taller
+            // tile of 4 rows, those of 5 or 7 its 2 (the test checks that
+            // some product takes it); `[3, 5, 9, 7]` has no choice.
+            tall_mr: if units == 3 { 4 } else { blocking[0] },
             // A product whose last panel is at most half full, and whose
             // columns that tile pads at least a twentieth fewer, takes it
             // (4 columns: two panels of 3, or two of 2; bf16 keeps its
@@ -2414,11 +2418,17 @@ fn odd_schedule_parameters_agree() {
     schedules.push(dlc_lower::ScheduleParams::for_target(
         &TargetDesc::for_cpu("znver4").expect("a known CPU"),
     ));
+    // AVX2's, whose 4-row tile gives way to 6 rows where they pad as few.
+    schedules.push(dlc_lower::ScheduleParams::for_target(
+        &TargetDesc::x86_64_avx2(2),
+    ));
     let mut staged = dlc_lower::ScheduleParams::for_target(&TargetDesc::sm_90());
     staged.dot = [3, 5, 7];
     schedules.push(staged);
-    // Whether some product took each odd schedule's half-panel tile.
+    // Whether some product took each odd schedule's half-panel tile, and
+    // `[2, 3, 4, 5]`'s taller tile.
     let mut half_taken = [false; 2];
+    let mut tall_taken = false;
     for src in programs {
         let m = graph(src);
         let l = lowered(&m);
@@ -2429,6 +2439,7 @@ fn odd_schedule_parameters_agree() {
             for (taken, tile) in half_taken.iter_mut().zip(["[4, 2,", "[9, 2,"]) {
                 *taken |= text.contains(&format!("blocking = {tile}"));
             }
+            tall_taken |= text.contains("blocking = [4, 3, 4,");
             for (seed, f) in m.entry_points().enumerate() {
                 let inputs = prepare_inputs(f, &[], Some(seed as u64)).unwrap();
                 let want = interpret(&m, f, &inputs).unwrap();
@@ -2441,6 +2452,7 @@ fn odd_schedule_parameters_agree() {
         }
     }
     assert_eq!(half_taken, [true; 2], "a half-panel tile no product took");
+    assert!(tall_taken, "no product took the taller tile");
 }
 
 /// A Winograd convolution whose transformed kernel is many times the L2

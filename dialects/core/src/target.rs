@@ -163,6 +163,15 @@ impl CpuDesc {
 pub struct GemmBlocking {
     /// Rows of the register tile.
     pub mr: usize,
+    /// Rows of a taller register tile a packed product takes where it is
+    /// deep and its rows pad about as few as `mr`'s ([`takes_taller_tile`]):
+    /// AVX2's 6 (12 accumulators), `mr` itself where there is no choice.
+    /// AVX2's 4-row tile has 8 accumulators, exactly the FMA latency (4)
+    /// times its two units, and ran 10-14% slower in some kernels than in
+    /// others of the same loop (the order its FMAs were scheduled in): a
+    /// 128 x 768 x 3072 product with GELU 7.1-7.4 ms against 6.3-6.6
+    /// without, 6.5 either way with 6 rows (Zen 3, one thread).
+    pub tall_mr: usize,
     /// Columns of the register tile (whole vectors).
     pub nr: usize,
     /// Rows of the left operand packed at once (a multiple of `mr`).
@@ -269,6 +278,18 @@ pub struct GemmBlocking {
 pub fn half_panel_pads_less(n: usize, nr: usize, width: usize) -> bool {
     let last = n % nr;
     last > 0 && 2 * last <= nr && n.next_multiple_of(width) * 20 <= n.next_multiple_of(nr) * 19
+}
+
+/// Whether a packed product of `rows` rows and `depth` deep takes a
+/// register tile of `tall` rows rather than `mr` (`GemmBlocking::tall_mr`):
+/// it is at least one `kc` slice deep, where the tile's loop dominates
+/// (shallower products pay more for a taller tile's stores and epilogue:
+/// RegNetY's 208 -> 208 over 14 x 14 8% slower, its 32 -> 48 over 112 x
+/// 112 10%), and its rows, rounded up to whole tiles, are at most a
+/// thirty-second more (128 rows: 132 against 128; 16 and 32 stay at 4,
+/// which 6 would pad to 18 and 36, RegNet's groups of 8 channels too).
+pub fn takes_taller_tile(rows: usize, depth: usize, [mr, tall, kc]: [usize; 3]) -> bool {
+    tall > mr && depth >= kc && rows.next_multiple_of(tall) * 32 <= rows.next_multiple_of(mr) * 33
 }
 
 impl GemmBlocking {
@@ -855,7 +876,9 @@ impl TargetDesc {
     /// two threads, W1 4% on one). `mr` is 6 with AVX-512 on a
     /// core of one FMA unit (Zen 4: 12 of 32 registers accumulate) and 4 with AVX2 (8 of 16: the 6-row
     /// tile's 12 accumulators, two operand vectors and a broadcast took 15,
-    /// and padded 16-, 32- and 64-row products to 18, 36 and 66). Zen 3,
+    /// and padded 16-, 32- and 64-row products to 18, 36 and 66), which
+    /// takes 6 rows (`tall_mr`) only in products at least a slice deep whose
+    /// rows they pad about as little ([`takes_taller_tile`]). Zen 3,
     /// one thread, 6 -> 4 rows: a 3 x 3 stride-2 stem convolution into 32
     /// channels 0.426 -> 0.302 ms, 1 x 1 192 -> 32 over 28 x 28 0.134 ->
     /// 0.106, 384 -> 64 over 14 x 14 0.120 -> 0.111, 256 x 512 x 512
@@ -901,6 +924,11 @@ impl TargetDesc {
                 let half_panel = c.vector_bits == 512 && c.fma_units < 2 && !pairs;
                 GemmBlocking {
                     mr,
+                    tall_mr: if c.vector_bits == 256 && !pairs {
+                        6
+                    } else {
+                        mr
+                    },
                     nr: 2 * lanes,
                     mc,
                     kc,
@@ -928,6 +956,7 @@ impl TargetDesc {
             }
             TargetKind::Gpu(_) => GemmBlocking {
                 mr: 64,
+                tall_mr: 64,
                 nr: 64,
                 mc: 64,
                 kc: 32,
@@ -976,6 +1005,23 @@ mod tests {
         // its packed blocks as many rows as AVX-512's.
         let g2 = avx2.gemm_blocking(DType::F32);
         assert_eq!((g2.mr, g2.nr, g2.mc, g2.kc), (4, 16, 144, 256));
+        // Its products at least a slice deep take 6 rows where those pad
+        // at most a thirty-second more rows: GPT-2's 128 tokens (132),
+        // 64 channels (66), 48 and 96 (no padding), not 16 or 32 channels
+        // (18, 36), 8 a group, 40 (42), nor a product 255 deep.
+        assert_eq!(g2.tall_mr, 6);
+        let tall =
+            |rows: usize, depth: usize| takes_taller_tile(rows, depth, [g2.mr, g2.tall_mr, g2.kc]);
+        for rows in [128, 64, 48, 96, 440, 3136] {
+            assert!(tall(rows, 256) && tall(rows, 3072), "{rows} rows");
+        }
+        for rows in [16, 32, 8, 40, 4] {
+            assert!(!tall(rows, 768), "{rows} rows");
+        }
+        assert!(!tall(128, 255));
+        // Elsewhere the tile has no taller choice.
+        assert_eq!((g.tall_mr, z.tall_mr), (g.mr, z.mr));
+        assert!(!takes_taller_tile(128, 1024, [g.mr, g.tall_mr, g.kc]));
         // AVX2's narrow products are up to one register tile wide, 6 rows
         // (12 accumulators, two operand vectors, a broadcast: 15 of 16).
         assert_eq!((g2.narrow_mr, g2.narrow_n), (6, 16));

@@ -665,10 +665,19 @@ impl<'a> Conv<'a> {
         let [b1, b2, b3] = f.batches.map(|b| self.batch_loop(b));
         let [m1, m2] = f.products;
         let batches = b1.map_or(1, |b| b.2);
-        let plans = [
+        let mut plans = [
             self.pack_plan(m1, batches, false)?,
             self.pack_plan(m2, batches, false)?,
         ];
+        // One register tile for both: where only one product is deep
+        // enough for the taller tile (`Packing::tall_mr`), the other's.
+        if plans[0].mr != plans[1].mr {
+            let tile = Some([plans[0].mr.min(plans[1].mr), plans[0].nr]);
+            plans = [
+                self.pack_plan_tiled(m1, batches, false, tile, None)?,
+                self.pack_plan_tiled(m2, batches, false, tile, None)?,
+            ];
+        }
         if plans[0].mc != plans[1].mc || plans[0].mr != plans[1].mr {
             return Err(self.invalid("fused products with different blocks of rows"));
         }

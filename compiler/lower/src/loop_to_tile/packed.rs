@@ -124,7 +124,7 @@
 
 use dlc_core::DType;
 use dlc_core::scalar::BinaryOp;
-use dlc_core::target::half_panel_pads_less;
+use dlc_core::target::{half_panel_pads_less, takes_taller_tile};
 use dlc_loop::{
     Block as LBlock, IndexExpr, OpId as LOpId, OpKind as L, Type as LType, Value as LValue,
 };
@@ -1012,6 +1012,7 @@ impl<'a> Conv<'a> {
         let (_, c) = self.contraction(m)?;
         let Some(Packing {
             blocking,
+            tall_mr,
             units,
             copy_depth,
             balance,
@@ -1039,7 +1040,12 @@ impl<'a> Conv<'a> {
         let [mr, nr, mc, kc] = match (pairs_blocking, tile) {
             (Some(p), _) => p,
             (None, Some([mr, nr])) => [mr, nr, blocking[2], blocking[3]],
-            (None, None) => blocking,
+            (None, None) => {
+                let [mr, nr, mc, kc] = blocking;
+                let (rows, depth) = (c.m.max(1) as usize, c.k.max(1) as usize);
+                let tall = takes_taller_tile(rows, depth, [mr, tall_mr, kc]);
+                [if tall { tall_mr } else { mr }, nr, mc, kc]
+            }
         };
         // Blocks no larger than the product needs, and slices of the depth
         // of even size (a whole number of copies deep), so that the last one
