@@ -168,7 +168,8 @@ pub struct GemmBlocking {
     /// AVX2's 6 (12 accumulators), `mr` itself where there is no choice.
     /// AVX2's 4-row tile has 8 accumulators, exactly the FMA latency (4)
     /// times its two units, and ran 10-14% slower in some kernels than in
-    /// others of the same loop (the order its FMAs were scheduled in): a
+    /// others of the same loop (in the loop itself, not the epilogue, and
+    /// whatever the loop's alignment; the cause is not pinned down): a
     /// 128 x 768 x 3072 product with GELU 7.1-7.4 ms against 6.3-6.6
     /// without, 6.5 either way with 6 rows (Zen 3, one thread).
     pub tall_mr: usize,
