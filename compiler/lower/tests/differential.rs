@@ -2359,9 +2359,10 @@ fn odd_schedule_parameters_agree() {
         (p.vector, p.dot) = (vector, dot);
         p.packed = packed.map(|(blocking, units)| dlc_lower::Packing {
             blocking,
-            // Products of 4, 8 or 20 rows take `[2, 3, 4, 5]`'s taller
-            // tile of 4 rows, those of 5 or 7 its 2 (the test checks that
-            // some product takes it); `[3, 5, 9, 7]` has no choice.
+            // Products at least 5 deep (one `kc` slice) of 4, 8 or 20 rows
+            // take `[2, 3, 4, 5]`'s taller tile of 4 rows, those of 5 or 7
+            // its 2 (the test checks that some product takes it);
+            // `[3, 5, 9, 7]` has no choice.
             tall_mr: if units == 3 { 4 } else { blocking[0] },
             // A product whose last panel is at most half full, and whose
             // columns that tile pads at least a twentieth fewer, takes it
