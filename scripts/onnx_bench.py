@@ -36,6 +36,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -191,7 +192,22 @@ def interleaved(lib, session, feeds, blocks, entry="dlc_model_main_graph", befor
     return p25[dlc], p25[ort], outs
 
 
-def ort_worker(path, inputs, dlc_out, threads, lib=None, alternate=1):
+def entry_symbol(dlc, path):
+    """The symbol of the model's entry point in what `dlc compile --emit so`
+    writes: its graph's name with the default prefix (`dlc_model_main_graph`
+    for PyTorch's exports, `dlc_model_mlp` for a graph named `mlp`), read
+    from the C header dlc writes for the same model."""
+    r = subprocess.run([dlc, "compile", path, "--emit", "header", "-o", "-"],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"dlc compile {path} --emit header: {r.stderr.strip()}")
+    symbols = re.findall(r"^int32_t (\w+)\(", r.stdout, re.MULTILINE)
+    if len(symbols) != 1:
+        raise RuntimeError(f"{path}: expected one entry point in dlc's header, found {symbols}")
+    return symbols[0]
+
+
+def ort_worker(path, inputs, dlc_out, threads, lib=None, alternate=1, symbol=None):
     """Worker: onnxruntime's error against dlc's output and its latency at
     each thread count, as JSON: {"error": e, "ort1": {...}, ...}; the runs
     per thread count as many as fit in about two seconds. With `lib` (the
@@ -232,7 +248,7 @@ def ort_worker(path, inputs, dlc_out, threads, lib=None, alternate=1):
                              "runs": runs, "warmup": warmup}
         if n == alternate and lib is not None:
             result[f"dlc{n}_p25"], result[f"ort{n}_p25"], _ = interleaved(lib, s, feeds,
-                                                                        runs // 8)
+                                                                        runs // 8, symbol)
     print(json.dumps(result))
 
 
@@ -304,6 +320,7 @@ def measure(dlc, name):
                        capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"dlc compile {path}: {r.stderr.strip()}")
+    symbol = entry_symbol(dlc, path)
     # The library's kernels on as many threads as the session it alternates
     # with (OpenMP reads this as it loads): the first worker measures
     # onnxruntime alone at 1 and 2 threads and both alternated at 1, the
@@ -311,7 +328,7 @@ def measure(dlc, name):
     for alternate in (1, 2):
         env = dict(os.environ, OMP_NUM_THREADS=str(alternate))
         worker = subprocess.run([sys.executable, __file__, "--ort", path, out,
-                                 json.dumps(inputs), "--lib", lib,
+                                 json.dumps(inputs), "--lib", lib, "--symbol", symbol,
                                  "--alternate", str(alternate)],
                                 check=True, capture_output=True, text=True, env=env)
         w = json.loads(worker.stdout)
@@ -350,6 +367,7 @@ def main():
     ap.add_argument("--export", help=argparse.SUPPRESS)
     ap.add_argument("--ort", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--lib", help=argparse.SUPPRESS)
+    ap.add_argument("--symbol", help=argparse.SUPPRESS)
     ap.add_argument("--alternate", type=int, default=1, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.export:
@@ -357,7 +375,7 @@ def main():
         return 0
     if a.ort:
         threads = (1, 2) if a.alternate == 1 else (a.alternate,)
-        ort_worker(a.ort[0], json.loads(a.ort[2]), a.ort[1], threads, a.lib, a.alternate)
+        ort_worker(a.ort[0], json.loads(a.ort[2]), a.ort[1], threads, a.lib, a.alternate, a.symbol)
         return 0
     only = set(a.only.split(",")) if a.only else None
     os.makedirs(OUT, exist_ok=True)
