@@ -60,6 +60,13 @@ impl Values {
         }))
     }
 
+    /// Which elements these are: equal for clones of one tensor's values
+    /// (an initializer passed on through `Identity` or a reshape), distinct
+    /// for any other values alive at the same time.
+    pub(crate) fn identity(&self) -> usize {
+        Rc::as_ptr(&self.0) as usize
+    }
+
     /// Whether they have been decoded (or were given so).
     pub fn is_decoded(&self) -> bool {
         self.0.decoded.get().is_some()

@@ -341,6 +341,13 @@ struct Importer {
     inline_weights: bool,
     /// The `weight` parameters written so far, with their values.
     weights: Vec<(String, Data)>,
+    /// The variable each constant was written to, by its elements'
+    /// identity and its type: a tensor the model names more than once (an
+    /// initializer passed through `Identity` nodes, as PyTorch's exporter
+    /// shares a parameter used in several places) is one variable, so one
+    /// weight to store, bind and prepare, not one per name. Each entry
+    /// holds its values, so that no other tensor's can take their address.
+    written: HashMap<(usize, DType, Vec<usize>), (String, crate::data::Values)>,
 }
 
 impl Importer {
@@ -354,6 +361,7 @@ impl Importer {
             ops: Vec::new(),
             inline_weights: false,
             weights: Vec::new(),
+            written: HashMap::new(),
         }
     }
 
@@ -575,13 +583,21 @@ impl Importer {
                 type_text(d.dtype, &d.shape)
             )));
         }
-        let var = self.fresh(name);
-        if !self.inline_weights && is_weight(&d) {
-            self.weights.push((var.clone(), d));
-        } else {
-            let text = constant_text(&d);
-            self.lines.push(format!("let {var} = {text};"));
-        }
+        let key = (d.values.identity(), d.dtype, d.shape.clone());
+        let var = match self.written.get(&key) {
+            Some((var, _)) => var.clone(),
+            None => {
+                let var = self.fresh(name);
+                self.written.insert(key, (var.clone(), d.values.clone()));
+                if !self.inline_weights && is_weight(&d) {
+                    self.weights.push((var.clone(), d));
+                } else {
+                    let text = constant_text(&d);
+                    self.lines.push(format!("let {var} = {text};"));
+                }
+                var
+            }
+        };
         if let Some(v) = self.vals.get_mut(name) {
             v.var = Some(var.clone());
         }

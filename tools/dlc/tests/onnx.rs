@@ -388,6 +388,50 @@ fn an_onnx_models_weights_are_bound_at_the_call() {
     );
 }
 
+/// An initializer the model names more than once (PyTorch's exporter
+/// shares a parameter used in several places, tied embeddings or cloned
+/// layers, through `Identity` nodes) is one weight of the program: stored
+/// once by `dlc import`, bound and prepared once by a run.
+#[test]
+fn an_initializer_shared_through_identity_is_one_weight() {
+    let d = Dir::new("shared-weight");
+    let f32 = pb::tensor_proto::DataType::Float as i32;
+    let w = pb::TensorProto {
+        name: Some("w".into()),
+        dims: vec![16, 16],
+        data_type: Some(f32),
+        float_data: (0..256).map(|i| ((i % 7) as f32 - 3.0) / 8.0).collect(),
+        ..Default::default()
+    };
+    // `w` used directly, then through two names made after that use and
+    // one made before it.
+    let nodes = vec![
+        node("", "Identity", &["w"], "w0"),
+        node("", "MatMul", &["x", "w"], "h"),
+        node("", "Identity", &["w"], "w1"),
+        node("", "Identity", &["w1"], "w2"),
+        node("", "MatMul", &["h", "w2"], "h2"),
+        node("", "MatMul", &["h2", "w0"], "y"),
+    ];
+    let x = input_of("x", f32, &[dim(2), dim(16)]);
+    let m = d.file("m.onnx", model_of(17, nodes, vec![w], vec![x]));
+    let dl = d.path("m.dl");
+    succeeds(&dlc(&["import", &m, "-o", &dl]));
+    let source = std::fs::read_to_string(&dl).unwrap();
+    let signature = source.lines().find(|l| l.starts_with("fn ")).unwrap();
+    assert_eq!(signature.matches("weight ").count(), 1, "{source}");
+    assert_eq!(
+        source.matches("matmul(").count() + source.matches(" @ ").count(),
+        3,
+        "{source}"
+    );
+    // Its values once: 1 KiB and the file's header.
+    let stored = std::fs::metadata(d.path("m.safetensors")).unwrap().len();
+    assert!((1024..2048).contains(&stored), "{stored} bytes");
+    let out = succeeds(&dlc(&["run", &m, "--random-inputs", "0", "--check"]));
+    assert!(out.contains("check: ok"), "{out}");
+}
+
 #[test]
 fn symbolic_dimensions_need_a_shape() {
     let d = Dir::new("sym");
