@@ -888,7 +888,8 @@ mod tests {
     }
 
     /// An initializer stored as raw bytes that only becomes a weight keeps
-    /// them and is never decoded into `f64`s; one the importer folds is
+    /// them and is never decoded into `f64`s, passed through `Identity`
+    /// too (and is one weight under both names); one the importer folds is
     /// decoded, and the folded result has no stored bytes; one whose bytes
     /// are all the same is a `full` literal, found without decoding it.
     #[test]
@@ -918,10 +919,17 @@ mod tests {
             }],
             graph: Some(pb::GraphProto {
                 node: vec![
+                    pb::NodeProto {
+                        op_type: Some("Identity".into()),
+                        input: vec!["w".into()],
+                        output: vec!["w_again".into()],
+                        ..Default::default()
+                    },
                     node("MatMul", ["x", "w"], "p"),
                     node("Mul", ["v", "v"], "vv"),
                     node("MatMul", ["p", "vv"], "q"),
-                    node("Add", ["q", "ones"], "y"),
+                    node("MatMul", ["q", "w_again"], "r"),
+                    node("Add", ["r", "ones"], "y"),
                 ],
                 initializer: vec![
                     raw("w", &|i| i as f32 / 64.0),

@@ -1260,7 +1260,7 @@ impl Importer {
         let mut ds = Vec::new();
         for v in &inputs {
             match v {
-                Some(Val { data: Some(d), .. }) if d.values.len() <= FOLD_LIMIT => {
+                Some(Val { data: Some(d), .. }) if d.len() <= FOLD_LIMIT => {
                     ds.push(Some(d.clone()))
                 }
                 None => ds.push(None),

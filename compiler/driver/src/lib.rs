@@ -1126,8 +1126,8 @@ pub fn each_input(
 
 pub use dlc_graph::interp::DEFAULT_WORK_LIMIT;
 pub use weights::{
-    SafeTensorsFile, WeightSource, bind_weights, read_safetensors, read_weights, safetensors_dtype,
-    write_safetensors,
+    SafeTensorsFile, TensorBytes, WeightSource, bind_weights, read_safetensors, read_weights,
+    safetensors_dtype, write_safetensors, write_safetensors_bytes,
 };
 
 pub use dlc_runtime::RandomRange;

@@ -170,34 +170,109 @@ pub fn write_safetensors(
     tensors: &[(String, HostTensor)],
     metadata: HashMap<String, String>,
 ) -> Result<(), DriverError> {
+    let tensors = tensors
+        .iter()
+        .map(|(name, t)| {
+            let bytes = move || t.to_le_bytes();
+            (
+                name.clone(),
+                TensorBytes::Made(t.ty.clone(), Box::new(bytes)),
+            )
+        })
+        .collect();
+    write_safetensors_bytes(path, tensors, metadata)
+}
+
+/// A tensor for [`write_safetensors_bytes`], of its type: its bytes
+/// (little-endian, of its element type) at hand, or made as the file is
+/// written.
+pub enum TensorBytes<'a> {
+    /// Bytes at hand: an initializer's, as a model file stores them.
+    Stored(TensorType, &'a [u8]),
+    /// Bytes made when the file is written, one tensor's at a time, as many
+    /// as the type takes.
+    Made(TensorType, Box<dyn Fn() -> Vec<u8> + 'a>),
+}
+
+/// A [`TensorBytes`] as the safetensors crate writes it.
+struct View<'t, 'a> {
+    dtype: safetensors::Dtype,
+    shape: &'t [usize],
+    len: usize,
+    bytes: &'t TensorBytes<'a>,
+}
+
+impl safetensors::View for View<'_, '_> {
+    fn dtype(&self) -> safetensors::Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        self.shape
+    }
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        match self.bytes {
+            TensorBytes::Stored(_, b) => std::borrow::Cow::Borrowed(b),
+            TensorBytes::Made(_, make) => {
+                let b = make();
+                debug_assert_eq!(b.len(), self.len);
+                std::borrow::Cow::Owned(b)
+            }
+        }
+    }
+    fn data_len(&self) -> usize {
+        self.len
+    }
+}
+
+/// [`write_safetensors`] of tensors given as their bytes: the file is
+/// written as they come, never held whole, nor the tensors' bytes all at
+/// once. Stored bytes of another length than their type's are an error.
+pub fn write_safetensors_bytes(
+    path: &Path,
+    tensors: Vec<(String, TensorBytes<'_>)>,
+    metadata: HashMap<String, String>,
+) -> Result<(), DriverError> {
     let io = |e: std::io::Error| DriverError::Io {
         path: path.display().to_string(),
         source: e,
     };
-    let bytes: Vec<Vec<u8>> = tensors.iter().map(|(_, t)| t.to_le_bytes()).collect();
-    let mut views = Vec::new();
-    for ((name, t), b) in tensors.iter().zip(&bytes) {
-        let view = safetensors::tensor::TensorView::new(
-            safetensors_dtype(t.ty.dtype),
-            t.ty.shape.clone(),
-            b,
-        )
-        .map_err(|e| DriverError::Usage(format!("{}: tensor `{name}`: {e}", path.display())))?;
-        views.push((name.clone(), view));
+    let mut views = Vec::with_capacity(tensors.len());
+    for (name, t) in &tensors {
+        let (TensorBytes::Stored(ty, _) | TensorBytes::Made(ty, _)) = t;
+        let len = ty.num_elements().unwrap_or(0) * ty.dtype.size_bytes();
+        if let TensorBytes::Stored(_, b) = t
+            && b.len() != len
+        {
+            return Err(DriverError::Usage(format!(
+                "{}: tensor `{name}` ({ty}) takes {len} bytes, given {}",
+                path.display(),
+                b.len()
+            )));
+        }
+        let dtype = safetensors_dtype(ty.dtype);
+        let view = View {
+            dtype,
+            shape: &ty.shape,
+            len,
+            bytes: t,
+        };
+        views.push((name.as_str(), view));
     }
-    let meta = (!metadata.is_empty()).then_some(metadata);
-    let data = safetensors::serialize(views, meta)
-        .map_err(|e| DriverError::Usage(format!("{}: {e}", path.display())))?;
+    // The crate writes a temporary file beside the one it is given and
+    // renames it; this one is then flushed to the disk and renamed over
+    // `path`, so a process killed while writing leaves the old file whole.
     let name = path
         .file_name()
         .map_or("out".into(), |n| n.to_string_lossy().to_string());
     let tmp = path.with_file_name(format!(".{name}.tmp"));
-    {
-        use std::io::Write;
-        let mut f = std::fs::File::create(&tmp).map_err(io)?;
-        f.write_all(&data).map_err(io)?;
-        f.sync_all().map_err(io)?;
+    let meta = (!metadata.is_empty()).then_some(metadata);
+    if let Err(e) = safetensors::serialize_to_file(views, meta, &tmp) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(DriverError::Usage(format!("{}: {e}", path.display())));
     }
+    std::fs::File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(io)?;
     std::fs::rename(&tmp, path).map_err(io)
 }
 
@@ -277,4 +352,54 @@ pub fn bind_weights(
         ));
     }
     Ok(bound)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn le(values: &[f32]) -> Vec<u8> {
+        values.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    /// Stored bytes are written as they are and made ones as they are made,
+    /// and the file reads back; stored bytes of another length than their
+    /// type's are an error that leaves the file as it was.
+    #[test]
+    fn tensors_are_written_from_their_bytes() {
+        let dir = std::env::temp_dir().join(format!("dlc-driver-bytes-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("w.safetensors");
+        let ty = |shape: Vec<usize>| TensorType::new(DType::F32, shape);
+        let stored = le(&[1.0, 2.0, 3.0, 4.0]);
+        let tensors = vec![
+            ("a".into(), TensorBytes::Stored(ty(vec![2, 2]), &stored)),
+            (
+                "b".into(),
+                TensorBytes::Made(ty(vec![3]), Box::new(|| le(&[5.0, 6.0, 7.0]))),
+            ),
+        ];
+        write_safetensors_bytes(&path, tensors, HashMap::new()).unwrap();
+        let read = read_safetensors(&path).unwrap().tensors;
+        let got: Vec<(&str, &[usize], &[f64])> = read
+            .iter()
+            .map(|(n, t)| (n.as_str(), &t.ty.shape[..], &t.data[..]))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("a", &[2, 2][..], &[1.0, 2.0, 3.0, 4.0][..]),
+                ("b", &[3][..], &[5.0, 6.0, 7.0][..])
+            ]
+        );
+        let short = vec![("a".into(), TensorBytes::Stored(ty(vec![3, 2]), &stored))];
+        let e = write_safetensors_bytes(&path, short, HashMap::new()).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("tensor `a` (f32[3, 2]) takes 24 bytes, given 16"),
+            "{e}"
+        );
+        assert_eq!(read_safetensors(&path).unwrap().tensors.len(), 2);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -1264,23 +1264,37 @@ fn import_command(
                 .display()
                 .to_string(),
         };
+        // An initializer's bytes as the model stores them (never decoded),
+        // a folded constant's encoded as the file is written.
         let tensors = imported
             .weights
-            .into_iter()
+            .iter()
             .map(|(name, d)| {
-                let ty = dlc_core::TensorType::new(d.dtype, d.shape);
-                let t = HostTensor::new(ty, d.values.to_vec())?;
-                Ok((name, t))
+                let ty = dlc_core::TensorType::new(d.dtype, d.shape.clone());
+                let bytes = match &d.stored {
+                    Some(s) => dlc_driver::TensorBytes::Stored(ty, &s.bytes),
+                    None => dlc_driver::TensorBytes::Made(
+                        ty,
+                        Box::new(|| {
+                            let mut out = Vec::with_capacity(d.values.len() * d.dtype.size_bytes());
+                            for &x in d.values.iter() {
+                                d.dtype.push_le_bytes(x, &mut out);
+                            }
+                            out
+                        }),
+                    ),
+                };
+                (name.clone(), bytes)
             })
-            .collect::<Result<Vec<_>, DriverError>>()?;
-        dlc_driver::write_safetensors(Path::new(&path), &tensors, Default::default())?;
+            .collect::<Vec<_>>();
+        let count = tensors.len();
+        dlc_driver::write_safetensors_bytes(Path::new(&path), tensors, Default::default())?;
         // The program says where its weights are, after its first line.
         let at = text.find('\n').map_or(text.len(), |i| i + 1);
         text.insert_str(
             at,
             &format!(
-                "// Its {} weights are in {path} (dlc run|bench|compile --weights {path}).\n",
-                tensors.len()
+                "// Its {count} weights are in {path} (dlc run|bench|compile --weights {path}).\n",
             ),
         );
     }

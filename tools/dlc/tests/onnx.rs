@@ -430,6 +430,17 @@ fn an_initializer_shared_through_identity_is_one_weight() {
     assert!((1024..2048).contains(&stored), "{stored} bytes");
     let out = succeeds(&dlc(&["run", &m, "--random-inputs", "0", "--check"]));
     assert!(out.contains("check: ok"), "{out}");
+    // The program and its side file give what the model gives.
+    let weights = d.path("m.safetensors");
+    let run = ["run", &dl, "--weights", &weights, "--random-inputs", "0"];
+    let from_dl = succeeds(&dlc(&run));
+    let out0 = |s: &str| {
+        s.lines()
+            .find(|l| l.starts_with("out0"))
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(out0(&from_dl), out0(&out));
 }
 
 #[test]
