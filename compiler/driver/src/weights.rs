@@ -381,10 +381,11 @@ mod tests {
         ];
         write_safetensors_bytes(&path, tensors, HashMap::new()).unwrap();
         let read = read_safetensors(&path).unwrap().tensors;
-        let got: Vec<(&str, &[usize], &[f64])> = read
+        let mut got: Vec<(&str, &[usize], &[f64])> = read
             .iter()
             .map(|(n, t)| (n.as_str(), &t.ty.shape[..], &t.data[..]))
             .collect();
+        got.sort_by_key(|g| g.0);
         assert_eq!(
             got,
             [
