@@ -507,6 +507,21 @@ fn convolutions_as_winograd() {
         let body = text.split("tile.func @f_prepare").next().unwrap();
         assert_eq!(body.matches("tile.kernel").count(), 4, "{text}");
         assert_eq!(body.matches("schedule = \"winograd\"").count(), 2, "{text}");
+        // The preparer transforms the two kernels one after the other, and
+        // releases each transform once it is packed: the two never take
+        // workspace at once.
+        let prepare = &text[text.find("tile.func @f_prepare").unwrap()..];
+        let (mut live, mut most, mut transforms) = (std::collections::HashSet::new(), 0, 0);
+        for line in prepare.lines().map(str::trim) {
+            if let Some((v, _)) = line.split_once(" = tile.alloc : buffer<f32[36, ") {
+                live.insert(v.to_string());
+                transforms += 1;
+            } else if let Some(v) = line.strip_prefix("tile.dealloc ") {
+                live.remove(v);
+            }
+            most = most.max(live.len());
+        }
+        assert_eq!((transforms, most), (2, 1), "{prepare}");
     }
 }
 

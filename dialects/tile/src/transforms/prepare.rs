@@ -22,7 +22,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::reuse::{accessed_roots, view_bases};
+use super::reuse::{accessed_roots, root, view_bases};
 use crate::ir::{Function, Module, OpId, Value};
 use crate::ops::OpKind;
 
@@ -243,6 +243,7 @@ pub fn split_prepare(m: &mut Module) -> usize {
             }
         }
         super::dce(&mut p);
+        release_after_last_use(&mut p);
         // The function itself: the prepared buffers are inputs now.
         let kept: Vec<OpId> = f
             .body
@@ -267,6 +268,62 @@ pub fn split_prepare(m: &mut Module) -> usize {
     }
     m.functions.extend(added);
     count
+}
+
+/// Moves each `tile.dealloc` of `f`'s body to just after the last op of
+/// the body that reads or writes its buffer (through views too), so that
+/// buffers used one after another share memory (the workspace is planned
+/// first fit over the buffers' lifetimes). A preparer's intermediates keep
+/// the places their deallocs had in the function it came from, at its
+/// end: ResNet-18's Winograd weight transforms (`[36, cout, cin]` each,
+/// before packing) all lived at once, 151 MB of workspace for 38 MB used
+/// at a time.
+fn release_after_last_use(f: &mut Function) {
+    fn roots(f: &Function, views: &HashMap<Value, Value>, id: OpId, out: &mut HashSet<Value>) {
+        let op = f.op(id);
+        out.extend(op.operands.iter().map(|&v| root(views, v)));
+        out.extend(op.results.iter().map(|&v| root(views, v)));
+        for r in &op.regions {
+            for &inner in &r.ops {
+                roots(f, views, inner, out);
+            }
+        }
+    }
+    let views = view_bases(f);
+    let mut last: HashMap<Value, usize> = HashMap::new();
+    let mut deallocs: Vec<(OpId, Value)> = Vec::new();
+    for (i, &id) in f.body.ops.iter().enumerate() {
+        let op = f.op(id);
+        if matches!(op.kind, OpKind::Dealloc) {
+            if let Some(&b) = op.operands.first() {
+                deallocs.push((id, root(&views, b)));
+            }
+            continue;
+        }
+        let mut touched = HashSet::new();
+        roots(f, &views, id, &mut touched);
+        for b in touched {
+            last.insert(b, i);
+        }
+    }
+    let moved: HashSet<OpId> = deallocs
+        .iter()
+        .filter(|(_, b)| last.contains_key(b))
+        .map(|d| d.0)
+        .collect();
+    let mut ops = Vec::with_capacity(f.body.ops.len());
+    for (i, &id) in f.body.ops.iter().enumerate() {
+        if !moved.contains(&id) {
+            ops.push(id);
+        }
+        ops.extend(
+            deallocs
+                .iter()
+                .filter(|(d, b)| moved.contains(d) && last.get(b) == Some(&i))
+                .map(|d| d.0),
+        );
+    }
+    f.body.ops = ops;
 }
 
 /// Makes input `v` of `f` the result of a new host op of `kind` at the
