@@ -1628,6 +1628,34 @@ fn the_workspace_grows_with_the_thread_count() {
     assert_eq!(results[0][0].data, results[2][0].data);
 }
 
+/// A preparer frees its workspace when it returns, where an entry point
+/// keeps its own for the next call: a preparer runs once per binding, and
+/// its intermediates (here two Winograd weight transforms, one after the
+/// other) would otherwise hold their memory for the process.
+#[test]
+fn a_preparer_frees_its_workspace() {
+    let src = dlc_tests::WINOGRAD_PROGRAMS[3];
+    let tiles = dlc_driver::lower_for_cpu(&graph(src)).unwrap();
+    let ir = dlc_llvm::emit_llvm_ir(
+        &tiles,
+        &dlc_runtime::abi::Symbols::for_module("t"),
+        &TargetDesc::x86_64_avx2(2),
+    )
+    .unwrap();
+    // Each takes the cached workspace (exchanging in 0); only the entry
+    // point puts one back.
+    let exchanges = |global: &str| -> Vec<bool> {
+        ir.lines()
+            .filter(|l| l.contains("atomicrmw xchg") && l.contains(&format!("@{global},")))
+            .map(|l| l.contains(", i64 0 "))
+            .collect()
+    };
+    assert_eq!(exchanges("dlc_t_f_prepare.workspace"), [true], "{ir}");
+    let entry = exchanges("dlc_t_f.workspace");
+    assert!(entry.contains(&true) && entry.contains(&false), "{ir}");
+    jit_agrees(src);
+}
+
 /// A kernel heavy enough that its threads claim its programs from a word
 /// each (`TargetDesc::min_claim_work`: 256 x 384 x 256 multiply-adds here)
 /// computes the same on 1 to 5 threads, to the bit (each program sums in

@@ -131,6 +131,10 @@ pub(crate) struct Gen<'ctx, 'f, I: Ir = tile::TileIr> {
     /// workspace between calls and the workspace this call holds, handed
     /// back on every way out (see `workspace::Workspace`).
     workspace: Option<(PointerValue<'ctx>, PointerValue<'ctx>)>,
+    /// Whether the workspace goes back to its cache for the next call
+    /// (else it is freed): not a preparer's, which runs once per binding of
+    /// the weights and would keep its intermediates' memory for the process.
+    keep_workspace: bool,
     /// Tile IR only, in an exported function: where the workspace's
     /// per-thread scratch regions start, and the bytes of one.
     scratch: Option<(PointerValue<'ctx>, u64)>,
@@ -211,6 +215,7 @@ impl<'ctx, 'f, I: Ir> Gen<'ctx, 'f, I> {
             status_slot: None,
             kernels: HashMap::new(),
             workspace: None,
+            keep_workspace: true,
             scratch: None,
             lanes: dlc_core::TargetDesc::host().lanes(DType::F32),
             min_threads: dlc_core::TargetDesc::host().min_thread_iterations(),

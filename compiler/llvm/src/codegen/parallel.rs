@@ -71,11 +71,15 @@ impl<'ctx, I: Ir> Gen<'ctx, '_, I> {
     }
 
     /// In a function holding a workspace: puts it back in its cache for the
-    /// next call, freeing the one a concurrent call left there, if any.
+    /// next call, freeing the one a concurrent call left there, if any (a
+    /// preparer frees its own).
     pub(super) fn hand_back_workspace(&self) -> R<()> {
         let Some((cache, p)) = self.workspace else {
             return Ok(());
         };
+        if !self.keep_workspace {
+            return self.release(p);
+        }
         let i64t = self.ctx.i64_type();
         let mine = self.b.build_ptr_to_int(p, i64t, "mine")?;
         let old = self.b.build_atomicrmw(

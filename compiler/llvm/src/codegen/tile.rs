@@ -15,7 +15,8 @@
 //!   global cache (an atomic exchange) if its header says it is large enough, else frees
 //!   it and allocates one (failing with status 2 at the source place of the largest
 //!   buffer), and hands it back on every way out, failures included, freeing one that a
-//!   concurrent call left there meanwhile. A model run many times therefore allocates
+//!   concurrent call left there meanwhile (a preparer, run once per binding, frees its
+//!   own instead). A model run many times therefore allocates
 //!   and page-faults its memory once: at batch 8 the conv block's 58 MB im2col and panel
 //!   buffers were mapped afresh on every call and cost a third of its time. Kernels
 //!   allocate nothing, so they cannot fail for memory. The memory stays held between
@@ -167,6 +168,7 @@ impl Ir for TileIr {
         g.bf16_dot = target.cpu().is_some_and(|c| c.avx512_bf16);
         g.mask_registers = target.cpu().is_none_or(|c| c.mask_registers());
         g.profile = profile.cloned();
+        g.keep_workspace = !all.iter().any(|p| p.prepare.as_deref() == Some(&f.name));
         let plan = Workspace::plan(f)?;
         g.take_workspace(symbol, &plan)?;
         g.prepared_once(all, symbols)?;

@@ -20,7 +20,8 @@ use crate::{CodegenError, R};
 /// as the largest kernel's scratch (its `tile.alloc`s at planned offsets).
 /// A call takes the workspace the previous call left in a global cache if
 /// it is large enough (a header records its size), else allocates one, and
-/// hands it back when it returns: a model run many times allocates and
+/// hands it back when it returns (a preparer, run once per binding, frees
+/// it instead): a model run many times allocates and
 /// page-faults its memory once, not on every call, and kernels allocate
 /// nothing (so they cannot fail for memory). Calls running at once each
 /// hold their own.
