@@ -215,11 +215,7 @@ impl HostTensor {
     /// The elements as little-endian bytes of the element type (bool: one
     /// byte each), as compiled code reads them.
     pub fn to_le_bytes(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.data.len() * self.ty.dtype.size_bytes());
-        for &x in &self.data {
-            self.ty.dtype.push_le_bytes(x, &mut out);
-        }
-        out
+        self.ty.dtype.to_le_bytes_all(&self.data)
     }
 
     /// A tensor from little-endian bytes of its element type.

@@ -281,6 +281,17 @@ impl DType {
         }
     }
 
+    /// `values` as [`Self::push_le_bytes`] writes each, one after another
+    /// (a constant's or a tensor's bytes in memory).
+    pub fn to_le_bytes_all<'a>(self, values: impl IntoIterator<Item = &'a f64>) -> Vec<u8> {
+        let values = values.into_iter();
+        let mut out = Vec::with_capacity(values.size_hint().0 * self.size_bytes());
+        for &x in values {
+            self.push_le_bytes(x, &mut out);
+        }
+        out
+    }
+
     /// Size of one element in bytes.
     pub fn size_bytes(self) -> usize {
         match self {
@@ -428,6 +439,7 @@ mod tests {
             for x in xs {
                 d.push_le_bytes(x, &mut bytes);
             }
+            assert_eq!(d.to_le_bytes_all(&xs), bytes, "{d}");
             let one_by_one: Vec<f64> = bytes
                 .chunks_exact(d.size_bytes())
                 .map(|c| d.from_le_bytes(c))

@@ -1275,13 +1275,7 @@ fn import_command(
                     Some(s) => dlc_driver::TensorBytes::Stored(ty, &s.bytes),
                     None => dlc_driver::TensorBytes::Made(
                         ty,
-                        Box::new(|| {
-                            let mut out = Vec::with_capacity(d.values.len() * d.dtype.size_bytes());
-                            for &x in d.values.iter() {
-                                d.dtype.push_le_bytes(x, &mut out);
-                            }
-                            out
-                        }),
+                        Box::new(|| d.dtype.to_le_bytes_all(d.values.iter())),
                     ),
                 };
                 (name.clone(), bytes)

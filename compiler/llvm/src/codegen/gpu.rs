@@ -335,10 +335,7 @@ pub(crate) fn emit_function<'ctx>(
                 let Type::Buffer(t) = f.ty(op.results[0]) else {
                     return Err(CodegenError::Invalid("tile.global of a non-buffer".into()));
                 };
-                let mut bytes = Vec::with_capacity(values.len() * t.dtype.size_bytes());
-                for &x in values.iter() {
-                    t.dtype.push_le_bytes(x, &mut bytes);
-                }
+                let bytes = t.dtype.to_le_bytes_all(values.iter());
                 index.insert(op.results[0], buffers.len());
                 buffers.push(DeviceBuffer::Constant(bytes));
             }

@@ -2450,10 +2450,7 @@ impl<'ctx, 'f> Gen<'ctx, 'f, TileIr> {
         let Type::Buffer(t) = self.f.ty(v) else {
             return Err(CodegenError::Invalid("tile.global of a non-buffer".into()));
         };
-        let mut bytes = Vec::with_capacity(values.len() * t.dtype.size_bytes());
-        for &x in values {
-            t.dtype.push_le_bytes(x, &mut bytes);
-        }
+        let bytes = t.dtype.to_le_bytes_all(values);
         let data = self.ctx.const_string(&bytes, false);
         let g = self.module.add_global(data.get_type(), None, "dlc.const");
         g.set_initializer(&data);
